@@ -1,0 +1,3 @@
+from infertool.cli import main
+
+main()

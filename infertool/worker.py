@@ -1,0 +1,119 @@
+"""The worker side of the worker protocol.
+
+    <env python> -m infertool.worker STAGE SPEC.json
+
+Streams JSON-lines events on stdout, one object per line, each with an "event" key:
+
+    {"event": "start",    "stage": ..., "pid": ..., "python": ...}
+    {"event": "progress", "task": ..., "completed": n, "total": m | null, "description": ...}
+    {"event": "log",      "level": "info"|"warning"|"error", "message": ...}
+    {"event": "result",   "data": {...}}
+    {"event": "error",    "error_type": ..., "message": ..., "hint": ..., "exit_code": n, "traceback": ...}
+
+Anything libraries print to stdout is redirected to stderr before the stage runs, so stdout carries
+only events; stderr is the free-form log that the parent keeps in the run directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+import traceback
+from typing import TextIO
+
+PROTOCOL_VERSION = 1
+
+
+class WorkerEvents:
+    def __init__(self, stream: TextIO):
+        self._stream = stream
+        self._lock = threading.Lock()
+        self._last_progress: dict[str, float] = {}
+
+    def emit(self, event: str, **fields) -> None:
+        line = json.dumps({"event": event, "t": round(time.time(), 3), **fields}, default=str)
+        with self._lock:
+            self._stream.write(line + "\n")
+            self._stream.flush()
+
+    def progress(self, task: str, completed: float, total: float | None = None, description: str | None = None) -> None:
+        # Rate-limit progress events a little (the parent only renders them); always send the final one.
+        now = time.monotonic()
+        done = total is not None and completed >= total
+        if not done and now - self._last_progress.get(task, 0.0) < 0.05:
+            return
+        self._last_progress[task] = now
+        self.emit("progress", task=task, completed=completed, total=total, description=description)
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.emit("log", level=level, message=message)
+        print(f"[{level}] {message}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Keep the real stdout for events; everything else that writes to fd 1 goes to stderr.
+    events_stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+    os.dup2(2, 1)
+    sys.stdout = sys.stderr
+    events = WorkerEvents(events_stream)
+
+    if len(argv) != 2:
+        events.emit(
+            "error",
+            error_type="UsageError",
+            message="usage: python -m infertool.worker STAGE SPEC.json",
+            hint=None,
+            exit_code=2,
+        )
+        return 2
+    stage_name, spec_path = argv
+    events.emit("start", stage=stage_name, pid=os.getpid(), python=sys.executable, protocol=PROTOCOL_VERSION)
+    from infertool.errors import InfertoolError
+
+    try:
+        from infertool.stages import get_stage
+
+        stage = get_stage(stage_name)
+        if spec_path == "-":
+            spec = json.load(sys.stdin)
+        else:
+            with open(spec_path, encoding="utf-8") as f:
+                spec = json.load(f)
+        result = stage.load()(spec, events)
+        events.emit("result", data=result if result is not None else {})
+        return 0
+    except InfertoolError as e:
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr, flush=True)
+        events.emit(
+            "error",
+            error_type=type(e).__name__,
+            message=e.message,
+            hint=e.hint,
+            exit_code=e.exit_code,
+            traceback=tb,
+        )
+        return e.exit_code
+    except KeyboardInterrupt:
+        events.emit("error", error_type="Interrupted", message="interrupted", hint=None, exit_code=130)
+        return 130
+    except BaseException as e:  # noqa: BLE001 - the protocol must report every failure
+        tb = traceback.format_exc()
+        print(tb, file=sys.stderr, flush=True)
+        events.emit(
+            "error",
+            error_type=type(e).__name__,
+            message=f"{type(e).__name__}: {e}",
+            hint="the backend raised an unexpected error; the full traceback is in the log",
+            exit_code=3,
+            traceback=tb,
+        )
+        return 3
+
+
+if __name__ == "__main__":
+    sys.exit(main())

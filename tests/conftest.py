@@ -1,0 +1,91 @@
+"""Shared fixtures. Slow tests use the real managed environments (built by `make test`), gpu tests
+need CUDA and skip cleanly without it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def has_cuda() -> bool:
+    return Path("/proc/driver/nvidia/version").exists()
+
+
+def pytest_collection_modifyitems(config, items):
+    if has_cuda():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA GPU (none on this host)")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 900, input: str | None = None) -> subprocess.CompletedProcess:
+    """The real CLI in a subprocess, as a user runs it."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    return subprocess.run(
+        [sys.executable, "-m", "infertool", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        input=input,
+        cwd=ROOT,
+    )
+
+
+def require_env(name: str) -> Path:
+    from infertool.envs.manage import state
+    from infertool.envs.paths import env_python
+
+    st = state(name)
+    if st.status != "ready":
+        msg = f"the {name!r} environment is {st.status} ({st.reason or ''}); run `make envs` or `infertool env setup {name}`"
+        if os.environ.get("INFERTOOL_REQUIRE_ENVS") == "1":
+            pytest.fail(msg)
+        pytest.skip(msg)
+    return env_python(name)
+
+
+@pytest.fixture
+def tmp_home(tmp_path, monkeypatch) -> Path:
+    """An empty INFERTOOL_HOME for tests that create or remove state."""
+    home = tmp_path / "infertool-home"
+    monkeypatch.setenv("INFERTOOL_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def quant_python() -> Path:
+    return require_env("quant")
+
+
+@pytest.fixture(scope="session")
+def serve_python() -> Path:
+    return require_env("serve")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(quant_python, tmp_path_factory) -> Path:
+    """The bundled SmolLM2 truncated to its first 2 decoder layers (real tokenizer, real weights); built once."""
+    dest = tmp_path_factory.mktemp("models") / "smollm2-2l"
+    r = run_cli("model", "import", "bundled:smollm2-135m", str(dest), "--layers", "2")
+    assert r.returncode == 0, r.stderr
+    return dest
+
+
+@pytest.fixture(scope="session")
+def full_model(quant_python, tmp_path_factory) -> Path:
+    """The whole bundled model (30 layers), converted once (cached by content hash across sessions)."""
+    dest = tmp_path_factory.mktemp("models") / "smollm2"
+    r = run_cli("model", "import", "bundled:smollm2-135m", str(dest))
+    assert r.returncode == 0, r.stderr
+    return dest

@@ -1,0 +1,35 @@
+"""`infertool --help` must stay light: no torch, transformers or vllm (ARCHITECTURE.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+HEAVY = ["torch", "transformers", "vllm", "gptqmodel", "llmcompressor", "numpy", "pydantic"]
+
+
+def _modules_after(argv: list[str]) -> set[str]:
+    code = (
+        "import sys, json\n"
+        "from infertool.cli import app\n"
+        "try:\n"
+        f"    app({argv!r})\n"
+        "except SystemExit:\n"
+        "    pass\n"
+        "sys.stderr.write(json.dumps(sorted(m.split('.')[0] for m in sys.modules)))\n"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return set(json.loads(r.stderr.strip().splitlines()[-1]))
+
+
+def test_help_imports_nothing_heavy():
+    loaded = _modules_after(["--help"])
+    assert "typer" in loaded  # the check itself works
+    assert not loaded & set(HEAVY), loaded & set(HEAVY)
+
+
+def test_subcommand_help_imports_nothing_heavy():
+    for argv in (["env", "--help"], ["model", "--help"], ["validate", "--help"], ["--version"]):
+        loaded = _modules_after(argv)
+        assert not loaded & {"torch", "transformers", "vllm", "gptqmodel"}, argv

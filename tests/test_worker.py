@@ -1,0 +1,115 @@
+"""The worker protocol with real subprocesses: events, stray stdout, failures, timeouts, process groups."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from infertool.envs.runner import _run_worker, _stop_group, group_members, run_stage, worker_command
+from infertool.errors import BackendError, EnvNotReady, RuntimeFailure
+from infertool.stages import get_stage
+
+
+def _spec(tmp_path, **spec):
+    p = tmp_path / "spec.json"
+    p.write_text(json.dumps(spec))
+    return p
+
+
+def test_raw_protocol_is_json_lines_even_when_libraries_print(tmp_path):
+    r = subprocess.run(
+        worker_command(sys.executable, "selftest", _spec(tmp_path, steps=2, echo="hi")),
+        capture_output=True, text=True, timeout=60,
+    )
+    assert r.returncode == 0, r.stderr
+    events = [json.loads(line) for line in r.stdout.splitlines()]  # every stdout line is an event
+    kinds = [e["event"] for e in events]
+    assert kinds[0] == "start" and kinds[-1] == "result"
+    assert kinds.count("progress") == 2
+    assert "log" in kinds
+    assert events[-1]["data"]["echo"] == "hi"
+    assert "stray output" in r.stderr  # redirected, not lost
+
+
+def test_run_worker_success_streams_events_and_keeps_log(tmp_path):
+    seen = []
+    result = _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, steps=3, echo=[1, 2]),
+                         tmp_path / "w.log", seen.append, timeout_s=60)
+    assert result["echo"] == [1, 2] and result["steps"] == 3
+    progress = [e for e in seen if e["event"] == "progress"]
+    assert progress[-1]["completed"] == 3 and progress[-1]["total"] == 3
+    log = (tmp_path / "w.log").read_text()
+    assert "stray output" in log and "exit code 0" in log
+
+
+def test_worker_infertool_error_becomes_one_message_with_hint(tmp_path):
+    with pytest.raises(RuntimeFailure) as ei:
+        _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="infertool"),
+                    tmp_path / "w.log", lambda e: None, timeout_s=60)
+    e = ei.value
+    assert e.message == "the selftest was asked to fail"
+    assert e.hint == "this hint travels to the parent"
+    assert e.exit_code == 4
+    assert e.log_path == str(tmp_path / "w.log")
+    assert "Traceback" in (tmp_path / "w.log").read_text()  # the full story stays in the log
+
+
+def test_worker_unexpected_exception(tmp_path):
+    with pytest.raises(BackendError) as ei:
+        _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="crash"),
+                    tmp_path / "w.log", lambda e: None, timeout_s=60)
+    assert "ZeroDivisionError" in ei.value.message
+    assert "Traceback" not in ei.value.message
+    assert ei.value.hint
+
+
+def test_worker_dying_without_result(tmp_path):
+    with pytest.raises(BackendError) as ei:
+        _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="exit"),
+                    tmp_path / "w.log", lambda e: None, timeout_s=60)
+    assert "exited with code 17 without a result" in ei.value.message
+
+
+def test_worker_timeout_stops_it(tmp_path):
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeFailure) as ei:
+        _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="hang"),
+                    tmp_path / "w.log", lambda e: None, timeout_s=3)
+    assert "limit" in ei.value.message
+    assert time.monotonic() - t0 < 30
+
+
+def test_stop_group_leaves_no_orphans(tmp_path):
+    # The worker starts a child of its own; stopping the group must end both.
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); print('up', flush=True); time.sleep(600)"
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+    assert proc.stdout.readline().strip() == "up"
+    pgid = os.getpgid(proc.pid)
+    assert len(group_members(pgid)) == 2
+    _stop_group(proc, grace_s=2)
+    assert proc.poll() is not None
+    assert group_members(pgid) == []
+
+
+def test_run_stage_in_process_and_unknown_stage(tmp_path):
+    seen = []
+    run = run_stage("selftest", {"steps": 2}, on_event=seen.append, in_process=True)
+    assert run.where == "in-process" and run.result["steps"] == 2
+    assert any(e["event"] == "progress" for e in seen)
+    from infertool.errors import UsageError
+
+    with pytest.raises(UsageError):
+        run_stage("no.such.stage", {})
+
+
+def test_run_stage_needs_its_env(tmp_home, monkeypatch):
+    monkeypatch.setenv("INFERTOOL_IN_PROCESS", "0")
+    with pytest.raises(EnvNotReady) as ei:
+        run_stage("model.import", {})
+    assert ei.value.exit_code == 3
+    assert "infertool env setup quant" in ei.value.hint
