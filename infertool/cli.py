@@ -6,16 +6,15 @@ environments (see infertool/envs) or inside the core functions that need them.
 
 from __future__ import annotations
 
-import functools
-import os
 import sys
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import typer
 
 from infertool import __version__
-from infertool.errors import EXIT_RUNTIME, InfertoolError
+from infertool.commands import register_all
+from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors, usage_error
 
 app = typer.Typer(
     name="infertool",
@@ -34,10 +33,6 @@ app.add_typer(recipes_app, name="recipes")
 app.add_typer(env_app, name="env")
 app.add_typer(model_app, name="model")
 
-JSON_OPT = typer.Option(False, "--json", help="Print the result as JSON on stdout (progress stays on stderr).")
-SET_OPT = typer.Option(None, "--set", help="Override a recipe field before validation, e.g. --set quantize.group_size=64 (repeatable).")
-
-
 def _version_cb(value: bool) -> None:
     if value:
         typer.echo(f"infertool {__version__}")
@@ -49,44 +44,6 @@ def _root(
     version: bool = typer.Option(False, "--version", callback=_version_cb, is_eager=True, help="Show the version and exit."),
 ) -> None:
     """Exit codes: 0 ok, 1 verdict failed, 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure."""
-
-
-def handle_errors(fn: Callable) -> Callable:
-    """Every InfertoolError becomes a message, a hint and its exit code; never a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        as_json = bool(kwargs.get("as_json"))
-        try:
-            return fn(*args, **kwargs)
-        except InfertoolError as e:
-            from infertool.output import render_error
-
-            render_error(e, as_json=as_json)
-            raise typer.Exit(e.exit_code) from None
-        except KeyboardInterrupt:
-            from infertool.output import err
-
-            err.print("[yellow]interrupted[/]")
-            raise typer.Exit(130) from None
-        except (typer.Exit, typer.Abort, SystemExit):
-            raise
-        except Exception as e:  # a bug: keep the traceback in a file, show one line
-            if os.environ.get("INFERTOOL_DEBUG"):
-                raise
-            import tempfile
-            import traceback
-
-            from infertool.output import err
-
-            fd, path = tempfile.mkstemp(prefix="infertool-crash-", suffix=".txt")
-            with os.fdopen(fd, "w") as f:
-                traceback.print_exc(file=f)
-            err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}", markup=True, highlight=False)
-            err.print(f"[dim]traceback saved to {path}; set INFERTOOL_DEBUG=1 to see it here[/]")
-            raise typer.Exit(EXIT_RUNTIME) from None
-
-    return wrapper
 
 
 # ----------------------------------------------------------------------------------------- validate
@@ -171,7 +128,7 @@ def env_setup(
 
     names = names or ["quant", "serve"]
     if requirements is not None and len(names) != 1:
-        raise _usage("--requirements defines one custom environment: give exactly one NAME")
+        raise usage_error("--requirements defines one custom environment: give exactly one NAME")
     results = []
     for name in names:
         with StageProgress(f"env setup {name}", quiet=as_json) as progress:
@@ -229,7 +186,7 @@ def env_doctor(
     if not names:
         names = [s.name for s in list_envs() if s.status != "missing"]
         if not names:
-            raise _usage("no environment is set up yet", hint="run `infertool env setup quant serve`")
+            raise usage_error("no environment is set up yet", hint="run `infertool env setup quant serve`")
     reports = []
     for name in names:
         with err.status(f"checking {name} ..."):
@@ -286,7 +243,7 @@ def model_import(
     from infertool.output import StageProgress, err, print_json
 
     if not (source.startswith("bundled:") or source.lower().endswith(".gguf")):
-        raise _usage(f"{source!r} is neither bundled:NAME nor a .gguf file",
+        raise usage_error(f"{source!r} is neither bundled:NAME nor a .gguf file",
                      hint="a Hugging Face directory needs no import: use it as model.source directly")
     with StageProgress("model import", quiet=as_json) as progress:
         resolved = resolve_model(source, layers=layers, dtype=dtype, on_event=progress.on_event)
@@ -343,10 +300,8 @@ def model_info_cmd(
     out.print(kv_table(rows, title="model info"))
 
 
-def _usage(message: str, hint: str | None = None) -> InfertoolError:
-    from infertool.errors import UsageError
-
-    return UsageError(message, hint=hint)
+# Command groups of the other capabilities live in infertool/commands/<name>.py, each with register(app).
+register_all(app)
 
 
 def main() -> None:

@@ -43,9 +43,27 @@ def register_stage(stage: Stage) -> Stage:
     return stage
 
 
+_LOADED = False
+
+
+def _load_builtin() -> None:
+    """Import every module of infertool.stage_defs; each registers its stages (light imports only)."""
+    global _LOADED
+    if _LOADED:
+        return
+    _LOADED = True
+    import pkgutil
+
+    import infertool.stage_defs as defs
+
+    for info in sorted(pkgutil.iter_modules(defs.__path__), key=lambda m: m.name):
+        importlib.import_module(f"{defs.__name__}.{info.name}")
+
+
 def get_stage(name: str) -> Stage:
     from infertool.errors import UsageError
 
+    _load_builtin()
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -54,46 +72,8 @@ def get_stage(name: str) -> Stage:
 
 
 def all_stages() -> dict[str, Stage]:
+    _load_builtin()
     return dict(_REGISTRY)
-
-
-# ---- built-in stages register like any plugin would -------------------------------------------------
-register_stage(
-    Stage(
-        name="probe",
-        env="",  # runs in any environment: reports what that environment holds
-        modules=(),
-        target="infertool.envs.probe:probe_stage",
-        description="report the interpreter, key package versions and accelerators of an environment",
-    )
-)
-register_stage(
-    Stage(
-        name="model.import",
-        env="quant",
-        modules=("torch", "transformers", "gguf", "accelerate"),
-        target="infertool.models.convert:import_stage",
-        description="convert a GGUF checkpoint into a Hugging Face safetensors directory",
-    )
-)
-register_stage(
-    Stage(
-        name="model.generate",
-        env="quant",
-        modules=("torch", "transformers"),
-        target="infertool.models.convert:generate_stage",
-        description="greedy-generate a few prompts with transformers (a smoke check of a model directory)",
-    )
-)
-register_stage(
-    Stage(
-        name="selftest",
-        env="",
-        modules=(),
-        target="infertool.envs.probe:selftest_stage",
-        description="exercise the worker protocol: progress, logs, a result or a chosen failure",
-    )
-)
 
 
 def plugin_target(target: str) -> Any:  # pragma: no cover - convenience for third-party stages

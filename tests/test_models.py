@@ -206,3 +206,44 @@ def test_import_refuses_existing_dest_and_leaves_source_untouched(tiny_model, tm
     r = run_cli("model", "import", "bundled:smollm2-135m", str(tmp_path / "m"), "--layers", "2")
     assert r.returncode == 0, r.stderr
     assert gguf.stat().st_mtime_ns == st.st_mtime_ns and gguf.stat().st_size == st.st_size
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_import_leaves_nothing_behind(quant_python, tmp_path):
+    """SIGINT to the CLI mid-conversion: exit 130, the worker's process group is gone, no partial output."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from infertool.envs.paths import models_cache
+    from infertool.envs.runner import group_members
+    from tests.conftest import ROOT
+
+    dest = tmp_path / "never"
+    # fp32 + 1 layer: a conversion no other test caches, so a real worker runs
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infertool", "model", "import", "bundled:smollm2-135m", str(dest), "--layers", "1", "--dtype", "fp32"],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    worker_pid = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and worker_pid is None:
+        for entry in os.listdir("/proc"):
+            if entry.isdigit():
+                try:
+                    cmd = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+                except OSError:
+                    continue
+                if b"infertool.worker" in cmd and b"model.import" in cmd:
+                    worker_pid = int(entry)
+        time.sleep(0.2)
+    assert worker_pid is not None, "the worker never started"
+    time.sleep(3)  # let it get into the conversion
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "interrupted" in err and "Traceback" not in err
+    assert group_members(worker_pid) == []
+    assert not dest.exists()
+    assert not [p for p in models_cache().iterdir() if p.name.endswith(".tmp")]

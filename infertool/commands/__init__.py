@@ -1,0 +1,20 @@
+"""Command groups beyond the foundation: one module per capability, each defining ``register(app)``.
+
+cli.py calls ``register_all(app)``; modules are imported in name order. A module must stay light at
+import time (typer only): heavy libraries are imported inside the command functions.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+
+import typer
+
+
+def register_all(app: typer.Typer) -> None:
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+        if info.name.startswith("_"):
+            continue
+        module = importlib.import_module(f"{__name__}.{info.name}")
+        module.register(app)
