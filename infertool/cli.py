@@ -131,7 +131,7 @@ def env_setup(
         raise usage_error("--requirements defines one custom environment: give exactly one NAME")
     results = []
     for name in names:
-        with StageProgress(f"env setup {name}", quiet=as_json) as progress:
+        with StageProgress("setup", quiet=as_json) as progress:
             st, what = setup_env(name, force=force, variant=variant, requirements_file=requirements, on_event=progress.on_event)
         results.append({"name": name, "action": what, **st.to_dict()})
         if not as_json:

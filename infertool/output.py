@@ -84,6 +84,7 @@ class StageProgress:
         self.quiet = quiet
         self._progress = None
         self._tasks: dict[str, int] = {}
+        self._last: dict[str, tuple[str | None, float]] = {}
 
     def __enter__(self) -> "StageProgress":
         return self
@@ -110,11 +111,34 @@ class StageProgress:
             )
             self._progress.start()
 
+    def _plain(self, event: dict) -> None:
+        import time
+
+        kind = event.get("event")
+        if kind == "log":
+            err.print(f"  {event.get('level', 'info')}: {event.get('message', '')}", markup=False, highlight=False, soft_wrap=True)
+            return
+        if kind != "progress":
+            return
+        key = event.get("task", "work")
+        desc = event.get("description") or key
+        done, total = event.get("completed", 0), event.get("total")
+        now = time.monotonic()
+        last_desc, last_t = self._last.get(key, (None, 0.0))
+        finished = total is not None and done >= total
+        if desc != last_desc or finished or now - last_t > 10:
+            frac = f" [{done:g}/{total:g}]" if total else ""
+            err.print(f"  {self.title}: {desc}{frac}", markup=False, highlight=False, soft_wrap=True)
+            self._last[key] = (desc, now)
+
     def __exit__(self, *exc) -> None:
         if self._progress is not None:
             self._progress.stop()
 
     def on_event(self, event: dict) -> None:
+        if not self.quiet and not err.is_terminal:
+            self._plain(event)  # CI logs and pipes: plain lines instead of a live bar
+            return
         self._start()
         if self._progress is None:
             return
