@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -15,8 +16,17 @@ from rich.console import Console
 from rich.table import Table
 
 # Human output: tables and results go to stdout unless --json is given, progress and logs to stderr.
-out = Console(highlight=False, soft_wrap=False)
-err = Console(stderr=True, highlight=False)
+def _width(stream) -> int | None:
+    """Rich's own width on a terminal; 120 columns for pipes and CI logs (Rich would use 80) unless COLUMNS is set."""
+    try:
+        tty = stream.isatty()
+    except (AttributeError, ValueError):
+        tty = False
+    return None if tty or os.environ.get("COLUMNS") else 120
+
+
+out = Console(highlight=False, soft_wrap=False, width=_width(sys.stdout))
+err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
 def to_jsonable(obj: Any) -> Any:
