@@ -309,6 +309,8 @@ class AcceptSpec(BaseModel):
     max_acc_drop: Fraction | None = None
     max_flip_rate: Fraction | None = None
     confidence: Annotated[float, Field(ge=0.5, le=0.999)] = 0.95
+    # INCONCLUSIVE exits 1 (CI must not ship what it could not verify) unless this is true.
+    allow_inconclusive: bool = False
 
 
 class EvalSection(BaseModel):
@@ -585,6 +587,13 @@ class BenchSection(BaseModel):
     cost_per_hour: Annotated[float, Field(ge=0)] | None = None
     seed: int = 0
     experiments: list[Literal["batching", "prefix_caching", "speculative"]] = []
+    # output lengths uniform within +-spread x output_len (0: all equal); static batching shows its
+    # cost when lengths differ
+    output_len_spread: Fraction = 0.0
+    # vLLM's ignore_eos: every request generates exactly its output length (comparable runs); set
+    # false for servers that reject unknown request fields
+    ignore_eos: bool = True
+    scrape_interval_s: PositiveFloat = 0.5  # how often the server's /metrics is sampled
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,0 +1,228 @@
+"""`infertool eval`: the quantized model against its original, with a verdict CI can trust.
+
+    infertool eval RECIPE [--suite NAME|PATH] [--base MODEL] [--candidate MODEL] [--engine hf|vllm|openai] [--url URL] [--json]
+    infertool eval suites
+    infertool eval export-lm-eval SUITE DIR
+
+``eval RECIPE`` is the group's default action (the subcommand ``run``). Exit codes: 0 PASS, 1 FAIL,
+1 INCONCLUSIVE unless --allow-inconclusive (or eval.accept.allow_inconclusive) makes it 0.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from typer.core import TyperGroup
+
+from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors, usage_error
+
+
+class _DefaultRun(TyperGroup):
+    """`infertool eval RECIPE ...` means `infertool eval run RECIPE ...`."""
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
+            args = ["run", *args]
+        return super().parse_args(ctx, args)
+
+
+eval_app = typer.Typer(
+    cls=_DefaultRun,
+    help="Score the quantized model against its original: KLD, top-1 agreement, perplexity, paired accuracy, "
+    "and a PASS/FAIL/INCONCLUSIVE verdict. `infertool eval RECIPE` runs it.",
+    no_args_is_help=True,
+)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(eval_app, name="eval")
+
+
+def _resolve_models(recipe, ev, base: str | None, candidate: str | None, engine: str, on_event) -> tuple[str, str, str | None]:
+    """(base, candidate, base source) as model directories, or served names for the openai engine."""
+    base = base or ev.base
+    candidate = candidate or ev.candidate
+    if engine == "openai":
+        if not base or not candidate:
+            raise usage_error("engine openai needs the served model names of both models",
+                              hint="pass --base NAME --candidate NAME (as /v1/models lists them), or set eval.base and eval.candidate")
+        return base, candidate, base
+    from infertool.models.sources import resolve_model
+
+    source = base or recipe.model.source
+    layers = recipe.model.layers if not base else None
+    resolved = resolve_model(source, layers=layers, dtype=recipe.model.dtype)
+    if not candidate:
+        candidate = getattr(recipe.quantize, "output", None) if recipe.quantize is not None else None
+    if not candidate:
+        raise usage_error("no candidate model: the recipe has no quantize.output and no eval.candidate",
+                          hint="run `infertool quantize RECIPE` (with quantize.output set), or pass --candidate DIR")
+    cpath = Path(candidate).expanduser()
+    if not (cpath / "config.json").is_file():
+        raise usage_error(f"candidate model not found: {candidate} is not a model directory (no config.json)",
+                          hint="run `infertool quantize RECIPE` first, or pass --candidate DIR")
+    return str(resolved.path), str(cpath.resolve()), source
+
+
+@eval_app.command("run")
+@handle_errors
+def eval_run(
+    recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
+    suite: Optional[str] = typer.Option(None, "--suite", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite."),
+    base: Optional[str] = typer.Option(None, "--base", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source."),
+    candidate: Optional[str] = typer.Option(None, "--candidate", help="The quantized model directory (a served name with --engine openai). Default: quantize.output."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url)."),
+    url: Optional[str] = typer.Option(None, "--url", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1."),
+    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", help="A second server for the candidate (engine openai); default: --url."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP."),
+    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, help="Score at most N items (windows for perplexity) per task."),
+    preset: Optional[str] = typer.Option(None, "--preset", help="Acceptance preset: strict | standard | lenient (explicit eval.accept gates still apply)."),
+    allow_inconclusive: bool = typer.Option(False, "--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL)."),
+    overrides: Optional[List[str]] = SET_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Score candidate against base on a suite and print the verdict (exit 0 PASS, 1 FAIL or INCONCLUSIVE)."""
+    from infertool.evaluate.core import EvalSpec, run_eval
+    from infertool.output import StageProgress, print_json
+    from infertool.recipe import EvalSection, load_recipe
+
+    sets = list(overrides or [])
+    for flag, key, value in (("--suite", "eval.suite", suite), ("--engine", "eval.engine", engine), ("--url", "eval.url", url),
+                             ("--max-items", "eval.max_items", max_items), ("--preset", "eval.accept.preset", preset)):
+        if value is not None:
+            sets.append(f"{key}={value}")
+    r = load_recipe(recipe, sets)
+    ev = r.eval or EvalSection()
+    accept = ev.accept.model_dump()
+    api_key = None
+    if r.serve is not None and r.serve.api_key_env:
+        api_key = os.environ.get(r.serve.api_key_env)
+    with StageProgress("eval", quiet=False) as progress:
+        b, c, source = _resolve_models(r, ev, base, candidate, ev.engine, progress.on_event)
+        spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, candidate_url=candidate_url,
+                        api_key=api_key, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
+                        accept=accept, out_dir=out_dir, base_source=source)
+        doc = run_eval(spec, progress.on_event)
+    if as_json:
+        print_json(doc)
+    else:
+        render(doc)
+    if doc["verdict"] == "PASS" or (doc["verdict"] == "INCONCLUSIVE" and (allow_inconclusive or accept.get("allow_inconclusive"))):
+        return
+    raise typer.Exit(1)
+
+
+def render(doc: dict) -> None:
+    from rich.table import Table
+
+    from infertool.evaluate.verdict import fmt
+    from infertool.output import kv_table, out
+
+    out.print(kv_table([
+        ("suite", f"{doc['suite']['name']} ({doc['suite']['path']})"),
+        ("engine", doc["engine"] + (f" (KLD from top-{doc['settings']['topk']} log-probabilities)" if doc["settings"].get("topk") else " (full-vocabulary KLD)")),
+        ("base", doc["base"].get("source") or doc["base"]["model"]),
+        ("candidate", doc["candidate"]["model"]),
+    ], title="infertool eval"))
+    for name, t in doc["tasks"].items():
+        if t["type"] == "perplexity":
+            tab = Table(title=f"{name}: {t['windows']} windows x {t['seq_len']} tokens = {t['tokens']:,} scored tokens (perplexity, {t['kld_kind']} KLD)")
+            tab.add_column("metric")
+            tab.add_column("base", justify="right")
+            tab.add_column("candidate", justify="right")
+            tab.add_column("comparison", justify="right")
+            k, dp = t["kld"], t["delta_p"]
+            tab.add_row("perplexity", fmt(t["ppl_base"]), fmt(t["ppl_cand"]),
+                        f"ratio {fmt(t['ppl_ratio'])} [{fmt(t['ppl_ratio_ci'][0])}, {fmt(t['ppl_ratio_ci'][1])}]")
+            tab.add_row("bits per byte", fmt(t["bpb_base"]), fmt(t["bpb_cand"]), "")
+            tab.add_row("ln(PPL ratio)", "", "", f"{fmt(t['ln_ppl_ratio'])} ± {fmt(t['ln_ppl_ratio_se'])} (paired SE)")
+            tab.add_row("KLD mean ± SE", "", "", f"{fmt(k['mean'])} ± {fmt(k['se'])}")
+            tab.add_row("KLD median / p90 / p99", "", "", f"{fmt(k['median'])} / {fmt(k['p90'])} / {fmt(k['p99'])}")
+            tab.add_row("KLD p99.9 / max", "", "", f"{fmt(k['p99.9'])} / {fmt(k['max'])}")
+            tab.add_row("same top-1", "", "", f"{t['top1_agree']:.2%} ± {t['top1_agree_se']:.2%}")
+            tab.add_row("Δp mean / RMS", "", "", f"{dp['mean']:+.3%} / {dp['rms']:.3%}")
+            tab.add_row("Δp p1 / p99", "", "", f"{dp['p1']:+.3%} / {dp['p99']:+.3%}")
+            if t.get("topk_covered_mass"):
+                tab.add_row("top-k covered mass", "", "", f"mean {t['topk_covered_mass']['mean']:.2%}, p1 {t['topk_covered_mass']['p1']:.2%}")
+            out.print(tab)
+        else:
+            acc = t["acc"]
+            tab = Table(title=f"{name}: {t['items']} items ({t['type']}{', ' + t['match'] if t.get('match') else ''})")
+            for col in ("metric", "base", "candidate", "b", "c", "flip rate", "net change [95%]", "McNemar p"):
+                tab.add_column(col, justify="right" if col != "metric" else "left")
+            rows = [("acc", acc)] + ([("acc_norm", t["acc_norm"])] if "acc_norm" in t else [])
+            for label, a in rows:
+                tab.add_row(label, f"{a['acc_base']:.1%} [{a['acc_base_ci'][0]:.1%}, {a['acc_base_ci'][1]:.1%}]",
+                            f"{a['acc_cand']:.1%} [{a['acc_cand_ci'][0]:.1%}, {a['acc_cand_ci'][1]:.1%}]",
+                            str(a["b"]), str(a["c"]), f"{a['flip_rate']:.1%}",
+                            f"{a['net_change']:+.1%} [{a['net_change_ci'][0]:+.1%}, {a['net_change_ci'][1]:+.1%}]",
+                            f"{a['mcnemar_p']:.3g}")
+            if "output_agreement" in t:
+                tab.add_row("same output", f"{t['output_agreement']:.1%}", "", "", "", "", "", "")
+            if "same_pick" in t:
+                tab.add_row("same pick", f"{t['same_pick']:.1%}", "", "", "", "", "", "")
+            out.print(tab)
+    gates = Table(title=f"gates (confidence {doc['settings']['accept'].get('confidence', 0.95):.0%})")
+    for col in ("gate", "metric", "threshold", "estimate", "interval", "status", "note"):
+        gates.add_column(col)
+    style = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "n/a": "dim"}
+    for g in doc["gates"]:
+        note = g["note"]
+        if g["status"] == "INCONCLUSIVE":
+            note = (f"~{g['n_needed']:,} {g['unit']} would decide (now {g['n']:,})" if g.get("n_needed") else "on the threshold") + (f"; {note}" if note else "")
+        interval = f"[{fmt(g['lo'])}, {fmt(g['hi'])}]" if g["lo"] is not None else "-"
+        gates.add_row(g["name"], g["metric"], fmt(g["threshold"]), fmt(g["estimate"]), interval,
+                      f"[{style[g['status']]}]{g['status']}[/]", note)
+    out.print(gates)
+    tm = doc["timing"]
+    speed = ""
+    if tm.get("base_tokens_per_s"):
+        speed = f"; {tm['base_tokens_per_s']:,.0f} tok/s base, {tm['cand_tokens_per_s']:,.0f} tok/s candidate"
+    out.print(f"[dim]{tm['wall_s']:.1f} s{speed}; files in {doc['run_dir']}[/]")
+    for n in doc["notes"]:
+        out.print(f"[dim]note: {n}[/]")
+    out.print(f"verdict: [{style[doc['verdict']]}]{doc['verdict']}[/] — {doc['reason']}", soft_wrap=True)
+
+
+@eval_app.command("suites")
+@handle_errors
+def eval_suites(as_json: bool = JSON_OPT) -> None:
+    """List the built-in eval suites."""
+    from rich.table import Table
+
+    from infertool.evaluate.suites import list_builtin
+    from infertool.output import out, print_json
+
+    suites = [s.summary() for s in list_builtin()]
+    if as_json:
+        print_json({"suites": suites})
+        return
+    tab = Table(title="built-in eval suites (infertool eval RECIPE --suite NAME)")
+    for col in ("suite", "tasks", "description"):
+        tab.add_column(col)
+    for s in suites:
+        tasks = ", ".join(f"{t['name']} ({t['type']}{', ' + str(t['items']) + ' items' if t['items'] else ''})" for t in s["tasks"])
+        tab.add_row(s["name"], tasks, s["description"])
+    out.print(tab)
+
+
+@eval_app.command("export-lm-eval")
+@handle_errors
+def eval_export(
+    suite: str = typer.Argument(..., help="A built-in suite name or a suite YAML path."),
+    dest: Path = typer.Argument(..., help="Directory to write the lm-eval task YAMLs and their data into."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Write a suite as lm-evaluation-harness tasks (dataset_path: json), to run the same items there."""
+    from infertool.evaluate.lm_eval_export import export_lm_eval
+    from infertool.output import err, print_json
+
+    res = export_lm_eval(suite, dest)
+    if as_json:
+        print_json(res)
+        return
+    err.print(f"[green]✓[/] wrote {len(res['tasks'])} lm-eval task(s) for suite {res['suite']} into {res['dir']}")
+    err.print(f"run them with: {res['usage']}", soft_wrap=True)

@@ -1,0 +1,345 @@
+"""`infertool eval`: score a suite with base and candidate on one engine, summarise, judge, write files.
+
+``run_eval(EvalSpec) -> dict`` is the core function the CLI calls; it never prints. The returned
+document holds every number (it is what ``--json`` prints and what results.json keeps).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from infertool.evaluate import metrics as M
+from infertool.evaluate.suites import Suite, generation_correct, load_suite
+from infertool.evaluate.verdict import Gate, judge, thresholds, verdict
+
+RESULTS_FILE = "results.json"
+ITEMS_FILE = "items.jsonl"
+HIST_FILE = "kld_histogram.svg"
+
+
+@dataclass
+class EvalSpec:
+    base: str  # a model directory (hf, vllm) or a served model name (openai)
+    candidate: str
+    suite: str = "builtin-corpus"
+    engine: str = "hf"
+    url: str | None = None
+    candidate_url: str | None = None
+    api_key: str | None = None
+    seq_len: int = 512
+    batch_size: int = 8
+    max_items: int | None = None
+    accept: dict = field(default_factory=lambda: {"preset": "standard"})
+    out_dir: Path | None = None
+    topk: int = 20
+    base_source: str | None = None  # what the user wrote (e.g. bundled:smollm2-135m)
+
+
+def _argmax(xs: list[float]) -> int:
+    return max(range(len(xs)), key=lambda i: xs[i])
+
+
+def summarize_perplexity(task: dict, confidence: float) -> dict:
+    lp_b = [v for it in task["items"] for v in it["lp_b"]]
+    lp_c = [v for it in task["items"] for v in it["lp_c"]]
+    kld = [v for it in task["items"] for v in it["kld"]]
+    same = [v for it in task["items"] for v in it["same_top1"]]
+    n_bytes = sum(it["n_bytes"] for it in task["items"])
+    n = len(lp_b)
+    z = M.z_for(confidence)
+    ln_r, ln_se = M.ln_ppl_ratio(lp_b, lp_c)
+    k = sum(same)
+    dp = [math.exp(c) - math.exp(b) for b, c in zip(lp_b, lp_c)]
+    out = {
+        "type": "perplexity",
+        "windows": len(task["items"]),
+        "seq_len": task.get("seq_len"),
+        "tokens": n,
+        "bytes": n_bytes,
+        "ppl_base": M.perplexity(lp_b),
+        "ppl_cand": M.perplexity(lp_c),
+        "bpb_base": M.bits_per_byte(lp_b, n_bytes),
+        "bpb_cand": M.bits_per_byte(lp_c, n_bytes),
+        "ln_ppl_ratio": ln_r,
+        "ln_ppl_ratio_se": ln_se,
+        "ppl_ratio": math.exp(ln_r),
+        "ppl_ratio_ci": [math.exp(ln_r - z * ln_se), math.exp(ln_r + z * ln_se)],
+        "kld_kind": task.get("kld_kind", "full"),
+        "kld": M.distribution(kld),
+        "top1_agree": k / n if n else float("nan"),
+        "top1_agree_se": M.proportion_se(k, n),
+        "top1_agree_ci": list(M.wilson(k, n, confidence)),
+        "delta_p": M.distribution(dp),
+        "kld_histogram": M.log_histogram(kld),
+    }
+    if any("covered_b" in it for it in task["items"]):
+        cov = [v for it in task["items"] for v in it.get("covered_b", [])]
+        out["topk_covered_mass"] = M.distribution(cov, qs=(1, 5, 50))
+    return out
+
+
+def summarize_multiple_choice(task: dict, answers: dict[str, int], confidence: float) -> tuple[dict, list[dict]]:
+    recs = []
+    for it in task["items"]:
+        ans = answers[it["id"]]
+        norm_b = [ll / max(1, nb) for ll, nb in zip(it["ll_b"], it["n_bytes"])]
+        norm_c = [ll / max(1, nb) for ll, nb in zip(it["ll_c"], it["n_bytes"])]
+        pb, pc = _argmax(it["ll_b"]), _argmax(it["ll_c"])
+        recs.append({"id": it["id"], "answer": ans, "pick_b": pb, "pick_c": pc,
+                     "pick_norm_b": _argmax(norm_b), "pick_norm_c": _argmax(norm_c),
+                     "correct_b": pb == ans, "correct_c": pc == ans,
+                     "correct_norm_b": _argmax(norm_b) == ans, "correct_norm_c": _argmax(norm_c) == ans,
+                     "ll_b": it["ll_b"], "ll_c": it["ll_c"]})
+    same = sum(r["pick_b"] == r["pick_c"] for r in recs)
+    n = len(recs)
+    return {
+        "type": "multiple_choice",
+        "items": n,
+        "acc": M.paired_accuracy([r["correct_b"] for r in recs], [r["correct_c"] for r in recs], confidence),
+        "acc_norm": M.paired_accuracy([r["correct_norm_b"] for r in recs], [r["correct_norm_c"] for r in recs], confidence),
+        "same_pick": same / n if n else float("nan"),
+        "same_pick_ci": list(M.wilson(same, n, confidence)),
+    }, recs
+
+
+def summarize_generate(task: dict, targets: dict[str, str], match: str, confidence: float) -> tuple[dict, list[dict]]:
+    recs = []
+    for it in task["items"]:
+        t = targets[it["id"]]
+        recs.append({"id": it["id"], "target": t, "out_b": it["out_b"], "out_c": it["out_c"],
+                     "correct_b": generation_correct(it["out_b"], t, match),
+                     "correct_c": generation_correct(it["out_c"], t, match),
+                     "same_output": it["out_b"] == it["out_c"]})
+    n = len(recs)
+    same = sum(r["same_output"] for r in recs)
+    return {
+        "type": "generate",
+        "items": n,
+        "match": match,
+        "acc": M.paired_accuracy([r["correct_b"] for r in recs], [r["correct_c"] for r in recs], confidence),
+        "output_agreement": same / n if n else float("nan"),
+        "output_agreement_ci": list(M.wilson(same, n, confidence)),
+    }, recs
+
+
+def pooled(tasks: dict, confidence: float, raw: dict) -> dict:
+    """Token-level metrics pooled over all perplexity tasks and paired accuracy over all scored items."""
+    out: dict = {}
+    ppl = [raw[n] for n, t in tasks.items() if t["type"] == "perplexity"]
+    if ppl:
+        merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": ppl[0].get("kld_kind", "full")}
+        out["tokens"] = summarize_perplexity(merged, confidence)
+    cb, cc = [], []
+    for n, t in tasks.items():
+        for r in t.get("_records", []):
+            if "correct_b" in r:
+                cb.append(r["correct_b"])
+                cc.append(r["correct_c"])
+    if cb:
+        out["items"] = M.paired_accuracy(cb, cc, confidence)
+    return out
+
+
+def make_gates(pool: dict, accept: dict) -> list[Gate]:
+    conf = float(accept.get("confidence", 0.95))
+    z = M.z_for(conf)
+    th = thresholds(accept)
+    gates: list[Gate] = []
+    tok = pool.get("tokens")
+    items = pool.get("items")
+    topk_note = ""
+    if tok and tok["kld_kind"] != "full":
+        cov = tok.get("topk_covered_mass", {}).get("mean")
+        topk_note = f"{tok['kld_kind']} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)" if cov else ""
+    for g, val in th.items():
+        if g == "max_mean_kld":
+            k = tok["kld"] if tok else None
+            gates.append(judge(g, "mean KLD", val, k and k["mean"], k and k["mean"] - z * k["se"], k and k["mean"] + z * k["se"],
+                               upper=True, n=tok["tokens"] if tok else 0, unit="tokens", note=topk_note))
+        elif g == "min_top1":
+            gates.append(judge(g, "same top-1", val, tok and tok["top1_agree"], tok and tok["top1_agree_ci"][0],
+                               tok and tok["top1_agree_ci"][1], upper=False, n=tok["tokens"] if tok else 0, unit="tokens"))
+        elif g == "max_ppl_ratio":
+            gates.append(judge(g, "PPL ratio", val, tok and tok["ppl_ratio"], tok and tok["ppl_ratio_ci"][0],
+                               tok and tok["ppl_ratio_ci"][1], upper=True, n=tok["tokens"] if tok else 0, unit="tokens",
+                               transform=math.log))
+        elif g == "max_acc_drop":
+            if items:
+                drop = -items["net_change"]
+                lo, hi = -items["net_change_ci"][1], -items["net_change_ci"][0]
+                gates.append(judge(g, "accuracy drop", val, drop, lo, hi, upper=True, n=items["n"], unit="items"))
+            else:
+                gates.append(judge(g, "accuracy drop", val, None, None, None, upper=True, n=0, unit="items"))
+        elif g == "max_flip_rate":
+            gates.append(judge(g, "flip rate", val, items and items["flip_rate"], items and items["flip_rate_ci"][0],
+                               items and items["flip_rate_ci"][1], upper=True, n=items["n"] if items else 0, unit="items"))
+    return gates
+
+
+def summarize(suite: Suite, raw_tasks: dict, accept: dict) -> tuple[dict, list[dict], dict, list[Gate]]:
+    """Per-task metrics, per-item records (for items.jsonl), pooled metrics and gates."""
+    conf = float(accept.get("confidence", 0.95))
+    tasks: dict = {}
+    records: list[dict] = []
+    for task in suite.tasks:
+        raw = raw_tasks[task.name]
+        if task.type == "perplexity":
+            s = summarize_perplexity(raw, conf)
+            s["corpus"] = task.meta
+            s["corpus_tokens"] = raw.get("corpus_tokens")
+            recs = []
+            for it in raw["items"]:
+                n = len(it["lp_b"])
+                recs.append({"id": it["id"], "tokens": n,
+                             "nll_b": -math.fsum(it["lp_b"]) / n, "nll_c": -math.fsum(it["lp_c"]) / n,
+                             "kld_mean": math.fsum(it["kld"]) / n, "top1_agree": sum(it["same_top1"]) / n})
+        elif task.type == "multiple_choice":
+            s, recs = summarize_multiple_choice(raw, {it["id"]: it["answer"] for it in task.items}, conf)
+        else:
+            s, recs = summarize_generate(raw, {it["id"]: it["target"] for it in task.items}, task.match, conf)
+        tasks[task.name] = s
+        for r in recs:
+            records.append({"task": task.name, **r})
+        s["_records"] = recs
+    pool = pooled(tasks, conf, raw_tasks)
+    for s in tasks.values():
+        s.pop("_records", None)
+    gates = make_gates(pool, accept)
+    return tasks, records, pool, gates
+
+
+def _throughput(timing: dict) -> dict:
+    tokens = sum(t.get("tokens", 0) for t in timing.values())
+    base_s = sum(t.get("base_s", 0.0) for t in timing.values())
+    cand_s = sum(t.get("cand_s", 0.0) for t in timing.values())
+    return {
+        "scored_tokens_per_model": tokens,
+        "base_s": base_s,
+        "cand_s": cand_s,
+        "base_tokens_per_s": tokens / base_s if base_s else None,
+        "cand_tokens_per_s": tokens / cand_s if cand_s else None,
+    }
+
+
+def write_kld_histogram_svg(hist: dict, path: Path, title: str) -> Path:
+    """A bar chart of the per-token KLD distribution (log-spaced bins), as a self-contained SVG."""
+    counts = [hist["under"], *hist["counts"], hist["over"]]
+    labels = [f"<{hist['edges'][0]:.0e}"] + [f"{e:.0e}" for e in hist["edges"][:-1]] + [f"≥{hist['edges'][-1]:.0e}"]
+    W, H, left, bottom, top = 760, 360, 60, 60, 40
+    pw, ph = W - left - 20, H - bottom - top
+    peak = max(counts) or 1
+    bw = pw / len(counts)
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" font-family="sans-serif" font-size="11">',
+             f'<rect width="{W}" height="{H}" fill="white"/>',
+             f'<text x="{W / 2}" y="22" text-anchor="middle" font-size="14">{_xml(title)}</text>',
+             f'<line x1="{left}" y1="{top + ph}" x2="{left + pw}" y2="{top + ph}" stroke="black"/>',
+             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + ph}" stroke="black"/>',
+             f'<text x="{left - 6}" y="{top + 4}" text-anchor="end">{peak}</text>',
+             f'<text x="{left - 6}" y="{top + ph}" text-anchor="end">0</text>',
+             f'<text x="16" y="{top + ph / 2}" transform="rotate(-90 16 {top + ph / 2})" text-anchor="middle">tokens</text>',
+             f'<text x="{left + pw / 2}" y="{H - 8}" text-anchor="middle">KL divergence per token (nats, bin lower edge, log scale)</text>']
+    for i, c in enumerate(counts):
+        h = ph * c / peak
+        x = left + i * bw
+        parts.append(f'<rect x="{x + 1:.1f}" y="{top + ph - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" fill="#4a7ab5"><title>{labels[i]}: {c}</title></rect>')
+        if i % 2 == 0 or len(counts) < 16:
+            parts.append(f'<text x="{x + bw / 2:.1f}" y="{top + ph + 14}" text-anchor="end" '
+                         f'transform="rotate(-45 {x + bw / 2:.1f} {top + ph + 14})">{_xml(labels[i])}</text>')
+    parts.append("</svg>")
+    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    return path
+
+
+def _xml(s: str) -> str:
+    return s.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def _default_out(suite: str) -> Path:
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return Path("out") / "eval" / f"{suite}-{stamp}"
+
+
+def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> dict:
+    from infertool.envs.runner import _InProcessEvents
+
+    events = _InProcessEvents(on_event or (lambda e: None))
+    suite = load_suite(spec.suite)
+    requests = [t.request(spec.seq_len, spec.max_items) for t in suite.tasks]
+    out_dir = Path(spec.out_dir) if spec.out_dir else _default_out(suite.name)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    if spec.engine == "hf":
+        from infertool.envs.runner import run_stage
+
+        run = run_stage("eval.hf", {"base": spec.base, "candidate": spec.candidate, "tasks": requests,
+                                    "batch_size": spec.batch_size}, on_event=on_event, log_dir=out_dir / "logs")
+        raw = run.result
+        raw["where"] = run.where
+    elif spec.engine == "vllm":
+        from infertool.evaluate.server_engine import compare_vllm
+
+        raw = compare_vllm(spec.base, spec.candidate, requests, k=spec.topk, workers=spec.batch_size, events=events,
+                           log_dir=out_dir / "logs", max_model_len=max(2048, spec.seq_len + 64))
+    else:
+        from infertool.evaluate.server_engine import compare_openai
+
+        raw = compare_openai(spec.url or "", spec.base, spec.candidate, requests, k=spec.topk, workers=spec.batch_size,
+                             events=events, api_key=spec.api_key, candidate_url=spec.candidate_url)
+    wall = time.monotonic() - t0
+    tasks, records, pool, gates = summarize(suite, raw["tasks"], spec.accept)
+    status, reason = verdict(gates)
+    files = {"results": str(out_dir / RESULTS_FILE), "items": str(out_dir / ITEMS_FILE)}
+    with open(out_dir / ITEMS_FILE, "w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n")
+    if "tokens" in pool:
+        kind = pool["tokens"]["kld_kind"]
+        files["kld_histogram"] = str(write_kld_histogram_svg(
+            pool["tokens"]["kld_histogram"], out_dir / HIST_FILE,
+            f"KLD(base || candidate) per token, {kind}, {pool['tokens']['tokens']:,} tokens, {spec.engine} engine"))
+    notes = []
+    if raw.get("topk"):
+        notes.append(f"{spec.engine} engine: KL divergence is computed from the top-{raw['topk']} log-probabilities a "
+                     "server returns (a lower bound of the full KLD); topk_covered_mass says how much probability it covers")
+    if any(t["type"] == "perplexity" for t in tasks.values()):
+        notes.append("perplexity: GPTQ-paper protocol (non-overlapping windows of seq_len tokens, the first token of "
+                     "each window unscored); not comparable with lm-eval's word_perplexity")
+    doc = {
+        "ok": status == "PASS",
+        "verdict": status,
+        "reason": reason,
+        "suite": {"name": suite.name, "path": str(suite.path), "description": suite.description},
+        "engine": spec.engine,
+        "base": {"model": spec.base, "source": spec.base_source, **(raw.get("models", {}).get("base") or {})},
+        "candidate": {"model": spec.candidate, **(raw.get("models", {}).get("candidate") or {})},
+        "settings": {"seq_len": spec.seq_len, "batch_size": spec.batch_size, "max_items": spec.max_items,
+                     "topk": raw.get("topk"), "accept": spec.accept, "thresholds": thresholds(spec.accept)},
+        "gates": [g.to_dict() for g in gates],
+        "pooled": pool,
+        "tasks": tasks,
+        "timing": {"wall_s": wall, "per_task": raw.get("timing", {}), **_throughput(raw.get("timing", {}))},
+        "versions": {"python": sys.version.split()[0], **(raw.get("versions") or {})},
+        "notes": notes,
+        "run_dir": str(out_dir),
+        "files": files,
+    }
+    (out_dir / RESULTS_FILE).write_text(json.dumps(_finite(doc), indent=2) + "\n", encoding="utf-8")
+    return _finite(doc)
+
+
+def _finite(obj):
+    """JSON has no NaN/Infinity: such values become null."""
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj

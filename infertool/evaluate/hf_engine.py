@@ -1,0 +1,235 @@
+"""The ``hf`` engine: both models in-process with transformers (in the ``quant`` environment), full-
+vocabulary logits, so KL divergence is exact. Runs as the stage ``eval.hf``; imports torch only here.
+
+It returns per-token and per-item raw numbers (JSON); every statistic is computed by
+infertool.evaluate.metrics in the parent, the same code for every engine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from infertool.errors import RuntimeFailure, UsageError
+
+
+def _load_model(path: str, events):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    cfg_path = Path(path) / "config.json"
+    if not cfg_path.is_file():
+        raise UsageError(f"not a Hugging Face model directory (no config.json): {path}",
+                         hint="give a local model directory, e.g. the output of `infertool quantize` or `infertool model import`")
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    qcfg = cfg.get("quantization_config") or {}
+    method = str(qcfg.get("quant_method") or "").lower()
+    if method in ("gptq", "awq"):
+        try:
+            from gptqmodel import GPTQModel
+
+            wrapped = GPTQModel.load(path, device="cpu")
+            model = getattr(wrapped, "model", wrapped)
+            loader = f"gptqmodel ({method})"
+        except Exception as e:  # noqa: BLE001 - fall back to transformers' own loader, then give up clearly
+            events.log(f"GPTQModel could not load {path} ({type(e).__name__}: {e}); trying transformers", "warning")
+            try:
+                model = AutoModelForCausalLM.from_pretrained(path)
+                loader = f"transformers ({method})"
+            except Exception as e2:  # noqa: BLE001
+                raise RuntimeFailure(f"cannot load the {method} checkpoint {path}: {type(e2).__name__}: {e2}",
+                                     hint="check the checkpoint with `infertool model info`; the quant environment needs gptqmodel") from None
+    else:
+        # float32 compute: base weights are upcast exactly, and log-softmax over the vocabulary stays precise.
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        loader = "transformers (float32)"
+    model.eval()
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    return model, {"path": path, "loader": loader, "dtype": dtype, "quant_method": method or None}
+
+
+def _log_softmax(model, ids, mask=None):
+    import torch
+
+    with torch.inference_mode():
+        out = model(input_ids=ids, attention_mask=mask)
+    return torch.log_softmax(out.logits.float(), dim=-1)
+
+
+def _perplexity(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> dict:
+    import torch
+
+    ids = tok(task["text"], add_special_tokens=False)["input_ids"]
+    L = int(task["seq_len"])
+    n = len(ids) // L
+    if task.get("max_windows"):
+        n = min(n, int(task["max_windows"]))
+    if n < 1:
+        raise UsageError(f"task {task['name']!r}: the text has {len(ids)} tokens, fewer than one window of {L}",
+                         hint="lower eval.seq_len or give more text")
+    items = []
+    batch = max(1, min(batch, 4))  # full-vocabulary log-probs are large: [batch, seq_len, vocab] float32
+    for start in range(0, n, batch):
+        rows = [ids[(start + j) * L:(start + j + 1) * L] for j in range(min(batch, n - start))]
+        x = torch.tensor(rows, dtype=torch.long)
+        t0 = time.monotonic()
+        lpb = _log_softmax(mb, x)
+        t1 = time.monotonic()
+        lpc = _log_softmax(mc, x)
+        t2 = time.monotonic()
+        timing["base_s"] += t1 - t0
+        timing["cand_s"] += t2 - t1
+        timing["tokens"] += x.numel()
+        for j, row in enumerate(rows):
+            b = lpb[j, :-1]
+            c = lpc[j, :-1]
+            tgt = x[j, 1:].unsqueeze(-1)
+            kld = (b.exp() * (b - c)).sum(-1).clamp_min(0.0)
+            items.append({
+                "id": f"w{start + j:04d}",
+                "n_bytes": len(tok.decode(row[1:]).encode("utf-8")),
+                "lp_b": b.gather(-1, tgt).squeeze(-1).tolist(),
+                "lp_c": c.gather(-1, tgt).squeeze(-1).tolist(),
+                "kld": kld.tolist(),
+                "same_top1": (b.argmax(-1) == c.argmax(-1)).int().tolist(),
+            })
+        del lpb, lpc
+        events.progress(task["name"], len(items), n, f"{task['name']}: windows")
+    return {"type": "perplexity", "seq_len": L, "corpus_tokens": len(ids), "kld_kind": "full", "items": items}
+
+
+def _encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
+    """lm-eval's split: trailing spaces of the context move to the continuation; both encoded separately."""
+    n_spaces = len(context) - len(context.rstrip())
+    if n_spaces:
+        continuation = context[-n_spaces:] + continuation
+        context = context[:-n_spaces]
+    ctx = tok(context, add_special_tokens=False)["input_ids"]
+    cont = tok(continuation, add_special_tokens=False)["input_ids"]
+    return ctx, cont
+
+
+def _multiple_choice(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> dict:
+    import torch
+
+    reqs = []  # (item index, choice index, ids, n_cont)
+    for i, it in enumerate(task["items"]):
+        for k, cont in enumerate(it["continuations"]):
+            ctx_ids, cont_ids = _encode_pair(tok, it["context"], cont)
+            reqs.append((i, k, ctx_ids + cont_ids, len(cont_ids)))
+    lls = {"b": {}, "c": {}}
+    greedy = {"b": {}, "c": {}}
+    pad = tok.pad_token_id if tok.pad_token_id is not None else 0
+    order = sorted(range(len(reqs)), key=lambda r: -len(reqs[r][2]))  # similar lengths together
+    done = 0
+    for s in range(0, len(order), batch):
+        chunk = [reqs[r] for r in order[s:s + batch]]
+        T = max(len(r[2]) for r in chunk)
+        x = torch.tensor([r[2] + [pad] * (T - len(r[2])) for r in chunk], dtype=torch.long)
+        mask = torch.tensor([[1] * len(r[2]) + [0] * (T - len(r[2])) for r in chunk], dtype=torch.long)
+        for key, model in (("b", mb), ("c", mc)):
+            t0 = time.monotonic()
+            lp = _log_softmax(model, x, mask)
+            timing["base_s" if key == "b" else "cand_s"] += time.monotonic() - t0
+            for j, (i, k, seq, nc) in enumerate(chunk):
+                pos = torch.arange(len(seq) - nc - 1, len(seq) - 1)
+                tgt = torch.tensor(seq[len(seq) - nc:], dtype=torch.long)
+                sel = lp[j, pos]
+                lls[key][(i, k)] = float(sel.gather(-1, tgt.unsqueeze(-1)).sum())
+                greedy[key][(i, k)] = bool((sel.argmax(-1) == tgt).all())
+        timing["tokens"] += int(mask.sum())
+        done += len(chunk)
+        events.progress(task["name"], done, len(reqs), f"{task['name']}: choices")
+    items = []
+    for i, it in enumerate(task["items"]):
+        ks = range(len(it["continuations"]))
+        items.append({
+            "id": it["id"],
+            "ll_b": [lls["b"][(i, k)] for k in ks],
+            "ll_c": [lls["c"][(i, k)] for k in ks],
+            "greedy_b": [greedy["b"][(i, k)] for k in ks],
+            "greedy_c": [greedy["c"][(i, k)] for k in ks],
+            "n_bytes": [len(c.encode("utf-8")) for c in it["continuations"]],
+        })
+    return {"type": "multiple_choice", "items": items}
+
+
+def _generate(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> dict:
+    import torch
+
+    prompts = []
+    for it in task["items"]:
+        p = it["prompt"]
+        if task.get("chat"):
+            if not getattr(tok, "chat_template", None):
+                raise UsageError(f"task {task['name']!r} asks for the chat template, but the model has none",
+                                 hint="set chat: false for this task")
+            p = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+        prompts.append(p)
+    stop = list(task.get("stop") or [])
+    outs = {"b": [None] * len(prompts), "c": [None] * len(prompts)}
+    old_side = tok.padding_side
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    try:
+        for s in range(0, len(prompts), batch):
+            enc = tok(prompts[s:s + batch], return_tensors="pt", padding=True, add_special_tokens=not task.get("chat"))
+            for key, model in (("b", mb), ("c", mc)):
+                t0 = time.monotonic()
+                with torch.inference_mode():
+                    gen = model.generate(**enc, max_new_tokens=int(task.get("max_tokens", 32)), do_sample=False,
+                                         stop_strings=stop or None, tokenizer=tok, pad_token_id=tok.pad_token_id)
+                timing["base_s" if key == "b" else "cand_s"] += time.monotonic() - t0
+                new = gen[:, enc["input_ids"].shape[1]:]
+                timing["gen_tokens"] += int((new != tok.pad_token_id).sum())
+                for j, row in enumerate(new):
+                    text = tok.decode(row, skip_special_tokens=True)
+                    for st in stop:
+                        if st and st in text:
+                            text = text[:text.index(st)]
+                    outs[key][s + j] = text
+            events.progress(task["name"], min(s + batch, len(prompts)), len(prompts), f"{task['name']}: generate")
+    finally:
+        tok.padding_side = old_side
+    items = [{"id": it["id"], "out_b": outs["b"][i], "out_c": outs["c"][i]} for i, it in enumerate(task["items"])]
+    return {"type": "generate", "items": items}
+
+
+def compare_stage(spec: dict, events) -> dict:
+    """Stage ``eval.hf``: score every task of the suite with base and candidate on the same tokens."""
+    import torch
+    import transformers
+    from transformers import AutoTokenizer
+
+    torch.set_num_threads(max(1, int(spec.get("threads") or os.cpu_count() or 1)))
+    events.log(f"loading base {spec['base']}")
+    mb, info_b = _load_model(spec["base"], events)
+    events.log(f"loading candidate {spec['candidate']}")
+    mc, info_c = _load_model(spec["candidate"], events)
+    tok = AutoTokenizer.from_pretrained(spec["base"])
+    vb, vc = mb.get_output_embeddings().weight.shape[0], mc.get_output_embeddings().weight.shape[0]
+    if vb != vc:
+        raise UsageError(f"base and candidate have different vocabularies ({vb} vs {vc} tokens): they cannot be compared token by token",
+                         hint="the candidate must be a quantized copy of the base model")
+    batch = int(spec.get("batch_size", 8))
+    runners = {"perplexity": _perplexity, "multiple_choice": _multiple_choice, "generate": _generate}
+    tasks = {}
+    timings = {}
+    for task in spec["tasks"]:
+        timing = {"base_s": 0.0, "cand_s": 0.0, "tokens": 0, "gen_tokens": 0}
+        t0 = time.monotonic()
+        tasks[task["name"]] = runners[task["type"]](task, tok, mb, mc, batch, events, timing)
+        timing["wall_s"] = time.monotonic() - t0
+        timings[task["name"]] = timing
+    versions = {"torch": torch.__version__, "transformers": transformers.__version__}
+    try:
+        import gptqmodel
+
+        versions["gptqmodel"] = gptqmodel.__version__
+    except Exception:  # noqa: BLE001
+        pass
+    return {"engine": "hf", "tasks": tasks, "timing": timings, "models": {"base": info_b, "candidate": info_c},
+            "versions": versions, "threads": torch.get_num_threads()}

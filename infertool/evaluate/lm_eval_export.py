@@ -1,0 +1,83 @@
+"""Write an infertool suite as lm-evaluation-harness task YAMLs (``dataset_path: json``), with the data
+copied next to them, so the same items run in lm-eval::
+
+    infertool eval export-lm-eval synthetic-mc out/lm-eval-tasks
+    lm_eval --model hf --model_args pretrained=DIR --include_path out/lm-eval-tasks --tasks infertool_synthetic_mc
+
+multiple_choice -> output_type multiple_choice (acc, acc_norm: the same scoring as infertool's);
+generate -> generate_until with greedy decoding and exact_match after leading whitespace is removed
+(contains/regex tasks are approximated with a regex filter); perplexity -> loglikelihood_rolling
+(lm-eval's per-document word/byte perplexity and bits_per_byte: NOT the GPTQ window protocol).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import yaml
+
+from infertool.evaluate.suites import load_suite
+
+
+def _task_id(suite: str, task: str) -> str:
+    return "infertool_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{suite}_{task}").strip("_").lower()
+
+
+def export_lm_eval(suite_name: str, dest: str | Path) -> dict:
+    suite = load_suite(suite_name)
+    dest = Path(dest).resolve()
+    dest.mkdir(parents=True, exist_ok=True)
+    written = []
+    task_ids = []
+    for task in suite.tasks:
+        tid = _task_id(suite.name, task.name)
+        data = dest / f"{tid}.jsonl"
+        if task.type == "perplexity":
+            if task.source == "builtin:pydoc_topics":
+                import pydoc_data.topics as topics
+
+                docs = [{"id": k, "text": topics.topics[k]} for k in sorted(topics.topics)]
+            else:
+                docs = [{"id": str(i), "text": p} for i, p in enumerate(task.text.split("\n\n"))]
+            rows = docs
+        else:
+            rows = task.items
+        data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        cfg: dict = {
+            "task": tid,
+            "dataset_path": "json",
+            "dataset_kwargs": {"data_files": {"test": str(data)}},
+            "test_split": "test",
+        }
+        if task.type == "multiple_choice":
+            cfg.update({"output_type": "multiple_choice", "doc_to_text": "{{question}}", "doc_to_choice": "{{choices}}",
+                        "doc_to_target": "answer", "target_delimiter": task.delimiter,
+                        "metric_list": [{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                                        {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]})
+        elif task.type == "generate":
+            cfg.update({"output_type": "generate_until", "doc_to_text": "{{prompt}}", "doc_to_target": "{{target}}",
+                        "target_delimiter": "",
+                        "generation_kwargs": {"until": list(task.stop), "max_gen_toks": task.max_tokens, "do_sample": False,
+                                              "temperature": 0.0},
+                        "filter_list": [{"name": "strip", "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}],
+                        "metric_list": [{"metric": "exact_match", "aggregation": "mean", "higher_is_better": True,
+                                         "ignore_case": False, "ignore_punctuation": False}]})
+            if task.chat:
+                cfg["metadata"] = {"note": "run with --apply_chat_template, as infertool's chat: true does"}
+        else:
+            cfg.update({"output_type": "loglikelihood_rolling", "doc_to_text": "", "doc_to_target": "{{text}}",
+                        "metric_list": [{"metric": m, "aggregation": m, "higher_is_better": False}
+                                        for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]})
+        path = dest / f"{tid}.yaml"
+        path.write_text(f"# exported by `infertool eval export-lm-eval {suite.name}` from {suite.path}\n"
+                        + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        written += [str(path), str(data)]
+        task_ids.append(tid)
+    group = _task_id(suite.name, "")
+    gpath = dest / f"_{group}.yaml"
+    gpath.write_text(yaml.safe_dump({"group": group, "task": task_ids}, sort_keys=False), encoding="utf-8")
+    written.append(str(gpath))
+    return {"suite": suite.name, "dir": str(dest), "group": group, "tasks": task_ids, "files": written,
+            "usage": f"lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {dest} --tasks {group}"}

@@ -1,0 +1,267 @@
+"""The statistics of a base-vs-candidate comparison, in pure Python (no numpy): each function is small
+and unit-tested on hand-computed values.
+
+Conventions: log-probabilities are natural logs; NLL = -logprob; a "token" is one scored position
+(the first token of a window has no context and is never scored).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+LN2 = math.log(2.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Normal quantiles and basic summaries
+# --------------------------------------------------------------------------------------------
+
+
+def normal_ppf(p: float) -> float:
+    """Inverse of the standard normal CDF (Acklam's rational approximation, |error| < 1.2e-9)."""
+    if not 0.0 < p < 1.0:
+        raise ValueError(f"p must be in (0, 1); got {p}")
+    a = (-3.969683028665376e01, 2.209460984245205e02, -2.759285104469687e02,
+         1.383577518672690e02, -3.066479806614716e01, 2.506628277459239e00)
+    b = (-5.447609879822406e01, 1.615858368580409e02, -1.556989798598866e02,
+         6.680131188771972e01, -1.328068155288572e01)
+    c = (-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e00,
+         -2.549732539343734e00, 4.374664141464968e00, 2.938163982698783e00)
+    d = (7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e00, 3.754408661907416e00)
+    lo = 0.02425
+    if p < lo:
+        q = math.sqrt(-2 * math.log(p))
+        return (((((c[0] * q + c[1]) * q + c[2]) * q + c[3]) * q + c[4]) * q + c[5]) / (
+            (((d[0] * q + d[1]) * q + d[2]) * q + d[3]) * q + 1)
+    if p > 1 - lo:
+        return -normal_ppf(1 - p)
+    q = p - 0.5
+    r = q * q
+    return (((((a[0] * r + a[1]) * r + a[2]) * r + a[3]) * r + a[4]) * r + a[5]) * q / (
+        ((((b[0] * r + b[1]) * r + b[2]) * r + b[3]) * r + b[4]) * r + 1)
+
+
+def z_for(confidence: float) -> float:
+    """Two-sided z for a confidence level: 0.95 -> 1.95996."""
+    return normal_ppf(0.5 + confidence / 2.0)
+
+
+def mean(xs: Sequence[float]) -> float:
+    return math.fsum(xs) / len(xs) if xs else float("nan")
+
+
+def mean_se(xs: Sequence[float]) -> tuple[float, float]:
+    """Mean and its standard error (sample standard deviation / sqrt(n)); SE is nan for n < 2."""
+    n = len(xs)
+    if n == 0:
+        return float("nan"), float("nan")
+    m = math.fsum(xs) / n
+    if n < 2:
+        return m, float("nan")
+    var = math.fsum((x - m) ** 2 for x in xs) / (n - 1)
+    return m, math.sqrt(var / n)
+
+
+def percentile(sorted_xs: Sequence[float], q: float) -> float:
+    """Linear-interpolated percentile (numpy's default method) of an already sorted sequence; q in [0, 100]."""
+    n = len(sorted_xs)
+    if n == 0:
+        return float("nan")
+    pos = (n - 1) * q / 100.0
+    i = int(math.floor(pos))
+    frac = pos - i
+    if i + 1 >= n:
+        return float(sorted_xs[-1])
+    return float(sorted_xs[i] + (sorted_xs[i + 1] - sorted_xs[i]) * frac)
+
+
+def distribution(xs: Sequence[float], qs: Sequence[float] = (1, 5, 10, 50, 90, 95, 99, 99.9)) -> dict:
+    """mean, SE, RMS, min, max and percentiles (keys like 'p99.9') of a sample."""
+    s = sorted(xs)
+    m, se = mean_se(xs)
+    out = {
+        "n": len(s),
+        "mean": m,
+        "se": se,
+        "rms": math.sqrt(math.fsum(x * x for x in s) / len(s)) if s else float("nan"),
+        "min": s[0] if s else float("nan"),
+        "max": s[-1] if s else float("nan"),
+    }
+    for q in qs:
+        key = f"p{q:g}"
+        out[key] = percentile(s, q)
+    out["median"] = out.get("p50", percentile(s, 50))
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# Divergences
+# --------------------------------------------------------------------------------------------
+
+
+def log_softmax(logits: Sequence[float]) -> list[float]:
+    m = max(logits)
+    lse = m + math.log(math.fsum(math.exp(x - m) for x in logits))
+    return [x - lse for x in logits]
+
+
+def kld_from_logprobs(lp_p: Sequence[float], lp_q: Sequence[float]) -> float:
+    """KL(P || Q) = sum_i p_i (ln p_i - ln q_i) for two full log-probability vectors over one vocabulary."""
+    if len(lp_p) != len(lp_q):
+        raise ValueError("the two distributions have different sizes")
+    return max(0.0, math.fsum(math.exp(a) * (a - b) for a, b in zip(lp_p, lp_q) if a > -math.inf))
+
+
+def topk_kld(base_top: dict[str, float], cand_top: dict[str, float]) -> tuple[float, float]:
+    """KL(base || candidate) from the top-k log-probabilities a server returns; (kld, covered mass).
+
+    The distributions are coarse-grained to base's top-k tokens plus one bucket for "everything
+    else"; by the data-processing inequality this never exceeds the true KL divergence (it is a lower
+    bound, exact when base's top-k carries all the mass). A base top-k token missing from the
+    candidate's top-k gets the largest probability it can have there: min(candidate's smallest
+    top-k probability, the candidate's uncovered mass) — which again errs low. ``covered`` is the
+    probability mass base's top-k carries (1.0 = exact).
+    """
+    if not base_top:
+        return float("nan"), 0.0
+    cand_probs = {t: math.exp(v) for t, v in cand_top.items()}
+    cand_rest = max(0.0, 1.0 - math.fsum(cand_probs.values()))
+    cand_floor = min(min(cand_probs.values()) if cand_probs else 1.0, cand_rest)
+    total = 0.0
+    covered_b = 0.0
+    covered_c = 0.0
+    for tok, lpb in base_top.items():
+        pb = math.exp(lpb)
+        pc = cand_probs.get(tok, cand_floor)
+        covered_b += pb
+        covered_c += pc
+        if pb > 0:
+            total += pb * (lpb - math.log(pc)) if pc > 0 else math.inf
+    rest_b = max(0.0, 1.0 - covered_b)
+    rest_c = max(0.0, 1.0 - covered_c)
+    if rest_b > 1e-12:
+        total += rest_b * (math.log(rest_b) - math.log(rest_c)) if rest_c > 0 else math.inf
+    return max(0.0, total), min(1.0, covered_b)
+
+
+# --------------------------------------------------------------------------------------------
+# Perplexity
+# --------------------------------------------------------------------------------------------
+
+
+def perplexity(logprobs: Sequence[float]) -> float:
+    """exp(mean NLL) over scored tokens (the GPTQ-paper protocol when the tokens come from
+    non-overlapping windows)."""
+    return math.exp(-mean(logprobs)) if logprobs else float("nan")
+
+
+def bits_per_byte(logprobs: Sequence[float], n_bytes: int) -> float:
+    """-sum(ln p) / ln 2 / bytes: lm-evaluation-harness's bits_per_byte."""
+    return -math.fsum(logprobs) / LN2 / n_bytes if n_bytes else float("nan")
+
+
+def ln_ppl_ratio(lp_base: Sequence[float], lp_cand: Sequence[float]) -> tuple[float, float]:
+    """ln(PPL(candidate) / PPL(base)) and its PAIRED standard error.
+
+    Per token d_i = NLL_cand,i - NLL_base,i = lp_base,i - lp_cand,i; the log ratio is mean(d) and its
+    SE is sd(d)/sqrt(n): the token-to-token variation both models share cancels, which is what makes
+    the paired SE far smaller than one computed from the two perplexities separately.
+    """
+    if len(lp_base) != len(lp_cand):
+        raise ValueError("base and candidate were scored on different numbers of tokens")
+    return mean_se([b - c for b, c in zip(lp_base, lp_cand)])
+
+
+# --------------------------------------------------------------------------------------------
+# Proportions and paired tests
+# --------------------------------------------------------------------------------------------
+
+
+def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for k successes out of n."""
+    if n <= 0:
+        return 0.0, 1.0
+    z = z_for(confidence)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def proportion_se(k: int, n: int) -> float:
+    if n <= 0:
+        return float("nan")
+    p = k / n
+    return math.sqrt(p * (1 - p) / n)
+
+
+def mcnemar_exact(b: int, c: int) -> float:
+    """Two-sided exact McNemar p-value: a binomial test of min(b, c) on b + c trials with p = 1/2."""
+    n = b + c
+    if n == 0:
+        return 1.0
+    k = min(b, c)
+    # P(X <= k) for X ~ Binomial(n, 1/2), computed in log space so large n does not overflow.
+    log_half_n = -n * LN2
+    tail = math.fsum(math.exp(math.lgamma(n + 1) - math.lgamma(i + 1) - math.lgamma(n - i + 1) + log_half_n)
+                     for i in range(k + 1))
+    return min(1.0, 2.0 * tail)
+
+
+def paired_accuracy(base_correct: Sequence[bool], cand_correct: Sequence[bool], confidence: float = 0.95) -> dict:
+    """Paired comparison of two models' correctness on the same items.
+
+    b = base right & candidate wrong, c = the reverse; flip rate (b+c)/N; net change (c-b)/N with the
+    paired-difference standard error sqrt((b+c) - (b-c)^2/N) / N; McNemar exact p-value.
+    """
+    if len(base_correct) != len(cand_correct):
+        raise ValueError("base and candidate were scored on different items")
+    n = len(base_correct)
+    b = sum(1 for x, y in zip(base_correct, cand_correct) if x and not y)
+    c = sum(1 for x, y in zip(base_correct, cand_correct) if y and not x)
+    kb = sum(1 for x in base_correct if x)
+    kc = sum(1 for x in cand_correct if x)
+    z = z_for(confidence)
+    net = (c - b) / n if n else float("nan")
+    se = math.sqrt(max(0.0, (b + c) - (b - c) ** 2 / n)) / n if n else float("nan")
+    return {
+        "n": n,
+        "acc_base": kb / n if n else float("nan"),
+        "acc_base_ci": list(wilson(kb, n, confidence)),
+        "acc_cand": kc / n if n else float("nan"),
+        "acc_cand_ci": list(wilson(kc, n, confidence)),
+        "b": b,
+        "c": c,
+        "flip_rate": (b + c) / n if n else float("nan"),
+        "flip_rate_ci": list(wilson(b + c, n, confidence)),
+        "net_change": net,
+        "net_change_se": se,
+        "net_change_ci": [net - z * se, net + z * se],
+        "mcnemar_p": mcnemar_exact(b, c),
+    }
+
+
+# --------------------------------------------------------------------------------------------
+# Histograms
+# --------------------------------------------------------------------------------------------
+
+
+def log_histogram(xs: Sequence[float], lo: float = 1e-6, hi: float = 10.0, per_decade: int = 4) -> dict:
+    """Counts of values in log-spaced bins from lo to hi; values below lo (e.g. exact zeros) and above
+    hi get their own counts."""
+    decades = math.log10(hi) - math.log10(lo)
+    nbins = max(1, int(round(decades * per_decade)))
+    edges = [lo * 10 ** (i / per_decade) for i in range(nbins + 1)]
+    counts = [0] * nbins
+    under = over = 0
+    for x in xs:
+        if x < lo:
+            under += 1
+        elif x >= hi:
+            over += 1
+        else:
+            i = min(nbins - 1, int((math.log10(x) - math.log10(lo)) * per_decade))
+            counts[i] += 1
+    return {"edges": edges, "counts": counts, "under": under, "over": over}
