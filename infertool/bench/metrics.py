@@ -1,0 +1,160 @@
+"""Latency, throughput, goodput and cost from per-request measurements: pure math, no I/O.
+
+Definitions (the same as vLLM's ``bench serve`` so the two can be compared):
+- TTFT: time from sending a request to its first generated token.
+- TPOT (per request): (E2E - TTFT) / (output_tokens - 1); requests with one output token have none.
+- ITL: every gap between two consecutive streamed chunks that carry text.
+- E2E: time from sending a request to its last byte.
+- Throughput: completed requests, output tokens and all tokens per second of the run's wall time.
+- Goodput: completed requests per second that met every SLO given (TTFT, TPOT, E2E).
+- Cost: ``cost_per_hour`` spread over what the run produced: $ per 1M output tokens and $ per request.
+Percentiles interpolate linearly between order statistics (numpy's default).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Sequence
+
+PERCENTILES = (50, 90, 99)
+
+
+@dataclass
+class RequestResult:
+    """One request as the client saw it. Times are seconds; ``start`` is relative to the run start."""
+
+    ok: bool
+    start: float = 0.0
+    ttft: float | None = None
+    e2e: float | None = None
+    itl: list[float] = field(default_factory=list)
+    prompt_tokens: int | None = None
+    output_tokens: int = 0
+    error: str | None = None
+
+    @property
+    def tpot(self) -> float | None:
+        if not self.ok or self.ttft is None or self.e2e is None or self.output_tokens < 2:
+            return None
+        return (self.e2e - self.ttft) / (self.output_tokens - 1)
+
+    @property
+    def end(self) -> float | None:
+        return None if self.e2e is None else self.start + self.e2e
+
+
+@dataclass
+class SLO:
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
+
+
+def percentile(values: Sequence[float], q: float) -> float | None:
+    """The q-th percentile (0..100) with linear interpolation; None for no values."""
+    if not values:
+        return None
+    if not 0 <= q <= 100:
+        raise ValueError(f"percentile must be within 0..100, got {q}")
+    data = sorted(values)
+    pos = (len(data) - 1) * q / 100.0
+    lo = math.floor(pos)
+    hi = math.ceil(pos)
+    if lo == hi:
+        return float(data[lo])
+    return data[lo] + (data[hi] - data[lo]) * (pos - lo)
+
+
+def distribution_ms(values_s: Iterable[float], percentiles: Sequence[float] = PERCENTILES) -> dict:
+    """mean and percentiles of seconds, in milliseconds (None when empty)."""
+    ms = [v * 1000.0 for v in values_s]
+    result: dict = {"mean": (sum(ms) / len(ms)) if ms else None}
+    for q in percentiles:
+        result[f"p{q:g}"] = percentile(ms, q)
+    return result
+
+
+def meets_slo(r: RequestResult, slo: SLO | None) -> bool:
+    """A completed request that met every SLO that is set (a request without a TPOT passes TPOT)."""
+    if not r.ok:
+        return False
+    if slo is None:
+        return True
+    if slo.ttft_ms is not None and (r.ttft is None or r.ttft * 1000 > slo.ttft_ms):
+        return False
+    if slo.tpot_ms is not None and r.tpot is not None and r.tpot * 1000 > slo.tpot_ms:
+        return False
+    if slo.e2e_ms is not None and (r.e2e is None or r.e2e * 1000 > slo.e2e_ms):
+        return False
+    return True
+
+
+def cost_figures(cost_per_hour: float | None, output_tokens_per_s: float, requests_per_s: float) -> dict:
+    """$ per 1M output tokens and $ per request when the machine costs ``cost_per_hour``."""
+    if cost_per_hour is None:
+        return {"cost_per_hour": None, "per_1m_output_tokens": None, "per_request": None}
+    per_s = cost_per_hour / 3600.0
+    return {
+        "cost_per_hour": cost_per_hour,
+        "per_1m_output_tokens": (per_s / output_tokens_per_s * 1e6) if output_tokens_per_s > 0 else None,
+        "per_request": (per_s / requests_per_s) if requests_per_s > 0 else None,
+    }
+
+
+def summarize(
+    results: Sequence[RequestResult],
+    duration_s: float,
+    *,
+    slo: SLO | None = None,
+    cost_per_hour: float | None = None,
+) -> dict:
+    """Every figure of one load level, as JSON-able data."""
+    done = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    errors: dict[str, int] = {}
+    for r in failed:
+        key = (r.error or "error").split(":", 1)[0][:80]
+        errors[key] = errors.get(key, 0) + 1
+    out_tokens = sum(r.output_tokens for r in done)
+    in_tokens = sum(r.prompt_tokens or 0 for r in done)
+    duration = max(duration_s, 1e-9)
+    rps = len(done) / duration
+    otps = out_tokens / duration
+    good = [r for r in done if meets_slo(r, slo)]
+    itl = [gap for r in done for gap in r.itl]
+    return {
+        "requests": len(results),
+        "completed": len(done),
+        "failed": len(failed),
+        "errors": errors,
+        "duration_s": duration_s,
+        "prompt_tokens": in_tokens,
+        "output_tokens": out_tokens,
+        "mean_prompt_tokens": (in_tokens / len(done)) if done else None,
+        "mean_output_tokens": (out_tokens / len(done)) if done else None,
+        "request_throughput": rps,
+        "output_token_throughput": otps,
+        "total_token_throughput": (in_tokens + out_tokens) / duration,
+        "ttft_ms": distribution_ms([r.ttft for r in done if r.ttft is not None]),
+        "tpot_ms": distribution_ms([t for r in done if (t := r.tpot) is not None]),
+        "itl_ms": distribution_ms(itl),
+        "e2e_ms": distribution_ms([r.e2e for r in done if r.e2e is not None]),
+        "goodput": {
+            "slo": None if slo is None or not slo.is_set() else {
+                "ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms},
+            "requests_per_s": len(good) / duration,
+            "fraction": (len(good) / len(results)) if results else None,
+        },
+        "cost": cost_figures(cost_per_hour, otps, rps),
+    }
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """b / a, the B arm relative to the A arm; None when either is missing or a is zero."""
+    if a is None or b is None or a == 0:
+        return None
+    return b / a

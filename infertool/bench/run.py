@@ -1,0 +1,366 @@
+"""The bench: a sweep of load levels against one server, and A/B experiments across servers.
+
+``run_bench(recipe, url=...)`` measures a running server (any OpenAI-compatible one; only that URL
+is contacted). Without a URL it launches the recipe's own vLLM server (on a free port), measures it
+and stops it. Experiments that need another server configuration (prefix caching, speculative
+decoding) launch one server per arm, so they need no URL; the batching experiment uses one server.
+
+Every level of every arm sends prompts built from the same seed, so arms see the same traffic. On
+one server, the second arm (static batches) gets its own texts of the same lengths, so that prefix
+caching of the first arm's prompts does not flatter it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from infertool.bench.client import Target, list_models, normalise_url, send, tokenize_count
+from infertool.bench.metrics import SLO, RequestResult, percentile, ratio, summarize
+from infertool.bench.prometheus import Sampler, Timeline
+from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, build_prompts, chars_per_token
+from infertool.bench.traffic import Level, run_level
+from infertool.errors import RuntimeFailure, UsageError
+
+EventCallback = Callable[[dict], None]
+SERVER_EXPERIMENTS = ("prefix_caching", "speculative")
+DEFAULT_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+# figures compared in the A/B tables: (key in a summary, path, label, higher is better)
+AB_FIGURES = [
+    ("output_token_throughput", ("output_token_throughput",), "output tok/s", True),
+    ("request_throughput", ("request_throughput",), "req/s", True),
+    ("ttft_p50_ms", ("ttft_ms", "p50"), "TTFT p50 ms", False),
+    ("tpot_p50_ms", ("tpot_ms", "p50"), "TPOT p50 ms", False),
+    ("e2e_p50_ms", ("e2e_ms", "p50"), "E2E p50 ms", False),
+    ("goodput", ("goodput", "requests_per_s"), "goodput req/s", True),
+]
+
+
+def _emit(on_event: EventCallback | None, **ev) -> None:
+    if on_event is not None:
+        on_event(ev)
+
+
+def sweep_levels(bench) -> list[Level]:
+    levels = [Level("concurrency", c) for c in bench.concurrency]
+    levels += [Level("rate", r) for r in (bench.rate or [])]
+    if bench.burst is not None:
+        levels.append(Level("burst", bench.burst.size, bench.burst.interval_s))
+    return levels
+
+
+def slo_of(bench) -> SLO | None:
+    if bench.slo is None:
+        return None
+    return SLO(bench.slo.ttft_ms, bench.slo.tpot_ms, bench.slo.e2e_ms)
+
+
+def timeline_windows(results: list[RequestResult], timeline: Timeline, duration: float, n: int = 8) -> list[dict]:
+    """The level cut into ``n`` windows: server gauges next to the latencies of requests ending there."""
+    if duration <= 0:
+        return []
+    width = duration / n
+    rows = []
+    for k in range(n):
+        lo, hi = k * width, (k + 1) * width
+        ended = [r for r in results if r.ok and r.end is not None and lo <= r.end < hi + (1e-9 if k == n - 1 else 0)]
+        samples = [s for s in timeline.samples if lo <= s.t < hi]
+        def avg(name: str):
+            vals = [v for s in samples if (v := getattr(s, name)) is not None]
+            return (sum(vals) / len(vals)) if vals else None
+        def last(name: str):
+            vals = [v for s in samples if (v := getattr(s, name)) is not None]
+            return vals[-1] if vals else None
+        rows.append({
+            "t_start_s": lo, "t_end_s": hi, "completed": len(ended),
+            "ttft_p50_ms": _ms(percentile([r.ttft for r in ended if r.ttft is not None], 50)),
+            "e2e_p50_ms": _ms(percentile([r.e2e for r in ended if r.e2e is not None], 50)),
+            "kv_cache_usage": avg("kv_cache_usage"), "running": avg("running"), "waiting": avg("waiting"),
+            "preemptions_total": last("preemptions"),
+        })
+    return rows
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1000.0
+
+
+@dataclass
+class ServerHandle:
+    url: str  # .../v1
+    model: str
+    api_key: str | None
+    launched: dict | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+
+
+async def _connect(client, url: str, api_key: str | None, model: str | None, bench,
+                   key_var: str | None = None) -> tuple[str, float]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        models = await list_models(client, url, headers)
+    except httpx.HTTPStatusError as exc:
+        code = exc.response.status_code
+        hint = ("put the server's key in the variable named by serve.api_key_env"
+                + (f" ({key_var})" if key_var else "")) if code in (401, 403) else "check --url"
+        raise RuntimeFailure(f"{url}/models answered HTTP {code}" + (": the API key is missing or wrong"
+                             if code in (401, 403) else ""), hint=hint) from None
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeFailure(f"cannot reach an OpenAI-compatible server at {url}: {type(exc).__name__}: {exc}",
+                             hint="start one (`infertool serve RECIPE --detach`) or check --url") from None
+    if model is None:
+        if not models:
+            raise RuntimeFailure(f"{url}/models lists no model")
+        model = models[0]
+    elif models and model not in models:
+        raise UsageError(f"the server at {url} does not serve {model!r} (it serves: {', '.join(models)})")
+    # calibrate on prompts like the ones that will be sent (same source, same kind of windows)
+    sample = "\n".join(p.text for p in build_prompts(bench.model_copy(update={"seed": bench.seed + 7919}), 8))
+    tokens = await tokenize_count(client, url.removesuffix("/v1"), model, sample, headers)
+    return model, chars_per_token(len(sample), tokens)
+
+
+async def _measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int,
+                   on_event: EventCallback | None, warmup: bool) -> list[dict]:
+    import httpx
+
+    target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
+    limits = httpx.Limits(max_connections=max(64, max((int(lv.value) for lv in levels), default=1) * 2))
+    out: list[dict] = []
+    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(bench.max_duration_s)) as client:
+        if warmup:
+            await send(client, target, "Hello", 4, time.monotonic(), timeout_s=120)
+        for idx, level in enumerate(levels):
+            seed_bench = bench.model_copy(update={"seed": bench.seed * 1000 + idx + seed_salt})
+            prompts = build_prompts(seed_bench, bench.requests, handle.chars_per_token)
+            t0 = time.monotonic()
+            sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
+            sampler.start(t0)
+            done = 0
+
+            async def one(i: int) -> RequestResult:
+                nonlocal done
+                p = prompts[i]
+                r = await send(client, target, p.text, p.output_len, t0, timeout_s=bench.max_duration_s)
+                done += 1
+                _emit(on_event, event="progress", task=f"{arm}:{level.label}", completed=done,
+                      total=bench.requests, description=f"{arm}: {level.label}")
+                return r
+
+            _emit(on_event, event="progress", task=f"{arm}:{level.label}", completed=0, total=bench.requests,
+                  description=f"{arm}: {level.label}")
+            results, duration = await run_level(one, bench.requests, level, deadline_s=bench.max_duration_s,
+                                                seed=bench.seed + idx)
+            timeline = await sampler.stop()
+            summary = summarize(results, duration, slo=slo_of(bench), cost_per_hour=bench.cost_per_hour)
+            out.append({
+                "arm": arm,
+                "level": level.to_dict(),
+                "summary": summary,
+                "server_metrics": {**timeline.summary(), "note": timeline.note},
+                "timeline": timeline_windows(results, timeline, duration,
+                                             n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
+            })
+    return out
+
+
+def _get(d: dict, path: tuple[str, ...]):
+    for k in path:
+        if not isinstance(d, dict):
+            return None
+        d = d.get(k)
+    return d
+
+
+def ab_table(name: str, a_label: str, b_label: str, a_levels: list[dict], b_levels: list[dict], note: str | None = None) -> dict:
+    """Rows pair level i of arm A with level i of arm B; ratio = B / A for every figure."""
+    rows = []
+    for a, b in zip(a_levels, b_levels):
+        figures = {}
+        for key, path, label, higher in AB_FIGURES:
+            va, vb = _get(a["summary"], path), _get(b["summary"], path)
+            figures[key] = {"label": label, "a": va, "b": vb, "ratio": ratio(va, vb), "higher_is_better": higher}
+        rows.append({"level": a["level"]["label"], "b_level": b["level"]["label"], "figures": figures,
+                     "errors": {"a": a["summary"]["failed"], "b": b["summary"]["failed"]}})
+    return {"experiment": name, "a": a_label, "b": b_label, "rows": rows, "note": note}
+
+
+# ------------------------------------------------------------------------------------------ servers
+class _Launched:
+    """A server we start for one arm (context manager): free port, log file, stopped on exit."""
+
+    def __init__(self, recipe, serve, on_event: EventCallback | None, label: str):
+        self.recipe, self.serve, self.on_event, self.label = recipe, serve, on_event, label
+        self.server = None
+        self.plan = None
+
+    def __enter__(self) -> ServerHandle:
+        from infertool.serve import default_log_path, prepare
+        from infertool.serve.launcher import Server
+        from infertool.serve.lint import free_port
+
+        port = free_port(self.serve.host if self.serve.host in ("127.0.0.1", "localhost") else "127.0.0.1")
+        plan = prepare(self.recipe, serve=self.serve, port=port)
+        errors = plan.errors
+        if errors:
+            raise UsageError("; ".join(f"{e.field}: {e.message}" for e in errors), hint=errors[0].hint)
+        self.plan = plan
+        self.server = Server(plan.spec, default_log_path(port))
+        _emit(self.on_event, event="log", level="info",
+              message=f"starting vLLM for {self.label} on port {port} (log: {self.server.log_path})")
+        self.server.start()
+        try:
+            ready = self.server.wait_ready()
+        except BaseException:
+            self.server.stop()
+            raise
+        _emit(self.on_event, event="log", level="info", message=f"{self.label}: server ready in {ready.seconds:.0f} s")
+        key = plan.spec.secret_env.get("VLLM_API_KEY")
+        launched = {**plan.to_dict(), "ready_s": ready.seconds, "log": str(self.server.log_path)}
+        return ServerHandle(ready.url, plan.spec.served_model_name, key, launched)
+
+    def __exit__(self, *exc) -> None:
+        if self.server is not None:
+            self.server.stop()
+
+
+def _arm_serve(serve, experiment: str, on: bool):
+    if experiment == "prefix_caching":
+        return serve.model_copy(update={"enable_prefix_caching": on})
+    if experiment == "speculative":
+        if not on:
+            return serve.model_copy(update={"speculative": None})
+        if serve.speculative is not None:
+            return serve
+        from infertool.recipe import SpeculativeSpec
+
+        return serve.model_copy(update={"speculative": SpeculativeSpec(**DEFAULT_SPECULATIVE)})
+    raise ValueError(experiment)
+
+
+# ------------------------------------------------------------------------------------------ entry point
+@dataclass
+class BenchReport:
+    url: str | None
+    model: str
+    endpoint: str
+    settings: dict
+    levels: list[dict]
+    experiments: list[dict] = field(default_factory=list)
+    servers: list[dict] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"url": self.url, "model": self.model, "endpoint": self.endpoint, "settings": self.settings,
+                "levels": self.levels, "experiments": self.experiments, "servers": self.servers,
+                "notes": self.notes, "seconds": self.seconds}
+
+
+def _settings(bench, cpt: float) -> dict:
+    return {
+        "requests_per_level": bench.requests, "max_duration_s": bench.max_duration_s,
+        "prompt": {"source": bench.prompt.source, "len_tokens": bench.prompt.len},
+        "output_len": bench.output_len, "output_len_spread": bench.output_len_spread,
+        "shared_prefix_ratio": bench.shared_prefix_ratio, "ignore_eos": bench.ignore_eos,
+        "slo": None if bench.slo is None else bench.slo.model_dump(), "cost_per_hour": bench.cost_per_hour,
+        "chars_per_token": cpt, "seed": bench.seed,
+    }
+
+
+def bench_section(recipe):
+    if recipe.bench is not None:
+        return recipe.bench
+    from infertool.recipe import BenchSection
+
+    return BenchSection()
+
+
+def run_bench(recipe, *, url: str | None = None, model: str | None = None,
+              on_event: EventCallback | None = None) -> BenchReport:
+    """The sweep (and the recipe's experiments). Raises UsageError/RuntimeFailure for what cannot run."""
+    from infertool.serve import serve_section
+
+    bench = bench_section(recipe)
+    serve = serve_section(recipe)
+    experiments = list(dict.fromkeys(bench.experiments))
+    if url is not None:
+        url = normalise_url(url)
+        needs = [e for e in experiments if e in SERVER_EXPERIMENTS]
+        if needs:
+            raise UsageError(
+                f"the {', '.join(needs)} experiment needs servers started with different flags, which "
+                "infertool cannot do to a server at --url",
+                hint="run `infertool bench RECIPE` without --url (it launches one server per arm), or "
+                "--set bench.experiments=[batching]")
+    levels = sweep_levels(bench)
+    t_start = time.monotonic()
+    notes: list[str] = []
+    if "prefix_caching" in experiments and bench.shared_prefix_ratio == 0:
+        notes.append("prefix_caching experiment with bench.shared_prefix_ratio 0: prompts share no prefix, "
+                     "so little difference is expected (set e.g. --set bench.shared_prefix_ratio=0.5)")
+    if "batching" in experiments and bench.output_len_spread == 0 and bench.ignore_eos:
+        notes.append("batching experiment with equal output lengths: static batches lose little; "
+                     "set bench.output_len_spread (e.g. 0.8) to see requests wait for the longest")
+
+    async def measure(handle: ServerHandle, lv: list[Level], arm: str, salt: int, warm: bool) -> list[dict]:
+        return await _measure(handle, bench, lv, arm=arm, seed_salt=salt, on_event=on_event, warmup=warm)
+
+    async def prepare_handle(handle: ServerHandle) -> ServerHandle:
+        import httpx
+
+        async with httpx.AsyncClient() as client:
+            handle.model, handle.chars_per_token = await _connect(client, handle.url, handle.api_key, handle.model or model, bench,
+                                                                      serve.api_key_env)
+        return handle
+
+    def sweep_on(handle: ServerHandle, arm: str) -> tuple[list[dict], list[dict] | None]:
+        asyncio.run(prepare_handle(handle))
+        main = asyncio.run(measure(handle, levels, arm, 0, True))
+        static = None
+        if "batching" in experiments:
+            static_levels = [Level("static", lv.value) for lv in levels if lv.kind == "concurrency"]
+            static = asyncio.run(measure(handle, static_levels, "static batches", 500, False))
+        return main, static
+
+    servers: list[dict] = []
+    tables: list[dict] = []
+    if url is not None:
+        key = os.environ.get(serve.api_key_env) if serve.api_key_env else None
+        handle = ServerHandle(url, model or "", key)
+        main, static = sweep_on(handle, "sweep")
+    else:
+        with _Launched(recipe, serve, on_event, "the sweep") as handle:
+            main, static = sweep_on(handle, "sweep")
+            servers.append(handle.launched)
+    model_name, cpt = handle.model, handle.chars_per_token
+    cont = [r for r in main if r["level"]["kind"] == "concurrency"]
+    if static is not None:
+        tables.append(ab_table("batching", "continuous (server schedules)", "static batches (wait to fill)",
+                               cont, static))
+    for exp in experiments:
+        if exp not in SERVER_EXPERIMENTS:
+            continue
+        recipe_on = serve.enable_prefix_caching if exp == "prefix_caching" else serve.speculative is not None
+        other = _arm_serve(serve, exp, not recipe_on)
+        label_on = "prefix caching on" if exp == "prefix_caching" else "speculative on"
+        label_off = "prefix caching off" if exp == "prefix_caching" else "speculative off"
+        with _Launched(recipe, other, on_event, label_off if recipe_on else label_on) as handle:
+            asyncio.run(prepare_handle(handle))
+            other_res = asyncio.run(measure(handle, levels, label_off if recipe_on else label_on, 0, True))
+            servers.append(handle.launched)
+        off_res, on_res = (other_res, main) if recipe_on else (main, other_res)
+        note = None
+        if exp == "speculative":
+            spec = (other if not recipe_on else serve).speculative
+            note = f"speculative config: {spec.model_dump(exclude_none=True)}"
+        tables.append(ab_table(exp, label_off, label_on, off_res, on_res, note))
+    return BenchReport(
+        url=url or (servers[0]["url"] if servers else None), model=model_name, endpoint=bench.endpoint,
+        settings=_settings(bench, cpt), levels=main, experiments=tables,
+        servers=servers, notes=notes, seconds=time.monotonic() - t_start)

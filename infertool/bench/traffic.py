@@ -1,0 +1,142 @@
+"""Traffic patterns: closed-loop concurrency, open-loop Poisson rate, bursts, and static batches.
+
+- concurrency C (closed loop): C requests in flight; a new one leaves when one finishes (the server
+  schedules continuously: vLLM's continuous batching).
+- rate R (open loop): arrivals with exponential gaps of mean 1/R (seeded), whatever the server does.
+- burst S every I seconds: S requests at once, then the next S after I seconds.
+- static batches of C: C requests together; the next batch leaves only when the whole batch has
+  finished (what a server without continuous batching does: short requests wait for the longest).
+
+Every level is bounded by its request count and a deadline: at the deadline no new request leaves
+and those in flight are cancelled and counted as errors (``cancelled``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from dataclasses import dataclass
+from typing import Awaitable, Callable
+
+from infertool.bench.metrics import RequestResult
+
+SendFn = Callable[[int], Awaitable[RequestResult]]  # prompt index -> result
+
+
+@dataclass(frozen=True)
+class Level:
+    kind: str  # "concurrency" | "rate" | "burst" | "static"
+    value: float
+    interval_s: float | None = None
+
+    @property
+    def label(self) -> str:
+        v = f"{self.value:g}"
+        if self.kind == "burst":
+            return f"burst {v} every {self.interval_s or 1:g}s"
+        return {"concurrency": f"concurrency {v}", "rate": f"rate {v}/s", "static": f"static batch {v}"}[self.kind]
+
+    def to_dict(self) -> dict:
+        return {"kind": self.kind, "value": self.value, "interval_s": self.interval_s, "label": self.label}
+
+
+def poisson_offsets(n: int, rate: float, seed: int = 0) -> list[float]:
+    """Arrival times (s) of ``n`` requests with exponential gaps of mean 1/rate; the first at 0."""
+    rng = random.Random(seed)
+    t = 0.0
+    out = []
+    for i in range(n):
+        if i:
+            t += rng.expovariate(rate)
+        out.append(t)
+    return out
+
+
+def burst_offsets(n: int, size: int, interval_s: float) -> list[float]:
+    return [(i // size) * interval_s for i in range(n)]
+
+
+def _cancelled(t0: float) -> RequestResult:
+    return RequestResult(ok=False, start=time.monotonic() - t0, error="cancelled: the level reached its time limit")
+
+
+async def run_level(send: SendFn, n: int, level: Level, *, deadline_s: float, seed: int = 0) -> tuple[list[RequestResult], float]:
+    """Send ``n`` requests in ``level``'s pattern. Returns (results, wall seconds)."""
+    t0 = time.monotonic()
+    stop_at = t0 + deadline_s
+    results: list[RequestResult] = []
+    if level.kind == "concurrency":
+        results = await _closed_loop(send, n, int(level.value), stop_at, t0)
+    elif level.kind == "static":
+        results = await _static(send, n, int(level.value), stop_at, t0)
+    elif level.kind in ("rate", "burst"):
+        offsets = (poisson_offsets(n, level.value, seed) if level.kind == "rate"
+                   else burst_offsets(n, int(level.value), level.interval_s or 1.0))
+        results = await _open_loop(send, offsets, stop_at, t0)
+    else:  # pragma: no cover - Level kinds are ours
+        raise ValueError(level.kind)
+    return results, time.monotonic() - t0
+
+
+async def _closed_loop(send: SendFn, n: int, concurrency: int, stop_at: float, t0: float) -> list[RequestResult]:
+    next_index = 0
+    results: list[RequestResult] = []
+
+    async def worker() -> None:
+        nonlocal next_index
+        while next_index < n and time.monotonic() < stop_at:
+            i = next_index
+            next_index += 1
+            results.append(await send(i))
+
+    tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, n))]
+    await _finish(tasks, stop_at, results, t0)
+    return results
+
+
+async def _static(send: SendFn, n: int, batch: int, stop_at: float, t0: float) -> list[RequestResult]:
+    results: list[RequestResult] = []
+    for first in range(0, n, batch):
+        if time.monotonic() >= stop_at:
+            break
+        tasks = [asyncio.create_task(send(i)) for i in range(first, min(n, first + batch))]
+        got: list[RequestResult] = []
+        await _finish(tasks, stop_at, got, t0, collect=True)
+        results.extend(got)
+    return results
+
+
+async def _open_loop(send: SendFn, offsets: list[float], stop_at: float, t0: float) -> list[RequestResult]:
+    tasks: list[asyncio.Task] = []
+    for i, offset in enumerate(offsets):
+        wait = t0 + offset - time.monotonic()
+        if t0 + offset >= stop_at:
+            break
+        if wait > 0:
+            await asyncio.sleep(wait)
+        tasks.append(asyncio.create_task(send(i)))
+    results: list[RequestResult] = []
+    await _finish(tasks, stop_at, results, t0, collect=True)
+    return results
+
+
+async def _finish(tasks: list[asyncio.Task], stop_at: float, results: list[RequestResult], t0: float,
+                  collect: bool = False) -> None:
+    """Wait for ``tasks`` until ``stop_at``; cancel the rest and count each as cancelled."""
+    if not tasks:
+        return
+    remaining = max(0.0, stop_at - time.monotonic())
+    done, pending = await asyncio.wait(tasks, timeout=remaining)
+    for t in pending:
+        t.cancel()
+    if pending:
+        await asyncio.gather(*pending, return_exceptions=True)
+    if collect:
+        for t in tasks:
+            if t in done and not t.cancelled() and t.exception() is None:
+                results.append(t.result())
+            else:
+                results.append(_cancelled(t0))
+    else:  # closed-loop workers append their own results; each pending worker had one in flight
+        results.extend(_cancelled(t0) for _ in pending)

@@ -1,0 +1,116 @@
+"""`infertool bench RECIPE [--url URL]`: latency, throughput, goodput and cost under the recipe's traffic."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "bench",
+        help=(
+            "Load-test an OpenAI-compatible server (--url) or, without one, the recipe's own vLLM server: "
+            "concurrency sweep, Poisson rates, bursts, and the recipe's A/B experiments."
+        ),
+    )
+    @handle_errors
+    def bench(
+        recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
+        url: Optional[str] = typer.Option(None, "--url", help="A running server, e.g. http://127.0.0.1:8000/v1 (only it is contacted)."),
+        model: Optional[str] = typer.Option(None, "--model", help="The model name to request (default: the server's first)."),
+        overrides: Optional[List[str]] = SET_OPT,
+        plot: Optional[Path] = typer.Option(None, "--plot", help="Write a latency-vs-throughput PNG here."),
+        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the JSON report to this file."),
+        as_json: bool = JSON_OPT,
+    ) -> None:
+        from infertool.bench.run import run_bench
+        from infertool.output import StageProgress, err, print_json, to_jsonable
+        from infertool.recipe import load_recipe
+
+        r = load_recipe(recipe, overrides or [])
+        with StageProgress("bench") as progress:
+            report = run_bench(r, url=url, model=model, on_event=progress.on_event).to_dict()
+        if plot is not None:
+            from infertool.bench.plot import plot_latency_throughput
+
+            report["plot"] = str(plot_latency_throughput(report, plot))
+        if output is not None:
+            import json
+
+            output.parent.mkdir(parents=True, exist_ok=True)
+            output.write_text(json.dumps(to_jsonable(report), indent=2) + "\n", encoding="utf-8")
+        if as_json:
+            print_json({"ok": True, **report})
+            return
+        render(report)
+        if report.get("plot"):
+            err.print(f"plot: {report['plot']}")
+
+
+def _f(v, fmt: str = "{:.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def render(report: dict) -> None:
+    from rich.table import Table
+
+    from infertool.output import err, out
+
+    s = report["settings"]
+    err.print(f"[bold]{report['model']}[/] at {report['url']} ({report['endpoint']}); "
+              f"{s['requests_per_level']} requests per level, prompt ~{s['prompt']['len_tokens']} tokens "
+              f"({s['prompt']['source']}), output {s['output_len']} tokens", soft_wrap=True)
+    t = Table(title="sweep", title_justify="left")
+    cols = ["level", "ok/err", "req/s", "out tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "ITL p50 ms",
+            "E2E p50/p99 ms", "goodput req/s", "$/1M out", "KV max %", "run/wait max", "preempt"]
+    for c in cols:
+        t.add_column(c, justify="right" if c != "level" else "left")
+    for lv in report["levels"]:
+        m, sm = lv["summary"], lv["server_metrics"]
+        kv = sm.get("kv_cache_usage_max")
+        t.add_row(
+            lv["level"]["label"], f"{m['completed']}/{m['failed']}", _f(m["request_throughput"], "{:.2f}"),
+            _f(m["output_token_throughput"]),
+            f"{_f(m['ttft_ms']['p50'], '{:.0f}')}/{_f(m['ttft_ms']['p99'], '{:.0f}')}",
+            f"{_f(m['tpot_ms']['p50'])}/{_f(m['tpot_ms']['p99'])}", _f(m["itl_ms"]["p50"]),
+            f"{_f(m['e2e_ms']['p50'], '{:.0f}')}/{_f(m['e2e_ms']['p99'], '{:.0f}')}",
+            _f(m["goodput"]["requests_per_s"], "{:.2f}"), _f(m["cost"]["per_1m_output_tokens"], "${:.2f}"),
+            _f(None if kv is None else kv * 100, "{:.2f}"),
+            f"{_f(sm.get('running_max'), '{:.0f}')}/{_f(sm.get('waiting_max'), '{:.0f}')}",
+            _f(sm.get("preemptions"), "{:.0f}"),
+        )
+    out.print(t)
+    errors = {k: v for lv in report["levels"] for k, v in lv["summary"]["errors"].items()}
+    if errors:
+        err.print(f"[yellow]errors:[/] {errors}")
+    if report["levels"]:
+        busiest = max(report["levels"], key=lambda lv: lv["level"]["value"])
+        tl = Table(title=f"over time: {busiest['level']['label']}", title_justify="left")
+        for c in ("t (s)", "done", "TTFT p50 ms", "E2E p50 ms", "KV %", "running", "waiting", "preempt total"):
+            tl.add_column(c, justify="right")
+        for w in busiest["timeline"]:
+            kv = w["kv_cache_usage"]
+            tl.add_row(f"{w['t_start_s']:.1f}-{w['t_end_s']:.1f}", str(w["completed"]), _f(w["ttft_p50_ms"], "{:.0f}"),
+                       _f(w["e2e_p50_ms"], "{:.0f}"), _f(None if kv is None else kv * 100, "{:.2f}"),
+                       _f(w["running"]), _f(w["waiting"]), _f(w["preemptions_total"], "{:.0f}"))
+        out.print(tl)
+    for exp in report["experiments"]:
+        et = Table(title=f"experiment {exp['experiment']}: A = {exp['a']}, B = {exp['b']}", title_justify="left")
+        for c in ("level", "figure", "A", "B", "B/A"):
+            et.add_column(c, justify="right" if c not in ("level", "figure") else "left")
+        for row in exp["rows"]:
+            first = True
+            for f in row["figures"].values():
+                et.add_row(row["level"] if first else "", f["label"], _f(f["a"], "{:.2f}"), _f(f["b"], "{:.2f}"),
+                           _f(f["ratio"], "{:.2f}x"))
+                first = False
+        out.print(et)
+        if exp.get("note"):
+            err.print(f"[dim]{exp['note']}[/]")
+    for note in report.get("notes", []):
+        err.print(f"[yellow]note:[/] {note}", soft_wrap=True)

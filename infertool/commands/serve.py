@@ -1,0 +1,195 @@
+"""`infertool serve RECIPE | stop | status`: vLLM's OpenAI-compatible server from the recipe."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors, usage_error
+
+_ACTIONS = ("stop", "status")
+
+
+def register(app: typer.Typer) -> None:
+    @app.command(
+        "serve",
+        help=(
+            "Launch vLLM's OpenAI-compatible server from the recipe's serve section (in the serve "
+            "environment); `serve stop` / `serve status` manage servers started with --detach."
+        ),
+    )
+    @handle_errors
+    def serve(
+        target: str = typer.Argument(..., metavar="RECIPE|stop|status",
+                                     help="A recipe file or built-in recipe name; or `stop` / `status`."),
+        recipe_arg: Optional[str] = typer.Argument(None, metavar="[RECIPE]",
+                                                   help="With stop/status: the recipe whose serve.port to use."),
+        overrides: Optional[List[str]] = SET_OPT,
+        dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact command and environment; start nothing."),
+        detach: bool = typer.Option(False, "--detach", help="Return once the server is ready; it keeps running (pid file)."),
+        pid_file: Optional[Path] = typer.Option(None, "--pid-file", help="Where --detach writes, and stop/status read, the pid file."),
+        port: Optional[int] = typer.Option(None, "--port", help="stop/status: the server on this port."),
+        all_: bool = typer.Option(False, "--all", help="stop: every detached server."),
+        timeout: Optional[float] = typer.Option(None, "--timeout", help="Start-up timeout in seconds (default serve.startup_timeout_s)."),
+        log: Optional[Path] = typer.Option(None, "--log", help="The server log file (default under $INFERTOOL_HOME/logs)."),
+        force: bool = typer.Option(False, "--force", help="Launch even when the lint finds errors."),
+        as_json: bool = JSON_OPT,
+    ) -> None:
+        if target in _ACTIONS:
+            _manage(target, recipe_arg, overrides, port, pid_file, all_, as_json)
+            return
+        if recipe_arg is not None:
+            raise usage_error(f"unexpected argument {recipe_arg!r}", hint="infertool serve RECIPE [--set k=v] [--dry-run] [--detach]")
+        _launch(target, overrides or [], dry_run, detach, pid_file, timeout, log, force, as_json)
+
+
+def _render_plan(plan, as_json: bool, dry_run: bool) -> None:
+    from infertool.output import err, out, print_json
+
+    if as_json and dry_run:
+        print_json({"ok": not plan.errors, "dry_run": True, **plan.to_dict()})
+        return
+    console = out if dry_run else err
+    if plan.model.note:
+        console.print(f"[yellow]note:[/] {plan.model.note}", soft_wrap=True)
+    for issue in plan.issues:
+        style = {"error": "bold red", "warning": "yellow"}.get(issue.level, "dim")
+        console.print(f"[{style}]{issue.level}:[/] {issue.field}: {issue.message}", soft_wrap=True)
+        if issue.hint:
+            console.print(f"  [dim]hint: {issue.hint}[/]", soft_wrap=True)
+    for note in plan.spec.notes:
+        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+    if plan.kv:
+        kv = plan.kv
+        console.print(f"[dim]KV cache: {kv['capacity_tokens']:,} tokens in {kv['kv_cache_space_gib']:g} GiB "
+                      f"({kv['kv_bytes_per_token']:,.0f} B/token); max_model_len {kv['max_model_len']:,} -> "
+                      f"{kv['max_concurrency_at_max_len']:.1f} full-length requests[/]", soft_wrap=True)
+    if dry_run:
+        out.print("[bold]environment[/] (set on top of yours):")
+        for k, v in sorted(plan.spec.display_env().items()):
+            out.print(f"  {k}={v}", soft_wrap=True, markup=False)
+        out.print("[bold]command[/]:")
+        out.print(plan.spec.shell_line(), soft_wrap=True, markup=False)
+
+
+def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool, pid_file: Path | None,
+            timeout: float | None, log: Path | None, force: bool, as_json: bool) -> None:
+    import signal
+
+    from infertool.errors import UsageError
+    from infertool.output import err, print_json
+    from infertool.recipe import load_recipe
+    from infertool.serve import default_log_path, prepare
+    from infertool.serve.launcher import Server, default_pid_file, write_pid_file
+
+    recipe = load_recipe(recipe_path, overrides)
+    plan = prepare(recipe, dry_run=dry_run)
+    _render_plan(plan, as_json, dry_run)
+    if dry_run:
+        if plan.errors:
+            raise typer.Exit(2)
+        return
+    if plan.errors and not force:
+        first = plan.errors[0]
+        raise UsageError(f"{len(plan.errors)} problem(s) would stop vLLM: {first.field}: {first.message}",
+                         hint=(first.hint or "") + " (--force launches anyway)")
+    pid_path = pid_file or default_pid_file(plan.spec.port)
+    if detach and pid_path.exists():
+        from infertool.serve.launcher import read_pid_file, record_alive
+
+        if record_alive(read_pid_file(pid_path)):
+            raise UsageError(f"a detached server is already recorded in {pid_path}",
+                             hint="`infertool serve stop` first, or give another --pid-file")
+    server = Server(plan.spec, log or default_log_path(plan.spec.port))
+
+    def on_term(signum, frame):  # SIGTERM: same clean shutdown as Ctrl-C
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        server.start()
+        err.print(f"starting vLLM ({plan.model.path}) on {plan.spec.base_url} (pid {server.pid}); "
+                  f"log: {server.log_path}", soft_wrap=True, markup=False)
+        ready = server.wait_ready(timeout)
+        info = {"ok": True, "url": ready.url, "models": ready.models, "ready_s": round(ready.seconds, 1),
+                "pid": server.pid, "log": str(server.log_path)}
+        if detach:
+            write_pid_file(pid_path, server, ready)
+            info["pid_file"] = str(pid_path)
+            if as_json:
+                print_json({**info, "launch": plan.to_dict()})
+            else:
+                err.print(f"[green]ready[/] in {ready.seconds:.0f} s at [bold]{ready.url}[/] (pid {server.pid}); "
+                          f"`infertool serve stop --port {plan.spec.port}` stops it", soft_wrap=True)
+            server = None  # keep it running
+            return
+        if as_json:
+            print_json({**info, "launch": plan.to_dict()})
+        else:
+            err.print(f"[green]ready[/] in {ready.seconds:.0f} s at [bold]{ready.url}[/]; Ctrl-C stops it", soft_wrap=True)
+        code = server.wait()
+        from infertool.errors import RuntimeFailure
+        from infertool.serve.launcher import log_tail
+
+        raise RuntimeFailure(f"the server exited with code {code}\n{log_tail(server.log_path)}",
+                             log_path=str(server.log_path))
+    except KeyboardInterrupt:
+        if server is not None:
+            err.print("stopping the server...")
+            server.stop()
+            server = None
+        raise
+    finally:
+        if server is not None:
+            server.stop()
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _manage(action: str, recipe_arg: str | None, overrides, port: int | None, pid_file: Path | None,
+            all_: bool, as_json: bool) -> None:
+    from rich.table import Table
+
+    from infertool.output import err, out, print_json
+    from infertool.serve.launcher import default_pid_file, list_pid_files, status_of, stop_detached
+
+    if pid_file is not None:
+        files = [pid_file]
+    elif port is not None:
+        files = [default_pid_file(port)]
+    elif recipe_arg is not None:
+        from infertool.recipe import load_recipe
+        from infertool.serve import serve_section
+
+        files = [default_pid_file(serve_section(load_recipe(recipe_arg, overrides or [])).port)]
+    else:
+        files = list_pid_files()
+    if action == "status":
+        rows = [status_of(f) for f in files if f.exists() or pid_file is not None]
+        if as_json:
+            print_json({"servers": rows})
+            return
+        if not rows:
+            err.print("no detached servers")
+            return
+        table = Table(title="detached servers")
+        for col in ("url", "state", "pid", "model", "log"):
+            table.add_column(col)
+        for r in rows:
+            table.add_row(r["url"], r["state"], str(r["pid"]), r.get("served_model_name") or r["model"], r["log"])
+        out.print(table)
+        return
+    if not files:
+        raise usage_error("no detached server to stop", hint="`infertool serve status` lists them")
+    if len(files) > 1 and not all_:
+        ports = ", ".join(f.stem.removeprefix("server-") for f in files)
+        raise usage_error(f"{len(files)} detached servers (ports {ports}): say which",
+                          hint="--port N, a RECIPE, or --all")
+    stopped = [stop_detached(f) for f in files]
+    if as_json:
+        print_json({"stopped": stopped})
+        return
+    for s in stopped:
+        what = "stopped" if s["was_alive"] else "was not running; removed its pid file"
+        err.print(f"[green]✓[/] {s['url']} (pid {s['pid']}) {what}")

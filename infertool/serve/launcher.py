@@ -1,0 +1,297 @@
+"""Start vLLM's server in its own process group, wait until it answers, stop the whole group.
+
+- The server's stdout and stderr go to a log file; when start-up fails (the process exits, or it is
+  not ready before the timeout) the error says why in one line, shows the log's last lines and
+  where the full log is, and nothing is left running.
+- Readiness: GET /v1/models answers 200 (with the API key when there is one).
+- Shutdown: SIGTERM to the process group (vLLM shuts its engine down), then SIGKILL after a grace
+  period; done when no process of the group is left (checked in /proc).
+- ``--detach``: a pid file (JSON: pid, process start time, port, url, log) that ``stop``/``status``
+  read; the start time guards against a recycled pid.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections import deque
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from infertool.envs.runner import group_members
+from infertool.errors import RuntimeFailure, UsageError
+from infertool.serve.command import LaunchSpec, process_env
+
+TAIL_LINES = 25
+
+# (pattern in the log, one-line reason, hint)
+_KNOWN_FAILURES: list[tuple[re.Pattern, str, str]] = [
+    (re.compile(r"address already in use|Errno 98", re.I),
+     "the port is already in use", "pick another port: --set serve.port=N, or stop what listens there"),
+    (re.compile(r"To serve at least one request with the model's max seq len", re.I),
+     "the KV cache is too small for max_model_len",
+     "lower serve.max_model_len or raise serve.cpu.kv_cache_space_gib"),
+    (re.compile(r"No such file or directory|does not appear to have a file named|Repo id must|"
+                r"HFValidationError|is not a local folder|Can't load|Unrecognized model|"
+                r"no file named .*safetensors|Cannot find any model weights|OSError: .*model", re.I),
+     "vLLM could not load the model", "check serve.model / model.source: a Hugging Face directory with "
+     "config.json, tokenizer and safetensors weights"),
+    (re.compile(r"out of memory|OutOfMemory|Cannot allocate memory", re.I),
+     "the server ran out of memory", "lower serve.cpu.kv_cache_space_gib, max_model_len or max_num_seqs"),
+]
+
+
+def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "\n".join(line.rstrip("\n") for line in deque(f, maxlen=lines))
+    except OSError:
+        return ""
+
+
+def diagnose(log_text: str) -> tuple[str | None, str | None]:
+    """The first known failure found in the log (reason, hint)."""
+    for pattern, reason, hint in _KNOWN_FAILURES:
+        if pattern.search(log_text):
+            return reason, hint
+    return None, None
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def terminate_group(pgid: int, grace_s: float = 20.0, poll: Callable[[], object] | None = None) -> bool:
+    """SIGTERM the group, wait up to ``grace_s``, then SIGKILL; True when no member is left.
+
+    ``poll`` (a Popen's poll) reaps our own child so it does not linger as a zombie.
+    """
+    def alive() -> bool:
+        if poll is not None:
+            poll()
+        return bool(group_members(pgid))
+
+    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
+        if not alive():
+            return True
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            if not alive():
+                return True
+            time.sleep(0.1)
+    return not alive()
+
+
+def probe_models(url: str, api_key: str | None = None, timeout: float = 5.0) -> tuple[int | None, dict | None]:
+    """GET {url}/v1/models: (HTTP status or None when unreachable, the JSON body when 200)."""
+    req = urllib.request.Request(url.rstrip("/") + "/v1/models")
+    if api_key:
+        req.add_header("Authorization", f"Bearer {api_key}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - our own server
+            body = resp.read()
+            try:
+                return resp.status, json.loads(body)
+            except ValueError:
+                return resp.status, None
+    except urllib.error.HTTPError as exc:
+        return exc.code, None
+    except (urllib.error.URLError, OSError, TimeoutError):
+        return None, None
+
+
+@dataclass
+class ReadyInfo:
+    url: str
+    seconds: float
+    models: list[str]
+
+
+class Server:
+    """One vLLM server process group. Use ``with Server(spec, log) as s: s.wait_ready()``."""
+
+    def __init__(self, spec: LaunchSpec, log_path: str | Path):
+        self.spec = spec
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+        self.started_at = 0.0
+
+    # ------------------------------------------------------------------ lifecycle
+    def start(self) -> None:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.log_path, "a", encoding="utf-8") as log:
+            stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            log.write(f"# {stamp} infertool serve: {self.spec.shell_line()}\n")
+            log.flush()
+            try:
+                self.proc = subprocess.Popen(
+                    self.spec.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    env=process_env(self.spec), start_new_session=True,
+                )
+            except OSError as exc:
+                raise RuntimeFailure(f"cannot start the server: {exc.strerror or exc}",
+                                     hint="run `infertool env doctor serve`", log_path=str(self.log_path)) from None
+        self.started_at = time.monotonic()
+
+    @property
+    def pid(self) -> int | None:
+        return None if self.proc is None else self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def wait_ready(self, timeout_s: float | None = None, on_tick: Callable[[float], None] | None = None) -> ReadyInfo:
+        """Poll /v1/models until it answers; on exit or timeout stop everything and raise with the log tail."""
+        assert self.proc is not None, "start() first"
+        timeout_s = self.spec.startup_timeout_s if timeout_s is None else timeout_s
+        key = self.spec.secret_env.get("VLLM_API_KEY")
+        deadline = self.started_at + timeout_s
+        while True:
+            code = self.proc.poll()
+            if code is not None:
+                self.stop()
+                raise self._failure(f"the server exited with code {code} during start-up")
+            status, body = probe_models(self.spec.base_url, key, timeout=2.0)
+            if status == 200:
+                models = [m.get("id") for m in (body or {}).get("data", []) if isinstance(m, dict)]
+                return ReadyInfo(self.spec.base_url + "/v1", time.monotonic() - self.started_at, models)
+            if status == 401:
+                self.stop()
+                raise RuntimeFailure("the server started but refuses our API key (HTTP 401)",
+                                     hint="check the variable named by serve.api_key_env", log_path=str(self.log_path))
+            now = time.monotonic()
+            if now >= deadline:
+                self.stop()
+                raise self._failure(f"the server was not ready within {timeout_s:g} s (serve.startup_timeout_s)",
+                                    hint="raise serve.startup_timeout_s (CPU start-up takes ~40 s with "
+                                         "enforce_eager: true, minutes without), or look at the log")
+            if on_tick is not None:
+                on_tick(now - self.started_at)
+            time.sleep(min(0.5, max(0.05, deadline - now)))
+
+    def _failure(self, what: str, hint: str | None = None) -> RuntimeFailure:
+        tail = log_tail(self.log_path)
+        reason, known_hint = diagnose(tail)
+        message = what + (f": {reason}" if reason else "")
+        if tail:
+            message += f"\n--- last lines of {self.log_path} ---\n{tail}"
+        return RuntimeFailure(message, hint=known_hint or hint or "read the full log", log_path=str(self.log_path))
+
+    def stop(self, grace_s: float = 20.0) -> bool:
+        """Stop the whole process group; True when nothing of it is left."""
+        if self.proc is None:
+            return True
+        return terminate_group(self.proc.pid, grace_s, poll=self.proc.poll)
+
+    def wait(self) -> int:
+        assert self.proc is not None
+        return self.proc.wait()
+
+    def __enter__(self) -> "Server":
+        if self.proc is None:
+            self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+# ------------------------------------------------------------------ detached servers
+def pid_dir() -> Path:
+    from infertool.envs.paths import home
+
+    return home() / "serve"
+
+
+def default_pid_file(port: int) -> Path:
+    return pid_dir() / f"server-{port}.json"
+
+
+def write_pid_file(path: Path, server: Server, ready: ReadyInfo) -> dict:
+    assert server.proc is not None
+    record = {
+        "pid": server.proc.pid,
+        "pgid": server.proc.pid,
+        "start_time": process_start_time(server.proc.pid),
+        "host": server.spec.host,
+        "port": server.spec.port,
+        "url": ready.url,
+        "model": server.spec.model,
+        "served_model_name": server.spec.served_model_name,
+        "api_key_env": server.spec.api_key_env,
+        "log": str(server.log_path),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return record
+
+
+def read_pid_file(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        int(data["pid"])
+        return data
+    except FileNotFoundError:
+        raise UsageError(f"no pid file at {path}", hint="`infertool serve status` lists the detached servers") from None
+    except (OSError, ValueError, KeyError, TypeError):
+        raise UsageError(f"{path} is not an infertool pid file") from None
+
+
+def record_alive(record: dict) -> bool:
+    pid = int(record["pid"])
+    start = process_start_time(pid)
+    if start is not None and record.get("start_time") not in (None, start):
+        return False  # the pid was recycled by an unrelated process
+    return bool(group_members(int(record.get("pgid", pid))))
+
+
+def list_pid_files(directory: Path | None = None) -> list[Path]:
+    d = directory or pid_dir()
+    return sorted(d.glob("server-*.json")) if d.is_dir() else []
+
+
+def status_of(path: Path) -> dict:
+    record = read_pid_file(path)
+    alive = record_alive(record)
+    status = None
+    if alive:
+        key = os.environ.get(record["api_key_env"]) if record.get("api_key_env") else None
+        status, _ = probe_models(record["url"].removesuffix("/v1"), key, timeout=3.0)
+    state = "ready" if status == 200 else ("starting or unhealthy" if alive else "dead")
+    return {**record, "pid_file": str(path), "alive": alive, "state": state}
+
+
+def stop_detached(path: Path, grace_s: float = 20.0) -> dict:
+    record = read_pid_file(path)
+    pgid = int(record.get("pgid", record["pid"]))
+    was_alive = record_alive(record)
+    stopped = terminate_group(pgid, grace_s) if was_alive else True
+    if stopped:
+        path.unlink(missing_ok=True)
+    else:
+        raise RuntimeFailure(f"could not stop the server's process group {pgid}",
+                             hint=f"processes left: {group_members(pgid)}")
+    return {**record, "pid_file": str(path), "was_alive": was_alive, "stopped": True}

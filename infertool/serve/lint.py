@@ -1,0 +1,155 @@
+"""Checks before vLLM starts: what its own start-up would refuse, caught in a second, not minutes.
+
+- serve.swap_space / serve.preemption_mode: the V1 engine has no such settings (warning).
+- KV capacity below max_model_len: vLLM's start-up fails with "To serve at least one request with the
+  model's max seq len (N), (X GiB KV cache is needed, which is larger than the available KV cache
+  memory (Y GiB)". On the CPU backend the KV space is VLLM_CPU_KVCACHE_SPACE, so this is predicted
+  exactly: capacity = floor(space / kv_bytes_per_token / block) * block tokens (block 128 on CPU;
+  1 GiB on the 2-layer fixture gives 699,008 tokens, as vLLM logs).
+- tensor_parallel_size must divide the attention heads (vLLM refuses otherwise).
+- the port must be free.
+"""
+
+from __future__ import annotations
+
+import errno
+import socket
+from dataclasses import dataclass
+
+from infertool.errors import UsageError
+
+GIB = 1024**3
+CPU_BLOCK_SIZE = 128
+_KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass
+class LintIssue:
+    level: str  # "error" | "warning" | "info"
+    field: str
+    message: str
+    hint: str | None = None
+
+    def to_dict(self) -> dict:
+        return {"level": self.level, "field": self.field, "message": self.message, "hint": self.hint}
+
+
+def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: float) -> float:
+    """2 (K and V) x layers x KV heads x head dim x bytes per element."""
+    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
+
+
+def kv_capacity_tokens(space_bytes: float, per_token: float, block_size: int = CPU_BLOCK_SIZE) -> int:
+    """How many tokens of KV cache fit in ``space_bytes``, in whole blocks (vLLM allocates blocks)."""
+    if per_token <= 0:
+        return 0
+    blocks = int(space_bytes // (per_token * block_size))
+    return blocks * block_size
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str | None) -> float:
+    if kv_cache_dtype != "auto":
+        return _KV_DTYPE_BYTES[kv_cache_dtype]
+    return _KV_DTYPE_BYTES.get(model_dtype or "bfloat16", 2)
+
+
+def port_free(host: str, port: int) -> bool:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        # vLLM's uvicorn sets SO_REUSEADDR too: a port in TIME_WAIT is usable, one with a listener is not
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise UsageError(f"cannot bind {host}:{port}: {exc.strerror or exc}",
+                             hint="check serve.host: it must be an address of this machine") from None
+    return True
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free right now (bind to port 0)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = None,
+               check_port: bool = True) -> list[LintIssue]:
+    """Every issue found, errors first. ``model_info`` (infertool.models.info.ModelInfo) enables the
+    model-dependent checks; without it they are skipped."""
+    issues: list[LintIssue] = []
+    port = serve.port if port is None else port
+    if serve.swap_space is not None:
+        issues.append(LintIssue(
+            "warning", "serve.swap_space",
+            "vLLM's V1 engine ignores swap space (it recomputes preempted requests); not passed",
+            "remove serve.swap_space; give the KV cache more memory instead"))
+    if serve.preemption_mode is not None:
+        issues.append(LintIssue(
+            "warning", "serve.preemption_mode",
+            "vLLM's V1 engine always preempts by recomputation; preemption_mode is ignored and not passed",
+            "remove serve.preemption_mode"))
+    if model_info is not None:
+        heads = model_info.num_attention_heads
+        tp = serve.tensor_parallel_size
+        if heads and tp > 1 and heads % tp:
+            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+            issues.append(LintIssue(
+                "error", "serve.tensor_parallel_size",
+                f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
+                "(vLLM refuses to start)",
+                f"use one of {divisors}"))
+        if cpu:
+            issues.extend(_kv_capacity(serve, model_info))
+    if check_port and not port_free(serve.host, port):
+        issues.append(LintIssue(
+            "error", "serve.port", f"port {port} on {serve.host} is already in use",
+            f"stop what listens there (`infertool serve status`), or pick another: --set serve.port={port + 1}"))
+    order = {"error": 0, "warning": 1, "info": 2}
+    return sorted(issues, key=lambda i: order.get(i.level, 3))
+
+
+def kv_plan(serve, model_info) -> dict | None:
+    """The CPU KV cache numbers: bytes per token, capacity, max_model_len, concurrency at full length."""
+    if None in (model_info.num_layers, model_info.num_key_value_heads, model_info.head_dim):
+        return None
+    dtype = model_info.dtype or model_info.stored_dtype
+    per_token = kv_bytes_per_token(model_info.num_layers, model_info.num_key_value_heads,
+                                   model_info.head_dim, kv_dtype_bytes(serve.kv_cache_dtype, dtype))
+    space_gib = serve.cpu.kv_cache_space_gib if serve.cpu is not None else 4
+    capacity = kv_capacity_tokens(space_gib * GIB, per_token)
+    max_len = serve.max_model_len or model_info.max_position_embeddings
+    return {
+        "kv_bytes_per_token": per_token,
+        "kv_cache_space_gib": space_gib,
+        "capacity_tokens": capacity,
+        "max_model_len": max_len,
+        "max_concurrency_at_max_len": (capacity / max_len) if max_len else None,
+        "needed_gib_for_one_request": (per_token * max_len / GIB) if max_len else None,
+    }
+
+
+def _kv_capacity(serve, model_info) -> list[LintIssue]:
+    plan = kv_plan(serve, model_info)
+    if plan is None or not plan["max_model_len"]:
+        return []
+    cap, max_len = plan["capacity_tokens"], plan["max_model_len"]
+    where = "serve.max_model_len" if serve.max_model_len else "serve.cpu.kv_cache_space_gib"
+    if cap < max_len:
+        need_gib = plan["needed_gib_for_one_request"]
+        return [LintIssue(
+            "error", where,
+            f"the KV cache holds {cap:,} tokens ({plan['kv_cache_space_gib']:g} GiB at "
+            f"{plan['kv_bytes_per_token']:,.0f} bytes per token) but max_model_len is {max_len:,}: vLLM would "
+            f"fail at start-up (one request at full length needs {need_gib:.3f} GiB)",
+            f"lower serve.max_model_len to at most {cap:,}, or raise serve.cpu.kv_cache_space_gib to "
+            f"{max(1, int(need_gib) + 1)}")]
+    if serve.max_num_seqs and plan["max_concurrency_at_max_len"] is not None \
+            and plan["max_concurrency_at_max_len"] < serve.max_num_seqs:
+        return [LintIssue(
+            "info", "serve.max_num_seqs",
+            f"the KV cache holds {cap:,} tokens: {plan['max_concurrency_at_max_len']:.1f} requests at the full "
+            f"{max_len:,} tokens, fewer than max_num_seqs {serve.max_num_seqs}; long requests will queue or be preempted")]
+    return []

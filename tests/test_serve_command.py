@@ -1,0 +1,182 @@
+"""Recipe -> vLLM argv/env, the lint, and `serve --dry-run`: fast, no server."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+
+from conftest import run_cli
+from infertool.errors import UsageError
+from infertool.recipe import ServeSection
+from infertool.serve.command import build_launch, speculative_config
+from infertool.serve.lint import kv_bytes_per_token, kv_capacity_tokens, lint_serve
+
+SECRET = "sk-test-9f8e7d6c5b4a"
+
+
+def _serve(**kw) -> ServeSection:
+    return ServeSection(**kw)
+
+
+def test_argv_from_recipe_every_flag():
+    s = _serve(
+        served_model_name="m", port=8123, dtype="bf16", max_model_len=4096, max_num_seqs=16,
+        max_num_batched_tokens=2048, kv_cache_dtype="fp8", enable_prefix_caching=False,
+        enable_chunked_prefill=True, tensor_parallel_size=2, pipeline_parallel_size=2,
+        distributed_executor_backend="mp", enforce_eager=True, quantization="gptq",
+        speculative={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4},
+        enable_auto_tool_choice=True, tool_call_parser="hermes", structured_outputs_backend="xgrammar",
+        cpu={"kv_cache_space_gib": 2, "omp_threads_bind": "0-3"}, extra_args=["--seed", 7],
+        env={"OMP_NUM_THREADS": 4},
+    )
+    spec = build_launch(s, "/models/x", "/py", cpu=True)
+    a = spec.argv
+    assert a[:3] == ["/py", "-m", "vllm.entrypoints.openai.api_server"]
+
+    def val(flag):
+        return a[a.index(flag) + 1]
+
+    assert val("--model") == "/models/x" and val("--served-model-name") == "m" and val("--port") == "8123"
+    assert val("--host") == "127.0.0.1" and val("--dtype") == "bfloat16" and val("--max-model-len") == "4096"
+    assert val("--max-num-seqs") == "16" and val("--max-num-batched-tokens") == "2048"
+    assert val("--kv-cache-dtype") == "fp8" and "--no-enable-prefix-caching" in a and "--enable-chunked-prefill" in a
+    assert val("--tensor-parallel-size") == "2" and val("--pipeline-parallel-size") == "2"
+    assert val("--distributed-executor-backend") == "mp" and "--enforce-eager" in a
+    assert val("--quantization") == "gptq"
+    assert json.loads(val("--speculative-config")) == {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4}
+    assert "--enable-auto-tool-choice" in a and val("--tool-call-parser") == "hermes"
+    assert json.loads(val("--structured-outputs-config")) == {"backend": "xgrammar"}
+    assert a[-2:] == ["--seed", "7"]  # extra args last, so they win
+    assert spec.env == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-3", "OMP_NUM_THREADS": "4"}
+    assert spec.base_url == "http://127.0.0.1:8123"
+
+
+def test_defaults_and_cpu_variants():
+    spec = build_launch(_serve(), "/m/dir", "/py", cpu=True)
+    assert spec.served_model_name == "dir" and "--enable-prefix-caching" in spec.argv
+    assert "--gpu-memory-utilization" not in spec.argv and spec.env == {"VLLM_CPU_KVCACHE_SPACE": "4"}
+    gpu = build_launch(_serve(), "/m/dir", "/py", cpu=False, port=9001)
+    assert gpu.env == {} and "--gpu-memory-utilization" in gpu.argv and gpu.port == 9001
+    # vLLM reads VLLM_CPU_KVCACHE_SPACE with int(): half a GiB goes as bytes instead
+    half = build_launch(_serve(cpu={"kv_cache_space_gib": 0.5}), "/m", "/py", cpu=True)
+    assert "VLLM_CPU_KVCACHE_SPACE" not in half.env
+    assert half.argv[half.argv.index("--kv-cache-memory-bytes") + 1] == str(512 * 1024**2)
+    assert speculative_config(_serve(speculative={"method": "eagle", "num_speculative_tokens": 2, "model": "/e"}).speculative) == \
+        {"method": "eagle", "num_speculative_tokens": 2, "model": "/e"}
+
+
+def test_api_key_travels_in_env_only_and_is_never_shown():
+    s = _serve(api_key_env="MY_KEY_VAR")
+    spec = build_launch(s, "/m", "/py", environ={"MY_KEY_VAR": SECRET})
+    assert spec.has_api_key and spec.secret_env == {"VLLM_API_KEY": SECRET}
+    shown = json.dumps(spec.to_dict()) + spec.shell_line() + repr(spec) + " ".join(spec.argv)
+    assert SECRET not in shown and "<redacted>" in spec.shell_line()
+    unset = build_launch(s, "/m", "/py", environ={})
+    assert not unset.has_api_key and any("MY_KEY_VAR" in n and "not set" in n for n in unset.notes)
+    for bad in (["--api-key", "x"], ["--port=1"], ["--model", "y"]):
+        with pytest.raises(UsageError, match="must not contain"):
+            build_launch(_serve(extra_args=bad), "/m", "/py")
+
+
+class _Info:
+    """The fields of ModelInfo the lint reads."""
+
+    def __init__(self, layers=30, heads=9, kv_heads=3, head_dim=64, max_pos=8192, dtype="bfloat16"):
+        self.num_layers, self.num_attention_heads, self.num_key_value_heads = layers, heads, kv_heads
+        self.head_dim, self.max_position_embeddings, self.dtype, self.stored_dtype = head_dim, max_pos, dtype, dtype
+
+
+def test_kv_math_matches_vllm_log():
+    # SmolLM2-135M: 2 x 30 x 3 x 64 x 2 bytes = 23,040 bytes per token (ARCHITECTURE.md)
+    assert kv_bytes_per_token(30, 3, 64, 2) == 23040
+    # the 2-layer fixture with 1 GiB: vLLM logs "CPU KV cache size: 699,008 tokens"
+    assert kv_capacity_tokens(1024**3, kv_bytes_per_token(2, 3, 64, 2)) == 699008
+
+
+def test_lint_kv_tp_ignored_flags_and_port():
+    # 1 GiB / 23,040 B = 46,603 tokens -> 46,592 in blocks of 128: 65,536 does not fit
+    issues = lint_serve(_serve(max_model_len=65536, cpu={"kv_cache_space_gib": 1}), _Info(), check_port=False)
+    kv = [i for i in issues if i.level == "error"]
+    assert len(kv) == 1 and kv[0].field == "serve.max_model_len" and "46,592 tokens" in kv[0].message
+    assert "at most 46,592" in kv[0].hint
+    assert not [i for i in lint_serve(_serve(max_model_len=2048, cpu={"kv_cache_space_gib": 1}), _Info(), check_port=False)
+                if i.level == "error"]
+    # no max_model_len: the model's own 8192 is used; 0.1 GiB holds 4,608 tokens
+    assert any(i.level == "error" for i in lint_serve(_serve(cpu={"kv_cache_space_gib": 0.1}), _Info(), check_port=False))
+    # GPU variant: no CPU KV prediction
+    assert not lint_serve(_serve(max_model_len=65536, cpu={"kv_cache_space_gib": 1}), _Info(), cpu=False, check_port=False)
+    tp = lint_serve(_serve(tensor_parallel_size=2), _Info(), check_port=False)
+    assert tp[0].field == "serve.tensor_parallel_size" and "9 attention heads" in tp[0].message and "[1, 3, 9]" in tp[0].hint
+    warn = lint_serve(_serve(swap_space=4, preemption_mode="swap"), None, check_port=False)
+    assert {i.field for i in warn} == {"serve.swap_space", "serve.preemption_mode"} and all(i.level == "warning" for i in warn)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        busy = lint_serve(_serve(port=port), None)
+        assert busy[0].field == "serve.port" and busy[0].level == "error" and "already in use" in busy[0].message
+
+
+def _recipe(tmp_path, model_dir, extra: str = "") -> str:
+    p = tmp_path / "r.yaml"
+    p.write_text(f"name: t\nmodel: {{source: {model_dir}}}\nserve:\n  api_key_env: T_KEY\n  enforce_eager: true\n"
+                 f"  max_model_len: 1024\n  cpu: {{kv_cache_space_gib: 1}}\n{extra}")
+    return str(p)
+
+
+@pytest.fixture
+def fake_model(tmp_path):
+    d = tmp_path / "model"
+    d.mkdir()
+    (d / "config.json").write_text(json.dumps({
+        "model_type": "llama", "num_hidden_layers": 2, "hidden_size": 576, "num_attention_heads": 9,
+        "num_key_value_heads": 3, "head_dim": 64, "max_position_embeddings": 8192, "torch_dtype": "bfloat16"}))
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [2], "data_offsets": [0, 4]}}).encode()
+    (d / "model.safetensors").write_bytes(len(header).to_bytes(8, "little") + header + b"\0" * 4)
+    return d
+
+
+def test_dry_run_prints_exact_command_and_env_without_the_key(tmp_path, fake_model):
+    recipe = _recipe(tmp_path, fake_model)
+    r = run_cli("serve", recipe, "--dry-run", "--set", "serve.port=18777", env={"T_KEY": SECRET})
+    assert r.returncode == 0, r.stderr
+    assert "VLLM_CPU_KVCACHE_SPACE=1" in r.stdout and "VLLM_API_KEY=<redacted>" in r.stdout
+    assert f"-m vllm.entrypoints.openai.api_server --model {fake_model}" in r.stdout
+    assert "--port 18777" in r.stdout and "--enforce-eager" in r.stdout
+    assert SECRET not in r.stdout + r.stderr
+    j = run_cli("serve", recipe, "--dry-run", "--json", "--set", "serve.port=18777", env={"T_KEY": SECRET})
+    assert j.returncode == 0, j.stderr
+    data = json.loads(j.stdout)
+    assert data["argv"][data["argv"].index("--max-model-len") + 1] == "1024"
+    assert data["env"]["VLLM_API_KEY"] == "<redacted>" and data["api_key_set"] is True
+    assert data["kv_cache"]["capacity_tokens"] == 699008 and SECRET not in j.stdout
+
+
+def test_dry_run_lint_errors_exit_2(tmp_path, fake_model):
+    recipe = _recipe(tmp_path, fake_model, "  tensor_parallel_size: 2\n  swap_space: 4\n")
+    r = run_cli("serve", recipe, "--dry-run", "--set", "serve.port=18778")
+    assert r.returncode == 2
+    assert "tensor_parallel_size 2 does not divide the model's 9 attention heads" in r.stdout
+    assert "swap_space" in r.stdout
+
+
+def test_launch_refuses_lint_errors_and_missing_model(tmp_path, fake_model):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen(1)
+        port = s.getsockname()[1]
+        r = run_cli("serve", _recipe(tmp_path, fake_model), "--set", f"serve.port={port}")
+    assert r.returncode == 2 and f"port {port} on 127.0.0.1 is already in use" in r.stderr
+    r = run_cli("serve", _recipe(tmp_path, tmp_path / "nope"), "--set", "serve.model=" + str(tmp_path / "nope"))
+    assert r.returncode == 2 and "does not exist" in r.stderr
+
+
+def test_stop_and_status_without_servers(tmp_path, tmp_home):
+    r = run_cli("serve", "status", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout) == {"servers": []}
+    r = run_cli("serve", "stop")
+    assert r.returncode == 2 and "no detached server" in r.stderr
+    r = run_cli("serve", "stop", "--pid-file", str(tmp_path / "none.json"))
+    assert r.returncode == 2 and "no pid file" in r.stderr
