@@ -1,0 +1,84 @@
+"""`infertool quantize RECIPE`: GPTQ / AWQ (or bnb, recorded) from the recipe, with preflight and a vLLM load check."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("quantize")
+    @handle_errors
+    def quantize_cmd(
+        recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
+        overrides: Optional[List[str]] = SET_OPT,
+        out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: quantize.output, else out/<recipe name>-<method>)."),
+        check: bool = typer.Option(False, "--check", help="Run the preflight checks only; load no weights."),
+        verify: Optional[bool] = typer.Option(None, "--verify/--no-verify", help="Load the result in vLLM and compare greedy output with the original (default: on when the serve environment is set up)."),
+        force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
+        as_json: bool = JSON_OPT,
+    ) -> None:
+        """Quantize the recipe's model (GPTQ or AWQ via GPTQModel / llm-compressor; bnb is validated and recorded).
+
+        Preflight (also alone with --check) reads only config.json and safetensors headers. The output is
+        written to a temporary directory and renamed when complete, with infertool-manifest.json beside
+        the weights. Exit codes: 2 bad recipe / preflight refused, 3 environment or backend, 4 runtime
+        failure (including a checkpoint vLLM cannot load), 130 interrupted.
+        """
+        from infertool.output import StageProgress, print_json
+        from infertool.quantize.core import quantize
+        from infertool.recipe import load_recipe
+
+        r = load_recipe(recipe, overrides or [])
+        with StageProgress("quantize", quiet=as_json) as progress:
+            result = quantize(r, recipe_path=recipe, out=out, check=check, verify=verify, force=force,
+                              on_event=progress.on_event)
+        if as_json:
+            print_json(result.to_dict())
+            return
+        _render(result)
+
+
+def _mib(n: int | None) -> str:
+    return "?" if n is None else f"{n / 2**20:,.1f} MiB"
+
+
+def _render(result) -> None:
+    from infertool.output import err, kv_table, out
+
+    pf = result.preflight
+    checks = [(c["name"], ("[green]ok[/] " if c["ok"] else "[yellow]warning[/] ") + c["detail"]) for c in pf["checks"]]
+    out.print(kv_table(checks, title=f"preflight: {result.method} ({result.backend or 'load-time'}) on {result.source_model}"))
+    if result.checked_only:
+        err.print(f"[green]✓[/] preflight passed in {pf['seconds']:.2f} s: no weights loaded (--check)")
+        return
+    rows = [("output", result.output)]
+    if result.size and result.size.get("weight_bytes_after") is not None:
+        s = result.size
+        rows.append(("weights", f"{_mib(s['weight_bytes_before'])} -> {_mib(s['weight_bytes_after'])} "
+                                f"({s['reduction_pct']:.1f} % smaller)"))
+    if result.calibration and result.calibration.get("windows_sha256"):
+        c = result.calibration
+        rows.append(("calibration", f"{c['samples']} x {c['seq_len']} tokens from {c['kind']} (seed {c['seed']}), "
+                                    f"sha256 {c['windows_sha256'][:16]}"))
+    if result.layer_errors and result.layer_errors.get("mean_loss") is not None:
+        le = result.layer_errors
+        rows.append(("layer error", f"mean {le['mean_loss']:.3g}, max {le['max_loss']:.3g} ({le['max_module']}) over {le['modules']} modules"))
+    v = result.verify
+    if v is None:
+        rows.append(("vLLM load check", "skipped (--no-verify, or the serve environment is not set up)"))
+    elif v.get("generated"):
+        a = v["agreement"]
+        rows.append(("vLLM load check", f"[green]loaded[/]; greedy token agreement {a['agreement']:.1%} over {a['tokens']} tokens "
+                                        f"({a['identical']}/{a['prompts']} completions identical)"))
+    elif v.get("loaded"):
+        rows.append(("vLLM load check", f"[green]loaded[/]; generation unavailable here: {v.get('reason')}"))
+    else:
+        rows.append(("vLLM load check", str(v.get("reason"))))
+    rows.append(("time", f"{result.timings.get('total', 0):.1f} s"))
+    rows.append(("manifest", result.manifest_path))
+    out.print(kv_table(rows, title=f"quantized {result.recipe}"))

@@ -1,0 +1,183 @@
+"""GPTQ and AWQ with GPTQModel (the maintained successor of AutoGPTQ/AutoAWQ): writes the ``gptq`` and
+``awq`` (gemm/gemv/gemv_fast) checkpoint formats vLLM loads natively.
+
+``build_spec`` is light; ``quantize_stage`` runs in the ``quant`` environment.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+
+from infertool.errors import RuntimeFailure, UsageError
+from infertool.models.convert import _version  # installed version of a distribution, or None
+
+
+def build_spec(q: dict, *, model: Path, out_dir: Path, offload_dir: Path, ignore_modules: list[str],
+               num_layers: int | None, base_dir: Path | None) -> dict:
+    """The stage spec for the recipe's quantize section ``q`` (a dict)."""
+    cal = dict(q.get("calibration") or {})
+    cal["base_dir"] = str(base_dir) if base_dir else None
+    spec = {
+        "model": str(model),
+        "out_dir": str(out_dir),
+        "offload_dir": str(offload_dir),
+        "method": q["method"],
+        "bits": q.get("bits", 4),
+        "group_size": q.get("group_size", 128),
+        "ignore_modules": ignore_modules,
+        "calibration": cal,
+        "num_layers": num_layers,
+        "log_dir": None,  # set by the caller: GPTQModel writes its own logs/ under the working directory
+    }
+    if q["method"] == "gptq":
+        spec.update(sym=q.get("sym", True), desc_act=q.get("desc_act", False),
+                    damp_percent=q.get("damp_percent", 0.01), true_sequential=q.get("true_sequential", True))
+    else:
+        spec.update(zero_point=q.get("zero_point", True), format=q.get("format", "gemm"))
+    return spec
+
+
+def quantize_config_kwargs(spec: dict) -> dict:
+    """GPTQModel QuantizeConfig keyword arguments for a stage spec (pure: testable without gptqmodel)."""
+    kwargs: dict = {"bits": int(spec["bits"]), "group_size": int(spec["group_size"])}
+    if spec["method"] == "gptq":
+        kwargs.update(
+            sym=bool(spec.get("sym", True)),
+            desc_act=bool(spec.get("desc_act", False)),
+            damp_percent=float(spec.get("damp_percent", 0.01)),
+            true_sequential=bool(spec.get("true_sequential", True)),
+        )
+        if kwargs["desc_act"]:
+            kwargs["act_group_aware"] = False
+    elif spec["method"] == "awq":
+        kwargs.update(quant_method="awq", format=spec.get("format", "gemm"), sym=not spec.get("zero_point", True))
+    else:
+        raise UsageError(f"GPTQModel backend does not do method {spec['method']!r}", hint="use method: gptq or awq")
+    ignore = spec.get("ignore_modules") or []
+    if ignore:
+        kwargs["dynamic"] = {"-:^(?:" + "|".join(re.escape(n) for n in ignore) + ")$": {}}
+    return kwargs
+
+
+def _float(value) -> float | None:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def layer_errors(quant_log: list[dict]) -> list[dict]:
+    """GPTQModel's per-module log, typed: layer, module, loss (the backend's quantization error), ..."""
+    rows = []
+    for entry in quant_log or []:
+        layer = entry.get("layer")
+        try:
+            layer = int(layer)
+        except (TypeError, ValueError):
+            pass
+        rows.append({
+            "layer": layer,
+            "module": entry.get("module"),
+            "process": entry.get("process"),
+            "features_in_out": entry.get("feat: in, out"),
+            "loss": _float(entry.get("loss")),
+            "samples": int(entry["samples"]) if str(entry.get("samples", "")).isdigit() else entry.get("samples"),
+            "damp": _float(entry.get("damp")),
+            "seconds": _float(entry.get("time")),
+        })
+    return rows
+
+
+def quantize_stage(spec: dict, events) -> dict:
+    """Calibrate, quantize and save. Emits per-layer progress (task "layers").
+
+    Runs in the stage's log directory: GPTQModel writes logs/<method>_log_*.log relative to the working
+    directory, and they belong with infertool's log, not in the user's directory. All paths are absolute.
+    """
+    cwd = os.getcwd()
+    if spec.get("log_dir"):
+        Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
+        os.chdir(spec["log_dir"])
+    try:
+        return _quantize(spec, events)
+    finally:
+        os.chdir(cwd)
+
+
+def _quantize(spec: dict, events) -> dict:
+    timings: dict[str, float] = {}
+    t = time.monotonic()
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
+    events.progress("setup", 0, 3, "importing GPTQModel")
+    import torch  # noqa: F401
+    from gptqmodel import GPTQModel, QuantizeConfig
+    from transformers import AutoTokenizer
+
+    from infertool.quantize.calibration import build_windows
+
+    timings["import"] = time.monotonic() - t
+
+    t = time.monotonic()
+    events.progress("setup", 1, 3, "tokenizing calibration data")
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    calibration, cal_info = build_windows(spec["calibration"], tokenizer, events)
+    timings["calibration"] = time.monotonic() - t
+
+    t = time.monotonic()
+    events.progress("setup", 2, 3, "loading the model")
+    kwargs = quantize_config_kwargs(spec)
+    offload = Path(spec["offload_dir"])
+    offload.mkdir(parents=True, exist_ok=True)
+    try:
+        qcfg = QuantizeConfig(offload_to_disk=True, offload_to_disk_path=str(offload), **kwargs)
+    except (ValueError, TypeError) as e:
+        raise UsageError(f"GPTQModel refused the quantize settings: {e}") from None
+    try:
+        model = GPTQModel.load(spec["model"], qcfg)
+    except Exception as e:  # noqa: BLE001 - any loader failure is the model's, said plainly
+        raise RuntimeFailure(f"GPTQModel could not load {spec['model']}: {type(e).__name__}: {e}") from e
+    timings["load"] = time.monotonic() - t
+    events.progress("setup", 3, 3, "model loaded")
+
+    total = int(spec.get("num_layers") or 0) or None
+    label = f"{spec['method'].upper()} {spec['bits']}-bit g{spec['group_size']}: layers"
+    events.progress("layers", 0, total, label)
+    done: set[int] = set()
+
+    def on_layer(layer_idx: int, submodule_finalized: bool):
+        done.add(int(layer_idx))
+        events.progress("layers", len(done), total, label)
+        return None
+
+    model.layer_callback = on_layer
+    t = time.monotonic()
+    try:
+        model.quantize(calibration, batch_size=1, calibration_data_min_length=min(10, int(spec["calibration"]["seq_len"])))
+    except (KeyboardInterrupt, UsageError):
+        raise
+    except Exception as e:  # noqa: BLE001
+        raise RuntimeFailure(
+            f"GPTQModel failed while quantizing: {type(e).__name__}: {e}",
+            hint="the full traceback is in the log; a smaller calibration set or another group_size may help",
+        ) from e
+    timings["quantize"] = time.monotonic() - t
+    if total:
+        events.progress("layers", total, total, label)
+
+    t = time.monotonic()
+    events.progress("save", 0, 1, "writing the checkpoint")
+    model.save(spec["out_dir"])
+    timings["save"] = time.monotonic() - t
+    events.progress("save", 1, 1, "checkpoint written")
+
+    return {
+        "timings": timings,
+        "calibration": cal_info.to_dict(),
+        "layers": layer_errors(getattr(model, "quant_log", None) or []),
+        "quantize_config": kwargs,
+        "versions": {d: _version(d) for d in ("gptqmodel", "torch", "transformers", "tokenizers")},
+        "threads": os.environ.get("GPTQMODEL_CPU_WORKERS"),
+    }

@@ -1,0 +1,166 @@
+"""Calibration data: the built-in corpus (Python's ``pydoc_data.topics``), a ``.txt`` file or a ``.jsonl``
+file with a text field, cut into deterministic token windows.
+
+The light half (``check_source``, ``read_texts``, ``select_windows``, ``windows_hash``) is pure Python and
+runs anywhere; ``build_windows`` tokenizes with the model's tokenizer and runs inside the quantize stage
+(the ``quant`` environment). Same recipe -> same text -> same token windows -> same hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import struct
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from infertool.errors import UsageError
+
+BUILTIN = "builtin"
+BUILTIN_DESCRIPTION = "Python's pydoc_data.topics (PSF licence): English technical prose, offline"
+_HINT = "quantize.calibration.source is 'builtin', a .txt file, or a .jsonl file with one JSON object per line"
+
+
+@dataclass
+class CalibrationInfo:
+    source: str
+    kind: str  # builtin | txt | jsonl
+    documents: int
+    characters: int
+    text_sha256: str
+    python_version: str | None = None  # builtin only: the corpus changes between Python releases
+    tokens_total: int | None = None
+    samples: int | None = None
+    seq_len: int | None = None
+    seed: int | None = None
+    overlapping: bool | None = None
+    windows_sha256: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _resolve(source: str, base_dir: Path | None) -> Path:
+    p = Path(source).expanduser()
+    if not p.is_absolute() and base_dir is not None and not p.exists() and (base_dir / p).exists():
+        p = base_dir / p
+    return p
+
+
+def read_texts(source: str, text_field: str = "text", base_dir: Path | None = None) -> tuple[list[str], str, Path | None]:
+    """The calibration documents, their kind, and the resolved file (None for builtin). Raises UsageError
+    naming the file and line for anything unreadable."""
+    if source == BUILTIN:
+        import pydoc_data.topics as topics
+
+        docs = [topics.topics[k] for k in sorted(topics.topics)]
+        return docs, "builtin", None
+    path = _resolve(source, base_dir)
+    if not path.is_file():
+        raise UsageError(f"calibration file not found: {source}", hint=_HINT)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise UsageError(f"cannot read calibration file {path}: {e}", hint=_HINT) from None
+    if path.suffix.lower() == ".txt":
+        if not text.strip():
+            raise UsageError(f"calibration file {path} is empty", hint=_HINT)
+        return [text], "txt", path
+    docs: list[str] = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except ValueError as e:
+            raise UsageError(f"{path}, line {n}: not valid JSON ({e})", hint=_HINT) from None
+        if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+            raise UsageError(
+                f"{path}, line {n}: expected an object with a string field {text_field!r}",
+                hint="set quantize.calibration.text_field to the field that holds the text",
+            )
+        if obj[text_field].strip():
+            docs.append(obj[text_field])
+    if not docs:
+        raise UsageError(f"calibration file {path} has no text in field {text_field!r}", hint=_HINT)
+    return docs, "jsonl", path
+
+
+def text_sha256(docs: list[str]) -> str:
+    h = hashlib.sha256()
+    for d in docs:
+        b = d.encode("utf-8")
+        h.update(struct.pack("<Q", len(b)))
+        h.update(b)
+    return h.hexdigest()
+
+
+def check_source(spec: dict, base_dir: Path | None = None) -> CalibrationInfo:
+    """Validate the calibration source before any model is loaded (light: reads the text only)."""
+    docs, kind, path = read_texts(spec.get("source", BUILTIN), spec.get("text_field", "text"), base_dir)
+    return CalibrationInfo(
+        source=str(path) if path else BUILTIN,
+        kind=kind,
+        documents=len(docs),
+        characters=sum(len(d) for d in docs),
+        text_sha256=text_sha256(docs),
+        python_version=sys.version.split()[0] if kind == "builtin" else None,
+        samples=spec.get("samples"),
+        seq_len=spec.get("seq_len"),
+        seed=spec.get("seed"),
+    )
+
+
+def select_windows(ids: list[int], samples: int, seq_len: int, seed: int) -> tuple[list[list[int]], bool]:
+    """``samples`` windows of ``seq_len`` tokens from ``ids``, chosen by ``seed``.
+
+    Non-overlapping windows (a seeded sample of the corpus cut into seq_len pieces) when the text is long
+    enough; otherwise seeded random start positions, which may overlap (the second value says so).
+    """
+    n = len(ids)
+    if n < seq_len:
+        raise UsageError(
+            f"the calibration text has {n} tokens, fewer than seq_len {seq_len}",
+            hint="give a longer text, or lower quantize.calibration.seq_len",
+        )
+    rng = random.Random(seed)
+    pieces = n // seq_len
+    if pieces >= samples:
+        chosen = sorted(rng.sample(range(pieces), samples))
+        return [ids[i * seq_len:(i + 1) * seq_len] for i in chosen], False
+    starts = [rng.randrange(0, n - seq_len + 1) for _ in range(samples)]
+    return [ids[s:s + seq_len] for s in starts], True
+
+
+def windows_sha256(windows: list[list[int]]) -> str:
+    h = hashlib.sha256()
+    for w in windows:
+        h.update(struct.pack("<I", len(w)))
+        h.update(struct.pack(f"<{len(w)}I", *w))
+    return h.hexdigest()
+
+
+def build_windows(spec: dict, tokenizer, events=None) -> tuple[list[dict], CalibrationInfo]:
+    """Inside the stage: tokenize the calibration text, choose the windows, hash them.
+
+    Returns GPTQModel-style samples (``{"input_ids": [...], "attention_mask": [...]}``) and the info
+    recorded in the manifest.
+    """
+    base = Path(spec["base_dir"]) if spec.get("base_dir") else None
+    info = check_source(spec, base)
+    docs, _, _ = read_texts(spec.get("source", BUILTIN), spec.get("text_field", "text"), base)
+    sep = "\n\n"
+    ids = tokenizer(sep.join(docs), add_special_tokens=False)["input_ids"]
+    samples, seq_len, seed = int(spec["samples"]), int(spec["seq_len"]), int(spec.get("seed", 0))
+    windows, overlapping = select_windows(ids, samples, seq_len, seed)
+    if overlapping and events is not None:
+        events.log(
+            f"calibration text has {len(ids)} tokens, fewer than {samples} x {seq_len}: windows may overlap",
+            "warning",
+        )
+    info.tokens_total = len(ids)
+    info.overlapping = overlapping
+    info.windows_sha256 = windows_sha256(windows)
+    return [{"input_ids": w, "attention_mask": [1] * len(w)} for w in windows], info

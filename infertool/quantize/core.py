@@ -1,0 +1,280 @@
+"""``quantize(recipe, ...)``: resolve the model, preflight, calibrate and quantize in the backend's
+environment, load-check in vLLM, write the manifest, publish the output by a rename.
+
+Never prints (the CLI renders the ``QuantizeResult``); progress goes to ``on_event``. The output is built
+in a temporary sibling directory (``.<name>.<random>.tmp``) and renamed into place only when everything
+succeeded: an error or Ctrl-C leaves no output behind, and the source model is never written to.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, Callable
+
+from infertool.errors import UsageError
+from infertool.quantize import MANIFEST_NAME
+
+EventCallback = Callable[[dict], None]
+
+OUTPUT_ROOT = "out"  # default output: out/<recipe name>-<method>, relative to the working directory
+
+
+@dataclass
+class QuantizeResult:
+    ok: bool
+    recipe: str
+    method: str
+    backend: str | None
+    source_model: str
+    output: str | None
+    checked_only: bool
+    preflight: dict
+    size: dict | None = None
+    timings: dict = field(default_factory=dict)
+    calibration: dict | None = None
+    layer_errors: dict | None = None
+    verify: dict | None = None
+    manifest_path: str | None = None
+    log_dir: str | None = None
+    warnings: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def default_output(recipe_name: str, method: str) -> Path:
+    return Path(OUTPUT_ROOT) / f"{recipe_name}-{method}"
+
+
+def _emit(on_event: EventCallback | None, message: str, level: str = "info") -> None:
+    if on_event is not None:
+        on_event({"event": "log", "level": level, "message": message})
+
+
+def _is_within(child: Path, parent: Path) -> bool:
+    try:
+        child.relative_to(parent)
+        return True
+    except ValueError:
+        return False
+
+
+def _has_cuda() -> bool:
+    return Path("/proc/driver/nvidia/version").exists()
+
+
+def _group_size_hint(report) -> str | None:
+    for c in report.errors:
+        if c.name == "group_size":
+            valid = [g for g in report.valid_group_sizes if g != -1]
+            if valid:
+                pick = 64 if 64 in valid else valid[-1]
+                return f"set a group size that divides every in_features, e.g. --set quantize.group_size={pick}"
+    return "fix the recipe (or the model) and run `infertool quantize RECIPE --check` again"
+
+
+def _publish(tmp: Path, dest: Path) -> None:
+    """Rename ``tmp`` to ``dest``; an existing ``dest`` (allowed by --force) is moved aside first."""
+    if dest.exists() or dest.is_symlink():
+        old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            old.unlink(missing_ok=True)
+    else:
+        os.replace(tmp, dest)
+
+
+def quantize(
+    recipe: Any,
+    *,
+    recipe_path: str | Path | None = None,
+    out: str | Path | None = None,
+    check: bool = False,
+    verify: bool | None = None,
+    force: bool = False,
+    on_event: EventCallback | None = None,
+) -> QuantizeResult:
+    """Run (or with ``check=True`` only preflight) the recipe's quantize section."""
+    from infertool.models.info import model_info, safetensors_stats, weight_files
+    from infertool.models.sources import resolve_model
+    from infertool.quantize.backends import BACKEND_ENVS, BACKEND_STAGES
+    from infertool.quantize.preflight import PreflightFailed, linear_layers, matches_ignore, run_preflight
+    from infertool.recipe import recipe_to_dict
+
+    t_start = time.monotonic()
+    timings: dict[str, Any] = {}
+    q = recipe.quantize
+    if q is None:
+        raise UsageError(
+            f"recipe {recipe.name!r} has no quantize section",
+            hint="add one (method: gptq | awq | bnb), e.g. from `infertool recipes show quickstart`",
+        )
+    qd = q.model_dump(mode="json")
+    method = qd["method"]
+    backend = qd.get("backend") if method != "bnb" else None
+    dest = Path(out or qd.get("output") or default_output(recipe.name, method)).expanduser().absolute()
+    recipe_dir = Path(recipe_path).expanduser().resolve().parent if recipe_path and Path(recipe_path).is_file() else None
+
+    t = time.monotonic()
+    resolved = resolve_model(recipe.model.source, layers=recipe.model.layers, dtype=recipe.model.dtype, on_event=on_event)
+    src = Path(resolved.path).resolve()
+    timings["resolve_model"] = time.monotonic() - t
+    if _is_within(dest.resolve(), src) or _is_within(src, dest.resolve()):
+        raise UsageError(
+            f"the output {dest} overlaps the source model {src}",
+            hint="quantize never writes into its source: choose another --out",
+        )
+
+    t = time.monotonic()
+    info = model_info(src)
+    cal_check = None
+    if method != "bnb":
+        from infertool.quantize.calibration import check_source
+
+        cal_check = check_source(qd["calibration"], recipe_dir)
+        qd["calibration"]["source"] = cal_check.source  # absolute path (or builtin) for the stage
+    serve = recipe.serve.model_dump(mode="json") if getattr(recipe, "serve", None) else None
+    report = run_preflight(info=info, quantize=qd, serve=serve, output=dest, has_cuda=_has_cuda())
+    if dest.exists() and not force:
+        report.add("output", check, f"{dest} already exists: pass --force to replace it, or choose another --out",
+                   level="warning" if check else "error")
+    else:
+        report.add("output", True, f"{'replaces ' if dest.exists() else ''}{dest}")
+    llmc_plan = None
+    if backend == "llmcompressor":
+        from infertool.quantize.backends import llmcompressor
+
+        llmc_plan = llmcompressor.plan(qd, has_cuda=_has_cuda())
+        report.plan["llmcompressor"] = llmc_plan
+    timings["preflight"] = time.monotonic() - t
+    if not report.ok:
+        raise PreflightFailed(report, hint=_group_size_hint(report))
+    warnings = [f"{c.name}: {c.detail}" for c in report.warnings]
+    for w in warnings:
+        _emit(on_event, w, "warning")
+
+    base = QuantizeResult(
+        ok=True, recipe=recipe.name, method=method, backend=backend, source_model=str(src),
+        output=str(dest), checked_only=check, preflight=report.to_dict(), timings=timings,
+        calibration=cal_check.to_dict() if cal_check else None, warnings=warnings,
+    )
+    if check:
+        base.output = None
+        timings["total"] = time.monotonic() - t_start
+        return base
+
+    from infertool.envs.manage import state
+    from infertool.envs.paths import logs_root
+    from infertool.envs.runner import run_stage
+
+    if llmc_plan is not None:
+        from infertool.quantize.backends import llmcompressor
+
+        llmcompressor.refuse_on_host(llmc_plan, method)
+    if verify is None:
+        verify = state("serve").status == "ready"
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    log_dir = logs_root() / f"{stamp}-quantize-{os.getpid()}"
+    base.log_dir = str(log_dir)
+
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    work = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
+    model_out = work / "model"
+    stage_result: dict = {}
+    verify_result: dict | None = None
+    try:
+        work.mkdir()
+        if method == "bnb":
+            model_out.mkdir()
+        else:
+            from infertool.quantize.backends import gptqmodel as gptqmodel_backend
+
+            ignore = qd.get("ignore") or []
+            ignore_modules = [l.name for l in linear_layers([src / f for f in info.weight_files])
+                              if ignore and matches_ignore(l.name, ignore)]
+            if backend == "gptqmodel":
+                spec = gptqmodel_backend.build_spec(qd, model=src, out_dir=model_out, offload_dir=work / "offload",
+                                                    ignore_modules=ignore_modules, num_layers=info.num_layers, base_dir=None)
+                spec["log_dir"] = str(log_dir)
+            else:
+                from infertool.quantize.backends import llmcompressor
+
+                spec = llmcompressor.build_spec(qd, llmc_plan, model=src, out_dir=model_out,
+                                                calibration=qd["calibration"], dtype=recipe.model.dtype)
+            _emit(on_event, f"quantizing {src.name} with {backend} ({method}) in the {BACKEND_ENVS[backend]!r} environment")
+            t = time.monotonic()
+            run = run_stage(BACKEND_STAGES[backend], spec, on_event=on_event, log_dir=log_dir)
+            stage_result = run.result
+            timings["quantize_stage"] = time.monotonic() - t
+            timings["backend"] = stage_result.get("timings", {})
+            shutil.rmtree(work / "offload", ignore_errors=True)
+
+        if verify and method != "bnb":
+            t = time.monotonic()
+            _emit(on_event, "load check: the quantized checkpoint in vLLM (enforce_eager), greedy vs the original")
+            vrun = run_stage("quantize.verify", {"quantized": str(model_out), "original": str(src),
+                                                 "dtype": "auto", "max_model_len": 512, "kv_cache_gib": 1},
+                             on_event=on_event, log_dir=log_dir, timeout_s=1800)
+            verify_result = vrun.result
+            timings["verify"] = time.monotonic() - t
+            if not verify_result.get("generated"):
+                base.warnings.append(f"verify: {verify_result.get('reason')}")
+        elif verify and method == "bnb":
+            verify_result = {"loaded": None, "generated": False, "reason": "bitsandbytes is applied when a model is loaded: "
+                             "nothing to load-check here (vLLM loads bitsandbytes on CUDA GPUs only)"}
+
+        size_after = safetensors_stats(weight_files(model_out)).bytes if method != "bnb" else None
+        from infertool.quantize.manifest import build_manifest, env_packages, layer_error_summary, size_summary, write_manifest
+
+        layers = stage_result.get("layers") or []
+        base.size = size_summary(info.weight_bytes, size_after)
+        base.calibration = stage_result.get("calibration") or base.calibration
+        base.layer_errors = layer_error_summary(layers) if method != "bnb" else None
+        base.verify = verify_result
+        timings["total"] = time.monotonic() - t_start
+        fields: dict[str, Any] = {
+            "recipe": recipe_to_dict(recipe),
+            "recipe_source": str(recipe_path) if recipe_path else None,
+            "method": method,
+            "backend": backend,
+            "source_model": {"source": recipe.model.source, "path": str(src), "weight_bytes": info.weight_bytes,
+                             "files": info.weight_files, "architecture": (info.architectures or [None])[0]},
+            "preflight": {"checks": [c for c in report.to_dict()["checks"]], "plan": report.plan},
+            "size": base.size,
+            "timings_s": timings,
+        }
+        if method == "bnb":
+            bnb = {"load_in_4bit": qd["quant_type"] != "int8", "load_in_8bit": qd["quant_type"] == "int8",
+                   "bnb_4bit_quant_type": qd["quant_type"] if qd["quant_type"] != "int8" else None,
+                   "bnb_4bit_use_double_quant": qd["double_quant"], "bnb_4bit_compute_dtype": qd["compute_dtype"]}
+            fields["kind"] = "load-time-quantization"
+            fields["load_time"] = {"model": str(src), "transformers": {"BitsAndBytesConfig": bnb},
+                                   "vllm": {"quantization": "bitsandbytes", "cuda_only": True}}
+        else:
+            fields["environment"] = env_packages(BACKEND_ENVS[backend])
+            fields["backend_versions"] = stage_result.get("versions")
+            fields["quantize_config"] = stage_result.get("quantize_config")
+            fields["calibration"] = base.calibration
+            fields["layer_errors"] = {"summary": base.layer_errors, "layers": layers,
+                                      "metric": "GPTQModel's per-module loss (as reported by the backend)"}
+            fields["verify"] = verify_result
+            if verify_result is not None:
+                fields["verify_environment"] = env_packages("serve")
+        write_manifest(model_out, build_manifest(**fields))
+        _publish(model_out, dest)
+        base.manifest_path = str(dest / MANIFEST_NAME)
+    finally:
+        if work.exists():
+            shutil.rmtree(work, ignore_errors=True)
+    base.output = str(dest)
+    timings["total"] = time.monotonic() - t_start
+    return base
