@@ -198,3 +198,15 @@ def test_small_accuracy_suite_is_inconclusive_with_the_n_that_decides():
     assert (acc["b"], acc["c"]) == (6, 4) and acc["net_change"] == pytest.approx(-0.02)
     g = gates[0]
     assert g.status == "INCONCLUSIVE" and g.n_needed and g.n_needed > 100
+
+
+def test_wilson_n_needed():
+    # 0 flips: the Wilson upper bound z^2/(n+z^2) drops below 10 % from n = 35 on
+    n = M.wilson_n_needed(0.0, 0.10, upper=True)
+    assert n == 35
+    assert M.wilson(0, 35)[1] <= 0.10 < M.wilson(0, 34)[1]
+    n = M.wilson_n_needed(0.95, 0.90, upper=False)
+    assert M.wilson(0.95 * n, n)[0] >= 0.90 > M.wilson(0.95 * (n - 1), n - 1)[0]
+    assert M.wilson_n_needed(0.2, 0.1, upper=True) is None
+    g = judge("max_flip_rate", "flip rate", 0.10, 0.0, *M.wilson(0, 8), upper=True, n=8, unit="items", proportion_conf=0.95)
+    assert g.status == "INCONCLUSIVE" and g.n_needed == 35

@@ -165,7 +165,8 @@ def make_gates(pool: dict, accept: dict) -> list[Gate]:
                                upper=True, n=tok["tokens"] if tok else 0, unit="tokens", note=topk_note))
         elif g == "min_top1":
             gates.append(judge(g, "same top-1", val, tok and tok["top1_agree"], tok and tok["top1_agree_ci"][0],
-                               tok and tok["top1_agree_ci"][1], upper=False, n=tok["tokens"] if tok else 0, unit="tokens"))
+                               tok and tok["top1_agree_ci"][1], upper=False, n=tok["tokens"] if tok else 0, unit="tokens",
+                               proportion_conf=conf))
         elif g == "max_ppl_ratio":
             gates.append(judge(g, "PPL ratio", val, tok and tok["ppl_ratio"], tok and tok["ppl_ratio_ci"][0],
                                tok and tok["ppl_ratio_ci"][1], upper=True, n=tok["tokens"] if tok else 0, unit="tokens",
@@ -179,7 +180,8 @@ def make_gates(pool: dict, accept: dict) -> list[Gate]:
                 gates.append(judge(g, "accuracy drop", val, None, None, None, upper=True, n=0, unit="items"))
         elif g == "max_flip_rate":
             gates.append(judge(g, "flip rate", val, items and items["flip_rate"], items and items["flip_rate_ci"][0],
-                               items and items["flip_rate_ci"][1], upper=True, n=items["n"] if items else 0, unit="items"))
+                               items and items["flip_rate_ci"][1], upper=True, n=items["n"] if items else 0, unit="items",
+                               proportion_conf=conf))
     return gates
 
 

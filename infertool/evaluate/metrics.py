@@ -190,6 +190,29 @@ def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
+def wilson_n_needed(p: float, threshold: float, *, upper: bool, confidence: float = 0.95,
+                    limit: int = 10**9) -> int | None:
+    """The smallest N at which a Wilson interval around the SAME observed proportion p would clear the
+    threshold (upper: the interval's top below it; else its bottom above it); None if no N does."""
+    if (upper and p >= threshold) or (not upper and p <= threshold):
+        return None
+
+    def clears(n: int) -> bool:
+        lo, hi = wilson(p * n, n, confidence)  # type: ignore[arg-type]  (a fractional k is fine here)
+        return hi <= threshold if upper else lo >= threshold
+
+    hi_n = 1
+    while not clears(hi_n):
+        hi_n *= 2
+        if hi_n > limit:
+            return None
+    lo_n = hi_n // 2
+    while hi_n - lo_n > 1:
+        mid = (lo_n + hi_n) // 2
+        lo_n, hi_n = (lo_n, mid) if clears(mid) else (mid, hi_n)
+    return hi_n
+
+
 def proportion_se(k: int, n: int) -> float:
     if n <= 0:
         return float("nan")

@@ -288,7 +288,7 @@ def launch_vllm(model_dir: str, *, name: str, log_path: Path, max_logprobs: int 
     port = free_port()
     argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
             "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
-            "--max-logprobs", str(max_logprobs), "--max-model-len", str(max_model_len), "--disable-log-requests"]
+            "--max-logprobs", str(max_logprobs), "--max-model-len", str(max_model_len)]
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -54,16 +54,17 @@ class Gate:
         return asdict(self)
 
 
-def _n_needed(n: int, half: float, gap: float, scale: float = 1.0) -> int | None:
+def _n_needed(n: int, half: float, gap: float) -> int | None:
     if gap <= 0 or not math.isfinite(half) or n <= 0:
         return None
-    return int(math.ceil(n * (half / gap) ** 2 * scale - 1e-9))
+    return int(math.ceil(n * (half / gap) ** 2 - 1e-9))
 
 
 def judge(name: str, metric: str, threshold: float, estimate: float | None, lo: float | None, hi: float | None,
-          *, upper: bool, n: int, unit: str, note: str = "", transform=None) -> Gate:
+          *, upper: bool, n: int, unit: str, note: str = "", transform=None, proportion_conf: float | None = None) -> Gate:
     """One gate. ``upper``: the metric must stay at or below the threshold (else at or above).
-    ``transform`` maps values to the scale where the interval is symmetric (log for a ratio)."""
+    ``transform`` maps values to the scale where the interval is symmetric (log for a ratio);
+    ``proportion_conf``: the interval is a Wilson interval at this confidence (N needed is searched)."""
     if estimate is None or lo is None or hi is None or n == 0 or any(
             isinstance(v, float) and math.isnan(v) for v in (estimate, lo, hi)):
         return Gate(name, metric, threshold, estimate, lo, hi, "n/a", n, unit, note=note or "not measured by this suite")
@@ -73,9 +74,14 @@ def judge(name: str, metric: str, threshold: float, estimate: float | None, lo: 
         status = "PASS" if lo >= threshold else "FAIL" if hi < threshold else "INCONCLUSIVE"
     need = None
     if status == "INCONCLUSIVE":
-        f = transform or (lambda v: v)
-        half = (f(hi) - f(lo)) / 2.0
-        need = _n_needed(n, half, abs(f(estimate) - f(threshold)))
+        if proportion_conf is not None:
+            from infertool.evaluate.metrics import wilson_n_needed
+
+            need = wilson_n_needed(estimate, threshold, upper=upper, confidence=proportion_conf)
+        else:
+            f = transform or (lambda v: v)
+            half = (f(hi) - f(lo)) / 2.0
+            need = _n_needed(n, half, abs(f(estimate) - f(threshold)))
     return Gate(name, metric, threshold, estimate, lo, hi, status, n, unit, need, note)
 
 
