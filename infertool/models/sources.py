@@ -124,6 +124,20 @@ def conversion_key(gguf_sha256: str, layers: int | None, dtype: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
+def cached_conversion(source: str, *, layers: int | None = None, dtype: str | None = None) -> Path | None:
+    """The cached conversion of a bundled/GGUF source if it exists; never converts (for quick planning)."""
+    try:
+        gguf = find_bundled_gguf(source.split(":", 1)[1]) if source.startswith("bundled:") else Path(source).expanduser()
+    except (BackendError, UsageError):
+        return None
+    if not gguf.is_file():
+        return None
+    from infertool.envs.paths import models_cache
+
+    final = models_cache() / conversion_key(_gguf_hash(gguf), layers, normalise_dtype(dtype))
+    return final if (final / MARKER).is_file() else None
+
+
 def convert_gguf_cached(
     gguf_path: Path,
     *,

@@ -1,0 +1,91 @@
+"""`infertool plan`: will it fit, how much KV cache, how fast at best. No weights loaded."""
+
+from __future__ import annotations
+
+from typing import List, Optional
+
+import typer
+
+from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    app.command("plan")(handle_errors(plan))
+
+
+def plan(
+    recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for this GPU (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090)."),
+    memory: Optional[float] = typer.Option(None, "--memory", min=0.1, help="Plan for a GPU with this much memory (GiB)."),
+    context: Optional[int] = typer.Option(None, "--context", min=1, help="Context length for the roofline bound (default: from bench, else max_model_len/2)."),
+    overrides: Optional[List[str]] = SET_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Memory plan for the serve section: weights, KV cache capacity, concurrency, fit, roofline bound, TP advice."""
+    from infertool.output import print_json
+    from infertool.plan import make_plan
+    from infertool.recipe import load_recipe
+
+    r = load_recipe(recipe, overrides or [])
+    result = make_plan(r, gpu=gpu, memory_gib=memory, context=context)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        _render(result)
+    if not result.fits:
+        raise typer.Exit(1)  # a negative verdict: it does not fit (see the reasons)
+
+
+def _render(p) -> None:
+    from rich.table import Table
+
+    from infertool.output import err, kv_table, out
+
+    GIB = 1024**3
+    m, d, kv, cap = p.model, p.device, p.kv, p.capacity
+    rows = [
+        ("model", f"{m['source']} ({m['how']})"),
+        ("quantization", m["quantization"]),
+        ("weights", f"{m['weight_bytes']:,} bytes ({m['weight_bytes'] / GIB:.2f} GiB), {m['params_total'] / 1e9:.3g} B params"),
+        ("architecture", f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads / {m['kv_heads']} KV heads, head dim {m['head_dim']}"
+         + (f", MoE {m['moe']['experts']} experts ({m['moe']['per_token']} per token)" if m["moe"] else "")),
+        ("device", f"{d['count']} x {d['name']}" + (f" ({d['memory_gib']:.1f} GiB)" if d.get("memory_gib") else "")),
+    ]
+    for k, v in p.memory.items():
+        if isinstance(v, float):
+            rows.append((k.replace("_", " "), f"{v:.2f}"))
+    rows += [
+        ("KV cache dtype", kv["dtype"]),
+        ("KV bytes per token", f"{kv['bytes_per_token']:,.0f}" + (f" ({kv['bytes_per_token_per_gpu']:,.0f} per GPU)" if d["count"] > 1 else "")),
+        ("KV capacity", f"{cap['kv_tokens']:,} tokens ({cap['kv_blocks']:,} blocks of {kv['block_size']})"),
+        ("max concurrency", f"{cap['max_concurrency_at_max_model_len']:.2f}x at max_model_len {cap['max_model_len']:,} "
+         f"(max_num_seqs {cap['max_num_seqs']})"),
+    ]
+    out.print(kv_table(rows, title="plan"))
+    roof = p.roofline
+    if roof.get("decode"):
+        t = Table(title=f"decode roofline bound at context {roof['context']:,} (peaks: {roof['peak_source']}; ridge {roof['ridge']:.0f} FLOP/B)")
+        for c in ("batch", "FLOP/byte", "step ms", "tokens/s", "bound"):
+            t.add_column(c, justify="right")
+        for r in roof["decode"]:
+            t.add_row(str(r["batch"]), f"{r['intensity']:.1f}", f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}", r["bound"])
+        out.print(t)
+        cross = roof.get("crossover_batch")
+        out.print(f"decode turns compute-bound from batch ≈ {cross:,.0f}" if cross else "decode stays memory-bound at any batch at this context (KV reads dominate)")
+    tp = p.tensor_parallel
+    if tp.get("rows"):
+        t = Table(title=f"tensor parallelism over {tp['link']['name']} ({tp['link']['gb_s_per_direction']:.0f} GB/s per direction)")
+        for c in ("TP", "batch", "weight read ms/step", "all-reduce ms/step", "comm share"):
+            t.add_column(c, justify="right")
+        for r in tp["rows"]:
+            t.add_row(str(r["tp"]), str(r["batch"]), f"{r['weight_read_ms']:.3f}", f"{r['allreduce_ms']:.3f}", f"{r['comm_share']:.0%}")
+        out.print(t)
+        dom = tp["comm_dominates_from"]
+        out.print(f"communication dominates from TP={dom}" if dom else "weight reads dominate at every TP degree shown")
+    for n in p.notes:
+        err.print(f"[dim]note: {n}[/]")
+    if p.fits:
+        err.print("[green]✓ fits[/]")
+    else:
+        for r in p.reasons:
+            err.print(f"[bold red]✗ does not fit:[/] {r}", soft_wrap=True)

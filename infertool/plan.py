@@ -1,0 +1,373 @@
+"""The memory plan: will the model fit, how much KV cache, how many sequences, how fast at best.
+
+No weights are loaded: weight bytes come from the safetensors headers (or, for a model that is not on
+this machine, from its published architecture and the recipe's quantization). Runs in well under a second.
+
+KV capacity follows vLLM's own arithmetic (v1/core/kv_cache_utils.py): blocks = KV memory // (block_size
+x KV bytes per token), tokens = blocks x block_size; on the CPU the KV memory is VLLM_CPU_KVCACHE_SPACE GiB
+exactly; on a GPU it is gpu_memory_utilization x memory - weights - an activation/overhead reserve (an
+estimate: vLLM measures the reserve with a profiling run at start-up).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from infertool.errors import UsageError
+from infertool.profile import hardware, roofline
+from infertool.profile.roofline import Arch
+
+GIB = 1024**3
+CPU_BLOCK_SIZE = 128  # vllm/platforms/cpu.py default for the CPU attention backend
+GPU_BLOCK_SIZE = 16
+NON_TORCH_OVERHEAD = int(0.6 * GIB)  # CUDA context, NCCL buffers, allocator slack (estimate)
+CUDA_GRAPH_RESERVE = int(0.5 * GIB)  # captured graphs when enforce_eager is off (estimate)
+CPU_HOST_OVERHEAD = int(1.5 * GIB)  # Python, torch and vLLM processes beside weights and KV on a CPU host
+TP_DEGREES = (1, 2, 4, 8)
+
+
+@dataclass
+class WeightFacts:
+    source: str  # what was planned: a path or a name
+    how: str  # "safetensors headers" | "estimated from <arch source>"
+    total_bytes: int
+    embedding_bytes: int
+    expert_bytes: int
+    bytes_per_linear_weight: float
+    quantization: str
+
+
+@dataclass
+class PlanResult:
+    model: dict
+    device: dict
+    kv: dict
+    memory: dict
+    capacity: dict
+    fits: bool
+    reasons: list[str]
+    roofline: dict
+    tensor_parallel: dict
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ------------------------------------------------------------------------------------------ model
+def arch_from_info(info) -> Arch:
+    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads", "head_dim", "vocab_size") if getattr(info, k) is None]
+    if missing:
+        raise UsageError(f"{info.path}: config.json lacks {', '.join(missing)}; cannot plan this model")
+    return Arch(
+        layers=info.num_layers, hidden=info.hidden_size, heads=info.num_attention_heads,
+        kv_heads=info.num_key_value_heads or info.num_attention_heads, head_dim=info.head_dim,
+        intermediate=info.intermediate_size or 4 * info.hidden_size, vocab=info.vocab_size,
+        tie_word_embeddings=info.tie_word_embeddings, num_experts=info.num_experts,
+        experts_per_tok=info.num_experts_per_tok, moe_intermediate=info.moe_intermediate_size,
+    )
+
+
+def _measured_weights(path: Path, info) -> WeightFacts:
+    from infertool.models.info import read_safetensors_header, weight_files
+
+    embed = experts = 0
+    for f in weight_files(path):
+        for name, entry in read_safetensors_header(f).items():
+            if name == "__metadata__":
+                continue
+            n = entry["data_offsets"][1] - entry["data_offsets"][0]
+            if re.search(r"embed_tokens|\bwte\b|word_embeddings", name):
+                embed += n
+            elif ".experts." in name:
+                experts += n
+    q = info.quantization or {}
+    qdesc = "none" if not q else f"{q.get('quant_method', '?')} {q.get('bits', '')}-bit g{q.get('group_size', '')}".strip()
+    arch = arch_from_info(info)
+    per = info.weight_bytes / max(1, arch.linear_params_total + (0 if arch.tie_word_embeddings else arch.embedding_params))
+    return WeightFacts(str(path), "safetensors headers", info.weight_bytes, embed, experts, per, qdesc)
+
+
+def _estimated_weights(name: str, arch: Arch, arch_source: str, quant, dtype_bytes: float) -> WeightFacts:
+    """Bytes from parameter counts: quantized linear layers (lm_head kept in 16 bits), the rest in dtype."""
+    linear_wo_head = arch.linear_params_total - arch.lm_head_params
+    rest = arch.total_params - linear_wo_head
+    if quant is None:
+        per, qdesc = dtype_bytes, "none"
+    elif quant.method == "bnb":
+        per = 1.0 if quant.quant_type == "int8" else (4 + 32 / 64) / 8  # absmax per 64-block
+        qdesc = f"bitsandbytes {quant.quant_type}"
+    else:
+        bits = getattr(quant, "bits", 4)
+        scheme = getattr(quant, "scheme", None) or ""
+        if scheme.startswith(("W8A8", "FP8")):
+            bits = 8
+        per = roofline.quantized_bytes_per_weight(bits, quant.group_size if quant.group_size > 0 else None)
+        qdesc = f"{quant.method} {bits}-bit g{quant.group_size}" + (f" ({scheme})" if scheme else "")
+    total = int(linear_wo_head * per + rest * dtype_bytes)
+    experts = int(arch.layers * arch.expert_params_per_layer * per)
+    embed = int(arch.embedding_params * dtype_bytes)
+    return WeightFacts(name, f"estimated from {arch_source}", total, embed, experts, per, qdesc)
+
+
+def planned_model(recipe) -> tuple[Arch, WeightFacts, int | None, list[str]]:
+    """Which model the server would load, and its facts. Returns (arch, weights, max_positions, notes)."""
+    from infertool.models.info import model_info
+    from infertool.models.known import KNOWN_ARCHS, MAX_POSITIONS, match_known
+
+    notes: list[str] = []
+    quant = recipe.quantize
+    serve = recipe.serve
+    dtype_bytes = roofline.DTYPE_BYTES.get(recipe.model.dtype, 2)
+    candidates: list[tuple[str, object]] = []  # (path or name, quantization to assume when estimating)
+    if serve is not None and serve.model:
+        candidates.append((serve.model, None))
+    elif quant is not None and quant.method != "bnb":
+        out = getattr(quant, "output", None)
+        if out:
+            candidates.append((out, quant))
+        candidates.append((recipe.model.source, quant))  # estimate the quantized copy from the base
+    else:
+        candidates.append((recipe.model.source, quant if quant is not None and quant.method == "bnb" else None))
+
+    for name, assumed_quant in candidates:
+        path = _local_dir(name, recipe)
+        if path is not None and assumed_quant is not None and name == recipe.model.source:
+            # The base is here, the quantized copy is not yet: architecture from the base, bytes estimated.
+            info = model_info(path)
+            arch = arch_from_info(info)
+            notes.append(f"the quantized model does not exist yet: its weight bytes are estimated from {path}")
+            return arch, _estimated_weights(str(path), arch, f"{path}/config.json", assumed_quant, dtype_bytes), info.max_position_embeddings, notes
+        if path is not None:
+            info = model_info(path)
+            return arch_from_info(info), _measured_weights(path, info), info.max_position_embeddings, notes
+        key = match_known(name)
+        if key is not None:
+            arch, src = KNOWN_ARCHS[key]
+            notes.append(f"{name} is not on this machine: architecture of {key} from infertool's table ({src})")
+            return arch, _estimated_weights(name, arch, src, assumed_quant, dtype_bytes), MAX_POSITIONS.get(key), notes
+    raise UsageError(
+        f"cannot plan: the model {candidates[0][0]} is not on this machine and is not a known architecture",
+        hint="point model.source (or serve.model) at a local Hugging Face directory; known architectures: "
+        + ", ".join(KNOWN_ARCHS),
+    )
+
+
+def _local_dir(name: str, recipe) -> Path | None:
+    if name.startswith("bundled:") or name.lower().endswith(".gguf"):
+        from infertool.models.sources import cached_conversion
+
+        return cached_conversion(name, layers=recipe.model.layers, dtype=recipe.model.dtype)
+    p = Path(name).expanduser()
+    return p if (p / "config.json").is_file() else None
+
+
+# ------------------------------------------------------------------------------------------- plan
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str) -> float:
+    if kv_cache_dtype == "auto":
+        return roofline.DTYPE_BYTES.get(model_dtype, 2) if model_dtype != "float32" else 4
+    return roofline.DTYPE_BYTES[kv_cache_dtype]
+
+
+def activation_reserve(arch: Arch, max_batched_tokens: int, max_num_seqs: int, act_bytes: float = 2) -> int:
+    """Peak activations of vLLM's profiling run (a prefill of max_num_batched_tokens): an estimate.
+
+    Largest live tensors: gate+up MLP outputs (2·I), QKV (h+2·h_kv)·d, a few hidden-size buffers, plus
+    fp32 logits (and their softmax) for max_num_seqs sampled positions.
+    """
+    per_token = (2 * (arch.moe_intermediate or arch.intermediate) + (arch.heads + 2 * arch.kv_heads) * arch.head_dim + 4 * arch.hidden) * act_bytes
+    return int(max_batched_tokens * per_token + 2 * max_num_seqs * arch.vocab * 4)
+
+
+def decode_weight_bytes(arch: Arch, w: WeightFacts, batch: int) -> float:
+    """What one decode step reads of the weights: all of them, except the untied embedding table (B rows)
+    and, for MoE, only the experts the batch routes to."""
+    read = float(w.total_bytes)
+    if not arch.tie_word_embeddings:
+        read -= w.embedding_bytes
+        read += batch * arch.hidden * 2
+    if arch.is_moe and w.expert_bytes:
+        frac = roofline.expected_experts_touched(arch.num_experts, arch.experts_per_tok, batch) / arch.num_experts
+        read -= w.expert_bytes * (1 - frac)
+    return read
+
+
+def make_plan(recipe, *, gpu: str | None = None, memory_gib: float | None = None, context: int | None = None) -> PlanResult:
+    serve = recipe.serve
+    if serve is None:
+        from infertool.recipe import ServeSection
+
+        serve = ServeSection()
+    arch, weights, max_pos, notes = planned_model(recipe)
+    tp, pp = serve.tensor_parallel_size, serve.pipeline_parallel_size
+    model_dtype = recipe.model.dtype if serve.dtype == "auto" else serve.dtype
+    kv_b = kv_dtype_bytes(serve.kv_cache_dtype, model_dtype)
+    kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_b)
+    max_model_len = serve.max_model_len or max_pos or 4096
+    if serve.max_model_len is None:
+        notes.append(f"serve.max_model_len not set: vLLM uses the model's {max_model_len:,} positions")
+    reasons: list[str] = []
+
+    # ---- parallelism checks (vLLM refuses these at start-up)
+    if arch.heads % tp:
+        reasons.append(f"tensor_parallel_size {tp} does not divide the {arch.heads} attention heads")
+    if arch.kv_heads % tp and tp % arch.kv_heads:
+        reasons.append(f"tensor_parallel_size {tp} and the {arch.kv_heads} KV heads: neither divides the other")
+    if arch.layers < pp:
+        reasons.append(f"pipeline_parallel_size {pp} exceeds the {arch.layers} layers")
+    kv_heads_per_gpu = max(1, arch.kv_heads // tp) if arch.kv_heads >= tp else 1
+    layers_per_stage = math.ceil(arch.layers / pp)
+    kv_tok_gpu = roofline.kv_bytes_per_token(layers_per_stage, kv_heads_per_gpu, arch.head_dim, kv_b)
+
+    # ---- device and memory
+    profile_gpu = recipe.profile.gpu if recipe.profile is not None else None
+    gpu_name = gpu or (profile_gpu if memory_gib is None else None)
+    if gpu_name or memory_gib is not None:
+        dev = hardware.find_gpu(gpu_name) if gpu_name else None
+        mem_bytes = int(memory_gib * GIB) if memory_gib is not None else dev.memory_bytes
+        large = mem_bytes >= 70 * GIB and not (dev and dev.key.startswith("A100"))
+        mnbt = serve.max_num_batched_tokens or (8192 if large else 2048)
+        mns = serve.max_num_seqs or (1024 if large else 256)
+        budget = int(serve.gpu_memory_utilization * mem_bytes)
+        weights_gpu = weights.total_bytes / (tp * pp)
+        act = activation_reserve(arch, mnbt, mns)
+        reserve = act + NON_TORCH_OVERHEAD + (0 if serve.enforce_eager else CUDA_GRAPH_RESERVE)
+        kv_mem = budget - weights_gpu - reserve
+        block = GPU_BLOCK_SIZE
+        device = {
+            "kind": "gpu", "name": dev.name if dev else f"{memory_gib:g} GiB GPU", "count": tp * pp,
+            "memory_gib": mem_bytes / GIB, "source": dev.source if dev else "--memory",
+            "peak_bf16_tflops": dev.bf16_tflops if dev else None,
+            "bandwidth_tbs": dev.bandwidth_tbs if dev else None,
+        }
+        memory = {
+            "per_gpu_budget_gib": budget / GIB, "gpu_memory_utilization": serve.gpu_memory_utilization,
+            "weights_per_gpu_gib": weights_gpu / GIB, "activation_reserve_gib": act / GIB,
+            "overhead_reserve_gib": (reserve - act) / GIB, "kv_cache_per_gpu_gib": max(0.0, kv_mem) / GIB,
+            "reserve_is_estimate": True,
+        }
+        if kv_mem <= 0:
+            reasons.append(
+                f"weights ({weights_gpu / GIB:.1f} GiB per GPU) plus the reserve ({reserve / GIB:.1f} GiB) exceed "
+                f"{serve.gpu_memory_utilization:g} x {mem_bytes / GIB:.1f} GiB: no room for a KV cache"
+            )
+        peak_flops = dev.bf16_flops if dev else None
+        peak_bw = dev.bandwidth_bytes_s if dev else None
+        peak_src = "datasheet" if dev else None
+        link = hardware.LINKS[dev.link] if dev else None
+    else:
+        space = serve.cpu.kv_cache_space_gib if serve.cpu else None
+        if space is None:
+            space = 4
+            notes.append("serve.cpu.kv_cache_space_gib not set: planned with 4 GiB")
+        kv_mem = int(space * GIB)
+        block = CPU_BLOCK_SIZE
+        mnbt = serve.max_num_batched_tokens or 2048
+        mns = serve.max_num_seqs or 256
+        host = _host_memory_bytes()
+        need = weights.total_bytes + kv_mem + CPU_HOST_OVERHEAD
+        device = {"kind": "cpu", "name": "this host's CPU (vLLM CPU backend)", "count": 1,
+                  "memory_gib": host / GIB if host else None, "source": "/proc/meminfo"}
+        memory = {"kv_cache_space_gib": space, "weights_gib": weights.total_bytes / GIB,
+                  "host_needed_gib": need / GIB, "host_total_gib": host / GIB if host else None}
+        if host and need > host:
+            reasons.append(f"weights + KV cache + overhead need {need / GIB:.1f} GiB; this host has {host / GIB:.1f} GiB")
+        if tp > 1:
+            notes.append("tensor parallelism on the CPU backend splits across NUMA nodes; planned per rank")
+        peaks = _cpu_peaks()
+        peak_flops, peak_bw, peak_src = peaks["bf16_flops"], peaks["bandwidth_bytes_s"], peaks["source"]
+        link = None
+
+    blocks = int(max(0, kv_mem) // (block * kv_tok_gpu)) if kv_mem > 0 else 0
+    tokens = blocks * block
+    concurrency = tokens / max_model_len if max_model_len else 0.0
+    if tokens < max_model_len and not reasons:
+        reasons.append(
+            f"the KV cache holds {tokens:,} tokens, less than max_model_len {max_model_len:,}: vLLM would refuse to "
+            "start (lower max_model_len, raise the KV space / gpu_memory_utilization, use kv_cache_dtype fp8, or add GPUs)"
+        )
+    elif tokens < max_model_len:
+        reasons.append(f"the KV cache would hold {tokens:,} tokens, less than max_model_len {max_model_len:,}")
+    kv = {"dtype": serve.kv_cache_dtype if serve.kv_cache_dtype != "auto" else f"auto ({model_dtype})",
+          "bytes_per_token": kv_tok, "bytes_per_token_per_gpu": kv_tok_gpu, "block_size": block}
+    capacity = {"kv_tokens": tokens, "kv_blocks": blocks, "max_model_len": max_model_len,
+                "max_concurrency_at_max_model_len": concurrency,
+                "max_num_seqs": mns, "max_num_batched_tokens": mnbt,
+                "max_concurrent_full_length_seqs": min(mns, int(concurrency))}
+
+    # ---- roofline bound for decode
+    if context is None:
+        if recipe.bench is not None:
+            context = min(max_model_len, recipe.bench.prompt.len + recipe.bench.output_len // 2)
+        else:
+            context = max(1, max_model_len // 2)
+    roof: dict = {"context": context, "peak_source": peak_src}
+    if peak_flops and peak_bw:
+        agg_flops, agg_bw = peak_flops * tp, peak_bw * tp
+        max_batch = max(1, min(mns, tokens // max(1, context))) if tokens else 1
+        rows = []
+        for b in sorted({1, max_batch}):
+            w_read = decode_weight_bytes(arch, weights, b)
+            cost = roofline.decode_step(arch, w_read, b, context, kv_tok)
+            comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, tp, link.bw_per_direction_gbs * 1e9, link.latency_us * 1e-6) if link else 0.0
+            t = roofline.bound_time(cost, agg_flops, agg_bw) + comm
+            rows.append({"batch": b, "flops": cost.flops, "bytes": cost.bytes, "intensity": cost.intensity,
+                         "step_ms": t * 1e3, "tokens_per_s": b / t, "bound": "memory" if cost.intensity < agg_flops / agg_bw else "compute"})
+        cross = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), context, kv_tok, peak_flops / peak_bw)
+        roof.update({"peak_flops": agg_flops, "peak_bandwidth": agg_bw, "ridge": peak_flops / peak_bw,
+                     "decode": rows, "crossover_batch": cross})
+    else:
+        roof["decode"] = []
+        notes.append("no peak numbers for this device: give --gpu NAME for a roofline bound")
+
+    # ---- tensor-parallel advice
+    tp_adv: dict = {"link": None, "rows": [], "comm_dominates_from": None}
+    if link is not None and peak_bw:
+        b = max(1, min(mns, tokens // max(1, context))) if tokens else 1
+        for deg in TP_DEGREES:
+            if arch.heads % deg:
+                continue
+            w_time = decode_weight_bytes(arch, weights, b) / (deg * peak_bw)
+            comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, deg, link.bw_per_direction_gbs * 1e9, link.latency_us * 1e-6)
+            tp_adv["rows"].append({"tp": deg, "batch": b, "weight_read_ms": w_time * 1e3, "allreduce_ms": comm * 1e3,
+                                   "comm_share": comm / (comm + w_time) if comm + w_time else 0.0})
+            if comm > w_time and tp_adv["comm_dominates_from"] is None:
+                tp_adv["comm_dominates_from"] = deg
+        tp_adv["link"] = {"name": link.name, "gb_s_per_direction": link.bw_per_direction_gbs, "latency_us": link.latency_us, "source": link.source}
+
+    model = {
+        "source": weights.source, "how": weights.how, "quantization": weights.quantization,
+        "weight_bytes": weights.total_bytes, "params_total": arch.total_params,
+        "params_active_linear": arch.linear_params_active, "layers": arch.layers, "hidden": arch.hidden,
+        "heads": arch.heads, "kv_heads": arch.kv_heads, "head_dim": arch.head_dim, "vocab": arch.vocab,
+        "moe": {"experts": arch.num_experts, "per_token": arch.experts_per_tok} if arch.is_moe else None,
+    }
+    return PlanResult(model, device, kv, memory, capacity, not reasons, reasons, roof, tp_adv, notes)
+
+
+def _host_memory_bytes() -> int | None:
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
+
+
+def _cpu_peaks() -> dict:
+    """Measured peaks of this machine when `infertool profile` cached them, else the reference numbers."""
+    import json
+
+    from infertool.envs.paths import home
+
+    cache = home() / "peaks" / "cpu.json"
+    try:
+        data = json.loads(cache.read_text())
+        return {"bf16_flops": data["bf16_flops"], "bandwidth_bytes_s": data["bandwidth_bytes_s"], "source": f"measured ({cache})"}
+    except (OSError, ValueError, KeyError):
+        ref = hardware.CPU_REFERENCE
+        return {"bf16_flops": ref["bf16_flops"], "bandwidth_bytes_s": ref["bandwidth_bytes_s"], "source": ref["source"]}

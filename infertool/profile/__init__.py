@@ -1,0 +1,1 @@
+"""Profiling: roofline math (pure), hardware peaks, and (later) measurement, NVML and Nsight Systems."""

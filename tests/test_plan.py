@@ -1,0 +1,139 @@
+"""`infertool plan`: KV capacity with vLLM's arithmetic, fit verdicts, roofline and TP advice."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import time
+
+import pytest
+from typer.testing import CliRunner
+
+from infertool.cli import app
+from infertool.plan import make_plan
+from infertool.recipe import validate_recipe_data
+from tests.test_models import LLAMA_CFG, make_fake_model
+
+runner = CliRunner()
+GIB = 2**30
+
+
+def recipe(**sections):
+    data = {"name": "t", "model": {"source": sections.pop("source", "/models/Llama-3.1-8B-Instruct")}}
+    data.update(sections)
+    return validate_recipe_data(data)
+
+
+def test_cpu_plan_follows_vllm_block_arithmetic(tmp_path):
+    model = tmp_path / "m"
+    make_fake_model(model, LLAMA_CFG, {"model.embed_tokens.weight": ("BF16", [49152, 576])}, {"BF16": 2})
+    p = make_plan(recipe(source=str(model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1}}))
+    # 2 layers: 2*2*3*64*2 = 1,536 B/token; 1 GiB // (128 * 1,536) = 5,461 blocks of 128 tokens
+    assert p.kv["bytes_per_token"] == 1536
+    assert p.capacity["kv_blocks"] == 5461 and p.capacity["kv_tokens"] == 699_008
+    assert p.capacity["max_concurrency_at_max_model_len"] == pytest.approx(699_008 / 2048)
+    assert p.device["kind"] == "cpu" and p.fits
+    assert p.model["how"] == "safetensors headers" and p.model["weight_bytes"] == 49152 * 576 * 2
+
+
+def test_cpu_kv_too_small_for_max_model_len_predicts_vllm_refusal(tmp_path):
+    model = tmp_path / "m"
+    cfg = dict(LLAMA_CFG, num_hidden_layers=30)
+    make_fake_model(model, cfg, {"w": ("BF16", [8])}, {"BF16": 2})
+    p = make_plan(recipe(source=str(model), serve={"max_model_len": 65536, "cpu": {"kv_cache_space_gib": 1}}))
+    assert p.capacity["kv_tokens"] == 46_592  # what vLLM logs for SmolLM2-135M with 1 GiB
+    assert not p.fits
+    assert "refuse to start" in p.reasons[0] and "65,536" in p.reasons[0]
+
+
+def test_gpu_plans_for_the_shipped_recipes():
+    from infertool.recipe import load_recipe
+
+    p8 = make_plan(load_recipe("llama3.1-8b-w4a16-h100"))
+    assert p8.fits and p8.device["name"].startswith("NVIDIA H100")
+    assert 5.0 < p8.model["weight_bytes"] / GIB < 5.6  # 4-bit g128 linear layers + 16-bit embeddings/lm_head
+    assert p8.kv["bytes_per_token"] == 131_072  # 2*32*8*128*2
+    assert p8.roofline["decode"][0]["bound"] == "memory"
+    p70 = make_plan(load_recipe("llama3.3-70b-w4a16-tp4"))
+    assert p70.fits and p70.device["count"] == 4
+    assert p70.kv["bytes_per_token_per_gpu"] == 327_680 / 4
+    assert [r["tp"] for r in p70.tensor_parallel["rows"]] == [1, 2, 4, 8]
+    long = make_plan(load_recipe("llama3.1-8b-128k-fp8kv"))
+    assert long.kv["bytes_per_token"] == 65_536  # fp8 KV: 1 byte
+    assert long.fits
+    # the long-context recipe's KV cache outweighs its weights
+    assert long.memory["kv_cache_per_gpu_gib"] > long.memory["weights_per_gpu_gib"]
+
+
+def test_gpu_does_not_fit_reasons():
+    p = make_plan(recipe(serve={"max_model_len": 8192}), gpu="L4", memory_gib=None)
+    assert p.fits  # 8B bf16 (15 GiB) fits on an L4 at 0.9, barely
+    big = make_plan(recipe(source="/models/Llama-3.3-70B-Instruct", serve={"max_model_len": 8192}), gpu="L4")
+    assert not big.fits and "no room for a KV cache" in big.reasons[0]
+    bad_tp = make_plan(recipe(serve={"max_model_len": 8192, "tensor_parallel_size": 3}), gpu="H100")
+    assert not bad_tp.fits and "does not divide the 32 attention heads" in bad_tp.reasons[0]
+
+
+def test_memory_option_and_unknown_model(tmp_path):
+    p = make_plan(recipe(serve={"max_model_len": 4096}), memory_gib=40)
+    assert p.device["memory_gib"] == 40 and p.roofline["decode"] == []
+    from infertool.errors import UsageError
+
+    with pytest.raises(UsageError, match="not a known architecture"):
+        make_plan(recipe(source="/models/mystery-model"))
+
+
+def test_moe_counts_active_params_for_flops():
+    p = make_plan(recipe(source="/models/Mixtral-8x7B-Instruct-v0.1", serve={"max_model_len": 4096}), gpu="H100")
+    assert p.model["moe"] == {"experts": 8, "per_token": 2}
+    assert p.model["params_total"] > 3 * p.model["params_active_linear"]
+
+
+def test_plan_cli_json_and_exit_codes():
+    r = runner.invoke(app, ["plan", "llama3.1-8b-w4a16-h100", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.stdout)
+    assert data["fits"] is True and data["capacity"]["kv_tokens"] > 0
+    r = runner.invoke(app, ["plan", "llama3.1-8b-w4a16-h100", "--set", "serve.tensor_parallel_size=3"])
+    assert r.exit_code == 1
+    assert "does not fit" in r.stderr
+    r = runner.invoke(app, ["plan", "llama3.1-8b-w4a16-h100", "--gpu", "Z80"])
+    assert r.exit_code == 2
+
+
+# ------------------------------------------------------------------- against vLLM itself (serve env)
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_kv_capacity_matches_vllm_startup_report(tiny_model, serve_python, tmp_path):
+    """vLLM's own 'CPU KV cache size: N tokens' for the same settings equals the plan's number."""
+    p = make_plan(recipe(source=str(tiny_model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1}}))
+    log = tmp_path / "vllm.log"
+    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
+    cmd = [str(serve_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
+           "--enforce-eager", "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(_free_port())]
+    with open(log, "w") as f:
+        proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        found = None
+        deadline = time.monotonic() + 300
+        while time.monotonic() < deadline and found is None and proc.poll() is None:
+            m = re.search(r"KV cache size: ([\d,]+) tokens, Maximum concurrency for ([\d,]+) tokens per request: ([\d.]+)x", log.read_text())
+            if m:
+                found = (int(m.group(1).replace(",", "")), float(m.group(3)))
+            time.sleep(1)
+    finally:
+        from infertool.envs.runner import _stop_group
+
+        _stop_group(proc, grace_s=10)
+    assert found is not None, log.read_text()[-3000:]
+    assert found[0] == p.capacity["kv_tokens"]
+    assert found[1] == pytest.approx(p.capacity["max_concurrency_at_max_model_len"], abs=0.01)
