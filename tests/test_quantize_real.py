@@ -84,7 +84,7 @@ def test_awq_tiny_model(tiny_model, quant_python, tmp_path):
     m = json.loads((out / "infertool-manifest.json").read_text())
     assert m["method"] == "awq" and m["verify"] is None
     assert len(m["layer_errors"]["layers"]) == 14 and m["size"]["reduction_pct"] > 10
-    assert m["local_agreement"]["tokens"] == 4 * 16
+    assert m["local_agreement"] is None  # the greedy comparison belongs to --verify
     # --force replaces the output through the same temp-dir-and-rename path; without it, refused
     r = run_cli("quantize", str(tmp_path / "r.yaml"), "--out", str(out), "--no-verify")
     assert r.returncode == 2 and "already exists" in r.stderr

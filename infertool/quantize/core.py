@@ -206,6 +206,7 @@ def quantize(
                 spec = gptqmodel_backend.build_spec(qd, model=src, out_dir=model_out, offload_dir=work / "offload",
                                                     ignore_modules=ignore_modules, num_layers=info.num_layers, base_dir=None)
                 spec["log_dir"] = str(log_dir)
+                spec["compare"] = bool(verify)  # greedy agreement on this host is part of checking the result
             else:
                 from infertool.quantize.backends import llmcompressor
 

@@ -174,7 +174,7 @@ def _quantize(spec: dict, events) -> dict:
     events.progress("save", 1, 1, "checkpoint written")
 
     local = None
-    if spec.get("compare", True):
+    if spec.get("compare"):
         t = time.monotonic()
         events.progress("compare", 0, 2, "greedy generation: original (transformers)")
         local = compare_greedy(spec["model"], spec["out_dir"], tokenizer, events)
