@@ -160,7 +160,7 @@ def test_missing_candidate_is_a_usage_error(tmp_path):
     (tmp_path / "config.json").write_text("{}")
     r = run_cli("eval", str(p))
     assert r.returncode == 2
-    assert "no candidate model" in r.stderr and "infertool quantize" in r.stderr
+    assert "no candidate model" in r.stderr and "--candidate" in r.stderr
     r = run_cli("eval", str(p), "--candidate", str(tmp_path / "nope"), "--json")
     assert r.returncode == 2 and json.loads(r.stdout)["ok"] is False
 
@@ -219,3 +219,11 @@ def test_human_output_marks_gates(stub_server, recipe, tmp_path):
     assert r.returncode == 1
     assert "gates" in r.stdout and "FAIL" in r.stdout and "verdict: FAIL" in r.stdout
     assert "KLD mean" in r.stdout and "same top-1" in r.stdout
+
+
+def test_default_candidate_is_where_quantize_writes(tmp_path):
+    p = tmp_path / "r.yaml"
+    (tmp_path / "config.json").write_text("{}")
+    p.write_text(f"name: qs\nmodel:\n  source: {tmp_path}\nquantize:\n  method: gptq\n  group_size: 64\n")
+    r = run_cli("eval", str(p))
+    assert r.returncode == 2 and "out/qs-gptq" in r.stderr and "infertool quantize" in r.stderr

@@ -55,11 +55,17 @@ def _resolve_models(recipe, ev, base: str | None, candidate: str | None, engine:
     source = base or recipe.model.source
     layers = recipe.model.layers if not base else None
     resolved = resolve_model(source, layers=layers, dtype=recipe.model.dtype)
+    if not candidate and recipe.quantize is not None:
+        # where `infertool quantize` writes: quantize.output, else out/<recipe name>-<method>
+        candidate = recipe.quantize.output
+        if not candidate:
+            from infertool.quantize.core import default_output
+
+            candidate = str(default_output(recipe.name, recipe.quantize.method))
     if not candidate:
-        candidate = getattr(recipe.quantize, "output", None) if recipe.quantize is not None else None
-    if not candidate:
-        raise usage_error("no candidate model: the recipe has no quantize.output and no eval.candidate",
-                          hint="run `infertool quantize RECIPE` (with quantize.output set), or pass --candidate DIR")
+        raise usage_error("no candidate model: the recipe has no quantize section and no eval.candidate",
+                          hint="pass --candidate DIR (a quantized copy of the model), or add a quantize section "
+                          "and run `infertool quantize RECIPE`")
     cpath = Path(candidate).expanduser()
     if not (cpath / "config.json").is_file():
         raise usage_error(f"candidate model not found: {candidate} is not a model directory (no config.json)",

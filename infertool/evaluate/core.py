@@ -218,9 +218,10 @@ def summarize(suite: Suite, raw_tasks: dict, accept: dict) -> tuple[dict, list[d
 
 
 def _throughput(timing: dict) -> dict:
-    tokens = sum(t.get("tokens", 0) for t in timing.values())
-    base_s = sum(t.get("base_s", 0.0) for t in timing.values())
-    cand_s = sum(t.get("cand_s", 0.0) for t in timing.values())
+    scored = [t for t in timing.values() if t.get("tokens")]  # log-likelihood work; generation has its own pace
+    tokens = sum(t["tokens"] for t in scored)
+    base_s = sum(t.get("base_s", 0.0) for t in scored)
+    cand_s = sum(t.get("cand_s", 0.0) for t in scored)
     return {
         "scored_tokens_per_model": tokens,
         "base_s": base_s,
