@@ -370,3 +370,10 @@ def test_cli_bnb_is_validated_and_recorded(fake_model, tmp_path, tmp_home):
     assert manifest["recipe"]["quantize"]["method"] == "bnb"
     assert sorted(p.name for p in out.iterdir()) == ["infertool-manifest.json"]
     assert leftovers(tmp_path, "q") == ["q"]
+
+
+def test_cli_verify_without_serve_env_fails_before_quantizing(fake_model, tmp_path, tmp_home):
+    recipe = write_recipe(tmp_path / "r.yaml", fake_model, GPTQ_SECTION)
+    r = run_cli("quantize", str(recipe), "--out", str(tmp_path / "q"), "--verify")
+    assert r.returncode == 3 and "--verify (the vLLM load check)" in r.stderr and "env setup serve" in r.stderr
+    assert leftovers(tmp_path, "q") == [] and not (tmp_home / "logs").exists()

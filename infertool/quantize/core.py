@@ -183,6 +183,10 @@ def quantize(
         llmcompressor.refuse_on_host(llmc_plan, method)
     if verify is None:
         verify = state("serve").status == "ready"
+    elif verify and method != "bnb":
+        from infertool.envs.manage import require_env
+
+        require_env("serve", needed_by="--verify (the vLLM load check)")  # before hours of quantizing, not after
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
     log_dir = logs_root() / f"{stamp}-quantize-{os.getpid()}"
     base.log_dir = str(log_dir)
