@@ -1,0 +1,246 @@
+"""`infertool profile`: analytic roofline, measured peaks, timed phases, verdicts, advice and a plot."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from infertool.errors import UsageError
+from infertool.profile import analysis, hardware, roofline
+
+
+@dataclass
+class ProfileResult:
+    model: dict
+    device: dict
+    peaks: dict
+    points: list[dict]
+    analytic: dict
+    crossover_batch: float | None
+    verdicts: dict
+    advice: list[str]
+    nvml: dict
+    nsys: dict | None
+    out_dir: str | None
+    plot: str | None
+    seconds: float
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def peaks_cache_path(device_key: str) -> Path:
+    from infertool.envs.paths import home
+
+    safe = re.sub(r"[^A-Za-z0-9._-]+", "-", device_key).strip("-") or "cpu"
+    return home() / "peaks" / f"{safe}.json"
+
+
+def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None, log_dir: Path | None = None) -> dict:
+    """This machine's measured peaks, measured once and cached (the file `plan` reads too)."""
+    from infertool.envs.runner import run_stage
+    from infertool.envs.specs import detect_variant
+
+    key = "cpu" if detect_variant() == "cpu" else "cuda"
+    path = peaks_cache_path(key)
+    if not remeasure:
+        try:
+            return json.loads(path.read_text())
+        except (OSError, ValueError):
+            pass
+    result = run_stage("profile.peaks", {}, on_event=on_event, log_dir=log_dir).result
+    result["bandwidth_bytes_s"] = result["read_bandwidth_bytes_s"]
+    result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(f".{uuid.uuid4().hex[:6]}.tmp")
+    tmp.write_text(json.dumps(result, indent=2))
+    os.replace(tmp, path)
+    return result
+
+
+def run_profile(
+    recipe,
+    *,
+    model: str | None = None,
+    engine: str | None = None,
+    batch: list[int] | None = None,
+    prompt_len: list[int] | None = None,
+    decode_len: int | None = None,
+    nsys: bool | None = None,
+    out_dir: str | Path | None = None,
+    remeasure: bool = False,
+    on_event: Callable | None = None,
+) -> ProfileResult:
+    from infertool.models.info import model_info
+    from infertool.models.sources import resolve_model
+    from infertool.plan import WeightFacts, _measured_weights, arch_from_info, decode_weight_bytes, kv_dtype_bytes
+
+    t0 = time.monotonic()
+    prof = recipe.profile
+    if prof is None:
+        from infertool.recipe import ProfileSection
+
+        prof = ProfileSection()
+    engine = engine or prof.engine
+    if engine != "hf":
+        raise UsageError(
+            f"profile engine {engine!r} is not available yet",
+            hint="use --engine hf (in-process transformers timing); the vllm engine is planned",
+        )
+    if nsys or (nsys is None and prof.nsys):
+        # The parsing and classification exist (infertool/profile/nsys.py); running the measurement under
+        # nsys needs a CUDA host to build and check against, which this project has not had yet.
+        raise UsageError("profiling under Nsight Systems (profile.nsys) is not available yet",
+                         hint="set profile.nsys: false; the NVML readings are collected on CUDA hosts without it")
+    batch = batch or list(prof.batch)
+    prompt_len = prompt_len or list(prof.prompt_len)
+    decode_len = decode_len or prof.decode_len
+    source = model or recipe.model.source
+    resolved = resolve_model(source, layers=recipe.model.layers if model is None else None,
+                             dtype=recipe.model.dtype, on_event=on_event)
+    info = model_info(resolved.path)
+    if info.quantization:
+        raise UsageError(
+            f"{resolved.path} is quantized ({info.quantization.get('quant_method')}): the hf engine profiles unquantized models",
+            hint="profile the original model; its verdict tells whether weight-only quantization will help",
+        )
+    arch = arch_from_info(info)
+    weights: WeightFacts = _measured_weights(resolved.path, info)
+    dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
+    kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype_bytes("auto", dtype))
+
+    peaks_raw = measured_peaks(remeasure=remeasure, on_event=on_event)
+    notes: list[str] = []
+    stored = dtype
+    if (peaks_raw.get("device") == "cpu" and dtype in ("bfloat16", "float16")
+            and peaks_raw.get("bf16_flops", 0) < 0.25 * peaks_raw.get("fp32_flops", 0)):
+        # CPUs without bf16 instructions run bf16 matmuls far slower than fp32: time what a CPU user would run.
+        dtype = "float32"
+        notes.append(f"this CPU's bf16 matmul ({peaks_raw['bf16_flops'] / 1e9:.1f} GFLOP/s) is far below fp32 "
+                     f"({peaks_raw['fp32_flops'] / 1e9:.1f} GFLOP/s): measured in float32")
+    scale = roofline.DTYPE_BYTES.get(dtype, 2) / roofline.DTYPE_BYTES.get(stored, 2)
+    if scale != 1:
+        weights = WeightFacts(weights.source, weights.how, int(weights.total_bytes * scale), int(weights.embedding_bytes * scale),
+                              int(weights.expert_bytes * scale), weights.bytes_per_linear_weight * scale, weights.quantization)
+        kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, roofline.DTYPE_BYTES[dtype])
+    flops_key = "bf16_flops" if dtype in ("bfloat16", "float16") else "fp32_flops"
+    peaks = {"flops": peaks_raw.get(flops_key) or peaks_raw["fp32_flops"], "bandwidth": peaks_raw["read_bandwidth_bytes_s"],
+             "dtype": dtype, "device": peaks_raw.get("device"), "name": peaks_raw.get("name"),
+             "triad_bandwidth": peaks_raw.get("triad_bandwidth_bytes_s"), "measured_at": peaks_raw.get("measured_at")}
+    datasheet = None
+    gpu_name = prof.gpu
+    if peaks_raw.get("device") == "cuda" and gpu_name:
+        g = hardware.find_gpu(gpu_name)
+        datasheet = {"flops": g.bf16_flops, "bandwidth": g.bandwidth_bytes_s, "source": g.source}
+
+    context = (prof.context_len or [prompt_len[0]])[0]
+    spec = {"model": str(resolved.path), "dtype": dtype, "batch": batch, "prompt_len": prompt_len,
+            "decode_len": decode_len, "context": context, "repeats": prof.repeats, "nvml": True}
+    measured = _run_hf(spec, on_event)
+    points = analysis.analyse(measured, arch, weights.total_bytes, lambda b: decode_weight_bytes(arch, weights, b), kv_tok, peaks, datasheet)
+    rid = roofline.ridge(peaks["flops"], peaks["bandwidth"])
+    crossover = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), context, kv_tok, rid)
+    analytic = {
+        "ridge": rid,
+        "prefill": [_cost_row(roofline.prefill(arch, weights.total_bytes, 1, s, kv_tok), s=s) for s in prompt_len],
+        "decode": [_cost_row(roofline.decode_step(arch, decode_weight_bytes(arch, weights, b), b, context, kv_tok), b=b) for b in batch],
+    }
+    verdicts = _phase_verdicts(points)
+    result = ProfileResult(
+        model={"path": str(resolved.path), "source": source, "weight_bytes": weights.total_bytes, "layers": arch.layers,
+               "params": arch.total_params, "dtype": dtype, "kv_bytes_per_token": kv_tok},
+        device={"kind": measured.get("device"), "threads": measured.get("threads"), "name": peaks.get("name")},
+        peaks={**peaks, "ridge": rid, "datasheet": datasheet},
+        points=[analysis.point_dict(p) for p in points],
+        analytic=analytic,
+        crossover_batch=crossover,
+        verdicts=verdicts,
+        advice=analysis.advice(points, crossover, max(batch)),
+        nvml=measured.get("nvml") or {"available": False},
+        nsys=None,
+        out_dir=None,
+        plot=None,
+        seconds=time.monotonic() - t0,
+        notes=notes,
+    )
+    if out_dir is not None:
+        _write_outputs(result, Path(out_dir))
+    return result
+
+
+def _run_hf(spec: dict, on_event) -> dict:
+    from infertool.envs.runner import run_stage
+
+    return run_stage("profile.hf", spec, on_event=on_event).result
+
+
+def _cost_row(c: roofline.PhaseCost, **k) -> dict:
+    return {**k, "flops": c.flops, "bytes": c.bytes, "weight_bytes": c.weight_bytes, "kv_read_bytes": c.kv_read_bytes,
+            "kv_write_bytes": c.kv_write_bytes, "activation_bytes": c.activation_bytes, "intensity": c.intensity}
+
+
+def _phase_verdicts(points: list[analysis.Point]) -> dict:
+    out = {}
+    for phase in ("prefill", "decode"):
+        ps = [p for p in points if p.phase == phase]
+        if ps:
+            out[phase] = [{"shape": (f"batch {p.batch}" if phase == "decode" else f"{p.tokens} tokens"),
+                           "verdict": p.verdict, "confidence": p.confidence} for p in ps]
+    return out
+
+
+def _write_outputs(result: ProfileResult, out_dir: Path) -> None:
+    """profile.json and roofline.png, each written to a temporary name and renamed."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    result.out_dir = str(out_dir)
+    png = out_dir / "roofline.png"
+    try:
+        plot_roofline(result, png)
+        result.plot = str(png)
+    except ImportError as e:
+        result.notes.append(f"no plot: {e}")
+    tmp = out_dir / f".profile.json.{uuid.uuid4().hex[:6]}.tmp"
+    tmp.write_text(json.dumps(result.to_dict(), indent=2, default=str))
+    os.replace(tmp, out_dir / "profile.json")
+
+
+def plot_roofline(result: ProfileResult, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pk = result.peaks
+    xs = [p["intensity"] for p in result.points] + [pk["ridge"]]
+    lo, hi = min(xs) / 4, max(xs) * 4
+    grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
+    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=110)
+    ax.loglog(grid, [min(pk["flops"], x * pk["bandwidth"]) / 1e9 for x in grid], color="black",
+              label=f"measured roof ({pk['bandwidth'] / 1e9:.0f} GB/s, {pk['flops'] / 1e9:.0f} GFLOP/s {pk['dtype']})")
+    if pk.get("datasheet"):
+        ds = pk["datasheet"]
+        ax.loglog(grid, [min(ds["flops"], x * ds["bandwidth"]) / 1e9 for x in grid], color="gray", ls="--", label="datasheet roof")
+    colors = {"memory-bound": "tab:blue", "compute-bound": "tab:red", "overhead-bound": "tab:gray"}
+    for p in result.points:
+        marker = "^" if p["phase"] == "prefill" else "o"
+        ax.scatter(p["intensity"], p["achieved_flops"] / 1e9, marker=marker, s=45, color=colors.get(p["verdict"], "tab:green"), zorder=3)
+        label = f"prefill {p['tokens']}" if p["phase"] == "prefill" else f"decode b{p['batch']}"
+        ax.annotate(label, (p["intensity"], p["achieved_flops"] / 1e9), textcoords="offset points", xytext=(5, -10), fontsize=8)
+    ax.axvline(pk["ridge"], color="black", lw=0.5, ls=":")
+    ax.set_xlabel("arithmetic intensity (FLOP/byte)")
+    ax.set_ylabel("achieved GFLOP/s")
+    ax.set_title(f"roofline: {result.model['source']} on {result.device.get('name') or result.device.get('kind')}", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left")
+    ax.grid(True, which="both", alpha=0.2)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)

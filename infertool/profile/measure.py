@@ -1,0 +1,148 @@
+"""Measurement stages (run in the `quant` environment, where torch is): machine peaks and hf timings.
+
+Each returns plain numbers; the analysis (roofline, MBU/MFU, verdict) is pure and lives in analysis.py.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def _sync(torch, device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _timed(torch, device: str, fn, repeats: int) -> float:
+    fn()  # warm-up
+    _sync(torch, device)
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        _sync(torch, device)
+        times.append(time.perf_counter() - t0)
+    return min(times)  # peaks: the best of the repeats
+
+
+def peaks_stage(spec: dict, events) -> dict:
+    """Measured peaks of this machine: read bandwidth, triad bandwidth, matmul FLOP/s (fp32, bf16)."""
+    import torch
+
+    device = "cuda" if torch.cuda.is_available() and spec.get("device", "auto") != "cpu" else "cpu"
+    repeats = int(spec.get("repeats", 5))
+    mb = int(spec.get("bandwidth_mb", 256 if device == "cpu" else 2048))
+    n = int(spec.get("matmul_n", 2048 if device == "cpu" else 8192))
+    steps = 4
+    events.progress("peaks", 0, steps, f"read bandwidth ({mb} MB, {device})")
+    x = torch.ones(mb * 2**20 // 4, dtype=torch.float32, device=device)
+    read_s = _timed(torch, device, lambda: x.sum(), repeats)
+    events.progress("peaks", 1, steps, "triad bandwidth")
+    b = torch.ones_like(x)
+    c = torch.ones_like(x)
+    a = torch.empty_like(x)
+    triad_s = _timed(torch, device, lambda: torch.add(b, c, alpha=2.0, out=a), repeats)
+    del x, a, b, c
+    result = {"device": device, "read_bandwidth_bytes_s": mb * 2**20 / read_s, "triad_bandwidth_bytes_s": 3 * mb * 2**20 / triad_s,
+              "matmul_n": n, "bandwidth_mb": mb, "threads": torch.get_num_threads(), "torch": torch.__version__}
+    for i, (name, dt) in enumerate((("fp32", torch.float32), ("bf16", torch.bfloat16))):
+        # Grow the size until one matmul takes long enough to time (slow dtypes stay small: bounded time).
+        size = 256
+        while True:
+            events.progress("peaks", 2 + i, steps, f"matmul {size}³ {name}")
+            m1 = torch.randn(size, size, device=device).to(dt)
+            m2 = torch.randn(size, size, device=device).to(dt)
+            t = _timed(torch, device, lambda: m1 @ m2, max(2, repeats // 2))
+            if size >= n or t > 0.25:
+                break
+            size *= 2
+        result[f"{name}_flops"] = 2 * size**3 / t
+        result[f"{name}_matmul_n"] = size
+    events.progress("peaks", steps, steps, "done")
+    if device == "cuda":
+        result["name"] = torch.cuda.get_device_name(0)
+    else:
+        result["name"] = _cpu_name()
+    return result
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    import platform
+
+    return platform.processor() or "cpu"
+
+
+def hf_stage(spec: dict, events) -> dict:
+    """Time prefill (batch 1, each prompt length) and decode steps (each batch, at a context) with transformers.
+
+    spec: {model, dtype, batch: [..], prompt_len: [..], decode_len, context, repeats, seed, nvml: bool}
+    """
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from infertool.profile.nvml import NvmlSampler
+
+    torch.manual_seed(int(spec.get("seed", 0)))
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    dtype = getattr(torch, spec.get("dtype") or "bfloat16")
+    events.progress("profile", 0, None, "loading the model")
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype).to(device).eval()
+    vocab = model.config.vocab_size
+    repeats = int(spec.get("repeats", 3))
+    batches = [int(b) for b in spec["batch"]]
+    prompts = [int(s) for s in spec["prompt_len"]]
+    decode_len = int(spec.get("decode_len", 16))
+    context = int(spec.get("context") or prompts[0])
+    total = len(prompts) + len(batches)
+    done = 0
+    sampler = NvmlSampler() if spec.get("nvml", True) else None
+    if sampler is not None:
+        sampler.start()
+    prefill_rows, decode_rows = [], []
+    try:
+        with torch.inference_mode():
+            for s in prompts:
+                events.progress("profile", done, total, f"prefill {s} tokens")
+                ids = torch.randint(0, vocab, (1, s), device=device)
+                times = []
+                for _ in range(repeats + 1):
+                    _sync(torch, device)
+                    t0 = time.perf_counter()
+                    model(input_ids=ids, use_cache=True)
+                    _sync(torch, device)
+                    times.append(time.perf_counter() - t0)
+                prefill_rows.append({"batch": 1, "prompt_len": s, "seconds": statistics.median(times[1:]), "runs": repeats})
+                done += 1
+            for b in batches:
+                events.progress("profile", done, total, f"decode batch {b} at context {context}")
+                ids = torch.randint(0, vocab, (b, context), device=device)
+                out = model(input_ids=ids, use_cache=True)
+                past = out.past_key_values
+                nxt = out.logits[:, -1:].argmax(-1)
+                step_times = []
+                for _ in range(decode_len):
+                    _sync(torch, device)
+                    t0 = time.perf_counter()
+                    out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+                    _sync(torch, device)
+                    step_times.append(time.perf_counter() - t0)
+                    past = out.past_key_values
+                    nxt = out.logits[:, -1:].argmax(-1)
+                steady = step_times[1:] if len(step_times) > 2 else step_times
+                decode_rows.append({"batch": b, "context": context + decode_len // 2, "steps": decode_len,
+                                    "seconds_per_step": statistics.median(steady)})
+                done += 1
+                del past, out
+    finally:
+        nvml = sampler.stop() if sampler is not None else {"available": False, "reason": "disabled"}
+    events.progress("profile", total, total, "done")
+    return {"device": device, "dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
+            "prefill": prefill_rows, "decode": decode_rows, "nvml": nvml, "torch": torch.__version__}

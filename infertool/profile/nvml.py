@@ -1,0 +1,169 @@
+"""An NVML sampler thread (package nvidia-ml-py, module pynvml) that runs beside a measurement.
+
+Reads memory, power, clocks, throttle reasons, utilization and, on Hopper and newer, GPM metrics
+(DRAM bandwidth, SM and tensor utilization as interval averages between two samples). Utilization rates
+are the share of TIME a kernel ran or memory was touched, not bandwidth or FLOP/s: they are labelled so and
+never decide a verdict alone. Without NVML (no GPU, no driver, no package) it reports "not available" with
+the reason; it never raises.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from typing import Any
+
+GPM_METRICS = {10: "dram_bw_util_pct", 2: "sm_util_pct", 3: "sm_occupancy_pct", 5: "tensor_util_pct"}
+
+
+def _load_nvml():
+    import pynvml  # nvidia-ml-py
+
+    return pynvml
+
+
+class NvmlSampler:
+    """Start before the workload, stop after; ``stop()`` returns a summary dict (JSON-able)."""
+
+    def __init__(self, interval_s: float = 0.1, device_index: int = 0, nvml: Any = None):
+        self.interval_s = interval_s
+        self.device_index = device_index
+        self._nvml = nvml
+        self._samples: list[dict] = []
+        self._gpm: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.available = False
+        self.reason: str | None = None
+        self._handle = None
+        self._gpm_first = None
+
+    def start(self) -> "NvmlSampler":
+        try:
+            nv = self._nvml or _load_nvml()
+            nv.nvmlInit()
+            self._nvml = nv
+            self._handle = nv.nvmlDeviceGetHandleByIndex(self.device_index)
+            self.name = _str(nv.nvmlDeviceGetName(self._handle))
+        except Exception as e:  # ImportError, NVMLError_LibraryNotFound, NVMLError_DriverNotLoaded, ...
+            self.reason = f"{type(e).__name__}: {e}".strip()
+            return self
+        self.available = True
+        self._gpm_first = self._gpm_sample()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        return self
+
+    def _gpm_sample(self):
+        nv = self._nvml
+        try:
+            if not nv.nvmlGpmQueryDeviceSupport(self._handle).isSupportedDevice:
+                return None
+            sample = nv.nvmlGpmSampleAlloc()
+            nv.nvmlGpmSampleGet(self._handle, sample)
+            return sample
+        except Exception:
+            return None
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self._samples.append(self.sample_once())
+            self._stop.wait(self.interval_s)
+
+    def sample_once(self) -> dict:
+        nv, h = self._nvml, self._handle
+        row: dict = {"t": time.monotonic()}
+        row["memory_used_bytes"] = _try(lambda: nv.nvmlDeviceGetMemoryInfo(h).used)
+        row["power_w"] = _try(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
+        row["sm_clock_mhz"] = _try(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
+        row["mem_clock_mhz"] = _try(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
+        row["throttle_reasons"] = _try(lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
+        util = _try(lambda: nv.nvmlDeviceGetUtilizationRates(h))
+        row["time_busy_pct"] = getattr(util, "gpu", None)
+        row["memory_time_busy_pct"] = getattr(util, "memory", None)
+        return row
+
+    def stop(self) -> dict:
+        if not self.available:
+            return {"available": False, "reason": self.reason or "not started"}
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        if not self._samples:
+            self._samples.append(self.sample_once())
+        gpm = self._gpm_interval()
+        try:
+            self._nvml.nvmlShutdown()
+        except Exception:
+            pass
+        return summarise(self._samples, gpm, name=getattr(self, "name", None))
+
+    def _gpm_interval(self) -> dict:
+        if self._gpm_first is None:
+            return {"available": False, "reason": "GPM not supported (Hopper and newer only)"}
+        nv = self._nvml
+        try:
+            second = self._gpm_sample()
+            get = nv.c_nvmlGpmMetricsGet_t()
+            get.version = nv.NVML_GPM_METRICS_GET_VERSION
+            get.numMetrics = len(GPM_METRICS)
+            get.sample1, get.sample2 = self._gpm_first, second
+            for i, mid in enumerate(GPM_METRICS):
+                get.metrics[i].metricId = mid
+            nv.nvmlGpmMetricsGet(get)
+            out = {"available": True}
+            for i, (mid, key) in enumerate(GPM_METRICS.items()):
+                out[key] = float(get.metrics[i].value)
+            return out
+        except Exception as e:
+            return {"available": False, "reason": f"{type(e).__name__}: {e}"}
+
+
+def summarise(samples: list[dict], gpm: dict, name: str | None = None) -> dict:
+    """Mean/max of each reading over the samples; throttle reasons OR-ed together."""
+    def stats(key: str) -> dict | None:
+        vals = [s[key] for s in samples if s.get(key) is not None]
+        if not vals:
+            return None
+        return {"mean": statistics.fmean(vals), "max": max(vals), "min": min(vals)}
+
+    reasons = 0
+    for s in samples:
+        if s.get("throttle_reasons"):
+            reasons |= int(s["throttle_reasons"])
+    return {
+        "available": True,
+        "device": name,
+        "samples": len(samples),
+        "memory_used_bytes": stats("memory_used_bytes"),
+        "power_w": stats("power_w"),
+        "sm_clock_mhz": stats("sm_clock_mhz"),
+        "mem_clock_mhz": stats("mem_clock_mhz"),
+        "throttle_reasons": decode_throttle(reasons),
+        "time_busy_pct": stats("time_busy_pct"),
+        "memory_time_busy_pct": stats("memory_time_busy_pct"),
+        "gpm": gpm,
+    }
+
+
+THROTTLE_BITS = {
+    0x1: "gpu_idle", 0x2: "applications_clocks_setting", 0x4: "sw_power_cap", 0x8: "hw_slowdown",
+    0x10: "sync_boost", 0x20: "sw_thermal_slowdown", 0x40: "hw_thermal_slowdown", 0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+}
+
+
+def decode_throttle(mask: int) -> list[str]:
+    return [name for bit, name in THROTTLE_BITS.items() if mask & bit]
+
+
+def _try(fn):
+    try:
+        return fn()
+    except Exception:
+        return None
+
+
+def _str(v) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)

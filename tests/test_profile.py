@@ -1,0 +1,161 @@
+"""Profiling: verdict logic, analysis of timings, NVML sampler (fake module), nsys CSV parsing, and a real
+hf measurement of the 2-layer bundled model on this CPU."""
+
+from __future__ import annotations
+
+import json
+import types
+
+import pytest
+
+from infertool.profile import analysis, nsys, nvml, roofline
+from infertool.profile.roofline import Arch
+
+
+# --------------------------------------------------------------------------------------- verdicts
+@pytest.mark.parametrize("ai, mbu, mfu, verdict, confidence", [
+    (2.0, 0.80, 0.10, "memory-bound", "high"),      # analytic and timing agree
+    (50.0, 0.05, 0.85, "compute-bound", "high"),
+    (10.0, 0.80, 0.10, "memory-bound", "medium"),   # analytic near the ridge (ridge 10): timing decides
+    (50.0, 0.70, 0.30, "memory-bound", "low"),      # the sources disagree: said so
+    (2.0, 0.05, 0.02, "overhead-bound", "high"),    # neither bandwidth nor compute busy
+    (2.0, 0.20, 0.02, "overhead-bound", "medium"),
+])
+def test_judge(ai, mbu, mfu, verdict, confidence):
+    v, c, evidence = analysis.judge(ai, 10.0, mbu, mfu)
+    assert (v, c) == (verdict, confidence)
+    assert [e["source"] for e in evidence] == ["analytic", "timing"]
+
+
+def test_judge_uses_gpm_counters_when_present():
+    v, c, ev = analysis.judge(2.0, 10.0, 0.6, 0.1, {"available": True, "dram_bw_util_pct": 20.0, "tensor_util_pct": 70.0})
+    assert v == "memory-bound" and c == "low"  # the counters disagree with timing
+    assert ev[-1]["source"] == "counters (GPM)"
+
+
+def test_analyse_computes_mbu_mfu_from_timings():
+    a = Arch(layers=1, hidden=2, heads=1, kv_heads=1, head_dim=2, intermediate=2, vocab=4)
+    kv = roofline.kv_bytes_per_token(1, 1, 2, 2)
+    measured = {"prefill": [{"batch": 1, "prompt_len": 5, "seconds": 2.0}],
+                "decode": [{"batch": 3, "context": 10, "seconds_per_step": 0.5}]}
+    pts = analysis.analyse(measured, a, 100, lambda b: 100, kv, {"flops": 1000.0, "bandwidth": 1000.0})
+    dec = next(p for p in pts if p.phase == "decode")
+    assert dec.flops == 456 and dec.bytes == 460  # see test_roofline's toy model
+    assert dec.achieved_flops == 912 and dec.mfu == pytest.approx(0.912)
+    assert dec.mbu == pytest.approx(0.92)
+    assert dec.tokens_per_s == 6
+    pre = next(p for p in pts if p.phase == "prefill")
+    assert pre.tokens_per_s == 2.5
+
+
+def test_advice_follows_the_verdicts():
+    p = analysis.Point("decode", 1, 128, 0.01, 1, 1, 1.0, 1, 1, 0.8, 0.1, None, None, "memory-bound", "high")
+    q = analysis.Point("prefill", 1, 512, 1.0, 1, 1, 100.0, 1, 1, 0.1, 0.8, None, None, "compute-bound", "high")
+    text = " ".join(analysis.advice([p, q], crossover=40, max_batch=8))
+    assert "weight-only 4-bit" in text and "batch 40" in text and "prefill is compute-bound" in text
+
+
+# ------------------------------------------------------------------------------------------- NVML
+class FakeNvml(types.SimpleNamespace):
+    """A stand-in for pynvml with the same call shapes (no GPU here); readings are constants."""
+
+    NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
+
+    def __init__(self, gpm=False):
+        super().__init__()
+        self.gpm, self.shutdown = gpm, False
+
+    def nvmlInit(self): pass
+    def nvmlShutdown(self): self.shutdown = True
+    def nvmlDeviceGetHandleByIndex(self, i): return "h0"
+    def nvmlDeviceGetName(self, h): return b"NVIDIA H200"
+    def nvmlDeviceGetMemoryInfo(self, h): return types.SimpleNamespace(used=40 * 2**30, total=141 * 2**30)
+    def nvmlDeviceGetPowerUsage(self, h): return 450_000
+    def nvmlDeviceGetClockInfo(self, h, which): return 1980 if which == 1 else 2619
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h): return 0x4
+    def nvmlDeviceGetUtilizationRates(self, h): return types.SimpleNamespace(gpu=97, memory=61)
+    def nvmlGpmQueryDeviceSupport(self, h):
+        if not self.gpm:
+            raise RuntimeError("NVML_ERROR_NOT_SUPPORTED")
+        return types.SimpleNamespace(isSupportedDevice=1)
+
+
+def test_nvml_sampler_summarises_readings():
+    s = nvml.NvmlSampler(interval_s=0.01, nvml=FakeNvml()).start()
+    assert s.available
+    import time
+
+    time.sleep(0.05)
+    summary = s.stop()
+    assert summary["available"] and summary["device"] == "NVIDIA H200" and summary["samples"] >= 1
+    assert summary["power_w"]["mean"] == 450.0
+    assert summary["time_busy_pct"]["max"] == 97
+    assert summary["throttle_reasons"] == ["sw_power_cap"]
+    assert summary["gpm"]["available"] is False
+
+
+def test_nvml_absent_is_not_an_error():
+    class Broken:
+        def nvmlInit(self):
+            raise OSError("NVML Shared Library Not Found")
+
+    s = nvml.NvmlSampler(nvml=Broken()).start()
+    out = s.stop()
+    assert out == {"available": False, "reason": "OSError: NVML Shared Library Not Found"}
+    # and without the package at all (this machine's main venv)
+    out = nvml.NvmlSampler().start().stop()
+    assert out["available"] is False and out["reason"]
+
+
+# ------------------------------------------------------------------------------------------- nsys
+KERN_SUM = """\
+Processing [report.sqlite] with [cuda_gpu_kern_sum.py]...
+Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Name
+60.0,6000000,100,60000.0,60000.0,50000,70000,100.0,"sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1"
+20.0,2000000,50,40000.0,40000.0,30000,50000,100.0,"void flash_fwd_kernel<Flash_fwd_kernel_traits<128, 64, 64>>(Flash_fwd_params)"
+10.0,1000000,50,20000.0,20000.0,10000,30000,100.0,"void vllm::reshape_and_cache_flash_kernel<__nv_bfloat16>(...)"
+6.0,600000,50,12000.0,12000.0,10000,14000,100.0,"void vllm::rms_norm_kernel<c10::BFloat16>(...)"
+4.0,400000,10,40000.0,40000.0,30000,50000,100.0,"ncclDevKernel_AllReduce_Sum_bf16_RING_LL(ncclDevComm*, unsigned long, ncclWork*)"
+"""
+
+
+def test_nsys_parse_and_classify():
+    rows = nsys.parse_kern_sum(KERN_SUM)
+    assert [r.klass for r in rows] == ["gemm", "attention", "kv_write", "norm_elementwise", "communication"]
+    b = nsys.kernel_breakdown(rows, wall_ns=20_000_000)
+    assert b["kernel_time_ns"] == 10_000_000
+    assert b["class_share"]["gemm"] == pytest.approx(0.6)
+    assert b["kernel_busy_fraction"] == pytest.approx(0.5)
+    assert nsys.parse_kern_sum("no header\n1,2,3") == []
+
+
+def test_nsys_commands_and_missing_binary(monkeypatch):
+    cmd = nsys.profile_command("nsys", "/tmp/p", ["python", "x.py"], cuda_graphs=True)
+    assert cmd[:2] == ["nsys", "profile"] and "--capture-range=cudaProfilerApi" in cmd and "--cuda-graph-trace=node" in cmd
+    assert nsys.stats_command("nsys", "r.nsys-rep", "/tmp/s")[-1] == "r.nsys-rep"
+    monkeypatch.setenv("PATH", "/nonexistent")
+    from infertool.errors import BackendError
+
+    with pytest.raises(BackendError, match="nsys"):
+        nsys.require_nsys()
+
+
+# --------------------------------------------------------------------------- real measurement (CPU)
+@pytest.mark.slow
+def test_profile_tiny_model_on_this_cpu(tiny_model, quant_python, tmp_path):
+    from tests.conftest import run_cli
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: prof\nmodel: {{source: {tiny_model}}}\nprofile: {{batch: [1, 4], prompt_len: [64], decode_len: 4, repeats: 1}}\n")
+    r = run_cli("profile", str(recipe), "--out", str(tmp_path / "out"), "--json", timeout=900)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["peaks"]["bandwidth"] > 1e8 and res["peaks"]["flops"] > 1e8  # measured, cached
+    shapes = [(p["phase"], p["batch"], p["tokens"]) for p in res["points"]]
+    assert shapes == [("prefill", 1, 64), ("decode", 1, 66), ("decode", 4, 66)]
+    for p in res["points"]:
+        assert p["seconds"] > 0 and 0 < p["mbu"] and 0 < p["mfu"]
+        assert p["verdict"] in ("memory-bound", "compute-bound", "overhead-bound")
+    assert res["nvml"]["available"] is False  # no GPU here: a row that says so, not an error
+    assert (tmp_path / "out" / "roofline.png").stat().st_size > 10_000
+    assert json.loads((tmp_path / "out" / "profile.json").read_text())["model"]["layers"] == 2
