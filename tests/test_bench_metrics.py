@@ -175,3 +175,28 @@ def test_bad_jsonl_is_a_usage_error(tmp_path):
         build_prompts(BenchSection(prompt={"source": str(f)}), 1)
     with pytest.raises(UsageError, match="not found"):
         build_prompts(BenchSection(prompt={"source": str(tmp_path / "missing.jsonl")}), 1)
+
+
+def test_experiment_arms_and_ab_table():
+    from infertool.bench.run import DEFAULT_SPECULATIVE, _arm_serve, ab_table, sweep_levels
+    from infertool.recipe import ServeSection
+
+    serve = ServeSection(enable_prefix_caching=True)
+    assert _arm_serve(serve, "prefix_caching", False).enable_prefix_caching is False
+    spec = _arm_serve(serve, "speculative", True).speculative
+    assert spec.model_dump(exclude_none=True) == DEFAULT_SPECULATIVE
+    own = ServeSection(speculative={"method": "ngram", "num_speculative_tokens": 5})
+    assert _arm_serve(own, "speculative", True).speculative.num_speculative_tokens == 5
+    assert _arm_serve(own, "speculative", False).speculative is None
+
+    def level(label, tps, ttft):
+        return {"level": {"label": label}, "summary": {
+            "output_token_throughput": tps, "request_throughput": tps / 10, "ttft_ms": {"p50": ttft},
+            "tpot_ms": {"p50": None}, "e2e_ms": {"p50": 100.0}, "goodput": {"requests_per_s": 1.0}, "failed": 0}}
+
+    t = ab_table("x", "off", "on", [level("concurrency 1", 10.0, 200.0)], [level("concurrency 1", 15.0, 100.0)])
+    f = t["rows"][0]["figures"]
+    assert f["output_token_throughput"]["ratio"] == 1.5 and f["ttft_p50_ms"]["ratio"] == 0.5
+    assert f["tpot_p50_ms"]["ratio"] is None and f["ttft_p50_ms"]["higher_is_better"] is False
+    levels = sweep_levels(BenchSection(concurrency=[1, 4], rate=[2.5], burst={"size": 8, "interval_s": 2}))
+    assert [lv.label for lv in levels] == ["concurrency 1", "concurrency 4", "rate 2.5/s", "burst 8 every 2s"]
