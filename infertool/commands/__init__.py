@@ -12,8 +12,15 @@ import pkgutil
 import typer
 
 
+# The workflow's order in `infertool --help`; modules not listed follow in name order.
+ORDER = ["profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "report"]
+
+
 def register_all(app: typer.Typer) -> None:
-    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: m.name):
+    def rank(name: str) -> tuple[int, str]:
+        return (ORDER.index(name) if name in ORDER else len(ORDER), name)
+
+    for info in sorted(pkgutil.iter_modules(__path__), key=lambda m: rank(m.name)):
         if info.name.startswith("_"):
             continue
         module = importlib.import_module(f"{__name__}.{info.name}")
