@@ -1,0 +1,1 @@
+"""Deployment artefacts generated from the recipe (Kubernetes manifests)."""

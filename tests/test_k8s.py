@@ -1,0 +1,48 @@
+"""`infertool serve --emit k8s`: the generated manifests' structure."""
+
+from __future__ import annotations
+
+import yaml
+
+from infertool.deploy.k8s import container_model_path, k8s_name, manifests, render
+from infertool.recipe import load_recipe
+
+
+def _docs(recipe_name: str, model: str, monkeypatch=None):
+    r = load_recipe(recipe_name)
+    text = render(manifests(r, model), r, model)
+    return r, text, list(yaml.safe_load_all(text))
+
+
+def test_tp4_deployment_and_service(monkeypatch):
+    monkeypatch.setenv("INFERTOOL_API_KEY", "sk-this-must-never-appear")
+    r, text, docs = _docs("llama3.3-70b-w4a16-tp4", "/models/Llama-3.3-70B-Instruct-w4a16")
+    assert [d["kind"] for d in docs] == ["Deployment", "Service"]
+    assert "sk-this-must-never-appear" not in text and "&id" not in text
+    dep, svc = docs
+    c = dep["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 4
+    assert c["command"] == ["python3", "-m", "vllm.entrypoints.openai.api_server"]
+    args = c["args"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert args[args.index("--host") + 1] == "0.0.0.0"
+    assert args[args.index("--model") + 1] == "/models/Llama-3.3-70B-Instruct-w4a16"
+    assert "--api-key" not in args
+    assert c["readinessProbe"]["httpGet"]["path"] == "/v1/models"
+    assert c["livenessProbe"]["httpGet"]["path"] == "/health"
+    key = next(e for e in c["env"] if e["name"] == "VLLM_API_KEY")
+    assert key["valueFrom"]["secretKeyRef"] == {"name": "llama3-3-70b-w4a16-tp4-api-key", "key": "api-key"}
+    assert any(v.get("emptyDir", {}).get("medium") == "Memory" for v in dep["spec"]["template"]["spec"]["volumes"])
+    assert dep["spec"]["selector"]["matchLabels"] == dep["spec"]["template"]["metadata"]["labels"] == svc["spec"]["selector"]
+    assert svc["spec"]["ports"][0]["port"] == 8000
+    assert "kubectl create secret generic" in text
+
+
+def test_single_gpu_fp8_kv_and_names():
+    r, text, docs = _docs("llama3.1-8b-128k-fp8kv", "/data/Llama-3.1-8B-Instruct")
+    c = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert c["args"][c["args"].index("--kv-cache-dtype") + 1] == "fp8"
+    assert c["args"][c["args"].index("--model") + 1] == "/models/Llama-3.1-8B-Instruct"
+    assert k8s_name("Llama3.1_8B!!") == "llama3-1-8b"
+    assert container_model_path("bundled:smollm2-135m") == "/models/smollm2-135m"
