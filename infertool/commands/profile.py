@@ -27,7 +27,7 @@ def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
 
 def profile(
     recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="hf (in-process transformers timing)."),
+    engine: Optional[str] = typer.Option(None, "--engine", help="hf (transformers, in the quant env) or vllm (vLLM's server, driven at each shape). Default: profile.engine."),
     batch: Optional[str] = typer.Option(None, "--batch", help="Decode batch sizes, e.g. 1,4,16 (default: profile.batch)."),
     prompt_len: Optional[str] = typer.Option(None, "--prompt-len", help="Prefill lengths, e.g. 128,512 (default: profile.prompt_len)."),
     decode_len: Optional[int] = typer.Option(None, "--decode-len", min=2, help="Decode steps timed per batch size."),

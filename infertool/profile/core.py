@@ -89,11 +89,8 @@ def run_profile(
 
         prof = ProfileSection()
     engine = engine or prof.engine
-    if engine != "hf":
-        raise UsageError(
-            f"profile engine {engine!r} is not available yet",
-            hint="use --engine hf (in-process transformers timing); the vllm engine is planned",
-        )
+    if engine not in ("hf", "vllm"):
+        raise UsageError(f"unknown profile engine {engine!r}", hint="use hf or vllm")
     if nsys or (nsys is None and prof.nsys):
         # The parsing and classification exist (infertool/profile/nsys.py); running the measurement under
         # nsys needs a CUDA host to build and check against, which this project has not had yet.
@@ -119,7 +116,7 @@ def run_profile(
     peaks_raw = measured_peaks(remeasure=remeasure, on_event=on_event)
     notes: list[str] = []
     stored = dtype
-    if (peaks_raw.get("device") == "cpu" and dtype in ("bfloat16", "float16")
+    if (engine == "hf" and peaks_raw.get("device") == "cpu" and dtype in ("bfloat16", "float16")
             and peaks_raw.get("bf16_flops", 0) < 0.25 * peaks_raw.get("fp32_flops", 0)):
         # CPUs without bf16 instructions run bf16 matmuls far slower than fp32: time what a CPU user would run.
         dtype = "float32"
@@ -131,8 +128,12 @@ def run_profile(
                               int(weights.expert_bytes * scale), weights.bytes_per_linear_weight * scale, weights.quantization)
         kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, roofline.DTYPE_BYTES[dtype])
     flops_key = "bf16_flops" if dtype in ("bfloat16", "float16") else "fp32_flops"
+    if (engine == "vllm" and peaks_raw.get("device") == "cpu"
+            and peaks_raw.get("bf16_flops", 0) < 0.25 * peaks_raw.get("fp32_flops", 0)):
+        flops_key = "fp32_flops"  # no bf16 instructions here: vLLM's CPU kernels cannot beat the fp32 peak either
+        notes.append("compute peak: this CPU's fp32 matmul (its bf16 is far slower)")
     peaks = {"flops": peaks_raw.get(flops_key) or peaks_raw["fp32_flops"], "bandwidth": peaks_raw["read_bandwidth_bytes_s"],
-             "dtype": dtype, "device": peaks_raw.get("device"), "name": peaks_raw.get("name"),
+             "dtype": "float32" if flops_key == "fp32_flops" else dtype, "device": peaks_raw.get("device"), "name": peaks_raw.get("name"),
              "triad_bandwidth": peaks_raw.get("triad_bandwidth_bytes_s"), "measured_at": peaks_raw.get("measured_at")}
     datasheet = None
     gpu_name = prof.gpu
@@ -143,7 +144,15 @@ def run_profile(
     context = (prof.context_len or [prompt_len[0]])[0]
     spec = {"model": str(resolved.path), "dtype": dtype, "batch": batch, "prompt_len": prompt_len,
             "decode_len": decode_len, "context": context, "repeats": prof.repeats, "nvml": True}
-    measured = _run_hf(spec, on_event)
+    if engine == "hf":
+        measured = _run_hf(spec, on_event)
+    else:
+        from infertool.profile.vllm_engine import vllm_timings
+
+        measured = vllm_timings(recipe, str(resolved.path), batch=batch, prompt_len=prompt_len, decode_len=decode_len,
+                                context=context, repeats=prof.repeats, on_event=on_event,
+                                log_dir=Path(out_dir) if out_dir else None)
+        notes.append("vllm engine: times include the server's HTTP and scheduling overhead")
     points = analysis.analyse(measured, arch, weights.total_bytes, lambda b: decode_weight_bytes(arch, weights, b), kv_tok, peaks, datasheet)
     rid = roofline.ridge(peaks["flops"], peaks["bandwidth"])
     crossover = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), context, kv_tok, rid)
@@ -156,7 +165,8 @@ def run_profile(
     result = ProfileResult(
         model={"path": str(resolved.path), "source": source, "weight_bytes": weights.total_bytes, "layers": arch.layers,
                "params": arch.total_params, "dtype": dtype, "kv_bytes_per_token": kv_tok},
-        device={"kind": measured.get("device"), "threads": measured.get("threads"), "name": peaks.get("name")},
+        device={"kind": peaks_raw.get("device"), "engine": engine, "threads": measured.get("threads") or peaks_raw.get("threads"),
+                "name": peaks.get("name")},
         peaks={**peaks, "ridge": rid, "datasheet": datasheet},
         points=[analysis.point_dict(p) for p in points],
         analytic=analytic,
