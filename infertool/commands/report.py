@@ -1,0 +1,62 @@
+"""`infertool report RUN_DIR` and `infertool compare RUN_A RUN_B`."""
+
+from __future__ import annotations
+
+import typer
+
+from infertool.commands._common import JSON_OPT, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    app.command("report")(handle_errors(report))
+    app.command("compare")(handle_errors(compare))
+
+
+def report(
+    run_dir: str = typer.Argument(..., help="A run directory written by `infertool run`."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Write report.md and a self-contained report.html (plots embedded) into the run directory."""
+    from infertool.output import err, print_json
+    from infertool.report import write_report
+
+    res = write_report(run_dir)
+    if as_json:
+        print_json(res)
+        return
+    err.print(f"[green]✓[/] {res['files']['report.md']}\n[green]✓[/] {res['files']['report.html']}", soft_wrap=True)
+
+
+def compare(
+    run_a: str = typer.Argument(..., help="The first run directory."),
+    run_b: str = typer.Argument(..., help="The second run directory."),
+    all_rows: bool = typer.Option(False, "--all", help="Show unchanged figures too."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """What changed between two runs: recipe fields, verdicts, sizes, latencies, throughputs."""
+    from rich.table import Table
+
+    from infertool.output import out, print_json
+    from infertool.report import compare_runs
+
+    res = compare_runs(run_a, run_b)
+    if as_json:
+        print_json(res)
+        return
+    if res["recipe_changes"]:
+        t = Table(title="recipe changes")
+        for c in ("field", "A", "B"):
+            t.add_column(c)
+        for ch in res["recipe_changes"]:
+            t.add_row(ch["field"], str(ch["a"]), str(ch["b"]))
+        out.print(t)
+    t = Table(title=f"A = {res['a']}\nB = {res['b']}")
+    for c in ("metric", "A", "B", "B/A"):
+        t.add_column(c, justify="left" if c == "metric" else "right")
+    for r in res["rows"]:
+        if not (all_rows or r["changed"]):
+            continue
+        fa = f"{r['a']:.4g}" if isinstance(r["a"], float) else str(r["a"])
+        fb = f"{r['b']:.4g}" if isinstance(r["b"], float) else str(r["b"])
+        t.add_row(r["metric"], fa, fb, f"{r['ratio']:.3f}" if r["ratio"] is not None else "")
+    out.print(t)

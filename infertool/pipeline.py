@@ -1,0 +1,342 @@
+"""`infertool run`: the stage graph model -> quantize -> eval -> profile -> serve -> bench, into one run
+directory with one manifest.
+
+Each stage's outputs live in a content-addressed cache entry ``<out_dir>/.stages/<stage>-<key>/``: the key
+hashes the recipe sections the stage reads and the keys of the stages it depends on. A stage is written to
+a temporary directory and renamed when complete, so an interruption never leaves a half-written entry; a
+re-run finds completed entries by key and reuses them, and continues where the last run stopped. The run
+directory ``<out_dir>/<recipe>-<timestamp>/`` links each stage's entry and holds ``manifest.json``
+(resolved recipe, input hashes, environment versions, each stage's status, timings and summary).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable
+
+from infertool.errors import InfertoolError, UsageError
+
+STAGE_ORDER = ["model", "quantize", "eval", "profile", "serve", "bench"]
+DEPENDS = {"model": [], "quantize": ["model"], "eval": ["model", "quantize"], "profile": ["model"],
+           "serve": ["model", "quantize"], "bench": ["model", "quantize"]}
+SECTIONS = {"model": ["model"], "quantize": ["quantize"], "eval": ["eval"], "profile": ["profile"],
+            "serve": ["serve"], "bench": ["serve", "bench"]}
+PIPELINE_VERSION = 1
+
+EventCallback = Callable[[dict], None]
+
+
+@dataclass
+class StageContext:
+    recipe: object
+    run_dir: Path
+    work: Path  # the temporary directory this stage writes into
+    upstream: dict[str, dict]  # name -> {"dir": Path, "summary": dict}
+    on_event: EventCallback | None
+
+
+@dataclass
+class RunResult:
+    run_dir: str
+    manifest: dict
+    ok: bool
+    exit_code: int
+    stages: dict = field(default_factory=dict)
+
+
+# ------------------------------------------------------------------------------------------- keys
+def _sha(obj) -> str:
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def model_fingerprint(source: str) -> dict:
+    """What identifies the model's content, cheaply: the GGUF's content hash, or a directory's config and
+    safetensors headers/sizes."""
+    from infertool.models.sources import _gguf_hash, find_bundled_gguf
+
+    if source.startswith("bundled:"):
+        return {"gguf_sha256": _gguf_hash(find_bundled_gguf(source.split(":", 1)[1]))}
+    p = Path(source).expanduser()
+    if p.suffix.lower() == ".gguf" and p.is_file():
+        return {"gguf_sha256": _gguf_hash(p)}
+    if (p / "config.json").is_file():
+        files = {f.name: f.stat().st_size for f in sorted(p.glob("*.safetensors"))}
+        return {"config": hashlib.sha256((p / "config.json").read_bytes()).hexdigest(), "weights": files}
+    return {"missing": str(p)}
+
+
+def stage_key(name: str, recipe_dict: dict, upstream_keys: dict[str, str], extra: dict | None = None) -> str:
+    sections = {s: recipe_dict.get(s) for s in SECTIONS[name]}
+    return _sha({"stage": name, "v": PIPELINE_VERSION, "sections": sections, "upstream": upstream_keys, "extra": extra or {}})
+
+
+# ----------------------------------------------------------------------------------------- stages
+def _stage_model(ctx: StageContext) -> dict:
+    from infertool.models.info import model_info
+    from infertool.models.sources import resolve_model
+
+    m = ctx.recipe.model
+    resolved = resolve_model(m.source, layers=m.layers, dtype=m.dtype, on_event=ctx.on_event)
+    info = model_info(resolved.path)
+    return {"path": str(resolved.path), "source": m.source, "layers": info.num_layers, "weight_bytes": info.weight_bytes,
+            "hidden": info.hidden_size, "kv_heads": info.num_key_value_heads}
+
+
+def _stage_quantize(ctx: StageContext) -> dict:
+    from infertool.quantize.core import quantize
+
+    res = quantize(ctx.recipe, out=ctx.work / "model", force=True, on_event=ctx.on_event)
+    d = res.to_dict()
+    (ctx.work / "quantize.json").write_text(json.dumps(d, indent=2, default=str))
+    return {"model": "model", "method": d.get("method"), "backend": d.get("backend"), "size": d.get("size"),
+            "verify": _short_verify(d.get("verify")), "timings": d.get("timings")}
+
+
+def _short_verify(v: dict | None) -> dict | None:
+    if not v:
+        return v
+    return {k: v[k] for k in ("loaded", "generated", "agreement", "reason", "vllm_quantization") if k in v}
+
+
+def _candidate_dir(ctx: StageContext) -> str:
+    q = ctx.upstream.get("quantize")
+    if q is not None and (Path(q["dir"]) / "model" / "config.json").is_file():
+        return str(Path(q["dir"]) / "model")
+    return ctx.upstream["model"]["summary"]["path"]
+
+
+def _stage_eval(ctx: StageContext) -> dict:
+    from infertool.evaluate.core import EvalSpec, run_eval
+    from infertool.recipe import EvalSection
+
+    if "quantize" not in ctx.upstream:
+        raise UsageError("the eval stage compares the quantized model with its original: the recipe needs a quantize section")
+    ev = ctx.recipe.eval or EvalSection()
+    spec = EvalSpec(base=ctx.upstream["model"]["summary"]["path"], candidate=_candidate_dir(ctx), suite=ev.suite,
+                    engine=ev.engine, url=ev.url, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
+                    accept=ev.accept.model_dump(), out_dir=ctx.work, base_source=ctx.recipe.model.source)
+    doc = run_eval(spec, ctx.on_event)  # writes results.json, items.jsonl and the KLD histogram into work/
+    return {"verdict": doc.get("verdict"), "reason": doc.get("reason"), "gates": doc.get("gates"),
+            "engine": doc.get("engine"), "suite": (doc.get("suite") or {}).get("name")}
+
+
+def _stage_profile(ctx: StageContext) -> dict:
+    from infertool.profile.core import run_profile
+
+    res = run_profile(ctx.recipe, model=ctx.upstream["model"]["summary"]["path"], out_dir=ctx.work, on_event=ctx.on_event)
+    return {"verdicts": res.verdicts, "crossover_batch": res.crossover_batch, "advice": res.advice,
+            "peaks": {k: res.peaks.get(k) for k in ("flops", "bandwidth", "dtype", "ridge")}}
+
+
+def _served_recipe(ctx: StageContext):
+    from infertool.serve import serve_section
+
+    serve = serve_section(ctx.recipe).model_copy(update={"model": _candidate_dir(ctx)})
+    return ctx.recipe.model_copy(update={"serve": serve}), serve
+
+
+def _stage_serve(ctx: StageContext) -> dict:
+    """Launch the server on the candidate, wait until ready, one greedy completion, stop: the load check."""
+    import httpx
+
+    from infertool.profile.vllm_engine import _free_port
+    from infertool.serve import prepare
+    from infertool.serve.launcher import Server
+
+    recipe, serve = _served_recipe(ctx)
+    plan = prepare(recipe, serve=serve, port=_free_port())
+    with Server(plan.spec, ctx.work / "server.log") as server:
+        ready = server.wait_ready()
+        key = plan.spec.secret_env.get("VLLM_API_KEY")
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
+        r = httpx.post(f"{ready.url}/completions", headers=headers, timeout=120,
+                       json={"model": ready.models[0], "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+        r.raise_for_status()
+        text = r.json()["choices"][0]["text"]
+    return {"ready_s": round(ready.seconds, 1), "model": plan.spec.model, "argv": plan.spec.to_dict()["argv"],
+            "kv_cache": plan.kv, "smoke": {"prompt": "The capital of France is", "completion": text}}
+
+
+def _stage_bench(ctx: StageContext) -> dict:
+    from infertool.bench.run import run_bench
+
+    recipe, _ = _served_recipe(ctx)
+    rep = run_bench(recipe, on_event=ctx.on_event)
+    d = rep.to_dict()
+    (ctx.work / "bench.json").write_text(json.dumps(d, indent=2, default=str))
+    try:
+        from infertool.bench.plot import plot_latency_throughput
+
+        plot_latency_throughput(d, ctx.work / "latency_throughput.png")
+    except ImportError:  # matplotlib missing: the report says there is no plot
+        pass
+    return {"levels": d.get("levels"), "experiments": d.get("experiments"), "seconds": d.get("seconds")}
+
+
+STAGE_FUNCS: dict[str, Callable[[StageContext], dict]] = {
+    "model": _stage_model, "quantize": _stage_quantize, "eval": _stage_eval,
+    "profile": _stage_profile, "serve": _stage_serve, "bench": _stage_bench,
+}
+
+
+# ------------------------------------------------------------------------------------------ runner
+def selected_stages(recipe, stages: list[str] | None) -> list[str]:
+    if stages:
+        bad = [s for s in stages if s not in STAGE_ORDER]
+        if bad:
+            raise UsageError(f"unknown stage(s): {', '.join(bad)}", hint=f"stages: {', '.join(STAGE_ORDER)}")
+        chosen = set(stages)
+    elif recipe.run is not None and recipe.run.stages:
+        chosen = set(recipe.run.stages)
+    else:
+        chosen = {"model"} | {s for s in ("quantize", "eval", "profile", "serve", "bench") if getattr(recipe, s, None) is not None}
+        if recipe.serve is not None:
+            chosen.add("serve")
+    # dependencies come along (eval needs quantize's output, ...)
+    changed = True
+    while changed:
+        changed = False
+        for s in list(chosen):
+            for dep in DEPENDS[s]:
+                if dep == "quantize" and recipe.quantize is None:
+                    continue
+                if dep not in chosen:
+                    chosen.add(dep)
+                    changed = True
+    return [s for s in STAGE_ORDER if s in chosen]
+
+
+def _env_versions() -> dict:
+    from infertool.envs.manage import read_marker
+
+    out = {}
+    for name in ("quant", "serve", "llmcompressor"):
+        m = read_marker(name)
+        if m:
+            out[name] = {"variant": m.get("variant"), "packages": m.get("packages"), "fingerprint": m.get("fingerprint")}
+    return out
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str))
+    os.replace(tmp, path)
+
+
+def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | None = None,
+                 out_dir: str | Path | None = None, on_event: EventCallback | None = None,
+                 on_stage: Callable[[str, str, dict | None], None] | None = None) -> RunResult:
+    """Run the selected stages; reuse completed ones by key. Returns the run directory and manifest."""
+    from infertool import __version__
+    from infertool.recipe import recipe_to_dict
+
+    chosen = selected_stages(recipe, stages)
+    force = set(force or [])
+    bad = force - set(STAGE_ORDER)
+    if bad:
+        raise UsageError(f"--force names unknown stage(s): {', '.join(sorted(bad))}")
+    root = Path(out_dir or (recipe.run.out_dir if recipe.run is not None else "runs")).expanduser()
+    cache = root / ".stages"
+    cache.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    run_dir = root / f"{recipe.name}-{stamp}"
+    n = 1
+    while True:
+        try:
+            run_dir.mkdir(parents=True)
+            break
+        except FileExistsError:  # two runs in the same second
+            n += 1
+            run_dir = root / f"{recipe.name}-{stamp}-{n}"
+    rd = recipe_to_dict(recipe)
+    manifest = {
+        "infertool": __version__, "recipe_name": recipe.name, "recipe": rd, "recipe_sha256": _sha(rd),
+        "inputs": {"model": model_fingerprint(recipe.model.source)}, "envs": _env_versions(),
+        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "finished": None,
+        "stages": {s: {"status": "pending"} for s in chosen}, "run_dir": str(run_dir),
+    }
+    _write_json(run_dir / "manifest.json", manifest)
+    keys: dict[str, str] = {}
+    upstream: dict[str, dict] = {}
+    exit_code = 0
+    for name in chosen:
+        deps = {d: keys[d] for d in DEPENDS[name] if d in keys}
+        extra = {"model": manifest["inputs"]["model"]} if name == "model" else None
+        key = stage_key(name, rd, deps, extra)
+        keys[name] = key
+        entry = cache / f"{name}-{key}"
+        rec = manifest["stages"][name]
+        rec.update({"key": key, "dir": str(entry)})
+        if (entry / "stage.json").is_file() and name not in force:
+            done = json.loads((entry / "stage.json").read_text())
+            rec.update({"status": "reused", "summary": done.get("summary"), "seconds": done.get("seconds"),
+                        "completed": done.get("completed")})
+            upstream[name] = {"dir": entry, "summary": done.get("summary") or {}}
+            _link(run_dir / name, entry)
+            _write_json(run_dir / "manifest.json", manifest)
+            if on_stage:
+                on_stage(name, "reused", rec)
+            continue
+        rec.update({"status": "running", "started": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+        _write_json(run_dir / "manifest.json", manifest)
+        if on_stage:
+            on_stage(name, "running", rec)
+        work = cache / f".{name}-{key}.{uuid.uuid4().hex[:8]}.tmp"
+        work.mkdir()
+        t0 = time.monotonic()
+        try:
+            summary = STAGE_FUNCS[name](StageContext(recipe, run_dir, work, upstream, on_event))
+            seconds = round(time.monotonic() - t0, 1)
+            _write_json(work / "stage.json", {"stage": name, "key": key, "summary": summary, "seconds": seconds,
+                                              "completed": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+            if entry.exists():  # a forced re-run replaces the old entry
+                shutil.rmtree(entry)
+            os.replace(work, entry)
+        except KeyboardInterrupt:
+            rec.update({"status": "interrupted", "seconds": round(time.monotonic() - t0, 1)})
+            _finish(run_dir, manifest)
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        except InfertoolError as e:
+            rec.update({"status": "failed", "seconds": round(time.monotonic() - t0, 1), "error": e.to_dict()})
+            shutil.rmtree(work, ignore_errors=True)
+            _finish(run_dir, manifest)
+            if on_stage:
+                on_stage(name, "failed", rec)
+            e.message = f"stage {name} failed: {e.message}"
+            e.log_path = e.log_path or str(run_dir / "manifest.json")
+            raise
+        except Exception:
+            shutil.rmtree(work, ignore_errors=True)
+            rec.update({"status": "failed", "seconds": round(time.monotonic() - t0, 1)})
+            _finish(run_dir, manifest)
+            raise
+        rec.update({"status": "done", "seconds": seconds, "summary": summary})
+        upstream[name] = {"dir": entry, "summary": summary}
+        _link(run_dir / name, entry)
+        _write_json(run_dir / "manifest.json", manifest)
+        if on_stage:
+            on_stage(name, "done", rec)
+        if name == "eval" and summary.get("verdict") not in ("PASS", None):
+            exit_code = 1  # the verdict gates the run (documented): the other stages still run
+    _finish(run_dir, manifest)
+    return RunResult(str(run_dir), manifest, exit_code == 0, exit_code, manifest["stages"])
+
+
+def _finish(run_dir: Path, manifest: dict) -> None:
+    manifest["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+    _write_json(run_dir / "manifest.json", manifest)
+
+
+def _link(link: Path, target: Path) -> None:
+    if link.is_symlink() or link.exists():
+        link.unlink()
+    os.symlink(os.path.relpath(target, link.parent), link)

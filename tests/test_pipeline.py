@@ -1,0 +1,150 @@
+"""`infertool run`, `report`, `compare`: stage selection, content-hash reuse, interruption safety, reports.
+
+The mechanics are tested with light stand-in stage functions (the real stages are tested in their own
+modules); one slow test runs the real pipeline on the 2-layer model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from infertool import pipeline
+from infertool.errors import RuntimeFailure, UsageError
+from infertool.recipe import validate_recipe_data
+
+
+def recipe(tmp_path, **sections):
+    src = tmp_path / "m"
+    if not src.exists():
+        from tests.test_models import LLAMA_CFG, make_fake_model
+
+        make_fake_model(src, LLAMA_CFG, {"w": ("BF16", [8])}, {"BF16": 2})
+    data = {"name": "r", "model": {"source": str(src)}, **sections}
+    return validate_recipe_data(data)
+
+
+@pytest.fixture
+def fake_stages(monkeypatch):
+    calls = []
+
+    def make(name):
+        def fn(ctx):
+            calls.append(name)
+            (ctx.work / f"{name}.txt").write_text(name)
+            if name == "eval":
+                return {"verdict": ctx.recipe.eval.accept.preset == "lenient" and "PASS" or "FAIL"}
+            return {"stage": name, "upstream": sorted(ctx.upstream)}
+        return fn
+
+    monkeypatch.setattr(pipeline, "STAGE_FUNCS", {n: make(n) for n in pipeline.STAGE_ORDER})
+    return calls
+
+
+def test_stage_selection_follows_sections_and_dependencies(tmp_path):
+    r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={}, bench={})
+    assert pipeline.selected_stages(r, None) == ["model", "quantize", "eval", "bench"]
+    assert pipeline.selected_stages(r, ["eval"]) == ["model", "quantize", "eval"]
+    r2 = recipe(tmp_path, serve={}, profile={})
+    assert pipeline.selected_stages(r2, None) == ["model", "profile", "serve"]
+    with pytest.raises(UsageError):
+        pipeline.selected_stages(r, ["nope"])
+
+
+def test_run_reuses_completed_stages_and_forces(tmp_path, fake_stages):
+    r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"accept": {"preset": "lenient"}})
+    res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    assert res.exit_code == 0 and fake_stages == ["model", "quantize", "eval"]
+    run = Path(res.run_dir)
+    m = json.loads((run / "manifest.json").read_text())
+    assert [m["stages"][s]["status"] for s in ("model", "quantize", "eval")] == ["done"] * 3
+    assert (run / "quantize" / "quantize.txt").read_text() == "quantize"  # linked stage entry
+    assert m["inputs"]["model"]["config"] and m["recipe"]["quantize"]["group_size"] == 64
+    # same inputs: everything reused, nothing runs
+    fake_stages.clear()
+    res2 = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    assert fake_stages == [] and {v["status"] for v in res2.stages.values()} == {"reused"}
+    # a changed eval section re-runs eval only; a changed quantize section re-runs quantize and eval
+    fake_stages.clear()
+    r_eval = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"accept": {"preset": "lenient"}, "max_items": 3})
+    pipeline.run_pipeline(r_eval, out_dir=tmp_path / "runs")
+    assert fake_stages == ["eval"]
+    fake_stages.clear()
+    r_q = recipe(tmp_path, quantize={"method": "gptq", "group_size": 32}, eval={"accept": {"preset": "lenient"}})
+    pipeline.run_pipeline(r_q, out_dir=tmp_path / "runs")
+    assert fake_stages == ["quantize", "eval"]
+    fake_stages.clear()
+    pipeline.run_pipeline(r, out_dir=tmp_path / "runs", force=["model"])
+    assert fake_stages == ["model"]  # forcing re-runs that stage; same key downstream stays reused
+
+
+def test_failing_verdict_gives_exit_1_but_runs_on(tmp_path, fake_stages):
+    r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={}, profile={})
+    res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    assert res.exit_code == 1 and fake_stages == ["model", "quantize", "eval", "profile"]
+
+
+def test_interrupt_and_failure_leave_completed_stages_intact(tmp_path, fake_stages, monkeypatch):
+    r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"accept": {"preset": "lenient"}})
+    funcs = dict(pipeline.STAGE_FUNCS)
+
+    def interrupted(ctx):
+        (ctx.work / "partial.bin").write_bytes(b"half")
+        raise KeyboardInterrupt
+
+    monkeypatch.setitem(pipeline.STAGE_FUNCS, "eval", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    cache = tmp_path / "runs" / ".stages"
+    assert not [p for p in cache.iterdir() if p.name.endswith(".tmp")]  # nothing half-written
+    assert not [p for p in cache.iterdir() if p.name.startswith("eval-")]
+    run1 = sorted(p for p in (tmp_path / "runs").iterdir() if p.name.startswith("r-"))[-1]
+    m = json.loads((run1 / "manifest.json").read_text())
+    assert m["stages"]["eval"]["status"] == "interrupted" and m["stages"]["quantize"]["status"] == "done"
+
+    def failing(ctx):
+        raise RuntimeFailure("the backend broke", hint="look at the log")
+
+    monkeypatch.setitem(pipeline.STAGE_FUNCS, "eval", failing)
+    fake_stages.clear()
+    with pytest.raises(RuntimeFailure) as ei:
+        pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    assert ei.value.message == "stage eval failed: the backend broke" and ei.value.hint == "look at the log"
+    assert fake_stages == []  # model and quantize were reused
+
+    monkeypatch.setitem(pipeline.STAGE_FUNCS, "eval", funcs["eval"])
+    res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    assert res.stages["quantize"]["status"] == "reused" and res.stages["eval"]["status"] == "done"
+
+
+def test_report_and_compare(tmp_path, fake_stages):
+    from infertool.report import compare_runs, write_report
+
+    r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"accept": {"preset": "lenient"}})
+    a = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    # stand-in stage outputs in the formats the real stages write
+    qdir = Path(a.run_dir) / "quantize"
+    (qdir / "quantize.json").write_text(json.dumps({"method": "gptq", "backend": "gptqmodel",
+                                                     "size": {"before_bytes": 1000, "after_bytes": 400}}))
+    edir = Path(a.run_dir) / "eval"
+    (edir / "results.json").write_text(json.dumps({"verdict": "FAIL", "reason": "mean KLD above 0.05", "engine": "hf",
+                                                    "suite": {"name": "builtin-corpus"},
+                                                    "gates": [{"name": "max_mean_kld", "metric": "mean KLD", "estimate": 0.08,
+                                                               "lo": 0.07, "hi": 0.09, "threshold": 0.05, "status": "FAIL"}],
+                                                    "files": {"kld_histogram": str(edir / "kld_histogram.svg")}}))
+    (edir / "kld_histogram.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"><rect width="1" height="1"/></svg>')
+    res = write_report(a.run_dir)
+    md = Path(res["files"]["report.md"]).read_text()
+    assert "## Eval: FAIL" in md and "| max_mean_kld | mean KLD | 0.08 |" in md and "before_bytes" in md
+    page = Path(res["files"]["report.html"]).read_text()
+    assert "<svg" in page and "<table>" in page and "mean KLD above 0.05" in page
+    # a second run with a changed eval section, compared
+    r2 = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"accept": {"preset": "lenient"}, "max_items": 5})
+    b = pipeline.run_pipeline(r2, out_dir=tmp_path / "runs")
+    cmp = compare_runs(a.run_dir, b.run_dir)
+    assert {"field": "eval.max_items", "a": None, "b": 5} in cmp["recipe_changes"]
+    rows = {row["metric"]: row for row in cmp["rows"]}
+    assert rows["eval.verdict"]["a"] == "FAIL" and rows["eval.verdict"]["b"] is None
+    with pytest.raises(UsageError):
+        write_report(tmp_path)
