@@ -232,3 +232,14 @@ def test_default_candidate_is_where_quantize_writes(tmp_path):
     p.write_text(f"name: qs\nmodel:\n  source: {tmp_path}\nquantize:\n  method: gptq\n  group_size: 64\n")
     r = run_cli("eval", str(p))
     assert r.returncode == 2 and "out/qs-gptq" in r.stderr and "infertool quantize" in r.stderr
+
+
+def test_vllm_without_int4_kernels_is_named(tmp_path):
+    from infertool.errors import BackendError
+    from infertool.evaluate.server_engine import _raise_known_failure
+
+    log = "ERROR ... AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'\n"
+    with pytest.raises(BackendError) as e:
+        _raise_known_failure(log, "out/q", tmp_path / "vllm.log")
+    assert "no int4/int8 weight-only GEMM kernel" in e.value.message and "--engine hf" in e.value.hint
+    _raise_known_failure("some other failure", "out/q", tmp_path / "vllm.log")  # unknown: left to the caller

