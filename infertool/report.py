@@ -76,9 +76,19 @@ def _sections(run_dir: Path, manifest: dict, data: dict) -> list[tuple[str, list
     if q:
         size = q.get("size") or {}
         v = q.get("verify") or {}
-        paras = [f"{q.get('method')} via {q.get('backend')}: {json.dumps(size) if size else ''}"]
+        b, a = size.get("weight_bytes_before"), size.get("weight_bytes_after")
+        sz = f"weights {b:,} -> {a:,} bytes ({size.get('reduction_pct', 0):.1f}% smaller)" if b and a else json.dumps(size)
+        paras = [f"{q.get('method')} via {q.get('backend')}: {sz}"]
         if v:
-            paras.append(f"vLLM load check: loaded={v.get('loaded')}, greedy token agreement with the original: {_fmt((v.get('agreement') or {}).get('token_agreement') if isinstance(v.get('agreement'), dict) else v.get('agreement'))}")
+            agree = v.get("agreement")
+            if isinstance(agree, dict):
+                agree = agree.get("agreement")
+            paras.append(f"vLLM load check: loaded={v.get('loaded')}, generated={v.get('generated')}"
+                         + (f", greedy token agreement with the original {_fmt(agree)}" if agree is not None else "")
+                         + (f" ({v.get('reason')})" if v.get("reason") else ""))
+        la = q.get("local_agreement")
+        if la:
+            paras.append(f"greedy token agreement ({la.get('engine')}): {_fmt(la.get('agreement'))} over {la.get('tokens')} tokens")
         out.append(("Quantize", paras, None, None))
     ev = data.get("eval")
     if ev:
@@ -104,7 +114,7 @@ def _sections(run_dir: Path, manifest: dict, data: dict) -> list[tuple[str, list
     if be:
         rows = [["level", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "goodput", "$/1M out tok", "errors"]]
         for lv in be.get("levels", []):
-            f = lv.get("figures") or lv
+            f = lv.get("summary") or lv
             cost = (f.get("cost") or {}).get("per_million_output_tokens")
             rows.append([lv.get("level", {}).get("label", ""), _fmt(f.get("request_throughput")), _fmt(f.get("output_token_throughput")),
                          _fmt((f.get("ttft_ms") or {}).get("p50")), _fmt((f.get("ttft_ms") or {}).get("p99")),
@@ -198,7 +208,7 @@ def headline(run_dir: Path, manifest: dict) -> dict:
         h[key + ".verdict"] = p["verdict"]
     be = data.get("bench") or {}
     for lv in be.get("levels", []):
-        f = lv.get("figures") or lv
+        f = lv.get("summary") or lv
         label = lv.get("level", {}).get("label", "?")
         h[f"bench.{label}.output_tok_s"] = f.get("output_token_throughput")
         h[f"bench.{label}.ttft_p50_ms"] = (f.get("ttft_ms") or {}).get("p50")

@@ -126,7 +126,7 @@ def test_report_and_compare(tmp_path, fake_stages):
     # stand-in stage outputs in the formats the real stages write
     qdir = Path(a.run_dir) / "quantize"
     (qdir / "quantize.json").write_text(json.dumps({"method": "gptq", "backend": "gptqmodel",
-                                                     "size": {"before_bytes": 1000, "after_bytes": 400}}))
+                                                     "size": {"weight_bytes_before": 1000, "weight_bytes_after": 400, "reduction_pct": 60.0}}))
     edir = Path(a.run_dir) / "eval"
     (edir / "results.json").write_text(json.dumps({"verdict": "FAIL", "reason": "mean KLD above 0.05", "engine": "hf",
                                                     "suite": {"name": "builtin-corpus"},
@@ -136,7 +136,7 @@ def test_report_and_compare(tmp_path, fake_stages):
     (edir / "kld_histogram.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"><rect width="1" height="1"/></svg>')
     res = write_report(a.run_dir)
     md = Path(res["files"]["report.md"]).read_text()
-    assert "## Eval: FAIL" in md and "| max_mean_kld | mean KLD | 0.08 |" in md and "before_bytes" in md
+    assert "## Eval: FAIL" in md and "| max_mean_kld | mean KLD | 0.08 |" in md and "1,000 -> 400 bytes (60.0% smaller)" in md
     page = Path(res["files"]["report.html"]).read_text()
     assert "<svg" in page and "<table>" in page and "mean KLD above 0.05" in page
     # a second run with a changed eval section, compared
