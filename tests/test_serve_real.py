@@ -143,7 +143,7 @@ def test_bench_url_against_the_server(server):
     human = run_cli("bench", str(server["recipe"]), "--url", server["url"], "--set", "bench.concurrency=[1]",
                     "--set", "bench.requests=2", "--set", "bench.experiments=[]", env={KEY_VAR: SECRET}, timeout=300)
     assert human.returncode == 0, human.stderr[-3000:]
-    assert "sweep" in human.stdout and "concurrency 1" in human.stdout and SECRET not in human.stdout + human.stderr
+    assert "latency (ms)" in human.stdout and "concurrency 1" in human.stdout and SECRET not in human.stdout + human.stderr
 
 
 def test_bench_counts_errors_and_refuses_restart_experiments(server):

@@ -6,7 +6,8 @@ from pathlib import Path
 
 
 def plot_latency_throughput(report: dict, path: str | Path) -> Path:
-    """One point per load level: output tokens/s on x; TTFT p50 and TPOT p50 (ms) on y; one line per arm."""
+    """One point per load level: output tokens/s on x; TTFT p50 and TPOT p50 (ms) on y; one line per
+    traffic pattern of the sweep and per experiment arm that is not the sweep itself."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -15,14 +16,19 @@ def plot_latency_throughput(report: dict, path: str | Path) -> Path:
     series: dict[str, list[dict]] = {}
     for lv in report.get("levels", []):
         series.setdefault(lv["level"]["kind"], []).append(lv)
+    main = [lv["summary"]["output_token_throughput"] for lv in report.get("levels", [])
+            if lv["level"]["kind"] == "concurrency"]
     for exp in report.get("experiments", []):
-        for row in exp.get("rows", []):
-            f = row["figures"]
-            series.setdefault(f"{exp['experiment']}: {exp['b']}", []).append({
-                "level": {"label": row["b_level"]},
-                "summary": {"output_token_throughput": f["output_token_throughput"]["b"],
-                            "ttft_ms": {"p50": f["ttft_p50_ms"]["b"]}, "tpot_ms": {"p50": f["tpot_p50_ms"]["b"]}},
-            })
+        for arm in ("a", "b"):  # the arm that IS the main sweep is drawn once, as the sweep
+            rows = exp.get("rows", [])
+            if [row["figures"]["output_token_throughput"][arm] for row in rows] == main:
+                continue
+            series[f"{exp['experiment']}: {exp[arm]}"] = [{
+                "level": {"label": row["b_level"] if arm == "b" else row["level"]},
+                "summary": {"output_token_throughput": row["figures"]["output_token_throughput"][arm],
+                            "ttft_ms": {"p50": row["figures"]["ttft_p50_ms"][arm]},
+                            "tpot_ms": {"p50": row["figures"]["tpot_p50_ms"][arm]}},
+            } for row in rows]
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
     for ax, key, title in ((axes[0], "ttft_ms", "TTFT p50 (ms)"), (axes[1], "tpot_ms", "TPOT p50 (ms)")):
         for name, levels in series.items():

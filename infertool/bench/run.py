@@ -130,7 +130,8 @@ async def _measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str
     import httpx
 
     target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
-    limits = httpx.Limits(max_connections=max(64, max((int(lv.value) for lv in levels), default=1) * 2))
+    # one connection per request that can be in flight (open-loop levels may have them all), plus scraping
+    limits = httpx.Limits(max_connections=bench.requests + 2, max_keepalive_connections=bench.requests + 2)
     out: list[dict] = []
     async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(bench.max_duration_s)) as client:
         if warmup:

@@ -65,26 +65,28 @@ def render(report: dict) -> None:
     err.print(f"[bold]{report['model']}[/] at {report['url']} ({report['endpoint']}); "
               f"{s['requests_per_level']} requests per level, prompt ~{s['prompt']['len_tokens']} tokens "
               f"({s['prompt']['source']}), output {s['output_len']} tokens", soft_wrap=True)
-    t = Table(title="sweep", title_justify="left")
-    cols = ["level", "ok/err", "req/s", "out tok/s", "TTFT p50/p99 ms", "TPOT p50/p99 ms", "ITL p50 ms",
-            "E2E p50/p99 ms", "goodput req/s", "$/1M out", "KV max %", "run/wait max", "preempt"]
-    for c in cols:
-        t.add_column(c, justify="right" if c != "level" else "left")
+    lat = Table(title="latency (ms)", title_justify="left")
+    for c in ("level", "ok/err", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "E2E p50", "E2E p99"):
+        lat.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
+    thr = Table(title="throughput (per s), goodput, cost, and the server's own metrics (max)", title_justify="left")
+    for c in ("level", "req", "out tok", "goodput req", "$/1M tok", "$/req", "KV %", "run/wait", "preempt",
+              "prefix hit %"):
+        thr.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
     for lv in report["levels"]:
         m, sm = lv["summary"], lv["server_metrics"]
-        kv = sm.get("kv_cache_usage_max")
-        t.add_row(
-            lv["level"]["label"], f"{m['completed']}/{m['failed']}", _f(m["request_throughput"], "{:.2f}"),
-            _f(m["output_token_throughput"]),
-            f"{_f(m['ttft_ms']['p50'], '{:.0f}')}/{_f(m['ttft_ms']['p99'], '{:.0f}')}",
-            f"{_f(m['tpot_ms']['p50'])}/{_f(m['tpot_ms']['p99'])}", _f(m["itl_ms"]["p50"]),
-            f"{_f(m['e2e_ms']['p50'], '{:.0f}')}/{_f(m['e2e_ms']['p99'], '{:.0f}')}",
-            _f(m["goodput"]["requests_per_s"], "{:.2f}"), _f(m["cost"]["per_1m_output_tokens"], "${:.2f}"),
-            _f(None if kv is None else kv * 100, "{:.2f}"),
-            f"{_f(sm.get('running_max'), '{:.0f}')}/{_f(sm.get('waiting_max'), '{:.0f}')}",
-            _f(sm.get("preemptions"), "{:.0f}"),
-        )
-    out.print(t)
+        label = lv["level"]["label"]
+        lat.add_row(label, f"{m['completed']}/{m['failed']}", _f(m["ttft_ms"]["p50"], "{:.0f}"),
+                    _f(m["ttft_ms"]["p99"], "{:.0f}"), _f(m["tpot_ms"]["p50"]), _f(m["tpot_ms"]["p99"]),
+                    _f(m["itl_ms"]["p50"]), _f(m["e2e_ms"]["p50"], "{:.0f}"), _f(m["e2e_ms"]["p99"], "{:.0f}"))
+        kv, hit, frac = sm.get("kv_cache_usage_max"), sm.get("prefix_cache_hit_rate"), m["goodput"]["fraction"]
+        thr.add_row(label, _f(m["request_throughput"], "{:.3f}"), _f(m["output_token_throughput"], "{:.2f}"),
+                    _f(m["goodput"]["requests_per_s"], "{:.3f}") + ("" if frac is None else f" ({frac:.0%})"),
+                    _f(m["cost"]["per_1m_output_tokens"], "${:.2f}"), _f(m["cost"]["per_request"], "${:.4f}"),
+                    _f(None if kv is None else kv * 100, "{:.2f}"),
+                    f"{_f(sm.get('running_max'), '{:.0f}')}/{_f(sm.get('waiting_max'), '{:.0f}')}",
+                    _f(sm.get("preemptions"), "{:.0f}"), _f(None if hit is None else hit * 100, "{:.0f}"))
+    out.print(lat)
+    out.print(thr)
     errors = {k: v for lv in report["levels"] for k, v in lv["summary"]["errors"].items()}
     if errors:
         err.print(f"[yellow]errors:[/] {errors}")
