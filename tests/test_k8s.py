@@ -46,3 +46,17 @@ def test_single_gpu_fp8_kv_and_names():
     assert c["args"][c["args"].index("--model") + 1] == "/models/Llama-3.1-8B-Instruct"
     assert k8s_name("Llama3.1_8B!!") == "llama3-1-8b"
     assert container_model_path("bundled:smollm2-135m") == "/models/smollm2-135m"
+
+
+def test_serve_emit_k8s_cli():
+    from typer.testing import CliRunner
+
+    from infertool.cli import app
+
+    r = CliRunner().invoke(app, ["serve", "llama3.1-8b-speculative", "--emit", "k8s"])
+    assert r.exit_code == 0, r.output
+    docs = list(yaml.safe_load_all(r.stdout))
+    args = docs[0]["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--speculative-config" in args
+    r = CliRunner().invoke(app, ["serve", "quickstart", "--emit", "helm"])
+    assert r.exit_code == 2

@@ -35,14 +35,33 @@ def register(app: typer.Typer) -> None:
         timeout: Optional[float] = typer.Option(None, "--timeout", help="Start-up timeout in seconds (default serve.startup_timeout_s)."),
         log: Optional[Path] = typer.Option(None, "--log", help="The server log file (default under $INFERTOOL_HOME/logs)."),
         force: bool = typer.Option(False, "--force", help="Launch even when the lint finds errors."),
+        emit: Optional[str] = typer.Option(None, "--emit", help="k8s: print Kubernetes manifests for the recipe instead of launching."),
         as_json: bool = JSON_OPT,
     ) -> None:
+        if emit is not None:
+            if target in _ACTIONS or emit != "k8s":
+                raise usage_error(f"--emit {emit!r}: only `infertool serve RECIPE --emit k8s` exists")
+            _emit_k8s(target, overrides or [])
+            return
         if target in _ACTIONS:
             _manage(target, recipe_arg, overrides, port, pid_file, all_, as_json)
             return
         if recipe_arg is not None:
             raise usage_error(f"unexpected argument {recipe_arg!r}", hint="infertool serve RECIPE [--set k=v] [--dry-run] [--detach]")
         _launch(target, overrides or [], dry_run, detach, pid_file, timeout, log, force, as_json)
+
+
+def _emit_k8s(recipe_path: str, overrides: list[str]) -> None:
+    """Kubernetes manifests on stdout (comments say what to create first); starts nothing."""
+    import sys
+
+    from infertool.deploy.k8s import manifests, render
+    from infertool.recipe import load_recipe
+    from infertool.serve.command import choose_model
+
+    recipe = load_recipe(recipe_path, overrides)
+    model = choose_model(recipe, resolve=False).path
+    sys.stdout.write(render(manifests(recipe, model), recipe, model))
 
 
 def _render_plan(plan, as_json: bool, dry_run: bool) -> None:
