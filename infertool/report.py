@@ -115,7 +115,7 @@ def _sections(run_dir: Path, manifest: dict, data: dict) -> list[tuple[str, list
         rows = [["level", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "goodput", "$/1M out tok", "errors"]]
         for lv in be.get("levels", []):
             f = lv.get("summary") or lv
-            cost = (f.get("cost") or {}).get("per_million_output_tokens")
+            cost = (f.get("cost") or {}).get("per_1m_output_tokens")
             rows.append([lv.get("level", {}).get("label", ""), _fmt(f.get("request_throughput")), _fmt(f.get("output_token_throughput")),
                          _fmt((f.get("ttft_ms") or {}).get("p50")), _fmt((f.get("ttft_ms") or {}).get("p99")),
                          _fmt((f.get("tpot_ms") or {}).get("p50")), _fmt((f.get("goodput") or {}).get("fraction")),
