@@ -204,6 +204,21 @@ def make_plan(recipe, *, gpu: str | None = None, memory_gib: float | None = None
     arch, weights, max_pos, notes = planned_model(recipe)
     tp, pp = serve.tensor_parallel_size, serve.pipeline_parallel_size
     model_dtype = recipe.model.dtype if serve.dtype == "auto" else serve.dtype
+    profile_gpu = recipe.profile.gpu if recipe.profile is not None else None
+    gpu_name = gpu or (profile_gpu if memory_gib is None else None)
+    if not (gpu_name or memory_gib is not None):
+        # vLLM's CPU backend: the dtype `infertool serve` will pass on this host (float32 where the CPU has no
+        # bf16/fp16 matrix instructions and the model is unquantized)
+        from infertool.serve.lint import cpu_serve_dtype
+
+        chosen, why = cpu_serve_dtype(serve.dtype, recipe.model.dtype, weights.quantization != "none")
+        if why:
+            model_dtype = chosen
+            notes.append(why)
+            scale = roofline.DTYPE_BYTES[chosen] / roofline.DTYPE_BYTES.get(recipe.model.dtype, 2)
+            weights = WeightFacts(weights.source, f"{weights.how}, held in {chosen} by vLLM", int(weights.total_bytes * scale),
+                                  int(weights.embedding_bytes * scale), int(weights.expert_bytes * scale),
+                                  weights.bytes_per_linear_weight * scale, weights.quantization)
     kv_b = kv_dtype_bytes(serve.kv_cache_dtype, model_dtype)
     kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_b)
     max_model_len = serve.max_model_len or max_pos or 4096
@@ -223,8 +238,6 @@ def make_plan(recipe, *, gpu: str | None = None, memory_gib: float | None = None
     kv_tok_gpu = roofline.kv_bytes_per_token(layers_per_stage, kv_heads_per_gpu, arch.head_dim, kv_b)
 
     # ---- device and memory
-    profile_gpu = recipe.profile.gpu if recipe.profile is not None else None
-    gpu_name = gpu or (profile_gpu if memory_gib is None else None)
     if gpu_name or memory_gib is not None:
         dev = hardware.find_gpu(gpu_name) if gpu_name else None
         mem_bytes = int(memory_gib * GIB) if memory_gib is not None else dev.memory_bytes
@@ -367,7 +380,12 @@ def _cpu_peaks() -> dict:
     cache = home() / "peaks" / "cpu.json"
     try:
         data = json.loads(cache.read_text())
-        return {"bf16_flops": data["bf16_flops"], "bandwidth_bytes_s": data["bandwidth_bytes_s"], "source": f"measured ({cache})"}
+        flops, src = data["bf16_flops"], f"measured ({cache})"
+        if data.get("fp32_flops") and flops < 0.25 * data["fp32_flops"]:
+            # no bf16 matrix instructions: torch's bf16 GEMM is a slow fallback, and vLLM's CPU kernels run
+            # at most at the fp32 rate (which is also what infertool serves in there)
+            flops, src = data["fp32_flops"], f"measured fp32 matmul, this CPU's bf16 is far slower ({cache})"
+        return {"bf16_flops": flops, "bandwidth_bytes_s": data["bandwidth_bytes_s"], "source": src}
     except (OSError, ValueError, KeyError):
         ref = hardware.CPU_REFERENCE
         return {"bf16_flops": ref["bf16_flops"], "bandwidth_bytes_s": ref["bandwidth_bytes_s"], "source": ref["source"]}

@@ -28,7 +28,12 @@ def recipe(**sections):
     return validate_recipe_data(data)
 
 
-def test_cpu_plan_follows_vllm_block_arithmetic(tmp_path):
+BF16_CPU = "avx2 avx512f avx512_bf16"  # a CPU with bf16 matrix instructions: vLLM runs the model's bf16
+AVX2_CPU = "avx2 fma"  # this project's machines: no bf16 instructions, infertool serves unquantized models in fp32
+
+
+def test_cpu_plan_follows_vllm_block_arithmetic(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", BF16_CPU)
     model = tmp_path / "m"
     make_fake_model(model, LLAMA_CFG, {"model.embed_tokens.weight": ("BF16", [49152, 576])}, {"BF16": 2})
     p = make_plan(recipe(source=str(model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1}}))
@@ -40,7 +45,26 @@ def test_cpu_plan_follows_vllm_block_arithmetic(tmp_path):
     assert p.model["how"] == "safetensors headers" and p.model["weight_bytes"] == 49152 * 576 * 2
 
 
-def test_cpu_kv_too_small_for_max_model_len_predicts_vllm_refusal(tmp_path):
+def test_cpu_without_bf16_plans_the_float32_that_serve_runs(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", AVX2_CPU)
+    model = tmp_path / "m"
+    make_fake_model(model, LLAMA_CFG, {"model.embed_tokens.weight": ("BF16", [49152, 576])}, {"BF16": 2})
+    p = make_plan(recipe(source=str(model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1}}))
+    # float32 KV: 2*2*3*64*4 = 3,072 B/token; 1 GiB // (128 * 3,072) = 2,730 blocks
+    assert p.kv["bytes_per_token"] == 3072 and p.kv["dtype"] == "auto (float32)"
+    assert p.capacity["kv_tokens"] == 2730 * 128
+    assert p.model["weight_bytes"] == 49152 * 576 * 4  # vLLM holds the weights in float32
+    assert any("no bfloat16 matrix instructions" in n for n in p.notes)
+    # an explicit serve.dtype is kept
+    p16 = make_plan(recipe(source=str(model), serve={"max_model_len": 2048, "dtype": "bfloat16", "cpu": {"kv_cache_space_gib": 1}}))
+    assert p16.kv["bytes_per_token"] == 1536 and p16.capacity["kv_tokens"] == 699_008
+    # a GPU plan does not depend on this host's CPU
+    pg = make_plan(recipe(source=str(model), serve={"max_model_len": 2048}), gpu="H100")
+    assert pg.kv["bytes_per_token"] == 1536
+
+
+def test_cpu_kv_too_small_for_max_model_len_predicts_vllm_refusal(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", BF16_CPU)
     model = tmp_path / "m"
     cfg = dict(LLAMA_CFG, num_hidden_layers=30)
     make_fake_model(model, cfg, {"w": ("BF16", [8])}, {"BF16": 2})
@@ -114,12 +138,18 @@ def _free_port() -> int:
 
 @pytest.mark.slow
 def test_kv_capacity_matches_vllm_startup_report(tiny_model, serve_python, tmp_path):
-    """vLLM's own 'CPU KV cache size: N tokens' for the same settings equals the plan's number."""
-    p = make_plan(recipe(source=str(tiny_model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1}}))
+    """vLLM's own 'CPU KV cache size: N tokens' for the same settings equals the plan's number, with the
+    command `infertool serve` builds (on this host's CPU: its flags decide the dtype on both sides)."""
+    from infertool.serve import prepare
+
+    r = recipe(source=str(tiny_model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1},
+                                               "enforce_eager": True, "port": _free_port()})
+    p = make_plan(r)
+    launch = prepare(r, python=str(serve_python))
     log = tmp_path / "vllm.log"
-    env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")
-    cmd = [str(serve_python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(tiny_model),
-           "--enforce-eager", "--max-model-len", "2048", "--host", "127.0.0.1", "--port", str(_free_port())]
+    env = dict(os.environ, **launch.spec.env)
+    cmd = launch.spec.argv
+    assert launch.kv["capacity_tokens"] == p.capacity["kv_tokens"]
     with open(log, "w") as f:
         proc = subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:

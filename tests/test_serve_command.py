@@ -140,13 +140,13 @@ def fake_model(tmp_path):
 
 def test_dry_run_prints_exact_command_and_env_without_the_key(tmp_path, fake_model):
     recipe = _recipe(tmp_path, fake_model)
-    r = run_cli("serve", recipe, "--dry-run", "--set", "serve.port=18777", env={"T_KEY": SECRET})
+    r = run_cli("serve", recipe, "--dry-run", "--set", "serve.port=18777", env={"T_KEY": SECRET, "INFERTOOL_CPU_FLAGS": "avx512_bf16"})
     assert r.returncode == 0, r.stderr
     assert "VLLM_CPU_KVCACHE_SPACE=1" in r.stdout and "VLLM_API_KEY=<redacted>" in r.stdout
     assert f"-m vllm.entrypoints.openai.api_server --model {fake_model}" in r.stdout
     assert "--port 18777" in r.stdout and "--enforce-eager" in r.stdout
     assert SECRET not in r.stdout + r.stderr
-    j = run_cli("serve", recipe, "--dry-run", "--json", "--set", "serve.port=18777", env={"T_KEY": SECRET})
+    j = run_cli("serve", recipe, "--dry-run", "--json", "--set", "serve.port=18777", env={"T_KEY": SECRET, "INFERTOOL_CPU_FLAGS": "avx512_bf16"})
     assert j.returncode == 0, j.stderr
     data = json.loads(j.stdout)
     assert data["argv"][data["argv"].index("--max-model-len") + 1] == "1024"
@@ -200,3 +200,40 @@ def test_model_choice_quantized_output_else_original(tmp_path, fake_model):
     assert explicit.origin == "serve.model" and explicit.name == "model"
     bundled = choose_model(validate_recipe_data({"name": "t", "model": {"source": "bundled:smollm2-135m"}}), resolve=False)
     assert bundled.name == "smollm2-135m" and bundled.origin == "model.source"
+
+
+def test_cpu_without_bf16_serves_unquantized_models_in_float32(tmp_path, fake_model):
+    """serve.dtype auto on a CPU without bf16 matrix instructions: --dtype float32, said why, KV counted in fp32."""
+    avx2 = {"INFERTOOL_CPU_FLAGS": "avx2 fma"}
+    j = run_cli("serve", _recipe(tmp_path, fake_model), "--dry-run", "--json", "--set", "serve.port=18779", env=avx2)
+    assert j.returncode == 0, j.stderr
+    data = json.loads(j.stdout)
+    assert data["argv"][data["argv"].index("--dtype") + 1] == "float32"
+    assert data["kv_cache"]["kv_bytes_per_token"] == 2 * 2 * 3 * 64 * 4
+    why = [i for i in data["lint"] if i["field"] == "serve.dtype"]
+    assert len(why) == 1 and "no bfloat16 matrix instructions" in why[0]["message"]
+    # an explicit bfloat16 is kept, with the measured cost of prefill said once
+    j = run_cli("serve", _recipe(tmp_path, fake_model, "  dtype: bfloat16\n"), "--dry-run", "--json",
+                "--set", "serve.port=18779", env=avx2)
+    data = json.loads(j.stdout)
+    assert data["argv"][data["argv"].index("--dtype") + 1] == "bfloat16"
+    why = [i for i in data["lint"] if i["field"] == "serve.dtype"]
+    assert len(why) == 1 and "prefill runs several times slower" in why[0]["message"]
+    # a CPU with bf16 instructions: vLLM's own choice (no --dtype)
+    j = run_cli("serve", _recipe(tmp_path, fake_model), "--dry-run", "--json", "--set", "serve.port=18779",
+                env={"INFERTOOL_CPU_FLAGS": "avx2 avx512_bf16"})
+    data = json.loads(j.stdout)
+    assert "--dtype" not in data["argv"] and not [i for i in data["lint"] if i["field"] == "serve.dtype"]
+
+
+def test_quantized_checkpoints_keep_16_bit_on_the_cpu():
+    from infertool.serve.lint import cpu_serve_dtype
+
+    # vLLM's GPTQ/AWQ kernels take only half-precision activations
+    assert cpu_serve_dtype("auto", "bfloat16", quantized=True, flags={"avx2"}) == (None, None)
+    assert cpu_serve_dtype("auto", "bfloat16", quantized=False, flags={"avx2"})[0] == "float32"
+    assert cpu_serve_dtype("auto", "float16", quantized=False, flags={"avx512_bf16"})[0] == "float32"
+    assert cpu_serve_dtype("auto", "float16", quantized=False, flags={"avx512_fp16"}) == (None, None)
+    assert cpu_serve_dtype("auto", "float32", quantized=False, flags={"avx2"}) == (None, None)
+    assert cpu_serve_dtype("bfloat16", "bfloat16", quantized=False, flags={"avx2"}) == ("bfloat16", None)
+    assert cpu_serve_dtype("auto", "bfloat16", quantized=False, flags=set()) == (None, None)  # unknown CPU: vLLM decides

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infertool.errors import UsageError
 from infertool.serve.command import LaunchSpec, ModelChoice, build_launch, choose_model
-from infertool.serve.lint import LintIssue, kv_plan, lint_serve
+from infertool.serve.lint import LintIssue, cpu_serve_dtype, kv_plan, lint_serve
 
 __all__ = ["LaunchPlan", "prepare", "serve_section", "default_log_path"]
 
@@ -79,7 +79,6 @@ def prepare(recipe, *, dry_run: bool = False, serve=None, port: int | None = Non
 
             python = str(require_env("serve", needed_by="infertool serve"))
     cpu = _variant() == "cpu"
-    spec = build_launch(serve, choice.path, python, cpu=cpu, port=port, default_name=choice.name)
     info = None
     if (Path(choice.path) / "config.json").is_file():
         from infertool.models.info import model_info
@@ -88,7 +87,15 @@ def prepare(recipe, *, dry_run: bool = False, serve=None, port: int | None = Non
             info = model_info(choice.path)
         except UsageError:
             info = None
-    issues = lint_serve(serve, info, cpu=cpu, port=spec.port, check_port=check_port)
+    chosen: list[LintIssue] = []
+    if cpu and info is not None:
+        dtype, why = cpu_serve_dtype(serve.dtype, info.dtype or info.stored_dtype, bool(info.quantization))
+        if why:
+            serve = serve.model_copy(update={"dtype": dtype})
+            chosen.append(LintIssue("info", "serve.dtype", why, "set serve.dtype: bfloat16 to keep 16-bit "
+                                    "(decode, which is memory-bound, reads half the bytes)"))
+    spec = build_launch(serve, choice.path, python, cpu=cpu, port=port, default_name=choice.name)
+    issues = lint_serve(serve, info, cpu=cpu, port=spec.port, check_port=check_port) + chosen
     kv = kv_plan(serve, info) if (info is not None and cpu) else None
     return LaunchPlan(spec, choice, issues, kv)
 
