@@ -91,11 +91,16 @@ def run_profile(
     engine = engine or prof.engine
     if engine not in ("hf", "vllm"):
         raise UsageError(f"unknown profile engine {engine!r}", hint="use hf or vllm")
+    nsys_bin = None
     if nsys or (nsys is None and prof.nsys):
-        # The parsing and classification exist (infertool/profile/nsys.py); running the measurement under
-        # nsys needs a CUDA host to build and check against, which this project has not had yet.
-        raise UsageError("profiling under Nsight Systems (profile.nsys) is not available yet",
-                         hint="set profile.nsys: false; the NVML readings are collected on CUDA hosts without it")
+        from infertool.envs.specs import detect_variant
+        from infertool.profile.nsys import require_nsys
+
+        if detect_variant() != "cuda":
+            raise UsageError("--nsys traces CUDA kernels, and this host has no NVIDIA GPU",
+                             hint="run without --nsys (or set profile.nsys: false): on a CPU the timings against the "
+                             "measured peaks are the evidence")
+        nsys_bin = require_nsys()
     batch = batch or list(prof.batch)
     prompt_len = prompt_len or list(prof.prompt_len)
     decode_len = decode_len or prof.decode_len
@@ -122,13 +127,23 @@ def run_profile(
         dtype = "float32"
         notes.append(f"this CPU's bf16 matmul ({peaks_raw['bf16_flops'] / 1e9:.1f} GFLOP/s) is far below fp32 "
                      f"({peaks_raw['fp32_flops'] / 1e9:.1f} GFLOP/s): measured in float32")
+    if engine == "vllm" and peaks_raw.get("device") == "cpu":
+        # the dtype `infertool serve` runs vLLM in on this CPU (float32 where it has no bf16/fp16 instructions)
+        from infertool.serve import serve_section
+        from infertool.serve.lint import cpu_serve_dtype
+
+        chosen, why = cpu_serve_dtype(serve_section(recipe).dtype, dtype, False)
+        if chosen and chosen != dtype:
+            dtype = chosen
+            if why:
+                notes.append(why)
     scale = roofline.DTYPE_BYTES.get(dtype, 2) / roofline.DTYPE_BYTES.get(stored, 2)
     if scale != 1:
         weights = WeightFacts(weights.source, weights.how, int(weights.total_bytes * scale), int(weights.embedding_bytes * scale),
                               int(weights.expert_bytes * scale), weights.bytes_per_linear_weight * scale, weights.quantization)
         kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, roofline.DTYPE_BYTES[dtype])
     flops_key = "bf16_flops" if dtype in ("bfloat16", "float16") else "fp32_flops"
-    if (engine == "vllm" and peaks_raw.get("device") == "cpu"
+    if (engine == "vllm" and peaks_raw.get("device") == "cpu" and flops_key == "bf16_flops"
             and peaks_raw.get("bf16_flops", 0) < 0.25 * peaks_raw.get("fp32_flops", 0)):
         flops_key = "fp32_flops"  # no bf16 instructions here: vLLM's CPU kernels cannot beat the fp32 peak either
         notes.append("compute peak: this CPU's fp32 matmul (its bf16 is far slower)")
@@ -144,15 +159,29 @@ def run_profile(
     context = (prof.context_len or [prompt_len[0]])[0]
     spec = {"model": str(resolved.path), "dtype": dtype, "batch": batch, "prompt_len": prompt_len,
             "decode_len": decode_len, "context": context, "repeats": prof.repeats, "nvml": True}
+    prefix = None
+    if nsys_bin is not None:
+        nsys_dir = Path(out_dir) / "nsys" if out_dir else _log_dir("profile-nsys")
+        nsys_dir.mkdir(parents=True, exist_ok=True)
+        prefix = str(nsys_dir / f"profile-{engine}")
     if engine == "hf":
-        measured = _run_hf(spec, on_event)
+        if prefix:
+            from infertool.profile.nsys import profile_command
+
+            measured = _run_hf({**spec, "cuda_profiler": True}, on_event, wrap=profile_command(nsys_bin, prefix, []))
+        else:
+            measured = _run_hf(spec, on_event)
     else:
         from infertool.profile.vllm_engine import vllm_timings
 
         measured = vllm_timings(recipe, str(resolved.path), batch=batch, prompt_len=prompt_len, decode_len=decode_len,
                                 context=context, repeats=prof.repeats, on_event=on_event,
-                                log_dir=Path(out_dir) if out_dir else None)
+                                log_dir=Path(out_dir) if out_dir else None,
+                                nsys=(nsys_bin, prefix) if prefix else None)
         notes.append("vllm engine: times include the server's HTTP and scheduling overhead")
+    nsys_summary = None
+    if prefix:
+        nsys_summary = _nsys_summary(nsys_bin, prefix, measured, on_event)
     points = analysis.analyse(measured, arch, weights.total_bytes, lambda b: decode_weight_bytes(arch, weights, b), kv_tok, peaks, datasheet)
     rid = roofline.ridge(peaks["flops"], peaks["bandwidth"])
     crossover = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), context, kv_tok, rid)
@@ -162,6 +191,9 @@ def run_profile(
         "decode": [_cost_row(roofline.decode_step(arch, decode_weight_bytes(arch, weights, b), b, context, kv_tok), b=b) for b in batch],
     }
     verdicts = _phase_verdicts(points)
+    advice_rows = analysis.advice(points, crossover, max(batch))
+    if nsys_summary is not None:
+        advice_rows.extend(_nsys_advice(nsys_summary))
     result = ProfileResult(
         model={"path": str(resolved.path), "source": source, "weight_bytes": weights.total_bytes, "layers": arch.layers,
                "params": arch.total_params, "dtype": dtype, "kv_bytes_per_token": kv_tok},
@@ -172,9 +204,9 @@ def run_profile(
         analytic=analytic,
         crossover_batch=crossover,
         verdicts=verdicts,
-        advice=analysis.advice(points, crossover, max(batch)),
+        advice=advice_rows,
         nvml=measured.get("nvml") or {"available": False},
-        nsys=None,
+        nsys=nsys_summary,
         out_dir=None,
         plot=None,
         seconds=time.monotonic() - t0,
@@ -185,10 +217,57 @@ def run_profile(
     return result
 
 
-def _run_hf(spec: dict, on_event) -> dict:
+def _run_hf(spec: dict, on_event, wrap: list[str] | None = None) -> dict:
     from infertool.envs.runner import run_stage
 
-    return run_stage("profile.hf", spec, on_event=on_event).result
+    return run_stage("profile.hf", spec, on_event=on_event, wrap=wrap).result
+
+
+def _log_dir(what: str) -> Path:
+    from datetime import datetime, timezone
+
+    from infertool.envs.paths import logs_root
+
+    return logs_root() / f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{what}-{os.getpid()}"
+
+
+def _nsys_summary(nsys_bin: str, prefix: str, measured: dict, on_event) -> dict:
+    """`nsys stats` on the report the measured run wrote: kernel classes, kernel-busy fraction per phase."""
+    from infertool.errors import BackendError
+    from infertool.profile.nsys import collect
+
+    report = f"{prefix}.nsys-rep"
+    deadline = time.monotonic() + 120  # nsys finishes writing the report after the workload exits
+    while not Path(report).is_file() and time.monotonic() < deadline:
+        time.sleep(1)
+    if not Path(report).is_file():
+        raise BackendError(f"Nsight Systems wrote no report ({report})",
+                           hint="nsys's own messages are in the profile log; is profiling allowed for this user?")
+    if on_event:
+        on_event({"event": "progress", "task": "profile", "completed": None, "total": None, "description": "nsys stats"})
+    summary = collect(nsys_bin, report, prefix)
+    if not summary.get("ranges") and measured.get("captured_wall_ns"):
+        # the vllm engine has no NVTX ranges of ours: the measured wall between start_profile and stop_profile
+        summary["ranges"] = {"measured (vllm)": {"total_ns": measured["captured_wall_ns"], "instances": 1}}
+        summary["kernel_busy_fraction"] = summary["kernel_time_ns"] / measured["captured_wall_ns"]
+    return summary
+
+
+def _nsys_advice(summary: dict) -> list[str]:
+    out = []
+    busy = summary.get("kernel_busy_fraction")
+    if busy is not None and busy < 0.6:
+        out.append(f"GPU kernels ran {busy:.0%} of the measured time: the rest is launch and host overhead "
+                   "(CUDA graphs, i.e. serve.enforce_eager: false, and larger batches hide it)")
+    for phase, p in (summary.get("phases") or {}).items():
+        b = p.get("kernel_busy_fraction")
+        if b is not None and b < 0.6:
+            out.append(f"{phase}: kernels busy {b:.0%} of its wall time: overhead-bound, not the roofline")
+    shares = summary.get("class_share") or {}
+    if shares.get("communication", 0) > 0.2:
+        out.append(f"communication kernels take {shares['communication']:.0%} of GPU time: a lower tensor-parallel "
+                   "degree (or NVLink) would help")
+    return out
 
 
 def _cost_row(c: roofline.PhaseCost, **k) -> dict:
