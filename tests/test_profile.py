@@ -4,7 +4,9 @@ hf measurement of the 2-layer bundled model on this CPU."""
 from __future__ import annotations
 
 import json
+import subprocess
 import types
+from pathlib import Path
 
 import pytest
 
@@ -140,6 +142,92 @@ def test_nsys_commands_and_missing_binary(monkeypatch):
         nsys.require_nsys()
 
 
+# Hand-written in the layout of `nsys stats -f csv` (nsys 2024/2025 column names); no GPU has been lent to
+# this project yet to record real ones: tests/test_profile_gpu.py records them on a GPU host.
+NVTX_SUM = """\
+Processing [profile-hf.sqlite] with [/opt/nvidia/nsight-systems/host-linux-x64/reports/nvtx_sum.py]...
+Time (%),Total Time (ns),Instances,Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Style,Range
+50.0,10000000,4,2500000.0,2500000.0,2400000,2600000,100.0,PushPop,:prefill 512
+40.0,8000000,15,533333.3,530000.0,500000,600000,100.0,PushPop,:decode b8
+10.0,2000000,1,2000000.0,2000000.0,2000000,2000000,0.0,PushPop,:setup b8
+"""
+NVTX_KERN_SUM = """\
+NVTX Range,Style,PID,TID,NVTX Inst,Kern Inst,Total Time (ns),Avg (ns),Med (ns),Min (ns),Max (ns),StdDev (ns),Kern Name
+:prefill 512,PushPop,100,100,4,40,9000000,225000.0,225000.0,200000,250000,10.0,sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n
+:decode b8,PushPop,100,100,15,150,2000000,13333.3,13000.0,12000,15000,10.0,sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n
+:decode b8,PushPop,100,100,15,150,1000000,6666.7,6600.0,6000,7000,10.0,void flash_fwd_splitkv_kernel<...>(Flash_fwd_params)
+:setup b8,PushPop,100,100,1,10,1800000,180000.0,180000.0,170000,190000,10.0,sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n
+"""
+
+
+def test_nsys_collect_runs_stats_per_report_and_summarises_phases(tmp_path):
+    """collect(): one `nsys stats` call per report; kernel classes overall, kernel-busy fraction per phase."""
+    calls = []
+    tables = {"cuda_gpu_kern_sum": KERN_SUM, "nvtx_sum": NVTX_SUM, "nvtx_kern_sum": NVTX_KERN_SUM}
+
+    def fake_run(argv):
+        calls.append(argv)
+        which, prefix = argv[argv.index("-r") + 1], argv[argv.index("-o") + 1]
+        Path(f"{prefix}_{which}.csv").write_text(tables[which])
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    prefix = str(tmp_path / "profile-hf")
+    out = nsys.collect("nsys", prefix + ".nsys-rep", prefix, run=fake_run)
+    assert [c[c.index("-r") + 1] for c in calls] == ["cuda_gpu_kern_sum", "nvtx_sum", "nvtx_kern_sum"]
+    assert out["ranges"]["prefill 512"] == {"total_ns": 10_000_000, "instances": 4}  # leading ':' stripped
+    assert out["kernel_busy_fraction"] == pytest.approx(10_000_000 / 20_000_000)
+    assert out["phases"]["prefill"]["kernel_busy_fraction"] == pytest.approx(0.9)
+    assert out["phases"]["decode"]["kernel_busy_fraction"] == pytest.approx(3_000_000 / 8_000_000)  # setup excluded
+    assert out["phases"]["decode"]["class_share"] == pytest.approx({"gemm": 2 / 3, "attention": 1 / 3})
+    from infertool.profile.core import _nsys_advice
+
+    advice = _nsys_advice(out)
+    assert any("decode: kernels busy 38%" in a for a in advice) and any("kernels ran 50%" in a for a in advice)
+
+    # an nsys without the per-range report: the rest still comes back, with a note
+    def partial(argv):
+        which, prefix = argv[argv.index("-r") + 1], argv[argv.index("-o") + 1]
+        if which != "nvtx_kern_sum":
+            Path(f"{prefix}_{which}.csv").write_text(tables[which])
+        return subprocess.CompletedProcess(argv, 1, "", f"ERROR: Report '{which}' could not be found.")
+
+    prefix2 = str(tmp_path / "p2")
+    out = nsys.collect("nsys", prefix2 + ".nsys-rep", prefix2, run=partial)
+    assert out["phases"] == {} and out["class_share"]["gemm"] == pytest.approx(0.6)
+    assert "nvtx_kern_sum" in out["notes"][0] and "could not be found" in out["notes"][0]
+
+    # nothing captured: an error that says where to look
+    def empty(argv):
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    from infertool.errors import BackendError
+
+    with pytest.raises(BackendError, match="captured no CUDA kernels"):
+        nsys.collect("nsys", "x.nsys-rep", str(tmp_path / "p3"), run=empty)
+
+
+def test_worker_runs_under_a_command_prefix(tmp_path):
+    """--nsys wraps the measuring worker (`nsys profile ... <python -m infertool.worker ...>`): the protocol still works."""
+    from infertool.envs.runner import run_stage
+
+    marker = tmp_path / "wrapped"
+    wrapper = tmp_path / "wrap.sh"
+    wrapper.write_text(f'#!/bin/sh\necho "wrapper says hello"\ntouch {marker}\nexec "$@"\n')
+    wrapper.chmod(0o755)
+    run = run_stage("selftest", {"steps": 2}, wrap=[str(wrapper)], log_dir=tmp_path / "logs")
+    assert run.where == "current" and run.result["steps"] == 2 and marker.exists()
+    assert "[stdout] wrapper says hello" in (tmp_path / "logs" / "selftest.log").read_text()
+
+
+def test_nsys_refused_without_a_gpu(tmp_path):
+    from tests.conftest import has_cuda, run_cli
+
+    if has_cuda():
+        pytest.skip("this host has a GPU")
+    r = run_cli("profile", "quickstart", "--nsys", env={"INFERTOOL_ACCELERATOR": "cpu"})
+    assert r.returncode == 2 and "no NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr
+
+
 # --------------------------------------------------------------------------- real measurement (CPU)
 @pytest.mark.slow
 def test_profile_tiny_model_on_this_cpu(tiny_model, quant_python, tmp_path):
@@ -184,3 +272,25 @@ def test_profile_vllm_engine_on_this_cpu(tiny_model, serve_python, quant_python,
     pid = re.search(r"\(APIServer pid=(\d+)\)", log)
     if pid:
         assert group_members(int(pid.group(1))) == []
+
+
+# ------------------------------------------------------------- recordings from a GPU host (scripts/gpu-check.sh)
+RECORDED = Path(__file__).parent / "fixtures" / "recorded"
+
+
+@pytest.mark.parametrize("path", sorted(RECORDED.glob("nvml_samples*.json")), ids=lambda p: p.name)
+def test_recorded_nvml_samples_summarise(path):
+    data = json.loads(path.read_text())
+    out = nvml.summarise(data["samples"], data.get("gpm") or {}, name=data.get("device"))
+    assert out["samples"] == len(data["samples"]) > 0
+    assert out["power_w"]["max"] >= out["power_w"]["mean"] >= out["power_w"]["min"] > 0
+    assert set(out["throttle_reasons"]) <= set(nvml.THROTTLE_BITS.values())
+
+
+@pytest.mark.parametrize("path", sorted(RECORDED.glob("nsys_cuda_gpu_kern_sum*.csv")), ids=lambda p: p.name)
+def test_recorded_nsys_kernels_classify(path):
+    rows = nsys.parse_kern_sum(path.read_text())
+    assert rows and all(r.total_ns > 0 for r in rows)
+    b = nsys.kernel_breakdown(rows)
+    assert b["class_share"].get("gemm", 0) > 0.2  # a transformer's GPU time is mostly matrix products
+    assert b["class_share"].get("other", 0) < 0.5, [r.name for r in rows if r.klass == "other"][:10]

@@ -34,6 +34,8 @@ def profile(
     model: Optional[str] = typer.Option(None, "--model", help="Profile this model instead of model.source."),
     out: Optional[str] = typer.Option(None, "--out", help="Directory for profile.json and roofline.png (default: out/<recipe>-profile)."),
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure this machine's peaks again (they are cached)."),
+    nsys: Optional[bool] = typer.Option(None, "--nsys/--no-nsys", help="Run the measured workload under Nsight Systems and "
+                                        "classify its kernels (CUDA hosts with nsys on PATH). Default: profile.nsys."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -46,7 +48,7 @@ def profile(
     with StageProgress("profile", quiet=as_json) as progress:
         result = run_profile(
             r, model=model, engine=engine, batch=_ints(batch, "--batch"), prompt_len=_ints(prompt_len, "--prompt-len"),
-            decode_len=decode_len, out_dir=out or f"out/{r.name}-profile", remeasure=remeasure, on_event=progress.on_event,
+            decode_len=decode_len, nsys=nsys, out_dir=out or f"out/{r.name}-profile", remeasure=remeasure, on_event=progress.on_event,
         )
     if as_json:
         print_json(result.to_dict())
@@ -77,13 +79,54 @@ def _render(res) -> None:
         out.print(f"decode would turn compute-bound near batch {res.crossover_batch:,.0f} (analytic, measured peaks)")
     else:
         out.print("decode stays memory-bound at any batch at this context (analytic)")
-    n = res.nvml
-    out.print("NVML: " + ("not available (" + str(n.get("reason")) + ")" if not n.get("available") else
-                          f"{n.get('device')}: power {n['power_w']['mean']:.0f} W mean, time-busy {n['time_busy_pct']['mean']:.0f}% "
-                          "(share of time a kernel ran, not throughput)"))
+    out.print("NVML: " + _nvml_line(res.nvml))
+    if res.nsys:
+        _render_nsys(res.nsys)
     for a in res.advice:
         out.print(f"• {a}")
     for n in res.notes:
         err.print(f"[dim]note: {n}[/]")
     if res.plot:
         err.print(f"[dim]roofline plot: {res.plot}; numbers: {res.out_dir}/profile.json[/]")
+
+
+def _nvml_line(n: dict) -> str:
+    if not n.get("available"):
+        return f"not available ({n.get('reason')})"
+
+    def mean(key: str, fmt: str) -> str | None:
+        v = (n.get(key) or {}).get("mean")
+        return None if v is None else fmt.format(v)
+
+    parts = [x for x in (
+        mean("power_w", "power {:.0f} W mean"), mean("sm_clock_mhz", "SM clock {:.0f} MHz"),
+        None if not (n.get("memory_used_bytes") or {}).get("max") else f"memory used {n['memory_used_bytes']['max'] / 2**30:.1f} GiB max",
+        mean("time_busy_pct", "time-busy {:.0f}% (share of time a kernel ran, not throughput)"),
+    ) if x]
+    gpm = n.get("gpm") or {}
+    if gpm.get("available"):
+        parts.append(f"GPM: DRAM bandwidth {gpm.get('dram_bw_util_pct', 0):.0f}%, SM {gpm.get('sm_util_pct', 0):.0f}%, "
+                     f"tensor {gpm.get('tensor_util_pct', 0):.0f}%")
+    if n.get("throttle_reasons"):
+        parts.append("throttled: " + ", ".join(n["throttle_reasons"]))
+    return f"{n.get('device')}: " + "; ".join(parts)
+
+
+def _render_nsys(ns: dict) -> None:
+    from rich.table import Table
+
+    from infertool.output import out
+
+    busy = ns.get("kernel_busy_fraction")
+    t = Table(title="Nsight Systems: GPU kernel time by class"
+              + (f" (kernels busy {busy:.0%} of the measured wall time)" if busy is not None else ""))
+    t.add_column("class")
+    t.add_column("share", justify="right")
+    for k, v in (ns.get("class_share") or {}).items():
+        t.add_row(k, f"{v:.1%}")
+    out.print(t)
+    for phase, p in (ns.get("phases") or {}).items():
+        if p.get("kernel_busy_fraction") is not None:
+            top = ", ".join(f"{k} {v:.0%}" for k, v in list((p.get("class_share") or {}).items())[:3])
+            out.print(f"{phase}: kernels busy {p['kernel_busy_fraction']:.0%} of its wall time ({top})")
+    out.print(f"[dim]report: {ns.get('report')}[/]")

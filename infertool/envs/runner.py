@@ -100,10 +100,16 @@ def run_stage(
     in_process: bool | None = None,
     env: str | None = None,
     timeout_s: float | None = None,
+    wrap: list[str] | None = None,
 ) -> StageRun:
-    """Run one stage and return its result, or raise an InfertoolError that says what to do."""
+    """Run one stage and return its result, or raise an InfertoolError that says what to do.
+
+    ``wrap`` is a command prefix for the worker (``nsys profile ... -o X``): the stage then runs as a worker
+    process whatever ``in_process`` says."""
     stage = get_stage(stage_name)
     where = env or choose_runner(stage, in_process)
+    if wrap and where == "in-process":
+        where = stage.env or "current"  # a wrapped stage is a process; "current": this interpreter
     log_dir = Path(log_dir) if log_dir else _default_log_dir(stage_name)
     events: list[dict] = []
 
@@ -124,12 +130,12 @@ def run_stage(
 
     from infertool.envs.manage import require_env
 
-    python = require_env(where, needed_by=f"stage {stage.name!r}")
+    python = Path(sys.executable) if where == "current" else require_env(where, needed_by=f"stage {stage.name!r}")
     log_dir.mkdir(parents=True, exist_ok=True)
     spec_path = log_dir / f"{stage.name}.spec.json"
     spec_path.write_text(json.dumps(spec, indent=2, default=str), encoding="utf-8")
     log_path = log_dir / f"{stage.name}.log"
-    result = _run_worker(stage, python, spec_path, log_path, sink, timeout_s)
+    result = _run_worker(stage, python, spec_path, log_path, sink, timeout_s, wrap or [])
     return StageRun(stage.name, where, str(python), result, log_path, time.monotonic() - t0, events)
 
 
@@ -153,13 +159,15 @@ def _run_worker(
     log_path: Path,
     sink: EventCallback,
     timeout_s: float | None,
+    wrap: list[str] = (),
 ) -> dict:
     tail: deque[str] = deque(maxlen=40)
+    argv = [*wrap, *worker_command(python, stage.name, spec_path)]
     with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(worker_command(python, stage.name, spec_path))}\n")
+        log.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(argv)}\n")
         log.flush()
         proc = subprocess.Popen(
-            worker_command(python, stage.name, spec_path),
+            argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,

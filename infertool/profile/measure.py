@@ -67,6 +67,23 @@ def peaks_stage(spec: dict, events) -> dict:
     return result
 
 
+class _nvtx:
+    """An NVTX range around one timed phase (named "prefill 512", "decode b8"), so `nsys stats` reports the
+    phases' wall time beside the kernels'. Nothing when not capturing."""
+
+    def __init__(self, torch, on: bool, name: str):
+        self.torch, self.on, self.name = torch, on, name
+
+    def __enter__(self):
+        if self.on:
+            self.torch.cuda.nvtx.range_push(self.name)
+
+    def __exit__(self, *exc):
+        if self.on:
+            self.torch.cuda.nvtx.range_pop()
+        return False
+
+
 def _cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as f:
@@ -106,9 +123,14 @@ def hf_stage(spec: dict, events) -> dict:
     sampler = NvmlSampler() if spec.get("nvml", True) else None
     if sampler is not None:
         sampler.start()
+    capture = bool(spec.get("cuda_profiler")) and device == "cuda"  # under `nsys profile --capture-range=cudaProfilerApi`
     prefill_rows, decode_rows = [], []
     try:
         with torch.inference_mode():
+            if capture:
+                model(input_ids=torch.randint(0, vocab, (1, 16), device=device), use_cache=True)  # warm-up, not captured
+                _sync(torch, device)
+                torch.cuda.cudart().cudaProfilerStart()
             for s in prompts:
                 events.progress("profile", done, total, f"prefill {s} tokens")
                 ids = torch.randint(0, vocab, (1, s), device=device)
@@ -116,31 +138,38 @@ def hf_stage(spec: dict, events) -> dict:
                 for _ in range(repeats + 1):
                     _sync(torch, device)
                     t0 = time.perf_counter()
-                    model(input_ids=ids, use_cache=True)
-                    _sync(torch, device)
+                    with _nvtx(torch, capture, f"prefill {s}"):
+                        model(input_ids=ids, use_cache=True)
+                        _sync(torch, device)
                     times.append(time.perf_counter() - t0)
                 prefill_rows.append({"batch": 1, "prompt_len": s, "seconds": statistics.median(times[1:]), "runs": repeats})
                 done += 1
             for b in batches:
                 events.progress("profile", done, total, f"decode batch {b} at context {context}")
-                ids = torch.randint(0, vocab, (b, context), device=device)
-                out = model(input_ids=ids, use_cache=True)
-                past = out.past_key_values
-                nxt = out.logits[:, -1:].argmax(-1)
+                with _nvtx(torch, capture, f"setup b{b}"):  # the context's prefill: in a range of its own
+                    ids = torch.randint(0, vocab, (b, context), device=device)
+                    out = model(input_ids=ids, use_cache=True)
+                    past = out.past_key_values
+                    nxt = out.logits[:, -1:].argmax(-1)
+                    _sync(torch, device)
                 step_times = []
                 for _ in range(decode_len):
                     _sync(torch, device)
                     t0 = time.perf_counter()
-                    out = model(input_ids=nxt, past_key_values=past, use_cache=True)
-                    _sync(torch, device)
-                    step_times.append(time.perf_counter() - t0)
-                    past = out.past_key_values
-                    nxt = out.logits[:, -1:].argmax(-1)
+                    with _nvtx(torch, capture, f"decode b{b}"):
+                        out = model(input_ids=nxt, past_key_values=past, use_cache=True)
+                        _sync(torch, device)
+                        step_times.append(time.perf_counter() - t0)
+                        past = out.past_key_values
+                        nxt = out.logits[:, -1:].argmax(-1)
                 steady = step_times[1:] if len(step_times) > 2 else step_times
                 decode_rows.append({"batch": b, "context": context + decode_len // 2, "steps": decode_len,
                                     "seconds_per_step": statistics.median(steady)})
                 done += 1
                 del past, out
+        if capture:
+            _sync(torch, device)
+            torch.cuda.cudart().cudaProfilerStop()
     finally:
         nvml = sampler.stop() if sampler is not None else {"available": False, "reason": "disabled"}
     events.progress("profile", total, total, "done")

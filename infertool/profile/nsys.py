@@ -41,16 +41,26 @@ def require_nsys() -> str:
     return path
 
 
-def profile_command(nsys: str, out_prefix: str, cmd: list[str], cuda_graphs: bool = False) -> list[str]:
-    argv = [nsys, "profile", "-t", "cuda,nvtx,osrt", "--capture-range=cudaProfilerApi",
+def profile_command(nsys: str, out_prefix: str, cmd: list[str], cuda_graphs: bool = False,
+                    fork: bool = False) -> list[str]:
+    """`nsys profile` collecting only between cudaProfilerStart and cudaProfilerStop (the measured phases).
+    ``fork``: follow a server's worker processes (vLLM); ``cuda_graphs``: kernels inside CUDA graphs one by one."""
+    argv = [nsys, "profile", "-t", "cuda,nvtx,osrt", "--capture-range=cudaProfilerApi", "--capture-range-end=stop",
             "-o", out_prefix, "--force-overwrite=true"]
     if cuda_graphs:
         argv.append("--cuda-graph-trace=node")
+    if fork:
+        argv.append("--trace-fork-before-exec=true")
     return argv + cmd
 
 
-def stats_command(nsys: str, report: str, out_prefix: str) -> list[str]:
-    return [nsys, "stats", "-r", "cuda_gpu_kern_sum,cuda_gpu_mem_time_sum,nvtx_sum", "-f", "csv", "-o", out_prefix, report]
+# reports asked of `nsys stats`, each its own call (an nsys without one must not lose the others)
+STATS_REPORTS = ("cuda_gpu_kern_sum", "nvtx_sum", "nvtx_kern_sum")
+
+
+def stats_command(nsys: str, report: str, out_prefix: str, which: str = "cuda_gpu_kern_sum") -> list[str]:
+    """`nsys stats -r WHICH -f csv -o PREFIX REPORT` writes PREFIX_WHICH.csv."""
+    return [nsys, "stats", "-r", which, "-f", "csv", "--force-export=true", "-o", out_prefix, report]
 
 
 def classify(name: str) -> str:
@@ -94,3 +104,107 @@ def kernel_breakdown(rows: list[KernelRow], wall_ns: float | None = None) -> dic
         "kernel_busy_fraction": (total / wall_ns) if wall_ns else None,
         "top_kernels": [asdict(r) for r in top],
     }
+
+
+def _table(text: str, *must: str) -> list[dict]:
+    """CSV rows of an `nsys stats` table: lines before the header (notices, "Processing ...") are skipped;
+    the header is the first line holding every column name in ``must``."""
+    lines = text.splitlines()
+    start = next((i for i, l in enumerate(lines) if all(m in l for m in must)), None)
+    if start is None:
+        return []
+    return list(csv.DictReader(io.StringIO("\n".join(lines[start:]))))
+
+
+def _first(rec: dict, *keys: str):
+    for k in keys:
+        if rec.get(k) not in (None, ""):
+            return rec[k]
+    return None
+
+
+def parse_nvtx_sum(text: str) -> dict[str, dict]:
+    """`nsys stats -r nvtx_sum -f csv`: wall time per NVTX range name -> {total_ns, instances}. nsys writes
+    ranges of the default domain with a leading ':' in some versions: stripped."""
+    out: dict[str, dict] = {}
+    for rec in _table(text, "Total Time (ns)", "Range"):
+        try:
+            total = float(rec["Total Time (ns)"])
+            inst = int(float(rec["Instances"]))
+        except (KeyError, ValueError, TypeError):
+            continue
+        name = (rec.get("Range") or "").lstrip(":")
+        row = out.setdefault(name, {"total_ns": 0.0, "instances": 0})
+        row["total_ns"] += total
+        row["instances"] += inst
+    return out
+
+
+def parse_nvtx_kern_sum(text: str) -> dict[str, list[KernelRow]]:
+    """`nsys stats -r nvtx_kern_sum -f csv`: the kernels launched inside each NVTX range."""
+    out: dict[str, list[KernelRow]] = {}
+    for rec in _table(text, "Total Time (ns)", "Range", "Name"):
+        try:
+            total = float(rec["Total Time (ns)"])
+            inst = int(float(_first(rec, "Kern Inst", "Kernel Instances", "Instances") or 1))
+        except (KeyError, ValueError, TypeError):
+            continue
+        name = _first(rec, "Kern Name", "Kernel Name", "Name") or ""
+        rng = (_first(rec, "NVTX Range", "Range") or "").lstrip(":")
+        out.setdefault(rng, []).append(KernelRow(name, total, inst, total / max(inst, 1), classify(name)))
+    return out
+
+
+def phase_of(range_name: str) -> str | None:
+    """The profile phase an NVTX range times: "prefill 512" -> prefill, "decode b8" -> decode (set-up ranges: None)."""
+    head = range_name.split(" ", 1)[0]
+    return head if head in ("prefill", "decode") else None
+
+
+def summarise(kernels: list[KernelRow], ranges: dict[str, dict], per_range: dict[str, list[KernelRow]] | None = None) -> dict:
+    """Kernel classes and the kernel-busy fraction: GPU kernel time over the wall time of the NVTX ranges that
+    cover the captured region. Per phase as well when nvtx_kern_sum was available."""
+    wall = sum(r["total_ns"] for r in ranges.values()) or None
+    out = kernel_breakdown(kernels, wall)
+    out["ranges"] = ranges
+    phases: dict[str, dict] = {}
+    if per_range:
+        for phase in ("prefill", "decode"):
+            rows = [k for name, ks in per_range.items() if phase_of(name) == phase for k in ks]
+            pwall = sum(r["total_ns"] for n, r in ranges.items() if phase_of(n) == phase) or None
+            if rows:
+                b = kernel_breakdown(rows, pwall)
+                phases[phase] = {"kernel_busy_fraction": b["kernel_busy_fraction"], "class_share": b["class_share"],
+                                 "kernel_time_ns": b["kernel_time_ns"], "wall_ns": pwall}
+    out["phases"] = phases
+    return out
+
+
+def collect(nsys: str, report: str, out_prefix: str, run=None) -> dict:
+    """Run `nsys stats` on REPORT for each of STATS_REPORTS and summarise. A report this nsys lacks is noted,
+    not fatal; no kernel table at all is an error (nothing was captured)."""
+    import subprocess
+    from pathlib import Path
+
+    run = run or (lambda argv: subprocess.run(argv, capture_output=True, text=True, timeout=900))
+    texts: dict[str, str] = {}
+    notes: list[str] = []
+    for which in STATS_REPORTS:
+        proc = run(stats_command(nsys, report, out_prefix, which))
+        path = Path(f"{out_prefix}_{which}.csv")
+        if path.is_file():
+            texts[which] = path.read_text(errors="replace")
+        else:
+            notes.append(f"nsys stats -r {which}: no table ({(proc.stderr or proc.stdout or '').strip()[-200:]})")
+    kernels = parse_kern_sum(texts.get("cuda_gpu_kern_sum", ""))
+    if not kernels:
+        raise BackendError(
+            f"Nsight Systems captured no CUDA kernels in {report}",
+            hint="the measured phases run between cudaProfilerStart and cudaProfilerStop; check the log for nsys's own "
+            "messages (a driver without profiling permission: run as root or set NVreg_RestrictProfilingToAdminUsers=0)",
+        )
+    out = summarise(kernels, parse_nvtx_sum(texts.get("nvtx_sum", "")), parse_nvtx_kern_sum(texts.get("nvtx_kern_sum", "")))
+    out["report"] = report
+    out["csv"] = {k: f"{out_prefix}_{k}.csv" for k in texts}
+    out["notes"] = notes
+    return out

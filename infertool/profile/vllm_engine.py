@@ -10,6 +10,7 @@ measuring the engine that serves, and it shows up as lower MBU/MFU than the hf e
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import socket
 import statistics
@@ -45,7 +46,11 @@ async def _batch(client, url: str, model: str, headers: dict, prompts: list[list
 
 
 def vllm_timings(recipe, model_path: str, *, batch: list[int], prompt_len: list[int], decode_len: int, context: int,
-                 repeats: int = 3, seed: int = 0, on_event: Callable | None = None, log_dir: Path | None = None) -> dict:
+                 repeats: int = 3, seed: int = 0, on_event: Callable | None = None, log_dir: Path | None = None,
+                 nsys: tuple[str, str] | None = None) -> dict:
+    """Prefill and decode times from a vLLM server started for the purpose. ``nsys`` = (nsys binary, report
+    prefix): the server runs under `nsys profile`, collecting between vLLM's /start_profile and /stop_profile
+    (its CUDA profiler), around the measured requests only."""
     import httpx
 
     from infertool.models.info import model_info
@@ -65,6 +70,12 @@ def vllm_timings(recipe, model_path: str, *, batch: list[int], prompt_len: list[
     })
     port = _free_port()
     plan = prepare(recipe.model_copy(update={"serve": serve}), serve=serve, port=port)
+    if nsys is not None:
+        from infertool.profile.nsys import profile_command
+
+        plan.spec.argv = (profile_command(nsys[0], nsys[1], [], cuda_graphs=not serve.enforce_eager, fork=True)
+                          + plan.spec.argv + ["--profiler-config", json.dumps({"profiler": "cuda"})])
+    captured: dict = {}
     log = (log_dir / "vllm.log") if log_dir else default_log_path(port)
 
     def emit(done, total, desc):
@@ -86,6 +97,12 @@ def vllm_timings(recipe, model_path: str, *, batch: list[int], prompt_len: list[
             limits = httpx.Limits(max_connections=max(batch) + 4)
             async with httpx.AsyncClient(timeout=600, limits=limits) as client:
                 await _batch(client, url, model, {}, [tokens(16)], 2)  # warm-up
+                root = url.rsplit("/v1", 1)[0]
+                if nsys is not None:
+                    r = await client.post(f"{root}/start_profile")
+                    if r.status_code >= 400:
+                        raise RuntimeFailure(f"vLLM refused /start_profile (HTTP {r.status_code}): {r.text[:200]}")
+                    captured["t0"] = time.perf_counter()
                 for i, s in enumerate(prompt_len):
                     emit(i, total, f"prefill {s} tokens (vllm)")
                     times = [await _batch(client, url, model, {}, [tokens(s)], 1) for _ in range(repeats)]
@@ -100,9 +117,15 @@ def vllm_timings(recipe, model_path: str, *, batch: list[int], prompt_len: list[
                         steps.append(max(tn - t1, 1e-6) / decode_len)
                     decode_rows.append({"batch": b, "context": context + decode_len // 2, "steps": decode_len,
                                         "seconds_per_step": statistics.median(steps)})
+                if nsys is not None:
+                    captured["wall_ns"] = (time.perf_counter() - captured["t0"]) * 1e9
+                    await client.post(f"{root}/stop_profile")
 
         asyncio.run(measure())
         ready_s = ready.seconds
+        if nsys is not None:  # nsys writes the report when the server exits: stop it gently, give it time
+            server.stop(grace_s=120)
     emit(total, total, "done")
     return {"device": "vllm", "engine": "vllm", "server_ready_s": ready_s, "log": str(log),
-            "prefill": prefill_rows, "decode": decode_rows, "nvml": {"available": False, "reason": "not sampled for the vllm engine"}}
+            "prefill": prefill_rows, "decode": decode_rows, "captured_wall_ns": captured.get("wall_ns"),
+            "nvml": {"available": False, "reason": "not sampled for the vllm engine"}}
