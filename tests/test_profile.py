@@ -265,6 +265,7 @@ def test_profile_vllm_engine_on_this_cpu(tiny_model, serve_python, quant_python,
     assert res["device"]["engine"] == "vllm"
     assert [(p["phase"], p["batch"]) for p in res["points"]] == [("prefill", 1), ("decode", 1), ("decode", 2)]
     assert all(p["seconds"] > 0 for p in res["points"])
+    assert res["nvml"]["available"] is False and res["nvml"]["reason"]  # sampled beside the server: no GPU here
     log = (tmp_path / "out" / "vllm.log").read_text()
     assert "vllm.entrypoints.openai.api_server" in log
     import re

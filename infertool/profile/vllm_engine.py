@@ -88,8 +88,12 @@ def vllm_timings(recipe, model_path: str, *, batch: list[int], prompt_len: list[
     total = len(prompt_len) + len(batch)
     emit(0, total, "starting vLLM")
     prefill_rows, decode_rows = [], []
+    from infertool.profile.nvml import NvmlSampler
+
+    sampler = NvmlSampler()  # NVML is machine-wide: this process reads the GPU the server runs on
     with Server(plan.spec, log) as server:
         ready = server.wait_ready()
+        sampler.start()
         url = ready.url
         model = ready.models[0] if ready.models else plan.spec.served_model_name
 
@@ -121,11 +125,14 @@ def vllm_timings(recipe, model_path: str, *, batch: list[int], prompt_len: list[
                     captured["wall_ns"] = (time.perf_counter() - captured["t0"]) * 1e9
                     await client.post(f"{root}/stop_profile")
 
-        asyncio.run(measure())
+        try:
+            asyncio.run(measure())
+        finally:
+            nvml = sampler.stop()
         ready_s = ready.seconds
         if nsys is not None:  # nsys writes the report when the server exits: stop it gently, give it time
             server.stop(grace_s=120)
     emit(total, total, "done")
     return {"device": "vllm", "engine": "vllm", "server_ready_s": ready_s, "log": str(log),
             "prefill": prefill_rows, "decode": decode_rows, "captured_wall_ns": captured.get("wall_ns"),
-            "nvml": {"available": False, "reason": "not sampled for the vllm engine"}}
+            "nvml": nvml}
