@@ -148,3 +148,55 @@ def test_report_and_compare(tmp_path, fake_stages):
     assert rows["eval.verdict"]["a"] == "FAIL" and rows["eval.verdict"]["b"] is None
     with pytest.raises(UsageError):
         write_report(tmp_path)
+
+
+@pytest.mark.slow
+def test_real_run_interrupted_during_eval_resumes(tiny_model, quant_python, serve_python, tmp_path):
+    """The real stages on the 2-layer model: Ctrl-C during eval, then the same command again. Quantize is
+    reused (not redone), eval runs again, and the report is complete."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT, run_cli
+
+    rec = tmp_path / "e2e.yaml"
+    rec.write_text(f"""name: e2e
+model: {{source: {tiny_model}}}
+quantize: {{method: gptq, bits: 4, group_size: 64, calibration: {{source: builtin, samples: 8, seq_len: 64}}}}
+eval: {{suite: builtin-corpus, engine: hf, max_items: 6, seq_len: 256, accept: {{preset: lenient}}}}
+""")
+    out = tmp_path / "runs"
+    cmd = [sys.executable, "-m", "infertool", "run", str(rec), "--stages", "model,quantize,eval", "--out", str(out)]
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    seen = []
+    for line in p.stderr:
+        seen.append(line)
+        if line.startswith("eval: running"):
+            break
+    else:
+        pytest.fail("eval never started:\n" + "".join(seen[-30:]))
+    time.sleep(3)
+    p.send_signal(signal.SIGINT)
+    rest = p.stderr.read()
+    assert p.wait(timeout=120) == 130, "".join(seen[-20:]) + rest
+    assert "interrupted" in rest and "Traceback" not in rest
+    first = sorted(out.glob("e2e-*"))[-1]
+    st = json.loads((first / "manifest.json").read_text())["stages"]
+    assert st["quantize"]["status"] == "done" and st["eval"]["status"] == "interrupted"
+    entries = sorted(e.name.split("-")[0] for e in (out / ".stages").iterdir())
+    assert entries == ["model", "quantize"]  # nothing half-written for eval, no temp entry left
+
+    r = run_cli("run", str(rec), "--stages", "model,quantize,eval", "--out", str(out), "--json")
+    assert r.returncode in (0, 1), r.stderr  # 1: a FAIL/INCONCLUSIVE verdict, still a complete run
+    res = json.loads(r.stdout)
+    second = Path(res["run_dir"])
+    st = json.loads((second / "manifest.json").read_text())["stages"]
+    assert (st["model"]["status"], st["quantize"]["status"], st["eval"]["status"]) == ("reused", "reused", "done")
+    assert st["eval"]["summary"]["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
+    r = run_cli("report", str(second))
+    assert r.returncode == 0, r.stderr
+    md = (second / "report.md").read_text()
+    assert "## Quantize" in md and "## Eval: " in md and "kld_histogram" in md
