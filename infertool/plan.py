@@ -21,7 +21,7 @@ from infertool.profile import hardware, roofline
 from infertool.profile.roofline import Arch
 
 GIB = 1024**3
-CPU_BLOCK_SIZE = 128  # vllm/platforms/cpu.py default for the CPU attention backend
+CPU_BLOCK_SIZE = roofline.CPU_KV_BLOCK
 GPU_BLOCK_SIZE = 16
 NON_TORCH_OVERHEAD = int(0.6 * GIB)  # CUDA context, NCCL buffers, allocator slack (estimate)
 CUDA_GRAPH_RESERVE = int(0.5 * GIB)  # captured graphs when enforce_eager is off (estimate)
@@ -166,10 +166,7 @@ def _local_dir(name: str, recipe) -> Path | None:
 
 
 # ------------------------------------------------------------------------------------------- plan
-def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str) -> float:
-    if kv_cache_dtype == "auto":
-        return roofline.DTYPE_BYTES.get(model_dtype, 2) if model_dtype != "float32" else 4
-    return roofline.DTYPE_BYTES[kv_cache_dtype]
+kv_dtype_bytes = roofline.kv_dtype_bytes  # (kept here: profile imports it from plan)
 
 
 def activation_reserve(arch: Arch, max_batched_tokens: int, max_num_seqs: int, act_bytes: float = 2) -> int:

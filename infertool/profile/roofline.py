@@ -14,9 +14,27 @@ DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, 
                "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "int8": 1}
 
 
+CPU_KV_BLOCK = 128  # vllm/platforms/cpu.py: the CPU attention backend's block size
+
+
 def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype_bytes: float) -> float:
     """2 (K and V) x L x h_kv x d x bytes. Llama-2-70B bf16: 327,680; SmolLM2-135M bf16: 23,040."""
     return 2 * layers * kv_heads * head_dim * dtype_bytes
+
+
+def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str | None) -> float:
+    """Bytes per KV element: the KV cache dtype, or with "auto" the dtype the model runs in."""
+    if kv_cache_dtype != "auto":
+        return DTYPE_BYTES[kv_cache_dtype]
+    return DTYPE_BYTES.get(model_dtype or "bfloat16", 2)
+
+
+def kv_capacity_tokens(space_bytes: float, per_token: float, block_size: int = CPU_KV_BLOCK) -> int:
+    """Tokens of KV cache in ``space_bytes``, in whole blocks (vLLM allocates blocks): 1 GiB of SmolLM2-135M
+    bf16 KV on the CPU backend is 46,592 tokens, what vLLM logs at start-up."""
+    if per_token <= 0:
+        return 0
+    return int(space_bytes // (per_token * block_size)) * block_size
 
 
 def quantized_bytes_per_weight(bits: int, group_size: int | None, scale_bits: int = 16, zero_bits: int | None = None) -> float:

@@ -17,10 +17,14 @@ import socket
 from dataclasses import dataclass
 
 from infertool.errors import UsageError
+from infertool.profile import roofline
 
 GIB = 1024**3
-CPU_BLOCK_SIZE = 128
-_KV_DTYPE_BYTES = {"fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1, "bfloat16": 2, "float16": 2, "float32": 4}
+CPU_BLOCK_SIZE = roofline.CPU_KV_BLOCK
+# the KV arithmetic is the plan's (infertool/profile/roofline.py), re-exported for serve's callers
+kv_bytes_per_token = roofline.kv_bytes_per_token
+kv_capacity_tokens = roofline.kv_capacity_tokens
+kv_dtype_bytes = roofline.kv_dtype_bytes
 
 
 @dataclass
@@ -32,25 +36,6 @@ class LintIssue:
 
     def to_dict(self) -> dict:
         return {"level": self.level, "field": self.field, "message": self.message, "hint": self.hint}
-
-
-def kv_bytes_per_token(num_layers: int, num_kv_heads: int, head_dim: int, dtype_bytes: float) -> float:
-    """2 (K and V) x layers x KV heads x head dim x bytes per element."""
-    return 2 * num_layers * num_kv_heads * head_dim * dtype_bytes
-
-
-def kv_capacity_tokens(space_bytes: float, per_token: float, block_size: int = CPU_BLOCK_SIZE) -> int:
-    """How many tokens of KV cache fit in ``space_bytes``, in whole blocks (vLLM allocates blocks)."""
-    if per_token <= 0:
-        return 0
-    blocks = int(space_bytes // (per_token * block_size))
-    return blocks * block_size
-
-
-def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str | None) -> float:
-    if kv_cache_dtype != "auto":
-        return _KV_DTYPE_BYTES[kv_cache_dtype]
-    return _KV_DTYPE_BYTES.get(model_dtype or "bfloat16", 2)
 
 
 def port_free(host: str, port: int) -> bool:
