@@ -79,11 +79,11 @@ def main() -> int:
 
     from infertool.bench.prompts import build_prompts
     from infertool.bench.run import run_bench
-    from infertool.envs.manage import require_env
+    from infertool.envs.state import require_env
     from infertool.recipe import validate_recipe_data
     from infertool.serve import default_log_path, prepare
     from infertool.serve.launcher import Server
-    from infertool.serve.lint import free_port
+    from infertool.procs import free_port
 
     serve_python = require_env("serve", needed_by="benchmarks/bench_vs_vllm.py")
     source = args.model or "bundled:smollm2-135m"

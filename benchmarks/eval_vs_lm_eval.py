@@ -42,7 +42,7 @@ def main() -> int:
     args = ap.parse_args()
 
     if not _in_quant_env():
-        from infertool.envs.manage import require_env
+        from infertool.envs.state import require_env
 
         py = require_env("quant", needed_by="this benchmark")
         env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "PYTHONHOME")}

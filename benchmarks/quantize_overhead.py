@@ -57,7 +57,7 @@ def main() -> int:
     ap.add_argument("--method", choices=["gptq", "awq"], default="gptq")
     args = ap.parse_args()
 
-    from infertool.envs.manage import require_env
+    from infertool.envs.state import require_env
     from infertool.models.sources import resolve_model
 
     py = require_env("quant", needed_by="this benchmark")

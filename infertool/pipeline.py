@@ -60,13 +60,13 @@ def _sha(obj) -> str:
 def model_fingerprint(source: str) -> dict:
     """What identifies the model's content, cheaply: the GGUF's content hash, or a directory's config and
     safetensors headers/sizes."""
-    from infertool.models.sources import _gguf_hash, find_bundled_gguf
+    from infertool.models.sources import gguf_sha256, find_bundled_gguf
 
     if source.startswith("bundled:"):
-        return {"gguf_sha256": _gguf_hash(find_bundled_gguf(source.split(":", 1)[1]))}
+        return {"gguf_sha256": gguf_sha256(find_bundled_gguf(source.split(":", 1)[1]))}
     p = Path(source).expanduser()
     if p.suffix.lower() == ".gguf" and p.is_file():
-        return {"gguf_sha256": _gguf_hash(p)}
+        return {"gguf_sha256": gguf_sha256(p)}
     if (p / "config.json").is_file():
         files = {f.name: f.stat().st_size for f in sorted(p.glob("*.safetensors"))}
         return {"config": hashlib.sha256((p / "config.json").read_bytes()).hexdigest(), "weights": files}
@@ -159,12 +159,12 @@ def _stage_serve(ctx: StageContext) -> dict:
     """Launch the server on the candidate, wait until ready, one greedy completion, stop: the load check."""
     import httpx
 
-    from infertool.profile.vllm_engine import _free_port
+    from infertool.procs import free_port
     from infertool.serve import prepare
     from infertool.serve.launcher import Server
 
     recipe, serve, note = _served_recipe(ctx)
-    plan = prepare(recipe, serve=serve, port=_free_port())
+    plan = prepare(recipe, serve=serve, port=free_port())
     with Server(plan.spec, ctx.work / "server.log") as server:
         ready = server.wait_ready()
         key = plan.spec.secret_env.get("VLLM_API_KEY")
@@ -238,7 +238,7 @@ def selected_stages(recipe, stages: list[str] | None) -> list[str]:
 
 
 def _env_versions() -> dict:
-    from infertool.envs.manage import read_marker
+    from infertool.envs.state import read_marker
 
     out = {}
     for name in ("quant", "serve", "llmcompressor"):

@@ -12,13 +12,14 @@ estimate: vLLM measures the reserve with a profiling run at start-up).
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from infertool.errors import UsageError
-from infertool.profile import hardware, roofline
-from infertool.profile.roofline import Arch
+from infertool.perf import hardware, roofline
+from infertool.perf.host import memory_total_bytes
+from infertool.models.weights import WeightFacts, arch_from_info, decode_weight_bytes, estimated_weights, measured_weights
+from infertool.perf.roofline import Arch
 
 GIB = 1024**3
 CPU_BLOCK_SIZE = roofline.CPU_KV_BLOCK
@@ -27,17 +28,6 @@ NON_TORCH_OVERHEAD = int(0.6 * GIB)  # CUDA context, NCCL buffers, allocator sla
 CUDA_GRAPH_RESERVE = int(0.5 * GIB)  # captured graphs when enforce_eager is off (estimate)
 CPU_HOST_OVERHEAD = int(1.5 * GIB)  # Python, torch and vLLM processes beside weights and KV on a CPU host
 TP_DEGREES = (1, 2, 4, 8)
-
-
-@dataclass
-class WeightFacts:
-    source: str  # what was planned: a path or a name
-    how: str  # "safetensors headers" | "estimated from <arch source>"
-    total_bytes: int
-    embedding_bytes: int
-    expert_bytes: int
-    bytes_per_linear_weight: float
-    quantization: str
 
 
 @dataclass
@@ -55,62 +45,6 @@ class PlanResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# ------------------------------------------------------------------------------------------ model
-def arch_from_info(info) -> Arch:
-    missing = [k for k in ("num_layers", "hidden_size", "num_attention_heads", "head_dim", "vocab_size") if getattr(info, k) is None]
-    if missing:
-        raise UsageError(f"{info.path}: config.json lacks {', '.join(missing)}; cannot plan this model")
-    return Arch(
-        layers=info.num_layers, hidden=info.hidden_size, heads=info.num_attention_heads,
-        kv_heads=info.num_key_value_heads or info.num_attention_heads, head_dim=info.head_dim,
-        intermediate=info.intermediate_size or 4 * info.hidden_size, vocab=info.vocab_size,
-        tie_word_embeddings=info.tie_word_embeddings, num_experts=info.num_experts,
-        experts_per_tok=info.num_experts_per_tok, moe_intermediate=info.moe_intermediate_size,
-    )
-
-
-def _measured_weights(path: Path, info) -> WeightFacts:
-    from infertool.models.info import read_safetensors_header, weight_files
-
-    embed = experts = 0
-    for f in weight_files(path):
-        for name, entry in read_safetensors_header(f).items():
-            if name == "__metadata__":
-                continue
-            n = entry["data_offsets"][1] - entry["data_offsets"][0]
-            if re.search(r"embed_tokens|\bwte\b|word_embeddings", name):
-                embed += n
-            elif ".experts." in name:
-                experts += n
-    q = info.quantization or {}
-    qdesc = "none" if not q else f"{q.get('quant_method', '?')} {q.get('bits', '')}-bit g{q.get('group_size', '')}".strip()
-    arch = arch_from_info(info)
-    per = info.weight_bytes / max(1, arch.linear_params_total + (0 if arch.tie_word_embeddings else arch.embedding_params))
-    return WeightFacts(str(path), "safetensors headers", info.weight_bytes, embed, experts, per, qdesc)
-
-
-def _estimated_weights(name: str, arch: Arch, arch_source: str, quant, dtype_bytes: float) -> WeightFacts:
-    """Bytes from parameter counts: quantized linear layers (lm_head kept in 16 bits), the rest in dtype."""
-    linear_wo_head = arch.linear_params_total - arch.lm_head_params
-    rest = arch.total_params - linear_wo_head
-    if quant is None:
-        per, qdesc = dtype_bytes, "none"
-    elif quant.method == "bnb":
-        per = 1.0 if quant.quant_type == "int8" else (4 + 32 / 64) / 8  # absmax per 64-block
-        qdesc = f"bitsandbytes {quant.quant_type}"
-    else:
-        bits = getattr(quant, "bits", 4)
-        scheme = getattr(quant, "scheme", None) or ""
-        if scheme.startswith(("W8A8", "FP8")):
-            bits = 8
-        per = roofline.quantized_bytes_per_weight(bits, quant.group_size if quant.group_size > 0 else None)
-        qdesc = f"{quant.method} {bits}-bit g{quant.group_size}" + (f" ({scheme})" if scheme else "")
-    total = int(linear_wo_head * per + rest * dtype_bytes)
-    experts = int(arch.layers * arch.expert_params_per_layer * per)
-    embed = int(arch.embedding_params * dtype_bytes)
-    return WeightFacts(name, f"estimated from {arch_source}", total, embed, experts, per, qdesc)
 
 
 def planned_model(recipe) -> tuple[Arch, WeightFacts, int | None, list[str]]:
@@ -140,15 +74,15 @@ def planned_model(recipe) -> tuple[Arch, WeightFacts, int | None, list[str]]:
             info = model_info(path)
             arch = arch_from_info(info)
             notes.append(f"the quantized model does not exist yet: its weight bytes are estimated from {path}")
-            return arch, _estimated_weights(str(path), arch, f"{path}/config.json", assumed_quant, dtype_bytes), info.max_position_embeddings, notes
+            return arch, estimated_weights(str(path), arch, f"{path}/config.json", assumed_quant, dtype_bytes), info.max_position_embeddings, notes
         if path is not None:
             info = model_info(path)
-            return arch_from_info(info), _measured_weights(path, info), info.max_position_embeddings, notes
+            return arch_from_info(info), measured_weights(path, info), info.max_position_embeddings, notes
         key = match_known(name)
         if key is not None:
             arch, src = KNOWN_ARCHS[key]
             notes.append(f"{name} is not on this machine: architecture of {key} from infertool's table ({src})")
-            return arch, _estimated_weights(name, arch, src, assumed_quant, dtype_bytes), MAX_POSITIONS.get(key), notes
+            return arch, estimated_weights(name, arch, src, assumed_quant, dtype_bytes), MAX_POSITIONS.get(key), notes
     raise UsageError(
         f"cannot plan: the model {candidates[0][0]} is not on this machine and is not a known architecture",
         hint="point model.source (or serve.model) at a local Hugging Face directory; known architectures: "
@@ -166,7 +100,7 @@ def _local_dir(name: str, recipe) -> Path | None:
 
 
 # ------------------------------------------------------------------------------------------- plan
-kv_dtype_bytes = roofline.kv_dtype_bytes  # (kept here: profile imports it from plan)
+kv_dtype_bytes = roofline.kv_dtype_bytes
 
 
 def activation_reserve(arch: Arch, max_batched_tokens: int, max_num_seqs: int, act_bytes: float = 2) -> int:
@@ -177,19 +111,6 @@ def activation_reserve(arch: Arch, max_batched_tokens: int, max_num_seqs: int, a
     """
     per_token = (2 * (arch.moe_intermediate or arch.intermediate) + (arch.heads + 2 * arch.kv_heads) * arch.head_dim + 4 * arch.hidden) * act_bytes
     return int(max_batched_tokens * per_token + 2 * max_num_seqs * arch.vocab * 4)
-
-
-def decode_weight_bytes(arch: Arch, w: WeightFacts, batch: int) -> float:
-    """What one decode step reads of the weights: all of them, except the untied embedding table (B rows)
-    and, for MoE, only the experts the batch routes to."""
-    read = float(w.total_bytes)
-    if not arch.tie_word_embeddings:
-        read -= w.embedding_bytes
-        read += batch * arch.hidden * 2
-    if arch.is_moe and w.expert_bytes:
-        frac = roofline.expected_experts_touched(arch.num_experts, arch.experts_per_tok, batch) / arch.num_experts
-        read -= w.expert_bytes * (1 - frac)
-    return read
 
 
 def make_plan(recipe, *, gpu: str | None = None, memory_gib: float | None = None, context: int | None = None) -> PlanResult:
@@ -277,10 +198,10 @@ def make_plan(recipe, *, gpu: str | None = None, memory_gib: float | None = None
         block = CPU_BLOCK_SIZE
         mnbt = serve.max_num_batched_tokens or 2048
         mns = serve.max_num_seqs or 256
-        host = _host_memory_bytes()
+        host = memory_total_bytes()
         need = weights.total_bytes + kv_mem + CPU_HOST_OVERHEAD
         device = {"kind": "cpu", "name": "this host's CPU (vLLM CPU backend)", "count": 1,
-                  "memory_gib": host / GIB if host else None, "source": "/proc/meminfo"}
+                  "memory_gib": host / GIB if host else None, "source": "host memory (MemTotal)"}
         memory = {"kv_cache_space_gib": space, "weights_gib": weights.total_bytes / GIB,
                   "host_needed_gib": need / GIB, "host_total_gib": host / GIB if host else None}
         if host and need > host:
@@ -356,16 +277,6 @@ def make_plan(recipe, *, gpu: str | None = None, memory_gib: float | None = None
         "moe": {"experts": arch.num_experts, "per_token": arch.experts_per_tok} if arch.is_moe else None,
     }
     return PlanResult(model, device, kv, memory, capacity, not reasons, reasons, roof, tp_adv, notes)
-
-
-def _host_memory_bytes() -> int | None:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return None
 
 
 def _cpu_peaks() -> dict:

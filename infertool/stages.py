@@ -47,7 +47,7 @@ _LOADED = False
 
 
 def _load_builtin() -> None:
-    """Import every module of infertool.stage_defs; each registers its stages (light imports only)."""
+    """Register the STAGES of every module of infertool.stage_defs (pure data: light imports only)."""
     global _LOADED
     if _LOADED:
         return
@@ -57,7 +57,9 @@ def _load_builtin() -> None:
     import infertool.stage_defs as defs
 
     for info in sorted(pkgutil.iter_modules(defs.__path__), key=lambda m: m.name):
-        importlib.import_module(f"{defs.__name__}.{info.name}")
+        module = importlib.import_module(f"{defs.__name__}.{info.name}")
+        for entry in getattr(module, "STAGES", []):
+            register_stage(Stage(**entry))
 
 
 def get_stage(name: str) -> Stage:

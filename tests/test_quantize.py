@@ -344,7 +344,9 @@ def test_cli_missing_backend_env_is_exit_3_and_leaves_nothing(fake_model, tmp_pa
 
 
 def test_cli_llmcompressor_awq_on_cpu(fake_model, tmp_path, tmp_home):
-    if Path("/proc/driver/nvidia/version").exists():
+    from infertool.perf.host import has_cuda
+
+    if has_cuda():
         pytest.skip("a CUDA host runs llm-compressor's AWQ")
     recipe = write_recipe(tmp_path / "r.yaml", fake_model,
                           "  method: awq\n  backend: llmcompressor\n  group_size: 64\n  calibration: {samples: 8, seq_len: 64}\n")

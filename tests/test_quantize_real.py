@@ -75,7 +75,7 @@ def test_gptq_tiny_model_with_vllm_check(tiny_model, quant_python, serve_python,
     assert m["verify_environment"]["packages"]
     # the checkpoint holds the model's own 16-bit dtype, whatever dtype the calibration ran in
     from infertool.models.info import model_info
-    from infertool.serve.lint import cpu_lacks_half
+    from infertool.perf.host import cpu_lacks_half
 
     info = model_info(out)
     assert info.dtype == "bfloat16" and "F32" not in info.bytes_by_dtype, info.bytes_by_dtype

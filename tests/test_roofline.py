@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import math
 
 import pytest
 
 from infertool.models.known import KNOWN_ARCHS, match_known
-from infertool.profile import hardware, roofline
-from infertool.profile.roofline import Arch
+from infertool.perf import hardware, roofline
+from infertool.perf.roofline import Arch
 
 
 def test_kv_bytes_per_token_reference_values():

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT, run_cli
-from infertool.envs.runner import group_members
+from infertool.procs import group_members
 
 pytestmark = pytest.mark.slow
 

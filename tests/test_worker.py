@@ -10,7 +10,8 @@ import time
 
 import pytest
 
-from infertool.envs.runner import _run_worker, _stop_group, group_members, run_stage, worker_command
+from infertool.envs.runner import run_stage, run_worker, worker_command
+from infertool.procs import group_members, stop_group
 from infertool.errors import BackendError, EnvNotReady, RuntimeFailure
 from infertool.stages import get_stage
 
@@ -38,7 +39,7 @@ def test_raw_protocol_is_json_lines_even_when_libraries_print(tmp_path):
 
 def test_run_worker_success_streams_events_and_keeps_log(tmp_path):
     seen = []
-    result = _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, steps=3, echo=[1, 2]),
+    result = run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, steps=3, echo=[1, 2]),
                          tmp_path / "w.log", seen.append, timeout_s=60)
     assert result["echo"] == [1, 2] and result["steps"] == 3
     progress = [e for e in seen if e["event"] == "progress"]
@@ -49,7 +50,7 @@ def test_run_worker_success_streams_events_and_keeps_log(tmp_path):
 
 def test_worker_infertool_error_becomes_one_message_with_hint(tmp_path):
     with pytest.raises(RuntimeFailure) as ei:
-        _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="infertool"),
+        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="infertool"),
                     tmp_path / "w.log", lambda e: None, timeout_s=60)
     e = ei.value
     assert e.message == "the selftest was asked to fail"
@@ -61,7 +62,7 @@ def test_worker_infertool_error_becomes_one_message_with_hint(tmp_path):
 
 def test_worker_unexpected_exception(tmp_path):
     with pytest.raises(BackendError) as ei:
-        _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="crash"),
+        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="crash"),
                     tmp_path / "w.log", lambda e: None, timeout_s=60)
     assert "ZeroDivisionError" in ei.value.message
     assert "Traceback" not in ei.value.message
@@ -70,7 +71,7 @@ def test_worker_unexpected_exception(tmp_path):
 
 def test_worker_dying_without_result(tmp_path):
     with pytest.raises(BackendError) as ei:
-        _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="exit"),
+        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="exit"),
                     tmp_path / "w.log", lambda e: None, timeout_s=60)
     assert "exited with code 17 without a result" in ei.value.message
 
@@ -78,7 +79,7 @@ def test_worker_dying_without_result(tmp_path):
 def test_worker_timeout_stops_it(tmp_path):
     t0 = time.monotonic()
     with pytest.raises(RuntimeFailure) as ei:
-        _run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="hang"),
+        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="hang"),
                     tmp_path / "w.log", lambda e: None, timeout_s=3)
     assert "limit" in ei.value.message
     assert time.monotonic() - t0 < 30
@@ -91,7 +92,7 @@ def test_stop_group_leaves_no_orphans(tmp_path):
     assert proc.stdout.readline().strip() == "up"
     pgid = os.getpgid(proc.pid)
     assert len(group_members(pgid)) == 2
-    _stop_group(proc, grace_s=2)
+    stop_group(proc.pid, 2, poll=proc.poll)
     assert proc.poll() is not None
     assert group_members(pgid) == []
 

@@ -203,7 +203,7 @@ class _Launched:
     def __enter__(self) -> ServerHandle:
         from infertool.serve import default_log_path, prepare
         from infertool.serve.launcher import Server
-        from infertool.serve.lint import free_port
+        from infertool.procs import free_port
 
         port = free_port(self.serve.host if self.serve.host in ("127.0.0.1", "localhost") else "127.0.0.1")
         plan = prepare(self.recipe, serve=self.serve, port=port)

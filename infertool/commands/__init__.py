@@ -1,4 +1,4 @@
-"""Command groups beyond the foundation: one module per capability, each defining ``register(app)``.
+"""Every command: one module per capability, each defining ``register(app)`` (the one way to add a command).
 
 cli.py calls ``register_all(app)``; modules are imported in name order. A module must stay light at
 import time (typer only): heavy libraries are imported inside the command functions.
@@ -13,7 +13,7 @@ import typer
 
 
 # The workflow's order in `infertool --help`; modules not listed follow in name order.
-ORDER = ["profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "report"]
+ORDER = ["validate", "recipes", "model", "profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "report", "env"]
 
 
 def register_all(app: typer.Typer) -> None:

@@ -23,33 +23,23 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from infertool.envs.paths import env_dir, env_python, envs_root
-from infertool.envs.specs import BUILTIN_ENVS, EnvSpec, custom_spec, detect_variant
-from infertool.errors import BackendError, EnvNotReady, UsageError
+from infertool.envs.specs import detect_variant
+from infertool.envs.state import (
+    CUSTOM_REQS,
+    FREEZE,
+    MARKER,
+    EnvState,
+    get_spec,
+    infertool_source,
+    read_marker,
+    source_matches,
+    state,
+)
+from infertool.errors import BackendError, UsageError
 
-MARKER = "infertool-env.json"
-FREEZE = "pip-freeze.txt"
 SETUP_LOG = "setup.log"
-CUSTOM_REQS = "infertool-requirements.txt"
 
 EventCallback = Callable[[dict], None]
-
-
-@dataclass
-class EnvState:
-    name: str
-    path: str
-    status: str  # "ready" | "incomplete" | "missing" | "stale"
-    variant: str | None = None
-    description: str = ""
-    packages: dict[str, str] = field(default_factory=dict)
-    created: str | None = None
-    python_version: str | None = None
-    infertool_source: str | None = None
-    setup_seconds: float | None = None
-    reason: str | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -64,109 +54,6 @@ class DoctorReport:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-# ---------------------------------------------------------------------------------------------------
-def get_spec(name: str, requirements_file: str | Path | None = None) -> EnvSpec:
-    if requirements_file is not None:
-        if name in BUILTIN_ENVS:
-            raise UsageError(f"{name!r} is a built-in environment; give a custom environment another name")
-        return custom_spec(name, Path(requirements_file))
-    if name in BUILTIN_ENVS:
-        return BUILTIN_ENVS[name]
-    custom = env_dir(name) / CUSTOM_REQS
-    if custom.is_file():
-        return custom_spec(name, custom)
-    raise UsageError(
-        f"unknown environment {name!r}",
-        hint=f"built-in environments: {', '.join(BUILTIN_ENVS)}; a custom one needs --requirements FILE",
-    )
-
-
-def read_marker(name: str) -> dict | None:
-    try:
-        return json.loads((env_dir(name) / MARKER).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-
-
-def infertool_source() -> dict:
-    """How infertool is installed here: a source checkout (editable into envs) or a released version."""
-    import infertool
-
-    pkg_dir = Path(infertool.__file__).resolve().parent
-    root = pkg_dir.parent
-    pyproject = root / "pyproject.toml"
-    if pyproject.is_file() and 'name = "infertool"' in pyproject.read_text(encoding="utf-8"):
-        return {"kind": "source", "path": str(root), "version": infertool.__version__}
-    return {"kind": "release", "path": None, "version": infertool.__version__}
-
-
-def _source_matches(marker: dict) -> bool:
-    return marker.get("infertool") == infertool_source()
-
-
-def state(name: str) -> EnvState:
-    d = env_dir(name)
-    spec = BUILTIN_ENVS.get(name)
-    desc = spec.description if spec else ""
-    if not d.exists():
-        return EnvState(name, str(d), "missing", description=desc)
-    marker = read_marker(name)
-    if marker is None or not env_python(name).exists():
-        return EnvState(name, str(d), "incomplete", description=desc, reason="setup did not finish")
-    st = EnvState(
-        name,
-        str(d),
-        "ready",
-        variant=marker.get("variant"),
-        description=marker.get("description", desc),
-        packages=marker.get("packages", {}),
-        created=marker.get("created"),
-        python_version=marker.get("python_version"),
-        infertool_source=(marker.get("infertool") or {}).get("path") or (marker.get("infertool") or {}).get("version"),
-        setup_seconds=marker.get("setup_seconds"),
-    )
-    try:
-        fp = get_spec(name).fingerprint(marker.get("variant", "cpu"))
-        if fp != marker.get("fingerprint"):
-            st.status, st.reason = "stale", "its pinned requirements changed since setup"
-    except UsageError:
-        pass
-    if st.status == "ready" and not _source_matches(marker):
-        st.status, st.reason = "stale", "it holds infertool from another checkout or version"
-    return st
-
-
-def list_envs() -> list[EnvState]:
-    names = list(BUILTIN_ENVS)
-    root = envs_root()
-    if root.is_dir():
-        for d in sorted(root.iterdir()):
-            if d.is_dir() and not d.name.startswith(".") and d.name not in names:
-                names.append(d.name)
-    return [state(n) for n in names]
-
-
-def require_env(name: str, needed_by: str = "this command") -> Path:
-    """The python of a ready environment, or an error that says how to make it ready."""
-    st = state(name)
-    if st.status == "missing":
-        raise EnvNotReady(
-            f"{needed_by} runs in the {name!r} environment, which is not set up",
-            hint=f"run `infertool env setup {name}` (environments live under {envs_root()})",
-        )
-    if st.status == "incomplete":
-        raise EnvNotReady(
-            f"the {name!r} environment is incomplete ({st.reason})",
-            hint=f"run `infertool env setup {name}` to rebuild it",
-        )
-    if st.status == "stale":
-        raise EnvNotReady(
-            f"the {name!r} environment is out of date: {st.reason}",
-            hint=f"run `infertool env setup {name}` to bring it up to date",
-        )
-    return env_python(name)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -303,7 +190,7 @@ def setup_env(
             and marker.get("fingerprint") == fingerprint
             and marker.get("variant") == variant
         ):
-            if _source_matches(marker):
+            if source_matches(marker):
                 return state(name), "unchanged"
             # Only infertool itself moved (another checkout or version): reinstall just that.
             step = _Step(on_event, 2)
@@ -418,14 +305,14 @@ def remove_env(name: str) -> bool:
 # ---------------------------------------------------------------------------------------------------
 def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = None, timeout_s: float = 300) -> dict:
     """Run the probe stage in the environment's interpreter (a real worker subprocess)."""
-    from infertool.envs.runner import _run_worker
+    from infertool.envs.runner import run_worker
     from infertool.stages import get_stage
 
     py = env_python(name)
     d = env_dir(name)
     spec_path = d / "probe.spec.json"
     spec_path.write_text(json.dumps({"modules": list(modules)}))
-    return _run_worker(get_stage("probe"), py, spec_path, log_path or (d / "doctor.log"), lambda ev: None, timeout_s)
+    return run_worker(get_stage("probe"), py, spec_path, log_path or (d / "doctor.log"), lambda ev: None, timeout_s)
 
 
 def doctor(name: str) -> DoctorReport:
@@ -439,7 +326,7 @@ def doctor(name: str) -> DoctorReport:
     checks.append({"check": "set up", "ok": True, "detail": f"{marker.get('variant')} variant, created {marker.get('created')}"})
     checks.append({"check": "requirements current", "ok": st.reason != "its pinned requirements changed since setup",
                    "detail": "matches the pinned set" if st.status == "ready" or "infertool" in (st.reason or "") else st.reason})
-    src_ok = _source_matches(marker)
+    src_ok = source_matches(marker)
     checks.append({"check": "infertool installed", "ok": src_ok,
                    "detail": "this checkout/version" if src_ok else "from another checkout or version"})
     py = env_python(name)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import threading
@@ -25,11 +24,11 @@ from infertool.errors import (
     EXIT_BACKEND,
     EXIT_RUNTIME,
     BackendError,
-    EnvNotReady,
     InfertoolError,
     RuntimeFailure,
     UsageError,
 )
+from infertool.procs import stop_group
 from infertool.stages import Stage, get_stage
 
 EventCallback = Callable[[dict], None]
@@ -80,7 +79,7 @@ def _default_log_dir(stage_name: str) -> Path:
     return logs_root() / f"{stamp}-{stage_name}-{os.getpid()}"
 
 
-class _InProcessEvents:
+class InProcessEvents:
     def __init__(self, sink: Callable[[dict], None]):
         self._sink = sink
 
@@ -125,17 +124,17 @@ def run_stage(
                 f"stage {stage.name!r} cannot run in-process: it needs {', '.join(stage.modules)}",
                 hint=f"unset INFERTOOL_IN_PROCESS, or run `infertool env setup {stage.env}`",
             )
-        result = stage.load()(spec, _InProcessEvents(sink))
+        result = stage.load()(spec, InProcessEvents(sink))
         return StageRun(stage.name, "in-process", sys.executable, result or {}, None, time.monotonic() - t0, events)
 
-    from infertool.envs.manage import require_env
+    from infertool.envs.state import require_env
 
     python = Path(sys.executable) if where == "current" else require_env(where, needed_by=f"stage {stage.name!r}")
     log_dir.mkdir(parents=True, exist_ok=True)
     spec_path = log_dir / f"{stage.name}.spec.json"
     spec_path.write_text(json.dumps(spec, indent=2, default=str), encoding="utf-8")
     log_path = log_dir / f"{stage.name}.log"
-    result = _run_worker(stage, python, spec_path, log_path, sink, timeout_s, wrap or [])
+    result = run_worker(stage, python, spec_path, log_path, sink, timeout_s, wrap or [])
     return StageRun(stage.name, where, str(python), result, log_path, time.monotonic() - t0, events)
 
 
@@ -152,7 +151,7 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
-def _run_worker(
+def run_worker(
     stage: Stage,
     python: Path,
     spec_path: Path,
@@ -198,7 +197,7 @@ def _run_worker(
         def watchdog() -> None:
             if timeout_s and not finished.wait(timeout_s):
                 timed_out.set()
-                _stop_group(proc, grace_s=5.0)
+                stop_group(proc.pid, 5.0, poll=proc.poll)
 
         if timeout_s:
             threading.Thread(target=watchdog, daemon=True).start()
@@ -225,12 +224,12 @@ def _run_worker(
                     sink(ev)
             proc.wait()
         except KeyboardInterrupt:
-            _stop_group(proc)
+            stop_group(proc.pid, poll=proc.poll)
             raise
         finally:
             finished.set()
             if proc.poll() is None:
-                _stop_group(proc)
+                stop_group(proc.pid, poll=proc.poll)
             t.join(timeout=5)
             with log_lock:
                 log.write(f"# exit code {proc.returncode}\n")
@@ -261,49 +260,6 @@ def _run_worker(
             log_path=str(log_path),
         )
     return result
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) processes of a process group, from /proc (Linux)."""
-    members = []
-    try:
-        entries = os.listdir("/proc")
-    except OSError:
-        return members
-    for entry in entries:
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                stat = f.read()
-        except OSError:
-            continue
-        # pid (comm) state ppid pgrp ...: comm may contain spaces, so split after the last ')'
-        fields = stat.rsplit(")", 1)[-1].split()
-        if len(fields) >= 3 and fields[0] != "Z" and int(fields[2]) == pgid:
-            members.append(int(entry))
-    return members
-
-
-def _stop_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
-    """SIGINT the worker's process group, then SIGTERM, then SIGKILL: no orphans.
-
-    The worker leads its own group (start_new_session), so children it started (a vLLM engine
-    process, a compile worker) are stopped with it even when the leader exits first.
-    """
-    pgid = proc.pid
-    for sig, wait in ((signal.SIGINT, grace_s), (signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        if proc.poll() is not None and not group_members(pgid):
-            return
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if proc.poll() is not None and not group_members(pgid):
-                return
-            time.sleep(0.05)
 
 
 def format_exc_short() -> str:  # pragma: no cover - debugging aid

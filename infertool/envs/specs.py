@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -68,15 +67,11 @@ BUILTIN_ENVS: dict[str, EnvSpec] = {
 
 
 def detect_variant() -> str:
-    """'cuda' on hosts with an NVIDIA driver, else 'cpu'. INFERTOOL_ACCELERATOR=cpu|cuda overrides."""
-    forced = os.environ.get("INFERTOOL_ACCELERATOR", "").strip().lower()
-    if forced:
-        if forced not in ("cpu", "cuda"):
-            raise UsageError(f"INFERTOOL_ACCELERATOR={forced!r} is not valid", hint="use cpu or cuda")
-        return forced
-    if Path("/proc/driver/nvidia/version").exists() or shutil.which("nvidia-smi"):
-        return "cuda"
-    return "cpu"
+    """'cuda' on hosts with an NVIDIA GPU, else 'cpu' (INFERTOOL_ACCELERATOR=cpu|cuda overrides): the host
+    facts' decision, infertool.perf.host.accelerator."""
+    from infertool.perf.host import accelerator
+
+    return accelerator()
 
 
 def custom_spec(name: str, requirements_file: Path) -> EnvSpec:

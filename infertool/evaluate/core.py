@@ -270,9 +270,9 @@ def _default_out(suite: str) -> Path:
 
 
 def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> dict:
-    from infertool.envs.runner import _InProcessEvents
+    from infertool.envs.runner import InProcessEvents
 
-    events = _InProcessEvents(on_event or (lambda e: None))
+    events = InProcessEvents(on_event or (lambda e: None))
     suite = load_suite(spec.suite)
     requests = [t.request(spec.seq_len, spec.max_items) for t in suite.tasks]
     out_dir = Path(spec.out_dir) if spec.out_dir else _default_out(suite.name)

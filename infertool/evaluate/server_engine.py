@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import time
 import urllib.error
@@ -270,12 +269,6 @@ def compare_openai(url: str, base: str, candidate: str, tasks: list[dict], *, k:
 # --------------------------------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _raise_known_failure(log_text: str, model_dir: str, log_path: Path) -> None:
     """Turn a vLLM failure we can name into one clear error."""
     if "cpu_gemm_wna16" in log_text:
@@ -291,8 +284,8 @@ def launch_vllm(model_dir: str, *, name: str, log_path: Path, max_logprobs: int 
                 startup_timeout_s: float = 600, kv_cache_gib: float = 1) -> Iterator[str]:
     """Start ``vllm.entrypoints.openai.api_server`` (serve env, --enforce-eager) on a free port; yield its
     base URL once /v1/models answers; always stop its whole process group."""
-    from infertool.envs.manage import require_env
-    from infertool.envs.runner import _stop_group
+    from infertool.envs.state import require_env
+    from infertool.procs import free_port, stop_group
 
     python = require_env("serve", needed_by="the vllm eval engine")
     port = free_port()
@@ -330,7 +323,7 @@ def launch_vllm(model_dir: str, *, name: str, log_path: Path, max_logprobs: int 
             time.sleep(1.0)
         yield url
     finally:
-        _stop_group(proc, grace_s=15.0)
+        stop_group(proc.pid, 15.0, poll=proc.poll)
         log.close()
 
 

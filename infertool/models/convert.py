@@ -120,7 +120,7 @@ def import_stage(spec: dict, events) -> dict:
         "versions": {
             "torch": torch.__version__,
             "transformers": transformers.__version__,
-            "gguf": _version("gguf"),
+            "gguf": dist_version("gguf"),
         },
         "seconds": round(time.monotonic() - t0, 2),
     }
@@ -128,7 +128,7 @@ def import_stage(spec: dict, events) -> dict:
     return meta
 
 
-def _version(dist: str) -> str | None:
+def dist_version(dist: str) -> str | None:
     from importlib.metadata import PackageNotFoundError, version
 
     try:

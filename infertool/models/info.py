@@ -65,7 +65,9 @@ class ModelInfo:
     def kv_bytes_per_token_bf16(self) -> int | None:
         if None in (self.num_layers, self.num_key_value_heads, self.head_dim):
             return None
-        return 2 * self.num_layers * self.num_key_value_heads * self.head_dim * 2
+        from infertool.perf.roofline import kv_bytes_per_token
+
+        return int(kv_bytes_per_token(self.num_layers, self.num_key_value_heads, self.head_dim, 2))
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 
-from infertool.profile.roofline import Arch
+from infertool.perf.roofline import Arch
 
 KNOWN_ARCHS: dict[str, tuple[Arch, str]] = {
     "smollm2-135m": (Arch(30, 576, 9, 3, 64, 1536, 49152, tie_word_embeddings=True), "HuggingFaceTB/SmolLM2-135M-Instruct config.json"),

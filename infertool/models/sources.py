@@ -85,7 +85,7 @@ def file_sha256(path: Path, chunk: int = 8 * 1024 * 1024) -> str:
     return h.hexdigest()
 
 
-def _gguf_hash(path: Path) -> str:
+def gguf_sha256(path: Path) -> str:
     """Content hash of a GGUF file, memoised by (path, size, mtime) so repeated runs skip re-reading it."""
     from infertool.envs.paths import models_cache
 
@@ -134,7 +134,7 @@ def cached_conversion(source: str, *, layers: int | None = None, dtype: str | No
         return None
     from infertool.envs.paths import models_cache
 
-    final = models_cache() / conversion_key(_gguf_hash(gguf), layers, normalise_dtype(dtype))
+    final = models_cache() / conversion_key(gguf_sha256(gguf), layers, normalise_dtype(dtype))
     return final if (final / MARKER).is_file() else None
 
 
@@ -155,7 +155,7 @@ def convert_gguf_cached(
     dtype = normalise_dtype(dtype)
     if layers is not None and layers < 1:
         raise UsageError(f"--layers must be at least 1, got {layers}")
-    digest = _gguf_hash(gguf_path)
+    digest = gguf_sha256(gguf_path)
     key = conversion_key(digest, layers, dtype)
     final = models_cache() / key
     if (final / MARKER).is_file():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from infertool.profile import roofline
+from infertool.perf import roofline
 
 # Thresholds (documented in the README): below MEMORY_SIDE x ridge the analytic model says memory-bound,
 # above COMPUTE_SIDE x ridge compute-bound, in between "near the ridge". Timing: when neither MBU nor MFU
@@ -89,7 +89,7 @@ def analyse(measured: dict, arch: roofline.Arch, weight_bytes: float, weight_rea
             peaks: dict, datasheet: dict | None = None) -> list[Point]:
     """Turn the hf stage's timings into points with roofline numbers and verdicts.
 
-    `weight_read_decode(batch)` gives the weight bytes one decode step reads (see plan.decode_weight_bytes).
+    `weight_read_decode(batch)` gives the weight bytes one decode step reads (see models.weights.decode_weight_bytes).
     `peaks`: measured {"flops", "bandwidth"}; `datasheet`: the same from the GPU table, if any.
     """
     pf, pb = peaks["flops"], peaks["bandwidth"]

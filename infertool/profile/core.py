@@ -12,7 +12,8 @@ from pathlib import Path
 from typing import Callable
 
 from infertool.errors import UsageError
-from infertool.profile import analysis, hardware, roofline
+from infertool.perf import hardware, roofline
+from infertool.profile import analysis
 
 
 @dataclass
@@ -46,9 +47,9 @@ def peaks_cache_path(device_key: str) -> Path:
 def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None, log_dir: Path | None = None) -> dict:
     """This machine's measured peaks, measured once and cached (the file `plan` reads too)."""
     from infertool.envs.runner import run_stage
-    from infertool.envs.specs import detect_variant
+    from infertool.perf.host import accelerator
 
-    key = "cpu" if detect_variant() == "cpu" else "cuda"
+    key = "cpu" if accelerator() == "cpu" else "cuda"
     path = peaks_cache_path(key)
     if not remeasure:
         try:
@@ -80,7 +81,8 @@ def run_profile(
 ) -> ProfileResult:
     from infertool.models.info import model_info
     from infertool.models.sources import resolve_model
-    from infertool.plan import WeightFacts, _measured_weights, arch_from_info, decode_weight_bytes, kv_dtype_bytes
+    from infertool.models.weights import WeightFacts, arch_from_info, decode_weight_bytes, measured_weights
+    from infertool.perf.roofline import kv_dtype_bytes
 
     t0 = time.monotonic()
     prof = recipe.profile
@@ -93,10 +95,10 @@ def run_profile(
         raise UsageError(f"unknown profile engine {engine!r}", hint="use hf or vllm")
     nsys_bin = None
     if nsys or (nsys is None and prof.nsys):
-        from infertool.envs.specs import detect_variant
+        from infertool.perf.host import accelerator
         from infertool.profile.nsys import require_nsys
 
-        if detect_variant() != "cuda":
+        if accelerator() != "cuda":
             raise UsageError("--nsys traces CUDA kernels, and this host has no NVIDIA GPU",
                              hint="run without --nsys (or set profile.nsys: false): on a CPU the timings against the "
                              "measured peaks are the evidence")
@@ -114,7 +116,7 @@ def run_profile(
             hint="profile the original model; its verdict tells whether weight-only quantization will help",
         )
     arch = arch_from_info(info)
-    weights: WeightFacts = _measured_weights(resolved.path, info)
+    weights: WeightFacts = measured_weights(resolved.path, info)
     dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
     kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype_bytes("auto", dtype))
 

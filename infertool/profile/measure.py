@@ -85,16 +85,9 @@ class _nvtx:
 
 
 def _cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    import platform
+    from infertool.perf.host import cpu_model_name
 
-    return platform.processor() or "cpu"
+    return cpu_model_name()
 
 
 def hf_stage(spec: dict, events) -> dict:

@@ -12,19 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-import socket
 import statistics
 import time
 from pathlib import Path
 from typing import Callable
 
 from infertool.errors import RuntimeFailure
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from infertool.procs import free_port
 
 
 async def _batch(client, url: str, model: str, headers: dict, prompts: list[list[int]], max_tokens: int) -> float:
@@ -68,7 +62,7 @@ def vllm_timings(recipe, model_path: str, *, batch: list[int], prompt_len: list[
         "max_num_batched_tokens": max(max(prompt_len), max(batch) * context, base.max_num_batched_tokens or 0),
         "api_key_env": None,
     })
-    port = _free_port()
+    port = free_port()
     plan = prepare(recipe.model_copy(update={"serve": serve}), serve=serve, port=port)
     if nsys is not None:
         from infertool.profile.nsys import profile_command

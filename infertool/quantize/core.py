@@ -66,10 +66,6 @@ def _is_within(child: Path, parent: Path) -> bool:
         return False
 
 
-def _has_cuda() -> bool:
-    return Path("/proc/driver/nvidia/version").exists()
-
-
 def _group_size_hint(report) -> str | None:
     for c in report.errors:
         if c.name == "group_size":
@@ -106,6 +102,7 @@ def quantize(
 ) -> QuantizeResult:
     """Run (or with ``check=True`` only preflight) the recipe's quantize section."""
     from infertool.models.info import model_info, safetensors_stats, weight_files
+    from infertool.perf.host import has_cuda
     from infertool.models.sources import resolve_model
     from infertool.quantize.backends import BACKEND_ENVS, BACKEND_STAGES
     from infertool.quantize.preflight import PreflightFailed, linear_layers, matches_ignore, run_preflight
@@ -144,7 +141,7 @@ def quantize(
         cal_check = check_source(qd["calibration"], recipe_dir)
         qd["calibration"]["source"] = cal_check.source  # absolute path (or builtin) for the stage
     serve = recipe.serve.model_dump(mode="json") if getattr(recipe, "serve", None) else None
-    report = run_preflight(info=info, quantize=qd, serve=serve, output=dest, has_cuda=_has_cuda())
+    report = run_preflight(info=info, quantize=qd, serve=serve, output=dest, has_cuda=has_cuda())
     if dest.exists() and not force:
         report.add("output", check, f"{dest} already exists: pass --force to replace it, or choose another --out",
                    level="warning" if check else "error")
@@ -154,7 +151,7 @@ def quantize(
     if backend == "llmcompressor":
         from infertool.quantize.backends import llmcompressor
 
-        llmc_plan = llmcompressor.plan(qd, has_cuda=_has_cuda())
+        llmc_plan = llmcompressor.plan(qd, has_cuda=has_cuda())
         report.plan["llmcompressor"] = llmc_plan
     timings["preflight"] = time.monotonic() - t
     if not report.ok:
@@ -173,7 +170,7 @@ def quantize(
         timings["total"] = time.monotonic() - t_start
         return base
 
-    from infertool.envs.manage import state
+    from infertool.envs.state import state
     from infertool.envs.paths import logs_root
     from infertool.envs.runner import run_stage
 
@@ -184,7 +181,7 @@ def quantize(
     if verify is None:
         verify = state("serve").status == "ready"
     elif verify and method != "bnb":
-        from infertool.envs.manage import require_env
+        from infertool.envs.state import require_env
 
         require_env("serve", needed_by="--verify (the vLLM load check)")  # before hours of quantizing, not after
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")

@@ -16,7 +16,7 @@ MANIFEST_VERSION = 1
 
 def env_packages(name: str) -> dict:
     """The environment's recorded package versions (from its setup marker); {} when unknown."""
-    from infertool.envs.manage import read_marker
+    from infertool.envs.state import read_marker
 
     marker = read_marker(name) or {}
     return {"name": name, "packages": marker.get("packages", {}), "python": marker.get("python_version"),

@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import fnmatch
 import math
-import os
 import re
 import shutil
-import subprocess
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from infertool.errors import UsageError
-from infertool.models.info import DTYPE_BYTES, ModelInfo, read_safetensors_header, weight_files
+from infertool.perf import host
+from infertool.models.info import DTYPE_BYTES, ModelInfo, read_safetensors_header
 
 # Model types GPTQModel 7.7.0 has a definition for (gptqmodel.models.auto.MODEL_MAP, text models listed;
 # tests/test_quantize_real.py checks this list against the installed package).
@@ -231,27 +230,6 @@ def valid_group_sizes(linears: list[Linear]) -> list[int]:
 # ---------------------------------------------------------------------------------------------------
 
 
-def available_memory() -> tuple[str, int | None]:
-    """("cuda", free VRAM of GPU 0) when nvidia-smi answers, else ("cpu", MemAvailable)."""
-    if Path("/proc/driver/nvidia/version").exists() and shutil.which("nvidia-smi"):
-        try:
-            out = subprocess.run(
-                ["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                capture_output=True, text=True, timeout=10,
-            ).stdout.split()
-            if out:
-                return "cuda", int(float(out[0])) * 2**20
-        except (OSError, subprocess.SubprocessError, ValueError):
-            pass
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return "cpu", int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return "cpu", None
-
-
 def calibration_memory_estimate(info: ModelInfo, linears: list[Linear], samples: int, seq_len: int, method: str) -> int:
     """Bytes needed while calibrating: the weights, the cached layer inputs/outputs of every sample (fp32),
     one layer's Hessians (in^2 fp32 each) or AWQ's captured activations, and ~1.5 GiB of runtime."""
@@ -318,7 +296,7 @@ def run_preflight(
     arch = (info.architectures or [None])[0] or info.model_type
     report = PreflightReport(info.path, method, backend, arch, weight_bytes=info.weight_bytes)
     if has_cuda is None:
-        has_cuda = Path("/proc/driver/nvidia/version").exists()
+        has_cuda = host.has_cuda()
     files = [Path(info.path) / f for f in info.weight_files]
 
     problems = check_safetensors_files(files)
@@ -429,7 +407,7 @@ def run_preflight(
         cal = quantize.get("calibration") or {}
         samples, seq_len = int(cal.get("samples", 128)), int(cal.get("seq_len", 512))
         est = calibration_memory_estimate(info, quantized, samples, seq_len, method)
-        device, avail = memory if memory is not None else available_memory()
+        device, avail = memory if memory is not None else host.available_memory()
         report.memory_estimate_bytes, report.memory_available_bytes, report.memory_device = est, avail, device
         if avail is None:
             report.add("memory", True, f"about {est / 2**30:.1f} GiB needed ({device} free memory unknown)")

@@ -49,7 +49,7 @@ def serve_section(recipe):
 
 
 def _variant() -> str:
-    from infertool.envs.manage import read_marker
+    from infertool.envs.state import read_marker
     from infertool.envs.specs import detect_variant
 
     marker = read_marker("serve") or {}
@@ -75,7 +75,7 @@ def prepare(recipe, *, dry_run: bool = False, serve=None, port: int | None = Non
 
             python = str(env_python("serve"))
         else:
-            from infertool.envs.manage import require_env
+            from infertool.envs.state import require_env
 
             python = str(require_env("serve", needed_by="infertool serve"))
     cpu = _variant() == "cpu"

@@ -132,7 +132,7 @@ def _cached_conversion(model) -> str | None:
         else:
             p = Path(model.source).expanduser()
             return str(p.resolve()) if p.is_dir() else None
-        key = sources.conversion_key(sources._gguf_hash(gguf), model.layers, sources.normalise_dtype(model.dtype))
+        key = sources.conversion_key(sources.gguf_sha256(gguf), model.layers, sources.normalise_dtype(model.dtype))
     except Exception:  # noqa: BLE001 - a dry run shows the source instead
         return None
     from infertool.envs.paths import models_cache

@@ -26,8 +26,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from infertool.envs.runner import group_members
 from infertool.errors import RuntimeFailure, UsageError
+from infertool.procs import group_members, process_start_time, stop_group
 from infertool.serve.command import LaunchSpec, process_env
 
 TAIL_LINES = 25
@@ -65,41 +65,10 @@ def diagnose(log_text: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def process_start_time(pid: int) -> int | None:
-    """The process's start time in clock ticks since boot (/proc/PID/stat field 22)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[-1].split()
-        return int(fields[19])
-    except (OSError, IndexError, ValueError):
-        return None
-
-
 def terminate_group(pgid: int, grace_s: float = 20.0, poll: Callable[[], object] | None = None) -> bool:
-    """SIGTERM the group, wait up to ``grace_s``, then SIGKILL; True when no member is left.
-
-    ``poll`` (a Popen's poll) reaps our own child so it does not linger as a zombie.
-    """
-    def alive() -> bool:
-        if poll is not None:
-            poll()
-        return bool(group_members(pgid))
-
-    for sig, wait in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 10.0)):
-        if not alive():
-            return True
-        try:
-            os.killpg(pgid, sig)
-        except ProcessLookupError:
-            return True
-        except PermissionError:
-            return False
-        deadline = time.monotonic() + wait
-        while time.monotonic() < deadline:
-            if not alive():
-                return True
-            time.sleep(0.1)
-    return not alive()
+    """SIGTERM the group (vLLM shuts its engine down), wait up to ``grace_s``, then SIGKILL; True when no
+    member is left."""
+    return stop_group(pgid, grace_s, poll=poll, signals=(signal.SIGTERM, signal.SIGKILL), later_wait_s=10.0)
 
 
 def probe_models(url: str, api_key: str | None = None, timeout: float = 5.0) -> tuple[int | None, dict | None]:

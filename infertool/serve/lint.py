@@ -12,12 +12,12 @@
 
 from __future__ import annotations
 
-import errno
-import socket
 from dataclasses import dataclass
 
+from infertool import procs
 from infertool.errors import UsageError
-from infertool.profile import roofline
+from infertool.perf import roofline
+from infertool.perf.host import HALF_INSTRUCTIONS, cpu_lacks_half
 
 GIB = 1024**3
 CPU_BLOCK_SIZE = roofline.CPU_KV_BLOCK
@@ -39,25 +39,11 @@ class LintIssue:
 
 
 def port_free(host: str, port: int) -> bool:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as s:
-        # vLLM's uvicorn sets SO_REUSEADDR too: a port in TIME_WAIT is usable, one with a listener is not
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
-                return False
-            raise UsageError(f"cannot bind {host}:{port}: {exc.strerror or exc}",
-                             hint="check serve.host: it must be an address of this machine") from None
-    return True
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port the OS says is free right now (bind to port 0)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    try:
+        return procs.port_free(host, port)
+    except OSError as exc:
+        raise UsageError(f"cannot bind {host}:{port}: {exc.strerror or exc}",
+                         hint="check serve.host: it must be an address of this machine") from None
 
 
 def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = None,
@@ -117,35 +103,8 @@ def kv_plan(serve, model_info) -> dict | None:
     }
 
 
-def cpu_flags() -> set[str]:
-    """The instruction-set flags of this machine's CPU (Linux /proc/cpuinfo); empty when unknown.
-    INFERTOOL_CPU_FLAGS (space-separated) replaces them: to plan for another CPU, or in tests."""
-    import os
-
-    if os.environ.get("INFERTOOL_CPU_FLAGS") is not None:
-        return set(os.environ["INFERTOOL_CPU_FLAGS"].split())
-    try:
-        with open("/proc/cpuinfo") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-HALF_INSTRUCTIONS = {"bfloat16": ("avx512_bf16", "amx_bf16"), "float16": ("avx512_fp16", "amx_fp16")}
 SLOW_HALF_EVIDENCE = ("time to first token 6.0 s in bfloat16 vs 1.1 s in float32 for a 256-token prompt on "
                       "SmolLM2-135M, measured on an AVX2-only CPU")
-
-
-def cpu_lacks_half(dtype: str | None, flags: set[str] | None = None) -> bool:
-    """True when ``dtype`` is bf16/fp16 and this CPU has none of the matrix instructions for it (vLLM's oneDNN
-    linear then falls back to torch's slow half-precision GEMM). Unknown flags count as "has them"."""
-    flags = cpu_flags() if flags is None else flags
-    if not flags or dtype not in HALF_INSTRUCTIONS:
-        return False
-    return not any(f in flags for f in HALF_INSTRUCTIONS[dtype])
 
 
 def cpu_serve_dtype(serve_dtype: str, model_dtype: str | None, quantized: bool,

@@ -1,40 +1,15 @@
 """Stages of the foundation: the environment probe, the protocol self-test, model import and generation."""
 
-from infertool.stages import Stage, register_stage
-
-register_stage(
-    Stage(
-        name="probe",
-        env="",  # runs in any environment: reports what that environment holds
-        modules=(),
-        target="infertool.envs.probe:probe_stage",
-        description="report the interpreter, key package versions and accelerators of an environment",
-    )
-)
-register_stage(
-    Stage(
-        name="model.import",
-        env="quant",
-        modules=("torch", "transformers", "gguf", "accelerate"),
-        target="infertool.models.convert:import_stage",
-        description="convert a GGUF checkpoint into a Hugging Face safetensors directory",
-    )
-)
-register_stage(
-    Stage(
-        name="model.generate",
-        env="quant",
-        modules=("torch", "transformers"),
-        target="infertool.models.convert:generate_stage",
-        description="greedy-generate a few prompts with transformers (a smoke check of a model directory)",
-    )
-)
-register_stage(
-    Stage(
-        name="selftest",
-        env="",
-        modules=(),
-        target="infertool.envs.probe:selftest_stage",
-        description="exercise the worker protocol: progress, logs, a result or a chosen failure",
-    )
-)
+STAGES = [
+    dict(name="probe", env="",  # runs in any environment: reports what that environment holds
+         modules=(), target="infertool.envs.probe:probe_stage",
+         description="report the interpreter, key package versions and accelerators of an environment"),
+    dict(name="model.import", env="quant", modules=("torch", "transformers", "gguf", "accelerate"),
+         target="infertool.models.convert:import_stage",
+         description="convert a GGUF checkpoint into a Hugging Face safetensors directory"),
+    dict(name="model.generate", env="quant", modules=("torch", "transformers"),
+         target="infertool.models.convert:generate_stage",
+         description="greedy-generate a few prompts with transformers (a smoke check of a model directory)"),
+    dict(name="selftest", env="", modules=(), target="infertool.envs.probe:selftest_stage",
+         description="exercise the worker protocol: progress, logs, a result or a chosen failure"),
+]

@@ -1,13 +1,8 @@
 """Stages of `infertool eval`: the in-process transformers engine (full-vocabulary logits)."""
 
-from infertool.stages import Stage, register_stage
-
-register_stage(
-    Stage(
-        name="eval.hf",
-        env="quant",
-        modules=("torch", "transformers"),
-        target="infertool.evaluate.hf_engine:compare_stage",
-        description="score an eval suite with base and candidate in transformers: full-vocabulary KLD, log-likelihoods, greedy outputs",
-    )
-)
+STAGES = [
+    dict(name="eval.hf", env="quant", modules=("torch", "transformers"),
+         target="infertool.evaluate.hf_engine:compare_stage",
+         description="score an eval suite with base and candidate in transformers: full-vocabulary KLD, "
+         "log-likelihoods, greedy outputs"),
+]

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 from infertool.errors import RuntimeFailure, UsageError
-from infertool.models.convert import _version  # installed version of a distribution, or None
+from infertool.models.convert import dist_version  # installed version of a distribution, or None
 
 
 def build_spec(q: dict, *, model: Path, out_dir: Path, offload_dir: Path, ignore_modules: list[str],
@@ -191,7 +191,7 @@ def _quantize(spec: dict, events) -> dict:
         "calibration": cal_info.to_dict(),
         "layers": layer_errors(getattr(model, "quant_log", None) or []),
         "quantize_config": kwargs,
-        "versions": {d: _version(d) for d in ("gptqmodel", "torch", "transformers", "tokenizers")},
+        "versions": {d: dist_version(d) for d in ("gptqmodel", "torch", "transformers", "tokenizers")},
         "threads": os.environ.get("GPTQMODEL_CPU_WORKERS"),
         "compute_dtype": compute,
     }
@@ -206,7 +206,7 @@ def _calibration_dtype(model_dir: str) -> dict | None:
 
     import torch
 
-    from infertool.serve.lint import cpu_lacks_half
+    from infertool.perf.host import cpu_lacks_half
 
     if torch.cuda.is_available():
         return None

@@ -1,0 +1,131 @@
+"""`infertool env setup|list|doctor|remove`: the managed backend environments."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from infertool.commands._common import JSON_OPT, handle_errors, usage_error
+
+env_app = typer.Typer(help="The managed backend environments (quant, serve, ...).", no_args_is_help=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.add_typer(env_app, name="env")
+
+
+# ---------------------------------------------------------------------------------------------- env
+@env_app.command("setup")
+@handle_errors
+def env_setup(
+    names: Optional[List[str]] = typer.Argument(None, help="Environments to set up (default: quant serve)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even when the environment is up to date."),
+    variant: Optional[str] = typer.Option(None, "--variant", help="cpu or cuda (default: detected from the host)."),
+    requirements: Optional[Path] = typer.Option(None, "--requirements", "-r", help="Define a custom environment NAME from a requirements file."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Create the managed environments (idempotent: an up-to-date one is left alone)."""
+    from infertool.envs.manage import setup_env
+    from infertool.output import StageProgress, err, print_json
+
+    names = names or ["quant", "serve"]
+    if requirements is not None and len(names) != 1:
+        raise usage_error("--requirements defines one custom environment: give exactly one NAME")
+    results = []
+    for name in names:
+        with StageProgress("setup", quiet=as_json) as progress:
+            st, what = setup_env(name, force=force, variant=variant, requirements_file=requirements, on_event=progress.on_event)
+        results.append({"name": name, "action": what, **st.to_dict()})
+        if not as_json:
+            versions = ", ".join(f"{k} {v}" for k, v in st.packages.items())
+            err.print(f"[green]✓[/] {name}: {what} ({st.variant}) {versions}")
+    if as_json:
+        print_json(results)
+
+
+@env_app.command("list")
+@handle_errors
+def env_list(as_json: bool = JSON_OPT) -> None:
+    """Show every environment, its state and key package versions."""
+    from rich.table import Table
+
+    from infertool.envs.state import list_envs
+    from infertool.envs.paths import envs_root
+    from infertool.output import out, print_json
+
+    states = list_envs()
+    if as_json:
+        print_json({"home": str(envs_root()), "envs": [s.to_dict() for s in states]})
+        return
+    table = Table(title=f"environments in {envs_root()}")
+    for col in ("name", "status", "variant", "packages", "created"):
+        table.add_column(col, no_wrap=col != "packages")
+    colors = {"ready": "green", "stale": "yellow", "incomplete": "red", "missing": "dim"}
+    for s in states:
+        table.add_row(
+            s.name,
+            f"[{colors.get(s.status, 'white')}]{s.status}[/]" + (f" ({s.reason})" if s.reason else ""),
+            s.variant or "",
+            ", ".join(f"{k} {v}" for k, v in s.packages.items()),
+            (s.created or "")[:19],
+        )
+    out.print(table)
+
+
+@env_app.command("doctor")
+@handle_errors
+def env_doctor(
+    names: Optional[List[str]] = typer.Argument(None, help="Environments to check (default: all that exist)."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Check environments: imports, versions, drift since setup, broken requirements."""
+    from rich.table import Table
+
+    from infertool.envs.manage import doctor
+    from infertool.envs.state import list_envs
+    from infertool.errors import EXIT_BACKEND
+    from infertool.output import err, out, print_json
+
+    if not names:
+        names = [s.name for s in list_envs() if s.status != "missing"]
+        if not names:
+            raise usage_error("no environment is set up yet", hint="run `infertool env setup quant serve`")
+    reports = []
+    for name in names:
+        with err.status(f"checking {name} ..."):
+            reports.append(doctor(name))
+    if as_json:
+        print_json([r.to_dict() for r in reports])
+    else:
+        for r in reports:
+            table = Table(title=f"{r.name}: " + ("[green]healthy[/]" if r.healthy else "[red]unhealthy[/]"), title_justify="left")
+            table.add_column("check")
+            table.add_column("")
+            table.add_column("detail")
+            for c in r.checks:
+                table.add_row(c["check"], "[green]ok[/]" if c["ok"] else "[red]FAIL[/]", str(c["detail"]))
+            out.print(table)
+            if r.accelerator:
+                acc = r.accelerator
+                out.print(f"  accelerator: {'CUDA ' + ', '.join(acc.get('devices', [])) if acc.get('cuda') else 'none (CPU)'}"
+                          + (f"; torch {acc['torch']}" if acc.get("torch") else ""))
+            if r.hint:
+                err.print(f"[yellow]hint:[/] {r.hint}")
+    if not all(r.healthy for r in reports):
+        raise typer.Exit(EXIT_BACKEND)
+
+
+@env_app.command("remove")
+@handle_errors
+def env_remove(names: List[str] = typer.Argument(..., help="Environments to remove.")) -> None:
+    """Delete environments (they can be set up again at any time)."""
+    from infertool.envs.manage import remove_env
+    from infertool.output import err
+
+    for name in names:
+        if remove_env(name):
+            err.print(f"[green]✓[/] removed {name}")
+        else:
+            err.print(f"{name}: not present")

@@ -1,0 +1,141 @@
+"""The managed environments' state, read without touching them: their markers, whether each is ready,
+and the one error that says how to make one ready. Light (no subprocesses): the runner and every command
+ask here; ``manage`` builds, checks and removes environments.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from infertool.envs.paths import env_dir, env_python, envs_root
+from infertool.envs.specs import BUILTIN_ENVS, EnvSpec, custom_spec
+from infertool.errors import EnvNotReady, UsageError
+
+MARKER = "infertool-env.json"
+FREEZE = "pip-freeze.txt"
+CUSTOM_REQS = "infertool-requirements.txt"
+
+
+@dataclass
+class EnvState:
+    name: str
+    path: str
+    status: str  # "ready" | "incomplete" | "missing" | "stale"
+    variant: str | None = None
+    description: str = ""
+    packages: dict[str, str] = field(default_factory=dict)
+    created: str | None = None
+    python_version: str | None = None
+    infertool_source: str | None = None
+    setup_seconds: float | None = None
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def get_spec(name: str, requirements_file: str | Path | None = None) -> EnvSpec:
+    if requirements_file is not None:
+        if name in BUILTIN_ENVS:
+            raise UsageError(f"{name!r} is a built-in environment; give a custom environment another name")
+        return custom_spec(name, Path(requirements_file))
+    if name in BUILTIN_ENVS:
+        return BUILTIN_ENVS[name]
+    custom = env_dir(name) / CUSTOM_REQS
+    if custom.is_file():
+        return custom_spec(name, custom)
+    raise UsageError(
+        f"unknown environment {name!r}",
+        hint=f"built-in environments: {', '.join(BUILTIN_ENVS)}; a custom one needs --requirements FILE",
+    )
+
+
+def read_marker(name: str) -> dict | None:
+    try:
+        return json.loads((env_dir(name) / MARKER).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def infertool_source() -> dict:
+    """How infertool is installed here: a source checkout (editable into envs) or a released version."""
+    import infertool
+
+    pkg_dir = Path(infertool.__file__).resolve().parent
+    root = pkg_dir.parent
+    pyproject = root / "pyproject.toml"
+    if pyproject.is_file() and 'name = "infertool"' in pyproject.read_text(encoding="utf-8"):
+        return {"kind": "source", "path": str(root), "version": infertool.__version__}
+    return {"kind": "release", "path": None, "version": infertool.__version__}
+
+
+def source_matches(marker: dict) -> bool:
+    return marker.get("infertool") == infertool_source()
+
+
+def state(name: str) -> EnvState:
+    d = env_dir(name)
+    spec = BUILTIN_ENVS.get(name)
+    desc = spec.description if spec else ""
+    if not d.exists():
+        return EnvState(name, str(d), "missing", description=desc)
+    marker = read_marker(name)
+    if marker is None or not env_python(name).exists():
+        return EnvState(name, str(d), "incomplete", description=desc, reason="setup did not finish")
+    st = EnvState(
+        name,
+        str(d),
+        "ready",
+        variant=marker.get("variant"),
+        description=marker.get("description", desc),
+        packages=marker.get("packages", {}),
+        created=marker.get("created"),
+        python_version=marker.get("python_version"),
+        infertool_source=(marker.get("infertool") or {}).get("path") or (marker.get("infertool") or {}).get("version"),
+        setup_seconds=marker.get("setup_seconds"),
+    )
+    try:
+        fp = get_spec(name).fingerprint(marker.get("variant", "cpu"))
+        if fp != marker.get("fingerprint"):
+            st.status, st.reason = "stale", "its pinned requirements changed since setup"
+    except UsageError:
+        pass
+    if st.status == "ready" and not source_matches(marker):
+        st.status, st.reason = "stale", "it holds infertool from another checkout or version"
+    return st
+
+
+def list_envs() -> list[EnvState]:
+    names = list(BUILTIN_ENVS)
+    root = envs_root()
+    if root.is_dir():
+        for d in sorted(root.iterdir()):
+            if d.is_dir() and not d.name.startswith(".") and d.name not in names:
+                names.append(d.name)
+    return [state(n) for n in names]
+
+
+def require_env(name: str, needed_by: str = "this command") -> Path:
+    """The python of a ready environment, or an error that says how to make it ready."""
+    st = state(name)
+    if st.status == "missing":
+        raise EnvNotReady(
+            f"{needed_by} runs in the {name!r} environment, which is not set up",
+            hint=f"run `infertool env setup {name}` (environments live under {envs_root()})",
+        )
+    if st.status == "incomplete":
+        raise EnvNotReady(
+            f"the {name!r} environment is incomplete ({st.reason})",
+            hint=f"run `infertool env setup {name}` to rebuild it",
+        )
+    if st.status == "stale":
+        raise EnvNotReady(
+            f"the {name!r} environment is out of date: {st.reason}",
+            hint=f"run `infertool env setup {name}` to bring it up to date",
+        )
+    return env_python(name)
+
+
+# ---------------------------------------------------------------------------------------------------

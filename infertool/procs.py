@@ -1,0 +1,105 @@
+"""Processes and ports, in one place: every server and worker infertool starts leads its own process
+group, and is stopped by ``stop_group``; every free port comes from ``free_port``.
+
+Pure standard library (Linux /proc); nothing here imports another infertool package.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import signal
+import socket
+import time
+from typing import Callable, Sequence
+
+# Gentle first (a worker turns SIGINT into KeyboardInterrupt and cleans up; vLLM shuts its engine down on
+# SIGTERM), then firm. The first wait is the caller's grace period.
+DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGKILL)
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of a process group, from /proc (Linux)."""
+    members = []
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return members
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        # pid (comm) state ppid pgrp ...: comm may contain spaces, so split after the last ')'
+        fields = stat.rsplit(")", 1)[-1].split()
+        if len(fields) >= 3 and fields[0] != "Z" and int(fields[2]) == pgid:
+            members.append(int(entry))
+    return members
+
+
+def process_start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid, it
+    tells a process from a later one that got a recycled pid."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[-1].split()
+        return int(fields[19])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def stop_group(pgid: int, grace_s: float = 10.0, *, poll: Callable[[], object] | None = None,
+               signals: Sequence[int] = DEFAULT_SIGNALS, later_wait_s: float = 5.0) -> bool:
+    """Signal a process group until none of it is left: each of ``signals`` in turn, waiting ``grace_s``
+    after the first and ``later_wait_s`` after each later one. True when no member is left.
+
+    ``poll`` (a Popen's poll) reaps our own child so that it does not linger as a zombie. The group leader
+    may exit first: its children (a vLLM engine core, a compile worker) are still in the group and are
+    stopped with it.
+    """
+    def gone() -> bool:
+        if poll is not None:
+            poll()
+        return not group_members(pgid)
+
+    for i, sig in enumerate(signals):
+        if gone():
+            return True
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        deadline = time.monotonic() + (grace_s if i == 0 else later_wait_s)
+        while time.monotonic() < deadline:
+            if gone():
+                return True
+            time.sleep(0.05)
+    return gone()
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port the OS says is free right now (bind to port 0 on ``host``, loopback by default)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_free(host: str, port: int) -> bool:
+    """Whether a server could listen on host:port now (a port in TIME_WAIT is usable, one with a listener
+    is not: vLLM's uvicorn sets SO_REUSEADDR too). Raises OSError for an address that is not this machine's."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            if exc.errno in (errno.EADDRINUSE, errno.EACCES):
+                return False
+            raise
+    return True

@@ -1,0 +1,148 @@
+"""The package graph reads top-down: no two infertool packages import each other (lazy imports inside
+functions count), no module imports another package's private names, the leaves stay leaves, and there
+is one free-port helper, one process-group stopper and one way to register a command."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PKG = Path(__file__).resolve().parents[1] / "infertool"
+
+
+def _modules() -> dict[str, ast.Module]:
+    out = {}
+    for path in PKG.rglob("*.py"):
+        rel = path.relative_to(PKG.parent).with_suffix("")
+        out[".".join(rel.parts)] = ast.parse(path.read_text(encoding="utf-8"))
+    return out
+
+
+def _imports(tree: ast.Module) -> list[tuple[str, list[str]]]:
+    """(module imported, names taken from it) for every import, at any depth."""
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(a.name, []) for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.append((node.module, [a.name for a in node.names]))
+    return found
+
+
+def _unit(module: str) -> str | None:
+    """The top-level unit of infertool a module belongs to (a package or a top-level module)."""
+    parts = module.split(".")
+    if parts[0] != "infertool" or len(parts) < 2:
+        return None
+    return parts[1]
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    units = {_unit(m) for m in mods} - {None}
+    edges: dict[str, set[str]] = {}
+    for name, tree in mods.items():
+        src = _unit(name)
+        for target, names in _imports(tree):
+            targets = [target] + [f"{target}.{n}" for n in names]
+            for t in targets:
+                dst = _unit(t)
+                if dst in units and dst != src and src is not None and not dst.startswith("_"):
+                    edges.setdefault(src, set()).add(dst)
+    return edges
+
+
+def test_no_package_cycles():
+    edges = _graph()
+    # any cycle, not just pairs: depth-first search for a back edge
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles = []
+
+    def visit(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt):] + [nxt])
+            elif nxt not in state:
+                visit(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for n in sorted(edges):
+        if n not in state:
+            visit(n)
+    assert not cycles, "package import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_no_module_cycles_inside_packages():
+    """Within a package too (envs.manage <-> envs.runner once held together by lazy imports)."""
+    mods = _modules()
+    edges = {m: {t for t, names in _imports(tree) for t in [t] + [f"{t}.{n}" for n in names] if t in mods and t != m}
+             for m, tree in mods.items()}
+    for m, deps in edges.items():
+        for d in deps:
+            if d.rsplit(".", 1)[0] == m.rsplit(".", 1)[0] and m in edges.get(d, ()):
+                raise AssertionError(f"{m} and {d} import each other")
+
+
+def test_no_private_names_across_packages():
+    bad = []
+    for name, tree in _modules().items():
+        for target, names in _imports(tree):
+            if _unit(target) is None or _unit(target) == _unit(name):
+                continue
+            for n in names:
+                if n.startswith("_") and n != "__version__":
+                    bad.append(f"{name} imports {target}.{n}")
+            if any(part.startswith("_") and part not in ("__init__",) for part in target.split(".")[1:]):
+                bad.append(f"{name} imports private module {target}")
+    assert not bad, "\n".join(bad)
+
+
+def test_leaves_stay_leaves():
+    edges = _graph()
+    assert edges.get("perf", set()) <= {"errors"}, edges.get("perf")
+    assert edges.get("procs", set()) == set(), edges.get("procs")
+    assert edges.get("errors", set()) == set()
+    assert edges.get("stage_defs", set()) == set(), "stage definitions are data"
+    for user in ("plan", "profile", "serve"):
+        assert "perf" in edges.get(user, set()), f"{user} should take its math and host facts from infertool.perf"
+
+
+def _defs(tree: ast.Module) -> set[str]:
+    return {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def test_one_free_port_helper_and_one_group_stopper():
+    mods = _modules()
+    for name, tree in mods.items():
+        defs = _defs(tree)
+        if name != "infertool.procs":
+            assert not defs & {"free_port", "_free_port", "group_members", "_stop_group", "stop_group"}, name
+        src = (PKG.parent / (name.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+        if name != "infertool.procs":
+            assert "os.killpg" not in src, f"{name} signals a process group itself: use infertool.procs.stop_group"
+            assert ".bind((" not in src or name == "infertool.serve.lint", f"{name} binds sockets itself: use infertool.procs"
+
+
+def test_host_facts_decided_in_one_place():
+    for name, tree in _modules().items():
+        if name == "infertool.perf.host":
+            continue
+        src = (PKG.parent / (name.replace(".", "/") + ".py")).read_text(encoding="utf-8")
+        for needle in ("/proc/driver/nvidia", "/proc/cpuinfo", "/proc/meminfo", "nvidia-smi\""):
+            assert needle not in src, f"{name} reads {needle} itself: ask infertool.perf.host"
+
+
+def test_commands_register_one_way():
+    """cli.py defines no command of its own: every command module under infertool/commands has register(app)."""
+    cli = _modules()["infertool.cli"]
+    decorated = [n.name for n in ast.walk(cli) if isinstance(n, ast.FunctionDef)
+                 and any("command" in ast.unparse(d) for d in n.decorator_list)]
+    assert decorated == [], decorated
+    for path in (PKG / "commands").glob("*.py"):
+        if path.name.startswith("_"):
+            continue
+        assert "register" in _defs(ast.parse(path.read_text(encoding="utf-8"))), path.name
