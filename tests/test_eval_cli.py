@@ -12,7 +12,8 @@ import pytest
 import yaml
 
 from conftest import run_cli
-from infertool.evaluate import suites, synth
+from infertool.data import suites
+from infertool.evaluate import synth
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -235,11 +236,18 @@ def test_default_candidate_is_where_quantize_writes(tmp_path):
 
 
 def test_vllm_without_int4_kernels_is_named(tmp_path):
-    from infertool.errors import BackendError
-    from infertool.evaluate.server_engine import _raise_known_failure
+    """A server that dies naming the missing int4 kernel: the one launcher says the host cannot run it."""
+    import sys
 
-    log = "ERROR ... AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'\n"
-    with pytest.raises(BackendError) as e:
-        _raise_known_failure(log, "out/q", tmp_path / "vllm.log")
-    assert "no int4/int8 weight-only GEMM kernel" in e.value.message and "--engine hf" in e.value.hint
-    _raise_known_failure("some other failure", "out/q", tmp_path / "vllm.log")  # unknown: left to the caller
+    from infertool.procs import free_port
+    from infertool.serve.command import LaunchSpec
+    from infertool.serve.launcher import HostCannotRun, Server
+
+    crash = ("import sys; print(\"AttributeError: '_OpNamespace' '_C' object has no attribute 'cpu_gemm_wna16'\"); "
+             "sys.exit(1)")
+    port = free_port()
+    spec = LaunchSpec([sys.executable, "-c", crash], {}, "127.0.0.1", port, "out/q", "q", None, False, 30)
+    with Server(spec, tmp_path / "vllm.log") as server:
+        with pytest.raises(HostCannotRun) as e:
+            server.wait_ready()
+    assert "cpu_gemm_wna16" in e.value.message and "AVX-512" in e.value.hint

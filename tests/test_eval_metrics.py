@@ -8,7 +8,7 @@ import pytest
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize
-from infertool.evaluate.suites import Suite, Task
+from infertool.data.suites import Suite, Task
 from infertool.evaluate.verdict import PRESETS, judge, thresholds, verdict
 
 

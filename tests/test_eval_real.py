@@ -61,7 +61,7 @@ def mixed_suite(tmp_path_factory) -> Path:
     evals = ROOT / "evals"
     p = d / "mixed.yaml"
     p.write_text(yaml.safe_dump({"name": "mixed", "tasks": [
-        {"name": "corpus", "type": "perplexity", "source": "builtin:pydoc_topics", "max_windows": 3},
+        {"name": "corpus", "type": "perplexity", "source": "builtin:pydoc_topics:eval", "max_windows": 3},
         {"name": "mc", "type": "multiple_choice", "data": str(evals / "synthetic-mc.arithmetic.jsonl")},
         {"name": "gen", "type": "generate", "data": str(evals / "synthetic-gen.copying.jsonl"), "max_tokens": 8},
     ]}))

@@ -8,15 +8,17 @@ from infertool.deploy.k8s import container_model_path, k8s_name, manifests, rend
 from infertool.recipe import load_recipe
 
 
-def _docs(recipe_name: str, model: str, monkeypatch=None):
-    r = load_recipe(recipe_name)
-    text = render(manifests(r, model), r, model)
-    return r, text, list(yaml.safe_load_all(text))
+def _docs(recipe_name: str, overrides=()):
+    from infertool.resolve import resolve
+
+    res = resolve(load_recipe(recipe_name, list(overrides)))
+    text = render(manifests(res), res)
+    return res, text, list(yaml.safe_load_all(text))
 
 
 def test_tp4_deployment_and_service(monkeypatch):
     monkeypatch.setenv("INFERTOOL_API_KEY", "sk-this-must-never-appear")
-    r, text, docs = _docs("llama3.3-70b-w4a16-tp4", "/models/Llama-3.3-70B-Instruct-w4a16")
+    r, text, docs = _docs("llama3.3-70b-w4a16-tp4")
     assert [d["kind"] for d in docs] == ["Deployment", "Service"]
     assert "sk-this-must-never-appear" not in text and "&id" not in text
     dep, svc = docs
@@ -39,13 +41,30 @@ def test_tp4_deployment_and_service(monkeypatch):
 
 
 def test_single_gpu_fp8_kv_and_names():
-    r, text, docs = _docs("llama3.1-8b-128k-fp8kv", "/data/Llama-3.1-8B-Instruct")
+    r, text, docs = _docs("llama3.1-8b-128k-fp8kv", ["model.source=/data/Llama-3.1-8B-Instruct"])
     c = docs[0]["spec"]["template"]["spec"]["containers"][0]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert c["args"][c["args"].index("--kv-cache-dtype") + 1] == "fp8"
     assert c["args"][c["args"].index("--model") + 1] == "/models/Llama-3.1-8B-Instruct"
     assert k8s_name("Llama3.1_8B!!") == "llama3-1-8b"
-    assert container_model_path("bundled:smollm2-135m") == "/models/smollm2-135m"
+    from infertool.resolve import ModelRef
+
+    assert container_model_path(ModelRef("base", "bundled:smollm2-135m", "/home/u/.cache/infertool/models/cc95", True,
+                                         "bundled:smollm2-135m", name="smollm2-135m")) == "/models/smollm2-135m"
+
+
+def test_k8s_serves_the_quantized_model_for_its_target():
+    """`--emit k8s` serves what `infertool serve` serves (the candidate, as the cluster sees it), with the
+    target's flags: no CPU variables on a GPU recipe, whatever host emits it."""
+    r, text, docs = _docs("llama3.3-70b-w4a16-tp4")
+    c = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][c["args"].index("--model") + 1] == "/models/Llama-3.3-70B-Instruct-w4a16"
+    assert r.served_origin == "candidate"
+    assert not any(e["name"].startswith("VLLM_CPU") for e in c["env"])
+    assert "--gpu-memory-utilization" in c["args"]
+    r, text, docs = _docs("llama3.3-70b-w4a16-tp4", ["serve.model=original"])
+    c = docs[0]["spec"]["template"]["spec"]["containers"][0]
+    assert c["args"][c["args"].index("--model") + 1] == "/models/Llama-3.3-70B-Instruct"
 
 
 def test_serve_emit_k8s_cli():

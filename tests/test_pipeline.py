@@ -60,7 +60,7 @@ def test_run_reuses_completed_stages_and_forces(tmp_path, fake_stages):
     m = json.loads((run / "manifest.json").read_text())
     assert [m["stages"][s]["status"] for s in ("model", "quantize", "eval")] == ["done"] * 3
     assert (run / "quantize" / "quantize.txt").read_text() == "quantize"  # linked stage entry
-    assert m["inputs"]["model"]["config"] and m["recipe"]["quantize"]["group_size"] == 64
+    assert m["inputs"]["model"]["identity"] and m["recipe"]["quantize"]["group_size"] == 64
     # same inputs: everything reused, nothing runs
     fake_stages.clear()
     res2 = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
@@ -77,6 +77,44 @@ def test_run_reuses_completed_stages_and_forces(tmp_path, fake_stages):
     fake_stages.clear()
     pipeline.run_pipeline(r, out_dir=tmp_path / "runs", force=["model"])
     assert fake_stages == ["model"]  # forcing re-runs that stage; same key downstream stays reused
+
+
+def test_reuse_only_when_inputs_are_really_unchanged(tmp_path, fake_stages):
+    """Weights (same size, new content), suite data, calibration text and bench prompts are inputs by
+    content: changing any re-runs the stages that read it, and only those."""
+    cal = tmp_path / "cal.txt"
+    cal.write_text("calibration text about something else entirely " * 50)
+    suite_dir = tmp_path / "suite"
+    suite_dir.mkdir()
+    (suite_dir / "items.jsonl").write_text('{"id": "1", "prompt": "2+2=", "target": "4"}\n')
+    (suite_dir / "mine.yaml").write_text("name: mine\ntasks:\n  - name: t\n    type: generate\n    data: items.jsonl\n")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "hello"}\n')
+    sections = dict(quantize={"method": "gptq", "group_size": 64, "calibration": {"source": str(cal)}},
+                    eval={"suite": str(suite_dir / "mine.yaml"), "accept": {"preset": "lenient"}},
+                    bench={"prompt": {"source": str(prompts)}})
+    r = recipe(tmp_path, **sections)
+    pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    assert fake_stages == ["model", "quantize", "eval", "bench"]
+
+    def again():
+        fake_stages.clear()
+        pipeline.run_pipeline(recipe(tmp_path, **sections), out_dir=tmp_path / "runs")
+        return list(fake_stages)
+
+    assert again() == []
+    (suite_dir / "items.jsonl").write_text('{"id": "1", "prompt": "2+3=", "target": "5"}\n')
+    assert again() == ["eval"]
+    prompts.write_text('{"prompt": "hallo"}\n')
+    assert again() == ["bench"]
+    cal.write_text("calibration text about something else entirelY " * 50)
+    assert again() == ["quantize", "eval", "bench"]
+    weights = tmp_path / "m" / "model.safetensors"
+    blob = bytearray(weights.read_bytes())
+    blob[-1] ^= 0xFF  # same size, same header, one byte of the weights changed
+    weights.write_bytes(bytes(blob))
+    assert again() == ["model", "quantize", "eval", "bench"]
+    assert again() == []
 
 
 def test_failing_verdict_gives_exit_1_but_runs_on(tmp_path, fake_stages):

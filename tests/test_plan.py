@@ -13,12 +13,19 @@ import pytest
 from typer.testing import CliRunner
 
 from infertool.cli import app
-from infertool.plan import make_plan
+from infertool.plan import make_plan as _make_plan
 from infertool.recipe import validate_recipe_data
 from tests.test_models import LLAMA_CFG, make_fake_model
 
 runner = CliRunner()
 GIB = 2**30
+
+
+def make_plan(recipe, gpu=None, **kw):
+    """The plan of what the recipe's one resolution serves (as `infertool plan` does)."""
+    from infertool.resolve import resolve
+
+    return _make_plan(resolve(recipe, gpu=gpu), **kw)
 
 
 def recipe(**sections):
@@ -65,7 +72,7 @@ def test_cpu_without_bf16_plans_the_float32_that_serve_runs(tmp_path, monkeypatc
 def test_cpu_kv_too_small_for_max_model_len_predicts_vllm_refusal(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERTOOL_CPU_FLAGS", BF16_CPU)
     model = tmp_path / "m"
-    cfg = dict(LLAMA_CFG, num_hidden_layers=30)
+    cfg = dict(LLAMA_CFG, num_hidden_layers=30, max_position_embeddings=131072)
     make_fake_model(model, cfg, {"w": ("BF16", [8])}, {"BF16": 2})
     p = make_plan(recipe(source=str(model), serve={"max_model_len": 65536, "cpu": {"kv_cache_space_gib": 1}}))
     assert p.capacity["kv_tokens"] == 46_592  # what vLLM logs for SmolLM2-135M with 1 GiB
@@ -99,6 +106,28 @@ def test_gpu_does_not_fit_reasons():
     assert not big.fits and "no room for a KV cache" in big.reasons[0]
     bad_tp = make_plan(recipe(serve={"max_model_len": 8192, "tensor_parallel_size": 3}), gpu="H100")
     assert not bad_tp.fits and "does not divide the 32 attention heads" in bad_tp.reasons[0]
+
+
+def test_max_model_len_beyond_the_position_limit_does_not_fit(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", BF16_CPU)
+    model = tmp_path / "m"
+    make_fake_model(model, dict(LLAMA_CFG, max_position_embeddings=2048), {"w": ("BF16", [8])}, {"BF16": 2})
+    p = make_plan(recipe(source=str(model), serve={"max_model_len": 4096, "cpu": {"kv_cache_space_gib": 1}}))
+    assert not p.fits and "exceeds the model's position limit (max_position_embeddings 2,048)" in p.reasons[0]
+    # rope scaling stretches the limit as vLLM does (factor x the original positions for yarn)
+    yarn = tmp_path / "y"
+    make_fake_model(yarn, dict(LLAMA_CFG, max_position_embeddings=2048,
+                               rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}),
+                    {"w": ("BF16", [8])}, {"BF16": 2})
+    assert make_plan(recipe(source=str(yarn), serve={"max_model_len": 8192, "cpu": {"kv_cache_space_gib": 1}})).fits
+    assert not make_plan(recipe(source=str(yarn), serve={"max_model_len": 8193, "cpu": {"kv_cache_space_gib": 1}})).fits
+    # llama3 rope scaling does not change the derived limit (its max_position_embeddings already says it)
+    l3 = tmp_path / "l3"
+    make_fake_model(l3, dict(LLAMA_CFG, max_position_embeddings=2048, rope_scaling={"rope_type": "llama3", "factor": 8.0}),
+                    {"w": ("BF16", [8])}, {"BF16": 2})
+    assert not make_plan(recipe(source=str(l3), serve={"max_model_len": 4096, "cpu": {"kv_cache_space_gib": 1}})).fits
+    # a model that is not here: the published limit of its architecture (Llama-3.1-8B: 131,072)
+    assert not make_plan(recipe(serve={"max_model_len": 262144}), gpu="H200").fits
 
 
 def test_memory_option_and_unknown_model(tmp_path):

@@ -13,7 +13,7 @@ import pytest
 from conftest import run_cli
 from infertool.errors import UsageError
 from infertool.models.info import model_info
-from infertool.quantize import calibration as cal
+from infertool.data import calibration as cal
 from infertool.quantize.backends import gptqmodel as gq
 from infertool.quantize.backends import llmcompressor as llmc
 from infertool.quantize.core import default_output
@@ -359,11 +359,18 @@ def test_cli_llmcompressor_awq_on_cpu(fake_model, tmp_path, tmp_home):
     assert leftovers(tmp_path, "q") == []
 
 
-def test_cli_bnb_is_validated_and_recorded(fake_model, tmp_path, tmp_home):
+def test_cli_bnb_refused_for_a_cpu_and_recorded_for_a_gpu_target(fake_model, tmp_path, tmp_home):
+    """bitsandbytes is served by vLLM on CUDA GPUs only: a recipe for this CPU is refused before anything runs;
+    one for a GPU target is validated and recorded (the candidate is the base, quantized when loaded)."""
     recipe = write_recipe(tmp_path / "r.yaml", fake_model, "  method: bnb\n  quant_type: nf4\n")
     out = tmp_path / "q"
-    r = run_cli("quantize", str(recipe), "--out", str(out), "--json")
+    r = run_cli("quantize", str(recipe), "--out", str(out), env={"INFERTOOL_ACCELERATOR": "cpu"})
+    assert r.returncode == 2 and "bitsandbytes on CUDA GPUs only" in r.stderr and not out.exists()
+    r = run_cli("quantize", str(recipe), "--out", str(out), "--json", "--set", "target.gpu=L4",
+                env={"INFERTOOL_ACCELERATOR": "cpu"})
     assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)["resolution"]
+    assert res["served"]["load_quantization"] == "bitsandbytes" and res["serve"]["serve"]["quantization"] == "bitsandbytes"
     manifest = json.loads((out / "infertool-manifest.json").read_text())
     assert manifest["kind"] == "load-time-quantization" and manifest["method"] == "bnb"
     assert manifest["load_time"]["model"] == str(fake_model.resolve())

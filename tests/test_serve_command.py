@@ -170,7 +170,7 @@ def test_launch_refuses_lint_errors_and_missing_model(tmp_path, fake_model):
         r = run_cli("serve", _recipe(tmp_path, fake_model), "--set", f"serve.port={port}")
     assert r.returncode == 2 and f"port {port} on 127.0.0.1 is already in use" in r.stderr
     r = run_cli("serve", _recipe(tmp_path, tmp_path / "nope"), "--set", "serve.model=" + str(tmp_path / "nope"))
-    assert r.returncode == 2 and "does not exist" in r.stderr
+    assert r.returncode == 2 and "the model to serve is not there" in r.stderr
 
 
 def test_stop_and_status_without_servers(tmp_path, tmp_home):
@@ -182,24 +182,56 @@ def test_stop_and_status_without_servers(tmp_path, tmp_home):
     assert r.returncode == 2 and "no pid file" in r.stderr
 
 
-def test_model_choice_quantized_output_else_original(tmp_path, fake_model):
+def test_served_model_is_the_candidate_unless_serve_model_says_otherwise(tmp_path, fake_model):
     from infertool.recipe import validate_recipe_data
-    from infertool.serve.command import choose_model
+    from infertool.resolve import resolve
 
     out = tmp_path / "quantized"
     base = {"name": "t", "model": {"source": str(fake_model)},
             "quantize": {"method": "gptq", "group_size": 64, "output": str(out)}}
-    missing = choose_model(validate_recipe_data(base))
-    assert missing.origin == "model.source" and missing.path == str(fake_model.resolve())
-    assert "does not exist yet" in missing.note
+    missing = resolve(validate_recipe_data(base))
+    # the candidate, even before it exists: never silently the original
+    assert missing.served_origin == "candidate" and missing.served.path == str(out) and not missing.served.exists
+    assert any("run `infertool quantize` first" in n for n in missing.notes)
     out.mkdir()
     (out / "config.json").write_text("{}")
-    found = choose_model(validate_recipe_data(base))
-    assert (found.origin, found.path, found.note) == ("quantize.output", str(out.resolve()), None)
-    explicit = choose_model(validate_recipe_data({**base, "serve": {"model": str(fake_model)}}))
-    assert explicit.origin == "serve.model" and explicit.name == "model"
-    bundled = choose_model(validate_recipe_data({"name": "t", "model": {"source": "bundled:smollm2-135m"}}), resolve=False)
-    assert bundled.name == "smollm2-135m" and bundled.origin == "model.source"
+    found = resolve(validate_recipe_data(base))
+    assert (found.served_origin, found.served.path, found.served.exists, found.notes) == ("candidate", str(out), True, [])
+    assert found.served.name == "quantized" and "GPTQ 4-bit g64" in found.served.label
+    original = resolve(validate_recipe_data({**base, "serve": {"model": "original"}}))
+    assert original.served_origin == "original" and original.served.path == str(fake_model.resolve())
+    explicit = resolve(validate_recipe_data({**base, "serve": {"model": str(fake_model)}}))
+    assert explicit.served_origin == "serve.model" and explicit.served.name == "model"
+    plain = resolve(validate_recipe_data({"name": "t", "model": {"source": str(fake_model)}}))
+    assert plain.served_origin == "original" and plain.candidate is None
+    from infertool.errors import RecipeError
+
+    with pytest.raises(RecipeError) as e:
+        validate_recipe_data({"name": "t", "model": {"source": str(fake_model)}, "serve": {"model": "quantized"}})
+    assert [i.path for i in e.value.issues] == ["serve.model"] and "needs a quantize section" in e.value.issues[0].message
+
+
+def test_fallback_to_the_original_is_loud_and_only_for_this_kind_of_host(tmp_path, fake_model, monkeypatch):
+    """When the candidate's own load check found that this kind of host's vLLM cannot run it, the original is
+    served, and every command says so; a check made on another kind of host decides nothing here."""
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import QUANTIZE_MANIFEST, resolve
+
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 fma")
+    out = tmp_path / "q"
+    out.mkdir()
+    (out / "config.json").write_text("{}")
+    verify = {"loaded": True, "generated": False, "reason": "no cpu_gemm_wna16",
+              "host": {"accelerator": "cpu", "cpu_isa": "avx2"}}
+    (out / QUANTIZE_MANIFEST).write_text(json.dumps({"verify": verify}))
+    data = {"name": "t", "model": {"source": str(fake_model)}, "quantize": {"method": "gptq", "group_size": 64, "output": str(out)}}
+    res = resolve(validate_recipe_data(data))
+    assert res.served_origin == "original" and any("SERVING THE ORIGINAL MODEL" in n for n in res.notes)
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 avx512f avx512bw")  # an AVX-512 host: the check does not apply
+    assert resolve(validate_recipe_data(data)).served_origin == "candidate"
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 fma")
+    forced = resolve(validate_recipe_data({**data, "serve": {"model": "quantized"}}))
+    assert forced.served_origin == "candidate"
 
 
 def test_cpu_without_bf16_serves_unquantized_models_in_float32(tmp_path, fake_model):
@@ -227,7 +259,7 @@ def test_cpu_without_bf16_serves_unquantized_models_in_float32(tmp_path, fake_mo
 
 
 def test_quantized_checkpoints_keep_16_bit_on_the_cpu():
-    from infertool.serve.lint import cpu_serve_dtype
+    from infertool.resolve import cpu_serve_dtype
 
     # vLLM's GPTQ/AWQ kernels take only half-precision activations
     assert cpu_serve_dtype("auto", "bfloat16", quantized=True, flags={"avx2"}) == (None, None)

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import random
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -32,10 +31,9 @@ class Prompt:
 
 def corpus_text() -> str:
     """The built-in corpus as one string (paragraphs of pydoc topics, in a fixed order)."""
-    from pydoc_data.topics import topics
+    from infertool.data.corpus import prompt_text
 
-    parts = [re.sub(r"\s+", " ", topics[k]).strip() for k in sorted(topics)]
-    return "\n\n".join(p for p in parts if p)
+    return prompt_text()
 
 
 def read_jsonl(path: str | Path, field: str = "prompt") -> list[str]:

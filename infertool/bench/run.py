@@ -193,41 +193,44 @@ def ab_table(name: str, a_label: str, b_label: str, a_levels: list[dict], b_leve
 
 # ------------------------------------------------------------------------------------------ servers
 class _Launched:
-    """A server we start for one arm (context manager): free port, log file, stopped on exit."""
+    """A server for one arm, started with the one launcher (infertool.serve) on a free port: the
+    resolution's served model with the arm's serve settings; stopped on exit."""
 
-    def __init__(self, recipe, serve, on_event: EventCallback | None, label: str):
-        self.recipe, self.serve, self.on_event, self.label = recipe, serve, on_event, label
-        self.server = None
-        self.plan = None
+    def __init__(self, res, serve, on_event: EventCallback | None, label: str):
+        self.res, self.serve, self.on_event, self.label = res, serve, on_event, label
+        self._cm = None
 
     def __enter__(self) -> ServerHandle:
-        from infertool.serve import default_log_path, prepare
-        from infertool.serve.launcher import Server
         from infertool.procs import free_port
+        from infertool.serve import launch, prepare
 
         port = free_port(self.serve.host if self.serve.host in ("127.0.0.1", "localhost") else "127.0.0.1")
-        plan = prepare(self.recipe, serve=self.serve, port=port)
+        plan = prepare(self.res, serve=self.serve, port=port, purpose=f"bench: {self.label}")
         errors = plan.errors
         if errors:
             raise UsageError("; ".join(f"{e.field}: {e.message}" for e in errors), hint=errors[0].hint)
-        self.plan = plan
-        self.server = Server(plan.spec, default_log_path(port))
-        _emit(self.on_event, event="log", level="info",
-              message=f"starting vLLM for {self.label} on port {port} (log: {self.server.log_path})")
-        self.server.start()
-        try:
-            ready = self.server.wait_ready()
-        except BaseException:
-            self.server.stop()
-            raise
-        _emit(self.on_event, event="log", level="info", message=f"{self.label}: server ready in {ready.seconds:.0f} s")
-        key = plan.spec.secret_env.get("VLLM_API_KEY")
-        launched = {**plan.to_dict(), "ready_s": ready.seconds, "log": str(self.server.log_path)}
-        return ServerHandle(ready.url, plan.spec.served_model_name, key, launched)
+        self._cm = launch(plan, on_event=self.on_event, label=self.label)
+        srv = self._cm.__enter__()
+        return ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict())
 
     def __exit__(self, *exc) -> None:
-        if self.server is not None:
-            self.server.stop()
+        if self._cm is not None:
+            self._cm.__exit__(*exc)
+
+
+def launch_plans(res) -> dict:
+    """The servers a bench without --url launches (dry run): the sweep, then one per server experiment arm."""
+    from infertool.serve import prepare
+
+    serve = res.serve_section
+    plans = {"the sweep": prepare(res, serve=serve, purpose="bench: the sweep", dry_run=True)}
+    for exp in dict.fromkeys(bench_section(res.recipe).experiments):
+        if exp not in SERVER_EXPERIMENTS:
+            continue
+        recipe_on = serve.enable_prefix_caching if exp == "prefix_caching" else serve.speculative is not None
+        label = f"{exp.replace('_', ' ')} {'off' if recipe_on else 'on'}"
+        plans[label] = prepare(res, serve=_arm_serve(serve, exp, not recipe_on), purpose=f"bench: {label}", dry_run=True)
+    return plans
 
 
 def _arm_serve(serve, experiment: str, on: bool):
@@ -282,13 +285,13 @@ def bench_section(recipe):
     return BenchSection()
 
 
-def run_bench(recipe, *, url: str | None = None, model: str | None = None,
+def run_bench(res, *, url: str | None = None, model: str | None = None,
               on_event: EventCallback | None = None) -> BenchReport:
-    """The sweep (and the recipe's experiments). Raises UsageError/RuntimeFailure for what cannot run."""
-    from infertool.serve import serve_section
-
+    """The sweep (and the recipe's experiments) on the resolution's served model (``res``: infertool.resolve),
+    or on the server at ``url``. Raises UsageError/RuntimeFailure for what cannot run."""
+    recipe = res.recipe
     bench = bench_section(recipe)
-    serve = serve_section(recipe)
+    serve = res.serve_section
     experiments = list(dict.fromkeys(bench.experiments))
     if url is not None:
         url = normalise_url(url)
@@ -336,7 +339,7 @@ def run_bench(recipe, *, url: str | None = None, model: str | None = None,
         handle = ServerHandle(url, model or "", key)
         main, static = sweep_on(handle, "sweep")
     else:
-        with _Launched(recipe, serve, on_event, "the sweep") as handle:
+        with _Launched(res, serve, on_event, "the sweep") as handle:
             main, static = sweep_on(handle, "sweep")
             servers.append(handle.launched)
     model_name, cpt = handle.model, handle.chars_per_token
@@ -351,7 +354,7 @@ def run_bench(recipe, *, url: str | None = None, model: str | None = None,
         other = _arm_serve(serve, exp, not recipe_on)
         label_on = "prefix caching on" if exp == "prefix_caching" else "speculative on"
         label_off = "prefix caching off" if exp == "prefix_caching" else "speculative off"
-        with _Launched(recipe, other, on_event, label_off if recipe_on else label_on) as handle:
+        with _Launched(res, other, on_event, label_off if recipe_on else label_on) as handle:
             asyncio.run(prepare_handle(handle))
             other_res = asyncio.run(measure(handle, levels, label_off if recipe_on else label_on, 0, True))
             servers.append(handle.launched)

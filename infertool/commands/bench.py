@@ -26,15 +26,31 @@ def register(app: typer.Typer) -> None:
         overrides: Optional[List[str]] = SET_OPT,
         plot: Optional[Path] = typer.Option(None, "--plot", help="Write a latency-vs-throughput PNG here."),
         output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the JSON report to this file."),
+        dry_run: bool = typer.Option(False, "--dry-run", help="Show the servers the bench would launch (the sweep and each experiment arm); start nothing."),
         as_json: bool = JSON_OPT,
     ) -> None:
-        from infertool.bench.run import run_bench
-        from infertool.output import StageProgress, err, print_json, to_jsonable
+        from infertool.bench.run import launch_plans, run_bench
+        from infertool.output import StageProgress, err, out, print_json, to_jsonable
         from infertool.recipe import load_recipe
+        from infertool.resolve import resolve
 
-        r = load_recipe(recipe, overrides or [])
+        res = resolve(load_recipe(recipe, overrides or []))
+        if dry_run:
+            plans = {} if url else launch_plans(res)
+            if as_json:
+                print_json({"dry_run": True, "url": url, "resolution": res.to_dict(),
+                            "launches": {k: p.to_dict() for k, p in plans.items()}})
+                return
+            for note in res.notes:
+                out.print(f"note: {note}", markup=False, soft_wrap=True)
+            if url:
+                out.print(f"bench {url}: the server there is measured; nothing is launched", markup=False)
+            for label, p in plans.items():
+                out.print(f"{label}: {p.model.label}", markup=False, soft_wrap=True)
+                out.print("  " + p.spec.shell_line(), markup=False, soft_wrap=True)
+            return
         with StageProgress("bench") as progress:
-            report = run_bench(r, url=url, model=model, on_event=progress.on_event).to_dict()
+            report = run_bench(res, url=url, model=model, on_event=progress.on_event).to_dict()
         if plot is not None:
             from infertool.bench.plot import plot_latency_throughput
 

@@ -17,7 +17,7 @@ from typing import List, Optional
 import typer
 from typer.core import TyperGroup
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors, usage_error
+from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors
 
 
 class _DefaultRun(TyperGroup):
@@ -41,38 +41,6 @@ def register(app: typer.Typer) -> None:
     app.add_typer(eval_app, name="eval")
 
 
-def _resolve_models(recipe, ev, base: str | None, candidate: str | None, engine: str, on_event) -> tuple[str, str, str | None]:
-    """(base, candidate, base source) as model directories, or served names for the openai engine."""
-    base = base or ev.base
-    candidate = candidate or ev.candidate
-    if engine == "openai":
-        if not base or not candidate:
-            raise usage_error("engine openai needs the served model names of both models",
-                              hint="pass --base NAME --candidate NAME (as /v1/models lists them), or set eval.base and eval.candidate")
-        return base, candidate, base
-    from infertool.models.sources import resolve_model
-
-    source = base or recipe.model.source
-    layers = recipe.model.layers if not base else None
-    resolved = resolve_model(source, layers=layers, dtype=recipe.model.dtype)
-    if not candidate and recipe.quantize is not None:
-        # where `infertool quantize` writes: quantize.output, else out/<recipe name>-<method>
-        candidate = recipe.quantize.output
-        if not candidate:
-            from infertool.quantize.core import default_output
-
-            candidate = str(default_output(recipe.name, recipe.quantize.method))
-    if not candidate:
-        raise usage_error("no candidate model: the recipe has no quantize section and no eval.candidate",
-                          hint="pass --candidate DIR (a quantized copy of the model), or add a quantize section "
-                          "and run `infertool quantize RECIPE`")
-    cpath = Path(candidate).expanduser()
-    if not (cpath / "config.json").is_file():
-        raise usage_error(f"candidate model not found: {candidate} is not a model directory (no config.json)",
-                          hint="run `infertool quantize RECIPE` first, or pass --candidate DIR")
-    return str(resolved.path), str(cpath.resolve()), source
-
-
 @eval_app.command("run")
 @handle_errors
 def eval_run(
@@ -87,6 +55,7 @@ def eval_run(
     max_items: Optional[int] = typer.Option(None, "--max-items", min=1, help="Score at most N items (windows for perplexity) per task."),
     preset: Optional[str] = typer.Option(None, "--preset", help="Acceptance preset: strict | standard | lenient (explicit eval.accept gates still apply)."),
     allow_inconclusive: bool = typer.Option(False, "--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be compared and, for the vllm engine, the exact server launches; run nothing."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -100,17 +69,27 @@ def eval_run(
                              ("--max-items", "eval.max_items", max_items), ("--preset", "eval.accept.preset", preset)):
         if value is not None:
             sets.append(f"{key}={value}")
+    from infertool.evaluate.prepare import eval_models, held_out_check, vllm_plans
+    from infertool.resolve import resolve
+
     r = load_recipe(recipe, sets)
     ev = r.eval or EvalSection()
     accept = ev.accept.model_dump()
     api_key = None
     if r.serve is not None and r.serve.api_key_env:
         api_key = os.environ.get(r.serve.api_key_env)
+    res = resolve(r)
+    b, c, source, labels, cand_load = eval_models(res, ev, base, candidate, ev.engine, dry_run=dry_run)
+    plans = vllm_plans(res, ev, b, c, dry_run=dry_run) if ev.engine == "vllm" else None
+    if dry_run:
+        _render_dry_run(res, ev, b, c, labels, plans, as_json)
+        return
+    held = held_out_check(res, ev.suite) if not (base or candidate or ev.base or ev.candidate) else None
     with StageProgress("eval", quiet=False) as progress:
-        b, c, source = _resolve_models(r, ev, base, candidate, ev.engine, progress.on_event)
         spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, candidate_url=candidate_url,
                         api_key=api_key, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
-                        accept=accept, out_dir=out_dir, base_source=source)
+                        accept=accept, out_dir=out_dir, base_source=source, vllm_plans=plans,
+                        candidate_load=cand_load, held_out=held, labels=labels)
         doc = run_eval(spec, progress.on_event)
     if as_json:
         print_json(doc)
@@ -119,6 +98,27 @@ def eval_run(
     if doc["verdict"] == "PASS" or (doc["verdict"] == "INCONCLUSIVE" and (allow_inconclusive or accept.get("allow_inconclusive"))):
         return
     raise typer.Exit(1)
+
+
+def _render_dry_run(res, ev, b, c, labels, plans, as_json: bool) -> None:
+    from infertool.output import out, print_json
+
+    doc = {"dry_run": True, "engine": ev.engine, "suite": ev.suite, "base": {"model": b, "label": labels["base"]},
+           "candidate": {"model": c, "label": labels["candidate"]}, "resolution": res.to_dict(),
+           "launches": {k: p.to_dict() for k, p in (plans or {}).items()}}
+    if as_json:
+        print_json(doc)
+        return
+    out.print(f"eval ({ev.engine} engine, suite {ev.suite})", markup=False)
+    out.print(f"  base:      {labels['base']} ({b})", markup=False, soft_wrap=True)
+    out.print(f"  candidate: {labels['candidate']} ({c})", markup=False, soft_wrap=True)
+    for note in res.notes:
+        out.print(f"note: {note}", markup=False, soft_wrap=True)
+    for label, plan in (plans or {}).items():
+        out.print(f"{label} server ({plan.purpose}):", markup=False)
+        for issue in plan.issues:
+            out.print(f"  {issue.level}: {issue.field}: {issue.message}", markup=False, soft_wrap=True)
+        out.print("  " + plan.spec.shell_line(), markup=False, soft_wrap=True)
 
 
 def render(doc: dict) -> None:
@@ -130,8 +130,8 @@ def render(doc: dict) -> None:
     out.print(kv_table([
         ("suite", f"{doc['suite']['name']} ({doc['suite']['path']})"),
         ("engine", doc["engine"] + (f" (KLD from top-{doc['settings']['topk']} log-probabilities)" if doc["settings"].get("topk") else " (full-vocabulary KLD)")),
-        ("base", doc["base"].get("source") or doc["base"]["model"]),
-        ("candidate", doc["candidate"]["model"]),
+        ("base", doc["base"].get("label") or doc["base"].get("source") or doc["base"]["model"]),
+        ("candidate", doc["candidate"].get("label") or doc["candidate"]["model"]),
     ], title="infertool eval"))
     for name, t in doc["tasks"].items():
         if t["type"] == "perplexity":
@@ -199,7 +199,7 @@ def eval_suites(as_json: bool = JSON_OPT) -> None:
     """List the built-in eval suites."""
     from rich.table import Table
 
-    from infertool.evaluate.suites import list_builtin
+    from infertool.data.suites import list_builtin
     from infertool.output import out, print_json
 
     suites = [s.summary() for s in list_builtin()]

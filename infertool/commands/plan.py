@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
 
 def plan(
     recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for this GPU (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for this GPU instead of target.gpu (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090)."),
     memory: Optional[float] = typer.Option(None, "--memory", min=0.1, help="Plan for a GPU with this much memory (GiB)."),
     context: Optional[int] = typer.Option(None, "--context", min=1, help="Context length for the roofline bound (default: from bench, else max_model_len/2)."),
     overrides: Optional[List[str]] = SET_OPT,
@@ -25,11 +25,12 @@ def plan(
     from infertool.output import print_json
     from infertool.plan import make_plan
     from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
 
-    r = load_recipe(recipe, overrides or [])
-    result = make_plan(r, gpu=gpu, memory_gib=memory, context=context)
+    res = resolve(load_recipe(recipe, overrides or []), gpu=gpu)
+    result = make_plan(res, memory_gib=memory, context=context)
     if as_json:
-        print_json(result.to_dict())
+        print_json({**result.to_dict(), "resolution": res.to_dict()})
     else:
         _render(result)
     if not result.fits:
@@ -44,7 +45,7 @@ def _render(p) -> None:
     GIB = 1024**3
     m, d, kv, cap = p.model, p.device, p.kv, p.capacity
     rows = [
-        ("model", f"{m['source']} ({m['how']})"),
+        ("model", f"{m['label']} ({m['served']}; {m['how']})"),
         ("quantization", m["quantization"]),
         ("weights", f"{m['weight_bytes']:,} bytes ({m['weight_bytes'] / GIB:.2f} GiB), {m['params_total'] / 1e9:.3g} B params"),
         ("architecture", f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads / {m['kv_heads']} KV heads, head dim {m['head_dim']}"

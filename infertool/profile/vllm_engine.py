@@ -39,7 +39,7 @@ async def _batch(client, url: str, model: str, headers: dict, prompts: list[list
     return wall
 
 
-def vllm_timings(recipe, model_path: str, *, batch: list[int], prompt_len: list[int], decode_len: int, context: int,
+def vllm_timings(res, model_ref, *, batch: list[int], prompt_len: list[int], decode_len: int, context: int,
                  repeats: int = 3, seed: int = 0, on_event: Callable | None = None, log_dir: Path | None = None,
                  nsys: tuple[str, str] | None = None) -> dict:
     """Prefill and decode times from a vLLM server started for the purpose. ``nsys`` = (nsys binary, report
@@ -48,22 +48,23 @@ def vllm_timings(recipe, model_path: str, *, batch: list[int], prompt_len: list[
     import httpx
 
     from infertool.models.info import model_info
-    from infertool.serve import default_log_path, prepare, serve_section
+    from infertool.serve import default_log_path, prepare
     from infertool.serve.launcher import Server
 
-    vocab = model_info(model_path).vocab_size or 32000
+    vocab = model_info(model_ref.path).vocab_size or 32000
     rng = random.Random(seed)
     need_len = max(max(prompt_len), context + decode_len + 2) + 16
-    base = serve_section(recipe)
+    base = res.serve_section
     serve = base.model_copy(update={
-        "model": model_path, "enable_prefix_caching": False,
+        "enable_prefix_caching": False,
         "max_model_len": max(need_len, base.max_model_len or 0),
         "max_num_seqs": max(max(batch), base.max_num_seqs or 0),
         "max_num_batched_tokens": max(max(prompt_len), max(batch) * context, base.max_num_batched_tokens or 0),
         "api_key_env": None,
     })
     port = free_port()
-    plan = prepare(recipe.model_copy(update={"serve": serve}), serve=serve, port=port)
+    # the recipe's serve settings, with what exact-shape timing needs: no prefix-cache hits, room for the grid
+    plan = prepare(res, model=model_ref, serve=serve, port=port, purpose="profile")
     if nsys is not None:
         from infertool.profile.nsys import profile_command
 

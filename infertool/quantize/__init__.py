@@ -7,4 +7,6 @@ stages (``infertool/stage_defs/quantize.py``) inside the managed environments.
     from infertool.quantize.core import quantize, QuantizeResult
 """
 
-MANIFEST_NAME = "infertool-manifest.json"
+from infertool.resolve import QUANTIZE_MANIFEST as MANIFEST_NAME
+
+__all__ = ["MANIFEST_NAME"]

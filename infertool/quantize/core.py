@@ -19,10 +19,10 @@ from typing import Any, Callable
 
 from infertool.errors import UsageError
 from infertool.quantize import MANIFEST_NAME
+from infertool.resolve import default_output
 
 EventCallback = Callable[[dict], None]
 
-OUTPUT_ROOT = "out"  # default output: out/<recipe name>-<method>, relative to the working directory
 
 
 @dataclass
@@ -40,6 +40,9 @@ class QuantizeResult:
     calibration: dict | None = None
     layer_errors: dict | None = None
     verify: dict | None = None
+    load_check: dict | None = None  # the launches of the vLLM load check (with --check: what would run)
+    resolution: dict | None = None  # what the recipe means (infertool.resolve): served model, target, settings
+    held_out: dict | None = None  # the calibration text against the eval suite (infertool.data.overlap)
     local_agreement: dict | None = None  # greedy agreement measured in the backend's env (no vLLM needed)
     manifest_path: str | None = None
     log_dir: str | None = None
@@ -47,10 +50,6 @@ class QuantizeResult:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def default_output(recipe_name: str, method: str) -> Path:
-    return Path(OUTPUT_ROOT) / f"{recipe_name}-{method}"
 
 
 def _emit(on_event: EventCallback | None, message: str, level: str = "info") -> None:
@@ -66,8 +65,48 @@ def _is_within(child: Path, parent: Path) -> bool:
         return False
 
 
+def _held_out(recipe, qd: dict, recipe_dir: Path | None, report) -> dict:
+    """Calibration and evaluation never share text: the calibration text against the eval suite the recipe
+    scores with. Refused (a preflight error) at 1 % of the suite's word 13-grams unless
+    calibration.allow_eval_overlap, which turns it into a warning recorded in the manifest."""
+    from infertool.data.calibration import read_texts
+    from infertool.data.overlap import overlap
+    from infertool.data.suites import load_suite
+
+    suite_name = recipe.eval.suite if recipe.eval is not None else "builtin-corpus"
+    cal = qd["calibration"]
+    docs, kind, _ = read_texts(cal["source"], cal.get("text_field", "text"), recipe_dir)
+    try:
+        suite = load_suite(suite_name)
+    except UsageError as e:
+        report.add("held_out", True, f"eval suite {suite_name} not readable here ({e.message}): overlap not checked")
+        return {"suite": suite_name, "checked": False}
+    ov = overlap(docs, suite.texts())
+    d = {"suite": suite_name, "calibration": cal["source"], "checked": True, "overlap": ov.to_dict()}
+    if kind == "builtin":
+        from infertool.data import corpus
+
+        d["corpus"] = corpus.describe()
+    allowed = bool(cal.get("allow_eval_overlap"))
+    if ov.refused:
+        report.add("held_out", allowed, f"the calibration text overlaps eval suite {suite_name}: {ov.describe()}; the "
+                   "verdict would be measured on text the model was calibrated on"
+                   + (" (allowed by calibration.allow_eval_overlap)" if allowed else ""),
+                   level="warning" if allowed else "error")
+    elif ov.shared_ngrams:
+        report.add("held_out", False, f"the calibration text shares a little with eval suite {suite_name}: {ov.describe()}",
+                   level="warning")
+    else:
+        report.add("held_out", True, f"calibration and eval suite {suite_name} share no word {ov.ngram}-gram"
+                   + (" (the built-in corpus's calibration and eval parts)" if kind == "builtin" else ""))
+    return d
+
+
 def _group_size_hint(report) -> str | None:
     for c in report.errors:
+        if c.name == "held_out":
+            return ("calibrate on other text (quantize.calibration.source), score another suite, or set "
+                    "quantize.calibration.allow_eval_overlap: true to accept the overlap (recorded in the manifest)")
         if c.name == "group_size":
             valid = [g for g in report.valid_group_sizes if g != -1]
             if valid:
@@ -103,10 +142,11 @@ def quantize(
     """Run (or with ``check=True`` only preflight) the recipe's quantize section."""
     from infertool.models.info import model_info, safetensors_stats, weight_files
     from infertool.perf.host import has_cuda
-    from infertool.models.sources import resolve_model
+    from infertool.quantize import verify as load_check
     from infertool.quantize.backends import BACKEND_ENVS, BACKEND_STAGES
     from infertool.quantize.preflight import PreflightFailed, linear_layers, matches_ignore, run_preflight
     from infertool.recipe import recipe_to_dict
+    from infertool.resolve import ModelRef, resolve
 
     t_start = time.monotonic()
     timings: dict[str, Any] = {}
@@ -119,12 +159,14 @@ def quantize(
     qd = q.model_dump(mode="json")
     method = qd["method"]
     backend = qd.get("backend") if method != "bnb" else None
-    dest = Path(out or qd.get("output") or default_output(recipe.name, method)).expanduser().absolute()
+    res = resolve(recipe, candidate_path=out)
+    dest = Path(res.candidate.path if method != "bnb" else (out or qd.get("output") or default_output(recipe.name, method)))
+    dest = dest.expanduser().absolute()
     recipe_dir = Path(recipe_path).expanduser().resolve().parent if recipe_path and Path(recipe_path).is_file() else None
 
     t = time.monotonic()
-    resolved = resolve_model(recipe.model.source, layers=recipe.model.layers, dtype=recipe.model.dtype, on_event=on_event)
-    src = Path(resolved.path).resolve()
+    res.ensure(res.base, on_event=on_event)
+    src = Path(res.base.path).resolve()
     timings["resolve_model"] = time.monotonic() - t
     if _is_within(dest.resolve(), src) or _is_within(src, dest.resolve()):
         raise UsageError(
@@ -136,12 +178,14 @@ def quantize(
     info = model_info(src)
     cal_check = None
     if method != "bnb":
-        from infertool.quantize.calibration import check_source
+        from infertool.data.calibration import check_source
 
         cal_check = check_source(qd["calibration"], recipe_dir)
         qd["calibration"]["source"] = cal_check.source  # absolute path (or builtin) for the stage
     serve = recipe.serve.model_dump(mode="json") if getattr(recipe, "serve", None) else None
-    report = run_preflight(info=info, quantize=qd, serve=serve, output=dest, has_cuda=has_cuda())
+    report = run_preflight(info=info, quantize=qd, serve=serve, output=dest, has_cuda=has_cuda(),
+                           target=res.target, host=res.host)
+    held = _held_out(recipe, qd, recipe_dir, report) if method != "bnb" else None
     if dest.exists() and not force:
         report.add("output", check, f"{dest} already exists: pass --force to replace it, or choose another --out",
                    level="warning" if check else "error")
@@ -160,11 +204,16 @@ def quantize(
     for w in warnings:
         _emit(on_event, w, "warning")
 
+    candidate_ref = ModelRef("candidate", str(dest), str(dest), False, res.candidate.label, res.candidate.quantization,
+                             name=res.candidate.name)
     base = QuantizeResult(
         ok=True, recipe=recipe.name, method=method, backend=backend, source_model=str(src),
         output=str(dest), checked_only=check, preflight=report.to_dict(), timings=timings,
         calibration=cal_check.to_dict() if cal_check else None, warnings=warnings,
+        resolution=res.to_dict(), held_out=held,
     )
+    if method != "bnb":
+        base.load_check = {k: p.to_dict() for k, p in load_check.plans(res, candidate_ref, dry_run=True).items()}
     if check:
         base.output = None
         timings["total"] = time.monotonic() - t_start
@@ -178,6 +227,14 @@ def quantize(
         from infertool.quantize.backends import llmcompressor
 
         llmcompressor.refuse_on_host(llmc_plan, method)
+    if not res.target.this_host:
+        if verify:
+            raise UsageError(f"--verify: the load check serves the checkpoint as the recipe does, on {res.target.count} x "
+                             f"{res.target.gpu}, and this host has no NVIDIA GPU",
+                             hint="quantize here with --no-verify and run the load check on the target, or `--check --json` "
+                             "to see its launches")
+        verify = False
+        _emit(on_event, f"the load check runs on the recipe's target ({res.target.count} x {res.target.gpu}), not here", "warning")
     if verify is None:
         verify = state("serve").status == "ready"
     elif verify and method != "bnb":
@@ -223,11 +280,11 @@ def quantize(
 
         if verify and method != "bnb":
             t = time.monotonic()
-            _emit(on_event, "load check: the quantized checkpoint in vLLM (enforce_eager), greedy vs the original")
-            vrun = run_stage("quantize.verify", {"quantized": str(model_out), "original": str(src),
-                                                 "dtype": "auto", "max_model_len": 512, "kv_cache_gib": 1},
-                             on_event=on_event, log_dir=log_dir, timeout_s=1800)
-            verify_result = vrun.result
+            _emit(on_event, "load check: the quantized checkpoint served by vLLM as the recipe serves it, greedy vs the original")
+            verify_result = load_check.load_check(res, ModelRef("candidate", str(model_out), str(model_out), True,
+                                                                res.candidate.label, res.candidate.quantization,
+                                                                name=res.candidate.name),
+                                                  log_dir=log_dir, on_event=on_event)
             timings["verify"] = time.monotonic() - t
             if not verify_result.get("generated"):
                 base.warnings.append(f"verify: {verify_result.get('reason')}")
@@ -276,6 +333,7 @@ def quantize(
                 fields["compute_dtype"] = stage_result["compute_dtype"]
             if verify_result is not None:
                 fields["verify_environment"] = env_packages("serve")
+            fields["held_out"] = held
         write_manifest(model_out, build_manifest(**fields))
         _publish(model_out, dest)
         base.manifest_path = str(dest / MANIFEST_NAME)

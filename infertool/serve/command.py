@@ -27,19 +27,6 @@ GIB = 1024**3
 
 
 @dataclass
-class ModelChoice:
-    path: str
-    origin: str  # "serve.model" | "quantize.output" | "model.source"
-    note: str | None = None  # said to the user (e.g. "no quantized model yet: serving the original")
-    name: str | None = None  # the default served model name
-
-    def __post_init__(self) -> None:
-        if self.name is None:
-            source = self.path
-            self.name = source.split(":", 1)[1] if source.startswith("bundled:") else (Path(source).name or source)
-
-
-@dataclass
 class LaunchSpec:
     """Everything needed to start the server, and to show it without secrets."""
 
@@ -89,56 +76,6 @@ class LaunchSpec:
             "startup_timeout_s": self.startup_timeout_s,
             "notes": list(self.notes),
         }
-
-
-def choose_model(recipe, *, resolve: bool = True) -> ModelChoice:
-    """serve.model, else the quantize output when it exists, else the original model.
-
-    ``resolve=False`` (dry runs) does not convert a bundled/GGUF source; it shows the source instead.
-    """
-    serve = recipe.serve
-    if serve is not None and serve.model:
-        return ModelChoice(str(Path(serve.model).expanduser()), "serve.model")
-    note = None
-    quantize = getattr(recipe, "quantize", None)
-    output = getattr(quantize, "output", None) if quantize is not None else None
-    if output:
-        p = Path(output).expanduser()
-        if (p / "config.json").is_file():
-            return ModelChoice(str(p.resolve()), "quantize.output")
-        note = f"quantize.output {output} does not exist yet (run `infertool quantize`): serving the original model"
-    elif quantize is not None:
-        note = "quantize.output is not set: serving the original model (set serve.model to serve another)"
-    source = recipe.model.source
-    name = ModelChoice(source, "model.source").name
-    if not resolve:
-        cached = _cached_conversion(recipe.model)
-        return ModelChoice(cached or source, "model.source", note, name)
-    from infertool.models.sources import resolve_model
-
-    resolved = resolve_model(source, layers=recipe.model.layers, dtype=recipe.model.dtype)
-    return ModelChoice(str(resolved.path), "model.source", note, name)
-
-
-def _cached_conversion(model) -> str | None:
-    """The converted directory of a bundled/GGUF source when it is already in the cache (no work)."""
-    from infertool.models import sources
-
-    try:
-        if model.source.startswith("bundled:"):
-            gguf = sources.find_bundled_gguf(model.source.split(":", 1)[1])
-        elif model.source.lower().endswith(".gguf"):
-            gguf = Path(model.source).expanduser()
-        else:
-            p = Path(model.source).expanduser()
-            return str(p.resolve()) if p.is_dir() else None
-        key = sources.conversion_key(sources.gguf_sha256(gguf), model.layers, sources.normalise_dtype(model.dtype))
-    except Exception:  # noqa: BLE001 - a dry run shows the source instead
-        return None
-    from infertool.envs.paths import models_cache
-
-    final = models_cache() / key
-    return str(final) if (final / sources.MARKER).is_file() else None
 
 
 def _flag(name: str) -> str:

