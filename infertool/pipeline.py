@@ -251,6 +251,50 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+def stage_keys(recipe, chosen: list[str], inputs: dict, host: dict) -> dict[str, str]:
+    """Each selected stage's key: its recipe sections, its inputs by content and its upstream stages' keys."""
+    from infertool.recipe import recipe_to_dict
+
+    rd = recipe_to_dict(recipe)
+    keys: dict[str, str] = {}
+    for name in chosen:
+        deps = {d: keys[d] for d in DEPENDS[name] if d in keys}
+        keys[name] = stage_key(name, rd, deps, stage_inputs(name, inputs, host))
+    return keys
+
+
+def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None) -> dict:
+    """What `run` would do, without doing it: the stages, their keys and whether a completed entry would be
+    reused, the resolution (with the candidate where the quantize stage's entry will be), and the server
+    launches of the stages that serve."""
+    from infertool.resolve import resolve
+
+    chosen = selected_stages(recipe, stages)
+    root = Path(out_dir or (recipe.run.out_dir if recipe.run is not None else "runs")).expanduser()
+    res0 = resolve(recipe)
+    inputs, host = res0.inputs(), res0.host.to_dict()
+    keys = stage_keys(recipe, chosen, inputs, host)
+    cand = root / ".stages" / f"quantize-{keys['quantize']}" / "model" if "quantize" in keys else None
+    res = resolve(recipe, candidate_path=cand)
+    out: dict = {"stages": {n: {"key": k, "entry": str(root / ".stages" / f"{n}-{k}"),
+                                "reuse": (root / ".stages" / f"{n}-{k}" / "stage.json").is_file()} for n, k in keys.items()},
+                 "resolution": res.to_dict(), "inputs": inputs, "launches": {}}
+    if "serve" in chosen:
+        from infertool.serve import prepare
+
+        out["launches"]["serve"] = prepare(res, dry_run=True, purpose="run: serve check").to_dict()
+    if "bench" in chosen:
+        from infertool.bench.run import launch_plans
+
+        out["launches"].update({f"bench: {k}": p.to_dict() for k, p in launch_plans(res).items()})
+    if "eval" in chosen and recipe.eval is not None and recipe.eval.engine == "vllm":
+        from infertool.evaluate.prepare import eval_models, vllm_plans
+
+        b, c, *_ = eval_models(res, recipe.eval, None, None, "vllm", dry_run=True)
+        out["launches"].update({f"eval: {k}": p.to_dict() for k, p in vllm_plans(res, recipe.eval, b, c, dry_run=True).items()})
+    return out
+
+
 def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | None = None,
                  out_dir: str | Path | None = None, on_event: EventCallback | None = None,
                  on_stage: Callable[[str, str, dict | None], None] | None = None) -> RunResult:
@@ -289,13 +333,11 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
         "stages": {s: {"status": "pending"} for s in chosen}, "run_dir": str(run_dir),
     }
     _write_json(run_dir / "manifest.json", manifest)
-    keys: dict[str, str] = {}
+    keys = stage_keys(recipe, chosen, inputs, host)
     upstream: dict[str, dict] = {}
     exit_code = 0
     for name in chosen:
-        deps = {d: keys[d] for d in DEPENDS[name] if d in keys}
-        key = stage_key(name, rd, deps, stage_inputs(name, inputs, host))
-        keys[name] = key
+        key = keys[name]
         entry = cache / f"{name}-{key}"
         rec = manifest["stages"][name]
         rec.update({"key": key, "dir": str(entry)})

@@ -342,8 +342,9 @@ def resolve(recipe, *, candidate_path: str | Path | None = None, materialize: bo
     elif choice == "quantized" or (choice is None and cand is not None):
         served, origin = cand, "candidate"
         if not cand.exists and not cand.load_quantization:
-            notes.append(f"the quantized model is not there yet ({cand.path}): run `infertool quantize` first, "
-                         "or set serve.model: original")
+            notes.append(f"the quantized model is not there yet ({cand.path}): " + (
+                "the run's quantize stage makes it" if candidate_path else
+                "run `infertool quantize` first, or set serve.model: original"))
         reason = host_cannot_run(candidate_manifest(cand), host) if choice is None else None
         if reason:
             served, origin = base, "original"

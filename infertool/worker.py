@@ -25,6 +25,28 @@ import traceback
 from typing import TextIO
 
 PROTOCOL_VERSION = 1
+PAUSE_VAR = "INFERTOOL_PAUSE_AT"
+PAUSE_LIMIT_S = 600.0
+_paused: set[str] = set()
+
+
+def pause_point(task: str, completed: float, total: float | None, log) -> None:
+    """A known point of the work where a test can interrupt it: with INFERTOOL_PAUSE_AT=TASK[@N], the first
+    progress event of TASK with completed >= N (default 1) logs "paused at ..." and waits (at most 10 minutes)
+    for a signal. Interruption tests wait for that line instead of sleeping a guessed time, so they hold on a
+    slow or a fast machine. Unset, this costs one dictionary lookup."""
+    spec = os.environ.get(PAUSE_VAR)
+    if not spec or spec in _paused:
+        return
+    name, _, at = spec.partition("@")
+    if task != name or completed < float(at or 1):
+        return
+    _paused.add(spec)
+    log(f"paused at {task} {completed:g}/{total if total is not None else '?'} ({PAUSE_VAR}): waiting for a signal",
+        "warning")
+    deadline = time.monotonic() + PAUSE_LIMIT_S
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 class WorkerEvents:
@@ -40,6 +62,7 @@ class WorkerEvents:
             self._stream.flush()
 
     def progress(self, task: str, completed: float, total: float | None = None, description: str | None = None) -> None:
+        pause_point(task, completed, total, self.log)
         # Rate-limit progress events a little (the parent only renders them); always send the final one.
         now = time.monotonic()
         done = total is not None and completed >= total

@@ -26,7 +26,7 @@ def test_list_builtin_has_quickstart_with_description() -> None:
     assert quick.path.name == "quickstart.yaml" and quick.path.is_file()
     assert "SmolLM2" in quick.description
     assert "\n" not in quick.description
-    for expected in ("smollm2-w8-cpu", "smollm2-awq-cpu", "smollm2-bnb-nf4", "llama3.1-8b-speculative"):
+    for expected in ("smollm2-w8-cpu", "smollm2-awq-cpu", "llama3.1-8b-speculative"):
         assert expected in names
 
 
@@ -94,7 +94,7 @@ def test_load_recipe_by_builtin_name(tmp_path: Path, monkeypatch: pytest.MonkeyP
     recipe = load_recipe("quickstart")
     assert recipe.name == "quickstart"
     assert recipe.model.source == "bundled:smollm2-135m"
-    assert load_recipe("smollm2-bnb-nf4.yaml", ["quantize.quant_type=fp4"]).quantize.quant_type == "fp4"
+    assert load_recipe("smollm2-w8-cpu.yaml", ["quantize.group_size=32"]).quantize.group_size == 32
 
 
 def test_local_file_wins_over_builtin_name(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

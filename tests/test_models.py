@@ -176,12 +176,10 @@ def test_import_full_model_facts_and_cache_reuse(full_model, tmp_path):
     # 134.5M parameters in bf16, tied embeddings stored once
     assert 268_000_000 < info["weight_bytes"] < 270_000_000
     # the same source again: the cached conversion (content hash) is reused, not re-converted
-    t0 = time.monotonic()
     r = run_cli("model", "import", "bundled:smollm2-135m", str(tmp_path / "again"), "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
-    assert data["reused"] is True
-    assert time.monotonic() - t0 < 30
+    assert data["reused"] is True  # said by the cache, not guessed from the time it took
     assert data["info"]["weight_bytes"] == info["weight_bytes"]
 
 
@@ -208,6 +206,21 @@ def test_import_refuses_existing_dest_and_leaves_source_untouched(tiny_model, tm
     assert gguf.stat().st_mtime_ns == st.st_mtime_ns and gguf.stat().st_size == st.st_size
 
 
+def _worker_pids(stage: str) -> list[int]:
+    import os
+
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                cmd = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if b"infertool.worker" in cmd and stage.encode() in cmd:
+                found.append(int(entry))
+    return found
+
+
 @pytest.mark.slow
 def test_ctrl_c_during_import_leaves_nothing_behind(quant_python, tmp_path):
     """SIGINT to the CLI mid-conversion: exit 130, the worker's process group is gone, no partial output."""
@@ -221,27 +234,23 @@ def test_ctrl_c_during_import_leaves_nothing_behind(quant_python, tmp_path):
     from tests.conftest import ROOT
 
     dest = tmp_path / "never"
-    # fp32 + 1 layer: a conversion no other test caches, so a real worker runs
+    # fp32 + 1 layer: a conversion no other test caches, so a real worker runs; it pauses once the GGUF is loaded
     proc = subprocess.Popen(
         [sys.executable, "-m", "infertool", "model", "import", "bundled:smollm2-135m", str(dest), "--layers", "1", "--dtype", "fp32"],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "INFERTOOL_PAUSE_AT": "import@1"},
     )
-    worker_pid = None
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and worker_pid is None:
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    cmd = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-                except OSError:
-                    continue
-                if b"infertool.worker" in cmd and b"model.import" in cmd:
-                    worker_pid = int(entry)
-        time.sleep(0.2)
-    assert worker_pid is not None, "the worker never started"
-    time.sleep(3)  # let it get into the conversion
+    seen = []
+    for line in proc.stderr:  # the worker says when it is mid-conversion: no guessed sleep
+        seen.append(line)
+        if "paused at import" in line:
+            break
+    else:
+        pytest.fail("the conversion never reached its pause point:\n" + "".join(seen[-20:]))
+    worker_pid = next(p for p in _worker_pids("model.import"))
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=60)
+    err = "".join(seen) + err
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert group_members(worker_pid) == []

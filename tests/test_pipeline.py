@@ -192,10 +192,10 @@ def test_report_and_compare(tmp_path, fake_stages):
 def test_real_run_interrupted_during_eval_resumes(tiny_model, quant_python, serve_python, tmp_path):
     """The real stages on the 2-layer model: Ctrl-C during eval, then the same command again. Quantize is
     reused (not redone), eval runs again, and the report is complete."""
+    import os
     import signal
     import subprocess
     import sys
-    import time
 
     from tests.conftest import ROOT, run_cli
 
@@ -207,16 +207,17 @@ eval: {{suite: builtin-corpus, engine: hf, max_items: 6, seq_len: 256, accept: {
 """)
     out = tmp_path / "runs"
     cmd = [sys.executable, "-m", "infertool", "run", str(rec), "--stages", "model,quantize,eval", "--out", str(out)]
+    # eval pauses after its first perplexity windows (INFERTOOL_PAUSE_AT): the signal lands mid-eval on any machine
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+                         env={**os.environ, "INFERTOOL_PAUSE_AT": "pydoc-topics@1"})
     seen = []
     for line in p.stderr:
         seen.append(line)
-        if line.startswith("eval: running"):
+        if "paused at pydoc-topics" in line:
             break
     else:
-        pytest.fail("eval never started:\n" + "".join(seen[-30:]))
-    time.sleep(3)
+        pytest.fail("eval never reached its pause point:\n" + "".join(seen[-30:]))
     p.send_signal(signal.SIGINT)
     rest = p.stderr.read()
     assert p.wait(timeout=120) == 130, "".join(seen[-20:]) + rest

@@ -86,10 +86,7 @@ class FakeNvml(types.SimpleNamespace):
 def test_nvml_sampler_summarises_readings():
     s = nvml.NvmlSampler(interval_s=0.01, nvml=FakeNvml()).start()
     assert s.available
-    import time
-
-    time.sleep(0.05)
-    summary = s.stop()
+    summary = s.stop()  # at least one reading, however fast the machine
     assert summary["available"] and summary["device"] == "NVIDIA H200" and summary["samples"] >= 1
     assert summary["power_w"]["mean"] == 450.0
     assert summary["time_busy_pct"]["max"] == 97

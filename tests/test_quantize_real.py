@@ -119,22 +119,28 @@ def _alive(pid: int) -> bool:
 
 
 def test_ctrl_c_stops_worker_and_leaves_no_output(tiny_model, quant_python, tmp_path):
+    """SIGINT while the worker is quantizing layers: it pauses at a known point (INFERTOOL_PAUSE_AT), so the
+    signal arrives mid-work on a slow or a fast machine alike."""
+    import os
+
     out = tmp_path / "q"
     proc = subprocess.Popen(
         [sys.executable, "-m", "infertool", "quantize", str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ)),
          "--out", str(out), "--no-verify"],
         cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        env={**os.environ, "INFERTOOL_PAUSE_AT": "layers@1"},
     )
     workers: list[int] = []
+    seen: list[str] = []
     try:
-        deadline = time.monotonic() + 300
         assert proc.stderr is not None
-        for line in proc.stderr:  # wait until the worker is busy (model loading / quantizing)
-            workers = workers or _children(proc.pid)
-            if "loading the model" in line or "layers" in line:
+        for line in proc.stderr:  # the worker says when it is mid-quantization
+            seen.append(line)
+            if "paused at layers" in line:
                 break
-            assert time.monotonic() < deadline, "the worker never started"
-        workers = workers or _children(proc.pid)
+        else:
+            pytest.fail("the worker never reached its pause point:\n" + "".join(seen[-20:]))
+        workers = _children(proc.pid)
         assert workers, "no worker process"
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".q.")], "no temporary output yet"
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends to the foreground process

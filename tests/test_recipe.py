@@ -539,7 +539,19 @@ BUILTIN_FILES = sorted(builtin_dir().glob("*.yaml"))
 
 
 def test_there_are_builtin_recipes() -> None:
-    assert len(BUILTIN_FILES) >= 9
+    assert len(BUILTIN_FILES) >= 8
+
+
+def test_target_section_and_moved_profile_gpu() -> None:
+    from infertool.errors import RecipeError
+    from infertool.recipe import validate_recipe_data
+
+    r = validate_recipe_data({"name": "t", "model": {"source": "/m"}, "target": {"gpu": "h100"}})
+    assert r.target.gpu == "H100-SXM"  # aliases resolve to the hardware table's key
+    with pytest.raises(RecipeError) as e:
+        validate_recipe_data({"name": "t", "model": {"source": "/m"}, "target": {"gpu": "Z80"}, "profile": {"gpu": "H100"}})
+    paths = {i.path: i.message for i in e.value.issues}
+    assert "unknown GPU 'Z80'" in paths["target.gpu"] and "moved to target.gpu" in paths["profile.gpu"]
 
 
 @pytest.mark.parametrize("path", BUILTIN_FILES, ids=[p.stem for p in BUILTIN_FILES])

@@ -18,6 +18,7 @@ def run(
     stages: Optional[str] = typer.Option(None, "--stages", help="Comma-separated subset: model,quantize,eval,profile,serve,bench (dependencies come along)."),
     force: Optional[List[str]] = typer.Option(None, "--force", help="Re-run this stage even if a completed one matches (repeatable)."),
     out: Optional[str] = typer.Option(None, "--out", help="Where run directories go (default: run.out_dir, else runs/)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the stages, which would be reused, what is served and the server launches; run nothing."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -25,14 +26,28 @@ def run(
 
     Exit 0 when every stage ran and the eval verdict is PASS; 1 when the verdict is FAIL or INCONCLUSIVE
     (the other stages still run); 2-4 when a stage failed (see the manifest)."""
-    from infertool.output import StageProgress, err, print_json
-    from infertool.pipeline import run_pipeline
+    from infertool.output import StageProgress, err, out as stdout, print_json
+    from infertool.pipeline import plan_pipeline, run_pipeline
     from infertool.recipe import load_recipe
 
     r = load_recipe(recipe, overrides or [])
     chosen = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     if stages is not None and not chosen:
         raise usage_error("--stages is empty", hint="e.g. --stages model,quantize,eval")
+    if dry_run:
+        plan = plan_pipeline(r, stages=chosen, out_dir=out)
+        if as_json:
+            print_json({"dry_run": True, **plan})
+            return
+        res = plan["resolution"]
+        stdout.print(f"serves: {res['served']['label']} ({res['served_origin']}) on {res['target']['kind']}", markup=False)
+        for note in res["notes"]:
+            stdout.print(f"note: {note}", markup=False, soft_wrap=True)
+        for name, st in plan["stages"].items():
+            stdout.print(f"{name}: {'reused' if st['reuse'] else 'runs'} ({st['entry']})", markup=False, soft_wrap=True)
+        for label, launch in plan["launches"].items():
+            stdout.print(f"{label}: {' '.join(launch['argv'])}", markup=False, soft_wrap=True)
+        return
 
     def on_stage(name: str, status: str, rec: dict | None) -> None:
         if as_json:

@@ -84,6 +84,9 @@ class InProcessEvents:
         self._sink = sink
 
     def progress(self, task: str, completed: float, total: float | None = None, description: str | None = None) -> None:
+        from infertool.worker import pause_point
+
+        pause_point(task, completed, total, self.log)
         self._sink({"event": "progress", "task": task, "completed": completed, "total": total, "description": description})
 
     def log(self, message: str, level: str = "info") -> None:

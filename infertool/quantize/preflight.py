@@ -448,6 +448,10 @@ def run_preflight(
         report.memory_estimate_bytes, report.memory_available_bytes, report.memory_device = est, avail, device
         if avail is None:
             report.add("memory", True, f"about {est / 2**30:.1f} GiB needed ({device} free memory unknown)")
+        elif target is not None and not target.this_host:
+            report.add("memory", est <= avail, f"about {est / 2**30:.1f} GiB needed for calibration ({samples} x {seq_len} "
+                       f"tokens); this host has {avail / 2**30:.1f} GiB free ({device}): quantize on a machine with more "
+                       "(the recipe is for another one)", level="warning")
         else:
             report.add("memory", est <= avail,
                        f"about {est / 2**30:.1f} GiB needed for calibration ({samples} x {seq_len} tokens), "
@@ -460,7 +464,10 @@ def run_preflight(
         report.disk_free_bytes = free
         need = (report.output_estimate_bytes or 0) + (info.weight_bytes if method != "bnb" else 0)
         if free is not None:
+            elsewhere = target is not None and not target.this_host
             report.add("disk", need <= free,
-                       f"about {need / 2**20:,.0f} MiB needed (output + offloaded original), {free / 2**20:,.0f} MiB free at {output.parent}")
+                       f"about {need / 2**20:,.0f} MiB needed (output + offloaded original), {free / 2**20:,.0f} MiB free at {output.parent}"
+                       + (" (the recipe is for another machine: quantize where there is room)" if elsewhere and need > free else ""),
+                       level="warning" if elsewhere else "error")
     report.seconds = time.monotonic() - t0
     return report
