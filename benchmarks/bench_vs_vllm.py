@@ -81,6 +81,7 @@ def main() -> int:
     from infertool.bench.run import run_bench
     from infertool.envs.state import require_env
     from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
     from infertool.serve import default_log_path, prepare
     from infertool.serve.launcher import Server
     from infertool.procs import free_port
@@ -99,7 +100,7 @@ def main() -> int:
                   "prompt": {"source": "builtin", "len": args.input_len}, "ignore_eos": True},
     }
     recipe = validate_recipe_data(base)
-    plan = prepare(recipe)
+    plan = prepare(resolve(recipe))
     model_dir = plan.spec.model
     server = Server(plan.spec, default_log_path(port))
     print(f"starting vLLM on port {port} ({model_dir}); log {server.log_path}", file=sys.stderr)
@@ -130,7 +131,7 @@ def main() -> int:
         ours_runs, vllm_runs = [], []
         for rep in range(args.repeats):
             print(f"[{rep + 1}/{args.repeats}] infertool bench", file=sys.stderr)
-            report = run_bench(ours_recipe, url=ready.url).to_dict()
+            report = run_bench(resolve(ours_recipe), url=ready.url).to_dict()
             ours_runs.append(report["levels"][0]["summary"])
             print(f"[{rep + 1}/{args.repeats}] vllm bench serve", file=sys.stderr)
             out = work / f"vllm-{rep}.json"

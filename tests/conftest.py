@@ -45,6 +45,17 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 900, input: st
     )
 
 
+def wait_for(condition, timeout_s: float = 120, what: str = "the condition") -> None:
+    """Poll ``condition()`` until it holds: waiting for an event, never for a guessed time (bounded)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s:g} s waiting for {what}")
+        time.sleep(0.1)
+
+
 def require_env(name: str) -> Path:
     from infertool.envs.state import state
     from infertool.envs.paths import env_python

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import subprocess
 import time
 
@@ -159,21 +158,22 @@ def test_plan_cli_json_and_exit_codes():
 
 # ------------------------------------------------------------------- against vLLM itself (serve env)
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from infertool.procs import free_port
+
+    return free_port()
 
 
 @pytest.mark.slow
 def test_kv_capacity_matches_vllm_startup_report(tiny_model, serve_python, tmp_path):
     """vLLM's own 'CPU KV cache size: N tokens' for the same settings equals the plan's number, with the
     command `infertool serve` builds (on this host's CPU: its flags decide the dtype on both sides)."""
+    from infertool.resolve import resolve
     from infertool.serve import prepare
 
     r = recipe(source=str(tiny_model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1},
                                                "enforce_eager": True, "port": _free_port()})
     p = make_plan(r)
-    launch = prepare(r, python=str(serve_python))
+    launch = prepare(resolve(r), python=str(serve_python))
     log = tmp_path / "vllm.log"
     env = dict(os.environ, **launch.spec.env)
     cmd = launch.spec.argv

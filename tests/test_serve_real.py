@@ -27,9 +27,9 @@ KEY_VAR = "INFERTOOL_TEST_SERVE_KEY"
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    from infertool.procs import free_port as _free
+
+    return _free()
 
 
 def write_recipe(path: Path, model: Path, port: int, extra: str = "") -> Path:
@@ -177,6 +177,7 @@ def test_busy_port_and_bad_model_give_clear_errors_with_log_tail(tiny_model, ser
     """Both launched at once (through the Python API, skipping the lint that would catch the port)."""
     from infertool.errors import RuntimeFailure
     from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
     from infertool.serve import prepare
     from infertool.serve.launcher import Server
 
@@ -192,7 +193,7 @@ def test_busy_port_and_bad_model_give_clear_errors_with_log_tail(tiny_model, ser
         busy_recipe = load_recipe(str(write_recipe(tmp_path / "busy.yaml", tiny_model, busy_port)))
         bad_recipe = load_recipe(str(write_recipe(tmp_path / "bad.yaml", bad, free_port())))
         for name, rec in (("busy", busy_recipe), ("bad", bad_recipe)):
-            plan = prepare(rec, check_port=False)
+            plan = prepare(resolve(rec), check_port=False)
             servers[name] = Server(plan.spec, tmp_path / f"{name}.log")
             servers[name].start()
         errors = {}
@@ -238,9 +239,9 @@ def test_sigterm_during_startup_stops_the_whole_group(tiny_model, serve_python, 
             pid = int(m.group(1))
     assert pid is not None, buf
     # let vLLM get going (its engine process spawned), then SIGTERM the infertool process
-    t_end = time.monotonic() + 60
-    while time.monotonic() < t_end and len(group_members(pid)) < 2:
-        time.sleep(0.5)
+    from tests.conftest import wait_for
+
+    wait_for(lambda: len(group_members(pid)) >= 2, 120, "vLLM's engine process")
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=90)
