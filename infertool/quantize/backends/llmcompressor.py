@@ -2,8 +2,8 @@
 
 ``plan`` is light and runs anywhere (``--check`` on a CPU host plans GPU runs); ``quantize_stage`` runs in
 the optional ``llmcompressor`` environment. Known limits, turned into clear errors before anything loads:
-its AWQ modifier fails on CPU-only hosts (pin_memory needs an accelerator), and the W8A8 / FP8 schemes
-need a GPU.
+its AWQ modifier fails on CPU-only hosts (pin_memory needs an accelerator), and the FP8 schemes need a GPU.
+W8A8 (int8 weights and activations) calibrates on the CPU, and vLLM's CPU build serves it (measured).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 from infertool.errors import BackendError, RuntimeFailure
 
-GPU_SCHEMES = ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
+GPU_SCHEMES = ("W8A8_FP8", "FP8_DYNAMIC")
 
 
 def plan(q: dict, *, has_cuda: bool) -> dict:
