@@ -131,11 +131,11 @@ def _stage_eval(ctx: StageContext) -> dict:
         raise UsageError("the eval stage compares the quantized model with its original: the recipe needs a quantize section")
     res = _resolution(ctx)
     ev = ctx.recipe.eval or EvalSection()
-    b, c, source, labels, cand_load = eval_models(res, ev, None, None, ev.engine)
+    b, c, source, labels = eval_models(res, ev, None, None, ev.engine)
     plans = vllm_plans(res, ev, b, c) if ev.engine == "vllm" else None
     spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, seq_len=ev.seq_len,
                     batch_size=ev.batch_size, max_items=ev.max_items, accept=ev.accept.model_dump(), out_dir=ctx.work,
-                    base_source=source, vllm_plans=plans, candidate_load=cand_load,
+                    base_source=source, vllm_plans=plans,
                     held_out=held_out_check(res, ev.suite), labels=labels)
     doc = run_eval(spec, ctx.on_event)  # writes results.json, items.jsonl and the KLD histogram into work/
     return {"verdict": doc.get("verdict"), "reason": doc.get("reason"), "gates": doc.get("gates"),
@@ -251,6 +251,49 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class CachedStage:
+    status: str  # "done" | "reused"
+    entry: Path
+    summary: dict
+    seconds: float | None
+    completed: str | None
+
+
+def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], dict], *, force: bool = False,
+                 on_start: Callable[[], None] | None = None) -> CachedStage:
+    """Run ``fn(work_dir) -> summary`` once per key: a completed entry ``<cache>/<name>-<key>/`` is reused; a
+    new one is written in a temporary directory and renamed when complete, so an interruption or a failure
+    leaves nothing half-written (the temporary directory is removed, the exception goes on). Shared by `run`
+    and `tune`."""
+    entry = cache / f"{name}-{key}"
+    if (entry / "stage.json").is_file() and not force:
+        done = json.loads((entry / "stage.json").read_text())
+        return CachedStage("reused", entry, done.get("summary") or {}, done.get("seconds"), done.get("completed"))
+    if on_start:
+        on_start()
+    cache.mkdir(parents=True, exist_ok=True)
+    work = cache / f".{name}-{key}.{uuid.uuid4().hex[:8]}.tmp"
+    work.mkdir()
+    t0 = time.monotonic()
+    try:
+        summary = fn(work)
+        seconds = round(time.monotonic() - t0, 1)
+        completed = datetime.now(timezone.utc).isoformat(timespec="seconds")
+        _write_json(work / "stage.json", {"stage": name, "key": key, "summary": summary, "seconds": seconds,
+                                          "completed": completed})
+        if entry.exists():
+            if (entry / "stage.json").is_file() and not force:  # another process finished the same work first
+                shutil.rmtree(work, ignore_errors=True)
+                return cached_stage(cache, name, key, fn)
+            shutil.rmtree(entry)  # a forced re-run replaces the old entry
+        os.replace(work, entry)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+    return CachedStage("done", entry, summary, seconds, completed)
+
+
 def stage_keys(recipe, chosen: list[str], inputs: dict, host: dict) -> dict[str, str]:
     """Each selected stage's key: its recipe sections, its inputs by content and its upstream stages' keys."""
     from infertool.recipe import recipe_to_dict
@@ -340,40 +383,25 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
         key = keys[name]
         entry = cache / f"{name}-{key}"
         rec = manifest["stages"][name]
-        rec.update({"key": key, "dir": str(entry)})
-        if (entry / "stage.json").is_file() and name not in force:
-            done = json.loads((entry / "stage.json").read_text())
-            rec.update({"status": "reused", "summary": done.get("summary"), "seconds": done.get("seconds"),
-                        "completed": done.get("completed")})
-            upstream[name] = {"dir": entry, "summary": done.get("summary") or {}}
-            _link(run_dir / name, entry)
+        rec.update({"key": key, "dir": str(entry), "status": "running",
+                    "started": datetime.now(timezone.utc).isoformat(timespec="seconds")})
+
+        def started(name=name, rec=rec) -> None:
             _write_json(run_dir / "manifest.json", manifest)
             if on_stage:
-                on_stage(name, "reused", rec)
-            continue
-        rec.update({"status": "running", "started": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-        _write_json(run_dir / "manifest.json", manifest)
-        if on_stage:
-            on_stage(name, "running", rec)
-        work = cache / f".{name}-{key}.{uuid.uuid4().hex[:8]}.tmp"
-        work.mkdir()
+                on_stage(name, "running", rec)
+
+        func = STAGE_FUNCS[name]
         t0 = time.monotonic()
         try:
-            summary = STAGE_FUNCS[name](StageContext(recipe, run_dir, work, upstream, on_event))
-            seconds = round(time.monotonic() - t0, 1)
-            _write_json(work / "stage.json", {"stage": name, "key": key, "summary": summary, "seconds": seconds,
-                                              "completed": datetime.now(timezone.utc).isoformat(timespec="seconds")})
-            if entry.exists():  # a forced re-run replaces the old entry
-                shutil.rmtree(entry)
-            os.replace(work, entry)
+            st = cached_stage(cache, name, key, lambda work, func=func: func(StageContext(recipe, run_dir, work, upstream, on_event)),
+                              force=name in force, on_start=started)
         except KeyboardInterrupt:
             rec.update({"status": "interrupted", "seconds": round(time.monotonic() - t0, 1)})
             _finish(run_dir, manifest)
-            shutil.rmtree(work, ignore_errors=True)
             raise
         except InfertoolError as e:
             rec.update({"status": "failed", "seconds": round(time.monotonic() - t0, 1), "error": e.to_dict()})
-            shutil.rmtree(work, ignore_errors=True)
             _finish(run_dir, manifest)
             if on_stage:
                 on_stage(name, "failed", rec)
@@ -381,10 +409,19 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
             e.log_path = e.log_path or str(run_dir / "manifest.json")
             raise
         except Exception:
-            shutil.rmtree(work, ignore_errors=True)
             rec.update({"status": "failed", "seconds": round(time.monotonic() - t0, 1)})
             _finish(run_dir, manifest)
             raise
+        summary, seconds = st.summary, st.seconds
+        if st.status == "reused":
+            rec.update({"status": "reused", "summary": summary, "seconds": seconds, "completed": st.completed})
+            rec.pop("started", None)
+            upstream[name] = {"dir": entry, "summary": summary or {}}
+            _link(run_dir / name, entry)
+            _write_json(run_dir / "manifest.json", manifest)
+            if on_stage:
+                on_stage(name, "reused", rec)
+            continue
         rec.update({"status": "done", "seconds": seconds, "summary": summary})
         upstream[name] = {"dir": entry, "summary": summary}
         _link(run_dir / name, entry)

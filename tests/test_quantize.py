@@ -359,26 +359,18 @@ def test_cli_llmcompressor_awq_on_cpu(fake_model, tmp_path, tmp_home):
     assert leftovers(tmp_path, "q") == []
 
 
-def test_cli_bnb_refused_for_a_cpu_and_recorded_for_a_gpu_target(fake_model, tmp_path, tmp_home):
-    """bitsandbytes is served by vLLM on CUDA GPUs only: a recipe for this CPU is refused before anything runs;
-    one for a GPU target is validated and recorded (the candidate is the base, quantized when loaded)."""
+def test_cli_bnb_is_refused_everywhere_with_the_measured_reason(fake_model, tmp_path, tmp_home):
+    """vLLM has no bitsandbytes method any more: a bnb candidate could never be served as tested. Refused before
+    anything runs, for this CPU and for a GPU target alike; eval and serve say the same."""
     recipe = write_recipe(tmp_path / "r.yaml", fake_model, "  method: bnb\n  quant_type: nf4\n")
     out = tmp_path / "q"
-    r = run_cli("quantize", str(recipe), "--out", str(out), env={"INFERTOOL_ACCELERATOR": "cpu"})
-    assert r.returncode == 2 and "bitsandbytes on CUDA GPUs only" in r.stderr and not out.exists()
-    r = run_cli("quantize", str(recipe), "--out", str(out), "--json", "--set", "target.gpu=L4",
-                env={"INFERTOOL_ACCELERATOR": "cpu"})
-    assert r.returncode == 0, r.stderr
-    res = json.loads(r.stdout)["resolution"]
-    assert res["served"]["load_quantization"] == "bitsandbytes" and res["serve"]["serve"]["quantization"] == "bitsandbytes"
-    manifest = json.loads((out / "infertool-manifest.json").read_text())
-    assert manifest["kind"] == "load-time-quantization" and manifest["method"] == "bnb"
-    assert manifest["load_time"]["model"] == str(fake_model.resolve())
-    bnb = manifest["load_time"]["transformers"]["BitsAndBytesConfig"]
-    assert bnb["load_in_4bit"] and bnb["bnb_4bit_quant_type"] == "nf4" and bnb["bnb_4bit_use_double_quant"]
-    assert manifest["recipe"]["quantize"]["method"] == "bnb"
-    assert sorted(p.name for p in out.iterdir()) == ["infertool-manifest.json"]
-    assert leftovers(tmp_path, "q") == ["q"]
+    for extra in ([], ["--set", "target.gpu=L4"]):
+        r = run_cli("quantize", str(recipe), "--out", str(out), *extra)
+        assert r.returncode == 2 and "Unknown quantization method: bitsandbytes" in r.stderr and not out.exists()
+    r = run_cli("eval", str(recipe))
+    assert r.returncode == 2 and "no bitsandbytes quantization method" in r.stderr
+    r = run_cli("serve", str(recipe), "--dry-run")
+    assert r.returncode == 2 and "no bitsandbytes quantization method" in r.stdout
 
 
 def test_cli_verify_without_serve_env_fails_before_quantizing(fake_model, tmp_path, tmp_home):

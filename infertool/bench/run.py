@@ -170,6 +170,26 @@ async def _measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str
     return out
 
 
+def connect(handle: ServerHandle, bench, key_var: str | None = None) -> ServerHandle:
+    """Check the server answers and learn its model name and characters per token (for prompt lengths)."""
+    import httpx
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as client:
+            handle.model, handle.chars_per_token = await _connect(client, handle.url, handle.api_key, handle.model or None,
+                                                                  bench, key_var)
+
+    asyncio.run(go())
+    return handle
+
+
+def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
+            on_event: EventCallback | None = None, warmup: bool = False) -> list[dict]:
+    """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
+    cost) and the server's own metrics over time, as `infertool bench` reports them."""
+    return asyncio.run(_measure(handle, bench, levels, arm=arm, seed_salt=seed_salt, on_event=on_event, warmup=warmup))
+
+
 def _get(d: dict, path: tuple[str, ...]):
     for k in path:
         if not isinstance(d, dict):

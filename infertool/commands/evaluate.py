@@ -79,7 +79,7 @@ def eval_run(
     if r.serve is not None and r.serve.api_key_env:
         api_key = os.environ.get(r.serve.api_key_env)
     res = resolve(r)
-    b, c, source, labels, cand_load = eval_models(res, ev, base, candidate, ev.engine, dry_run=dry_run)
+    b, c, source, labels = eval_models(res, ev, base, candidate, ev.engine, dry_run=dry_run)
     plans = vllm_plans(res, ev, b, c, dry_run=dry_run) if ev.engine == "vllm" else None
     if dry_run:
         _render_dry_run(res, ev, b, c, labels, plans, as_json)
@@ -89,7 +89,7 @@ def eval_run(
         spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, candidate_url=candidate_url,
                         api_key=api_key, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
                         accept=accept, out_dir=out_dir, base_source=source, vllm_plans=plans,
-                        candidate_load=cand_load, held_out=held, labels=labels)
+                        held_out=held, labels=labels)
         doc = run_eval(spec, progress.on_event)
     if as_json:
         print_json(doc)

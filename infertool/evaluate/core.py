@@ -42,7 +42,6 @@ class EvalSpec:
     topk: int = 20
     base_source: str | None = None  # what the user wrote (e.g. bundled:smollm2-135m)
     vllm_plans: dict | None = None  # engine vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
-    candidate_load: dict | None = None  # hf engine: load-time quantization of the candidate (bitsandbytes)
     held_out: dict | None = None  # does the candidate's calibration text overlap this suite (infertool.data.overlap)
     labels: dict | None = None  # how a person names base and candidate
 
@@ -287,7 +286,7 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
         from infertool.envs.runner import run_stage
 
         run = run_stage("eval.hf", {"base": spec.base, "candidate": spec.candidate, "tasks": requests,
-                                    "batch_size": spec.batch_size, "candidate_load": spec.candidate_load},
+                                    "batch_size": spec.batch_size},
                         on_event=on_event, log_dir=out_dir / "logs")
         raw = run.result
         raw["where"] = run.where

@@ -15,24 +15,9 @@ from pathlib import Path
 from infertool.errors import RuntimeFailure, UsageError
 
 
-def _load_model(path: str, events, load: dict | None = None):
+def _load_model(path: str, events):
     import torch
     from transformers import AutoModelForCausalLM
-
-    if load and load.get("bitsandbytes"):
-        # the candidate IS the base, quantized by bitsandbytes as it loads (what vLLM's --quantization
-        # bitsandbytes does on a GPU)
-        from transformers import BitsAndBytesConfig
-
-        try:
-            qc = BitsAndBytesConfig(**load["bitsandbytes"])
-            model = AutoModelForCausalLM.from_pretrained(path, quantization_config=qc, device_map="auto")
-        except Exception as e:  # noqa: BLE001 - a missing bitsandbytes, no GPU: say which
-            raise RuntimeFailure(f"cannot load {path} with bitsandbytes: {type(e).__name__}: {e}",
-                                 hint="bitsandbytes quantizes on load on CUDA GPUs: run on a GPU host") from None
-        model.eval()
-        return model, {"path": path, "loader": "transformers + bitsandbytes", "dtype": "bitsandbytes",
-                       "quant_method": "bitsandbytes"}
 
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
@@ -223,7 +208,7 @@ def compare_stage(spec: dict, events) -> dict:
     events.log(f"loading base {spec['base']}")
     mb, info_b = _load_model(spec["base"], events)
     events.log(f"loading candidate {spec['candidate']}")
-    mc, info_c = _load_model(spec["candidate"], events, spec.get("candidate_load"))
+    mc, info_c = _load_model(spec["candidate"], events)
     tok = AutoTokenizer.from_pretrained(spec["base"])
     vb, vc = mb.get_output_embeddings().weight.shape[0], mc.get_output_embeddings().weight.shape[0]
     if vb != vc:

@@ -34,7 +34,7 @@ def held_out_check(res, suite_name: str) -> dict | None:
 
 
 def eval_models(res, ev, base: str | None, candidate: str | None, engine: str, *, dry_run: bool = False):
-    """(base, candidate, base source, labels, candidate_load) as the engine needs them: model directories
+    """(base, candidate, base source, labels) as the engine needs them: model directories
     (hf, vllm) or served model names (openai). Models come from the recipe's resolution unless given."""
     if engine == "openai":
         base = base or ev.base
@@ -42,7 +42,7 @@ def eval_models(res, ev, base: str | None, candidate: str | None, engine: str, *
         if not base or not candidate:
             raise UsageError("engine openai needs the served model names of both models",
                               hint="pass --base NAME --candidate NAME (as /v1/models lists them), or set eval.base and eval.candidate")
-        return base, candidate, base, {"base": base, "candidate": candidate}, None
+        return base, candidate, base, {"base": base, "candidate": candidate}
     from infertool.models.sources import resolve_model
 
     if base or ev.base:
@@ -52,7 +52,6 @@ def eval_models(res, ev, base: str | None, candidate: str | None, engine: str, *
         if not dry_run:
             res.ensure(res.base)
         b_path, b_label = res.base.path or res.base.source, res.base.label
-    cand_load = None
     if candidate or ev.candidate:
         cpath = Path(candidate or ev.candidate).expanduser()
         c_label = str(candidate or ev.candidate)
@@ -63,21 +62,15 @@ def eval_models(res, ev, base: str | None, candidate: str | None, engine: str, *
                               hint="pass --candidate DIR (a quantized copy of the model), or add a quantize section "
                               "and run `infertool quantize RECIPE`")
         if cref.load_quantization:
-            q = res.recipe.quantize
-            from infertool.perf.host import has_cuda
+            from infertool.resolve import BNB_UNSERVABLE
 
-            if not has_cuda() and not dry_run:
-                raise UsageError("bitsandbytes quantizes when a model is loaded, on CUDA GPUs only: this host has none",
-                                  hint="evaluate it on a GPU host, or choose method gptq/awq (they run here)")
-            cand_load = {"bitsandbytes": {"load_in_4bit": q.quant_type != "int8", "load_in_8bit": q.quant_type == "int8",
-                                          **({"bnb_4bit_quant_type": q.quant_type, "bnb_4bit_use_double_quant": q.double_quant,
-                                              "bnb_4bit_compute_dtype": q.compute_dtype} if q.quant_type != "int8" else {})}}
-            return b_path, b_path, res.base.source, {"base": b_label, "candidate": cref.label}, cand_load
+            raise UsageError(BNB_UNSERVABLE + ": infertool evaluates what it can serve",
+                             hint="quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit) instead")
         cpath, c_label = Path(cref.path), cref.label
     if not dry_run and not (cpath / "config.json").is_file():
         raise UsageError(f"candidate model not found: {cpath} is not a model directory (no config.json)",
                           hint="run `infertool quantize RECIPE` first, or pass --candidate DIR")
-    return b_path, str(cpath.absolute()), res.base.source, {"base": b_label, "candidate": c_label}, cand_load
+    return b_path, str(cpath.absolute()), res.base.source, {"base": b_label, "candidate": c_label}
 
 
 def vllm_plans(res, ev, base_path: str, cand_path: str, *, dry_run: bool = False, topk: int = 20) -> dict:

@@ -154,11 +154,13 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
                 n = min(n, int(task["max_windows"]))
             if n < 1:
                 raise UsageError(f"task {name!r}: fewer than one window of {L} tokens", hint="lower eval.seq_len")
-            windows = [ids[i * L:(i + 1) * L] for i in range(n)]
-            res = _pmap(lambda w: client.prompt_logprobs(w, k), windows, workers, lambda d: prog(d, n, "windows"))
+            start = int(task.get("window_start") or 0)  # scoring in rounds: windows [start, n) of the same cut
+            windows = [ids[i * L:(i + 1) * L] for i in range(start, n)]
+            res = _pmap(lambda w: client.prompt_logprobs(w, k), windows, workers,
+                        lambda d: prog(d, len(windows), "windows"))
             items = []
             for i, r in enumerate(res):
-                items.append({"id": f"w{i:04d}", "lp": r["lp"][1:], "top": r["top"][1:], "tokens": r["tokens"],
+                items.append({"id": f"w{start + i:04d}", "lp": r["lp"][1:], "top": r["top"][1:], "tokens": r["tokens"],
                               "n_bytes": len("".join(r["tokens"][1:]).encode("utf-8"))})
                 stats["tokens"] += len(windows[i])
             out[name] = {"type": "perplexity", "seq_len": L, "corpus_tokens": len(ids), "items": items}

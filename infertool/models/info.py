@@ -204,11 +204,15 @@ def model_info(path: str | Path) -> ModelInfo:
     )
 
 
-# vLLM's own rule (vllm/config/model.py, _get_and_verify_max_len): the smallest of these config keys,
-# scaled by rope scaling's factor unless the rope type already describes the long context itself.
+# vLLM's own rule (vllm 0.32: transformers_utils/model_arch_config_convertor.py derive_max_model_len_and_key,
+# config/model.py _get_and_verify_max_len; measured on 12 config variants): the smallest of these keys (a
+# model_max_length in config.json overrides them), times the RoPE scaling factor only for rope types whose
+# max_position_embeddings is not already the scaled length (linear, dynamic: not yarn, llama3, longrope, su,
+# deepseek_yarn, deepseek_llama_scaling; never for gemma3); 2048 when no key is there.
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
-                 "max_sequence_length", "max_seq_length", "seq_len")
-_UNSCALED_ROPE = ("su", "longrope", "llama3", "default", "linear_default")
+                 "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
+_PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+VLLM_DEFAULT_MAX_LEN = 2048
 
 
 @dataclass
@@ -216,10 +220,11 @@ class PositionLimit:
     tokens: int | None
     key: str | None  # the config key it comes from
     why: str  # how it was derived (for messages)
+    model_max_length: int | None = None  # config.json's model_max_length: vLLM also accepts up to it
 
 
 def position_limit(path: str | Path) -> PositionLimit:
-    """The longest max_model_len vLLM accepts for a model directory (without VLLM_ALLOW_LONG_MAX_MODEL_LEN)."""
+    """The longest max_model_len vLLM accepts for a model directory (without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)."""
     p = Path(path)
     try:
         full = json.loads((p / "config.json").read_text(encoding="utf-8"))
@@ -229,22 +234,31 @@ def position_limit(path: str | Path) -> PositionLimit:
     limit, key = None, None
     for k in _MAX_LEN_KEYS:
         v = cfg.get(k)
-        if isinstance(v, int) and v > 0 and (limit is None or v < limit):
-            limit, key = v, k
+        if isinstance(v, (int, float)) and v > 0 and (limit is None or v < limit):
+            limit, key = int(v), k
+    mml = cfg.get("model_max_length") if isinstance(cfg.get("model_max_length"), (int, float)) else None
+    if mml:
+        limit, key = int(mml), "model_max_length"
     if limit is None:
-        return PositionLimit(None, None, "config.json names no position limit")
+        return PositionLimit(VLLM_DEFAULT_MAX_LEN, None, f"no position key in config.json: vLLM assumes "
+                             f"{VLLM_DEFAULT_MAX_LEN}")
     why = f"{key} {limit:,}"
-    rope = cfg.get("rope_scaling") or cfg.get("rope_parameters")
-    if isinstance(rope, dict):
-        rtype = rope.get("rope_type") or rope.get("type")
-        factor = rope.get("factor")
-        if rtype and rtype not in _UNSCALED_ROPE and isinstance(factor, (int, float)):
-            if rtype == "yarn" and isinstance(rope.get("original_max_position_embeddings"), int):
-                limit = rope["original_max_position_embeddings"]
-                why = f"rope_scaling yarn: original_max_position_embeddings {limit:,}"
+    ropes = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    ropes = [ropes] if isinstance(ropes, dict) and ("rope_type" in ropes or "type" in ropes or "factor" in ropes) else (
+        list(ropes.values()) if isinstance(ropes, dict) else [])
+    if ropes and "gemma3" not in str(cfg.get("model_type") or full.get("model_type") or ""):
+        factor = 1.0
+        for rp in ropes:
+            if not isinstance(rp, dict):
+                continue
+            rtype = rp.get("rope_type") or rp.get("type") or "default"
+            if rtype not in _PRESCALED_ROPE and isinstance(rp.get("factor"), (int, float)):
+                factor = rp["factor"]
+                why_type = rtype
+        if factor != 1.0:
             limit = int(limit * factor)
-            why += f" x rope factor {factor:g} ({rtype})"
-    return PositionLimit(limit, key, why)
+            why += f" x rope factor {factor:g} ({why_type})"
+    return PositionLimit(limit, key, why, int(mml) if mml else None)
 
 
 def _tokenizer_has_template(p: Path) -> bool:

@@ -300,12 +300,14 @@ CPU_VLLM_FORMATS: dict[tuple[str, str, str], dict[str, tuple[str, str]]] = {
 
 def vllm_format_check(method: str, backend: str | None, bits: int | None, scheme: str | None, target, host) -> tuple[str, str] | None:
     """(level, detail) when vLLM on the recipe's target cannot load or run this format; None when it can
-    (or nothing is known against it). Only a CPU target on this kind of host is judged from measurements."""
+    (or nothing is known against it). Formats are judged from measurements: bitsandbytes everywhere (vLLM has no
+    such method), the others for a CPU target on this kind of host."""
+    if method == "bnb":
+        from infertool.resolve import BNB_UNSERVABLE
+
+        return ("error", BNB_UNSERVABLE)
     if target is None or target.kind != "cpu":
         return None
-    if method == "bnb":
-        return ("error", "vLLM loads bitsandbytes on CUDA GPUs only, and this recipe is for this host's CPU: it could "
-                "never be served or load-checked here")
     key = (method, backend or "", scheme or str(bits))
     rules = CPU_VLLM_FORMATS.get(key) or {}
     return rules.get(host.cpu_isa if host is not None else "unknown") or rules.get("*")
@@ -411,13 +413,12 @@ def run_preflight(
     fmt = vllm_format_check(method, backend, bits, quantize.get("scheme"), target, host)
     if fmt is not None:
         level, detail = fmt
-        hint = {"bnb": "; use gptq/awq here, or target a GPU (target.gpu)",
+        hint = {"bnb": "; quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit) instead",
                 "8": "; for 8-bit on a CPU use backend: llmcompressor with scheme: W8A8 (int8 weights and activations, "
                      "which vLLM's CPU build serves)"}
         report.add("vllm", False, detail + (hint.get(method) or hint.get(str(bits) if method == "gptq" and level == "error" else "", "")),
                    level=level)
-    elif method == "bnb":
-        report.add("vllm", True, "vLLM serves bitsandbytes on CUDA GPUs (--quantization bitsandbytes)")
+
 
     # Tensor parallelism of the serve section
     tp = int((serve or {}).get("tensor_parallel_size") or 1)

@@ -86,12 +86,19 @@ def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = N
     return sorted(issues, key=lambda i: order.get(i.level, 3))
 
 
+def allow_long(serve) -> bool:
+    """VLLM_ALLOW_LONG_MAX_MODEL_LEN as vLLM reads it ("1" or "true", any case), from serve.env."""
+    return str(serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "0")).strip().lower() in ("1", "true")
+
+
 def lint_position_limit(serve, limit) -> list[LintIssue]:
     """max_model_len beyond the model's position limit: vLLM refuses to start ("User-specified max_model_len
     ... is greater than the derived max_model_len"), unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 is set."""
     if limit is None or limit.tokens is None or not serve.max_model_len or serve.max_model_len <= limit.tokens:
         return []
-    if serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN") in ("1", "true", "True"):
+    if limit.model_max_length and serve.max_model_len <= limit.model_max_length:
+        return []
+    if allow_long(serve):
         return [LintIssue("warning", "serve.max_model_len",
                           f"max_model_len {serve.max_model_len:,} exceeds the model's position limit ({limit.why}); "
                           "VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 makes vLLM accept it, and outputs past the limit may be wrong")]

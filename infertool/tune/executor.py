@@ -1,0 +1,198 @@
+"""Where `infertool tune`'s trials run, and which ones.
+
+- ``local`` (default): one after another on this machine: measurements do not share the machine.
+- ``ray``: in parallel on an existing Ray cluster (``tune.ray.address``, else RAY_ADDRESS, else "auto"); each
+  trial asks Ray for the GPUs its tensor x pipeline parallel size needs (on a GPU target) and
+  ``tune.ray.cpus_per_trial`` CPUs. The tune directory must be on a file system every node sees (as Ray Tune
+  requires of its storage path): stages are cached there.
+
+Which trials: the whole grid, most promising first (the roofline's prediction), when it fits
+``tune.max_trials`` (``sampler: grid``); otherwise Optuna's TPE sampler picks them (``sampler: tpe``), told
+each trial's objective, with the best-predicted trials enqueued first. Either way the wall-time budget
+(``tune.max_wall_s``) stops new trials from starting; what was not run is recorded as skipped.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from infertool.errors import UsageError
+
+
+def _needs_reference(trials) -> bool:
+    return any(not t.candidate.original and t.prediction.get("fits", True) for t in trials)
+
+
+def execute(ctx, trials: list, executor: str) -> list[dict]:
+    from infertool.tune.core import _emit, _reference_stage
+
+    chosen = _select(ctx, trials)
+    ref_raw = None
+    if _needs_reference(chosen) or (ctx.exhaustive and any(not t.candidate.original for t in chosen)):
+        _, ref_raw = _reference_stage(ctx)
+    if executor == "ray":
+        return _ray(ctx, chosen, ref_raw) + _skipped(trials, chosen, "not chosen by the sampler within tune.max_trials")
+    records: list[dict] = []
+    screens: dict = {}
+    from infertool.tune.core import run_trial
+
+    for t in chosen:
+        if ctx.elapsed() > ctx.tune.max_wall_s:
+            _emit(ctx.on_event, f"the wall-time budget ({ctx.tune.max_wall_s:g} s) is spent: {t.label} not started",
+                  "warning")
+            records.append(_skip(t, f"not started: the wall-time budget ({ctx.tune.max_wall_s:g} s) was spent"))
+            continue
+        records.append(run_trial(ctx, t, ref_raw, screens))
+    return records + _skipped(trials, chosen, "not chosen by the sampler within tune.max_trials")
+
+
+def _skip(t, reason: str) -> dict:
+    return {**t.to_dict(), "status": "skipped", "reason": reason, "objective": math.inf, "stages": {}}
+
+
+def _skipped(all_trials: list, chosen: list, reason: str) -> list[dict]:
+    ids = {t.id for t in chosen}
+    return [_skip(t, reason) for t in all_trials if t.id not in ids]
+
+
+def _select(ctx, trials: list) -> list:
+    """The trials to run, in order: the grid when it fits max_trials (or sampler: grid); else Optuna TPE."""
+    tune = ctx.tune
+    use_tpe = tune.sampler == "tpe" or (tune.sampler == "auto" and len(trials) > tune.max_trials)
+    if ctx.exhaustive or not use_tpe:
+        return trials if ctx.exhaustive else trials[: tune.max_trials]
+    return _tpe(ctx, trials)
+
+
+def _tpe(ctx, trials: list) -> list:
+    """Optuna's TPE sampler over (candidate, each grid field): asks are mapped to trials; the prediction
+    (roofline cost bound) is the value it learns from before measurement, so the order is most promising
+    first, and measured trials are not repeated."""
+    try:
+        import optuna
+    except ImportError:
+        raise UsageError("a grid larger than tune.max_trials is searched with Optuna, which is not installed",
+                         hint="pip install 'infertool[tune]' (or optuna), or raise tune.max_trials / sampler: grid") from None
+    from optuna.distributions import CategoricalDistribution
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    import json
+
+    def enc(v) -> str:
+        return json.dumps(v, sort_keys=True, default=str)
+
+    values: dict[str, list[str]] = {}
+    for t in trials:
+        for k, v in t.serve.items():
+            values.setdefault(k, [])
+            if enc(v) not in values[k]:
+                values[k].append(enc(v))
+    # every dimension as indices into its values (categorical choices must be scalars; a grid value may not be)
+    dists = {"candidate": CategoricalDistribution(sorted({t.candidate.index for t in trials})),
+             **{k: CategoricalDistribution(list(range(len(v)))) for k, v in values.items()}}
+    by_params = {(t.candidate.index, tuple((k, values[k].index(enc(t.serve[k]))) for k in sorted(t.serve))): t
+                 for t in trials}
+    study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=ctx.tune.seed))
+    chosen: list = []
+    seen: set[str] = set()
+    asks = 0
+    while len(chosen) < ctx.tune.max_trials and asks < 20 * ctx.tune.max_trials:
+        asks += 1
+        ot = study.ask(dists)
+        key = (ot.params["candidate"], tuple((k, ot.params[k]) for k in sorted(values)))
+        t = by_params.get(key)
+        if t is None or not t.prediction.get("fits", True):
+            study.tell(ot, state=optuna.trial.TrialState.PRUNED)
+            continue
+        cost = t.prediction.get("cost_per_1m_output_tokens")
+        study.tell(ot, cost if cost is not None else -(t.prediction.get("decode_tokens_per_s") or 0))
+        if t.id not in seen:
+            seen.add(t.id)
+            chosen.append(t)
+    return chosen
+
+
+# ----------------------------------------------------------------------------------------------- ray
+def _ray(ctx, trials: list, ref_raw) -> list[dict]:
+    """Per candidate first (quantize + screen, in parallel), then every trial's capacity search in parallel,
+    each a Ray task with the resources its configuration needs."""
+    try:
+        import ray
+    except ImportError:
+        raise UsageError("tune.executor: ray needs Ray in this environment",
+                         hint="pip install 'infertool[ray]' (or ray), or use tune.executor: local") from None
+    address = ctx.tune.ray.address or os.environ.get("RAY_ADDRESS") or "auto"
+    try:
+        ray.init(address=address, ignore_reinit_error=True, log_to_driver=False, include_dashboard=False)
+    except Exception as e:  # noqa: BLE001 - ConnectionError and friends: one clear message
+        raise UsageError(f"cannot connect to a Ray cluster at {address!r}: {type(e).__name__}: {e}",
+                         hint="start one (`ray start --head`) or set tune.ray.address / RAY_ADDRESS") from None
+    from infertool.tune.core import _emit
+
+    recipe_data, tune_dir, exhaustive = _recipe_payload(ctx), str(ctx.dir), ctx.exhaustive
+
+    @ray.remote(max_retries=0)
+    def run_remote(trial_id: str, ref):
+        return _remote_trial(recipe_data, tune_dir, exhaustive, trial_id, ref)
+
+    def options(t):
+        gpus = 0
+        if t.recipe.target is not None and t.recipe.target.gpu:
+            s = t.recipe.serve
+            gpus = (s.tensor_parallel_size * s.pipeline_parallel_size) if s else 1
+        return {"num_cpus": ctx.tune.ray.cpus_per_trial, "num_gpus": gpus}
+
+    ref = ray.put(ref_raw)
+    limit = ctx.tune.ray.max_concurrent_trials or len(trials)
+    records: list[dict] = []
+    # one trial per candidate first: its quantization and screening are shared by the candidate's other trials
+    firsts, rest, seen = [], [], set()
+    for t in trials:
+        (rest if t.candidate.key in seen else firsts).append(t)
+        seen.add(t.candidate.key)
+    for wave in (firsts, rest):
+        pending = list(wave)
+        running = {}
+        while pending or running:
+            while pending and len(running) < limit:
+                if ctx.elapsed() > ctx.tune.max_wall_s:
+                    records += [_skip(t, "not started: the wall-time budget was spent") for t in pending]
+                    pending = []
+                    break
+                t = pending.pop(0)
+                _emit(ctx.on_event, f"ray: trial {t.label}")
+                running[run_remote.options(**options(t)).remote(t.id, ref)] = t
+            if not running:
+                break
+            done, _ = ray.wait(list(running), num_returns=1)
+            t = running.pop(done[0])
+            try:
+                rec = ray.get(done[0])
+            except Exception as e:  # noqa: BLE001 - a trial that crashed in its worker: recorded, the search goes on
+                rec = {**t.to_dict(), "status": "failed", "objective": math.inf, "stages": {},
+                       "error": {"message": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}}
+            rec["executor"] = {"kind": "ray", "address": address}
+            if ctx.on_trial:
+                ctx.on_trial(rec)
+            records.append(rec)
+    return records
+
+
+def _recipe_payload(ctx) -> dict:
+    from infertool.recipe import recipe_to_dict
+
+    return recipe_to_dict(ctx.recipe)
+
+
+def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_id: str, ref_raw) -> dict:
+    """Runs in a Ray worker: rebuild the context from the recipe, run the one trial, return its record."""
+    from pathlib import Path
+
+    from infertool.recipe import validate_recipe_data
+    from infertool.tune.core import Context, plan_trials, run_trial
+
+    recipe = validate_recipe_data(recipe_data, source="tune (ray worker)")
+    ctx = Context(recipe, Path(tune_dir), exhaustive=exhaustive, on_event=None, on_trial=None)
+    trial = next(t for t in plan_trials(recipe) if t.id == trial_id)
+    return run_trial(ctx, trial, ref_raw, {})

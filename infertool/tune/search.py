@@ -1,0 +1,174 @@
+"""The decisions of `infertool tune`, as pure functions (unit-tested on hand-made numbers):
+
+- ``find_max_load``: the largest concurrency at which the served configuration still meets the SLO (goodput
+  fraction >= target), by bracketing (doubling) and bisection over integers: O(log n) probes, not a sweep;
+- ``screening_confidence`` and ``decided``: accuracy rounds stop as soon as every gate is decided (PASS or
+  FAIL); K planned looks each use confidence 1 - (1 - c)/K (Bonferroni), so looking early does not inflate the
+  error rate of the final verdict;
+- ``objective_value``, ``rank``, ``pareto_front`` and ``why_lost``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable
+
+
+# ------------------------------------------------------------------------------------------- load search
+@dataclass
+class Probe:
+    concurrency: int
+    ok: bool  # met the SLO at this load (goodput fraction >= target, no failed requests)
+    goodput_fraction: float | None
+    summary: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class LoadSearch:
+    max_load: int  # 0: not even the smallest load meets the SLO
+    probes: list[Probe]
+    stopped: str  # why the search ended
+
+    def best(self) -> Probe | None:
+        ok = [p for p in self.probes if p.ok and p.concurrency == self.max_load]
+        return ok[-1] if ok else None
+
+    def to_dict(self) -> dict:
+        return {"max_load": self.max_load, "stopped": self.stopped, "probes": [p.to_dict() for p in self.probes]}
+
+
+def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: int = 8) -> LoadSearch:
+    """Largest c in [lo, hi] with probe(c).ok, assuming ok is monotone (once overloaded, more load stays
+    overloaded). Doubling from lo brackets the edge, bisection narrows it; at most ``max_probes`` probes."""
+    if lo < 1 or hi < lo:
+        raise ValueError(f"bad load range [{lo}, {hi}]")
+    probes: list[Probe] = []
+    cache: dict[int, Probe] = {}
+
+    def run(c: int) -> Probe:
+        if c not in cache:
+            cache[c] = probe(c)
+            probes.append(cache[c])
+        return cache[c]
+
+    if not run(lo).ok:
+        return LoadSearch(0, probes, f"the SLO is missed already at concurrency {lo}")
+    good, bad = lo, None
+    c = lo
+    while bad is None:
+        if len(probes) >= max_probes:
+            return LoadSearch(good, probes, f"probe budget ({max_probes}) spent while doubling")
+        if c >= hi:
+            return LoadSearch(good, probes, f"the SLO holds up to the largest load tried ({hi})")
+        c = min(hi, c * 2)
+        if run(c).ok:
+            good = c
+        else:
+            bad = c
+    while bad - good > 1:
+        if len(probes) >= max_probes:
+            return LoadSearch(good, probes, f"probe budget ({max_probes}) spent; the edge is in ({good}, {bad})")
+        mid = (good + bad) // 2
+        if run(mid).ok:
+            good = mid
+        else:
+            bad = mid
+    return LoadSearch(good, probes, f"the SLO holds at {good} and not at {bad}")
+
+
+def probe_ok(summary: dict, target: float) -> tuple[bool, float | None]:
+    """A level meets the SLO when every request completed and the share that met the SLO reaches the target."""
+    frac = (summary.get("goodput") or {}).get("fraction")
+    ok = frac is not None and frac >= target and not summary.get("failed")
+    return ok, frac
+
+
+# ------------------------------------------------------------------------------------------- accuracy rounds
+def screening_confidence(confidence: float, looks: int) -> float:
+    """Per-look confidence for K planned looks (Bonferroni): the verdict after early stopping keeps the
+    recipe's error rate."""
+    return 1 - (1 - confidence) / max(1, looks)
+
+
+def decided(verdict: str) -> bool:
+    return verdict in ("PASS", "FAIL")
+
+
+# ------------------------------------------------------------------------------------------- ranking
+OBJECTIVES = {
+    "cost": ("cost per 1M output tokens at the SLO", "$", False),
+    "goodput": ("goodput at the SLO (requests/s)", "req/s", True),
+    "tpot": ("TPOT p50 at the largest load meeting the SLO", "ms", False),
+}
+
+
+def objective_value(objective: str, capacity: dict | None) -> float:
+    """Lower is better (goodput is negated); infinity when the trial has no load that meets the SLO."""
+    if not capacity or not capacity.get("max_load"):
+        return math.inf
+    at = capacity.get("at_max_load") or {}
+    if objective == "cost":
+        v = (at.get("cost") or {}).get("per_1m_output_tokens")
+        return math.inf if v is None else float(v)
+    if objective == "goodput":
+        v = (at.get("goodput") or {}).get("requests_per_s")
+        return math.inf if not v else -float(v)
+    v = (at.get("tpot_ms") or {}).get("p50")
+    return math.inf if v is None else float(v)
+
+
+def eligible(t: dict) -> bool:
+    """Can this trial win: it fits, its accuracy passed (or the recipe allows INCONCLUSIVE), it meets the SLO."""
+    acc = (t.get("accuracy") or {}).get("verdict")
+    ok_acc = acc == "PASS" or (acc == "INCONCLUSIVE" and (t.get("accuracy") or {}).get("allow_inconclusive"))
+    return t.get("status") == "done" and ok_acc and math.isfinite(t.get("objective", math.inf))
+
+
+def rank(trials: list[dict]) -> list[dict]:
+    """Eligible trials, best first (ties: the smaller weights, then the id, so the order is stable)."""
+    return sorted((t for t in trials if eligible(t)),
+                  key=lambda t: (t["objective"], (t.get("prediction") or {}).get("weight_bytes") or 0, t["id"]))
+
+
+def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
+    """Ids of the points (id, accuracy loss, cost) that no other point beats on both (lower is better)."""
+    front = []
+    for pid, a, c in points:
+        if not any((a2 <= a and c2 <= c) and (a2 < a or c2 < c) for _, a2, c2 in points):
+            front.append(pid)
+    return front
+
+
+def why_lost(t: dict, winner: dict | None, objective: str) -> str | None:
+    """One sentence: why this trial is not the answer."""
+    if winner is not None and t["id"] == winner["id"]:
+        return None
+    status = t.get("status")
+    if status == "pruned":
+        return "pruned by the plan: " + "; ".join((t.get("prediction") or {}).get("reasons") or ["does not fit"])
+    if status == "failed":
+        return "failed: " + str((t.get("error") or {}).get("message") or "see its manifest").splitlines()[0]
+    if status == "skipped":
+        return t.get("reason") or "not run (budget)"
+    acc = t.get("accuracy") or {}
+    if acc.get("verdict") == "FAIL":
+        return "accuracy FAIL: " + (acc.get("reason") or "a gate is exceeded")
+    if acc.get("verdict") == "INCONCLUSIVE" and not acc.get("allow_inconclusive"):
+        n = acc.get("n_needed")
+        return "accuracy INCONCLUSIVE at the budget" + (f" (about {n:,} more items would decide it)" if n else "")
+    served = t.get("served_check") or {}
+    if served.get("verdict") not in (None, "PASS"):
+        return f"served outputs diverge from the reference ({served.get('verdict')}: {served.get('reason')})"
+    if not math.isfinite(t.get("objective", math.inf)):
+        return (t.get("capacity") or {}).get("stopped") or "no load meets the SLO"
+    if winner is not None:
+        name, unit, _ = OBJECTIVES[objective]
+        a, b = t["objective"], winner["objective"]
+        if objective == "goodput":
+            a, b = -a, -b
+        return f"{name}: {a:,.4g} {unit} vs the winner's {b:,.4g} {unit}"
+    return None
