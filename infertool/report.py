@@ -124,7 +124,7 @@ def _sections(run_dir: Path, manifest: dict, data: dict) -> list[tuple[str, list
     return out
 
 
-def _md_table(rows: list[list[str]]) -> str:
+def md_table(rows: list[list[str]]) -> str:
     head, *body = rows
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in body]
@@ -137,13 +137,13 @@ def render_markdown(run_dir: Path, manifest: dict, data: dict) -> str:
         parts += [f"## {title}", ""]
         parts += [p for p in paras if p] + [""]
         if rows:
-            parts += [_md_table(rows), ""]
+            parts += [md_table(rows), ""]
         if fig and fig in data["figures"]:
             parts += [f"![{fig}]({os.path.relpath(data['figures'][fig], run_dir)})", ""]
     return "\n".join(parts)
 
 
-def _img(path: Path) -> str:
+def img_tag(path: Path) -> str:
     if path.suffix == ".svg":
         return path.read_text()
     b64 = base64.b64encode(path.read_bytes()).decode()
@@ -163,15 +163,29 @@ def render_html(run_dir: Path, manifest: dict, data: dict) -> str:
         body.append(f"<h2>{html.escape(title)}</h2>")
         body += [f"<p>{inline(p)}</p>" for p in paras if p]
         if rows:
-            head, *rest = rows
-            body.append("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
-                        + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rest) + "</table>")
+            body.append(html_table(rows))
         if fig and fig in data["figures"]:
-            body.append(f'<div class="fig">{_img(data["figures"][fig])}</div>')
-    style = ("body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
-             "th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.fig img,.fig svg{max-width:100%}")
-    return f"<!doctype html><html><head><meta charset=utf-8><title>infertool report</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n"
+            body.append(f'<div class="fig">{img_tag(data["figures"][fig])}</div>')
+    return html_document("infertool report", body)
+
+
+STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
+         "table{border-collapse:collapse;margin:1em 0}td,th{border:1px solid #ccc;padding:4px 8px;text-align:right}"
+         "th{background:#f4f4f4}td:first-child,th:first-child{text-align:left}.fig img,.fig svg{max-width:100%}"
+         "pre{background:#f7f7f7;padding:1em;overflow:auto}")
+
+
+def html_table(rows: list[list[str]]) -> str:
+    """A table from rows of strings (the first is the header), every cell escaped."""
+    head, *rest = rows
+    return ("<table><tr>" + "".join(f"<th>{html.escape(h)}</th>" for h in head) + "</tr>"
+            + "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in rest) + "</table>")
+
+
+def html_document(title: str, body: list[str]) -> str:
+    """A self-contained page: the body parts (already escaped HTML) under an escaped title."""
+    return (f"<!doctype html><html><head><meta charset=utf-8><title>{html.escape(title)}</title><style>{STYLE}</style>"
+            f"</head><body>{''.join(body)}</body></html>\n")
 
 
 def write_report(run_dir: str | Path) -> dict:

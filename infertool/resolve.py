@@ -47,9 +47,11 @@ def cpu_serve_dtype(serve_dtype: str, model_dtype: str | None, quantized: bool,
                     flags: set[str] | None = None) -> tuple[str | None, str | None]:
     """The dtype infertool runs vLLM's CPU backend in, and why when it is not the recipe's / model's.
 
-    serve.dtype "auto" on a CPU without bf16/fp16 matrix instructions serves an unquantized model in float32:
-    prefill is compute-bound and runs several times faster there. A quantized checkpoint stays in 16 bits
-    (vLLM's weight-only kernels take only half-precision activations); an explicit serve.dtype is kept.
+    serve.dtype "auto" on a CPU without bf16/fp16 matrix instructions serves a model in float32: prefill is
+    compute-bound and runs several times faster there. ``quantized`` means a weight-only quantized checkpoint,
+    which stays in 16 bits: vLLM's int4 kernels refuse float32 ("torch.float32 is not supported for quantization
+    method auto_gptq", measured), and compressed-tensors W4A16 loads in float32 but its first request fails.
+    W8A8 int8 runs in float32 (measured), so it follows the unquantized rule. An explicit serve.dtype is kept.
     """
     if serve_dtype != "auto":
         return serve_dtype, None
@@ -140,7 +142,7 @@ class Resolution:
         serve = serve if serve is not None else self.serve_section
         why: list[str] = []
         if self.target.kind == "cpu":
-            dtype, reason = cpu_serve_dtype(serve.dtype, self.model_dtype(model), model.quantized or bool(model.load_quantization))
+            dtype, reason = cpu_serve_dtype(serve.dtype, self.model_dtype(model), weight_only_quantized(model))
             if reason:
                 serve = serve.model_copy(update={"dtype": dtype})
                 why.append(reason)
@@ -254,7 +256,7 @@ def quantization_label(q) -> str:
     if q.method == "bnb":
         return f"bitsandbytes {q.quant_type}"
     scheme = getattr(q, "scheme", None)
-    g = "" if q.group_size == -1 else f" g{q.group_size}"
+    g = "" if (q.group_size == -1 or scheme in ACTIVATION_SCHEMES) else f" g{q.group_size}"
     what = f"{scheme}{g}" if scheme else f"{q.method.upper()} {q.bits}-bit{g}"
     return f"{what} ({q.backend})"
 
@@ -284,6 +286,34 @@ def _candidate_ref(recipe, base: ModelRef, candidate_path: str | Path | None) ->
     name = Path(q.output).expanduser().name if q.output else default_output(recipe.name, q.method).name
     return ModelRef("candidate", str(where), str(where), exists, label, facts, declared_dtype=base.declared_dtype,
                     note=None if exists else f"{where} does not exist yet: `infertool quantize` writes it", name=name)
+
+
+ACTIVATION_SCHEMES = ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
+
+
+def weight_only_quantized(model: ModelRef) -> bool:
+    """A checkpoint whose weights are quantized but whose activations stay 16-bit (GPTQ, AWQ, W4A16, W8A16):
+    vLLM runs it in half precision only. From the recipe's quantization, else from the model's config.json."""
+    if model.load_quantization:
+        return True
+    if model.quantization is not None:
+        return (model.quantization.get("scheme") or "") not in ACTIVATION_SCHEMES
+    if not (model.exists and model.path):
+        return False
+    try:
+        cfg = json.loads((Path(model.path) / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    q = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
+    if not isinstance(q, dict):
+        return False
+    method = str(q.get("quant_method") or "").lower()
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto_gptq", "auto_awq", "bitsandbytes"):
+        return True
+    if method == "compressed-tensors":
+        groups = (q.get("config_groups") or {}).values()
+        return not any(isinstance(g, dict) and g.get("input_activations") for g in groups)
+    return False
 
 
 def candidate_manifest(candidate: ModelRef | None) -> dict | None:

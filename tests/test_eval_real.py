@@ -71,7 +71,9 @@ def mixed_suite(tmp_path_factory) -> Path:
 @pytest.fixture
 def recipe(tmp_path, tiny_model) -> Path:
     p = tmp_path / "r.yaml"
-    p.write_text(f"name: evalreal\nmodel:\n  source: {tiny_model}\neval:\n  seq_len: 128\n  batch_size: 4\n")
+    # the vllm engine serves both models as the recipe does: eager mode keeps the CPU start-up short
+    p.write_text(f"name: evalreal\nmodel:\n  source: {tiny_model}\neval:\n  seq_len: 128\n  batch_size: 4\n"
+                 "serve: {enforce_eager: true, max_model_len: 512, cpu: {kv_cache_space_gib: 1}}\n")
     return p
 
 

@@ -34,7 +34,7 @@ def validate(
     if as_json:
         print_json({"ok": True, "recipe": recipe_to_dict(r)})
         return
-    sections = [s for s in ("model", "target", "quantize", "eval", "profile", "serve", "bench", "run") if getattr(r, s, None) is not None]
+    sections = [s for s in ("model", "target", "quantize", "eval", "profile", "serve", "bench", "run", "tune") if getattr(r, s, None) is not None]
     err.print(f"[green]✓[/] {recipe}: recipe [bold]{r.name}[/] is valid (sections: {', '.join(sections)})")
 
 

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from infertool.errors import InfertoolError, UsageError
+from infertool.errors import InfertoolError
 from infertool.tune import search, space
 
 EventCallback = Callable[[dict], None]
@@ -357,6 +357,10 @@ def _trial_record(trial: space.Trial) -> dict:
 def run_trial(ctx: Context, trial: space.Trial, ref_raw: dict | None, screens: dict) -> dict:
     """One trial: its candidate's quantization and screening (shared, cached), then its capacity search.
     Returns the trial's record (also written as <tune dir>/trials/<id>/manifest.json)."""
+    from infertool.worker import pause_point
+
+    ctx.started = getattr(ctx, "started", 0) + 1
+    pause_point("trial", ctx.started, None, lambda m, level="info": _emit(ctx.on_event, m, level))  # a test's interruption point
     rec = _trial_record(trial)
     tdir = ctx.dir / "trials" / trial.id
     rec["started"] = _now()
@@ -436,24 +440,6 @@ def plan_trials(recipe) -> list[space.Trial]:
     return _order(ts, recipe.tune.objective)
 
 
-def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
-             on_event: EventCallback | None = None, on_trial: Callable[[dict], None] | None = None) -> TuneResult:
-    if recipe.tune is None:
-        raise UsageError(f"recipe {recipe.name!r} has no tune section",
-                         hint="add one (candidates, serve_grid, objective): `infertool recipes show quickstart-tune`")
-    t0 = time.monotonic()
-    tune_dir = Path(out_dir or recipe.tune.out_dir).expanduser() / recipe.name
-    ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial)
-    trials = plan_trials(recipe)
-    _emit(on_event, f"{len(trials)} trials ({len({t.candidate.key for t in trials})} candidates x "
-                    f"{len(space.grid_points(recipe))} serving settings)")
-    executor = executor or recipe.tune.executor
-    from infertool.tune.executor import execute
-
-    records = execute(ctx, trials, executor)
-    return finish(ctx, trials, records, time.monotonic() - t0)
-
-
 def finish(ctx: Context, trials: list[space.Trial], records: list[dict], seconds: float) -> TuneResult:
     """Rank, re-check the winner as served, write tune.json, tuned.yaml and the report."""
     winner = None
@@ -508,13 +494,16 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: dict) -> Path:
 
     import yaml
 
-    from infertool.recipe import recipe_to_dict, validate_recipe_data
+    from infertool.recipe import validate_recipe_data
 
-    data = recipe_to_dict(trial.recipe)
+    data = trial.recipe.model_dump(mode="json", exclude_defaults=True)  # what differs from the defaults: readable
     data["name"] = f"{ctx.recipe.name}-tuned"
     data["description"] = (f"tuned by `infertool tune {ctx.recipe.name}`: {record['label']} "
                            f"({search.OBJECTIVES[ctx.tune.objective][0]}: {record['objective']:,.4g})")
     data["run"] = {"out_dir": str((ctx.dir / "runs").absolute())}
+    load = (record.get("capacity") or {}).get("max_load")
+    if load and isinstance(data.get("bench"), dict):
+        data["bench"]["concurrency"] = sorted({1, int(load)})  # `run` benchmarks at the load the tune found
     q = record.get("stages", {}).get("quantize")
     if q:
         src = Path(q["entry"]) / "model"
@@ -529,8 +518,10 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: dict) -> Path:
             os.replace(tmp, dest)
         data["quantize"]["output"] = str(dest.absolute())
     data = {k: v for k, v in data.items() if v is not None}
+    if isinstance(data.get("serve"), dict):
+        data["serve"].pop("model", None)  # it serves its quantize section's output (or the original)
     validate_recipe_data(data, source="tuned.yaml")  # it must be a recipe every command takes
-    path = ctx.dir / "tuned.yaml"
+    path = ctx.dir / ("tuned-exhaustive.yaml" if ctx.exhaustive else "tuned.yaml")
     head = (f"# Tuned by infertool from recipe {ctx.recipe.name!r}: the cheapest configuration that passed the "
             f"accuracy gates and met the SLO.\n# Winner: {' '.join(record['label'].split())}\n"
             "# `infertool run` and `infertool serve --emit k8s` take this file as it is.\n")

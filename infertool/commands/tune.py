@@ -1,0 +1,112 @@
+"""`infertool tune RECIPE`: which quantization x serving configuration to ship, the cheapest one that passes
+the accuracy gate and the latency SLO, measured."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors, usage_error
+
+
+def register(app: typer.Typer) -> None:
+    app.command("tune")(handle_errors(tune))
+
+
+def tune(
+    recipe: str = typer.Argument(..., help="Recipe file with a tune section, or the name of a built-in recipe."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Where the tune directory goes (default: tune.out_dir, else tune/)."),
+    executor: Optional[str] = typer.Option(None, "--executor", help="local (one trial after another) | ray (an existing Ray cluster). Default: tune.executor."),
+    exhaustive: bool = typer.Option(False, "--exhaustive", help="Brute force: no pruning, no early stopping, every load level of every trial (to check the staged search)."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Show the trials, their roofline predictions and order, and what the plan prunes; run nothing."),
+    overrides: Optional[List[str]] = SET_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Find the configuration to ship: plan prunes, each candidate quantized once, accuracy screened in rounds
+    (as served, early stopping), the largest load under the SLO searched per setting, the winner re-checked as
+    served. Writes tune.json, tune.md/html (Pareto plot, every trial, why each lost) and tuned.yaml.
+
+    Exit 0 with a winner, 1 when no configuration passes the gates and meets the SLO, 2-4 on errors, 130 on
+    Ctrl-C (the same command resumes: finished stages and trials are reused)."""
+    from infertool.output import StageProgress, err, out as stdout, print_json
+    from infertool.recipe import load_recipe
+
+    if executor is not None and executor not in ("local", "ray"):
+        raise usage_error(f"--executor {executor!r}: local or ray")
+    r = load_recipe(recipe, overrides or [])
+    if r.tune is None:
+        raise usage_error(f"recipe {r.name!r} has no tune section",
+                          hint="add one (candidates, serve_grid, objective), e.g. `infertool recipes show quickstart-tune`")
+    if dry_run:
+        from infertool.tune.core import dry_run as plan_only
+
+        plan = plan_only(r)
+        if as_json:
+            print_json({"dry_run": True, **plan})
+            return
+        _render_plan(plan)
+        return
+    from infertool.tune.run import run_tune
+
+    def on_trial(rec: dict) -> None:
+        if as_json:
+            return
+        cap = rec.get("capacity") or {}
+        acc = (rec.get("accuracy") or {}).get("verdict")
+        err.print(f"trial {rec['id']} {rec['label']}: {rec.get('status')}"
+                  + (f", accuracy {acc}" if acc else "") + (f", max load {cap.get('max_load')}" if cap else ""),
+                  markup=False, soft_wrap=True)
+
+    with StageProgress("tune", quiet=as_json) as progress:
+        result = run_tune(r, out_dir=out, exhaustive=exhaustive, executor=executor, on_event=progress.on_event,
+                          on_trial=on_trial)
+    if as_json:
+        print_json({"ok": result.winner is not None, **result.to_dict()})
+    else:
+        _render(result)
+        for name, path in result.report.items():
+            stdout.print(f"{name}: {path}", markup=False, soft_wrap=True)
+    if result.winner is None:
+        raise typer.Exit(1)
+
+
+def _render_plan(plan: dict) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from infertool.output import out
+
+    t = Table(title=f"{len(plan['trials'])} trials, most promising first (roofline prediction)")
+    for c in ("trial", "quantization", "serving", "fits", "decode tok/s bound", "$/1M bound", "why not"):
+        t.add_column(c)
+    for tr in plan["trials"]:
+        p = tr["prediction"]
+        t.add_row(tr["id"], escape(tr["candidate"]["label"]), escape(", ".join(f"{k}={v}" for k, v in tr["serve"].items()) or "recipe"),
+                  "yes" if p.get("fits", True) else "no",
+                  f"{p['decode_tokens_per_s']:,.0f} at batch {p.get('batch')}" if p.get("decode_tokens_per_s") else "-",
+                  f"{p['cost_per_1m_output_tokens']:,.3g}" if p.get("cost_per_1m_output_tokens") else "-",
+                  escape("; ".join(p.get("reasons") or [])))
+    out.print(t)
+
+
+def _render(result) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from infertool.output import err, out
+    from infertool.tune.report import trial_rows
+
+    doc = {"trials": result.trials, "winner": result.winner["id"] if result.winner else None}
+    rows = trial_rows(doc)
+    t = Table(title=f"infertool tune: {len(result.trials)} trials in {result.seconds:,.0f} s")
+    for c in rows[0]:
+        t.add_column(c)
+    for r in rows[1:]:
+        t.add_row(*[escape(c) for c in r])
+    out.print(t)
+    if result.winner:
+        err.print(f"[green]winner:[/] {result.winner['label']}  ->  {result.tuned_recipe}", soft_wrap=True)
+    for n in result.notes:
+        err.print(f"[yellow]note:[/] {n}", soft_wrap=True)

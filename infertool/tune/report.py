@@ -1,0 +1,163 @@
+"""The answer of `infertool tune`, for people: tune.md and a self-contained tune.html with the Pareto plot
+(accuracy loss vs cost), a table of every trial (quantization, serving settings, accuracy with intervals, the
+largest load under the SLO, $ per 1M output tokens, predicted vs measured decode throughput, status), why
+each loser lost, and the winner's recipe."""
+
+from __future__ import annotations
+
+import html
+import math
+import os
+import uuid
+from pathlib import Path
+
+from infertool.report import html_document, html_table, img_tag, md_table
+from infertool.tune.search import OBJECTIVES
+
+
+def _f(v, digits: int = 3) -> str:
+    if v is None or (isinstance(v, float) and not math.isfinite(v)):
+        return "-"
+    if isinstance(v, float):
+        return f"{v:,.{digits}g}"
+    return f"{v:,}" if isinstance(v, int) else str(v)
+
+
+def _kld_interval(acc: dict) -> str:
+    for g in acc.get("gates") or []:
+        if g.get("metric") in ("mean_kld", "kld") or "kld" in str(g.get("name", "")).lower():
+            if g.get("lo") is not None:
+                return f"{_f(g.get('estimate'))} [{_f(g.get('lo'))}, {_f(g.get('hi'))}]"
+    return _f(acc.get("mean_kld"))
+
+
+def trial_rows(doc: dict) -> list[list[str]]:
+    rows = [["trial", "quantization", "serving", "accuracy", "mean KLD [interval]", "items", "max load", "$/1M out",
+             "decode tok/s predicted / measured (error)", "status", "why not"]]
+    for t in doc["trials"]:
+        acc = t.get("accuracy") or {}
+        cap = t.get("capacity") or {}
+        at = cap.get("at_max_load") or {}
+        cost = (at.get("cost") or {}).get("per_1m_output_tokens") if at else None
+        dec = t.get("decode") or {}
+        pred, meas, err = dec.get("predicted_tokens_per_s"), dec.get("measured_tokens_per_s"), dec.get("error")
+        decode = f"{_f(pred)} / {_f(meas)}" + (f" ({err:+.0%})" if err is not None else "") if (pred or meas) else "-"
+        serving = ", ".join(f"{k}={v}" for k, v in (t.get("serve") or {}).items()) or "recipe"
+        status = t.get("status", "?") + (" (winner)" if doc.get("winner") == t["id"] else "")
+        rows.append([t["id"], t["candidate"]["label"], serving, acc.get("verdict") or "-", _kld_interval(acc),
+                     _f(acc.get("items")), _f(cap.get("max_load")), _f(cost), decode, status, t.get("why_lost") or ""])
+    return rows
+
+
+def plot_pareto(doc: dict, path: Path) -> Path | None:
+    """Accuracy loss (mean KLD vs the reference) against cost per 1M output tokens; the front joined, the
+    winner starred."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    pts = []
+    for t in doc["trials"]:
+        cap = t.get("capacity") or {}
+        cost = ((cap.get("at_max_load") or {}).get("cost") or {}).get("per_1m_output_tokens")
+        kld = (t.get("accuracy") or {}).get("mean_kld")
+        if cost is None or kld is None:
+            continue
+        pts.append((t["id"], float(cost), float(kld), t))
+    if not pts:
+        return None
+    fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
+    for tid, cost, kld, t in pts:
+        passed = (t.get("accuracy") or {}).get("verdict") == "PASS"
+        ax.scatter(cost, kld, s=60, marker="o" if passed else "x", color="#2a7" if passed else "#c33", zorder=3)
+        ax.annotate(t["candidate"]["label"].split(" of ")[0] + "\n" + ", ".join(f"{k}={v}" for k, v in t["serve"].items()),
+                    (cost, kld), textcoords="offset points", xytext=(6, 4), fontsize=7)
+    front = sorted((p for p in pts if p[0] in doc.get("pareto", [])), key=lambda p: p[1])
+    if len(front) > 1:
+        ax.plot([p[1] for p in front], [p[2] for p in front], "--", color="#888", zorder=2, label="Pareto front")
+    win = next((p for p in pts if p[0] == doc.get("winner")), None)
+    if win:
+        ax.scatter(win[1], win[2], s=260, marker="*", color="#f5a623", edgecolor="k", zorder=4, label="winner")
+    ax.set_xlabel("$ per 1M output tokens at the largest load meeting the SLO")
+    ax.set_ylabel("mean KLD vs the original (served)")
+    ax.set_title(f"infertool tune {doc['recipe']}: accuracy vs cost ({len(pts)} measured trials)")
+    ax.grid(alpha=0.3)
+    if front or win:
+        ax.legend(loc="best", fontsize=8)
+    fig.tight_layout()
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:6]}.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    os.replace(tmp, path)
+    return path
+
+
+def _summary(doc: dict) -> list[str]:
+    name, unit, _ = OBJECTIVES[doc["objective"]]
+    win = next((t for t in doc["trials"] if t["id"] == doc.get("winner")), None)
+    counts: dict[str, int] = {}
+    for t in doc["trials"]:
+        counts[t.get("status", "?")] = counts.get(t.get("status", "?"), 0) + 1
+    lines = [f"Objective: {name}. SLO: {doc.get('slo')}. Accuracy gates: preset {doc['accept'].get('preset')}, "
+             f"confidence {doc['accept'].get('confidence')}.",
+             f"{len(doc['trials'])} trials in {doc['seconds']:,.0f} s ("
+             + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")"
+             + (" — exhaustive: no pruning, no early stopping, every load level" if doc.get("exhaustive") else "") + "."]
+    if win:
+        obj = -win["objective"] if doc["objective"] == "goodput" else win["objective"]
+        sc = win.get("served_check") or {}
+        lines.append(f"**Winner: {win['label']}** — {name}: {obj:,.4g} {unit} at concurrency "
+                     f"{(win.get('capacity') or {}).get('max_load')}; accuracy {(win.get('accuracy') or {}).get('verdict')}"
+                     + (f"; re-checked as served with its exact settings: {sc.get('verdict')} (mean KLD "
+                        f"{_f(sc.get('mean_kld'))})" if sc else "") + ".")
+        if doc.get("tuned_recipe"):
+            lines.append(f"Ready recipe: `{doc['tuned_recipe']}` (`infertool run` and `infertool serve --emit k8s` take it as it is).")
+    else:
+        lines.append("**No configuration passes the accuracy gates and meets the SLO** (see why each lost below).")
+    return lines
+
+
+def render_markdown(doc: dict, plot: Path | None, tuned_text: str | None) -> str:
+    parts = [f"# infertool tune: {doc['recipe']}", ""] + _summary(doc) + [""]
+    if plot:
+        parts += [f"![pareto]({plot.name})", ""]
+    parts += ["## Every trial", "", md_table(trial_rows(doc)), ""]
+    if tuned_text:
+        parts += ["## The winner's recipe", "", "```yaml", tuned_text.rstrip(), "```", ""]
+    return "\n".join(parts)
+
+
+def render_html(doc: dict, plot: Path | None, tuned_text: str | None) -> str:
+    def inline(text: str) -> str:
+        t = html.escape(text)
+        while "**" in t:
+            t = t.replace("**", "<b>", 1).replace("**", "</b>", 1)
+        while "`" in t:
+            t = t.replace("`", "<code>", 1).replace("`", "</code>", 1)
+        return t
+
+    body = [f"<h1>infertool tune: {html.escape(doc['recipe'])}</h1>"] + [f"<p>{inline(p)}</p>" for p in _summary(doc)]
+    if plot:
+        body.append(f'<div class="fig">{img_tag(plot)}</div>')
+    body += ["<h2>Every trial</h2>", html_table(trial_rows(doc))]
+    if tuned_text:
+        body += ["<h2>The winner's recipe</h2>", f"<pre>{html.escape(tuned_text)}</pre>"]
+    return html_document(f"infertool tune {doc['recipe']}", body)
+
+
+def write_report(tune_dir: Path, doc: dict, *, exhaustive: bool = False) -> dict:
+    suffix = "-exhaustive" if exhaustive else ""
+    plot = plot_pareto(doc, tune_dir / f"pareto{suffix}.png")
+    tuned = Path(doc["tuned_recipe"]).read_text(encoding="utf-8") if doc.get("tuned_recipe") else None
+    files = {}
+    for name, text in ((f"tune{suffix}.md", render_markdown(doc, plot, tuned)), (f"tune{suffix}.html", render_html(doc, plot, tuned))):
+        tmp = tune_dir / f".{name}.{uuid.uuid4().hex[:6]}.tmp"
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, tune_dir / name)
+        files[name] = str(tune_dir / name)
+    if plot:
+        files["pareto"] = str(plot)
+    return files

@@ -1,0 +1,28 @@
+"""`infertool tune RECIPE`: the entry point (core does the stages, executor runs the trials)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from infertool.errors import UsageError
+from infertool.tune import space
+from infertool.tune.core import Context, EventCallback, TuneResult, _emit, finish, plan_trials
+from infertool.tune.executor import execute
+
+
+def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
+             on_event: EventCallback | None = None, on_trial: Callable[[dict], None] | None = None) -> TuneResult:
+    if recipe.tune is None:
+        raise UsageError(f"recipe {recipe.name!r} has no tune section",
+                         hint="add one (candidates, serve_grid, objective): `infertool recipes show quickstart-tune`")
+    t0 = time.monotonic()
+    tune_dir = Path(out_dir or recipe.tune.out_dir).expanduser() / recipe.name
+    ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial)
+    trials = plan_trials(recipe)
+    _emit(on_event, f"{len(trials)} trials ({len({t.candidate.key for t in trials})} candidates x "
+                    f"{len(space.grid_points(recipe))} serving settings)")
+    executor = executor or recipe.tune.executor
+    records = execute(ctx, trials, executor)
+    return finish(ctx, trials, records, time.monotonic() - t0)

@@ -1,0 +1,224 @@
+"""`infertool tune`: the search space from a recipe, the dry run, and the staged orchestration (pruning, early
+stopping, capacity, the winner re-checked as served, tuned.yaml, the report, resuming after an interruption)
+with stand-in stage work; the real stages run in tests/test_tune_real.py."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from infertool.cli import app
+from infertool.errors import UsageError
+from infertool.pipeline import cached_stage
+from infertool.recipe import validate_recipe_data
+from infertool.tune import core, space
+from tests.fakes import layout_model
+
+
+@pytest.fixture(scope="module")
+def smol(tmp_path_factory) -> Path:
+    return layout_model(tmp_path_factory.mktemp("m") / "smollm2", "smollm2-135m", shards=1)
+
+
+def tune_recipe(model: Path, tmp_path: Path, **tune) -> dict:
+    return {
+        "name": "t",
+        "model": {"source": str(model)},
+        "quantize": {"method": "gptq", "bits": 4, "group_size": 64},
+        "serve": {"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1}, "enforce_eager": True},
+        "bench": {"requests": 4, "prompt": {"len": 64}, "output_len": 8, "slo": {"ttft_ms": 1000},
+                  "cost_per_hour": 1.0},
+        "tune": {"candidates": ["none", {"backend": "llmcompressor", "scheme": "W8A8", "bits": 8}, {"group_size": 32}],
+                 "serve_grid": {"max_num_seqs": [2, 4]}, "out_dir": str(tmp_path / "tune"),
+                 "accuracy": {"rounds": [2, 4, 8]}, **tune},
+    }
+
+
+def test_space_candidates_grid_and_trial_recipes(smol, tmp_path):
+    r = validate_recipe_data(tune_recipe(smol, tmp_path))
+    cands = space.candidates(r)
+    assert [c.label for c in cands] == ["original", "W8A8 (llmcompressor)", "GPTQ 4-bit g32 (gptqmodel)"]
+    assert cands[2].spec["bits"] == 4 and cands[2].spec["group_size"] == 32 and cands[2].spec["method"] == "gptq"
+    assert space.grid_points(r) == [{"max_num_seqs": 2}, {"max_num_seqs": 4}]
+    trials = space.trials(r)
+    assert len(trials) == 6 and len({t.id for t in trials}) == 6
+    t = next(t for t in trials if t.candidate.index == 1 and t.serve == {"max_num_seqs": 4})
+    assert t.recipe.quantize.scheme == "W8A8" and t.recipe.serve.max_num_seqs == 4 and t.recipe.tune is None
+    from infertool.resolve import resolve
+
+    res = resolve(t.recipe, candidate_path=tmp_path / "cand")
+    assert res.served_origin == "candidate" and res.served.path == str(tmp_path / "cand")
+    orig = next(t for t in trials if t.candidate.original)
+    assert orig.recipe.quantize is None and resolve(orig.recipe).served_origin == "original"
+    with pytest.raises(UsageError, match="same quantization"):
+        space.candidates(validate_recipe_data(tune_recipe(smol, tmp_path, candidates=[{"bits": 8}, {"bits": 8}])))
+
+
+def test_tune_validation_lists_field_paths(smol, tmp_path):
+    from infertool.errors import RecipeError
+
+    data = tune_recipe(smol, tmp_path, serve_grid={"max_num_seqs": [2, 0], "enforce_eagre": [True]})
+    with pytest.raises(RecipeError) as e:
+        validate_recipe_data(data)
+    paths = {i.path for i in e.value.issues}
+    assert {"tune.serve_grid.max_num_seqs[1]", "tune.serve_grid.enforce_eagre"} <= paths
+    bad = tune_recipe(smol, tmp_path, candidates=["none", {"group_size": 100}])
+    with pytest.raises(RecipeError) as e:
+        validate_recipe_data(bad)
+    assert e.value.issues[0].path == "tune.candidates[1].group_size"
+    no_slo = tune_recipe(smol, tmp_path)
+    no_slo["bench"].pop("slo")
+    with pytest.raises(RecipeError) as e:
+        validate_recipe_data(no_slo)
+    assert e.value.issues[0].path == "tune.slo"
+
+
+def test_dry_run_orders_by_prediction_and_prunes_what_cannot_fit(smol, tmp_path):
+    data = tune_recipe(smol, tmp_path, serve_grid={"max_model_len": [2048, 99999]})
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(data))
+    r = CliRunner().invoke(app, ["tune", str(p), "--dry-run", "--json"])
+    assert r.exit_code == 0, r.output
+    plan = json.loads(r.stdout)
+    assert len(plan["trials"]) == 6 and len(plan["pruned"]) == 3
+    for t in plan["trials"]:
+        if t["id"] in plan["pruned"]:
+            assert t["serve"]["max_model_len"] == 99999
+            assert any("position limit" in x for x in t["prediction"]["reasons"])
+    fits = [t for t in plan["trials"] if t["prediction"]["fits"]]
+    assert plan["trials"][: len(fits)] == fits  # what fits first
+    costs = [t["prediction"]["cost_per_1m_output_tokens"] for t in fits]
+    assert costs == sorted(costs)  # most promising first
+
+
+# ------------------------------------------------------------------------------ stand-in stage work
+class Stand:
+    """Stage work replaced by hand-made outcomes (through the real stage cache): which candidate passes,
+    the load each setting holds, the winner's served check."""
+
+    def __init__(self, monkeypatch, *, verdicts, loads, served, interrupt_at=None):
+        self.calls: list[str] = []
+        self.verdicts, self.loads, self.served, self.interrupt_at = verdicts, loads, served, interrupt_at
+        monkeypatch.setattr(core, "_quantize_stage", self.quantize)
+        monkeypatch.setattr(core, "_reference_stage", self.reference)
+        monkeypatch.setattr(core, "_screen_stage", self.screen)
+        monkeypatch.setattr(core, "_capacity_stage", self.capacity)
+        monkeypatch.setattr(core, "_served_check_stage", self.served_check)
+        import infertool.tune.executor as ex
+
+        monkeypatch.setattr(ex, "_needs_reference", lambda trials: True)
+
+    def _stage(self, ctx, name, key, summary):
+        def work(w: Path) -> dict:
+            self.calls.append(f"{name}:{key}")
+            if name == "quantize":
+                (w / "model").mkdir()
+                (w / "model" / "config.json").write_text("{}")
+            return summary
+        return cached_stage(ctx.cache, name, key, work)
+
+    def quantize(self, ctx, trial):
+        if trial.candidate.original:
+            return None
+        return self._stage(ctx, "quantize", trial.candidate.key, {"label": trial.candidate.label})
+
+    def reference(self, ctx):
+        st = self._stage(ctx, "reference", "ref", {"items": 8})
+        return st, {"tasks": {}}
+
+    def screen(self, ctx, trial, q, ref):
+        v = self.verdicts[trial.candidate.label]
+        rounds = {"PASS": 1, "FAIL": 1, "INCONCLUSIVE": 3}[v]
+        return self._stage(ctx, "screen", trial.candidate.key, {
+            "verdict": v, "reason": f"stand-in {v}", "items": [2, 4, 8][rounds - 1], "mean_kld": 0.01 * rounds,
+            "rounds": [{"items": n} for n in [2, 4, 8][:rounds]], "stopped_early": rounds < 3, "n_needed": 500 if v == "INCONCLUSIVE" else None})
+
+    def capacity(self, ctx, trial, q):
+        if self.interrupt_at and trial.id == self.interrupt_at:
+            self.interrupt_at = None
+            raise KeyboardInterrupt
+        load, cost = self.loads[(trial.candidate.label, trial.serve["max_num_seqs"])]
+        at = {"cost": {"per_1m_output_tokens": cost}, "tpot_ms": {"p50": 50.0}, "goodput": {"requests_per_s": 1.0}} if load else None
+        return self._stage(ctx, "capacity", trial.id, {"max_load": load, "at_max_load": at, "probes": [],
+                                                       "stopped": "stand-in" if load else "the SLO is missed at 1"})
+
+    def served_check(self, ctx, trial, q, ref):
+        return self._stage(ctx, "served", trial.id, {"verdict": self.served.get(trial.id, "PASS"), "reason": "stand-in",
+                                                     "mean_kld": 0.0})
+
+
+def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path, monkeypatch):
+    from infertool.tune.run import run_tune
+
+    r = validate_recipe_data(tune_recipe(smol, tmp_path))
+    trials = {(t.candidate.label, t.serve["max_num_seqs"]): t.id for t in space.trials(r)}
+    w8_4 = trials[("W8A8 (llmcompressor)", 4)]
+    stand = Stand(monkeypatch, verdicts={"W8A8 (llmcompressor)": "PASS", "GPTQ 4-bit g32 (gptqmodel)": "FAIL"},
+                  loads={("original", 2): (2, 9.0), ("original", 4): (3, 8.0), ("W8A8 (llmcompressor)", 2): (2, 6.0),
+                         ("W8A8 (llmcompressor)", 4): (4, 4.0), ("GPTQ 4-bit g32 (gptqmodel)", 2): (4, 1.0),
+                         ("GPTQ 4-bit g32 (gptqmodel)", 4): (4, 1.0)},
+                  served={w8_4: "FAIL"})  # the cheapest that passed diverges as served: the next one wins
+    res = run_tune(r)
+    by = {(t["candidate"]["label"], t["serve"]["max_num_seqs"]): t for t in res.trials}
+    assert res.winner["id"] == trials[("W8A8 (llmcompressor)", 2)]
+    assert "served outputs diverge" in by[("W8A8 (llmcompressor)", 4)]["why_lost"]
+    gptq = by[("GPTQ 4-bit g32 (gptqmodel)", 2)]
+    assert gptq["why_lost"].startswith("accuracy FAIL") and gptq.get("capacity") is None  # no capacity measured
+    assert by[("original", 4)]["why_lost"] == "cost per 1M output tokens at the SLO: 8 $ vs the winner's 6 $"
+    # each candidate quantized and screened once, however many settings it is crossed with
+    assert sum(c.startswith("quantize:") for c in stand.calls) == 2 and sum(c.startswith("screen:") for c in stand.calls) == 2
+    assert not any(c.startswith(f"capacity:{trials[('GPTQ 4-bit g32 (gptqmodel)', 2)]}") for c in stand.calls)
+    # the answer: tune.json, a report, and a recipe every command takes as it is
+    d = Path(res.tune_dir)
+    doc = json.loads((d / "tune.json").read_text())
+    assert doc["winner"] == res.winner["id"] and set(res.report) >= {"tune.md", "tune.html"}
+    tuned = yaml.safe_load(Path(res.tuned_recipe).read_text())
+    assert tuned["quantize"]["scheme"] == "W8A8" and tuned["serve"]["max_num_seqs"] == 2
+    assert Path(tuned["quantize"]["output"]).name == "t-gptq" and (Path(tuned["quantize"]["output"]) / "config.json").is_file()
+    from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
+
+    again = resolve(load_recipe(res.tuned_recipe))
+    assert again.served_origin == "candidate" and again.served.exists and again.recipe.tune is None
+    for tid in trials.values():
+        assert (d / "trials" / tid / "manifest.json").is_file()
+    # the same command again: every stage reused, nothing runs, the same answer
+    stand.calls.clear()
+    res2 = run_tune(validate_recipe_data(tune_recipe(smol, tmp_path)))
+    assert stand.calls == [] and res2.winner["id"] == res.winner["id"]
+
+
+def test_interrupted_tune_resumes_with_finished_trials_reused(smol, tmp_path, monkeypatch):
+    from infertool.tune.run import run_tune
+
+    r = validate_recipe_data(tune_recipe(smol, tmp_path, candidates=["none", {"group_size": 32}]))
+    ordered = core.plan_trials(r)
+    loads = {(t.candidate.label, t.serve["max_num_seqs"]): (2, 5.0 + i) for i, t in enumerate(ordered)}
+    stand = Stand(monkeypatch, verdicts={"GPTQ 4-bit g32 (gptqmodel)": "PASS"}, loads=loads, served={},
+                  interrupt_at=ordered[2].id)
+    with pytest.raises(KeyboardInterrupt):
+        run_tune(r)
+    done_before = [c for c in stand.calls if c.startswith("capacity:")]
+    assert len(done_before) == 2
+    m = json.loads((Path(r.tune.out_dir) / "t" / "trials" / ordered[2].id / "manifest.json").read_text())
+    assert m["status"] == "interrupted"
+    stand.calls.clear()
+    res = run_tune(r)
+    assert [c for c in stand.calls if c.startswith("capacity:")] == [f"capacity:{t.id}" for t in ordered[2:]]
+    assert all(t["status"] == "done" for t in res.trials)
+
+
+def test_report_escapes_what_a_recipe_can_say(smol, tmp_path, monkeypatch):
+    from infertool.tune.report import render_html
+
+    doc = {"recipe": "<script>x</script>", "objective": "cost", "slo": None, "accept": {"preset": "standard"},
+           "seconds": 1.0, "winner": None, "pareto": [], "exhaustive": False, "tuned_recipe": None,
+           "trials": [{"id": "a", "label": "<b>", "candidate": {"label": "<img src=x>"}, "serve": {"k": "<i>"},
+                       "status": "failed", "objective": math.inf, "why_lost": "<evil>"}]}
+    page = render_html(doc, None, None)
+    assert "<script>x" not in page and "<img src=x>" not in page and "&lt;evil&gt;" in page
