@@ -1,0 +1,130 @@
+"""`infertool tune` for real, on the 2-layer bundled model: real quantization, real vLLM servers (reference,
+screening, capacity, the winner's served check), Ctrl-C in the middle and the same command again, then trials
+run by a local Ray instance the test starts."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, run_cli, wait_for
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def tiny_tune(tiny_model, serve_python, tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("tune")
+    data = {
+        "name": "tiny-tune",
+        "model": {"source": str(tiny_model)},
+        "quantize": {"method": "gptq", "bits": 4, "group_size": 64,
+                     "calibration": {"source": "builtin", "samples": 8, "seq_len": 64, "seed": 0}},
+        "eval": {"suite": "builtin-corpus", "seq_len": 128, "accept": {"preset": "lenient"}},
+        "serve": {"max_model_len": 512, "enforce_eager": True, "cpu": {"kv_cache_space_gib": 1}},
+        "bench": {"requests": 4, "prompt": {"source": "builtin", "len": 64}, "output_len": 8,
+                  "slo": {"ttft_ms": 20000, "tpot_ms": 5000}, "cost_per_hour": 0.5},
+        "tune": {"candidates": ["none", {"bits": 4, "group_size": 64}], "serve_grid": {"max_num_seqs": [2]},
+                 "accuracy": {"rounds": [2, 4]}, "load": {"max_probes": 3}, "out_dir": str(d / "out")},
+    }
+    p = d / "tiny-tune.yaml"
+    p.write_text(yaml.safe_dump(data))
+    return p
+
+
+def _trial_manifests(tune_dir: Path) -> dict[str, dict]:
+    return {p.parent.name: json.loads(p.read_text()) for p in (tune_dir / "trials").glob("*/manifest.json")}
+
+
+def test_tune_ctrl_c_then_the_same_command_resumes(tiny_tune, quant_python, serve_python):
+    """SIGINT when the second trial starts (a known point: INFERTOOL_PAUSE_AT=trial@2): exit 130, the first
+    trial's stages complete and kept; the same command then runs only what is left."""
+    out = Path(yaml.safe_load(tiny_tune.read_text())["tune"]["out_dir"]) / "tiny-tune"
+    proc = subprocess.Popen([sys.executable, "-m", "infertool", "tune", str(tiny_tune)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "INFERTOOL_PAUSE_AT": "trial@2"})
+    seen = []
+    for line in proc.stderr:
+        seen.append(line)
+        if "paused at trial 2" in line:
+            break
+    else:
+        pytest.fail("the tune never reached its second trial:\n" + "".join(seen[-40:]))
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=180) == 130, "".join(seen[-20:]) + rest
+    first = _trial_manifests(out)
+    assert len(first) == 1 and next(iter(first.values()))["status"] == "done"
+    assert not [p for p in (out / ".stages").iterdir() if p.name.endswith(".tmp")]  # nothing half-written
+    done_entries = {p.name for p in (out / ".stages").iterdir()}
+
+    r = run_cli("tune", str(tiny_tune), "--json", timeout=3600)
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    doc = json.loads(r.stdout)
+    trials = {t["id"]: t for t in doc["trials"]}
+    assert len(trials) == 2 and all(t["status"] == "done" for t in trials.values())
+    reused_id = next(iter(first))
+    # never repeated (the winner's served check, made once all trials are in, comes after)
+    assert all(s["status"] == "reused" for k, s in trials[reused_id]["stages"].items() if k != "served")
+    other = next(t for tid, t in trials.items() if tid != reused_id)
+    assert other["stages"]["capacity"]["status"] == "done"
+    assert done_entries <= {p.name for p in (out / ".stages").iterdir()}
+    # the winner, re-checked as served, and its recipe that run and --emit k8s take as they are
+    assert doc["winner"]["served_check"]["verdict"] == "PASS"
+    for t in trials.values():
+        cap = t["capacity"]
+        assert cap["max_load"] >= 1 and len(cap["probes"]) <= 3
+        assert t["decode"]["measured_tokens_per_s"] > 0 and t["decode"]["predicted_tokens_per_s"] > 0
+    gptq = next(t for t in trials.values() if not t["candidate"]["spec"] is None)
+    assert gptq["accuracy"]["rounds"] and gptq["accuracy"]["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
+    tuned = doc["tuned_recipe"]
+    r = run_cli("validate", tuned)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("serve", tuned, "--emit", "k8s")
+    assert r.returncode == 0, r.stderr
+    html = (out / "tune.html").read_text()
+    assert "Every trial" in html and "data:image/png;base64" in html
+
+
+def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python, tmp_path):
+    """The same tune with tune.executor: ray, against a Ray instance started here: a new serving setting runs
+    as Ray tasks (its candidate's quantization and screening reused from the cache)."""
+    pytest.importorskip("ray")
+    ray_bin = Path(sys.executable).with_name("ray")
+    from infertool.procs import free_port
+
+    port = free_port()
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    start = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
+                            "--include-dashboard=false", "--disable-usage-stats"], capture_output=True, text=True,
+                           env=env, timeout=300)
+    assert start.returncode == 0, start.stderr[-2000:]
+    try:
+        address = f"127.0.0.1:{port}"
+        r = run_cli("tune", str(tiny_tune), "--executor", "ray", "--json", "--set", "tune.serve_grid.max_num_seqs=[3]",
+                    env={**env, "RAY_ADDRESS": address}, timeout=3600)
+        assert r.returncode in (0, 1), r.stderr[-3000:]
+        doc = json.loads(r.stdout)
+        assert len(doc["trials"]) == 2
+        for t in doc["trials"]:
+            assert t["executor"] == {"kind": "ray", "address": address}
+            assert t["status"] == "done" and t["stages"]["capacity"]["status"] == "done"
+            if t["stages"].get("quantize"):
+                assert t["stages"]["quantize"]["status"] == "reused" and t["stages"]["screen"]["status"] == "reused"
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, text=True, env=env, timeout=120)
+    shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_wait_for_is_event_driven():
+    flag = []
+    wait_for(lambda: flag.append(1) or len(flag) > 2, 10, "three polls")
+    assert len(flag) == 3
