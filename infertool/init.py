@@ -720,7 +720,7 @@ def _comment(text: str, indent: int) -> list[str]:
                                                         break_on_hyphens=False)] or []
 
 
-def _scalar(value: Any) -> str:
+def yaml_value(value: Any) -> str:
     """One value as YAML on one line (yaml.safe_dump quotes whatever needs quoting)."""
     import json
 
@@ -761,11 +761,11 @@ def render_yaml(recipe: dict, decisions: list[Decision], header: list[str] | Non
         pad = " " * indent
         block = isinstance(value, dict) and value and (path in _SECTIONS or any(f"{path}.{k}" in why for k in value))
         if block:
-            lines.append(f"{pad}{_scalar(key)}:")
+            lines.append(f"{pad}{yaml_value(key)}:")
             for k, v in value.items():
                 emit(k, v, indent + 2, f"{path}.{k}")
         else:
-            lines.append(f"{pad}{_scalar(key)}: {_scalar(value)}")
+            lines.append(f"{pad}{yaml_value(key)}: {yaml_value(value)}")
 
     for key, value in recipe.items():
         if key in _SECTIONS and lines and lines[-1] != "":

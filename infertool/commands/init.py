@@ -47,17 +47,22 @@ def _render(r) -> None:
     from rich.markup import escape
     from rich.table import Table
 
+    from infertool.init import yaml_value
     from infertool.output import err
 
-    t = Table(title=f"infertool init: {r.recipe['name']} for {r.target}", show_lines=False)
+    t = Table(title=f"infertool init: {escape(r.recipe['name'])} for {escape(r.target)}", box=None, pad_edge=False)
     t.add_column("field", style="bold cyan", no_wrap=True)
     t.add_column("value", overflow="fold")
-    t.add_column("why")
     for d in r.decisions:
-        style = {"error": "bold red", "warning": "yellow"}.get(d.level, "")
-        value = d.value if not isinstance(d.value, str) else d.value
-        t.add_row(escape(d.field), escape(str(value)), f"[{style}]{escape(d.why)}[/]" if style else escape(d.why))
+        style = {"error": "bold red", "warning": "yellow"}.get(d.level)
+        value = escape(yaml_value(d.value))
+        t.add_row(escape(d.field), f"[{style}]{value}[/]" if style else value)
     err.print(t)
+    err.print("[dim]why each value: the comments in the recipe (or `--json`: decisions)[/]")
+    for d in r.decisions:
+        if d.level == "warning" or (d.field == "serve.tensor_parallel_size" and d.value != 1 and d.level == "info"):
+            label = "[yellow]note:[/]" if d.level == "warning" else "[cyan]why:[/]"
+            err.print(f"{label} {escape(d.field)}: {escape(d.why)}", soft_wrap=True)
     if r.path:
         err.print(f"[green]✓[/] wrote {escape(r.path)} (validated: it loads as every command reads it)")
     p = r.plan
