@@ -224,7 +224,13 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     cache. No weights are loaded (a bundled/GGUF source not yet converted is converted once, as every command
     would). Raises UsageError for a model init cannot start from (missing, already quantized, no layer
     the preflight can quantize)."""
-    from infertool.quantize.preflight import GPTQMODEL_MODEL_TYPES, PreflightFailed, linear_layers, run_preflight, vllm_format_check
+    from infertool.quantize.preflight import (
+        GPTQMODEL_MODEL_TYPES,
+        PreflightFailed,
+        linear_layers,
+        run_preflight,
+        vllm_format_check,
+    )
     from infertool.resolve import cpu_serve_dtype
 
     m = _locate(model, on_event)
@@ -281,7 +287,7 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
             decide("quantize.scheme", "W4A16", "llm-compressor's 4-bit weight-only preset (the same format as GPTQ 4-bit)")
         decide("quantize.bits", 4, "4-bit weights: about a quarter of the 16-bit weight bytes, which memory-bound "
                "decode reads every token; the eval says whether the accuracy survives"
-               + (f" (vLLM's AVX-512 CPU build runs them with cpu_gemm_wna16)" if target.kind == "cpu" else ""))
+               + (" (vLLM's AVX-512 CPU build runs them with cpu_gemm_wna16)" if target.kind == "cpu" else ""))
     calibration = {"source": "builtin", "samples": traffic.samples, "seq_len": traffic.seq_len, "seed": 0}
 
     def preflight(qd: dict, tp: int = 1):
@@ -321,7 +327,7 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
                             "; 128 x 512 tokens is about what the built-in part holds without overlapping windows, use "
                             "your own .txt/.jsonl for more")
            + (f"; calibration needs about {_gib(est)} of memory where it runs" if est else ""))
-    quant_label = f"W8A8" if w8a8 else f"w{q['bits']}g{group}" if group != -1 else f"w{q['bits']}"
+    quant_label = "W8A8" if w8a8 else f"w{q['bits']}g{group}" if group != -1 else f"w{q['bits']}"
     name = _slug(f"{m.name}-{quant_label}-{target.tag}")
 
     # ---- eval: the quantized model against the original, as served where it matters
@@ -373,6 +379,8 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
             r["target"] = {"gpu": target.gpu.key}
         r["quantize"] = dict(q)
         r["eval"] = {"suite": SUITE, "engine": engine, "accept": {"preset": "standard"}}
+        if max_len < EVAL_MIN_LEN:  # the eval's windows must fit the model as served
+            r["eval"]["seq_len"] = max(8, max_len - 1)
         r["serve"] = serve
         r["bench"] = {
             "endpoint": endpoint, "concurrency": _levels(seqs), "requests": traffic.requests,
@@ -409,6 +417,9 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
                f"{target.gpu.bandwidth_tbs:g} TB/s, {target.gpu.bf16_tflops:g} TFLOP/s bf16 dense ({target.gpu.source}); "
                + ("this host's GPU" if target.source == "this host" else "plans and dry runs describe it on any host"))
     decisions.extend(fit.decisions)
+    if "seq_len" in recipe["eval"]:
+        decide("eval.seq_len", recipe["eval"]["seq_len"], f"windows of at most max_model_len - 1 tokens: the served "
+               f"model takes {fit.max_model_len:,} (the default 512 would not fit)", "warning")
     # serve dtype: what auto does on the target
     if target.kind == "gpu":
         decide("serve.dtype", "auto", f"vLLM runs the checkpoint's {m.dtype}; the 4-bit kernels dequantize to it")
@@ -417,7 +428,7 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     else:
         flags = hostfacts.cpu_flags()
         cand_dtype, _ = cpu_serve_dtype("auto", m.dtype, not w8a8, flags)
-        orig_dtype, orig_why = cpu_serve_dtype("auto", m.dtype, False, flags)
+        orig_dtype, _ = cpu_serve_dtype("auto", m.dtype, False, flags)
         if orig_dtype == "float32":
             dwhy = ("on this CPU (no bf16 matrix instructions) infertool serves unquantized models in float32, whose "
                     "GEMMs are several times faster there (time to first token 6.0 s in bf16 vs 1.1 s in float32, "
@@ -486,17 +497,13 @@ class _Fit:
     memory_why: str = ""
 
 
-def _reasons(p) -> str:
-    return "; ".join(p.reasons) if p.reasons else "fits"
-
-
 def _fit_gpu(target: InitTarget, recipe_for, ctx: int, conc: int, per_req: int, with_original: bool,
              preflight, q: dict, limit) -> _Fit:
-    min_len = min(ctx, max(per_req, EVAL_MIN_LEN))
     """The smallest tensor-parallel degree whose per-GPU weights and KV cache hold the traffic (``conc``
     requests of ``per_req`` tokens, and max_model_len) on the plan's numbers, that splits heads, KV heads and
     the quantized shards (the preflight's check), and on which the original (served by the eval) starts too.
     When no degree holds the whole traffic: the smallest on which both start, with fewer sequences."""
+    min_len = min(ctx, max(per_req, EVAL_MIN_LEN))
     rows: list[str] = []
     full = start = alone = None
     largest_valid = 1
@@ -579,21 +586,22 @@ def _gpu_advice(target: InitTarget, recipe_for, min_len: int, with_original: boo
 
     if target.max_gpus < 8:
         for tp in TP_DEGREES:
-            if target.max_gpus < tp and _safe(lambda: starts(replace(target, max_gpus=8), tp)):
+            if target.max_gpus < tp and _safe(starts, replace(target, max_gpus=8), tp):
                 return f"it would fit on {tp} x {target.gpu.key} (this host has {target.max_gpus})"
     for dev in sorted(hardware.GPUS.values(), key=lambda g: g.memory_gib):
         if dev.memory_gib <= target.gpu.memory_gib:
             continue
         t = replace(target, gpu=dev, max_gpus=8)
         for tp in TP_DEGREES:
-            if _safe(lambda: starts(t, tp)):
+            if _safe(starts, t, tp):
                 return f"it would fit on {tp} x {dev.key} ({dev.memory_gib:.0f} GiB each): `--gpu {dev.key}`"
     return "no GPU in infertool's table holds it with up to 8 GPUs: use pipeline parallelism across nodes"
 
 
-def _safe(fn) -> bool:
+def _safe(fn, *args) -> bool:
+    """``fn(*args)``, with a usage error (a recipe the plan refuses) counted as no."""
     try:
-        return bool(fn())
+        return bool(fn(*args))
     except UsageError:
         return False
 
@@ -692,12 +700,16 @@ def _size_cpu(target: InitTarget, recipe_for, ctx: int, conc: int, per_req: int,
 def _cpu_advice(target: InitTarget, weights: float, recipe_for, min_len: int) -> str:
     from infertool.plan import CPU_HOST_OVERHEAD
 
-    need = weights + CPU_HOST_OVERHEAD + 2 * GIB
-    for dev in sorted(hardware.GPUS.values(), key=lambda g: g.memory_gib):
+    def fits_on(dev: hardware.GPU) -> bool:
         r = recipe_for(1, min_len, 1, None)
         r["target"] = {"gpu": dev.key}
         r["serve"] = {k: v for k, v in r["serve"].items() if k != "cpu"}
-        if _safe(lambda: _plan(r).fits):
+        r["eval"] = {**r["eval"], "engine": "vllm"}  # on a GPU the eval serves the original too
+        return _plan(r).fits and _plan(r, original=True).fits
+
+    need = weights + CPU_HOST_OVERHEAD + 2 * GIB
+    for dev in sorted(hardware.GPUS.values(), key=lambda g: g.memory_gib):
+        if _safe(fits_on, dev):
             return f"a host with at least {_gib(need)} of memory would, or a GPU: `--gpu {dev.key}`"
     return f"a host with at least {_gib(need)} of memory would"
 
@@ -729,9 +741,7 @@ def yaml_value(value: Any) -> str:
     if isinstance(value, str) and one_line(value) != value.strip() or isinstance(value, str) and value != value.strip():
         return json.dumps(value)  # a JSON string is a YAML double-quoted scalar: escapes keep it on one line
     text = yaml.safe_dump(value, default_flow_style=True, sort_keys=False, width=2**31 - 1, allow_unicode=False)
-    if text.endswith("\n...\n"):
-        text = text[: -len("\n...\n")]
-    text = text.rstrip("\n")
+    text = text.removesuffix("\n...\n").rstrip("\n")
     if "\n" in text:
         return json.dumps(value)
     return text
@@ -832,9 +842,9 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
     count = recipe["serve"].get("tensor_parallel_size", 1)
     header = [
         f"{recipe['name']}: written by `infertool init` for {model} on {target.describe(count)}.",
-        "Each value says why it was chosen. Check it: `infertool plan FILE`, `infertool quantize FILE --check`. "
-        "Answer the question: `infertool run FILE` quantizes, evaluates the quantized model against the original "
-        "(PASS / FAIL / INCONCLUSIVE), serves it and benchmarks the traffic below.",
+        ("Each value says why it was chosen. Check it: `infertool plan FILE`, `infertool quantize FILE --check`. "
+         "Answer the question: `infertool run FILE` quantizes, evaluates the quantized model against the original "
+         "(PASS / FAIL / INCONCLUSIVE), serves it and benchmarks the traffic below."),
     ]
     text = render_yaml(recipe, decisions, header)
 

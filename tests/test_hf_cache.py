@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from infertool.errors import UsageError
-from infertool.models.sources import find_in_hf_cache, hf_hub_cache, looks_like_hub_id, resolve_model
+from infertool.models.sources import (
+    find_in_hf_cache,
+    hf_hub_cache,
+    looks_like_hub_id,
+    resolve_model,
+)
 from infertool.recipe import validate_recipe_data
 from tests.fakes import layout_model
 

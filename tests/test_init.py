@@ -158,7 +158,7 @@ def test_tp_degrees_must_split_heads_and_quantized_shards(models, tmp_path):
     # 12 heads / 4 KV heads: TP 8 splits neither; the preflight's check says so when TP 8 is considered
     odd = layout_model(tmp_path / "odd", "llama-3.1-70b", num_attention_heads=12, num_key_value_heads=4,
                        head_dim=128, num_hidden_layers=160)
-    recipe, decisions = make_recipe(str(odd), init_target(gpu="L4"))
+    _, decisions = make_recipe(str(odd), init_target(gpu="L4"))
     why = by_field(decisions)["serve.tensor_parallel_size"].why
     assert "TP 8: 12 attention heads are not divisible by tensor_parallel_size 8" in why
 
@@ -183,6 +183,15 @@ def test_group_size_falls_back_to_the_largest_valid_below_128_else_minus_1(tmp_p
     recipe, decisions = make_recipe(str(none), init_target(cpu=True))
     assert recipe["quantize"]["group_size"] == -1
     assert "one group per row" in by_field(decisions)["quantize.group_size"].why
+
+
+def test_a_short_context_model_gets_traffic_and_eval_windows_that_fit(tmp_path):
+    short = layout_model(tmp_path / "short", "smollm2-135m", shards=1, max_position_embeddings=256)
+    recipe, decisions = make_recipe(str(short), init_target(cpu=True))
+    s, b = recipe["serve"], recipe["bench"]
+    assert s["max_model_len"] == 256 and b["prompt"]["len"] + b["output_len"] <= 256
+    assert recipe["eval"]["seq_len"] == 255 and by_field(decisions)["eval.seq_len"].level == "warning"
+    assert not [d for d in decisions if d.level == "error"]
 
 
 # ------------------------------------------------------------------------------------------- the command
