@@ -3,7 +3,8 @@
 ``resolve(recipe)`` decides, once, for plan, quantize, eval, profile, serve, ``--emit k8s``, bench, run
 and tune:
 
-- the BASE model (model.source: a local directory, a .gguf or bundled:NAME, converted into the cache);
+- the BASE model (model.source: a local directory, a .gguf or bundled:NAME, converted into the cache, or a
+  hub id found in the local Hugging Face cache: models.sources.find_in_hf_cache);
 - the CANDIDATE (where ``infertool quantize`` writes: quantize.output, else out/<recipe>-<method>; inside
   ``run``, the quantize stage's entry; for bitsandbytes, the base quantized when loaded);
 - the SERVED model: the candidate whenever the recipe has a quantize section, unless serve.model says
@@ -233,6 +234,20 @@ def _base_ref(recipe, materialize: bool, on_event: Callable | None) -> ModelRef:
                              hint="a Hugging Face directory is used as it is")
         return ModelRef("base", src, str(p.resolve()), True, _base_label(recipe), declared_dtype=m.dtype,
                         name=_name_of(src))
+    if not p.exists() and sources.looks_like_hub_id(src):
+        snap = sources.find_in_hf_cache(src)
+        if snap is not None:  # a hub id already in the local Hugging Face cache: its snapshot, as for every command
+            if m.layers is not None:
+                raise UsageError("model.layers applies to GGUF and bundled sources only",
+                                 hint="a Hugging Face model is used as it is")
+            return ModelRef("base", src, str(snap.path), True, _base_label(recipe), declared_dtype=m.dtype,
+                            name=_name_of(src))
+        if materialize:
+            raise sources.hub_not_cached(src)
+        # never the hub id itself as a path: vLLM given an id would download it
+        return ModelRef("base", src, str(p.absolute()), False, _base_label(recipe), declared_dtype=m.dtype,
+                        note=f"{src} is not on this machine (not in the Hugging Face cache at {sources.hf_hub_cache()})",
+                        name=_name_of(src))
     if materialize:
         sources.resolve_model(src, layers=m.layers, dtype=m.dtype)  # raises the clear "not found" error
     return ModelRef("base", src, str(p.absolute()), False, _base_label(recipe), declared_dtype=m.dtype,
@@ -415,7 +430,7 @@ def input_fingerprints(res: Resolution) -> dict:
         except Exception as e:  # noqa: BLE001 - BackendError: the bundled package is not installed
             out["model"] = {"missing": str(e)}
     else:
-        out["model"] = {"identity": identity_digest(model_identity(src))}
+        out["model"] = {"identity": identity_digest(model_identity(res.base.path if res.base.exists else src))}
     if res.served.role == "served":
         out["served_model"] = {"identity": identity_digest(model_identity(res.served.path))}
     q = recipe.quantize

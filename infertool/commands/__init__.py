@@ -13,7 +13,7 @@ import typer
 
 
 # The workflow's order in `infertool --help`; modules not listed follow in name order.
-ORDER = ["validate", "recipes", "model", "profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "tune", "report", "env"]
+ORDER = ["validate", "init", "recipes", "model", "profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "tune", "report", "env"]
 
 
 def register_all(app: typer.Typer) -> None:

@@ -1,4 +1,9 @@
-"""Model sources: ``bundled:<name>``, a ``.gguf`` file, or a local Hugging Face directory.
+"""Model sources: ``bundled:<name>``, a ``.gguf`` file, a local Hugging Face directory, or a hub id
+(``org/name``) that is already in the local Hugging Face cache (never the network).
+
+A hub id resolves to the snapshot ``refs/main`` points to in the cache (``$HF_HUB_CACHE``, else
+``$HF_HOME/hub``, else ``~/.cache/huggingface/hub``; layout ``models--<org>--<name>/snapshots/<rev>/``),
+else to the newest snapshot that has a config.json. A local path of the same name wins over the cache.
 
 GGUF sources (the bundled model is one) are converted once into a safetensors directory and cached
 under ``$INFERTOOL_HOME/models/<key>``, where the key is a hash of the GGUF file's CONTENT and the
@@ -12,6 +17,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -40,9 +46,84 @@ MARKER = "infertool-model.json"
 class ResolvedModel:
     path: Path  # a Hugging Face directory
     source: str  # what the user wrote
-    kind: str  # "hf" | "gguf" | "bundled"
+    kind: str  # "hf" | "gguf" | "bundled" | "hub" (a snapshot in the Hugging Face cache)
     cached: bool  # True when a conversion was reused from the cache
-    key: str | None = None  # cache key for converted sources
+    key: str | None = None  # cache key for converted sources; the snapshot's revision for "hub"
+
+
+# --------------------------------------------------------------------------------- the Hugging Face cache
+_HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
+
+
+def looks_like_hub_id(source: str) -> bool:
+    """``org/name`` as the Hugging Face hub spells repository ids (not a path: no leading ./, / or ~)."""
+    return bool(_HUB_ID_RE.fullmatch(source)) and ".." not in source
+
+
+def hf_hub_cache() -> Path:
+    """Where huggingface_hub keeps downloaded repositories (its own rule, without importing it):
+    $HF_HUB_CACHE (or the older $HUGGINGFACE_HUB_CACHE), else $HF_HOME/hub, else
+    $XDG_CACHE_HOME/huggingface/hub, else ~/.cache/huggingface/hub."""
+    for var in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        if os.environ.get(var):
+            return Path(os.environ[var]).expanduser()
+    if os.environ.get("HF_HOME"):
+        return Path(os.environ["HF_HOME"]).expanduser() / "hub"
+    xdg = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(xdg).expanduser() / "huggingface" / "hub"
+
+
+@dataclass
+class HubSnapshot:
+    repo_id: str
+    path: Path  # .../models--org--name/snapshots/<revision>
+    revision: str
+    how: str  # "refs/main" | "newest snapshot with a config.json"
+
+
+def find_in_hf_cache(repo_id: str, cache: Path | None = None) -> HubSnapshot | None:
+    """The cached snapshot of a hub repository: the one refs/main points to, else the newest one that has
+    a config.json; None when the cache has no usable copy. Reads directory entries only."""
+    cache = hf_hub_cache() if cache is None else cache
+    folder = "models--" + repo_id.replace("/", "--")
+    repo = cache / folder
+    if not repo.is_dir():
+        try:  # the hub's ids are case-insensitive; the cache keeps the spelling of the download
+            repo = next((d for d in cache.iterdir() if d.name.lower() == folder.lower() and d.is_dir()), repo)
+        except OSError:
+            return None
+    snapshots = repo / "snapshots"
+    if not snapshots.is_dir():
+        return None
+    ref = repo / "refs" / "main"
+    try:
+        rev = ref.read_text(encoding="utf-8").strip() if ref.is_file() else ""
+    except OSError:
+        rev = ""
+    if rev and "/" not in rev and (snapshots / rev / "config.json").is_file():
+        return HubSnapshot(repo_id, snapshots / rev, rev, "refs/main")
+    try:
+        usable = [d for d in snapshots.iterdir() if d.is_dir() and (d / "config.json").is_file()]
+    except OSError:
+        return None
+    if not usable:
+        return None
+    newest = max(usable, key=lambda d: (d.stat().st_mtime, d.name))
+    return HubSnapshot(repo_id, newest, newest.name, "newest snapshot with a config.json")
+
+
+def hub_not_cached(source: str, *, for_what: str = "model.source (or `infertool init`)") -> UsageError:
+    """The refusal for a hub id that is not in the local cache: where infertool looked, how to download."""
+    cache = hf_hub_cache()
+    name = source.split("/")[-1]
+    return UsageError(
+        f"model not found: {source} is not a local path, and the Hugging Face cache has no snapshot of it "
+        f"(looked for {cache / ('models--' + source.replace('/', '--'))}/snapshots/*/config.json); "
+        "infertool never downloads from a hub",
+        hint=f"download it first: `huggingface-cli download {source} --local-dir models/{name}` and point "
+        f"{for_what} at that directory (or `huggingface-cli download {source}` into the cache, which infertool "
+        "reads; set HF_HUB_CACHE or HF_HOME if your cache is elsewhere)",
+    )
 
 
 def _find_in_envs(module: str, filename: str) -> Path | None:
@@ -212,12 +293,18 @@ def resolve_model(
         path, cached, key = convert_gguf_cached(p, layers=layers, dtype=dtype, on_event=on_event, log_dir=log_dir)
         return ResolvedModel(path, source, "gguf", cached, key)
     if not p.exists():
-        looks_like_hub_id = source.count("/") == 1 and not source.startswith((".", "/", "~"))
+        if looks_like_hub_id(source):
+            snap = find_in_hf_cache(source)
+            if snap is None:
+                raise hub_not_cached(source)
+            if layers is not None:
+                raise UsageError("--layers applies to GGUF and bundled sources only",
+                                 hint="a Hugging Face model is used as it is")
+            return ResolvedModel(snap.path, source, "hub", False, snap.revision)
         raise UsageError(
-            f"model not found: {source}"
-            + (" (this looks like a model hub id; infertool never downloads: point it at a local copy)" if looks_like_hub_id else ""),
-            hint="model.source is a local Hugging Face directory, a .gguf file, or bundled:smollm2-135m "
-            "(infertool never downloads from a hub)",
+            f"model not found: {source}",
+            hint="model.source is a local Hugging Face directory, a .gguf file, bundled:smollm2-135m, or a hub id "
+            "(org/name) already in the local Hugging Face cache (infertool never downloads from a hub)",
         )
     if not (p / "config.json").is_file():
         raise UsageError(f"{p} is not a Hugging Face model directory (no config.json)")

@@ -101,3 +101,24 @@ def find_gpu(name: str) -> GPU:
         f"unknown GPU {name!r}",
         hint=f"known GPUs: {', '.join(GPUS)}; or give the memory with --memory GiB",
     )
+
+
+# nvidia-smi's names -> table keys, most specific first ("NVIDIA H100 80GB HBM3", "NVIDIA L4", "NVIDIA A100-SXM4-80GB").
+# Only names whose memory matches the table's entry: an A100 40GB or an L40 (not S) is not guessed.
+_DEVICE_NAME_RULES = (
+    (r"h200", "H200-SXM"), (r"h100", "H100-SXM"), (r"a100.*80\s*gb|80\s*gb.*a100", "A100-80GB-SXM"),
+    (r"l40s", "L40S"), (r"\bl4\b", "L4"), (r"rtx\s*4090|\b4090\b", "RTX4090"),
+)
+
+
+def match_device_name(name: str) -> GPU | None:
+    """The table's GPU for a device name as the driver reports it, or None when it is not in the table."""
+    try:
+        return find_gpu(name)
+    except UsageError:
+        pass
+    low = name.lower()
+    for pattern, key in _DEVICE_NAME_RULES:
+        if re.search(pattern, low):
+            return GPUS[key]
+    return None

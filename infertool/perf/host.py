@@ -123,6 +123,19 @@ def gpu_free_memory_bytes() -> int | None:
         return None
 
 
+def gpu_names() -> list[str]:
+    """The names of this host's NVIDIA GPUs as nvidia-smi reports them ("NVIDIA H100 80GB HBM3"); empty
+    without a GPU (or INFERTOOL_ACCELERATOR=cpu) or without nvidia-smi."""
+    if not has_cuda() or not shutil.which("nvidia-smi"):
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.strip() for line in out.splitlines() if line.strip()]
+
+
 def available_memory() -> tuple[str, int | None]:
     """Where big work runs and how much memory it has free: ("cuda", GPU 0 free) or ("cpu", MemAvailable)."""
     free = gpu_free_memory_bytes()

@@ -1,0 +1,89 @@
+"""`infertool init MODEL`: start a recipe from a model, fitted to a target, every value with its reason."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from infertool.commands._common import JSON_OPT, handle_errors
+
+
+def register(app: typer.Typer) -> None:
+    app.command("init")(handle_errors(init))
+
+
+def init(
+    model: str = typer.Argument(..., help="A local Hugging Face directory, a .gguf file, bundled:smollm2-135m, or a hub "
+                                "id (org/name) already in the local Hugging Face cache (never downloaded)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Fit the recipe to this GPU (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090). Default: this host."),
+    cpu: bool = typer.Option(False, "--cpu", help="Fit the recipe to this host's CPU (vLLM's CPU backend)."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", help="The recipe file to write (default: <name>.yaml here); - prints it to stdout."),
+    force: bool = typer.Option(False, "--force", help="Replace an existing file."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Write a commented recipe for MODEL: quantization, eval, serve and bench settings chosen for the target,
+    each with its reason; then validate and plan it. Exit 0 when it fits, 1 when the target cannot hold it
+    even at the smallest choices (it says what would), 2 for bad input."""
+    import sys
+
+    from infertool.init import init_recipe
+    from infertool.output import StageProgress, print_json
+
+    with StageProgress("model import", quiet=as_json) as progress:
+        result = init_recipe(model, gpu=gpu, cpu=cpu, out=out, force=force, on_event=progress.on_event)
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        if result.path is None:
+            sys.stdout.write(result.text)
+            sys.stdout.flush()
+        _render(result)
+    if not result.fits:
+        raise typer.Exit(1)  # the target cannot hold the model even at the smallest choices
+
+
+def _render(r) -> None:
+    from rich.markup import escape
+    from rich.table import Table
+
+    from infertool.init import yaml_value
+    from infertool.output import err
+
+    t = Table(title=f"infertool init: {escape(r.recipe['name'])} for {escape(r.target)}", box=None, pad_edge=False)
+    t.add_column("field", style="bold cyan", no_wrap=True)
+    t.add_column("value", overflow="fold")
+    for d in r.decisions:
+        style = {"error": "bold red", "warning": "yellow"}.get(d.level)
+        value = escape(yaml_value(d.value))
+        t.add_row(escape(d.field), f"[{style}]{value}[/]" if style else value)
+    err.print(t)
+    err.print("[dim]why each value: the comments in the recipe (or `--json`: decisions)[/]")
+    for d in r.decisions:
+        if d.level == "warning" or (d.field == "serve.tensor_parallel_size" and d.value != 1 and d.level == "info"):
+            label = "[yellow]note:[/]" if d.level == "warning" else "[cyan]why:[/]"
+            err.print(f"{label} {escape(d.field)}: {escape(d.why)}", soft_wrap=True)
+    if r.path:
+        err.print(f"[green]✓[/] wrote {escape(r.path)} (validated: it loads as every command reads it)")
+    p = r.plan
+    cap, dev, mem = p["capacity"], p["device"], p["memory"]
+    if dev["kind"] == "gpu":
+        weights = f"{mem['weights_per_gpu_gib']:.2f} GiB of weights per GPU"
+    else:
+        weights = f"{mem['weights_gib']:.2f} GiB of weights, {mem['kv_cache_space_gib']:g} GiB of KV space"
+    err.print(f"plan: {dev['count']} x {escape(dev['name'])}: {weights}; KV cache {cap['kv_tokens']:,} tokens "
+              f"({cap['max_concurrency_at_max_model_len']:.1f} x max_model_len {cap['max_model_len']:,}); "
+              f"max_num_seqs {cap['max_num_seqs']}", soft_wrap=True)
+    if r.original_plan is not None:
+        o = r.original_plan
+        err.print(f"plan of the original (the eval serves it with the same settings): KV cache "
+                  f"{o['capacity']['kv_tokens']:,} tokens" + ("" if o["fits"] else " — does not fit"), soft_wrap=True)
+    if r.fits:
+        err.print("[green]✓ fits[/]")
+        name = r.path or "FILE"
+        err.print(f"[dim]next: infertool quantize {escape(name)} --check; infertool run {escape(name)}[/]", soft_wrap=True)
+    else:
+        for reason in r.reasons:
+            err.print(f"[bold red]✗ does not fit:[/] {escape(reason)}", soft_wrap=True)
+        for a in r.advice:
+            err.print(f"[yellow]what would:[/] {escape(a)}", soft_wrap=True)
