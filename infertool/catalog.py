@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import difflib
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
 
+from infertool.atomic import write_bytes
 from infertool.errors import UsageError
 
 __all__ = ["BuiltinRecipe", "builtin_dir", "copy_builtin", "get_builtin", "list_builtin"]
@@ -74,17 +74,24 @@ def get_builtin(name: str) -> BuiltinRecipe:
 
 
 def copy_builtin(name: str, dest: str | Path, force: bool = False) -> Path:
-    """Copy a built-in recipe to ``dest`` (a directory, or a file path); return the written file.
+    """Copy a built-in recipe to ``dest``; return the written file.
 
-    Refuses to overwrite an existing file unless ``force``. The write is atomic: a temporary
-    file in the destination folder, then ``os.replace``.
+    ``dest`` is a folder when it is an existing directory or ends with a path separator (created then),
+    and the recipe goes into it as ``<name>.yaml``; otherwise it is the file to write. Refuses to overwrite
+    an existing file unless ``force``. The write is atomic: a temporary file beside the target, then a rename.
     """
     recipe = get_builtin(name)
-    dest_path = Path(dest).expanduser()
-    if dest_path.is_dir():
+    text = str(dest)
+    dest_path = Path(text).expanduser()
+    seps = tuple(s for s in (os.sep, os.altsep, "/") if s)
+    if text.endswith(seps):
+        try:
+            dest_path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create folder {text!r}: {exc.strerror or exc}") from None
         target = dest_path / f"{recipe.name}.yaml"
-    elif str(dest).endswith(("/", os.sep)):
-        raise UsageError(f"destination folder {str(dest)!r} does not exist", hint="create it first")
+    elif dest_path.is_dir():
+        target = dest_path / f"{recipe.name}.yaml"
     else:
         target = dest_path
     if target.is_dir():
@@ -92,7 +99,7 @@ def copy_builtin(name: str, dest: str | Path, force: bool = False) -> Path:
     if not target.parent.is_dir():
         raise UsageError(
             f"cannot write {str(target)!r}: folder {str(target.parent)!r} does not exist",
-            hint="create it first, or copy into an existing folder",
+            hint="create it first, or end DEST with '/' to have it created",
         )
     if target.exists() and not force:
         raise UsageError(
@@ -100,36 +107,10 @@ def copy_builtin(name: str, dest: str | Path, force: bool = False) -> Path:
             hint="pass --force to overwrite it, or choose another destination",
         )
     try:
-        content = recipe.path.read_bytes()
-        _atomic_write(target, content)
+        write_bytes(target, recipe.path.read_bytes())
     except OSError as exc:
         raise UsageError(f"cannot write {str(target)!r}: {exc.strerror or exc}") from None
     return target
-
-
-def _atomic_write(target: Path, content: bytes) -> None:
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as handle:
-            handle.write(content)
-        os.chmod(tmp_name, _file_mode(target))
-        os.replace(tmp_name, target)
-    except BaseException:
-        try:
-            os.unlink(tmp_name)
-        except FileNotFoundError:
-            pass
-        raise
-
-
-def _file_mode(target: Path) -> int:
-    """Keep an overwritten file's mode; give a new file the usual 0o666 minus the umask."""
-    try:
-        return target.stat().st_mode & 0o777
-    except FileNotFoundError:
-        umask = os.umask(0)
-        os.umask(umask)
-        return 0o666 & ~umask
 
 
 def _describe(path: Path) -> str:

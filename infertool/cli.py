@@ -9,31 +9,97 @@ from __future__ import annotations
 import typer
 
 from infertool import __version__
-from infertool.commands import register_all
+from infertool.commands import RootGroup, register_all
+
+EXIT_CODES = ("Exit codes: 0 ok, 1 verdict failed (eval FAIL/INCONCLUSIVE, plan does not fit, tune found no "
+              "winner), 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure, 130 interrupted. "
+              "Docs: README.md")
 
 app = typer.Typer(
     name="infertool",
+    cls=RootGroup,
     help="Profile, quantize, evaluate, serve and benchmark self-hosted LLMs from one recipe file.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
     rich_markup_mode=None,
     context_settings={"help_option_names": ["-h", "--help"]},
-    epilog="Exit codes: 0 ok, 1 verdict failed, 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure. Docs: README.md",
+    epilog=EXIT_CODES,
 )
 
+_VERSION, _JSON = "infertool.version", "infertool.version_json"
 
-def _version_cb(value: bool) -> None:
-    if value:
-        typer.echo(f"infertool {__version__}")
+
+def version_info() -> dict:
+    """infertool's version and each managed environment's key packages, from their markers (no subprocess)."""
+    import platform
+
+    from infertool.envs.paths import envs_root
+    from infertool.envs.specs import BUILTIN_ENVS
+    from infertool.envs.state import list_envs
+
+    envs = {}
+    for st in list_envs():
+        spec = BUILTIN_ENVS.get(st.name)
+        order = list(spec.report) if spec else []
+        pkgs = sorted(st.packages.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
+        envs[st.name] = {"status": st.status, "variant": st.variant, "packages": dict(pkgs), "reason": st.reason}
+    return {"infertool": __version__, "python": platform.python_version(), "envs_home": str(envs_root()),
+            "envs": envs}
+
+
+def _version_line(name: str, env: dict) -> str:
+    """`quant: torch 2.14.1, transformers 5.24.0, gptqmodel 7.7.0 (cpu)`; `serve: not set up`."""
+    if env["status"] == "missing":
+        return f"{name}: not set up"
+    line = f"{name}: " + (", ".join(f"{k} {v}" for k, v in env["packages"].items()) or env["status"])
+    if env.get("variant"):
+        line += f" ({env['variant']})"
+    if env["status"] != "ready":
+        line += f"; {env['status']}" + (f": {env['reason']}" if env.get("reason") else "") + " (`infertool env setup`)"
+    return line
+
+
+def _after_eager(ctx: typer.Context) -> None:
+    """--version and --json are both eager; once both have been seen, print the version (as JSON with
+    --json). A root-level --json without --version is a misplaced --json."""
+    if ctx.resilient_parsing or _VERSION not in ctx.meta or _JSON not in ctx.meta:
+        return
+    if ctx.meta[_VERSION]:
+        info = version_info()
+        if ctx.meta[_JSON]:
+            from infertool.output import print_json
+
+            print_json(info)
+        else:
+            lines = [f"infertool {info['infertool']}", f"python {info['python']}",
+                     f"environments ({info['envs_home']}):"]
+            lines += ["  " + _version_line(n, e) for n, e in info["envs"].items()]
+            typer.echo("\n".join(lines))
         raise typer.Exit(0)
+    if ctx.meta[_JSON]:
+        raise typer.BadParameter("it goes after the command (e.g. `infertool plan RECIPE --json`), or with "
+                                 "--version", ctx=ctx, param_hint="'--json'")
+
+
+def _version_cb(ctx: typer.Context, value: bool) -> None:
+    ctx.meta[_VERSION] = value
+    _after_eager(ctx)
+
+
+def _json_cb(ctx: typer.Context, value: bool) -> None:
+    ctx.meta[_JSON] = value
+    _after_eager(ctx)
 
 
 @app.callback()
 def _root(
-    version: bool = typer.Option(False, "--version", callback=_version_cb, is_eager=True, help="Show the version and exit."),
+    version: bool = typer.Option(False, "--version", callback=_version_cb, is_eager=True,
+                                 help="Show the version and each managed environment's key packages, and exit."),
+    as_json: bool = typer.Option(False, "--json", callback=_json_cb, is_eager=True,
+                                 help="With --version: print it as JSON."),
 ) -> None:
-    """Exit codes: 0 ok, 1 verdict failed, 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure."""
+    """Profile, quantize, evaluate, serve and benchmark self-hosted LLMs from one recipe file."""
 
 
 # Every command group lives in infertool/commands/<name>.py, with register(app).
@@ -41,7 +107,7 @@ register_all(app)
 
 
 def main() -> None:
-    app()
+    app(prog_name="infertool")
 
 
 if __name__ == "__main__":

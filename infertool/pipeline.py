@@ -306,13 +306,23 @@ def stage_keys(recipe, chosen: list[str], inputs: dict, host: dict) -> dict[str,
     return keys
 
 
-def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None) -> dict:
+def _stages_to_rerun(force: list[str] | None) -> set[str]:
+    force = set(force or [])
+    bad = force - set(STAGE_ORDER)
+    if bad:
+        raise UsageError(f"unknown stage(s) to re-run: {', '.join(sorted(bad))}", hint=f"stages: {', '.join(STAGE_ORDER)}")
+    return force
+
+
+def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,
+                  force: list[str] | None = None) -> dict:
     """What `run` would do, without doing it: the stages, their keys and whether a completed entry would be
     reused, the resolution (with the candidate where the quantize stage's entry will be), and the server
     launches of the stages that serve."""
     from infertool.resolve import resolve
 
     chosen = selected_stages(recipe, stages)
+    force = _stages_to_rerun(force)
     root = Path(out_dir or (recipe.run.out_dir if recipe.run is not None else "runs")).expanduser()
     res0 = resolve(recipe)
     inputs, host = res0.inputs(), res0.host.to_dict()
@@ -320,7 +330,8 @@ def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Pat
     cand = root / ".stages" / f"quantize-{keys['quantize']}" / "model" if "quantize" in keys else None
     res = resolve(recipe, candidate_path=cand)
     out: dict = {"stages": {n: {"key": k, "entry": str(root / ".stages" / f"{n}-{k}"),
-                                "reuse": (root / ".stages" / f"{n}-{k}" / "stage.json").is_file()} for n, k in keys.items()},
+                                "reuse": n not in force and (root / ".stages" / f"{n}-{k}" / "stage.json").is_file()}
+                            for n, k in keys.items()},
                  "resolution": res.to_dict(), "inputs": inputs, "launches": {}}
     if "serve" in chosen:
         from infertool.serve import prepare
@@ -346,10 +357,7 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
     from infertool.recipe import recipe_to_dict
 
     chosen = selected_stages(recipe, stages)
-    force = set(force or [])
-    bad = force - set(STAGE_ORDER)
-    if bad:
-        raise UsageError(f"--force names unknown stage(s): {', '.join(sorted(bad))}")
+    force = _stages_to_rerun(force)
     root = Path(out_dir or (recipe.run.out_dir if recipe.run is not None else "runs")).expanduser()
     cache = root / ".stages"
     cache.mkdir(parents=True, exist_ok=True)

@@ -27,10 +27,11 @@ serve:
 """
 
 
-def test_version():
+def test_version(tmp_home):
     r = runner.invoke(app, ["--version"])
     assert r.exit_code == 0
-    assert r.stdout.strip() == f"infertool {__version__}"
+    assert r.stdout.splitlines()[0] == f"infertool {__version__}"
+    assert "quant: not set up" in r.stdout
 
 
 def test_help_lists_commands_and_exit_codes():
@@ -150,9 +151,14 @@ def test_env_list_json_on_an_empty_home(tmp_home):
 
 
 def test_env_doctor_with_nothing_set_up(tmp_home):
+    """An environment problem: exit 3 (README's table), with the command that fixes it."""
     r = runner.invoke(app, ["env", "doctor"])
-    assert r.exit_code == 2
-    assert "env setup" in r.stderr
+    assert r.exit_code == 3
+    assert "infertool env setup" in r.stderr
+    r = runner.invoke(app, ["env", "doctor", "--json"])
+    assert r.exit_code == 3
+    data = json.loads(r.stdout)
+    assert data["ok"] is False and data["exit_code"] == 3 and "infertool env setup" in data["hint"]
     r = runner.invoke(app, ["env", "doctor", "quant", "--json"])
     assert r.exit_code == 3
     data = json.loads(r.stdout)

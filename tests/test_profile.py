@@ -222,7 +222,7 @@ def test_nsys_refused_without_a_gpu(tmp_path):
 
     if has_cuda():
         pytest.skip("this host has a GPU")
-    r = run_cli("profile", "quickstart", "--nsys", env={"INFERTOOL_ACCELERATOR": "cpu"})
+    r = run_cli("profile", "quickstart", "--nsys", "--out", str(tmp_path / "p"), env={"INFERTOOL_ACCELERATOR": "cpu"})
     assert r.returncode == 2 and "no NVIDIA GPU" in r.stderr and "Traceback" not in r.stderr
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -180,6 +181,62 @@ def test_stop_and_status_without_servers(tmp_path, tmp_home):
     assert r.returncode == 2 and "no detached server" in r.stderr
     r = run_cli("serve", "stop", "--pid-file", str(tmp_path / "none.json"))
     assert r.returncode == 2 and "no pid file" in r.stderr
+    # stop RECIPE: the server on the recipe's serve.port
+    r = run_cli("serve", "stop", "quickstart", "--set", "serve.port=18991", "--json")
+    assert r.returncode == 2 and "server-18991.json" in json.loads(r.stdout)["message"]
+
+
+def _dead_record(tmp_home, port: int) -> Path:
+    import subprocess
+    import sys
+
+    from infertool.serve.launcher import default_pid_file
+
+    p = subprocess.Popen([sys.executable, "-c", "pass"])
+    p.wait()  # a pid that is no longer alive
+    path = default_pid_file(port)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"pid": p.pid, "pgid": p.pid, "start_time": None, "host": "127.0.0.1", "port": port,
+                                "url": f"http://127.0.0.1:{port}/v1", "model": "/m", "served_model_name": "m",
+                                "api_key_env": None, "log": "/dev/null", "started": "2026-01-01T00:00:00+00:00"}))
+    return path
+
+
+def test_stop_and_status_are_subcommands_with_their_options(tmp_home):
+    """`serve stop|status` are sub-commands of the `serve` group (RECIPE, --port, --pid-file, --all);
+    `serve RECIPE` is the default `serve run RECIPE`."""
+    from typer.testing import CliRunner
+
+    from infertool.cli import app
+
+    runner = CliRunner()
+    a, b = _dead_record(tmp_home, 18981), _dead_record(tmp_home, 18982)
+    r = runner.invoke(app, ["serve", "status", "--json"])
+    assert r.exit_code == 0, r.output
+    assert sorted(s["port"] for s in json.loads(r.stdout)["servers"]) == [18981, 18982]
+    r = runner.invoke(app, ["serve", "status", "--port", "18981", "--json"])
+    assert [s["state"] for s in json.loads(r.stdout)["servers"]] == ["dead"]
+    r = runner.invoke(app, ["serve", "stop"])  # two servers: say which
+    assert r.exit_code == 2 and "--all" in r.stderr
+    r = runner.invoke(app, ["serve", "stop", "--port", "18981", "--all"])
+    assert r.exit_code == 2 and "give one" in r.stderr
+    r = runner.invoke(app, ["serve", "stop", "quickstart", "--set", "serve.port=18981", "--json"])
+    assert r.exit_code == 0, r.output
+    assert [s["port"] for s in json.loads(r.stdout)["stopped"]] == [18981] and not a.exists() and b.exists()
+    r = runner.invoke(app, ["serve", "stop", "--all", "--json"])
+    assert r.exit_code == 0 and [s["port"] for s in json.loads(r.stdout)["stopped"]] == [18982] and not b.exists()
+    # the group: run (the default), stop, status; launch options stay on run
+    r = runner.invoke(app, ["serve", "--help"])
+    assert r.exit_code == 0 and "infertool serve RECIPE [OPTIONS] | COMMAND [ARGS]..." in r.stdout
+    assert all(f"  {c} " in r.stdout for c in ("run", "stop", "status"))
+    r = runner.invoke(app, ["serve", "run", "--help"])
+    assert all(o in r.stdout for o in ("--emit k8s", "--dry-run", "--detach", "--port PORT", "--pid-file FILE"))
+    r = runner.invoke(app, ["serve", "stop", "--help"])
+    assert "infertool serve stop [OPTIONS] [RECIPE]" in r.stdout
+    assert all(o in r.stdout for o in ("--port PORT", "--pid-file FILE", "--all"))
+    assert "--detach " not in r.stdout and "--emit" not in r.stdout
+    r = runner.invoke(app, ["serve", "quickstart", "--dry-run", "--json", "--set", "serve.port=18983"])
+    assert r.exit_code in (0, 2) and json.loads(r.stdout)["dry_run"] is True
 
 
 def test_served_model_is_the_candidate_unless_serve_model_says_otherwise(tmp_path, fake_model):

@@ -46,8 +46,12 @@ def plot_latency_throughput(report: dict, path: str | Path) -> Path:
     axes[0].legend(fontsize=7)
     fig.suptitle(f"latency vs throughput: {report.get('model', '')}")
     fig.tight_layout()
+    from infertool.atomic import atomic_path
+
     out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    try:
+        with atomic_path(out, suffix=".png") as tmp:  # a whole PNG or none
+            fig.savefig(tmp, dpi=110, format="png")
+    finally:
+        plt.close(fig)
     return out

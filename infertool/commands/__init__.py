@@ -11,6 +11,10 @@ import pkgutil
 
 import typer
 
+from infertool.commands._common import RootGroup
+
+__all__ = ["ORDER", "RootGroup", "register_all"]
+
 
 # The workflow's order in `infertool --help`; modules not listed follow in name order.
 ORDER = ["validate", "init", "recipes", "model", "profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "tune", "report", "env"]

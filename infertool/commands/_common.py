@@ -1,19 +1,215 @@
-"""What every command shares: the error handler, common options, and how usage errors are made."""
+"""What every command shares: the error handler, the common options and arguments, the command classes
+that give every command the same grammar (readable metavars, JSON usage errors, a default sub-command),
+and how usage errors are made."""
 
 from __future__ import annotations
 
 import functools
 import os
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Iterable
 
 import typer
+from typer.core import TyperCommand, TyperGroup
 
 from infertool.errors import EXIT_RUNTIME, InfertoolError, UsageError
 
-JSON_OPT = typer.Option(False, "--json", help="Print the result as JSON on stdout (progress stays on stderr).")
-SET_OPT = typer.Option(None, "--set", help="Override a recipe field before validation, e.g. --set quantize.group_size=64 (repeatable).")
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click import exceptions as _click_exceptions
+except ImportError:  # pragma: no cover - older typer on the public click
+    from click import exceptions as _click_exceptions
+
+ClickException = _click_exceptions.ClickException
+ClickUsageError = _click_exceptions.UsageError
+
+# ------------------------------------------------------------------------------------ common options
+JSON_OPT = typer.Option(False, "--json", help="Print the result as JSON on stdout (progress stays on stderr); errors too.")
+SET_OPT = typer.Option(None, "--set", metavar="KEY=VALUE",
+                       help="Override a recipe field before validation, e.g. --set quantize.group_size=64 (repeatable).")
 
 
+def complete_recipe(incomplete: str) -> list[str]:
+    """Shell completion for RECIPE: built-in recipe names, then .yaml files under the typed folder."""
+    names: list[str] = []
+    try:
+        from infertool.catalog import list_builtin
+
+        names = [r.name for r in list_builtin() if r.name.startswith(incomplete)]
+    except Exception:  # completion must never fail loudly
+        pass
+    folder, _, stem = incomplete.rpartition("/")
+    base = Path(folder or ".")
+    try:
+        for p in sorted(base.iterdir()):
+            if p.name.startswith(stem) and not p.name.startswith("."):
+                shown = f"{folder}/{p.name}" if folder else p.name
+                if p.is_dir():
+                    names.append(shown + "/")
+                elif p.suffix in (".yaml", ".yml"):
+                    names.append(shown)
+    except OSError:
+        pass
+    return names
+
+
+def recipe_arg(help: str = "Recipe file, or the name of a built-in recipe (`infertool recipes list`).") -> typer.models.ArgumentInfo:
+    return typer.Argument(..., metavar="RECIPE", help=help, autocompletion=complete_recipe)
+
+
+def out_opt(help: str, metavar: str = "DIR") -> typer.models.OptionInfo:
+    """`--out`/`-o`: where a command writes (a directory, or a file for bench's report)."""
+    return typer.Option(None, "--out", "-o", metavar=metavar, help=help)
+
+
+def force_opt(help: str = "Overwrite what is already there.") -> typer.models.OptionInfo:
+    return typer.Option(False, "--force", help=help)
+
+
+def dry_run_opt(help: str) -> typer.models.OptionInfo:
+    return typer.Option(False, "--dry-run", help=help)
+
+
+# ---------------------------------------------------------------------------------- command classes
+def _argument_name(param) -> str:
+    return param.metavar or (param.name or "").upper()
+
+
+def _argument_usage(param) -> str:
+    name = _argument_name(param)
+    if name.startswith("[") or name.startswith("{"):
+        return name
+    if not param.required:
+        name = f"[{name}]"
+    if param.nargs != 1:
+        name += "..."
+    return name
+
+
+class InfertoolCommand(TyperCommand):
+    """A command whose help reads like the README: `infertool plan [OPTIONS] RECIPE`, arguments by their
+    names (no Python types), options by their metavars (`--set KEY=VALUE`, `--out DIR`)."""
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                pieces.append(_argument_usage(param))
+        return pieces
+
+    def format_options(self, ctx, formatter) -> None:
+        args, opts = [], []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                if getattr(param, "hidden", False):
+                    continue
+                name = _argument_usage(param)
+                extra = "" if not param.required else "  [required]"
+                args.append((name, (param.help or "") + extra))
+            else:
+                rv = param.get_help_record(ctx)
+                if rv is not None:
+                    opts.append(rv)
+        if args:
+            with formatter.section("Arguments"):
+                formatter.write_dl(args)
+        if opts:
+            with formatter.section("Options"):
+                formatter.write_dl(opts)
+
+
+class DefaultCommandGroup(TyperGroup):
+    """A group whose first argument, when it is not one of its sub-commands, is the RECIPE of its default
+    sub-command: `infertool eval RECIPE ...` means `infertool eval run RECIPE ...`, `infertool serve RECIPE`
+    means `infertool serve run RECIPE`."""
+
+    default_command = "run"
+
+    def parse_args(self, ctx, args):
+        if args and args[0] not in self.commands and args[0] not in ctx.help_option_names:
+            args = [self.default_command, *args]
+        return super().parse_args(ctx, args)
+
+    def collect_usage_pieces(self, ctx) -> list[str]:
+        return ["RECIPE [OPTIONS] | COMMAND [ARGS]..."]
+
+    def shell_complete(self, ctx, incomplete: str):
+        """The first word completes to a sub-command or a RECIPE."""
+        items = super().shell_complete(ctx, incomplete)
+        if not incomplete.startswith("-"):
+            cls = type(items[0]) if items else _completion_item()
+            items += [cls(name) for name in complete_recipe(incomplete)]
+        return items
+
+
+def _completion_item():
+    try:
+        from typer._click.shell_completion import CompletionItem
+    except ImportError:  # pragma: no cover - older typer on the public click
+        from click.shell_completion import CompletionItem
+    return CompletionItem
+
+
+def wants_json(args: Iterable[str]) -> bool:
+    """Whether a command line asks for JSON (`--json` before any `--`)."""
+    for a in args:
+        if a == "--":
+            return False
+        if a == "--json":
+            return True
+    return False
+
+
+def usage_error_doc(e) -> dict:
+    """A click usage error as infertool's JSON error document."""
+    message = e.format_message() if hasattr(e, "format_message") else str(e)
+    hint = None
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None:
+        usage = " ".join(ctx.command.collect_usage_pieces(ctx))
+        what = "commands" if hasattr(ctx.command, "commands") else "options"
+        hint = f"usage: {ctx.command_path} {usage}; `{ctx.command_path} --help` lists the {what}"
+    name = "UsageError" if isinstance(e, ClickUsageError) else type(e).__name__
+    return {"ok": False, "error": name, "message": message, "hint": hint,
+            "exit_code": getattr(e, "exit_code", 2), "log_path": None}
+
+
+class RootGroup(TyperGroup):
+    """The `infertool` group: usage errors anywhere below it (a missing argument, an unknown option, a
+    bad value) are also printed as JSON on stdout when the command line has `--json`; the message for
+    people stays on stderr and the exit code stays 2."""
+
+    _json_errors = False
+    # `infertool --help` lists the commands in the workflow's order, groups among them
+    ORDER = ("validate", "recipes", "model", "profile", "plan", "quantize", "eval", "serve", "bench", "run", "tune",
+             "report", "compare", "env")
+
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (self.ORDER.index(n) if n in self.ORDER else len(self.ORDER), names.index(n)))
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        self._json_errors = wants_json(args)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except ClickException as e:
+            self._report(e)
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ClickException as e:
+            self._report(e)
+            raise
+
+    def _report(self, e) -> None:
+        if self._json_errors and not isinstance(e, _click_exceptions.NoArgsIsHelpError):
+            from infertool.output import print_json
+
+            print_json(usage_error_doc(e))
+
+
+# ------------------------------------------------------------------------------------ error handler
 def handle_errors(fn: Callable) -> Callable:
     """Every InfertoolError becomes a message, a hint and its exit code; never a traceback."""
 
@@ -28,8 +224,11 @@ def handle_errors(fn: Callable) -> Callable:
             render_error(e, as_json=as_json)
             raise typer.Exit(e.exit_code) from None
         except KeyboardInterrupt:
-            from infertool.output import err
+            from infertool.output import err, print_json
 
+            if as_json:
+                print_json({"ok": False, "error": "Interrupted", "message": "interrupted", "hint": None,
+                            "exit_code": 130, "log_path": None})
             err.print("[yellow]interrupted[/]")
             raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, SystemExit):
@@ -40,11 +239,15 @@ def handle_errors(fn: Callable) -> Callable:
             import tempfile
             import traceback
 
-            from infertool.output import err
+            from infertool.output import err, print_json
 
             fd, path = tempfile.mkstemp(prefix="infertool-crash-", suffix=".txt")
             with os.fdopen(fd, "w") as f:
                 traceback.print_exc(file=f)
+            if as_json:
+                print_json({"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}",
+                            "hint": "set INFERTOOL_DEBUG=1 to see the traceback", "exit_code": EXIT_RUNTIME,
+                            "log_path": path})
             err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}", markup=True, highlight=False)
             err.print(f"[dim]traceback saved to {path}; set INFERTOOL_DEBUG=1 to see it here[/]")
             raise typer.Exit(EXIT_RUNTIME) from None
@@ -54,3 +257,32 @@ def handle_errors(fn: Callable) -> Callable:
 
 def usage_error(message: str, hint: str | None = None) -> InfertoolError:
     return UsageError(message, hint=hint)
+
+
+def refuse_overwrite(paths: Iterable[str | Path], force: bool) -> None:
+    """Before any work: an output that is already there is replaced only with --force."""
+    if force:
+        return
+    there = [str(p) for p in paths if p is not None and Path(p).exists()]
+    if there:
+        what = f"{there[0]} already exists" if len(there) == 1 else f"{there[0]} (and {len(there) - 1} more) already exist"
+        raise UsageError(f"{what}; not overwriting it",
+                         hint="pass --force to overwrite it, or choose another destination")
+
+
+def examples(*lines: tuple[str, str] | str) -> str:
+    """An "Examples:" epilog that keeps its line breaks in `--help` (a click `\\b` paragraph)."""
+    rows = [(line, "") if isinstance(line, str) else line for line in lines]
+    width = max(len(cmd) for cmd, _ in rows)
+    if all(2 + width + 4 + len(what) <= 78 for _, what in rows):  # aligned comments fit in 78 columns
+        body = [f"  {cmd:<{width}}  # {what}" if what else f"  {cmd}" for cmd, what in rows]
+    else:  # each comment on the line above its command
+        body = [line for cmd, what in rows for line in ([f"  # {what}"] if what else []) + [f"  {cmd}"]]
+    return "\b\nExamples:\n" + "\n".join(body)
+
+
+__all__ = [
+    "ClickException", "ClickUsageError", "DefaultCommandGroup", "InfertoolCommand", "JSON_OPT", "RootGroup",
+    "SET_OPT", "complete_recipe", "dry_run_opt", "examples", "force_opt", "handle_errors", "out_opt",
+    "recipe_arg", "refuse_overwrite", "usage_error", "usage_error_doc", "wants_json",
+]

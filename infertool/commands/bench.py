@@ -7,34 +7,43 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt, recipe_arg,
+    refuse_overwrite,
+)
+
+EXAMPLES = examples(
+    ("infertool bench quickstart", "the recipe's own vLLM server, the recipe's traffic"),
+    ("infertool bench quickstart --url http://127.0.0.1:8000/v1", "a running server (only it is contacted)"),
+    ("infertool bench quickstart -o bench.json --plot bench.png", "the report and a plot as files too"),
+    ("infertool bench quickstart --dry-run", "the servers it would launch"),
+)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(
-        "bench",
-        help=(
-            "Load-test an OpenAI-compatible server (--url) or, without one, the recipe's own vLLM server: "
-            "concurrency sweep, Poisson rates, bursts, and the recipe's A/B experiments."
-        ),
-    )
+    @app.command("bench", cls=InfertoolCommand, epilog=EXAMPLES)
     @handle_errors
     def bench(
-        recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
-        url: Optional[str] = typer.Option(None, "--url", help="A running server, e.g. http://127.0.0.1:8000/v1 (only it is contacted)."),
-        model: Optional[str] = typer.Option(None, "--model", help="The model name to request (default: the server's first)."),
+        recipe: str = recipe_arg(),
+        url: Optional[str] = typer.Option(None, "--url", metavar="URL", help="A running server, e.g. http://127.0.0.1:8000/v1 (only it is contacted)."),
+        model: Optional[str] = typer.Option(None, "--model", metavar="NAME", help="The model name to request (default: the server's first)."),
         overrides: Optional[List[str]] = SET_OPT,
-        plot: Optional[Path] = typer.Option(None, "--plot", help="Write a latency-vs-throughput PNG here."),
-        output: Optional[Path] = typer.Option(None, "--output", "-o", help="Also write the JSON report to this file."),
-        dry_run: bool = typer.Option(False, "--dry-run", help="Show the servers the bench would launch (the sweep and each experiment arm); start nothing."),
+        plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Write a latency-vs-throughput PNG here."),
+        out_file: Optional[Path] = out_opt("Also write the JSON report to this file.", metavar="FILE"),
+        force: bool = force_opt("Overwrite the --out and --plot files if they exist."),
+        dry_run: bool = dry_run_opt("Show the servers the bench would launch (the sweep and each experiment arm); start nothing."),
         as_json: bool = JSON_OPT,
     ) -> None:
+        """Load-test an OpenAI-compatible server (--url) or, without one, the recipe's own vLLM server:
+        concurrency sweep, Poisson rates, bursts, and the recipe's A/B experiments."""
         from infertool.bench.run import launch_plans, run_bench
         from infertool.output import StageProgress, err, out, print_json, to_jsonable
         from infertool.recipe import load_recipe
         from infertool.resolve import resolve
 
         res = resolve(load_recipe(recipe, overrides or []))
+        if not dry_run:
+            refuse_overwrite([out_file, plot], force)
         if dry_run:
             plans = {} if url else launch_plans(res)
             if as_json:
@@ -55,11 +64,12 @@ def register(app: typer.Typer) -> None:
             from infertool.bench.plot import plot_latency_throughput
 
             report["plot"] = str(plot_latency_throughput(report, plot))
-        if output is not None:
+        if out_file is not None:
             import json
 
-            output.parent.mkdir(parents=True, exist_ok=True)
-            output.write_text(json.dumps(to_jsonable(report), indent=2) + "\n", encoding="utf-8")
+            from infertool.atomic import write_text
+
+            write_text(out_file, json.dumps(to_jsonable(report), indent=2) + "\n")
         if as_json:
             print_json({"ok": True, **report})
             return

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, handle_errors, usage_error
+from infertool.commands._common import JSON_OPT, InfertoolCommand, force_opt, handle_errors, usage_error
 
 env_app = typer.Typer(help="The managed backend environments (quant, serve, ...).", no_args_is_help=True)
 
@@ -17,13 +17,13 @@ def register(app: typer.Typer) -> None:
 
 
 # ---------------------------------------------------------------------------------------------- env
-@env_app.command("setup")
+@env_app.command("setup", cls=InfertoolCommand)
 @handle_errors
 def env_setup(
-    names: Optional[List[str]] = typer.Argument(None, help="Environments to set up (default: quant serve)."),
-    force: bool = typer.Option(False, "--force", help="Rebuild even when the environment is up to date."),
-    variant: Optional[str] = typer.Option(None, "--variant", help="cpu or cuda (default: detected from the host)."),
-    requirements: Optional[Path] = typer.Option(None, "--requirements", "-r", help="Define a custom environment NAME from a requirements file."),
+    names: Optional[List[str]] = typer.Argument(None, metavar="NAME", help="Environments to set up (default: quant serve)."),
+    force: bool = force_opt("Rebuild even when the environment is up to date."),
+    variant: Optional[str] = typer.Option(None, "--variant", metavar="cpu|cuda", help="Default: detected from the host."),
+    requirements: Optional[Path] = typer.Option(None, "--requirements", "-r", metavar="FILE", help="Define a custom environment NAME from a requirements file."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Create the managed environments (idempotent: an up-to-date one is left alone)."""
@@ -45,7 +45,7 @@ def env_setup(
         print_json(results)
 
 
-@env_app.command("list")
+@env_app.command("list", cls=InfertoolCommand)
 @handle_errors
 def env_list(as_json: bool = JSON_OPT) -> None:
     """Show every environment, its state and key package versions."""
@@ -74,24 +74,26 @@ def env_list(as_json: bool = JSON_OPT) -> None:
     out.print(table)
 
 
-@env_app.command("doctor")
+@env_app.command("doctor", cls=InfertoolCommand)
 @handle_errors
 def env_doctor(
-    names: Optional[List[str]] = typer.Argument(None, help="Environments to check (default: all that exist)."),
+    names: Optional[List[str]] = typer.Argument(None, metavar="NAME", help="Environments to check (default: all that exist)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Check environments: imports, versions, drift since setup, broken requirements."""
     from rich.table import Table
 
     from infertool.envs.manage import doctor
+    from infertool.envs.paths import envs_root
     from infertool.envs.state import list_envs
-    from infertool.errors import EXIT_BACKEND
+    from infertool.errors import EXIT_BACKEND, EnvNotReady
     from infertool.output import err, out, print_json
 
     if not names:
         names = [s.name for s in list_envs() if s.status != "missing"]
-        if not names:
-            raise usage_error("no environment is set up yet", hint="run `infertool env setup quant serve`")
+        if not names:  # an environment problem (exit 3), not a usage one
+            raise EnvNotReady(f"no environment is set up yet (in {envs_root()})",
+                              hint="run `infertool env setup` (quant and serve)")
     reports = []
     for name in names:
         with err.status(f"checking {name} ..."):
@@ -117,15 +119,19 @@ def env_doctor(
         raise typer.Exit(EXIT_BACKEND)
 
 
-@env_app.command("remove")
+@env_app.command("remove", cls=InfertoolCommand)
 @handle_errors
-def env_remove(names: List[str] = typer.Argument(..., help="Environments to remove.")) -> None:
+def env_remove(
+    names: List[str] = typer.Argument(..., metavar="NAME", help="Environments to remove."),
+    as_json: bool = JSON_OPT,
+) -> None:
     """Delete environments (they can be set up again at any time)."""
     from infertool.envs.manage import remove_env
-    from infertool.output import err
+    from infertool.output import err, print_json
 
-    for name in names:
-        if remove_env(name):
-            err.print(f"[green]✓[/] removed {name}")
-        else:
-            err.print(f"{name}: not present")
+    done = {name: remove_env(name) for name in names}
+    if as_json:
+        print_json({"removed": [n for n, ok in done.items() if ok], "not_present": [n for n, ok in done.items() if not ok]})
+        return
+    for name, ok in done.items():
+        err.print(f"[green]✓[/] removed {name}" if ok else f"{name}: not present")

@@ -15,25 +15,30 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from typer.core import TyperGroup
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, DefaultCommandGroup, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt,
+    recipe_arg, refuse_overwrite,
+)
 
-
-class _DefaultRun(TyperGroup):
-    """`infertool eval RECIPE ...` means `infertool eval run RECIPE ...`."""
-
-    def parse_args(self, ctx, args):
-        if args and args[0] not in self.commands and args[0] not in ("-h", "--help"):
-            args = ["run", *args]
-        return super().parse_args(ctx, args)
-
+EXAMPLES = examples(
+    ("infertool eval quickstart", "the quantize output against model.source"),
+    ("infertool eval quickstart --suite synthetic-mc --engine vllm", "accuracy as served"),
+    ("infertool eval llama3.3-70b-w4a16-tp4 --dry-run", "what is compared, the vLLM launches"),
+    ("infertool eval quickstart --engine openai --url http://127.0.0.1:8000/v1 --base orig --candidate quant",
+     "two models on a running server"),
+    ("infertool eval quickstart --json --allow-inconclusive", "for CI: exit 1 only on FAIL"),
+    ("infertool eval suites", "the built-in suites"),
+    ("infertool eval export-lm-eval synthetic-mc out/lm-eval", "the same items for lm-evaluation-harness"),
+)
 
 eval_app = typer.Typer(
-    cls=_DefaultRun,
+    cls=DefaultCommandGroup,
     help="Score the quantized model against its original: KLD, top-1 agreement, perplexity, paired accuracy, "
-    "and a PASS/FAIL/INCONCLUSIVE verdict. `infertool eval RECIPE` runs it.",
+    "and a PASS/FAIL/INCONCLUSIVE verdict. `infertool eval RECIPE` is `infertool eval run RECIPE` "
+    "(`infertool eval run --help` lists its options).",
     no_args_is_help=True,
+    epilog=EXAMPLES,
 )
 
 
@@ -41,28 +46,32 @@ def register(app: typer.Typer) -> None:
     app.add_typer(eval_app, name="eval")
 
 
-@eval_app.command("run")
+@eval_app.command("run", cls=InfertoolCommand, epilog=EXAMPLES)
 @handle_errors
 def eval_run(
-    recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
-    suite: Optional[str] = typer.Option(None, "--suite", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite."),
-    base: Optional[str] = typer.Option(None, "--base", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source."),
-    candidate: Optional[str] = typer.Option(None, "--candidate", help="The quantized model directory (a served name with --engine openai). Default: quantize.output."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url)."),
-    url: Optional[str] = typer.Option(None, "--url", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1."),
-    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", help="A second server for the candidate (engine openai); default: --url."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP."),
-    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, help="Score at most N items (windows for perplexity) per task."),
-    preset: Optional[str] = typer.Option(None, "--preset", help="Acceptance preset: strict | standard | lenient (explicit eval.accept gates still apply)."),
+    recipe: str = recipe_arg(),
+    suite: Optional[str] = typer.Option(None, "--suite", metavar="SUITE", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite."),
+    base: Optional[str] = typer.Option(None, "--base", metavar="MODEL", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source."),
+    candidate: Optional[str] = typer.Option(None, "--candidate", metavar="MODEL", help="The quantized model directory (a served name with --engine openai). Default: quantize.output."),
+    engine: Optional[str] = typer.Option(None, "--engine", metavar="hf|vllm|openai", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url)."),
+    url: Optional[str] = typer.Option(None, "--url", metavar="URL", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1."),
+    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url."),
+    out_dir: Optional[Path] = out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP."),
+    force: bool = force_opt("Replace earlier results in the --out directory."),
+    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, metavar="N", help="Score at most N items (windows for perplexity) per task."),
+    preset: Optional[str] = typer.Option(None, "--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply)."),
     allow_inconclusive: bool = typer.Option(False, "--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would be compared and, for the vllm engine, the exact server launches; run nothing."),
+    dry_run: bool = dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Score candidate against base on a suite and print the verdict (exit 0 PASS, 1 FAIL or INCONCLUSIVE)."""
-    from infertool.evaluate.core import EvalSpec, run_eval
+    from infertool.evaluate.core import RESULTS_FILE, EvalSpec, run_eval
     from infertool.output import StageProgress, print_json
     from infertool.recipe import EvalSection, load_recipe
+
+    if out_dir is not None and not dry_run:
+        refuse_overwrite([out_dir / RESULTS_FILE], force)
 
     sets = list(overrides or [])
     for flag, key, value in (("--suite", "eval.suite", suite), ("--engine", "eval.engine", engine), ("--url", "eval.url", url),
@@ -193,7 +202,7 @@ def render(doc: dict) -> None:
     out.print(f"verdict: [{style[doc['verdict']]}]{doc['verdict']}[/] — {doc['reason']}", soft_wrap=True)
 
 
-@eval_app.command("suites")
+@eval_app.command("suites", cls=InfertoolCommand)
 @handle_errors
 def eval_suites(as_json: bool = JSON_OPT) -> None:
     """List the built-in eval suites."""
@@ -215,18 +224,19 @@ def eval_suites(as_json: bool = JSON_OPT) -> None:
     out.print(tab)
 
 
-@eval_app.command("export-lm-eval")
+@eval_app.command("export-lm-eval", cls=InfertoolCommand)
 @handle_errors
 def eval_export(
-    suite: str = typer.Argument(..., help="A built-in suite name or a suite YAML path."),
-    dest: Path = typer.Argument(..., help="Directory to write the lm-eval task YAMLs and their data into."),
+    suite: str = typer.Argument(..., metavar="SUITE", help="A built-in suite name or a suite YAML path."),
+    dest: Path = typer.Argument(..., metavar="DIR", help="Directory to write the lm-eval task YAMLs and their data into (created if needed)."),
+    force: bool = force_opt("Overwrite task files already in DIR."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write a suite as lm-evaluation-harness tasks (dataset_path: json), to run the same items there."""
     from infertool.evaluate.lm_eval_export import export_lm_eval
     from infertool.output import err, print_json
 
-    res = export_lm_eval(suite, dest)
+    res = export_lm_eval(suite, dest, force=force)
     if as_json:
         print_json(res)
         return

@@ -7,7 +7,7 @@ from typing import Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, handle_errors, usage_error
+from infertool.commands._common import JSON_OPT, InfertoolCommand, force_opt, handle_errors, usage_error
 
 model_app = typer.Typer(help="Model sources: import a GGUF or the bundled model, show a model's facts.", no_args_is_help=True)
 
@@ -17,14 +17,14 @@ def register(app: typer.Typer) -> None:
 
 
 # -------------------------------------------------------------------------------------------- model
-@model_app.command("import")
+@model_app.command("import", cls=InfertoolCommand)
 @handle_errors
 def model_import(
-    source: str = typer.Argument(..., help="bundled:smollm2-135m or a .gguf file."),
-    dest: Path = typer.Argument(..., help="Directory to write the Hugging Face model to."),
-    layers: Optional[int] = typer.Option(None, "--layers", min=1, help="Keep only the first N decoder layers (test fixtures)."),
-    dtype: str = typer.Option("bf16", "--dtype", help="bf16, fp16 or fp32."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing DEST."),
+    source: str = typer.Argument(..., metavar="SOURCE", help="bundled:smollm2-135m or a .gguf file."),
+    dest: Path = typer.Argument(..., metavar="DIR", help="Directory to write the Hugging Face model to."),
+    layers: Optional[int] = typer.Option(None, "--layers", min=1, metavar="N", help="Keep only the first N decoder layers (test fixtures)."),
+    dtype: str = typer.Option("bf16", "--dtype", metavar="bf16|fp16|fp32", help="The saved weights' dtype."),
+    force: bool = force_opt("Replace an existing DIR."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Convert a GGUF (or the bundled model) into a safetensors directory with tokenizer and chat template."""
@@ -46,10 +46,10 @@ def model_import(
               f"{'reused cached conversion' if resolved.cached else 'converted'})")
 
 
-@model_app.command("info")
+@model_app.command("info", cls=InfertoolCommand)
 @handle_errors
 def model_info_cmd(
-    path: str = typer.Argument(..., help="A Hugging Face model directory (or bundled:NAME once imported)."),
+    path: str = typer.Argument(..., metavar="MODEL", help="A Hugging Face model directory (or bundled:NAME once imported)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Architecture facts later stages need, read from config.json and safetensors headers (no weights loaded)."""

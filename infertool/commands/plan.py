@@ -6,18 +6,27 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors
+from infertool.commands._common import JSON_OPT, SET_OPT, InfertoolCommand, examples, handle_errors, recipe_arg
 
 
 def register(app: typer.Typer) -> None:
-    app.command("plan")(handle_errors(plan))
+    app.command("plan", cls=InfertoolCommand, epilog=EXAMPLES)(handle_errors(plan))
+
+
+EXAMPLES = examples(
+    ("infertool plan quickstart", "this host: weights, KV cache, concurrency, roofline"),
+    ("infertool plan llama3.3-70b-w4a16-tp4", "the recipe's target GPUs, from any machine"),
+    ("infertool plan quickstart --gpu L4", "the same recipe on another GPU"),
+    ("infertool plan quickstart --set serve.max_model_len=8192", "what a longer context costs"),
+    ("infertool plan quickstart --json", "exit 1 when it does not fit"),
+)
 
 
 def plan(
-    recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Plan for this GPU instead of target.gpu (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090)."),
-    memory: Optional[float] = typer.Option(None, "--memory", min=0.1, help="Plan for a GPU with this much memory (GiB)."),
-    context: Optional[int] = typer.Option(None, "--context", min=1, help="Context length for the roofline bound (default: from bench, else max_model_len/2)."),
+    recipe: str = recipe_arg(),
+    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="GPU", help="Plan for this GPU instead of target.gpu (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090)."),
+    memory: Optional[float] = typer.Option(None, "--memory", min=0.1, metavar="GIB", help="Plan for a GPU with this much memory (GiB)."),
+    context: Optional[int] = typer.Option(None, "--context", min=1, metavar="TOKENS", help="Context length for the roofline bound (default: from bench, else max_model_len/2)."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:

@@ -2,15 +2,27 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors, usage_error
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, InfertoolCommand, examples, force_opt, handle_errors, out_opt, recipe_arg, refuse_overwrite,
+    usage_error,
+)
+
+EXAMPLES = examples(
+    ("infertool profile quickstart", "memory- or compute-bound here, per phase"),
+    ("infertool profile quickstart --batch 1,8,32 --prompt-len 128,512", "other shapes"),
+    ("infertool profile quickstart --engine vllm", "vLLM's server, driven at each shape"),
+    ("infertool profile quickstart -o out/prof --force", "into another directory, replacing it"),
+    ("infertool profile llama3.1-8b-w4a16-h100 --nsys", "kernel classes under Nsight Systems (CUDA)"),
+)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("profile")(handle_errors(profile))
+    app.command("profile", cls=InfertoolCommand, epilog=EXAMPLES)(handle_errors(profile))
 
 
 def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
@@ -26,13 +38,14 @@ def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
 
 
 def profile(
-    recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
-    engine: Optional[str] = typer.Option(None, "--engine", help="hf (transformers, in the quant env) or vllm (vLLM's server, driven at each shape). Default: profile.engine."),
-    batch: Optional[str] = typer.Option(None, "--batch", help="Decode batch sizes, e.g. 1,4,16 (default: profile.batch)."),
-    prompt_len: Optional[str] = typer.Option(None, "--prompt-len", help="Prefill lengths, e.g. 128,512 (default: profile.prompt_len)."),
-    decode_len: Optional[int] = typer.Option(None, "--decode-len", min=2, help="Decode steps timed per batch size."),
-    model: Optional[str] = typer.Option(None, "--model", help="Profile this model instead of model.source."),
-    out: Optional[str] = typer.Option(None, "--out", help="Directory for profile.json and roofline.png (default: out/<recipe>-profile)."),
+    recipe: str = recipe_arg(),
+    engine: Optional[str] = typer.Option(None, "--engine", metavar="hf|vllm", help="hf (transformers, in the quant env) or vllm (vLLM's server, driven at each shape). Default: profile.engine."),
+    batch: Optional[str] = typer.Option(None, "--batch", metavar="N,N,...", help="Decode batch sizes, e.g. 1,4,16 (default: profile.batch)."),
+    prompt_len: Optional[str] = typer.Option(None, "--prompt-len", metavar="N,N,...", help="Prefill lengths, e.g. 128,512 (default: profile.prompt_len)."),
+    decode_len: Optional[int] = typer.Option(None, "--decode-len", min=2, metavar="N", help="Decode steps timed per batch size."),
+    model: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help="Profile this model instead of model.source."),
+    out: Optional[str] = out_opt("Directory for profile.json and roofline.png (default: out/<recipe>-profile)."),
+    force: bool = force_opt("Replace an earlier profile in the output directory."),
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure this machine's peaks again (they are cached)."),
     nsys: Optional[bool] = typer.Option(None, "--nsys/--no-nsys", help="Run the measured workload under Nsight Systems and "
                                         "classify its kernels (CUDA hosts with nsys on PATH). Default: profile.nsys."),
@@ -45,10 +58,12 @@ def profile(
     from infertool.recipe import load_recipe
 
     r = load_recipe(recipe, overrides or [])
+    out = out or f"out/{r.name}-profile"
+    refuse_overwrite([Path(out) / "profile.json"], force)
     with StageProgress("profile", quiet=as_json) as progress:
         result = run_profile(
             r, model=model, engine=engine, batch=_ints(batch, "--batch"), prompt_len=_ints(prompt_len, "--prompt-len"),
-            decode_len=decode_len, nsys=nsys, out_dir=out or f"out/{r.name}-profile", remeasure=remeasure, on_event=progress.on_event,
+            decode_len=decode_len, nsys=nsys, out_dir=out, remeasure=remeasure, on_event=progress.on_event,
         )
     if as_json:
         print_json(result.to_dict())

@@ -7,17 +7,25 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors
+from infertool.commands._common import JSON_OPT, SET_OPT, InfertoolCommand, examples, handle_errors, out_opt, recipe_arg
+
+EXAMPLES = examples(
+    ("infertool quantize quickstart", "GPTQ 4-bit g64 of the bundled model"),
+    ("infertool quantize quickstart --check", "preflight only: seconds, no weights loaded"),
+    ("infertool quantize quickstart --set quantize.group_size=32 -o out/q32", "another group size, elsewhere"),
+    ("infertool quantize quickstart --force", "replace an existing output"),
+    ("infertool quantize smollm2-w8-cpu --no-verify --json", "W8A8 int8 without the vLLM load check"),
+)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command("quantize")
+    @app.command("quantize", cls=InfertoolCommand, epilog=EXAMPLES)
     @handle_errors
     def quantize_cmd(
-        recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
+        recipe: str = recipe_arg(),
         overrides: Optional[List[str]] = SET_OPT,
-        out: Optional[Path] = typer.Option(None, "--out", help="Output directory (default: quantize.output, else out/<recipe name>-<method>)."),
-        check: bool = typer.Option(False, "--check", help="Run the preflight checks only; load no weights."),
+        out: Optional[Path] = out_opt("Output directory (default: quantize.output, else out/<recipe name>-<method>)."),
+        check: bool = typer.Option(False, "--check", "--dry-run", help="Run the preflight checks only (and show the load check's launches); load no weights."),
         verify: Optional[bool] = typer.Option(None, "--verify/--no-verify", help="Load the result in vLLM and compare greedy output with the original (default: on when the serve environment is set up)."),
         force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
         as_json: bool = JSON_OPT,

@@ -3,26 +3,24 @@
 from __future__ import annotations
 
 import sys
-
-from pathlib import Path
 from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors
+from infertool.commands._common import JSON_OPT, SET_OPT, InfertoolCommand, force_opt, handle_errors, recipe_arg
 
 recipes_app = typer.Typer(help="The built-in recipes: list, show, copy.", no_args_is_help=True)
 
 
 def register(app: typer.Typer) -> None:
-    app.command()(validate)
+    app.command("validate", cls=InfertoolCommand)(validate)
     app.add_typer(recipes_app, name="recipes")
 
 
 # ----------------------------------------------------------------------------------------- validate
 @handle_errors
 def validate(
-    recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
+    recipe: str = recipe_arg(),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -39,7 +37,7 @@ def validate(
 
 
 # ------------------------------------------------------------------------------------------ recipes
-@recipes_app.command("list")
+@recipes_app.command("list", cls=InfertoolCommand)
 @handle_errors
 def recipes_list(as_json: bool = JSON_OPT) -> None:
     """List the built-in recipes."""
@@ -60,25 +58,47 @@ def recipes_list(as_json: bool = JSON_OPT) -> None:
     out.print(table)
 
 
-@recipes_app.command("show")
+def _complete_name(incomplete: str) -> list[str]:
+    from infertool.catalog import list_builtin
+
+    return [r.name for r in list_builtin() if r.name.startswith(incomplete)]
+
+
+NAME_ARG = typer.Argument(..., metavar="NAME", help="A built-in recipe's name (`infertool recipes list`).",
+                          autocompletion=_complete_name)
+
+
+@recipes_app.command("show", cls=InfertoolCommand)
 @handle_errors
-def recipes_show(name: str = typer.Argument(..., help="A built-in recipe's name.")) -> None:
-    """Print a built-in recipe's YAML."""
+def recipes_show(name: str = NAME_ARG, as_json: bool = JSON_OPT) -> None:
+    """Print a built-in recipe's YAML (with --json: its name, path, description and text)."""
     from infertool.catalog import get_builtin
 
-    sys.stdout.write(get_builtin(name).path.read_text(encoding="utf-8"))
+    recipe = get_builtin(name)
+    text = recipe.path.read_text(encoding="utf-8")
+    if as_json:
+        from infertool.output import print_json
+
+        print_json({"name": recipe.name, "path": str(recipe.path), "description": recipe.description, "yaml": text})
+        return
+    sys.stdout.write(text)
 
 
-@recipes_app.command("copy")
+@recipes_app.command("copy", cls=InfertoolCommand)
 @handle_errors
 def recipes_copy(
-    name: str = typer.Argument(..., help="A built-in recipe's name."),
-    dest: Path = typer.Argument(..., help="A directory, or the file to write."),
-    force: bool = typer.Option(False, "--force", help="Overwrite an existing file."),
+    name: str = NAME_ARG,
+    dest: str = typer.Argument(..., metavar="DEST", help="The file to write, or a folder to copy into: an existing "
+                               "directory, or a path ending in '/' (created)."),
+    force: bool = force_opt("Overwrite an existing file."),
+    as_json: bool = JSON_OPT,
 ) -> None:
-    """Copy a built-in recipe to edit it."""
+    """Copy a built-in recipe to edit it (written whole: a temporary file, then a rename)."""
     from infertool.catalog import copy_builtin
-    from infertool.output import err
+    from infertool.output import err, print_json
 
     path = copy_builtin(name, dest, force=force)
+    if as_json:
+        print_json({"ok": True, "recipe": name, "path": str(path)})
+        return
     err.print(f"[green]✓[/] wrote {path}")

@@ -4,16 +4,16 @@ from __future__ import annotations
 
 import typer
 
-from infertool.commands._common import JSON_OPT, handle_errors
+from infertool.commands._common import JSON_OPT, InfertoolCommand, handle_errors
 
 
 def register(app: typer.Typer) -> None:
-    app.command("report")(handle_errors(report))
-    app.command("compare")(handle_errors(compare))
+    app.command("report", cls=InfertoolCommand)(handle_errors(report))
+    app.command("compare", cls=InfertoolCommand)(handle_errors(compare))
 
 
 def report(
-    run_dir: str = typer.Argument(..., help="A run directory written by `infertool run`."),
+    run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory written by `infertool run`."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write report.md and a self-contained report.html (plots embedded) into the run directory."""
@@ -28,8 +28,8 @@ def report(
 
 
 def compare(
-    run_a: str = typer.Argument(..., help="The first run directory."),
-    run_b: str = typer.Argument(..., help="The second run directory."),
+    run_a: str = typer.Argument(..., metavar="RUN_A", help="The first run directory."),
+    run_b: str = typer.Argument(..., metavar="RUN_B", help="The second run directory."),
     all_rows: bool = typer.Option(False, "--all", help="Show unchanged figures too."),
     as_json: bool = JSON_OPT,
 ) -> None:

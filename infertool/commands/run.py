@@ -6,19 +6,34 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors, usage_error
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, handle_errors, out_opt, recipe_arg, usage_error,
+)
+
+EXAMPLES = examples(
+    ("infertool run quickstart", "model -> quantize -> eval -> profile -> serve -> bench"),
+    ("infertool run quickstart --stages model,quantize,eval", "a subset (dependencies come along)"),
+    ("infertool run quickstart --rerun eval", "run a stage again though its inputs did not change"),
+    ("infertool run quickstart --dry-run", "what would run, be reused, be served"),
+    ("infertool run quickstart -o /data/runs --json", "elsewhere, for scripts"),
+)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("run")(handle_errors(run))
+    app.command("run", cls=InfertoolCommand, epilog=EXAMPLES)(handle_errors(run))
+
+
+def _split(values: Optional[List[str]]) -> list[str]:
+    return [s.strip() for v in values or [] for s in v.split(",") if s.strip()]
 
 
 def run(
-    recipe: str = typer.Argument(..., help="Recipe file, or the name of a built-in recipe."),
-    stages: Optional[str] = typer.Option(None, "--stages", help="Comma-separated subset: model,quantize,eval,profile,serve,bench (dependencies come along)."),
-    force: Optional[List[str]] = typer.Option(None, "--force", help="Re-run this stage even if a completed one matches (repeatable)."),
-    out: Optional[str] = typer.Option(None, "--out", help="Where run directories go (default: run.out_dir, else runs/)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show the stages, which would be reused, what is served and the server launches; run nothing."),
+    recipe: str = recipe_arg(),
+    stages: Optional[str] = typer.Option(None, "--stages", metavar="STAGE,...", help="Comma-separated subset: model,quantize,eval,profile,serve,bench (dependencies come along)."),
+    rerun: Optional[List[str]] = typer.Option(None, "--rerun", metavar="STAGE", help="Run this stage again even if a completed one matches (repeatable, or STAGE,STAGE)."),
+    force_stages: Optional[List[str]] = typer.Option(None, "--force", metavar="STAGE", hidden=True, help="Old name of --rerun."),
+    out: Optional[str] = out_opt("Where run directories go (default: run.out_dir, else runs/)."),
+    dry_run: bool = dry_run_opt("Show the stages, which would be reused, what is served and the server launches; run nothing."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -34,8 +49,9 @@ def run(
     chosen = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     if stages is not None and not chosen:
         raise usage_error("--stages is empty", hint="e.g. --stages model,quantize,eval")
+    again = _split(rerun) + _split(force_stages)
     if dry_run:
-        plan = plan_pipeline(r, stages=chosen, out_dir=out)
+        plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again)
         if as_json:
             print_json({"dry_run": True, **plan})
             return
@@ -57,7 +73,7 @@ def run(
         err.print(f"[{style}]{name}: {status}[/]{secs}", soft_wrap=True)
 
     with StageProgress("run", quiet=as_json) as progress:
-        result = run_pipeline(r, stages=chosen, force=list(force or []), out_dir=out, on_event=progress.on_event, on_stage=on_stage)
+        result = run_pipeline(r, stages=chosen, force=again, out_dir=out, on_event=progress.on_event, on_stage=on_stage)
     if as_json:
         print_json({"ok": result.ok, "run_dir": result.run_dir, "exit_code": result.exit_code, "stages": result.stages})
     else:

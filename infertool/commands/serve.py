@@ -1,4 +1,5 @@
-"""`infertool serve RECIPE | stop | status`: vLLM's OpenAI-compatible server from the recipe."""
+"""`infertool serve RECIPE` (the default sub-command `run`), `infertool serve stop|status`: vLLM's
+OpenAI-compatible server from the recipe, and the servers started with --detach."""
 
 from __future__ import annotations
 
@@ -7,48 +8,96 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors, usage_error
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, DefaultCommandGroup, InfertoolCommand, complete_recipe, dry_run_opt, examples, handle_errors,
+    recipe_arg, usage_error,
+)
 
-_ACTIONS = ("stop", "status")
+EXAMPLES = examples(
+    ("infertool serve quickstart", "the quantized model, the recipe's settings; Ctrl-C stops"),
+    ("infertool serve quickstart --dry-run", "the exact vLLM command and environment"),
+    ("infertool serve quickstart --detach --port 8001", "return once ready; it keeps running"),
+    ("infertool serve status", "the detached servers"),
+    ("infertool serve stop quickstart", "the one on the recipe's serve.port"),
+    ("infertool serve stop --all", "every detached server"),
+    ("infertool serve llama3.3-70b-w4a16-tp4 --emit k8s > vllm.yaml", "a Kubernetes Deployment + Service"),
+)
+
+serve_app = typer.Typer(
+    cls=DefaultCommandGroup,
+    help="vLLM's OpenAI-compatible server from the recipe's serve section (in the serve environment). "
+    "`infertool serve RECIPE` is `infertool serve run RECIPE` (`infertool serve run --help` lists its options); "
+    "`stop` and `status` manage the servers started with --detach.",
+    no_args_is_help=True,
+    epilog=EXAMPLES,
+)
+
+PORT_OPT = typer.Option(None, "--port", metavar="PORT", min=1, max=65535,
+                        help="The server on this port.")
+PID_FILE_OPT = typer.Option(None, "--pid-file", metavar="FILE", help="The server recorded in this pid file.")
+MANAGED_RECIPE = typer.Argument(None, metavar="RECIPE", help="The server on this recipe's serve.port.",
+                                autocompletion=complete_recipe)
 
 
 def register(app: typer.Typer) -> None:
-    @app.command(
-        "serve",
-        help=(
-            "Launch vLLM's OpenAI-compatible server from the recipe's serve section (in the serve "
-            "environment); `serve stop` / `serve status` manage servers started with --detach."
-        ),
-    )
-    @handle_errors
-    def serve(
-        target: str = typer.Argument(..., metavar="RECIPE|stop|status",
-                                     help="A recipe file or built-in recipe name; or `stop` / `status`."),
-        recipe_arg: Optional[str] = typer.Argument(None, metavar="[RECIPE]",
-                                                   help="With stop/status: the recipe whose serve.port to use."),
-        overrides: Optional[List[str]] = SET_OPT,
-        dry_run: bool = typer.Option(False, "--dry-run", help="Print the exact command and environment; start nothing."),
-        detach: bool = typer.Option(False, "--detach", help="Return once the server is ready; it keeps running (pid file)."),
-        pid_file: Optional[Path] = typer.Option(None, "--pid-file", help="Where --detach writes, and stop/status read, the pid file."),
-        port: Optional[int] = typer.Option(None, "--port", help="The port: where the server listens (overrides serve.port); stop/status: the server on this port."),
-        all_: bool = typer.Option(False, "--all", help="stop: every detached server."),
-        timeout: Optional[float] = typer.Option(None, "--timeout", help="Start-up timeout in seconds (default serve.startup_timeout_s)."),
-        log: Optional[Path] = typer.Option(None, "--log", help="The server log file (default under $INFERTOOL_HOME/logs)."),
-        force: bool = typer.Option(False, "--force", help="Launch even when the lint finds errors."),
-        emit: Optional[str] = typer.Option(None, "--emit", help="k8s: print Kubernetes manifests for the recipe instead of launching."),
-        as_json: bool = JSON_OPT,
-    ) -> None:
-        if emit is not None:
-            if target in _ACTIONS or emit != "k8s":
-                raise usage_error(f"--emit {emit!r}: only `infertool serve RECIPE --emit k8s` exists")
-            _emit_k8s(target, _with_port(overrides, port))
-            return
-        if target in _ACTIONS:
-            _manage(target, recipe_arg, overrides, port, pid_file, all_, as_json)
-            return
-        if recipe_arg is not None:
-            raise usage_error(f"unexpected argument {recipe_arg!r}", hint="infertool serve RECIPE [--set k=v] [--dry-run] [--detach]")
-        _launch(target, _with_port(overrides, port), dry_run, detach, pid_file, timeout, log, force, as_json)
+    app.add_typer(serve_app, name="serve")
+
+
+@serve_app.command("run", cls=InfertoolCommand, epilog=EXAMPLES)
+@handle_errors
+def serve_run(
+    recipe: str = recipe_arg(),
+    overrides: Optional[List[str]] = SET_OPT,
+    port: Optional[int] = typer.Option(None, "--port", metavar="PORT", min=1, max=65535,
+                                       help="Listen on this port (overrides serve.port)."),
+    dry_run: bool = dry_run_opt("Print the exact command and environment; start nothing."),
+    detach: bool = typer.Option(False, "--detach", help="Return once the server is ready; it keeps running (pid file)."),
+    pid_file: Optional[Path] = typer.Option(None, "--pid-file", metavar="FILE",
+                                            help="Where --detach records the server (default under $INFERTOOL_HOME)."),
+    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS",
+                                            help="Start-up timeout (default serve.startup_timeout_s)."),
+    log: Optional[Path] = typer.Option(None, "--log", metavar="FILE", help="The server log file (default under $INFERTOOL_HOME/logs)."),
+    force: bool = typer.Option(False, "--force", help="Launch even when the lint finds errors."),
+    emit: Optional[str] = typer.Option(None, "--emit", metavar="k8s", help="Print Kubernetes manifests for the recipe instead of launching."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Launch vLLM's OpenAI-compatible server from the recipe's serve section; Ctrl-C (or SIGTERM) stops it,
+    --detach leaves it running."""
+    if emit is not None:
+        if emit != "k8s":
+            raise usage_error(f"--emit {emit!r}: only `--emit k8s` exists")
+        _emit_k8s(recipe, _with_port(overrides, port))
+        return
+    _launch(recipe, _with_port(overrides, port), dry_run, detach, pid_file, timeout, log, force, as_json)
+
+
+@serve_app.command("stop", cls=InfertoolCommand)
+@handle_errors
+def serve_stop(
+    recipe: Optional[str] = MANAGED_RECIPE,
+    port: Optional[int] = PORT_OPT,
+    pid_file: Optional[Path] = PID_FILE_OPT,
+    all_: bool = typer.Option(False, "--all", help="Stop every detached server."),
+    overrides: Optional[List[str]] = SET_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """Stop a server started with --detach: the one on RECIPE's serve.port, on --port, or in --pid-file;
+    without any of them, the only detached server (--all: every one)."""
+    _manage("stop", recipe, overrides, port, pid_file, all_, as_json)
+
+
+@serve_app.command("status", cls=InfertoolCommand)
+@handle_errors
+def serve_status(
+    recipe: Optional[str] = MANAGED_RECIPE,
+    port: Optional[int] = PORT_OPT,
+    pid_file: Optional[Path] = PID_FILE_OPT,
+    all_: bool = typer.Option(False, "--all", help="Every detached server (the default without RECIPE, --port or --pid-file)."),
+    overrides: Optional[List[str]] = SET_OPT,
+    as_json: bool = JSON_OPT,
+) -> None:
+    """The servers started with --detach: URL, state, pid, model, log."""
+    _manage("status", recipe, overrides, port, pid_file, all_, as_json)
 
 
 def _with_port(overrides, port: int | None) -> list[str]:
@@ -140,7 +189,7 @@ def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool,
 
         if record_alive(read_pid_file(pid_path)):
             raise UsageError(f"a detached server is already recorded in {pid_path}",
-                             hint="`infertool serve stop` first, or give another --pid-file")
+                             hint=f"`infertool serve stop --pid-file {pid_path}` first, or give another --pid-file")
     server = Server(plan.spec, log or default_log_path(plan.spec.port))
 
     def on_term(signum, frame):  # SIGTERM: same clean shutdown as Ctrl-C
@@ -186,22 +235,28 @@ def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool,
         signal.signal(signal.SIGTERM, previous)
 
 
-def _manage(action: str, recipe_arg: str | None, overrides, port: int | None, pid_file: Path | None,
+def _manage(action: str, recipe: str | None, overrides, port: int | None, pid_file: Path | None,
             all_: bool, as_json: bool) -> None:
     from rich.table import Table
 
     from infertool.output import err, out, print_json
     from infertool.serve.launcher import default_pid_file, list_pid_files, status_of, stop_detached
 
+    chosen = [what for what, v in (("RECIPE", recipe), ("--port", port), ("--pid-file", pid_file)) if v is not None]
+    if len(chosen) > 1 or (all_ and chosen):
+        raise usage_error(f"{' and '.join(chosen + (['--all'] if all_ else []))} each choose servers: give one",
+                          hint=f"infertool serve {action} [RECIPE | --port PORT | --pid-file FILE | --all]")
+    if overrides and recipe is None:
+        raise usage_error("--set changes a RECIPE: give the recipe too", hint=f"infertool serve {action} RECIPE --set serve.port=N")
     if pid_file is not None:
         files = [pid_file]
     elif port is not None:
         files = [default_pid_file(port)]
-    elif recipe_arg is not None:
+    elif recipe is not None:
         from infertool.recipe import load_recipe
         from infertool.resolve import resolve
 
-        files = [default_pid_file(resolve(load_recipe(recipe_arg, overrides or [])).serve.port)]
+        files = [default_pid_file(resolve(load_recipe(recipe, overrides or [])).serve.port)]
     else:
         files = list_pid_files()
     if action == "status":

@@ -8,19 +8,30 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, handle_errors, usage_error
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, handle_errors, out_opt, recipe_arg, usage_error,
+)
+
+EXAMPLES = examples(
+    ("infertool tune quickstart-tune --dry-run", "the trials, their predictions, what the plan prunes"),
+    ("infertool tune quickstart-tune", "-> tune/quickstart-tune/{tune.md,tune.html,tuned.yaml}"),
+    ("infertool tune quickstart-tune --exhaustive", "brute force, to check the staged search"),
+    ("infertool tune llama3.1-8b-tune-h100 --executor ray", "trials on an existing Ray cluster"),
+    ("infertool run tune/quickstart-tune/tuned.yaml", "the winner, as it is"),
+)
 
 
 def register(app: typer.Typer) -> None:
-    app.command("tune")(handle_errors(tune))
+    app.command("tune", cls=InfertoolCommand, epilog=EXAMPLES)(handle_errors(tune))
 
 
 def tune(
-    recipe: str = typer.Argument(..., help="Recipe file with a tune section, or the name of a built-in recipe."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Where the tune directory goes (default: tune.out_dir, else tune/)."),
-    executor: Optional[str] = typer.Option(None, "--executor", help="local (one trial after another) | ray (an existing Ray cluster). Default: tune.executor."),
+    recipe: str = recipe_arg("Recipe file with a tune section, or the name of a built-in recipe."),
+    out: Optional[Path] = out_opt("Where the tune directory goes (default: tune.out_dir, else tune/); the same "
+                                  "directory again resumes."),
+    executor: Optional[str] = typer.Option(None, "--executor", metavar="local|ray", help="local (one trial after another) | ray (an existing Ray cluster). Default: tune.executor."),
     exhaustive: bool = typer.Option(False, "--exhaustive", help="Brute force: no pruning, no early stopping, every load level of every trial (to check the staged search)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show the trials, their roofline predictions and order, and what the plan prunes; run nothing."),
+    dry_run: bool = dry_run_opt("Show the trials, their roofline predictions and order, and what the plan prunes; run nothing."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:

@@ -18,21 +18,33 @@ from pathlib import Path
 
 import yaml
 
+from infertool.atomic import write_text
 from infertool.data.suites import load_suite
+from infertool.errors import UsageError
 
 
 def _task_id(suite: str, task: str) -> str:
     return "infertool_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{suite}_{task}").strip("_").lower()
 
 
-def export_lm_eval(suite_name: str, dest: str | Path) -> dict:
+def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) -> dict:
+    """Write the suite's tasks into ``dest``. A file that is already there is replaced only with ``force``
+    (checked for every file before anything is written); each file is written whole (temp file + rename)."""
     suite = load_suite(suite_name)
     dest = Path(dest).resolve()
+    if dest.exists() and not dest.is_dir():
+        raise UsageError(f"{dest} is a file, not a directory", hint="give a directory for the lm-eval tasks")
+    task_ids = [_task_id(suite.name, task.name) for task in suite.tasks]
+    group = _task_id(suite.name, "")
+    planned = [dest / f"{tid}{ext}" for tid in task_ids for ext in (".jsonl", ".yaml")] + [dest / f"_{group}.yaml"]
+    there = [p for p in planned if p.exists()]
+    if there and not force:
+        what = f"{there[0]} (and {len(there) - 1} more) already exist" if len(there) > 1 else f"{there[0]} already exists"
+        raise UsageError(f"{what}; not overwriting",
+                         hint="pass --force to overwrite the exported tasks, or choose another directory")
     dest.mkdir(parents=True, exist_ok=True)
     written = []
-    task_ids = []
-    for task in suite.tasks:
-        tid = _task_id(suite.name, task.name)
+    for task, tid in zip(suite.tasks, task_ids):
         data = dest / f"{tid}.jsonl"
         if task.type == "perplexity":
             if task.source and task.source.startswith("builtin:pydoc_topics"):
@@ -46,7 +58,7 @@ def export_lm_eval(suite_name: str, dest: str | Path) -> dict:
             rows = docs
         else:
             rows = task.items
-        data.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
+        write_text(data, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         cfg: dict = {
             "task": tid,
             "dataset_path": "json",
@@ -73,13 +85,11 @@ def export_lm_eval(suite_name: str, dest: str | Path) -> dict:
                         "metric_list": [{"metric": m, "aggregation": m, "higher_is_better": False}
                                         for m in ("word_perplexity", "byte_perplexity", "bits_per_byte")]})
         path = dest / f"{tid}.yaml"
-        path.write_text(f"# exported by `infertool eval export-lm-eval {suite.name}` from {suite.path}\n"
-                        + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True), encoding="utf-8")
+        write_text(path, f"# exported by `infertool eval export-lm-eval {suite.name}` from {suite.path}\n"
+                   + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
         written += [str(path), str(data)]
-        task_ids.append(tid)
-    group = _task_id(suite.name, "")
     gpath = dest / f"_{group}.yaml"
-    gpath.write_text(yaml.safe_dump({"group": group, "task": task_ids}, sort_keys=False), encoding="utf-8")
+    write_text(gpath, yaml.safe_dump({"group": group, "task": task_ids}, sort_keys=False))
     written.append(str(gpath))
     return {"suite": suite.name, "dir": str(dest), "group": group, "tasks": task_ids, "files": written,
             "usage": f"lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {dest} --tasks {group}"}
