@@ -109,7 +109,16 @@ def speed(data: dict) -> dict:
         return {"status": "not measured", "rows": [], "settings": be.get("settings"),
                 "why": "the original and the candidate have no load level in common"}
     conc = [r for r in rows if r["kind"] == "concurrency"]
-    return {"status": "measured", "rows": rows, "headline": (conc or rows)[-1], "settings": be.get("settings")}
+    return {"status": "measured", "rows": rows, "headline": (conc or rows)[-1], "settings": be.get("settings"),
+            "dtype": {"original": _served_dtype(orig), "candidate": _served_dtype(be)}}
+
+
+def _served_dtype(report: dict) -> str | None:
+    """The --dtype vLLM was started with for a bench report's (first) server; 'auto' when none was passed."""
+    argv = _get((report.get("servers") or [None])[0], "argv")
+    if not isinstance(argv, list):
+        return None
+    return argv[argv.index("--dtype") + 1] if "--dtype" in argv[:-1] else "auto"
 
 
 # ------------------------------------------------------------------------------------------- verdict

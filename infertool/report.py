@@ -184,6 +184,10 @@ def _summary_section(manifest: dict, data: dict) -> Section:
     if sp["status"] == "measured":
         sec.blocks.append(P("Speed and cost measured in this run on both models, served one after the other by the same "
                             "launcher with the recipe's serve settings, at " + _traffic(sp.get("settings")) + "."))
+        dt = sp.get("dtype") or {}
+        if dt.get("original") and dt.get("candidate") and dt["original"] != dt["candidate"]:
+            sec.blocks.append(P(f"As served, the original ran with --dtype {dt['original']} and the candidate with --dtype "
+                                f"{dt['candidate']}: the effective serve settings every command uses for each (see Bench)."))
         if len(sp["rows"]) > 1:
             per = [["load level", "original tok/s", "candidate tok/s", "ratio", "original $/1M", "candidate $/1M", "ratio",
                     "TPOT p50 ms (orig / cand)"]]

@@ -128,7 +128,10 @@ def make_run_dir(root: Path, *, verdict: str = "FAIL", compared: bool = True, re
     if compared:
         bench = _bench_report(candidate, "quickstart-gptq", cand_levels)
         bench["served"] = {"label": candidate, "origin": "candidate"}
-        bench["original"] = {**_bench_report(original, "smollm2-135m", orig_levels), "served": {"label": original, "origin": "original"}}
+        bench["servers"] = [{"argv": ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/x/model", "--enforce-eager"]}]
+        bench["original"] = {**_bench_report(original, "smollm2-135m", orig_levels), "served": {"label": original, "origin": "original"},
+                             "servers": [{"argv": ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", home_model,
+                                                   "--dtype", "float32", "--enforce-eager"]}]}
         bench["comparison"] = comparison_table(bench, bench["original"])
     else:
         bench = _bench_report(original, "smollm2-135m", orig_levels)

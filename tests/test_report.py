@@ -43,6 +43,7 @@ def test_summary_comes_first_and_decides_a_failing_candidate(tmp_path):
     assert "| output tokens/s at concurrency 8 | 61 | 96 | 1.57x |" in s
     assert "| $ per 1M output tokens at concurrency 8 | $2.277 | $1.447 | 0.64x |" in s
     assert "same traffic (16 requests per load level" in s and "TTFT ≤ 2,000 ms, TPOT ≤ 200 ms" in s
+    assert "the original ran with --dtype float32 and the candidate with --dtype auto" in s
     # what it costs: the gates with their intervals; the verdict; what to try next (8-bit first: far beyond)
     assert "| max_mean_kld | 0.183 | 0.171 .. 0.196 | 0.05 | FAIL |" in s
     assert "**Verdict: FAIL**" in s
