@@ -205,7 +205,11 @@ def _stage_bench(ctx: StageContext) -> dict:
         d.setdefault("notes", []).append(note)
     d["served"] = {"label": res.served.label, "origin": res.served_origin}
     if "original" in arms:
-        orig = run_bench(res, on_event=ctx.on_event, serve_model=arms["original"], arm="original", experiments=False).to_dict()
+        try:
+            orig = run_bench(res, on_event=ctx.on_event, serve_model=arms["original"], arm="original", experiments=False).to_dict()
+        except InfertoolError as e:  # say which server failed: the candidate's numbers are fine, the comparison is not
+            e.message = f"measuring the original ({arms['original'].label}) beside the candidate: {e.message}"
+            raise
         orig["served"] = {"label": arms["original"].label, "origin": "original"}
         d["original"] = orig
         d["comparison"] = comparison_table(d, orig)

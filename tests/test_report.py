@@ -299,3 +299,23 @@ def test_run_dry_run_shows_the_original_launch(tmp_path, monkeypatch):
     assert plan["launches"]["bench: the sweep"]["model_role"] == "candidate"
     plain = pipeline.plan_pipeline(_recipe(tmp_path, serve={}, bench={}), out_dir=tmp_path / "runs")
     assert "bench: the original" not in plain["launches"]
+
+
+def test_a_failing_original_arm_is_named(tmp_path, monkeypatch):
+    from infertool.bench import run as bench_run
+    from infertool.errors import RuntimeFailure
+
+    calls = _fake_bench(monkeypatch)
+    fake = bench_run.run_bench
+
+    def flaky(res, **kw):
+        if kw.get("arm") == "original":
+            raise RuntimeFailure("vLLM exited: out of memory")
+        return fake(res, **kw)
+
+    monkeypatch.setattr(bench_run, "run_bench", flaky)
+    r = _recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, bench={})
+    with pytest.raises(RuntimeFailure) as ei:
+        pipeline._stage_bench(_ctx(tmp_path, r, {}))
+    assert ei.value.message == f"measuring the original ({tmp_path / 'm'}) beside the candidate: vLLM exited: out of memory"
+    assert [c["arm"] for c in calls] == ["candidate"]
