@@ -50,7 +50,8 @@ def model_names(manifest: dict, data: dict) -> dict:
     if recipe.get("quantize") is not None or data.get("quantize"):
         candidate = (_get(res, "candidate", "label") or _get(stages, "quantize", "summary", "label")
                      or _get(data, "quantize", "resolution", "candidate", "label") or _get(ev, "candidate", "label"))
-    served = _get(res, "served", "label") or _get(be, "served", "label") or be.get("label")
+    served = (_get(res, "served", "label") or _get(be, "served", "label") or be.get("label")
+              or _get(stages, "serve", "summary", "label") or (original if candidate is None else None))
     return {"original": original, "candidate": candidate, "served": served,
             "served_origin": res.get("served_origin") or _get(be, "served", "origin")}
 

@@ -103,7 +103,8 @@ class Section:
 
 
 def P(*runs) -> Para:
-    return Para(tuple(str(r) if type(r) is not Bold and type(r) is not Code else r for r in runs if r is not None))
+    """A paragraph of runs: Bold(...) and Code(...) keep their style, anything else is plain text."""
+    return Para(tuple(r if isinstance(r, (Bold, Code)) else str(r) for r in runs if r is not None))
 
 
 def _x(v) -> str:
@@ -182,8 +183,9 @@ def _summary_section(manifest: dict, data: dict) -> Section:
     if len(rows) > 1:
         sec.blocks.append(Table(rows))
     if sp["status"] == "measured":
+        traffic = _traffic(sp.get("settings"))
         sec.blocks.append(P("Speed and cost measured in this run on both models, served one after the other by the same "
-                            "launcher with the recipe's serve settings, at " + _traffic(sp.get("settings")) + "."))
+                            "launcher with the recipe's serve settings" + (f", at {traffic}" if traffic else "") + "."))
         dt = sp.get("dtype") or {}
         if dt.get("original") and dt.get("candidate") and dt["original"] != dt["candidate"]:
             sec.blocks.append(P(f"As served, the original ran with --dtype {dt['original']} and the candidate with --dtype "
@@ -285,7 +287,7 @@ def _sections(run_dir: Path, manifest: dict, data: dict) -> list[Section]:
         if be.get("original"):
             arms.append(("original", be["original"]))
         for role, arm in arms:
-            label = arm.get("label") or _get(arm, "served", "label") or names.get(role if role != "served" else "served")
+            label = arm.get("label") or _get(arm, "served", "label") or names.get(role) or names.get("served")
             blocks.append(P(f"{role}: ", Bold(label or "?"), " (vLLM name ", Code(str(arm.get("model"))), f"), endpoint {arm.get('endpoint')}"))
             blocks.append(Table(_bench_rows(arm)))
         for note in be.get("notes") or []:
