@@ -27,10 +27,14 @@ STAGE_ORDER = ["model", "quantize", "eval", "profile", "serve", "bench"]
 DEPENDS = {"model": [], "quantize": ["model"], "eval": ["model", "quantize"], "profile": ["model"],
            "serve": ["model", "quantize"], "bench": ["model", "quantize"]}
 # the recipe sections each stage reads (eval and profile read serve and target: their vllm engines serve
-# with the recipe's settings)
+# with the recipe's settings; bench reads model: with a quantize section it serves the original too)
 SECTIONS = {"model": ["model"], "quantize": ["quantize"], "eval": ["eval", "serve", "target"],
-            "profile": ["profile", "serve", "target"], "serve": ["serve", "target"], "bench": ["serve", "bench", "target"]}
+            "profile": ["profile", "serve", "target"], "serve": ["serve", "target"],
+            "bench": ["model", "serve", "bench", "target"]}
 PIPELINE_VERSION = 2
+# a stage whose outputs changed form gets a new key (its old entries are not reused); the others keep theirs.
+# profile 2: the roofline plot names the model by its label; bench 2: the original measured beside the candidate
+STAGE_FORMATS = {"profile": 2, "bench": 2}
 
 EventCallback = Callable[[dict], None]
 
@@ -62,14 +66,17 @@ def _sha(obj) -> str:
 
 def stage_key(name: str, recipe_dict: dict, upstream_keys: dict[str, str], extra: dict | None = None) -> str:
     sections = {s: recipe_dict.get(s) for s in SECTIONS[name]}
-    return _sha({"stage": name, "v": PIPELINE_VERSION, "sections": sections, "upstream": upstream_keys, "extra": extra or {}})
+    payload = {"stage": name, "v": PIPELINE_VERSION, "sections": sections, "upstream": upstream_keys, "extra": extra or {}}
+    if name in STAGE_FORMATS:
+        payload["format"] = STAGE_FORMATS[name]
+    return _sha(payload)
 
 
 def stage_inputs(name: str, inputs: dict, host: dict) -> dict:
     """What a stage reads besides recipe sections, by content: weights, calibration text, suite data,
     prompt files; and, for stages that serve or time, the host facts that decide the serve dtype."""
     want = {"model": ("model",), "quantize": ("calibration",), "eval": ("suite",), "profile": (),
-            "serve": ("served_model",), "bench": ("prompts", "served_model")}[name]
+            "serve": ("served_model",), "bench": ("prompts", "served_model", "model")}[name]
     extra = {k: inputs.get(k) for k in want if inputs.get(k) is not None}
     if name in ("eval", "profile", "serve", "bench"):
         extra["host"] = {k: host.get(k) for k in ("accelerator", "cpu_isa", "cpu_bf16", "cpu_fp16")}
@@ -146,7 +153,8 @@ def _stage_eval(ctx: StageContext) -> dict:
 def _stage_profile(ctx: StageContext) -> dict:
     from infertool.profile.core import run_profile
 
-    res = run_profile(ctx.recipe, model=ctx.upstream["model"]["summary"]["path"], out_dir=ctx.work, on_event=ctx.on_event)
+    # the recipe's base, as the model stage made it: named by its label (source), not by its cache path
+    res = run_profile(ctx.recipe, out_dir=ctx.work, on_event=ctx.on_event)
     return {"verdicts": res.verdicts, "crossover_batch": res.crossover_batch, "advice": res.advice,
             "peaks": {k: res.peaks.get(k) for k in ("flops", "bandwidth", "dtype", "ridge")}}
 
@@ -181,15 +189,33 @@ def _stage_serve(ctx: StageContext) -> dict:
 
 
 def _stage_bench(ctx: StageContext) -> dict:
-    from infertool.bench.run import run_bench
+    """The bench on the served model (the sweep and the recipe's experiments); when the recipe quantizes and
+    the candidate is served, then the original too: the same launcher and serve settings, the same traffic
+    and SLO, one server after the other. bench.json is the served model's report (as `infertool bench`
+    writes it) plus ``original`` (the original's sweep) and ``comparison`` (original vs candidate per level,
+    or why there is nothing to compare)."""
+    from infertool.bench.run import comparison_table, quantization_arms, run_bench
 
     res = _resolution(ctx)
-    rep = run_bench(res, on_event=ctx.on_event)
+    arms, why_not = quantization_arms(res)
+    rep = run_bench(res, on_event=ctx.on_event, arm="candidate" if "original" in arms else "sweep")
     d = rep.to_dict()
     note = "; ".join(res.notes) or None
     if note:
         d.setdefault("notes", []).append(note)
     d["served"] = {"label": res.served.label, "origin": res.served_origin}
+    if "original" in arms:
+        try:
+            orig = run_bench(res, on_event=ctx.on_event, serve_model=arms["original"], arm="original", experiments=False).to_dict()
+        except InfertoolError as e:  # say which server failed: the candidate's numbers are fine, the comparison is not
+            e.message = f"measuring the original ({arms['original'].label}) beside the candidate: {e.message}"
+            raise
+        orig["served"] = {"label": arms["original"].label, "origin": "original"}
+        d["original"] = orig
+        d["comparison"] = comparison_table(d, orig)
+        d["seconds"] = d.get("seconds", 0) + orig.get("seconds", 0)
+    elif why_not:
+        d["comparison"] = {"experiment": "quantization", "rows": [], "nothing_to_compare": why_not}
     (ctx.work / "bench.json").write_text(json.dumps(d, indent=2, default=str))
     try:
         from infertool.bench.plot import plot_latency_throughput
@@ -197,8 +223,10 @@ def _stage_bench(ctx: StageContext) -> dict:
         plot_latency_throughput(d, ctx.work / "latency_throughput.png")
     except ImportError:  # matplotlib missing: the report says there is no plot
         pass
+    comp = d.get("comparison")
     return {"levels": d.get("levels"), "experiments": d.get("experiments"), "seconds": d.get("seconds"), "note": note,
-            "served": d["served"]}
+            "served": d["served"], "original": (d.get("original") or {}).get("levels"),
+            "comparison": None if comp is None else {"rows": comp.get("rows"), "nothing_to_compare": comp.get("nothing_to_compare")}}
 
 
 STAGE_FUNCS: dict[str, Callable[[StageContext], dict]] = {
@@ -302,7 +330,12 @@ def stage_keys(recipe, chosen: list[str], inputs: dict, host: dict) -> dict[str,
     keys: dict[str, str] = {}
     for name in chosen:
         deps = {d: keys[d] for d in DEPENDS[name] if d in keys}
-        keys[name] = stage_key(name, rd, deps, stage_inputs(name, inputs, host))
+        extra = stage_inputs(name, inputs, host)
+        if name == "bench":  # what it measures: the served model alone, or the candidate and the original
+            from infertool.bench.run import plans_compare
+
+            extra["measures"] = ["candidate", "original"] if plans_compare(recipe) else ["served"]
+        keys[name] = stage_key(name, rd, deps, extra)
     return keys
 
 
@@ -338,9 +371,12 @@ def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Pat
 
         out["launches"]["serve"] = prepare(res, dry_run=True, purpose="run: serve check").to_dict()
     if "bench" in chosen:
-        from infertool.bench.run import launch_plans
+        from infertool.bench.run import launch_plans, quantization_arms
 
-        out["launches"].update({f"bench: {k}": p.to_dict() for k, p in launch_plans(res).items()})
+        arms, why_not = quantization_arms(res)
+        out["launches"].update({f"bench: {k}": p.to_dict() for k, p in launch_plans(res, with_original="original" in arms).items()})
+        if why_not:
+            out.setdefault("notes", []).append(f"bench: {why_not}")
     if "eval" in chosen and recipe.eval is not None and recipe.eval.engine == "vllm":
         from infertool.evaluate.prepare import eval_models, vllm_plans
 

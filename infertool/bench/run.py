@@ -36,6 +36,7 @@ AB_FIGURES = [
     ("tpot_p50_ms", ("tpot_ms", "p50"), "TPOT p50 ms", False),
     ("e2e_p50_ms", ("e2e_ms", "p50"), "E2E p50 ms", False),
     ("goodput", ("goodput", "requests_per_s"), "goodput req/s", True),
+    ("cost_per_1m_output_tokens", ("cost", "per_1m_output_tokens"), "$/1M out tok", False),
 ]
 
 
@@ -214,10 +215,11 @@ def ab_table(name: str, a_label: str, b_label: str, a_levels: list[dict], b_leve
 # ------------------------------------------------------------------------------------------ servers
 class _Launched:
     """A server for one arm, started with the one launcher (infertool.serve) on a free port: the
-    resolution's served model with the arm's serve settings; stopped on exit."""
+    resolution's served model (or ``model``, a ModelRef of the same resolution: run's original) with the
+    arm's serve settings; stopped on exit."""
 
-    def __init__(self, res, serve, on_event: EventCallback | None, label: str):
-        self.res, self.serve, self.on_event, self.label = res, serve, on_event, label
+    def __init__(self, res, serve, on_event: EventCallback | None, label: str, model=None):
+        self.res, self.serve, self.on_event, self.label, self.model = res, serve, on_event, label, model
         self._cm = None
 
     def __enter__(self) -> ServerHandle:
@@ -225,7 +227,7 @@ class _Launched:
         from infertool.serve import launch, prepare
 
         port = free_port(self.serve.host if self.serve.host in ("127.0.0.1", "localhost") else "127.0.0.1")
-        plan = prepare(self.res, serve=self.serve, port=port, purpose=f"bench: {self.label}")
+        plan = prepare(self.res, model=self.model, serve=self.serve, port=port, purpose=f"bench: {self.label}")
         errors = plan.errors
         if errors:
             raise UsageError("; ".join(f"{e.field}: {e.message}" for e in errors), hint=errors[0].hint)
@@ -238,8 +240,9 @@ class _Launched:
             self._cm.__exit__(*exc)
 
 
-def launch_plans(res) -> dict:
-    """The servers a bench without --url launches (dry run): the sweep, then one per server experiment arm."""
+def launch_plans(res, *, with_original: bool = False) -> dict:
+    """The servers a bench without --url launches (dry run): the sweep, then one per server experiment arm;
+    ``with_original``: then the original with the same settings (what `run` compares the candidate with)."""
     from infertool.serve import prepare
 
     serve = res.serve_section
@@ -250,6 +253,8 @@ def launch_plans(res) -> dict:
         recipe_on = serve.enable_prefix_caching if exp == "prefix_caching" else serve.speculative is not None
         label = f"{exp.replace('_', ' ')} {'off' if recipe_on else 'on'}"
         plans[label] = prepare(res, serve=_arm_serve(serve, exp, not recipe_on), purpose=f"bench: {label}", dry_run=True)
+    if with_original:
+        plans["the original"] = prepare(res, model=res.base, serve=serve, purpose="bench: the original", dry_run=True)
     return plans
 
 
@@ -271,7 +276,7 @@ def _arm_serve(serve, experiment: str, on: bool):
 @dataclass
 class BenchReport:
     url: str | None
-    model: str
+    model: str  # the name the server announced (what requests ask for)
     endpoint: str
     settings: dict
     levels: list[dict]
@@ -279,9 +284,10 @@ class BenchReport:
     servers: list[dict] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    label: str | None = None  # how a person names the measured model (ModelRef.label); None for --url
 
     def to_dict(self) -> dict:
-        return {"url": self.url, "model": self.model, "endpoint": self.endpoint, "settings": self.settings,
+        return {"url": self.url, "model": self.model, "label": self.label, "endpoint": self.endpoint, "settings": self.settings,
                 "levels": self.levels, "experiments": self.experiments, "servers": self.servers,
                 "notes": self.notes, "seconds": self.seconds}
 
@@ -306,13 +312,16 @@ def bench_section(recipe):
 
 
 def run_bench(res, *, url: str | None = None, model: str | None = None,
-              on_event: EventCallback | None = None) -> BenchReport:
+              on_event: EventCallback | None = None, serve_model=None, arm: str = "sweep",
+              experiments: bool = True) -> BenchReport:
     """The sweep (and the recipe's experiments) on the resolution's served model (``res``: infertool.resolve),
-    or on the server at ``url``. Raises UsageError/RuntimeFailure for what cannot run."""
+    or on the server at ``url``. ``serve_model``: another ModelRef of the same resolution to launch instead
+    (run's original, measured with the same serve settings, traffic and SLO); ``experiments=False``: the
+    sweep alone; ``arm`` names it in progress events. Raises UsageError/RuntimeFailure for what cannot run."""
     recipe = res.recipe
     bench = bench_section(recipe)
     serve = res.serve_section
-    experiments = list(dict.fromkeys(bench.experiments))
+    experiments = list(dict.fromkeys(bench.experiments)) if experiments else []
     if url is not None:
         url = normalise_url(url)
         needs = [e for e in experiments if e in SERVER_EXPERIMENTS]
@@ -357,10 +366,10 @@ def run_bench(res, *, url: str | None = None, model: str | None = None,
     if url is not None:
         key = os.environ.get(serve.api_key_env) if serve.api_key_env else None
         handle = ServerHandle(url, model or "", key)
-        main, static = sweep_on(handle, "sweep")
+        main, static = sweep_on(handle, arm)
     else:
-        with _Launched(res, serve, on_event, "the sweep") as handle:
-            main, static = sweep_on(handle, "sweep")
+        with _Launched(res, serve, on_event, "the sweep" if arm == "sweep" else arm, model=serve_model) as handle:
+            main, static = sweep_on(handle, arm)
             servers.append(handle.launched)
     model_name, cpt = handle.model, handle.chars_per_token
     cont = [r for r in main if r["level"]["kind"] == "concurrency"]
@@ -387,4 +396,39 @@ def run_bench(res, *, url: str | None = None, model: str | None = None,
     return BenchReport(
         url=url or (servers[0]["url"] if servers else None), model=model_name, endpoint=bench.endpoint,
         settings=_settings(bench, cpt), levels=main, experiments=tables,
-        servers=servers, notes=notes, seconds=time.monotonic() - t_start)
+        servers=servers, notes=notes, seconds=time.monotonic() - t_start,
+        label=None if url is not None else (serve_model or res.served).label)
+
+
+# ------------------------------------------------------------------------------------------ run: the original too
+def quantization_arms(res) -> tuple[dict, str | None]:
+    """What `run`'s bench measures for ``res``: {"candidate": served, "original": base} when the recipe
+    quantizes and the candidate is what is served; else {"served": served} and, when the recipe has a
+    quantize section, why there is nothing to compare."""
+    if res.recipe.quantize is None:
+        return {"served": res.served}, None
+    if res.served_origin == "candidate":
+        return {"candidate": res.served, "original": res.base}, None
+    if res.served_origin == "original":
+        from infertool.resolve import candidate_manifest, host_cannot_run
+
+        reason = host_cannot_run(candidate_manifest(res.candidate), res.host)
+        if reason:
+            return {"served": res.served}, (f"vLLM on this host loads the candidate but cannot run it ({reason}), so "
+                                            "the run served and measured the original only")
+        return {"served": res.served}, "serve.model: original, so the run served and measured the original only"
+    return {"served": res.served}, (f"serve.model names {res.served.source}, not the quantize output, so the run "
+                                    "served and measured that model only")
+
+
+def plans_compare(recipe) -> bool:
+    """Whether `run`'s bench measures the original as well, from the recipe alone (for stage keys: the
+    fallback to the original depends on the quantize stage's output, which its key covers)."""
+    return recipe.quantize is not None and (recipe.serve is None or recipe.serve.model in (None, "quantized"))
+
+
+def comparison_table(candidate: dict, original: dict) -> dict:
+    """Level i of the original (A) against level i of the candidate (B), same traffic and SLO: ratio = B / A."""
+    note = "one server after the other, the recipe's serve settings, the same prompts (same seeds) and SLO"
+    return ab_table("quantization", original.get("label") or "original", candidate.get("label") or "candidate",
+                    original.get("levels", []), candidate.get("levels", []), note)

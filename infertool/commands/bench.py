@@ -87,8 +87,11 @@ def render(report: dict) -> None:
 
     from infertool.output import err, out
 
+    from rich.markup import escape
+
     s = report["settings"]
-    err.print(f"[bold]{report['model']}[/] at {report['url']} ({report['endpoint']}); "
+    who = escape(report.get("label") or report["model"]) + (f" (served as {escape(report['model'])})" if report.get("label") else "")
+    err.print(f"[bold]{who}[/] at {escape(str(report['url']))} ({report['endpoint']}); "
               f"{s['requests_per_level']} requests per level, prompt ~{s['prompt']['len_tokens']} tokens "
               f"({s['prompt']['source']}), output {s['output_len']} tokens", soft_wrap=True)
     lat = Table(title="latency (ms)", title_justify="left")

@@ -17,6 +17,8 @@ def report(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write report.md and a self-contained report.html (plots embedded) into the run directory."""
+    from rich.markup import escape
+
     from infertool.output import err, print_json
     from infertool.report import write_report
 
@@ -24,7 +26,7 @@ def report(
     if as_json:
         print_json(res)
         return
-    err.print(f"[green]✓[/] {res['files']['report.md']}\n[green]✓[/] {res['files']['report.html']}", soft_wrap=True)
+    err.print(f"[green]✓[/] {escape(res['files']['report.md'])}\n[green]✓[/] {escape(res['files']['report.html'])}", soft_wrap=True)
 
 
 def compare(
@@ -34,6 +36,7 @@ def compare(
     as_json: bool = JSON_OPT,
 ) -> None:
     """What changed between two runs: recipe fields, verdicts, sizes, latencies, throughputs."""
+    from rich.markup import escape
     from rich.table import Table
 
     from infertool.output import out, print_json
@@ -48,9 +51,9 @@ def compare(
         for c in ("field", "A", "B"):
             t.add_column(c)
         for ch in res["recipe_changes"]:
-            t.add_row(ch["field"], str(ch["a"]), str(ch["b"]))
+            t.add_row(escape(ch["field"]), escape(str(ch["a"])), escape(str(ch["b"])))
         out.print(t)
-    t = Table(title=f"A = {res['a']}\nB = {res['b']}")
+    t = Table(title=f"A = {escape(res['a'])}\nB = {escape(res['b'])}")
     for c in ("metric", "A", "B", "B/A"):
         t.add_column(c, justify="left" if c == "metric" else "right")
     for r in res["rows"]:
@@ -58,5 +61,5 @@ def compare(
             continue
         fa = f"{r['a']:.4g}" if isinstance(r["a"], float) else str(r["a"])
         fb = f"{r['b']:.4g}" if isinstance(r["b"], float) else str(r["b"])
-        t.add_row(r["metric"], fa, fb, f"{r['ratio']:.3f}" if r["ratio"] is not None else "")
+        t.add_row(escape(r["metric"]), escape(fa), escape(fb), f"{r['ratio']:.3f}" if r["ratio"] is not None else "")
     out.print(t)

@@ -57,7 +57,7 @@ def run(
             return
         res = plan["resolution"]
         stdout.print(f"serves: {res['served']['label']} ({res['served_origin']}) on {res['target']['kind']}", markup=False)
-        for note in res["notes"]:
+        for note in [*res["notes"], *plan.get("notes", [])]:
             stdout.print(f"note: {note}", markup=False, soft_wrap=True)
         for name, st in plan["stages"].items():
             stdout.print(f"{name}: {'reused' if st['reuse'] else 'runs'} ({st['entry']})", markup=False, soft_wrap=True)

@@ -308,6 +308,12 @@ def _write_outputs(result: ProfileResult, out_dir: Path) -> None:
     os.replace(tmp, out_dir / "profile.json")
 
 
+def roofline_title(result: ProfileResult) -> str:
+    """'roofline: <the model as a person names it> on <device>' (its label, never a cache path)."""
+    name = result.model.get("label") or result.model.get("source")
+    return f"roofline: {name} on {result.device.get('name') or result.device.get('kind')}"
+
+
 def plot_roofline(result: ProfileResult, path: Path) -> None:
     import matplotlib
 
@@ -333,7 +339,7 @@ def plot_roofline(result: ProfileResult, path: Path) -> None:
     ax.axvline(pk["ridge"], color="black", lw=0.5, ls=":")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved GFLOP/s")
-    ax.set_title(f"roofline: {result.model['source']} on {result.device.get('name') or result.device.get('kind')}", fontsize=10)
+    ax.set_title(roofline_title(result).replace("$", r"\$"), fontsize=10)  # '$' would start matplotlib's mathtext
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
     fig.tight_layout()

@@ -1,0 +1,321 @@
+"""The report decides: its first section names what was compared (ModelRef labels, never a cache path or
+"model"), what the candidate gains (weights; served tok/s and $ per 1M output tokens of both, measured in the
+same run), what it costs (the gates with their intervals), the verdict and what to try next. `run`'s bench
+measures the original beside the candidate; `compare` keeps working; whatever a recipe or a model says is
+escaped in Markdown and HTML."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from infertool import pipeline
+from infertool.decision import next_steps, speed, summarize_run
+from infertool.report import compare_runs, md_escape, write_report
+from tests.report_fixture import CANDIDATE, ORIGINAL, _bench_report, _level, make_run_dir
+
+CACHE_HASH = "cc951d3e"
+
+
+def _report(tmp_path, **kw) -> tuple[str, str, Path]:
+    run = make_run_dir(tmp_path / "runs", **kw)
+    res = write_report(run)
+    return Path(res["files"]["report.md"]).read_text(), Path(res["files"]["report.html"]).read_text(), run
+
+
+def _section(md: str, title: str) -> str:
+    start = md.index(f"## {title}")
+    nxt = md.find("\n## ", start + 3)
+    return md[start: nxt if nxt != -1 else None]
+
+
+def test_summary_comes_first_and_decides_a_failing_candidate(tmp_path):
+    md, page, _ = _report(tmp_path, verdict="FAIL")
+    assert md.split("\n## ")[1].startswith("Summary: do not ship the candidate")
+    s = _section(md, "Summary")
+    # what was compared, named as a person names it
+    assert f"the original **{md_escape(ORIGINAL)}** and the candidate **{md_escape(CANDIDATE)}**" in s
+    # what it gains: weights from quantize, tok/s and $/1M of BOTH at the same level, with the ratio
+    assert "| weight bytes | 269,030,016 | 112,394,496 | 0.42x |" in s
+    assert "| output tokens/s at concurrency 8 | 61 | 96 | 1.57x |" in s
+    assert "| $ per 1M output tokens at concurrency 8 | $2.277 | $1.447 | 0.64x |" in s
+    assert "same traffic (16 requests per load level" in s and "TTFT ≤ 2,000 ms, TPOT ≤ 200 ms" in s
+    assert "the original ran with --dtype float32 and the candidate with --dtype auto" in s
+    # what it costs: the gates with their intervals; the verdict; what to try next (8-bit first: far beyond)
+    assert "| max_mean_kld | 0.183 | 0.171 .. 0.196 | 0.05 | FAIL |" in s
+    assert "**Verdict: FAIL**" in s
+    steps = re.findall(r"^- (.*)$", s, re.M)
+    assert steps[0].startswith("8-bit: on a CPU that is W8A8 int8 through llm-compressor")
+    assert any("quantize.group_size: 32 (now 64" in x for x in steps) and any("AWQ" in x for x in steps)
+    # the HTML has the same first section, with an id the browser test looks for
+    assert page.index('<section id="summary">') < page.index('<section id="run">') < page.index('<section id="bench">')
+
+
+@pytest.mark.parametrize("verdict,compared,title,phrase", [
+    ("PASS", True, "ship the candidate", "serves 1.57x the output tokens/s of the original at concurrency 8, 0.64x the $ per 1M"),
+    ("INCONCLUSIVE", True, "not decided yet", "cannot yet tell whether the candidate stays within max_mean_kld and min_top1"),
+    ("PASS", False, "passes, but not served here", "vLLM on this host loads the candidate but cannot run it"),
+])
+def test_summary_for_each_outcome(tmp_path, verdict, compared, title, phrase):
+    md, _, _ = _report(tmp_path, verdict=verdict, compared=compared)
+    s = _section(md, "Summary")
+    assert s.startswith(f"## Summary: {title}") and phrase in s.replace("\\", "")
+    if not compared:  # the one fallback: nothing to compare, measured, and said
+        assert "Speed: nothing to compare, measured: vLLM on this host loads the candidate but cannot run it" in s
+        assert "output tokens/s at" not in s
+    if verdict == "INCONCLUSIVE":
+        assert "eval.max_items: 204 (now 24)" in s
+    if verdict == "PASS":
+        assert "Next to try" not in s
+
+
+def test_no_cache_hash_and_no_bare_model_as_a_name(tmp_path):
+    md, page, run = _report(tmp_path)
+    for text in (md, page):
+        assert CACHE_HASH not in text
+        assert "model model" not in text and "roofline: /" not in text
+    assert f"candidate: **{md_escape(CANDIDATE)}** (vLLM name `quickstart-gptq`)" in md
+    assert f"original: **{md_escape(ORIGINAL)}** (vLLM name `smollm2-135m`)" in md
+    assert f"profiled: **{md_escape(ORIGINAL)}**" in md
+
+
+def test_plot_titles_name_models_by_label():
+    from infertool.bench.plot import mpl_text, plot_title
+    from infertool.profile.core import ProfileResult, roofline_title
+
+    cand = _bench_report(CANDIDATE, "model", [])
+    assert plot_title(cand) == f"latency vs throughput: {CANDIDATE}"
+    both = {**cand, "original": _bench_report(ORIGINAL, "smollm2-135m", [])}
+    assert plot_title(both) == f"latency vs throughput\ncandidate: {CANDIDATE}\noriginal: {ORIGINAL}"
+    assert plot_title({"model": "served-name"}) == "latency vs throughput: served-name"  # `bench --url`: the server's name
+    assert mpl_text("a $5 model") == r"a \$5 model"
+    prof = ProfileResult(model={"label": ORIGINAL, "source": "/home/x/models/cc951d3e/model"}, device={"name": "EPYC"},
+                         peaks={}, points=[], analytic={}, crossover_batch=None, verdicts={}, advice=[], nvml={},
+                         nsys=None, out_dir=None, plot=None, seconds=0)
+    assert roofline_title(prof) == f"roofline: {ORIGINAL} on EPYC"
+
+
+def test_everything_from_a_recipe_or_model_is_escaped(tmp_path):
+    evil_model = "<img src=x onerror=alert(1)> **bold** | pipe\n## heading [link](http://x)"
+    md, page, _ = _report(tmp_path, recipe_name="<script>alert(1)</script>", original=evil_model,
+                          candidate="GPTQ 4-bit of <b>evil</b> `tick`")
+    assert "<script>alert(1)" not in page and "<img src=x" not in page and "<b>evil</b>" not in page
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+    # Markdown: no raw HTML, no emphasis, no link, no heading, no extra table cell from the model's name
+    outside_code = re.sub(r"`[^`\n]*`", "", md)  # a code span shows its text as it is
+    assert not re.search(r"(?<!\\)<(img|script|b>)", outside_code)
+    assert "\n## heading" not in md and "**bold**" not in md
+    assert "\\[link\\](http://x)" in md and not re.search(r"(?<!\\)\[link", md)
+    from infertool.report import md_table
+
+    assert md_table([["a|b"], ["<i>x</i>"]]) == "| a\\|b |\n|---|\n| \\<i>x\\</i> |"  # a cell cannot split a row
+    assert md_escape("a_b _c_ x|y <z> *w* `v`") == "a_b \\_c\\_ x\\|y \\<z> \\*w\\* \\`v\\`"
+
+
+def test_compare_keeps_working_with_both_arms(tmp_path):
+    a = make_run_dir(tmp_path / "a", verdict="FAIL")
+    b = make_run_dir(tmp_path / "b", verdict="PASS", group_size=32)
+    cmp = compare_runs(a, b)
+    assert {"field": "quantize.group_size", "a": 64, "b": 32} in cmp["recipe_changes"]
+    rows = {r["metric"]: r for r in cmp["rows"]}
+    assert rows["eval.verdict"]["a"] == "FAIL" and rows["eval.verdict"]["b"] == "PASS"
+    assert rows["model.candidate"]["a"] == CANDIDATE and rows["model.original"]["b"] == ORIGINAL
+    assert rows["bench.original.concurrency 8.output_tok_s"]["a"] == 61.0
+    assert rows["bench.concurrency 8.candidate_over_original.output_tok_s"]["a"] == pytest.approx(96 / 61)
+    from tests.conftest import run_cli
+
+    r = run_cli("compare", str(a), str(b), "--json")
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout)["recipe_changes"]
+
+
+# ------------------------------------------------------------------------------------------ next steps
+GATE_KLD = {"name": "max_mean_kld", "threshold": 0.05, "status": "FAIL", "estimate": 0.06, "lo": 0.055, "hi": 0.065, "n": 1000}
+Q4 = {"method": "gptq", "backend": "gptqmodel", "bits": 4, "group_size": 128, "desc_act": False,
+      "calibration": {"samples": 256}}
+
+
+def test_next_steps_follow_the_failed_gate_and_the_quantization():
+    near = next_steps("FAIL", [GATE_KLD], Q4, target_kind="gpu")
+    # just beyond the gate: finer 4-bit settings first, 8-bit last; GPU 8-bit is weight-only bits 8
+    assert near[0].startswith("a smaller group size: quantize.group_size: 64 (now 128")
+    assert "quantize.desc_act: true" in near[1] and near[2].startswith("AWQ")
+    assert near[-1].startswith("8-bit: quantize.bits: 8")
+    assert not any("calibration" in s for s in near)  # 256 samples already
+    far = next_steps("FAIL", [{**GATE_KLD, "estimate": 0.2, "lo": 0.18, "hi": 0.22}], {**Q4, "group_size": 32}, target_kind="cpu")
+    assert far[0].startswith("8-bit: on a CPU that is W8A8 int8 through llm-compressor")
+    assert not any("group size" in s for s in far)  # 32 is as small as it goes
+    awq = next_steps("FAIL", [GATE_KLD], {"method": "awq", "bits": 4, "group_size": 64})
+    assert any(s.startswith("GPTQ: quantize.method: gptq") for s in awq)
+    eight = next_steps("FAIL", [GATE_KLD], {"method": "gptq", "backend": "llmcompressor", "scheme": "W8A8", "bits": 8},
+                       target_kind="cpu")
+    assert len(eight) == 1 and "8-bit already fails" in eight[0] and "serve.model: original" in eight[0]
+    acc = next_steps("FAIL", [{"name": "max_flip_rate", "threshold": 0.1, "status": "FAIL", "estimate": 0.15}], Q4)
+    assert acc[0].startswith("the failing gates are task accuracy (max_flip_rate)")
+    top1 = next_steps("FAIL", [{"name": "min_top1", "threshold": 0.9, "status": "FAIL", "estimate": 0.7}], Q4)
+    assert top1[0].startswith("8-bit")  # 30 % disagreement against 10 % allowed: far beyond
+    assert next_steps("PASS", [], Q4) == [] and next_steps("FAIL", [GATE_KLD], None) == []
+    here = next_steps("FAIL", [GATE_KLD], Q4, not_served_here="no int4 GEMM")
+    assert here[0].startswith("this host cannot serve the 4-bit candidate (no int4 GEMM)") and here[1].startswith("8-bit")
+
+
+def test_next_steps_when_inconclusive():
+    g = {"name": "max_mean_kld", "threshold": 0.05, "status": "INCONCLUSIVE", "estimate": 0.052, "lo": 0.046, "hi": 0.058,
+         "n": 3000, "n_needed": 9000, "unit": "tokens"}
+    steps = next_steps("INCONCLUSIVE", [g], Q4, eval_section={"max_items": 24})
+    assert steps[0] == ("more eval items: about 9,000 tokens would decide max_mean_kld (now 3,000): eval.max_items: 72 "
+                        "(now 24), or a larger suite if this one has fewer")
+    assert steps[1].startswith("max_mean_kld: the estimate is already beyond the threshold") and "a smaller group size" in steps[1]
+    on = next_steps("INCONCLUSIVE", [{**g, "n_needed": None, "estimate": 0.05}], Q4, eval_section={})
+    assert on == ["max_mean_kld: the estimate sits on its threshold (0.05): more items will not decide it; decide the "
+                  "threshold itself (eval.accept.max_mean_kld)"]
+    whole = next_steps("INCONCLUSIVE", [{**g, "estimate": 0.049}], Q4, eval_section={"max_items": None})
+    assert whole == ["more eval items: about 9,000 tokens would decide max_mean_kld (now 3,000): a larger suite (every "
+                     "item of this one is scored now)"]
+
+
+def test_a_slower_candidate_is_not_shipped_for_speed():
+    data = {"quantize": {"size": {"weight_bytes_before": 100, "weight_bytes_after": 30}},
+            "eval": {"verdict": "PASS", "gates": []},
+            "bench": {**_bench_report(CANDIDATE, "c", [_level("concurrency", 8, 40.0, 900, 150, 1.0)]),
+                      "original": _bench_report(ORIGINAL, "o", [_level("concurrency", 8, 60.0, 700, 110, 1.0)])}}
+    s = summarize_run({"recipe": {"quantize": {"method": "gptq"}}}, data)
+    assert s["decision"]["ship"] is None and s["decision"]["title"] == "passes, but saves memory only"
+    assert "serves only 0.67x the output tokens/s" in s["decision"]["text"] and "0.30x the weight bytes" in s["decision"]["text"]
+    assert speed({"bench": {"levels": []}})["status"] == "not measured"
+    no_q = summarize_run({"recipe": {}}, {"bench": _bench_report(ORIGINAL, "o", [])})
+    assert no_q["decision"]["title"] == "no quantization to decide" and no_q["names"]["candidate"] is None
+
+
+# ------------------------------------------------------------------------------------------ run's bench stage
+def _recipe(tmp_path, **sections):
+    from tests.test_pipeline import recipe
+
+    return recipe(tmp_path, **sections)
+
+
+def _fake_bench(monkeypatch):
+    from infertool.bench import run as bench_run
+
+    calls = []
+
+    def fake(res, *, url=None, model=None, on_event=None, serve_model=None, arm="sweep", experiments=True):
+        who = serve_model or res.served
+        calls.append({"label": who.label, "path": who.path, "arm": arm, "experiments": experiments,
+                      "bench": res.recipe.bench.model_dump(), "serve": res.serve_for(who)[0].model_dump()})
+        tok = 96.0 if who.role == "candidate" else 61.0
+        return bench_run.BenchReport(url="http://127.0.0.1:1/v1", model=who.name, endpoint="completions",
+                                     settings=_bench_report("x", "x", [])["settings"],
+                                     levels=[_level("concurrency", 1, tok / 4, 200, 50, 1.0), _level("concurrency", 8, tok, 700, 90, 1.0)],
+                                     label=who.label)
+
+    monkeypatch.setattr(bench_run, "run_bench", fake)
+    return calls
+
+
+def _ctx(tmp_path, r, quantized: dict | None):
+    from tests.test_models import LLAMA_CFG, make_fake_model
+
+    upstream = {}
+    if quantized is not None:
+        qdir = tmp_path / "stage-quantize"
+        make_fake_model(qdir / "model", {**LLAMA_CFG, "quantization_config": {"quant_method": "gptq", "bits": 4}},
+                        {"w": ("I32", [8])}, {"I32": 4})
+        if quantized:
+            (qdir / "model" / "infertool-manifest.json").write_text(json.dumps(quantized))
+        upstream["quantize"] = {"dir": qdir, "summary": {}}
+    work = tmp_path / "work"
+    work.mkdir()
+    return pipeline.StageContext(r, tmp_path, work, upstream, None)
+
+
+def test_run_bench_stage_measures_the_candidate_and_the_original(tmp_path, monkeypatch):
+    calls = _fake_bench(monkeypatch)
+    r = _recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={"concurrency": [1, 8], "cost_per_hour": 0.5})
+    ctx = _ctx(tmp_path, r, {})
+    summary = pipeline._stage_bench(ctx)
+    cand, orig = calls
+    assert cand["arm"] == "candidate" and cand["experiments"] is True and cand["label"].startswith("GPTQ 4-bit g64 (gptqmodel) of ")
+    assert orig["arm"] == "original" and orig["experiments"] is False and orig["path"] == str(tmp_path / "m")
+    assert orig["label"] == str(tmp_path / "m")  # the base's label: its source
+    assert cand["bench"] == orig["bench"]  # the same traffic and SLO
+    assert {k: v for k, v in cand["serve"].items() if k != "dtype"} == {k: v for k, v in orig["serve"].items() if k != "dtype"}
+    doc = json.loads((ctx.work / "bench.json").read_text())
+    assert doc["label"] == cand["label"] and doc["original"]["label"] == orig["label"]
+    assert doc["served"] == {"label": cand["label"], "origin": "candidate"}
+    row = doc["comparison"]["rows"][1]
+    assert row["level"] == "concurrency 8" and row["figures"]["output_token_throughput"]["ratio"] == pytest.approx(96 / 61)
+    assert row["figures"]["cost_per_1m_output_tokens"]["ratio"] == pytest.approx(61 / 96)
+    assert (ctx.work / "latency_throughput.png").is_file()
+    assert summary["comparison"]["rows"] and summary["original"]
+
+
+def test_run_bench_stage_fallback_and_no_quantize(tmp_path, monkeypatch):
+    calls = _fake_bench(monkeypatch)
+    r = _recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, bench={})
+    ctx = _ctx(tmp_path, r, {"verify": {"loaded": True, "generated": False, "reason": "no cpu_gemm_wna16 on AVX2"}})
+    pipeline._stage_bench(ctx)
+    assert [c["arm"] for c in calls] == ["sweep"] and calls[0]["path"] == str(tmp_path / "m")  # the original, once
+    doc = json.loads((ctx.work / "bench.json").read_text())
+    assert "original" not in doc and doc["served"]["origin"] == "original"
+    assert doc["comparison"]["nothing_to_compare"].startswith(
+        "vLLM on this host loads the candidate but cannot run it (no cpu_gemm_wna16 on AVX2)")
+    calls.clear()
+    plain = _recipe(tmp_path / "p", bench={})
+    ctx = _ctx(tmp_path / "p", plain, None)
+    pipeline._stage_bench(ctx)
+    doc = json.loads((ctx.work / "bench.json").read_text())
+    assert len(calls) == 1 and "comparison" not in doc and "original" not in doc
+
+
+def test_bench_key_changes_with_what_is_measured(tmp_path):
+    inputs = {"model": {"identity": "m"}, "prompts": {"builtin": "x"}}
+    host = {"accelerator": "cpu", "cpu_isa": "avx512"}
+
+    def key(**sections):
+        r = _recipe(tmp_path, bench={}, **sections)
+        chosen = pipeline.selected_stages(r, None)
+        return pipeline.stage_keys(r, chosen, inputs, host)["bench"]
+
+    q = {"method": "gptq", "group_size": 64}
+    with_q, without_q = key(quantize=q), key()
+    assert with_q != without_q
+    assert key(quantize=q, serve={"model": "original"}) != key(quantize=q, serve={"model": "quantized"})
+    assert key(quantize=q, model={"source": str(tmp_path / "m"), "dtype": "float16"}) != with_q  # the original is served too
+    assert key(quantize=q) == with_q  # and stable
+    assert pipeline.stage_key("bench", {}, {}, {}) != pipeline.stage_key("serve", {}, {}, {})
+
+
+def test_run_dry_run_shows_the_original_launch(tmp_path, monkeypatch):
+    monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
+    r = _recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={})
+    plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
+    assert list(plan["launches"]) == ["serve", "bench: the sweep", "bench: the original"]
+    orig = plan["launches"]["bench: the original"]
+    assert orig["model"] == str(tmp_path / "m") and orig["model_role"] == "base"
+    assert plan["launches"]["bench: the sweep"]["model_role"] == "candidate"
+    plain = pipeline.plan_pipeline(_recipe(tmp_path, serve={}, bench={}), out_dir=tmp_path / "runs")
+    assert "bench: the original" not in plain["launches"]
+
+
+def test_a_failing_original_arm_is_named(tmp_path, monkeypatch):
+    from infertool.bench import run as bench_run
+    from infertool.errors import RuntimeFailure
+
+    calls = _fake_bench(monkeypatch)
+    fake = bench_run.run_bench
+
+    def flaky(res, **kw):
+        if kw.get("arm") == "original":
+            raise RuntimeFailure("vLLM exited: out of memory")
+        return fake(res, **kw)
+
+    monkeypatch.setattr(bench_run, "run_bench", flaky)
+    r = _recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, bench={})
+    with pytest.raises(RuntimeFailure) as ei:
+        pipeline._stage_bench(_ctx(tmp_path, r, {}))
+    assert ei.value.message == f"measuring the original ({tmp_path / 'm'}) beside the candidate: vLLM exited: out of memory"
+    assert [c["arm"] for c in calls] == ["candidate"]
