@@ -6,19 +6,19 @@ from typing import Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, handle_errors
+from infertool.commands._common import JSON_OPT, InfertoolCommand, handle_errors
 
 
 def register(app: typer.Typer) -> None:
-    app.command("init")(handle_errors(init))
+    app.command("init", cls=InfertoolCommand)(handle_errors(init))
 
 
 def init(
-    model: str = typer.Argument(..., help="A local Hugging Face directory, a .gguf file, bundled:smollm2-135m, or a hub "
+    model: str = typer.Argument(..., metavar="MODEL", help="A local Hugging Face directory, a .gguf file, bundled:smollm2-135m, or a hub "
                                 "id (org/name) already in the local Hugging Face cache (never downloaded)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Fit the recipe to this GPU (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090). Default: this host."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="GPU", help="Fit the recipe to this GPU (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090). Default: this host."),
     cpu: bool = typer.Option(False, "--cpu", help="Fit the recipe to this host's CPU (vLLM's CPU backend)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", help="The recipe file to write (default: <name>.yaml here); - prints it to stdout."),
+    out: Optional[str] = typer.Option(None, "--out", "-o", metavar="FILE", help="The recipe file to write (default: <name>.yaml here); - prints it to stdout."),
     force: bool = typer.Option(False, "--force", help="Replace an existing file."),
     as_json: bool = JSON_OPT,
 ) -> None:
