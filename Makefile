@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 INFERTOOL := $(VENV)/bin/infertool
 DEMO_OUT ?= out
 
-.PHONY: demo test test-fast venv envs bench clean
+.PHONY: demo test test-fast venv envs browser bench clean
 
 # The light main environment: the CLI and the test runner. Backends live in managed envs (see README).
 $(VENV)/.installed: pyproject.toml
@@ -19,8 +19,14 @@ venv: $(VENV)/.installed
 envs: venv
 	$(INFERTOOL) env setup quant serve llmcompressor
 
+# Debian's Chromium for the report's browser test (best effort: without it that one test skips, saying why).
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
+	  echo "chromium is not installed: the report's browser test will skip"
+
 # Everything that can run on this machine, slow tests included; gpu tests skip without CUDA.
-test: envs
+test: envs browser
 	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest
 
 # Only the fast tests (no managed environments needed).
