@@ -305,10 +305,10 @@ def test_main_commands_show_examples_line_by_line(path):
 
 
 # ------------------------------------------------------------------------------- 8. exit codes
-def test_readme_exit_codes_match_errors_module():
+def test_documented_exit_codes_match_errors_module():
     from infertool import errors
 
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     table = dict(re.findall(r"^\s*\|\s*(\d+)\s*\|\s*(.+?)\s*\|\s*$", text, flags=re.M))
     assert set(table) == {"0", "1", "2", "3", "4", "130"}
     assert "usage" in table[str(errors.EXIT_USAGE)] and "environment" in table[str(errors.EXIT_BACKEND)]
