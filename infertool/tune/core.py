@@ -376,11 +376,12 @@ def run_trial(ctx: Context, trial: space.Trial, ref_raw: dict | None, screens: d
             rec["accuracy"] = {"verdict": "PASS", "reason": "the original model is the reference", "reference": True,
                                "mean_kld": 0.0, "top1": 1.0}
         else:
-            if trial.candidate.key not in screens:
-                st = _screen_stage(ctx, trial, q, ref_raw)
-                screens[trial.candidate.key] = st
+            shared = trial.candidate.key in screens  # the candidate's screening, made for an earlier trial
+            if not shared:
+                screens[trial.candidate.key] = _screen_stage(ctx, trial, q, ref_raw)
             st = screens[trial.candidate.key]
-            rec["stages"]["screen"] = {"entry": str(st.entry), "status": st.status, "seconds": st.seconds}
+            rec["stages"]["screen"] = {"entry": str(st.entry), "status": "reused" if shared else st.status,
+                                       "seconds": st.seconds}
             rec["accuracy"] = st.summary
             if not ctx.exhaustive and st.summary.get("verdict") == "FAIL":
                 rec.update({"status": "done", "objective": math.inf, "capacity": None,
