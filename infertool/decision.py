@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-ACTIVATION_SCHEMES = ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
+from infertool.resolve import ACTIVATION_SCHEMES
 DISTRIBUTION_GATES = ("max_mean_kld", "min_top1", "max_ppl_ratio")
 ACCURACY_GATES = ("max_acc_drop", "max_flip_rate")
 
