@@ -199,14 +199,14 @@ def test_real_run_interrupted_during_eval_resumes(tiny_model, quant_python, serv
 
     from tests.conftest import ROOT, run_cli
 
-    rec = tmp_path / "e2e.yaml"
-    rec.write_text(f"""name: e2e
-model: {{source: {tiny_model}}}
-quantize: {{method: gptq, bits: 4, group_size: 64, calibration: {{source: builtin, samples: 8, seq_len: 64}}}}
-eval: {{suite: builtin-corpus, engine: hf, max_items: 6, seq_len: 256, accept: {{preset: lenient}}}}
-""")
+    # the shipped quickstart recipe itself, on the 2-layer model with a small calibration and eval: this is also
+    # the quickstart's quantize + vLLM load check (served as the recipe serves it) that tests/test_recipes_real.py
+    # runs for the other CPU recipes
+    sets = ["--set", f"model.source={tiny_model}", "--set", "quantize.calibration.samples=4",
+            "--set", "quantize.calibration.seq_len=32", "--set", "eval.max_items=6", "--set", "eval.seq_len=256",
+            "--set", "eval.accept.preset=lenient"]
     out = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "infertool", "run", str(rec), "--stages", "model,quantize,eval", "--out", str(out)]
+    cmd = [sys.executable, "-m", "infertool", "run", "quickstart", *sets, "--stages", "model,quantize,eval", "--out", str(out)]
     # eval pauses after its first perplexity windows (INFERTOOL_PAUSE_AT): the signal lands mid-eval on any machine
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                          preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -222,13 +222,17 @@ eval: {{suite: builtin-corpus, engine: hf, max_items: 6, seq_len: 256, accept: {
     rest = p.stderr.read()
     assert p.wait(timeout=120) == 130, "".join(seen[-20:]) + rest
     assert "interrupted" in rest and "Traceback" not in rest
-    first = sorted(out.glob("e2e-*"))[-1]
+    first = sorted(out.glob("quickstart-*"))[-1]
     st = json.loads((first / "manifest.json").read_text())["stages"]
     assert st["quantize"]["status"] == "done" and st["eval"]["status"] == "interrupted"
     entries = sorted(e.name.split("-")[0] for e in (out / ".stages").iterdir())
     assert entries == ["model", "quantize"]  # nothing half-written for eval, no temp entry left
+    q = json.loads(next((out / ".stages").glob("quantize-*/model/infertool-manifest.json")).read_text())
+    assert q["verify"]["loaded"] is True  # the quickstart's load check: vLLM served it with the recipe's settings
+    argv = (q["verify"].get("launches") or {}).get("quantized", {}).get("argv") or q["verify"]["launch"]["argv"]
+    assert "--enforce-eager" in argv and argv[argv.index("--max-model-len") + 1] == "2048"
 
-    r = run_cli("run", str(rec), "--stages", "model,quantize,eval", "--out", str(out), "--json")
+    r = run_cli("run", "quickstart", *sets, "--stages", "model,quantize,eval", "--out", str(out), "--json")
     assert r.returncode in (0, 1), r.stderr  # 1: a FAIL/INCONCLUSIVE verdict, still a complete run
     res = json.loads(r.stdout)
     second = Path(res["run_dir"])
