@@ -112,6 +112,10 @@ class Stand:
         import infertool.tune.executor as ex
 
         monkeypatch.setattr(ex, "_needs_reference", lambda trials: True)
+        import infertool.tune.run as tr
+
+        self.envs_checked: list[str] = []
+        monkeypatch.setattr(tr, "_require_envs", lambda trials: self.envs_checked.append(len(trials)))
 
     def _stage(self, ctx, name, key, summary):
         def work(w: Path) -> dict:
@@ -211,6 +215,17 @@ def test_interrupted_tune_resumes_with_finished_trials_reused(smol, tmp_path, mo
     res = run_tune(r)
     assert [c for c in stand.calls if c.startswith("capacity:")] == [f"capacity:{t.id}" for t in ordered[2:]]
     assert all(t["status"] == "done" for t in res.trials)
+
+
+def test_a_missing_environment_stops_tune_before_any_trial(smol, tmp_path, tmp_home):
+    data = tune_recipe(smol, tmp_path)
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(data))
+    r = CliRunner().invoke(app, ["tune", str(p), "--json"])
+    assert r.exit_code == 3, r.output
+    err = json.loads(r.stdout)
+    assert err["error"] == "EnvNotReady" and "infertool env setup" in err["hint"]
+    assert not (tmp_path / "tune" / "t" / "trials").exists()  # no trial recorded as failed for it
 
 
 def test_report_escapes_what_a_recipe_can_say(smol, tmp_path, monkeypatch):

@@ -32,7 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from infertool.errors import InfertoolError
+from infertool.errors import EnvNotReady, InfertoolError
 from infertool.tune import search, space
 
 EventCallback = Callable[[dict], None]
@@ -400,6 +400,9 @@ def run_trial(ctx: Context, trial: space.Trial, ref_raw: dict | None, screens: d
         rec["status"] = "done"
     except KeyboardInterrupt:
         rec["status"] = "interrupted"
+        raise
+    except EnvNotReady:
+        rec["status"] = "interrupted"  # not this configuration's failure: every trial would fail the same way
         raise
     except InfertoolError as e:
         rec.update({"status": "failed", "error": e.to_dict(), "objective": math.inf})

@@ -24,5 +24,23 @@ def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = Fa
     _emit(on_event, f"{len(trials)} trials ({len({t.candidate.key for t in trials})} candidates x "
                     f"{len(space.grid_points(recipe))} serving settings)")
     executor = executor or recipe.tune.executor
+    if executor == "local":
+        _require_envs(trials)  # before the first quantization, not after an hour of trials
     records = execute(ctx, trials, executor)
     return finish(ctx, trials, records, time.monotonic() - t0)
+
+
+def _require_envs(trials: list[space.Trial]) -> None:
+    """Every environment the trials run in, checked up front: a stale or missing one is one clear error (exit 3),
+    not every trial recorded as failed. (On Ray each node checks its own.)"""
+    from infertool.envs.state import require_env
+    from infertool.quantize.backends import BACKEND_ENVS
+
+    needed = {"serve": "the vLLM servers (reference, screening, capacity)"}
+    for t in trials:
+        spec = t.candidate.spec
+        if spec and t.prediction.get("fits", True):
+            env = BACKEND_ENVS.get(spec.get("backend") or "gptqmodel", "quant")
+            needed.setdefault(env, f"quantizing candidate {t.candidate.label!r}")
+    for name, why in needed.items():
+        require_env(name, needed_by=why)
