@@ -103,3 +103,22 @@ def port_free(host: str, port: int) -> bool:
                 return False
             raise
     return True
+
+
+# Runs first in the child: ask Linux for SIGTERM when the parent dies (PR_SET_PDEATHSIG = 1), give up when it
+# already has, then become the real command (the death signal survives exec).
+_TIE = ("import ctypes,os,signal,sys\n"
+        "ctypes.CDLL(None,use_errno=True).prctl(1,signal.SIGTERM)\n"
+        "os.getppid()==int(sys.argv[1]) or sys.exit(143)\n"
+        "os.execvp(sys.argv[2],sys.argv[2:])\n")
+
+
+def tied(argv: Sequence[str], python: str | None = None) -> list[str]:
+    """``argv`` wrapped so that it gets SIGTERM if this process dies without stopping it (SIGKILL, a Ray
+    worker killed with its job, a crash): a vLLM server or a worker never outlives the infertool that started
+    it. Linux only (elsewhere ``argv`` as it is). A detached server is started without it."""
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return list(argv)
+    return [python or sys.executable, "-I", "-c", _TIE, str(os.getpid()), *argv]

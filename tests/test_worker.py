@@ -131,3 +131,46 @@ def test_run_stage_needs_its_env(tmp_home, monkeypatch):
         run_stage("model.import", {})
     assert ei.value.exit_code == 3
     assert "infertool env setup quant" in ei.value.hint
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_server_or_worker_never_outlives_a_killed_infertool(tmp_path):
+    # An infertool process (here a stand-in) starts a "server" through the real Server class (tied to it) and a
+    # detached one; SIGKILL leaves it no chance to stop them: the tied one must go by itself, the detached stays.
+    from tests.conftest import wait_for
+
+    code = f"""
+import sys, time
+from infertool.serve.command import LaunchSpec
+from infertool.serve.launcher import Server
+sleeper = [sys.executable, "-c", "import time; time.sleep(600)"]
+def spec():
+    return LaunchSpec(argv=sleeper, env={{}}, host="127.0.0.1", port=1, model="m", served_model_name="m",
+                      api_key_env=None, has_api_key=False, startup_timeout_s=5)
+tied_server = Server(spec(), {str(tmp_path / 'a.log')!r}); tied_server.start()
+detached = Server(spec(), {str(tmp_path / 'b.log')!r}, detached=True); detached.start()
+print(tied_server.pid, detached.pid, flush=True)
+time.sleep(600)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    tied_pid, detached_pid = map(int, parent.stdout.readline().split())
+    try:
+        # the tied child has become the real command (exec): its command line is the sleeper's, not a wrapper's
+        wait_for(lambda: "time.sleep(600)" in open(f"/proc/{tied_pid}/cmdline").read().replace("\0", " ")
+                 and "prctl" not in open(f"/proc/{tied_pid}/cmdline").read(), 30, "the tied server to exec")
+        parent.kill()
+        parent.wait(timeout=30)
+        wait_for(lambda: not _alive(tied_pid), 30, "the tied server to stop when its parent died")
+        assert _alive(detached_pid)  # --detach: it keeps running
+    finally:
+        parent.kill()
+        for pid in (tied_pid, detached_pid):
+            stop_group(pid, 2)

@@ -35,7 +35,7 @@ def env_setup(
         raise usage_error("--requirements defines one custom environment: give exactly one NAME")
     results = []
     for name in names:
-        with StageProgress("setup", quiet=as_json) as progress:
+        with StageProgress("setup") as progress:  # with --json too: the result on stdout, progress on stderr
             st, what = setup_env(name, force=force, variant=variant, requirements_file=requirements, on_event=progress.on_event)
         results.append({"name": name, "action": what, **st.to_dict()})
         if not as_json:

@@ -94,7 +94,7 @@ def eval_run(
         _render_dry_run(res, ev, b, c, labels, plans, as_json)
         return
     held = held_out_check(res, ev.suite) if not (base or candidate or ev.base or ev.candidate) else None
-    with StageProgress("eval", quiet=False) as progress:
+    with StageProgress("eval") as progress:
         spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, candidate_url=candidate_url,
                         api_key=api_key, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
                         accept=accept, out_dir=out_dir, base_source=source, vllm_plans=plans,

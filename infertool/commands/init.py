@@ -30,7 +30,7 @@ def init(
     from infertool.init import init_recipe
     from infertool.output import StageProgress, print_json
 
-    with StageProgress("model import", quiet=as_json) as progress:
+    with StageProgress("model import") as progress:  # with --json too: the result on stdout, progress on stderr
         result = init_recipe(model, gpu=gpu, cpu=cpu, out=out, force=force, on_event=progress.on_event)
     if as_json:
         print_json(result.to_dict())

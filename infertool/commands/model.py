@@ -35,7 +35,7 @@ def model_import(
     if not (source.startswith("bundled:") or source.lower().endswith(".gguf")):
         raise usage_error(f"{source!r} is neither bundled:NAME nor a .gguf file",
                      hint="a Hugging Face directory needs no import: use it as model.source directly")
-    with StageProgress("model import", quiet=as_json) as progress:
+    with StageProgress("model import") as progress:  # with --json too: the result on stdout, progress on stderr
         resolved = resolve_model(source, layers=layers, dtype=dtype, on_event=progress.on_event)
     path = copy_model_dir(resolved.path, dest, force=force)
     info = model_info(path)

@@ -60,7 +60,7 @@ def profile(
     r = load_recipe(recipe, overrides or [])
     out = out or f"out/{r.name}-profile"
     refuse_overwrite([Path(out) / "profile.json"], force)
-    with StageProgress("profile", quiet=as_json) as progress:
+    with StageProgress("profile") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run_profile(
             r, model=model, engine=engine, batch=_ints(batch, "--batch"), prompt_len=_ints(prompt_len, "--prompt-len"),
             decode_len=decode_len, nsys=nsys, out_dir=out, remeasure=remeasure, on_event=progress.on_event,

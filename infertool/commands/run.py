@@ -72,7 +72,7 @@ def run(
         style = {"done": "green", "reused": "cyan", "failed": "red", "running": "bold"}.get(status, "white")
         err.print(f"[{style}]{name}: {status}[/]{secs}", soft_wrap=True)
 
-    with StageProgress("run", quiet=as_json) as progress:
+    with StageProgress("run") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run_pipeline(r, stages=chosen, force=again, out_dir=out, on_event=progress.on_event, on_stage=on_stage)
     if as_json:
         print_json({"ok": result.ok, "run_dir": result.run_dir, "exit_code": result.exit_code, "stages": result.stages})

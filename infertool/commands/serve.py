@@ -190,7 +190,7 @@ def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool,
         if record_alive(read_pid_file(pid_path)):
             raise UsageError(f"a detached server is already recorded in {pid_path}",
                              hint=f"`infertool serve stop --pid-file {pid_path}` first, or give another --pid-file")
-    server = Server(plan.spec, log or default_log_path(plan.spec.port))
+    server = Server(plan.spec, log or default_log_path(plan.spec.port), detached=detach)
 
     def on_term(signum, frame):  # SIGTERM: same clean shutdown as Ctrl-C
         raise KeyboardInterrupt

@@ -61,16 +61,14 @@ def tune(
         return
     from infertool.tune.run import run_tune
 
-    def on_trial(rec: dict) -> None:
-        if as_json:
-            return
+    def on_trial(rec: dict) -> None:  # on stderr, with --json too
         cap = rec.get("capacity") or {}
         acc = (rec.get("accuracy") or {}).get("verdict")
         err.print(f"trial {rec['id']} {rec['label']}: {rec.get('status')}"
                   + (f", accuracy {acc}" if acc else "") + (f", max load {cap.get('max_load')}" if cap else ""),
                   markup=False, soft_wrap=True)
 
-    with StageProgress("tune", quiet=as_json) as progress:
+    with StageProgress("tune") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run_tune(r, out_dir=out, exhaustive=exhaustive, executor=executor, on_event=progress.on_event,
                           on_trial=on_trial)
     if as_json:

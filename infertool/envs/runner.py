@@ -28,7 +28,7 @@ from infertool.errors import (
     RuntimeFailure,
     UsageError,
 )
-from infertool.procs import stop_group
+from infertool.procs import stop_group, tied
 from infertool.stages import Stage, get_stage
 
 EventCallback = Callable[[dict], None]
@@ -169,7 +169,7 @@ def run_worker(
         log.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(argv)}\n")
         log.flush()
         proc = subprocess.Popen(
-            argv,
+            tied(argv),  # a worker never outlives the infertool that started it (SIGKILL, a crash)
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             stdin=subprocess.DEVNULL,

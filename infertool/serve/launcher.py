@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from infertool.errors import RuntimeFailure, UsageError
-from infertool.procs import group_members, process_start_time, stop_group
+from infertool.procs import group_members, process_start_time, stop_group, tied
 from infertool.serve.command import LaunchSpec, process_env
 
 TAIL_LINES = 25
@@ -122,8 +122,9 @@ class ReadyInfo:
 class Server:
     """One vLLM server process group. Use ``with Server(spec, log) as s: s.wait_ready()``."""
 
-    def __init__(self, spec: LaunchSpec, log_path: str | Path):
+    def __init__(self, spec: LaunchSpec, log_path: str | Path, *, detached: bool = False):
         self.spec = spec
+        self.detached = detached  # False: the server gets SIGTERM if this process dies without stopping it
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
@@ -137,7 +138,7 @@ class Server:
             log.flush()
             try:
                 self.proc = subprocess.Popen(
-                    self.spec.argv, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                    self.spec.argv if self.detached else tied(self.spec.argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                     env=process_env(self.spec), start_new_session=True,
                 )
             except OSError as exc:

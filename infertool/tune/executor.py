@@ -151,9 +151,26 @@ def _ray(ctx, trials: list, ref_raw) -> list[dict]:
     for t in trials:
         (rest if t.candidate.key in seen else firsts).append(t)
         seen.add(t.candidate.key)
-    for wave in (firsts, rest):
+    running: dict = {}
+    try:
+        _ray_waves(ctx, ray, (firsts, rest), running, records, limit, run_remote, options, ref, address)
+    except KeyboardInterrupt:
+        # Ctrl-C: each running trial gets a KeyboardInterrupt in its worker, so it stops its vLLM server and
+        # records itself as interrupted (bounded wait); the same command resumes
+        _emit(ctx.on_event, f"interrupted: stopping {len(running)} running trial(s)", "warning")
+        for r in running:
+            ray.cancel(r)
+        if running:
+            ray.wait(list(running), num_returns=len(running), timeout=60)
+        raise
+    return records
+
+
+def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_remote, options, ref, address) -> None:
+    from infertool.tune.core import _emit
+
+    for wave in waves:
         pending = list(wave)
-        running = {}
         while pending or running:
             while pending and len(running) < limit:
                 if ctx.elapsed() > ctx.tune.max_wall_s:
@@ -176,7 +193,6 @@ def _ray(ctx, trials: list, ref_raw) -> list[dict]:
             if ctx.on_trial:
                 ctx.on_trial(rec)
             records.append(rec)
-    return records
 
 
 def _recipe_payload(ctx) -> dict:
