@@ -288,6 +288,29 @@ class CachedStage:
     completed: str | None
 
 
+def _writer() -> str:
+    """Who writes a temporary stage directory: this host and process (a name part without dots)."""
+    import socket
+
+    return f"{socket.gethostname().replace('.', '_')}-{os.getpid()}"
+
+
+def _sweep_stale(cache: Path, prefix: str) -> None:
+    """Remove the temporary directories of this stage that a process of THIS host left when it was killed
+    (SIGKILL, a Ray worker killed with its job: no chance to clean up). A directory of a live process, of another
+    host (a shared file system) or of an unknown name is left alone."""
+    from infertool.procs import process_start_time
+
+    host = _writer().rsplit("-", 1)[0]
+    for p in cache.glob(prefix + "*.tmp"):
+        parts = p.name[len(prefix):-len(".tmp")].split(".")
+        if len(parts) != 2 or "-" not in parts[0]:
+            continue
+        who, pid = parts[0].rsplit("-", 1)
+        if who == host and pid.isdigit() and process_start_time(int(pid)) is None:
+            shutil.rmtree(p, ignore_errors=True)
+
+
 def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], dict], *, force: bool = False,
                  on_start: Callable[[], None] | None = None) -> CachedStage:
     """Run ``fn(work_dir) -> summary`` once per key: a completed entry ``<cache>/<name>-<key>/`` is reused; a
@@ -301,7 +324,8 @@ def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], dict], *
     if on_start:
         on_start()
     cache.mkdir(parents=True, exist_ok=True)
-    work = cache / f".{name}-{key}.{uuid.uuid4().hex[:8]}.tmp"
+    _sweep_stale(cache, f".{name}-{key}.")
+    work = cache / f".{name}-{key}.{_writer()}.{uuid.uuid4().hex[:8]}.tmp"
     work.mkdir()
     t0 = time.monotonic()
     try:

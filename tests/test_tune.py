@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -237,3 +238,28 @@ def test_report_escapes_what_a_recipe_can_say(smol, tmp_path, monkeypatch):
                        "status": "failed", "objective": math.inf, "why_lost": "<evil>"}]}
     page = render_html(doc, None, None)
     assert "<script>x" not in page and "<img src=x>" not in page and "&lt;evil&gt;" in page
+
+
+def test_a_stage_left_half_written_by_a_killed_process_is_swept(tmp_path):
+    import subprocess
+    import sys
+
+    from infertool.pipeline import _writer
+
+    cache = tmp_path / "stages"
+    # a process that started the stage and was killed (SIGKILL: no cleanup), one still writing, another host's
+    code = ("import sys; from pathlib import Path; from infertool.pipeline import cached_stage\n"
+            "cached_stage(Path(sys.argv[1]), 'capacity', 'k', lambda w: (print(w, flush=True), __import__('time').sleep(600)))")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(cache)], stdout=subprocess.PIPE, text=True)
+    dead = Path(proc.stdout.readline().strip())
+    proc.kill()
+    proc.wait(timeout=30)
+    assert dead.is_dir()
+    host = _writer().rsplit("-", 1)[0]
+    live = cache / f".capacity-k.{host}-{os.getpid()}.abcd1234.tmp"
+    other = cache / ".capacity-k.otherhost-1.abcd1234.tmp"
+    for d in (live, other):
+        d.mkdir()
+    st = cached_stage(cache, "capacity", "k", lambda w: {"max_load": 3})
+    assert st.status == "done" and st.summary == {"max_load": 3}
+    assert not dead.exists() and live.is_dir() and other.is_dir()
