@@ -174,3 +174,51 @@ time.sleep(600)
         parent.kill()
         for pid in (tied_pid, detached_pid):
             stop_group(pid, 2)
+
+
+def test_an_interruption_without_a_signal_stops_the_worker(tmp_path, monkeypatch):
+    # Ray cancels a running task by setting Python's interrupt flag: no signal wakes a blocking read. While the
+    # worker is silent (paused), the runner must still act on it: stop the worker and raise KeyboardInterrupt.
+    import _thread
+    import threading
+
+    from tests.conftest import wait_for
+
+    monkeypatch.setenv("INFERTOOL_PAUSE_AT", "selftest@2")
+    paused = threading.Event()
+    outcome = {}
+
+    def sink(ev):
+        if ev.get("event") == "log" and "paused at selftest 2/5" in ev.get("message", ""):
+            paused.set()
+
+    def canceller():
+        paused.wait(120)
+        worker = _children()
+        outcome["worker"] = worker
+        _thread.interrupt_main()  # what ray.cancel does to the task's thread
+        try:
+            wait_for(lambda: not any(_alive(p) for p in worker), 60, "the runner to stop the paused worker")
+        except BaseException:  # pytest.fail: the runner did not act; end the worker so the test ends
+            outcome["had_to_kill"] = True
+            for p in worker:
+                stop_group(p, 2)
+
+    threading.Thread(target=canceller, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, steps=5), tmp_path / "w.log", sink,
+                   timeout_s=600)
+    assert outcome["worker"] and "had_to_kill" not in outcome
+
+
+def _children() -> list[int]:
+    me, out = os.getpid(), []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    if int(f.read().rsplit(")", 1)[1].split()[1]) == me:
+                        out.append(int(d))
+            except OSError:
+                pass
+    return out

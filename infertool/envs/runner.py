@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import queue
 import subprocess
 import sys
 import threading
@@ -204,9 +205,25 @@ def run_worker(
 
         if timeout_s:
             threading.Thread(target=watchdog, daemon=True).start()
-        try:
+        lines: queue.Queue = queue.Queue()
+
+        def pump_stdout() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        threading.Thread(target=pump_stdout, daemon=True).start()
+        try:
+            while True:
+                # a bounded wait, not a blocking read: an interruption that comes without a signal (Ray's task
+                # cancellation sets Python's interrupt flag) is acted on within half a second
+                try:
+                    line = lines.get(timeout=0.5)
+                except queue.Empty:
+                    continue
+                if line is None:
+                    break
                 line = line.strip()
                 if not line:
                     continue
