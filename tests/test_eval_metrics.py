@@ -50,6 +50,18 @@ def test_topk_kld_exact_when_covered_and_a_lower_bound_otherwise():
     assert kld <= exact
 
 
+def test_topk_kld_stays_finite_when_a_rounded_top_k_sums_to_one():
+    # float32 servers round: the candidate's top-2 sums a little over 1, and base's second token is not in it
+    base = {"a": math.log(0.9), "b": math.log(0.1)}
+    cand = {"a": math.log(0.7000001), "c": math.log(0.3)}
+    kld, covered = M.topk_kld(base, cand)
+    assert math.isfinite(kld) and kld > 0.5  # b gets at most the rounding: a large term, not inf
+    assert covered == pytest.approx(1.0)
+    # a -inf log-probability in the candidate's top-k (a masked token) does not make it inf either
+    kld2, _ = M.topk_kld(base, {"a": math.log(0.9), "z": -math.inf})
+    assert math.isfinite(kld2)
+
+
 def test_perplexity_and_bits_per_byte():
     lp = [math.log(0.5), math.log(0.25)]
     assert M.perplexity(lp) == pytest.approx(math.sqrt(8))  # exp((ln2 + ln4)/2)
@@ -137,6 +149,12 @@ def test_gate_pass_fail_inconclusive_and_n_needed():
     status, why = verdict([judge("max_mean_kld", "mean KLD", 0.05, 0.06, 0.04, 0.08, upper=True, n=100, unit="tokens")])
     assert status == "INCONCLUSIVE" and "400" in why
     assert verdict([na])[0] == "INCONCLUSIVE"
+    # measured but not finite: never skipped as "not measured"
+    inf = judge("max_mean_kld", "mean KLD", 0.05, math.inf, math.nan, math.nan, upper=True, n=12264, unit="tokens")
+    assert inf.status == "FAIL" and "inf" in inf.note
+    assert verdict([inf, judge("min_top1", "same top-1", 0.9, 0.95, 0.92, 0.97, upper=False, n=100, unit="tokens")])[0] == "FAIL"
+    nan = judge("max_mean_kld", "mean KLD", 0.05, math.nan, math.nan, math.nan, upper=True, n=10, unit="tokens")
+    assert nan.status == "INCONCLUSIVE"
 
 
 def test_thresholds_preset_and_overrides():

@@ -113,6 +113,9 @@ def kld_from_logprobs(lp_p: Sequence[float], lp_q: Sequence[float]) -> float:
     return max(0.0, math.fsum(math.exp(a) * (a - b) for a, b in zip(lp_p, lp_q) if a > -math.inf))
 
 
+_ROUNDING = 1e-6  # the probability a server's rounded top-k log-probabilities cannot resolve (float32: ~1e-7 each)
+
+
 def topk_kld(base_top: dict[str, float], cand_top: dict[str, float]) -> tuple[float, float]:
     """KL(base || candidate) from the top-k log-probabilities a server returns; (kld, covered mass).
 
@@ -126,8 +129,11 @@ def topk_kld(base_top: dict[str, float], cand_top: dict[str, float]) -> tuple[fl
     if not base_top:
         return float("nan"), 0.0
     cand_probs = {t: math.exp(v) for t, v in cand_top.items()}
-    cand_rest = max(0.0, 1.0 - math.fsum(cand_probs.values()))
-    cand_floor = min(min(cand_probs.values()) if cand_probs else 1.0, cand_rest)
+    # A server's top-k can sum to 1 or a little over (its log-probabilities are rounded, float32 on CPUs): the
+    # mass left for the other tokens is then "at most the rounding", not zero, and a token of base's top-k that
+    # is missing from the candidate's gets that much: a large but finite term, still erring low, never inf.
+    cand_rest = max(_ROUNDING, 1.0 - math.fsum(cand_probs.values()))
+    cand_floor = max(_ROUNDING, min(min(cand_probs.values()) if cand_probs else 1.0, cand_rest))
     total = 0.0
     covered_b = 0.0
     covered_c = 0.0
@@ -139,7 +145,7 @@ def topk_kld(base_top: dict[str, float], cand_top: dict[str, float]) -> tuple[fl
         if pb > 0:
             total += pb * (lpb - math.log(pc)) if pc > 0 else math.inf
     rest_b = max(0.0, 1.0 - covered_b)
-    rest_c = max(0.0, 1.0 - covered_c)
+    rest_c = max(_ROUNDING, 1.0 - covered_c)
     if rest_b > 1e-12:
         total += rest_b * (math.log(rest_b) - math.log(rest_c)) if rest_c > 0 else math.inf
     return max(0.0, total), min(1.0, covered_b)

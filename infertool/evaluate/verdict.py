@@ -65,9 +65,14 @@ def judge(name: str, metric: str, threshold: float, estimate: float | None, lo: 
     """One gate. ``upper``: the metric must stay at or below the threshold (else at or above).
     ``transform`` maps values to the scale where the interval is symmetric (log for a ratio);
     ``proportion_conf``: the interval is a Wilson interval at this confidence (N needed is searched)."""
-    if estimate is None or lo is None or hi is None or n == 0 or any(
-            isinstance(v, float) and math.isnan(v) for v in (estimate, lo, hi)):
+    if estimate is None or n == 0:
         return Gate(name, metric, threshold, estimate, lo, hi, "n/a", n, unit, note=note or "not measured by this suite")
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (estimate, lo, hi)):
+        # measured, but not a finite figure: never skipped as "not measured"
+        beyond = isinstance(estimate, (int, float)) and estimate == (math.inf if upper else -math.inf)
+        why = f"the measured {metric} is {estimate}" + (f" (interval {lo}..{hi})" if not beyond else "")
+        return Gate(name, metric, threshold, estimate, lo, hi, "FAIL" if beyond else "INCONCLUSIVE", n, unit,
+                    note="; ".join(x for x in (note, why) if x))
     if upper:
         status = "PASS" if hi <= threshold else "FAIL" if lo > threshold else "INCONCLUSIVE"
     else:
