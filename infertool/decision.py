@@ -21,7 +21,8 @@ DISTRIBUTION_GATES = ("max_mean_kld", "min_top1", "max_ppl_ratio")
 ACCURACY_GATES = ("max_acc_drop", "max_flip_rate")
 
 
-def _get(d, *path):
+def dig(d, *path):
+    """d[path[0]][path[1]]...; None where a step is missing or not a dict (manifests from older runs)."""
     for k in path:
         if not isinstance(d, dict):
             return None
@@ -44,21 +45,21 @@ def model_names(manifest: dict, data: dict) -> dict:
     stages = manifest.get("stages") or {}
     ev, be = data.get("eval") or {}, data.get("bench") or {}
     recipe = manifest.get("recipe") or {}
-    original = (_get(res, "base", "label") or _get(stages, "model", "summary", "label") or _get(ev, "base", "label")
-                or _get(be, "original", "label") or _get(recipe, "model", "source"))
+    original = (dig(res, "base", "label") or dig(stages, "model", "summary", "label") or dig(ev, "base", "label")
+                or dig(be, "original", "label") or dig(recipe, "model", "source"))
     candidate = None
     if recipe.get("quantize") is not None or data.get("quantize"):
-        candidate = (_get(res, "candidate", "label") or _get(stages, "quantize", "summary", "label")
-                     or _get(data, "quantize", "resolution", "candidate", "label") or _get(ev, "candidate", "label"))
-    served = (_get(res, "served", "label") or _get(be, "served", "label") or be.get("label")
-              or _get(stages, "serve", "summary", "label") or (original if candidate is None else None))
+        candidate = (dig(res, "candidate", "label") or dig(stages, "quantize", "summary", "label")
+                     or dig(data, "quantize", "resolution", "candidate", "label") or dig(ev, "candidate", "label"))
+    served = (dig(res, "served", "label") or dig(be, "served", "label") or be.get("label")
+              or dig(stages, "serve", "summary", "label") or (original if candidate is None else None))
     return {"original": original, "candidate": candidate, "served": served,
-            "served_origin": res.get("served_origin") or _get(be, "served", "origin")}
+            "served_origin": res.get("served_origin") or dig(be, "served", "origin")}
 
 
 # ------------------------------------------------------------------------------------------- gains
 def weights(data: dict) -> dict | None:
-    size = _get(data, "quantize", "size") or {}
+    size = dig(data, "quantize", "size") or {}
     b, a = size.get("weight_bytes_before"), size.get("weight_bytes_after")
     if not (isinstance(b, (int, float)) and isinstance(a, (int, float)) and b):
         return None
@@ -100,10 +101,10 @@ def speed(data: dict) -> dict:
         rows.append({
             "level": lv["level"]["label"], "kind": lv["level"].get("kind"),
             "output_tok_s": _pair(s.get("output_token_throughput"), c.get("output_token_throughput")),
-            "cost_per_1m": _pair(_get(s, "cost", "per_1m_output_tokens"), _get(c, "cost", "per_1m_output_tokens")),
-            "goodput": _pair(_get(s, "goodput", "fraction"), _get(c, "goodput", "fraction")),
-            "tpot_p50_ms": _pair(_get(s, "tpot_ms", "p50"), _get(c, "tpot_ms", "p50")),
-            "ttft_p50_ms": _pair(_get(s, "ttft_ms", "p50"), _get(c, "ttft_ms", "p50")),
+            "cost_per_1m": _pair(dig(s, "cost", "per_1m_output_tokens"), dig(c, "cost", "per_1m_output_tokens")),
+            "goodput": _pair(dig(s, "goodput", "fraction"), dig(c, "goodput", "fraction")),
+            "tpot_p50_ms": _pair(dig(s, "tpot_ms", "p50"), dig(c, "tpot_ms", "p50")),
+            "ttft_p50_ms": _pair(dig(s, "ttft_ms", "p50"), dig(c, "ttft_ms", "p50")),
             "failed": {"original": s.get("failed"), "candidate": c.get("failed")},
         })
     if not rows:
@@ -116,7 +117,7 @@ def speed(data: dict) -> dict:
 
 def _served_dtype(report: dict) -> str | None:
     """The --dtype vLLM was started with for a bench report's (first) server; 'auto' when none was passed."""
-    argv = _get((report.get("servers") or [None])[0], "argv")
+    argv = dig((report.get("servers") or [None])[0], "argv")
     if not isinstance(argv, list):
         return None
     return argv[argv.index("--dtype") + 1] if "--dtype" in argv[:-1] else "auto"
@@ -239,7 +240,7 @@ def _quantization_options(q: dict, target_kind: str) -> list[str]:
         opts.append("AWQ: quantize.method: awq (4-bit with activation-aware scales)")
     elif method == "awq":
         opts.append("GPTQ: quantize.method: gptq (4-bit with error compensation)")
-    samples = _get(q, "calibration", "samples")
+    samples = dig(q, "calibration", "samples")
     if isinstance(samples, int) and samples < 128:
         opts.append(f"more calibration text: quantize.calibration.samples: 128 (now {samples})")
     return opts
@@ -308,15 +309,15 @@ def summarize_run(manifest: dict, data: dict) -> dict:
     names = model_names(manifest, data)
     size = weights(data)
     gains = speed(data)
-    verdict = ev.get("verdict") or _get(manifest, "stages", "eval", "summary", "verdict")
-    reason = ev.get("reason") or _get(manifest, "stages", "eval", "summary", "reason")
-    gates = ev.get("gates") or _get(manifest, "stages", "eval", "summary", "gates") or []
+    verdict = ev.get("verdict") or dig(manifest, "stages", "eval", "summary", "verdict")
+    reason = ev.get("reason") or dig(manifest, "stages", "eval", "summary", "reason")
+    gates = ev.get("gates") or dig(manifest, "stages", "eval", "summary", "gates") or []
     has_quantize = recipe.get("quantize") is not None or bool(data.get("quantize"))
-    target_kind = _get(manifest, "target", "kind") or "cpu"
+    target_kind = dig(manifest, "target", "kind") or "cpu"
     dec = decision(verdict, gates, names, gains, size, has_quantize)
     return {"names": names, "weights": size, "speed": gains, "verdict": verdict, "reason": reason, "gates": gates,
-            "decision": dec, "eval": {"suite": _get(ev, "suite", "name"), "engine": ev.get("engine"),
-                                      "confidence": _get(ev, "settings", "accept", "confidence")},
+            "decision": dec, "eval": {"suite": dig(ev, "suite", "name"), "engine": ev.get("engine"),
+                                      "confidence": dig(ev, "settings", "accept", "confidence")},
             "next": next_steps(verdict, gates, recipe.get("quantize"), target_kind=target_kind,
                                eval_section=recipe.get("eval"),
                                not_served_here=gains.get("why") if gains.get("status") == "nothing to compare"

@@ -14,6 +14,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infertool.decision import dig
 from infertool.errors import UsageError
 
 
@@ -136,18 +137,10 @@ def _traffic(settings: dict | None) -> str:
     slo_txt = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {_fmt(v)} ms" for k, v in slo.items() if v is not None)
     cost = s.get("cost_per_hour")
     return (f"the same traffic ({s.get('requests_per_level')} requests per load level, prompts of about "
-            f"{_get(s, 'prompt', 'len_tokens')} tokens from {_get(s, 'prompt', 'source')}, {s.get('output_len')} output tokens) "
+            f"{dig(s, 'prompt', 'len_tokens')} tokens from {dig(s, 'prompt', 'source')}, {s.get('output_len')} output tokens) "
             f"and SLO ({slo_txt or 'none set'})"
             + (f", the machine at ${cost:.2f} per hour" if cost is not None else
                "; $ per 1M output tokens needs bench.cost_per_hour"))
-
-
-def _get(d, *path):
-    for k in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
 
 
 def _summary_section(manifest: dict, data: dict) -> Section:
@@ -262,7 +255,7 @@ def _sections(run_dir: Path, manifest: dict, data: dict) -> list[Section]:
                          _fmt(g.get("threshold"), 4), g.get("status", "")])
         out.append(Section("eval", f"Eval: {ev.get('verdict')}", [
             P("base ", Bold(names["original"] or "?"), ", candidate ", Bold(names["candidate"] or "?")),
-            P(ev.get("reason") or ""), P(f"suite {_get(ev, 'suite', 'name')}, engine {ev.get('engine')}"),
+            P(ev.get("reason") or ""), P(f"suite {dig(ev, 'suite', 'name')}, engine {ev.get('engine')}"),
             Table(rows), Figure("kld_histogram")]))
     pr = data.get("profile")
     if pr:
@@ -270,16 +263,16 @@ def _sections(run_dir: Path, manifest: dict, data: dict) -> list[Section]:
         for p in pr.get("points", []):
             shape = f"{p['tokens']} tokens" if p["phase"] == "prefill" else f"batch {p['batch']} @ {p['tokens']}"
             rows.append([p["phase"], shape, _fmt(p["seconds"] * 1e3), f"{p['mbu']:.0%}", f"{p['mfu']:.0%}", p["verdict"], p["confidence"]])
-        who = _get(pr, "model", "label") or names["original"]
+        who = dig(pr, "model", "label") or names["original"]
         out.append(Section("profile", "Profile", [
-            P("profiled: ", Bold(who or "?"), f" on {_get(pr, 'device', 'name') or _get(pr, 'device', 'kind')}"),
+            P("profiled: ", Bold(who or "?"), f" on {dig(pr, 'device', 'name') or dig(pr, 'device', 'kind')}"),
             P(f"peaks: {_fmt(pr['peaks']['bandwidth'] / 1e9)} GB/s, {_fmt(pr['peaks']['flops'] / 1e9)} GFLOP/s ({pr['peaks'].get('dtype')})"),
             Bullets([P(a) for a in pr.get("advice", [])]), Table(rows), Figure("roofline")]))
     sv = data.get("serve")
     if sv:
         out.append(Section("serve", "Serve", [
             P("served: ", Bold(sv.get("label") or names["served"] or "?"), f" ({sv.get('served') or 'served'})"),
-            P(f"ready in {sv.get('ready_s')} s; smoke completion of {_get(sv, 'smoke', 'prompt')!r}: {_get(sv, 'smoke', 'completion')!r}")]))
+            P(f"ready in {sv.get('ready_s')} s; smoke completion of {dig(sv, 'smoke', 'prompt')!r}: {dig(sv, 'smoke', 'completion')!r}")]))
     be = data.get("bench")
     if be:
         blocks = []
@@ -287,7 +280,7 @@ def _sections(run_dir: Path, manifest: dict, data: dict) -> list[Section]:
         if be.get("original"):
             arms.append(("original", be["original"]))
         for role, arm in arms:
-            label = arm.get("label") or _get(arm, "served", "label") or names.get(role) or names.get("served")
+            label = arm.get("label") or dig(arm, "served", "label") or names.get(role) or names.get("served")
             blocks.append(P(f"{role}: ", Bold(label or "?"), " (vLLM name ", Code(str(arm.get("model"))), f"), endpoint {arm.get('endpoint')}"))
             blocks.append(Table(_bench_rows(arm)))
         for note in be.get("notes") or []:
