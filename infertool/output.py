@@ -89,9 +89,8 @@ class StageProgress:
     Use as a context manager; pass `self.on_event` to `run_stage`.
     """
 
-    def __init__(self, title: str, *, quiet: bool = False):
+    def __init__(self, title: str):
         self.title = title
-        self.quiet = quiet
         self._progress = None
         self._tasks: dict[str, int] = {}
         self._last: dict[str, tuple[str | None, float]] = {}
@@ -100,7 +99,7 @@ class StageProgress:
         return self
 
     def _start(self) -> None:
-        if self._progress is None and not self.quiet:
+        if self._progress is None:
             from rich.progress import (
                 BarColumn,
                 MofNCompleteColumn,
@@ -146,12 +145,10 @@ class StageProgress:
             self._progress.stop()
 
     def on_event(self, event: dict) -> None:
-        if not self.quiet and not err.is_terminal:
+        if not err.is_terminal:
             self._plain(event)  # CI logs and pipes: plain lines instead of a live bar
             return
         self._start()
-        if self._progress is None:
-            return
         kind = event.get("event")
         if kind == "progress":
             key = event.get("task", "work")

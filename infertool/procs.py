@@ -113,7 +113,7 @@ _TIE = ("import ctypes,os,signal,sys\n"
         "os.execvp(sys.argv[2],sys.argv[2:])\n")
 
 
-def tied(argv: Sequence[str], python: str | None = None) -> list[str]:
+def tied(argv: Sequence[str]) -> list[str]:
     """``argv`` wrapped so that it gets SIGTERM if this process dies without stopping it (SIGKILL, a Ray
     worker killed with its job, a crash): a vLLM server or a worker never outlives the infertool that started
     it. Linux only (elsewhere ``argv`` as it is). A detached server is started without it."""
@@ -121,4 +121,4 @@ def tied(argv: Sequence[str], python: str | None = None) -> list[str]:
 
     if not sys.platform.startswith("linux"):
         return list(argv)
-    return [python or sys.executable, "-I", "-c", _TIE, str(os.getpid()), *argv]
+    return [sys.executable, "-I", "-c", _TIE, str(os.getpid()), *argv]

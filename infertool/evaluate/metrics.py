@@ -143,11 +143,11 @@ def topk_kld(base_top: dict[str, float], cand_top: dict[str, float]) -> tuple[fl
         covered_b += pb
         covered_c += pc
         if pb > 0:
-            total += pb * (lpb - math.log(pc)) if pc > 0 else math.inf
+            total += pb * (lpb - math.log(pc))
     rest_b = max(0.0, 1.0 - covered_b)
     rest_c = max(_ROUNDING, 1.0 - covered_c)
     if rest_b > 1e-12:
-        total += rest_b * (math.log(rest_b) - math.log(rest_c)) if rest_c > 0 else math.inf
+        total += rest_b * (math.log(rest_b) - math.log(rest_c))
     return max(0.0, total), min(1.0, covered_b)
 
 
