@@ -1,14 +1,21 @@
 """`infertool serve --emit k8s`: Kubernetes manifests for the recipe's vLLM server.
 
 A Deployment (GPU resources, the same vLLM flags `infertool serve` would use, /dev/shm for tensor
-parallelism, the model from a read-only volume), a Service, readiness on /v1/models and liveness on
-/health, and the API key from a Secret (never its value). Multi-node serving (Ray) is noted, not emitted:
-it needs a Ray cluster (e.g. KubeRay) that this file does not create.
+parallelism, the model from a read-only volume), a Service, startup, readiness and liveness probes on
+/health (vLLM answers it without the API key: /v1/models would answer 401 to the kubelet), and the API key
+and every secret-looking `serve.env` variable from Secrets (never their values). Multi-node serving (Ray)
+is noted, not emitted: it needs a Ray cluster (e.g. KubeRay) that this file does not create.
+
+Everything from the recipe enters the manifests as a value of the data that a YAML library dumps, never as
+pasted text; the comments at the top hold one line each of sanitised text (no line break or control
+character can end a comment and start a document).
 """
 
 from __future__ import annotations
 
 import re
+import shlex
+import unicodedata
 from pathlib import PurePosixPath
 
 import yaml
@@ -16,6 +23,25 @@ import yaml
 VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"  # the same vLLM release as the serve-cuda requirement set
 VLLM_CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0"  # vLLM's x86 CPU image (serve-cpu's release)
 MODEL_MOUNT = "/models"
+# an environment variable whose value is a credential: it comes from a Secret, never as a plain value
+_SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
+_COMMENT_MAX = 200  # characters of one value in a comment (a 100k-character path is cut, not pasted whole)
+
+
+def is_secret_env(name: str, value: str = "") -> bool:
+    """Whether ``name=value`` is a credential (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, AWS_SECRET_ACCESS_KEY, ...,
+    or a value that looks like a key whatever its name)."""
+    from infertool.recipe import _looks_like_secret
+
+    return bool(_SECRET_NAME.search(name)) or (bool(value) and _looks_like_secret(value))
+
+
+def comment_text(text: object, limit: int | None = _COMMENT_MAX) -> str:
+    """``text`` as (part of) the body of one YAML comment line: every line break, control, format or other
+    non-printable character becomes a space, runs of spaces one, and at most ``limit`` characters."""
+    clean = "".join(ch if ch.isprintable() and unicodedata.category(ch) != "Cf" else " " for ch in str(text))
+    clean = " ".join(clean.split())
+    return clean if limit is None or len(clean) <= limit else clean[:limit - 3] + "..."
 
 
 def k8s_name(text: str) -> str:
@@ -49,14 +75,17 @@ def manifests(res, *, image: str | None = None, namespace: str | None = None,
     argv = ["python3", *launch.argv[1:]]
     gpus = 0 if cpu else serve.tensor_parallel_size * serve.pipeline_parallel_size
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "infertool"}
-    env = [{"name": k, "value": v} for k, v in sorted(launch.env.items())]
+    env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": env_secret_name(name), "key": k}}}
+           if is_secret_env(k, v) else {"name": k, "value": v} for k, v in sorted(launch.env.items())]
     if serve.api_key_env:
         env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": secret or f"{name}-api-key", "key": "api-key"}}})
     port = serve.port
     meta = {"name": name, "labels": labels}
     if namespace:
         meta["namespace"] = namespace
-    probe = {"httpGet": {"path": "/v1/models", "port": port}, "periodSeconds": 10, "failureThreshold": 3}
+    # /health, not /v1/models: vLLM checks the API key on /v1/* only, and the kubelet sends none
+    health = {"httpGet": {"path": "/health", "port": port}}
+    startup_checks = min(8640, max(6, int(serve.startup_timeout_s // 10)))  # a day at most, an int32 always
     deployment = {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -77,10 +106,9 @@ def manifests(res, *, image: str | None = None, namespace: str | None = None,
                         "resources": ({"limits": {"nvidia.com/gpu": gpus}, "requests": {"nvidia.com/gpu": gpus}} if gpus
                                       else {"requests": {"memory": f"{_cpu_memory_gib(res, serve)}Gi"}}),
                         # start-up can take minutes (weights, CUDA graphs): the startup probe holds the others back
-                        "startupProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 10,
-                                         "failureThreshold": max(6, int(serve.startup_timeout_s // 10))},
-                        "readinessProbe": probe,
-                        "livenessProbe": {"httpGet": {"path": "/health", "port": port}, "periodSeconds": 15, "failureThreshold": 3},
+                        "startupProbe": {**health, "periodSeconds": 10, "failureThreshold": startup_checks},
+                        "readinessProbe": {**health, "periodSeconds": 10, "failureThreshold": 3},
+                        "livenessProbe": {**health, "periodSeconds": 15, "failureThreshold": 3},
                         "volumeMounts": [{"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True},
                                          {"name": "shm", "mountPath": "/dev/shm"}],
                     }],
@@ -99,6 +127,17 @@ def manifests(res, *, image: str | None = None, namespace: str | None = None,
         "spec": {"selector": labels, "ports": [{"name": "http", "port": port, "targetPort": "http"}], "type": "ClusterIP"},
     }
     return [deployment, service]
+
+
+def env_secret_name(name: str) -> str:
+    """The Secret that holds the recipe's secret-looking serve.env variables (one key per variable)."""
+    return f"{name}-env"
+
+
+def secret_env_names(res) -> list[str]:
+    """The serve.env variables that the manifests take from env_secret_name (sorted)."""
+    serve, _ = res.serve_for(res.served)
+    return sorted(k for k, v in serve.env.items() if is_secret_env(k, v))
 
 
 class _NoAliases(yaml.SafeDumper):
@@ -124,25 +163,40 @@ def _cpu_memory_gib(res, serve) -> int:
     return int(math.ceil(weights / 2**30 + kv + 2))
 
 
+def _from_env(var: str) -> str:
+    """A shell word that expands to the variable ``var`` of the user's shell (a validated name)."""
+    if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", var):
+        raise ValueError(f"not an environment variable name: {var!r}")
+    return f'"${var}"'
+
+
 def render(docs: list[dict], res) -> str:
+    """The manifests as YAML: a comment header (one sanitised line each), then the documents as a YAML
+    library dumps them."""
     recipe = res.recipe
     serve = recipe.serve
     name = k8s_name(recipe.name)
     model = res.served
-    where = model.path or model.source
+    v = comment_text  # each value from the recipe: one line, cut at _COMMENT_MAX
     head = [
-        f"# Kubernetes manifests for recipe {recipe.name!r}, generated by infertool.",
-        f"# Serves: {model.label} ({res.served_origin}); the same model and vLLM flags `infertool serve` uses.",
-        f"# Model: {where} -> mounted read-only at {container_model_path(model)} from PVC {name}-models (copy it there first).",
-        "# Target: " + (f"{res.target.count} x {res.target.gpu or 'NVIDIA GPU'}" if res.target.kind == "gpu"
-                         else "CPU (vLLM's CPU image; VLLM_CPU_KVCACHE_SPACE from serve.cpu)"),
+        f"Kubernetes manifests for recipe {v(repr(recipe.name))}, generated by infertool.",
+        f"Serves: {v(model.label)} ({res.served_origin}); the same model and vLLM flags `infertool serve` uses.",
+        (f"Model: {v(model.path or model.source)} -> mounted read-only at {v(container_model_path(model))} from PVC "
+         f"{name}-models (copy it there first)."),
+        "Target: " + (f"{res.target.count} x {res.target.gpu or 'NVIDIA GPU'}" if res.target.kind == "gpu"
+                       else "CPU (vLLM's CPU image; VLLM_CPU_KVCACHE_SPACE from serve.cpu)"),
     ]
     for note in res.notes:
-        head.append(f"# Note: {note}")
+        head.append(f"Note: {v(note, 1000)}")
     if serve is not None and serve.api_key_env:
-        head.append(f"# API key: kubectl create secret generic {name}-api-key --from-literal=api-key=\"${serve.api_key_env}\"")
+        head.append(f"API key: kubectl create secret generic {shlex.quote(name + '-api-key')} "
+                    f"--from-literal=api-key={_from_env(serve.api_key_env)}")
+    secrets = secret_env_names(res)
+    if secrets:
+        literals = " ".join(f"--from-literal={k}={_from_env(k)}" for k in secrets)
+        head.append(f"Secret variables of serve.env ({', '.join(secrets)}; their values are not written here): "
+                    f"kubectl create secret generic {shlex.quote(env_secret_name(name))} {literals}")
     if serve is not None and serve.distributed_executor_backend == "ray":
-        head.append("# distributed_executor_backend: ray spans nodes through a Ray cluster (e.g. KubeRay), not created here.")
+        head.append("distributed_executor_backend: ray spans nodes through a Ray cluster (e.g. KubeRay), not created here.")
     body = "---\n".join(yaml.dump(d, Dumper=_NoAliases, sort_keys=False) for d in docs)
-    head = ["# " + " ".join(line[2:].split()) for line in head]  # one line each, whatever a path or note holds
-    return "\n".join(head) + "\n---\n" + body
+    return "".join(f"# {comment_text(line, None)}\n" for line in head) + "---\n" + body
