@@ -1,6 +1,11 @@
 """Rendering in one place: Rich for people (stderr), JSON for machines (stdout).
 
 Core functions never print; the CLI hands their results to these helpers.
+
+Rich reads `[...]` in a string as markup, so a recipe, model, path or server text pasted into one would
+restyle the line, link elsewhere, or crash it (`[/]`: MarkupError). Every such value goes through esc()
+inside a markup string, or in as plain() Text (kv_table does that for its cells and title); esc() and
+plain() also show terminal control characters as escapes instead of sending them to the terminal.
 """
 
 from __future__ import annotations
@@ -9,11 +14,14 @@ import dataclasses
 import json
 import os
 import sys
+import unicodedata
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
+
 
 # Human output: tables and results go to stdout unless --json is given, progress and logs to stderr.
 def _width(stream) -> int | None:
@@ -49,12 +57,35 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def visible(text: Any) -> str:
+    """``text`` with every control or format character (ESC, BEL, CR, bidi overrides...) but newline and tab
+    shown as its escape (``\\x1b``), so that no value can move the cursor, recolour or retitle a terminal."""
+    s = str(text)
+    if s.isprintable():
+        return s
+    return "".join(ch if ch in "\n\t" or unicodedata.category(ch) not in ("Cc", "Cf", "Cs")
+                   else ascii(ch)[1:-1] for ch in s)
+
+
+def esc(value: Any) -> str:
+    """A value to put inside a Rich markup string: its `[` cannot open a tag, its control characters show."""
+    from rich.markup import escape
+
+    return escape(visible(value))
+
+
+def plain(value: Any, style: str = "") -> Text:
+    """A value as Rich Text, never read as markup (a Text passes through as it is)."""
+    return value if isinstance(value, Text) else Text(visible(value), style=style)
+
+
 def kv_table(rows: Iterable[tuple[str, Any]], title: str | None = None) -> Table:
-    table = Table(title=title, show_header=False, box=None, pad_edge=False)
+    """A two-column table; keys, values and title are plain text (give a Text for a styled value)."""
+    table = Table(title=None if title is None else plain(title), show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold cyan", no_wrap=True)
     table.add_column()
     for k, v in rows:
-        table.add_row(k, "" if v is None else str(v))
+        table.add_row(plain(k), plain("" if v is None else v))
     return table
 
 
@@ -64,23 +95,17 @@ def render_error(error: Any, *, as_json: bool = False) -> None:
 
     if as_json:
         print_json({"ok": False, **error.to_dict()})
-    err.print(f"[bold red]error:[/] {_esc(error.message)}", markup=True, highlight=False, soft_wrap=True)
+    err.print(f"[bold red]error:[/] {esc(error.message)}", markup=True, highlight=False, soft_wrap=True)
     if isinstance(error, RecipeError):
         for issue in error.issues:
             where = issue.path
             if issue.line is not None:
                 where += f" (line {issue.line}" + (f", column {issue.column}" if issue.column else "") + ")"
-            err.print(f"  • [bold]{_esc(where)}[/]: {_esc(issue.message)}", soft_wrap=True)
+            err.print(f"  • [bold]{esc(where)}[/]: {esc(issue.message)}", soft_wrap=True)
     if error.hint:
-        err.print(f"[yellow]hint:[/] {_esc(error.hint)}", soft_wrap=True)
+        err.print(f"[yellow]hint:[/] {esc(error.hint)}", soft_wrap=True)
     if getattr(error, "log_path", None):
-        err.print(f"[dim]full log: {_esc(str(error.log_path))}[/]", soft_wrap=True)
-
-
-def _esc(text: str) -> str:
-    from rich.markup import escape
-
-    return escape(text)
+        err.print(f"[dim]full log: {esc(str(error.log_path))}[/]", soft_wrap=True)
 
 
 class StageProgress:
@@ -125,7 +150,7 @@ class StageProgress:
 
         kind = event.get("event")
         if kind == "log":
-            err.print(f"  {event.get('level', 'info')}: {event.get('message', '')}", markup=False, highlight=False, soft_wrap=True)
+            err.print(visible(f"  {event.get('level', 'info')}: {event.get('message', '')}"), markup=False, highlight=False, soft_wrap=True)
             return
         if kind != "progress":
             return
@@ -137,7 +162,7 @@ class StageProgress:
         finished = total is not None and done >= total
         if desc != last_desc or finished or now - last_t > 10:
             frac = f" [{done:g}/{total:g}]" if total else ""
-            err.print(f"  {self.title}: {desc}{frac}", markup=False, highlight=False, soft_wrap=True)
+            err.print(visible(f"  {self.title}: {desc}{frac}"), markup=False, highlight=False, soft_wrap=True)
             self._last[key] = (desc, now)
 
     def __exit__(self, *exc) -> None:
@@ -152,7 +177,7 @@ class StageProgress:
         kind = event.get("event")
         if kind == "progress":
             key = event.get("task", "work")
-            desc = event.get("description") or key
+            desc = esc(event.get("description") or key)  # the bar's column reads it as markup
             total = event.get("total")
             if key not in self._tasks:
                 self._tasks[key] = self._progress.add_task(desc, total=total)
@@ -162,11 +187,7 @@ class StageProgress:
         elif kind == "log":
             level = event.get("level", "info")
             style = {"warning": "yellow", "error": "red"}.get(level, "dim")
-            self._progress.console.print(f"[{style}]{_esc(str(event.get('message', '')))}[/]")
-
-
-def status_line(ok: bool) -> str:
-    return "[green]ok[/]" if ok else "[red]FAIL[/]"
+            self._progress.console.print(plain(event.get("message", ""), style=style))
 
 
 EventCallback = Callable[[dict], None]

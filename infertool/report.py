@@ -1,7 +1,11 @@
 """`infertool report RUN_DIR` (Markdown + a self-contained HTML page) and `infertool compare RUN_A RUN_B`.
 
 Everything comes from the run directory: manifest.json and the files each stage wrote (quantize.json,
-results.json, profile.json, bench.json, plots). Plots are embedded in the HTML (PNG as base64, SVG inline).
+results.json, profile.json, bench.json, plots). Plots are embedded in the HTML as <img> data: URIs, SVG too,
+never inline: a browser shows an SVG image without running its scripts, event handlers or links and without
+loading anything, so a plot in a run directory (written by someone else) cannot script the page. That is
+sturdier than sanitising the SVG's markup, where every missed element or attribute is a hole. Every other
+string from the run directory is escaped (html.escape / md_escape) by the renderers below.
 """
 
 from __future__ import annotations

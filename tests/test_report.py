@@ -319,3 +319,23 @@ def test_a_failing_original_arm_is_named(tmp_path, monkeypatch):
         pipeline._stage_bench(_ctx(tmp_path, r, {}))
     assert ei.value.message == f"measuring the original ({tmp_path / 'm'}) beside the candidate: vLLM exited: out of memory"
     assert [c["arm"] for c in calls] == ["candidate"]
+
+
+def test_run_directory_svg_and_names_cannot_script_the_page(tmp_path):
+    """A kld_histogram.svg that carries a script and event handlers, and a manifest whose recipe_name is a
+    script: report.html embeds the figure only as an <img> data: URI (an SVG shown as an image runs no script
+    and loads nothing), and escapes every name."""
+    import base64
+
+    run = make_run_dir(tmp_path / "runs", recipe_name="<script>alert('name')</script>")
+    svg = next((run / "eval").glob("*.svg"))
+    evil = ('<svg xmlns="http://www.w3.org/2000/svg" onload="alert(1)"><script>alert(2)</script>'
+            '<a href="javascript:alert(3)"><rect width="9" height="9"/></a>'
+            '<foreignObject><iframe src="javascript:alert(4)"></iframe></foreignObject></svg>')
+    svg.write_text(evil)
+    page = Path(write_report(run)["files"]["report.html"]).read_text()
+    for live in ("<script", "onload=", "javascript:", "<foreignObject", "<iframe", "<svg"):
+        assert live not in page, live
+    assert "&lt;script&gt;alert(&#x27;name&#x27;)&lt;/script&gt;" in page
+    b64 = base64.b64encode(evil.encode()).decode()
+    assert f'src="data:image/svg+xml;base64,{b64}"' in page  # the figure, whole, as an image

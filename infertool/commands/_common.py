@@ -239,7 +239,7 @@ def handle_errors(fn: Callable) -> Callable:
             import tempfile
             import traceback
 
-            from infertool.output import err, print_json
+            from infertool.output import err, esc, print_json
 
             fd, path = tempfile.mkstemp(prefix="infertool-crash-", suffix=".txt")
             with os.fdopen(fd, "w") as f:
@@ -248,8 +248,8 @@ def handle_errors(fn: Callable) -> Callable:
                 print_json({"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}",
                             "hint": "set INFERTOOL_DEBUG=1 to see the traceback", "exit_code": EXIT_RUNTIME,
                             "log_path": path})
-            err.print(f"[bold red]internal error:[/] {type(e).__name__}: {e}", markup=True, highlight=False)
-            err.print(f"[dim]traceback saved to {path}; set INFERTOOL_DEBUG=1 to see it here[/]")
+            err.print(f"[bold red]internal error:[/] {esc(type(e).__name__)}: {esc(e)}", markup=True, highlight=False)
+            err.print(f"[dim]traceback saved to {esc(path)}; set INFERTOOL_DEBUG=1 to see it here[/]")
             raise typer.Exit(EXIT_RUNTIME) from None
 
     return wrapper

@@ -75,7 +75,7 @@ def register(app: typer.Typer) -> None:
             return
         render(report)
         if report.get("plot"):
-            err.print(f"plot: {report['plot']}")
+            err.print(f"plot: {report['plot']}", markup=False, soft_wrap=True)
 
 
 def _f(v, fmt: str = "{:.1f}") -> str:
@@ -85,15 +85,13 @@ def _f(v, fmt: str = "{:.1f}") -> str:
 def render(report: dict) -> None:
     from rich.table import Table
 
-    from infertool.output import err, out
-
-    from rich.markup import escape
+    from infertool.output import err, esc as escape, out, plain
 
     s = report["settings"]
     who = escape(report.get("label") or report["model"]) + (f" (served as {escape(report['model'])})" if report.get("label") else "")
-    err.print(f"[bold]{who}[/] at {escape(str(report['url']))} ({report['endpoint']}); "
+    err.print(f"[bold]{who}[/] at {escape(str(report['url']))} ({escape(report['endpoint'])}); "
               f"{s['requests_per_level']} requests per level, prompt ~{s['prompt']['len_tokens']} tokens "
-              f"({s['prompt']['source']}), output {s['output_len']} tokens", soft_wrap=True)
+              f"({escape(str(s['prompt']['source']))}), output {s['output_len']} tokens", soft_wrap=True)
     lat = Table(title="latency (ms)", title_justify="left")
     for c in ("level", "ok/err", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "E2E p50", "E2E p99"):
         lat.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
@@ -118,10 +116,10 @@ def render(report: dict) -> None:
     out.print(thr)
     errors = {k: v for lv in report["levels"] for k, v in lv["summary"]["errors"].items()}
     if errors:
-        err.print(f"[yellow]errors:[/] {errors}")
+        err.print(f"[yellow]errors:[/] {escape(str(errors))}", soft_wrap=True)
     if report["levels"]:
         busiest = max(report["levels"], key=lambda lv: lv["level"]["value"])
-        tl = Table(title=f"over time: {busiest['level']['label']}", title_justify="left")
+        tl = Table(title=plain(f"over time: {busiest['level']['label']}"), title_justify="left")
         for c in ("t (s)", "done", "TTFT p50 ms", "E2E p50 ms", "KV %", "running", "waiting", "preempt total"):
             tl.add_column(c, justify="right")
         for w in busiest["timeline"]:
@@ -131,17 +129,17 @@ def render(report: dict) -> None:
                        _f(w["running"]), _f(w["waiting"]), _f(w["preemptions_total"], "{:.0f}"))
         out.print(tl)
     for exp in report["experiments"]:
-        et = Table(title=f"experiment {exp['experiment']}: A = {exp['a']}, B = {exp['b']}", title_justify="left")
+        et = Table(title=plain(f"experiment {exp['experiment']}: A = {exp['a']}, B = {exp['b']}"), title_justify="left")
         for c in ("level", "figure", "A", "B", "B/A"):
             et.add_column(c, justify="right" if c not in ("level", "figure") else "left")
         for row in exp["rows"]:
             first = True
             for f in row["figures"].values():
-                et.add_row(row["level"] if first else "", f["label"], _f(f["a"], "{:.2f}"), _f(f["b"], "{:.2f}"),
+                et.add_row(plain(row["level"] if first else ""), plain(f["label"]), _f(f["a"], "{:.2f}"), _f(f["b"], "{:.2f}"),
                            _f(f["ratio"], "{:.2f}x"))
                 first = False
         out.print(et)
         if exp.get("note"):
-            err.print(f"[dim]{exp['note']}[/]")
+            err.print(plain(exp["note"], style="dim"), soft_wrap=True)
     for note in report.get("notes", []):
-        err.print(f"[yellow]note:[/] {note}", soft_wrap=True)
+        err.print(f"[yellow]note:[/] {escape(str(note))}", soft_wrap=True)

@@ -30,7 +30,7 @@ def model_import(
     """Convert a GGUF (or the bundled model) into a safetensors directory with tokenizer and chat template."""
     from infertool.models.sources import copy_model_dir, resolve_model
     from infertool.models.info import model_info
-    from infertool.output import StageProgress, err, print_json
+    from infertool.output import StageProgress, err, esc, print_json
 
     if not (source.startswith("bundled:") or source.lower().endswith(".gguf")):
         raise usage_error(f"{source!r} is neither bundled:NAME nor a .gguf file",
@@ -42,7 +42,7 @@ def model_import(
     if as_json:
         print_json({"source": source, "dest": str(path), "cache": str(resolved.path), "reused": resolved.cached, "info": info.to_dict()})
         return
-    err.print(f"[green]✓[/] {source} -> {path} ({info.num_layers} layers, {info.weight_bytes / 1e6:.1f} MB, "
+    err.print(f"[green]✓[/] {esc(source)} -> {esc(path)} ({info.num_layers} layers, {info.weight_bytes / 1e6:.1f} MB, "
               f"{'reused cached conversion' if resolved.cached else 'converted'})")
 
 

@@ -49,7 +49,7 @@ def plan(
 def _render(p) -> None:
     from rich.table import Table
 
-    from infertool.output import err, kv_table, out
+    from infertool.output import err, esc, kv_table, out, plain
 
     GIB = 1024**3
     m, d, kv, cap = p.model, p.device, p.kv, p.capacity
@@ -74,7 +74,7 @@ def _render(p) -> None:
     out.print(kv_table(rows, title="plan"))
     roof = p.roofline
     if roof.get("decode"):
-        t = Table(title=f"decode roofline bound at context {roof['context']:,} (peaks: {roof['peak_source']}; ridge {roof['ridge']:.0f} FLOP/B)")
+        t = Table(title=plain(f"decode roofline bound at context {roof['context']:,} (peaks: {roof['peak_source']}; ridge {roof['ridge']:.0f} FLOP/B)"))
         for c in ("batch", "FLOP/byte", "step ms", "tokens/s", "bound"):
             t.add_column(c, justify="right")
         for r in roof["decode"]:
@@ -84,7 +84,7 @@ def _render(p) -> None:
         out.print(f"decode turns compute-bound from batch ≈ {cross:,.0f}" if cross else "decode stays memory-bound at any batch at this context (KV reads dominate)")
     tp = p.tensor_parallel
     if tp.get("rows"):
-        t = Table(title=f"tensor parallelism over {tp['link']['name']} ({tp['link']['gb_s_per_direction']:.0f} GB/s per direction)")
+        t = Table(title=plain(f"tensor parallelism over {tp['link']['name']} ({tp['link']['gb_s_per_direction']:.0f} GB/s per direction)"))
         for c in ("TP", "batch", "weight read ms/step", "all-reduce ms/step", "comm share"):
             t.add_column(c, justify="right")
         for r in tp["rows"]:
@@ -93,9 +93,9 @@ def _render(p) -> None:
         dom = tp["comm_dominates_from"]
         out.print(f"communication dominates from TP={dom}" if dom else "weight reads dominate at every TP degree shown")
     for n in p.notes:
-        err.print(f"[dim]note: {n}[/]")
+        err.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
     if p.fits:
         err.print("[green]✓ fits[/]")
     else:
         for r in p.reasons:
-            err.print(f"[bold red]✗ does not fit:[/] {r}", soft_wrap=True)
+            err.print(f"[bold red]✗ does not fit:[/] {esc(r)}", soft_wrap=True)

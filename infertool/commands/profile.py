@@ -74,13 +74,14 @@ def profile(
 def _render(res) -> None:
     from rich.table import Table
 
-    from infertool.output import err, out
+    from infertool.output import err, esc, out, plain
 
     pk = res.peaks
-    out.print(f"[bold]{res.model['path']}[/] ({res.model['params'] / 1e6:.0f}M params, {res.model['dtype']}) on "
-              f"{res.device.get('name')} ({res.device.get('threads')} threads)")
+    out.print(f"[bold]{esc(res.model['path'])}[/] ({res.model['params'] / 1e6:.0f}M params, {esc(res.model['dtype'])}) on "
+              f"{esc(res.device.get('name'))} ({res.device.get('threads')} threads)", soft_wrap=True)
     out.print(f"measured peaks: {pk['bandwidth'] / 1e9:.1f} GB/s read, {pk['flops'] / 1e9:.1f} GFLOP/s {pk['dtype']} matmul; "
-              f"ridge {pk['ridge']:.1f} FLOP/byte" + (f"  (datasheet: {pk['datasheet']['source']})" if pk.get("datasheet") else ""))
+              f"ridge {pk['ridge']:.1f} FLOP/byte" + (f"  (datasheet: {pk['datasheet']['source']})" if pk.get("datasheet") else ""),
+              markup=False)
     t = Table(title="phases")
     for c in ("phase", "shape", "time", "tok/s", "FLOP/B", "GB/s", "GFLOP/s", "MBU", "MFU", "verdict", "conf."):
         t.add_column(c, justify="right" if c not in ("phase", "verdict", "conf.") else "left")
@@ -94,15 +95,15 @@ def _render(res) -> None:
         out.print(f"decode would turn compute-bound near batch {res.crossover_batch:,.0f} (analytic, measured peaks)")
     else:
         out.print("decode stays memory-bound at any batch at this context (analytic)")
-    out.print("NVML: " + _nvml_line(res.nvml))
+    out.print(plain("NVML: " + _nvml_line(res.nvml)))
     if res.nsys:
         _render_nsys(res.nsys)
     for a in res.advice:
-        out.print(f"• {a}")
+        out.print(plain(f"• {a}"), soft_wrap=True)
     for n in res.notes:
-        err.print(f"[dim]note: {n}[/]")
+        err.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
     if res.plot:
-        err.print(f"[dim]roofline plot: {res.plot}; numbers: {res.out_dir}/profile.json[/]")
+        err.print(f"[dim]roofline plot: {esc(res.plot)}; numbers: {esc(res.out_dir)}/profile.json[/]", soft_wrap=True)
 
 
 def _nvml_line(n: dict) -> str:
@@ -130,7 +131,7 @@ def _nvml_line(n: dict) -> str:
 def _render_nsys(ns: dict) -> None:
     from rich.table import Table
 
-    from infertool.output import out
+    from infertool.output import esc, out, plain
 
     busy = ns.get("kernel_busy_fraction")
     t = Table(title="Nsight Systems: GPU kernel time by class"
@@ -138,10 +139,10 @@ def _render_nsys(ns: dict) -> None:
     t.add_column("class")
     t.add_column("share", justify="right")
     for k, v in (ns.get("class_share") or {}).items():
-        t.add_row(k, f"{v:.1%}")
+        t.add_row(plain(k), f"{v:.1%}")
     out.print(t)
     for phase, p in (ns.get("phases") or {}).items():
         if p.get("kernel_busy_fraction") is not None:
             top = ", ".join(f"{k} {v:.0%}" for k, v in list((p.get("class_share") or {}).items())[:3])
-            out.print(f"{phase}: kernels busy {p['kernel_busy_fraction']:.0%} of its wall time ({top})")
-    out.print(f"[dim]report: {ns.get('report')}[/]")
+            out.print(plain(f"{phase}: kernels busy {p['kernel_busy_fraction']:.0%} of its wall time ({top})"))
+    out.print(f"[dim]report: {esc(ns.get('report'))}[/]", soft_wrap=True)

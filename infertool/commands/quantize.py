@@ -56,10 +56,13 @@ def _mib(n: int | None) -> str:
 
 
 def _render(result) -> None:
-    from infertool.output import err, kv_table, out
+    from rich.text import Text
+
+    from infertool.output import err, kv_table, out, plain
 
     pf = result.preflight
-    checks = [(c["name"], ("[green]ok[/] " if c["ok"] else "[yellow]warning[/] ") + c["detail"]) for c in pf["checks"]]
+    checks = [(c["name"], Text.assemble(("ok ", "green") if c["ok"] else ("warning ", "yellow"), plain(c["detail"])))
+              for c in pf["checks"]]
     out.print(kv_table(checks, title=f"preflight: {result.method} ({result.backend or 'load-time'}) on {result.source_model}"))
     if result.checked_only:
         err.print(f"[green]✓[/] preflight passed in {pf['seconds']:.2f} s: no weights loaded (--check)")
@@ -85,10 +88,10 @@ def _render(result) -> None:
         rows.append(("vLLM load check", "skipped (--no-verify, or the serve environment is not set up)"))
     elif v.get("generated"):
         a = v["agreement"]
-        rows.append(("vLLM load check", f"[green]loaded[/]; greedy token agreement {a['agreement']:.1%} over {a['tokens']} tokens "
-                                        f"({a['identical']}/{a['prompts']} completions identical)"))
+        rows.append(("vLLM load check", Text.assemble(("loaded", "green"), f"; greedy token agreement {a['agreement']:.1%} over "
+                                                      f"{a['tokens']} tokens ({a['identical']}/{a['prompts']} completions identical)")))
     elif v.get("loaded"):
-        rows.append(("vLLM load check", f"[green]loaded[/]; generation unavailable here: {v.get('reason')}"))
+        rows.append(("vLLM load check", Text.assemble(("loaded", "green"), plain(f"; generation unavailable here: {v.get('reason')}"))))
     else:
         rows.append(("vLLM load check", str(v.get("reason"))))
     rows.append(("time", f"{result.timings.get('total', 0):.1f} s"))

@@ -25,7 +25,7 @@ def validate(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Check a recipe: every error is listed with its field path (exit 2)."""
-    from infertool.output import err, print_json
+    from infertool.output import err, esc, print_json
     from infertool.recipe import load_recipe, recipe_to_dict
 
     r = load_recipe(recipe, overrides or [])
@@ -33,7 +33,7 @@ def validate(
         print_json({"ok": True, "recipe": recipe_to_dict(r)})
         return
     sections = [s for s in ("model", "target", "quantize", "eval", "profile", "serve", "bench", "run", "tune") if getattr(r, s, None) is not None]
-    err.print(f"[green]✓[/] {recipe}: recipe [bold]{r.name}[/] is valid (sections: {', '.join(sections)})")
+    err.print(f"[green]✓[/] {esc(recipe)}: recipe [bold]{esc(r.name)}[/] is valid (sections: {', '.join(sections)})", soft_wrap=True)
 
 
 # ------------------------------------------------------------------------------------------ recipes
@@ -44,7 +44,7 @@ def recipes_list(as_json: bool = JSON_OPT) -> None:
     from rich.table import Table
 
     from infertool.catalog import list_builtin
-    from infertool.output import out, print_json
+    from infertool.output import out, plain, print_json
 
     items = list_builtin()
     if as_json:
@@ -54,7 +54,7 @@ def recipes_list(as_json: bool = JSON_OPT) -> None:
     table.add_column("name", style="bold cyan", no_wrap=True)
     table.add_column("description")
     for r in items:
-        table.add_row(r.name, r.description)
+        table.add_row(plain(r.name), plain(r.description))
     out.print(table)
 
 
@@ -95,10 +95,10 @@ def recipes_copy(
 ) -> None:
     """Copy a built-in recipe to edit it (written whole: a temporary file, then a rename)."""
     from infertool.catalog import copy_builtin
-    from infertool.output import err, print_json
+    from infertool.output import err, esc, print_json
 
     path = copy_builtin(name, dest, force=force)
     if as_json:
         print_json({"ok": True, "recipe": name, "path": str(path)})
         return
-    err.print(f"[green]✓[/] wrote {path}")
+    err.print(f"[green]✓[/] wrote {esc(path)}", soft_wrap=True)

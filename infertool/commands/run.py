@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from typing import List, Optional
 
 import typer
@@ -41,7 +42,7 @@ def run(
 
     Exit 0 when every stage ran and the eval verdict is PASS; 1 when the verdict is FAIL or INCONCLUSIVE
     (the other stages still run); 2-4 when a stage failed (see the manifest)."""
-    from infertool.output import StageProgress, err, out as stdout, print_json
+    from infertool.output import StageProgress, err, esc, out as stdout, print_json, visible
     from infertool.pipeline import plan_pipeline, run_pipeline
     from infertool.recipe import load_recipe
 
@@ -62,7 +63,7 @@ def run(
         for name, st in plan["stages"].items():
             stdout.print(f"{name}: {'reused' if st['reuse'] else 'runs'} ({st['entry']})", markup=False, soft_wrap=True)
         for label, launch in plan["launches"].items():
-            stdout.print(f"{label}: {' '.join(launch['argv'])}", markup=False, soft_wrap=True)
+            stdout.print(visible(f"{label}: {shlex.join(launch['argv'])}"), markup=False, soft_wrap=True)  # a shell line, quoted
         return
 
     def on_stage(name: str, status: str, rec: dict | None) -> None:
@@ -70,14 +71,15 @@ def run(
             return
         secs = f" ({rec.get('seconds')} s)" if rec and rec.get("seconds") is not None else ""
         style = {"done": "green", "reused": "cyan", "failed": "red", "running": "bold"}.get(status, "white")
-        err.print(f"[{style}]{name}: {status}[/]{secs}", soft_wrap=True)
+        err.print(f"[{style}]{esc(name)}: {esc(status)}[/]{secs}", soft_wrap=True)
 
     with StageProgress("run") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run_pipeline(r, stages=chosen, force=again, out_dir=out, on_event=progress.on_event, on_stage=on_stage)
     if as_json:
         print_json({"ok": result.ok, "run_dir": result.run_dir, "exit_code": result.exit_code, "stages": result.stages})
     else:
-        err.print(f"run directory: [bold]{result.run_dir}[/] (manifest.json); `infertool report {result.run_dir}` writes the report",
+        err.print(f"run directory: [bold]{esc(result.run_dir)}[/] (manifest.json); `infertool report {esc(shlex.quote(str(result.run_dir)))}` "
+                  "writes the report",
                   soft_wrap=True)
     if result.exit_code:
         raise typer.Exit(result.exit_code)

@@ -138,7 +138,7 @@ def _render_plan(plan, res, as_json: bool, dry_run: bool) -> None:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     for issue in plan.issues:
         style = {"error": "bold red", "warning": "yellow"}.get(issue.level, "dim")
-        console.print(f"[{style}]{issue.level}:[/] {issue.field}: {escape(issue.message)}", soft_wrap=True)
+        console.print(f"[{style}]{issue.level}:[/] {escape(issue.field)}: {escape(issue.message)}", soft_wrap=True)
         if issue.hint:
             console.print(f"  [dim]hint: {escape(issue.hint)}[/]", soft_wrap=True)
     for note in plan.spec.notes + plan.notes:
@@ -163,7 +163,7 @@ def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool,
     import signal
 
     from infertool.errors import UsageError
-    from infertool.output import err, print_json
+    from infertool.output import err, esc, print_json
     from infertool.recipe import load_recipe
     from infertool.serve import default_log_path, prepare, require_server_env
     from infertool.serve.launcher import Server, default_pid_file, write_pid_file
@@ -209,14 +209,14 @@ def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool,
             if as_json:
                 print_json({**info, "launch": plan.to_dict()})
             else:
-                err.print(f"[green]ready[/] in {ready.seconds:.0f} s at [bold]{ready.url}[/] (pid {server.pid}); "
+                err.print(f"[green]ready[/] in {ready.seconds:.0f} s at [bold]{esc(ready.url)}[/] (pid {server.pid}); "
                           f"`infertool serve stop --port {plan.spec.port}` stops it", soft_wrap=True)
             server = None  # keep it running
             return
         if as_json:
             print_json({**info, "launch": plan.to_dict()})
         else:
-            err.print(f"[green]ready[/] in {ready.seconds:.0f} s at [bold]{ready.url}[/]; Ctrl-C stops it", soft_wrap=True)
+            err.print(f"[green]ready[/] in {ready.seconds:.0f} s at [bold]{esc(ready.url)}[/]; Ctrl-C stops it", soft_wrap=True)
         code = server.wait()
         from infertool.errors import RuntimeFailure
         from infertool.serve.launcher import log_tail
@@ -239,7 +239,7 @@ def _manage(action: str, recipe: str | None, overrides, port: int | None, pid_fi
             all_: bool, as_json: bool) -> None:
     from rich.table import Table
 
-    from infertool.output import err, out, print_json
+    from infertool.output import err, esc, out, plain, print_json
     from infertool.serve.launcher import default_pid_file, list_pid_files, status_of, stop_detached
 
     chosen = [what for what, v in (("RECIPE", recipe), ("--port", port), ("--pid-file", pid_file)) if v is not None]
@@ -271,7 +271,7 @@ def _manage(action: str, recipe: str | None, overrides, port: int | None, pid_fi
         for col in ("url", "state", "pid", "model", "log"):
             table.add_column(col)
         for r in rows:
-            table.add_row(r["url"], r["state"], str(r["pid"]), r.get("served_model_name") or r["model"], r["log"])
+            table.add_row(*(plain(v) for v in (r["url"], r["state"], str(r["pid"]), r.get("served_model_name") or r["model"], r["log"])))
         out.print(table)
         return
     if not files:
@@ -286,4 +286,4 @@ def _manage(action: str, recipe: str | None, overrides, port: int | None, pid_fi
         return
     for s in stopped:
         what = "stopped" if s["was_alive"] else "was not running; removed its pid file"
-        err.print(f"[green]✓[/] {s['url']} (pid {s['pid']}) {what}")
+        err.print(f"[green]✓[/] {esc(s['url'])} (pid {s['pid']}) {what}", soft_wrap=True)

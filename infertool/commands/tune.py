@@ -116,6 +116,6 @@ def _render(result) -> None:
         t.add_row(*[escape(c) for c in r])
     out.print(t)
     if result.winner:
-        err.print(f"[green]winner:[/] {result.winner['label']}  ->  {result.tuned_recipe}", soft_wrap=True)
+        err.print(f"[green]winner:[/] {escape(result.winner['label'])}  ->  {escape(result.tuned_recipe)}", soft_wrap=True)
     for n in result.notes:
-        err.print(f"[yellow]note:[/] {n}", soft_wrap=True)
+        err.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)

@@ -28,12 +28,10 @@ _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", r
 _COMMENT_MAX = 200  # characters of one value in a comment (a 100k-character path is cut, not pasted whole)
 
 
-def is_secret_env(name: str, value: str = "") -> bool:
-    """Whether ``name=value`` is a credential (HF_TOKEN, HUGGING_FACE_HUB_TOKEN, AWS_SECRET_ACCESS_KEY, ...,
-    or a value that looks like a key whatever its name)."""
-    from infertool.recipe import _looks_like_secret
-
-    return bool(_SECRET_NAME.search(name)) or (bool(value) and _looks_like_secret(value))
+def is_secret_env(name: str) -> bool:
+    """Whether the variable ``name`` holds a credential (HF_TOKEN, HUGGING_FACE_HUB_TOKEN,
+    AWS_SECRET_ACCESS_KEY, OPENAI_API_KEY, DB_PASSWORD, ...)."""
+    return bool(_SECRET_NAME.search(name))
 
 
 def comment_text(text: object, limit: int | None = _COMMENT_MAX) -> str:
@@ -76,7 +74,7 @@ def manifests(res, *, image: str | None = None, namespace: str | None = None,
     gpus = 0 if cpu else serve.tensor_parallel_size * serve.pipeline_parallel_size
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "infertool"}
     env = [{"name": k, "valueFrom": {"secretKeyRef": {"name": env_secret_name(name), "key": k}}}
-           if is_secret_env(k, v) else {"name": k, "value": v} for k, v in sorted(launch.env.items())]
+           if is_secret_env(k) else {"name": k, "value": v} for k, v in sorted(launch.env.items())]
     if serve.api_key_env:
         env.append({"name": "VLLM_API_KEY", "valueFrom": {"secretKeyRef": {"name": secret or f"{name}-api-key", "key": "api-key"}}})
     port = serve.port
@@ -137,7 +135,7 @@ def env_secret_name(name: str) -> str:
 def secret_env_names(res) -> list[str]:
     """The serve.env variables that the manifests take from env_secret_name (sorted)."""
     serve, _ = res.serve_for(res.served)
-    return sorted(k for k, v in serve.env.items() if is_secret_env(k, v))
+    return sorted(k for k in serve.env if is_secret_env(k))
 
 
 class _NoAliases(yaml.SafeDumper):
