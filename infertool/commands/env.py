@@ -53,20 +53,20 @@ def env_list(as_json: bool = JSON_OPT) -> None:
 
     from infertool.envs.state import list_envs
     from infertool.envs.paths import envs_root
-    from infertool.output import out, print_json
+    from infertool.output import esc, out, plain, print_json
 
     states = list_envs()
     if as_json:
         print_json({"home": str(envs_root()), "envs": [s.to_dict() for s in states]})
         return
-    table = Table(title=f"environments in {envs_root()}")
+    table = Table(title=plain(f"environments in {envs_root()}"))
     for col in ("name", "status", "variant", "packages", "created"):
         table.add_column(col, no_wrap=col != "packages")
     colors = {"ready": "green", "stale": "yellow", "incomplete": "red", "missing": "dim"}
     for s in states:
         table.add_row(
-            s.name,
-            f"[{colors.get(s.status, 'white')}]{s.status}[/]" + (f" ({s.reason})" if s.reason else ""),
+            plain(s.name),
+            f"[{colors.get(s.status, 'white')}]{esc(s.status)}[/]" + (f" ({esc(s.reason)})" if s.reason else ""),
             s.variant or "",
             ", ".join(f"{k} {v}" for k, v in s.packages.items()),
             (s.created or "")[:19],
@@ -87,7 +87,7 @@ def env_doctor(
     from infertool.envs.paths import envs_root
     from infertool.envs.state import list_envs
     from infertool.errors import EXIT_BACKEND, EnvNotReady
-    from infertool.output import err, out, print_json
+    from infertool.output import err, esc, out, plain, print_json
 
     if not names:
         names = [s.name for s in list_envs() if s.status != "missing"]
@@ -107,14 +107,14 @@ def env_doctor(
             table.add_column("")
             table.add_column("detail")
             for c in r.checks:
-                table.add_row(c["check"], "[green]ok[/]" if c["ok"] else "[red]FAIL[/]", str(c["detail"]))
+                table.add_row(plain(c["check"]), "[green]ok[/]" if c["ok"] else "[red]FAIL[/]", plain(c["detail"]))
             out.print(table)
             if r.accelerator:
                 acc = r.accelerator
                 out.print(f"  accelerator: {'CUDA ' + ', '.join(acc.get('devices', [])) if acc.get('cuda') else 'none (CPU)'}"
                           + (f"; torch {acc['torch']}" if acc.get("torch") else ""))
             if r.hint:
-                err.print(f"[yellow]hint:[/] {r.hint}")
+                err.print(f"[yellow]hint:[/] {esc(r.hint)}", soft_wrap=True)
     if not all(r.healthy for r in reports):
         raise typer.Exit(EXIT_BACKEND)
 

@@ -134,7 +134,7 @@ def render(doc: dict) -> None:
     from rich.table import Table
 
     from infertool.evaluate.verdict import fmt
-    from infertool.output import kv_table, out
+    from infertool.output import esc, kv_table, out, plain
 
     out.print(kv_table([
         ("suite", f"{doc['suite']['name']} ({doc['suite']['path']})"),
@@ -144,7 +144,7 @@ def render(doc: dict) -> None:
     ], title="infertool eval"))
     for name, t in doc["tasks"].items():
         if t["type"] == "perplexity":
-            tab = Table(title=f"{name}: {t['windows']} windows x {t['seq_len']} tokens = {t['tokens']:,} scored tokens (perplexity, {t['kld_kind']} KLD)")
+            tab = Table(title=plain(f"{name}: {t['windows']} windows x {t['seq_len']} tokens = {t['tokens']:,} scored tokens (perplexity, {t['kld_kind']} KLD)"))
             tab.add_column("metric")
             tab.add_column("base", justify="right")
             tab.add_column("candidate", justify="right")
@@ -165,7 +165,7 @@ def render(doc: dict) -> None:
             out.print(tab)
         else:
             acc = t["acc"]
-            tab = Table(title=f"{name}: {t['items']} items ({t['type']}{', ' + t['match'] if t.get('match') else ''})")
+            tab = Table(title=plain(f"{name}: {t['items']} items ({t['type']}{', ' + t['match'] if t.get('match') else ''})"))
             for col in ("metric", "base", "candidate", "b", "c", "flip rate", "net change [95%]", "McNemar p"):
                 tab.add_column(col, justify="right" if col != "metric" else "left")
             rows = [("acc", acc)] + ([("acc_norm", t["acc_norm"])] if "acc_norm" in t else [])
@@ -189,17 +189,17 @@ def render(doc: dict) -> None:
         if g["status"] == "INCONCLUSIVE":
             note = (f"~{g['n_needed']:,} {g['unit']} would decide (now {g['n']:,})" if g.get("n_needed") else "on the threshold") + (f"; {note}" if note else "")
         interval = f"[{fmt(g['lo'])}, {fmt(g['hi'])}]" if g["lo"] is not None else "-"
-        gates.add_row(g["name"], g["metric"], fmt(g["threshold"]), fmt(g["estimate"]), interval,
-                      f"[{style[g['status']]}]{g['status']}[/]", note)
+        gates.add_row(plain(g["name"]), plain(g["metric"]), fmt(g["threshold"]), fmt(g["estimate"]), plain(interval),
+                      f"[{style[g['status']]}]{g['status']}[/]", plain(note or ""))
     out.print(gates)
     tm = doc["timing"]
     speed = ""
     if tm.get("base_tokens_per_s"):
         speed = f"; {tm['base_tokens_per_s']:,.0f} tok/s base, {tm['cand_tokens_per_s']:,.0f} tok/s candidate"
-    out.print(f"[dim]{tm['wall_s']:.1f} s{speed}; files in {doc['run_dir']}[/]")
+    out.print(f"[dim]{tm['wall_s']:.1f} s{esc(speed)}; files in {esc(doc['run_dir'])}[/]", soft_wrap=True)
     for n in doc["notes"]:
-        out.print(f"[dim]note: {n}[/]")
-    out.print(f"verdict: [{style[doc['verdict']]}]{doc['verdict']}[/] — {doc['reason']}", soft_wrap=True)
+        out.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
+    out.print(f"verdict: [{style[doc['verdict']]}]{doc['verdict']}[/] — {esc(doc['reason'])}", soft_wrap=True)
 
 
 @eval_app.command("suites", cls=InfertoolCommand)
@@ -209,7 +209,7 @@ def eval_suites(as_json: bool = JSON_OPT) -> None:
     from rich.table import Table
 
     from infertool.data.suites import list_builtin
-    from infertool.output import out, print_json
+    from infertool.output import out, plain, print_json
 
     suites = [s.summary() for s in list_builtin()]
     if as_json:
@@ -220,7 +220,7 @@ def eval_suites(as_json: bool = JSON_OPT) -> None:
         tab.add_column(col)
     for s in suites:
         tasks = ", ".join(f"{t['name']} ({t['type']}{', ' + str(t['items']) + ' items' if t['items'] else ''})" for t in s["tasks"])
-        tab.add_row(s["name"], tasks, s["description"])
+        tab.add_row(plain(s["name"]), plain(tasks), plain(s["description"]))
     out.print(tab)
 
 
@@ -234,11 +234,11 @@ def eval_export(
 ) -> None:
     """Write a suite as lm-evaluation-harness tasks (dataset_path: json), to run the same items there."""
     from infertool.evaluate.lm_eval_export import export_lm_eval
-    from infertool.output import err, print_json
+    from infertool.output import err, esc, print_json
 
     res = export_lm_eval(suite, dest, force=force)
     if as_json:
         print_json(res)
         return
-    err.print(f"[green]✓[/] wrote {len(res['tasks'])} lm-eval task(s) for suite {res['suite']} into {res['dir']}")
-    err.print(f"run them with: {res['usage']}", soft_wrap=True)
+    err.print(f"[green]✓[/] wrote {len(res['tasks'])} lm-eval task(s) for suite {esc(res['suite'])} into {esc(res['dir'])}", soft_wrap=True)
+    err.print(f"run them with: {res['usage']}", markup=False, soft_wrap=True)
