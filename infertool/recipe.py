@@ -163,7 +163,9 @@ def _eol_check(value: str) -> str:
 
 
 class ModelSection(BaseModel):
-    """Where the original model comes from."""
+    """Where the original model comes from. `trust_remote_code: true` lets the model's own Python code run: it
+    is then passed to every engine that loads the model (vLLM's --trust-remote-code, transformers, GPTQModel,
+    llm-compressor) and said once on the screen; nothing else turns it on (`serve.extra_args` may not)."""
 
     model_config = _STRICT
 
@@ -518,6 +520,17 @@ class ServeSection(BaseModel):
     def _coerce_args(cls, value: Any) -> Any:
         if isinstance(value, list):
             return [_scalar_to_str(v) for v in value]
+        return value
+
+    @field_validator("extra_args")
+    @classmethod
+    def _no_remote_code_flag(cls, value: list[str]) -> list[str]:
+        from infertool.trust import is_remote_code_flag
+
+        for arg in value:
+            if is_remote_code_flag(arg):
+                raise ValueError(f"{arg!r} must not be in serve.extra_args: remote code runs only when the recipe "
+                                 "says model.trust_remote_code: true (then every engine that loads the model gets it)")
         return value
 
     @field_validator("env", mode="before")

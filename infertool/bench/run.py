@@ -13,7 +13,6 @@ caching of the first arm's prompts does not flatter it.
 from __future__ import annotations
 
 import asyncio
-import os
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -364,7 +363,9 @@ def run_bench(res, *, url: str | None = None, model: str | None = None,
     servers: list[dict] = []
     tables: list[dict] = []
     if url is not None:
-        key = os.environ.get(serve.api_key_env) if serve.api_key_env else None
+        from infertool.trust import key_for
+
+        key = key_for(url, serve.api_key_env, user_urls=[url])  # --url: the user named this server
         handle = ServerHandle(url, model or "", key)
         main, static = sweep_on(handle, arm)
     else:

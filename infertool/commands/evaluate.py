@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -85,8 +84,17 @@ def eval_run(
     ev = r.eval or EvalSection()
     accept = ev.accept.model_dump()
     api_key = None
-    if r.serve is not None and r.serve.api_key_env:
-        api_key = os.environ.get(r.serve.api_key_env)
+    if ev.engine == "openai" and r.serve is not None and r.serve.api_key_env and not dry_run:
+        from infertool.trust import key_for
+
+        # the key goes only to URLs the user gave here (--url, --candidate-url, --set eval.url=...), never to
+        # one that comes from the recipe file alone
+        given = [url, candidate_url] + [s.split("=", 1)[1].strip().strip("'\"") for s in (overrides or [])
+                                              if s.startswith("eval.url=")]
+        for target in dict.fromkeys(u for u in (ev.url, candidate_url) if u):
+            api_key = key_for(target, r.serve.api_key_env, user_urls=given)
+            if api_key is None:
+                break
     res = resolve(r)
     b, c, source, labels = eval_models(res, ev, base, candidate, ev.engine, dry_run=dry_run)
     plans = vllm_plans(res, ev, b, c, dry_run=dry_run) if ev.engine == "vllm" else None
@@ -94,9 +102,14 @@ def eval_run(
         _render_dry_run(res, ev, b, c, labels, plans, as_json)
         return
     held = held_out_check(res, ev.suite) if not (base or candidate or ev.base or ev.candidate) else None
+    trust = False
+    if ev.engine == "hf":  # the vllm engine's launches pass it themselves (infertool.serve.prepare)
+        from infertool.trust import announce_remote_code
+
+        trust = announce_remote_code(r.model.source, r.model.trust_remote_code)
     with StageProgress("eval") as progress:
         spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, candidate_url=candidate_url,
-                        api_key=api_key, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
+                        api_key=api_key, trust_remote_code=trust, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
                         accept=accept, out_dir=out_dir, base_source=source, vllm_plans=plans,
                         held_out=held, labels=labels)
         doc = run_eval(spec, progress.on_event)

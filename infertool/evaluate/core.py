@@ -34,6 +34,7 @@ class EvalSpec:
     url: str | None = None
     candidate_url: str | None = None
     api_key: str | None = None
+    trust_remote_code: bool = False  # model.trust_remote_code, for the hf engine's loaders
     seq_len: int = 512
     batch_size: int = 8
     max_items: int | None = None
@@ -286,7 +287,7 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
         from infertool.envs.runner import run_stage
 
         run = run_stage("eval.hf", {"base": spec.base, "candidate": spec.candidate, "tasks": requests,
-                                    "batch_size": spec.batch_size},
+                                    "batch_size": spec.batch_size, "trust_remote_code": spec.trust_remote_code},
                         on_event=on_event, log_dir=out_dir / "logs")
         raw = run.result
         raw["where"] = run.where

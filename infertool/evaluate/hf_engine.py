@@ -15,7 +15,8 @@ from pathlib import Path
 from infertool.errors import RuntimeFailure, UsageError
 
 
-def _load_model(path: str, events):
+def _load_model(path: str, events, trust: bool = False):
+    """``trust``: model.trust_remote_code, passed to every loader (the only way remote code runs)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -30,20 +31,20 @@ def _load_model(path: str, events):
         try:
             from gptqmodel import GPTQModel
 
-            wrapped = GPTQModel.load(path, device="cpu")
+            wrapped = GPTQModel.load(path, device="cpu", trust_remote_code=trust)
             model = getattr(wrapped, "model", wrapped)
             loader = f"gptqmodel ({method})"
         except Exception as e:  # noqa: BLE001 - fall back to transformers' own loader, then give up clearly
             events.log(f"GPTQModel could not load {path} ({type(e).__name__}: {e}); trying transformers", "warning")
             try:
-                model = AutoModelForCausalLM.from_pretrained(path)
+                model = AutoModelForCausalLM.from_pretrained(path, trust_remote_code=trust)
                 loader = f"transformers ({method})"
             except Exception as e2:  # noqa: BLE001
                 raise RuntimeFailure(f"cannot load the {method} checkpoint {path}: {type(e2).__name__}: {e2}",
                                      hint="check the checkpoint with `infertool model info`; the quant environment needs gptqmodel") from None
     else:
         # float32 compute: base weights are upcast exactly, and log-softmax over the vocabulary stays precise.
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust)
         loader = "transformers (float32)"
     model.eval()
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
@@ -206,10 +207,11 @@ def compare_stage(spec: dict, events) -> dict:
 
     torch.set_num_threads(max(1, int(spec.get("threads") or os.cpu_count() or 1)))
     events.log(f"loading base {spec['base']}")
-    mb, info_b = _load_model(spec["base"], events)
+    trust = bool(spec.get("trust_remote_code"))
+    mb, info_b = _load_model(spec["base"], events, trust)
     events.log(f"loading candidate {spec['candidate']}")
-    mc, info_c = _load_model(spec["candidate"], events)
-    tok = AutoTokenizer.from_pretrained(spec["base"])
+    mc, info_c = _load_model(spec["candidate"], events, trust)
+    tok = AutoTokenizer.from_pretrained(spec["base"], trust_remote_code=trust)
     vb, vc = mb.get_output_embeddings().weight.shape[0], mc.get_output_embeddings().weight.shape[0]
     if vb != vc:
         raise UsageError(f"base and candidate have different vocabularies ({vb} vs {vc} tokens): they cannot be compared token by token",

@@ -61,6 +61,11 @@ class Client:
                 return json.loads(resp.read().decode("utf-8"))
         except urllib.error.HTTPError as e:
             detail = e.read().decode("utf-8", "replace")[:500]
+            if e.code in (401, 403):
+                raise BackendError(f"{url} answered HTTP {e.code}: the server wants an API key "
+                                   + ("and refused the one sent" if self.api_key else "and none was sent"),
+                                   hint="put the key in the variable named by serve.api_key_env, and give the "
+                                   "server's URL with --url (a key is never sent to a URL from the recipe alone)") from None
             raise BackendError(f"{url} answered HTTP {e.code}: {detail}",
                                hint="check the model name and that the server supports this endpoint") from None
         except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:

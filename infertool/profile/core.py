@@ -166,7 +166,12 @@ def run_profile(
 
     context = (prof.context_len or [prompt_len[0]])[0]
     spec = {"model": str(model_path), "dtype": dtype, "batch": batch, "prompt_len": prompt_len,
-            "decode_len": decode_len, "context": context, "repeats": prof.repeats, "nvml": True}
+            "decode_len": decode_len, "context": context, "repeats": prof.repeats, "nvml": True,
+            "trust_remote_code": False}
+    if engine == "hf":  # the vllm engine's launch passes it itself (infertool.serve.prepare)
+        from infertool.trust import announce_remote_code
+
+        spec["trust_remote_code"] = announce_remote_code(res.recipe.model.source, res.recipe.model.trust_remote_code)
     prefix = None
     if nsys_bin is not None:
         nsys_dir = Path(out_dir) / "nsys" if out_dir else _log_dir("profile-nsys")

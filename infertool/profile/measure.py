@@ -104,7 +104,8 @@ def hf_stage(spec: dict, events) -> dict:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     dtype = getattr(torch, spec.get("dtype") or "bfloat16")
     events.progress("profile", 0, None, "loading the model")
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype,
+                                                 trust_remote_code=bool(spec.get("trust_remote_code"))).to(device).eval()
     vocab = model.config.vocab_size
     repeats = int(spec.get("repeats", 3))
     batches = [int(b) for b in spec["batch"]]

@@ -270,6 +270,9 @@ def quantize(
 
                 spec = llmcompressor.build_spec(qd, llmc_plan, model=src, out_dir=model_out,
                                                 calibration=qd["calibration"], dtype=recipe.model.dtype)
+            from infertool.trust import announce_remote_code
+
+            spec["trust_remote_code"] = announce_remote_code(recipe.model.source, recipe.model.trust_remote_code)
             _emit(on_event, f"quantizing {src.name} with {backend} ({method}) in the {BACKEND_ENVS[backend]!r} environment")
             t = time.monotonic()
             run = run_stage(BACKEND_STAGES[backend], spec, on_event=on_event, log_dir=log_dir)

@@ -100,7 +100,13 @@ def prepare(res, *, model=None, serve=None, purpose: str = "serve", port: int | 
         python = str(env_python("serve"))
     cpu = res.target.kind == "cpu"
     info = _model_info_for(res, model)
-    spec = build_launch(settings, model.path or model.source, python, cpu=cpu, port=port, default_name=model.name)
+    trust = res.recipe.model.trust_remote_code
+    if trust and not dry_run:
+        from infertool.trust import announce_remote_code
+
+        announce_remote_code(model.source or model.path, trust)
+    spec = build_launch(settings, model.path or model.source, python, cpu=cpu, port=port, default_name=model.name,
+                        trust_remote_code=trust)
     issues = lint_serve(settings, info, cpu=cpu, port=spec.port, check_port=check_port and res.target.this_host,
                         position_limit=res.position_limit(model))
     issues += [LintIssue("info", "serve.dtype", w, "set serve.dtype: bfloat16 to keep 16-bit (decode, which is "
@@ -140,7 +146,7 @@ def launch(plan: LaunchPlan, log_path: str | Path | None = None, *, timeout_s: f
     """Start the planned server, wait until /v1/models answers, yield it; always stop its process group.
     A failure to start raises with the reason the log gives (``HostCannotRun`` when this host's vLLM build
     lacks a kernel the checkpoint needs)."""
-    from infertool.serve.launcher import Server
+    from infertool.serve.launcher import Server, server_key
 
     require_server_env(plan)
     if plan.errors:
@@ -159,7 +165,7 @@ def launch(plan: LaunchPlan, log_path: str | Path | None = None, *, timeout_s: f
         if on_event:
             on_event({"event": "log", "level": "info", "message": f"{what}: server ready in {ready.seconds:.0f} s"})
         name = ready.models[0] if ready.models else plan.spec.served_model_name
-        yield Launched(ready.url, name, plan.spec.secret_env.get("VLLM_API_KEY"), ready.seconds, log, plan, server.pid)
+        yield Launched(ready.url, name, server_key(plan.spec), ready.seconds, log, plan, server.pid)
     finally:
         server.stop()
 

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infertool.errors import UsageError
+from infertool.trust import REMOTE_CODE_FLAG, is_remote_code_flag
 
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 API_KEY_VAR = "VLLM_API_KEY"
@@ -102,11 +103,13 @@ def build_launch(
     environ: dict[str, str] | None = None,
     cpu: bool = True,
     port: int | None = None,
+    trust_remote_code: bool = False,
 ) -> LaunchSpec:
     """The argv and environment for ``serve`` (a ServeSection) serving ``model`` with ``python``.
 
     ``environ`` is where the API key is looked up (default: os.environ); ``cpu`` adds the vLLM CPU
-    backend's variables; ``port`` overrides serve.port (the bench picks free ports for its arms).
+    backend's variables; ``port`` overrides serve.port (the bench picks free ports for its arms);
+    ``trust_remote_code`` (model.trust_remote_code) adds --trust-remote-code, the only way it is passed.
     """
     environ = os.environ if environ is None else environ
     port = serve.port if port is None else port
@@ -120,6 +123,8 @@ def build_launch(
             return
         argv.extend([_flag(key), str(value)])
 
+    if trust_remote_code:
+        argv.append(REMOTE_CODE_FLAG)
     if serve.dtype != "auto":
         add("dtype", serve.dtype)
     add("max_model_len", serve.max_model_len)
@@ -193,6 +198,10 @@ _OWNED = {"--model", "--host", "--port", "--served-model-name", "--api-key"}
 
 def _check_extra_args(extra: list[str]) -> None:
     for arg in extra:
+        if is_remote_code_flag(arg):
+            raise UsageError(f"serve.extra_args must not contain {arg.split('=', 1)[0]}: remote code runs only when "
+                             "the recipe says so", hint="set model.trust_remote_code: true (every engine that loads "
+                             "the model then gets it)")
         flag = arg.split("=", 1)[0]
         if flag in _OWNED:
             hint = ("put the key in the variable named by serve.api_key_env" if flag == "--api-key"

@@ -7,7 +7,8 @@
 - Shutdown: SIGTERM to the process group (vLLM shuts its engine down), then SIGKILL after a grace
   period; done when no process of the group is left (checked in /proc).
 - ``--detach``: a pid file (JSON: pid, process start time, port, url, log) that ``stop``/``status``
-  read; the start time guards against a recycled pid.
+  read; the start time and the command line guard against a recycled pid: ``stop`` signals nothing it
+  cannot verify as the server infertool launched, and ``status`` sends the key only to such a server.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Callable
 
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.procs import group_members, process_start_time, stop_group, tied
-from infertool.serve.command import LaunchSpec, process_env
+from infertool.serve.command import API_KEY_VAR, API_SERVER_MODULE, LaunchSpec, process_env
 
 TAIL_LINES = 25
 
@@ -94,6 +95,13 @@ def terminate_group(pgid: int, grace_s: float = 20.0, poll: Callable[[], object]
     return stop_group(pgid, grace_s, poll=poll, signals=(signal.SIGTERM, signal.SIGKILL), later_wait_s=10.0)
 
 
+def server_key(spec: LaunchSpec) -> str | None:
+    """The key of a server infertool launched, for requests to its URL: only when that URL is this machine."""
+    from infertool.trust import key_for
+
+    return key_for(spec.base_url, spec.api_key_env, launched=True, value=spec.secret_env.get(API_KEY_VAR))
+
+
 def probe_models(url: str, api_key: str | None = None, timeout: float = 5.0) -> tuple[int | None, dict | None]:
     """GET {url}/v1/models: (HTTP status or None when unreachable, the JSON body when 200)."""
     req = urllib.request.Request(url.rstrip("/") + "/v1/models")
@@ -157,7 +165,7 @@ class Server:
         """Poll /v1/models until it answers; on exit or timeout stop everything and raise with the log tail."""
         assert self.proc is not None, "start() first"
         timeout_s = self.spec.startup_timeout_s if timeout_s is None else timeout_s
-        key = self.spec.secret_env.get("VLLM_API_KEY")
+        key = server_key(self.spec)
         deadline = self.started_at + timeout_s
         while True:
             code = self.proc.poll()
@@ -238,6 +246,7 @@ def write_pid_file(path: Path, server: Server, ready: ReadyInfo) -> dict:
         "model": server.spec.model,
         "served_model_name": server.spec.served_model_name,
         "api_key_env": server.spec.api_key_env,
+        "argv": list(server.spec.argv),
         "log": str(server.log_path),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
@@ -251,7 +260,8 @@ def write_pid_file(path: Path, server: Server, ready: ReadyInfo) -> dict:
 def read_pid_file(path: Path) -> dict:
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-        int(data["pid"])
+        if int(data["pid"]) <= 1:
+            raise ValueError("not a server's pid")
         return data
     except FileNotFoundError:
         raise UsageError(f"no pid file at {path}", hint="`infertool serve status` lists the detached servers") from None
@@ -260,11 +270,76 @@ def read_pid_file(path: Path) -> dict:
 
 
 def record_alive(record: dict) -> bool:
+    """Whether the recorded server may still be running (its pid is alive with the recorded start time, or its
+    group has members). Only ``verify_record`` says whether it is ours."""
     pid = int(record["pid"])
     start = process_start_time(pid)
     if start is not None and record.get("start_time") not in (None, start):
         return False  # the pid was recycled by an unrelated process
-    return bool(group_members(int(record.get("pgid", pid))))
+    return bool(group_members(_pgid(record)))
+
+
+def _pgid(record: dict) -> int:
+    try:
+        return int(record.get("pgid", record["pid"]))
+    except (TypeError, ValueError):
+        return int(record["pid"])
+
+
+def _cmdline(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else None
+
+
+def verify_record(record: dict) -> str | None:
+    """Why the process a pid file names cannot be shown to be the server infertool launched (None when it
+    is): the group is the recorded pid's own, the pid is alive with the recorded start time, and it runs the
+    recorded vLLM command on the recorded port."""
+    pid = int(record["pid"])
+    if _pgid(record) != pid:
+        return f"its process group ({record.get('pgid')}) is not the server's own (pid {pid})"
+    if not isinstance(record.get("start_time"), int) or isinstance(record.get("start_time"), bool):
+        return "it records no process start time, so a recycled pid cannot be told from the server"
+    if process_start_time(pid) != record["start_time"]:
+        return f"process {pid} is not the one recorded (its start time differs, or it is gone)"
+    try:
+        if os.stat(f"/proc/{pid}").st_uid != os.getuid():
+            return f"process {pid} belongs to another user"
+    except OSError:
+        return f"process {pid} is gone"
+    cmd = _cmdline(pid)
+    argv = record.get("argv")
+    port = str(record.get("port"))
+    if cmd is None:
+        return f"the command line of process {pid} cannot be read"
+    if isinstance(argv, list) and argv and cmd != [str(a) for a in argv]:
+        return f"process {pid} does not run the recorded command"
+    if API_SERVER_MODULE not in cmd or "--port" not in cmd or cmd[cmd.index("--port") + 1:][:1] != [port]:
+        return f"process {pid} is not a vLLM server on port {port}"
+    return None
+
+
+def _key_for_record(record: dict) -> str | None:
+    """The key for a pid file's URL (a pid file in infertool's own directory, or one the user named with
+    --pid-file): only when its server is verifiably the one infertool launched (``verify_record``: this user's
+    process, its start time, the recorded vLLM command), at an address of this host and the recorded port."""
+    from infertool.trust import is_this_machine, key_for, origin
+
+    name = record.get("api_key_env")
+    if not name or not isinstance(name, str):
+        return None
+    url = str(record.get("url") or "")
+    o = origin(url)
+    why = verify_record(record)
+    if why is None and not (o is not None and o[0] == "http" and str(o[2]) == str(record.get("port"))
+                            and is_this_machine(o[1])):
+        why = "its URL is not this machine at the recorded port"
+    return key_for(url, name, launched=why is None, flag=None,
+                   why=None if why is None else f"the pid file's server cannot be shown to be infertool's ({why})")
 
 
 def list_pid_files(directory: Path | None = None) -> list[Path]:
@@ -277,16 +352,25 @@ def status_of(path: Path) -> dict:
     alive = record_alive(record)
     status = None
     if alive:
-        key = os.environ.get(record["api_key_env"]) if record.get("api_key_env") else None
-        status, _ = probe_models(record["url"].removesuffix("/v1"), key, timeout=3.0)
-    state = "ready" if status == 200 else ("starting or unhealthy" if alive else "dead")
+        url = str(record.get("url") or "")
+        status, _ = probe_models(url.removesuffix("/v1"), _key_for_record(record), timeout=3.0)
+    state = ("ready" if status == 200 else "answers HTTP 401: API key missing or refused" if status == 401
+             else "starting or unhealthy" if alive else "dead")
     return {**record, "pid_file": str(path), "alive": alive, "state": state}
 
 
 def stop_detached(path: Path, grace_s: float = 20.0) -> dict:
+    """Stop the server a pid file records, only when it is verifiably the one infertool launched; a pid file
+    whose server is gone is removed. Never signals a process group it cannot show to be ours."""
     record = read_pid_file(path)
-    pgid = int(record.get("pgid", record["pid"]))
+    pgid = _pgid(record)
     was_alive = record_alive(record)
+    if was_alive:
+        why = verify_record(record)
+        if why is not None:
+            raise UsageError(f"not stopping pid {record['pid']} (process group {pgid}) recorded in {path}: {why}",
+                             hint="check the process yourself (ps -o pid,pgid,lstart,args -g PGID) and stop it if it "
+                             "is yours; delete the pid file when it is stale")
     stopped = terminate_group(pgid, grace_s) if was_alive else True
     if stopped:
         path.unlink(missing_ok=True)

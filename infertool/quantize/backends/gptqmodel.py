@@ -31,6 +31,7 @@ def build_spec(q: dict, *, model: Path, out_dir: Path, offload_dir: Path, ignore
         "calibration": cal,
         "num_layers": num_layers,
         "log_dir": None,  # set by the caller: GPTQModel writes its own logs/ under the working directory
+        "trust_remote_code": False,  # set by the caller from model.trust_remote_code
     }
     if q["method"] == "gptq":
         spec.update(sym=q.get("sym", True), desc_act=q.get("desc_act", False),
@@ -122,7 +123,8 @@ def _quantize(spec: dict, events) -> dict:
 
     t = time.monotonic()
     events.progress("setup", 1, 3, "tokenizing calibration data")
-    tokenizer = AutoTokenizer.from_pretrained(spec["model"])
+    trust = bool(spec.get("trust_remote_code"))  # model.trust_remote_code: the only way remote code runs
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"], trust_remote_code=trust)
     calibration, cal_info = build_windows(spec["calibration"], tokenizer, events)
     timings["calibration"] = time.monotonic() - t
 
@@ -138,7 +140,8 @@ def _quantize(spec: dict, events) -> dict:
     # GPTQ only: GPTQModel's AWQ modules take 16-bit activations alone (AwqTorchLinear refuses float32)
     compute = _calibration_dtype(spec["model"]) if spec["method"] == "gptq" else None
     try:
-        model = GPTQModel.load(spec["model"], qcfg, **({"dtype": getattr(torch, compute["dtype"])} if compute else {}))
+        model = GPTQModel.load(spec["model"], qcfg, trust_remote_code=trust,
+                               **({"dtype": getattr(torch, compute["dtype"])} if compute else {}))
     except Exception as e:  # noqa: BLE001 - any loader failure is the model's, said plainly
         raise RuntimeFailure(f"GPTQModel could not load {spec['model']}: {type(e).__name__}: {e}") from e
     timings["load"] = time.monotonic() - t
@@ -182,7 +185,7 @@ def _quantize(spec: dict, events) -> dict:
     if spec.get("compare"):
         t = time.monotonic()
         events.progress("compare", 0, 2, "greedy generation: original (transformers)")
-        local = compare_greedy(spec["model"], spec["out_dir"], tokenizer, events)
+        local = compare_greedy(spec["model"], spec["out_dir"], tokenizer, events, trust_remote_code=trust)
         timings["compare"] = time.monotonic() - t
 
     return {
@@ -287,7 +290,7 @@ def _greedy(model, tokenizer, prompts: list[str], max_tokens: int) -> list[list[
     return result
 
 
-def compare_greedy(original: str, quantized: str, tokenizer, events) -> dict:
+def compare_greedy(original: str, quantized: str, tokenizer, events, *, trust_remote_code: bool = False) -> dict:
     """Greedy tokens of the original (transformers) and of the saved checkpoint (GPTQModel's torch kernels)
     on this host: a quality signal that needs no vLLM (whose CPU build may lack the quantized kernels)."""
     import gc
@@ -298,13 +301,13 @@ def compare_greedy(original: str, quantized: str, tokenizer, events) -> dict:
 
     from infertool.quantize.verify import MAX_TOKENS, PROMPTS, token_agreement
 
-    base_model = AutoModelForCausalLM.from_pretrained(original, dtype=torch.bfloat16)
+    base_model = AutoModelForCausalLM.from_pretrained(original, dtype=torch.bfloat16, trust_remote_code=trust_remote_code)
     base = _greedy(base_model, tokenizer, PROMPTS, MAX_TOKENS)
     del base_model
     gc.collect()
     events.progress("compare", 1, 2, "greedy generation: quantized (GPTQModel)")
     try:
-        qmodel = GPTQModel.load(quantized, device="cpu")
+        qmodel = GPTQModel.load(quantized, device="cpu", trust_remote_code=trust_remote_code)
         cand = _greedy(qmodel, tokenizer, PROMPTS, MAX_TOKENS)
     except Exception as e:  # noqa: BLE001 - a comparison, not the product: report why it is missing
         events.log(f"could not run the quantized checkpoint with GPTQModel here: {type(e).__name__}: {e}", "warning")

@@ -66,7 +66,7 @@ def refuse_on_host(p: dict, method: str) -> None:
 
 def build_spec(q: dict, p: dict, *, model: Path, out_dir: Path, calibration: dict, dtype: str) -> dict:
     return {"model": str(model), "out_dir": str(out_dir), "plan": p, "calibration": calibration,
-            "method": q["method"], "dtype": dtype}
+            "method": q["method"], "dtype": dtype, "trust_remote_code": False}
 
 
 def quantize_stage(spec: dict, events) -> dict:  # pragma: no cover - needs the llmcompressor env
@@ -83,14 +83,16 @@ def quantize_stage(spec: dict, events) -> dict:  # pragma: no cover - needs the 
     timings["import"] = time.monotonic() - t
     t = time.monotonic()
     p = spec["plan"]
-    tok = AutoTokenizer.from_pretrained(spec["model"])
+    trust = bool(spec.get("trust_remote_code"))  # model.trust_remote_code: the only way remote code runs
+    tok = AutoTokenizer.from_pretrained(spec["model"], trust_remote_code=trust)
     samples, cal_info = build_windows(spec["calibration"], tok, events)
     ds = Dataset.from_dict({"input_ids": [s["input_ids"] for s in samples],
                             "attention_mask": [s["attention_mask"] for s in samples]})
     timings["calibration"] = time.monotonic() - t
     t = time.monotonic()
     events.progress("setup", 1, 3, "loading the model")
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, spec.get("dtype") or "bfloat16"))
+    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, spec.get("dtype") or "bfloat16"),
+                                                 trust_remote_code=trust)
     timings["load"] = time.monotonic() - t
     if p["modifier"] == "AWQModifier":
         from llmcompressor.modifiers.awq import AWQModifier
