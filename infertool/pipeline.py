@@ -7,6 +7,12 @@ a temporary directory and renamed when complete, so an interruption never leaves
 re-run finds completed entries by key and reuses them, and continues where the last run stopped. The run
 directory ``<out_dir>/<recipe>-<timestamp>/`` links each stage's entry and holds ``manifest.json``
 (resolved recipe, input hashes, environment versions, each stage's status, timings and summary).
+
+The stages that serve (serve's check, bench's arms, eval's and profile's vllm engines) share the run's
+servers (``infertool.serve.pool``): one vLLM start per distinct launch. A stage that runs an engine
+in-process (quantize, hf eval, hf profile) gets the device first: on a GPU every pooled server stops
+before it. The manifest's ``servers`` lists each server started (who started it, who used it, its
+start-up seconds and log), and each stage's record says which servers it used (started or reused).
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ class StageContext:
     work: Path  # the temporary directory this stage writes into
     upstream: dict[str, dict]  # name -> {"dir": Path, "summary": dict}
     on_event: EventCallback | None
+    servers: object | None = None  # the run's infertool.serve.pool.ServerPool (None: each stage launches its own)
 
 
 @dataclass
@@ -143,7 +150,7 @@ def _stage_eval(ctx: StageContext) -> dict:
     spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, seq_len=ev.seq_len,
                     batch_size=ev.batch_size, max_items=ev.max_items, accept=ev.accept.model_dump(), out_dir=ctx.work,
                     base_source=source, vllm_plans=plans,
-                    held_out=held_out_check(res, ev.suite), labels=labels)
+                    held_out=held_out_check(res, ev.suite), labels=labels, servers=ctx.servers)
     doc = run_eval(spec, ctx.on_event)  # writes results.json, items.jsonl and the KLD histogram into work/
     return {"verdict": doc.get("verdict"), "reason": doc.get("reason"), "gates": doc.get("gates"),
             "engine": doc.get("engine"), "suite": (doc.get("suite") or {}).get("name"),
@@ -154,7 +161,8 @@ def _stage_profile(ctx: StageContext) -> dict:
     from infertool.profile.core import run_profile
 
     # the recipe's base, as the model stage made it: named by its label (source), not by its cache path
-    res = run_profile(ctx.recipe, out_dir=ctx.work, on_event=ctx.on_event)
+    shared = {"pool": ctx.servers} if ctx.servers is not None else {}
+    res = run_profile(ctx.recipe, out_dir=ctx.work, on_event=ctx.on_event, **shared)
     return {"verdicts": res.verdicts, "crossover_batch": res.crossover_batch, "advice": res.advice,
             "peaks": {k: res.peaks.get(k) for k in ("flops", "bandwidth", "dtype", "ridge")}}
 
@@ -169,7 +177,7 @@ def _stage_serve(ctx: StageContext) -> dict:
 
     res = _resolution(ctx)
     plan = prepare(res, port=free_port())
-    with launch(plan, ctx.work / "server.log", on_event=ctx.on_event, label="the serve check") as srv:
+    with launch(plan, ctx.work / "server.log", on_event=ctx.on_event, label="the serve check", pool=ctx.servers) as srv:
         try:
             r = httpx.post(f"{srv.url}/completions", headers=srv.headers(), timeout=120,
                            json={"model": srv.model, "prompt": "The capital of France is", "max_tokens": 8, "temperature": 0})
@@ -182,7 +190,7 @@ def _stage_serve(ctx: StageContext) -> dict:
                                  log_path=str(srv.log_path))
         text = r.json()["choices"][0]["text"]
         ready_s = srv.ready_s
-    return {"ready_s": round(ready_s, 1), "model": plan.spec.model, "label": plan.model.label,
+    return {"ready_s": round(ready_s, 1), "model": plan.spec.model, "label": plan.model.label, "log": str(srv.log_path),
             "served": res.served_origin, "argv": plan.spec.to_dict()["argv"], "kv_cache": plan.kv,
             "smoke": {"prompt": "The capital of France is", "completion": text},
             "note": "; ".join(res.notes) or None}
@@ -198,7 +206,8 @@ def _stage_bench(ctx: StageContext) -> dict:
 
     res = _resolution(ctx)
     arms, why_not = quantization_arms(res)
-    rep = run_bench(res, on_event=ctx.on_event, arm="candidate" if "original" in arms else "sweep")
+    shared = {"pool": ctx.servers} if ctx.servers is not None else {}
+    rep = run_bench(res, on_event=ctx.on_event, arm="candidate" if "original" in arms else "sweep", **shared)
     d = rep.to_dict()
     note = "; ".join(res.notes) or None
     if note:
@@ -206,7 +215,8 @@ def _stage_bench(ctx: StageContext) -> dict:
     d["served"] = {"label": res.served.label, "origin": res.served_origin}
     if "original" in arms:
         try:
-            orig = run_bench(res, on_event=ctx.on_event, serve_model=arms["original"], arm="original", experiments=False).to_dict()
+            orig = run_bench(res, on_event=ctx.on_event, serve_model=arms["original"], arm="original", experiments=False,
+                             **shared).to_dict()
         except InfertoolError as e:  # say which server failed: the candidate's numbers are fine, the comparison is not
             e.message = f"measuring the original ({arms['original'].label}) beside the candidate: {e.message}"
             raise
@@ -260,6 +270,41 @@ def selected_stages(recipe, stages: list[str] | None) -> list[str]:
                     chosen.add(dep)
                     changed = True
     return [s for s in STAGE_ORDER if s in chosen]
+
+
+def _engine(recipe, name: str) -> str | None:
+    section = getattr(recipe, name, None)
+    if name == "eval":
+        return section.engine if section is not None else "hf"
+    if name == "profile":
+        return section.engine if section is not None else "hf"
+    return None
+
+
+def uses_servers(recipe, name: str) -> bool:
+    """Whether a stage starts vLLM servers through the run's pool: serve's check, bench's arms, eval's and
+    profile's vllm engines."""
+    return name in ("serve", "bench") or (name in ("eval", "profile") and _engine(recipe, name) == "vllm")
+
+
+def uses_device(recipe, name: str) -> bool:
+    """Whether a stage runs an engine in its own workers (quantize, hf eval, hf profile): on a GPU it needs
+    the device to itself."""
+    return name == "quantize" or (name in ("eval", "profile") and _engine(recipe, name) == "hf")
+
+
+def _device_need(upstream: dict) -> int:
+    """What an in-process stage needs on a CPU, with margin: three times the model's weights (base and
+    candidate side by side, a 16-bit checkpoint computed in float32) and 2 GiB of runtime."""
+    weights = ((upstream.get("model") or {}).get("summary") or {}).get("weight_bytes") or 0
+    return 3 * int(weights) + 2 * 1024**3
+
+
+def server_pool(run_dir: Path, host: dict, on_event: EventCallback | None):
+    """The run's servers: one at a time on a GPU host, as memory allows on a CPU (infertool.serve.pool)."""
+    from infertool.serve.pool import ServerPool
+
+    return ServerPool(run_dir / "servers", gpu=host.get("accelerator") == "cuda", on_event=on_event)
 
 
 def _env_versions() -> dict:
@@ -374,8 +419,8 @@ def _stages_to_rerun(force: list[str] | None) -> set[str]:
 def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,
                   force: list[str] | None = None) -> dict:
     """What `run` would do, without doing it: the stages, their keys and whether a completed entry would be
-    reused, the resolution (with the candidate where the quantize stage's entry will be), and the server
-    launches of the stages that serve."""
+    reused, the resolution (with the candidate where the quantize stage's entry will be), the server
+    launches of the stages that serve, and which of them share one server (``servers``)."""
     from infertool.resolve import resolve
 
     chosen = selected_stages(recipe, stages)
@@ -406,6 +451,12 @@ def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Pat
 
         b, c, *_ = eval_models(res, recipe.eval, None, None, "vllm", dry_run=True)
         out["launches"].update({f"eval: {k}": p.to_dict() for k, p in vllm_plans(res, recipe.eval, b, c, dry_run=True).items()})
+    from infertool.serve.pool import launch_key
+
+    servers: dict[str, list[str]] = {}  # launches of the same key share one server in the run
+    for label, launch in out["launches"].items():
+        servers.setdefault(launch_key(launch), []).append(label)
+    out["servers"] = [{"key": k, "used_by": v} for k, v in servers.items()]
     return out
 
 
@@ -445,9 +496,22 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
     }
     _write_json(run_dir / "manifest.json", manifest)
     keys = stage_keys(recipe, chosen, inputs, host)
+    pool = server_pool(run_dir, host, on_event)
+    manifest["servers"] = pool.records
+    try:
+        exit_code = _run_stages(recipe, chosen, keys, force, cache, run_dir, manifest, pool, on_event, on_stage)
+    finally:
+        pool.close()  # the end of the run, a failure or Ctrl-C: no server outlives it
+        _finish(run_dir, manifest)
+    return RunResult(str(run_dir), manifest, exit_code == 0, exit_code, manifest["stages"])
+
+
+def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, run_dir: Path, manifest: dict,
+                pool, on_event: EventCallback | None, on_stage) -> int:
     upstream: dict[str, dict] = {}
     exit_code = 0
-    for name in chosen:
+    for i, name in enumerate(chosen):
+        pool.user = name
         key = keys[name]
         entry = cache / f"{name}-{key}"
         rec = manifest["stages"][name]
@@ -455,21 +519,27 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
                     "started": datetime.now(timezone.utc).isoformat(timespec="seconds")})
 
         def started(name=name, rec=rec) -> None:
+            if uses_device(recipe, name):
+                pool.before_device_stage(name, _device_need(upstream))
             _write_json(run_dir / "manifest.json", manifest)
             if on_stage:
                 on_stage(name, "running", rec)
 
-        func = STAGE_FUNCS[name]
+        def body(work: Path, name=name, func=STAGE_FUNCS[name]) -> dict:
+            summary = func(StageContext(recipe, run_dir, work, upstream, on_event, pool))
+            used = pool.uses_by(name)
+            return {**summary, "servers": used} if used and isinstance(summary, dict) else summary
+
         t0 = time.monotonic()
         try:
-            st = cached_stage(cache, name, key, lambda work, func=func: func(StageContext(recipe, run_dir, work, upstream, on_event)),
-                              force=name in force, on_start=started)
+            st = cached_stage(cache, name, key, body, force=name in force, on_start=started)
         except KeyboardInterrupt:
             rec.update({"status": "interrupted", "seconds": round(time.monotonic() - t0, 1)})
-            _finish(run_dir, manifest)
+            _note_servers(rec, pool, name)
             raise
         except InfertoolError as e:
             rec.update({"status": "failed", "seconds": round(time.monotonic() - t0, 1), "error": e.to_dict()})
+            _note_servers(rec, pool, name)
             _finish(run_dir, manifest)
             if on_stage:
                 on_stage(name, "failed", rec)
@@ -478,9 +548,11 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
             raise
         except Exception:
             rec.update({"status": "failed", "seconds": round(time.monotonic() - t0, 1)})
-            _finish(run_dir, manifest)
+            _note_servers(rec, pool, name)
             raise
         summary, seconds = st.summary, st.seconds
+        if not any(uses_servers(recipe, later) for later in chosen[i + 1:]):
+            pool.stop_all("no later stage serves")
         if st.status == "reused":
             rec.update({"status": "reused", "summary": summary, "seconds": seconds, "completed": st.completed})
             rec.pop("started", None)
@@ -491,6 +563,7 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
                 on_stage(name, "reused", rec)
             continue
         rec.update({"status": "done", "seconds": seconds, "summary": summary})
+        _note_servers(rec, pool, name)
         upstream[name] = {"dir": entry, "summary": summary}
         _link(run_dir / name, entry)
         _write_json(run_dir / "manifest.json", manifest)
@@ -499,8 +572,14 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
         if name == "eval" and summary.get("verdict") not in ("PASS", None):
             exit_code = 1  # the verdict gates the run (documented): the other stages still run
     manifest["resolution"] = _final_resolution(recipe, upstream)
-    _finish(run_dir, manifest)
-    return RunResult(str(run_dir), manifest, exit_code == 0, exit_code, manifest["stages"])
+    return exit_code
+
+
+def _note_servers(rec: dict, pool, name: str) -> None:
+    """The servers a stage used in this run: started by it, or shared (started by an earlier stage)."""
+    used = pool.uses_by(name)
+    if used:
+        rec["servers"] = used
 
 
 def _final_resolution(recipe, upstream: dict) -> dict | None:

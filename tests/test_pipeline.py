@@ -243,3 +243,214 @@ def test_real_run_interrupted_during_eval_resumes(tiny_model, quant_python, serv
     assert r.returncode == 0, r.stderr
     md = (second / "report.md").read_text()
     assert "## Quantize" in md and "## Eval: " in md and "kld_histogram" in md
+
+
+# ------------------------------------------------------------------------------------ shared servers
+# A stand-in for vLLM's server (a real process started by the one launcher): answers /v1/models and completions.
+STUB_SERVER = r'''
+import json, sys
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+port = int(sys.argv[sys.argv.index("--port") + 1])
+class H(BaseHTTPRequestHandler):
+    def _send(self, body):
+        data = json.dumps(body).encode()
+        self.send_response(200); self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data))); self.end_headers(); self.wfile.write(data)
+    def do_GET(self):
+        self._send({"data": [{"id": "stub"}]})
+    def do_POST(self):
+        self.rfile.read(int(self.headers.get("Content-Length") or 0))
+        self._send({"choices": [{"text": " Paris"}]})
+    def log_message(self, *a):
+        pass
+print("stub server on", port, flush=True)
+ThreadingHTTPServer(("127.0.0.1", port), H).serve_forever()
+'''
+
+
+def stub_plan(tmp_path, setting: str = "a", purpose: str = "test"):
+    """A launch plan of the stub server: ``setting`` stands for the serve settings (part of the command line)."""
+    import sys
+
+    from infertool.procs import free_port
+    from infertool.resolve import ModelRef, Target
+    from infertool.serve import LaunchPlan
+    from infertool.serve.command import LaunchSpec
+
+    script = tmp_path / "stub_server.py"
+    script.write_text(STUB_SERVER)
+    port = free_port()
+    spec = LaunchSpec(argv=[sys.executable, str(script), "--setting", setting, "--port", str(port)], env={},
+                      host="127.0.0.1", port=port, model=str(tmp_path), served_model_name="stub", api_key_env=None,
+                      has_api_key=False, startup_timeout_s=60)
+    model = ModelRef("candidate", str(tmp_path), str(tmp_path), True, f"model {setting}", name="stub")
+    return LaunchPlan(spec, model, purpose, Target("cpu", None, 1, True, "this host"))
+
+
+def _gone(launched) -> bool:
+    from infertool.procs import group_members
+
+    return not group_members(launched.pid)
+
+
+def test_pool_starts_one_server_per_launch_and_stops_them_all(tmp_path):
+    from infertool.serve import launch
+    from infertool.serve.pool import ServerPool, launch_key
+
+    a1, a2, b = stub_plan(tmp_path, "a"), stub_plan(tmp_path, "a"), stub_plan(tmp_path, "b")
+    assert a1.spec.port != a2.spec.port and launch_key(a1.spec) == launch_key(a2.spec) != launch_key(b.spec)
+    pool = ServerPool(tmp_path / "servers", gpu=False, memory=lambda: 1 << 40)
+    pool.user = "serve"
+    with launch(a1, tmp_path / "ignored.log", pool=pool) as first:
+        assert not first.reused and first.log_path.parent == tmp_path / "servers"
+    assert not _gone(first)  # leaving the block does not stop a pooled server
+    pool.user = "bench"
+    with launch(a2, pool=pool) as again, launch(b, pool=pool) as other:
+        assert again.reused and again.url == first.url and again.pid == first.pid
+        assert not other.reused and other.pid != first.pid
+    assert [(r["started_by"], r["used_by"]) for r in pool.records] == [("serve", ["serve", "bench"]), ("bench", ["bench"])]
+    assert [(u["user"], u["reused"]) for u in pool.uses] == [("serve", False), ("bench", True), ("bench", False)]
+    assert again.to_dict()["pool"] == {"key": launch_key(a1.spec), "started_by": "serve", "reused": True}
+    pool.close()
+    assert _gone(first) and _gone(other) and pool.running() == []
+    assert {r["stopped"] for r in pool.records} == {"the run ended"}
+
+
+def test_pool_keeps_what_the_device_holds(tmp_path):
+    """GPU: one server at a time, none while an in-process stage runs. CPU: idle servers stay while the
+    available memory covers the next one; the least recently used go first; unknown memory keeps none."""
+    from infertool.serve.pool import ServerPool
+
+    a, b, c = (stub_plan(tmp_path, s) for s in "abc")
+    gpu = ServerPool(tmp_path / "g", gpu=True)
+    sa = gpu.get(a)
+    sb = gpu.get(b)
+    assert _gone(sa) and gpu.records[0]["stopped"].endswith("one server on the GPU at a time")
+    gpu.before_device_stage("eval", 0)
+    assert _gone(sb) and gpu.running() == [] and gpu.records[1]["stopped"] == "eval needs the GPU"
+    gpu.close()
+
+    free = [1 << 40]
+    cpu = ServerPool(tmp_path / "c", gpu=False, memory=lambda: free[0])
+    sa, sb = cpu.get(a), cpu.get(b)
+    cpu.get(a)  # a is used last: b is the least recently used
+    free[0] = 0
+    cpu.get(c)  # no room: both idle servers stop, oldest first
+    assert _gone(sa) and _gone(sb) and len(cpu.running()) == 1
+    assert [r["stopped"].split(":")[0] for r in cpu.records[:2]] == ["test starts another server"] * 2
+    assert cpu.records[1]["stopped"] and "GiB available" in cpu.records[1]["stopped"]
+    sc = cpu.running()
+    free[0] = 1 << 40
+    measured = cpu.get(a, alone=True)  # a measurement (bench, profile): nothing else runs beside it
+    assert cpu.running() == [measured.key] and sc != cpu.running()
+    assert cpu.records[-2]["stopped"] == "test measures another server alone"
+    unknown = ServerPool(tmp_path / "u", gpu=False, memory=lambda: None)
+    s1 = unknown.get(a)
+    unknown.get(b)
+    assert _gone(s1) and len(unknown.running()) == 1
+    cpu.close()
+    unknown.close()
+
+
+def test_pool_restarts_a_server_that_died(tmp_path):
+    import os
+    import signal
+
+    from infertool.serve.pool import ServerPool
+
+    plan = stub_plan(tmp_path)
+    with ServerPool(tmp_path / "s", gpu=False, memory=lambda: 1 << 40) as pool:
+        first = pool.get(plan)
+        os.killpg(first.pid, signal.SIGKILL)
+        from conftest import wait_for
+
+        wait_for(lambda: not first.alive(), 30, "the server's exit")
+        second = pool.get(plan)
+        assert not second.reused and second.pid != first.pid and len(pool.records) == 2
+        assert pool.records[0]["stopped"].startswith("it exited")
+    assert _gone(second)
+
+
+@pytest.fixture
+def serving_stages(monkeypatch, tmp_path):
+    """serve and bench stand-ins that serve the same stub launch (as the real ones serve the recipe's), the
+    others light; ``hold`` makes bench raise KeyboardInterrupt while it holds its server."""
+    from infertool.serve import launch
+
+    state = {"interrupt": False, "seen": []}
+
+    def serving(name):
+        def fn(ctx):
+            with launch(stub_plan(tmp_path, "recipe"), ctx.work / "server.log", pool=ctx.servers) as srv:
+                state["seen"].append((name, srv.pid, srv.reused))
+                if name == "bench" and state["interrupt"]:
+                    raise KeyboardInterrupt
+            return {"stage": name}
+        return fn
+
+    funcs = {n: (lambda ctx, n=n: {"stage": n}) for n in pipeline.STAGE_ORDER}
+    funcs.update(serve=serving("serve"), bench=serving("bench"))
+    monkeypatch.setattr(pipeline, "STAGE_FUNCS", funcs)
+    return state
+
+
+def test_run_serve_and_bench_share_one_server(tmp_path, serving_stages):
+    r = recipe(tmp_path, serve={}, bench={})
+    res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    m = json.loads((Path(res.run_dir) / "manifest.json").read_text())
+    assert len(m["servers"]) == 1  # one start for the serve check and the bench
+    srv = m["servers"][0]
+    assert srv["started_by"] == "serve" and srv["used_by"] == ["serve", "bench"] and srv["stopped"] == "no later stage serves"
+    assert Path(srv["log"]).parent == Path(res.run_dir) / "servers" and "stub server on" in Path(srv["log"]).read_text()
+    assert [(u["user"], u["reused"]) for u in m["stages"]["serve"]["servers"] + m["stages"]["bench"]["servers"]] == \
+        [("serve", False), ("bench", True)]
+    stage_json = json.loads((Path(res.run_dir) / "bench" / "stage.json").read_text())
+    assert stage_json["summary"]["servers"][0]["reused"] is True  # the stage's own record says so too
+    (_, pid, _), (_, pid2, _) = serving_stages["seen"]
+    assert pid == pid2
+    from infertool.procs import group_members
+
+    assert not group_members(pid)
+
+    # a cached serve stage starts nothing; the bench that runs again starts the server itself
+    serving_stages["seen"].clear()
+    res2 = pipeline.run_pipeline(r, out_dir=tmp_path / "runs", force=["bench"])
+    m2 = json.loads((Path(res2.run_dir) / "manifest.json").read_text())
+    assert m2["stages"]["serve"]["status"] == "reused" and "servers" not in m2["stages"]["serve"]
+    assert [(s["started_by"], s["used_by"]) for s in m2["servers"]] == [("bench", ["bench"])]
+    assert [s[0] for s in serving_stages["seen"]] == ["bench"]
+
+
+def test_interrupted_run_stops_its_servers(tmp_path, serving_stages):
+    from infertool.procs import group_members
+
+    serving_stages["interrupt"] = True
+    with pytest.raises(KeyboardInterrupt):
+        pipeline.run_pipeline(recipe(tmp_path, serve={}, bench={}), out_dir=tmp_path / "runs")
+    pid = serving_stages["seen"][-1][1]
+    assert not group_members(pid)
+    run = sorted(p for p in (tmp_path / "runs").iterdir() if p.name.startswith("r-"))[-1]
+    m = json.loads((run / "manifest.json").read_text())
+    assert m["stages"]["bench"]["status"] == "interrupted" and m["servers"][0]["stopped"] == "the run ended"
+    assert m["stages"]["bench"]["servers"][0]["reused"] is True
+
+
+def test_device_stages_and_serving_stages(tmp_path):
+    r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"engine": "vllm"}, profile={}, serve={})
+    assert [s for s in pipeline.STAGE_ORDER if pipeline.uses_servers(r, s)] == ["eval", "serve", "bench"]
+    assert [s for s in pipeline.STAGE_ORDER if pipeline.uses_device(r, s)] == ["quantize", "profile"]
+    r2 = recipe(tmp_path, eval={}, profile={"engine": "vllm"})
+    assert pipeline.uses_servers(r2, "profile") and pipeline.uses_device(r2, "eval")
+
+
+def test_dry_run_says_which_launches_share_a_server(tmp_path, monkeypatch):
+    """serve's check and bench's sweep serve the candidate alike, bench's original the base; eval's vllm engine
+    serves both with the same settings (vLLM's default --max-logprobs is its top-k): two servers in all."""
+    monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
+    r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={})
+    plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
+    assert [s["used_by"] for s in plan["servers"]] == [["serve", "bench: the sweep"], ["bench: the original"]]
+    with_eval = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={}, eval={"engine": "vllm"})
+    plan = pipeline.plan_pipeline(with_eval, out_dir=tmp_path / "runs")
+    assert [s["used_by"] for s in plan["servers"]] == [["serve", "bench: the sweep", "eval: candidate"],
+                                                       ["bench: the original", "eval: base"]]

@@ -250,3 +250,28 @@ def test_sigterm_during_startup_stops_the_whole_group(tiny_model, serve_python, 
             proc.kill()
     assert proc.returncode == 130
     assert group_members(pid) == []
+
+
+# ---------------------------------------------------------------------------------------- run: shared servers
+def test_run_serve_and_bench_share_one_server(tiny_model, serve_python, tmp_path):
+    """`infertool run` with serve and bench: ONE vLLM start for the serve check and the bench, counted from
+    the manifest and the server logs; nothing left running after the run."""
+    from infertool.serve.launcher import probe_models
+
+    recipe = write_recipe(tmp_path / "r.yaml", tiny_model, free_port())
+    r = run_cli("run", str(recipe), "--out", str(tmp_path / "runs"), "--json", env={KEY_VAR: SECRET}, timeout=900)
+    assert r.returncode == 0, r.stdout + r.stderr
+    run_dir = Path(json.loads(r.stdout)["run_dir"])
+    m = json.loads((run_dir / "manifest.json").read_text())
+    assert [(s["started_by"], s["used_by"]) for s in m["servers"]] == [("serve", ["serve", "bench"])]
+    assert [(u["user"], u["reused"]) for u in m["stages"]["serve"]["servers"] + m["stages"]["bench"]["servers"]] == \
+        [("serve", False), ("bench", True)]
+    logs = sorted((run_dir / "servers").glob("*.log"))
+    assert logs == [Path(m["servers"][0]["log"])]
+    text = logs[0].read_text()
+    assert text.count("infertool serve:") == 1 and text.count("Application startup complete") == 1
+    bench = json.loads((run_dir / "bench" / "bench.json").read_text())
+    assert bench["servers"][0]["pool"] == {"key": m["servers"][0]["key"], "started_by": "serve", "reused": True}
+    assert bench["levels"] and all(lv["summary"]["failed"] == 0 for lv in bench["levels"])
+    assert SECRET not in (run_dir / "manifest.json").read_text() + r.stdout + r.stderr
+    assert probe_models(m["servers"][0]["url"].removesuffix("/v1"))[0] is None  # stopped with the run

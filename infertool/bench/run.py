@@ -215,10 +215,12 @@ def ab_table(name: str, a_label: str, b_label: str, a_levels: list[dict], b_leve
 class _Launched:
     """A server for one arm, started with the one launcher (infertool.serve) on a free port: the
     resolution's served model (or ``model``, a ModelRef of the same resolution: run's original) with the
-    arm's serve settings; stopped on exit."""
+    arm's serve settings; stopped on exit (``pool``: a run's shared server, which the pool stops; the
+    pool's other servers stop first, so that each arm is measured alone, as without a pool)."""
 
-    def __init__(self, res, serve, on_event: EventCallback | None, label: str, model=None):
+    def __init__(self, res, serve, on_event: EventCallback | None, label: str, model=None, pool=None):
         self.res, self.serve, self.on_event, self.label, self.model = res, serve, on_event, label, model
+        self.pool = pool
         self._cm = None
 
     def __enter__(self) -> ServerHandle:
@@ -230,7 +232,7 @@ class _Launched:
         errors = plan.errors
         if errors:
             raise UsageError("; ".join(f"{e.field}: {e.message}" for e in errors), hint=errors[0].hint)
-        self._cm = launch(plan, on_event=self.on_event, label=self.label)
+        self._cm = launch(plan, on_event=self.on_event, label=self.label, pool=self.pool, alone=True)
         srv = self._cm.__enter__()
         return ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict())
 
@@ -312,11 +314,12 @@ def bench_section(recipe):
 
 def run_bench(res, *, url: str | None = None, model: str | None = None,
               on_event: EventCallback | None = None, serve_model=None, arm: str = "sweep",
-              experiments: bool = True) -> BenchReport:
+              experiments: bool = True, pool=None) -> BenchReport:
     """The sweep (and the recipe's experiments) on the resolution's served model (``res``: infertool.resolve),
     or on the server at ``url``. ``serve_model``: another ModelRef of the same resolution to launch instead
     (run's original, measured with the same serve settings, traffic and SLO); ``experiments=False``: the
-    sweep alone; ``arm`` names it in progress events. Raises UsageError/RuntimeFailure for what cannot run."""
+    sweep alone; ``arm`` names it in progress events; ``pool``: `run`'s servers (infertool.serve.pool), shared
+    with its other stages. Raises UsageError/RuntimeFailure for what cannot run."""
     recipe = res.recipe
     bench = bench_section(recipe)
     serve = res.serve_section
@@ -369,7 +372,7 @@ def run_bench(res, *, url: str | None = None, model: str | None = None,
         handle = ServerHandle(url, model or "", key)
         main, static = sweep_on(handle, arm)
     else:
-        with _Launched(res, serve, on_event, "the sweep" if arm == "sweep" else arm, model=serve_model) as handle:
+        with _Launched(res, serve, on_event, "the sweep" if arm == "sweep" else arm, model=serve_model, pool=pool) as handle:
             main, static = sweep_on(handle, arm)
             servers.append(handle.launched)
     model_name, cpt = handle.model, handle.chars_per_token
@@ -384,7 +387,7 @@ def run_bench(res, *, url: str | None = None, model: str | None = None,
         other = _arm_serve(serve, exp, not recipe_on)
         label_on = "prefix caching on" if exp == "prefix_caching" else "speculative on"
         label_off = "prefix caching off" if exp == "prefix_caching" else "speculative off"
-        with _Launched(res, other, on_event, label_off if recipe_on else label_on) as handle:
+        with _Launched(res, other, on_event, label_off if recipe_on else label_on, pool=pool) as handle:
             asyncio.run(prepare_handle(handle))
             other_res = asyncio.run(measure(handle, levels, label_off if recipe_on else label_on, 0, True))
             servers.append(handle.launched)

@@ -64,6 +64,10 @@ def run(
             stdout.print(f"{name}: {'reused' if st['reuse'] else 'runs'} ({st['entry']})", markup=False, soft_wrap=True)
         for label, launch in plan["launches"].items():
             stdout.print(visible(f"{label}: {shlex.join(launch['argv'])}"), markup=False, soft_wrap=True)  # a shell line, quoted
+        if plan["servers"]:
+            shared = [" + ".join(s["used_by"]) for s in plan["servers"] if len(s["used_by"]) > 1]
+            stdout.print(f"vLLM starts: {len(plan['servers'])} for {len(plan['launches'])} launches"
+                         + (f" (one server for {'; for '.join(shared)})" if shared else ""), markup=False, soft_wrap=True)
         return
 
     def on_stage(name: str, status: str, rec: dict | None) -> None:

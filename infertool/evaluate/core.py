@@ -45,6 +45,7 @@ class EvalSpec:
     vllm_plans: dict | None = None  # engine vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
     held_out: dict | None = None  # does the candidate's calibration text overlap this suite (infertool.data.overlap)
     labels: dict | None = None  # how a person names base and candidate
+    servers: object | None = None  # engine vllm under `run`: the run's shared servers (infertool.serve.pool)
 
 
 def _argmax(xs: list[float]) -> int:
@@ -297,7 +298,7 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
         if not spec.vllm_plans:
             raise UsageError("the vllm engine needs launch plans for both models (infertool.serve.prepare)")
         raw = compare_vllm(spec.vllm_plans, requests, k=spec.topk, workers=spec.batch_size, events=events,
-                           log_dir=out_dir / "logs")
+                           log_dir=out_dir / "logs", pool=spec.servers)
     else:
         from infertool.evaluate.server_engine import compare_openai
 

@@ -73,9 +73,13 @@ def eval_models(res, ev, base: str | None, candidate: str | None, engine: str, *
     return b_path, str(cpath.absolute()), res.base.source, {"base": b_label, "candidate": c_label}
 
 
+VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (ModelConfig.max_logprobs, vllm 0.32)
+
+
 def vllm_plans(res, ev, base_path: str, cand_path: str, *, dry_run: bool = False, topk: int = 20) -> dict:
     """The two launches the vllm engine makes: the recipe's effective serve settings for each model (what
-    you serve is what you test), plus --max-logprobs for the prompt log-probabilities."""
+    you serve is what you test), plus --max-logprobs for the prompt log-probabilities when ``topk`` is more
+    than vLLM's default (then `run`'s serve check and bench, which serve without it, share these servers)."""
     from dataclasses import replace
 
     from infertool.serve import prepare
@@ -91,7 +95,7 @@ def vllm_plans(res, ev, base_path: str, cand_path: str, *, dry_run: bool = False
 
         cand_ref = cand_ref or ModelRef("candidate", cand_path, cand_path, Path(cand_path, "config.json").is_file(),
                                         cand_path, {"method": "given"}, name=Path(cand_path).name)
-    extra = ("--max-logprobs", str(topk))
+    extra = ("--max-logprobs", str(topk)) if topk > VLLM_MAX_LOGPROBS else ()
     return {"candidate": prepare(res, model=cand_ref, purpose="eval (candidate)", extra_args=extra, dry_run=dry_run,
                                  port=None if dry_run else _free(), check_port=False),
             "base": prepare(res, model=base_ref, purpose="eval (base)", extra_args=extra, dry_run=dry_run,

@@ -273,11 +273,11 @@ def compare_openai(url: str, base: str, candidate: str, tasks: list[dict], *, k:
 # --------------------------------------------------------------------------------------------
 
 
-def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events, log_dir: Path) -> dict:
+def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events, log_dir: Path, pool=None) -> dict:
     """One vLLM server per model (``plans``: {"candidate": LaunchPlan, "base": LaunchPlan} from
     ``infertool.serve.prepare``: the recipe's effective serve settings for each), one after the other,
-    each stopped before the next starts. The candidate first: a quantized checkpoint this host's vLLM
-    cannot run fails before any work on the base."""
+    each stopped before the next starts (``pool``: `run`'s shared servers, which the pool stops). The
+    candidate first: a quantized checkpoint this host's vLLM cannot run fails before any work on the base."""
     from infertool.serve import launch
     from infertool.serve.launcher import HOST_KERNEL_MISSING, HostCannotRun, full_log
 
@@ -286,9 +286,10 @@ def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events
     for label in ("candidate", "base"):
         plan = plans[label]
         log_path = log_dir / f"vllm-{label}.log"
-        events.log(f"starting vLLM for the {label} model ({plan.model.label})")
+        events.log(f"the vLLM server of the {label} model ({plan.model.label})")
         try:
-            with launch(plan, log_path, label=f"the {label} model") as srv:
+            with launch(plan, log_path, label=f"the {label} model", pool=pool) as srv:
+                log_path = srv.log_path
                 client = Client(srv.url, srv.model, api_key=srv.api_key)
                 try:
                     client.prompt_logprobs(list(range(1, 9)), 1)  # a first forward pass: fail fast
@@ -300,8 +301,8 @@ def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events
                         raise HostCannotRun(f"vLLM on this host loads {plan.model.label} but cannot run it "
                                             f"({found.group(0)})", log_path=str(log_path)) from None
                     raise
-                servers[label] = {"url": srv.url, "ready_s": round(srv.ready_s, 1), "argv": plan.spec.argv,
-                                  "log": str(log_path)}
+                servers[label] = {"url": srv.url, "ready_s": round(srv.ready_s, 1), "argv": srv.plan.spec.argv,
+                                  "log": str(log_path), "reused": srv.reused}
         except HostCannotRun as e:
             raise BackendError(
                 f"{e.message.splitlines()[0]}: this vLLM build has no weight-only quantized GEMM kernel for this CPU",

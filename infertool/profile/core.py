@@ -78,7 +78,10 @@ def run_profile(
     out_dir: str | Path | None = None,
     remeasure: bool = False,
     on_event: Callable | None = None,
+    pool=None,
 ) -> ProfileResult:
+    """Time prefill and decode against the measured peaks (engine hf in-process, or vllm: a server;
+    ``pool``: `run`'s shared servers, infertool.serve.pool)."""
     from infertool.models.info import model_info
     from infertool.models.sources import resolve_model
     from infertool.models.weights import WeightFacts, arch_from_info, decode_weight_bytes, measured_weights
@@ -190,7 +193,7 @@ def run_profile(
         measured = vllm_timings(res, target_ref, batch=batch, prompt_len=prompt_len, decode_len=decode_len,
                                 context=context, repeats=prof.repeats, on_event=on_event,
                                 log_dir=Path(out_dir) if out_dir else None,
-                                nsys=(nsys_bin, prefix) if prefix else None)
+                                nsys=(nsys_bin, prefix) if prefix else None, pool=pool)
         notes.append("vllm engine: times include the server's HTTP and scheduling overhead")
     nsys_summary = None
     if prefix:

@@ -14,6 +14,7 @@ import json
 import random
 import statistics
 import time
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
@@ -41,14 +42,15 @@ async def _batch(client, url: str, model: str, headers: dict, prompts: list[list
 
 def vllm_timings(res, model_ref, *, batch: list[int], prompt_len: list[int], decode_len: int, context: int,
                  repeats: int = 3, seed: int = 0, on_event: Callable | None = None, log_dir: Path | None = None,
-                 nsys: tuple[str, str] | None = None) -> dict:
-    """Prefill and decode times from a vLLM server started for the purpose. ``nsys`` = (nsys binary, report
-    prefix): the server runs under `nsys profile`, collecting between vLLM's /start_profile and /stop_profile
-    (its CUDA profiler), around the measured requests only."""
+                 nsys: tuple[str, str] | None = None, pool=None) -> dict:
+    """Prefill and decode times from a vLLM server started for the purpose (the one launcher; ``pool``:
+    `run`'s shared servers). ``nsys`` = (nsys binary, report prefix): the server runs under `nsys profile`,
+    collecting between vLLM's /start_profile and /stop_profile (its CUDA profiler), around the measured
+    requests only; that server is its own (it writes the report when it stops)."""
     import httpx
 
     from infertool.models.info import model_info
-    from infertool.serve import default_log_path, prepare
+    from infertool.serve import default_log_path, launch, prepare
     from infertool.serve.launcher import Server
 
     vocab = model_info(model_ref.path).vocab_size or 32000
@@ -86,11 +88,17 @@ def vllm_timings(res, model_ref, *, batch: list[int], prompt_len: list[int], dec
     from infertool.profile.nvml import NvmlSampler
 
     sampler = NvmlSampler()  # NVML is machine-wide: this process reads the GPU the server runs on
-    with Server(plan.spec, log) as server:
-        ready = server.wait_ready()
+    with ExitStack() as stack:
+        if nsys is None:
+            server = None
+            srv = stack.enter_context(launch(plan, log, on_event=on_event, label="profile", pool=pool, alone=True))
+            url, model, ready_s, log = srv.url, srv.model, srv.ready_s, srv.log_path
+        else:
+            server = stack.enter_context(Server(plan.spec, log))
+            ready = server.wait_ready()
+            url, ready_s = ready.url, ready.seconds
+            model = ready.models[0] if ready.models else plan.spec.served_model_name
         sampler.start()
-        url = ready.url
-        model = ready.models[0] if ready.models else plan.spec.served_model_name
 
         async def measure() -> None:
             limits = httpx.Limits(max_connections=max(batch) + 4)
@@ -124,8 +132,7 @@ def vllm_timings(res, model_ref, *, batch: list[int], prompt_len: list[int], dec
             asyncio.run(measure())
         finally:
             nvml = sampler.stop()
-        ready_s = ready.seconds
-        if nsys is not None:  # nsys writes the report when the server exits: stop it gently, give it time
+        if server is not None:  # nsys writes the report when the server exits: stop it gently, give it time
             server.stop(grace_s=120)
     emit(total, total, "done")
     return {"device": "vllm", "engine": "vllm", "server_ready_s": ready_s, "log": str(log),

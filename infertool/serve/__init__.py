@@ -8,6 +8,8 @@ each server is its own process group, stopped before the next one starts.
   starts nothing (a dry run is just this, printed).
 - ``launch(plan, log)``: a context manager that starts the server, waits until it answers, yields a
   ``Launched`` (URL, served name, API key) and always stops the whole process group.
+- ``launch(plan, log, pool=pool)``: the same through a run's ``ServerPool`` (``infertool.serve.pool``): a
+  server of the same launch already running is shared, and the pool, not the caller, stops it.
 
 Nothing here imports vLLM: the server runs in the managed ``serve`` environment.
 """
@@ -132,22 +134,36 @@ class Launched:
     log_path: Path
     plan: LaunchPlan
     pid: int | None = None
+    # through a run's pool: its launch key, who started it, whether this use found it running
+    key: str | None = None
+    started_by: str | None = None
+    reused: bool = False
+    alive: Callable[[], bool] | None = field(default=None, repr=False, compare=False)
 
     def headers(self) -> dict:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
     def to_dict(self) -> dict:
-        return {**self.plan.to_dict(), "ready_s": round(self.ready_s, 1), "log": str(self.log_path)}
+        d = {**self.plan.to_dict(), "ready_s": round(self.ready_s, 1), "log": str(self.log_path)}
+        if self.key is not None:
+            d["pool"] = {"key": self.key, "started_by": self.started_by, "reused": self.reused}
+        return d
 
 
 @contextmanager
 def launch(plan: LaunchPlan, log_path: str | Path | None = None, *, timeout_s: float | None = None,
-           on_event: Callable[[dict], None] | None = None, label: str | None = None) -> Iterator[Launched]:
+           on_event: Callable[[dict], None] | None = None, label: str | None = None,
+           pool=None, alone: bool = False) -> Iterator[Launched]:
     """Start the planned server, wait until /v1/models answers, yield it; always stop its process group.
     A failure to start raises with the reason the log gives (``HostCannotRun`` when this host's vLLM build
-    lacks a kernel the checkpoint needs)."""
+    lacks a kernel the checkpoint needs). ``pool`` (a run's ``infertool.serve.pool.ServerPool``): its
+    server of the same launch, started when none runs (logged in the pool's directory, not ``log_path``)
+    and left running: the pool stops it; ``alone``: the pool's other servers stop first (to measure)."""
     from infertool.serve.launcher import Server, server_key
 
+    if pool is not None:
+        yield pool.get(plan, label=label, on_event=on_event, alone=alone)
+        return
     require_server_env(plan)
     if plan.errors:
         first = plan.errors[0]
@@ -165,7 +181,8 @@ def launch(plan: LaunchPlan, log_path: str | Path | None = None, *, timeout_s: f
         if on_event:
             on_event({"event": "log", "level": "info", "message": f"{what}: server ready in {ready.seconds:.0f} s"})
         name = ready.models[0] if ready.models else plan.spec.served_model_name
-        yield Launched(ready.url, name, server_key(plan.spec), ready.seconds, log, plan, server.pid)
+        yield Launched(ready.url, name, server_key(plan.spec), ready.seconds, log, plan, server.pid,
+                       alive=server.alive)
     finally:
         server.stop()
 

@@ -1,0 +1,205 @@
+"""The servers of one run, shared by its stages: one vLLM start per distinct launch.
+
+``infertool run`` makes one ``ServerPool``; its stages (the serve check, bench, eval's and profile's vllm
+engines) ask it for a server with ``launch(plan, pool=pool)``. A server already running with the same
+effective launch (``launch_key``: the command line without its port, and the variables infertool sets)
+is handed out again; otherwise the pool starts one with the one launcher, logs it under the pool's
+directory and keeps it until the run no longer needs it. Each start and each use is recorded
+(``records``, ``uses``): the run's manifest lists them, so the starts of a run can be counted.
+
+What the pool keeps running (``make_room``):
+
+- on a GPU host, ONE server: vLLM claims ``gpu_memory_utilization`` of the device, so a server of
+  another launch stops the one running first, and a stage that needs the GPU for itself (an in-process
+  engine: quantize, hf eval, hf profile) runs only after every pooled server is stopped;
+- on a CPU, idle servers stay while the host's available memory (MemAvailable, ``infertool.perf.host``) covers
+  what the next server or in-process stage needs (``need_bytes``: twice the weights on disk, the KV
+  cache space and 1 GiB of runtime); the least recently used are stopped until it does, all of them
+  when the memory cannot be read;
+- a measurement (``alone=True``: each bench arm, profile's vllm engine) runs with no other server beside it.
+
+``close()`` stops them all: the run calls it at its end, on a failure and on Ctrl-C (the servers are
+tied to infertool besides, so they never outlive it).
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+GIB = 1024**3
+RUNTIME_BYTES = 1 * GIB  # Python, torch and vLLM's own state, besides weights and KV cache
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
+
+
+def launch_key(spec) -> str:
+    """What makes two launches the same server: the command line (python, model path, every setting)
+    without the port, the variables infertool sets, and whether an API key is required. ``spec``: a
+    LaunchSpec or its ``to_dict()`` (a dry run's launch)."""
+    from infertool.data.fingerprint import digest
+
+    d = spec if isinstance(spec, dict) else spec.to_dict()
+    argv = list(d["argv"])
+    if "--port" in argv and argv.index("--port") + 1 < len(argv):
+        argv[argv.index("--port") + 1] = "*"
+    return digest({"argv": argv, "env": d["env"], "api_key_env": d["api_key_env"], "has_api_key": d["api_key_set"]})
+
+
+def weight_bytes(model_dir: str | Path) -> int:
+    """The bytes of weight files in a model directory (0 when it is not a local directory)."""
+    d = Path(model_dir)
+    if not d.is_dir():
+        return 0
+    return sum(p.stat().st_size for p in d.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
+
+
+def need_bytes(spec) -> int:
+    """What one CPU server of ``spec`` needs, with margin: twice the weights on disk (a 16-bit checkpoint
+    served in float32 doubles), its KV cache space and the runtime."""
+    kv = 0
+    space = spec.env.get("VLLM_CPU_KVCACHE_SPACE")
+    if space and re.fullmatch(r"\d+", space):
+        kv = int(space) * GIB
+    elif "--kv-cache-memory-bytes" in spec.argv:
+        kv = int(spec.argv[spec.argv.index("--kv-cache-memory-bytes") + 1])
+    else:
+        kv = 4 * GIB  # vLLM's CPU default
+    return 2 * weight_bytes(spec.model) + kv + RUNTIME_BYTES
+
+
+@dataclass
+class _Held:
+    key: str
+    launched: object  # infertool.serve.Launched
+    cm: object  # the launch context manager: leaving it stops the server
+    record: dict
+    last_used: float
+
+
+class ServerPool:
+    """Running servers by launch key, for the stages of one run (see the module's docstring)."""
+
+    def __init__(self, log_dir: str | Path, *, gpu: bool, on_event: Callable[[dict], None] | None = None,
+                 memory: Callable[[], int | None] | None = None):
+        self.log_dir = Path(log_dir)
+        self.gpu = gpu
+        self.on_event = on_event
+        if memory is None:
+            from infertool.perf.host import memory_available_bytes as memory
+        self.memory = memory  # bytes available now (None: unknown)
+        self.user: str | None = None  # who asks now (the run sets the stage's name)
+        self.records: list[dict] = []  # one per server started: {key, started_by, used_by, start_s, log, ...}
+        self.uses: list[dict] = []  # one per use: {user, key, reused, log, label}
+        self._held: dict[str, _Held] = {}
+
+    # ------------------------------------------------------------------ use
+    def get(self, plan, *, label: str | None = None, on_event: Callable[[dict], None] | None = None,
+            alone: bool = False):
+        """The running server of ``plan``'s launch, or a new one (after making room): a ``Launched``
+        whose ``reused`` says which. The caller must not stop it: the pool does. ``alone``: every other
+        server stops first (a measurement: bench, profile, times this server with nothing else running)."""
+        from infertool.serve import launch
+
+        key = launch_key(plan.spec)
+        user = self.user or plan.purpose
+        if alone:
+            for other in [k for k in self._held if k != key]:
+                self._stop(other, f"{user} measures another server alone")
+        held = self._held.get(key)
+        if held is not None and not _alive(held.launched):
+            self._stop(key, f"it exited (found by {user})")
+            held = None
+        if held is not None:
+            held.last_used = time.monotonic()
+            if user not in held.record["used_by"]:
+                held.record["used_by"].append(user)
+            self._use(user, key, True, held.launched, label)
+            self._say(on_event, f"{label or plan.purpose}: the server {held.record['started_by']} started is shared "
+                      f"({held.launched.url}, log: {held.launched.log_path})")
+            return replace(held.launched, reused=True)
+        self.make_room(need_bytes(plan.spec), f"{user} starts another server")
+        n = len(self.records) + 1
+        log = self.log_dir / f"server-{n}-{_slug(user)}.log"
+        cm = launch(plan, log, on_event=on_event or self.on_event, label=label)
+        launched = cm.__enter__()
+        launched = replace(launched, key=key, started_by=user)
+        record = {"key": key, "started_by": user, "used_by": [user], "model": plan.model.label,
+                  "model_path": plan.spec.model, "start_s": round(launched.ready_s, 1), "log": str(log),
+                  "url": launched.url, "stopped": None}
+        self.records.append(record)
+        self._held[key] = _Held(key, launched, cm, record, time.monotonic())
+        self._use(user, key, False, launched, label)
+        return launched
+
+    def uses_by(self, user: str) -> list[dict]:
+        return [u for u in self.uses if u["user"] == user]
+
+    def running(self) -> list[str]:
+        return list(self._held)
+
+    # ------------------------------------------------------------------ capacity
+    def make_room(self, need: int, why: str) -> None:
+        """Stop idle servers until ``need`` bytes fit (CPU), or all of them (GPU: one server at a time)."""
+        if self.gpu:
+            self.stop_all(f"{why}: one server on the GPU at a time")
+            return
+        while self._held:
+            avail = self.memory()
+            if avail is not None and avail >= need:
+                return
+            oldest = min(self._held.values(), key=lambda h: h.last_used)
+            why_now = (f"{why}: {need / GIB:.1f} GiB needed, {avail / GIB:.1f} GiB available" if avail is not None
+                       else f"{why}: this host's available memory is unknown")
+            self._stop(oldest.key, why_now)
+
+    def before_device_stage(self, stage: str, need: int) -> None:
+        """Before a stage that runs an engine in this process's workers (quantize, hf eval, hf profile):
+        on a GPU it must have the device, so every pooled server stops; on a CPU, room for ``need``."""
+        if self.gpu:
+            self.stop_all(f"{stage} needs the GPU")
+        else:
+            self.make_room(need, f"{stage} runs in-process")
+
+    def stop_all(self, why: str) -> None:
+        for key in list(self._held):
+            self._stop(key, why)
+
+    def close(self) -> None:
+        self.stop_all("the run ended")
+
+    def __enter__(self) -> "ServerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ internals
+    def _stop(self, key: str, why: str) -> None:
+        held = self._held.pop(key)
+        held.record["stopped"] = why
+        try:
+            held.cm.__exit__(None, None, None)
+        finally:
+            if self.on_event:
+                self.on_event({"event": "log", "level": "info",
+                               "message": f"stopped the server {held.record['started_by']} started ({why})"})
+
+    def _use(self, user: str, key: str, reused: bool, launched, label: str | None) -> None:
+        self.uses.append({"user": user, "key": key, "reused": reused, "log": str(launched.log_path),
+                          "label": label, "model": launched.plan.model.label})
+
+    def _say(self, on_event, message: str) -> None:
+        cb = on_event or self.on_event
+        if cb:
+            cb({"event": "log", "level": "info", "message": message})
+
+
+def _alive(launched) -> bool:
+    return launched.alive is None or launched.alive()
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-")[:40] or "server"
