@@ -371,6 +371,20 @@ def test_pool_restarts_a_server_that_died(tmp_path):
     assert _gone(second)
 
 
+def test_pool_records_a_start_that_fails(tmp_path):
+    from infertool.errors import RuntimeFailure
+    from infertool.serve.pool import ServerPool
+
+    plan = stub_plan(tmp_path)
+    plan.spec.argv[1:2] = ["-c", "import sys; print('no such model'); sys.exit(3)"]
+    with ServerPool(tmp_path / "s", gpu=False, memory=lambda: 1 << 40) as pool:
+        with pytest.raises(RuntimeFailure) as ei:
+            pool.get(plan)
+        assert "exited with code 3" in ei.value.message and pool.running() == []
+        assert pool.records[0]["stopped"].startswith("it did not start: the server exited with code 3")
+        assert "no such model" in Path(pool.records[0]["log"]).read_text()
+
+
 @pytest.fixture
 def serving_stages(monkeypatch, tmp_path):
     """serve and bench stand-ins that serve the same stub launch (as the real ones serve the recipe's), the

@@ -124,12 +124,16 @@ class ServerPool:
         n = len(self.records) + 1
         log = self.log_dir / f"server-{n}-{_slug(user)}.log"
         cm = launch(plan, log, on_event=on_event or self.on_event, label=label)
-        launched = cm.__enter__()
-        launched = replace(launched, key=key, started_by=user)
         record = {"key": key, "started_by": user, "used_by": [user], "model": plan.model.label,
-                  "model_path": plan.spec.model, "start_s": round(launched.ready_s, 1), "log": str(log),
-                  "url": launched.url, "stopped": None}
-        self.records.append(record)
+                  "model_path": plan.spec.model, "start_s": None, "log": str(log), "url": None, "stopped": None}
+        self.records.append(record)  # a start that fails is a start too
+        try:
+            launched = cm.__enter__()
+        except BaseException as e:
+            record["stopped"] = f"it did not start: {getattr(e, 'message', None) or type(e).__name__}".splitlines()[0]
+            raise
+        launched = replace(launched, key=key, started_by=user)
+        record.update(start_s=round(launched.ready_s, 1), url=launched.url)
         self._held[key] = _Held(key, launched, cm, record, time.monotonic())
         self._use(user, key, False, launched, label)
         return launched
