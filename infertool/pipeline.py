@@ -520,7 +520,7 @@ def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, 
 
         def started(name=name, rec=rec) -> None:
             if uses_device(recipe, name):
-                pool.before_device_stage(name, _device_need(upstream))
+                pool.before_device_stage(name, _device_need(upstream), measures=name == "profile")
             _write_json(run_dir / "manifest.json", manifest)
             if on_stage:
                 on_stage(name, "running", rec)

@@ -344,6 +344,10 @@ def test_pool_keeps_what_the_device_holds(tmp_path):
     measured = cpu.get(a, alone=True)  # a measurement (bench, profile): nothing else runs beside it
     assert cpu.running() == [measured.key] and sc != cpu.running()
     assert cpu.records[-2]["stopped"] == "test measures another server alone"
+    cpu.before_device_stage("quantize", 1 << 30)  # memory allows: the idle server stays
+    assert cpu.running() == [measured.key]
+    cpu.before_device_stage("profile", 1 << 30, measures=True)  # a timing stage runs alone
+    assert cpu.running() == [] and cpu.records[-1]["stopped"] == "profile measures this machine alone"
     unknown = ServerPool(tmp_path / "u", gpu=False, memory=lambda: None)
     s1 = unknown.get(a)
     unknown.get(b)

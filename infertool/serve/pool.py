@@ -11,7 +11,8 @@ What the pool keeps running (``make_room``):
 
 - on a GPU host, ONE server: vLLM claims ``gpu_memory_utilization`` of the device, so a server of
   another launch stops the one running first, and a stage that needs the GPU for itself (an in-process
-  engine: quantize, hf eval, hf profile) runs only after every pooled server is stopped;
+  engine: quantize, hf eval, hf profile) runs only after every pooled server is stopped (on a CPU too
+  for hf profile, which times this machine);
 - on a CPU, idle servers stay while the host's available memory (MemAvailable, ``infertool.perf.host``) covers
   what the next server or in-process stage needs (``need_bytes``: twice the weights on disk, the KV
   cache space and 1 GiB of runtime); the least recently used are stopped until it does, all of them
@@ -159,11 +160,14 @@ class ServerPool:
                        else f"{why}: this host's available memory is unknown")
             self._stop(oldest.key, why_now)
 
-    def before_device_stage(self, stage: str, need: int) -> None:
+    def before_device_stage(self, stage: str, need: int, *, measures: bool = False) -> None:
         """Before a stage that runs an engine in this process's workers (quantize, hf eval, hf profile):
-        on a GPU it must have the device, so every pooled server stops; on a CPU, room for ``need``."""
+        on a GPU it must have the device, so every pooled server stops; on a CPU, room for ``need``, or
+        nothing beside it when it ``measures`` (profile times this machine)."""
         if self.gpu:
             self.stop_all(f"{stage} needs the GPU")
+        elif measures:
+            self.stop_all(f"{stage} measures this machine alone")
         else:
             self.make_room(need, f"{stage} runs in-process")
 
