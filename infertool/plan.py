@@ -28,6 +28,15 @@ NON_TORCH_OVERHEAD = int(0.6 * GIB)  # CUDA context, NCCL buffers, allocator sla
 CUDA_GRAPH_RESERVE = int(0.5 * GIB)  # captured graphs when enforce_eager is off (estimate)
 CPU_HOST_OVERHEAD = int(1.5 * GIB)  # Python, torch and vLLM processes beside weights and KV on a CPU host
 TP_DEGREES = (1, 2, 4, 8)
+MAX_MEMORY_GIB = 65536  # --memory: 64 TiB, the recipe's bound on KV space too
+
+
+def _whole(value: float, what: str) -> int:
+    """int() of a computed size, refusing inf/nan (the recipe's ranges keep sizes finite; this says so if not)."""
+    if not math.isfinite(value):
+        raise UsageError(f"cannot plan: {what} is not a finite number ({value})",
+                         hint="check the recipe's serve section and --memory for absurd values")
+    return int(value)
 
 
 @dataclass
@@ -101,6 +110,8 @@ def make_plan(res, *, memory_gib: float | None = None, context: int | None = Non
     """The plan for what the resolution serves, on its target (``resolve(recipe, gpu=...)`` picks another GPU;
     ``memory_gib`` plans for a GPU with that much memory). The decode roofline rows cover batch 1, the largest
     batch the KV cache allows, and ``batches``."""
+    if memory_gib is not None and not (math.isfinite(memory_gib) and 0 < memory_gib <= MAX_MEMORY_GIB):
+        raise UsageError(f"--memory {memory_gib:g} is not a GPU memory size", hint=f"give GiB between 0.1 and {MAX_MEMORY_GIB}")
     recipe = res.recipe
     serve, why = res.serve_for(res.served)
     arch, weights, notes = planned_model(res)
@@ -146,11 +157,11 @@ def make_plan(res, *, memory_gib: float | None = None, context: int | None = Non
                          hint="set target.gpu in the recipe, or pass --gpu NAME or --memory GiB")
     if on_gpu:
         dev = hardware.find_gpu(gpu_name) if gpu_name else None
-        mem_bytes = int(memory_gib * GIB) if memory_gib is not None else dev.memory_bytes
+        mem_bytes = _whole(memory_gib * GIB, "--memory") if memory_gib is not None else dev.memory_bytes
         large = mem_bytes >= 70 * GIB and not (dev and dev.key.startswith("A100"))
         mnbt = serve.max_num_batched_tokens or (8192 if large else 2048)
         mns = serve.max_num_seqs or (1024 if large else 256)
-        budget = int(serve.gpu_memory_utilization * mem_bytes)
+        budget = _whole(serve.gpu_memory_utilization * mem_bytes, "the memory budget")
         weights_gpu = weights.total_bytes / (tp * pp)
         act = activation_reserve(arch, mnbt, mns)
         reserve = act + NON_TORCH_OVERHEAD + (0 if serve.enforce_eager else CUDA_GRAPH_RESERVE)
@@ -182,7 +193,7 @@ def make_plan(res, *, memory_gib: float | None = None, context: int | None = Non
         if space is None:
             space = 4
             notes.append("serve.cpu.kv_cache_space_gib not set: planned with 4 GiB")
-        kv_mem = int(space * GIB)
+        kv_mem = _whole(space * GIB, "serve.cpu.kv_cache_space_gib")
         block = CPU_BLOCK_SIZE
         mnbt = serve.max_num_batched_tokens or 2048
         mns = serve.max_num_seqs or 256
@@ -200,7 +211,7 @@ def make_plan(res, *, memory_gib: float | None = None, context: int | None = Non
         peak_flops, peak_bw, peak_src = peaks["bf16_flops"], peaks["bandwidth_bytes_s"], peaks["source"]
         link = None
 
-    blocks = int(max(0, kv_mem) // (block * kv_tok_gpu)) if kv_mem > 0 else 0
+    blocks = _whole(max(0, kv_mem) // (block * kv_tok_gpu), "the KV cache size") if kv_mem > 0 else 0
     tokens = blocks * block
     concurrency = tokens / max_model_len if max_model_len else 0.0
     if tokens < max_model_len and not reasons:

@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 import yaml
 from pydantic import (
     AfterValidator,
+    BeforeValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -83,12 +84,16 @@ _RECIPES_HINT = (
 )
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*(\|\d+(-\d+)?(,\d+(-\d+)?)*)*$")
 # Case-sensitive: HF_TOKEN is a variable name, hf_AbC... is a Hugging Face token.
 _KEY_PREFIXES = ("sk-", "sk_", "hf_", "ghp_", "gho_", "github_pat_", "gsk_", "xai-", "Bearer ", "bearer ")
 
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+
+MAX_RECIPE_BYTES = 1024 * 1024  # a recipe is a page of YAML; the largest shipped one is ~4 KiB
+MAX_LISTED_ISSUES = 50  # errors listed one per line; the rest are counted
 
 _STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
@@ -108,11 +113,11 @@ def _field_error(field: str, message: str) -> PydanticCustomError:
 
 
 def _check_group_size(value: int) -> int:
-    if value == -1 or (value >= 16 and value & (value - 1) == 0):
+    if value == -1 or (16 <= value <= 1024 and value & (value - 1) == 0):
         return value
     raise ValueError(
-        "group_size must be -1 (one group per row) or a power of two >= 16 "
-        f"(16, 32, 64, 128, ...); got {value}"
+        "group_size must be -1 (one group per row) or a power of two from 16 to 1024 "
+        f"(16, 32, 64, 128, 256, 512, 1024); got {value}"
     )
 
 
@@ -132,10 +137,66 @@ def _scalar_to_str(value: Any) -> Any:
     return value
 
 
-PositiveInt = Annotated[int, Field(ge=1)]
-PositiveFloat = Annotated[float, Field(gt=0)]
-GroupSize = Annotated[int, AfterValidator(_check_group_size)]
-Fraction = Annotated[float, Field(ge=0, le=1)]
+# Every number has a range a real deployment could have (a recipe with max_model_len 1e18 or 1e9 GPUs is a
+# typo or an attack, never a plan), and a boolean is never a number (YAML reads `yes` as true).
+MAX_TOKENS = 10_000_000  # context and prompt lengths: 10M tokens is beyond every released model
+MAX_PARALLEL = 1024  # tensor / pipeline parallel degree
+MAX_KV_GIB = 65536  # 64 TiB of KV cache or swap space
+MAX_SEQS = 65536  # sequences in flight, batch sizes, concurrency
+MAX_REQUESTS = 1_000_000  # requests per bench level (each is built up front)
+MAX_SECONDS = 30 * 24 * 3600.0  # 30 days
+MAX_SEED = 2**32 - 1  # numpy and torch seeds
+MAX_LIST = 64  # entries of a sweep (batch sizes, concurrency levels, grid values)
+MAX_NAME = 200  # a name that becomes a directory, a served model name, a Kubernetes name
+MAX_PATH = 4096  # PATH_MAX
+MAX_TEXT = 10_000  # free text (description)
+
+
+def _not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_number", "expected a number, not a boolean (YAML reads yes/no/true/false as "
+                                  "booleans)")
+    return value
+
+
+def _no_control(value: str) -> str:
+    """Paths, model references, hosts and names are single-line text: a line break or a control character
+    in one ends up in a shell line, a log line or a YAML manifest."""
+    bad = _CONTROL_RE.search(value)
+    if bad:
+        raise ValueError(
+            f"must not contain line breaks or control characters (found {bad.group()!r} at position {bad.start()})"
+        )
+    return value
+
+
+def _int(ge: int | None = None, le: int | None = None) -> Any:
+    return Annotated[int, BeforeValidator(_not_bool), Field(ge=ge, le=le)]
+
+
+def _float(ge: float | None = None, le: float | None = None, *, gt: float | None = None, lt: float | None = None) -> Any:
+    return Annotated[float, BeforeValidator(_not_bool), Field(ge=ge, le=le, gt=gt, lt=lt)]
+
+
+def _text(max_length: int = MAX_PATH, min_length: int | None = None) -> Any:
+    """Single-line text (a path, a model reference, a host, a name): bounded, no control characters."""
+    return Annotated[str, Field(min_length=min_length, max_length=max_length), AfterValidator(_no_control)]
+
+
+def _sweep(item: Any) -> Any:
+    return Annotated[list[item], Field(min_length=1, max_length=MAX_LIST)]
+
+
+Tokens = _int(1, MAX_TOKENS)
+Seqs = _int(1, MAX_SEQS)
+Requests = _int(1, MAX_REQUESTS)
+Seed = _int(0, MAX_SEED)
+Seconds = _float(le=MAX_SECONDS, gt=0)
+Millis = _float(le=MAX_SECONDS * 1000, gt=0)
+GroupSize = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_check_group_size)]
+Fraction = _float(0, 1)
+Text = _text()
+Name = _text(MAX_NAME)
 Dtype = Literal["bfloat16", "float16", "float32", "auto"]
 Backend = Literal["gptqmodel", "llmcompressor", "auto-gptq", "autoawq"]
 
@@ -169,9 +230,9 @@ class ModelSection(BaseModel):
 
     model_config = _STRICT
 
-    source: str
+    source: Text
     dtype: Dtype = "bfloat16"
-    layers: PositiveInt | None = None
+    layers: _int(1, 10_000) | None = None
     trust_remote_code: bool = False
 
     @field_validator("dtype", mode="before")
@@ -206,11 +267,11 @@ class CalibrationSpec(BaseModel):
 
     model_config = _STRICT
 
-    source: str = "builtin"
-    text_field: str = "text"
-    samples: PositiveInt = 128
-    seq_len: Annotated[int, Field(ge=8)] = 512
-    seed: int = 0
+    source: Text = "builtin"
+    text_field: Name = "text"
+    samples: _int(1, 100_000) = 128
+    seq_len: _int(8, MAX_TOKENS) = 512
+    seed: Seed = 0
     # calibration text that overlaps the eval suite's text is refused (the verdict would be measured on
     # what the model was calibrated on); true turns the refusal into a loud warning in every manifest
     allow_eval_overlap: bool = False
@@ -237,12 +298,12 @@ class GPTQConfig(BaseModel):
     group_size: GroupSize = 128
     sym: bool = True
     desc_act: bool = False
-    damp_percent: Annotated[float, Field(gt=0, lt=1)] = 0.01
+    damp_percent: _float(gt=0, lt=1) = 0.01
     true_sequential: bool = True
     scheme: Literal["W4A16", "W8A16", "W8A8", "W8A8_FP8", "FP8_DYNAMIC"] | None = None
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
-    output: str | None = None
-    ignore: list[str] = []
+    output: Text | None = None
+    ignore: Annotated[list[_text(1000)], Field(max_length=1000)] = []
 
     @field_validator("backend")
     @classmethod
@@ -272,8 +333,8 @@ class AWQConfig(BaseModel):
     zero_point: bool = True
     format: Literal["gemm", "gemv", "gemv_fast"] = "gemm"
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
-    output: str | None = None
-    ignore: list[str] = []
+    output: Text | None = None
+    ignore: Annotated[list[_text(1000)], Field(max_length=1000)] = []
 
     @field_validator("backend")
     @classmethod
@@ -290,7 +351,7 @@ class BNBConfig(BaseModel):
     quant_type: Literal["nf4", "fp4", "int8"] = "nf4"
     double_quant: bool = True
     compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    output: str | None = None
+    output: Text | None = None
 
     @field_validator("compute_dtype", mode="before")
     @classmethod
@@ -312,12 +373,12 @@ class AcceptSpec(BaseModel):
     model_config = _STRICT
 
     preset: Literal["strict", "standard", "lenient"] | None = "standard"
-    max_mean_kld: Annotated[float, Field(ge=0)] | None = None
+    max_mean_kld: _float(0, 100) | None = None
     min_top1: Fraction | None = None
-    max_ppl_ratio: Annotated[float, Field(ge=1)] | None = None
+    max_ppl_ratio: _float(1, 1000) | None = None
     max_acc_drop: Fraction | None = None
     max_flip_rate: Fraction | None = None
-    confidence: Annotated[float, Field(ge=0.5, le=0.999)] = 0.95
+    confidence: _float(0.5, 0.999) = 0.95
     # INCONCLUSIVE exits 1 (CI must not ship what it could not verify) unless this is true.
     allow_inconclusive: bool = False
 
@@ -327,14 +388,14 @@ class EvalSection(BaseModel):
 
     model_config = _STRICT
 
-    suite: str = "builtin-corpus"
+    suite: Text = "builtin-corpus"
     engine: Literal["hf", "vllm", "openai"] = "hf"
-    url: str | None = None
-    base: str | None = None
-    candidate: str | None = None
-    max_items: PositiveInt | None = None
-    batch_size: PositiveInt = 8
-    seq_len: Annotated[int, Field(ge=8)] = 512
+    url: Text | None = None
+    base: Text | None = None
+    candidate: Text | None = None
+    max_items: _int(1, MAX_REQUESTS) | None = None
+    batch_size: _int(1, 4096) = 8
+    seq_len: _int(8, MAX_TOKENS) = 512
     accept: AcceptSpec = Field(default_factory=AcceptSpec)
 
     @field_validator("url")
@@ -368,12 +429,12 @@ class ProfileSection(BaseModel):
     model_config = _STRICT
 
     engine: Literal["hf", "vllm"] = "hf"
-    batch: Annotated[list[PositiveInt], Field(min_length=1)] = [1, 8, 32]
-    prompt_len: Annotated[list[PositiveInt], Field(min_length=1)] = [128, 512]
-    decode_len: PositiveInt = 64
-    context_len: Annotated[list[PositiveInt], Field(min_length=1)] | None = None
+    batch: _sweep(Seqs) = [1, 8, 32]
+    prompt_len: _sweep(Tokens) = [128, 512]
+    decode_len: Tokens = 64
+    context_len: _sweep(Tokens) | None = None
     nsys: bool = False
-    repeats: PositiveInt = 3
+    repeats: _int(1, 1000) = 3
 
     @model_validator(mode="before")
     @classmethod
@@ -395,7 +456,7 @@ class TargetSection(BaseModel):
 
     model_config = _STRICT
 
-    gpu: str | None = None
+    gpu: _text(100) | None = None
 
     @field_validator("gpu")
     @classmethod
@@ -421,10 +482,10 @@ class SpeculativeSpec(BaseModel):
     model_config = _STRICT
 
     method: Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
-    num_speculative_tokens: PositiveInt
-    model: str | None = None
-    prompt_lookup_max: PositiveInt | None = None
-    prompt_lookup_min: PositiveInt | None = None
+    num_speculative_tokens: _int(1, 128)
+    model: Text | None = None
+    prompt_lookup_max: _int(1, 1024) | None = None
+    prompt_lookup_min: _int(1, 1024) | None = None
 
     @model_validator(mode="after")
     def _check(self) -> SpeculativeSpec:
@@ -452,8 +513,8 @@ class CPUSpec(BaseModel):
 
     model_config = _STRICT
 
-    kv_cache_space_gib: PositiveFloat = 4
-    omp_threads_bind: str | None = None
+    kv_cache_space_gib: _float(le=MAX_KV_GIB, gt=0) = 4
+    omp_threads_bind: Text | None = None
 
     @field_validator("omp_threads_bind", mode="before")
     @classmethod
@@ -481,34 +542,34 @@ class ServeSection(BaseModel):
 
     # which model is served: the quantized candidate whenever there is a quantize section, else the
     # original; `original`, `quantized` or a model directory say otherwise
-    model: str | None = None
-    served_model_name: str | None = None
-    host: str = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65535)] = 8000
-    api_key_env: str | None = None
+    model: Text | None = None
+    served_model_name: Name | None = None
+    host: _text(253, 1) = "127.0.0.1"
+    port: _int(1, 65535) = 8000
+    api_key_env: Name | None = None
     dtype: Dtype = "auto"
-    max_model_len: Annotated[int, Field(ge=16)] | None = None
-    max_num_seqs: PositiveInt | None = None
-    max_num_batched_tokens: PositiveInt | None = None
-    gpu_memory_utilization: Annotated[float, Field(gt=0, le=1)] = 0.9
+    max_model_len: _int(16, MAX_TOKENS) | None = None
+    max_num_seqs: Seqs | None = None
+    max_num_batched_tokens: Tokens | None = None
+    gpu_memory_utilization: _float(le=1, gt=0) = 0.9
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = "auto"
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool | None = None
-    tensor_parallel_size: PositiveInt = 1
-    pipeline_parallel_size: PositiveInt = 1
+    tensor_parallel_size: _int(1, MAX_PARALLEL) = 1
+    pipeline_parallel_size: _int(1, MAX_PARALLEL) = 1
     distributed_executor_backend: Literal["mp", "ray"] | None = None
     enforce_eager: bool = False
-    quantization: str | None = None
+    quantization: Name | None = None
     speculative: SpeculativeSpec | None = None
     enable_auto_tool_choice: bool = False
-    tool_call_parser: str | None = None
-    structured_outputs_backend: str | None = None
-    swap_space: Annotated[float, Field(ge=0)] | None = None
-    preemption_mode: str | None = None
+    tool_call_parser: Name | None = None
+    structured_outputs_backend: Name | None = None
+    swap_space: _float(0, MAX_KV_GIB) | None = None
+    preemption_mode: Name | None = None
     cpu: CPUSpec | None = None
-    extra_args: list[str] = []
-    env: dict[str, str] = {}
-    startup_timeout_s: PositiveFloat = 600
+    extra_args: Annotated[list[Text], Field(max_length=1000)] = []
+    env: Annotated[dict[Name, _text(32768)], Field(max_length=1000)] = {}
+    startup_timeout_s: Seconds = 600
 
     @field_validator("dtype", mode="before")
     @classmethod
@@ -597,16 +658,16 @@ def _looks_like_secret(value: str) -> bool:
 class BurstSpec(BaseModel):
     model_config = _STRICT
 
-    size: PositiveInt
-    interval_s: PositiveFloat
+    size: _int(1, MAX_REQUESTS)
+    interval_s: Seconds
 
 
 class PromptSpec(BaseModel):
     model_config = _STRICT
 
-    source: str = "builtin"
-    len: PositiveInt = 256
-    field: str = "prompt"
+    source: Text = "builtin"
+    len: Tokens = 256
+    field: Name = "prompt"
 
     @field_validator("source")
     @classmethod
@@ -622,9 +683,9 @@ class PromptSpec(BaseModel):
 class SLOSpec(BaseModel):
     model_config = _STRICT
 
-    ttft_ms: PositiveFloat | None = None
-    tpot_ms: PositiveFloat | None = None
-    e2e_ms: PositiveFloat | None = None
+    ttft_ms: Millis | None = None
+    tpot_ms: Millis | None = None
+    e2e_ms: Millis | None = None
 
 
 class BenchSection(BaseModel):
@@ -633,17 +694,17 @@ class BenchSection(BaseModel):
     model_config = _STRICT
 
     endpoint: Literal["completions", "chat"] = "completions"
-    concurrency: Annotated[list[PositiveInt], Field(min_length=1)] = [1, 8, 32]
-    rate: Annotated[list[PositiveFloat], Field(min_length=1)] | None = None
+    concurrency: _sweep(Seqs) = [1, 8, 32]
+    rate: _sweep(_float(le=1e6, gt=0)) | None = None  # requests per second
     burst: BurstSpec | None = None
-    requests: PositiveInt = 64
-    max_duration_s: PositiveFloat = 600
+    requests: Requests = 64
+    max_duration_s: Seconds = 600
     prompt: PromptSpec = Field(default_factory=PromptSpec)
-    output_len: PositiveInt = 128
+    output_len: Tokens = 128
     shared_prefix_ratio: Fraction = 0.0
     slo: SLOSpec | None = None
-    cost_per_hour: Annotated[float, Field(ge=0)] | None = None
-    seed: int = 0
+    cost_per_hour: _float(0, 1e6) | None = None
+    seed: Seed = 0
     experiments: list[Literal["batching", "prefix_caching", "speculative"]] = []
     # output lengths uniform within +-spread x output_len (0: all equal); static batching shows its
     # cost when lengths differ
@@ -651,7 +712,7 @@ class BenchSection(BaseModel):
     # vLLM's ignore_eos: every request generates exactly its output length (comparable runs); set
     # false for servers that reject unknown request fields
     ignore_eos: bool = True
-    scrape_interval_s: PositiveFloat = 0.5  # how often the server's /metrics is sampled
+    scrape_interval_s: _float(0.01, 3600) = 0.5  # how often the server's /metrics is sampled
 
 
 # --------------------------------------------------------------------------------------------
@@ -667,11 +728,11 @@ class TuneLoadSearch(BaseModel):
 
     model_config = _STRICT
 
-    min_concurrency: PositiveInt = 1
-    max_concurrency: PositiveInt | None = None  # default: the trial's max_num_seqs (else 64)
-    goodput_target: Annotated[float, Field(gt=0, le=1)] = 0.9  # share of requests that meet the SLO
-    requests: PositiveInt | None = None  # per probe; default: bench.requests
-    max_probes: Annotated[int, Field(ge=2, le=32)] = 8
+    min_concurrency: Seqs = 1
+    max_concurrency: Seqs | None = None  # default: the trial's max_num_seqs (else 64)
+    goodput_target: _float(le=1, gt=0) = 0.9  # share of requests that meet the SLO
+    requests: Requests | None = None  # per probe; default: bench.requests
+    max_probes: _int(2, 32) = 8
 
 
 class TuneAccuracy(BaseModel):
@@ -680,9 +741,9 @@ class TuneAccuracy(BaseModel):
 
     model_config = _STRICT
 
-    rounds: Annotated[list[PositiveInt], Field(min_length=1)] = [8, 16, 32]
+    rounds: _sweep(Requests) = [8, 16, 32]
     served_check: bool = True  # re-check the winner as served, with its exact serving settings
-    served_items: PositiveInt | None = None  # items of the served check (default: the last round)
+    served_items: Requests | None = None  # items of the served check (default: the last round)
 
     @field_validator("rounds")
     @classmethod
@@ -695,9 +756,9 @@ class TuneAccuracy(BaseModel):
 class TuneRay(BaseModel):
     model_config = _STRICT
 
-    address: str | None = None  # default: RAY_ADDRESS, else "auto"
-    cpus_per_trial: PositiveFloat = 1
-    max_concurrent_trials: PositiveInt | None = None
+    address: Text | None = None  # default: RAY_ADDRESS, else "auto"
+    cpus_per_trial: _float(le=1024, gt=0) = 1
+    max_concurrent_trials: _int(1, 10_000) | None = None
 
 
 # serve fields that are not serving settings to tune (where it listens, what it serves, secrets)
@@ -713,7 +774,7 @@ def _grid_model() -> type[BaseModel]:
         if name in _NOT_TUNABLE:
             continue
         inner = Annotated[(info.annotation, *info.metadata)] if info.metadata else info.annotation
-        fields[name] = (Annotated[list[inner], Field(min_length=1)] | None, None)
+        fields[name] = (_sweep(inner) | None, None)
     return create_model("ServeGrid", __config__=_STRICT, __doc__="serve field -> values to cross", **fields)
 
 
@@ -727,20 +788,20 @@ class TuneSection(BaseModel):
 
     # each a partial quantize section over the recipe's (method, bits, group_size, backend, scheme...);
     # "none": the original model
-    candidates: Annotated[list[Literal["none"] | dict[str, Any]], Field(min_length=1)]
+    candidates: Annotated[list[Literal["none"] | dict[str, Any]], Field(min_length=1, max_length=MAX_LIST)]
     serve_grid: ServeGrid = Field(default_factory=lambda: ServeGrid())  # serve field -> values to cross
     objective: Literal["cost", "goodput", "tpot"] = "cost"
     accept: AcceptSpec | None = None  # default: eval.accept
     slo: SLOSpec | None = None  # default: bench.slo
-    max_trials: PositiveInt = 24
-    max_wall_s: PositiveFloat = 4 * 3600
+    max_trials: _int(1, 10_000) = 24
+    max_wall_s: Seconds = 4 * 3600
     sampler: Literal["auto", "grid", "tpe"] = "auto"  # auto: the grid when it fits max_trials, else Optuna TPE
-    seed: int = 0
+    seed: Seed = 0
     executor: Literal["local", "ray"] = "local"
     ray: TuneRay = Field(default_factory=TuneRay)
     load: TuneLoadSearch = Field(default_factory=TuneLoadSearch)
     accuracy: TuneAccuracy = Field(default_factory=TuneAccuracy)
-    out_dir: Annotated[str, Field(min_length=1)] = "tune"
+    out_dir: _text(min_length=1) = "tune"
 
 
 # --------------------------------------------------------------------------------------------
@@ -753,8 +814,8 @@ Stage = Literal["model", "quantize", "eval", "profile", "serve", "bench"]
 class RunSection(BaseModel):
     model_config = _STRICT
 
-    stages: list[Stage] | None = None
-    out_dir: Annotated[str, Field(min_length=1)] = "runs"
+    stages: Annotated[list[Stage], Field(max_length=MAX_LIST)] | None = None
+    out_dir: _text(min_length=1) = "runs"
 
 
 class Recipe(BaseModel):
@@ -762,8 +823,8 @@ class Recipe(BaseModel):
 
     model_config = _STRICT
 
-    name: str
-    description: str | None = None
+    name: Annotated[str, Field(max_length=MAX_NAME)]
+    description: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
     model: ModelSection
     target: TargetSection | None = None
     quantize: QuantizeSection | None = None
@@ -1051,8 +1112,8 @@ def _resolve_path(path: str | Path) -> Path:
     p = Path(path).expanduser()
     if p.is_dir():
         raise UsageError(f"{str(path)!r} is a directory, not a recipe file", hint=_RECIPES_HINT)
-    if p.is_file():
-        return p
+    if p.is_file() or p.exists() or p.is_symlink():
+        return p  # not a regular file (a FIFO, a device, a symlink loop): _read_text says so
     text = str(path)
     if text and "/" not in text and "\\" not in text:
         from infertool import catalog  # lazy: catalog imports nothing from here at import time
@@ -1068,8 +1129,15 @@ def _resolve_path(path: str | Path) -> Path:
 
 
 def _read_text(path: Path) -> str:
+    from infertool.models.info import FileRefused, read_regular_file  # lazy: keeps this import cheap
+
     try:
-        raw = path.read_bytes()
+        raw = read_regular_file(path, MAX_RECIPE_BYTES)
+    except FileRefused as exc:
+        raise UsageError(
+            f"cannot read recipe {str(path)!r}: it is {exc.strerror}",
+            hint=f"a recipe is a YAML file of at most {MAX_RECIPE_BYTES // 1024} KiB; " + _RECIPES_HINT,
+        ) from None
     except OSError as exc:
         raise UsageError(
             f"cannot read recipe {str(path)!r}: {exc.strerror or exc}", hint=_RECIPES_HINT
@@ -1127,14 +1195,17 @@ def _validate(
     try:
         return Recipe.model_validate(data)
     except ValidationError as exc:
-        issues = _issues_from(exc, node, overridden)
+        issues, total = _issues_from(exc, node, overridden)
     except RecursionError:
-        issues = [RecipeIssue(path="<recipe>", message="the recipe is nested too deeply")]
-    raise RecipeError(
-        source,
-        issues,
-        hint="fix the fields listed above; unknown keys are errors, not ignored",
-    )
+        issues, total = [RecipeIssue(path="<recipe>", message="the recipe is nested too deeply")], 1
+    if total > MAX_LISTED_ISSUES:
+        issues = issues + [RecipeIssue(
+            path="<recipe>", message=f"... and {total - MAX_LISTED_ISSUES:,} more errors (fix the ones above first)")]
+    error = RecipeError(source, issues, hint="fix the fields listed above; unknown keys are errors, not ignored")
+    if total > MAX_LISTED_ISSUES:
+        error.message = f"{source}: {total:,} errors in the recipe (the first {MAX_LISTED_ISSUES} listed)"
+        error.args = (error.message,)
+    raise error
 
 
 # --------------------------------------------------------------------------------------------
@@ -1236,25 +1307,33 @@ def _analyse_loc(loc: Iterable[Any]) -> _LocInfo:
 
 
 def _format_path(parts: list[_Part]) -> str:
-    text = ""
+    pieces: list[str] = []
     for kind, value in parts:
         if kind == "index":
-            text += f"[{value}]"
+            pieces.append(f"[{value}]")
         else:
-            text += f".{value}" if text else str(value)
-    return text or "<recipe>"
+            key = str(value) if len(str(value)) <= 60 else str(value)[:57] + "..."
+            pieces.append(f".{key}" if pieces else key)
+    return "".join(pieces) or "<recipe>"
 
 
-def _locate(node: yaml.Node | None, parts: list[_Part]) -> tuple[int | None, int | None]:
-    """1-based (line, column) of the key at ``parts``; the deepest existing parent otherwise."""
+_KeyIndex = dict[str, tuple[yaml.Node, yaml.Mark]]
+
+
+def _locate(
+    node: yaml.Node | None, parts: list[_Part], indexes: dict[int, _KeyIndex] | None = None
+) -> tuple[int | None, int | None]:
+    """1-based (line, column) of the key at ``parts``; the deepest existing parent otherwise. ``indexes``
+    keeps each mapping's key index between calls: locating N keys costs O(N), not O(N x keys)."""
     if node is None:
         return None, None
+    indexes = {} if indexes is None else indexes
     mark = node.start_mark
     current: yaml.Node | None = node
     for kind, value in parts:
         found: tuple[yaml.Node, yaml.Mark] | None = None
         if kind == "key" and isinstance(current, yaml.MappingNode):
-            found = _find_key(current, str(value))
+            found = _key_index(current, indexes).get(str(value))
         elif kind == "index" and isinstance(current, yaml.SequenceNode):
             if isinstance(value, int) and 0 <= value < len(current.value):
                 item = current.value[value]
@@ -1265,7 +1344,12 @@ def _locate(node: yaml.Node | None, parts: list[_Part]) -> tuple[int | None, int
     return mark.line + 1, mark.column + 1
 
 
-def _find_key(mapping: yaml.MappingNode, key: str) -> tuple[yaml.Node, yaml.Mark] | None:
+def _key_index(mapping: yaml.MappingNode, indexes: dict[int, _KeyIndex]) -> _KeyIndex:
+    """key -> (value node, mark of the key) of one mapping, its own keys first, then those merged in (<<)."""
+    index = indexes.get(id(mapping))
+    if index is not None:
+        return index
+    index = indexes[id(mapping)] = {}  # before recursing: a merge that refers back finds it (empty)
     merged: list[yaml.MappingNode] = []
     for key_node, value_node in mapping.value:
         if key_node.tag == "tag:yaml.org,2002:merge":
@@ -1274,13 +1358,12 @@ def _find_key(mapping: yaml.MappingNode, key: str) -> tuple[yaml.Node, yaml.Mark
             elif isinstance(value_node, yaml.SequenceNode):
                 merged.extend(v for v in value_node.value if isinstance(v, yaml.MappingNode))
             continue
-        if isinstance(key_node, yaml.ScalarNode) and key_node.value == key:
-            return value_node, key_node.start_mark
+        if isinstance(key_node, yaml.ScalarNode):
+            index.setdefault(key_node.value, (value_node, key_node.start_mark))
     for other in merged:
-        found = _find_key(other, key)
-        if found is not None:
-            return found
-    return None
+        for key, found in _key_index(other, indexes).items():
+            index.setdefault(key, found)
+    return index
 
 
 _YAML_SCALARS = (int, float, bool, datetime.date)
@@ -1295,6 +1378,8 @@ def _is_overridden(path: str, overridden: list[str]) -> bool:
 
 def _suggest(key: str, known: list[str]) -> str | None:
     """The known field a mistyped key most likely meant, if any."""
+    if len(key) > 100:  # no field name is that long; difflib on it would only cost time
+        return None
     close = difflib.get_close_matches(key, known, n=1)
     if close:
         return close[0]
@@ -1312,8 +1397,12 @@ def _short_repr(value: Any) -> str:
 
 def _issues_from(
     exc: ValidationError, node: yaml.Node | None, overridden: list[str]
-) -> list[RecipeIssue]:
+) -> tuple[list[RecipeIssue], int]:
+    """The first MAX_LISTED_ISSUES issues in file order, and how many there are: O(errors) (each key is
+    located through a per-mapping index; "did you mean" is worked out for the listed ones only)."""
     issues: list[RecipeIssue] = []
+    unknown: dict[int, tuple[str, type[BaseModel]]] = {}  # id(issue) -> (the unknown key, its model)
+    indexes: dict[int, _KeyIndex] = {}
     for error in exc.errors(include_url=False):
         info = _analyse_loc(error["loc"])
         parts = list(info.parts)
@@ -1325,13 +1414,7 @@ def _issues_from(
 
         if kind == "extra_forbidden":
             key = str(parts[-1][1]) if parts else "?"
-            message = f"unknown field {key!r}"
-            if info.owner is not None:
-                suggestion = _suggest(key, list(info.owner.model_fields))
-                if suggestion:
-                    message += f" (did you mean {suggestion!r}?)"
-                elif info.owner is BNBConfig and key == "calibration":
-                    message += " (bnb quantizes on load and needs no calibration data)"
+            message = f"unknown field {_short_repr(key)}"
         elif kind == "missing":
             key = str(parts[-1][1]) if parts else "?"
             message = f"missing required field {key!r}"
@@ -1356,7 +1439,7 @@ def _issues_from(
                 f"{message} (got {value}, which YAML reads as a {_type_name(value)}; "
                 "put it in quotes)"
             )
-        elif kind != "value_error":
+        elif kind not in ("value_error", "bool_number"):
             value = error.get("input")
             if value is None or isinstance(value, str | int | float | bool):
                 message = f"{message} (got {_short_repr(value)})"
@@ -1365,7 +1448,20 @@ def _issues_from(
         if _is_overridden(path, overridden):
             line, column = None, None
         else:
-            line, column = _locate(node, parts)
-        issues.append(RecipeIssue(path=path, message=message, line=line, column=column))
+            line, column = _locate(node, parts, indexes)
+        issue = RecipeIssue(path=path, message=message, line=line, column=column)
+        issues.append(issue)
+        if kind == "extra_forbidden" and info.owner is not None and parts:
+            unknown[id(issue)] = (str(parts[-1][1]), info.owner)
     issues.sort(key=lambda i: (i.line is None, i.line or 0, i.column or 0))
-    return issues
+    total = len(issues)
+    issues = issues[:MAX_LISTED_ISSUES]
+    for issue in issues:
+        if id(issue) in unknown:
+            key, owner = unknown[id(issue)]
+            suggestion = _suggest(key, list(owner.model_fields))
+            if suggestion:
+                issue.message += f" (did you mean {suggestion!r}?)"
+            elif owner is BNBConfig and key == "calibration":
+                issue.message += " (bnb quantizes on load and needs no calibration data)"
+    return issues, total

@@ -17,6 +17,12 @@ Generated from the schema (`infertool/recipe.py`) by `python -m infertool.recipe
 this file matches it. Every section is optional except `name` and `model`; unknown keys are errors. A value
 in `--set a.b=VALUE` is read as YAML. Field names follow the libraries they feed (vLLM's flags under `serve`,
 GPTQModel's names under `quantize`).
+
+Limits: a recipe file is at most 1 MiB. Every number has the range a real deployment could have (shown
+below; e.g. `max_model_len` ≤ 10,000,000 tokens, parallel sizes ≤ 1024, KV space ≤ 65536 GiB,
+`bench.requests` ≤ 1,000,000), and a boolean is never accepted as a number. `group_size` is -1 or a power
+of two from 16 to 1024. Paths, model references, hosts and names are single-line text (no line breaks or
+control characters), names at most 200 characters. At most 50 errors are listed; the rest are counted.
 """
 
 
@@ -27,7 +33,8 @@ def _type_name(annotation: Any) -> str:
         text = _type_name(base)
         bounds = []
         for m in meta:
-            for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("min_length", "len ≥")):
+            for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("min_length", "len ≥"),
+                              ("max_length", "len ≤")):
                 for c in getattr(m, "metadata", []) if isinstance(m, FieldInfo) else [m]:
                     v = getattr(c, attr, None)
                     if v is not None:
@@ -55,7 +62,8 @@ def _type_name(annotation: Any) -> str:
 def _bounds(metadata: list) -> str:
     out = []
     for c in metadata:
-        for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("min_length", "at least")):
+        for attr, sym in (("ge", "≥"), ("gt", ">"), ("le", "≤"), ("lt", "<"), ("min_length", "at least"),
+                          ("max_length", "len ≤")):
             v = getattr(c, attr, None)
             if v is not None:
                 out.append(f"{sym} {v}")

@@ -13,7 +13,7 @@ import yaml
 from typer.testing import CliRunner
 
 from infertool.cli import app
-from infertool.errors import UsageError
+from infertool.errors import RecipeError, UsageError
 from infertool.init import Decision, init_target, make_recipe, one_line, render_yaml
 from infertool.recipe import load_recipe
 from tests.fakes import layout_model
@@ -273,7 +273,7 @@ def test_this_host_gpu_is_detected_or_named(monkeypatch):
 
 # ------------------------------------------------------------------------------------------- YAML safety
 def test_whatever_a_model_contains_stays_data(tmp_path, monkeypatch):
-    weird = tmp_path / "we'ird: #name\n- evil: [x]\u2028line \"q\""
+    weird = tmp_path / "we'ird: #name - evil: [x] line \"q\" &a *b !tag {c}"
     layout_model(weird, "smollm2-135m", shards=1,
                  architectures=["Evil\n# injected: true\nname: pwned"], dtype="bfloat16\nx: 1")
     recipe, decisions = make_recipe(str(weird), init_target(cpu=True))
@@ -289,6 +289,11 @@ def test_whatever_a_model_contains_stays_data(tmp_path, monkeypatch):
     # and it validates as a recipe
     (tmp_path / "w.yaml").write_text(text)
     assert load_recipe(str(tmp_path / "w.yaml")).model.source == str(weird.resolve())
+    # a directory name with a line break is refused as model.source (paths are single-line text: issue 15)
+    broken = layout_model(tmp_path / "line\nbreak", "smollm2-135m", shards=1)
+    with pytest.raises(RecipeError) as ei:
+        make_recipe(str(broken), init_target(cpu=True))
+    assert [i.path for i in ei.value.issues] == ["model.source"] and "line breaks" in ei.value.issues[0].message
 
 
 def test_help_imports_nothing_heavy():

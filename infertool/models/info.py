@@ -6,12 +6,160 @@ Everything here is pure file reading: config.json and the JSON headers of the sa
 
 from __future__ import annotations
 
+import errno
 import json
+import math
+import os
+import stat
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from infertool.errors import UsageError
+
+MAX_CONFIG_BYTES = 16 * 1024 * 1024  # config.json, index and tokenizer configs: real ones are < 1 MiB
+MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit on its JSON header
+_MODEL_HINT = "give a Hugging Face model directory as saved by transformers (config.json and *.safetensors)"
+
+
+class ModelError(UsageError):
+    """A model directory that cannot be used as it is: a malformed config.json or weights file (exit 2)."""
+
+    def __init__(self, where: str | Path, problem: str, hint: str | None = _MODEL_HINT):
+        super().__init__(f"model directory {where}: {problem}", hint=hint)
+
+
+class FileRefused(OSError):
+    """A path that is not a regular file (a FIFO, a device, a socket, a directory) or is larger than allowed."""
+
+
+def _kind(mode: int) -> str:
+    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def open_regular(path: Path) -> BinaryIO:
+    """Open a regular file for reading; never a FIFO or a device (opening or reading one can block forever).
+    Checked before opening (os.stat) and again on the open descriptor (the path may change in between)."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        if e.errno == errno.ELOOP:
+            raise FileRefused(errno.ELOOP, "a symlink loop") from None
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        raise FileRefused(errno.EINVAL, f"{_kind(st.st_mode)}, not a regular file")
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise FileRefused(errno.EINVAL, f"{_kind(mode)}, not a regular file")
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular_file(path: Path, limit: int) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (FileRefused otherwise)."""
+    with open_regular(path) as f:
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise FileRefused(errno.EFBIG, f"larger than {limit:,} bytes")
+    return data
+
+
+def _why(exc: OSError) -> str:
+    return str(exc.strerror or exc) if not isinstance(exc, FileRefused) else exc.strerror
+
+
+def read_json_file(path: Path, where: Path, *, what: str | None = None, limit: int = MAX_CONFIG_BYTES) -> Any:
+    """A JSON file of a model directory; ModelError when it cannot be read or parsed."""
+    what = what or path.name
+    try:
+        raw = read_regular_file(path, limit)
+    except OSError as e:
+        raise ModelError(where, f"cannot read {what}: it is {_why(e)}" if isinstance(e, FileRefused)
+                         else f"cannot read {what}: {_why(e)}") from None
+    try:
+        return json.loads(raw.decode("utf-8"))
+    except (ValueError, RecursionError) as e:
+        raise ModelError(where, f"{what} is not valid JSON ({str(e)[:200]})") from None
+
+
+# config.json numbers infertool reads: (keys, upper bound). Real models: 1-200 layers, hidden 64-32768.
+_CONFIG_INTS = {
+    "layers": (("num_hidden_layers", "n_layer", "num_layers"), 10_000),
+    "hidden": (("hidden_size", "n_embd", "d_model"), 1_048_576),
+    "intermediate": (("intermediate_size", "ffn_dim", "n_inner"), 16_777_216),
+    "heads": (("num_attention_heads", "n_head"), 65_536),
+    "kv_heads": (("num_key_value_heads", "num_kv_heads"), 65_536),
+    "head_dim": (("head_dim",), 65_536),
+    "vocab": (("vocab_size",), 16_777_216),
+    "positions": (("max_position_embeddings", "n_positions"), 1_000_000_000),
+    "experts": (("num_local_experts", "num_experts", "n_routed_experts"), 1_048_576),
+    "experts_per_tok": (("num_experts_per_tok", "moe_top_k"), 1_048_576),
+    "moe_intermediate": (("moe_intermediate_size",), 16_777_216),
+}
+
+
+def _config_int(cfg: dict, name: str, where: Path) -> int | None:
+    keys, upper = _CONFIG_INTS[name]
+    for key in keys:
+        value = cfg.get(key)
+        if value is None:
+            continue
+        if (isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value)
+                or value != int(value)):
+            raise ModelError(where, f"config.json: {key} must be a whole number, got {_short(value)}")
+        if not 1 <= value <= upper:
+            raise ModelError(where, f"config.json: {key} must be between 1 and {upper:,}, got {value:g}"
+                             if isinstance(value, float) else f"config.json: {key} must be between 1 and {upper:,}, "
+                             f"got {value}")
+        return int(value)
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value) if not isinstance(value, float) else repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def load_config(path: str | Path) -> tuple[dict, dict]:
+    """(config.json, the language model's part of it) of a model directory, checked to be JSON objects."""
+    p = Path(path)
+    full = read_json_file(p / "config.json", p, what="config.json")
+    if not isinstance(full, dict):
+        raise ModelError(p, f"config.json must be a JSON object (key: value pairs), got {_json_type(full)}")
+    cfg = full.get("text_config") or full  # multimodal wrappers keep the LM under text_config
+    if not isinstance(cfg, dict):
+        raise ModelError(p, f"config.json: text_config must be a JSON object, got {_json_type(cfg)}")
+    return full, cfg
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "a list"
+    return "an object"
+
+
+def _optional_str(full: dict, cfg: dict, key: str, where: Path) -> str | None:
+    value = cfg.get(key) if cfg.get(key) is not None else full.get(key)
+    if value is not None and not isinstance(value, str):
+        raise ModelError(where, f"config.json: {key} must be a string, got {_short(value)}")
+    return value
 
 # bytes per element for safetensors dtypes (sub-byte packed formats are stored in I32/U8 containers)
 DTYPE_BYTES = {
@@ -76,20 +224,52 @@ class ModelInfo:
 
 
 def read_safetensors_header(path: Path) -> dict:
-    """The JSON header of one .safetensors file (without loading any tensor)."""
-    with open(path, "rb") as f:
-        raw = f.read(8)
-        if len(raw) != 8:
-            raise UsageError(f"{path} is not a safetensors file (shorter than 8 bytes)")
-        (n,) = struct.unpack("<Q", raw)
-        if n <= 0 or n > 100 * 1024 * 1024:
-            raise UsageError(f"{path} is not a safetensors file (header length {n})")
-        data = f.read(n)
+    """The JSON header of one .safetensors file (without loading any tensor), checked against the format:
+    a JSON object of name -> {dtype: str, shape: [ints >= 0], data_offsets: [begin, end]} (and __metadata__)."""
+    where = path.parent
+    try:
+        with open_regular(path) as f:
+            raw = f.read(8)
+            if len(raw) != 8:
+                raise ModelError(where, f"{path.name} is not a safetensors file (shorter than 8 bytes)")
+            (n,) = struct.unpack("<Q", raw)
+            if n <= 0 or n > MAX_HEADER_BYTES:
+                raise ModelError(where, f"{path.name} is not a safetensors file (header length {n:,}; the format "
+                                 f"allows 1 to {MAX_HEADER_BYTES:,} bytes)")
+            data = f.read(n)
+    except OSError as e:
+        raise ModelError(where, f"cannot read {path.name}: it is {_why(e)}" if isinstance(e, FileRefused)
+                         else f"cannot read {path.name}: {_why(e)}") from None
+    if len(data) != n:
+        raise ModelError(where, f"{path.name} is truncated: its header says {n:,} bytes, the file has {len(data):,}")
     try:
         header = json.loads(data)
-    except ValueError as e:
-        raise UsageError(f"{path} has a corrupt safetensors header: {e}") from None
+    except (ValueError, RecursionError) as e:
+        raise ModelError(where, f"{path.name} has a corrupt safetensors header: {str(e)[:200]}") from None
+    if not isinstance(header, dict):
+        raise ModelError(where, f"{path.name}: the safetensors header must be a JSON object, got {_json_type(header)}")
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        problem = _entry_problem(entry)
+        if problem:
+            raise ModelError(where, f"{path.name}: tensor {_short(name)} in the safetensors header {problem}")
     return header
+
+
+def _entry_problem(entry: Any) -> str | None:
+    if not isinstance(entry, dict):
+        return f"must be an object (dtype, shape, data_offsets), got {_json_type(entry)}"
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if not isinstance(dtype, str):
+        return f"has no dtype string (got {_short(dtype)})"
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        return f"has a shape that is not a list of whole numbers >= 0 (got {_short(shape)})"
+    if (not isinstance(offsets, list) or len(offsets) != 2
+            or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
+            or not 0 <= offsets[0] <= offsets[1]):
+        return f"has data_offsets that are not [begin, end] with 0 <= begin <= end (got {_short(offsets)})"
+    return None
 
 
 def safetensors_stats(files: list[Path]) -> TensorStats:
@@ -118,38 +298,56 @@ def _first(cfg: dict, *keys):
 
 
 def weight_files(path: Path) -> list[Path]:
-    """The safetensors files of a model directory (through the index when there is one)."""
+    """The safetensors files of a model directory (through the index when there is one): regular files in
+    the directory itself (an index cannot point outside it)."""
     index = path / "model.safetensors.index.json"
-    if index.is_file():
-        try:
-            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
-        except (ValueError, KeyError) as e:
-            raise UsageError(f"{index} is not a valid safetensors index: {e}") from None
+    if os.path.lexists(index):
+        data = read_json_file(index, path)
+        weight_map = data.get("weight_map") if isinstance(data, dict) else None
+        if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+            raise ModelError(path, f"{index.name} is not a valid safetensors index (it needs a weight_map of "
+                             "tensor name -> file name)")
+        names = sorted(set(weight_map.values()))
+        bad = [n for n in names if not n or n != Path(n).name or n in (".", "..")]
+        if bad:
+            raise ModelError(path, f"{index.name} names files outside the model directory: {_short(bad[:3])}")
         files = [path / n for n in names]
-        missing = [f.name for f in files if not f.is_file()]
+        missing = [f.name for f in files if not os.path.lexists(f)]
         if missing:
-            raise UsageError(f"{path}: the index names files that are missing: {', '.join(missing)}")
-        return files
-    return sorted(path.glob("*.safetensors"))
+            raise ModelError(path, f"the index names files that are missing: {', '.join(missing[:10])}"
+                             + (f" and {len(missing) - 10} more" if len(missing) > 10 else ""))
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError as e:
+            raise ModelError(path, f"cannot read {f.name}: {'a symlink loop' if e.errno == errno.ELOOP else _why(e)}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise ModelError(path, f"{f.name} is {_kind(st.st_mode)}, not a weights file")
+    return files
 
 
 def model_info(path: str | Path) -> ModelInfo:
     p = Path(path)
-    if not p.exists():
+    try:
+        exists, resolved = p.exists(), p.resolve()
+    except (OSError, RuntimeError):  # RuntimeError: a symlink loop (Python < 3.13)
+        raise ModelError(p, "the path is a symlink loop") from None
+    if not exists:
+        if p.is_symlink():
+            raise ModelError(p, "the path is a broken symlink or a symlink loop")
         raise UsageError(f"model path not found: {p}", hint="give a Hugging Face model directory (with config.json)")
     if p.is_file():
         raise UsageError(
             f"{p} is a file, not a model directory",
             hint="for a .gguf file, run `infertool model import FILE DEST` first, then `infertool model info DEST`",
         )
-    cfg_path = p / "config.json"
-    if not cfg_path.is_file():
+    if not p.is_dir():
+        raise ModelError(p, "not a directory (a FIFO, a socket or a device)")
+    if not os.path.lexists(p / "config.json"):
         raise UsageError(f"{p} has no config.json: not a Hugging Face model directory")
-    try:
-        full = json.loads(cfg_path.read_text(encoding="utf-8"))
-    except ValueError as e:
-        raise UsageError(f"{cfg_path} is not valid JSON: {e}") from None
-    cfg = full.get("text_config") or full  # multimodal wrappers keep the LM under text_config
+    full, cfg = load_config(p)
     files = weight_files(p)
     if not files:
         raise UsageError(
@@ -157,38 +355,55 @@ def model_info(path: str | Path) -> ModelInfo:
             hint="infertool reads safetensors only; convert .bin checkpoints with transformers' save_pretrained",
         )
     stats = safetensors_stats(files)
-    heads = _first(cfg, "num_attention_heads", "n_head")
-    hidden = _first(cfg, "hidden_size", "n_embd", "d_model")
-    head_dim = _first(cfg, "head_dim")
+    n = {name: _config_int(cfg, name, p) for name in _CONFIG_INTS}
+    if n["vocab"] is None and full is not cfg:
+        n["vocab"] = _config_int(full, "vocab", p)
+    heads, hidden, head_dim, kv_heads = n["heads"], n["hidden"], n["head_dim"], n["kv_heads"] or n["heads"]
     if head_dim is None and heads and hidden:
+        if hidden % heads:
+            raise ModelError(p, f"config.json: {heads} attention heads do not divide hidden_size {hidden} (and there "
+                             "is no head_dim)")
         head_dim = hidden // heads
+    if heads and kv_heads and heads % kv_heads:
+        raise ModelError(p, f"config.json: {kv_heads} key/value heads do not divide {heads} attention heads")
+    if n["experts"] and n["experts_per_tok"] and n["experts_per_tok"] > n["experts"]:
+        raise ModelError(p, f"config.json: num_experts_per_tok {n['experts_per_tok']} exceeds the {n['experts']} experts")
+    architectures = full.get("architectures")
+    if architectures is not None and (not isinstance(architectures, list)
+                                      or not all(isinstance(a, str) for a in architectures)):
+        raise ModelError(p, f"config.json: architectures must be a list of class names, got {_short(architectures)}")
     quant = full.get("quantization_config") or cfg.get("quantization_config")
     if quant is None:
         for name in ("quantize_config.json", "quant_config.json"):
             qp = p / name
-            if qp.is_file():
+            if os.path.lexists(qp):
                 try:
-                    quant = json.loads(qp.read_text())
-                except ValueError:
+                    quant = read_json_file(qp, p)
+                except ModelError:
                     quant = {"file": name, "error": "unreadable"}
                 break
+    if quant is not None and not isinstance(quant, dict):
+        raise ModelError(p, f"config.json: quantization_config must be an object, got {_short(quant)}")
     floating = {k: v for k, v in stats.by_dtype.items() if k in SAFETENSORS_DTYPE_NAMES}
     stored = SAFETENSORS_DTYPE_NAMES[max(floating, key=floating.get)] if floating else None
     tie = full.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
+    if tie is not None and not isinstance(tie, bool):
+        raise ModelError(p, f"config.json: tie_word_embeddings must be true or false, got {_short(tie)}")
+    dtype = _first(full, "dtype", "torch_dtype") or _first(cfg, "dtype", "torch_dtype")
     return ModelInfo(
-        path=str(p.resolve()),
-        model_type=cfg.get("model_type") or full.get("model_type"),
-        architectures=list(full.get("architectures") or []),
-        num_layers=_first(cfg, "num_hidden_layers", "n_layer", "num_layers"),
+        path=str(resolved),
+        model_type=_optional_str(full, cfg, "model_type", p),
+        architectures=list(architectures or []),
+        num_layers=n["layers"],
         hidden_size=hidden,
-        intermediate_size=_first(cfg, "intermediate_size", "ffn_dim", "n_inner"),
+        intermediate_size=n["intermediate"],
         num_attention_heads=heads,
-        num_key_value_heads=_first(cfg, "num_key_value_heads", "num_kv_heads") or heads,
+        num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        vocab_size=_first(cfg, "vocab_size") or full.get("vocab_size"),
-        max_position_embeddings=_first(cfg, "max_position_embeddings", "n_positions"),
-        tie_word_embeddings=bool(tie) if tie is not None else False,
-        dtype=_first(full, "dtype", "torch_dtype") or _first(cfg, "dtype", "torch_dtype"),
+        vocab_size=n["vocab"],
+        max_position_embeddings=n["positions"],
+        tie_word_embeddings=bool(tie),
+        dtype=dtype if isinstance(dtype, str) else None,
         stored_dtype=stored,
         weight_bytes=stats.bytes,
         weight_files=[f.name for f in files],
@@ -196,9 +411,9 @@ def model_info(path: str | Path) -> ModelInfo:
         stored_parameters=stats.parameters,
         bytes_by_dtype=stats.by_dtype,
         quantization=quant,
-        num_experts=_first(cfg, "num_local_experts", "num_experts", "n_routed_experts"),
-        num_experts_per_tok=_first(cfg, "num_experts_per_tok", "moe_top_k"),
-        moe_intermediate_size=_first(cfg, "moe_intermediate_size"),
+        num_experts=n["experts"],
+        num_experts_per_tok=n["experts_per_tok"],
+        moe_intermediate_size=n["moe_intermediate"],
         has_tokenizer=(p / "tokenizer.json").is_file() or (p / "tokenizer.model").is_file(),
         has_chat_template=(p / "chat_template.jinja").is_file() or _tokenizer_has_template(p),
     )
@@ -225,18 +440,16 @@ class PositionLimit:
 
 def position_limit(path: str | Path) -> PositionLimit:
     """The longest max_model_len vLLM accepts for a model directory (without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)."""
-    p = Path(path)
     try:
-        full = json.loads((p / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        full, cfg = load_config(path)
+    except ModelError:
         return PositionLimit(None, None, "config.json unreadable")
-    cfg = full.get("text_config") or full
     limit, key = None, None
     for k in _MAX_LEN_KEYS:
         v = cfg.get(k)
-        if isinstance(v, (int, float)) and v > 0 and (limit is None or v < limit):
+        if _finite(v) and v >= 1 and (limit is None or v < limit):
             limit, key = int(v), k
-    mml = cfg.get("model_max_length") if isinstance(cfg.get("model_max_length"), (int, float)) else None
+    mml = cfg.get("model_max_length") if _finite(cfg.get("model_max_length")) and cfg["model_max_length"] >= 1 else None
     if mml:
         limit, key = int(mml), "model_max_length"
     if limit is None:
@@ -252,7 +465,7 @@ def position_limit(path: str | Path) -> PositionLimit:
             if not isinstance(rp, dict):
                 continue
             rtype = rp.get("rope_type") or rp.get("type") or "default"
-            if rtype not in _PRESCALED_ROPE and isinstance(rp.get("factor"), (int, float)):
+            if rtype not in _PRESCALED_ROPE and _finite(rp.get("factor")) and 0 < rp["factor"] <= 1024:
                 factor = rp["factor"]
                 why_type = rtype
         if factor != 1.0:
@@ -261,11 +474,17 @@ def position_limit(path: str | Path) -> PositionLimit:
     return PositionLimit(limit, key, why, int(mml) if mml else None)
 
 
+def _finite(value: Any) -> bool:
+    """A JSON number that arithmetic can use (json.loads reads Infinity and NaN)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _tokenizer_has_template(p: Path) -> bool:
     tc = p / "tokenizer_config.json"
     if not tc.is_file():
         return False
     try:
-        return bool(json.loads(tc.read_text()).get("chat_template"))
-    except ValueError:
+        data = read_json_file(tc, p)
+    except ModelError:
         return False
+    return isinstance(data, dict) and bool(data.get("chat_template"))

@@ -306,7 +306,7 @@ def resolve_model(
             hint="model.source is a local Hugging Face directory, a .gguf file, bundled:smollm2-135m, or a hub id "
             "(org/name) already in the local Hugging Face cache (infertool never downloads from a hub)",
         )
-    if not (p / "config.json").is_file():
+    if not os.path.lexists(p / "config.json"):  # one that is there but unreadable: model_info says why
         raise UsageError(f"{p} is not a Hugging Face model directory (no config.json)")
     if layers is not None:
         raise UsageError("--layers applies to GGUF and bundled sources only",

@@ -32,7 +32,7 @@ def kv_dtype_bytes(kv_cache_dtype: str, model_dtype: str | None) -> float:
 def kv_capacity_tokens(space_bytes: float, per_token: float, block_size: int = CPU_KV_BLOCK) -> int:
     """Tokens of KV cache in ``space_bytes``, in whole blocks (vLLM allocates blocks): 1 GiB of SmolLM2-135M
     bf16 KV on the CPU backend is 46,592 tokens, what vLLM logs at start-up."""
-    if per_token <= 0:
+    if per_token <= 0 or not math.isfinite(space_bytes) or not math.isfinite(per_token):
         return 0
     return int(space_bytes // (per_token * block_size)) * block_size
 
