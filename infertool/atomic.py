@@ -1,18 +1,20 @@
 """Whole files or none: write to a temporary file beside the target, then rename it over the target.
 
 A leaf (standard library only). A reader never sees half a file, and an interrupted write leaves the old
-file (or nothing) in place.
+file (or nothing) in place. Deletions go through ``remove_inside``: nothing outside the folder a caller
+owns (INFERTOOL_HOME, or a path the user named) is ever removed.
 """
 
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-__all__ = ["atomic_path", "write_bytes", "write_text"]
+__all__ = ["UnsafeRemoval", "atomic_path", "remove_inside", "write_bytes", "write_text"]
 
 
 def _file_mode(target: Path) -> int:
@@ -55,3 +57,28 @@ def write_bytes(target: str | Path, data: bytes) -> Path:
 
 def write_text(target: str | Path, text: str, encoding: str = "utf-8") -> Path:
     return write_bytes(target, text.encode(encoding))
+
+
+class UnsafeRemoval(ValueError):
+    """A deletion that would reach outside the folder it was confined to (never performed)."""
+
+
+def remove_inside(target: str | Path, inside: str | Path) -> bool:
+    """Delete ``target`` (a file, a folder tree, or a symlink: the link itself, never what it points to) only
+    when it lies strictly inside ``inside``. The check resolves ``target``'s parent (so ``..`` and links on
+    the way are followed) but not ``target`` itself, so a symlink in the tree pointing outside is unlinked,
+    not followed. Raises UnsafeRemoval for anything else (``inside`` itself, a folder above it, a path
+    elsewhere, a name that is ``.``/``..``/empty). Returns whether something was there to remove."""
+    target, root = Path(target), Path(inside).resolve()
+    if target.name in ("", ".", ".."):
+        raise UnsafeRemoval(f"refusing to delete {str(target)!r}: not a named entry inside {root}")
+    real = target.parent.resolve() / target.name
+    if real == root or root not in real.parents:
+        raise UnsafeRemoval(f"refusing to delete {str(target)!r}: it is not inside {root}")
+    if real.is_symlink() or (real.exists() and not real.is_dir()):
+        real.unlink(missing_ok=True)
+        return True
+    if not real.exists():
+        return False
+    shutil.rmtree(real)  # does not follow symlinks inside the tree
+    return True

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from infertool.atomic import remove_inside
 from infertool.errors import InfertoolError, RuntimeFailure, UsageError
 
 STAGE_ORDER = ["model", "quantize", "eval", "profile", "serve", "bench"]
@@ -383,7 +384,7 @@ def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], dict], *
             if (entry / "stage.json").is_file() and not force:  # another process finished the same work first
                 shutil.rmtree(work, ignore_errors=True)
                 return cached_stage(cache, name, key, fn)
-            shutil.rmtree(entry)  # a forced re-run replaces the old entry
+            remove_inside(entry, cache)  # a forced re-run replaces the old entry (never anything outside the cache)
         os.replace(work, entry)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

@@ -9,7 +9,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from infertool.envs.paths import env_dir, env_python, envs_root
+from infertool.envs.paths import check_env_name, env_dir, env_python, envs_root, is_env_name
 from infertool.envs.specs import BUILTIN_ENVS, EnvSpec, custom_spec
 from infertool.errors import EnvNotReady, UsageError
 
@@ -37,6 +37,7 @@ class EnvState:
 
 
 def get_spec(name: str, requirements_file: str | Path | None = None) -> EnvSpec:
+    check_env_name(name)
     if requirements_file is not None:
         if name in BUILTIN_ENVS:
             raise UsageError(f"{name!r} is a built-in environment; give a custom environment another name")
@@ -49,6 +50,21 @@ def get_spec(name: str, requirements_file: str | Path | None = None) -> EnvSpec:
     raise UsageError(
         f"unknown environment {name!r}",
         hint=f"built-in environments: {', '.join(BUILTIN_ENVS)}; a custom one needs --requirements FILE",
+    )
+
+
+def known_env(name: str) -> str:
+    """A name that `env remove` may act on: a built-in environment, or a custom one that exists as a folder
+    of its own under envs/ (not a link). Checked before any path is used."""
+    check_env_name(name)
+    if name in BUILTIN_ENVS:
+        return name
+    d = env_dir(name)
+    if d.is_dir() and not d.is_symlink():
+        return name
+    raise UsageError(
+        f"unknown environment {name!r}",
+        hint=f"built-in environments: {', '.join(BUILTIN_ENVS)}; `infertool env list` shows the custom ones",
     )
 
 
@@ -112,7 +128,7 @@ def list_envs() -> list[EnvState]:
     root = envs_root()
     if root.is_dir():
         for d in sorted(root.iterdir()):
-            if d.is_dir() and not d.name.startswith(".") and d.name not in names:
+            if d.is_dir() and not d.is_symlink() and is_env_name(d.name) and d.name not in names:
                 names.append(d.name)
     return [state(n) for n in names]
 

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from infertool.atomic import remove_inside
 from infertool.data.fingerprint import file_sha256
 from infertool.errors import BackendError, UsageError
 
@@ -265,7 +266,7 @@ def convert_gguf_cached(
             if (final / MARKER).is_file():
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final, True, key
-            shutil.rmtree(final)
+            remove_inside(final, models_cache())
         os.replace(tmp, final)
     finally:
         if tmp.exists():
@@ -331,7 +332,7 @@ def copy_model_dir(src: Path, dest: Path, *, force: bool = False) -> Path:
             old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
             os.replace(dest, old)
             os.replace(tmp, dest)
-            shutil.rmtree(old, ignore_errors=True) if old.is_dir() else old.unlink()
+            remove_inside(old, dest.parent)  # a link is unlinked, never followed
         else:
             os.replace(tmp, dest)
     finally:

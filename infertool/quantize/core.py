@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from infertool.atomic import remove_inside
 from infertool.errors import UsageError
 from infertool.quantize import MANIFEST_NAME
 from infertool.resolve import default_output
@@ -121,10 +122,10 @@ def _publish(tmp: Path, dest: Path) -> None:
         old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
         os.replace(dest, old)
         os.replace(tmp, dest)
-        if old.is_dir() and not old.is_symlink():
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            old.unlink(missing_ok=True)
+        try:
+            remove_inside(old, dest.parent)  # a link is unlinked, never followed
+        except OSError:
+            pass
     else:
         os.replace(tmp, dest)
 

@@ -32,6 +32,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from infertool.atomic import remove_inside
 from infertool.errors import EnvNotReady, InfertoolError
 from infertool.tune import search, space
 
@@ -517,7 +518,7 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: dict) -> Path:
             shutil.copytree(src, tmp)
             (tmp / ".from").write_text(str(src))
             if dest.exists():
-                shutil.rmtree(dest)
+                remove_inside(dest, ctx.dir)
             dest.parent.mkdir(parents=True, exist_ok=True)
             os.replace(tmp, dest)
         data["quantize"]["output"] = str(dest.absolute())
