@@ -24,25 +24,44 @@ def env_setup(
     force: bool = force_opt("Rebuild even when the environment is up to date."),
     variant: Optional[str] = typer.Option(None, "--variant", metavar="cpu|cuda", help="Default: detected from the host."),
     requirements: Optional[Path] = typer.Option(None, "--requirements", "-r", metavar="FILE", help="Define a custom environment NAME from a requirements file."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=16, help="Environments built at once (default: one per core, up to one per environment)."),
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Create the managed environments (idempotent: an up-to-date one is left alone)."""
-    from infertool.envs.manage import setup_env
+    """Create the managed environments (idempotent: an up-to-date one is left alone).
+
+    Installs with uv when it is installed (pip otherwise, or with INFERTOOL_INSTALLER=pip), reading pip's
+    package index configuration either way; downloads are shared through one cache in INFERTOOL_HOME."""
+    from infertool.envs.manage import setup_envs
+    from infertool.errors import BackendError
     from infertool.output import StageProgress, err, print_json
 
-    names = names or ["quant", "serve"]
+    names = list(dict.fromkeys(names or ["quant", "serve"]))
     if requirements is not None and len(names) != 1:
         raise usage_error("--requirements defines one custom environment: give exactly one NAME")
-    results = []
-    for name in names:
-        with StageProgress("setup") as progress:  # with --json too: the result on stdout, progress on stderr
-            st, what = setup_env(name, force=force, variant=variant, requirements_file=requirements, on_event=progress.on_event)
+    with StageProgress("setup") as progress:  # with --json too: the result on stdout, progress on stderr
+        outcomes = setup_envs(names, jobs=jobs, force=force, variant=variant, requirements_file=requirements,
+                              on_event=progress.on_event)
+    results, failed = [], []
+    for name, outcome in outcomes:
+        if isinstance(outcome, Exception):
+            failed.append((name, outcome))
+            results.append({"name": name, "action": "failed", "error": outcome.to_dict()})
+            continue
+        st, what = outcome
         results.append({"name": name, "action": what, **st.to_dict()})
         if not as_json:
             versions = ", ".join(f"{k} {v}" for k, v in st.packages.items())
             err.print(f"[green]✓[/] {name}: {what} ({st.variant}) {versions}")
     if as_json:
         print_json(results)
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        raise BackendError(
+            "; ".join(f"{n}: {e.message}" for n, e in failed),
+            hint="each failed environment's setup log is in its folder; the others are ready. "
+            "`infertool env setup NAME` retries one",
+        )
 
 
 @env_app.command("list", cls=InfertoolCommand)

@@ -12,9 +12,9 @@ import fcntl
 import json
 import os
 import shlex
-import shutil
 import subprocess
 import sys
+import threading
 import time
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
@@ -22,7 +22,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
-from infertool.envs.paths import env_dir, env_python, envs_root
+from infertool.envs import installer
+from infertool.envs.paths import env_dir, env_python, envs_root, remove_in_home
 from infertool.envs.specs import detect_variant
 from infertool.envs.state import (
     CUSTOM_REQS,
@@ -30,12 +31,13 @@ from infertool.envs.state import (
     MARKER,
     EnvState,
     get_spec,
+    known_env,
     infertool_source,
     read_marker,
     source_matches,
     state,
 )
-from infertool.errors import BackendError, UsageError
+from infertool.errors import BackendError, InfertoolError, UsageError
 
 SETUP_LOG = "setup.log"
 
@@ -78,29 +80,56 @@ def _pip_args() -> list[str]:
     return shlex.split(os.environ.get("INFERTOOL_PIP_ARGS", ""))
 
 
+# The installers running now (builds run side by side in threads): stopped together on an interruption.
+_RUNNING: set[subprocess.Popen] = set()
+_RUNNING_LOCK = threading.Lock()
+
+
+class _UvFailed(BackendError):
+    """An install step that uv ran failed: setup tries the environment again with pip."""
+
+
+# Installer output lines worth showing as progress (pip's, then uv's).
+_PROGRESS_LINES = ("Collecting", "Installing", "Downloading", "Processing", "Building",
+                   "Resolved", "Prepared", "Installed", "Built", "Uninstalled")
+
+
 class _Step:
-    def __init__(self, on_event: EventCallback | None, total: int):
+    """One environment's progress: its own task (one bar each when environments build side by side)."""
+
+    def __init__(self, on_event: EventCallback | None, total: int, name: str = ""):
         self.on_event, self.total, self.n = on_event, total, 0
+        self.task = f"setup {name}".strip()
 
     def __call__(self, description: str) -> None:
-        if self.on_event:
-            self.on_event({"event": "progress", "task": "setup", "completed": self.n, "total": self.total, "description": description})
+        self._emit(self.n, description)
         self.n += 1
 
+    def detail(self, description: str) -> None:
+        """A new description for the step under way (an installer's output line)."""
+        self._emit(max(self.n - 1, 0), description)
+
     def done(self, description: str) -> None:
+        self._emit(self.total, description)
+
+    def _emit(self, completed: int, description: str) -> None:
         if self.on_event:
-            self.on_event({"event": "progress", "task": "setup", "completed": self.total, "total": self.total, "description": description})
+            self.on_event({"event": "progress", "task": self.task, "completed": completed, "total": self.total,
+                           "description": description})
 
     def log(self, message: str, level: str = "info") -> None:
         if self.on_event:
             self.on_event({"event": "log", "level": level, "message": message})
 
 
-def _run_logged(cmd: list[str], log_path: Path, what: str, *, on_line: Callable[[str], None] | None = None, env: dict | None = None) -> None:
+def _run_logged(cmd: list[str], log_path: Path, what: str, *, on_line: Callable[[str], None] | None = None,
+                env: dict | None = None, inst: installer.Installer | None = None) -> None:
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"\n$ {shlex.join(cmd)}\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace")
+        with _RUNNING_LOCK:
+            _RUNNING.add(proc)
         tail: list[str] = []
         assert proc.stdout is not None
         try:
@@ -114,9 +143,12 @@ def _run_logged(cmd: list[str], log_path: Path, what: str, *, on_line: Callable[
             proc.terminate()
             proc.wait()
             raise
+        finally:
+            with _RUNNING_LOCK:
+                _RUNNING.discard(proc)
     if rc != 0:
         interesting = [t for t in tail if "ERROR" in t or "error" in t.lower()] or tail[-5:]
-        raise BackendError(
+        raise (_UvFailed if inst is not None and inst.kind == "uv" else BackendError)(
             f"{what} failed (exit code {rc}): " + " | ".join(interesting[-3:]),
             hint="see the setup log; on machines without PyTorch's CPU wheels set "
             "INFERTOOL_PIP_ARGS='--extra-index-url https://download.pytorch.org/whl/cpu'",
@@ -132,13 +164,11 @@ def _clean_env() -> dict[str, str]:
     return env
 
 
-def _install_infertool(py: Path, log_path: Path, env: dict) -> None:
+def _install_infertool(inst: installer.Installer, py: Path, log_path: Path, env: dict) -> None:
     src = infertool_source()
-    if src["kind"] == "source":
-        cmd = [str(py), "-m", "pip", "install", "--progress-bar", "off", *_pip_args(), "-e", src["path"]]
-    else:
-        cmd = [str(py), "-m", "pip", "install", "--progress-bar", "off", *_pip_args(), f"infertool=={src['version']}"]
-    _run_logged(cmd, log_path, "installing infertool into the environment", env=env)
+    what = ("-e", src["path"]) if src["kind"] == "source" else (f"infertool=={src['version']}",)
+    _run_logged(installer.install_cmd(inst, py, *what, pip_args=_pip_args()), log_path,
+                "installing infertool into the environment", env=env, inst=inst)
 
 
 def _freeze(py: Path, env: dict) -> str:
@@ -183,6 +213,7 @@ def setup_env(
         marker = read_marker(name)
         env = _clean_env()
         log_path = d / SETUP_LOG
+        # The installer is no part of the fingerprint: an env pip built stays ready when uv is there now.
         if (
             not force
             and marker is not None
@@ -193,9 +224,9 @@ def setup_env(
             if source_matches(marker):
                 return state(name), "unchanged"
             # Only infertool itself moved (another checkout or version): reinstall just that.
-            step = _Step(on_event, 2)
+            step = _Step(on_event, 2, name)
             step(f"{name}: reinstalling infertool")
-            _install_infertool(py, log_path, env)
+            _install_infertool(installer.Installer("pip"), py, log_path, env)
             step(f"{name}: recording pip freeze")
             freeze = _freeze(py, env)
             (d / FREEZE).write_text(freeze)
@@ -206,59 +237,20 @@ def setup_env(
             return state(name), "updated"
 
         t0 = time.monotonic()
-        n_steps = 6 + bool(spec.no_deps) + bool(spec.remove_after.get(variant))
-        step = _Step(on_event, n_steps)
-        if d.exists():
+        n_steps = 7 + bool(spec.no_deps) + bool(spec.remove_after.get(variant))
+        step = _Step(on_event, n_steps, name)
+        if d.exists() or d.is_symlink():
             step.log(f"rebuilding {name}: " + ("--force" if force else "incomplete or out of date"))
-            shutil.rmtree(d)
-        d.mkdir(parents=True)
-        if spec.custom_requirements is not None:
-            (d / CUSTOM_REQS).write_text(spec.custom_requirements)
-        base_python = python or sys.executable
-        # A venv's interpreter: use the base interpreter, not the (possibly) venv one we run in.
-        base_python = getattr(sys, "_base_executable", base_python) if python is None else python
-        step(f"{name}: creating the virtual environment")
-        _run_logged([base_python, "-m", "venv", str(d)], log_path, "creating the virtual environment", env=env)
-
-        req_path = d / "requirements.lock.in"
-        req_path.write_text(spec.requirements_text(variant))
-
-        def on_line(line: str) -> None:
-            if on_event and line.startswith(("Collecting", "Installing", "Downloading", "Processing", "Building")):
-                on_event({"event": "progress", "task": "setup", "completed": step.n - 1, "total": n_steps,
-                          "description": f"{name}: {line[:70]}"})
-
-        step(f"{name}: installing pinned requirements ({variant})")
-        _run_logged(
-            [str(py), "-m", "pip", "install", "--progress-bar", "off", *_pip_args(), "-r", str(req_path)],
-            log_path,
-            f"installing the {name} requirements",
-            on_line=on_line,
-            env=env,
-        )
-        if spec.no_deps:
-            step(f"{name}: installing {', '.join(spec.no_deps)} (no dependencies)")
-            _run_logged([str(py), "-m", "pip", "install", "--progress-bar", "off", "--no-deps", *_pip_args(), *spec.no_deps],
-                        log_path, f"installing {', '.join(spec.no_deps)}", env=env)
+        try:
+            inst, freeze, probe = _build(name, spec, variant, python, step, env, None)
+        except BackendError as e:
+            if not isinstance(e, _UvFailed):
+                raise
+            # uv failed where pip may not (an index uv reads differently, a build it cannot do): pip, from scratch.
+            step.log(f"{name}: uv failed ({e.message}); building it again with pip", "warning")
+            step.n = 0
+            inst, freeze, probe = _build(name, spec, variant, python, step, env, installer.Installer("pip", why_pip="uv failed"))
         removals = spec.remove_after.get(variant, ())
-        if removals:
-            step(f"{name}: removing {', '.join(removals)}")
-            _run_logged([str(py), "-m", "pip", "uninstall", "-y", *removals], log_path, "removing packages", env=env)
-        step(f"{name}: installing infertool")
-        _install_infertool(py, log_path, env)
-        step(f"{name}: recording pip freeze")
-        freeze = _freeze(py, env)
-        (d / FREEZE).write_text(freeze)
-        step(f"{name}: checking imports")
-        probe = probe_env(name, spec.check_modules, log_path=log_path)
-        bad = {m: r["error"] for m, r in probe.get("modules", {}).items() if not r.get("ok")}
-        if bad:
-            raise BackendError(
-                f"the {name} environment was installed but does not import: "
-                + "; ".join(f"{m}: {e}" for m, e in bad.items()),
-                hint=f"see the setup log; `infertool env setup {name} --force` rebuilds it",
-                log_path=str(log_path),
-            )
         step(f"{name}: writing the marker")
         marker = {
             "name": name,
@@ -269,6 +261,7 @@ def setup_env(
             "no_deps": list(spec.no_deps),
             "removed": list(removals),
             "pip_args": _pip_args(),
+            "installer": inst.describe(),
             "python": str(py),
             "python_version": probe.get("python"),
             "infertool": infertool_source(),
@@ -282,6 +275,108 @@ def setup_env(
         return state(name), "created"
 
 
+def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env: dict,
+           inst: installer.Installer | None) -> tuple[installer.Installer, str, dict]:
+    """Build the environment from nothing (a leftover is wiped first); the marker is the caller's."""
+    d, py = env_dir(name), env_python(name)
+    log_path = d / SETUP_LOG
+    if d.exists() or d.is_symlink():
+        remove_in_home(d)
+    d.mkdir(parents=True)
+    if spec.custom_requirements is not None:
+        (d / CUSTOM_REQS).write_text(spec.custom_requirements)
+    # A venv's interpreter: use the base interpreter, not the (possibly) venv one we run in.
+    base_python = getattr(sys, "_base_executable", sys.executable) if python is None else python
+    step(f"{name}: creating the virtual environment")
+    _run_logged([base_python, "-m", "venv", str(d)], log_path, "creating the virtual environment", env=env)
+
+    step(f"{name}: choosing the installer")
+    inst = inst or installer.choose(py, env, _pip_args())
+    step.log(f"{name}: installing with {inst.describe()}" + (f" ({inst.why_pip})" if inst.why_pip else ""))
+    run_env = installer.uv_environment(env, inst) if inst.kind == "uv" else env
+
+    req_path = d / "requirements.lock.in"
+    req_path.write_text(spec.requirements_text(variant))
+
+    def on_line(line: str) -> None:
+        if line.startswith(_PROGRESS_LINES):
+            step.detail(f"{name}: {line.strip()[:70]}")
+
+    step(f"{name}: installing pinned requirements ({variant}, {inst.describe()})")
+    _run_logged(installer.install_cmd(inst, py, "-r", str(req_path), pip_args=_pip_args()), log_path,
+                f"installing the {name} requirements", on_line=on_line, env=run_env, inst=inst)
+    if spec.no_deps:
+        step(f"{name}: installing {', '.join(spec.no_deps)} (no dependencies)")
+        _run_logged(installer.install_cmd(inst, py, "--no-deps", *spec.no_deps, pip_args=_pip_args()),
+                    log_path, f"installing {', '.join(spec.no_deps)}", env=run_env, inst=inst)
+    removals = spec.remove_after.get(variant, ())
+    if removals:
+        step(f"{name}: removing {', '.join(removals)}")
+        _run_logged([str(py), "-m", "pip", "uninstall", "-y", *removals], log_path, "removing packages", env=env)
+    step(f"{name}: installing infertool")
+    _install_infertool(inst, py, log_path, run_env)
+    step(f"{name}: recording pip freeze")
+    freeze = _freeze(py, env)
+    (d / FREEZE).write_text(freeze)
+    step(f"{name}: checking imports")
+    probe = probe_env(name, spec.check_modules, log_path=log_path)
+    bad = {m: r["error"] for m, r in probe.get("modules", {}).items() if not r.get("ok")}
+    if bad:
+        raise BackendError(
+            f"the {name} environment was installed but does not import: "
+            + "; ".join(f"{m}: {e}" for m, e in bad.items()),
+            hint=f"see the setup log; `infertool env setup {name} --force` rebuilds it",
+            log_path=str(log_path),
+        )
+    return inst, freeze, probe
+
+
+def default_jobs(n_envs: int) -> int:
+    """How many environments to build at once: one per core, at most one per environment. The installs are
+    mostly unpacking and linking files (uv does that on all cores itself), so two at a time overlap one's
+    Python-bound steps (venv, the import check) with the other's disk work."""
+    return max(1, min(n_envs, os.cpu_count() or 1))
+
+
+def setup_envs(
+    names: list[str], *, jobs: int | None = None, on_event: EventCallback | None = None, **kwargs
+) -> list[tuple[str, tuple[EnvState, str] | InfertoolError]]:
+    """Set up several environments, ``jobs`` at a time. Every one runs to its end even when another fails;
+    the result per name is (state, action) or the error it ended with (that env stays not ready)."""
+    for name in names:  # every name is checked before anything is built
+        get_spec(name, kwargs.get("requirements_file"))
+    jobs = max(1, jobs or default_jobs(len(names)))
+    lock = threading.Lock()
+
+    def emit(event: dict) -> None:
+        if on_event:
+            with lock:
+                on_event(event)
+
+    def one(name: str) -> tuple[EnvState, str] | InfertoolError:
+        try:
+            return setup_env(name, on_event=emit, **kwargs)
+        except InfertoolError as e:
+            emit({"event": "log", "level": "error", "message": f"{name}: {e.message}"})
+            return e
+
+    if jobs == 1 or len(names) == 1:
+        return [(n, one(n)) for n in names]
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=jobs, thread_name_prefix="env-setup")
+    try:
+        futures = [(n, pool.submit(one, n)) for n in names]
+        return [(n, f.result()) for n, f in futures]
+    except BaseException:  # Ctrl-C: stop every installer, then let the threads finish their cleanup
+        with _RUNNING_LOCK:
+            for proc in list(_RUNNING):
+                proc.terminate()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
 def _write_marker(d: Path, marker: dict) -> None:
     tmp = d / (MARKER + ".tmp")
     tmp.write_text(json.dumps(marker, indent=2) + "\n")
@@ -289,16 +384,15 @@ def _write_marker(d: Path, marker: dict) -> None:
 
 
 def remove_env(name: str) -> bool:
-    d = env_dir(name)
-    if not d.exists():
+    d = env_dir(known_env(name))
+    if not (d.exists() or d.is_symlink()):
         return False
     with _lock(name):
-        # Drop the marker first: a removal interrupted half-way leaves an 'incomplete' env, never a 'ready' one.
-        try:
-            (d / MARKER).unlink()
-        except FileNotFoundError:
-            pass
-        shutil.rmtree(d)
+        # A link in place of the env folder: the link goes, never what it points to.
+        if not d.is_symlink():
+            # Drop the marker first: a removal interrupted half-way leaves an 'incomplete' env, never a 'ready' one.
+            remove_in_home(d / MARKER)
+        remove_in_home(d)
     return True
 
 
