@@ -334,3 +334,11 @@ def test_side_by_side_setup_one_failure_leaves_the_others_ready(tmp_home, tmp_pa
     r = run_cli("env", "setup", "good", "bad", env={"INFERTOOL_INSTALLER": "pip"})
     assert r.returncode == 3 and "Traceback" not in r.stderr and "bad" in r.stderr
     assert env_state.state("good").status == "ready"
+
+
+def test_setup_log_never_holds_an_index_password(tmp_path):
+    log = tmp_path / "setup.log"
+    manage._run_logged([sys.executable, "-c", "pass", "--extra-index-url", "https://me:s3cret@mirror.example/simple"],
+                       log, "nothing")
+    text = log.read_text()
+    assert "s3cret" not in text and "https://***@mirror.example/simple" in text

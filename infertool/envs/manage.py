@@ -11,6 +11,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -80,6 +81,9 @@ def _pip_args() -> list[str]:
     return shlex.split(os.environ.get("INFERTOOL_PIP_ARGS", ""))
 
 
+# user:password@ in an index URL (pip's configuration, translated into uv's flags)
+_CREDENTIALS = re.compile(r"(\w+://)[^/@\s]+@")
+
 # The installers running now (builds run side by side in threads): stopped together on an interruption.
 _RUNNING: set[subprocess.Popen] = set()
 _RUNNING_LOCK = threading.Lock()
@@ -125,7 +129,8 @@ class _Step:
 def _run_logged(cmd: list[str], log_path: Path, what: str, *, on_line: Callable[[str], None] | None = None,
                 env: dict | None = None, inst: installer.Installer | None = None) -> None:
     with open(log_path, "a", encoding="utf-8") as log:
-        log.write(f"\n$ {shlex.join(cmd)}\n")
+        shown = _CREDENTIALS.sub(r"\1***@", shlex.join(cmd))  # an index URL's user:token stays out of the log
+        log.write(f"\n$ {shown}\n")
         log.flush()
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, errors="replace")
         with _RUNNING_LOCK:
@@ -357,7 +362,8 @@ def setup_envs(
         try:
             return setup_env(name, on_event=emit, **kwargs)
         except InfertoolError as e:
-            emit({"event": "log", "level": "error", "message": f"{name}: {e.message}"})
+            if len(names) > 1:  # said at once, while the others go on (the command repeats it at the end)
+                emit({"event": "log", "level": "error", "message": f"{name}: {e.message}"})
             return e
 
     if jobs == 1 or len(names) == 1:
