@@ -330,6 +330,9 @@ def test_side_by_side_setup_one_failure_leaves_the_others_ready(tmp_home, tmp_pa
     assert outcomes["good"][0].status == "ready"
     assert isinstance(outcomes["bad"], manage.BackendError) and "bad" in outcomes["bad"].message
     assert env_state.state("bad").status == "incomplete"
+    if installer.find_uv() is not None:  # uv failed first, then pip did: both attempts are in the one log
+        log = (env_dir("bad") / "setup.log").read_text()
+        assert "building again with pip" in log and "pip install" in log
     assert {e["task"] for e in events if e["event"] == "progress"} == {"setup good", "setup bad"}
     r = run_cli("env", "setup", "good", "bad", env={"INFERTOOL_INSTALLER": "pip"})
     assert r.returncode == 3 and "Traceback" not in r.stderr and "bad" in r.stderr

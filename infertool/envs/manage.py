@@ -254,7 +254,9 @@ def setup_env(
             # uv failed where pip may not (an index uv reads differently, a build it cannot do): pip, from scratch.
             step.log(f"{name}: uv failed ({e.message}); building it again with pip", "warning")
             step.n = 0
-            inst, freeze, probe = _build(name, spec, variant, python, step, env, installer.Installer("pip", why_pip="uv failed"))
+            uv_log = (d / SETUP_LOG).read_text(encoding="utf-8", errors="replace") if (d / SETUP_LOG).is_file() else ""
+            inst, freeze, probe = _build(name, spec, variant, python, step, env,
+                                         installer.Installer("pip", why_pip="uv failed"), earlier_log=uv_log)
         removals = spec.remove_after.get(variant, ())
         step(f"{name}: writing the marker")
         marker = {
@@ -281,13 +283,16 @@ def setup_env(
 
 
 def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env: dict,
-           inst: installer.Installer | None) -> tuple[installer.Installer, str, dict]:
-    """Build the environment from nothing (a leftover is wiped first); the marker is the caller's."""
+           inst: installer.Installer | None, earlier_log: str = "") -> tuple[installer.Installer, str, dict]:
+    """Build the environment from nothing (a leftover is wiped first); the marker is the caller's.
+    ``earlier_log``: the log of the attempt this one replaces, kept at the top of the new log."""
     d, py = env_dir(name), env_python(name)
     log_path = d / SETUP_LOG
     if d.exists() or d.is_symlink():
         remove_in_home(d)
     d.mkdir(parents=True)
+    if earlier_log:
+        log_path.write_text(earlier_log + "\n# --- the attempt above failed; building again with pip ---\n")
     if spec.custom_requirements is not None:
         (d / CUSTOM_REQS).write_text(spec.custom_requirements)
     # A venv's interpreter: use the base interpreter, not the (possibly) venv one we run in.
