@@ -312,3 +312,55 @@ def test_remote_code_is_said_once_and_passed_to_the_workers():
                  and (n.func.attr == "from_pretrained" or ast.unparse(n.func) == "GPTQModel.load")]
         assert loads and all(any(k.arg == "trust_remote_code" for k in c.keywords) for c in loads), \
             (rel, [ast.unparse(c) for c in loads])
+
+
+_PROBE = '''
+import os
+open(os.environ["PROBE_MARKER"], "w").write("remote code ran")
+import torch
+from transformers import PretrainedConfig, PreTrainedModel
+
+
+class ProbeConfig(PretrainedConfig):
+    model_type = "infertool-probe"
+
+
+class ProbeModel(PreTrainedModel):
+    config_class = ProbeConfig
+
+    def __init__(self, config):
+        super().__init__(config)
+        self.lin = torch.nn.Linear(2, 2)
+'''
+
+_LOAD = '''
+import sys
+sys.path.insert(0, sys.argv[1])
+from infertool.evaluate.hf_engine import _load_model
+try:
+    _load_model(sys.argv[2], None, sys.argv[3] == "1")
+except Exception as e:
+    print(type(e).__name__, str(e)[:300])
+'''
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trust", [False, True])
+def test_hf_engine_runs_a_models_own_code_only_when_trusted(tmp_path, quant_python, trust):
+    """A model directory whose config maps to its own Python file (which writes a marker when imported), loaded
+    by the hf engine's loader in the quant environment: the file runs only with trust_remote_code."""
+    model = tmp_path / "probe-model"
+    model.mkdir()
+    (model / "probe.py").write_text(_PROBE)
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "infertool-probe", "architectures": ["ProbeModel"],
+        "auto_map": {"AutoConfig": "probe.ProbeConfig", "AutoModelForCausalLM": "probe.ProbeModel"}}))
+    marker = tmp_path / "marker"
+    env = {**os.environ, "PROBE_MARKER": str(marker), "HF_MODULES_CACHE": str(tmp_path / "hf-modules"),
+           "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([str(quant_python), "-c", _LOAD, str(Path(__file__).resolve().parents[1]), str(model),
+                        "1" if trust else "0"], capture_output=True, text=True, env=env, timeout=300,
+                       stdin=subprocess.DEVNULL)
+    assert marker.exists() is trust, r.stdout + r.stderr
+    if not trust:
+        assert "trust_remote_code" in r.stdout, r.stdout + r.stderr
