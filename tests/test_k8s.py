@@ -65,6 +65,12 @@ def test_single_gpu_fp8_kv_and_names():
                                          "bundled:smollm2-135m", name="smollm2-135m")) == "/models/smollm2-135m"
 
 
+def test_trust_remote_code_reaches_the_pod_only_from_the_recipe():
+    args = lambda docs: docs[0]["spec"]["template"]["spec"]["containers"][0]["args"]  # noqa: E731
+    assert "--trust-remote-code" not in args(_docs("llama3.1-8b-128k-fp8kv")[2])
+    assert "--trust-remote-code" in args(_docs("llama3.1-8b-128k-fp8kv", ["model.trust_remote_code=true"])[2])
+
+
 def test_k8s_serves_the_quantized_model_for_its_target():
     """`--emit k8s` serves what `infertool serve` serves (the candidate, as the cluster sees it), with the
     target's flags: no CPU variables on a GPU recipe, whatever host emits it."""

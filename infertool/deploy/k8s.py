@@ -69,7 +69,8 @@ def manifests(res, *, image: str | None = None, namespace: str | None = None,
     name = k8s_name(recipe.name)
     in_pod = container_model_path(res.served)
     pod_serve = serve.model_copy(update={"host": "0.0.0.0", "api_key_env": None})
-    launch = build_launch(pod_serve, in_pod, "python3", environ={}, cpu=cpu, default_name=res.served.name)
+    launch = build_launch(pod_serve, in_pod, "python3", environ={}, cpu=cpu, default_name=res.served.name,
+                          trust_remote_code=res.recipe.model.trust_remote_code)
     argv = ["python3", *launch.argv[1:]]
     gpus = 0 if cpu else serve.tensor_parallel_size * serve.pipeline_parallel_size
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "infertool"}
