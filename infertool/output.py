@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import sys
 import unicodedata
@@ -38,10 +39,13 @@ err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
 def to_jsonable(obj: Any) -> Any:
+    """Plain JSON data; a float that is not finite (inf, nan: JSON has neither) becomes None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
     if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
         return {k: to_jsonable(v) for k, v in dataclasses.asdict(obj).items()}
     if hasattr(obj, "model_dump"):
-        return obj.model_dump(mode="json")
+        return to_jsonable(obj.model_dump(mode="json"))
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple, set)):
@@ -53,7 +57,7 @@ def to_jsonable(obj: Any) -> Any:
 
 def print_json(data: Any) -> None:
     """Machine output: one JSON document on stdout."""
-    sys.stdout.write(json.dumps(to_jsonable(data), indent=2, sort_keys=False) + "\n")
+    sys.stdout.write(json.dumps(to_jsonable(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
     sys.stdout.flush()
 
 

@@ -143,7 +143,7 @@ MAX_TOKENS = 10_000_000  # context and prompt lengths: 10M tokens is beyond ever
 MAX_PARALLEL = 1024  # tensor / pipeline parallel degree
 MAX_KV_GIB = 65536  # 64 TiB of KV cache or swap space
 MAX_SEQS = 65536  # sequences in flight, batch sizes, concurrency
-MAX_REQUESTS = 1_000_000  # requests per bench level (each is built up front)
+MAX_REQUESTS = 1_000_000  # requests per bench level (made as they are sent, not up front)
 MAX_SECONDS = 30 * 24 * 3600.0  # 30 days
 MAX_SEED = 2**32 - 1  # numpy and torch seeds
 MAX_LIST = 64  # entries of a sweep (batch sizes, concurrency levels, grid values)
@@ -713,6 +713,8 @@ class BenchSection(BaseModel):
     # false for servers that reject unknown request fields
     ignore_eos: bool = True
     scrape_interval_s: _float(0.01, 3600) = 0.5  # how often the server's /metrics is sampled
+    # load-generator processes: auto (by concurrency and cores; infertool.bench.loadgen) or a count
+    client_processes: Literal["auto"] | _int(1, 256) = "auto"
 
 
 # --------------------------------------------------------------------------------------------

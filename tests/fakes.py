@@ -75,3 +75,221 @@ def layout_model(d: Path, key: str, *, shards: int = 4, **config_extra) -> Path:
         weight_map.update({n: fname for n in part})
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return d
+
+
+# ------------------------------------------------------------------------------------------ a fake OpenAI server
+# A cheap OpenAI-compatible streaming server for the load generator's tests and benchmarks/loadgen_vs_vllm.py:
+# raw asyncio (no framework), in its own process, so that it is never the limit of what it measures. Like an
+# inference engine it steps: every ``itl_ms`` one tick writes one token to every running stream (``itl_ms=0``:
+# the whole answer at once). It reports what it really did at GET /stats: the spacing of its ticks and the
+# time from a request's arrival to its first token (the true ITL and TTFT a client should measure).
+
+_COMPLETION_CHUNK = ('{"id":"cmpl-0","object":"text_completion","created":0,"model":"m","choices":[{"index":0,'
+                     '"text":" tok","logprobs":null,"finish_reason":null,"stop_reason":null}]}')
+_CHAT_FIRST = ('{"id":"chat-0","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,'
+               '"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}')
+_CHAT_CHUNK = ('{"id":"chat-0","object":"chat.completion.chunk","created":0,"model":"m","choices":[{"index":0,'
+               '"delta":{"content":" tok"},"logprobs":null,"finish_reason":null}]}')
+FAKE_BEHAVIOURS = ("ok", "fail", "trickle", "bad_usage", "inf_metrics")
+
+
+def _http_chunk(payload: bytes) -> bytes:
+    return b"%x\r\n%s\r\n" % (len(payload), payload)
+
+
+def _sse(obj: str | bytes) -> bytes:
+    data = obj.encode() if isinstance(obj, str) else obj
+    return _http_chunk(b"data: " + data + b"\n\n")
+
+
+def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
+    """The server process: binds a free port, sends it through ``conn``, serves until killed."""
+    import asyncio
+    import json as _json
+    import time as _time
+
+    head_ok = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n"
+               b"Connection: keep-alive\r\n\r\n")
+    token = {"completions": _sse(_COMPLETION_CHUNK), "chat": _sse(_CHAT_CHUNK)}
+    ticks: list[float] = []  # gaps between consecutive ticks that both wrote tokens (the true ITL)
+    ttfts: list[float] = []
+    running: list = []  # [protocol, tokens left, arrival time, endpoint]
+    served = [0]
+    prompts: list[str] = []  # the prompts received (for checks that every request was sent once)
+
+    def simple(status: str, body: bytes, ctype: str = "application/json") -> bytes:
+        return (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
+
+    def tail(endpoint: str, n: int, prompt_tokens: int) -> bytes:
+        completion = '"abc"' if behaviour == "bad_usage" else str(n)
+        usage = ('{"id":"x","object":"text_completion","created":0,"model":"m","choices":[],"usage":'
+                 f'{{"prompt_tokens":{prompt_tokens},"total_tokens":{prompt_tokens + n},"completion_tokens":{completion}}}}}')
+        return _sse(usage) + _sse("[DONE]") + b"0\r\n\r\n"
+
+    class Proto(asyncio.Protocol):
+        def connection_made(self, transport):
+            self.t = transport
+            self.buf = b""
+
+        def data_received(self, data):
+            self.buf += data
+            while True:
+                end = self.buf.find(b"\r\n\r\n")
+                if end < 0:
+                    return
+                head = self.buf[:end].decode("latin-1")
+                length = 0
+                for line in head.split("\r\n")[1:]:
+                    k, _, v = line.partition(":")
+                    if k.strip().lower() == "content-length":
+                        length = int(v)
+                if len(self.buf) < end + 4 + length:
+                    return
+                body = self.buf[end + 4:end + 4 + length]
+                self.buf = self.buf[end + 4 + length:]
+                method, path = head.split(" ", 2)[:2]
+                self.handle(method, path, body)
+
+        def handle(self, method: str, path: str, body: bytes) -> None:
+            now = _time.perf_counter()
+            if path.endswith("/models"):
+                self.t.write(simple("200 OK", b'{"object":"list","data":[{"id":"m","object":"model"}]}'))
+            elif path.endswith("/tokenize"):
+                prompt = _json.loads(body).get("prompt", "")
+                self.t.write(simple("200 OK", _json.dumps({"count": max(1, len(prompt) // 4)}).encode()))
+            elif path.endswith("/metrics"):
+                text = b"vllm:kv_cache_usage_perc 1e999\nvllm:num_requests_running 1\n" if behaviour == "inf_metrics" \
+                    else b"vllm:num_requests_running %d\nvllm:num_requests_waiting 0\n" % len(running)
+                self.t.write(simple("200 OK", text, "text/plain"))
+            elif path.endswith("/stats"):
+                gaps = sorted(ticks)
+                tt = sorted(ttfts)
+                stats = {"itl_ms": (gaps[len(gaps) // 2] * 1000) if gaps else 0.0,
+                         "itl_mean_ms": (sum(gaps) / len(gaps) * 1000) if gaps else 0.0,
+                         "ttft_ms": (tt[len(tt) // 2] * 1000) if tt else None, "requests": served[0],
+                         "ticks": len(ticks), "prompts": prompts[:100_000]}
+                self.t.write(simple("200 OK", _json.dumps(stats).encode()))
+            elif path.endswith("/stats/reset"):
+                ticks.clear(), ttfts.clear(), prompts.clear()
+                served[0] = 0
+                self.t.write(simple("200 OK", b"{}"))
+            elif method == "POST" and path.endswith("completions"):
+                req = _json.loads(body)
+                endpoint = "chat" if path.endswith("chat/completions") else "completions"
+                served[0] += 1
+                if behaviour == "fail":
+                    self.t.write(simple("500 Internal Server Error", b'{"error":{"message":"boom"}}'))
+                    return
+                n = int(req.get("max_tokens") or 16)
+                prompt = req.get("prompt") or str(req.get("messages"))
+                prompts.append(prompt)
+                ptoks = max(1, len(prompt) // 4)
+                first = head_ok + (_sse(_CHAT_FIRST) if endpoint == "chat" else b"")
+                if behaviour == "trickle":  # a chunk a second, for ever (until the client gives up)
+                    self.t.write(first)
+                    running.append([self, 10 ** 9, now, endpoint, ptoks, 1.0, n])
+                elif itl_ms <= 0:
+                    self.t.write(first + token[endpoint] * n + tail(endpoint, n, ptoks))
+                    ttfts.append(_time.perf_counter() - now)
+                else:
+                    self.t.write(first)
+                    running.append([self, n, now, endpoint, ptoks, None, n])
+            else:
+                self.t.write(simple("404 Not Found", b'{"error":"not found"}'))
+
+        def connection_lost(self, exc):
+            self.t = None
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        server = await loop.create_server(Proto, host, 0, backlog=4096)
+        conn.send(server.sockets[0].getsockname()[1])
+        step = (itl_ms / 1000) if itl_ms > 0 else 0.002
+        last_trickle = [0.0]
+        busy_tick = [None]  # the last tick that wrote a token
+
+        def tick(when: float) -> None:
+            now = _time.perf_counter()
+            if running and behaviour != "trickle":
+                if busy_tick[0] is not None:
+                    ticks.append(now - busy_tick[0])
+                    if len(ticks) > 200_000:
+                        del ticks[:100_000]
+                busy_tick[0] = now
+            else:
+                busy_tick[0] = None
+            slow = now - last_trickle[0] >= 1.0
+            if slow:
+                last_trickle[0] = now
+            keep = []
+            for r in running:
+                proto, left, arrived, endpoint, ptoks, trickle, n = r
+                if proto.t is None:
+                    continue
+                if trickle is not None and not slow:
+                    keep.append(r)
+                    continue
+                if left == n:
+                    ttfts.append(now - arrived)
+                left -= 1
+                if left <= 0:
+                    proto.t.write(token[endpoint] + tail(endpoint, n, ptoks))
+                else:
+                    proto.t.write(token[endpoint])
+                    r[1] = left
+                    keep.append(r)
+            running[:] = keep
+            nxt = max(when + step, loop.time())
+            loop.call_at(nxt, tick, nxt)
+
+        if itl_ms > 0 or behaviour == "trickle":
+            loop.call_soon(tick, loop.time())
+        await asyncio.Event().wait()
+
+    asyncio.run(main())
+
+
+class FakeOpenAI:
+    """``with FakeOpenAI(itl_ms=2) as srv: srv.url`` -> http://127.0.0.1:PORT/v1; ``srv.stats()``: what the
+    server really did. ``behaviour``: one of FAKE_BEHAVIOURS (fail: HTTP 500 to every completion; trickle: one
+    token a second; bad_usage: ``completion_tokens`` is not a number; inf_metrics: /metrics says 1e999)."""
+
+    def __init__(self, itl_ms: float = 2.0, behaviour: str = "ok", host: str = "127.0.0.1"):
+        assert behaviour in FAKE_BEHAVIOURS, behaviour
+        self.itl_ms, self.behaviour, self.host = itl_ms, behaviour, host
+        self.proc = None
+        self.url = ""
+
+    def __enter__(self) -> "FakeOpenAI":
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        parent, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_fake_server_main, args=(child, self.itl_ms, self.behaviour, self.host),
+                                daemon=True)
+        self.proc.start()
+        for _ in range(1200):  # until it sends its port or dies (bounded: 120 s)
+            if parent.poll(0.1) or not self.proc.is_alive():
+                break
+        if not parent.poll(0):
+            self.proc.kill()
+            raise RuntimeError("the fake OpenAI server did not start")
+        self.url = f"http://{self.host}:{parent.recv()}/v1"
+        return self
+
+    def _get(self, path: str) -> dict:
+        import urllib.request
+
+        with urllib.request.urlopen(self.url.removesuffix("/v1") + path, timeout=30) as r:
+            return json.loads(r.read())
+
+    def stats(self) -> dict:
+        return self._get("/stats")
+
+    def reset(self) -> None:
+        self._get("/stats/reset")
+
+    def __exit__(self, *exc) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.join(10)

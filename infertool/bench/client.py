@@ -1,12 +1,15 @@
 """One streamed request to an OpenAI-compatible server, timed: TTFT, every inter-chunk gap, E2E.
 
-Uses httpx directly (one connection pool, no retries) so the timing is ours and comparable with
-vLLM's ``bench serve``. Every failure becomes a RequestResult with ``ok=False`` and a short error;
-nothing here raises for a bad response.
+The load generator speaks HTTP/1.1 itself (``Pool``: asyncio protocols, keep-alive, a byte scan of each
+SSE chunk) so that it costs little CPU per streamed token and timestamps each chunk when it arrives: the
+timing is the server's, not the client's queueing. Every failure becomes a RequestResult with
+``ok=False`` and a short error; nothing here raises for a bad response. The few control calls (model
+list, /tokenize) use httpx.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -61,70 +64,438 @@ def request_body(target: Target, prompt: str, max_tokens: int, stream: bool = Tr
 
 def _chunk_text(chunk: dict, endpoint: str) -> str:
     choices = chunk.get("choices") or []
-    if not choices:
+    if not choices or not isinstance(choices[0], dict):
         return ""
     c = choices[0]
     if endpoint == "chat":
         delta = c.get("delta") or {}
-        return (delta.get("content") or "") + (delta.get("reasoning_content") or "")
-    return c.get("text") or ""
+        if not isinstance(delta, dict):
+            return ""
+        return str(delta.get("content") or "") + str(delta.get("reasoning_content") or "")
+    return str(c.get("text") or "")
 
 
-async def send(client, target: Target, prompt: str, max_tokens: int, t0: float,
-               timeout_s: float = 600.0) -> RequestResult:
-    """Send one streamed request; ``t0`` is the run's start (monotonic) for ``start``."""
-    url = f"{target.base_url}/{'chat/completions' if target.endpoint == 'chat' else 'completions'}"
-    body = request_body(target, prompt, max_tokens)
-    start = time.perf_counter()
-    result = RequestResult(ok=False, start=time.monotonic() - t0)
-    last = start
-    chunks = 0
-    usage: dict | None = None
-    try:
-        async with client.stream("POST", url, json=body, headers=target.headers(), timeout=timeout_s) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread()).decode("utf-8", "replace")
-                result.error = f"HTTP {resp.status_code}: {_short(text)}"
-                result.e2e = time.perf_counter() - start
-                return result
-            async for line in resp.aiter_lines():
-                if not line.startswith("data:"):
-                    continue
-                data = line[5:].strip()
-                if data == "[DONE]":
+# ------------------------------------------------------------------------------------------ the wire
+# A minimal HTTP/1.1 client on asyncio's Protocol API: the bytes of a response are parsed in
+# data_received (no task switch per chunk), every SSE event is timestamped with the arrival of the read
+# that carried it, and a chunk is JSON-parsed only when a byte scan cannot tell whether it carries text
+# (usage, errors and unusual layouts are parsed). Keep-alive connections are pooled per server.
+READ_TIMEOUT_S = 300.0  # no byte for this long: the request fails (a total deadline applies as well)
+CONNECT_TIMEOUT_S = 30.0
+_ERR_BODY_MAX = 4096
+_HEAD, _BODY_CHUNK_SIZE, _BODY_CHUNK_DATA, _BODY_LENGTH, _BODY_CLOSE, _TRAILER, _DONE = range(7)
+
+
+def _field(payload: bytes, key: bytes) -> int:
+    """What the JSON ``key`` (with quotes) holds in ``payload``, by a byte scan: -1 absent, 0 null or an
+    empty string, 1 a non-empty string, 2 something else (parse to know)."""
+    i = payload.find(key)
+    while i >= 0:
+        j = i + len(key)
+        c = payload[j:j + 1]
+        if c == b":":  # the usual compact layout
+            c = payload[j + 1:j + 2]
+            if c == b'"':
+                return 0 if payload[j + 2:j + 3] == b'"' else 1
+            if c == b"n":
+                return 0 if payload.startswith(b"null", j + 1) else 2
+            if c not in b" \t":
+                return 2
+        rest = payload[j:].lstrip(b" \t")  # spaces around the colon
+        if rest[:1] == b":":
+            rest = rest[1:].lstrip(b" \t")
+            if rest[:1] == b'"':
+                return 0 if rest[1:2] == b'"' else 1
+            return 0 if rest.startswith(b"null") else 2
+        i = payload.find(key, i + 1)
+    return -1
+
+
+class _Conn(asyncio.Protocol):
+    """One keep-alive connection; parses the response of the exchange in flight as bytes arrive."""
+
+    def __init__(self) -> None:
+        self.transport = None
+        self.closed = False
+        self.ex: "_Exchange | None" = None
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        ex = self.ex
+        if ex is None:  # bytes nobody asked for: this connection cannot be trusted again
+            self.closed = True
+            self.transport.close()
+            return
+        ex.feed(data, time.perf_counter())
+
+    def connection_lost(self, exc) -> None:
+        self.closed = True
+        if self.ex is not None:
+            self.ex.eof(exc)
+
+
+class _Exchange:
+    """One request's response: HTTP framing (content-length, chunked or until close), then SSE events."""
+
+    __slots__ = ("fut", "endpoint", "state", "buf", "status", "keep_alive", "need", "sse", "cr", "rx", "last_rx",
+                 "err_body", "ttft_at", "times", "usage", "error", "done_marker", "started", "body_seen")
+
+    def __init__(self, fut: asyncio.Future, endpoint: str, started: float) -> None:
+        self.fut, self.endpoint, self.started = fut, endpoint, started
+        self.state = _HEAD
+        self.buf = b""
+        self.status = 0
+        self.keep_alive = True
+        self.need = 0
+        self.sse = b""
+        self.cr = False
+        self.rx = 0  # bytes received
+        self.last_rx = started
+        self.err_body = b""
+        self.times: list[float] = []  # arrival of every chunk that carried text
+        self.usage = None
+        self.error: str | None = None
+        self.done_marker = False
+        self.body_seen = False
+
+    # ---- framing
+    def feed(self, data: bytes, now: float) -> None:
+        self.rx += len(data)
+        self.last_rx = now
+        # the usual read of a stream: exactly one HTTP chunk holding one one-line SSE event
+        if self.state == _BODY_CHUNK_SIZE and not self.buf and not self.sse and not self.cr and self.status == 200:
+            i = data.find(b"\r\n", 0, 10)
+            if i > 0 and data.endswith(b"\n\n\r\n") and data.startswith(b"data:", i + 2) \
+                    and data.find(b"\n", i + 2) == len(data) - 4 and b"\r" not in data[i + 2:-2]:
+                try:
+                    size = int(data[:i], 16)
+                except ValueError:
+                    size = -1
+                if size == len(data) - i - 4:
+                    self._data(data[i + 7:-4].strip(), now)
+                    return
+        buf = self.buf + data if self.buf else data
+        while True:
+            st = self.state
+            if st == _BODY_CHUNK_DATA:
+                need = self.need
+                if len(buf) < need + 2:
+                    break
+                self._body(buf[:need], now)
+                buf = buf[need + 2:]
+                self.state = _BODY_CHUNK_SIZE
+            elif st == _BODY_CHUNK_SIZE:
+                i = buf.find(b"\r\n")
+                if i < 0:
                     break
                 try:
-                    chunk = json.loads(data)
+                    size = int(buf[:i].split(b";", 1)[0], 16)
                 except ValueError:
-                    continue
-                if "error" in chunk and not chunk.get("choices"):
-                    result.error = f"stream error: {_short(json.dumps(chunk['error']))}"
-                    result.e2e = time.perf_counter() - start
-                    return result
-                if chunk.get("usage"):
-                    usage = chunk["usage"]
-                if _chunk_text(chunk, target.endpoint):
+                    return self._fail("bad response: malformed chunked encoding")
+                buf = buf[i + 2:]
+                if size == 0:
+                    self.state = _TRAILER
+                else:
+                    self.need, self.state = size, _BODY_CHUNK_DATA
+            elif st == _BODY_LENGTH:
+                take = buf[:self.need]
+                self.need -= len(take)
+                buf = buf[len(take):]
+                if take:
+                    self._body(take, now)
+                if self.need <= 0:
+                    return self._finish(now)
+                break
+            elif st == _BODY_CLOSE:
+                if buf:
+                    self._body(buf, now)
+                buf = b""
+                break
+            elif st == _TRAILER:
+                if buf.startswith(b"\r\n"):
+                    return self._finish(now)
+                i = buf.find(b"\r\n\r\n")
+                if i < 0:
+                    break
+                return self._finish(now)
+            elif st == _HEAD:
+                i = buf.find(b"\r\n\r\n")
+                if i < 0:
+                    if len(buf) > 65536:
+                        return self._fail("bad response: no end of the HTTP header")
+                    break
+                if not self._head(buf[:i]):
+                    return
+                buf = buf[i + 4:]
+                if self.state == _DONE:
+                    return self._finish(now)
+            else:  # _DONE
+                break
+        self.buf = buf
+
+    def _head(self, raw: bytes) -> bool:
+        lines = raw.decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ", 2)
+        try:
+            self.status = int(parts[1])
+        except (IndexError, ValueError):
+            self._fail(f"bad response: {_short(lines[0])}")
+            return False
+        if self.status in (100, 103):  # interim answers: the real one follows
+            return True
+        chunked, length, conn = False, None, ""
+        for line in lines[1:]:
+            k, _, v = line.partition(":")
+            k = k.strip().lower()
+            if k == "transfer-encoding" and "chunked" in v.lower():
+                chunked = True
+            elif k == "content-length":
+                try:
+                    length = int(v.strip())
+                except ValueError:
+                    self._fail("bad response: malformed Content-Length")
+                    return False
+            elif k == "connection":
+                conn = v.strip().lower()
+        self.keep_alive = conn != "close" and not parts[0].endswith("1.0")
+        if chunked:
+            self.state = _BODY_CHUNK_SIZE
+        elif length is not None:
+            self.state, self.need = (_BODY_LENGTH, length) if length > 0 else (_DONE, 0)
+        else:
+            self.state, self.keep_alive = _BODY_CLOSE, False
+        return True
+
+    def eof(self, exc) -> None:
+        if self.fut.done():
+            return
+        if self.state == _BODY_CLOSE:
+            return self._finish(time.perf_counter())
+        what = "before answering" if self.rx == 0 else "mid-response"
+        self._fail(f"ConnectionError: the server closed the connection {what}"
+                   + (f" ({type(exc).__name__})" if exc else ""))
+
+    def _fail(self, error: str) -> None:
+        self.error = self.error or error
+        self.keep_alive = False
+        self.state = _DONE
+        if not self.fut.done():
+            self.fut.set_result(time.perf_counter())
+
+    def _finish(self, now: float) -> None:
+        self.state = _DONE
+        self.buf = b""
+        if not self.fut.done():
+            self.fut.set_result(now)
+
+    # ---- the body: SSE events (or the error text of a non-200 answer)
+    def _body(self, data: bytes, now: float) -> None:
+        if self.status != 200:
+            if len(self.err_body) < _ERR_BODY_MAX:
+                self.err_body += data[:_ERR_BODY_MAX - len(self.err_body)]
+            return
+        if b"\r" in data or self.cr:  # SSE allows CRLF and CR line ends: make them LF
+            if self.cr:
+                data = b"\r" + data
+            self.cr = data.endswith(b"\r")
+            if self.cr:
+                data = data[:-1]
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        sse = self.sse + data if self.sse else data
+        i = sse.find(b"\n\n")
+        while i >= 0:
+            event = sse[:i]
+            sse = sse[i + 2:]
+            if event.startswith(b"data:") and b"\n" not in event:
+                self._data(event[5:].strip(), now)
+            else:
+                for line in event.split(b"\n"):
+                    if line.startswith(b"data:"):
+                        self._data(line[5:].strip(), now)
+            i = sse.find(b"\n\n")
+        self.sse = sse
+
+    def _data(self, payload: bytes, now: float) -> None:
+        if self.done_marker or self.error:
+            return
+        if payload == b"[DONE]":
+            self.done_marker = True
+            return
+        if self.endpoint == "chat":
+            text = _field(payload, b'"content"')
+            if text != 1 and b'"reasoning_content"' in payload:
+                text = max(text, _field(payload, b'"reasoning_content"'))
+        else:
+            text = _field(payload, b'"text"')
+        if (text == 1 or text == 0) and (b'"usage"' not in payload or _field(payload, b'"usage"') == 0) \
+                and b'"error"' not in payload:
+            if text:
+                self.times.append(now)
+            return
+        try:  # usage, an error, or a layout the scan cannot read: parse it
+            chunk = json.loads(payload)
+        except ValueError:
+            return
+        if not isinstance(chunk, dict):
+            return
+        if "error" in chunk and not chunk.get("choices"):
+            self.error = f"stream error: {_short(json.dumps(chunk['error']))}"
+            return
+        if chunk.get("usage"):
+            self.usage = chunk["usage"]
+        if _chunk_text(chunk, self.endpoint):
+            self.times.append(now)
+
+
+class Pool:
+    """Keep-alive HTTP/1.1 connections to the server of ``base_url`` for the load generator (no proxy, as
+    vLLM's client; one connection per request in flight, reused when the answer ended cleanly)."""
+
+    def __init__(self, base_url: str):
+        from urllib.parse import urlsplit
+
+        u = urlsplit(base_url)
+        self.https = u.scheme == "https"
+        self.host = u.hostname or "127.0.0.1"
+        self.port = u.port or (443 if self.https else 80)
+        self.path = u.path.rstrip("/")
+        self.host_header = self.host if u.port is None else f"{self.host}:{u.port}"
+        if ":" in self.host and not self.host.startswith("["):
+            self.host_header = f"[{self.host}]" + ("" if u.port is None else f":{u.port}")
+        self._ssl = None
+        self._idle: list[_Conn] = []
+        self._open: set[_Conn] = set()
+
+    def _ssl_context(self):
+        if self._ssl is None:
+            import ssl
+
+            self._ssl = ssl.create_default_context()
+        return self._ssl
+
+    async def _connect(self, deadline: float) -> _Conn:
+        loop = asyncio.get_running_loop()
+        left = min(CONNECT_TIMEOUT_S, deadline - time.perf_counter())
+        if left <= 0:
+            raise TimeoutError("deadline reached before connecting")
+        _, conn = await asyncio.wait_for(
+            loop.create_connection(_Conn, self.host, self.port, ssl=self._ssl_context() if self.https else None,
+                                   server_hostname=self.host if self.https else None), left)
+        self._open.add(conn)
+        return conn
+
+    def _release(self, conn: _Conn, reuse: bool) -> None:
+        conn.ex = None
+        if reuse and not conn.closed:
+            self._idle.append(conn)
+        else:
+            self._drop(conn)
+
+    def _drop(self, conn: _Conn) -> None:
+        self._open.discard(conn)
+        if conn.transport is not None and not conn.closed:
+            conn.transport.close()
+        conn.closed = True
+
+    def request_bytes(self, path: str, body: bytes, headers: dict[str, str]) -> bytes:
+        head = [f"POST {self.path}/{path} HTTP/1.1", f"Host: {self.host_header}", f"Content-Length: {len(body)}",
+                "Accept: text/event-stream"]
+        head += [f"{k}: {v}" for k, v in headers.items()]
+        return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1", "replace") + body
+
+    async def exchange(self, raw: bytes, endpoint: str, deadline: float) -> tuple[_Exchange, float]:
+        """Send ``raw``, wait for the whole answer (or the deadline, or READ_TIMEOUT_S without a byte).
+        Returns the parsed exchange and when it was sent (perf_counter). Raises for connection failures."""
+        loop = asyncio.get_running_loop()
+        for attempt in (0, 1):
+            reused = False
+            conn = None
+            while self._idle:
+                c = self._idle.pop()
+                if not c.closed:
+                    conn, reused = c, True
+                    break
+                self._open.discard(c)
+            if conn is None:
+                conn = await self._connect(deadline)
+            fut = loop.create_future()
+            sent = time.perf_counter()
+            ex = _Exchange(fut, endpoint, sent)
+            conn.ex = ex
+            conn.transport.write(raw)
+            try:
+                while not fut.done():
                     now = time.perf_counter()
-                    if chunks == 0:
-                        result.ttft = now - start
-                    else:
-                        result.itl.append(now - last)
-                    last = now
-                    chunks += 1
-        result.e2e = time.perf_counter() - start
+                    left = min(deadline - now, ex.last_rx + READ_TIMEOUT_S - now)
+                    if left <= 0:
+                        ex._fail("TimeoutError: the request's deadline passed" if deadline <= now else
+                                 f"TimeoutError: no byte from the server for {READ_TIMEOUT_S:g} s")
+                        break
+                    await asyncio.wait((fut,), timeout=left)
+            except BaseException:
+                self._drop(conn)
+                raise
+            # a kept-alive connection the server had closed: send once more on a new one
+            if reused and ex.rx == 0 and ex.error and attempt == 0 and "closed the connection" in ex.error:
+                self._drop(conn)
+                continue
+            self._release(conn, ex.keep_alive and ex.state == _DONE and ex.error is None)
+            return ex, sent
+        raise AssertionError("unreachable")
+
+    async def close(self) -> None:
+        for c in list(self._open):
+            self._drop(c)
+        self._idle.clear()
+        await asyncio.sleep(0)  # let the transports close
+
+
+async def send(pool: Pool, target: Target, prompt: str, max_tokens: int, t0: float,
+               timeout_s: float = 600.0, deadline: float | None = None) -> RequestResult:
+    """Send one streamed request; ``t0`` is the run's start (monotonic) for ``start``; it ends by
+    ``timeout_s`` from now or by ``deadline`` (perf_counter), whichever comes first. Never raises for a
+    bad answer: every failure is a RequestResult with ``ok=False``."""
+    path = "chat/completions" if target.endpoint == "chat" else "completions"
+    body = json.dumps(request_body(target, prompt, max_tokens)).encode()
+    raw = pool.request_bytes(path, body, target.headers())
+    result = RequestResult(ok=False, start=time.monotonic() - t0)
+    start = time.perf_counter()
+    end_by = start + timeout_s if deadline is None else min(deadline, start + timeout_s)
+    try:
+        ex, start = await pool.exchange(raw, target.endpoint, end_by)
     except Exception as exc:  # noqa: BLE001 - counted, never raised
-        result.error = f"{type(exc).__name__}: {_short(str(exc))}"
+        result.error = f"{type(exc).__name__}: {_short(str(exc)) or 'connection failed'}"
         result.e2e = time.perf_counter() - start
         return result
-    if chunks == 0:
+    end = ex.fut.result() if ex.fut.done() else time.perf_counter()
+    result.e2e = end - start
+    if ex.error is None and ex.status != 200:
+        text = ex.err_body.decode("utf-8", "replace")
+        result.error = f"HTTP {ex.status}: {_short(text)}"
+        return result
+    if ex.error is not None:
+        result.error = ex.error
+        return result
+    times = ex.times
+    if not times:
         result.error = "empty: the stream carried no text"
         return result
-    result.ok = True
-    if usage:
-        result.prompt_tokens = usage.get("prompt_tokens")
-        result.output_tokens = int(usage.get("completion_tokens") or chunks)
+    result.ttft = times[0] - start
+    result.itl = [b - a for a, b in zip(times, times[1:])]
+    usage = ex.usage
+    if isinstance(usage, dict):
+        completion, prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
+        for name, v in (("completion_tokens", completion), ("prompt_tokens", prompt_tokens)):
+            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+                result.error = f"bad response: usage.{name} is {_short(json.dumps(v), 40)}, not a token count"
+                return result
+        result.prompt_tokens = prompt_tokens
+        result.output_tokens = completion if completion else len(times)
     else:
-        result.output_tokens = chunks
+        result.output_tokens = len(times)
+    result.ok = True
     return result
 
 

@@ -10,6 +10,7 @@ Older vLLM called the KV gauge ``vllm:gpu_cache_usage_perc``; both are read.
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from dataclasses import dataclass, field
 
@@ -27,7 +28,7 @@ WATCHED: dict[str, tuple[str, ...]] = {
 def parse_prometheus(text: str) -> dict[str, float]:
     """Prometheus text exposition -> {metric name: value summed over its label sets}.
 
-    Comments, malformed lines and non-numeric values are skipped; ``NaN`` is skipped too.
+    Comments, malformed lines and non-numeric values are skipped; ``NaN`` and infinities are skipped too.
     """
     values: dict[str, float] = {}
     for raw in text.splitlines():
@@ -49,7 +50,7 @@ def parse_prometheus(text: str) -> dict[str, float]:
             value = float(parts[0])
         except ValueError:
             continue
-        if value != value:  # NaN
+        if not math.isfinite(value):  # NaN, or a 1e999 no gauge can hold: not a reading
             continue
         values[name.strip()] = values.get(name.strip(), 0.0) + value
     return values

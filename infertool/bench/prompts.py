@@ -11,10 +11,12 @@ technical prose, no download.
 
 from __future__ import annotations
 
+import itertools
 import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Iterator
 
 from infertool.errors import UsageError
 
@@ -80,17 +82,23 @@ def _window(text: str, n_chars: int, rng: random.Random) -> str:
     return text[start:start + n_chars]
 
 
-def output_lengths(n: int, output_len: int, spread: float, rng: random.Random) -> list[int]:
-    """``n`` output lengths: all ``output_len``, or uniform within +-spread of it (at least 1)."""
+def iter_output_lengths(output_len: int, spread: float, rng: random.Random) -> Iterator[int]:
+    """Output lengths for ever: all ``output_len``, or uniform within +-spread of it (at least 1)."""
     if spread <= 0:
-        return [output_len] * n
+        return itertools.repeat(output_len)
     lo = max(1, round(output_len * (1 - spread)))
     hi = max(lo, round(output_len * (1 + spread)))
-    return [rng.randint(lo, hi) for _ in range(n)]
+    return (rng.randint(lo, hi) for _ in itertools.count())
 
 
-def build_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> list[Prompt]:
-    """``n`` prompts for a BenchSection: seeded, so every arm of an experiment sends the same ones.
+def output_lengths(n: int, output_len: int, spread: float, rng: random.Random) -> list[int]:
+    """``n`` output lengths (iter_output_lengths)."""
+    return list(itertools.islice(iter_output_lengths(output_len, spread, rng), n))
+
+
+def iter_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> Iterator[Prompt]:
+    """``n`` prompts for a BenchSection, made one at a time as they are taken: seeded, so every arm of an
+    experiment sends the same ones.
 
     With ``shared_prefix_ratio`` r > 0, every prompt starts with the same r x len tokens of text
     (what prefix caching can reuse) and continues with its own text.
@@ -111,8 +119,13 @@ def build_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKE
         prefix = _window(corpus_text(), prefix_chars, random.Random(bench.seed + 1)) if source is None \
             else _window(source, prefix_chars, random.Random(bench.seed + 1))
         prefix = prefix.rstrip() + "\n\n"
-    outs = output_lengths(n, bench.output_len, getattr(bench, "output_len_spread", 0.0), rng)
-    prompts: list[Prompt] = []
+    # the lengths are drawn first from the seed (the same prompts as a list would give); past a million
+    # requests from a stream of their own, so that nothing of size n is built
+    spread = getattr(bench, "output_len_spread", 0.0)
+    if spread and n <= 1_000_000:
+        outs = iter(output_lengths(n, bench.output_len, spread, rng))
+    else:
+        outs = iter_output_lengths(bench.output_len, spread, random.Random(bench.seed + 2))
     for i in range(n):
         if spec.source == "builtin":
             body = _window(source, max(1, length_chars - prefix_chars), rng)
@@ -120,8 +133,30 @@ def build_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKE
             body = synthetic_text(max(1, length_chars - prefix_chars), rng)
         else:
             body = texts[i % len(texts)]
-        prompts.append(Prompt(prefix + body, outs[i]))
-    return prompts
+        yield Prompt(prefix + body, next(outs))
+
+
+def build_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> list[Prompt]:
+    """The first ``n`` prompts of iter_prompts, as a list."""
+    return list(iter_prompts(bench, n, chars_per_token))
+
+
+class PromptStream:
+    """Prompt ``i`` of iter_prompts on demand, for indices asked in increasing order (what every traffic
+    pattern does); nothing is built ahead."""
+
+    def __init__(self, prompts: Iterator[Prompt]):
+        self._it = prompts
+        self._next = 0
+
+    def get(self, i: int) -> Prompt:
+        if i < self._next:
+            raise ValueError(f"prompt {i} was asked after prompt {self._next - 1}")
+        while self._next < i:  # another process's prompts: skip them
+            next(self._it)
+            self._next += 1
+        self._next += 1
+        return next(self._it)
 
 
 def chars_per_token(sample_chars: int, tokens: int | None) -> float:

@@ -125,49 +125,111 @@ async def _connect(client, url: str, api_key: str | None, model: str | None, ben
     return model, chars_per_token(len(sample), tokens)
 
 
+WARMUP_TIMEOUT_S = 60.0  # the warm-up request's deadline (at most bench.max_duration_s)
+PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of a level)
+
+
 async def _measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int,
                    on_event: EventCallback | None, warmup: bool) -> list[dict]:
     import httpx
 
+    from infertool.bench.client import Pool
+    from infertool.bench.loadgen import Monitor, choose_processes, health, run_level_processes
+    from infertool.bench.prompts import PromptStream, iter_prompts
+
     target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
-    # one connection per request that can be in flight (open-loop levels may have them all), plus scraping
-    limits = httpx.Limits(max_connections=bench.requests + 2, max_keepalive_connections=bench.requests + 2)
+    setting = getattr(bench, "client_processes", "auto")
     out: list[dict] = []
-    async with httpx.AsyncClient(limits=limits, timeout=httpx.Timeout(bench.max_duration_s)) as client:
-        if warmup:
-            await send(client, target, "Hello", 4, time.monotonic(), timeout_s=120)
-        for idx, level in enumerate(levels):
-            seed_bench = bench.model_copy(update={"seed": bench.seed * 1000 + idx + seed_salt})
-            prompts = build_prompts(seed_bench, bench.requests, handle.chars_per_token)
-            t0 = time.monotonic()
-            sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
-            sampler.start(t0)
-            done = 0
+    pool = Pool(handle.url)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:  # /metrics scrapes
+        try:
+            if warmup:
+                await send(pool, target, "Hello", 4, time.monotonic(),
+                           timeout_s=min(WARMUP_TIMEOUT_S, bench.max_duration_s))
+            for idx, level in enumerate(levels):
+                seed_bench = bench.model_copy(update={"seed": bench.seed * 1000 + idx + seed_salt})
+                task, desc = f"{arm}:{level.label}", f"{arm}: {level.label}"
+                sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
+                shown = [0.0, 0]  # when, what
 
-            async def one(i: int) -> RequestResult:
-                nonlocal done
-                p = prompts[i]
-                r = await send(client, target, p.text, p.output_len, t0, timeout_s=bench.max_duration_s)
-                done += 1
-                _emit(on_event, event="progress", task=f"{arm}:{level.label}", completed=done,
-                      total=bench.requests, description=f"{arm}: {level.label}")
-                return r
+                def progress(done: int, task=task, desc=desc, final: bool = False) -> None:
+                    now = time.monotonic()
+                    if done != shown[1] and (final or done >= bench.requests or now - shown[0] >= PROGRESS_EVERY_S):
+                        shown[:] = [now, done]
+                        _emit(on_event, event="progress", task=task, completed=done, total=bench.requests,
+                              description=desc)
 
-            _emit(on_event, event="progress", task=f"{arm}:{level.label}", completed=0, total=bench.requests,
-                  description=f"{arm}: {level.label}")
-            results, duration = await run_level(one, bench.requests, level, deadline_s=bench.max_duration_s,
-                                                seed=bench.seed + idx)
-            timeline = await sampler.stop()
-            summary = summarize(results, duration, slo=slo_of(bench), cost_per_hour=bench.cost_per_hour)
-            out.append({
-                "arm": arm,
-                "level": level.to_dict(),
-                "summary": summary,
-                "server_metrics": {**timeline.summary(), "note": timeline.note},
-                "timeline": timeline_windows(results, timeline, duration,
-                                             n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
-            })
+                _emit(on_event, event="progress", task=task, completed=0, total=bench.requests, description=desc)
+                processes = choose_processes(setting, level)
+                if processes > 1:
+                    job = {"target": target, "level": level, "n": bench.requests, "bench": seed_bench,
+                           "chars_per_token": handle.chars_per_token, "deadline_s": bench.max_duration_s,
+                           "seed": bench.seed + idx}
+                    results, duration, stats = await run_level_processes(job, processes, progress, sampler.start)
+                else:
+                    prompts = PromptStream(iter_prompts(seed_bench, bench.requests, handle.chars_per_token))
+                    t0 = time.monotonic()
+                    deadline = time.perf_counter() + bench.max_duration_s
+                    sampler.start(t0)
+                    done = 0
+
+                    async def one(i: int) -> RequestResult:
+                        nonlocal done
+                        p = prompts.get(i)
+                        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=bench.max_duration_s,
+                                       deadline=deadline)
+                        done += 1
+                        progress(done)
+                        return r
+
+                    monitor = Monitor().start()
+                    try:
+                        results, duration = await run_level(one, bench.requests, level,
+                                                            deadline_s=bench.max_duration_s, seed=bench.seed + idx,
+                                                            t0=t0)
+                    finally:
+                        stats = [monitor.stop()]
+                progress(len(results), final=True)  # what was sent (a deadline may have cut the level short)
+                timeline = await sampler.stop()
+                summary = summarize(results, duration, slo=slo_of(bench), cost_per_hour=bench.cost_per_hour)
+                out.append({
+                    "arm": arm,
+                    "level": level.to_dict(),
+                    "summary": summary,
+                    "client": health(stats, processes),
+                    "server_metrics": {**timeline.summary(), "note": timeline.note},
+                    "timeline": timeline_windows(results, timeline, duration,
+                                                 n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
+                })
+        finally:
+            await pool.close()
     return out
+
+
+def client_notes(levels: list[dict]) -> list[str]:
+    """One note per level the load generator itself limited (its latencies are not the server's)."""
+    notes = []
+    for lv in levels:
+        c = lv.get("client") or {}
+        if c.get("client_bound"):
+            notes.append(f"{lv.get('arm', '')}: {lv['level']['label']}: CLIENT-BOUND, the load generator was the limit "
+                         f"({c['reason']}): {c['hint']}")
+    return notes
+
+
+def require_success(levels: list[dict], where: str) -> None:
+    """A RuntimeFailure when not one request of ``levels`` succeeded (every failure is counted, and a bench
+    that measured nothing must not look like a result)."""
+    if any(lv["summary"]["completed"] for lv in levels):
+        return
+    total = sum(lv["summary"]["requests"] for lv in levels)
+    errors: dict[str, int] = {}
+    for lv in levels:
+        for k, v in lv["summary"]["errors"].items():
+            errors[k] = errors.get(k, 0) + v
+    top = ", ".join(f"{k} x{v}" for k, v in sorted(errors.items(), key=lambda kv: -kv[1])[:3])
+    raise RuntimeFailure(f"bench: none of the {total} requests to {where} succeeded" + (f" ({top})" if top else ""),
+                         hint="check the server's log; `infertool bench --url URL` shows what it answers")
 
 
 def connect(handle: ServerHandle, bench, key_var: str | None = None) -> ServerHandle:
@@ -288,9 +350,14 @@ class BenchReport:
     label: str | None = None  # how a person names the measured model (ModelRef.label); None for --url
 
     def to_dict(self) -> dict:
-        return {"url": self.url, "model": self.model, "label": self.label, "endpoint": self.endpoint, "settings": self.settings,
-                "levels": self.levels, "experiments": self.experiments, "servers": self.servers,
-                "notes": self.notes, "seconds": self.seconds}
+        from infertool.output import to_jsonable
+
+        # to_jsonable: a figure that is not finite (a server's 1e999) is null, so the JSON is valid
+        return to_jsonable({
+            "url": self.url, "model": self.model, "label": self.label, "endpoint": self.endpoint,
+            "settings": self.settings, "levels": self.levels, "experiments": self.experiments,
+            "servers": self.servers, "notes": self.notes, "seconds": self.seconds,
+            "client_bound": any((lv.get("client") or {}).get("client_bound") for lv in self.levels)})
 
 
 def _settings(bench, cpt: float) -> dict:
@@ -300,7 +367,7 @@ def _settings(bench, cpt: float) -> dict:
         "output_len": bench.output_len, "output_len_spread": bench.output_len_spread,
         "shared_prefix_ratio": bench.shared_prefix_ratio, "ignore_eos": bench.ignore_eos,
         "slo": None if bench.slo is None else bench.slo.model_dump(), "cost_per_hour": bench.cost_per_hour,
-        "chars_per_token": cpt, "seed": bench.seed,
+        "chars_per_token": cpt, "seed": bench.seed, "client_processes": getattr(bench, "client_processes", "auto"),
     }
 
 
@@ -357,6 +424,7 @@ def run_bench(res, *, url: str | None = None, model: str | None = None,
     def sweep_on(handle: ServerHandle, arm: str) -> tuple[list[dict], list[dict] | None]:
         asyncio.run(prepare_handle(handle))
         main = asyncio.run(measure(handle, levels, arm, 0, True))
+        require_success(main, handle.url)
         static = None
         if "batching" in experiments:
             static_levels = [Level("static", lv.value) for lv in levels if lv.kind == "concurrency"]
@@ -376,6 +444,7 @@ def run_bench(res, *, url: str | None = None, model: str | None = None,
             main, static = sweep_on(handle, arm)
             servers.append(handle.launched)
     model_name, cpt = handle.model, handle.chars_per_token
+    notes += client_notes(main + (static or []))
     cont = [r for r in main if r["level"]["kind"] == "concurrency"]
     if static is not None:
         tables.append(ab_table("batching", "continuous (server schedules)", "static batches (wait to fill)",
@@ -390,6 +459,8 @@ def run_bench(res, *, url: str | None = None, model: str | None = None,
         with _Launched(res, other, on_event, label_off if recipe_on else label_on, pool=pool) as handle:
             asyncio.run(prepare_handle(handle))
             other_res = asyncio.run(measure(handle, levels, label_off if recipe_on else label_on, 0, True))
+            require_success(other_res, handle.url)
+            notes += client_notes(other_res)
             servers.append(handle.launched)
         off_res, on_res = (other_res, main) if recipe_on else (main, other_res)
         note = None

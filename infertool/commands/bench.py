@@ -69,7 +69,7 @@ def register(app: typer.Typer) -> None:
 
             from infertool.atomic import write_text
 
-            write_text(out_file, json.dumps(to_jsonable(report), indent=2) + "\n")
+            write_text(out_file, json.dumps(to_jsonable(report), indent=2, allow_nan=False) + "\n")
         if as_json:
             print_json({"ok": True, **report})
             return
@@ -93,7 +93,8 @@ def render(report: dict) -> None:
               f"{s['requests_per_level']} requests per level, prompt ~{s['prompt']['len_tokens']} tokens "
               f"({escape(str(s['prompt']['source']))}), output {s['output_len']} tokens", soft_wrap=True)
     lat = Table(title="latency (ms)", title_justify="left")
-    for c in ("level", "ok/err", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "E2E p50", "E2E p99"):
+    for c in ("level", "ok/err", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "E2E p50", "E2E p99",
+              "client"):
         lat.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
     thr = Table(title="throughput (per s), goodput, cost, and the server's own metrics (max)", title_justify="left")
     for c in ("level", "req", "out tok", "goodput req", "$/1M tok", "$/req", "KV %", "run/wait", "preempt",
@@ -104,7 +105,8 @@ def render(report: dict) -> None:
         label = lv["level"]["label"]
         lat.add_row(label, f"{m['completed']}/{m['failed']}", _f(m["ttft_ms"]["p50"], "{:.0f}"),
                     _f(m["ttft_ms"]["p99"], "{:.0f}"), _f(m["tpot_ms"]["p50"]), _f(m["tpot_ms"]["p99"]),
-                    _f(m["itl_ms"]["p50"]), _f(m["e2e_ms"]["p50"], "{:.0f}"), _f(m["e2e_ms"]["p99"], "{:.0f}"))
+                    _f(m["itl_ms"]["p50"]), _f(m["e2e_ms"]["p50"], "{:.0f}"), _f(m["e2e_ms"]["p99"], "{:.0f}"),
+                    "[bold red]BOUND[/]" if (lv.get("client") or {}).get("client_bound") else "ok")
         kv, hit, frac = sm.get("kv_cache_usage_max"), sm.get("prefix_cache_hit_rate"), m["goodput"]["fraction"]
         thr.add_row(label, _f(m["request_throughput"], "{:.3f}"), _f(m["output_token_throughput"], "{:.2f}"),
                     _f(m["goodput"]["requests_per_s"], "{:.3f}") + ("" if frac is None else f" ({frac:.0%})"),

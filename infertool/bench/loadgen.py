@@ -1,0 +1,244 @@
+"""The load generator watching itself, and several load-generator processes when one core is not enough.
+
+A load generator that cannot keep up reports its own queueing as the server's latency (chunks read in
+bursts look like a near-zero ITL, requests that wait for the client look like a long TTFT). So every
+level measures the client too:
+
+- CPU: the process's CPU seconds over the level's wall seconds (``cpu_fraction``, of one core);
+- event-loop lag: a thread asks the loop every 10 ms to run a callback at once and measures how long it
+  waits (``lag_ms``): about how long a streamed chunk that has arrived waits before it is timestamped.
+
+A level is ``client_bound`` when a process was busy CPU_BOUND of its wall time or its median lag
+exceeded LAG_BOUND_MS: its latencies include the client's own queueing. bench then says so (bench.json,
+the table, --json) with a hint instead of presenting them as the server's.
+
+``bench.client_processes``: ``auto`` or N. With N > 1 each process (spawned, its own event loop and
+connections) sends requests i with i % N == k and 1/N of the concurrency (open-loop arrivals are thinned
+the same way, so together they are the same Poisson process); the results are merged. All timestamps
+are relative to one start on the system-wide monotonic clock. ``auto``: one process per
+STREAMS_PER_PROCESS concurrent streams (rates: per RATE_PER_PROCESS requests/s), at most one per usable
+core; static batches are always sent by one process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import threading
+import time
+from typing import Callable
+
+from infertool.bench.metrics import RequestResult, percentile
+
+CPU_BOUND = 0.9  # of one core
+LAG_BOUND_MS = 1.0  # median wait of a ready callback
+LAG_INTERVAL_S = 0.01
+STREAMS_PER_PROCESS = 64
+RATE_PER_PROCESS = 250.0
+
+
+class Monitor:
+    """CPU use and event-loop lag of this process while a level runs (start and stop inside the loop)."""
+
+    def __init__(self, interval_s: float = LAG_INTERVAL_S):
+        self.interval_s = interval_s
+        self.lags: list[float] = []
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._cpu0 = self._wall0 = 0.0
+
+    def _hit(self, asked: float) -> None:
+        self.lags.append(time.perf_counter() - asked)
+
+    def _run(self, loop: asyncio.AbstractEventLoop) -> None:
+        while not self._stop.wait(self.interval_s):
+            try:
+                loop.call_soon_threadsafe(self._hit, time.perf_counter())
+            except RuntimeError:  # the loop closed
+                return
+
+    def start(self) -> "Monitor":
+        loop = asyncio.get_running_loop()
+        self._cpu0, self._wall0 = time.process_time(), time.perf_counter()
+        self._thread = threading.Thread(target=self._run, args=(loop,), name="bench-lag", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> dict:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(1.0)
+        wall = max(time.perf_counter() - self._wall0, 1e-9)
+        cpu = time.process_time() - self._cpu0
+        return {"cpu_s": cpu, "wall_s": wall, "lags_s": list(self.lags)}
+
+
+def health(stats: list[dict], processes: int) -> dict:
+    """The client's figures over its processes (the worst process counts) and whether it was the limit."""
+    cpu = max((s["cpu_s"] / s["wall_s"] for s in stats), default=0.0)
+    lags_ms = [v * 1000.0 for s in stats for v in s["lags_s"]]
+    worst_p50 = max((percentile([v * 1000.0 for v in s["lags_s"]], 50) or 0.0 for s in stats), default=0.0)
+    reasons = []
+    if cpu >= CPU_BOUND:
+        reasons.append(f"a load-generator process was busy {cpu:.0%} of the time")
+    if worst_p50 > LAG_BOUND_MS:
+        reasons.append(f"its event loop answered in {worst_p50:.1f} ms (median)")
+    bound = bool(reasons)
+    cores = usable_cores()
+    hint = None
+    if bound:
+        hint = ("its latencies include the load generator's own queueing (TTFT too high, ITL too low); "
+                + (f"set bench.client_processes to {min(cores, processes * 2)} (this machine has {cores} usable "
+                   "cores) or " if processes < cores else "")
+                + "run the bench from a machine with spare cores, or lower the concurrency")
+    return {"processes": processes, "cpu_fraction": cpu,
+            "cpu_s": sum(s["cpu_s"] for s in stats),
+            "lag_ms": {"p50": percentile(lags_ms, 50), "p99": percentile(lags_ms, 99),
+                       "max": max(lags_ms) if lags_ms else None},
+            "client_bound": bound, "reason": "; ".join(reasons) or None, "hint": hint}
+
+
+def usable_cores() -> int:
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def choose_processes(setting, level) -> int:
+    """How many load-generator processes a level uses: ``setting`` is an int or "auto"."""
+    if level.kind == "static":
+        return 1
+    if setting != "auto":
+        return max(1, int(setting))
+    if level.kind == "rate":
+        want = math.ceil(level.value / RATE_PER_PROCESS)
+    else:
+        want = math.ceil(level.value / STREAMS_PER_PROCESS)
+    return max(1, min(want, usable_cores()))
+
+
+# ------------------------------------------------------------------------------------------ several processes
+def _child_main(conn, job: dict) -> None:
+    """One load-generator process: its part of the level, then (results, monitor figures) to the parent."""
+    try:
+        asyncio.run(_child(conn, job))
+    except BaseException as exc:  # noqa: BLE001 - the parent reports it
+        try:
+            conn.send(("error", f"{type(exc).__name__}: {exc}"))
+        except Exception:  # noqa: BLE001
+            pass
+
+
+async def _child(conn, job: dict) -> None:
+    from infertool.bench.client import Pool, send
+    from infertool.bench.prompts import PromptStream, iter_prompts
+    from infertool.bench.traffic import run_level
+
+    target, level, part = job["target"], job["level"], job["part"]
+    prompts = PromptStream(iter_prompts(job["bench"], job["n"], job["chars_per_token"]))
+    pool = Pool(target.base_url)
+    conn.send(("ready",))
+    t0 = conn.recv()  # the parent's start: one clock for every process
+    done = 0
+    last = 0.0
+    deadline = time.perf_counter() + (t0 + job["deadline_s"] - time.monotonic())
+
+    async def one(i: int) -> RequestResult:
+        nonlocal done, last
+        p = prompts.get(i)
+        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=job["deadline_s"], deadline=deadline)
+        done += 1
+        now = time.perf_counter()
+        if now - last > 0.25:
+            last = now
+            conn.send(("progress", done))
+        return r
+
+    monitor = Monitor().start()
+    try:
+        results, _ = await run_level(one, job["n"], level, deadline_s=job["deadline_s"], seed=job["seed"],
+                                     part=part, t0=t0)
+    finally:
+        stats = monitor.stop()
+        await pool.close()
+    conn.send(("done", results, stats))
+
+
+async def run_level_processes(job: dict, processes: int, on_progress: Callable[[int], None],
+                              on_start: Callable[[float], None] | None = None,
+                              ) -> tuple[list[RequestResult], float, list[dict]]:
+    """The level split over ``processes`` spawned load generators. ``job``: target, level, n, bench,
+    chars_per_token, deadline_s, seed. ``on_start(t0)`` when they all start sending. Returns (merged
+    results, wall seconds, each process's monitor figures)."""
+    import multiprocessing as mp
+
+    from infertool.errors import RuntimeFailure
+
+    ctx = mp.get_context("spawn")
+    loop = asyncio.get_running_loop()
+    inbox: asyncio.Queue = asyncio.Queue()
+    procs, conns = [], []
+    for k in range(processes):
+        parent, child = ctx.Pipe()
+        p = ctx.Process(target=_child_main, args=(child, {**job, "part": (k, processes)}), daemon=True,
+                        name=f"infertool-loadgen-{k}")
+        p.start()
+        child.close()
+        procs.append(p)
+        conns.append(parent)
+
+        def readable(k=k, c=parent) -> None:
+            try:
+                while c.poll():
+                    inbox.put_nowait((k, c.recv()))
+            except (EOFError, OSError):
+                loop.remove_reader(c.fileno())
+                inbox.put_nowait((k, ("error", "the load-generator process ended without its results")))
+
+        loop.add_reader(parent.fileno(), readable)
+    try:
+        ready = 0
+        while ready < processes:
+            k, msg = await inbox.get()
+            if msg[0] != "ready":
+                raise RuntimeFailure(f"load-generator process {k} failed to start: {msg[-1]}")
+            ready += 1
+        t0 = time.monotonic()
+        for c in conns:
+            c.send(t0)
+        if on_start is not None:
+            on_start(t0)
+        results: list[RequestResult] = []
+        stats: list[dict] = []
+        progress = [0] * processes
+        finished = 0
+        while finished < processes:
+            k, msg = await inbox.get()
+            if msg[0] == "progress":
+                progress[k] = msg[1]
+                on_progress(sum(progress))
+            elif msg[0] == "done":
+                results.extend(msg[1])
+                stats.append(msg[2])
+                progress[k] = len(msg[1])
+                on_progress(sum(progress))
+                finished += 1
+            else:
+                raise RuntimeFailure(f"load-generator process {k} failed: {msg[-1]}",
+                                     hint="set bench.client_processes: 1 to send from this process")
+        results.sort(key=lambda r: r.start)
+        return results, time.monotonic() - t0, stats
+    finally:
+        for c in conns:
+            try:
+                loop.remove_reader(c.fileno())
+            except (ValueError, OSError):
+                pass
+            c.close()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join(5)
