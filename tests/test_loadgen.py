@@ -86,6 +86,8 @@ def test_an_idle_client_is_not_bound():
     assert busy["client_bound"] and "busy" in busy["reason"]
     laggy = loadgen.health([{"cpu_s": 0.5, "wall_s": 2.0, "lags_s": [0.004] * 50}], 2)
     assert laggy["client_bound"] and "event loop" in laggy["reason"]
+    # the same 4 ms lag beside a slow server's 50 ms tokens blurs nothing
+    assert not loadgen.health([{"cpu_s": 0.5, "wall_s": 2.0, "lags_s": [0.004] * 50}], 2, itl_p50_ms=50)["client_bound"]
 
 
 def test_parts_cover_every_request_once_and_split_the_concurrency():

@@ -196,7 +196,7 @@ async def _measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str
                     "arm": arm,
                     "level": level.to_dict(),
                     "summary": summary,
-                    "client": health(stats, processes),
+                    "client": health(stats, processes, summary["itl_ms"]["p50"]),
                     "server_metrics": {**timeline.summary(), "note": timeline.note},
                     "timeline": timeline_windows(results, timeline, duration,
                                                  n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
