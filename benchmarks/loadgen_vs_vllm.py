@@ -38,9 +38,10 @@ OURS = (
     "from infertool.recipe import validate_recipe_data\n"
     "from infertool.resolve import resolve\n"
     "url, c, n, out_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])\n"
+    "extra = {'client_processes': json.loads(sys.argv[5])} if len(sys.argv) > 5 else {}\n"
     "recipe = validate_recipe_data({'name': 'loadgen', 'model': {'source': 'bundled:smollm2-135m'},\n"
     "    'bench': {'concurrency': [c], 'requests': n, 'output_len': out_len, 'ignore_eos': True,\n"
-    "              'prompt': {'source': 'synthetic', 'len': 32}, 'scrape_interval_s': 5}})\n"
+    "              'prompt': {'source': 'synthetic', 'len': 32}, 'scrape_interval_s': 5, **extra}})\n"
     "rep = run_bench(resolve(recipe), url=url).to_dict()\n"
     "lv = rep['levels'][0]\n"
     "print('RESULT ' + json.dumps({'summary': lv['summary'], 'client': lv.get('client')}))\n"
@@ -57,9 +58,10 @@ def tokenizer_dir() -> str:
     return str(prepare(resolve(recipe), dry_run=True).spec.model)
 
 
-def run_ours(root: Path, url: str, c: int, n: int, out_len: int) -> dict:
+def run_ours(root: Path, url: str, c: int, n: int, out_len: int, processes: str | None = None) -> dict:
     env = {**os.environ, "PYTHONPATH": str(root)}
-    r = subprocess.run([sys.executable, "-c", OURS, url, str(c), str(n), str(out_len)], capture_output=True,
+    extra = [] if processes is None else [json.dumps(processes if processes == "auto" else int(processes))]
+    r = subprocess.run([sys.executable, "-c", OURS, url, str(c), str(n), str(out_len), *extra], capture_output=True,
                        text=True, env=env, timeout=1800, cwd=root)
     line = next((ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")), None)
     if r.returncode != 0 or line is None:
@@ -96,7 +98,8 @@ def case(label: str, itl_ms: float, c: int, args, serve_python: str, tok: str, w
         for who in ("infertool", "vllm"):
             srv.reset()
             print(f"{label}: {who} ...", file=sys.stderr)
-            row[who] = (run_ours(args.infertool_root, srv.url, c, args.requests, args.output_len) if who == "infertool"
+            row[who] = (run_ours(args.infertool_root, srv.url, c, args.requests, args.output_len, args.client_processes)
+                        if who == "infertool"
                         else run_vllm(serve_python, srv.url, c, args.requests, args.output_len, tok, work))
             st = srv.stats()
             row[who]["true_itl_p50"] = st["itl_ms"] if itl_ms > 0 else 0.0
@@ -139,6 +142,8 @@ def main() -> int:
     ap.add_argument("--output-len", type=int, default=64)
     ap.add_argument("--itl-ms", type=float, default=2.0)
     ap.add_argument("--infertool-root", type=Path, default=ROOT, help="the checkout whose load generator is measured")
+    ap.add_argument("--client-processes", help="bench.client_processes for infertool (auto or N; default: the "
+                    "recipe default; leave unset for a checkout that predates the setting)")
     ap.add_argument("--cases", default="itl,instant", help="itl, instant or both (comma-separated)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
