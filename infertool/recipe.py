@@ -955,6 +955,10 @@ def _parse_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
         raise RecipeError(
             source, [RecipeIssue(path="<yaml>", message="the YAML is nested too deeply")]
         ) from None
+    except ValueError as exc:  # int() of a 5000-digit number: Python's limit on integer text
+        raise RecipeError(
+            source, [RecipeIssue(path="<yaml>", message=f"a value cannot be read: {str(exc)[:120]}")]
+        ) from None
     finally:
         if loader is not None:
             loader.dispose()
@@ -1026,16 +1030,16 @@ def parse_overrides(items: list[str]) -> list[tuple[str, object]]:
     for item in items:
         if not isinstance(item, str) or "=" not in item:
             raise UsageError(
-                f"bad override {item!r}: expected KEY=VALUE with a dotted key",
+                f"bad override {_short_repr(item)}: expected KEY=VALUE with a dotted key",
                 hint=_OVERRIDE_EXAMPLE,
             )
         key, raw = item.split("=", 1)
         key = key.strip()
         if not key:
-            raise UsageError(f"bad override {item!r}: the key is empty", hint=_OVERRIDE_EXAMPLE)
+            raise UsageError(f"bad override {_short_repr(item)}: the key is empty", hint=_OVERRIDE_EXAMPLE)
         if any(not segment.strip() for segment in key.split(".")) or key != key.replace(" ", ""):
             raise UsageError(
-                f"bad override {item!r}: the key {key!r} has an empty segment or spaces",
+                f"bad override {_short_repr(item)}: the key {key!r} has an empty segment or spaces",
                 hint=_OVERRIDE_EXAMPLE,
             )
         if raw == "":
@@ -1043,10 +1047,10 @@ def parse_overrides(items: list[str]) -> list[tuple[str, object]]:
         else:
             try:
                 value = yaml.load(raw, Loader=_RecipeLoader)  # noqa: S506 - a SafeLoader subclass
-            except (yaml.YAMLError, RecursionError) as exc:
-                problem = getattr(exc, "problem", None) or str(exc)
+            except (yaml.YAMLError, RecursionError, ValueError) as exc:  # ValueError: a 5000-digit int
+                problem = getattr(exc, "problem", None) or str(exc)[:120]
                 raise UsageError(
-                    f"bad override {item!r}: the value is not valid YAML ({problem})",
+                    f"bad override {_short_repr(item)}: the value is not valid YAML ({problem})",
                     hint="quote the value, e.g. --set 'serve.served_model_name=\"@my-model\"'",
                 ) from None
         parsed.append((key, value))
@@ -1059,7 +1063,7 @@ def apply_overrides(data: dict, overrides: list[tuple[str, object]]) -> dict:
     for key, value in overrides:
         segments = key.split(".")
         if not key or any(not s for s in segments):
-            raise UsageError(f"bad override key {key!r}: empty segment", hint=_OVERRIDE_EXAMPLE)
+            raise UsageError(f"bad override key {_short_repr(key)}: empty segment", hint=_OVERRIDE_EXAMPLE)
         current: dict[Any, Any] = result
         for depth, segment in enumerate(segments[:-1]):
             child = current.get(segment)
@@ -1070,17 +1074,17 @@ def apply_overrides(data: dict, overrides: list[tuple[str, object]]) -> dict:
             elif isinstance(child, list):
                 if segments[depth + 1].isdigit():
                     raise UsageError(
-                        f"cannot apply override {key!r}: {here!r} is a list and list indices are "
+                        f"cannot apply override {_short_repr(key)}: {here!r} is a list and list indices are "
                         "not supported in overrides",
                         hint=f"set the whole list instead, e.g. --set {here}=[1,8,32]",
                     )
                 raise UsageError(
-                    f"cannot apply override {key!r}: {here!r} is a list, not a mapping",
+                    f"cannot apply override {_short_repr(key)}: {here!r} is a list, not a mapping",
                     hint=f"set the whole value instead, e.g. --set {here}=[...]",
                 )
             elif not isinstance(child, dict):
                 raise UsageError(
-                    f"cannot apply override {key!r}: {here!r} is a {_type_name(child)} "
+                    f"cannot apply override {_short_repr(key)}: {here!r} is a {_type_name(child)} "
                     f"({child!r}), not a mapping",
                     hint=f"set {here} itself, or remove it from the recipe first",
                 )
@@ -1099,7 +1103,7 @@ def _normalise_overrides(
         elif isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str):
             result.append((item[0], item[1]))
         else:
-            raise UsageError(f"bad override {item!r}: expected 'KEY=VALUE'", hint=_OVERRIDE_EXAMPLE)
+            raise UsageError(f"bad override {_short_repr(item)}: expected 'KEY=VALUE'", hint=_OVERRIDE_EXAMPLE)
     return result
 
 

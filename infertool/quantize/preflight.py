@@ -17,7 +17,7 @@ from pathlib import Path
 
 from infertool.errors import UsageError
 from infertool.perf import host as hostfacts
-from infertool.models.info import DTYPE_BYTES, ModelInfo, read_safetensors_header
+from infertool.models.info import DTYPE_BYTES, ModelInfo, open_regular, read_safetensors_header
 
 # Model types GPTQModel 7.7.0 has a definition for (gptqmodel.models.auto.MODEL_MAP, text models listed;
 # tests/test_quantize_real.py checks this list against the installed package).
@@ -132,8 +132,8 @@ def check_safetensors_files(files: list[Path]) -> list[str]:
             problems.append(e.message)
             continue
         try:
-            raw = file.open("rb").read(8)
-            header_len = int.from_bytes(raw, "little")
+            with open_regular(file) as f:
+                header_len = int.from_bytes(f.read(8), "little")
             end = 0
             for name, entry in header.items():
                 if name == "__metadata__":
@@ -145,7 +145,7 @@ def check_safetensors_files(files: list[Path]) -> list[str]:
                     problems.append(f"{file.name}: tensor {name} has {stop - start} bytes for shape {entry['shape']} {entry['dtype']}")
                     break
                 end = max(end, stop)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
+        except (KeyError, TypeError, ValueError, AttributeError, OSError) as e:
             problems.append(f"{file.name}: malformed safetensors header entry ({e})")
             continue
         expected = 8 + header_len + end
