@@ -23,6 +23,7 @@ converted into the cache (once) so that it can be served or planned exactly.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -173,13 +174,12 @@ class Resolution:
     def model_dtype(self, model: ModelRef) -> str | None:
         """The dtype a model's weights are declared in (config.json), else the recipe's model.dtype."""
         if model.path and model.exists:
-            try:
-                cfg = json.loads((Path(model.path) / "config.json").read_text(encoding="utf-8"))
-                d = cfg.get("dtype") or cfg.get("torch_dtype") or (cfg.get("text_config") or {}).get("dtype")
-                if isinstance(d, str):
-                    return d
-            except (OSError, ValueError):
-                pass
+            from infertool.models.info import load_config
+
+            full, lm = load_config(model.path)  # a malformed config.json: ModelError (exit 2), never a guess
+            d = full.get("dtype") or full.get("torch_dtype") or lm.get("dtype")
+            if isinstance(d, str):
+                return d
         return self.recipe.model.dtype if self.recipe.model.dtype != "auto" else "bfloat16"
 
     def settings(self, model: ModelRef | None = None) -> dict:
@@ -228,7 +228,7 @@ def _base_ref(recipe, materialize: bool, on_event: Callable | None) -> ModelRef:
                         declared_dtype=m.dtype, note=None if exists else (note or "converted on first use"),
                         name=_name_of(src))
     p = Path(src).expanduser()
-    if p.is_dir() and (p / "config.json").is_file():
+    if p.is_dir() and os.path.lexists(p / "config.json"):  # one that cannot be read: a ModelError, not "not here"
         if m.layers is not None:
             raise UsageError("model.layers applies to GGUF and bundled sources only",
                              hint="a Hugging Face directory is used as it is")
@@ -315,11 +315,10 @@ def weight_only_quantized(model: ModelRef) -> bool:
         return (model.quantization.get("scheme") or "") not in ACTIVATION_SCHEMES
     if not (model.exists and model.path):
         return False
-    try:
-        cfg = json.loads((Path(model.path) / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    q = cfg.get("quantization_config") or (cfg.get("text_config") or {}).get("quantization_config")
+    from infertool.models.info import load_config
+
+    cfg, lm = load_config(model.path)  # a malformed config.json: ModelError (exit 2)
+    q = cfg.get("quantization_config") or lm.get("quantization_config")
     if not isinstance(q, dict):
         return False
     method = str(q.get("quant_method") or "").lower()
@@ -399,7 +398,7 @@ def resolve(recipe, *, candidate_path: str | Path | None = None, materialize: bo
         served, origin = base, "original"
     else:
         p = Path(choice).expanduser()
-        exists = (p / "config.json").is_file()
+        exists = os.path.lexists(p / "config.json")
         served = ModelRef("served", choice, str(p.absolute()), exists, choice, name=_name_of(choice),
                           note=None if exists else f"serve.model {choice} is not a model directory (no config.json)")
         origin = "serve.model"

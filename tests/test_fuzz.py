@@ -338,11 +338,14 @@ def test_fuzz_recipes_overrides_and_model_directories(tmp_path, tmp_home, monkey
     counts: dict[str, Counter] = {"recipes": Counter(), "overrides": Counter(), "models": Counter(),
                                   "subprocess": Counter()}
     failures: list[dict] = []
+    passed_models: list[str] = []  # damaged model directories a command accepted (a damage it does not read)
     commands = [["validate"], ["plan"], ["serve", "--dry-run"]]
 
     def record(group: str, case: str, args: list[str], result: tuple[str, str]) -> None:
         verdict, out = result
         counts[group][verdict.split(":")[0] if verdict.startswith("FAIL") else verdict] += 1
+        if group == "models" and verdict == "exit 0":
+            passed_models.append(f"{case} | {' '.join(args[:1] + args[2:])}")
         if verdict.startswith("FAIL"):
             failures.append({"group": group, "case": case, "args": [a[:200] for a in args], "verdict": verdict,
                              "output": out[-600:]})
@@ -373,10 +376,12 @@ def test_fuzz_recipes_overrides_and_model_directories(tmp_path, tmp_home, monkey
         if rng.random() < 0.3:
             what += " + " + break_model(rng, d)
         recipe = tmp_path / f"m{i}.yaml"
-        recipe.write_text(f"name: fuzz\nmodel: {{source: {json.dumps(str(d))}}}\n"
-                          "quantize: {method: gptq, bits: 4, group_size: 64}\n"
+        quantize = "quantize: {method: gptq, bits: 4, group_size: 64}\n" if rng.random() < 0.5 else ""  # or serve it
+        recipe.write_text(f"name: fuzz\nmodel: {{source: {json.dumps(str(d))}}}\n{quantize}"
                           "serve: {max_model_len: 2048, cpu: {kv_cache_space_gib: 1}}\n")
-        for args in (["model", "info", str(d)], rng.choice([["plan", str(recipe)], ["quantize", str(recipe), "--check"]])):
+        second = rng.choice([["plan", str(recipe)], ["serve", str(recipe), "--dry-run"]]
+                            + ([["quantize", str(recipe), "--check"]] if quantize else []))
+        for args in (["model", "info", str(d)], second):
             record("models", f"m{i}: {what}", args, outcome(args))
 
     # a few real processes: the exit code and the stderr of the real entry point
@@ -393,7 +398,8 @@ def test_fuzz_recipes_overrides_and_model_directories(tmp_path, tmp_home, monkey
         record("subprocess", f"#{i}", args, result)
 
     summary = {"seed": SEED, "counts": {g: dict(sorted(c.items())) for g, c in counts.items()},
-               "cases": sum(sum(c.values()) for c in counts.values()), "failures": failures}
+               "cases": sum(sum(c.values()) for c in counts.values()), "failures": failures,
+               "models_exit_0": passed_models}
     (tmp_path / "fuzz-counts.json").write_text(json.dumps(summary, indent=1))
     print(f"\nfuzz (seed {SEED}): {summary['cases']} cases; "
           + "; ".join(f"{g}: " + ", ".join(f"{k} x{v}" for k, v in sorted(c.items())) for g, c in counts.items())

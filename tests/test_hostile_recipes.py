@@ -236,6 +236,18 @@ def test_plan_and_quantize_check_refuse_a_malformed_model(tmp_path, tmp_home, na
         assert r.exit_code == 2 and MALFORMED[name][1] in r.output and "internal error" not in r.output, (args, r.output)
 
 
+@pytest.mark.parametrize("name", ["config_list", "text_config_list", "config_fifo", "config_dir"])
+def test_serving_a_malformed_original_model_is_refused(tmp_path, tmp_home, name):
+    """Without a quantize section the original is served: its dtype and quantization are read from config.json,
+    which must then be a readable JSON object (a FIFO there is not "no model here")."""
+    d = _broken(tmp_path, name)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(f"name: t\nmodel: {{source: '{d}'}}\nserve: {{max_model_len: 2048, cpu: {{kv_cache_space_gib: 1}}}}\n")
+    for args in (["serve", str(recipe), "--dry-run"], ["serve", str(recipe), "--emit", "k8s"], ["plan", str(recipe)]):
+        r = invoke(*args)
+        assert r.exit_code == 2 and MALFORMED[name][1] in r.output and "internal error" not in r.output, (args, r.output)
+
+
 def test_symlink_loop_as_the_model_directory(tmp_path):
     loop = tmp_path / "loop"
     os.symlink(loop.name, loop)
