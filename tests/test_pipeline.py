@@ -426,6 +426,12 @@ def test_run_serve_and_bench_share_one_server(tmp_path, serving_stages):
     assert stage_json["summary"]["servers"][0]["reused"] is True  # the stage's own record says so too
     (_, pid, _), (_, pid2, _) = serving_stages["seen"]
     assert pid == pid2
+    import runpy
+
+    from tests.conftest import ROOT
+
+    count = runpy.run_path(str(ROOT / "benchmarks" / "server_starts.py"))["starts"]  # counts from the logs
+    assert [who for _, who, _ in count(Path(res.run_dir))] == ["serve (used by serve, bench)"]
     from infertool.procs import group_members
 
     assert not group_members(pid)
