@@ -179,3 +179,51 @@ def test_chat_and_keep_alive_and_a_closed_connection():
     with FakeOpenAI(itl_ms=0) as srv:
         results = asyncio.run(go(srv.url))
     assert all(r.ok and r.output_tokens == 5 and len(r.itl) == 4 for r in results), results
+
+
+def test_other_http_framings_from_the_standard_library_server():
+    """http.server (HTTP/1.0: the body ends when the connection closes; or a Content-Length), CRLF event
+    ends, an error status with its text: parsed like vLLM's chunked stream."""
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            if body["prompt"] == "fail":
+                self.send_response(503)
+                self.end_headers()
+                self.wfile.write(b"overloaded")
+                return
+            events = [b'data: {"choices":[{"text":"x"}]}\r\n\r\n'] * 3
+            events.append(b'data: {"choices":[],"usage":{"prompt_tokens":2,"completion_tokens":3}}\r\n\r\n')
+            events.append(b"data: [DONE]\r\n\r\n")
+            self.send_response(200)
+            if body["prompt"] == "length":
+                self.send_header("Content-Length", str(sum(map(len, events))))
+            self.end_headers()
+            for e in events:
+                self.wfile.write(e)
+                self.wfile.flush()
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{srv.server_address[1]}/v1"
+
+    async def go() -> list[RequestResult]:
+        pool = Pool(url)
+        target = Target(url, "m")
+        out = [await send(pool, target, p, 3, time.monotonic()) for p in ("close", "length", "fail")]
+        await pool.close()
+        return out
+
+    try:
+        close, length, fail = asyncio.run(go())
+    finally:
+        srv.shutdown()
+    for r in (close, length):
+        assert r.ok and r.output_tokens == 3 and r.prompt_tokens == 2 and len(r.itl) == 2, r
+    assert not fail.ok and fail.error == "HTTP 503: overloaded"
