@@ -24,7 +24,7 @@ def env_setup(
     force: bool = force_opt("Rebuild even when the environment is up to date."),
     variant: Optional[str] = typer.Option(None, "--variant", metavar="cpu|cuda", help="Default: detected from the host."),
     requirements: Optional[Path] = typer.Option(None, "--requirements", "-r", metavar="FILE", help="Define a custom environment NAME from a requirements file."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=16, help="Environments built at once (default: one per core, up to one per environment)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=16, metavar="N", help="Environments built at once (default: one per core, up to one per environment)."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Create the managed environments (idempotent: an up-to-date one is left alone).
