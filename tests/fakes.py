@@ -229,8 +229,7 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
                 if trickle is not None and not slow:
                     keep.append(r)
                     continue
-                if left == n:
-                    ttfts.append(now - arrived)
+                first = left == n
                 left -= 1
                 if left <= 0:
                     proto.t.write(token[endpoint] + tail(endpoint, n, ptoks))
@@ -238,6 +237,8 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
                     proto.t.write(token[endpoint])
                     r[1] = left
                     keep.append(r)
+                if first:  # when the first token left (late in a busy tick), not when the tick began
+                    ttfts.append(_time.perf_counter() - arrived)
             running[:] = keep
             nxt = max(when + step, loop.time())
             loop.call_at(nxt, tick, nxt)
