@@ -81,7 +81,7 @@ def layout_model(d: Path, key: str, *, shards: int = 4, **config_extra) -> Path:
 # A cheap OpenAI-compatible streaming server for the load generator's tests and benchmarks/loadgen_vs_vllm.py:
 # raw asyncio (no framework), in its own process, so that it is never the limit of what it measures. Like an
 # inference engine it steps: every ``itl_ms`` one tick writes one token to every running stream (``itl_ms=0``:
-# the whole answer at once). It reports what it really did at GET /stats: the spacing of its ticks and the
+# the whole answer at once). It reports what it really did at GET /stats: each stream's time between two token writes and the
 # time from a request's arrival to its first token (the true ITL and TTFT a client should measure).
 
 _COMPLETION_CHUNK = ('{"id":"cmpl-0","object":"text_completion","created":0,"model":"m","choices":[{"index":0,'
@@ -116,6 +116,7 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
     running: list = []  # [protocol, tokens left, arrival time, endpoint]
     served = [0]
     prompts: list[str] = []  # the prompts received (for checks that every request was sent once)
+    gaps: list[float] = []  # every stream's time between two token writes
 
     def simple(status: str, body: bytes, ctype: str = "application/json") -> bytes:
         return (f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n\r\n").encode() + body
@@ -162,15 +163,16 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
                     else b"vllm:num_requests_running %d\nvllm:num_requests_waiting 0\n" % len(running)
                 self.t.write(simple("200 OK", text, "text/plain"))
             elif path.endswith("/stats"):
-                gaps = sorted(ticks)
+                g, tk = sorted(gaps), sorted(ticks)
                 tt = sorted(ttfts)
-                stats = {"itl_ms": (gaps[len(gaps) // 2] * 1000) if gaps else 0.0,
-                         "itl_mean_ms": (sum(gaps) / len(gaps) * 1000) if gaps else 0.0,
+                stats = {"itl_ms": (g[len(g) // 2] * 1000) if g else 0.0,
+                         "itl_mean_ms": (sum(g) / len(g) * 1000) if g else 0.0,
+                         "tick_ms": (tk[len(tk) // 2] * 1000) if tk else 0.0,
                          "ttft_ms": (tt[len(tt) // 2] * 1000) if tt else None, "requests": served[0],
                          "ticks": len(ticks), "prompts": prompts[:100_000]}
                 self.t.write(simple("200 OK", _json.dumps(stats).encode()))
             elif path.endswith("/stats/reset"):
-                ticks.clear(), ttfts.clear(), prompts.clear()
+                ticks.clear(), ttfts.clear(), prompts.clear(), gaps.clear()
                 served[0] = 0
                 self.t.write(simple("200 OK", b"{}"))
             elif method == "POST" and path.endswith("completions"):
@@ -187,13 +189,13 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
                 first = head_ok + (_sse(_CHAT_FIRST) if endpoint == "chat" else b"")
                 if behaviour == "trickle":  # a chunk a second, for ever (until the client gives up)
                     self.t.write(first)
-                    running.append([self, 10 ** 9, now, endpoint, ptoks, 1.0, n])
+                    running.append([self, 10 ** 9, now, endpoint, ptoks, 1.0, n, now])
                 elif itl_ms <= 0:
                     self.t.write(first + token[endpoint] * n + tail(endpoint, n, ptoks))
                     ttfts.append(_time.perf_counter() - now)
                 else:
                     self.t.write(first)
-                    running.append([self, n, now, endpoint, ptoks, None, n])
+                    running.append([self, n, now, endpoint, ptoks, None, n, now])
             else:
                 self.t.write(simple("404 Not Found", b'{"error":"not found"}'))
 
@@ -223,7 +225,7 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
                 last_trickle[0] = now
             keep = []
             for r in running:
-                proto, left, arrived, endpoint, ptoks, trickle, n = r
+                proto, left, arrived, endpoint, ptoks, trickle, n, _ = r
                 if proto.t is None:
                     continue
                 if trickle is not None and not slow:
@@ -237,8 +239,12 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
                     proto.t.write(token[endpoint])
                     r[1] = left
                     keep.append(r)
+                wrote = _time.perf_counter()
                 if first:  # when the first token left (late in a busy tick), not when the tick began
-                    ttfts.append(_time.perf_counter() - arrived)
+                    ttfts.append(wrote - arrived)
+                elif trickle is None and len(gaps) < 1_000_000:
+                    gaps.append(wrote - r[7])  # this stream's own spacing: the true ITL
+                r[7] = wrote
             running[:] = keep
             nxt = max(when + step, loop.time())
             loop.call_at(nxt, tick, nxt)

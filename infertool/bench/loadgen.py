@@ -196,15 +196,17 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
             try:
                 while c.poll():
                     inbox.put_nowait((k, c.recv()))
-            except (EOFError, OSError):
+            except (EOFError, OSError):  # the process ended (after its results, or without them)
                 loop.remove_reader(c.fileno())
-                inbox.put_nowait((k, ("error", "the load-generator process ended without its results")))
+                inbox.put_nowait((k, ("eof",)))
 
         loop.add_reader(parent.fileno(), readable)
     try:
         ready = 0
         while ready < processes:
             k, msg = await inbox.get()
+            if msg[0] == "eof":
+                msg = ("error", "it ended at once")
             if msg[0] != "ready":
                 raise RuntimeFailure(f"load-generator process {k} failed to start: {msg[-1]}")
             ready += 1
@@ -216,9 +218,13 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
         results: list[RequestResult] = []
         stats: list[dict] = []
         progress = [0] * processes
-        finished = 0
-        while finished < processes:
+        finished: set[int] = set()
+        while len(finished) < processes:
             k, msg = await inbox.get()
+            if msg[0] == "eof" and k in finished:
+                continue
+            if msg[0] == "eof":
+                msg = ("error", "the load-generator process ended without its results")
             if msg[0] == "progress":
                 progress[k] = msg[1]
                 on_progress(sum(progress))
@@ -227,7 +233,7 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
                 stats.append(msg[2])
                 progress[k] = len(msg[1])
                 on_progress(sum(progress))
-                finished += 1
+                finished.add(k)
             else:
                 raise RuntimeFailure(f"load-generator process {k} failed: {msg[-1]}",
                                      hint="set bench.client_processes: 1 to send from this process")
