@@ -142,10 +142,12 @@ def test_choose_processes(monkeypatch):
     monkeypatch.setattr(loadgen, "usable_cores", lambda: 8)
     assert loadgen.choose_processes("auto", Level("concurrency", 32)) == 1
     assert loadgen.choose_processes("auto", Level("concurrency", 128)) == 2
-    assert loadgen.choose_processes("auto", Level("concurrency", 4096)) == 8
+    assert loadgen.choose_processes("auto", Level("concurrency", 4096)) == 7  # a core left over
     assert loadgen.choose_processes("auto", Level("rate", 600.0)) == 3
     assert loadgen.choose_processes(3, Level("concurrency", 1)) == 3
     assert loadgen.choose_processes(4, Level("static", 64)) == 1  # a static batch is one process's
+    monkeypatch.setattr(loadgen, "usable_cores", lambda: 2)
+    assert loadgen.choose_processes("auto", Level("concurrency", 128)) == 1
 
 
 def test_chunk_scan_matches_json():

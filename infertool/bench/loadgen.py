@@ -18,7 +18,8 @@ connections) sends requests i with i % N == k and 1/N of the concurrency (open-l
 the same way, so together they are the same Poisson process); the results are merged. All timestamps
 are relative to one start on the system-wide monotonic clock. ``auto``: one process per
 STREAMS_PER_PROCESS concurrent streams (rates: per RATE_PER_PROCESS requests/s), at most one per usable
-core; static batches are always sent by one process.
+core but one (on 2 cores, where a local server needs one, 1 process measured truer than 2); static
+batches are always sent by one process.
 """
 
 from __future__ import annotations
@@ -119,7 +120,7 @@ def choose_processes(setting, level) -> int:
         want = math.ceil(level.value / RATE_PER_PROCESS)
     else:
         want = math.ceil(level.value / STREAMS_PER_PROCESS)
-    return max(1, min(want, usable_cores()))
+    return max(1, min(want, usable_cores() - 1))  # a core left for the parent, the OS, a local server
 
 
 # ------------------------------------------------------------------------------------------ several processes
