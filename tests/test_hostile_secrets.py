@@ -340,7 +340,7 @@ from infertool.evaluate.hf_engine import _load_model
 try:
     _load_model(sys.argv[2], None, sys.argv[3] == "1")
 except Exception as e:
-    print(type(e).__name__, str(e)[:300])
+    print(type(e).__name__, str(e))
 '''
 
 
