@@ -48,7 +48,10 @@ def starts(run: Path) -> list[tuple[str, str, str]]:
     manifest = _json(run / "manifest.json")
     if "servers" in manifest:
         for rec in manifest["servers"]:
-            found += _headers(Path(rec["log"]), f"{rec['started_by']} (used by {', '.join(rec['used_by'])})")
+            log = Path(rec["log"])
+            if not log.is_absolute() and not log.is_file():  # runs that recorded it relative to their cwd
+                log = run / "servers" / log.name
+            found += _headers(log, f"{rec['started_by']} (used by {', '.join(rec['used_by'])})")
     else:
         if (run / "serve").exists():
             found += _headers(run / "serve" / "server.log", "serve")

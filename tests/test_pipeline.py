@@ -293,6 +293,14 @@ def _gone(launched) -> bool:
     return not group_members(launched.pid)
 
 
+
+def test_pool_records_log_paths_that_hold_from_any_directory(tmp_path, monkeypatch):
+    from infertool.serve.pool import ServerPool
+
+    monkeypatch.chdir(tmp_path)
+    assert ServerPool("out/runs/x/servers", gpu=False, memory=lambda: None).log_dir == tmp_path / "out/runs/x/servers"
+
+
 def test_pool_starts_one_server_per_launch_and_stops_them_all(tmp_path):
     from infertool.serve import launch
     from infertool.serve.pool import ServerPool, launch_key

@@ -85,7 +85,7 @@ class ServerPool:
 
     def __init__(self, log_dir: str | Path, *, gpu: bool, on_event: Callable[[dict], None] | None = None,
                  memory: Callable[[], int | None] | None = None):
-        self.log_dir = Path(log_dir)
+        self.log_dir = Path(log_dir).absolute()  # the manifest's log paths hold from any working directory
         self.gpu = gpu
         self.on_event = on_event
         if memory is None:
