@@ -281,7 +281,7 @@ def test_uv_runs_without_its_own_index_settings_and_with_the_shared_cache(tmp_ho
     assert "UV_INDEX_URL" not in env and "UV_EXTRA_INDEX_URL" not in env and env["PATH"] == "/bin"
     assert env["UV_CACHE_DIR"] == str(tmp_home.resolve() / "cache" / "uv") and env["SSL_CERT_FILE"] == "/ca"
     cmd = installer.install_cmd(inst, Path("/e/bin/python"), "-r", "req.txt", pip_args=[])
-    assert cmd[:6] == ["uv", "pip", "install", "--no-config", "--python", "/e/bin/python"]
+    assert cmd[:7] == ["uv", "pip", "install", "--no-config", "--compile-bytecode", "--python", "/e/bin/python"]
 
 
 def test_the_installer_is_no_part_of_the_fingerprint(monkeypatch):
@@ -307,6 +307,8 @@ def test_uv_and_pip_build_the_same_environment(tmp_home, tmp_path, monkeypatch):
         marker = env_state.read_marker(f"tiny-{kind}")
         assert marker["installer"].split()[0] == kind
         freezes[kind] = sorted(l for l in (env_dir(f"tiny-{kind}") / "pip-freeze.txt").read_text().splitlines() if "==" in l)
+        # both leave compiled bytecode (an env without it recompiles at every start under PYTHONDONTWRITEBYTECODE)
+        assert list(env_dir(f"tiny-{kind}").glob("lib/python*/site-packages/__pycache__/six.*.pyc")), kind
         assert manage.doctor(f"tiny-{kind}").healthy
     assert freezes["uv"] == freezes["pip"]
     assert (tmp_home / "cache" / "uv").is_dir()  # the shared cache lives in the home
