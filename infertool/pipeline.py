@@ -9,9 +9,11 @@ directory ``<out_dir>/<recipe>-<timestamp>/`` links each stage's entry and holds
 (resolved recipe, input hashes, environment versions, each stage's status, timings and summary).
 
 The stages that serve (serve's check, bench's arms, eval's and profile's vllm engines) share the run's
-servers (``infertool.serve.pool``): one vLLM start per distinct launch. A stage that runs an engine
-in-process (quantize, hf eval, hf profile) gets the device first: on a GPU every pooled server stops
-before it. The manifest's ``servers`` lists each server started (who started it, who used it, its
+servers (``infertool.serve.pool``): one vLLM start per distinct launch, quantize's load check included (its
+server serves the checkpoint the stage publishes, with the recipe's serve settings: serve's check and bench
+share it). A stage that runs an engine in-process (quantize, hf eval, hf profile) gets the device first: on a
+GPU every pooled server stops before it; on a CPU idle servers stay while memory allows (hf profile records the
+CPU time they took beside it). The manifest's ``servers`` lists each server started (who started it, who used it, its
 start-up seconds and log), and each stage's record says which servers it used (started or reused).
 """
 
@@ -114,7 +116,7 @@ def _stage_model(ctx: StageContext) -> dict:
 def _stage_quantize(ctx: StageContext) -> dict:
     from infertool.quantize.core import quantize
 
-    res = quantize(ctx.recipe, out=ctx.work / "model", force=True, on_event=ctx.on_event)
+    res = quantize(ctx.recipe, out=ctx.work / "model", force=True, on_event=ctx.on_event, pool=ctx.servers)
     d = res.to_dict()
     (ctx.work / "quantize.json").write_text(json.dumps(d, indent=2, default=str))
     return {"model": "model", "method": d.get("method"), "backend": d.get("backend"), "size": d.get("size"),
@@ -436,6 +438,11 @@ def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Pat
                                 "reuse": n not in force and (root / ".stages" / f"{n}-{k}" / "stage.json").is_file()}
                             for n, k in keys.items()},
                  "resolution": res.to_dict(), "inputs": inputs, "launches": {}}
+    if "quantize" in chosen and _load_check_runs(recipe, res):
+        from infertool.quantize.verify import plans as load_check_plans
+
+        out["launches"]["quantize: load check"] = load_check_plans(res, res.candidate, dry_run=True,
+                                                                   original=False)["quantized"].to_dict()
     if "serve" in chosen:
         from infertool.serve import prepare
 
@@ -459,6 +466,16 @@ def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Pat
         servers.setdefault(launch_key(launch), []).append(label)
     out["servers"] = [{"key": k, "used_by": v} for k, v in servers.items()]
     return out
+
+
+def _load_check_runs(recipe, res) -> bool:
+    """Whether the quantize stage's vLLM load check runs here (as `infertool quantize` decides without
+    --verify/--no-verify): a GPTQ/AWQ checkpoint, a recipe for this host, and the serve environment set up."""
+    from infertool.envs.state import state
+
+    q = recipe.quantize
+    return (q is not None and q.method != "bnb" and res.target.this_host and res.candidate is not None
+            and state("serve").status == "ready")
 
 
 def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | None = None,
@@ -521,13 +538,23 @@ def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, 
 
         def started(name=name, rec=rec) -> None:
             if uses_device(recipe, name):
-                pool.before_device_stage(name, _device_need(upstream), measures=name == "profile")
+                pool.before_device_stage(name, _device_need(upstream))
             _write_json(run_dir / "manifest.json", manifest)
             if on_stage:
                 on_stage(name, "running", rec)
 
-        def body(work: Path, name=name, func=STAGE_FUNCS[name]) -> dict:
+        works: list[Path] = []
+
+        def body(work: Path, name=name, func=STAGE_FUNCS[name], works=works) -> dict:
+            works.append(work)
+            # hf profile times this machine: what idle servers beside it took meanwhile is measured and kept
+            beside = pool.running() if name == "profile" and uses_device(recipe, name) else []
+            cpu0 = pool.cpu_seconds() if beside else 0.0
+            t_body = time.monotonic()
             summary = func(StageContext(recipe, run_dir, work, upstream, on_event, pool))
+            if beside and isinstance(summary, dict):
+                summary["servers_beside"] = _beside(len(beside), pool.cpu_seconds() - cpu0,
+                                                    time.monotonic() - t_body, on_event)
             used = pool.uses_by(name)
             return {**summary, "servers": used} if used and isinstance(summary, dict) else summary
 
@@ -552,6 +579,8 @@ def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, 
             _note_servers(rec, pool, name)
             raise
         summary, seconds = st.summary, st.seconds
+        if st.status == "done" and works:
+            pool.moved(works[0], entry)  # a server started from the stage's files (quantize's load check) follows them
         if not any(uses_servers(recipe, later) for later in chosen[i + 1:]):
             pool.stop_all("no later stage serves")
         if st.status == "reused":
@@ -574,6 +603,22 @@ def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, 
             exit_code = 1  # the verdict gates the run (documented): the other stages still run
     manifest["resolution"] = _final_resolution(recipe, upstream)
     return exit_code
+
+
+BESIDE_WARN_SHARE = 0.02  # of one core: idle vLLM servers measured under 0.01
+
+
+def _beside(servers: int, cpu_s: float, stage_s: float, on_event: EventCallback | None) -> dict:
+    """The idle servers that ran beside a timing stage, and the CPU time they took meanwhile (said when it is
+    more than an idle server takes: the stage's figures may then be low)."""
+    share = cpu_s / stage_s if stage_s > 0 else 0.0
+    d = {"servers": servers, "cpu_s": round(cpu_s, 2), "stage_s": round(stage_s, 1), "core_share": round(share, 4)}
+    if share > BESIDE_WARN_SHARE and on_event:
+        on_event({"event": "log", "level": "warning",
+                  "message": f"{servers} idle vLLM server(s) beside profile used {cpu_s:.1f} CPU-s in its {stage_s:.0f} s "
+                             f"({share:.0%} of a core): its timings may be low; `infertool profile` alone measures "
+                             "without them"})
+    return d
 
 
 def _note_servers(rec: dict, pool, name: str) -> None:

@@ -40,6 +40,21 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
+def group_cpu_seconds(pgid: int) -> float:
+    """CPU time (user + system) used so far by the live processes of a process group, from /proc (Linux):
+    the difference of two readings is what the group used in between (a member that exits meanwhile takes
+    its share with it)."""
+    ticks = 0
+    for pid in group_members(pgid):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[-1].split()
+            ticks += int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15 of stat)
+        except (OSError, IndexError, ValueError):
+            continue
+    return ticks / os.sysconf("SC_CLK_TCK")
+
+
 def process_start_time(pid: int) -> int | None:
     """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid, it
     tells a process from a later one that got a recycled pid."""

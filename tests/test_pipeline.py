@@ -354,14 +354,57 @@ def test_pool_keeps_what_the_device_holds(tmp_path):
     assert cpu.records[-2]["stopped"] == "test measures another server alone"
     cpu.before_device_stage("quantize", 1 << 30)  # memory allows: the idle server stays
     assert cpu.running() == [measured.key]
-    cpu.before_device_stage("profile", 1 << 30, measures=True)  # a timing stage runs alone
-    assert cpu.running() == [] and cpu.records[-1]["stopped"] == "profile measures this machine alone"
+    cpu.before_device_stage("profile", 1 << 30)  # hf profile too (the run measures what idle servers take)
+    assert cpu.running() == [measured.key]
+    before = cpu.cpu_seconds()
+    assert isinstance(before, float) and 0 <= before <= cpu.cpu_seconds()
+    free[0] = 0
+    cpu.before_device_stage("profile", 1 << 30)  # no room: it goes
+    assert cpu.running() == [] and cpu.records[-1]["stopped"].startswith("profile runs in-process")
+    assert cpu.cpu_seconds() == 0.0
     unknown = ServerPool(tmp_path / "u", gpu=False, memory=lambda: None)
     s1 = unknown.get(a)
     unknown.get(b)
     assert _gone(s1) and len(unknown.running()) == 1
     cpu.close()
     unknown.close()
+
+
+def model_plan(tmp_path, model: Path, purpose: str = "test"):
+    """The stub's launch of a model directory: its path is part of the command line, as vLLM's --model is."""
+    from dataclasses import replace
+
+    plan = stub_plan(tmp_path, "recipe", purpose)
+    argv = plan.spec.argv[:2] + ["--model", str(Path(model).absolute())] + plan.spec.argv[2:]
+    return replace(plan, spec=replace(plan.spec, argv=argv, model=str(Path(model).absolute())))
+
+
+def test_pool_follows_a_model_that_moved(tmp_path):
+    """A server started on a checkpoint in a temporary directory (quantize's load check) serves the same files
+    after the directory is renamed into place: ``moved`` re-keys it, the launch from the new path shares it."""
+    import os
+
+    from infertool.serve.pool import ServerPool, launch_key
+
+    tmp_dir, final = tmp_path / ".out.123.tmp", tmp_path / "out"
+    (tmp_dir / "model").mkdir(parents=True)
+    with ServerPool(tmp_path / "s", gpu=False, memory=lambda: 1 << 40) as pool:
+        pool.user = "quantize"
+        first = pool.get(model_plan(tmp_path, tmp_dir / "model"))
+        other = pool.get(stub_plan(tmp_path, "b"))  # another model: untouched
+        os.replace(tmp_dir, final)
+        assert pool.moved(tmp_dir / "unrelated", final / "x") == []
+        assert pool.moved(tmp_dir, final) == [launch_key(model_plan(tmp_path, final / "model").spec)]
+        pool.user = "serve"
+        again = pool.get(model_plan(tmp_path, final / "model"))
+        assert again.reused and again.pid == first.pid and other.key in pool.running()
+        rec = pool.records[0]
+        assert rec["used_by"] == ["quantize", "serve"] and rec["model_path"] == str(final / "model")
+        assert rec["moved"] == [{"from": str(tmp_dir / "model"), "to": str(final / "model"), "by": "quantize"}]
+        pool.release(again, "the check failed")  # stopped now, by whoever found it unusable
+        assert _gone(first) and pool.records[0]["stopped"] == "the check failed" and pool.running() == [other.key]
+        pool.release(again, "twice")  # already stopped: nothing more
+    assert _gone(other)
 
 
 def test_pool_restarts_a_server_that_died(tmp_path):
@@ -453,6 +496,54 @@ def test_run_serve_and_bench_share_one_server(tmp_path, serving_stages):
     assert [s[0] for s in serving_stages["seen"]] == ["bench"]
 
 
+def test_run_shares_the_load_checks_server_with_serve_and_bench(tmp_path, monkeypatch):
+    """quantize's load check starts the server from the stage's temporary directory; the stage is renamed into
+    its entry; profile (hf) runs beside the idle server, which is measured; serve's check and bench launch the
+    published checkpoint and share that server: one start in the run."""
+    from infertool.serve import launch
+
+    seen = []
+
+    def quantize(ctx):
+        (ctx.work / "model").mkdir()
+        with launch(model_plan(tmp_path, ctx.work / "model"), pool=ctx.servers) as srv:
+            seen.append(("quantize", srv.pid, srv.reused))
+        return {"model": "model"}
+
+    def serving(name):
+        def fn(ctx):
+            with launch(model_plan(tmp_path, Path(ctx.upstream["quantize"]["dir"]) / "model"), pool=ctx.servers) as srv:
+                seen.append((name, srv.pid, srv.reused))
+            return {"stage": name}
+        return fn
+
+    funcs = {n: (lambda ctx, n=n: {"stage": n}) for n in pipeline.STAGE_ORDER}
+    funcs.update(quantize=quantize, serve=serving("serve"), bench=serving("bench"))
+    monkeypatch.setattr(pipeline, "STAGE_FUNCS", funcs)
+    r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, profile={}, serve={}, bench={})
+    res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    m = json.loads((Path(res.run_dir) / "manifest.json").read_text())
+    assert [(s["started_by"], s["used_by"]) for s in m["servers"]] == [("quantize", ["quantize", "serve", "bench"])]
+    entry = Path(m["stages"]["quantize"]["dir"]).absolute()
+    moved = m["servers"][0]["moved"]
+    assert moved[-1]["to"] == str(entry / "model") and moved[-1]["from"].startswith(str(entry.parent / ".quantize-"))
+    assert [(n, reused) for n, _, reused in seen] == [("quantize", False), ("serve", True), ("bench", True)]
+    assert len({pid for _, pid, _ in seen}) == 1
+    beside = m["stages"]["profile"]["summary"]["servers_beside"]
+    assert beside["servers"] == 1 and 0 <= beside["cpu_s"] and beside["stage_s"] >= 0
+    from infertool.procs import group_members
+
+    assert not group_members(seen[0][1])
+
+
+def test_beside_warns_when_idle_servers_were_not_idle():
+    said = []
+    quiet = pipeline._beside(1, 0.05, 20.0, said.append)
+    assert quiet == {"servers": 1, "cpu_s": 0.05, "stage_s": 20.0, "core_share": 0.0025} and said == []
+    busy = pipeline._beside(2, 5.0, 20.0, said.append)
+    assert busy["core_share"] == 0.25 and "25% of a core" in said[0]["message"] and said[0]["level"] == "warning"
+
+
 def test_interrupted_run_stops_its_servers(tmp_path, serving_stages):
     from infertool.procs import group_members
 
@@ -486,3 +577,8 @@ def test_dry_run_says_which_launches_share_a_server(tmp_path, monkeypatch):
     plan = pipeline.plan_pipeline(with_eval, out_dir=tmp_path / "runs")
     assert [s["used_by"] for s in plan["servers"]] == [["serve", "bench: the sweep", "eval: candidate"],
                                                        ["bench: the original", "eval: base"]]
+    # with the serve environment set up, quantize's load check serves the published checkpoint the same way
+    monkeypatch.setattr(pipeline, "_load_check_runs", lambda recipe, res: True)
+    plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
+    assert [s["used_by"] for s in plan["servers"]] == [["quantize: load check", "serve", "bench: the sweep"],
+                                                       ["bench: the original"]]

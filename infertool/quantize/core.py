@@ -149,8 +149,11 @@ def quantize(
     verify: bool | None = None,
     force: bool = False,
     on_event: EventCallback | None = None,
+    pool: Any = None,
 ) -> QuantizeResult:
-    """Run (or with ``check=True`` only preflight) the recipe's quantize section."""
+    """Run (or with ``check=True`` only preflight) the recipe's quantize section. ``pool`` (a run's
+    ``ServerPool``): the load check's vLLM server stays running for the run's later stages, re-keyed to the
+    published checkpoint (serve's check and bench launch it with the same settings)."""
     from infertool.models.info import model_info, safetensors_stats, weight_files
     from infertool.perf.host import has_cuda
     from infertool.quantize import verify as load_check
@@ -309,7 +312,7 @@ def quantize(
             verify_result = load_check.load_check(res, ModelRef("candidate", str(model_out), str(model_out), True,
                                                                 res.candidate.label, res.candidate.quantization,
                                                                 name=res.candidate.name),
-                                                  log_dir=log_dir, on_event=on_event, reference=reference)
+                                                  log_dir=log_dir, on_event=on_event, reference=reference, pool=pool)
             timings["verify"] = time.monotonic() - t
             if not verify_result.get("generated"):
                 base.warnings.append(f"verify: {verify_result.get('reason')}")
@@ -369,6 +372,8 @@ def quantize(
             fields["held_out"] = held
         write_manifest(model_out, build_manifest(**fields))
         _publish(model_out, dest)
+        if pool is not None:
+            pool.moved(model_out, dest)  # the load check's server now serves the published checkpoint's files
         base.manifest_path = str(dest / MANIFEST_NAME)
     finally:
         if work.exists():

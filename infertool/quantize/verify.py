@@ -117,10 +117,14 @@ def vllm_engine(plan) -> str:
 
 
 def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], None] | None = None,
-               reference: dict | None = None, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS) -> dict:
+               reference: dict | None = None, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS,
+               pool=None) -> dict:
     """Serve the quantized checkpoint as the recipe serves it and compare its greedy tokens with the original's:
     ``reference`` (the original's greedy tokens computed in the quantizer's environment: engine, prompts,
-    max_tokens, tokens) when given, else the original served by vLLM the same way, after the quantized one."""
+    max_tokens, tokens) when given, else the original served by vLLM the same way, after the quantized one.
+    ``pool`` (a run's ``ServerPool``): the quantized checkpoint's server is started through it and left running
+    for the run's later stages (``ServerPool.moved`` follows the checkpoint to its published place); a server
+    that cannot generate here is stopped."""
     from infertool.serve import launch
     from infertool.serve.launcher import HOST_KERNEL_MISSING, HostCannotRun, full_log, log_tail
 
@@ -142,7 +146,8 @@ def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], 
     t = time.monotonic()
     log_q = log_dir / "vllm-quantized.log"
     try:
-        with launch(p["quantized"], log_q, label="the load check (quantized)") as srv:
+        with launch(p["quantized"], log_q, label="the load check (quantized)", pool=pool) as srv:
+            log_q = Path(srv.log_path)  # through a pool: the run's server log
             timings["ready_quantized"] = time.monotonic() - t
             emit(1, "greedy generation (quantized)")
             t = time.monotonic()
@@ -150,6 +155,8 @@ def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], 
                 q_ids, q_text = greedy(srv, prompts, max_tokens)
             except (urllib.error.URLError, OSError, ValueError) as e:
                 time.sleep(1.0)  # let the server finish writing its traceback
+                if pool is not None:
+                    pool.release(srv, "the load check: it did not generate")
                 found = HOST_KERNEL_MISSING.search(full_log(log_q))
                 if found:
                     raise HostCannotRun(f"generation failed: {found.group(0)}", log_path=str(log_q)) from None
@@ -158,6 +165,7 @@ def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], 
                                      hint="the full vLLM output is in the log", log_path=str(log_q)) from None
             timings["generate_quantized"] = time.monotonic() - t
     except HostCannotRun as e:
+        log_q = Path(e.log_path) if e.log_path else log_q
         reason = e.message.splitlines()[0]
         if on_event:
             on_event({"event": "log", "level": "warning",
@@ -194,6 +202,7 @@ def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], 
         "host": host,
         "launches": {k: v.to_dict() for k, v in p.items()},
         "timings": timings,
+        "log": str(log_q),
     }
 
 

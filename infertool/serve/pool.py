@@ -11,13 +11,20 @@ What the pool keeps running (``make_room``):
 
 - on a GPU host, ONE server: vLLM claims ``gpu_memory_utilization`` of the device, so a server of
   another launch stops the one running first, and a stage that needs the GPU for itself (an in-process
-  engine: quantize, hf eval, hf profile) runs only after every pooled server is stopped (on a CPU too
-  for hf profile, which times this machine);
+  engine: quantize, hf eval, hf profile) runs only after every pooled server is stopped;
 - on a CPU, idle servers stay while the host's available memory (MemAvailable, ``infertool.perf.host``) covers
   what the next server or in-process stage needs (``need_bytes``: twice the weights on disk, the KV
   cache space and 1 GiB of runtime); the least recently used are stopped until it does, all of them
-  when the memory cannot be read;
-- a measurement (``alone=True``: each bench arm, profile's vllm engine) runs with no other server beside it.
+  when the memory cannot be read. An idle vLLM server waits on its queues (measured: under 0.01 of a core
+  on the CPU build), so hf profile, which times this machine, runs beside idle servers too, and the run
+  records the CPU time they used meanwhile (``cpu_seconds``) with the profile stage;
+- a measurement of a server (``alone=True``: each bench arm, profile's vllm engine) runs with no other
+  server beside it.
+
+A server can outlive the directory it was started from: quantize's load check serves the checkpoint from the
+stage's temporary directory, which is renamed into place afterwards (the same files, the same bytes). ``moved``
+re-keys such a server to the model's new path, so serve's check and bench, which launch the published
+checkpoint with the same settings, share it instead of starting vLLM again; the record keeps both paths.
 
 ``close()`` stops them all: the run calls it at its end, on a failure and on Ctrl-C (the servers are
 tied to infertool besides, so they never outlive it).
@@ -78,6 +85,7 @@ class _Held:
     cm: object  # the launch context manager: leaving it stops the server
     record: dict
     last_used: float
+    spec: object = None  # the launch it stands for now, when its model moved since it started (``moved``)
 
 
 class ServerPool:
@@ -139,6 +147,46 @@ class ServerPool:
         self._use(user, key, False, launched, label)
         return launched
 
+    def moved(self, old: str | Path, new: str | Path) -> list[str]:
+        """The model files of running servers moved from ``old`` to ``new`` (a directory renamed into place, the
+        same files): re-key each server whose model lies in ``old`` as the launch of the same settings from
+        ``new``, so a later stage that launches the model at its new place shares it. Returns the new keys."""
+        old_s, new_s = str(Path(old).absolute()), str(Path(new).absolute())
+
+        def swap(arg: str) -> str:
+            if arg == old_s or arg.startswith(old_s + "/"):
+                return new_s + arg[len(old_s):]
+            return arg
+
+        keys = []
+        for key, held in list(self._held.items()):
+            spec = held.spec or held.launched.plan.spec
+            if swap(str(spec.model)) == str(spec.model):
+                continue
+            moved_spec = replace(spec, argv=[swap(a) for a in spec.argv], model=swap(str(spec.model)))
+            new_key = launch_key(moved_spec)
+            del self._held[key]
+            held.key = new_key
+            held.launched = replace(held.launched, key=new_key)
+            held.record.setdefault("moved", []).append({"from": str(spec.model), "to": moved_spec.model,
+                                                        "by": self.user})
+            held.record.update(key=new_key, model_path=moved_spec.model)
+            held.spec = moved_spec
+            self._held[new_key] = held
+            keys.append(new_key)
+        return keys
+
+    def release(self, launched, why: str) -> None:
+        """Stop the pooled server of ``launched`` now (a check found it cannot serve what it is for)."""
+        if launched.key in self._held:
+            self._stop(launched.key, why)
+
+    def cpu_seconds(self) -> float:
+        """CPU time used so far by the running servers' process groups (two readings: what they used between)."""
+        from infertool.procs import group_cpu_seconds
+
+        return sum(group_cpu_seconds(h.launched.pid) for h in self._held.values() if h.launched.pid)
+
     def uses_by(self, user: str) -> list[dict]:
         return [u for u in self.uses if u["user"] == user]
 
@@ -160,14 +208,12 @@ class ServerPool:
                        else f"{why}: this host's available memory is unknown")
             self._stop(oldest.key, why_now)
 
-    def before_device_stage(self, stage: str, need: int, *, measures: bool = False) -> None:
+    def before_device_stage(self, stage: str, need: int) -> None:
         """Before a stage that runs an engine in this process's workers (quantize, hf eval, hf profile):
-        on a GPU it must have the device, so every pooled server stops; on a CPU, room for ``need``, or
-        nothing beside it when it ``measures`` (profile times this machine)."""
+        on a GPU it must have the device, so every pooled server stops; on a CPU, room for ``need`` (idle
+        servers stay beside it: see the module's docstring)."""
         if self.gpu:
             self.stop_all(f"{stage} needs the GPU")
-        elif measures:
-            self.stop_all(f"{stage} measures this machine alone")
         else:
             self.make_room(need, f"{stage} runs in-process")
 
