@@ -515,6 +515,9 @@ class CPUSpec(BaseModel):
 
     kv_cache_space_gib: _float(le=MAX_KV_GIB, gt=0) = 4
     omp_threads_bind: Text | None = None
+    # cores vLLM keeps free of its OpenMP threads for its front end (VLLM_CPU_NUM_OF_RESERVED_CPU); None: vLLM's
+    # rule (one per rank on x86/ARM). On a 2-core machine that rule leaves decode one thread: 0 measured faster
+    reserved_cpus: _int(0, 1024) | None = None
 
     @field_validator("omp_threads_bind", mode="before")
     @classmethod

@@ -166,6 +166,8 @@ def build_launch(
             add("kv_cache_memory_bytes", int(space * GIB))
         if cpu_spec is not None and cpu_spec.omp_threads_bind:
             env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_spec.omp_threads_bind
+        if cpu_spec is not None and cpu_spec.reserved_cpus is not None:
+            env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(cpu_spec.reserved_cpus)
     extra = list(serve.extra_args)
     _check_extra_args(extra)
     argv.extend(extra)
