@@ -114,7 +114,7 @@ def test_recipe_to_dict_round_trips(tmp_path: Path) -> None:
     recipe = load_recipe(builtin_dir() / "quickstart.yaml")
     data = recipe_to_dict(recipe)
     assert data["quantize"]["method"] == "gptq"
-    assert data["serve"]["cpu"] == {"kv_cache_space_gib": 1.0, "omp_threads_bind": None}
+    assert data["serve"]["cpu"] == {"kv_cache_space_gib": 1.0, "omp_threads_bind": None, "reserved_cpus": 0}
     assert "eval" in data and data["profile"]["batch"] == [1, 8, 32]
     again = validate_recipe_data(data)
     assert again == recipe
@@ -299,7 +299,7 @@ def test_range_checks(tmp_path: Path) -> None:
         + """\
 serve:
   gpu_memory_utilization: 1.5
-  cpu: {kv_cache_space_gib: 0, omp_threads_bind: "all"}
+  cpu: {kv_cache_space_gib: 0, omp_threads_bind: "all", reserved_cpus: -1}
 bench:
   shared_prefix_ratio: 2
   concurrency: []
@@ -313,6 +313,7 @@ profile:
         "serve.gpu_memory_utilization",
         "serve.cpu.kv_cache_space_gib",
         "serve.cpu.omp_threads_bind",
+        "serve.cpu.reserved_cpus",
         "bench.shared_prefix_ratio",
         "bench.concurrency",
         "bench.experiments[0]",

@@ -29,7 +29,7 @@ def test_argv_from_recipe_every_flag():
         distributed_executor_backend="mp", enforce_eager=True, quantization="gptq",
         speculative={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4},
         enable_auto_tool_choice=True, tool_call_parser="hermes", structured_outputs_backend="xgrammar",
-        cpu={"kv_cache_space_gib": 2, "omp_threads_bind": "0-3"}, extra_args=["--seed", 7],
+        cpu={"kv_cache_space_gib": 2, "omp_threads_bind": "0-3", "reserved_cpus": 0}, extra_args=["--seed", 7],
         env={"OMP_NUM_THREADS": 4},
     )
     spec = build_launch(s, "/models/x", "/py", cpu=True)
@@ -50,7 +50,8 @@ def test_argv_from_recipe_every_flag():
     assert "--enable-auto-tool-choice" in a and val("--tool-call-parser") == "hermes"
     assert json.loads(val("--structured-outputs-config")) == {"backend": "xgrammar"}
     assert a[-2:] == ["--seed", "7"]  # extra args last, so they win
-    assert spec.env == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-3", "OMP_NUM_THREADS": "4"}
+    assert spec.env == {"VLLM_CPU_KVCACHE_SPACE": "2", "VLLM_CPU_OMP_THREADS_BIND": "0-3",
+                        "VLLM_CPU_NUM_OF_RESERVED_CPU": "0", "OMP_NUM_THREADS": "4"}
     assert spec.base_url == "http://127.0.0.1:8123"
 
 
