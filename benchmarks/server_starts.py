@@ -3,7 +3,8 @@
 Every server infertool starts writes ``# <time> infertool serve: <command line>`` as the first line of its
 log; this script finds the logs a run's stages wrote and counts those lines:
 
-- quantize's vLLM load check: ``vllm-*.log`` in the quantize stage's log directory (``quantize.json: log_dir``);
+- quantize's vLLM load check: ``vllm-*.log`` in the quantize stage's log directory (``quantize.json: log_dir``),
+  or, in a run whose pool started it (shared with serve and bench), the manifest's ``servers`` below;
 - eval's vllm engine: ``results.json: models.*.server.log`` (the hf engine starts none);
 - serve and bench: the manifest's ``servers`` (one per start, under ``<run>/servers/``) where the run has one;
   a run made before the shared servers: ``serve/server.log`` and ``bench.json``'s ``servers`` (both arms).

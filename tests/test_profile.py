@@ -293,3 +293,18 @@ def test_recorded_nsys_kernels_classify(path):
     b = nsys.kernel_breakdown(rows)
     assert b["class_share"].get("gemm", 0) > 0.2  # a transformer's GPU time is mostly matrix products
     assert b["class_share"].get("other", 0) < 0.5, [r.name for r in rows if r.klass == "other"][:10]
+
+
+def test_half_precision_rule_follows_the_cpu_flags_not_a_noisy_ratio():
+    """The flags decide (as for vLLM's dtype); the measured ratio only where the flags are unknown. The same
+    AVX-512 CPU measured bf16/fp32 0.21 quiet and 0.28 busy: the ratio alone flipped the profile's dtype."""
+    from infertool.profile.core import half_is_slow
+
+    busy = {"bf16_flops": 29e9, "fp32_flops": 104e9}
+    quiet = {"bf16_flops": 65e9, "fp32_flops": 311e9}
+    avx512 = {"avx512f", "avx512bw", "avx2"}
+    assert half_is_slow("bfloat16", busy, avx512) and half_is_slow("bfloat16", quiet, avx512)
+    assert not half_is_slow("bfloat16", quiet, avx512 | {"avx512_bf16"})
+    assert not half_is_slow("bfloat16", quiet, {"amx_bf16"}) and half_is_slow("float16", quiet, {"amx_bf16"})
+    assert not half_is_slow("float32", quiet, avx512)
+    assert half_is_slow("bfloat16", quiet, set()) and not half_is_slow("bfloat16", busy, set())  # unknown flags

@@ -44,6 +44,21 @@ def peaks_cache_path(device_key: str) -> Path:
     return home() / "peaks" / f"{safe}.json"
 
 
+def half_is_slow(dtype: str, peaks: dict, flags: set[str] | None = None) -> bool:
+    """Whether this CPU computes ``dtype`` (bf16/fp16) far slower than fp32: its instruction flags decide
+    (the rule `serve` applies to vLLM's dtype, infertool.perf.host.cpu_lacks_half); only where the flags
+    are unknown, the measured peaks (bf16 under a quarter of fp32). The measured ratio alone flipped with
+    machine load: 0.21 on a quiet run, 0.28 on a busy one, on the same CPU."""
+    from infertool.perf.host import HALF_INSTRUCTIONS, cpu_flags, cpu_lacks_half
+
+    if dtype not in HALF_INSTRUCTIONS:
+        return False
+    flags = cpu_flags() if flags is None else flags
+    if flags:
+        return cpu_lacks_half(dtype, flags)
+    return peaks.get("bf16_flops", 0) < 0.25 * peaks.get("fp32_flops", 0)
+
+
 def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None, log_dir: Path | None = None) -> dict:
     """This machine's measured peaks, measured once and cached (the file `plan` reads too)."""
     from infertool.envs.runner import run_stage
@@ -136,12 +151,11 @@ def run_profile(
     peaks_raw = measured_peaks(remeasure=remeasure, on_event=on_event)
     notes: list[str] = []
     stored = dtype
-    if (engine == "hf" and peaks_raw.get("device") == "cpu" and dtype in ("bfloat16", "float16")
-            and peaks_raw.get("bf16_flops", 0) < 0.25 * peaks_raw.get("fp32_flops", 0)):
+    if engine == "hf" and peaks_raw.get("device") == "cpu" and half_is_slow(dtype, peaks_raw):
         # CPUs without bf16 instructions run bf16 matmuls far slower than fp32: time what a CPU user would run.
         dtype = "float32"
-        notes.append(f"this CPU's bf16 matmul ({peaks_raw['bf16_flops'] / 1e9:.1f} GFLOP/s) is far below fp32 "
-                     f"({peaks_raw['fp32_flops'] / 1e9:.1f} GFLOP/s): measured in float32")
+        notes.append(f"this CPU has no {stored} matrix instructions (its bf16 matmul {peaks_raw.get('bf16_flops', 0) / 1e9:.1f} "
+                     f"GFLOP/s, fp32 {peaks_raw.get('fp32_flops', 0) / 1e9:.1f}): measured in float32, as vLLM serves it here")
     if engine == "vllm" and peaks_raw.get("device") == "cpu":
         # the dtype `infertool serve` runs vLLM in on this CPU (float32 where it has no bf16/fp16 instructions)
         served, why = res.serve_for(target_ref)
