@@ -5,18 +5,25 @@ PY := $(VENV)/bin/python
 INFERTOOL := $(VENV)/bin/infertool
 DEMO_OUT ?= out
 
-.PHONY: demo test test-fast venv envs browser bench clean
+.PHONY: demo test test-fast venv venv-test envs browser bench clean
 
-# The light main environment: the CLI and the test runner. Backends live in managed envs (see README).
+# The light main environment: the CLI. Backends live in managed envs (see README).
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --progress-bar off --disable-pip-version-check -q -e .
+	touch $@
+
+# The test runner and what only the tests use (pytest, Optuna and Ray for tune, kubernetes-validate).
+$(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install --progress-bar off --disable-pip-version-check -q -e '.[test]'
 	touch $@
 
 venv: $(VENV)/.installed
 
+venv-test: $(VENV)/.installed-test
+
 # The managed backend environments (idempotent: up-to-date ones are left alone).
-envs: venv
+envs: venv-test
 	$(INFERTOOL) env setup quant serve llmcompressor
 
 # Debian's Chromium for the report's browser test (best effort: without it that one test skips, saying why).
@@ -30,7 +37,7 @@ test: envs browser
 	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest
 
 # Only the fast tests (no managed environments needed).
-test-fast: venv
+test-fast: venv-test
 	$(PY) -m pytest -m "not slow"
 
 # The main job on the bundled model: the quickstart recipe end to end into one run directory, then its report.

@@ -12,8 +12,8 @@ The stages that serve (serve's check, bench's arms, eval's and profile's vllm en
 servers (``infertool.serve.pool``): one vLLM start per distinct launch, quantize's load check included (its
 server serves the checkpoint the stage publishes, with the recipe's serve settings: serve's check and bench
 share it). A stage that runs an engine in-process (quantize, hf eval, hf profile) gets the device first: on a
-GPU every pooled server stops before it; on a CPU idle servers stay while memory allows (hf profile records the
-CPU time they took beside it). The manifest's ``servers`` lists each server started (who started it, who used it, its
+GPU every pooled server stops before it; on a CPU idle servers stay while memory allows, paused (SIGSTOP) until a
+stage asks for a server (hf profile records the CPU time they took beside it). The manifest's ``servers`` lists each server started (who started it, who used it, its
 start-up seconds and log), and each stage's record says which servers it used (started or reused).
 """
 
@@ -547,7 +547,7 @@ def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, 
 
         def body(work: Path, name=name, func=STAGE_FUNCS[name], works=works) -> dict:
             works.append(work)
-            # hf profile times this machine: what idle servers beside it took meanwhile is measured and kept
+            # hf profile times this machine: the servers beside it are paused; what they took meanwhile is kept
             beside = pool.running() if name == "profile" and uses_device(recipe, name) else []
             cpu0 = pool.cpu_seconds() if beside else 0.0
             t_body = time.monotonic()
@@ -605,7 +605,7 @@ def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, 
     return exit_code
 
 
-BESIDE_WARN_SHARE = 0.02  # of one core: idle vLLM servers measured under 0.01
+BESIDE_WARN_SHARE = 0.02  # of one core: paused servers take none, idle vLLM servers measured under 0.01
 
 
 def _beside(servers: int, cpu_s: float, stage_s: float, on_event: EventCallback | None) -> dict:

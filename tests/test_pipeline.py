@@ -287,6 +287,17 @@ def stub_plan(tmp_path, setting: str = "a", purpose: str = "test"):
     return LaunchPlan(spec, model, purpose, Target("cpu", None, 1, True, "this host"))
 
 
+def _stopped(launched) -> bool:
+    """Every process of the server's group is stopped (SIGSTOP: state T)."""
+    from infertool.procs import group_members
+
+    states = []
+    for pid in group_members(launched.pid):
+        with open(f"/proc/{pid}/stat") as f:
+            states.append(f.read().rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(s == "T" for s in states)
+
+
 def _gone(launched) -> bool:
     from infertool.procs import group_members
 
@@ -352,10 +363,17 @@ def test_pool_keeps_what_the_device_holds(tmp_path):
     measured = cpu.get(a, alone=True)  # a measurement (bench, profile): nothing else runs beside it
     assert cpu.running() == [measured.key] and sc != cpu.running()
     assert cpu.records[-2]["stopped"] == "test measures another server alone"
-    cpu.before_device_stage("quantize", 1 << 30)  # memory allows: the idle server stays
+    from conftest import wait_for
+
+    cpu.before_device_stage("quantize", 1 << 30)  # memory allows: the idle server stays, paused
     assert cpu.running() == [measured.key]
+    wait_for(lambda: _stopped(measured), 30, "the idle server to be paused")
+    cpu.get(a)  # a stage asks for a server: the paused ones run again
+    wait_for(lambda: not _stopped(measured), 30, "the server to run again")
     cpu.before_device_stage("profile", 1 << 30)  # hf profile too (the run measures what idle servers take)
     assert cpu.running() == [measured.key]
+    wait_for(lambda: _stopped(measured), 30, "the idle server to be paused")
+    assert cpu.records[-1]["paused_for"] == ["quantize", "profile"]
     before = cpu.cpu_seconds()
     assert isinstance(before, float) and 0 <= before <= cpu.cpu_seconds()
     free[0] = 0

@@ -222,3 +222,72 @@ def _children() -> list[int]:
             except OSError:
                 pass
     return out
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+
+
+def test_paused_groups_freeze_and_continue(tmp_path):
+    """PausedGroups stops every process of the groups (state T) and resume() continues them; a paused group
+    is still stopped by stop_group (it is continued to handle its signal)."""
+    from infertool.procs import PausedGroups
+    from tests.conftest import wait_for
+
+    code = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']); print('up', flush=True); time.sleep(600)"
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, start_new_session=True)
+             for _ in range(2)]
+    try:
+        for p in procs:
+            assert p.stdout.readline().strip() == "up"
+        members = [m for p in procs for m in group_members(p.pid)]
+        assert len(members) == 4
+        paused = PausedGroups([p.pid for p in procs])
+        wait_for(lambda: all(_state(m) == "T" for m in members), 30, "the groups to stop")
+        paused.resume()
+        wait_for(lambda: all(_state(m) in ("S", "R") for m in members), 30, "the groups to continue")
+        paused.resume()  # idempotent
+        again = PausedGroups([procs[0].pid])
+        wait_for(lambda: _state(procs[0].pid) == "T", 30, "the group to stop again")
+        assert stop_group(procs[0].pid, 5, poll=procs[0].poll)  # continued to handle SIGINT
+        again.resume()
+    finally:
+        for p in procs:
+            stop_group(p.pid, 2, poll=p.poll)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_paused_server_never_outlives_a_killed_infertool(tmp_path):
+    """A server paused beside an in-process stage gets its death signal only when it runs: the guard continues
+    it when infertool dies (SIGKILL here), and the tied server then stops by itself."""
+    from tests.conftest import wait_for
+
+    code = f"""
+import sys, time
+from infertool.procs import PausedGroups
+from infertool.serve.command import LaunchSpec
+from infertool.serve.launcher import Server
+spec = LaunchSpec(argv=[sys.executable, "-c", "import time; time.sleep(600)"], env={{}}, host="127.0.0.1", port=1,
+                  model="m", served_model_name="m", api_key_env=None, has_api_key=False, startup_timeout_s=5)
+server = Server(spec, {str(tmp_path / 'a.log')!r}); server.start()
+while "prctl" in open(f"/proc/{{server.pid}}/cmdline").read():  # until the tie has exec'd the command
+    time.sleep(0.05)
+paused = PausedGroups([server.pid])
+print(server.pid, paused._guard.pid, flush=True)
+time.sleep(600)
+"""
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    pid, guard = map(int, parent.stdout.readline().split())
+    try:
+        wait_for(lambda: _state(pid) == "T", 30, "the server to be paused")
+        parent.kill()
+        parent.wait(timeout=30)
+        wait_for(lambda: not _alive(pid), 30, "the paused server to stop when infertool died")
+        wait_for(lambda: not _alive(guard), 30, "the guard to exit")
+    finally:
+        parent.kill()
+        stop_group(pid, 2)

@@ -15,9 +15,11 @@ What the pool keeps running (``make_room``):
 - on a CPU, idle servers stay while the host's available memory (MemAvailable, ``infertool.perf.host``) covers
   what the next server or in-process stage needs (``need_bytes``: twice the weights on disk, the KV
   cache space and 1 GiB of runtime); the least recently used are stopped until it does, all of them
-  when the memory cannot be read. An idle vLLM server waits on its queues (measured: under 0.01 of a core
-  on the CPU build), so hf profile, which times this machine, runs beside idle servers too, and the run
-  records the CPU time they used meanwhile (``cpu_seconds``) with the profile stage;
+  when the memory cannot be read. While an in-process stage runs (quantize, hf eval, hf profile, which
+  times this machine), the idle servers beside it are paused (SIGSTOP, ``infertool.procs.PausedGroups``) and
+  continued when a stage asks for a server or the pool stops them: an idle vLLM server takes under 0.01 of a
+  core, yet its wake-ups slowed an in-process eval beside it by 11 % (68.0 s alone, 75.6 s beside it, 68 s
+  beside a paused one). The run records the CPU time they took during profile (``cpu_seconds``);
 - a measurement of a server (``alone=True``: each bench arm, profile's vllm engine) runs with no other
   server beside it.
 
@@ -103,6 +105,7 @@ class ServerPool:
         self.records: list[dict] = []  # one per server started: {key, started_by, used_by, start_s, log, ...}
         self.uses: list[dict] = []  # one per use: {user, key, reused, log, label}
         self._held: dict[str, _Held] = {}
+        self._paused = None  # infertool.procs.PausedGroups while an in-process stage runs beside the servers
 
     # ------------------------------------------------------------------ use
     def get(self, plan, *, label: str | None = None, on_event: Callable[[dict], None] | None = None,
@@ -112,6 +115,7 @@ class ServerPool:
         server stops first (a measurement: bench, profile, times this server with nothing else running)."""
         from infertool.serve import launch
 
+        self.resume()
         key = launch_key(plan.spec)
         user = self.user or plan.purpose
         if alone:
@@ -210,12 +214,29 @@ class ServerPool:
 
     def before_device_stage(self, stage: str, need: int) -> None:
         """Before a stage that runs an engine in this process's workers (quantize, hf eval, hf profile):
-        on a GPU it must have the device, so every pooled server stops; on a CPU, room for ``need`` (idle
-        servers stay beside it: see the module's docstring)."""
+        on a GPU it must have the device, so every pooled server stops; on a CPU, room for ``need``, and the
+        idle servers that stay are paused until a stage asks the pool for a server (module docstring)."""
         if self.gpu:
             self.stop_all(f"{stage} needs the GPU")
-        else:
-            self.make_room(need, f"{stage} runs in-process")
+            return
+        self.make_room(need, f"{stage} runs in-process")
+        self.pause(stage)
+
+    def pause(self, why: str) -> None:
+        """Freeze every running server (SIGSTOP) until ``resume``; recorded as ``paused_for`` in its record."""
+        if self._paused is not None or not self._held:
+            return
+        from infertool.procs import PausedGroups
+
+        held = [h for h in self._held.values() if h.launched.pid]
+        self._paused = PausedGroups([h.launched.pid for h in held])
+        for h in held:
+            h.record.setdefault("paused_for", []).append(why)
+
+    def resume(self) -> None:
+        if self._paused is not None:
+            paused, self._paused = self._paused, None
+            paused.resume()
 
     def stop_all(self, why: str) -> None:
         for key in list(self._held):
@@ -232,6 +253,7 @@ class ServerPool:
 
     # ------------------------------------------------------------------ internals
     def _stop(self, key: str, why: str) -> None:
+        self.resume()  # a paused server handles its stop signal only once it runs again
         held = self._held.pop(key)
         held.record["stopped"] = why
         try:
