@@ -373,7 +373,8 @@ def test_pool_keeps_what_the_device_holds(tmp_path):
     cpu.before_device_stage("profile", 1 << 30)  # hf profile too (the run measures what idle servers take)
     assert cpu.running() == [measured.key]
     wait_for(lambda: _stopped(measured), 30, "the idle server to be paused")
-    assert cpu.records[-1]["paused_for"] == ["quantize", "profile"]
+    cpu.before_device_stage("profile again", 1 << 30)  # already paused: said, not paused twice
+    assert cpu.records[-1]["paused_for"] == ["quantize", "profile", "profile again"]
     before = cpu.cpu_seconds()
     assert isinstance(before, float) and 0 <= before <= cpu.cpu_seconds()
     free[0] = 0
@@ -549,6 +550,7 @@ def test_run_shares_the_load_checks_server_with_serve_and_bench(tmp_path, monkey
     assert len({pid for _, pid, _ in seen}) == 1
     beside = m["stages"]["profile"]["summary"]["servers_beside"]
     assert beside["servers"] == 1 and 0 <= beside["cpu_s"] and beside["stage_s"] >= 0
+    assert m["servers"][0]["paused_for"] == ["profile"]  # frozen beside the in-process stage, continued for serve
     from infertool.procs import group_members
 
     assert not group_members(seen[0][1])

@@ -224,12 +224,13 @@ class ServerPool:
 
     def pause(self, why: str) -> None:
         """Freeze every running server (SIGSTOP) until ``resume``; recorded as ``paused_for`` in its record."""
-        if self._paused is not None or not self._held:
-            return
-        from infertool.procs import PausedGroups
-
         held = [h for h in self._held.values() if h.launched.pid]
-        self._paused = PausedGroups([h.launched.pid for h in held])
+        if not held:
+            return
+        if self._paused is None:
+            from infertool.procs import PausedGroups
+
+            self._paused = PausedGroups([h.launched.pid for h in held])
         for h in held:
             h.record.setdefault("paused_for", []).append(why)
 
