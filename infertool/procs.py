@@ -118,10 +118,9 @@ _GUARD = ("import ctypes,os,signal,sys\n"
 
 
 class PausedGroups:
-    """Process groups frozen with SIGSTOP until ``resume()``: an idle server takes no CPU and, above all, never
-    wakes up between the threads of an engine timed or run beside it (an idle vLLM server used 0.01 of a core
-    on a 2-core machine, yet slowed an in-process eval beside it by 11 %: its wake-ups stall the engine's
-    thread barriers). A guard process (outside the groups, tied to this one) continues them if this process
+    """Process groups frozen with SIGSTOP until ``resume()``: an idle server takes no CPU and never wakes up
+    between the threads of an engine timed or run beside it (an idle vLLM server used 0.01 of a core on a
+    2-core machine, yet one just started slowed an in-process eval beside it by 11 %). A guard process (outside the groups, tied to this one) continues them if this process
     dies first, so that their own death signal (``tied``) can act: a paused server never outlives infertool."""
 
     def __init__(self, pgids: Sequence[int]):

@@ -17,9 +17,10 @@ What the pool keeps running (``make_room``):
   cache space and 1 GiB of runtime); the least recently used are stopped until it does, all of them
   when the memory cannot be read. While an in-process stage runs (quantize, hf eval, hf profile, which
   times this machine), the idle servers beside it are paused (SIGSTOP, ``infertool.procs.PausedGroups``) and
-  continued when a stage asks for a server or the pool stops them: an idle vLLM server takes under 0.01 of a
-  core, yet its wake-ups slowed an in-process eval beside it by 11 % (68.0 s alone, 75.6 s beside it, 68 s
-  beside a paused one). The run records the CPU time they took during profile (``cpu_seconds``);
+  continued when a stage asks for a server or the pool stops them. An idle vLLM server takes under 0.01 of a
+  core, yet one just started slowed an hf eval beside it by 11 % (68.0 s alone, 75.6 s beside it); paused,
+  none measurable (interleaved on 2 cores: 67.9 s alone, 68.8 paused, 66.7 alone). The run records the CPU
+  time they took during profile (``cpu_seconds``);
 - a measurement of a server (``alone=True``: each bench arm, profile's vllm engine) runs with no other
   server beside it.
 
