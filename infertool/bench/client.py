@@ -177,29 +177,37 @@ class _Exchange:
                     self._data(data[i + 7:-4].strip(), now)
                     return
         buf = self.buf + data if self.buf else data
+        # chunks are walked by offset (``pos``), not by slicing the rest off after each: a read that holds many
+        # chunks (a client that fell behind) must cost per chunk, not per chunk times the read's length, or
+        # falling behind makes the client slower and it stays behind
+        pos = 0
         while True:
             st = self.state
             if st == _BODY_CHUNK_DATA:
                 need = self.need
-                if len(buf) < need + 2:
+                if len(buf) - pos < need + 2:
                     break
-                self._body(buf[:need], now)
-                buf = buf[need + 2:]
+                self._body(buf[pos:pos + need], now)
+                pos += need + 2
                 self.state = _BODY_CHUNK_SIZE
-            elif st == _BODY_CHUNK_SIZE:
-                i = buf.find(b"\r\n")
+                continue
+            if st == _BODY_CHUNK_SIZE:
+                i = buf.find(b"\r\n", pos)
                 if i < 0:
                     break
                 try:
-                    size = int(buf[:i].split(b";", 1)[0], 16)
+                    size = int(buf[pos:i].split(b";", 1)[0], 16)
                 except ValueError:
                     return self._fail("bad response: malformed chunked encoding")
-                buf = buf[i + 2:]
+                pos = i + 2
                 if size == 0:
                     self.state = _TRAILER
                 else:
                     self.need, self.state = size, _BODY_CHUNK_DATA
-            elif st == _BODY_LENGTH:
+                continue
+            if pos:
+                buf, pos = buf[pos:], 0
+            if st == _BODY_LENGTH:
                 take = buf[:self.need]
                 self.need -= len(take)
                 buf = buf[len(take):]
@@ -233,7 +241,7 @@ class _Exchange:
                     return self._finish(now)
             else:  # _DONE
                 break
-        self.buf = buf
+        self.buf = buf[pos:] if pos else buf
 
     def _head(self, raw: bytes) -> bool:
         lines = raw.decode("latin-1").split("\r\n")
