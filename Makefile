@@ -23,7 +23,7 @@ venv: $(VENV)/.installed
 venv-test: $(VENV)/.installed-test
 
 # The managed backend environments (idempotent: up-to-date ones are left alone).
-envs: venv-test
+envs: venv
 	$(INFERTOOL) env setup quant serve llmcompressor
 
 # Debian's Chromium for the report's browser test (best effort: without it that one test skips, saying why).
@@ -33,7 +33,7 @@ browser:
 	  echo "chromium is not installed: the report's browser test will skip"
 
 # Everything that can run on this machine, slow tests included; gpu tests skip without CUDA.
-test: envs browser
+test: venv-test envs browser
 	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest
 
 # Only the fast tests (no managed environments needed).

@@ -117,6 +117,9 @@ _GUARD = ("import ctypes,os,signal,sys\n"
           "    signal.pause()\n")
 
 
+GUARD_START_S = 60.0  # a bare Python start: well under a second on these machines
+
+
 class PausedGroups:
     """Process groups frozen with SIGSTOP until ``resume()``: an idle server takes no CPU and never wakes up
     between the threads of an engine timed or run beside it (an idle vLLM server used 0.01 of a core on a
@@ -130,8 +133,14 @@ class PausedGroups:
         self.pgids = [int(g) for g in pgids]
         self._guard = subprocess.Popen([sys.executable, "-I", "-c", _GUARD, str(os.getpid()), *map(str, self.pgids)],
                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
-        if self._guard.stdout.readline().strip() != b"ready":  # the guard is in place before anything stops
+        import select
+
+        ready, _, _ = select.select([self._guard.stdout], [], [], GUARD_START_S)
+        if not ready or self._guard.stdout.readline().strip() != b"ready":  # in place before anything stops
+            self._guard.kill()
             self._guard.wait()
+            self._guard.stdout.close()
+            self._guard = None
             raise OSError("the guard of paused servers did not start")
         for g in self.pgids:
             try:

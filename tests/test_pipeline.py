@@ -602,3 +602,21 @@ def test_dry_run_says_which_launches_share_a_server(tmp_path, monkeypatch):
     plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
     assert [s["used_by"] for s in plan["servers"]] == [["quantize: load check", "serve", "bench: the sweep"],
                                                        ["bench: the original"]]
+
+
+def test_pool_without_a_guard_leaves_servers_running(tmp_path, monkeypatch):
+    """When the guard of paused servers cannot start, nothing is paused (a server frozen without one could
+    outlive infertool): the stage runs beside idle servers, and the pool says so."""
+    from infertool import procs
+    from infertool.serve.pool import ServerPool
+
+    def no_guard(pgids):
+        raise OSError("the guard of paused servers did not start")
+
+    said = []
+    monkeypatch.setattr(procs, "PausedGroups", no_guard)
+    with ServerPool(tmp_path / "s", gpu=False, memory=lambda: 1 << 40, on_event=said.append) as pool:
+        srv = pool.get(stub_plan(tmp_path))
+        pool.before_device_stage("eval", 1 << 30)
+        assert not _stopped(srv) and pool.running() == [srv.key] and "paused_for" not in pool.records[0]
+        assert any("not paused beside eval" in e["message"] for e in said)

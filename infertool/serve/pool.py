@@ -231,7 +231,11 @@ class ServerPool:
         if self._paused is None:
             from infertool.procs import PausedGroups
 
-            self._paused = PausedGroups([h.launched.pid for h in held])
+            try:
+                self._paused = PausedGroups([h.launched.pid for h in held])
+            except OSError as e:  # no guard, no pause: the servers stay idle beside the stage
+                self._say(None, f"the idle servers are not paused beside {why} ({e})")
+                return
         for h in held:
             h.record.setdefault("paused_for", []).append(why)
 
