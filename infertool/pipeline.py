@@ -12,9 +12,10 @@ The stages that serve (serve's check, bench's arms, eval's and profile's vllm en
 servers (``infertool.serve.pool``): one vLLM start per distinct launch, quantize's load check included (its
 server serves the checkpoint the stage publishes, with the recipe's serve settings: serve's check and bench
 share it). A stage that runs an engine in-process (quantize, hf eval, hf profile) gets the device first: on a
-GPU every pooled server stops before it; on a CPU idle servers stay while memory allows, paused (SIGSTOP) until a
-stage asks for a server (hf profile records the CPU time they took beside it). The manifest's ``servers`` lists each server started (who started it, who used it, its
-start-up seconds and log), and each stage's record says which servers it used (started or reused).
+GPU every pooled server stops before it; on a CPU idle servers stay while memory allows, paused (SIGSTOP)
+until a stage asks for a server (hf profile records the CPU time they took beside it). The manifest's
+``servers`` lists each server started (who started it, who used it, its start-up seconds and log, where its
+model moved, what it was paused for), and each stage's record says which servers it used (started or reused).
 """
 
 from __future__ import annotations
