@@ -76,8 +76,8 @@ def _chunk_text(chunk: dict, endpoint: str) -> str:
 
 
 # ------------------------------------------------------------------------------------------ the wire
-# A minimal HTTP/1.1 client on asyncio's Protocol API: the bytes of a response are parsed in
-# data_received (no task switch per chunk), every SSE event is timestamped with the arrival of the read
+# A minimal HTTP/1.1 client on asyncio's (buffered) Protocol API: the bytes of a response are parsed in
+# buffer_updated (no task switch per chunk), every SSE event is timestamped with the arrival of the read
 # that carried it, and a chunk is JSON-parsed only when a byte scan cannot tell whether it carries text
 # (usage, errors and unusual layouts are parsed). Keep-alive connections are pooled per server.
 READ_TIMEOUT_S = 300.0  # no byte for this long: the request fails (a total deadline applies as well)
@@ -111,24 +111,38 @@ def _field(payload: bytes, key: bytes) -> int:
     return -1
 
 
-class _Conn(asyncio.Protocol):
-    """One keep-alive connection; parses the response of the exchange in flight as bytes arrive."""
+READ_BUFFER = 65536  # bytes per connection, read into again and again
+
+
+class _Conn(asyncio.BufferedProtocol):
+    """One keep-alive connection; parses the response of the exchange in flight as bytes arrive.
+
+    Reads go into the connection's own buffer (asyncio's recv_into). Python 3.11's plain Protocol receives
+    each read as a fresh 256 KiB bytes object, which glibc may serve with mmap (its threshold adapts to what
+    the process freed before, so it depends on what was imported): then every read faults its pages in again.
+    Measured at 128 streams on 2 cores from a venv where that happened: 124,000 page faults and 1.1 s of
+    system time per 2,000 requests, the client 100 % busy and client-bound (ITL p50 0.00, TTFT 7.6 ms); with
+    its own buffer, the same venv: 7,600 faults, 0.65 of a core, ITL p50 1.81 ms (true 1.80), TTFT 3.2 ms."""
 
     def __init__(self) -> None:
         self.transport = None
         self.closed = False
         self.ex: "_Exchange | None" = None
+        self._view = memoryview(bytearray(READ_BUFFER))
 
     def connection_made(self, transport) -> None:
         self.transport = transport
 
-    def data_received(self, data: bytes) -> None:
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return self._view
+
+    def buffer_updated(self, nbytes: int) -> None:
         ex = self.ex
         if ex is None:  # bytes nobody asked for: this connection cannot be trusted again
             self.closed = True
             self.transport.close()
             return
-        ex.feed(data, time.perf_counter())
+        ex.feed(bytes(self._view[:nbytes]), time.perf_counter())
 
     def connection_lost(self, exc) -> None:
         self.closed = True
