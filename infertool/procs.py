@@ -123,18 +123,18 @@ GUARD_START_S = 60.0  # a bare Python start: well under a second on these machin
 class PausedGroups:
     """Process groups frozen with SIGSTOP until ``resume()``: an idle server takes no CPU and never wakes up
     between the threads of an engine timed or run beside it (an idle vLLM server used 0.01 of a core on a
-    2-core machine, yet one just started slowed an in-process eval beside it by 11 %). A guard process (outside the groups, tied to this one) continues them if this process
-    dies first, so that their own death signal (``tied``) can act: a paused server never outlives infertool."""
+    2-core machine, yet one just started slowed an in-process eval beside it by 11 %). A guard process
+    (outside the groups, tied to this one) continues them if this process dies first, so that their own
+    death signal (``tied``) can act: a paused server never outlives infertool."""
 
     def __init__(self, pgids: Sequence[int]):
+        import select
         import subprocess
         import sys
 
         self.pgids = [int(g) for g in pgids]
         self._guard = subprocess.Popen([sys.executable, "-I", "-c", _GUARD, str(os.getpid()), *map(str, self.pgids)],
                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
-        import select
-
         ready, _, _ = select.select([self._guard.stdout], [], [], GUARD_START_S)
         if not ready or self._guard.stdout.readline().strip() != b"ready":  # in place before anything stops
             self._guard.kill()
