@@ -53,7 +53,7 @@ def main() -> int:
     from lm_eval.models.huggingface import HFLM
     from transformers import AutoTokenizer
 
-    from infertool.evaluate.hf_engine import compare_stage
+    from infertool.evaluate.hf_engine import compare_task
     from infertool.evaluate.metrics import perplexity
     from infertool.data.suites import builtin_text
     from infertool.models.sources import resolve_model
@@ -72,7 +72,7 @@ def main() -> int:
     # infertool: the hf engine's perplexity task; base and candidate are the same model here, and the
     # engine's per-model time (forward + log-softmax) is what compares with lm-eval's one model.
     t0 = time.perf_counter()
-    res = compare_stage({"base": path, "candidate": path, "batch_size": args.batch, "threads": threads,
+    res = compare_task({"base": path, "candidate": path, "batch_size": args.batch, "threads": threads,
                          "tasks": [{"name": "corpus", "type": "perplexity", "text": text, "seq_len": args.seq_len,
                                     "max_windows": args.windows}]}, _Quiet())
     it_wall = time.perf_counter() - t0

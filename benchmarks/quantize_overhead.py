@@ -119,7 +119,7 @@ def main() -> int:
     print(f"model            bundled:smollm2-135m, {args.layers} layers; gptq {q.bits}-bit g{q.group_size}; "
           f"{samples} x {seq_len} calibration tokens; calibration dtype {dtype or 'the model`s'}")
     print(f"GPTQModel direct {direct:8.1f} s  (load, quantize, save)")
-    print(f"infertool        {wrapped:8.1f} s  (backend stage {tm.get('quantize_stage', 0):.1f} s {backend}; "
+    print(f"infertool        {wrapped:8.1f} s  (backend stage {tm.get('quantize_task', 0):.1f} s {backend}; "
           f"load check {tm.get('verify', 0):.1f} s {({k: round(x, 1) for k, x in (v.get('timings') or {}).items()})})")
     la = res.get("local_agreement")
     if la:

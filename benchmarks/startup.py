@@ -1,6 +1,6 @@
 """Start-up time of `infertool --help` against bare `python -c pass`, measured side by side.
 
-Target (ARCHITECTURE.md / issue 2): under 0.3 s above bare Python. Runs both commands interleaved
+Target (docs/architecture.md / issue 2): under 0.3 s above bare Python. Runs both commands interleaved
 N times and prints the medians, the difference and the ratio.
 
     python benchmarks/startup.py [--runs 20]

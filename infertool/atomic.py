@@ -1,20 +1,35 @@
-"""Whole files or none: write to a temporary file beside the target, then rename it over the target.
+"""Every file write of infertool: whole files or none, written to a temporary path beside the target and
+renamed over it. A leaf (standard library only).
 
-A leaf (standard library only). A reader never sees half a file, and an interrupted write leaves the old
-file (or nothing) in place. Deletions go through ``remove_inside``: nothing outside the folder a caller
-owns (INFERTOOL_HOME, or a path the user named) is ever removed.
+- ``write_text`` / ``write_bytes`` / ``write_json``: a file, whole; ``atomic_path``: a temporary path any
+  library writes to (a plot, a safetensors file), renamed when the block ends without an exception;
+- ``write_json`` is the one JSON writer (and ``dumps_json`` the one serializer, used for stdout too): a float
+  that is not finite becomes null, so no file holds the non-JSON ``NaN`` / ``Infinity``;
+- ``atomic_dir``: a directory built in a temporary sibling and renamed into place when complete;
+  ``replace_dir`` / ``move_into_place``: the renames themselves;
+- ``remove_inside``: every deletion; nothing outside the folder a caller owns (INFERTOOL_HOME, or a path the
+  user named) is ever removed.
+
+A reader never sees half a file or half a directory, and an interrupted write leaves the old one (or nothing)
+in place. tests/test_layering.py fails on an ``os.replace`` anywhere else.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import json
+import math
 import os
 import shutil
 import tempfile
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Iterator
 
-__all__ = ["UnsafeRemoval", "atomic_path", "remove_inside", "write_bytes", "write_text"]
+__all__ = ["UnsafeRemoval", "atomic_dir", "atomic_path", "dumps_json", "jsonable", "move_into_place", "remove_inside",
+           "replace_dir", "write_bytes", "write_json", "write_text"]
 
 
 def _file_mode(target: Path) -> int:
@@ -57,6 +72,91 @@ def write_bytes(target: str | Path, data: bytes) -> Path:
 
 def write_text(target: str | Path, text: str, encoding: str = "utf-8") -> Path:
     return write_bytes(target, text.encode(encoding))
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON data: dataclasses (typed results) and pydantic models as dicts, paths and other objects as
+    strings, and a float that is not finite (inf, nan: JSON has neither) as None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if obj is None or isinstance(obj, (str, int)):
+        return obj
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        to_dict = getattr(obj, "to_dict", None)
+        data = to_dict() if callable(to_dict) else {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}
+        return {str(k): jsonable(v) for k, v in data.items()}
+    if hasattr(obj, "model_dump"):
+        return jsonable(obj.model_dump(mode="json"))
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, enum.Enum):
+        return jsonable(obj.value)
+    return str(obj)
+
+
+def dumps_json(data: Any, *, indent: int | None = 2) -> str:
+    """The one JSON serializer: ``jsonable`` data, never NaN or Infinity (``allow_nan=False`` holds it)."""
+    return json.dumps(jsonable(data), indent=indent, allow_nan=False)
+
+
+def write_json(target: str | Path, data: Any, *, indent: int | None = 2) -> Path:
+    """The one JSON writer: ``dumps_json`` of ``data`` plus a newline, written whole."""
+    return write_text(target, dumps_json(data, indent=indent) + "\n")
+
+
+def move_into_place(src: str | Path, dest: str | Path, *, replace: bool = True) -> None:
+    """Rename a complete file or directory ``src`` to ``dest`` (same file system): the step that makes a finished
+    temporary output visible. ``replace=False`` (a file) never replaces one that is there, even one that appeared
+    a moment ago: a hard link that fails when ``dest`` exists (FileExistsError), then ``src`` is removed."""
+    if replace:
+        os.replace(src, dest)
+        return
+    try:
+        os.link(src, dest)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: check, then rename
+        if os.path.lexists(dest):
+            raise FileExistsError(f"{dest} already exists") from None
+        os.replace(src, dest)
+        return
+    os.unlink(src)
+
+
+def replace_dir(tmp: str | Path, dest: str | Path) -> None:
+    """Rename the complete directory ``tmp`` to ``dest``; an existing ``dest`` (a directory, a file or a link) is
+    moved aside first and then removed (inside ``dest``'s folder only; a link is unlinked, never followed)."""
+    tmp, dest = Path(tmp), Path(dest)
+    if not (dest.exists() or dest.is_symlink()):
+        os.replace(tmp, dest)
+        return
+    old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
+    os.replace(dest, old)
+    os.replace(tmp, dest)
+    try:
+        remove_inside(old, dest.parent)
+    except OSError:
+        pass
+
+
+@contextmanager
+def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
+    """A temporary directory beside ``target`` to build it in; renamed to ``target`` when the block ends without
+    an exception (an existing one replaced, unless ``replace=False``: then FileExistsError), removed otherwise."""
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
+    tmp.mkdir()
+    try:
+        yield tmp
+        if target.exists() and not replace:
+            raise FileExistsError(f"{target} already exists")
+        replace_dir(tmp, target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 class UnsafeRemoval(ValueError):

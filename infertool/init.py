@@ -18,7 +18,6 @@ comments one line each); ``init_recipe`` validates what it wrote with ``load_rec
 from __future__ import annotations
 
 import math
-import os
 import re
 import textwrap
 import unicodedata
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from infertool.atomic import move_into_place, write_text
 from infertool.errors import UsageError
 from infertool.perf import hardware
 from infertool.perf import host as hostfacts
@@ -852,7 +852,7 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
     folder.mkdir(parents=True, exist_ok=True)
     tmp = folder / f".{(dest.name if dest else 'recipe.yaml')}.{uuid.uuid4().hex[:8]}.tmp.yaml"
     try:
-        tmp.write_text(text, encoding="utf-8")
+        write_text(tmp, text)
         written = load_recipe(str(tmp))  # what was written parses and validates, as every command reads it
         plan = make_plan(resolve(written))
         original = None
@@ -874,16 +874,7 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
 def _publish(tmp: Path, dest: Path, force: bool) -> None:
     """Rename the temporary file into place; without ``force`` never replace a file that appeared meanwhile."""
     tmp.chmod(0o644)
-    if force:
-        os.replace(tmp, dest)
-        return
     try:
-        os.link(tmp, dest)  # fails if dest exists: no check-then-write race
+        move_into_place(tmp, dest, replace=force)
     except FileExistsError:
         raise UsageError(f"{dest} already exists", hint="pass --force to replace it, or choose another --out") from None
-    except OSError:  # a file system without hard links
-        if dest.exists():
-            raise UsageError(f"{dest} already exists", hint="pass --force to replace it, or choose another --out") from None
-        os.replace(tmp, dest)
-        return
-    tmp.unlink()

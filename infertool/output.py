@@ -10,18 +10,16 @@ plain() also show terminal control characters as escapes instead of sending them
 
 from __future__ import annotations
 
-import dataclasses
-import json
-import math
 import os
 import sys
 import unicodedata
-from pathlib import Path
 from typing import Any, Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
+
+from infertool.atomic import dumps_json, jsonable
 
 
 # Human output: tables and results go to stdout unless --json is given, progress and logs to stderr.
@@ -38,26 +36,12 @@ out = Console(highlight=False, soft_wrap=False, width=_width(sys.stdout))
 err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
-def to_jsonable(obj: Any) -> Any:
-    """Plain JSON data; a float that is not finite (inf, nan: JSON has neither) becomes None."""
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
-        return {k: to_jsonable(v) for k, v in dataclasses.asdict(obj).items()}
-    if hasattr(obj, "model_dump"):
-        return to_jsonable(obj.model_dump(mode="json"))
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple, set)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    return obj
+to_jsonable = jsonable  # the one JSON form of infertool.atomic (typed results, no NaN / Infinity)
 
 
 def print_json(data: Any) -> None:
     """Machine output: one JSON document on stdout."""
-    sys.stdout.write(json.dumps(to_jsonable(data), indent=2, sort_keys=False, allow_nan=False) + "\n")
+    sys.stdout.write(dumps_json(data) + "\n")
     sys.stdout.flush()
 
 
@@ -113,9 +97,9 @@ def render_error(error: Any, *, as_json: bool = False) -> None:
 
 
 class StageProgress:
-    """Turns worker/stage events into Rich progress bars and log lines on stderr.
+    """Turns worker/task events into Rich progress bars and log lines on stderr.
 
-    Use as a context manager; pass `self.on_event` to `run_stage`.
+    Use as a context manager; pass `self.on_event` to `run_task`.
     """
 
     def __init__(self, title: str):

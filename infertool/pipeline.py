@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from infertool.atomic import remove_inside
+from infertool.atomic import move_into_place, remove_inside, write_json
 from infertool.errors import InfertoolError, RuntimeFailure, UsageError
 
 STAGE_ORDER = ["model", "quantize", "eval", "profile", "serve", "bench"]
@@ -119,7 +119,7 @@ def _stage_quantize(ctx: StageContext) -> dict:
 
     res = quantize(ctx.recipe, out=ctx.work / "model", force=True, on_event=ctx.on_event, pool=ctx.servers)
     d = res.to_dict()
-    (ctx.work / "quantize.json").write_text(json.dumps(d, indent=2, default=str))
+    write_json(ctx.work / "quantize.json", d)
     return {"model": "model", "method": d.get("method"), "backend": d.get("backend"), "size": d.get("size"),
             "label": (d.get("resolution") or {}).get("candidate", {}).get("label"),
             "verify": _short_verify(d.get("verify")), "held_out": _short_held_out(d.get("held_out")),
@@ -230,7 +230,7 @@ def _stage_bench(ctx: StageContext) -> dict:
         d["seconds"] = d.get("seconds", 0) + orig.get("seconds", 0)
     elif why_not:
         d["comparison"] = {"experiment": "quantization", "rows": [], "nothing_to_compare": why_not}
-    (ctx.work / "bench.json").write_text(json.dumps(d, indent=2, default=str))
+    write_json(ctx.work / "bench.json", d)
     try:
         from infertool.bench.plot import plot_latency_throughput
 
@@ -322,12 +322,6 @@ def _env_versions() -> dict:
     return out
 
 
-def _write_json(path: Path, data: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
-
-
 @dataclass
 class CachedStage:
     status: str  # "done" | "reused"
@@ -381,14 +375,14 @@ def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], dict], *
         summary = fn(work)
         seconds = round(time.monotonic() - t0, 1)
         completed = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        _write_json(work / "stage.json", {"stage": name, "key": key, "summary": summary, "seconds": seconds,
+        write_json(work / "stage.json", {"stage": name, "key": key, "summary": summary, "seconds": seconds,
                                           "completed": completed})
         if entry.exists():
             if (entry / "stage.json").is_file() and not force:  # another process finished the same work first
                 shutil.rmtree(work, ignore_errors=True)
                 return cached_stage(cache, name, key, fn)
             remove_inside(entry, cache)  # a forced re-run replaces the old entry (never anything outside the cache)
-        os.replace(work, entry)
+        move_into_place(work, entry)
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
@@ -513,7 +507,7 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"), "finished": None,
         "stages": {s: {"status": "pending"} for s in chosen}, "run_dir": str(run_dir),
     }
-    _write_json(run_dir / "manifest.json", manifest)
+    write_json(run_dir / "manifest.json", manifest)
     keys = stage_keys(recipe, chosen, inputs, host)
     pool = server_pool(run_dir, host, on_event)
     manifest["servers"] = pool.records
@@ -540,7 +534,7 @@ def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, 
         def started(name=name, rec=rec) -> None:
             if uses_device(recipe, name):
                 pool.before_device_stage(name, _device_need(upstream))
-            _write_json(run_dir / "manifest.json", manifest)
+            write_json(run_dir / "manifest.json", manifest)
             if on_stage:
                 on_stage(name, "running", rec)
 
@@ -589,7 +583,7 @@ def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, 
             rec.pop("started", None)
             upstream[name] = {"dir": entry, "summary": summary or {}}
             _link(run_dir / name, entry)
-            _write_json(run_dir / "manifest.json", manifest)
+            write_json(run_dir / "manifest.json", manifest)
             if on_stage:
                 on_stage(name, "reused", rec)
             continue
@@ -597,7 +591,7 @@ def _run_stages(recipe, chosen: list[str], keys: dict, force: set, cache: Path, 
         _note_servers(rec, pool, name)
         upstream[name] = {"dir": entry, "summary": summary}
         _link(run_dir / name, entry)
-        _write_json(run_dir / "manifest.json", manifest)
+        write_json(run_dir / "manifest.json", manifest)
         if on_stage:
             on_stage(name, "done", rec)
         if name == "eval" and summary.get("verdict") not in ("PASS", None):
@@ -642,7 +636,7 @@ def _final_resolution(recipe, upstream: dict) -> dict | None:
 
 def _finish(run_dir: Path, manifest: dict) -> None:
     manifest["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-    _write_json(run_dir / "manifest.json", manifest)
+    write_json(run_dir / "manifest.json", manifest)
 
 
 def _link(link: Path, target: Path) -> None:

@@ -14,10 +14,10 @@ import base64
 import html
 import json
 import os
-import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infertool.atomic import write_text
 from infertool.decision import dig
 from infertool.errors import UsageError
 
@@ -431,9 +431,7 @@ def write_report(run_dir: str | Path) -> dict:
     data = collect(d, manifest)
     paths = {}
     for name, text in (("report.md", render_markdown(d, manifest, data)), ("report.html", render_html(d, manifest, data))):
-        tmp = d / f".{name}.{uuid.uuid4().hex[:6]}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, d / name)
+        write_text(d / name, text)
         paths[name] = str(d / name)
     return {"run_dir": str(d), "files": paths, "figures": {k: str(v) for k, v in data["figures"].items()}}
 

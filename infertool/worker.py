@@ -1,16 +1,16 @@
 """The worker side of the worker protocol.
 
-    <env python> -m infertool.worker STAGE SPEC.json
+    <env python> -m infertool.worker TASK SPEC.json
 
 Streams JSON-lines events on stdout, one object per line, each with an "event" key:
 
-    {"event": "start",    "stage": ..., "pid": ..., "python": ...}
+    {"event": "start",    "task": ..., "pid": ..., "python": ...}
     {"event": "progress", "task": ..., "completed": n, "total": m | null, "description": ...}
     {"event": "log",      "level": "info"|"warning"|"error", "message": ...}
     {"event": "result",   "data": {...}}
     {"event": "error",    "error_type": ..., "message": ..., "hint": ..., "exit_code": n, "traceback": ...}
 
-Anything libraries print to stdout is redirected to stderr before the stage runs, so stdout carries
+Anything libraries print to stdout is redirected to stderr before the task runs, so stdout carries
 only events; stderr is the free-form log that the parent keeps in the run directory.
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import threading
 import time
@@ -78,6 +79,10 @@ class WorkerEvents:
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    # The parent stops a worker with SIGINT first (infertool.procs.stop_group): handle it even when this process
+    # inherited it ignored (an infertool started with nohup or `&`), where Python would install no handler.
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # Keep the real stdout for events; everything else that writes to fd 1 goes to stderr.
     events_stream = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
     os.dup2(2, 1)
@@ -88,25 +93,25 @@ def main(argv: list[str] | None = None) -> int:
         events.emit(
             "error",
             error_type="UsageError",
-            message="usage: python -m infertool.worker STAGE SPEC.json",
+            message="usage: python -m infertool.worker TASK SPEC.json",
             hint=None,
             exit_code=2,
         )
         return 2
-    stage_name, spec_path = argv
-    events.emit("start", stage=stage_name, pid=os.getpid(), python=sys.executable, protocol=PROTOCOL_VERSION)
+    task_name, spec_path = argv
+    events.emit("start", task=task_name, pid=os.getpid(), python=sys.executable, protocol=PROTOCOL_VERSION)
     from infertool.errors import InfertoolError
 
     try:
-        from infertool.stages import get_stage
+        from infertool.tasks import get_task
 
-        stage = get_stage(stage_name)
+        task = get_task(task_name)
         if spec_path == "-":
             spec = json.load(sys.stdin)
         else:
             with open(spec_path, encoding="utf-8") as f:
                 spec = json.load(f)
-        result = stage.load()(spec, events)
+        result = task.load()(spec, events)
         events.emit("result", data=result if result is not None else {})
         return 0
     except InfertoolError as e:

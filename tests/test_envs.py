@@ -13,7 +13,7 @@ import pytest
 
 from infertool.envs import installer, manage, state as env_state
 from infertool.envs.paths import env_dir, env_python, home
-from infertool.envs.runner import run_stage
+from infertool.envs.runner import run_task
 from infertool.envs.specs import BUILTIN_ENVS, detect_variant
 from infertool.errors import EnvNotReady, UsageError
 from tests.conftest import run_cli
@@ -112,11 +112,11 @@ def test_real_custom_env_lifecycle(tmp_home, tmp_path):
     assert st.packages == {"six": "1.16.0"}
 
     # infertool itself is installed in it: the worker runs there, in ITS interpreter
-    run = run_stage("selftest", {"steps": 2, "echo": "from tiny"}, env="tiny", log_dir=tmp_path / "logs")
+    run = run_task("selftest", {"steps": 2, "echo": "from tiny"}, env="tiny", log_dir=tmp_path / "logs")
     assert run.result["echo"] == "from tiny"
     assert run.result["executable"].startswith(str(d))
     assert run.where == "tiny" and run.log_path.is_file()
-    probe = run_stage("probe", {"modules": ["six", "definitely_not_a_module"]}, env="tiny", log_dir=tmp_path / "logs")
+    probe = run_task("probe", {"modules": ["six", "definitely_not_a_module"]}, env="tiny", log_dir=tmp_path / "logs")
     assert probe.result["modules"]["six"]["ok"] is True
     assert probe.result["modules"]["six"]["version"] == "1.16.0"
     assert probe.result["modules"]["definitely_not_a_module"]["ok"] is False

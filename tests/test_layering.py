@@ -106,7 +106,7 @@ def test_leaves_stay_leaves():
     assert edges.get("perf", set()) <= {"errors"}, edges.get("perf")
     assert edges.get("procs", set()) == set(), edges.get("procs")
     assert edges.get("errors", set()) == set()
-    assert edges.get("stage_defs", set()) == set(), "stage definitions are data"
+    assert edges.get("task_defs", set()) == set(), "stage definitions are data"
     for user in ("plan", "profile", "serve"):
         assert "perf" in edges.get(user, set()), f"{user} should take its math and host facts from infertool.perf"
 
@@ -146,3 +146,20 @@ def test_commands_register_one_way():
         if path.name.startswith("_"):
             continue
         assert "register" in _defs(ast.parse(path.read_text(encoding="utf-8"))), path.name
+
+
+def test_every_file_write_goes_through_atomic():
+    """Whole files or none: a rename into place lives in infertool.atomic only (write_text / write_json /
+    atomic_path / atomic_dir / replace_dir / move_into_place), and JSON is written by its one writer."""
+    bad = []
+    for name, tree in _modules().items():
+        if name == "infertool.atomic":
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call):
+                f = ast.unparse(node.func)
+                if f in ("os.replace", "os.rename", "shutil.move", "json.dump"):
+                    bad.append(f"{name}:{node.lineno} {f}")
+                if f.endswith(".write_text") or f.endswith(".write_bytes"):
+                    bad.append(f"{name}:{node.lineno} {f}")
+    assert not bad, "writes outside infertool.atomic:\n" + "\n".join(bad)

@@ -206,13 +206,13 @@ def test_nsys_collect_runs_stats_per_report_and_summarises_phases(tmp_path):
 
 def test_worker_runs_under_a_command_prefix(tmp_path):
     """--nsys wraps the measuring worker (`nsys profile ... <python -m infertool.worker ...>`): the protocol still works."""
-    from infertool.envs.runner import run_stage
+    from infertool.envs.runner import run_task
 
     marker = tmp_path / "wrapped"
     wrapper = tmp_path / "wrap.sh"
     wrapper.write_text(f'#!/bin/sh\necho "wrapper says hello"\ntouch {marker}\nexec "$@"\n')
     wrapper.chmod(0o755)
-    run = run_stage("selftest", {"steps": 2}, wrap=[str(wrapper)], log_dir=tmp_path / "logs")
+    run = run_task("selftest", {"steps": 2}, wrap=[str(wrapper)], log_dir=tmp_path / "logs")
     assert run.where == "current" and run.result["steps"] == 2 and marker.exists()
     assert "[stdout] wrapper says hello" in (tmp_path / "logs" / "selftest.log").read_text()
 

@@ -1,4 +1,4 @@
-"""Roofline math on hand-computed numbers (shared/reference/profiling.md)."""
+"""Roofline math on hand-computed numbers (docs/reference/profiling.md)."""
 
 from __future__ import annotations
 

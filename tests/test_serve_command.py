@@ -91,7 +91,7 @@ class _Info:
 
 
 def test_kv_math_matches_vllm_log():
-    # SmolLM2-135M: 2 x 30 x 3 x 64 x 2 bytes = 23,040 bytes per token (ARCHITECTURE.md)
+    # SmolLM2-135M: 2 x 30 x 3 x 64 x 2 bytes = 23,040 bytes per token (docs/reference/profiling.md)
     assert kv_bytes_per_token(30, 3, 64, 2) == 23040
     # the 2-layer fixture with 1 GiB: vLLM logs "CPU KV cache size: 699,008 tokens"
     assert kv_capacity_tokens(1024**3, kv_bytes_per_token(2, 3, 64, 2)) == 699008

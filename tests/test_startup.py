@@ -1,4 +1,4 @@
-"""`infertool --help` must stay light: no torch, transformers or vllm (ARCHITECTURE.md)."""
+"""`infertool --help` must stay light: no torch, transformers or vllm (docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from infertool.envs.runner import run_stage, run_worker, worker_command
+from infertool.envs.runner import run_task, run_worker, worker_command
 from infertool.procs import group_members, stop_group
 from infertool.errors import BackendError, EnvNotReady, RuntimeFailure
-from infertool.stages import get_stage
+from infertool.tasks import get_task
 
 
 def _spec(tmp_path, **spec):
@@ -38,7 +38,7 @@ def test_raw_protocol_is_json_lines_even_when_libraries_print(tmp_path):
 
 def test_run_worker_success_streams_events_and_keeps_log(tmp_path):
     seen = []
-    result = run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, steps=3, echo=[1, 2]),
+    result = run_worker(get_task("selftest"), sys.executable, _spec(tmp_path, steps=3, echo=[1, 2]),
                          tmp_path / "w.log", seen.append, timeout_s=60)
     assert result["echo"] == [1, 2] and result["steps"] == 3
     progress = [e for e in seen if e["event"] == "progress"]
@@ -49,7 +49,7 @@ def test_run_worker_success_streams_events_and_keeps_log(tmp_path):
 
 def test_worker_infertool_error_becomes_one_message_with_hint(tmp_path):
     with pytest.raises(RuntimeFailure) as ei:
-        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="infertool"),
+        run_worker(get_task("selftest"), sys.executable, _spec(tmp_path, fail="infertool"),
                     tmp_path / "w.log", lambda e: None, timeout_s=60)
     e = ei.value
     assert e.message == "the selftest was asked to fail"
@@ -61,7 +61,7 @@ def test_worker_infertool_error_becomes_one_message_with_hint(tmp_path):
 
 def test_worker_unexpected_exception(tmp_path):
     with pytest.raises(BackendError) as ei:
-        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="crash"),
+        run_worker(get_task("selftest"), sys.executable, _spec(tmp_path, fail="crash"),
                     tmp_path / "w.log", lambda e: None, timeout_s=60)
     assert "ZeroDivisionError" in ei.value.message
     assert "Traceback" not in ei.value.message
@@ -70,36 +70,44 @@ def test_worker_unexpected_exception(tmp_path):
 
 def test_worker_dying_without_result(tmp_path):
     with pytest.raises(BackendError) as ei:
-        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="exit"),
+        run_worker(get_task("selftest"), sys.executable, _spec(tmp_path, fail="exit"),
                     tmp_path / "w.log", lambda e: None, timeout_s=60)
     assert "exited with code 17 without a result" in ei.value.message
 
 
 def test_worker_timeout_stops_it(tmp_path):
     with pytest.raises(RuntimeFailure) as ei:
-        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, fail="hang"),
+        run_worker(get_task("selftest"), sys.executable, _spec(tmp_path, fail="hang"),
                     tmp_path / "w.log", lambda e: None, timeout_s=3)
     assert "limit" in ei.value.message
 
 
 def test_pause_point_lets_a_test_interrupt_at_a_known_point(tmp_path):
-    """INFERTOOL_PAUSE_AT=TASK@N: the worker says it paused mid-work and waits; SIGINT then ends it (130)."""
+    """INFERTOOL_PAUSE_AT=TASK@N: the worker says it paused mid-work and waits; SIGINT then ends it (130). Every
+    wait is bounded, and the worker handles SIGINT even when this run inherited it ignored (nohup, `&`): the
+    worker sets its own disposition, because its parent stops it with SIGINT."""
     import json
     import signal
 
+    from tests.conftest import Lines
+
     spec = _spec(tmp_path, steps=5)
+    # the child starts with SIGINT ignored, as under nohup: the worker must still stop on it
     proc = subprocess.Popen([sys.executable, "-m", "infertool.worker", "selftest", str(spec)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "INFERTOOL_PAUSE_AT": "selftest@2"})
-    events = []
-    for line in proc.stdout:
-        events.append(json.loads(line))
-        if events[-1].get("event") == "log" and "paused at selftest 2/5" in events[-1]["message"]:
-            break
-    assert [e["completed"] for e in events if e["event"] == "progress"] == [1]  # step 2 is where it waits
-    proc.send_signal(signal.SIGINT)
-    rest = [json.loads(line) for line in proc.stdout]
-    assert proc.wait(timeout=60) == 130
-    assert rest[-1]["event"] == "error" and rest[-1]["error_type"] == "Interrupted"
+                            stderr=subprocess.DEVNULL, text=True, env={**os.environ, "INFERTOOL_PAUSE_AT": "selftest@2"},
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    try:
+        lines = Lines(proc, proc.stdout)
+        events = [json.loads(line) for line in lines.until("paused at selftest 2/5", timeout_s=120)]
+        assert [e["completed"] for e in events if e["event"] == "progress"] == [1]  # step 2 is where it waits
+        proc.send_signal(signal.SIGINT)
+        rest = [json.loads(line) for line in lines.rest(timeout_s=60).splitlines()]
+        assert proc.wait(timeout=60) == 130
+        assert rest[-1]["event"] == "error" and rest[-1]["error_type"] == "Interrupted"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_stop_group_leaves_no_orphans(tmp_path):
@@ -116,19 +124,19 @@ def test_stop_group_leaves_no_orphans(tmp_path):
 
 def test_run_stage_in_process_and_unknown_stage(tmp_path):
     seen = []
-    run = run_stage("selftest", {"steps": 2}, on_event=seen.append, in_process=True)
+    run = run_task("selftest", {"steps": 2}, on_event=seen.append, in_process=True)
     assert run.where == "in-process" and run.result["steps"] == 2
     assert any(e["event"] == "progress" for e in seen)
     from infertool.errors import UsageError
 
     with pytest.raises(UsageError):
-        run_stage("no.such.stage", {})
+        run_task("no.such.stage", {})
 
 
 def test_run_stage_needs_its_env(tmp_home, monkeypatch):
     monkeypatch.setenv("INFERTOOL_IN_PROCESS", "0")
     with pytest.raises(EnvNotReady) as ei:
-        run_stage("model.import", {})
+        run_task("model.import", {})
     assert ei.value.exit_code == 3
     assert "infertool env setup quant" in ei.value.hint
 
@@ -206,7 +214,7 @@ def test_an_interruption_without_a_signal_stops_the_worker(tmp_path, monkeypatch
 
     threading.Thread(target=canceller, daemon=True).start()
     with pytest.raises(KeyboardInterrupt):
-        run_worker(get_stage("selftest"), sys.executable, _spec(tmp_path, steps=5), tmp_path / "w.log", sink,
+        run_worker(get_task("selftest"), sys.executable, _spec(tmp_path, steps=5), tmp_path / "w.log", sink,
                    timeout_s=600)
     assert outcome["worker"] and "had_to_kill" not in outcome
 

@@ -37,7 +37,7 @@ def register(app: typer.Typer) -> None:
         """Load-test an OpenAI-compatible server (--url) or, without one, the recipe's own vLLM server:
         concurrency sweep, Poisson rates, bursts, and the recipe's A/B experiments."""
         from infertool.bench.run import launch_plans, run_bench
-        from infertool.output import StageProgress, err, out, print_json, to_jsonable
+        from infertool.output import StageProgress, err, out, print_json
         from infertool.recipe import load_recipe
         from infertool.resolve import resolve
 
@@ -65,11 +65,9 @@ def register(app: typer.Typer) -> None:
 
             report["plot"] = str(plot_latency_throughput(report, plot))
         if out_file is not None:
-            import json
+            from infertool.atomic import write_json
 
-            from infertool.atomic import write_text
-
-            write_text(out_file, json.dumps(to_jsonable(report), indent=2, allow_nan=False) + "\n")
+            write_json(out_file, report)
         if as_json:
             print_json({"ok": True, **report})
             return

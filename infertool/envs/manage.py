@@ -9,7 +9,6 @@ is left alone; a half-built one is wiped and built again.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import re
 import shlex
@@ -23,6 +22,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Iterator
 
+from infertool.atomic import write_json, write_text
 from infertool.envs import installer
 from infertool.envs.paths import env_dir, env_python, envs_root, remove_in_home
 from infertool.envs.specs import detect_variant
@@ -234,7 +234,7 @@ def setup_env(
             _install_infertool(installer.Installer("pip"), py, log_path, env)
             step(f"{name}: recording pip freeze")
             freeze = _freeze(py, env)
-            (d / FREEZE).write_text(freeze)
+            write_text(d / FREEZE, freeze)
             marker["infertool"] = infertool_source()
             marker["packages"] = _versions_from_freeze(freeze, spec.report)
             _write_marker(d, marker)
@@ -292,9 +292,9 @@ def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env
         remove_in_home(d)
     d.mkdir(parents=True)
     if earlier_log:
-        log_path.write_text(earlier_log + "\n# --- the attempt above failed; building again with pip ---\n")
+        write_text(log_path, earlier_log + "\n# --- the attempt above failed; building again with pip ---\n")
     if spec.custom_requirements is not None:
-        (d / CUSTOM_REQS).write_text(spec.custom_requirements)
+        write_text(d / CUSTOM_REQS, spec.custom_requirements)
     # A venv's interpreter: use the base interpreter, not the (possibly) venv one we run in.
     base_python = getattr(sys, "_base_executable", sys.executable) if python is None else python
     step(f"{name}: creating the virtual environment")
@@ -306,7 +306,7 @@ def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env
     run_env = installer.uv_environment(env, inst) if inst.kind == "uv" else env
 
     req_path = d / "requirements.lock.in"
-    req_path.write_text(spec.requirements_text(variant))
+    write_text(req_path, spec.requirements_text(variant))
 
     def on_line(line: str) -> None:
         if line.startswith(_PROGRESS_LINES):
@@ -327,7 +327,7 @@ def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env
     _install_infertool(inst, py, log_path, run_env)
     step(f"{name}: recording pip freeze")
     freeze = _freeze(py, env)
-    (d / FREEZE).write_text(freeze)
+    write_text(d / FREEZE, freeze)
     step(f"{name}: checking imports")
     probe = probe_env(name, spec.check_modules, log_path=log_path)
     bad = {m: r["error"] for m, r in probe.get("modules", {}).items() if not r.get("ok")}
@@ -389,9 +389,7 @@ def setup_envs(
 
 
 def _write_marker(d: Path, marker: dict) -> None:
-    tmp = d / (MARKER + ".tmp")
-    tmp.write_text(json.dumps(marker, indent=2) + "\n")
-    os.replace(tmp, d / MARKER)
+    write_json(d / MARKER, marker)
 
 
 def remove_env(name: str) -> bool:
@@ -409,15 +407,15 @@ def remove_env(name: str) -> bool:
 
 # ---------------------------------------------------------------------------------------------------
 def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = None, timeout_s: float = 300) -> dict:
-    """Run the probe stage in the environment's interpreter (a real worker subprocess)."""
+    """Run the probe task in the environment's interpreter (a real worker subprocess)."""
     from infertool.envs.runner import run_worker
-    from infertool.stages import get_stage
+    from infertool.tasks import get_task
 
     py = env_python(name)
     d = env_dir(name)
     spec_path = d / "probe.spec.json"
-    spec_path.write_text(json.dumps({"modules": list(modules)}))
-    return run_worker(get_stage("probe"), py, spec_path, log_path or (d / "doctor.log"), lambda ev: None, timeout_s)
+    write_json(spec_path, {"modules": list(modules)})
+    return run_worker(get_task("probe"), py, spec_path, log_path or (d / "doctor.log"), lambda ev: None, timeout_s)
 
 
 def doctor(name: str) -> DoctorReport:

@@ -29,7 +29,7 @@ def _dist_version(module: str) -> str | None:
     return None
 
 
-def probe_stage(spec: dict, events) -> dict:
+def probe_task(spec: dict, events) -> dict:
     import infertool
 
     modules = list(spec.get("modules") or [])
@@ -65,7 +65,7 @@ def probe_stage(spec: dict, events) -> dict:
     return result
 
 
-def selftest_stage(spec: dict, events) -> dict:
+def selftest_task(spec: dict, events) -> dict:
     """Exercise the protocol: progress, logs, stray stdout, then a result or the failure asked for."""
     steps = int(spec.get("steps", 3))
     print("stray output from a library that writes to stdout")  # must not corrupt the event stream

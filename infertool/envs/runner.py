@@ -1,6 +1,6 @@
-"""The parent side of the worker protocol: run a stage in-process or in its managed environment.
+"""The parent side of the worker protocol: run a worker task in-process or in its managed environment.
 
-``run_stage`` decides where a stage runs, streams its events to a callback (progress bars), keeps the
+``run_task`` decides where a task runs, streams its events to a callback (progress bars), keeps the
 full log on disk, and turns a worker failure into ONE InfertoolError with a hint and the log's path.
 """
 
@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from infertool.atomic import write_json
 from infertool.errors import (
     EXIT_BACKEND,
     EXIT_RUNTIME,
@@ -30,16 +31,16 @@ from infertool.errors import (
     UsageError,
 )
 from infertool.procs import stop_group, tied
-from infertool.stages import Stage, get_stage
+from infertool.tasks import Task, get_task
 
 EventCallback = Callable[[dict], None]
 
 
 @dataclass
-class StageRun:
-    """What happened when a stage ran: where, its result, its events and the log file."""
+class TaskRun:
+    """What happened when a task ran: where, its result, its events and the log file."""
 
-    stage: str
+    task: str
     where: str  # "in-process" or the environment's name
     python: str
     result: dict
@@ -58,8 +59,8 @@ def modules_available(modules: tuple[str, ...]) -> bool:
     return True
 
 
-def choose_runner(stage: Stage, in_process: bool | None = None) -> str:
-    """'in-process' when allowed and the stage's modules import here, else the stage's environment.
+def choose_runner(task: Task, in_process: bool | None = None) -> str:
+    """'in-process' when allowed and the task's modules import here, else the task's environment.
 
     INFERTOOL_IN_PROCESS=0 forces workers; =1 forces in-process (fails if modules are missing).
     """
@@ -67,17 +68,17 @@ def choose_runner(stage: Stage, in_process: bool | None = None) -> str:
     if in_process is None and forced in ("0", "1"):
         in_process = forced == "1"
     if in_process is None:
-        in_process = bool(stage.modules) and modules_available(stage.modules) or not stage.env
+        in_process = bool(task.modules) and modules_available(task.modules) or not task.env
     if in_process:
         return "in-process"
-    return stage.env
+    return task.env
 
 
-def _default_log_dir(stage_name: str) -> Path:
+def _default_log_dir(task_name: str) -> Path:
     from infertool.envs.paths import logs_root
 
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    return logs_root() / f"{stamp}-{stage_name}-{os.getpid()}"
+    return logs_root() / f"{stamp}-{task_name}-{os.getpid()}"
 
 
 class InProcessEvents:
@@ -94,8 +95,8 @@ class InProcessEvents:
         self._sink({"event": "log", "level": level, "message": message})
 
 
-def run_stage(
-    stage_name: str,
+def run_task(
+    task_name: str,
     spec: dict,
     *,
     on_event: EventCallback | None = None,
@@ -104,16 +105,16 @@ def run_stage(
     env: str | None = None,
     timeout_s: float | None = None,
     wrap: list[str] | None = None,
-) -> StageRun:
-    """Run one stage and return its result, or raise an InfertoolError that says what to do.
+) -> TaskRun:
+    """Run one task and return its result, or raise an InfertoolError that says what to do.
 
-    ``wrap`` is a command prefix for the worker (``nsys profile ... -o X``): the stage then runs as a worker
+    ``wrap`` is a command prefix for the worker (``nsys profile ... -o X``): the task then runs as a worker
     process whatever ``in_process`` says."""
-    stage = get_stage(stage_name)
-    where = env or choose_runner(stage, in_process)
+    task = get_task(task_name)
+    where = env or choose_runner(task, in_process)
     if wrap and where == "in-process":
-        where = stage.env or "current"  # a wrapped stage is a process; "current": this interpreter
-    log_dir = Path(log_dir) if log_dir else _default_log_dir(stage_name)
+        where = task.env or "current"  # a wrapped task is a process; "current": this interpreter
+    log_dir = Path(log_dir) if log_dir else _default_log_dir(task_name)
     events: list[dict] = []
 
     def sink(ev: dict) -> None:
@@ -123,27 +124,27 @@ def run_stage(
 
     t0 = time.monotonic()
     if where == "in-process":
-        if stage.modules and not modules_available(stage.modules):
+        if task.modules and not modules_available(task.modules):
             raise BackendError(
-                f"stage {stage.name!r} cannot run in-process: it needs {', '.join(stage.modules)}",
-                hint=f"unset INFERTOOL_IN_PROCESS, or run `infertool env setup {stage.env}`",
+                f"task {task.name!r} cannot run in-process: it needs {', '.join(task.modules)}",
+                hint=f"unset INFERTOOL_IN_PROCESS, or run `infertool env setup {task.env}`",
             )
-        result = stage.load()(spec, InProcessEvents(sink))
-        return StageRun(stage.name, "in-process", sys.executable, result or {}, None, time.monotonic() - t0, events)
+        result = task.load()(spec, InProcessEvents(sink))
+        return TaskRun(task.name, "in-process", sys.executable, result or {}, None, time.monotonic() - t0, events)
 
     from infertool.envs.state import require_env
 
-    python = Path(sys.executable) if where == "current" else require_env(where, needed_by=f"stage {stage.name!r}")
+    python = Path(sys.executable) if where == "current" else require_env(where, needed_by=f"task {task.name!r}")
     log_dir.mkdir(parents=True, exist_ok=True)
-    spec_path = log_dir / f"{stage.name}.spec.json"
-    spec_path.write_text(json.dumps(spec, indent=2, default=str), encoding="utf-8")
-    log_path = log_dir / f"{stage.name}.log"
-    result = run_worker(stage, python, spec_path, log_path, sink, timeout_s, wrap or [])
-    return StageRun(stage.name, where, str(python), result, log_path, time.monotonic() - t0, events)
+    spec_path = log_dir / f"{task.name}.spec.json"
+    write_json(spec_path, spec)
+    log_path = log_dir / f"{task.name}.log"
+    result = run_worker(task, python, spec_path, log_path, sink, timeout_s, wrap or [])
+    return TaskRun(task.name, where, str(python), result, log_path, time.monotonic() - t0, events)
 
 
-def worker_command(python: Path | str, stage: str, spec_path: Path | str) -> list[str]:
-    return [str(python), "-m", "infertool.worker", stage, str(spec_path)]
+def worker_command(python: Path | str, task: str, spec_path: Path | str) -> list[str]:
+    return [str(python), "-m", "infertool.worker", task, str(spec_path)]
 
 
 def _worker_env() -> dict[str, str]:
@@ -156,7 +157,7 @@ def _worker_env() -> dict[str, str]:
 
 
 def run_worker(
-    stage: Stage,
+    task: Task,
     python: Path,
     spec_path: Path,
     log_path: Path,
@@ -165,7 +166,7 @@ def run_worker(
     wrap: list[str] = (),
 ) -> dict:
     tail: deque[str] = deque(maxlen=40)
-    argv = [*wrap, *worker_command(python, stage.name, spec_path)]
+    argv = [*wrap, *worker_command(python, task.name, spec_path)]
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(argv)}\n")
         log.flush()
@@ -255,7 +256,7 @@ def run_worker(
                 log.write(f"# exit code {proc.returncode}\n")
     if timed_out.is_set():
         raise RuntimeFailure(
-            f"stage {stage.name!r} ran past its {timeout_s:.0f} s limit and was stopped",
+            f"task {task.name!r} ran past its {timeout_s:.0f} s limit and was stopped",
             hint="raise the limit, or look at the log for where it was stuck",
             log_path=str(log_path),
         )
@@ -274,9 +275,9 @@ def run_worker(
     if result is None:
         last = "\n".join(list(tail)[-8:])
         raise BackendError(
-            f"the {stage.env or 'backend'} worker for stage {stage.name!r} exited with code {proc.returncode} "
+            f"the {task.env or 'backend'} worker for task {task.name!r} exited with code {proc.returncode} "
             f"without a result" + (f"; its last output:\n{last}" if last else ""),
-            hint=f"run `infertool env doctor {stage.env}` to check the environment" if stage.env else None,
+            hint=f"run `infertool env doctor {task.env}` to check the environment" if task.env else None,
             log_path=str(log_path),
         )
     return result

@@ -19,6 +19,7 @@ from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
 from infertool.data.suites import Suite, generation_correct, load_suite
 from infertool.evaluate.verdict import Gate, judge, thresholds, verdict
+from infertool.atomic import jsonable, write_json, write_text
 
 RESULTS_FILE = "results.json"
 ITEMS_FILE = "items.jsonl"
@@ -262,7 +263,7 @@ def write_kld_histogram_svg(hist: dict, path: Path, title: str) -> Path:
             parts.append(f'<text x="{x + bw / 2:.1f}" y="{top + ph + 14}" text-anchor="end" '
                          f'transform="rotate(-45 {x + bw / 2:.1f} {top + ph + 14})">{_xml(labels[i])}</text>')
     parts.append("</svg>")
-    path.write_text("\n".join(parts) + "\n", encoding="utf-8")
+    write_text(path, "\n".join(parts) + "\n")
     return path
 
 
@@ -285,9 +286,9 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     if spec.engine == "hf":
-        from infertool.envs.runner import run_stage
+        from infertool.envs.runner import run_task
 
-        run = run_stage("eval.hf", {"base": spec.base, "candidate": spec.candidate, "tasks": requests,
+        run = run_task("eval.hf", {"base": spec.base, "candidate": spec.candidate, "tasks": requests,
                                     "batch_size": spec.batch_size, "trust_remote_code": spec.trust_remote_code},
                         on_event=on_event, log_dir=out_dir / "logs")
         raw = run.result
@@ -308,9 +309,8 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
     tasks, records, pool, gates = summarize(suite, raw["tasks"], spec.accept)
     status, reason = verdict(gates)
     files = {"results": str(out_dir / RESULTS_FILE), "items": str(out_dir / ITEMS_FILE)}
-    with open(out_dir / ITEMS_FILE, "w", encoding="utf-8") as f:
-        for r in records:
-            f.write(json.dumps(r, sort_keys=True, ensure_ascii=False) + "\n")
+    write_text(out_dir / ITEMS_FILE, "".join(json.dumps(r, sort_keys=True, ensure_ascii=False, default=str) + "\n"
+                                             for r in jsonable(records)))
     if "tokens" in pool:
         kind = pool["tokens"]["kld_kind"]
         files["kld_histogram"] = str(write_kld_histogram_svg(
@@ -349,16 +349,5 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
         "run_dir": str(out_dir),
         "files": files,
     }
-    (out_dir / RESULTS_FILE).write_text(json.dumps(_finite(doc), indent=2) + "\n", encoding="utf-8")
-    return _finite(doc)
-
-
-def _finite(obj):
-    """JSON has no NaN/Infinity: such values become null."""
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    return obj
+    write_json(out_dir / RESULTS_FILE, doc)
+    return jsonable(doc)

@@ -199,7 +199,7 @@ def _generate(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> dict
     return {"type": "generate", "items": items}
 
 
-def compare_stage(spec: dict, events) -> dict:
+def compare_task(spec: dict, events) -> dict:
     """Stage ``eval.hf``: score every task of the suite with base and candidate on the same tokens."""
     import torch
     import transformers

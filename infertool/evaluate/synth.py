@@ -17,6 +17,8 @@ import random
 import sys
 from pathlib import Path
 
+from infertool.atomic import write_text
+
 SEED = 1234
 N_MC = 50
 N_GEN = 25
@@ -182,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
     dest = Path(argv[0] if argv else "evals")
     dest.mkdir(parents=True, exist_ok=True)
     for name, content in generate_files().items():
-        (dest / name).write_text(content, encoding="utf-8")
+        write_text(dest / name, content)
     return 0
 
 

@@ -1,8 +1,8 @@
 """Stages that need torch + transformers (run in the `quant` environment, or in-process when present).
 
-- ``import_stage``: GGUF -> Hugging Face safetensors directory (dequantized), with tokenizer and
+- ``import_task``: GGUF -> Hugging Face safetensors directory (dequantized), with tokenizer and
   chat template, optionally truncated to the first N decoder layers.
-- ``generate_stage``: greedy generation with transformers, a smoke check that a directory is a working model.
+- ``generate_task``: greedy generation with transformers, a smoke check that a directory is a working model.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import json
 import time
 from pathlib import Path
 
+from infertool.atomic import write_json
 from infertool.errors import RuntimeFailure, UsageError
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "float32": "float32", "fp32": "float32"}
@@ -47,7 +48,7 @@ def truncate_layers(model, n_layers: int) -> int:
     return total
 
 
-def import_stage(spec: dict, events) -> dict:
+def import_task(spec: dict, events) -> dict:
     """spec: {gguf_path, dest, layers (int|None), dtype}. Writes the HF directory at dest (must not exist)."""
     t0 = time.monotonic()
     gguf_path = Path(spec["gguf_path"])
@@ -106,7 +107,7 @@ def import_stage(spec: dict, events) -> dict:
     cfg_path = dest / "config.json"
     cfg = json.loads(cfg_path.read_text())
     cfg.pop("quantization_config", None)
-    cfg_path.write_text(json.dumps(cfg, indent=2, sort_keys=True) + "\n")
+    write_json(cfg_path, dict(sorted(cfg.items())))
     events.progress("import", 3, steps, "recording provenance")
     import gguf  # noqa: F401 - version recorded below
 
@@ -137,7 +138,7 @@ def dist_version(dist: str) -> str | None:
         return None
 
 
-def generate_stage(spec: dict, events) -> dict:
+def generate_task(spec: dict, events) -> dict:
     """spec: {model, prompts: [...], max_new_tokens, chat: bool}. Greedy; returns the completions."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from infertool.atomic import remove_inside
+from infertool.atomic import move_into_place, remove_inside, replace_dir, write_json
 from infertool.data.fingerprint import file_sha256
 from infertool.errors import BackendError, UsageError
 
@@ -176,10 +176,7 @@ def gguf_sha256(path: Path) -> str:
     digest = file_sha256(path)
     memo[key] = digest
     try:
-        memo_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = memo_path.with_suffix(f".{uuid.uuid4().hex}.tmp")
-        tmp.write_text(json.dumps(memo, indent=1))
-        os.replace(tmp, memo_path)
+        write_json(memo_path, memo, indent=1)
     except OSError:
         pass
     return digest
@@ -237,7 +234,7 @@ def convert_gguf_cached(
 ) -> tuple[Path, bool, str]:
     """Convert a GGUF into the cache (or reuse it). Returns (directory, reused, key)."""
     from infertool.envs.paths import models_cache
-    from infertool.envs.runner import run_stage
+    from infertool.envs.runner import run_task
 
     if not gguf_path.is_file():
         raise UsageError(f"GGUF file not found: {gguf_path}")
@@ -252,7 +249,7 @@ def convert_gguf_cached(
     models_cache().mkdir(parents=True, exist_ok=True)
     tmp = models_cache() / f".{key}.{uuid.uuid4().hex[:8]}.tmp"
     try:
-        run = run_stage(
+        run = run_task(
             "model.import",
             {"gguf_path": str(gguf_path.resolve()), "dest": str(tmp), "layers": layers, "dtype": dtype},
             on_event=on_event,
@@ -261,13 +258,13 @@ def convert_gguf_cached(
         meta = dict(run.result)
         meta.update({"gguf_sha256": digest, "key": key, "converter_version": CONVERTER_VERSION,
                      "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "ran_in": run.where})
-        (tmp / MARKER).write_text(json.dumps(meta, indent=2) + "\n")
+        write_json(tmp / MARKER, meta)
         if final.exists():  # a concurrent conversion won the race, or a stale dir without a marker
             if (final / MARKER).is_file():
                 shutil.rmtree(tmp, ignore_errors=True)
                 return final, True, key
             remove_inside(final, models_cache())
-        os.replace(tmp, final)
+        move_into_place(tmp, final)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -328,13 +325,7 @@ def copy_model_dir(src: Path, dest: Path, *, force: bool = False) -> Path:
         for f in tmp.iterdir():  # safetensors writes 0600 files; a copy for the user gets normal modes
             if f.is_file():
                 f.chmod(0o644)
-        if dest.exists():
-            old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
-            os.replace(dest, old)
-            os.replace(tmp, dest)
-            remove_inside(old, dest.parent)  # a link is unlinked, never followed
-        else:
-            os.replace(tmp, dest)
+        replace_dir(tmp, dest)  # an existing dest is moved aside, then removed (a link unlinked, never followed)
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)

@@ -76,14 +76,14 @@ _ALIASES = {
     "l40s": "L40S", "l4": "L4", "rtx4090": "RTX4090", "4090": "RTX4090", "geforcertx4090": "RTX4090",
 }
 
-# Reference numbers for this project's CPU machines (shared/reference/profiling.md, Nov 2026, torch 2.13 CPU).
+# Reference numbers for this project's CPU machines (docs/reference/profiling.md, Nov 2026, torch 2.13 CPU).
 # Noisy: `infertool profile` measures the machine at hand; these are only used when nothing was measured.
 CPU_REFERENCE = {
     "name": "2-core AVX-512 CPU (reference, not measured here)",
     "bandwidth_bytes_s": 15e9,
     "fp32_flops": 240e9,
     "bf16_flops": 57e9,
-    "source": "shared/reference/profiling.md: measured on the project's CPU machines, Nov 2026",
+    "source": "docs/reference/profiling.md: measured on the project's CPU machines, Nov 2026",
 }
 
 

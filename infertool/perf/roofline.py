@@ -1,6 +1,6 @@
 """Roofline math: pure functions on numbers, unit-tested on hand-computed values.
 
-Notation (shared/reference/profiling.md): L layers, h query heads, h_kv KV heads, d head dim, B batch,
+Notation (docs/reference/profiling.md): L layers, h query heads, h_kv KV heads, d head dim, B batch,
 S prompt length, C context length, N parameters in the linear layers (lm_head included; the embedding
 table is not a matmul: only B rows of it are read).
 """

@@ -1,6 +1,6 @@
 """From measured times to verdicts: achieved bandwidth and FLOP/s, MBU/MFU, and why it is slow. Pure.
 
-Verdict logic (shared/reference/profiling.md): the analytic prior (arithmetic intensity vs the ridge),
+Verdict logic (docs/reference/profiling.md): the analytic prior (arithmetic intensity vs the ridge),
 then timing (MBU vs MFU against the machine's MEASURED peaks), then hardware counters where available;
 the verdict says which sources agreed. "overhead-bound" when neither MBU nor MFU is high.
 """

@@ -6,11 +6,11 @@ import json
 import os
 import re
 import time
-import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from infertool.atomic import atomic_path, write_json
 from infertool.errors import UsageError
 from infertool.perf import hardware, roofline
 from infertool.profile import analysis
@@ -61,7 +61,7 @@ def half_is_slow(dtype: str, peaks: dict, flags: set[str] | None = None) -> bool
 
 def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None, log_dir: Path | None = None) -> dict:
     """This machine's measured peaks, measured once and cached (the file `plan` reads too)."""
-    from infertool.envs.runner import run_stage
+    from infertool.envs.runner import run_task
     from infertool.perf.host import accelerator
 
     key = "cpu" if accelerator() == "cpu" else "cuda"
@@ -71,13 +71,10 @@ def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None,
             return json.loads(path.read_text())
         except (OSError, ValueError):
             pass
-    result = run_stage("profile.peaks", {}, on_event=on_event, log_dir=log_dir).result
+    result = run_task("profile.peaks", {}, on_event=on_event, log_dir=log_dir).result
     result["bandwidth_bytes_s"] = result["read_bandwidth_bytes_s"]
     result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(f".{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(json.dumps(result, indent=2))
-    os.replace(tmp, path)
+    write_json(path, result)
     return result
 
 
@@ -248,9 +245,9 @@ def run_profile(
 
 
 def _run_hf(spec: dict, on_event, wrap: list[str] | None = None) -> dict:
-    from infertool.envs.runner import run_stage
+    from infertool.envs.runner import run_task
 
-    return run_stage("profile.hf", spec, on_event=on_event, wrap=wrap).result
+    return run_task("profile.hf", spec, on_event=on_event, wrap=wrap).result
 
 
 def _log_dir(what: str) -> Path:
@@ -325,9 +322,7 @@ def _write_outputs(result: ProfileResult, out_dir: Path) -> None:
         result.plot = str(png)
     except ImportError as e:
         result.notes.append(f"no plot: {e}")
-    tmp = out_dir / f".profile.json.{uuid.uuid4().hex[:6]}.tmp"
-    tmp.write_text(json.dumps(result.to_dict(), indent=2, default=str))
-    os.replace(tmp, out_dir / "profile.json")
+    write_json(out_dir / "profile.json", result.to_dict())
 
 
 def roofline_title(result: ProfileResult) -> str:
@@ -365,7 +360,6 @@ def plot_roofline(result: ProfileResult, path: Path) -> None:
     ax.legend(fontsize=8, loc="upper left")
     ax.grid(True, which="both", alpha=0.2)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp.png")
-    fig.savefig(tmp)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
-    os.replace(tmp, path)

@@ -26,7 +26,7 @@ def _timed(torch, device: str, fn, repeats: int) -> float:
     return min(times)  # peaks: the best of the repeats
 
 
-def peaks_stage(spec: dict, events) -> dict:
+def peaks_task(spec: dict, events) -> dict:
     """Measured peaks of this machine: read bandwidth, triad bandwidth, matmul FLOP/s (fp32, bf16)."""
     import torch
 
@@ -90,7 +90,7 @@ def _cpu_name() -> str:
     return cpu_model_name()
 
 
-def hf_stage(spec: dict, events) -> dict:
+def hf_task(spec: dict, events) -> dict:
     """Time prefill (batch 1, each prompt length) and decode steps (each batch, at a context) with transformers.
 
     spec: {model, dtype, batch: [..], prompt_len: [..], decode_len, context, repeats, seed, nvml: bool}

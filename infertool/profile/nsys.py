@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 
 from infertool.errors import BackendError
 
-# Kernel classes by name (shared/reference/profiling.md); first match wins, in this order.
+# Kernel classes by name (docs/reference/profiling.md); first match wins, in this order.
 KERNEL_CLASSES: list[tuple[str, re.Pattern]] = [
     ("communication", re.compile(r"nccl|all_?reduce|cross_device_reduce|allgather|reduce_scatter", re.I)),
     ("kv_write", re.compile(r"reshape_and_cache|cache_kernel|concat_and_cache", re.I)),

@@ -2,7 +2,7 @@
 the vLLM load check and the manifest written beside the quantized weights.
 
 Importing this package is light (no torch, no pydantic at import time); the heavy work runs in
-stages (``infertool/stage_defs/quantize.py``) inside the managed environments.
+stages (``infertool/task_defs/quantize.py``) inside the managed environments.
 
     from infertool.quantize.core import quantize, QuantizeResult
 """

@@ -17,7 +17,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from infertool.atomic import remove_inside
+from infertool.atomic import replace_dir
 from infertool.errors import UsageError
 from infertool.quantize import MANIFEST_NAME
 from infertool.resolve import default_output
@@ -116,20 +116,6 @@ def _group_size_hint(report) -> str | None:
     return "fix the recipe (or the model) and run `infertool quantize RECIPE --check` again"
 
 
-def _publish(tmp: Path, dest: Path) -> None:
-    """Rename ``tmp`` to ``dest``; an existing ``dest`` (allowed by --force) is moved aside first."""
-    if dest.exists() or dest.is_symlink():
-        old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
-        os.replace(dest, old)
-        os.replace(tmp, dest)
-        try:
-            remove_inside(old, dest.parent)  # a link is unlinked, never followed
-        except OSError:
-            pass
-    else:
-        os.replace(tmp, dest)
-
-
 def reference_dtype(res, info) -> str:
     """The dtype vLLM serves the original in for this recipe (serve.dtype, or its CPU rule for "auto"), which the
     original's reference tokens are computed in; the model's own dtype when vLLM's "auto" keeps it."""
@@ -157,7 +143,7 @@ def quantize(
     from infertool.models.info import model_info, safetensors_stats, weight_files
     from infertool.perf.host import has_cuda
     from infertool.quantize import verify as load_check
-    from infertool.quantize.backends import BACKEND_ENVS, BACKEND_STAGES
+    from infertool.quantize.backends import BACKEND_ENVS, BACKEND_TASKS
     from infertool.quantize.preflight import PreflightFailed, linear_layers, matches_ignore, run_preflight
     from infertool.recipe import recipe_to_dict
     from infertool.resolve import ModelRef, resolve
@@ -237,7 +223,7 @@ def quantize(
 
     from infertool.envs.state import state
     from infertool.envs.paths import logs_root
-    from infertool.envs.runner import run_stage
+    from infertool.envs.runner import run_task
 
     if llmc_plan is not None:
         from infertool.quantize.backends import llmcompressor
@@ -299,9 +285,9 @@ def quantize(
             spec["trust_remote_code"] = announce_remote_code(recipe.model.source, recipe.model.trust_remote_code)
             _emit(on_event, f"quantizing {src.name} with {backend} ({method}) in the {BACKEND_ENVS[backend]!r} environment")
             t = time.monotonic()
-            run = run_stage(BACKEND_STAGES[backend], spec, on_event=on_event, log_dir=log_dir)
+            run = run_task(BACKEND_TASKS[backend], spec, on_event=on_event, log_dir=log_dir)
             stage_result = run.result
-            timings["quantize_stage"] = time.monotonic() - t
+            timings["quantize_task"] = time.monotonic() - t
             timings["backend"] = stage_result.get("timings", {})
             shutil.rmtree(work / "offload", ignore_errors=True)
 
@@ -319,7 +305,7 @@ def quantize(
                 if reference is not None and verify_result.get("loaded"):  # vLLM cannot generate here: GPTQModel's kernels
                     t = time.monotonic()
                     _emit(on_event, "greedy comparison in GPTQModel's kernels instead (vLLM cannot generate on this host)")
-                    run = run_stage("quantize.gptqmodel.compare", {"model": str(model_out), "reference": reference,
+                    run = run_task("quantize.gptqmodel.compare", {"model": str(model_out), "reference": reference,
                                                                    "trust_remote_code": spec.get("trust_remote_code", False)},
                                     on_event=on_event, log_dir=log_dir)
                     stage_result["local_agreement"] = run.result.get("local_agreement")
@@ -371,7 +357,7 @@ def quantize(
                 fields["verify_environment"] = env_packages("serve")
             fields["held_out"] = held
         write_manifest(model_out, build_manifest(**fields))
-        _publish(model_out, dest)
+        replace_dir(model_out, dest)  # an existing output (allowed by --force) is moved aside, then removed
         if pool is not None:
             pool.moved(model_out, dest)  # the load check's server now serves the published checkpoint's files
         base.manifest_path = str(dest / MANIFEST_NAME)

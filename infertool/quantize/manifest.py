@@ -9,6 +9,7 @@ import sys
 from datetime import datetime, timezone
 from pathlib import Path
 
+from infertool.atomic import write_json
 from infertool.quantize import MANIFEST_NAME
 
 MANIFEST_VERSION = 1
@@ -59,9 +60,7 @@ def build_manifest(**fields) -> dict:
 
 
 def write_manifest(directory: Path, manifest: dict) -> Path:
-    path = Path(directory) / MANIFEST_NAME
-    path.write_text(json.dumps(manifest, indent=2, default=str) + "\n", encoding="utf-8")
-    return path
+    return write_json(Path(directory) / MANIFEST_NAME, manifest)
 
 
 def read_manifest(directory: str | Path) -> dict | None:

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from infertool.atomic import write_json
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.procs import group_members, process_start_time, stop_group, tied
 from infertool.serve.command import API_KEY_VAR, API_SERVER_MODULE, LaunchSpec, process_env
@@ -250,10 +251,7 @@ def write_pid_file(path: Path, server: Server, ready: ReadyInfo) -> dict:
         "log": str(server.log_path),
         "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json(path, record)
     return record
 
 

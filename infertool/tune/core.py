@@ -24,15 +24,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
-import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from infertool.atomic import remove_inside
+from infertool.atomic import atomic_dir, write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError
 from infertool.tune import search, space
 
@@ -58,13 +56,6 @@ class TuneResult:
 
 def _now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="seconds")
-
-
-def _write_json(path: Path, data) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:6]}.tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str))
-    os.replace(tmp, path)
 
 
 def _emit(on_event: EventCallback | None, message: str, level: str = "info") -> None:
@@ -124,7 +115,7 @@ def _quantize_stage(ctx: Context, trial: space.Trial):
 
         r = quantize(trial.recipe, out=w / "model", force=True, verify=False, on_event=ctx.on_event)
         d = r.to_dict()
-        (w / "quantize.json").write_text(json.dumps(d, indent=2, default=str))
+        write_json(w / "quantize.json", d)
         return {"label": trial.candidate.label, "size": d.get("size"), "timings": d.get("timings"),
                 "held_out": (d.get("held_out") or {}).get("overlap")}
 
@@ -191,7 +182,7 @@ def _reference_stage(ctx: Context):
         _emit(ctx.on_event, "scoring the reference: the original model as the recipe serves it")
         out = _launch_scored(res, res.base, None, ctx, "tune: reference (original)", w / "vllm.log",
                              _requests(ctx, 0, n), "reference")
-        (w / "raw.json").write_text(json.dumps(out["raw"]))
+        write_json(w / "raw.json", out["raw"], indent=None)
         return {"items": n, "argv": out["argv"], "seconds": out["raw"]["stats"]["seconds"]}
 
     st = cached_stage(ctx.cache, "reference", key, work)
@@ -251,7 +242,7 @@ def _screen_stage(ctx: Context, trial: space.Trial, qstage, ref_raw: dict):
                       f"{j['verdict']}")
                 if search.decided(j["verdict"]) and not ctx.exhaustive:
                     break
-            (w / "raw.json").write_text(json.dumps(acc))
+            write_json(w / "raw.json", acc, indent=None)
             return {**j, "rounds": history, "rounds_planned": rounds, "stopped_early": j["items"] < rounds[-1],
                     "argv": plan.spec.argv}
 
@@ -308,7 +299,7 @@ def _capacity_stage(ctx: Context, trial: space.Trial, qstage):
                                            f"every concurrency from {load.min_concurrency} to {hi} measured")
             else:
                 result = search.find_max_load(probe, load.min_concurrency, hi, load.max_probes)
-        (w / "levels.json").write_text(json.dumps(probes_raw, default=str))
+        write_json(w / "levels.json", probes_raw, indent=None)
         best = result.best()
         at = best.summary if best else None
         return {**result.to_dict(), "at_max_load": at, "range": [load.min_concurrency, hi], "argv": plan.spec.argv,
@@ -410,7 +401,7 @@ def run_trial(ctx: Context, trial: space.Trial, ref_raw: dict | None, screens: d
         _emit(ctx.on_event, f"trial {trial.label} failed: {e.message.splitlines()[0]}", "warning")
     finally:
         rec["finished"] = _now()
-        _write_json(tdir / "manifest.json", {**rec, "recipe": _recipe_dict(trial.recipe)})
+        write_json(tdir / "manifest.json", {**rec, "recipe": _recipe_dict(trial.recipe)})
         if ctx.on_trial:
             ctx.on_trial(rec)
     return rec
@@ -464,7 +455,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[dict], seconds
             continue
         cand["served_check"] = st.summary
         cand["stages"]["served"] = {"entry": str(st.entry), "status": st.status, "seconds": st.seconds}
-        _write_json(Path(cand["dir"]) / "manifest.json", {**cand, "recipe": _recipe_dict(t.recipe)})
+        write_json(Path(cand["dir"]) / "manifest.json", {**cand, "recipe": _recipe_dict(t.recipe)})
         if st.summary.get("verdict") == "PASS":
             winner = cand
             break
@@ -482,7 +473,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[dict], seconds
            "slo": ctx.slo.model_dump() if ctx.slo else None, "accept": ctx.accept, "host": ctx.host,
            "seconds": round(seconds, 1), "winner": winner["id"] if winner else None, "pareto": front,
            "trials": records, "tuned_recipe": tuned, "finished": _now()}
-    _write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc)
+    write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc)
     from infertool.tune.report import write_report
 
     report = write_report(ctx.dir, doc, exhaustive=ctx.exhaustive)
@@ -514,13 +505,9 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: dict) -> Path:
         src = Path(q["entry"]) / "model"
         dest = ctx.dir / "winner" / f"{ctx.recipe.name}-{trial.candidate.spec['method']}"
         if not (dest / "config.json").is_file() or (dest / ".from").read_text() != str(src):
-            tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:6]}.tmp"
-            shutil.copytree(src, tmp)
-            (tmp / ".from").write_text(str(src))
-            if dest.exists():
-                remove_inside(dest, ctx.dir)
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(tmp, dest)
+            with atomic_dir(dest) as tmp:  # copied whole, then renamed over an older winner
+                shutil.copytree(src, tmp, dirs_exist_ok=True)
+                write_text(tmp / ".from", str(src))
         data["quantize"]["output"] = str(dest.absolute())
     data = {k: v for k, v in data.items() if v is not None}
     if isinstance(data.get("serve"), dict):
@@ -530,9 +517,7 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: dict) -> Path:
     head = (f"# Tuned by infertool from recipe {ctx.recipe.name!r}: the cheapest configuration that passed the "
             f"accuracy gates and met the SLO.\n# Winner: {' '.join(record['label'].split())}\n"
             "# `infertool run` and `infertool serve --emit k8s` take this file as it is.\n")
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
-    os.replace(tmp, path)
+    write_text(path, head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return path
 
 

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import html
 import math
-import os
-import uuid
 from pathlib import Path
 
+from infertool.atomic import atomic_path, write_text
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.tune.search import OBJECTIVES
 
@@ -88,10 +87,9 @@ def plot_pareto(doc: dict, path: Path) -> Path | None:
     if front or win:
         ax.legend(loc="best", fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex[:6]}.png")
-    fig.savefig(tmp)
+    with atomic_path(path, suffix=".png") as tmp:
+        fig.savefig(tmp)
     plt.close(fig)
-    os.replace(tmp, path)
     return path
 
 
@@ -154,9 +152,7 @@ def write_report(tune_dir: Path, doc: dict, *, exhaustive: bool = False) -> dict
     tuned = Path(doc["tuned_recipe"]).read_text(encoding="utf-8") if doc.get("tuned_recipe") else None
     files = {}
     for name, text in ((f"tune{suffix}.md", render_markdown(doc, plot, tuned)), (f"tune{suffix}.html", render_html(doc, plot, tuned))):
-        tmp = tune_dir / f".{name}.{uuid.uuid4().hex[:6]}.tmp"
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, tune_dir / name)
+        write_text(tune_dir / name, text)
         files[name] = str(tune_dir / name)
     if plot:
         files["pareto"] = str(plot)

@@ -2,4 +2,4 @@
 (runs in the backend's managed environment, imports the heavy library inside)."""
 
 BACKEND_ENVS = {"gptqmodel": "quant", "llmcompressor": "llmcompressor"}
-BACKEND_STAGES = {"gptqmodel": "quantize.gptqmodel", "llmcompressor": "quantize.llmcompressor"}
+BACKEND_TASKS = {"gptqmodel": "quantize.gptqmodel", "llmcompressor": "quantize.llmcompressor"}

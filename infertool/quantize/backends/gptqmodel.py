@@ -1,7 +1,7 @@
 """GPTQ and AWQ with GPTQModel (the maintained successor of AutoGPTQ/AutoAWQ): writes the ``gptq`` and
 ``awq`` (gemm/gemv/gemv_fast) checkpoint formats vLLM loads natively.
 
-``build_spec`` is light; ``quantize_stage`` runs in the ``quant`` environment.
+``build_spec`` is light; ``quantize_task`` runs in the ``quant`` environment.
 """
 
 from __future__ import annotations
@@ -11,6 +11,7 @@ import re
 import time
 from pathlib import Path
 
+from infertool.atomic import atomic_path, write_json
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.models.convert import dist_version  # installed version of a distribution, or None
 
@@ -92,7 +93,7 @@ def layer_errors(quant_log: list[dict]) -> list[dict]:
     return rows
 
 
-def quantize_stage(spec: dict, events) -> dict:
+def quantize_task(spec: dict, events) -> dict:
     """Calibrate, quantize and save. Emits per-layer progress (task "layers").
 
     Runs in the stage's log directory: GPTQModel writes logs/<method>_log_*.log relative to the working
@@ -254,9 +255,8 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
         if not any(t.dtype == torch.float32 for t in tensors.values()):
             continue
         tensors = {k: (t.to(target) if t.dtype == torch.float32 else t) for k, t in tensors.items()}
-        tmp = f.with_name(f".{f.name}.tmp")
-        save_file(tensors, str(tmp), metadata={**meta, "format": meta.get("format", "pt")})
-        os.replace(tmp, f)
+        with atomic_path(f, suffix=".safetensors") as tmp:
+            save_file(tensors, str(tmp), metadata={**meta, "format": meta.get("format", "pt")})
     index = out_dir / "model.safetensors.index.json"
     if index.is_file():  # total_size in the index counts bytes: recompute it from the files' headers
         data = json.loads(index.read_text())
@@ -270,9 +270,7 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
                         n *= d
                     total += n * _DTYPE_SIZES.get(sl.get_dtype(), 2)
         data.setdefault("metadata", {})["total_size"] = total
-        tmp = index.with_name(f".{index.name}.tmp")
-        tmp.write_text(json.dumps(data, indent=2))
-        os.replace(tmp, index)
+        write_json(index, data)
     cfg_path = out_dir / "config.json"
     cfg = json.loads(cfg_path.read_text())
     for key in ("dtype", "torch_dtype"):
@@ -280,9 +278,7 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
             cfg[key] = stored
     if "dtype" not in cfg and "torch_dtype" not in cfg:
         cfg["dtype"] = stored
-    tmp = cfg_path.with_name(f".{cfg_path.name}.tmp")
-    tmp.write_text(json.dumps(cfg, indent=2))
-    os.replace(tmp, cfg_path)
+    write_json(cfg_path, cfg)
 
 
 _DTYPE_SIZES = {"F64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "I64": 8}
@@ -344,7 +340,7 @@ def kernel_compare(quantized: str, tokenizer, reference: dict, events, *, trust_
             "engines": engines, "max_tokens": reference["max_tokens"], **token_agreement(reference["tokens"], cand)}
 
 
-def compare_stage(spec: dict, events) -> dict:
+def compare_task(spec: dict, events) -> dict:
     """The stage ``quantize.gptqmodel.compare``: ``kernel_compare`` of a saved checkpoint against a reference
     computed earlier (run after a load check whose vLLM loaded the checkpoint but could not generate here)."""
     t = time.monotonic()

@@ -1,6 +1,6 @@
 """GPTQ (and the GPU schemes) with llm-compressor, writing compressed-tensors checkpoints.
 
-``plan`` is light and runs anywhere (``--check`` on a CPU host plans GPU runs); ``quantize_stage`` runs in
+``plan`` is light and runs anywhere (``--check`` on a CPU host plans GPU runs); ``quantize_task`` runs in
 the optional ``llmcompressor`` environment. Known limits, turned into clear errors before anything loads:
 its AWQ modifier fails on CPU-only hosts (pin_memory needs an accelerator), and the FP8 schemes need a GPU.
 W8A8 (int8 weights and activations) calibrates on the CPU, and vLLM's CPU build serves it (measured).
@@ -69,7 +69,7 @@ def build_spec(q: dict, p: dict, *, model: Path, out_dir: Path, calibration: dic
             "method": q["method"], "dtype": dtype, "trust_remote_code": False}
 
 
-def quantize_stage(spec: dict, events) -> dict:  # pragma: no cover - needs the llmcompressor env
+def quantize_task(spec: dict, events) -> dict:  # pragma: no cover - needs the llmcompressor env
     timings: dict[str, float] = {}
     t = time.monotonic()
     events.progress("setup", 0, 3, "importing llm-compressor")

@@ -1,9 +1,10 @@
-"""The stage registry: each unit of backend work has a name, the environment it runs in, the modules
-it needs (to decide whether it can run in-process), and a target function given as a dotted path so
-that this registry imports nothing heavy.
+"""The task registry: each unit of backend work that runs in a managed environment (a worker task) has a
+name, the environment it runs in, the modules it needs (to decide whether it can run in-process), and a
+target function given as a dotted path so that this registry imports nothing heavy.
 
-A stage function has the signature ``fn(spec: dict, events: Events) -> dict`` and may raise
-InfertoolError subclasses for failures a user can act on.
+A task function has the signature ``fn(spec: dict, events: Events) -> dict`` and may raise
+InfertoolError subclasses for failures a user can act on. Tasks are not stages: a stage
+(``infertool.stages``) is a step of `run` / `tune` with a cache key; a stage's work may run tasks.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ class Events(Protocol):
 
 
 @dataclass(frozen=True)
-class Stage:
+class Task:
     name: str
     env: str  # the managed environment that holds its backend
     modules: tuple[str, ...]  # importable modules it needs; all present -> may run in-process
@@ -33,36 +34,36 @@ class Stage:
         return getattr(importlib.import_module(module_name), func)
 
 
-_REGISTRY: dict[str, Stage] = {}
+_REGISTRY: dict[str, Task] = {}
 
 
-def register_stage(stage: Stage) -> Stage:
-    if stage.name in _REGISTRY and _REGISTRY[stage.name] != stage:
-        raise ValueError(f"stage {stage.name!r} is already registered")
-    _REGISTRY[stage.name] = stage
-    return stage
+def register_task(task: Task) -> Task:
+    if task.name in _REGISTRY and _REGISTRY[task.name] != task:
+        raise ValueError(f"task {task.name!r} is already registered")
+    _REGISTRY[task.name] = task
+    return task
 
 
 _LOADED = False
 
 
 def _load_builtin() -> None:
-    """Register the STAGES of every module of infertool.stage_defs (pure data: light imports only)."""
+    """Register the TASKS of every module of infertool.task_defs (pure data: light imports only)."""
     global _LOADED
     if _LOADED:
         return
     _LOADED = True
     import pkgutil
 
-    import infertool.stage_defs as defs
+    import infertool.task_defs as defs
 
     for info in sorted(pkgutil.iter_modules(defs.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{defs.__name__}.{info.name}")
-        for entry in getattr(module, "STAGES", []):
-            register_stage(Stage(**entry))
+        for entry in getattr(module, "TASKS", []):
+            register_task(Task(**entry))
 
 
-def get_stage(name: str) -> Stage:
+def get_task(name: str) -> Task:
     from infertool.errors import UsageError
 
     _load_builtin()
@@ -70,14 +71,14 @@ def get_stage(name: str) -> Stage:
         return _REGISTRY[name]
     except KeyError:
         known = ", ".join(sorted(_REGISTRY))
-        raise UsageError(f"unknown stage {name!r}", hint=f"known stages: {known}") from None
+        raise UsageError(f"unknown task {name!r}", hint=f"known tasks: {known}") from None
 
 
-def all_stages() -> dict[str, Stage]:
+def all_tasks() -> dict[str, Task]:
     _load_builtin()
     return dict(_REGISTRY)
 
 
-def plugin_target(target: str) -> Any:  # pragma: no cover - convenience for third-party stages
+def plugin_target(target: str) -> Any:  # pragma: no cover - convenience for third-party tasks
     module_name, _, attr = target.partition(":")
     return getattr(importlib.import_module(module_name), attr)
