@@ -45,6 +45,72 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 900, input: st
     )
 
 
+def default_sigint() -> None:
+    """preexec_fn for a child a test interrupts with SIGINT: Ctrl-C's disposition, whatever this run inherited. A
+    test run started with `nohup` or `&` ignores SIGINT, a child inherits that, and Python then installs no
+    KeyboardInterrupt handler: the signal the test sends would do nothing."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+class Lines:
+    """A child's output stream read by a thread, so that every wait on it is bounded: ``until(marker)`` returns
+    the lines up to the first that holds ``marker``; ``rest()`` the lines after it, up to the end of the stream.
+    Each fails the test (and kills the process) after its timeout instead of waiting forever."""
+
+    def __init__(self, proc: subprocess.Popen, stream):
+        import queue
+        import threading
+
+        self.proc = proc
+        self.seen: list[str] = []
+        self._q: queue.Queue = queue.Queue()
+        self._eof = False
+
+        def pump() -> None:
+            for line in stream:
+                self._q.put(line)
+            self._q.put(None)
+
+        threading.Thread(target=pump, daemon=True).start()
+
+    def _next(self, deadline: float, what: str):
+        import queue
+        import time
+
+        try:
+            line = self._q.get(timeout=max(0.0, deadline - time.monotonic()))
+        except queue.Empty:
+            self.proc.kill()
+            pytest.fail(f"timed out waiting for {what}; last lines:\n" + "".join(self.seen[-30:]))
+        if line is None:
+            self._eof = True
+        else:
+            self.seen.append(line)
+        return line
+
+    def until(self, marker: str, timeout_s: float = 600) -> list[str]:
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        start = len(self.seen)
+        while not self._eof:
+            line = self._next(deadline, repr(marker))
+            if line is not None and marker in line:
+                return self.seen[start:]
+        pytest.fail(f"the output ended before {marker!r}:\n" + "".join(self.seen[-30:]))
+
+    def rest(self, timeout_s: float = 300) -> str:
+        import time
+
+        deadline = time.monotonic() + timeout_s
+        start = len(self.seen)
+        while not self._eof:
+            self._next(deadline, "the end of the output")
+        return "".join(self.seen[start:])
+
+
 def wait_for(condition, timeout_s: float = 120, what: str = "the condition") -> None:
     """Poll ``condition()`` until it holds: waiting for an event, never for a guessed time (bounded)."""
     import time

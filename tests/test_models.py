@@ -85,7 +85,7 @@ def test_model_info_sharded_quantized_and_moe(tmp_path):
     assert info.weight_bytes == total
     assert info.quantization["bits"] == 4 and info.quantization["group_size"] == 64
     assert (info.num_experts, info.num_experts_per_tok) == (8, 2)
-    assert info.kv_bytes_per_token_bf16 == 23040  # SmolLM2-135M: shared/reference/profiling.md
+    assert info.kv_bytes_per_token_bf16 == 23040  # SmolLM2-135M: docs/reference/profiling.md
 
 
 def test_model_info_errors(tmp_path):
@@ -184,8 +184,8 @@ def test_import_full_model_facts_and_cache_reuse(full_model, tmp_path):
 
 @pytest.mark.slow
 def test_converted_model_generates_paris(full_model, tmp_path):
-    """The conversion is a working chat model: greedy completion gives ' Paris' (as ARCHITECTURE.md says)."""
-    run = __import__("infertool.envs.runner", fromlist=["run_stage"]).run_stage(
+    """The conversion is a working chat model: greedy completion gives ' Paris' (docs/development.md: the bundled model)."""
+    run = __import__("infertool.envs.runner", fromlist=["run_task"]).run_task(
         "model.generate",
         {"model": str(full_model), "prompts": ["The capital of France is"], "max_new_tokens": 4},
         log_dir=tmp_path / "logs",
@@ -234,22 +234,25 @@ def test_ctrl_c_during_import_leaves_nothing_behind(quant_python, tmp_path):
 
     dest = tmp_path / "never"
     # fp32 + 1 layer: a conversion no other test caches, so a real worker runs; it pauses once the GGUF is loaded
+    from tests.conftest import Lines, default_sigint
+
     proc = subprocess.Popen(
         [sys.executable, "-m", "infertool", "model", "import", "bundled:smollm2-135m", str(dest), "--layers", "1", "--dtype", "fp32"],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
         env={**os.environ, "INFERTOOL_PAUSE_AT": "import@1"},
     )
-    seen = []
-    for line in proc.stderr:  # the worker says when it is mid-conversion: no guessed sleep
-        seen.append(line)
-        if "paused at import" in line:
-            break
-    else:
-        pytest.fail("the conversion never reached its pause point:\n" + "".join(seen[-20:]))
-    worker_pid = next(p for p in _worker_pids("model.import"))
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=60)
-    err = "".join(seen) + err
+    try:
+        lines = Lines(proc, proc.stderr)
+        lines.until("paused at import", timeout_s=600)  # the worker says when it is mid-conversion: no guessed sleep
+        worker_pid = next(p for p in _worker_pids("model.import"))
+        proc.send_signal(signal.SIGINT)
+        lines.rest(timeout_s=120)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = "".join(lines.seen)
     assert proc.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert group_members(worker_pid) == []

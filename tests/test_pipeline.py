@@ -208,19 +208,20 @@ def test_real_run_interrupted_during_eval_resumes(tiny_model, quant_python, serv
     out = tmp_path / "runs"
     cmd = [sys.executable, "-m", "infertool", "run", "quickstart", *sets, "--stages", "model,quantize,eval", "--out", str(out)]
     # eval pauses after its first perplexity windows (INFERTOOL_PAUSE_AT): the signal lands mid-eval on any machine
+    from tests.conftest import Lines, default_sigint
+
     p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-                         env={**os.environ, "INFERTOOL_PAUSE_AT": "pydoc-topics@1"})
-    seen = []
-    for line in p.stderr:
-        seen.append(line)
-        if "paused at pydoc-topics" in line:
-            break
-    else:
-        pytest.fail("eval never reached its pause point:\n" + "".join(seen[-30:]))
-    p.send_signal(signal.SIGINT)
-    rest = p.stderr.read()
-    assert p.wait(timeout=120) == 130, "".join(seen[-20:]) + rest
+                         preexec_fn=default_sigint, env={**os.environ, "INFERTOOL_PAUSE_AT": "pydoc-topics@1"})
+    try:
+        lines = Lines(p, p.stderr)
+        lines.until("paused at pydoc-topics", timeout_s=1200)
+        p.send_signal(signal.SIGINT)
+        rest = lines.rest(timeout_s=180)
+        assert p.wait(timeout=60) == 130, "".join(lines.seen[-20:]) + rest
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
     assert "interrupted" in rest and "Traceback" not in rest
     first = sorted(out.glob("quickstart-*"))[-1]
     st = json.loads((first / "manifest.json").read_text())["stages"]

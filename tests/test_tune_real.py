@@ -48,19 +48,21 @@ def test_tune_ctrl_c_then_the_same_command_resumes(tiny_tune, quant_python, serv
     """SIGINT when the second trial starts (a known point: INFERTOOL_PAUSE_AT=trial@2): exit 130, the first
     trial's stages complete and kept; the same command then runs only what is left."""
     out = Path(yaml.safe_load(tiny_tune.read_text())["tune"]["out_dir"]) / "tiny-tune"
+    from tests.conftest import Lines, default_sigint
+
     proc = subprocess.Popen([sys.executable, "-m", "infertool", "tune", str(tiny_tune)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
                             env={**os.environ, "INFERTOOL_PAUSE_AT": "trial@2"})
-    seen = []
-    for line in proc.stderr:
-        seen.append(line)
-        if "paused at trial 2" in line:
-            break
-    else:
-        pytest.fail("the tune never reached its second trial:\n" + "".join(seen[-40:]))
-    proc.send_signal(signal.SIGINT)
-    rest = proc.stderr.read()
-    assert proc.wait(timeout=180) == 130, "".join(seen[-20:]) + rest
+    try:
+        lines = Lines(proc, proc.stderr)
+        lines.until("paused at trial 2", timeout_s=1800)
+        proc.send_signal(signal.SIGINT)
+        rest = lines.rest(timeout_s=300)
+        assert proc.wait(timeout=60) == 130, "".join(lines.seen[-20:]) + rest
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
     first = _trial_manifests(out)
     assert len(first) == 1 and next(iter(first.values()))["status"] == "done"
     assert not [p for p in (out / ".stages").iterdir() if p.name.endswith(".tmp")]  # nothing half-written
