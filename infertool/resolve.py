@@ -102,6 +102,21 @@ class Target:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class Overrides:
+    """What a command line asks besides the recipe, as inputs of ``resolve()`` (never patched in afterwards):
+
+    - ``base``: the original model instead of model.source (a directory, a .gguf, bundled:NAME);
+    - ``candidate``: the quantized model instead of quantize.output (a model directory; ``run`` and ``tune``
+      pass their quantize stage's entry);
+    - ``gpu``: plan for this GPU instead of target.gpu / this host.
+    """
+
+    base: str | None = None
+    candidate: str | Path | None = None
+    gpu: str | None = None
+
+
 @dataclass
 class Resolution:
     recipe: Any
@@ -113,6 +128,17 @@ class Resolution:
     host: hostfacts.HostFacts
     notes: list[str] = field(default_factory=list)  # said to the user (loud: a fallback, a model not made yet)
     _inputs: dict | None = field(default=None, repr=False)
+
+    def candidate_at(self, path: str | Path, *, exists: bool | None = None) -> ModelRef:
+        """The candidate as it is at ``path`` (quantize's temporary output, then its published place): the same
+        model, label and quantization, another directory."""
+        from dataclasses import replace
+
+        if self.candidate is None:
+            raise UsageError("the recipe has no quantize section: there is no candidate")
+        p = str(Path(path).expanduser().absolute())
+        there = (Path(p) / "config.json").is_file() if exists is None else exists
+        return replace(self.candidate, source=p, path=p, exists=there, note=None)
 
     def ensure(self, model: ModelRef, on_event: Callable | None = None) -> ModelRef:
         """Make ``model`` exist locally when infertool can: a bundled/GGUF base (or a bitsandbytes candidate,
@@ -254,6 +280,35 @@ def _base_ref(recipe, materialize: bool, on_event: Callable | None) -> ModelRef:
                     note=f"{src} is not on this machine", name=_name_of(src))
 
 
+def _given_base(recipe, source: str, materialize: bool, on_event: Callable | None) -> ModelRef:
+    """The original model a command line names instead of model.source (named by what was given)."""
+    from infertool.models import sources
+
+    m = recipe.model
+    given = Path(source).expanduser()
+    if given.is_dir() and (given / "config.json").exists():
+        return ModelRef("base", source, str(given.resolve()), True, source, declared_dtype=m.dtype, name=_name_of(source))
+    if materialize or not (source.startswith("bundled:") or source.lower().endswith(".gguf")):
+        resolved = sources.resolve_model(source, dtype=m.dtype, on_event=on_event)
+        return ModelRef("base", source, str(resolved.path), True, source, declared_dtype=m.dtype,
+                        name=Path(str(resolved.path)).name)
+    path, note = sources.conversion_path(source, layers=None, dtype=m.dtype)
+    exists = path is not None and (path / sources.MARKER).is_file()
+    return ModelRef("base", source, str(path) if path else None, exists, source, declared_dtype=m.dtype,
+                    note=None if exists else (note or "converted on first use"), name=_name_of(source))
+
+
+def _given_candidate(given: str | Path, recipe_ref: ModelRef | None = None) -> ModelRef:
+    """The quantized model a command line names instead of quantize.output (named by what was given); its
+    quantization from the recipe when the recipe has one, else "given"."""
+    p = Path(given).expanduser()
+    exists = (p / "config.json").is_file()
+    facts = recipe_ref.quantization if recipe_ref is not None and recipe_ref.quantization else {"method": "given"}
+    return ModelRef("candidate", str(given), str(p.absolute()), exists, str(given), facts, name=p.name,
+                    declared_dtype=recipe_ref.declared_dtype if recipe_ref is not None else None,
+                    note=None if exists else f"{given} is not a model directory (no config.json)")
+
+
 def _name_of(source: str) -> str:
     if source.startswith("bundled:"):
         return source.split(":", 1)[1]
@@ -366,18 +421,28 @@ def _target(recipe, host: hostfacts.HostFacts, gpu: str | None) -> Target:
     return Target("cpu", None, 1, True, "this host")
 
 
-def resolve(recipe, *, candidate_path: str | Path | None = None, materialize: bool = False,
-            gpu: str | None = None, on_event: Callable | None = None) -> Resolution:
-    """The one resolution of ``recipe`` (see the module docstring).
+def resolve(recipe, overrides: Overrides | None = None, *, candidate_path: str | Path | None = None,
+            materialize: bool = False, gpu: str | None = None, on_event: Callable | None = None) -> Resolution:
+    """The one resolution of ``recipe`` (see the module docstring), the only place a ModelRef or a Target is made.
 
-    ``candidate_path``: where the candidate is (``run`` passes its quantize stage's entry).
+    ``overrides``: the command line's models and GPU (``Overrides``).
+    ``candidate_path``: where the candidate is (``run`` passes its quantize stage's entry); the same as
+    ``Overrides(candidate=...)``.
     ``materialize``: convert a bundled/GGUF base into the cache now (a launch needs it; a plan or a dry run
     uses the cached conversion when there is one, else says where it will be).
-    ``gpu``: plan for this GPU instead of target.gpu / this host.
+    ``gpu``: plan for this GPU instead of target.gpu / this host (the same as ``Overrides(gpu=...)``).
     """
+    ov = overrides or Overrides()
     host = hostfacts.host_facts()
-    base = _base_ref(recipe, materialize, on_event)
-    cand = _candidate_ref(recipe, base, candidate_path)
+    base = _given_base(recipe, ov.base, materialize, on_event) if ov.base else _base_ref(recipe, materialize, on_event)
+    given_candidate = ov.candidate or None
+    if given_candidate is not None and candidate_path is None and recipe.quantize is None:
+        cand = _given_candidate(given_candidate)
+    else:
+        cand = _candidate_ref(recipe, base, candidate_path or given_candidate)
+        if cand is not None and given_candidate is not None and candidate_path is None:
+            cand = _given_candidate(given_candidate, cand)
+    gpu = gpu or ov.gpu
     notes: list[str] = []
     serve = recipe.serve
     choice = serve.model if serve is not None else None

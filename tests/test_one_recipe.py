@@ -128,3 +128,25 @@ def test_the_70b_tp4_recipe_as_dry_runs(models, tmp_path, monkeypatch):
         assert launch["target"] == {"kind": "gpu", "gpu": "H100-SXM", "count": 4, "this_host": False, "source": "target.gpu"}
     assert ev["launches"]["candidate"]["model"] == str(tmp_path / "w4a16")
     assert q["load_check"]["original"]["model"] == str(models["llama-3.3-70b"])
+
+
+def test_command_line_models_are_inputs_of_the_one_resolution(tmp_path):
+    """--base / --candidate reach resolve() as Overrides: the ModelRefs are made there, named by what was given,
+    and the served model follows the given candidate (never a ModelRef patched afterwards)."""
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import Overrides, resolve
+
+    orig = layout_model(tmp_path / "orig", "llama-3.1-8b", shards=1)
+    other = layout_model(tmp_path / "other", "llama-3.1-8b", shards=1)
+    cand = layout_model(tmp_path / "cand", "llama-3.1-8b", shards=1)
+    recipe = validate_recipe_data({"name": "o", "model": {"source": str(orig)},
+                                   "quantize": {"method": "gptq", "bits": 4, "group_size": 64}}, source="test")
+    res = resolve(recipe, Overrides(base=str(other), candidate=str(cand)))
+    assert (res.base.path, res.base.label, res.base.role) == (str(other.resolve()), str(other), "base")
+    assert (res.candidate.path, res.candidate.label, res.candidate.exists) == (str(cand.absolute()), str(cand), True)
+    assert res.candidate.quantization["bits"] == 4  # the recipe's quantization, the given directory
+    assert res.served is res.candidate and res.served_origin == "candidate"
+    plain = resolve(recipe)
+    assert plain.base.path == str(orig.resolve()) and plain.candidate.path.endswith("out/o-gptq")
+    moved = plain.candidate_at(cand)
+    assert moved.exists and moved.label == plain.candidate.label and moved.path == str(cand.absolute())

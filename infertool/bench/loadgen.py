@@ -26,12 +26,12 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 import threading
 import time
 from typing import Callable
 
 from infertool.bench.metrics import RequestResult, percentile
+from infertool.perf.host import usable_cores
 
 CPU_BOUND = 0.9  # of one core
 LAG_BOUND_MS = 1.0  # median wait of a ready callback
@@ -103,11 +103,6 @@ def health(stats: list[dict], processes: int, itl_p50_ms: float | None = None) -
             "client_bound": bound, "reason": "; ".join(reasons) or None, "hint": hint}
 
 
-def usable_cores() -> int:
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except AttributeError:  # not Linux
-        return max(1, os.cpu_count() or 1)
 
 
 def choose_processes(setting, level) -> int:

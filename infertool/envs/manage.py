@@ -39,6 +39,7 @@ from infertool.envs.state import (
     state,
 )
 from infertool.errors import BackendError, InfertoolError, UsageError
+from infertool.perf.host import usable_cores
 
 SETUP_LOG = "setup.log"
 
@@ -345,7 +346,7 @@ def default_jobs(n_envs: int) -> int:
     """How many environments to build at once: one per core, at most one per environment. The installs are
     mostly unpacking and linking files (uv does that on all cores itself), so two at a time overlap one's
     Python-bound steps (venv, the import check) with the other's disk work."""
-    return max(1, min(n_envs, os.cpu_count() or 1))
+    return max(1, min(n_envs, usable_cores()))
 
 
 def setup_envs(

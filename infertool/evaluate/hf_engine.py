@@ -8,11 +8,11 @@ infertool.evaluate.metrics in the parent, the same code for every engine.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 from infertool.errors import RuntimeFailure, UsageError
+from infertool.perf.host import usable_cores
 
 
 def _load_model(path: str, events, trust: bool = False):
@@ -205,7 +205,7 @@ def compare_task(spec: dict, events) -> dict:
     import transformers
     from transformers import AutoTokenizer
 
-    torch.set_num_threads(max(1, int(spec.get("threads") or os.cpu_count() or 1)))
+    torch.set_num_threads(max(1, int(spec.get("threads") or usable_cores())))
     events.log(f"loading base {spec['base']}")
     trust = bool(spec.get("trust_remote_code"))
     mb, info_b = _load_model(spec["base"], events, trust)

@@ -6,8 +6,13 @@ Every command asks here (never /proc or nvidia-smi itself), so they cannot disag
   hosts lack the /proc entry). Used where the real device matters (skipping gpu tests).
 - ``accelerator()``: what infertool runs on: ``cuda`` or ``cpu``; ``INFERTOOL_ACCELERATOR=cpu|cuda``
   overrides the detection (to build the CUDA serve environment ahead of time, or to test both paths).
+- ``torch_device()``: the device an engine in a worker runs on (``accelerator()``, and torch sees a GPU);
+- ``usable_cores()``: the cores this process may run on (its CPU affinity: a container's or a taskset's share,
+  not the machine's count);
 - ``cpu_flags()``: the CPU's instruction-set flags; ``INFERTOOL_CPU_FLAGS`` (space-separated) replaces them,
   to plan for another CPU or to test the AVX2-only and AVX-512+BF16 paths on either machine.
+
+Workers ask here too (their environment inherits INFERTOOL_ACCELERATOR and INFERTOOL_CPU_FLAGS).
 """
 
 from __future__ import annotations
@@ -43,6 +48,24 @@ def accelerator() -> str:
 
 def has_cuda() -> bool:
     return accelerator() == "cuda"
+
+
+def torch_device() -> str:
+    """'cuda' or 'cpu' for an engine in a worker: the GPU when ``accelerator()`` says so and torch sees one
+    (INFERTOOL_ACCELERATOR=cpu keeps a GPU host's engines on the CPU). Imports torch: workers only."""
+    if accelerator() != "cuda":
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its CPU affinity (a container's or a taskset's share), else the count."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
 
 
 def cpu_flags() -> set[str]:

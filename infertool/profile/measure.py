@@ -8,6 +8,8 @@ from __future__ import annotations
 import statistics
 import time
 
+from infertool.perf.host import torch_device
+
 
 def _sync(torch, device: str) -> None:
     if device == "cuda":
@@ -30,7 +32,7 @@ def peaks_task(spec: dict, events) -> dict:
     """Measured peaks of this machine: read bandwidth, triad bandwidth, matmul FLOP/s (fp32, bf16)."""
     import torch
 
-    device = "cuda" if torch.cuda.is_available() and spec.get("device", "auto") != "cpu" else "cpu"
+    device = torch_device() if spec.get("device", "auto") != "cpu" else "cpu"
     repeats = int(spec.get("repeats", 5))
     mb = int(spec.get("bandwidth_mb", 256 if device == "cpu" else 2048))
     n = int(spec.get("matmul_n", 2048 if device == "cpu" else 8192))
@@ -101,7 +103,7 @@ def hf_task(spec: dict, events) -> dict:
     from infertool.profile.nvml import NvmlSampler
 
     torch.manual_seed(int(spec.get("seed", 0)))
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = torch_device()
     dtype = getattr(torch, spec.get("dtype") or "bfloat16")
     events.progress("profile", 0, None, "loading the model")
     model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype,

@@ -14,6 +14,7 @@ from pathlib import Path
 from infertool.atomic import atomic_path, write_json
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.models.convert import dist_version  # installed version of a distribution, or None
+from infertool.perf.host import torch_device, usable_cores
 
 
 def build_spec(q: dict, *, model: Path, out_dir: Path, offload_dir: Path, ignore_modules: list[str],
@@ -112,7 +113,7 @@ def quantize_task(spec: dict, events) -> dict:
 def _quantize(spec: dict, events) -> dict:
     timings: dict[str, float] = {}
     t = time.monotonic()
-    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(max(1, os.cpu_count() or 1)))
+    os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(usable_cores()))
     events.progress("setup", 0, 3, "importing GPTQModel")
     import torch  # noqa: F401
     from gptqmodel import GPTQModel, QuantizeConfig
@@ -219,11 +220,9 @@ def _calibration_dtype(model_dir: str) -> dict | None:
     15.7 s in float32. The checkpoint is saved in the model's dtype all the same (restore_dtype)."""
     import json
 
-    import torch
-
     from infertool.perf.host import cpu_lacks_half
 
-    if torch.cuda.is_available():
+    if torch_device() == "cuda":
         return None
     try:
         cfg = json.loads((Path(model_dir) / "config.json").read_text())
@@ -314,7 +313,7 @@ def reference_greedy(original: str, tokenizer, dtype: str | None, *, trust_remot
     texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
     del model
     gc.collect()
-    return {"engine": f"transformers {dist_version('transformers')} ({used}, {'cuda' if torch.cuda.is_available() else 'cpu'}"
+    return {"engine": f"transformers {dist_version('transformers')} ({used}, {torch_device()}"
                       ", in the quant environment)",
             "dtype": used, "prompts": list(PROMPTS), "max_tokens": MAX_TOKENS, "tokens": tokens, "texts": texts}
 
