@@ -36,12 +36,13 @@ def test_markup_in_paths_and_values_prints_literally(tmp_path, wide):
     d = tmp_path / f"d{MARKUP}"
     d.mkdir(parents=True)  # its `/` makes folders: the path still holds `[/]`
     recipe = d / "r.yaml"
-    # a model directory laid out here (config and safetensors headers): `quantize --check` reads no weights and
-    # needs no managed environment (the bundled GGUF would: its conversion runs in the quant environment)
-    model = layout_model(d / "model", "llama-3.1-8b", shards=1)
+    # a small model directory laid out here (config and safetensors headers): `quantize --check` reads no weights,
+    # needs no managed environment (the bundled GGUF would: its conversion runs in the quant environment), and its
+    # memory and disk checks pass on any machine
+    model = layout_model(d / "model", "smollm2-135m", shards=1)
     recipe.write_text(f"name: hostile\nmodel:\n  source: {json.dumps(str(model))}\nquantize:\n  method: gptq\n  bits: 4\n"
                       "  group_size: 64\nserve:\n  max_model_len: 4096\n")
-    out_dir = f"/tmp/q{MARKUP}"
+    out_dir = str(tmp_path / f"q{MARKUP}")
     cases = [
         (("validate", str(recipe)), {0}, [str(recipe)]),
         (("plan", str(recipe)), {0, 1}, []),
