@@ -176,9 +176,9 @@ class _Model:
 
 def _locate(model: str, on_event: Callable | None) -> _Model:
     """The model as a Hugging Face directory (a bundled/GGUF source converted once into the cache; a hub id
-    from the local Hugging Face cache: models.sources.resolve_model, as every command resolves it)."""
+    from the local Hugging Face cache: models.sources.locate, as every command finds it)."""
     from infertool.models.info import model_info, position_limit
-    from infertool.models.sources import BUNDLED, resolve_model
+    from infertool.models.sources import BUNDLED, locate
 
     model = model.strip()
     if not model:
@@ -189,9 +189,9 @@ def _locate(model: str, on_event: Callable | None) -> _Model:
     if p.is_file() and p.suffix.lower() != ".gguf":
         raise UsageError(f"{p} is a file, not a model directory or a .gguf file",
                          hint="give a Hugging Face model directory (with config.json), a .gguf file, or org/name")
-    resolved = resolve_model(model, dtype="bfloat16", on_event=on_event)
+    resolved = locate(model, dtype="bfloat16", convert=True, on_event=on_event).require()
     info = model_info(resolved.path)
-    if resolved.kind in ("bundled",):
+    if resolved.kind == "bundled":
         source, name = model, model.split(":", 1)[1]
     elif resolved.kind == "gguf":
         source, name = str(p.resolve()), p.stem
