@@ -30,6 +30,7 @@ from infertool.atomic import move_into_place, write_text
 from infertool.errors import UsageError
 from infertool.perf import hardware
 from infertool.perf import host as hostfacts
+from infertool.resolve import Target, target_for
 
 GIB = 1024**3
 SUITE = "builtin-corpus"
@@ -83,13 +84,24 @@ class Decision:
 
 @dataclass(frozen=True)
 class InitTarget:
-    """What the recipe is for: a GPU from infertool's table, or this host's CPU."""
+    """What the recipe is for: the resolution's Target of ``--gpu`` / ``--cpu`` / this host (``target``: one
+    GPU; ``resolve_target(count)`` for a tensor-parallel degree), and this host's facts."""
 
-    kind: str  # gpu | cpu
-    gpu: hardware.GPU | None
-    source: str  # "--gpu" | "--cpu" | "this host"
+    target: Target
     host: hostfacts.HostFacts
     max_gpus: int = 8  # the largest tensor-parallel degree to consider (this host: its GPU count)
+
+    @property
+    def kind(self) -> str:  # gpu | cpu
+        return self.target.kind
+
+    @property
+    def source(self) -> str:  # "--gpu" | "--cpu" | "this host"
+        return self.target.source
+
+    @property
+    def gpu(self) -> hardware.GPU | None:
+        return hardware.GPUS[self.target.gpu] if self.target.gpu else None
 
     @property
     def tag(self) -> str:
@@ -104,44 +116,43 @@ class InitTarget:
         mem = f", {h.memory_total_bytes / GIB:.1f} GiB" if h.memory_total_bytes else ""
         return f"this host's CPU ({isa}, {half}{mem})"
 
-    def resolve_target(self, count: int = 1):
-        """The resolution's Target for the preflight's checks."""
-        from infertool.resolve import Target
+    def resolve_target(self, count: int = 1) -> Target:
+        """The resolution's Target with ``count`` GPUs per replica (the preflight's checks)."""
+        return target_for(self.host, gpu=self.target.gpu, cpu=self.kind == "cpu", count=count, source=self.source)
 
-        if self.kind == "gpu":
-            return Target("gpu", self.gpu.key, count, self.host.accelerator == "cuda", self.source)
-        return Target("cpu", None, 1, True, self.source)
+    def on(self, dev: hardware.GPU) -> InitTarget:
+        """The same host planning for another GPU of the table, up to 8 of them (what would hold a model)."""
+        return InitTarget(target_for(self.host, gpu=dev.key, source="--gpu"), self.host)
 
 
 def init_target(gpu: str | None = None, cpu: bool = False) -> InitTarget:
-    """``--gpu NAME`` (infertool's GPU table), ``--cpu`` (this host's CPU), else this host as it is."""
+    """``--gpu NAME`` (infertool's GPU table), ``--cpu`` (this host's CPU), else this host as it is (its GPU,
+    which must be in the table, or its CPU): the Target as ``resolve`` makes it (``target_for``)."""
     if gpu and cpu:
         raise UsageError("--gpu and --cpu cannot be used together", hint="--gpu NAME plans for that GPU; --cpu for this host's CPU")
     host = hostfacts.host_facts()
     if gpu:
         try:
-            dev = hardware.find_gpu(gpu)
+            return InitTarget(target_for(host, gpu=gpu, source="--gpu"), host)
         except UsageError as e:
             raise UsageError(e.message, hint=f"known GPUs: {', '.join(hardware.GPUS)}") from None
-        return InitTarget("gpu", dev, "--gpu", host)
     if cpu:
         if host.accelerator == "cuda":
             raise UsageError(
                 "--cpu on a host with an NVIDIA GPU: a recipe cannot say \"CPU\" there (without target.gpu, every "
                 "command plans and serves for this host, which is its GPU)",
                 hint="set INFERTOOL_ACCELERATOR=cpu for init and for every command that uses the recipe, or use --gpu NAME")
-        return InitTarget("cpu", None, "--cpu", host)
-    if host.accelerator == "cuda":
-        names = hostfacts.gpu_names()
-        if not names:
+        return InitTarget(target_for(host, cpu=True, source="--cpu"), host)
+    here = target_for(host)
+    if here.kind == "cpu":
+        return InitTarget(here, host)
+    if here.gpu is None:
+        if not host.gpu_name:
             raise UsageError("this host has an NVIDIA GPU, but nvidia-smi did not say which",
                              hint=f"pass --gpu NAME ({', '.join(hardware.GPUS)})")
-        dev = hardware.match_device_name(names[0])
-        if dev is None:
-            raise UsageError(f"this host's GPU {names[0]!r} is not in infertool's GPU table",
-                             hint=f"pass --gpu NAME for the closest one ({', '.join(hardware.GPUS)})")
-        return InitTarget("gpu", dev, "this host", host, max_gpus=max(1, min(8, len(names))))
-    return InitTarget("cpu", None, "this host", host)
+        raise UsageError(f"this host's GPU {host.gpu_name!r} is not in infertool's GPU table",
+                         hint=f"pass --gpu NAME for the closest one ({', '.join(hardware.GPUS)})")
+    return InitTarget(here, host, max_gpus=max(1, min(8, host.gpu_count)))
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -591,7 +602,7 @@ def _gpu_advice(target: InitTarget, recipe_for, min_len: int, with_original: boo
     for dev in sorted(hardware.GPUS.values(), key=lambda g: g.memory_gib):
         if dev.memory_gib <= target.gpu.memory_gib:
             continue
-        t = replace(target, gpu=dev, max_gpus=8)
+        t = target.on(dev)
         for tp in TP_DEGREES:
             if _safe(starts, t, tp):
                 return f"it would fit on {tp} x {dev.key} ({dev.memory_gib:.0f} GiB each): `--gpu {dev.key}`"

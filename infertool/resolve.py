@@ -377,18 +377,42 @@ def host_cannot_run(manifest: dict | None, host: hostfacts.HostFacts) -> str | N
     return verify.get("reason") or "vLLM loaded the checkpoint but could not generate on this host"
 
 
+def target_for(host: hostfacts.HostFacts, *, gpu: str | None = None, cpu: bool = False, count: int = 1,
+               source: str | None = None) -> Target:
+    """The Target of a choice: the one rule for ``resolve()`` and ``infertool init``.
+
+    - ``gpu``: a GPU of infertool's table (key or alias), ``count`` of them per replica (tensor x pipeline
+      parallel); plans and dry runs describe it on any host, a launch needs an NVIDIA GPU here (``this_host``);
+    - ``cpu``: this host's CPU;
+    - neither: this host as it is: its GPUs (the table's entry for the model nvidia-smi names, None when the
+      table has none: ``HostFacts.gpu_name`` says which) or its CPU.
+
+    ``source`` says where the choice came from ("target.gpu", "--gpu", "--cpu", "this host")."""
+    if gpu:
+        from infertool.perf.hardware import find_gpu
+
+        return Target("gpu", find_gpu(gpu).key, count, host.accelerator == "cuda", source or "--gpu")
+    if cpu or host.accelerator != "cuda":
+        return Target("cpu", None, 1, True, source or ("--cpu" if cpu else "this host"))
+    return Target("gpu", host_gpu(host), count, True, source or "this host")
+
+
+def host_gpu(host: hostfacts.HostFacts) -> str | None:
+    """The table's key for this host's GPU (``HostFacts.gpu_name``); None when nvidia-smi did not say which, or
+    the table has no entry for it."""
+    if not host.gpu_name:
+        return None
+    from infertool.perf.hardware import match_device_name
+
+    dev = match_device_name(host.gpu_name)
+    return dev.key if dev is not None else None
+
+
 def _target(recipe, host: hostfacts.HostFacts, gpu: str | None) -> Target:
     serve = recipe.serve
     count = (serve.tensor_parallel_size * serve.pipeline_parallel_size) if serve is not None else 1
     name = gpu or (recipe.target.gpu if recipe.target is not None else None)
-    if name:
-        from infertool.perf.hardware import find_gpu
-
-        key = find_gpu(name).key
-        return Target("gpu", key, count, host.accelerator == "cuda", "--gpu" if gpu else "target.gpu")
-    if host.accelerator == "cuda":
-        return Target("gpu", None, count, True, "this host")
-    return Target("cpu", None, 1, True, "this host")
+    return target_for(host, gpu=name, count=count, source=("--gpu" if gpu else "target.gpu") if name else "this host")
 
 
 def resolve(recipe, overrides: Overrides | None = None, *, candidate_path: str | Path | None = None,
