@@ -257,7 +257,8 @@ def test_import_refuses_existing_dest_and_leaves_source_untouched(tiny_model, tm
     assert gguf.stat().st_mtime_ns == st.st_mtime_ns and gguf.stat().st_size == st.st_size
 
 
-def _worker_pids(stage: str) -> list[int]:
+def _worker_pids(stage: str, parent: int) -> list[int]:
+    """The workers of ``stage`` that ``parent`` started (not another test run's on the same machine)."""
     import os
 
     found = []
@@ -265,9 +266,10 @@ def _worker_pids(stage: str) -> list[int]:
         if entry.isdigit():
             try:
                 cmd = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-            except OSError:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if b"infertool.worker" in cmd and stage.encode() in cmd:
+            if b"infertool.worker" in cmd and stage.encode() in cmd and ppid == parent:
                 found.append(int(entry))
     return found
 
@@ -296,7 +298,7 @@ def test_ctrl_c_during_import_leaves_nothing_behind(quant_python, tmp_path):
     try:
         lines = Lines(proc, proc.stderr)
         lines.until("paused at import", timeout_s=600)  # the worker says when it is mid-conversion: no guessed sleep
-        worker_pid = next(p for p in _worker_pids("model.import"))
+        worker_pid = next(p for p in _worker_pids("model.import", proc.pid))
         proc.send_signal(signal.SIGINT)
         lines.rest(timeout_s=120)
         proc.wait(timeout=60)
