@@ -30,6 +30,7 @@ from infertool.atomic import move_into_place, write_text
 from infertool.errors import UsageError
 from infertool.perf import hardware
 from infertool.perf import host as hostfacts
+from infertool.resolve import Target, target_for
 
 GIB = 1024**3
 SUITE = "builtin-corpus"
@@ -40,6 +41,8 @@ EVAL_MIN_LEN = 513  # eval's windows (eval.seq_len 512) must fit the served max_
 MIN_LEN_WHY = ("the smallest choice: one request of the traffic, and the eval's 512-token windows (eval.seq_len) "
                "as served")
 COMMENT_WIDTH = 110
+# why float32 on a CPU without bf16 matrix instructions (said in the recipe's reasons)
+HALF_SLOW_EVIDENCE = "time to first token 6.0 s in bf16 vs 1.1 s in float32, SmolLM2-135M, 256-token prompt"
 
 
 @dataclass(frozen=True)
@@ -83,13 +86,24 @@ class Decision:
 
 @dataclass(frozen=True)
 class InitTarget:
-    """What the recipe is for: a GPU from infertool's table, or this host's CPU."""
+    """What the recipe is for: the resolution's Target of ``--gpu`` / ``--cpu`` / this host (``target``: one
+    GPU; ``resolve_target(count)`` for a tensor-parallel degree), and this host's facts."""
 
-    kind: str  # gpu | cpu
-    gpu: hardware.GPU | None
-    source: str  # "--gpu" | "--cpu" | "this host"
+    target: Target
     host: hostfacts.HostFacts
     max_gpus: int = 8  # the largest tensor-parallel degree to consider (this host: its GPU count)
+
+    @property
+    def kind(self) -> str:  # gpu | cpu
+        return self.target.kind
+
+    @property
+    def source(self) -> str:  # "--gpu" | "--cpu" | "this host"
+        return self.target.source
+
+    @property
+    def gpu(self) -> hardware.GPU | None:
+        return hardware.GPUS[self.target.gpu] if self.target.gpu else None
 
     @property
     def tag(self) -> str:
@@ -104,44 +118,43 @@ class InitTarget:
         mem = f", {h.memory_total_bytes / GIB:.1f} GiB" if h.memory_total_bytes else ""
         return f"this host's CPU ({isa}, {half}{mem})"
 
-    def resolve_target(self, count: int = 1):
-        """The resolution's Target for the preflight's checks."""
-        from infertool.resolve import Target
+    def resolve_target(self, count: int = 1) -> Target:
+        """The resolution's Target with ``count`` GPUs per replica (the preflight's checks)."""
+        return target_for(self.host, gpu=self.target.gpu, cpu=self.kind == "cpu", count=count, source=self.source)
 
-        if self.kind == "gpu":
-            return Target("gpu", self.gpu.key, count, self.host.accelerator == "cuda", self.source)
-        return Target("cpu", None, 1, True, self.source)
+    def on(self, dev: hardware.GPU) -> InitTarget:
+        """The same host planning for another GPU of the table, up to 8 of them (what would hold a model)."""
+        return InitTarget(target_for(self.host, gpu=dev.key, source="--gpu"), self.host)
 
 
 def init_target(gpu: str | None = None, cpu: bool = False) -> InitTarget:
-    """``--gpu NAME`` (infertool's GPU table), ``--cpu`` (this host's CPU), else this host as it is."""
+    """``--gpu NAME`` (infertool's GPU table), ``--cpu`` (this host's CPU), else this host as it is (its GPU,
+    which must be in the table, or its CPU): the Target as ``resolve`` makes it (``target_for``)."""
     if gpu and cpu:
         raise UsageError("--gpu and --cpu cannot be used together", hint="--gpu NAME plans for that GPU; --cpu for this host's CPU")
     host = hostfacts.host_facts()
     if gpu:
         try:
-            dev = hardware.find_gpu(gpu)
+            return InitTarget(target_for(host, gpu=gpu, source="--gpu"), host)
         except UsageError as e:
             raise UsageError(e.message, hint=f"known GPUs: {', '.join(hardware.GPUS)}") from None
-        return InitTarget("gpu", dev, "--gpu", host)
     if cpu:
         if host.accelerator == "cuda":
             raise UsageError(
                 "--cpu on a host with an NVIDIA GPU: a recipe cannot say \"CPU\" there (without target.gpu, every "
                 "command plans and serves for this host, which is its GPU)",
                 hint="set INFERTOOL_ACCELERATOR=cpu for init and for every command that uses the recipe, or use --gpu NAME")
-        return InitTarget("cpu", None, "--cpu", host)
-    if host.accelerator == "cuda":
-        names = hostfacts.gpu_names()
-        if not names:
+        return InitTarget(target_for(host, cpu=True, source="--cpu"), host)
+    here = target_for(host)
+    if here.kind == "cpu":
+        return InitTarget(here, host)
+    if here.gpu is None:
+        if not host.gpu_name:
             raise UsageError("this host has an NVIDIA GPU, but nvidia-smi did not say which",
                              hint=f"pass --gpu NAME ({', '.join(hardware.GPUS)})")
-        dev = hardware.match_device_name(names[0])
-        if dev is None:
-            raise UsageError(f"this host's GPU {names[0]!r} is not in infertool's GPU table",
-                             hint=f"pass --gpu NAME for the closest one ({', '.join(hardware.GPUS)})")
-        return InitTarget("gpu", dev, "this host", host, max_gpus=max(1, min(8, len(names))))
-    return InitTarget("cpu", None, "this host", host)
+        raise UsageError(f"this host's GPU {host.gpu_name!r} is not in infertool's GPU table",
+                         hint=f"pass --gpu NAME for the closest one ({', '.join(hardware.GPUS)})")
+    return InitTarget(here, host, max_gpus=max(1, min(8, host.gpu_count)))
 
 
 # ------------------------------------------------------------------------------------------- helpers
@@ -176,9 +189,9 @@ class _Model:
 
 def _locate(model: str, on_event: Callable | None) -> _Model:
     """The model as a Hugging Face directory (a bundled/GGUF source converted once into the cache; a hub id
-    from the local Hugging Face cache: models.sources.resolve_model, as every command resolves it)."""
+    from the local Hugging Face cache: models.sources.locate, as every command finds it)."""
     from infertool.models.info import model_info, position_limit
-    from infertool.models.sources import BUNDLED, resolve_model
+    from infertool.models.sources import BUNDLED, locate
 
     model = model.strip()
     if not model:
@@ -189,9 +202,9 @@ def _locate(model: str, on_event: Callable | None) -> _Model:
     if p.is_file() and p.suffix.lower() != ".gguf":
         raise UsageError(f"{p} is a file, not a model directory or a .gguf file",
                          hint="give a Hugging Face model directory (with config.json), a .gguf file, or org/name")
-    resolved = resolve_model(model, dtype="bfloat16", on_event=on_event)
+    resolved = locate(model, dtype="bfloat16", convert=True, on_event=on_event).require()
     info = model_info(resolved.path)
-    if resolved.kind in ("bundled",):
+    if resolved.kind == "bundled":
         source, name = model, model.split(":", 1)[1]
     elif resolved.kind == "gguf":
         source, name = str(p.resolve()), p.stem
@@ -217,32 +230,22 @@ def _plan(recipe: dict, original: bool = False):
 
 
 # ------------------------------------------------------------------------------------------- the recipe
+Decide = Callable[..., Any]
+
+
 def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = None) -> tuple[dict, list[Decision]]:
     """A recipe (as data) for ``model`` on ``target``, and every choice with its reason.
 
     ``model``: a Hugging Face directory, a .gguf file, bundled:NAME or a hub id in the local Hugging Face
     cache. No weights are loaded (a bundled/GGUF source not yet converted is converted once, as every command
     would). Raises UsageError for a model init cannot start from (missing, already quantized, no layer
-    the preflight can quantize)."""
-    from infertool.quantize.preflight import (
-        GPTQMODEL_MODEL_TYPES,
-        PreflightFailed,
-        linear_layers,
-        run_preflight,
-        vllm_format_check,
-    )
-    from infertool.resolve import cpu_serve_dtype
+    the preflight can quantize).
 
+    The steps, in order: the quantization the target's vLLM serves and its group size (the quantize
+    preflight's rules), the eval, the traffic, the serve settings whose plan fits (``_fit_gpu`` / ``_fit_cpu``),
+    then the reasons for the values that need no search."""
     m = _locate(model, on_event)
-    info = m.info
-    if info.quantization:
-        qc = info.quantization
-        what = (qc.get("quant_method") or qc.get("file") or "quantized") if isinstance(qc, dict) else "quantized"
-        raise UsageError(
-            f"{m.source} is already quantized ({what}): init compares a quantized model with its original, so it "
-            "starts from the original (unquantized) checkpoint",
-            hint="point MODEL at the original model; to serve this checkpoint as it is, write a recipe without a "
-            "quantize section (infertool recipes copy ...)")
+    _refuse_quantized(m)
     traffic = TRAFFIC[target.kind]
     decisions: list[Decision] = []
 
@@ -250,10 +253,55 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
         decisions.append(Decision(path, value, why, level))
         return value
 
-    # ---- quantization: what the target's vLLM serves, a group size every quantized layer takes
-    files = [Path(info.path) / f for f in info.weight_files]
-    linears = linear_layers(files)
-    in_features = sorted({lin.in_features for lin in linears})
+    q, w8a8 = _choose_quantization(m.info, target, decide)
+    preflight = _preflighter(m.info, target)
+    calibration = {"source": "builtin", "samples": traffic.samples, "seq_len": traffic.seq_len, "seed": 0}
+    group = _choose_group_size(m.info, q, w8a8, calibration, preflight, decide)
+    _check_calibration(q, target, traffic, preflight, decide)
+    quant_label = "W8A8" if w8a8 else f"w{q['bits']}g{group}" if group != -1 else f"w{q['bits']}"
+    name = _slug(f"{m.name}-{quant_label}-{target.tag}")
+    engine = _choose_eval(target, w8a8, decide)
+    shape = _RecipeShape(name, m, target, q, engine, traffic, *_traffic_lengths(m, traffic))
+    eval_serves_original = engine == "vllm"
+    if target.kind == "gpu":
+        fit = _fit_gpu(target, shape, shape.ctx, traffic.concurrency, shape.per_request, eval_serves_original,
+                       preflight, q, m.limit)
+    else:
+        fit = _fit_cpu(target, shape, shape.ctx, traffic.concurrency, shape.per_request, eval_serves_original, m.limit)
+    recipe = shape(fit.tp, fit.max_model_len, fit.max_num_seqs, fit.space, fit.dtype)
+    qlabel = ("W8A8 int8 (llm-compressor)" if w8a8 else
+              f"GPTQ {q['bits']}-bit" + (f" g{group}" if group != -1 else "") + f" ({q['backend']})")
+    where = target.describe(fit.tp) if target.kind == "gpu" else "vLLM on this host's CPU"
+    recipe["description"] = (f"{m.name} -> {qlabel} -> eval vs the original ({SUITE}, {engine}) -> {where} -> bench "
+                             f"({shape.endpoint}, {shape.prompt_len}/{shape.output_len} tokens). Written by infertool init.")
+
+    _explain_model_and_target(name, m, target, decide)
+    decisions.extend(fit.decisions)
+    if "seq_len" in recipe["eval"]:
+        decide("eval.seq_len", recipe["eval"]["seq_len"], f"windows of at most max_model_len - 1 tokens: the served "
+               f"model takes {fit.max_model_len:,} (the default 512 would not fit)", "warning")
+    _explain_serve(m, target, fit, w8a8, decide)
+    _explain_bench(recipe, shape, fit, decide)
+    return recipe, _in_recipe_order(recipe, decisions)
+
+
+def _refuse_quantized(m: _Model) -> None:
+    """init compares a quantized model with its original: it starts from the original."""
+    qc = m.info.quantization
+    if not qc:
+        return
+    what = (qc.get("quant_method") or qc.get("file") or "quantized") if isinstance(qc, dict) else "quantized"
+    raise UsageError(
+        f"{m.source} is already quantized ({what}): init compares a quantized model with its original, so it "
+        "starts from the original (unquantized) checkpoint",
+        hint="point MODEL at the original model; to serve this checkpoint as it is, write a recipe without a "
+        "quantize section (infertool recipes copy ...)")
+
+
+def _choose_quantization(info, target: InitTarget, decide: Decide) -> tuple[dict, bool]:
+    """The quantization the target's vLLM serves (method, backend, scheme, bits), and whether it is W8A8."""
+    from infertool.quantize.preflight import GPTQMODEL_MODEL_TYPES, vllm_format_check
+
     rtarget = target.resolve_target()
     bits4 = vllm_format_check("gptq", "gptqmodel", 4, None, rtarget, target.host)
     w8a8 = target.kind == "cpu" and (target.host.cpu_isa != "avx512" or (bits4 is not None and bits4[0] == "error"))
@@ -288,13 +336,28 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
         decide("quantize.bits", 4, "4-bit weights: about a quarter of the 16-bit weight bytes, which memory-bound "
                "decode reads every token; the eval says whether the accuracy survives"
                + (" (vLLM's AVX-512 CPU build runs them with cpu_gemm_wna16)" if target.kind == "cpu" else ""))
-    calibration = {"source": "builtin", "samples": traffic.samples, "seq_len": traffic.seq_len, "seed": 0}
+    return q, w8a8
+
+
+def _preflighter(info, target: InitTarget) -> Callable:
+    """``preflight(quantize_section, tp=1)``: the quantize preflight's report for this model on the target."""
+    from infertool.quantize.preflight import run_preflight
 
     def preflight(qd: dict, tp: int = 1):
         return run_preflight(info=info, quantize=qd, serve={"tensor_parallel_size": tp}, output=None,
                              has_cuda=target.kind == "gpu", memory=("cpu", None), target=target.resolve_target(tp),
                              host=target.host)
 
+    return preflight
+
+
+def _choose_group_size(info, q: dict, w8a8: bool, calibration: dict, preflight: Callable, decide: Decide) -> int:
+    """A group size every quantized layer accepts (the preflight's valid sizes): 128 when it divides them all,
+    else the largest valid one below it, else -1. Sets quantize.group_size and quantize.calibration."""
+    from infertool.quantize.preflight import PreflightFailed, linear_layers
+
+    files = [Path(info.path) / f for f in info.weight_files]
+    in_features = sorted({lin.in_features for lin in linear_layers(files)})
     report = preflight({**q, "group_size": -1, "calibration": calibration})
     if not report.ok:
         raise PreflightFailed(report, hint="init starts from a model the quantize preflight accepts")
@@ -316,6 +379,14 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     q["group_size"] = group
     q["calibration"] = calibration
     decide("quantize.group_size", group, gwhy)
+    return group
+
+
+def _check_calibration(q: dict, target: InitTarget, traffic: Traffic, preflight: Callable, decide: Decide) -> None:
+    """The whole quantize section through the preflight once more, and the calibration's reason (with the
+    memory the preflight estimates for it)."""
+    from infertool.quantize.preflight import PreflightFailed
+
     report = preflight(q)
     if not report.ok:
         raise PreflightFailed(report, hint="init starts from a model the quantize preflight accepts")
@@ -327,10 +398,10 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
                             "; 128 x 512 tokens is about what the built-in part holds without overlapping windows, use "
                             "your own .txt/.jsonl for more")
            + (f"; calibration needs about {_gib(est)} of memory where it runs" if est else ""))
-    quant_label = "W8A8" if w8a8 else f"w{q['bits']}g{group}" if group != -1 else f"w{q['bits']}"
-    name = _slug(f"{m.name}-{quant_label}-{target.tag}")
 
-    # ---- eval: the quantized model against the original, as served where it matters
+
+def _choose_eval(target: InitTarget, w8a8: bool, decide: Decide) -> str:
+    """The eval: the quantized model against the original, as served where it matters. Returns eval.engine."""
     if target.kind == "gpu":
         engine = "vllm"
         ewhy = ("both models served by vLLM with this recipe's serve settings: accuracy as served, with the kernels "
@@ -348,8 +419,11 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     decide("eval.engine", engine, ewhy)
     decide("eval.accept", {"preset": "standard"}, "PASS only when KL divergence, top-1 agreement and perplexity ratio "
            "pass their gates with their uncertainty (strict / lenient presets, or explicit gates)")
+    return engine
 
-    # ---- serve and traffic
+
+def _traffic_lengths(m: _Model, traffic: Traffic) -> tuple[int, int, int]:
+    """(prompt tokens, output tokens, max_model_len to aim for): the traffic's, within the model's positions."""
     P, O = traffic.prompt_len, traffic.output_len
     pos = m.limit.tokens
     ctx = min(traffic.context, pos) if pos else traffic.context
@@ -358,51 +432,65 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
         while P + O > pos:
             P -= 1
         ctx = pos
-    chat = bool(info.has_chat_template)
-    endpoint = "chat" if chat else "completions"
+    return P, O, ctx
 
-    def recipe_for(tp: int, max_len: int, seqs: int, space: int | None, dtype: str = "auto") -> dict:
+
+@dataclass
+class _RecipeShape:
+    """Everything of the recipe but the serve values the fit searches: ``shape(tp, max_model_len, max_num_seqs,
+    kv_space_gib, dtype)`` is the recipe (as data) with those values."""
+
+    name: str
+    m: _Model
+    target: InitTarget
+    q: dict
+    engine: str
+    traffic: Traffic
+    prompt_len: int
+    output_len: int
+    ctx: int
+
+    @property
+    def per_request(self) -> int:
+        return self.prompt_len + self.output_len
+
+    @property
+    def endpoint(self) -> str:
+        return "chat" if self.m.info.has_chat_template else "completions"
+
+    def __call__(self, tp: int, max_len: int, seqs: int, space: int | None, dtype: str = "auto") -> dict:
+        gpu = self.target.kind == "gpu"
         serve: dict[str, Any] = {"host": "127.0.0.1", "port": 8000, "dtype": dtype, "max_model_len": max_len,
                                  "max_num_seqs": seqs}
-        if target.kind == "gpu":
+        if gpu:
             serve.update({"tensor_parallel_size": tp, "gpu_memory_utilization": 0.9, "enforce_eager": False})
         else:
             serve.update({"enforce_eager": True, "cpu": {"kv_cache_space_gib": space}})
         serve["enable_prefix_caching"] = True
         serve["api_key_env"] = API_KEY_ENV
-        r: dict[str, Any] = {
-            "name": name,
-            "description": "",
-            "model": {"source": m.source, "dtype": m.dtype},
-        }
-        if target.kind == "gpu":
-            r["target"] = {"gpu": target.gpu.key}
-        r["quantize"] = dict(q)
-        r["eval"] = {"suite": SUITE, "engine": engine, "accept": {"preset": "standard"}}
+        r: dict[str, Any] = {"name": self.name, "description": "",
+                             "model": {"source": self.m.source, "dtype": self.m.dtype}}
+        if gpu:
+            r["target"] = {"gpu": self.target.gpu.key}
+        r["quantize"] = dict(self.q)
+        r["eval"] = {"suite": SUITE, "engine": self.engine, "accept": {"preset": "standard"}}
         if max_len < EVAL_MIN_LEN:  # the eval's windows must fit the model as served
             r["eval"]["seq_len"] = max(8, max_len - 1)
         r["serve"] = serve
+        t = self.traffic
         r["bench"] = {
-            "endpoint": endpoint, "concurrency": _levels(seqs), "requests": traffic.requests,
-            "prompt": {"source": "builtin", "len": P}, "output_len": O,
-            "slo": {"ttft_ms": traffic.ttft_ms, "tpot_ms": traffic.tpot_ms},
-            "cost_per_hour": round((1.0 * tp) if target.kind == "gpu" else 0.5, 2),
+            "endpoint": self.endpoint, "concurrency": _levels(seqs), "requests": t.requests,
+            "prompt": {"source": "builtin", "len": self.prompt_len}, "output_len": self.output_len,
+            "slo": {"ttft_ms": t.ttft_ms, "tpot_ms": t.tpot_ms},
+            "cost_per_hour": round((1.0 * tp) if gpu else 0.5, 2),
         }
         return r
 
-    eval_serves_original = engine == "vllm"
-    if target.kind == "gpu":
-        fit = _fit_gpu(target, recipe_for, ctx, traffic.concurrency, P + O, eval_serves_original, preflight, q, m.limit)
-    else:
-        fit = _fit_cpu(target, recipe_for, ctx, traffic.concurrency, P + O, eval_serves_original, m.limit)
-    recipe = recipe_for(fit.tp, fit.max_model_len, fit.max_num_seqs, fit.space, fit.dtype)
-    qlabel = ("W8A8 int8 (llm-compressor)" if w8a8 else
-              f"GPTQ {q['bits']}-bit" + (f" g{group}" if group != -1 else "") + f" ({q['backend']})")
-    where = target.describe(fit.tp) if target.kind == "gpu" else "vLLM on this host's CPU"
-    recipe["description"] = (f"{m.name} -> {qlabel} -> eval vs the original ({SUITE}, {engine}) -> {where} -> bench "
-                             f"({endpoint}, {P}/{O} tokens). Written by infertool init.")
 
-    # ---- the reasons for the model, target and serve values
+def _explain_model_and_target(name: str, m: _Model, target: InitTarget, decide: Decide) -> None:
+    """The reasons for the name, the model and the target."""
+    info = m.info
+    arch_name = (info.architectures or [info.model_type or "?"])[0]
     how = {"bundled": "the bundled model, converted once into infertool's cache",
            "gguf": "a GGUF file, converted once into infertool's cache",
            "hub": f"found in the local Hugging Face cache ({m.path}); every command resolves it there",
@@ -416,11 +504,13 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
         decide("target.gpu", target.gpu.key, f"{target.gpu.name}: {target.gpu.memory_gib:.1f} GiB, "
                f"{target.gpu.bandwidth_tbs:g} TB/s, {target.gpu.bf16_tflops:g} TFLOP/s bf16 dense ({target.gpu.source}); "
                + ("this host's GPU" if target.source == "this host" else "plans and dry runs describe it on any host"))
-    decisions.extend(fit.decisions)
-    if "seq_len" in recipe["eval"]:
-        decide("eval.seq_len", recipe["eval"]["seq_len"], f"windows of at most max_model_len - 1 tokens: the served "
-               f"model takes {fit.max_model_len:,} (the default 512 would not fit)", "warning")
-    # serve dtype: what auto does on the target
+
+
+def _explain_serve(m: _Model, target: InitTarget, fit: _Fit, w8a8: bool, decide: Decide) -> None:
+    """The reasons for the serve values the fit did not choose: the dtype auto gives on the target, eager
+    mode, prefix caching, the API key's variable, the listening address."""
+    from infertool.resolve import cpu_serve_dtype
+
     if target.kind == "gpu":
         decide("serve.dtype", "auto", f"vLLM runs the checkpoint's {m.dtype}; the 4-bit kernels dequantize to it")
     elif fit.dtype != "auto":
@@ -431,8 +521,7 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
         orig_dtype, _ = cpu_serve_dtype("auto", m.dtype, False, flags)
         if orig_dtype == "float32":
             dwhy = ("on this CPU (no bf16 matrix instructions) infertool serves unquantized models in float32, whose "
-                    "GEMMs are several times faster there (time to first token 6.0 s in bf16 vs 1.1 s in float32, "
-                    "SmolLM2-135M, 256-token prompt): the original "
+                    f"GEMMs are several times faster there ({HALF_SLOW_EVIDENCE}): the original "
                     + ("and the W8A8 model run in float32 (KV cache 4 bytes per value)" if cand_dtype == "float32" else
                        f"runs in float32; the 4-bit model stays in {m.dtype} (vLLM's int4 kernels take no float32)"))
         else:
@@ -452,22 +541,27 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     decide("serve.api_key_env", API_KEY_ENV, "the NAME of the variable that holds the API key (never the key): "
            f"export {API_KEY_ENV}=... before serving")
     decide("serve.host", "127.0.0.1", "loopback only; use 0.0.0.0 deliberately, with the API key set")
-    decide("bench.endpoint", endpoint, "the model has a chat template: /v1/chat/completions" if chat else
-           "no chat template: /v1/completions")
+
+
+def _explain_bench(recipe: dict, shape: _RecipeShape, fit: _Fit, decide: Decide) -> None:
+    """The reasons for the bench section: the traffic of the target's kind, its SLO, the cost placeholder."""
+    gpu = shape.target.kind == "gpu"
+    P, O, traffic = shape.prompt_len, shape.output_len, shape.traffic
+    decide("bench.endpoint", shape.endpoint, "the model has a chat template: /v1/chat/completions"
+           if shape.endpoint == "chat" else "no chat template: /v1/completions")
     decide("bench.prompt", {"source": "builtin", "len": P},
-           f"{P}-token prompts and {O}-token answers: " + ("a chat-style load on a GPU" if target.kind == "gpu" else
+           f"{P}-token prompts and {O}-token answers: " + ("a chat-style load on a GPU" if gpu else
                                                            "short requests, a CPU serves tokens slowly")
            + "; point prompt.source at a .jsonl of your own prompts")
     decide("bench.concurrency", _levels(fit.max_num_seqs), f"closed-loop levels up to max_num_seqs {fit.max_num_seqs}")
     decide("bench.requests", traffic.requests, "per concurrency level: enough for p90/p99 latencies"
-           if target.kind == "gpu" else "per concurrency level: a bench of a few minutes on a CPU")
+           if gpu else "per concurrency level: a bench of a few minutes on a CPU")
     decide("bench.slo", {"ttft_ms": traffic.ttft_ms, "tpot_ms": traffic.tpot_ms},
-           "interactive chat on a GPU: first token within 0.5 s, 20 tokens/s per stream" if target.kind == "gpu" else
+           "interactive chat on a GPU: first token within 0.5 s, 20 tokens/s per stream" if gpu else
            "what a CPU can promise: first token within 3 s, 4 tokens/s per stream; goodput counts requests meeting both")
     decide("bench.cost_per_hour", recipe["bench"]["cost_per_hour"],
            "PLACEHOLDER, not a price: set what the machine costs you per hour, for $ per 1M output tokens"
            + (f" ({fit.tp} GPUs)" if fit.tp > 1 else ""), "warning")
-    return recipe, _in_recipe_order(recipe, decisions)
 
 
 def _in_recipe_order(recipe: dict, decisions: list[Decision]) -> list[Decision]:
@@ -591,7 +685,7 @@ def _gpu_advice(target: InitTarget, recipe_for, min_len: int, with_original: boo
     for dev in sorted(hardware.GPUS.values(), key=lambda g: g.memory_gib):
         if dev.memory_gib <= target.gpu.memory_gib:
             continue
-        t = replace(target, gpu=dev, max_gpus=8)
+        t = target.on(dev)
         for tp in TP_DEGREES:
             if _safe(starts, t, tp):
                 return f"it would fit on {tp} x {dev.key} ({dev.memory_gib:.0f} GiB each): `--gpu {dev.key}`"
@@ -627,8 +721,8 @@ def _fit_cpu(target: InitTarget, recipe_for, ctx: int, conc: int, per_req: int, 
     half.decisions.insert(0, Decision(
         "serve.dtype", "bfloat16",
         "this host cannot hold the weights in float32 (what serve.dtype auto runs on a CPU without bf16 matrix "
-        "instructions: " + fit.memory_why + "); bfloat16 halves them, at the cost of slow prefill on this CPU (time "
-        "to first token 6.0 s in bf16 vs 1.1 s in float32, SmolLM2-135M, 256-token prompt)", "warning"))
+        "instructions: " + fit.memory_why + "); bfloat16 halves them, at the cost of slow prefill on this CPU "
+        f"({HALF_SLOW_EVIDENCE})", "warning"))
     return half
 
 

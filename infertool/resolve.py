@@ -4,7 +4,7 @@
 and tune:
 
 - the BASE model (model.source: a local directory, a .gguf or bundled:NAME, converted into the cache, or a
-  hub id found in the local Hugging Face cache: models.sources.find_in_hf_cache);
+  hub id found in the local Hugging Face cache: models.sources.locate, once per model);
 - the CANDIDATE (where ``infertool quantize`` writes: quantize.output, else out/<recipe>-<method>; inside
   ``run``, the quantize stage's entry; for bitsandbytes, the base quantized when loaded);
 - the SERVED model: the candidate whenever the recipe has a quantize section, unless serve.model says
@@ -239,63 +239,33 @@ class Resolution:
 
 
 def _base_ref(recipe, materialize: bool, on_event: Callable | None) -> ModelRef:
+    """model.source where it is on this machine (models.sources.locate); with ``materialize``, converted now
+    and refused when it is not here, else said in the note."""
     from infertool.models import sources
 
     m = recipe.model
-    src = m.source
-    if src.startswith("bundled:") or src.lower().endswith(".gguf"):
-        if materialize:
-            resolved = sources.resolve_model(src, layers=m.layers, dtype=m.dtype, on_event=on_event)
-            return ModelRef("base", src, str(resolved.path), True, _base_label(recipe), declared_dtype=m.dtype,
-                            name=_name_of(src))
-        path, note = sources.conversion_path(src, layers=m.layers, dtype=m.dtype)
-        exists = path is not None and (path / sources.MARKER).is_file()
-        return ModelRef("base", src, str(path) if path else None, exists, _base_label(recipe),
-                        declared_dtype=m.dtype, note=None if exists else (note or "converted on first use"),
-                        name=_name_of(src))
-    p = Path(src).expanduser()
-    if p.is_dir() and os.path.lexists(p / "config.json"):  # one that cannot be read: a ModelError, not "not here"
-        if m.layers is not None:
-            raise UsageError("model.layers applies to GGUF and bundled sources only",
-                             hint="a Hugging Face directory is used as it is")
-        return ModelRef("base", src, str(p.resolve()), True, _base_label(recipe), declared_dtype=m.dtype,
-                        name=_name_of(src))
-    if not p.exists() and sources.looks_like_hub_id(src):
-        snap = sources.find_in_hf_cache(src)
-        if snap is not None:  # a hub id already in the local Hugging Face cache: its snapshot, as for every command
-            if m.layers is not None:
-                raise UsageError("model.layers applies to GGUF and bundled sources only",
-                                 hint="a Hugging Face model is used as it is")
-            return ModelRef("base", src, str(snap.path), True, _base_label(recipe), declared_dtype=m.dtype,
-                            name=_name_of(src))
-        if materialize:
-            raise sources.hub_not_cached(src)
-        # never the hub id itself as a path: vLLM given an id would download it
-        return ModelRef("base", src, str(p.absolute()), False, _base_label(recipe), declared_dtype=m.dtype,
-                        note=f"{src} is not on this machine (not in the Hugging Face cache at {sources.hf_hub_cache()})",
-                        name=_name_of(src))
+    where = sources.locate(m.source, layers=m.layers, dtype=m.dtype, convert=materialize, on_event=on_event)
+    if m.layers is not None and where.exists and where.kind in ("hf", "hub"):
+        raise UsageError("model.layers applies to GGUF and bundled sources only",
+                         hint="a Hugging Face model is used as it is" if where.kind == "hub" else
+                         "a Hugging Face directory is used as it is")
     if materialize:
-        sources.resolve_model(src, layers=m.layers, dtype=m.dtype)  # raises the clear "not found" error
-    return ModelRef("base", src, str(p.absolute()), False, _base_label(recipe), declared_dtype=m.dtype,
-                    note=f"{src} is not on this machine", name=_name_of(src))
+        where.require()
+    return ModelRef("base", m.source, str(where.path) if where.path else None, where.exists, _base_label(recipe),
+                    declared_dtype=m.dtype, note=where.note, name=_name_of(m.source))
 
 
 def _given_base(recipe, source: str, materialize: bool, on_event: Callable | None) -> ModelRef:
-    """The original model a command line names instead of model.source (named by what was given)."""
+    """The original model a command line names instead of model.source (named by what was given): it must be
+    on this machine, except a bundled/GGUF source that a plan may describe before its conversion."""
     from infertool.models import sources
 
     m = recipe.model
-    given = Path(source).expanduser()
-    if given.is_dir() and (given / "config.json").exists():
-        return ModelRef("base", source, str(given.resolve()), True, source, declared_dtype=m.dtype, name=_name_of(source))
-    if materialize or not (source.startswith("bundled:") or source.lower().endswith(".gguf")):
-        resolved = sources.resolve_model(source, dtype=m.dtype, on_event=on_event)
-        return ModelRef("base", source, str(resolved.path), True, source, declared_dtype=m.dtype,
-                        name=Path(str(resolved.path)).name)
-    path, note = sources.conversion_path(source, layers=None, dtype=m.dtype)
-    exists = path is not None and (path / sources.MARKER).is_file()
-    return ModelRef("base", source, str(path) if path else None, exists, source, declared_dtype=m.dtype,
-                    note=None if exists else (note or "converted on first use"), name=_name_of(source))
+    where = sources.locate(source, dtype=m.dtype, convert=materialize, on_event=on_event)
+    if where.kind in ("hf", "hub"):
+        where.require()
+    return ModelRef("base", source, str(where.path) if where.path else None, where.exists, source,
+                    declared_dtype=m.dtype, note=where.note, name=_name_of(source))
 
 
 def _given_candidate(given: str | Path, recipe_ref: ModelRef | None = None) -> ModelRef:
@@ -407,18 +377,42 @@ def host_cannot_run(manifest: dict | None, host: hostfacts.HostFacts) -> str | N
     return verify.get("reason") or "vLLM loaded the checkpoint but could not generate on this host"
 
 
+def target_for(host: hostfacts.HostFacts, *, gpu: str | None = None, cpu: bool = False, count: int = 1,
+               source: str | None = None) -> Target:
+    """The Target of a choice: the one rule for ``resolve()`` and ``infertool init``.
+
+    - ``gpu``: a GPU of infertool's table (key or alias), ``count`` of them per replica (tensor x pipeline
+      parallel); plans and dry runs describe it on any host, a launch needs an NVIDIA GPU here (``this_host``);
+    - ``cpu``: this host's CPU;
+    - neither: this host as it is: its GPUs (the table's entry for the model nvidia-smi names, None when the
+      table has none: ``HostFacts.gpu_name`` says which) or its CPU.
+
+    ``source`` says where the choice came from ("target.gpu", "--gpu", "--cpu", "this host")."""
+    if gpu:
+        from infertool.perf.hardware import find_gpu
+
+        return Target("gpu", find_gpu(gpu).key, count, host.accelerator == "cuda", source or "--gpu")
+    if cpu or host.accelerator != "cuda":
+        return Target("cpu", None, 1, True, source or ("--cpu" if cpu else "this host"))
+    return Target("gpu", host_gpu(host), count, True, source or "this host")
+
+
+def host_gpu(host: hostfacts.HostFacts) -> str | None:
+    """The table's key for this host's GPU (``HostFacts.gpu_name``); None when nvidia-smi did not say which, or
+    the table has no entry for it."""
+    if not host.gpu_name:
+        return None
+    from infertool.perf.hardware import match_device_name
+
+    dev = match_device_name(host.gpu_name)
+    return dev.key if dev is not None else None
+
+
 def _target(recipe, host: hostfacts.HostFacts, gpu: str | None) -> Target:
     serve = recipe.serve
     count = (serve.tensor_parallel_size * serve.pipeline_parallel_size) if serve is not None else 1
     name = gpu or (recipe.target.gpu if recipe.target is not None else None)
-    if name:
-        from infertool.perf.hardware import find_gpu
-
-        key = find_gpu(name).key
-        return Target("gpu", key, count, host.accelerator == "cuda", "--gpu" if gpu else "target.gpu")
-    if host.accelerator == "cuda":
-        return Target("gpu", None, count, True, "this host")
-    return Target("cpu", None, 1, True, "this host")
+    return target_for(host, gpu=name, count=count, source=("--gpu" if gpu else "target.gpu") if name else "this host")
 
 
 def resolve(recipe, overrides: Overrides | None = None, *, candidate_path: str | Path | None = None,

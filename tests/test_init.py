@@ -256,19 +256,25 @@ def test_a_hub_id_from_the_local_cache(tmp_path):
     assert recipe["name"] == "llama-3.1-8b-instruct-w4g128-h100"
 
 
-def test_this_host_gpu_is_detected_or_named(monkeypatch):
-    from infertool.perf import host
+def test_this_host_gpu_is_detected_or_named(monkeypatch, tmp_path):
+    """This host's GPU as nvidia-smi names it (HostFacts; a fake nvidia-smi with a recorded answer here)."""
+    from tests.test_host_facts import TWO_H100, fake_nvidia_smi
 
-    monkeypatch.setenv("INFERTOOL_ACCELERATOR", "cuda")
-    monkeypatch.setattr(host, "gpu_names", lambda: ["NVIDIA H100 80GB HBM3", "NVIDIA H100 80GB HBM3"])
+    fake_nvidia_smi(tmp_path / "h100", monkeypatch, TWO_H100)
     t = init_target()
     assert t.kind == "gpu" and t.gpu.key == "H100-SXM" and t.max_gpus == 2 and t.source == "this host"
-    monkeypatch.setattr(host, "gpu_names", lambda: ["NVIDIA A100-SXM4-40GB"])
+    assert t.resolve_target(2).to_dict() == {"kind": "gpu", "gpu": "H100-SXM", "count": 2, "this_host": True,
+                                             "source": "this host"}
+    fake_nvidia_smi(tmp_path / "a100", monkeypatch, "NVIDIA A100-SXM4-40GB, 40960\n")
     with pytest.raises(UsageError, match="not in infertool's GPU table"):
         init_target()
     with pytest.raises(UsageError, match="--cpu on a host with an NVIDIA GPU"):
         init_target(cpu=True)
     assert init_target(gpu="L4").gpu.key == "L4"
+    fake_nvidia_smi(tmp_path / "silent", monkeypatch, "")
+    with pytest.raises(UsageError, match="nvidia-smi did not say which") as ei:
+        init_target()
+    assert "--gpu NAME" in ei.value.hint
 
 
 # ------------------------------------------------------------------------------------------- YAML safety

@@ -4,6 +4,7 @@ the real bundled GGUF in the quant environment."""
 from __future__ import annotations
 
 import json
+import re
 import struct
 from pathlib import Path
 
@@ -119,6 +120,57 @@ def test_resolve_model_sources(tmp_path, tmp_home):
         resolve_model("bundled:nope")
 
 
+def test_locate_says_where_every_kind_of_source_is(tmp_path, tmp_home, monkeypatch):
+    """models.sources.locate: the one answer to "where is this model on this machine" (resolve asks it once per
+    model): the place, whether it is there, the note for a plan and the error for a command that needs it now."""
+    from infertool.envs.paths import models_cache
+    from infertool.models.sources import MARKER, gguf_sha256, locate
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    make_fake_model(tmp_path / "hf-dir", LLAMA_CFG, {"a": ("BF16", [4])}, {"BF16": 2})
+    here = locate(str(tmp_path / "hf-dir"))
+    assert (here.kind, here.path, here.exists, here.note, here.problem) == ("hf", (tmp_path / "hf-dir").resolve(), True,
+                                                                           None, None)
+    assert here.require() is here
+    # a directory without config.json, a path that is not there: noted, and refused when needed now
+    (tmp_path / "empty").mkdir()
+    for source, error in (("empty", "empty is not a Hugging Face model directory (no config.json)"),
+                          ("./nope", "model not found: ./nope")):
+        w = locate(source)
+        assert (w.kind, w.exists, w.path, w.note) == ("hf", False, (tmp_path / source).absolute(),
+                                                      f"{source} is not on this machine")
+        with pytest.raises(UsageError, match=re.escape(error)):
+            w.require()
+    # a hub id: the cached snapshot, else never the id as a path (vLLM would download it)
+    hub = locate("org/model")
+    assert (hub.kind, hub.exists, hub.path) == ("hub", False, tmp_path / "org" / "model")
+    assert str(tmp_path / "hf") in hub.note and "huggingface-cli download org/model" in hub.problem.hint
+    snap = tmp_path / "hf" / "models--org--model" / "snapshots" / "rev1"
+    make_fake_model(snap, LLAMA_CFG, {"a": ("BF16", [4])}, {"BF16": 2})
+    hub = locate("org/model")
+    assert (hub.kind, hub.exists, hub.path, hub.key, hub.note) == ("hub", True, snap, "rev1", None)
+    # a .gguf: its conversion's place in the cache (content hash, layers, dtype), converted on first use
+    missing = locate(str(tmp_path / "gone.gguf"))
+    assert (missing.kind, missing.path, missing.note) == ("gguf", None, f"GGUF file not found: {tmp_path / 'gone.gguf'}")
+    with pytest.raises(UsageError, match="GGUF file not found"):
+        locate(str(tmp_path / "gone.gguf"), convert=True)
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    later = locate(str(gguf))
+    dest = models_cache() / conversion_key(gguf_sha256(gguf), None, "bfloat16")
+    assert (later.path, later.exists, later.note, later.problem) == (dest, False, "converted on first use", None)
+    assert locate(str(gguf), layers=2).path != dest and locate(str(gguf), dtype="fp16").path != dest
+    dest.mkdir(parents=True)
+    (dest / MARKER).write_text("{}")
+    done = locate(str(gguf), convert=True)  # already converted: reused, no worker runs
+    assert (done.path, done.exists, done.cached, done.note) == (dest, True, True, None)
+    unknown = locate("bundled:nope")
+    assert unknown.path is None and "unknown bundled model" in unknown.note
+    with pytest.raises(UsageError, match="unknown bundled model"):
+        unknown.require()
+
+
 def test_bundled_model_missing_says_how_to_install(tmp_home, monkeypatch):
     import importlib.util
 
@@ -205,7 +257,8 @@ def test_import_refuses_existing_dest_and_leaves_source_untouched(tiny_model, tm
     assert gguf.stat().st_mtime_ns == st.st_mtime_ns and gguf.stat().st_size == st.st_size
 
 
-def _worker_pids(stage: str) -> list[int]:
+def _worker_pids(stage: str, parent: int) -> list[int]:
+    """The workers of ``stage`` that ``parent`` started (not another test run's on the same machine)."""
     import os
 
     found = []
@@ -213,9 +266,10 @@ def _worker_pids(stage: str) -> list[int]:
         if entry.isdigit():
             try:
                 cmd = open(f"/proc/{entry}/cmdline", "rb").read().split(b"\0")
-            except OSError:
+                ppid = int(open(f"/proc/{entry}/stat").read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
                 continue
-            if b"infertool.worker" in cmd and stage.encode() in cmd:
+            if b"infertool.worker" in cmd and stage.encode() in cmd and ppid == parent:
                 found.append(int(entry))
     return found
 
@@ -244,7 +298,7 @@ def test_ctrl_c_during_import_leaves_nothing_behind(quant_python, tmp_path):
     try:
         lines = Lines(proc, proc.stderr)
         lines.until("paused at import", timeout_s=600)  # the worker says when it is mid-conversion: no guessed sleep
-        worker_pid = next(p for p in _worker_pids("model.import"))
+        worker_pid = next(p for p in _worker_pids("model.import", proc.pid))
         proc.send_signal(signal.SIGINT)
         lines.rest(timeout_s=120)
         proc.wait(timeout=60)

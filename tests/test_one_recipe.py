@@ -150,3 +150,36 @@ def test_command_line_models_are_inputs_of_the_one_resolution(tmp_path):
     assert plain.base.path == str(orig.resolve()) and plain.candidate.path.endswith("out/o-gptq")
     moved = plain.candidate_at(cand)
     assert moved.exists and moved.label == plain.candidate.label and moved.path == str(cand.absolute())
+
+
+def test_a_given_base_is_found_like_model_source_and_named_by_what_was_given(tmp_path, monkeypatch):
+    """--base goes through the same models.sources.locate as model.source: a .gguf's conversion in the cache,
+    a hub id's cached snapshot; its served name is what was given, never a cache key or a revision."""
+    from infertool.errors import UsageError
+    from infertool.models.sources import MARKER, locate
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import Overrides, resolve
+
+    monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.chdir(tmp_path)
+    recipe = validate_recipe_data({"name": "o", "model": {"source": str(layout_model(tmp_path / "orig", "smollm2-135m",
+                                                                                        shards=1))}}, source="test")
+    gguf = tmp_path / "Tiny-Q4.gguf"
+    gguf.write_bytes(b"GGUF fake")
+    later = resolve(recipe, Overrides(base=str(gguf))).base
+    assert (later.exists, later.note, later.name) == (False, "converted on first use", "Tiny-Q4")
+    converted = locate(str(gguf), dtype="bfloat16").path
+    converted.mkdir(parents=True)
+    (converted / MARKER).write_text("{}")  # converted before: reused, no worker runs
+    for materialize in (False, True):
+        base = resolve(recipe, Overrides(base=str(gguf)), materialize=materialize).base
+        assert (base.path, base.exists, base.label, base.name) == (str(converted), True, str(gguf), "Tiny-Q4")
+    snap = layout_model(tmp_path / "hf" / "models--org--Model-1B" / "snapshots" / "abc", "smollm2-135m", shards=1)
+    for materialize in (False, True):
+        base = resolve(recipe, Overrides(base="org/Model-1B"), materialize=materialize).base
+        assert (base.path, base.exists, base.name) == (str(snap), True, "Model-1B")
+    with pytest.raises(UsageError, match="never downloads"):
+        resolve(recipe, Overrides(base="org/Other"))
+    with pytest.raises(UsageError, match="model not found: ./nope"):
+        resolve(recipe, Overrides(base="./nope"))

@@ -156,6 +156,108 @@ def _worker_env() -> dict[str, str]:
     return env
 
 
+class _WorkerStreams:
+    """A worker's two output streams, each read by a thread: stderr into the log (and the last 40 lines kept
+    for the error message), stdout's lines into a queue that the parent reads with a bounded wait."""
+
+    def __init__(self, proc: subprocess.Popen, log) -> None:
+        self.proc, self.log = proc, log
+        self.tail: deque[str] = deque(maxlen=40)
+        self.lines: queue.Queue = queue.Queue()
+        self._lock = threading.Lock()
+        self._stderr = threading.Thread(target=self._pump_stderr, daemon=True)
+        self._stderr.start()
+        threading.Thread(target=self._pump_stdout, daemon=True).start()
+
+    def _pump_stderr(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.tail.append(line.rstrip("\n"))
+            self.write(line)
+
+    def _pump_stdout(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            self.lines.put(line)
+        self.lines.put(None)
+
+    def write(self, text: str) -> None:
+        """A line into the log, between the stderr thread's lines."""
+        with self._lock:
+            self.log.write(text)
+            self.log.flush()
+
+    def join_stderr(self, timeout_s: float) -> None:
+        self._stderr.join(timeout=timeout_s)
+
+
+class _Watchdog:
+    """Stops the worker's process group when it runs past ``timeout_s`` (None: no limit)."""
+
+    def __init__(self, proc: subprocess.Popen, timeout_s: float | None) -> None:
+        self.timed_out = threading.Event()
+        self._finished = threading.Event()
+        self._proc, self._timeout_s = proc, timeout_s
+        if timeout_s:
+            threading.Thread(target=self._watch, daemon=True).start()
+
+    def _watch(self) -> None:
+        if not self._finished.wait(self._timeout_s):
+            self.timed_out.set()
+            stop_group(self._proc.pid, 5.0, poll=self._proc.poll)
+
+    def finish(self) -> None:
+        self._finished.set()
+
+
+def _start_worker(argv: list[str]) -> subprocess.Popen:
+    return subprocess.Popen(
+        tied(argv),  # a worker never outlives the infertool that started it (SIGKILL, a crash)
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        stdin=subprocess.DEVNULL,
+        env=_worker_env(),
+        start_new_session=True,  # its own process group: we stop the whole group on Ctrl-C
+        text=True,
+        encoding="utf-8",
+        errors="replace",
+        bufsize=1,
+    )
+
+
+def _read_events(streams: _WorkerStreams, sink: EventCallback) -> tuple[dict | None, dict | None]:
+    """The worker's events until its stdout ends: progress and logs to ``sink``; returns (result, error).
+    A line that is not an event goes to the log."""
+    result: dict | None = None
+    error: dict | None = None
+    while True:
+        # a bounded wait, not a blocking read: an interruption that comes without a signal (Ray's task
+        # cancellation sets Python's interrupt flag) is acted on within half a second
+        try:
+            line = streams.lines.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if line is None:
+            return result, error
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            ev = json.loads(line)
+            if not isinstance(ev, dict) or "event" not in ev:
+                raise ValueError
+        except ValueError:
+            streams.write(f"[stdout] {line}\n")
+            continue
+        kind = ev["event"]
+        if kind == "result":
+            result = ev.get("data") or {}
+        elif kind == "error":
+            error = ev
+        else:
+            sink(ev)
+
+
 def run_worker(
     task: Task,
     python: Path,
@@ -165,115 +267,38 @@ def run_worker(
     timeout_s: float | None,
     wrap: list[str] = (),
 ) -> dict:
-    tail: deque[str] = deque(maxlen=40)
+    """Run ``task`` as a worker process (its own process group, tied to this one), stream its events to
+    ``sink``, keep its stderr in ``log_path``; its result, or ONE InfertoolError: the worker's own (message,
+    hint, exit code), a timeout, or an exit without a result (with the last lines of its stderr)."""
     argv = [*wrap, *worker_command(python, task.name, spec_path)]
     with open(log_path, "a", encoding="utf-8") as log:
         log.write(f"# {datetime.now(timezone.utc).isoformat()} {' '.join(argv)}\n")
         log.flush()
-        proc = subprocess.Popen(
-            tied(argv),  # a worker never outlives the infertool that started it (SIGKILL, a crash)
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            stdin=subprocess.DEVNULL,
-            env=_worker_env(),
-            start_new_session=True,  # its own process group: we stop the whole group on Ctrl-C
-            text=True,
-            encoding="utf-8",
-            errors="replace",
-            bufsize=1,
-        )
-        log_lock = threading.Lock()
-
-        def pump_stderr() -> None:
-            assert proc.stderr is not None
-            for line in proc.stderr:
-                tail.append(line.rstrip("\n"))
-                with log_lock:
-                    log.write(line)
-                    log.flush()
-
-        t = threading.Thread(target=pump_stderr, daemon=True)
-        t.start()
-        result: dict | None = None
-        error: dict | None = None
-        timed_out = threading.Event()
-        finished = threading.Event()
-
-        def watchdog() -> None:
-            if timeout_s and not finished.wait(timeout_s):
-                timed_out.set()
-                stop_group(proc.pid, 5.0, poll=proc.poll)
-
-        if timeout_s:
-            threading.Thread(target=watchdog, daemon=True).start()
-        lines: queue.Queue = queue.Queue()
-
-        def pump_stdout() -> None:
-            assert proc.stdout is not None
-            for line in proc.stdout:
-                lines.put(line)
-            lines.put(None)
-
-        threading.Thread(target=pump_stdout, daemon=True).start()
+        proc = _start_worker(argv)
+        streams = _WorkerStreams(proc, log)
+        watchdog = _Watchdog(proc, timeout_s)
         try:
-            while True:
-                # a bounded wait, not a blocking read: an interruption that comes without a signal (Ray's task
-                # cancellation sets Python's interrupt flag) is acted on within half a second
-                try:
-                    line = lines.get(timeout=0.5)
-                except queue.Empty:
-                    continue
-                if line is None:
-                    break
-                line = line.strip()
-                if not line:
-                    continue
-                try:
-                    ev = json.loads(line)
-                    if not isinstance(ev, dict) or "event" not in ev:
-                        raise ValueError
-                except ValueError:
-                    with log_lock:
-                        log.write(f"[stdout] {line}\n")
-                    continue
-                kind = ev["event"]
-                if kind == "result":
-                    result = ev.get("data") or {}
-                elif kind == "error":
-                    error = ev
-                else:
-                    sink(ev)
+            result, error = _read_events(streams, sink)
             proc.wait()
         except KeyboardInterrupt:
             stop_group(proc.pid, poll=proc.poll)
             raise
         finally:
-            finished.set()
+            watchdog.finish()
             if proc.poll() is None:
                 stop_group(proc.pid, poll=proc.poll)
-            t.join(timeout=5)
-            with log_lock:
-                log.write(f"# exit code {proc.returncode}\n")
-    if timed_out.is_set():
+            streams.join_stderr(5)
+            streams.write(f"# exit code {proc.returncode}\n")
+    if watchdog.timed_out.is_set():
         raise RuntimeFailure(
             f"task {task.name!r} ran past its {timeout_s:.0f} s limit and was stopped",
             hint="raise the limit, or look at the log for where it was stuck",
             log_path=str(log_path),
         )
     if error is not None:
-        code = int(error.get("exit_code") or EXIT_BACKEND)
-        cls: type[InfertoolError]
-        if code == 2:
-            cls = UsageError
-        elif code == EXIT_RUNTIME:
-            cls = RuntimeFailure
-        else:
-            cls = BackendError
-        if error.get("error_type") == "Interrupted":
-            raise KeyboardInterrupt
-        raise cls(str(error.get("message")), hint=error.get("hint"), log_path=str(log_path))
+        raise _worker_error(error, log_path)
     if result is None:
-        last = "\n".join(list(tail)[-8:])
+        last = "\n".join(list(streams.tail)[-8:])
         raise BackendError(
             f"the {task.env or 'backend'} worker for task {task.name!r} exited with code {proc.returncode} "
             f"without a result" + (f"; its last output:\n{last}" if last else ""),
@@ -281,6 +306,22 @@ def run_worker(
             log_path=str(log_path),
         )
     return result
+
+
+def _worker_error(error: dict, log_path: Path) -> BaseException:
+    """The worker's error event as the InfertoolError of its exit code (KeyboardInterrupt when it was
+    interrupted)."""
+    if error.get("error_type") == "Interrupted":
+        return KeyboardInterrupt()
+    code = int(error.get("exit_code") or EXIT_BACKEND)
+    cls: type[InfertoolError]
+    if code == 2:
+        cls = UsageError
+    elif code == EXIT_RUNTIME:
+        cls = RuntimeFailure
+    else:
+        cls = BackendError
+    return cls(str(error.get("message")), hint=error.get("hint"), log_path=str(log_path))
 
 
 def format_exc_short() -> str:  # pragma: no cover - debugging aid

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from infertool.atomic import write_json
 from infertool.errors import RuntimeFailure, UsageError
+from infertool.perf.host import usable_cores
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "float32": "float32", "fp32": "float32"}
 
@@ -68,7 +69,7 @@ def import_task(spec: dict, events) -> dict:
     import transformers
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    torch.set_num_threads(max(1, torch.get_num_threads()))
+    torch.set_num_threads(usable_cores())  # this process's CPU share (infertool.perf.host), as every worker
     try:
         tokenizer = AutoTokenizer.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         kwargs = {}

@@ -27,7 +27,7 @@ from typing import Callable
 
 from infertool.atomic import move_into_place, remove_inside, replace_dir, write_json
 from infertool.data.fingerprint import file_sha256
-from infertool.errors import BackendError, UsageError
+from infertool.errors import BackendError, InfertoolError, UsageError
 
 CONVERTER_VERSION = 1  # bump when the conversion's output changes, to invalidate the cache
 
@@ -196,32 +196,30 @@ def conversion_key(gguf_sha256: str, layers: int | None, dtype: str) -> str:
     return hashlib.sha256(raw.encode()).hexdigest()[:20]
 
 
+def gguf_file(source: str) -> Path:
+    """The GGUF file of a bundled/.gguf source; a clear error when it is not there (the bundled package not
+    installed, an unknown bundled name, a missing .gguf)."""
+    gguf = find_bundled_gguf(source.split(":", 1)[1]) if source.startswith("bundled:") else Path(source).expanduser()
+    if not gguf.is_file():
+        raise UsageError(f"GGUF file not found: {gguf}")
+    return gguf
+
+
+def _converted(source: str) -> bool:
+    return source.startswith("bundled:") or source.lower().endswith(".gguf")
+
+
 def conversion_path(source: str, *, layers: int | None = None, dtype: str | None = None) -> tuple[Path | None, str | None]:
     """Where a bundled/GGUF source's conversion is (or will be) in the cache, without converting; with a
     note when that cannot be known (the bundled package is not installed, the .gguf is missing)."""
-    try:
-        gguf = find_bundled_gguf(source.split(":", 1)[1]) if source.startswith("bundled:") else Path(source).expanduser()
-    except (BackendError, UsageError) as e:
-        return None, e.message
-    if not gguf.is_file():
-        return None, f"GGUF file not found: {gguf}"
-    from infertool.envs.paths import models_cache
-
-    return models_cache() / conversion_key(gguf_sha256(gguf), layers, normalise_dtype(dtype)), None
+    where = locate(source, layers=layers, dtype=dtype)
+    return where.path, (where.problem.message if where.problem is not None else None)
 
 
 def cached_conversion(source: str, *, layers: int | None = None, dtype: str | None = None) -> Path | None:
     """The cached conversion of a bundled/GGUF source if it exists; never converts (for quick planning)."""
-    try:
-        gguf = find_bundled_gguf(source.split(":", 1)[1]) if source.startswith("bundled:") else Path(source).expanduser()
-    except (BackendError, UsageError):
-        return None
-    if not gguf.is_file():
-        return None
-    from infertool.envs.paths import models_cache
-
-    final = models_cache() / conversion_key(gguf_sha256(gguf), layers, normalise_dtype(dtype))
-    return final if (final / MARKER).is_file() else None
+    where = locate(source, layers=layers, dtype=dtype)
+    return where.path if where.exists and where.kind in ("bundled", "gguf") else None
 
 
 def convert_gguf_cached(
@@ -271,6 +269,87 @@ def convert_gguf_cached(
     return final, False, key
 
 
+@dataclass
+class ModelLocation:
+    """Where a model source is on this machine: ``locate()``'s answer.
+
+    ``path`` is the Hugging Face directory the source is, or will be once converted (a bundled/GGUF source's
+    place in the cache); never a hub id (vLLM given an id would download it); None when it cannot be known.
+    When the model is not here, ``note`` says so for a plan, and ``problem`` is the error a command that needs
+    it now raises (None: infertool can make it, a conversion on first use)."""
+
+    source: str  # what the user wrote
+    kind: str  # "bundled" | "gguf" | "hf" (a local path) | "hub" (org/name, not a local path)
+    path: Path | None
+    exists: bool  # the model directory is there now
+    note: str | None = None  # why it is not here yet, when it is not
+    problem: InfertoolError | None = None
+    cached: bool = False  # a conversion reused from the cache
+    key: str | None = None  # a conversion's cache key; a hub snapshot's revision
+
+    def require(self) -> ModelLocation:
+        """This location, or the clear error that says why the model is not here (and how to get it)."""
+        if self.problem is not None:
+            raise self.problem
+        return self
+
+
+def locate(
+    source: str,
+    *,
+    layers: int | None = None,
+    dtype: str | None = None,
+    convert: bool = False,
+    on_event: Callable[[dict], None] | None = None,
+    log_dir: Path | None = None,
+) -> ModelLocation:
+    """Where ``source`` is on this machine: a bundled name or a .gguf (its conversion in the cache; with
+    ``convert``, converted now, once), a local Hugging Face directory, or a hub id's snapshot in the local
+    Hugging Face cache (a local path of the same name wins). Never the network, never an exception for a model
+    that is merely not here (``note``, ``problem``), except a conversion asked for with ``convert``."""
+    if _converted(source):
+        return _locate_gguf(source, layers, dtype, convert, on_event, log_dir)
+    p = Path(source).expanduser()
+    if p.is_dir() and os.path.lexists(p / "config.json"):  # one that cannot be read: model_info says why
+        return ModelLocation(source, "hf", p.resolve(), True)
+    if not p.exists() and looks_like_hub_id(source):
+        snap = find_in_hf_cache(source)
+        if snap is not None:
+            return ModelLocation(source, "hub", snap.path, True, key=snap.revision)
+        return ModelLocation(source, "hub", p.absolute(), False,
+                             note=f"{source} is not on this machine (not in the Hugging Face cache at {hf_hub_cache()})",
+                             problem=hub_not_cached(source))
+    if p.exists():
+        problem = UsageError(f"{p} is not a Hugging Face model directory (no config.json)")
+    else:
+        problem = UsageError(
+            f"model not found: {source}",
+            hint="model.source is a local Hugging Face directory, a .gguf file, bundled:smollm2-135m, or a hub id "
+            "(org/name) already in the local Hugging Face cache (infertool never downloads from a hub)",
+        )
+    return ModelLocation(source, "hf", p.absolute(), False, note=f"{source} is not on this machine", problem=problem)
+
+
+def _locate_gguf(source: str, layers: int | None, dtype: str | None, convert: bool,
+                 on_event: Callable[[dict], None] | None, log_dir: Path | None) -> ModelLocation:
+    kind = "bundled" if source.startswith("bundled:") else "gguf"
+    if convert:
+        path, cached, key = convert_gguf_cached(gguf_file(source), layers=layers, dtype=dtype, on_event=on_event,
+                                                log_dir=log_dir)
+        return ModelLocation(source, kind, path, True, cached=cached, key=key)
+    try:
+        gguf = gguf_file(source)
+    except (BackendError, UsageError) as e:
+        return ModelLocation(source, kind, None, False, note=e.message, problem=e)
+    from infertool.envs.paths import models_cache
+
+    key = conversion_key(gguf_sha256(gguf), layers, normalise_dtype(dtype))
+    path = models_cache() / key
+    exists = (path / MARKER).is_file()
+    return ModelLocation(source, kind, path, exists, note=None if exists else "converted on first use", cached=exists,
+                         key=key)
+
+
 def resolve_model(
     source: str,
     *,
@@ -279,37 +358,14 @@ def resolve_model(
     on_event: Callable[[dict], None] | None = None,
     log_dir: Path | None = None,
 ) -> ResolvedModel:
-    """Turn a model source into a Hugging Face directory, converting (once) where needed."""
-    if source.startswith("bundled:"):
-        gguf = find_bundled_gguf(source.split(":", 1)[1])
-        path, cached, key = convert_gguf_cached(gguf, layers=layers, dtype=dtype, on_event=on_event, log_dir=log_dir)
-        return ResolvedModel(path, source, "bundled", cached, key)
-    p = Path(source).expanduser()
-    if p.suffix.lower() == ".gguf":
-        if not p.is_file():
-            raise UsageError(f"GGUF file not found: {p}")
-        path, cached, key = convert_gguf_cached(p, layers=layers, dtype=dtype, on_event=on_event, log_dir=log_dir)
-        return ResolvedModel(path, source, "gguf", cached, key)
-    if not p.exists():
-        if looks_like_hub_id(source):
-            snap = find_in_hf_cache(source)
-            if snap is None:
-                raise hub_not_cached(source)
-            if layers is not None:
-                raise UsageError("--layers applies to GGUF and bundled sources only",
-                                 hint="a Hugging Face model is used as it is")
-            return ResolvedModel(snap.path, source, "hub", False, snap.revision)
-        raise UsageError(
-            f"model not found: {source}",
-            hint="model.source is a local Hugging Face directory, a .gguf file, bundled:smollm2-135m, or a hub id "
-            "(org/name) already in the local Hugging Face cache (infertool never downloads from a hub)",
-        )
-    if not os.path.lexists(p / "config.json"):  # one that is there but unreadable: model_info says why
-        raise UsageError(f"{p} is not a Hugging Face model directory (no config.json)")
-    if layers is not None:
+    """Turn a model source into a Hugging Face directory, converting (once) where needed; the clear error when
+    it is not on this machine."""
+    where = locate(source, layers=layers, dtype=dtype, convert=True, on_event=on_event, log_dir=log_dir).require()
+    if layers is not None and where.kind in ("hf", "hub"):
         raise UsageError("--layers applies to GGUF and bundled sources only",
-                         hint="a Hugging Face directory is used as it is")
-    return ResolvedModel(p.resolve(), source, "hf", False, None)
+                         hint="a Hugging Face model is used as it is" if where.kind == "hub" else
+                         "a Hugging Face directory is used as it is")
+    return ResolvedModel(where.path, source, where.kind, where.cached, where.key)
 
 
 def copy_model_dir(src: Path, dest: Path, *, force: bool = False) -> Path:

@@ -11,12 +11,16 @@ Every command asks here (never /proc or nvidia-smi itself), so they cannot disag
   not the machine's count);
 - ``cpu_flags()``: the CPU's instruction-set flags; ``INFERTOOL_CPU_FLAGS`` (space-separated) replaces them,
   to plan for another CPU or to test the AVX2-only and AVX-512+BF16 paths on either machine.
+- ``gpu_inventory()``: the GPUs nvidia-smi lists (names, GPU 0's memory), asked once per process; none when
+  ``accelerator()`` is cpu;
+- ``host_facts()``: all of it as one ``HostFacts`` (what ``infertool.resolve`` records and decides the target from).
 
 Workers ask here too (their environment inherits INFERTOOL_ACCELERATOR and INFERTOOL_CPU_FLAGS).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -134,29 +138,67 @@ def memory_available_bytes() -> int | None:
     return _meminfo("MemAvailable")
 
 
+def _nvidia_smi(smi: str, query: str) -> str | None:
+    """nvidia-smi's answer to ``--query-gpu=QUERY`` (CSV, no header, no units); None when it fails."""
+    try:
+        r = subprocess.run([smi, f"--query-gpu={query}", "--format=csv,noheader,nounits"],
+                           capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return r.stdout if r.returncode == 0 else None
+
+
+def _smi() -> str | None:
+    """nvidia-smi's path when infertool uses a GPU here (not with INFERTOOL_ACCELERATOR=cpu), else None."""
+    return shutil.which("nvidia-smi") if has_cuda() else None
+
+
 def gpu_free_memory_bytes() -> int | None:
     """Free memory of GPU 0 as nvidia-smi reports it; None without a GPU or nvidia-smi."""
-    if not has_cuda() or not shutil.which("nvidia-smi"):
-        return None
+    smi = _smi()
+    out = (_nvidia_smi(smi, "memory.free") or "").split() if smi else []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=memory.free", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=10).stdout.split()
         return int(float(out[0])) * 2**20 if out else None
-    except (OSError, subprocess.SubprocessError, ValueError):
+    except ValueError:
         return None
+
+
+@dataclass(frozen=True)
+class GpuInventory:
+    """This host's NVIDIA GPUs as nvidia-smi reports them (empty without a GPU, or without nvidia-smi)."""
+
+    names: tuple[str, ...] = ()  # one per GPU: "NVIDIA H100 80GB HBM3"
+    memory_bytes: int | None = None  # GPU 0's total memory
+
+
+@functools.lru_cache(maxsize=8)
+def _inventory(smi: str) -> GpuInventory:
+    out = _nvidia_smi(smi, "name,memory.total") or ""
+    names: list[str] = []
+    memory: list[int | None] = []
+    for line in out.splitlines():
+        name, _, total = line.strip().rpartition(",")
+        if not name.strip():
+            continue
+        names.append(name.strip())
+        try:
+            memory.append(int(float(total)) * 2**20)
+        except ValueError:  # "[N/A]"
+            memory.append(None)
+    return GpuInventory(tuple(names), memory[0] if memory else None)
+
+
+def gpu_inventory() -> GpuInventory:
+    """This host's GPUs, asked of nvidia-smi once per process (names and total memory do not change while it
+    runs); empty without a GPU (or INFERTOOL_ACCELERATOR=cpu) or without nvidia-smi."""
+    smi = _smi()
+    return _inventory(smi) if smi else GpuInventory()
 
 
 def gpu_names() -> list[str]:
     """The names of this host's NVIDIA GPUs as nvidia-smi reports them ("NVIDIA H100 80GB HBM3"); empty
     without a GPU (or INFERTOOL_ACCELERATOR=cpu) or without nvidia-smi."""
-    if not has_cuda() or not shutil.which("nvidia-smi"):
-        return []
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"],
-                             capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.strip() for line in out.splitlines() if line.strip()]
+    return list(gpu_inventory().names)
 
 
 def available_memory() -> tuple[str, int | None]:
@@ -175,17 +217,24 @@ class HostFacts:
     cpu_fp16: bool
     memory_total_bytes: int | None
     flags_overridden: bool  # INFERTOOL_CPU_FLAGS was set
+    gpu_name: str | None = None  # GPU 0 as nvidia-smi names it; None: no GPU used here, or nvidia-smi did not say
+    gpu_count: int = 0  # the GPUs nvidia-smi lists
+    gpu_memory_bytes: int | None = None  # GPU 0's total memory as nvidia-smi reports it
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
 def host_facts() -> HostFacts:
+    """This host as every command sees it: the accelerator, the CPU's vector ISA and half-precision matrix
+    instructions, the memory, and the GPUs (model, count, memory) where nvidia-smi says."""
     flags = cpu_flags()
+    gpus = gpu_inventory()
     return HostFacts(
         accelerator=accelerator(), cpu_isa=cpu_isa(flags),
         cpu_bf16=not cpu_lacks_half("bfloat16", flags) and bool(flags),
         cpu_fp16=not cpu_lacks_half("float16", flags) and bool(flags),
         memory_total_bytes=memory_total_bytes(),
         flags_overridden=os.environ.get("INFERTOOL_CPU_FLAGS") is not None,
+        gpu_name=gpus.names[0] if gpus.names else None, gpu_count=len(gpus.names), gpu_memory_bytes=gpus.memory_bytes,
     )
