@@ -18,7 +18,7 @@ from typing import Callable
 from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
 from infertool.data.suites import Suite, generation_correct, load_suite
-from infertool.evaluate.verdict import Gate, judge, thresholds, verdict
+from infertool.evaluate.verdict import Estimate, Gate, judge, thresholds, verdict
 from infertool.atomic import jsonable, write_json, write_text
 
 RESULTS_FILE = "results.json"
@@ -154,42 +154,34 @@ def pooled(tasks: dict, confidence: float, raw: dict) -> dict:
     return out
 
 
+def estimates(pool: dict, confidence: float) -> dict[str, Estimate]:
+    """Each gate's estimate and interval from the pooled metrics (a gate the suite does not measure: absent)."""
+    z = M.z_for(confidence)
+    out: dict[str, Estimate] = {}
+    tok, items = pool.get("tokens"), pool.get("items")
+    if tok:
+        k, n = tok["kld"], tok["tokens"]
+        out["max_mean_kld"] = Estimate(k["mean"], k["mean"] - z * k["se"], k["mean"] + z * k["se"], n)
+        out["min_top1"] = Estimate(tok["top1_agree"], *tok["top1_agree_ci"], n)
+        out["max_ppl_ratio"] = Estimate(tok["ppl_ratio"], *tok["ppl_ratio_ci"], n)
+    if items:
+        ci = items["net_change_ci"]
+        out["max_acc_drop"] = Estimate(-items["net_change"], -ci[1], -ci[0], items["n"])
+        out["max_flip_rate"] = Estimate(items["flip_rate"], *items["flip_rate_ci"], items["n"])
+    return out
+
+
 def make_gates(pool: dict, accept: dict) -> list[Gate]:
+    """One gate per threshold of eval.accept (infertool.evaluate.verdict.RULES), judged on the pooled metrics."""
     conf = float(accept.get("confidence", 0.95))
-    z = M.z_for(conf)
-    th = thresholds(accept)
-    gates: list[Gate] = []
+    found = estimates(pool, conf)
     tok = pool.get("tokens")
-    items = pool.get("items")
     topk_note = ""
     if tok and tok["kld_kind"] != "full":
         cov = tok.get("topk_covered_mass", {}).get("mean")
         topk_note = f"{tok['kld_kind']} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)" if cov else ""
-    for g, val in th.items():
-        if g == "max_mean_kld":
-            k = tok["kld"] if tok else None
-            gates.append(judge(g, "mean KLD", val, k and k["mean"], k and k["mean"] - z * k["se"], k and k["mean"] + z * k["se"],
-                               upper=True, n=tok["tokens"] if tok else 0, unit="tokens", note=topk_note))
-        elif g == "min_top1":
-            gates.append(judge(g, "same top-1", val, tok and tok["top1_agree"], tok and tok["top1_agree_ci"][0],
-                               tok and tok["top1_agree_ci"][1], upper=False, n=tok["tokens"] if tok else 0, unit="tokens",
-                               proportion_conf=conf))
-        elif g == "max_ppl_ratio":
-            gates.append(judge(g, "PPL ratio", val, tok and tok["ppl_ratio"], tok and tok["ppl_ratio_ci"][0],
-                               tok and tok["ppl_ratio_ci"][1], upper=True, n=tok["tokens"] if tok else 0, unit="tokens",
-                               transform=math.log))
-        elif g == "max_acc_drop":
-            if items:
-                drop = -items["net_change"]
-                lo, hi = -items["net_change_ci"][1], -items["net_change_ci"][0]
-                gates.append(judge(g, "accuracy drop", val, drop, lo, hi, upper=True, n=items["n"], unit="items"))
-            else:
-                gates.append(judge(g, "accuracy drop", val, None, None, None, upper=True, n=0, unit="items"))
-        elif g == "max_flip_rate":
-            gates.append(judge(g, "flip rate", val, items and items["flip_rate"], items and items["flip_rate_ci"][0],
-                               items and items["flip_rate_ci"][1], upper=True, n=items["n"] if items else 0, unit="items",
-                               proportion_conf=conf))
-    return gates
+    return [judge(g, val, found.get(g), confidence=conf, note=topk_note if g == "max_mean_kld" else "")
+            for g, val in thresholds(accept).items()]
 
 
 def summarize(suite: Suite, raw_tasks: dict, accept: dict) -> tuple[dict, list[dict], dict, list[Gate]]:
@@ -301,10 +293,11 @@ def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> 
         raw = compare_vllm(spec.vllm_plans, requests, k=spec.topk, workers=spec.batch_size, events=events,
                            log_dir=out_dir / "logs", pool=spec.servers)
     else:
-        from infertool.evaluate.server_engine import compare_openai
+        from infertool.evaluate.server_engine import Client, compare_openai
 
-        raw = compare_openai(spec.url or "", spec.base, spec.candidate, requests, k=spec.topk, workers=spec.batch_size,
-                             events=events, api_key=spec.api_key, candidate_url=spec.candidate_url)
+        base = Client(spec.url or "", spec.base, api_key=spec.api_key)
+        cand = Client(spec.candidate_url or spec.url or "", spec.candidate, api_key=spec.api_key)
+        raw = compare_openai(base, cand, requests, k=spec.topk, workers=spec.batch_size, events=events)
     wall = time.monotonic() - t0
     tasks, records, pool, gates = summarize(suite, raw["tasks"], spec.accept)
     status, reason = verdict(gates)
