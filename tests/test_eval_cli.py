@@ -251,3 +251,186 @@ def test_vllm_without_int4_kernels_is_named(tmp_path):
         with pytest.raises(HostCannotRun) as e:
             server.wait_ready()
     assert "cpu_gemm_wna16" in e.value.message and "AVX-512" in e.value.hint
+
+
+# ------------------------------------------------------------------------ the contract: plan -> run -> result
+
+
+def _recipe(data: dict):
+    from infertool.recipe import validate_recipe_data
+
+    return validate_recipe_data(data, source="test")
+
+
+@pytest.fixture
+def models(tmp_path) -> dict[str, Path]:
+    from fakes import layout_model
+
+    return {name: layout_model(tmp_path / name, "smollm2-135m", shards=1) for name in ("orig", "other", "cand", "entry")}
+
+
+def test_plan_of_each_engine_as_a_dry_run(models, tmp_path):
+    """One plan for every engine: the resolution's models (hf, vllm), served names (openai); the vllm launches;
+    a dry run takes no port, converts nothing and runs no held-out check."""
+    from infertool import evaluate
+    from infertool.errors import UsageError
+    from infertool.evaluate import EvalOptions
+    from infertool.evaluate.verdict import PRESETS
+    from infertool.resolve import resolve
+
+    recipe = _recipe({"name": "p", "model": {"source": str(models["orig"])}, "eval": {"seq_len": 64},
+                      "quantize": {"method": "gptq", "bits": 4, "group_size": 64, "output": str(models["cand"])}})
+    res = resolve(recipe)
+    hf = evaluate.plan(res, EvalOptions(dry_run=True))
+    assert (hf.engine, hf.suite, hf.seq_len, hf.topk) == ("hf", "builtin-corpus", 64, 20)
+    assert hf.resolution is res and hf.base_ref is res.base and hf.candidate_ref is res.candidate
+    assert hf.base == str(models["orig"].resolve()) and hf.candidate == str(models["cand"].absolute())
+    assert hf.labels == {"base": str(models["orig"]), "candidate": res.candidate.label}
+    assert hf.launches is None and hf.held_out is None and hf.api_key is None
+    d = hf.to_dict()
+    assert d["dry_run"] is True and d["launches"] == {} and d["settings"]["thresholds"] == PRESETS["standard"]
+    assert d["resolution"]["candidate"]["path"] == hf.candidate and d["settings"]["topk"] is None
+
+    vllm = evaluate.plan(res, EvalOptions(engine="vllm", preset="strict", max_items=3, dry_run=True))
+    assert list(vllm.launches) == ["candidate", "base"] and vllm.max_items == 3
+    assert vllm.launches["candidate"].model is res.candidate and vllm.launches["base"].model is res.base
+    argv = vllm.launches["candidate"].spec.argv
+    assert argv[argv.index("--model") + 1] == hf.candidate and "--max-logprobs" not in argv  # top-20 is vLLM's default
+    assert vllm.to_dict()["settings"]["thresholds"] == PRESETS["strict"]
+
+    short = _recipe({"name": "p", "model": {"source": str(models["orig"])}, "eval": {"seq_len": 64},
+                     "serve": {"max_model_len": 32}, "quantize": {"method": "gptq", "output": str(models["cand"])}})
+    with pytest.raises(UsageError, match="shorter than eval.seq_len 64"):
+        evaluate.plan(resolve(short), EvalOptions(engine="vllm", dry_run=True))
+
+    url = "http://127.0.0.1:9/v1"
+    oa = evaluate.plan(res, EvalOptions(engine="openai", url=url, base_name="a", candidate_name="b", dry_run=True))
+    assert (oa.base, oa.candidate, oa.url, oa.base_ref, oa.launches) == ("a", "b", url, None, None)
+    assert oa.to_dict()["base"] == {"model": "a", "label": "a", "source": "a"}
+    with pytest.raises(UsageError, match="served model names of both models"):
+        evaluate.plan(res, EvalOptions(engine="openai", url=url, base_name="a"))
+    with pytest.raises(UsageError, match="eval.url: engine: openai needs url") as e:
+        evaluate.plan(res, EvalOptions(engine="openai", base_name="a", candidate_name="b"))
+    assert "--url" in e.value.hint
+    with pytest.raises(UsageError, match="eval.engine"):
+        evaluate.plan(res, EvalOptions(engine="tgi"))
+
+
+def test_plan_models_come_from_the_one_resolution(models, tmp_path):
+    """--candidate / --base (and eval.base / eval.candidate) are Overrides of resolve(): the plan uses the
+    resolution it is given when that resolved them, else resolves again with them; nothing patches a ModelRef."""
+    from infertool import evaluate
+    from infertool.evaluate import EvalOptions
+    from infertool.resolve import resolve
+
+    data = {"name": "p", "model": {"source": str(models["orig"])},
+            "quantize": {"method": "gptq", "bits": 4, "group_size": 64, "output": str(models["cand"])}}
+    recipe = _recipe(data)
+    opts = EvalOptions(candidate=str(models["other"]))
+    ov = evaluate.overrides(recipe, opts)
+    assert (ov.base, ov.candidate) == (None, str(models["other"]))
+    res = resolve(recipe, ov)
+    p = evaluate.plan(res, opts)
+    assert p.resolution is res and p.candidate_ref is res.candidate  # resolved once
+    assert p.candidate == str(models["other"].absolute()) and p.labels["candidate"] == str(models["other"])
+    assert p.candidate_ref.quantization["bits"] == 4  # the recipe's quantization, the given directory
+    assert p.held_out is None  # a given model: its calibration is not the recipe's
+    again = evaluate.plan(resolve(recipe), opts)  # a resolution made without the override: made again with it
+    assert again.resolution is not res and again.candidate == p.candidate and again.labels == p.labels
+    # the recipe's own candidate, to run: the held-out check of its calibration text against the suite
+    own = evaluate.plan(resolve(recipe), EvalOptions())
+    assert own.held_out is not None and own.held_out.checked and own.held_out.calibration == "builtin"
+    # `run` resolves its quantize entry as the candidate; eval.base names another original: the entry stays
+    with_base = _recipe({**data, "eval": {"base": str(models["other"])}})
+    res = resolve(with_base, candidate_path=models["entry"])
+    p = evaluate.plan(res, EvalOptions(dry_run=True))
+    assert p.base == str(models["other"].resolve()) and p.labels["base"] == str(models["other"])
+    assert p.candidate == str(models["entry"].absolute()) and p.candidate_ref.quantization == res.candidate.quantization
+    # the openai engine's models are names on a server, not Overrides
+    assert evaluate.overrides(recipe, EvalOptions(engine="openai", base_name="a", candidate_name="b")) == \
+        evaluate.overrides(recipe, EvalOptions(engine="openai"))
+
+
+def test_plan_sends_the_key_only_to_urls_the_user_gave(tmp_path, monkeypatch, capsys):
+    from infertool import evaluate
+    from infertool.evaluate import EvalOptions
+    from infertool.resolve import resolve
+
+    secret = "s3cret-eval-plan"
+    monkeypatch.setenv("EVAL_PLAN_KEY", secret)
+    monkeypatch.setenv("INFERTOOL_KEY_URLS", "")
+    url = "http://127.0.0.1:9/v1"
+    res = resolve(_recipe({"name": "k", "model": {"source": "bundled:smollm2-135m"}, "serve": {"api_key_env": "EVAL_PLAN_KEY"},
+                           "eval": {"engine": "openai", "url": url, "base": "a", "candidate": "b"}}))
+    assert evaluate.plan(res, EvalOptions()).api_key is None  # the URL comes from the recipe alone
+    assert "not sending the key in EVAL_PLAN_KEY" in capsys.readouterr().err
+    given = EvalOptions(key_urls=("http://127.0.0.1:9",))
+    p = evaluate.plan(res, given)
+    assert p.api_key == secret
+    assert secret not in json.dumps(p.to_dict()) + repr(p) and p.to_dict()["sends_api_key"] is True
+    # every server must be one the user gave: a candidate server they did not name gets no key
+    assert evaluate.plan(res, EvalOptions(candidate_url="http://127.0.0.2:9/v1", key_urls=given.key_urls)).api_key is None
+    assert evaluate.plan(res, EvalOptions(dry_run=True, key_urls=given.key_urls)).api_key is None  # a dry run decides none
+
+
+def test_run_returns_what_results_json_holds(stub_server, tmp_path):
+    """evaluate.run(plan, ctx): files into ctx.out_dir, progress to ctx.on_event, and a typed EvalResult that is
+    what results.json says (EvalResult.from_dict reads it back, and writes the same document again)."""
+    from infertool import evaluate
+    from infertool.capability import RunContext
+    from infertool.evaluate import EvalOptions, EvalResult
+    from infertool.evaluate.result import ChoiceResult, PerplexityResult
+    from infertool.resolve import resolve
+
+    url = stub_server("ok")
+    res = resolve(_recipe({"name": "r", "model": {"source": "bundled:smollm2-135m"}, "eval": {"seq_len": 64}}))
+    events: list[dict] = []
+    plan = evaluate.plan(res, EvalOptions(engine="openai", url=url, base_name="a", candidate_name="noisy", max_items=2))
+    result = evaluate.run(plan, RunContext(out_dir=tmp_path / "run", on_event=events.append))
+    assert any(e["event"] == "progress" for e in events)
+    saved = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert EvalResult.from_dict(saved) == result and EvalResult.from_dict(saved).to_dict() == saved
+    t = result.tasks["pydoc-topics"]
+    assert isinstance(t, PerplexityResult) and t.tokens == 2 * 63 and t.kld_kind == "top-20"
+    assert t.mean_kld == saved["tasks"]["pydoc-topics"]["kld"]["mean"] > 0 and t.topk_covered_mass["mean"] > 0.3
+    assert result.verdict == "FAIL" and not result.ok and not result.accepted(allow_inconclusive=True)
+    gate = result.gate("max_ppl_ratio")
+    assert gate.status == "FAIL" and gate.lo > 1.05 and gate.unit == "tokens"
+    assert result.pooled.tokens.tokens == 126 and result.pooled.items is None and "items" not in saved["pooled"]
+    assert result.base.label == "a" and result.base.extra["url"].endswith("/v1") and result.confidence == 0.95
+    assert result.files["results"] == str(tmp_path / "run" / "results.json") and result.run_dir == str(tmp_path / "run")
+    summary = result.summary().to_dict()
+    assert summary["verdict"] == "FAIL" and summary["suite"] == "builtin-corpus" and summary["engine"] == "openai"
+    assert [g["name"] for g in summary["gates"]] == [g.name for g in result.gates]
+
+    plan = evaluate.plan(res, EvalOptions(engine="openai", url=url, base_name="a", candidate_name="a", max_items=3,
+                                          suite="synthetic-mc"))
+    mc = evaluate.run(plan, RunContext(out_dir=tmp_path / "mc"))
+    t = mc.tasks["arithmetic"]
+    assert isinstance(t, ChoiceResult) and t.items == 3 and t.acc.flip_rate == 0.0 and t.same_pick == 1.0
+    assert mc.pooled.items.n == 12 and mc.pooled.tokens is None and mc.gate("max_mean_kld").status == "n/a"
+    assert EvalResult.from_dict(json.loads((tmp_path / "mc" / "results.json").read_text())) == mc
+    with pytest.raises(Exception, match="dry run"):
+        evaluate.run(evaluate.plan(res, EvalOptions(engine="openai", url=url, base_name="a", candidate_name="a",
+                                                    dry_run=True)))
+
+
+def test_eval_result_reads_an_older_or_crafted_file_tolerantly():
+    from infertool.evaluate import EvalResult
+    from infertool.evaluate.result import ChoiceResult, Pooled, TaskResult
+
+    doc = {"verdict": "INCONCLUSIVE", "reason": "?", "from_a_later_version": [1],
+           "gates": [{"name": "max_mean_kld", "metric": "mean KLD", "threshold": 0.05, "estimate": "0.01", "status": "PASS"}],
+           "tasks": {"mc": {"type": "multiple_choice", "items": 4, "acc": {"n": 4, "acc_base": 0.5, "acc_base_ci": [0.15, None]}},
+                     "odd": {"type": "ranking", "items": 2}},
+           "settings": {"accept": {"confidence": 0.99, "allow_inconclusive": "yes"}}}
+    r = EvalResult.from_dict(doc)
+    assert r.verdict == "INCONCLUSIVE" and r.gates[0].estimate is None and r.gates[0].lo is None  # malformed: not measured
+    assert isinstance(r.tasks["mc"], ChoiceResult) and r.tasks["mc"].acc.acc_base == 0.5
+    assert r.tasks["mc"].acc.acc_base_ci == [0.15, None]  # an unmeasured bound keeps its place
+    assert type(r.tasks["odd"]) is TaskResult and r.tasks["odd"].extra == {"items": 2}
+    assert r.confidence == 0.99 and r.settings.accept.allow_inconclusive is False  # "yes" is not a bool
+    assert not r.accepted() and r.accepted(allow_inconclusive=True)
+    assert r.to_dict()["from_a_later_version"] == [1] and r.held_out is None and r.suite.name == ""
+    assert EvalResult.from_dict("not a document").verdict is None and EvalResult.from_dict(None).gates == []
+    assert Pooled.from_dict({"items": {"n": 3}}).to_dict() == {"items": Pooled.from_dict({"items": {"n": 3}}).items.to_dict()}

@@ -9,7 +9,7 @@ import pytest
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize
 from infertool.data.suites import Suite, Task
-from infertool.evaluate.verdict import PRESETS, judge, thresholds, verdict
+from infertool.evaluate.verdict import PRESETS, Estimate, judge, thresholds, verdict
 
 
 def test_normal_ppf_and_z():
@@ -131,29 +131,29 @@ def test_log_histogram_counts_everything():
 
 
 def test_gate_pass_fail_inconclusive_and_n_needed():
-    g = judge("max_mean_kld", "mean KLD", 0.05, 0.02, 0.01, 0.03, upper=True, n=100, unit="tokens")
+    g = judge("max_mean_kld", 0.05, Estimate(0.02, 0.01, 0.03, 100))
     assert g.status == "PASS"
-    g = judge("max_mean_kld", "mean KLD", 0.05, 0.10, 0.08, 0.12, upper=True, n=100, unit="tokens")
+    g = judge("max_mean_kld", 0.05, Estimate(0.10, 0.08, 0.12, 100))
     assert g.status == "FAIL"
-    g = judge("max_mean_kld", "mean KLD", 0.05, 0.06, 0.04, 0.08, upper=True, n=100, unit="tokens")
+    g = judge("max_mean_kld", 0.05, Estimate(0.06, 0.04, 0.08, 100))
     # half width 0.02, distance 0.01: N * (0.02/0.01)^2 = 400
     assert g.status == "INCONCLUSIVE" and g.n_needed == 400
-    g = judge("min_top1", "same top-1", 0.9, 0.95, 0.92, 0.97, upper=False, n=100, unit="tokens")
+    g = judge("min_top1", 0.9, Estimate(0.95, 0.92, 0.97, 100))
     assert g.status == "PASS"
-    g = judge("min_top1", "same top-1", 0.9, 0.85, 0.80, 0.89, upper=False, n=100, unit="tokens")
+    g = judge("min_top1", 0.9, Estimate(0.85, 0.80, 0.89, 100))
     assert g.status == "FAIL"
-    na = judge("max_acc_drop", "accuracy drop", 0.02, None, None, None, upper=True, n=0, unit="items")
+    na = judge("max_acc_drop", 0.02, Estimate(None, None, None, 0))
     assert na.status == "n/a"
     status, why = verdict([g, na])
     assert status == "FAIL" and "min_top1" in why
-    status, why = verdict([judge("max_mean_kld", "mean KLD", 0.05, 0.06, 0.04, 0.08, upper=True, n=100, unit="tokens")])
+    status, why = verdict([judge("max_mean_kld", 0.05, Estimate(0.06, 0.04, 0.08, 100))])
     assert status == "INCONCLUSIVE" and "400" in why
     assert verdict([na])[0] == "INCONCLUSIVE"
     # measured but not finite: never skipped as "not measured"
-    inf = judge("max_mean_kld", "mean KLD", 0.05, math.inf, math.nan, math.nan, upper=True, n=12264, unit="tokens")
+    inf = judge("max_mean_kld", 0.05, Estimate(math.inf, math.nan, math.nan, 12264))
     assert inf.status == "FAIL" and "inf" in inf.note
-    assert verdict([inf, judge("min_top1", "same top-1", 0.9, 0.95, 0.92, 0.97, upper=False, n=100, unit="tokens")])[0] == "FAIL"
-    nan = judge("max_mean_kld", "mean KLD", 0.05, math.nan, math.nan, math.nan, upper=True, n=10, unit="tokens")
+    assert verdict([inf, judge("min_top1", 0.9, Estimate(0.95, 0.92, 0.97, 100))])[0] == "FAIL"
+    nan = judge("max_mean_kld", 0.05, Estimate(math.nan, math.nan, math.nan, 10))
     assert nan.status == "INCONCLUSIVE"
 
 
@@ -226,5 +226,28 @@ def test_wilson_n_needed():
     n = M.wilson_n_needed(0.95, 0.90, upper=False)
     assert M.wilson(0.95 * n, n)[0] >= 0.90 > M.wilson(0.95 * (n - 1), n - 1)[0]
     assert M.wilson_n_needed(0.2, 0.1, upper=True) is None
-    g = judge("max_flip_rate", "flip rate", 0.10, 0.0, *M.wilson(0, 8), upper=True, n=8, unit="items", proportion_conf=0.95)
+    g = judge("max_flip_rate", 0.10, Estimate(0.0, *M.wilson(0, 8), 8), confidence=0.95)
     assert g.status == "INCONCLUSIVE" and g.n_needed == 35
+
+
+def test_gates_from_pooled_metrics_by_hand():
+    from infertool.evaluate.core import estimates, make_gates
+
+    pool = {"tokens": {"kld": {"mean": 0.02, "se": 0.005}, "tokens": 1000, "top1_agree": 0.93, "top1_agree_ci": [0.91, 0.95],
+                       "ppl_ratio": 1.02, "ppl_ratio_ci": [1.01, 1.03], "kld_kind": "full"},
+            "items": {"n": 200, "net_change": -0.01, "net_change_ci": [-0.03, 0.01], "flip_rate": 0.05,
+                      "flip_rate_ci": [0.03, 0.09]}}
+    est = estimates(pool, 0.95)
+    # mean KLD 0.02 +- 1.959964 x SE 0.005
+    assert est["max_mean_kld"].lo == pytest.approx(0.0102002, abs=1e-7) and est["max_mean_kld"].n == 1000
+    # accuracy drop = -net change: 0.01 in [-0.01, 0.03]
+    assert (est["max_acc_drop"].value, est["max_acc_drop"].lo, est["max_acc_drop"].hi) == (0.01, -0.01, 0.03)
+    gates = {g.name: g for g in make_gates(pool, {"preset": "standard"})}
+    assert [gates[n].status for n in ("max_mean_kld", "min_top1", "max_ppl_ratio", "max_flip_rate")] == ["PASS"] * 4
+    # the drop's interval straddles 0.02: half width 0.02, distance 0.01 -> 200 x (0.02 / 0.01)^2 = 800 items
+    assert gates["max_acc_drop"].status == "INCONCLUSIVE" and gates["max_acc_drop"].n_needed == 800
+    assert gates["max_acc_drop"].unit == "items" and gates["min_top1"].metric == "same top-1"
+    status, why = verdict(list(gates.values()))
+    assert status == "INCONCLUSIVE" and "800" in why
+    only_items = make_gates({"items": pool["items"]}, {"preset": "standard"})
+    assert {g.name for g in only_items if g.status == "n/a"} == {"max_mean_kld", "min_top1", "max_ppl_ratio"}

@@ -10,8 +10,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
+import typing
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import typer
 
@@ -45,174 +50,210 @@ def register(app: typer.Typer) -> None:
     app.add_typer(eval_app, name="eval")
 
 
+@dataclass
+class RunFlags:
+    """`infertool eval run`'s command line: one field per flag (Typer reads them as the command's parameters)."""
+
+    recipe: str = recipe_arg()
+    suite: Optional[str] = typer.Option(None, "--suite", metavar="SUITE", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite.")
+    base: Optional[str] = typer.Option(None, "--base", metavar="MODEL", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source.")
+    candidate: Optional[str] = typer.Option(None, "--candidate", metavar="MODEL", help="The quantized model directory (a served name with --engine openai). Default: quantize.output.")
+    engine: Optional[str] = typer.Option(None, "--engine", metavar="hf|vllm|openai", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url).")
+    url: Optional[str] = typer.Option(None, "--url", metavar="URL", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1.")
+    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url.")
+    out_dir: Optional[Path] = out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP.")
+    force: bool = force_opt("Replace earlier results in the --out directory.")
+    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, metavar="N", help="Score at most N items (windows for perplexity) per task.")
+    preset: Optional[str] = typer.Option(None, "--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply).")
+    allow_inconclusive: bool = typer.Option(False, "--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")
+    dry_run: bool = dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing.")
+    overrides: Optional[List[str]] = SET_OPT
+    as_json: bool = JSON_OPT
+
+    def options(self, recipe):
+        """The eval options these flags ask for (``recipe``: the loaded recipe, whose engine decides whether
+        --base / --candidate are model directories or served model names)."""
+        from infertool.evaluate import EvalOptions
+        from infertool.evaluate.prepare import engine_of
+
+        opts = EvalOptions(suite=self.suite, engine=self.engine, url=self.url, candidate_url=self.candidate_url,
+                           max_items=self.max_items, preset=self.preset, out_dir=self.out_dir,
+                           allow_inconclusive=self.allow_inconclusive, dry_run=self.dry_run, key_urls=self.key_urls())
+        if engine_of(recipe, opts) == "openai":
+            return replace(opts, base_name=self.base, candidate_name=self.candidate)
+        return replace(opts, base=self.base, candidate=self.candidate)
+
+    def key_urls(self) -> tuple[str, ...]:
+        """The URLs given here (--url, --candidate-url, --set eval.url=...): the only ones an API key may go to
+        (never one from the recipe file alone)."""
+        sets = [s.split("=", 1)[1].strip().strip("'\"") for s in (self.overrides or []) if s.startswith("eval.url=")]
+        return tuple(u for u in (self.url, self.candidate_url, *sets) if u)
+
+
+def takes_flags(flags: type) -> Callable:
+    """Declare a command's flags as the fields of the dataclass ``flags`` (Typer reads the signature given
+    here) and call the command with one ``flags`` record instead of a parameter per flag."""
+
+    def wrap(fn: Callable) -> Callable:
+        hints = typing.get_type_hints(flags)
+        params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+                  for f in dataclasses.fields(flags)]
+
+        @functools.wraps(fn)
+        def command(**values):
+            return fn(flags(**values))
+
+        command.__signature__ = inspect.Signature(params)
+        command.__annotations__ = {p.name: p.annotation for p in params}
+        del command.__wrapped__
+        return command
+
+    return wrap
+
+
 @eval_app.command("run", cls=InfertoolCommand, epilog=EXAMPLES)
 @handle_errors
-def eval_run(
-    recipe: str = recipe_arg(),
-    suite: Optional[str] = typer.Option(None, "--suite", metavar="SUITE", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite."),
-    base: Optional[str] = typer.Option(None, "--base", metavar="MODEL", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source."),
-    candidate: Optional[str] = typer.Option(None, "--candidate", metavar="MODEL", help="The quantized model directory (a served name with --engine openai). Default: quantize.output."),
-    engine: Optional[str] = typer.Option(None, "--engine", metavar="hf|vllm|openai", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url)."),
-    url: Optional[str] = typer.Option(None, "--url", metavar="URL", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1."),
-    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url."),
-    out_dir: Optional[Path] = out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP."),
-    force: bool = force_opt("Replace earlier results in the --out directory."),
-    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, metavar="N", help="Score at most N items (windows for perplexity) per task."),
-    preset: Optional[str] = typer.Option(None, "--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply)."),
-    allow_inconclusive: bool = typer.Option(False, "--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL)."),
-    dry_run: bool = dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing."),
-    overrides: Optional[List[str]] = SET_OPT,
-    as_json: bool = JSON_OPT,
-) -> None:
+@takes_flags(RunFlags)
+def eval_run(flags: RunFlags) -> None:
     """Score candidate against base on a suite and print the verdict (exit 0 PASS, 1 FAIL or INCONCLUSIVE)."""
-    from infertool.evaluate.core import RESULTS_FILE, EvalSpec, run_eval
+    from infertool import evaluate
+    from infertool.capability import RunContext
+    from infertool.evaluate.core import RESULTS_FILE
     from infertool.output import StageProgress, print_json
-    from infertool.recipe import EvalSection, load_recipe
-
-    if out_dir is not None and not dry_run:
-        refuse_overwrite([out_dir / RESULTS_FILE], force)
-
-    sets = list(overrides or [])
-    for flag, key, value in (("--suite", "eval.suite", suite), ("--engine", "eval.engine", engine), ("--url", "eval.url", url),
-                             ("--max-items", "eval.max_items", max_items), ("--preset", "eval.accept.preset", preset)):
-        if value is not None:
-            sets.append(f"{key}={value}")
-    from infertool.evaluate.prepare import eval_models, held_out_check, vllm_plans
+    from infertool.recipe import load_recipe
     from infertool.resolve import resolve
 
-    r = load_recipe(recipe, sets)
-    ev = r.eval or EvalSection()
-    accept = ev.accept.model_dump()
-    api_key = None
-    if ev.engine == "openai" and r.serve is not None and r.serve.api_key_env and not dry_run:
-        from infertool.trust import key_for
-
-        # the key goes only to URLs the user gave here (--url, --candidate-url, --set eval.url=...), never to
-        # one that comes from the recipe file alone
-        given = [url, candidate_url] + [s.split("=", 1)[1].strip().strip("'\"") for s in (overrides or [])
-                                              if s.startswith("eval.url=")]
-        for target in dict.fromkeys(u for u in (ev.url, candidate_url) if u):
-            api_key = key_for(target, r.serve.api_key_env, user_urls=given)
-            if api_key is None:
-                break
-    res = resolve(r)
-    b, c, source, labels = eval_models(res, ev, base, candidate, ev.engine, dry_run=dry_run)
-    plans = vllm_plans(res, ev, b, c, dry_run=dry_run) if ev.engine == "vllm" else None
-    if dry_run:
-        _render_dry_run(res, ev, b, c, labels, plans, as_json)
+    if flags.out_dir is not None and not flags.dry_run:
+        refuse_overwrite([flags.out_dir / RESULTS_FILE], flags.force)
+    r = load_recipe(flags.recipe, flags.overrides)
+    opts = flags.options(r)
+    plan = evaluate.plan(resolve(r, evaluate.overrides(r, opts)), opts)
+    if flags.dry_run:
+        _render_dry_run(plan, flags.as_json)
         return
-    held = held_out_check(res, ev.suite) if not (base or candidate or ev.base or ev.candidate) else None
-    trust = False
-    if ev.engine == "hf":  # the vllm engine's launches pass it themselves (infertool.serve.prepare)
-        from infertool.trust import announce_remote_code
-
-        trust = announce_remote_code(r.model.source, r.model.trust_remote_code)
     with StageProgress("eval") as progress:
-        spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, candidate_url=candidate_url,
-                        api_key=api_key, trust_remote_code=trust, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
-                        accept=accept, out_dir=out_dir, base_source=source, vllm_plans=plans,
-                        held_out=held, labels=labels)
-        doc = run_eval(spec, progress.on_event)
-    if as_json:
-        print_json(doc)
+        result = evaluate.run(plan, RunContext(out_dir=flags.out_dir, on_event=progress.on_event, user="eval"))
+    if flags.as_json:
+        print_json(result)
     else:
-        render(doc)
-    if doc["verdict"] == "PASS" or (doc["verdict"] == "INCONCLUSIVE" and (allow_inconclusive or accept.get("allow_inconclusive"))):
-        return
-    raise typer.Exit(1)
+        render(result)
+    if not result.accepted(plan.allow_inconclusive):
+        raise typer.Exit(1)
 
 
-def _render_dry_run(res, ev, b, c, labels, plans, as_json: bool) -> None:
+def _render_dry_run(plan, as_json: bool) -> None:
     from infertool.output import out, print_json
 
-    doc = {"dry_run": True, "engine": ev.engine, "suite": ev.suite, "base": {"model": b, "label": labels["base"]},
-           "candidate": {"model": c, "label": labels["candidate"]}, "resolution": res.to_dict(),
-           "launches": {k: p.to_dict() for k, p in (plans or {}).items()}}
     if as_json:
-        print_json(doc)
+        print_json(plan.to_dict())
         return
-    out.print(f"eval ({ev.engine} engine, suite {ev.suite})", markup=False)
-    out.print(f"  base:      {labels['base']} ({b})", markup=False, soft_wrap=True)
-    out.print(f"  candidate: {labels['candidate']} ({c})", markup=False, soft_wrap=True)
-    for note in res.notes:
+    out.print(f"eval ({plan.engine} engine, suite {plan.suite})", markup=False)
+    out.print(f"  base:      {plan.labels['base']} ({plan.base})", markup=False, soft_wrap=True)
+    out.print(f"  candidate: {plan.labels['candidate']} ({plan.candidate})", markup=False, soft_wrap=True)
+    for note in plan.notes:
         out.print(f"note: {note}", markup=False, soft_wrap=True)
-    for label, plan in (plans or {}).items():
-        out.print(f"{label} server ({plan.purpose}):", markup=False)
-        for issue in plan.issues:
+    for label, launch in (plan.launches or {}).items():
+        out.print(f"{label} server ({launch.purpose}):", markup=False)
+        for issue in launch.issues:
             out.print(f"  {issue.level}: {issue.field}: {issue.message}", markup=False, soft_wrap=True)
-        out.print("  " + plan.spec.shell_line(), markup=False, soft_wrap=True)
+        out.print("  " + launch.spec.shell_line(), markup=False, soft_wrap=True)
 
 
-def render(doc: dict) -> None:
+def render(result) -> None:
+    """An ``EvalResult`` for people: what was compared, each task's table, the gates, the verdict."""
     from rich.table import Table
 
     from infertool.evaluate.verdict import fmt
     from infertool.output import esc, kv_table, out, plain
 
+    topk = result.settings.topk
     out.print(kv_table([
-        ("suite", f"{doc['suite']['name']} ({doc['suite']['path']})"),
-        ("engine", doc["engine"] + (f" (KLD from top-{doc['settings']['topk']} log-probabilities)" if doc["settings"].get("topk") else " (full-vocabulary KLD)")),
-        ("base", doc["base"].get("label") or doc["base"].get("source") or doc["base"]["model"]),
-        ("candidate", doc["candidate"].get("label") or doc["candidate"]["model"]),
+        ("suite", f"{result.suite.name} ({result.suite.path})"),
+        ("engine", result.engine + (f" (KLD from top-{topk} log-probabilities)" if topk else " (full-vocabulary KLD)")),
+        ("base", result.base.label or result.base.source or result.base.model),
+        ("candidate", result.candidate.label or result.candidate.model),
     ], title="infertool eval"))
-    for name, t in doc["tasks"].items():
-        if t["type"] == "perplexity":
-            tab = Table(title=plain(f"{name}: {t['windows']} windows x {t['seq_len']} tokens = {t['tokens']:,} scored tokens (perplexity, {t['kld_kind']} KLD)"))
-            tab.add_column("metric")
-            tab.add_column("base", justify="right")
-            tab.add_column("candidate", justify="right")
-            tab.add_column("comparison", justify="right")
-            k, dp = t["kld"], t["delta_p"]
-            tab.add_row("perplexity", fmt(t["ppl_base"]), fmt(t["ppl_cand"]),
-                        f"ratio {fmt(t['ppl_ratio'])} [{fmt(t['ppl_ratio_ci'][0])}, {fmt(t['ppl_ratio_ci'][1])}]")
-            tab.add_row("bits per byte", fmt(t["bpb_base"]), fmt(t["bpb_cand"]), "")
-            tab.add_row("ln(PPL ratio)", "", "", f"{fmt(t['ln_ppl_ratio'])} ± {fmt(t['ln_ppl_ratio_se'])} (paired SE)")
-            tab.add_row("KLD mean ± SE", "", "", f"{fmt(k['mean'])} ± {fmt(k['se'])}")
-            tab.add_row("KLD median / p90 / p99", "", "", f"{fmt(k['median'])} / {fmt(k['p90'])} / {fmt(k['p99'])}")
-            tab.add_row("KLD p99.9 / max", "", "", f"{fmt(k['p99.9'])} / {fmt(k['max'])}")
-            tab.add_row("same top-1", "", "", f"{t['top1_agree']:.2%} ± {t['top1_agree_se']:.2%}")
-            tab.add_row("Δp mean / RMS", "", "", f"{dp['mean']:+.3%} / {dp['rms']:.3%}")
-            tab.add_row("Δp p1 / p99", "", "", f"{dp['p1']:+.3%} / {dp['p99']:+.3%}")
-            if t.get("topk_covered_mass"):
-                tab.add_row("top-k covered mass", "", "", f"mean {t['topk_covered_mass']['mean']:.2%}, p1 {t['topk_covered_mass']['p1']:.2%}")
-            out.print(tab)
-        else:
-            acc = t["acc"]
-            tab = Table(title=plain(f"{name}: {t['items']} items ({t['type']}{', ' + t['match'] if t.get('match') else ''})"))
-            for col in ("metric", "base", "candidate", "b", "c", "flip rate", "net change [95%]", "McNemar p"):
-                tab.add_column(col, justify="right" if col != "metric" else "left")
-            rows = [("acc", acc)] + ([("acc_norm", t["acc_norm"])] if "acc_norm" in t else [])
-            for label, a in rows:
-                tab.add_row(label, f"{a['acc_base']:.1%} [{a['acc_base_ci'][0]:.1%}, {a['acc_base_ci'][1]:.1%}]",
-                            f"{a['acc_cand']:.1%} [{a['acc_cand_ci'][0]:.1%}, {a['acc_cand_ci'][1]:.1%}]",
-                            str(a["b"]), str(a["c"]), f"{a['flip_rate']:.1%}",
-                            f"{a['net_change']:+.1%} [{a['net_change_ci'][0]:+.1%}, {a['net_change_ci'][1]:+.1%}]",
-                            f"{a['mcnemar_p']:.3g}")
-            if "output_agreement" in t:
-                tab.add_row("same output", f"{t['output_agreement']:.1%}", "", "", "", "", "", "")
-            if "same_pick" in t:
-                tab.add_row("same pick", f"{t['same_pick']:.1%}", "", "", "", "", "", "")
-            out.print(tab)
-    gates = Table(title=f"gates (confidence {doc['settings']['accept'].get('confidence', 0.95):.0%})")
+    for name, t in result.tasks.items():
+        out.print(_perplexity_table(name, t) if t.type == "perplexity" else _accuracy_table(name, t))
+    gates = Table(title=f"gates (confidence {result.confidence:.0%})")
     for col in ("gate", "metric", "threshold", "estimate", "interval", "status", "note"):
         gates.add_column(col)
-    style = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "n/a": "dim"}
-    for g in doc["gates"]:
-        note = g["note"]
-        if g["status"] == "INCONCLUSIVE":
-            note = (f"~{g['n_needed']:,} {g['unit']} would decide (now {g['n']:,})" if g.get("n_needed") else "on the threshold") + (f"; {note}" if note else "")
-        interval = f"[{fmt(g['lo'])}, {fmt(g['hi'])}]" if g["lo"] is not None else "-"
-        gates.add_row(plain(g["name"]), plain(g["metric"]), fmt(g["threshold"]), fmt(g["estimate"]), plain(interval),
-                      f"[{style[g['status']]}]{g['status']}[/]", plain(note or ""))
+    for g in result.gates:
+        note = g.note
+        if g.status == "INCONCLUSIVE":
+            note = (f"~{g.n_needed:,} {g.unit} would decide (now {g.n:,})" if g.n_needed else "on the threshold") + (f"; {note}" if note else "")
+        interval = f"[{fmt(g.lo)}, {fmt(g.hi)}]" if g.lo is not None else "-"
+        gates.add_row(plain(g.name), plain(g.metric), fmt(g.threshold), fmt(g.estimate), plain(interval),
+                      f"[{_STYLE.get(g.status, 'dim')}]{g.status}[/]", plain(note or ""))
     out.print(gates)
-    tm = doc["timing"]
+    tm = result.timing
     speed = ""
-    if tm.get("base_tokens_per_s"):
-        speed = f"; {tm['base_tokens_per_s']:,.0f} tok/s base, {tm['cand_tokens_per_s']:,.0f} tok/s candidate"
-    out.print(f"[dim]{tm['wall_s']:.1f} s{esc(speed)}; files in {esc(doc['run_dir'])}[/]", soft_wrap=True)
-    for n in doc["notes"]:
+    if tm.base_tokens_per_s:
+        speed = f"; {tm.base_tokens_per_s:,.0f} tok/s base, {tm.cand_tokens_per_s or 0:,.0f} tok/s candidate"
+    out.print(f"[dim]{tm.wall_s or 0:.1f} s{esc(speed)}; files in {esc(result.run_dir)}[/]", soft_wrap=True)
+    for n in result.notes:
         out.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
-    out.print(f"verdict: [{style[doc['verdict']]}]{doc['verdict']}[/] — {esc(doc['reason'])}", soft_wrap=True)
+    out.print(f"verdict: [{_STYLE.get(result.verdict, 'dim')}]{result.verdict}[/] — {esc(result.reason)}", soft_wrap=True)
+
+
+_STYLE = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "n/a": "dim"}
+
+
+def _pct(x: float | None, fmt: str = ".2%") -> str:
+    return "-" if x is None else format(x, fmt)
+
+
+def _perplexity_table(name: str, t):
+    from rich.table import Table
+
+    from infertool.evaluate.verdict import fmt
+    from infertool.output import plain
+
+    tab = Table(title=plain(f"{name}: {t.windows} windows x {t.seq_len} tokens = {t.tokens:,} scored tokens "
+                            f"(perplexity, {t.kld_kind} KLD)"))
+    for col in ("metric", "base", "candidate", "comparison"):
+        tab.add_column(col, justify="left" if col == "metric" else "right")
+    k, dp, ci = t.kld, t.delta_p, (list(t.ppl_ratio_ci) + [None, None])[:2]
+    tab.add_row("perplexity", fmt(t.ppl_base), fmt(t.ppl_cand), f"ratio {fmt(t.ppl_ratio)} [{fmt(ci[0])}, {fmt(ci[1])}]")
+    tab.add_row("bits per byte", fmt(t.bpb_base), fmt(t.bpb_cand), "")
+    tab.add_row("ln(PPL ratio)", "", "", f"{fmt(t.ln_ppl_ratio)} ± {fmt(t.ln_ppl_ratio_se)} (paired SE)")
+    tab.add_row("KLD mean ± SE", "", "", f"{fmt(k.get('mean'))} ± {fmt(k.get('se'))}")
+    tab.add_row("KLD median / p90 / p99", "", "", f"{fmt(k.get('median'))} / {fmt(k.get('p90'))} / {fmt(k.get('p99'))}")
+    tab.add_row("KLD p99.9 / max", "", "", f"{fmt(k.get('p99.9'))} / {fmt(k.get('max'))}")
+    tab.add_row("same top-1", "", "", f"{_pct(t.top1_agree)} ± {_pct(t.top1_agree_se)}")
+    tab.add_row("Δp mean / RMS", "", "", f"{_pct(dp.get('mean'), '+.3%')} / {_pct(dp.get('rms'), '.3%')}")
+    tab.add_row("Δp p1 / p99", "", "", f"{_pct(dp.get('p1'), '+.3%')} / {_pct(dp.get('p99'), '+.3%')}")
+    if t.topk_covered_mass:
+        cov = t.topk_covered_mass
+        tab.add_row("top-k covered mass", "", "", f"mean {_pct(cov.get('mean'))}, p1 {_pct(cov.get('p1'))}")
+    return tab
+
+
+def _accuracy_table(name: str, t):
+    """A multiple-choice or generation task: paired accuracy of base and candidate on the same items."""
+    from rich.table import Table
+
+    from infertool.output import plain
+
+    match = getattr(t, "match", "")
+    tab = Table(title=plain(f"{name}: {t.items} items ({t.type}{', ' + match if match else ''})"))
+    for col in ("metric", "base", "candidate", "b", "c", "flip rate", "net change [95%]", "McNemar p"):
+        tab.add_column(col, justify="right" if col != "metric" else "left")
+    rows = [("acc", t.acc)] + ([("acc_norm", t.acc_norm)] if getattr(t, "acc_norm", None) else [])
+    for label, a in rows:
+        if a is None:
+            continue
+        ci = {k: (list(getattr(a, k)) + [None, None])[:2] for k in ("acc_base_ci", "acc_cand_ci", "net_change_ci")}
+        tab.add_row(label, f"{_pct(a.acc_base, '.1%')} [{_pct(ci['acc_base_ci'][0], '.1%')}, {_pct(ci['acc_base_ci'][1], '.1%')}]",
+                    f"{_pct(a.acc_cand, '.1%')} [{_pct(ci['acc_cand_ci'][0], '.1%')}, {_pct(ci['acc_cand_ci'][1], '.1%')}]",
+                    str(a.b), str(a.c), _pct(a.flip_rate, ".1%"),
+                    f"{_pct(a.net_change, '+.1%')} [{_pct(ci['net_change_ci'][0], '+.1%')}, {_pct(ci['net_change_ci'][1], '+.1%')}]",
+                    "-" if a.mcnemar_p is None else f"{a.mcnemar_p:.3g}")
+    if t.type == "generate":
+        tab.add_row("same output", _pct(t.output_agreement, ".1%"), "", "", "", "", "", "")
+    if t.type == "multiple_choice":
+        tab.add_row("same pick", _pct(t.same_pick, ".1%"), "", "", "", "", "", "")
+    return tab
 
 
 @eval_app.command("suites", cls=InfertoolCommand)

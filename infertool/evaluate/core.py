@@ -1,7 +1,9 @@
-"""`infertool eval`: score a suite with base and candidate on one engine, summarise, judge, write files.
+"""`infertool eval`'s run: score a suite with base and candidate on one engine, summarise, judge, write the
+files (results.json, items.jsonl, the KLD histogram).
 
-``run_eval(EvalSpec) -> dict`` is the core function the CLI calls; it never prints. The returned
-document holds every number (it is what ``--json`` prints and what results.json keeps).
+``run_plan(EvalPlan, RunContext) -> EvalResult`` is ``infertool.evaluate.run``; it never prints (progress and
+logs go to ``ctx.on_event``). The numbers are summarised here as plain dicts (``summarize``, which tune's
+screening shares) and typed once, into the ``EvalResult`` that results.json holds.
 """
 
 from __future__ import annotations
@@ -15,38 +17,20 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from infertool.atomic import jsonable, write_json, write_text
+from infertool.capability import RunContext
+from infertool.data.suites import Suite, generation_correct, load_suite
 from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
-from infertool.data.suites import Suite, generation_correct, load_suite
-from infertool.evaluate.verdict import Gate, judge, thresholds, verdict
-from infertool.atomic import jsonable, write_json, write_text
+from infertool.evaluate.prepare import TOPK, EvalPlan
+from infertool.evaluate.result import (
+    Accept, EvalModel, EvalResult, EvalSettings, Gate, HeldOut, Pooled, SuiteInfo, TaskResult, Timing,
+)
+from infertool.evaluate.verdict import Estimate, judge, thresholds, verdict
 
 RESULTS_FILE = "results.json"
 ITEMS_FILE = "items.jsonl"
 HIST_FILE = "kld_histogram.svg"
-
-
-@dataclass
-class EvalSpec:
-    base: str  # a model directory (hf, vllm) or a served model name (openai)
-    candidate: str
-    suite: str = "builtin-corpus"
-    engine: str = "hf"
-    url: str | None = None
-    candidate_url: str | None = None
-    api_key: str | None = None
-    trust_remote_code: bool = False  # model.trust_remote_code, for the hf engine's loaders
-    seq_len: int = 512
-    batch_size: int = 8
-    max_items: int | None = None
-    accept: dict = field(default_factory=lambda: {"preset": "standard"})
-    out_dir: Path | None = None
-    topk: int = 20
-    base_source: str | None = None  # what the user wrote (e.g. bundled:smollm2-135m)
-    vllm_plans: dict | None = None  # engine vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
-    held_out: dict | None = None  # does the candidate's calibration text overlap this suite (infertool.data.overlap)
-    labels: dict | None = None  # how a person names base and candidate
-    servers: object | None = None  # engine vllm under `run`: the run's shared servers (infertool.serve.pool)
 
 
 def _argmax(xs: list[float]) -> int:
@@ -154,42 +138,34 @@ def pooled(tasks: dict, confidence: float, raw: dict) -> dict:
     return out
 
 
+def estimates(pool: dict, confidence: float) -> dict[str, Estimate]:
+    """Each gate's estimate and interval from the pooled metrics (a gate the suite does not measure: absent)."""
+    z = M.z_for(confidence)
+    out: dict[str, Estimate] = {}
+    tok, items = pool.get("tokens"), pool.get("items")
+    if tok:
+        k, n = tok["kld"], tok["tokens"]
+        out["max_mean_kld"] = Estimate(k["mean"], k["mean"] - z * k["se"], k["mean"] + z * k["se"], n)
+        out["min_top1"] = Estimate(tok["top1_agree"], *tok["top1_agree_ci"], n)
+        out["max_ppl_ratio"] = Estimate(tok["ppl_ratio"], *tok["ppl_ratio_ci"], n)
+    if items:
+        ci = items["net_change_ci"]
+        out["max_acc_drop"] = Estimate(-items["net_change"], -ci[1], -ci[0], items["n"])
+        out["max_flip_rate"] = Estimate(items["flip_rate"], *items["flip_rate_ci"], items["n"])
+    return out
+
+
 def make_gates(pool: dict, accept: dict) -> list[Gate]:
+    """One gate per threshold of eval.accept (infertool.evaluate.verdict.RULES), judged on the pooled metrics."""
     conf = float(accept.get("confidence", 0.95))
-    z = M.z_for(conf)
-    th = thresholds(accept)
-    gates: list[Gate] = []
+    found = estimates(pool, conf)
     tok = pool.get("tokens")
-    items = pool.get("items")
     topk_note = ""
     if tok and tok["kld_kind"] != "full":
         cov = tok.get("topk_covered_mass", {}).get("mean")
         topk_note = f"{tok['kld_kind']} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)" if cov else ""
-    for g, val in th.items():
-        if g == "max_mean_kld":
-            k = tok["kld"] if tok else None
-            gates.append(judge(g, "mean KLD", val, k and k["mean"], k and k["mean"] - z * k["se"], k and k["mean"] + z * k["se"],
-                               upper=True, n=tok["tokens"] if tok else 0, unit="tokens", note=topk_note))
-        elif g == "min_top1":
-            gates.append(judge(g, "same top-1", val, tok and tok["top1_agree"], tok and tok["top1_agree_ci"][0],
-                               tok and tok["top1_agree_ci"][1], upper=False, n=tok["tokens"] if tok else 0, unit="tokens",
-                               proportion_conf=conf))
-        elif g == "max_ppl_ratio":
-            gates.append(judge(g, "PPL ratio", val, tok and tok["ppl_ratio"], tok and tok["ppl_ratio_ci"][0],
-                               tok and tok["ppl_ratio_ci"][1], upper=True, n=tok["tokens"] if tok else 0, unit="tokens",
-                               transform=math.log))
-        elif g == "max_acc_drop":
-            if items:
-                drop = -items["net_change"]
-                lo, hi = -items["net_change_ci"][1], -items["net_change_ci"][0]
-                gates.append(judge(g, "accuracy drop", val, drop, lo, hi, upper=True, n=items["n"], unit="items"))
-            else:
-                gates.append(judge(g, "accuracy drop", val, None, None, None, upper=True, n=0, unit="items"))
-        elif g == "max_flip_rate":
-            gates.append(judge(g, "flip rate", val, items and items["flip_rate"], items and items["flip_rate_ci"][0],
-                               items and items["flip_rate_ci"][1], upper=True, n=items["n"] if items else 0, unit="items",
-                               proportion_conf=conf))
-    return gates
+    return [judge(g, val, found.get(g), confidence=conf, note=topk_note if g == "max_mean_kld" else "")
+            for g, val in thresholds(accept).items()]
 
 
 def summarize(suite: Suite, raw_tasks: dict, accept: dict) -> tuple[dict, list[dict], dict, list[Gate]]:
@@ -276,78 +252,130 @@ def _default_out(suite: str) -> Path:
     return Path("out") / "eval" / f"{suite}-{stamp}"
 
 
-def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> dict:
-    from infertool.envs.runner import InProcessEvents
-
-    events = InProcessEvents(on_event or (lambda e: None))
-    suite = load_suite(spec.suite)
-    requests = [t.request(spec.seq_len, spec.max_items) for t in suite.tasks]
-    out_dir = Path(spec.out_dir) if spec.out_dir else _default_out(suite.name)
+def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
+    """Score the plan's suite with both models, summarise, judge, and write the files into ``ctx.out_dir`` (else
+    the plan's, else out/eval/SUITE-TIMESTAMP)."""
+    if plan.dry_run:
+        raise UsageError("this eval plan is a dry run: it shows what would run",
+                         hint="plan it again without dry_run to run it")
+    suite = load_suite(plan.suite)
+    requests = [t.request(plan.seq_len, plan.max_items) for t in suite.tasks]
+    out_dir = Path(ctx.out_dir or plan.out_dir or _default_out(suite.name))
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    if spec.engine == "hf":
+    raw = _score(plan, requests, ctx, out_dir)
+    wall = time.monotonic() - t0
+    tasks, records, pool, gates = summarize(suite, raw["tasks"], plan.accept)
+    status, reason = verdict(gates)
+    files = _write_details(out_dir, records, pool, plan.engine)
+    models = raw.get("models") or {}
+    result = EvalResult(
+        ok=status == "PASS", verdict=status, reason=reason,
+        suite=SuiteInfo(suite.name, str(suite.path), suite.description), engine=plan.engine,
+        base=EvalModel(plan.base, plan.base_source, plan.labels.get("base"), extra=jsonable(models.get("base") or {})),
+        candidate=EvalModel(plan.candidate, None, plan.labels.get("candidate"),
+                            extra=jsonable(models.get("candidate") or {})),
+        held_out=plan.held_out,
+        settings=EvalSettings(plan.seq_len, plan.batch_size, plan.max_items, raw.get("topk"),
+                              Accept.from_dict(plan.accept), thresholds(plan.accept)),
+        gates=[Gate.from_dict(jsonable(g)) for g in gates],
+        pooled=Pooled.from_dict(jsonable(pool)),
+        tasks={name: TaskResult.from_dict(jsonable(t)) for name, t in tasks.items()},
+        timing=Timing(wall_s=wall, per_task=jsonable(raw.get("timing", {})), **_throughput(raw.get("timing", {}))),
+        versions={"python": sys.version.split()[0], **(raw.get("versions") or {})},
+        notes=_notes(plan, raw, tasks), run_dir=str(out_dir), files=files,
+    )
+    write_json(out_dir / RESULTS_FILE, result)
+    return result
+
+
+def _score(plan: EvalPlan, requests: list[dict], ctx: RunContext, out_dir: Path) -> dict:
+    """The engine's raw numbers for both models (infertool.evaluate.hf_engine / server_engine)."""
+    from infertool.envs.runner import InProcessEvents
+
+    if plan.engine == "hf":
         from infertool.envs.runner import run_task
 
-        run = run_task("eval.hf", {"base": spec.base, "candidate": spec.candidate, "tasks": requests,
-                                    "batch_size": spec.batch_size, "trust_remote_code": spec.trust_remote_code},
-                        on_event=on_event, log_dir=out_dir / "logs")
-        raw = run.result
-        raw["where"] = run.where
-    elif spec.engine == "vllm":
+        run = run_task("eval.hf", {"base": plan.base, "candidate": plan.candidate, "tasks": requests,
+                                    "batch_size": plan.batch_size, "trust_remote_code": plan.trust_remote_code},
+                       on_event=ctx.on_event, log_dir=out_dir / "logs")
+        return {**run.result, "where": run.where}
+    events = InProcessEvents(ctx.on_event or (lambda e: None))
+    if plan.engine == "vllm":
         from infertool.evaluate.server_engine import compare_vllm
 
-        if not spec.vllm_plans:
+        if not plan.launches:
             raise UsageError("the vllm engine needs launch plans for both models (infertool.serve.prepare)")
-        raw = compare_vllm(spec.vllm_plans, requests, k=spec.topk, workers=spec.batch_size, events=events,
-                           log_dir=out_dir / "logs", pool=spec.servers)
-    else:
-        from infertool.evaluate.server_engine import compare_openai
+        return compare_vllm(plan.launches, requests, k=plan.topk, workers=plan.batch_size, events=events,
+                            log_dir=out_dir / "logs", pool=ctx.servers)
+    from infertool.evaluate.server_engine import Client, compare_openai
 
-        raw = compare_openai(spec.url or "", spec.base, spec.candidate, requests, k=spec.topk, workers=spec.batch_size,
-                             events=events, api_key=spec.api_key, candidate_url=spec.candidate_url)
-    wall = time.monotonic() - t0
-    tasks, records, pool, gates = summarize(suite, raw["tasks"], spec.accept)
-    status, reason = verdict(gates)
+    base = Client(plan.url or "", plan.base, api_key=plan.api_key)
+    cand = Client(plan.candidate_url or plan.url or "", plan.candidate, api_key=plan.api_key)
+    return compare_openai(base, cand, requests, k=plan.topk, workers=plan.batch_size, events=events)
+
+
+def _write_details(out_dir: Path, records: list[dict], pool: dict, engine: str) -> dict[str, str]:
+    """items.jsonl (one line per scored item) and the KLD histogram; the paths, results.json's among them."""
     files = {"results": str(out_dir / RESULTS_FILE), "items": str(out_dir / ITEMS_FILE)}
     write_text(out_dir / ITEMS_FILE, "".join(json.dumps(r, sort_keys=True, ensure_ascii=False, default=str) + "\n"
                                              for r in jsonable(records)))
-    if "tokens" in pool:
-        kind = pool["tokens"]["kld_kind"]
+    tok = pool.get("tokens")
+    if tok:
         files["kld_histogram"] = str(write_kld_histogram_svg(
-            pool["tokens"]["kld_histogram"], out_dir / HIST_FILE,
-            f"KLD(base || candidate) per token, {kind}, {pool['tokens']['tokens']:,} tokens, {spec.engine} engine"))
+            tok["kld_histogram"], out_dir / HIST_FILE,
+            f"KLD(base || candidate) per token, {tok['kld_kind']}, {tok['tokens']:,} tokens, {engine} engine"))
+    return files
+
+
+def _notes(plan: EvalPlan, raw: dict, tasks: dict) -> list[str]:
     notes = []
     if raw.get("topk"):
-        notes.append(f"{spec.engine} engine: KL divergence is computed from the top-{raw['topk']} log-probabilities a "
+        notes.append(f"{plan.engine} engine: KL divergence is computed from the top-{raw['topk']} log-probabilities a "
                      "server returns (a lower bound of the full KLD); topk_covered_mass says how much probability it covers")
-    held = spec.held_out or {}
-    if held.get("overlap") and held["overlap"].get("shared_ngrams"):
+    held = plan.held_out
+    if held is not None and held.failed:
         notes.append(f"HELD-OUT CHECK FAILED: the candidate's calibration text overlaps this suite ("
-                     f"{held['overlap']['share']:.1%} of its word 13-grams): its figures may look better than they are")
+                     f"{held.share or 0:.1%} of its word 13-grams): its figures may look better than they are")
     if any(t["type"] == "perplexity" for t in tasks.values()):
         notes.append("perplexity: GPTQ-paper protocol (non-overlapping windows of seq_len tokens, the first token of "
                      "each window unscored); not comparable with lm-eval's word_perplexity")
-    doc = {
-        "ok": status == "PASS",
-        "verdict": status,
-        "reason": reason,
-        "suite": {"name": suite.name, "path": str(suite.path), "description": suite.description},
-        "engine": spec.engine,
-        "base": {"model": spec.base, "source": spec.base_source, "label": (spec.labels or {}).get("base"),
-                 **(raw.get("models", {}).get("base") or {})},
-        "candidate": {"model": spec.candidate, "label": (spec.labels or {}).get("candidate"),
-                      **(raw.get("models", {}).get("candidate") or {})},
-        "held_out": spec.held_out,
-        "settings": {"seq_len": spec.seq_len, "batch_size": spec.batch_size, "max_items": spec.max_items,
-                     "topk": raw.get("topk"), "accept": spec.accept, "thresholds": thresholds(spec.accept)},
-        "gates": [g.to_dict() for g in gates],
-        "pooled": pool,
-        "tasks": tasks,
-        "timing": {"wall_s": wall, "per_task": raw.get("timing", {}), **_throughput(raw.get("timing", {}))},
-        "versions": {"python": sys.version.split()[0], **(raw.get("versions") or {})},
-        "notes": notes,
-        "run_dir": str(out_dir),
-        "files": files,
-    }
-    write_json(out_dir / RESULTS_FILE, doc)
-    return jsonable(doc)
+    return notes
+
+
+# ------------------------------------------------------------------------------------------- old entry point
+# pipeline.py's eval stage builds an EvalSpec until it becomes evaluate.run(evaluate.plan(res, EvalOptions()), ctx).
+@dataclass
+class EvalSpec:
+    base: str  # a model directory (hf, vllm) or a served model name (openai)
+    candidate: str
+    suite: str = "builtin-corpus"
+    engine: str = "hf"
+    url: str | None = None
+    candidate_url: str | None = None
+    api_key: str | None = None
+    trust_remote_code: bool = False  # model.trust_remote_code, for the hf engine's loaders
+    seq_len: int = 512
+    batch_size: int = 8
+    max_items: int | None = None
+    accept: dict = field(default_factory=lambda: {"preset": "standard"})
+    out_dir: Path | None = None
+    topk: int = TOPK
+    base_source: str | None = None  # what the user wrote (e.g. bundled:smollm2-135m)
+    vllm_plans: dict | None = None  # engine vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
+    held_out: dict | None = None  # does the candidate's calibration text overlap this suite (infertool.data.overlap)
+    labels: dict | None = None  # how a person names base and candidate
+    servers: object | None = None  # engine vllm under `run`: the run's shared servers (infertool.serve.pool)
+
+    def to_plan(self) -> EvalPlan:
+        return EvalPlan(self.engine, self.suite, self.base, self.candidate, labels=dict(self.labels or {}),
+                        base_source=self.base_source, url=self.url, candidate_url=self.candidate_url,
+                        api_key=self.api_key, trust_remote_code=self.trust_remote_code, seq_len=self.seq_len,
+                        batch_size=self.batch_size, max_items=self.max_items, topk=self.topk, accept=self.accept,
+                        launches=self.vllm_plans, held_out=HeldOut.from_dict(self.held_out) if self.held_out else None,
+                        out_dir=self.out_dir)
+
+
+def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> dict:
+    """results.json's document of ``spec``'s eval (``run_plan``)."""
+    return jsonable(run_plan(spec.to_plan(), RunContext(out_dir=spec.out_dir, on_event=on_event, servers=spec.servers)))

@@ -1,13 +1,251 @@
-"""What an eval compares, decided from the recipe's resolution (the command and `run` share it): the two
-models as the engine needs them, the vLLM launches of the vllm engine (the recipe's serve settings: what you
-serve is what you test), and whether the candidate's calibration text overlaps the suite (held out or not).
+"""What an eval compares, decided in ONE place: ``plan(res, EvalOptions) -> EvalPlan`` (infertool.capability).
+
+The command (`infertool eval`), `run`'s eval stage and a dry run all go through it:
+
+- the eval section: the recipe's, with what the caller asks on top (``EvalOptions``: --suite, --engine,
+  --url, --max-items, --preset), validated by the recipe's own rules;
+- the two models: for the hf and vllm engines, the resolution's base and candidate (``--base`` /
+  ``--candidate`` / eval.base / eval.candidate are ``resolve.Overrides``: the one resolution, never a
+  ModelRef patched afterwards); for the openai engine, served model NAMES on a running server;
+- the vLLM launches of the vllm engine (the recipe's serve settings: what you serve is what you test);
+- whether the candidate's calibration text overlaps the suite (held out or not);
+- the API key of the openai engine: only to URLs the user gave (infertool.trust.key_for).
+
+A dry-run plan (``EvalOptions(dry_run=True)``) needs neither the models nor the serve environment; a plan to run
+converts a bundled/GGUF base into the cache (once) and checks the candidate is there.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infertool.errors import UsageError
+from infertool.evaluate.result import HeldOut
+
+TOPK = 20  # the server engines' top-K prompt log-probabilities (the KLD is computed from them)
+VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (ModelConfig.max_logprobs, vllm 0.32)
+
+
+@dataclass(frozen=True)
+class EvalOptions:
+    """What a command line or a stage asks of an eval beyond the recipe (None: the recipe's eval section).
+
+    - ``base`` / ``candidate``: for the hf and vllm engines, the original model (a directory, a .gguf,
+      bundled:NAME) and the quantized model directory instead of model.source / quantize.output;
+    - ``base_name`` / ``candidate_name``: for the openai engine, the served model names (as /v1/models lists
+      them) instead of eval.base / eval.candidate;
+    - ``url`` / ``candidate_url``: the openai engine's server(s);
+    - ``key_urls``: the URLs the user gave (the command line's --url, --candidate-url, --set eval.url=...): the
+      only ones serve.api_key_env's key may go to, besides those INFERTOOL_KEY_URLS allows;
+    - ``out_dir``: where results.json, items.jsonl and the histogram go (default: out/eval/SUITE-TIMESTAMP);
+    - ``allow_inconclusive``: INCONCLUSIVE is accepted (as eval.accept.allow_inconclusive says);
+    - ``dry_run``: a plan to show, not to run (no model is converted or checked, no port is taken).
+    """
+
+    suite: str | None = None
+    engine: str | None = None
+    url: str | None = None
+    candidate_url: str | None = None
+    base: str | None = None
+    candidate: str | None = None
+    base_name: str | None = None
+    candidate_name: str | None = None
+    max_items: int | None = None
+    preset: str | None = None
+    out_dir: Path | None = None
+    allow_inconclusive: bool = False
+    dry_run: bool = False
+    key_urls: tuple[str, ...] = ()
+
+
+@dataclass
+class EvalPlan:
+    """Everything an eval's run needs; ``to_dict()`` is its dry run (never the API key).
+
+    ``base`` / ``candidate`` are what the engine is given: model directories (hf, vllm) or served model names
+    (openai); ``base_ref`` / ``candidate_ref`` are the resolution's models behind them (hf, vllm).
+    """
+
+    engine: str  # hf | vllm | openai
+    suite: str
+    base: str
+    candidate: str
+    labels: dict[str, str | None] = field(default_factory=dict)  # how a person names base and candidate
+    base_source: str | None = None  # what the user wrote for the base (e.g. bundled:smollm2-135m)
+    base_ref: Any = None  # infertool.resolve.ModelRef (hf, vllm)
+    candidate_ref: Any = None
+    url: str | None = None
+    candidate_url: str | None = None
+    seq_len: int = 512
+    batch_size: int = 8
+    max_items: int | None = None
+    topk: int = TOPK
+    accept: dict = field(default_factory=lambda: {"preset": "standard"})  # eval.accept (recipe.AcceptSpec)
+    launches: dict | None = None  # vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
+    held_out: HeldOut | None = None
+    trust_remote_code: bool = False  # model.trust_remote_code, for the hf engine's loaders
+    out_dir: Path | None = None
+    allow_inconclusive: bool = False
+    dry_run: bool = False
+    notes: list[str] = field(default_factory=list)  # the resolution's (a model not made yet, a fallback)
+    resolution: Any = field(default=None, repr=False)
+    api_key: str | None = field(default=None, repr=False)
+
+    def model(self, role: str) -> dict:
+        return {"model": self.base if role == "base" else self.candidate, "label": self.labels.get(role)}
+
+    def to_dict(self) -> dict:
+        from infertool.evaluate.verdict import thresholds
+
+        return {
+            "dry_run": self.dry_run, "engine": self.engine, "suite": self.suite,
+            "base": {**self.model("base"), "source": self.base_source}, "candidate": self.model("candidate"),
+            "url": self.url, "candidate_url": self.candidate_url, "sends_api_key": self.api_key is not None,
+            "settings": {"seq_len": self.seq_len, "batch_size": self.batch_size, "max_items": self.max_items,
+                         "topk": self.topk if self.engine != "hf" else None, "accept": self.accept,
+                         "thresholds": thresholds(self.accept)},
+            "allow_inconclusive": self.allow_inconclusive, "out_dir": str(self.out_dir) if self.out_dir else None,
+            "held_out": self.held_out.to_dict() if self.held_out else None, "notes": list(self.notes),
+            "resolution": self.resolution.to_dict() if self.resolution is not None else None,
+            "launches": {k: p.to_dict() for k, p in (self.launches or {}).items()},
+        }
+
+
+# ------------------------------------------------------------------------------------------- the plan
+def make_plan(res, options: EvalOptions) -> EvalPlan:
+    """The eval of ``res`` (infertool.resolve.Resolution) as ``options`` ask: see the module docstring."""
+    from infertool.data.suites import load_suite
+
+    ev = eval_section(res.recipe, options)
+    load_suite(ev.suite)  # an unknown suite fails here, a dry run too ("did you mean ...")
+    common = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
+                  accept=ev.accept.model_dump(), out_dir=options.out_dir, dry_run=options.dry_run,
+                  allow_inconclusive=options.allow_inconclusive or ev.accept.allow_inconclusive)
+    if ev.engine == "openai":
+        base, cand = served_names(options.base_name or ev.base, options.candidate_name or ev.candidate)
+        key = None if options.dry_run else api_key(res.recipe, ev.url, options)
+        return EvalPlan("openai", base=base, candidate=cand, labels={"base": base, "candidate": cand}, base_source=base,
+                        url=ev.url, candidate_url=options.candidate_url, api_key=key, notes=list(res.notes),
+                        resolution=res, **common)
+    res = eval_resolution(res, ev, options)
+    base, cand = compared_models(res, dry_run=options.dry_run)
+    launches = vllm_launches(res, ev.seq_len, dry_run=options.dry_run) if ev.engine == "vllm" else None
+    given = options.base or options.candidate or ev.base or ev.candidate
+    held = None if (given or options.dry_run) else held_out_check(res, ev.suite)
+    trust = bool(res.recipe.model.trust_remote_code) if ev.engine == "hf" else False
+    if trust and not options.dry_run:  # the vllm engine's launches say it themselves (infertool.serve.prepare)
+        from infertool.trust import announce_remote_code
+
+        announce_remote_code(res.recipe.model.source, trust)
+    return EvalPlan(ev.engine, base=base.path or base.source, candidate=cand.path,
+                    labels={"base": base.label, "candidate": cand.label}, base_source=base.source, base_ref=base,
+                    candidate_ref=cand, launches=launches, held_out=HeldOut.from_dict(held) if held else None,
+                    trust_remote_code=trust, notes=list(res.notes), resolution=res, **common)
+
+
+def served_names(base: str | None, candidate: str | None) -> tuple[str, str]:
+    """The openai engine's two models: names on a running server, both needed."""
+    if not base or not candidate:
+        raise UsageError("engine openai needs the served model names of both models",
+                         hint="pass --base NAME --candidate NAME (as /v1/models lists them), or set eval.base and eval.candidate")
+    return base, candidate
+
+
+def eval_section(recipe, options: EvalOptions):
+    """The recipe's eval section with the options' suite, engine, url, max_items and preset on top, checked
+    by the recipe's own rules (an openai engine needs a url, a known preset, ...)."""
+    from pydantic import ValidationError
+
+    from infertool.recipe import EvalSection
+
+    ev = recipe.eval or EvalSection()
+    changes: dict[str, Any] = {k: v for k, v in (("suite", options.suite), ("engine", options.engine),
+                                                 ("url", options.url), ("max_items", options.max_items)) if v is not None}
+    if options.preset is not None:
+        changes["accept"] = {**ev.accept.model_dump(), "preset": options.preset}
+    if not changes:
+        return ev
+    try:
+        return EvalSection.model_validate({**ev.model_dump(), **changes})
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = [str(p) for p in first.get("loc") or ()] + [str(f) for f in [(first.get("ctx") or {}).get("field")] if f]
+        where = ".".join(["eval", *loc])
+        flag = {"eval.suite": "--suite", "eval.engine": "--engine", "eval.url": "--url", "eval.max_items": "--max-items",
+                "eval.accept.preset": "--preset"}.get(where)
+        raise UsageError(f"{where}: {first.get('msg')}", hint=(f"check {flag} (or {where} in the recipe); " if flag else "")
+                         + "`infertool eval run --help` lists the options and their values") from None
+
+
+def engine_of(recipe, options: EvalOptions) -> str:
+    return options.engine or (recipe.eval.engine if recipe.eval is not None else "hf")
+
+
+def overrides(recipe, options: EvalOptions):
+    """The models an eval names besides the recipe's (``options`` first, then eval.base / eval.candidate), as
+    inputs of ``resolve()``; none for the openai engine, whose models are names on a server."""
+    from infertool.resolve import Overrides
+
+    if engine_of(recipe, options) == "openai":
+        return Overrides()
+    ev = recipe.eval
+    return Overrides(base=options.base or (ev.base if ev else None),
+                     candidate=options.candidate or (ev.candidate if ev else None))
+
+
+def eval_resolution(res, ev, options: EvalOptions):
+    """``res`` when it resolved the models the eval names (``overrides``), else the recipe resolved again with
+    them (a candidate the caller resolved, such as `run`'s quantize entry, is kept when none is named). A plan
+    to run also has a named base converted into the cache (a bundled or GGUF source)."""
+    from infertool.resolve import Overrides, resolve
+
+    base, cand = options.base or ev.base, options.candidate or ev.candidate
+    named = (base and res.base.source != base) or (cand and (res.candidate is None or res.candidate.source != str(cand)))
+    if not named and not (base and not res.base.exists and not options.dry_run):
+        return res
+    keep = res.candidate if not cand else None
+    keep_path = keep.path if keep is not None and keep.exists and not keep.load_quantization else None
+    return resolve(res.recipe, Overrides(base=base, candidate=cand), candidate_path=keep_path,
+                   materialize=bool(base) and not options.dry_run)
+
+
+def compared_models(res, *, dry_run: bool = False):
+    """(base, candidate): the resolution's models, checked: a candidate exists (unless a dry run) and is one
+    vLLM can serve; a base infertool converts (bundled, GGUF) is converted when the plan is to run."""
+    cand = res.candidate
+    if cand is None:
+        raise UsageError("no candidate model: the recipe has no quantize section and no eval.candidate",
+                         hint="pass --candidate DIR (a quantized copy of the model), or add a quantize section "
+                         "and run `infertool quantize RECIPE`")
+    if cand.load_quantization:
+        from infertool.resolve import BNB_UNSERVABLE
+
+        raise UsageError(BNB_UNSERVABLE + ": infertool evaluates what it can serve",
+                         hint="quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit) instead")
+    if dry_run:
+        return res.base, cand
+    if not (Path(cand.path) / "config.json").is_file():
+        raise UsageError(f"candidate model not found: {cand.path} is not a model directory (no config.json)",
+                         hint="run `infertool quantize RECIPE` first, or pass --candidate DIR")
+    return res.ensure(res.base), cand
+
+
+def vllm_launches(res, seq_len: int, *, dry_run: bool = False, topk: int = TOPK) -> dict:
+    """The two launches the vllm engine makes: the recipe's effective serve settings for each model (what
+    you serve is what you test), plus --max-logprobs for the prompt log-probabilities when ``topk`` is more
+    than vLLM's default (then `run`'s serve check and bench, which serve without it, share these servers)."""
+    from infertool.serve import prepare as prepare_launch
+
+    serve = res.serve_section
+    if serve.max_model_len and serve.max_model_len < seq_len + 1:
+        raise UsageError(f"serve.max_model_len {serve.max_model_len} is shorter than eval.seq_len {seq_len}: the model as "
+                         "served cannot score these windows", hint=f"lower eval.seq_len or raise serve.max_model_len to {seq_len + 1}")
+    extra = ("--max-logprobs", str(topk)) if topk > VLLM_MAX_LOGPROBS else ()
+    return {role: prepare_launch(res, model=model, purpose=f"eval ({role})", extra_args=extra, dry_run=dry_run,
+                                 port=None if dry_run else _free(), check_port=False)
+            for role, model in (("candidate", res.candidate), ("base", res.base))}
 
 
 def held_out_check(res, suite_name: str) -> dict | None:
@@ -18,7 +256,7 @@ def held_out_check(res, suite_name: str) -> dict | None:
     from infertool.data.suites import load_suite
     from infertool.resolve import candidate_manifest
 
-    if res.candidate is None or res.candidate.load_quantization:
+    if res.candidate is None or res.candidate.load_quantization or res.recipe.quantize is None:
         return None
     cal = ((candidate_manifest(res.candidate) or {}).get("calibration") or {})
     q = res.recipe.quantize
@@ -33,76 +271,45 @@ def held_out_check(res, suite_name: str) -> dict | None:
             "corpus_part": cal.get("corpus_part")}
 
 
-def eval_models(res, ev, base: str | None, candidate: str | None, engine: str, *, dry_run: bool = False):
-    """(base, candidate, base source, labels) as the engine needs them: model directories
-    (hf, vllm) or served model names (openai). Models come from the recipe's resolution unless given."""
-    if engine == "openai":
-        base = base or ev.base
-        candidate = candidate or ev.candidate
-        if not base or not candidate:
-            raise UsageError("engine openai needs the served model names of both models",
-                              hint="pass --base NAME --candidate NAME (as /v1/models lists them), or set eval.base and eval.candidate")
-        return base, candidate, base, {"base": base, "candidate": candidate}
-    from infertool.models.sources import resolve_model
+def api_key(recipe, url: str | None, options: EvalOptions) -> str | None:
+    """serve.api_key_env's key for the openai engine's server(s): sent only when every one of them is a URL
+    the user gave (``options.key_urls``) or INFERTOOL_KEY_URLS allows; a key withheld is said once."""
+    if recipe.serve is None or not recipe.serve.api_key_env:
+        return None
+    from infertool.trust import key_for
 
-    if base or ev.base:
-        b_path = str(resolve_model(base or ev.base, dtype=res.recipe.model.dtype).path)
-        b_label = base or ev.base
-    else:
-        if not dry_run:
-            res.ensure(res.base)
-        b_path, b_label = res.base.path or res.base.source, res.base.label
-    if candidate or ev.candidate:
-        cpath = Path(candidate or ev.candidate).expanduser()
-        c_label = str(candidate or ev.candidate)
-    else:
-        cref = res.candidate
-        if cref is None:
-            raise UsageError("no candidate model: the recipe has no quantize section and no eval.candidate",
-                              hint="pass --candidate DIR (a quantized copy of the model), or add a quantize section "
-                              "and run `infertool quantize RECIPE`")
-        if cref.load_quantization:
-            from infertool.resolve import BNB_UNSERVABLE
-
-            raise UsageError(BNB_UNSERVABLE + ": infertool evaluates what it can serve",
-                             hint="quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit) instead")
-        cpath, c_label = Path(cref.path), cref.label
-    if not dry_run and not (cpath / "config.json").is_file():
-        raise UsageError(f"candidate model not found: {cpath} is not a model directory (no config.json)",
-                          hint="run `infertool quantize RECIPE` first, or pass --candidate DIR")
-    return b_path, str(cpath.absolute()), res.base.source, {"base": b_label, "candidate": c_label}
-
-
-VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (ModelConfig.max_logprobs, vllm 0.32)
-
-
-def vllm_plans(res, ev, base_path: str, cand_path: str, *, dry_run: bool = False, topk: int = 20) -> dict:
-    """The two launches the vllm engine makes: the recipe's effective serve settings for each model (what
-    you serve is what you test), plus --max-logprobs for the prompt log-probabilities when ``topk`` is more
-    than vLLM's default (then `run`'s serve check and bench, which serve without it, share these servers)."""
-    from dataclasses import replace
-
-    from infertool.serve import prepare
-
-    serve = res.serve_section
-    if serve.max_model_len and serve.max_model_len < ev.seq_len + 1:
-        raise UsageError(f"serve.max_model_len {serve.max_model_len} is shorter than eval.seq_len {ev.seq_len}: the model as "
-                          "served cannot score these windows", hint=f"lower eval.seq_len or raise serve.max_model_len to {ev.seq_len + 1}")
-    base_ref = res.base if base_path == res.base.path else replace(res.base, path=base_path, exists=True, label=base_path)
-    cand_ref = res.candidate if (res.candidate and cand_path == res.candidate.path) else None
-    if cand_ref is None or cand_ref.load_quantization:
-        from infertool.resolve import ModelRef
-
-        cand_ref = cand_ref or ModelRef("candidate", cand_path, cand_path, Path(cand_path, "config.json").is_file(),
-                                        cand_path, {"method": "given"}, name=Path(cand_path).name)
-    extra = ("--max-logprobs", str(topk)) if topk > VLLM_MAX_LOGPROBS else ()
-    return {"candidate": prepare(res, model=cand_ref, purpose="eval (candidate)", extra_args=extra, dry_run=dry_run,
-                                 port=None if dry_run else _free(), check_port=False),
-            "base": prepare(res, model=base_ref, purpose="eval (base)", extra_args=extra, dry_run=dry_run,
-                            port=None if dry_run else _free(), check_port=False)}
+    key = None
+    for target in dict.fromkeys(u for u in (url, options.candidate_url) if u):
+        key = key_for(target, recipe.serve.api_key_env, user_urls=list(options.key_urls))
+        if key is None:
+            break
+    return key
 
 
 def _free() -> int:
     from infertool.procs import free_port
 
     return free_port()
+
+
+# ------------------------------------------------------------------------------------------- old entry points
+# pipeline.py's eval stage calls these until it becomes evaluate.run(evaluate.plan(res, EvalOptions()), ctx).
+def eval_models(res, ev, base: str | None, candidate: str | None, engine: str, *, dry_run: bool = False):
+    """(base, candidate, base source, labels) as the engine needs them (``EvalPlan``'s fields)."""
+    if engine == "openai":
+        b, c = served_names(base or ev.base, candidate or ev.candidate)
+        return b, c, b, {"base": b, "candidate": c}
+    res = eval_resolution(res, ev, EvalOptions(base=base, candidate=candidate, dry_run=dry_run))
+    b, c = compared_models(res, dry_run=dry_run)
+    return b.path or b.source, c.path, b.source, {"base": b.label, "candidate": c.label}
+
+
+def vllm_plans(res, ev, base_path: str, cand_path: str, *, dry_run: bool = False, topk: int = TOPK) -> dict:
+    """The vllm engine's launches of the models at these paths (``vllm_launches``)."""
+    from infertool.resolve import Overrides, resolve
+
+    same_base = base_path in (res.base.path, res.base.source)
+    same_cand = res.candidate is not None and cand_path == res.candidate.path
+    if not (same_base and same_cand):
+        res = resolve(res.recipe, Overrides(base=None if same_base else base_path, candidate=None if same_cand else cand_path))
+    return vllm_launches(res, ev.seq_len, dry_run=dry_run, topk=topk)

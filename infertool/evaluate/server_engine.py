@@ -256,15 +256,12 @@ def _timing(raw_b: dict, raw_c: dict) -> dict:
                     "wall_s": sb["seconds"] + sc["seconds"]}}
 
 
-def compare_openai(url: str, base: str, candidate: str, tasks: list[dict], *, k: int, workers: int, events,
-                   api_key: str | None = None, candidate_url: str | None = None) -> dict:
-    """Both models on already running OpenAI-compatible server(s)."""
-    cb = Client(url, base, api_key=api_key)
-    cc = Client(candidate_url or url, candidate, api_key=api_key)
+def compare_openai(cb: Client, cc: Client, tasks: list[dict], *, k: int, workers: int, events) -> dict:
+    """Both models on already running OpenAI-compatible server(s): ``cb`` names the base, ``cc`` the candidate."""
     raw_b = collect(cb, tasks, k=k, workers=workers, events=events, label="base")
     raw_c = collect(cc, tasks, k=k, workers=workers, events=events, label="candidate")
     return {"engine": "openai", "tasks": combine(raw_b, raw_c, k), "timing": _timing(raw_b, raw_c),
-            "models": {"base": {"name": base, "url": cb.base_url}, "candidate": {"name": candidate, "url": cc.base_url}},
+            "models": {"base": {"name": cb.model, "url": cb.base_url}, "candidate": {"name": cc.model, "url": cc.base_url}},
             "topk": k}
 
 

@@ -14,7 +14,9 @@ Gates whose metric the suite does not produce (no perplexity task -> no KLD) are
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+
+from infertool.records import Record
 
 # Preset thresholds. The KLD/top-1/PPL numbers sit around llama.cpp's reference points for a good
 # 4-bit quantization of an 8B model (q4_K_M: KLD 0.031, same top-1 91.9 %, PPL ratio 1.028) and a
@@ -24,20 +26,23 @@ PRESETS: dict[str, dict[str, float]] = {
     "standard": {"max_mean_kld": 0.05, "min_top1": 0.90, "max_ppl_ratio": 1.05, "max_acc_drop": 0.02, "max_flip_rate": 0.10},
     "lenient": {"max_mean_kld": 0.15, "min_top1": 0.80, "max_ppl_ratio": 1.15, "max_acc_drop": 0.05, "max_flip_rate": 0.20},
 }
-GATES = ("max_mean_kld", "min_top1", "max_ppl_ratio", "max_acc_drop", "max_flip_rate")
 
 
 def thresholds(accept: dict) -> dict[str, float]:
     """The preset's gates, each overridden by an explicit value in ``eval.accept``."""
     out = dict(PRESETS.get(accept.get("preset") or "", {}))
-    for g in GATES:
+    for g in RULES:
         if accept.get(g) is not None:
             out[g] = float(accept[g])
     return out
 
 
 @dataclass
-class Gate:
+class Gate(Record):
+    """One acceptance gate as judged: its estimate, the interval around it at the eval's confidence, the
+    threshold, and (when INCONCLUSIVE) the sample size that would decide it. A typed result: results.json's
+    ``gates`` read back with ``Gate.from_dict``, read by attribute in report, decision and tune."""
+
     name: str
     metric: str
     threshold: float
@@ -50,44 +55,76 @@ class Gate:
     n_needed: int | None = None
     note: str = ""
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    @property
+    def measured(self) -> bool:
+        return self.status != "n/a"
 
 
-def _n_needed(n: int, half: float, gap: float) -> int | None:
+@dataclass(frozen=True)
+class Rule:
+    """How a gate reads its estimate: the metric's name, which side of the threshold is good (``upper``: the
+    metric must stay at or below it), the unit of its sample, and the interval's shape ("normal"; "log": a
+    ratio, symmetric in log; "wilson": a proportion, whose N needed is searched)."""
+
+    metric: str
+    upper: bool
+    unit: str
+    interval: str = "normal"
+
+
+RULES: dict[str, Rule] = {
+    "max_mean_kld": Rule("mean KLD", True, "tokens"),
+    "min_top1": Rule("same top-1", False, "tokens", "wilson"),
+    "max_ppl_ratio": Rule("PPL ratio", True, "tokens", "log"),
+    "max_acc_drop": Rule("accuracy drop", True, "items"),
+    "max_flip_rate": Rule("flip rate", True, "items", "wilson"),
+}
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A measured figure, its interval at the eval's confidence, and the sample it came from (n tokens or items)."""
+
+    value: float | None
+    lo: float | None
+    hi: float | None
+    n: int = 0
+
+
+def judge(name: str, threshold: float, est: Estimate | None, *, confidence: float = 0.95, note: str = "") -> Gate:
+    """The gate ``name`` (a key of RULES) for the estimate ``est`` (None: the suite does not measure it)."""
+    rule = RULES[name]
+    value, lo, hi, n = (est.value, est.lo, est.hi, est.n) if est is not None else (None, None, None, 0)
+    gate = Gate(name, rule.metric, threshold, value, lo, hi, "n/a", n, rule.unit, note=note)
+    if value is None or n == 0:
+        gate.note = note or "not measured by this suite"
+        return gate
+    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (value, lo, hi)):
+        # measured, but not a finite figure: never skipped as "not measured"
+        beyond = value == (math.inf if rule.upper else -math.inf)
+        why = f"the measured {rule.metric} is {value}" + (f" (interval {lo}..{hi})" if not beyond else "")
+        gate.status, gate.note = "FAIL" if beyond else "INCONCLUSIVE", "; ".join(x for x in (note, why) if x)
+        return gate
+    if rule.upper:
+        gate.status = "PASS" if hi <= threshold else "FAIL" if lo > threshold else "INCONCLUSIVE"
+    else:
+        gate.status = "PASS" if lo >= threshold else "FAIL" if hi < threshold else "INCONCLUSIVE"
+    if gate.status == "INCONCLUSIVE":
+        gate.n_needed = _n_needed(rule, threshold, value, lo, hi, n, confidence)
+    return gate
+
+
+def _n_needed(rule: Rule, threshold: float, value: float, lo: float, hi: float, n: int, confidence: float) -> int | None:
+    """The sample that would decide an undecided gate if the estimate stayed where it is."""
+    if rule.interval == "wilson":
+        from infertool.evaluate.metrics import wilson_n_needed
+
+        return wilson_n_needed(value, threshold, upper=rule.upper, confidence=confidence)
+    f = math.log if rule.interval == "log" else (lambda v: v)
+    half, gap = (f(hi) - f(lo)) / 2.0, abs(f(value) - f(threshold))
     if gap <= 0 or not math.isfinite(half) or n <= 0:
         return None
     return int(math.ceil(n * (half / gap) ** 2 - 1e-9))
-
-
-def judge(name: str, metric: str, threshold: float, estimate: float | None, lo: float | None, hi: float | None,
-          *, upper: bool, n: int, unit: str, note: str = "", transform=None, proportion_conf: float | None = None) -> Gate:
-    """One gate. ``upper``: the metric must stay at or below the threshold (else at or above).
-    ``transform`` maps values to the scale where the interval is symmetric (log for a ratio);
-    ``proportion_conf``: the interval is a Wilson interval at this confidence (N needed is searched)."""
-    if estimate is None or n == 0:
-        return Gate(name, metric, threshold, estimate, lo, hi, "n/a", n, unit, note=note or "not measured by this suite")
-    if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (estimate, lo, hi)):
-        # measured, but not a finite figure: never skipped as "not measured"
-        beyond = isinstance(estimate, (int, float)) and estimate == (math.inf if upper else -math.inf)
-        why = f"the measured {metric} is {estimate}" + (f" (interval {lo}..{hi})" if not beyond else "")
-        return Gate(name, metric, threshold, estimate, lo, hi, "FAIL" if beyond else "INCONCLUSIVE", n, unit,
-                    note="; ".join(x for x in (note, why) if x))
-    if upper:
-        status = "PASS" if hi <= threshold else "FAIL" if lo > threshold else "INCONCLUSIVE"
-    else:
-        status = "PASS" if lo >= threshold else "FAIL" if hi < threshold else "INCONCLUSIVE"
-    need = None
-    if status == "INCONCLUSIVE":
-        if proportion_conf is not None:
-            from infertool.evaluate.metrics import wilson_n_needed
-
-            need = wilson_n_needed(estimate, threshold, upper=upper, confidence=proportion_conf)
-        else:
-            f = transform or (lambda v: v)
-            half = (f(hi) - f(lo)) / 2.0
-            need = _n_needed(n, half, abs(f(estimate) - f(threshold)))
-    return Gate(name, metric, threshold, estimate, lo, hi, status, n, unit, need, note)
 
 
 def verdict(gates: list[Gate]) -> tuple[str, str]:

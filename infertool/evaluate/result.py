@@ -1,0 +1,307 @@
+"""What an eval found, typed: ``EvalResult`` is results.json read by attribute, and ``EvalSummary`` the few
+fields a run's manifest keeps of it.
+
+The layout of results.json is the one older run directories hold, so ``EvalResult.from_dict(json.load(f))``
+reads any of them back (tolerantly: a missing or malformed value reads as "not measured", never an
+exception) and ``to_dict()`` writes the same keys again. A few keys are present only for some engines or
+tasks (``topk_covered_mass`` for the server engines, ``pooled.items`` when a suite scores items): those fields
+are left out of the JSON when empty (``_Sparse.OPTIONAL``) rather than written as null.
+
+Per-task results are one record per task type (``PerplexityResult``, ``ChoiceResult``, ``GenerateResult``),
+chosen by the ``type`` a task carries. Distributions (``kld``, ``delta_p``: mean, se, p1 ... p99.9) stay
+dicts: their percentile keys are not names.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from infertool.evaluate.verdict import Gate
+from infertool.records import Record
+
+__all__ = ["Accept", "ChoiceResult", "EvalModel", "EvalResult", "EvalSettings", "EvalSummary", "GenerateResult",
+           "Gate", "HeldOut", "PairedAccuracy", "PerplexityMetrics", "PerplexityResult", "Pooled", "SuiteInfo",
+           "TaskResult", "Timing"]
+
+
+@dataclass
+class _Sparse(Record):
+    """A record whose ``OPTIONAL`` fields are left out of ``to_dict()`` when they are None (the key was
+    absent in the layout, not null)."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        for name in self.OPTIONAL:
+            if d.get(name) is None and name not in self.extra:
+                d.pop(name, None)
+        return d
+
+
+# ------------------------------------------------------------------------------------------- metrics
+@dataclass
+class PairedAccuracy(Record):
+    """Base and candidate right or wrong on the same items (infertool.evaluate.metrics.paired_accuracy)."""
+
+    n: int = 0
+    acc_base: float | None = None
+    acc_base_ci: list[float | None] = field(default_factory=list)
+    acc_cand: float | None = None
+    acc_cand_ci: list[float | None] = field(default_factory=list)
+    b: int = 0  # base right, candidate wrong
+    c: int = 0  # candidate right, base wrong
+    flip_rate: float | None = None
+    flip_rate_ci: list[float | None] = field(default_factory=list)
+    net_change: float | None = None
+    net_change_se: float | None = None
+    net_change_ci: list[float | None] = field(default_factory=list)
+    mcnemar_p: float | None = None
+
+
+@dataclass
+class TaskResult(_Sparse):
+    """One task's metrics; ``from_dict`` gives the record of the task's ``type``."""
+
+    type: str = ""
+
+    @classmethod
+    def from_dict(cls, data: Any):
+        if cls is TaskResult and isinstance(data, dict):
+            kind = _TASK_TYPES.get(data.get("type"))
+            if kind is not None:
+                return kind.from_dict(data)
+        return super().from_dict(data)
+
+
+@dataclass
+class PerplexityMetrics(TaskResult):
+    """Token-level metrics of perplexity windows (one task's, or pooled over all of a suite's)."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("topk_covered_mass",)
+
+    type: str = "perplexity"
+    windows: int = 0
+    seq_len: int | None = None
+    tokens: int = 0
+    bytes: int = 0
+    ppl_base: float | None = None
+    ppl_cand: float | None = None
+    bpb_base: float | None = None
+    bpb_cand: float | None = None
+    ln_ppl_ratio: float | None = None
+    ln_ppl_ratio_se: float | None = None
+    ppl_ratio: float | None = None
+    ppl_ratio_ci: list[float | None] = field(default_factory=list)
+    kld_kind: str = "full"  # "full" (hf engine) or "top-K" (a server's top-K log-probabilities: a lower bound)
+    kld: dict = field(default_factory=dict)  # distribution: n, mean, se, rms, min, max, p1 ... p99.9, median
+    top1_agree: float | None = None
+    top1_agree_se: float | None = None
+    top1_agree_ci: list[float | None] = field(default_factory=list)
+    delta_p: dict = field(default_factory=dict)  # distribution of p_candidate - p_base of the scored token
+    kld_histogram: dict = field(default_factory=dict)  # edges, counts, under, over
+    topk_covered_mass: dict | None = None  # server engines: how much of the base's probability the top-K covers
+
+    @property
+    def mean_kld(self) -> float | None:
+        v = self.kld.get("mean")
+        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+@dataclass
+class PerplexityResult(PerplexityMetrics):
+    """A perplexity task: its metrics, and the corpus it cut its windows from."""
+
+    corpus: dict | None = None
+    corpus_tokens: int | None = None
+
+
+@dataclass
+class ChoiceResult(TaskResult):
+    """A multiple-choice task: accuracy by raw and byte-normalised log-likelihood, and how often the two
+    models pick the same choice."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("acc_norm",)
+
+    type: str = "multiple_choice"
+    items: int = 0
+    acc: PairedAccuracy | None = None
+    acc_norm: PairedAccuracy | None = None
+    same_pick: float | None = None
+    same_pick_ci: list[float | None] = field(default_factory=list)
+
+
+@dataclass
+class GenerateResult(TaskResult):
+    """A generation task: accuracy against the targets, and how often the two outputs are the same."""
+
+    type: str = "generate"
+    items: int = 0
+    match: str = ""
+    acc: PairedAccuracy | None = None
+    output_agreement: float | None = None
+    output_agreement_ci: list[float | None] = field(default_factory=list)
+
+
+_TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "multiple_choice": ChoiceResult,
+                                            "generate": GenerateResult}
+
+
+@dataclass
+class Pooled(_Sparse):
+    """Metrics pooled over the suite: tokens over every perplexity task, paired accuracy over every item."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("tokens", "items")
+
+    tokens: PerplexityMetrics | None = None
+    items: PairedAccuracy | None = None
+
+
+# ------------------------------------------------------------------------------------------- context
+@dataclass
+class SuiteInfo(Record):
+    name: str = ""
+    path: str = ""
+    description: str = ""
+
+
+@dataclass
+class EvalModel(_Sparse):
+    """One compared model: what the engine was given (a directory, or a served name for the openai engine),
+    how a person names it, and what the engine said about it (``extra``: loader, dtype, url, server...)."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("source",)
+
+    model: str | None = None
+    source: str | None = None  # the base: what the user wrote (e.g. bundled:smollm2-135m)
+    label: str | None = None
+
+
+@dataclass
+class HeldOut(Record):
+    """Does the candidate's calibration text overlap the suite (infertool.data.overlap)? ``checked`` False:
+    the calibration text was not readable here (``why``)."""
+
+    calibration: str | None = None
+    checked: bool = False
+    kind: str | None = None
+    overlap: dict | None = None  # eval_ngrams, shared_ngrams, share, texts_with_overlap, examples, refused
+    corpus_part: str | None = None
+    why: str | None = None
+
+    @property
+    def shared_ngrams(self) -> int:
+        n = (self.overlap or {}).get("shared_ngrams")
+        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+
+    @property
+    def share(self) -> float | None:
+        s = (self.overlap or {}).get("share")
+        return float(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else None
+
+    @property
+    def failed(self) -> bool:
+        """The candidate was calibrated on text of this suite: its figures may look better than they are."""
+        return self.shared_ngrams > 0
+
+    def short(self, suite: str | None = None) -> dict:
+        """The few facts a run's manifest keeps."""
+        return {"suite": suite, "calibration": self.calibration, "shared_ngrams": (self.overlap or {}).get("shared_ngrams"),
+                "share": self.share}
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        drop = ("kind", "overlap", "corpus_part") if not self.checked else ("why",)
+        return {k: v for k, v in d.items() if not (k in drop and v is None and k not in self.extra)}
+
+
+@dataclass
+class Accept(Record):
+    """eval.accept as the eval used it (infertool.recipe.AcceptSpec)."""
+
+    preset: str | None = None
+    max_mean_kld: float | None = None
+    min_top1: float | None = None
+    max_ppl_ratio: float | None = None
+    max_acc_drop: float | None = None
+    max_flip_rate: float | None = None
+    confidence: float = 0.95
+    allow_inconclusive: bool = False
+
+
+@dataclass
+class EvalSettings(Record):
+    seq_len: int | None = None
+    batch_size: int | None = None
+    max_items: int | None = None
+    topk: int | None = None  # server engines: the top-K log-probabilities the KLD is computed from
+    accept: Accept = field(default_factory=Accept)
+    thresholds: dict[str, float] = field(default_factory=dict)  # the gates' thresholds: the preset and eval.accept
+
+
+@dataclass
+class Timing(Record):
+    wall_s: float | None = None
+    per_task: dict = field(default_factory=dict)
+    scored_tokens_per_model: int = 0
+    base_s: float = 0.0
+    cand_s: float = 0.0
+    base_tokens_per_s: float | None = None
+    cand_tokens_per_s: float | None = None
+
+
+# ------------------------------------------------------------------------------------------- the result
+@dataclass
+class EvalSummary(Record):
+    """What a run's manifest keeps of an eval (its stage summary)."""
+
+    verdict: str | None = None
+    reason: str | None = None
+    gates: list[Gate] = field(default_factory=list)
+    engine: str | None = None
+    suite: str | None = None
+    held_out: dict | None = None
+
+
+@dataclass
+class EvalResult(Record):
+    """An eval: the verdict and why, the gates, per-task and pooled metrics, and where its files are."""
+
+    ok: bool = False  # verdict == PASS
+    verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE (None: a file without one)
+    reason: str | None = None
+    suite: SuiteInfo = field(default_factory=SuiteInfo)
+    engine: str = ""
+    base: EvalModel = field(default_factory=EvalModel)
+    candidate: EvalModel = field(default_factory=EvalModel)
+    held_out: HeldOut | None = None
+    settings: EvalSettings = field(default_factory=EvalSettings)
+    gates: list[Gate] = field(default_factory=list)
+    pooled: Pooled = field(default_factory=Pooled)
+    tasks: dict[str, TaskResult] = field(default_factory=dict)
+    timing: Timing = field(default_factory=Timing)
+    versions: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    run_dir: str = ""
+    files: dict[str, str] = field(default_factory=dict)  # results, items, kld_histogram: paths
+
+    @property
+    def confidence(self) -> float:
+        return self.settings.accept.confidence
+
+    @property
+    def labels(self) -> dict[str, str | None]:
+        return {"base": self.base.label, "candidate": self.candidate.label}
+
+    def gate(self, name: str) -> Gate | None:
+        return next((g for g in self.gates if g.name == name), None)
+
+    def accepted(self, allow_inconclusive: bool = False) -> bool:
+        """PASS, or INCONCLUSIVE when allowed (here, or by eval.accept.allow_inconclusive): the exit status 0."""
+        allowed = allow_inconclusive or self.settings.accept.allow_inconclusive
+        return self.verdict == "PASS" or (self.verdict == "INCONCLUSIVE" and allowed)
+
+    def summary(self) -> EvalSummary:
+        return EvalSummary(verdict=self.verdict, reason=self.reason, gates=list(self.gates), engine=self.engine,
+                           suite=self.suite.name, held_out=self.held_out.short(self.suite.name) if self.held_out else None)
