@@ -305,7 +305,7 @@ def test_remote_code_is_said_once_and_passed_to_the_workers():
     import ast
 
     pkg = Path(__file__).resolve().parents[1] / "infertool"
-    for rel in ("evaluate/hf_engine.py", "backends/gptqmodel.py", "backends/llmcompressor.py",
+    for rel in ("evaluate/hf_engine.py", "backends/gptqmodel.py", "backends/llmcompressor.py", "backends/greedy.py",
                 "profile/measure.py"):
         tree = ast.parse((pkg / rel).read_text(encoding="utf-8"))
         loads = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)

