@@ -172,7 +172,6 @@ def quantize_task(spec: dict, events) -> dict:  # pragma: no cover - needs the l
     events.progress("setup", 0, 3, "importing llm-compressor")
     import torch
     from datasets import Dataset
-    from llmcompressor import oneshot
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from infertool.data.calibration import build_windows
@@ -210,20 +209,28 @@ def quantize_task(spec: dict, events) -> dict:  # pragma: no cover - needs the l
         from llmcompressor.modifiers.quantization import GPTQModifier
 
         recipe = GPTQModifier(targets="Linear", scheme=p["scheme"], ignore=p["ignore"], dampening_frac=p["dampening_frac"])
-    t = time.monotonic()
     events.progress("setup", 2, 3, "calibrating and quantizing")
-    try:
-        oneshot(model=model, dataset=ds, recipe=recipe, max_seq_length=int(spec["calibration"]["seq_len"]),
-                num_calibration_samples=len(samples))
-    except Exception as e:  # noqa: BLE001
-        raise RuntimeFailure(f"llm-compressor failed: {type(e).__name__}: {e}") from e
-    timings["quantize"] = time.monotonic() - t
-    t = time.monotonic()
-    model.save_pretrained(spec["out_dir"], save_compressed=True)
-    tok.save_pretrained(spec["out_dir"])
-    timings["save"] = time.monotonic() - t
+    oneshot_and_save(model, tok, spec["out_dir"], timings, recipe=recipe, dataset=ds,
+                     max_seq_length=int(spec["calibration"]["seq_len"]), num_calibration_samples=len(samples))
     events.progress("setup", 3, 3, "checkpoint written")
     from importlib.metadata import version
 
     return {"timings": timings, "calibration": cal_info.to_dict(), "layers": [],
             "quantize_config": p, "versions": {d: version(d) for d in ("llmcompressor", "compressed-tensors", "torch", "transformers")}}
+
+
+def oneshot_and_save(model, tokenizer, out_dir: str, timings: dict, **oneshot_kwargs) -> None:  # pragma: no cover
+    """llm-compressor's ``oneshot`` on a loaded model, then the compressed-tensors checkpoint and its tokenizer
+    written to ``out_dir`` (timings "quantize" and "save"). In the llmcompressor environment only."""
+    from llmcompressor import oneshot
+
+    t = time.monotonic()
+    try:
+        oneshot(model=model, **oneshot_kwargs)
+    except Exception as e:  # noqa: BLE001 - the library's failure, said plainly
+        raise RuntimeFailure(f"llm-compressor failed: {type(e).__name__}: {e}") from e
+    timings["quantize"] = time.monotonic() - t
+    t = time.monotonic()
+    model.save_pretrained(out_dir, save_compressed=True)
+    tokenizer.save_pretrained(out_dir)
+    timings["save"] = time.monotonic() - t
