@@ -20,6 +20,7 @@ BUILTIN = (
     "gptqmodel",      # GPTQ and AWQ with GPTQModel: the default backend of both
     "llmcompressor",  # GPTQ, AWQ and the W8A8 / FP8 presets with llm-compressor (compressed-tensors)
     "bnb",            # bitsandbytes, applied when the model is loaded (recorded; vLLM cannot serve it)
+    "rtn",            # round-to-nearest FP8 / int8 with llm-compressor: no calibration data
 )
 
 for _name in BUILTIN:
