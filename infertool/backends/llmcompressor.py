@@ -14,10 +14,12 @@ from pathlib import Path
 from typing import Any, Literal
 
 from infertool.backends.base import (
-    ACTIVATION_SCHEMES, CPU_AVX2, CPU_AVX512, CPU_OTHER, SERVES, UNKNOWN, Check, ModelFacts, QuantBackend, Serving,
-    TaskInputs, check,
+    ACTIVATION_SCHEMES, CPU_AVX2, CPU_AVX512, CPU_OTHER, SERVES, UNKNOWN, Check, InitChoice, InitFacts, ModelFacts,
+    QuantBackend, Serving, TaskInputs, check,
 )
-from infertool.backends.methods import AWQConfig, GPTQConfig, causal_lm_rule, group_size_rule, packing_rule
+from infertool.backends.methods import (
+    AWQConfig, GPTQConfig, causal_lm_rule, gentler_options, group_size_rule, packing_rule,
+)
 from infertool.backends.registry import backend_field
 from infertool.errors import BackendError, RuntimeFailure
 
@@ -100,6 +102,36 @@ class LLMCompressor(QuantBackend):
         if platform in _CPU and scheme == "W8A8" or platform == CPU_AVX512 and scheme == "W4A16":
             return SERVES
         return UNKNOWN
+
+    def init_choice(self, f: InitFacts) -> InitChoice | None:
+        """W8A8 int8 where 4-bit does not serve (a CPU without AVX-512), else W4A16 for any causal LM."""
+        from infertool.backends.gptqmodel import CPU_FOUR_BIT, FOUR_BIT_WHY
+
+        if f.four_bit_serves:
+            return InitChoice({"method": "gptq", "backend": NAME, "scheme": "W4A16", "bits": 4}, [
+                ("quantize.method", "gptq", "GPTQ: weight-only 4-bit calibrated on text", "info"),
+                ("quantize.backend", NAME, f"GPTQModel 7.7 has no definition for model_type {f.model_type!r} "
+                 f"({f.architecture}); llm-compressor quantizes the Linear layers of any transformers causal LM",
+                 "warning"),
+                ("quantize.scheme", "W4A16", "llm-compressor's 4-bit weight-only preset (the same format as GPTQ 4-bit)",
+                 "info"),
+                ("quantize.bits", 4, FOUR_BIT_WHY + (CPU_FOUR_BIT if f.target_kind == "cpu" else ""), "info")])
+        isa = {"avx2": "AVX2 only"}.get(f.cpu_isa, "no AVX-512 seen (its vector ISA is unknown)")
+        reason = (f.four_bit[1].split(": this host")[0] if f.four_bit else "vLLM's CPU build runs 4-bit checkpoints "
+                  "only with its AVX-512 int4 GEMM (cpu_gemm_wna16)")
+        return InitChoice({"method": "gptq", "backend": NAME, "scheme": "W8A8", "bits": 8}, [
+            ("quantize.method", "gptq", "GPTQ calibrates the int8 weights (llm-compressor's GPTQModifier)", "info"),
+            ("quantize.backend", NAME, "W8A8 int8 is an llm-compressor scheme (compressed-tensors checkpoint); it runs "
+             "in the llmcompressor environment (`infertool env setup llmcompressor`)", "info"),
+            ("quantize.scheme", "W8A8", f"this CPU has {isa}: 4-bit will not serve here ({reason}); 8-bit weight-only "
+             "formats do not serve on vLLM's CPU build at all (GPTQ 8-bit: Marlin refuses uint8b128; W8A16: CPUWNA16 "
+             "refuses it), so W8A8 int8 (weights and activations), which its oneDNN int8 GEMM runs on every x86 build",
+             "warning" if f.cpu_isa != "avx512" else "info"),
+            ("quantize.bits", 8, "W8A8: 8-bit weights with per-channel scales, 8-bit dynamic per-token activations",
+             "info")])
+
+    def gentler(self, q: Any, target_kind: str) -> list[str]:
+        return gentler_options(q, target_kind)
 
     def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
         qd = q.model_dump(mode="json")

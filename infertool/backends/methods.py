@@ -112,3 +112,31 @@ def causal_lm_rule(m: ModelFacts, who: str) -> Check:
     return check("architecture", m.causal_lm, f"{m.architecture}: {who} quantizes its Linear layers" if m.causal_lm else
                  f"{m.architecture or 'unknown architecture'}: {who} needs a transformers causal LM "
                  "(architectures *ForCausalLM)")
+
+
+def gentler_options(q: Any, target_kind: str, *, activation_order: bool = False) -> list[str]:
+    """For a 4-bit GPTQ / AWQ section: 8-bit, a smaller group, activation order (``activation_order``: the backend
+    has it), the other 4-bit method, more calibration text; nothing for 8 bits (the gates' thresholds are then
+    the question)."""
+    scheme = getattr(q, "scheme", None) or ""
+    if scheme.startswith(("W8", "FP8")) or q.bits >= 8:
+        return []
+    if target_kind == "cpu":
+        opts = ["8-bit: on a CPU that is W8A8 int8 through llm-compressor (quantize: {method: gptq, backend: "
+                "llmcompressor, scheme: W8A8, bits: 8}; eval.engine: vllm, since only the server quantizes "
+                "activations; recipes/smollm2-w8-cpu.yaml is one): half the weight bytes of 16-bit instead of about a quarter"]
+    else:
+        opts = ["8-bit: quantize.bits: 8 (weight-only GPTQ; or scheme: W8A16 / FP8_DYNAMIC with llm-compressor): "
+                "half the weight bytes of 16-bit instead of about a quarter"]
+    g = q.group_size
+    if g == -1 or g > 32:
+        smaller = 128 if g == -1 else g // 2
+        opts.append(f"a smaller group size: quantize.group_size: {smaller} (now {g}; it must divide every quantized "
+                    "in_features, which infertool quantize RECIPE --check tells in seconds)")
+    if activation_order and q.method == "gptq" and not q.desc_act:
+        opts.append("activation order: quantize.desc_act: true (GPTQ quantizes the most important columns first)")
+    opts.append("AWQ: quantize.method: awq (4-bit with activation-aware scales)" if q.method == "gptq" else
+                "GPTQ: quantize.method: gptq (4-bit with error compensation)")
+    if q.calibration.samples < 128:
+        opts.append(f"more calibration text: quantize.calibration.samples: 128 (now {q.calibration.samples})")
+    return opts

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Callable, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Tag
 
-from infertool.backends.base import ACTIVATION_SCHEMES, QuantBackend, QuantizeConfig
+from infertool.backends.base import ACTIVATION_SCHEMES, InitChoice, InitFacts, QuantBackend, QuantizeConfig, platform
 from infertool.errors import UsageError
 
 _BACKENDS: list[QuantBackend] = []
@@ -180,6 +180,35 @@ def method_error(value: Any) -> tuple[str | None, str]:
     if "method" not in value:
         return "method", f"missing required field 'method' (one of: {names})"
     return "method", f"unknown quantize method {str(value['method'])!r}; expected one of: {names}"
+
+
+# ----------------------------------------------------------------------------------------- init and decision
+def init_choice(model_type: str | None, architecture: str, target: Any, host: Any) -> InitChoice:
+    """The quantization `infertool init` proposes for a model on a target: the first backend (in registry order)
+    that proposes one, given what the target's vLLM does with 4-bit GPTQ (the gptq default backend's serving)."""
+    gptq = default_for("gptq")
+    four = gptq.methods["gptq"].model_validate({"method": "gptq", "bits": 4})
+    facts = InitFacts(model_type, architecture, target.kind, getattr(host, "cpu_isa", "unknown"),
+                      gptq.serving(four, platform(target, host)).verdict)
+    for b in _BACKENDS:
+        choice = b.init_choice(facts)
+        if choice is not None:
+            return choice
+    raise UsageError(f"no quantization backend proposes one for model_type {model_type!r} on this target")
+
+
+def gentler(q: dict | None, target_kind: str) -> list[str]:
+    """What to try when a quantization fails its gates (its backend says, most promising first); [] for a section
+    that no longer validates (a run directory from another version)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    if not q:
+        return []
+    try:
+        cfg = TypeAdapter(quantize_section()).validate_python({k: v for k, v in q.items() if k != "output"})
+    except ValidationError:
+        return []
+    return of(cfg).gentler(cfg, target_kind)
 
 
 # ----------------------------------------------------------------------------------------- serving facts
