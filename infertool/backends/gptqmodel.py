@@ -313,7 +313,7 @@ def _quantize(spec: dict, events) -> dict:
     del model  # the reference and the comparison below load what they run; the quantizer's copy is done
 
     # The original's greedy tokens, the reference of the ONE greedy comparison: computed here, where torch and
-    # transformers are already imported (about a second for a small model), instead of starting a second vLLM
+    # transformers are already imported, instead of starting a second vLLM
     # server for the original. The load check compares vLLM's tokens of the quantized checkpoint with it; the
     # comparison in GPTQModel's kernels (``compare``) runs only where vLLM cannot generate.
     reference = local = None
@@ -342,9 +342,9 @@ def _quantize(spec: dict, events) -> dict:
 
 def _calibration_dtype(model_dir: str) -> dict | None:
     """float32 for the calibration forward passes when this is a CPU without matrix instructions for the
-    model's 16-bit dtype (GPTQModel uses bf16 on every CPU): torch's bf16 GEMM there is a slow fallback.
-    Measured on an AVX2-only EPYC, GPTQ 4-bit of 2 SmolLM2 layers with 32 x 256 tokens: 28.7 s in bf16,
-    15.7 s in float32. The checkpoint is saved in the model's dtype all the same (restore_dtype)."""
+    model's 16-bit dtype (GPTQModel uses bf16 on every CPU): torch's bf16 GEMM there is a slow fallback (the
+    measured figures are in docs/commands.md, Quantize). The checkpoint is saved in the model's dtype all the
+    same (restore_dtype)."""
     import json
 
     from infertool.perf.host import cpu_lacks_half
