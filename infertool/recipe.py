@@ -23,11 +23,10 @@ from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
-    AfterValidator,
-    BeforeValidator,
     BaseModel,
-    ConfigDict,
+    Discriminator,
     Field,
+    Tag,
     TypeAdapter,
     ValidationError,
     create_model,
@@ -35,9 +34,23 @@ from pydantic import (
     model_validator,
 )
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticCustomError
 
+from infertool import backends
+from infertool.backends.bnb import BNBConfig
+from infertool.backends.methods import AWQConfig, CalibrationSpec, GPTQConfig
 from infertool.errors import RecipeError, RecipeIssue, UsageError
+from infertool.schema import (  # noqa: F401 - the field types and checks (shared with the backends' schemas)
+    MAX_KV_GIB, MAX_LIST, MAX_NAME, MAX_PARALLEL, MAX_PATH, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_SEQS, MAX_TEXT,
+    MAX_TOKENS, Dtype, Fraction, GroupSize, Millis, Name, Requests, Seconds, Seed, Seqs, Text, Tokens,
+)
+from infertool.schema import STRICT as _STRICT
+from infertool.schema import dtype_alias as _dtype_alias
+from infertool.schema import field_error as _field_error
+from infertool.schema import float_ as _float
+from infertool.schema import int_ as _int
+from infertool.schema import scalar_to_str as _scalar_to_str
+from infertool.schema import sweep as _sweep
+from infertool.schema import text as _text
 
 __all__ = [
     "BUNDLED_MODELS",
@@ -76,147 +89,19 @@ BUNDLED_MODELS: dict[str, str] = {
     ),
 }
 
-QUANTIZE_METHODS: tuple[str, ...] = ("gptq", "awq", "bnb")
-
 _RECIPES_HINT = (
     "`infertool recipes list` shows the built-in recipes; "
     "`infertool recipes copy NAME .` copies one to edit"
 )
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*(\|\d+(-\d+)?(,\d+(-\d+)?)*)*$")
 # Case-sensitive: HF_TOKEN is a variable name, hf_AbC... is a Hugging Face token.
 _KEY_PREFIXES = ("sk-", "sk_", "hf_", "ghp_", "gho_", "github_pat_", "gsk_", "xai-", "Bearer ", "bearer ")
 
-_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
-
 MAX_RECIPE_BYTES = 1024 * 1024  # a recipe is a page of YAML; the largest shipped one is ~4 KiB
 MAX_LISTED_ISSUES = 50  # errors listed one per line; the rest are counted
-
-_STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
-
-
-# --------------------------------------------------------------------------------------------
-# Reusable field types and checks
-# --------------------------------------------------------------------------------------------
-
-
-def _field_error(field: str, message: str) -> PydanticCustomError:
-    """An error raised by a model validator that belongs to one field of that model.
-
-    The loader appends ``field`` to the error's location, so the user sees ``eval.url``
-    rather than ``eval``, with the line of that key.
-    """
-    return PydanticCustomError("recipe_field", "{message}", {"field": field, "message": message})
-
-
-def _check_group_size(value: int) -> int:
-    if value == -1 or (16 <= value <= 1024 and value & (value - 1) == 0):
-        return value
-    raise ValueError(
-        "group_size must be -1 (one group per row) or a power of two from 16 to 1024 "
-        f"(16, 32, 64, 128, 256, 512, 1024); got {value}"
-    )
-
-
-def _dtype_alias(value: Any) -> Any:
-    if isinstance(value, str):
-        lowered = value.strip().lower()
-        return _DTYPE_ALIASES.get(lowered, lowered)
-    return value
-
-
-def _scalar_to_str(value: Any) -> Any:
-    """YAML turns ``4`` into an int; where a string is expected (env values, argv), accept numbers."""
-    if isinstance(value, bool):
-        return value  # left to the str validation, which rejects it: 'true' is ambiguous
-    if isinstance(value, int | float):
-        return str(value)
-    return value
-
-
-# Every number has a range a real deployment could have (a recipe with max_model_len 1e18 or 1e9 GPUs is a
-# typo or an attack, never a plan), and a boolean is never a number (YAML reads `yes` as true).
-MAX_TOKENS = 10_000_000  # context and prompt lengths: 10M tokens is beyond every released model
-MAX_PARALLEL = 1024  # tensor / pipeline parallel degree
-MAX_KV_GIB = 65536  # 64 TiB of KV cache or swap space
-MAX_SEQS = 65536  # sequences in flight, batch sizes, concurrency
-MAX_REQUESTS = 1_000_000  # requests per bench level (made as they are sent, not up front)
-MAX_SECONDS = 30 * 24 * 3600.0  # 30 days
-MAX_SEED = 2**32 - 1  # numpy and torch seeds
-MAX_LIST = 64  # entries of a sweep (batch sizes, concurrency levels, grid values)
-MAX_NAME = 200  # a name that becomes a directory, a served model name, a Kubernetes name
-MAX_PATH = 4096  # PATH_MAX
-MAX_TEXT = 10_000  # free text (description)
-
-
-def _not_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise PydanticCustomError("bool_number", "expected a number, not a boolean (YAML reads yes/no/true/false as "
-                                  "booleans)")
-    return value
-
-
-def _no_control(value: str) -> str:
-    """Paths, model references, hosts and names are single-line text: a line break or a control character
-    in one ends up in a shell line, a log line or a YAML manifest."""
-    bad = _CONTROL_RE.search(value)
-    if bad:
-        raise ValueError(
-            f"must not contain line breaks or control characters (found {bad.group()!r} at position {bad.start()})"
-        )
-    return value
-
-
-def _int(ge: int | None = None, le: int | None = None) -> Any:
-    return Annotated[int, BeforeValidator(_not_bool), Field(ge=ge, le=le)]
-
-
-def _float(ge: float | None = None, le: float | None = None, *, gt: float | None = None, lt: float | None = None) -> Any:
-    return Annotated[float, BeforeValidator(_not_bool), Field(ge=ge, le=le, gt=gt, lt=lt)]
-
-
-def _text(max_length: int = MAX_PATH, min_length: int | None = None) -> Any:
-    """Single-line text (a path, a model reference, a host, a name): bounded, no control characters."""
-    return Annotated[str, Field(min_length=min_length, max_length=max_length), AfterValidator(_no_control)]
-
-
-def _sweep(item: Any) -> Any:
-    return Annotated[list[item], Field(min_length=1, max_length=MAX_LIST)]
-
-
-Tokens = _int(1, MAX_TOKENS)
-Seqs = _int(1, MAX_SEQS)
-Requests = _int(1, MAX_REQUESTS)
-Seed = _int(0, MAX_SEED)
-Seconds = _float(le=MAX_SECONDS, gt=0)
-Millis = _float(le=MAX_SECONDS * 1000, gt=0)
-GroupSize = Annotated[int, BeforeValidator(_not_bool), AfterValidator(_check_group_size)]
-Fraction = _float(0, 1)
-Text = _text()
-Name = _text(MAX_NAME)
-Dtype = Literal["bfloat16", "float16", "float32", "auto"]
-Backend = Literal["gptqmodel", "llmcompressor", "auto-gptq", "autoawq"]
-
-_EOL_BACKENDS = {
-    "auto-gptq": (
-        "auto-gptq is end-of-life (2025) and cannot share an environment with transformers 5 / "
-        "vLLM; use backend: gptqmodel (same gptq checkpoint format)"
-    ),
-    "autoawq": (
-        "autoawq is end-of-life (2025) and cannot share an environment with transformers 5 / "
-        "vLLM; use method: awq with backend: gptqmodel, or backend: llmcompressor"
-    ),
-}
-
-
-def _eol_check(value: str) -> str:
-    if value in _EOL_BACKENDS:
-        raise ValueError(_EOL_BACKENDS[value])
-    return value
-
 
 # --------------------------------------------------------------------------------------------
 # model
@@ -262,104 +147,10 @@ class ModelSection(BaseModel):
 # --------------------------------------------------------------------------------------------
 
 
-class CalibrationSpec(BaseModel):
-    """The calibration data GPTQ/AWQ see while quantizing."""
-
-    model_config = _STRICT
-
-    source: Text = "builtin"
-    text_field: Name = "text"
-    samples: _int(1, 100_000) = 128
-    seq_len: _int(8, MAX_TOKENS) = 512
-    seed: Seed = 0
-    # calibration text that overlaps the eval suite's text is refused (the verdict would be measured on
-    # what the model was calibrated on); true turns the refusal into a loud warning in every manifest
-    allow_eval_overlap: bool = False
-
-    @field_validator("source")
-    @classmethod
-    def _check_source(cls, value: str) -> str:
-        value = value.strip()
-        if value == "builtin" or value.lower().endswith((".txt", ".jsonl")):
-            return value
-        raise ValueError(
-            f"calibration source must be 'builtin' or a path to a .txt or .jsonl file; got {value!r}"
-        )
-
-
-class GPTQConfig(BaseModel):
-    """GPTQ (GPTQModel or llm-compressor); field names follow GPTQModel's QuantizeConfig."""
-
-    model_config = _STRICT
-
-    method: Literal["gptq"]
-    backend: Backend = "gptqmodel"
-    bits: Literal[2, 3, 4, 8] = 4
-    group_size: GroupSize = 128
-    sym: bool = True
-    desc_act: bool = False
-    damp_percent: _float(gt=0, lt=1) = 0.01
-    true_sequential: bool = True
-    scheme: Literal["W4A16", "W8A16", "W8A8", "W8A8_FP8", "FP8_DYNAMIC"] | None = None
-    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
-    output: Text | None = None
-    ignore: Annotated[list[_text(1000)], Field(max_length=1000)] = []
-
-    @field_validator("backend")
-    @classmethod
-    def _reject_eol_backend(cls, value: str) -> str:
-        return _eol_check(value)
-
-    @model_validator(mode="after")
-    def _check_scheme(self) -> GPTQConfig:
-        if self.scheme is not None and self.backend == "gptqmodel":
-            raise _field_error(
-                "scheme",
-                f"scheme {self.scheme} is an llm-compressor preset and needs backend: llmcompressor; "
-                "with backend: gptqmodel use bits, group_size and sym instead",
-            )
-        return self
-
-
-class AWQConfig(BaseModel):
-    """AWQ (GPTQModel or llm-compressor)."""
-
-    model_config = _STRICT
-
-    method: Literal["awq"]
-    backend: Backend = "gptqmodel"
-    bits: Literal[4] = 4
-    group_size: GroupSize = 128
-    zero_point: bool = True
-    format: Literal["gemm", "gemv", "gemv_fast"] = "gemm"
-    calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
-    output: Text | None = None
-    ignore: Annotated[list[_text(1000)], Field(max_length=1000)] = []
-
-    @field_validator("backend")
-    @classmethod
-    def _reject_eol_backend(cls, value: str) -> str:
-        return _eol_check(value)
-
-
-class BNBConfig(BaseModel):
-    """bitsandbytes: quantized on load, no calibration data."""
-
-    model_config = _STRICT
-
-    method: Literal["bnb"]
-    quant_type: Literal["nf4", "fp4", "int8"] = "nf4"
-    double_quant: bool = True
-    compute_dtype: Literal["bfloat16", "float16", "float32"] = "bfloat16"
-    output: Text | None = None
-
-    @field_validator("compute_dtype", mode="before")
-    @classmethod
-    def _normalise_dtype(cls, value: Any) -> Any:
-        return _dtype_alias(value)
-
-
-QuantizeSection = Annotated[GPTQConfig | AWQConfig | BNBConfig, Field(discriminator="method")]
+# Each backend's schema lives in its module (infertool.backends); the section is their union, picked by
+# method and backend (backends.registry.quantize_section), rebuilt when a backend is registered.
+QuantizeSection = backends.quantize_section()
+QUANTIZE_METHODS: tuple[str, ...] = backends.method_names()
 
 
 # --------------------------------------------------------------------------------------------
@@ -869,9 +660,12 @@ class Recipe(BaseModel):
                 TypeAdapter(QuantizeSection).validate_python(merged)
             except ValidationError as exc:
                 err = exc.errors(include_url=False)[0]
-                loc = [str(p) for p in err["loc"] if str(p) not in ("gptq", "awq", "bnb")]
+                loc = [str(p) for p in err["loc"] if str(p) not in backends.registry.section_tags()]
                 msg = err["msg"].removeprefix("Value error, ")
-                if err["type"] == "recipe_field":
+                if err["type"] == "quantize_method" and isinstance(err.get("input"), dict):
+                    field, msg = backends.registry.method_error(err["input"])
+                    loc.append(field)
+                elif err["type"] == "recipe_field":
                     loc.append(str((err.get("ctx") or {}).get("field")))
                     msg = str((err.get("ctx") or {}).get("message", msg))
                 raise _field_error(f"tune.candidates[{i}]" + ("." + ".".join(loc) if loc else ""), msg) from None
@@ -891,6 +685,18 @@ class Recipe(BaseModel):
             raise _field_error("serve.model", "serve.model: quantized needs a quantize section (there is no "
                                "quantized model to serve); use original, a model directory, or add quantize")
         return self
+
+
+def _follow_the_backends() -> None:
+    """A backend registered after this module was imported (a plugin, a test) joins the quantize section."""
+    global QuantizeSection, QUANTIZE_METHODS
+    QuantizeSection = backends.quantize_section()
+    QUANTIZE_METHODS = backends.method_names()
+    Recipe.model_fields["quantize"].annotation = QuantizeSection | None
+    Recipe.model_rebuild(force=True)
+
+
+backends.on_change(_follow_the_backends)
 
 
 # --------------------------------------------------------------------------------------------
@@ -1232,9 +1038,10 @@ class _LocInfo:
         self.owner = owner  # the model that holds (or should hold) the last key, when known
 
 
-def _unwrap(annotation: Any) -> tuple[Any, str | None]:
-    """Strip Annotated/Optional layers; return the inner annotation and a discriminator, if any."""
-    discriminator: str | None = None
+def _unwrap(annotation: Any) -> tuple[Any, Any]:
+    """Strip Annotated/Optional layers; return the inner annotation and a discriminator, if any (a field name,
+    or a callable ``Discriminator`` whose members carry ``Tag``s: the quantize section)."""
+    discriminator: Any = None
     while True:
         origin = get_origin(annotation)
         if origin is Annotated:
@@ -1242,6 +1049,8 @@ def _unwrap(annotation: Any) -> tuple[Any, str | None]:
             for meta in metadata:
                 if isinstance(meta, FieldInfo) and isinstance(meta.discriminator, str):
                     discriminator = meta.discriminator
+                elif isinstance(meta, Discriminator):
+                    discriminator = meta
             annotation = base
             continue
         if origin in (Union, types.UnionType):
@@ -1256,10 +1065,13 @@ def _is_model(annotation: Any) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
-def _tag_map(union: Any, discriminator: str) -> dict[str, type[BaseModel]]:
+def _tag_map(union: Any, discriminator: Any) -> dict[str, type[BaseModel]]:
     tags: dict[str, type[BaseModel]] = {}
     for member in get_args(union):
-        if _is_model(member) and discriminator in member.model_fields:
+        if get_origin(member) is Annotated:  # Annotated[Model, Tag("...")] under a callable Discriminator
+            model, *metadata = get_args(member)
+            tags.update({m.tag: model for m in metadata if isinstance(m, Tag) and _is_model(model)})
+        elif isinstance(discriminator, str) and _is_model(member) and discriminator in member.model_fields:
             for tag in get_args(member.model_fields[discriminator].annotation):
                 tags[str(tag)] = member
     return tags
@@ -1427,20 +1239,13 @@ def _issues_from(
         elif kind == "missing":
             key = str(parts[-1][1]) if parts else "?"
             message = f"missing required field {key!r}"
-        elif kind in ("union_tag_invalid", "union_tag_not_found"):
-            tag_field = str(ctx.get("discriminator", "method")).strip("'")
-            methods = ", ".join(QUANTIZE_METHODS)
+        elif kind == "quantize_method" and isinstance(error.get("input"), dict):
+            tag_field, message = backends.registry.method_error(error["input"])
             parts.append(("key", tag_field))
-            if kind == "union_tag_invalid":
-                message = (
-                    f"unknown quantize {tag_field} {ctx.get('tag')!r}; expected one of: {methods}"
-                )
-            else:
-                message = f"missing required field {tag_field!r} (one of: {methods})"
         elif kind == "recipe_field":
             parts.extend(("key", k) for k in str(ctx["field"]).split("."))
             message = str(ctx.get("message", message))
-        elif kind in ("model_type", "model_attributes_type", "dict_type"):
+        elif kind in ("model_type", "model_attributes_type", "dict_type", "quantize_method"):
             message = f"expected a mapping (key: value pairs), got a {_type_name(error['input'])}"
         elif kind == "string_type" and isinstance(error.get("input"), _YAML_SCALARS):
             value = error["input"]
@@ -1471,6 +1276,6 @@ def _issues_from(
             suggestion = _suggest(key, list(owner.model_fields))
             if suggestion:
                 issue.message += f" (did you mean {suggestion!r}?)"
-            elif owner is BNBConfig and key == "calibration":
-                issue.message += " (bnb quantizes on load and needs no calibration data)"
+            elif key in getattr(owner, "FIELD_HINTS", {}):  # what a backend's schema says of a key it lacks
+                issue.message += f" ({owner.FIELD_HINTS[key]})"
     return issues, total

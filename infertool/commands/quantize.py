@@ -37,14 +37,17 @@ def register(app: typer.Typer) -> None:
         the weights. Exit codes: 2 bad recipe / preflight refused, 3 environment or backend, 4 runtime
         failure (including a checkpoint vLLM cannot load), 130 interrupted.
         """
+        from infertool.capability import RunContext
         from infertool.output import StageProgress, print_json
-        from infertool.quantize.core import quantize
+        from infertool.quantize.core import QuantizeOptions, plan, run
         from infertool.recipe import load_recipe
+        from infertool.resolve import resolve
 
         r = load_recipe(recipe, overrides or [])
+        options = QuantizeOptions(out=out, check=check, verify=verify, force=force, recipe_path=recipe)
         with StageProgress("quantize") as progress:  # progress on stderr, also with --json
-            result = quantize(r, recipe_path=recipe, out=out, check=check, verify=verify, force=force,
-                              on_event=progress.on_event)
+            p = plan(resolve(r, candidate_path=out), options, on_event=progress.on_event)
+            result = run(p, RunContext(on_event=progress.on_event, user="quantize"))
         if as_json:
             print_json(result.to_dict())
             return
@@ -67,7 +70,19 @@ def _render(result) -> None:
     if result.checked_only:
         err.print(f"[green]✓[/] preflight passed in {pf['seconds']:.2f} s: no weights loaded (--check)")
         return
-    rows = [("output", result.output)]
+    rows = [("output", result.output)] + _rows(result)
+    rows.append(("time", f"{result.timings.get('total', 0):.1f} s"))
+    rows.append(("manifest", result.manifest_path))
+    out.print(kv_table(rows, title=f"quantized {result.recipe}"))
+
+
+def _rows(result) -> list:
+    """What the quantization made: sizes, calibration, layer errors, greedy agreement, the load check."""
+    from rich.text import Text
+
+    from infertool.output import plain
+
+    rows = []
     if result.size and result.size.get("weight_bytes_after") is not None:
         s = result.size
         rows.append(("weights", f"{_mib(s['weight_bytes_before'])} -> {_mib(s['weight_bytes_after'])} "
@@ -94,6 +109,4 @@ def _render(result) -> None:
         rows.append(("vLLM load check", Text.assemble(("loaded", "green"), plain(f"; generation unavailable here: {v.get('reason')}"))))
     else:
         rows.append(("vLLM load check", str(v.get("reason"))))
-    rows.append(("time", f"{result.timings.get('total', 0):.1f} s"))
-    rows.append(("manifest", result.manifest_path))
-    out.print(kv_table(rows, title=f"quantized {result.recipe}"))
+    return rows

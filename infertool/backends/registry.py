@@ -1,0 +1,240 @@
+"""The backend registry's state and lookups. The built-in backends are listed, one line each, in
+``infertool/backends/__init__.py``; a plugin (or a test) calls ``register`` before recipes are loaded, and the
+recipe's schema follows (``on_change``).
+
+Everything about "which backend" is decided here: ``default_for(method)`` (the first registered backend that does
+a method: the ONE place a default backend is decided), ``get(method, name)``, ``of(config)``, and the recipe's
+quantize section (``quantize_section``: a union of every backend's schema, picked by method and backend).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Callable, Literal, Union
+
+from pydantic import BeforeValidator, Discriminator, Tag
+
+from infertool.backends.base import ACTIVATION_SCHEMES, InitChoice, InitFacts, QuantBackend, QuantizeConfig, platform
+from infertool.errors import UsageError
+
+_BACKENDS: list[QuantBackend] = []
+_LISTENERS: list[Callable[[], None]] = []
+
+# Backends a recipe may still name, refused with what to use instead.
+RETIRED = {
+    "auto-gptq": (
+        "auto-gptq is end-of-life (2025) and cannot share an environment with transformers 5 / "
+        "vLLM; use backend: gptqmodel (same gptq checkpoint format)"
+    ),
+    "autoawq": (
+        "autoawq is end-of-life (2025) and cannot share an environment with transformers 5 / "
+        "vLLM; use method: awq with backend: gptqmodel, or backend: llmcompressor"
+    ),
+}
+
+
+def register(backend: QuantBackend) -> QuantBackend:
+    """Add a backend (after the built-in ones) and its worker tasks. A (method, backend name) pair is registered
+    once."""
+    from infertool.tasks import Task, register_task
+
+    for method, cls in backend.methods.items():
+        if any(b.name == backend.name and method in b.methods for b in _BACKENDS):
+            raise ValueError(f"method {method!r} of backend {backend.name!r} is already registered")
+        for name in ("method", "output") + (("backend",) if backend.in_recipe else ()):
+            if name not in cls.model_fields:  # resolve reads quantize.output; the section is picked by these
+                raise ValueError(f"{cls.__name__} lacks the field {name!r} (backend {backend.name!r})")
+    for t in backend.tasks:
+        register_task(Task(**t))
+    _BACKENDS.append(backend)
+    _changed()
+    return backend
+
+
+def unregister(backend: QuantBackend) -> None:
+    _BACKENDS.remove(backend)
+    _changed()
+
+
+def on_change(listener: Callable[[], None]) -> None:
+    """Call ``listener`` whenever a backend is registered or removed (the recipe rebuilds its schema)."""
+    _LISTENERS.append(listener)
+
+
+def _changed() -> None:
+    for listener in _LISTENERS:
+        listener()
+
+
+def all_backends() -> tuple[QuantBackend, ...]:
+    return tuple(_BACKENDS)
+
+
+def method_names() -> tuple[str, ...]:
+    """Every quantize.method a recipe may name, in registration order."""
+    seen: dict[str, None] = {}
+    for b in _BACKENDS:
+        seen.update(dict.fromkeys(b.methods))
+    return tuple(seen)
+
+
+def backends_for(method: str) -> list[QuantBackend]:
+    return [b for b in _BACKENDS if method in b.methods]
+
+
+def default_for(method: str) -> QuantBackend:
+    """THE default backend of a method: the first registered backend that does it."""
+    found = backends_for(method)
+    if not found:
+        raise UsageError(f"unknown quantize method {method!r}", hint=f"one of: {', '.join(method_names())}")
+    return found[0]
+
+
+def get(method: str, name: str | None = None) -> QuantBackend:
+    """The backend that does ``method`` under ``name`` (default: the method's default backend)."""
+    if name is None:
+        return default_for(method)
+    for b in backends_for(method):
+        if b.name == name:
+            return b
+    known = ", ".join(b.name for b in backends_for(method)) or "none"
+    raise UsageError(f"no backend {name!r} does method {method!r}", hint=f"backends for {method}: {known}")
+
+
+def of(q: Any) -> QuantBackend:
+    """The backend of a validated quantize section (a QuantizeConfig), or of its dict (method, backend)."""
+    if isinstance(q, QuantizeConfig):
+        return type(q).impl
+    backend = q.get("backend")
+    b = default_for(q["method"])
+    return b if not b.in_recipe or backend is None else get(q["method"], backend)
+
+
+def env_of(method: str, name: str | None = None) -> str | None:
+    """The managed environment a quantization runs in."""
+    return get(method, name).env
+
+
+def task_definitions() -> list[dict]:
+    """Every backend's worker task definitions (read by infertool.tasks through infertool.task_defs.quantize)."""
+    return [dict(t) for b in _BACKENDS for t in b.tasks]
+
+
+# ----------------------------------------------------------------------------------------- the recipe schema
+def backend_field(name: str, method: str) -> Any:
+    """The ``backend`` field of a backend's schema for ``method``: its own name; a retired backend or one that
+    does not do the method is refused with what to use instead."""
+
+    def known(value: Any) -> Any:
+        if value == name:
+            return value
+        if isinstance(value, str) and value in RETIRED:
+            raise ValueError(RETIRED[value])
+        names = ", ".join(b.name for b in backends_for(method))
+        raise ValueError(f"unknown backend {value!r} for method {method}; expected one of: {names}")
+
+    return Annotated[Literal[name], BeforeValidator(known)]
+
+
+def tag(method: str, backend: QuantBackend) -> str:
+    return f"{method}:{backend.name}"
+
+
+def _pick(value: Any) -> str | None:
+    """The schema a quantize section is validated against: by method, then backend (absent: the method's
+    default). A backend that does not do the method goes to the default's schema, whose ``backend`` field says
+    so; None (no such method, or not a mapping) is reported by the recipe's loader."""
+    if isinstance(value, QuantizeConfig):
+        cls = type(value)
+        return next((tag(m, b) for b in _BACKENDS for m, c in b.methods.items() if c is cls), None)
+    if not isinstance(value, dict):
+        return None
+    method = value.get("method")
+    if not isinstance(method, str) or method not in method_names():
+        return None
+    found = backends_for(method)
+    given = value.get("backend")
+    for b in found:
+        if not b.in_recipe or b.name == given:
+            return tag(method, b)
+    return tag(method, found[0])
+
+
+def quantize_section() -> Any:
+    """The recipe's quantize section: every registered backend's schema, one per (method, backend)."""
+    members = tuple(Annotated[cls, Tag(tag(m, b))] for b in _BACKENDS for m, cls in b.methods.items())
+    return Annotated[Union[members], Discriminator(  # noqa: UP007 - a runtime union of classes
+        _pick, custom_error_type="quantize_method",
+        custom_error_message=f"quantize needs a method: one of {', '.join(method_names())}")]
+
+
+def section_tags() -> set[str]:
+    """The tags the quantize section's errors carry in their location (dropped when the path is shown)."""
+    return {tag(m, b) for b in _BACKENDS for m in b.methods}
+
+
+def method_error(value: Any) -> tuple[str | None, str]:
+    """(field, message) for a quantize section no backend schema was picked for (see ``_pick``)."""
+    names = ", ".join(method_names())
+    if not isinstance(value, dict):
+        return None, ""
+    if "method" not in value:
+        return "method", f"missing required field 'method' (one of: {names})"
+    return "method", f"unknown quantize method {str(value['method'])!r}; expected one of: {names}"
+
+
+# ----------------------------------------------------------------------------------------- init and decision
+def init_choice(model_type: str | None, architecture: str, target: Any, host: Any) -> InitChoice:
+    """The quantization `infertool init` proposes for a model on a target: the first backend (in registry order)
+    that proposes one, given what the target's vLLM does with 4-bit GPTQ (the gptq default backend's serving)."""
+    gptq = default_for("gptq")
+    four = gptq.methods["gptq"].model_validate({"method": "gptq", "bits": 4})
+    facts = InitFacts(model_type, architecture, target.kind, getattr(host, "cpu_isa", "unknown"),
+                      gptq.serving(four, platform(target, host)).verdict)
+    for b in _BACKENDS:
+        choice = b.init_choice(facts)
+        if choice is not None:
+            return choice
+    raise UsageError(f"no quantization backend proposes one for model_type {model_type!r} on this target")
+
+
+def gentler(q: dict | None, target_kind: str) -> list[str]:
+    """What to try when a quantization fails its gates (its backend says, most promising first); [] for a section
+    that no longer validates (a run directory from another version)."""
+    from pydantic import TypeAdapter, ValidationError
+
+    if not q:
+        return []
+    try:
+        cfg = TypeAdapter(quantize_section()).validate_python({k: v for k, v in q.items() if k != "output"})
+    except ValidationError:
+        return []
+    return of(cfg).gentler(cfg, target_kind)
+
+
+# ----------------------------------------------------------------------------------------- serving facts
+def weight_only_quantized(model: Any) -> bool:
+    """A checkpoint whose weights are quantized but whose activations stay 16-bit (GPTQ, AWQ, W4A16, W8A16):
+    vLLM runs it in half precision only. From the candidate's quantization facts (its backend's ``weight_only``),
+    else from the model's config.json."""
+    if model.load_quantization:
+        return True
+    if model.quantization is not None:
+        wo = model.quantization.get("weight_only")
+        if isinstance(wo, bool):
+            return wo
+        return (model.quantization.get("scheme") or "") not in ACTIVATION_SCHEMES
+    if not (model.exists and model.path):
+        return False
+    from infertool.models.info import load_config
+
+    cfg, lm = load_config(model.path)  # a malformed config.json: ModelError (exit 2)
+    q = cfg.get("quantization_config") or lm.get("quantization_config")
+    if not isinstance(q, dict):
+        return False
+    method = str(q.get("quant_method") or "").lower()
+    if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto_gptq", "auto_awq", "bitsandbytes"):
+        return True
+    if method == "compressed-tensors":
+        groups = (q.get("config_groups") or {}).values()
+        return not any(isinstance(g, dict) and g.get("input_activations") for g in groups)
+    return False

@@ -1,0 +1,124 @@
+"""The recipe's field types and checks, shared by the recipe (infertool.recipe) and the quantization backends
+(infertool.backends, whose recipe schemas sit below the recipe): strict models, bounded numbers that are never
+booleans, single-line text, group sizes, dtype aliases, and the error a model validator raises for one of its
+fields.
+
+A leaf: pydantic only (importing it must stay cheap).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
+
+__all__ = [
+    "MAX_KV_GIB", "MAX_LIST", "MAX_NAME", "MAX_PARALLEL", "MAX_PATH", "MAX_REQUESTS", "MAX_SECONDS", "MAX_SEED",
+    "MAX_SEQS", "MAX_TEXT", "MAX_TOKENS", "STRICT", "Dtype", "Fraction", "GroupSize", "Millis", "Name", "Requests",
+    "Seconds", "Seed", "Seqs", "Text", "Tokens", "check_group_size", "dtype_alias", "field_error", "float_", "int_",
+    "no_control", "not_bool", "scalar_to_str", "sweep", "text",
+]
+
+_CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+_DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
+
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+def field_error(field: str, message: str) -> PydanticCustomError:
+    """An error raised by a model validator that belongs to one field of that model.
+
+    The loader appends ``field`` to the error's location, so the user sees ``eval.url``
+    rather than ``eval``, with the line of that key.
+    """
+    return PydanticCustomError("recipe_field", "{message}", {"field": field, "message": message})
+
+
+def check_group_size(value: int) -> int:
+    if value == -1 or (16 <= value <= 1024 and value & (value - 1) == 0):
+        return value
+    raise ValueError(
+        "group_size must be -1 (one group per row) or a power of two from 16 to 1024 "
+        f"(16, 32, 64, 128, 256, 512, 1024); got {value}"
+    )
+
+
+def dtype_alias(value: Any) -> Any:
+    if isinstance(value, str):
+        lowered = value.strip().lower()
+        return _DTYPE_ALIASES.get(lowered, lowered)
+    return value
+
+
+def scalar_to_str(value: Any) -> Any:
+    """YAML turns ``4`` into an int; where a string is expected (env values, argv), accept numbers."""
+    if isinstance(value, bool):
+        return value  # left to the str validation, which rejects it: 'true' is ambiguous
+    if isinstance(value, int | float):
+        return str(value)
+    return value
+
+
+# Every number has a range a real deployment could have (a recipe with max_model_len 1e18 or 1e9 GPUs is a
+# typo or an attack, never a plan), and a boolean is never a number (YAML reads `yes` as true).
+MAX_TOKENS = 10_000_000  # context and prompt lengths: 10M tokens is beyond every released model
+MAX_PARALLEL = 1024  # tensor / pipeline parallel degree
+MAX_KV_GIB = 65536  # 64 TiB of KV cache or swap space
+MAX_SEQS = 65536  # sequences in flight, batch sizes, concurrency
+MAX_REQUESTS = 1_000_000  # requests per bench level (made as they are sent, not up front)
+MAX_SECONDS = 30 * 24 * 3600.0  # 30 days
+MAX_SEED = 2**32 - 1  # numpy and torch seeds
+MAX_LIST = 64  # entries of a sweep (batch sizes, concurrency levels, grid values)
+MAX_NAME = 200  # a name that becomes a directory, a served model name, a Kubernetes name
+MAX_PATH = 4096  # PATH_MAX
+MAX_TEXT = 10_000  # free text (description)
+
+
+def not_bool(value: Any) -> Any:
+    if isinstance(value, bool):
+        raise PydanticCustomError("bool_number", "expected a number, not a boolean (YAML reads yes/no/true/false as "
+                                  "booleans)")
+    return value
+
+
+def no_control(value: str) -> str:
+    """Paths, model references, hosts and names are single-line text: a line break or a control character
+    in one ends up in a shell line, a log line or a YAML manifest."""
+    bad = _CONTROL_RE.search(value)
+    if bad:
+        raise ValueError(
+            f"must not contain line breaks or control characters (found {bad.group()!r} at position {bad.start()})"
+        )
+    return value
+
+
+def int_(ge: int | None = None, le: int | None = None) -> Any:
+    return Annotated[int, BeforeValidator(not_bool), Field(ge=ge, le=le)]
+
+
+def float_(ge: float | None = None, le: float | None = None, *, gt: float | None = None, lt: float | None = None) -> Any:
+    return Annotated[float, BeforeValidator(not_bool), Field(ge=ge, le=le, gt=gt, lt=lt)]
+
+
+def text(max_length: int = MAX_PATH, min_length: int | None = None) -> Any:
+    """Single-line text (a path, a model reference, a host, a name): bounded, no control characters."""
+    return Annotated[str, Field(min_length=min_length, max_length=max_length), AfterValidator(no_control)]
+
+
+def sweep(item: Any) -> Any:
+    return Annotated[list[item], Field(min_length=1, max_length=MAX_LIST)]
+
+
+Tokens = int_(1, MAX_TOKENS)
+Seqs = int_(1, MAX_SEQS)
+Requests = int_(1, MAX_REQUESTS)
+Seed = int_(0, MAX_SEED)
+Seconds = float_(le=MAX_SECONDS, gt=0)
+Millis = float_(le=MAX_SECONDS * 1000, gt=0)
+GroupSize = Annotated[int, BeforeValidator(not_bool), AfterValidator(check_group_size)]
+Fraction = float_(0, 1)
+Text = text()
+Name = text(MAX_NAME)
+Dtype = Literal["bfloat16", "float16", "float32", "auto"]
