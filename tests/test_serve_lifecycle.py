@@ -89,30 +89,30 @@ def test_the_launcher_picks_a_port_and_picks_again_when_it_was_taken(tmp_path, m
     assert text.count("infertool serve:") == 2 and "Address already in use" in text  # two starts, one log
 
 
-def test_the_launcher_gives_up_after_its_attempts(tmp_path, monkeypatch, held_port):
-    got = picks(monkeypatch, [held_port] * PORT_ATTEMPTS)
-    server = Server(stub_spec(), tmp_path / "stub.log")
+def _start_fails(spec: LaunchSpec, log) -> RuntimeFailure:
+    """Start the stub the launcher's way; its start-up must fail, leaving no process behind."""
+    server = Server(spec, log)
     server.start()
     try:
         with pytest.raises(RuntimeFailure) as exc:
             server.wait_ready(60)
     finally:
         server.stop()
-    assert got == [held_port] * PORT_ATTEMPTS
-    assert f"each of the {PORT_ATTEMPTS} free ports" in exc.value.message and exc.value.log_path.endswith("stub.log")
     assert procs.group_members(server.pid) == []
+    return exc.value
+
+
+def test_the_launcher_gives_up_after_its_attempts(tmp_path, monkeypatch, held_port):
+    got = picks(monkeypatch, [held_port] * PORT_ATTEMPTS)
+    e = _start_fails(stub_spec(), tmp_path / "stub.log")
+    assert got == [held_port] * PORT_ATTEMPTS
+    assert f"each of the {PORT_ATTEMPTS} free ports" in e.message and e.log_path.endswith("stub.log")
 
 
 def test_a_port_the_user_chose_is_never_changed(tmp_path, monkeypatch, held_port):
     got = picks(monkeypatch, [])
-    server = Server(stub_spec(held_port), tmp_path / "stub.log")
-    server.start()
-    try:
-        with pytest.raises(RuntimeFailure) as exc:
-            server.wait_ready(60)
-    finally:
-        server.stop()
-    assert got == [] and "the port is already in use" in exc.value.message
+    e = _start_fails(stub_spec(held_port), tmp_path / "stub.log")
+    assert got == [] and "the port is already in use" in e.message
 
 
 def test_an_internal_launch_has_no_port_until_it_starts(tmp_path, monkeypatch):
