@@ -69,8 +69,6 @@ def serve_run(
 
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
                                  force=force, emit=emit)
-    if emit is not None and emit != "k8s":  # before the recipe is read: the flag itself is wrong
-        raise usage_error(f"--emit {emit!r}: only `--emit k8s` exists")
     res = resolve(load_recipe(recipe, _with_port(overrides, port)))
     plan = serve.plan(res, options)
     if emit is not None:

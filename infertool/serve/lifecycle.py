@@ -65,9 +65,10 @@ class ServePlan:
         return render(self.manifests or [], self.res)
 
     def to_dict(self) -> dict:
-        """What a dry run shows as JSON: the launch (argv, env without secrets, lint, KV cache) and the resolution."""
-        return {"ok": not self.errors, "dry_run": self.options.dry_run, **self.launch.to_dict(),
-                "resolution": self.res.to_dict()}
+        """What a dry run shows as JSON: the launch (argv, env without secrets, lint, KV cache) and the resolution
+        (with emit: the manifests instead of the launch)."""
+        shown = self.launch.to_dict() if self.launch is not None else {"manifests": self.manifests}
+        return {"ok": not self.errors, "dry_run": self.options.dry_run, **shown, "resolution": self.res.to_dict()}
 
 
 @dataclass
