@@ -131,3 +131,22 @@ def test_profile_plot_from_the_recorded_result(tmp_path):
 
     plot_roofline(ProfileResult.from_dict(_old("profile.json")), tmp_path / "r.png")
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_tunes_capacity_probe_reads_a_level_as_before():
+    """tune's capacity probes (bench.run.connect / measure, the old entry points) get a level as JSON data with
+    the keys they read, measured against a real streaming server."""
+    from infertool.bench.run import ServerHandle, connect, measure
+    from infertool.bench.traffic import Level
+    from infertool.recipe import BenchSection
+    from infertool.tune.search import probe_ok
+
+    bench = BenchSection(requests=8, output_len=8, prompt={"source": "synthetic", "len": 16}, scrape_interval_s=0.2,
+                         slo={"ttft_ms": 60000})
+    with FakeOpenAI(itl_ms=1.0) as srv:
+        handle = connect(ServerHandle(srv.url, "", None), bench)
+        (level,) = measure(handle, bench, [Level("concurrency", 2)], arm="c2", warmup=True)
+    assert handle.model == "m" and level["arm"] == "c2" and level["level"]["label"] == "concurrency 2"
+    s = level["summary"]
+    assert (s["requests"], s["completed"], s["failed"]) == (8, 8, 0) and s["tpot_ms"]["p50"] > 0
+    assert probe_ok(s, 1.0) == (True, 1.0)
