@@ -1,7 +1,8 @@
-"""The memory plan: will the model fit, how much KV cache, how many sequences, how fast at best.
+"""The memory plan: will the model fit, how much KV cache, how many sequences, how fast at best. The plan
+capability: ``plan(res, PlanOptions) -> PlanResult`` (pure; ``run`` is the identity).
 
 No weights are loaded: weight bytes come from the safetensors headers (or, for a model that is not on
-this machine, from its published architecture and the recipe's quantization). Runs in well under a second.
+this machine, from its published architecture and the recipe's quantization).
 
 KV capacity follows vLLM's own arithmetic (v1/core/kv_cache_utils.py): blocks = KV memory // (block_size
 x KV bytes per token), tokens = blocks x block_size; on the CPU the KV memory is VLLM_CPU_KVCACHE_SPACE GiB
@@ -12,7 +13,7 @@ estimate: vLLM measures the reserve with a profiling run at start-up).
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infertool.errors import UsageError
@@ -20,6 +21,7 @@ from infertool.perf import hardware, roofline
 from infertool.perf.host import memory_total_bytes
 from infertool.models.weights import WeightFacts, arch_from_info, decode_weight_bytes, estimated_weights, measured_weights
 from infertool.perf.roofline import Arch
+from infertool.records import Record
 
 GIB = 1024**3
 CPU_BLOCK_SIZE = roofline.CPU_KV_BLOCK
@@ -40,20 +42,30 @@ def _whole(value: float, what: str) -> int:
 
 
 @dataclass
-class PlanResult:
-    model: dict
-    device: dict
-    kv: dict
-    memory: dict
-    capacity: dict
-    fits: bool
-    reasons: list[str]
-    roofline: dict
-    tensor_parallel: dict
-    notes: list[str] = field(default_factory=list)
+class PlanOptions:
+    """What `infertool plan` (or init, tune) asks beyond the resolution (``resolve(recipe, Overrides(gpu=...))``
+    picks another GPU)."""
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+    memory_gib: float | None = None  # plan for a GPU with this much memory (GiB)
+    context: int | None = None  # the context of the decode roofline (default: from bench, else max_model_len / 2)
+    batches: list[int] | None = None  # decode batches of the roofline rows besides 1 and the largest the KV allows
+
+
+@dataclass
+class PlanResult(Record):
+    """The plan (`infertool plan --json`): the model, the device, KV cache and memory, capacity, whether it fits
+    (and why not), the decode roofline bound and tensor-parallel advice."""
+
+    model: dict = field(default_factory=dict)
+    device: dict = field(default_factory=dict)
+    kv: dict = field(default_factory=dict)
+    memory: dict = field(default_factory=dict)
+    capacity: dict = field(default_factory=dict)
+    fits: bool = False
+    reasons: list[str] = field(default_factory=list)
+    roofline: dict = field(default_factory=dict)
+    tensor_parallel: dict = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def planned_model(res) -> tuple[Arch, WeightFacts, list[str]]:
@@ -105,112 +117,163 @@ def activation_reserve(arch: Arch, max_batched_tokens: int, max_num_seqs: int, a
     return int(max_batched_tokens * per_token + 2 * max_num_seqs * arch.vocab * 4)
 
 
-def make_plan(res, *, memory_gib: float | None = None, context: int | None = None,
-              batches: list[int] | None = None) -> PlanResult:
-    """The plan for what the resolution serves, on its target (``resolve(recipe, gpu=...)`` picks another GPU;
-    ``memory_gib`` plans for a GPU with that much memory). The decode roofline rows cover batch 1, the largest
-    batch the KV cache allows, and ``batches``."""
+def plan(res, options: PlanOptions | None = None) -> PlanResult:
+    """The plan for what the resolution serves, on its target (``options.memory_gib``: a GPU with that much
+    memory). Pure: no weights are loaded, nothing starts. Raises UsageError for what cannot be planned."""
+    options = options or PlanOptions()
+    memory_gib = options.memory_gib
     if memory_gib is not None and not (math.isfinite(memory_gib) and 0 < memory_gib <= MAX_MEMORY_GIB):
         raise UsageError(f"--memory {memory_gib:g} is not a GPU memory size", hint=f"give GiB between 0.1 and {MAX_MEMORY_GIB}")
-    recipe = res.recipe
     serve, why = res.serve_for(res.served)
     arch, weights, notes = planned_model(res)
     limit = res.position_limit(res.served)
-    max_pos = limit.tokens
     tp, pp = serve.tensor_parallel_size, serve.pipeline_parallel_size
     declared = res.model_dtype(res.served)
     model_dtype = declared if serve.dtype == "auto" else serve.dtype
     gpu_name = res.target.gpu if res.target.kind == "gpu" and memory_gib is None else None
     on_gpu = gpu_name is not None or memory_gib is not None or res.target.kind == "gpu"
     if not on_gpu and serve.dtype != "auto" and serve.dtype != declared and weights.quantization == "none":
-        # vLLM's CPU backend in the dtype `infertool serve` passes on this host (float32 where the CPU has no
-        # bf16/fp16 matrix instructions and the model is unquantized): the weights are held in that dtype
+        weights = _held_in(weights, serve.dtype, declared)
         notes.extend(w for w in why if w.startswith("serve.dtype"))
-        scale = roofline.DTYPE_BYTES[serve.dtype] / roofline.DTYPE_BYTES.get(declared, 2)
-        weights = WeightFacts(weights.source, f"{weights.how}, held in {serve.dtype} by vLLM", int(weights.total_bytes * scale),
-                              int(weights.embedding_bytes * scale), int(weights.expert_bytes * scale),
-                              weights.bytes_per_linear_weight * scale, weights.quantization)
     kv_b = kv_dtype_bytes(serve.kv_cache_dtype, model_dtype)
     kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_b)
-    max_model_len = serve.max_model_len or max_pos or 4096
+    max_model_len = serve.max_model_len or limit.tokens or 4096
     if serve.max_model_len is None:
         notes.append(f"serve.max_model_len not set: vLLM uses the model's {max_model_len:,} positions")
-    reasons: list[str] = []
     from infertool.serve.lint import lint_position_limit
 
-    reasons.extend(f"{i.message}" for i in lint_position_limit(serve, limit) if i.level == "error")
+    reasons = [f"{i.message}" for i in lint_position_limit(serve, limit) if i.level == "error"]
+    reasons += _parallel_reasons(arch, tp, pp)
+    kv_heads_per_gpu = max(1, arch.kv_heads // tp) if arch.kv_heads >= tp else 1
+    kv_tok_gpu = roofline.kv_bytes_per_token(math.ceil(arch.layers / pp), kv_heads_per_gpu, arch.head_dim, kv_b)
+    if on_gpu and not (gpu_name or memory_gib is not None):
+        raise UsageError("this host has an NVIDIA GPU: the plan needs to know which",
+                         hint="set target.gpu in the recipe, or pass --gpu NAME or --memory GiB")
+    mem = (_gpu_memory(serve, arch, weights, gpu_name, memory_gib, reasons) if on_gpu
+           else _cpu_memory(serve, weights, reasons, notes))
+    kv, capacity = _kv_capacity(serve, mem, kv_tok, kv_tok_gpu, model_dtype, max_model_len, reasons)
+    context = options.context
+    if context is None:
+        bench = res.recipe.bench
+        context = (min(max_model_len, bench.prompt.len + bench.output_len // 2) if bench is not None
+                   else max(1, max_model_len // 2))
+    roof = _roofline(arch, weights, mem, kv_tok, capacity, context, tp, options.batches, notes)
+    tp_adv = _tp_advice(arch, weights, mem, capacity, context)
+    return PlanResult(_model_facts(res, arch, weights), mem.device, kv, mem.memory, capacity, not reasons, reasons, roof,
+                      tp_adv, notes)
 
-    # ---- parallelism checks (vLLM refuses these at start-up)
+
+def run(plan: PlanResult, ctx=None) -> PlanResult:
+    """The plan capability is pure: its result is the plan itself."""
+    return plan
+
+
+def make_plan(res, *, memory_gib: float | None = None, context: int | None = None,
+              batches: list[int] | None = None) -> PlanResult:
+    """``plan(res, PlanOptions(...))`` under its old name (init and tune call it until they call the contract)."""
+    return plan(res, PlanOptions(memory_gib=memory_gib, context=context, batches=batches))
+
+
+def _held_in(weights: WeightFacts, dtype: str, declared: str | None) -> WeightFacts:
+    """The weights as vLLM's CPU backend holds them in the dtype `infertool serve` passes on this host (float32
+    where the CPU has no bf16/fp16 matrix instructions and the model is unquantized)."""
+    scale = roofline.DTYPE_BYTES[dtype] / roofline.DTYPE_BYTES.get(declared, 2)
+    return WeightFacts(weights.source, f"{weights.how}, held in {dtype} by vLLM", int(weights.total_bytes * scale),
+                       int(weights.embedding_bytes * scale), int(weights.expert_bytes * scale),
+                       weights.bytes_per_linear_weight * scale, weights.quantization)
+
+
+def _parallel_reasons(arch: Arch, tp: int, pp: int) -> list[str]:
+    """What vLLM refuses at start-up about tensor / pipeline parallelism for this architecture."""
+    reasons = []
     if arch.heads % tp:
         reasons.append(f"tensor_parallel_size {tp} does not divide the {arch.heads} attention heads")
     if arch.kv_heads % tp and tp % arch.kv_heads:
         reasons.append(f"tensor_parallel_size {tp} and the {arch.kv_heads} KV heads: neither divides the other")
     if arch.layers < pp:
         reasons.append(f"pipeline_parallel_size {pp} exceeds the {arch.layers} layers")
-    kv_heads_per_gpu = max(1, arch.kv_heads // tp) if arch.kv_heads >= tp else 1
-    layers_per_stage = math.ceil(arch.layers / pp)
-    kv_tok_gpu = roofline.kv_bytes_per_token(layers_per_stage, kv_heads_per_gpu, arch.head_dim, kv_b)
+    return reasons
 
-    # ---- device and memory
-    if on_gpu and not (gpu_name or memory_gib is not None):
-        raise UsageError("this host has an NVIDIA GPU: the plan needs to know which",
-                         hint="set target.gpu in the recipe, or pass --gpu NAME or --memory GiB")
-    if on_gpu:
-        dev = hardware.find_gpu(gpu_name) if gpu_name else None
-        mem_bytes = _whole(memory_gib * GIB, "--memory") if memory_gib is not None else dev.memory_bytes
-        large = mem_bytes >= 70 * GIB and not (dev and dev.key.startswith("A100"))
-        mnbt = serve.max_num_batched_tokens or (8192 if large else 2048)
-        mns = serve.max_num_seqs or (1024 if large else 256)
-        budget = _whole(serve.gpu_memory_utilization * mem_bytes, "the memory budget")
-        weights_gpu = weights.total_bytes / (tp * pp)
-        act = activation_reserve(arch, mnbt, mns)
-        reserve = act + NON_TORCH_OVERHEAD + (0 if serve.enforce_eager else CUDA_GRAPH_RESERVE)
-        kv_mem = budget - weights_gpu - reserve
-        block = GPU_BLOCK_SIZE
-        device = {
-            "kind": "gpu", "name": dev.name if dev else f"{memory_gib:g} GiB GPU", "count": tp * pp,
-            "memory_gib": mem_bytes / GIB, "source": dev.source if dev else "--memory",
-            "peak_bf16_tflops": dev.bf16_tflops if dev else None,
-            "bandwidth_tbs": dev.bandwidth_tbs if dev else None,
-        }
-        memory = {
-            "per_gpu_budget_gib": budget / GIB, "gpu_memory_utilization": serve.gpu_memory_utilization,
-            "weights_per_gpu_gib": weights_gpu / GIB, "activation_reserve_gib": act / GIB,
-            "overhead_reserve_gib": (reserve - act) / GIB, "kv_cache_per_gpu_gib": max(0.0, kv_mem) / GIB,
-            "reserve_is_estimate": True,
-        }
-        if kv_mem <= 0:
-            reasons.append(
-                f"weights ({weights_gpu / GIB:.1f} GiB per GPU) plus the reserve ({reserve / GIB:.1f} GiB) exceed "
-                f"{serve.gpu_memory_utilization:g} x {mem_bytes / GIB:.1f} GiB: no room for a KV cache"
-            )
-        peak_flops = dev.bf16_flops if dev else None
-        peak_bw = dev.bandwidth_bytes_s if dev else None
-        peak_src = "datasheet" if dev else None
-        link = hardware.LINKS[dev.link] if dev else None
-    else:
-        space = serve.cpu.kv_cache_space_gib if serve.cpu else None
-        if space is None:
-            space = 4
-            notes.append("serve.cpu.kv_cache_space_gib not set: planned with 4 GiB")
-        kv_mem = _whole(space * GIB, "serve.cpu.kv_cache_space_gib")
-        block = CPU_BLOCK_SIZE
-        mnbt = serve.max_num_batched_tokens or 2048
-        mns = serve.max_num_seqs or 256
-        host = memory_total_bytes()
-        need = weights.total_bytes + kv_mem + CPU_HOST_OVERHEAD
-        device = {"kind": "cpu", "name": "this host's CPU (vLLM CPU backend)", "count": 1,
-                  "memory_gib": host / GIB if host else None, "source": "host memory (MemTotal)"}
-        memory = {"kv_cache_space_gib": space, "weights_gib": weights.total_bytes / GIB,
-                  "host_needed_gib": need / GIB, "host_total_gib": host / GIB if host else None}
-        if host and need > host:
-            reasons.append(f"weights + KV cache + overhead need {need / GIB:.1f} GiB; this host has {host / GIB:.1f} GiB")
-        if tp > 1:
-            notes.append("tensor parallelism on the CPU backend splits across NUMA nodes; planned per rank")
-        peaks = _cpu_peaks()
-        peak_flops, peak_bw, peak_src = peaks["bf16_flops"], peaks["bandwidth_bytes_s"], peaks["source"]
-        link = None
 
+@dataclass
+class _Memory:
+    """The device and how its memory divides: what the KV cache gets, the scheduler limits, the peaks."""
+
+    device: dict
+    memory: dict
+    kv_mem: float  # bytes for the KV cache (per GPU)
+    block: int
+    mnbt: int  # max_num_batched_tokens
+    mns: int  # max_num_seqs
+    peak_flops: float | None
+    peak_bw: float | None
+    peak_src: str | None
+    link: object = None  # infertool.perf.hardware link between GPUs
+
+
+def _gpu_memory(serve, arch: Arch, weights: WeightFacts, gpu_name: str | None, memory_gib: float | None,
+                reasons: list[str]) -> _Memory:
+    """vLLM's GPU arithmetic: gpu_memory_utilization x memory - weights - the activation/overhead reserve."""
+    tp, pp = serve.tensor_parallel_size, serve.pipeline_parallel_size
+    dev = hardware.find_gpu(gpu_name) if gpu_name else None
+    mem_bytes = _whole(memory_gib * GIB, "--memory") if memory_gib is not None else dev.memory_bytes
+    large = mem_bytes >= 70 * GIB and not (dev and dev.key.startswith("A100"))
+    mnbt = serve.max_num_batched_tokens or (8192 if large else 2048)
+    mns = serve.max_num_seqs or (1024 if large else 256)
+    budget = _whole(serve.gpu_memory_utilization * mem_bytes, "the memory budget")
+    weights_gpu = weights.total_bytes / (tp * pp)
+    act = activation_reserve(arch, mnbt, mns)
+    reserve = act + NON_TORCH_OVERHEAD + (0 if serve.enforce_eager else CUDA_GRAPH_RESERVE)
+    kv_mem = budget - weights_gpu - reserve
+    device = {
+        "kind": "gpu", "name": dev.name if dev else f"{memory_gib:g} GiB GPU", "count": tp * pp,
+        "memory_gib": mem_bytes / GIB, "source": dev.source if dev else "--memory",
+        "peak_bf16_tflops": dev.bf16_tflops if dev else None,
+        "bandwidth_tbs": dev.bandwidth_tbs if dev else None,
+    }
+    memory = {
+        "per_gpu_budget_gib": budget / GIB, "gpu_memory_utilization": serve.gpu_memory_utilization,
+        "weights_per_gpu_gib": weights_gpu / GIB, "activation_reserve_gib": act / GIB,
+        "overhead_reserve_gib": (reserve - act) / GIB, "kv_cache_per_gpu_gib": max(0.0, kv_mem) / GIB,
+        "reserve_is_estimate": True,
+    }
+    if kv_mem <= 0:
+        reasons.append(
+            f"weights ({weights_gpu / GIB:.1f} GiB per GPU) plus the reserve ({reserve / GIB:.1f} GiB) exceed "
+            f"{serve.gpu_memory_utilization:g} x {mem_bytes / GIB:.1f} GiB: no room for a KV cache"
+        )
+    return _Memory(device, memory, kv_mem, GPU_BLOCK_SIZE, mnbt, mns, dev.bf16_flops if dev else None,
+                   dev.bandwidth_bytes_s if dev else None, "datasheet" if dev else None,
+                   hardware.LINKS[dev.link] if dev else None)
+
+
+def _cpu_memory(serve, weights: WeightFacts, reasons: list[str], notes: list[str]) -> _Memory:
+    """vLLM's CPU backend: the KV cache is VLLM_CPU_KVCACHE_SPACE exactly; weights, KV and the processes must fit
+    in the host's memory."""
+    space = serve.cpu.kv_cache_space_gib if serve.cpu else None
+    if space is None:
+        space = 4
+        notes.append("serve.cpu.kv_cache_space_gib not set: planned with 4 GiB")
+    kv_mem = _whole(space * GIB, "serve.cpu.kv_cache_space_gib")
+    host = memory_total_bytes()
+    need = weights.total_bytes + kv_mem + CPU_HOST_OVERHEAD
+    device = {"kind": "cpu", "name": "this host's CPU (vLLM CPU backend)", "count": 1,
+              "memory_gib": host / GIB if host else None, "source": "host memory (MemTotal)"}
+    memory = {"kv_cache_space_gib": space, "weights_gib": weights.total_bytes / GIB,
+              "host_needed_gib": need / GIB, "host_total_gib": host / GIB if host else None}
+    if host and need > host:
+        reasons.append(f"weights + KV cache + overhead need {need / GIB:.1f} GiB; this host has {host / GIB:.1f} GiB")
+    if serve.tensor_parallel_size > 1:
+        notes.append("tensor parallelism on the CPU backend splits across NUMA nodes; planned per rank")
+    peaks = _cpu_peaks()
+    return _Memory(device, memory, kv_mem, CPU_BLOCK_SIZE, serve.max_num_batched_tokens or 2048,
+                   serve.max_num_seqs or 256, peaks["bf16_flops"], peaks["bandwidth_bytes_s"], peaks["source"])
+
+
+def _kv_capacity(serve, mem: _Memory, kv_tok: float, kv_tok_gpu: float, model_dtype: str | None, max_model_len: int,
+                 reasons: list[str]) -> tuple[dict, dict]:
+    """vLLM's block arithmetic: blocks = KV memory // (block size x KV bytes per token); (kv, capacity)."""
+    kv_mem, block = mem.kv_mem, mem.block
     blocks = _whole(max(0, kv_mem) // (block * kv_tok_gpu), "the KV cache size") if kv_mem > 0 else 0
     tokens = blocks * block
     concurrency = tokens / max_model_len if max_model_len else 0.0
@@ -225,57 +288,75 @@ def make_plan(res, *, memory_gib: float | None = None, context: int | None = Non
           "bytes_per_token": kv_tok, "bytes_per_token_per_gpu": kv_tok_gpu, "block_size": block}
     capacity = {"kv_tokens": tokens, "kv_blocks": blocks, "max_model_len": max_model_len,
                 "max_concurrency_at_max_model_len": concurrency,
-                "max_num_seqs": mns, "max_num_batched_tokens": mnbt,
-                "max_concurrent_full_length_seqs": min(mns, int(concurrency))}
+                "max_num_seqs": mem.mns, "max_num_batched_tokens": mem.mnbt,
+                "max_concurrent_full_length_seqs": min(mem.mns, int(concurrency))}
+    return kv, capacity
 
-    # ---- roofline bound for decode
-    if context is None:
-        if recipe.bench is not None:
-            context = min(max_model_len, recipe.bench.prompt.len + recipe.bench.output_len // 2)
-        else:
-            context = max(1, max_model_len // 2)
-    roof: dict = {"context": context, "peak_source": peak_src}
-    if peak_flops and peak_bw:
-        agg_flops, agg_bw = peak_flops * tp, peak_bw * tp
-        max_batch = max(1, min(mns, tokens // max(1, context))) if tokens else 1
-        rows = []
-        for b in sorted({1, max_batch} | {int(x) for x in (batches or []) if x and x > 0}):
-            w_read = decode_weight_bytes(arch, weights, b)
-            cost = roofline.decode_step(arch, w_read, b, context, kv_tok)
-            comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, tp, link.bw_per_direction_gbs * 1e9, link.latency_us * 1e-6) if link else 0.0
-            t = roofline.bound_time(cost, agg_flops, agg_bw) + comm
-            rows.append({"batch": b, "flops": cost.flops, "bytes": cost.bytes, "intensity": cost.intensity,
-                         "step_ms": t * 1e3, "tokens_per_s": b / t, "bound": "memory" if cost.intensity < agg_flops / agg_bw else "compute"})
-        cross = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), context, kv_tok, peak_flops / peak_bw)
-        roof.update({"peak_flops": agg_flops, "peak_bandwidth": agg_bw, "ridge": peak_flops / peak_bw,
-                     "decode": rows, "crossover_batch": cross})
-    else:
+
+def _largest_batch(mem: _Memory, capacity: dict, context: int) -> int:
+    """The most sequences of ``context`` tokens the KV cache and max_num_seqs allow together (at least 1)."""
+    tokens = capacity["kv_tokens"]
+    return max(1, min(mem.mns, tokens // max(1, context))) if tokens else 1
+
+
+def _roofline(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, capacity: dict, context: int, tp: int,
+              batches: list[int] | None, notes: list[str]) -> dict:
+    """The decode step's roofline bound (with the all-reduce over the GPUs' link) at batch 1, the largest batch
+    the KV cache allows and ``batches``; the batch where decode turns compute-bound."""
+    roof: dict = {"context": context, "peak_source": mem.peak_src}
+    peak_flops, peak_bw, link = mem.peak_flops, mem.peak_bw, mem.link
+    if not (peak_flops and peak_bw):
         roof["decode"] = []
         notes.append("no peak numbers for this device: give --gpu NAME for a roofline bound")
+        return roof
+    agg_flops, agg_bw = peak_flops * tp, peak_bw * tp
+    rows = []
+    for b in sorted({1, _largest_batch(mem, capacity, context)} | {int(x) for x in (batches or []) if x and x > 0}):
+        w_read = decode_weight_bytes(arch, weights, b)
+        cost = roofline.decode_step(arch, w_read, b, context, kv_tok)
+        comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, tp, link.bw_per_direction_gbs * 1e9,
+                                               link.latency_us * 1e-6) if link else 0.0
+        t = roofline.bound_time(cost, agg_flops, agg_bw) + comm
+        rows.append({"batch": b, "flops": cost.flops, "bytes": cost.bytes, "intensity": cost.intensity,
+                     "step_ms": t * 1e3, "tokens_per_s": b / t,
+                     "bound": "memory" if cost.intensity < agg_flops / agg_bw else "compute"})
+    cross = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), context, kv_tok, peak_flops / peak_bw)
+    roof.update({"peak_flops": agg_flops, "peak_bandwidth": agg_bw, "ridge": peak_flops / peak_bw,
+                 "decode": rows, "crossover_batch": cross})
+    return roof
 
-    # ---- tensor-parallel advice
+
+def _tp_advice(arch: Arch, weights: WeightFacts, mem: _Memory, capacity: dict, context: int) -> dict:
+    """Per tensor-parallel degree: the weight read against the all-reduce per decode step, and from which degree
+    communication dominates (GPUs with a known link only)."""
+    link, peak_bw = mem.link, mem.peak_bw
     tp_adv: dict = {"link": None, "rows": [], "comm_dominates_from": None}
-    if link is not None and peak_bw:
-        b = max(1, min(mns, tokens // max(1, context))) if tokens else 1
-        for deg in TP_DEGREES:
-            if arch.heads % deg:
-                continue
-            w_time = decode_weight_bytes(arch, weights, b) / (deg * peak_bw)
-            comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, deg, link.bw_per_direction_gbs * 1e9, link.latency_us * 1e-6)
-            tp_adv["rows"].append({"tp": deg, "batch": b, "weight_read_ms": w_time * 1e3, "allreduce_ms": comm * 1e3,
-                                   "comm_share": comm / (comm + w_time) if comm + w_time else 0.0})
-            if comm > w_time and tp_adv["comm_dominates_from"] is None:
-                tp_adv["comm_dominates_from"] = deg
-        tp_adv["link"] = {"name": link.name, "gb_s_per_direction": link.bw_per_direction_gbs, "latency_us": link.latency_us, "source": link.source}
+    if link is None or not peak_bw:
+        return tp_adv
+    b = _largest_batch(mem, capacity, context)
+    for deg in TP_DEGREES:
+        if arch.heads % deg:
+            continue
+        w_time = decode_weight_bytes(arch, weights, b) / (deg * peak_bw)
+        comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, deg, link.bw_per_direction_gbs * 1e9,
+                                               link.latency_us * 1e-6)
+        tp_adv["rows"].append({"tp": deg, "batch": b, "weight_read_ms": w_time * 1e3, "allreduce_ms": comm * 1e3,
+                               "comm_share": comm / (comm + w_time) if comm + w_time else 0.0})
+        if comm > w_time and tp_adv["comm_dominates_from"] is None:
+            tp_adv["comm_dominates_from"] = deg
+    tp_adv["link"] = {"name": link.name, "gb_s_per_direction": link.bw_per_direction_gbs, "latency_us": link.latency_us,
+                      "source": link.source}
+    return tp_adv
 
-    model = {
-        "label": res.served.label, "served": res.served_origin, "source": weights.source, "how": weights.how, "quantization": weights.quantization,
-        "weight_bytes": weights.total_bytes, "params_total": arch.total_params,
+
+def _model_facts(res, arch: Arch, weights: WeightFacts) -> dict:
+    return {
+        "label": res.served.label, "served": res.served_origin, "source": weights.source, "how": weights.how,
+        "quantization": weights.quantization, "weight_bytes": weights.total_bytes, "params_total": arch.total_params,
         "params_active_linear": arch.linear_params_active, "layers": arch.layers, "hidden": arch.hidden,
         "heads": arch.heads, "kv_heads": arch.kv_heads, "head_dim": arch.head_dim, "vocab": arch.vocab,
         "moe": {"experts": arch.num_experts, "per_token": arch.experts_per_tok} if arch.is_moe else None,
     }
-    return PlanResult(model, device, kv, memory, capacity, not reasons, reasons, roof, tp_adv, notes)
 
 
 def _cpu_peaks() -> dict:

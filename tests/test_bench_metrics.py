@@ -36,21 +36,26 @@ def test_tpot_and_summary_hand_computed():
     one = RequestResult(ok=True, start=0.0, ttft=0.2, e2e=0.2, prompt_tokens=10, output_tokens=1)
     assert a.tpot == pytest.approx(0.1) and b.tpot == pytest.approx(0.2) and one.tpot is None
     s = summarize([a, b, bad], duration_s=4.0, slo=SLO(ttft_ms=200, tpot_ms=150), cost_per_hour=3.6)
-    assert (s["requests"], s["completed"], s["failed"]) == (3, 2, 1)
-    assert s["errors"] == {"HTTP 500": 1}
-    assert s["request_throughput"] == pytest.approx(0.5)  # 2 / 4 s
-    assert s["output_token_throughput"] == pytest.approx(21 / 4)
-    assert s["total_token_throughput"] == pytest.approx((150 + 21) / 4)
-    assert s["ttft_ms"]["p50"] == pytest.approx(200) and s["ttft_ms"]["mean"] == pytest.approx(200)
-    assert s["tpot_ms"]["p50"] == pytest.approx(150)
-    assert s["e2e_ms"]["p99"] == pytest.approx(1000 + 1300 * 0.99)
-    assert s["itl_ms"]["p50"] == pytest.approx(200)  # 9 x 100 ms, 10 x 200 ms: the 10th of 19 is 200
+    assert (s.requests, s.completed, s.failed) == (3, 2, 1)
+    assert s.errors == {"HTTP 500": 1}
+    assert s.request_throughput == pytest.approx(0.5)  # 2 / 4 s
+    assert s.output_token_throughput == pytest.approx(21 / 4)
+    assert s.total_token_throughput == pytest.approx((150 + 21) / 4)
+    assert s.ttft_ms.p50 == pytest.approx(200) and s.ttft_ms.mean == pytest.approx(200)
+    assert s.tpot_ms.p50 == pytest.approx(150)
+    assert s.e2e_ms.p99 == pytest.approx(1000 + 1300 * 0.99)
+    assert s.itl_ms.p50 == pytest.approx(200)  # 9 x 100 ms, 10 x 200 ms: the 10th of 19 is 200
     # goodput: only A meets ttft <= 200 and tpot <= 150 -> 1 / 4 s
-    assert s["goodput"]["requests_per_s"] == pytest.approx(0.25)
-    assert s["goodput"]["fraction"] == pytest.approx(1 / 3)
+    assert s.goodput.requests_per_s == pytest.approx(0.25)
+    assert s.goodput.fraction == pytest.approx(1 / 3)
     # cost: $3.6/h = $0.001/s; 5.25 tok/s -> $190.476 per 1M; 0.5 req/s -> $0.002 per request
-    assert s["cost"]["per_1m_output_tokens"] == pytest.approx(0.001 / 5.25 * 1e6)
-    assert s["cost"]["per_request"] == pytest.approx(0.002)
+    assert s.cost.per_1m_output_tokens == pytest.approx(0.001 / 5.25 * 1e6)
+    assert s.cost.per_request == pytest.approx(0.002)
+    # the JSON layout bench.json has always had
+    d = s.to_dict()
+    assert d["ttft_ms"] == {"mean": pytest.approx(200), "p50": pytest.approx(200), "p90": pytest.approx(280),
+                            "p99": pytest.approx(298)}
+    assert d["goodput"]["slo"] == {"ttft_ms": 200, "tpot_ms": 150, "e2e_ms": None}
 
 
 def test_slo_and_cost_edges():
@@ -60,11 +65,11 @@ def test_slo_and_cost_edges():
     assert not meets_slo(r, SLO(e2e_ms=100))
     assert meets_slo(r, None)
     assert not meets_slo(RequestResult(ok=False), None)
-    assert cost_figures(None, 10, 1)["per_1m_output_tokens"] is None
-    assert cost_figures(1.0, 0, 0)["per_request"] is None
+    assert cost_figures(None, 10, 1).per_1m_output_tokens is None
+    assert cost_figures(1.0, 0, 0).per_request is None
     assert ratio(2, 3) == 1.5 and ratio(0, 3) is None and ratio(None, 1) is None
     empty = summarize([], 1.0)
-    assert empty["ttft_ms"]["p50"] is None and empty["goodput"]["fraction"] is None
+    assert empty.ttft_ms.p50 is None and empty.goodput.fraction is None
 
 
 PROM = """# HELP vllm:kv_cache_usage_perc KV-cache usage. 1 means 100 percent usage.
@@ -96,9 +101,9 @@ def test_timeline_summary_deltas():
     tl = Timeline(available=True, samples=[
         Sample(0.0, 0.1, 1, 0, 2, 100, 10), Sample(0.5, 0.4, 4, 3, 5, 300, 110), Sample(1.0, 0.2, 2, 0, 6, 400, 160)])
     s = tl.summary()
-    assert s["kv_cache_usage_max"] == 0.4 and s["running_max"] == 4 and s["waiting_max"] == 3
-    assert s["preemptions"] == 4  # 6 - 2
-    assert s["prefix_cache_hit_rate"] == pytest.approx(150 / 300)
+    assert s.kv_cache_usage_max == 0.4 and s.running_max == 4 and s.waiting_max == 3
+    assert s.preemptions == 4  # 6 - 2
+    assert s.prefix_cache_hit_rate == pytest.approx(150 / 300)
 
 
 def test_arrival_offsets():
@@ -195,8 +200,8 @@ def test_experiment_arms_and_ab_table():
             "tpot_ms": {"p50": None}, "e2e_ms": {"p50": 100.0}, "goodput": {"requests_per_s": 1.0}, "failed": 0}}
 
     t = ab_table("x", "off", "on", [level("concurrency 1", 10.0, 200.0)], [level("concurrency 1", 15.0, 100.0)])
-    f = t["rows"][0]["figures"]
-    assert f["output_token_throughput"]["ratio"] == 1.5 and f["ttft_p50_ms"]["ratio"] == 0.5
-    assert f["tpot_p50_ms"]["ratio"] is None and f["ttft_p50_ms"]["higher_is_better"] is False
+    f = t.rows[0].figures
+    assert f["output_token_throughput"].ratio == 1.5 and f["ttft_p50_ms"].ratio == 0.5
+    assert f["tpot_p50_ms"].ratio is None and f["ttft_p50_ms"].higher_is_better is False
     levels = sweep_levels(BenchSection(concurrency=[1, 4], rate=[2.5], burst={"size": 8, "interval_s": 2}))
     assert [lv.label for lv in levels] == ["concurrency 1", "concurrency 4", "rate 2.5/s", "burst 8 every 2s"]

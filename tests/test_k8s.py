@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infertool.deploy.k8s import (
+from infertool.serve.k8s import (
     comment_text,
     container_model_path,
     is_secret_env,

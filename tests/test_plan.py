@@ -182,7 +182,8 @@ def test_kv_capacity_matches_vllm_startup_report(tiny_model, serve_python, tmp_p
     r = recipe(source=str(tiny_model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1},
                                                "enforce_eager": True, "port": _free_port()})
     p = make_plan(r)
-    launch = prepare(resolve(r), python=str(serve_python))
+    res = resolve(r)
+    launch = prepare(res, port=res.serve_section.port, python=str(serve_python))  # run as `infertool serve` would
     log = tmp_path / "vllm.log"
     env = dict(os.environ, **launch.spec.env)
     cmd = launch.spec.argv

@@ -193,7 +193,8 @@ def test_busy_port_and_bad_model_give_clear_errors_with_log_tail(tiny_model, ser
         busy_recipe = load_recipe(str(write_recipe(tmp_path / "busy.yaml", tiny_model, busy_port)))
         bad_recipe = load_recipe(str(write_recipe(tmp_path / "bad.yaml", bad, free_port())))
         for name, rec in (("busy", busy_recipe), ("bad", bad_recipe)):
-            plan = prepare(resolve(rec), check_port=False)
+            res = resolve(rec)  # the recipe's own port, as `infertool serve` launches it (internal launches pick one)
+            plan = prepare(res, port=res.serve_section.port, check_port=False)
             servers[name] = Server(plan.spec, tmp_path / f"{name}.log")
             servers[name].start()
         errors = {}

@@ -31,6 +31,7 @@ import time
 from typing import Callable
 
 from infertool.bench.metrics import RequestResult, percentile
+from infertool.bench.results import ClientHealth
 from infertool.perf.host import usable_cores
 
 CPU_BOUND = 0.9  # of one core
@@ -76,7 +77,7 @@ class Monitor:
         return {"cpu_s": cpu, "wall_s": wall, "lags_s": list(self.lags)}
 
 
-def health(stats: list[dict], processes: int, itl_p50_ms: float | None = None) -> dict:
+def health(stats: list[dict], processes: int, itl_p50_ms: float | None = None) -> ClientHealth:
     """The client's figures over its processes (the worst process counts) and whether it was the limit: a
     median lag over LAG_BOUND_MS, or over a tenth of the measured ITL when that is longer (a slow server's
     50 ms tokens are not blurred by a 2 ms lag)."""
@@ -96,11 +97,10 @@ def health(stats: list[dict], processes: int, itl_p50_ms: float | None = None) -
                 + (f"set bench.client_processes to {min(cores, processes * 2)} (this machine has {cores} usable "
                    "cores) or " if processes < cores else "")
                 + "run the bench from a machine with spare cores, or lower the concurrency")
-    return {"processes": processes, "cpu_fraction": cpu,
-            "cpu_s": sum(s["cpu_s"] for s in stats),
-            "lag_ms": {"p50": percentile(lags_ms, 50), "p99": percentile(lags_ms, 99),
-                       "max": max(lags_ms) if lags_ms else None},
-            "client_bound": bound, "reason": "; ".join(reasons) or None, "hint": hint}
+    return ClientHealth(processes=processes, cpu_fraction=cpu, cpu_s=sum(s["cpu_s"] for s in stats),
+                        lag_ms={"p50": percentile(lags_ms, 50), "p99": percentile(lags_ms, 99),
+                                "max": max(lags_ms) if lags_ms else None},
+                        client_bound=bound, reason="; ".join(reasons) or None, hint=hint)
 
 
 

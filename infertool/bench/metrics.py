@@ -8,7 +8,8 @@ Definitions (the same as vLLM's ``bench serve`` so the two can be compared):
 - Throughput: completed requests, output tokens and all tokens per second of the run's wall time.
 - Goodput: completed requests per second that met every SLO given (TTFT, TPOT, E2E).
 - Cost: ``cost_per_hour`` spread over what the run produced: $ per 1M output tokens and $ per request.
-Percentiles interpolate linearly between order statistics (numpy's default).
+Percentiles interpolate linearly between order statistics (numpy's default). The figures are the typed
+records of ``infertool.bench.results`` (``Summary``), which name each of them once.
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ import math
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-PERCENTILES = (50, 90, 99)
+from infertool.bench.results import SLO, Cost, Goodput, Latency, Summary
+
+PERCENTILES = (50, 90, 99)  # the fields of results.Latency besides the mean
 
 
 @dataclass
@@ -44,16 +47,6 @@ class RequestResult:
         return None if self.e2e is None else self.start + self.e2e
 
 
-@dataclass
-class SLO:
-    ttft_ms: float | None = None
-    tpot_ms: float | None = None
-    e2e_ms: float | None = None
-
-    def is_set(self) -> bool:
-        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
-
-
 def percentile(values: Sequence[float], q: float) -> float | None:
     """The q-th percentile (0..100) with linear interpolation; None for no values."""
     if not values:
@@ -69,13 +62,11 @@ def percentile(values: Sequence[float], q: float) -> float | None:
     return data[lo] + (data[hi] - data[lo]) * (pos - lo)
 
 
-def distribution_ms(values_s: Iterable[float], percentiles: Sequence[float] = PERCENTILES) -> dict:
-    """mean and percentiles of seconds, in milliseconds (None when empty)."""
+def distribution_ms(values_s: Iterable[float]) -> Latency:
+    """mean and percentiles (PERCENTILES) of seconds, in milliseconds (None when empty)."""
     ms = [v * 1000.0 for v in values_s]
-    result: dict = {"mean": (sum(ms) / len(ms)) if ms else None}
-    for q in percentiles:
-        result[f"p{q:g}"] = percentile(ms, q)
-    return result
+    p50, p90, p99 = (percentile(ms, q) for q in PERCENTILES)
+    return Latency(mean=(sum(ms) / len(ms)) if ms else None, p50=p50, p90=p90, p99=p99)
 
 
 def meets_slo(r: RequestResult, slo: SLO | None) -> bool:
@@ -93,16 +84,14 @@ def meets_slo(r: RequestResult, slo: SLO | None) -> bool:
     return True
 
 
-def cost_figures(cost_per_hour: float | None, output_tokens_per_s: float, requests_per_s: float) -> dict:
+def cost_figures(cost_per_hour: float | None, output_tokens_per_s: float, requests_per_s: float) -> Cost:
     """$ per 1M output tokens and $ per request when the machine costs ``cost_per_hour``."""
     if cost_per_hour is None:
-        return {"cost_per_hour": None, "per_1m_output_tokens": None, "per_request": None}
+        return Cost()
     per_s = cost_per_hour / 3600.0
-    return {
-        "cost_per_hour": cost_per_hour,
-        "per_1m_output_tokens": (per_s / output_tokens_per_s * 1e6) if output_tokens_per_s > 0 else None,
-        "per_request": (per_s / requests_per_s) if requests_per_s > 0 else None,
-    }
+    return Cost(cost_per_hour=cost_per_hour,
+                per_1m_output_tokens=(per_s / output_tokens_per_s * 1e6) if output_tokens_per_s > 0 else None,
+                per_request=(per_s / requests_per_s) if requests_per_s > 0 else None)
 
 
 def summarize(
@@ -111,46 +100,34 @@ def summarize(
     *,
     slo: SLO | None = None,
     cost_per_hour: float | None = None,
-) -> dict:
-    """Every figure of one load level, as JSON-able data."""
+) -> Summary:
+    """Every figure of one load level."""
     done = [r for r in results if r.ok]
-    failed = [r for r in results if not r.ok]
     errors: dict[str, int] = {}
-    for r in failed:
-        key = (r.error or "error").split(":", 1)[0][:80]
-        errors[key] = errors.get(key, 0) + 1
+    for r in results:
+        if not r.ok:
+            key = (r.error or "error").split(":", 1)[0][:80]
+            errors[key] = errors.get(key, 0) + 1
     out_tokens = sum(r.output_tokens for r in done)
     in_tokens = sum(r.prompt_tokens or 0 for r in done)
     duration = max(duration_s, 1e-9)
     rps = len(done) / duration
     otps = out_tokens / duration
     good = [r for r in done if meets_slo(r, slo)]
-    itl = [gap for r in done for gap in r.itl]
-    return {
-        "requests": len(results),
-        "completed": len(done),
-        "failed": len(failed),
-        "errors": errors,
-        "duration_s": duration_s,
-        "prompt_tokens": in_tokens,
-        "output_tokens": out_tokens,
-        "mean_prompt_tokens": (in_tokens / len(done)) if done else None,
-        "mean_output_tokens": (out_tokens / len(done)) if done else None,
-        "request_throughput": rps,
-        "output_token_throughput": otps,
-        "total_token_throughput": (in_tokens + out_tokens) / duration,
-        "ttft_ms": distribution_ms([r.ttft for r in done if r.ttft is not None]),
-        "tpot_ms": distribution_ms([t for r in done if (t := r.tpot) is not None]),
-        "itl_ms": distribution_ms(itl),
-        "e2e_ms": distribution_ms([r.e2e for r in done if r.e2e is not None]),
-        "goodput": {
-            "slo": None if slo is None or not slo.is_set() else {
-                "ttft_ms": slo.ttft_ms, "tpot_ms": slo.tpot_ms, "e2e_ms": slo.e2e_ms},
-            "requests_per_s": len(good) / duration,
-            "fraction": (len(good) / len(results)) if results else None,
-        },
-        "cost": cost_figures(cost_per_hour, otps, rps),
-    }
+    return Summary(
+        requests=len(results), completed=len(done), failed=len(results) - len(done), errors=errors,
+        duration_s=duration_s, prompt_tokens=in_tokens, output_tokens=out_tokens,
+        mean_prompt_tokens=(in_tokens / len(done)) if done else None,
+        mean_output_tokens=(out_tokens / len(done)) if done else None,
+        request_throughput=rps, output_token_throughput=otps, total_token_throughput=(in_tokens + out_tokens) / duration,
+        ttft_ms=distribution_ms([r.ttft for r in done if r.ttft is not None]),
+        tpot_ms=distribution_ms([t for r in done if (t := r.tpot) is not None]),
+        itl_ms=distribution_ms([gap for r in done for gap in r.itl]),
+        e2e_ms=distribution_ms([r.e2e for r in done if r.e2e is not None]),
+        goodput=Goodput(slo=slo if slo is not None and slo.is_set() else None, requests_per_s=len(good) / duration,
+                        fraction=(len(good) / len(results)) if results else None),
+        cost=cost_figures(cost_per_hour, otps, rps),
+    )
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

@@ -4,41 +4,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from infertool.bench.results import BenchReport
 
-def plot_latency_throughput(report: dict, path: str | Path) -> Path:
+
+def plot_latency_throughput(report, path: str | Path) -> Path:
     """One point per load level: output tokens/s on x; TTFT p50 and TPOT p50 (ms) on y; one line per
     traffic pattern of the sweep, per experiment arm that is not the sweep itself and, when `run` measured
-    the original beside the candidate (``report["original"]``), per traffic pattern of the original. Models
-    are named as a person names them (``label``: source and quantization), never by a cache path."""
+    the original beside the candidate (``report.original``), per traffic pattern of the original. Models
+    are named as a person names them (``label``: source and quantization), never by a cache path.
+    ``report``: a BenchReport or its JSON data (bench.json)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    original = report.get("original")
-    series: dict[str, list[dict]] = {}
-    for lv in report.get("levels", []):
-        series.setdefault(f"candidate: {lv['level']['kind']}" if original else lv["level"]["kind"], []).append(lv)
-    for lv in (original or {}).get("levels", []):
-        series.setdefault(f"original: {lv['level']['kind']}", []).append(lv)
-    main = [lv["summary"]["output_token_throughput"] for lv in report.get("levels", [])
-            if lv["level"]["kind"] == "concurrency"]
-    for exp in report.get("experiments", []):
-        for arm in ("a", "b"):  # the arm that IS the main sweep is drawn once, as the sweep
-            rows = exp.get("rows", [])
-            if [row["figures"]["output_token_throughput"][arm] for row in rows] == main:
-                continue
-            series[f"{exp['experiment']}: {exp[arm]}"] = [{
-                "level": {"label": row["b_level"] if arm == "b" else row["level"]},
-                "summary": {"output_token_throughput": row["figures"]["output_token_throughput"][arm],
-                            "ttft_ms": {"p50": row["figures"]["ttft_p50_ms"][arm]},
-                            "tpot_ms": {"p50": row["figures"]["tpot_p50_ms"][arm]}},
-            } for row in rows]
+    report = BenchReport.from_dict(report)
+    series = _series(report)
     fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
-    for ax, key, title in ((axes[0], "ttft_ms", "TTFT p50 (ms)"), (axes[1], "tpot_ms", "TPOT p50 (ms)")):
-        for name, levels in series.items():
-            pts = [(lv["summary"]["output_token_throughput"], (lv["summary"].get(key) or {}).get("p50"),
-                    lv["level"]["label"]) for lv in levels]
+    for ax, key, title in ((axes[0], 0, "TTFT p50 (ms)"), (axes[1], 1, "TPOT p50 (ms)")):
+        for name, points in series.items():
+            pts = [(tok_s, lat[key], label) for tok_s, lat, label in points]
             pts = [p for p in pts if p[0] is not None and p[1] is not None]
             if not pts:
                 continue
@@ -62,13 +47,43 @@ def plot_latency_throughput(report: dict, path: str | Path) -> Path:
     return out
 
 
-def plot_title(report: dict) -> str:
+def _series(report: BenchReport) -> dict[str, list[tuple]]:
+    """Each line of the plot: its name -> (output tok/s, (TTFT p50, TPOT p50), level label) per point."""
+    original = report.original
+    series: dict[str, list[tuple]] = {}
+
+    def point(s, label: str) -> tuple:
+        return s.output_token_throughput, (s.ttft_ms.p50, s.tpot_ms.p50), label
+
+    for lv in report.levels:
+        series.setdefault(f"candidate: {lv.level.kind}" if original else lv.level.kind, []).append(
+            point(lv.summary, lv.level.label))
+    for lv in (original.levels if original else []):
+        series.setdefault(f"original: {lv.level.kind}", []).append(point(lv.summary, lv.level.label))
+    main = [lv.summary.output_token_throughput for lv in report.levels if lv.level.kind == "concurrency"]
+    for exp in report.experiments:
+        for arm in ("a", "b"):  # the arm that IS the main sweep is drawn once, as the sweep
+            pts = [(_figure(row, "output_token_throughput", arm),
+                    (_figure(row, "ttft_p50_ms", arm), _figure(row, "tpot_p50_ms", arm)),
+                    row.b_level if arm == "b" else row.level) for row in exp.rows]
+            if [p[0] for p in pts] != main:
+                series[f"{exp.experiment}: {getattr(exp, arm)}"] = pts
+    return series
+
+
+def _figure(row, key: str, arm: str) -> float | None:
+    f = row.figures.get(key)
+    return None if f is None else getattr(f, arm)
+
+
+def plot_title(report) -> str:
     """'latency vs throughput: <label>', with the original on a second line when it was measured too."""
-    label = report.get("label") or (report.get("served") or {}).get("label") or report.get("model") or ""
-    original = report.get("original")
+    report = BenchReport.from_dict(report)
+    label = report.label or (report.served or {}).get("label") or report.model or ""
+    original = report.original
     if not original:
         return f"latency vs throughput: {label}"
-    orig = original.get("label") or (original.get("served") or {}).get("label") or "the original"
+    orig = original.label or (original.served or {}).get("label") or "the original"
     return f"latency vs throughput\ncandidate: {label}\noriginal: {orig}"
 
 

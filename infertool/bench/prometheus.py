@@ -14,6 +14,8 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from infertool.bench.results import ServerMetrics
+
 # our name -> the metric names that feed it (first found wins; values are summed over label sets)
 WATCHED: dict[str, tuple[str, ...]] = {
     "kv_cache_usage": ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc"),
@@ -82,7 +84,7 @@ class Timeline:
     samples: list[Sample] = field(default_factory=list)
     note: str | None = None
 
-    def summary(self) -> dict:
+    def summary(self) -> ServerMetrics:
         """Peaks and deltas over the run (what the tables show next to the latencies)."""
 
         def series(name: str) -> list[float]:
@@ -91,16 +93,13 @@ class Timeline:
         kv, run, wait = series("kv_cache_usage"), series("running"), series("waiting")
         pre = series("preemptions")
         q, h = series("prefix_cache_queries"), series("prefix_cache_hits")
-        return {
-            "available": self.available,
-            "samples": len(self.samples),
-            "kv_cache_usage_max": max(kv) if kv else None,
-            "kv_cache_usage_mean": (sum(kv) / len(kv)) if kv else None,
-            "running_max": max(run) if run else None,
-            "waiting_max": max(wait) if wait else None,
-            "preemptions": (pre[-1] - pre[0]) if len(pre) >= 2 else (0.0 if pre else None),
-            "prefix_cache_hit_rate": _delta_ratio(h, q),
-        }
+        return ServerMetrics(
+            available=self.available, samples=len(self.samples),
+            kv_cache_usage_max=max(kv) if kv else None, kv_cache_usage_mean=(sum(kv) / len(kv)) if kv else None,
+            running_max=max(run) if run else None, waiting_max=max(wait) if wait else None,
+            preemptions=(pre[-1] - pre[0]) if len(pre) >= 2 else (0.0 if pre else None),
+            prefix_cache_hit_rate=_delta_ratio(h, q), note=self.note,
+        )
 
 
 def _delta_ratio(hits: list[float], queries: list[float]) -> float | None:

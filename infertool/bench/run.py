@@ -1,13 +1,17 @@
-"""The bench: a sweep of load levels against one server, and A/B experiments across servers.
+"""The bench capability: ``plan(res, BenchOptions) -> BenchPlan`` and ``run(plan, ctx) -> BenchReport``
+(``from infertool.bench import run as bench``: ``bench.run(bench.plan(res, bench.BenchOptions()), ctx)``).
 
-``run_bench(recipe, url=...)`` measures a running server (any OpenAI-compatible one; only that URL
-is contacted). Without a URL it launches the recipe's own vLLM server (on a free port), measures it
-and stops it. Experiments that need another server configuration (prefix caching, speculative
-decoding) launch one server per arm, so they need no URL; the batching experiment uses one server.
+A sweep of load levels against one server, and A/B experiments across servers. With ``options.url`` it
+measures a running server (any OpenAI-compatible one; only that URL is contacted). Without one it launches
+the recipe's own vLLM server (the one launcher, which picks its port), measures it and stops it (through
+``ctx.servers``, `run`'s pool, the pool keeps it for its other stages). Experiments that need another server
+configuration (prefix caching, speculative decoding) launch one server per arm, so they need no URL; the
+batching experiment uses one server.
 
 Every level of every arm sends prompts built from the same seed, so arms see the same traffic. On
 one server, the second arm (static batches) gets its own texts of the same lengths, so that prefix
-caching of the first arm's prompts does not flatter it.
+caching of the first arm's prompts does not flatter it. Measuring lives in ``infertool.bench.sweep``, the
+figures in ``infertool.bench.results``.
 """
 
 from __future__ import annotations
@@ -15,286 +19,208 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any, Callable
 
-from infertool.bench.client import Target, list_models, normalise_url, send, tokenize_count
-from infertool.bench.metrics import SLO, RequestResult, percentile, ratio, summarize
-from infertool.bench.prometheus import Sampler, Timeline
-from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, build_prompts, chars_per_token
-from infertool.bench.traffic import Level, run_level
-from infertool.errors import RuntimeFailure, UsageError
+from infertool.bench.client import normalise_url
+from infertool.bench.metrics import ratio
+from infertool.bench.results import FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, LevelResult
+from infertool.bench.sweep import (
+    ServerHandle, client_notes, connect, measure_levels, require_success, slo_of, sweep_levels,
+)
+from infertool.bench.traffic import Level
+from infertool.capability import RunContext
+from infertool.errors import UsageError
+
+__all__ = ["BenchOptions", "BenchPlan", "BenchReport", "ServerHandle", "ab_table", "comparison_table", "connect",
+           "launch_plans", "measure", "plan", "plans_compare", "quantization_arms", "run", "run_bench", "sweep_levels"]
 
 EventCallback = Callable[[dict], None]
 SERVER_EXPERIMENTS = ("prefix_caching", "speculative")
 DEFAULT_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
-# figures compared in the A/B tables: (key in a summary, path, label, higher is better)
-AB_FIGURES = [
-    ("output_token_throughput", ("output_token_throughput",), "output tok/s", True),
-    ("request_throughput", ("request_throughput",), "req/s", True),
-    ("ttft_p50_ms", ("ttft_ms", "p50"), "TTFT p50 ms", False),
-    ("tpot_p50_ms", ("tpot_ms", "p50"), "TPOT p50 ms", False),
-    ("e2e_p50_ms", ("e2e_ms", "p50"), "E2E p50 ms", False),
-    ("goodput", ("goodput", "requests_per_s"), "goodput req/s", True),
-    ("cost_per_1m_output_tokens", ("cost", "per_1m_output_tokens"), "$/1M out tok", False),
-]
 
 
-def _emit(on_event: EventCallback | None, **ev) -> None:
-    if on_event is not None:
-        on_event(ev)
+# ------------------------------------------------------------------------------------------ the contract
+@dataclass
+class BenchOptions:
+    """What a command line or a stage asks beyond the recipe's bench and serve sections."""
 
-
-def sweep_levels(bench) -> list[Level]:
-    levels = [Level("concurrency", c) for c in bench.concurrency]
-    levels += [Level("rate", r) for r in (bench.rate or [])]
-    if bench.burst is not None:
-        levels.append(Level("burst", bench.burst.size, bench.burst.interval_s))
-    return levels
-
-
-def slo_of(bench) -> SLO | None:
-    if bench.slo is None:
-        return None
-    return SLO(bench.slo.ttft_ms, bench.slo.tpot_ms, bench.slo.e2e_ms)
-
-
-def timeline_windows(results: list[RequestResult], timeline: Timeline, duration: float, n: int = 8) -> list[dict]:
-    """The level cut into ``n`` windows: server gauges next to the latencies of requests ending there."""
-    if duration <= 0:
-        return []
-    width = duration / n
-    rows = []
-    for k in range(n):
-        lo, hi = k * width, (k + 1) * width
-        ended = [r for r in results if r.ok and r.end is not None and lo <= r.end < hi + (1e-9 if k == n - 1 else 0)]
-        samples = [s for s in timeline.samples if lo <= s.t < hi]
-        def avg(name: str):
-            vals = [v for s in samples if (v := getattr(s, name)) is not None]
-            return (sum(vals) / len(vals)) if vals else None
-        def last(name: str):
-            vals = [v for s in samples if (v := getattr(s, name)) is not None]
-            return vals[-1] if vals else None
-        rows.append({
-            "t_start_s": lo, "t_end_s": hi, "completed": len(ended),
-            "ttft_p50_ms": _ms(percentile([r.ttft for r in ended if r.ttft is not None], 50)),
-            "e2e_p50_ms": _ms(percentile([r.e2e for r in ended if r.e2e is not None], 50)),
-            "kv_cache_usage": avg("kv_cache_usage"), "running": avg("running"), "waiting": avg("waiting"),
-            "preemptions_total": last("preemptions"),
-        })
-    return rows
-
-
-def _ms(v: float | None) -> float | None:
-    return None if v is None else v * 1000.0
+    url: str | None = None  # a running server (only it is contacted); None: launch the recipe's
+    model: str | None = None  # the model name to request (default: the server's first)
+    serve_model: Any = None  # a ModelRef of the same resolution to launch instead of the served one (run's original)
+    arm: str = "sweep"  # names the sweep in progress events ("candidate", "original" in `run`)
+    experiments: bool = True  # False: the sweep alone
+    with_original: bool = False  # show the original's launch too (what `run` measures beside the candidate)
 
 
 @dataclass
-class ServerHandle:
-    url: str  # .../v1
-    model: str
-    api_key: str | None
-    launched: dict | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
-    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+class Arm:
+    """A server the bench launches: its label, its serve settings, its model (None: the served model)."""
+
+    label: str
+    serve: Any  # infertool.recipe.ServeSection
+    model: Any = None  # infertool.resolve.ModelRef
+    experiment: str | None = None
+    on: bool = True  # the experiment's feature is on in this arm (the sweep's server has the recipe's)
 
 
-async def _connect(client, url: str, api_key: str | None, model: str | None, bench,
-                   key_var: str | None = None) -> tuple[str, float]:
-    import httpx
+@dataclass
+class BenchPlan:
+    res: Any  # infertool.resolve.Resolution
+    options: BenchOptions
+    bench: Any  # the recipe's bench section (its defaults when it has none)
+    url: str | None
+    levels: list[Level]
+    experiments: list[str]
+    sweep: Arm | None  # the server of the sweep (None: --url)
+    arms: list[Arm] = field(default_factory=list)  # the other arm of each server experiment
+    notes: list[str] = field(default_factory=list)
 
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        models = await list_models(client, url, headers)
-    except httpx.HTTPStatusError as exc:
-        code = exc.response.status_code
-        hint = ("put the server's key in the variable named by serve.api_key_env"
-                + (f" ({key_var})" if key_var else "")) if code in (401, 403) else "check --url"
-        raise RuntimeFailure(f"{url}/models answered HTTP {code}" + (": the API key is missing or wrong"
-                             if code in (401, 403) else ""), hint=hint) from None
-    except Exception as exc:  # noqa: BLE001
-        raise RuntimeFailure(f"cannot reach an OpenAI-compatible server at {url}: {type(exc).__name__}: {exc}",
-                             hint="start one (`infertool serve RECIPE --detach`) or check --url") from None
-    if model is None:
-        if not models:
-            raise RuntimeFailure(f"{url}/models lists no model")
-        model = models[0]
-    elif models and model not in models:
-        raise UsageError(f"the server at {url} does not serve {model!r} (it serves: {', '.join(models)})")
-    # calibrate on prompts like the ones that will be sent (same source, same kind of windows)
-    sample = "\n".join(p.text for p in build_prompts(bench.model_copy(update={"seed": bench.seed + 7919}), 8))
-    tokens = await tokenize_count(client, url.removesuffix("/v1"), model, sample, headers)
-    return model, chars_per_token(len(sample), tokens)
+    def launches(self) -> dict:
+        """The vLLM launches it makes, by label (dry runs of ``infertool.serve.prepare``): the sweep, each
+        experiment arm, and (``with_original``) the original with the same settings."""
+        from infertool.serve import prepare
 
+        arms = ([self.sweep] if self.sweep else []) + self.arms
+        if self.options.with_original and self.sweep is not None:
+            arms.append(Arm("the original", self.sweep.serve, self.res.base))
+        return {a.label: prepare(self.res, model=a.model, serve=a.serve, purpose=f"bench: {a.label}", dry_run=True)
+                for a in arms}
 
-WARMUP_TIMEOUT_S = 60.0  # the warm-up request's deadline (at most bench.max_duration_s)
-PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of a level)
+    def to_dict(self) -> dict:
+        return {"url": self.url, "levels": [lv.to_dict() for lv in self.levels], "experiments": self.experiments,
+                "notes": self.notes, "launches": {k: p.to_dict() for k, p in self.launches().items()}}
 
 
-async def _measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int,
-                   on_event: EventCallback | None, warmup: bool) -> list[dict]:
-    import httpx
-
-    from infertool.bench.client import Pool
-    from infertool.bench.loadgen import Monitor, choose_processes, health, run_level_processes
-    from infertool.bench.prompts import PromptStream, iter_prompts
-
-    target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
-    setting = getattr(bench, "client_processes", "auto")
-    out: list[dict] = []
-    pool = Pool(handle.url)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:  # /metrics scrapes
-        try:
-            if warmup:
-                await send(pool, target, "Hello", 4, time.monotonic(),
-                           timeout_s=min(WARMUP_TIMEOUT_S, bench.max_duration_s))
-            for idx, level in enumerate(levels):
-                seed_bench = bench.model_copy(update={"seed": bench.seed * 1000 + idx + seed_salt})
-                task, desc = f"{arm}:{level.label}", f"{arm}: {level.label}"
-                sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
-                shown = [0.0, 0]  # when, what
-
-                def progress(done: int, task=task, desc=desc, final: bool = False) -> None:
-                    now = time.monotonic()
-                    if done != shown[1] and (final or done >= bench.requests or now - shown[0] >= PROGRESS_EVERY_S):
-                        shown[:] = [now, done]
-                        _emit(on_event, event="progress", task=task, completed=done, total=bench.requests,
-                              description=desc)
-
-                _emit(on_event, event="progress", task=task, completed=0, total=bench.requests, description=desc)
-                processes = choose_processes(setting, level)
-                if processes > 1:
-                    job = {"target": target, "level": level, "n": bench.requests, "bench": seed_bench,
-                           "chars_per_token": handle.chars_per_token, "deadline_s": bench.max_duration_s,
-                           "seed": bench.seed + idx}
-                    results, duration, stats = await run_level_processes(job, processes, progress, sampler.start)
-                else:
-                    prompts = PromptStream(iter_prompts(seed_bench, bench.requests, handle.chars_per_token))
-                    t0 = time.monotonic()
-                    deadline = time.perf_counter() + bench.max_duration_s
-                    sampler.start(t0)
-                    done = 0
-
-                    async def one(i: int) -> RequestResult:
-                        nonlocal done
-                        p = prompts.get(i)
-                        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=bench.max_duration_s,
-                                       deadline=deadline)
-                        done += 1
-                        progress(done)
-                        return r
-
-                    monitor = Monitor().start()
-                    try:
-                        results, duration = await run_level(one, bench.requests, level,
-                                                            deadline_s=bench.max_duration_s, seed=bench.seed + idx,
-                                                            t0=t0)
-                    finally:
-                        stats = [monitor.stop()]
-                progress(len(results), final=True)  # what was sent (a deadline may have cut the level short)
-                timeline = await sampler.stop()
-                summary = summarize(results, duration, slo=slo_of(bench), cost_per_hour=bench.cost_per_hour)
-                out.append({
-                    "arm": arm,
-                    "level": level.to_dict(),
-                    "summary": summary,
-                    "client": health(stats, processes, summary["itl_ms"]["p50"]),
-                    "server_metrics": {**timeline.summary(), "note": timeline.note},
-                    "timeline": timeline_windows(results, timeline, duration,
-                                                 n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
-                })
-        finally:
-            await pool.close()
-    return out
+def plan(res, options: BenchOptions | None = None) -> BenchPlan:
+    """What the bench will send and to which servers; raises UsageError for what cannot run (a server
+    experiment against --url)."""
+    options = options or BenchOptions()
+    bench = bench_section(res.recipe)
+    serve = res.serve_section
+    experiments = list(dict.fromkeys(bench.experiments)) if options.experiments else []
+    url = normalise_url(options.url) if options.url is not None else None
+    needs = [e for e in experiments if e in SERVER_EXPERIMENTS]
+    if url is not None and needs:
+        raise UsageError(
+            f"the {', '.join(needs)} experiment needs servers started with different flags, which "
+            "infertool cannot do to a server at --url",
+            hint="run `infertool bench RECIPE` without --url (it launches one server per arm), or "
+            "--set bench.experiments=[batching]")
+    notes: list[str] = []
+    if "prefix_caching" in experiments and bench.shared_prefix_ratio == 0:
+        notes.append("prefix_caching experiment with bench.shared_prefix_ratio 0: prompts share no prefix, "
+                     "so little difference is expected (set e.g. --set bench.shared_prefix_ratio=0.5)")
+    if "batching" in experiments and bench.output_len_spread == 0 and bench.ignore_eos:
+        notes.append("batching experiment with equal output lengths: static batches lose little; "
+                     "set bench.output_len_spread (e.g. 0.8) to see requests wait for the longest")
+    sweep = None
+    if url is None:
+        sweep = Arm("the sweep" if options.arm == "sweep" else options.arm, serve, options.serve_model)
+    arms = []
+    for exp in needs:
+        recipe_on = serve.enable_prefix_caching if exp == "prefix_caching" else serve.speculative is not None
+        off, on = _arm_labels(exp)
+        arms.append(Arm(off if recipe_on else on, _arm_serve(serve, exp, not recipe_on), None, exp, not recipe_on))
+    return BenchPlan(res, options, bench, url, sweep_levels(bench), experiments, sweep, arms, notes)
 
 
-def client_notes(levels: list[dict]) -> list[str]:
-    """One note per level the load generator itself limited (its latencies are not the server's)."""
-    notes = []
-    for lv in levels:
-        c = lv.get("client") or {}
-        if c.get("client_bound"):
-            notes.append(f"{lv.get('arm', '')}: {lv['level']['label']}: CLIENT-BOUND, the load generator was the limit "
-                         f"({c['reason']}): {c['hint']}")
-    return notes
+def run(plan: BenchPlan, ctx: RunContext | None = None) -> BenchReport:
+    """The sweep (and the planned experiments) on the planned servers, or on the server at the plan's URL.
+    Raises UsageError / RuntimeFailure for what cannot run (a server that answers no request among them)."""
+    ctx = ctx or RunContext()
+    t_start = time.monotonic()
+    notes = list(plan.notes)
+    servers: list[dict] = []
+    if plan.url is not None:
+        from infertool.trust import key_for
+
+        key = key_for(plan.url, plan.res.serve_section.api_key_env, user_urls=[plan.url])  # the user named it
+        handle = ServerHandle(plan.url, plan.options.model or "", key)
+        main, static = _sweep(plan, handle, ctx)
+    else:
+        with _Launched(plan.res, plan.sweep, ctx) as handle:
+            main, static = _sweep(plan, handle, ctx)
+            servers.append(handle.launched)
+    notes += client_notes(main + (static or []))
+    tables: list[Experiment] = []
+    if static is not None:
+        cont = [lv for lv in main if lv.level.kind == "concurrency"]
+        tables.append(ab_table("batching", "continuous (server schedules)", "static batches (wait to fill)", cont, static))
+    for arm in plan.arms:
+        table, other, launched = _experiment(plan, arm, main, ctx)
+        tables.append(table)
+        notes += client_notes(other)
+        servers.append(launched)
+    return BenchReport(
+        url=plan.url or (servers[0]["url"] if servers else None), model=handle.model, endpoint=plan.bench.endpoint,
+        settings=_settings(plan.bench, handle.chars_per_token), levels=main, experiments=tables, servers=servers,
+        notes=notes, seconds=time.monotonic() - t_start,
+        label=None if plan.url is not None else (plan.sweep.model or plan.res.served).label)
 
 
-def require_success(levels: list[dict], where: str) -> None:
-    """A RuntimeFailure when not one request of ``levels`` succeeded (every failure is counted, and a bench
-    that measured nothing must not look like a result)."""
-    if any(lv["summary"]["completed"] for lv in levels):
-        return
-    total = sum(lv["summary"]["requests"] for lv in levels)
-    errors: dict[str, int] = {}
-    for lv in levels:
-        for k, v in lv["summary"]["errors"].items():
-            errors[k] = errors.get(k, 0) + v
-    top = ", ".join(f"{k} x{v}" for k, v in sorted(errors.items(), key=lambda kv: -kv[1])[:3])
-    raise RuntimeFailure(f"bench: none of the {total} requests to {where} succeeded" + (f" ({top})" if top else ""),
-                         hint="check the server's log; `infertool bench --url URL` shows what it answers")
+def _sweep(plan: BenchPlan, handle: ServerHandle, ctx: RunContext) -> tuple[list[LevelResult], list[LevelResult] | None]:
+    """The sweep on one server; then, for the batching experiment, static batches on the same server."""
+    connect(handle, plan.bench, plan.res.serve_section.api_key_env)
+    main = asyncio.run(measure_levels(handle, plan.bench, plan.levels, arm=plan.options.arm, on_event=ctx.on_event,
+                                      warmup=True))
+    require_success(main, handle.url)
+    if "batching" not in plan.experiments:
+        return main, None
+    static_levels = [Level("static", lv.value) for lv in plan.levels if lv.kind == "concurrency"]
+    return main, asyncio.run(measure_levels(handle, plan.bench, static_levels, arm="static batches", seed_salt=500,
+                                            on_event=ctx.on_event))
 
 
-def connect(handle: ServerHandle, bench, key_var: str | None = None) -> ServerHandle:
-    """Check the server answers and learn its model name and characters per token (for prompt lengths)."""
-    import httpx
-
-    async def go() -> None:
-        async with httpx.AsyncClient() as client:
-            handle.model, handle.chars_per_token = await _connect(client, handle.url, handle.api_key, handle.model or None,
-                                                                  bench, key_var)
-
-    asyncio.run(go())
-    return handle
-
-
-def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
-            on_event: EventCallback | None = None, warmup: bool = False) -> list[dict]:
-    """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
-    cost) and the server's own metrics over time, as `infertool bench` reports them."""
-    return asyncio.run(_measure(handle, bench, levels, arm=arm, seed_salt=seed_salt, on_event=on_event, warmup=warmup))
+def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult],
+                ctx: RunContext) -> tuple[Experiment, list[LevelResult], dict]:
+    """The experiment's other arm on its own server, against the sweep: (its table, its levels, its launch)."""
+    with _Launched(plan.res, arm, ctx) as handle:
+        connect(handle, plan.bench, plan.res.serve_section.api_key_env)
+        other = asyncio.run(measure_levels(handle, plan.bench, plan.levels, arm=arm.label, on_event=ctx.on_event,
+                                           warmup=True))
+        require_success(other, handle.url)
+    off, on = (main, other) if arm.on else (other, main)
+    note = None
+    if arm.experiment == "speculative":
+        spec = (arm.serve if arm.on else plan.res.serve_section).speculative
+        note = f"speculative config: {spec.model_dump(exclude_none=True)}"
+    label_off, label_on = _arm_labels(arm.experiment)
+    return ab_table(arm.experiment, label_off, label_on, off, on, note), other, handle.launched
 
 
-def _get(d: dict, path: tuple[str, ...]):
-    for k in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
-
-
-def ab_table(name: str, a_label: str, b_label: str, a_levels: list[dict], b_levels: list[dict], note: str | None = None) -> dict:
-    """Rows pair level i of arm A with level i of arm B; ratio = B / A for every figure."""
+def ab_table(name: str, a_label: str, b_label: str, a_levels: list, b_levels: list, note: str | None = None) -> Experiment:
+    """Rows pair level i of arm A with level i of arm B (LevelResult records or their dicts); ratio = B / A for
+    every figure of ``results.FIGURES``."""
     rows = []
-    for a, b in zip(a_levels, b_levels):
+    for a, b in zip(map(LevelResult.from_dict, a_levels), map(LevelResult.from_dict, b_levels)):
         figures = {}
-        for key, path, label, higher in AB_FIGURES:
-            va, vb = _get(a["summary"], path), _get(b["summary"], path)
-            figures[key] = {"label": label, "a": va, "b": vb, "ratio": ratio(va, vb), "higher_is_better": higher}
-        rows.append({"level": a["level"]["label"], "b_level": b["level"]["label"], "figures": figures,
-                     "errors": {"a": a["summary"]["failed"], "b": b["summary"]["failed"]}})
-    return {"experiment": name, "a": a_label, "b": b_label, "rows": rows, "note": note}
+        for f in FIGURES:
+            va, vb = f.get(a.summary), f.get(b.summary)
+            figures[f.key] = Figure(f.label, va, vb, ratio(va, vb), f.higher_is_better)
+        rows.append(ABRow(a.level.label, b.level.label, figures, {"a": a.summary.failed, "b": b.summary.failed}))
+    return Experiment(name, a_label, b_label, rows, note)
 
 
 # ------------------------------------------------------------------------------------------ servers
 class _Launched:
-    """A server for one arm, started with the one launcher (infertool.serve) on a free port: the
-    resolution's served model (or ``model``, a ModelRef of the same resolution: run's original) with the
-    arm's serve settings; stopped on exit (``pool``: a run's shared server, which the pool stops; the
+    """A server for one arm, started with the one launcher (infertool.serve; it picks the port): the arm's
+    model (the resolution's served model, or another ModelRef of the same resolution: run's original) with the
+    arm's serve settings; stopped on exit (``ctx.servers``: a run's shared server, which the pool stops; the
     pool's other servers stop first, so that each arm is measured alone, as without a pool)."""
 
-    def __init__(self, res, serve, on_event: EventCallback | None, label: str, model=None, pool=None):
-        self.res, self.serve, self.on_event, self.label, self.model = res, serve, on_event, label, model
-        self.pool = pool
+    def __init__(self, res, arm: Arm, ctx: RunContext):
+        self.res, self.arm, self.ctx = res, arm, ctx
         self._cm = None
 
     def __enter__(self) -> ServerHandle:
-        from infertool.procs import free_port
         from infertool.serve import launch, prepare
 
-        port = free_port(self.serve.host if self.serve.host in ("127.0.0.1", "localhost") else "127.0.0.1")
-        plan = prepare(self.res, model=self.model, serve=self.serve, port=port, purpose=f"bench: {self.label}")
+        arm = self.arm
+        plan = prepare(self.res, model=arm.model, serve=arm.serve, purpose=f"bench: {arm.label}")
         errors = plan.errors
         if errors:
             raise UsageError("; ".join(f"{e.field}: {e.message}" for e in errors), hint=errors[0].hint)
-        self._cm = launch(plan, on_event=self.on_event, label=self.label, pool=self.pool, alone=True)
+        self._cm = launch(plan, on_event=self.ctx.on_event, label=arm.label, pool=self.ctx.servers, alone=True)
         srv = self._cm.__enter__()
         return ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict())
 
@@ -303,22 +229,10 @@ class _Launched:
             self._cm.__exit__(*exc)
 
 
-def launch_plans(res, *, with_original: bool = False) -> dict:
-    """The servers a bench without --url launches (dry run): the sweep, then one per server experiment arm;
-    ``with_original``: then the original with the same settings (what `run` compares the candidate with)."""
-    from infertool.serve import prepare
-
-    serve = res.serve_section
-    plans = {"the sweep": prepare(res, serve=serve, purpose="bench: the sweep", dry_run=True)}
-    for exp in dict.fromkeys(bench_section(res.recipe).experiments):
-        if exp not in SERVER_EXPERIMENTS:
-            continue
-        recipe_on = serve.enable_prefix_caching if exp == "prefix_caching" else serve.speculative is not None
-        label = f"{exp.replace('_', ' ')} {'off' if recipe_on else 'on'}"
-        plans[label] = prepare(res, serve=_arm_serve(serve, exp, not recipe_on), purpose=f"bench: {label}", dry_run=True)
-    if with_original:
-        plans["the original"] = prepare(res, model=res.base, serve=serve, purpose="bench: the original", dry_run=True)
-    return plans
+def _arm_labels(experiment: str) -> tuple[str, str]:
+    """The labels of an experiment's arms: (feature off, feature on)."""
+    name = experiment.replace("_", " ")
+    return f"{name} off", f"{name} on"
 
 
 def _arm_serve(serve, experiment: str, on: bool):
@@ -335,40 +249,15 @@ def _arm_serve(serve, experiment: str, on: bool):
     raise ValueError(experiment)
 
 
-# ------------------------------------------------------------------------------------------ entry point
-@dataclass
-class BenchReport:
-    url: str | None
-    model: str  # the name the server announced (what requests ask for)
-    endpoint: str
-    settings: dict
-    levels: list[dict]
-    experiments: list[dict] = field(default_factory=list)
-    servers: list[dict] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)
-    seconds: float = 0.0
-    label: str | None = None  # how a person names the measured model (ModelRef.label); None for --url
-
-    def to_dict(self) -> dict:
-        from infertool.output import to_jsonable
-
-        # to_jsonable: a figure that is not finite (a server's 1e999) is null, so the JSON is valid
-        return to_jsonable({
-            "url": self.url, "model": self.model, "label": self.label, "endpoint": self.endpoint,
-            "settings": self.settings, "levels": self.levels, "experiments": self.experiments,
-            "servers": self.servers, "notes": self.notes, "seconds": self.seconds,
-            "client_bound": any((lv.get("client") or {}).get("client_bound") for lv in self.levels)})
-
-
-def _settings(bench, cpt: float) -> dict:
-    return {
-        "requests_per_level": bench.requests, "max_duration_s": bench.max_duration_s,
-        "prompt": {"source": bench.prompt.source, "len_tokens": bench.prompt.len},
-        "output_len": bench.output_len, "output_len_spread": bench.output_len_spread,
-        "shared_prefix_ratio": bench.shared_prefix_ratio, "ignore_eos": bench.ignore_eos,
-        "slo": None if bench.slo is None else bench.slo.model_dump(), "cost_per_hour": bench.cost_per_hour,
-        "chars_per_token": cpt, "seed": bench.seed, "client_processes": getattr(bench, "client_processes", "auto"),
-    }
+def _settings(bench, cpt: float) -> BenchSettings:
+    return BenchSettings(
+        requests_per_level=bench.requests, max_duration_s=bench.max_duration_s,
+        prompt={"source": bench.prompt.source, "len_tokens": bench.prompt.len},
+        output_len=bench.output_len, output_len_spread=bench.output_len_spread,
+        shared_prefix_ratio=bench.shared_prefix_ratio, ignore_eos=bench.ignore_eos, slo=slo_of(bench),
+        cost_per_hour=bench.cost_per_hour, chars_per_token=cpt, seed=bench.seed,
+        client_processes=getattr(bench, "client_processes", "auto"),
+    )
 
 
 def bench_section(recipe):
@@ -379,100 +268,26 @@ def bench_section(recipe):
     return BenchSection()
 
 
+# ------------------------------------------------------------------------------------------ the old entry points
 def run_bench(res, *, url: str | None = None, model: str | None = None,
               on_event: EventCallback | None = None, serve_model=None, arm: str = "sweep",
               experiments: bool = True, pool=None) -> BenchReport:
-    """The sweep (and the recipe's experiments) on the resolution's served model (``res``: infertool.resolve),
-    or on the server at ``url``. ``serve_model``: another ModelRef of the same resolution to launch instead
-    (run's original, measured with the same serve settings, traffic and SLO); ``experiments=False``: the
-    sweep alone; ``arm`` names it in progress events; ``pool``: `run`'s servers (infertool.serve.pool), shared
-    with its other stages. Raises UsageError/RuntimeFailure for what cannot run."""
-    recipe = res.recipe
-    bench = bench_section(recipe)
-    serve = res.serve_section
-    experiments = list(dict.fromkeys(bench.experiments)) if experiments else []
-    if url is not None:
-        url = normalise_url(url)
-        needs = [e for e in experiments if e in SERVER_EXPERIMENTS]
-        if needs:
-            raise UsageError(
-                f"the {', '.join(needs)} experiment needs servers started with different flags, which "
-                "infertool cannot do to a server at --url",
-                hint="run `infertool bench RECIPE` without --url (it launches one server per arm), or "
-                "--set bench.experiments=[batching]")
-    levels = sweep_levels(bench)
-    t_start = time.monotonic()
-    notes: list[str] = []
-    if "prefix_caching" in experiments and bench.shared_prefix_ratio == 0:
-        notes.append("prefix_caching experiment with bench.shared_prefix_ratio 0: prompts share no prefix, "
-                     "so little difference is expected (set e.g. --set bench.shared_prefix_ratio=0.5)")
-    if "batching" in experiments and bench.output_len_spread == 0 and bench.ignore_eos:
-        notes.append("batching experiment with equal output lengths: static batches lose little; "
-                     "set bench.output_len_spread (e.g. 0.8) to see requests wait for the longest")
+    """``run(plan(res, BenchOptions(...)), RunContext(on_event=..., servers=pool))`` under its old name (the
+    pipeline's bench stage calls it until it calls the contract)."""
+    options = BenchOptions(url=url, model=model, serve_model=serve_model, arm=arm, experiments=experiments)
+    return run(plan(res, options), RunContext(on_event=on_event, servers=pool))
 
-    async def measure(handle: ServerHandle, lv: list[Level], arm: str, salt: int, warm: bool) -> list[dict]:
-        return await _measure(handle, bench, lv, arm=arm, seed_salt=salt, on_event=on_event, warmup=warm)
 
-    async def prepare_handle(handle: ServerHandle) -> ServerHandle:
-        import httpx
+def launch_plans(res, *, with_original: bool = False) -> dict:
+    """``plan(res, BenchOptions(with_original=...)).launches()`` under its old name (`run --dry-run`)."""
+    return plan(res, BenchOptions(with_original=with_original)).launches()
 
-        async with httpx.AsyncClient() as client:
-            handle.model, handle.chars_per_token = await _connect(client, handle.url, handle.api_key, handle.model or model, bench,
-                                                                      serve.api_key_env)
-        return handle
 
-    def sweep_on(handle: ServerHandle, arm: str) -> tuple[list[dict], list[dict] | None]:
-        asyncio.run(prepare_handle(handle))
-        main = asyncio.run(measure(handle, levels, arm, 0, True))
-        require_success(main, handle.url)
-        static = None
-        if "batching" in experiments:
-            static_levels = [Level("static", lv.value) for lv in levels if lv.kind == "concurrency"]
-            static = asyncio.run(measure(handle, static_levels, "static batches", 500, False))
-        return main, static
-
-    servers: list[dict] = []
-    tables: list[dict] = []
-    if url is not None:
-        from infertool.trust import key_for
-
-        key = key_for(url, serve.api_key_env, user_urls=[url])  # --url: the user named this server
-        handle = ServerHandle(url, model or "", key)
-        main, static = sweep_on(handle, arm)
-    else:
-        with _Launched(res, serve, on_event, "the sweep" if arm == "sweep" else arm, model=serve_model, pool=pool) as handle:
-            main, static = sweep_on(handle, arm)
-            servers.append(handle.launched)
-    model_name, cpt = handle.model, handle.chars_per_token
-    notes += client_notes(main + (static or []))
-    cont = [r for r in main if r["level"]["kind"] == "concurrency"]
-    if static is not None:
-        tables.append(ab_table("batching", "continuous (server schedules)", "static batches (wait to fill)",
-                               cont, static))
-    for exp in experiments:
-        if exp not in SERVER_EXPERIMENTS:
-            continue
-        recipe_on = serve.enable_prefix_caching if exp == "prefix_caching" else serve.speculative is not None
-        other = _arm_serve(serve, exp, not recipe_on)
-        label_on = "prefix caching on" if exp == "prefix_caching" else "speculative on"
-        label_off = "prefix caching off" if exp == "prefix_caching" else "speculative off"
-        with _Launched(res, other, on_event, label_off if recipe_on else label_on, pool=pool) as handle:
-            asyncio.run(prepare_handle(handle))
-            other_res = asyncio.run(measure(handle, levels, label_off if recipe_on else label_on, 0, True))
-            require_success(other_res, handle.url)
-            notes += client_notes(other_res)
-            servers.append(handle.launched)
-        off_res, on_res = (other_res, main) if recipe_on else (main, other_res)
-        note = None
-        if exp == "speculative":
-            spec = (other if not recipe_on else serve).speculative
-            note = f"speculative config: {spec.model_dump(exclude_none=True)}"
-        tables.append(ab_table(exp, label_off, label_on, off_res, on_res, note))
-    return BenchReport(
-        url=url or (servers[0]["url"] if servers else None), model=model_name, endpoint=bench.endpoint,
-        settings=_settings(bench, cpt), levels=main, experiments=tables,
-        servers=servers, notes=notes, seconds=time.monotonic() - t_start,
-        label=None if url is not None else (serve_model or res.served).label)
+def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
+            on_event: EventCallback | None = None, warmup: bool = False) -> list[dict]:
+    """``sweep.measure_levels`` as JSON data (tune's capacity probes read it so until they read records)."""
+    return [lv.to_dict() for lv in asyncio.run(measure_levels(handle, bench, levels, arm=arm, seed_salt=seed_salt,
+                                                              on_event=on_event, warmup=warmup))]
 
 
 # ------------------------------------------------------------------------------------------ run: the original too
@@ -502,8 +317,10 @@ def plans_compare(recipe) -> bool:
     return recipe.quantize is not None and (recipe.serve is None or recipe.serve.model in (None, "quantized"))
 
 
-def comparison_table(candidate: dict, original: dict) -> dict:
-    """Level i of the original (A) against level i of the candidate (B), same traffic and SLO: ratio = B / A."""
+def comparison_table(candidate, original) -> dict:
+    """Level i of the original (A) against level i of the candidate (B), same traffic and SLO: ratio = B / A.
+    ``candidate`` / ``original``: BenchReport records or their dicts; the table as JSON data."""
+    candidate, original = BenchReport.from_dict(candidate), BenchReport.from_dict(original)
     note = "one server after the other, the recipe's serve settings, the same prompts (same seeds) and SLO"
-    return ab_table("quantization", original.get("label") or "original", candidate.get("label") or "candidate",
-                    original.get("levels", []), candidate.get("levels", []), note)
+    return ab_table("quantization", original.label or "original", candidate.label or "candidate",
+                    original.levels, candidate.levels, note).to_dict()

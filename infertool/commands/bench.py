@@ -36,60 +36,85 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Load-test an OpenAI-compatible server (--url) or, without one, the recipe's own vLLM server:
         concurrency sweep, Poisson rates, bursts, and the recipe's A/B experiments."""
-        from infertool.bench.run import launch_plans, run_bench
-        from infertool.output import StageProgress, err, out, print_json
+        from infertool.bench import run as bench_cap
+        from infertool.capability import RunContext
+        from infertool.output import StageProgress, err, print_json
         from infertool.recipe import load_recipe
         from infertool.resolve import resolve
 
         res = resolve(load_recipe(recipe, overrides or []))
-        if not dry_run:
-            refuse_overwrite([out_file, plot], force)
+        plan = bench_cap.plan(res, bench_cap.BenchOptions(url=url, model=model))
         if dry_run:
-            plans = {} if url else launch_plans(res)
-            if as_json:
-                print_json({"dry_run": True, "url": url, "resolution": res.to_dict(),
-                            "launches": {k: p.to_dict() for k, p in plans.items()}})
-                return
-            for note in res.notes:
-                out.print(f"note: {note}", markup=False, soft_wrap=True)
-            if url:
-                out.print(f"bench {url}: the server there is measured; nothing is launched", markup=False)
-            for label, p in plans.items():
-                out.print(f"{label}: {p.model.label}", markup=False, soft_wrap=True)
-                out.print("  " + p.spec.shell_line(), markup=False, soft_wrap=True)
+            _render_plan(plan, as_json)
             return
+        refuse_overwrite([out_file, plot], force)
         with StageProgress("bench") as progress:
-            report = run_bench(res, url=url, model=model, on_event=progress.on_event).to_dict()
+            report = bench_cap.run(plan, RunContext(on_event=progress.on_event, user="bench"))
         if plot is not None:
             from infertool.bench.plot import plot_latency_throughput
 
-            report["plot"] = str(plot_latency_throughput(report, plot))
+            report.plot = str(plot_latency_throughput(report, plot))
         if out_file is not None:
             from infertool.atomic import write_json
 
             write_json(out_file, report)
         if as_json:
-            print_json({"ok": True, **report})
+            print_json({"ok": True, **report.to_dict()})
             return
         render(report)
-        if report.get("plot"):
-            err.print(f"plot: {report['plot']}", markup=False, soft_wrap=True)
+        if report.plot:
+            err.print(f"plot: {report.plot}", markup=False, soft_wrap=True)
+
+
+def _render_plan(plan, as_json: bool) -> None:
+    """The servers the bench would launch (none with --url) and their exact commands."""
+    from infertool.output import out, print_json
+
+    if as_json:
+        print_json({"dry_run": True, **plan.to_dict(), "resolution": plan.res.to_dict()})
+        return
+    for note in plan.res.notes:
+        out.print(f"note: {note}", markup=False, soft_wrap=True)
+    if plan.url:
+        out.print(f"bench {plan.url}: the server there is measured; nothing is launched", markup=False)
+    for label, p in plan.launches().items():
+        out.print(f"{label}: {p.model.label}", markup=False, soft_wrap=True)
+        out.print("  " + p.spec.shell_line(), markup=False, soft_wrap=True)
 
 
 def _f(v, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
-def render(report: dict) -> None:
+def render(report) -> None:
+    """The report's tables: latency, throughput / goodput / cost / server metrics per level, the busiest level
+    over time, each A/B experiment; then its notes. ``report``: a BenchReport or its JSON data."""
+    from infertool.bench.results import BenchReport
+    from infertool.output import err, esc as escape
+
+    report = BenchReport.from_dict(report)
+    s = report.settings
+    who = escape(report.label or report.model) + (f" (served as {escape(report.model)})" if report.label else "")
+    err.print(f"[bold]{who}[/] at {escape(str(report.url))} ({escape(report.endpoint)}); "
+              f"{s.requests_per_level} requests per level, prompt ~{s.prompt.get('len_tokens')} tokens "
+              f"({escape(str(s.prompt.get('source')))}), output {s.output_len} tokens", soft_wrap=True)
+    _level_tables(report.levels)
+    errors = {k: v for lv in report.levels for k, v in lv.summary.errors.items()}
+    if errors:
+        err.print(f"[yellow]errors:[/] {escape(str(errors))}", soft_wrap=True)
+    if report.levels:
+        _timeline_table(max(report.levels, key=lambda lv: lv.level.value or 0))
+    for exp in report.experiments:
+        _experiment_table(exp)
+    for note in report.notes:
+        err.print(f"[yellow]note:[/] {escape(str(note))}", soft_wrap=True)
+
+
+def _level_tables(levels) -> None:
     from rich.table import Table
 
-    from infertool.output import err, esc as escape, out, plain
+    from infertool.output import out
 
-    s = report["settings"]
-    who = escape(report.get("label") or report["model"]) + (f" (served as {escape(report['model'])})" if report.get("label") else "")
-    err.print(f"[bold]{who}[/] at {escape(str(report['url']))} ({escape(report['endpoint'])}); "
-              f"{s['requests_per_level']} requests per level, prompt ~{s['prompt']['len_tokens']} tokens "
-              f"({escape(str(s['prompt']['source']))}), output {s['output_len']} tokens", soft_wrap=True)
     lat = Table(title="latency (ms)", title_justify="left")
     for c in ("level", "ok/err", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "E2E p50", "E2E p99",
               "client"):
@@ -98,48 +123,50 @@ def render(report: dict) -> None:
     for c in ("level", "req", "out tok", "goodput req", "$/1M tok", "$/req", "KV %", "run/wait", "preempt",
               "prefix hit %"):
         thr.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
-    for lv in report["levels"]:
-        m, sm = lv["summary"], lv["server_metrics"]
-        label = lv["level"]["label"]
-        lat.add_row(label, f"{m['completed']}/{m['failed']}", _f(m["ttft_ms"]["p50"], "{:.0f}"),
-                    _f(m["ttft_ms"]["p99"], "{:.0f}"), _f(m["tpot_ms"]["p50"]), _f(m["tpot_ms"]["p99"]),
-                    _f(m["itl_ms"]["p50"]), _f(m["e2e_ms"]["p50"], "{:.0f}"), _f(m["e2e_ms"]["p99"], "{:.0f}"),
-                    "[bold red]BOUND[/]" if (lv.get("client") or {}).get("client_bound") else "ok")
-        kv, hit, frac = sm.get("kv_cache_usage_max"), sm.get("prefix_cache_hit_rate"), m["goodput"]["fraction"]
-        thr.add_row(label, _f(m["request_throughput"], "{:.3f}"), _f(m["output_token_throughput"], "{:.2f}"),
-                    _f(m["goodput"]["requests_per_s"], "{:.3f}") + ("" if frac is None else f" ({frac:.0%})"),
-                    _f(m["cost"]["per_1m_output_tokens"], "${:.2f}"), _f(m["cost"]["per_request"], "${:.4f}"),
+    for lv in levels:
+        m, sm, label = lv.summary, lv.server_metrics, lv.level.label
+        lat.add_row(label, f"{m.completed}/{m.failed}", _f(m.ttft_ms.p50, "{:.0f}"), _f(m.ttft_ms.p99, "{:.0f}"),
+                    _f(m.tpot_ms.p50), _f(m.tpot_ms.p99), _f(m.itl_ms.p50), _f(m.e2e_ms.p50, "{:.0f}"),
+                    _f(m.e2e_ms.p99, "{:.0f}"), "[bold red]BOUND[/]" if lv.client_bound else "ok")
+        kv, hit, frac = sm.kv_cache_usage_max, sm.prefix_cache_hit_rate, m.goodput.fraction
+        thr.add_row(label, _f(m.request_throughput, "{:.3f}"), _f(m.output_token_throughput, "{:.2f}"),
+                    _f(m.goodput.requests_per_s, "{:.3f}") + ("" if frac is None else f" ({frac:.0%})"),
+                    _f(m.cost.per_1m_output_tokens, "${:.2f}"), _f(m.cost.per_request, "${:.4f}"),
                     _f(None if kv is None else kv * 100, "{:.2f}"),
-                    f"{_f(sm.get('running_max'), '{:.0f}')}/{_f(sm.get('waiting_max'), '{:.0f}')}",
-                    _f(sm.get("preemptions"), "{:.0f}"), _f(None if hit is None else hit * 100, "{:.0f}"))
+                    f"{_f(sm.running_max, '{:.0f}')}/{_f(sm.waiting_max, '{:.0f}')}",
+                    _f(sm.preemptions, "{:.0f}"), _f(None if hit is None else hit * 100, "{:.0f}"))
     out.print(lat)
     out.print(thr)
-    errors = {k: v for lv in report["levels"] for k, v in lv["summary"]["errors"].items()}
-    if errors:
-        err.print(f"[yellow]errors:[/] {escape(str(errors))}", soft_wrap=True)
-    if report["levels"]:
-        busiest = max(report["levels"], key=lambda lv: lv["level"]["value"])
-        tl = Table(title=plain(f"over time: {busiest['level']['label']}"), title_justify="left")
-        for c in ("t (s)", "done", "TTFT p50 ms", "E2E p50 ms", "KV %", "running", "waiting", "preempt total"):
-            tl.add_column(c, justify="right")
-        for w in busiest["timeline"]:
-            kv = w["kv_cache_usage"]
-            tl.add_row(f"{w['t_start_s']:.1f}-{w['t_end_s']:.1f}", str(w["completed"]), _f(w["ttft_p50_ms"], "{:.0f}"),
-                       _f(w["e2e_p50_ms"], "{:.0f}"), _f(None if kv is None else kv * 100, "{:.2f}"),
-                       _f(w["running"]), _f(w["waiting"]), _f(w["preemptions_total"], "{:.0f}"))
-        out.print(tl)
-    for exp in report["experiments"]:
-        et = Table(title=plain(f"experiment {exp['experiment']}: A = {exp['a']}, B = {exp['b']}"), title_justify="left")
-        for c in ("level", "figure", "A", "B", "B/A"):
-            et.add_column(c, justify="right" if c not in ("level", "figure") else "left")
-        for row in exp["rows"]:
-            first = True
-            for f in row["figures"].values():
-                et.add_row(plain(row["level"] if first else ""), plain(f["label"]), _f(f["a"], "{:.2f}"), _f(f["b"], "{:.2f}"),
-                           _f(f["ratio"], "{:.2f}x"))
-                first = False
-        out.print(et)
-        if exp.get("note"):
-            err.print(plain(exp["note"], style="dim"), soft_wrap=True)
-    for note in report.get("notes", []):
-        err.print(f"[yellow]note:[/] {escape(str(note))}", soft_wrap=True)
+
+
+def _timeline_table(busiest) -> None:
+    from rich.table import Table
+
+    from infertool.output import out, plain
+
+    tl = Table(title=plain(f"over time: {busiest.level.label}"), title_justify="left")
+    for c in ("t (s)", "done", "TTFT p50 ms", "E2E p50 ms", "KV %", "running", "waiting", "preempt total"):
+        tl.add_column(c, justify="right")
+    for w in busiest.timeline:
+        kv = w.kv_cache_usage
+        tl.add_row(f"{w.t_start_s:.1f}-{w.t_end_s:.1f}", str(w.completed), _f(w.ttft_p50_ms, "{:.0f}"),
+                   _f(w.e2e_p50_ms, "{:.0f}"), _f(None if kv is None else kv * 100, "{:.2f}"),
+                   _f(w.running), _f(w.waiting), _f(w.preemptions_total, "{:.0f}"))
+    out.print(tl)
+
+
+def _experiment_table(exp) -> None:
+    from rich.table import Table
+
+    from infertool.output import err, out, plain
+
+    et = Table(title=plain(f"experiment {exp.experiment}: A = {exp.a}, B = {exp.b}"), title_justify="left")
+    for c in ("level", "figure", "A", "B", "B/A"):
+        et.add_column(c, justify="right" if c not in ("level", "figure") else "left")
+    for row in exp.rows:
+        for i, f in enumerate(row.figures.values()):
+            et.add_row(plain(row.level if i == 0 else ""), plain(f.label), _f(f.a, "{:.2f}"), _f(f.b, "{:.2f}"),
+                       _f(f.ratio, "{:.2f}x"))
+    out.print(et)
+    if exp.note:
+        err.print(plain(exp.note, style="dim"), soft_wrap=True)

@@ -31,13 +31,13 @@ def plan(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Memory plan for the serve section: weights, KV cache capacity, concurrency, fit, roofline bound, TP advice."""
+    from infertool import plan as planning
     from infertool.output import print_json
-    from infertool.plan import make_plan
     from infertool.recipe import load_recipe
-    from infertool.resolve import resolve
+    from infertool.resolve import Overrides, resolve
 
-    res = resolve(load_recipe(recipe, overrides or []), gpu=gpu)
-    result = make_plan(res, memory_gib=memory, context=context)
+    res = resolve(load_recipe(recipe, overrides or []), Overrides(gpu=gpu))
+    result = planning.plan(res, planning.PlanOptions(memory_gib=memory, context=context))
     if as_json:
         print_json({**result.to_dict(), "resolution": res.to_dict()})
     else:

@@ -53,18 +53,21 @@ def profile(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Roofline per phase, measured peaks, timed prefill/decode, MBU/MFU, a verdict per phase, advice and a plot."""
+    from infertool import profile as profiling
+    from infertool.capability import RunContext
     from infertool.output import StageProgress, print_json
-    from infertool.profile.core import run_profile
     from infertool.recipe import load_recipe
 
     r = load_recipe(recipe, overrides or [])
     out = out or f"out/{r.name}-profile"
     refuse_overwrite([Path(out) / "profile.json"], force)
+    options = profiling.ProfileOptions(engine=engine, batch=_ints(batch, "--batch"),
+                                       prompt_len=_ints(prompt_len, "--prompt-len"), decode_len=decode_len, nsys=nsys,
+                                       remeasure=remeasure)
     with StageProgress("profile") as progress:  # with --json too: the result on stdout, progress on stderr
-        result = run_profile(
-            r, model=model, engine=engine, batch=_ints(batch, "--batch"), prompt_len=_ints(prompt_len, "--prompt-len"),
-            decode_len=decode_len, nsys=nsys, out_dir=out, remeasure=remeasure, on_event=progress.on_event,
-        )
+        res = profiling.core.resolve_for_profile(r, model, progress.on_event)
+        plan = profiling.plan(res, options)
+        result = profiling.run(plan, RunContext(out_dir=Path(out), on_event=progress.on_event, user="profile"))
     if as_json:
         print_json(result.to_dict())
         return

