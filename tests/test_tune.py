@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from infertool.cli import app
 from infertool.errors import UsageError
-from infertool.pipeline import cached_stage
+from infertool.stages import cached_stage
 from infertool.recipe import validate_recipe_data
 from infertool.tune import core, space
 from tests.fakes import layout_model
@@ -244,11 +244,11 @@ def test_a_stage_left_half_written_by_a_killed_process_is_swept(tmp_path):
     import subprocess
     import sys
 
-    from infertool.pipeline import _writer
+    from infertool.stages.cache import writer as _writer
 
     cache = tmp_path / "stages"
     # a process that started the stage and was killed (SIGKILL: no cleanup), one still writing, another host's
-    code = ("import sys; from pathlib import Path; from infertool.pipeline import cached_stage\n"
+    code = ("import sys; from pathlib import Path; from infertool.stages import cached_stage\n"
             "cached_stage(Path(sys.argv[1]), 'capacity', 'k', lambda w: (print(w, flush=True), __import__('time').sleep(600)))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(cache)], stdout=subprocess.PIPE, text=True)
     dead = Path(proc.stdout.readline().strip())
