@@ -134,6 +134,9 @@ def test_failing_verdict_gives_exit_1_but_runs_on(tmp_path, fake_stages):
     r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={}, profile={})
     res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
     assert res.exit_code == 1 and fake_stages == ["model", "quantize", "eval", "profile"]
+    fake_stages.clear()
+    again = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")  # every stage reused: the verdict still gates
+    assert again.exit_code == 1 and fake_stages == [] and again.stages["eval"].status == "reused"
 
 
 def test_interrupt_and_failure_leave_completed_stages_intact(tmp_path, fake_stages, monkeypatch):

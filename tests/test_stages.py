@@ -68,9 +68,9 @@ def toy_key(stage=TOY, recipe=RECIPE, inputs=INPUTS, host=HOST, up=UP, **kw) -> 
 
 
 def test_the_key_is_the_hash_of_the_declared_values():
+    host = {"accelerator": "cpu", "cpu_isa": "avx2", "cpu_bf16": False, "cpu_fp16": False}
     expected = digest({"stage": "toy", "v": 2, "sections": {"quantize": {"bits": 4}}, "upstream": {"model": "m1"},
-                       "extra": {"calibration": {"sha256": "c1"},
-                                 "host": {"accelerator": "cpu", "cpu_isa": "avx2", "cpu_bf16": False, "cpu_fp16": False}}})
+                       "extra": {"calibration": {"sha256": "c1"}, "host": host}})
     assert toy_key() == expected
 
 
@@ -83,7 +83,8 @@ def test_the_key_changes_when_and_only_when_a_declaration_changes():
     assert toy_key(host={**HOST, "cores": 64}) == k
     assert toy_key(options=None) == k
     # what it declares: a new key each
-    changed = [toy_key(recipe={**RECIPE, "quantize": {"bits": 8}}), toy_key(inputs={**INPUTS, "calibration": {"sha256": "c2"}}),
+    changed = [toy_key(recipe={**RECIPE, "quantize": {"bits": 8}}),
+               toy_key(inputs={**INPUTS, "calibration": {"sha256": "c2"}}),
                toy_key(up={**UP, "model": "m2"}), toy_key(host={**HOST, "cpu_isa": "avx512"}),
                toy_key(stage=replace(TOY, format=2)), toy_key(parts={"trial": "t1"})]
     assert len({k, *changed}) == len(changed) + 1
@@ -127,6 +128,23 @@ def test_run_keys_follow_the_declarations_through_the_graph(tmp_path):
     a, b = keys(), keys(quantize={**q, "group_size": 32})
     assert {n for n in a if a[n] != b[n]} == {"quantize", "eval", "serve", "bench"}
     assert keys() == a  # stable
+    # the keys run's entries have always had (a cache written before the registry is reused): by hand
+    from infertool.recipe import recipe_to_dict
+
+    r = small_recipe(tmp_path, quantize=q, eval={}, profile={}, serve={}, bench={})
+    rd = recipe_to_dict(r)
+    model = digest({"stage": "model", "v": 2, "sections": {"model": rd["model"]}, "upstream": {},
+                    "extra": {"model": {"identity": "m"}}})
+    quantize = digest({"stage": "quantize", "v": 2, "sections": {"quantize": rd["quantize"]}, "upstream": {"model": model},
+                       "extra": {"calibration": {"sha256": "c"}}})
+    assert (a["model"], a["quantize"]) == (model, quantize)
+    # a dependency the recipe does not ask for is not in the key: eval without a quantize section
+    plain = small_recipe(tmp_path, eval={})
+    ev = stages.keys(plain, stages.select(plain), inputs, HOST)["eval"]
+    prd = recipe_to_dict(plain)
+    assert ev == digest({"stage": "eval", "v": 2, "sections": {s: prd[s] for s in ("eval", "serve", "target")},
+                         "upstream": {"model": stages.keys(plain, stages.select(plain), inputs, HOST)["model"]},
+                         "extra": {"suite": {"sha256": "s"}, "host": {k: HOST[k] for k in stages.HOST_FACTS}}})
     bench = stages.get("bench")
     r = small_recipe(tmp_path, quantize=q, bench={})
     assert bench.key_parts(r, None) == {"measures": ["candidate", "original"]}

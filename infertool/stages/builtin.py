@@ -55,7 +55,8 @@ def run_quantize(ctx: StageContext) -> QuantizeSummary:
     from infertool.quantize.core import quantize
 
     verify = ctx.options.verify if isinstance(ctx.options, QuantizeStageOptions) else None
-    res = quantize(ctx.recipe, out=ctx.work / "model", force=True, verify=verify, on_event=ctx.on_event, pool=ctx.servers)
+    res = quantize(ctx.recipe, out=ctx.work / "model", force=True, verify=verify, on_event=ctx.on_event,
+                   pool=ctx.servers)
     d = res.to_dict()
     write_json(ctx.work / "quantize.json", d)
     return QuantizeSummary(model="model", method=d.get("method"), backend=d.get("backend"), size=d.get("size"),
@@ -266,11 +267,13 @@ register(Stage("model", run_model, ModelSummary, sections=("model",), inputs=("m
                doc="the base model, made local (a bundled or GGUF model converted once)"))
 register(Stage("quantize", run_quantize, QuantizeSummary, sections=("quantize",), inputs=("calibration",),
                depends=("model",), asked_by="quantize", device=True, graphs=("run", "tune"),
-               options=QuantizeStageOptions, launches=quantize_launches, doc="the candidate: the base quantized, with its load check"))
+               options=QuantizeStageOptions, launches=quantize_launches,
+               doc="the candidate: the base quantized, with its load check"))
 register(Stage("eval", run_eval, EvalSummary, sections=("eval", "serve", "target"), inputs=("suite",), host=True,
                depends=("model", "quantize"), asked_by="eval",
                device=lambda r: _engine(r, "eval") == "hf", server=lambda r: _engine(r, "eval") == "vllm",
-               launches=eval_launches, doc="the candidate against its original on the suite: the verdict gates the run"))
+               launches=eval_launches,
+               doc="the candidate against its original on the suite: the verdict gates the run"))
 register(Stage("profile", run_profile, ProfileSummary, sections=("profile", "serve", "target"), host=True,
                depends=("model",), asked_by="profile", format=2, times_host=True,
                device=lambda r: _engine(r, "profile") == "hf", server=lambda r: _engine(r, "profile") == "vllm",

@@ -2,7 +2,8 @@
 
 - ``local`` (default): one after another on this machine: measurements do not share the machine.
 - ``ray``: in parallel on an existing Ray cluster (``tune.ray.address``, else RAY_ADDRESS, else "auto"); each
-  trial asks Ray for the GPUs its tensor x pipeline parallel size needs (on a GPU target) and
+  trial asks Ray for the GPUs its tensor x pipeline parallel size needs (on a GPU target, when the stages of its
+  graph declare a device or a server) and
   ``tune.ray.cpus_per_trial`` CPUs. The tune directory must be on a file system every node sees (as Ray Tune
   requires of its storage path): stages are cached there.
 
