@@ -7,7 +7,6 @@ declarations say what enters its key and what it needs (``infertool.stages.base.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from infertool.atomic import write_json
 from infertool.errors import InfertoolError, RuntimeFailure, UsageError
