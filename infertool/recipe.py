@@ -604,13 +604,20 @@ class TuneSection(BaseModel):
 # run and the recipe
 # --------------------------------------------------------------------------------------------
 
-Stage = Literal["model", "quantize", "eval", "profile", "serve", "bench"]
+# a stage's name: which names exist is the stage registry's to say (infertool.stages, above this layer:
+# `infertool validate`, `run` and the pipeline check run.stages against it)
+StageName = _text(max_length=MAX_NAME, min_length=1)
 
 
 class RunSection(BaseModel):
+    """`infertool run`'s own settings. `stages`: the stages to run by name (their dependencies come along), as
+    `infertool run --stages` takes them: model, quantize, eval, profile, serve, bench; the stage registry
+    says which names exist, and `infertool validate` refuses any other (`run.stages[i]: unknown stage`).
+    `out_dir`: where run directories go."""
+
     model_config = _STRICT
 
-    stages: Annotated[list[Stage], Field(max_length=MAX_LIST)] | None = None
+    stages: Annotated[list[StageName], Field(max_length=MAX_LIST)] | None = None
     out_dir: _text(min_length=1) = "runs"
 
 

@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from infertool import pipeline
+from infertool import pipeline, stages
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.recipe import validate_recipe_data
+
+RUN_STAGES = ["model", "quantize", "eval", "profile", "serve", "bench"]
 
 
 def recipe(tmp_path, **sections):
@@ -23,6 +25,15 @@ def recipe(tmp_path, **sections):
         make_fake_model(src, LLAMA_CFG, {"w": ("BF16", [8])}, {"BF16": 2})
     data = {"name": "r", "model": {"source": str(src)}, **sections}
     return validate_recipe_data(data)
+
+
+def use_bodies(monkeypatch, bodies: dict) -> None:
+    """Stand-in bodies for registered stages: the declarations (keys, dependencies, device and server needs) stay
+    those of the one registry."""
+    from dataclasses import replace
+
+    for name, fn in bodies.items():
+        monkeypatch.setitem(stages.REGISTRY.by_name, name, replace(stages.get(name), run=fn))
 
 
 @pytest.fixture
@@ -38,7 +49,8 @@ def fake_stages(monkeypatch):
             return {"stage": name, "upstream": sorted(ctx.upstream)}
         return fn
 
-    monkeypatch.setattr(pipeline, "STAGE_FUNCS", {n: make(n) for n in pipeline.STAGE_ORDER})
+    assert stages.names() == RUN_STAGES
+    use_bodies(monkeypatch, {n: make(n) for n in RUN_STAGES})
     return calls
 
 
@@ -59,12 +71,13 @@ def test_run_reuses_completed_stages_and_forces(tmp_path, fake_stages):
     run = Path(res.run_dir)
     m = json.loads((run / "manifest.json").read_text())
     assert [m["stages"][s]["status"] for s in ("model", "quantize", "eval")] == ["done"] * 3
+    assert m["stages"]["model"]["summary"]["stage"] == "model"  # a stand-in's summary kept as it said it
     assert (run / "quantize" / "quantize.txt").read_text() == "quantize"  # linked stage entry
     assert m["inputs"]["model"]["identity"] and m["recipe"]["quantize"]["group_size"] == 64
     # same inputs: everything reused, nothing runs
     fake_stages.clear()
     res2 = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
-    assert fake_stages == [] and {v["status"] for v in res2.stages.values()} == {"reused"}
+    assert fake_stages == [] and {v.status for v in res2.stages.values()} == {"reused"}
     # a changed eval section re-runs eval only; a changed quantize section re-runs quantize and eval
     fake_stages.clear()
     r_eval = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"accept": {"preset": "lenient"}, "max_items": 3})
@@ -121,17 +134,20 @@ def test_failing_verdict_gives_exit_1_but_runs_on(tmp_path, fake_stages):
     r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={}, profile={})
     res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
     assert res.exit_code == 1 and fake_stages == ["model", "quantize", "eval", "profile"]
+    fake_stages.clear()
+    again = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")  # every stage reused: the verdict still gates
+    assert again.exit_code == 1 and fake_stages == [] and again.stages["eval"].status == "reused"
 
 
 def test_interrupt_and_failure_leave_completed_stages_intact(tmp_path, fake_stages, monkeypatch):
     r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"accept": {"preset": "lenient"}})
-    funcs = dict(pipeline.STAGE_FUNCS)
+    make_eval = stages.get("eval").run
 
     def interrupted(ctx):
         (ctx.work / "partial.bin").write_bytes(b"half")
         raise KeyboardInterrupt
 
-    monkeypatch.setitem(pipeline.STAGE_FUNCS, "eval", interrupted)
+    use_bodies(monkeypatch, {"eval": interrupted})
     with pytest.raises(KeyboardInterrupt):
         pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
     cache = tmp_path / "runs" / ".stages"
@@ -144,16 +160,16 @@ def test_interrupt_and_failure_leave_completed_stages_intact(tmp_path, fake_stag
     def failing(ctx):
         raise RuntimeFailure("the backend broke", hint="look at the log")
 
-    monkeypatch.setitem(pipeline.STAGE_FUNCS, "eval", failing)
+    use_bodies(monkeypatch, {"eval": failing})
     fake_stages.clear()
     with pytest.raises(RuntimeFailure) as ei:
         pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
     assert ei.value.message == "stage eval failed: the backend broke" and ei.value.hint == "look at the log"
     assert fake_stages == []  # model and quantize were reused
 
-    monkeypatch.setitem(pipeline.STAGE_FUNCS, "eval", funcs["eval"])
+    use_bodies(monkeypatch, {"eval": make_eval})
     res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
-    assert res.stages["quantize"]["status"] == "reused" and res.stages["eval"]["status"] == "done"
+    assert res.stages["quantize"].status == "reused" and res.stages["eval"].status == "done"
 
 
 def test_report_and_compare(tmp_path, fake_stages):
@@ -477,9 +493,9 @@ def serving_stages(monkeypatch, tmp_path):
             return {"stage": name}
         return fn
 
-    funcs = {n: (lambda ctx, n=n: {"stage": n}) for n in pipeline.STAGE_ORDER}
+    funcs = {n: (lambda ctx, n=n: {"stage": n}) for n in RUN_STAGES}
     funcs.update(serve=serving("serve"), bench=serving("bench"))
-    monkeypatch.setattr(pipeline, "STAGE_FUNCS", funcs)
+    use_bodies(monkeypatch, funcs)
     return state
 
 
@@ -532,14 +548,14 @@ def test_run_shares_the_load_checks_server_with_serve_and_bench(tmp_path, monkey
 
     def serving(name):
         def fn(ctx):
-            with launch(model_plan(tmp_path, Path(ctx.upstream["quantize"]["dir"]) / "model"), pool=ctx.servers) as srv:
+            with launch(model_plan(tmp_path, ctx.upstream["quantize"].dir / "model"), pool=ctx.servers) as srv:
                 seen.append((name, srv.pid, srv.reused))
             return {"stage": name}
         return fn
 
-    funcs = {n: (lambda ctx, n=n: {"stage": n}) for n in pipeline.STAGE_ORDER}
+    funcs = {n: (lambda ctx, n=n: {"stage": n}) for n in RUN_STAGES}
     funcs.update(quantize=quantize, serve=serving("serve"), bench=serving("bench"))
-    monkeypatch.setattr(pipeline, "STAGE_FUNCS", funcs)
+    use_bodies(monkeypatch, funcs)
     r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, profile={}, serve={}, bench={})
     res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
     m = json.loads((Path(res.run_dir) / "manifest.json").read_text())
@@ -581,10 +597,11 @@ def test_interrupted_run_stops_its_servers(tmp_path, serving_stages):
 
 def test_device_stages_and_serving_stages(tmp_path):
     r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"engine": "vllm"}, profile={}, serve={})
-    assert [s for s in pipeline.STAGE_ORDER if pipeline.uses_servers(r, s)] == ["eval", "serve", "bench"]
-    assert [s for s in pipeline.STAGE_ORDER if pipeline.uses_device(r, s)] == ["quantize", "profile"]
+    assert [s for s in stages.names() if stages.get(s).uses_servers(r)] == ["eval", "serve", "bench"]
+    assert [s for s in stages.names() if stages.get(s).uses_device(r)] == ["quantize", "profile"]
     r2 = recipe(tmp_path, eval={}, profile={"engine": "vllm"})
-    assert pipeline.uses_servers(r2, "profile") and pipeline.uses_device(r2, "eval")
+    assert stages.get("profile").uses_servers(r2) and stages.get("eval").uses_device(r2)
+    assert pipeline.uses_servers(r2, "profile") and pipeline.uses_device(r2, "eval")  # the old names, kept
 
 
 def test_dry_run_says_which_launches_share_a_server(tmp_path, monkeypatch):
@@ -596,10 +613,13 @@ def test_dry_run_says_which_launches_share_a_server(tmp_path, monkeypatch):
     assert [s["used_by"] for s in plan["servers"]] == [["serve", "bench: the sweep"], ["bench: the original"]]
     with_eval = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={}, eval={"engine": "vllm"})
     plan = pipeline.plan_pipeline(with_eval, out_dir=tmp_path / "runs")
-    assert [s["used_by"] for s in plan["servers"]] == [["serve", "bench: the sweep", "eval: candidate"],
-                                                       ["bench: the original", "eval: base"]]
+    # in graph order (eval before serve and bench)
+    assert [s["used_by"] for s in plan["servers"]] == [["eval: candidate", "serve", "bench: the sweep"],
+                                                       ["eval: base", "bench: the original"]]
     # with the serve environment set up, quantize's load check serves the published checkpoint the same way
-    monkeypatch.setattr(pipeline, "_load_check_runs", lambda recipe, res: True)
+    from infertool.stages import builtin
+
+    monkeypatch.setattr(builtin, "load_check_runs", lambda res: True)
     plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
     assert [s["used_by"] for s in plan["servers"]] == [["quantize: load check", "serve", "bench: the sweep"],
                                                        ["bench: the original"]]

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from infertool.cli import app
 from infertool.errors import UsageError
-from infertool.pipeline import cached_stage
+from infertool.stages import cached_stage
 from infertool.recipe import validate_recipe_data
 from infertool.tune import core, space
 from tests.fakes import layout_model
@@ -99,17 +99,20 @@ def test_dry_run_orders_by_prediction_and_prunes_what_cannot_fit(smol, tmp_path)
 
 # ------------------------------------------------------------------------------ stand-in stage work
 class Stand:
-    """Stage work replaced by hand-made outcomes (through the real stage cache): which candidate passes,
-    the load each setting holds, the winner's served check."""
+    """The tune stages' bodies replaced by hand-made outcomes (in the one registry: the declarations, keys and
+    the real stage cache stay): which candidate passes, the load each setting holds, the winner's served check."""
 
     def __init__(self, monkeypatch, *, verdicts, loads, served, interrupt_at=None):
+        from dataclasses import replace
+
+        from infertool import stages
+
         self.calls: list[str] = []
         self.verdicts, self.loads, self.served, self.interrupt_at = verdicts, loads, served, interrupt_at
-        monkeypatch.setattr(core, "_quantize_stage", self.quantize)
-        monkeypatch.setattr(core, "_reference_stage", self.reference)
-        monkeypatch.setattr(core, "_screen_stage", self.screen)
-        monkeypatch.setattr(core, "_capacity_stage", self.capacity)
-        monkeypatch.setattr(core, "_served_check_stage", self.served_check)
+        bodies = {"quantize": self.quantize, "reference": self.reference, "screen": self.screen,
+                  "capacity": self.capacity, "served": self.served_check}
+        for name, fn in bodies.items():
+            monkeypatch.setitem(stages.REGISTRY.by_name, name, replace(stages.get(name), run=fn))
         import infertool.tune.executor as ex
 
         monkeypatch.setattr(ex, "_needs_reference", lambda trials: True)
@@ -118,43 +121,41 @@ class Stand:
         self.envs_checked: list[str] = []
         monkeypatch.setattr(tr, "_require_envs", lambda trials: self.envs_checked.append(len(trials)))
 
-    def _stage(self, ctx, name, key, summary):
-        def work(w: Path) -> dict:
-            self.calls.append(f"{name}:{key}")
-            if name == "quantize":
-                (w / "model").mkdir()
-                (w / "model" / "config.json").write_text("{}")
-            return summary
-        return cached_stage(ctx.cache, name, key, work)
-
-    def quantize(self, ctx, trial):
-        if trial.candidate.original:
-            return None
-        return self._stage(ctx, "quantize", trial.candidate.key, {"label": trial.candidate.label})
+    def quantize(self, ctx):
+        assert ctx.options.verify is False  # tune's quantization: without the load check (a declared option)
+        self.calls.append(f"quantize:{ctx.job.trial.candidate.key}")
+        (ctx.work / "model").mkdir()
+        (ctx.work / "model" / "config.json").write_text("{}")
+        return {"label": ctx.job.trial.candidate.label}
 
     def reference(self, ctx):
-        st = self._stage(ctx, "reference", "ref", {"items": 8})
-        return st, {"tasks": {}}
+        self.calls.append("reference:ref")
+        return {"items": 8}
 
-    def screen(self, ctx, trial, q, ref):
+    def screen(self, ctx):
+        trial = ctx.job.trial
+        assert ctx.upstream["quantize"].dir.name.startswith("quantize-") and "reference" in ctx.upstream
+        self.calls.append(f"screen:{trial.candidate.key}")
         v = self.verdicts[trial.candidate.label]
         rounds = {"PASS": 1, "FAIL": 1, "INCONCLUSIVE": 3}[v]
-        return self._stage(ctx, "screen", trial.candidate.key, {
-            "verdict": v, "reason": f"stand-in {v}", "items": [2, 4, 8][rounds - 1], "mean_kld": 0.01 * rounds,
-            "rounds": [{"items": n} for n in [2, 4, 8][:rounds]], "stopped_early": rounds < 3, "n_needed": 500 if v == "INCONCLUSIVE" else None})
+        return {"verdict": v, "reason": f"stand-in {v}", "items": [2, 4, 8][rounds - 1], "mean_kld": 0.01 * rounds,
+                "rounds": [{"items": n} for n in [2, 4, 8][:rounds]], "stopped_early": rounds < 3,
+                "n_needed": 500 if v == "INCONCLUSIVE" else None}
 
-    def capacity(self, ctx, trial, q):
+    def capacity(self, ctx):
+        trial = ctx.job.trial
         if self.interrupt_at and trial.id == self.interrupt_at:
             self.interrupt_at = None
             raise KeyboardInterrupt
+        self.calls.append(f"capacity:{trial.id}")
         load, cost = self.loads[(trial.candidate.label, trial.serve["max_num_seqs"])]
         at = {"cost": {"per_1m_output_tokens": cost}, "tpot_ms": {"p50": 50.0}, "goodput": {"requests_per_s": 1.0}} if load else None
-        return self._stage(ctx, "capacity", trial.id, {"max_load": load, "at_max_load": at, "probes": [],
-                                                       "stopped": "stand-in" if load else "the SLO is missed at 1"})
+        return {"max_load": load, "at_max_load": at, "probes": [], "stopped": "stand-in" if load else "the SLO is missed at 1"}
 
-    def served_check(self, ctx, trial, q, ref):
-        return self._stage(ctx, "served", trial.id, {"verdict": self.served.get(trial.id, "PASS"), "reason": "stand-in",
-                                                     "mean_kld": 0.0})
+    def served_check(self, ctx):
+        trial = ctx.job.trial
+        self.calls.append(f"served:{trial.id}")
+        return {"verdict": self.served.get(trial.id, "PASS"), "reason": "stand-in", "mean_kld": 0.0}
 
 
 def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path, monkeypatch):
@@ -169,19 +170,29 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
                          ("GPTQ 4-bit g32 (gptqmodel)", 4): (4, 1.0)},
                   served={w8_4: "FAIL"})  # the cheapest that passed diverges as served: the next one wins
     res = run_tune(r)
-    by = {(t["candidate"]["label"], t["serve"]["max_num_seqs"]): t for t in res.trials}
-    assert res.winner["id"] == trials[("W8A8 (llmcompressor)", 2)]
-    assert "served outputs diverge" in by[("W8A8 (llmcompressor)", 4)]["why_lost"]
+    by = {(t.candidate.label, t.serve["max_num_seqs"]): t for t in res.trials}
+    assert res.winner.id == trials[("W8A8 (llmcompressor)", 2)]
+    assert "served outputs diverge" in by[("W8A8 (llmcompressor)", 4)].why_lost
     gptq = by[("GPTQ 4-bit g32 (gptqmodel)", 2)]
-    assert gptq["why_lost"].startswith("accuracy FAIL") and gptq.get("capacity") is None  # no capacity measured
-    assert by[("original", 4)]["why_lost"] == "cost per 1M output tokens at the SLO: 8 $ vs the winner's 6 $"
+    assert gptq.why_lost.startswith("accuracy FAIL") and gptq.capacity is None  # no capacity measured
+    assert by[("original", 4)].why_lost == "cost per 1M output tokens at the SLO: 8 $ vs the winner's 6 $"
+    # the original's trials need neither quantization nor screening: their graph is the capacity search alone
+    assert set(by[("original", 2)].stages) == {"capacity"}
+    assert set(by[("W8A8 (llmcompressor)", 2)].stages) == {"quantize", "reference", "screen", "capacity", "served"}
     # each candidate quantized and screened once, however many settings it is crossed with
     assert sum(c.startswith("quantize:") for c in stand.calls) == 2 and sum(c.startswith("screen:") for c in stand.calls) == 2
     assert not any(c.startswith(f"capacity:{trials[('GPTQ 4-bit g32 (gptqmodel)', 2)]}") for c in stand.calls)
     # the answer: tune.json, a report, and a recipe every command takes as it is
     d = Path(res.tune_dir)
     doc = json.loads((d / "tune.json").read_text())
-    assert doc["winner"] == res.winner["id"] and set(res.report) >= {"tune.md", "tune.html"}
+    assert doc["winner"] == res.winner.id and set(res.report) >= {"tune.md", "tune.html"}
+    # an objective that was not measured is null in the file (never Infinity), and reads back as not measured
+    assert by[("GPTQ 4-bit g32 (gptqmodel)", 2)].objective is None
+    assert {t["id"]: t["objective"] for t in doc["trials"]}[gptq.id] is None and "Infinity" not in (d / "tune.json").read_text()
+    from infertool.tune.records import TuneDoc
+
+    back = TuneDoc.from_dict(doc)
+    assert back.trial(res.winner.id).capacity.max_load == 2 and back.trial(gptq.id).objective is None
     tuned = yaml.safe_load(Path(res.tuned_recipe).read_text())
     assert tuned["quantize"]["scheme"] == "W8A8" and tuned["serve"]["max_num_seqs"] == 2
     assert Path(tuned["quantize"]["output"]).name == "t-gptq" and (Path(tuned["quantize"]["output"]) / "config.json").is_file()
@@ -195,7 +206,7 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
     # the same command again: every stage reused, nothing runs, the same answer
     stand.calls.clear()
     res2 = run_tune(validate_recipe_data(tune_recipe(smol, tmp_path)))
-    assert stand.calls == [] and res2.winner["id"] == res.winner["id"]
+    assert stand.calls == [] and res2.winner.id == res.winner.id
 
 
 def test_interrupted_tune_resumes_with_finished_trials_reused(smol, tmp_path, monkeypatch):
@@ -215,7 +226,7 @@ def test_interrupted_tune_resumes_with_finished_trials_reused(smol, tmp_path, mo
     stand.calls.clear()
     res = run_tune(r)
     assert [c for c in stand.calls if c.startswith("capacity:")] == [f"capacity:{t.id}" for t in ordered[2:]]
-    assert all(t["status"] == "done" for t in res.trials)
+    assert all(t.status == "done" for t in res.trials)
 
 
 def test_a_missing_environment_stops_tune_before_any_trial(smol, tmp_path, tmp_home):
@@ -244,11 +255,11 @@ def test_a_stage_left_half_written_by_a_killed_process_is_swept(tmp_path):
     import subprocess
     import sys
 
-    from infertool.pipeline import _writer
+    from infertool.stages.cache import writer as _writer
 
     cache = tmp_path / "stages"
     # a process that started the stage and was killed (SIGKILL: no cleanup), one still writing, another host's
-    code = ("import sys; from pathlib import Path; from infertool.pipeline import cached_stage\n"
+    code = ("import sys; from pathlib import Path; from infertool.stages import cached_stage\n"
             "cached_stage(Path(sys.argv[1]), 'capacity', 'k', lambda w: (print(w, flush=True), __import__('time').sleep(600)))")
     proc = subprocess.Popen([sys.executable, "-c", code, str(cache)], stdout=subprocess.PIPE, text=True)
     dead = Path(proc.stdout.readline().strip())

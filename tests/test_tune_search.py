@@ -8,6 +8,7 @@ import math
 import pytest
 
 from infertool.tune import search
+from infertool.tune.records import CapacityResult, TrialRecord
 from infertool.tune.search import Probe, find_max_load
 
 
@@ -54,40 +55,45 @@ def test_screening_confidence_is_bonferroni_over_the_looks():
     assert search.decided("PASS") and search.decided("FAIL") and not search.decided("INCONCLUSIVE")
 
 
-def trial(tid, objective, verdict="PASS", status="done", weight=100, **extra):
-    return {"id": tid, "objective": objective, "status": status, "accuracy": {"verdict": verdict},
-            "prediction": {"weight_bytes": weight}, **extra}
+def trial(tid, objective, verdict="PASS", status="done", weight=100, **extra) -> TrialRecord:
+    """A trial record as tune.json holds it (math.inf: an objective an older version wrote as Infinity)."""
+    return TrialRecord.from_dict({"id": tid, "objective": objective, "status": status, "accuracy": {"verdict": verdict},
+                                  "prediction": {"weight_bytes": weight}, **extra})
 
 
 def test_rank_and_why_lost():
     ts = [trial("a", 12.0), trial("b", 9.5, weight=50), trial("c", 3.0, "FAIL", accuracy_reason=None),
           trial("d", math.inf), trial("e", 9.5, weight=60), trial("f", 1.0, status="pruned",
-                                                                    prediction={"reasons": ["weights exceed memory"]})]
-    ts[2]["accuracy"]["reason"] = "mean KLD 0.12 exceeds 0.05"
-    ts[3]["capacity"] = {"stopped": "the SLO is missed already at concurrency 1"}
+                                                                    prediction={"reasons": ["weights exceed memory"]}),
+          trial("h", None)]
+    ts[2].accuracy.reason = "mean KLD 0.12 exceeds 0.05"
+    ts[3].capacity = CapacityResult(stopped="the SLO is missed already at concurrency 1")
+    assert ts[3].objective is None and ts[6].objective is None  # not measured: Infinity and null read alike
     ranked = search.rank(ts)
-    assert [t["id"] for t in ranked] == ["b", "e", "a"]  # ties broken by smaller weights
+    assert [t.id for t in ranked] == ["b", "e", "a"]  # ties broken by smaller weights
     win = ranked[0]
-    why = {t["id"]: search.why_lost(t, win, "cost") for t in ts}
+    why = {t.id: search.why_lost(t, win, "cost") for t in ts}
     assert why["b"] is None
     assert why["a"] == "cost per 1M output tokens at the SLO: 12 $ vs the winner's 9.5 $"
     assert why["c"].startswith("accuracy FAIL: mean KLD 0.12")
     assert why["d"] == "the SLO is missed already at concurrency 1"
     assert why["f"] == "pruned by the plan: weights exceed memory"
+    assert why["h"] == "no load meets the SLO"
     inc = trial("g", 2.0, "INCONCLUSIVE")
-    inc["accuracy"]["n_needed"] = 4800
+    inc.accuracy.n_needed = 4800
     assert not search.eligible(inc) and "about 4,800 more items" in search.why_lost(inc, win, "cost")
-    inc["accuracy"]["allow_inconclusive"] = True
+    inc.accuracy.allow_inconclusive = True
     assert search.eligible(inc)
 
 
 def test_objective_values():
-    cap = {"max_load": 4, "at_max_load": {"cost": {"per_1m_output_tokens": 7.5}, "goodput": {"requests_per_s": 2.0},
-                                          "tpot_ms": {"p50": 80.0}}}
+    cap = CapacityResult(max_load=4, at_max_load={"cost": {"per_1m_output_tokens": 7.5}, "goodput": {"requests_per_s": 2.0},
+                                                  "tpot_ms": {"p50": 80.0}})
     assert search.objective_value("cost", cap) == 7.5
     assert search.objective_value("goodput", cap) == -2.0
     assert search.objective_value("tpot", cap) == 80.0
-    assert search.objective_value("cost", {"max_load": 0}) == math.inf
+    assert search.objective_value("cost", CapacityResult(max_load=0)) is None  # not measured
+    assert search.objective_value("cost", None) is None
 
 
 def test_pareto_front():

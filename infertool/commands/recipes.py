@@ -27,8 +27,10 @@ def validate(
     """Check a recipe: every error is listed with its field path (exit 2)."""
     from infertool.output import err, esc, print_json
     from infertool.recipe import load_recipe, recipe_to_dict
+    from infertool.stages import check_recipe
 
     r = load_recipe(recipe, overrides or [])
+    check_recipe(r, recipe)  # run.stages: the stage registry is the one list of names
     if as_json:
         print_json({"ok": True, "recipe": recipe_to_dict(r)})
         return

@@ -46,7 +46,10 @@ def run(
     from infertool.pipeline import plan_pipeline, run_pipeline
     from infertool.recipe import load_recipe
 
+    from infertool.stages import check_recipe
+
     r = load_recipe(recipe, overrides or [])
+    check_recipe(r, recipe)  # run.stages names registered stages
     chosen = [s.strip() for s in stages.split(",") if s.strip()] if stages else None
     if stages is not None and not chosen:
         raise usage_error("--stages is empty", hint="e.g. --stages model,quantize,eval")
@@ -70,17 +73,18 @@ def run(
                          + (f" (one server for {'; for '.join(shared)})" if shared else ""), markup=False, soft_wrap=True)
         return
 
-    def on_stage(name: str, status: str, rec: dict | None) -> None:
+    def on_stage(name: str, status: str, rec) -> None:
         if as_json:
             return
-        secs = f" ({rec.get('seconds')} s)" if rec and rec.get("seconds") is not None else ""
+        secs = f" ({rec.seconds} s)" if rec is not None and rec.seconds is not None else ""
         style = {"done": "green", "reused": "cyan", "failed": "red", "running": "bold"}.get(status, "white")
         err.print(f"[{style}]{esc(name)}: {esc(status)}[/]{secs}", soft_wrap=True)
 
     with StageProgress("run") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run_pipeline(r, stages=chosen, force=again, out_dir=out, on_event=progress.on_event, on_stage=on_stage)
     if as_json:
-        print_json({"ok": result.ok, "run_dir": result.run_dir, "exit_code": result.exit_code, "stages": result.stages})
+        print_json({"ok": result.ok, "run_dir": result.run_dir, "exit_code": result.exit_code,
+                    "stages": {n: rec.to_dict() for n, rec in result.stages.items()}})
     else:
         err.print(f"run directory: [bold]{esc(result.run_dir)}[/] (manifest.json); `infertool report {esc(shlex.quote(str(result.run_dir)))}` "
                   "writes the report",

@@ -61,11 +61,10 @@ def tune(
         return
     from infertool.tune.run import run_tune
 
-    def on_trial(rec: dict) -> None:  # on stderr, with --json too
-        cap = rec.get("capacity") or {}
-        acc = (rec.get("accuracy") or {}).get("verdict")
-        err.print(f"trial {rec['id']} {rec['label']}: {rec.get('status')}"
-                  + (f", accuracy {acc}" if acc else "") + (f", max load {cap.get('max_load')}" if cap else ""),
+    def on_trial(rec) -> None:  # a TrialRecord, on stderr, with --json too
+        acc = rec.verdict
+        err.print(f"trial {rec.id} {rec.label}: {rec.status}"
+                  + (f", accuracy {acc}" if acc else "") + (f", max load {rec.capacity.max_load}" if rec.capacity else ""),
                   markup=False, soft_wrap=True)
 
     with StageProgress("tune") as progress:  # with --json too: the result on stdout, progress on stderr
@@ -105,10 +104,10 @@ def _render(result) -> None:
     from rich.table import Table
 
     from infertool.output import err, out
+    from infertool.tune.records import TuneDoc
     from infertool.tune.report import trial_rows
 
-    doc = {"trials": result.trials, "winner": result.winner["id"] if result.winner else None}
-    rows = trial_rows(doc)
+    rows = trial_rows(TuneDoc(trials=result.trials, winner=result.winner.id if result.winner else None))
     t = Table(title=f"infertool tune: {len(result.trials)} trials in {result.seconds:,.0f} s")
     for c in rows[0]:
         t.add_column(c)
@@ -116,6 +115,6 @@ def _render(result) -> None:
         t.add_row(*[escape(c) for c in r])
     out.print(t)
     if result.winner:
-        err.print(f"[green]winner:[/] {escape(result.winner['label'])}  ->  {escape(result.tuned_recipe)}", soft_wrap=True)
+        err.print(f"[green]winner:[/] {escape(result.winner.label)}  ->  {escape(result.tuned_recipe)}", soft_wrap=True)
     for n in result.notes:
         err.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)

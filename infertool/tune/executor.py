@@ -2,7 +2,8 @@
 
 - ``local`` (default): one after another on this machine: measurements do not share the machine.
 - ``ray``: in parallel on an existing Ray cluster (``tune.ray.address``, else RAY_ADDRESS, else "auto"); each
-  trial asks Ray for the GPUs its tensor x pipeline parallel size needs (on a GPU target) and
+  trial asks Ray for the GPUs its tensor x pipeline parallel size needs (on a GPU target, when the stages of its
+  graph declare a device or a server) and
   ``tune.ray.cpus_per_trial`` CPUs. The tune directory must be on a file system every node sees (as Ray Tune
   requires of its storage path): stages are cached there.
 
@@ -14,44 +15,48 @@ each trial's objective, with the best-predicted trials enqueued first. Either wa
 
 from __future__ import annotations
 
-import math
 import os
 
 from infertool.errors import UsageError
+from infertool.tune.context import emit
+from infertool.tune.records import TrialRecord
+
+SAMPLER_SKIP = "not chosen by the sampler within tune.max_trials"
 
 
 def _needs_reference(trials) -> bool:
-    return any(not t.candidate.original and t.prediction.get("fits", True) for t in trials)
+    return any(not t.candidate.original and t.prediction.fits for t in trials)
 
 
-def execute(ctx, trials: list, executor: str) -> list[dict]:
-    from infertool.tune.core import _emit, _reference_stage
-
-    chosen = _select(ctx, trials)
-    ref_raw = None
-    if _needs_reference(chosen) or (ctx.exhaustive and any(not t.candidate.original for t in chosen)):
-        _, ref_raw = _reference_stage(ctx)
-    if executor == "ray":
-        return _ray(ctx, chosen, ref_raw) + _skipped(trials, chosen, "not chosen by the sampler within tune.max_trials")
-    records: list[dict] = []
-    screens: dict = {}
+def execute(ctx, trials: list, executor: str) -> list[TrialRecord]:
+    """Run the chosen trials (each its graph of registered stages) here or on Ray; the reference first, once,
+    when a trial screens a candidate (its entry is then reused by every trial's graph)."""
     from infertool.tune.core import run_trial
 
+    chosen = _select(ctx, trials)
+    first = next((t for t in chosen if not t.candidate.original and (t.prediction.fits or ctx.exhaustive)), None)
+    if first is not None and (_needs_reference(chosen) or ctx.exhaustive):
+        ctx.run_stages(first, ["reference"], {})
+    if executor == "ray":
+        return _ray(ctx, chosen) + _skipped(trials, chosen, SAMPLER_SKIP)
+    records: list[TrialRecord] = []
     for t in chosen:
         if ctx.elapsed() > ctx.tune.max_wall_s:
-            _emit(ctx.on_event, f"the wall-time budget ({ctx.tune.max_wall_s:g} s) is spent: {t.label} not started",
-                  "warning")
+            emit(ctx.on_event, f"the wall-time budget ({ctx.tune.max_wall_s:g} s) is spent: {t.label} not started",
+                 "warning")
             records.append(_skip(t, f"not started: the wall-time budget ({ctx.tune.max_wall_s:g} s) was spent"))
             continue
-        records.append(run_trial(ctx, t, ref_raw, screens))
-    return records + _skipped(trials, chosen, "not chosen by the sampler within tune.max_trials")
+        records.append(run_trial(ctx, t))
+    return records + _skipped(trials, chosen, SAMPLER_SKIP)
 
 
-def _skip(t, reason: str) -> dict:
-    return {**t.to_dict(), "status": "skipped", "reason": reason, "objective": math.inf, "stages": {}}
+def _skip(t, reason: str) -> TrialRecord:
+    from infertool.tune.core import trial_record
+
+    return trial_record(t, status="skipped", reason=reason)
 
 
-def _skipped(all_trials: list, chosen: list, reason: str) -> list[dict]:
+def _skipped(all_trials: list, chosen: list, reason: str) -> list[TrialRecord]:
     ids = {t.id for t in chosen}
     return [_skip(t, reason) for t in all_trials if t.id not in ids]
 
@@ -102,11 +107,11 @@ def _tpe(ctx, trials: list) -> list:
         ot = study.ask(dists)
         key = (ot.params["candidate"], tuple((k, ot.params[k]) for k in sorted(values)))
         t = by_params.get(key)
-        if t is None or not t.prediction.get("fits", True):
+        if t is None or not t.prediction.fits:
             study.tell(ot, state=optuna.trial.TrialState.PRUNED)
             continue
-        cost = t.prediction.get("cost_per_1m_output_tokens")
-        study.tell(ot, cost if cost is not None else -(t.prediction.get("decode_tokens_per_s") or 0))
+        cost = t.prediction.cost_per_1m_output_tokens
+        study.tell(ot, cost if cost is not None else -(t.prediction.decode_tokens_per_s or 0))
         if t.id not in seen:
             seen.add(t.id)
             chosen.append(t)
@@ -114,7 +119,7 @@ def _tpe(ctx, trials: list) -> list:
 
 
 # ----------------------------------------------------------------------------------------------- ray
-def _ray(ctx, trials: list, ref_raw) -> list[dict]:
+def _ray(ctx, trials: list) -> list[TrialRecord]:
     """Per candidate first (quantize + screen, in parallel), then every trial's capacity search in parallel,
     each a Ray task with the resources its configuration needs."""
     try:
@@ -128,24 +133,17 @@ def _ray(ctx, trials: list, ref_raw) -> list[dict]:
     except Exception as e:  # noqa: BLE001 - ConnectionError and friends: one clear message
         raise UsageError(f"cannot connect to a Ray cluster at {address!r}: {type(e).__name__}: {e}",
                          hint="start one (`ray start --head`) or set tune.ray.address / RAY_ADDRESS") from None
-    from infertool.tune.core import _emit
-
     recipe_data, tune_dir, exhaustive = _recipe_payload(ctx), str(ctx.dir), ctx.exhaustive
 
     @ray.remote(max_retries=0)
-    def run_remote(trial_id: str, ref):
-        return _remote_trial(recipe_data, tune_dir, exhaustive, trial_id, ref)
+    def run_remote(trial_id: str):
+        return _remote_trial(recipe_data, tune_dir, exhaustive, trial_id)
 
     def options(t):
-        gpus = 0
-        if t.recipe.target is not None and t.recipe.target.gpu:
-            s = t.recipe.serve
-            gpus = (s.tensor_parallel_size * s.pipeline_parallel_size) if s else 1
-        return {"num_cpus": ctx.tune.ray.cpus_per_trial, "num_gpus": gpus}
+        return {"num_cpus": ctx.tune.ray.cpus_per_trial, "num_gpus": trial_gpus(t)}
 
-    ref = ray.put(ref_raw)
     limit = ctx.tune.ray.max_concurrent_trials or len(trials)
-    records: list[dict] = []
+    records: list[TrialRecord] = []
     # one trial per candidate first: its quantization and screening are shared by the candidate's other trials
     firsts, rest, seen = [], [], set()
     for t in trials:
@@ -153,11 +151,11 @@ def _ray(ctx, trials: list, ref_raw) -> list[dict]:
         seen.add(t.candidate.key)
     running: dict = {}
     try:
-        _ray_waves(ctx, ray, (firsts, rest), running, records, limit, run_remote, options, ref, address)
+        _ray_waves(ctx, ray, (firsts, rest), running, records, limit, run_remote, options, address)
     except KeyboardInterrupt:
         # Ctrl-C: each running trial gets a KeyboardInterrupt in its worker, so it stops its vLLM server and
         # records itself as interrupted (bounded wait); the same command resumes
-        _emit(ctx.on_event, f"interrupted: stopping {len(running)} running trial(s)", "warning")
+        emit(ctx.on_event, f"interrupted: stopping {len(running)} running trial(s)", "warning")
         for r in running:
             ray.cancel(r)
         if running:
@@ -166,9 +164,21 @@ def _ray(ctx, trials: list, ref_raw) -> list[dict]:
     return records
 
 
-def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_remote, options, ref, address) -> None:
-    from infertool.tune.core import _emit
+def trial_gpus(t) -> int:
+    """The GPUs a trial asks Ray for: on a GPU target, its tensor x pipeline parallel size when a stage of its
+    graph runs on the device or serves (the stage declarations say)."""
+    from infertool.stages import select
 
+    if t.recipe.target is None or not t.recipe.target.gpu:
+        return 0
+    if not any(st.uses_device(t.recipe) or st.uses_servers(t.recipe)
+               for st in select(t.recipe, ["screen", "capacity"], "tune", asked_only=True)):
+        return 0
+    s = t.recipe.serve
+    return (s.tensor_parallel_size * s.pipeline_parallel_size) if s else 1
+
+
+def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_remote, options, address) -> None:
     for wave in waves:
         pending = list(wave)
         while pending or running:
@@ -178,8 +188,8 @@ def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_re
                     pending = []
                     break
                 t = pending.pop(0)
-                _emit(ctx.on_event, f"ray: trial {t.label}")
-                running[run_remote.options(**options(t)).remote(t.id, ref)] = t
+                emit(ctx.on_event, f"ray: trial {t.label}")
+                running[run_remote.options(**options(t)).remote(t.id)] = t
             if not running:
                 break
             done, _ = ray.wait(list(running), num_returns=1)
@@ -187,9 +197,11 @@ def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_re
             try:
                 rec = ray.get(done[0])
             except Exception as e:  # noqa: BLE001 - a trial that crashed in its worker: recorded, the search goes on
-                rec = {**t.to_dict(), "status": "failed", "objective": math.inf, "stages": {},
-                       "error": {"message": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"}}
-            rec["executor"] = {"kind": "ray", "address": address}
+                from infertool.tune.core import trial_record
+
+                rec = trial_record(t, status="failed",
+                                   error={"message": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
+            rec.executor = {"kind": "ray", "address": address}
             if ctx.on_trial:
                 ctx.on_trial(rec)
             records.append(rec)
@@ -201,7 +213,7 @@ def _recipe_payload(ctx) -> dict:
     return recipe_to_dict(ctx.recipe)
 
 
-def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_id: str, ref_raw) -> dict:
+def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_id: str) -> TrialRecord:
     """Runs in a Ray worker: rebuild the context from the recipe, run the one trial, return its record."""
     from pathlib import Path
 
@@ -211,4 +223,4 @@ def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_id: 
     recipe = validate_recipe_data(recipe_data, source="tune (ray worker)")
     ctx = Context(recipe, Path(tune_dir), exhaustive=exhaustive, on_event=None, on_trial=None)
     trial = next(t for t in plan_trials(recipe) if t.id == trial_id)
-    return run_trial(ctx, trial, ref_raw, {})
+    return run_trial(ctx, trial)

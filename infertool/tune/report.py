@@ -11,6 +11,7 @@ from pathlib import Path
 
 from infertool.atomic import atomic_path, write_text
 from infertool.report import html_document, html_table, img_tag, md_table
+from infertool.tune.records import ScreenResult, TrialRecord, TuneDoc
 from infertool.tune.search import OBJECTIVES
 
 
@@ -22,33 +23,39 @@ def _f(v, digits: int = 3) -> str:
     return f"{v:,}" if isinstance(v, int) else str(v)
 
 
-def _kld_interval(acc: dict) -> str:
-    for g in acc.get("gates") or []:
+def _kld_interval(acc: ScreenResult | None) -> str:
+    if acc is None:
+        return "-"
+    for g in acc.gates or []:
         if g.get("metric") in ("mean_kld", "kld") or "kld" in str(g.get("name", "")).lower():
             if g.get("lo") is not None:
                 return f"{_f(g.get('estimate'))} [{_f(g.get('lo'))}, {_f(g.get('hi'))}]"
-    return _f(acc.get("mean_kld"))
+    return _f(acc.mean_kld)
 
 
-def trial_rows(doc: dict) -> list[list[str]]:
+def _cost(t: TrialRecord) -> float | None:
+    """$ per 1M output tokens at the trial's largest load meeting the SLO (None: not measured)."""
+    at = t.capacity.at_max_load if t.capacity is not None else None
+    return (at.get("cost") or {}).get("per_1m_output_tokens") if at else None
+
+
+def trial_rows(doc: TuneDoc | dict) -> list[list[str]]:
+    doc = TuneDoc.from_dict(doc)
     rows = [["trial", "quantization", "serving", "accuracy", "mean KLD [interval]", "items", "max load", "$/1M out",
              "decode tok/s predicted / measured (error)", "status", "why not"]]
-    for t in doc["trials"]:
-        acc = t.get("accuracy") or {}
-        cap = t.get("capacity") or {}
-        at = cap.get("at_max_load") or {}
-        cost = (at.get("cost") or {}).get("per_1m_output_tokens") if at else None
-        dec = t.get("decode") or {}
-        pred, meas, err = dec.get("predicted_tokens_per_s"), dec.get("measured_tokens_per_s"), dec.get("error")
+    for t in doc.trials:
+        acc, dec = t.accuracy, t.decode
+        pred, meas, err = (dec.predicted_tokens_per_s, dec.measured_tokens_per_s, dec.error) if dec else (None, None, None)
         decode = f"{_f(pred)} / {_f(meas)}" + (f" ({err:+.0%})" if err is not None else "") if (pred or meas) else "-"
-        serving = ", ".join(f"{k}={v}" for k, v in (t.get("serve") or {}).items()) or "recipe"
-        status = t.get("status", "?") + (" (winner)" if doc.get("winner") == t["id"] else "")
-        rows.append([t["id"], t["candidate"]["label"], serving, acc.get("verdict") or "-", _kld_interval(acc),
-                     _f(acc.get("items")), _f(cap.get("max_load")), _f(cost), decode, status, t.get("why_lost") or ""])
+        serving = ", ".join(f"{k}={v}" for k, v in t.serve.items()) or "recipe"
+        status = (t.status or "?") + (" (winner)" if doc.winner == t.id else "")
+        rows.append([t.id, t.candidate.label or "", serving, (acc.verdict if acc else None) or "-", _kld_interval(acc),
+                     _f(acc.items if acc else None), _f(t.capacity.max_load if t.capacity else None), _f(_cost(t)),
+                     decode, status, t.why_lost or ""])
     return rows
 
 
-def plot_pareto(doc: dict, path: Path) -> Path | None:
+def plot_pareto(doc: TuneDoc, path: Path) -> Path | None:
     """Accuracy loss (mean KLD vs the reference) against cost per 1M output tokens; the front joined, the
     winner starred."""
     try:
@@ -59,30 +66,28 @@ def plot_pareto(doc: dict, path: Path) -> Path | None:
     except ImportError:
         return None
     pts = []
-    for t in doc["trials"]:
-        cap = t.get("capacity") or {}
-        cost = ((cap.get("at_max_load") or {}).get("cost") or {}).get("per_1m_output_tokens")
-        kld = (t.get("accuracy") or {}).get("mean_kld")
+    for t in doc.trials:
+        cost, kld = _cost(t), t.accuracy.mean_kld if t.accuracy else None
         if cost is None or kld is None:
             continue
-        pts.append((t["id"], float(cost), float(kld), t))
+        pts.append((t.id, float(cost), float(kld), t))
     if not pts:
         return None
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     for tid, cost, kld, t in pts:
-        passed = (t.get("accuracy") or {}).get("verdict") == "PASS"
+        passed = t.verdict == "PASS"
         ax.scatter(cost, kld, s=60, marker="o" if passed else "x", color="#2a7" if passed else "#c33", zorder=3)
-        ax.annotate(t["candidate"]["label"].split(" of ")[0] + "\n" + ", ".join(f"{k}={v}" for k, v in t["serve"].items()),
+        ax.annotate((t.candidate.label or "").split(" of ")[0] + "\n" + ", ".join(f"{k}={v}" for k, v in t.serve.items()),
                     (cost, kld), textcoords="offset points", xytext=(6, 4), fontsize=7)
-    front = sorted((p for p in pts if p[0] in doc.get("pareto", [])), key=lambda p: p[1])
+    front = sorted((p for p in pts if p[0] in doc.pareto), key=lambda p: p[1])
     if len(front) > 1:
         ax.plot([p[1] for p in front], [p[2] for p in front], "--", color="#888", zorder=2, label="Pareto front")
-    win = next((p for p in pts if p[0] == doc.get("winner")), None)
+    win = next((p for p in pts if p[0] == doc.winner), None)
     if win:
         ax.scatter(win[1], win[2], s=260, marker="*", color="#f5a623", edgecolor="k", zorder=4, label="winner")
     ax.set_xlabel("$ per 1M output tokens at the largest load meeting the SLO")
     ax.set_ylabel("mean KLD vs the original (served)")
-    ax.set_title(f"infertool tune {doc['recipe']}: accuracy vs cost ({len(pts)} measured trials)")
+    ax.set_title(f"infertool tune {doc.recipe}: accuracy vs cost ({len(pts)} measured trials)")
     ax.grid(alpha=0.3)
     if front or win:
         ax.legend(loc="best", fontsize=8)
@@ -93,33 +98,34 @@ def plot_pareto(doc: dict, path: Path) -> Path | None:
     return path
 
 
-def _summary(doc: dict) -> list[str]:
-    name, unit, _ = OBJECTIVES[doc["objective"]]
-    win = next((t for t in doc["trials"] if t["id"] == doc.get("winner")), None)
+def _summary(doc: TuneDoc) -> list[str]:
+    name, unit, _ = OBJECTIVES[doc.objective]
+    win = doc.trial(doc.winner)
     counts: dict[str, int] = {}
-    for t in doc["trials"]:
-        counts[t.get("status", "?")] = counts.get(t.get("status", "?"), 0) + 1
-    lines = [f"Objective: {name}. SLO: {doc.get('slo')}. Accuracy gates: preset {doc['accept'].get('preset')}, "
-             f"confidence {doc['accept'].get('confidence')}.",
-             f"{len(doc['trials'])} trials in {doc['seconds']:,.0f} s ("
+    for t in doc.trials:
+        counts[t.status or "?"] = counts.get(t.status or "?", 0) + 1
+    lines = [f"Objective: {name}. SLO: {doc.slo}. Accuracy gates: preset {doc.accept.get('preset')}, "
+             f"confidence {doc.accept.get('confidence')}.",
+             f"{len(doc.trials)} trials in {doc.seconds:,.0f} s ("
              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")"
-             + (" — exhaustive: no pruning, no early stopping, every load level" if doc.get("exhaustive") else "") + "."]
-    if win:
-        obj = -win["objective"] if doc["objective"] == "goodput" else win["objective"]
-        sc = win.get("served_check") or {}
-        lines.append(f"**Winner: {win['label']}** — {name}: {obj:,.4g} {unit} at concurrency "
-                     f"{(win.get('capacity') or {}).get('max_load')}; accuracy {(win.get('accuracy') or {}).get('verdict')}"
-                     + (f"; re-checked as served with its exact settings: {sc.get('verdict')} (mean KLD "
-                        f"{_f(sc.get('mean_kld'))})" if sc else "") + ".")
-        if doc.get("tuned_recipe"):
-            lines.append(f"Ready recipe: `{doc['tuned_recipe']}` (`infertool run` and `infertool serve --emit k8s` take it as it is).")
+             + (" — exhaustive: no pruning, no early stopping, every load level" if doc.exhaustive else "") + "."]
+    if win and win.objective is not None:
+        obj = -win.objective if doc.objective == "goodput" else win.objective
+        sc = win.served_check
+        lines.append(f"**Winner: {win.label}** — {name}: {obj:,.4g} {unit} at concurrency "
+                     f"{win.capacity.max_load if win.capacity else None}; accuracy {win.verdict}"
+                     + (f"; re-checked as served with its exact settings: {sc.verdict} (mean KLD "
+                        f"{_f(sc.mean_kld)})" if sc else "") + ".")
+        if doc.tuned_recipe:
+            lines.append(f"Ready recipe: `{doc.tuned_recipe}` (`infertool run` and `infertool serve --emit k8s` take it as it is).")
     else:
         lines.append("**No configuration passes the accuracy gates and meets the SLO** (see why each lost below).")
     return lines
 
 
-def render_markdown(doc: dict, plot: Path | None, tuned_text: str | None) -> str:
-    parts = [f"# infertool tune: {doc['recipe']}", ""] + _summary(doc) + [""]
+def render_markdown(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | None) -> str:
+    doc = TuneDoc.from_dict(doc)
+    parts = [f"# infertool tune: {doc.recipe}", ""] + _summary(doc) + [""]
     if plot:
         parts += [f"![pareto]({plot.name})", ""]
     parts += ["## Every trial", "", md_table(trial_rows(doc)), ""]
@@ -128,7 +134,9 @@ def render_markdown(doc: dict, plot: Path | None, tuned_text: str | None) -> str
     return "\n".join(parts)
 
 
-def render_html(doc: dict, plot: Path | None, tuned_text: str | None) -> str:
+def render_html(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | None) -> str:
+    doc = TuneDoc.from_dict(doc)
+
     def inline(text: str) -> str:
         t = html.escape(text)
         while "**" in t:
@@ -137,19 +145,20 @@ def render_html(doc: dict, plot: Path | None, tuned_text: str | None) -> str:
             t = t.replace("`", "<code>", 1).replace("`", "</code>", 1)
         return t
 
-    body = [f"<h1>infertool tune: {html.escape(doc['recipe'])}</h1>"] + [f"<p>{inline(p)}</p>" for p in _summary(doc)]
+    body = [f"<h1>infertool tune: {html.escape(doc.recipe)}</h1>"] + [f"<p>{inline(p)}</p>" for p in _summary(doc)]
     if plot:
         body.append(f'<div class="fig">{img_tag(plot)}</div>')
     body += ["<h2>Every trial</h2>", html_table(trial_rows(doc))]
     if tuned_text:
         body += ["<h2>The winner's recipe</h2>", f"<pre>{html.escape(tuned_text)}</pre>"]
-    return html_document(f"infertool tune {doc['recipe']}", body)
+    return html_document(f"infertool tune {doc.recipe}", body)
 
 
-def write_report(tune_dir: Path, doc: dict, *, exhaustive: bool = False) -> dict:
+def write_report(tune_dir: Path, doc: TuneDoc | dict, *, exhaustive: bool = False) -> dict:
+    doc = TuneDoc.from_dict(doc)
     suffix = "-exhaustive" if exhaustive else ""
     plot = plot_pareto(doc, tune_dir / f"pareto{suffix}.png")
-    tuned = Path(doc["tuned_recipe"]).read_text(encoding="utf-8") if doc.get("tuned_recipe") else None
+    tuned = Path(doc.tuned_recipe).read_text(encoding="utf-8") if doc.tuned_recipe else None
     files = {}
     for name, text in ((f"tune{suffix}.md", render_markdown(doc, plot, tuned)), (f"tune{suffix}.html", render_html(doc, plot, tuned))):
         write_text(tune_dir / name, text)

@@ -8,12 +8,14 @@ from typing import Callable
 
 from infertool.errors import UsageError
 from infertool.tune import space
-from infertool.tune.core import Context, EventCallback, TuneResult, _emit, finish, plan_trials
+from infertool.tune.context import Context, EventCallback, emit
+from infertool.tune.core import TuneResult, finish, plan_trials
 from infertool.tune.executor import execute
+from infertool.tune.records import TrialRecord
 
 
 def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
-             on_event: EventCallback | None = None, on_trial: Callable[[dict], None] | None = None) -> TuneResult:
+             on_event: EventCallback | None = None, on_trial: Callable[[TrialRecord], None] | None = None) -> TuneResult:
     if recipe.tune is None:
         raise UsageError(f"recipe {recipe.name!r} has no tune section",
                          hint="add one (candidates, serve_grid, objective): `infertool recipes show quickstart-tune`")
@@ -21,7 +23,7 @@ def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = Fa
     tune_dir = Path(out_dir or recipe.tune.out_dir).expanduser() / recipe.name
     ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial)
     trials = plan_trials(recipe)
-    _emit(on_event, f"{len(trials)} trials ({len({t.candidate.key for t in trials})} candidates x "
+    emit(on_event, f"{len(trials)} trials ({len({t.candidate.key for t in trials})} candidates x "
                     f"{len(space.grid_points(recipe))} serving settings)")
     executor = executor or recipe.tune.executor
     if executor == "local":
@@ -39,7 +41,7 @@ def _require_envs(trials: list[space.Trial]) -> None:
     needed = {"serve": "the vLLM servers (reference, screening, capacity)"}
     for t in trials:
         spec = t.candidate.spec
-        if spec and t.prediction.get("fits", True):
+        if spec and t.prediction.fits:
             env = BACKEND_ENVS.get(spec.get("backend") or "gptqmodel", "quant")
             needed.setdefault(env, f"quantizing candidate {t.candidate.label!r}")
     for name, why in needed.items():

@@ -5,26 +5,28 @@
 - ``screening_confidence`` and ``decided``: accuracy rounds stop as soon as every gate is decided (PASS or
   FAIL); K planned looks each use confidence 1 - (1 - c)/K (Bonferroni), so looking early does not inflate the
   error rate of the final verdict;
-- ``objective_value``, ``rank``, ``pareto_front`` and ``why_lost``.
+- ``objective_value``, ``rank``, ``pareto_front`` and ``why_lost``, on typed trial records
+  (``infertool.tune.records``): an objective that was not measured is None (null in tune.json).
 """
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Callable
+
+from infertool.records import Record
+
+if TYPE_CHECKING:
+    from infertool.tune.records import CapacityResult, TrialRecord
 
 
 # ------------------------------------------------------------------------------------------- load search
 @dataclass
-class Probe:
+class Probe(Record):
     concurrency: int
     ok: bool  # met the SLO at this load (goodput fraction >= target, no failed requests)
     goodput_fraction: float | None
     summary: dict = field(default_factory=dict)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 @dataclass
@@ -80,6 +82,15 @@ def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: i
     return LoadSearch(good, probes, f"the SLO holds at {good} and not at {bad}")
 
 
+SHORT = ("requests", "completed", "failed", "duration_s", "output_token_throughput", "request_throughput",
+         "ttft_ms", "tpot_ms", "e2e_ms", "goodput", "cost", "mean_output_tokens")
+
+
+def short_summary(summary: dict) -> dict:
+    """What a probe keeps of a bench level's summary."""
+    return {k: summary.get(k) for k in SHORT}
+
+
 def probe_ok(summary: dict, target: float) -> tuple[bool, float | None]:
     """A level meets the SLO when every request completed and the share that met the SLO reaches the target."""
     frac = (summary.get("goodput") or {}).get("fraction")
@@ -106,32 +117,32 @@ OBJECTIVES = {
 }
 
 
-def objective_value(objective: str, capacity: dict | None) -> float:
-    """Lower is better (goodput is negated); infinity when the trial has no load that meets the SLO."""
-    if not capacity or not capacity.get("max_load"):
-        return math.inf
-    at = capacity.get("at_max_load") or {}
+def objective_value(objective: str, capacity: CapacityResult | None) -> float | None:
+    """Lower is better (goodput is negated); None (not measured) when the trial has no load that meets the SLO."""
+    if capacity is None or not capacity.max_load:
+        return None
+    at = capacity.at_max_load or {}
     if objective == "cost":
         v = (at.get("cost") or {}).get("per_1m_output_tokens")
-        return math.inf if v is None else float(v)
+        return None if v is None else float(v)
     if objective == "goodput":
         v = (at.get("goodput") or {}).get("requests_per_s")
-        return math.inf if not v else -float(v)
+        return None if not v else -float(v)
     v = (at.get("tpot_ms") or {}).get("p50")
-    return math.inf if v is None else float(v)
+    return None if v is None else float(v)
 
 
-def eligible(t: dict) -> bool:
+def eligible(t: TrialRecord) -> bool:
     """Can this trial win: it fits, its accuracy passed (or the recipe allows INCONCLUSIVE), it meets the SLO."""
-    acc = (t.get("accuracy") or {}).get("verdict")
-    ok_acc = acc == "PASS" or (acc == "INCONCLUSIVE" and (t.get("accuracy") or {}).get("allow_inconclusive"))
-    return t.get("status") == "done" and ok_acc and math.isfinite(t.get("objective", math.inf))
+    acc = t.accuracy
+    ok_acc = acc is not None and (acc.verdict == "PASS" or (acc.verdict == "INCONCLUSIVE" and bool(acc.allow_inconclusive)))
+    return t.status == "done" and ok_acc and t.objective is not None
 
 
-def rank(trials: list[dict]) -> list[dict]:
+def rank(trials: list[TrialRecord]) -> list[TrialRecord]:
     """Eligible trials, best first (ties: the smaller weights, then the id, so the order is stable)."""
     return sorted((t for t in trials if eligible(t)),
-                  key=lambda t: (t["objective"], (t.get("prediction") or {}).get("weight_bytes") or 0, t["id"]))
+                  key=lambda t: (t.objective, t.prediction.weight_bytes or 0, t.id))
 
 
 def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
@@ -143,31 +154,30 @@ def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
     return front
 
 
-def why_lost(t: dict, winner: dict | None, objective: str) -> str | None:
+def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str) -> str | None:
     """One sentence: why this trial is not the answer."""
-    if winner is not None and t["id"] == winner["id"]:
+    if winner is not None and t.id == winner.id:
         return None
-    status = t.get("status")
-    if status == "pruned":
-        return "pruned by the plan: " + "; ".join((t.get("prediction") or {}).get("reasons") or ["does not fit"])
-    if status == "failed":
-        return "failed: " + str((t.get("error") or {}).get("message") or "see its manifest").splitlines()[0]
-    if status == "skipped":
-        return t.get("reason") or "not run (budget)"
-    acc = t.get("accuracy") or {}
-    if acc.get("verdict") == "FAIL":
-        return "accuracy FAIL: " + (acc.get("reason") or "a gate is exceeded")
-    if acc.get("verdict") == "INCONCLUSIVE" and not acc.get("allow_inconclusive"):
-        n = acc.get("n_needed")
+    if t.status == "pruned":
+        return "pruned by the plan: " + "; ".join(t.prediction.reasons or ["does not fit"])
+    if t.status == "failed":
+        return "failed: " + str((t.error or {}).get("message") or "see its manifest").splitlines()[0]
+    if t.status == "skipped":
+        return t.reason or "not run (budget)"
+    acc = t.accuracy
+    if acc is not None and acc.verdict == "FAIL":
+        return "accuracy FAIL: " + (acc.reason or "a gate is exceeded")
+    if acc is not None and acc.verdict == "INCONCLUSIVE" and not acc.allow_inconclusive:
+        n = acc.n_needed
         return "accuracy INCONCLUSIVE at the budget" + (f" (about {n:,} more items would decide it)" if n else "")
-    served = t.get("served_check") or {}
-    if served.get("verdict") not in (None, "PASS"):
-        return f"served outputs diverge from the reference ({served.get('verdict')}: {served.get('reason')})"
-    if not math.isfinite(t.get("objective", math.inf)):
-        return (t.get("capacity") or {}).get("stopped") or "no load meets the SLO"
-    if winner is not None:
+    served = t.served_check
+    if served is not None and served.verdict not in (None, "PASS"):
+        return f"served outputs diverge from the reference ({served.verdict}: {served.reason})"
+    if t.objective is None:
+        return (t.capacity.stopped if t.capacity is not None else None) or "no load meets the SLO"
+    if winner is not None and winner.objective is not None:
         name, unit, _ = OBJECTIVES[objective]
-        a, b = t["objective"], winner["objective"]
+        a, b = t.objective, winner.objective
         if objective == "goodput":
             a, b = -a, -b
         return f"{name}: {a:,.4g} {unit} vs the winner's {b:,.4g} {unit}"

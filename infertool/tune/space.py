@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, field
 
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
+from infertool.tune.records import PredictionRecord
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,7 @@ class Trial:
     candidate: Candidate
     serve: dict  # the grid point: serve field -> value
     recipe: object  # the trial's full recipe (quantize = the candidate, serve = the grid point, no tune)
-    prediction: dict = field(default_factory=dict)
+    prediction: PredictionRecord = field(default_factory=PredictionRecord)
 
     @property
     def label(self) -> str:
@@ -43,7 +44,7 @@ class Trial:
 
     def to_dict(self) -> dict:
         return {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(), "serve": dict(self.serve),
-                "prediction": self.prediction}
+                "prediction": self.prediction.to_dict()}
 
 
 def candidates(recipe) -> list[Candidate]:
@@ -111,7 +112,7 @@ def trials(recipe) -> list[Trial]:
     return out
 
 
-def predict(trial: Trial, concurrency: int | None = None) -> dict:
+def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     """What `infertool plan` says of the trial before anything is measured: does it fit (memory, KV capacity
     for the traffic, position limits), and the roofline bound for decode tokens/s at ``concurrency``
     (default: the largest batch its KV cache allows, capped by max_num_seqs) and the $ per 1M output tokens
@@ -133,11 +134,9 @@ def predict(trial: Trial, concurrency: int | None = None) -> dict:
     row = next((x for x in rows if concurrency and x["batch"] == concurrency), rows[-1] if rows else None)
     tps = row["tokens_per_s"] if row else None
     cost = bench.cost_per_hour
-    return {
-        "fits": not reasons, "reasons": reasons, "weight_bytes": p.model["weight_bytes"],
-        "kv_tokens": p.capacity["kv_tokens"],
-        "max_batch_by_kv": max(1, p.capacity["kv_tokens"] // max(1, per_request)) if p.capacity["kv_tokens"] else 0,
-        "batch": row["batch"] if row else None, "decode_tokens_per_s": tps,
-        "bound": row["bound"] if row else None, "peak_source": p.roofline.get("peak_source"),
-        "cost_per_1m_output_tokens": (cost / (tps * 3600) * 1e6) if (cost is not None and tps) else None,
-    }
+    return PredictionRecord(
+        fits=not reasons, reasons=reasons, weight_bytes=p.model["weight_bytes"], kv_tokens=p.capacity["kv_tokens"],
+        max_batch_by_kv=max(1, p.capacity["kv_tokens"] // max(1, per_request)) if p.capacity["kv_tokens"] else 0,
+        batch=row["batch"] if row else None, decode_tokens_per_s=tps, bound=row["bound"] if row else None,
+        peak_source=p.roofline.get("peak_source"),
+        cost_per_1m_output_tokens=(cost / (tps * 3600) * 1e6) if (cost is not None and tps) else None)

@@ -1,0 +1,23 @@
+"""The stages of `run` and `tune`: one Stage type, ONE registry, one key function, the stage cache.
+
+- ``base``: ``Stage`` (what a stage reads, depends on and needs, and its ``run(ctx) -> summary``),
+  ``StageContext``, ``StageOutput`` and ``stage_key``, the one key function computed from a stage's declarations;
+- ``registry``: ``register`` / ``get`` / ``names`` (graph order) / ``select`` (a graph: the wanted stages and
+  their dependencies) / ``keys``, and ``check_recipe`` (the recipe's run.stages against the registry);
+- ``cache``: ``cached_stage``: each stage's output in a content-addressed entry, written whole;
+- ``builtin``: `run`'s stages (model, quantize, eval, profile, serve, bench), registered like a plugin's.
+  tune's stages (reference, screen, capacity, served) register from ``infertool.tune.stages``.
+
+Adding a stage: a ``run(ctx) -> summary`` function (a thin adapter over a capability), a ``StageSummary``
+subclass (``infertool.summaries``) and one ``register(Stage(...))`` line with its declarations.
+"""
+
+from __future__ import annotations
+
+from infertool.stages.base import HOST_FACTS, KEY_VERSION, Stage, StageContext, StageOutput, stage_key
+from infertool.stages.cache import CachedStage, cached_stage
+from infertool.stages.registry import REGISTRY, check_recipe, get, keys, names, register, select
+from infertool.stages import builtin as _builtin  # noqa: F401,E402 - registers the built-in stages
+
+__all__ = ["HOST_FACTS", "KEY_VERSION", "REGISTRY", "CachedStage", "Stage", "StageContext", "StageOutput",
+           "cached_stage", "check_recipe", "get", "keys", "names", "register", "select", "stage_key"]

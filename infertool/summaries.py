@@ -1,0 +1,171 @@
+"""The typed records of `run`: each stage's summary, the manifest's record of each stage, the manifest.
+
+A leaf (standard library and ``infertool.records`` only), so that whoever reads a run directory (report,
+decision, compare, tune) reads these types by attribute without importing the stages that write them.
+
+The JSON layout is the one run directories have always had: ``manifest.json`` and each entry's
+``stage.json`` hold ``to_dict()``; ``from_dict()`` reads them back tolerantly (a key of an older or newer
+version is kept aside, a malformed value reads as "not measured").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from infertool.records import Record
+
+__all__ = [
+    "Summary", "StageSummary", "ModelSummary", "QuantizeSummary", "EvalSummary", "ProfileSummary", "ServeSummary",
+    "BenchSummary", "StageRecord", "RunManifest",
+]
+
+
+@dataclass
+class Summary(Record):
+    """A record whose optional fields are left out of its JSON when they are None (``OMIT_NONE``), and whose
+    ``TRAILING`` fields come last: files keep the layout they had when these were plain dicts."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ()
+    TRAILING: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        for k in self.OMIT_NONE:
+            if k in d and d[k] is None:
+                del d[k]
+        for k in self.TRAILING:
+            if k in d:
+                d[k] = d.pop(k)
+        return d
+
+
+@dataclass
+class StageSummary(Summary):
+    """What a stage's ``stage.json`` and the run manifest keep of its result. Every stage's summary derives from
+    it; a stage's stand-in (a test, a plugin) may return a plain dict, read as the stage's summary type."""
+
+    servers: list[dict] | None = None  # the run's servers the stage used (started or shared); absent when none
+    servers_beside: dict | None = None  # a timing stage: the idle servers beside it and the CPU time they took
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers", "servers_beside")
+    TRAILING: ClassVar[tuple[str, ...]] = ("servers_beside", "servers")
+
+    @property
+    def verdict_failed(self) -> bool:
+        """Whether the result fails the run's verdict (exit 1, the other stages still run)."""
+        return False
+
+
+@dataclass
+class ModelSummary(StageSummary):
+    path: str | None = None
+    source: str | None = None
+    label: str | None = None
+    layers: int | None = None
+    weight_bytes: int | None = None
+    hidden: int | None = None
+    kv_heads: int | None = None
+
+
+@dataclass
+class QuantizeSummary(StageSummary):
+    model: str | None = None  # the checkpoint's folder inside the stage's entry
+    method: str | None = None
+    backend: str | None = None
+    size: dict | None = None
+    label: str | None = None
+    verify: dict | None = None  # the load check, short: loaded, generated, agreement, reason, ...
+    held_out: dict | None = None  # the calibration's overlap with the eval suite, short
+    timings: dict | None = None
+
+
+@dataclass
+class EvalSummary(StageSummary):
+    verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE
+    reason: str | None = None
+    gates: list | None = None
+    engine: str | None = None
+    suite: str | None = None
+    held_out: dict | None = None
+
+    @property
+    def verdict_failed(self) -> bool:
+        return self.verdict not in ("PASS", None)
+
+
+@dataclass
+class ProfileSummary(StageSummary):
+    verdicts: dict | None = None
+    crossover_batch: float | None = None
+    advice: list | None = None
+    peaks: dict | None = None
+
+
+@dataclass
+class ServeSummary(StageSummary):
+    ready_s: float | None = None
+    model: str | None = None
+    label: str | None = None
+    log: str | None = None
+    served: str | None = None  # candidate | original | serve.model
+    argv: list | None = None
+    kv_cache: dict | None = None
+    smoke: dict | None = None  # {"prompt", "completion"}
+    note: str | None = None
+
+
+@dataclass
+class BenchSummary(StageSummary):
+    levels: list | None = None
+    experiments: list | None = None
+    seconds: float | None = None
+    note: str | None = None
+    served: dict | None = None  # {"label", "origin"}
+    original: list | None = None  # the original's levels, when it was measured beside the candidate
+    comparison: dict | None = None  # {"rows", "nothing_to_compare"}
+
+
+@dataclass
+class StageRecord(Summary):
+    """One stage in the run manifest: its status (pending | running | done | reused | failed | interrupted),
+    its cache key and entry, when and how long, its summary, the servers it used and the error it met."""
+
+    status: str = "pending"
+    key: str | None = None
+    dir: str | None = None
+    started: str | None = None
+    seconds: float | None = None
+    completed: str | None = None
+    summary: Any = None  # the stage's StageSummary (as a dict when read back: ``summary_as``)
+    error: dict | None = None
+    servers: list[dict] | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("key", "dir", "started", "seconds", "completed", "summary", "error",
+                                            "servers")
+
+    def summary_as(self, cls: type[StageSummary]) -> StageSummary:
+        """The summary as ``cls`` (a record read back from a file holds it as a dict)."""
+        return cls.from_dict(self.summary.to_dict() if isinstance(self.summary, Record) else self.summary)
+
+
+@dataclass
+class RunManifest(Summary):
+    """``manifest.json`` of a run directory."""
+
+    infertool: str | None = None
+    recipe_name: str | None = None
+    recipe: dict | None = None
+    recipe_sha256: str | None = None
+    inputs: dict | None = None
+    host: dict | None = None
+    target: dict | None = None
+    envs: dict | None = None
+    started: str | None = None
+    finished: str | None = None
+    stages: dict[str, StageRecord] = field(default_factory=dict)
+    run_dir: str | None = None
+    servers: list[dict] | None = None  # the servers the run started (infertool.serve.pool's records)
+    resolution: dict | None = None  # what the run served and scored, once it is over
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers", "resolution")

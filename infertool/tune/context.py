@@ -1,0 +1,117 @@
+"""What one tune shares (the recipe's settings, where things go, the clock, the callbacks) and the runner of
+its stages: each trial's graph is built from the stage registry (``infertool.stages``), each stage cached under
+the key its declarations give (``infertool.stages.stage_key``), exactly as `run` caches its own."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from infertool.stages import StageContext, StageOutput, cached_stage, keys, select
+from infertool.stages.builtin import QuantizeStageOptions
+from infertool.tune import stages as _registered  # noqa: F401 - tune's stages, in the one registry
+from infertool.tune.records import TrialRecord, TrialStage
+
+EventCallback = Callable[[dict], None]
+# tune's quantization skips the vLLM load check: screening serves the candidate anyway (a declared option of
+# the one quantize stage, part of its key)
+OPTIONS = {"quantize": QuantizeStageOptions(verify=False)}
+
+
+def emit(on_event: EventCallback | None, message: str, level: str = "info") -> None:
+    if on_event:
+        on_event({"event": "log", "level": level, "message": message})
+
+
+class Context:
+    """What every piece of one tune shares: the recipe, where things go, the clock, the callbacks."""
+
+    def __init__(self, recipe, tune_dir: Path, *, exhaustive: bool, on_event: EventCallback | None,
+                 on_trial: Callable[[TrialRecord], None] | None):
+        from infertool.data.suites import load_suite
+        from infertool.recipe import EvalSection
+        from infertool.resolve import resolve
+
+        self.recipe = recipe
+        self.tune = recipe.tune
+        self.dir = tune_dir
+        self.cache = tune_dir / ".stages"
+        self.exhaustive = exhaustive
+        self.on_event = on_event
+        self.on_trial = on_trial
+        self.t0 = time.monotonic()
+        self.started = 0  # trials started in this process (a test's interruption point counts them)
+        self.eval = recipe.eval or EvalSection()
+        self.accept = (self.tune.accept or self.eval.accept).model_dump()
+        self.slo = self.tune.slo or recipe.bench.slo
+        self.bench = recipe.bench.model_copy(update={"slo": self.slo})
+        self.suite = load_suite(self.eval.suite)
+        self.rounds = list(self.tune.accuracy.rounds)
+        base_res = resolve(recipe)
+        self.host = base_res.host.to_dict()
+        self.inputs = base_res.inputs()
+        self.reference_recipe = recipe.model_copy(update={"quantize": None, "tune": None})
+        self._candidates: dict[str, Any] = {}
+
+    def elapsed(self) -> float:
+        return time.monotonic() - self.t0
+
+    def emit(self, message: str, level: str = "info") -> None:
+        emit(self.on_event, message, level)
+
+    # ----------------------------------------------------------------------------- what stages read
+    def candidate_recipe(self, candidate):
+        """The candidate with the recipe's own serve settings (screening: shared by its serving settings)."""
+        from infertool.tune import space
+
+        if candidate.key not in self._candidates:
+            self._candidates[candidate.key] = space.trial_recipe(self.recipe, candidate, {})
+        return self._candidates[candidate.key]
+
+    @property
+    def reference_items(self) -> int:
+        """Items per task the reference is scored on: the largest round, or the served check's when larger."""
+        served = self.tune.accuracy.served_items
+        return self.rounds[-1] if served is None else max(self.rounds[-1], served)
+
+    @property
+    def screen_rounds(self) -> list[int]:
+        return [self.rounds[-1]] if self.exhaustive else self.rounds
+
+    @property
+    def served_items(self) -> int:
+        return self.tune.accuracy.served_items or self.rounds[-1]
+
+    # ------------------------------------------------------------------------------- the trial graph
+    def run_stages(self, trial, wanted: list[str], outputs: dict[str, StageOutput],
+                   rec: TrialRecord | None = None) -> dict[str, StageOutput]:
+        """The trial's graph for ``wanted`` (tune stages the trial's recipe asks for, with their dependencies,
+        from the registry), each through the stage cache; stages already in ``outputs`` are not run again.
+        Each stage used is noted in ``rec.stages`` (the first time)."""
+        job = TrialJob(self, trial)
+        chosen = select(trial.recipe, wanted, "tune", asked_only=True)
+        ks = keys(trial.recipe, chosen, self.inputs, self.host, job=job, options=OPTIONS)
+        for st in chosen:
+            if "tune" not in st.graphs or st.name in outputs:
+                continue  # a dependency outside the graph (model) enters the keys only
+
+            def body(work: Path, st=st):
+                ctx = StageContext(st.recipe_for(trial.recipe, job), None, work, dict(outputs), self.on_event,
+                                   options=OPTIONS.get(st.name), job=job)
+                return st.summarize(st.run(ctx))
+
+            done = cached_stage(self.cache, st.name, ks[st.name], body, summary_type=st.summary)
+            outputs[st.name] = StageOutput(done.entry, done.summary, ks[st.name])
+            if rec is not None and st.name not in rec.stages:
+                rec.stages[st.name] = TrialStage(str(done.entry), done.status, done.seconds)
+        return outputs
+
+
+@dataclass
+class TrialJob:
+    """What a tune stage reads besides its recipe (``StageContext.job``): the tune's settings and the trial."""
+
+    tune: Context
+    trial: Any  # infertool.tune.space.Trial

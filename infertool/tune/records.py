@@ -1,0 +1,168 @@
+"""The typed records of `infertool tune`: its stages' summaries, each trial's record, tune.json.
+
+Written as JSON by ``to_dict()`` (an objective that was not measured is null, never Infinity) and read back by
+``from_dict()``, tolerantly; core, search, report and the executor read them by attribute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from infertool.summaries import StageSummary, Summary
+
+
+@dataclass
+class Judgement(StageSummary):
+    """The candidate as served against the reference on the same items: the gates and their verdict."""
+
+    verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE
+    reason: str | None = None
+    items: int | None = None  # per task
+    confidence: float | None = None
+    gates: list[dict] | None = None
+    n_needed: int | None = None  # about how many items would decide an INCONCLUSIVE gate
+    mean_kld: float | None = None
+    top1: float | None = None
+    allow_inconclusive: bool | None = None
+    argv: list[str] | None = None  # the server's command line
+
+
+@dataclass
+class ScreenResult(Judgement):
+    """Accuracy screening, in rounds (it stops as soon as the gates are decided); for the original model the
+    reference itself (``reference``: PASS by definition)."""
+
+    rounds: list[dict] | None = None
+    rounds_planned: list[int] | None = None
+    stopped_early: bool | None = None
+    reference: bool | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("reference",)
+
+
+@dataclass
+class ServedCheck(Judgement):
+    """The winner re-checked as served, with its exact serving settings, on every item."""
+
+
+@dataclass
+class ReferenceSummary(StageSummary):
+    """The original model served with the recipe's settings, scored once (raw.json in its entry)."""
+
+    items: int | None = None
+    argv: list[str] | None = None
+    seconds: float | None = None
+
+
+@dataclass
+class CapacityResult(StageSummary):
+    """The largest concurrency at which the trial's server meets the SLO, and the measurement there."""
+
+    max_load: int | None = None  # 0: not even the smallest load meets the SLO
+    stopped: str | None = None  # why the search ended
+    probes: list[dict] = field(default_factory=list)
+    at_max_load: dict | None = None  # the bench summary at max_load (ttft_ms, tpot_ms, goodput, cost, ...)
+    range: list[int] | None = None
+    argv: list[str] | None = None
+    serve: dict | None = None  # the effective serve settings
+
+
+@dataclass
+class DecodeCheck(Summary):
+    """The roofline's decode prediction against the measurement at the largest load meeting the SLO."""
+
+    predicted_tokens_per_s: float | None = None
+    measured_tokens_per_s: float | None = None
+    batch: int | None = None
+    bound: str | None = None
+    error: float | None = None  # measured / predicted - 1
+    peak_source: str | None = None
+
+
+@dataclass
+class TrialStage(Summary):
+    """A stage a trial used: its cache entry, done or reused, how long."""
+
+    entry: str | None = None
+    status: str | None = None
+    seconds: float | None = None
+
+
+@dataclass
+class CandidateRecord(Summary):
+    index: int | None = None
+    spec: dict | None = None  # the merged quantize section; None: the original model
+    label: str | None = None
+    key: str | None = None
+
+
+@dataclass
+class PredictionRecord(Summary):
+    """What the plan predicts of a trial before anything is measured (``infertool.tune.space.predict``)."""
+
+    fits: bool = True
+    reasons: list[str] = field(default_factory=list)
+    weight_bytes: int | None = None
+    kv_tokens: int | None = None
+    max_batch_by_kv: int | None = None
+    batch: int | None = None
+    decode_tokens_per_s: float | None = None
+    bound: str | None = None
+    peak_source: str | None = None
+    cost_per_1m_output_tokens: float | None = None
+
+
+@dataclass
+class TrialRecord(Summary):
+    """One trial (a candidate x a serving setting): its status (pending | pruned | done | failed | interrupted |
+    skipped), the stages it used, its accuracy, capacity and objective (lower is better; None: not measured),
+    and why it lost. <tune dir>/trials/<id>/manifest.json holds it with the trial's recipe."""
+
+    id: str = ""
+    label: str = ""
+    candidate: CandidateRecord = field(default_factory=CandidateRecord)
+    serve: dict = field(default_factory=dict)
+    prediction: PredictionRecord = field(default_factory=PredictionRecord)
+    status: str = "pending"
+    stages: dict[str, TrialStage] = field(default_factory=dict)
+    started: str | None = None
+    finished: str | None = None
+    dir: str | None = None
+    objective: float | None = None
+    accuracy: ScreenResult | None = None
+    capacity: CapacityResult | None = None
+    reason: str | None = None
+    decode: DecodeCheck | None = None
+    error: dict | None = None
+    why_lost: str | None = None
+    served_check: ServedCheck | None = None
+    executor: dict | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("dir", "accuracy", "capacity", "reason", "decode", "error", "why_lost",
+                                            "served_check", "executor")
+
+    @property
+    def verdict(self) -> str | None:
+        return self.accuracy.verdict if self.accuracy is not None else None
+
+
+@dataclass
+class TuneDoc(Summary):
+    """tune.json: the tune's settings, every trial, the winner and the Pareto front."""
+
+    recipe: str = ""
+    objective: str = "cost"
+    exhaustive: bool = False
+    slo: dict | None = None
+    accept: dict = field(default_factory=dict)
+    host: dict | None = None
+    seconds: float = 0.0
+    winner: str | None = None
+    pareto: list[str] = field(default_factory=list)
+    trials: list[TrialRecord] = field(default_factory=list)
+    tuned_recipe: str | None = None
+    finished: str | None = None
+
+    def trial(self, trial_id: str | None) -> TrialRecord | None:
+        return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None
