@@ -163,3 +163,66 @@ def test_every_file_write_goes_through_atomic():
                 if f.endswith(".write_text") or f.endswith(".write_bytes"):
                     bad.append(f"{name}:{node.lineno} {f}")
     assert not bad, "writes outside infertool.atomic:\n" + "\n".join(bad)
+
+
+MAX_FUNCTION_LINES = 120
+
+
+def test_no_function_over_120_lines():
+    """A reader sees a function's steps: none is longer than 120 lines (issue 24: make_recipe was 251)."""
+    long = []
+    for name, tree in _modules().items():
+        for n in ast.walk(tree):
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.end_lineno - n.lineno + 1 > MAX_FUNCTION_LINES:
+                long.append(f"{name}:{n.lineno} {n.name} ({n.end_lineno - n.lineno + 1} lines)")
+    assert not long, "functions over 120 lines:\n" + "\n".join(long)
+
+
+# The one registry of each kind: worker tasks, stages (run's and tune's), quantization backends. Commands register
+# with the Typer app through their module's register(app) (test_commands_register_one_way).
+REGISTRIES = {"infertool.tasks", "infertool.stages.registry", "infertool.backends.registry"}
+
+
+def test_one_registry_of_tasks_stages_and_backends():
+    """No second registry: a `register*` function or a module-level *REGISTRY* / *BACKENDS* / *STAGES* table
+    lives in one of the three registry modules only (the stage names' Literal, the backend tables and the
+    pipeline's parallel stage tables were such second lists)."""
+    bad = []
+    for name, tree in _modules().items():
+        if name in REGISTRIES or name.startswith("infertool.commands."):
+            continue
+        for n in tree.body:
+            if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.lstrip("_").startswith("register"):
+                bad.append(f"{name}: def {n.name}")
+            targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
+            for t in targets:
+                if isinstance(t, ast.Name) and any(w in t.id.upper() for w in ("REGISTRY", "BACKENDS", "STAGES")) \
+                        and t.id not in ("BUILTIN",):
+                    bad.append(f"{name}: {t.id} = ...")
+    assert not bad, "a second registry:\n" + "\n".join(bad)
+
+
+def test_the_launcher_owns_ports():
+    """Servers infertool starts get their port from the launcher (picked at start, picked again when taken):
+    free_port() is called in infertool.serve.launcher only."""
+    callers = sorted(name for name, tree in _modules().items()
+                     if any(isinstance(n, ast.Call) and ast.unparse(n.func).split(".")[-1] == "free_port"
+                            for n in ast.walk(tree)))
+    assert callers == ["infertool.serve.launcher"], callers
+
+
+def test_resolve_is_the_only_constructor_of_model_refs_and_targets():
+    """ModelRef and Target (infertool.resolve) are made by resolve() only: command-line models are its inputs
+    (Overrides), a candidate elsewhere is Resolution.candidate_at(path), a target resolve.target_for(...)."""
+    bad = []
+    for name, tree in _modules().items():
+        if name == "infertool.resolve":
+            continue
+        imported = {a.asname or a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                    and n.module == "infertool.resolve" for a in n.names}
+        for n in ast.walk(tree):
+            if isinstance(n, ast.Call):
+                f = ast.unparse(n.func)
+                if (f in ("ModelRef", "Target") and f in imported) or f in ("resolve.ModelRef", "resolve.Target"):
+                    bad.append(f"{name}:{n.lineno} {f}(...)")
+    assert not bad, "\n".join(bad)

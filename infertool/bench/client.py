@@ -119,10 +119,9 @@ class _Conn(asyncio.BufferedProtocol):
 
     Reads go into the connection's own buffer (asyncio's recv_into). Python 3.11's plain Protocol receives
     each read as a fresh 256 KiB bytes object, which glibc may serve with mmap (its threshold adapts to what
-    the process freed before, so it depends on what was imported): then every read faults its pages in again.
-    Measured at 128 streams on 2 cores from a venv where that happened: 124,000 page faults and 1.1 s of
-    system time per 2,000 requests, the client 100 % busy and client-bound (ITL p50 0.00, TTFT 7.6 ms); with
-    its own buffer, the same venv: 7,600 faults, 0.65 of a core, ITL p50 1.81 ms (true 1.80), TTFT 3.2 ms."""
+    the process freed before, so it depends on what was imported): then every read faults its pages in again,
+    and at high concurrency the client itself becomes the bottleneck it measures (the figures, before and
+    after: README.md's "Measured speed" and docs/development.md)."""
 
     def __init__(self) -> None:
         self.transport = None
