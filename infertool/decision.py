@@ -1,7 +1,8 @@
 """What a run's report decides: should the quantized candidate ship?
 
-Pure functions over what a run directory holds (manifest.json and the stages' JSON: quantize.json,
-results.json, bench.json), no I/O:
+Pure functions over a run directory read once (``RunData``: manifest.json and the stages' results as typed
+records, QuantizeResult, EvalResult, ProfileResult and BenchReport), no I/O. Every figure is read by
+attribute, so a value that is missing or malformed reads as "not measured", never an exception.
 
 - who was compared, named as a person names a model (``ModelRef.label``: its source and quantization), never
   by a cache path;
@@ -9,154 +10,237 @@ results.json, bench.json), no I/O:
   tokens of the original and the candidate, both measured in the same run with the same traffic and SLO;
 - what it costs: the eval gates with their intervals;
 - the verdict, the decision it implies, and the next thing to try when the verdict is FAIL or INCONCLUSIVE,
-  derived from which gate failed and from the recipe's quantization.
+  derived from which gate failed and from the recipe's quantization (its backend says what is gentler).
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
 
-from infertool.resolve import ACTIVATION_SCHEMES
-DISTRIBUTION_GATES = ("max_mean_kld", "min_top1", "max_ppl_ratio")
-ACCURACY_GATES = ("max_acc_drop", "max_flip_rate")
+from infertool import backends
+from infertool.backends import ACTIVATION_SCHEMES
+from infertool.bench.results import BenchReport, BenchSettings
+from infertool.evaluate.result import EvalResult
+from infertool.evaluate.verdict import RULES, Gate
+from infertool.profile.core import ProfileResult
+from infertool.quantize.core import QuantizeResult
+from infertool.records import Record, as_float, as_int
+from infertool.summaries import EvalSummary, ModelSummary, QuantizeSummary, RunManifest, ServeSummary, StageSummary
+
+S = TypeVar("S", bound=StageSummary)
 
 
-def dig(d, *path):
-    """d[path[0]][path[1]]...; None where a step is missing or not a dict (manifests from older runs)."""
-    for k in path:
-        if not isinstance(d, dict):
-            return None
-        d = d.get(k)
-    return d
+# ------------------------------------------------------------------------------------------- the run
+@dataclass
+class RunData:
+    """A run directory read once: the manifest and each stage's result file as its typed record (None: the stage
+    did not run, or its file is missing or holds no object), and the figures found beside them."""
+
+    manifest: RunManifest = field(default_factory=RunManifest)
+    quantize: QuantizeResult | None = None
+    eval: EvalResult | None = None
+    profile: ProfileResult | None = None
+    bench: BenchReport | None = None
+    figures: dict[str, Path] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, manifest: Any = None, *, quantize: Any = None, eval: Any = None, profile: Any = None,
+           bench: Any = None, figures: dict[str, Path] | None = None) -> RunData:
+        """From what the files hold (JSON data, or records): a stage's file that is not a non-empty object reads
+        as absent."""
+
+        def rec(kind: type[Record], doc: Any) -> Any:
+            return kind.from_dict(doc) if isinstance(doc, (dict, kind)) and doc else None
+
+        return cls(RunManifest.from_dict(manifest), rec(QuantizeResult, quantize), rec(EvalResult, eval),
+                   rec(ProfileResult, profile), rec(BenchReport, bench), dict(figures or {}))
+
+    def summary(self, stage: str, kind: type[S]) -> S | None:
+        """The manifest's summary of ``stage`` as ``kind`` (None: the run has no summary of it)."""
+        rec = self.manifest.stages.get(stage)
+        return rec.summary_as(kind) if rec is not None and rec.summary else None
+
+    def section(self, name: str) -> dict | None:
+        """The recipe's section ``name`` as the manifest holds it (None: absent, or not a mapping)."""
+        s = (self.manifest.recipe or {}).get(name)
+        return s if isinstance(s, dict) else None
+
+    @property
+    def has_quantize(self) -> bool:
+        """The recipe quantizes (or the run holds a quantize result)."""
+        return (self.manifest.recipe or {}).get("quantize") is not None or self.quantize is not None
 
 
-def _ratio(a, b) -> float | None:
+def _first(*values: Any) -> str | None:
+    """The first value that is a non-empty string."""
+    return next((v for v in values if isinstance(v, str) and v), None)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
     """b / a, when both are numbers and a is not 0."""
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a:
-        return b / a
-    return None
+    return b / a if a is not None and b is not None and a else None
 
 
 # ------------------------------------------------------------------------------------------- names
-def model_names(manifest: dict, data: dict) -> dict:
-    """{"original": label, "candidate": label or None, "served": label, "served_origin": ...}: the labels of
-    the run's resolution (manifest), else of the stages' own records."""
-    res = manifest.get("resolution") or {}
-    stages = manifest.get("stages") or {}
-    ev, be = data.get("eval") or {}, data.get("bench") or {}
-    recipe = manifest.get("recipe") or {}
-    original = (dig(res, "base", "label") or dig(stages, "model", "summary", "label") or dig(ev, "base", "label")
-                or dig(be, "original", "label") or dig(recipe, "model", "source"))
+@dataclass
+class Names(Record):
+    """How a person names the run's models (labels: source and quantization, never a cache path)."""
+
+    original: str | None = None
+    candidate: str | None = None  # None: the recipe does not quantize
+    served: str | None = None
+    served_origin: str | None = None  # candidate | original | serve.model
+
+
+def model_names(run: RunData) -> Names:
+    """The labels of the run's resolution (manifest), else of the stages' own records."""
+    res, ev, be, q = run.manifest.resolved, run.eval, run.bench, run.quantize
+    model, quant, serve = (run.summary("model", ModelSummary), run.summary("quantize", QuantizeSummary),
+                           run.summary("serve", ServeSummary))
+    original = _first(res.base.label, model and model.label, ev and ev.base.label,
+                      be and be.original and be.original.label, (run.section("model") or {}).get("source"))
     candidate = None
-    if recipe.get("quantize") is not None or data.get("quantize"):
-        candidate = (dig(res, "candidate", "label") or dig(stages, "quantize", "summary", "label")
-                     or dig(data, "quantize", "resolution", "candidate", "label") or dig(ev, "candidate", "label"))
-    served = (dig(res, "served", "label") or dig(be, "served", "label") or be.get("label")
-              or dig(stages, "serve", "summary", "label") or (original if candidate is None else None))
-    return {"original": original, "candidate": candidate, "served": served,
-            "served_origin": res.get("served_origin") or dig(be, "served", "origin")}
+    if run.has_quantize:
+        candidate = _first(res.candidate.label, quant and quant.label, q and q.resolved.candidate.label,
+                           ev and ev.candidate.label)
+    served = _first(res.served.label, be and be.served_model.label, be and be.label, serve and serve.label,
+                    original if candidate is None else None)
+    return Names(original, candidate, served, _first(res.served_origin, be and be.served_model.origin))
 
 
 # ------------------------------------------------------------------------------------------- gains
-def weights(data: dict) -> dict | None:
-    size = dig(data, "quantize", "size") or {}
-    b, a = size.get("weight_bytes_before"), size.get("weight_bytes_after")
-    if not (isinstance(b, (int, float)) and isinstance(a, (int, float)) and b):
+@dataclass
+class Pair(Record):
+    """A figure of the original and of the candidate, and candidate / original."""
+
+    original: float | None = None
+    candidate: float | None = None
+    ratio: float | None = None
+
+
+def _pair(a: float | None, b: float | None) -> Pair:
+    return Pair(a, b, _ratio(a, b))
+
+
+def weights(q: QuantizeResult | None) -> Pair | None:
+    """Weight bytes of the original and the candidate (None: not measured)."""
+    size = q.weight_size if q is not None else None
+    if size is None or not size.weight_bytes_before or size.weight_bytes_after is None:
         return None
-    return {"original": b, "candidate": a, "ratio": a / b}
+    return _pair(size.weight_bytes_before, size.weight_bytes_after)
 
 
-def _summary_of(level: dict) -> dict:
-    return level.get("summary") or level
+@dataclass
+class SpeedRow(Record):
+    """One load level, the original and the candidate served with the same traffic and SLO."""
+
+    level: str = ""
+    kind: str | None = None  # concurrency | rate | burst | batch
+    output_tok_s: Pair = field(default_factory=Pair)
+    cost_per_1m: Pair = field(default_factory=Pair)  # $ per 1M output tokens
+    goodput: Pair = field(default_factory=Pair)  # the fraction of requests meeting the SLO
+    tpot_p50_ms: Pair = field(default_factory=Pair)
+    ttft_p50_ms: Pair = field(default_factory=Pair)
+    failed_original: int = 0
+    failed_candidate: int = 0
 
 
-def _pair(a, b) -> dict:
-    return {"original": a, "candidate": b, "ratio": _ratio(a, b)}
+@dataclass
+class Speed(Record):
+    """The original and the candidate as served, level by level. ``status``: "measured" | "nothing to compare"
+    (the served model is the original, ``why``) | "not measured" (``why``)."""
+
+    status: str = "not measured"
+    why: str | None = None
+    rows: list[SpeedRow] = field(default_factory=list)
+    headline: SpeedRow | None = None  # the heaviest closed-loop load (the last concurrency level), else the last
+    settings: BenchSettings | None = None  # the traffic and SLO both were measured with
+    dtype_original: str | None = None  # the --dtype each was served with ("auto": none passed)
+    dtype_candidate: str | None = None
 
 
-def speed(data: dict) -> dict:
-    """The original and the candidate as served, level by level (same traffic and SLO), and the headline
-    level: the heaviest closed-loop load (the last concurrency level), else the last level.
-
-    status: "measured" | "nothing to compare" (the served model is the original, said why) | "not measured"."""
-    be = data.get("bench")
-    if not be:
-        return {"status": "not measured", "why": "the run has no bench stage", "rows": []}
-    comp = be.get("comparison") or {}
-    if comp.get("nothing_to_compare"):
-        return {"status": "nothing to compare", "why": comp["nothing_to_compare"], "rows": [],
-                "settings": be.get("settings")}
-    orig = be.get("original")
-    if not orig:
-        return {"status": "not measured", "rows": [], "settings": be.get("settings"),
-                "why": "this run's bench measured the served model only (the original is measured beside the "
-                       "candidate when the recipe has a quantize section and a bench section)"}
-    by_label = {lv["level"]["label"]: lv for lv in orig.get("levels", [])}
+def speed(bench: BenchReport | None) -> Speed:
+    """The original and the candidate as served, level by level (same traffic and SLO), and the headline level."""
+    if bench is None:
+        return Speed(why="the run has no bench stage")
+    settings = bench.settings
+    if bench.comparison is not None and bench.comparison.nothing_to_compare:
+        return Speed("nothing to compare", bench.comparison.nothing_to_compare, settings=settings)
+    orig = bench.original
+    if orig is None:
+        return Speed(why="this run's bench measured the served model only (the original is measured beside the "
+                         "candidate when the recipe has a quantize section and a bench section)", settings=settings)
+    by_label = {lv.level.label: lv for lv in orig.levels if lv.level.label}
     rows = []
-    for lv in be.get("levels", []):
-        o = by_label.get(lv["level"]["label"])
+    for lv in bench.levels:
+        o = by_label.get(lv.level.label) if lv.level.label else None
         if o is None:
             continue
-        c, s = _summary_of(lv), _summary_of(o)
-        rows.append({
-            "level": lv["level"]["label"], "kind": lv["level"].get("kind"),
-            "output_tok_s": _pair(s.get("output_token_throughput"), c.get("output_token_throughput")),
-            "cost_per_1m": _pair(dig(s, "cost", "per_1m_output_tokens"), dig(c, "cost", "per_1m_output_tokens")),
-            "goodput": _pair(dig(s, "goodput", "fraction"), dig(c, "goodput", "fraction")),
-            "tpot_p50_ms": _pair(dig(s, "tpot_ms", "p50"), dig(c, "tpot_ms", "p50")),
-            "ttft_p50_ms": _pair(dig(s, "ttft_ms", "p50"), dig(c, "ttft_ms", "p50")),
-            "failed": {"original": s.get("failed"), "candidate": c.get("failed")},
-        })
+        c, s = lv.summary, o.summary
+        rows.append(SpeedRow(
+            lv.level.label, lv.level.kind, _pair(s.output_token_throughput, c.output_token_throughput),
+            _pair(s.cost.per_1m_output_tokens, c.cost.per_1m_output_tokens), _pair(s.goodput.fraction, c.goodput.fraction),
+            _pair(s.tpot_ms.p50, c.tpot_ms.p50), _pair(s.ttft_ms.p50, c.ttft_ms.p50), s.failed, c.failed))
     if not rows:
-        return {"status": "not measured", "rows": [], "settings": be.get("settings"),
-                "why": "the original and the candidate have no load level in common"}
-    conc = [r for r in rows if r["kind"] == "concurrency"]
-    return {"status": "measured", "rows": rows, "headline": (conc or rows)[-1], "settings": be.get("settings"),
-            "dtype": {"original": _served_dtype(orig), "candidate": _served_dtype(be)}}
-
-
-def _served_dtype(report: dict) -> str | None:
-    """The --dtype vLLM was started with for a bench report's (first) server; 'auto' when none was passed."""
-    argv = dig((report.get("servers") or [None])[0], "argv")
-    if not isinstance(argv, list):
-        return None
-    return argv[argv.index("--dtype") + 1] if "--dtype" in argv[:-1] else "auto"
+        return Speed(why="the original and the candidate have no load level in common", settings=settings)
+    conc = [r for r in rows if r.kind == "concurrency"]
+    return Speed("measured", None, rows, (conc or rows)[-1], settings, orig.served_dtype, bench.served_dtype)
 
 
 # ------------------------------------------------------------------------------------------- verdict
-def _severity(g: dict) -> float:
+def _rule(g: Gate):
+    return RULES.get(g.name) if isinstance(g.name, str) else None
+
+
+def _severity(g: Gate) -> float:
     """How far a failed gate is beyond its threshold, as a multiple of the allowed loss (1 = at the threshold)."""
-    est, thr = g.get("estimate"), g.get("threshold")
-    if not isinstance(est, (int, float)) or not isinstance(thr, (int, float)):
+    est, thr, rule = g.estimate, g.threshold, _rule(g)
+    if est is None or thr is None:
         return 1.0
-    if g["name"].startswith("min_"):  # a floor on agreement: compare the losses 1 - x
+    if rule is not None and not rule.upper:  # a floor on agreement: compare the losses 1 - x
         return (1 - est) / max(1 - thr, 1e-9)
-    if g["name"] == "max_ppl_ratio":
+    if rule is not None and rule.interval == "log":  # a ratio: the loss is how far it is above 1
         return (est - 1) / max(thr - 1, 1e-9)
     return est / thr if thr else math.inf
 
 
+def _leans_bad(g: Gate) -> bool:
+    est, thr, rule = g.estimate, g.threshold, _rule(g)
+    if est is None or thr is None:
+        return False
+    return est < thr if rule is not None and not rule.upper else est > thr
+
+
+def _on_items(g: Gate) -> bool:
+    """A task-accuracy gate (judged on scored items), not one on the token distribution."""
+    rule = _rule(g)
+    return rule is not None and rule.unit == "items"
+
+
 def quant_bits(q: dict | None) -> int | None:
+    """The bits of a recipe's quantize section (its scheme's, else ``bits``)."""
     if not q:
         return None
     scheme = q.get("scheme") or ""
-    if scheme.startswith(("W8", "FP8")):
+    if isinstance(scheme, str) and scheme.startswith(("W8", "FP8")):
         return 8
-    if scheme.startswith("W4"):
+    if isinstance(scheme, str) and scheme.startswith("W4"):
         return 4
-    return q.get("bits")
+    return as_int(q.get("bits"))
 
 
-def next_steps(verdict: str | None, gates: list[dict], quantize: dict | None, *, target_kind: str = "cpu",
+def next_steps(verdict: str | None, gates: list[Gate], quantize: dict | None, *, target_kind: str = "cpu",
                eval_section: dict | None = None, not_served_here: str | None = None) -> list[str]:
     """What to try next, derived from which gates failed (or could not decide) and the recipe's quantization.
     ``not_served_here``: why this host served the original instead of the candidate (then only what this
     host can serve is said to run here). Empty for PASS and when there is no verdict."""
     if verdict not in ("FAIL", "INCONCLUSIVE") or not quantize:
         return []
-    ev = eval_section or {}
     out: list[str] = []
-    quant = _quantization_options(quantize, target_kind)
+    quant = backends.gentler(quantize, target_kind)
     if not_served_here and quant and (quant_bits(quantize) or 4) < 8:
         out.append(f"this host cannot serve the 4-bit candidate ({not_served_here}): of what follows, only 8-bit "
                    "would be served here; the 4-bit options are for hosts whose vLLM runs them")
@@ -169,36 +253,16 @@ def next_steps(verdict: str | None, gates: list[dict], quantize: dict | None, *,
         return eight + rest if severe or not_served_here else rest + eight
 
     if verdict == "INCONCLUSIVE":
-        open_ = [g for g in gates if g.get("status") == "INCONCLUSIVE"]
-        sized = [g for g in open_ if g.get("n_needed")]
-        if sized:
-            what = "more eval items: " + ", ".join(f"about {g['n_needed']:,} {g.get('unit') or 'items'} would decide "
-                                                  f"{g['name']} (now {g.get('n') or 0:,})" for g in sized)
-            mi = ev.get("max_items")
-            factor = max(g["n_needed"] / g["n"] for g in sized if g.get("n")) if any(g.get("n") for g in sized) else None
-            if mi and factor:
-                what += f": eval.max_items: {math.ceil(mi * factor):,} (now {mi}), or a larger suite if this one has fewer"
-            else:
-                what += ": a larger suite (every item of this one is scored now)"
-            out.append(what)
-        for g in open_:
-            if not g.get("n_needed"):
-                out.append(f"{g['name']}: the estimate sits on its threshold ({g.get('threshold')}): more items will not "
-                           f"decide it; decide the threshold itself (eval.accept.{g['name']})")
-        leaning = [g for g in open_ if _leans_bad(g)]
-        if leaning and quant:
-            out.append(f"{', '.join(g['name'] for g in leaning)}: the estimate is already beyond the threshold, so more "
-                       f"items will likely make it FAIL; meanwhile try {ordered(False)[0]}")
-        return out
-    failed = [g for g in gates if g.get("status") == "FAIL"]
-    names = [g["name"] for g in failed]
-    if failed and all(n in ACCURACY_GATES for n in names):
-        out.append(f"the failing gates are task accuracy ({', '.join(names)}), not the token distribution: read the "
-                   "items that flipped (eval/items.jsonl) before changing the quantization")
+        return out + _undecided_steps([g for g in gates if g.status == "INCONCLUSIVE"], eval_section or {},
+                                      ordered(False)[0] if quant else None)
+    failed = [g for g in gates if g.status == "FAIL"]
+    if failed and all(_on_items(g) for g in failed):
+        out.append(f"the failing gates are task accuracy ({', '.join(g.name for g in failed)}), not the token "
+                   "distribution: read the items that flipped (eval/items.jsonl) before changing the quantization")
     bits = quant_bits(quantize)
     if bits is not None and bits >= 8:
-        scheme = quantize.get("scheme") or ""
-        if scheme in ACTIVATION_SCHEMES and target_kind == "gpu":
+        scheme = quantize.get("scheme")
+        if isinstance(scheme, str) and scheme in ACTIVATION_SCHEMES and target_kind == "gpu":
             out.append(f"{scheme} quantizes activations too: weight-only 8-bit (quantize.scheme: W8A16, or "
                        "quantize.bits: 8 with GPTQ) keeps them in 16 bits")
         out.append("8-bit already fails these gates: check that the thresholds suit this model (a small model loses "
@@ -208,117 +272,135 @@ def next_steps(verdict: str | None, gates: list[dict], quantize: dict | None, *,
     return out
 
 
-def _leans_bad(g: dict) -> bool:
-    est, thr = g.get("estimate"), g.get("threshold")
-    if not isinstance(est, (int, float)) or not isinstance(thr, (int, float)):
-        return False
-    return est < thr if g["name"].startswith("min_") else est > thr
+def _undecided_steps(open_: list[Gate], ev: dict, meanwhile: str | None) -> list[str]:
+    """For INCONCLUSIVE gates: how many more items would decide them, or that the threshold itself must be
+    decided; and, when the estimate already leans beyond the threshold, the first quantization to try."""
+    out = []
+    sized = [g for g in open_ if g.n_needed]
+    if sized:
+        what = "more eval items: " + ", ".join(f"about {g.n_needed:,} {g.unit or 'items'} would decide {g.name} "
+                                              f"(now {g.n or 0:,})" for g in sized)
+        mi = as_int(ev.get("max_items"))
+        factor = max((g.n_needed / g.n for g in sized if g.n), default=None)
+        if mi and factor:
+            what += f": eval.max_items: {math.ceil(mi * factor):,} (now {mi}), or a larger suite if this one has fewer"
+        else:
+            what += ": a larger suite (every item of this one is scored now)"
+        out.append(what)
+    for g in open_:
+        if not g.n_needed:
+            out.append(f"{g.name}: the estimate sits on its threshold ({g.threshold}): more items will not decide it; "
+                       f"decide the threshold itself (eval.accept.{g.name})")
+    leaning = [g for g in open_ if _leans_bad(g)]
+    if leaning and meanwhile:
+        out.append(f"{', '.join(g.name for g in leaning)}: the estimate is already beyond the threshold, so more items "
+                   f"will likely make it FAIL; meanwhile try {meanwhile}")
+    return out
 
 
-def _quantization_options(q: dict, target_kind: str) -> list[str]:
-    """Gentler or better quantizations than ``q`` (a recipe's quantize section), most promising first:
-    8-bit, a smaller group, activation order, the other 4-bit method, more calibration text."""
-    opts: list[str] = []
-    method, backend = q.get("method"), q.get("backend") or "gptqmodel"
-    if method == "bnb" or (quant_bits(q) or 4) >= 8:
-        return opts
-    if target_kind == "cpu":
-        opts.append("8-bit: on a CPU that is W8A8 int8 through llm-compressor (quantize: {method: gptq, backend: "
-                    "llmcompressor, scheme: W8A8, bits: 8}; eval.engine: vllm, since only the server quantizes "
-                    "activations; recipes/smollm2-w8-cpu.yaml is one): half the weight bytes of 16-bit instead of about a quarter")
-    else:
-        opts.append("8-bit: quantize.bits: 8 (weight-only GPTQ; or scheme: W8A16 / FP8_DYNAMIC with llm-compressor): "
-                    "half the weight bytes of 16-bit instead of about a quarter")
-    g = q.get("group_size")
-    if isinstance(g, int) and (g == -1 or g > 32):
-        smaller = 128 if g == -1 else g // 2
-        opts.append(f"a smaller group size: quantize.group_size: {smaller} (now {g}; it must divide every quantized "
-                    "in_features, which infertool quantize RECIPE --check tells in seconds)")
-    if method == "gptq" and backend == "gptqmodel" and not q.get("desc_act"):
-        opts.append("activation order: quantize.desc_act: true (GPTQ quantizes the most important columns first)")
-    if method == "gptq":
-        opts.append("AWQ: quantize.method: awq (4-bit with activation-aware scales)")
-    elif method == "awq":
-        opts.append("GPTQ: quantize.method: gptq (4-bit with error compensation)")
-    samples = dig(q, "calibration", "samples")
-    if isinstance(samples, int) and samples < 128:
-        opts.append(f"more calibration text: quantize.calibration.samples: 128 (now {samples})")
-    return opts
-
-
-def _gate_names(gates: list[dict], status: str) -> str:
-    names = [g["name"] for g in gates if g.get("status") == status]
+def _gate_names(gates: list[Gate], status: str) -> str:
+    names = [g.name for g in gates if g.status == status]
     return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1] if names else "a gate"
 
 
-def decision(verdict: str | None, gates: list[dict], names: dict, gains: dict, size: dict | None,
-             has_quantize: bool) -> dict:
+@dataclass
+class Decision(Record):
     """The sentence the summary leads with, a short title, and whether it says to ship the candidate (True /
     False / None: nothing to decide, or a trade-off the reader must weigh)."""
+
+    ship: bool | None = None
+    title: str = ""
+    text: str = ""
+
+
+def decision(verdict: str | None, gates: list[Gate], names: Names, gains: Speed, size: Pair | None,
+             has_quantize: bool) -> Decision:
+    """What the run says about shipping the candidate."""
     if not has_quantize:
-        return {"ship": None, "title": "no quantization to decide",
-                "text": f"Nothing to decide about quantization: the recipe has no quantize section "
-                        f"(the served model is {names.get('served') or names.get('original')})."}
+        return Decision(None, "no quantization to decide",
+                        f"Nothing to decide about quantization: the recipe has no quantize section "
+                        f"(the served model is {names.served or names.original}).")
     if verdict is None:
-        return {"ship": None, "title": "no verdict",
-                "text": "No verdict: this run has no eval stage, so nothing says whether the candidate kept the "
-                        "original's accuracy (add an eval section, or drop --stages)."}
-    head = gains.get("headline") if gains.get("status") == "measured" else None
-    r = head["output_tok_s"]["ratio"] if head else None
-    faster = (f"{r:.2f}x the output tokens/s of the original at {head['level']}" if r is not None else None)
+        return Decision(None, "no verdict", "No verdict: this run has no eval stage, so nothing says whether the "
+                        "candidate kept the original's accuracy (add an eval section, or drop --stages).")
+    head = gains.headline if gains.status == "measured" else None
+    r = head.output_tok_s.ratio if head else None
+    faster = f"{r:.2f}x the output tokens/s of the original at {head.level}" if r is not None else None
     if verdict == "FAIL":
-        n = sum(g.get("status") == "FAIL" for g in gates)
-        return {"ship": False, "title": "do not ship the candidate",
-                "text": f"Do not ship the candidate: it fails the {_gate_names(gates, 'FAIL')} gate{'s' if n > 1 else ''} "
-                        f"(the whole interval beyond the threshold)" + (f", although it serves {faster}" if r and r >= 1 else "") + "."}
+        n = sum(g.status == "FAIL" for g in gates)
+        return Decision(False, "do not ship the candidate",
+                        f"Do not ship the candidate: it fails the {_gate_names(gates, 'FAIL')} gate{'s' if n > 1 else ''} "
+                        "(the whole interval beyond the threshold)" + (f", although it serves {faster}" if r and r >= 1 else "") + ".")
     if verdict == "INCONCLUSIVE":
-        return {"ship": False, "title": "not decided yet",
-                "text": f"Not decided: the eval cannot yet tell whether the candidate stays within "
+        return Decision(False, "not decided yet",
+                        f"Not decided: the eval cannot yet tell whether the candidate stays within "
                         f"{_gate_names(gates, 'INCONCLUSIVE')} (the interval straddles the threshold); do not ship it "
-                        "until it can (see what to try next)."}
-    w = f"{size['ratio']:.2f}x the weight bytes" if size else None
-    if gains.get("status") == "nothing to compare" and names.get("served_origin") == "original":
-        return {"ship": None, "title": "passes, but not served here",
-                "text": f"The candidate passes every accuracy gate{' in ' + w if w else ''}, but it was not served here: "
-                        f"{gains.get('why')}. What it gains in speed was not measured: ship it where vLLM can run it, "
-                        "and measure it there."}
+                        "until it can (see what to try next).")
+    w = f"{size.ratio:.2f}x the weight bytes" if size else None
+    if gains.status == "nothing to compare" and names.served_origin == "original":
+        return Decision(None, "passes, but not served here",
+                        f"The candidate passes every accuracy gate{' in ' + w if w else ''}, but it was not served here: "
+                        f"{gains.why}. What it gains in speed was not measured: ship it where vLLM can run it, "
+                        "and measure it there.")
     if head is None:
-        return {"ship": True, "title": "ship the candidate",
-                "text": f"Ship the candidate on accuracy: it passes every gate{' in ' + w if w else ''}; its speed against "
-                        f"the original was not measured ({gains.get('why') or gains.get('status')})."}
-    cost = head["cost_per_1m"]["ratio"]
+        return Decision(True, "ship the candidate",
+                        f"Ship the candidate on accuracy: it passes every gate{' in ' + w if w else ''}; its speed against "
+                        f"the original was not measured ({gains.why or gains.status}).")
+    cost = head.cost_per_1m.ratio
     cost_txt = f", {cost:.2f}x the $ per 1M output tokens" if cost is not None else ""
     if r is None:
-        return {"ship": True, "title": "ship the candidate",
-                "text": f"Ship the candidate on accuracy: it passes every gate; its throughput at {head['level']} could "
-                        "not be compared (no request completed there)."}
+        return Decision(True, "ship the candidate",
+                        f"Ship the candidate on accuracy: it passes every gate; its throughput at {head.level} could "
+                        "not be compared (no request completed there).")
     if r >= 1.0:
-        return {"ship": True, "title": "ship the candidate",
-                "text": f"Ship the candidate: it passes every accuracy gate and serves {faster}{cost_txt}"
-                        f"{', in ' + w if w else ''}."}
-    return {"ship": None, "title": "passes, but saves memory only",
-            "text": f"The candidate passes every accuracy gate but serves only {faster} on this host{cost_txt}: it saves "
+        return Decision(True, "ship the candidate",
+                        f"Ship the candidate: it passes every accuracy gate and serves {faster}{cost_txt}"
+                        f"{', in ' + w if w else ''}.")
+    return Decision(None, "passes, but saves memory only",
+                    f"The candidate passes every accuracy gate but serves only {faster} on this host{cost_txt}: it saves "
                     f"memory{' (' + w + ')' if w else ''}, not time or money. Ship it where memory is the limit; else "
-                    "serve the original."}
+                    "serve the original.")
 
 
-def summarize_run(manifest: dict, data: dict) -> dict:
+# ------------------------------------------------------------------------------------------- the summary
+@dataclass
+class RunSummary(Record):
+    """Everything the report's summary section shows, as data."""
+
+    names: Names = field(default_factory=Names)
+    weights: Pair | None = None
+    speed: Speed = field(default_factory=Speed)
+    verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE; None: no eval
+    reason: str | None = None
+    gates: list[Gate] = field(default_factory=list)
+    decision: Decision = field(default_factory=Decision)
+    suite: str | None = None  # the eval's
+    engine: str | None = None
+    confidence: float | None = None  # of the gates' intervals
+    next: list[str] = field(default_factory=list)
+
+
+def verdict_of(run: RunData) -> tuple[str | None, str | None, list[Gate]]:
+    """The eval's verdict, reason and gates: results.json's, else what the manifest kept of them. A gate
+    without a name is left out."""
+    ev, kept = run.eval, run.summary("eval", EvalSummary)
+    verdict = (ev and ev.verdict) or (kept and kept.verdict)
+    reason = (ev and ev.reason) or (kept and kept.reason)
+    gates = (ev and ev.gates) or [Gate.from_dict(g) for g in (kept and kept.gates) or [] if isinstance(g, dict)]
+    return verdict or None, reason or None, [g for g in gates if isinstance(g.name, str)]
+
+
+def summarize(run: RunData) -> RunSummary:
     """Everything the summary section shows, as data."""
-    recipe = manifest.get("recipe") or {}
-    ev = data.get("eval") or {}
-    names = model_names(manifest, data)
-    size = weights(data)
-    gains = speed(data)
-    verdict = ev.get("verdict") or dig(manifest, "stages", "eval", "summary", "verdict")
-    reason = ev.get("reason") or dig(manifest, "stages", "eval", "summary", "reason")
-    gates = ev.get("gates") or dig(manifest, "stages", "eval", "summary", "gates") or []
-    has_quantize = recipe.get("quantize") is not None or bool(data.get("quantize"))
-    target_kind = dig(manifest, "target", "kind") or "cpu"
-    dec = decision(verdict, gates, names, gains, size, has_quantize)
-    return {"names": names, "weights": size, "speed": gains, "verdict": verdict, "reason": reason, "gates": gates,
-            "decision": dec, "eval": {"suite": dig(ev, "suite", "name"), "engine": ev.get("engine"),
-                                      "confidence": dig(ev, "settings", "accept", "confidence")},
-            "next": next_steps(verdict, gates, recipe.get("quantize"), target_kind=target_kind,
-                               eval_section=recipe.get("eval"),
-                               not_served_here=gains.get("why") if gains.get("status") == "nothing to compare"
-                               and names.get("served_origin") == "original" else None)}
+    ev = run.eval
+    names = model_names(run)
+    size = weights(run.quantize)
+    gains = speed(run.bench)
+    verdict, reason, gates = verdict_of(run)
+    not_here = gains.why if gains.status == "nothing to compare" and names.served_origin == "original" else None
+    return RunSummary(
+        names, size, gains, verdict, reason, gates, decision(verdict, gates, names, gains, size, run.has_quantize),
+        suite=(ev.suite.name or None) if ev else None, engine=(ev.engine or None) if ev else None,
+        confidence=as_float(ev.confidence) if ev else None,
+        next=next_steps(verdict, gates, run.section("quantize"), target_kind=run.manifest.target_kind or "cpu",
+                        eval_section=run.section("eval"), not_served_here=not_here))

@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any, TypeVar
 
-__all__ = ["Record", "as_float", "as_int"]
+__all__ = ["Record", "as_float", "as_int", "as_str"]
 
 R = TypeVar("R", bound="Record")
 _NUMBER = (int, float)
@@ -46,6 +46,11 @@ def as_int(v: Any) -> int | None:
         return v
     f = as_float(v)
     return int(f) if f is not None and f.is_integer() else None
+
+
+def as_str(v: Any) -> str | None:
+    """A string as it is, anything else None."""
+    return v if isinstance(v, str) else None
 
 
 @dataclasses.dataclass

@@ -16,28 +16,54 @@ import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Callable
 
-from infertool.atomic import write_text
-from infertool.decision import dig
+from infertool.atomic import dumps_json, write_text
+from infertool.bench.results import BenchReport, BenchSettings, Summary
+from infertool.decision import Names, RunData, RunSummary, model_names, speed, summarize
 from infertool.errors import UsageError
+from infertool.evaluate.verdict import Gate
+from infertool.records import Record, as_float
+from infertool.summaries import RunManifest, ServeSummary
+
+# each stage's result file in a run directory
+STAGE_FILES = (("quantize", "quantize/quantize.json"), ("eval", "eval/results.json"), ("profile", "profile/profile.json"),
+               ("bench", "bench/bench.json"))
 
 
-def load_run(run_dir: str | Path) -> tuple[Path, dict]:
+def load_run(run_dir: str | Path) -> tuple[Path, RunManifest]:
+    """The run directory and its manifest (any JSON reads: what is not there reads as not measured)."""
     d = Path(run_dir).expanduser()
     mpath = d / "manifest.json"
     if not mpath.is_file():
         raise UsageError(f"{d} is not a run directory (no manifest.json)", hint="give a directory that `infertool run` wrote, e.g. runs/<recipe>-<time>")
     try:
-        return d, json.loads(mpath.read_text())
-    except ValueError as e:
+        return d, RunManifest.from_dict(json.loads(mpath.read_text()))
+    except (ValueError, RecursionError) as e:
         raise UsageError(f"{mpath} is not valid JSON: {e}") from None
 
 
-def _read(path: Path) -> dict | None:
+def _read(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return None
+
+
+def collect(run_dir: Path, manifest: RunManifest) -> RunData:
+    """The run directory read once: each stage's result file as its typed record, and the figures beside them."""
+    run = RunData.of(manifest, **{key: _read(run_dir / rel) for key, rel in STAGE_FILES})
+    figs = {"roofline": run_dir / "profile" / "roofline.png", "latency_throughput": run_dir / "bench" / "latency_throughput.png"}
+    hist = run.eval.kld_histogram_file if run.eval is not None else None
+    if hist:
+        figs["kld_histogram"] = run_dir / "eval" / Path(hist).name
+    run.figures = {k: p for k, p in figs.items() if p.name and p.is_file()}
+    return run
+
+
+def read_run(run_dir: str | Path) -> tuple[Path, RunData]:
+    d, manifest = load_run(run_dir)
+    return d, collect(d, manifest)
 
 
 def _fmt(v, digits: int = 3) -> str:
@@ -48,25 +74,6 @@ def _fmt(v, digits: int = 3) -> str:
             return f"{v:,.0f}"
         return f"{v:.{digits}g}"
     return str(v)
-
-
-def collect(run_dir: Path, manifest: dict) -> dict:
-    """The figures a report shows, gathered from the stage directories."""
-    st = manifest.get("stages", {})
-    data: dict = {"stages": st, "figures": {}}
-    for key, rel in (("quantize", "quantize/quantize.json"), ("eval", "eval/results.json"),
-                     ("profile", "profile/profile.json"), ("bench", "bench/bench.json")):
-        doc = _read(run_dir / rel)
-        if doc:
-            data[key] = doc
-    ev = data.get("eval")
-    if st.get("serve", {}).get("summary"):
-        data["serve"] = st["serve"]["summary"]
-    figs = {"roofline": run_dir / "profile" / "roofline.png", "latency_throughput": run_dir / "bench" / "latency_throughput.png"}
-    if ev and (ev.get("files") or {}).get("kld_histogram"):
-        figs["kld_histogram"] = run_dir / "eval" / Path(ev["files"]["kld_histogram"]).name
-    data["figures"] = {k: p for k, p in figs.items() if p.is_file()}
-    return data
 
 
 # ------------------------------------------------------------------------------------------ the page model
@@ -97,7 +104,7 @@ class Bullets:
 
 @dataclass
 class Figure:
-    key: str  # a key of data["figures"]
+    key: str  # a key of RunData.figures
 
 
 @dataclass
@@ -117,8 +124,8 @@ def _x(v) -> str:
     return "–" if v is None else f"{v:.2f}x"
 
 
-def _interval(g: dict) -> str:
-    return "–" if g.get("lo") is None and g.get("hi") is None else f"{_fmt(g.get('lo'), 4)} .. {_fmt(g.get('hi'), 4)}"
+def _interval(g: Gate) -> str:
+    return "–" if g.lo is None and g.hi is None else f"{_fmt(g.lo, 4)} .. {_fmt(g.hi, 4)}"
 
 
 def _pct(v) -> str:
@@ -133,176 +140,201 @@ def _bytes(v) -> str:
     return "–" if v is None else f"{v:,}"
 
 
-def _traffic(settings: dict | None) -> str:
-    s = settings or {}
-    if not s:
+def _traffic(s: BenchSettings | None) -> str:
+    if s is None or s == BenchSettings():
         return ""
-    slo = s.get("slo") or {}
-    slo_txt = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {_fmt(v)} ms" for k, v in slo.items() if v is not None)
-    cost = s.get("cost_per_hour")
-    return (f"the same traffic ({s.get('requests_per_level')} requests per load level, prompts of about "
-            f"{dig(s, 'prompt', 'len_tokens')} tokens from {dig(s, 'prompt', 'source')}, {s.get('output_len')} output tokens) "
+    slo = s.slo.bounds() if s.slo is not None else {}
+    slo_txt = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {_fmt(v)} ms" for k, v in slo.items())
+    return (f"the same traffic ({s.requests_per_level} requests per load level, prompts of about "
+            f"{s.prompt_tokens} tokens from {s.prompt_source}, {s.output_len} output tokens) "
             f"and SLO ({slo_txt or 'none set'})"
-            + (f", the machine at ${cost:.2f} per hour" if cost is not None else
+            + (f", the machine at ${s.cost_per_hour:.2f} per hour" if s.cost_per_hour is not None else
                "; $ per 1M output tokens needs bench.cost_per_hour"))
 
 
-def _summary_section(manifest: dict, data: dict) -> Section:
+def _summary_section(run: RunData) -> Section:
     """The section that decides: what was compared, what the candidate gains, what it costs, the verdict,
     what to try next."""
-    from infertool.decision import summarize_run
-
-    s = summarize_run(manifest, data)
-    names, dec = s["names"], s["decision"]
-    sec = Section("summary", "Summary: " + dec["title"])
-    sec.blocks.append(P(Bold(dec["text"])))
-    if names["candidate"]:
-        sec.blocks.append(P("Compared: the original ", Bold(names["original"] or "?"), " and the candidate ",
-                            Bold(names["candidate"]), "."))
-    elif names["served"] or names["original"]:
-        sec.blocks.append(P("Served: ", Bold(names["served"] or names["original"]), "."))
-    if not names["candidate"]:
+    s = summarize(run)
+    names, dec = s.names, s.decision
+    sec = Section("summary", "Summary: " + dec.title)
+    sec.blocks.append(P(Bold(dec.text)))
+    if names.candidate:
+        sec.blocks.append(P("Compared: the original ", Bold(names.original or "?"), " and the candidate ",
+                            Bold(names.candidate), "."))
+    elif names.served or names.original:
+        sec.blocks.append(P("Served: ", Bold(names.served or names.original), "."))
+    if not names.candidate:
         return sec
-    # what it gains
-    w, sp = s["weights"], s["speed"]
-    rows = [["what the candidate gains", "original", "candidate", "candidate / original"]]
-    if w:
-        rows.append(["weight bytes", _bytes(w["original"]), _bytes(w["candidate"]), _x(w["ratio"])])
-    head = sp.get("headline")
-    if head:
-        lvl = head["level"]
-        rows.append([f"output tokens/s at {lvl}", _fmt(head["output_tok_s"]["original"]),
-                     _fmt(head["output_tok_s"]["candidate"]), _x(head["output_tok_s"]["ratio"])])
-        rows.append([f"$ per 1M output tokens at {lvl}", _money(head["cost_per_1m"]["original"]),
-                     _money(head["cost_per_1m"]["candidate"]), _x(head["cost_per_1m"]["ratio"])])
-        rows.append([f"requests meeting the SLO at {lvl}", _pct(head["goodput"]["original"]),
-                     _pct(head["goodput"]["candidate"]), ""])
-    if len(rows) > 1:
+    sec.blocks += _gains_blocks(s)
+    gates = [g for g in s.gates if g.status != "n/a"]
+    if gates:  # what it costs
+        rows = [["what it costs (eval gate)", "estimate", f"interval ({s.confidence:.0%})" if s.confidence else "interval",
+                 "threshold", "status"]]
+        rows += [[g.name, _fmt(g.estimate, 4), _interval(g), _fmt(g.threshold, 4), g.status or ""] for g in gates]
         sec.blocks.append(Table(rows))
-    if sp["status"] == "measured":
-        traffic = _traffic(sp.get("settings"))
-        sec.blocks.append(P("Speed and cost measured in this run on both models, served one after the other by the same "
-                            "launcher with the recipe's serve settings" + (f", at {traffic}" if traffic else "") + "."))
-        dt = sp.get("dtype") or {}
-        if dt.get("original") and dt.get("candidate") and dt["original"] != dt["candidate"]:
-            sec.blocks.append(P(f"As served, the original ran with --dtype {dt['original']} and the candidate with --dtype "
-                                f"{dt['candidate']}: the effective serve settings every command uses for each (see Bench)."))
-        if len(sp["rows"]) > 1:
-            per = [["load level", "original tok/s", "candidate tok/s", "ratio", "original $/1M", "candidate $/1M", "ratio",
-                    "TPOT p50 ms (orig / cand)"]]
-            for r in sp["rows"]:
-                per.append([r["level"], _fmt(r["output_tok_s"]["original"]), _fmt(r["output_tok_s"]["candidate"]),
-                            _x(r["output_tok_s"]["ratio"]), _money(r["cost_per_1m"]["original"]),
-                            _money(r["cost_per_1m"]["candidate"]), _x(r["cost_per_1m"]["ratio"]),
-                            f"{_fmt(r['tpot_p50_ms']['original'])} / {_fmt(r['tpot_p50_ms']['candidate'])}"])
-            sec.blocks.append(Table(per))
-        failed = [r["level"] for r in sp["rows"] if (r["failed"]["original"] or 0) or (r["failed"]["candidate"] or 0)]
-        if failed:
-            sec.blocks.append(P("Some requests failed at " + ", ".join(failed) + " (see Bench)."))
-    elif sp["status"] == "nothing to compare":
-        sec.blocks.append(P("Speed: nothing to compare, measured: " + sp["why"] + "."))
-    else:
-        sec.blocks.append(P("Speed: not measured against the original: " + sp["why"] + "."))
-    # what it costs
-    gates = [g for g in s["gates"] if g.get("status") != "n/a"]
-    if gates:
-        conf = s["eval"].get("confidence")
-        rows = [["what it costs (eval gate)", "estimate", f"interval ({conf:.0%})" if conf else "interval", "threshold", "status"]]
-        for g in gates:
-            rows.append([g["name"], _fmt(g.get("estimate"), 4), _interval(g), _fmt(g.get("threshold"), 4), g.get("status", "")])
-        sec.blocks.append(Table(rows))
-    if s["verdict"]:
-        sec.blocks.append(P(Bold(f"Verdict: {s['verdict']}"), " — ", s["reason"] or "",
-                            f" (suite {s['eval']['suite']}, engine {s['eval']['engine']})" if s["eval"]["suite"] else ""))
-    if s["next"]:
+    if s.verdict:
+        sec.blocks.append(P(Bold(f"Verdict: {s.verdict}"), " — ", s.reason or "",
+                            f" (suite {s.suite}, engine {s.engine})" if s.suite else ""))
+    if s.next:
         sec.blocks.append(P(Bold("Next to try:")))
-        sec.blocks.append(Bullets([P(n) for n in s["next"]]))
+        sec.blocks.append(Bullets([P(n) for n in s.next]))
     return sec
 
 
-def _sections(run_dir: Path, manifest: dict, data: dict) -> list[Section]:
-    """The summary that decides, then the detail sections, for both renderers."""
-    from infertool.decision import model_names
+def _gains_blocks(s: RunSummary) -> list:
+    """What the candidate gains: weights, and the headline level's speed and cost of both; how it was measured;
+    every level when there are several."""
+    w, sp = s.weights, s.speed
+    blocks: list = []
+    rows = [["what the candidate gains", "original", "candidate", "candidate / original"]]
+    if w:
+        rows.append(["weight bytes", _bytes(w.original), _bytes(w.candidate), _x(w.ratio)])
+    head = sp.headline
+    if head:
+        lvl = head.level
+        rows.append([f"output tokens/s at {lvl}", _fmt(head.output_tok_s.original), _fmt(head.output_tok_s.candidate),
+                     _x(head.output_tok_s.ratio)])
+        rows.append([f"$ per 1M output tokens at {lvl}", _money(head.cost_per_1m.original), _money(head.cost_per_1m.candidate),
+                     _x(head.cost_per_1m.ratio)])
+        rows.append([f"requests meeting the SLO at {lvl}", _pct(head.goodput.original), _pct(head.goodput.candidate), ""])
+    if len(rows) > 1:
+        blocks.append(Table(rows))
+    if sp.status == "nothing to compare":
+        return blocks + [P("Speed: nothing to compare, measured: " + (sp.why or "") + ".")]
+    if sp.status != "measured":
+        return blocks + [P("Speed: not measured against the original: " + (sp.why or "") + ".")]
+    traffic = _traffic(sp.settings)
+    blocks.append(P("Speed and cost measured in this run on both models, served one after the other by the same "
+                    "launcher with the recipe's serve settings" + (f", at {traffic}" if traffic else "") + "."))
+    if sp.dtype_original and sp.dtype_candidate and sp.dtype_original != sp.dtype_candidate:
+        blocks.append(P(f"As served, the original ran with --dtype {sp.dtype_original} and the candidate with --dtype "
+                        f"{sp.dtype_candidate}: the effective serve settings every command uses for each (see Bench)."))
+    if len(sp.rows) > 1:
+        per = [["load level", "original tok/s", "candidate tok/s", "ratio", "original $/1M", "candidate $/1M", "ratio",
+                "TPOT p50 ms (orig / cand)"]]
+        for r in sp.rows:
+            per.append([r.level, _fmt(r.output_tok_s.original), _fmt(r.output_tok_s.candidate), _x(r.output_tok_s.ratio),
+                        _money(r.cost_per_1m.original), _money(r.cost_per_1m.candidate), _x(r.cost_per_1m.ratio),
+                        f"{_fmt(r.tpot_p50_ms.original)} / {_fmt(r.tpot_p50_ms.candidate)}"])
+        blocks.append(Table(per))
+    failed = [r.level for r in sp.rows if r.failed_original or r.failed_candidate]
+    if failed:
+        blocks.append(P("Some requests failed at " + ", ".join(failed) + " (see Bench)."))
+    return blocks
 
-    names = model_names(manifest, data)
-    out = [_summary_section(manifest, data)]
-    rows = [["stage", "status", "seconds", "key"]]
-    for name, rec in data["stages"].items():
-        rows.append([name, rec.get("status", ""), _fmt(rec.get("seconds")), (rec.get("key") or "")[:10]])
-    envs = ", ".join(f"{n}: " + ", ".join(f"{k} {v}" for k, v in (e.get("packages") or {}).items()) for n, e in manifest.get("envs", {}).items())
-    out.append(Section("run", "Run", [
-        P("recipe ", Bold(str(manifest.get("recipe_name"))), f", started {manifest.get('started')}, finished {manifest.get('finished')}"),
-        P(f"infertool {manifest.get('infertool')}; environments: {envs or 'none recorded'}"), Table(rows)]))
-    q = data.get("quantize")
-    if q:
-        size = q.get("size") or {}
-        v = q.get("verify") or {}
-        b, a = size.get("weight_bytes_before"), size.get("weight_bytes_after")
-        sz = f"weights {b:,} -> {a:,} bytes ({size.get('reduction_pct', 0):.1f}% smaller)" if b and a else json.dumps(size)
-        blocks = [P(Bold(names["candidate"] or f"{q.get('method')} via {q.get('backend')}"), ": ", sz)]
-        if v:
-            agree = v.get("agreement")
-            if isinstance(agree, dict):
-                agree = agree.get("agreement")
-            blocks.append(P(f"vLLM load check: loaded={v.get('loaded')}, generated={v.get('generated')}"
-                            + (f", greedy token agreement with the original {_fmt(agree)}" if agree is not None else "")
-                            + (f" ({v.get('reason')})" if v.get("reason") else "")))
-        la = q.get("local_agreement")
-        if la:
-            blocks.append(P(f"greedy token agreement ({la.get('engine')}): {_fmt(la.get('agreement'))} over {la.get('tokens')} tokens"))
-        out.append(Section("quantize", "Quantize", blocks))
-    ev = data.get("eval")
-    if ev:
-        rows = [["gate", "metric", "estimate", "interval", "threshold", "status"]]
-        for g in ev.get("gates", []):
-            rows.append([g["name"], g.get("metric", ""), _fmt(g.get("estimate"), 4), _interval(g),
-                         _fmt(g.get("threshold"), 4), g.get("status", "")])
-        out.append(Section("eval", f"Eval: {ev.get('verdict')}", [
-            P("base ", Bold(names["original"] or "?"), ", candidate ", Bold(names["candidate"] or "?")),
-            P(ev.get("reason") or ""), P(f"suite {dig(ev, 'suite', 'name')}, engine {ev.get('engine')}"),
-            Table(rows), Figure("kld_histogram")]))
-    pr = data.get("profile")
-    if pr:
-        rows = [["phase", "shape", "ms", "MBU", "MFU", "verdict", "confidence"]]
-        for p in pr.get("points", []):
-            shape = f"{p['tokens']} tokens" if p["phase"] == "prefill" else f"batch {p['batch']} @ {p['tokens']}"
-            rows.append([p["phase"], shape, _fmt(p["seconds"] * 1e3), f"{p['mbu']:.0%}", f"{p['mfu']:.0%}", p["verdict"], p["confidence"]])
-        who = dig(pr, "model", "label") or names["original"]
-        out.append(Section("profile", "Profile", [
-            P("profiled: ", Bold(who or "?"), f" on {dig(pr, 'device', 'name') or dig(pr, 'device', 'kind')}"),
-            P(f"peaks: {_fmt(pr['peaks']['bandwidth'] / 1e9)} GB/s, {_fmt(pr['peaks']['flops'] / 1e9)} GFLOP/s ({pr['peaks'].get('dtype')})"),
-            Bullets([P(a) for a in pr.get("advice", [])]), Table(rows), Figure("roofline")]))
-    sv = data.get("serve")
-    if sv:
-        out.append(Section("serve", "Serve", [
-            P("served: ", Bold(sv.get("label") or names["served"] or "?"), f" ({sv.get('served') or 'served'})"),
-            P(f"ready in {sv.get('ready_s')} s; smoke completion of {dig(sv, 'smoke', 'prompt')!r}: {dig(sv, 'smoke', 'completion')!r}")]))
-    be = data.get("bench")
-    if be:
-        blocks = []
-        arms = [("candidate" if be.get("original") else "served", be)]
-        if be.get("original"):
-            arms.append(("original", be["original"]))
-        for role, arm in arms:
-            label = arm.get("label") or dig(arm, "served", "label") or names.get(role) or names.get("served")
-            blocks.append(P(f"{role}: ", Bold(label or "?"), " (vLLM name ", Code(str(arm.get("model"))), f"), endpoint {arm.get('endpoint')}"))
-            blocks.append(Table(_bench_rows(arm)))
-        for note in be.get("notes") or []:
-            blocks.append(P("note: " + str(note)))
-        blocks.append(Figure("latency_throughput"))
-        out.append(Section("bench", "Bench", blocks))
+
+def _sections(run_dir: Path, run: RunData) -> list[Section]:
+    """The summary that decides, then the detail sections, for both renderers."""
+    names = model_names(run)
+    out = [_summary_section(run), _run_section(run.manifest)]
+    for part in (_quantize_section, _eval_section, _profile_section, _serve_section, _bench_section):
+        sec = part(run, names)
+        if sec is not None:
+            out.append(sec)
     return out
 
 
-def _bench_rows(be: dict) -> list[list[str]]:
+def _run_section(m: RunManifest) -> Section:
+    rows = [["stage", "status", "seconds", "key"]]
+    for name, rec in m.stages.items():
+        rows.append([name, rec.status or "", _fmt(rec.seconds), (rec.key or "")[:10]])
+    envs = ", ".join(f"{n}: " + ", ".join(f"{k} {v}" for k, v in e.packages.items()) for n, e in m.environments.items())
+    return Section("run", "Run", [
+        P("recipe ", Bold(str(m.recipe_name)), f", started {m.started}, finished {m.finished}"),
+        P(f"infertool {m.infertool}; environments: {envs or 'none recorded'}"), Table(rows)])
+
+
+def _quantize_section(run: RunData, names: Names) -> Section | None:
+    q = run.quantize
+    if q is None:
+        return None
+    size = q.weight_size
+    b, a = size.weight_bytes_before, size.weight_bytes_after
+    if b and a:
+        pct = size.reduction_pct if size.reduction_pct is not None else 100.0 * (1 - a / b)
+        sz = f"weights {b:,} -> {a:,} bytes ({pct:.1f}% smaller)"
+    else:
+        sz = dumps_json(q.size or {}, indent=None)
+    blocks = [P(Bold(names.candidate or f"{q.method} via {q.backend}"), ": ", sz)]
+    v = q.load_check_result
+    if v is not None:
+        agree = v.agreement_share
+        blocks.append(P(f"vLLM load check: loaded={v.loaded}, generated={v.generated}"
+                        + (f", greedy token agreement with the original {_fmt(agree)}" if agree is not None else "")
+                        + (f" ({v.reason})" if v.reason else "")))
+    la = q.kernel_agreement
+    if la is not None:
+        blocks.append(P(f"greedy token agreement ({la.engine}): {_fmt(la.agreement)} over {la.tokens} tokens"))
+    return Section("quantize", "Quantize", blocks)
+
+
+def _eval_section(run: RunData, names: Names) -> Section | None:
+    ev = run.eval
+    if ev is None:
+        return None
+    rows = [["gate", "metric", "estimate", "interval", "threshold", "status"]]
+    for g in (g for g in ev.gates if isinstance(g.name, str)):
+        rows.append([g.name, g.metric or "", _fmt(g.estimate, 4), _interval(g), _fmt(g.threshold, 4), g.status or ""])
+    return Section("eval", f"Eval: {ev.verdict}", [
+        P("base ", Bold(names.original or "?"), ", candidate ", Bold(names.candidate or "?")),
+        P(ev.reason or ""), P(f"suite {ev.suite.name or None}, engine {ev.engine or None}"),
+        Table(rows), Figure("kld_histogram")])
+
+
+def _profile_section(run: RunData, names: Names) -> Section | None:
+    pr = run.profile
+    if pr is None:
+        return None
+    rows = [["phase", "shape", "ms", "MBU", "MFU", "verdict", "confidence"]]
+    for p in pr.timed:
+        shape = f"{p.tokens} tokens" if p.phase == "prefill" else f"batch {p.batch} @ {p.tokens}"
+        rows.append([p.phase or "", shape, _fmt(p.seconds * 1e3 if p.seconds is not None else None), _pct(p.mbu),
+                     _pct(p.mfu), p.verdict or "", p.confidence or ""])
+    pk = pr.peak
+    return Section("profile", "Profile", [
+        P("profiled: ", Bold(pr.model_label or names.original or "?"), f" on {pr.device_name}"),
+        P(f"peaks: {_fmt(_per_giga(pk.bandwidth))} GB/s, {_fmt(_per_giga(pk.flops))} GFLOP/s ({pk.dtype})"),
+        Bullets([P(a) for a in pr.advice]), Table(rows), Figure("roofline")])
+
+
+def _per_giga(v: float | None) -> float | None:
+    return v / 1e9 if v is not None else None
+
+
+def _serve_section(run: RunData, names: Names) -> Section | None:
+    sv = run.summary("serve", ServeSummary)
+    if sv is None:
+        return None
+    smoke = sv.smoke_test
+    return Section("serve", "Serve", [
+        P("served: ", Bold(sv.label or names.served or "?"), f" ({sv.served or 'served'})"),
+        P(f"ready in {sv.ready_s} s; smoke completion of {smoke.prompt!r}: {smoke.completion!r}")])
+
+
+def _bench_section(run: RunData, names: Names) -> Section | None:
+    be = run.bench
+    if be is None:
+        return None
+    arms = [("candidate", be, names.candidate), ("original", be.original, names.original)] if be.original else \
+        [("served", be, names.served)]
+    blocks: list = []
+    for role, arm, fallback in arms:
+        label = arm.label or arm.served_model.label or fallback or names.served
+        blocks.append(P(f"{role}: ", Bold(label or "?"), " (vLLM name ", Code(str(arm.model)), f"), endpoint {arm.endpoint}"))
+        blocks.append(Table(_bench_rows(arm)))
+    blocks += [P("note: " + note) for note in be.notes]
+    blocks.append(Figure("latency_throughput"))
+    return Section("bench", "Bench", blocks)
+
+
+def _bench_rows(arm: BenchReport) -> list[list[str]]:
     rows = [["level", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "goodput", "$/1M out tok", "errors"]]
-    for lv in be.get("levels", []):
-        f = lv.get("summary") or lv
-        cost = (f.get("cost") or {}).get("per_1m_output_tokens")
-        rows.append([lv.get("level", {}).get("label", ""), _fmt(f.get("request_throughput")), _fmt(f.get("output_token_throughput")),
-                     _fmt((f.get("ttft_ms") or {}).get("p50")), _fmt((f.get("ttft_ms") or {}).get("p99")),
-                     _fmt((f.get("tpot_ms") or {}).get("p50")), _fmt((f.get("goodput") or {}).get("fraction")),
-                     _fmt(cost), _fmt(f.get("failed"))])
+    for lv in arm.levels:
+        f = lv.summary
+        rows.append([lv.level.label, _fmt(f.request_throughput), _fmt(f.output_token_throughput), _fmt(f.ttft_ms.p50),
+                     _fmt(f.ttft_ms.p99), _fmt(f.tpot_ms.p50), _fmt(f.goodput.fraction), _fmt(f.cost.per_1m_output_tokens),
+                     _fmt(f.failed)])
     return rows
 
 
@@ -348,10 +380,10 @@ def md_table(rows: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
-def render_markdown(run_dir: Path, manifest: dict, data: dict) -> str:
-    parts = [f"# infertool report: {md_escape(str(manifest.get('recipe_name')))}", "",
+def render_markdown(run_dir: Path, run: RunData) -> str:
+    parts = [f"# infertool report: {md_escape(str(run.manifest.recipe_name))}", "",
              _md_runs(P("Run directory: ", Code(str(run_dir)))), ""]
-    for sec in _sections(run_dir, manifest, data):
+    for sec in _sections(run_dir, run):
         parts += [f"## {md_escape(sec.title)}", ""]
         for b in sec.blocks:
             if isinstance(b, Para):
@@ -363,8 +395,8 @@ def render_markdown(run_dir: Path, manifest: dict, data: dict) -> str:
             elif isinstance(b, Bullets):
                 if b.items:
                     parts += [f"- {_md_runs(i)}" for i in b.items] + [""]
-            elif isinstance(b, Figure) and b.key in data["figures"]:
-                rel = os.path.relpath(data["figures"][b.key], run_dir).replace(os.sep, "/")
+            elif isinstance(b, Figure) and b.key in run.figures:
+                rel = os.path.relpath(run.figures[b.key], run_dir).replace(os.sep, "/")
                 parts += [f"![{b.key}](<{rel.replace('<', '%3C').replace('>', '%3E')}>)", ""]
     return "\n".join(parts)
 
@@ -385,10 +417,10 @@ def _html_runs(p: Para) -> str:
     return "".join(parts)
 
 
-def render_html(run_dir: Path, manifest: dict, data: dict) -> str:
-    body = [f"<h1>infertool report: {html.escape(str(manifest.get('recipe_name')))}</h1>",
+def render_html(run_dir: Path, run: RunData) -> str:
+    body = [f"<h1>infertool report: {html.escape(str(run.manifest.recipe_name))}</h1>",
             f"<p>Run directory: <code>{html.escape(str(run_dir))}</code></p>"]
-    for sec in _sections(run_dir, manifest, data):
+    for sec in _sections(run_dir, run):
         body.append(f'<section id="{html.escape(sec.id)}"><h2>{html.escape(sec.title)}</h2>')
         for b in sec.blocks:
             if isinstance(b, Para):
@@ -400,10 +432,10 @@ def render_html(run_dir: Path, manifest: dict, data: dict) -> str:
             elif isinstance(b, Bullets):
                 if b.items:
                     body.append("<ul>" + "".join(f"<li>{_html_runs(i)}</li>" for i in b.items) + "</ul>")
-            elif isinstance(b, Figure) and b.key in data["figures"]:
-                body.append(f'<div class="fig">{img_tag(data["figures"][b.key])}</div>')
+            elif isinstance(b, Figure) and b.key in run.figures:
+                body.append(f'<div class="fig">{img_tag(run.figures[b.key])}</div>')
         body.append("</section>")
-    return html_document(f"infertool report: {manifest.get('recipe_name')}", body)
+    return html_document(f"infertool report: {run.manifest.recipe_name}", body)
 
 
 STYLE = ("body{font-family:system-ui,sans-serif;max-width:1100px;margin:2em auto;color:#222}"
@@ -427,70 +459,101 @@ def html_document(title: str, body: list[str]) -> str:
 
 
 def write_report(run_dir: str | Path) -> dict:
-    d, manifest = load_run(run_dir)
-    data = collect(d, manifest)
+    d, run = read_run(run_dir)
     paths = {}
-    for name, text in (("report.md", render_markdown(d, manifest, data)), ("report.html", render_html(d, manifest, data))):
+    for name, text in (("report.md", render_markdown(d, run)), ("report.html", render_html(d, run))):
         write_text(d / name, text)
         paths[name] = str(d / name)
-    return {"run_dir": str(d), "files": paths, "figures": {k: str(v) for k, v in data["figures"].items()}}
+    return {"run_dir": str(d), "files": paths, "figures": {k: str(v) for k, v in run.figures.items()}}
 
 
 # ------------------------------------------------------------------------------------------ compare
-def headline(run_dir: Path, manifest: dict) -> dict:
-    """The numbers worth comparing between two runs, flat."""
-    data = collect(run_dir, manifest)
-    h: dict = {"recipe_sha256": manifest.get("recipe_sha256")}
-    q = data.get("quantize") or {}
-    size = q.get("size") or {}
-    for k, v in size.items():
-        if isinstance(v, (int, float)):
-            h[f"quantize.{k}"] = v
-    ev = data.get("eval") or {}
-    if ev:
-        h["eval.verdict"] = ev.get("verdict")
-        for g in ev.get("gates", []):
-            h[f"eval.{g['name']}"] = g.get("estimate")
-    pr = data.get("profile") or {}
-    for p in pr.get("points", []):
-        key = f"profile.{p['phase']}.{p['tokens'] if p['phase'] == 'prefill' else 'b' + str(p['batch'])}"
-        h[key + ".ms"] = p["seconds"] * 1e3
-        h[key + ".verdict"] = p["verdict"]
-    be = data.get("bench") or {}
-    for prefix, arm in (("bench", be), ("bench.original", be.get("original") or {})):
-        for lv in arm.get("levels", []):
-            f = lv.get("summary") or lv
-            label = lv.get("level", {}).get("label", "?")
-            h[f"{prefix}.{label}.output_tok_s"] = f.get("output_token_throughput")
-            h[f"{prefix}.{label}.ttft_p50_ms"] = (f.get("ttft_ms") or {}).get("p50")
-            h[f"{prefix}.{label}.tpot_p50_ms"] = (f.get("tpot_ms") or {}).get("p50")
-            h[f"{prefix}.{label}.cost_per_1m_output_tokens"] = (f.get("cost") or {}).get("per_1m_output_tokens")
-    from infertool.decision import model_names, speed
+# compare's figures of each load level: the name of its row, and how it reads from the level's summary
+LEVEL_FIGURES: tuple[tuple[str, Callable[[Summary], float | None]], ...] = (
+    ("output_tok_s", lambda s: s.output_token_throughput),
+    ("ttft_p50_ms", lambda s: s.ttft_ms.p50),
+    ("tpot_p50_ms", lambda s: s.tpot_ms.p50),
+    ("cost_per_1m_output_tokens", lambda s: s.cost.per_1m_output_tokens),
+)
 
-    names = model_names(manifest, data)
-    h["model.original"], h["model.candidate"] = names["original"], names["candidate"]
-    for r in speed(data).get("rows", []):  # what the candidate gains over the original, measured in this run
-        h[f"bench.{r['level']}.candidate_over_original.output_tok_s"] = r["output_tok_s"]["ratio"]
-        h[f"bench.{r['level']}.candidate_over_original.cost_per_1m_output_tokens"] = r["cost_per_1m"]["ratio"]
-    for name, rec in manifest.get("stages", {}).items():
-        h[f"stage.{name}.status"] = rec.get("status")
+
+def headline(run: RunData) -> dict[str, Any]:
+    """The numbers worth comparing between two runs, flat: {row name: value}."""
+    m = run.manifest
+    h: dict[str, Any] = {"recipe_sha256": m.recipe_sha256}
+    if run.quantize is not None:
+        for k, v in run.quantize.weight_size.to_dict().items():
+            if as_float(v) is not None:
+                h[f"quantize.{k}"] = v
+    if run.eval is not None:
+        h["eval.verdict"] = run.eval.verdict
+        for g in run.eval.gates:
+            if isinstance(g.name, str):
+                h[f"eval.{g.name}"] = g.estimate
+    for p in run.profile.timed if run.profile is not None else []:
+        key = f"profile.{p.phase}.{p.tokens if p.phase == 'prefill' else 'b' + str(p.batch)}"
+        h[key + ".ms"] = p.seconds * 1e3 if p.seconds is not None else None
+        h[key + ".verdict"] = p.verdict
+    be = run.bench
+    for prefix, arm in (("bench", be), ("bench.original", be.original if be is not None else None)):
+        for lv in arm.levels if arm is not None else []:
+            for name, get in LEVEL_FIGURES:
+                h[f"{prefix}.{lv.level.label or '?'}.{name}"] = get(lv.summary)
+    names = model_names(run)
+    h["model.original"], h["model.candidate"] = names.original, names.candidate
+    for r in speed(be).rows:  # what the candidate gains over the original, measured in this run
+        h[f"bench.{r.level}.candidate_over_original.output_tok_s"] = r.output_tok_s.ratio
+        h[f"bench.{r.level}.candidate_over_original.cost_per_1m_output_tokens"] = r.cost_per_1m.ratio
+    for name, rec in m.stages.items():
+        h[f"stage.{name}.status"] = rec.status
     return h
 
 
-def compare_runs(run_a: str | Path, run_b: str | Path) -> dict:
-    da, ma = load_run(run_a)
-    db, mb = load_run(run_b)
-    ha, hb = headline(da, ma), headline(db, mb)
+@dataclass
+class CompareRow(Record):
+    metric: str = ""
+    a: Any = None
+    b: Any = None
+    ratio: float | None = None  # b / a
+    changed: bool = False
+
+
+@dataclass
+class RecipeChange(Record):
+    field: str = ""  # dotted path in the recipe
+    a: Any = None
+    b: Any = None
+
+
+@dataclass
+class Comparison(Record):
+    """`infertool compare RUN_A RUN_B`: the recipe fields that differ, and every headline figure of both."""
+
+    a: str = ""
+    b: str = ""
+    recipe_changes: list[RecipeChange] = field(default_factory=list)
+    rows: list[CompareRow] = field(default_factory=list)
+
+
+def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
+    da, ra = read_run(run_a)
+    db, rb = read_run(run_b)
+    ha, hb = headline(ra), headline(rb)
     rows = []
     for k in sorted(set(ha) | set(hb)):
         a, b = ha.get(k), hb.get(k)
-        ratio = (b / a) if isinstance(a, (int, float)) and isinstance(b, (int, float)) and a not in (0, None) else None
-        rows.append({"metric": k, "a": a, "b": b, "ratio": ratio, "changed": a != b})
-    recipe_diff = _dict_diff(ma.get("recipe") or {}, mb.get("recipe") or {})
-    return {"a": str(da), "b": str(db), "recipe_changes": recipe_diff, "rows": rows}
+        fa, fb = as_float(a), as_float(b)
+        rows.append(CompareRow(k, a, b, fb / fa if fa and fb is not None else None, a != b))
+    changes = _dict_diff(ra.manifest.recipe or {}, rb.manifest.recipe or {})
+    return Comparison(str(da), str(db), changes, rows)
 
 
-def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[dict]:
+def compare_runs(run_a: str | Path, run_b: str | Path) -> dict:
+    """``compare(...)`` as the JSON `compare --json` prints (the old entry point)."""
+    return compare(run_a, run_b).to_dict()
+
+
+def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[RecipeChange]:
     out = []
     for k in sorted(set(a) | set(b)):
         va, vb = a.get(k), b.get(k)
@@ -498,5 +561,5 @@ def _dict_diff(a: dict, b: dict, prefix: str = "") -> list[dict]:
         if isinstance(va, dict) and isinstance(vb, dict):
             out += _dict_diff(va, vb, path + ".")
         elif va != vb:
-            out.append({"field": path, "a": va, "b": vb})
+            out.append(RecipeChange(path, va, vb))
     return out

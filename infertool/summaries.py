@@ -13,11 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-from infertool.records import Record
+from infertool.records import Record, as_str
 
 __all__ = [
     "Summary", "StageSummary", "ModelSummary", "QuantizeSummary", "EvalSummary", "ProfileSummary", "ServeSummary",
-    "BenchSummary", "StageRecord", "RunManifest",
+    "BenchSummary", "StageRecord", "RunManifest", "Smoke", "ResolvedModel", "Resolved", "EnvRecord",
 ]
 
 
@@ -103,6 +103,14 @@ class ProfileSummary(StageSummary):
 
 
 @dataclass
+class Smoke(Record):
+    """The serve stage's one greedy completion."""
+
+    prompt: str | None = None
+    completion: str | None = None
+
+
+@dataclass
 class ServeSummary(StageSummary):
     ready_s: float | None = None
     model: str | None = None
@@ -113,6 +121,10 @@ class ServeSummary(StageSummary):
     kv_cache: dict | None = None
     smoke: dict | None = None  # {"prompt", "completion"}
     note: str | None = None
+
+    @property
+    def smoke_test(self) -> Smoke:
+        return Smoke.from_dict(self.smoke)
 
 
 @dataclass
@@ -150,6 +162,34 @@ class StageRecord(Summary):
 
 
 @dataclass
+class ResolvedModel(Record):
+    """A model of a resolution as a file keeps it (``ModelRef.to_dict``; what a reader needs of it by attribute:
+    the label a person names it by, the rest kept aside)."""
+
+    label: str | None = None
+
+
+@dataclass
+class Resolved(Record):
+    """A resolution as a file keeps it (``Resolution.to_dict``: the manifest's ``resolution``, quantize.json's):
+    the models compared and served, and which one was served."""
+
+    base: ResolvedModel = field(default_factory=ResolvedModel)
+    candidate: ResolvedModel = field(default_factory=ResolvedModel)  # all None: no candidate
+    served: ResolvedModel = field(default_factory=ResolvedModel)
+    served_origin: str | None = None  # candidate | original | serve.model
+
+
+@dataclass
+class EnvRecord(Record):
+    """A managed environment as the run manifest records it."""
+
+    variant: str | None = None
+    packages: dict = field(default_factory=dict)  # name -> version
+    fingerprint: str | None = None
+
+
+@dataclass
 class RunManifest(Summary):
     """``manifest.json`` of a run directory."""
 
@@ -169,3 +209,16 @@ class RunManifest(Summary):
     resolution: dict | None = None  # what the run served and scored, once it is over
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers", "resolution")
+
+    @property
+    def resolved(self) -> Resolved:
+        """``resolution`` by attribute (every label None: the run ended before it was written, or is older)."""
+        return Resolved.from_dict(self.resolution)
+
+    @property
+    def target_kind(self) -> str | None:
+        return as_str((self.target or {}).get("kind"))
+
+    @property
+    def environments(self) -> dict[str, EnvRecord]:
+        return {name: EnvRecord.from_dict(e) for name, e in (self.envs or {}).items() if isinstance(e, dict)}

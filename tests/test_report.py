@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from infertool import pipeline
-from infertool.decision import next_steps, speed, summarize_run
-from infertool.report import compare_runs, md_escape, write_report
+from infertool.bench.results import BenchReport
+from infertool.decision import RunData, next_steps, speed, summarize
+from infertool.evaluate.verdict import Gate
+from infertool.report import RecipeChange, compare, compare_runs, md_escape, write_report
 from tests.report_fixture import CANDIDATE, ORIGINAL, _bench_report, _level, make_run_dir
 
 CACHE_HASH = "cc951d3e"
@@ -118,24 +120,185 @@ def test_everything_from_a_recipe_or_model_is_escaped(tmp_path):
 def test_compare_keeps_working_with_both_arms(tmp_path):
     a = make_run_dir(tmp_path / "a", verdict="FAIL")
     b = make_run_dir(tmp_path / "b", verdict="PASS", group_size=32)
-    cmp = compare_runs(a, b)
-    assert {"field": "quantize.group_size", "a": 64, "b": 32} in cmp["recipe_changes"]
-    rows = {r["metric"]: r for r in cmp["rows"]}
-    assert rows["eval.verdict"]["a"] == "FAIL" and rows["eval.verdict"]["b"] == "PASS"
-    assert rows["model.candidate"]["a"] == CANDIDATE and rows["model.original"]["b"] == ORIGINAL
-    assert rows["bench.original.concurrency 8.output_tok_s"]["a"] == 61.0
-    assert rows["bench.concurrency 8.candidate_over_original.output_tok_s"]["a"] == pytest.approx(96 / 61)
+    cmp = compare(a, b)
+    assert RecipeChange("quantize.group_size", 64, 32) in cmp.recipe_changes
+    rows = {r.metric: r for r in cmp.rows}
+    assert rows["eval.verdict"].a == "FAIL" and rows["eval.verdict"].b == "PASS"
+    assert rows["model.candidate"].a == CANDIDATE and rows["model.original"].b == ORIGINAL
+    assert rows["bench.original.concurrency 8.output_tok_s"].a == 61.0
+    assert rows["bench.concurrency 8.candidate_over_original.output_tok_s"].a == pytest.approx(96 / 61)
+    # weights: 269,030,016 -> 112,394,496 bytes in both; the cost per 1M at concurrency 8: 0.5 $/h over 96 tok/s
+    assert rows["quantize.weight_bytes_after"].ratio == 1.0 and not rows["quantize.weight_bytes_after"].changed
+    assert rows["bench.concurrency 8.cost_per_1m_output_tokens"].a == pytest.approx(0.5 / 3600 / 96 * 1e6)
+    assert compare_runs(a, b) == cmp.to_dict()  # the old entry point: the same JSON
     from tests.conftest import run_cli
 
     r = run_cli("compare", str(a), str(b), "--json")
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout)["recipe_changes"]
+    assert {"field": "quantize.group_size", "a": 64, "b": 32} in json.loads(r.stdout)["recipe_changes"]
+    r = run_cli("compare", str(a), str(b))
+    assert r.returncode == 0 and "quantize.group_size" in r.stdout and "eval.verdict" in r.stdout, r.stderr
+
+
+# ------------------------------------------------------------------------------------------ older and crafted runs
+FIXTURE = Path(__file__).parent / "fixtures" / "main-dc2865d"
+
+
+def test_a_run_written_before_the_typed_records_still_renders(tmp_path):
+    """bench.json and profile.json as main's code wrote them at dc2865d, in a run directory of that time."""
+    run = tmp_path / "old-run"
+    for stage, name in (("bench", "bench.json"), ("profile", "profile.json")):
+        (run / stage).mkdir(parents=True)
+        (run / stage / name).write_text((FIXTURE / name).read_text())
+    (run / "manifest.json").write_text(json.dumps({
+        "recipe_name": "old", "recipe": {"model": {"source": ORIGINAL}, "bench": {}, "profile": {}},
+        "stages": {"profile": {"status": "done", "seconds": 30.0}, "bench": {"status": "done", "seconds": 80.0}}}))
+    md = Path(write_report(run)["files"]["report.md"]).read_text()
+    assert _section(md, "Summary").startswith("## Summary: no quantization to decide")
+    assert f"Served: **{md_escape(ORIGINAL)}**." in md
+    bench = _section(md, "Bench")  # figures of bench.json's levels, as _fmt shows them (3 significant digits)
+    assert f"served: **{md_escape(ORIGINAL)}** (vLLM name `m`), endpoint completions" in bench
+    assert "| concurrency 1 | 27.8 | 464 | 2.27 | 7.15 | 2.06 | 1 | 1.5 | 0 |" in bench
+    assert "| concurrency 4 | 114 | 1,687 | 2.37 | 7.29 | 2.2 | 1 | 0.412 | 0 |" in bench
+    assert "| rate 20/s | 17.4 | 285 | 1.42 | 4.21 | 2.01 | 1 | 2.44 | 0 |" in bench
+    prof = _section(md, "Profile")  # 4.3278 s = 4,328 ms; MBU 0.0064 = 1 %, MFU 0.052 = 5 %
+    assert f"profiled: **{md_escape(ORIGINAL)}** on AMD EPYC" in prof
+    assert "peaks: 10 GB/s, 76.6 GFLOP/s (bfloat16)" in prof
+    assert "| prefill | 64 tokens | 4,328 | 1% | 5% | overhead-bound | high |" in prof
+    assert "| decode | batch 4 @ 66 | 296 | 9% | 5% | overhead-bound | high |" in prof
+    assert "| profile | done | 30 |  |" in _section(md, "Run")
+    from infertool.profile.analysis import point_dict
+    from infertool.profile.core import ProfileResult
+
+    raw = json.loads((FIXTURE / "profile.json").read_text())  # a point read back and written again: the same layout
+    assert [point_dict(p) for p in ProfileResult.from_dict(raw).timed] == raw["points"]
+
+
+@pytest.mark.parametrize("manifest", [[], "a string", None, 7, {"stages": []}, {"stages": "x", "recipe": [1]},
+                                      {"stages": {"eval": "x", "bench": {"summary": [1], "status": 3}}},
+                                      {"recipe": "x", "target": [], "envs": [1], "resolution": "y", "recipe_name": 5}])
+def test_a_crafted_manifest_reads_as_not_measured(tmp_path, manifest):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "manifest.json").write_text(json.dumps(manifest))
+    md = Path(write_report(run)["files"]["report.md"]).read_text()
+    assert md.split("\n## ")[1].startswith("Summary: no quantization to decide")
+    assert "environments: none recorded" in md and "| stage | status | seconds | key |" in md
+    assert "| eval |" not in md  # a stage whose record is not an object: no row
+    from tests.conftest import run_cli
+
+    r = run_cli("report", str(run), "--json")
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+    r = run_cli("compare", str(run), str(run), "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["recipe_changes"] == [], r.stderr
+
+
+def test_quantize_section_reads_each_agreement_record(tmp_path):
+    """The load check's agreement as token_agreement writes it ({"agreement": 0.81, ...}) or as a bare number (an
+    older quantize.json), and the agreement a backend measured in its own kernels."""
+    run = make_run_dir(tmp_path / "runs")
+    q = _section(Path(write_report(run)["files"]["report.md"]).read_text(), "Quantize")
+    assert "weights 269,030,016 -> 112,394,496 bytes (58.2% smaller)" in q
+    assert "vLLM load check: loaded=True, generated=True, greedy token agreement with the original 0.81" in q
+    _rewrite(run / "quantize" / "quantize.json", lambda d: d.update(
+        verify={"loaded": True, "generated": False, "agreement": 0.75, "reason": "no int4 GEMM"},
+        local_agreement={"engine": "gptqmodel", "agreement": 0.9375, "tokens": 64}))
+    q = _section(Path(write_report(run)["files"]["report.md"]).read_text(), "Quantize")
+    assert "vLLM load check: loaded=True, generated=False, greedy token agreement with the original 0.75 (no int4 GEMM)" in q
+    assert "greedy token agreement (gptqmodel): 0.938 over 64 tokens" in q
+
+
+def _rewrite(path: Path, change) -> None:
+    doc = json.loads(path.read_text())
+    change(doc)
+    path.write_text(json.dumps(doc))
+
+
+def test_values_of_the_wrong_type_read_as_not_measured(tmp_path):
+    """Every stage file of a realistic run, with values of the wrong type where the report reads them: each
+    reads as not measured ("–", or the line left out), the rest of the report as before."""
+    run = make_run_dir(tmp_path / "runs", verdict="FAIL")
+
+    def bench(d):
+        d["original"]["levels"][1]["summary"]["output_token_throughput"] = "fast"  # concurrency 8 of the original
+        d["levels"][0]["summary"]["ttft_ms"] = [1, 2]
+        d["levels"][0]["level"]["label"] = 5  # a level name that is not a string: no row to compare
+        d["settings"]["slo"] = "tight"
+        d["servers"] = [{"argv": "python -m vllm --dtype float16"}]
+        d["notes"] = ["a note", {"not": "text"}]
+
+    def results(d):
+        d["gates"].append({"name": 7, "status": "FAIL", "estimate": 9.0})  # a gate name that is not a string
+        d["gates"].append("max_mean_kld")
+        d["files"]["kld_histogram"] = 12  # a figure name that is not a string
+        d["settings"]["accept"]["confidence"] = "high"
+
+    def profile(d):
+        d["points"][0] = "prefill"
+        d["points"][1].update(seconds="slow", mbu=None, batch=[8])
+        d["peaks"] = None
+        d["model"] = "a model"
+
+    _rewrite(run / "bench" / "bench.json", bench)
+    _rewrite(run / "eval" / "results.json", results)
+    _rewrite(run / "profile" / "profile.json", profile)
+    _rewrite(run / "quantize" / "quantize.json",
+             lambda d: d.update(size={"weight_bytes_before": "big", "weight_bytes_after": 112}, verify=[1], local_agreement=3))
+    _rewrite(run / "manifest.json", lambda d: d["stages"]["serve"]["summary"].update(smoke="hi", ready_s="soon"))
+    md = Path(write_report(run)["files"]["report.md"]).read_text()
+    s = _section(md, "Summary")
+    assert s.startswith("## Summary: do not ship the candidate")
+    assert "it fails the max_mean_kld and min_top1 gates (the whole interval beyond the threshold)." in s
+    assert "although" not in s  # the original's throughput at concurrency 8 is not a number: no speed-up claimed
+    assert "| weight bytes |" not in s
+    assert "| output tokens/s at concurrency 8 | – | 96 | – |" in s
+    assert "| $ per 1M output tokens at concurrency 8 | $2.277 | $1.447 | 0.64x |" in s  # 0.5 $/h over 61 and 96 tok/s
+    assert "and SLO (none set), the machine at $0.50 per hour" in s and "--dtype" not in s
+    assert "| max_mean_kld | 0.183 | 0.171 .. 0.196 | 0.05 | FAIL |" in s and "| interval (95%) |" in s
+    assert "| 7 |" not in md and "None" not in s and "| None |" not in _section(md, "Eval: FAIL")
+    assert "![kld_histogram]" not in md and "![roofline]" in md
+    assert ': {"weight_bytes_before": "big", "weight_bytes_after": 112}' in _section(md, "Quantize")
+    assert "vLLM load check" not in md and "greedy token agreement (" not in md
+    prof = _section(md, "Profile")
+    assert "| prefill | 512 tokens | – | – | 30% | compute-bound | high |" in prof and "| prefill | 128 tokens |" not in prof
+    assert f"profiled: **{md_escape(ORIGINAL)}**" in prof and "peaks: – GB/s, – GFLOP/s (None)" in prof
+    assert "ready in None s; smoke completion of None: None" in _section(md, "Serve")
+    bench_md = _section(md, "Bench")
+    assert "| concurrency 8 | 1.5 | 96 | 650 | 1,040 | 78 | 1 | 1.45 | 0 |" in bench_md
+    assert "|  | 0.328 | 21 | – | – | 46 | 1 | 6.61 | 0 |" in bench_md  # the level whose label is 5
+    assert "note: a note" in bench_md and "not" not in bench_md.split("note: a note")[1].split("\n")[0]
+    rows = {r.metric: r for r in compare(run, run).rows}
+    assert rows["bench.original.concurrency 8.output_tok_s"].a is None and rows["eval.max_mean_kld"].a == 0.183
+
+
+def test_tune_report_reads_trials_by_attribute():
+    """tune.md's table: the mean-KLD gate's interval and the cost at the largest load meeting the SLO, from the
+    trial's records; a gate or a bench summary of the wrong shape reads as "-"."""
+    from infertool.tune.report import trial_rows
+
+    kld = {"name": "max_mean_kld", "metric": "mean KLD", "threshold": 0.05, "estimate": 0.031, "lo": 0.028, "hi": 0.034,
+           "status": "PASS", "n": 6000}
+    trials = [{"id": "t1", "candidate": {"label": "GPTQ 4-bit"}, "serve": {"max_num_seqs": 8}, "status": "done",
+               "accuracy": {"verdict": "PASS", "items": 24, "gates": ["max_mean_kld", {"name": 3}, kld], "mean_kld": 0.03},
+               "capacity": {"max_load": 8, "at_max_load": {"cost": {"cost_per_hour": 0.5, "per_1m_output_tokens": 1.25}}}},
+              {"id": "t2", "candidate": {"label": "AWQ 4-bit"}, "status": "done",
+               "accuracy": {"verdict": "FAIL", "gates": [{**kld, "lo": None}], "mean_kld": 0.2},
+               "capacity": {"max_load": 4, "at_max_load": {"cost": "cheap"}}}]
+    rows = trial_rows({"recipe": "r", "winner": "t1", "trials": trials})
+    assert rows[1][:10] == ["t1", "GPTQ 4-bit", "max_num_seqs=8", "PASS", "0.031 [0.028, 0.034]", "24", "8", "1.25", "-",
+                            "done (winner)"]
+    assert rows[2][3:8] == ["FAIL", "0.2", "-", "4", "-"]  # no interval: the mean KLD; a cost that is not a number
 
 
 # ------------------------------------------------------------------------------------------ next steps
-GATE_KLD = {"name": "max_mean_kld", "threshold": 0.05, "status": "FAIL", "estimate": 0.06, "lo": 0.055, "hi": 0.065, "n": 1000}
+GATE_KLD = Gate.from_dict({"name": "max_mean_kld", "threshold": 0.05, "status": "FAIL", "estimate": 0.06, "lo": 0.055,
+                           "hi": 0.065, "n": 1000})
 Q4 = {"method": "gptq", "backend": "gptqmodel", "bits": 4, "group_size": 128, "desc_act": False,
       "calibration": {"samples": 256}}
+
+
+def _gate(g: Gate, **changes) -> Gate:
+    return Gate.from_dict({**g.to_dict(), **changes})
 
 
 def test_next_steps_follow_the_failed_gate_and_the_quantization():
@@ -145,7 +308,7 @@ def test_next_steps_follow_the_failed_gate_and_the_quantization():
     assert "quantize.desc_act: true" in near[1] and near[2].startswith("AWQ")
     assert near[-1].startswith("8-bit: quantize.bits: 8")
     assert not any("calibration" in s for s in near)  # 256 samples already
-    far = next_steps("FAIL", [{**GATE_KLD, "estimate": 0.2, "lo": 0.18, "hi": 0.22}], {**Q4, "group_size": 32}, target_kind="cpu")
+    far = next_steps("FAIL", [_gate(GATE_KLD, estimate=0.2, lo=0.18, hi=0.22)], {**Q4, "group_size": 32}, target_kind="cpu")
     assert far[0].startswith("8-bit: on a CPU that is W8A8 int8 through llm-compressor")
     assert not any("group size" in s for s in far)  # 32 is as small as it goes
     awq = next_steps("FAIL", [GATE_KLD], {"method": "awq", "bits": 4, "group_size": 64})
@@ -153,9 +316,9 @@ def test_next_steps_follow_the_failed_gate_and_the_quantization():
     eight = next_steps("FAIL", [GATE_KLD], {"method": "gptq", "backend": "llmcompressor", "scheme": "W8A8", "bits": 8},
                        target_kind="cpu")
     assert len(eight) == 1 and "8-bit already fails" in eight[0] and "serve.model: original" in eight[0]
-    acc = next_steps("FAIL", [{"name": "max_flip_rate", "threshold": 0.1, "status": "FAIL", "estimate": 0.15}], Q4)
+    acc = next_steps("FAIL", [Gate.from_dict({"name": "max_flip_rate", "threshold": 0.1, "status": "FAIL", "estimate": 0.15})], Q4)
     assert acc[0].startswith("the failing gates are task accuracy (max_flip_rate)")
-    top1 = next_steps("FAIL", [{"name": "min_top1", "threshold": 0.9, "status": "FAIL", "estimate": 0.7}], Q4)
+    top1 = next_steps("FAIL", [Gate.from_dict({"name": "min_top1", "threshold": 0.9, "status": "FAIL", "estimate": 0.7})], Q4)
     assert top1[0].startswith("8-bit")  # 30 % disagreement against 10 % allowed: far beyond
     assert next_steps("PASS", [], Q4) == [] and next_steps("FAIL", [GATE_KLD], None) == []
     here = next_steps("FAIL", [GATE_KLD], Q4, not_served_here="no int4 GEMM")
@@ -163,31 +326,32 @@ def test_next_steps_follow_the_failed_gate_and_the_quantization():
 
 
 def test_next_steps_when_inconclusive():
-    g = {"name": "max_mean_kld", "threshold": 0.05, "status": "INCONCLUSIVE", "estimate": 0.052, "lo": 0.046, "hi": 0.058,
-         "n": 3000, "n_needed": 9000, "unit": "tokens"}
+    g = Gate.from_dict({"name": "max_mean_kld", "threshold": 0.05, "status": "INCONCLUSIVE", "estimate": 0.052, "lo": 0.046,
+                        "hi": 0.058, "n": 3000, "n_needed": 9000, "unit": "tokens"})
     steps = next_steps("INCONCLUSIVE", [g], Q4, eval_section={"max_items": 24})
     assert steps[0] == ("more eval items: about 9,000 tokens would decide max_mean_kld (now 3,000): eval.max_items: 72 "
                         "(now 24), or a larger suite if this one has fewer")
     assert steps[1].startswith("max_mean_kld: the estimate is already beyond the threshold") and "a smaller group size" in steps[1]
-    on = next_steps("INCONCLUSIVE", [{**g, "n_needed": None, "estimate": 0.05}], Q4, eval_section={})
+    on = next_steps("INCONCLUSIVE", [_gate(g, n_needed=None, estimate=0.05)], Q4, eval_section={})
     assert on == ["max_mean_kld: the estimate sits on its threshold (0.05): more items will not decide it; decide the "
                   "threshold itself (eval.accept.max_mean_kld)"]
-    whole = next_steps("INCONCLUSIVE", [{**g, "estimate": 0.049}], Q4, eval_section={"max_items": None})
+    whole = next_steps("INCONCLUSIVE", [_gate(g, estimate=0.049)], Q4, eval_section={"max_items": None})
     assert whole == ["more eval items: about 9,000 tokens would decide max_mean_kld (now 3,000): a larger suite (every "
                      "item of this one is scored now)"]
 
 
 def test_a_slower_candidate_is_not_shipped_for_speed():
-    data = {"quantize": {"size": {"weight_bytes_before": 100, "weight_bytes_after": 30}},
-            "eval": {"verdict": "PASS", "gates": []},
-            "bench": {**_bench_report(CANDIDATE, "c", [_level("concurrency", 8, 40.0, 900, 150, 1.0)]),
-                      "original": _bench_report(ORIGINAL, "o", [_level("concurrency", 8, 60.0, 700, 110, 1.0)])}}
-    s = summarize_run({"recipe": {"quantize": {"method": "gptq"}}}, data)
-    assert s["decision"]["ship"] is None and s["decision"]["title"] == "passes, but saves memory only"
-    assert "serves only 0.67x the output tokens/s" in s["decision"]["text"] and "0.30x the weight bytes" in s["decision"]["text"]
-    assert speed({"bench": {"levels": []}})["status"] == "not measured"
-    no_q = summarize_run({"recipe": {}}, {"bench": _bench_report(ORIGINAL, "o", [])})
-    assert no_q["decision"]["title"] == "no quantization to decide" and no_q["names"]["candidate"] is None
+    run = RunData.of({"recipe": {"quantize": {"method": "gptq"}}},
+                     quantize={"size": {"weight_bytes_before": 100, "weight_bytes_after": 30}},
+                     eval={"verdict": "PASS", "gates": []},
+                     bench={**_bench_report(CANDIDATE, "c", [_level("concurrency", 8, 40.0, 900, 150, 1.0)]),
+                            "original": _bench_report(ORIGINAL, "o", [_level("concurrency", 8, 60.0, 700, 110, 1.0)])})
+    s = summarize(run)
+    assert s.decision.ship is None and s.decision.title == "passes, but saves memory only"
+    assert "serves only 0.67x the output tokens/s" in s.decision.text and "0.30x the weight bytes" in s.decision.text
+    assert speed(BenchReport.from_dict({"levels": []})).status == "not measured"
+    no_q = summarize(RunData.of({"recipe": {}}, bench=_bench_report(ORIGINAL, "o", [])))
+    assert no_q.decision.title == "no quantization to decide" and no_q.names.candidate is None
 
 
 # ------------------------------------------------------------------------------------------ run's bench stage

@@ -7,6 +7,10 @@ the same prompts. torch and transformers are imported inside the worker function
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from infertool.records import Record
+
 PROMPTS = [
     "The capital of France is",
     "def fibonacci(n):",
@@ -14,6 +18,19 @@ PROMPTS = [
     "The three primary colors are",
 ]
 MAX_TOKENS = 16
+
+
+@dataclass
+class Agreement(Record):
+    """``token_agreement``'s answer read back by attribute; ``engine``: what generated the two sides (a backend's
+    own comparison says it)."""
+
+    agreement: float | None = None
+    tokens: int | None = None
+    identical: int | None = None
+    prompts: int | None = None
+    mean_first_divergence: float | None = None
+    engine: str | None = None
 
 
 def token_agreement(base: list[list[int]], candidate: list[list[int]]) -> dict:

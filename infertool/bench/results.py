@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
-from infertool.records import Record
+from infertool.records import Record, as_int, as_str
 
 __all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Experiment", "FIGURES", "Figure",
-           "FigureDef", "Goodput", "Latency", "LevelResult", "LevelSpec", "SLO", "ServerMetrics", "Summary", "Window"]
+           "FigureDef", "Goodput", "Latency", "LevelResult", "LevelSpec", "SLO", "ServedModel",
+           "ServerMetrics", "Summary", "Window"]
 
 
 class _Sparse(Record):
@@ -58,6 +59,11 @@ class SLO(Record):
 
     def is_set(self) -> bool:
         return any(v is not None for v in (self.ttft_ms, self.tpot_ms, self.e2e_ms))
+
+    def bounds(self) -> dict[str, float]:
+        """The bounds that are set, by name (ttft_ms, tpot_ms, e2e_ms)."""
+        named = (("ttft_ms", self.ttft_ms), ("tpot_ms", self.tpot_ms), ("e2e_ms", self.e2e_ms))
+        return {k: v for k, v in named if v is not None}
 
 
 @dataclass
@@ -221,6 +227,14 @@ class Experiment(_Sparse):
 
 # ------------------------------------------------------------------------------------------ the report
 @dataclass
+class ServedModel(Record):
+    """`run`'s bench.json: the model an arm measured (``BenchReport.served``)."""
+
+    label: str | None = None
+    origin: str | None = None  # candidate | original | serve.model
+
+
+@dataclass
 class BenchSettings(Record):
     """The traffic every level was sent with (from the recipe's bench section)."""
 
@@ -236,6 +250,16 @@ class BenchSettings(Record):
     chars_per_token: float | None = None
     seed: int | None = None
     client_processes: int | str | None = None
+
+    @property
+    def prompt_source(self) -> str | None:
+        """Where the prompts came from (builtin, synthetic, a file)."""
+        return as_str(self.prompt.get("source"))
+
+    @property
+    def prompt_tokens(self) -> int | None:
+        """About how long each prompt is, in tokens."""
+        return as_int(self.prompt.get("len_tokens"))
 
 
 @dataclass
@@ -268,6 +292,19 @@ class BenchReport(_Sparse):
         self.levels = [LevelResult.from_dict(lv) for lv in self.levels]
         self.experiments = [Experiment.from_dict(e) for e in self.experiments]
         self.client_bound = any(lv.client_bound for lv in self.levels)
+
+    @property
+    def served_model(self) -> ServedModel:
+        return ServedModel.from_dict(self.served)
+
+    @property
+    def served_dtype(self) -> str | None:
+        """The --dtype vLLM was started with for this report's (first) server; "auto" when none was passed, None
+        when no launch is recorded."""
+        argv = self.servers[0].get("argv") if self.servers and isinstance(self.servers[0], dict) else None
+        if not isinstance(argv, list):
+            return None
+        return str(argv[argv.index("--dtype") + 1]) if "--dtype" in argv[:-1] else "auto"
 
     def to_dict(self) -> dict:
         from infertool.atomic import jsonable

@@ -40,26 +40,26 @@ def compare(
     from rich.table import Table
 
     from infertool.output import out, print_json
-    from infertool.report import compare_runs
+    from infertool.report import compare as compare_two
 
-    res = compare_runs(run_a, run_b)
+    res = compare_two(run_a, run_b)
     if as_json:
-        print_json(res)
+        print_json(res.to_dict())
         return
-    if res["recipe_changes"]:
+    if res.recipe_changes:
         t = Table(title="recipe changes")
         for c in ("field", "A", "B"):
             t.add_column(c)
-        for ch in res["recipe_changes"]:
-            t.add_row(escape(ch["field"]), escape(str(ch["a"])), escape(str(ch["b"])))
+        for ch in res.recipe_changes:
+            t.add_row(escape(ch.field), escape(str(ch.a)), escape(str(ch.b)))
         out.print(t)
-    t = Table(title=f"A = {escape(res['a'])}\nB = {escape(res['b'])}")
+    t = Table(title=f"A = {escape(res.a)}\nB = {escape(res.b)}")
     for c in ("metric", "A", "B", "B/A"):
         t.add_column(c, justify="left" if c == "metric" else "right")
-    for r in res["rows"]:
-        if not (all_rows or r["changed"]):
+    for r in res.rows:
+        if not (all_rows or r.changed):
             continue
-        fa = f"{r['a']:.4g}" if isinstance(r["a"], float) else str(r["a"])
-        fb = f"{r['b']:.4g}" if isinstance(r["b"], float) else str(r["b"])
-        t.add_row(escape(r["metric"]), escape(fa), escape(fb), f"{r['ratio']:.3f}" if r["ratio"] is not None else "")
+        fa = f"{r.a:.4g}" if isinstance(r.a, float) else str(r.a)
+        fb = f"{r.b:.4g}" if isinstance(r.b, float) else str(r.b)
+        t.add_row(escape(r.metric), escape(fa), escape(fb), f"{r.ratio:.3f}" if r.ratio is not None else "")
     out.print(t)

@@ -294,6 +294,11 @@ class EvalResult(Record):
     def labels(self) -> dict[str, str | None]:
         return {"base": self.base.label, "candidate": self.candidate.label}
 
+    @property
+    def kld_histogram_file(self) -> str | None:
+        """The KLD histogram the eval drew (an SVG beside results.json), when it drew one."""
+        return self.files.get("kld_histogram")
+
     def gate(self, name: str) -> Gate | None:
         return next((g for g in self.gates if g.name == name), None)
 

@@ -7,9 +7,10 @@ the verdict says which sources agreed. "overhead-bound" when neither MBU nor MFU
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 from infertool.perf import roofline
+from infertool.records import Record
 
 # Thresholds (documented in the README): below MEMORY_SIDE x ridge the analytic model says memory-bound,
 # above COMPUTE_SIDE x ridge compute-bound, in between "near the ridge". Timing: when neither MBU nor MFU
@@ -20,7 +21,9 @@ OVERHEAD_BELOW = 0.25
 
 
 @dataclass
-class Point:
+class Point(Record):
+    """One timed shape against the roofline (profile.json's ``points``; ``Point.from_dict`` reads one back)."""
+
     phase: str  # "prefill" | "decode"
     batch: int
     tokens: int  # prompt length (prefill) or context (decode)
@@ -144,4 +147,4 @@ def advice(points: list[Point], crossover: float | None, max_batch: int | None) 
 
 
 def point_dict(p: Point) -> dict:
-    return asdict(p)
+    return p.to_dict()

@@ -18,7 +18,17 @@ from infertool.errors import UsageError
 from infertool.perf import hardware, roofline
 from infertool.profile import analysis
 from infertool.profile.grid import Grid
-from infertool.records import Record
+from infertool.records import Record, as_str
+
+
+@dataclass
+class Peaks(Record):
+    """The peaks a profile judged against (profile.json's ``peaks``): FLOP/s and bytes/s, their dtype, the ridge."""
+
+    flops: float | None = None
+    bandwidth: float | None = None
+    dtype: str | None = None
+    ridge: float | None = None
 
 
 @dataclass
@@ -40,6 +50,24 @@ class ProfileResult(Record):
     plot: str | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def timed(self) -> list[analysis.Point]:
+        """``points`` by attribute (a point that is not an object is left out)."""
+        return [analysis.Point.from_dict(p) for p in self.points if isinstance(p, (dict, analysis.Point))]
+
+    @property
+    def peak(self) -> Peaks:
+        return Peaks.from_dict(self.peaks)
+
+    @property
+    def model_label(self) -> str | None:
+        return as_str(self.model.get("label"))
+
+    @property
+    def device_name(self) -> str | None:
+        """The device's name, else its kind (cpu, gpu)."""
+        return as_str(self.device.get("name") or self.device.get("kind"))
 
 
 @dataclass

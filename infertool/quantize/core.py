@@ -28,11 +28,15 @@ from typing import Any, Callable
 from infertool import backends
 from infertool.atomic import replace_dir
 from infertool.backends.base import QuantBackend, TaskInputs
+from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.quantize import MANIFEST_NAME
+from infertool.quantize.manifest import WeightSize
+from infertool.quantize.verify import LoadCheck
 from infertool.records import Record
 from infertool.resolve import default_output
+from infertool.summaries import Resolved
 
 EventCallback = Callable[[dict], None]
 
@@ -70,6 +74,25 @@ class QuantizeResult(Record):
     manifest_path: str | None = None
     log_dir: str | None = None
     warnings: list[str] = field(default_factory=list)
+
+    # the dict fields above, by attribute (a reader of quantize.json: report, decision, compare)
+    @property
+    def weight_size(self) -> WeightSize:
+        return WeightSize.from_dict(self.size)
+
+    @property
+    def load_check_result(self) -> LoadCheck | None:
+        """The vLLM load check's answer (None: it did not run)."""
+        return LoadCheck.from_dict(self.verify) if self.verify else None
+
+    @property
+    def kernel_agreement(self) -> Agreement | None:
+        """The greedy agreement measured in the backend's own kernels (None: not measured)."""
+        return Agreement.from_dict(self.local_agreement) if self.local_agreement else None
+
+    @property
+    def resolved(self) -> Resolved:
+        return Resolved.from_dict(self.resolution)
 
 
 @dataclass

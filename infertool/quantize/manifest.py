@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 import platform
 import sys
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 
 from infertool.atomic import write_json
 from infertool.quantize import MANIFEST_NAME
+from infertool.records import Record
 
 MANIFEST_VERSION = 1
 
@@ -22,6 +24,16 @@ def env_packages(name: str) -> dict:
     marker = read_marker(name) or {}
     return {"name": name, "packages": marker.get("packages", {}), "python": marker.get("python_version"),
             "variant": marker.get("variant")}
+
+
+@dataclass
+class WeightSize(Record):
+    """``size_summary``'s answer read back by attribute (None: not measured)."""
+
+    weight_bytes_before: int | None = None
+    weight_bytes_after: int | None = None
+    ratio: float | None = None
+    reduction_pct: float | None = None
 
 
 def size_summary(before: int, after: int | None) -> dict:

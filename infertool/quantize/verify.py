@@ -18,15 +18,32 @@ import json
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from infertool.backends.greedy import MAX_TOKENS, PROMPTS, token_agreement
+from infertool.backends.greedy import MAX_TOKENS, PROMPTS, Agreement, token_agreement
 from infertool.errors import RuntimeFailure
+from infertool.records import Record
 
-__all__ = ["MAX_TOKENS", "PROMPTS", "greedy", "load_check", "plans", "token_agreement", "vllm_engine", "vllm_reason"]
+__all__ = ["LoadCheck", "MAX_TOKENS", "PROMPTS", "greedy", "load_check", "plans", "token_agreement", "vllm_engine", "vllm_reason"]
 
 REQUEST_TIMEOUT_S = 300
+
+
+@dataclass
+class LoadCheck(Record):
+    """What ``load_check`` found, by attribute: vLLM loaded the checkpoint, generated with it, and the greedy
+    tokens' agreement with the original (an older file holds the agreement as a bare number); or why not."""
+
+    loaded: bool | None = None
+    generated: bool | None = None
+    agreement: Agreement | float | None = None
+    reason: str | None = None
+
+    @property
+    def agreement_share(self) -> float | None:
+        return self.agreement.agreement if isinstance(self.agreement, Agreement) else self.agreement
 
 
 def vllm_reason(exc: BaseException | str) -> str:

@@ -10,6 +10,9 @@ import math
 from pathlib import Path
 
 from infertool.atomic import atomic_path, write_text
+from infertool.bench.results import Summary
+from infertool.evaluate.result import Accept
+from infertool.evaluate.verdict import Gate
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.tune.records import ScreenResult, TrialRecord, TuneDoc
 from infertool.tune.search import OBJECTIVES
@@ -26,17 +29,16 @@ def _f(v, digits: int = 3) -> str:
 def _kld_interval(acc: ScreenResult | None) -> str:
     if acc is None:
         return "-"
-    for g in acc.gates or []:
-        if g.get("metric") in ("mean_kld", "kld") or "kld" in str(g.get("name", "")).lower():
-            if g.get("lo") is not None:
-                return f"{_f(g.get('estimate'))} [{_f(g.get('lo'))}, {_f(g.get('hi'))}]"
+    for g in (Gate.from_dict(g) for g in acc.gates or []):
+        if "kld" in f"{g.name} {g.metric}".lower() and g.lo is not None:  # the mean-KLD gate
+            return f"{_f(g.estimate)} [{_f(g.lo)}, {_f(g.hi)}]"
     return _f(acc.mean_kld)
 
 
 def _cost(t: TrialRecord) -> float | None:
     """$ per 1M output tokens at the trial's largest load meeting the SLO (None: not measured)."""
     at = t.capacity.at_max_load if t.capacity is not None else None
-    return (at.get("cost") or {}).get("per_1m_output_tokens") if at else None
+    return Summary.from_dict(at).cost.per_1m_output_tokens if at else None
 
 
 def trial_rows(doc: TuneDoc | dict) -> list[list[str]]:
@@ -104,8 +106,8 @@ def _summary(doc: TuneDoc) -> list[str]:
     counts: dict[str, int] = {}
     for t in doc.trials:
         counts[t.status or "?"] = counts.get(t.status or "?", 0) + 1
-    lines = [f"Objective: {name}. SLO: {doc.slo}. Accuracy gates: preset {doc.accept.get('preset')}, "
-             f"confidence {doc.accept.get('confidence')}.",
+    accept = Accept.from_dict(doc.accept)
+    lines = [f"Objective: {name}. SLO: {doc.slo}. Accuracy gates: preset {accept.preset}, confidence {accept.confidence}.",
              f"{len(doc.trials)} trials in {doc.seconds:,.0f} s ("
              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")"
              + (" — exhaustive: no pruning, no early stopping, every load level" if doc.exhaustive else "") + "."]
