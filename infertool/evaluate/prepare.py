@@ -197,30 +197,29 @@ def overrides(recipe, options: EvalOptions):
 
 def eval_resolution(res, ev, options: EvalOptions):
     """``res`` when it resolved the models the eval names (``overrides``), else the recipe resolved again with
-    them (a candidate the caller resolved, such as `run`'s quantize entry, is kept when none is named). A plan
-    to run also has a named base converted into the cache (a bundled or GGUF source)."""
+    them (a candidate the caller resolved, such as `run`'s quantize entry, is kept when none is named)."""
     from infertool.resolve import Overrides, resolve
 
     base, cand = options.base or ev.base, options.candidate or ev.candidate
     named = (base and res.base.source != base) or (cand and (res.candidate is None or res.candidate.source != str(cand)))
-    if not named and not (base and not res.base.exists and not options.dry_run):
+    if not named:
         return res
     keep = res.candidate if not cand else None
     keep_path = keep.path if keep is not None and keep.exists and not keep.load_quantization else None
-    return resolve(res.recipe, Overrides(base=base, candidate=cand), candidate_path=keep_path,
-                   materialize=bool(base) and not options.dry_run)
+    return resolve(res.recipe, Overrides(base=base, candidate=cand), candidate_path=keep_path)
 
 
 def compared_models(res, *, dry_run: bool = False):
     """(base, candidate): the resolution's models, checked: a candidate exists (unless a dry run) and is one
-    vLLM can serve; a base infertool converts (bundled, GGUF) is converted when the plan is to run."""
+    vLLM can serve; a base infertool converts (bundled, GGUF: the recipe's or a named one) is converted when the
+    plan is to run."""
     cand = res.candidate
     if cand is None:
         raise UsageError("no candidate model: the recipe has no quantize section and no eval.candidate",
                          hint="pass --candidate DIR (a quantized copy of the model), or add a quantize section "
                          "and run `infertool quantize RECIPE`")
     if cand.load_quantization:
-        from infertool.resolve import BNB_UNSERVABLE
+        from infertool.backends.bnb import BNB_UNSERVABLE
 
         raise UsageError(BNB_UNSERVABLE + ": infertool evaluates what it can serve",
                          hint="quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit) instead")
