@@ -17,14 +17,11 @@ from infertool.data import calibration as cal
 from infertool.backends import gptqmodel as gq
 from infertool.backends import llmcompressor as llmc
 from infertool.quantize.core import default_output
-from infertool.quantize.preflight import (
-    check_safetensors_files,
-    linear_layers,
-    matches_ignore,
-    run_preflight,
-    valid_group_sizes,
-)
-from infertool.quantize.verify import token_agreement, vllm_reason
+from infertool.backends.layers import linear_layers, matches_ignore, valid_group_sizes
+from infertool.quantize.preflight import check_safetensors_files
+from infertool.quantize.preflight import preflight as quantize_preflight
+from infertool.backends.greedy import token_agreement
+from infertool.quantize.verify import vllm_reason
 
 HIDDEN, INTER, HEADS, KV, VOCAB = 576, 1536, 9, 3, 256
 
@@ -81,8 +78,12 @@ def fake_model(tmp_path) -> Path:
 
 
 def preflight(model: Path, quant: dict, serve: dict | None = None, **kw):
-    return run_preflight(info=model_info(model), quantize=quant, serve=serve, output=None, has_cuda=False,
-                         memory=kw.pop("memory", ("cpu", 64 * 2**30)), **kw)
+    from pydantic import TypeAdapter
+
+    from infertool.recipe import QuantizeSection
+
+    return quantize_preflight(model_info(model), TypeAdapter(QuantizeSection).validate_python(quant), serve=serve,
+                              output=None, has_cuda=False, memory=kw.pop("memory", ("cpu", 64 * 2**30)), **kw)
 
 
 # ------------------------------------------------------------------------------------------ preflight

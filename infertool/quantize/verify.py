@@ -26,7 +26,7 @@ from infertool.backends.greedy import MAX_TOKENS, PROMPTS, Agreement, token_agre
 from infertool.errors import RuntimeFailure
 from infertool.records import Record
 
-__all__ = ["LoadCheck", "MAX_TOKENS", "PROMPTS", "greedy", "load_check", "plans", "token_agreement", "vllm_engine", "vllm_reason"]
+__all__ = ["LoadCheck", "greedy", "load_check", "plans", "vllm_engine", "vllm_reason"]
 
 REQUEST_TIMEOUT_S = 300
 
