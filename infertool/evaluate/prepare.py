@@ -41,7 +41,7 @@ class EvalOptions:
       only ones serve.api_key_env's key may go to, besides those INFERTOOL_KEY_URLS allows;
     - ``out_dir``: where results.json, items.jsonl and the histogram go (default: out/eval/SUITE-TIMESTAMP);
     - ``allow_inconclusive``: INCONCLUSIVE is accepted (as eval.accept.allow_inconclusive says);
-    - ``dry_run``: a plan to show, not to run (no model is converted or checked, no port is taken).
+    - ``dry_run``: a plan to show, not to run (no model is converted or checked).
     """
 
     suite: str | None = None
@@ -242,8 +242,7 @@ def vllm_launches(res, seq_len: int, *, dry_run: bool = False, topk: int = TOPK)
         raise UsageError(f"serve.max_model_len {serve.max_model_len} is shorter than eval.seq_len {seq_len}: the model as "
                          "served cannot score these windows", hint=f"lower eval.seq_len or raise serve.max_model_len to {seq_len + 1}")
     extra = ("--max-logprobs", str(topk)) if topk > VLLM_MAX_LOGPROBS else ()
-    return {role: prepare_launch(res, model=model, purpose=f"eval ({role})", extra_args=extra, dry_run=dry_run,
-                                 port=None if dry_run else _free(), check_port=False)
+    return {role: prepare_launch(res, model=model, purpose=f"eval ({role})", extra_args=extra, dry_run=dry_run)
             for role, model in (("candidate", res.candidate), ("base", res.base))}
 
 
@@ -283,32 +282,3 @@ def api_key(recipe, url: str | None, options: EvalOptions) -> str | None:
         if key is None:
             break
     return key
-
-
-def _free() -> int:
-    from infertool.procs import free_port
-
-    return free_port()
-
-
-# ------------------------------------------------------------------------------------------- old entry points
-# pipeline.py's eval stage calls these until it becomes evaluate.run(evaluate.plan(res, EvalOptions()), ctx).
-def eval_models(res, ev, base: str | None, candidate: str | None, engine: str, *, dry_run: bool = False):
-    """(base, candidate, base source, labels) as the engine needs them (``EvalPlan``'s fields)."""
-    if engine == "openai":
-        b, c = served_names(base or ev.base, candidate or ev.candidate)
-        return b, c, b, {"base": b, "candidate": c}
-    res = eval_resolution(res, ev, EvalOptions(base=base, candidate=candidate, dry_run=dry_run))
-    b, c = compared_models(res, dry_run=dry_run)
-    return b.path or b.source, c.path, b.source, {"base": b.label, "candidate": c.label}
-
-
-def vllm_plans(res, ev, base_path: str, cand_path: str, *, dry_run: bool = False, topk: int = TOPK) -> dict:
-    """The vllm engine's launches of the models at these paths (``vllm_launches``)."""
-    from infertool.resolve import Overrides, resolve
-
-    same_base = base_path in (res.base.path, res.base.source)
-    same_cand = res.candidate is not None and cand_path == res.candidate.path
-    if not (same_base and same_cand):
-        res = resolve(res.recipe, Overrides(base=None if same_base else base_path, candidate=None if same_cand else cand_path))
-    return vllm_launches(res, ev.seq_len, dry_run=dry_run, topk=topk)
