@@ -78,7 +78,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from infertool.bench.prompts import build_prompts
-    from infertool.bench.run import run_bench
+    from infertool.bench import run as bench
     from infertool.envs.state import require_env
     from infertool.recipe import validate_recipe_data
     from infertool.resolve import resolve
@@ -131,7 +131,7 @@ def main() -> int:
         ours_runs, vllm_runs = [], []
         for rep in range(args.repeats):
             print(f"[{rep + 1}/{args.repeats}] infertool bench", file=sys.stderr)
-            report = run_bench(resolve(ours_recipe), url=ready.url).to_dict()
+            report = bench.run(bench.plan(resolve(ours_recipe), bench.BenchOptions(url=ready.url))).to_dict()
             ours_runs.append(report["levels"][0]["summary"])
             print(f"[{rep + 1}/{args.repeats}] vllm bench serve", file=sys.stderr)
             out = work / f"vllm-{rep}.json"

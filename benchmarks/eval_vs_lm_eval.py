@@ -56,10 +56,10 @@ def main() -> int:
     from infertool.evaluate.hf_engine import compare_task
     from infertool.evaluate.metrics import perplexity
     from infertool.data.suites import builtin_text
-    from infertool.models.sources import resolve_model
+    from infertool.models.sources import locate
 
     threads = torch.get_num_threads()
-    path = str(resolve_model(args.model).path)
+    path = str(locate(args.model, convert=True).require().path)
     text, meta = builtin_text("builtin:pydoc_topics:eval")
 
     class _Quiet:

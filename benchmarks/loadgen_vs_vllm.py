@@ -34,7 +34,7 @@ from benchmarks.bench_vs_vllm import VLLM_RUNNER  # noqa: E402
 # run in a subprocess with PYTHONPATH=<infertool root>: one level against the URL, its summary as JSON
 OURS = (
     "import json, sys\n"
-    "from infertool.bench.run import run_bench\n"
+    "from infertool.bench import run as bench\n"
     "from infertool.recipe import validate_recipe_data\n"
     "from infertool.resolve import resolve\n"
     "url, c, n, out_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])\n"
@@ -42,7 +42,7 @@ OURS = (
     "recipe = validate_recipe_data({'name': 'loadgen', 'model': {'source': 'bundled:smollm2-135m'},\n"
     "    'bench': {'concurrency': [c], 'requests': n, 'output_len': out_len, 'ignore_eos': True,\n"
     "              'prompt': {'source': 'synthetic', 'len': 32}, 'scrape_interval_s': 5, **extra}})\n"
-    "rep = run_bench(resolve(recipe), url=url).to_dict()\n"
+    "rep = bench.run(bench.plan(resolve(recipe), bench.BenchOptions(url=url))).to_dict()\n"
     "lv = rep['levels'][0]\n"
     "print('RESULT ' + json.dumps({'summary': lv['summary'], 'client': lv.get('client')}))\n"
 )

@@ -71,7 +71,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from infertool.envs.paths import env_python
-    from infertool.models.sources import resolve_model
+    from infertool.models.sources import locate
     from infertool.recipe import load_recipe
 
     root = args.infertool_root.resolve()
@@ -80,7 +80,7 @@ def main() -> int:
     samples, seq_len = args.samples or cal["samples"], args.seq_len or cal["seq_len"]
     py = env_python("quant")  # the infertool side checks that its environments are ready
     source = "bundled:smollm2-135m" if args.layers >= 30 else None
-    model = resolve_model("bundled:smollm2-135m", layers=None if source else args.layers).path
+    model = locate("bundled:smollm2-135m", layers=None if source else args.layers, convert=True).require().path
     work = Path(tempfile.mkdtemp(prefix="infertool-qbench-"))
     env = dict(os.environ, PYTHONUNBUFFERED="1", PYTHONPATH=str(ROOT))
     env.pop("VIRTUAL_ENV", None)

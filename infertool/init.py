@@ -8,9 +8,9 @@ concurrency, KV space) whose memory plan fits, an eval that compares the quantiz
 as served, and a bench traffic pattern with an SLO; each choice is a ``Decision`` with its reason.
 
 Nothing here re-derives a rule another module owns: the group sizes and tensor-parallel splits are the
-quantize preflight's (``quantize.preflight``), which formats vLLM's CPU build serves is the preflight's
-``vllm_format_check``, the memory numbers are the plan's (``plan.make_plan`` on the resolution of the
-candidate recipe), the position limit is ``models.info.position_limit`` and the CPU serve dtype is
+quantize preflight's (``quantize.preflight``), the quantization and its reasons are the backends'
+(``backends.init_choice``: which formats the target's vLLM serves), the memory numbers are the plan's
+(``plan.plan`` on the resolution of the candidate recipe), the position limit is ``models.info.position_limit`` and the CPU serve dtype is
 ``resolve.cpu_serve_dtype``. ``render_yaml`` writes the commented YAML (values through yaml.safe_dump,
 comments one line each); ``init_recipe`` validates what it wrote with ``load_recipe`` and plans it.
 """
@@ -219,14 +219,14 @@ def _locate(model: str, on_event: Callable | None) -> _Model:
 def _plan(recipe: dict, original: bool = False):
     """The plan of a recipe as every command reads it: validated, resolved, planned (the original model with
     the same serve settings when ``original``)."""
-    from infertool.plan import make_plan
+    from infertool import plan as planning
     from infertool.recipe import validate_recipe_data
     from infertool.resolve import resolve
 
     data = recipe
     if original:
         data = {**recipe, "serve": {**recipe["serve"], "model": "original"}}
-    return make_plan(resolve(validate_recipe_data(data, "<infertool init>")))
+    return planning.plan(resolve(validate_recipe_data(data, "<infertool init>")))
 
 
 # ------------------------------------------------------------------------------------------- the recipe
@@ -299,54 +299,29 @@ def _refuse_quantized(m: _Model) -> None:
 
 
 def _choose_quantization(info, target: InitTarget, decide: Decide) -> tuple[dict, bool]:
-    """The quantization the target's vLLM serves (method, backend, scheme, bits), and whether it is W8A8."""
-    from infertool.quantize.preflight import GPTQMODEL_MODEL_TYPES, vllm_format_check
+    """The quantization the target's vLLM serves (method, backend, scheme, bits: the backends propose it, with
+    their reasons), and whether it is W8A8."""
+    from infertool import backends
 
-    rtarget = target.resolve_target()
-    bits4 = vllm_format_check("gptq", "gptqmodel", 4, None, rtarget, target.host)
-    w8a8 = target.kind == "cpu" and (target.host.cpu_isa != "avx512" or (bits4 is not None and bits4[0] == "error"))
     arch_name = (info.architectures or [info.model_type or "?"])[0]
-    if w8a8:
-        isa = {"avx2": "AVX2 only"}.get(target.host.cpu_isa, "no AVX-512 seen (its vector ISA is unknown)")
-        reason = (bits4[1].split(": this host")[0] if bits4 else "vLLM's CPU build runs 4-bit checkpoints only with "
-                  "its AVX-512 int4 GEMM (cpu_gemm_wna16)")
-        q: dict[str, Any] = {"method": "gptq", "backend": "llmcompressor", "scheme": "W8A8", "bits": 8}
-        why_fmt = (f"this CPU has {isa}: 4-bit will not serve here ({reason}); 8-bit weight-only formats do not serve "
-                   "on vLLM's CPU build at all (GPTQ 8-bit: Marlin refuses uint8b128; W8A16: CPUWNA16 refuses it), "
-                   "so W8A8 int8 (weights and activations), which its oneDNN int8 GEMM runs on every x86 build")
-        decide("quantize.method", "gptq", "GPTQ calibrates the int8 weights (llm-compressor's GPTQModifier)")
-        decide("quantize.backend", "llmcompressor", "W8A8 int8 is an llm-compressor scheme (compressed-tensors "
-               "checkpoint); it runs in the llmcompressor environment (`infertool env setup llmcompressor`)")
-        decide("quantize.scheme", "W8A8", why_fmt, "warning" if target.host.cpu_isa != "avx512" else "info")
-        decide("quantize.bits", 8, "W8A8: 8-bit weights with per-channel scales, 8-bit dynamic per-token activations")
-    else:
-        if info.model_type in GPTQMODEL_MODEL_TYPES:
-            q = {"method": "gptq", "backend": "gptqmodel", "bits": 4}
-            decide("quantize.method", "gptq", "GPTQ: weight-only 4-bit calibrated on text, the format vLLM serves on "
-                   + ("GPUs (Marlin kernels)" if target.kind == "gpu" else "AVX-512 CPUs (cpu_gemm_wna16)"))
-            decide("quantize.backend", "gptqmodel", f"GPTQModel 7.7 has a definition for model_type {info.model_type!r} "
-                   f"({arch_name})")
-        else:
-            q = {"method": "gptq", "backend": "llmcompressor", "scheme": "W4A16", "bits": 4}
-            decide("quantize.method", "gptq", "GPTQ: weight-only 4-bit calibrated on text")
-            decide("quantize.backend", "llmcompressor", f"GPTQModel 7.7 has no definition for model_type "
-                   f"{info.model_type!r} ({arch_name}); llm-compressor quantizes the Linear layers of any transformers "
-                   "causal LM", "warning")
-            decide("quantize.scheme", "W4A16", "llm-compressor's 4-bit weight-only preset (the same format as GPTQ 4-bit)")
-        decide("quantize.bits", 4, "4-bit weights: about a quarter of the 16-bit weight bytes, which memory-bound "
-               "decode reads every token; the eval says whether the accuracy survives"
-               + (" (vLLM's AVX-512 CPU build runs them with cpu_gemm_wna16)" if target.kind == "cpu" else ""))
-    return q, w8a8
+    choice = backends.init_choice(info.model_type, arch_name, target.resolve_target(), target.host)
+    q: dict[str, Any] = dict(choice.section)
+    for f, v, why, lvl in choice.decisions:
+        decide(f, v, why, lvl)
+    return q, q.get("scheme") == "W8A8"
 
 
 def _preflighter(info, target: InitTarget) -> Callable:
     """``preflight(quantize_section, tp=1)``: the quantize preflight's report for this model on the target."""
-    from infertool.quantize.preflight import run_preflight
+    from pydantic import TypeAdapter
+
+    from infertool.quantize.preflight import preflight as quantize_preflight
+    from infertool.recipe import QuantizeSection
 
     def preflight(qd: dict, tp: int = 1):
-        return run_preflight(info=info, quantize=qd, serve={"tensor_parallel_size": tp}, output=None,
-                             has_cuda=target.kind == "gpu", memory=("cpu", None), target=target.resolve_target(tp),
-                             host=target.host)
+        q = TypeAdapter(QuantizeSection).validate_python(qd)
+        return quantize_preflight(info, q, serve={"tensor_parallel_size": tp}, output=None, has_cuda=target.kind == "gpu",
+                                  memory=("cpu", None), target=target.resolve_target(tp), host=target.host)
 
     return preflight
 
@@ -354,7 +329,8 @@ def _preflighter(info, target: InitTarget) -> Callable:
 def _choose_group_size(info, q: dict, w8a8: bool, calibration: dict, preflight: Callable, decide: Decide) -> int:
     """A group size every quantized layer accepts (the preflight's valid sizes): 128 when it divides them all,
     else the largest valid one below it, else -1. Sets quantize.group_size and quantize.calibration."""
-    from infertool.quantize.preflight import PreflightFailed, linear_layers
+    from infertool.backends.layers import linear_layers
+    from infertool.quantize.preflight import PreflightFailed
 
     files = [Path(info.path) / f for f in info.weight_files]
     in_features = sorted({lin.in_features for lin in linear_layers(files)})
@@ -918,7 +894,7 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
     the written text with load_recipe and plan it as `infertool plan` would."""
     import tempfile
 
-    from infertool.plan import make_plan
+    from infertool import plan as planning
     from infertool.recipe import load_recipe
     from infertool.resolve import resolve
 
@@ -948,10 +924,10 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
     try:
         write_text(tmp, text)
         written = load_recipe(str(tmp))  # what was written parses and validates, as every command reads it
-        plan = make_plan(resolve(written))
+        plan = planning.plan(resolve(written))
         original = None
         if written.eval is not None and written.eval.engine == "vllm" and written.quantize is not None:
-            original = make_plan(resolve(load_recipe(str(tmp), ["serve.model=original"])))
+            original = planning.plan(resolve(load_recipe(str(tmp), ["serve.model=original"])))
         if dest is not None:
             _publish(tmp, dest, force)
     finally:

@@ -32,7 +32,7 @@ from typing import Any, Callable
 
 from infertool.atomic import write_json
 from infertool.errors import InfertoolError, UsageError
-from infertool.stages import Stage, StageContext, StageOutput, cached_stage  # noqa: F401 - re-exported (old callers)
+from infertool.stages import Stage, StageContext, StageOutput, cached_stage
 from infertool.summaries import ModelSummary, RunManifest, StageRecord
 
 EventCallback = Callable[[dict], None]
@@ -107,40 +107,6 @@ def run_graph(recipe, *, stages: list[str] | None = None, out_dir: str | Path | 
     root = Path(out_dir or (recipe.run.out_dir if recipe.run is not None else "runs")).expanduser()
     res0 = resolve(recipe)
     return RunGraph(recipe, chosen, keys(recipe, chosen, res0.inputs(), res0.host.to_dict()), root, again, res0)
-
-
-def stage_keys(recipe, chosen: list[str], inputs: dict, host: dict) -> dict[str, str]:
-    """Each named stage's key (``infertool.stages.keys``; kept for callers of the old name)."""
-    from infertool.stages import get, keys
-
-    return keys(recipe, [get(n) for n in chosen], inputs, host)
-
-
-def stage_key(name: str, recipe_dict: dict, upstream_keys: dict[str, str], extra: dict | None = None) -> str:
-    """A stage's key from a recipe dict and the given extra parts (kept for callers of the old signature)."""
-    from infertool.stages import get
-
-    return get(name).key(recipe_dict, upstream_keys, {}, {}, parts=extra)
-
-
-def uses_servers(recipe, name: str) -> bool:
-    from infertool.stages import get
-
-    return get(name).uses_servers(recipe)
-
-
-def uses_device(recipe, name: str) -> bool:
-    from infertool.stages import get
-
-    return get(name).uses_device(recipe)
-
-
-def _stage_bench(ctx: StageContext) -> dict:
-    """The bench stage's body with its summary as a dict: the old entry point (tests/test_report.py), until it
-    calls ``infertool.stages.get("bench").run``."""
-    from infertool.stages import get
-
-    return get("bench").run(ctx).to_dict()
 
 
 def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,

@@ -168,12 +168,6 @@ def run(plan: PlanResult, ctx=None) -> PlanResult:
     return plan
 
 
-def make_plan(res, *, memory_gib: float | None = None, context: int | None = None,
-              batches: list[int] | None = None) -> PlanResult:
-    """``plan(res, PlanOptions(...))`` under its old name (init and tune call it until they call the contract)."""
-    return plan(res, PlanOptions(memory_gib=memory_gib, context=context, batches=batches))
-
-
 def _held_in(weights: WeightFacts, dtype: str, declared: str | None) -> WeightFacts:
     """The weights as vLLM's CPU backend holds them in the dtype `infertool serve` passes on this host (float32
     where the CPU has no bf16/fp16 matrix instructions and the model is unquantized)."""

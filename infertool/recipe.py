@@ -40,8 +40,8 @@ from infertool.backends.bnb import BNBConfig
 from infertool.backends.methods import AWQConfig, CalibrationSpec, GPTQConfig
 from infertool.errors import RecipeError, RecipeIssue, UsageError
 from infertool.schema import (  # noqa: F401 - the field types and checks (shared with the backends' schemas)
-    MAX_KV_GIB, MAX_LIST, MAX_NAME, MAX_PARALLEL, MAX_PATH, MAX_REQUESTS, MAX_SECONDS, MAX_SEED, MAX_SEQS, MAX_TEXT,
-    MAX_TOKENS, Dtype, Fraction, GroupSize, Millis, Name, Requests, Seconds, Seed, Seqs, Text, Tokens,
+    MAX_KV_GIB, MAX_LIST, MAX_NAME, MAX_PARALLEL, MAX_REQUESTS, MAX_TEXT,
+    MAX_TOKENS, Dtype, Fraction, Millis, Name, Requests, Seconds, Seed, Seqs, Text, Tokens,
 )
 from infertool.schema import STRICT as _STRICT
 from infertool.schema import dtype_alias as _dtype_alias

@@ -28,8 +28,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from infertool.backends import ACTIVATION_SCHEMES, weight_only_quantized  # noqa: F401 - imported from here too
-from infertool.backends.bnb import BNB_UNSERVABLE  # noqa: F401 - imported from here by serve and eval
+from infertool import backends
+from infertool.backends import weight_only_quantized
 from infertool.errors import UsageError
 from infertool.perf import host as hostfacts
 
@@ -141,16 +141,20 @@ class Resolution:
 
     def ensure(self, model: ModelRef, on_event: Callable | None = None) -> ModelRef:
         """Make ``model`` exist locally when infertool can: a bundled/GGUF base (or a bitsandbytes candidate,
-        which is the base) is converted into the cache once. Other models are what they are."""
+        which is the base) is converted into the cache once, as what it is: the recipe's model.source with
+        model.layers, or the base a command line gave (``Overrides(base=...)``) as it was given. Other models are
+        what they are; one that cannot be made here raises the clear error (``ModelLocation.require``)."""
         if model.exists or model.role not in ("base", "candidate") or (model.role == "candidate" and not model.load_quantization):
             return model
-        from infertool.models.sources import resolve_model
+        from infertool.models import sources
 
         m = self.recipe.model
-        resolved = resolve_model(m.source, layers=m.layers, dtype=m.dtype, on_event=on_event)
+        recipe_base = self.base.source == m.source and self.base.label == _base_label(self.recipe)
+        where = sources.locate(self.base.source, layers=m.layers if recipe_base else None, dtype=m.dtype, convert=True,
+                               on_event=on_event).require()
         for ref in (self.base, self.candidate, self.served):
-            if ref is not None and ref.role in ("base", "candidate") and ref.source == m.source and not ref.exists:
-                ref.path, ref.exists, ref.note = str(resolved.path), True, None
+            if ref is not None and ref.role in ("base", "candidate") and ref.source == self.base.source and not ref.exists:
+                ref.path, ref.exists, ref.note = str(where.path), True, None
         return model
 
     # -------------------------------------------------------------- serve settings
@@ -290,24 +294,16 @@ def _base_label(recipe) -> str:
     return m.source + (f" (first {m.layers} layers)" if m.layers else "")
 
 
-def quantization_label(q) -> str:
-    """'GPTQ 4-bit g64 (gptqmodel)', 'W8A8 (llmcompressor)', 'bitsandbytes nf4': the quantize section's backend says."""
-    return q.label()
-
-
-def quantization_facts(q) -> dict:
-    return q.facts()
-
-
 def _candidate_ref(recipe, base: ModelRef, candidate_path: str | Path | None) -> ModelRef | None:
     q = recipe.quantize
     if q is None:
         return None
-    label = f"{quantization_label(q)} of {base.label}"
-    facts = quantization_facts(q)
-    if q.method == "bnb":
-        return ModelRef("candidate", base.source, base.path, base.exists, label, facts, "bitsandbytes",
-                        declared_dtype=base.declared_dtype, note=base.note, name=f"{base.name}-bnb-{q.quant_type}")
+    label = f"{q.label()} of {base.label}"
+    facts = q.facts()
+    b = backends.of(q)
+    if not b.checkpoint:  # quantized when loaded (bitsandbytes): the base is the model
+        return ModelRef("candidate", base.source, base.path, base.exists, label, facts, b.load_time,
+                        declared_dtype=base.declared_dtype, note=base.note, name=f"{base.name}-{q.method}-{getattr(q, 'quant_type', '')}".rstrip("-"))
     where = Path(candidate_path) if candidate_path else Path(q.output or default_output(recipe.name, q.method))
     where = where.expanduser().absolute()
     exists = (where / "config.json").is_file()

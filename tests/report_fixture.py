@@ -45,7 +45,7 @@ def make_run_dir(root: Path, *, verdict: str = "FAIL", compared: bool = True, re
     """``verdict``: FAIL (mean KLD far beyond the gate), INCONCLUSIVE or PASS. ``compared``: the bench
     measured the original beside the candidate; else the fallback served the original (nothing to compare)."""
     from infertool.bench.plot import plot_latency_throughput
-    from infertool.bench.run import comparison_table
+    from infertool.bench.run import comparison
     from infertool.evaluate.core import write_kld_histogram_svg
     from infertool.profile.core import ProfileResult, plot_roofline
 
@@ -132,7 +132,7 @@ def make_run_dir(root: Path, *, verdict: str = "FAIL", compared: bool = True, re
         bench["original"] = {**_bench_report(original, "smollm2-135m", orig_levels), "served": {"label": original, "origin": "original"},
                              "servers": [{"argv": ["python", "-m", "vllm.entrypoints.openai.api_server", "--model", home_model,
                                                    "--dtype", "float32", "--enforce-eager"]}]}
-        bench["comparison"] = comparison_table(bench, bench["original"])
+        bench["comparison"] = comparison(bench, bench["original"]).to_dict()
     else:
         bench = _bench_report(original, "smollm2-135m", orig_levels)
         bench["served"] = {"label": original, "origin": "original"}

@@ -71,12 +71,12 @@ def test_a_malformed_or_foreign_bench_json_reads_as_not_measured():
 
 def test_run_bench_json_with_the_original_reads_its_parts_typed():
     """bench.json in a run directory: the candidate's report plus the original's and the comparison."""
-    from infertool.bench.run import comparison_table
+    from infertool.bench.run import comparison
 
     cand, orig = _old("bench.json"), _old("bench.json")
     cand["label"], orig["label"] = "GPTQ 4-bit of m", "m"
     doc = {**cand, "served": {"label": "GPTQ 4-bit of m", "origin": "candidate"}, "original": orig,
-           "comparison": comparison_table(cand, orig)}
+           "comparison": comparison(cand, orig).to_dict()}
     rep = BenchReport.from_dict(json.loads(json.dumps(doc)))
     assert rep.original.label == "m" and rep.original.levels[0].summary.completed == 24
     assert rep.comparison.a == "m" and rep.comparison.b == "GPTQ 4-bit of m"
@@ -134,9 +134,9 @@ def test_profile_plot_from_the_recorded_result(tmp_path):
 
 
 def test_tunes_capacity_probe_reads_a_level_as_before():
-    """tune's capacity probes (bench.run.connect / measure, the old entry points) get a level as JSON data with
-    the keys they read, measured against a real streaming server."""
-    from infertool.bench.run import ServerHandle, connect, measure
+    """tune's capacity probes (bench.sweep.connect / measure) get a level as a typed record with the figures they
+    read, measured against a real streaming server."""
+    from infertool.bench.sweep import ServerHandle, connect, measure
     from infertool.bench.traffic import Level
     from infertool.recipe import BenchSection
     from infertool.tune.search import probe_ok
@@ -146,7 +146,7 @@ def test_tunes_capacity_probe_reads_a_level_as_before():
     with FakeOpenAI(itl_ms=1.0) as srv:
         handle = connect(ServerHandle(srv.url, "", None), bench)
         (level,) = measure(handle, bench, [Level("concurrency", 2)], arm="c2", warmup=True)
-    assert handle.model == "m" and level["arm"] == "c2" and level["level"]["label"] == "concurrency 2"
-    s = level["summary"]
-    assert (s["requests"], s["completed"], s["failed"]) == (8, 8, 0) and s["tpot_ms"]["p50"] > 0
-    assert probe_ok(s, 1.0) == (True, 1.0)
+    assert handle.model == "m" and level.arm == "c2" and level.level.label == "concurrency 2"
+    s = level.summary
+    assert (s.requests, s.completed, s.failed) == (8, 8, 0) and s.tpot_ms.p50 > 0
+    assert probe_ok(s, 1.0) == (True, 1.0) and probe_ok(s.to_dict(), 1.0) == (True, 1.0)

@@ -13,8 +13,8 @@ from infertool.errors import UsageError
 from infertool.models.sources import (
     find_in_hf_cache,
     hf_hub_cache,
+    locate,
     looks_like_hub_id,
-    resolve_model,
 )
 from infertool.recipe import validate_recipe_data
 from tests.fakes import layout_model
@@ -75,11 +75,11 @@ def test_refs_main_wins_else_the_newest_snapshot_with_a_config(hf_cache):
 
 
 def test_every_command_resolves_a_cached_hub_id_the_same_way(hf_cache, tmp_path, monkeypatch):
-    from infertool.plan import make_plan
+    from infertool.plan import plan as make_plan
     from infertool.resolve import resolve
 
     snap = snapshot(hf_cache, REPO, "aaa111")
-    r = resolve_model(REPO)
+    r = locate(REPO, convert=True).require()
     assert r.kind == "hub" and r.path == snap and r.key == "aaa111"
     recipe = validate_recipe_data({"name": "t", "model": {"source": REPO}, "target": {"gpu": "H100"},
                                    "serve": {"max_model_len": 8192}})
@@ -98,7 +98,7 @@ def test_an_id_that_is_not_cached_is_refused_with_where_and_how(hf_cache):
     from infertool.resolve import resolve
 
     with pytest.raises(UsageError) as ei:
-        resolve_model("meta-llama/Llama-3.3-70B-Instruct")
+        locate("meta-llama/Llama-3.3-70B-Instruct", convert=True).require()
     e = ei.value
     assert "never downloads" in e.message and str(hf_cache / "models--meta-llama--Llama-3.3-70B-Instruct") in e.message
     assert "huggingface-cli download meta-llama/Llama-3.3-70B-Instruct --local-dir" in e.hint
@@ -115,5 +115,5 @@ def test_a_local_directory_of_the_same_name_wins(hf_cache, tmp_path, monkeypatch
     snapshot(hf_cache, REPO, "aaa111")
     monkeypatch.chdir(tmp_path)
     layout_model(tmp_path / "meta-llama" / "Llama-3.1-8B-Instruct", "llama-3.1-8b", shards=1)
-    r = resolve_model(REPO)
+    r = locate(REPO, convert=True).require()
     assert r.kind == "hf" and r.path == (tmp_path / "meta-llama" / "Llama-3.1-8B-Instruct").resolve()

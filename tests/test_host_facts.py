@@ -55,7 +55,7 @@ def test_gpu_facts_come_from_nvidia_smi_once(tmp_path, monkeypatch):
     assert (facts.accelerator, facts.gpu_name, facts.gpu_count) == ("cuda", "NVIDIA H100 80GB HBM3", 2)
     assert facts.gpu_memory_bytes == 81559 * MIB == 85_520_809_984
     assert facts.to_dict()["gpu_name"] == "NVIDIA H100 80GB HBM3"  # recorded with the resolution, manifests
-    assert host.host_facts() == facts and host.gpu_names() == ["NVIDIA H100 80GB HBM3"] * 2
+    assert host.host_facts() == facts and host.gpu_inventory().names == ("NVIDIA H100 80GB HBM3",) * 2
     assert log.read_text().splitlines() == ["--query-gpu=name,memory.total --format=csv,noheader,nounits"]  # once
     assert host.gpu_free_memory_bytes() == 79000 * MIB  # free memory changes: asked each time
 
@@ -88,7 +88,7 @@ def _recipe(model: Path, **sections) -> object:
 def test_resolve_plans_for_this_hosts_gpu(tmp_path, monkeypatch):
     """Without target.gpu, a GPU host's resolution is for its own GPU (the table's entry for the model
     nvidia-smi names), so `infertool plan` needs no --gpu there."""
-    from infertool.plan import make_plan
+    from infertool.plan import plan as make_plan
 
     model = layout_model(tmp_path / "m", "llama-3.1-8b", shards=1)
     fake_nvidia_smi(tmp_path, monkeypatch, TWO_H100)
@@ -106,7 +106,7 @@ def test_resolve_plans_for_this_hosts_gpu(tmp_path, monkeypatch):
 def test_a_gpu_the_table_lacks_is_said_not_guessed(tmp_path, monkeypatch):
     from infertool.errors import UsageError
     from infertool.init import init_target
-    from infertool.plan import make_plan
+    from infertool.plan import plan as make_plan
 
     model = layout_model(tmp_path / "m", "llama-3.1-8b", shards=1)
     fake_nvidia_smi(tmp_path, monkeypatch, "NVIDIA A100-SXM4-40GB, 40960\n")

@@ -14,11 +14,16 @@ import pytest
 from infertool.bench import loadgen
 from infertool.bench.client import Pool, Target, _field, send
 from infertool.bench.metrics import RequestResult
-from infertool.bench.run import run_bench
+from infertool.bench import run as bench
 from infertool.bench.traffic import Level, run_level, share
 from infertool.recipe import validate_recipe_data
 from infertool.resolve import resolve
 from tests.fakes import FakeOpenAI
+
+
+def _bench(res, url: str):
+    """The bench capability against the server at ``url`` (only it is contacted)."""
+    return bench.run(bench.plan(res, bench.BenchOptions(url=url)))
 
 
 def _res(**bench):
@@ -32,7 +37,7 @@ def test_itl_is_the_servers_spacing_or_the_client_says_it_is_bound():
     """At moderate concurrency the measured ITL is the server's own tick spacing (within 10 %), unless the
     client marked itself client-bound (a CI machine too slow to keep up must say so, not report ~0)."""
     with FakeOpenAI(itl_ms=2.0) as srv:
-        rep = run_bench(_res(concurrency=[16], requests=160, output_len=32), url=srv.url).to_dict()
+        rep = _bench(_res(concurrency=[16], requests=160, output_len=32), url=srv.url).to_dict()
         true = srv.stats()
     lv = rep["levels"][0]
     s, client = lv["summary"], lv["client"]
@@ -65,7 +70,7 @@ def test_client_bound_when_the_load_generator_is_starved(monkeypatch):
 
     monkeypatch.setattr(loadgen.Monitor, "start", start)
     with FakeOpenAI(itl_ms=2.0) as srv:
-        rep = run_bench(_res(concurrency=[4], requests=40), url=srv.url).to_dict()
+        rep = _bench(_res(concurrency=[4], requests=40), url=srv.url).to_dict()
     client = rep["levels"][0]["client"]
     assert client["client_bound"] is True and rep["client_bound"] is True
     assert client["reason"] and ("bench.client_processes" in client["hint"] or "spare cores" in client["hint"])
@@ -124,8 +129,8 @@ def test_several_processes_send_the_same_requests_as_one():
     with FakeOpenAI(itl_ms=0) as srv:
         for procs in (1, 2):
             srv.reset()
-            rep = run_bench(_res(concurrency=[4], requests=30, output_len=8, client_processes=procs),
-                            url=srv.url).to_dict()
+            rep = _bench(_res(concurrency=[4], requests=30, output_len=8, client_processes=procs),
+                         url=srv.url).to_dict()
             prompts = srv.stats()["prompts"]
             got[procs] = (rep, Counter(p for p in prompts if p != "Hello"))  # "Hello": the warm-up
     for procs, (rep, prompts) in got.items():

@@ -12,7 +12,7 @@ import pytest
 
 from infertool.errors import BackendError, UsageError
 from infertool.models.info import model_info, read_safetensors_header
-from infertool.models.sources import conversion_key, copy_model_dir, find_bundled_gguf, resolve_model
+from infertool.models.sources import conversion_key, copy_model_dir, find_bundled_gguf, locate
 from tests.conftest import run_cli
 
 LLAMA_CFG = {
@@ -108,16 +108,20 @@ def test_model_info_errors(tmp_path):
     assert "infertool model import" in ei.value.hint
 
 
-def test_resolve_model_sources(tmp_path, tmp_home):
+def test_locate_and_convert_sources(tmp_path, tmp_home):
+    """``locate(..., convert=True).require()``: the model as a local directory now, or the clear error."""
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
+
     make_fake_model(tmp_path / "hf", LLAMA_CFG, {"a": ("BF16", [4])}, {"BF16": 2})
-    r = resolve_model(str(tmp_path / "hf"))
+    r = locate(str(tmp_path / "hf"), convert=True).require()
     assert r.kind == "hf" and r.path == (tmp_path / "hf").resolve() and not r.cached
     with pytest.raises(UsageError, match="never downloads"):
-        resolve_model("meta-llama/Llama-3.1-8B")
-    with pytest.raises(UsageError, match="--layers"):
-        resolve_model(str(tmp_path / "hf"), layers=2)
+        locate("meta-llama/Llama-3.1-8B", convert=True).require()
+    with pytest.raises(UsageError, match="model.layers applies to GGUF and bundled sources only"):
+        resolve(validate_recipe_data({"name": "t", "model": {"source": str(tmp_path / "hf"), "layers": 2}}))
     with pytest.raises(UsageError):
-        resolve_model("bundled:nope")
+        locate("bundled:nope", convert=True).require()
 
 
 def test_locate_says_where_every_kind_of_source_is(tmp_path, tmp_home, monkeypatch):

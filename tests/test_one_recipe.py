@@ -183,3 +183,37 @@ def test_a_given_base_is_found_like_model_source_and_named_by_what_was_given(tmp
         resolve(recipe, Overrides(base="org/Other"))
     with pytest.raises(UsageError, match="model not found: ./nope"):
         resolve(recipe, Overrides(base="./nope"))
+
+
+def test_ensure_makes_the_base_that_was_given(tmp_path, monkeypatch):
+    """``Resolution.ensure`` converts the base as the resolution has it: the recipe's model.source with
+    model.layers, or a base given with ``Overrides(base=...)`` as it was given (never model.source in its place);
+    a bitsandbytes candidate (the base, quantized when loaded) with it. Conversions already in the cache are
+    reused, so no worker runs here."""
+    from infertool.models.sources import MARKER, locate
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import Overrides, resolve
+
+    monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
+    recipe_gguf, given_gguf = tmp_path / "Recipe-Q4.gguf", tmp_path / "Given-Q4.gguf"
+    recipe_gguf.write_bytes(b"GGUF the recipe's")
+    given_gguf.write_bytes(b"GGUF the given one")
+    recipe = validate_recipe_data({"name": "e", "model": {"source": str(recipe_gguf), "layers": 2},
+                                   "quantize": {"method": "bnb"}}, source="test")
+
+    def convert_before(gguf, layers=None):
+        path = locate(str(gguf), layers=layers, dtype="auto").path
+        path.mkdir(parents=True)
+        (path / MARKER).write_text("{}")
+        return str(path)
+
+    given = resolve(recipe, Overrides(base=str(given_gguf)))
+    plain = resolve(recipe)
+    assert not given.base.exists and not plain.base.exists and not plain.candidate.exists
+    given_path, recipe_path = convert_before(given_gguf), convert_before(recipe_gguf, layers=2)
+    assert given_path != recipe_path != convert_before(recipe_gguf)  # layers make another conversion
+    made = given.ensure(given.base)
+    assert (made.path, made.exists, made.label) == (given_path, True, str(given_gguf))
+    cand = plain.ensure(plain.candidate)  # bitsandbytes: the base, quantized when loaded
+    assert (cand.path, cand.exists, cand.load_quantization) == (recipe_path, True, "bitsandbytes")
+    assert (plain.base.path, plain.base.exists) == (recipe_path, True)

@@ -601,7 +601,6 @@ def test_device_stages_and_serving_stages(tmp_path):
     assert [s for s in stages.names() if stages.get(s).uses_device(r)] == ["quantize", "profile"]
     r2 = recipe(tmp_path, eval={}, profile={"engine": "vllm"})
     assert stages.get("profile").uses_servers(r2) and stages.get("eval").uses_device(r2)
-    assert pipeline.uses_servers(r2, "profile") and pipeline.uses_device(r2, "eval")  # the old names, kept
 
 
 def test_dry_run_says_which_launches_share_a_server(tmp_path, monkeypatch):
@@ -617,9 +616,9 @@ def test_dry_run_says_which_launches_share_a_server(tmp_path, monkeypatch):
     assert [s["used_by"] for s in plan["servers"]] == [["eval: candidate", "serve", "bench: the sweep"],
                                                        ["eval: base", "bench: the original"]]
     # with the serve environment set up, quantize's load check serves the published checkpoint the same way
-    from infertool.stages import builtin
+    from infertool.quantize import core as quantize
 
-    monkeypatch.setattr(builtin, "load_check_runs", lambda res: True)
+    monkeypatch.setattr(quantize, "load_check_runs", lambda res, verify=None: True)
     plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
     assert [s["used_by"] for s in plan["servers"]] == [["quantize: load check", "serve", "bench: the sweep"],
                                                        ["bench: the original"]]

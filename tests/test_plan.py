@@ -12,7 +12,7 @@ import pytest
 from typer.testing import CliRunner
 
 from infertool.cli import app
-from infertool.plan import make_plan as _make_plan
+from infertool.plan import PlanOptions, plan
 from infertool.recipe import validate_recipe_data
 from tests.test_models import LLAMA_CFG, make_fake_model
 
@@ -24,7 +24,7 @@ def make_plan(recipe, gpu=None, **kw):
     """The plan of what the recipe's one resolution serves (as `infertool plan` does)."""
     from infertool.resolve import resolve
 
-    return _make_plan(resolve(recipe, gpu=gpu), **kw)
+    return plan(resolve(recipe, gpu=gpu), PlanOptions(**kw))
 
 
 def recipe(**sections):

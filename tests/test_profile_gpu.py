@@ -58,6 +58,15 @@ def _recipe(model: Path, **profile):
     return validate_recipe_data({"name": "gpu", "model": {"source": str(model), "dtype": "bfloat16"}, "profile": prof})
 
 
+def _profile(recipe, out_dir: Path, **options):
+    """The profile capability on the recipe's model: plan, then run into ``out_dir``."""
+    from infertool import profile
+    from infertool.capability import RunContext
+    from infertool.resolve import resolve
+
+    return profile.run(profile.plan(resolve(recipe), profile.ProfileOptions(**options)), RunContext(out_dir=out_dir))
+
+
 def test_nvml_sampler_reads_this_gpu():
     import torch
 
@@ -80,9 +89,7 @@ def test_nvml_sampler_reads_this_gpu():
 
 
 def test_profile_hf_engine_on_this_gpu(gpu_model, tmp_path):
-    from infertool.profile.core import run_profile
-
-    res = run_profile(_recipe(gpu_model), engine="hf", out_dir=tmp_path / "out", remeasure=True)
+    res = _profile(_recipe(gpu_model), tmp_path / "out", engine="hf", remeasure=True)
     d = res.to_dict()
     _record("profile_hf.json", d)
     assert res.peaks["device"] == "cuda" and res.peaks["bandwidth"] > 5e11 and res.peaks["flops"] > 5e13
@@ -98,10 +105,8 @@ def test_profile_hf_engine_on_this_gpu(gpu_model, tmp_path):
 
 @pytest.mark.skipif(shutil.which("nsys") is None, reason="Nsight Systems (nsys) is not on PATH")
 def test_nsys_classifies_the_measured_kernels(gpu_model, tmp_path):
-    from infertool.profile.core import run_profile
-
-    res = run_profile(_recipe(gpu_model, batch=[1, 16], prompt_len=[1024], decode_len=8, repeats=1), engine="hf",
-                      nsys=True, out_dir=tmp_path / "out")
+    res = _profile(_recipe(gpu_model, batch=[1, 16], prompt_len=[1024], decode_len=8, repeats=1), tmp_path / "out",
+                   engine="hf", nsys=True)
     ns = res.nsys
     for name, path in (ns.get("csv") or {}).items():
         _record(f"nsys_{name}.csv", Path(path).read_text())

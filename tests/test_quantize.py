@@ -17,14 +17,11 @@ from infertool.data import calibration as cal
 from infertool.backends import gptqmodel as gq
 from infertool.backends import llmcompressor as llmc
 from infertool.quantize.core import default_output
-from infertool.quantize.preflight import (
-    check_safetensors_files,
-    linear_layers,
-    matches_ignore,
-    run_preflight,
-    valid_group_sizes,
-)
-from infertool.quantize.verify import token_agreement, vllm_reason
+from infertool.backends.layers import linear_layers, matches_ignore, valid_group_sizes
+from infertool.quantize.preflight import check_safetensors_files
+from infertool.quantize.preflight import preflight as quantize_preflight
+from infertool.backends.greedy import token_agreement
+from infertool.quantize.verify import vllm_reason
 
 HIDDEN, INTER, HEADS, KV, VOCAB = 576, 1536, 9, 3, 256
 
@@ -81,8 +78,12 @@ def fake_model(tmp_path) -> Path:
 
 
 def preflight(model: Path, quant: dict, serve: dict | None = None, **kw):
-    return run_preflight(info=model_info(model), quantize=quant, serve=serve, output=None, has_cuda=False,
-                         memory=kw.pop("memory", ("cpu", 64 * 2**30)), **kw)
+    from pydantic import TypeAdapter
+
+    from infertool.recipe import QuantizeSection
+
+    return quantize_preflight(model_info(model), TypeAdapter(QuantizeSection).validate_python(quant), serve=serve,
+                              output=None, has_cuda=False, memory=kw.pop("memory", ("cpu", 64 * 2**30)), **kw)
 
 
 # ------------------------------------------------------------------------------------------ preflight
@@ -314,6 +315,34 @@ def test_load_check_plans_the_original_only_without_a_reference(fake_model, tmp_
     assert set(both) == {"quantized", "original"} and set(one) == {"quantized"}
     assert one["quantized"].to_dict() == both["quantized"].to_dict()
     assert vllm_engine(one["quantized"]).startswith("vLLM ")
+
+
+def test_load_check_launches_and_when_it_runs(fake_model, tmp_path, monkeypatch):
+    """What `run --dry-run` shows of quantize's load check (``quantize.core.load_check_launches``): the quantized
+    checkpoint alone where the backend's worker computes the original's reference tokens (GPTQModel), else the
+    original too (llm-compressor); each launch without a port (the launcher picks it). Whether it runs
+    (``load_check_runs``): a checkpoint, a recipe for this host, and --verify or the serve environment."""
+    from infertool.envs import state as env_state
+    from infertool.quantize.core import load_check_launches, load_check_runs
+    from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
+
+    def res(section: str, *extra: str):
+        recipe = write_recipe(tmp_path / "r.yaml", fake_model, section)
+        return resolve(load_recipe(str(recipe), list(extra)), candidate_path=tmp_path / "q")
+
+    gptq = res(GPTQ_SECTION)
+    launches = load_check_launches(gptq)
+    assert list(launches) == ["quantized"] and launches["quantized"]["model"] == str(tmp_path / "q")
+    assert launches["quantized"]["port"] is None and "auto" in launches["quantized"]["argv"]
+    llmc = res(GPTQ_SECTION, "quantize.backend=llmcompressor")
+    assert list(load_check_launches(llmc)) == ["quantized", "original"]
+    ready = env_state.state("serve")
+    ready.status = "ready"
+    monkeypatch.setattr(env_state, "state", lambda name: ready)
+    assert load_check_runs(gptq) and not load_check_runs(gptq, verify=False) and load_check_runs(gptq, verify=True)
+    assert not load_check_runs(res("  method: bnb\n"))  # quantized when loaded: no checkpoint to check
+    assert not load_check_runs(res(GPTQ_SECTION, "target.gpu=H100"))  # the recipe is for another host
 
 
 def test_cli_group_size_128_refused(fake_model, tmp_path, tmp_home):

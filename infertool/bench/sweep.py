@@ -1,6 +1,7 @@
 """Measuring one server: its model name and characters per token (``connect``), then each load level of the
-recipe's traffic against it (``measure_levels``): the client's latencies (``Summary``), the load generator's own
-health, the server's Prometheus gauges and their course over time, as typed ``LevelResult`` records.
+recipe's traffic against it (``measure``; ``measure_levels`` inside an event loop): the client's latencies
+(``Summary``), the load generator's own health, the server's Prometheus gauges and their course over time, as
+typed ``LevelResult`` records. The bench's sweep and experiment arms and tune's capacity probes measure so.
 
 Every level sends prompts built from the same seed, so two servers measured with the same bench section see
 the same traffic (the A/B experiments and `run`'s original-vs-candidate comparison rely on it).
@@ -142,6 +143,14 @@ class _Progress:
         if self.on_event is not None:
             self.on_event({"event": "progress", "task": self.task, "completed": done, "total": self.total,
                            "description": self.description})
+
+
+def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
+            on_event: EventCallback | None = None, warmup: bool = False) -> list[LevelResult]:
+    """``measure_levels`` run to completion: the levels of one server, measured (what the bench's sweep, its
+    experiment arms and tune's capacity probes call, after ``connect``)."""
+    return asyncio.run(measure_levels(handle, bench, levels, arm=arm, seed_salt=seed_salt, on_event=on_event,
+                                      warmup=warmup))
 
 
 async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,

@@ -43,17 +43,13 @@ def register(app: typer.Typer) -> None:
         from infertool.resolve import resolve
 
         res = resolve(load_recipe(recipe, overrides or []))
-        plan = bench_cap.plan(res, bench_cap.BenchOptions(url=url, model=model))
+        plan = bench_cap.plan(res, bench_cap.BenchOptions(url=url, model=model, plot=plot))
         if dry_run:
             _render_plan(plan, as_json)
             return
         refuse_overwrite([out_file, plot], force)
         with StageProgress("bench") as progress:
             report = bench_cap.run(plan, RunContext(on_event=progress.on_event, user="bench"))
-        if plot is not None:
-            from infertool.bench.plot import plot_latency_throughput
-
-            report.plot = str(plot_latency_throughput(report, plot))
         if out_file is not None:
             from infertool.atomic import write_json
 

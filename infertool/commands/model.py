@@ -28,7 +28,7 @@ def model_import(
     as_json: bool = JSON_OPT,
 ) -> None:
     """Convert a GGUF (or the bundled model) into a safetensors directory with tokenizer and chat template."""
-    from infertool.models.sources import copy_model_dir, resolve_model
+    from infertool.models.sources import copy_model_dir, locate
     from infertool.models.info import model_info
     from infertool.output import StageProgress, err, esc, print_json
 
@@ -36,7 +36,7 @@ def model_import(
         raise usage_error(f"{source!r} is neither bundled:NAME nor a .gguf file",
                      hint="a Hugging Face directory needs no import: use it as model.source directly")
     with StageProgress("model import") as progress:  # with --json too: the result on stdout, progress on stderr
-        resolved = resolve_model(source, layers=layers, dtype=dtype, on_event=progress.on_event)
+        resolved = locate(source, layers=layers, dtype=dtype, convert=True, on_event=progress.on_event).require()
     path = copy_model_dir(resolved.path, dest, force=force)
     info = model_info(path)
     if as_json:
@@ -58,9 +58,9 @@ def model_info_cmd(
 
     target = path
     if path.startswith("bundled:") or path.lower().endswith(".gguf"):
-        from infertool.models.sources import resolve_model
+        from infertool.models.sources import locate
 
-        target = str(resolve_model(path).path)
+        target = str(locate(path, convert=True).require().path)
     info = model_info(target)
     if as_json:
         print_json(info.to_dict())

@@ -57,6 +57,7 @@ def profile(
     from infertool.capability import RunContext
     from infertool.output import StageProgress, print_json
     from infertool.recipe import load_recipe
+    from infertool.resolve import Overrides, resolve
 
     r = load_recipe(recipe, overrides or [])
     out = out or f"out/{r.name}-profile"
@@ -65,8 +66,7 @@ def profile(
                                        prompt_len=_ints(prompt_len, "--prompt-len"), decode_len=decode_len, nsys=nsys,
                                        remeasure=remeasure)
     with StageProgress("profile") as progress:  # with --json too: the result on stdout, progress on stderr
-        res = profiling.core.resolve_for_profile(r, model, progress.on_event)
-        plan = profiling.plan(res, options)
+        plan = profiling.plan(resolve(r, Overrides(base=model)), options)
         result = profiling.run(plan, RunContext(out_dir=Path(out), on_event=progress.on_event, user="profile"))
     if as_json:
         print_json(result.to_dict())

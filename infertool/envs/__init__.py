@@ -4,4 +4,6 @@ No single environment can hold today's quantizers and vLLM together (see docs/en
 backend runs in a venv that holds exactly what it needs, under ``$INFERTOOL_HOME/envs/<name>``.
 """
 
-from infertool.envs.paths import env_dir, envs_root, home  # noqa: F401
+from infertool.envs.paths import env_dir, envs_root, home
+
+__all__ = ["env_dir", "envs_root", "home"]

@@ -12,19 +12,17 @@ import json
 import math
 import sys
 import time
-from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
 
 from infertool.atomic import jsonable, write_json, write_text
 from infertool.capability import RunContext
 from infertool.data.suites import Suite, generation_correct, load_suite
 from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
-from infertool.evaluate.prepare import TOPK, EvalPlan
+from infertool.evaluate.prepare import EvalPlan
 from infertool.evaluate.result import (
-    Accept, EvalModel, EvalResult, EvalSettings, Gate, HeldOut, Pooled, SuiteInfo, TaskResult, Timing,
+    Accept, EvalModel, EvalResult, EvalSettings, Gate, Pooled, SuiteInfo, TaskResult, Timing,
 )
 from infertool.evaluate.verdict import Estimate, judge, thresholds, verdict
 
@@ -341,41 +339,3 @@ def _notes(plan: EvalPlan, raw: dict, tasks: dict) -> list[str]:
         notes.append("perplexity: GPTQ-paper protocol (non-overlapping windows of seq_len tokens, the first token of "
                      "each window unscored); not comparable with lm-eval's word_perplexity")
     return notes
-
-
-# ------------------------------------------------------------------------------------------- old entry point
-# pipeline.py's eval stage builds an EvalSpec until it becomes evaluate.run(evaluate.plan(res, EvalOptions()), ctx).
-@dataclass
-class EvalSpec:
-    base: str  # a model directory (hf, vllm) or a served model name (openai)
-    candidate: str
-    suite: str = "builtin-corpus"
-    engine: str = "hf"
-    url: str | None = None
-    candidate_url: str | None = None
-    api_key: str | None = None
-    trust_remote_code: bool = False  # model.trust_remote_code, for the hf engine's loaders
-    seq_len: int = 512
-    batch_size: int = 8
-    max_items: int | None = None
-    accept: dict = field(default_factory=lambda: {"preset": "standard"})
-    out_dir: Path | None = None
-    topk: int = TOPK
-    base_source: str | None = None  # what the user wrote (e.g. bundled:smollm2-135m)
-    vllm_plans: dict | None = None  # engine vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
-    held_out: dict | None = None  # does the candidate's calibration text overlap this suite (infertool.data.overlap)
-    labels: dict | None = None  # how a person names base and candidate
-    servers: object | None = None  # engine vllm under `run`: the run's shared servers (infertool.serve.pool)
-
-    def to_plan(self) -> EvalPlan:
-        return EvalPlan(self.engine, self.suite, self.base, self.candidate, labels=dict(self.labels or {}),
-                        base_source=self.base_source, url=self.url, candidate_url=self.candidate_url,
-                        api_key=self.api_key, trust_remote_code=self.trust_remote_code, seq_len=self.seq_len,
-                        batch_size=self.batch_size, max_items=self.max_items, topk=self.topk, accept=self.accept,
-                        launches=self.vllm_plans, held_out=HeldOut.from_dict(self.held_out) if self.held_out else None,
-                        out_dir=self.out_dir)
-
-
-def run_eval(spec: EvalSpec, on_event: Callable[[dict], None] | None = None) -> dict:
-    """results.json's document of ``spec``'s eval (``run_plan``)."""
-    return jsonable(run_plan(spec.to_plan(), RunContext(out_dir=spec.out_dir, on_event=on_event, servers=spec.servers)))

@@ -41,7 +41,7 @@ class EvalOptions:
       only ones serve.api_key_env's key may go to, besides those INFERTOOL_KEY_URLS allows;
     - ``out_dir``: where results.json, items.jsonl and the histogram go (default: out/eval/SUITE-TIMESTAMP);
     - ``allow_inconclusive``: INCONCLUSIVE is accepted (as eval.accept.allow_inconclusive says);
-    - ``dry_run``: a plan to show, not to run (no model is converted or checked, no port is taken).
+    - ``dry_run``: a plan to show, not to run (no model is converted or checked).
     """
 
     suite: str | None = None
@@ -197,30 +197,29 @@ def overrides(recipe, options: EvalOptions):
 
 def eval_resolution(res, ev, options: EvalOptions):
     """``res`` when it resolved the models the eval names (``overrides``), else the recipe resolved again with
-    them (a candidate the caller resolved, such as `run`'s quantize entry, is kept when none is named). A plan
-    to run also has a named base converted into the cache (a bundled or GGUF source)."""
+    them (a candidate the caller resolved, such as `run`'s quantize entry, is kept when none is named)."""
     from infertool.resolve import Overrides, resolve
 
     base, cand = options.base or ev.base, options.candidate or ev.candidate
     named = (base and res.base.source != base) or (cand and (res.candidate is None or res.candidate.source != str(cand)))
-    if not named and not (base and not res.base.exists and not options.dry_run):
+    if not named:
         return res
     keep = res.candidate if not cand else None
     keep_path = keep.path if keep is not None and keep.exists and not keep.load_quantization else None
-    return resolve(res.recipe, Overrides(base=base, candidate=cand), candidate_path=keep_path,
-                   materialize=bool(base) and not options.dry_run)
+    return resolve(res.recipe, Overrides(base=base, candidate=cand), candidate_path=keep_path)
 
 
 def compared_models(res, *, dry_run: bool = False):
     """(base, candidate): the resolution's models, checked: a candidate exists (unless a dry run) and is one
-    vLLM can serve; a base infertool converts (bundled, GGUF) is converted when the plan is to run."""
+    vLLM can serve; a base infertool converts (bundled, GGUF: the recipe's or a named one) is converted when the
+    plan is to run."""
     cand = res.candidate
     if cand is None:
         raise UsageError("no candidate model: the recipe has no quantize section and no eval.candidate",
                          hint="pass --candidate DIR (a quantized copy of the model), or add a quantize section "
                          "and run `infertool quantize RECIPE`")
     if cand.load_quantization:
-        from infertool.resolve import BNB_UNSERVABLE
+        from infertool.backends.bnb import BNB_UNSERVABLE
 
         raise UsageError(BNB_UNSERVABLE + ": infertool evaluates what it can serve",
                          hint="quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit) instead")
@@ -243,8 +242,7 @@ def vllm_launches(res, seq_len: int, *, dry_run: bool = False, topk: int = TOPK)
         raise UsageError(f"serve.max_model_len {serve.max_model_len} is shorter than eval.seq_len {seq_len}: the model as "
                          "served cannot score these windows", hint=f"lower eval.seq_len or raise serve.max_model_len to {seq_len + 1}")
     extra = ("--max-logprobs", str(topk)) if topk > VLLM_MAX_LOGPROBS else ()
-    return {role: prepare_launch(res, model=model, purpose=f"eval ({role})", extra_args=extra, dry_run=dry_run,
-                                 port=None if dry_run else _free(), check_port=False)
+    return {role: prepare_launch(res, model=model, purpose=f"eval ({role})", extra_args=extra, dry_run=dry_run)
             for role, model in (("candidate", res.candidate), ("base", res.base))}
 
 
@@ -284,32 +282,3 @@ def api_key(recipe, url: str | None, options: EvalOptions) -> str | None:
         if key is None:
             break
     return key
-
-
-def _free() -> int:
-    from infertool.procs import free_port
-
-    return free_port()
-
-
-# ------------------------------------------------------------------------------------------- old entry points
-# pipeline.py's eval stage calls these until it becomes evaluate.run(evaluate.plan(res, EvalOptions()), ctx).
-def eval_models(res, ev, base: str | None, candidate: str | None, engine: str, *, dry_run: bool = False):
-    """(base, candidate, base source, labels) as the engine needs them (``EvalPlan``'s fields)."""
-    if engine == "openai":
-        b, c = served_names(base or ev.base, candidate or ev.candidate)
-        return b, c, b, {"base": b, "candidate": c}
-    res = eval_resolution(res, ev, EvalOptions(base=base, candidate=candidate, dry_run=dry_run))
-    b, c = compared_models(res, dry_run=dry_run)
-    return b.path or b.source, c.path, b.source, {"base": b.label, "candidate": c.label}
-
-
-def vllm_plans(res, ev, base_path: str, cand_path: str, *, dry_run: bool = False, topk: int = TOPK) -> dict:
-    """The vllm engine's launches of the models at these paths (``vllm_launches``)."""
-    from infertool.resolve import Overrides, resolve
-
-    same_base = base_path in (res.base.path, res.base.source)
-    same_cand = res.candidate is not None and cand_path == res.candidate.path
-    if not (same_base and same_cand):
-        res = resolve(res.recipe, Overrides(base=None if same_base else base_path, candidate=None if same_cand else cand_path))
-    return vllm_launches(res, ev.seq_len, dry_run=dry_run, topk=topk)

@@ -110,8 +110,6 @@ def import_task(spec: dict, events) -> dict:
     cfg.pop("quantization_config", None)
     write_json(cfg_path, dict(sorted(cfg.items())))
     events.progress("import", 3, steps, "recording provenance")
-    import gguf  # noqa: F401 - version recorded below
-
     meta = {
         "source": str(gguf_path),
         "layers_kept": int(layers) if layers else original_layers,

@@ -43,15 +43,6 @@ BUNDLED = {
 MARKER = "infertool-model.json"
 
 
-@dataclass
-class ResolvedModel:
-    path: Path  # a Hugging Face directory
-    source: str  # what the user wrote
-    kind: str  # "hf" | "gguf" | "bundled" | "hub" (a snapshot in the Hugging Face cache)
-    cached: bool  # True when a conversion was reused from the cache
-    key: str | None = None  # cache key for converted sources; the snapshot's revision for "hub"
-
-
 # --------------------------------------------------------------------------------- the Hugging Face cache
 _HUB_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
 
@@ -209,19 +200,6 @@ def _converted(source: str) -> bool:
     return source.startswith("bundled:") or source.lower().endswith(".gguf")
 
 
-def conversion_path(source: str, *, layers: int | None = None, dtype: str | None = None) -> tuple[Path | None, str | None]:
-    """Where a bundled/GGUF source's conversion is (or will be) in the cache, without converting; with a
-    note when that cannot be known (the bundled package is not installed, the .gguf is missing)."""
-    where = locate(source, layers=layers, dtype=dtype)
-    return where.path, (where.problem.message if where.problem is not None else None)
-
-
-def cached_conversion(source: str, *, layers: int | None = None, dtype: str | None = None) -> Path | None:
-    """The cached conversion of a bundled/GGUF source if it exists; never converts (for quick planning)."""
-    where = locate(source, layers=layers, dtype=dtype)
-    return where.path if where.exists and where.kind in ("bundled", "gguf") else None
-
-
 def convert_gguf_cached(
     gguf_path: Path,
     *,
@@ -348,24 +326,6 @@ def _locate_gguf(source: str, layers: int | None, dtype: str | None, convert: bo
     exists = (path / MARKER).is_file()
     return ModelLocation(source, kind, path, exists, note=None if exists else "converted on first use", cached=exists,
                          key=key)
-
-
-def resolve_model(
-    source: str,
-    *,
-    layers: int | None = None,
-    dtype: str | None = None,
-    on_event: Callable[[dict], None] | None = None,
-    log_dir: Path | None = None,
-) -> ResolvedModel:
-    """Turn a model source into a Hugging Face directory, converting (once) where needed; the clear error when
-    it is not on this machine."""
-    where = locate(source, layers=layers, dtype=dtype, convert=True, on_event=on_event, log_dir=log_dir).require()
-    if layers is not None and where.kind in ("hf", "hub"):
-        raise UsageError("--layers applies to GGUF and bundled sources only",
-                         hint="a Hugging Face model is used as it is" if where.kind == "hub" else
-                         "a Hugging Face directory is used as it is")
-    return ResolvedModel(where.path, source, where.kind, where.cached, where.key)
 
 
 def copy_model_dir(src: Path, dest: Path, *, force: bool = False) -> Path:

@@ -195,12 +195,6 @@ def gpu_inventory() -> GpuInventory:
     return _inventory(smi) if smi else GpuInventory()
 
 
-def gpu_names() -> list[str]:
-    """The names of this host's NVIDIA GPUs as nvidia-smi reports them ("NVIDIA H100 80GB HBM3"); empty
-    without a GPU (or INFERTOOL_ACCELERATOR=cpu) or without nvidia-smi."""
-    return list(gpu_inventory().names)
-
-
 def available_memory() -> tuple[str, int | None]:
     """Where big work runs and how much memory it has free: ("cuda", GPU 0 free) or ("cpu", MemAvailable)."""
     free = gpu_free_memory_bytes()

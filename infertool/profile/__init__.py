@@ -2,6 +2,6 @@
 ProfilePlan``, ``run(plan, ctx) -> ProfileResult``) is ``infertool.profile.core``; roofline analysis, hardware
 peaks, the hf and vllm engines, NVML and Nsight Systems are its modules."""
 
-from infertool.profile.core import ProfileOptions, ProfilePlan, ProfileResult, plan, run, run_profile
+from infertool.profile.core import ProfileOptions, ProfilePlan, ProfileResult, plan, run
 
-__all__ = ["ProfileOptions", "ProfilePlan", "ProfileResult", "plan", "run", "run_profile"]
+__all__ = ["ProfileOptions", "ProfilePlan", "ProfileResult", "plan", "run"]

@@ -324,26 +324,6 @@ def _result(plan: ProfilePlan, model, facts: _Facts, prec: _Precision, peaks_raw
     )
 
 
-def run_profile(recipe, *, model: str | None = None, engine: str | None = None, batch: list[int] | None = None,
-                prompt_len: list[int] | None = None, decode_len: int | None = None, nsys: bool | None = None,
-                out_dir: str | Path | None = None, remeasure: bool = False, on_event: Callable | None = None,
-                pool=None) -> ProfileResult:
-    """``run(plan(resolve(recipe, Overrides(base=model)), ProfileOptions(...)), RunContext(...))`` under its old
-    name (the pipeline's profile stage calls it until it calls the contract)."""
-    res = resolve_for_profile(recipe, model, on_event)
-    p = plan(res, ProfileOptions(engine=engine, batch=batch, prompt_len=prompt_len, decode_len=decode_len, nsys=nsys,
-                                 remeasure=remeasure))
-    return run(p, RunContext(out_dir=Path(out_dir) if out_dir is not None else None, on_event=on_event, servers=pool))
-
-
-def resolve_for_profile(recipe, model: str | None = None, on_event: Callable | None = None):
-    """The recipe's one resolution, with ``model`` (--model) as its base; a model named on the command line is
-    made local now (a bundled or GGUF one converted into the cache)."""
-    from infertool.resolve import Overrides, resolve
-
-    return resolve(recipe, Overrides(base=model), materialize=model is not None, on_event=on_event)
-
-
 def _run_hf(spec: dict, on_event, wrap: list[str] | None = None) -> dict:
     from infertool.envs.runner import run_task
 

@@ -275,13 +275,30 @@ def _group_size_hint(report) -> str | None:
 
 
 def _load_check_launches(p: QuantizePlan, dest: Path) -> dict:
-    """The vLLM load check's launches: the quantized checkpoint, and the original unless the backend's worker
-    computes the original's reference tokens itself."""
+    return load_check_launches(p.res, p.res.candidate_at(dest, exists=False))
+
+
+def load_check_launches(res, candidate=None) -> dict:
+    """The vLLM load check's launches (as a dry run shows them) of ``candidate`` (default: the resolution's): the
+    quantized checkpoint, and the original unless the backend's worker computes the original's reference tokens
+    itself. Needs neither the model nor the serve environment (`run --dry-run` shows them)."""
     from infertool.quantize import verify as load_check
 
-    planned = load_check.plans(p.res, p.res.candidate_at(dest, exists=False), dry_run=True,
-                               original=not p.backend.reference_in_worker)
+    b = backends.of(res.recipe.quantize)
+    planned = load_check.plans(res, candidate or res.candidate, dry_run=True, original=not b.reference_in_worker)
     return {k: launch.to_dict() for k, launch in planned.items()}
+
+
+def load_check_runs(res, verify: bool | None = None) -> bool:
+    """Whether a quantization of ``res`` load-checks its checkpoint in vLLM here, as ``plan`` decides it
+    (``verify`` None: when the serve environment is set up): a backend that writes a checkpoint, a recipe for
+    this host."""
+    from infertool.envs.state import state
+
+    q = res.recipe.quantize
+    if q is None or not backends.of(q).checkpoint or not res.target.this_host or res.candidate is None:
+        return False
+    return verify if verify is not None else state("serve").status == "ready"
 
 
 def _decide_verify(p: QuantizePlan) -> None:
@@ -494,17 +511,3 @@ def _manifest(p: QuantizePlan, task_result: dict, result: QuantizeResult, layers
         fields["held_out"] = p.held_out
     fields.update(b.manifest(p.config, task_result))
     return build_manifest(**fields)
-
-
-# ----------------------------------------------------------------------------- the entry point of old
-def quantize(recipe: Any, *, recipe_path: str | Path | None = None, out: str | Path | None = None, check: bool = False,
-             verify: bool | None = None, force: bool = False, on_event: EventCallback | None = None,
-             pool: Any = None) -> QuantizeResult:
-    """Resolve, plan and run the recipe's quantize section (``check=True``: plan only). A wrapper over
-    ``plan`` / ``run`` kept while the pipeline and tune call it."""
-    from infertool.resolve import resolve
-
-    res = resolve(recipe, candidate_path=out)
-    p = plan(res, QuantizeOptions(out=out, check=check, verify=verify, force=force, recipe_path=recipe_path),
-             on_event=on_event)
-    return run(p, RunContext(on_event=on_event, servers=pool, user="quantize"))

@@ -18,11 +18,7 @@ from typing import Any
 
 from infertool import backends
 from infertool.backends.base import Check, ModelFacts, QuantBackend, platform
-from infertool.backends.gptqmodel import GPTQMODEL_MODEL_TYPES  # noqa: F401 - init.py reads it here
-from infertool.backends.layers import (  # noqa: F401 - init.py and the tests read them here
-    CANDIDATE_GROUP_SIZES, ROW_PARALLEL, Linear, calibration_memory_estimate, describe_layers, linear_layers,
-    matches_ignore, output_size_estimate, valid_group_sizes,
-)
+from infertool.backends.layers import ROW_PARALLEL, describe_layers, linear_layers, matches_ignore, valid_group_sizes
 from infertool.errors import UsageError
 from infertool.models.info import DTYPE_BYTES, ModelInfo, open_regular, read_safetensors_header
 from infertool.perf import host as hostfacts
@@ -178,22 +174,6 @@ def model_facts(info: ModelInfo, q: Any, *, has_cuda: bool, target=None, host=No
     return ModelFacts(info, linears, quantized, valid_group_sizes(quantized), has_cuda, target, host)
 
 
-def serving_verdict(q: Any, target, host) -> tuple[str, str] | None:
-    """(level, detail) when vLLM on the recipe's target cannot load ("error") or cannot run ("warning") the
-    checkpoint ``q`` makes; None when it can, or nothing is known against it (the backend's ``serving``)."""
-    return backends.of(q).serving(q, platform(target, host)).verdict
-
-
-def vllm_format_check(method: str, backend: str | None, bits: int | None, scheme: str | None, target,
-                      host) -> tuple[str, str] | None:
-    """``serving_verdict`` of a quantization named by its parts (init asks this before it has a section)."""
-    from pydantic import TypeAdapter
-
-    section = {"method": method, **({"backend": backend} if backend else {}), **({"bits": bits} if bits else {}),
-               **({"scheme": scheme} if scheme else {})}
-    return serving_verdict(TypeAdapter(backends.quantize_section()).validate_python(section), target, host)
-
-
 def _vllm_check(report: PreflightReport, backend: QuantBackend, q: Any, target, host) -> None:
     verdict = backend.serving(q, platform(target, host)).verdict
     if verdict is not None:
@@ -262,13 +242,3 @@ def _memory_and_disk(report: PreflightReport, m: ModelFacts, q: Any, backend: Qu
                    f"free at {output.parent}"
                    + (" (the recipe is for another machine: quantize where there is room)" if elsewhere and need_disk > free else ""),
                    level="warning" if elsewhere else "error")
-
-
-def run_preflight(*, info: ModelInfo, quantize: dict, serve: dict | None, output: Path | None,
-                  has_cuda: bool | None = None, memory: tuple[str, int | None] | None = None, target=None,
-                  host=None) -> PreflightReport:
-    """``preflight`` of a quantize section given as data (validated here: defaults filled in)."""
-    from pydantic import TypeAdapter
-
-    q = TypeAdapter(backends.quantize_section()).validate_python(quantize)
-    return preflight(info, q, serve=serve, output=output, has_cuda=has_cuda, memory=memory, target=target, host=host)

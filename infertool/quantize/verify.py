@@ -26,7 +26,7 @@ from infertool.backends.greedy import MAX_TOKENS, PROMPTS, Agreement, token_agre
 from infertool.errors import RuntimeFailure
 from infertool.records import Record
 
-__all__ = ["LoadCheck", "MAX_TOKENS", "PROMPTS", "greedy", "load_check", "plans", "token_agreement", "vllm_engine", "vllm_reason"]
+__all__ = ["LoadCheck", "greedy", "load_check", "plans", "vllm_engine", "vllm_reason"]
 
 REQUEST_TIMEOUT_S = 300
 
@@ -81,18 +81,12 @@ def greedy(srv, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], l
 def plans(res, quantized_ref, *, dry_run: bool = False, original: bool = True) -> dict:
     """The launches of the load check: the quantized checkpoint and (``original``: when no reference from the
     quantizer's environment replaces it) the original, each with the recipe's effective serve settings (as
-    `infertool serve` would launch them)."""
-    from infertool.procs import free_port
+    `infertool serve` would launch them; the launcher picks each one's port when it starts it)."""
     from infertool.serve import prepare
 
-    def port():
-        return None if dry_run else free_port()
-
-    p = {"quantized": prepare(res, model=quantized_ref, purpose="load check (quantized)", port=port(),
-                              dry_run=dry_run, check_port=False)}
+    p = {"quantized": prepare(res, model=quantized_ref, purpose="load check (quantized)", dry_run=dry_run)}
     if original:
-        p["original"] = prepare(res, model=res.base, purpose="load check (original)", port=port(),
-                                dry_run=dry_run, check_port=False)
+        p["original"] = prepare(res, model=res.base, purpose="load check (original)", dry_run=dry_run)
     return p
 
 

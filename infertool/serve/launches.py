@@ -106,7 +106,7 @@ def prepare(res, *, model=None, serve=None, purpose: str = "serve", port: int | 
     issues += [LintIssue("info", "serve.dtype", w, "set serve.dtype: bfloat16 to keep 16-bit (decode, which is "
                          "memory-bound, reads half the bytes)") for w in why if w.startswith("serve.dtype")]
     if model.load_quantization == "bitsandbytes":
-        from infertool.resolve import BNB_UNSERVABLE
+        from infertool.backends.bnb import BNB_UNSERVABLE
 
         issues.insert(0, LintIssue("error", "quantize.method", BNB_UNSERVABLE,
                                    "quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit), or serve.model: original"))

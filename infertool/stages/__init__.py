@@ -17,7 +17,7 @@ from __future__ import annotations
 from infertool.stages.base import HOST_FACTS, KEY_VERSION, Stage, StageContext, StageOutput, stage_key
 from infertool.stages.cache import CachedStage, cached_stage
 from infertool.stages.registry import REGISTRY, check_recipe, get, keys, names, register, select
-from infertool.stages import builtin as _builtin  # noqa: F401,E402 - registers the built-in stages
+from infertool.stages import builtin  # noqa: E402 - registers the built-in stages
 
-__all__ = ["HOST_FACTS", "KEY_VERSION", "REGISTRY", "CachedStage", "Stage", "StageContext", "StageOutput",
+__all__ = ["HOST_FACTS", "KEY_VERSION", "REGISTRY", "CachedStage", "Stage", "StageContext", "StageOutput", "builtin",
            "cached_stage", "check_recipe", "get", "keys", "names", "register", "select", "stage_key"]

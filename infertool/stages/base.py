@@ -41,11 +41,6 @@ class StageContext:
     options: Any = None
     job: Any = None
 
-    def __post_init__(self) -> None:
-        # an output given as {"dir": ..., "summary": ...} (a test's hand-made upstream) reads as a StageOutput
-        self.upstream = {n: o if isinstance(o, StageOutput) else StageOutput(Path(o["dir"]), o.get("summary"))
-                         for n, o in self.upstream.items()}
-
     def emit(self, message: str, level: str = "info") -> None:
         if self.on_event is not None:
             self.on_event({"event": "log", "level": level, "message": message})

@@ -9,7 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from infertool.atomic import write_json
-from infertool.errors import InfertoolError, RuntimeFailure, UsageError
+from infertool.capability import RunContext
+from infertool.errors import RuntimeFailure, UsageError
 from infertool.stages.base import Stage, StageContext
 from infertool.stages.registry import register
 from infertool.summaries import (
@@ -25,12 +26,18 @@ class QuantizeStageOptions:
     verify: bool | None = None
 
 
-def resolution(ctx: StageContext):
-    """The recipe's one resolution, with the candidate where this graph's quantize stage wrote it."""
+def resolution(ctx: StageContext, candidate=None):
+    """The recipe's one resolution, with the candidate where this graph's quantize stage wrote it (``candidate``:
+    where the quantize stage itself writes it)."""
     from infertool.resolve import resolve
 
     q = ctx.dir_of("quantize")
-    return resolve(ctx.recipe, candidate_path=q / "model" if q is not None else None)
+    return resolve(ctx.recipe, candidate_path=candidate or (q / "model" if q is not None else None))
+
+
+def _run_context(ctx: StageContext, user: str) -> RunContext:
+    """The capability's context of a stage: its files in the stage's temporary entry, the run's servers."""
+    return RunContext(out_dir=ctx.work, on_event=ctx.on_event, servers=ctx.servers, user=user)
 
 
 def _engine(recipe, section: str) -> str:
@@ -51,17 +58,20 @@ def run_model(ctx: StageContext) -> ModelSummary:
 
 # --------------------------------------------------------------------------------------- quantize
 def run_quantize(ctx: StageContext) -> QuantizeSummary:
-    from infertool.quantize.core import quantize
+    """The candidate in the stage's entry (``model/``), its result beside it (quantize.json); the load check's
+    server stays in the run's pool for serve's check and bench."""
+    from infertool.quantize import core as quantize
 
+    out = ctx.work / "model"
     verify = ctx.options.verify if isinstance(ctx.options, QuantizeStageOptions) else None
-    res = quantize(ctx.recipe, out=ctx.work / "model", force=True, verify=verify, on_event=ctx.on_event,
-                   pool=ctx.servers)
-    d = res.to_dict()
-    write_json(ctx.work / "quantize.json", d)
-    return QuantizeSummary(model="model", method=d.get("method"), backend=d.get("backend"), size=d.get("size"),
-                           label=(d.get("resolution") or {}).get("candidate", {}).get("label"),
-                           verify=short_verify(d.get("verify")), held_out=short_held_out(d.get("held_out")),
-                           timings=d.get("timings"))
+    p = quantize.plan(resolution(ctx, out), quantize.QuantizeOptions(out=out, verify=verify, force=True),
+                      on_event=ctx.on_event)
+    result = quantize.run(p, RunContext(on_event=ctx.on_event, servers=ctx.servers, user="quantize"))
+    write_json(ctx.work / "quantize.json", result)
+    return QuantizeSummary(model="model", method=result.method, backend=result.backend, size=result.size,
+                           label=(result.resolution or {}).get("candidate", {}).get("label"),
+                           verify=short_verify(result.verify), held_out=short_held_out(result.held_out),
+                           timings=result.timings)
 
 
 def short_verify(v: dict | None) -> dict | None:
@@ -80,35 +90,23 @@ def short_held_out(h: dict | None) -> dict | None:
 
 # ------------------------------------------------------------------------------------------- eval
 def run_eval(ctx: StageContext) -> EvalSummary:
-    from infertool.evaluate.core import EvalSpec, run_eval as evaluate
-    from infertool.evaluate.prepare import eval_models, held_out_check, vllm_plans
-    from infertool.recipe import EvalSection
+    """The candidate against its original on the recipe's eval (results.json, items.jsonl, the histogram)."""
+    from infertool import evaluate
 
     if ctx.dir_of("quantize") is None:
         raise UsageError("the eval stage compares the quantized model with its original: the recipe needs a quantize section")
-    res = resolution(ctx)
-    ev = ctx.recipe.eval or EvalSection()
-    b, c, source, labels = eval_models(res, ev, None, None, ev.engine)
-    plans = vllm_plans(res, ev, b, c) if ev.engine == "vllm" else None
-    spec = EvalSpec(base=b, candidate=c, suite=ev.suite, engine=ev.engine, url=ev.url, seq_len=ev.seq_len,
-                    batch_size=ev.batch_size, max_items=ev.max_items, accept=ev.accept.model_dump(), out_dir=ctx.work,
-                    base_source=source, vllm_plans=plans,
-                    held_out=held_out_check(res, ev.suite), labels=labels, servers=ctx.servers)
-    doc = evaluate(spec, ctx.on_event)  # writes results.json, items.jsonl and the KLD histogram into work/
-    return EvalSummary(verdict=doc.get("verdict"), reason=doc.get("reason"), gates=doc.get("gates"),
-                       engine=doc.get("engine"), suite=(doc.get("suite") or {}).get("name"),
-                       held_out=short_held_out(doc.get("held_out")))
+    result = evaluate.run(evaluate.plan(resolution(ctx), evaluate.EvalOptions()), _run_context(ctx, "eval"))
+    return EvalSummary.from_dict(result.summary().to_dict())
 
 
 # ---------------------------------------------------------------------------------------- profile
 def run_profile(ctx: StageContext) -> ProfileSummary:
-    from infertool.profile.core import run_profile as profile
+    """The recipe's base (as the model stage made it, named by its label): profile.json and roofline.png."""
+    from infertool import profile
 
-    # the recipe's base, as the model stage made it: named by its label (source), not by its cache path
-    shared = {"pool": ctx.servers} if ctx.servers is not None else {}
-    res = profile(ctx.recipe, out_dir=ctx.work, on_event=ctx.on_event, **shared)
-    return ProfileSummary(verdicts=res.verdicts, crossover_batch=res.crossover_batch, advice=res.advice,
-                          peaks={k: res.peaks.get(k) for k in ("flops", "bandwidth", "dtype", "ridge")})
+    result = profile.run(profile.plan(resolution(ctx), profile.ProfileOptions()), _run_context(ctx, "profile"))
+    return ProfileSummary(verdicts=result.verdicts, crossover_batch=result.crossover_batch, advice=result.advice,
+                          peaks={k: result.peaks.get(k) for k in ("flops", "bandwidth", "dtype", "ridge")})
 
 
 # ------------------------------------------------------------------------------------------ serve
@@ -117,16 +115,15 @@ SMOKE_PROMPT = "The capital of France is"
 
 def run_serve(ctx: StageContext) -> ServeSummary:
     """Launch the server on what the recipe serves, wait until ready, one greedy completion, stop."""
-    from infertool.procs import free_port
     from infertool.serve import launch, prepare
 
     res = resolution(ctx)
-    plan = prepare(res, port=free_port())
+    plan = prepare(res)  # the launcher picks the port
     with launch(plan, ctx.work / "server.log", on_event=ctx.on_event, label="the serve check", pool=ctx.servers) as srv:
         text = _smoke(srv)
         ready_s = srv.ready_s
     return ServeSummary(ready_s=round(ready_s, 1), model=plan.spec.model, label=plan.model.label, log=str(srv.log_path),
-                        served=res.served_origin, argv=plan.spec.to_dict()["argv"], kv_cache=plan.kv,
+                        served=res.served_origin, argv=srv.plan.spec.to_dict()["argv"], kv_cache=plan.kv,
                         smoke={"prompt": SMOKE_PROMPT, "completion": text}, note="; ".join(res.notes) or None)
 
 
@@ -150,56 +147,24 @@ def _smoke(srv) -> str:
 
 
 # ------------------------------------------------------------------------------------------ bench
+PLOT_FILE = "latency_throughput.png"
+
+
 def run_bench(ctx: StageContext) -> BenchSummary:
     """The bench on the served model (the sweep and the recipe's experiments); when the recipe quantizes and
-    the candidate is served, then the original too: the same launcher and serve settings, the same traffic
-    and SLO, one server after the other. bench.json is the served model's report (as `infertool bench`
-    writes it) plus ``original`` (the original's sweep) and ``comparison`` (original vs candidate per level,
-    or why there is nothing to compare)."""
-    from infertool.bench.run import quantization_arms
+    the candidate is served, then the original too (``BenchOptions(with_original=True)``): bench.json and the
+    latency-throughput plot in the stage's entry."""
+    from infertool.bench import run as bench
 
     res = resolution(ctx)
-    arms, why_not = quantization_arms(res)
-    d, note = _bench_doc(ctx, res, arms, why_not)
-    write_json(ctx.work / "bench.json", d)
-    try:
-        from infertool.bench.plot import plot_latency_throughput
-
-        plot_latency_throughput(d, ctx.work / "latency_throughput.png")
-    except ImportError:  # matplotlib missing: the report says there is no plot
-        pass
-    comp = d.get("comparison")
-    return BenchSummary(levels=d.get("levels"), experiments=d.get("experiments"), seconds=d.get("seconds"),
-                        note=note, served=d["served"], original=(d.get("original") or {}).get("levels"),
-                        comparison=None if comp is None else {"rows": comp.get("rows"),
-                                                              "nothing_to_compare": comp.get("nothing_to_compare")})
-
-
-def _bench_doc(ctx: StageContext, res, arms: dict, why_not: str | None) -> tuple[dict, str | None]:
-    """bench.json: the served model's report, then the original's beside it (or why there is none); and the
-    resolution's notes."""
-    from infertool.bench.run import comparison_table, run_bench as bench
-
-    shared = {"pool": ctx.servers} if ctx.servers is not None else {}
-    d = bench(res, on_event=ctx.on_event, arm="candidate" if "original" in arms else "sweep", **shared).to_dict()
-    note = "; ".join(res.notes) or None
-    if note:
-        d.setdefault("notes", []).append(note)
-    d["served"] = {"label": res.served.label, "origin": res.served_origin}
-    if "original" in arms:
-        try:
-            orig = bench(res, on_event=ctx.on_event, serve_model=arms["original"], arm="original", experiments=False,
-                         **shared).to_dict()
-        except InfertoolError as e:  # say which server failed: the candidate's numbers are fine, the comparison is not
-            e.message = f"measuring the original ({arms['original'].label}) beside the candidate: {e.message}"
-            raise
-        orig["served"] = {"label": arms["original"].label, "origin": "original"}
-        d["original"] = orig
-        d["comparison"] = comparison_table(d, orig)
-        d["seconds"] = d.get("seconds", 0) + orig.get("seconds", 0)
-    elif why_not:
-        d["comparison"] = {"experiment": "quantization", "rows": [], "nothing_to_compare": why_not}
-    return d, note
+    report = bench.run(bench.plan(res, bench.BenchOptions(with_original=True, plot=PLOT_FILE)), _run_context(ctx, "bench"))
+    comp = report.comparison
+    return BenchSummary(levels=[lv.to_dict() for lv in report.levels],
+                        experiments=[e.to_dict() for e in report.experiments], seconds=report.seconds,
+                        note="; ".join(res.notes) or None, served=report.served,
+                        original=[lv.to_dict() for lv in report.original.levels] if report.original else None,
+                        comparison=None if comp is None else {"rows": [r.to_dict() for r in comp.rows],
+                                                              "nothing_to_compare": comp.nothing_to_compare})
 
 
 def _bench_measures(recipe, job) -> dict:
@@ -210,32 +175,24 @@ def _bench_measures(recipe, job) -> dict:
 
 
 # --------------------------------------------------------------------------------------- launches
-def load_check_runs(res) -> bool:
-    """Whether the quantize stage's vLLM load check runs here (as `infertool quantize` decides without
-    --verify/--no-verify): a GPTQ/AWQ checkpoint, a recipe for this host, and the serve environment set up."""
-    from infertool.envs.state import state
-
-    q = res.recipe.quantize
-    return (q is not None and q.method != "bnb" and res.target.this_host and res.candidate is not None
-            and state("serve").status == "ready")
-
-
+# what `run --dry-run` shows: each stage's server launches, from its capability's plan (dry runs: no model is
+# converted, no port taken)
 def quantize_launches(res) -> dict:
-    if not load_check_runs(res):
-        return {}
-    from infertool.quantize.verify import plans as load_check_plans
+    from infertool.quantize import core as quantize
 
-    return {"quantize: load check": load_check_plans(res, res.candidate, dry_run=True, original=False)["quantized"].to_dict()}
+    if not quantize.load_check_runs(res):
+        return {}
+    return {"quantize: load check" + ("" if k == "quantized" else f" ({k})"): launch
+            for k, launch in quantize.load_check_launches(res).items()}
 
 
 def eval_launches(res) -> dict:
-    ev = res.recipe.eval
-    if ev is None or ev.engine != "vllm":
-        return {}
-    from infertool.evaluate.prepare import eval_models, vllm_plans
+    from infertool import evaluate
 
-    b, c, *_ = eval_models(res, ev, None, None, "vllm", dry_run=True)
-    return {f"eval: {k}": p.to_dict() for k, p in vllm_plans(res, ev, b, c, dry_run=True).items()}
+    if _engine(res.recipe, "eval") != "vllm":
+        return {}
+    plan = evaluate.plan(res, evaluate.EvalOptions(dry_run=True))
+    return {f"eval: {k}": p.to_dict() for k, p in (plan.launches or {}).items()}
 
 
 def serve_launches(res) -> dict:
@@ -245,16 +202,15 @@ def serve_launches(res) -> dict:
 
 
 def bench_launches(res) -> dict:
-    from infertool.bench.run import launch_plans, quantization_arms
+    from infertool.bench import run as bench
 
-    arms, _ = quantization_arms(res)
-    return {f"bench: {k}": p.to_dict() for k, p in launch_plans(res, with_original="original" in arms).items()}
+    return {f"bench: {k}": p.to_dict() for k, p in bench.plan(res, bench.BenchOptions(with_original=True)).launches().items()}
 
 
 def bench_notes(res) -> list[str]:
-    from infertool.bench.run import quantization_arms
+    from infertool.bench import run as bench
 
-    _, why_not = quantization_arms(res)
+    why_not = bench.plan(res, bench.BenchOptions(with_original=True)).nothing_to_compare
     return [f"bench: {why_not}"] if why_not else []
 
 

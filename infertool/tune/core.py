@@ -30,7 +30,7 @@ from pathlib import Path
 from infertool.atomic import atomic_dir, write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError
 from infertool.tune import search, space
-from infertool.tune.context import Context, EventCallback, emit  # noqa: F401 - Context, EventCallback: re-exported
+from infertool.tune.context import Context, emit
 from infertool.tune.records import (
     CapacityResult, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialRecord, TuneDoc,
 )

@@ -218,7 +218,8 @@ def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_id: 
     from pathlib import Path
 
     from infertool.recipe import validate_recipe_data
-    from infertool.tune.core import Context, plan_trials, run_trial
+    from infertool.tune.context import Context
+    from infertool.tune.core import plan_trials, run_trial
 
     recipe = validate_recipe_data(recipe_data, source="tune (ray worker)")
     ctx = Context(recipe, Path(tune_dir), exhaustive=exhaustive, on_event=None, on_trial=None)

@@ -35,14 +35,14 @@ def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = Fa
 def _require_envs(trials: list[space.Trial]) -> None:
     """Every environment the trials run in, checked up front: a stale or missing one is one clear error (exit 3),
     not every trial recorded as failed. (On Ray each node checks its own.)"""
+    from infertool import backends
     from infertool.envs.state import require_env
-    from infertool.quantize.backends import BACKEND_ENVS
 
     needed = {"serve": "the vLLM servers (reference, screening, capacity)"}
     for t in trials:
         spec = t.candidate.spec
-        if spec and t.prediction.fits:
-            env = BACKEND_ENVS.get(spec.get("backend") or "gptqmodel", "quant")
+        env = backends.of(spec).env if spec and t.prediction.fits else None
+        if env:
             needed.setdefault(env, f"quantizing candidate {t.candidate.label!r}")
     for name, why in needed.items():
         require_env(name, needed_by=why)

@@ -86,15 +86,22 @@ SHORT = ("requests", "completed", "failed", "duration_s", "output_token_throughp
          "ttft_ms", "tpot_ms", "e2e_ms", "goodput", "cost", "mean_output_tokens")
 
 
-def short_summary(summary: dict) -> dict:
-    """What a probe keeps of a bench level's summary."""
-    return {k: summary.get(k) for k in SHORT}
+def short_summary(summary) -> dict:
+    """What a probe keeps of a bench level's summary (a ``bench.results.Summary`` or its JSON data)."""
+    from infertool.bench.results import Summary
+
+    d = Summary.from_dict(summary).to_dict()
+    return {k: d.get(k) for k in SHORT}
 
 
-def probe_ok(summary: dict, target: float) -> tuple[bool, float | None]:
-    """A level meets the SLO when every request completed and the share that met the SLO reaches the target."""
-    frac = (summary.get("goodput") or {}).get("fraction")
-    ok = frac is not None and frac >= target and not summary.get("failed")
+def probe_ok(summary, target: float) -> tuple[bool, float | None]:
+    """A level meets the SLO when every request completed and the share that met the SLO reaches the target
+    (``summary``: a ``bench.results.Summary`` or its JSON data)."""
+    from infertool.bench.results import Summary
+
+    s = Summary.from_dict(summary)
+    frac = s.goodput.fraction
+    ok = frac is not None and frac >= target and not s.failed
     return ok, frac
 
 

@@ -50,7 +50,6 @@ class Trial:
 def candidates(recipe) -> list[Candidate]:
     """The recipe's candidates, each merged over the recipe's quantize section (validated by the recipe)."""
     from infertool.recipe import QuantizeSection
-    from infertool.resolve import quantization_label
     from pydantic import TypeAdapter
 
     base = recipe.quantize.model_dump(mode="json", exclude={"output"}) if recipe.quantize is not None else {}
@@ -64,7 +63,7 @@ def candidates(recipe) -> list[Candidate]:
             merged.pop("output", None)
             q = TypeAdapter(QuantizeSection).validate_python(merged)
             spec = q.model_dump(mode="json", exclude={"output"})
-            label = quantization_label(q)
+            label = q.label()
         key = digest(spec)
         if key in seen:
             raise UsageError(f"tune.candidates[{i}] is the same quantization as tune.candidates[{seen[key]}]",
@@ -117,15 +116,15 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     for the traffic, position limits), and the roofline bound for decode tokens/s at ``concurrency``
     (default: the largest batch its KV cache allows, capped by max_num_seqs) and the $ per 1M output tokens
     that bound would cost."""
-    from infertool.plan import make_plan
+    from infertool import plan as planning
     from infertool.resolve import resolve
 
     r = trial.recipe
     res = resolve(r)
     bench = r.bench
     per_request = bench.prompt.len + bench.output_len
-    p = make_plan(res, context=bench.prompt.len + bench.output_len // 2,
-                  batches=[concurrency] if concurrency else None)
+    p = planning.plan(res, planning.PlanOptions(context=bench.prompt.len + bench.output_len // 2,
+                                                batches=[concurrency] if concurrency else None))
     reasons = list(p.reasons)
     if p.capacity["kv_tokens"] and p.capacity["kv_tokens"] < per_request:
         reasons.append(f"the KV cache holds {p.capacity['kv_tokens']:,} tokens, fewer than one request of the traffic "

@@ -53,12 +53,10 @@ def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict]
     """Serve ``model`` with the resolution's serve settings (the one launcher), score tasks with prompt
     log-probabilities: ``{"raw", "argv"}``, or what ``tasks(score, plan)`` returns."""
     from infertool.evaluate.server_engine import Client, collect
-    from infertool.procs import free_port
     from infertool.serve import launch, prepare
 
     tune = ctx.job.tune
-    plan = prepare(res, model=model, purpose=purpose, port=free_port(), check_port=False,
-                   extra_args=("--max-logprobs", str(TOPK)))
+    plan = prepare(res, model=model, purpose=purpose, extra_args=("--max-logprobs", str(TOPK)))  # the launcher picks the port
     events = _Events(ctx.on_event)
     with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=purpose) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
@@ -67,8 +65,8 @@ def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict]
             return collect(client, reqs, k=TOPK, workers=tune.eval.batch_size, events=events, label=label)
 
         if callable(tasks):
-            return tasks(score, plan)
-        return {"raw": score(tasks), "argv": plan.spec.argv}
+            return tasks(score, srv.plan)  # the launch as started (with its port)
+        return {"raw": score(tasks), "argv": srv.plan.spec.argv}
 
 
 def _prefix(raw: dict, n: int) -> dict:
@@ -142,7 +140,6 @@ def run_screen(ctx: StageContext) -> ScreenResult:
 
 def run_capacity(ctx: StageContext) -> CapacityResult:
     """The trial served with its exact settings; the largest concurrency that meets the SLO."""
-    from infertool.procs import free_port
     from infertool.serve import launch, prepare
 
     tune, trial = ctx.job.tune, ctx.job.trial
@@ -152,20 +149,22 @@ def run_capacity(ctx: StageContext) -> CapacityResult:
     kv_cap = trial.prediction.max_batch_by_kv
     if kv_cap:
         hi = max(load.min_concurrency, min(hi, kv_cap))
-    plan = prepare(res, port=free_port(), purpose=f"tune: capacity {trial.label}", check_port=False)
-    levels: list[dict] = []
+    plan = prepare(res, purpose=f"tune: capacity {trial.label}")  # the launcher picks the port
+    levels: list = []
     with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=f"capacity {trial.label}") as srv:
         result = _search_load(ctx, srv, hi, levels)
+        argv = srv.plan.spec.argv
     write_json(ctx.work / "levels.json", levels, indent=None)
     best = result.best()
     return CapacityResult(max_load=result.max_load, stopped=result.stopped, probes=[p.to_dict() for p in result.probes],
                           at_max_load=best.summary if best else None, range=[load.min_concurrency, hi],
-                          argv=plan.spec.argv, serve=res.settings(res.served))
+                          argv=argv, serve=res.settings(res.served))
 
 
-def _search_load(ctx: StageContext, srv, hi: int, levels: list[dict]) -> search.LoadSearch:
-    """Probe the server at concurrencies (every one when exhaustive, else doubling then bisection)."""
-    from infertool.bench.run import ServerHandle, connect, measure
+def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSearch:
+    """Probe the server at concurrencies (every one when exhaustive, else doubling then bisection); each level
+    measured (``LevelResult``) goes into ``levels``."""
+    from infertool.bench.sweep import ServerHandle, connect, measure
     from infertool.bench.traffic import Level
 
     tune, trial = ctx.job.tune, ctx.job.trial
@@ -176,10 +175,10 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list[dict]) -> search.
 
     def probe(c: int) -> search.Probe:
         bench = tune.bench.model_copy(update={"requests": max(requests_n, 2 * c)})
-        level = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}", on_event=ctx.on_event,
-                        warmup=warm[0])[0]
+        (level,) = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}", on_event=ctx.on_event,
+                           warmup=warm[0])
         warm[0] = False
-        summary = level["summary"]
+        summary = level.summary
         ok, frac = search.probe_ok(summary, load.goodput_target)
         levels.append(level)
         ctx.emit(f"capacity {trial.label}: concurrency {c}: goodput {frac if frac is not None else 0:.0%}"
