@@ -106,7 +106,10 @@ def test_leaves_stay_leaves():
     assert edges.get("perf", set()) <= {"errors"}, edges.get("perf")
     assert edges.get("procs", set()) == set(), edges.get("procs")
     assert edges.get("errors", set()) == set()
-    assert edges.get("task_defs", set()) == set(), "stage definitions are data"
+    assert edges.get("task_defs", set()) == set(), "worker task definitions are data"
+    for leaf in ("atomic", "records", "capability", "schema"):  # every layer writes, types and contracts with these
+        assert edges.get(leaf, set()) == set(), (leaf, edges.get(leaf))
+    assert edges.get("summaries", set()) <= {"records"}, edges.get("summaries")
     for user in ("plan", "profile", "serve"):
         assert "perf" in edges.get(user, set()), f"{user} should take its math and host facts from infertool.perf"
 
