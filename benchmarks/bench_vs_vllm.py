@@ -78,7 +78,7 @@ def main() -> int:
     args = ap.parse_args()
 
     from infertool.bench.prompts import build_prompts
-    from infertool.bench import run as bench
+    from infertool import bench
     from infertool.envs.state import require_env
     from infertool.recipe import validate_recipe_data
     from infertool.resolve import resolve

@@ -34,7 +34,7 @@ from benchmarks.bench_vs_vllm import VLLM_RUNNER  # noqa: E402
 # run in a subprocess with PYTHONPATH=<infertool root>: one level against the URL, its summary as JSON
 OURS = (
     "import json, sys\n"
-    "from infertool.bench import run as bench\n"
+    "from infertool import bench\n"
     "from infertool.recipe import validate_recipe_data\n"
     "from infertool.resolve import resolve\n"
     "url, c, n, out_len = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])\n"

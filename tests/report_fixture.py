@@ -45,7 +45,7 @@ def make_run_dir(root: Path, *, verdict: str = "FAIL", compared: bool = True, re
     """``verdict``: FAIL (mean KLD far beyond the gate), INCONCLUSIVE or PASS. ``compared``: the bench
     measured the original beside the candidate; else the fallback served the original (nothing to compare)."""
     from infertool.bench.plot import plot_latency_throughput
-    from infertool.bench.run import comparison
+    from infertool.bench.core import comparison
     from infertool.evaluate.core import write_kld_histogram_svg
     from infertool.profile.core import ProfileResult, plot_roofline
 

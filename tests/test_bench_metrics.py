@@ -183,7 +183,7 @@ def test_bad_jsonl_is_a_usage_error(tmp_path):
 
 
 def test_experiment_arms_and_ab_table():
-    from infertool.bench.run import DEFAULT_SPECULATIVE, _arm_serve, ab_table, sweep_levels
+    from infertool.bench.core import DEFAULT_SPECULATIVE, _arm_serve, ab_table, sweep_levels
     from infertool.recipe import ServeSection
 
     serve = ServeSection(enable_prefix_caching=True)

@@ -71,7 +71,7 @@ def test_a_malformed_or_foreign_bench_json_reads_as_not_measured():
 
 def test_run_bench_json_with_the_original_reads_its_parts_typed():
     """bench.json in a run directory: the candidate's report plus the original's and the comparison."""
-    from infertool.bench.run import comparison
+    from infertool.bench.core import comparison
 
     cand, orig = _old("bench.json"), _old("bench.json")
     cand["label"], orig["label"] = "GPTQ 4-bit of m", "m"

@@ -14,7 +14,7 @@ import pytest
 from infertool.bench import loadgen
 from infertool.bench.client import Pool, Target, _field, send
 from infertool.bench.metrics import RequestResult
-from infertool.bench import run as bench
+from infertool import bench
 from infertool.bench.traffic import Level, run_level, share
 from infertool.recipe import validate_recipe_data
 from infertool.resolve import resolve

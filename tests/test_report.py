@@ -362,8 +362,8 @@ def _recipe(tmp_path, **sections):
 
 
 def _fake_bench(monkeypatch):
-    """The bench's measuring of one server configuration (``bench.run.sweep_report``), faked: each call noted."""
-    from infertool.bench import run as bench_run
+    """The bench's measuring of one server configuration (``bench.core.sweep_report``), faked: each call noted."""
+    from infertool.bench import core as bench_run
 
     calls = []
 
@@ -478,7 +478,7 @@ def test_run_dry_run_shows_the_original_launch(tmp_path, monkeypatch):
 
 
 def test_a_failing_original_arm_is_named(tmp_path, monkeypatch):
-    from infertool.bench import run as bench_run
+    from infertool.bench import core as bench_run
     from infertool.errors import RuntimeFailure
 
     calls = _fake_bench(monkeypatch)

@@ -36,7 +36,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Load-test an OpenAI-compatible server (--url) or, without one, the recipe's own vLLM server:
         concurrency sweep, Poisson rates, bursts, and the recipe's A/B experiments."""
-        from infertool.bench import run as bench_cap
+        from infertool import bench as bench_cap
         from infertool.capability import RunContext
         from infertool.output import StageProgress, err, print_json
         from infertool.recipe import load_recipe

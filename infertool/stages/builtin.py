@@ -60,7 +60,7 @@ def run_model(ctx: StageContext) -> ModelSummary:
 def run_quantize(ctx: StageContext) -> QuantizeSummary:
     """The candidate in the stage's entry (``model/``), its result beside it (quantize.json); the load check's
     server stays in the run's pool for serve's check and bench."""
-    from infertool.quantize import core as quantize
+    from infertool import quantize
 
     out = ctx.work / "model"
     verify = ctx.options.verify if isinstance(ctx.options, QuantizeStageOptions) else None
@@ -154,7 +154,7 @@ def run_bench(ctx: StageContext) -> BenchSummary:
     """The bench on the served model (the sweep and the recipe's experiments); when the recipe quantizes and
     the candidate is served, then the original too (``BenchOptions(with_original=True)``): bench.json and the
     latency-throughput plot in the stage's entry."""
-    from infertool.bench import run as bench
+    from infertool import bench
 
     res = resolution(ctx)
     report = bench.run(bench.plan(res, bench.BenchOptions(with_original=True, plot=PLOT_FILE)), _run_context(ctx, "bench"))
@@ -169,7 +169,7 @@ def run_bench(ctx: StageContext) -> BenchSummary:
 
 def _bench_measures(recipe, job) -> dict:
     """What the bench stage measures: the served model alone, or the candidate and the original."""
-    from infertool.bench.run import plans_compare
+    from infertool.bench.core import plans_compare
 
     return {"measures": ["candidate", "original"] if plans_compare(recipe) else ["served"]}
 
@@ -178,12 +178,12 @@ def _bench_measures(recipe, job) -> dict:
 # what `run --dry-run` shows: each stage's server launches, from its capability's plan (dry runs: no model is
 # converted, no port taken)
 def quantize_launches(res) -> dict:
-    from infertool.quantize import core as quantize
+    from infertool.quantize.core import load_check_launches, load_check_runs
 
-    if not quantize.load_check_runs(res):
+    if not load_check_runs(res):
         return {}
     return {"quantize: load check" + ("" if k == "quantized" else f" ({k})"): launch
-            for k, launch in quantize.load_check_launches(res).items()}
+            for k, launch in load_check_launches(res).items()}
 
 
 def eval_launches(res) -> dict:
@@ -202,13 +202,13 @@ def serve_launches(res) -> dict:
 
 
 def bench_launches(res) -> dict:
-    from infertool.bench import run as bench
+    from infertool import bench
 
     return {f"bench: {k}": p.to_dict() for k, p in bench.plan(res, bench.BenchOptions(with_original=True)).launches().items()}
 
 
 def bench_notes(res) -> list[str]:
-    from infertool.bench import run as bench
+    from infertool import bench
 
     why_not = bench.plan(res, bench.BenchOptions(with_original=True)).nothing_to_compare
     return [f"bench: {why_not}"] if why_not else []

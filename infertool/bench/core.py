@@ -1,5 +1,5 @@
 """The bench capability: ``plan(res, BenchOptions) -> BenchPlan`` and ``run(plan, ctx) -> BenchReport``
-(``from infertool.bench import run as bench``: ``bench.run(bench.plan(res, bench.BenchOptions()), ctx)``).
+(``from infertool import bench``: ``bench.run(bench.plan(res, bench.BenchOptions()), ctx)``).
 
 A sweep of load levels against one server, and A/B experiments across servers; for `run`
 (``BenchOptions(with_original=True)``) also the original measured the same way beside a served candidate, and
