@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -109,6 +110,42 @@ class Lines:
         while not self._eof:
             self._next(deadline, "the end of the output")
         return "".join(self.seen[start:])
+
+
+@dataclass
+class Interrupted:
+    """What an interrupted CLI run left: its exit code, its stderr before the pause and after the signal, and
+    what ``at_pause`` returned."""
+
+    returncode: int
+    before: str
+    after: str
+    at_pause: object = None
+
+
+def interrupt_at_pause(args: list[str], pause_at: str, marker: str, *, at_pause=None, pause_timeout_s: float = 900,
+                       rest_timeout_s: float = 300) -> Interrupted:
+    """Run the real CLI with INFERTOOL_PAUSE_AT=``pause_at``, wait (bounded) until its stderr says ``marker`` (the
+    work paused at a known point: no guessed sleep), call ``at_pause(proc)`` (a look at the live processes),
+    then send SIGINT as Ctrl-C in a terminal does, and collect the rest. SIGINT's disposition is set for the
+    child (the test run may have inherited it ignored); the process is killed if any wait runs out."""
+    import signal
+
+    proc = subprocess.Popen([sys.executable, "-m", "infertool", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
+                            env={**os.environ, "INFERTOOL_PAUSE_AT": pause_at})
+    try:
+        lines = Lines(proc, proc.stderr)
+        before = "".join(lines.until(marker, timeout_s=pause_timeout_s))
+        seen = at_pause(proc) if at_pause is not None else None
+        proc.send_signal(signal.SIGINT)
+        after = lines.rest(timeout_s=rest_timeout_s)
+        proc.wait(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return Interrupted(proc.returncode, before, after, seen)
 
 
 def wait_for(condition, timeout_s: float = 120, what: str = "the condition") -> None:

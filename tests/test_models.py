@@ -281,37 +281,18 @@ def _worker_pids(stage: str, parent: int) -> list[int]:
 @pytest.mark.slow
 def test_ctrl_c_during_import_leaves_nothing_behind(quant_python, tmp_path):
     """SIGINT to the CLI mid-conversion: exit 130, the worker's process group is gone, no partial output."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
     from infertool.envs.paths import models_cache
     from infertool.procs import group_members
-    from tests.conftest import ROOT
 
     dest = tmp_path / "never"
     # fp32 + 1 layer: a conversion no other test caches, so a real worker runs; it pauses once the GGUF is loaded
-    from tests.conftest import Lines, default_sigint
+    from tests.conftest import interrupt_at_pause
 
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infertool", "model", "import", "bundled:smollm2-135m", str(dest), "--layers", "1", "--dtype", "fp32"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
-        env={**os.environ, "INFERTOOL_PAUSE_AT": "import@1"},
-    )
-    try:
-        lines = Lines(proc, proc.stderr)
-        lines.until("paused at import", timeout_s=600)  # the worker says when it is mid-conversion: no guessed sleep
-        worker_pid = next(p for p in _worker_pids("model.import", proc.pid))
-        proc.send_signal(signal.SIGINT)
-        lines.rest(timeout_s=120)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    err = "".join(lines.seen)
-    assert proc.returncode == 130, err
+    run = interrupt_at_pause(["model", "import", "bundled:smollm2-135m", str(dest), "--layers", "1", "--dtype", "fp32"],
+                             "import@1", "paused at import", pause_timeout_s=600, rest_timeout_s=120,
+                             at_pause=lambda proc: next(p for p in _worker_pids("model.import", proc.pid)))
+    worker_pid, err = run.at_pause, run.before + run.after
+    assert run.returncode == 130, err
     assert "interrupted" in err and "Traceback" not in err
     assert group_members(worker_pid) == []
     assert not dest.exists()

@@ -208,12 +208,7 @@ def test_report_and_compare(tmp_path, fake_stages):
 def test_real_run_interrupted_during_eval_resumes(tiny_model, quant_python, serve_python, tmp_path):
     """The real stages on the 2-layer model: Ctrl-C during eval, then the same command again. Quantize is
     reused (not redone), eval runs again, and the report is complete."""
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    from tests.conftest import ROOT, run_cli
+    from tests.conftest import run_cli
 
     # the shipped quickstart recipe itself, on the 2-layer model with a small calibration and eval: this is also
     # the quickstart's quantize + vLLM load check (served as the recipe serves it) that tests/test_recipes_real.py
@@ -222,22 +217,13 @@ def test_real_run_interrupted_during_eval_resumes(tiny_model, quant_python, serv
             "--set", "quantize.calibration.seq_len=32", "--set", "eval.max_items=6", "--set", "eval.seq_len=256",
             "--set", "eval.accept.preset=lenient"]
     out = tmp_path / "runs"
-    cmd = [sys.executable, "-m", "infertool", "run", "quickstart", *sets, "--stages", "model,quantize,eval", "--out", str(out)]
     # eval pauses after its first perplexity windows (INFERTOOL_PAUSE_AT): the signal lands mid-eval on any machine
-    from tests.conftest import Lines, default_sigint
+    from tests.conftest import interrupt_at_pause
 
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-                         preexec_fn=default_sigint, env={**os.environ, "INFERTOOL_PAUSE_AT": "pydoc-topics@1"})
-    try:
-        lines = Lines(p, p.stderr)
-        lines.until("paused at pydoc-topics", timeout_s=1200)
-        p.send_signal(signal.SIGINT)
-        rest = lines.rest(timeout_s=180)
-        assert p.wait(timeout=60) == 130, "".join(lines.seen[-20:]) + rest
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    run = interrupt_at_pause(["run", "quickstart", *sets, "--stages", "model,quantize,eval", "--out", str(out)],
+                             "pydoc-topics@1", "paused at pydoc-topics", pause_timeout_s=1200, rest_timeout_s=180)
+    rest = run.after
+    assert run.returncode == 130, run.before[-2000:] + rest
     assert "interrupted" in rest and "Traceback" not in rest
     first = sorted(out.glob("quickstart-*"))[-1]
     st = json.loads((first / "manifest.json").read_text())["stages"]

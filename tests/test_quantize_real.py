@@ -7,15 +7,13 @@ import hashlib
 import json
 import os
 import re
-import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import ROOT, run_cli
+from conftest import run_cli
 
 pytestmark = pytest.mark.slow
 
@@ -156,33 +154,21 @@ def _alive(pid: int) -> bool:
 def test_ctrl_c_stops_worker_and_leaves_no_output(tiny_model, quant_python, tmp_path):
     """SIGINT while the worker is quantizing layers: it pauses at a known point (INFERTOOL_PAUSE_AT), so the
     signal arrives mid-work on a slow or a fast machine alike."""
-    import os
-
-    from tests.conftest import Lines, default_sigint
+    from tests.conftest import interrupt_at_pause
 
     out = tmp_path / "q"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "infertool", "quantize", str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ)),
-         "--out", str(out), "--no-verify"],
-        cwd=ROOT, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True, preexec_fn=default_sigint,
-        env={**os.environ, "INFERTOOL_PAUSE_AT": "layers@1"},
-    )
-    workers: list[int] = []
-    try:
-        assert proc.stderr is not None
-        lines = Lines(proc, proc.stderr)
-        lines.until("paused at layers", timeout_s=900)  # the worker says when it is mid-quantization
+
+    def mid_quantization(proc) -> list[int]:
         workers = _children(proc.pid)
         assert workers, "no worker process"
         assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".q.")], "no temporary output yet"
-        proc.send_signal(signal.SIGINT)  # what Ctrl-C in a terminal sends to the foreground process
-        rest = lines.rest(timeout_s=120)
-        proc.wait(timeout=60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    assert proc.returncode == 130, rest[-2000:]
+        return workers
+
+    run = interrupt_at_pause(["quantize", str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ)), "--out", str(out),
+                              "--no-verify"], "layers@1", "paused at layers", at_pause=mid_quantization,
+                             rest_timeout_s=120)
+    workers, rest = run.at_pause, run.after
+    assert run.returncode == 130, rest[-2000:]
     assert "interrupted" in rest
     assert leftovers(tmp_path, "q") == []  # neither the output nor its temporary directory
     deadline = time.monotonic() + 20

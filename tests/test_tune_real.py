@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import ROOT, run_cli, wait_for
+from tests.conftest import run_cli, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -48,21 +47,10 @@ def test_tune_ctrl_c_then_the_same_command_resumes(tiny_tune, quant_python, serv
     """SIGINT when the second trial starts (a known point: INFERTOOL_PAUSE_AT=trial@2): exit 130, the first
     trial's stages complete and kept; the same command then runs only what is left."""
     out = Path(yaml.safe_load(tiny_tune.read_text())["tune"]["out_dir"]) / "tiny-tune"
-    from tests.conftest import Lines, default_sigint
+    from tests.conftest import interrupt_at_pause
 
-    proc = subprocess.Popen([sys.executable, "-m", "infertool", "tune", str(tiny_tune)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint,
-                            env={**os.environ, "INFERTOOL_PAUSE_AT": "trial@2"})
-    try:
-        lines = Lines(proc, proc.stderr)
-        lines.until("paused at trial 2", timeout_s=1800)
-        proc.send_signal(signal.SIGINT)
-        rest = lines.rest(timeout_s=300)
-        assert proc.wait(timeout=60) == 130, "".join(lines.seen[-20:]) + rest
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    run = interrupt_at_pause(["tune", str(tiny_tune)], "trial@2", "paused at trial 2", pause_timeout_s=1800)
+    assert run.returncode == 130, run.before[-2000:] + run.after
     first = _trial_manifests(out)
     assert len(first) == 1 and next(iter(first.values()))["status"] == "done"
     assert not [p for p in (out / ".stages").iterdir() if p.name.endswith(".tmp")]  # nothing half-written
