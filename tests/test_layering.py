@@ -107,7 +107,7 @@ def test_leaves_stay_leaves():
     assert edges.get("procs", set()) == set(), edges.get("procs")
     assert edges.get("errors", set()) == set()
     assert edges.get("task_defs", set()) == set(), "worker task definitions are data"
-    for leaf in ("atomic", "records", "capability", "schema"):  # every layer writes, types and contracts with these
+    for leaf in ("atomic", "records", "capability", "schema", "net"):  # every layer writes, types, contracts and talks HTTP with these
         assert edges.get(leaf, set()) == set(), (leaf, edges.get(leaf))
     assert edges.get("summaries", set()) <= {"records"}, edges.get("summaries")
     for user in ("plan", "profile", "serve"):
