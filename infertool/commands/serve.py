@@ -67,12 +67,13 @@ def serve_run(
     from infertool.recipe import load_recipe
     from infertool.resolve import resolve
 
+    serve.lifecycle.check_timeout(timeout)  # before the recipe: exit 2 for nan, inf, -1, 0, 1e400
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
                                  force=force, emit=emit)
     res = resolve(load_recipe(recipe, _with_port(overrides, port)))
     plan = serve.plan(res, options)
     if emit is not None:
-        _emit_k8s(plan)
+        _emit_k8s(plan, as_json)
         return
     _render_plan(plan, as_json)
     if dry_run:
@@ -119,14 +120,19 @@ def _with_port(overrides, port: int | None) -> list[str]:
     return sets
 
 
-def _emit_k8s(plan) -> None:
-    """Kubernetes manifests on stdout (comments say what to create first); starts nothing."""
+def _emit_k8s(plan, as_json: bool = False) -> None:
+    """Kubernetes manifests on stdout (comments say what to create first); starts nothing, writes no file.
+    With --json: one JSON object (``manifests``: the documents as a list, ``comments``: the header lines),
+    never YAML."""
     import sys
 
-    from infertool.output import err
+    from infertool.output import err, print_json
 
     for note in plan.res.notes:
         err.print(f"note: {note}", markup=False, soft_wrap=True)
+    if as_json:
+        print_json(plan.to_dict())
+        return
     sys.stdout.write(plan.k8s_yaml())
 
 
@@ -211,7 +217,8 @@ def _manage(action: str, recipe: str | None, overrides, port: int | None, pid_fi
         port = resolve(load_recipe(recipe, overrides or [])).serve.port
     files = serve.lifecycle.detached_files(port=port, pid_file=pid_file)
     if action == "status":
-        _render_status(serve.lifecycle.status(files, named=pid_file is not None), as_json)
+        listing = pid_file is None and port is None
+        _render_status(serve.lifecycle.status(files, named=pid_file is not None, listing=listing), as_json)
         return
     stopped = serve.lifecycle.stop(files, every=all_)
     if as_json:
@@ -237,5 +244,9 @@ def _render_status(rows: list[dict], as_json: bool) -> None:
     for col in ("url", "state", "pid", "model", "log"):
         table.add_column(col)
     for r in rows:
-        table.add_row(*(plain(v) for v in (r["url"], r["state"], str(r["pid"]), r.get("served_model_name") or r["model"], r["log"])))
+        state = r["state"] + (f" ({r['probe']})" if r.get("alive") and r.get("probe") else "")
+        if r.get("error"):
+            state, r = r["error"], {**r, "url": r["pid_file"]}
+        cells = (r["url"], state, r["pid"], r.get("served_model_name") or r["model"], r["log"])
+        table.add_row(*(plain("-" if v is None else str(v)) for v in cells))
     out.print(table)

@@ -169,9 +169,9 @@ def _from_env(var: str) -> str:
     return f'"${var}"'
 
 
-def render(docs: list[dict], res) -> str:
-    """The manifests as YAML: a comment header (one sanitised line each), then the documents as a YAML
-    library dumps them."""
+def header_lines(res) -> list[str]:
+    """What `--emit k8s` says above the documents (what it serves, where the model goes, the Secrets to create
+    first), one sanitised line each: the YAML's comment header, and ``comments`` in its JSON."""
     recipe = res.recipe
     serve = recipe.serve
     name = k8s_name(recipe.name)
@@ -197,5 +197,11 @@ def render(docs: list[dict], res) -> str:
                     f"kubectl create secret generic {shlex.quote(env_secret_name(name))} {literals}")
     if serve is not None and serve.distributed_executor_backend == "ray":
         head.append("distributed_executor_backend: ray spans nodes through a Ray cluster (e.g. KubeRay), not created here.")
+    return [comment_text(line, None) for line in head]
+
+
+def render(docs: list[dict], res) -> str:
+    """The manifests as YAML: a comment header (``header_lines``), then the documents as a YAML library dumps
+    them."""
     body = "---\n".join(yaml.dump(d, Dumper=_NoAliases, sort_keys=False) for d in docs)
-    return "".join(f"# {comment_text(line, None)}\n" for line in head) + "---\n" + body
+    return "".join(f"# {line}\n" for line in header_lines(res)) + "---\n" + body

@@ -21,20 +21,22 @@ import json
 import os
 import re
 import signal
+import stat
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Annotated, Callable, NamedTuple
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from infertool import procs
 from infertool.atomic import write_json
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.procs import group_members, process_start_time, stop_group, tied
+from infertool.schema import MAX_NAME, MAX_PATH, no_control
 from infertool.serve.command import API_KEY_VAR, API_SERVER_MODULE, LaunchSpec, process_env
 
 TAIL_LINES = 25
@@ -111,22 +113,45 @@ def server_key(spec: LaunchSpec) -> str | None:
     return key_for(spec.base_url, spec.api_key_env, launched=True, value=spec.secret_env.get(API_KEY_VAR))
 
 
-def probe_models(url: str, api_key: str | None = None, timeout: float = 5.0) -> tuple[int | None, dict | None]:
-    """GET {url}/v1/models: (HTTP status or None when unreachable, the JSON body when 200)."""
-    req = urllib.request.Request(url.rstrip("/") + "/v1/models")
-    if api_key:
-        req.add_header("Authorization", f"Bearer {api_key}")
+PROBE_DEADLINE_S = 3.0  # one readiness probe, all of it (connect, headers, body): a server that trickles waits no longer
+
+
+class Probe(NamedTuple):
+    """One GET /v1/models: the HTTP status (None: no complete answer), the JSON object when 200, and why there
+    was no usable answer (a NetError's one-line reason, safe to show)."""
+
+    status: int | None
+    body: dict | None
+    reason: str | None = None
+
+
+def probe_models(url: str, api_key: str | None = None, timeout: float = PROBE_DEADLINE_S) -> Probe:
+    """GET {url}/v1/models under infertool.net's policy: no redirect followed (the key stays where it was
+    sent), one deadline of ``timeout`` seconds for the whole request, a body of MAX_SMALL_BYTES at most.
+    Never raises for what the server does: an answer that is not usable is ``Probe(None, None, reason)``."""
+    from infertool.net import MAX_SMALL_BYTES, NetError, fetch
+
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:  # noqa: S310 - our own server
-            body = resp.read()
-            try:
-                return resp.status, json.loads(body)
-            except ValueError:
-                return resp.status, None
-    except urllib.error.HTTPError as exc:
-        return exc.code, None
-    except (urllib.error.URLError, OSError, TimeoutError):
-        return None, None
+        answer = fetch(url.rstrip("/") + "/v1/models", headers=headers, deadline_s=max(0.1, timeout),
+                       max_bytes=MAX_SMALL_BYTES)
+    except NetError as exc:
+        return Probe(None, None, f"{exc.kind}: {exc.reason}")
+    if not answer.ok:
+        return Probe(answer.status, None, f"HTTP {answer.status}")
+    try:
+        return Probe(answer.status, answer.json_object())
+    except NetError as exc:
+        return Probe(answer.status, None, exc.reason)
+
+
+def model_ids(body: dict | None) -> list[str]:
+    """The model ids a /v1/models answer lists (strings only: a server's other values are skipped)."""
+    data = (body or {}).get("data")
+    if not isinstance(data, list):
+        return []
+    ids = (m.get("id") for m in data[:1000] if isinstance(m, dict))
+    return [i[:MAX_NAME] for i in ids if isinstance(i, str)]
 
 
 def pick_port(host: str) -> int:
@@ -201,10 +226,10 @@ class Server:
                     key = server_key(self.spec)
                     continue
                 raise self._failure(f"the server exited with code {code} during start-up")
-            status, body = probe_models(self.spec.base_url, key, timeout=2.0)
+            left = deadline - time.monotonic()
+            status, body, _ = probe_models(self.spec.base_url, key, timeout=min(2.0, max(0.1, left)))
             if status == 200:
-                models = [m.get("id") for m in (body or {}).get("data", []) if isinstance(m, dict)]
-                return ReadyInfo(self.spec.base_url + "/v1", time.monotonic() - self.started_at, models)
+                return ReadyInfo(self.spec.base_url + "/v1", time.monotonic() - self.started_at, model_ids(body))
             if status == 401:
                 self.stop()
                 raise RuntimeFailure("the server started but refuses our API key (HTTP 401)",
@@ -276,108 +301,206 @@ def default_pid_file(port: int) -> Path:
     return pid_dir() / f"server-{port}.json"
 
 
+MAX_PID_FILE_BYTES = 256 * 1024  # a record is ~1 KB; its argv may hold a long recipe's flags
+PID_MAX = 4_194_304  # Linux's largest pid_max (2**22)
+_ENV_NAME = r"^[A-Za-z_][A-Za-z0-9_]*$"
+
+
+def _http_url(url: str) -> str:
+    from infertool.trust import origin
+
+    if origin(url) is None:
+        raise ValueError("must be an http(s) URL with a host")
+    return url
+
+
+_Pid = Annotated[int, Field(ge=2, le=PID_MAX)]
+_Line = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(no_control)]
+
+
+class PidRecord(BaseModel):
+    """A pid file of a detached server as ``write_pid_file`` writes it, validated before any use: every field
+    typed (strict: no bool for a number, no number for a text) and bounded, no field it does not write. A file
+    that does not validate is not infertool's: it is refused, never signalled, never deleted."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    pid: _Pid
+    pgid: _Pid | None = None
+    start_time: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
+    host: _Line | None = None
+    port: Annotated[int, Field(ge=1, le=65535)]
+    url: Annotated[_Line, AfterValidator(_http_url)]
+    model: _Line | None = None
+    served_model_name: _Line | None = None
+    api_key_env: Annotated[str, Field(max_length=MAX_NAME, pattern=_ENV_NAME)] | None = None
+    argv: Annotated[list[Annotated[str, Field(max_length=64 * 1024)]], Field(min_length=1, max_length=4096)] | None = None
+    log: _Line | None = None
+    started: Annotated[str, Field(max_length=64), AfterValidator(no_control)] | None = None
+
+    @property
+    def group(self) -> int:
+        """The process group infertool started the server in (its own: the pid when the record has no pgid)."""
+        return self.pgid if self.pgid is not None else self.pid
+
+    def to_dict(self) -> dict:
+        return self.model_dump()
+
+
 def write_pid_file(path: Path, server: Server, ready: ReadyInfo) -> dict:
     assert server.proc is not None
-    record = {
-        "pid": server.proc.pid,
-        "pgid": server.proc.pid,
-        "start_time": process_start_time(server.proc.pid),
-        "host": server.spec.host,
-        "port": server.spec.port,
-        "url": ready.url,
-        "model": server.spec.model,
-        "served_model_name": server.spec.served_model_name,
-        "api_key_env": server.spec.api_key_env,
-        "argv": list(server.spec.argv),
-        "log": str(server.log_path),
-        "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    }
+    record = PidRecord(
+        pid=server.proc.pid,
+        pgid=server.proc.pid,
+        start_time=process_start_time(server.proc.pid),
+        host=server.spec.host,
+        port=server.spec.port,
+        url=ready.url,
+        model=server.spec.model,
+        served_model_name=server.spec.served_model_name,
+        api_key_env=server.spec.api_key_env,
+        argv=[str(a) for a in server.spec.argv],
+        log=str(server.log_path),
+        started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    ).to_dict()
     write_json(path, record)
     return record
 
 
-def read_pid_file(path: Path) -> dict:
+def _not_a_record(path: Path, why: str) -> UsageError:
+    return UsageError(f"{path} is not a pid file infertool wrote: {why}",
+                      hint="it was left as it is (not deleted, no process signalled); `infertool serve --detach` "
+                      "writes pid files: move or delete this one yourself if it is yours")
+
+
+def _read_bounded(path: Path) -> tuple[bytes, tuple[int, int]]:
+    """The bytes of the regular file ``path`` (MAX_PID_FILE_BYTES at most; a symlink is not followed, a FIFO
+    or device not opened) and its identity (device, inode): what ``stop`` may later remove is that file only."""
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-        if int(data["pid"]) <= 1:
-            raise ValueError("not a server's pid")
-        return data
+        st = os.lstat(path)
     except FileNotFoundError:
         raise UsageError(f"no pid file at {path}", hint="`infertool serve status` lists the detached servers") from None
-    except (OSError, ValueError, KeyError, TypeError):
-        raise UsageError(f"{path} is not an infertool pid file") from None
+    except OSError as exc:
+        raise _not_a_record(path, f"it cannot be read ({exc.strerror or exc})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _not_a_record(path, "it is a symbolic link (infertool writes pid files as regular files)")
+    if stat.S_ISDIR(st.st_mode):
+        raise _not_a_record(path, "it is a directory")
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_a_record(path, "it is not a regular file")
+    if st.st_size > MAX_PID_FILE_BYTES:
+        raise _not_a_record(path, f"it holds {st.st_size:,} bytes, over the {MAX_PID_FILE_BYTES:,}-byte limit of a pid file")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        with os.fdopen(fd, "rb") as f:
+            now = os.fstat(f.fileno())
+            data = f.read(MAX_PID_FILE_BYTES + 1)
+    except OSError as exc:
+        raise _not_a_record(path, f"it cannot be read ({exc.strerror or exc})") from None
+    if (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) or not stat.S_ISREG(now.st_mode):
+        raise _not_a_record(path, "it was replaced while being read")
+    if len(data) > MAX_PID_FILE_BYTES:
+        raise _not_a_record(path, f"it holds more than {MAX_PID_FILE_BYTES:,} bytes, the limit of a pid file")
+    return data, (st.st_dev, st.st_ino)
 
 
-def record_alive(record: dict) -> bool:
+def _reject_constant(name: str):
+    raise ValueError(f"{name} is not JSON")
+
+
+def _schema_errors(exc: ValidationError, n: int = 3) -> str:
+    """The first ``n`` problems of a record, one phrase each (field path: what is wrong), without its values."""
+    parts = []
+    for e in exc.errors(include_input=False, include_url=False)[:n]:
+        where = "".join(f"[{x}]" if isinstance(x, int) else f".{x}" for x in e["loc"]).lstrip(".") or "the record"
+        parts.append(f"{where}: {e['msg']}")
+    more = exc.error_count() - len(parts)
+    return "; ".join(parts) + (f" (and {more} more)" if more > 0 else "")
+
+
+def _read_record(path: Path) -> tuple[PidRecord, tuple[int, int]]:
+    data, ident = _read_bounded(path)
+    try:
+        doc = json.loads(data.decode("utf-8"), parse_constant=_reject_constant)
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise _not_a_record(path, "it is not JSON") from None
+    if not isinstance(doc, dict):
+        kind = "null" if doc is None else {list: "list", str: "string", bool: "boolean"}.get(type(doc), "number")
+        raise _not_a_record(path, f"it holds a JSON {kind}, not a record")
+    try:
+        return PidRecord.model_validate(doc), ident
+    except ValidationError as exc:
+        raise _not_a_record(path, _schema_errors(exc)) from None
+
+
+def read_pid_file(path: Path) -> PidRecord:
+    """The record in ``path``, validated (``PidRecord``); UsageError (exit 2) naming the file and what is wrong
+    for anything else: no file, not a regular file, too large, not JSON, not a record infertool writes."""
+    return _read_record(path)[0]
+
+
+def record_alive(record: PidRecord) -> bool:
     """Whether the recorded server may still be running (its pid is alive with the recorded start time, or its
     group has members). Only ``verify_record`` says whether it is ours."""
-    pid = int(record["pid"])
-    start = process_start_time(pid)
-    if start is not None and record.get("start_time") not in (None, start):
+    start = process_start_time(record.pid)
+    if start is not None and record.start_time not in (None, start):
         return False  # the pid was recycled by an unrelated process
-    return bool(group_members(_pgid(record)))
-
-
-def _pgid(record: dict) -> int:
-    try:
-        return int(record.get("pgid", record["pid"]))
-    except (TypeError, ValueError):
-        return int(record["pid"])
+    return bool(group_members(record.group))
 
 
 def _cmdline(pid: int) -> list[str] | None:
     try:
         with open(f"/proc/{pid}/cmdline", "rb") as f:
-            raw = f.read()
+            raw = f.read(4 * 1024 * 1024)
     except OSError:
         return None
     return [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else None
 
 
-def verify_record(record: dict) -> str | None:
+def verify_record(record: PidRecord) -> str | None:
     """Why the process a pid file names cannot be shown to be the server infertool launched (None when it
-    is): the group is the recorded pid's own, the pid is alive with the recorded start time, and it runs the
-    recorded vLLM command on the recorded port."""
-    pid = int(record["pid"])
-    if _pgid(record) != pid:
-        return f"its process group ({record.get('pgid')}) is not the server's own (pid {pid})"
-    if not isinstance(record.get("start_time"), int) or isinstance(record.get("start_time"), bool):
+    is): the group is the recorded pid's own, the pid is this user's and alive with the recorded start time,
+    and its command line is exactly the recorded one, a vLLM server on the recorded port. A record without
+    a command line (argv) is never shown to be ours."""
+    pid = record.pid
+    if record.group != pid:
+        return f"its process group ({record.pgid}) is not the server's own (pid {pid})"
+    if record.start_time is None:
         return "it records no process start time, so a recycled pid cannot be told from the server"
-    if process_start_time(pid) != record["start_time"]:
+    if process_start_time(pid) != record.start_time:
         return f"process {pid} is not the one recorded (its start time differs, or it is gone)"
     try:
         if os.stat(f"/proc/{pid}").st_uid != os.getuid():
             return f"process {pid} belongs to another user"
     except OSError:
         return f"process {pid} is gone"
+    if not record.argv:
+        return "it records no command line, so the process cannot be shown to run the server infertool launched"
     cmd = _cmdline(pid)
-    argv = record.get("argv")
-    port = str(record.get("port"))
     if cmd is None:
         return f"the command line of process {pid} cannot be read"
-    if isinstance(argv, list) and argv and cmd != [str(a) for a in argv]:
+    if cmd != record.argv:
         return f"process {pid} does not run the recorded command"
+    port = str(record.port)
     if API_SERVER_MODULE not in cmd or "--port" not in cmd or cmd[cmd.index("--port") + 1:][:1] != [port]:
         return f"process {pid} is not a vLLM server on port {port}"
     return None
 
 
-def _key_for_record(record: dict) -> str | None:
+def _key_for_record(record: PidRecord) -> str | None:
     """The key for a pid file's URL (a pid file in infertool's own directory, or one the user named with
     --pid-file): only when its server is verifiably the one infertool launched (``verify_record``: this user's
-    process, its start time, the recorded vLLM command), at an address of this host and the recorded port."""
+    process, its start time, exactly the recorded vLLM command), at an address of this host and the recorded
+    port. ``trust.key_for`` decides, as everywhere."""
     from infertool.trust import is_this_machine, key_for, origin
 
-    name = record.get("api_key_env")
-    if not name or not isinstance(name, str):
+    if not record.api_key_env:
         return None
-    url = str(record.get("url") or "")
-    o = origin(url)
+    o = origin(record.url)
     why = verify_record(record)
-    if why is None and not (o is not None and o[0] == "http" and str(o[2]) == str(record.get("port"))
-                            and is_this_machine(o[1])):
+    if why is None and not (o is not None and o[0] == "http" and o[2] == record.port and is_this_machine(o[1])):
         why = "its URL is not this machine at the recorded port"
-    return key_for(url, name, launched=why is None, flag=None,
+    return key_for(record.url, record.api_key_env, launched=why is None, flag=None,
                    why=None if why is None else f"the pid file's server cannot be shown to be infertool's ({why})")
 
 
@@ -387,33 +510,47 @@ def list_pid_files(directory: Path | None = None) -> list[Path]:
 
 
 def status_of(path: Path) -> dict:
+    """A recorded server as a row: its record, the pid file, whether it is alive, its state and, when it gave
+    no usable answer, why (``probe``). Raises UsageError for a file that is not a valid record."""
     record = read_pid_file(path)
     alive = record_alive(record)
-    status = None
-    if alive:
-        url = str(record.get("url") or "")
-        status, _ = probe_models(url.removesuffix("/v1"), _key_for_record(record), timeout=3.0)
+    probe = probe_models(record.url.removesuffix("/v1"), _key_for_record(record)) if alive else Probe(None, None)
+    status = probe.status
     state = ("ready" if status == 200 else "answers HTTP 401: API key missing or refused" if status == 401
              else "starting or unhealthy" if alive else "dead")
-    return {**record, "pid_file": str(path), "alive": alive, "state": state}
+    return {**record.to_dict(), "pid_file": str(path), "alive": alive, "state": state,
+            "probe": None if status == 200 else probe.reason}
+
+
+def _remove_record(path: Path, ident: tuple[int, int]) -> None:
+    """Delete the pid file that was read (the same device and inode), nothing else: a file put in its place
+    meanwhile stays."""
+    from infertool.atomic import remove_inside
+
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return
+    if (st.st_dev, st.st_ino) == ident and stat.S_ISREG(st.st_mode):
+        remove_inside(path, path.parent)
 
 
 def stop_detached(path: Path, grace_s: float = 20.0) -> dict:
-    """Stop the server a pid file records, only when it is verifiably the one infertool launched; a pid file
-    whose server is gone is removed. Never signals a process group it cannot show to be ours."""
-    record = read_pid_file(path)
-    pgid = _pgid(record)
+    """Stop the server a pid file records, only when it is verifiably the one infertool launched; the pid file
+    (a valid record, read and validated first) is removed once its server is gone. Never signals a process
+    group it cannot show to be ours, never deletes a file that is not a record infertool writes."""
+    record, ident = _read_record(path)
+    pgid = record.group
     was_alive = record_alive(record)
     if was_alive:
         why = verify_record(record)
         if why is not None:
-            raise UsageError(f"not stopping pid {record['pid']} (process group {pgid}) recorded in {path}: {why}",
+            raise UsageError(f"not stopping pid {record.pid} (process group {pgid}) recorded in {path}: {why}",
                              hint="check the process yourself (ps -o pid,pgid,lstart,args -g PGID) and stop it if it "
                              "is yours; delete the pid file when it is stale")
     stopped = terminate_group(pgid, grace_s) if was_alive else True
-    if stopped:
-        path.unlink(missing_ok=True)
-    else:
+    if not stopped:
         raise RuntimeFailure(f"could not stop the server's process group {pgid}",
                              hint=f"processes left: {group_members(pgid)}")
-    return {**record, "pid_file": str(path), "was_alive": was_alive, "stopped": True}
+    _remove_record(path, ident)
+    return {**record.to_dict(), "pid_file": str(path), "was_alive": was_alive, "stopped": True}

@@ -66,8 +66,15 @@ class ServePlan:
 
     def to_dict(self) -> dict:
         """What a dry run shows as JSON: the launch (argv, env without secrets, lint, KV cache) and the resolution
-        (with emit: the manifests instead of the launch)."""
-        shown = self.launch.to_dict() if self.launch is not None else {"manifests": self.manifests}
+        (with emit: the manifests as a list of documents, and the comment lines `--emit k8s` prints above them:
+        what to create first; nothing is written to a file)."""
+        if self.launch is not None:
+            shown = self.launch.to_dict()
+        else:
+            from infertool.serve.k8s import header_lines
+
+            shown = {"emit": self.options.emit, "manifests": self.manifests, "comments": header_lines(self.res),
+                     "written_to": None}
         return {"ok": not self.errors, "dry_run": self.options.dry_run, **shown, "resolution": self.res.to_dict()}
 
 
@@ -91,6 +98,7 @@ def plan(res, options: ServeOptions | None = None) -> ServePlan:
     from infertool.serve.launches import default_log_path, prepare
 
     options = options or ServeOptions()
+    check_timeout(options.timeout_s)
     if options.emit is not None:
         if options.emit != "k8s":
             raise UsageError(f"--emit {options.emit!r}: only `--emit k8s` exists")
@@ -101,6 +109,24 @@ def plan(res, options: ServeOptions | None = None) -> ServePlan:
     port = launch.spec.port
     return ServePlan(res, options, launch, pid_file=options.pid_file or default_pid_file(port),
                      log=options.log or default_log_path(port))
+
+
+def check_timeout(seconds, flag: str = "--timeout") -> float | None:
+    """A start-up timeout as the recipe bounds serve.startup_timeout_s (infertool.schema.Seconds: a finite number
+    of seconds, over 0, 30 days at most), or None (the recipe's); UsageError (exit 2) for anything else: a
+    deadline of ``start + nan`` never expires, one of ``-1`` or ``0`` ends before vLLM can start."""
+    import math
+
+    from infertool.schema import MAX_SECONDS
+
+    if seconds is None:
+        return None
+    ok = isinstance(seconds, (int, float)) and not isinstance(seconds, bool)
+    if not (ok and math.isfinite(seconds) and 0 < seconds <= MAX_SECONDS):
+        raise UsageError(f"{flag} {seconds!r}: a start-up timeout is a number of seconds over 0 and at most "
+                         f"{MAX_SECONDS:.0f} (30 days), like serve.startup_timeout_s",
+                         hint=f"e.g. {flag} 600 (CPU start-up takes ~40 s with enforce_eager: true, minutes without)")
+    return float(seconds)
 
 
 def run(plan: ServePlan, ctx: RunContext | None = None) -> ServeResult:
@@ -183,18 +209,35 @@ def detached_files(*, port: int | None = None, pid_file: Path | None = None) -> 
     return list_pid_files()
 
 
-def status(files: list[Path], *, named: bool = False) -> list[dict]:
+def status(files: list[Path], *, named: bool = False, listing: bool = False) -> list[dict]:
     """Each recorded server: its pid file's record, whether it is alive and what it answers. A file that is not
-    there is skipped, unless ``named`` (the user gave it: then that is an error)."""
-    return [status_of(f) for f in files if named or f.exists()]
+    there is skipped, unless ``named`` (the user gave it: then that is an error). A file that is not a valid
+    pid record is an error (UsageError naming it and what is wrong), except when ``listing`` every recorded
+    server: then it is a row of its own (``state`` "invalid pid file", ``error`` why), so that one stray file
+    hides no server. Nothing is deleted either way."""
+    rows = []
+    for f in files:
+        if not (named or f.exists() or f.is_symlink()):
+            continue
+        try:
+            rows.append(status_of(f))
+        except UsageError as exc:
+            if not listing:
+                raise
+            rows.append({"pid_file": str(f), "alive": False, "state": "invalid pid file", "error": exc.message,
+                         "url": None, "pid": None, "model": None, "log": None})
+    return rows
 
 
 def stop(files: list[Path], *, every: bool = False) -> list[dict]:
     """Stop the recorded servers (only those verifiably infertool's; see ``launcher.stop_detached``). More than
-    one needs ``every``."""
+    one needs ``every``. Every file is read and validated first: one that is not a valid pid record stops the
+    command before any server is signalled or any file removed."""
     if not files:
         raise UsageError("no detached server to stop", hint="`infertool serve status` lists them")
     if len(files) > 1 and not every:
         ports = ", ".join(f.stem.removeprefix("server-") for f in files)
         raise UsageError(f"{len(files)} detached servers (ports {ports}): say which", hint="--port N, a RECIPE, or --all")
+    for f in files:
+        read_pid_file(f)
     return [stop_detached(f) for f in files]
