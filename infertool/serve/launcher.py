@@ -315,7 +315,7 @@ def _http_url(url: str) -> str:
 
 
 _Pid = Annotated[int, Field(ge=2, le=PID_MAX)]
-_Line = Annotated[str, Field(max_length=MAX_PATH), AfterValidator(no_control)]
+_Text = Annotated[str, Field(max_length=MAX_PATH)]  # shown through output.plain / JSON only
 
 
 class PidRecord(BaseModel):
@@ -328,14 +328,14 @@ class PidRecord(BaseModel):
     pid: _Pid
     pgid: _Pid | None = None
     start_time: Annotated[int, Field(ge=0, le=2**63 - 1)] | None = None
-    host: _Line | None = None
+    host: _Text | None = None
     port: Annotated[int, Field(ge=1, le=65535)]
-    url: Annotated[_Line, AfterValidator(_http_url)]
-    model: _Line | None = None
-    served_model_name: _Line | None = None
+    url: Annotated[str, Field(max_length=MAX_PATH), AfterValidator(no_control), AfterValidator(_http_url)]
+    model: _Text | None = None
+    served_model_name: _Text | None = None
     api_key_env: Annotated[str, Field(max_length=MAX_NAME, pattern=_ENV_NAME)] | None = None
     argv: Annotated[list[Annotated[str, Field(max_length=64 * 1024)]], Field(min_length=1, max_length=4096)] | None = None
-    log: _Line | None = None
+    log: _Text | None = None
     started: Annotated[str, Field(max_length=64), AfterValidator(no_control)] | None = None
 
     @property
@@ -348,7 +348,19 @@ class PidRecord(BaseModel):
 
 
 def write_pid_file(path: Path, server: Server, ready: ReadyInfo) -> dict:
+    """Record a detached server in ``path`` (a PidRecord, written whole). A launch that would not make a valid
+    record (a --log path over PATH_MAX) is a RuntimeFailure, and the caller stops the server."""
     assert server.proc is not None
+    try:
+        record = _record_of(server, ready)
+    except ValidationError as exc:
+        raise RuntimeFailure(f"cannot record the server in {path}: {_schema_errors(exc)}") from None
+    write_json(path, record)
+    return record
+
+
+def _record_of(server: Server, ready: ReadyInfo) -> dict:
+    """The PidRecord of a started server (ValidationError when the launch cannot make a valid one)."""
     record = PidRecord(
         pid=server.proc.pid,
         pgid=server.proc.pid,
@@ -362,9 +374,8 @@ def write_pid_file(path: Path, server: Server, ready: ReadyInfo) -> dict:
         argv=[str(a) for a in server.spec.argv],
         log=str(server.log_path),
         started=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-    ).to_dict()
-    write_json(path, record)
-    return record
+    )
+    return record.to_dict()
 
 
 def _not_a_record(path: Path, why: str) -> UsageError:
