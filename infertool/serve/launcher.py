@@ -7,12 +7,14 @@
   the server starts; when another process takes it between the pick and vLLM's bind (the server exits with
   "address already in use"), the launcher picks again, PORT_ATTEMPTS times at most. A port the user chose
   (``infertool serve``: serve.port / --port) is never changed.
-- Readiness: GET /v1/models answers 200 (with the API key when there is one).
+- Readiness: GET /v1/models answers 200 (with the API key when there is one), through infertool.net: no
+  redirect followed, one deadline per probe (within the start-up deadline), a bounded body.
 - Shutdown: SIGTERM to the process group (vLLM shuts its engine down), then SIGKILL after a grace
   period; done when no process of the group is left (checked in /proc).
-- ``--detach``: a pid file (JSON: pid, process start time, port, url, log) that ``stop``/``status``
-  read; the start time and the command line guard against a recycled pid: ``stop`` signals nothing it
-  cannot verify as the server infertool launched, and ``status`` sends the key only to such a server.
+- ``--detach``: a pid file (JSON: pid, process start time, port, url, argv, log) that ``stop``/``status``
+  read, validated first (``PidRecord``: a file that is not one is refused and never deleted); the start time
+  and the exact command line guard against a recycled pid: ``stop`` signals nothing it cannot verify as the
+  server infertool launched, and ``status`` sends the key only to such a server.
 """
 
 from __future__ import annotations
