@@ -29,7 +29,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from infertool.atomic import atomic_dir, write_json, write_text
-from infertool.errors import EnvNotReady, InfertoolError
+from infertool.errors import EnvNotReady, InfertoolError, UsageError
 from infertool.tune import search, space
 from infertool.tune.context import Context, emit
 from infertool.tune.records import (
@@ -195,6 +195,11 @@ class Plan:
 def plan_search(recipe) -> Plan:
     """The search space, refused beyond ``space.MAX_SPACE`` trials before anything is built, and its planned
     trials (at most max(PLAN_SAMPLE, tune.max_trials)), each predicted, most promising first."""
+    load = recipe.tune.load
+    if load.max_concurrency is not None and load.max_concurrency < load.min_concurrency:
+        raise UsageError(f"tune.load.min_concurrency ({load.min_concurrency}) is above tune.load.max_concurrency "
+                         f"({load.max_concurrency}): the load search has no range",
+                         hint="lower tune.load.min_concurrency or raise tune.load.max_concurrency")
     sp = space.search_space(recipe)
     k = max(space.PLAN_SAMPLE, recipe.tune.max_trials)
     planned = [predicted(sp.trial(i)) for i in sp.sample(k, recipe.tune.seed)]
