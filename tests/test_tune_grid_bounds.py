@@ -253,3 +253,34 @@ def test_a_load_range_with_no_concurrency_in_it_is_refused(tmp_path, tmp_home):
     data["tune"]["load"].update(min_concurrency=16, max_concurrency=4)
     r = run_cli("tune", str(write(tmp_path, data)), "--dry-run", timeout=300)
     assert r.returncode == 2 and "tune.load.min_concurrency (16) is above tune.load.max_concurrency (4)" in r.stderr
+
+
+# --------------------------------------------------------------------------------------------- a tune's records
+class AnyLoad(dict):
+    """Stand-in capacity for every (candidate, max_num_seqs): load 2 at $5 per 1M output tokens."""
+
+    def __missing__(self, key):
+        return (2, 5.0)
+
+
+def test_a_tune_of_a_sampled_space_records_what_ran_and_says_the_size(tmp_path, monkeypatch):
+    from tests.fakes import layout_model
+    from tests.test_tune import Stand, tune_recipe
+
+    from infertool.tune.run import run_tune
+
+    model = layout_model(tmp_path / "m" / "smollm2", "smollm2-135m", shards=1)
+    grid = {"max_num_seqs": list(range(1, 33)), "max_num_batched_tokens": list(range(1000, 1032))}
+    r = validate_recipe_data(tune_recipe(model, tmp_path, serve_grid=grid, sampler="grid", max_trials=2))
+    stand = Stand(monkeypatch, verdicts={"W8A8 (llmcompressor)": "PASS", "GPTQ 4-bit g32 (gptqmodel)": "PASS"},
+                  loads=AnyLoad(), served={})
+    planned = core.plan_search(r).trials
+    res = run_tune(r)
+    assert [t.id for t in res.trials] == [t.id for t in planned[:2]]  # the two most promising of the sample, only
+    assert sum(c.startswith("capacity:") for c in stand.calls) == 2
+    assert any("the search space is 3,072 trials (3 candidates x 1,024 serving settings" in n for n in res.notes)
+    doc = json.loads((Path(res.tune_dir) / "tune.json").read_text())
+    assert len(doc["trials"]) == 2 and doc["space"] == {
+        "trials": 3072, "candidates": 3, "serving_settings": 1024, "axes": {"max_num_seqs": 32, "max_num_batched_tokens": 32},
+        "planned": space.PLAN_SAMPLE, "sampled": True, "sampler": "grid", "max_trials": 2}
+    assert "Search space: 3,072 trials, 1,024 planned" in (Path(res.tune_dir) / "tune.md").read_text()

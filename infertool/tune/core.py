@@ -185,6 +185,13 @@ class Plan:
         """Every trial planned or picked so far."""
         return list(self.built.values())
 
+    def to_dict(self) -> dict:
+        """The space's size and axes, what was planned, which sampler picks (the dry run and tune.json say it)."""
+        sp = self.space
+        return {"trials": sp.size, "candidates": len(sp.candidates), "serving_settings": sp.grid.size,
+                "axes": {key: len(values) for key, values in sp.grid.axes}, "planned": len(self.trials),
+                "sampled": self.sampled, "sampler": self.sampler(), "max_trials": sp.recipe.tune.max_trials}
+
     def sampler(self) -> str:
         """Which sampler picks the trials: the grid (most promising first) or Optuna's TPE (auto: when the space
         is larger than tune.max_trials)."""
@@ -229,8 +236,10 @@ def served_check(ctx: Context, trial: space.Trial, cand: TrialRecord) -> bool:
     return False
 
 
-def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], seconds: float) -> TuneResult:
-    """Rank, re-check the winner as served, write tune.json, tuned.yaml and the report."""
+def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], seconds: float,
+           plan: Plan | None = None) -> TuneResult:
+    """Rank, re-check the winner as served, write tune.json (with the search space ``plan`` says), tuned.yaml and
+    the report."""
     by_id = {t.id: t for t in trials}
     winner = None
     for cand in search.rank(records):
@@ -246,7 +255,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     doc = TuneDoc(recipe=ctx.recipe.name, objective=ctx.tune.objective, exhaustive=ctx.exhaustive,
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
-                  tuned_recipe=tuned, finished=_now())
+                  tuned_recipe=tuned, finished=_now(), space=plan.to_dict() if plan is not None else None)
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
     from infertool.tune.report import write_report
 
@@ -254,6 +263,9 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     notes = []
     if winner is None:
         notes.append("no configuration passes the accuracy gates and meets the SLO: see why each lost")
+    if plan is not None and plan.sampled:
+        notes.append(f"the search space is {plan.space.describe()}: {len(records):,} run or planned by the sampler "
+                     "are listed, the rest were not chosen")
     return TuneResult(str(ctx.dir), winner, records, front, round(seconds, 1), tuned, report, notes)
 
 
@@ -309,8 +321,5 @@ def dry_run(recipe) -> dict:
             "pruned": [t.id for t in shown if not t.prediction.fits],
             "candidates": [c.to_dict() for c in sp.candidates],
             "grid": list(itertools.islice(sp.grid, DRY_RUN_SHOWN)),
-            "space": {"trials": sp.size, "candidates": len(sp.candidates), "serving_settings": sp.grid.size,
-                      "axes": {key: len(values) for key, values in sp.grid.axes}, "planned": len(plan.trials),
-                      "sampled": plan.sampled, "shown": len(shown), "sampler": plan.sampler(),
-                      "pruned_planned": sum(not t.prediction.fits for t in plan.trials),
-                      "max_trials": recipe.tune.max_trials}}
+            "space": {**plan.to_dict(), "shown": len(shown),
+                      "pruned_planned": sum(not t.prediction.fits for t in plan.trials)}}

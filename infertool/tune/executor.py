@@ -35,13 +35,14 @@ def execute(ctx, plan, executor: str) -> list[TrialRecord]:
     graph). The planned trials not chosen are recorded as skipped."""
     from infertool.tune.core import run_trial
 
-    trials = plan.trials
     chosen = _select(ctx, plan)
+    # the planned trials not chosen, recorded as skipped: not those of a sampled space (its size is said instead)
+    skipped = [] if plan.sampled else _skipped(plan.trials, chosen, SAMPLER_SKIP)
     first = next((t for t in chosen if not t.candidate.original and (t.prediction.fits or ctx.exhaustive)), None)
     if first is not None and (_needs_reference(chosen) or ctx.exhaustive):
         ctx.run_stages(first, ["reference"], {})
     if executor == "ray":
-        return _ray(ctx, chosen) + _skipped(trials, chosen, SAMPLER_SKIP)
+        return _ray(ctx, chosen) + skipped
     records: list[TrialRecord] = []
     for t in chosen:
         if ctx.elapsed() > ctx.tune.max_wall_s:
@@ -50,7 +51,7 @@ def execute(ctx, plan, executor: str) -> list[TrialRecord]:
             records.append(_skip(t, f"not started: the wall-time budget ({ctx.tune.max_wall_s:g} s) was spent"))
             continue
         records.append(run_trial(ctx, t))
-    return records + _skipped(trials, chosen, SAMPLER_SKIP)
+    return records + skipped
 
 
 def _skip(t, reason: str) -> TrialRecord:

@@ -111,6 +111,10 @@ def _summary(doc: TuneDoc) -> list[str]:
              f"{len(doc.trials)} trials in {doc.seconds:,.0f} s ("
              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")"
              + (" — exhaustive: no pruning, no early stopping, every load level" if doc.exhaustive else "") + "."]
+    sp = doc.space or {}
+    if sp.get("sampled"):
+        lines.append(f"Search space: {sp.get('trials', 0):,} trials, {sp.get('planned', 0):,} planned (a sample drawn "
+                     f"with tune.seed), the trials run chosen by the {sp.get('sampler')} sampler; the others are not listed.")
     if win and win.objective is not None:
         obj = -win.objective if doc.objective == "goodput" else win.objective
         sc = win.served_check

@@ -33,7 +33,7 @@ def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = Fa
     if executor == "local":
         _require_envs(plan.trials)  # before the first quantization, not after an hour of trials
     records = execute(ctx, plan, executor)
-    return finish(ctx, plan.known(), records, time.monotonic() - t0)
+    return finish(ctx, plan.known(), records, time.monotonic() - t0, plan)
 
 
 def _require_envs(trials: list[space.Trial]) -> None:
