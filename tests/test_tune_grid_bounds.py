@@ -281,6 +281,16 @@ def test_a_tune_of_a_sampled_space_records_what_ran_and_says_the_size(tmp_path, 
     assert any("the search space is 3,072 trials (3 candidates x 1,024 serving settings" in n for n in res.notes)
     doc = json.loads((Path(res.tune_dir) / "tune.json").read_text())
     assert len(doc["trials"]) == 2 and doc["space"] == {
-        "trials": 3072, "candidates": 3, "serving_settings": 1024, "axes": {"max_num_seqs": 32, "max_num_batched_tokens": 32},
-        "planned": space.PLAN_SAMPLE, "sampled": True, "sampler": "grid", "max_trials": 2}
-    assert "Search space: 3,072 trials, 1,024 planned" in (Path(res.tune_dir) / "tune.md").read_text()
+        "trials": 3072, "candidates": 3, "serving_settings": 1024,
+        "axes": {"max_num_seqs": 32, "max_num_batched_tokens": 32}, "planned": space.PLAN_SAMPLE, "sampled": True,
+        "sampler": "grid", "max_trials": 2}
+    md = " ".join((Path(res.tune_dir) / "tune.md").read_text().split())
+    assert ("Search space: 3,072 trials, 1,024 planned (a sample drawn with tune.seed), the trials run chosen by the "
+            "grid sampler") in md
+    # a tune.json written by hand (or by an older version): its space is said only when it reads as one
+    from infertool.tune.records import TuneDoc
+    from infertool.tune.report import trial_rows, _summary
+
+    for crafted in ({"sampled": True, "trials": "many", "planned": None}, ["x"], None):
+        lines = _summary(TuneDoc.from_dict({**doc, "space": crafted}))
+        assert not any(x.startswith("Search space") for x in lines) and trial_rows({**doc, "space": crafted})

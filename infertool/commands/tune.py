@@ -89,7 +89,8 @@ def _render_plan(plan: dict) -> None:
     sp = plan["space"]
     title = f"{len(plan['trials'])} trials, most promising first (roofline prediction)"
     if sp["shown"] < sp["trials"]:
-        title = f"the first {sp['shown']:,} of {sp['planned']:,} planned trials, most promising first (roofline prediction)"
+        title = (f"the first {sp['shown']:,} of {sp['planned']:,} planned trials, most promising first "
+                 "(roofline prediction)")
     t = Table(title=title)
     for c in ("trial", "quantization", "serving", "fits", "decode tok/s bound", "$/1M bound", "why not"):
         t.add_column(c)

@@ -196,7 +196,8 @@ class Plan:
         """Which sampler picks the trials: the grid (most promising first) or Optuna's TPE (auto: when the space
         is larger than tune.max_trials)."""
         tune = self.space.recipe.tune
-        return "tpe" if tune.sampler == "tpe" or (tune.sampler == "auto" and self.space.size > tune.max_trials) else "grid"
+        tpe = tune.sampler == "tpe" or (tune.sampler == "auto" and self.space.size > tune.max_trials)
+        return "tpe" if tpe else "grid"
 
 
 def plan_search(recipe) -> Plan:

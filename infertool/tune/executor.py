@@ -10,8 +10,9 @@
 Which trials: the planned ones (the whole space, or a seeded sample of a large one: ``core.Plan``), most
 promising first (the roofline's prediction), when the space fits ``tune.max_trials`` (``sampler: grid``);
 otherwise Optuna's TPE sampler picks them over the whole space by index (``sampler: tpe``), told each picked
-trial's predicted objective. Either way the wall-time budget
-(``tune.max_wall_s``) stops new trials from starting; what was not run is recorded as skipped.
+trial's predicted objective. Either way the wall-time budget (``tune.max_wall_s``) stops new trials from
+starting; what was not run is recorded as skipped (of a sampled space: the chosen ones only, its size said in
+tune.json).
 """
 
 from __future__ import annotations
@@ -210,8 +211,8 @@ def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_inde
     from pathlib import Path
 
     from infertool.recipe import validate_recipe_data
-    from infertool.tune.context import Context
     from infertool.tune import space
+    from infertool.tune.context import Context
     from infertool.tune.core import predicted, run_trial
 
     recipe = validate_recipe_data(recipe_data, source="tune (ray worker)")
