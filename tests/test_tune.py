@@ -45,7 +45,7 @@ def test_space_candidates_grid_and_trial_recipes(smol, tmp_path):
     cands = space.candidates(r)
     assert [c.label for c in cands] == ["original", "W8A8 (llmcompressor)", "GPTQ 4-bit g32 (gptqmodel)"]
     assert cands[2].spec["bits"] == 4 and cands[2].spec["group_size"] == 32 and cands[2].spec["method"] == "gptq"
-    assert space.grid_points(r) == [{"max_num_seqs": 2}, {"max_num_seqs": 4}]
+    assert list(space.grid(r)) == [{"max_num_seqs": 2}, {"max_num_seqs": 4}]
     trials = space.trials(r)
     assert len(trials) == 6 and len({t.id for t in trials}) == 6
     t = next(t for t in trials if t.candidate.index == 1 and t.serve == {"max_num_seqs": 4})

@@ -86,7 +86,12 @@ def _render_plan(plan: dict) -> None:
 
     from infertool.output import out
 
-    t = Table(title=f"{len(plan['trials'])} trials, most promising first (roofline prediction)")
+    sp = plan["space"]
+    title = f"{len(plan['trials'])} trials, most promising first (roofline prediction)"
+    if sp["shown"] < sp["trials"]:
+        title = (f"the first {sp['shown']:,} of {sp['planned']:,} planned trials, most promising first "
+                 "(roofline prediction)")
+    t = Table(title=title)
     for c in ("trial", "quantization", "serving", "fits", "decode tok/s bound", "$/1M bound", "why not"):
         t.add_column(c)
     for tr in plan["trials"]:
@@ -97,6 +102,22 @@ def _render_plan(plan: dict) -> None:
                   f"{p['cost_per_1m_output_tokens']:,.3g}" if p.get("cost_per_1m_output_tokens") else "-",
                   escape("; ".join(p.get("reasons") or [])))
     out.print(t)
+    if sp["shown"] < sp["trials"]:
+        out.print(_space_line(plan), markup=False, soft_wrap=True)
+
+
+def _space_line(plan: dict) -> str:
+    """One line under a dry run's table that does not list the whole space: its size and axes, what was planned,
+    which sampler picks the trials to run."""
+    sp = plan["space"]
+    axes = " x ".join(f"{k} {n}" for k, n in sp["axes"].items())
+    planned = (f"{sp['planned']:,} planned (a sample drawn with tune.seed)" if sp["sampled"]
+               else f"all {sp['planned']:,} planned")
+    pick = (f"the first {min(sp['max_trials'], sp['planned']):,} planned would run" if sp["sampler"] == "grid"
+            else f"Optuna's TPE picks {sp['max_trials']:,} over the whole space")
+    return (f"search space: {sp['trials']:,} trials ({sp['candidates']} candidates x {sp['serving_settings']:,} "
+            f"serving settings{': ' + axes if axes else ''}); {planned}, {sp['pruned_planned']:,} of them pruned by "
+            f"the plan; {pick} (tune.max_trials {sp['max_trials']:,})")
 
 
 def _render(result) -> None:

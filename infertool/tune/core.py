@@ -23,12 +23,13 @@ every trial's load is swept level by level: the brute force the staged search is
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
 from infertool.atomic import atomic_dir, write_json, write_text
-from infertool.errors import EnvNotReady, InfertoolError
+from infertool.errors import EnvNotReady, InfertoolError, UsageError
 from infertool.tune import search, space
 from infertool.tune.context import Context, emit
 from infertool.tune.records import (
@@ -148,14 +149,74 @@ def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
     return sorted(trials, key=key)
 
 
+def predicted(trial: space.Trial) -> space.Trial:
+    """The trial with the plan's prediction (a plan that cannot be made: it does not fit, with the reason)."""
+    try:
+        trial.prediction = space.predict(trial)
+    except InfertoolError as e:
+        trial.prediction = PredictionRecord(fits=False, reasons=[e.message])
+    return trial
+
+
+@dataclass
+class Plan:
+    """What tune plans before anything runs: the search space (read by index, never listed), the trials planned
+    (the whole space when it has at most ``space.PLAN_SAMPLE`` trials, else a sample drawn with tune.seed), most
+    promising first; a trial a sampler picks outside them is planned when picked (``trial``)."""
+
+    space: space.Space
+    trials: list[space.Trial]
+    built: dict[int, space.Trial] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.built.update((t.index, t) for t in self.trials)
+
+    @property
+    def sampled(self) -> bool:
+        """True when only a sample of the space was planned."""
+        return len(self.trials) < self.space.size
+
+    def trial(self, index: int) -> space.Trial:
+        if index not in self.built:
+            self.built[index] = predicted(self.space.trial(index))
+        return self.built[index]
+
+    def known(self) -> list[space.Trial]:
+        """Every trial planned or picked so far."""
+        return list(self.built.values())
+
+    def to_dict(self) -> dict:
+        """The space's size and axes, what was planned, which sampler picks (the dry run and tune.json say it)."""
+        sp = self.space
+        return {"trials": sp.size, "candidates": len(sp.candidates), "serving_settings": sp.grid.size,
+                "axes": {key: len(values) for key, values in sp.grid.axes}, "planned": len(self.trials),
+                "sampled": self.sampled, "sampler": self.sampler(), "max_trials": sp.recipe.tune.max_trials}
+
+    def sampler(self) -> str:
+        """Which sampler picks the trials: the grid (most promising first) or Optuna's TPE (auto: when the space
+        is larger than tune.max_trials)."""
+        tune = self.space.recipe.tune
+        tpe = tune.sampler == "tpe" or (tune.sampler == "auto" and self.space.size > tune.max_trials)
+        return "tpe" if tpe else "grid"
+
+
+def plan_search(recipe) -> Plan:
+    """The search space, refused beyond ``space.MAX_SPACE`` trials before anything is built, and its planned
+    trials (at most max(PLAN_SAMPLE, tune.max_trials)), each predicted, most promising first."""
+    load = recipe.tune.load
+    if load.max_concurrency is not None and load.max_concurrency < load.min_concurrency:
+        raise UsageError(f"tune.load.min_concurrency ({load.min_concurrency}) is above tune.load.max_concurrency "
+                         f"({load.max_concurrency}): the load search has no range",
+                         hint="lower tune.load.min_concurrency or raise tune.load.max_concurrency")
+    sp = space.search_space(recipe)
+    k = max(space.PLAN_SAMPLE, recipe.tune.max_trials)
+    planned = [predicted(sp.trial(i)) for i in sp.sample(k, recipe.tune.seed)]
+    return Plan(sp, _order(planned, recipe.tune.objective))
+
+
 def plan_trials(recipe) -> list[space.Trial]:
-    ts = space.trials(recipe)
-    for t in ts:
-        try:
-            t.prediction = space.predict(t)
-        except InfertoolError as e:
-            t.prediction = PredictionRecord(fits=False, reasons=[e.message])
-    return _order(ts, recipe.tune.objective)
+    """The planned trials, most promising first (``plan_search(recipe).trials``)."""
+    return plan_search(recipe).trials
 
 
 # ----------------------------------------------------------------------------------------- the answer
@@ -176,8 +237,10 @@ def served_check(ctx: Context, trial: space.Trial, cand: TrialRecord) -> bool:
     return False
 
 
-def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], seconds: float) -> TuneResult:
-    """Rank, re-check the winner as served, write tune.json, tuned.yaml and the report."""
+def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], seconds: float,
+           plan: Plan | None = None) -> TuneResult:
+    """Rank, re-check the winner as served, write tune.json (with the search space ``plan`` says), tuned.yaml and
+    the report."""
     by_id = {t.id: t for t in trials}
     winner = None
     for cand in search.rank(records):
@@ -193,7 +256,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     doc = TuneDoc(recipe=ctx.recipe.name, objective=ctx.tune.objective, exhaustive=ctx.exhaustive,
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
-                  tuned_recipe=tuned, finished=_now())
+                  tuned_recipe=tuned, finished=_now(), space=plan.to_dict() if plan is not None else None)
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
     from infertool.tune.report import write_report
 
@@ -201,6 +264,9 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     notes = []
     if winner is None:
         notes.append("no configuration passes the accuracy gates and meets the SLO: see why each lost")
+    if plan is not None and plan.sampled:
+        notes.append(f"the search space is {plan.space.describe()}: {len(records):,} run or planned by the sampler "
+                     "are listed, the rest were not chosen")
     return TuneResult(str(ctx.dir), winner, records, front, round(seconds, 1), tuned, report, notes)
 
 
@@ -242,9 +308,19 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
     return path
 
 
+# the dry run lists this many trials (and grid points) at most: the rest are counted
+DRY_RUN_SHOWN = 100
+
+
 def dry_run(recipe) -> dict:
-    """The trials, their predictions and order, what would be pruned: nothing runs."""
-    trials = plan_trials(recipe)
-    return {"trials": [t.to_dict() for t in trials],
-            "pruned": [t.id for t in trials if not t.prediction.fits],
-            "candidates": [c.to_dict() for c in space.candidates(recipe)], "grid": space.grid_points(recipe)}
+    """The search space's size and axes; its planned trials, their predictions and order, what would be pruned
+    (the first DRY_RUN_SHOWN of them, most promising first; the rest counted): nothing runs."""
+    plan = plan_search(recipe)
+    sp = plan.space
+    shown = plan.trials[:DRY_RUN_SHOWN]
+    return {"trials": [t.to_dict() for t in shown],
+            "pruned": [t.id for t in shown if not t.prediction.fits],
+            "candidates": [c.to_dict() for c in sp.candidates],
+            "grid": list(itertools.islice(sp.grid, DRY_RUN_SHOWN)),
+            "space": {**plan.to_dict(), "shown": len(shown),
+                      "pruned_planned": sum(not t.prediction.fits for t in plan.trials)}}

@@ -7,10 +7,12 @@
   ``tune.ray.cpus_per_trial`` CPUs. The tune directory must be on a file system every node sees (as Ray Tune
   requires of its storage path): stages are cached there.
 
-Which trials: the whole grid, most promising first (the roofline's prediction), when it fits
-``tune.max_trials`` (``sampler: grid``); otherwise Optuna's TPE sampler picks them (``sampler: tpe``), told
-each trial's objective, with the best-predicted trials enqueued first. Either way the wall-time budget
-(``tune.max_wall_s``) stops new trials from starting; what was not run is recorded as skipped.
+Which trials: the planned ones (the whole space, or a seeded sample of a large one: ``core.Plan``), most
+promising first (the roofline's prediction), when the space fits ``tune.max_trials`` (``sampler: grid``);
+otherwise Optuna's TPE sampler picks them over the whole space by index (``sampler: tpe``), told each picked
+trial's predicted objective. Either way the wall-time budget (``tune.max_wall_s``) stops new trials from
+starting; what was not run is recorded as skipped (of a sampled space: the chosen ones only, its size said in
+tune.json).
 """
 
 from __future__ import annotations
@@ -28,17 +30,20 @@ def _needs_reference(trials) -> bool:
     return any(not t.candidate.original and t.prediction.fits for t in trials)
 
 
-def execute(ctx, trials: list, executor: str) -> list[TrialRecord]:
-    """Run the chosen trials (each its graph of registered stages) here or on Ray; the reference first, once,
-    when a trial screens a candidate (its entry is then reused by every trial's graph)."""
+def execute(ctx, plan, executor: str) -> list[TrialRecord]:
+    """Run the chosen trials of ``plan`` (a ``core.Plan``; each trial its graph of registered stages) here or on
+    Ray; the reference first, once, when a trial screens a candidate (its entry is then reused by every trial's
+    graph). The planned trials not chosen are recorded as skipped."""
     from infertool.tune.core import run_trial
 
-    chosen = _select(ctx, trials)
+    chosen = _select(ctx, plan)
+    # the planned trials not chosen, recorded as skipped: not those of a sampled space (its size is said instead)
+    skipped = [] if plan.sampled else _skipped(plan.trials, chosen, SAMPLER_SKIP)
     first = next((t for t in chosen if not t.candidate.original and (t.prediction.fits or ctx.exhaustive)), None)
     if first is not None and (_needs_reference(chosen) or ctx.exhaustive):
         ctx.run_stages(first, ["reference"], {})
     if executor == "ray":
-        return _ray(ctx, chosen) + _skipped(trials, chosen, SAMPLER_SKIP)
+        return _ray(ctx, chosen) + skipped
     records: list[TrialRecord] = []
     for t in chosen:
         if ctx.elapsed() > ctx.tune.max_wall_s:
@@ -47,7 +52,7 @@ def execute(ctx, trials: list, executor: str) -> list[TrialRecord]:
             records.append(_skip(t, f"not started: the wall-time budget ({ctx.tune.max_wall_s:g} s) was spent"))
             continue
         records.append(run_trial(ctx, t))
-    return records + _skipped(trials, chosen, SAMPLER_SKIP)
+    return records + skipped
 
 
 def _skip(t, reason: str) -> TrialRecord:
@@ -61,19 +66,19 @@ def _skipped(all_trials: list, chosen: list, reason: str) -> list[TrialRecord]:
     return [_skip(t, reason) for t in all_trials if t.id not in ids]
 
 
-def _select(ctx, trials: list) -> list:
-    """The trials to run, in order: the grid when it fits max_trials (or sampler: grid); else Optuna TPE."""
-    tune = ctx.tune
-    use_tpe = tune.sampler == "tpe" or (tune.sampler == "auto" and len(trials) > tune.max_trials)
-    if ctx.exhaustive or not use_tpe:
-        return trials if ctx.exhaustive else trials[: tune.max_trials]
-    return _tpe(ctx, trials)
+def _select(ctx, plan) -> list:
+    """The trials to run, in order: the planned ones when the space fits max_trials (or sampler: grid), most
+    promising first; else Optuna TPE over the whole space."""
+    if ctx.exhaustive or plan.sampler() == "grid":
+        return plan.trials if ctx.exhaustive else plan.trials[: ctx.tune.max_trials]
+    return _tpe(ctx, plan)
 
 
-def _tpe(ctx, trials: list) -> list:
-    """Optuna's TPE sampler over (candidate, each grid field): asks are mapped to trials; the prediction
-    (roofline cost bound) is the value it learns from before measurement, so the order is most promising
-    first, and measured trials are not repeated."""
+def _tpe(ctx, plan) -> list:
+    """Optuna's TPE sampler over (candidate, each grid field), as positions into their values: each ask is the
+    index of one trial of the space, planned when asked (``plan.trial``: the space is never listed); the
+    prediction (roofline cost bound) is the value it learns from before measurement, so the order is most
+    promising first, and measured trials are not repeated."""
     try:
         import optuna
     except ImportError:
@@ -82,22 +87,10 @@ def _tpe(ctx, trials: list) -> list:
     from optuna.distributions import CategoricalDistribution
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    import json
-
-    def enc(v) -> str:
-        return json.dumps(v, sort_keys=True, default=str)
-
-    values: dict[str, list[str]] = {}
-    for t in trials:
-        for k, v in t.serve.items():
-            values.setdefault(k, [])
-            if enc(v) not in values[k]:
-                values[k].append(enc(v))
-    # every dimension as indices into its values (categorical choices must be scalars; a grid value may not be)
-    dists = {"candidate": CategoricalDistribution(sorted({t.candidate.index for t in trials})),
-             **{k: CategoricalDistribution(list(range(len(v)))) for k, v in values.items()}}
-    by_params = {(t.candidate.index, tuple((k, values[k].index(enc(t.serve[k]))) for k in sorted(t.serve))): t
-                 for t in trials}
+    sp = plan.space
+    # every dimension as positions into its values (categorical choices must be scalars; a grid value may not be)
+    dists = {"candidate": CategoricalDistribution(list(range(len(sp.candidates)))),
+             **{k: CategoricalDistribution(list(range(len(v)))) for k, v in sp.grid.axes}}
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=ctx.tune.seed))
     chosen: list = []
     seen: set[str] = set()
@@ -105,9 +98,8 @@ def _tpe(ctx, trials: list) -> list:
     while len(chosen) < ctx.tune.max_trials and asks < 20 * ctx.tune.max_trials:
         asks += 1
         ot = study.ask(dists)
-        key = (ot.params["candidate"], tuple((k, ot.params[k]) for k in sorted(values)))
-        t = by_params.get(key)
-        if t is None or not t.prediction.fits:
+        t = plan.trial(sp.index(ot.params["candidate"], {k: ot.params[k] for k, _ in sp.grid.axes}))
+        if not t.prediction.fits:
             study.tell(ot, state=optuna.trial.TrialState.PRUNED)
             continue
         cost = t.prediction.cost_per_1m_output_tokens
@@ -136,8 +128,8 @@ def _ray(ctx, trials: list) -> list[TrialRecord]:
     recipe_data, tune_dir, exhaustive = _recipe_payload(ctx), str(ctx.dir), ctx.exhaustive
 
     @ray.remote(max_retries=0)
-    def run_remote(trial_id: str):
-        return _remote_trial(recipe_data, tune_dir, exhaustive, trial_id)
+    def run_remote(trial_index: int, trial_id: str):
+        return _remote_trial(recipe_data, tune_dir, exhaustive, trial_index, trial_id)
 
     def options(t):
         return {"num_cpus": ctx.tune.ray.cpus_per_trial, "num_gpus": trial_gpus(t)}
@@ -189,7 +181,7 @@ def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_re
                     break
                 t = pending.pop(0)
                 emit(ctx.on_event, f"ray: trial {t.label}")
-                running[run_remote.options(**options(t)).remote(t.id)] = t
+                running[run_remote.options(**options(t)).remote(t.index, t.id)] = t
             if not running:
                 break
             done, _ = ray.wait(list(running), num_returns=1)
@@ -213,15 +205,19 @@ def _recipe_payload(ctx) -> dict:
     return recipe_to_dict(ctx.recipe)
 
 
-def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_id: str) -> TrialRecord:
-    """Runs in a Ray worker: rebuild the context from the recipe, run the one trial, return its record."""
+def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_index: int, trial_id: str) -> TrialRecord:
+    """Runs in a Ray worker: rebuild the context from the recipe and the one trial from its index in the search
+    space (nothing else of the space is built), run it, return its record."""
     from pathlib import Path
 
     from infertool.recipe import validate_recipe_data
+    from infertool.tune import space
     from infertool.tune.context import Context
-    from infertool.tune.core import plan_trials, run_trial
+    from infertool.tune.core import predicted, run_trial
 
     recipe = validate_recipe_data(recipe_data, source="tune (ray worker)")
     ctx = Context(recipe, Path(tune_dir), exhaustive=exhaustive, on_event=None, on_trial=None)
-    trial = next(t for t in plan_trials(recipe) if t.id == trial_id)
+    trial = predicted(space.search_space(recipe).trial(trial_index))
+    if trial.id != trial_id:
+        raise UsageError(f"trial {trial_id} is not trial {trial_index} of this recipe's search space ({trial.id})")
     return run_trial(ctx, trial)

@@ -163,6 +163,8 @@ class TuneDoc(Summary):
     trials: list[TrialRecord] = field(default_factory=list)
     tuned_recipe: str | None = None
     finished: str | None = None
+    # the search space: its size and axes, how many were planned, whether a sample, the sampler (core.Plan)
+    space: dict | None = None
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None

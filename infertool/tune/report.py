@@ -111,6 +111,12 @@ def _summary(doc: TuneDoc) -> list[str]:
              f"{len(doc.trials)} trials in {doc.seconds:,.0f} s ("
              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")"
              + (" — exhaustive: no pruning, no early stopping, every load level" if doc.exhaustive else "") + "."]
+    sp = doc.space if isinstance(doc.space, dict) else {}
+    size, planned = sp.get("trials"), sp.get("planned")
+    if sp.get("sampled") is True and isinstance(size, int) and isinstance(planned, int):  # tune.json may be old
+        lines.append(f"Search space: {size:,} trials, {planned:,} planned (a sample drawn with tune.seed), the "
+                     f"trials run chosen by the {'TPE' if sp.get('sampler') == 'tpe' else 'grid'} sampler; the "
+                     "others are not listed.")
     if win and win.objective is not None:
         obj = -win.objective if doc.objective == "goodput" else win.objective
         sc = win.served_check

@@ -9,7 +9,7 @@ from typing import Callable
 from infertool.errors import UsageError
 from infertool.tune import space
 from infertool.tune.context import Context, EventCallback, emit
-from infertool.tune.core import TuneResult, finish, plan_trials
+from infertool.tune.core import TuneResult, finish, plan_search
 from infertool.tune.executor import execute
 from infertool.tune.records import TrialRecord
 
@@ -21,15 +21,19 @@ def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = Fa
                          hint="add one (candidates, serve_grid, objective): `infertool recipes show quickstart-tune`")
     t0 = time.monotonic()
     tune_dir = Path(out_dir or recipe.tune.out_dir).expanduser() / recipe.name
+    plan = plan_search(recipe)  # refuses a space beyond space.MAX_SPACE trials, before anything is built
+    if exhaustive and plan.sampled:
+        raise UsageError(f"--exhaustive runs every trial, and this search space is {plan.space.describe()}",
+                         hint=f"brute force checks the staged search on a space of at most {space.PLAN_SAMPLE:,} "
+                              "trials: shorten tune.serve_grid or tune.candidates")
+    emit(on_event, plan.space.describe() + (f"; {len(plan.trials):,} planned, a sample drawn with tune.seed "
+                                            f"({plan.sampler()} sampler)" if plan.sampled else ""))
     ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial)
-    trials = plan_trials(recipe)
-    emit(on_event, f"{len(trials)} trials ({len({t.candidate.key for t in trials})} candidates x "
-                    f"{len(space.grid_points(recipe))} serving settings)")
     executor = executor or recipe.tune.executor
     if executor == "local":
-        _require_envs(trials)  # before the first quantization, not after an hour of trials
-    records = execute(ctx, trials, executor)
-    return finish(ctx, trials, records, time.monotonic() - t0)
+        _require_envs(plan.trials)  # before the first quantization, not after an hour of trials
+    records = execute(ctx, plan, executor)
+    return finish(ctx, plan.known(), records, time.monotonic() - t0, plan)
 
 
 def _require_envs(trials: list[space.Trial]) -> None:

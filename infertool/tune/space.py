@@ -7,6 +7,9 @@ Pure apart from ``predict`` (which reads model facts the way `infertool plan` do
 from __future__ import annotations
 
 import itertools
+import json
+import math
+import random
 from dataclasses import asdict, dataclass, field
 
 from infertool.data.fingerprint import digest
@@ -36,6 +39,7 @@ class Trial:
     serve: dict  # the grid point: serve field -> value
     recipe: object  # the trial's full recipe (quantize = the candidate, serve = the grid point, no tune)
     prediction: PredictionRecord = field(default_factory=PredictionRecord)
+    index: int = 0  # its place in the search space (``Space.trial``): how a Ray worker rebuilds it
 
     @property
     def label(self) -> str:
@@ -73,13 +77,121 @@ def candidates(recipe) -> list[Candidate]:
     return out
 
 
-def grid_points(recipe) -> list[dict]:
-    """Every combination of the serving grid's values (fields in the recipe's order); [{}] without a grid."""
-    grid = {k: v for k, v in recipe.tune.serve_grid.model_dump().items() if v is not None}
-    if not grid:
-        return [{}]
-    keys = list(grid)
-    return [dict(zip(keys, values)) for values in itertools.product(*(grid[k] for k in keys))]
+# A tune runs each trial for minutes (a server started, its load searched) and at most tune.max_trials (<= 10,000)
+# of them: a space beyond a million trials would be sampled on under 1 % of its points; it is a list crossed with
+# itself by mistake, not a search. Refused from the axis lengths alone, before anything is built (a 64^4 x 4 grid
+# materialised whole took 18.5 GB).
+MAX_SPACE = 1_000_000
+# Trials planned (a recipe and a roofline prediction each: about a millisecond and a few KB) before anything runs:
+# the whole space when it is this small, else a sample of this many (or of tune.max_trials, when larger) drawn with
+# tune.seed; a sampler's later picks are planned when picked.
+PLAN_SAMPLE = 1024
+
+
+@dataclass(frozen=True)
+class Grid:
+    """The serving grid as its axes (serve field -> values, the recipe's order): its points by index, in
+    ``itertools.product`` order (the last axis fastest), never all at once."""
+
+    axes: tuple[tuple[str, tuple], ...]
+
+    @property
+    def size(self) -> int:
+        """The number of points: the product of the axis lengths (1 without an axis: the recipe's own settings)."""
+        return math.prod(len(values) for _, values in self.axes)
+
+    def point(self, index: int) -> dict:
+        """The point at ``index`` (mixed radix over the axes), as ``list(self)[index]`` would give it."""
+        if not 0 <= index < self.size:
+            raise IndexError(f"grid point {index} of {self.size}")
+        picked: dict = {}
+        for key, values in reversed(self.axes):
+            index, at = divmod(index, len(values))
+            picked[key] = values[at]
+        return {key: picked[key] for key, _ in self.axes}
+
+    def index(self, positions: dict[str, int]) -> int:
+        """The index of the point that takes value ``positions[field]`` of each axis (the inverse of ``point``)."""
+        out = 0
+        for key, values in self.axes:
+            out = out * len(values) + positions[key]
+        return out
+
+    def __iter__(self):
+        keys = [key for key, _ in self.axes]
+        for values in itertools.product(*(values for _, values in self.axes)):
+            yield dict(zip(keys, values))
+
+    def describe(self) -> str:
+        return " x ".join(f"{key} {len(values)}" for key, values in self.axes)
+
+
+def grid(recipe) -> Grid:
+    """The recipe's serving grid (nothing crossed). A value listed twice on one axis is refused: two trials would
+    be the same configuration (the same id, the same directory)."""
+    data = {k: v for k, v in recipe.tune.serve_grid.model_dump().items() if v is not None}
+    for key, values in data.items():
+        seen: set[str] = set()
+        for value in values:
+            enc = json.dumps(value, sort_keys=True, default=str)
+            if enc in seen:
+                raise UsageError(f"tune.serve_grid.{key} lists {enc} twice",
+                                 hint="remove the duplicate value: each trial is one distinct configuration")
+            seen.add(enc)
+    return Grid(tuple((key, tuple(values)) for key, values in data.items()))
+
+
+@dataclass
+class Space:
+    """Candidates x serving grid: trial ``i`` is candidate ``i // grid.size`` at grid point ``i % grid.size`` (the
+    order ``trials`` lists them in); built one at a time, on demand."""
+
+    recipe: object
+    candidates: list[Candidate]
+    grid: Grid
+
+    @property
+    def size(self) -> int:
+        return len(self.candidates) * self.grid.size
+
+    def trial(self, index: int) -> Trial:
+        if not 0 <= index < self.size:
+            raise IndexError(f"trial {index} of {self.size}")
+        c, p = divmod(index, self.grid.size)
+        cand, point = self.candidates[c], self.grid.point(p)
+        tid = digest({"candidate": cand.key, "serve": point})[:12]
+        return Trial(tid, cand, point, trial_recipe(self.recipe, cand, point), index=index)
+
+    def index(self, candidate: int, positions: dict[str, int]) -> int:
+        """The index of candidate ``candidate`` at the grid point of ``positions`` (field -> value position)."""
+        return candidate * self.grid.size + self.grid.index(positions)
+
+    def sample(self, k: int, seed: int) -> list[int]:
+        """The indices of the trials to plan: every one when ``k`` covers the space, else ``k`` drawn with
+        ``seed`` (``random.sample`` of a range: the space is never listed), in index order."""
+        if self.size <= k:
+            return list(range(self.size))
+        return sorted(random.Random(seed).sample(range(self.size), k))
+
+    def describe(self) -> str:
+        axes = f": {self.grid.describe()}" if self.grid.axes else ""
+        return (f"{self.size:,} trials ({len(self.candidates)} candidates x {self.grid.size:,} serving "
+                f"settings{axes})")
+
+
+def search_space(recipe) -> Space:
+    """The recipe's search space, counted from the axis lengths before anything is built; a space of more than
+    MAX_SPACE trials is refused (exit 2) with its size and axes."""
+    g = grid(recipe)
+    n = len(recipe.tune.candidates) * g.size
+    if n > MAX_SPACE:
+        axes = f": {g.describe()}" if g.axes else ""
+        raise UsageError(
+            f"tune's search space is {n:,} trials ({len(recipe.tune.candidates)} candidates x {g.size:,} serving "
+            f"settings{axes}), more than the {MAX_SPACE:,} one tune searches",
+            hint="a tune runs at most tune.max_trials (<= 10,000) trials, under 1% of a space this large: keep the "
+                 "serve_grid values that matter (each axis multiplies the space), or split it into several tunes")
+    return Space(recipe, candidates(recipe), g)
 
 
 def trial_recipe(recipe, candidate: Candidate, point: dict):
@@ -103,12 +215,12 @@ def trial_recipe(recipe, candidate: Candidate, point: dict):
 
 
 def trials(recipe) -> list[Trial]:
-    out = []
-    for cand in candidates(recipe):
-        for point in grid_points(recipe):
-            tid = digest({"candidate": cand.key, "serve": point})[:12]
-            out.append(Trial(tid, cand, point, trial_recipe(recipe, cand, point)))
-    return out
+    """Every trial, candidate by candidate, of a space small enough to plan whole (PLAN_SAMPLE); a larger one is
+    read by index (``search_space(recipe).trial(i)``)."""
+    sp = search_space(recipe)
+    if sp.size > PLAN_SAMPLE:
+        raise UsageError(f"tune's search space is {sp.describe()}: too many to list (at most {PLAN_SAMPLE:,})")
+    return [sp.trial(i) for i in range(sp.size)]
 
 
 def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
