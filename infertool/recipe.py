@@ -330,7 +330,10 @@ SERVE_MODEL_KEYWORDS = ("original", "quantized")
 
 
 class ServeSection(BaseModel):
-    """The vLLM server; field names follow vLLM's flags (--max-model-len -> max_model_len)."""
+    """The vLLM server; field names follow vLLM's flags (--max-model-len -> max_model_len). `extra_args` and `env`
+    may not load code (vLLM's --middleware, --tool-parser-plugin, --worker-extension-cls, ..., LD_PRELOAD,
+    PYTHONPATH, VLLM_PLUGINS, ...) unless `allow_code` names each (`allow_code: [--middleware, LD_PRELOAD]`); what
+    it allows is said on the screen by every launch and dry run."""
 
     model_config = _STRICT
 
