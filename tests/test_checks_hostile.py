@@ -165,11 +165,11 @@ def test_pipeline_stages_against_recipe_layers(work):
     assert rc == 2 and "serve.pipeline_parallel_size" in out and "model's 2 layers" in out
 
 
-@pytest.mark.parametrize("command", [["serve", "--dry-run"], ["run", "--dry-run"]])
-def test_reserved_cpus_against_cores(work, command):
+@pytest.mark.parametrize("command,code", [(["plan"], 1), (["serve", "--dry-run"], 2), (["run", "--dry-run"], 2)])
+def test_reserved_cpus_against_cores(work, command, code):
     rc, out = cli(work, command[0], recipe(work), *command[1:], "--set", "serve.cpu.reserved_cpus=1024")
-    assert rc == 2
-    assert "serve.cpu.reserved_cpus" in out and f"this host's {len(os.sched_getaffinity(0))} usable cores" in out
+    assert rc == code
+    assert "reserved_cpus 1024" in out and f"this host's {len(os.sched_getaffinity(0))} usable cores" in out
 
 
 def test_run_dry_run_json_says_not_ok(work):

@@ -84,7 +84,7 @@ def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = N
             issues.extend(_kv_capacity(serve, model_info))
             issues.extend(_cpu_half_precision(serve, model_info))
     if cpu:
-        issues.extend(_reserved_cpus(serve))
+        issues.extend(lint_reserved_cpus(serve))
     if check_port and not port_free(serve.host, port):
         issues.append(LintIssue(
             "error", "serve.port", f"port {port} on {serve.host} is already in use",
@@ -115,7 +115,7 @@ def _pipeline_stages(serve, model_info) -> list[LintIssue]:
                       f"set serve.pipeline_parallel_size to at most {layers}")]
 
 
-def _reserved_cpus(serve) -> list[LintIssue]:
+def lint_reserved_cpus(serve) -> list[LintIssue]:
     """VLLM_CPU_NUM_OF_RESERVED_CPU cores are kept free of vLLM's compute threads: all of them leaves none."""
     reserved = serve.cpu.reserved_cpus if serve.cpu is not None else None
     cores = usable_cores()
