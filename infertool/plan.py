@@ -140,9 +140,11 @@ def plan(res, options: PlanOptions | None = None) -> PlanResult:
     max_model_len = serve.max_model_len or limit.tokens or 4096
     if serve.max_model_len is None:
         notes.append(f"serve.max_model_len not set: vLLM uses the model's {max_model_len:,} positions")
-    from infertool.serve.lint import lint_position_limit
+    from infertool.serve.lint import lint_position_limit, lint_reserved_cpus
 
     reasons = [f"{i.message}" for i in lint_position_limit(serve, limit) if i.level == "error"]
+    if res.target.kind == "cpu":  # the same rule as every launch's lint: vLLM needs a core to compute on
+        reasons += [f"{i.message}" for i in lint_reserved_cpus(serve) if i.level == "error"]
     reasons += _parallel_reasons(arch, tp, pp)
     kv_heads_per_gpu = max(1, arch.kv_heads // tp) if arch.kv_heads >= tp else 1
     kv_tok_gpu = roofline.kv_bytes_per_token(math.ceil(arch.layers / pp), kv_heads_per_gpu, arch.head_dim, kv_b)

@@ -41,7 +41,7 @@ from infertool.backends.methods import AWQConfig, CalibrationSpec, GPTQConfig
 from infertool.errors import RecipeError, RecipeIssue, UsageError
 from infertool.schema import (  # noqa: F401 - the field types and checks (shared with the backends' schemas)
     MAX_KV_GIB, MAX_LIST, MAX_NAME, MAX_PARALLEL, MAX_REQUESTS, MAX_TEXT,
-    MAX_TOKENS, Dtype, Fraction, Millis, Name, Requests, Seconds, Seed, Seqs, Text, Tokens,
+    MAX_TOKENS, Dtype, Fraction, Millis, Name, Rate, Requests, Seconds, Seed, Seqs, Share, Text, Tokens,
 )
 from infertool.schema import STRICT as _STRICT
 from infertool.schema import dtype_alias as _dtype_alias
@@ -304,7 +304,7 @@ class CPUSpec(BaseModel):
 
     model_config = _STRICT
 
-    kv_cache_space_gib: _float(le=MAX_KV_GIB, gt=0) = 4
+    kv_cache_space_gib: _float(0.01, MAX_KV_GIB) = 4  # from 10 MiB
     omp_threads_bind: Text | None = None
     # cores vLLM keeps free of its OpenMP threads for its front end (VLLM_CPU_NUM_OF_RESERVED_CPU); None: vLLM's
     # rule (one per rank on x86/ARM). On a 2-core machine that rule leaves decode one thread: 0 measured faster
@@ -330,7 +330,10 @@ SERVE_MODEL_KEYWORDS = ("original", "quantized")
 
 
 class ServeSection(BaseModel):
-    """The vLLM server; field names follow vLLM's flags (--max-model-len -> max_model_len)."""
+    """The vLLM server; field names follow vLLM's flags (--max-model-len -> max_model_len). `extra_args` and `env`
+    may not load code (vLLM's --middleware, --tool-parser-plugin, --worker-extension-cls, ..., LD_PRELOAD,
+    PYTHONPATH, VLLM_PLUGINS, ...) unless `allow_code` names each (`allow_code: [--middleware, LD_PRELOAD]`); what
+    it allows is said on the screen by every launch and dry run."""
 
     model_config = _STRICT
 
@@ -345,7 +348,7 @@ class ServeSection(BaseModel):
     max_model_len: _int(16, MAX_TOKENS) | None = None
     max_num_seqs: Seqs | None = None
     max_num_batched_tokens: Tokens | None = None
-    gpu_memory_utilization: _float(le=1, gt=0) = 0.9
+    gpu_memory_utilization: Share = 0.9
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = "auto"
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool | None = None
@@ -363,6 +366,9 @@ class ServeSection(BaseModel):
     cpu: CPUSpec | None = None
     extra_args: Annotated[list[Text], Field(max_length=1000)] = []
     env: Annotated[dict[Name, _text(32768)], Field(max_length=1000)] = {}
+    # vLLM flags and environment variables that load code (--middleware, --worker-extension-cls, LD_PRELOAD,
+    # PYTHONPATH, ...: infertool.trust.CODE_FLAGS / CODE_ENV) are refused in extra_args and env unless named here
+    allow_code: Annotated[list[_text(100, 1)], Field(max_length=64)] = []
     startup_timeout_s: Seconds = 600
 
     @field_validator("dtype", mode="before")
@@ -422,6 +428,37 @@ class ServeSection(BaseModel):
             )
         return value
 
+    @field_validator("allow_code")
+    @classmethod
+    def _known_code_names(cls, value: list[str]) -> list[str]:
+        from infertool.trust import CODE_ENV, CODE_FLAGS, code_loading_arg, code_loading_env
+
+        names = []
+        for name in value:
+            known = code_loading_arg(name) if name.startswith("-") else code_loading_env(name)
+            if known is None or known != name:
+                raise ValueError(f"{name!r} is not a flag or variable that loads code; allow_code names them exactly: "
+                                 f"{', '.join(CODE_FLAGS)}, LD_*, {', '.join(CODE_ENV)}")
+            names.append(known)
+        return names
+
+    @model_validator(mode="after")
+    def _check_code_loading(self) -> ServeSection:
+        """A recipe from someone else must not load code unless it names what it loads in serve.allow_code."""
+        from infertool.trust import code_loading_arg, code_loading_env, code_loading_why
+
+        for i, arg in enumerate(self.extra_args):
+            flag = code_loading_arg(arg)
+            if flag is not None and flag not in self.allow_code:
+                raise _field_error("extra_args", f"extra_args[{i}] {_short_repr(arg)}: {flag} {code_loading_why(flag)}; "
+                                   f"it is passed only when the recipe names it in serve.allow_code: [{flag}]")
+        for name in self.env:
+            var = code_loading_env(name)
+            if var is not None and var not in self.allow_code:
+                raise _field_error(f"env.{name}", f"{name} {code_loading_why(var)}; it is set only when the recipe "
+                                   f"names it in serve.allow_code: [{var}]")
+        return self
+
     @model_validator(mode="after")
     def _check_tools(self) -> ServeSection:
         if self.enable_auto_tool_choice and not self.tool_call_parser:
@@ -430,6 +467,13 @@ class ServeSection(BaseModel):
                 "enable_auto_tool_choice: true needs tool_call_parser (e.g. llama3_json, hermes)",
             )
         return self
+
+
+def bench_request_tokens(bench: BenchSection) -> int:
+    """The most tokens one bench request asks of the server: its prompt (builtin or synthetic text of prompt.len
+    tokens; a .jsonl file's prompts are what they are) and its longest output (output_len + spread)."""
+    longest_output = max(1, round(bench.output_len * (1 + bench.output_len_spread)))
+    return longest_output + (bench.prompt.len if bench.prompt.source in ("builtin", "synthetic") else 0)
 
 
 def _looks_like_secret(value: str) -> bool:
@@ -489,7 +533,7 @@ class BenchSection(BaseModel):
 
     endpoint: Literal["completions", "chat"] = "completions"
     concurrency: _sweep(Seqs) = [1, 8, 32]
-    rate: _sweep(_float(le=1e6, gt=0)) | None = None  # requests per second
+    rate: _sweep(Rate) | None = None  # requests per second
     burst: BurstSpec | None = None
     requests: Requests = 64
     max_duration_s: Seconds = 600
@@ -526,7 +570,7 @@ class TuneLoadSearch(BaseModel):
 
     min_concurrency: Seqs = 1
     max_concurrency: Seqs | None = None  # default: the trial's max_num_seqs (else 64)
-    goodput_target: _float(le=1, gt=0) = 0.9  # share of requests that meet the SLO
+    goodput_target: Share = 0.9  # share of requests that meet the SLO
     requests: Requests | None = None  # per probe; default: bench.requests
     max_probes: _int(2, 32) = 8
 
@@ -553,12 +597,12 @@ class TuneRay(BaseModel):
     model_config = _STRICT
 
     address: Text | None = None  # default: RAY_ADDRESS, else "auto"
-    cpus_per_trial: _float(le=1024, gt=0) = 1
+    cpus_per_trial: _float(0.01, 1024) = 1
     max_concurrent_trials: _int(1, 10_000) | None = None
 
 
 # serve fields that are not serving settings to tune (where it listens, what it serves, secrets)
-_NOT_TUNABLE = {"model", "host", "port", "api_key_env", "served_model_name", "env", "extra_args", "cpu",
+_NOT_TUNABLE = {"model", "host", "port", "api_key_env", "served_model_name", "env", "extra_args", "allow_code", "cpu",
                 "startup_timeout_s", "swap_space", "preemption_mode"}
 
 
@@ -684,6 +728,30 @@ class Recipe(BaseModel):
         if t.objective == "cost" and self.bench.cost_per_hour is None:
             raise _field_error("bench.cost_per_hour", "objective cost needs bench.cost_per_hour (what the machine "
                                "costs you per hour) for $ per 1M output tokens")
+        return self
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> Recipe:
+        """What every request of the bench needs fits serve.max_model_len (vLLM refuses a request whose prompt and
+        max_tokens exceed it), for the recipe's server and for each max_model_len tune would try; the pipeline
+        stages are not more than the layers the recipe keeps (model.layers)."""
+        serve, bench = self.serve, self.bench
+        if serve is not None and self.model.layers is not None and serve.pipeline_parallel_size > self.model.layers:
+            raise _field_error("serve.pipeline_parallel_size", f"pipeline_parallel_size {serve.pipeline_parallel_size} "
+                               f"exceeds the model's {self.model.layers} layers (model.layers): each stage needs one")
+        if bench is None:
+            return self
+        longest = bench_request_tokens(bench)
+        what = (f"prompt.len {bench.prompt.len:,} + " if bench.prompt.source in ("builtin", "synthetic") else "") + \
+            f"output_len {bench.output_len:,}" + (f" (+{bench.output_len_spread:g} spread)" if bench.output_len_spread else "")
+        if serve is not None and serve.max_model_len is not None and longest > serve.max_model_len:
+            raise _field_error("bench.output_len", f"bench requests need up to {longest:,} tokens ({what}), more than "
+                               f"serve.max_model_len {serve.max_model_len:,}: vLLM would refuse every request")
+        grid = self.tune.serve_grid.max_model_len if self.tune is not None else None
+        for i, value in enumerate(grid or []):
+            if value is not None and longest > value:
+                raise _field_error(f"tune.serve_grid.max_model_len[{i}]", f"max_model_len {value:,} is shorter than the "
+                                   f"{longest:,} tokens a bench request needs ({what})")
         return self
 
     @model_validator(mode="after")

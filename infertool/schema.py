@@ -16,8 +16,9 @@ from pydantic_core import PydanticCustomError
 
 __all__ = [
     "MAX_KV_GIB", "MAX_LIST", "MAX_NAME", "MAX_PARALLEL", "MAX_PATH", "MAX_REQUESTS", "MAX_SECONDS", "MAX_SEED",
-    "MAX_SEQS", "MAX_TEXT", "MAX_TOKENS", "STRICT", "Dtype", "Fraction", "GroupSize", "Millis", "Name", "Requests",
-    "Seconds", "Seed", "Seqs", "Text", "Tokens", "check_group_size", "dtype_alias", "field_error", "float_", "int_",
+    "MAX_SEQS", "MAX_TEXT", "MAX_TOKENS", "MIN_DAMP", "MIN_MILLIS", "MIN_RATE", "MIN_SECONDS", "MIN_SHARE", "STRICT",
+    "Damp", "Dtype", "Fraction", "GroupSize", "Millis", "Name", "Rate", "Requests", "Seconds", "Seed", "Seqs", "Share",
+    "Text", "Tokens", "check_group_size", "dtype_alias", "field_error", "float_", "int_",
     "no_control", "not_bool", "scalar_to_str", "sweep", "text",
 ]
 
@@ -74,6 +75,12 @@ MAX_LIST = 64  # entries of a sweep (batch sizes, concurrency levels, grid value
 MAX_NAME = 200  # a name that becomes a directory, a served model name, a Kubernetes name
 MAX_PATH = 4096  # PATH_MAX
 MAX_TEXT = 10_000  # free text (description)
+# ... and a floor where a positive number has one: 5e-324 s is a valid float but no timeout, interval or SLO
+MIN_SECONDS = 0.001  # timeouts, intervals, durations: 1 ms (a shorter wait cannot be measured, only missed)
+MIN_MILLIS = 0.01  # latency SLOs: 10 microseconds
+MIN_RATE = 0.001  # requests per second: one every ~17 minutes
+MIN_SHARE = 0.01  # gpu_memory_utilization, goodput targets: 1 %
+MIN_DAMP = 1e-5  # GPTQ damping (a fraction of the Hessian's mean diagonal; 0.01 by default)
 
 
 def not_bool(value: Any) -> Any:
@@ -115,8 +122,11 @@ Tokens = int_(1, MAX_TOKENS)
 Seqs = int_(1, MAX_SEQS)
 Requests = int_(1, MAX_REQUESTS)
 Seed = int_(0, MAX_SEED)
-Seconds = float_(le=MAX_SECONDS, gt=0)
-Millis = float_(le=MAX_SECONDS * 1000, gt=0)
+Seconds = float_(MIN_SECONDS, MAX_SECONDS)
+Millis = float_(MIN_MILLIS, MAX_SECONDS * 1000)
+Rate = float_(MIN_RATE, 1e6)
+Share = float_(MIN_SHARE, 1)
+Damp = float_(MIN_DAMP, lt=1)
 GroupSize = Annotated[int, BeforeValidator(not_bool), AfterValidator(check_group_size)]
 Fraction = float_(0, 1)
 Text = text()

@@ -143,3 +143,85 @@ def is_remote_code_flag(arg: str) -> bool:
     flag = str(arg).split("=", 1)[0].strip().lower().replace("_", "-")
     flag = "--" + flag[len("--no-"):] if flag.startswith("--no-") else flag
     return len(flag) >= len("--tr") and REMOTE_CODE_FLAG.startswith(flag)
+
+
+# --------------------------------------------------------------------------------------------- code loading
+# vLLM arguments that import Python code named by their value, or read more arguments from a file this check
+# does not see (vLLM 0.1x-0.3x `vllm serve --help`: frontend, worker, structured-output and KV-transfer groups).
+CODE_FLAGS = {
+    "--middleware": "imports its value (a module:function) into the API server",
+    "--tool-parser-plugin": "imports a tool parser from a Python file",
+    "--reasoning-parser-plugin": "imports a reasoning parser from a Python file",
+    "--worker-extension-cls": "imports a class into every worker",
+    "--worker-cls": "imports a worker class",
+    "--logits-processors": "imports logits processors by qualified name",
+    "--io-processor-plugin": "loads an IO processor plugin",
+    "--kv-transfer-config": "may import a KV connector module (kv_connector_module_path)",
+    "--config": "reads more vLLM arguments from a file that this check does not see",
+    "--allowed-local-media-path": "lets every client read local files under that path",
+}
+# Exact flags that are prefixes of a code-loading flag but load nothing themselves (argparse takes an exact
+# match over an abbreviation).
+_PLAIN_FLAGS = {"--reasoning-parser", "--config-format"}
+# Environment variables that make a process (vLLM, its workers, the compilers it runs) load other code.
+CODE_ENV = {
+    "PYTHONPATH": "puts its directories first on Python's import path",
+    "PYTHONHOME": "replaces the Python standard library",
+    "PYTHONSTARTUP": "runs a Python file at start-up",
+    "PYTHONUSERBASE": "adds a user site directory (its .pth files run at start-up)",
+    "PYTHONBREAKPOINT": "imports a callable on breakpoint()",
+    "PYTHONWARNINGS": "imports warning categories by module path",
+    "PYTHONPLATLIBDIR": "changes where Python finds its platform libraries",
+    "PYTHONEXECUTABLE": "changes the executable Python reports to subprocesses",
+    "VLLM_PLUGINS": "selects which installed vLLM plugins load",
+    "VLLM_LOGGING_CONFIG_PATH": "a logging configuration can instantiate any class",
+    "BASH_ENV": "runs a file in every non-interactive bash",
+    "ENV": "runs a file in every sh",
+    "GCONV_PATH": "makes glibc load character-conversion modules from a directory",
+    "PATH": "changes which programs (compilers, ninja) vLLM runs",
+    "CC": "the C compiler Triton and torch.compile run",
+    "CXX": "the C++ compiler torch.compile runs",
+}
+
+
+def code_loading_arg(arg: str) -> str | None:
+    """The vLLM flag ``arg`` spells when it loads code (or reads flags from a file): its ``=value``, underscore
+    and upper-case spellings and the abbreviations argparse accepts (``--middle`` for ``--middleware``); a
+    ``--kv-transfer-config.kv_connector_module_path`` sub-key too. None for every other argument."""
+    flag = str(arg).split("=", 1)[0].strip().lower().replace("_", "-")
+    if not flag.startswith("--") or flag in _PLAIN_FLAGS:
+        return None
+    flag = flag.split(".", 1)[0]  # vLLM's --json-arg.key spelling
+    if flag in CODE_FLAGS:
+        return flag
+    if len(flag) < len("--mid"):
+        return None
+    matches = [f for f in CODE_FLAGS if f.startswith(flag)]
+    return matches[0] if matches else None
+
+
+def code_loading_env(name: str) -> str | None:
+    """The variable ``name`` when it makes a process load other code (LD_PRELOAD and every LD_ variable the
+    dynamic loader reads, PYTHONPATH and the like, VLLM_PLUGINS); None otherwise."""
+    upper = str(name).upper()
+    if upper.startswith("LD_") or upper in CODE_ENV:
+        return upper
+    return None
+
+
+def code_loading_why(what: str) -> str:
+    """What a code-loading flag or variable does (for messages)."""
+    if what in CODE_FLAGS:
+        return CODE_FLAGS[what]
+    if what in CODE_ENV:
+        return CODE_ENV[what]
+    return "makes the dynamic loader load or look up libraries in every process (LD_PRELOAD loads one into each)"
+
+
+def announce_code_loading(names, say=None) -> None:
+    """Say once per name that a flag or variable the recipe allows (serve.allow_code) loads code."""
+    for name in names:
+        if ("code", name) in _warned:
+            continue
+        _warned.add(("code", name))
+        _say(f"serve.allow_code allows {name}: it {code_loading_why(name)}", say)

@@ -11,7 +11,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from infertool.backends.base import Check, ModelFacts, QuantizeConfig, check
 from infertool.backends.layers import describe_layers
-from infertool.schema import MAX_TOKENS, STRICT, GroupSize, Name, Seed, Text, float_, int_, text
+from infertool.schema import MAX_TOKENS, STRICT, Damp, GroupSize, Name, Seed, Text, float_, int_, text
 
 Ignore = Annotated[list[text(1000)], Field(max_length=1000)]
 
@@ -51,7 +51,7 @@ class GPTQConfig(QuantizeConfig):
     group_size: GroupSize = 128
     sym: bool = True
     desc_act: bool = False
-    damp_percent: float_(gt=0, lt=1) = 0.01
+    damp_percent: Damp = 0.01
     true_sequential: bool = True
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     output: Text | None = None

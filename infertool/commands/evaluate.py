@@ -63,7 +63,7 @@ class RunFlags:
     candidate_url: Optional[str] = typer.Option(None, "--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url.")
     out_dir: Optional[Path] = out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP.")
     force: bool = force_opt("Replace earlier results in the --out directory.")
-    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, metavar="N", help="Score at most N items (windows for perplexity) per task.")
+    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, max=1_000_000, metavar="N", help="Score at most N items (windows for perplexity) per task.")
     preset: Optional[str] = typer.Option(None, "--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply).")
     allow_inconclusive: bool = typer.Option(False, "--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")
     dry_run: bool = dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing.")

@@ -22,7 +22,7 @@ def register(app: typer.Typer) -> None:
 def model_import(
     source: str = typer.Argument(..., metavar="SOURCE", help="bundled:smollm2-135m or a .gguf file."),
     dest: Path = typer.Argument(..., metavar="DIR", help="Directory to write the Hugging Face model to."),
-    layers: Optional[int] = typer.Option(None, "--layers", min=1, metavar="N", help="Keep only the first N decoder layers (test fixtures)."),
+    layers: Optional[int] = typer.Option(None, "--layers", min=1, max=10_000, metavar="N", help="Keep only the first N decoder layers (test fixtures)."),
     dtype: str = typer.Option("bf16", "--dtype", metavar="bf16|fp16|fp32", help="The saved weights' dtype."),
     force: bool = force_opt("Replace an existing DIR."),
     as_json: bool = JSON_OPT,

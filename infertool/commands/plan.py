@@ -22,11 +22,13 @@ EXAMPLES = examples(
 )
 
 
+# Every number bounded like the recipe's (infertool.schema): --memory like plan.MAX_MEMORY_GIB, --context like
+# schema.MAX_TOKENS (a 20-digit context planned a 1.5e17 ms step; a 400-digit one overflowed a float).
 def plan(
     recipe: str = recipe_arg(),
     gpu: Optional[str] = typer.Option(None, "--gpu", metavar="GPU", help="Plan for this GPU instead of target.gpu (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090)."),
-    memory: Optional[float] = typer.Option(None, "--memory", min=0.1, metavar="GIB", help="Plan for a GPU with this much memory (GiB)."),
-    context: Optional[int] = typer.Option(None, "--context", min=1, metavar="TOKENS", help="Context length for the roofline bound (default: from bench, else max_model_len/2)."),
+    memory: Optional[float] = typer.Option(None, "--memory", min=0.1, max=65536, metavar="GIB", help="Plan for a GPU with this much memory (GiB)."),
+    context: Optional[int] = typer.Option(None, "--context", min=1, max=10_000_000, metavar="TOKENS", help="Context length for the roofline bound (default: from bench, else max_model_len/2)."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:

@@ -25,15 +25,17 @@ def register(app: typer.Typer) -> None:
     app.command("profile", cls=InfertoolCommand, epilog=EXAMPLES)(handle_errors(profile))
 
 
-def _ints(text: Optional[str], what: str) -> Optional[list[int]]:
+def _ints(text: Optional[str], what: str, most: int) -> Optional[list[int]]:
+    """Comma-separated whole numbers from 1 to ``most`` (the recipe's bound on the same field), at most 64."""
     if text is None:
         return None
+    shown = text if len(text) <= 60 else text[:57] + "..."
     try:
-        vals = [int(x) for x in text.split(",") if x.strip()]
+        vals = [int(x) for x in text.split(",")[:65] if x.strip()]
     except ValueError:
-        raise usage_error(f"{what} must be comma-separated integers, got {text!r}", hint=f"e.g. {what} 1,4,16") from None
-    if not vals or min(vals) < 1:
-        raise usage_error(f"{what} needs positive integers, got {text!r}")
+        raise usage_error(f"{what} must be comma-separated integers, got {shown!r}", hint=f"e.g. {what} 1,4,16") from None
+    if not vals or len(vals) > 64 or min(vals) < 1 or max(vals) > most:
+        raise usage_error(f"{what} needs 1 to 64 whole numbers from 1 to {most:,}, got {shown!r}", hint=f"e.g. {what} 1,4,16")
     return vals
 
 
@@ -42,7 +44,7 @@ def profile(
     engine: Optional[str] = typer.Option(None, "--engine", metavar="hf|vllm", help="hf (transformers, in the quant env) or vllm (vLLM's server, driven at each shape). Default: profile.engine."),
     batch: Optional[str] = typer.Option(None, "--batch", metavar="N,N,...", help="Decode batch sizes, e.g. 1,4,16 (default: profile.batch)."),
     prompt_len: Optional[str] = typer.Option(None, "--prompt-len", metavar="N,N,...", help="Prefill lengths, e.g. 128,512 (default: profile.prompt_len)."),
-    decode_len: Optional[int] = typer.Option(None, "--decode-len", min=2, metavar="N", help="Decode steps timed per batch size."),
+    decode_len: Optional[int] = typer.Option(None, "--decode-len", min=2, max=10_000_000, metavar="N", help="Decode steps timed per batch size."),
     model: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help="Profile this model instead of model.source."),
     out: Optional[str] = out_opt("Directory for profile.json and roofline.png (default: out/<recipe>-profile)."),
     force: bool = force_opt("Replace an earlier profile in the output directory."),
@@ -62,8 +64,8 @@ def profile(
     r = load_recipe(recipe, overrides or [])
     out = out or f"out/{r.name}-profile"
     refuse_overwrite([Path(out) / "profile.json"], force)
-    options = profiling.ProfileOptions(engine=engine, batch=_ints(batch, "--batch"),
-                                       prompt_len=_ints(prompt_len, "--prompt-len"), decode_len=decode_len, nsys=nsys,
+    options = profiling.ProfileOptions(engine=engine, batch=_ints(batch, "--batch", 65536),
+                                       prompt_len=_ints(prompt_len, "--prompt-len", 10_000_000), decode_len=decode_len, nsys=nsys,
                                        remeasure=remeasure)
     with StageProgress("profile") as progress:  # with --json too: the result on stdout, progress on stderr
         plan = profiling.plan(resolve(r, Overrides(base=model)), options)

@@ -56,8 +56,16 @@ def run(
     again = _split(rerun) + _split(force_stages)
     if dry_run:
         plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again)
+        # what would stop a server (the launch lint: TP / PP against the model, KV capacity, reserved CPUs): exit 2
+        # like `serve --dry-run`
+        errors = [(label, i) for label, launch in plan["launches"].items() for i in launch.get("lint", [])
+                  if i.get("level") == "error"]
+        allowed = {i["message"] for launch in plan["launches"].values() for i in launch.get("lint", [])
+                   if i.get("field") == "serve.allow_code"}  # code the recipe lets load: said, once each
         if as_json:
-            print_json({"dry_run": True, **plan})
+            print_json({"dry_run": True, "ok": not errors, **plan})
+            if errors:
+                raise typer.Exit(2)
             return
         res = plan["resolution"]
         stdout.print(f"serves: {res['served']['label']} ({res['served_origin']}) on {res['target']['kind']}", markup=False)
@@ -71,6 +79,13 @@ def run(
             shared = [" + ".join(s["used_by"]) for s in plan["servers"] if len(s["used_by"]) > 1]
             stdout.print(f"vLLM starts: {len(plan['servers'])} for {len(plan['launches'])} launches"
                          + (f" (one server for {'; for '.join(shared)})" if shared else ""), markup=False, soft_wrap=True)
+        for message in sorted(allowed):
+            err.print(f"warning: {message}", markup=False, soft_wrap=True, style="yellow")
+        for label, issue in errors:
+            err.print(f"error: {label}: {issue['field']}: {issue['message']}"
+                      + (f"\n  hint: {issue['hint']}" if issue.get("hint") else ""), markup=False, soft_wrap=True)
+        if errors:
+            raise typer.Exit(2)
         return
 
     def on_stage(name: str, status: str, rec) -> None:

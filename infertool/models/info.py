@@ -10,6 +10,7 @@ import errno
 import json
 import math
 import os
+import re
 import stat
 import struct
 from dataclasses import asdict, dataclass, field
@@ -167,8 +168,15 @@ DTYPE_BYTES = {
     "F32": 4, "I32": 4, "U32": 4,
     "F16": 2, "BF16": 2, "I16": 2, "U16": 2,
     "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1, "I8": 1, "U8": 1, "BOOL": 1,
-    "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75,
+    "F4": 0.5, "F6_E2M3": 0.75, "F6_E3M2": 0.75, "C64": 8,
 }
+_DTYPE_BITS = {name: int(width * 8) for name, width in DTYPE_BYTES.items()}
+_FLOAT_WEIGHTS = {"F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}  # unpacked: a weight's shape is its real shape
+# attention projections of the language model's decoder layers (not a vision tower's or an encoder's)
+_ATTN_RE = re.compile(r"(?:^|\.)model\.layers\.\d+\.self_attn\.([qk])_proj\.weight$")
+_EMBED_RE = re.compile(r"(?:^|\.)model\.embed_tokens\.weight$")
+# multi-head latent attention (DeepSeek V2/V3) projects q and kv through ranks of their own
+_MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim")
 
 SAFETENSORS_DTYPE_NAMES = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}
 
@@ -179,6 +187,9 @@ class TensorStats:
     parameters: int = 0  # stored elements (packed quantized tensors count their containers)
     bytes: int = 0
     by_dtype: dict[str, int] = field(default_factory=dict)  # dtype -> bytes
+    # the shapes config.json is checked against: name -> (file, shape) of the decoder's q/k projections and the
+    # token embedding, stored unpacked
+    probes: dict[str, tuple[str, list[int]]] = field(default_factory=dict)
 
 
 @dataclass
@@ -237,6 +248,7 @@ def read_safetensors_header(path: Path) -> dict:
                 raise ModelError(where, f"{path.name} is not a safetensors file (header length {n:,}; the format "
                                  f"allows 1 to {MAX_HEADER_BYTES:,} bytes)")
             data = f.read(n)
+            size = os.fstat(f.fileno()).st_size
     except OSError as e:
         raise ModelError(where, f"cannot read {path.name}: it is {_why(e)}" if isinstance(e, FileRefused)
                          else f"cannot read {path.name}: {_why(e)}") from None
@@ -251,10 +263,52 @@ def read_safetensors_header(path: Path) -> dict:
     for name, entry in header.items():
         if name == "__metadata__":
             continue
-        problem = _entry_problem(entry)
+        problem = _entry_problem(entry) or _extent_problem(entry, size - 8 - n)
         if problem:
             raise ModelError(where, f"{path.name}: tensor {_short(name)} in the safetensors header {problem}")
+    _check_overlaps(header, path)
     return header
+
+
+def _extent_problem(entry: dict, data_bytes: int) -> str | None:
+    """A well-formed entry whose dtype is unknown, whose bytes are not what its shape and dtype need, or whose
+    data lies past the end of the file (the format's own checks; safetensors refuses such a file at load)."""
+    dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    if dtype not in _DTYPE_BITS:
+        return f"has an unknown dtype {_short(dtype)} (safetensors knows {', '.join(_DTYPE_BITS)})"
+    if end > data_bytes:
+        return (f"has data_offsets [{_short(begin)}, {_short(end)}] past the end of the file's data "
+                f"({data_bytes:,} bytes): the file is corrupt or truncated")
+    elements = _elements(shape)
+    if elements is None:
+        return f"has a shape {_short(shape)} far larger than any file"
+    need = -(-elements * _DTYPE_BITS[dtype] // 8)
+    if end - begin != need:
+        return f"holds {end - begin:,} bytes but its shape {_short(shape)} in {dtype} needs {need:,}"
+    return None
+
+
+def _elements(shape: list[int]) -> int | None:
+    """The element count of a shape; None past 2^64 (no file holds that many: a crafted shape of a thousand
+    400-digit numbers must not cost a bignum product)."""
+    if 0 in shape:
+        return 0
+    n = 1
+    for dim in shape:
+        n *= dim
+        if n > 2**64:
+            return None
+    return n
+
+
+def _check_overlaps(header: dict, path: Path) -> None:
+    """Two tensors never share bytes (a crafted header could make one tensor's data another's)."""
+    spans = sorted((e["data_offsets"][0], e["data_offsets"][1], name) for name, e in header.items()
+                   if name != "__metadata__" and e["data_offsets"][1] > e["data_offsets"][0])
+    for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
+        if begin_b < end_a:
+            raise ModelError(path.parent, f"{path.name}: tensors {_short(a)} and {_short(b)} in the safetensors header "
+                             f"overlap (one begins at byte {begin_b:,}, before the other ends at {end_a:,})")
 
 
 def _entry_problem(entry: Any) -> str | None:
@@ -287,7 +341,36 @@ def safetensors_stats(files: list[Path]) -> TensorStats:
             stats.parameters += n
             stats.bytes += nbytes
             stats.by_dtype[entry["dtype"]] = stats.by_dtype.get(entry["dtype"], 0) + nbytes
+            if entry["dtype"] in _FLOAT_WEIGHTS and len(entry["shape"]) == 2 and (
+                    _ATTN_RE.search(name) or _EMBED_RE.search(name)):
+                stats.probes.setdefault(name, (file.name, list(entry["shape"])))
     return stats
+
+
+def _check_shapes(where: Path, stats: TensorStats, cfg: dict, hidden: int | None, heads: int | None,
+                  kv_heads: int | None, head_dim: int | None) -> None:
+    """config.json against the tensors it describes: the embedding's width is hidden_size; a q projection has
+    heads x head_dim rows (twice that with an output gate, Qwen3-Next), a k projection kv_heads x head_dim, both
+    hidden_size columns. A config that disagrees (head_dim 65,536 over tensors of 64) would make every plan
+    figure wrong; checked on unpacked float weights only (a quantized weight's stored shape is not its own)."""
+    mla = any(k in cfg for k in _MLA_KEYS)
+    for name, (file, (rows, cols)) in stats.probes.items():
+        attn = _ATTN_RE.search(name)
+        want_rows = None
+        if attn is not None and not mla and head_dim:
+            per = heads if attn.group(1) == "q" else kv_heads
+            want_rows = (per * head_dim, 2 * per * head_dim) if attn.group(1) == "q" and per else (
+                (per * head_dim,) if per else None)
+        problem = None
+        if hidden and cols != hidden and (attn is None or not mla):
+            problem = f"has {cols:,} columns, but config.json says hidden_size {hidden:,}"
+        elif want_rows and rows not in want_rows:
+            what = "num_attention_heads" if attn.group(1) == "q" else "num_key_value_heads"
+            problem = (f"has {rows:,} rows, but config.json says {what} x head_dim = {want_rows[0]:,}"
+                       f" ({want_rows[0] // head_dim} x {head_dim:,})")
+        if problem:
+            raise ModelError(where, f"{file}: tensor {_short(name)} {problem}: config.json does not describe these "
+                             "weights", hint="fix config.json (or use the model directory it came with)")
 
 
 def _first(cfg: dict, *keys):
@@ -355,6 +438,9 @@ def model_info(path: str | Path) -> ModelInfo:
             hint="infertool reads safetensors only; convert .bin checkpoints with transformers' save_pretrained",
         )
     stats = safetensors_stats(files)
+    if not stats.tensors:
+        raise ModelError(p, f"the safetensors files hold no tensors ({', '.join(f.name for f in files[:3])}"
+                         f"{' ...' if len(files) > 3 else ''})")
     n = {name: _config_int(cfg, name, p) for name in _CONFIG_INTS}
     if n["vocab"] is None and full is not cfg:
         n["vocab"] = _config_int(full, "vocab", p)
@@ -366,6 +452,7 @@ def model_info(path: str | Path) -> ModelInfo:
         head_dim = hidden // heads
     if heads and kv_heads and heads % kv_heads:
         raise ModelError(p, f"config.json: {kv_heads} key/value heads do not divide {heads} attention heads")
+    _check_shapes(p, stats, cfg, hidden, heads, kv_heads, head_dim)
     if n["experts"] and n["experts_per_tok"] and n["experts_per_tok"] > n["experts"]:
         raise ModelError(p, f"config.json: num_experts_per_tok {n['experts_per_tok']} exceeds the {n['experts']} experts")
     architectures = full.get("architectures")

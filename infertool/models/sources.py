@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable
 
 from infertool.atomic import move_into_place, remove_inside, replace_dir, write_json
-from infertool.data.fingerprint import file_sha256
+from infertool.data.fingerprint import content_sha256
 from infertool.errors import BackendError, InfertoolError, UsageError
 
 CONVERTER_VERSION = 1  # bump when the conversion's output changes, to invalidate the cache
@@ -152,7 +152,9 @@ def find_bundled_gguf(name: str) -> Path:
 
 
 def gguf_sha256(path: Path) -> str:
-    """Content hash of a GGUF file, memoised by (path, size, mtime) so repeated runs skip re-reading it."""
+    """Content hash of a GGUF file (fingerprint.content_sha256: whole up to 1 GiB, as before; sampled beyond, so
+    that a big file costs a few MiB of reading, not minutes, before the first message), memoised by (path, size,
+    mtime) so repeated runs skip re-reading it."""
     from infertool.envs.paths import models_cache
 
     st = path.stat()
@@ -164,7 +166,7 @@ def gguf_sha256(path: Path) -> str:
         memo = {}
     if key in memo:
         return memo[key]
-    digest = file_sha256(path)
+    digest = content_sha256(path, st.st_size)
     memo[key] = digest
     try:
         write_json(memo_path, memo, indent=1)

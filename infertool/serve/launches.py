@@ -98,6 +98,11 @@ def prepare(res, *, model=None, serve=None, purpose: str = "serve", port: int | 
         from infertool.trust import announce_remote_code
 
         announce_remote_code(model.source or model.path, trust)
+    if not dry_run:  # what serve.allow_code lets load (the recipe refuses what it does not name): said once each
+        from infertool.trust import code_loading_arg, code_loading_env, announce_code_loading
+
+        announce_code_loading([n for n in settings.allow_code if n in {*map(code_loading_arg, settings.extra_args),
+                                                                         *map(code_loading_env, settings.env)}])
     spec = build_launch(settings, model.path or model.source, python, cpu=cpu, port=port, auto_port=port is None,
                         default_name=model.name, trust_remote_code=trust)
     issues = lint_serve(settings, info, cpu=cpu, port=spec.port,

@@ -6,7 +6,10 @@
   memory (Y GiB)". On the CPU backend the KV space is VLLM_CPU_KVCACHE_SPACE, so this is predicted
   exactly: capacity = floor(space / kv_bytes_per_token / block) * block tokens (block 128 on CPU;
   1 GiB on the 2-layer fixture gives 699,008 tokens, as vLLM logs).
-- tensor_parallel_size must divide the attention heads (vLLM refuses otherwise).
+- tensor_parallel_size must divide the attention heads (vLLM refuses otherwise); pipeline_parallel_size must
+  not exceed the layers (each stage holds at least one).
+- serve.cpu.reserved_cpus must leave vLLM's CPU backend at least one of this host's usable cores to compute on.
+- flags and variables that load code, allowed by serve.allow_code, are said (warning); the recipe refuses the rest.
 - the port must be free.
 """
 
@@ -17,7 +20,7 @@ from dataclasses import dataclass
 from infertool import procs
 from infertool.errors import UsageError
 from infertool.perf import roofline
-from infertool.perf.host import HALF_INSTRUCTIONS, cpu_lacks_half
+from infertool.perf.host import HALF_INSTRUCTIONS, cpu_lacks_half, usable_cores
 from infertool.resolve import SLOW_HALF_EVIDENCE
 
 GIB = 1024**3
@@ -54,6 +57,7 @@ def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = N
     the longest max_model_len vLLM accepts for the model."""
     issues: list[LintIssue] = []
     issues.extend(lint_position_limit(serve, position_limit))
+    issues.extend(lint_code_loading(serve))
     port = serve.port if port is None else port
     if serve.swap_space is not None:
         issues.append(LintIssue(
@@ -75,15 +79,52 @@ def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = N
                 f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
                 "(vLLM refuses to start)",
                 f"use one of {divisors}"))
+        issues.extend(_pipeline_stages(serve, model_info))
         if cpu:
             issues.extend(_kv_capacity(serve, model_info))
             issues.extend(_cpu_half_precision(serve, model_info))
+    if cpu:
+        issues.extend(lint_reserved_cpus(serve))
     if check_port and not port_free(serve.host, port):
         issues.append(LintIssue(
             "error", "serve.port", f"port {port} on {serve.host} is already in use",
             f"stop what listens there (`infertool serve status`), or pick another: --set serve.port={port + 1}"))
     order = {"error": 0, "warning": 1, "info": 2}
     return sorted(issues, key=lambda i: order.get(i.level, 3))
+
+
+def lint_code_loading(serve) -> list[LintIssue]:
+    """What serve.allow_code lets load code (the recipe refuses the rest): said on screen by every launch, its
+    dry run and `infertool serve` alike."""
+    from infertool.trust import code_loading_arg, code_loading_env, code_loading_why
+
+    used = [f for f in (code_loading_arg(a) for a in serve.extra_args) if f is not None]
+    used += [v for v in (code_loading_env(n) for n in serve.env) if v is not None]
+    return [LintIssue("warning", "serve.allow_code", f"{name} {code_loading_why(name)}: allowed by serve.allow_code",
+                      "remove it from serve.allow_code unless you trust where the recipe came from")
+            for name in dict.fromkeys(used)]
+
+
+def _pipeline_stages(serve, model_info) -> list[LintIssue]:
+    """vLLM splits the layers between the pipeline stages: more stages than layers cannot start."""
+    layers, pp = model_info.num_layers, serve.pipeline_parallel_size
+    if not layers or pp <= layers:
+        return []
+    return [LintIssue("error", "serve.pipeline_parallel_size",
+                      f"pipeline_parallel_size {pp} exceeds the model's {layers} layers (vLLM refuses to start)",
+                      f"set serve.pipeline_parallel_size to at most {layers}")]
+
+
+def lint_reserved_cpus(serve) -> list[LintIssue]:
+    """VLLM_CPU_NUM_OF_RESERVED_CPU cores are kept free of vLLM's compute threads: all of them leaves none."""
+    reserved = serve.cpu.reserved_cpus if serve.cpu is not None else None
+    cores = usable_cores()
+    if reserved is None or reserved < cores:
+        return []
+    return [LintIssue("error", "serve.cpu.reserved_cpus",
+                      f"reserved_cpus {reserved} keeps every one of this host's {cores} usable cores from vLLM's compute "
+                      "threads: none would be left to run the model",
+                      f"set serve.cpu.reserved_cpus below {cores} (0 on a small machine), or remove it (vLLM's rule)")]
 
 
 def allow_long(serve) -> bool:
