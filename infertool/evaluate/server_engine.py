@@ -100,7 +100,7 @@ def _lp(v, where: str) -> float:
 
 def _list(v, name: str, n: int, kind=None) -> list:
     if not isinstance(v, list) or len(v) < n:
-        got = f"a list of {len(v)}" if isinstance(v, list) else type(v).__name__
+        got = f"a list of {len(v)}" if isinstance(v, list) else f"a {type(v).__name__}"
         raise Malformed(f"logprobs.{name} is {got}, not a list of at least {n} (the prompt's tokens)")
     if kind is not None and not all(isinstance(x, kind) and not isinstance(x, bool) for x in v[:n]):
         raise Malformed(f"logprobs.{name} holds values that are not {kind.__name__}s")
@@ -196,7 +196,18 @@ class Client:
             raise net_failure(e) from None
 
     def _request(self, url: str, body: dict | None, max_bytes: int = net.MAX_JSON_BYTES) -> dict:
+        """The JSON object a 2xx answer holds; any other answer is a BackendError."""
         ans = self.fetch(url, body, max_bytes)
+        self._check(ans)
+        try:
+            return ans.json_object()
+        except net.NetError as e:
+            raise BackendError(f"{url} did not answer a JSON object: {e.reason}",
+                               hint="is this an OpenAI-compatible server?") from None
+
+    def _check(self, ans: net.Answer) -> None:
+        """A 401 / 403 says the key is missing or refused; any other status but 2xx quotes the server's words."""
+        url = ans.url
         if ans.status in (401, 403):
             raise BackendError(f"{url} answered HTTP {ans.status}: the server wants an API key "
                                + ("and refused the one sent" if self.api_key else "and none was sent"),
@@ -205,21 +216,15 @@ class Client:
         if not ans.ok:
             raise BackendError(f"{url} answered HTTP {ans.status}: {ans.detail() or '(no body)'}",
                                hint="check the model name and that the server supports this endpoint")
-        try:
-            return ans.json_object()
-        except net.NetError as e:
-            raise BackendError(f"{url} did not answer a JSON object: {e.reason}",
-                               hint="is this an OpenAI-compatible server?") from None
 
     def models(self) -> list[str] | None:
         """The model names /v1/models lists (entries without a string id are skipped); None when the server
-        has no such endpoint (it answers 404 or 405) or its answer has no ``data`` list."""
-        url = self.base_url + "/models"
-        ans = self.fetch(url, None, net.MAX_SMALL_BYTES)
-        if ans.status in (404, 405):
+        does not list them (an HTTP error other than 401 / 403, or an answer without a ``data`` list)."""
+        ans = self.fetch(self.base_url + "/models", None, net.MAX_SMALL_BYTES)
+        if ans.status in (401, 403):
+            self._check(ans)
+        if not ans.ok:
             return None
-        if ans.status in (401, 403) or not ans.ok:
-            self._request(url, None, net.MAX_SMALL_BYTES)  # its error, as every endpoint's
         try:
             data = ans.json_object().get("data")
         except net.NetError:
@@ -247,7 +252,7 @@ class Client:
         limit = min(net.MAX_JSON_BYTES, net.MAX_SMALL_BYTES + 16 * len(text))  # the ids of a long corpus
         ans = self.fetch(url, {"model": self.model, "prompt": text, "add_special_tokens": False}, limit)
         if ans.status in (401, 403):
-            self._request(url, None, net.MAX_SMALL_BYTES)
+            self._check(ans)
         if not ans.ok:
             return None
         try:
@@ -284,7 +289,7 @@ class Client:
         if text is None:
             return ""
         if not isinstance(text, str):
-            raise Malformed(f"the completion's text is a {type(text).__name__}, not a string")
+            raise Malformed(f"the completion's text is not a string ({type(text).__name__})")
         return text
 
 
@@ -307,7 +312,7 @@ def _pmap(fn: Callable, items: list, workers: int, progress: Callable[[int], Non
     their count and the first reasons. Any other error stops the map at once (the items not started are
     cancelled) and is raised: one unreachable or silent server costs one deadline, not one per item."""
     out = [None] * len(items)
-    bad: list[str] = []
+    bad: dict[str, list[int]] = {}  # reason: the items that gave it
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
         done = 0
@@ -316,7 +321,7 @@ def _pmap(fn: Callable, items: list, workers: int, progress: Callable[[int], Non
                 try:
                     out[futures[fut]] = fut.result()
                 except Malformed as e:
-                    bad.append(f"#{futures[fut]}: {e.message}")
+                    bad.setdefault(e.message, []).append(futures[fut])
                 done += 1
                 if progress:
                     progress(done)
@@ -324,8 +329,10 @@ def _pmap(fn: Callable, items: list, workers: int, progress: Callable[[int], Non
             pool.shutdown(wait=True, cancel_futures=True)
             raise
     if bad:
-        raise Malformed(f"{len(bad)} of {len(items)} {what} could not be scored: the server's answers were "
-                        f"malformed ({'; '.join(bad[:3])}{'; ...' if len(bad) > 3 else ''})",
+        n = sum(len(v) for v in bad.values())
+        why = "; ".join(f"{reason} (x{len(idx)})" if len(idx) > 1 else reason for reason, idx in list(bad.items())[:3])
+        raise Malformed(f"{n} of {len(items)} {what} could not be scored: the server's answers were malformed: "
+                        f"{why}{'; ...' if len(bad) > 3 else ''}",
                         hint="is this an OpenAI-compatible server (vLLM)? infertool refuses a verdict from "
                         "answers it cannot check")
     return out
@@ -337,6 +344,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
     stats = {"tokens": 0, "gen_tokens": 0, "seconds": 0.0}
     t0 = time.monotonic()
     client.start_stage()  # one deadline for this model's whole scoring
+    where = f"{label} model {client.model!r} at {client.base_url}"
     for task in tasks:
         name = task["name"]
         prog = lambda n, total, what, name=name: events.progress(f"{label}:{name}", n, total, f"{label} {name}: {what}")  # noqa: E731
@@ -355,7 +363,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
             start = int(task.get("window_start") or 0)  # scoring in rounds: windows [start, n) of the same cut
             windows = [ids[i * L:(i + 1) * L] for i in range(start, n)]
             res = _pmap(lambda w: client.prompt_logprobs(w, k), windows, workers,
-                        lambda d: prog(d, len(windows), "windows"), what=f"windows of task {name!r}")
+                        lambda d: prog(d, len(windows), "windows"), what=f"windows of task {name!r} ({where})")
             items = []
             for i, r in enumerate(res):
                 items.append({"id": f"w{start + i:04d}", "lp": r["lp"][1:], "top": r["top"][1:], "tokens": r["tokens"],
@@ -386,7 +394,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
                 greedy = all(r["top"][i] and max(r["top"][i], key=r["top"][i].get) == r["tokens"][i] for i in idx)
                 return _loglik([r["lp"][i] for i in idx], cont), greedy, len(r["tokens"])
 
-            res = _pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"), what=f"choices of task {name!r}")
+            res = _pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"), what=f"choices of task {name!r} ({where})")
             by_item: dict[int, dict] = {}
             for (i, j, _, cont), (ll, greedy, ntok) in zip(reqs, res):
                 d = by_item.setdefault(i, {"ll": [], "greedy": [], "n_bytes": []})
@@ -407,7 +415,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
                 return text
 
             outs = _pmap(gen, task["items"], workers, lambda d: prog(d, len(task["items"]), "generate"),
-                         what=f"items of task {name!r}")
+                         what=f"items of task {name!r} ({where})")
             out[name] = {"type": "generate", "items": [{"id": it["id"], "out": o} for it, o in zip(task["items"], outs)]}
     stats["seconds"] = time.monotonic() - t0
     return {"tasks": out, "stats": stats}
