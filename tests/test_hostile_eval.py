@@ -293,3 +293,80 @@ def test_items_jsonl_holds_no_bare_nan(tmp_path):
                    "openai")
     rec = _strict((tmp_path / "items.jsonl").read_text().splitlines()[0])
     assert rec == {"task": "t", "id": "w0", "kld_mean": None, "nll_b": None, "x": 1.5}
+
+
+# ------------------------------------------------------------------ run's smoke test and quantize's load check
+def _launched(url: str, tmp_path: Path):
+    """What `launch` yields, as _smoke and greedy read it: our own server, its key, its log."""
+    from types import SimpleNamespace
+
+    log = tmp_path / "vllm.log"
+    log.write_text("INFO started\n")
+    return SimpleNamespace(url=url + "/v1", model="m", log_path=log,
+                           headers=lambda: {"Authorization": f"Bearer {KEY}"})
+
+
+SMOKE_CASES = {
+    "silent": (silent(), "(timeout)"),
+    "garbage-chunks": (garbage_chunks(), "(broken)"),
+    "1GB-content-length": (lying_length(10**9), "(too-large)"),
+    "http-500-echoing-the-key": (status_answer(500, f"boom Bearer {KEY}".encode()), "HTTP 500: boom ***"),
+    "not-json": (json_answer("{"), "not usable"),
+    "text-a-number": (json_answer({"choices": [{"text": 5}]}), "without a text"),
+    "choices-a-dict": (json_answer({"choices": {"text": "x"}}), "without a text"),
+}
+
+
+@pytest.mark.parametrize("name", list(SMOKE_CASES))
+def test_runs_smoke_completion_against_a_hostile_server(name, tmp_path, monkeypatch):
+    from infertool.errors import RuntimeFailure
+    from infertool.stages import builtin
+
+    monkeypatch.setattr(builtin, "SMOKE_TIMEOUT_S", 1.0)
+    route, words = SMOKE_CASES[name]
+    with HostileServer({"/v1/completions": route}) as srv:
+        with pytest.raises(RuntimeFailure) as e:
+            builtin._smoke(_launched(srv.url, tmp_path))
+    assert words in e.value.message and KEY not in e.value.message
+
+
+def test_runs_smoke_completion_follows_no_redirect(tmp_path):
+    from infertool.errors import RuntimeFailure
+    from infertool.stages import builtin
+
+    with HostileServer({"/v1/completions": json_answer({"choices": [{"text": " Paris"}]})}) as other:
+        with HostileServer({"/v1/completions": redirect(other.url + "/v1/completions")}) as srv:
+            with pytest.raises(RuntimeFailure, match=r"\(redirect\)"):
+                builtin._smoke(_launched(srv.url, tmp_path))
+        assert other.requests == []
+        assert builtin._smoke(_launched(other.url, tmp_path)) == " Paris"  # the same answer, asked directly
+
+
+GREEDY_CASES = {
+    "silent": (silent(), "no complete answer within"),
+    "redirect": (redirect("http://127.0.0.1:9/v1/completions"), "follows no redirect"),
+    "http-500-echoing-the-key": (status_answer(500, f"Bearer {KEY}".encode()), "HTTP 500: ***"),
+    "choices-a-dict": (json_answer({"choices": {"a": 1}}), "no list of completions"),
+    "token-id-not-a-number": (json_answer({"choices": [{"index": 0, "text": "x", "logprobs": {
+        "tokens": ["token_id:1e400"]}}]}), "not a token id"),
+    "token-id-huge": (json_answer({"choices": [{"index": 0, "text": "x", "logprobs": {
+        "tokens": ["token_id:" + "9" * 400]}}]}), "not a token id"),
+    "index-wrong-type": (json_answer({"choices": [{"index": "zero", "text": 5, "logprobs": {"tokens": 3}}]}), None),
+}
+
+
+@pytest.mark.parametrize("name", list(GREEDY_CASES))
+def test_load_check_greedy_against_a_hostile_server(name, tmp_path, monkeypatch):
+    """quantize's load check: every failure is a NoCompletion (a ValueError that load_check turns into "vLLM
+    loaded the quantized checkpoint but generation failed: ..."), the key blanked; never another exception."""
+    from infertool.quantize import verify
+
+    monkeypatch.setattr(verify, "REQUEST_TIMEOUT_S", 1.0)
+    route, words = GREEDY_CASES[name]
+    with HostileServer({"/v1/completions": route}) as srv:
+        if words is None:  # tolerated: one choice, no usable tokens, no text
+            assert verify.greedy(_launched(srv.url, tmp_path), ["p"], 4) == ([[]], [""])
+            return
+        with pytest.raises(verify.NoCompletion) as e:
+            verify.greedy(_launched(srv.url, tmp_path), ["p"], 4)
+    assert words in str(e.value) and KEY not in str(e.value)
