@@ -370,3 +370,18 @@ def test_load_check_greedy_against_a_hostile_server(name, tmp_path, monkeypatch)
         with pytest.raises(verify.NoCompletion) as e:
             verify.greedy(_launched(srv.url, tmp_path), ["p"], 4)
     assert words in str(e.value) and KEY not in str(e.value)
+
+
+@pytest.mark.parametrize("value,lo,hi,threshold,status", [
+    (math.nan, 0.0, 0.1, 0.05, "INCONCLUSIVE"),  # NaN < threshold is False: never read as "below"
+    (0.01, math.nan, math.nan, 0.05, "INCONCLUSIVE"),
+    (math.inf, math.inf, math.inf, 0.05, "FAIL"),
+    (0.01, 0.0, 0.02, math.nan, "INCONCLUSIVE"),
+    (0.01, 0.0, 0.02, 0.05, "PASS"),
+])
+def test_a_gate_passes_only_on_finite_figures(value, lo, hi, threshold, status):
+    from infertool.evaluate.verdict import Estimate, judge, verdict
+
+    gate = judge("max_mean_kld", threshold, Estimate(value, lo, hi, 100))
+    assert gate.status == status
+    assert verdict([gate])[0] == status
