@@ -36,6 +36,7 @@ NO_PROMPT_LOGPROBS_HINT = (
 # server that answers every request just in time cannot hold an eval for ever). Tests and slow hosts set them
 # with the environment variables below (seconds).
 REQUEST_S = 300.0
+CONTROL_S = 60.0  # /v1/models and /tokenize (at most the request's deadline): no forward pass behind them
 STAGE_S = 12 * 3600.0
 REQUEST_ENV = "INFERTOOL_EVAL_REQUEST_S"
 STAGE_ENV = "INFERTOOL_EVAL_STAGE_S"
@@ -93,8 +94,8 @@ def _lp(v, where: str) -> float:
     """A log-probability from a server, checked (see LP_CEIL, LP_FLOOR); a small positive rounding reads as 0."""
     x = net.number(v, lo=LP_FLOOR, hi=LP_CEIL)
     if x is None:
-        raise Malformed(f"{where}: {net.quote(repr(v), n=40)} is not a log-probability "
-                        f"(a finite number in [{LP_FLOOR:g}, 0])")
+        shown = "missing (null, NaN or Infinity)" if v is None else f"{net.quote(repr(v), n=40)}, not a log-probability"
+        raise Malformed(f"{where} is {shown}: a log-probability is a finite number in [{LP_FLOOR:g}, 0]")
     return min(x, 0.0)
 
 
@@ -185,13 +186,15 @@ class Client:
         """A fresh deadline of ``stage_s`` for everything this client asks from now on (one model's scoring)."""
         self.deadline = net.Deadline(self.stage_s)
 
-    def fetch(self, url: str, body: dict | None, max_bytes: int) -> net.Answer:
-        """One exchange (POST with a JSON body, else GET); a transport failure is a BackendError."""
+    def fetch(self, url: str, body: dict | None, max_bytes: int, control: bool = False) -> net.Answer:
+        """One exchange (POST with a JSON body, else GET; ``control``: a call without a forward pass, which
+        gets CONTROL_S at most); a transport failure is a BackendError."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        seconds = min(self.timeout_s, CONTROL_S) if control else self.timeout_s
         self.requests += 1
         try:
             return net.fetch(url, method="POST" if body is not None else "GET", json_body=body, headers=headers,
-                             deadline_s=self.timeout_s, deadline=self.deadline, max_bytes=max_bytes)
+                             deadline_s=seconds, deadline=self.deadline, max_bytes=max_bytes)
         except net.NetError as e:
             raise net_failure(e) from None
 
@@ -220,7 +223,7 @@ class Client:
     def models(self) -> list[str] | None:
         """The model names /v1/models lists (entries without a string id are skipped); None when the server
         does not list them (an HTTP error other than 401 / 403, or an answer without a ``data`` list)."""
-        ans = self.fetch(self.base_url + "/models", None, net.MAX_SMALL_BYTES)
+        ans = self.fetch(self.base_url + "/models", None, net.MAX_SMALL_BYTES, control=True)
         if ans.status in (401, 403):
             self._check(ans)
         if not ans.ok:
@@ -250,7 +253,7 @@ class Client:
         that are not token ids is an error, never "no /tokenize"."""
         url = self.root + "/tokenize"
         limit = min(net.MAX_JSON_BYTES, net.MAX_SMALL_BYTES + 16 * len(text))  # the ids of a long corpus
-        ans = self.fetch(url, {"model": self.model, "prompt": text, "add_special_tokens": False}, limit)
+        ans = self.fetch(url, {"model": self.model, "prompt": text, "add_special_tokens": False}, limit, control=True)
         if ans.status in (401, 403):
             self._check(ans)
         if not ans.ok:
