@@ -8,14 +8,13 @@ screening shares) and typed once, into the ``EvalResult`` that results.json hold
 
 from __future__ import annotations
 
-import json
 import math
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
 
-from infertool.atomic import jsonable, write_json, write_text
+from infertool.atomic import dumps_json, jsonable, write_json, write_text
 from infertool.capability import RunContext
 from infertool.data.suites import Suite, generation_correct, load_suite
 from infertool.errors import UsageError
@@ -58,8 +57,8 @@ def summarize_perplexity(task: dict, confidence: float) -> dict:
         "bpb_cand": M.bits_per_byte(lp_c, n_bytes),
         "ln_ppl_ratio": ln_r,
         "ln_ppl_ratio_se": ln_se,
-        "ppl_ratio": math.exp(ln_r),
-        "ppl_ratio_ci": [math.exp(ln_r - z * ln_se), math.exp(ln_r + z * ln_se)],
+        "ppl_ratio": M.exp(ln_r),
+        "ppl_ratio_ci": [M.exp(ln_r - z * ln_se), M.exp(ln_r + z * ln_se)],
         "kld_kind": task.get("kld_kind", "full"),
         "kld": M.distribution(kld),
         "top1_agree": k / n if n else float("nan"),
@@ -161,7 +160,8 @@ def make_gates(pool: dict, accept: dict) -> list[Gate]:
     topk_note = ""
     if tok and tok["kld_kind"] != "full":
         cov = tok.get("topk_covered_mass", {}).get("mean")
-        topk_note = f"{tok['kld_kind']} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)" if cov else ""
+        topk_note = (f"{tok['kld_kind']} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)"
+                     if isinstance(cov, float) and math.isfinite(cov) and cov else "")
     return [judge(g, val, found.get(g), confidence=conf, note=topk_note if g == "max_mean_kld" else "")
             for g, val in thresholds(accept).items()]
 
@@ -316,8 +316,7 @@ def _score(plan: EvalPlan, requests: list[dict], ctx: RunContext, out_dir: Path)
 def _write_details(out_dir: Path, records: list[dict], pool: dict, engine: str) -> dict[str, str]:
     """items.jsonl (one line per scored item) and the KLD histogram; the paths, results.json's among them."""
     files = {"results": str(out_dir / RESULTS_FILE), "items": str(out_dir / ITEMS_FILE)}
-    write_text(out_dir / ITEMS_FILE, "".join(json.dumps(r, sort_keys=True, ensure_ascii=False, default=str) + "\n"
-                                             for r in jsonable(records)))
+    write_text(out_dir / ITEMS_FILE, "".join(dumps_json(r, indent=None) + "\n" for r in records))  # never a bare NaN
     tok = pool.get("tokens")
     if tok:
         files["kld_histogram"] = str(write_kld_histogram_svg(

@@ -11,6 +11,13 @@ import math
 from collections.abc import Sequence
 
 LN2 = math.log(2.0)
+_EXP_MAX = 709.0  # math.exp overflows above ~709.78
+
+
+def exp(x: float) -> float:
+    """math.exp that answers inf (not an OverflowError) where the result is beyond a float: a perplexity
+    or a ratio from extreme log-probabilities is "infinite" (a gate FAILs on it), never a crash."""
+    return math.exp(x) if x <= _EXP_MAX else (math.inf if x == x else math.nan)
 
 
 # --------------------------------------------------------------------------------------------
@@ -128,6 +135,8 @@ def topk_kld(base_top: dict[str, float], cand_top: dict[str, float]) -> tuple[fl
     """
     if not base_top:
         return float("nan"), 0.0
+    if not all(isinstance(v, (int, float)) and v == v and v < math.inf for v in (*base_top.values(), *cand_top.values())):
+        return float("nan"), float("nan")  # NaN or +inf is no figure: a gate on it is INCONCLUSIVE, never PASS
     cand_probs = {t: math.exp(v) for t, v in cand_top.items()}
     # A server's top-k can sum to 1 or a little over (its log-probabilities are rounded, float32 on CPUs): the
     # mass left for the other tokens is then "at most the rounding", not zero, and a token of base's top-k that
@@ -159,7 +168,7 @@ def topk_kld(base_top: dict[str, float], cand_top: dict[str, float]) -> tuple[fl
 def perplexity(logprobs: Sequence[float]) -> float:
     """exp(mean NLL) over scored tokens (the GPTQ-paper protocol when the tokens come from
     non-overlapping windows)."""
-    return math.exp(-mean(logprobs)) if logprobs else float("nan")
+    return exp(-mean(logprobs)) if logprobs else float("nan")
 
 
 def bits_per_byte(logprobs: Sequence[float], n_bytes: int) -> float:
@@ -286,6 +295,8 @@ def log_histogram(xs: Sequence[float], lo: float = 1e-6, hi: float = 10.0, per_d
     counts = [0] * nbins
     under = over = 0
     for x in xs:
+        if x != x:
+            continue  # NaN: in no bin (the gates say it is not a figure)
         if x < lo:
             under += 1
         elif x >= hi:

@@ -1,5 +1,5 @@
 """The ``openai`` and ``vllm`` engines: scoring through an OpenAI-compatible server's /v1/completions
-with ``echo`` + ``logprobs`` (prompt log-probabilities), in pure Python (urllib, threads).
+with ``echo`` + ``logprobs`` (prompt log-probabilities), in pure Python (infertool.net, threads).
 
 A server returns only the top-k log-probabilities of each position (vLLM's --max-logprobs, default 20),
 so KL divergence here is the top-k coarse-grained lower bound of metrics.topk_kld, and the covered
@@ -14,14 +14,14 @@ model names.
 
 from __future__ import annotations
 
-import json
+import math
+import os
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from infertool import net
 from infertool.errors import BackendError, RuntimeFailure, UsageError
 from infertool.evaluate.metrics import topk_kld
 
@@ -31,111 +31,313 @@ NO_PROMPT_LOGPROBS_HINT = (
     "Generation-only suites (e.g. synthetic-gen) work without them"
 )
 
+# How long the engine waits for a server (infertool.net's deadlines, not a timeout per read): one request (a
+# window of prompt log-probabilities on a CPU server can take minutes), and the whole scoring of one model (a
+# server that answers every request just in time cannot hold an eval for ever). Tests and slow hosts set them
+# with the environment variables below (seconds).
+REQUEST_S = 300.0
+CONTROL_S = 60.0  # /v1/models and /tokenize (at most the request's deadline): no forward pass behind them
+STAGE_S = 12 * 3600.0
+REQUEST_ENV = "INFERTOOL_EVAL_REQUEST_S"
+STAGE_ENV = "INFERTOOL_EVAL_STAGE_S"
+
+# A prompt log-probability a server may send: finite, at most a rounding above 0 (read as 0), at least LP_FLOOR
+# (vLLM writes -inf as -9999.0). Anything else makes the answer malformed, never a figure.
+LP_CEIL = 1e-3
+LP_FLOOR = -1e4
+MAX_TOKEN_ID = 2**31
+
 
 class NoPromptLogprobs(BackendError):
     """The server answered, but without prompt log-probabilities."""
 
 
-class Client:
-    """A minimal OpenAI-compatible client: bounded timeouts, clear errors, no third-party packages."""
+class Malformed(BackendError):
+    """One answer the engine cannot score (wrong types, values out of range): counted by ``_pmap`` with its
+    reason, then reported together."""
 
-    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float = 300):
+
+def seconds_from_env(name: str, default: float) -> float:
+    """A number of seconds from the environment variable ``name`` (finite, positive, at most a week), else
+    ``default``; a bad value is a UsageError naming the variable."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= 7 * 86400):
+        raise UsageError(f"{name}={text[:40]!r} is not a number of seconds between 0 and 604800",
+                         hint=f"unset {name} (default {default:g} s) or give a positive number")
+    return value
+
+
+_NET_HINTS = {
+    "unreachable": "is the server running? check --url",
+    "timeout": f"the server did not answer in time; {REQUEST_ENV} / {STAGE_ENV} set the limits (seconds)",
+    "redirect": "give the server's final URL with --url: infertool follows no redirect (an API key goes only "
+                "where you point it)",
+    "too-large": "is this an OpenAI-compatible server? check --url",
+    "broken": "is this an OpenAI-compatible server? check --url",
+    "malformed": "is this an OpenAI-compatible server?",
+}
+
+
+def net_failure(e: net.NetError) -> BackendError:
+    """A NetError as the engine's error: one line with its kind and URL, and the hint of that kind."""
+    what = f"cannot reach {e.url}" if e.kind == "unreachable" else f"{e.url} gave no usable answer ({e.kind})"
+    return BackendError(f"{what}: {e.reason}", hint=_NET_HINTS.get(e.kind))
+
+
+def _lp(v, where: str) -> float:
+    """A log-probability from a server, checked (see LP_CEIL, LP_FLOOR); a small positive rounding reads as 0."""
+    x = net.number(v, lo=LP_FLOOR, hi=LP_CEIL)
+    if x is None:
+        shown = "missing (null, NaN or Infinity)" if v is None else f"{net.quote(repr(v), n=40)}, not a log-probability"
+        raise Malformed(f"{where} is {shown}: a log-probability is a finite number in [{LP_FLOOR:g}, 0]")
+    return min(x, 0.0)
+
+
+def _list(v, name: str, n: int, kind=None) -> list:
+    if not isinstance(v, list) or len(v) < n:
+        got = f"a list of {len(v)}" if isinstance(v, list) else f"a {type(v).__name__}"
+        raise Malformed(f"logprobs.{name} is {got}, not a list of at least {n} (the prompt's tokens)")
+    if kind is not None and not all(isinstance(x, kind) and not isinstance(x, bool) for x in v[:n]):
+        raise Malformed(f"logprobs.{name} holds values that are not {kind.__name__}s")
+    return v[:n]
+
+
+def _top(v, i: int) -> dict[str, float]:
+    if not isinstance(v, dict) or not v:
+        raise Malformed(f"top_logprobs[{i}] is {net.quote(repr(v), n=40)}, not the top-k log-probabilities")
+    return {str(t): _lp(x, f"top_logprobs[{i}][{net.quote(str(t), n=20)!r}]") for t, x in v.items()}
+
+
+def _prompt_len(r: dict, prompt: str | list[int], tokens: list) -> int:
+    """How many of the echoed tokens are the prompt's: the ids sent, else usage.prompt_tokens (a count within
+    the answer's tokens), else all but the generated one."""
+    if isinstance(prompt, list):
+        return len(prompt)
+    usage = r.get("usage")
+    if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
+        n = net.count(usage["prompt_tokens"], hi=len(tokens))
+        if n is None:
+            raise Malformed(f"usage.prompt_tokens {net.quote(repr(usage['prompt_tokens']), n=40)} is not a count "
+                            f"of the answer's {len(tokens)} tokens")
+        return n
+    return len(tokens) - 1
+
+
+def parse_prompt_logprobs(r: dict, prompt: str | list[int], where: str) -> dict:
+    """An echo + logprobs answer checked and cut to the prompt's tokens: {"tokens", "lp", "top", "offsets"}.
+    ``lp[0]`` is None (the first token has no context); every other position has a log-probability and a
+    non-empty top-k. No prompt log-probabilities at all: NoPromptLogprobs; anything else wrong: Malformed."""
+    choices = r.get("choices")
+    choice = choices[0] if isinstance(choices, list) and choices else None
+    if not isinstance(choice, dict):
+        raise Malformed("the answer has no choices[0] object")
+    lp = choice.get("logprobs")
+    if lp is not None and not isinstance(lp, dict):
+        raise Malformed(f"choices[0].logprobs is a {type(lp).__name__}, not an object")
+    lp = lp or {}
+    tokens, token_lps = lp.get("tokens"), lp.get("token_logprobs")
+    for name, v in (("tokens", tokens), ("token_logprobs", token_lps)):
+        if v is not None and not isinstance(v, list):
+            raise Malformed(f"logprobs.{name} is a {type(v).__name__}, not a list")
+    n = _prompt_len(r, prompt, tokens) if tokens else 0
+    if not tokens or not token_lps or not any(v is not None for v in token_lps[1:n]):
+        raise NoPromptLogprobs(
+            f"{where} returned no prompt log-probabilities (echo + logprobs): refusing to score log-likelihood "
+            "tasks, which would come out at chance", hint=NO_PROMPT_LOGPROBS_HINT)
+    tokens = _list(tokens, "tokens", n, str)
+    lps = _list(token_lps, "token_logprobs", n)
+    out_lp = [None if i == 0 and v is None else _lp(v, f"token_logprobs[{i}]") for i, v in enumerate(lps)]
+    top = lp.get("top_logprobs")
+    top = _list(top, "top_logprobs", n) if top is not None else [None] * n
+    out_top = [_top(t, i) if (i or t) else {} for i, t in enumerate(top)]
+    offsets = lp.get("text_offset")
+    offsets = _list(offsets, "text_offset", n, int) if offsets is not None else []
+    if any(net.count(o) is None for o in offsets):
+        raise Malformed("logprobs.text_offset holds offsets that are not counts")
+    return {"tokens": tokens, "lp": out_lp, "top": out_top, "offsets": offsets}
+
+
+class Client:
+    """A minimal OpenAI-compatible client under infertool.net's policy: no redirect followed (the key goes only
+    to the URL given), a deadline per request (``timeout_s``) and one for each model's whole scoring
+    (``stage_s``: ``collect`` starts it), bounded bodies, and every failure a BackendError with the URL, what
+    went wrong and a hint. The server's words are quoted with the key blanked."""
+
+    def __init__(self, base_url: str, model: str, *, api_key: str | None = None, timeout_s: float | None = None,
+                 stage_s: float | None = None):
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
         self.root = self.base_url[: -len("/v1")]
         self.model = model
         self.api_key = api_key
-        self.timeout_s = timeout_s
+        self.timeout_s = timeout_s if timeout_s is not None else seconds_from_env(REQUEST_ENV, REQUEST_S)
+        self.stage_s = stage_s if stage_s is not None else seconds_from_env(STAGE_ENV, STAGE_S)
+        self.deadline: net.Deadline | None = None
         self.requests = 0
 
-    def _request(self, url: str, body: dict | None) -> dict:
-        data = json.dumps(body).encode() if body is not None else None
-        req = urllib.request.Request(url, data=data, method="POST" if body is not None else "GET")
-        req.add_header("Content-Type", "application/json")
-        if self.api_key:
-            req.add_header("Authorization", f"Bearer {self.api_key}")
+    def start_stage(self) -> None:
+        """A fresh deadline of ``stage_s`` for everything this client asks from now on (one model's scoring)."""
+        self.deadline = net.Deadline(self.stage_s)
+
+    def fetch(self, url: str, body: dict | None, max_bytes: int, control: bool = False) -> net.Answer:
+        """One exchange (POST with a JSON body, else GET; ``control``: a call without a forward pass, which
+        gets CONTROL_S at most); a transport failure is a BackendError."""
+        headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        seconds = min(self.timeout_s, CONTROL_S) if control else self.timeout_s
         self.requests += 1
         try:
-            with urllib.request.urlopen(req, timeout=self.timeout_s) as resp:
-                return json.loads(resp.read().decode("utf-8"))
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode("utf-8", "replace")[:500]
-            if e.code in (401, 403):
-                raise BackendError(f"{url} answered HTTP {e.code}: the server wants an API key "
-                                   + ("and refused the one sent" if self.api_key else "and none was sent"),
-                                   hint="put the key in the variable named by serve.api_key_env, and give the "
-                                   "server's URL with --url (a key is never sent to a URL from the recipe alone)") from None
-            raise BackendError(f"{url} answered HTTP {e.code}: {detail}",
-                               hint="check the model name and that the server supports this endpoint") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError, OSError) as e:
-            reason = getattr(e, "reason", e)
-            raise BackendError(f"cannot reach {url}: {reason}", hint="is the server running? check --url") from None
-        except json.JSONDecodeError:
-            raise BackendError(f"{url} did not answer JSON", hint="is this an OpenAI-compatible server?") from None
+            return net.fetch(url, method="POST" if body is not None else "GET", json_body=body, headers=headers,
+                             deadline_s=seconds, deadline=self.deadline, max_bytes=max_bytes)
+        except net.NetError as e:
+            raise net_failure(e) from None
 
-    def models(self) -> list[str]:
-        return [m.get("id") for m in self._request(self.base_url + "/models", None).get("data", [])]
+    def _request(self, url: str, body: dict | None, max_bytes: int = net.MAX_JSON_BYTES) -> dict:
+        """The JSON object a 2xx answer holds; any other answer is a BackendError."""
+        ans = self.fetch(url, body, max_bytes)
+        self._check(ans)
+        try:
+            return ans.json_object()
+        except net.NetError as e:
+            raise BackendError(f"{url} did not answer a JSON object: {e.reason}",
+                               hint="is this an OpenAI-compatible server?") from None
+
+    def _check(self, ans: net.Answer) -> None:
+        """A 401 / 403 says the key is missing or refused; any other status but 2xx quotes the server's words."""
+        url = ans.url
+        if ans.status in (401, 403):
+            raise BackendError(f"{url} answered HTTP {ans.status}: the server wants an API key "
+                               + ("and refused the one sent" if self.api_key else "and none was sent"),
+                               hint="put the key in the variable named by serve.api_key_env, and give the "
+                               "server's URL with --url (a key is never sent to a URL from the recipe alone)")
+        if not ans.ok:
+            raise BackendError(f"{url} answered HTTP {ans.status}: {ans.detail() or '(no body)'}",
+                               hint="check the model name and that the server supports this endpoint")
+
+    def models(self) -> list[str] | None:
+        """The model names /v1/models lists (entries without a string id are skipped); None when the server
+        does not list them (an HTTP error other than 401 / 403, or an answer without a ``data`` list)."""
+        ans = self.fetch(self.base_url + "/models", None, net.MAX_SMALL_BYTES, control=True)
+        if ans.status in (401, 403):
+            self._check(ans)
+        if not ans.ok:
+            return None
+        try:
+            data = ans.json_object().get("data")
+        except net.NetError:
+            return None
+        if not isinstance(data, list):
+            return None
+        return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+    def check_served(self) -> None:
+        """The model this client names is one the server lists (when it lists any): a wrong name fails here,
+        before any scoring, with the names it does serve."""
+        names = self.models()
+        if names is None or self.model in names:
+            return
+        shown = ", ".join(net.quote(x, n=60) for x in names[:10]) + (", ..." if len(names) > 10 else "")
+        raise BackendError(f"the server at {self.base_url} does not serve a model named {self.model!r}"
+                           + (f" (it lists: {shown})" if names else " (it lists no model with a name)"),
+                           hint="pass --base / --candidate as /v1/models lists them")
 
     def tokenize(self, text: str) -> list[int] | None:
-        """Token ids from the server's /tokenize (vLLM); None when the server has no such endpoint."""
-        try:
-            r = self._request(self.root + "/tokenize", {"model": self.model, "prompt": text, "add_special_tokens": False})
-        except BackendError:
+        """Token ids from the server's /tokenize (vLLM); None when the server has no such endpoint (it answers
+        an HTTP error, or not the vLLM shape). A server that does not answer in time, redirects, or sends ids
+        that are not token ids is an error, never "no /tokenize"."""
+        url = self.root + "/tokenize"
+        limit = min(net.MAX_JSON_BYTES, net.MAX_SMALL_BYTES + 16 * len(text))  # the ids of a long corpus
+        ans = self.fetch(url, {"model": self.model, "prompt": text, "add_special_tokens": False}, limit, control=True)
+        if ans.status in (401, 403):
+            self._check(ans)
+        if not ans.ok:
             return None
-        toks = r.get("tokens")
-        return [int(t) for t in toks] if isinstance(toks, list) else None
+        try:
+            toks = ans.json_object().get("tokens")
+        except net.NetError:
+            return None
+        if not isinstance(toks, list):
+            return None
+        if not all(net.count(t, hi=MAX_TOKEN_ID) is not None for t in toks):
+            raise BackendError(f"{url} answered token ids that are not integers in [0, 2^31]: "
+                               + net.quote(repr(toks[:8]), n=80), hint=_NET_HINTS["malformed"])
+        return toks
 
     def prompt_logprobs(self, prompt: str | list[int], k: int) -> dict:
-        """Echoed prompt tokens with their log-probabilities and top-k alternatives (generated token dropped)."""
+        """Echoed prompt tokens with their log-probabilities and top-k alternatives (generated token dropped),
+        checked (``parse_prompt_logprobs``)."""
         r = self._request(self.base_url + "/completions", {
             "model": self.model, "prompt": prompt, "max_tokens": 1, "temperature": 0.0,
             "echo": True, "logprobs": k,
         })
-        choice = (r.get("choices") or [{}])[0]
-        lp = choice.get("logprobs") or {}
-        tokens = lp.get("tokens") or []
-        token_lps = lp.get("token_logprobs") or []
-        n_prompt = len(prompt) if isinstance(prompt, list) else (r.get("usage") or {}).get("prompt_tokens")
-        if not tokens or not token_lps or not any(v is not None for v in token_lps[1:n_prompt or None]):
-            raise NoPromptLogprobs(
-                f"the server at {self.base_url} returned no prompt log-probabilities for model {self.model!r} "
-                "(echo + logprobs): refusing to score log-likelihood tasks, which would come out at chance",
-                hint=NO_PROMPT_LOGPROBS_HINT,
-            )
-        if n_prompt is None:
-            n_prompt = len(tokens) - 1
-        top = lp.get("top_logprobs") or [None] * len(tokens)
-        offsets = lp.get("text_offset") or []
-        return {
-            "tokens": tokens[:n_prompt],
-            "lp": token_lps[:n_prompt],
-            "top": [t or {} for t in top[:n_prompt]],
-            "offsets": offsets[:n_prompt],
-        }
+        return parse_prompt_logprobs(r, prompt, f"the server at {self.base_url} (model {self.model!r})")
 
     def generate(self, prompt: str, *, max_tokens: int, stop: list[str], chat: bool) -> str:
         if chat:
             r = self._request(self.base_url + "/chat/completions", {
                 "model": self.model, "messages": [{"role": "user", "content": prompt}],
                 "max_tokens": max_tokens, "temperature": 0.0, "stop": stop or None})
-            return ((r.get("choices") or [{}])[0].get("message") or {}).get("content") or ""
-        r = self._request(self.base_url + "/completions", {
-            "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0, "stop": stop or None})
-        return (r.get("choices") or [{}])[0].get("text") or ""
+            text = _first(r, "message", "content")
+        else:
+            r = self._request(self.base_url + "/completions", {
+                "model": self.model, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                "stop": stop or None})
+            text = _first(r, None, "text")
+        if text is None:
+            return ""
+        if not isinstance(text, str):
+            raise Malformed(f"the completion's text is not a string ({type(text).__name__})")
+        return text
 
 
-def _pmap(fn: Callable, items: list, workers: int, progress: Callable[[int], None] | None = None) -> list:
-    """Map over items with a bounded thread pool, preserving order (the server batches concurrent requests)."""
+def _first(r: dict, inner: str | None, key: str):
+    """choices[0][inner][key] of an answer (None where absent); a choice of the wrong type is Malformed."""
+    choices = r.get("choices") or [{}]
+    node = choices[0] if isinstance(choices, list) else None
+    if inner is not None and isinstance(node, dict):
+        node = node.get(inner) or {}
+    if not isinstance(node, dict):
+        raise Malformed("the answer's choices[0] is not an object")
+    return node.get(key)
+
+
+def _pmap(fn: Callable, items: list, workers: int, progress: Callable[[int], None] | None = None,
+          what: str = "items") -> list:
+    """Map over items with a bounded thread pool, preserving order (the server batches concurrent requests).
+
+    An item whose answer is Malformed is counted and the others go on; at the end they fail together, with
+    their count and the first reasons. Any other error stops the map at once (the items not started are
+    cancelled) and is raised: one unreachable or silent server costs one deadline, not one per item."""
     out = [None] * len(items)
+    bad: dict[str, list[int]] = {}  # reason: the items that gave it
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
         done = 0
-        for fut in futures:
-            out[futures[fut]] = fut.result()
-            done += 1
-            if progress:
-                progress(done)
+        try:
+            for fut in futures:
+                try:
+                    out[futures[fut]] = fut.result()
+                except Malformed as e:
+                    bad.setdefault(e.message, []).append(futures[fut])
+                done += 1
+                if progress:
+                    progress(done)
+        except BaseException:
+            pool.shutdown(wait=True, cancel_futures=True)
+            raise
+    if bad:
+        n = sum(len(v) for v in bad.values())
+        why = "; ".join(f"{reason} (x{len(idx)})" if len(idx) > 1 else reason for reason, idx in list(bad.items())[:3])
+        raise Malformed(f"{n} of {len(items)} {what} could not be scored: the server's answers were malformed: "
+                        f"{why}{'; ...' if len(bad) > 3 else ''}",
+                        hint="is this an OpenAI-compatible server (vLLM)? infertool refuses a verdict from "
+                        "answers it cannot check")
     return out
 
 
@@ -144,6 +346,8 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
     out: dict[str, dict] = {}
     stats = {"tokens": 0, "gen_tokens": 0, "seconds": 0.0}
     t0 = time.monotonic()
+    client.start_stage()  # one deadline for this model's whole scoring
+    where = f"{label} model {client.model!r} at {client.base_url}"
     for task in tasks:
         name = task["name"]
         prog = lambda n, total, what, name=name: events.progress(f"{label}:{name}", n, total, f"{label} {name}: {what}")  # noqa: E731
@@ -162,7 +366,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
             start = int(task.get("window_start") or 0)  # scoring in rounds: windows [start, n) of the same cut
             windows = [ids[i * L:(i + 1) * L] for i in range(start, n)]
             res = _pmap(lambda w: client.prompt_logprobs(w, k), windows, workers,
-                        lambda d: prog(d, len(windows), "windows"))
+                        lambda d: prog(d, len(windows), "windows"), what=f"windows of task {name!r} ({where})")
             items = []
             for i, r in enumerate(res):
                 items.append({"id": f"w{start + i:04d}", "lp": r["lp"][1:], "top": r["top"][1:], "tokens": r["tokens"],
@@ -185,15 +389,15 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
                     sel = r["lp"][len(r["lp"]) - nc:]
                     greedy = all(max(t, key=t.get) == tok if t else False
                                  for t, tok in zip(r["top"][-nc:], r["tokens"][-nc:]))
-                    return sum(sel), greedy, len(ci) + nc
+                    return _loglik(sel, cont), greedy, len(ci) + nc
                 r = client.prompt_logprobs(ctx + cont, 1)
                 idx = [i for i, off in enumerate(r["offsets"]) if off >= len(ctx)]
                 if not idx:
                     raise RuntimeFailure(f"cannot locate the continuation {cont!r} in the server's tokens")
                 greedy = all(r["top"][i] and max(r["top"][i], key=r["top"][i].get) == r["tokens"][i] for i in idx)
-                return sum(r["lp"][i] for i in idx), greedy, len(r["tokens"])
+                return _loglik([r["lp"][i] for i in idx], cont), greedy, len(r["tokens"])
 
-            res = _pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"))
+            res = _pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"), what=f"choices of task {name!r} ({where})")
             by_item: dict[int, dict] = {}
             for (i, j, _, cont), (ll, greedy, ntok) in zip(reqs, res):
                 d = by_item.setdefault(i, {"ll": [], "greedy": [], "n_bytes": []})
@@ -213,10 +417,20 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
                         text = text[:text.index(st)]
                 return text
 
-            outs = _pmap(gen, task["items"], workers, lambda d: prog(d, len(task["items"]), "generate"))
+            outs = _pmap(gen, task["items"], workers, lambda d: prog(d, len(task["items"]), "generate"),
+                         what=f"items of task {name!r} ({where})")
             out[name] = {"type": "generate", "items": [{"id": it["id"], "out": o} for it, o in zip(task["items"], outs)]}
     stats["seconds"] = time.monotonic() - t0
     return {"tasks": out, "stats": stats}
+
+
+def _loglik(lps: list, cont: str) -> float:
+    """The log-likelihood of a continuation: the sum of its tokens' log-probabilities (each one scored; the
+    first token of a prompt has none, so a continuation without context cannot be scored)."""
+    if not lps or any(v is None for v in lps):
+        raise RuntimeFailure(f"cannot score the continuation {net.quote(cont, n=60)!r}: it has no context to be "
+                             "scored after", hint="every multiple-choice item needs a non-empty context")
+    return math.fsum(lps)
 
 
 def combine(raw_b: dict, raw_c: dict, k: int) -> dict:
@@ -258,6 +472,8 @@ def _timing(raw_b: dict, raw_c: dict) -> dict:
 
 def compare_openai(cb: Client, cc: Client, tasks: list[dict], *, k: int, workers: int, events) -> dict:
     """Both models on already running OpenAI-compatible server(s): ``cb`` names the base, ``cc`` the candidate."""
+    for client in dict.fromkeys((cb, cc)):
+        client.check_served()
     raw_b = collect(cb, tasks, k=k, workers=workers, events=events, label="base")
     raw_c = collect(cc, tasks, k=k, workers=workers, events=events, label="candidate")
     return {"engine": "openai", "tasks": combine(raw_b, raw_c, k), "timing": _timing(raw_b, raw_c),

@@ -99,6 +99,9 @@ def judge(name: str, threshold: float, est: Estimate | None, *, confidence: floa
     if value is None or n == 0:
         gate.note = note or "not measured by this suite"
         return gate
+    if not (isinstance(threshold, (int, float)) and math.isfinite(threshold)):
+        gate.status, gate.note = "INCONCLUSIVE", "; ".join(x for x in (note, f"the threshold is {threshold}") if x)
+        return gate
     if not all(isinstance(v, (int, float)) and math.isfinite(v) for v in (value, lo, hi)):
         # measured, but not a finite figure: never skipped as "not measured"
         beyond = value == (math.inf if rule.upper else -math.inf)

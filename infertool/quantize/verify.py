@@ -14,14 +14,12 @@ that is the host, not the checkpoint, and the result records which kind of host 
 
 from __future__ import annotations
 
-import json
 import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from infertool import net
 from infertool.backends.greedy import MAX_TOKENS, PROMPTS, Agreement, token_agreement
 from infertool.errors import RuntimeFailure
 from infertool.records import Record
@@ -54,11 +52,22 @@ def vllm_reason(exc: BaseException | str) -> str:
     return f"{head}{lines[-1] if lines else ''}".rstrip(": ")
 
 
+class NoCompletion(ValueError):
+    """Our own server gave no usable completion (no answer in time, an HTTP error, a malformed answer): the
+    reason, one line, the key blanked."""
+
+
 def _post(url: str, body: dict, headers: dict) -> dict:
-    req = urllib.request.Request(url, data=json.dumps(body).encode(), method="POST",
-                                 headers={"Content-Type": "application/json", **headers})
-    with urllib.request.urlopen(req, timeout=REQUEST_TIMEOUT_S) as resp:  # noqa: S310 - our own server
-        return json.loads(resp.read().decode("utf-8"))
+    """One POST to the server infertool launched, under infertool.net's policy (no redirect, a deadline for the
+    whole request, a bounded body): the JSON object of a 2xx answer, else NoCompletion."""
+    try:
+        ans = net.fetch(url, method="POST", json_body=body, headers=headers, deadline_s=REQUEST_TIMEOUT_S,
+                        max_bytes=net.MAX_JSON_BYTES)
+        if not ans.ok:
+            raise NoCompletion(f"{url} answered HTTP {ans.status}: {ans.detail() or '(no body)'}")
+        return ans.json_object()
+    except net.NetError as e:
+        raise NoCompletion(f"{e.url}: {e.reason}") from None
 
 
 def greedy(srv, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], list[str]]:
@@ -67,15 +76,29 @@ def greedy(srv, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], l
     r = _post(f"{srv.url}/completions", {"model": srv.model, "prompt": list(prompts), "max_tokens": max_tokens,
                                          "temperature": 0.0, "logprobs": 1, "return_tokens_as_token_ids": True},
               srv.headers())
-    choices = sorted(r.get("choices") or [], key=lambda c: c.get("index", 0))
+    choices = r.get("choices")
+    if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+        raise NoCompletion("vLLM answered no list of completions")
+    choices = sorted(choices, key=lambda c: net.count(c.get("index")) or 0)
     if len(choices) != len(prompts):
-        raise ValueError(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts")
+        raise NoCompletion(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts")
     ids, texts = [], []
     for choice in choices:
-        toks = ((choice.get("logprobs") or {}).get("tokens")) or []
-        ids.append([int(t.split(":", 1)[1]) for t in toks if isinstance(t, str) and t.startswith("token_id:")])
-        texts.append(choice.get("text") or "")
+        lp = choice.get("logprobs")
+        toks = lp.get("tokens") if isinstance(lp, dict) else None
+        toks = toks if isinstance(toks, list) else []
+        ids.append([_token_id(t) for t in toks if isinstance(t, str) and t.startswith("token_id:")])
+        text = choice.get("text")
+        texts.append(text if isinstance(text, str) else "")
     return ids, texts
+
+
+def _token_id(token: str) -> int:
+    """N of vLLM's "token_id:N" (a non-negative integer of at most 10 digits), else NoCompletion."""
+    digits = token.split(":", 1)[1]
+    if not (digits.isascii() and digits.isdigit() and len(digits) <= 10):
+        raise NoCompletion(f"vLLM answered a token that is not a token id: {net.quote(token, n=40)!r}")
+    return int(digits)
 
 
 def plans(res, quantized_ref, *, dry_run: bool = False, original: bool = True) -> dict:
@@ -138,7 +161,7 @@ def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], 
             t = time.monotonic()
             try:
                 q_ids, q_text = greedy(srv, prompts, max_tokens)
-            except (urllib.error.URLError, OSError, ValueError) as e:
+            except (NoCompletion, OSError) as e:
                 time.sleep(1.0)  # let the server finish writing its traceback
                 if pool is not None:
                     pool.release(srv, "the load check: it did not generate")
@@ -174,7 +197,11 @@ def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], 
             timings["ready_original"] = time.monotonic() - t
             emit(3, "greedy generation (original)")
             t = time.monotonic()
-            b_ids, b_text = greedy(srv, prompts, max_tokens)
+            try:
+                b_ids, b_text = greedy(srv, prompts, max_tokens)
+            except NoCompletion as e:
+                raise RuntimeFailure(f"vLLM served the original model but generation failed: {e}",
+                                     hint="the full vLLM output is in the log", log_path=str(srv.log_path)) from None
             timings["generate_original"] = time.monotonic() - t
     emit(steps, "compared")
     return {

@@ -111,6 +111,7 @@ def run_profile(ctx: StageContext) -> ProfileSummary:
 
 # ------------------------------------------------------------------------------------------ serve
 SMOKE_PROMPT = "The capital of France is"
+SMOKE_TIMEOUT_S = 120.0  # the one smoke completion: 8 tokens, a CPU server included
 
 
 def run_serve(ctx: StageContext) -> ServeSummary:
@@ -128,22 +129,31 @@ def run_serve(ctx: StageContext) -> ServeSummary:
 
 
 def _smoke(srv) -> str:
-    """One greedy completion from a ready server (a failure says why, with the server log's last lines)."""
-    import httpx
-
+    """One greedy completion from a ready server (a failure says why, with the server log's last lines), under
+    infertool.net's policy: no redirect, one deadline for the whole request, a bounded body."""
+    from infertool import net
     from infertool.serve.launcher import log_tail
 
     try:
-        r = httpx.post(f"{srv.url}/completions", headers=srv.headers(), timeout=120,
-                       json={"model": srv.model, "prompt": SMOKE_PROMPT, "max_tokens": 8, "temperature": 0})
-    except httpx.HTTPError as e:
-        raise RuntimeFailure(f"the server did not answer a completion: {e}", log_path=str(srv.log_path)) from None
-    if r.status_code != 200:
-        raise RuntimeFailure(f"the server started but a completion failed with HTTP {r.status_code}: {r.text[:300]}\n"
+        ans = net.fetch(f"{srv.url}/completions", method="POST", headers=srv.headers(), deadline_s=SMOKE_TIMEOUT_S,
+                        json_body={"model": srv.model, "prompt": SMOKE_PROMPT, "max_tokens": 8, "temperature": 0},
+                        max_bytes=net.MAX_SMALL_BYTES)
+    except net.NetError as e:
+        raise RuntimeFailure(f"the server did not answer a completion ({e.kind}): {e}", log_path=str(srv.log_path)) from None
+    if ans.status != 200:
+        raise RuntimeFailure(f"the server started but a completion failed with HTTP {ans.status}: {ans.detail()}\n"
                              f"--- last lines of {srv.log_path} ---\n{log_tail(srv.log_path)}",
                              hint="the server log says why; a quantized checkpoint may need kernels this host lacks",
                              log_path=str(srv.log_path))
-    return r.json()["choices"][0]["text"]
+    try:
+        choices = ans.json_object().get("choices")
+        text = choices[0]["text"] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+    except net.NetError as e:
+        raise RuntimeFailure(f"the server's completion is not usable: {e.reason}", log_path=str(srv.log_path)) from None
+    if not isinstance(text, str):
+        raise RuntimeFailure(f"the server answered the completion without a text: {ans.detail()}",
+                             log_path=str(srv.log_path))
+    return text
 
 
 # ------------------------------------------------------------------------------------------ bench
