@@ -1,0 +1,207 @@
+"""Crafted run directories through the real CLI (`infertool report DIR`, `infertool compare DIR GOOD`): issue 25's
+findings 5 and 8. Each case builds a run directory someone else could hand over (a manifest of the wrong shape,
+nested 100,000 deep, a link to a 16 GB file, a fifo, report.html that is a directory, a figure that is a link
+to a secret, ...) and asserts the exit code, the message, and that no file was read, embedded or deleted that
+should not be: a clean error (exit 2) or a report that says what it did not read (exit 0), never an internal error,
+never a hang (every subprocess has a deadline)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.report_fixture import make_run_dir
+
+SECRET = "SECRET-TOKEN-8f3a1c"
+GIB = 2**30
+
+
+def _manifest(d: Path, doc=None, raw: str | bytes | None = None) -> Path:
+    d.mkdir(parents=True, exist_ok=True)
+    data = raw if raw is not None else json.dumps(doc)
+    (d / "manifest.json").write_bytes(data.encode() if isinstance(data, str) else data)
+    return d
+
+
+def _sparse(path: Path, size: int) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "wb") as f:
+        f.truncate(size)  # a hole: no disk, no time
+    return path
+
+
+def _secret(tmp: Path) -> Path:
+    s = tmp / "secret.txt"
+    s.write_text(SECRET)
+    return s
+
+
+def _dir_with(d: Path, make: Callable[[Path], object]) -> Path:
+    """A directory whose manifest.json is made by ``make(path)``."""
+    d.mkdir(parents=True)
+    make(d / "manifest.json")
+    return d
+
+
+def _run_with(d: Path, rel: str, make: Callable[[Path], None], **manifest) -> Path:
+    """A run directory whose manifest is fine and whose file ``rel`` is made by ``make(path)``."""
+    _manifest(d, {"recipe_name": "crafted", "stages": {}, **manifest})
+    (d / rel).parent.mkdir(parents=True, exist_ok=True)
+    make(d / rel)
+    return d
+
+
+def _eval_with_histogram(d: Path, name) -> Path:
+    """eval/results.json naming its KLD histogram ``name`` (what eval writes: files.kld_histogram)."""
+    return _run_with(d, "eval/results.json", lambda p: p.write_text(json.dumps(
+        {"verdict": "PASS", "gates": [], "files": {"kld_histogram": name}})))
+
+
+def _link_outside_stage(d: Path) -> Path:
+    """The stage link `run` makes (run/eval -> an entry), pointing at a folder outside the run and its cache."""
+    elsewhere = d.parent / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "results.json").write_text(json.dumps({"verdict": "PASS", "reason": SECRET}))
+    _manifest(d, {"recipe_name": "crafted"})
+    os.symlink(elsewhere, d / "eval")
+    return d
+
+
+@dataclass
+class Case:
+    build: Callable[[Path], Path]  # tmp_path / "run" -> the run directory to give the CLI
+    code: int  # report's exit code (compare's too)
+    says: str  # what report says (on stderr)
+    report_writes: bool = True  # compare reads only: a case about report's own files leaves compare at 0
+    after: Callable[[Path], bool] | None = None  # what must hold of the run directory afterwards
+
+
+def _deep(open_: str, close: str, inner: str = "") -> str:
+    return open_ * 100_000 + inner + close * 100_000
+
+
+CASES = {
+    # the manifest's shape: read as "not measured"
+    "manifest a list": Case(lambda d: _manifest(d, [1, 2]), 0, "report.html"),
+    "manifest a string": Case(lambda d: _manifest(d, "a string"), 0, "report.html"),
+    "manifest null": Case(lambda d: _manifest(d, None), 0, "report.html"),
+    "manifest a number": Case(lambda d: _manifest(d, 7), 0, "report.html"),
+    "stages a list": Case(lambda d: _manifest(d, {"stages": [1, {"status": "done"}]}), 0, "report.html"),
+    "stage records of the wrong type": Case(lambda d: _manifest(d, {"stages": {"eval": [1], "bench": {"status": 3,
+                                             "seconds": "x", "summary": "y", "key": 5}}}), 0, "report.html"),
+    "NaN and 1e400 figures": Case(lambda d: _manifest(d, raw='{"recipe_name": NaN, "recipe": {"a": -Infinity}, '
+                                  '"stages": {"eval": {"status": "done", "seconds": 1e400}}}'), 0, "report.html"),
+    # the manifest as a file: a clean refusal, exit 2
+    "manifest 100,000-deep array": Case(lambda d: _manifest(d, raw=_deep("[", "]")), 2,
+                                        "not valid JSON: nested deeper than 64 levels"),
+    "manifest 100,000-deep object": Case(lambda d: _manifest(d, raw=_deep('{"a":', "}", "1")), 2,
+                                         "not valid JSON: nested deeper than 64 levels"),
+    "recipe 900 deep (parses, too deep to use)": Case(lambda d: _manifest(d, raw='{"recipe":' + '{"a":' * 900 + "1"
+                                                      + "}" * 900 + "}"), 2, "nested deeper than 64 levels"),
+    "manifest a link to a 16 GB file": Case(lambda d: (_manifest(d, {}), (d / "manifest.json").unlink(), os.symlink(
+        _sparse(d.parent / "huge.bin", 16 * GIB), d / "manifest.json"))[0], 2, "manifest.json: a symbolic link"),
+    "manifest a 16 GB file": Case(lambda d: _dir_with(d, lambda m: _sparse(m, 16 * GIB)), 2,
+                                  "manifest.json: too large (over 67,108,864 bytes)"),
+    "manifest a directory": Case(lambda d: _dir_with(d, Path.mkdir), 2, "manifest.json: a directory"),
+    "manifest a fifo": Case(lambda d: _dir_with(d, os.mkfifo), 2, "manifest.json: a fifo"),
+    "manifest not UTF-8": Case(lambda d: _manifest(d, raw=b"\xff\xfe\x00garbage\x80"), 2, "manifest.json: not valid JSON"),
+    "manifest a 5,000-digit number": Case(lambda d: _manifest(d, raw='{"started": ' + "9" * 5000 + "}"), 2,
+                                          "manifest.json: not valid JSON"),
+    "no manifest": Case(lambda d: (d.mkdir(), d)[1], 2, "is not a run directory (no manifest.json)"),
+    "run directory a file": Case(lambda d: (d.write_text("{}"), d)[1], 2, "is not a run directory (not a directory)"),
+    # the result files: not read, and said so; the report is written
+    "results.json a fifo": Case(lambda d: _run_with(d, "eval/results.json", os.mkfifo), 0,
+                                "not read: eval/results.json: a fifo"),
+    "results.json a link to /dev/zero": Case(lambda d: _run_with(d, "eval/results.json", lambda p: os.symlink("/dev/zero", p)),
+                                             0, "not read: eval/results.json: a symbolic link"),
+    "bench.json of 100 MB": Case(lambda d: _run_with(d, "bench/bench.json", lambda p: _sparse(p, 100 * 2**20)), 0,
+                                 "not read: bench/bench.json: too large (over 67,108,864 bytes)"),
+    "profile.json 100,000 deep": Case(lambda d: _run_with(d, "profile/profile.json", lambda p: p.write_text(_deep("[", "]"))),
+                                      0, "not read: profile/profile.json: not valid JSON: nested deeper than 64 levels"),
+    "a stage linked outside the run": Case(_link_outside_stage, 0, "not read: eval/results.json: outside the run directory"),
+    # figures (finding 5): never embedded unless a PNG / SVG file of the run itself
+    "figure a link to a secret (eval/kld.png -> ../secret.txt)": Case(
+        lambda d: (_eval_with_histogram(d, "kld.png"), _secret(d), os.symlink("../secret.txt", d / "eval" / "kld.png"))[0],
+        0, "figure not embedded: eval/kld.png: a symbolic link"),
+    "figure a link outside": Case(lambda d: _run_with(d, "profile/roofline.png",
+                                                      lambda p: os.symlink(_secret(d.parent), p)), 0,
+                                  "figure not embedded: profile/roofline.png: a symbolic link"),
+    "figure a directory": Case(lambda d: _run_with(d, "bench/latency_throughput.png", Path.mkdir), 0,
+                               "figure not embedded: bench/latency_throughput.png: a directory"),
+    "figure a fifo": Case(lambda d: _run_with(d, "profile/roofline.png", os.mkfifo), 0,
+                          "figure not embedded: profile/roofline.png: a fifo"),
+    "figure of 1 GB": Case(lambda d: _run_with(d, "profile/roofline.png", lambda p: _sparse(p, GIB)), 0,
+                           "figure not embedded: profile/roofline.png: too large (over 16,777,216 bytes)"),
+    "figure a text file named .png": Case(lambda d: _run_with(d, "profile/roofline.png", lambda p: p.write_text(SECRET)),
+                                          0, "figure not embedded: profile/roofline.png: not a PNG image"),
+    "histogram named secret.txt": Case(lambda d: (_eval_with_histogram(d, "secret.txt"), _secret(d / "eval"))[0], 0,
+                                       "figure not embedded: eval/secret.txt: not a .png or .svg file"),
+    "histogram name not a string": Case(lambda d: _eval_with_histogram(d, 5), 0, "report.html"),
+    "histogram name '..'": Case(lambda d: _eval_with_histogram(d, "../.."), 0, "report.html"),
+    # report's own files: a regular file is replaced, anything else refused and left as it is
+    "report.html a directory": Case(lambda d: (_manifest(d, {}), (d / "report.html").mkdir(),
+                                               (d / "report.html" / "keep.txt").write_text("mine"))[0], 2,
+                                    "report.html: it is a directory, not a report infertool wrote", False,
+                                    lambda d: (d / "report.html" / "keep.txt").read_text() == "mine"
+                                    and not (d / "report.md").exists()),
+    "report.md a link to a file elsewhere": Case(lambda d: (_manifest(d, {}), os.symlink(_secret(d.parent), d / "report.md"))[0],
+                                                 2, "report.md: it is a symbolic link", False,
+                                                 lambda d: (d / "report.md").is_symlink() and (d / "report.md").read_text()
+                                                 == SECRET and not (d / "report.html").exists()),
+}
+
+
+@pytest.fixture(scope="module")
+def good_run(tmp_path_factory) -> Path:
+    return make_run_dir(tmp_path_factory.mktemp("good"))
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_a_crafted_run_directory(tmp_path, good_run, name):
+    case = CASES[name]
+    d = case.build(tmp_path / "run")
+    r = run_cli("report", str(d), timeout=120)
+    text = " ".join((r.stdout + r.stderr).split())  # Rich wraps long lines
+    assert r.returncode == case.code, text
+    assert case.says in text
+    assert "internal error" not in text and "Traceback" not in text
+    html = d / "report.html"
+    if case.code == 0:  # written, and nothing of the secret in it, raw or base64
+        page = html.read_text()
+        assert SECRET not in page and base64.b64encode(SECRET.encode()).decode()[:16] not in page
+        assert "<img" not in page  # none of these runs has a figure to embed
+    elif case.report_writes:
+        assert not html.exists() and not (d / "report.md").exists()
+    else:  # report's own file names taken: nothing written, nothing removed
+        assert case.after is not None and case.after(d)
+    c = run_cli("compare", str(good_run), str(d), "--json", timeout=120)
+    assert c.returncode == (case.code if case.report_writes else 0), c.stderr
+    assert "internal error" not in c.stderr and "Traceback" not in c.stderr
+    if c.returncode == 0:
+        doc = json.loads(c.stdout)
+        assert SECRET not in c.stdout and doc["rows"]
+        if case.code == 0 and case.says.startswith(("not read", "figure not embedded")):
+            assert any(case.says in n for n in doc["notes"]), doc["notes"]
+    else:
+        assert case.says in " ".join(c.stderr.split())
+
+
+def test_a_real_run_directory_embeds_its_figures(tmp_path):
+    """`run`'s layout: each stage's entry lives in <out>/.stages and is linked into the run directory; its figures
+    (PNG, PNG, SVG) are regular files there, so all three are embedded and nothing is said about them."""
+    run = make_run_dir(tmp_path / "runs")
+    r = run_cli("report", str(run), "--json", timeout=120)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert set(doc["figures"]) == {"roofline", "latency_throughput", "kld_histogram"}
+    assert doc["not_read"] == {} and doc["figures_not_embedded"] == {}
+    page = (run / "report.html").read_text()
+    assert page.count('<img alt="') == 3 and "figure not embedded" not in page
+    assert page.count("data:image/png;base64,") == 2 and page.count("data:image/svg+xml;base64,") == 1
