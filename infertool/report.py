@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from infertool.atomic import dumps_json, write_text
+from infertool.atomic import dumps_json, file_kind, write_text
 from infertool.bench.results import BenchReport, BenchSettings, Summary
 from infertool.decision import Names, RunData, RunSummary, model_names, speed, summarize
 from infertool.errors import UsageError
@@ -49,14 +49,6 @@ def _roots(run_dir: Path) -> tuple[Path, ...]:
     return d, (d.parent / ".stages").resolve()
 
 
-def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
 def read_inside(run_dir: Path, rel: str, limit: int) -> bytes:
     """The bytes of ``run_dir / rel``, only when it is a regular file (not a link itself), inside the run directory
     (or its stage entry) once links are resolved, and at most ``limit`` bytes: never a fifo that blocks, a device, a
@@ -72,7 +64,7 @@ def read_inside(run_dir: Path, rel: str, limit: int) -> bytes:
     if stat.S_ISLNK(st.st_mode):
         raise Unreadable("a symbolic link (infertool writes none there; a link may point anywhere)")
     if not stat.S_ISREG(st.st_mode):
-        raise Unreadable(_kind(st.st_mode))
+        raise Unreadable(file_kind(st.st_mode))
     try:
         real = path.resolve()
     except (OSError, RuntimeError) as e:
@@ -609,7 +601,7 @@ def _check_report_targets(d: Path) -> None:
         except OSError as e:
             raise UsageError(f"cannot write {d / name}: {e.strerror or e}") from None
         if not stat.S_ISREG(st.st_mode):
-            what = "a symbolic link" if stat.S_ISLNK(st.st_mode) else _kind(st.st_mode)
+            what = file_kind(st.st_mode)
             raise UsageError(f"cannot write {d / name}: it is {what}, not a report infertool wrote; nothing was written",
                              hint=f"move {d / name} out of the run directory, then run `infertool report` again")
 
