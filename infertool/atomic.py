@@ -220,7 +220,7 @@ def check_output_file(path: str | Path, *, create_parents: bool = False) -> Path
     p = Path(text).expanduser()
     try:
         st = os.lstat(p)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # its folder is checked below
         st = None
     except OSError as e:
         raise OutputPathError(f"cannot write {text!r}: {e.strerror or e}") from None

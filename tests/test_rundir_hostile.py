@@ -205,3 +205,112 @@ def test_a_real_run_directory_embeds_its_figures(tmp_path):
     page = (run / "report.html").read_text()
     assert page.count('<img alt="') == 3 and "figure not embedded" not in page
     assert page.count("data:image/png;base64,") == 2 and page.count("data:image/svg+xml;base64,") == 1
+
+
+# ------------------------------------------------------------------------------------------ output paths (finding 14)
+@pytest.fixture(scope="module")
+def small_model(tmp_path_factory) -> Path:
+    from tests.fakes import layout_model
+
+    return layout_model(tmp_path_factory.mktemp("models") / "SmolLM2-135M-Instruct", "smollm2-135m", shards=1)
+
+
+def _fifo(tmp: Path) -> str:
+    os.mkfifo(tmp / "fifo.yaml")
+    return str(tmp / "fifo.yaml")
+
+
+def _link(tmp: Path) -> str:
+    (tmp / "real.yaml").write_text("mine\n")
+    os.symlink(tmp / "real.yaml", tmp / "link.yaml")
+    return str(tmp / "link.yaml")
+
+
+# each: how to make the path (in tmp), what the refusal says; `infertool init MODEL --out P --force` and
+# `infertool recipes copy quickstart P --force` both refuse it (exit 2) before writing anything
+OUTPUT_PATHS = {
+    "empty": (lambda tmp: "", "an empty path: nothing to write to"),
+    "stdout's fd link": (lambda tmp: "/proc/self/fd/1", "cannot write '/proc/self/fd/1': it is a symbolic link"),
+    "under /proc": (lambda tmp: "/proc/self/x.yaml", "a system folder, not a place for files"),
+    "a fifo": (_fifo, "fifo.yaml': it is a fifo"),
+    "a link to a file": (_link, "link.yaml': it is a symbolic link"),
+    "a missing folder": (lambda tmp: str(tmp / "no" / "such" / "r.yaml"), "folder"),
+    "a file as its folder": (lambda tmp: ((tmp / "f").write_text("x"), str(tmp / "f" / "r.yaml"))[1], "is not a folder"),
+}
+
+
+@pytest.mark.parametrize("command", ["init", "copy"])
+@pytest.mark.parametrize("name", list(OUTPUT_PATHS))
+def test_an_output_path_that_cannot_be_a_file_is_refused(tmp_path, small_model, command, name):
+    make, says = OUTPUT_PATHS[name]
+    path = make(tmp_path)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    args = ["init", str(small_model), "--cpu", "--out", path] if command == "init" else ["recipes", "copy", "quickstart", path]
+    r = run_cli(*args, "--force", timeout=120)
+    text = " ".join(r.stderr.split())
+    assert r.returncode == 2 and says in text, text
+    assert ("--out: " if command == "init" else "DEST: ") in text and "internal error" not in text
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, nothing replaced
+    if name == "a link to a file":
+        assert (tmp_path / "link.yaml").is_symlink() and (tmp_path / "real.yaml").read_text() == "mine\n"
+    if name == "a missing folder":
+        assert "does not exist" in text
+
+
+def test_copy_to_dash_is_refused_and_init_to_dash_prints(tmp_path, small_model):
+    r = run_cli("recipes", "copy", "quickstart", "-", timeout=120)
+    assert r.returncode == 2 and "`infertool recipes show quickstart` prints it" in " ".join(r.stderr.split())
+    assert not (Path(__file__).resolve().parents[1] / "-").exists()
+    r = run_cli("init", str(small_model), "--cpu", "--out", "-", timeout=120)
+    assert r.returncode == 0 and r.stdout.startswith("# ") and "\nname: " in r.stdout, r.stderr
+
+
+def test_copy_into_a_new_folder_under_a_system_folder_is_refused(tmp_path):
+    r = run_cli("recipes", "copy", "quickstart", "/proc/infertool-new/", timeout=120)
+    assert r.returncode == 2 and "under /proc, a system folder" in " ".join(r.stderr.split())
+    r = run_cli("recipes", "copy", "quickstart", str(tmp_path / "a" / "b") + "/", timeout=120)  # created, as before
+    assert r.returncode == 0 and (tmp_path / "a" / "b" / "quickstart.yaml").is_file(), r.stderr
+
+
+# ------------------------------------------------------------------------------------------ YAML tags (finding 14)
+TAGS = {
+    "!!binary": "name: !!binary cXVpY2tzdGFydA==",
+    "!!timestamp": "name: !!timestamp 2024-01-01",
+    "!!set": "name: !!set {a, b}",
+    "!!omap": "name: !!omap [{a: 1}]",
+    "!!pairs": "name: !!pairs [{a: 1}]",
+    "!!python/name:os.system": "name: !!python/name:os.system ''",
+    "!local": "name: !local quickstart",
+}
+
+
+@pytest.mark.parametrize("tag", list(TAGS))
+def test_a_yaml_tag_that_is_not_plain_is_refused_with_its_field(tmp_path, tag):
+    from infertool.errors import RecipeError
+    from infertool.recipe import load_recipe
+
+    path = tmp_path / "r.yaml"
+    path.write_text(f"{TAGS[tag]}\nmodel:\n  source: bundled:smollm2-135m\n  dtype: !!binary Zmxvb2F0MTY=\n")
+    with pytest.raises(RecipeError) as info:
+        load_recipe(path)
+    got = [(i.path, i.line, i.message) for i in info.value.issues]
+    assert got == [("name", 1, f"the YAML tag '{tag}' is not allowed: a recipe is text; write the value without a tag"),
+                   ("model.dtype", 4, "the YAML tag '!!binary' is not allowed: a recipe is text; write the value without a tag")]
+
+
+def test_yaml_tags_through_the_cli(tmp_path):
+    """validate exits 2 naming the field, also for a tagged node an alias repeats (named where it is written) and
+    for --set; the plain tags (!!str, !!int, !!float, !!bool, !!null, !) still read."""
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("name: &n !!binary cXVpY2tzdGFydA==\ndescription: *n\nmodel: {source: bundled:smollm2-135m}\n")
+    r = run_cli("validate", str(bad), timeout=120)
+    text = " ".join(r.stderr.split())
+    assert r.returncode == 2 and "• name (line 1, column 7): the YAML tag '!!binary' is not allowed" in text, text
+    assert "description" not in text
+    good = tmp_path / "good.yaml"
+    good.write_text("name: !!str quickstart\ndescription: ! plain\nmodel: {source: bundled:smollm2-135m, dtype: !!str auto}\n"
+                    "quantize: {method: gptq, bits: !!int '4', group_size: !!int 64}\n")
+    r = run_cli("validate", str(good), timeout=120)
+    assert r.returncode == 0, r.stderr
+    r = run_cli("validate", str(good), "--set", "name=!!binary aGk=", timeout=120)
+    assert r.returncode == 2 and "the tag '!!binary' is not allowed" in " ".join(r.stderr.split()), r.stderr
