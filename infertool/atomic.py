@@ -32,7 +32,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["OutputPathError", "UnsafeRemoval", "atomic_dir", "check_output_file", "file_kind", "atomic_path", "dumps_json", "jsonable", "move_into_place", "remove_inside",
+__all__ = ["OutputPathError", "UnsafeRemoval", "atomic_dir", "check_output_dir", "check_output_file", "file_kind", "atomic_path", "dumps_json", "jsonable", "move_into_place", "remove_inside",
            "replace_dir", "write_bytes", "write_json", "write_text"]
 
 
@@ -230,7 +230,13 @@ def check_output_file(path: str | Path, *, create_parents: bool = False) -> Path
                 else "infertool writes a new file and renames it over the old one, which would replace this "
                      f"{what.split(' ', 1)[1]}, not write into it; give a regular file's path")
         raise OutputPathError(f"cannot write {text!r}: it is {what}", hint=hint)
-    parent = p.parent
+    _check_folder(text, p.parent, create_parents)
+    return p
+
+
+def _check_folder(text: str, parent: Path, create_parents: bool) -> None:
+    """The folder an output goes into: there (or, ``create_parents``, its nearest existing folder), a folder, and
+    not under a system folder."""
     while create_parents and not os.path.lexists(parent) and parent != parent.parent:
         parent = parent.parent
     try:
@@ -243,4 +249,24 @@ def check_output_file(path: str | Path, *, create_parents: bool = False) -> Path
     if any(real_parent == Path(s) or Path(s) in real_parent.parents for s in SYSTEM_FOLDERS):
         raise OutputPathError(f"cannot write {text!r}: it is under {real_parent}, a system folder, not a place for files",
                               hint="name a file in a folder of yours (to see the text, use - where the command offers it)")
+
+
+def check_output_dir(path: str | Path) -> Path:
+    """``path`` as a folder a command writes files into (created with its parents when missing): refused
+    (OutputPathError) when it is empty, exists and is not a folder (a link to a folder is one), or is under a system
+    folder (/proc, /sys, /dev), or when its nearest existing parent is not a folder."""
+    text = str(path)
+    if not text.strip():
+        raise OutputPathError("an empty path: no folder to write into", hint="name the folder, e.g. ./out")
+    p = Path(text).expanduser()
+    try:
+        st = os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except OSError as e:
+        raise OutputPathError(f"cannot write into {text!r}: {e.strerror or e}") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise OutputPathError(f"cannot write into {text!r}: it is {file_kind(st.st_mode)}, not a folder",
+                              hint="give a folder (created when missing)")
+    _check_folder(text, p / "_", True)
     return p

@@ -314,3 +314,34 @@ def test_yaml_tags_through_the_cli(tmp_path):
     assert r.returncode == 0, r.stderr
     r = run_cli("validate", str(good), "--set", "name=!!binary aGk=", timeout=120)
     assert r.returncode == 2 and "the tag '!!binary' is not allowed" in " ".join(r.stderr.split()), r.stderr
+
+
+# ------------------------------------------------------------------------------------------ the other outputs
+@pytest.mark.parametrize("args, says", [
+    # bench's --out / --plot (files) are checked before any request: as root, a rename over /dev/null replaced it
+    (["bench", "quickstart", "--url", "http://127.0.0.1:1/v1", "--out", "/dev/null", "--force"],
+     "cannot write '/dev/null': it is a character device"),
+    (["bench", "quickstart", "--url", "http://127.0.0.1:1/v1", "--plot", "/proc/self/fd/2", "--force"],
+     "cannot write '/proc/self/fd/2': it is a symbolic link"),
+    (["profile", "quickstart", "--out", "/proc/infertool-x"], "under /proc, a system folder"),
+    # eval export-lm-eval DIR: a folder, created when missing; not a file, a fifo or /proc
+    (["eval", "export-lm-eval", "synthetic-mc", "/proc/self/fd/1"], "cannot write into '/proc/self/fd/1': it is"),
+    (["eval", "export-lm-eval", "synthetic-mc", "/proc/infertool-x"], "under /proc, a system folder"),
+])
+def test_other_outputs_are_checked_before_any_work(args, says):
+    r = run_cli(*args, timeout=120)
+    text = " ".join(r.stderr.split())
+    assert r.returncode == 2 and says in text and "internal error" not in text, text
+    assert Path("/dev/null").is_char_device()
+
+
+def test_export_lm_eval_into_a_file_or_a_fifo_is_refused(tmp_path):
+    (tmp_path / "file").write_text("mine")
+    os.mkfifo(tmp_path / "fifo")
+    for dest, says in ((tmp_path / "file" / "sub", "/file' is not a folder"), (tmp_path / "fifo", "it is a fifo, not a folder"),
+                       (tmp_path / "file", "it is a regular file, not a folder")):
+        r = run_cli("eval", "export-lm-eval", "synthetic-mc", str(dest), timeout=120)
+        assert r.returncode == 2 and says in " ".join(r.stderr.split()), r.stderr
+    assert (tmp_path / "file").read_text() == "mine"
+    r = run_cli("eval", "export-lm-eval", "synthetic-mc", str(tmp_path / "new" / "tasks"), timeout=120)
+    assert r.returncode == 0 and len(list((tmp_path / "new" / "tasks").glob("*.yaml"))) == 5, r.stderr
