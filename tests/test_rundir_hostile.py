@@ -327,6 +327,10 @@ def test_yaml_tags_through_the_cli(tmp_path):
     # eval export-lm-eval DIR: a folder, created when missing; not a file, a fifo or /proc
     (["eval", "export-lm-eval", "synthetic-mc", "/proc/self/fd/1"], "cannot write into '/proc/self/fd/1': it is"),
     (["eval", "export-lm-eval", "synthetic-mc", "/proc/infertool-x"], "under /proc, a system folder"),
+    # run --out DIR: where run directories go (an internal error before: FileNotFoundError, NotADirectoryError)
+    (["run", "quickstart", "--out", "/proc/infertool-x"], "--out: cannot write '/proc/infertool-x': it is under /proc"),
+    (["run", "quickstart", "--out", "/proc/self/fd/1"], "--out: cannot write into '/proc/self/fd/1': it is"),
+    (["run", "quickstart", "--out", ""], "--out: an empty path: no folder to write into"),
 ])
 def test_other_outputs_are_checked_before_any_work(args, says):
     r = run_cli(*args, timeout=120)

@@ -98,6 +98,17 @@ def output_file(path: str, what: str, *, create_parents: bool = False) -> None:
         raise UsageError(f"{what}: {e}", hint=e.hint) from None
 
 
+def output_dir(path: str, what: str) -> None:
+    """``path`` checked as a folder a command writes into (``atomic.check_output_dir``), else a UsageError."""
+    from infertool.atomic import OutputPathError, check_output_dir
+    from infertool.errors import UsageError
+
+    try:
+        check_output_dir(path)
+    except OutputPathError as e:
+        raise UsageError(f"{what}: {e}", hint=e.hint) from None
+
+
 @recipes_app.command("copy", cls=InfertoolCommand)
 @handle_errors
 def recipes_copy(
