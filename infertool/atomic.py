@@ -8,7 +8,10 @@ renamed over it. A leaf (standard library only).
 - ``atomic_dir``: a directory built in a temporary sibling and renamed into place when complete;
   ``replace_dir`` / ``move_into_place``: the renames themselves;
 - ``remove_inside``: every deletion; nothing outside the folder a caller owns (INFERTOOL_HOME, or a path the
-  user named) is ever removed.
+  user named) is ever removed;
+- ``check_output_file``: a file path a user named for a command to write (``--out FILE``, DEST), checked before
+  any work: never empty, never a directory, a link, a device or a fifo (a rename over one replaces it: as root,
+  ``--out /dev/null --force`` would put a regular file where /dev/null was), never under /proc, /sys or /dev.
 
 A reader never sees half a file or half a directory, and an interrupted write leaves the old one (or nothing)
 in place. tests/test_layering.py fails on an ``os.replace`` anywhere else.
@@ -22,13 +25,14 @@ import json
 import math
 import os
 import shutil
+import stat
 import tempfile
 import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["UnsafeRemoval", "atomic_dir", "atomic_path", "dumps_json", "jsonable", "move_into_place", "remove_inside",
+__all__ = ["OutputPathError", "UnsafeRemoval", "atomic_dir", "check_output_dir", "check_output_file", "file_kind", "atomic_path", "dumps_json", "jsonable", "move_into_place", "remove_inside",
            "replace_dir", "write_bytes", "write_json", "write_text"]
 
 
@@ -182,3 +186,87 @@ def remove_inside(target: str | Path, inside: str | Path) -> bool:
         return False
     shutil.rmtree(real)  # does not follow symlinks inside the tree
     return True
+
+
+class OutputPathError(ValueError):
+    """A path a user named to write to that is refused before any work: the message, and a hint."""
+
+    def __init__(self, message: str, hint: str | None = None):
+        super().__init__(message)
+        self.hint = hint
+
+
+SYSTEM_FOLDERS = ("/proc", "/sys", "/dev")
+
+
+def file_kind(mode: int) -> str:
+    """What an ``os.stat`` mode is, for people: "a directory", "a fifo", ..."""
+    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
+                       (stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+                       (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return name
+    return "not a regular file"
+
+
+def check_output_file(path: str | Path, *, create_parents: bool = False) -> Path:
+    """``path`` as the file a command may write (whole, by a rename over it): refused (OutputPathError) when it is
+    empty, an existing directory, link, fifo, socket or device, under a system folder (/proc, /sys, /dev), or in a
+    folder that does not exist (``create_parents``: the command creates it; its nearest existing folder is checked).
+    Whether an existing regular file may be replaced (--force) is the caller's rule."""
+    text = str(path)
+    if not text.strip():
+        raise OutputPathError("an empty path: nothing to write to", hint="name the file to write, e.g. ./recipe.yaml")
+    p = Path(text).expanduser()
+    try:
+        st = os.lstat(p)
+    except (FileNotFoundError, NotADirectoryError):  # its folder is checked below
+        st = None
+    except OSError as e:
+        raise OutputPathError(f"cannot write {text!r}: {e.strerror or e}") from None
+    if st is not None and not stat.S_ISREG(st.st_mode):
+        what = file_kind(st.st_mode)
+        hint = ("give a file path, or a folder ending in '/' where a command copies into one" if stat.S_ISDIR(st.st_mode)
+                else "infertool writes a new file and renames it over the old one, which would replace this "
+                     f"{what.split(' ', 1)[1]}, not write into it; give a regular file's path")
+        raise OutputPathError(f"cannot write {text!r}: it is {what}", hint=hint)
+    _check_folder(text, p.parent, create_parents)
+    return p
+
+
+def _check_folder(text: str, parent: Path, create_parents: bool) -> None:
+    """The folder an output goes into: there (or, ``create_parents``, its nearest existing folder), a folder, and
+    not under a system folder."""
+    while create_parents and not os.path.lexists(parent) and parent != parent.parent:
+        parent = parent.parent
+    try:
+        real_parent = parent.resolve(strict=True)
+    except (OSError, RuntimeError):
+        raise OutputPathError(f"cannot write {text!r}: folder {str(parent)!r} does not exist",
+                              hint="create the folder first") from None
+    if not real_parent.is_dir():
+        raise OutputPathError(f"cannot write {text!r}: {str(parent)!r} is not a folder")
+    if any(real_parent == Path(s) or Path(s) in real_parent.parents for s in SYSTEM_FOLDERS):
+        raise OutputPathError(f"cannot write {text!r}: it is under {real_parent}, a system folder, not a place for files",
+                              hint="name a file in a folder of yours (to see the text, use - where the command offers it)")
+
+
+def check_output_dir(path: str | Path) -> Path:
+    """``path`` as a folder a command writes files into (created with its parents when missing): refused
+    (OutputPathError) when it is empty, exists and is not a folder (a link to a folder is one), or is under a system
+    folder (/proc, /sys, /dev), or when its nearest existing parent is not a folder."""
+    text = str(path)
+    if not text.strip():
+        raise OutputPathError("an empty path: no folder to write into", hint="name the folder, e.g. ./out")
+    p = Path(text).expanduser()
+    try:
+        st = os.stat(p)
+    except (FileNotFoundError, NotADirectoryError):
+        st = None
+    except OSError as e:
+        raise OutputPathError(f"cannot write into {text!r}: {e.strerror or e}") from None
+    if st is not None and not stat.S_ISDIR(st.st_mode):
+        raise OutputPathError(f"cannot write into {text!r}: it is {file_kind(st.st_mode)}, not a folder",
+                              hint="give a folder (created when missing)")
+    _check_folder(text, p / "_", True)
+    return p

@@ -45,6 +45,10 @@ class RunData:
     profile: ProfileResult | None = None
     bench: BenchReport | None = None
     figures: dict[str, Path] = field(default_factory=dict)
+    # what was there and was not read, and why: {path relative to the run directory: reason} for result files,
+    # {figure key: reason} for figures (a link, a directory, a fifo, too large, outside the run directory, ...)
+    unreadable: dict[str, str] = field(default_factory=dict)
+    figure_notes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
     def of(cls, manifest: Any = None, *, quantize: Any = None, eval: Any = None, profile: Any = None,

@@ -779,8 +779,34 @@ backends.on_change(_follow_the_backends)
 # --------------------------------------------------------------------------------------------
 
 
+# the tags a recipe may spell out (``!!str 8``, ``!!int "8"``): plain text, numbers, booleans, null, lists and
+# mappings. Any other (!!binary, !!timestamp, !!set, !!omap, !!pairs, !!python/..., a local !tag) is refused with
+# its field path: PyYAML would turn them into bytes, dates, sets or pairs that a field then reads as text.
+_YAML_TAGS = frozenset(f"tag:yaml.org,2002:{t}" for t in ("str", "int", "float", "bool", "null", "seq", "map", "merge"))
+
+
 class _RecipeLoader(yaml.SafeLoader):
-    """PyYAML's SafeLoader, except that a key repeated in one mapping is an error."""
+    """PyYAML's SafeLoader, except that a key repeated in one mapping is an error and that a tag written out is
+    one of the plain ones (``_YAML_TAGS``): the nodes with another are kept in ``bad_tags`` (refused with their field
+    paths by ``_refuse_tags``, and by ``construct_object`` for whoever loads without that check)."""
+
+    def __init__(self, stream: Any) -> None:
+        super().__init__(stream)
+        self.bad_tags: dict[int, tuple[yaml.Node, str]] = {}
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        event = self.peek_event()
+        tag = getattr(event, "tag", None)  # None: an alias, or no tag written (resolved implicitly)
+        node = super().compose_node(parent, index)
+        if tag not in (None, "!") and tag not in _YAML_TAGS and node is not None:
+            self.bad_tags[id(node)] = (node, tag)
+        return node
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        if id(node) in self.bad_tags:
+            raise yaml.constructor.ConstructorError(None, None, f"the tag {_short_tag(node.tag)} is not allowed in a "
+                                                    "recipe (a recipe is text: write the value plainly)", node.start_mark)
+        return super().construct_object(node, deep=deep)
 
     def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
@@ -805,12 +831,47 @@ class _RecipeLoader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _short_tag(tag: str) -> str:
+    """``tag:yaml.org,2002:binary`` as it is written, ``!!binary``; a tag of 60 characters and more cut."""
+    short = "!!" + tag.removeprefix("tag:yaml.org,2002:") if tag.startswith("tag:yaml.org,2002:") else tag
+    return repr(short[:60] + ("..." if len(short) > 60 else ""))
+
+
+def _refuse_tags(root: yaml.Node, bad: dict[int, tuple[yaml.Node, str]], source: str) -> None:
+    """A RecipeError listing every node written with a tag that is not allowed, by field path and line. The walk
+    visits each node once (an alias repeats a node: an alias bomb costs nothing here)."""
+    issues, seen, todo = [], set(), [(root, "")]
+    while todo:
+        node, path = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if id(node) in bad:
+            issues.append(RecipeIssue(path=path or "<recipe>", line=node.start_mark.line + 1,
+                                      column=node.start_mark.column + 1,
+                                      message=f"the YAML tag {_short_tag(node.tag)} is not allowed: a recipe is text; "
+                                              "write the value without a tag"))
+        children: list[tuple[yaml.Node, str]] = []
+        if isinstance(node, yaml.MappingNode):
+            for key, value in node.value:
+                name = f"{path}.{key.value if isinstance(key, yaml.ScalarNode) else '?'}".lstrip(".")
+                children += [(key, name), (value, name)]
+        elif isinstance(node, yaml.SequenceNode):
+            children = [(item, f"{path}[{i}]") for i, item in enumerate(node.value)]
+        todo += reversed(children)  # in document order: a node an alias repeats is named where it is written
+    issues.sort(key=lambda i: (i.line or 0, i.column or 0))
+    raise RecipeError(source, issues, hint="a recipe holds text, numbers, booleans, lists and mappings; "
+                                           "binary data, dates, sets and object tags are not read")
+
+
 def _parse_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
     """Parse one YAML document; return (data, root node). Errors become RecipeError."""
     loader: _RecipeLoader | None = None
     try:
         loader = _RecipeLoader(text)
         node = loader.get_single_node()
+        if node is not None and loader.bad_tags:
+            _refuse_tags(node, loader.bad_tags, source)
         data = loader.construct_document(node) if node is not None else None
     except yaml.MarkedYAMLError as exc:
         mark = exc.problem_mark or exc.context_mark

@@ -14,11 +14,12 @@ import base64
 import html
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from infertool.atomic import dumps_json, write_text
+from infertool.atomic import dumps_json, file_kind, write_text
 from infertool.bench.results import BenchReport, BenchSettings, Summary
 from infertool.decision import Names, RunData, RunSummary, model_names, speed, summarize
 from infertool.errors import UsageError
@@ -29,35 +30,145 @@ from infertool.summaries import RunManifest, ServeSummary
 # each stage's result file in a run directory
 STAGE_FILES = (("quantize", "quantize/quantize.json"), ("eval", "eval/results.json"), ("profile", "profile/profile.json"),
                ("bench", "bench/bench.json"))
+# what report / compare read of a run directory, at most: a result file, a figure, and how deep JSON may nest
+# (infertool's own files are a few MB and under 15 levels; a crafted one reads as "not readable", never fills memory)
+MAX_JSON_BYTES = 64 * 2**20
+MAX_FIGURE_BYTES = 16 * 2**20
+MAX_JSON_DEPTH = 64
+FIGURE_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
+
+
+class Unreadable(Exception):
+    """A file of a run directory that is there but is not read: the reason, for people ("too large: ...")."""
+
+
+def _roots(run_dir: Path) -> tuple[Path, ...]:
+    """Where a run directory's files may lie once links are resolved: the run directory, and the stage cache beside
+    it (``<out>/.stages``: `run` links each stage's entry into the run directory)."""
+    d = run_dir.resolve()
+    return d, (d.parent / ".stages").resolve()
+
+
+def read_inside(run_dir: Path, rel: str, limit: int) -> bytes:
+    """The bytes of ``run_dir / rel``, only when it is a regular file (not a link itself), inside the run directory
+    (or its stage entry) once links are resolved, and at most ``limit`` bytes: never a fifo that blocks, a device, a
+    file elsewhere, or more than ``limit`` bytes in memory. FileNotFoundError when it is not there; Unreadable with
+    the reason when it is there and is not read."""
+    path = run_dir / rel
+    try:
+        st = os.lstat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        raise FileNotFoundError(str(path)) from None
+    except OSError as e:
+        raise Unreadable(f"not readable: {e.strerror or e}") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise Unreadable("a symbolic link (infertool writes none there; a link may point anywhere)")
+    if not stat.S_ISREG(st.st_mode):
+        raise Unreadable(file_kind(st.st_mode))
+    try:
+        real = path.resolve()
+    except (OSError, RuntimeError) as e:
+        raise Unreadable(f"not readable: {e}") from None
+    if not any(real == r or r in real.parents for r in _roots(run_dir)):
+        raise Unreadable(f"outside the run directory (it resolves to {real})")
+    too_large = f"too large (over {limit:,} bytes)"
+    if st.st_size > limit:
+        raise Unreadable(too_large)
+    try:
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise Unreadable(f"not readable: {e.strerror or e}") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # swapped for something else since the check
+            raise Unreadable("not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise Unreadable(too_large)
+    return data
+
+
+def _depth(doc: Any) -> int:
+    """How deep a JSON document nests (iterative: a crafted one cannot exhaust the stack here)."""
+    deepest, todo = 0, [(doc, 1)]
+    while todo:
+        v, d = todo.pop()
+        if isinstance(v, (dict, list)):
+            deepest = max(deepest, d)
+            if d <= MAX_JSON_DEPTH:
+                todo += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
+    return deepest
+
+
+def read_json_inside(run_dir: Path, rel: str) -> Any:
+    """A JSON file of a run directory (``read_inside``, then parsed): Unreadable "not valid JSON: ..." for what
+    does not parse or nests deeper than MAX_JSON_DEPTH."""
+    data = read_inside(run_dir, rel, MAX_JSON_BYTES)
+    try:
+        doc = json.loads(data)
+    except RecursionError:
+        raise Unreadable(f"not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
+    except ValueError as e:  # UnicodeDecodeError and an integer of more than 4300 digits too
+        raise Unreadable(f"not valid JSON: {str(e)[:200]}") from None
+    if _depth(doc) > MAX_JSON_DEPTH:
+        raise Unreadable(f"not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
+    return doc
 
 
 def load_run(run_dir: str | Path) -> tuple[Path, RunManifest]:
-    """The run directory and its manifest (any JSON reads: what is not there reads as not measured)."""
+    """The run directory and its manifest (any JSON object reads: what is not there reads as not measured). A
+    manifest that is missing, not a regular file inside the directory, too large or not JSON: a UsageError."""
     d = Path(run_dir).expanduser()
-    mpath = d / "manifest.json"
-    if not mpath.is_file():
-        raise UsageError(f"{d} is not a run directory (no manifest.json)", hint="give a directory that `infertool run` wrote, e.g. runs/<recipe>-<time>")
+    hint = "give a directory that `infertool run` wrote, e.g. runs/<recipe>-<time>"
+    if not str(run_dir).strip() or not d.is_dir():
+        raise UsageError(f"{str(run_dir)!r} is not a run directory (not a directory)", hint=hint)
     try:
-        return d, RunManifest.from_dict(json.loads(mpath.read_text()))
-    except (ValueError, RecursionError) as e:
-        raise UsageError(f"{mpath} is not valid JSON: {e}") from None
+        return d, RunManifest.from_dict(read_json_inside(d, "manifest.json"))
+    except FileNotFoundError:
+        raise UsageError(f"{d} is not a run directory (no manifest.json)", hint=hint) from None
+    except Unreadable as e:
+        raise UsageError(f"{d / 'manifest.json'}: {e}", hint=hint) from None
 
 
-def _read(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):
-        return None
+def _figure(run_dir: Path, rel: str) -> bytes:
+    """The bytes of ``run_dir / rel`` when it is a figure to show (a PNG or an SVG that ``read_inside`` reads);
+    else FileNotFoundError or Unreadable with the reason."""
+    kind = FIGURE_TYPES.get(Path(rel).suffix.lower())
+    if kind is None:
+        raise Unreadable(f"not a .png or .svg file ({Path(rel).name!r})")
+    data = read_inside(run_dir, rel, MAX_FIGURE_BYTES)
+    if kind == "image/png" and not data.startswith(b"\x89PNG\r\n\x1a\n"):
+        raise Unreadable("not a PNG image")
+    if kind == "image/svg+xml" and b"<svg" not in data[:4096]:
+        raise Unreadable("not an SVG image")
+    return data
 
 
 def collect(run_dir: Path, manifest: RunManifest) -> RunData:
-    """The run directory read once: each stage's result file as its typed record, and the figures beside them."""
-    run = RunData.of(manifest, **{key: _read(run_dir / rel) for key, rel in STAGE_FILES})
-    figs = {"roofline": run_dir / "profile" / "roofline.png", "latency_throughput": run_dir / "bench" / "latency_throughput.png"}
+    """The run directory read once: each stage's result file as its typed record, and the figures beside them.
+    Only regular files inside the run directory are read (``read_inside``); what is there and is not read is
+    named with its reason (``RunData.unreadable``, ``RunData.figure_notes``)."""
+    docs, unreadable = {}, {}
+    for key, rel in STAGE_FILES:
+        try:
+            docs[key] = read_json_inside(run_dir, rel)
+        except FileNotFoundError:
+            docs[key] = None
+        except Unreadable as e:
+            docs[key], unreadable[rel] = None, str(e)
+    run = RunData.of(manifest, **docs)
+    run.unreadable = unreadable
+    figs = {"roofline": "profile/roofline.png", "latency_throughput": "bench/latency_throughput.png"}
     hist = run.eval.kld_histogram_file if run.eval is not None else None
-    if hist:
-        figs["kld_histogram"] = run_dir / "eval" / Path(hist).name
-    run.figures = {k: p for k, p in figs.items() if p.name and p.is_file()}
+    if hist and Path(hist).name not in ("", ".", ".."):
+        figs["kld_histogram"] = "eval/" + Path(hist).name
+    for key, rel in figs.items():
+        try:
+            _figure(run_dir, rel)
+            run.figures[key] = run_dir / rel
+        except FileNotFoundError:
+            pass
+        except Unreadable as e:
+            run.figure_notes[key] = f"{rel}: {e}"
     return run
 
 
@@ -227,7 +338,7 @@ def _gains_blocks(s: RunSummary) -> list:
 def _sections(run_dir: Path, run: RunData) -> list[Section]:
     """The summary that decides, then the detail sections, for both renderers."""
     names = model_names(run)
-    out = [_summary_section(run), _run_section(run.manifest)]
+    out = [_summary_section(run), _run_section(run)]
     for part in (_quantize_section, _eval_section, _profile_section, _serve_section, _bench_section):
         sec = part(run, names)
         if sec is not None:
@@ -235,14 +346,16 @@ def _sections(run_dir: Path, run: RunData) -> list[Section]:
     return out
 
 
-def _run_section(m: RunManifest) -> Section:
+def _run_section(run: RunData) -> Section:
+    m = run.manifest
     rows = [["stage", "status", "seconds", "key"]]
     for name, rec in m.stages.items():
         rows.append([name, rec.status or "", _fmt(rec.seconds), (rec.key or "")[:10]])
     envs = ", ".join(f"{n}: " + ", ".join(f"{k} {v}" for k, v in e.packages.items()) for n, e in m.environments.items())
     return Section("run", "Run", [
         P("recipe ", Bold(str(m.recipe_name)), f", started {m.started}, finished {m.finished}"),
-        P(f"infertool {m.infertool}; environments: {envs or 'none recorded'}"), Table(rows)])
+        P(f"infertool {m.infertool}; environments: {envs or 'none recorded'}"), Table(rows),
+        *(P(f"not read: {rel}: {why}") for rel, why in run.unreadable.items())])
 
 
 def _quantize_section(run: RunData, names: Names) -> Section | None:
@@ -398,15 +511,31 @@ def render_markdown(run_dir: Path, run: RunData) -> str:
             elif isinstance(b, Figure) and b.key in run.figures:
                 rel = os.path.relpath(run.figures[b.key], run_dir).replace(os.sep, "/")
                 parts += [f"![{b.key}](<{rel.replace('<', '%3C').replace('>', '%3E')}>)", ""]
+            elif isinstance(b, Figure) and b.key in run.figure_notes:
+                parts += [_md_runs(P(f"figure not embedded: {run.figure_notes[b.key]}")), ""]
     return "\n".join(parts)
 
 
 # ------------------------------------------------------------------------------------------ HTML
-def img_tag(path: Path) -> str:
-    """The figure embedded as a data: URI (PNG or SVG; an SVG as an image runs no script of its own)."""
+def img_tag(path: Path, data: bytes | None = None) -> str:
+    """The figure embedded as a data: URI (PNG or SVG; an SVG as an image runs no script of its own): ``data``,
+    else the file's bytes (a plot infertool has just drawn)."""
     mime = "image/svg+xml" if path.suffix == ".svg" else "image/png"
-    b64 = base64.b64encode(path.read_bytes()).decode()
+    b64 = base64.b64encode(path.read_bytes() if data is None else data).decode()
     return f'<img alt="{html.escape(path.stem)}" src="data:{mime};base64,{b64}">'
+
+
+def _html_figure(run_dir: Path, run: RunData, key: str) -> str:
+    """A figure of the run directory embedded, read again as ``collect`` read it (a regular file inside the run
+    directory, bounded); or the note saying why it is not embedded; or nothing when the run has none."""
+    path, note = run.figures.get(key), run.figure_notes.get(key)
+    if path is not None:
+        rel = os.path.relpath(path, run_dir)
+        try:
+            return f'<div class="fig">{img_tag(path, _figure(run_dir, rel))}</div>'
+        except (FileNotFoundError, Unreadable) as e:
+            note = f"{rel}: {e}" if isinstance(e, Unreadable) else f"{rel}: gone"
+    return f"<p>{html.escape(f'figure not embedded: {note}')}</p>" if note else ""
 
 
 def _html_runs(p: Para) -> str:
@@ -432,8 +561,8 @@ def render_html(run_dir: Path, run: RunData) -> str:
             elif isinstance(b, Bullets):
                 if b.items:
                     body.append("<ul>" + "".join(f"<li>{_html_runs(i)}</li>" for i in b.items) + "</ul>")
-            elif isinstance(b, Figure) and b.key in run.figures:
-                body.append(f'<div class="fig">{img_tag(run.figures[b.key])}</div>')
+            elif isinstance(b, Figure):
+                body.append(_html_figure(run_dir, run, b.key))
         body.append("</section>")
     return html_document(f"infertool report: {run.manifest.recipe_name}", body)
 
@@ -458,13 +587,40 @@ def html_document(title: str, body: list[str]) -> str:
             f"</head><body>{''.join(body)}</body></html>\n")
 
 
+REPORT_FILES = ("report.md", "report.html")
+
+
+def _check_report_targets(d: Path) -> None:
+    """report.md and report.html are replaced only when they are regular files (a report written before): a
+    directory, a link, a fifo of that name is not infertool's to replace (nothing is deleted that it did not write)."""
+    for name in REPORT_FILES:
+        try:
+            st = os.lstat(d / name)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            raise UsageError(f"cannot write {d / name}: {e.strerror or e}") from None
+        if not stat.S_ISREG(st.st_mode):
+            what = file_kind(st.st_mode)
+            raise UsageError(f"cannot write {d / name}: it is {what}, not a report infertool wrote; nothing was written",
+                             hint=f"move {d / name} out of the run directory, then run `infertool report` again")
+
+
 def write_report(run_dir: str | Path) -> dict:
+    """report.md and report.html written into the run directory (each whole); the files and the figures embedded."""
     d, run = read_run(run_dir)
+    _check_report_targets(d)
+    texts = {"report.md": render_markdown(d, run), "report.html": render_html(d, run)}
     paths = {}
-    for name, text in (("report.md", render_markdown(d, run)), ("report.html", render_html(d, run))):
-        write_text(d / name, text)
+    for name, text in texts.items():
+        try:
+            write_text(d / name, text)
+        except OSError as e:
+            raise UsageError(f"cannot write {d / name}: {e.strerror or e}",
+                             hint="report writes into the run directory: it must be writable") from None
         paths[name] = str(d / name)
-    return {"run_dir": str(d), "files": paths, "figures": {k: str(v) for k, v in run.figures.items()}}
+    return {"run_dir": str(d), "files": paths, "figures": {k: str(v) for k, v in run.figures.items()},
+            "not_read": run.unreadable, "figures_not_embedded": run.figure_notes}
 
 
 # ------------------------------------------------------------------------------------------ compare
@@ -533,6 +689,7 @@ class Comparison(Record):
     b: str = ""
     recipe_changes: list[RecipeChange] = field(default_factory=list)
     rows: list[CompareRow] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)  # files of either run that are there and were not read, and why
 
 
 def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
@@ -545,7 +702,10 @@ def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
         fa, fb = as_float(a), as_float(b)
         rows.append(CompareRow(k, a, b, fb / fa if fa and fb is not None else None, a != b))
     changes = _dict_diff(ra.manifest.recipe or {}, rb.manifest.recipe or {})
-    return Comparison(str(da), str(db), changes, rows)
+    notes = [note for side, run in (("A", ra), ("B", rb)) for note in
+             [f"{side}: not read: {rel}: {why}" for rel, why in run.unreadable.items()]
+             + [f"{side}: figure not embedded: {why}" for why in run.figure_notes.values()]]
+    return Comparison(str(da), str(db), changes, rows, notes)
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path) -> dict:

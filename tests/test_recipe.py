@@ -392,7 +392,8 @@ def test_section_that_is_not_a_mapping(tmp_path: Path) -> None:
 def test_python_tags_are_refused(tmp_path: Path) -> None:
     path = write(tmp_path, MINIMAL + "description: !!python/object/apply:os.system ['true']\n")
     (issue,) = recipe_error(path).issues
-    assert issue.path == "<yaml>" and issue.line == 4
+    assert issue.path == "description" and issue.line == 4  # refused by its field path, before any constructor runs
+    assert "the YAML tag '!!python/object/apply:os.system' is not allowed" in issue.message
 
 
 # ---------------------------------------------------------------------------- files

@@ -260,7 +260,16 @@ def usage_error(message: str, hint: str | None = None) -> InfertoolError:
 
 
 def refuse_overwrite(paths: Iterable[str | Path], force: bool) -> None:
-    """Before any work: an output that is already there is replaced only with --force."""
+    """Before any work: an output that is already there is replaced only with --force, and only when it is a regular
+    file in a folder of the user's (``atomic.check_output_file``: never a device, fifo, link, directory or /proc)."""
+    from infertool.atomic import OutputPathError, check_output_file
+
+    for p in paths:
+        try:
+            if p is not None:
+                check_output_file(p, create_parents=True)
+        except OutputPathError as e:
+            raise UsageError(str(e), hint=e.hint) from None
     if force:
         return
     there = [str(p) for p in paths if p is not None and Path(p).exists()]

@@ -27,9 +27,12 @@ def init(
     even at the smallest choices (it says what would), 2 for bad input."""
     import sys
 
+    from infertool.commands.recipes import output_file
     from infertool.init import init_recipe
     from infertool.output import StageProgress, print_json
 
+    if out is not None and out != "-":
+        output_file(out, "--out")
     with StageProgress("model import") as progress:  # with --json too: the result on stdout, progress on stderr
         result = init_recipe(model, gpu=gpu, cpu=cpu, out=out, force=force, on_event=progress.on_event)
     if as_json:

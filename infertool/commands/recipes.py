@@ -86,19 +86,54 @@ def recipes_show(name: str = NAME_ARG, as_json: bool = JSON_OPT) -> None:
     sys.stdout.write(text)
 
 
+def output_file(path: str, what: str, *, create_parents: bool = False) -> None:
+    """``path`` checked as a file a command may write (``atomic.check_output_file``), else a UsageError naming
+    ``what`` (the flag or argument): before any work, never an internal error at the end."""
+    from infertool.atomic import OutputPathError, check_output_file
+    from infertool.errors import UsageError
+
+    try:
+        check_output_file(path, create_parents=create_parents)
+    except OutputPathError as e:
+        raise UsageError(f"{what}: {e}", hint=e.hint) from None
+
+
+def output_dir(path: str, what: str) -> None:
+    """``path`` checked as a folder a command writes into (``atomic.check_output_dir``), else a UsageError."""
+    from infertool.atomic import OutputPathError, check_output_dir
+    from infertool.errors import UsageError
+
+    try:
+        check_output_dir(path)
+    except OutputPathError as e:
+        raise UsageError(f"{what}: {e}", hint=e.hint) from None
+
+
 @recipes_app.command("copy", cls=InfertoolCommand)
 @handle_errors
 def recipes_copy(
     name: str = NAME_ARG,
     dest: str = typer.Argument(..., metavar="DEST", help="The file to write, or a folder to copy into: an existing "
-                               "directory, or a path ending in '/' (created)."),
+                               "directory, or a path ending in '/' (created). Not '-': `recipes show` prints it."),
     force: bool = force_opt("Overwrite an existing file."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Copy a built-in recipe to edit it (written whole: a temporary file, then a rename)."""
-    from infertool.catalog import copy_builtin
+    import os
+    from pathlib import Path
+
+    from infertool.catalog import copy_builtin, get_builtin
+    from infertool.errors import UsageError
     from infertool.output import err, esc, print_json
 
+    recipe = get_builtin(name)
+    if dest == "-":
+        raise UsageError("DEST '-': copy writes a file, it does not print",
+                         hint=f"`infertool recipes show {recipe.name}` prints it; a file named '-' is ./-")
+    folder = dest.endswith(tuple(s for s in (os.sep, os.altsep) if s))  # created when missing
+    into = folder or Path(dest).expanduser().is_dir()
+    output_file(str(Path(dest).expanduser() / f"{recipe.name}.yaml") if dest.strip() and into else dest, "DEST",
+                create_parents=folder)
     path = copy_builtin(name, dest, force=force)
     if as_json:
         print_json({"ok": True, "recipe": name, "path": str(path)})

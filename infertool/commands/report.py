@@ -27,6 +27,10 @@ def report(
         print_json(res)
         return
     err.print(f"[green]✓[/] {escape(res['files']['report.md'])}\n[green]✓[/] {escape(res['files']['report.html'])}", soft_wrap=True)
+    for what, why in res["not_read"].items():
+        err.print(f"[yellow]not read:[/] {escape(what)}: {escape(why)}", soft_wrap=True)
+    for why in res["figures_not_embedded"].values():
+        err.print(f"[yellow]figure not embedded:[/] {escape(why)}", soft_wrap=True)
 
 
 def compare(
@@ -39,13 +43,15 @@ def compare(
     from rich.markup import escape
     from rich.table import Table
 
-    from infertool.output import out, print_json
+    from infertool.output import err, out, print_json
     from infertool.report import compare as compare_two
 
     res = compare_two(run_a, run_b)
     if as_json:
         print_json(res.to_dict())
         return
+    for note in res.notes:
+        err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if res.recipe_changes:
         t = Table(title="recipe changes")
         for c in ("field", "A", "B"):

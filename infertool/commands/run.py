@@ -54,6 +54,10 @@ def run(
     if stages is not None and not chosen:
         raise usage_error("--stages is empty", hint="e.g. --stages model,quantize,eval")
     again = _split(rerun) + _split(force_stages)
+    if out is not None:
+        from infertool.commands.recipes import output_dir
+
+        output_dir(out, "--out")  # a folder of the user's: not a file, a fifo or /proc, before any stage
     if dry_run:
         plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again)
         # what would stop a server (the launch lint: TP / PP against the model, KV capacity, reserved CPUs): exit 2

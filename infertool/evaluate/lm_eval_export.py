@@ -18,7 +18,7 @@ from pathlib import Path
 
 import yaml
 
-from infertool.atomic import write_text
+from infertool.atomic import OutputPathError, check_output_dir, write_text
 from infertool.data.suites import load_suite
 from infertool.errors import UsageError
 
@@ -31,6 +31,10 @@ def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) ->
     """Write the suite's tasks into ``dest``. A file that is already there is replaced only with ``force``
     (checked for every file before anything is written); each file is written whole (temp file + rename)."""
     suite = load_suite(suite_name)
+    try:
+        check_output_dir(dest)  # not a file, a fifo, /proc/...; its parents folders
+    except OutputPathError as e:
+        raise UsageError(str(e), hint=e.hint) from None
     dest = Path(dest).resolve()
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} is a file, not a directory", hint="give a directory for the lm-eval tasks")
