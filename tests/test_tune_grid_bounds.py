@@ -246,6 +246,8 @@ def test_the_issues_64_to_the_4_by_4_grid_is_refused_with_its_size_and_axes(tmp_
     assert j.returncode == 2 and json.loads(j.stdout)["error"] == "UsageError"
     run = run_cli("tune", str(recipe), "--json", timeout=300)  # tune itself: refused before any trial
     assert run.returncode == 2 and "67,108,864 trials" in json.loads(run.stdout)["message"]
+    check = run_cli("validate", str(recipe), timeout=300)  # and validate says so, like every recipe error
+    assert check.returncode == 2 and "67,108,864 trials" in " ".join(check.stderr.split()), check.stderr
 
 
 def test_a_load_range_with_no_concurrency_in_it_is_refused(tmp_path, tmp_home):

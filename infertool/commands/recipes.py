@@ -31,6 +31,10 @@ def validate(
 
     r = load_recipe(recipe, overrides or [])
     check_recipe(r, recipe)  # run.stages: the stage registry is the one list of names
+    if r.tune is not None:  # tune's search space, counted (never built): a grid over the limit is refused here too
+        from infertool.tune.space import search_space
+
+        search_space(r)
     if as_json:
         print_json({"ok": True, "recipe": recipe_to_dict(r)})
         return
