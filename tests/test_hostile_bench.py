@@ -378,3 +378,13 @@ def test_profiles_start_profile_that_stalls_or_refuses_is_a_clear_failure(monkey
             with pytest.raises(RuntimeFailure) as e:
                 _profile_measure(srv.url, profiled=True)
         assert words in e.value.message, e.value.message
+
+
+def test_nobody_listening_is_a_clear_runtime_failure(quick):
+    import socket
+
+    with socket.socket() as s:  # a port bound and never listened on: connecting is refused
+        s.bind(("127.0.0.1", 0))
+        code, doc, _ = bench(f"http://127.0.0.1:{s.getsockname()[1]}")
+    assert code == EXIT_RUNTIME and "cannot reach an OpenAI-compatible server at" in doc["message"], doc
+    assert "infertool serve" in doc["hint"]

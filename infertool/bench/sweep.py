@@ -117,8 +117,9 @@ async def _connect(client, url: str, api_key: str | None, model: str | None, ben
                              if code in (401, 403) else (f": {exc.detail}" if exc.detail else "")),
                              hint=hint) from None
     except net.NetError as exc:
-        raise RuntimeFailure(f"no usable answer from an OpenAI-compatible server at {url}: "
-                             f"{net.redact(exc.reason, secrets)}", hint=_hint(exc)) from None
+        what = "cannot reach" if exc.kind == "unreachable" else "no usable answer from"
+        raise RuntimeFailure(f"{what} an OpenAI-compatible server at {url}: {net.redact(exc.reason, secrets)}",
+                             hint=_hint(exc)) from None
     notes = []
     if models.skipped:
         notes.append(f"{url}/models lists {len(models.skipped)} id(s) that are no model name (not a non-empty "
