@@ -3,8 +3,11 @@
 The load generator speaks HTTP/1.1 itself (``Pool``: asyncio protocols, keep-alive, a byte scan of each
 SSE chunk) so that it costs little CPU per streamed token and timestamps each chunk when it arrives: the
 timing is the server's, not the client's queueing. Every failure becomes a RequestResult with
-``ok=False`` and a short error; nothing here raises for a bad response. The few control calls (model
-list, /tokenize) use httpx.
+``ok=False`` and a short error; nothing here raises for a bad response. The server is not trusted: what it
+holds of an answer is bounded (an SSE event, a chunk, the text chunks of one request), every number it
+sends is read through ``infertool.net``'s ``count``, and an answer that breaks the rules is a counted
+``bad response``, never an exception. The few control calls (the model list, /tokenize) go through
+``infertool.net``: no redirect followed, a deadline per call, a small body.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import json
 import time
 from dataclasses import dataclass
 
+from infertool import net
 from infertool.bench.metrics import RequestResult
 
 
@@ -63,8 +67,8 @@ def request_body(target: Target, prompt: str, max_tokens: int, stream: bool = Tr
 
 
 def _chunk_text(chunk: dict, endpoint: str) -> str:
-    choices = chunk.get("choices") or []
-    if not choices or not isinstance(choices[0], dict):
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return ""
     c = choices[0]
     if endpoint == "chat":
@@ -83,6 +87,8 @@ def _chunk_text(chunk: dict, endpoint: str) -> str:
 READ_TIMEOUT_S = 300.0  # no byte for this long: the request fails (a total deadline applies as well)
 CONNECT_TIMEOUT_S = 30.0
 _ERR_BODY_MAX = 4096
+MAX_EVENT_BYTES = 8 * 1024 * 1024  # one SSE event (or one HTTP chunk) held before it is complete
+EXTRA_CHUNKS = 16  # text chunks beyond max_tokens a stream may carry before it is a bad response
 _HEAD, _BODY_CHUNK_SIZE, _BODY_CHUNK_DATA, _BODY_LENGTH, _BODY_CLOSE, _TRAILER, _DONE = range(7)
 
 
@@ -141,7 +147,10 @@ class _Conn(asyncio.BufferedProtocol):
             self.closed = True
             self.transport.close()
             return
-        ex.feed(bytes(self._view[:nbytes]), time.perf_counter())
+        try:
+            ex.feed(bytes(self._view[:nbytes]), time.perf_counter())
+        except Exception as exc:  # noqa: BLE001 - an answer no rule below foresaw: counted, never raised
+            ex._fail(f"bad response: {type(exc).__name__} while reading the answer")
 
     def connection_lost(self, exc) -> None:
         self.closed = True
@@ -153,10 +162,11 @@ class _Exchange:
     """One request's response: HTTP framing (content-length, chunked or until close), then SSE events."""
 
     __slots__ = ("fut", "endpoint", "state", "buf", "status", "keep_alive", "need", "sse", "cr", "rx", "last_rx",
-                 "err_body", "ttft_at", "times", "usage", "error", "done_marker", "started", "body_seen")
+                 "err_body", "ttft_at", "times", "usage", "error", "done_marker", "started", "body_seen", "max_chunks")
 
-    def __init__(self, fut: asyncio.Future, endpoint: str, started: float) -> None:
+    def __init__(self, fut: asyncio.Future, endpoint: str, started: float, max_chunks: int = 10**9) -> None:
         self.fut, self.endpoint, self.started = fut, endpoint, started
+        self.max_chunks = max_chunks  # text chunks beyond this: a bad response (it asked for fewer tokens)
         self.state = _HEAD
         self.buf = b""
         self.status = 0
@@ -175,6 +185,8 @@ class _Exchange:
 
     # ---- framing
     def feed(self, data: bytes, now: float) -> None:
+        if self.state == _DONE:  # bytes after the answer (or after a failure): nothing is kept
+            return
         self.rx += len(data)
         self.last_rx = now
         # the usual read of a stream: exactly one HTTP chunk holding one one-line SSE event
@@ -207,11 +219,16 @@ class _Exchange:
             if st == _BODY_CHUNK_SIZE:
                 i = buf.find(b"\r\n", pos)
                 if i < 0:
+                    if len(buf) - pos > 1024:
+                        return self._fail("bad response: malformed chunked encoding (no end of a chunk size)")
                     break
                 try:
                     size = int(buf[pos:i].split(b";", 1)[0], 16)
                 except ValueError:
                     return self._fail("bad response: malformed chunked encoding")
+                if size > MAX_EVENT_BYTES:
+                    return self._fail(f"bad response: an HTTP chunk of {size:,} bytes, over the "
+                                      f"{MAX_EVENT_BYTES:,}-byte limit")
                 pos = i + 2
                 if size == 0:
                     self.state = _TRAILER
@@ -239,6 +256,8 @@ class _Exchange:
                     return self._finish(now)
                 i = buf.find(b"\r\n\r\n")
                 if i < 0:
+                    if len(buf) > 65536:
+                        return self._fail("bad response: no end of the HTTP trailer")
                     break
                 return self._finish(now)
             elif st == _HEAD:
@@ -262,7 +281,7 @@ class _Exchange:
         try:
             self.status = int(parts[1])
         except (IndexError, ValueError):
-            self._fail(f"bad response: {_short(lines[0])}")
+            self._fail(f"bad response: {net.quote(lines[0], n=160)}")
             return False
         if self.status in (100, 103):  # interim answers: the real one follows
             return True
@@ -324,8 +343,9 @@ class _Exchange:
             if self.cr:
                 data = data[:-1]
             data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        sse = self.sse + data if self.sse else data
-        i = sse.find(b"\n\n")
+        held = len(self.sse)
+        sse = self.sse + data if held else data
+        i = sse.find(b"\n\n", max(0, held - 1))  # the held part has no event end: look where one can be
         while i >= 0:
             event = sse[:i]
             sse = sse[i + 2:]
@@ -336,6 +356,8 @@ class _Exchange:
                     if line.startswith(b"data:"):
                         self._data(line[5:].strip(), now)
             i = sse.find(b"\n\n")
+        if len(sse) > MAX_EVENT_BYTES:
+            return self._fail(f"bad response: an SSE event over {MAX_EVENT_BYTES:,} bytes")
         self.sse = sse
 
     def _data(self, payload: bytes, now: float) -> None:
@@ -353,21 +375,39 @@ class _Exchange:
         if (text == 1 or text == 0) and (b'"usage"' not in payload or _field(payload, b'"usage"') == 0) \
                 and b'"error"' not in payload:
             if text:
-                self.times.append(now)
+                self._text(now)
             return
-        try:  # usage, an error, or a layout the scan cannot read: parse it
-            chunk = json.loads(payload)
-        except ValueError:
+        try:  # usage, an error, or a layout the scan cannot read: parse it (NaN / Infinity read as None)
+            chunk = json.loads(payload, parse_constant=_no_constant)
+        except (ValueError, RecursionError):  # not JSON, too deep, or an integer of more than 4,300 digits
             return
         if not isinstance(chunk, dict):
             return
         if "error" in chunk and not chunk.get("choices"):
-            self.error = f"stream error: {_short(json.dumps(chunk['error']))}"
+            self.error = f"stream error: {net.quote(_dumps(chunk['error']), n=160)}"
             return
         if chunk.get("usage"):
             self.usage = chunk["usage"]
         if _chunk_text(chunk, self.endpoint):
-            self.times.append(now)
+            self._text(now)
+
+    def _text(self, now: float) -> None:
+        """A chunk that carried text arrived at ``now``; more than ``max_chunks`` of them is a bad response."""
+        self.times.append(now)
+        if len(self.times) > self.max_chunks:
+            self._fail(f"bad response: more text chunks than the {self.max_chunks - EXTRA_CHUNKS} tokens asked for")
+
+
+def _no_constant(name: str):
+    return None  # NaN, Infinity: missing, never a number
+
+
+def _dumps(value) -> str:
+    """A value of a server's JSON as text for a message (whatever it holds: deep, huge or odd)."""
+    try:
+        return json.dumps(value)
+    except (ValueError, TypeError, RecursionError):
+        return type(value).__name__
 
 
 class Pool:
@@ -426,9 +466,11 @@ class Pool:
         head += [f"{k}: {v}" for k, v in headers.items()]
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1", "replace") + body
 
-    async def exchange(self, raw: bytes, endpoint: str, deadline: float) -> tuple[_Exchange, float]:
+    async def exchange(self, raw: bytes, endpoint: str, deadline: float,
+                       max_chunks: int = 10**9) -> tuple[_Exchange, float]:
         """Send ``raw``, wait for the whole answer (or the deadline, or READ_TIMEOUT_S without a byte).
-        Returns the parsed exchange and when it was sent (perf_counter). Raises for connection failures."""
+        Returns the parsed exchange and when it was sent (perf_counter). Raises for connection failures.
+        ``max_chunks``: the most text chunks the answer may carry (more is a bad response)."""
         loop = asyncio.get_running_loop()
         for attempt in (0, 1):
             reused = False
@@ -443,7 +485,7 @@ class Pool:
                 conn = await self._connect(deadline)
             fut = loop.create_future()
             sent = time.perf_counter()
-            ex = _Exchange(fut, endpoint, sent)
+            ex = _Exchange(fut, endpoint, sent, max_chunks)
             conn.ex = ex
             conn.transport.write(raw)
             try:
@@ -485,19 +527,18 @@ async def send(pool: Pool, target: Target, prompt: str, max_tokens: int, t0: flo
     start = time.perf_counter()
     end_by = start + timeout_s if deadline is None else min(deadline, start + timeout_s)
     try:
-        ex, start = await pool.exchange(raw, target.endpoint, end_by)
+        ex, start = await pool.exchange(raw, target.endpoint, end_by, max_tokens + EXTRA_CHUNKS)
     except Exception as exc:  # noqa: BLE001 - counted, never raised
-        result.error = f"{type(exc).__name__}: {_short(str(exc)) or 'connection failed'}"
+        result.error = f"{type(exc).__name__}: {net.quote(str(exc), n=160) or 'connection failed'}"
         result.e2e = time.perf_counter() - start
         return result
     end = ex.fut.result() if ex.fut.done() else time.perf_counter()
     result.e2e = end - start
     if ex.error is None and ex.status != 200:
-        text = ex.err_body.decode("utf-8", "replace")
-        result.error = f"HTTP {ex.status}: {_short(text)}"
+        result.error = f"HTTP {ex.status}: {net.quote(ex.err_body, _secrets(target), 160)}"
         return result
     if ex.error is not None:
-        result.error = ex.error
+        result.error = net.redact(ex.error, _secrets(target))
         return result
     times = ex.times
     if not times:
@@ -507,12 +548,11 @@ async def send(pool: Pool, target: Target, prompt: str, max_tokens: int, t0: flo
     result.itl = [b - a for a, b in zip(times, times[1:])]
     usage = ex.usage
     if isinstance(usage, dict):
-        completion, prompt_tokens = usage.get("completion_tokens"), usage.get("prompt_tokens")
-        for name, v in (("completion_tokens", completion), ("prompt_tokens", prompt_tokens)):
-            if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                result.error = f"bad response: usage.{name} is {_short(json.dumps(v), 40)}, not a token count"
-                return result
-        result.prompt_tokens = prompt_tokens
+        tokens, why = _usage(usage, max_tokens, len(prompt.encode("utf-8", "replace")))
+        if why is not None:
+            result.error = why
+            return result
+        completion, result.prompt_tokens = tokens
         result.output_tokens = completion if completion else len(times)
     else:
         result.output_tokens = len(times)
@@ -520,25 +560,94 @@ async def send(pool: Pool, target: Target, prompt: str, max_tokens: int, t0: flo
     return result
 
 
-def _short(text: str, n: int = 160) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
+PROMPT_TOKENS_SLACK = 8192  # tokens a chat template or special tokens may add to a prompt's bytes
 
 
-async def list_models(client, base_url: str, headers: dict) -> list[str]:
-    resp = await client.get(f"{base_url}/models", headers=headers, timeout=10.0)
-    resp.raise_for_status()
-    return [m["id"] for m in resp.json().get("data", []) if isinstance(m, dict) and "id" in m]
+def _usage(usage: dict, max_tokens: int, prompt_bytes: int) -> tuple[tuple[int | None, int | None], str | None]:
+    """(completion_tokens, prompt_tokens) of a stream's usage, or why it is a bad response: a count must be an
+    integer, at most the ``max_tokens`` asked for (completion) or what the prompt's bytes can make (prompt), so
+    that a 10**400, a -1, a "12" or a 1e308 never becomes a figure."""
+    out = []
+    for name, hi in (("completion_tokens", max_tokens), ("prompt_tokens", prompt_bytes + PROMPT_TOKENS_SLACK)):
+        v = usage.get(name)
+        if v is not None and net.count(v, hi=hi) is None:
+            what = "not a token count" if net.count(v) is None else f"more than the {hi:,} possible"
+            return (None, None), f"bad response: usage.{name} is {net.quote(_dumps(v), n=40)}, {what}"
+        out.append(v)
+    return (out[0], out[1]), None
+
+
+def _secrets(target: Target) -> tuple:
+    return (target.api_key,) if target.api_key else ()
+
+
+CONTROL_DEADLINE_S = 10.0  # each control call (the model list, /tokenize): connecting and the whole answer
+MAX_MODEL_NAME = 1024  # characters; a longer id is not taken for a model name
+MIN_TOKEN_CHARS, MAX_TOKEN_CHARS = 0.5, 32.0  # characters per token a /tokenize count may imply
+
+
+class Refused(Exception):
+    """A control call answered with an HTTP error status (``status``; ``detail``: its words, safe to show)."""
+
+    def __init__(self, url: str, status: int, detail: str):
+        super().__init__(f"{url} answered HTTP {status}")
+        self.url, self.status, self.detail = url, status, detail
+
+
+@dataclass
+class Models:
+    """The server's model list: its names, and the ids that are no model name (not a string, empty, too
+    long or with control characters), quoted for a message."""
+
+    names: list[str]
+    skipped: list[str]
+
+
+async def list_models(client, base_url: str, headers: dict, *, deadline: net.Deadline | None = None) -> Models:
+    """GET ``base_url``/models under ``infertool.net``'s policy (CONTROL_DEADLINE_S, a small body, no
+    redirect). Raises net.NetError (no usable answer: unreachable, a stall, a redirect, a body that is not a
+    JSON object or whose ``data`` is not a list) or Refused (an HTTP error status)."""
+    url = f"{base_url}/models"
+    ans = await net.afetch(url, headers=headers, deadline_s=CONTROL_DEADLINE_S, deadline=deadline,
+                           max_bytes=net.MAX_SMALL_BYTES, client=client)
+    if not ans.ok:
+        raise Refused(url, ans.status, ans.detail())
+    data = ans.json_object().get("data")
+    if not isinstance(data, list):
+        raise net.NetError("malformed", url, f"answered a model list whose `data` is "
+                           f"{'missing' if data is None else 'a ' + type(data).__name__}, not a list", ans.status)
+    names, skipped = [], []
+    for m in data:
+        mid = m.get("id") if isinstance(m, dict) else None
+        if isinstance(mid, str) and mid.strip() and len(mid) <= MAX_MODEL_NAME and mid.isprintable():
+            names.append(mid)
+        else:
+            skipped.append(net.quote(_dumps(mid), ans.secrets, 40))
+    return Models(names, skipped)
+
+
+async def tokenize(client, root: str, model: str, text: str, headers: dict, *,
+                   deadline: net.Deadline | None = None) -> tuple[int | None, str | None]:
+    """How many tokens the server makes of ``text`` (vLLM's /tokenize): (count, None), or (None, why not)
+    when it cannot say (no /tokenize, a stall past CONTROL_DEADLINE_S, an odd answer, a count no tokenizer
+    makes of this text: more than MAX_TOKEN_CHARS or fewer than MIN_TOKEN_CHARS characters per token)."""
+    url = f"{root}/tokenize"
+    try:
+        ans = await net.afetch(url, method="POST", json_body={"model": model, "prompt": text}, headers=headers,
+                               deadline_s=CONTROL_DEADLINE_S, deadline=deadline, max_bytes=net.MAX_SMALL_BYTES,
+                               client=client)
+        if not ans.ok:
+            return None, f"{url} answered HTTP {ans.status}"
+        raw = ans.json_object().get("count")
+    except net.NetError as e:
+        return None, f"{url}: {e.reason}"
+    n = net.count(raw)
+    if n is None or not (len(text) / MAX_TOKEN_CHARS <= n <= len(text) / MIN_TOKEN_CHARS):
+        return None, (f"{url} answered a count of {net.quote(_dumps(raw), n=40)} for {len(text):,} characters, "
+                      "not a plausible token count")
+    return n, None
 
 
 async def tokenize_count(client, root: str, model: str, text: str, headers: dict) -> int | None:
     """How many tokens the server makes of ``text`` (vLLM's /tokenize), None when it cannot say."""
-    try:
-        resp = await client.post(f"{root}/tokenize", json={"model": model, "prompt": text},
-                                 headers=headers, timeout=10.0)
-        if resp.status_code != 200:
-            return None
-        count = resp.json().get("count")
-        return int(count) if count else None
-    except Exception:  # noqa: BLE001
-        return None
+    return (await tokenize(client, root, model, text, headers))[0]

@@ -207,7 +207,7 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
         with _Launched(plan.res, plan.sweep, ctx) as handle:
             main, static = _sweep(plan, handle, ctx)
             servers.append(handle.launched)
-    notes += client_notes(main + (static or []))
+    notes += handle.notes + client_notes(main + (static or []))
     tables: list[Experiment] = []
     if static is not None:
         cont = [lv for lv in main if lv.level.kind == "concurrency"]

@@ -39,6 +39,8 @@ LAG_BOUND_MS = 1.0  # median wait of a ready callback
 LAG_INTERVAL_S = 0.01
 STREAMS_PER_PROCESS = 64
 RATE_PER_PROCESS = 250.0
+READY_TIMEOUT_S = 120.0  # a spawned load generator imports infertool and says it is ready within this
+RESULTS_GRACE_S = 30.0  # past the level's deadline, for the processes' results to arrive
 
 
 class Monitor:
@@ -170,7 +172,8 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
                               ) -> tuple[list[RequestResult], float, list[dict]]:
     """The level split over ``processes`` spawned load generators. ``job``: target, level, n, bench,
     chars_per_token, deadline_s, seed. ``on_start(t0)`` when they all start sending. Returns (merged
-    results, wall seconds, each process's monitor figures)."""
+    results, wall seconds, each process's monitor figures). Bounded: the processes' start by READY_TIMEOUT_S,
+    their results by ``deadline_s`` + RESULTS_GRACE_S (a RuntimeFailure past either)."""
     import multiprocessing as mp
 
     from infertool.errors import RuntimeFailure
@@ -200,7 +203,7 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
     try:
         ready = 0
         while ready < processes:
-            k, msg = await inbox.get()
+            k, msg = await _next(inbox, READY_TIMEOUT_S, "start")
             if msg[0] == "eof":
                 msg = ("error", "it ended at once")
             if msg[0] != "ready":
@@ -215,8 +218,9 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
         stats: list[dict] = []
         progress = [0] * processes
         finished: set[int] = set()
+        results_by = time.monotonic() + job["deadline_s"] + RESULTS_GRACE_S
         while len(finished) < processes:
-            k, msg = await inbox.get()
+            k, msg = await _next(inbox, results_by - time.monotonic(), "send its results")
             if msg[0] == "eof" and k in finished:
                 continue
             if msg[0] == "eof":
@@ -247,3 +251,14 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
             if p.is_alive():
                 p.kill()
                 p.join(5)
+
+
+async def _next(inbox: asyncio.Queue, within_s: float, what: str):
+    """The next message of the load-generator processes, or a RuntimeFailure after ``within_s`` seconds."""
+    from infertool.errors import RuntimeFailure
+
+    try:
+        return await asyncio.wait_for(inbox.get(), timeout=max(0.0, within_s))
+    except asyncio.TimeoutError:
+        raise RuntimeFailure(f"a load-generator process did not {what} in time",
+                             hint="set bench.client_processes: 1 to send from this process") from None

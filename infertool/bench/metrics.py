@@ -104,10 +104,12 @@ def summarize(
     """Every figure of one load level."""
     done = [r for r in results if r.ok]
     errors: dict[str, int] = {}
+    examples: dict[str, str] = {}  # the first error of each kind, whole (its reason)
     for r in results:
         if not r.ok:
             key = (r.error or "error").split(":", 1)[0][:80]
             errors[key] = errors.get(key, 0) + 1
+            examples.setdefault(key, (r.error or "error")[:300])
     out_tokens = sum(r.output_tokens for r in done)
     in_tokens = sum(r.prompt_tokens or 0 for r in done)
     duration = max(duration_s, 1e-9)
@@ -116,6 +118,7 @@ def summarize(
     good = [r for r in done if meets_slo(r, slo)]
     return Summary(
         requests=len(results), completed=len(done), failed=len(results) - len(done), errors=errors,
+        error_examples=examples or None,
         duration_s=duration_s, prompt_tokens=in_tokens, output_tokens=out_tokens,
         mean_prompt_tokens=(in_tokens / len(done)) if done else None,
         mean_output_tokens=(out_tokens / len(done)) if done else None,

@@ -5,6 +5,12 @@ vLLM 0.3x (V1 engine) exposes, checked against vllm/v1/metrics/loggers.py of vll
 ``vllm:num_requests_waiting`` (gauges), ``vllm:num_preemptions_total`` (counter),
 ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (counters, tokens).
 Older vLLM called the KV gauge ``vllm:gpu_cache_usage_perc``; both are read.
+
+The server is not trusted: each scrape goes through ``infertool.net`` (no redirect, at most
+MAX_METRICS_BYTES, a deadline of ``scrape_deadline(interval)``), so a /metrics that trickles, stalls or grows
+for ever costs one bounded scrape, never a hang after the last request or a growing memory; a value is read
+only when it is finite and within its figure's BOUNDS (a KV-cache fraction of 1e308 is no reading), and the
+timeline's note says why scrapes or values were dropped.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ import math
 import time
 from dataclasses import dataclass, field
 
+from infertool import net
 from infertool.bench.results import ServerMetrics
 
 # our name -> the metric names that feed it (first found wins; values are summed over label sets)
@@ -25,12 +32,32 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
 }
+# our name -> the range of a sane reading (a fraction may read a little over 1: rounding; counters never < 0)
+BOUNDS: dict[str, tuple[float, float]] = {
+    "kv_cache_usage": (0.0, 1.05),
+    "running": (0.0, 1e9),
+    "waiting": (0.0, 1e9),
+    "preemptions": (0.0, 1e15),
+    "prefix_cache_queries": (0.0, 1e15),
+    "prefix_cache_hits": (0.0, 1e15),
+}
+# fractions are per engine: several label sets (data-parallel engines) give their largest, never their sum
+FRACTIONS = frozenset(WATCHED["kv_cache_usage"])
+SCRAPE_DEADLINE_S = 5.0  # the most one scrape may take (connecting, the headers and the whole body)
+STOP_BOUND_S = 2 * SCRAPE_DEADLINE_S + 1.0  # Sampler.stop: the scrape in flight, then the final one
+
+
+def scrape_deadline(interval_s: float) -> float:
+    """One scrape's deadline: SCRAPE_DEADLINE_S, or less when scrapes are frequent (at least 1 s)."""
+    return min(SCRAPE_DEADLINE_S, max(1.0, 4 * interval_s))
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Prometheus text exposition -> {metric name: value summed over its label sets}.
+    """Prometheus text exposition -> {metric name: value summed over its label sets (the largest, for the
+    FRACTIONS)}.
 
-    Comments, malformed lines and non-numeric values are skipped; ``NaN`` and infinities are skipped too.
+    Comments, malformed lines and non-numeric values are skipped; ``NaN`` and infinities are skipped too, and
+    so is a sum that overflows (1e308 + 1e308).
     """
     values: dict[str, float] = {}
     for raw in text.splitlines():
@@ -54,15 +81,28 @@ def parse_prometheus(text: str) -> dict[str, float]:
             continue
         if not math.isfinite(value):  # NaN, or a 1e999 no gauge can hold: not a reading
             continue
-        values[name.strip()] = values.get(name.strip(), 0.0) + value
+        name = name.strip()
+        if name not in values:
+            values[name] = value
+        elif name in FRACTIONS:
+            values[name] = max(values[name], value)
+        elif math.isfinite(total := values[name] + value):
+            values[name] = total
     return values
 
 
-def pick(values: dict[str, float]) -> dict[str, float | None]:
-    """The watched figures out of one parsed scrape."""
+def pick(values: dict[str, float], dropped: list[str] | None = None) -> dict[str, float | None]:
+    """The watched figures out of one parsed scrape; a value outside its BOUNDS is None (not a reading) and,
+    given ``dropped``, named there."""
     result: dict[str, float | None] = {}
     for ours, names in WATCHED.items():
-        result[ours] = next((values[n] for n in names if n in values), None)
+        name = next((n for n in names if n in values), None)
+        v = None if name is None else values[name]
+        if v is not None and net.number(v, *BOUNDS[ours]) is None:
+            if dropped is not None:
+                dropped.append(f"{name} {v:g} (outside {BOUNDS[ours][0]:g}..{BOUNDS[ours][1]:g})")
+            v = None
+        result[ours] = v
     return result
 
 
@@ -103,37 +143,50 @@ class Timeline:
 
 
 def _delta_ratio(hits: list[float], queries: list[float]) -> float | None:
+    """The hit rate over the run (None when unknown, or when the counters make no rate within 0..1)."""
     if len(hits) < 2 or len(queries) < 2:
         return None
     dq = queries[-1] - queries[0]
-    return (hits[-1] - hits[0]) / dq if dq > 0 else None
+    rate = (hits[-1] - hits[0]) / dq if dq > 0 else None
+    return rate if rate is not None and 0.0 <= rate <= 1.0 else None
 
 
 class Sampler:
-    """Scrapes ``metrics_url`` every ``interval_s`` into a Timeline until stopped; never raises."""
+    """Scrapes ``metrics_url`` every ``interval_s`` into a Timeline until stopped; never raises. ``client``: an
+    ``infertool.net.async_client`` (its connections reused). Each scrape ends by ``scrape_deadline``; after a
+    body over MAX_METRICS_BYTES it scrapes no more (a server that floods its /metrics would only do it again)."""
 
     def __init__(self, client, metrics_url: str, interval_s: float = 0.5, max_samples: int = 20000):
         self.client = client
         self.url = metrics_url
         self.interval_s = interval_s
+        self.deadline_s = scrape_deadline(interval_s)
         self.max_samples = max_samples
         self.timeline = Timeline(url=metrics_url)
         self._stop = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._t0 = 0.0
+        self._given_up = False
 
     async def scrape_once(self) -> Sample | None:
-        try:
-            resp = await self.client.get(self.url, timeout=5.0)
-            if resp.status_code != 200:
-                self.timeline.note = f"/metrics answered HTTP {resp.status_code}"
-                return None
-            picked = pick(parse_prometheus(resp.text))
-        except Exception as exc:  # noqa: BLE001 - a server without /metrics is fine
-            self.timeline.note = f"/metrics not readable: {type(exc).__name__}"
+        if self._given_up:
             return None
+        try:
+            ans = await net.afetch(self.url, deadline_s=self.deadline_s, max_bytes=net.MAX_METRICS_BYTES,
+                                   client=self.client)
+        except net.NetError as exc:  # a server without a readable /metrics is fine: the note says why
+            self.timeline.note = f"/metrics not readable: {exc.reason}"
+            self._given_up = exc.kind == "too-large"
+            return None
+        if ans.status != 200:
+            self.timeline.note = f"/metrics answered HTTP {ans.status}"
+            return None
+        dropped: list[str] = []
+        picked = pick(parse_prometheus(ans.text()), dropped)
+        if dropped:
+            self.timeline.note = "/metrics values ignored: " + net.quote("; ".join(dropped), n=200)
         if all(v is None for v in picked.values()):
-            self.timeline.note = "/metrics has no vLLM figures"
+            self.timeline.note = self.timeline.note if dropped else "/metrics has no vLLM figures"
             return None
         self.timeline.available = True
         return Sample(t=time.monotonic() - self._t0, **picked)
@@ -153,13 +206,14 @@ class Sampler:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> Timeline:
+        """Stop sampling (the scrape in flight ends by its deadline) and take one last sample, so that counters
+        cover the whole run: at most STOP_BOUND_S."""
         self._stop.set()
         if self._task is not None:
             try:
-                await asyncio.wait_for(self._task, timeout=10)
+                await asyncio.wait_for(self._task, timeout=self.deadline_s + 0.5)
             except (asyncio.TimeoutError, Exception):  # noqa: BLE001
                 self._task.cancel()
-        # one last sample so counters cover the whole run
         last = await self.scrape_once()
         if last is not None:
             self.timeline.samples.append(last)

@@ -81,13 +81,16 @@ class Cost(Record):
 
 
 @dataclass
-class Summary(Record):
+class Summary(_Sparse):
     """Every figure of one load level (``infertool.bench.metrics.summarize`` computes it)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("error_examples",)  # only when a request failed
 
     requests: int = 0
     completed: int = 0
     failed: int = 0
     errors: dict[str, int] = field(default_factory=dict)  # first words of the error -> count
+    error_examples: dict[str, str] | None = None  # first words of the error -> the first such error, whole
     duration_s: float | None = None
     prompt_tokens: int = 0
     output_tokens: int = 0

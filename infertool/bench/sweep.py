@@ -5,16 +5,31 @@ typed ``LevelResult`` records. The bench's sweep and experiment arms and tune's 
 
 Every level sends prompts built from the same seed, so two servers measured with the same bench section see
 the same traffic (the A/B experiments and `run`'s original-vs-candidate comparison rely on it).
+
+Every wait is bounded, whatever the server does (``infertool.net``'s policy for the control calls and the
+/metrics scrapes, the load generator's own deadlines for the streamed requests):
+
+- ``connect``: at most CONNECT_BUDGET_S for the model list and /tokenize together (each call at most
+  ``client.CONTROL_DEADLINE_S``);
+- ``measure_levels``: the warm-up request at most min(WARMUP_TIMEOUT_S, bench.max_duration_s); then per level
+  bench.max_duration_s for its requests (those in flight at the deadline are cancelled and counted), plus
+  the end of its /metrics sampling (``prometheus.Sampler.stop``: at most ``prometheus.STOP_BOUND_S``), plus,
+  for a level split over processes, their start (``loadgen.READY_TIMEOUT_S``) and their results
+  (``loadgen.RESULTS_GRACE_S`` past the deadline).
+
+So one server's bench ends within CONNECT_BUDGET_S + min(WARMUP_TIMEOUT_S, max_duration_s) + levels x
+(max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + RESULTS_GRACE_S]).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable
 
-from infertool.bench.client import Target, list_models, send, tokenize_count
+from infertool import net
+from infertool.bench.client import Refused, Target, list_models, send, tokenize
 from infertool.bench.metrics import RequestResult, percentile, summarize
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, build_prompts, chars_per_token
@@ -24,6 +39,7 @@ from infertool.errors import RuntimeFailure, UsageError
 
 EventCallback = Callable[[dict], None]
 WARMUP_TIMEOUT_S = 60.0  # the warm-up request's deadline (at most bench.max_duration_s)
+CONNECT_BUDGET_S = 20.0  # connect: the model list and /tokenize together
 PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of a level)
 
 
@@ -81,45 +97,71 @@ class ServerHandle:
     api_key: str | None
     launched: dict | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
+    notes: list[str] = field(default_factory=list)  # what connect noticed (a fallback, ids that are no names)
 
 
 async def _connect(client, url: str, api_key: str | None, model: str | None, bench,
-                   key_var: str | None = None) -> tuple[str, float]:
-    import httpx
-
+                   key_var: str | None = None, deadline: net.Deadline | None = None) -> tuple[str, float, list[str]]:
+    """(the model name to request, characters per token, notes) from the server's model list and /tokenize;
+    RuntimeFailure / UsageError when the server cannot be benched (no answer, an error status, no model name,
+    not the model asked for)."""
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    secrets = (api_key,) if api_key else ()
     try:
-        models = await list_models(client, url, headers)
-    except httpx.HTTPStatusError as exc:
-        code = exc.response.status_code
+        models = await list_models(client, url, headers, deadline=deadline)
+    except Refused as exc:
+        code = exc.status
         hint = ("put the server's key in the variable named by serve.api_key_env"
                 + (f" ({key_var})" if key_var else "")) if code in (401, 403) else "check --url"
         raise RuntimeFailure(f"{url}/models answered HTTP {code}" + (": the API key is missing or wrong"
-                             if code in (401, 403) else ""), hint=hint) from None
-    except Exception as exc:  # noqa: BLE001
-        raise RuntimeFailure(f"cannot reach an OpenAI-compatible server at {url}: {type(exc).__name__}: {exc}",
-                             hint="start one (`infertool serve RECIPE --detach`) or check --url") from None
+                             if code in (401, 403) else (f": {exc.detail}" if exc.detail else "")),
+                             hint=hint) from None
+    except net.NetError as exc:
+        what = "cannot reach" if exc.kind == "unreachable" else "no usable answer from"
+        raise RuntimeFailure(f"{what} an OpenAI-compatible server at {url}: {net.redact(exc.reason, secrets)}",
+                             hint=_hint(exc)) from None
+    notes = []
+    if models.skipped:
+        notes.append(f"{url}/models lists {len(models.skipped)} id(s) that are no model name (not a non-empty "
+                     f"string): {', '.join(models.skipped[:5])}; they were skipped")
+    names = models.names
     if model is None:
-        if not models:
-            raise RuntimeFailure(f"{url}/models lists no model")
-        model = models[0]
-    elif models and model not in models:
-        raise UsageError(f"the server at {url} does not serve {model!r} (it serves: {', '.join(models)})")
+        if not names:
+            raise RuntimeFailure(f"{url}/models lists no model name" + (
+                f" (its ids: {', '.join(models.skipped[:5])})" if models.skipped else ""),
+                hint="name the model with --model NAME, or check --url")
+        model = names[0]
+    elif names and model not in names:
+        shown = ", ".join(net.quote(n, secrets, 80) for n in names[:10]) + (", ..." if len(names) > 10 else "")
+        raise UsageError(f"the server at {url} does not serve {model!r} (it serves: {shown})")
     # calibrate on prompts like the ones that will be sent (same source, same kind of windows)
     sample = "\n".join(p.text for p in build_prompts(bench.model_copy(update={"seed": bench.seed + 7919}), 8))
-    tokens = await tokenize_count(client, url.removesuffix("/v1"), model, sample, headers)
-    return model, chars_per_token(len(sample), tokens)
+    tokens, why = await tokenize(client, url.removesuffix("/v1"), model, sample, headers, deadline=deadline)
+    if why is not None:
+        notes.append(f"prompt lengths assume {DEFAULT_CHARS_PER_TOKEN:g} characters per token: "
+                     f"{net.redact(why, secrets)}")
+    return model, chars_per_token(len(sample), tokens), notes
+
+
+def _hint(exc: net.NetError) -> str:
+    if exc.kind == "redirect":
+        return "give --url the server's own address (infertool follows no redirect)"
+    if exc.kind in ("timeout", "too-large", "malformed", "broken"):
+        return "is an OpenAI-compatible server (vLLM) answering at --url? check it with curl URL/models"
+    return "start one (`infertool serve RECIPE --detach`) or check --url"
 
 
 def connect(handle: ServerHandle, bench, key_var: str | None = None) -> ServerHandle:
     """Check the server answers and learn its model name (``handle.model``, else the server's first) and its
-    characters per token (for prompt lengths)."""
-    import httpx
+    characters per token (for prompt lengths), within CONNECT_BUDGET_S; what it noticed goes to
+    ``handle.notes``."""
 
     async def go() -> None:
-        async with httpx.AsyncClient() as client:
-            handle.model, handle.chars_per_token = await _connect(client, handle.url, handle.api_key,
-                                                                  handle.model or None, bench, key_var)
+        async with net.async_client() as client:
+            handle.model, handle.chars_per_token, notes = await _connect(
+                client, handle.url, handle.api_key, handle.model or None, bench, key_var,
+                net.Deadline(CONNECT_BUDGET_S))
+            handle.notes.extend(notes)
 
     asyncio.run(go())
     return handle
@@ -157,15 +199,13 @@ async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, ar
                          on_event: EventCallback | None = None, warmup: bool = False) -> list[LevelResult]:
     """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
     cost), the client's health and the server's own metrics over time. ``arm`` names it in progress
-    events; ``seed_salt`` gives an arm its own texts of the same lengths."""
-    import httpx
-
+    events; ``seed_salt`` gives an arm its own texts of the same lengths. Bounded as the module says."""
     from infertool.bench.client import Pool
 
     target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
     out: list[LevelResult] = []
     pool = Pool(handle.url)
-    async with httpx.AsyncClient(timeout=httpx.Timeout(30.0)) as client:  # /metrics scrapes
+    async with net.async_client() as client:  # /metrics scrapes
         try:
             if warmup:
                 await send(pool, target, "Hello", 4, time.monotonic(),
@@ -254,9 +294,15 @@ def require_success(levels: list[LevelResult], where: str) -> None:
         return
     total = sum(lv.summary.requests for lv in levels)
     errors: dict[str, int] = {}
+    examples: dict[str, str] = {}
     for lv in levels:
         for k, v in lv.summary.errors.items():
             errors[k] = errors.get(k, 0) + v
-    top = ", ".join(f"{k} x{v}" for k, v in sorted(errors.items(), key=lambda kv: -kv[1])[:3])
+        for k, v in (lv.summary.error_examples or {}).items():
+            examples.setdefault(k, v)
+    ranked = sorted(errors.items(), key=lambda kv: -kv[1])[:3]
+    top = ", ".join(f"{k} x{v}" for k, v in ranked)
+    if ranked and ranked[0][0] in examples:  # the commonest error's reason, whole
+        top += f"; e.g. {examples[ranked[0][0]]}"
     raise RuntimeFailure(f"bench: none of the {total} requests to {where} succeeded" + (f" ({top})" if top else ""),
                          hint="check the server's log; `infertool bench --url URL` shows what it answers")

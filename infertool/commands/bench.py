@@ -98,6 +98,9 @@ def render(report) -> None:
     errors = {k: v for lv in report.levels for k, v in lv.summary.errors.items()}
     if errors:
         err.print(f"[yellow]errors:[/] {escape(str(errors))}", soft_wrap=True)
+        examples = {k: v for lv in report.levels for k, v in (lv.summary.error_examples or {}).items()}
+        for example in list(examples.values())[:5]:
+            err.print(f"  e.g. {escape(str(example))}", soft_wrap=True)
     if report.levels:
         _timeline_table(max(report.levels, key=lambda lv: lv.level.value or 0))
     for exp in report.experiments:

@@ -5,6 +5,11 @@ decode exactly the tokens asked for. For a batch B: B concurrent requests of 1 o
 prefill of B x context tokens; B concurrent requests of 1 + N tokens add N decode steps, so
 step = (t_{1+N} - t_1) / N. Times include the server's HTTP and scheduling overhead: that is the point of
 measuring the engine that serves, and it shows up as lower MBU/MFU than the hf engine's.
+
+Every call to the server goes through ``infertool.net`` (one ``async_client`` for connection reuse, no
+redirect, a bounded body): each timed completion ends by REQUEST_DEADLINE_S, /start_profile and /stop_profile
+by PROFILER_DEADLINE_S; a server that stalls, or answers something that is not a completion of exactly the
+tokens asked for, is a RuntimeFailure that says so.
 """
 
 from __future__ import annotations
@@ -18,22 +23,40 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Callable
 
+from infertool import net
 from infertool.errors import RuntimeFailure
 from infertool.profile.grid import Grid
+
+REQUEST_DEADLINE_S = 600.0  # one timed completion: connecting and its whole answer
+PROFILER_DEADLINE_S = 300.0  # /start_profile, /stop_profile (the profiler may flush its buffers)
+
+
+async def _post(client, url: str, body: dict | None, deadline_s: float) -> net.Answer:
+    """One POST under infertool.net's policy; no answer (a stall, a redirect, a body over the limit) is a
+    RuntimeFailure that says why."""
+    try:
+        return await net.afetch(url, method="POST", json_body=body, deadline_s=deadline_s, client=client)
+    except net.NetError as e:
+        raise RuntimeFailure(f"profile: no usable answer from the vLLM server: {e}") from None
 
 
 async def _batch(client, url: str, model: str, headers: dict, prompts: list[list[int]], max_tokens: int) -> float:
     """Wall time of len(prompts) concurrent completions; each must return exactly max_tokens tokens."""
     body = {"model": model, "max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
 
-    async def one(p: list[int]) -> int:
-        r = await client.post(f"{url}/completions", json={**body, "prompt": p}, headers=headers)
-        if r.status_code != 200:
-            raise RuntimeFailure(f"the server answered HTTP {r.status_code}: {r.text[:300]}")
-        return r.json()["usage"]["completion_tokens"]
+    async def one(p: list[int]) -> int | None:
+        r = await net.afetch(f"{url}/completions", method="POST", json_body={**body, "prompt": p}, headers=headers,
+                             deadline_s=REQUEST_DEADLINE_S, client=client)
+        if r.status != 200:
+            raise RuntimeFailure(f"the server answered HTTP {r.status}: {r.detail()}")
+        usage = r.json_object().get("usage")
+        return net.count(usage.get("completion_tokens")) if isinstance(usage, dict) else None
 
     t0 = time.perf_counter()
-    counts = await asyncio.gather(*(one(p) for p in prompts))
+    try:
+        counts = await asyncio.gather(*(one(p) for p in prompts))
+    except net.NetError as e:
+        raise RuntimeFailure(f"profile: no usable answer from the vLLM server: {e}") from None
     wall = time.perf_counter() - t0
     if any(c != max_tokens for c in counts):
         raise RuntimeFailure(f"asked for {max_tokens} tokens per request, got {counts}")
@@ -128,22 +151,19 @@ class _Progress:
 async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress, *, profiled: bool) -> dict:
     """The timed requests: each prefill length (batch 1), then each decode batch (1 + N tokens minus 1 token,
     per step); ``profiled``: between vLLM's /start_profile and /stop_profile (its wall time in ``wall_ns``)."""
-    import httpx
-
     rng = random.Random(grid.seed)
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(100, vocab - 1) for _ in range(n)]
 
     out: dict = {"prefill": [], "decode": []}
-    limits = httpx.Limits(max_connections=max(grid.batch) + 4)
-    async with httpx.AsyncClient(timeout=600, limits=limits) as client:
+    async with net.async_client(max_connections=max(grid.batch) + 4) as client:
         await _batch(client, url, model, {}, [tokens(16)], 2)  # warm-up
         root = url.rsplit("/v1", 1)[0]
         if profiled:
-            r = await client.post(f"{root}/start_profile")
-            if r.status_code >= 400:
-                raise RuntimeFailure(f"vLLM refused /start_profile (HTTP {r.status_code}): {r.text[:200]}")
+            r = await _post(client, f"{root}/start_profile", None, PROFILER_DEADLINE_S)
+            if r.status >= 400:
+                raise RuntimeFailure(f"vLLM refused /start_profile (HTTP {r.status}): {r.detail()}")
             t0 = time.perf_counter()
         for i, s in enumerate(grid.prompt_len):
             emit(f"prefill {s} tokens (vllm)", i)
@@ -161,5 +181,5 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
                                   "seconds_per_step": statistics.median(steps)})
         if profiled:
             out["wall_ns"] = (time.perf_counter() - t0) * 1e9
-            await client.post(f"{root}/stop_profile")
+            await _post(client, f"{root}/stop_profile", None, PROFILER_DEADLINE_S)
     return out
