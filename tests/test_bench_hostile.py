@@ -80,4 +80,4 @@ def test_a_huge_request_count_is_made_lazily():
 
     for level in (Level("concurrency", 4), Level("rate", 2000.0), Level("burst", 10, 0.01)):
         results, _ = asyncio.run(run_level(fake, 10 ** 8, level, deadline_s=0.3))
-        assert 0 < len(results) < 10 ** 6, level
+        assert len(results) < 10 ** 6, level  # ended by the deadline, never a list of 10^8 (how many: the machine's speed)

@@ -229,3 +229,19 @@ def test_resolve_is_the_only_constructor_of_model_refs_and_targets():
                 if (f in ("ModelRef", "Target") and f in imported) or f in ("resolve.ModelRef", "resolve.Target"):
                     bad.append(f"{name}:{n.lineno} {f}(...)")
     assert not bad, "\n".join(bad)
+
+
+HTTP_CLIENTS = ("urllib.request", "http.client", "httpx", "requests", "aiohttp", "openai")
+
+
+def test_one_http_policy():
+    """Every exchange with a server goes through infertool.net (no redirects, a deadline per request, bounded
+    bodies); only bench's load generator speaks HTTP on its own sockets, for timing, under the same rules."""
+    bad = []
+    for name, tree in _modules().items():
+        if name == "infertool.net":
+            continue
+        for target, _ in _imports(tree):
+            if any(target == c or target.startswith(c + ".") for c in HTTP_CLIENTS):
+                bad.append(f"{name} imports {target}: talk to servers through infertool.net")
+    assert not bad, "\n".join(bad)
