@@ -223,18 +223,24 @@ class Client:
     def models(self) -> list[str] | None:
         """The model names /v1/models lists (entries without a string id are skipped); None when the server
         does not list them (an HTTP error other than 401 / 403, or an answer without a ``data`` list)."""
-        ans = self.fetch(self.base_url + "/models", None, net.MAX_SMALL_BYTES, control=True)
+        data = self._list_field(self.base_url + "/models", None, net.MAX_SMALL_BYTES, "data")
+        if data is None:
+            return None
+        return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+
+    def _list_field(self, url: str, body: dict | None, limit: int, field: str) -> list | None:
+        """A control call's list ``field``: None when the server has no such endpoint (an HTTP error other than
+        401 / 403, a body that is not a JSON object, or no list there); 401 / 403 say what the key did."""
+        ans = self.fetch(url, body, limit, control=True)
         if ans.status in (401, 403):
             self._check(ans)
         if not ans.ok:
             return None
         try:
-            data = ans.json_object().get("data")
+            value = ans.json_object().get(field)
         except net.NetError:
             return None
-        if not isinstance(data, list):
-            return None
-        return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
+        return value if isinstance(value, list) else None
 
     def check_served(self) -> None:
         """The model this client names is one the server lists (when it lists any): a wrong name fails here,
@@ -253,16 +259,8 @@ class Client:
         that are not token ids is an error, never "no /tokenize"."""
         url = self.root + "/tokenize"
         limit = min(net.MAX_JSON_BYTES, net.MAX_SMALL_BYTES + 16 * len(text))  # the ids of a long corpus
-        ans = self.fetch(url, {"model": self.model, "prompt": text, "add_special_tokens": False}, limit, control=True)
-        if ans.status in (401, 403):
-            self._check(ans)
-        if not ans.ok:
-            return None
-        try:
-            toks = ans.json_object().get("tokens")
-        except net.NetError:
-            return None
-        if not isinstance(toks, list):
+        toks = self._list_field(url, {"model": self.model, "prompt": text, "add_special_tokens": False}, limit, "tokens")
+        if toks is None:
             return None
         if not all(net.count(t, hi=MAX_TOKEN_ID) is not None for t in toks):
             raise BackendError(f"{url} answered token ids that are not integers in [0, 2^31]: "
