@@ -205,6 +205,32 @@ def test_copy_model_dir_is_atomic_and_refuses_overwrite(tmp_path):
     assert not [p for p in dest.parent.iterdir() if p.name.startswith(".")]  # no temp leftovers
 
 
+def test_force_replaces_a_model_folder_only(tmp_path, monkeypatch):
+    """--force replaces an empty folder or a model folder; a folder with other files, a link, the current
+    folder, one above it and the home folder are refused, and nothing in them is touched."""
+    src = tmp_path / "src"
+    make_fake_model(src, LLAMA_CFG, {"a": ("BF16", [4])}, {"BF16": 2})
+    work = tmp_path / "work" / "sub"
+    work.mkdir(parents=True)
+    (work / "notes.txt").write_text("mine")
+    other = tmp_path / "docs"
+    other.mkdir()
+    (other / "thesis.tex").write_text("mine")
+    link = tmp_path / "link"
+    link.symlink_to(other)
+    monkeypatch.chdir(work)
+    monkeypatch.setenv("HOME", str(tmp_path / "work"))
+    for dest, why in ((other, "holds no config.json"), (link, "symbolic link"), (Path("."), "current folder"),
+                      (work.parent, "current folder"), (tmp_path / "work", "current folder")):
+        with pytest.raises(UsageError, match=why):
+            copy_model_dir(src, dest, force=True)
+    assert (other / "thesis.tex").read_text() == "mine" and (work / "notes.txt").read_text() == "mine"
+    assert link.is_symlink()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert (copy_model_dir(src, empty, force=True) / "config.json").is_file()
+
+
 # ------------------------------------------------------------------- real conversions (quant env)
 @pytest.mark.slow
 def test_import_bundled_truncated(tiny_model):
