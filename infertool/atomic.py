@@ -209,6 +209,24 @@ def file_kind(mode: int) -> str:
     return "not a regular file"
 
 
+def replace_refusal(dest: str | Path, marker: str = "config.json") -> str | None:
+    """Why ``--force`` may not replace the existing ``dest`` (None: it may): only an empty folder or one that holds
+    ``marker`` (a model folder) is replaced; never a link, a file, the current folder or one above it, the home
+    folder or the root. A typo in a destination, or a recipe's output path, must not cost a folder that never
+    held what infertool writes there."""
+    dest = Path(dest).expanduser()
+    if dest.is_symlink() or not dest.is_dir():
+        return f"{dest} is {'a symbolic link' if dest.is_symlink() else 'not a folder'}: --force replaces a folder infertool wrote"
+    real = dest.resolve()
+    cwd, home = Path.cwd().resolve(), Path.home().resolve()
+    if real == Path(real.anchor) or real == home or real == cwd or real in cwd.parents:
+        return (f"--force would replace {dest} ({real}): the current folder, one above it, the home folder or the "
+                "root")
+    if any(real.iterdir()) and not (real / marker).is_file():
+        return f"{dest} is not empty and holds no {marker}: --force replaces a model folder, not this"
+    return None
+
+
 def check_output_file(path: str | Path, *, create_parents: bool = False) -> Path:
     """``path`` as the file a command may write (whole, by a rename over it): refused (OutputPathError) when it is
     empty, an existing directory, link, fifo, socket or device, under a system folder (/proc, /sys, /dev), or in a

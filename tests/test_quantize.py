@@ -399,6 +399,15 @@ def test_cli_existing_output_needs_force(fake_model, tmp_path, tmp_home):
     assert (out / "keep.txt").read_text() == "mine"
     r = run_cli("quantize", str(recipe), "--out", str(fake_model / "sub"))
     assert r.returncode == 2 and "overlaps the source model" in r.stderr
+    r = run_cli("quantize", str(recipe), "--out", str(out), "--force")  # --force replaces a model folder, not this
+    assert r.returncode == 2 and "holds no config.json" in r.stderr, r.stderr
+    assert (out / "keep.txt").read_text() == "mine" and "Traceback" not in r.stderr
+    home = tmp_path / "home"
+    (home / "sub").mkdir(parents=True)
+    (home / "notes.txt").write_text("mine")
+    r = run_cli("quantize", str(recipe), "--out", str(home), "--force", env={"HOME": str(home)})
+    assert r.returncode == 2 and "the home folder" in r.stderr, r.stderr
+    assert (home / "notes.txt").read_text() == "mine"
 
 
 def test_cli_missing_backend_env_is_exit_3_and_leaves_nothing(fake_model, tmp_path, tmp_home):

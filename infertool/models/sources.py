@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from infertool.atomic import move_into_place, remove_inside, replace_dir, write_json
+from infertool.atomic import move_into_place, remove_inside, replace_dir, replace_refusal, write_json
 from infertool.data.fingerprint import content_sha256
 from infertool.errors import BackendError, InfertoolError, UsageError
 
@@ -330,31 +330,15 @@ def _locate_gguf(source: str, layers: int | None, dtype: str | None, convert: bo
                          key=key)
 
 
-def _replaceable(dest: Path) -> None:
-    """What ``--force`` may replace: an empty folder or a model folder (one with a config.json), never a link, a
-    file, the current folder or one above it, the home folder or the root. A typo in DEST must not cost a
-    folder that was never a model."""
-    if dest.is_symlink() or not dest.is_dir():
-        raise UsageError(f"{dest} is not a folder infertool would replace (it is "
-                         f"{'a symbolic link' if dest.is_symlink() else 'a file'})",
-                         hint="name a new folder, or remove it yourself if it should go")
-    real = dest.resolve()
-    cwd, home = Path.cwd().resolve(), Path.home().resolve()
-    if real == Path(real.anchor) or real == home or real == cwd or real in cwd.parents:
-        raise UsageError(f"--force would replace {dest} ({real}), the current folder, one above it, the home folder "
-                         "or the root", hint="name a new folder for the model, e.g. ./models/NAME")
-    if any(real.iterdir()) and not (real / "config.json").is_file():
-        raise UsageError(f"{dest} is not empty and holds no config.json: --force replaces a model folder, not this",
-                         hint="name a new folder, or remove this one yourself if it should go")
-
-
 def copy_model_dir(src: Path, dest: Path, *, force: bool = False) -> Path:
     """Copy a model directory to dest through a temporary sibling and a rename: never half-written."""
     dest = dest.expanduser()
     if dest.exists() or dest.is_symlink():
         if not force and (not dest.is_dir() or dest.is_symlink() or any(dest.iterdir())):
             raise UsageError(f"destination exists and is not empty: {dest}", hint="choose a new directory or pass --force")
-        _replaceable(dest)
+        why = replace_refusal(dest)
+        if why:
+            raise UsageError(why, hint="name a new folder for the model, or remove that one yourself if it should go")
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.tmp"
     try:

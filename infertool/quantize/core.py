@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infertool import backends
-from infertool.atomic import replace_dir
+from infertool.atomic import replace_dir, replace_refusal
 from infertool.backends.base import QuantBackend, TaskInputs
 from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
@@ -218,7 +218,10 @@ def _refuse_overlap(dest: Path, src: Path) -> None:
 
 
 def _output_check(report, dest: Path, options: QuantizeOptions) -> None:
-    if dest.exists() and not options.force:
+    why = replace_refusal(dest) if (dest.exists() or dest.is_symlink()) and options.force else None
+    if why:
+        report.add("output", False, f"{why}; choose another --out (or quantize.output)")
+    elif dest.exists() and not options.force:
         report.add("output", options.check, f"{dest} already exists: pass --force to replace it, or choose another "
                    "--out", level="warning" if options.check else "error")
     else:
@@ -389,6 +392,9 @@ def run(p: QuantizePlan, ctx: RunContext | None = None) -> QuantizeResult:
         _refuse_overlap(dest, p.source)
         if dest.exists() and not p.options.force:
             raise UsageError(f"{dest} already exists: pass --force to replace it, or choose another --out")
+        why = replace_refusal(dest) if dest.exists() or dest.is_symlink() else None
+        if why:
+            raise UsageError(why, hint="choose another --out")
     for note in p.notes:
         ctx.emit(note, "warning")
     log_dir = _log_dir()
