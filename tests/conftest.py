@@ -46,6 +46,23 @@ def run_cli(*args: str, env: dict | None = None, timeout: float = 900, input: st
     )
 
 
+def cli_in_process(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The same CLI run in this process (Typer's runner: the same code from argv to exit code, without a Python
+    start-up per call), for tests that run it many times over crafted inputs. An exception that escapes the
+    CLI's own error handling reads as a traceback in stderr, so "no Traceback" assertions still hold."""
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from infertool.cli import app
+
+    r = CliRunner().invoke(app, list(args), env=env, catch_exceptions=True)
+    stderr = r.stderr
+    if r.exception is not None and not isinstance(r.exception, SystemExit):
+        stderr += "Traceback (in process):\n" + "".join(traceback.format_exception(r.exception))
+    return subprocess.CompletedProcess(["infertool", *args], r.exit_code, r.stdout, stderr)
+
+
 def default_sigint() -> None:
     """preexec_fn for a child a test interrupts with SIGINT: Ctrl-C's disposition, whatever this run inherited. A
     test run started with `nohup` or `&` ignores SIGINT, a child inherits that, and Python then installs no

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_cli
+from conftest import cli_in_process, run_cli
 from fakes import layout_model
 
 TIMEOUT = 120  # every CLI run here is a second or two; the bound only stops a hang
@@ -34,7 +34,9 @@ def work(tmp_path_factory) -> Path:
 
 
 def cli(work: Path, *args: str):
-    r = run_cli(*args, env={"INFERTOOL_HOME": str(work / "home")}, timeout=TIMEOUT)
+    """The CLI in process (70-odd cases: no Python start-up each); `test_the_real_cli_in_a_subprocess` runs it as a
+    user does."""
+    r = cli_in_process(*args, env={"INFERTOOL_HOME": str(work / "home")})
     both = r.stdout + r.stderr
     assert "internal error" not in both and "Traceback" not in both, both
     return r.returncode, both
@@ -312,3 +314,12 @@ def test_big_gguf_source_planned_without_hashing_it_whole(work, tmp_path):
     assert rc == 0 and "serve:" in out, out
     memo = json.loads((work / "home" / "models" / "hashes.json").read_text())
     assert any(k.startswith(str(gguf.resolve()) + ":") for k in memo)
+
+
+def test_the_real_cli_in_a_subprocess(work):
+    """One case of each kind as a user runs it: a code-loading flag and an unbounded number, exit 2 and the message."""
+    r = run_cli("validate", recipe(work), "--set", "serve.extra_args=[--middleware, evil:app]",
+                env={"INFERTOOL_HOME": str(work / "home")}, timeout=TIMEOUT)
+    assert r.returncode == 2 and "serve.allow_code" in " ".join(r.stderr.split()), r.stderr
+    r = run_cli("plan", recipe(work), "--context", "9" * 400, env={"INFERTOOL_HOME": str(work / "home")}, timeout=TIMEOUT)
+    assert r.returncode == 2 and "--context" in r.stderr and "Traceback" not in r.stderr, r.stderr

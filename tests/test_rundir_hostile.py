@@ -16,7 +16,7 @@ from typing import Callable
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import cli_in_process, run_cli
 from tests.report_fixture import make_run_dir
 
 SECRET = "SECRET-TOKEN-8f3a1c"
@@ -167,7 +167,7 @@ def good_run(tmp_path_factory) -> Path:
 def test_a_crafted_run_directory(tmp_path, good_run, name):
     case = CASES[name]
     d = case.build(tmp_path / "run")
-    r = run_cli("report", str(d), timeout=120)
+    r = cli_in_process("report", str(d))  # 34 cases x 2 commands: in process (one subprocess run below)
     text = " ".join((r.stdout + r.stderr).split())  # Rich wraps long lines
     assert r.returncode == case.code, text
     assert case.says in text
@@ -181,7 +181,7 @@ def test_a_crafted_run_directory(tmp_path, good_run, name):
         assert not html.exists() and not (d / "report.md").exists()
     else:  # report's own file names taken: nothing written, nothing removed
         assert case.after is not None and case.after(d)
-    c = run_cli("compare", str(good_run), str(d), "--json", timeout=120)
+    c = cli_in_process("compare", str(good_run), str(d), "--json")
     assert c.returncode == (case.code if case.report_writes else 0), c.stderr
     assert "internal error" not in c.stderr and "Traceback" not in c.stderr
     if c.returncode == 0:

@@ -147,11 +147,13 @@ def test_bench_url_against_the_server(server):
 
 
 def test_bench_counts_errors_and_refuses_restart_experiments(server):
-    # prompts longer than max_model_len (1024): every request is refused (HTTP 400), counted, no crash; as
-    # nothing succeeded, bench fails (exit 4) and says what the server answered
+    # prompts longer than the server's max_model_len (1024): every request is refused (HTTP 400), counted, no
+    # crash; as nothing succeeded, bench fails (exit 4) and says what the server answered. The recipe itself must
+    # stay consistent (validate refuses a bench that its own serve.max_model_len cannot hold), so it claims 4096:
+    # with --url the server is what it is, whatever the recipe says
     r = run_cli("bench", str(server["recipe"]), "--url", server["url"], "--json", "--set", "bench.concurrency=[2]",
                 "--set", "bench.experiments=[]", "--set", "bench.requests=3", "--set", "bench.prompt.len=1500",
-                env={KEY_VAR: SECRET}, timeout=300)
+                "--set", "serve.max_model_len=4096", env={KEY_VAR: SECRET}, timeout=300)
     assert r.returncode == 4, r.stderr[-3000:]
     doc = json.loads(r.stdout)
     assert doc["ok"] is False and "none of the 3 requests" in doc["message"] and "HTTP 400 x3" in doc["message"]
