@@ -117,6 +117,7 @@ def test_a_space_beyond_the_limit_is_refused_before_anything_is_built(monkeypatc
 
 
 def test_a_large_space_is_planned_on_a_seeded_sample(monkeypatch):
+    monkeypatch.setattr(space, "PLAN_SAMPLE", 128)  # the same rule on a smaller sample (each plan is ~3 ms a trial)
     built: list[int] = []
     trial = space.Space.trial
     monkeypatch.setattr(space.Space, "trial", lambda self, i: built.append(i) or trial(self, i))
@@ -135,13 +136,14 @@ def test_a_large_space_is_planned_on_a_seeded_sample(monkeypatch):
     assert {t.id for t in other.trials} != {t.id for t in plan.trials}
     # max_trials above the sample size: that many planned
     big = quickstart(**cube(16))
-    big["tune"]["max_trials"] = 1500
-    assert len(core.plan_search(validate_recipe_data(big)).trials) == 1500
+    big["tune"]["max_trials"] = 200
+    assert len(core.plan_search(validate_recipe_data(big)).trials) == 200
 
 
-def test_tpe_picks_over_the_whole_space_by_index():
+def test_tpe_picks_over_the_whole_space_by_index(monkeypatch):
     pytest.importorskip("optuna")
-    data = quickstart(**cube(32))  # 98,304 trials; 1,024 planned
+    monkeypatch.setattr(space, "PLAN_SAMPLE", 128)  # the same rule on a smaller sample
+    data = quickstart(**cube(32))  # 98,304 trials; 128 planned
     data["tune"].update(sampler="tpe", max_trials=3)
     r = validate_recipe_data(data)
     picks = []
@@ -271,6 +273,7 @@ def test_a_tune_of_a_sampled_space_records_what_ran_and_says_the_size(tmp_path, 
 
     from infertool.tune.run import run_tune
 
+    monkeypatch.setattr(space, "PLAN_SAMPLE", 128)  # the same rule on a smaller sample (planned twice below)
     model = layout_model(tmp_path / "m" / "smollm2", "smollm2-135m", shards=1)
     grid = {"max_num_seqs": list(range(1, 33)), "max_num_batched_tokens": list(range(1000, 1032))}
     r = validate_recipe_data(tune_recipe(model, tmp_path, serve_grid=grid, sampler="grid", max_trials=2))
@@ -287,7 +290,7 @@ def test_a_tune_of_a_sampled_space_records_what_ran_and_says_the_size(tmp_path, 
         "axes": {"max_num_seqs": 32, "max_num_batched_tokens": 32}, "planned": space.PLAN_SAMPLE, "sampled": True,
         "sampler": "grid", "max_trials": 2}
     md = " ".join((Path(res.tune_dir) / "tune.md").read_text().split())
-    assert ("Search space: 3,072 trials, 1,024 planned (a sample drawn with tune.seed), the trials run chosen by the "
+    assert ("Search space: 3,072 trials, 128 planned (a sample drawn with tune.seed), the trials run chosen by the "
             "grid sampler") in md
     # a tune.json written by hand (or by an older version): its space is said only when it reads as one
     from infertool.tune.records import TuneDoc
