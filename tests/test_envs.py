@@ -94,6 +94,17 @@ def test_freeze_drift():
     assert manage._freeze_drift(before, "a==1\n") == ["b removed"]
 
 
+def test_freeze_drift_ignores_infertool_at_a_new_commit():
+    # CI keeps INFERTOOL_HOME between runs: the env was set up at one commit, the checkout is now at another, and
+    # pip freeze names the editable install by its git remote and commit. That is infertool itself, not drift.
+    old = "a==1\n-e git+file:///check/repo.git@5870075#egg=infertool\n"
+    new = "a==1\n-e git+file:///check/repo.git@69e1029#egg=infertool\n"
+    assert manage._freeze_drift(old, new) == []
+    # Another editable package at a new commit is a change of that package, named once.
+    assert manage._freeze_drift("-e git+file:///r@1#egg=other\n", "-e git+file:///r@2#egg=other\n") == [
+        "other git+file:///r@1#egg=other -> git+file:///r@2#egg=other"]
+
+
 @pytest.mark.slow
 def test_real_custom_env_lifecycle(tmp_home, tmp_path):
     """A real venv: setup, marker + pip freeze, a worker in it, idempotent re-setup, doctor, remove."""

@@ -483,7 +483,12 @@ def _freeze_drift(before: str, after: str) -> list[str]:
             line = line.strip()
             if not line or line.startswith("#"):
                 continue
-            if "==" in line:
+            if line.startswith("-e "):
+                # An editable install: `-e git+URL@COMMIT#egg=NAME` or `-e /path`; keyed by its name, so a new
+                # commit of the same checkout reads as a changed value, not as one package removed and another added.
+                egg = re.search(r"[#&]egg=([A-Za-z0-9_.\-]+)", line)
+                k, v = (egg.group(1) if egg else line[3:].strip()), line[3:].strip()
+            elif "==" in line:
                 k, v = line.split("==", 1)
             elif " @ " in line:
                 k, v = line.split(" @ ", 1)
