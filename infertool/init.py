@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infertool.atomic import move_into_place, write_text
+from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
 from infertool.errors import UsageError
 from infertool.perf import hardware
 from infertool.perf import host as hostfacts
@@ -203,6 +204,7 @@ def _locate(model: str, on_event: Callable | None) -> _Model:
         raise UsageError(f"{p} is a file, not a model directory or a .gguf file",
                          hint="give a Hugging Face model directory (with config.json), a .gguf file, or org/name")
     resolved = locate(model, dtype="bfloat16", convert=True, on_event=on_event).require()
+    _refuse_inconsistent(Path(resolved.path))
     info = model_info(resolved.path)
     if resolved.kind == "bundled":
         source, name = model, model.split(":", 1)[1]
@@ -214,6 +216,18 @@ def _locate(model: str, on_event: Callable | None) -> _Model:
         source, name = str(resolved.path), resolved.path.name
     dtype = info.dtype if info.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
     return _Model(source, Path(resolved.path), resolved.kind, name, info, position_limit(resolved.path), dtype)
+
+
+def _refuse_inconsistent(path: Path) -> None:
+    """A config.json that does not describe the weights beside it (a 70B config over 8B weights) would make every
+    figure of the recipe wrong: refused with what disagrees (models.consistency.config_vs_weights)."""
+    from infertool.models.consistency import config_vs_weights
+
+    findings = config_vs_weights(path)
+    if findings:
+        shown = "; ".join(findings[:6]) + (f"; and {len(findings) - 6} more" if len(findings) > 6 else "")
+        raise UsageError(f"{path}: config.json does not describe the weights beside it: {shown}",
+                         hint="use the config.json that came with these weights (or the weights of this config)")
 
 
 def _plan(recipe: dict, original: bool = False):
@@ -233,56 +247,366 @@ def _plan(recipe: dict, original: bool = False):
 Decide = Callable[..., Any]
 
 
-def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = None) -> tuple[dict, list[Decision]]:
+# --method NAME -> the quantize section it means (None: the backends' own 4-bit choice, init_choice), only what
+# the backends here produce (llm-compressor's W8A8 int8 preset; round-to-nearest FP8_DYNAMIC, backends/rtn.py)
+METHODS: dict[str, dict | None] = {
+    "gptq": None,
+    "w4a16": None,
+    "awq": {"method": "awq", "bits": 4},
+    "w8a8": {"method": "gptq", "backend": "llmcompressor", "scheme": "W8A8", "bits": 8},
+    "fp8": {"method": "rtn", "scheme": "FP8_DYNAMIC"},
+}
+METHOD_WHY = {
+    "awq": "AWQ: weight-only 4-bit with activation-aware scales, calibrated on text",
+    "w8a8": "W8A8 int8 (llm-compressor GPTQ): 8-bit weights and 8-bit dynamic per-token activations, int8 tensor cores",
+    "fp8": ("FP8 (round-to-nearest FP8_DYNAMIC): 8-bit float weights with per-channel scales and per-token dynamic "
+            "activation scales, no calibration data, usually near-lossless"),
+}
+PIN_INTS = ("serve.tensor_parallel_size", "serve.max_model_len", "serve.max_num_seqs", "bench.output_len",
+            "bench.prompt.len", "eval.base_serve.tensor_parallel_size")
+PIN_FLOATS = ("bench.slo.ttft_ms", "bench.slo.tpot_ms")
+
+
+@dataclass
+class InitOptions:
+    """What the command line asks of init besides the model and the target: ``method`` (a key of METHODS),
+    ``slo`` ({ttft_ms, tpot_ms}), ``traffic`` (a .jsonl prompt file, the bench's format), ``sets`` (--set
+    KEY=VALUE, applied to the recipe; the values the fit decides from are pinned there)."""
+
+    method: str | None = None
+    slo: dict | None = None
+    traffic: str | None = None
+    sets: list[str] = field(default_factory=list)
+
+    def pins(self) -> dict[str, Any]:
+        """The --set values the fit decides from (tensor parallelism, context, batch, lengths, SLO), as numbers;
+        a value of another type is left to the recipe's validation (which refuses it with its field path)."""
+        from infertool.recipe import parse_overrides
+
+        out: dict[str, Any] = {}
+        for key, value in parse_overrides(list(self.sets)):
+            if key in PIN_INTS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                out[key] = value
+            elif key in PIN_FLOATS and isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
+                out[key] = float(value)
+            elif key.startswith("quantize."):
+                out.setdefault("quantize", True)
+        return out
+
+
+def parse_slo(text: str) -> dict:
+    """``--slo ttft_ms=500,tpot_ms=50`` (either or both) as bench.slo validates it; UsageError otherwise."""
+    from pydantic import ValidationError
+
+    from infertool.recipe import SLOSpec
+
+    hint = "--slo ttft_ms=500,tpot_ms=50 (milliseconds; either or both)"
+    out: dict[str, float] = {}
+    for part in (p.strip() for p in str(text).split(",")):
+        key, eq, raw = part.partition("=")
+        key = key.strip()
+        if not eq or key not in ("ttft_ms", "tpot_ms"):
+            raise UsageError(f"--slo: {one_line(part)[:60]!r} is not ttft_ms=N or tpot_ms=N", hint=hint)
+        try:
+            out[key] = float(raw)
+        except ValueError:
+            raise UsageError(f"--slo: {key}={one_line(raw)[:40]!r} is not a number", hint=hint) from None
+    try:
+        SLOSpec.model_validate(out)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        raise UsageError(f"--slo: {'.'.join(map(str, err['loc']))}: {err['msg']}", hint=hint) from None
+    return out
+
+
+@dataclass
+class _Option:
+    """One quantization init considered: its section, label, the recipe's shape with it and the serve fit."""
+
+    method: str
+    q: dict
+    label: str
+    activations: bool  # activations quantized too (W8A8, FP8): vLLM runs it, transformers cannot
+    shape: _RecipeShape
+    fit: _Fit
+    decisions: list[Decision]
+
+
+def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = None,
+                options: InitOptions | None = None) -> tuple[dict, list[Decision]]:
     """A recipe (as data) for ``model`` on ``target``, and every choice with its reason.
 
     ``model``: a Hugging Face directory, a .gguf file, bundled:NAME or a hub id in the local Hugging Face
     cache. No weights are loaded (a bundled/GGUF source not yet converted is converted once, as every command
-    would). Raises UsageError for a model init cannot start from (missing, already quantized, no layer
-    the preflight can quantize).
+    would). Raises UsageError for a model init cannot start from (missing, already quantized, a config.json
+    that does not describe its weights, no layer the preflight can quantize).
 
-    The steps, in order: the quantization the target's vLLM serves and its group size (the quantize
-    preflight's rules), the eval, the traffic, the serve settings whose plan fits (``_fit_gpu`` / ``_fit_cpu``),
-    then the reasons for the values that need no search."""
+    The steps, in order: the traffic (--traffic, --set), the quantizations the target runs well (``_methods``:
+    on a GPU, 8-bit where its tensor cores take it and 4-bit, sized each and compared by the GPUs they need),
+    each with the serve settings whose plan fits for the SERVED model (``_fit_served`` / ``_fit_cpu``); the
+    original's own server for the eval (``_fit_base``); the SLO against the plan's decode roofline
+    (``_fit_slo``); then the reasons for the values that need no search."""
+    opts = options or InitOptions()
+    pins = opts.pins()
     m = _locate(model, on_event)
     _refuse_quantized(m)
-    traffic = TRAFFIC[target.kind]
     decisions: list[Decision] = []
 
     def decide(path: str, value: Any, why: str, level: str = "info") -> Any:
         decisions.append(Decision(path, value, why, level))
         return value
 
-    q, w8a8 = _choose_quantization(m.info, target, decide)
+    traffic, source, lengths = _traffic(target, m, opts, pins, decide)
     preflight = _preflighter(m.info, target)
-    calibration = {"source": "builtin", "samples": traffic.samples, "seq_len": traffic.seq_len, "seed": 0}
-    group = _choose_group_size(m.info, q, w8a8, calibration, preflight, decide)
-    _check_calibration(q, target, traffic, preflight, decide)
-    quant_label = "W8A8" if w8a8 else f"w{q['bits']}g{group}" if group != -1 else f"w{q['bits']}"
-    name = _slug(f"{m.name}-{quant_label}-{target.tag}")
-    engine = _choose_eval(target, w8a8, decide)
-    shape = _RecipeShape(name, m, target, q, engine, traffic, *_traffic_lengths(m, traffic))
-    eval_serves_original = engine == "vllm"
-    if target.kind == "gpu":
-        fit = _fit_gpu(target, shape, shape.ctx, traffic.concurrency, shape.per_request, eval_serves_original,
-                       preflight, q, m.limit)
-    else:
-        fit = _fit_cpu(target, shape, shape.ctx, traffic.concurrency, shape.per_request, eval_serves_original, m.limit)
+    tried = [_option(method, m, target, traffic, source, lengths, preflight, pins)
+             for method in _methods(target, opts, pins)]
+    chosen = _choose_method(tried, target, decide)
+    shape, fit = chosen.shape, chosen.fit
+    decisions.extend(chosen.decisions)
+    if target.kind == "gpu" and chosen.shape.engine == "vllm" and fit.fits:
+        _fit_base(target, shape, fit, pins.get("eval.base_serve.tensor_parallel_size"))
+    shape.base = fit.base
+    explicit_slo = bool(opts.slo) or any(k in pins for k in PIN_FLOATS)
+    _fit_slo(shape, fit, explicit_slo, "serve.max_num_seqs" in pins, decide)
     recipe = shape(fit.tp, fit.max_model_len, fit.max_num_seqs, fit.space, fit.dtype)
-    qlabel = ("W8A8 int8 (llm-compressor)" if w8a8 else
-              f"GPTQ {q['bits']}-bit" + (f" g{group}" if group != -1 else "") + f" ({q['backend']})")
     where = target.describe(fit.tp) if target.kind == "gpu" else "vLLM on this host's CPU"
-    recipe["description"] = (f"{m.name} -> {qlabel} -> eval vs the original ({SUITE}, {engine}) -> {where} -> bench "
-                             f"({shape.endpoint}, {shape.prompt_len}/{shape.output_len} tokens). Written by infertool init.")
-
-    _explain_model_and_target(name, m, target, decide)
+    recipe["description"] = (f"{m.name} -> {chosen.label} -> eval vs the original ({SUITE}, {shape.engine}) -> {where} -> "
+                             f"bench ({shape.endpoint}, {shape.prompt_len}/{shape.output_len} tokens). Written by infertool init.")
+    _explain_model_and_target(shape.name, m, target, decide)
     decisions.extend(fit.decisions)
     if "seq_len" in recipe["eval"]:
         decide("eval.seq_len", recipe["eval"]["seq_len"], f"windows of at most max_model_len - 1 tokens: the served "
-               f"model takes {fit.max_model_len:,} (the default 512 would not fit)", "warning")
-    _explain_serve(m, target, fit, w8a8, decide)
-    _explain_bench(recipe, shape, fit, decide)
+               f"model takes {min(fit.max_model_len, (fit.base or {}).get('max_model_len', fit.max_model_len)):,} "
+               "(the default 512 would not fit)", "warning")
+    _explain_serve(m, target, fit, chosen.activations, decide, chosen.label)
+    _explain_bench(recipe, shape, fit, decide, explicit_slo)
     return recipe, _in_recipe_order(recipe, decisions)
+
+
+def _methods(target: InitTarget, opts: InitOptions, pins: dict) -> list[str]:
+    """The quantizations to size: --method's; the backends' own choice when --set names quantize fields or the
+    target is a CPU; on a GPU, the 8-bit format its tensor cores run (FP8 where it has FP8 tensor cores: the
+    table's ``fp8`` flag; int8 W8A8 otherwise) and 4-bit ("default": the backends' choice)."""
+    if opts.method is not None:
+        name = opts.method.strip().lower()
+        if name not in METHODS:
+            raise UsageError(f"unknown --method {one_line(opts.method)[:40]!r}",
+                             hint=f"one of: {', '.join(METHODS)} (what the quantization backends here produce)")
+        return [name]
+    if target.kind != "gpu" or "quantize" in pins:
+        return ["default"]
+    return ["fp8" if _has_fp8(target.gpu) else "w8a8", "default"]
+
+
+def _has_fp8(gpu: hardware.GPU) -> bool:
+    """FP8 tensor cores (Ada, Hopper, Blackwell): the table's ``fp8`` flag, else whether it lists an FP8 peak."""
+    return bool(getattr(gpu, "fp8", gpu.fp8_tflops is not None))
+
+
+def _generation(gpu: hardware.GPU) -> str:
+    gen = getattr(gpu, "generation", None)
+    return str(gen) if gen else ("FP8 tensor cores" if _has_fp8(gpu) else "no FP8 tensor cores")
+
+
+def _option(method: str, m: _Model, target: InitTarget, traffic: Traffic, source: str, lengths: tuple[int, int, int],
+            preflight: Callable, pins: dict) -> _Option:
+    """The quantization ``method`` for this model and target, the recipe's shape with it and its serve fit."""
+    ds: list[Decision] = []
+
+    def decide(path: str, value: Any, why: str, level: str = "info") -> Any:
+        ds.append(Decision(path, value, why, level))
+        return value
+
+    q, tag, label, activations = _quantization(method, m.info, target, traffic, preflight, decide)
+    engine = _choose_eval(target, activations, decide)
+    name = _slug(f"{m.name}-{tag}-{target.tag}")
+    shape = _RecipeShape(name, m, target, q, engine, traffic, *lengths, prompt_source=source)
+    if target.kind == "gpu":
+        fit = _fit_served(target, shape, shape.ctx, traffic.concurrency, shape.per_request, preflight, q, m.limit,
+                          pins.get("serve.tensor_parallel_size"))
+    else:
+        fit = _fit_cpu(target, shape, shape.ctx, traffic.concurrency, shape.per_request, engine == "vllm", m.limit)
+    return _Option(method, q, label, activations, shape, fit, ds)
+
+
+def _quantization(method: str, info, target: InitTarget, traffic: Traffic, preflight: Callable,
+                  decide: Decide) -> tuple[dict, str, str, bool]:
+    """The quantize section of ``method`` with its group size and calibration where it has them (the preflight's
+    rules): (section, name tag, label, activations quantized)."""
+    from infertool.quantize.preflight import PreflightFailed
+
+    calibration = {"source": "builtin", "samples": traffic.samples, "seq_len": traffic.seq_len, "seed": 0}
+    given = METHODS.get(method)
+    if given is None:
+        q, w8a8 = _choose_quantization(info, target, decide)
+        if method != "default" and w8a8:  # --method gptq / w4a16 where the backends would not propose 4-bit
+            q = {"method": "gptq", "bits": 4}
+            decide("quantize.method", "gptq", f"--method {method}: 4-bit GPTQ as asked, although the target's vLLM "
+                   "may not serve it (see quantize.scheme's note)", "warning")
+            w8a8 = False
+        elif method != "default":
+            decide("quantize.method", q["method"], f"--method {method}")
+    else:
+        q, w8a8 = dict(given), given.get("scheme") == "W8A8"
+        fp8_note = ""
+        if method == "fp8" and target.kind == "gpu" and not _has_fp8(target.gpu):
+            fp8_note = (f"; {target.gpu.key} has no FP8 tensor cores: vLLM runs the FP8 weights with 16-bit "
+                        "activations there (its FP8 Marlin kernel), without FP8's speed")
+        decide("quantize.method", q["method"], METHOD_WHY[method] + fp8_note, "warning" if fp8_note else "info")
+        if "scheme" in q:
+            decide("quantize.scheme", q["scheme"], f"the {method.upper()} preset of "
+                   + ("round-to-nearest (backends/rtn.py)" if q["method"] == "rtn" else "llm-compressor"))
+    if q["method"] == "rtn":
+        report = preflight(q)
+        if not report.ok:
+            raise PreflightFailed(report, hint="init starts from a model the quantize preflight accepts")
+        return q, method, METHOD_WHY["fp8"].split(":")[0] if q.get("scheme") == "FP8_DYNAMIC" else "W8A8 RTN", True
+    group = _choose_group_size(info, q, w8a8, calibration, preflight, decide)
+    _check_calibration(q, target, traffic, preflight, decide)
+    tag = "W8A8" if w8a8 else f"{q['method'] if q['method'] != 'gptq' else 'w'}{q.get('bits', 4)}" + (
+        f"g{group}" if group != -1 else "")
+    label = ("W8A8 int8 (llm-compressor)" if w8a8 else
+             f"{q['method'].upper()} {q.get('bits', 4)}-bit" + (f" g{group}" if group != -1 else "")
+             + (f" ({q['backend']})" if q.get("backend") else ""))
+    return q, tag, label, w8a8
+
+
+def _choose_method(tried: list[_Option], target: InitTarget, decide: Decide) -> _Option:
+    """Among the quantizations sized, the one that serves the traffic on the fewest GPUs; at equal GPUs the
+    first (8-bit: more accuracy). Said with the figures: what each needs."""
+    if len(tried) == 1:
+        return tried[0]
+
+    def rank(o: _Option) -> tuple:
+        whole = o.fit.fits and all(d.level == "info" for d in o.fit.decisions)
+        return (not o.fit.fits, not whole, o.fit.tp, tried.index(o))
+
+    chosen = min(tried, key=rank)
+    needs = "; ".join(f"{o.label}: " + (f"tensor_parallel_size {o.fit.tp}" + (
+        "" if all(d.level == "info" for d in o.fit.decisions) else " (not the whole traffic)") if o.fit.fits
+        else "does not fit") for o in tried)
+    gpu = target.gpu
+    if chosen is tried[0]:
+        why = (f"{chosen.label}: {gpu.key} has {_generation(gpu)}" + (" (FP8 tensor cores)" if _has_fp8(gpu) and
+                                                                      getattr(gpu, "generation", None) else "")
+               + f", and the 8-bit model serves the traffic on as few GPUs as 4-bit ({needs}): at equal cost the "
+               "8-bit format keeps more accuracy")
+    else:
+        why = (f"{chosen.label}: memory binds: the 8-bit model needs more GPUs for this traffic than 4-bit ({needs}); "
+               f"4-bit weights halve what each GPU holds")
+    decide("quantize", chosen.label, why)
+    return chosen
+
+
+def _traffic(target: InitTarget, m: _Model, opts: InitOptions, pins: dict,
+             decide: Decide) -> tuple[Traffic, str, tuple[int, int, int]]:
+    """The traffic init plans for: the target kind's, with --slo, --set (batch, lengths, context) and --traffic
+    (a .jsonl prompt file: its prompts' lengths drive max_model_len and the KV sizing). Returns (traffic, the
+    bench's prompt source, (prompt tokens, output tokens, max_model_len to aim for))."""
+    t = TRAFFIC[target.kind]
+    slo = {**(opts.slo or {}), **{k.rsplit(".", 1)[1]: v for k, v in pins.items() if k in PIN_FLOATS}}
+    t = replace(t, **slo)
+    if "serve.max_num_seqs" in pins:
+        t = replace(t, concurrency=pins["serve.max_num_seqs"])
+    P, O, ctx = _traffic_lengths(m, t)
+    O = pins.get("bench.output_len", O)
+    source = "builtin"
+    if opts.traffic is not None:
+        source, mean, longest, n = _read_traffic(opts.traffic)
+        P = mean
+        want = -(-(longest + O) // 1024) * 1024
+        pos = m.limit.tokens
+        ctx = max(ctx, min(want, pos) if pos else want)
+        decide("bench.prompt", {"source": source}, f"--traffic: {n:,} prompts, {mean:,} tokens on average and "
+               f"{longest:,} at most (estimated at {DEFAULT_CHARS_PER_TOKEN:g} characters per token: the server's "
+               f"tokenizer measures them when the bench runs); max_model_len sized for the longest plus {O} output "
+               f"tokens ({longest + O:,})" + (f", but the model takes at most {pos:,} positions: longer requests will "
+                                              "be refused" if pos and longest + O > pos else ""),
+               "warning" if pos and longest + O > pos else "info")
+    P = pins.get("bench.prompt.len", P)
+    ctx = pins.get("serve.max_model_len", ctx)
+    return t, source, (P, O, ctx)
+
+
+MAX_TRAFFIC_BYTES = 256 * 2**20
+
+
+def _read_traffic(path: str) -> tuple[str, int, int, int]:
+    """A bench prompt file (.jsonl: one prompt per line, a string or an object with a "prompt" field, as
+    bench.prompt.source reads it): (its absolute path, mean and longest prompt in tokens (estimated), count)."""
+    import os
+    import stat
+
+    from infertool.bench.prompts import read_jsonl
+
+    p = Path(path).expanduser()
+    if p.suffix.lower() != ".jsonl":
+        raise UsageError(f"--traffic {path}: not a .jsonl file", hint="--traffic takes the bench's prompt file: one "
+                         "JSON string, or object with a \"prompt\" field, per line")
+    try:
+        st = os.stat(p)
+    except OSError as e:
+        raise UsageError(f"--traffic {path}: {e.strerror or e}", hint="give an existing .jsonl prompt file") from None
+    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TRAFFIC_BYTES:
+        raise UsageError(f"--traffic {path}: not a regular file of at most {MAX_TRAFFIC_BYTES // 2**20} MiB",
+                         hint="give a .jsonl prompt file")
+    texts = read_jsonl(p)
+    tokens = [max(1, math.ceil(len(t) / DEFAULT_CHARS_PER_TOKEN)) for t in texts]
+    return str(p.absolute()), math.ceil(sum(tokens) / len(tokens)), max(tokens), len(tokens)
+
+
+def _fit_slo(shape: _RecipeShape, fit: _Fit, explicit: bool, seqs_pinned: bool, decide: Decide) -> None:
+    """The SLO against the plan's own decode roofline: the step at max_num_seqs (a lower bound on the time per
+    output token) must not exceed tpot_ms. When it does: init's own SLO becomes the nearest feasible one (5 ms
+    steps) or max_num_seqs the largest batch that meets it, whichever changes less; an SLO the user gave is kept,
+    and the batch lowered (or, when no batch meets it, said). GPU targets (datasheet peaks) only."""
+    from infertool import plan as planning
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
+
+    t = shape.traffic
+    if shape.target.kind != "gpu" or not fit.fits or not t.tpot_ms:
+        return
+    seqs, tpot = fit.max_num_seqs, t.tpot_ms
+    r = shape(fit.tp, fit.max_model_len, seqs, None)
+    p = planning.plan(resolve(validate_recipe_data(r, "<infertool init>")),
+                      planning.PlanOptions(batches=list(range(1, seqs + 1))))
+    steps = {row["batch"]: row["step_ms"] for row in p.roofline.get("decode", [])}
+    if seqs not in steps:
+        return
+    step = steps[seqs]
+    whose = "yours, kept" if explicit else "init's default"
+    at = (f"the plan's decode step (its roofline, a lower bound) is {step:.1f} ms at batch {seqs} on {fit.tp} x "
+          f"{shape.target.gpu.key} ({p.roofline['context']:,}-token context)")
+    slo = {"ttft_ms": t.ttft_ms, "tpot_ms": tpot}
+    if step <= tpot:
+        decide("bench.slo", slo, f"feasible by the plan: {at} <= tpot_ms {tpot:g}")
+        return
+    best = max((b for b, ms in steps.items() if b <= seqs and ms <= tpot), default=None)
+    new_tpot = float(math.ceil(step / 5) * 5)
+    lower_batch = best is not None and not seqs_pinned and (explicit or seqs / best <= new_tpot / tpot)
+    if lower_batch:
+        fit.max_num_seqs = best
+        for d in fit.decisions:
+            if d.field == "serve.max_num_seqs":
+                d.value, d.level = best, "warning"
+                d.why = f"{best}, not the traffic's {seqs}: the largest batch whose decode step meets tpot_ms {tpot:g} " \
+                        f"({steps[best]:.1f} ms; see bench.slo)"
+        decide("bench.slo", slo, f"INFEASIBLE at batch {seqs}: {at}, above tpot_ms {tpot:g} ({whose}): max_num_seqs "
+               f"lowered to {best} (decode step {steps[best]:.1f} ms), the nearest feasible batch"
+               + ("" if explicit else f" (keeping the batch would need tpot_ms {new_tpot:g})"), "warning")
+    elif explicit:
+        decide("bench.slo", slo, f"INFEASIBLE: {at}" + (f" and {steps[1]:.1f} ms at batch 1" if 1 in steps else "")
+               + f", above tpot_ms {tpot:g} ({whose}): " + ("no batch meets it on this target" if best is None else
+                                                          "max_num_seqs is pinned by --set")
+               + "; the bench will report the SLO missed", "warning")
+    else:
+        shape.traffic = replace(t, tpot_ms=new_tpot)
+        decide("bench.slo", {"ttft_ms": t.ttft_ms, "tpot_ms": new_tpot},
+               f"tpot_ms {new_tpot:g}, not {whose} {tpot:g}: {at}; the nearest feasible SLO (5 ms steps)"
+               + (f"; keeping {tpot:g} would need max_num_seqs {best} instead of {seqs}" if best else
+                  "; no batch meets the default"), "warning")
+
 
 
 def _refuse_quantized(m: _Model) -> None:
@@ -425,6 +749,8 @@ class _RecipeShape:
     prompt_len: int
     output_len: int
     ctx: int
+    prompt_source: str = "builtin"  # a .jsonl traffic file (--traffic) or the built-in corpus
+    base: dict | None = None  # eval.base_serve: the original's own serve settings (set once its fit is known)
 
     @property
     def per_request(self) -> int:
@@ -434,7 +760,8 @@ class _RecipeShape:
     def endpoint(self) -> str:
         return "chat" if self.m.info.has_chat_template else "completions"
 
-    def __call__(self, tp: int, max_len: int, seqs: int, space: int | None, dtype: str = "auto") -> dict:
+    def __call__(self, tp: int, max_len: int, seqs: int, space: int | None, dtype: str = "auto",
+                 base: dict | None = None) -> dict:
         gpu = self.target.kind == "gpu"
         serve: dict[str, Any] = {"host": "127.0.0.1", "port": 8000, "dtype": dtype, "max_model_len": max_len,
                                  "max_num_seqs": seqs}
@@ -450,13 +777,17 @@ class _RecipeShape:
             r["target"] = {"gpu": self.target.gpu.key}
         r["quantize"] = dict(self.q)
         r["eval"] = {"suite": SUITE, "engine": self.engine, "accept": {"preset": "standard"}}
-        if max_len < EVAL_MIN_LEN:  # the eval's windows must fit the model as served
-            r["eval"]["seq_len"] = max(8, max_len - 1)
+        base = base if base is not None else self.base
+        if max_len < EVAL_MIN_LEN or (base and base.get("max_model_len", EVAL_MIN_LEN) < EVAL_MIN_LEN):
+            # the eval's windows must fit the model as served
+            r["eval"]["seq_len"] = max(8, min(max_len, (base or {}).get("max_model_len", max_len)) - 1)
+        if base:
+            r["eval"]["base_serve"] = dict(base)
         r["serve"] = serve
         t = self.traffic
         r["bench"] = {
             "endpoint": self.endpoint, "concurrency": _levels(seqs), "requests": t.requests,
-            "prompt": {"source": "builtin", "len": self.prompt_len}, "output_len": self.output_len,
+            "prompt": {"source": self.prompt_source, "len": self.prompt_len}, "output_len": self.output_len,
             "slo": {"ttft_ms": t.ttft_ms, "tpot_ms": t.tpot_ms},
             "cost_per_hour": round((1.0 * tp) if gpu else 0.5, 2),
         }
@@ -482,13 +813,14 @@ def _explain_model_and_target(name: str, m: _Model, target: InitTarget, decide: 
                + ("this host's GPU" if target.source == "this host" else "plans and dry runs describe it on any host"))
 
 
-def _explain_serve(m: _Model, target: InitTarget, fit: _Fit, w8a8: bool, decide: Decide) -> None:
+def _explain_serve(m: _Model, target: InitTarget, fit: _Fit, w8a8: bool, decide: Decide, label: str = "") -> None:
     """The reasons for the serve values the fit did not choose: the dtype auto gives on the target, eager
     mode, prefix caching, the API key's variable, the listening address."""
     from infertool.resolve import cpu_serve_dtype
 
     if target.kind == "gpu":
-        decide("serve.dtype", "auto", f"vLLM runs the checkpoint's {m.dtype}; the 4-bit kernels dequantize to it")
+        decide("serve.dtype", "auto", f"vLLM runs the checkpoint's {m.dtype}; the {label or '4-bit'} kernels "
+               "compute in it")
     elif fit.dtype != "auto":
         pass  # the fit chose it, and said why
     else:
@@ -519,21 +851,24 @@ def _explain_serve(m: _Model, target: InitTarget, fit: _Fit, w8a8: bool, decide:
     decide("serve.host", "127.0.0.1", "loopback only; use 0.0.0.0 deliberately, with the API key set")
 
 
-def _explain_bench(recipe: dict, shape: _RecipeShape, fit: _Fit, decide: Decide) -> None:
+def _explain_bench(recipe: dict, shape: _RecipeShape, fit: _Fit, decide: Decide, explicit_slo: bool = False) -> None:
     """The reasons for the bench section: the traffic of the target's kind, its SLO, the cost placeholder."""
     gpu = shape.target.kind == "gpu"
     P, O, traffic = shape.prompt_len, shape.output_len, shape.traffic
     decide("bench.endpoint", shape.endpoint, "the model has a chat template: /v1/chat/completions"
            if shape.endpoint == "chat" else "no chat template: /v1/completions")
-    decide("bench.prompt", {"source": "builtin", "len": P},
-           f"{P}-token prompts and {O}-token answers: " + ("a chat-style load on a GPU" if gpu else
-                                                           "short requests, a CPU serves tokens slowly")
-           + "; point prompt.source at a .jsonl of your own prompts")
+    if shape.prompt_source == "builtin":
+        decide("bench.prompt", {"source": "builtin", "len": P},
+               f"{P}-token prompts and {O}-token answers: " + ("a chat-style load on a GPU" if gpu else
+                                                               "short requests, a CPU serves tokens slowly")
+               + "; point prompt.source at a .jsonl of your own prompts (init --traffic FILE)")
     decide("bench.concurrency", _levels(fit.max_num_seqs), f"closed-loop levels up to max_num_seqs {fit.max_num_seqs}")
     decide("bench.requests", traffic.requests, "per concurrency level: enough for p90/p99 latencies"
            if gpu else "per concurrency level: a bench of a few minutes on a CPU")
     decide("bench.slo", {"ttft_ms": traffic.ttft_ms, "tpot_ms": traffic.tpot_ms},
-           "interactive chat on a GPU: first token within 0.5 s, 20 tokens/s per stream" if gpu else
+           "the SLO given (--slo / --set)" if explicit_slo else
+           ("init's default for interactive chat on a GPU: first token within 0.5 s, 20 tokens/s per stream (tpot_ms "
+            f"{TRAFFIC['gpu'].tpot_ms:g}), checked against the plan above") if gpu else
            "what a CPU can promise: first token within 3 s, 4 tokens/s per stream; goodput counts requests meeting both")
     decide("bench.cost_per_hour", recipe["bench"]["cost_per_hour"],
            "PLACEHOLDER, not a price: set what the machine costs you per hour, for $ per 1M output tokens"
@@ -565,22 +900,33 @@ class _Fit:
     dtype: str = "auto"  # serve.dtype
     notes: list[str] = field(default_factory=list)  # the plans' notes
     memory_why: str = ""
+    base: dict | None = None  # eval.base_serve: the original's own server settings (a GPU fit, when it needs more)
 
 
-def _fit_gpu(target: InitTarget, recipe_for, ctx: int, conc: int, per_req: int, with_original: bool,
-             preflight, q: dict, limit) -> _Fit:
-    """The smallest tensor-parallel degree whose per-GPU weights and KV cache hold the traffic (``conc``
-    requests of ``per_req`` tokens, and max_model_len) on the plan's numbers, that splits heads, KV heads and
-    the quantized shards (the preflight's check), and on which the original (served by the eval) starts too.
-    When no degree holds the whole traffic: the smallest on which both start, with fewer sequences."""
-    min_len = min(ctx, max(per_req, EVAL_MIN_LEN))
-    rows: list[str] = []
-    full = start = alone = None
-    largest_valid = 1
+def _degrees(target: InitTarget, pinned: int | None, rows: list[str]) -> list[int]:
+    """The tensor-parallel degrees to try: the one --set pins, else 1, 2, 4, 8 up to this host's GPUs."""
+    if pinned:
+        return [pinned]
+    out = []
     for tp in TP_DEGREES:
         if tp > target.max_gpus:
             rows.append(f"TP {tp}: this host has {target.max_gpus} GPU(s)")
             break
+        out.append(tp)
+    return out
+
+
+def _fit_served(target: InitTarget, recipe_for, ctx: int, conc: int, per_req: int, preflight, q: dict, limit,
+                pinned: int | None) -> _Fit:
+    """The smallest tensor-parallel degree whose per-GPU weights of the SERVED model and KV cache hold the traffic
+    (``conc`` requests of ``per_req`` tokens, and max_model_len) on the plan's numbers, that splits heads, KV heads
+    and the quantized shards (the preflight's check). When no degree holds the whole traffic: the smallest on which
+    it starts, with fewer sequences and a shorter context. The original (the eval's base) is sized apart."""
+    min_len = min(ctx, max(per_req, EVAL_MIN_LEN))
+    rows: list[str] = []
+    full = start = None
+    largest_valid = 1
+    for tp in _degrees(target, pinned, rows):
         if tp > 1:
             check = next((c for c in preflight(q, tp).checks if c.name == "tensor_parallel"), None)
             if check is not None and not check.ok:
@@ -588,62 +934,99 @@ def _fit_gpu(target: InitTarget, recipe_for, ctx: int, conc: int, per_req: int, 
                 continue
         largest_valid = tp
         p = _plan(recipe_for(tp, ctx, conc, None))
-        po = _plan(recipe_for(tp, ctx, conc, None), original=True) if with_original else None
-        kv = p.capacity["kv_tokens"]
-        kv_o = po.capacity["kv_tokens"] if po is not None else None
-        need = conc * per_req
-        ok_c, ok_o = kv >= max(need, ctx), kv_o is None or kv_o >= ctx
-        desc = (f"TP {tp}: the quantized model {p.memory['weights_per_gpu_gib']:.1f} GiB of weights per GPU, KV cache "
-                f"{kv:,} tokens " + (f"(>= {max(need, ctx):,} for the traffic)" if ok_c else
-                                     f"(too few: the traffic needs {need:,} = {conc} x {per_req})"))
-        if po is not None:
-            desc += (f"; the original {po.memory['weights_per_gpu_gib']:.1f} GiB per GPU, "
-                     + (f"KV cache {kv_o:,} tokens" if kv_o else "no room for a KV cache")
-                     + (f" (>= max_model_len {ctx:,})" if ok_o else " (too little to start)"))
-        rows.append(desc)
-        if ok_c and alone is None:
-            alone = tp
-        if ok_c and ok_o:
-            full = (tp, p, po)
+        kv, need = p.capacity["kv_tokens"], conc * per_req
+        ok = kv >= max(need, ctx)
+        rows.append(f"TP {tp}: the quantized model {p.memory['weights_per_gpu_gib']:.1f} GiB of weights per GPU, KV "
+                    f"cache {kv:,} tokens " + (f"(>= {max(need, ctx):,} for the traffic)" if ok else
+                                               f"(too few: the traffic needs {need:,} = {conc} x {per_req})"))
+        if ok:
+            full = (tp, p)
             break
-        if start is None and kv >= min_len and (kv_o is None or kv_o >= min_len):
-            start = (tp, p, po)
+        if start is None and kv >= min_len:
+            start = (tp, p)
     tried = "; ".join(rows)
+    pin = " (pinned by --set)" if pinned else ""
     if full is not None:
-        tp, p, po = full
-        why = (f"the smallest degree that splits heads, KV heads and the quantized shards and holds the weights and the "
-               f"KV cache for {conc} requests of {per_req} tokens (plan: {tried})")
-        if with_original:
-            why += "; the eval serves the original model with this recipe's serve settings, so it must start too"
-        if alone is not None and alone < tp:
-            why += (f"; the quantized model alone would serve this traffic with tensor_parallel_size {alone} (to deploy "
-                    "it so after the eval, set it and re-check with `infertool plan`)")
+        tp, p = full
+        why = (f"the smallest degree that splits heads, KV heads and the quantized shards and holds the SERVED model's "
+               f"weights and the KV cache for {conc} requests of {per_req} tokens{pin} (plan: {tried})")
         ds = [Decision("serve.tensor_parallel_size", tp, why),
               Decision("serve.max_model_len", ctx, _ctx_why(ctx, limit, p)),
               Decision("serve.max_num_seqs", conc, f"the traffic's {conc} concurrent requests; the KV cache holds "
                        f"{p.capacity['kv_tokens']:,} tokens = {p.capacity['kv_tokens'] // per_req:,} requests of {per_req}")]
         return _Fit(tp, ctx, conc, None, True, ds)
     if start is not None:
-        tp, p, po = start
-        kv = min(p.capacity["kv_tokens"], po.capacity["kv_tokens"] if po is not None else p.capacity["kv_tokens"])
+        tp, p = start
+        kv = p.capacity["kv_tokens"]
         max_len = max(min_len, min(ctx, kv // 16 * 16))
-        seqs = max(1, min(conc, _pow2_floor(p.capacity["kv_tokens"] // per_req)))
+        seqs = max(1, min(conc, _pow2_floor(kv // per_req)))
         ds = [Decision("serve.tensor_parallel_size", tp, f"no degree up to {min(8, target.max_gpus)} holds the whole "
-                       f"traffic ({tried}); the smallest on which the model starts, with fewer sequences", "warning"),
+                       f"traffic{pin} ({tried}); the smallest on which the model starts, with fewer sequences", "warning"),
               Decision("serve.max_model_len", max_len, _ctx_why(max_len, limit, p)
                        + ("" if max_len == ctx else f"; lowered from {ctx:,} to what the KV cache holds"),
                        "info" if max_len == ctx else "warning"),
-              Decision("serve.max_num_seqs", seqs, f"the KV cache holds {p.capacity['kv_tokens']:,} tokens: {seqs} "
-                       f"requests of {per_req} at once, not the {conc} the traffic asks for", "warning")]
+              Decision("serve.max_num_seqs", seqs, f"the KV cache holds {kv:,} tokens: {seqs} requests of {per_req} "
+                       f"at once, not the {conc} the traffic asks for", "warning")]
         return _Fit(tp, max_len, seqs, None, True, ds)
     # nothing starts: the smallest choices, said as such, and what would hold it
-    advice = _gpu_advice(target, recipe_for, min_len, with_original)
+    advice = _gpu_advice(target, recipe_for, min_len, False)
     ds = [Decision("serve.tensor_parallel_size", largest_valid,
-                   f"DOES NOT FIT: {target.gpu.key} cannot hold the model even with {largest_valid} GPU(s), "
+                   f"DOES NOT FIT: {target.gpu.key} cannot hold the quantized model even with {largest_valid} GPU(s), "
                    f"max_model_len {min_len} and one sequence ({tried}); {advice}", "error"),
           Decision("serve.max_model_len", min_len, MIN_LEN_WHY, "warning"),
           Decision("serve.max_num_seqs", 1, "the smallest choice", "warning")]
     return _Fit(largest_valid, min_len, 1, None, False, ds)
+
+
+def _fit_base(target: InitTarget, recipe_for, fit: _Fit, pinned: int | None) -> None:
+    """The eval's base server: the original model with the serve section's settings, on the smallest degree that
+    holds its weights and a KV cache of max_model_len (else, of the eval's windows: a shorter max_model_len). When
+    that is more than the serve section's degree, ``fit.base`` is the eval.base_serve section that says so; when
+    no degree holds it, an error decision with what would."""
+    rows: list[str] = []
+    found = start = None
+    for tp in _degrees(target, pinned, rows):
+        base = {"tensor_parallel_size": tp} if tp != fit.tp else None
+        po = _plan(recipe_for(fit.tp, fit.max_model_len, fit.max_num_seqs, None, base=base), original=True)
+        split = [r for r in po.reasons if "tensor_parallel_size" in r]
+        if split:
+            rows.append(f"TP {tp}: {'; '.join(split)}")
+            continue
+        kv = po.capacity["kv_tokens"]
+        ok = kv >= fit.max_model_len
+        rows.append(f"TP {tp}: the original {po.memory['weights_per_gpu_gib']:.1f} GiB of weights per GPU, "
+                    + (f"KV cache {kv:,} tokens" if kv else "no room for a KV cache")
+                    + (f" (>= max_model_len {fit.max_model_len:,})" if ok else " (too little to start)"))
+        if ok:
+            found = tp
+            break
+        if start is None and kv >= EVAL_MIN_LEN:
+            start = (tp, kv)
+    tried = "; ".join(rows)
+    pin = " (pinned by --set)" if pinned else ""
+    if found is not None and found <= fit.tp and not pinned:
+        fit.decisions[0].why += f"; the eval serves the original model on it too ({tried})"
+        return
+    if found is not None:
+        fit.base = {"tensor_parallel_size": found}
+        fit.decisions.append(Decision("eval.base_serve", fit.base, (
+            f"the eval serves the ORIGINAL model too, which needs tensor_parallel_size {found}{pin} ({tried}); the serve "
+            f"section stays sized for the quantized model that is deployed (tensor_parallel_size {fit.tp}): the "
+            "original gets its own server settings here, for the eval only")))
+        return
+    if start is not None:
+        tp, kv = start
+        fit.base = {"tensor_parallel_size": tp, "max_model_len": max(EVAL_MIN_LEN, min(fit.max_model_len, kv // 16 * 16))}
+        fit.decisions.append(Decision("eval.base_serve", fit.base, (
+            f"the eval serves the ORIGINAL model too: no degree holds its weights and a KV cache of max_model_len "
+            f"{fit.max_model_len:,} ({tried}); on {tp} GPUs it starts with max_model_len {fit.base['max_model_len']:,}, "
+            "enough for the eval's windows"), "warning"))
+        return
+    advice = _gpu_advice(target, recipe_for, EVAL_MIN_LEN, True)
+    fit.fits = False
+    fit.decisions.append(Decision("eval.base_serve", {"tensor_parallel_size": max(_degrees(target, pinned, []) or [1])},
+                                  f"DOES NOT FIT: the eval serves the original model, which {target.gpu.key} cannot hold "
+                                  f"even with {min(8, target.max_gpus)} GPU(s) ({tried}); {advice}", "error"))
 
 
 def _gpu_advice(target: InitTarget, recipe_for, min_len: int, with_original: bool) -> str:
@@ -889,9 +1272,11 @@ def default_out(recipe: dict) -> Path:
 
 
 def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: str | None = None,
-                force: bool = False, on_event: Callable | None = None) -> InitResult:
-    """Make the recipe, write it (through a temporary file and a rename; ``out`` "-": not written), validate
-    the written text with load_recipe and plan it as `infertool plan` would."""
+                force: bool = False, on_event: Callable | None = None,
+                options: InitOptions | None = None) -> InitResult:
+    """Make the recipe (``options``: --method, --slo, --traffic, --set), apply --set to it, write it (through a
+    temporary file and a rename; ``out`` "-": not written), validate the written text with load_recipe and plan
+    it as `infertool plan` would."""
     import tempfile
 
     from infertool import plan as planning
@@ -904,7 +1289,10 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
         raise UsageError(f"{dest} already exists", hint="pass --force to replace it, or choose another --out")
     if dest is not None and dest.is_dir():
         raise UsageError(f"{dest} is a directory", hint="--out names the recipe file to write (or - for stdout)")
-    recipe, decisions = make_recipe(model, target, on_event=on_event)
+    options = options or InitOptions()
+    pins = options.pins()  # a malformed --set is refused before any work
+    recipe, decisions = make_recipe(model, target, on_event=on_event, options=options)
+    recipe, decisions = _apply_sets(recipe, decisions, options.sets, pins)
     if dest is None and out != "-":
         dest = default_out(recipe)
         if dest.exists() and not force:
@@ -939,6 +1327,22 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
     advice = [d.why.removeprefix("DOES NOT FIT: ") for d in decisions if d.level == "error"]
     return InitResult(str(dest) if dest is not None else None, text, recipe, decisions, target.describe(count),
                       plan.to_dict(), original.to_dict() if original else None, fits, reasons, advice)
+
+
+def _apply_sets(recipe: dict, decisions: list[Decision], sets: list[str], pins: dict) -> tuple[dict, list[Decision]]:
+    """--set KEY=VALUE applied to the recipe (the parser every command's --set uses); each said in the recipe.
+    The values the fit decided from (``InitOptions.pins``) are already in it, with the fit's reasons."""
+    from infertool.recipe import apply_overrides, parse_overrides
+
+    pairs = parse_overrides(list(sets))
+    if not pairs:
+        return recipe, decisions
+    recipe = apply_overrides(recipe, pairs)
+    for key, value in pairs:
+        decided = key in pins and any(d.field == key or key.startswith(d.field + ".") for d in decisions)
+        decisions.append(Decision(key, value, "set on the command line (--set); the fit above decided with it"
+                                  if decided else "set on the command line (--set)"))
+    return recipe, _in_recipe_order(recipe, decisions)
 
 
 def _publish(tmp: Path, dest: Path, force: bool) -> None:

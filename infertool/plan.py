@@ -161,6 +161,7 @@ def plan(res, options: PlanOptions | None = None) -> PlanResult:
                    else max(1, max_model_len // 2))
     roof = _roofline(arch, weights, mem, kv_tok, capacity, context, tp, options.batches, notes)
     tp_adv = _tp_advice(arch, weights, mem, capacity, context)
+    tp_adv.update(_parallel_lines(res, serve))
     return PlanResult(_model_facts(res, arch, weights), mem.device, kv, mem.memory, capacity, not reasons, reasons, roof,
                       tp_adv, notes)
 
@@ -343,6 +344,23 @@ def _tp_advice(arch: Arch, weights: WeightFacts, mem: _Memory, capacity: dict, c
     tp_adv["link"] = {"name": link.name, "gb_s_per_direction": link.bw_per_direction_gbs, "latency_us": link.latency_us,
                       "source": link.source}
     return tp_adv
+
+
+def _parallel_lines(res, serve) -> dict:
+    """The GPUs each server of the recipe takes: the served model's (the serve section: what is deployed) and,
+    when the eval serves the original beside it, the original's (eval.base_serve over the serve section), with why."""
+    served = {"model": res.served.label, "tensor_parallel_size": serve.tensor_parallel_size,
+              "pipeline_parallel_size": serve.pipeline_parallel_size, "why": "the serve section"}
+    out: dict = {"served": served, "base": None}
+    if res.served.role == "base" or res.recipe.eval is None or res.recipe.eval.engine != "vllm":
+        return out
+    base, _ = res.serve_for(res.base)
+    own = res.recipe.eval.base_serve is not None and bool(res.recipe.eval.base_serve.overrides())
+    out["base"] = {"model": res.base.label, "tensor_parallel_size": base.tensor_parallel_size,
+                   "pipeline_parallel_size": base.pipeline_parallel_size,
+                   "why": "eval.base_serve: the original needs its own server settings" if own else
+                   "the serve section (the eval serves the original with it)"}
+    return out
 
 
 def _model_facts(res, arch: Arch, weights: WeightFacts) -> dict:

@@ -174,6 +174,29 @@ class AcceptSpec(BaseModel):
     allow_inconclusive: bool = False
 
 
+class BaseServeSpec(BaseModel):
+    """The serve settings of the ORIGINAL model's server, over the recipe's serve section: the eval's base server
+    (and bench's base arm, tune's reference, any launch of the original) when the original needs more GPUs than
+    the quantized model the serve section is sized for (e.g. a 70B: 4-bit on 1 x H100, bf16 on 2). Only the
+    settings that size a server; unset fields are the serve section's."""
+
+    model_config = _STRICT
+
+    tensor_parallel_size: _int(1, MAX_PARALLEL) | None = None
+    pipeline_parallel_size: _int(1, MAX_PARALLEL) | None = None
+    max_model_len: _int(16, MAX_TOKENS) | None = None
+    max_num_seqs: Seqs | None = None
+    max_num_batched_tokens: Tokens | None = None
+    gpu_memory_utilization: Share | None = None
+    kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] | None = None
+    enforce_eager: bool | None = None
+    distributed_executor_backend: Literal["mp", "ray"] | None = None
+
+    def overrides(self) -> dict:
+        """The fields set here (what replaces the serve section's values for the original)."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class EvalSection(BaseModel):
     """Quantized (candidate) against original (base), on an eval suite."""
 
@@ -188,6 +211,8 @@ class EvalSection(BaseModel):
     batch_size: _int(1, 4096) = 8
     seq_len: _int(8, MAX_TOKENS) = 512
     accept: AcceptSpec = Field(default_factory=AcceptSpec)
+    # the original's server when it needs other settings than the serve section's (more GPUs): see BaseServeSpec
+    base_serve: BaseServeSpec | None = None
 
     @field_validator("url")
     @classmethod
@@ -206,6 +231,10 @@ class EvalSection(BaseModel):
                 "engine: openai needs url: the base URL of an OpenAI-compatible server, "
                 "e.g. http://127.0.0.1:8000/v1",
             )
+        b = self.base_serve
+        if b is not None and b.max_model_len is not None and b.max_model_len <= self.seq_len:
+            raise _field_error("base_serve.max_model_len", f"max_model_len {b.max_model_len:,} leaves no room for the "
+                               f"eval's {self.seq_len}-token windows (eval.seq_len): the original must take seq_len + 1")
         return self
 
 

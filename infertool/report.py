@@ -354,8 +354,25 @@ def _run_section(run: RunData) -> Section:
     envs = ", ".join(f"{n}: " + ", ".join(f"{k} {v}" for k, v in e.packages.items()) for n, e in m.environments.items())
     return Section("run", "Run", [
         P("recipe ", Bold(str(m.recipe_name)), f", started {m.started}, finished {m.finished}"),
+        *(P(line) for line in _parallel_setup(m.recipe)),
         P(f"infertool {m.infertool}; environments: {envs or 'none recorded'}"), Table(rows),
         *(P(f"not read: {rel}: {why}") for rel, why in run.unreadable.items())])
+
+
+def _parallel_setup(recipe: dict | None) -> list[str]:
+    """The GPUs each server took, from the recipe the run recorded: the served model's (the serve section, what
+    is deployed) and the eval's original when eval.base_serve gives it its own ([] on a CPU or an older run)."""
+    serve = (recipe or {}).get("serve") if isinstance(recipe, dict) else None
+    if not isinstance(serve, dict) or not (recipe.get("target") or {}).get("gpu"):
+        return []
+    tp, pp = serve.get("tensor_parallel_size", 1), serve.get("pipeline_parallel_size", 1)
+    lines = [f"served (and deployed) with tensor_parallel_size {tp} x pipeline_parallel_size {pp} (the serve section)"]
+    base = ((recipe.get("eval") or {}).get("base_serve") or {}) if isinstance(recipe.get("eval"), dict) else {}
+    if isinstance(base, dict) and any(v is not None for v in base.values()):
+        lines.append(f"the eval's original served with tensor_parallel_size {base.get('tensor_parallel_size') or tp} x "
+                     f"pipeline_parallel_size {base.get('pipeline_parallel_size') or pp} (eval.base_serve: it needs "
+                     "more GPUs than the quantized model)")
+    return lines
 
 
 def _quantize_section(run: RunData, names: Names) -> Section | None:

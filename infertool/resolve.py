@@ -168,10 +168,20 @@ class Resolution:
 
     def serve_for(self, model: ModelRef | None = None, serve=None) -> tuple[Any, list[str]]:
         """The serve settings infertool passes to vLLM for ``model`` (default: the served one), and why any
-        differs from the recipe. ``serve`` replaces the recipe's section (a bench arm, a tune trial)."""
+        differs from the recipe. ``serve`` replaces the recipe's section (a bench arm, a tune trial). The original
+        model (role base: the eval's base server, bench's base arm, tune's reference, a served original) gets
+        eval.base_serve over it: its own tensor / pipeline parallelism when it needs more GPUs."""
         model = model or self.served
         serve = serve if serve is not None else self.serve_section
         why: list[str] = []
+        base_serve = getattr(self.recipe.eval, "base_serve", None) if self.recipe.eval is not None else None
+        if model.role == "base" and base_serve is not None and base_serve.overrides():
+            from infertool.recipe import ServeSection
+
+            over = base_serve.overrides()
+            serve = ServeSection.model_validate({**serve.model_dump(), **over})
+            why.append("eval.base_serve: the original model is served with " + ", ".join(
+                f"{k} {v}" for k, v in over.items()) + " (the serve section is sized for the quantized model)")
         if self.target.kind == "cpu":
             dtype, reason = cpu_serve_dtype(serve.dtype, self.model_dtype(model), weight_only_quantized(model))
             if reason:

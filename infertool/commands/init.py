@@ -20,6 +20,17 @@ def init(
     cpu: bool = typer.Option(False, "--cpu", help="Fit the recipe to this host's CPU (vLLM's CPU backend)."),
     out: Optional[str] = typer.Option(None, "--out", "-o", metavar="FILE", help="The recipe file to write (default: <name>.yaml here); - prints it to stdout."),
     force: bool = typer.Option(False, "--force", help="Replace an existing file."),
+    method: Optional[str] = typer.Option(None, "--method", metavar="METHOD", help="The quantization: gptq (= w4a16, "
+                                         "4-bit), awq, w8a8 (int8), fp8. Default: chosen for the GPU's generation and "
+                                         "memory (FP8 / int8 where it serves the traffic on as few GPUs as 4-bit)."),
+    slo: Optional[str] = typer.Option(None, "--slo", metavar="ttft_ms=N,tpot_ms=N", help="The bench SLO (checked "
+                                      "against the plan's decode roofline: an infeasible one is kept and said, "
+                                      "max_num_seqs lowered to a batch that meets it)."),
+    traffic: Optional[str] = typer.Option(None, "--traffic", metavar="FILE.jsonl", help="Your prompts (the bench's "
+                                          ".jsonl format): their lengths size max_model_len and the KV cache."),
+    sets: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Set a recipe field (repeatable), "
+                                             "e.g. --set serve.tensor_parallel_size=2; what depends on it (TP, "
+                                             "context, batch, SLO) is decided with it, and the recipe validated."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Write a commented recipe for MODEL: quantization, eval, serve and bench settings chosen for the target,
@@ -28,13 +39,16 @@ def init(
     import sys
 
     from infertool.commands.recipes import output_file
-    from infertool.init import init_recipe
+    from infertool.init import InitOptions, init_recipe, parse_slo
     from infertool.output import StageProgress, print_json
 
     if out is not None and out != "-":
         output_file(out, "--out")
+    options = InitOptions(method=method, slo=parse_slo(slo) if slo is not None else None, traffic=traffic,
+                          sets=list(sets or []))
     with StageProgress("model import") as progress:  # with --json too: the result on stdout, progress on stderr
-        result = init_recipe(model, gpu=gpu, cpu=cpu, out=out, force=force, on_event=progress.on_event)
+        result = init_recipe(model, gpu=gpu, cpu=cpu, out=out, force=force, on_event=progress.on_event,
+                             options=options)
     if as_json:
         print_json(result.to_dict())
     else:
@@ -63,7 +77,8 @@ def _render(r) -> None:
     err.print(t)
     err.print("[dim]why each value: the comments in the recipe (or `--json`: decisions)[/]")
     for d in r.decisions:
-        if d.level == "warning" or (d.field == "serve.tensor_parallel_size" and d.value != 1 and d.level == "info"):
+        if d.level == "warning" or (d.field in ("serve.tensor_parallel_size", "eval.base_serve", "quantize")
+                                    and d.value != 1 and d.level == "info"):
             label = "[yellow]note:[/]" if d.level == "warning" else "[cyan]why:[/]"
             err.print(f"{label} {escape(d.field)}: {escape(d.why)}", soft_wrap=True)
     if r.path:
@@ -79,8 +94,11 @@ def _render(r) -> None:
               f"max_num_seqs {cap['max_num_seqs']}", soft_wrap=True)
     if r.original_plan is not None:
         o = r.original_plan
-        err.print(f"plan of the original (the eval serves it with the same settings): KV cache "
-                  f"{o['capacity']['kv_tokens']:,} tokens" + ("" if o["fits"] else " — does not fit"), soft_wrap=True)
+        base = (r.recipe.get("eval") or {}).get("base_serve")
+        how = (f"with eval.base_serve: {o['device']['count']} GPU(s)" if base else "with the same serve settings")
+        err.print(f"plan of the original (the eval serves it {how}): {o['memory'].get('weights_per_gpu_gib', 0):.2f} "
+                  f"GiB of weights per GPU, KV cache {o['capacity']['kv_tokens']:,} tokens"
+                  + ("" if o["fits"] else " — does not fit"), soft_wrap=True)
     if r.fits:
         err.print("[green]✓ fits[/]")
         name = r.path or "FILE"

@@ -94,6 +94,10 @@ def _render(p) -> None:
         out.print(t)
         dom = tp["comm_dominates_from"]
         out.print(f"communication dominates from TP={dom}" if dom else "weight reads dominate at every TP degree shown")
+    for role, line in (("served", tp.get("served")), ("the eval's original", tp.get("base"))):
+        if line:
+            out.print(plain(f"{role}: tensor_parallel_size {line['tensor_parallel_size']} x pipeline_parallel_size "
+                            f"{line['pipeline_parallel_size']} ({line['model']}; {line['why']})"), soft_wrap=True)
     for n in p.notes:
         err.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
     if p.fits:
