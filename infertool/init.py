@@ -479,7 +479,7 @@ def _choose_method(tried: list[_Option], target: InitTarget, decide: Decide) -> 
 
     def rank(o: _Option) -> tuple:
         whole = o.fit.fits and all(d.level == "info" for d in o.fit.decisions)
-        return (not o.fit.fits, not whole, o.fit.tp, tried.index(o))
+        return (not o.fit.fits, not whole, o.fit.tp, tried.index(o) if o.fit.fits else -tried.index(o))
 
     chosen = min(tried, key=rank)
     needs = "; ".join(f"{o.label}: " + (f"tensor_parallel_size {o.fit.tp}" + (
@@ -1022,7 +1022,7 @@ def _fit_base(target: InitTarget, recipe_for, fit: _Fit, pinned: int | None) -> 
             f"{fit.max_model_len:,} ({tried}); on {tp} GPUs it starts with max_model_len {fit.base['max_model_len']:,}, "
             "enough for the eval's windows"), "warning"))
         return
-    advice = _gpu_advice(target, recipe_for, EVAL_MIN_LEN, True)
+    advice = _gpu_advice(target, recipe_for, min(fit.max_model_len, max(recipe_for.per_request, EVAL_MIN_LEN)), True)
     fit.fits = False
     fit.decisions.append(Decision("eval.base_serve", {"tensor_parallel_size": max(_degrees(target, pinned, []) or [1])},
                                   f"DOES NOT FIT: the eval serves the original model, which {target.gpu.key} cannot hold "

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from infertool.cli import app
 from infertool.errors import RecipeError, UsageError
-from infertool.init import Decision, init_target, make_recipe, one_line, render_yaml
+from infertool.init import Decision, InitOptions, init_target, make_recipe, one_line, render_yaml
 from infertool.recipe import load_recipe
 from tests.fakes import layout_model
 
@@ -129,29 +129,61 @@ def test_cpu_host_too_small_exits_1_and_says_what_would(models, monkeypatch):
 
 # ------------------------------------------------------------------------------------------- GPU targets
 def test_gpu_8b_on_h100_and_l4(models):
-    for gpu, kv_min in (("H100", 400_000), ("L4", 98_304)):
-        recipe, decisions = make_recipe(str(models["8b"]), init_target(gpu=gpu))
+    # 4-bit GPTQ asked for (--method gptq): the same traffic on both GPUs
+    for gpu in ("H100-SXM", "L4"):
+        recipe, decisions = make_recipe(str(models["8b"]), init_target(gpu=gpu), options=InitOptions(method="gptq"))
         s, d = recipe["serve"], by_field(decisions)
-        assert recipe["target"] == {"gpu": "H100-SXM" if gpu == "H100" else "L4"}
+        assert recipe["target"] == {"gpu": gpu}
         assert recipe["quantize"]["group_size"] == 128 and recipe["quantize"]["backend"] == "gptqmodel"
         assert s["tensor_parallel_size"] == 1 and s["gpu_memory_utilization"] == 0.9 and s["enforce_eager"] is False
-        assert s["max_model_len"] == 8192 and s["max_num_seqs"] == 128
-        assert recipe["eval"]["engine"] == "vllm"
+        assert s["max_model_len"] == 8192
+        assert recipe["eval"]["engine"] == "vllm" and "base_serve" not in recipe["eval"]
         assert recipe["bench"]["prompt"]["len"] == 512 and recipe["bench"]["output_len"] == 256
         assert recipe["bench"]["slo"] == {"ttft_ms": 500, "tpot_ms": 50}
-        assert recipe["bench"]["concurrency"] == [1, 8, 32, 64, 128]
         assert "131,072" in d["serve.max_model_len"].why  # the model's position limit, said
         assert "TP 1" in d["serve.tensor_parallel_size"].why
+        if gpu == "H100-SXM":
+            assert s["max_num_seqs"] == 128 and recipe["bench"]["concurrency"] == [1, 8, 32, 64, 128]
+        else:  # the issue's figure: decode step 52.1 ms at batch 128 vs tpot_ms 50: the batch that meets it
+            assert s["max_num_seqs"] == 120 and recipe["bench"]["concurrency"] == [1, 8, 32, 64, 120]
+            slo = [x for x in decisions if x.field == "bench.slo" and x.level == "warning"]
+            assert len(slo) == 1 and "52.1 ms at batch 128" in slo[0].why and "lowered to 120" in slo[0].why
+            assert "tpot_ms 55" in slo[0].why  # the other choice, said
 
 
-def test_gpu_70b_on_h100_needs_tp_and_says_why(models):
-    recipe, decisions = make_recipe(str(models["70b"]), init_target(gpu="H100"))
-    tp = recipe["serve"]["tensor_parallel_size"]
-    assert tp in (2, 4)
-    why = by_field(decisions)["serve.tensor_parallel_size"].why
-    assert "TP 1" in why and "original" in why and "no room for a KV cache" in why
-    assert f"TP {tp}" in why
-    assert recipe["bench"]["cost_per_hour"] == float(tp)
+def test_method_per_gpu_generation_and_memory(models):
+    """FP8 where the GPU has FP8 tensor cores, int8 W8A8 on Ampere, 4-bit where memory binds: each with its figures."""
+    recipe, decisions = make_recipe(str(models["8b"]), init_target(gpu="H100-SXM"))
+    assert recipe["quantize"] == {"method": "rtn", "scheme": "FP8_DYNAMIC"}
+    why = by_field(decisions)["quantize"].why
+    assert "FP8 tensor cores" in why and "tensor_parallel_size 1" in why and "more accuracy" in why
+    recipe, decisions = make_recipe(str(models["8b"]), init_target(gpu="A100-80GB-SXM"))
+    assert recipe["quantize"]["scheme"] == "W8A8" and recipe["quantize"]["backend"] == "llmcompressor"
+    assert "no FP8 tensor cores" in by_field(decisions)["quantize"].why
+    recipe, decisions = make_recipe(str(models["8b"]), init_target(gpu="L4"))  # FP8 needs TP 2 for the traffic
+    assert recipe["quantize"]["bits"] == 4 and recipe["serve"]["tensor_parallel_size"] == 1
+    why = by_field(decisions)["quantize"].why
+    assert "memory binds" in why and "FP8 (round-to-nearest FP8_DYNAMIC): tensor_parallel_size 2" in why
+
+
+def test_gpu_70b_serve_tp_for_the_served_model_and_base_tp_for_the_eval(models):
+    """The issue's figures: 70B on H100 serves 4-bit on 1 GPU, the eval's original (bf16) on 2; on L4 4-bit on 4."""
+    recipe, decisions = make_recipe(str(models["70b"]), init_target(gpu="H100-SXM"))
+    assert recipe["serve"]["tensor_parallel_size"] == 1 and recipe["quantize"]["bits"] == 4
+    assert recipe["eval"]["base_serve"] == {"tensor_parallel_size": 2}
+    d = by_field(decisions)
+    tp_why = d["serve.tensor_parallel_size"].why
+    assert "SERVED model" in tp_why and "TP 1: the quantized model 37.0 GiB" in tp_why
+    base = d["eval.base_serve"].why
+    assert "TP 1: the original 131.4 GiB of weights per GPU, no room for a KV cache" in base
+    assert "TP 2: the original 65.7 GiB" in base and "(>= max_model_len 8,192)" in base
+    assert "memory binds" in d["quantize"].why and "tensor_parallel_size 2" in d["quantize"].why  # FP8 would need 2
+    assert recipe["bench"]["cost_per_hour"] == 1.0  # the deployment's GPUs, not the eval's
+    recipe, decisions = make_recipe(str(models["70b"]), init_target(gpu="L4"))
+    assert recipe["serve"]["tensor_parallel_size"] == 4 and recipe["quantize"]["bits"] == 4
+    assert recipe["eval"]["base_serve"] == {"tensor_parallel_size": 8}
+    slo = [x for x in decisions if x.field == "bench.slo" and x.level == "warning"]
+    assert recipe["bench"]["slo"]["tpot_ms"] == 75 and "73.3 ms at batch 128 on 4 x L4" in slo[0].why
 
 
 def test_tp_degrees_must_split_heads_and_quantized_shards(models, tmp_path):
@@ -170,8 +202,18 @@ def test_gpu_nothing_fits_exits_1_with_a_bigger_gpu(models, tmp_path):
     data = json.loads(r.stdout)
     assert data["fits"] is False and data["exit_code"] == 1 and data["path"].endswith("big.yaml")
     assert any("--gpu" in a and "would fit" in a for a in data["advice"]), data["advice"]
+    # the quantized model is served on L4s; the eval's original (280 GB) is what no count of them holds
     tp = next(d for d in data["decisions"] if d["field"] == "serve.tensor_parallel_size")
-    assert tp["level"] == "error" and tp["value"] == 8
+    base = next(d for d in data["decisions"] if d["field"] == "eval.base_serve")
+    assert tp["level"] == "info" and base["level"] == "error" and base["value"] == {"tensor_parallel_size": 8}
+    assert "TP 8: the original 32.4 GiB of weights per GPU, no room for a KV cache" in base["why"]
+    bigger = layout_model(tmp_path / "Big-350B", "llama-3.3-70b", num_hidden_layers=400)  # 4-bit ~175 GB
+    r = init(str(bigger), "--gpu", "L4", "--json", "--out", "bigger.yaml")
+    assert r.exit_code == 1, r.output
+    data = json.loads(r.stdout)
+    tp = next(d for d in data["decisions"] if d["field"] == "serve.tensor_parallel_size")
+    assert tp["level"] == "error" and tp["value"] == 8 and "cannot hold the quantized model" in tp["why"]
+    assert "GPTQ 4-bit" in data["recipe"]["description"]  # of the formats that do not fit, the smaller
 
 
 # ------------------------------------------------------------------------------------------- the group size
@@ -227,7 +269,7 @@ def test_stdout_and_json(models):
 
 
 def test_bad_input_exits_2(models, tmp_path):
-    assert init(str(models["8b"]), "--gpu", "H100", "--cpu").exit_code == 2
+    assert init(str(models["8b"]), "--gpu", "H100-SXM", "--cpu").exit_code == 2
     r = init(str(tmp_path / "missing"), "--cpu")
     assert r.exit_code == 2 and "not found" in r.stderr
     r = init(str(tmp_path / "missing.gguf"), "--cpu")
@@ -250,10 +292,10 @@ def test_a_hub_id_from_the_local_cache(tmp_path):
     layout_model(repo / "snapshots" / "abc123", "llama-3.1-8b")  # sparse: never copy these (a copy fills the holes)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc123")
-    recipe, decisions = make_recipe("meta-llama/Llama-3.1-8B-Instruct", init_target(gpu="H100"))
+    recipe, decisions = make_recipe("meta-llama/Llama-3.1-8B-Instruct", init_target(gpu="H100-SXM"))
     assert recipe["model"]["source"] == "meta-llama/Llama-3.1-8B-Instruct"  # resolved the same way by every command
     assert "Hugging Face cache" in by_field(decisions)["model.source"].why
-    assert recipe["name"] == "llama-3.1-8b-instruct-w4g128-h100"
+    assert recipe["name"] == "llama-3.1-8b-instruct-fp8-h100"
 
 
 def test_this_host_gpu_is_detected_or_named(monkeypatch, tmp_path):
