@@ -985,7 +985,7 @@ def _fit_base(target: InitTarget, recipe_for, fit: _Fit, pinned: int | None) -> 
     no degree holds it, an error decision with what would."""
     rows: list[str] = []
     found = start = None
-    for tp in _degrees(target, pinned, rows):
+    for tp in [d for d in _degrees(target, pinned, rows) if pinned or d >= fit.tp]:  # fewer than served: no need
         base = {"tensor_parallel_size": tp} if tp != fit.tp else None
         po = _plan(recipe_for(fit.tp, fit.max_model_len, fit.max_num_seqs, None, base=base), original=True)
         split = [r for r in po.reasons if "tensor_parallel_size" in r]
