@@ -445,7 +445,7 @@ def _quantization(method: str, info, target: InitTarget, traffic: Traffic, prefl
                    "may not serve it (see quantize.scheme's note)", "warning")
             w8a8 = False
         elif method != "default":
-            decide("quantize.method", q["method"], f"--method {method}")
+            decide("quantize", f"--method {method}", f"--method {method}: the backends' 4-bit choice, as asked")
     else:
         q, w8a8 = dict(given), given.get("scheme") == "W8A8"
         fp8_note = ""

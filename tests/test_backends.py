@@ -263,12 +263,12 @@ def test_a_registered_backend_is_planned_run_and_recorded(tmp_path, tmp_home, to
     ("avx2 fma", None, None),  # AVX2 only: W8A8 int8
     ("sse4_2", None, None),  # unknown ISA: not promised 4-bit either
     ("avx2 avx512f avx512bw", "L4", "made_up_lm"),  # an architecture GPTQModel lacks: llm-compressor W4A16
-    ("avx2 fma", "H100", None),  # a GPU target: 4-bit, whatever this host's CPU
+    ("avx2 fma", "H100-SXM", None),  # a GPU target: 4-bit, whatever this host's CPU
 ])
 def test_init_choice_is_what_init_decides(tmp_path, monkeypatch, flags, gpu, model_type):
     """``registry.init_choice`` gives the quantize decisions `infertool init` makes (init.py switches to it)."""
     from infertool.backends.registry import init_choice
-    from infertool.init import init_target, make_recipe
+    from infertool.init import InitOptions, init_target, make_recipe
     from infertool.models.info import model_info
     from tests.fakes import layout_model
 
@@ -280,7 +280,8 @@ def test_init_choice_is_what_init_decides(tmp_path, monkeypatch, flags, gpu, mod
         cfg = json.loads((model / "config.json").read_text())
         (model / "config.json").write_text(json.dumps({**cfg, "model_type": model_type}))
     target = init_target(gpu=gpu, cpu=gpu is None)
-    recipe, decisions = make_recipe(str(model), target)
+    # on a GPU init also sizes 8-bit formats (FP8 / int8) and may prefer them: --method gptq asks for the 4-bit one
+    recipe, decisions = make_recipe(str(model), target, options=InitOptions(method="gptq") if gpu else None)
     info = model_info(model)
     choice = init_choice(info.model_type, (info.architectures or [info.model_type or "?"])[0], target.resolve_target(),
                          target.host)
