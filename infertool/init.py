@@ -929,6 +929,10 @@ def _fit_served(target: InitTarget, recipe_for, ctx: int, conc: int, per_req: in
     for tp in _degrees(target, pinned, rows):
         if tp > 1:
             check = next((c for c in preflight(q, tp).checks if c.name == "tensor_parallel"), None)
+            if check is not None and not check.ok and pinned:
+                raise UsageError(f"--set serve.tensor_parallel_size={tp}: {check.detail}",
+                                 hint="a degree that splits the heads, KV heads and the quantized shards (init without "
+                                 "--set chooses one)")
             if check is not None and not check.ok:
                 rows.append(f"TP {tp}: {check.detail}")
                 continue
@@ -989,6 +993,9 @@ def _fit_base(target: InitTarget, recipe_for, fit: _Fit, pinned: int | None) -> 
         base = {"tensor_parallel_size": tp} if tp != fit.tp else None
         po = _plan(recipe_for(fit.tp, fit.max_model_len, fit.max_num_seqs, None, base=base), original=True)
         split = [r for r in po.reasons if "tensor_parallel_size" in r]
+        if split and pinned:
+            raise UsageError(f"--set eval.base_serve.tensor_parallel_size={tp}: {'; '.join(split)}",
+                             hint="a degree that splits the original's heads and KV heads")
         if split:
             rows.append(f"TP {tp}: {'; '.join(split)}")
             continue
