@@ -363,6 +363,12 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     chosen = _choose_method(tried, target, decide)
     shape, fit = chosen.shape, chosen.fit
     decisions.extend(chosen.decisions)
+    seqs = pins.get("serve.max_num_seqs")
+    if seqs and fit.max_num_seqs != seqs:  # pinned: kept, and what the KV cache holds said beside it
+        fit.max_num_seqs = seqs
+        for d in fit.decisions:
+            if d.field == "serve.max_num_seqs":
+                d.value, d.why = seqs, f"{seqs}, pinned by --set; the fit: {d.why}"
     if target.kind == "gpu" and chosen.shape.engine == "vllm" and fit.fits:
         _fit_base(target, shape, fit, pins.get("eval.base_serve.tensor_parallel_size"))
     shape.base = fit.base
@@ -569,8 +575,8 @@ def _fit_slo(shape: _RecipeShape, fit: _Fit, explicit: bool, seqs_pinned: bool, 
         return
     seqs, tpot = fit.max_num_seqs, t.tpot_ms
     r = shape(fit.tp, fit.max_model_len, seqs, None)
-    p = planning.plan(resolve(validate_recipe_data(r, "<infertool init>")),
-                      planning.PlanOptions(batches=list(range(1, seqs + 1))))
+    batches = sorted({*range(1, min(seqs, 1024) + 1), *range(seqs, 0, -max(1, seqs // 1024))})  # bounded: ~2k rows
+    p = planning.plan(resolve(validate_recipe_data(r, "<infertool init>")), planning.PlanOptions(batches=batches))
     steps = {row["batch"]: row["step_ms"] for row in p.roofline.get("decode", [])}
     if seqs not in steps:
         return

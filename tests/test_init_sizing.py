@@ -102,6 +102,13 @@ def test_init_refuses_a_config_that_does_not_describe_its_weights(tmp_path):
     assert "config.json says 80 layers (num_hidden_layers), the weights hold 32" in r.stderr
     assert "[4096, 14336] in the weights" in r.stderr and "Traceback" not in r.stderr
     assert not Path("x.yaml").exists()
+    # the same as a user runs it: a real process, its exit code and its message
+    from tests.conftest import run_cli
+
+    r = run_cli("init", str(d), "--gpu", "H100-SXM", "--out", str(tmp_path / "y.yaml"), "--json", timeout=120)
+    assert r.returncode == 2 and not (tmp_path / "y.yaml").exists()
+    err = json.loads(r.stdout)
+    assert err["exit_code"] == 2 and "config.json says 80 layers (num_hidden_layers), the weights hold 32" in err["message"]
 
 
 # ------------------------------------------------------------------------------------------- --set, --method, --slo, --traffic
