@@ -343,7 +343,7 @@ def test_load_check_launches_and_when_it_runs(fake_model, tmp_path, monkeypatch)
     monkeypatch.setattr(env_state, "state", lambda name: ready)
     assert load_check_runs(gptq) and not load_check_runs(gptq, verify=False) and load_check_runs(gptq, verify=True)
     assert not load_check_runs(res("  method: bnb\n"))  # quantized when loaded: no checkpoint to check
-    assert not load_check_runs(res(GPTQ_SECTION, "target.gpu=H100"))  # the recipe is for another host
+    assert not load_check_runs(res(GPTQ_SECTION, "target.gpu=H100-SXM"))  # the recipe is for another host
 
 
 def test_cli_group_size_128_refused(fake_model, tmp_path, tmp_home):
