@@ -135,3 +135,76 @@ def fleet_section(target: Any, max_load_rps: float | None, *, gpus_per_replica: 
     else:
         lines.append("Cost: no price for this GPU: set target.price_per_hour ($ per GPU-hour).")
     return {"fleet": {**f.to_dict(), "price_source": price_src, "basis": basis}, "lines": lines, "reason": None}
+
+
+GOODPUT_TARGET = 0.9  # a level meets the SLO when every request completed and this share met it (tune's default)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def max_load_from_levels(levels: Any, goodput_target: float = GOODPUT_TARGET) -> tuple[float | None, str]:
+    """A replica's max load measured by bench: the highest request throughput (completed requests/s) among its
+    load levels that meet the SLO — every request completed and at least ``goodput_target`` of them within the
+    SLO (tune's rule, ``search.probe_ok``). ``levels``: bench's LevelResults (records or data). (load or None,
+    how it was measured)."""
+    best: tuple[float, str] | None = None
+    slo_txt = None
+    for lv in levels or ():
+        s = _get(lv, "summary")
+        good = _get(s, "goodput") if s is not None else None
+        rps, frac = _num(_get(s, "request_throughput")), _num(_get(good, "fraction"))
+        slo = _get(good, "slo")
+        if slo is not None and slo_txt is None:
+            slo_txt = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {_get(slo, k):g} ms"
+                                for k in ("ttft_ms", "tpot_ms", "e2e_ms") if _num(_get(slo, k)) is not None)
+        if rps is None or frac is None or frac < goodput_target or _get(s, "failed"):
+            continue
+        label = _get(_get(lv, "level"), "label") or "?"
+        if best is None or rps > best[0]:
+            best = (rps, str(label))
+    slo_said = f"SLO {slo_txt}" if slo_txt else "no SLO set: every completed request counts"
+    if best is None:
+        return None, f"measured by bench: no load level met the SLO ({slo_said}, {goodput_target:.0%} of requests)"
+    return best[0], (f"measured by bench at level {best[1]}: the highest request throughput among the levels where "
+                     f"every request completed and ≥ {goodput_target:.0%} met the {slo_said}")
+
+
+def run_fleet(recipe: dict | None, target: dict | None, levels: Any) -> dict:
+    """``fleet_section`` for a run directory: the recipe's target section (manifest "recipe"), the resolution's
+    target (manifest "target": GPUs per replica, the GPU) and bench's levels (the measured max load)."""
+    section = (recipe or {}).get("target") if isinstance(recipe, dict) else None
+    t = target if isinstance(target, dict) else {}
+    count = t.get("count") if isinstance(t.get("count"), int) and not isinstance(t.get("count"), bool) else 1
+    load, basis = max_load_from_levels(levels)
+    return fleet_section(section, load, gpus_per_replica=max(1, count), basis=basis,
+                         gpu=t.get("device") or t.get("gpu"))
+
+
+def tune_fleet(trials: Any, target_of: Any) -> dict:
+    """Fleet sizing per tune trial from its measured capacity (the request throughput at its largest load under
+    the SLO): {"rows": a table (header first) or None, "lines": [sentences]}. ``target_of(trial)``: the trial
+    recipe's target section as data (None when unknown)."""
+    rows = [["trial", "max load req/s (measured)", "GPUs per replica", "replicas", "GPUs", "$ per month"]]
+    peak = None
+    for t in trials or ():
+        section = target_of(t)
+        if not isinstance(section, dict) or _get(section, "peak_rps") is None:
+            continue
+        peak = section["peak_rps"]
+        cap = _get(t, "capacity")
+        at = _get(cap, "at_max_load") if cap is not None else None
+        serve = _get(t, "serve") or {}
+        tp, pp = serve.get("tensor_parallel_size") or 1, serve.get("pipeline_parallel_size") or 1
+        gpr = tp * pp if isinstance(tp, int) and isinstance(pp, int) else 1
+        res = fleet_section(section, _num(_get(at, "request_throughput")) if at else None, gpus_per_replica=gpr,
+                            basis="measured by tune's capacity search", gpu=section.get("gpu"))
+        f = res["fleet"]
+        rows.append([str(_get(t, "label") or _get(t, "id")), f"{f['max_load_rps']:.3g}" if f else "–", str(gpr),
+                     str(f["replicas"]) if f else "–", str(f["gpus"]) if f else "–",
+                     f"${f['usd_per_month']:,.0f}" if f and f["usd_per_month"] is not None else "–"])
+    if peak is None:
+        return {"rows": None, "lines": ["Fleet: not sized: set target.peak_rps (requests/s at peak) in the recipe."]}
+    return {"rows": rows, "lines": [f"Replicas and $ per month (730 h) for {peak:g} req/s at peak, per trial, from its "
+                                    "measured max load under the SLO x target.headroom; – : no load met the SLO."]}
