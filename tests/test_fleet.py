@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from infertool.errors import UsageError
-from infertool.perf.fleet import HOURS_PER_MONTH, max_load_from_levels, size_fleet, tune_fleet
+from infertool.perf.fleet import HOURS_PER_MONTH, max_load_from_levels, run_fleet, size_fleet, tune_fleet
 from tests.conftest import cli_in_process
 
 
@@ -49,8 +49,12 @@ def test_the_measured_max_load_is_the_best_level_that_meets_the_slo():
     load, basis = max_load_from_levels([_level("c=8", 4.0, 1.0), _level("c=32", 12.5, 0.95), _level("c=64", 20.0, 0.5),
                                         _level("c=48", 15.0, 1.0, failed=1)])
     assert load == 12.5 and "level c=32" in basis and "TPOT ≤ 50 ms" in basis
+    levels = [_level("c=8", 4.0, 1.0), _level("c=32", 12.5, 0.95)]
+    lines = run_fleet({"target": {"peak_rps": 50}}, {"kind": "gpu", "gpu": "H100-SXM", "count": 2}, levels)["lines"]
+    assert lines[0].startswith("Fleet for 50 req/s at peak: 5 replica(s) x 2 GPU = 10 GPU(s)")  # 50 / (12.5 x 0.8)
+    assert lines[2].startswith("Cost: $69.00 per hour, $50,370 per month (730 h) at $6.90 per GPU-hour (ASSUMPTION")
     load, basis = max_load_from_levels([_level("c=1", 1.0, 0.2)])
-    assert load is None and "no load level met the SLO" in basis
+    assert load is None and "no load level where every request completed and ≥ 90% met the SLO TPOT ≤ 50 ms" in basis
 
 
 def _write(path: Path, text: str) -> Path:
@@ -86,15 +90,16 @@ def test_the_report_sizes_the_fleet_from_the_measured_max_load(tmp_path):
     from infertool.report import write_report
     from tests.report_fixture import make_run_dir
 
-    run = make_run_dir(tmp_path / "runs")
+    run = make_run_dir(tmp_path / "runs")  # a CPU run: a replica is a machine, bench.cost_per_hour ($0.50) its price
     manifest = json.loads((run / "manifest.json").read_text())
-    manifest["recipe"]["target"] = {"peak_rps": 30, "price_per_hour": 2.0}
-    (run / "manifest.json").write_text(json.dumps(manifest))
-    md = " ".join(Path(write_report(run)["files"]["report.md"]).read_text().split())
-    # the candidate's best level meeting the SLO: concurrency 8 at 96 / 64 = 1.5 req/s; 30 / (1.5 x 0.8) = 25
-    assert "Fleet for 30 req/s at peak: 25 replica(s) x 1 GPU = 25 GPU(s)" in md
-    assert "measured by bench at level concurrency 8" in md
-    assert "$50.00 per hour, $36,500 per month (730 h) at $2.00 per GPU-hour" in md
+    for target, cost in (({"peak_rps": 30}, "$12.50 per hour, $9,125 per month (730 h) at $0.50 per machine-hour"),
+                         ({"peak_rps": 30, "price_per_hour": 2.0}, "$50.00 per hour, $36,500 per month (730 h) at $2.00")):
+        manifest["recipe"]["target"] = target
+        (run / "manifest.json").write_text(json.dumps(manifest))
+        md = " ".join(Path(write_report(run)["files"]["report.md"]).read_text().split())
+        # the candidate's best level meeting the SLO: concurrency 8 at 96 / 64 = 1.5 req/s; 30 / (1.5 x 0.8) = 25
+        assert "Fleet for 30 req/s at peak: 25 replica(s) x 1 machine = 25 machine(s)" in md
+        assert "measured by bench at level concurrency 8" in md and cost in md
 
 
 def test_tune_report_sizes_the_fleet_per_trial(tmp_path):

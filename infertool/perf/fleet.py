@@ -105,12 +105,12 @@ def gpu_price(target: Any, gpu: Any) -> tuple[float | None, str | None]:
 
 
 def fleet_section(target: Any, max_load_rps: float | None, *, gpus_per_replica: int, basis: str,
-                  gpu: Any = None) -> dict:
+                  gpu: Any = None, unit: str = "GPU") -> dict:
     """What the report, tune's report and plan say about the fleet: {"fleet": Fleet as data or None, "lines":
     [sentences], "reason": why it is not sized, or None}. ``target``: the recipe's target section (its peak_rps,
     headroom, price_per_hour; model or dict); ``max_load_rps``: one replica's max load under the SLO; ``basis``:
     where that load comes from ("measured by bench under the SLO", "planned, not measured: ..."); ``gpu``: the
-    target GPU (for its price)."""
+    target GPU (for its price); ``unit``: what a replica is made of ("GPU", or "machine" on a CPU target)."""
     peak = _get(target, "peak_rps") if target is not None else None
     if peak is None:
         why = "set target.peak_rps (requests/s at peak) to size the fleet: replicas and $ per month"
@@ -125,15 +125,15 @@ def fleet_section(target: Any, max_load_rps: float | None, *, gpus_per_replica: 
         f = size_fleet(peak, max_load_rps, DEFAULT_HEADROOM if headroom is None else headroom, gpus_per_replica, price)
     except UsageError as e:
         return {"fleet": None, "lines": [f"Fleet for {peak:g} req/s at peak: not sized: {e.message}."], "reason": e.message}
-    lines = [f"Fleet for {f.peak_rps:g} req/s at peak: {f.replicas} replica(s) x {f.gpus_per_replica} GPU = {f.gpus} "
-             f"GPU(s) — ceil({f.peak_rps:g} / ({f.max_load_rps:.3g} req/s per replica x headroom {f.headroom:g})); "
+    lines = [f"Fleet for {f.peak_rps:g} req/s at peak: {f.replicas} replica(s) x {f.gpus_per_replica} {unit} = {f.gpus} "
+             f"{unit}(s) — ceil({f.peak_rps:g} / ({f.max_load_rps:.3g} req/s per replica x headroom {f.headroom:g})); "
              f"{f.utilization:.0%} of the fleet's max load used at peak.",
              f"Max load per replica: {f.max_load_rps:.3g} req/s, {basis}."]
     if f.usd_per_hour is not None:
         lines.append(f"Cost: ${f.usd_per_hour:,.2f} per hour, ${f.usd_per_month:,.0f} per month ({HOURS_PER_MONTH} h) "
-                     f"at ${f.price_per_hour:,.2f} per GPU-hour ({price_src}).")
+                     f"at ${f.price_per_hour:,.2f} per {unit}-hour ({price_src}).")
     else:
-        lines.append("Cost: no price for this GPU: set target.price_per_hour ($ per GPU-hour).")
+        lines.append(f"Cost: no price known: set target.price_per_hour ($ per {unit}-hour).")
     return {"fleet": {**f.to_dict(), "price_source": price_src, "basis": basis}, "lines": lines, "reason": None}
 
 
@@ -164,11 +164,11 @@ def max_load_from_levels(levels: Any, goodput_target: float = GOODPUT_TARGET) ->
         label = _get(_get(lv, "level"), "label") or "?"
         if best is None or rps > best[0]:
             best = (rps, str(label))
-    slo_said = f"SLO {slo_txt}" if slo_txt else "no SLO set: every completed request counts"
+    rule = (f"every request completed and ≥ {goodput_target:.0%} met the SLO {slo_txt}" if slo_txt else
+            "every request completed (no SLO set: every completed request counts)")
     if best is None:
-        return None, f"measured by bench: no load level met the SLO ({slo_said}, {goodput_target:.0%} of requests)"
-    return best[0], (f"measured by bench at level {best[1]}: the highest request throughput among the levels where "
-                     f"every request completed and ≥ {goodput_target:.0%} met the {slo_said}")
+        return None, f"measured by bench: no load level where {rule}"
+    return best[0], f"measured by bench at level {best[1]}: the highest request throughput among the levels where {rule}"
 
 
 def run_fleet(recipe: dict | None, target: dict | None, levels: Any) -> dict:
@@ -178,8 +178,12 @@ def run_fleet(recipe: dict | None, target: dict | None, levels: Any) -> dict:
     t = target if isinstance(target, dict) else {}
     count = t.get("count") if isinstance(t.get("count"), int) and not isinstance(t.get("count"), bool) else 1
     load, basis = max_load_from_levels(levels)
-    return fleet_section(section, load, gpus_per_replica=max(1, count), basis=basis,
-                         gpu=t.get("device") or t.get("gpu"))
+    gpu, unit = t.get("device") or t.get("gpu"), "GPU"
+    if t.get("kind") == "cpu":  # a CPU replica is one machine: bench.cost_per_hour prices it
+        bench = (recipe or {}).get("bench") if isinstance(recipe, dict) else None
+        machine = _num(bench.get("cost_per_hour")) if isinstance(bench, dict) else None
+        gpu, unit = {"price_per_hour": machine, "price_source": "bench.cost_per_hour (the recipe's)"}, "machine"
+    return fleet_section(section, load, gpus_per_replica=max(1, count), basis=basis, gpu=gpu, unit=unit)
 
 
 def tune_fleet(trials: Any, target_of: Any) -> dict:
