@@ -146,11 +146,11 @@ def k8s_options(*, image: str | None = None, namespace: str | None = None, pvc: 
     if autoscaler == "none" and (max_replicas is not None or prometheus_url is not None):
         raise UsageError("--max-replicas and --prometheus-url configure an autoscaler: give --autoscaler hpa|keda too")
     if prometheus_url is not None and (autoscaler != "keda" or not _URL.fullmatch(prometheus_url)):
-        raise UsageError(f"--prometheus-url {comment_text(prometheus_url, 100)!r}: an http(s)://HOST[:PORT][/PATH] "
+        raise UsageError(f"--prometheus-url {_shown_uri(prometheus_url)!r}: an http(s)://HOST[:PORT][/PATH] "
                          "address (no user or password in it) for --autoscaler keda",
                          hint=f"e.g. --prometheus-url {DEFAULT_PROMETHEUS}")
     if model_from is not None and not (_S3.fullmatch(model_from) or _HF.fullmatch(model_from)):
-        raise UsageError(f"--model-from {comment_text(model_from, 100)!r}: s3://BUCKET/PREFIX or hf://ORG/NAME[@REVISION]",
+        raise UsageError(f"--model-from {_shown_uri(model_from)!r}: s3://BUCKET/PREFIX or hf://ORG/NAME[@REVISION]",
                          hint="the published artifact's URI (infertool publish); credentials come from Secrets")
     if model_from is not None and pvc is not None:
         raise UsageError("--model-from and --pvc both say where the model comes from: give one")
@@ -160,6 +160,11 @@ def k8s_options(*, image: str | None = None, namespace: str | None = None, pvc: 
     return K8sOptions(image, namespace, pvc, secret, replicas, max_replicas, autoscaler,
                       tuple(_selector(s) for s in node_selector), tuple(_toleration(t) for t in tolerations),
                       model_from, prometheus_url, count(gpus_per_node, "--gpus-per-node", 1, 64))
+
+
+def _shown_uri(uri: str) -> str:
+    """A URI for an error message: one line, cut, a user and password in it blanked (never echoed)."""
+    return comment_text(re.sub(r"//[^/]*@", "//***@", str(uri)), 100)
 
 
 def _selector(item) -> tuple[str, str]:
