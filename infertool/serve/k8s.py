@@ -98,7 +98,8 @@ _LABEL_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
 _LABEL_KEY = re.compile(rf"([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_LABEL_NAME}")
 _LABEL_VALUE = re.compile(rf"({_LABEL_NAME})?")
 _EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
-_S3 = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[^\s]{0,1024})?")
+# an object key of the characters S3 calls safe, and / (no $: the kubelet would expand $(NAME) in a command)
+_S3 = re.compile(r"s3://([a-z0-9][a-z0-9.-]{1,61}[a-z0-9])(/[A-Za-z0-9!_.*'()/=+,:@-]{0,1024})?")
 _HF = re.compile(r"hf://([A-Za-z0-9][A-Za-z0-9._-]{0,95}(/[A-Za-z0-9][A-Za-z0-9._-]{0,95})?)(@([A-Za-z0-9._/-]{1,100}))?")
 _URL = re.compile(r"https?://[A-Za-z0-9.-]{1,253}(:[0-9]{1,5})?(/[A-Za-z0-9._~/-]{0,200})?")
 
@@ -397,17 +398,19 @@ def _pod_spec(res, lay: _Layout, o: K8sOptions, container: dict) -> dict:
     if o.model_from is None:
         models = {"name": "models", "persistentVolumeClaim": {"claimName": o.pvc or f"{lay.name}-models", "readOnly": True}}
     else:
-        size = max(1, math.ceil(weight_bytes(res) / 2**30 * 1.1 + 1))  # the weights + 10 % + 1 GiB (tokenizer, config)
-        models = {"name": "models", "emptyDir": {"sizeLimit": f"{size}Gi"}}
-        spec["initContainers"] = [_fetch_container(lay, o.model_from)]
+        weights = weight_bytes(res)
+        # the weights + 10 % + 1 GiB (tokenizer, config); no limit when nothing says how large they are
+        models = {"name": "models", "emptyDir": {"sizeLimit": f"{math.ceil(weights / 2**30 * 1.1 + 1)}Gi"} if weights else {}}
+        spec["initContainers"] = [_fetch_container(lay, o.model_from, VLLM_CPU_IMAGE if lay.gpus == 0 else VLLM_IMAGE)]
     spec["volumes"] = [models, shm]
     return spec
 
 
-def _fetch_container(lay: _Layout, uri: str) -> dict:
+def _fetch_container(lay: _Layout, uri: str, vllm_image: str) -> dict:
     """The init container that copies the published artifact ``uri`` to the model's path in the pod:
     s3:// with the AWS CLI (`aws s3 sync`; keys from the Secret <name>-s3, optional: a service account's role
-    does as well), hf:// with `hf download` from the vLLM image (HF_TOKEN from the Secret <name>-hf, optional)."""
+    does as well), hf:// with `hf download` from ``vllm_image`` (it ships huggingface_hub; HF_TOKEN from the
+    Secret <name>-hf, optional)."""
     def secret(var: str, name: str) -> dict:
         return {"name": var, "valueFrom": {"secretKeyRef": {"name": name, "key": var, "optional": True}}}
 
@@ -418,7 +421,7 @@ def _fetch_container(lay: _Layout, uri: str) -> dict:
                 "env": env, "volumeMounts": mount}
     m = _HF.fullmatch(uri)
     args = ["hf", "download", m.group(1), "--local-dir", lay.in_pod] + (["--revision", m.group(4)] if m.group(4) else [])
-    return {"name": "fetch-model", "image": VLLM_IMAGE, "command": args[:2], "args": args[2:],
+    return {"name": "fetch-model", "image": vllm_image, "command": args[:2], "args": args[2:],
             "env": [secret("HF_TOKEN", f"{lay.name}-hf")], "volumeMounts": mount}
 
 
