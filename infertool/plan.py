@@ -383,6 +383,27 @@ def _fleet(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, c
     return {**fleet_section(target, load, gpus_per_replica=tp * pp, basis=basis, gpu=dev), "max_load_rps": load}
 
 
+def fleet_replicas(res) -> tuple[int | None, str]:
+    """The replicas the fleet sizing gives for the recipe's target.peak_rps (``plan``'s roofline: planned, not
+    measured: an upper bound on one replica's load, so the fewest replicas; `infertool run` measures it) and why;
+    (None, why) when it is not sized. `serve --emit k8s` writes it into the manifests unless --replicas is given."""
+    from infertool.errors import InfertoolError
+
+    target = res.recipe.target
+    if target is None or target.peak_rps is None:
+        return None, "the default: set target.peak_rps to size the fleet, or give --replicas"
+    try:
+        sized = (plan(res).fleet or {})
+    except InfertoolError as e:
+        return None, f"the fleet is not sized: {e.message}"
+    f = sized.get("fleet")
+    if not f:
+        return None, f"the fleet is not sized: {sized.get('reason') or 'no max load under the SLO'}"
+    return int(f["replicas"]), (
+        f"the fleet sizing for target.peak_rps {f['peak_rps']:g} req/s at {f['max_load_rps']:.3g} req/s per replica x "
+        f"headroom {f['headroom']:g}: planned from the roofline, not measured; --replicas overrides")
+
+
 def _tp_advice(arch: Arch, weights: WeightFacts, mem: _Memory, capacity: dict, context: int) -> dict:
     """Per tensor-parallel degree: the weight read against the all-reduce per decode step, and from which degree
     communication dominates (GPUs with a known link only)."""

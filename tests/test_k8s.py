@@ -249,7 +249,7 @@ def _pod(doc: dict, role: str = "leader") -> dict:
 
 
 @pytest.mark.parametrize("gpu,label", [("H100-SXM", "NVIDIA-H100-80GB-HBM3"), ("L4", "NVIDIA-L4"),
-                                       ("A100-80GB-SXM", "NVIDIA-A100-SXM4-80GB"), ("H200", "NVIDIA-H200")])
+                                       ("A100-80GB-SXM", "NVIDIA-A100-SXM4-80GB"), ("H200-SXM", "NVIDIA-H200"), ("H200-NVL", "NVIDIA-H200-NVL")])
 def test_pods_are_scheduled_on_the_target_gpu(gpu, label):
     """Required node affinity on nvidia.com/gpu.product = the target GPU's label, the nvidia.com/gpu taint
     tolerated; a user's --node-selector and --toleration added to them."""
@@ -273,8 +273,10 @@ def test_a_gpu_without_a_product_label_gets_no_affinity(tmp_path):
     from infertool.resolve import resolve
     from infertool.serve.k8s import k8s_options
 
+    from infertool.perf.hardware import custom_gpu
+
     res = resolve(load_recipe(H100, []))
-    res.target = dataclasses.replace(res.target, gpu="my-custom-gpu")
+    res.target = dataclasses.replace(res.target, gpu="my-custom-gpu", device=custom_gpu("my-custom-gpu", 96, 3, 500))
     for o in (k8s_options(), k8s_options(node_selector=["example.com/accelerator=custom-96g"])):
         pod = _pod(manifests(res, options=o)[0])
         assert "affinity" not in pod
@@ -538,3 +540,24 @@ def test_emit_k8s_bad_options_exit_2(args, words):
 def test_emit_k8s_options_need_emit():
     r = cli_in_process("serve", H100, "--dry-run", "--replicas", "3")
     assert r.returncode == 2 and "--replicas" in r.stderr and "--emit k8s" in r.stderr
+
+
+def test_replicas_come_from_the_fleet_sizing_unless_given(tmp_path):
+    """target.peak_rps: `--emit k8s` writes the fleet sizing's replica count (plan's, planned from the roofline)
+    into the Deployment and says where it comes from; --replicas overrides it; without a peak load: 1."""
+    from infertool.plan import fleet_replicas
+    from infertool.resolve import resolve
+
+    sized, why = fleet_replicas(resolve(load_recipe(H100, ["target.peak_rps=500"])))
+    assert sized and sized > 1 and "planned" in why
+    r = cli_in_process("serve", H100, "--emit", "k8s", "--set", "target.peak_rps=500")
+    assert r.returncode == 0, r.stderr
+    dep = next(d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == sized
+    assert f"Replicas: {sized} (the fleet sizing for target.peak_rps 500" in r.stdout
+    r = cli_in_process("serve", H100, "--emit", "k8s", "--set", "target.peak_rps=500", "--replicas", "2")
+    dep = next(d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 2 and "Replicas: 2 (--replicas)" in r.stdout
+    r = cli_in_process("serve", H100, "--emit", "k8s")
+    dep = next(d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 1 and "set target.peak_rps to size the fleet" in r.stdout

@@ -83,6 +83,11 @@ def serve_run(
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
                                  force=force, emit=emit, k8s=k8s)
     res = resolve(load_recipe(recipe, _with_port(overrides, port)))
+    if emit is not None:  # the replicas: --replicas, else the fleet sizing for target.peak_rps
+        from infertool.plan import fleet_replicas
+        from infertool.serve.k8s import with_replicas
+
+        options.k8s = with_replicas(k8s, *fleet_replicas(res))
     plan = serve.plan(res, options)
     if emit is not None:
         _emit_k8s(plan, as_json)

@@ -52,14 +52,6 @@ SHM_GIB = 16  # /dev/shm (memory-backed: it counts against the memory limit)
 RAY_PORT = 6379
 GPU_PRODUCT_KEY = "nvidia.com/gpu.product"  # set by NVIDIA GPU feature discovery (GPU operator)
 GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}
-# TODO(merge): perf.hardware.GPU.product_label replaces this table; the lead deletes it at the merge
-_PRODUCT_LABELS = {
-    "H100-SXM": "NVIDIA-H100-80GB-HBM3", "H100-PCIe": "NVIDIA-H100-PCIe", "H100-NVL": "NVIDIA-H100-NVL",
-    "H200-SXM": "NVIDIA-H200", "A100-80GB-SXM": "NVIDIA-A100-SXM4-80GB", "A100-40GB-SXM": "NVIDIA-A100-SXM4-40GB",
-    "A100-80GB-PCIe": "NVIDIA-A100-80GB-PCIe", "A100-40GB-PCIe": "NVIDIA-A100-PCIE-40GB", "L4": "NVIDIA-L4",
-    "L40S": "NVIDIA-L40S", "L40": "NVIDIA-L40", "A10G": "NVIDIA-A10G", "B200": "NVIDIA-B200",
-    "RTX4090": "NVIDIA-GeForce-RTX-4090",
-}
 # an environment variable whose value is a credential: it comes from a Secret, never as a plain value
 _SECRET_NAME = re.compile(r"TOKEN|KEY|SECRET|PASSWORD|PASSWD|CREDENTIAL|AUTH", re.IGNORECASE)
 _COMMENT_MAX = 200  # characters of one value in a comment (a 100k-character path is cut, not pasted whole)
@@ -113,6 +105,9 @@ class K8sOptions:
     pvc: str | None = None  # the PVC holding the model (default <name>-models)
     secret: str | None = None  # the API key's Secret (default <name>-api-key)
     replicas: int = 1  # from the fleet sizing (infertool.perf.fleet.size_fleet), or --replicas
+    # where the replica count comes from: "--replicas", the fleet sizing's words, or None (not decided yet:
+    # ``with_fleet_replicas`` sizes it from target.peak_rps)
+    replicas_basis: str | None = None
     max_replicas: int | None = None  # the autoscaler's ceiling (default 2 x replicas)
     autoscaler: str = "none"  # none | hpa | keda
     node_selector: tuple[tuple[str, str], ...] = ()
@@ -127,7 +122,7 @@ class K8sOptions:
 
 
 def k8s_options(*, image: str | None = None, namespace: str | None = None, pvc: str | None = None,
-                secret: str | None = None, replicas: int = 1, max_replicas: int | None = None,
+                secret: str | None = None, replicas: int | None = None, max_replicas: int | None = None,
                 autoscaler: str = "none", node_selector=(), tolerations=(), model_from: str | None = None,
                 prometheus_url: str | None = None, gpus_per_node: int = DEFAULT_GPUS_PER_NODE) -> K8sOptions:
     """The options, checked: every number bounded, every label, toleration, URI and URL in its syntax
@@ -138,7 +133,8 @@ def k8s_options(*, image: str | None = None, namespace: str | None = None, pvc: 
             raise UsageError(f"{flag} {value!r}: a whole number from {lo} to {hi}", hint=f"e.g. {flag} {lo}")
         return value
 
-    replicas = count(replicas, "--replicas", 1, MAX_REPLICAS)
+    given = replicas is not None
+    replicas = count(replicas, "--replicas", 1, MAX_REPLICAS) if given else 1
     if max_replicas is not None:
         count(max_replicas, "--max-replicas", replicas, MAX_REPLICAS)
     if autoscaler not in AUTOSCALERS:
@@ -158,9 +154,11 @@ def k8s_options(*, image: str | None = None, namespace: str | None = None, pvc: 
     for what, value in (("--pvc", pvc), ("--secret", secret), ("--namespace", namespace)):
         if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", value):
             raise UsageError(f"{what} {comment_text(value, 100)!r}: a Kubernetes name (lower-case letters, digits, '-')")
-    return K8sOptions(image, namespace, pvc, secret, replicas, max_replicas, autoscaler,
-                      tuple(_selector(s) for s in node_selector), tuple(_toleration(t) for t in tolerations),
-                      model_from, prometheus_url, count(gpus_per_node, "--gpus-per-node", 1, 64))
+    return K8sOptions(image=image, namespace=namespace, pvc=pvc, secret=secret, replicas=replicas,
+                      replicas_basis="--replicas" if given else None, max_replicas=max_replicas, autoscaler=autoscaler,
+                      node_selector=tuple(_selector(s) for s in node_selector),
+                      tolerations=tuple(_toleration(t) for t in tolerations), model_from=model_from,
+                      prometheus_url=prometheus_url, gpus_per_node=count(gpus_per_node, "--gpus-per-node", 1, 64))
 
 
 def _shown_uri(uri: str) -> str:
@@ -355,24 +353,25 @@ def weight_bytes(res) -> int:
         return 0
 
 
-def gpu_product_label(res) -> str | None:
-    """The ``nvidia.com/gpu.product`` value of the target's GPU, or None: a CPU target, a custom GPU
-    (target.gpu a mapping) or a GPU without a known label."""
-    if res.target.kind != "gpu" or not res.target.gpu:
-        return None
-    declared = getattr(getattr(res.recipe, "target", None), "gpu", None)
-    gpu = getattr(res.target, "spec", None)
-    if gpu is None:
-        from infertool.perf.hardware import find_gpu
+def with_replicas(options: K8sOptions | None, replicas: int | None, basis: str) -> K8sOptions:
+    """``options`` with the replica count decided by the fleet sizing (``replicas``, None: not sized, 1) and where it
+    comes from, unless --replicas gave it."""
+    import dataclasses
 
-        try:
-            gpu = find_gpu(res.target.gpu)
-        except Exception:  # noqa: BLE001 - a custom GPU has no entry in the table
-            gpu = None
-    label = getattr(gpu, "product_label", None)
-    if label is None and (declared is None or isinstance(declared, str)):
-        label = _PRODUCT_LABELS.get(res.target.gpu)  # TODO(merge): the fallback goes with the table
-    return label
+    o = options or k8s_options()
+    if o.replicas_basis is not None:
+        return o
+    replicas = 1 if replicas is None else max(1, min(MAX_REPLICAS, int(replicas)))
+    ceiling = o.max_replicas if o.max_replicas is None or o.max_replicas >= replicas else replicas
+    return dataclasses.replace(o, replicas=replicas, max_replicas=ceiling, replicas_basis=basis)
+
+
+def gpu_product_label(res) -> str | None:
+    """The ``nvidia.com/gpu.product`` value of the target's GPU (perf.hardware.GPU.product_label), or None: a CPU
+    target, a custom GPU (target.gpu a mapping) or a GPU without a known label."""
+    if res.target.kind != "gpu":
+        return None
+    return getattr(res.target.device, "product_label", None)
 
 
 def _scheduling(res, o: K8sOptions) -> dict:
@@ -569,7 +568,8 @@ def _target_line(res, lay: _Layout, o: K8sOptions) -> str:
 
 
 def _scaling_lines(lay: _Layout, o: K8sOptions) -> list[str]:
-    lines = [f"Replicas: {o.replicas} (--replicas; infertool's fleet sizing for the recipe's peak load gives it)."]
+    basis = o.replicas_basis or "the default: set target.peak_rps to size the fleet, or give --replicas"
+    lines = [f"Replicas: {o.replicas} ({comment_text(basis, None)})."]
     if o.autoscaler == "hpa":
         lines.append(f"Autoscaler: HPA (autoscaling/v2) from {o.replicas} to {o.ceiling} replicas on the External metric "
                      f"{QUEUE_METRIC} (target {QUEUE_TARGET} waiting requests per replica): it needs prometheus-adapter "
