@@ -9,7 +9,7 @@ import typer
 
 from infertool.commands._common import (
     JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt, recipe_arg,
-    refuse_overwrite,
+    recipe_checks, refuse_overwrite,
 )
 
 EXAMPLES = examples(
@@ -43,6 +43,8 @@ def register(app: typer.Typer) -> None:
         from infertool.resolve import resolve
 
         res = resolve(load_recipe(recipe, overrides or []))
+        if dry_run:
+            recipe_checks(res, "bench")
         plan = bench_cap.plan(res, bench_cap.BenchOptions(url=url, model=model, plot=plot))
         if dry_run:
             _render_plan(plan, as_json)

@@ -22,7 +22,7 @@ import typer
 
 from infertool.commands._common import (
     JSON_OPT, SET_OPT, DefaultCommandGroup, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt,
-    recipe_arg, refuse_overwrite,
+    recipe_arg, recipe_checks, refuse_overwrite,
 )
 
 EXAMPLES = examples(
@@ -127,7 +127,10 @@ def eval_run(flags: RunFlags) -> None:
         refuse_overwrite([flags.out_dir / RESULTS_FILE], flags.force)
     r = load_recipe(flags.recipe, flags.overrides)
     opts = flags.options(r)
-    plan = evaluate.plan(resolve(r, evaluate.overrides(r, opts)), opts)
+    res = resolve(r, evaluate.overrides(r, opts))
+    if flags.dry_run:
+        recipe_checks(res, "eval")
+    plan = evaluate.plan(res, opts)
     if flags.dry_run:
         _render_dry_run(plan, flags.as_json)
         return
