@@ -4,6 +4,7 @@
 from infertool.checks.registry import (
     CHECKS, PURPOSES, Check, CheckReport, ChecksFailed, Context, Finding, Skip, get, names, run_checks,
 )
+from infertool.checks import builtin  # noqa: E402,F401 - registers the built-in checks (importing the package does)
 
 __all__ = ["CHECKS", "PURPOSES", "Check", "CheckReport", "ChecksFailed", "Context", "Finding", "Skip", "get",
            "names", "run_checks"]

@@ -135,7 +135,7 @@ class ChecksFailed(UsageError):
         return d
 
 
-CHECKS: list[Check] = []
+CHECKS: list[Check] = []  # filled by checks/builtin.py, which importing infertool.checks loads
 
 
 def register(check: Check) -> Check:
@@ -147,20 +147,14 @@ def register(check: Check) -> Check:
 
 
 def names() -> list[str]:
-    _load()
     return [c.name for c in CHECKS]
 
 
 def get(name: str) -> Check:
-    _load()
     for c in CHECKS:
         if c.name == name:
             return c
     raise KeyError(name)
-
-
-def _load() -> None:
-    from infertool.checks import builtin  # noqa: F401 - registers the built-in checks
 
 
 def applies(check: Check, res, purpose: str) -> str | None:
@@ -178,7 +172,6 @@ def run_checks(res, *, purpose: str, only: tuple[str, ...] | None = None) -> Che
     registry's order. A check that cannot run here is listed in ``skipped`` with why."""
     if purpose not in PURPOSES:
         raise ValueError(f"unknown purpose {purpose!r}")
-    _load()
     ctx, report = Context(res, purpose), CheckReport(purpose)
     for check in CHECKS:
         if only is not None and check.name not in only:
