@@ -187,7 +187,7 @@ def serve_env(ctx: Context) -> list[Finding]:
     return []
 
 
-LAUNCHING = frozenset({"run", "serve", "eval", "bench", "profile", "tune", "quantize", "launch"})
+LAUNCHING = frozenset({"run", "serve", "eval", "bench", "tune", "quantize", "launch"})
 SERVE = ("serve",)
 
 register(Check("position_limit", position_limit, "max_model_len within the model's position limit",

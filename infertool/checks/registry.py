@@ -18,7 +18,7 @@ from infertool.errors import UsageError
 
 # Every entry point that runs the checks, by the purpose it passes (tests drive each check through each of them).
 # "launch": a real start (the serve environment is then an error, not a warning).
-PURPOSES = ("validate", "plan", "run", "serve", "emit", "eval", "bench", "profile", "tune", "quantize", "launch")
+PURPOSES = ("validate", "plan", "run", "serve", "emit", "eval", "bench", "tune", "quantize", "launch")
 DRY = frozenset(PURPOSES) - {"launch"}
 LEVELS = ("error", "warn")
 
