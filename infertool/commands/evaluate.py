@@ -128,11 +128,10 @@ def eval_run(flags: RunFlags) -> None:
     r = load_recipe(flags.recipe, flags.overrides)
     opts = flags.options(r)
     res = resolve(r, evaluate.overrides(r, opts))
-    if flags.dry_run:
-        recipe_checks(res, "eval")
+    checks = recipe_checks(res, "eval") if flags.dry_run else None
     plan = evaluate.plan(res, opts)
-    if flags.dry_run:
-        _render_dry_run(plan, flags.as_json)
+    if checks is not None:
+        _render_dry_run(plan, flags.as_json, checks)
         return
     with StageProgress("eval") as progress:
         result = evaluate.run(plan, RunContext(out_dir=flags.out_dir, on_event=progress.on_event, user="eval"))
@@ -144,11 +143,11 @@ def eval_run(flags: RunFlags) -> None:
         raise typer.Exit(1)
 
 
-def _render_dry_run(plan, as_json: bool) -> None:
+def _render_dry_run(plan, as_json: bool, checks) -> None:
     from infertool.output import out, print_json
 
     if as_json:
-        print_json(plan.to_dict())
+        print_json({**plan.to_dict(), "checks": checks.to_list()})
         return
     out.print(f"eval ({plan.engine} engine, suite {plan.suite})", markup=False)
     out.print(f"  base:      {plan.labels['base']} ({plan.base})", markup=False, soft_wrap=True)

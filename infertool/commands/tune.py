@@ -55,11 +55,10 @@ def tune(
         from infertool.resolve import resolve
         from infertool.tune.core import dry_run as plan_only
 
-        recipe_checks(resolve(r), "tune")  # the base recipe, as validate and every dry run check it
-
+        checks = recipe_checks(resolve(r), "tune")  # the base recipe, as validate and every dry run check it
         plan = plan_only(r)
         if as_json:
-            print_json({"dry_run": True, **plan})
+            print_json({"dry_run": True, **plan, "checks": checks.to_list()})
             return
         _render_plan(plan)
         return
