@@ -120,8 +120,9 @@ def recipe(tmp_path_factory) -> Path:
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
-    """An empty INFERTOOL_HOME (no serve environment), this host's CPU as the target (no GPU facts)."""
+    """An empty INFERTOOL_HOME (no serve environment), this host's CPU as the target (on a GPU host too)."""
     monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("INFERTOOL_ACCELERATOR", "cpu")
     return tmp_path / "home"
 
 
