@@ -159,7 +159,11 @@ def test_plan_cli_json_and_exit_codes():
     data = json.loads(r.stdout)
     assert data["fits"] is True and data["capacity"]["kv_tokens"] > 0
     r = runner.invoke(app, ["plan", "llama3.1-8b-w4a16-h100", "--set", "serve.tensor_parallel_size=3"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # a recipe check (vLLM refuses to start), as in validate and every dry run
+    assert "error: tensor_parallel: serve.tensor_parallel_size: tensor_parallel_size 3 does not divide the model's 32 " \
+           "attention heads" in r.stderr
+    r = runner.invoke(app, ["plan", "llama3.1-8b-w4a16-h100", "--memory", "4"])
+    assert r.exit_code == 1  # the plan's own negative verdict: the recipe is sound, this GPU is too small
     assert "does not fit" in r.stderr
     r = runner.invoke(app, ["plan", "llama3.1-8b-w4a16-h100", "--gpu", "Z80"])
     assert r.exit_code == 2

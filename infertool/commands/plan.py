@@ -6,7 +6,9 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, InfertoolCommand, examples, handle_errors, recipe_arg
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, InfertoolCommand, examples, handle_errors, recipe_arg, recipe_checks,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -39,9 +41,10 @@ def plan(
     from infertool.resolve import Overrides, resolve
 
     res = resolve(load_recipe(recipe, overrides or []), Overrides(gpu=gpu))
+    checks = recipe_checks(res, "plan")  # the check registry: exit 2 on an error, as validate and the dry runs
     result = planning.plan(res, planning.PlanOptions(memory_gib=memory, context=context))
     if as_json:
-        print_json({**result.to_dict(), "resolution": res.to_dict()})
+        print_json({**result.to_dict(), "resolution": res.to_dict(), "checks": checks.to_list()})
     else:
         _render(result)
     if not result.fits:

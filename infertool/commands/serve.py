@@ -83,6 +83,10 @@ def serve_run(
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
                                  force=force, emit=emit, k8s=k8s)
     res = resolve(load_recipe(recipe, _with_port(overrides, port)))
+    if emit is not None or dry_run:  # the check registry: the same findings as validate, plan and every dry run
+        from infertool.commands._common import recipe_checks
+
+        recipe_checks(res, "emit" if emit is not None else "serve")
     if emit is not None:  # the replicas: --replicas, else the fleet sizing for target.peak_rps
         from infertool.plan import fleet_replicas
         from infertool.serve.k8s import with_replicas
