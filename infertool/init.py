@@ -410,8 +410,10 @@ def _has_fp8(gpu: hardware.GPU) -> bool:
 
 
 def _generation(gpu: hardware.GPU) -> str:
+    """'H100-SXM (hopper) has FP8 tensor cores' / 'A100-80GB-SXM (ampere) has no FP8 tensor cores'."""
     gen = getattr(gpu, "generation", None)
-    return str(gen) if gen else ("FP8 tensor cores" if _has_fp8(gpu) else "no FP8 tensor cores")
+    gen = f" ({gen})" if gen and gen != "unknown" else ""
+    return f"{gpu.key}{gen} has " + ("FP8 tensor cores" if _has_fp8(gpu) else "no FP8 tensor cores")
 
 
 def _option(method: str, m: _Model, target: InitTarget, traffic: Traffic, source: str, lengths: tuple[int, int, int],
@@ -493,10 +495,8 @@ def _choose_method(tried: list[_Option], target: InitTarget, decide: Decide) -> 
         else "does not fit") for o in tried)
     gpu = target.gpu
     if chosen is tried[0]:
-        why = (f"{chosen.label}: {gpu.key} has {_generation(gpu)}" + (" (FP8 tensor cores)" if _has_fp8(gpu) and
-                                                                      getattr(gpu, "generation", None) else "")
-               + f", and the 8-bit model serves the traffic on as few GPUs as 4-bit ({needs}): at equal cost the "
-               "8-bit format keeps more accuracy")
+        why = (f"{chosen.label}: {_generation(gpu)}, and the 8-bit model serves the traffic on as few GPUs as 4-bit "
+               f"({needs}): at equal cost the 8-bit format keeps more accuracy")
     else:
         why = (f"{chosen.label}: memory binds: the 8-bit model needs more GPUs for this traffic than 4-bit ({needs}); "
                f"4-bit weights halve what each GPU holds")

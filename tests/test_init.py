@@ -307,7 +307,7 @@ def test_this_host_gpu_is_detected_or_named(monkeypatch, tmp_path):
     assert t.kind == "gpu" and t.gpu.key == "H100-SXM" and t.max_gpus == 2 and t.source == "this host"
     assert t.resolve_target(2).to_dict() == {"kind": "gpu", "gpu": "H100-SXM", "count": 2, "this_host": True,
                                              "source": "this host"}
-    fake_nvidia_smi(tmp_path / "a100", monkeypatch, "NVIDIA A100-SXM4-40GB, 40960\n")
+    fake_nvidia_smi(tmp_path / "a100", monkeypatch, "Tesla V100-SXM2-16GB, 16160\n")
     with pytest.raises(UsageError, match="not in infertool's GPU table"):
         init_target()
     with pytest.raises(UsageError, match="--cpu on a host with an NVIDIA GPU"):
