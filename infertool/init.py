@@ -795,7 +795,7 @@ class _RecipeShape:
             "endpoint": self.endpoint, "concurrency": _levels(seqs), "requests": t.requests,
             "prompt": {"source": self.prompt_source, "len": self.prompt_len}, "output_len": self.output_len,
             "slo": {"ttft_ms": t.ttft_ms, "tpot_ms": t.tpot_ms},
-            "cost_per_hour": round((1.0 * tp) if gpu else 0.5, 2),
+            "cost_per_hour": round(_gpu_price(self.target) * tp if gpu else 0.5, 2),
         }
         return r
 
@@ -876,9 +876,19 @@ def _explain_bench(recipe: dict, shape: _RecipeShape, fit: _Fit, decide: Decide,
            ("init's default for interactive chat on a GPU: first token within 0.5 s, 20 tokens/s per stream (tpot_ms "
             f"{TRAFFIC['gpu'].tpot_ms:g}), checked against the plan above") if gpu else
            "what a CPU can promise: first token within 3 s, 4 tokens/s per stream; goodput counts requests meeting both")
+    price = getattr(shape.target.gpu, "price_per_hour", None) if gpu else None
     decide("bench.cost_per_hour", recipe["bench"]["cost_per_hour"],
+           (f"ASSUMPTION, not a quote: {fit.tp} x ${price:g} per GPU-hour, the GPU table's typical on-demand price; "
+            "set what the machine costs you per hour, for $ per 1M output tokens") if price else
            "PLACEHOLDER, not a price: set what the machine costs you per hour, for $ per 1M output tokens"
            + (f" ({fit.tp} GPUs)" if fit.tp > 1 else ""), "warning")
+
+
+def _gpu_price(target: InitTarget) -> float:
+    """$ per GPU-hour for the bench's cost: the GPU table's typical price (an assumption, said), else 1.0 (a
+    placeholder)."""
+    price = getattr(target.gpu, "price_per_hour", None)
+    return float(price) if isinstance(price, int | float) and price > 0 else 1.0
 
 
 def _in_recipe_order(recipe: dict, decisions: list[Decision]) -> list[Decision]:

@@ -178,7 +178,8 @@ def test_gpu_70b_serve_tp_for_the_served_model_and_base_tp_for_the_eval(models):
     assert "TP 1: the original 131.4 GiB of weights per GPU, no room for a KV cache" in base
     assert "TP 2: the original 65.7 GiB" in base and "(>= max_model_len 8,192)" in base
     assert "memory binds" in d["quantize"].why and "tensor_parallel_size 2" in d["quantize"].why  # FP8 would need 2
-    assert recipe["bench"]["cost_per_hour"] == 1.0  # the deployment's GPUs, not the eval's
+    price = init_target(gpu="H100-SXM").gpu.price_per_hour  # the table's assumption, for 1 GPU: the deployment's
+    assert recipe["bench"]["cost_per_hour"] == round(price, 2) and "ASSUMPTION" in d["bench.cost_per_hour"].why
     recipe, decisions = make_recipe(str(models["70b"]), init_target(gpu="L4"))
     assert recipe["serve"]["tensor_parallel_size"] == 4 and recipe["quantize"]["bits"] == 4
     assert recipe["eval"]["base_serve"] == {"tensor_parallel_size": 8}
