@@ -154,7 +154,7 @@ def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
         return ray_options(ctx.tune, t)
 
     records: list[TrialRecord] = []
-    nodes, totals = [n for n in ray.nodes() if n.get("Alive")], ray.cluster_resources()
+    nodes, totals = ray.nodes(), ray.cluster_resources()
     placeable = []
     for t in trials:
         reason = unplaceable(t, options(t), nodes, totals)
@@ -165,9 +165,12 @@ def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
         _record(ctx, records, _skip(t, reason), address)
     limit = ctx.tune.ray.max_concurrent_trials or len(placeable) or 1
     # one trial per candidate first: its quantization and screening are shared by the candidate's other trials
-    firsts, rest, seen = [], [], set()
+    # (unless they are in the cache already: then every trial may start at once)
+    firsts, rest, seen, ready = [], [], set(), {}
     for t in placeable:
-        (rest if t.candidate.key in seen else firsts).append(t)
+        if t.candidate.key not in ready:
+            ready[t.candidate.key] = _shared_ready(ctx, t)
+        (rest if t.candidate.key in seen and not ready[t.candidate.key] else firsts).append(t)
         seen.add(t.candidate.key)
     running: dict = {}
     try:
@@ -182,6 +185,23 @@ def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
             ray.wait(list(running), num_returns=len(running), timeout=RAY_CANCEL_WAIT_S)
         raise
     return records
+
+
+def _shared_ready(ctx, t) -> bool:
+    """Whether the stages a candidate's trials share (its quantization, its screening) are complete in the cache
+    already, as this host keys them, or it has none (the original): then its trials need not wait for a first one.
+    A wrong guess (another node keys its host apart) costs only order: the cache runs each key once."""
+    from infertool.errors import InfertoolError
+    from infertool.stages import keys, select
+    from infertool.tune.context import OPTIONS, TrialJob
+
+    try:
+        chosen = select(t.recipe, ["screen"], "tune", asked_only=True)
+        ks = keys(t.recipe, chosen, ctx.inputs, ctx.host, job=TrialJob(ctx, t), options=OPTIONS)
+    except InfertoolError:
+        return False
+    return all((ctx.cache / f"{st.name}-{ks[st.name]}" / "stage.json").is_file()
+               for st in chosen if "tune" in st.graphs)
 
 
 def trial_gpus(t) -> int:
@@ -227,9 +247,10 @@ def demand(opts: dict) -> dict[str, float]:
 
 
 def unplaceable(t, opts: dict, nodes: list[dict], totals: dict) -> str | None:
-    """Why no live node of the cluster (``ray.nodes()``, alive ones; ``ray.cluster_resources()``) could ever run the
-    trial with ``opts``: None when one node has every resource it needs."""
+    """Why no live node of the cluster (``ray.nodes()``; ``ray.cluster_resources()`` for the message) could ever run
+    the trial with ``opts``: None when one live node has every resource it needs."""
     need = demand(opts)
+    nodes = [n for n in nodes if n.get("Alive")]
     if any(all(float((n.get("Resources") or {}).get(k, 0)) >= v for k, v in need.items()) for n in nodes):
         return None
     what = f"machine kind {t.machine.name!r}" if getattr(t, "machine", None) is not None else "the trial"
