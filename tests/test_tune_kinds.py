@@ -358,3 +358,19 @@ def test_a_real_two_node_ray_cluster_places_each_kind_on_its_node(tmp_path):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_the_executor_flag_is_the_recipes_executor(tmp_path):
+    """`--executor ray` validates the recipe with it (two kinds need ray) and the dry run lists each trial's kind
+    and its $/1M bound at the kind's price (the same roofline on both: no GPU named)."""
+    p = write(tmp_path, quickstart([SMALL, BIG], "local", candidates=["none"], serve_grid={"max_num_seqs": [4]}))
+    r = cli_in_process("tune", str(p), "--dry-run", "--json")
+    assert r.returncode == 2 and "2 machine kinds need tune.executor: ray" in r.stderr
+    r = cli_in_process("tune", str(p), "--executor", "ray", "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["space"]["machines"] == ["small", "big"] and doc["space"]["trials"] == 2
+    cost = {t["machine"]["name"]: t["prediction"]["cost_per_1m_output_tokens"] for t in doc["trials"]}
+    assert cost["big"] == pytest.approx(4 * cost["small"])  # $2.00 against $0.50 an hour, the same bound
+    r = cli_in_process("tune", str(p), "--executor", "ray", "--dry-run")
+    assert r.returncode == 0 and "@ small" in r.stdout and "@ big" in r.stdout
