@@ -651,7 +651,8 @@ class TuneMachine(BaseModel):
     name: Name
     price_per_hour: _float(gt=0, le=MAX_PRICE_PER_HOUR)
     accelerator_type: _text(100, min_length=1) | None = None
-    resources: Annotated[dict[_text(100, min_length=1), _float(gt=0, le=1e6)], Field(min_length=1, max_length=16)] | None = None
+    resources: Annotated[dict[_text(100, min_length=1), _float(gt=0, le=1e6)],
+                         Field(min_length=1, max_length=16)] | None = None
     gpu: _text(100) | None = None
     cpus: _float(0.01, 1024) | None = None
 

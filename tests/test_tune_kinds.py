@@ -332,7 +332,7 @@ def test_a_trial_ray_never_places_is_cancelled_and_skipped(tmp_path, monkeypatch
 
 # --------------------------------------------------------------------------------------------- real Ray
 @pytest.mark.slow
-def test_a_real_two_node_ray_cluster_places_each_kind_on_its_node(tmp_path):
+def test_a_real_two_node_ray_cluster_places_each_kind_on_its_node(tmp_path, monkeypatch):
     """Two Ray nodes on this machine, kinds by custom resources ({small: 1}, {big: 1}, one CPU each): each
     trial runs on its kind's node (its record says the node and the resources Ray gave it); a third kind no node
     offers is skipped. The trials measure nothing (the executor's seam): the cluster is the point."""
@@ -341,6 +341,7 @@ def test_a_real_two_node_ray_cluster_places_each_kind_on_its_node(tmp_path):
     from ray.cluster_utils import Cluster
 
     ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers run this module's fake_trial
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"small": 1},
                                                             "include_dashboard": False})
     try:

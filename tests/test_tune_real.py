@@ -82,7 +82,7 @@ def test_tune_ctrl_c_then_the_same_command_resumes(tiny_tune, quant_python, serv
     assert "Every trial" in html and "data:image/png;base64" in html
 
 
-def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python, tmp_path):
+def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python, tmp_path, monkeypatch):
     """The same tune with tune.executor: ray across two machine kinds, against a two-node Ray cluster started here
     (ray.cluster_utils: two raylets on this machine, one CPU each, custom resources {small: 1} and {big: 1}),
     priced $0.50 and $2.00 an hour: the GPTQ candidate at a new serving setting runs on both kinds as Ray tasks, in
@@ -92,6 +92,7 @@ def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python
     from ray.cluster_utils import Cluster
 
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # the cluster's processes, started from this one
     cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"small": 1},
                                                             "include_dashboard": False})
     try:
@@ -119,7 +120,7 @@ def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python
             assert t["cost_per_1m_output_tokens"] == pytest.approx(t["machine"]["trial_price_per_hour"]
                                                                    / tokens_per_hour * 1e6)
         cheaper, dearer = sorted(trials.values(), key=lambda t: t["cost_per_1m_output_tokens"])
-        if doc["winner"] is not None:  # the accuracy verdict decides whether there is one; the cost, which
+        if doc["winner"] is not None:  # whether there is one is the accuracy verdict's to say; which one, the cost's
             assert doc["winner"]["id"] == cheaper["id"]
             assert dearer["why_lost"].startswith("cost per 1M output tokens at the SLO: ")
         assert "| machine kind |" in (Path(doc["tune_dir"]) / "tune.md").read_text()
