@@ -601,7 +601,8 @@ class TuneRay(BaseModel):
     address: Text | None = None  # default: RAY_ADDRESS, else "auto"
     cpus_per_trial: _float(0.01, 1024) = 1
     max_concurrent_trials: _int(1, 10_000) | None = None
-    # a trial Ray has not started within this many seconds is recorded as skipped (not left pending)
+    # trials Ray has not started within this many seconds, while no other trial runs, are cancelled and recorded
+    # as skipped (never left pending)
     placement_timeout_s: _float(1, 86_400) = 600
 
 

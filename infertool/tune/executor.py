@@ -22,7 +22,6 @@ tune.json).
 from __future__ import annotations
 
 import os
-
 import time
 
 from infertool.errors import UsageError
@@ -87,8 +86,8 @@ def _select(ctx, plan) -> list:
 
 
 def _tpe(ctx, plan) -> list:
-    """Optuna's TPE sampler over (candidate, each grid field, the machine kind), as positions into their values: each ask is the
-    index of one trial of the space, planned when asked (``plan.trial``: the space is never listed); the
+    """Optuna's TPE sampler over (candidate, each grid field, the machine kind), as positions into their values:
+    each ask is the index of one trial of the space, planned when asked (``plan.trial``: the space is never listed); the
     prediction (roofline cost bound) is the value it learns from before measurement, so the order is most
     promising first, and measured trials are not repeated."""
     try:
@@ -210,7 +209,8 @@ def trial_gpus(t) -> int:
     from infertool.stages import select
 
     machine = getattr(t, "machine", None)
-    gpu_target = (t.recipe.target is not None and bool(t.recipe.target.gpu)) or (machine is not None and machine.has_gpus)
+    gpu_target = ((t.recipe.target is not None and bool(t.recipe.target.gpu))
+                  or (machine is not None and machine.has_gpus))
     if not gpu_target:
         return 0
     if not any(st.uses_device(t.recipe) or st.uses_servers(t.recipe)
@@ -227,7 +227,8 @@ def ray_options(tune, t) -> dict:
     from infertool.recipe import ray_accelerator_type
 
     m = getattr(t, "machine", None)
-    opts: dict = {"num_cpus": (m.cpus if m is not None and m.cpus else tune.ray.cpus_per_trial), "num_gpus": trial_gpus(t)}
+    cpus = m.cpus if m is not None and m.cpus else tune.ray.cpus_per_trial
+    opts: dict = {"num_cpus": cpus, "num_gpus": trial_gpus(t)}
     if m is not None:
         acc = m.accelerator_type or (ray_accelerator_type(m.gpu) if m.gpu and not m.resources else None)
         if acc:
