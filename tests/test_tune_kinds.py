@@ -85,6 +85,19 @@ def test_ray_accelerator_types_of_the_gpu_table():
         ["H100", "H200", "A100", "L40S", "L4", None]
 
 
+def test_the_ray_names_are_rays_own_reading_of_the_datasheet_names():
+    """Every GPU of the table that has a Ray name has the one Ray's own detection gives its NVIDIA name."""
+    pytest.importorskip("ray")
+    from ray._private.accelerators.nvidia_gpu import NvidiaGPUAcceleratorManager
+
+    from infertool.perf.hardware import GPUS
+
+    named = {k: ray_accelerator_type(k) for k in GPUS
+             if ray_accelerator_type(k) and GPUS[k].name.startswith("NVIDIA ")}
+    assert named and all(NvidiaGPUAcceleratorManager._gpu_name_to_accelerator_type(GPUS[k].name) == v
+                         for k, v in named.items())
+
+
 # --------------------------------------------------------------------------------------------- the space
 def test_the_kind_is_one_more_dimension_of_the_space():
     r = validate_recipe_data(quickstart([SMALL, BIG]))
