@@ -3,10 +3,10 @@ more dimension of the search space (counted, indexed, sampled by TPE); each kind
 priced at its price; the Ray executor asks for each kind's resources, skips a kind no live node offers and never
 waits forever; $ per 1M output tokens compared across kinds.
 
-The fast tests drive the executor through a stand-in for the `ray` module (a scheduler over crafted nodes: the
-same executor code, no cluster); the slow one starts a real two-node Ray cluster (two kinds, custom resources
-{small: 1} and {big: 1}) with a trial function that measures nothing (the executor's seam). The tune with real
-vLLM on two kinds is tests/test_tune_real.py::test_tune_through_a_local_ray_instance."""
+These drive the executor through a stand-in for the `ray` module (a scheduler over crafted nodes: the same
+executor code, no cluster, a trial function that measures nothing: the executor's seam). A real two-node Ray
+cluster (custom resources {small: 1} and {big: 1}, and a kind no node offers) with real vLLM trials is
+tests/test_tune_real.py::test_tune_through_a_local_ray_instance (slow)."""
 
 from __future__ import annotations
 
@@ -341,37 +341,6 @@ def test_a_trial_ray_never_places_is_cancelled_and_skipped(tmp_path, monkeypatch
         "the cluster's nodes had not its resources free")
     assert fake.cancelled == fake.submitted and len(fake.submitted) == 1
     assert any("not placed within 1 s: cancelled" in e["message"] for e in events)
-
-
-# --------------------------------------------------------------------------------------------- real Ray
-@pytest.mark.slow
-def test_a_real_two_node_ray_cluster_places_each_kind_on_its_node(tmp_path, monkeypatch):
-    """Two Ray nodes on this machine, kinds by custom resources ({small: 1}, {big: 1}, one CPU each): each
-    trial runs on its kind's node (its record says the node and the resources Ray gave it); a third kind no node
-    offers is skipped. The trials measure nothing (the executor's seam): the cluster is the point."""
-    ray = pytest.importorskip("ray")
-    import ray.cloudpickle
-    from ray.cluster_utils import Cluster
-
-    ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])  # the workers run this module's fake_trial
-    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"small": 1},
-                                                            "include_dashboard": False})
-    try:
-        big_node = cluster.add_node(num_cpus=1, resources={"big": 1})
-        cluster.wait_for_nodes(timeout=120)
-        ctx, plan, _ = two_kind_tune(tmp_path, [SMALL, BIG, {"name": "huge", "price_per_hour": 9.0,
-                                                             "resources": {"huge": 1}}], address=cluster.address)
-        records = {r.machine["name"]: r for r in executor.execute(ctx, plan, "ray", trial_fn=fake_trial)}
-        assert records["small"].executor["node_id"] == cluster.head_node.node_id
-        assert records["big"].executor["node_id"] == big_node.node_id
-        for kind in ("small", "big"):
-            assert records[kind].status == "done" and records[kind].executor["resources"] == {"CPU": 1.0, kind: 1.0}
-        assert records["huge"].status == "skipped" and "'huge' needs (CPU 1, huge 1)" in records["huge"].reason
-        assert records["small"].cost_per_1m_output_tokens < records["big"].cost_per_1m_output_tokens
-    finally:
-        ray.shutdown()
-        cluster.shutdown()
 
 
 def test_the_executor_flag_is_the_recipes_executor(tmp_path):

@@ -87,7 +87,8 @@ def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python
     (ray.cluster_utils: two raylets on this machine, one CPU each, custom resources {small: 1} and {big: 1}),
     priced $0.50 and $2.00 an hour: the GPTQ candidate at a new serving setting runs on both kinds as Ray tasks, in
     parallel (its quantization and screening reused from the cache); each trial on its kind's node, its $ per 1M
-    output tokens at its kind's price over what it measured, compared across the kinds."""
+    output tokens at its kind's price over what it measured, compared across the kinds. A third kind that no node
+    offers is skipped, never submitted."""
     pytest.importorskip("ray")
     from ray.cluster_utils import Cluster
 
@@ -100,7 +101,8 @@ def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python
         cluster.wait_for_nodes(timeout=120)
         address = cluster.address
         machines = ("[{name: small, price_per_hour: 0.5, resources: {small: 1}}, "
-                    "{name: big, price_per_hour: 2.0, resources: {big: 1}}]")
+                    "{name: big, price_per_hour: 2.0, resources: {big: 1}}, "
+                    "{name: huge, price_per_hour: 9.0, resources: {huge: 1}}]")  # no node offers huge
         # a new serving setting (its capacity runs in Ray workers); the winner's served check is the other test's
         r = run_cli("tune", str(tiny_tune), "--executor", "ray", "--json", "--set", "tune.serve_grid.max_num_seqs=[3]",
                     "--set", "tune.candidates=[{bits: 4, group_size: 64}]", "--set", f"tune.machines={machines}",
@@ -108,6 +110,9 @@ def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python
         assert r.returncode in (0, 1), r.stderr[-3000:]
         doc = json.loads(r.stdout)
         trials = {t["machine"]["name"]: t for t in doc["trials"]}
+        huge = trials.pop("huge")  # skipped before it was submitted, saying what it needs and what the cluster has
+        assert huge["status"] == "skipped" and huge["reason"].startswith(
+            "not run: no live Ray node offers what machine kind 'huge' needs (CPU 1, huge 1); the cluster has 2 live")
         assert sorted(trials) == ["big", "small"]
         nodes = {"small": cluster.head_node.node_id, "big": big.node_id}
         for kind, t in trials.items():
