@@ -74,11 +74,13 @@ __all__ = [
     "ServeSection",
     "SpeculativeSpec",
     "TargetSection",
+    "TuneMachine",
     "TuneSection",
     "apply_overrides",
     "load_recipe",
     "load_recipe_data",
     "parse_overrides",
+    "ray_accelerator_type",
     "recipe_to_dict",
     "validate_recipe_data",
 ]
@@ -669,6 +671,90 @@ class TuneRay(BaseModel):
     address: Text | None = None  # default: RAY_ADDRESS, else "auto"
     cpus_per_trial: _float(0.01, 1024) = 1
     max_concurrent_trials: _int(1, 10_000) | None = None
+    # trials Ray has not started within this many seconds, while no other trial runs, are cancelled and recorded
+    # as skipped (never left pending)
+    placement_timeout_s: _float(1, 86_400) = 600
+
+
+# Ray's own resources: a machine kind asks for CPUs and GPUs through cpus and its trials' TP x PP, not by name
+_RAY_BUILTIN_RESOURCES = {"CPU", "GPU", "memory", "object_store_memory"}
+_RESOURCE_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:/-]*$")
+MAX_PRICE_PER_HOUR = 10_000.0  # $ per hour (per GPU): above any machine a cloud rents
+
+
+# Ray names a node's NVIDIA GPU by the first all-caps model token of its name ("NVIDIA H100 80GB HBM3" -> "H100",
+# "NVIDIA A100-SXM4-80GB" -> "A100": ray/_private/accelerators/nvidia_gpu.py); the GPU table's datasheet names
+# read the same way
+_RAY_NVIDIA_RE = re.compile(r"NVIDIA\s+((?:[A-Z]+\s+)*[A-Z0-9]*\d[A-Z0-9]*)")
+
+
+def ray_accelerator_type(gpu: str) -> str | None:
+    """The Ray accelerator type (``ray.util.accelerators``) whose nodes carry ``gpu`` (a GPU table key or alias),
+    as Ray labels a node it detects it on; None when Ray has no name for it (then a machine kind names
+    accelerator_type or resources itself)."""
+    from infertool.perf.hardware import find_gpu
+
+    try:
+        spec = find_gpu(gpu)
+    except Exception:  # noqa: BLE001 - an unknown GPU: the field's own validator says so
+        return None
+    name = str(getattr(spec, "name", "") or "")
+    if "MI300X" in name or "MI300X" in spec.key:
+        return "AMD-Instinct-MI300X-OAM"
+    m = _RAY_NVIDIA_RE.match(name)
+    return m.group(1).replace(" ", "-") if m and len(m.group(1)) > 1 else None
+
+
+class TuneMachine(BaseModel):
+    """A machine kind tune may run trials on (tune.machines): each trial is one candidate x one serving setting x
+    one kind. With tune.executor: ray, a trial asks Ray for a node of its kind: `accelerator_type` (Ray's
+    accelerator type, as `ray.util.accelerators` names it: "L4", "H100", "A100-80G"...), `resources` (custom
+    resources the kind's nodes were started with, e.g. {"kind_small": 1}), or else the Ray accelerator type of
+    `gpu` (a GPU table key: "L4", "H100-SXM"...). `gpu` is also the GPU tune plans the kind's trials for (the
+    roofline, the memory fit). `price_per_hour` is $ per hour PER GPU for a kind with GPUs (`gpu` or
+    `accelerator_type`): a trial on tensor x pipeline parallel GPUs costs price x TP x PP per hour; for a kind
+    without GPUs it is the price of the machine a trial runs on. A trial's $ per 1M output tokens is that price
+    over the output tokens it serves in an hour at the largest load meeting the SLO. `cpus`: the CPUs a trial
+    asks for on this kind (default tune.ray.cpus_per_trial)."""
+
+    model_config = _STRICT
+
+    name: Name
+    price_per_hour: _float(gt=0, le=MAX_PRICE_PER_HOUR)
+    accelerator_type: _text(100, min_length=1) | None = None
+    resources: Annotated[dict[_text(100, min_length=1), _float(gt=0, le=1e6)],
+                         Field(min_length=1, max_length=16)] | None = None
+    gpu: _text(100) | None = None
+    cpus: _float(0.01, 1024) | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME_RE.fullmatch(value):
+            raise ValueError("a machine kind's name starts with a letter or digit and has only letters, digits, '.', "
+                             f"'_' and '-' (it labels trials); got {value!r}")
+        return value
+
+    @field_validator("gpu")
+    @classmethod
+    def _known_gpu(cls, value: str | None) -> str | None:
+        return TargetSection._known_gpu(value)
+
+    @field_validator("resources")
+    @classmethod
+    def _custom_resources(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if key in _RAY_BUILTIN_RESOURCES or key.startswith("accelerator_type:"):
+                raise ValueError(f"{key!r} is one of Ray's own resources: a kind asks for CPUs with cpus, GPUs through "
+                                 "its trials' tensor x pipeline parallel size, a GPU type with accelerator_type")
+            if not _RESOURCE_RE.fullmatch(key):
+                raise ValueError(f"resource name {key!r}: letters, digits, '_', '.', ':', '/' and '-' only")
+        return value
+
+    @property
+    def has_gpus(self) -> bool:
+        """A kind with GPUs: its price is per GPU."""
+        return bool(self.gpu or self.accelerator_type)
 
 
 # serve fields that are not serving settings to tune (where it listens, what it serves, secrets)
@@ -709,9 +795,34 @@ class TuneSection(BaseModel):
     seed: Seed = 0
     executor: Literal["local", "ray"] = "local"
     ray: TuneRay = Field(default_factory=TuneRay)
+    # machine kinds to compare (each trial on one): none = this machine (local) or any node (ray) at bench.cost_per_hour
+    machines: Annotated[list[TuneMachine], Field(min_length=1, max_length=MAX_LIST)] | None = None
     load: TuneLoadSearch = Field(default_factory=TuneLoadSearch)
     accuracy: TuneAccuracy = Field(default_factory=TuneAccuracy)
     out_dir: _text(min_length=1) = "tune"
+
+    @model_validator(mode="after")
+    def _check_machines(self) -> TuneSection:
+        """Machine kinds: distinct names; on Ray each says where Ray finds it; more than one kind needs Ray (the
+        local executor runs on this one machine: one kind, its price and GPU, may describe it)."""
+        kinds = self.machines or []
+        seen: dict[str, int] = {}
+        for i, m in enumerate(kinds):
+            if m.name in seen:
+                raise _field_error(f"machines[{i}].name", f"machine kind {m.name!r} is also machines[{seen[m.name]}]: "
+                                   "each kind needs its own name (it labels its trials)")
+            seen[m.name] = i
+        if len(kinds) > 1 and self.executor != "ray":
+            raise _field_error("machines", f"{len(kinds)} machine kinds need tune.executor: ray (each trial placed on "
+                               "a node of its kind); the local executor runs every trial on this machine, one kind")
+        if self.executor == "ray":
+            for i, m in enumerate(kinds):
+                if not (m.accelerator_type or m.resources or (m.gpu and ray_accelerator_type(m.gpu))):
+                    what = f"gpu {m.gpu} has no Ray accelerator type" if m.gpu else "it names neither"
+                    raise _field_error(f"machines[{i}]", f"machine kind {m.name!r}: Ray places a trial by "
+                                       f"accelerator_type or custom resources, and {what}: add accelerator_type "
+                                       "(e.g. 'L4', 'H100') or resources (e.g. {kind_small: 1})")
+        return self
 
 
 # --------------------------------------------------------------------------------------------
@@ -795,7 +906,7 @@ class Recipe(BaseModel):
         if self.bench is None:
             raise _field_error("bench", "tune measures serving under the recipe's traffic: add a bench section "
                                "(prompt, output_len, requests)")
-        if t.objective == "cost" and self.bench.cost_per_hour is None:
+        if t.objective == "cost" and self.bench.cost_per_hour is None and not t.machines:
             raise _field_error("bench.cost_per_hour", "objective cost needs bench.cost_per_hour (what the machine "
                                "costs you per hour) for $ per 1M output tokens")
         return self

@@ -1,14 +1,12 @@
 """`infertool tune` for real, on the 2-layer bundled model: real quantization, real vLLM servers (reference,
 screening, capacity, the winner's served check), Ctrl-C in the middle and the same command again, then trials
-run by a local Ray instance the test starts."""
+run by a local two-node Ray cluster the test starts, as two machine kinds."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -84,34 +82,55 @@ def test_tune_ctrl_c_then_the_same_command_resumes(tiny_tune, quant_python, serv
     assert "Every trial" in html and "data:image/png;base64" in html
 
 
-def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python, tmp_path):
-    """The same tune with tune.executor: ray, against a Ray instance started here: a new serving setting runs
-    as Ray tasks (its candidate's quantization and screening reused from the cache)."""
+def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python, tmp_path, monkeypatch):
+    """The same tune with tune.executor: ray across two machine kinds, against a two-node Ray cluster started here
+    (ray.cluster_utils: two raylets on this machine, one CPU each, custom resources {small: 1} and {big: 1}),
+    priced $0.50 and $2.00 an hour: the GPTQ candidate at a new serving setting runs on both kinds as Ray tasks, in
+    parallel (its quantization and screening reused from the cache); each trial on its kind's node, its $ per 1M
+    output tokens at its kind's price over what it measured, compared across the kinds. A third kind that no node
+    offers is skipped, never submitted."""
     pytest.importorskip("ray")
-    ray_bin = Path(sys.executable).with_name("ray")
-    from infertool.procs import free_port
+    from ray.cluster_utils import Cluster
 
-    port = free_port()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    start = subprocess.run([str(ray_bin), "start", "--head", f"--port={port}", "--num-cpus=2", "--num-gpus=0",
-                            "--include-dashboard=false", "--disable-usage-stats"], capture_output=True, text=True,
-                           env=env, timeout=300)
-    assert start.returncode == 0, start.stderr[-2000:]
+    monkeypatch.setenv("RAY_USAGE_STATS_ENABLED", "0")  # the cluster's processes, started from this one
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "resources": {"small": 1},
+                                                            "include_dashboard": False})
     try:
-        address = f"127.0.0.1:{port}"
+        big = cluster.add_node(num_cpus=1, resources={"big": 1})
+        cluster.wait_for_nodes(timeout=120)
+        address = cluster.address
+        machines = ("[{name: small, price_per_hour: 0.5, resources: {small: 1}}, "
+                    "{name: big, price_per_hour: 2.0, resources: {big: 1}}, "
+                    "{name: huge, price_per_hour: 9.0, resources: {huge: 1}}]")  # no node offers huge
         # a new serving setting (its capacity runs in Ray workers); the winner's served check is the other test's
         r = run_cli("tune", str(tiny_tune), "--executor", "ray", "--json", "--set", "tune.serve_grid.max_num_seqs=[3]",
+                    "--set", "tune.candidates=[{bits: 4, group_size: 64}]", "--set", f"tune.machines={machines}",
                     "--set", "tune.accuracy.served_check=false", env={**env, "RAY_ADDRESS": address}, timeout=3600)
         assert r.returncode in (0, 1), r.stderr[-3000:]
         doc = json.loads(r.stdout)
-        assert len(doc["trials"]) == 2
-        for t in doc["trials"]:
-            assert t["executor"] == {"kind": "ray", "address": address}
+        trials = {t["machine"]["name"]: t for t in doc["trials"]}
+        huge = trials.pop("huge")  # skipped before it was submitted, saying what it needs and what the cluster has
+        assert huge["status"] == "skipped" and huge["reason"].startswith(
+            "not run: no live Ray node offers what machine kind 'huge' needs (CPU 1, huge 1); the cluster has 2 live")
+        assert sorted(trials) == ["big", "small"]
+        nodes = {"small": cluster.head_node.node_id, "big": big.node_id}
+        for kind, t in trials.items():
+            ex = t["executor"]
+            assert (ex["kind"], ex["address"], ex["node_id"], ex["resources"]) == ("ray", address, nodes[kind],
+                                                                                  {"CPU": 1.0, kind: 1.0})
             assert t["status"] == "done" and t["stages"]["capacity"]["status"] == "done"
-            if t["stages"].get("quantize"):
-                assert t["stages"]["quantize"]["status"] == "reused" and t["stages"]["screen"]["status"] == "reused"
+            assert t["stages"]["quantize"]["status"] == "reused" and t["stages"]["screen"]["status"] == "reused"
+            tokens_per_hour = t["capacity"]["at_max_load"]["output_token_throughput"] * 3600
+            assert t["cost_per_1m_output_tokens"] == pytest.approx(t["machine"]["trial_price_per_hour"]
+                                                                   / tokens_per_hour * 1e6)
+        cheaper, dearer = sorted(trials.values(), key=lambda t: t["cost_per_1m_output_tokens"])
+        if doc["winner"] is not None:  # whether there is one is the accuracy verdict's to say; which one, the cost's
+            assert doc["winner"]["id"] == cheaper["id"]
+            assert dearer["why_lost"].startswith("cost per 1M output tokens at the SLO: ")
+        assert "| machine kind |" in (Path(doc["tune_dir"]) / "tune.md").read_text()
     finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, text=True, env=env, timeout=120)
+        cluster.shutdown()
     shutil.rmtree(tmp_path, ignore_errors=True)
 
 

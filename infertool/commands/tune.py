@@ -47,7 +47,8 @@ def tune(
 
     if executor is not None and executor not in ("local", "ray"):
         raise usage_error(f"--executor {executor!r}: local or ray")
-    r = load_recipe(recipe, overrides or [])
+    # --executor is tune.executor: the recipe is validated with it (machine kinds need ray) and Ray workers read it
+    r = load_recipe(recipe, [*(overrides or []), *([f"tune.executor={executor}"] if executor else [])])
     if r.tune is None:
         raise usage_error(f"recipe {r.name!r} has no tune section",
                           hint="add one (candidates, serve_grid, objective), e.g. `infertool recipes show quickstart-tune`")
@@ -99,7 +100,8 @@ def _render_plan(plan: dict) -> None:
         t.add_column(c)
     for tr in plan["trials"]:
         p = tr["prediction"]
-        t.add_row(tr["id"], escape(tr["candidate"]["label"]), escape(", ".join(f"{k}={v}" for k, v in tr["serve"].items()) or "recipe"),
+        kind = f" @ {tr['machine']['name']} (${tr['machine']['trial_price_per_hour']:,.4g}/h)" if tr.get("machine") else ""
+        t.add_row(tr["id"], escape(tr["candidate"]["label"]), escape((", ".join(f"{k}={v}" for k, v in tr["serve"].items()) or "recipe") + kind),
                   "yes" if p.get("fits", True) else "no",
                   f"{p['decode_tokens_per_s']:,.0f} at batch {p.get('batch')}" if p.get("decode_tokens_per_s") else "-",
                   f"{p['cost_per_1m_output_tokens']:,.3g}" if p.get("cost_per_1m_output_tokens") else "-",

@@ -113,7 +113,9 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
             return rec
         ctx.run_stages(trial, ["capacity"], outputs, rec)
         cap = outputs["capacity"].summary
-        rec.capacity, rec.objective = cap, search.objective_value(ctx.tune.objective, cap)
+        rec.capacity, rec.objective = cap, search.objective_value(ctx.tune.objective, cap, trial.price_per_hour)
+        if trial.machine is not None:  # $ per 1M at its kind's price, compared across kinds
+            rec.cost_per_1m_output_tokens = search.cost_per_1m(cap, trial.price_per_hour)
         rec.decode = decode_check(trial, cap)
         rec.status = "done"
     except (KeyboardInterrupt, EnvNotReady):
@@ -190,7 +192,8 @@ class Plan:
         sp = self.space
         return {"trials": sp.size, "candidates": len(sp.candidates), "serving_settings": sp.grid.size,
                 "axes": {key: len(values) for key, values in sp.grid.axes}, "planned": len(self.trials),
-                "sampled": self.sampled, "sampler": self.sampler(), "max_trials": sp.recipe.tune.max_trials}
+                "sampled": self.sampled, "sampler": self.sampler(), "max_trials": sp.recipe.tune.max_trials,
+                **({"machines": [m.name for m in sp.machines]} if sp.machines else {})}
 
     def sampler(self) -> str:
         """Which sampler picks the trials: the grid (most promising first) or Optuna's TPE (auto: when the space

@@ -2,9 +2,13 @@
 
 - ``local`` (default): one after another on this machine: measurements do not share the machine.
 - ``ray``: in parallel on an existing Ray cluster (``tune.ray.address``, else RAY_ADDRESS, else "auto"); each
-  trial asks Ray for the GPUs its tensor x pipeline parallel size needs (on a GPU target, when the stages of its
-  graph declare a device or a server) and
-  ``tune.ray.cpus_per_trial`` CPUs. The tune directory must be on a file system every node sees (as Ray Tune
+  trial asks Ray for the GPUs its tensor x pipeline parallel size needs (on a GPU target or a machine kind with
+  GPUs, when the stages of its graph declare a device or a server) and ``tune.ray.cpus_per_trial`` CPUs (its
+  kind's ``cpus``); a trial of a machine kind (tune.machines) also asks for its kind: Ray's ``accelerator_type``
+  and the kind's custom ``resources``. A trial whose kind no live node offers is recorded as skipped with that
+  reason before it is submitted; trials Ray has not started while nothing else runs are cancelled after
+  ``tune.ray.placement_timeout_s`` and recorded as skipped: nothing waits forever. Each trial records the node it
+  ran on and the resources it got. The tune directory must be on a file system every node sees (as Ray Tune
   requires of its storage path): stages are cached there.
 
 Which trials: the planned ones (the whole space, or a seeded sample of a large one: ``core.Plan``), most
@@ -18,22 +22,29 @@ tune.json).
 from __future__ import annotations
 
 import os
+import time
 
 from infertool.errors import UsageError
 from infertool.tune.context import emit
 from infertool.tune.records import TrialRecord
 
 SAMPLER_SKIP = "not chosen by the sampler within tune.max_trials"
+# every wait on Ray is at most this long: between two, the driver looks at the trials not yet placed
+RAY_POLL_S = 2.0
+# how long cancelled trials (Ctrl-C, never placed) and a finished trial's result are waited for
+RAY_CANCEL_WAIT_S = 60.0
+PLACED = "placed.json"  # written in the trial's directory by its Ray worker when it starts: where and with what
 
 
 def _needs_reference(trials) -> bool:
     return any(not t.candidate.original and t.prediction.fits for t in trials)
 
 
-def execute(ctx, plan, executor: str) -> list[TrialRecord]:
+def execute(ctx, plan, executor: str, trial_fn=None) -> list[TrialRecord]:
     """Run the chosen trials of ``plan`` (a ``core.Plan``; each trial its graph of registered stages) here or on
     Ray; the reference first, once, when a trial screens a candidate (its entry is then reused by every trial's
-    graph). The planned trials not chosen are recorded as skipped."""
+    graph). The planned trials not chosen are recorded as skipped. ``trial_fn``: what a Ray worker runs for a
+    trial (default ``_remote_trial``: its stages; a test's seam)."""
     from infertool.tune.core import run_trial
 
     chosen = _select(ctx, plan)
@@ -43,7 +54,7 @@ def execute(ctx, plan, executor: str) -> list[TrialRecord]:
     if first is not None and (_needs_reference(chosen) or ctx.exhaustive):
         ctx.run_stages(first, ["reference"], {})
     if executor == "ray":
-        return _ray(ctx, chosen) + skipped
+        return _ray(ctx, chosen, trial_fn or _remote_trial) + skipped
     records: list[TrialRecord] = []
     for t in chosen:
         if ctx.elapsed() > ctx.tune.max_wall_s:
@@ -75,8 +86,8 @@ def _select(ctx, plan) -> list:
 
 
 def _tpe(ctx, plan) -> list:
-    """Optuna's TPE sampler over (candidate, each grid field), as positions into their values: each ask is the
-    index of one trial of the space, planned when asked (``plan.trial``: the space is never listed); the
+    """Optuna's TPE sampler over (candidate, each grid field, the machine kind), as positions into their values:
+    each ask is the index of one trial of the space, planned when asked (``plan.trial``: the space is never listed); the
     prediction (roofline cost bound) is the value it learns from before measurement, so the order is most
     promising first, and measured trials are not repeated."""
     try:
@@ -91,6 +102,8 @@ def _tpe(ctx, plan) -> list:
     # every dimension as positions into its values (categorical choices must be scalars; a grid value may not be)
     dists = {"candidate": CategoricalDistribution(list(range(len(sp.candidates)))),
              **{k: CategoricalDistribution(list(range(len(v)))) for k, v in sp.grid.axes}}
+    if sp.machines:  # the machine kind: one more dimension
+        dists["machine"] = CategoricalDistribution(list(range(len(sp.machines))))
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=ctx.tune.seed))
     chosen: list = []
     seen: set[str] = set()
@@ -98,7 +111,8 @@ def _tpe(ctx, plan) -> list:
     while len(chosen) < ctx.tune.max_trials and asks < 20 * ctx.tune.max_trials:
         asks += 1
         ot = study.ask(dists)
-        t = plan.trial(sp.index(ot.params["candidate"], {k: ot.params[k] for k, _ in sp.grid.axes}))
+        t = plan.trial(sp.index(ot.params["candidate"], {k: ot.params[k] for k, _ in sp.grid.axes},
+                                ot.params.get("machine", 0)))
         if not t.prediction.fits:
             study.tell(ot, state=optuna.trial.TrialState.PRUNED)
             continue
@@ -111,9 +125,10 @@ def _tpe(ctx, plan) -> list:
 
 
 # ----------------------------------------------------------------------------------------------- ray
-def _ray(ctx, trials: list) -> list[TrialRecord]:
+def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
     """Per candidate first (quantize + screen, in parallel), then every trial's capacity search in parallel,
-    each a Ray task with the resources its configuration needs."""
+    each a Ray task with the resources its configuration and its machine kind need (``ray_options``); a trial
+    that no live node could take is recorded as skipped, with why, and never submitted."""
     try:
         import ray
     except ImportError:
@@ -129,17 +144,32 @@ def _ray(ctx, trials: list) -> list[TrialRecord]:
 
     @ray.remote(max_retries=0)
     def run_remote(trial_index: int, trial_id: str):
-        return _remote_trial(recipe_data, tune_dir, exhaustive, trial_index, trial_id)
+        placed = note_placement(tune_dir, trial_id)  # first: the driver sees the trial has a node
+        rec = trial_fn(recipe_data, tune_dir, exhaustive, trial_index, trial_id)
+        rec.executor = {**(rec.executor or {}), **placed}
+        return rec
 
     def options(t):
-        return {"num_cpus": ctx.tune.ray.cpus_per_trial, "num_gpus": trial_gpus(t)}
+        return ray_options(ctx.tune, t)
 
-    limit = ctx.tune.ray.max_concurrent_trials or len(trials)
     records: list[TrialRecord] = []
-    # one trial per candidate first: its quantization and screening are shared by the candidate's other trials
-    firsts, rest, seen = [], [], set()
+    nodes, totals = ray.nodes(), ray.cluster_resources()
+    placeable = []
     for t in trials:
-        (rest if t.candidate.key in seen else firsts).append(t)
+        reason = unplaceable(t, options(t), nodes, totals)
+        if reason is None:
+            placeable.append(t)
+            continue
+        emit(ctx.on_event, f"ray: trial {t.label} {reason}", "warning")
+        _record(ctx, records, _skip(t, reason), address)
+    limit = ctx.tune.ray.max_concurrent_trials or len(placeable) or 1
+    # one trial per candidate first: its quantization and screening are shared by the candidate's other trials
+    # (unless they are in the cache already: then every trial may start at once)
+    firsts, rest, seen, ready = [], [], set(), {}
+    for t in placeable:
+        if t.candidate.key not in ready:
+            ready[t.candidate.key] = _shared_ready(ctx, t)
+        (rest if t.candidate.key in seen and not ready[t.candidate.key] else firsts).append(t)
         seen.add(t.candidate.key)
     running: dict = {}
     try:
@@ -151,17 +181,37 @@ def _ray(ctx, trials: list) -> list[TrialRecord]:
         for r in running:
             ray.cancel(r)
         if running:
-            ray.wait(list(running), num_returns=len(running), timeout=60)
+            ray.wait(list(running), num_returns=len(running), timeout=RAY_CANCEL_WAIT_S)
         raise
     return records
 
 
+def _shared_ready(ctx, t) -> bool:
+    """Whether the stages a candidate's trials share (its quantization, its screening) are complete in the cache
+    already, as this host keys them, or it has none (the original): then its trials need not wait for a first one.
+    A wrong guess (another node keys its host apart) costs only order: the cache runs each key once."""
+    from infertool.errors import InfertoolError
+    from infertool.stages import keys, select
+    from infertool.tune.context import OPTIONS, TrialJob
+
+    try:
+        chosen = select(t.recipe, ["screen"], "tune", asked_only=True)
+        ks = keys(t.recipe, chosen, ctx.inputs, ctx.host, job=TrialJob(ctx, t), options=OPTIONS)
+    except InfertoolError:
+        return False
+    return all((ctx.cache / f"{st.name}-{ks[st.name]}" / "stage.json").is_file()
+               for st in chosen if "tune" in st.graphs)
+
+
 def trial_gpus(t) -> int:
-    """The GPUs a trial asks Ray for: on a GPU target, its tensor x pipeline parallel size when a stage of its
-    graph runs on the device or serves (the stage declarations say)."""
+    """The GPUs a trial asks Ray for: on a GPU target (or a machine kind with GPUs), its tensor x pipeline
+    parallel size when a stage of its graph runs on the device or serves (the stage declarations say)."""
     from infertool.stages import select
 
-    if t.recipe.target is None or not t.recipe.target.gpu:
+    machine = getattr(t, "machine", None)
+    gpu_target = ((t.recipe.target is not None and bool(t.recipe.target.gpu))
+                  or (machine is not None and machine.has_gpus))
+    if not gpu_target:
         return 0
     if not any(st.uses_device(t.recipe) or st.uses_servers(t.recipe)
                for st in select(t.recipe, ["screen", "capacity"], "tune", asked_only=True)):
@@ -170,33 +220,141 @@ def trial_gpus(t) -> int:
     return (s.tensor_parallel_size * s.pipeline_parallel_size) if s else 1
 
 
+def ray_options(tune, t) -> dict:
+    """What a trial asks Ray for (``ray.remote(...).options``): CPUs (its kind's ``cpus``, else
+    tune.ray.cpus_per_trial), the GPUs of ``trial_gpus``, and for a machine kind its ``accelerator_type`` (given, or
+    the Ray name of its ``gpu`` when it names no custom resources) and its custom ``resources``."""
+    from infertool.recipe import ray_accelerator_type
+
+    m = getattr(t, "machine", None)
+    cpus = m.cpus if m is not None and m.cpus else tune.ray.cpus_per_trial
+    opts: dict = {"num_cpus": cpus, "num_gpus": trial_gpus(t)}
+    if m is not None:
+        acc = m.accelerator_type or (ray_accelerator_type(m.gpu) if m.gpu and not m.resources else None)
+        if acc:
+            opts["accelerator_type"] = acc
+        if m.resources:
+            opts["resources"] = dict(m.resources)
+    return opts
+
+
+def demand(opts: dict) -> dict[str, float]:
+    """The node resources ``opts`` needs, as Ray names them (an accelerator type is the node resource
+    ``accelerator_type:<type>``, of which a task takes 0.001)."""
+    need = {"CPU": opts.get("num_cpus") or 0, "GPU": opts.get("num_gpus") or 0, **(opts.get("resources") or {})}
+    if opts.get("accelerator_type"):
+        need[f"accelerator_type:{opts['accelerator_type']}"] = 0.001
+    return {k: float(v) for k, v in need.items() if v}
+
+
+def unplaceable(t, opts: dict, nodes: list[dict], totals: dict) -> str | None:
+    """Why no live node of the cluster (``ray.nodes()``; ``ray.cluster_resources()`` for the message) could ever run
+    the trial with ``opts``: None when one live node has every resource it needs."""
+    need = demand(opts)
+    nodes = [n for n in nodes if n.get("Alive")]
+    if any(all(float((n.get("Resources") or {}).get(k, 0)) >= v for k, v in need.items()) for n in nodes):
+        return None
+    what = f"machine kind {t.machine.name!r}" if getattr(t, "machine", None) is not None else "the trial"
+    offered = ", ".join(f"{k} {v:g}" for k, v in sorted(totals.items())
+                        if not k.startswith("node:") and k not in ("memory", "object_store_memory"))
+    return (f"not run: no live Ray node offers what {what} needs ({', '.join(f'{k} {v:g}' for k, v in need.items())}); "
+            f"the cluster has {len(nodes)} live node(s)" + (f" with {offered[:400]} in all" if offered else ""))
+
+
+def note_placement(tune_dir: str, trial_id: str) -> dict:
+    """In the trial's Ray worker, when it starts: the node it runs on and the resources Ray gave it, written as
+    <tune dir>/trials/<id>/placed.json (how the driver knows it was placed) and returned for its record."""
+    from pathlib import Path
+
+    import ray
+
+    from infertool.atomic import write_json
+
+    rc = ray.get_runtime_context()
+    placed = {"node_id": rc.get_node_id(), "resources": {k: float(v) for k, v in rc.get_assigned_resources().items()}}
+    write_json(Path(tune_dir) / "trials" / trial_id / PLACED, placed)
+    return placed
+
+
+def _record(ctx, records: list, rec: TrialRecord, address: str) -> None:
+    rec.executor = {"kind": "ray", "address": address, **(rec.executor or {})}
+    if ctx.on_trial:
+        ctx.on_trial(rec)
+    records.append(rec)
+
+
 def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_remote, options, address) -> None:
+    """Submit each wave's trials (at most ``limit`` running) and collect them; every wait on Ray is bounded
+    (RAY_POLL_S), and trials Ray has not placed while nothing else runs are cancelled after
+    tune.ray.placement_timeout_s (``_unstick``)."""
+    placed: set = set()
+    progress = [time.monotonic()]  # the last submission, placement or completion
     for wave in waves:
         pending = list(wave)
         while pending or running:
             while pending and len(running) < limit:
                 if ctx.elapsed() > ctx.tune.max_wall_s:
-                    records += [_skip(t, "not started: the wall-time budget was spent") for t in pending]
+                    for t in pending:
+                        _record(ctx, records, _skip(t, "not started: the wall-time budget was spent"), address)
                     pending = []
                     break
                 t = pending.pop(0)
                 emit(ctx.on_event, f"ray: trial {t.label}")
+                (ctx.dir / "trials" / t.id / PLACED).unlink(missing_ok=True)  # an older run's
                 running[run_remote.options(**options(t)).remote(t.index, t.id)] = t
+                progress[0] = time.monotonic()
             if not running:
                 break
-            done, _ = ray.wait(list(running), num_returns=1)
+            done, _ = ray.wait(list(running), num_returns=1, timeout=RAY_POLL_S)
+            if not done:
+                _unstick(ctx, ray, running, placed, progress, records, address)
+                continue
             t = running.pop(done[0])
+            placed.discard(done[0])
+            progress[0] = time.monotonic()
             try:
-                rec = ray.get(done[0])
+                rec = ray.get(done[0], timeout=RAY_CANCEL_WAIT_S)
             except Exception as e:  # noqa: BLE001 - a trial that crashed in its worker: recorded, the search goes on
                 from infertool.tune.core import trial_record
 
                 rec = trial_record(t, status="failed",
                                    error={"message": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
-            rec.executor = {"kind": "ray", "address": address}
-            if ctx.on_trial:
-                ctx.on_trial(rec)
-            records.append(rec)
+                rec.executor = _placement(ctx, t)
+            _record(ctx, records, rec, address)
+
+
+def _placement(ctx, t) -> dict | None:
+    """What the trial's worker wrote of where it ran (None: it never started)."""
+    import json
+
+    try:
+        return json.loads((ctx.dir / "trials" / t.id / PLACED).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+def _unstick(ctx, ray, running: dict, placed: set, progress: list, records: list, address: str) -> None:
+    """Trials that wait for a node: when none of the running trials is placed (nothing runs that could free a
+    node) and nothing was submitted, placed or finished for tune.ray.placement_timeout_s, they are cancelled and
+    recorded as skipped, with why."""
+    timeout = ctx.tune.ray.placement_timeout_s
+    for ref, t in running.items():
+        if ref not in placed and (ctx.dir / "trials" / t.id / PLACED).is_file():
+            placed.add(ref)
+            progress[0] = time.monotonic()
+    if placed & running.keys() or time.monotonic() - progress[0] <= timeout:
+        return
+    stuck = dict(running)
+    running.clear()
+    emit(ctx.on_event, f"ray: {len(stuck)} trial(s) not placed within {timeout:g} s: cancelled", "warning")
+    for ref in stuck:
+        ray.cancel(ref)
+    ray.wait(list(stuck), num_returns=len(stuck), timeout=RAY_CANCEL_WAIT_S)
+    for t in stuck.values():
+        kind = f" on a node of machine kind {t.machine.name!r}" if getattr(t, "machine", None) is not None else ""
+        _record(ctx, records, _skip(t, f"not run: Ray did not place it{kind} within tune.ray.placement_timeout_s "
+                                       f"({timeout:g} s); the cluster's nodes had not its resources free"), address)
+    progress[0] = time.monotonic()
 
 
 def _recipe_payload(ctx) -> dict:

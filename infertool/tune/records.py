@@ -137,10 +137,13 @@ class TrialRecord(Summary):
     error: dict | None = None
     why_lost: str | None = None
     served_check: ServedCheck | None = None
-    executor: dict | None = None
+    executor: dict | None = None  # where it ran: {kind, address} and, on Ray, the node id and the resources it got
+    # its machine kind (tune.machines): name, price_per_hour (per gpu | machine), gpus, trial_price_per_hour, ...
+    machine: dict | None = None
+    cost_per_1m_output_tokens: float | None = None  # at its machine's price (machine kinds only)
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("dir", "accuracy", "capacity", "reason", "decode", "error", "why_lost",
-                                            "served_check", "executor")
+                                            "served_check", "executor", "machine", "cost_per_1m_output_tokens")
 
     @property
     def verdict(self) -> str | None:

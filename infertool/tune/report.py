@@ -36,22 +36,35 @@ def _kld_interval(acc: ScreenResult | None) -> str:
 
 
 def _cost(t: TrialRecord) -> float | None:
-    """$ per 1M output tokens at the trial's largest load meeting the SLO (None: not measured)."""
+    """$ per 1M output tokens at the trial's largest load meeting the SLO, at its machine kind's price when it has
+    one (None: not measured)."""
+    if t.machine is not None:
+        return t.cost_per_1m_output_tokens
     at = t.capacity.at_max_load if t.capacity is not None else None
     return Summary.from_dict(at).cost.per_1m_output_tokens if at else None
 
 
+def _kind(t: TrialRecord) -> str:
+    """A trial's machine kind and its price per hour for the trial (machine kinds only)."""
+    m = t.machine or {}
+    price = m.get("trial_price_per_hour")
+    return f"{m.get('name', '-')} (${price:,.4g}/h)" if isinstance(price, (int, float)) else str(m.get("name", "-"))
+
+
 def trial_rows(doc: TuneDoc | dict) -> list[list[str]]:
     doc = TuneDoc.from_dict(doc)
-    rows = [["trial", "quantization", "serving", "accuracy", "mean KLD [interval]", "items", "max load", "$/1M out",
-             "decode tok/s predicted / measured (error)", "status", "why not"]]
+    kinds = any(t.machine is not None for t in doc.trials)  # a machine kind column only when tune.machines
+    rows = [["trial", "quantization", "serving", *(["machine kind"] if kinds else []), "accuracy",
+             "mean KLD [interval]", "items", "max load", "$/1M out", "decode tok/s predicted / measured (error)",
+             "status", "why not"]]
     for t in doc.trials:
         acc, dec = t.accuracy, t.decode
         pred, meas, err = (dec.predicted_tokens_per_s, dec.measured_tokens_per_s, dec.error) if dec else (None, None, None)
         decode = f"{_f(pred)} / {_f(meas)}" + (f" ({err:+.0%})" if err is not None else "") if (pred or meas) else "-"
         serving = ", ".join(f"{k}={v}" for k, v in t.serve.items()) or "recipe"
         status = (t.status or "?") + (" (winner)" if doc.winner == t.id else "")
-        rows.append([t.id, t.candidate.label or "", serving, (acc.verdict if acc else None) or "-", _kld_interval(acc),
+        rows.append([t.id, t.candidate.label or "", serving, *([_kind(t)] if kinds else []),
+                     (acc.verdict if acc else None) or "-", _kld_interval(acc),
                      _f(acc.items if acc else None), _f(t.capacity.max_load if t.capacity else None), _f(_cost(t)),
                      decode, status, t.why_lost or ""])
     return rows

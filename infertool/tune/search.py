@@ -124,12 +124,24 @@ OBJECTIVES = {
 }
 
 
-def objective_value(objective: str, capacity: CapacityResult | None) -> float | None:
-    """Lower is better (goodput is negated); None (not measured) when the trial has no load that meets the SLO."""
+def cost_per_1m(capacity: CapacityResult | None, price_per_hour: float) -> float | None:
+    """$ per 1M output tokens of a machine at ``price_per_hour`` serving the output tokens/s measured at the largest
+    load meeting the SLO (price over the tokens of an hour, x 1M); None when no load meets it."""
+    if capacity is None or not capacity.max_load:
+        return None
+    tps = (capacity.at_max_load or {}).get("output_token_throughput")
+    return price_per_hour / (float(tps) * 3600) * 1e6 if tps else None
+
+
+def objective_value(objective: str, capacity: CapacityResult | None, price_per_hour: float | None = None) -> float | None:
+    """Lower is better (goodput is negated); None (not measured) when the trial has no load that meets the SLO.
+    The cost: at ``price_per_hour`` (a trial's machine kind), else at bench.cost_per_hour (the measurement's)."""
     if capacity is None or not capacity.max_load:
         return None
     at = capacity.at_max_load or {}
     if objective == "cost":
+        if price_per_hour is not None:
+            return cost_per_1m(capacity, price_per_hour)
         v = (at.get("cost") or {}).get("per_1m_output_tokens")
         return None if v is None else float(v)
     if objective == "goodput":

@@ -1,5 +1,6 @@
-"""The search space of `infertool tune`: candidates x serving grid -> trials, each a complete recipe that every
-other command would read the same way (the recipe's one resolution), and the roofline's prediction of each.
+"""The search space of `infertool tune`: candidates x serving grid (x machine kinds, when tune.machines lists
+them) -> trials, each a complete recipe that every other command would read the same way (the recipe's one
+resolution), and the roofline's prediction of each (on its kind's GPU, at its kind's price).
 
 Pure apart from ``predict`` (which reads model facts the way `infertool plan` does, no weights).
 """
@@ -40,15 +41,52 @@ class Trial:
     recipe: object  # the trial's full recipe (quantize = the candidate, serve = the grid point, no tune)
     prediction: PredictionRecord = field(default_factory=PredictionRecord)
     index: int = 0  # its place in the search space (``Space.trial``): how a Ray worker rebuilds it
+    machine: object | None = None  # its machine kind (a recipe.TuneMachine); None: no tune.machines
 
     @property
     def label(self) -> str:
         point = ", ".join(f"{k}={v}" for k, v in self.serve.items())
-        return f"{self.candidate.label}" + (f" | {point}" if point else "")
+        kind = f" @ {self.machine.name}" if self.machine is not None else ""
+        return f"{self.candidate.label}" + (f" | {point}" if point else "") + kind
+
+    @property
+    def price_per_hour(self) -> float | None:
+        """What the trial's machine costs per hour (its kind's price x the GPUs it takes); None: no machine kind
+        (bench.cost_per_hour prices it, as before)."""
+        return machine_price(self.machine, self.recipe) if self.machine is not None else None
 
     def to_dict(self) -> dict:
-        return {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(), "serve": dict(self.serve),
-                "prediction": self.prediction.to_dict()}
+        d = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(), "serve": dict(self.serve),
+             "prediction": self.prediction.to_dict()}
+        if self.machine is not None:
+            d["machine"] = machine_info(self.machine, self.recipe)
+        return d
+
+
+def machine_gpus(machine, recipe) -> int:
+    """The GPUs a trial takes on a kind with GPUs (its tensor x pipeline parallel size); 1 (the machine) else."""
+    if not machine.has_gpus:
+        return 1
+    s = recipe.serve
+    return (s.tensor_parallel_size * s.pipeline_parallel_size) if s is not None else 1
+
+
+def machine_price(machine, recipe) -> float:
+    """$ per hour of one trial of ``recipe`` on ``machine``: price_per_hour per GPU x its GPUs (a kind with GPUs),
+    else price_per_hour (the machine)."""
+    return machine.price_per_hour * machine_gpus(machine, recipe)
+
+
+def machine_info(machine, recipe) -> dict:
+    """What tune.json says of a trial's machine kind: its name, price, the GPUs the trial takes and what that costs
+    per hour, and how Ray finds it."""
+    out = {"name": machine.name, "price_per_hour": machine.price_per_hour,
+           "price_per": "gpu" if machine.has_gpus else "machine", "gpus": machine_gpus(machine, recipe),
+           "trial_price_per_hour": machine_price(machine, recipe)}
+    for key in ("gpu", "accelerator_type", "resources", "cpus"):
+        if getattr(machine, key) is not None:
+            out[key] = getattr(machine, key)
+    return out
 
 
 def candidates(recipe) -> list[Candidate]:
@@ -143,28 +181,41 @@ def grid(recipe) -> Grid:
 
 @dataclass
 class Space:
-    """Candidates x serving grid: trial ``i`` is candidate ``i // grid.size`` at grid point ``i % grid.size`` (the
-    order ``trials`` lists them in); built one at a time, on demand."""
+    """Candidates x serving grid x machine kinds: trial ``i`` is, with M kinds (1 without tune.machines), candidate
+    ``i // M // grid.size`` at grid point ``i // M % grid.size`` on kind ``i % M`` (the order ``trials`` lists them
+    in); built one at a time, on demand."""
 
     recipe: object
     candidates: list[Candidate]
     grid: Grid
+    machines: list = field(default_factory=list)  # tune.machines (recipe.TuneMachine); empty: no kind dimension
+
+    @property
+    def kinds(self) -> int:
+        """The length of the machine-kind dimension (1 without tune.machines)."""
+        return len(self.machines) or 1
 
     @property
     def size(self) -> int:
-        return len(self.candidates) * self.grid.size
+        return len(self.candidates) * self.grid.size * self.kinds
 
     def trial(self, index: int) -> Trial:
         if not 0 <= index < self.size:
             raise IndexError(f"trial {index} of {self.size}")
-        c, p = divmod(index, self.grid.size)
+        rest, m = divmod(index, self.kinds)
+        c, p = divmod(rest, self.grid.size)
         cand, point = self.candidates[c], self.grid.point(p)
-        tid = digest({"candidate": cand.key, "serve": point})[:12]
-        return Trial(tid, cand, point, trial_recipe(self.recipe, cand, point), index=index)
+        machine = self.machines[m] if self.machines else None
+        ident = {"candidate": cand.key, "serve": point}
+        if machine is not None:
+            ident["machine"] = machine.name  # the same configuration on another kind is another trial
+        tid = digest(ident)[:12]
+        return Trial(tid, cand, point, trial_recipe(self.recipe, cand, point, machine), index=index, machine=machine)
 
-    def index(self, candidate: int, positions: dict[str, int]) -> int:
-        """The index of candidate ``candidate`` at the grid point of ``positions`` (field -> value position)."""
-        return candidate * self.grid.size + self.grid.index(positions)
+    def index(self, candidate: int, positions: dict[str, int], machine: int = 0) -> int:
+        """The index of candidate ``candidate`` at the grid point of ``positions`` (field -> value position) on
+        machine kind ``machine`` (its position in tune.machines)."""
+        return (candidate * self.grid.size + self.grid.index(positions)) * self.kinds + machine
 
     def sample(self, k: int, seed: int) -> list[int]:
         """The indices of the trials to plan: every one when ``k`` covers the space, else ``k`` drawn with
@@ -175,28 +226,32 @@ class Space:
 
     def describe(self) -> str:
         axes = f": {self.grid.describe()}" if self.grid.axes else ""
+        kinds = f" x {len(self.machines)} machine kinds" if self.machines else ""
         return (f"{self.size:,} trials ({len(self.candidates)} candidates x {self.grid.size:,} serving "
-                f"settings{axes})")
+                f"settings{axes}{kinds})")
 
 
 def search_space(recipe) -> Space:
     """The recipe's search space, counted from the axis lengths before anything is built; a space of more than
     MAX_SPACE trials is refused (exit 2) with its size and axes."""
     g = grid(recipe)
-    n = len(recipe.tune.candidates) * g.size
+    machines = list(recipe.tune.machines or [])
+    n = len(recipe.tune.candidates) * g.size * (len(machines) or 1)
     if n > MAX_SPACE:
         axes = f": {g.describe()}" if g.axes else ""
+        kinds = f" x {len(machines)} machine kinds" if machines else ""
         raise UsageError(
             f"tune's search space is {n:,} trials ({len(recipe.tune.candidates)} candidates x {g.size:,} serving "
-            f"settings{axes}), more than the {MAX_SPACE:,} one tune searches",
+            f"settings{axes}{kinds}), more than the {MAX_SPACE:,} one tune searches",
             hint="a tune runs at most tune.max_trials (<= 10,000) trials, under 1% of a space this large: keep the "
                  "serve_grid values that matter (each axis multiplies the space), or split it into several tunes")
-    return Space(recipe, candidates(recipe), g)
+    return Space(recipe, candidates(recipe), g, machines)
 
 
-def trial_recipe(recipe, candidate: Candidate, point: dict):
+def trial_recipe(recipe, candidate: Candidate, point: dict, machine=None):
     """The recipe of one trial: the candidate as its quantize section, the grid point over its serve section,
-    serve.model cleared (the trial serves its candidate), no tune section."""
+    serve.model cleared (the trial serves its candidate), no tune section; on a machine kind, its GPU as
+    target.gpu (what plan and the roofline read) and its price for the trial as bench.cost_per_hour."""
     from infertool.recipe import recipe_to_dict, validate_recipe_data
 
     data = recipe_to_dict(recipe)
@@ -206,6 +261,12 @@ def trial_recipe(recipe, candidate: Candidate, point: dict):
     serve.update(point)
     serve["model"] = None
     data["serve"] = serve
+    if machine is not None:
+        if machine.gpu:
+            data["target"] = {**(data.get("target") or {}), "gpu": machine.gpu}
+        gpus = (serve.get("tensor_parallel_size") or 1) * (serve.get("pipeline_parallel_size") or 1)
+        data["bench"] = {**(data.get("bench") or {}),
+                         "cost_per_hour": machine.price_per_hour * (gpus if machine.has_gpus else 1)}
     try:
         return validate_recipe_data({k: v for k, v in data.items() if v is not None or k in ("serve",)},
                                     source=f"tune trial ({candidate.label}, {point})")
