@@ -118,3 +118,19 @@ def test_tune_report_sizes_the_fleet_per_trial(tmp_path):
     html = render_html({"recipe": "r", "trials": trials}, None, None)
     assert "<h2>Fleet</h2>" in html and "$11,680" in html
     assert tune_fleet([], lambda t: None)["rows"] is None
+
+
+def test_tune_fleet_prices_a_trial_at_its_machine_kind():
+    """A trial on a machine kind (tune.machines) is priced at that kind: per GPU (trial price / its GPUs) or per
+    machine, whatever target.gpu's table price says."""
+    target = {"gpu": "L4", "peak_rps": 20}
+    trials = [{"id": "a", "label": "on big", "serve": {"tensor_parallel_size": 2},
+               "capacity": {"max_load": 16, "at_max_load": {"request_throughput": 2.5}},
+               "machine": {"name": "big", "price_per": "gpu", "trial_price_per_hour": 3.0}},
+              {"id": "b", "label": "on small", "capacity": {"max_load": 4, "at_max_load": {"request_throughput": 1.0}},
+               "machine": {"name": "small", "price_per": "machine", "trial_price_per_hour": 0.5}}]
+    rows = tune_fleet(trials, lambda t: target)["rows"]
+    # 20 / (2.5 x 0.8) = 10 replicas x 2 GPUs at $1.50/GPU-h (3.0 / 2): 10 x 3.0 x 730 = $21,900
+    assert rows[1] == ["on big", "2.5", "2", "10", "20", "$21,900"]
+    # 20 / (1.0 x 0.8) = 25 machines at $0.50/h: 25 x 0.5 x 730 = $9,125
+    assert rows[2] == ["on small", "1", "1", "25", "25", "$9,125"]
