@@ -143,7 +143,7 @@ def serve_commands(where: str) -> dict:
     return {"serve": f"infertool serve {q}", "k8s": f"infertool serve {q} --emit k8s > vllm.yaml"}
 
 
-def _gate_rows(gates: list) -> list[dict]:
+def gate_rows(gates: list) -> list[dict]:
     from infertool.evaluate.verdict import Gate
 
     rows = []
@@ -174,7 +174,7 @@ def run_facts(run_dir: Path, manifest) -> dict:
             "label": (res.get("candidate") or {}).get("label"),
             "verdict": getattr(summary, "verdict", None), "reason": getattr(summary, "reason", None),
             "suite": getattr(summary, "suite", None), "engine": getattr(summary, "engine", None),
-            "gates": _gate_rows(getattr(summary, "gates", None) or []),
+            "gates": gate_rows(getattr(summary, "gates", None) or []),
             "recipe": manifest.recipe_name, "run_id": run_dir.name, "run_dir": str(run_dir.absolute()),
             "inputs": manifest.inputs, "serve": (res.get("serve") or {}).get("serve"), "target": manifest.target,
             "commands": serve_commands(str(run_dir.absolute()))}
