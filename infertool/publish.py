@@ -90,8 +90,9 @@ def check_dest(dest: str | Path, forbidden: dict[str, str | Path | None]) -> Pat
         if real == r or r in real.parents or real in r.parents:
             raise UsageError(f"cannot publish to {text}: it is {'inside' if real != r and r in real.parents else 'or holds'} "
                              f"{what} ({r})", hint="publish to a folder of its own, e.g. --publish out/<name>")
-    for d in (real, *real.parents):  # inside any run or tune directory (its manifest is there)
-        if (d / "manifest.json").is_file() or (d / "tune.json").is_file():
+    for d in (real, *real.parents):  # inside any run directory (beside its stage cache) or tune directory
+        if ((d / "manifest.json").is_file() and (d.parent / ".stages").is_dir()) or \
+                ((d / "tune.json").is_file() and (d / ".stages").is_dir()):
             raise UsageError(f"cannot publish to {text}: it is inside the run directory {d}",
                              hint="publish to a folder of its own, e.g. --publish out/<name>")
     try:
@@ -163,8 +164,10 @@ def run_facts(run_dir: Path, manifest) -> dict:
 
     recipe = manifest.recipe or {}
     q = recipe.get("quantize") or {}
+    from infertool.summaries import EvalSummary
+
     ev = manifest.stages.get("eval")
-    summary = ev.summary if ev is not None else None
+    summary = ev.summary_as(EvalSummary) if ev is not None and ev.summary is not None else None
     res = manifest.resolution or {}
     return {"v": FACTS_VERSION, "infertool": __version__,
             "published": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -457,7 +460,7 @@ def run(p: PublishPlan, ctx: RunContext | None = None) -> dict:
         facts = {k: v for k, v in p.facts.items() if k not in ("fingerprint", "path")}
         return {"dry_run": False, **p.to_dict(), "published": publish_dir(p.folder, Path(p.dest), facts)}
     folder = Path(p.folder)
-    if p.kind == "run":  # a run's stage entry has no card: the card travels with the weights
+    if not (folder / FACTS).is_file():  # a run's stage entry has no card: the card travels with the weights
         raise UsageError(f"{p.src}: upload its published folder, which holds the card",
                          hint=f"infertool publish {shlex.quote(str(Path(p.facts.get('path') or p.folder)))} {p.dest}")
     return {"dry_run": False, **p.to_dict(), "uploaded": _upload(folder, p)}

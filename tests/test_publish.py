@@ -130,6 +130,10 @@ def test_run_publishes_what_it_evaluated_and_serve_takes_the_run_dir(setup):
     # re-published from the run directory (its quantize entry): served again
     again = run_cli("publish", str(run_dir), str(dest))
     assert again.returncode == 0 and publish.fingerprint(dest) == fp, again.stderr
+    assert "verdict FAIL" in " ".join(again.stderr.split())
+    refacts = json.loads((dest / publish.FACTS).read_text())  # the card from the manifest read back, the same facts
+    assert {k: refacts[k] for k in ("verdict", "gates", "fingerprint", "run_id", "serve")} == \
+        {k: facts[k] for k in ("verdict", "gates", "fingerprint", "run_id", "serve")}
     assert run_cli("serve", str(recipe), "--dry-run").returncode in (0, 2)  # the lint may refuse; the fingerprint passes
     assert "another checkpoint" not in run_cli("serve", str(recipe), "--dry-run").stderr
 
