@@ -121,6 +121,11 @@ def publish_dir(src: str | Path, dest: Path, facts: dict) -> dict:
     and ``infertool.json``; the copy's fingerprint must be the source's. Returns {path, fingerprint}."""
     src = Path(src)
     fp = fingerprint(src)
+    if (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp:
+        facts = {**facts, "fingerprint": fp, "path": str(dest)}  # already there (a re-run that reused quantize):
+        write_json(dest / FACTS, facts)  # the card says this run, the weights are not copied again
+        write_text(dest / CARD, model_card(facts))
+        return {"path": str(dest), "fingerprint": fp}
     try:
         with atomic_dir(dest) as tmp:
             for f in _files(src):  # a copy of what the fingerprint covers: never a link into the cache

@@ -107,9 +107,11 @@ def test_run_publishes_what_it_evaluated_and_serve_takes_the_run_dir(setup):
     assert f"infertool serve {run_dir}" in card and fp in card
     md = Path(doc["report"]["report.md"]).read_text()  # the report says where it is and how to serve it
     assert "## Ship it" in md and str(dest) in md and fp in md and f"infertool serve {run_dir} --emit k8s" in md
-    # the terminal (without --json)
+    # the terminal (without --json); a re-run reusing quantize leaves the same weights in place (not copied again)
+    inode = (dest / "model.safetensors").stat().st_ino
     r2 = run_cli("run", str(recipe), "--out", "runs")
-    assert r2.returncode == 1
+    assert r2.returncode == 1 and (dest / "model.safetensors").stat().st_ino == inode
+    assert json.loads((dest / publish.FACTS).read_text())["run_id"] != run_dir.name  # the card names the new run
     for text in ("verdict: FAIL", "max_mean_kld: 0.08 [0.07, 0.09] vs threshold 0.05: FAIL",
                  "min_top1: 0.93 [0.9, 0.95] vs threshold 0.9: PASS", f"published: {dest}", "report.html"):
         assert text in " ".join(r2.stderr.split()), r2.stderr

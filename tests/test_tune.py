@@ -214,6 +214,7 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
     assert pub["fingerprint"] == publish.fingerprint(pub["path"]) == publish.fingerprint(Path(res.winner.stages["quantize"].entry) / "model")
     assert json.loads((Path(pub["path"]) / publish.FACTS).read_text())["label"] == res.winner.label
     assert publish.served(str(d)).published == pub["path"]  # `infertool serve TUNE_DIR`
+    assert f"published at `{pub['path']}`" in (d / "tune.md").read_text()
     for tid in trials.values():
         assert (d / "trials" / tid / "manifest.json").is_file()
     # the same command again: every stage reused, nothing runs, the same answer

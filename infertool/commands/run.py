@@ -156,7 +156,7 @@ def render_outcome(run_dir: str, o: dict) -> None:
                   soft_wrap=True)
     for g in o["gates"]:
         style = {"PASS": "green", "FAIL": "red"}.get(g["status"], "yellow")
-        err.print(f"  {esc(g['name'])}: {fig(g['estimate'])} [{fig(g['lo'])}, {fig(g['hi'])}] vs threshold "
+        err.print(f"  {esc(g['name'])}: {fig(g['estimate'])} {esc('[')}{fig(g['lo'])}, {fig(g['hi'])}] vs threshold "
                   f"{fig(g['threshold'])}: [{style}]{esc(g['status'])}[/]", soft_wrap=True)
     pub = o.get("published") or {}
     if pub.get("path"):

@@ -258,7 +258,8 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     doc = TuneDoc(recipe=ctx.recipe.name, objective=ctx.tune.objective, exhaustive=ctx.exhaustive,
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
-                  tuned_recipe=tuned, finished=_now(), space=plan.to_dict() if plan is not None else None)
+                  tuned_recipe=tuned, finished=_now(), space=plan.to_dict() if plan is not None else None,
+                  extra={"published": getattr(ctx, "published", None)} if winner is not None else {})
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
     from infertool.tune.report import write_report
 
