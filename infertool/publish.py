@@ -268,9 +268,10 @@ class Served:
         return {k: v for k, v in asdict(self).items() if k != "res"}
 
 
-def is_run_dir(arg: str) -> bool:
-    p = Path(arg).expanduser()
-    return p.is_dir() and ((p / "manifest.json").exists() or (p / "tune.json").exists())
+def published_record(manifest) -> dict:
+    """A manifest's ``published`` record as strings only (a crafted one reads as nothing published, with its why)."""
+    pub = manifest.published if isinstance(manifest.published, dict) else {}
+    return {k: v for k, v in pub.items() if k in ("path", "fingerprint", "why") and isinstance(v, str) and v.strip()}
 
 
 def _recipe_of_run(run_dir: Path, manifest, overrides: list[str]):
@@ -298,7 +299,7 @@ def verify(path: str | Path, expected: str, what: str, republish: str) -> str:
     return now
 
 
-def served(arg: str, overrides: list[str] | None = None, *, load=None) -> Served:
+def served(arg: str, overrides: list[str] | None = None) -> Served:
     """What ``infertool serve ARG`` means: a run directory (its recipe with its published checkpoint as the
     served model), a tune directory (its tuned.yaml, whose quantize.output is the winner's published copy), or a
     recipe (a quantize.output holding ``infertool.json`` is checked the same way)."""
@@ -311,7 +312,7 @@ def served(arg: str, overrides: list[str] | None = None, *, load=None) -> Served
         from infertool.report import load_run
 
         run_dir, manifest = load_run(p)
-        pub = manifest.published or {}
+        pub = published_record(manifest)
         if not pub.get("path") or not pub.get("fingerprint"):
             raise UsageError(f"{run_dir} published no checkpoint" + (": " + str(pub["why"]) if pub.get("why") else ""),
                              hint="serve its recipe instead, or a run with quantize and eval stages")
@@ -329,7 +330,7 @@ def served(arg: str, overrides: list[str] | None = None, *, load=None) -> Served
         out = served(str(tuned), overrides)
         out.kind = "tune"
         return out
-    recipe = (load or load_recipe)(arg, overrides)
+    recipe = load_recipe(arg, overrides)
     res = resolve(recipe)
     cand = res.candidate
     facts_file = Path(cand.path) / FACTS if cand is not None and cand.path and not cand.load_quantization else None
@@ -397,7 +398,7 @@ def _source(src: str) -> tuple[str, Path, str, dict]:
         from infertool.report import load_run
 
         run_dir, manifest = load_run(p)
-        pub = manifest.published or {}
+        pub = published_record(manifest)
         fp = pub.get("fingerprint")
         if not fp:
             raise UsageError(f"{run_dir} published no checkpoint", hint="a run with quantize and eval stages publishes one")

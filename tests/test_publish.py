@@ -218,3 +218,14 @@ def test_check_dest_unit(tmp_path):
     assert publish.check_dest(tmp_path / "model", {}) == tmp_path / "model"  # a model folder may be replaced
     with pytest.raises(UsageError, match="or holds"):
         publish.check_dest(tmp_path, {"the run directory": tmp_path / "runs" / "a"})
+
+
+@pytest.mark.parametrize("published", [{"path": 5, "fingerprint": "ab"}, {"path": ["x"]}, "nope", {"why": {"a": 1}}])
+def test_a_crafted_published_record_is_refused_cleanly(setup, published):
+    tmp, recipe = setup
+    run_dir = Path(json.loads(run_cli("run", str(recipe), "--out", "runs", "--json").stdout)["run_dir"])
+    m = json.loads((run_dir / "manifest.json").read_text())
+    (run_dir / "manifest.json").write_text(json.dumps({**m, "published": published}))
+    for args in (("serve", str(run_dir), "--dry-run"), ("publish", str(run_dir), str(tmp / "d")), ("report", str(run_dir))):
+        r = run_cli(*args)
+        assert r.returncode == (0 if args[0] == "report" else 2), (args, r.stderr)
