@@ -66,6 +66,8 @@ class PlanResult(Record):
     roofline: dict = field(default_factory=dict)
     tensor_parallel: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    # fleet sizing from the roofline's max load under the SLO (planned, not measured): perf.fleet.fleet_section
+    fleet: dict = field(default_factory=dict)
 
 
 def planned_model(res) -> tuple[Arch, WeightFacts, list[str]]:
@@ -130,8 +132,8 @@ def plan(res, options: PlanOptions | None = None) -> PlanResult:
     tp, pp = serve.tensor_parallel_size, serve.pipeline_parallel_size
     declared = res.model_dtype(res.served)
     model_dtype = declared if serve.dtype == "auto" else serve.dtype
-    gpu_name = res.target.gpu if res.target.kind == "gpu" and memory_gib is None else None
-    on_gpu = gpu_name is not None or memory_gib is not None or res.target.kind == "gpu"
+    dev = res.target.device if res.target.kind == "gpu" and memory_gib is None else None
+    on_gpu = dev is not None or memory_gib is not None or res.target.kind == "gpu"
     if not on_gpu and serve.dtype != "auto" and serve.dtype != declared and weights.quantization == "none":
         weights = _held_in(weights, serve.dtype, declared)
         notes.extend(w for w in why if w.startswith("serve.dtype"))
@@ -148,10 +150,10 @@ def plan(res, options: PlanOptions | None = None) -> PlanResult:
     reasons += _parallel_reasons(arch, tp, pp)
     kv_heads_per_gpu = max(1, arch.kv_heads // tp) if arch.kv_heads >= tp else 1
     kv_tok_gpu = roofline.kv_bytes_per_token(math.ceil(arch.layers / pp), kv_heads_per_gpu, arch.head_dim, kv_b)
-    if on_gpu and not (gpu_name or memory_gib is not None):
+    if on_gpu and not (dev is not None or memory_gib is not None):
         raise UsageError("this host has an NVIDIA GPU: the plan needs to know which",
                          hint="set target.gpu in the recipe, or pass --gpu NAME or --memory GiB")
-    mem = (_gpu_memory(serve, arch, weights, gpu_name, memory_gib, reasons) if on_gpu
+    mem = (_gpu_memory(serve, arch, weights, dev, memory_gib, reasons) if on_gpu
            else _cpu_memory(serve, weights, reasons, notes))
     kv, capacity = _kv_capacity(serve, mem, kv_tok, kv_tok_gpu, model_dtype, max_model_len, reasons)
     context = options.context
@@ -161,8 +163,9 @@ def plan(res, options: PlanOptions | None = None) -> PlanResult:
                    else max(1, max_model_len // 2))
     roof = _roofline(arch, weights, mem, kv_tok, capacity, context, tp, options.batches, notes)
     tp_adv = _tp_advice(arch, weights, mem, capacity, context)
+    fleet = _fleet(res, arch, weights, mem, kv_tok, capacity, tp, pp, context) if not reasons else {}
     return PlanResult(_model_facts(res, arch, weights), mem.device, kv, mem.memory, capacity, not reasons, reasons, roof,
-                      tp_adv, notes)
+                      tp_adv, notes, fleet)
 
 
 def run(plan: PlanResult, ctx=None) -> PlanResult:
@@ -207,11 +210,11 @@ class _Memory:
     link: object = None  # infertool.perf.hardware link between GPUs
 
 
-def _gpu_memory(serve, arch: Arch, weights: WeightFacts, gpu_name: str | None, memory_gib: float | None,
+def _gpu_memory(serve, arch: Arch, weights: WeightFacts, dev: hardware.GPU | None, memory_gib: float | None,
                 reasons: list[str]) -> _Memory:
-    """vLLM's GPU arithmetic: gpu_memory_utilization x memory - weights - the activation/overhead reserve."""
+    """vLLM's GPU arithmetic: gpu_memory_utilization x memory - weights - the activation/overhead reserve.
+    ``dev``: the target GPU (a table GPU or a custom spec); None with ``memory_gib`` (--memory)."""
     tp, pp = serve.tensor_parallel_size, serve.pipeline_parallel_size
-    dev = hardware.find_gpu(gpu_name) if gpu_name else None
     mem_bytes = _whole(memory_gib * GIB, "--memory") if memory_gib is not None else dev.memory_bytes
     large = mem_bytes >= 70 * GIB and not (dev and dev.key.startswith("A100"))
     mnbt = serve.max_num_batched_tokens or (8192 if large else 2048)
@@ -226,6 +229,7 @@ def _gpu_memory(serve, arch: Arch, weights: WeightFacts, gpu_name: str | None, m
         "memory_gib": mem_bytes / GIB, "source": dev.source if dev else "--memory",
         "peak_bf16_tflops": dev.bf16_tflops if dev else None,
         "bandwidth_tbs": dev.bandwidth_tbs if dev else None,
+        "key": dev.key if dev else None, "custom": bool(dev and dev.custom),
     }
     memory = {
         "per_gpu_budget_gib": budget / GIB, "gpu_memory_utilization": serve.gpu_memory_utilization,
@@ -300,7 +304,7 @@ def _roofline(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, cap
     """The decode step's roofline bound (with the all-reduce over the GPUs' link) at batch 1, the largest batch
     the KV cache allows and ``batches``; the batch where decode turns compute-bound."""
     roof: dict = {"context": context, "peak_source": mem.peak_src}
-    peak_flops, peak_bw, link = mem.peak_flops, mem.peak_bw, mem.link
+    peak_flops, peak_bw = mem.peak_flops, mem.peak_bw
     if not (peak_flops and peak_bw):
         roof["decode"] = []
         notes.append("no peak numbers for this device: give --gpu NAME for a roofline bound")
@@ -308,11 +312,7 @@ def _roofline(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, cap
     agg_flops, agg_bw = peak_flops * tp, peak_bw * tp
     rows = []
     for b in sorted({1, _largest_batch(mem, capacity, context)} | {int(x) for x in (batches or []) if x and x > 0}):
-        w_read = decode_weight_bytes(arch, weights, b)
-        cost = roofline.decode_step(arch, w_read, b, context, kv_tok)
-        comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, tp, link.bw_per_direction_gbs * 1e9,
-                                               link.latency_us * 1e-6) if link else 0.0
-        t = roofline.bound_time(cost, agg_flops, agg_bw) + comm
+        cost, t = _decode_step(arch, weights, mem, kv_tok, b, context, tp)
         rows.append({"batch": b, "flops": cost.flops, "bytes": cost.bytes, "intensity": cost.intensity,
                      "step_ms": t * 1e3, "tokens_per_s": b / t,
                      "bound": "memory" if cost.intensity < agg_flops / agg_bw else "compute"})
@@ -320,6 +320,88 @@ def _roofline(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, cap
     roof.update({"peak_flops": agg_flops, "peak_bandwidth": agg_bw, "ridge": peak_flops / peak_bw,
                  "decode": rows, "crossover_batch": cross})
     return roof
+
+
+def _decode_step(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, b: int, context: int, tp: int):
+    """One decode step at batch ``b`` on ``tp`` GPUs: its cost and its roofline time (with the all-reduce)."""
+    link = mem.link
+    cost = roofline.decode_step(arch, decode_weight_bytes(arch, weights, b), b, context, kv_tok)
+    comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, tp, link.bw_per_direction_gbs * 1e9,
+                                           link.latency_us * 1e-6) if link else 0.0
+    return cost, roofline.bound_time(cost, mem.peak_flops * tp, mem.peak_bw * tp) + comm
+
+
+def _max_load(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, capacity: dict, tp: int,
+              context: int) -> tuple[float, str]:
+    """One replica's max load under the SLO, from the roofline (an upper bound: kernels reach a fraction of the
+    peaks): the largest decode batch whose step meets TPOT (the KV cache and max_num_seqs permitting), each request
+    decoding bench.output_len tokens and its prompt prefilled at the roofline: load = B / (N x step + B x prefill)
+    requests/s. A prefill slower than TTFT, or a batch-1 step slower than TPOT: 0. (load, how it was estimated)."""
+    bench = res.recipe.bench
+    out_len = bench.output_len if bench is not None else 128
+    prompt_len = bench.prompt.len if bench is not None else max(1, context // 2)
+    slo = bench.slo if bench is not None else None
+    tpot, ttft = (slo.tpot_ms, slo.ttft_ms) if slo is not None else (None, None)
+    pre = roofline.prefill(arch, decode_weight_bytes(arch, weights, prompt_len), 1, prompt_len, kv_tok)
+    pre_s = roofline.bound_time(pre, mem.peak_flops * tp, mem.peak_bw * tp)
+    if ttft is not None and pre_s * 1e3 > ttft:
+        return 0.0, f"a {prompt_len}-token prefill takes {pre_s * 1e3:.1f} ms at the roofline, over TTFT {ttft:g} ms"
+    lo, hi = 1, _largest_batch(mem, capacity, context)
+    if tpot is not None:
+        step1 = _decode_step(arch, weights, mem, kv_tok, 1, context, tp)[1]
+        if step1 * 1e3 > tpot:
+            return 0.0, f"a batch-1 decode step takes {step1 * 1e3:.1f} ms at the roofline, over TPOT {tpot:g} ms"
+        while lo < hi:  # the step time grows with the batch: the largest batch within TPOT
+            mid = (lo + hi + 1) // 2
+            if _decode_step(arch, weights, mem, kv_tok, mid, context, tp)[1] * 1e3 <= tpot:
+                lo = mid
+            else:
+                hi = mid - 1
+    step = _decode_step(arch, weights, mem, kv_tok, lo, context, tp)[1]
+    load = lo / (out_len * step + lo * pre_s)
+    slo_txt = f"TPOT ≤ {tpot:g} ms" if tpot is not None else "no TPOT bound (bench.slo.tpot_ms)"
+    return load, (f"planned, not measured: the roofline's largest decode batch within {slo_txt} is {lo} (step "
+                  f"{step * 1e3:.2f} ms at context {context:,}), {out_len} output tokens per request and a "
+                  f"{prompt_len}-token prefill of {pre_s * 1e3:.2f} ms: {lo} / ({out_len} x {step * 1e3:.2f} ms + {lo} x "
+                  f"{pre_s * 1e3:.2f} ms); an upper bound on the load (kernels reach a fraction of the peaks), so the "
+                  "fewest replicas: bench measures it")
+
+
+def _fleet(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, capacity: dict, tp: int, pp: int,
+           context: int) -> dict:
+    """Fleet sizing from the planned max load (``_max_load``), when the recipe sets target.peak_rps."""
+    from infertool.perf.fleet import fleet_section
+
+    target = res.recipe.target
+    if target is None or target.peak_rps is None:
+        return fleet_section(target, None, gpus_per_replica=tp * pp, basis="planned")
+    if not (mem.peak_flops and mem.peak_bw):
+        return {"fleet": None, "lines": ["Fleet: not sized: no peak numbers for this device (give --gpu NAME)."],
+                "reason": "no peak numbers for this device"}
+    load, basis = _max_load(res, arch, weights, mem, kv_tok, capacity, tp, context)
+    dev = res.target.device if res.target.kind == "gpu" else None
+    return {**fleet_section(target, load, gpus_per_replica=tp * pp, basis=basis, gpu=dev), "max_load_rps": load}
+
+
+def fleet_replicas(res) -> tuple[int | None, str]:
+    """The replicas the fleet sizing gives for the recipe's target.peak_rps (``plan``'s roofline: planned, not
+    measured: an upper bound on one replica's load, so the fewest replicas; `infertool run` measures it) and why;
+    (None, why) when it is not sized. `serve --emit k8s` writes it into the manifests unless --replicas is given."""
+    from infertool.errors import InfertoolError
+
+    target = res.recipe.target
+    if target is None or target.peak_rps is None:
+        return None, "the default: set target.peak_rps to size the fleet, or give --replicas"
+    try:
+        sized = (plan(res).fleet or {})
+    except InfertoolError as e:
+        return None, f"the fleet is not sized: {e.message}"
+    f = sized.get("fleet")
+    if not f:
+        return None, f"the fleet is not sized: {sized.get('reason') or 'no max load under the SLO'}"
+    return int(f["replicas"]), (
+        f"the fleet sizing for target.peak_rps {f['peak_rps']:g} req/s at {f['max_load_rps']:.3g} req/s per replica x "
+        f"headroom {f['headroom']:g}: planned from the roofline, not measured; --replicas overrides")
 
 
 def _tp_advice(arch: Arch, weights: WeightFacts, mem: _Memory, capacity: dict, context: int) -> dict:

@@ -241,25 +241,66 @@ class ProfileSection(BaseModel):
 # --------------------------------------------------------------------------------------------
 
 
-class TargetSection(BaseModel):
-    """The hardware the recipe is for. Without it: this host. With a GPU, plan, serve --dry-run and
-    --emit k8s describe that GPU (datasheet numbers, CUDA flags), whatever machine reads the recipe."""
+class CustomGPU(BaseModel):
+    """A GPU that is not in infertool's table: its datasheet figures (dense), per GPU. Plans, dry runs, manifests
+    and fleet sizing use it as they use a table GPU; Kubernetes gets no GPU-product affinity for it."""
 
     model_config = _STRICT
 
-    gpu: _text(100) | None = None
+    name: _text(100, 1)
+    memory_gib: _float(0.5, 4096)  # as the driver reports it
+    bandwidth_tbs: _float(0.01, 100)
+    bf16_tflops: _float(0.1, 100_000)
+    fp8_tflops: _float(0.1, 200_000) | None = None  # None: no FP8 tensor cores
+    int8_tops: _float(0.1, 200_000) | None = None
+    link: Literal["nvlink5", "nvlink4", "nvlink3", "pcie5", "pcie4", "infinity_fabric"] = "pcie4"
+    price_per_hour: _float(0, 10_000) | None = None  # $ per GPU-hour
+
+
+def _gpu_kind(value: Any) -> str:
+    return "spec" if isinstance(value, (dict, CustomGPU)) else "name"
+
+
+class TargetSection(BaseModel):
+    """The hardware the recipe is for, and the load it must carry. Without it: this host. With a GPU (a key of
+    infertool's GPU table, or a custom spec), plan, serve --dry-run and --emit k8s describe that GPU (datasheet
+    numbers, CUDA flags), whatever machine reads the recipe. With ``peak_rps``, plan, the report and tune size
+    the fleet: replicas = ceil(peak_rps / (max load under the SLO x headroom)), and its $ per month."""
+
+    model_config = _STRICT
+
+    gpu: Annotated[
+        Union[Annotated[_text(100), Tag("name")], Annotated[CustomGPU, Tag("spec")]], Discriminator(_gpu_kind)
+    ] | None = None
+    peak_rps: _float(0.001, 10_000_000) | None = None  # requests per second at peak
+    headroom: _float(0.05, 1) = 0.8  # the fraction of a replica's max load under the SLO it is run at
+    price_per_hour: _float(0, 10_000) | None = None  # $ per GPU-hour; default: the GPU table's ASSUMPTION
 
     @field_validator("gpu")
     @classmethod
-    def _known_gpu(cls, value: str | None) -> str | None:
-        if value is None:
+    def _known_gpu(cls, value: str | CustomGPU | None) -> str | CustomGPU | None:
+        if value is None or isinstance(value, CustomGPU):
             return value
-        from infertool.perf.hardware import GPUS, find_gpu
+        from infertool.perf.hardware import GPUS, ambiguous_choices, find_gpu
 
+        choices = ambiguous_choices(value)
+        if choices and value not in GPUS:
+            raise ValueError(f"ambiguous GPU {value!r}: it may be {', '.join(choices)}; give the exact key")
         try:
             return find_gpu(value).key
         except Exception:  # noqa: BLE001 - UsageError: turned into a field error
-            raise ValueError(f"unknown GPU {value!r}; known: {', '.join(GPUS)}") from None
+            raise ValueError(f"unknown GPU {value!r}; known: {', '.join(GPUS)}; or a custom spec "
+                             "{name, memory_gib, bandwidth_tbs, bf16_tflops, ...}") from None
+
+    def device(self) -> Any:
+        """The GPU the recipe names: the table's key (str), a ``hardware.GPU`` built from the custom spec, or None."""
+        if not isinstance(self.gpu, CustomGPU):
+            return self.gpu
+        from infertool.perf.hardware import custom_gpu
+
+        g = self.gpu
+        return custom_gpu(g.name, g.memory_gib, g.bandwidth_tbs, g.bf16_tflops, fp8_tflops=g.fp8_tflops,
+                          int8_tops=g.int8_tops, link=g.link, price_per_hour=g.price_per_hour)
 
 
 # --------------------------------------------------------------------------------------------

@@ -466,6 +466,9 @@ def _bench_section(run: RunData, names: Names) -> Section | None:
         blocks.append(P(f"{role}: ", Bold(label or "?"), " (vLLM name ", Code(str(arm.model)), f"), endpoint {arm.endpoint}"))
         blocks.append(Table(_bench_rows(arm)))
     blocks += [P("note: " + note) for note in be.notes]
+    from infertool.perf.fleet import run_fleet  # replicas and $/month for target.peak_rps from the measured max load
+
+    blocks += [P(line) for line in run_fleet(run.manifest.recipe, run.manifest.target, be.levels)["lines"]]
     blocks.append(Figure("latency_throughput"))
     return Section("bench", "Bench", blocks)
 

@@ -88,17 +88,25 @@ class ModelRef:
 @dataclass(frozen=True)
 class Target:
     kind: str  # cpu | gpu
-    gpu: str | None  # a key of infertool.perf.hardware.GPUS, when known
+    gpu: str | None  # its name: a key of infertool.perf.hardware.GPUS, or a custom spec's name; None: unknown
     count: int  # GPUs per replica: tensor x pipeline parallel size (1 on a CPU)
     this_host: bool  # the recipe is for this machine: a launch here serves what the recipe means
     source: str  # "target.gpu" | "--gpu" | "this host"
+    # the GPU itself (datasheet figures, product label, assumed price; or the recipe's custom spec): what the plan,
+    # the roofline, fleet sizing and the manifests take. None on a CPU, or a GPU the table does not know
+    device: Any = None  # infertool.perf.hardware.GPU | None
 
     @property
     def variant(self) -> str:
         return "cuda" if self.kind == "gpu" else "cpu"
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """As data; a custom GPU's spec under "device" (a table GPU is its key: ``hardware.find_gpu``)."""
+        d = asdict(self)
+        del d["device"]
+        if self.device is not None and getattr(self.device, "custom", False):
+            d["device"] = self.device.to_dict()
+        return d
 
 
 @dataclass(frozen=True)
@@ -334,11 +342,12 @@ def host_cannot_run(manifest: dict | None, host: hostfacts.HostFacts) -> str | N
     return verify.get("reason") or "vLLM loaded the checkpoint but could not generate on this host"
 
 
-def target_for(host: hostfacts.HostFacts, *, gpu: str | None = None, cpu: bool = False, count: int = 1,
+def target_for(host: hostfacts.HostFacts, *, gpu: Any = None, cpu: bool = False, count: int = 1,
                source: str | None = None) -> Target:
     """The Target of a choice: the one rule for ``resolve()`` and ``infertool init``.
 
-    - ``gpu``: a GPU of infertool's table (key or alias), ``count`` of them per replica (tensor x pipeline
+    - ``gpu``: a GPU of infertool's table (key or unambiguous alias; an ambiguous one is refused with the
+      choices), or a ``hardware.GPU`` (a recipe's custom spec), ``count`` of them per replica (tensor x pipeline
       parallel); plans and dry runs describe it on any host, a launch needs an NVIDIA GPU here (``this_host``);
     - ``cpu``: this host's CPU;
     - neither: this host as it is: its GPUs (the table's entry for the model nvidia-smi names, None when the
@@ -348,10 +357,14 @@ def target_for(host: hostfacts.HostFacts, *, gpu: str | None = None, cpu: bool =
     if gpu:
         from infertool.perf.hardware import find_gpu
 
-        return Target("gpu", find_gpu(gpu).key, count, host.accelerator == "cuda", source or "--gpu")
+        dev = find_gpu(gpu)
+        return Target("gpu", dev.key, count, host.accelerator == "cuda", source or "--gpu", dev)
     if cpu or host.accelerator != "cuda":
         return Target("cpu", None, 1, True, source or ("--cpu" if cpu else "this host"))
-    return Target("gpu", host_gpu(host), count, True, source or "this host")
+    key = host_gpu(host)
+    from infertool.perf.hardware import GPUS
+
+    return Target("gpu", key, count, True, source or "this host", GPUS.get(key) if key else None)
 
 
 def host_gpu(host: hostfacts.HostFacts) -> str | None:
@@ -368,7 +381,7 @@ def host_gpu(host: hostfacts.HostFacts) -> str | None:
 def _target(recipe, host: hostfacts.HostFacts, gpu: str | None) -> Target:
     serve = recipe.serve
     count = (serve.tensor_parallel_size * serve.pipeline_parallel_size) if serve is not None else 1
-    name = gpu or (recipe.target.gpu if recipe.target is not None else None)
+    name = gpu or (recipe.target.device() if recipe.target is not None else None)
     return target_for(host, gpu=name, count=count, source=("--gpu" if gpu else "target.gpu") if name else "this host")
 
 

@@ -263,7 +263,7 @@ def test_a_registered_backend_is_planned_run_and_recorded(tmp_path, tmp_home, to
     ("avx2 fma", None, None),  # AVX2 only: W8A8 int8
     ("sse4_2", None, None),  # unknown ISA: not promised 4-bit either
     ("avx2 avx512f avx512bw", "L4", "made_up_lm"),  # an architecture GPTQModel lacks: llm-compressor W4A16
-    ("avx2 fma", "H100", None),  # a GPU target: 4-bit, whatever this host's CPU
+    ("avx2 fma", "H100-SXM", None),  # a GPU target: 4-bit, whatever this host's CPU
 ])
 def test_init_choice_is_what_init_decides(tmp_path, monkeypatch, flags, gpu, model_type):
     """``registry.init_choice`` gives the quantize decisions `infertool init` makes (init.py switches to it)."""

@@ -155,7 +155,8 @@ def test_tune_grid_lengths(work):
     assert rc == 2 and "tune.serve_grid.max_model_len[1]" in out and "192 tokens" in out
 
 
-@pytest.mark.parametrize("command,code", [(["plan"], 1), (["serve", "--dry-run"], 2), (["run", "--dry-run"], 2)])
+# a recipe check (infertool.checks): exit 2 in every entry point, plan included
+@pytest.mark.parametrize("command,code", [(["validate"], 2), (["plan"], 2), (["serve", "--dry-run"], 2), (["run", "--dry-run"], 2)])
 def test_pipeline_stages_against_layers(work, command, code):
     rc, out = cli(work, command[0], recipe(work), *command[1:], "--set", "serve.pipeline_parallel_size=3")
     assert rc == code
@@ -167,7 +168,8 @@ def test_pipeline_stages_against_recipe_layers(work):
     assert rc == 2 and "serve.pipeline_parallel_size" in out and "model's 2 layers" in out
 
 
-@pytest.mark.parametrize("command,code", [(["plan"], 1), (["serve", "--dry-run"], 2), (["run", "--dry-run"], 2)])
+# a recipe check (infertool.checks): exit 2 in every entry point, plan included
+@pytest.mark.parametrize("command,code", [(["validate"], 2), (["plan"], 2), (["serve", "--dry-run"], 2), (["run", "--dry-run"], 2)])
 def test_reserved_cpus_against_cores(work, command, code):
     rc, out = cli(work, command[0], recipe(work), *command[1:], "--set", "serve.cpu.reserved_cpus=1024")
     assert rc == code

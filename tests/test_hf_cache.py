@@ -81,7 +81,7 @@ def test_every_command_resolves_a_cached_hub_id_the_same_way(hf_cache, tmp_path,
     snap = snapshot(hf_cache, REPO, "aaa111")
     r = locate(REPO, convert=True).require()
     assert r.kind == "hub" and r.path == snap and r.key == "aaa111"
-    recipe = validate_recipe_data({"name": "t", "model": {"source": REPO}, "target": {"gpu": "H100"},
+    recipe = validate_recipe_data({"name": "t", "model": {"source": REPO}, "target": {"gpu": "H100-SXM"},
                                    "serve": {"max_model_len": 8192}})
     res = resolve(recipe)
     assert res.base.exists and res.base.path == str(snap) and res.served is res.base

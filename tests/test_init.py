@@ -129,10 +129,10 @@ def test_cpu_host_too_small_exits_1_and_says_what_would(models, monkeypatch):
 
 # ------------------------------------------------------------------------------------------- GPU targets
 def test_gpu_8b_on_h100_and_l4(models):
-    for gpu, kv_min in (("H100", 400_000), ("L4", 98_304)):
+    for gpu, kv_min in (("H100-SXM", 400_000), ("L4", 98_304)):
         recipe, decisions = make_recipe(str(models["8b"]), init_target(gpu=gpu))
         s, d = recipe["serve"], by_field(decisions)
-        assert recipe["target"] == {"gpu": "H100-SXM" if gpu == "H100" else "L4"}
+        assert recipe["target"] == {"gpu": gpu}
         assert recipe["quantize"]["group_size"] == 128 and recipe["quantize"]["backend"] == "gptqmodel"
         assert s["tensor_parallel_size"] == 1 and s["gpu_memory_utilization"] == 0.9 and s["enforce_eager"] is False
         assert s["max_model_len"] == 8192 and s["max_num_seqs"] == 128
@@ -145,7 +145,7 @@ def test_gpu_8b_on_h100_and_l4(models):
 
 
 def test_gpu_70b_on_h100_needs_tp_and_says_why(models):
-    recipe, decisions = make_recipe(str(models["70b"]), init_target(gpu="H100"))
+    recipe, decisions = make_recipe(str(models["70b"]), init_target(gpu="H100-SXM"))
     tp = recipe["serve"]["tensor_parallel_size"]
     assert tp in (2, 4)
     why = by_field(decisions)["serve.tensor_parallel_size"].why
@@ -227,7 +227,7 @@ def test_stdout_and_json(models):
 
 
 def test_bad_input_exits_2(models, tmp_path):
-    assert init(str(models["8b"]), "--gpu", "H100", "--cpu").exit_code == 2
+    assert init(str(models["8b"]), "--gpu", "H100-SXM", "--cpu").exit_code == 2
     r = init(str(tmp_path / "missing"), "--cpu")
     assert r.exit_code == 2 and "not found" in r.stderr
     r = init(str(tmp_path / "missing.gguf"), "--cpu")
@@ -250,7 +250,7 @@ def test_a_hub_id_from_the_local_cache(tmp_path):
     layout_model(repo / "snapshots" / "abc123", "llama-3.1-8b")  # sparse: never copy these (a copy fills the holes)
     (repo / "refs").mkdir()
     (repo / "refs" / "main").write_text("abc123")
-    recipe, decisions = make_recipe("meta-llama/Llama-3.1-8B-Instruct", init_target(gpu="H100"))
+    recipe, decisions = make_recipe("meta-llama/Llama-3.1-8B-Instruct", init_target(gpu="H100-SXM"))
     assert recipe["model"]["source"] == "meta-llama/Llama-3.1-8B-Instruct"  # resolved the same way by every command
     assert "Hugging Face cache" in by_field(decisions)["model.source"].why
     assert recipe["name"] == "llama-3.1-8b-instruct-w4g128-h100"
@@ -265,7 +265,7 @@ def test_this_host_gpu_is_detected_or_named(monkeypatch, tmp_path):
     assert t.kind == "gpu" and t.gpu.key == "H100-SXM" and t.max_gpus == 2 and t.source == "this host"
     assert t.resolve_target(2).to_dict() == {"kind": "gpu", "gpu": "H100-SXM", "count": 2, "this_host": True,
                                              "source": "this host"}
-    fake_nvidia_smi(tmp_path / "a100", monkeypatch, "NVIDIA A100-SXM4-40GB, 40960\n")
+    fake_nvidia_smi(tmp_path / "a100", monkeypatch, "Tesla V100-SXM2-16GB, 16160\n")
     with pytest.raises(UsageError, match="not in infertool's GPU table"):
         init_target()
     with pytest.raises(UsageError, match="--cpu on a host with an NVIDIA GPU"):

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import pytest
 import yaml
+from conftest import cli_in_process
 
 from infertool.serve.k8s import (
     comment_text,
@@ -221,3 +223,341 @@ def test_serve_emit_k8s_cli_hostile_model(tmp_path):
     assert "Traceback" not in r.output and "hf_thisMustNeverAppear123" not in r.output
     if r.exit_code == 0:
         assert [d["kind"] for d in yaml.safe_load_all(r.stdout) if d] == ["Deployment", "Service"]
+
+
+# ------------------------------------------------------------------------ scheduling, sizing, scaling (issue 23)
+CRDS = ROOT / "tests" / "fixtures" / "crds"
+H100 = "llama3.3-70b-w4a16-tp4"  # 4 x H100-SXM
+MULTI = ["serve.model=original", "serve.tensor_parallel_size=8", "serve.pipeline_parallel_size=2", "target.gpu=L4"]
+
+
+def _emit(recipe: str, overrides=(), **kw):
+    """The resolution and the documents `--emit k8s` writes for ``recipe`` with the k8s options ``kw``."""
+    from infertool.resolve import resolve
+    from infertool.serve.k8s import k8s_options
+
+    res = resolve(load_recipe(recipe, list(overrides)))
+    o = k8s_options(**kw)
+    text = render(manifests(res, options=o), res, o)
+    return res, text, [d for d in yaml.safe_load_all(text) if d]
+
+
+def _pod(doc: dict, role: str = "leader") -> dict:
+    if doc["kind"] == "LeaderWorkerSet":
+        return doc["spec"]["leaderWorkerTemplate"][f"{role}Template"]["spec"]
+    return doc["spec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize("gpu,label", [("H100-SXM", "NVIDIA-H100-80GB-HBM3"), ("L4", "NVIDIA-L4"),
+                                       ("A100-80GB-SXM", "NVIDIA-A100-SXM4-80GB"), ("H200-SXM", "NVIDIA-H200"), ("H200-NVL", "NVIDIA-H200-NVL")])
+def test_pods_are_scheduled_on_the_target_gpu(gpu, label):
+    """Required node affinity on nvidia.com/gpu.product = the target GPU's label, the nvidia.com/gpu taint
+    tolerated; a user's --node-selector and --toleration added to them."""
+    _, text, docs = _emit(H100, [f"target.gpu={gpu}"], node_selector=["pool=inference"],
+                          tolerations=["dedicated=llm:NoSchedule", "spot"])
+    pod = _pod(docs[0])
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": "nvidia.com/gpu.product", "operator": "In", "values": [label]}]}]
+    assert pod["nodeSelector"] == {"pool": "inference"}
+    assert pod["tolerations"] == [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"},
+                                  {"key": "dedicated", "operator": "Equal", "value": "llm", "effect": "NoSchedule"},
+                                  {"key": "spot", "operator": "Exists"}]
+    assert f"nvidia.com/gpu.product={label}" in text.split("\n---\n")[0]
+
+
+def test_a_gpu_without_a_product_label_gets_no_affinity(tmp_path):
+    """A GPU with no known label (a custom spec): no affinity, the header says so and names --node-selector,
+    which then places the pods."""
+    import dataclasses
+
+    from infertool.resolve import resolve
+    from infertool.serve.k8s import k8s_options
+
+    from infertool.perf.hardware import custom_gpu
+
+    res = resolve(load_recipe(H100, []))
+    res.target = dataclasses.replace(res.target, gpu="my-custom-gpu", device=custom_gpu("my-custom-gpu", 96, 3, 500))
+    for o in (k8s_options(), k8s_options(node_selector=["example.com/accelerator=custom-96g"])):
+        pod = _pod(manifests(res, options=o)[0])
+        assert "affinity" not in pod
+        assert pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert pod["nodeSelector"] == {"example.com/accelerator": "custom-96g"}
+    head = render([], res)
+    assert "no node affinity" in head and "--node-selector KEY=VALUE" in head
+
+
+def test_resources_follow_the_weights(tmp_path):
+    """CPU and memory on a GPU pod from the weights (a sparse 8B layout: its bytes counted here from the
+    headers' shapes), by the stated rule: memory = weights per pod + 4 GiB per GPU + 8 GiB, limit + 16 GiB of
+    /dev/shm; CPU 4 per GPU + 2, limit twice."""
+    from fakes import config_for, layout_model, tensors_for
+
+    d = layout_model(tmp_path / "Llama-3.1-8B-Instruct", "llama-3.1-8b")
+    weights = sum(2 * math.prod(shape) for shape in tensors_for(config_for("llama-3.1-8b")).values())
+    assert weights == 16_060_522_496  # Llama 3.1 8B in bf16: 8.03 B parameters
+    # by hand: 16,060,522,496 B = 14.96 GiB; TP 1: 14.96 + 4 + 8 -> 27 GiB; TP 2: 14.96 + 8 + 8 -> 31 GiB
+    for tp, mem in ((1, 27), (2, 31)):
+        _, _, docs = _emit("llama3.1-8b-128k-fp8kv", [f"model.source={d}", "serve.model=original",
+                                                      f"serve.tensor_parallel_size={tp}"])
+        r = _pod(docs[0])["containers"][0]["resources"]
+        assert mem == math.ceil(weights / 2**30 + 4 * tp + 8)
+        assert r["requests"] == {"nvidia.com/gpu": tp, "cpu": str(4 * tp + 2), "memory": f"{mem}Gi"}
+        assert r["limits"] == {"nvidia.com/gpu": tp, "cpu": str(2 * (4 * tp + 2)), "memory": f"{mem + 16}Gi"}
+
+
+def test_a_cpu_target_asks_no_gpu():
+    _, text, docs = _emit("smollm2-w8-cpu")
+    assert "nvidia.com/gpu" not in text
+    pod = _pod(docs[0])
+    assert "tolerations" not in pod and "affinity" not in pod
+    r = pod["containers"][0]["resources"]
+    assert set(r["requests"]) == {"cpu", "memory"} and r["limits"]["memory"].endswith("Gi")
+
+
+def test_replicas_and_the_autoscalers():
+    """--replicas sets the workload's replicas; an HPA (External metric vllm:num_requests_waiting) or a KEDA
+    ScaledObject (Prometheus trigger) scales it between --replicas and --max-replicas (default twice)."""
+    _, text, docs = _emit(H100, replicas=3)
+    assert [d["kind"] for d in docs] == ["Deployment", "Service"] and docs[0]["spec"]["replicas"] == 3
+    _, text, docs = _emit(H100, replicas=3, autoscaler="hpa")
+    hpa = docs[2]
+    assert hpa["kind"] == "HorizontalPodAutoscaler" and hpa["apiVersion"] == "autoscaling/v2"
+    assert (hpa["spec"]["minReplicas"], hpa["spec"]["maxReplicas"]) == (3, 6)
+    assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": "llama3-3-70b-w4a16-tp4"}
+    ext = hpa["spec"]["metrics"][0]["external"]
+    assert ext["metric"] == {"name": "vllm:num_requests_waiting",
+                             "selector": {"matchLabels": {"model_name": "Llama-3.3-70B-Instruct-w4a16"}}}
+    assert ext["target"] == {"type": "AverageValue", "averageValue": "5"}
+    assert "prometheus-adapter" in text.split("\n---\n")[0]
+    _, text, docs = _emit(H100, replicas=2, max_replicas=10, autoscaler="keda",
+                          prometheus_url="http://prometheus.obs.svc:9090")
+    so = docs[2]
+    assert so["apiVersion"] == "keda.sh/v1alpha1" and so["kind"] == "ScaledObject"
+    assert (so["spec"]["minReplicaCount"], so["spec"]["maxReplicaCount"]) == (2, 10)
+    assert so["spec"]["triggers"] == [{"type": "prometheus", "metadata": {
+        "serverAddress": "http://prometheus.obs.svc:9090",
+        "query": 'sum(vllm:num_requests_waiting{model_name="Llama-3.3-70B-Instruct-w4a16"})', "threshold": "5"}}]
+
+
+def test_the_model_from_the_published_artifact():
+    """--model-from: an init container fetches the artifact into an emptyDir at the model's path in the pod,
+    credentials from Secrets by name (optional); no PVC. Default: the PVC, read-only."""
+    _, text, docs = _emit(H100, pvc="shared-models")
+    assert _pod(docs[0])["volumes"][0]["persistentVolumeClaim"] == {"claimName": "shared-models", "readOnly": True}
+    _, text, docs = _emit(H100, model_from="s3://my-bucket/artifacts/llama-70b-w4a16")
+    pod = _pod(docs[0])
+    init = pod["initContainers"][0]
+    assert init["command"] == ["aws", "s3", "sync", "s3://my-bucket/artifacts/llama-70b-w4a16",
+                               "/models/Llama-3.3-70B-Instruct-w4a16"]
+    assert {e["name"]: e["valueFrom"]["secretKeyRef"] for e in init["env"]}["AWS_SECRET_ACCESS_KEY"] == {
+        "name": "llama3-3-70b-w4a16-tp4-s3", "key": "AWS_SECRET_ACCESS_KEY", "optional": True}
+    assert "emptyDir" in pod["volumes"][0] and "persistentVolumeClaim" not in str(pod["volumes"])
+    assert init["volumeMounts"] == [{"name": "models", "mountPath": "/models"}]
+    # the emptyDir holds the weights + 10 % + 1 GiB; the 70B W4A16 model is not here: estimated, never 0
+    assert int(pod["volumes"][0]["emptyDir"]["sizeLimit"][:-2]) > 30
+    _, text, docs = _emit(H100, model_from="hf://acme/llama-70b-w4a16@v1.2")
+    init = _pod(docs[0])["initContainers"][0]
+    assert [*init["command"], *init["args"]] == ["hf", "download", "acme/llama-70b-w4a16", "--local-dir",
+                                                 "/models/Llama-3.3-70B-Instruct-w4a16", "--revision", "v1.2"]
+    assert init["env"] == [{"name": "HF_TOKEN", "valueFrom": {"secretKeyRef": {
+        "name": "llama3-3-70b-w4a16-tp4-hf", "key": "HF_TOKEN", "optional": True}}}]
+
+
+def test_a_replica_larger_than_a_node_is_a_leader_worker_set():
+    """70B bf16 on L4 at TP 8 x PP 2 (16 GPUs, 8 per node): a LeaderWorkerSet of 2 pods as vLLM documents it
+    (leader: Ray head, then vLLM with --distributed-executor-backend ray; worker: joins the leader's Ray);
+    the Service and the autoscaler point at it. --gpus-per-node 16: one pod, a Deployment."""
+    _, text, docs = _emit(H100, MULTI, replicas=2, autoscaler="keda")
+    lws, svc, so = docs
+    assert lws["apiVersion"] == "leaderworkerset.x-k8s.io/v1" and lws["kind"] == "LeaderWorkerSet"
+    spec = lws["spec"]
+    assert spec["replicas"] == 2 and spec["leaderWorkerTemplate"]["size"] == 2
+    assert spec["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
+    leader, worker = _pod(lws, "leader")["containers"][0], _pod(lws, "worker")["containers"][0]
+    assert leader["command"][:2] == ["sh", "-c"] and "ray start --head --port=6379" in leader["command"][2]
+    assert leader["command"][2].endswith('exec "$@"') and "$(" not in leader["command"][2]
+    args = leader["args"]
+    assert args[:4] == ["vllm-leader", "python3", "-m", "vllm.entrypoints.openai.api_server"]
+    assert args[args.index("--tensor-parallel-size") + 1] == "8"
+    assert args[args.index("--pipeline-parallel-size") + 1] == "2"
+    assert args[args.index("--distributed-executor-backend") + 1] == "ray"
+    assert 'ray start --address="$LWS_LEADER_ADDRESS:6379" --block' in worker["command"][2] and not worker["args"]
+    assert leader["resources"]["limits"]["nvidia.com/gpu"] == worker["resources"]["limits"]["nvidia.com/gpu"] == 8
+    assert "startupProbe" in leader and "startupProbe" not in worker
+    assert _pod(lws, "worker")["affinity"] == _pod(lws, "leader")["affinity"]
+    assert svc["spec"]["selector"]["role"] == "leader"
+    assert so["spec"]["scaleTargetRef"]["kind"] == "LeaderWorkerSet"
+    assert "a LeaderWorkerSet of 2 pods x 8 GPUs" in text.split("\n---\n")[0]
+    _, _, docs = _emit(H100, MULTI, gpus_per_node=16)
+    assert docs[0]["kind"] == "Deployment" and _pod(docs[0])["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 16
+
+
+def test_a_hostile_model_path_stays_an_argument_of_the_leader(tmp_path):
+    """Recipe text reaches the leader's shell only as "$@", never inside its script."""
+    from infertool.serve.k8s import k8s_options
+
+    res = _hostile_resolution(tmp_path)
+    import dataclasses
+
+    res.target = dataclasses.replace(res.target, kind="gpu", gpu="L4")
+    res.recipe.serve.tensor_parallel_size = 16
+    docs = manifests(res, options=k8s_options())
+    leader = _pod(docs[0])["containers"][0]
+    assert docs[0]["kind"] == "LeaderWorkerSet" and HOSTILE_MODEL in leader["args"]
+    assert HOSTILE_MODEL not in leader["command"][2]
+
+
+# ----------------------------------------------------------------------- every document against its schema
+def _strict(schema):
+    """A CRD's structural schema as `kubectl apply --validate=strict` reads it: an object with declared
+    properties takes no other field (unless it preserves unknown fields)."""
+    if isinstance(schema, dict):
+        out = {k: _strict(v) for k, v in schema.items()}
+        if ("properties" in out and "additionalProperties" not in out
+                and not out.get("x-kubernetes-preserve-unknown-fields")):
+            out["additionalProperties"] = False
+        return out
+    if isinstance(schema, list):
+        return [_strict(v) for v in schema]
+    return schema
+
+
+_VALIDATORS: dict = {}
+
+
+def _crd_validator(kind: str):
+    """A jsonschema validator for ``kind``'s CRD (tests/fixtures/crds, see its README), its served version."""
+    if kind not in _VALIDATORS:
+        import gzip
+
+        import jsonschema
+
+        files = {"ScaledObject": "keda.sh_scaledobjects.yaml",
+                 "LeaderWorkerSet": "leaderworkerset.x-k8s.io_leaderworkersets.yaml.gz"}
+        raw = (CRDS / files[kind]).read_bytes()
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+        crd = yaml.load(gzip.decompress(raw) if files[kind].endswith(".gz") else raw, Loader=loader)
+        assert crd["kind"] == "CustomResourceDefinition" and crd["spec"]["names"]["kind"] == kind
+        version = next(v for v in crd["spec"]["versions"] if v.get("storage"))
+        schema = _strict(version["schema"]["openAPIV3Schema"])
+        _VALIDATORS[kind] = (f"{crd['spec']['group']}/{version['name']}", jsonschema.Draft7Validator(schema))
+    return _VALIDATORS[kind]
+
+
+def _validate(doc: dict, kubernetes_validate) -> int:
+    """``doc`` against its schema: a CRD's (jsonschema), else the API's (kubernetes-validate, strict, 1.29 and
+    the newest); a LeaderWorkerSet's pod templates as PodTemplateSpecs too. Returns how many checks ran."""
+    if doc["kind"] in ("ScaledObject", "LeaderWorkerSet"):
+        api_version, validator = _crd_validator(doc["kind"])
+        assert doc["apiVersion"] == api_version
+        errors = list(validator.iter_errors(doc))
+        assert not errors, [f"{list(e.path)}: {e.message}" for e in errors[:5]]
+        if doc["kind"] == "LeaderWorkerSet":
+            tmpl = doc["spec"]["leaderWorkerTemplate"]
+            return 1 + sum(_validate({"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+                                      "template": tmpl[t]}, kubernetes_validate) for t in ("leaderTemplate", "workerTemplate"))
+        return 1
+    for v in ("1.29", kubernetes_validate.latest_version()):
+        kubernetes_validate.validate(doc, v, strict=True)
+    return 1
+
+
+def test_every_document_passes_its_schema():
+    """The Deployment with affinity, tolerations, resources, init container; the HPA; the KEDA ScaledObject and
+    the LeaderWorkerSet against the real CRDs (the pod templates inside as PodTemplateSpecs); and the
+    validators are real: a misspelt field or a wrong type is refused."""
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    pytest.importorskip("jsonschema")
+    cases = [
+        (H100, [], dict(replicas=2, autoscaler="hpa", node_selector=["pool=gpu"], tolerations=["a=b:NoExecute"],
+                        model_from="s3://bucket-1/x")),
+        (H100, [], dict(autoscaler="keda", model_from="hf://org/name@main")),
+        (H100, MULTI, dict(replicas=2, autoscaler="keda", prometheus_url="https://prom.example.com/x")),
+        (H100, MULTI, dict(autoscaler="hpa", model_from="hf://org/name")),
+        ("smollm2-w8-cpu", [], dict(autoscaler="hpa")),
+    ]
+    kinds, checked = set(), 0
+    for recipe, sets, kw in cases:
+        for doc in _emit(recipe, sets, **kw)[2]:
+            checked += _validate(doc, kubernetes_validate)
+            kinds.add(doc["kind"])
+    assert kinds == {"Deployment", "Service", "HorizontalPodAutoscaler", "ScaledObject", "LeaderWorkerSet"}
+    assert checked == 5 * 3 + 2 * 2  # 5 emits of 3 documents; each LeaderWorkerSet 2 pod templates more
+    import jsonschema
+
+    so, lws = _emit(H100, MULTI, autoscaler="keda")[2][2], _emit(H100, MULTI)[2][0]
+    so["spec"]["triggers"][0]["metadataa"] = {}
+    lws["spec"]["leaderWorkerTemplate"]["size"] = "two"
+    for bad in (so, lws):
+        assert list(_crd_validator(bad["kind"])[1].iter_errors(bad)), bad["kind"]
+    tmpl = {"apiVersion": "v1", "kind": "PodTemplate", "metadata": {"name": "t"},
+            "template": _emit(H100, MULTI)[2][0]["spec"]["leaderWorkerTemplate"]["workerTemplate"]}
+    tmpl["template"]["spec"]["containers"][0]["resourcez"] = {}
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(tmpl, kubernetes_validate.latest_version(), strict=True)
+    assert jsonschema  # imported: the CRD checks ran with it
+
+
+# ----------------------------------------------------------------------------------------------- the CLI
+def test_emit_k8s_options_on_the_cli():
+    r = cli_in_process("serve", H100, "--emit", "k8s", "--replicas", "4", "--autoscaler", "keda",
+                       "--max-replicas", "12", "--node-selector", "pool=a", "--toleration", "x=y:NoSchedule",
+                       "--model-from", "s3://b-1/m", "--gpus-per-node", "4", "--set", "serve.pipeline_parallel_size=2")
+    assert r.returncode == 0, r.stderr
+    docs = [d for d in yaml.safe_load_all(r.stdout) if d]
+    assert [d["kind"] for d in docs] == ["LeaderWorkerSet", "Service", "ScaledObject"]
+    assert docs[0]["spec"]["leaderWorkerTemplate"]["size"] == 2 and docs[2]["spec"]["maxReplicaCount"] == 12
+    r = cli_in_process("serve", H100, "--emit", "k8s", "--autoscaler", "hpa", "--json")
+    assert r.returncode == 0, r.stderr
+    import json
+
+    doc = json.loads(r.stdout)
+    assert [d["kind"] for d in doc["manifests"]] == ["Deployment", "Service", "HorizontalPodAutoscaler"]
+    assert any(line.startswith("Autoscaler: HPA") for line in doc["comments"])
+
+
+@pytest.mark.parametrize("args,words", [
+    (["--replicas", "0"], "--replicas"),
+    (["--replicas", "5", "--max-replicas", "3", "--autoscaler", "hpa"], "--max-replicas 3"),
+    (["--max-replicas", "3"], "--autoscaler"),
+    (["--autoscaler", "vpa"], "one of none, hpa, keda"),
+    (["--node-selector", "no-equals-sign"], "KEY=VALUE"),
+    (["--node-selector", "a=b\nkind: Pod"], "KEY=VALUE"),
+    (["--toleration", "gpu:Sometimes"], "EFFECT"),
+    (["--model-from", "ftp://host/model"], "s3://BUCKET/PREFIX or hf://"),
+    (["--model-from", "s3://b-1/$(AWS_SECRET_ACCESS_KEY)"], "s3://BUCKET/PREFIX or hf://"),
+    (["--model-from", "s3://b-1/m", "--pvc", "models"], "give one"),
+    (["--autoscaler", "keda", "--prometheus-url", "http://user:pw@prom:9090"], "no user or password"),
+    (["--gpus-per-node", "0"], "--gpus-per-node"),
+    (["--set", "serve.pipeline_parallel_size=9"], "do not split evenly"),
+])
+def test_emit_k8s_bad_options_exit_2(args, words):
+    r = cli_in_process("serve", H100, "--emit", "k8s", *args)
+    assert r.returncode == 2, (r.returncode, r.stdout, r.stderr)
+    assert words in r.stderr and "Traceback" not in r.stderr and "pw@" not in r.stderr
+
+
+def test_emit_k8s_options_need_emit():
+    r = cli_in_process("serve", H100, "--dry-run", "--replicas", "3")
+    assert r.returncode == 2 and "--replicas" in r.stderr and "--emit k8s" in r.stderr
+
+
+def test_replicas_come_from_the_fleet_sizing_unless_given(tmp_path):
+    """target.peak_rps: `--emit k8s` writes the fleet sizing's replica count (plan's, planned from the roofline)
+    into the Deployment and says where it comes from; --replicas overrides it; without a peak load: 1."""
+    from infertool.plan import fleet_replicas
+    from infertool.resolve import resolve
+
+    sized, why = fleet_replicas(resolve(load_recipe(H100, ["target.peak_rps=500"])))
+    assert sized and sized > 1 and "planned" in why
+    r = cli_in_process("serve", H100, "--emit", "k8s", "--set", "target.peak_rps=500")
+    assert r.returncode == 0, r.stderr
+    dep = next(d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == sized
+    assert f"Replicas: {sized} (the fleet sizing for target.peak_rps 500" in r.stdout
+    r = cli_in_process("serve", H100, "--emit", "k8s", "--set", "target.peak_rps=500", "--replicas", "2")
+    dep = next(d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 2 and "Replicas: 2 (--replicas)" in r.stdout
+    r = cli_in_process("serve", H100, "--emit", "k8s")
+    dep = next(d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment")
+    assert dep["spec"]["replicas"] == 1 and "set target.peak_rps to size the fleet" in r.stdout

@@ -183,7 +183,7 @@ def test_no_function_over_120_lines():
 
 # The one registry of each kind: worker tasks, stages (run's and tune's), quantization backends. Commands register
 # with the Typer app through their module's register(app) (test_commands_register_one_way).
-REGISTRIES = {"infertool.tasks", "infertool.stages.registry", "infertool.backends.registry"}
+REGISTRIES = {"infertool.tasks", "infertool.stages.registry", "infertool.backends.registry", "infertool.checks.registry"}
 
 
 def test_one_registry_of_tasks_stages_and_backends():

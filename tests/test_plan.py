@@ -64,7 +64,7 @@ def test_cpu_without_bf16_plans_the_float32_that_serve_runs(tmp_path, monkeypatc
     p16 = make_plan(recipe(source=str(model), serve={"max_model_len": 2048, "dtype": "bfloat16", "cpu": {"kv_cache_space_gib": 1}}))
     assert p16.kv["bytes_per_token"] == 1536 and p16.capacity["kv_tokens"] == 699_008
     # a GPU plan does not depend on this host's CPU
-    pg = make_plan(recipe(source=str(model), serve={"max_model_len": 2048}), gpu="H100")
+    pg = make_plan(recipe(source=str(model), serve={"max_model_len": 2048}), gpu="H100-SXM")
     assert pg.kv["bytes_per_token"] == 1536
 
 
@@ -103,7 +103,7 @@ def test_gpu_does_not_fit_reasons():
     assert p.fits  # 8B bf16 (15 GiB) fits on an L4 at 0.9, barely
     big = make_plan(recipe(source="/models/Llama-3.3-70B-Instruct", serve={"max_model_len": 8192}), gpu="L4")
     assert not big.fits and "no room for a KV cache" in big.reasons[0]
-    bad_tp = make_plan(recipe(serve={"max_model_len": 8192, "tensor_parallel_size": 3}), gpu="H100")
+    bad_tp = make_plan(recipe(serve={"max_model_len": 8192, "tensor_parallel_size": 3}), gpu="H100-SXM")
     assert not bad_tp.fits and "does not divide the 32 attention heads" in bad_tp.reasons[0]
 
 
@@ -135,7 +135,7 @@ def test_max_model_len_beyond_the_position_limit_does_not_fit(tmp_path, monkeypa
     make_fake_model(mml, dict(LLAMA_CFG, max_position_embeddings=2048, model_max_length=4096), {"w": ("BF16", [8])}, {"BF16": 2})
     assert fits(mml, 4096) and not fits(mml, 4097)
     # a model that is not here: the published limit of its architecture (Llama-3.1-8B: 131,072)
-    assert not make_plan(recipe(serve={"max_model_len": 262144}), gpu="H200").fits
+    assert not make_plan(recipe(serve={"max_model_len": 262144}), gpu="H200-SXM").fits
 
 
 def test_memory_option_and_unknown_model(tmp_path):
@@ -148,7 +148,7 @@ def test_memory_option_and_unknown_model(tmp_path):
 
 
 def test_moe_counts_active_params_for_flops():
-    p = make_plan(recipe(source="/models/Mixtral-8x7B-Instruct-v0.1", serve={"max_model_len": 4096}), gpu="H100")
+    p = make_plan(recipe(source="/models/Mixtral-8x7B-Instruct-v0.1", serve={"max_model_len": 4096}), gpu="H100-SXM")
     assert p.model["moe"] == {"experts": 8, "per_token": 2}
     assert p.model["params_total"] > 3 * p.model["params_active_linear"]
 
@@ -159,7 +159,11 @@ def test_plan_cli_json_and_exit_codes():
     data = json.loads(r.stdout)
     assert data["fits"] is True and data["capacity"]["kv_tokens"] > 0
     r = runner.invoke(app, ["plan", "llama3.1-8b-w4a16-h100", "--set", "serve.tensor_parallel_size=3"])
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # a recipe check (vLLM refuses to start), as in validate and every dry run
+    assert "error: tensor_parallel: serve.tensor_parallel_size: tensor_parallel_size 3 does not divide the model's 32 " \
+           "attention heads" in r.stderr
+    r = runner.invoke(app, ["plan", "llama3.1-8b-w4a16-h100", "--memory", "4"])
+    assert r.exit_code == 1  # the plan's own negative verdict: the recipe is sound, this GPU is too small
     assert "does not fit" in r.stderr
     r = runner.invoke(app, ["plan", "llama3.1-8b-w4a16-h100", "--gpu", "Z80"])
     assert r.exit_code == 2

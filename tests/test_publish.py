@@ -28,12 +28,33 @@ GATES = [{"name": "max_mean_kld", "metric": "mean KLD", "estimate": 0.08, "lo": 
           "status": "PASS", "n": 24, "unit": "token"}]
 
 
+def _tensors() -> dict[str, list[int]]:
+    """Every weight of CFG's two layers (the checks read each linear layer's shape against the group size)."""
+    h, kv, ff = 64, 32, 128
+    out = {"model.embed_tokens.weight": [256, h], "model.norm.weight": [h]}
+    for i in range(2):
+        p = f"model.layers.{i}."
+        out |= {p + "self_attn.q_proj.weight": [h, h], p + "self_attn.k_proj.weight": [kv, h],
+                p + "self_attn.v_proj.weight": [kv, h], p + "self_attn.o_proj.weight": [h, h],
+                p + "mlp.gate_proj.weight": [ff, h], p + "mlp.up_proj.weight": [ff, h], p + "mlp.down_proj.weight": [h, ff],
+                p + "input_layernorm.weight": [h], p + "post_attention_layernorm.weight": [h]}
+    return out
+
+
 def write_checkpoint(d: Path, fill: int = 1) -> Path:
-    """A tiny real checkpoint: config.json and a safetensors file of one 8x8 BF16 tensor (by hand)."""
+    """A tiny real checkpoint: config.json and a safetensors file (written by hand) of CFG's BF16 weights, every
+    byte ``fill`` (~180 KB)."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(CFG))
-    header = json.dumps({"w": {"dtype": "BF16", "shape": [8, 8], "data_offsets": [0, 128]}}).encode()
-    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + bytes([fill]) * 128)
+    header, offset = {}, 0
+    for name, shape in _tensors().items():
+        n = 2
+        for x in shape:
+            n *= x
+        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
+        offset += n
+    head = json.dumps(header).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head + bytes([fill]) * offset)
     return d
 
 

@@ -548,7 +548,7 @@ def test_target_section_and_moved_profile_gpu() -> None:
     from infertool.errors import RecipeError
     from infertool.recipe import validate_recipe_data
 
-    r = validate_recipe_data({"name": "t", "model": {"source": "/m"}, "target": {"gpu": "h100"}})
+    r = validate_recipe_data({"name": "t", "model": {"source": "/m"}, "target": {"gpu": "h100 sxm"}})
     assert r.target.gpu == "H100-SXM"  # aliases resolve to the hardware table's key
     with pytest.raises(RecipeError) as e:
         validate_recipe_data({"name": "t", "model": {"source": "/m"}, "target": {"gpu": "Z80"}, "profile": {"gpu": "H100"}})

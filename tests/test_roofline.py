@@ -76,7 +76,7 @@ def test_allreduce_and_experts():
 
 
 def test_gpu_table_and_aliases():
-    assert hardware.find_gpu("H100").key == "H100-SXM"
+    assert hardware.find_gpu("H100 SXM").key == "H100-SXM"
     assert hardware.find_gpu("h100-sxm").bandwidth_tbs == 3.35
     assert hardware.find_gpu("L4").memory_gib == pytest.approx(22.49, abs=0.01)
     for gpu in hardware.GPUS.values():
@@ -85,6 +85,8 @@ def test_gpu_table_and_aliases():
 
     with pytest.raises(UsageError):
         hardware.find_gpu("V100-PCIE-7")
+    with pytest.raises(UsageError, match="H100-PCIe, H100-SXM, H100-NVL"):  # ambiguous: refused with the choices
+        hardware.find_gpu("H100")
 
 
 @pytest.mark.parametrize("path, key", [

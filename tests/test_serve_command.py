@@ -159,9 +159,10 @@ def test_dry_run_prints_exact_command_and_env_without_the_key(tmp_path, fake_mod
 def test_dry_run_lint_errors_exit_2(tmp_path, fake_model):
     recipe = _recipe(tmp_path, fake_model, "  tensor_parallel_size: 2\n  swap_space: 4\n")
     r = run_cli("serve", recipe, "--dry-run", "--set", "serve.port=18778")
-    assert r.returncode == 2
-    assert "tensor_parallel_size 2 does not divide the model's 9 attention heads" in r.stdout
-    assert "swap_space" in r.stdout
+    assert r.returncode == 2  # the check registry refuses before the launch is shown (the same lines as validate)
+    assert "error: tensor_parallel: serve.tensor_parallel_size: tensor_parallel_size 2 does not divide the model's 9 " \
+           "attention heads" in r.stderr
+    assert "warn: engine_settings: serve.swap_space" in r.stderr
 
 
 def test_launch_refuses_lint_errors_and_missing_model(tmp_path, fake_model):

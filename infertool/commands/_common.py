@@ -255,6 +255,22 @@ def handle_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+def recipe_checks(res, purpose: str):
+    """THE one call of every entry point that reads a recipe (validate, plan, the dry runs, --emit k8s,
+    quantize --check): the registered checks (``infertool.checks``) for ``purpose``. Warnings are printed on
+    stderr, one line each (stdout stays the command's output); an error finding raises ``ChecksFailed``: exit 2,
+    the same lines everywhere, and under --json the findings under "checks". Returns the ``CheckReport``."""
+    from infertool.checks import ChecksFailed, run_checks
+    from infertool.output import err
+
+    report = run_checks(res, purpose=purpose)
+    for finding in report.warnings:
+        err.print(finding.line(), markup=False, highlight=False, soft_wrap=True, style="yellow")
+    if report.errors:
+        raise ChecksFailed(report)
+    return report
+
+
 def usage_error(message: str, hint: str | None = None) -> InfertoolError:
     return UsageError(message, hint=hint)
 
@@ -293,5 +309,5 @@ def examples(*lines: tuple[str, str] | str) -> str:
 __all__ = [
     "ClickException", "ClickUsageError", "DefaultCommandGroup", "InfertoolCommand", "JSON_OPT", "RootGroup",
     "SET_OPT", "complete_recipe", "dry_run_opt", "examples", "force_opt", "handle_errors", "out_opt",
-    "recipe_arg", "refuse_overwrite", "usage_error", "usage_error_doc", "wants_json",
+    "recipe_arg", "recipe_checks", "refuse_overwrite", "usage_error", "usage_error_doc", "wants_json",
 ]

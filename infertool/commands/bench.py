@@ -9,7 +9,7 @@ import typer
 
 from infertool.commands._common import (
     JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt, recipe_arg,
-    refuse_overwrite,
+    recipe_checks, refuse_overwrite,
 )
 
 EXAMPLES = examples(
@@ -43,9 +43,10 @@ def register(app: typer.Typer) -> None:
         from infertool.resolve import resolve
 
         res = resolve(load_recipe(recipe, overrides or []))
+        checks = recipe_checks(res, "bench") if dry_run else None
         plan = bench_cap.plan(res, bench_cap.BenchOptions(url=url, model=model, plot=plot))
-        if dry_run:
-            _render_plan(plan, as_json)
+        if checks is not None:
+            _render_plan(plan, as_json, checks)
             return
         refuse_overwrite([out_file, plot], force)
         with StageProgress("bench") as progress:
@@ -62,12 +63,12 @@ def register(app: typer.Typer) -> None:
             err.print(f"plot: {report.plot}", markup=False, soft_wrap=True)
 
 
-def _render_plan(plan, as_json: bool) -> None:
+def _render_plan(plan, as_json: bool, checks) -> None:
     """The servers the bench would launch (none with --url) and their exact commands."""
     from infertool.output import out, print_json
 
     if as_json:
-        print_json({"dry_run": True, **plan.to_dict(), "resolution": plan.res.to_dict()})
+        print_json({"dry_run": True, **plan.to_dict(), "resolution": plan.res.to_dict(), "checks": checks.to_list()})
         return
     for note in plan.res.notes:
         out.print(f"note: {note}", markup=False, soft_wrap=True)

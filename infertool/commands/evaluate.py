@@ -22,7 +22,7 @@ import typer
 
 from infertool.commands._common import (
     JSON_OPT, SET_OPT, DefaultCommandGroup, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt,
-    recipe_arg, refuse_overwrite,
+    recipe_arg, recipe_checks, refuse_overwrite,
 )
 
 EXAMPLES = examples(
@@ -127,9 +127,11 @@ def eval_run(flags: RunFlags) -> None:
         refuse_overwrite([flags.out_dir / RESULTS_FILE], flags.force)
     r = load_recipe(flags.recipe, flags.overrides)
     opts = flags.options(r)
-    plan = evaluate.plan(resolve(r, evaluate.overrides(r, opts)), opts)
-    if flags.dry_run:
-        _render_dry_run(plan, flags.as_json)
+    res = resolve(r, evaluate.overrides(r, opts))
+    checks = recipe_checks(res, "eval") if flags.dry_run else None
+    plan = evaluate.plan(res, opts)
+    if checks is not None:
+        _render_dry_run(plan, flags.as_json, checks)
         return
     with StageProgress("eval") as progress:
         result = evaluate.run(plan, RunContext(out_dir=flags.out_dir, on_event=progress.on_event, user="eval"))
@@ -141,11 +143,11 @@ def eval_run(flags: RunFlags) -> None:
         raise typer.Exit(1)
 
 
-def _render_dry_run(plan, as_json: bool) -> None:
+def _render_dry_run(plan, as_json: bool, checks) -> None:
     from infertool.output import out, print_json
 
     if as_json:
-        print_json(plan.to_dict())
+        print_json({**plan.to_dict(), "checks": checks.to_list()})
         return
     out.print(f"eval ({plan.engine} engine, suite {plan.suite})", markup=False)
     out.print(f"  base:      {plan.labels['base']} ({plan.base})", markup=False, soft_wrap=True)

@@ -6,7 +6,9 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, InfertoolCommand, examples, handle_errors, recipe_arg
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, InfertoolCommand, examples, handle_errors, recipe_arg, recipe_checks,
+)
 
 
 def register(app: typer.Typer) -> None:
@@ -26,7 +28,7 @@ EXAMPLES = examples(
 # schema.MAX_TOKENS (a 20-digit context planned a 1.5e17 ms step; a 400-digit one overflowed a float).
 def plan(
     recipe: str = recipe_arg(),
-    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="GPU", help="Plan for this GPU instead of target.gpu (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090)."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="GPU", help="Plan for this GPU instead of target.gpu: a key of the GPU table (H100-SXM, A100-80GB-PCIe, L4, ...; an ambiguous name such as H100 is refused with the choices)."),
     memory: Optional[float] = typer.Option(None, "--memory", min=0.1, max=65536, metavar="GIB", help="Plan for a GPU with this much memory (GiB)."),
     context: Optional[int] = typer.Option(None, "--context", min=1, max=10_000_000, metavar="TOKENS", help="Context length for the roofline bound (default: from bench, else max_model_len/2)."),
     overrides: Optional[List[str]] = SET_OPT,
@@ -39,9 +41,10 @@ def plan(
     from infertool.resolve import Overrides, resolve
 
     res = resolve(load_recipe(recipe, overrides or []), Overrides(gpu=gpu))
+    checks = recipe_checks(res, "plan")  # the check registry: exit 2 on an error, as validate and the dry runs
     result = planning.plan(res, planning.PlanOptions(memory_gib=memory, context=context))
     if as_json:
-        print_json({**result.to_dict(), "resolution": res.to_dict()})
+        print_json({**result.to_dict(), "resolution": res.to_dict(), "checks": checks.to_list()})
     else:
         _render(result)
     if not result.fits:
@@ -94,6 +97,8 @@ def _render(p) -> None:
         out.print(t)
         dom = tp["comm_dominates_from"]
         out.print(f"communication dominates from TP={dom}" if dom else "weight reads dominate at every TP degree shown")
+    for line in (p.fleet or {}).get("lines", []):  # replicas and $/month for target.peak_rps (perf.fleet)
+        out.print(esc(line), soft_wrap=True)
     for n in p.notes:
         err.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
     if p.fits:

@@ -7,7 +7,9 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, InfertoolCommand, examples, handle_errors, out_opt, recipe_arg
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, InfertoolCommand, examples, handle_errors, out_opt, recipe_arg, recipe_checks,
+)
 
 EXAMPLES = examples(
     ("infertool quantize quickstart", "GPTQ 4-bit g64 of the bundled model"),
@@ -46,10 +48,14 @@ def register(app: typer.Typer) -> None:
         r = load_recipe(recipe, overrides or [])
         options = QuantizeOptions(out=out, check=check, verify=verify, force=force, recipe_path=recipe)
         with StageProgress("quantize") as progress:  # progress on stderr, also with --json
-            p = plan(resolve(r, candidate_path=out), options, on_event=progress.on_event)
+            res, checks = resolve(r, candidate_path=out), None
+            if check:  # the check registry, on the model quantize would read (a bundled model converted first)
+                res.ensure(res.base, on_event=progress.on_event)
+                checks = recipe_checks(res, "quantize")
+            p = plan(res, options, on_event=progress.on_event)
             result = run(p, RunContext(on_event=progress.on_event, user="quantize"))
         if as_json:
-            print_json(result.to_dict())
+            print_json(result.to_dict() if checks is None else {**result.to_dict(), "checks": checks.to_list()})
             return
         _render(result)
 

@@ -7,7 +7,9 @@ from typing import List, Optional
 
 import typer
 
-from infertool.commands._common import JSON_OPT, SET_OPT, InfertoolCommand, force_opt, handle_errors, recipe_arg
+from infertool.commands._common import (
+    JSON_OPT, SET_OPT, InfertoolCommand, force_opt, handle_errors, recipe_arg, recipe_checks,
+)
 
 recipes_app = typer.Typer(help="The built-in recipes: list, show, copy.", no_args_is_help=True)
 
@@ -24,9 +26,12 @@ def validate(
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
-    """Check a recipe: every error is listed with its field path (exit 2)."""
+    """Check a recipe: every error is listed with its field path (exit 2); then every registered check
+    (infertool.checks: position limit, TP / PP, KV fit, group size, config vs weights, ...) on the resolved
+    recipe, those that need a model not on this machine reported as skipped."""
     from infertool.output import err, esc, print_json
     from infertool.recipe import load_recipe, recipe_to_dict
+    from infertool.resolve import resolve
     from infertool.stages import check_recipe
 
     r = load_recipe(recipe, overrides or [])
@@ -35,11 +40,16 @@ def validate(
         from infertool.tune.space import search_space
 
         search_space(r)
+    checks = recipe_checks(resolve(r), "validate")  # exit 2 on an error finding, the same lines as every dry run
     if as_json:
-        print_json({"ok": True, "recipe": recipe_to_dict(r)})
+        print_json({"ok": True, "recipe": recipe_to_dict(r), "checks": checks.to_list(),
+                    "checks_skipped": checks.skipped})
         return
     sections = [s for s in ("model", "target", "quantize", "eval", "profile", "serve", "bench", "run", "tune") if getattr(r, s, None) is not None]
     err.print(f"[green]✓[/] {esc(recipe)}: recipe [bold]{esc(r.name)}[/] is valid (sections: {', '.join(sections)})", soft_wrap=True)
+    err.print(f"checks: {len(checks.ran)} ran, {len(checks.skipped)} skipped", markup=False, style="dim")
+    for name, why in checks.skipped.items():
+        err.print(f"  {name}: {why}", markup=False, highlight=False, soft_wrap=True, style="dim")
 
 
 # ------------------------------------------------------------------------------------------ recipes

@@ -63,6 +63,10 @@ def run(
 
         output_dir(out, "--out")  # a folder of the user's: not a file, a fifo or /proc, before any stage
     if dry_run:
+        from infertool.commands._common import recipe_checks
+        from infertool.resolve import resolve
+
+        recipe_checks(resolve(r), "run")  # the check registry: the same findings as validate, plan, serve --dry-run
         plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again, publish=publish)
         # what would stop a server (the launch lint: TP / PP against the model, KV capacity, reserved CPUs): exit 2
         # like `serve --dry-run`

@@ -61,6 +61,15 @@ def serve_run(
     log: Optional[Path] = typer.Option(None, "--log", metavar="FILE", help="The server log file (default under $INFERTOOL_HOME/logs)."),
     force: bool = typer.Option(False, "--force", help="Launch even when the lint finds errors."),
     emit: Optional[str] = typer.Option(None, "--emit", metavar="k8s", help="Print Kubernetes manifests for the recipe instead of launching."),
+    replicas: Optional[int] = typer.Option(None, "--replicas", metavar="N", help="--emit k8s: replicas (default 1; the fleet sizing's count)."),
+    max_replicas: Optional[int] = typer.Option(None, "--max-replicas", metavar="N", help="--emit k8s: the autoscaler's ceiling (default 2 x --replicas)."),
+    autoscaler: Optional[str] = typer.Option(None, "--autoscaler", metavar="none|hpa|keda", help="--emit k8s: an HPA (External metric vllm:num_requests_waiting) or a KEDA ScaledObject."),
+    node_selector: Optional[List[str]] = typer.Option(None, "--node-selector", metavar="KEY=VALUE", help="--emit k8s: a node label the pods need (repeatable)."),
+    toleration: Optional[List[str]] = typer.Option(None, "--toleration", metavar="KEY[=VALUE][:EFFECT]", help="--emit k8s: a taint the pods tolerate besides nvidia.com/gpu's (repeatable)."),
+    model_from: Optional[str] = typer.Option(None, "--model-from", metavar="URI", help="--emit k8s: an init container fetches the model from s3://BUCKET/PREFIX or hf://ORG/NAME[@REV] (else a PVC)."),
+    pvc: Optional[str] = typer.Option(None, "--pvc", metavar="NAME", help="--emit k8s: the PVC holding the model (default <name>-models)."),
+    prometheus_url: Optional[str] = typer.Option(None, "--prometheus-url", metavar="URL", help="--emit k8s --autoscaler keda: the Prometheus KEDA queries."),
+    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", metavar="N", help="--emit k8s: GPUs per node (default 8); more per replica: a multi-node LeaderWorkerSet."),
     as_json: bool = JSON_OPT,
 ) -> None:
     """Launch vLLM's OpenAI-compatible server from the recipe's serve section; Ctrl-C (or SIGTERM) stops it,
@@ -69,9 +78,21 @@ def serve_run(
     from infertool.publish import served
 
     serve.lifecycle.check_timeout(timeout)  # before the recipe: exit 2 for nan, inf, -1, 0, 1e400
+    k8s = _k8s_options(emit, replicas=replicas, max_replicas=max_replicas, autoscaler=autoscaler, pvc=pvc,
+                       node_selector=node_selector, tolerations=toleration, model_from=model_from,
+                       prometheus_url=prometheus_url, gpus_per_node=gpus_per_node)
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
-                                 force=force, emit=emit)
+                                 force=force, emit=emit, k8s=k8s)
     res = served(recipe, _with_port(overrides, port)).res  # RUN_DIR | TUNE_DIR | RECIPE, its artifact checked
+    if emit is not None or dry_run:  # the check registry: the same findings as validate, plan and every dry run
+        from infertool.commands._common import recipe_checks
+
+        recipe_checks(res, "emit" if emit is not None else "serve")
+    if emit is not None:  # the replicas: --replicas, else the fleet sizing for target.peak_rps
+        from infertool.plan import fleet_replicas
+        from infertool.serve.k8s import with_replicas
+
+        options.k8s = with_replicas(k8s, *fleet_replicas(res))
     plan = serve.plan(res, options)
     if emit is not None:
         _emit_k8s(plan, as_json)
@@ -119,6 +140,20 @@ def _with_port(overrides, port: int | None) -> list[str]:
     if port is not None:
         sets.append(f"serve.port={port}")
     return sets
+
+
+def _k8s_options(emit: str | None, **given):
+    """The --emit k8s options, checked (infertool.serve.k8s.k8s_options: exit 2 with the form expected); None
+    without --emit. An option given without --emit k8s is a usage error, not silently ignored."""
+    from infertool.serve.k8s import k8s_options
+
+    chosen = {k: v for k, v in given.items() if v not in (None, [])}
+    if emit is None:
+        if chosen:
+            flags = ", ".join("--" + k.replace("_", "-").replace("tolerations", "toleration") for k in chosen)
+            raise usage_error(f"{flags}: options of --emit k8s", hint="infertool serve RECIPE --emit k8s " + flags.split(",")[0] + " ...")
+        return None
+    return k8s_options(**chosen)
 
 
 def _emit_k8s(plan, as_json: bool = False) -> None:

@@ -9,7 +9,8 @@ from typing import List, Optional
 import typer
 
 from infertool.commands._common import (
-    JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, handle_errors, out_opt, recipe_arg, usage_error,
+    JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, handle_errors, out_opt, recipe_arg, recipe_checks,
+    usage_error,
 )
 
 EXAMPLES = examples(
@@ -52,11 +53,13 @@ def tune(
         raise usage_error(f"recipe {r.name!r} has no tune section",
                           hint="add one (candidates, serve_grid, objective), e.g. `infertool recipes show quickstart-tune`")
     if dry_run:
+        from infertool.resolve import resolve
         from infertool.tune.core import dry_run as plan_only
 
+        checks = recipe_checks(resolve(r), "tune")  # the base recipe, as validate and every dry run check it
         plan = plan_only(r)
         if as_json:
-            print_json({"dry_run": True, **plan})
+            print_json({"dry_run": True, **plan, "checks": checks.to_list()})
             return
         _render_plan(plan)
         return

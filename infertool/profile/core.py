@@ -15,7 +15,7 @@ from typing import Any, Callable
 from infertool.atomic import atomic_path, write_json
 from infertool.capability import RunContext
 from infertool.errors import UsageError
-from infertool.perf import hardware, roofline
+from infertool.perf import roofline
 from infertool.profile import analysis
 from infertool.profile.grid import Grid
 from infertool.records import Record, as_str
@@ -296,8 +296,8 @@ def _result(plan: ProfilePlan, model, facts: _Facts, prec: _Precision, peaks_raw
 
     arch, weights, kv_tok, peaks, grid = facts.arch, prec.weights, prec.kv_tok, prec.peaks, plan.grid
     datasheet = None
-    if peaks_raw.get("device") == "cuda" and plan.res.target.gpu:
-        g = hardware.find_gpu(plan.res.target.gpu)
+    if peaks_raw.get("device") == "cuda" and plan.res.target.device is not None:
+        g = plan.res.target.device  # a table GPU or the recipe's custom spec
         datasheet = {"flops": g.bf16_flops, "bandwidth": g.bandwidth_bytes_s, "source": g.source}
     points = analysis.analyse(measured, arch, weights.total_bytes, lambda b: decode_weight_bytes(arch, weights, b), kv_tok,
                               peaks, datasheet)

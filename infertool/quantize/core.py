@@ -145,7 +145,7 @@ def plan(res, options: QuantizeOptions | None = None, *, on_event: EventCallback
     BackendError for a quantization that cannot start. ``on_event``: progress of a bundled model's conversion."""
     from infertool.models.info import model_info
     from infertool.perf.host import has_cuda
-    from infertool.quantize.preflight import PreflightFailed, preflight
+    from infertool.quantize.preflight import PreflightFailed, fix_hint, preflight
 
     options = options or QuantizeOptions()
     recipe, q = res.recipe, res.recipe.quantize
@@ -177,7 +177,7 @@ def plan(res, options: QuantizeOptions | None = None, *, on_event: EventCallback
     _output_check(report, dest, options)
     timings["preflight"] = time.monotonic() - t
     if not report.ok:
-        raise PreflightFailed(report, hint=_group_size_hint(report))
+        raise PreflightFailed(report, hint=fix_hint(report))
     p = QuantizePlan(res, options, backend, q, src, dest, info, report, cal_check, cal_spec, held,
                      warnings=[f"{c.name}: {c.detail}" for c in report.warnings], timings=timings, t0=t0)
     if backend.checkpoint:
@@ -262,19 +262,6 @@ def _held_out(recipe, cal: dict, recipe_dir: Path | None, report) -> dict:
         report.add("held_out", True, f"calibration and eval suite {suite_name} share no word {ov.ngram}-gram"
                    + (" (the built-in corpus's calibration and eval parts)" if kind == "builtin" else ""))
     return d
-
-
-def _group_size_hint(report) -> str | None:
-    for c in report.errors:
-        if c.name == "held_out":
-            return ("calibrate on other text (quantize.calibration.source), score another suite, or set "
-                    "quantize.calibration.allow_eval_overlap: true to accept the overlap (recorded in the manifest)")
-        if c.name == "group_size":
-            valid = [g for g in report.valid_group_sizes if g != -1]
-            if valid:
-                pick = 64 if 64 in valid else valid[-1]
-                return f"set a group size that divides every in_features, e.g. --set quantize.group_size={pick}"
-    return "fix the recipe (or the model) and run `infertool quantize RECIPE --check` again"
 
 
 def _load_check_launches(p: QuantizePlan, dest: Path) -> dict:

@@ -137,9 +137,12 @@ def disk_free(path: Path) -> int | None:
 
 
 def preflight(info: ModelInfo, q: Any, *, serve: dict | None, output: Path | None, has_cuda: bool | None = None,
-              memory: tuple[str, int | None] | None = None, target=None, host=None) -> PreflightReport:
+              memory: tuple[str, int | None] | None = None, target=None, host=None,
+              resources: bool = True) -> PreflightReport:
     """Every check of the quantize section ``q`` (a validated QuantizeConfig) on a model; never raises for a
-    failed check (see ``report.errors``). ``memory``: (device, free bytes) instead of this host's."""
+    failed check (see ``report.errors``). ``memory``: (device, free bytes) instead of this host's.
+    ``resources`` False: the model's shapes and vLLM's support only, not this host's memory and disk now (the
+    check registry's view: the same on every machine, the quantize command adds the rest)."""
     t0 = time.monotonic()
     backend = backends.of(q)
     arch = (info.architectures or [None])[0] or info.model_type
@@ -161,7 +164,8 @@ def preflight(info: ModelInfo, q: Any, *, serve: dict | None, output: Path | Non
         report.plan.update(backend.plan(q, has_cuda=m.has_cuda))
         _vllm_check(report, backend, q, target, host)
         _tensor_parallel(report, m, q, backend, int((serve or {}).get("tensor_parallel_size") or 1))
-        _memory_and_disk(report, m, q, backend, output, memory)
+        if resources:
+            _memory_and_disk(report, m, q, backend, output, memory)
     report.seconds = time.monotonic() - t0
     return report
 
@@ -242,3 +246,17 @@ def _memory_and_disk(report: PreflightReport, m: ModelFacts, q: Any, backend: Qu
                    f"free at {output.parent}"
                    + (" (the recipe is for another machine: quantize where there is room)" if elsewhere and need_disk > free else ""),
                    level="warning" if elsewhere else "error")
+
+
+def fix_hint(report: PreflightReport) -> str | None:
+    """What to change for the first failed check that has a known fix (a group size that divides every layer)."""
+    for c in report.errors:
+        if c.name == "held_out":
+            return ("calibrate on other text (quantize.calibration.source), score another suite, or set "
+                    "quantize.calibration.allow_eval_overlap: true to accept the overlap (recorded in the manifest)")
+        if c.name == "group_size":
+            valid = [g for g in report.valid_group_sizes if g != -1]
+            if valid:
+                pick = 64 if 64 in valid else valid[-1]
+                return f"set a group size that divides every in_features, e.g. --set quantize.group_size={pick}"
+    return "fix the recipe (or the model) and run `infertool quantize RECIPE --check` again"

@@ -45,7 +45,7 @@ class LaunchPlan:
         }
 
 
-def _model_info_for(res, model):
+def model_info_for(res, model):
     """The facts the lint needs: the model's own, or (for a candidate not made yet) its base's architecture,
     or (for a model not on this machine, e.g. the bundled model before its first conversion) the published
     architecture from infertool's table."""
@@ -92,7 +92,7 @@ def prepare(res, *, model=None, serve=None, purpose: str = "serve", port: int | 
 
         python = str(env_python("serve"))
     cpu = res.target.kind == "cpu"
-    info = _model_info_for(res, model)
+    info = model_info_for(res, model)
     trust = res.recipe.model.trust_remote_code
     if trust and not dry_run:
         from infertool.trust import announce_remote_code

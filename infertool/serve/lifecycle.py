@@ -43,6 +43,7 @@ class ServeOptions:
     log: Path | None = None  # default: $INFERTOOL_HOME/logs/<time>-serve-<port>.log
     force: bool = False  # launch even when the lint finds errors
     emit: str | None = None  # "k8s": the Kubernetes manifests of the launch instead of starting it
+    k8s: Any = None  # emit k8s: infertool.serve.k8s.K8sOptions (replicas, autoscaler, scheduling, model source)
 
 
 @dataclass
@@ -62,7 +63,7 @@ class ServePlan:
         """The manifests as YAML with their comment header (what `--emit k8s` prints)."""
         from infertool.serve.k8s import render
 
-        return render(self.manifests or [], self.res)
+        return render(self.manifests or [], self.res, self.options.k8s)
 
     def to_dict(self) -> dict:
         """What a dry run shows as JSON: the launch (argv, env without secrets, lint, KV cache) and the resolution
@@ -73,7 +74,7 @@ class ServePlan:
         else:
             from infertool.serve.k8s import header_lines
 
-            shown = {"emit": self.options.emit, "manifests": self.manifests, "comments": header_lines(self.res),
+            shown = {"emit": self.options.emit, "manifests": self.manifests, "comments": header_lines(self.res, self.options.k8s),
                      "written_to": None}
         return {"ok": not self.errors, "dry_run": self.options.dry_run, **shown, "resolution": self.res.to_dict()}
 
@@ -104,7 +105,7 @@ def plan(res, options: ServeOptions | None = None) -> ServePlan:
             raise UsageError(f"--emit {options.emit!r}: only `--emit k8s` exists")
         from infertool.serve.k8s import manifests
 
-        return ServePlan(res, options, manifests=manifests(res))
+        return ServePlan(res, options, manifests=manifests(res, options=options.k8s))
     launch = prepare(res, port=res.serve_section.port, dry_run=options.dry_run)
     port = launch.spec.port
     return ServePlan(res, options, launch, pid_file=options.pid_file or default_pid_file(port),

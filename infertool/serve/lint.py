@@ -59,30 +59,13 @@ def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = N
     issues.extend(lint_position_limit(serve, position_limit))
     issues.extend(lint_code_loading(serve))
     port = serve.port if port is None else port
-    if serve.swap_space is not None:
-        issues.append(LintIssue(
-            "warning", "serve.swap_space",
-            "vLLM's V1 engine ignores swap space (it recomputes preempted requests); not passed",
-            "remove serve.swap_space; give the KV cache more memory instead"))
-    if serve.preemption_mode is not None:
-        issues.append(LintIssue(
-            "warning", "serve.preemption_mode",
-            "vLLM's V1 engine always preempts by recomputation; preemption_mode is ignored and not passed",
-            "remove serve.preemption_mode"))
+    issues.extend(lint_engine_settings(serve))
     if model_info is not None:
-        heads = model_info.num_attention_heads
-        tp = serve.tensor_parallel_size
-        if heads and tp > 1 and heads % tp:
-            divisors = [d for d in range(1, heads + 1) if heads % d == 0]
-            issues.append(LintIssue(
-                "error", "serve.tensor_parallel_size",
-                f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
-                "(vLLM refuses to start)",
-                f"use one of {divisors}"))
-        issues.extend(_pipeline_stages(serve, model_info))
+        issues.extend(lint_tensor_parallel(serve, model_info))
+        issues.extend(lint_pipeline_stages(serve, model_info))
         if cpu:
-            issues.extend(_kv_capacity(serve, model_info))
-            issues.extend(_cpu_half_precision(serve, model_info))
+            issues.extend(lint_kv_capacity(serve, model_info))
+            issues.extend(lint_cpu_half_precision(serve, model_info))
     if cpu:
         issues.extend(lint_reserved_cpus(serve))
     if check_port and not port_free(serve.host, port):
@@ -105,7 +88,34 @@ def lint_code_loading(serve) -> list[LintIssue]:
             for name in dict.fromkeys(used)]
 
 
-def _pipeline_stages(serve, model_info) -> list[LintIssue]:
+def lint_engine_settings(serve) -> list[LintIssue]:
+    """Settings vLLM's V1 engine no longer has: said, not passed (warnings)."""
+    issues = []
+    if serve.swap_space is not None:
+        issues.append(LintIssue(
+            "warning", "serve.swap_space",
+            "vLLM's V1 engine ignores swap space (it recomputes preempted requests); not passed",
+            "remove serve.swap_space; give the KV cache more memory instead"))
+    if serve.preemption_mode is not None:
+        issues.append(LintIssue(
+            "warning", "serve.preemption_mode",
+            "vLLM's V1 engine always preempts by recomputation; preemption_mode is ignored and not passed",
+            "remove serve.preemption_mode"))
+    return issues
+
+
+def lint_tensor_parallel(serve, model_info) -> list[LintIssue]:
+    """vLLM shards the attention heads across the tensor-parallel ranks: tensor_parallel_size must divide them."""
+    heads, tp = model_info.num_attention_heads, serve.tensor_parallel_size
+    if not heads or tp <= 1 or not heads % tp:
+        return []
+    divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+    return [LintIssue("error", "serve.tensor_parallel_size",
+                      f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
+                      "(vLLM refuses to start)", f"use one of {divisors}")]
+
+
+def lint_pipeline_stages(serve, model_info) -> list[LintIssue]:
     """vLLM splits the layers between the pipeline stages: more stages than layers cannot start."""
     layers, pp = model_info.num_layers, serve.pipeline_parallel_size
     if not layers or pp <= layers:
@@ -169,7 +179,7 @@ def kv_plan(serve, model_info) -> dict | None:
     }
 
 
-def _cpu_half_precision(serve, model_info, flags: set[str] | None = None) -> list[LintIssue]:
+def lint_cpu_half_precision(serve, model_info, flags: set[str] | None = None) -> list[LintIssue]:
     """An explicit bf16/fp16 serve.dtype on a CPU without the matching matrix instructions."""
     if serve.dtype not in HALF_INSTRUCTIONS or model_info.quantization or not cpu_lacks_half(serve.dtype, flags):
         return []
@@ -181,7 +191,8 @@ def _cpu_half_precision(serve, model_info, flags: set[str] | None = None) -> lis
         "for prompt-heavy traffic set serve.dtype: auto or float32 (the KV cache then takes twice the bytes)")]
 
 
-def _kv_capacity(serve, model_info) -> list[LintIssue]:
+def lint_kv_capacity(serve, model_info) -> list[LintIssue]:
+    """The CPU backend's KV space (VLLM_CPU_KVCACHE_SPACE) against max_model_len: vLLM's start-up error, predicted."""
     plan = kv_plan(serve, model_info)
     if plan is None or not plan["max_model_len"]:
         return []

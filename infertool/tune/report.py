@@ -136,12 +136,28 @@ def _summary(doc: TuneDoc) -> list[str]:
     return lines
 
 
+def _fleet(doc: TuneDoc) -> dict:
+    """Replicas and $/month per trial for the recipe's target.peak_rps (perf.fleet.tune_fleet), each trial's target
+    read from its manifest's recipe."""
+    from infertool.perf.fleet import tune_fleet
+    from infertool.report import Unreadable, read_json_inside
+
+    def target_of(t: TrialRecord) -> dict | None:
+        try:
+            return ((read_json_inside(Path(t.dir), "manifest.json") or {}).get("recipe") or {}).get("target")
+        except (OSError, Unreadable, AttributeError, TypeError):
+            return None
+    return tune_fleet(doc.trials, target_of)
+
+
 def render_markdown(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | None) -> str:
     doc = TuneDoc.from_dict(doc)
     parts = [f"# infertool tune: {doc.recipe}", ""] + _summary(doc) + [""]
     if plot:
         parts += [f"![pareto]({plot.name})", ""]
     parts += ["## Every trial", "", md_table(trial_rows(doc)), ""]
+    fleet = _fleet(doc)
+    parts += ["## Fleet", "", *fleet["lines"], ""] + ([md_table(fleet["rows"]), ""] if fleet["rows"] else [])
     if tuned_text:
         parts += ["## The winner's recipe", "", "```yaml", tuned_text.rstrip(), "```", ""]
     return "\n".join(parts)
@@ -162,6 +178,8 @@ def render_html(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | None) 
     if plot:
         body.append(f'<div class="fig">{img_tag(plot)}</div>')
     body += ["<h2>Every trial</h2>", html_table(trial_rows(doc))]
+    fleet = _fleet(doc)
+    body += ["<h2>Fleet</h2>", *(f"<p>{inline(x)}</p>" for x in fleet["lines"])] + ([html_table(fleet["rows"])] if fleet["rows"] else [])
     if tuned_text:
         body += ["<h2>The winner's recipe</h2>", f"<pre>{html.escape(tuned_text)}</pre>"]
     return html_document(f"infertool tune {doc.recipe}", body)

@@ -1,0 +1,213 @@
+"""The built-in recipe checks, registered once each (``checks/registry.py`` says how they run). Each is thin over
+the module that owns its rule: serve/lint.py (what vLLM's start-up refuses), quantize/preflight.py (the quantized
+layout against every layer), plan.py (the KV cache on a GPU), models.consistency (config.json against the
+weights), envs.state (the serve environment a launch needs). No rule is written here a second time."""
+
+from __future__ import annotations
+
+from infertool.checks.registry import Check, Context, Finding, Skip, register
+
+LINT_LEVELS = {"error": "error", "warning": "warn"}  # a launch lint's "info" lines stay the launch's own notes
+
+
+def _serve(ctx: Context):
+    """The effective serve settings of the served model (what a launch passes to vLLM)."""
+    return ctx.once("serve", lambda: ctx.res.serve_for(ctx.res.served)[0])
+
+
+def _served_info(ctx: Context):
+    """The served model's facts (its config; a candidate not made yet: its base's; a model not here: the
+    published architecture) — the same facts every launch's lint reads."""
+    def make():
+        from infertool.serve.launches import model_info_for
+
+        info = model_info_for(ctx.res, ctx.res.served)
+        if info is None:
+            raise Skip(f"the model {ctx.res.served.source} is not on this machine and is not a known architecture")
+        return info
+    return ctx.once("served_info", make)
+
+
+def _lint(name: str, issues) -> list[Finding]:
+    return [Finding(name, LINT_LEVELS[i.level], i.field, i.message, i.hint) for i in issues if i.level in LINT_LEVELS]
+
+
+# ------------------------------------------------------------------------------------------ serve
+def position_limit(ctx: Context) -> list[Finding]:
+    from infertool.serve.lint import lint_position_limit
+
+    limit = ctx.res.position_limit(ctx.res.served)
+    if limit.tokens is None:
+        raise Skip(limit.why)
+    return _lint("position_limit", lint_position_limit(_serve(ctx), limit))
+
+
+def tensor_parallel(ctx: Context) -> list[Finding]:
+    from infertool.serve.lint import lint_tensor_parallel
+
+    return _lint("tensor_parallel", lint_tensor_parallel(_serve(ctx), _served_info(ctx)))
+
+
+def pipeline_parallel(ctx: Context) -> list[Finding]:
+    from infertool.serve.lint import lint_pipeline_stages
+
+    return _lint("pipeline_parallel", lint_pipeline_stages(_serve(ctx), _served_info(ctx)))
+
+
+def kv_fit(ctx: Context) -> list[Finding]:
+    """The KV cache holds one request at max_model_len: on a CPU vLLM's exact start-up rule (serve/lint.py), on
+    a GPU the memory plan's block arithmetic (plan.py)."""
+    if ctx.res.target.kind == "cpu":
+        from infertool.serve.lint import lint_kv_capacity
+
+        return _lint("kv_fit", lint_kv_capacity(_serve(ctx), _served_info(ctx)))
+    from infertool import plan as planning
+    from infertool.errors import UsageError
+
+    try:
+        p = planning.plan(ctx.res)
+    except UsageError as e:
+        raise Skip(f"no memory plan: {e.message}") from None
+    tokens, max_len = p.capacity["kv_tokens"], p.capacity["max_model_len"]
+    if tokens >= max_len:
+        return []
+    d = p.device
+    return [Finding("kv_fit", "error", "serve.max_model_len",
+                    f"the KV cache on {d['count']} x {d['name']} holds {tokens:,} tokens, less than max_model_len "
+                    f"{max_len:,}: vLLM would refuse to start",
+                    "lower serve.max_model_len, raise serve.gpu_memory_utilization, set serve.kv_cache_dtype: fp8, "
+                    "or add GPUs (`infertool plan RECIPE` shows the memory)")]
+
+
+def reserved_cpus(ctx: Context) -> list[Finding]:
+    from infertool.serve.lint import lint_reserved_cpus
+
+    if ctx.res.target.kind != "cpu":
+        raise Skip("the target is a GPU")
+    return _lint("reserved_cpus", lint_reserved_cpus(_serve(ctx)))
+
+
+def code_loading(ctx: Context) -> list[Finding]:
+    from infertool.serve.lint import lint_code_loading
+
+    return _lint("code_loading", lint_code_loading(_serve(ctx)))
+
+
+def engine_settings(ctx: Context) -> list[Finding]:
+    from infertool.serve.lint import lint_engine_settings
+
+    return _lint("engine_settings", lint_engine_settings(_serve(ctx)))
+
+
+# ------------------------------------------------------------------------------------------ quantize
+PREFLIGHT_FIELDS = {"group_size": "quantize.group_size", "packing": "quantize.bits", "layers": "quantize.ignore",
+                    "architecture": "model.source", "weights": "model.source", "host": "target",
+                    "tensor_parallel": "serve.tensor_parallel_size", "vllm": "quantize.method"}
+
+
+def _preflight(ctx: Context):
+    """The quantize preflight's layout view of the base model (shapes and vLLM's support, not this host's memory
+    or disk): computed once for the three checks that read it."""
+    def make():
+        from infertool.models.info import model_info
+        from infertool.perf.host import has_cuda
+        from infertool.quantize.preflight import preflight
+
+        base = ctx.res.base
+        if not (base.exists and base.path):
+            raise Skip(base.note or f"the base model {base.source} is not on this machine")
+        tp = _serve(ctx).tensor_parallel_size
+        return preflight(model_info(base.path), ctx.res.recipe.quantize, serve={"tensor_parallel_size": tp},
+                         output=None, has_cuda=has_cuda(), target=ctx.res.target, host=ctx.res.host,
+                         resources=False)
+    return ctx.once("preflight", make)
+
+
+def _preflight_findings(name: str, ctx: Context, which: tuple[str, ...] | None, but: tuple[str, ...] = ()):
+    from infertool.quantize.preflight import fix_hint
+
+    report = _preflight(ctx)
+    out = []
+    for c in report.checks:
+        if c.ok or c.level not in ("error", "warning") or c.name in but or (which is not None and c.name not in which):
+            continue
+        hint = fix_hint(report) if c.name == "group_size" else None
+        out.append(Finding(name, LINT_LEVELS[c.level], PREFLIGHT_FIELDS.get(c.name, f"quantize.{c.name}"), c.detail, hint))
+    return out
+
+
+def group_size(ctx: Context) -> list[Finding]:
+    """group_size and the int32 packing against every quantized layer, the architecture, the weight files."""
+    return _preflight_findings("group_size", ctx, None, but=("tensor_parallel", "vllm"))
+
+
+def quantized_tp(ctx: Context) -> list[Finding]:
+    """serve.tensor_parallel_size against the QUANTIZED layout: every shard a whole number of groups / packs."""
+    return _preflight_findings("quantized_tp", ctx, ("tensor_parallel",))
+
+
+def vllm_support(ctx: Context) -> list[Finding]:
+    """What vLLM on the recipe's target does with the quantized format."""
+    return _preflight_findings("vllm_support", ctx, ("vllm",))
+
+
+# ------------------------------------------------------------------------------------------ models
+def config_vs_weights(ctx: Context) -> list[Finding]:
+    """config.json against the safetensors headers (shapes, layer count): a 70B config over 8B weights."""
+    try:
+        from infertool.models.consistency import config_vs_weights as compare
+    except ImportError:
+        raise Skip("not available (infertool.models.consistency is not in this build)") from None
+    models = [m for m in (ctx.res.base, ctx.res.served) if m.exists and m.path]
+    if not models:
+        raise Skip(f"the model {ctx.res.base.source} is not on this machine")
+    out = []
+    for path in dict.fromkeys(m.path for m in models):
+        out += [Finding("config_vs_weights", "error", "model.source", f"{path}: {problem}",
+                        "point model.source at a directory whose config.json describes its weights")
+                for problem in compare(path)]
+    return out
+
+
+# ------------------------------------------------------------------------------------------ environment
+def serve_env(ctx: Context) -> list[Finding]:
+    """The managed serve environment a launch runs vLLM in: a warning for a dry run (it starts nothing), an
+    error for a real launch (which refuses with exit 3)."""
+    from infertool.envs.state import require_env
+    from infertool.errors import EnvNotReady
+
+    if not ctx.res.target.this_host:
+        raise Skip("the recipe is for another machine: its serve environment is set up there")
+    try:
+        require_env("serve", needed_by="a vLLM launch")
+    except EnvNotReady as e:
+        when = ("a real launch refuses to start (exit 3); this dry run starts nothing" if ctx.dry
+                else "this launch cannot start")
+        return [Finding("serve_env", "warn" if ctx.dry else "error", "serve", f"{e.message}: {when}", e.hint)]
+    return []
+
+
+LAUNCHING = frozenset({"run", "serve", "eval", "bench", "tune", "quantize", "launch"})
+SERVE = ("serve",)
+
+register(Check("position_limit", position_limit, "max_model_len within the model's position limit",
+               reads=("serve", "model")))
+register(Check("tensor_parallel", tensor_parallel, "serve.tensor_parallel_size divides the attention heads",
+               reads=("serve", "model")))
+register(Check("pipeline_parallel", pipeline_parallel, "serve.pipeline_parallel_size at most the layers",
+               reads=("serve", "model")))
+register(Check("kv_fit", kv_fit, "the KV cache holds one request at max_model_len", reads=("serve", "target", "model")))
+register(Check("reserved_cpus", reserved_cpus, "serve.cpu.reserved_cpus leaves vLLM a core",
+               reads=("serve", "target")))
+register(Check("code_loading", code_loading, "what serve.allow_code lets load code (warning)", reads=SERVE))
+register(Check("engine_settings", engine_settings, "settings vLLM's V1 engine ignores (warning)", reads=SERVE))
+register(Check("group_size", group_size, "group size and packing against every quantized layer",
+               reads=("quantize", "base"), needs=("quantize",)))
+register(Check("quantized_tp", quantized_tp, "tensor parallelism over the quantized shapes",
+               reads=("quantize", "serve", "base"), needs=("quantize",)))
+register(Check("vllm_support", vllm_support, "vLLM on the target serves the quantized format",
+               reads=("quantize", "target"), needs=("quantize",)))
+register(Check("config_vs_weights", config_vs_weights, "config.json against the safetensors headers",
+               reads=("model", "base")))
+register(Check("serve_env", serve_env, "the serve environment a launch needs (warning in a dry run)",
+               reads=("target",), purposes=LAUNCHING))

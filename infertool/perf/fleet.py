@@ -1,0 +1,214 @@
+"""Fleet sizing: how many replicas carry a peak load, and what they cost.
+
+    replicas = ceil(peak_rps / (max_load_rps x headroom))
+
+``max_load_rps`` is what ONE replica (``gpus_per_replica`` GPUs: tensor x pipeline parallel) serves while meeting
+the SLO: measured by bench (the report), by tune's capacity search (per trial), or estimated from the roofline
+by ``plan`` (planned, not measured: an upper bound on a replica's load, so a lower bound on the fleet).
+``headroom`` is the fraction of that load a replica is run at (0.8: 20 % spare for bursts and a lost replica).
+Cost: replicas x GPUs per replica x $ per GPU-hour; a month is 730 hours. Pure arithmetic, every input bounded.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from infertool.errors import UsageError
+
+HOURS_PER_MONTH = 730  # 365 x 24 / 12
+MAX_RPS = 10_000_000.0
+MAX_REPLICAS = 1_000_000
+MAX_GPUS_PER_REPLICA = 65_536
+MAX_PRICE = 10_000.0  # $ per GPU-hour
+DEFAULT_HEADROOM = 0.8
+
+
+@dataclass(frozen=True)
+class Fleet:
+    """The replicas that carry ``peak_rps`` with ``headroom``, and their cost (None without a price)."""
+
+    replicas: int
+    gpus: int
+    usd_per_hour: float | None
+    usd_per_month: float | None
+    peak_rps: float
+    max_load_rps: float
+    headroom: float
+    gpus_per_replica: int
+    price_per_hour: float | None  # $ per GPU-hour
+    per_replica_rps: float  # the load each replica is run at, at most: max_load_rps x headroom
+    utilization: float  # peak_rps / (replicas x max_load_rps): the share of the fleet's capacity used at peak
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _bounded(name: str, value: Any, lo: float, hi: float, *, low_open: bool = True) -> float:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    ok = ok and (lo < value if low_open else lo <= value) and value <= hi
+    if not ok:
+        raise UsageError(f"cannot size the fleet: {name} {value!r} is out of range",
+                         hint=f"{name} must be a number {'above' if low_open else 'from'} {lo:g} up to {hi:g}")
+    return float(value)
+
+
+def size_fleet(peak_rps: float, max_load_rps: float, headroom: float = DEFAULT_HEADROOM, gpus_per_replica: int = 1,
+               price_per_hour: float | None = None) -> Fleet:
+    """Replicas = ceil(peak / (max load x headroom)); GPUs = replicas x GPUs per replica; $ per hour and per month
+    (730 h) at ``price_per_hour`` per GPU (None: no cost). Refuses (UsageError) any input out of its bounds and a
+    fleet of more than a million replicas."""
+    peak = _bounded("peak_rps", peak_rps, 0.0, MAX_RPS)
+    load = _bounded("max_load_rps", max_load_rps, 0.0, MAX_RPS)
+    room = _bounded("headroom", headroom, 0.0, 1.0)
+    if isinstance(gpus_per_replica, bool) or not isinstance(gpus_per_replica, int) \
+            or not 1 <= gpus_per_replica <= MAX_GPUS_PER_REPLICA:
+        raise UsageError(f"cannot size the fleet: gpus_per_replica {gpus_per_replica!r} is out of range",
+                         hint=f"a whole number of GPUs from 1 to {MAX_GPUS_PER_REPLICA:,}")
+    price = None if price_per_hour is None else _bounded("price_per_hour", price_per_hour, 0.0, MAX_PRICE, low_open=False)
+    per_replica = load * room
+    ratio = peak / per_replica
+    if not math.isfinite(ratio) or ratio > MAX_REPLICAS:
+        raise UsageError(f"cannot size the fleet: {peak:g} req/s at {per_replica:.3g} req/s per replica needs more "
+                         f"than {MAX_REPLICAS:,} replicas", hint="check target.peak_rps and the max load it is sized from")
+    # a ratio a rounding error above a whole number (50 / (12.5 x 0.8) = 5.000000000000001) is that number
+    replicas = max(1, math.ceil(ratio - 1e-9))
+    gpus = replicas * gpus_per_replica
+    usd_h = gpus * price if price is not None else None
+    return Fleet(replicas, gpus, usd_h, usd_h * HOURS_PER_MONTH if usd_h is not None else None, peak, load, room,
+                 gpus_per_replica, price, per_replica, peak / (replicas * load))
+
+
+def _get(obj: Any, name: str) -> Any:
+    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+
+
+def gpu_price(target: Any, gpu: Any) -> tuple[float | None, str | None]:
+    """$ per GPU-hour and where it comes from: the recipe's ``target.price_per_hour``, else the GPU's (a custom
+    spec's own, or the table's ASSUMPTION). ``target``: the recipe's target section (model or dict); ``gpu``: a
+    ``hardware.GPU``, its key, or a custom spec as data."""
+    from infertool.perf import hardware
+
+    own = _get(target, "price_per_hour") if target is not None else None
+    if own is not None:
+        return float(own), "target.price_per_hour (the recipe's)"
+    if isinstance(gpu, str):
+        try:
+            gpu = hardware.find_gpu(gpu)
+        except UsageError:
+            return None, None
+    price = _get(gpu, "price_per_hour") if gpu is not None else None
+    if price is None:
+        return None, None
+    return float(price), _get(gpu, "price_source") or "target.gpu.price_per_hour (the recipe's)"
+
+
+def fleet_section(target: Any, max_load_rps: float | None, *, gpus_per_replica: int, basis: str,
+                  gpu: Any = None, unit: str = "GPU") -> dict:
+    """What the report, tune's report and plan say about the fleet: {"fleet": Fleet as data or None, "lines":
+    [sentences], "reason": why it is not sized, or None}. ``target``: the recipe's target section (its peak_rps,
+    headroom, price_per_hour; model or dict); ``max_load_rps``: one replica's max load under the SLO; ``basis``:
+    where that load comes from ("measured by bench under the SLO", "planned, not measured: ..."); ``gpu``: the
+    target GPU (for its price); ``unit``: what a replica is made of ("GPU", or "machine" on a CPU target)."""
+    peak = _get(target, "peak_rps") if target is not None else None
+    if peak is None:
+        why = "set target.peak_rps (requests/s at peak) to size the fleet: replicas and $ per month"
+        return {"fleet": None, "lines": [f"Fleet: not sized: {why}."], "reason": why}
+    if not max_load_rps or not (isinstance(max_load_rps, (int, float)) and math.isfinite(max_load_rps)) \
+            or max_load_rps <= 0:
+        why = f"no load met the SLO ({basis}): a replica's max load is unknown or zero"
+        return {"fleet": None, "lines": [f"Fleet for {peak:g} req/s at peak: not sized: {why}."], "reason": why}
+    headroom = _get(target, "headroom")
+    price, price_src = gpu_price(target, gpu)
+    try:
+        f = size_fleet(peak, max_load_rps, DEFAULT_HEADROOM if headroom is None else headroom, gpus_per_replica, price)
+    except UsageError as e:
+        return {"fleet": None, "lines": [f"Fleet for {peak:g} req/s at peak: not sized: {e.message}."], "reason": e.message}
+    lines = [f"Fleet for {f.peak_rps:g} req/s at peak: {f.replicas} replica(s) x {f.gpus_per_replica} {unit} = {f.gpus} "
+             f"{unit}(s) — ceil({f.peak_rps:g} / ({f.max_load_rps:.3g} req/s per replica x headroom {f.headroom:g})); "
+             f"{f.utilization:.0%} of the fleet's max load used at peak.",
+             f"Max load per replica: {f.max_load_rps:.3g} req/s, {basis}."]
+    if f.usd_per_hour is not None:
+        lines.append(f"Cost: ${f.usd_per_hour:,.2f} per hour, ${f.usd_per_month:,.0f} per month ({HOURS_PER_MONTH} h) "
+                     f"at ${f.price_per_hour:,.2f} per {unit}-hour ({price_src}).")
+    else:
+        lines.append(f"Cost: no price known: set target.price_per_hour ($ per {unit}-hour).")
+    return {"fleet": {**f.to_dict(), "price_source": price_src, "basis": basis}, "lines": lines, "reason": None}
+
+
+GOODPUT_TARGET = 0.9  # a level meets the SLO when every request completed and this share met it (tune's default)
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def max_load_from_levels(levels: Any, goodput_target: float = GOODPUT_TARGET) -> tuple[float | None, str]:
+    """A replica's max load measured by bench: the highest request throughput (completed requests/s) among its
+    load levels that meet the SLO — every request completed and at least ``goodput_target`` of them within the
+    SLO (tune's rule, ``search.probe_ok``). ``levels``: bench's LevelResults (records or data). (load or None,
+    how it was measured)."""
+    best: tuple[float, str] | None = None
+    slo_txt = None
+    for lv in levels or ():
+        s = _get(lv, "summary")
+        good = _get(s, "goodput") if s is not None else None
+        rps, frac = _num(_get(s, "request_throughput")), _num(_get(good, "fraction"))
+        slo = _get(good, "slo")
+        if slo is not None and slo_txt is None:
+            slo_txt = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {_get(slo, k):g} ms"
+                                for k in ("ttft_ms", "tpot_ms", "e2e_ms") if _num(_get(slo, k)) is not None)
+        if rps is None or frac is None or frac < goodput_target or _get(s, "failed"):
+            continue
+        label = _get(_get(lv, "level"), "label") or "?"
+        if best is None or rps > best[0]:
+            best = (rps, str(label))
+    rule = (f"every request completed and ≥ {goodput_target:.0%} met the SLO {slo_txt}" if slo_txt else
+            "every request completed (no SLO set: every completed request counts)")
+    if best is None:
+        return None, f"measured by bench: no load level where {rule}"
+    return best[0], f"measured by bench at level {best[1]}: the highest request throughput among the levels where {rule}"
+
+
+def run_fleet(recipe: dict | None, target: dict | None, levels: Any) -> dict:
+    """``fleet_section`` for a run directory: the recipe's target section (manifest "recipe"), the resolution's
+    target (manifest "target": GPUs per replica, the GPU) and bench's levels (the measured max load)."""
+    section = (recipe or {}).get("target") if isinstance(recipe, dict) else None
+    t = target if isinstance(target, dict) else {}
+    count = t.get("count") if isinstance(t.get("count"), int) and not isinstance(t.get("count"), bool) else 1
+    load, basis = max_load_from_levels(levels)
+    gpu, unit = t.get("device") or t.get("gpu"), "GPU"
+    if t.get("kind") == "cpu":  # a CPU replica is one machine: bench.cost_per_hour prices it
+        bench = (recipe or {}).get("bench") if isinstance(recipe, dict) else None
+        machine = _num(bench.get("cost_per_hour")) if isinstance(bench, dict) else None
+        gpu, unit = {"price_per_hour": machine, "price_source": "bench.cost_per_hour (the recipe's)"}, "machine"
+    return fleet_section(section, load, gpus_per_replica=max(1, count), basis=basis, gpu=gpu, unit=unit)
+
+
+def tune_fleet(trials: Any, target_of: Any) -> dict:
+    """Fleet sizing per tune trial from its measured capacity (the request throughput at its largest load under
+    the SLO): {"rows": a table (header first) or None, "lines": [sentences]}. ``target_of(trial)``: the trial
+    recipe's target section as data (None when unknown)."""
+    rows = [["trial", "max load req/s (measured)", "GPUs per replica", "replicas", "GPUs", "$ per month"]]
+    peak = None
+    for t in trials or ():
+        section = target_of(t)
+        if not isinstance(section, dict) or _get(section, "peak_rps") is None:
+            continue
+        peak = section["peak_rps"]
+        cap = _get(t, "capacity")
+        at = _get(cap, "at_max_load") if cap is not None else None
+        serve = _get(t, "serve") or {}
+        tp, pp = serve.get("tensor_parallel_size") or 1, serve.get("pipeline_parallel_size") or 1
+        gpr = tp * pp if isinstance(tp, int) and isinstance(pp, int) else 1
+        res = fleet_section(section, _num(_get(at, "request_throughput")) if at else None, gpus_per_replica=gpr,
+                            basis="measured by tune's capacity search", gpu=section.get("gpu"))
+        f = res["fleet"]
+        rows.append([str(_get(t, "label") or _get(t, "id")), f"{f['max_load_rps']:.3g}" if f else "–", str(gpr),
+                     str(f["replicas"]) if f else "–", str(f["gpus"]) if f else "–",
+                     f"${f['usd_per_month']:,.0f}" if f and f["usd_per_month"] is not None else "–"])
+    if peak is None:
+        return {"rows": None, "lines": ["Fleet: not sized: set target.peak_rps (requests/s at peak) in the recipe."]}
+    return {"rows": rows, "lines": [f"Replicas and $ per month (730 h) for {peak:g} req/s at peak, per trial, from its "
+                                    "measured max load under the SLO x target.headroom; – : no load met the SLO."]}
