@@ -128,6 +128,7 @@ def test_run_publishes_what_it_evaluated_and_serve_takes_the_run_dir(setup):
     assert f"infertool serve {run_dir}" in card and fp in card
     md = Path(doc["report"]["report.md"]).read_text()  # the report says where it is and how to serve it
     assert "## Ship it" in md and str(dest) in md and fp in md and f"infertool serve {run_dir} --emit k8s" in md
+    assert "verdict **FAIL**" in md and "The verdict is FAIL" in md
     # the terminal (without --json); a re-run reusing quantize leaves the same weights in place (not copied again)
     inode = (dest / "model.safetensors").stat().st_ino
     r2 = run_cli("run", str(recipe), "--out", "runs")
