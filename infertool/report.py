@@ -370,7 +370,7 @@ def _ship_section(run_dir: Path, run: RunData) -> Section | None:
                         Code(str(pub.get("fingerprint"))), ") with MODEL_CARD.md and infertool.json beside it; verdict ",
                         Bold(str(verdict or "not scored")), "."))
     if verdict not in ("PASS", None):
-        sec.blocks.append(P(Bold(f"The verdict is {verdict}: "), "it is published so that you can decide; read the "
+        sec.blocks.append(P(Bold(f"The verdict is {verdict}:"), " it is published so that you can decide; read the "
                             "gates above before serving it."))
     sec.blocks.append(P("Serve it (the fingerprint is checked first): ", Code(f"infertool serve {where}")))
     sec.blocks.append(P("On Kubernetes: ", Code(f"infertool serve {where} --emit k8s > vllm.yaml")))
