@@ -46,6 +46,7 @@ class RunResult:
     ok: bool
     exit_code: int
     stages: dict[str, StageRecord] = field(default_factory=dict)
+    published: dict | None = None  # {path, fingerprint}, or {why} nothing was published
 
 
 def _now() -> str:
@@ -110,7 +111,7 @@ def run_graph(recipe, *, stages: list[str] | None = None, out_dir: str | Path | 
 
 
 def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,
-                  force: list[str] | None = None) -> dict:
+                  force: list[str] | None = None, publish: str | None = None) -> dict:
     """What `run` would do, without doing it: the stages, their keys and whether a completed entry would be
     reused, the resolution (with the candidate where the quantize stage's entry will be), the server
     launches of the stages that serve, and which of them share one server (``servers``)."""
@@ -134,7 +135,49 @@ def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Pat
     for label, launch in out["launches"].items():
         servers.setdefault(launch_key(launch), []).append(label)
     out["servers"] = [{"key": k, "used_by": v} for k, v in servers.items()]
+    dest = publish_destination(g, publish)
+    out["publish"] = {"path": str(dest)} if dest is not None else {"why": _why_not_published(g, None)}
     return out
+
+
+def publish_destination(g: RunGraph, publish: str | None) -> Path | None:
+    """Where the run will publish its evaluated checkpoint (``infertool.publish.run_destination``), checked now,
+    before any stage runs: a DEST inside the stage cache, the source model or the environments, or one that may
+    not be replaced, is refused (exit 2). None: the run publishes nothing (no quantize or eval stage)."""
+    from infertool import publish as pub
+
+    if "quantize" not in g.keys or "eval" not in g.keys:
+        if publish:
+            raise UsageError(f"--publish {publish}: {_why_not_published(g, None)}",
+                             hint="publishing needs the quantize and eval stages (--stages quantize,eval)")
+        return None
+    dest = pub.run_destination(g.recipe, publish)
+    if dest is not None:
+        pub.check_dest(dest, pub.forbidden_for_run(g.cache, g.root / f"{g.recipe.name}-<time>", g.res))
+    return dest
+
+
+def _why_not_published(g: RunGraph, upstream: dict | None) -> str:
+    if "quantize" not in g.keys:
+        return "the run has no quantize stage: there is no checkpoint to publish"
+    if "eval" not in g.keys:
+        return "the run has no eval stage: nothing scored the checkpoint, so nothing is published"
+    if upstream is not None and ("quantize" not in upstream or "eval" not in upstream):
+        return "the run stopped before its eval scored the checkpoint"
+    return "the recipe quantizes when loading (no checkpoint of its own to publish)"
+
+
+def _publish(g: RunGraph, run_dir: Path, manifest: RunManifest, upstream: dict, dest: Path | None) -> dict:
+    """The run's evaluated checkpoint published with its card (a FAIL verdict too: the card says so); the
+    manifest's ``published`` record either way."""
+    from infertool import publish as pub
+
+    if dest is None or "quantize" not in upstream or "eval" not in upstream:
+        return {"why": _why_not_published(g, upstream)}
+    checkpoint = upstream["quantize"].dir / "model"
+    if not (checkpoint / "config.json").is_file():
+        return {"why": f"the quantize stage left no checkpoint ({checkpoint} has no config.json)"}
+    return pub.publish_run(run_dir, manifest, checkpoint, dest, pub.forbidden_for_run(g.cache, run_dir, g.res))
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -152,13 +195,15 @@ def _new_run_dir(root: Path, name: str) -> Path:
 
 def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | None = None,
                  out_dir: str | Path | None = None, on_event: EventCallback | None = None,
-                 on_stage: StageCallback | None = None) -> RunResult:
-    """Run the selected stages; reuse completed ones by key. Returns the run directory and manifest."""
+                 on_stage: StageCallback | None = None, publish: str | None = None) -> RunResult:
+    """Run the selected stages; reuse completed ones by key; publish the checkpoint the eval scored (to
+    --publish, else quantize.output, else out/<recipe>-<method>). Returns the run directory and manifest."""
     from infertool import __version__
     from infertool.data.fingerprint import digest
     from infertool.recipe import recipe_to_dict
 
     g = run_graph(recipe, stages=stages, out_dir=out_dir, force=force)
+    dest = publish_destination(g, publish)  # refused before any work
     g.cache.mkdir(parents=True, exist_ok=True)
     run_dir = _new_run_dir(g.root, recipe.name)
     rd = recipe_to_dict(recipe)
@@ -175,7 +220,9 @@ def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | 
     finally:
         pool.close()  # the end of the run, a failure or Ctrl-C: no server outlives it
         runner.finish()
-    return RunResult(str(run_dir), manifest, exit_code == 0, exit_code, manifest.stages)
+    manifest.published = _publish(g, run_dir, manifest, runner.upstream, dest)
+    runner.write()
+    return RunResult(str(run_dir), manifest, exit_code == 0, exit_code, manifest.stages, manifest.published)
 
 
 class _Runner:

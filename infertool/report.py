@@ -25,7 +25,7 @@ from infertool.decision import Names, RunData, RunSummary, model_names, speed, s
 from infertool.errors import UsageError
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, as_float
-from infertool.summaries import RunManifest, ServeSummary
+from infertool.summaries import EvalSummary, RunManifest, ServeSummary
 
 # each stage's result file in a run directory
 STAGE_FILES = (("quantize", "quantize/quantize.json"), ("eval", "eval/results.json"), ("profile", "profile/profile.json"),
@@ -338,12 +338,43 @@ def _gains_blocks(s: RunSummary) -> list:
 def _sections(run_dir: Path, run: RunData) -> list[Section]:
     """The summary that decides, then the detail sections, for both renderers."""
     names = model_names(run)
-    out = [_summary_section(run), _run_section(run)]
+    out = [_summary_section(run)]
+    ship = _ship_section(run_dir, run)
+    if ship is not None:
+        out.append(ship)
+    out.append(_run_section(run))
     for part in (_quantize_section, _eval_section, _profile_section, _serve_section, _bench_section):
         sec = part(run, names)
         if sec is not None:
             out.append(sec)
     return out
+
+
+def _ship_section(run_dir: Path, run: RunData) -> Section | None:
+    """Ship it: where the checkpoint the eval scored was published, its fingerprint, the verdict, and the exact
+    commands that serve it (checked by that fingerprint) here and on Kubernetes; or why nothing was published."""
+    import shlex
+
+    pub = run.manifest.published if isinstance(run.manifest.published, dict) else None
+    if not pub:
+        return None
+    sec = Section("ship", "Ship it")
+    if not isinstance(pub.get("path"), str):
+        sec.blocks.append(P("Nothing was published: ", str(pub.get("why") or "the run did not say why"), "."))
+        return sec
+    ev = run.manifest.stages.get("eval")  # results.json's verdict, else the manifest's record of the eval stage
+    verdict = (run.eval.verdict if run.eval is not None else None) or \
+        (ev.summary_as(EvalSummary).verdict if ev is not None and ev.summary is not None else None)
+    where = shlex.quote(str(run_dir.absolute()))
+    sec.blocks.append(P("The checkpoint the eval scored is published at ", Code(pub["path"]), " (fingerprint ",
+                        Code(str(pub.get("fingerprint"))), ") with MODEL_CARD.md and infertool.json beside it; verdict ",
+                        Bold(str(verdict or "not scored")), "."))
+    if verdict not in ("PASS", None):
+        sec.blocks.append(P(Bold(f"The verdict is {verdict}:"), " it is published so that you can decide; read the "
+                            "gates above before serving it."))
+    sec.blocks.append(P("Serve it (the fingerprint is checked first): ", Code(f"infertool serve {where}")))
+    sec.blocks.append(P("On Kubernetes: ", Code(f"infertool serve {where} --emit k8s > vllm.yaml")))
+    return sec
 
 
 def _run_section(run: RunData) -> Section:

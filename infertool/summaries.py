@@ -207,8 +207,9 @@ class RunManifest(Summary):
     run_dir: str | None = None
     servers: list[dict] | None = None  # the servers the run started (infertool.serve.pool's records)
     resolution: dict | None = None  # what the run served and scored, once it is over
+    published: dict | None = None  # {path, fingerprint} of the checkpoint it published (or {why} it published none)
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers", "resolution")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers", "resolution", "published")
 
     @property
     def resolved(self) -> Resolved:

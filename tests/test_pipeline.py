@@ -220,6 +220,7 @@ def test_real_run_interrupted_during_eval_resumes(tiny_model, quant_python, serv
     # eval pauses after its first perplexity windows (INFERTOOL_PAUSE_AT): the signal lands mid-eval on any machine
     from tests.conftest import interrupt_at_pause
 
+    sets += ["--publish", str(tmp_path / "published")]  # not the recipe's default (out/ in the working directory)
     run = interrupt_at_pause(["run", "quickstart", *sets, "--stages", "model,quantize,eval", "--out", str(out)],
                              "pydoc-topics@1", "paused at pydoc-topics", pause_timeout_s=1200, rest_timeout_s=180)
     rest = run.after
@@ -242,6 +243,13 @@ def test_real_run_interrupted_during_eval_resumes(tiny_model, quant_python, serv
     st = json.loads((second / "manifest.json").read_text())["stages"]
     assert (st["model"]["status"], st["quantize"]["status"], st["eval"]["status"]) == ("reused", "reused", "done")
     assert st["eval"]["summary"]["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE")
+    from infertool import publish  # the checkpoint the eval scored, published: the same content as the cache's
+
+    assert res["published"]["path"] == str(tmp_path / "published")
+    assert res["published"]["fingerprint"] == publish.fingerprint(second / "quantize" / "model") == \
+        publish.fingerprint(tmp_path / "published")
+    r = run_cli("serve", str(second), "--dry-run", "--json")
+    assert r.returncode == 0 and json.loads(r.stdout)["model"] == str(tmp_path / "published"), r.stderr
     r = run_cli("report", str(second))
     assert r.returncode == 0, r.stderr
     md = (second / "report.md").read_text()

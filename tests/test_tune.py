@@ -21,6 +21,12 @@ from infertool.tune import core, space
 from tests.fakes import layout_model
 
 
+@pytest.fixture(autouse=True)
+def _cwd(tmp_path, monkeypatch):
+    """tune publishes its winner to out/<recipe>-<method> by default, relative to the working directory."""
+    monkeypatch.chdir(tmp_path)
+
+
 @pytest.fixture(scope="module")
 def smol(tmp_path_factory) -> Path:
     return layout_model(tmp_path_factory.mktemp("m") / "smollm2", "smollm2-135m", shards=1)
@@ -195,12 +201,20 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
     assert back.trial(res.winner.id).capacity.max_load == 2 and back.trial(gptq.id).objective is None
     tuned = yaml.safe_load(Path(res.tuned_recipe).read_text())
     assert tuned["quantize"]["scheme"] == "W8A8" and tuned["serve"]["max_num_seqs"] == 2
-    assert Path(tuned["quantize"]["output"]).name == "t-gptq" and (Path(tuned["quantize"]["output"]) / "config.json").is_file()
+    assert Path(tuned["quantize"]["output"]) == tmp_path / "out" / "t-tuned-gptq" and (Path(tuned["quantize"]["output"]) / "config.json").is_file()
     from infertool.recipe import load_recipe
     from infertool.resolve import resolve
 
     again = resolve(load_recipe(res.tuned_recipe))
     assert again.served_origin == "candidate" and again.served.exists and again.recipe.tune is None
+    from infertool import publish
+
+    pub = json.loads((d / publish.TUNE_PUBLISHED).read_text())  # the winner published with its card, checked
+    assert pub == res.published and pub["path"] == tuned["quantize"]["output"]
+    assert pub["fingerprint"] == publish.fingerprint(pub["path"]) == publish.fingerprint(Path(res.winner.stages["quantize"].entry) / "model")
+    assert json.loads((Path(pub["path"]) / publish.FACTS).read_text())["label"] == res.winner.label
+    assert publish.served(str(d)).published == pub["path"]  # `infertool serve TUNE_DIR`
+    assert f"published at `{pub['path']}`" in (d / "tune.md").read_text()
     for tid in trials.values():
         assert (d / "trials" / tid / "manifest.json").is_file()
     # the same command again: every stage reused, nothing runs, the same answer

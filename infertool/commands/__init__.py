@@ -17,7 +17,7 @@ __all__ = ["ORDER", "RootGroup", "register_all"]
 
 
 # The workflow's order in `infertool --help`; modules not listed follow in name order.
-ORDER = ["validate", "init", "recipes", "model", "profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "tune", "report", "env"]
+ORDER = ["validate", "init", "recipes", "model", "profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "tune", "publish", "report", "env"]
 
 
 def register_all(app: typer.Typer) -> None:

@@ -17,6 +17,7 @@ EXAMPLES = examples(
     ("infertool run quickstart --rerun eval", "run a stage again though its inputs did not change"),
     ("infertool run quickstart --dry-run", "what would run, be reused, be served"),
     ("infertool run quickstart -o /data/runs --json", "elsewhere, for scripts"),
+    ("infertool run quickstart --publish /models/smollm2-w4", "the evaluated checkpoint published there, with its card"),
 )
 
 
@@ -35,13 +36,16 @@ def run(
     force_stages: Optional[List[str]] = typer.Option(None, "--force", metavar="STAGE", hidden=True, help="Old name of --rerun."),
     out: Optional[str] = out_opt("Where run directories go (default: run.out_dir, else runs/)."),
     dry_run: bool = dry_run_opt("Show the stages, which would be reused, what is served and the server launches; run nothing."),
+    publish: Optional[str] = typer.Option(None, "--publish", metavar="DEST", help="Publish the checkpoint the eval scored here (default: quantize.output, else out/<recipe>-<method>)."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
     """Run the stages into runs/<recipe>-<time>/ with one manifest; completed stages with unchanged inputs are reused.
 
     Exit 0 when every stage ran and the eval verdict is PASS; 1 when the verdict is FAIL or INCONCLUSIVE
-    (the other stages still run); 2-4 when a stage failed (see the manifest)."""
+    (the other stages still run); 2-4 when a stage failed (see the manifest). The checkpoint the eval scored is
+    published with a model card (a FAIL too: the card says so), and the run ends with the verdict, its gates, where
+    the checkpoint is and the report."""
     from infertool.output import StageProgress, err, esc, out as stdout, print_json, visible
     from infertool.pipeline import plan_pipeline, run_pipeline
     from infertool.recipe import load_recipe
@@ -63,7 +67,7 @@ def run(
         from infertool.resolve import resolve
 
         recipe_checks(resolve(r), "run")  # the check registry: the same findings as validate, plan, serve --dry-run
-        plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again)
+        plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again, publish=publish)
         # what would stop a server (the launch lint: TP / PP against the model, KV capacity, reserved CPUs): exit 2
         # like `serve --dry-run`
         errors = [(label, i) for label, launch in plan["launches"].items() for i in launch.get("lint", [])
@@ -83,6 +87,9 @@ def run(
             stdout.print(f"{name}: {'reused' if st['reuse'] else 'runs'} ({st['entry']})", markup=False, soft_wrap=True)
         for label, launch in plan["launches"].items():
             stdout.print(visible(f"{label}: {shlex.join(launch['argv'])}"), markup=False, soft_wrap=True)  # a shell line, quoted
+        pub = plan["publish"]
+        stdout.print(f"publishes: {pub['path']}" if pub.get("path") else f"publishes nothing: {pub['why']}",
+                     markup=False, soft_wrap=True)
         if plan["servers"]:
             shared = [" + ".join(s["used_by"]) for s in plan["servers"] if len(s["used_by"]) > 1]
             stdout.print(f"vLLM starts: {len(plan['servers'])} for {len(plan['launches'])} launches"
@@ -104,13 +111,68 @@ def run(
         err.print(f"[{style}]{esc(name)}: {esc(status)}[/]{secs}", soft_wrap=True)
 
     with StageProgress("run") as progress:  # with --json too: the result on stdout, progress on stderr
-        result = run_pipeline(r, stages=chosen, force=again, out_dir=out, on_event=progress.on_event, on_stage=on_stage)
+        result = run_pipeline(r, stages=chosen, force=again, out_dir=out, on_event=progress.on_event, on_stage=on_stage,
+                              publish=publish)
+    outcome = run_outcome(result)
     if as_json:
         print_json({"ok": result.ok, "run_dir": result.run_dir, "exit_code": result.exit_code,
-                    "stages": {n: rec.to_dict() for n, rec in result.stages.items()}})
+                    "stages": {n: rec.to_dict() for n, rec in result.stages.items()}, **outcome})
     else:
-        err.print(f"run directory: [bold]{esc(result.run_dir)}[/] (manifest.json); `infertool report {esc(shlex.quote(str(result.run_dir)))}` "
-                  "writes the report",
-                  soft_wrap=True)
+        render_outcome(result.run_dir, outcome)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
+
+
+def run_outcome(result) -> dict:
+    """What a run ends with, as data: the verdict and each gate (figure, threshold, status), where the evaluated
+    checkpoint was published (or why not), the report written into the run directory, and the serve commands."""
+    from infertool.errors import InfertoolError
+    from infertool.publish import serve_commands
+    from infertool.report import write_report
+
+    from infertool.summaries import EvalSummary
+
+    ev = result.stages.get("eval")
+    s = ev.summary_as(EvalSummary) if ev is not None and ev.summary is not None else None
+    gates = []
+    for g in getattr(s, "gates", None) or []:
+        g = g if isinstance(g, dict) else {}
+        if g.get("status") not in (None, "n/a"):
+            gates.append({k: g.get(k) for k in ("name", "estimate", "lo", "hi", "threshold", "status")})
+    try:
+        report = write_report(result.run_dir)["files"]
+    except InfertoolError as e:
+        report = {"error": e.message}
+    return {"verdict": getattr(s, "verdict", None), "reason": getattr(s, "reason", None), "gates": gates,
+            "published": result.published, "report": report, "commands": serve_commands(str(result.run_dir))}
+
+
+def render_outcome(run_dir: str, o: dict) -> None:
+    """The end of `run` on stderr (Rich, every value escaped): verdict, gates, the published checkpoint, the report."""
+    from infertool.output import err, esc
+
+    def fig(v) -> str:
+        return f"{v:.4g}" if isinstance(v, float) else "-" if v is None else esc(v)
+
+    if o["verdict"]:
+        style = {"PASS": "bold green", "FAIL": "bold red"}.get(o["verdict"], "bold yellow")
+        err.print(f"verdict: [{style}]{esc(o['verdict'])}[/]" + (f" — {esc(o['reason'])}" if o.get("reason") else ""),
+                  soft_wrap=True)
+    for g in o["gates"]:
+        style = {"PASS": "green", "FAIL": "red"}.get(g["status"], "yellow")
+        err.print(f"  {esc(g['name'])}: {fig(g['estimate'])} {esc('[')}{fig(g['lo'])}, {fig(g['hi'])}] vs threshold "
+                  f"{fig(g['threshold'])}: [{style}]{esc(g['status'])}[/]", soft_wrap=True)
+    pub = o.get("published") or {}
+    if pub.get("path"):
+        failed = o["verdict"] not in ("PASS", None)
+        err.print(f"published: [bold]{esc(pub['path'])}[/] (fingerprint {esc(str(pub.get('fingerprint'))[:16])})"
+                  + (f" [bold red]with verdict {esc(o['verdict'])}: see MODEL_CARD.md before serving it[/]" if failed else ""),
+                  soft_wrap=True)
+        err.print(f"serve it: {esc(o['commands']['serve'])}   on Kubernetes: {esc(o['commands']['k8s'])}", soft_wrap=True)
+    elif pub.get("why"):
+        err.print(f"published nothing: {esc(pub['why'])}", soft_wrap=True)
+    report = o.get("report") or {}
+    err.print(f"run directory: [bold]{esc(run_dir)}[/] (manifest.json); report: "
+              + (f"[bold]{esc(report.get('report.html'))}[/] ({esc(report.get('report.md'))})" if "report.html" in report
+                 else f"not written ({esc(report.get('error'))}): `infertool report {esc(shlex.quote(str(run_dir)))}`"),
+              soft_wrap=True)

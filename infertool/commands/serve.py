@@ -16,6 +16,7 @@ from infertool.commands._common import (
 EXAMPLES = examples(
     ("infertool serve quickstart", "the quantized model, the recipe's settings; Ctrl-C stops"),
     ("infertool serve quickstart --dry-run", "the exact vLLM command and environment"),
+    ("infertool serve out/runs/quickstart-<time>", "the checkpoint that run evaluated (checked by fingerprint)"),
     ("infertool serve quickstart --detach --port 8001", "return once ready; it keeps running"),
     ("infertool serve status", "the detached servers"),
     ("infertool serve stop quickstart", "the one on the recipe's serve.port"),
@@ -46,7 +47,8 @@ def register(app: typer.Typer) -> None:
 @serve_app.command("run", cls=InfertoolCommand, epilog=EXAMPLES)
 @handle_errors
 def serve_run(
-    recipe: str = recipe_arg(),
+    recipe: str = recipe_arg("Recipe file or built-in recipe name; or a run or tune directory: the checkpoint it "
+                             "evaluated and published, checked by content fingerprint."),
     overrides: Optional[List[str]] = SET_OPT,
     port: Optional[int] = typer.Option(None, "--port", metavar="PORT", min=1, max=65535,
                                        help="Listen on this port (overrides serve.port)."),
@@ -73,8 +75,7 @@ def serve_run(
     """Launch vLLM's OpenAI-compatible server from the recipe's serve section; Ctrl-C (or SIGTERM) stops it,
     --detach leaves it running."""
     from infertool import serve
-    from infertool.recipe import load_recipe
-    from infertool.resolve import resolve
+    from infertool.publish import served
 
     serve.lifecycle.check_timeout(timeout)  # before the recipe: exit 2 for nan, inf, -1, 0, 1e400
     k8s = _k8s_options(emit, replicas=replicas, max_replicas=max_replicas, autoscaler=autoscaler, pvc=pvc,
@@ -82,7 +83,7 @@ def serve_run(
                        prometheus_url=prometheus_url, gpus_per_node=gpus_per_node)
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
                                  force=force, emit=emit, k8s=k8s)
-    res = resolve(load_recipe(recipe, _with_port(overrides, port)))
+    res = served(recipe, _with_port(overrides, port)).res  # RUN_DIR | TUNE_DIR | RECIPE, its artifact checked
     if emit is not None or dry_run:  # the check registry: the same findings as validate, plan and every dry run
         from infertool.commands._common import recipe_checks
 

@@ -33,6 +33,7 @@ def tune(
     executor: Optional[str] = typer.Option(None, "--executor", metavar="local|ray", help="local (one trial after another) | ray (an existing Ray cluster). Default: tune.executor."),
     exhaustive: bool = typer.Option(False, "--exhaustive", help="Brute force: no pruning, no early stopping, every load level of every trial (to check the staged search)."),
     dry_run: bool = dry_run_opt("Show the trials, their roofline predictions and order, and what the plan prunes; run nothing."),
+    publish: Optional[str] = typer.Option(None, "--publish", metavar="DEST", help="Publish the winner's checkpoint here (default: quantize.output, else out/<recipe>-<method>)."),
     overrides: Optional[List[str]] = SET_OPT,
     as_json: bool = JSON_OPT,
 ) -> None:
@@ -73,15 +74,30 @@ def tune(
 
     with StageProgress("tune") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run_tune(r, out_dir=out, exhaustive=exhaustive, executor=executor, on_event=progress.on_event,
-                          on_trial=on_trial)
+                          on_trial=on_trial, publish=publish)
     if as_json:
         print_json({"ok": result.winner is not None, **result.to_dict()})
     else:
         _render(result)
+        _render_published(result.tune_dir)
         for name, path in result.report.items():
             stdout.print(f"{name}: {path}", markup=False, soft_wrap=True)
     if result.winner is None:
         raise typer.Exit(1)
+
+
+def _render_published(tune_dir: str) -> None:
+    """Where the winner's checkpoint was published, and the command that serves it (checked by fingerprint)."""
+    from infertool.output import err, esc
+    from infertool.publish import TUNE_PUBLISHED, serve_commands, short
+    from infertool.report import read_json_inside
+
+    try:
+        rec = read_json_inside(Path(tune_dir), TUNE_PUBLISHED)
+    except Exception:  # noqa: BLE001 - no winner checkpoint (the original won, or none won): nothing to say
+        return
+    err.print(f"published: [bold]{esc(rec.get('path'))}[/] (fingerprint {esc(short(rec.get('fingerprint')))}); "
+              f"serve it: {esc(serve_commands(tune_dir)['serve'])}", soft_wrap=True)
 
 
 def _render_plan(plan: dict) -> None:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
-from infertool.atomic import atomic_dir, write_json, write_text
+from infertool.atomic import write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError, UsageError
 from infertool.tune import search, space
 from infertool.tune.context import Context, emit
@@ -53,11 +53,13 @@ class TuneResult:
     tuned_recipe: str | None
     report: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
+    published: dict | None = None  # the winner's checkpoint: {path, fingerprint} (None: the original won, or none)
 
     def to_dict(self) -> dict:
         return {"tune_dir": self.tune_dir, "winner": self.winner.to_dict() if self.winner else None,
                 "trials": [t.to_dict() for t in self.trials], "pareto": self.pareto, "seconds": self.seconds,
-                "tuned_recipe": self.tuned_recipe, "report": self.report, "notes": self.notes}
+                "tuned_recipe": self.tuned_recipe, "report": self.report, "notes": self.notes,
+                "published": self.published}
 
 
 def _now() -> str:
@@ -259,7 +261,8 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     doc = TuneDoc(recipe=ctx.recipe.name, objective=ctx.tune.objective, exhaustive=ctx.exhaustive,
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
-                  tuned_recipe=tuned, finished=_now(), space=plan.to_dict() if plan is not None else None)
+                  tuned_recipe=tuned, finished=_now(), space=plan.to_dict() if plan is not None else None,
+                  extra={"published": getattr(ctx, "published", None)} if winner is not None else {})
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
     from infertool.tune.report import write_report
 
@@ -270,14 +273,13 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     if plan is not None and plan.sampled:
         notes.append(f"the search space is {plan.space.describe()}: {len(records):,} run or planned by the sampler "
                      "are listed, the rest were not chosen")
-    return TuneResult(str(ctx.dir), winner, records, front, round(seconds, 1), tuned, report, notes)
+    return TuneResult(str(ctx.dir), winner, records, front, round(seconds, 1), tuned, report, notes,
+                      getattr(ctx, "published", None))
 
 
 def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) -> Path:
     """tuned.yaml: the winner as a recipe `infertool run` and `serve --emit k8s` take as they are; its quantized
-    model published beside it (through a temporary directory and a rename)."""
-    import shutil
-
+    model published (``publish_winner``) and named by its quantize.output."""
     import yaml
 
     from infertool.recipe import validate_recipe_data
@@ -292,13 +294,8 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
         data["bench"]["concurrency"] = sorted({1, int(load)})  # `run` benchmarks at the load the tune found
     q = record.stages.get("quantize")
     if q is not None:
-        src = Path(q.entry) / "model"
-        dest = ctx.dir / "winner" / f"{ctx.recipe.name}-{trial.candidate.spec['method']}"
-        if not (dest / "config.json").is_file() or (dest / ".from").read_text() != str(src):
-            with atomic_dir(dest) as tmp:  # copied whole, then renamed over an older winner
-                shutil.copytree(src, tmp, dirs_exist_ok=True)
-                write_text(tmp / ".from", str(src))
-        data["quantize"]["output"] = str(dest.absolute())
+        pub = publish_winner(ctx, trial, record, Path(q.entry) / "model")
+        data["quantize"]["output"] = pub["path"]
     data = {k: v for k, v in data.items() if v is not None}
     if isinstance(data.get("serve"), dict):
         data["serve"].pop("model", None)  # it serves its quantize section's output (or the original)
@@ -309,6 +306,59 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
             "# `infertool run` and `infertool serve --emit k8s` take this file as it is.\n")
     write_text(path, head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True))
     return path
+
+
+def publish_destination(recipe, tune_dir: Path, publish: str | None) -> str | None:
+    """Where tune publishes its winner's checkpoint (--publish, else quantize.output), checked before any trial
+    runs (exit 2: inside the tune directory, the source model or the environments, or a folder that may not be
+    replaced). None: the default, out/<recipe>-tuned-<winner's method>, checked when the winner is known."""
+    from infertool import publish as pub
+    from infertool.resolve import resolve
+
+    dest = publish or (recipe.quantize.output if recipe.quantize is not None else None)
+    if dest:
+        pub.check_dest(dest, _forbidden(tune_dir, resolve(recipe)))
+    return publish
+
+
+def _forbidden(tune_dir: Path, res) -> dict:
+    from infertool import publish as pub
+
+    return {"the tune directory": tune_dir, "the source model": Path(res.base.path) if res.base.exists and res.base.path else None,
+            "INFERTOOL_HOME's environments": pub.env_folders()}
+
+
+def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkpoint: Path) -> dict:
+    """The winner's checkpoint published with its card (``infertool.publish``): to --publish, else the trial's
+    quantize.output, else tuned.yaml's default output (out/<recipe>-tuned-<method>: not the recipe's own default,
+    which the plan of a later tune reads as every candidate's checkpoint); recorded as <tune dir>/published.json."""
+    from infertool import __version__
+    from infertool import publish as pub
+    from infertool.resolve import default_output
+
+    spec = trial.candidate.spec or {}
+    dest_text = getattr(ctx, "publish_to", None) or trial.recipe.quantize.output or default_output(f"{ctx.recipe.name}-tuned", spec["method"])
+    dest = pub.check_dest(dest_text, _forbidden(ctx.dir, _res(ctx)))
+    acc = record.served_check or record.accuracy
+    facts = {"v": pub.FACTS_VERSION, "infertool": __version__, "published": _now(),
+             "source_model": {"source": ctx.recipe.model.source, "label": ctx.recipe.model.source},
+             "method": {k: v for k, v in spec.items() if v is not None and k != "output"}, "label": record.label,
+             "verdict": getattr(acc, "verdict", None), "reason": getattr(acc, "reason", None),
+             "gates": pub.gate_rows(getattr(record.accuracy, "gates", None) or []),
+             "recipe": ctx.recipe.name, "run_id": f"{ctx.dir.name}/{trial.id}", "run_dir": str(ctx.dir.absolute()),
+             "inputs": ctx.inputs, "serve": trial.recipe.serve.model_dump(mode="json") if trial.recipe.serve else None,
+             "commands": pub.serve_commands(str(ctx.dir.absolute()))}
+    rec = pub.publish_dir(checkpoint, dest, facts)
+    write_json(ctx.dir / pub.TUNE_PUBLISHED, rec)
+    ctx.published = rec
+    emit(ctx.on_event, f"the winner {record.label} published to {rec['path']} (fingerprint {pub.short(rec['fingerprint'])})")
+    return rec
+
+
+def _res(ctx: Context):
+    from infertool.resolve import resolve
+
+    return resolve(ctx.recipe)
 
 
 # the dry run lists this many trials (and grid points) at most: the rest are counted

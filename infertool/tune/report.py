@@ -139,6 +139,11 @@ def _summary(doc: TuneDoc) -> list[str]:
                         f"{_f(sc.mean_kld)})" if sc else "") + ".")
         if doc.tuned_recipe:
             lines.append(f"Ready recipe: `{doc.tuned_recipe}` (`infertool run` and `infertool serve --emit k8s` take it as it is).")
+        pub = doc.extra.get("published")
+        if isinstance(pub, dict) and isinstance(pub.get("path"), str):  # the winner's checkpoint, with its card
+            lines.append(f"Ship it: the winner's checkpoint is published at `{pub['path']}` (fingerprint "
+                         f"`{str(pub.get('fingerprint'))[:16]}`, MODEL_CARD.md beside it); `infertool serve "
+                         f"{doc.tuned_recipe and Path(doc.tuned_recipe).parent}` serves it, checked by that fingerprint.")
     else:
         lines.append("**No configuration passes the accuracy gates and meets the SLO** (see why each lost below).")
     return lines

@@ -9,13 +9,14 @@ from typing import Callable
 from infertool.errors import UsageError
 from infertool.tune import space
 from infertool.tune.context import Context, EventCallback, emit
-from infertool.tune.core import TuneResult, finish, plan_search
+from infertool.tune.core import TuneResult, finish, plan_search, publish_destination
 from infertool.tune.executor import execute
 from infertool.tune.records import TrialRecord
 
 
 def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
-             on_event: EventCallback | None = None, on_trial: Callable[[TrialRecord], None] | None = None) -> TuneResult:
+             on_event: EventCallback | None = None, on_trial: Callable[[TrialRecord], None] | None = None,
+             publish: str | None = None) -> TuneResult:
     if recipe.tune is None:
         raise UsageError(f"recipe {recipe.name!r} has no tune section",
                          hint="add one (candidates, serve_grid, objective): `infertool recipes show quickstart-tune`")
@@ -28,7 +29,9 @@ def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = Fa
                               "trials: shorten tune.serve_grid or tune.candidates")
     emit(on_event, plan.space.describe() + (f"; {len(plan.trials):,} planned, a sample drawn with tune.seed "
                                             f"({plan.sampler()} sampler)" if plan.sampled else ""))
+    publish_to = publish_destination(recipe, tune_dir, publish)  # the winner's DEST, refused before any trial
     ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial)
+    ctx.publish_to = publish_to
     executor = executor or recipe.tune.executor
     if executor == "local":
         _require_envs(plan.trials)  # before the first quantization, not after an hour of trials

@@ -1,0 +1,496 @@
+"""The artifact you ship: the checkpoint a run (or a tune) evaluated, copied whole to where it is served from,
+with a model card beside it, and checked by content before anything serves it.
+
+- ``fingerprint(dir)``: a checkpoint's content fingerprint, the same for the stage-cache entry and every copy
+  of it (no modification time, no file of the card, no hidden file enters it): every small file hashed whole,
+  each weight file by its size, its safetensors header and 16 sampled blocks (``data.fingerprint``'s cheap
+  identity, less its mtime);
+- ``publish_dir(src, dest, facts, forbidden)``: the copy, through a temporary folder beside DEST and a rename
+  (``atomic.replace_refusal`` decides what an existing DEST may be replaced), with ``MODEL_CARD.md`` (for
+  people) and ``infertool.json`` (the same facts as data, with ``fingerprint``); never a link into the cache;
+- ``run_facts`` / ``publish_run``: what `run` publishes (its recipe, verdict and gates, inputs, serve settings);
+- ``served``: what ``infertool serve RUN_DIR | TUNE_DIR | RECIPE`` means, the fingerprint checked;
+- ``plan`` / ``run``: `infertool publish SRC DEST` as a capability (a directory; ``s3://`` and ``hf://``
+  through boto3 and huggingface_hub, printed as calls with ``dry_run``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shlex
+import shutil
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from infertool.atomic import OutputPathError, atomic_dir, replace_refusal, write_json, write_text
+from infertool.capability import RunContext
+from infertool.errors import BackendError, UsageError
+
+CARD = "MODEL_CARD.md"
+FACTS = "infertool.json"
+TUNE_PUBLISHED = "published.json"  # a tune directory's record of its winner's published copy
+FACTS_VERSION = 1
+
+
+# ------------------------------------------------------------------------------------------ fingerprint
+def _files(root: Path) -> list[Path]:
+    """The checkpoint's files: regular files (a link is followed, as a copy follows it), no hidden part, not the
+    card or its facts at the top."""
+    out = []
+    for f in sorted(root.rglob("*")):
+        rel = f.relative_to(root)
+        if any(part.startswith(".") for part in rel.parts) or not f.is_file():
+            continue
+        if len(rel.parts) == 1 and rel.name in (CARD, FACTS):
+            continue
+        out.append(f)
+    return out
+
+
+def fingerprint(path: str | Path) -> str:
+    """The content fingerprint of a checkpoint folder (see the module docstring): 64 hex digits. Equal for a
+    folder and its copy (other mtimes, a card beside it); different for other weights, shapes or configs."""
+    from infertool.data.fingerprint import SMALL_FILE, WEIGHT_SUFFIXES, file_sha256, weight_file_identity
+
+    root = Path(path).expanduser()
+    if not root.is_dir():
+        raise UsageError(f"{root} is not a folder: there is no checkpoint to fingerprint")
+    files: dict[str, Any] = {}
+    for f in _files(root):
+        rel = f.relative_to(root).as_posix()
+        if f.suffix in WEIGHT_SUFFIXES or f.stat().st_size > SMALL_FILE:
+            files[rel] = {k: v for k, v in weight_file_identity(f).items() if k != "mtime_ns"}
+        else:
+            files[rel] = file_sha256(f)
+    data = json.dumps({"v": FACTS_VERSION, "files": files}, sort_keys=True).encode()
+    return hashlib.sha256(data).hexdigest()
+
+
+def short(fp: str | None) -> str:
+    return (fp or "?")[:16]
+
+
+# ------------------------------------------------------------------------------------------ where
+def check_dest(dest: str | Path, forbidden: dict[str, str | Path | None]) -> Path:
+    """DEST as a folder to publish into (absolute), refused (UsageError, exit 2) when it is inside (or holds) one
+    of ``forbidden`` ({what: folder}: the stage cache, the run directory, the source model, the environments),
+    or is there and may not be replaced (``atomic.replace_refusal``: only an empty folder or a model folder)."""
+    text = str(dest)
+    if not text.strip():
+        raise UsageError("an empty destination: nothing to publish to", hint="name a folder, e.g. out/my-model")
+    p = Path(text).expanduser().absolute()
+    real = p.resolve()
+    for what, root in forbidden.items():
+        if not root:
+            continue
+        r = Path(root).expanduser().resolve()
+        if real == r or r in real.parents or real in r.parents:
+            raise UsageError(f"cannot publish to {text}: it is {'inside' if real != r and r in real.parents else 'or holds'} "
+                             f"{what} ({r})", hint="publish to a folder of its own, e.g. --publish out/<name>")
+    for d in (real, *real.parents):  # inside any run directory (beside its stage cache) or tune directory
+        if ((d / "manifest.json").is_file() and (d.parent / ".stages").is_dir()) or \
+                ((d / "tune.json").is_file() and (d / ".stages").is_dir()):
+            raise UsageError(f"cannot publish to {text}: it is inside the run directory {d}",
+                             hint="publish to a folder of its own, e.g. --publish out/<name>")
+    try:
+        from infertool.atomic import check_output_dir
+
+        check_output_dir(p.parent)
+    except OutputPathError as e:
+        raise UsageError(f"cannot publish to {text}: {e}", hint=e.hint) from None
+    if p.exists() or p.is_symlink():
+        why = replace_refusal(p)
+        if why:
+            raise UsageError(f"cannot publish to {text}: {why}",
+                             hint="publishing replaces only an empty folder or a model folder: name a new folder")
+    return p
+
+
+def env_folders() -> Path:
+    from infertool.envs.paths import envs_root
+
+    return envs_root()
+
+
+# ------------------------------------------------------------------------------------------ the copy
+def publish_dir(src: str | Path, dest: Path, facts: dict) -> dict:
+    """Copy the checkpoint ``src`` to ``dest`` whole (a temporary folder beside it, then a rename), with the card
+    and ``infertool.json``; the copy's fingerprint must be the source's. Returns {path, fingerprint}."""
+    src = Path(src)
+    fp = fingerprint(src)
+    if (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp:
+        facts = {**facts, "fingerprint": fp, "path": str(dest)}  # already there (a re-run that reused quantize):
+        write_json(dest / FACTS, facts)  # the card says this run, the weights are not copied again
+        write_text(dest / CARD, model_card(facts))
+        return {"path": str(dest), "fingerprint": fp}
+    try:
+        with atomic_dir(dest) as tmp:
+            for f in _files(src):  # a copy of what the fingerprint covers: never a link into the cache
+                target = tmp / f.relative_to(src)
+                target.parent.mkdir(parents=True, exist_ok=True)
+                shutil.copyfile(f, target)
+            copied = fingerprint(tmp)
+            if copied != fp:
+                raise UsageError(f"the copy of {src} differs from it (fingerprint {short(copied)} vs {short(fp)}): "
+                                 "it changed while being copied", hint="publish again")
+            facts = {**facts, "fingerprint": fp, "path": str(dest)}
+            write_json(tmp / FACTS, facts)
+            write_text(tmp / CARD, model_card(facts))
+    except OSError as e:
+        raise UsageError(f"cannot publish to {dest}: {e.strerror or e}", hint="a writable folder with room for the weights") from None
+    return {"path": str(dest), "fingerprint": fp}
+
+
+def serve_commands(where: str) -> dict:
+    q = shlex.quote(where)
+    return {"serve": f"infertool serve {q}", "k8s": f"infertool serve {q} --emit k8s > vllm.yaml"}
+
+
+def gate_rows(gates: list) -> list[dict]:
+    from infertool.evaluate.verdict import Gate
+
+    rows = []
+    for g in gates or []:
+        g = Gate.from_dict(g)
+        if g.status == "n/a":
+            continue
+        rows.append({"name": g.name, "metric": g.metric, "estimate": g.estimate, "lo": g.lo, "hi": g.hi,
+                     "threshold": g.threshold, "status": g.status})
+    return rows
+
+
+def run_facts(run_dir: Path, manifest) -> dict:
+    """What a run's card says, as data: the source model, the method and its settings, the verdict and each gate,
+    the run, its input fingerprints, the serve settings the candidate was scored with, the command that serves it."""
+    from infertool import __version__
+
+    recipe = manifest.recipe or {}
+    q = recipe.get("quantize") or {}
+    from infertool.summaries import EvalSummary
+
+    ev = manifest.stages.get("eval")
+    summary = ev.summary_as(EvalSummary) if ev is not None and ev.summary is not None else None
+    res = manifest.resolution or {}
+    return {"v": FACTS_VERSION, "infertool": __version__,
+            "published": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "source_model": {"source": (recipe.get("model") or {}).get("source"),
+                             "label": ((res.get("base") or {}).get("label"))},
+            "method": {k: v for k, v in q.items() if k not in ("output",) and v is not None},
+            "label": (res.get("candidate") or {}).get("label"),
+            "verdict": getattr(summary, "verdict", None), "reason": getattr(summary, "reason", None),
+            "suite": getattr(summary, "suite", None), "engine": getattr(summary, "engine", None),
+            "gates": gate_rows(getattr(summary, "gates", None) or []),
+            "recipe": manifest.recipe_name, "run_id": run_dir.name, "run_dir": str(run_dir.absolute()),
+            "inputs": manifest.inputs, "serve": (res.get("serve") or {}).get("serve"), "target": manifest.target,
+            "commands": serve_commands(str(run_dir.absolute()))}
+
+
+def model_card(f: dict) -> str:
+    """MODEL_CARD.md: the facts for people (every value from infertool's own records; backticked where code)."""
+    def cell(v) -> str:
+        if isinstance(v, float):
+            return f"{v:.4g}"
+        return "-" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
+
+    src = f.get("source_model") or {}
+    lines = [f"# {cell(f.get('label') or f.get('recipe'))}", "",
+             f"Published by infertool {cell(f.get('infertool'))} on {cell(f.get('published'))}.", "",
+             f"- **Source model:** {cell(src.get('label') or src.get('source'))}",
+             "- **Method:** " + ", ".join(f"{k} {cell(v)}" for k, v in (f.get("method") or {}).items() if not isinstance(v, dict))
+             + "".join(f"; {k}: " + ", ".join(f"{a} {cell(b)}" for a, b in v.items())
+                       for k, v in (f.get("method") or {}).items() if isinstance(v, dict)),
+             f"- **Verdict: {cell(f.get('verdict'))}**" + (f" — {cell(f.get('reason'))}" if f.get("reason") else "")
+             + (f" (suite {cell(f.get('suite'))}, engine {cell(f.get('engine'))})" if f.get("suite") else ""),
+             f"- **Run:** {cell(f.get('run_id'))} (`{cell(f.get('run_dir'))}`)",
+             f"- **Fingerprint:** `{cell(f.get('fingerprint'))}`", ""]
+    if f.get("verdict") not in ("PASS", None):
+        lines += [f"**This checkpoint did not pass its eval ({cell(f.get('verdict'))}).** It is published so that "
+                  "you can decide; read the gates below before serving it.", ""]
+    if f.get("gates"):
+        lines += ["| gate | metric | estimate | interval | threshold | status |", "|---|---|---|---|---|---|"]
+        lines += [f"| {cell(g['name'])} | {cell(g['metric'])} | {cell(g['estimate'])} | [{cell(g['lo'])}, {cell(g['hi'])}] "
+                  f"| {cell(g['threshold'])} | {cell(g['status'])} |" for g in f["gates"]]
+        lines.append("")
+    serve = f.get("serve") or {}
+    if serve:
+        lines += ["## Scored with these serve settings", ""]
+        lines += [f"- {k}: {cell(v)}" for k, v in serve.items() if v not in (None, [], {})] + [""]
+    inputs = {k: v for k, v in (f.get("inputs") or {}).items() if k != "sha256"}
+    if inputs:
+        lines += ["## Inputs (content fingerprints)", ""]
+        lines += [f"- {k}: `{cell(json.dumps(v, sort_keys=True))}`" for k, v in inputs.items()] + [""]
+    cmds = f.get("commands") or {}
+    if cmds:
+        lines += ["## Serve it", "", "```bash", cmds.get("serve", ""), cmds.get("k8s", ""), "```", ""]
+    return "\n".join(lines)
+
+
+# ------------------------------------------------------------------------------------------ run / tune
+def run_destination(recipe, publish: str | None) -> Path | None:
+    """Where `run` publishes: --publish, else quantize.output, else resolve.default_output (None: nothing to
+    publish: no quantize section, or one quantized when loaded)."""
+    from infertool import backends
+    from infertool.resolve import default_output
+
+    q = recipe.quantize
+    if q is None or not backends.of(q).checkpoint:
+        return None
+    return Path(publish or q.output or default_output(recipe.name, q.method)).expanduser().absolute()
+
+
+def forbidden_for_run(cache: Path, run_dir: Path | None, res) -> dict[str, Path | None]:
+    return {"the stage cache": cache, "the run directory": run_dir,
+            "the source model": Path(res.base.path) if res.base.exists and res.base.path else None,
+            "INFERTOOL_HOME's environments": env_folders()}
+
+
+def publish_run(run_dir: Path, manifest, checkpoint: Path, dest: Path, forbidden: dict) -> dict:
+    """Publish a run's evaluated checkpoint to ``dest`` with its card; the manifest's ``published`` record."""
+    check_dest(dest, forbidden)
+    return publish_dir(checkpoint, dest, run_facts(run_dir, manifest))
+
+
+# ------------------------------------------------------------------------------------------ what serve means
+@dataclass
+class Served:
+    """What ``infertool serve ARG`` serves: the resolution, what ARG was, and the checked artifact."""
+
+    res: Any
+    kind: str  # run | tune | recipe
+    published: str | None = None
+    fingerprint: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if k != "res"}
+
+
+def published_record(manifest) -> dict:
+    """A manifest's ``published`` record as strings only (a crafted one reads as nothing published, with its why)."""
+    pub = manifest.published if isinstance(manifest.published, dict) else {}
+    return {k: v for k, v in pub.items() if k in ("path", "fingerprint", "why") and isinstance(v, str) and v.strip()}
+
+
+def _recipe_of_run(run_dir: Path, manifest, overrides: list[str]):
+    from infertool.recipe import apply_overrides, parse_overrides, validate_recipe_data
+
+    if not isinstance(manifest.recipe, dict):
+        raise UsageError(f"{run_dir / 'manifest.json'} holds no recipe", hint="a run directory `infertool run` wrote")
+    data = json.loads(json.dumps(manifest.recipe))
+    if overrides:
+        data = apply_overrides(data, parse_overrides(list(overrides)))
+    return validate_recipe_data(data, source=f"{run_dir / 'manifest.json'} (the run's recipe)")
+
+
+def verify(path: str | Path, expected: str, what: str, republish: str) -> str:
+    """The fingerprint of what is at ``path`` now; a different one than ``expected`` (or nothing there) is refused
+    with both fingerprints and the command that re-publishes."""
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise UsageError(f"{p} holds no checkpoint now (no config.json): {what} evaluated {short(expected)}",
+                         hint=f"publish it again: {republish}")
+    now = fingerprint(p)
+    if now != expected:
+        raise UsageError(f"{p} holds another checkpoint than {what} evaluated: fingerprint {now} there, {expected} "
+                         "evaluated", hint=f"publish it again: {republish}")
+    return now
+
+
+def served(arg: str, overrides: list[str] | None = None) -> Served:
+    """What ``infertool serve ARG`` means: a run directory (its recipe with its published checkpoint as the
+    served model), a tune directory (its tuned.yaml, whose quantize.output is the winner's published copy), or a
+    recipe (a quantize.output holding ``infertool.json`` is checked the same way)."""
+    from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
+
+    overrides = list(overrides or [])
+    p = Path(arg).expanduser()
+    if p.is_dir() and (p / "manifest.json").exists() and not (p / "tune.json").exists():
+        from infertool.report import load_run
+
+        run_dir, manifest = load_run(p)
+        pub = published_record(manifest)
+        if not pub.get("path") or not pub.get("fingerprint"):
+            raise UsageError(f"{run_dir} published no checkpoint" + (": " + str(pub["why"]) if pub.get("why") else ""),
+                             hint="serve its recipe instead, or a run with quantize and eval stages")
+        fp = verify(pub["path"], pub["fingerprint"], f"run {run_dir.name}",
+                    f"infertool publish {shlex.quote(str(run_dir))} {shlex.quote(pub['path'])}")
+        recipe = _recipe_of_run(run_dir, manifest, overrides)
+        res = resolve(recipe, candidate_path=pub["path"])
+        res.notes.insert(0, f"serves {pub['path']}: the checkpoint run {run_dir.name} evaluated (fingerprint {short(fp)}, "
+                            "checked)")
+        return Served(res, "run", pub["path"], fp)
+    if p.is_dir() and (p / "tune.json").exists():
+        tuned = p / "tuned.yaml"
+        if not tuned.is_file():
+            raise UsageError(f"{p} has no tuned.yaml: the tune found no winner", hint="see its tune.md")
+        out = served(str(tuned), overrides)
+        out.kind = "tune"
+        return out
+    recipe = load_recipe(arg, overrides)
+    res = resolve(recipe)
+    cand = res.candidate
+    facts_file = Path(cand.path) / FACTS if cand is not None and cand.path and not cand.load_quantization else None
+    if facts_file is None or not facts_file.is_file():
+        return Served(res, "recipe")
+    facts = _read_facts(facts_file)
+    republish = f"infertool publish {shlex.quote(str(facts.get('run_dir') or 'RUN_DIR'))} {shlex.quote(str(cand.path))}"
+    fp = verify(cand.path, str(facts.get("fingerprint")), f"the card's run ({facts.get('run_id') or '?'})", republish)
+    res.notes.insert(0, f"serves {cand.path}: published with verdict {facts.get('verdict') or '?'} by run "
+                        f"{facts.get('run_id') or '?'} (fingerprint {short(fp)}, checked)")
+    return Served(res, "recipe", cand.path, fp)
+
+
+def _read_facts(path: Path) -> dict:
+    from infertool.report import MAX_JSON_BYTES, Unreadable, read_json_inside
+
+    try:
+        doc = read_json_inside(path.parent, path.name)
+    except (FileNotFoundError, Unreadable) as e:
+        raise UsageError(f"{path}: not readable: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("fingerprint"), str):
+        raise UsageError(f"{path} is not infertool's card data (no fingerprint; at most {MAX_JSON_BYTES:,} bytes of JSON)",
+                         hint="publish the checkpoint again with `infertool publish`")
+    return doc
+
+
+# ------------------------------------------------------------------------------------------ `infertool publish`
+@dataclass
+class PublishOptions:
+    dest: str
+    dry_run: bool = False
+
+
+@dataclass
+class PublishPlan:
+    """What `infertool publish` copies and where: the folder (checkpoint + card), the kind of destination, and
+    for an object store or a hub the exact library calls."""
+
+    src: str
+    kind: str  # run | tune | published
+    folder: str  # the checkpoint's folder to copy (verified)
+    fingerprint: str
+    dest: str
+    scheme: str  # dir | s3 | hf
+    facts: dict = field(default_factory=dict)
+    calls: list[str] = field(default_factory=list)
+    dry_run: bool = False
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _source(src: str) -> tuple[str, Path, str, dict]:
+    """SRC of `infertool publish`: (kind, checkpoint folder, fingerprint, facts) for a run directory, a tune
+    directory or a published folder; the checkpoint verified against its record."""
+    p = Path(src).expanduser()
+    if (p / "tune.json").is_file():
+        rec = _read_facts(p / TUNE_PUBLISHED) if (p / TUNE_PUBLISHED).is_file() else None
+        if rec is None:
+            raise UsageError(f"{p}: the tune published no winner (no {TUNE_PUBLISHED})", hint="see its tune.md")
+        kind, folder, fp = "tune", Path(rec["path"]), rec["fingerprint"]
+        verify(folder, fp, f"tune {p.name}", f"infertool tune again, or infertool publish {shlex.quote(str(folder))} DEST")
+        return kind, folder, fp, _read_facts(folder / FACTS)
+    if (p / "manifest.json").is_file():
+        from infertool.report import load_run
+
+        run_dir, manifest = load_run(p)
+        pub = published_record(manifest)
+        fp = pub.get("fingerprint")
+        if not fp:
+            raise UsageError(f"{run_dir} published no checkpoint", hint="a run with quantize and eval stages publishes one")
+        for folder in (Path(pub.get("path") or "/nonexistent"), run_dir / "quantize" / "model"):
+            if (folder / "config.json").is_file() and fingerprint(folder) == fp:
+                return "run", folder, fp, run_facts(run_dir, manifest)
+        raise UsageError(f"neither {pub.get('path')} nor the run's quantize entry holds the checkpoint run {run_dir.name} "
+                         f"evaluated (fingerprint {fp})", hint="run it again: `infertool run` publishes it")
+    if (p / FACTS).is_file():
+        facts = _read_facts(p / FACTS)
+        verify(p, facts["fingerprint"], f"the card in {p}", "infertool publish RUN_DIR " + shlex.quote(str(p)))
+        return "published", p, facts["fingerprint"], facts
+    raise UsageError(f"{src} is not a run directory, a tune directory or a published folder",
+                     hint=f"give runs/<recipe>-<time>, a tune directory, or a folder with {FACTS}")
+
+
+def _remote_calls(folder: Path, scheme: str, dest: str) -> list[str]:
+    """The exact library calls a remote publish makes (printed with --dry-run)."""
+    if scheme == "hf":
+        repo = dest.removeprefix("hf://").strip("/")
+        return [f"huggingface_hub.HfApi().upload_folder(folder_path={str(folder)!r}, repo_id={repo!r}, repo_type='model')"]
+    bucket, _, prefix = dest.removeprefix("s3://").partition("/")
+    prefix = prefix.strip("/")
+    files = [f for f in _files(folder)] + [folder / n for n in (FACTS, CARD) if (folder / n).is_file()]
+    return [f"boto3.client('s3').upload_file({str(f)!r}, {bucket!r}, "
+            f"{'/'.join(x for x in (prefix, f.relative_to(folder).as_posix()) if x)!r})" for f in files]
+
+
+def _scheme(dest: str) -> str:
+    if dest.startswith("s3://"):
+        bucket = dest[5:].split("/", 1)[0]
+        if not bucket:
+            raise UsageError(f"{dest}: no bucket", hint="s3://bucket/prefix")
+        return "s3"
+    if dest.startswith("hf://"):
+        repo = dest[5:].strip("/")
+        if repo.count("/") != 1 or not all(repo.split("/")):
+            raise UsageError(f"{dest}: not a model repository", hint="hf://org/name")
+        return "hf"
+    if "://" in dest:
+        raise UsageError(f"{dest}: an unknown destination", hint="a folder, s3://bucket/prefix or hf://org/name")
+    return "dir"
+
+
+def plan(src: str, options: PublishOptions) -> PublishPlan:
+    """What `infertool publish SRC DEST` does (every refusal here, before a byte is copied)."""
+    kind, folder, fp, facts = _source(src)
+    scheme = _scheme(options.dest)
+    dest = options.dest
+    if scheme == "dir":
+        forbidden = {"the source": folder, "the source's run": facts.get("run_dir") and Path(facts["run_dir"]),
+                     "INFERTOOL_HOME's environments": env_folders()}
+        if kind == "run":
+            forbidden["the stage cache"] = Path(src).expanduser().absolute().parent / ".stages"
+        dest = str(check_dest(options.dest, forbidden))
+    calls = _remote_calls(folder, scheme, options.dest) if scheme != "dir" else []
+    return PublishPlan(str(src), kind, str(folder), fp, dest, scheme, facts, calls, options.dry_run)
+
+
+def run(p: PublishPlan, ctx: RunContext | None = None) -> dict:
+    """The copy (a folder) or the upload (boto3, huggingface_hub) of a plan; --dry-run: nothing."""
+    if p.dry_run:
+        return {"dry_run": True, **p.to_dict()}
+    if p.scheme == "dir":
+        facts = {k: v for k, v in p.facts.items() if k not in ("fingerprint", "path")}
+        return {"dry_run": False, **p.to_dict(), "published": publish_dir(p.folder, Path(p.dest), facts)}
+    folder = Path(p.folder)
+    if not (folder / FACTS).is_file():  # a run's stage entry has no card: the card travels with the weights
+        raise UsageError(f"{p.src}: upload its published folder, which holds the card",
+                         hint=f"infertool publish {shlex.quote(str(Path(p.facts.get('path') or p.folder)))} {p.dest}")
+    return {"dry_run": False, **p.to_dict(), "uploaded": _upload(folder, p)}
+
+
+def _upload(folder: Path, p: PublishPlan) -> int:
+    """The remote upload through the library's own client; a missing library or credentials: a clear error."""
+    lib = "huggingface_hub" if p.scheme == "hf" else "boto3"
+    try:
+        mod = __import__(lib)
+    except ImportError:
+        raise BackendError(f"publishing to {p.dest} needs the {lib} package, which is not installed",
+                           hint=f"pip install {lib} (and its credentials), or --dry-run to see the calls") from None
+    try:
+        if p.scheme == "hf":
+            mod.HfApi().upload_folder(folder_path=str(folder), repo_id=p.dest[5:].strip("/"), repo_type="model")
+            return 1
+        client = mod.client("s3")
+        bucket, _, prefix = p.dest[5:].partition("/")
+        n = 0
+        for f in _files(folder) + [folder / x for x in (FACTS, CARD) if (folder / x).is_file()]:
+            client.upload_file(str(f), bucket, "/".join(x for x in (prefix.strip("/"), f.relative_to(folder).as_posix()) if x))
+            n += 1
+        return n
+    except Exception as e:  # noqa: BLE001 - the library's own errors (no credentials, denied): said, not a traceback
+        raise BackendError(f"publishing to {p.dest} failed: {type(e).__name__}: {str(e)[:300]}",
+                           hint=f"check {lib}'s credentials (AWS_* / HF_TOKEN), or --dry-run to see the calls") from None
