@@ -103,6 +103,22 @@ def test_dry_run_orders_by_prediction_and_prunes_what_cannot_fit(smol, tmp_path)
     assert costs == sorted(costs)  # most promising first
 
 
+def test_a_checkpoint_already_published_is_not_what_a_candidate_is_planned_from(smol, tmp_path):
+    """A checkpoint an earlier `run` published where the recipe's quantize stage writes (out/<recipe>-<method>, in
+    the working directory; here a 2-layer model) is not what tune plans a candidate from: each candidate is
+    planned from its base and method, the same plan as without it."""
+    def plan() -> list:
+        p = tmp_path / "r.yaml"
+        p.write_text(yaml.safe_dump(tune_recipe(smol, tmp_path)))
+        r = CliRunner().invoke(app, ["tune", str(p), "--dry-run", "--json"])
+        assert r.exit_code == 0, r.output
+        return [(t["label"], t["prediction"]["fits"], t["prediction"]["weight_bytes"]) for t in json.loads(r.stdout)["trials"]]
+
+    before = plan()
+    layout_model(tmp_path / "out" / "t-gptq", "smollm2-135m", shards=1, num_hidden_layers=2)
+    assert plan() == before
+
+
 # ------------------------------------------------------------------------------ stand-in stage work
 class Stand:
     """The tune stages' bodies replaced by hand-made outcomes (in the one registry: the declarations, keys and

@@ -284,6 +284,18 @@ def trials(recipe) -> list[Trial]:
     return [sp.trial(i) for i in range(sp.size)]
 
 
+def _as_planned(res):
+    """The resolution with the candidate the trial WILL make (planned from its base and method), never whatever is
+    at quantize.output now: a checkpoint published there by an earlier run or tune is another candidate's."""
+    import dataclasses
+
+    if res.candidate is None or not res.candidate.exists:
+        return res
+    cand = res.candidate_at(res.candidate.path, exists=False)
+    served = cand if res.served is res.candidate or res.served_origin == "candidate" else res.served
+    return dataclasses.replace(res, candidate=cand, served=served)
+
+
 def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     """What `infertool plan` says of the trial before anything is measured: does it fit (memory, KV capacity
     for the traffic, position limits), and the roofline bound for decode tokens/s at ``concurrency``
@@ -293,7 +305,7 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     from infertool.resolve import resolve
 
     r = trial.recipe
-    res = resolve(r)
+    res = _as_planned(resolve(r))
     bench = r.bench
     per_request = bench.prompt.len + bench.output_len
     p = planning.plan(res, planning.PlanOptions(context=bench.prompt.len + bench.output_len // 2,
