@@ -42,7 +42,10 @@ def tensors_for(cfg: dict) -> dict[str, list[int]]:
     return t
 
 
-def _write_sparse_safetensors(path: Path, tensors: dict[str, list[int]], itemsize: int = 2) -> int:
+def write_safetensors(path: Path, tensors: dict[str, list[int]], itemsize: int = 2, fill: int | None = None) -> int:
+    """A safetensors file of BF16 ``tensors`` (name -> shape) with a real header; its data a hole (sparse: no disk
+    blocks) or, with ``fill``, every byte that value (real bytes a copy or a fingerprint reads). Returns the
+    data's size in bytes."""
     header, offset = {}, 0
     for name, shape in tensors.items():
         n = 1
@@ -54,7 +57,10 @@ def _write_sparse_safetensors(path: Path, tensors: dict[str, list[int]], itemsiz
     raw += b" " * (-len(raw) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(raw)) + raw)
-        f.truncate(8 + len(raw) + offset)  # the data: a hole, no disk blocks
+        if fill is None:
+            f.truncate(8 + len(raw) + offset)  # the data: a hole, no disk blocks
+        else:
+            f.write(bytes([fill]) * offset)
     return offset
 
 
@@ -71,7 +77,7 @@ def layout_model(d: Path, key: str, *, shards: int = 4, **config_extra) -> Path:
     for s in range(shards):
         part = dict(names[s::shards])
         fname = f"model-{s + 1:05d}-of-{shards:05d}.safetensors"
-        _write_sparse_safetensors(d / fname, part)
+        write_safetensors(d / fname, part)
         weight_map.update({n: fname for n in part})
     (d / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
     return d

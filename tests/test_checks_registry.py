@@ -8,7 +8,6 @@ here until it gets a crafted case). The CLI runs in process (conftest.cli_in_pro
 from __future__ import annotations
 
 import json
-import struct
 import sys
 import types
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import cli_in_process
+from fakes import write_safetensors
 from infertool import checks
 
 HIDDEN, INTER, HEADS, KV, LAYERS, VOCAB, POSITIONS = 256, 512, 4, 2, 2, 256, 32768
@@ -66,16 +66,7 @@ def write_model(dest: Path) -> Path:
                         p + "mlp.gate_proj.weight": [INTER, HIDDEN], p + "mlp.up_proj.weight": [INTER, HIDDEN],
                         p + "mlp.down_proj.weight": [HIDDEN, INTER], p + "input_layernorm.weight": [HIDDEN],
                         p + "post_attention_layernorm.weight": [HIDDEN]})
-    header, offset = {}, 0
-    for name, shape in tensors.items():
-        n = 2 * shape[0] * (shape[1] if len(shape) > 1 else 1)
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    raw = json.dumps(header).encode()
-    raw += b" " * (-len(raw) % 8)
-    with open(dest / "model.safetensors", "wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        f.truncate(8 + len(raw) + offset)
+    write_safetensors(dest / "model.safetensors", tensors)
     (dest / "config.json").write_text(json.dumps({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": HIDDEN, "intermediate_size": INTER,
         "num_attention_heads": HEADS, "num_key_value_heads": KV, "num_hidden_layers": LAYERS, "vocab_size": VOCAB,

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import struct
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import pytest
 from infertool import publish, stages
 from infertool.errors import UsageError
 from tests.conftest import cli_in_process
+from tests.fakes import write_safetensors
 from tests.test_pipeline import use_bodies
 
 CFG = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 64, "intermediate_size": 128,
@@ -46,15 +46,7 @@ def write_checkpoint(d: Path, fill: int = 1) -> Path:
     byte ``fill`` (~180 KB)."""
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(CFG))
-    header, offset = {}, 0
-    for name, shape in _tensors().items():
-        n = 2
-        for x in shape:
-            n *= x
-        header[name] = {"dtype": "BF16", "shape": shape, "data_offsets": [offset, offset + n]}
-        offset += n
-    head = json.dumps(header).encode()
-    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head + bytes([fill]) * offset)
+    write_safetensors(d / "model.safetensors", _tensors(), fill=fill)
     return d
 
 
