@@ -184,15 +184,11 @@ def _held_in(weights: WeightFacts, dtype: str, declared: str | None) -> WeightFa
 
 
 def _parallel_reasons(arch: Arch, tp: int, pp: int) -> list[str]:
-    """What vLLM refuses at start-up about tensor / pipeline parallelism for this architecture."""
-    reasons = []
-    if arch.heads % tp:
-        reasons.append(f"tensor_parallel_size {tp} does not divide the {arch.heads} attention heads")
-    if arch.kv_heads % tp and tp % arch.kv_heads:
-        reasons.append(f"tensor_parallel_size {tp} and the {arch.kv_heads} KV heads: neither divides the other")
-    if arch.layers < pp:
-        reasons.append(f"pipeline_parallel_size {pp} exceeds the {arch.layers} layers")
-    return reasons
+    """What vLLM refuses at start-up about tensor / pipeline parallelism for this architecture (the lint's one
+    rule: ``serve.lint.parallel_problems``)."""
+    from infertool.serve.lint import parallel_problems
+
+    return [i.message for i in parallel_problems(arch.heads, arch.kv_heads, arch.layers, tp, pp)]
 
 
 @dataclass

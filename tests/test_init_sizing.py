@@ -140,7 +140,7 @@ def test_a_bad_set_is_refused_with_its_field(models):
     assert r.returncode == 2 and "32 attention heads are not divisible by tensor_parallel_size 3" in r.stderr
     r = cli_in_process("init", str(models["8b"]), "--gpu", "L4", "--out", "x.yaml", "--set",
                        "eval.base_serve.tensor_parallel_size=3")
-    assert r.returncode == 2 and "does not divide the 32 attention heads" in r.stderr and not Path("x.yaml").exists()
+    assert r.returncode == 2 and "does not divide the model's 32 attention heads" in r.stderr and not Path("x.yaml").exists()
 
 
 def test_method_is_what_the_backends_produce(models):

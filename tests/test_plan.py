@@ -104,7 +104,7 @@ def test_gpu_does_not_fit_reasons():
     big = make_plan(recipe(source="/models/Llama-3.3-70B-Instruct", serve={"max_model_len": 8192}), gpu="L4")
     assert not big.fits and "no room for a KV cache" in big.reasons[0]
     bad_tp = make_plan(recipe(serve={"max_model_len": 8192, "tensor_parallel_size": 3}), gpu="H100-SXM")
-    assert not bad_tp.fits and "does not divide the 32 attention heads" in bad_tp.reasons[0]
+    assert not bad_tp.fits and "does not divide the model's 32 attention heads" in bad_tp.reasons[0]
 
 
 def test_max_model_len_beyond_the_position_limit_does_not_fit(tmp_path, monkeypatch):

@@ -328,3 +328,20 @@ def test_quantized_checkpoints_keep_16_bit_on_the_cpu():
     assert cpu_serve_dtype("auto", "float32", quantized=False, flags={"avx2"}) == (None, None)
     assert cpu_serve_dtype("bfloat16", "bfloat16", quantized=False, flags={"avx2"}) == ("bfloat16", None)
     assert cpu_serve_dtype("auto", "bfloat16", quantized=False, flags=set()) == (None, None)  # unknown CPU: vLLM decides
+
+
+def test_parallel_rule_is_one_for_lint_and_plan():
+    """One rule (serve.lint.parallel_problems) for the lint, the check registry and plan: TP must divide the
+    attention heads; the KV heads are sharded or replicated, so one of TP and the KV heads must divide the other;
+    no more pipeline stages than layers. Hand-checked on Llama-3.1-8B's shape (32 heads, 8 KV heads, 32 layers)."""
+    from infertool.serve.lint import parallel_problems
+
+    def msgs(tp, pp=1, heads=32, kv=8, layers=32):
+        return [i.message for i in parallel_problems(heads, kv, layers, tp, pp)]
+
+    assert msgs(1) == msgs(2) == msgs(8) == msgs(16) == msgs(32) == []  # 16, 32: KV heads replicated
+    assert "does not divide the model's 32 attention heads" in msgs(3)[0]
+    # 40 heads, 10 KV heads at TP 4: 4 divides 40 heads but neither 4 | 10 nor 10 | 4
+    assert "neither divides the other" in msgs(4, heads=40, kv=10)[0]
+    assert "exceeds the model's 32 layers" in msgs(1, pp=33)[0]
+    assert msgs(1, pp=32) == []

@@ -104,25 +104,39 @@ def lint_engine_settings(serve) -> list[LintIssue]:
     return issues
 
 
+def parallel_problems(heads: int | None, kv_heads: int | None, layers: int | None, tp: int, pp: int) -> list[LintIssue]:
+    """What vLLM refuses at start-up about tensor / pipeline parallelism for a model of ``heads`` attention heads,
+    ``kv_heads`` KV heads and ``layers`` layers (unknown: None, not checked): the one rule, for the lint, the check
+    registry, plan, init and tune. vLLM shards the attention heads across the tensor-parallel ranks (TP must divide
+    them), shards or replicates the KV heads (one must divide the other), and splits the layers between the
+    pipeline stages (no more stages than layers)."""
+    issues = []
+    if heads and tp > 1 and heads % tp:
+        divisors = [d for d in range(1, heads + 1) if heads % d == 0]
+        issues.append(LintIssue("error", "serve.tensor_parallel_size",
+                                f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
+                                "(vLLM refuses to start)", f"use one of {divisors}"))
+    elif kv_heads and tp > 1 and kv_heads % tp and tp % kv_heads:
+        issues.append(LintIssue("error", "serve.tensor_parallel_size",
+                                f"tensor_parallel_size {tp} and the model's {kv_heads} KV heads: neither divides the "
+                                "other (vLLM can neither shard nor replicate them)",
+                                f"use a divisor or a multiple of {kv_heads}"))
+    if layers and pp > layers:
+        issues.append(LintIssue("error", "serve.pipeline_parallel_size",
+                                f"pipeline_parallel_size {pp} exceeds the model's {layers} layers (vLLM refuses to start)",
+                                f"set serve.pipeline_parallel_size to at most {layers}"))
+    return issues
+
+
 def lint_tensor_parallel(serve, model_info) -> list[LintIssue]:
-    """vLLM shards the attention heads across the tensor-parallel ranks: tensor_parallel_size must divide them."""
-    heads, tp = model_info.num_attention_heads, serve.tensor_parallel_size
-    if not heads or tp <= 1 or not heads % tp:
-        return []
-    divisors = [d for d in range(1, heads + 1) if heads % d == 0]
-    return [LintIssue("error", "serve.tensor_parallel_size",
-                      f"tensor_parallel_size {tp} does not divide the model's {heads} attention heads "
-                      "(vLLM refuses to start)", f"use one of {divisors}")]
+    """``parallel_problems`` of the tensor-parallel degree (attention heads, KV heads)."""
+    return parallel_problems(model_info.num_attention_heads, model_info.num_key_value_heads, None,
+                             serve.tensor_parallel_size, 1)
 
 
 def lint_pipeline_stages(serve, model_info) -> list[LintIssue]:
-    """vLLM splits the layers between the pipeline stages: more stages than layers cannot start."""
-    layers, pp = model_info.num_layers, serve.pipeline_parallel_size
-    if not layers or pp <= layers:
-        return []
-    return [LintIssue("error", "serve.pipeline_parallel_size",
-                      f"pipeline_parallel_size {pp} exceeds the model's {layers} layers (vLLM refuses to start)",
-                      f"set serve.pipeline_parallel_size to at most {layers}")]
+    """``parallel_problems`` of the pipeline-parallel degree (layers)."""
+    return parallel_problems(None, None, model_info.num_layers, 1, serve.pipeline_parallel_size)
 
 
 def lint_reserved_cpus(serve) -> list[LintIssue]:
