@@ -237,6 +237,10 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
     stand.calls.clear()
     res2 = run_tune(validate_recipe_data(tune_recipe(smol, tmp_path)))
     assert stand.calls == [] and res2.winner.id == res.winner.id
+    # a later tune in the same directory that the original wins: nothing published, the earlier record gone
+    res3 = run_tune(validate_recipe_data(tune_recipe(smol, tmp_path, candidates=["none"])))
+    assert Path(res3.tune_dir) == d and res3.winner.candidate.spec is None and not res3.published
+    assert not (d / publish.TUNE_PUBLISHED).exists() and Path(pub["path"]).is_dir()  # the checkpoint itself stays
 
 
 def test_interrupted_tune_resumes_with_finished_trials_reused(smol, tmp_path, monkeypatch):

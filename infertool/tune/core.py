@@ -296,6 +296,11 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
     if q is not None:
         pub = publish_winner(ctx, trial, record, Path(q.entry) / "model")
         data["quantize"]["output"] = pub["path"]
+    else:  # the original won: nothing is published, and an earlier tune's record of its winner no longer holds
+        from infertool.atomic import remove_inside
+        from infertool.publish import TUNE_PUBLISHED
+
+        remove_inside(ctx.dir / TUNE_PUBLISHED, ctx.dir)
     data = {k: v for k, v in data.items() if v is not None}
     if isinstance(data.get("serve"), dict):
         data["serve"].pop("model", None)  # it serves its quantize section's output (or the original)
@@ -331,7 +336,7 @@ def _forbidden(tune_dir: Path, res) -> dict:
 def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkpoint: Path) -> dict:
     """The winner's checkpoint published with its card (``infertool.publish``): to --publish, else the trial's
     quantize.output, else tuned.yaml's default output (out/<recipe>-tuned-<method>: not the recipe's own default,
-    which the plan of a later tune reads as every candidate's checkpoint); recorded as <tune dir>/published.json."""
+    where `run` publishes what it evaluated); recorded as <tune dir>/published.json."""
     from infertool import __version__
     from infertool import publish as pub
     from infertool.resolve import default_output
