@@ -67,6 +67,12 @@ __all__ = [
     "ModelSection",
     "ProfileSection",
     "PromptSpec",
+    "LmEvalSpec",
+    "DecodeSpec",
+    "MultiTurnSpec",
+    "SharedPrefixSpec",
+    "RateSweepSpec",
+    "RepeatSpec",
     "QuantizeSection",
     "Recipe",
     "RunSection",
@@ -171,6 +177,11 @@ class AcceptSpec(BaseModel):
     max_ppl_ratio: _float(1, 1000) | None = None
     max_acc_drop: Fraction | None = None
     max_flip_rate: Fraction | None = None
+    # lm-eval tasks (eval.lm_eval): the lower bound of the pooled recovery (candidate score / base score)
+    min_recovery: _float(0, 2) | None = None
+    # the decode path as served (eval.decode): mean KLD of the candidate's per-step top-k distribution on
+    # the reference's tokens (teacher-forced)
+    max_decode_kld: _float(0, 100) | None = None
     confidence: _float(0.5, 0.999) = 0.95
     # INCONCLUSIVE exits 1 (CI must not ship what it could not verify) unless this is true.
     allow_inconclusive: bool = False
@@ -199,6 +210,42 @@ class BaseServeSpec(BaseModel):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
+class LmEvalSpec(BaseModel):
+    """lm-evaluation-harness as an engine: its tasks run against the SERVED base and candidate (the one launcher,
+    the recipe's serve settings), in the managed ``lmeval`` environment, offline (data from the HF datasets
+    cache or ``dataset_path: json`` files). Per-document results of both are joined: recovery, lost/gained,
+    McNemar (infertool.evaluate.lm_eval_engine)."""
+
+    model_config = _STRICT
+
+    tasks: Annotated[list[_text(200, 1)], Field(min_length=1, max_length=MAX_LIST)]
+    include_path: Text | None = None  # a folder of task YAMLs (relative paths: from the recipe's folder)
+    num_fewshot: _int(0, 1000) | None = None
+    limit: Requests | None = None  # documents per task (the first N)
+    apply_chat_template: bool = False
+    fewshot_as_multiturn: bool = False
+    system_instruction: _text(32768) | None = None
+    concurrent: _int(1, 256) = 4  # requests lm-eval keeps in flight per server
+    max_gen_toks: Tokens | None = None  # generative tasks: overrides the task's own
+    timeout_s: Seconds = 3600  # per model
+
+
+class DecodeSpec(BaseModel):
+    """The decode path as served: greedy continuations of a fixed prompt set from the candidate's and the
+    reference's servers, compared (exact match, first divergence, teacher-forced decode KLD / top-1, near ties).
+    Runs in every as-served check (engine vllm/openai, tune's screening and served check)."""
+
+    model_config = _STRICT
+
+    enabled: bool = True
+    prompts: Text = "builtin"  # "builtin" (infertool's own prompt set) or a .jsonl with prompt or messages
+    n_prompts: _int(1, 100_000) | None = None  # default: all of the set
+    max_tokens: _int(2, 4096) = 48
+    top_k: _int(1, 20) = 20  # log-probabilities per step
+    chat: bool | None = None  # None: the model's chat template where it has one
+    near_tie_logprob: _float(0, 10) = 0.1  # a divergence at a reference top-2 gap below this (nats) is a near tie
+
+
 class EvalSection(BaseModel):
     """Quantized (candidate) against original (base), on an eval suite."""
 
@@ -215,6 +262,8 @@ class EvalSection(BaseModel):
     accept: AcceptSpec = Field(default_factory=AcceptSpec)
     # the original's server when it needs other settings than the serve section's (more GPUs): see BaseServeSpec
     base_serve: BaseServeSpec | None = None
+    lm_eval: LmEvalSpec | None = None  # lm-evaluation-harness tasks, run against the served models
+    decode: DecodeSpec = Field(default_factory=DecodeSpec)  # the decode path, in as-served evals
 
     @field_validator("url")
     @classmethod
@@ -572,12 +621,62 @@ class BurstSpec(BaseModel):
     interval_s: Seconds
 
 
+class MultiTurnSpec(BaseModel):
+    """Each conversation a session: its user turns in order, the model's own replies appended to the history,
+    a think time between turns."""
+
+    model_config = _STRICT
+
+    max_turns: _int(1, 1000) = 4
+    think_time_s: _float(0, 3600) = 0.0
+    think_time_spread: Fraction = 0.0  # uniform within +-spread x think_time_s
+
+
+class SharedPrefixSpec(BaseModel):
+    """N system prompts x M questions: every request is one of N shared prefixes plus its own question."""
+
+    model_config = _STRICT
+
+    prefixes: _int(1, 100_000) = 4
+    prefix_len: Tokens = 512
+    questions: _int(1, 1_000_000) = 16  # per prefix
+    question_len: Tokens = 64
+
+
+class RateSweepSpec(BaseModel):
+    """An open-loop rate sweep that stops by itself past saturation: rates grow from ``start`` by ``factor`` until
+    the achieved throughput stops following the offered rate (or goodput falls below the target), then the knee
+    is bracketed and refined."""
+
+    model_config = _STRICT
+
+    start: Rate = 0.5
+    factor: _float(1.05, 10) = 2.0
+    max_levels: _int(2, 64) = 10
+    goodput_target: Share = 0.9
+
+
+class RepeatSpec(BaseModel):
+    """Repeat a bench level (and each tune capacity probe near the SLO edge) until its figure's interval is within
+    ``rel_width`` of the figure, or ``max_runs`` runs."""
+
+    model_config = _STRICT
+
+    max_runs: _int(1, 100) = 1
+    min_runs: _int(1, 100) = 1
+    rel_width: _float(0.001, 10) = 0.10  # the interval's half-width relative to the figure
+    confidence: _float(0.5, 0.999) = 0.95
+
+
 class PromptSpec(BaseModel):
     model_config = _STRICT
 
-    source: Text = "builtin"
+    source: Text = "builtin"  # builtin | synthetic | sharegpt | shared_prefix | PATH.jsonl (prompts or conversations)
     len: Tokens = 256
     field: Name = "prompt"
+    max_len: Tokens | None = None  # sharegpt/conversations: drop prompts longer than this (vLLM bench: 1024)
+    multi_turn: MultiTurnSpec | None = None  # replay conversations as sessions (sharegpt or a conversations JSONL)
+    shared_prefix: SharedPrefixSpec | None = None  # with source: shared_prefix
 
     @field_validator("source")
     @classmethod
@@ -606,6 +705,12 @@ class BenchSection(BaseModel):
     endpoint: Literal["completions", "chat"] = "completions"
     concurrency: _sweep(Seqs) = [1, 8, 32]
     rate: _sweep(Rate) | None = None  # requests per second
+    arrival: Literal["poisson", "gamma"] = "poisson"  # open-loop rates: exponential or gamma gaps
+    burstiness: _float(0.01, 100) = 1.0  # gamma shape (vLLM bench's --burstiness): < 1 burstier, 1 = Poisson
+    rate_sweep: RateSweepSpec | None = None  # find the knee instead of listing rates
+    trace: Text | None = None  # a timestamped JSONL trace to replay (arrival times and lengths)
+    trace_speedup: _float(0.001, 1000) = 1.0
+    repeats: RepeatSpec = Field(default_factory=RepeatSpec)
     burst: BurstSpec | None = None
     requests: Requests = 64
     max_duration_s: Seconds = 600

@@ -149,6 +149,12 @@ def estimates(pool: dict, confidence: float) -> dict[str, Estimate]:
         ci = items["net_change_ci"]
         out["max_acc_drop"] = Estimate(-items["net_change"], -ci[1], -ci[0], items["n"])
         out["max_flip_rate"] = Estimate(items["flip_rate"], *items["flip_rate_ci"], items["n"])
+    lm = pool.get("lm_eval")  # infertool.evaluate.phases: the lm-eval tasks' pooled recovery
+    if lm and lm.get("n") and lm.get("recovery_ci"):
+        out["min_recovery"] = Estimate(lm.get("recovery"), *lm["recovery_ci"], lm["n"])
+    dec = pool.get("decode")  # the decode path as served: teacher-forced per-step KLD
+    if dec and dec.get("steps") and dec.get("kld_ci"):
+        out["max_decode_kld"] = Estimate(dec.get("kld"), *dec["kld_ci"], dec["steps"])
     return out
 
 
@@ -166,8 +172,11 @@ def make_gates(pool: dict, accept: dict) -> list[Gate]:
             for g, val in thresholds(accept).items()]
 
 
-def summarize(suite: Suite, raw_tasks: dict, accept: dict) -> tuple[dict, list[dict], dict, list[Gate]]:
-    """Per-task metrics, per-item records (for items.jsonl), pooled metrics and gates."""
+def summarize(suite: Suite, raw_tasks: dict, accept: dict, phase_pool: dict | None = None,
+              ) -> tuple[dict, list[dict], dict, list[Gate]]:
+    """Per-task metrics, per-item records (for items.jsonl), pooled metrics and gates. ``phase_pool``: the
+    blocks of the as-served phases (infertool.evaluate.phases.compare_all: ``lm_eval``, ``decode``), pooled
+    and gated with the rest."""
     conf = float(accept.get("confidence", 0.95))
     tasks: dict = {}
     records: list[dict] = []
@@ -192,6 +201,7 @@ def summarize(suite: Suite, raw_tasks: dict, accept: dict) -> tuple[dict, list[d
             records.append({"task": task.name, **r})
         s["_records"] = recs
     pool = pooled(tasks, conf, raw_tasks)
+    pool.update(phase_pool or {})
     for s in tasks.values():
         s.pop("_records", None)
     gates = make_gates(pool, accept)
@@ -261,9 +271,13 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     out_dir = Path(ctx.out_dir or plan.out_dir or _default_out(suite.name))
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    raw = _score(plan, requests, ctx, out_dir)
+    phases = phases_for(plan)
+    raw = _score(plan, requests, ctx, out_dir, phases)
     wall = time.monotonic() - t0
-    tasks, records, pool, gates = summarize(suite, raw["tasks"], plan.accept)
+    from infertool.evaluate.phases import compare_all
+
+    phase_pool = compare_all(phases, raw.get("phases") or {}, "base", "candidate", float(plan.accept.get("confidence", 0.95)))
+    tasks, records, pool, gates = summarize(suite, raw["tasks"], plan.accept, phase_pool)
     status, reason = verdict(gates)
     files = _write_details(out_dir, records, pool, plan.engine)
     models = raw.get("models") or {}
@@ -287,7 +301,14 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     return result
 
 
-def _score(plan: EvalPlan, requests: list[dict], ctx: RunContext, out_dir: Path) -> dict:
+def phases_for(plan: EvalPlan) -> list:
+    """The as-served phases of this eval (lm-eval tasks, the decode path): infertool.evaluate.phases."""
+    from infertool.evaluate.phases import phases_for as _for
+
+    return _for(plan.eval_section, plan.engine)
+
+
+def _score(plan: EvalPlan, requests: list[dict], ctx: RunContext, out_dir: Path, phases: list | None = None) -> dict:
     """The engine's raw numbers for both models (infertool.evaluate.hf_engine / server_engine)."""
     from infertool.envs.runner import InProcessEvents
 
@@ -305,12 +326,13 @@ def _score(plan: EvalPlan, requests: list[dict], ctx: RunContext, out_dir: Path)
         if not plan.launches:
             raise UsageError("the vllm engine needs launch plans for both models (infertool.serve.prepare)")
         return compare_vllm(plan.launches, requests, k=plan.topk, workers=plan.batch_size, events=events,
-                            log_dir=out_dir / "logs", pool=ctx.servers)
+                            log_dir=out_dir / "logs", pool=ctx.servers, phases=phases)
     from infertool.evaluate.server_engine import Client, compare_openai
 
     base = Client(plan.url or "", plan.base, api_key=plan.api_key)
     cand = Client(plan.candidate_url or plan.url or "", plan.candidate, api_key=plan.api_key)
-    return compare_openai(base, cand, requests, k=plan.topk, workers=plan.batch_size, events=events)
+    return compare_openai(base, cand, requests, k=plan.topk, workers=plan.batch_size, events=events, phases=phases,
+                          log_dir=out_dir / "logs")
 
 
 def _write_details(out_dir: Path, records: list[dict], pool: dict, engine: str) -> dict[str, str]:

@@ -92,6 +92,7 @@ class EvalPlan:
     notes: list[str] = field(default_factory=list)  # the resolution's (a model not made yet, a fallback)
     resolution: Any = field(default=None, repr=False)
     api_key: str | None = field(default=None, repr=False)
+    eval_section: Any = field(default=None, repr=False)  # recipe.EvalSection: lm_eval, decode (the as-served phases)
 
     def model(self, role: str) -> dict:
         return {"model": self.base if role == "base" else self.candidate, "label": self.labels.get(role)}
@@ -110,6 +111,11 @@ class EvalPlan:
             "held_out": self.held_out.to_dict() if self.held_out else None, "notes": list(self.notes),
             "resolution": self.resolution.to_dict() if self.resolution is not None else None,
             "launches": {k: p.to_dict() for k, p in (self.launches or {}).items()},
+            "lm_eval": (self.eval_section.lm_eval.model_dump(mode="json")
+                        if self.eval_section is not None and self.eval_section.lm_eval is not None else None),
+            "decode": (self.eval_section.decode.model_dump(mode="json")
+                       if self.eval_section is not None and self.engine != "hf" and self.eval_section.decode.enabled
+                       else None),
         }
 
 
@@ -122,7 +128,7 @@ def make_plan(res, options: EvalOptions) -> EvalPlan:
     load_suite(ev.suite)  # an unknown suite fails here, a dry run too ("did you mean ...")
     common = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
                   accept=ev.accept.model_dump(), out_dir=options.out_dir, dry_run=options.dry_run,
-                  allow_inconclusive=options.allow_inconclusive or ev.accept.allow_inconclusive)
+                  allow_inconclusive=options.allow_inconclusive or ev.accept.allow_inconclusive, eval_section=ev)
     if ev.engine == "openai":
         base, cand = served_names(options.base_name or ev.base, options.candidate_name or ev.candidate)
         key = None if options.dry_run else api_key(res.recipe, ev.url, options)

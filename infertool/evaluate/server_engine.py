@@ -468,13 +468,20 @@ def _timing(raw_b: dict, raw_c: dict) -> dict:
                     "wall_s": sb["seconds"] + sc["seconds"]}}
 
 
-def compare_openai(cb: Client, cc: Client, tasks: list[dict], *, k: int, workers: int, events) -> dict:
-    """Both models on already running OpenAI-compatible server(s): ``cb`` names the base, ``cc`` the candidate."""
+def compare_openai(cb: Client, cc: Client, tasks: list[dict], *, k: int, workers: int, events,
+                   phases: list | None = None, log_dir: Path | None = None) -> dict:
+    """Both models on already running OpenAI-compatible server(s): ``cb`` names the base, ``cc`` the candidate.
+    ``phases`` (infertool.evaluate.phases): more work on each server, the base first."""
+    from infertool.evaluate.phases import Served, run_all
+
     for client in dict.fromkeys((cb, cc)):
         client.check_served()
+    done: dict = {}
     raw_b = collect(cb, tasks, k=k, workers=workers, events=events, label="base")
+    run_all(phases or [], Served("base", cb, None, log_dir), done, events)
     raw_c = collect(cc, tasks, k=k, workers=workers, events=events, label="candidate")
-    return {"engine": "openai", "tasks": combine(raw_b, raw_c, k), "timing": _timing(raw_b, raw_c),
+    run_all(phases or [], Served("candidate", cc, None, log_dir), done, events)
+    return {"engine": "openai", "tasks": combine(raw_b, raw_c, k), "timing": _timing(raw_b, raw_c), "phases": done,
             "models": {"base": {"name": cb.model, "url": cb.base_url}, "candidate": {"name": cc.model, "url": cc.base_url}},
             "topk": k}
 
@@ -484,16 +491,21 @@ def compare_openai(cb: Client, cc: Client, tasks: list[dict], *, k: int, workers
 # --------------------------------------------------------------------------------------------
 
 
-def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events, log_dir: Path, pool=None) -> dict:
+def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events, log_dir: Path, pool=None,
+                 phases: list | None = None) -> dict:
     """One vLLM server per model (``plans``: {"candidate": LaunchPlan, "base": LaunchPlan} from
     ``infertool.serve.prepare``: the recipe's effective serve settings for each), one after the other,
     each stopped before the next starts (``pool``: `run`'s shared servers, which the pool stops). The
-    candidate first: a quantized checkpoint this host's vLLM cannot run fails before any work on the base."""
+    candidate first: a quantized checkpoint this host's vLLM cannot run fails before any work on the base.
+    ``phases`` (infertool.evaluate.phases): more work on each server while it is up (lm-eval tasks, the decode
+    path), the candidate's first."""
+    from infertool.evaluate.phases import Served, run_all
     from infertool.serve import launch
     from infertool.serve.launcher import HOST_KERNEL_MISSING, HostCannotRun, full_log
 
     raws = {}
     servers = {}
+    done: dict = {}
     for label in ("candidate", "base"):
         plan = plans[label]
         log_path = log_dir / f"vllm-{label}.log"
@@ -505,6 +517,7 @@ def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events
                 try:
                     client.prompt_logprobs(list(range(1, 9)), 1)  # a first forward pass: fail fast
                     raws[label] = collect(client, tasks, k=k, workers=workers, events=events, label=label)
+                    run_all(phases or [], Served(label, client, plan.model.path, log_dir), done, events)
                 except BackendError:
                     time.sleep(1.0)  # let the server finish writing its traceback
                     found = HOST_KERNEL_MISSING.search(full_log(log_path))
@@ -520,5 +533,6 @@ def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events
                 hint="use --engine hf (it loads GPTQ/AWQ checkpoints in transformers), or run the vllm engine on a "
                 "CUDA or AVX-512 host", log_path=e.log_path) from None
     return {"engine": "vllm", "tasks": combine(raws["base"], raws["candidate"], k), "timing": _timing(raws["base"], raws["candidate"]),
+            "phases": done,
             "models": {"base": {"path": plans["base"].model.path, "server": servers["base"]},
                        "candidate": {"path": plans["candidate"].model.path, "server": servers["candidate"]}}, "topk": k}

@@ -1,0 +1,80 @@
+"""Work done on each SERVED model beside the suite's prompt-log-probability scoring: the seam where lm-eval tasks
+(infertool.evaluate.lm_eval_engine) and the decode path (infertool.evaluate.decode) plug into every as-served
+check (the eval's vllm and openai engines, tune's reference, screening and served check).
+
+A phase runs once per server, while it is up (``run``), then pairs the two models' raw numbers (``compare``):
+
+- ``run(served, prior, events) -> dict``: the raw, JSON-able numbers of ONE model. ``prior`` is the raw of the
+  model served BEFORE this one in the same comparison (None for the first): the decode phase teacher-forces the
+  second model on the first one's greedy tokens, so it needs them.
+- ``compare(raw_ref, raw_cand, *, confidence, first) -> dict``: the phase's block of the pooled metrics
+  (``pool[phase.name]``: results.json's ``pooled.<name>``), ``first`` saying which model ran first
+  ("base"/"reference" or "candidate").
+
+The gates read the block: ``min_recovery`` from ``pool["lm_eval"]`` (``recovery``, ``recovery_ci``, ``n``) and
+``max_decode_kld`` from ``pool["decode"]`` (``kld``, ``kld_ci``, ``steps``): infertool.evaluate.core.estimates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+
+@dataclass
+class Served:
+    """One model's server while a phase runs on it."""
+
+    label: str  # "base" | "candidate" (tune: "reference" | "candidate" | "served")
+    client: Any  # infertool.evaluate.server_engine.Client: base_url, model, api_key
+    model_path: str | None = None  # the checkpoint served (its tokenizer, chat template); None: a server not ours
+    log_dir: Path | None = None  # where a phase may write its files (lm-eval's samples)
+    extra: dict = field(default_factory=dict)
+
+
+class Phase(Protocol):
+    name: str
+
+    def run(self, served: Served, prior: dict | None, events) -> dict: ...
+
+    def compare(self, raw_ref: dict, raw_cand: dict, *, confidence: float, first: str) -> dict: ...
+
+
+def phases_for(ev, engine: str) -> list[Phase]:
+    """The phases an eval section asks of an as-served engine (vllm, openai): lm-eval tasks when
+    ``eval.lm_eval`` names some, the decode path unless ``eval.decode.enabled`` is false. The hf engine: none."""
+    if engine not in ("vllm", "openai") or ev is None:
+        return []
+    out: list[Phase] = []
+    lm = getattr(ev, "lm_eval", None)
+    if lm is not None:
+        from infertool.evaluate.lm_eval_engine import LmEvalPhase
+
+        out.append(LmEvalPhase(lm))
+    dec = getattr(ev, "decode", None)
+    if dec is not None and dec.enabled:
+        from infertool.evaluate.decode import DecodePhase
+
+        out.append(DecodePhase(dec))
+    return out
+
+
+def run_all(phases: list[Phase], served: Served, done: dict, events) -> None:
+    """Run every phase on one server; ``done``: {phase name: {label: raw}} of the models served so far."""
+    for ph in phases:
+        got = done.setdefault(ph.name, {})
+        prior = next(iter(got.values())) if got else None
+        events.log(f"{ph.name}: the {served.label} model")
+        got[served.label] = ph.run(served, prior, events)
+
+
+def compare_all(phases: list[Phase], done: dict, ref: str, cand: str, confidence: float) -> dict:
+    """Each phase's pooled block, the candidate against the reference (labels ``ref`` / ``cand``)."""
+    out = {}
+    for ph in phases:
+        raws = done.get(ph.name) or {}
+        if ref in raws and cand in raws:
+            first = next(iter(raws))
+            out[ph.name] = ph.compare(raws[ref], raws[cand], confidence=confidence, first=first)
+    return out
