@@ -152,10 +152,13 @@ _TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "mul
 class Pooled(_Sparse):
     """Metrics pooled over the suite: tokens over every perplexity task, paired accuracy over every item."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("tokens", "items")
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("tokens", "items", "lm_eval", "decode")
 
     tokens: PerplexityMetrics | None = None
     items: PairedAccuracy | None = None
+    # the as-served phases (infertool.evaluate.phases): lm-eval tasks joined per document, the decode path
+    lm_eval: dict | None = None
+    decode: dict | None = None
 
 
 # ------------------------------------------------------------------------------------------- context
