@@ -88,12 +88,13 @@ class Context:
 
     # ------------------------------------------------------------------------------- the trial graph
     def run_stages(self, trial, wanted: list[str], outputs: dict[str, StageOutput],
-                   rec: TrialRecord | None = None) -> dict[str, StageOutput]:
+                   rec: TrialRecord | None = None, *, force: bool = False) -> dict[str, StageOutput]:
         """The trial's graph for ``wanted`` (tune stages the trial's recipe asks for, with their dependencies,
-        from the registry), each through the stage cache; stages already in ``outputs`` are not run again.
+        from the registry; ``force``: ``wanted`` even when the recipe does not ask for it: the original's own
+        screening), each through the stage cache; stages already in ``outputs`` are not run again.
         Each stage used is noted in ``rec.stages`` (the first time)."""
         job = TrialJob(self, trial)
-        chosen = select(trial.recipe, wanted, "tune", asked_only=True)
+        chosen = select(trial.recipe, wanted, "tune", asked_only=not force)
         ks = keys(trial.recipe, chosen, self.inputs, self.host, job=job, options=OPTIONS)
         for st in chosen:
             if "tune" not in st.graphs or st.name in outputs:

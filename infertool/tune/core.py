@@ -32,6 +32,7 @@ from infertool.atomic import write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError, UsageError
 from infertool.tune import search, space
 from infertool.tune.context import Context, emit
+from infertool.tune.stages import trial_accuracy
 from infertool.tune.records import (
     CapacityResult, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialRecord, TuneDoc,
 )
@@ -108,8 +109,8 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
             rec.status = "pruned"
             return rec
         outputs: dict = {}
-        ctx.run_stages(trial, ["screen"], outputs, rec)  # quantized and screened (the original: nothing to do)
-        rec.accuracy = outputs["screen"].summary if "screen" in outputs else reference_accuracy()
+        # quantized and screened as served (the original: the reference, unless its settings change outputs)
+        rec.accuracy = trial_accuracy(ctx, trial, outputs, rec)
         if not ctx.exhaustive and rec.accuracy.verdict == "FAIL":
             rec.status, rec.reason = "done", "accuracy FAIL: capacity not measured"
             return rec

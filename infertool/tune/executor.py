@@ -36,8 +36,16 @@ RAY_CANCEL_WAIT_S = 60.0
 PLACED = "placed.json"  # written in the trial's directory by its Ray worker when it starts: where and with what
 
 
+def _screens(t) -> bool:
+    """Whether a trial is screened against the reference: a quantized candidate, or the original served with
+    settings that change its outputs (infertool.tune.stages.screen_wanted)."""
+    from infertool.tune.stages import screen_wanted
+
+    return screen_wanted(t)
+
+
 def _needs_reference(trials) -> bool:
-    return any(not t.candidate.original and t.prediction.fits for t in trials)
+    return any(_screens(t) and t.prediction.fits for t in trials)
 
 
 def execute(ctx, plan, executor: str, trial_fn=None) -> list[TrialRecord]:
@@ -50,7 +58,7 @@ def execute(ctx, plan, executor: str, trial_fn=None) -> list[TrialRecord]:
     chosen = _select(ctx, plan)
     # the planned trials not chosen, recorded as skipped: not those of a sampled space (its size is said instead)
     skipped = [] if plan.sampled else _skipped(plan.trials, chosen, SAMPLER_SKIP)
-    first = next((t for t in chosen if not t.candidate.original and (t.prediction.fits or ctx.exhaustive)), None)
+    first = next((t for t in chosen if _screens(t) and (t.prediction.fits or ctx.exhaustive)), None)
     if first is not None and (_needs_reference(chosen) or ctx.exhaustive):
         ctx.run_stages(first, ["reference"], {})
     if executor == "ray":

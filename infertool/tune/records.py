@@ -26,6 +26,16 @@ class Judgement(StageSummary):
     top1: float | None = None
     allow_inconclusive: bool | None = None
     argv: list[str] | None = None  # the server's command line
+    # the output-changing serve settings (infertool.tune.space.OUTPUT_SETTINGS) of the server whose outputs were
+    # scored, as served: a trial's accuracy holds for its configuration only when they are its own
+    scored_with: dict | None = None
+    # the as-served phases (infertool.evaluate.phases): lm-eval per task {metric, base, candidate, recovery,
+    # recovery_ci, lost, gained, mcnemar_p, n}; the decode path {exact_match, first_divergence_median, kld, top1,
+    # near_ties, n_prompts, ...}
+    lm_eval: dict | None = None
+    decode: dict | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("scored_with", "lm_eval", "decode")
 
 
 @dataclass
@@ -38,7 +48,7 @@ class ScreenResult(Judgement):
     stopped_early: bool | None = None
     reference: bool | None = None
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("reference",)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = Judgement.OMIT_NONE + ("reference",)
 
 
 @dataclass
@@ -53,6 +63,9 @@ class ReferenceSummary(StageSummary):
     items: int | None = None
     argv: list[str] | None = None
     seconds: float | None = None
+    scored_with: dict | None = None  # its output-changing serve settings as served (space.OUTPUT_SETTINGS)
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("scored_with",)
 
 
 @dataclass
@@ -141,13 +154,38 @@ class TrialRecord(Summary):
     # its machine kind (tune.machines): name, price_per_hour (per gpu | machine), gpus, trial_price_per_hour, ...
     machine: dict | None = None
     cost_per_1m_output_tokens: float | None = None  # at its machine's price (machine kinds only)
+    # its accuracy screening: its own (serve settings that change outputs: space.OUTPUT_SETTINGS) or shared
+    screening: dict | None = None
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("dir", "accuracy", "capacity", "reason", "decode", "error", "why_lost",
-                                            "served_check", "executor", "machine", "cost_per_1m_output_tokens")
+                                            "served_check", "executor", "machine", "cost_per_1m_output_tokens",
+                                            "screening")
 
     @property
     def verdict(self) -> str | None:
         return self.accuracy.verdict if self.accuracy is not None else None
+
+    @property
+    def scored_as_served(self) -> bool:
+        """Whether its accuracy was scored with its own output-changing serve settings: a trial with its own
+        screening (``screening.own``) needs an accuracy whose ``scored_with`` holds every one of them."""
+        acc = self.accuracy
+        if acc is None or acc.verdict is None:
+            return False
+        own = (self.screening or {}).get("settings") if (self.screening or {}).get("own") else None
+        if not own:
+            return True
+        done = acc.scored_with or {}
+        return all(k in done and done[k] == v for k, v in own.items())
+
+    @property
+    def accuracy_text(self) -> str:
+        """Its accuracy as the table says it: the verdict, or "not scored as served" until its own configuration
+        is scored."""
+        own = bool((self.screening or {}).get("own"))
+        if self.accuracy is None or self.accuracy.verdict is None:
+            return "not scored as served" if own else "-"
+        return str(self.accuracy.verdict) if self.scored_as_served else "not scored as served"
 
 
 @dataclass

@@ -33,6 +33,48 @@ class Candidate:
         return asdict(self)
 
 
+# Serve settings that can change a served model's OUTPUTS (its numerics), each with why: a trial whose grid point
+# sets one of them to another value than the recipe's serve section is another configuration for accuracy: it is
+# screened AS SERVED with those settings (its own screen stage, keyed by them) before it may show PASS. The one list
+# tune, its dry run and its records read (``scoring_point``).
+OUTPUT_SETTINGS: dict[str, str] = {
+    "enforce_eager": "CUDA graphs / torch.compile (false) run other kernels and fusions than eager mode; measured on a "
+                     "CPU, the original's greedy answers differ between the two (issue 21)",
+    "dtype": "the precision the weights and activations are computed in",
+    "kv_cache_dtype": "the KV cache stored at another precision (fp8) changes every attention read",
+    "quantization": "the kernel and weight format vLLM loads the checkpoint with",
+    "speculative": "speculative decoding verifies draft tokens in batched target passes (other shapes, other "
+                   "kernels) and changes what the decode steps compute; vLLM does not promise bit-equal outputs",
+    "tensor_parallel_size": "sharded matmuls sum their parts by all-reduce, in another order: other rounding",
+}
+# Not in the list, so such trials share their candidate's screening: max_num_seqs, max_num_batched_tokens,
+# enable_prefix_caching, enable_chunked_prefill, gpu_memory_utilization, max_model_len, pipeline_parallel_size (the
+# same kernels per layer), the executor backend and the tool / structured-output parsers (they shape load, memory
+# and scheduling, not what one request computes at the screening's load).
+
+
+def scoring_point(recipe, point: dict) -> dict:
+    """The output-changing settings (``OUTPUT_SETTINGS``) of a grid point whose value differs from the recipe's own
+    serve section: empty when the trial's outputs are those its candidate is screened with at the recipe's settings."""
+    own = recipe.serve.model_dump(mode="json") if recipe.serve is not None else {}
+    if not own:
+        from infertool.recipe import ServeSection
+
+        own = ServeSection().model_dump(mode="json")
+    out = {}
+    for key, value in point.items():
+        if key in OUTPUT_SETTINGS and json.dumps(value, sort_keys=True, default=str) != json.dumps(
+                own.get(key), sort_keys=True, default=str):
+            out[key] = value
+    return out
+
+
+def scored_settings(serve) -> dict:
+    """The output-changing settings of a serve section as served (a ``ServeSection``): ``accuracy.scored_with``."""
+    d = serve.model_dump(mode="json")
+    return {key: d.get(key) for key in OUTPUT_SETTINGS}
+
+
 @dataclass
 class Trial:
     id: str
@@ -42,6 +84,22 @@ class Trial:
     prediction: PredictionRecord = field(default_factory=PredictionRecord)
     index: int = 0  # its place in the search space (``Space.trial``): how a Ray worker rebuilds it
     machine: object | None = None  # its machine kind (a recipe.TuneMachine); None: no tune.machines
+    # its output-changing settings that differ from the recipe's (``scoring_point``): non-empty, it is screened as
+    # served with them (its own screening); empty, it shares its candidate's (the original: it is the reference)
+    scoring: dict = field(default_factory=dict)
+
+    @property
+    def own_screening(self) -> bool:
+        """Whether its accuracy is scored with its own serve settings, not shared with its candidate's screening."""
+        return bool(self.scoring)
+
+    def screening(self) -> dict:
+        """What the dry run and the trial's record say of its accuracy screening: shared or its own, and with what."""
+        if self.scoring:
+            return {"own": True, "settings": dict(self.scoring),
+                    "why": "; ".join(f"{k}: {OUTPUT_SETTINGS[k]}" for k in self.scoring)}
+        shared = "the reference itself" if self.candidate.original else f"{self.candidate.label}'s screening"
+        return {"own": False, "settings": {}, "shares": f"{shared}, at the recipe's serve settings"}
 
     @property
     def label(self) -> str:
@@ -57,7 +115,7 @@ class Trial:
 
     def to_dict(self) -> dict:
         d = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(), "serve": dict(self.serve),
-             "prediction": self.prediction.to_dict()}
+             "prediction": self.prediction.to_dict(), "screening": self.screening()}
         if self.machine is not None:
             d["machine"] = machine_info(self.machine, self.recipe)
         return d
@@ -210,7 +268,8 @@ class Space:
         if machine is not None:
             ident["machine"] = machine.name  # the same configuration on another kind is another trial
         tid = digest(ident)[:12]
-        return Trial(tid, cand, point, trial_recipe(self.recipe, cand, point, machine), index=index, machine=machine)
+        return Trial(tid, cand, point, trial_recipe(self.recipe, cand, point, machine), index=index, machine=machine,
+                     scoring=scoring_point(self.recipe, point))
 
     def index(self, candidate: int, positions: dict[str, int], machine: int = 0) -> int:
         """The index of candidate ``candidate`` at the grid point of ``positions`` (field -> value position) on

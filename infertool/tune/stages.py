@@ -49,10 +49,36 @@ class _Events:
             self.on_event({"event": "log", "level": level, "message": message})
 
 
+class Scorer:
+    """One server while a tune stage scores it: the suite's requests by prompt log-probabilities (``score``) and the
+    as-served phases (``phases``: lm-eval tasks, the decode path) on windows of their items."""
+
+    def __init__(self, client, events, workers: int, label: str, plan, model_path: str | None, log_dir):
+        self.client, self.events, self.workers, self.label, self.plan = client, events, workers, label, plan
+        self.model_path, self.log_dir = model_path, log_dir
+
+    def score(self, reqs: list[dict]) -> dict:
+        from infertool.evaluate.server_engine import collect
+
+        return collect(self.client, reqs, k=TOPK, workers=self.workers, events=self.events, label=self.label)
+
+    def phases(self, phases: list, prior: dict | None, window: tuple[int, int]) -> dict:
+        """Each phase's raw on items [lo, hi) of its set (``prior``: the reference's raws by phase name)."""
+        from infertool.evaluate.phases import Served
+
+        served = Served(self.label, self.client, self.model_path, self.log_dir)
+        out = {}
+        for ph in phases:
+            self.events.log(f"{ph.name}: the {self.label} model, items {window[0]}..{window[1] - 1}")
+            out[ph.name] = run_phase(ph, served, (prior or {}).get(ph.name), self.events, window)
+        return out
+
+
 def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict] | Callable, label: str):
-    """Serve ``model`` with the resolution's serve settings (the one launcher), score tasks with prompt
-    log-probabilities: ``{"raw", "argv"}``, or what ``tasks(score, plan)`` returns."""
-    from infertool.evaluate.server_engine import Client, collect
+    """Serve ``model`` with the resolution's serve settings (the one launcher) and score it: the suite's tasks
+    with prompt log-probabilities (``{"raw", "argv"}``), or what ``tasks(scorer)`` returns (a ``Scorer``: the
+    suite and the as-served phases, on the launch as started)."""
+    from infertool.evaluate.server_engine import Client
     from infertool.serve import launch, prepare
 
     tune = ctx.job.tune
@@ -60,13 +86,90 @@ def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict]
     events = _Events(ctx.on_event)
     with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=purpose) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
-
-        def score(reqs: list[dict]) -> dict:
-            return collect(client, reqs, k=TOPK, workers=tune.eval.batch_size, events=events, label=label)
-
+        scorer = Scorer(client, events, tune.eval.batch_size, label, srv.plan, model.path if model else None,
+                        ctx.work / "logs")
         if callable(tasks):
-            return tasks(score, srv.plan)  # the launch as started (with its port)
-        return {"raw": score(tasks), "argv": srv.plan.spec.argv}
+            return tasks(scorer)
+        return {"raw": scorer.score(tasks), "argv": srv.plan.spec.argv}
+
+
+# ------------------------------------------------------------------------------- the as-served phases
+def tune_phases(tune) -> list:
+    """The as-served phases of tune's accuracy stages (infertool.evaluate.phases): lm-eval tasks when eval.lm_eval
+    names some, the decode path unless eval.decode.enabled is false; as the vllm engine of `eval` runs them."""
+    from infertool.evaluate.phases import phases_for
+
+    return phases_for(tune.eval, "vllm")
+
+
+def run_phase(phase, served, prior: dict | None, events, window: tuple[int, int]) -> dict:
+    """``phase.run`` on items [lo, hi) (the protocol's ``window``); a phase whose ``run`` takes no window (an
+    implementation without rounds) runs on its whole set, once per server."""
+    import inspect
+
+    try:
+        takes = "window" in inspect.signature(phase.run).parameters
+    except (TypeError, ValueError):
+        takes = True
+    return phase.run(served, prior, events, window=window) if takes else phase.run(served, prior, events)
+
+
+def merge_raw(old, new):
+    """Two windows' raws of one phase joined (rounds are cumulative): dicts key by key, lists concatenated, any
+    other value the newer one's. A phase with its own ``merge(old, new)`` is joined by that instead."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = dict(old)
+        for k, v in new.items():
+            out[k] = merge_raw(old[k], v) if k in old else v
+        return out
+    if isinstance(old, list) and isinstance(new, list):
+        return old + new
+    return new
+
+
+def join_phases(phases: list, acc: dict, new: dict) -> dict:
+    """The cumulative raws by phase name after one more window."""
+    out = dict(acc)
+    for ph in phases:
+        if ph.name not in new:
+            continue
+        if ph.name not in acc:
+            out[ph.name] = new[ph.name]
+        else:
+            merge = getattr(ph, "merge", None)
+            out[ph.name] = merge(acc[ph.name], new[ph.name]) if callable(merge) else merge_raw(acc[ph.name], new[ph.name])
+    return out
+
+
+def phase_blocks(phases: list, ref: dict, cand: dict, confidence: float) -> dict:
+    """Each phase's pooled block (``compare_all``), the candidate's raws against the reference's (served first)."""
+    from infertool.evaluate.phases import compare_all
+
+    done = {ph.name: {"reference": ref[ph.name], "candidate": cand[ph.name]} for ph in phases
+            if ph.name in ref and ph.name in cand}
+    return compare_all(phases, done, "reference", "candidate", confidence)
+
+
+LM_EVAL_KEYS = ("metric", "base", "candidate", "recovery", "recovery_ci", "lost", "gained", "mcnemar_p", "n")
+DECODE_KEYS = ("n_prompts", "exact_match", "exact_match_ci", "first_divergence_median", "kld", "kld_ci", "top1",
+               "near_ties", "steps")
+
+
+def phase_figures(blocks: dict) -> dict:
+    """What a trial's accuracy keeps of the phases' blocks: ``lm_eval`` per task {metric, base, candidate,
+    recovery, recovery_ci, lost, gained, mcnemar_p, n}; ``decode`` {n_prompts, exact_match, first_divergence_median,
+    kld, top1, near_ties, ...}; None where the phase did not run or gave nothing."""
+    lm, dec = blocks.get("lm_eval") or {}, blocks.get("decode") or {}
+    tasks = lm.get("tasks") if isinstance(lm.get("tasks"), dict) else {}
+    lm_out = {name: {k: t.get(k) for k in LM_EVAL_KEYS if k in t} for name, t in tasks.items() if isinstance(t, dict)}
+    dec_out = {k: dec.get(k) for k in DECODE_KEYS if k in dec}
+    return {"lm_eval": lm_out or None, "decode": dec_out or None}
+
+
+def load_phases(entry) -> dict:
+    """The phases' raws a stage saved beside raw.json (phases.json; {} when it ran none)."""
+    path = entry / "phases.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _prefix(raw: dict, n: int) -> dict:
@@ -75,67 +178,127 @@ def _prefix(raw: dict, n: int) -> dict:
     return {"tasks": tasks, "stats": raw["stats"]}
 
 
-def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float) -> dict:
-    """The gates on the first n items of each task, the candidate against the reference."""
+def gates_decided(gates: list[dict]) -> bool:
+    """Whether every measured gate is decided (PASS or FAIL): screening stops only then, the lm-eval recovery and
+    decode-KLD gates included (a gate not measured, n/a, waits for nothing)."""
+    live = [g for g in gates if g.get("status") != "n/a"]
+    return bool(live) and all(g.get("status") in ("PASS", "FAIL") for g in live)
+
+
+def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks: dict | None = None) -> dict:
+    """The gates on the first n items of each task, the candidate against the reference; ``blocks``: the as-served
+    phases' pooled blocks (``phase_blocks``), gated with the rest (min_recovery, max_decode_kld)."""
     from infertool.evaluate.core import summarize
     from infertool.evaluate.server_engine import combine
     from infertool.evaluate.verdict import verdict
 
     accept = {**tune.accept, "confidence": confidence}
-    tasks, _, pool, gates = summarize(tune.suite, combine(_prefix(ref_raw, n), _prefix(cand_raw, n), TOPK), accept)
+    tasks, _, pool, gates = summarize(tune.suite, combine(_prefix(ref_raw, n), _prefix(cand_raw, n), TOPK), accept,
+                                      blocks or {})
     status, reason = verdict(gates)
     needed = [g.n_needed for g in gates if g.status == "INCONCLUSIVE" and g.n_needed]
     tok = pool.get("tokens") or {}
     return {"verdict": status, "reason": reason, "items": n, "confidence": confidence,
             "gates": [g.to_dict() for g in gates], "n_needed": max(needed) if needed else None,
             "mean_kld": (tok.get("kld") or {}).get("mean"), "top1": tok.get("top1_agree"),
-            "allow_inconclusive": bool(tune.accept.get("allow_inconclusive"))}
+            "allow_inconclusive": bool(tune.accept.get("allow_inconclusive")), **phase_figures(blocks or {})}
 
 
 def reference_raw(ctx: StageContext) -> dict:
     return json.loads((ctx.upstream["reference"].dir / "raw.json").read_text())
 
 
+def served_settings(res, model) -> dict:
+    """The output-changing serve settings ``model`` is served with (space.OUTPUT_SETTINGS): ``scored_with``."""
+    from infertool.tune.space import scored_settings
+
+    return scored_settings(res.serve_for(model)[0])
+
+
 # ------------------------------------------------------------------------------------ the stages
 def run_reference(ctx: StageContext) -> ReferenceSummary:
-    """The original model served with the recipe's serve settings, scored once on the largest round: the
-    reference every candidate (and the winner as served) is compared with."""
+    """The original model served with the recipe's serve settings, scored once on the largest round (the suite,
+    and the as-served phases on the same window, saved as phases.json): the reference every candidate (and the
+    winner as served) is compared with."""
     res = resolution(ctx)
     n = ctx.job.tune.reference_items
+    phases = tune_phases(ctx.job.tune)
     ctx.emit("scoring the reference: the original model as the recipe serves it")
-    out = launch_scored(res, res.base, ctx, "tune: reference (original)", requests(ctx.job, 0, n), "reference")
+
+    def scored(sc: Scorer) -> dict:
+        raw = sc.score(requests(ctx.job, 0, n))
+        return {"raw": raw, "phases": sc.phases(phases, None, (0, n)), "argv": sc.plan.spec.argv}
+
+    out = launch_scored(res, res.base, ctx, "tune: reference (original)", scored, "reference")
     write_json(ctx.work / "raw.json", out["raw"], indent=None)
-    return ReferenceSummary(items=n, argv=out["argv"], seconds=out["raw"]["stats"]["seconds"])
+    write_json(ctx.work / "phases.json", out["phases"], indent=None)
+    return ReferenceSummary(items=n, argv=out["argv"], seconds=out["raw"]["stats"]["seconds"],
+                            scored_with=served_settings(res, res.base))
 
 
 def run_screen(ctx: StageContext) -> ScreenResult:
-    """Accuracy as served, in rounds: stop as soon as the gates are decided (unless exhaustive)."""
+    """Accuracy as served, in rounds (the suite's items, the lm-eval documents and decode prompts of the same
+    window, joined cumulatively): stop as soon as EVERY gate is decided (unless exhaustive). Served with the
+    recipe's serve settings and the trial's output-changing ones (its own screening when it has any)."""
     tune, trial = ctx.job.tune, ctx.job.trial
-    res = resolution(ctx)  # the candidate with the recipe's own serve settings
+    res = resolution(ctx)  # the candidate with the recipe's own serve settings (+ the trial's output-changing ones)
     rounds = tune.screen_rounds
     look_conf = search.screening_confidence(tune.accept.get("confidence", 0.95), len(rounds))
     ref_raw = reference_raw(ctx)
+    phases = tune_phases(tune)
+    ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
 
-    def scored(score, plan) -> ScreenResult:
+    def scored(sc: Scorer) -> ScreenResult:
         acc: dict | None = None
+        acc_ph: dict = {}
         history = []
         lo = 0
         for i, n in enumerate(rounds):
-            raw = score(requests(ctx.job, lo, n))
+            raw = sc.score(requests(ctx.job, lo, n))
             acc = raw if acc is None else {"tasks": {k: {**t, "items": acc["tasks"][k]["items"] + raw["tasks"][k]["items"]}
                                                     for k, t in raw["tasks"].items()},
                                            "stats": raw["stats"]}
+            acc_ph = join_phases(phases, acc_ph, sc.phases(phases, ref_phases, (lo, n)))
             lo = n
-            j = judge(tune, ref_raw, acc, n, look_conf)
-            history.append({k: j[k] for k in ("verdict", "items", "mean_kld", "top1", "n_needed")})
-            ctx.emit(f"screen {trial.candidate.label}: round {i + 1}/{len(rounds)} ({n} items per task): {j['verdict']}")
-            if search.decided(j["verdict"]) and not tune.exhaustive:
+            j = judge(tune, ref_raw, acc, n, look_conf, phase_blocks(phases, ref_phases, acc_ph, look_conf))
+            history.append({**{k: j[k] for k in ("verdict", "items", "mean_kld", "top1", "n_needed")},
+                            "gates": {g["name"]: g["status"] for g in j["gates"]}})
+            ctx.emit(f"screen {screen_label(trial)}: round {i + 1}/{len(rounds)} ({n} items per task): {j['verdict']}")
+            if gates_decided(j["gates"]) and not tune.exhaustive:
                 break
         write_json(ctx.work / "raw.json", acc, indent=None)
+        write_json(ctx.work / "phases.json", acc_ph, indent=None)
         return ScreenResult(**j, rounds=history, rounds_planned=rounds, stopped_early=j["items"] < rounds[-1],
-                            argv=plan.spec.argv)
+                            argv=sc.plan.spec.argv, scored_with=served_settings(res, res.served))
 
-    return launch_scored(res, res.served, ctx, f"tune: screen {trial.candidate.label}", scored, "candidate")
+    return launch_scored(res, res.served, ctx, f"tune: screen {screen_label(trial)}", scored, "candidate")
+
+
+def screen_label(trial) -> str:
+    """What a screening scores: the candidate, with the trial's output-changing serve settings when it has any."""
+    point = ", ".join(f"{k}={v}" for k, v in trial.scoring.items())
+    return trial.candidate.label + (f" with {point}" if point else "")
+
+
+def screen_wanted(trial) -> bool:
+    """Whether a trial's accuracy needs the screen stage: a quantized candidate always (shared by its serving
+    settings that cannot change outputs), the original only with its own output-changing settings (else it IS
+    the reference)."""
+    return not trial.candidate.original or trial.own_screening
+
+
+def trial_accuracy(ctx, trial, outputs: dict, rec) -> ScreenResult:
+    """A trial's accuracy (``Context``'s graph, tune's run_trial): its screening as served (a quantized candidate:
+    shared with its settings that cannot change outputs; a trial with output-changing settings: its own, keyed by
+    them, the original included), or the original at the recipe's settings: the reference, PASS by definition."""
+    if screen_wanted(trial):
+        ctx.run_stages(trial, ["screen"], outputs, rec, force=trial.candidate.original)
+        return outputs["screen"].summary
+    from infertool.resolve import resolve
+
+    res = resolve(ctx.reference_recipe)
+    return ScreenResult(verdict="PASS", reason="the original model is the reference", reference=True, mean_kld=0.0,
+                        top1=1.0, scored_with=served_settings(res, res.base))
 
 
 def run_capacity(ctx: StageContext) -> CapacityResult:
@@ -194,22 +357,40 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
 
 
 def run_served(ctx: StageContext) -> ServedCheck:
-    """The winner served with its exact settings, scored on every item, against the reference."""
+    """The winner served with its exact settings, scored on every item (the suite and the as-served phases),
+    against the reference."""
     tune, trial = ctx.job.tune, ctx.job.trial
     res = resolution(ctx)
     n = tune.served_items
-    out = launch_scored(res, res.served, ctx, f"tune: served check {trial.label}", requests(ctx.job, 0, n), "served")
-    j = judge(tune, reference_raw(ctx), out["raw"], n, tune.accept.get("confidence", 0.95))
-    return ServedCheck(**j, argv=out["argv"])
+    phases = tune_phases(tune)
+    ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
+
+    def scored(sc: Scorer) -> dict:
+        return {"raw": sc.score(requests(ctx.job, 0, n)), "phases": sc.phases(phases, ref_phases, (0, n)),
+                "argv": sc.plan.spec.argv}
+
+    out = launch_scored(res, res.served, ctx, f"tune: served check {trial.label}", scored, "served")
+    write_json(ctx.work / "phases.json", out["phases"], indent=None)
+    conf = tune.accept.get("confidence", 0.95)
+    j = judge(tune, reference_raw(ctx), out["raw"], n, conf, phase_blocks(phases, ref_phases, out["phases"], conf))
+    return ServedCheck(**j, argv=out["argv"], scored_with=served_settings(res, res.served))
 
 
 # ------------------------------------------------------------------------------------ key parts
+def _phase_parts(job) -> dict:
+    """The as-served phases' settings (eval.lm_eval, eval.decode): part of every accuracy stage's key."""
+    ev = job.tune.eval
+    specs = {name: getattr(ev, name, None) for name in ("lm_eval", "decode")}
+    return {"phases": {k: v.model_dump(mode="json") for k, v in specs.items() if v is not None}}
+
+
 def _reference_parts(recipe, job) -> dict:
-    return {"items": job.tune.reference_items, "seq_len": job.tune.eval.seq_len}
+    return {"items": job.tune.reference_items, "seq_len": job.tune.eval.seq_len, **_phase_parts(job)}
 
 
 def _screen_parts(recipe, job) -> dict:
-    return {"rounds": job.tune.screen_rounds, "seq_len": job.tune.eval.seq_len, "accept": job.tune.accept}
+    return {"rounds": job.tune.screen_rounds, "seq_len": job.tune.eval.seq_len, "accept": job.tune.accept,
+            **_phase_parts(job)}
 
 
 def _capacity_parts(recipe, job) -> dict:
@@ -220,15 +401,30 @@ def _capacity_parts(recipe, job) -> dict:
 
 def _served_parts(recipe, job) -> dict:
     return {"trial": job.trial.id, "items": job.tune.served_items, "seq_len": job.tune.eval.seq_len,
-            "accept": job.tune.accept}
+            "accept": job.tune.accept, **_phase_parts(job)}
 
 
 def _reference_view(recipe, job):
     return job.tune.reference_recipe  # the original, as the recipe (not the trial) serves it
 
 
+def screen_recipe(tune, trial):
+    """What a trial's screening serves: its candidate with the recipe's own serve settings, and the trial's
+    output-changing ones (``space.scoring_point``) over them: trials that differ only in settings that cannot change
+    outputs share one screening (one key); one that changes outputs gets its own (its key has them)."""
+    if not trial.own_screening:
+        return tune.candidate_recipe(trial.candidate)
+    from infertool.tune import space
+
+    cache = tune.__dict__.setdefault("_scored_recipes", {})
+    key = (trial.candidate.key, json.dumps(trial.scoring, sort_keys=True, default=str))
+    if key not in cache:
+        cache[key] = space.trial_recipe(tune.recipe, trial.candidate, trial.scoring)
+    return cache[key]
+
+
 def _screen_view(recipe, job):
-    return job.tune.candidate_recipe(job.trial.candidate)  # the candidate with the recipe's own serve settings
+    return screen_recipe(job.tune, job.trial)
 
 
 SERVED = ("model", "quantize", "serve", "target")  # what a trial's server is made of
@@ -237,7 +433,7 @@ register(Stage("reference", run_reference, ReferenceSummary, sections=("model", 
                view=_reference_view, doc="the original as the recipe serves it, scored once"))
 register(Stage("screen", run_screen, ScreenResult, sections=SERVED, inputs=("suite",), host=True,
                depends=("quantize", "reference"), asked_by="quantize", server=True, graphs=("tune",),
-               key_parts=_screen_parts, view=_screen_view, doc="accuracy as served, in rounds, early stopping"))
+               key_parts=_screen_parts, view=_screen_view, doc="accuracy as served (its output-changing serve settings), in rounds, early stopping"))
 register(Stage("capacity", run_capacity, CapacityResult, sections=SERVED, inputs=("prompts",), host=True,
                depends=("quantize",), server=True, graphs=("tune",), key_parts=_capacity_parts,
                doc="the largest load that meets the SLO, with the trial's exact settings"))
