@@ -105,6 +105,7 @@ def _render_plan(plan: dict) -> None:
     from rich.table import Table
 
     from infertool.output import out
+    from infertool.tune.report import screened_text
 
     sp = plan["space"]
     title = f"{len(plan['trials'])} trials, most promising first (roofline prediction)"
@@ -112,7 +113,8 @@ def _render_plan(plan: dict) -> None:
         title = (f"the first {sp['shown']:,} of {sp['planned']:,} planned trials, most promising first "
                  "(roofline prediction)")
     t = Table(title=title)
-    for c in ("trial", "quantization", "serving", "fits", "decode tok/s bound", "$/1M bound", "why not"):
+    for c in ("trial", "quantization", "serving", "fits", "decode tok/s bound", "$/1M bound", "accuracy screened",
+              "why not"):
         t.add_column(c)
     for tr in plan["trials"]:
         p = tr["prediction"]
@@ -121,7 +123,7 @@ def _render_plan(plan: dict) -> None:
                   "yes" if p.get("fits", True) else "no",
                   f"{p['decode_tokens_per_s']:,.0f} at batch {p.get('batch')}" if p.get("decode_tokens_per_s") else "-",
                   f"{p['cost_per_1m_output_tokens']:,.3g}" if p.get("cost_per_1m_output_tokens") else "-",
-                  escape("; ".join(p.get("reasons") or [])))
+                  escape(screened_text(tr.get("screening"))), escape("; ".join(p.get("reasons") or [])))
     out.print(t)
     if sp["shown"] < sp["trials"]:
         out.print(_space_line(plan), markup=False, soft_wrap=True)
@@ -147,15 +149,17 @@ def _render(result) -> None:
 
     from infertool.output import err, out
     from infertool.tune.records import TuneDoc
-    from infertool.tune.report import trial_rows
+    from infertool.tune.report import accuracy_rows, trial_rows
 
-    rows = trial_rows(TuneDoc(trials=result.trials, winner=result.winner.id if result.winner else None))
-    t = Table(title=f"infertool tune: {len(result.trials)} trials in {result.seconds:,.0f} s")
-    for c in rows[0]:
-        t.add_column(c)
-    for r in rows[1:]:
-        t.add_row(*[escape(c) for c in r])
-    out.print(t)
+    doc = TuneDoc(trials=result.trials, winner=result.winner.id if result.winner else None)
+    for title, rows in ((f"infertool tune: {len(result.trials)} trials in {result.seconds:,.0f} s", trial_rows(doc)),
+                        ("accuracy as served", accuracy_rows(doc))):
+        t = Table(title=title)
+        for c in rows[0]:
+            t.add_column(c)
+        for r in rows[1:]:
+            t.add_row(*[escape(c) for c in r])
+        out.print(t)
     if result.winner:
         err.print(f"[green]winner:[/] {escape(result.winner.label)}  ->  {escape(result.tuned_recipe)}", soft_wrap=True)
     for n in result.notes:

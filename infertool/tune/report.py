@@ -1,7 +1,8 @@
 """The answer of `infertool tune`, for people: tune.md and a self-contained tune.html with the Pareto plot
 (accuracy loss vs cost), a table of every trial (quantization, serving settings, accuracy with intervals, the
-largest load under the SLO, $ per 1M output tokens, predicted vs measured decode throughput, status), why
-each loser lost, and the winner's recipe."""
+largest load under the SLO, $ per 1M output tokens, predicted vs measured decode throughput, status), the
+accuracy as served of each (the settings scored, lm-eval recovery per task, the decode path), why each loser
+lost, and the winner's recipe."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from infertool.evaluate.verdict import Gate
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.tune.records import ScreenResult, TrialRecord, TuneDoc
 from infertool.tune.search import OBJECTIVES
+from infertool.tune.space import OUTPUT_SETTINGS
 
 
 def _f(v, digits: int = 3) -> str:
@@ -64,10 +66,88 @@ def trial_rows(doc: TuneDoc | dict) -> list[list[str]]:
         serving = ", ".join(f"{k}={v}" for k, v in t.serve.items()) or "recipe"
         status = (t.status or "?") + (" (winner)" if doc.winner == t.id else "")
         rows.append([t.id, t.candidate.label or "", serving, *([_kind(t)] if kinds else []),
-                     (acc.verdict if acc else None) or "-", _kld_interval(acc),
+                     t.accuracy_text, _kld_interval(acc),
                      _f(acc.items if acc else None), _f(t.capacity.max_load if t.capacity else None), _f(_cost(t)),
                      decode, status, t.why_lost or ""])
     return rows
+
+
+def _settings(d: dict | None) -> str:
+    """Serve settings as ``k=v`` (those set; None left out)."""
+    return ", ".join(f"{k}={_v(v)}" for k, v in (d or {}).items() if v is not None) or "-"
+
+
+def _v(v) -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k}: {_v(x)}" for k, x in v.items() if x is not None) + "}"
+    return str(v)
+
+
+def _ci(value, ci, digits: int = 3) -> str:
+    """A figure with its interval, when it has one."""
+    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
+        return f"{_f(value, digits)} [{_f(ci[0], digits)}, {_f(ci[1], digits)}]"
+    return _f(value, digits)
+
+
+def lm_eval_cell(lm: dict | None) -> str:
+    """Per lm-eval task: recovery [interval], base -> candidate score, lost / gained documents."""
+    if not lm:
+        return "-"
+    parts = []
+    for task, b in lm.items():
+        if not isinstance(b, dict):
+            continue
+        parts.append(f"{task}: {_ci(b.get('recovery'), b.get('recovery_ci'))} ({_f(b.get('base'))} -> "
+                     f"{_f(b.get('candidate'))}; lost {_f(b.get('lost'))}, gained {_f(b.get('gained'))}, n {_f(b.get('n'))})")
+    return "; ".join(parts) or "-"
+
+
+def decode_cell(dec: dict | None) -> list[str]:
+    """The decode path: exact match [interval], first divergence (median), decode KLD [interval], near ties."""
+    if not dec:
+        return ["-", "-", "-", "-"]
+    n = dec.get("n_prompts")
+    return [_ci(dec.get("exact_match"), dec.get("exact_match_ci")) + (f" of {_f(n)}" if n is not None else ""),
+            _f(dec.get("first_divergence_median")), _ci(dec.get("kld"), dec.get("kld_ci")),
+            _f(dec.get("near_ties"))]
+
+
+def screened_text(screening: dict | None) -> str:
+    """A trial's accuracy screening in a few words (the dry run's column): its own, with the settings that change
+    its outputs, or shared."""
+    scr = screening or {}
+    if not scr:
+        return "-"
+    if scr.get("own"):
+        return "own: " + _settings(scr.get("settings"))
+    return "the reference" if str(scr.get("shares", "")).startswith("the reference") else "shared"
+
+
+def accuracy_rows(doc: TuneDoc | dict) -> list[list[str]]:
+    """Each trial's accuracy as served: its verdict, the serve settings whose outputs were scored (and whether the
+    screening is its own or shared), the lm-eval tasks per task, the decode path; the served check's beside."""
+    doc = TuneDoc.from_dict(doc)
+    rows = [["trial", "accuracy", "scored with", "screening", "lm-eval recovery [interval] per task",
+             "decode exact match", "first divergence", "decode KLD [interval]", "near ties"]]
+    for t in doc.trials:
+        acc, sc = t.accuracy, t.served_check
+        scr = t.screening or {}
+        screening = screened_text(scr)
+        rows.append([t.id, t.accuracy_text, _settings(acc.scored_with if acc else None), screening,
+                     lm_eval_cell(acc.lm_eval if acc else None), *decode_cell(acc.decode if acc else None)])
+        if sc is not None and sc.verdict is not None:
+            rows.append([f"{t.id} (served check)", sc.verdict, _settings(sc.scored_with), "its exact settings",
+                         lm_eval_cell(sc.lm_eval), *decode_cell(sc.decode)])
+    return rows
+
+
+ACCURACY_NOTE = ("Serve settings that can change outputs (" + ", ".join(OUTPUT_SETTINGS) + ") make a distinct "
+                 "configuration: a trial that changes one is screened as served with it (its own screening) before it "
+                 "may pass; until then its accuracy reads \"not scored as served\". Settings that cannot change outputs "
+                 "share their candidate's screening. \"scored with\" names the settings whose outputs were scored.")
 
 
 def plot_pareto(doc: TuneDoc, path: Path) -> Path | None:
@@ -169,6 +249,7 @@ def render_markdown(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | No
     if plot:
         parts += [f"![pareto]({plot.name})", ""]
     parts += ["## Every trial", "", md_table(trial_rows(doc)), ""]
+    parts += ["## Accuracy as served", "", ACCURACY_NOTE, "", md_table(accuracy_rows(doc)), ""]
     fleet = _fleet(doc)
     parts += ["## Fleet", "", *fleet["lines"], ""] + ([md_table(fleet["rows"]), ""] if fleet["rows"] else [])
     if tuned_text:
@@ -191,6 +272,7 @@ def render_html(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | None) 
     if plot:
         body.append(f'<div class="fig">{img_tag(plot)}</div>')
     body += ["<h2>Every trial</h2>", html_table(trial_rows(doc))]
+    body += ["<h2>Accuracy as served</h2>", f"<p>{inline(ACCURACY_NOTE)}</p>", html_table(accuracy_rows(doc))]
     fleet = _fleet(doc)
     body += ["<h2>Fleet</h2>", *(f"<p>{inline(x)}</p>" for x in fleet["lines"])] + ([html_table(fleet["rows"])] if fleet["rows"] else [])
     if tuned_text:
