@@ -62,7 +62,8 @@ def main_enumeration(recipe) -> list[dict]:
     predicted, most promising first (main's space.trials + core.plan_trials, rebuilt from the same pieces)."""
     grid = {k: v for k, v in recipe.tune.serve_grid.model_dump().items() if v is not None}
     points = [dict(zip(grid, values)) for values in itertools.product(*grid.values())] if grid else [{}]
-    trials = [space.Trial(digest({"candidate": c.key, "serve": p})[:12], c, p, space.trial_recipe(recipe, c, p))
+    trials = [space.Trial(digest({"candidate": c.key, "serve": p})[:12], c, p, space.trial_recipe(recipe, c, p),
+                          scoring=space.scoring_point(recipe, p))  # its output-changing settings (issue 22.5)
               for c in space.candidates(recipe) for p in points]
     return [t.to_dict() for t in core._order([core.predicted(t) for t in trials], recipe.tune.objective)]
 

@@ -105,7 +105,7 @@ def _render_plan(plan: dict) -> None:
     from rich.table import Table
 
     from infertool.output import out
-    from infertool.tune.report import screened_text
+    from infertool.tune.report import screening_line
 
     sp = plan["space"]
     title = f"{len(plan['trials'])} trials, most promising first (roofline prediction)"
@@ -113,8 +113,7 @@ def _render_plan(plan: dict) -> None:
         title = (f"the first {sp['shown']:,} of {sp['planned']:,} planned trials, most promising first "
                  "(roofline prediction)")
     t = Table(title=title)
-    for c in ("trial", "quantization", "serving", "fits", "decode tok/s bound", "$/1M bound", "accuracy screened",
-              "why not"):
+    for c in ("trial", "quantization", "serving", "fits", "decode tok/s bound", "$/1M bound", "why not"):
         t.add_column(c)
     for tr in plan["trials"]:
         p = tr["prediction"]
@@ -123,8 +122,9 @@ def _render_plan(plan: dict) -> None:
                   "yes" if p.get("fits", True) else "no",
                   f"{p['decode_tokens_per_s']:,.0f} at batch {p.get('batch')}" if p.get("decode_tokens_per_s") else "-",
                   f"{p['cost_per_1m_output_tokens']:,.3g}" if p.get("cost_per_1m_output_tokens") else "-",
-                  escape(screened_text(tr.get("screening"))), escape("; ".join(p.get("reasons") or [])))
+                  escape("; ".join(p.get("reasons") or [])))
     out.print(t)
+    out.print(screening_line(plan["trials"]), markup=False, soft_wrap=True)
     if sp["shown"] < sp["trials"]:
         out.print(_space_line(plan), markup=False, soft_wrap=True)
 

@@ -126,6 +126,18 @@ def screened_text(screening: dict | None) -> str:
     return "the reference" if str(scr.get("shares", "")).startswith("the reference") else "shared"
 
 
+def screening_line(trials: list[dict]) -> str:
+    """Under the dry run's table: which trials are screened as served on their own (serve settings that change
+    outputs), and that the others share their candidate's screening (the original at the recipe's: the reference)."""
+    own = [t for t in trials if (t.get("screening") or {}).get("own")]
+    if not own:
+        return ("accuracy: every trial shares its candidate's screening (no serve setting that changes outputs "
+                "differs from the recipe's; the original is the reference)")
+    return (f"accuracy screened as served on their own ({len(own)} of {len(trials)}, serve settings that change "
+            "outputs): " + "; ".join(f"{t['id']} ({_settings(t['screening'].get('settings'))})" for t in own)
+            + "; the others share their candidate's screening (the original at the recipe's settings: the reference)")
+
+
 def accuracy_rows(doc: TuneDoc | dict) -> list[list[str]]:
     """Each trial's accuracy as served: its verdict, the serve settings whose outputs were scored (and whether the
     screening is its own or shared), the lm-eval tasks per task, the decode path; the served check's beside."""
