@@ -753,8 +753,9 @@ class TuneLoadSearch(BaseModel):
 
 
 class TuneAccuracy(BaseModel):
-    """Accuracy screening with early stopping: windows/items are scored in rounds (cumulative sizes) and a
-    candidate stops as soon as its gates are decided."""
+    """Accuracy screening with early stopping: windows/items (and the lm-eval documents and decode prompts of the
+    as-served phases) are scored in rounds (cumulative sizes) and a candidate stops as soon as every gate is
+    decided."""
 
     model_config = _STRICT
 

@@ -86,6 +86,7 @@ def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict]
     events = _Events(ctx.on_event)
     with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=purpose) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
+        (ctx.work / "logs").mkdir(exist_ok=True)  # where a phase writes its files (lm-eval's samples)
         scorer = Scorer(client, events, tune.eval.batch_size, label, srv.plan, model.path if model else None,
                         ctx.work / "logs")
         if callable(tasks):
