@@ -312,3 +312,18 @@ def test_accuracy_rows_show_lm_eval_per_task_and_the_decode_figures():
     assert rows[1][5:] == ["0.75 [0.47, 0.91] of 12", "7", "0.012 [0.004, 0.02]", "2"]
     assert rows[2][:2] == ["b", "not scored as served"] and rows[2][4:] == ["-"] * 5
     assert [r[3] for r in trial_rows(doc)[1:]] == ["PASS", "not scored as served"]
+
+
+def test_lm_eval_tasks_need_the_lmeval_environment_up_front(smol, tmp_path, monkeypatch):
+    import infertool.envs.state as state
+    import infertool.tune.run as tr
+
+    asked: list[str] = []
+    monkeypatch.setattr(state, "require_env", lambda name, needed_by=None: asked.append(name))
+    data = recipe(smol, tmp_path)
+    tr._require_envs(space.trials(validate_recipe_data(data)))
+    assert asked == ["serve"]
+    asked.clear()
+    data["eval"]["lm_eval"] = {"tasks": ["infertool_mc"]}
+    tr._require_envs(space.trials(validate_recipe_data(data)))
+    assert asked == ["serve", "lmeval"]

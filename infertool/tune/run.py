@@ -51,5 +51,8 @@ def _require_envs(trials: list[space.Trial]) -> None:
         env = backends.of(spec).env if spec and t.prediction.fits else None
         if env:
             needed.setdefault(env, f"quantizing candidate {t.candidate.label!r}")
+    ev = trials[0].recipe.eval if trials else None
+    if ev is not None and ev.lm_eval is not None:  # the screening's lm-eval tasks (infertool.evaluate.phases)
+        needed["lmeval"] = "eval.lm_eval's tasks in the reference, the screening and the served check"
     for name, why in needed.items():
         require_env(name, needed_by=why)
