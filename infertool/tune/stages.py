@@ -152,8 +152,8 @@ def phase_blocks(phases: list, ref: dict, cand: dict, confidence: float) -> dict
 
 
 LM_EVAL_KEYS = ("metric", "base", "candidate", "recovery", "recovery_ci", "lost", "gained", "mcnemar_p", "n")
-DECODE_KEYS = ("n_prompts", "exact_match", "exact_match_ci", "first_divergence_median", "kld", "kld_ci", "top1",
-               "near_ties", "steps")
+DECODE_KEYS = ("n_prompts", "exact_match", "exact_match_ci", "first_divergence_median", "first_divergence_ci", "kld",
+               "kld_ci", "top1", "top1_ci", "near_ties", "divergences", "near_tie_logprob", "steps")
 
 
 def phase_figures(blocks: dict) -> dict:
