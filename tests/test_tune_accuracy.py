@@ -302,14 +302,14 @@ def test_accuracy_rows_show_lm_eval_per_task_and_the_decode_figures():
            "lm_eval": {"infertool_mc": {"metric": "acc", "base": 0.5, "candidate": 0.45, "recovery": 0.9,
                                         "recovery_ci": [0.8, 1.01], "lost": 3, "gained": 1, "mcnemar_p": 0.62, "n": 40}},
            "decode": {"n_prompts": 12, "exact_match": 0.75, "exact_match_ci": [0.47, 0.91], "first_divergence_median": 7.0,
-                      "kld": 0.012, "kld_ci": [0.004, 0.02], "top1": 0.98, "near_ties": 2}}
+                      "kld": 0.012, "kld_ci": [0.004, 0.02], "top1": 0.98, "near_ties": 2, "divergences": 3}}
     doc = TuneDoc(trials=[TrialRecord(id="a", accuracy=ScreenResult.from_dict(acc),
                                       screening={"own": True, "settings": {"enforce_eager": False}}),
                           TrialRecord(id="b", screening={"own": True, "settings": {"enforce_eager": False}})])
     rows = accuracy_rows(doc)
     assert rows[1][:4] == ["a", "PASS", "enforce_eager=false, dtype=bfloat16", "own: enforce_eager=false"]
     assert rows[1][4] == "infertool_mc: 0.9 [0.8, 1.01] (0.5 -> 0.45; lost 3, gained 1, n 40)"
-    assert rows[1][5:] == ["0.75 [0.47, 0.91] of 12", "7", "0.012 [0.004, 0.02]", "2"]
+    assert rows[1][5:] == ["0.75 [0.47, 0.91] of 12", "7", "0.012 [0.004, 0.02]", "2 of 3 divergences"]
     assert rows[2][:2] == ["b", "not scored as served"] and rows[2][4:] == ["-"] * 5
     assert [r[3] for r in trial_rows(doc)[1:]] == ["PASS", "not scored as served"]
 

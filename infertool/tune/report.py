@@ -106,13 +106,14 @@ def lm_eval_cell(lm: dict | None) -> str:
 
 
 def decode_cell(dec: dict | None) -> list[str]:
-    """The decode path: exact match [interval], first divergence (median), decode KLD [interval], near ties."""
+    """The decode path: exact match [interval], first divergence (median), decode KLD [interval], near ties (of the
+    divergences: those that start where the reference's top-2 gap is below the near-tie threshold)."""
     if not dec:
         return ["-", "-", "-", "-"]
     n = dec.get("n_prompts")
     return [_ci(dec.get("exact_match"), dec.get("exact_match_ci")) + (f" of {_f(n)}" if n is not None else ""),
             _f(dec.get("first_divergence_median")), _ci(dec.get("kld"), dec.get("kld_ci")),
-            _f(dec.get("near_ties"))]
+            _f(dec.get("near_ties")) + (f" of {_f(dec.get('divergences'))} divergences" if dec.get("divergences") else "")]
 
 
 def screened_text(screening: dict | None) -> str:
