@@ -364,3 +364,22 @@ def test_bench_runs_multi_turn_sessions_from_a_conversations_file(tmp_path):
     assert [t["requests"] for t in lv["summary"]["turns"]] == [3, 3, 3]
     assert sum("'assistant'" in p for p in prompts) == 6  # turns 2 and 3 carry the replies
     assert "by turn (multi-turn sessions)" in r.stdout + r.stderr
+
+
+def test_multi_turn_without_a_conversations_file_is_a_usage_error():
+    from infertool.errors import UsageError
+
+    bench = BenchSection.model_validate({"prompt": {"source": "builtin", "multi_turn": {"max_turns": 2}}})
+    with pytest.raises(UsageError, match="bench.prompt.source: no such file"):
+        level_work(bench, sweep_levels(bench)[0], 4.0)
+
+
+def test_the_run_report_shows_repeated_levels_with_their_intervals():
+    from infertool.bench.results import BenchReport
+    from infertool.report import _bench_rows
+
+    lv, _ = _repeat([10.0, 12.0], RepeatSpec(max_runs=2, min_runs=2))
+    rows = _bench_rows(BenchReport(levels=[lv, _run(5.0)[0]]))
+    i = lv.repeats.request_throughput
+    assert rows[1][1] == f"{i.value:.3g} [{i.lo:.3g}, {i.hi:.3g}]" and i.value == pytest.approx(11.0)
+    assert "[" in rows[1][2] and rows[2][1] == "5"  # one run: the figure alone

@@ -92,9 +92,12 @@ def render(report) -> None:
     report = BenchReport.from_dict(report)
     s = report.settings
     who = escape(report.label or report.model) + (f" (served as {escape(report.model)})" if report.label else "")
-    err.print(f"[bold]{who}[/] at {escape(str(report.url))} ({escape(report.endpoint)}); "
-              f"{s.requests_per_level} requests per level, prompt ~{s.prompt.get('len_tokens')} tokens "
-              f"({escape(str(s.prompt.get('source')))}), output {s.output_len} tokens", soft_wrap=True)
+    sessions = bool(s.traffic and s.traffic.get("multi_turn"))
+    what = (f"{s.requests_per_level} sessions per level, conversations from {escape(str(s.prompt.get('source')))}"
+            if sessions else f"{s.requests_per_level} requests per level, prompt ~{s.prompt.get('len_tokens')} "
+            f"tokens ({escape(str(s.prompt.get('source')))})")
+    err.print(f"[bold]{who}[/] at {escape(str(report.url))} ({escape(report.endpoint)}); {what}, output "
+              f"{s.output_len} tokens", soft_wrap=True)
     if s.traffic:
         err.print(f"traffic: {escape(_traffic_words(s.traffic))}", soft_wrap=True)
     _level_tables(report.levels)
