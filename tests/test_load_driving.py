@@ -383,3 +383,14 @@ def test_the_run_report_shows_repeated_levels_with_their_intervals():
     i = lv.repeats.request_throughput
     assert rows[1][1] == f"{i.value:.3g} [{i.lo:.3g}, {i.hi:.3g}]" and i.value == pytest.approx(11.0)
     assert "[" in rows[1][2] and rows[2][1] == "5"  # one run: the figure alone
+
+
+def test_a_start_past_the_knee_makes_the_sweep_look_below_it():
+    search = KneeSearch(RateSweepSpec(start=1, factor=2, max_levels=10), slo_set=False)
+    server = _saturating(0.3)
+    while (rate := search.next_rate()) is not None:
+        search.record(rate, *server(rate), goodput_fraction=1.0)
+    knee = search.knee()
+    assert [lv["step"] for lv in knee.levels] == ["grow", "shrink", "shrink", "bisect", "bisect"]
+    assert [lv["rate"] for lv in knee.levels][:3] == [1, 0.5, 0.25]
+    assert knee.found and knee.rate <= 0.3 < knee.first_bad

@@ -540,8 +540,8 @@ class KneeSearch:
     """The rates of a sweep that stops by itself past saturation (pure: the caller measures each rate and
     ``record``s it). Rates grow from spec.start by spec.factor while the server follows (achieved >=
     FOLLOW_RATIO x offered, and with an SLO a goodput fraction >= spec.goodput_target); the first rate it does
-    not follow brackets the knee, and up to BISECTIONS geometric midpoints narrow it; at most spec.max_levels
-    levels in all."""
+    not follow brackets the knee (when even spec.start is past it, rates shrink by spec.factor until one is
+    followed), and up to BISECTIONS geometric midpoints narrow it; at most spec.max_levels levels in all."""
 
     def __init__(self, spec, slo_set: bool):
         self.spec, self.slo_set = spec, slo_set
@@ -555,8 +555,10 @@ class KneeSearch:
             return None
         if self.bad is None:
             return self.spec.start if not self.levels else self.levels[-1]["rate"] * self.spec.factor
+        if self.good is None:  # even the start was past the knee: look below it
+            return self.bad / self.spec.factor
         bisected = sum(1 for lv in self.levels if lv["step"] == "bisect")
-        if self.good is None or bisected >= BISECTIONS:
+        if bisected >= BISECTIONS:
             return None
         return math.sqrt(self.good * self.bad)
 
@@ -567,7 +569,7 @@ class KneeSearch:
         good = ratio is not None and ratio >= FOLLOW_RATIO
         if self.slo_set:
             good = good and goodput_fraction is not None and goodput_fraction >= self.spec.goodput_target
-        step = "grow" if self.bad is None else "bisect"
+        step = "grow" if self.bad is None else "shrink" if self.good is None else "bisect"
         self.levels.append({"rate": rate, "offered_rps": offered, "achieved_rps": achieved, "ratio": ratio,
                             "goodput_fraction": goodput_fraction, "good": good, "step": step})
         if good:
@@ -583,7 +585,8 @@ class KneeSearch:
             stopped = (f"max_levels ({self.spec.max_levels}): the server followed every rate; the knee is above "
                        f"{self.good:g}/s" if self.good is not None else "no level measured")
         elif self.good is None:
-            stopped = f"past saturation at the first rate ({self.bad:g}/s): the knee is below it"
+            stopped = (f"max_levels ({self.spec.max_levels}): past saturation at every rate down to {self.bad:g}/s: "
+                       "the knee is below it")
         else:
             stopped = "past saturation"
         return Knee(rate=self.good, first_bad=self.bad, found=self.good is not None and self.bad is not None,
