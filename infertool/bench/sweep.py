@@ -125,6 +125,7 @@ def _read_conversations(path: str, n: int, output_len: int) -> list[_Conversatio
 
 
 def _conversation(row, num: int, output_len: int) -> _Conversation | None:
+    """One JSONL row as a conversation (None: neither of the two shapes ``_read_conversations`` reads)."""
     if not isinstance(row, dict):
         return None
     if isinstance(row.get("turns"), list):
@@ -167,6 +168,7 @@ class _TraceEntry:
 
 
 def _read_trace(path: str) -> list[_TraceEntry]:
+    """A JSONL trace, each line checked ({"t_s": seconds >= 0, "prompt": text, "output_len": tokens or absent})."""
     import json
 
     p = _input_file(path, "bench.trace")
@@ -498,11 +500,13 @@ async def repeat_runs(once: RunOnce, spec, pooled: Callable[[list[RequestResult]
 
 
 def _mean(values: list) -> float | None:
+    """The mean of the numbers among ``values`` (None when there are none)."""
     xs = [v for v in values if isinstance(v, (int, float))]
     return sum(xs) / len(xs) if xs else None
 
 
 def _interval(value: float | None, lo: float | None, hi: float | None) -> Interval:
+    """An Interval with its half-width relative to the value (absolute when the value is 0)."""
     rel = None
     if value is not None and lo is not None and hi is not None:
         rel = ((hi - lo) / 2 / value) if value > 0 else (hi - lo) / 2
@@ -579,6 +583,7 @@ class KneeSearch:
         return good
 
     def knee(self) -> Knee:
+        """The search's result: the bracket, whether it was found, why it stopped, each level's evidence."""
         criterion = (f"achieved >= {FOLLOW_RATIO:.0%} of offered (both as realised)"
                      + (f" and goodput >= {self.spec.goodput_target:.0%} of requests" if self.slo_set else ""))
         if self.bad is None:

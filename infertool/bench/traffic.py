@@ -214,6 +214,7 @@ async def _finish(tasks: list[asyncio.Task], stop_at: float, results: list[Reque
 
 
 def _add(results: list[RequestResult], got: "RequestResult | list[RequestResult]") -> None:
+    """A unit's result(s) into ``results``: one request, or a session's turns."""
     if isinstance(got, list):
         results.extend(got)
     else:
