@@ -394,3 +394,16 @@ def test_a_start_past_the_knee_makes_the_sweep_look_below_it():
     assert [lv["step"] for lv in knee.levels] == ["grow", "shrink", "shrink", "bisect", "bisect"]
     assert [lv["rate"] for lv in knee.levels][:3] == [1, 0.5, 0.25]
     assert knee.found and knee.rate <= 0.3 < knee.first_bad
+
+
+def test_rate_following_agrees_below_saturation_and_falls_behind_past_it():
+    from infertool.bench.metrics import rate_following
+
+    # a server that keeps up: each request takes 2 s, whatever the sends' pace (batched completions too)
+    kept = [RequestResult(ok=True, start=0.5 * i, e2e=2.0 + (0.1 if i % 2 else 0.0)) for i in range(9)]
+    offered, achieved = rate_following(kept)
+    assert offered == pytest.approx(2.0) and achieved == pytest.approx(2.0)  # the last one took 2 s
+    # one request at a time, 1 s each, sent at 2/s: the queue grows and completions come 1/s
+    queued = [RequestResult(ok=True, start=0.5 * i, e2e=(i + 1) * 1.0 - 0.5 * i) for i in range(9)]
+    offered, achieved = rate_following(queued)
+    assert offered == pytest.approx(2.0) and achieved == pytest.approx(8 / 8.0)

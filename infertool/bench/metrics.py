@@ -160,14 +160,19 @@ def by_turn(results: Sequence[RequestResult]) -> list[dict] | None:
 
 
 def rate_following(results: Sequence[RequestResult]) -> tuple[float | None, float | None]:
-    """(offered, achieved) requests per second of an open-loop level, both as realised: the arrival rate over
-    the span of the sends and the completion rate over the span of the completions. Below saturation the
-    completions follow the arrivals (shifted by a latency), so the two agree whatever the seeded draws were;
-    past it the server's pace sets the completions and they fall behind. None when fewer than 2 of either."""
+    """(offered, achieved) requests per second of an open-loop level, both as realised: the sends' pace over
+    their span, and the completions' pace over the span from the first send to the last completion less the
+    fastest request's latency. A server that keeps up finishes the last request about one service time after
+    it was sent, so the two agree whatever the seeded draws and however few the requests (completions that
+    arrive together, as batching makes them, do not inflate it); past saturation the queue delays the last
+    completion and the achieved pace falls behind. None when fewer than 2 of either."""
     starts = sorted(r.start for r in results)
-    ends = sorted(e for r in results if r.ok and (e := r.end) is not None)
+    done = [r for r in results if r.ok and r.end is not None and r.e2e is not None]
     offered = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 and starts[-1] > starts[0] else None
-    achieved = (len(ends) - 1) / (ends[-1] - ends[0]) if len(ends) > 1 and ends[-1] > ends[0] else None
+    achieved = None
+    if len(done) > 1:
+        span = max(r.end for r in done) - min(r.e2e for r in done) - starts[0]
+        achieved = (len(done) - 1) / span if span > 0 else None
     return offered, achieved
 
 
