@@ -17,7 +17,7 @@ import pytest
 from infertool.bench.client import Pool, Target
 from infertool.bench.loadgen import run_level_processes, unit_fn
 from infertool.bench.metrics import RequestResult, summarize, t_quantile
-from infertool.bench.results import LevelResult, Summary
+from infertool.bench.results import Latency, LevelResult, Summary
 from infertool.bench.sweep import KneeSearch, find_knee, level_work, repeat_runs, sweep_levels
 from infertool.bench.traffic import Level, history, iter_gamma, iter_poisson, run_level, think_times
 from infertool.recipe import BenchSection, RateSweepSpec, RepeatSpec
@@ -269,14 +269,16 @@ def test_find_knee_drives_levels_through_its_measure_function():
     assert all(lv.kind != "rate" for lv in sweep_levels(bench))  # the sweep finds the rates
     seen = []
 
-    def measure_one(level: Level, step: int) -> LevelResult:
-        seen.append((level.kind, level.value, step))
+    def measure_one(level: Level, step: int, requests: int) -> LevelResult:
+        seen.append((level.kind, level.value, step, requests))
         offered, achieved = _saturating(5.0)(level.value)
-        return LevelResult(level=level.to_dict(), summary=Summary(requests=8, completed=8),
+        return LevelResult(level=level.to_dict(), summary=Summary(requests=8, completed=8, e2e_ms=Latency(p50=3000.0)),
                            follow={"offered_rps": offered, "achieved_rps": achieved})
 
     levels, knee = find_knee(None, bench, arm="t", measure_one=measure_one)
     assert [s[2] for s in seen] == list(range(len(levels)))
+    # at least bench.requests (64); later levels last 4 median latencies (3 s) of the level before: 8/s x 12 s
+    assert [s[3] for s in seen[:4]] == [64, 64, 64, 96]
     assert [s[1] for s in seen[:4]] == [1, 2, 4, 8] and knee.found and knee.rate <= 5.0 < knee.first_bad
 
 

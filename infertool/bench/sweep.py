@@ -537,7 +537,16 @@ def repeat_figures(summaries: list[Summary], spec) -> Repeats:
 
 # ------------------------------------------------------------------------------------------ the rate sweep
 FOLLOW_RATIO = 0.9  # achieved / offered below this: the server no longer follows the offered rate
+SPAN_LATENCIES = 4  # a sweep level sends for at least this many of the previous level's median latencies
 BISECTIONS = 2  # levels between the last good and the first bad rate
+
+
+def sweep_requests(requests: int, rate: float, e2e_s: float) -> int:
+    """A sweep level's requests: at least ``requests``, and ``rate`` x SPAN_LATENCIES x the last median latency
+    (at most MAX_REQUESTS; the level's deadline bounds it as any level)."""
+    from infertool.recipe import MAX_REQUESTS
+
+    return int(min(MAX_REQUESTS, max(requests, math.ceil(rate * SPAN_LATENCIES * e2e_s))))
 
 
 class KneeSearch:
@@ -601,16 +610,20 @@ class KneeSearch:
 def find_knee(handle: ServerHandle, bench, *, arm: str, on_event: EventCallback | None = None,
               measure_one: Callable[[Level, int], LevelResult] | None = None) -> tuple[list[LevelResult], Knee]:
     """bench.rate_sweep on one server: each rate of ``KneeSearch`` measured (with bench.repeats), until it ends.
-    Returns (the levels in the order measured, the knee). ``measure_one(level, step)``: how a level is measured
-    (default: ``measure`` on ``handle``)."""
+    Returns (the levels in the order measured, the knee). ``measure_one(level, step, requests)``: how a level
+    is measured (default: ``measure`` on ``handle``). A level sends at least bench.requests, and enough to
+    last SPAN_LATENCIES of the previous level's median latency (``sweep_requests``): a burst the server batches
+    whole finishes at once whatever its capacity, so only a level longer than a few latencies can show a queue."""
     spec = bench.rate_sweep
     search = KneeSearch(spec, slo_of(bench) is not None and slo_of(bench).is_set())
     if measure_one is None:
-        def measure_one(level: Level, step: int) -> LevelResult:
-            return measure(handle, bench, [level], arm=arm, seed_salt=1000 + step, on_event=on_event)[0]
+        def measure_one(level: Level, step: int, requests: int) -> LevelResult:
+            b = bench.model_copy(update={"requests": requests})
+            return measure(handle, b, [level], arm=arm, seed_salt=1000 + step, on_event=on_event)[0]
     levels: list[LevelResult] = []
     while (rate := search.next_rate()) is not None:
-        lv = measure_one(rate_level(bench, round(rate, 4)), len(levels))
+        e2e_s = (levels[-1].summary.e2e_ms.p50 or 0.0) / 1000.0 if levels else 0.0
+        lv = measure_one(rate_level(bench, round(rate, 4)), len(levels), sweep_requests(bench.requests, rate, e2e_s))
         levels.append(lv)
         f = lv.follow or {}
         search.record(rate, f.get("offered_rps"), f.get("achieved_rps"), lv.summary.goodput.fraction)
