@@ -484,6 +484,10 @@ def _bench_section(run: RunData, names: Names) -> Section | None:
         label = arm.label or arm.served_model.label or fallback or names.served
         blocks.append(P(f"{role}: ", Bold(label or "?"), " (vLLM name ", Code(str(arm.model)), f"), endpoint {arm.endpoint}"))
         blocks.append(Table(_bench_rows(arm)))
+        if arm.knee is not None:  # bench.rate_sweep: the knee and its evidence
+            k = arm.knee
+            blocks.append(P(f"rate sweep knee: the server follows {k.rate:g} req/s, not {k.first_bad:g} ({k.criterion})"
+                            if k.found else f"rate sweep: no knee bracketed: {k.stopped} ({k.criterion})"))
     blocks += [P("note: " + note) for note in be.notes]
     from infertool.perf.fleet import run_fleet  # replicas and $/month for target.peak_rps from the measured max load
 
@@ -495,11 +499,19 @@ def _bench_section(run: RunData, names: Names) -> Section | None:
 def _bench_rows(arm: BenchReport) -> list[list[str]]:
     rows = [["level", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "goodput", "$/1M out tok", "errors"]]
     for lv in arm.levels:
-        f = lv.summary
-        rows.append([lv.level.label, _fmt(f.request_throughput), _fmt(f.output_token_throughput), _fmt(f.ttft_ms.p50),
-                     _fmt(f.ttft_ms.p99), _fmt(f.tpot_ms.p50), _fmt(f.goodput.fraction), _fmt(f.cost.per_1m_output_tokens),
-                     _fmt(f.failed)])
+        f, r = lv.summary, lv.repeats  # repeated levels (bench.repeats): the figure and its interval
+        rows.append([lv.level.label, _ci_cell(r and r.request_throughput, f.request_throughput),
+                     _ci_cell(r and r.output_token_throughput, f.output_token_throughput), _fmt(f.ttft_ms.p50),
+                     _fmt(f.ttft_ms.p99), _fmt(f.tpot_ms.p50), _ci_cell(r and r.goodput_fraction, f.goodput.fraction),
+                     _fmt(f.cost.per_1m_output_tokens), _fmt(f.failed)])
     return rows
+
+
+def _ci_cell(interval, value) -> str:
+    """A figure, with its interval over repeated runs when it has one: "1.2 [1.1, 1.3]"."""
+    if interval is None or interval.lo is None or interval.hi is None:
+        return _fmt(value)
+    return f"{_fmt(interval.value)} [{_fmt(interval.lo)}, {_fmt(interval.hi)}]"
 
 
 # ------------------------------------------------------------------------------------------ Markdown

@@ -52,15 +52,15 @@ def normalise_url(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def request_body(target: Target, prompt: str, max_tokens: int, stream: bool = True) -> dict:
+def request_body(target: Target, prompt: "str | list[dict]", max_tokens: int, stream: bool = True) -> dict:
     body: dict = {"model": target.model, "max_tokens": max_tokens, "temperature": target.temperature,
                   "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
     if target.ignore_eos:
         body["ignore_eos"] = True  # vLLM's extension: exactly max_tokens tokens, comparable runs
-    if target.endpoint == "chat":
-        body["messages"] = [{"role": "user", "content": prompt}]
+    if target.endpoint == "chat":  # a list: a multi-turn session's messages so far
+        body["messages"] = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     else:
         body["prompt"] = prompt
     return body
@@ -162,7 +162,8 @@ class _Exchange:
     """One request's response: HTTP framing (content-length, chunked or until close), then SSE events."""
 
     __slots__ = ("fut", "endpoint", "state", "buf", "status", "keep_alive", "need", "sse", "cr", "rx", "last_rx",
-                 "err_body", "ttft_at", "times", "usage", "error", "done_marker", "started", "body_seen", "max_chunks")
+                 "err_body", "ttft_at", "times", "usage", "error", "done_marker", "started", "body_seen", "max_chunks",
+                 "texts")
 
     def __init__(self, fut: asyncio.Future, endpoint: str, started: float, max_chunks: int = 10**9) -> None:
         self.fut, self.endpoint, self.started = fut, endpoint, started
@@ -182,6 +183,7 @@ class _Exchange:
         self.error: str | None = None
         self.done_marker = False
         self.body_seen = False
+        self.texts: list[str] | None = None  # the reply's text pieces, when the caller keeps them (multi-turn)
 
     # ---- framing
     def feed(self, data: bytes, now: float) -> None:
@@ -373,7 +375,7 @@ class _Exchange:
         else:
             text = _field(payload, b'"text"')
         if (text == 1 or text == 0) and (b'"usage"' not in payload or _field(payload, b'"usage"') == 0) \
-                and b'"error"' not in payload:
+                and b'"error"' not in payload and (self.texts is None or text == 0):
             if text:
                 self._text(now)
             return
@@ -388,7 +390,9 @@ class _Exchange:
             return
         if chunk.get("usage"):
             self.usage = chunk["usage"]
-        if _chunk_text(chunk, self.endpoint):
+        if piece := _chunk_text(chunk, self.endpoint):
+            if self.texts is not None:
+                self.texts.append(piece)
             self._text(now)
 
     def _text(self, now: float) -> None:
@@ -467,10 +471,11 @@ class Pool:
         return ("\r\n".join(head) + "\r\n\r\n").encode("latin-1", "replace") + body
 
     async def exchange(self, raw: bytes, endpoint: str, deadline: float,
-                       max_chunks: int = 10**9) -> tuple[_Exchange, float]:
+                       max_chunks: int = 10**9, keep_text: bool = False) -> tuple[_Exchange, float]:
         """Send ``raw``, wait for the whole answer (or the deadline, or READ_TIMEOUT_S without a byte).
         Returns the parsed exchange and when it was sent (perf_counter). Raises for connection failures.
-        ``max_chunks``: the most text chunks the answer may carry (more is a bad response)."""
+        ``max_chunks``: the most text chunks the answer may carry (more is a bad response); ``keep_text``:
+        the exchange keeps the reply's text pieces (``texts``)."""
         loop = asyncio.get_running_loop()
         for attempt in (0, 1):
             reused = False
@@ -486,6 +491,8 @@ class Pool:
             fut = loop.create_future()
             sent = time.perf_counter()
             ex = _Exchange(fut, endpoint, sent, max_chunks)
+            if keep_text:
+                ex.texts = []
             conn.ex = ex
             conn.transport.write(raw)
             try:
@@ -515,11 +522,13 @@ class Pool:
         await asyncio.sleep(0)  # let the transports close
 
 
-async def send(pool: Pool, target: Target, prompt: str, max_tokens: int, t0: float,
-               timeout_s: float = 600.0, deadline: float | None = None) -> RequestResult:
+async def send(pool: Pool, target: Target, prompt: "str | list[dict]", max_tokens: int, t0: float,
+               timeout_s: float = 600.0, deadline: float | None = None, keep_text: bool = False) -> RequestResult:
     """Send one streamed request; ``t0`` is the run's start (monotonic) for ``start``; it ends by
     ``timeout_s`` from now or by ``deadline`` (perf_counter), whichever comes first. Never raises for a
-    bad answer: every failure is a RequestResult with ``ok=False``."""
+    bad answer: every failure is a RequestResult with ``ok=False``. ``prompt``: a text, or (chat) the
+    messages of a multi-turn session; ``keep_text``: the reply's text in ``result.text`` (the next turn's
+    history)."""
     path = "chat/completions" if target.endpoint == "chat" else "completions"
     body = json.dumps(request_body(target, prompt, max_tokens)).encode()
     raw = pool.request_bytes(path, body, target.headers())
@@ -527,7 +536,7 @@ async def send(pool: Pool, target: Target, prompt: str, max_tokens: int, t0: flo
     start = time.perf_counter()
     end_by = start + timeout_s if deadline is None else min(deadline, start + timeout_s)
     try:
-        ex, start = await pool.exchange(raw, target.endpoint, end_by, max_tokens + EXTRA_CHUNKS)
+        ex, start = await pool.exchange(raw, target.endpoint, end_by, max_tokens + EXTRA_CHUNKS, keep_text)
     except Exception as exc:  # noqa: BLE001 - counted, never raised
         result.error = f"{type(exc).__name__}: {net.quote(str(exc), n=160) or 'connection failed'}"
         result.e2e = time.perf_counter() - start
@@ -548,7 +557,8 @@ async def send(pool: Pool, target: Target, prompt: str, max_tokens: int, t0: flo
     result.itl = [b - a for a, b in zip(times, times[1:])]
     usage = ex.usage
     if isinstance(usage, dict):
-        tokens, why = _usage(usage, max_tokens, len(prompt.encode("utf-8", "replace")))
+        tokens, why = _usage(usage, max_tokens, len(body) if isinstance(prompt, list)
+                             else len(prompt.encode("utf-8", "replace")))
         if why is not None:
             result.error = why
             return result
@@ -556,6 +566,8 @@ async def send(pool: Pool, target: Target, prompt: str, max_tokens: int, t0: flo
         result.output_tokens = completion if completion else len(times)
     else:
         result.output_tokens = len(times)
+    if ex.texts is not None:
+        result.text = "".join(ex.texts)
     result.ok = True
     return result
 

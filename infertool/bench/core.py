@@ -26,8 +26,10 @@ from typing import Any
 
 from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
-from infertool.bench.results import FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, LevelResult
-from infertool.bench.sweep import ServerHandle, client_notes, connect, measure, require_success, slo_of, sweep_levels
+from infertool.bench.results import FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult
+from infertool.bench.sweep import (
+    ServerHandle, client_notes, connect, find_knee, measure, require_success, slo_of, sweep_levels,
+)
 from infertool.bench.traffic import Level
 from infertool.capability import RunContext
 from infertool.errors import InfertoolError, UsageError
@@ -202,10 +204,10 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
 
         key = key_for(plan.url, plan.res.serve_section.api_key_env, user_urls=[plan.url])  # the user named it
         handle = ServerHandle(plan.url, plan.options.model or "", key)
-        main, static = _sweep(plan, handle, ctx)
+        main, static, knee = _sweep(plan, handle, ctx)
     else:
         with _Launched(plan.res, plan.sweep, ctx) as handle:
-            main, static = _sweep(plan, handle, ctx)
+            main, static, knee = _sweep(plan, handle, ctx)
             servers.append(handle.launched)
     notes += handle.notes + client_notes(main + (static or []))
     tables: list[Experiment] = []
@@ -221,18 +223,26 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
         url=plan.url or (servers[0]["url"] if servers else None), model=handle.model, endpoint=plan.bench.endpoint,
         settings=_settings(plan.bench, handle.chars_per_token), levels=main, experiments=tables, servers=servers,
         notes=notes, seconds=time.monotonic() - t_start,
-        label=None if plan.url is not None else (plan.sweep.model or plan.res.served).label)
+        label=None if plan.url is not None else (plan.sweep.model or plan.res.served).label, knee=knee)
 
 
-def _sweep(plan: BenchPlan, handle: ServerHandle, ctx: RunContext) -> tuple[list[LevelResult], list[LevelResult] | None]:
-    """The sweep on one server; then, for the batching experiment, static batches on the same server."""
+def _sweep(plan: BenchPlan, handle: ServerHandle,
+           ctx: RunContext) -> tuple[list[LevelResult], list[LevelResult] | None, Knee | None]:
+    """The sweep on one server (and its rate sweep's levels and knee, when bench.rate_sweep asks); then, for the
+    batching experiment, static batches on the same server."""
     connect(handle, plan.bench, plan.res.serve_section.api_key_env)
-    main = measure(handle, plan.bench, plan.levels, arm=plan.options.arm, on_event=ctx.on_event, warmup=True)
+    main = measure(handle, plan.bench, plan.levels, arm=plan.options.arm, on_event=ctx.on_event,
+                   warmup=True) if plan.levels else []
+    knee = None
+    if plan.bench.rate_sweep is not None:
+        found, knee = find_knee(handle, plan.bench, arm=plan.options.arm, on_event=ctx.on_event)
+        main += found
     require_success(main, handle.url)
     if "batching" not in plan.experiments:
-        return main, None
-    static_levels = [Level("static", lv.value) for lv in plan.levels if lv.kind == "concurrency"]
-    return main, measure(handle, plan.bench, static_levels, arm="static batches", seed_salt=500, on_event=ctx.on_event)
+        return main, None, knee
+    static_levels = [Level("static", lv.value, unit=lv.unit) for lv in plan.levels if lv.kind == "concurrency"]
+    return main, measure(handle, plan.bench, static_levels, arm="static batches", seed_salt=500,
+                         on_event=ctx.on_event), knee
 
 
 def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult],
@@ -319,8 +329,25 @@ def _settings(bench, cpt: float) -> BenchSettings:
         output_len=bench.output_len, output_len_spread=bench.output_len_spread,
         shared_prefix_ratio=bench.shared_prefix_ratio, ignore_eos=bench.ignore_eos, slo=slo_of(bench),
         cost_per_hour=bench.cost_per_hour, chars_per_token=cpt, seed=bench.seed,
-        client_processes=getattr(bench, "client_processes", "auto"),
+        client_processes=getattr(bench, "client_processes", "auto"), traffic=_traffic(bench),
     )
+
+
+def _traffic(bench) -> dict | None:
+    """How the levels were driven beyond the defaults: gamma arrivals, multi-turn sessions, a trace, a rate
+    sweep, repeats (None: none of these, the settings as before)."""
+    t: dict = {}
+    if bench.arrival != "poisson":
+        t["arrival"] = {"kind": bench.arrival, "burstiness": bench.burstiness}
+    if bench.prompt.multi_turn is not None:
+        t["multi_turn"] = bench.prompt.multi_turn.model_dump()
+    if bench.trace is not None:
+        t["trace"] = {"path": bench.trace, "speedup": bench.trace_speedup}
+    if bench.rate_sweep is not None:
+        t["rate_sweep"] = bench.rate_sweep.model_dump()
+    if bench.repeats.max_runs > 1:
+        t["repeats"] = bench.repeats.model_dump()
+    return t or None
 
 
 def bench_section(recipe):

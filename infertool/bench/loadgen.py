@@ -132,39 +132,73 @@ def _child_main(conn, job: dict) -> None:
             pass
 
 
-async def _child(conn, job: dict) -> None:
-    from infertool.bench.client import Pool, send
+def unit_fn(job: dict, pool, t0: float, on_done: Callable[[], None]):
+    """The coroutine function that sends unit ``i`` of a level (one request, or with ``job["conversations"]`` a
+    multi-turn session), the same in this process and in each load-generator process. ``job``: target, bench
+    (the level's seeded section), n, chars_per_token, deadline_s, seed; ``prompts`` (a trace's, by index) or
+    ``conversations`` when the level's work is given rather than drawn from the bench's prompt source."""
+    from infertool.bench.client import send
     from infertool.bench.prompts import PromptStream, iter_prompts
+    from infertool.bench.traffic import run_session
+
+    target, bench = job["target"], job["bench"]
+    deadline = time.perf_counter() + (t0 + job["deadline_s"] - time.monotonic())
+    convs = job.get("conversations")
+    if convs is not None:
+        spec = bench.prompt.multi_turn
+
+        async def turn(history, out_len: int) -> RequestResult:
+            return await send(pool, target, history, out_len, t0, timeout_s=job["deadline_s"], deadline=deadline,
+                              keep_text=True)
+
+        async def session(i: int) -> list[RequestResult]:
+            got = await run_session(turn, convs[i], i, endpoint=target.endpoint, max_turns=spec.max_turns,
+                                    think_time_s=spec.think_time_s, spread=spec.think_time_spread, seed=job["seed"],
+                                    default_output_len=bench.output_len, t0=t0)
+            on_done()
+            return got
+
+        return session
+    given = job.get("prompts")
+    stream = None if given is not None else PromptStream(iter_prompts(bench, job["n"], job["chars_per_token"]))
+
+    async def one(i: int) -> RequestResult:
+        p = given[i] if given is not None else stream.get(i)
+        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=job["deadline_s"], deadline=deadline)
+        on_done()
+        return r
+
+    return one
+
+
+async def _child(conn, job: dict) -> None:
+    from infertool.bench.client import Pool
     from infertool.bench.traffic import run_level
 
     target, level, part = job["target"], job["level"], job["part"]
-    prompts = PromptStream(iter_prompts(job["bench"], job["n"], job["chars_per_token"]))
     pool = Pool(target.base_url)
     conn.send(("ready",))
     t0 = conn.recv()  # the parent's start: one clock for every process
     done = 0
     last = 0.0
-    deadline = time.perf_counter() + (t0 + job["deadline_s"] - time.monotonic())
 
-    async def one(i: int) -> RequestResult:
+    def counted() -> None:
         nonlocal done, last
-        p = prompts.get(i)
-        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=job["deadline_s"], deadline=deadline)
         done += 1
         now = time.perf_counter()
         if now - last > 0.25:
             last = now
             conn.send(("progress", done))
-        return r
 
+    one = unit_fn(job, pool, t0, counted)
     monitor = Monitor().start()
     try:
         results, _ = await run_level(one, job["n"], level, deadline_s=job["deadline_s"], seed=job["seed"],
-                                     part=part, t0=t0)
+                                     part=part, t0=t0, offsets=job.get("offsets"))
     finally:
         stats = monitor.stop()
         await pool.close()
-    conn.send(("done", results, stats))
+    conn.send(("done", results, stats, done))
 
 
 async def run_level_processes(job: dict, processes: int, on_progress: Callable[[int], None],
@@ -231,7 +265,7 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
             elif msg[0] == "done":
                 results.extend(msg[1])
                 stats.append(msg[2])
-                progress[k] = len(msg[1])
+                progress[k] = msg[3]
                 on_progress(sum(progress))
                 finished.add(k)
             else:

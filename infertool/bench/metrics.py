@@ -15,6 +15,7 @@ records of ``infertool.bench.results`` (``Summary``), which name each of them on
 from __future__ import annotations
 
 import math
+import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
@@ -35,6 +36,10 @@ class RequestResult:
     prompt_tokens: int | None = None
     output_tokens: int = 0
     error: str | None = None
+    session: int | None = None  # multi-turn: the conversation's index in the level
+    turn: int | None = None  # multi-turn: the turn's index in its session (0 first)
+    think_s: float | None = None  # multi-turn: the think time waited after the previous turn's end
+    text: str | None = None  # the reply's text, when the caller asked for it (multi-turn history)
 
     @property
     def tpot(self) -> float | None:
@@ -130,7 +135,88 @@ def summarize(
         goodput=Goodput(slo=slo if slo is not None and slo.is_set() else None, requests_per_s=len(good) / duration,
                         fraction=(len(good) / len(results)) if results else None),
         cost=cost_figures(cost_per_hour, otps, rps),
+        turns=by_turn(results),
     )
+
+
+def by_turn(results: Sequence[RequestResult]) -> list[dict] | None:
+    """Multi-turn levels: per turn index, the requests, completed ones, mean prompt tokens and the TTFT / E2E
+    medians (ms): later turns carry the history, which prefix caching can reuse. None for single-turn traffic."""
+    turns: dict[int, list[RequestResult]] = {}
+    for r in results:
+        if r.turn is not None:
+            turns.setdefault(r.turn, []).append(r)
+    if not turns:
+        return None
+    rows = []
+    for t in sorted(turns):
+        done = [r for r in turns[t] if r.ok]
+        ptoks = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
+        rows.append({"turn": t, "requests": len(turns[t]), "completed": len(done),
+                     "mean_prompt_tokens": (sum(ptoks) / len(ptoks)) if ptoks else None,
+                     "ttft_p50_ms": distribution_ms([r.ttft for r in done if r.ttft is not None]).p50,
+                     "e2e_p50_ms": distribution_ms([r.e2e for r in done if r.e2e is not None]).p50})
+    return rows
+
+
+def rate_following(results: Sequence[RequestResult]) -> tuple[float | None, float | None]:
+    """(offered, achieved) requests per second of an open-loop level, both as realised: the sends' pace over
+    their span, and the completions' pace over the span from the first send to the last completion less the
+    fastest request's latency. A server that keeps up finishes the last request about one service time after
+    it was sent, so the two agree whatever the seeded draws and however few the requests (completions that
+    arrive together, as batching makes them, do not inflate it); past saturation the queue delays the last
+    completion and the achieved pace falls behind. None when fewer than 2 of either."""
+    starts = sorted(r.start for r in results)
+    done = [r for r in results if r.ok and r.end is not None and r.e2e is not None]
+    offered = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 and starts[-1] > starts[0] else None
+    achieved = None
+    if len(done) > 1:
+        span = max(r.end for r in done) - min(r.e2e for r in done) - starts[0]
+        achieved = (len(done) - 1) / span if span > 0 else None
+    return offered, achieved
+
+
+# ------------------------------------------------------------------------------------------ intervals
+def t_quantile(confidence: float, df: int) -> float:
+    """Two-sided Student t critical value for ``confidence`` with ``df`` degrees of freedom: exact for 1 and 2,
+    the Cornish-Fisher expansion around the normal quantile beyond (within 0.5 % of the tables for df >= 3 at
+    0.95)."""
+    p = 0.5 + confidence / 2.0
+    if df <= 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df == 2:
+        a = 4 * p * (1 - p)
+        return (2 * p - 1) * math.sqrt(2 / a)
+    z = statistics.NormalDist().inv_cdf(p)
+    v = float(df)
+    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3)
+            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * v ** 4))
+
+
+def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float | None, float | None, float | None]:
+    """(mean, low, high): the t-interval of the mean of repeated runs' figures; the bounds are None for one run
+    (no spread to judge from)."""
+    xs = [float(v) for v in values]
+    if not xs:
+        return None, None, None
+    m = math.fsum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, None, None
+    half = t_quantile(confidence, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, m - half, m + half
+
+
+def proportion_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float | None, float | None]:
+    """Wilson score interval of k successes in n trials (goodput: requests that met the SLO of those sent)."""
+    if n <= 0:
+        return None, None
+    z = statistics.NormalDist().inv_cdf(0.5 + confidence / 2.0)
+    p = k / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return max(0.0, centre - half), min(1.0, centre + half)
 
 
 def ratio(a: float | None, b: float | None) -> float | None:

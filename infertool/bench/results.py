@@ -21,8 +21,8 @@ from typing import Callable, ClassVar
 from infertool.records import Record, as_int, as_str
 
 __all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Experiment", "FIGURES", "Figure",
-           "FigureDef", "Goodput", "Latency", "LevelResult", "LevelSpec", "SLO", "ServedModel",
-           "ServerMetrics", "Summary", "Window"]
+           "FigureDef", "Goodput", "Interval", "Knee", "Latency", "LevelResult", "LevelSpec", "SLO", "ServedModel",
+           "Repeats", "ServerMetrics", "Summary", "Window"]
 
 
 class _Sparse(Record):
@@ -84,7 +84,7 @@ class Cost(Record):
 class Summary(_Sparse):
     """Every figure of one load level (``infertool.bench.metrics.summarize`` computes it)."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("error_examples",)  # only when a request failed
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("error_examples", "turns")  # only when a request failed / multi-turn
 
     requests: int = 0
     completed: int = 0
@@ -105,16 +105,25 @@ class Summary(_Sparse):
     e2e_ms: Latency = field(default_factory=Latency)  # request start to its last byte
     goodput: Goodput = field(default_factory=Goodput)
     cost: Cost = field(default_factory=Cost)
+    # multi-turn traffic: per turn index {turn, requests, completed, mean_prompt_tokens, ttft_p50_ms, e2e_p50_ms}
+    turns: list[dict] | None = None
 
 
 @dataclass
-class LevelSpec(Record):
-    """A level's traffic: closed-loop concurrency, Poisson rate, burst or static batch (``bench.traffic.Level``)."""
+class LevelSpec(_Sparse):
+    """A level's traffic: closed-loop concurrency, open-loop rate (Poisson or gamma arrivals), burst, static
+    batch or a replayed trace (``bench.traffic.Level``); ``unit``: "session" when each unit is a multi-turn
+    conversation (concurrency = sessions in flight)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("arrival", "burstiness", "unit")
 
     kind: str = ""
     value: int | float | None = None
     interval_s: float | None = None
     label: str = ""
+    arrival: str | None = None  # rates: poisson | gamma
+    burstiness: float | None = None  # gamma's shape
+    unit: str | None = None  # None: one request; "session": a multi-turn conversation
 
 
 @dataclass
@@ -162,13 +171,46 @@ class Window(Record):
 
 
 @dataclass
-class LevelResult(Record):
+class Interval(Record):
+    """A figure over repeated runs: its value (mean over runs; goodput: pooled over all requests) and its
+    confidence interval (None: one run, no interval); ``rel_half_width``: half the interval's width over the
+    value."""
+
+    value: float | None = None
+    lo: float | None = None
+    hi: float | None = None
+    rel_half_width: float | None = None
+
+
+@dataclass
+class Repeats(Record):
+    """A level measured ``runs`` times (``bench.repeats``): the intervals of its throughput and goodput, whether
+    they reached the asked width (``met``) or the runs ran out, and each run's figures."""
+
+    runs: int = 1
+    confidence: float | None = None
+    rel_width: float | None = None  # the asked half-width, relative to the figure
+    met: bool = False
+    stopped: str | None = None  # why it stopped: "width reached" | "max_runs"
+    request_throughput: Interval = field(default_factory=Interval)
+    output_token_throughput: Interval = field(default_factory=Interval)
+    goodput: Interval = field(default_factory=Interval)  # goodput req/s: mean over runs, interval from the fraction
+    goodput_fraction: Interval = field(default_factory=Interval)  # of all requests of all runs (Wilson)
+    per_run: list[dict] = field(default_factory=list)  # {request_throughput, output_token_throughput, goodput, ...}
+
+
+@dataclass
+class LevelResult(_Sparse):
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("repeats", "follow")
+
     arm: str = ""
     level: LevelSpec = field(default_factory=LevelSpec)
     summary: Summary = field(default_factory=Summary)
     client: ClientHealth | None = None
     server_metrics: ServerMetrics = field(default_factory=ServerMetrics)
     timeline: list[Window] = field(default_factory=list)
+    repeats: Repeats | None = None  # bench.repeats.max_runs > 1: the runs and the intervals
+    follow: dict | None = None  # open-loop levels: {offered_rps, achieved_rps, ratio} as realised
 
     @property
     def client_bound(self) -> bool:
@@ -234,6 +276,20 @@ class Experiment(_Sparse):
         return d
 
 
+@dataclass
+class Knee(Record):
+    """A rate sweep's result (``bench.rate_sweep``): the highest offered rate the server still followed
+    (``rate``) and the lowest it did not (``first_bad``), with each level's evidence; ``stopped``: why the sweep
+    ended ("past saturation" or "max_levels": then no knee was reached and ``rate`` is a lower bound)."""
+
+    rate: float | None = None
+    first_bad: float | None = None
+    found: bool = False
+    stopped: str = ""
+    criterion: str = ""
+    levels: list[dict] = field(default_factory=list)  # {rate, offered_rps, achieved_rps, ratio, goodput_fraction, good, step}
+
+
 # ------------------------------------------------------------------------------------------ the report
 @dataclass
 class ServedModel(Record):
@@ -244,8 +300,10 @@ class ServedModel(Record):
 
 
 @dataclass
-class BenchSettings(Record):
+class BenchSettings(_Sparse):
     """The traffic every level was sent with (from the recipe's bench section)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("traffic",)
 
     requests_per_level: int | None = None
     max_duration_s: float | None = None
@@ -259,6 +317,7 @@ class BenchSettings(Record):
     chars_per_token: float | None = None
     seed: int | None = None
     client_processes: int | str | None = None
+    traffic: dict | None = None  # arrivals, multi-turn, trace, repeats: how the levels were driven (None: defaults)
 
     @property
     def prompt_source(self) -> str | None:
@@ -277,7 +336,7 @@ class BenchReport(_Sparse):
     bench.json also the served model (``served``), the original's sweep (``original``) and the comparison of
     the two (``comparison``); `infertool bench --plot` adds ``plot``."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("served", "original", "comparison", "plot")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("served", "original", "comparison", "plot", "knee")
 
     url: str | None = None
     model: str = ""  # the name the server announced (what requests ask for)
@@ -294,6 +353,7 @@ class BenchReport(_Sparse):
     original: BenchReport | None = None  # run: the original's sweep, measured the same way
     comparison: Experiment | None = None  # run: original (A) vs candidate (B), or why there is none
     plot: str | None = None
+    knee: Knee | None = None  # bench.rate_sweep: the knee found (or why none)
 
     def __post_init__(self) -> None:
         # records from dicts too (a caller's or an older file's levels), and the derived flag

@@ -18,22 +18,33 @@ Every wait is bounded, whatever the server does (``infertool.net``'s policy for 
   (``loadgen.RESULTS_GRACE_S`` past the deadline).
 
 So one server's bench ends within CONNECT_BUDGET_S + min(WARMUP_TIMEOUT_S, max_duration_s) + levels x
-(max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + RESULTS_GRACE_S]).
+runs x (max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + RESULTS_GRACE_S]), runs at most
+``bench.repeats.max_runs`` and a rate sweep's levels at most ``bench.rate_sweep.max_levels``.
+
+The traffic's shapes (``bench.prompt.multi_turn``: each unit a conversation replayed as a session; ``bench.trace``:
+one level at a trace's timestamps; ``bench.arrival``: Poisson or gamma rates) are the level's ``job``
+(``loadgen.unit_fn`` sends its units, here or in each load-generator process). ``bench.repeats``: a level is run
+again until its figures' intervals are narrow enough (``repeat_runs``; ``measure_repeated`` for one level, what
+tune's capacity probes near the SLO edge call). ``bench.rate_sweep``: rates grow until the server stops
+following them, then the knee is bracketed (``find_knee``, ``KneeSearch``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 import time
-from dataclasses import dataclass, field
-from typing import Callable
+from dataclasses import dataclass, field, replace
+from typing import Awaitable, Callable
 
 from infertool import net
 from infertool.bench.client import Refused, Target, list_models, send, tokenize
-from infertool.bench.metrics import RequestResult, percentile, summarize
+from infertool.bench.metrics import (
+    RequestResult, mean_interval, percentile, proportion_interval, rate_following, summarize,
+)
 from infertool.bench.prometheus import Sampler, Timeline
-from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, build_prompts, chars_per_token
-from infertool.bench.results import SLO, LevelResult, LevelSpec, Window
+from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
+from infertool.bench.results import SLO, Interval, Knee, LevelResult, LevelSpec, Repeats, Summary, Window
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
 
@@ -44,12 +55,171 @@ PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of 
 
 
 def sweep_levels(bench) -> list[Level]:
-    """The recipe's traffic: each concurrency, then each Poisson rate, then the burst."""
-    levels = [Level("concurrency", c) for c in bench.concurrency]
-    levels += [Level("rate", r) for r in (bench.rate or [])]
+    """The recipe's traffic: each concurrency, then each rate (Poisson or gamma arrivals; none when a rate sweep
+    finds them), then the burst, then the trace. With multi-turn prompts every unit is a session."""
+    unit = "session" if bench.prompt.multi_turn is not None else None
+    levels = [Level("concurrency", c, unit=unit) for c in bench.concurrency]
+    if bench.rate_sweep is None:
+        levels += [rate_level(bench, r) for r in (bench.rate or [])]
     if bench.burst is not None:
-        levels.append(Level("burst", bench.burst.size, bench.burst.interval_s))
+        levels.append(Level("burst", bench.burst.size, bench.burst.interval_s, unit=unit))
+    if bench.trace is not None:
+        levels.append(Level("trace", bench.trace_speedup))
     return levels
+
+
+def rate_level(bench, rate: float) -> Level:
+    """An open-loop level at ``rate`` with the bench's arrivals (Poisson, or gamma with its burstiness)."""
+    unit = "session" if bench.prompt.multi_turn is not None else None
+    return Level("rate", rate, arrival=bench.arrival, burstiness=bench.burstiness, unit=unit)
+
+
+# ------------------------------------------------------------------------------------------ the work of a level
+@dataclass
+class _Conversation:
+    """A conversation read by ``_read_conversations`` (the shape of ``infertool.bench.datasets.Conversation``)."""
+
+    id: str
+    turns: list[str]
+    output_lens: list[int]
+    system: str | None = None
+
+
+def load_conversations(bench, n: int) -> list:
+    """``n`` conversations for multi-turn sessions: ``infertool.bench.datasets.conversations`` (sharegpt, a
+    conversations JSONL), else the JSONL at bench.prompt.source read here."""
+    try:
+        from infertool.bench.datasets import conversations  # type: ignore[attr-defined]
+    except ImportError:
+        return _read_conversations(bench.prompt.source, n, bench.output_len)
+    return list(conversations(bench, n))
+
+
+def _read_conversations(path: str, n: int, output_len: int) -> list[_Conversation]:
+    """The first ``n`` conversations of a JSONL file: {"turns": [user texts], "output_lens"?, "system"?, "id"?}
+    or ShareGPT's {"conversations": [{"from": "human"|"gpt", "value"}]} (the human turns; each reply's length
+    in words as its output length)."""
+    import json
+
+    p = _input_file(path, "bench.prompt.source")
+    out: list[_Conversation] = []
+    with open(p, encoding="utf-8") as f:
+        for num, line in enumerate(f, 1):
+            if len(out) >= n:
+                break
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                raise UsageError(f"{p}:{num}: not a JSON object") from None
+            conv = _conversation(row, num, output_len)
+            if conv is None:
+                raise UsageError(f"{p}:{num}: not a conversation",
+                                 hint='each line: {"turns": ["first user turn", ...]} or ShareGPT\'s '
+                                      '{"conversations": [{"from": "human", "value": ...}, ...]}')
+            out.append(conv)
+    if not out:
+        raise UsageError(f"{p} holds no conversations")
+    return out
+
+
+def _conversation(row, num: int, output_len: int) -> _Conversation | None:
+    """One JSONL row as a conversation (None: neither of the two shapes ``_read_conversations`` reads)."""
+    if not isinstance(row, dict):
+        return None
+    if isinstance(row.get("turns"), list):
+        turns = [t for t in row["turns"] if isinstance(t, str) and t]
+        lens = [int(v) if isinstance(v, int) and 0 < v <= 1_000_000 else output_len
+                for v in (row.get("output_lens") or [])]
+    elif isinstance(row.get("conversations"), list):
+        msgs = [m for m in row["conversations"] if isinstance(m, dict) and isinstance(m.get("value"), str)]
+        turns = [m["value"] for m in msgs if m.get("from") in ("human", "user")]
+        lens = [max(1, min(output_len * 8, len(m["value"].split()))) for m in msgs if m.get("from") in ("gpt", "assistant")]
+    else:
+        return None
+    system = row.get("system") if isinstance(row.get("system"), str) else None
+    return _Conversation(str(row.get("id", num)), turns, lens, system) if turns else None
+
+
+def load_trace_work(bench, chars_per_token: float) -> tuple[list[Prompt], list[float]]:
+    """A trace level's prompts and send offsets (the trace's timestamps from its first, / trace_speedup):
+    ``infertool.bench.datasets.load_trace``, else the JSONL read here ({"t_s", "prompt", "output_len"})."""
+    try:
+        from infertool.bench.datasets import load_trace  # type: ignore[attr-defined]
+    except ImportError:
+        load_trace = _read_trace
+    entries = sorted(load_trace(bench.trace), key=lambda e: e.t_s)
+    if not entries:
+        raise UsageError(f"the trace {bench.trace} holds no requests")
+    first = entries[0].t_s
+    prompts = []
+    for e in entries:
+        text = e.prompt if isinstance(e.prompt, str) else "hello " * max(1, int(int(e.prompt) * chars_per_token / 6))
+        prompts.append(Prompt(text, int(e.output_len or bench.output_len)))
+    return prompts, [(e.t_s - first) / bench.trace_speedup for e in entries]
+
+
+@dataclass
+class _TraceEntry:
+    t_s: float
+    prompt: str
+    output_len: int | None
+
+
+def _read_trace(path: str) -> list[_TraceEntry]:
+    """A JSONL trace, each line checked ({"t_s": seconds >= 0, "prompt": text, "output_len": tokens or absent})."""
+    import json
+
+    p = _input_file(path, "bench.trace")
+    out = []
+    with open(p, encoding="utf-8") as f:
+        for num, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+                t = float(row["t_s"])
+                prompt = row["prompt"]
+                out_len = row.get("output_len")
+                if not (math.isfinite(t) and t >= 0 and isinstance(prompt, str) and prompt
+                        and (out_len is None or (isinstance(out_len, int) and 0 < out_len <= 1_000_000))):
+                    raise ValueError
+            except (ValueError, KeyError, TypeError):
+                raise UsageError(f"{p}:{num}: not a trace entry",
+                                 hint='each line: {"t_s": seconds >= 0, "prompt": "...", "output_len": tokens}') from None
+            out.append(_TraceEntry(t, prompt, out_len))
+    return out
+
+
+def _input_file(path: str, what: str):
+    """``path`` as a Path when it names a readable file, else a UsageError naming the setting."""
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    if not p.is_file():
+        raise UsageError(f"{what}: no such file: {p}", hint=f"set {what} to a JSONL file")
+    return p
+
+
+def level_work(bench, level: Level, chars_per_token: float) -> dict:
+    """What a level sends beyond the bench's prompt stream, for its job: ``conversations`` (sessions),
+    ``prompts`` and ``offsets`` (a trace), and ``n`` (its units)."""
+    if level.kind == "trace":
+        prompts, offsets = load_trace_work(bench, chars_per_token)
+        return {"prompts": prompts, "offsets": offsets, "n": len(prompts)}
+    if level.unit == "session":
+        convs = load_conversations(bench, bench.requests)
+        return {"conversations": convs, "n": len(convs)}
+    return {"n": bench.requests}
+
+
+def _calibration_text(bench) -> str:
+    """Text like what will be sent, to measure the server's characters per token: the first turns of the
+    conversations (multi-turn), else prompts of the bench's source."""
+    if bench.prompt.multi_turn is not None:
+        return "\n".join(t for c in load_conversations(bench, 8) for t in c.turns[:2])
+    return "\n".join(p.text for p in build_prompts(bench.model_copy(update={"seed": bench.seed + 7919}), 8))
 
 
 def slo_of(bench) -> SLO | None:
@@ -135,7 +305,7 @@ async def _connect(client, url: str, api_key: str | None, model: str | None, ben
         shown = ", ".join(net.quote(n, secrets, 80) for n in names[:10]) + (", ..." if len(names) > 10 else "")
         raise UsageError(f"the server at {url} does not serve {model!r} (it serves: {shown})")
     # calibrate on prompts like the ones that will be sent (same source, same kind of windows)
-    sample = "\n".join(p.text for p in build_prompts(bench.model_copy(update={"seed": bench.seed + 7919}), 8))
+    sample = _calibration_text(bench)
     tokens, why = await tokenize(client, url.removesuffix("/v1"), model, sample, headers, deadline=deadline)
     if why is not None:
         notes.append(f"prompt lengths assume {DEFAULT_CHARS_PER_TOKEN:g} characters per token: "
@@ -195,85 +365,269 @@ def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_
                                       warmup=warmup))
 
 
+def measure_repeated(handle: ServerHandle, bench, level: Level, *, arm: str, repeats=None, seed_salt: int = 0,
+                     on_event: EventCallback | None = None) -> LevelResult:
+    """One level measured with repeats (``repeats``: a RepeatSpec, default bench.repeats): run again until its
+    throughput's and goodput's intervals are within the asked width, or max_runs; the result carries the
+    intervals (``LevelResult.repeats``). What tune's capacity probes near the SLO edge call."""
+    if repeats is not None:
+        bench = bench.model_copy(update={"repeats": repeats})
+    return measure(handle, bench, [level], arm=arm, seed_salt=seed_salt, on_event=on_event)[0]
+
+
 async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
                          on_event: EventCallback | None = None, warmup: bool = False) -> list[LevelResult]:
     """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
-    cost), the client's health and the server's own metrics over time. ``arm`` names it in progress
-    events; ``seed_salt`` gives an arm its own texts of the same lengths. Bounded as the module says."""
+    cost), the client's health and the server's own metrics over time; each level repeated as bench.repeats
+    asks. ``arm`` names it in progress events; ``seed_salt`` gives an arm its own texts of the same lengths.
+    Bounded as the module says."""
     from infertool.bench.client import Pool
 
     target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
     out: list[LevelResult] = []
     pool = Pool(handle.url)
+    slo, cost = slo_of(bench), bench.cost_per_hour
     async with net.async_client() as client:  # /metrics scrapes
         try:
             if warmup:
                 await send(pool, target, "Hello", 4, time.monotonic(),
                            timeout_s=min(WARMUP_TIMEOUT_S, bench.max_duration_s))
             for idx, level in enumerate(levels):
-                sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
-                out.append(await _level(pool, sampler, target, handle, bench, level, idx, arm=arm,
-                                        seed_salt=seed_salt, on_event=on_event))
+                work = level_work(bench, level, handle.chars_per_token)
+
+                async def once(run: int, idx=idx, level=level, work=work) -> tuple[LevelResult, list, float]:
+                    sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
+                    return await _level(pool, sampler, target, handle, bench, level, idx, arm=arm, work=work,
+                                        seed_salt=seed_salt + REPEAT_SEED * run, on_event=on_event)
+
+                out.append(await repeat_runs(once, bench.repeats,
+                                             lambda rs, d: summarize(rs, d, slo=slo, cost_per_hour=cost)))
         finally:
             await pool.close()
     return out
 
 
+REPEAT_SEED = 7907  # a repeat's seeds: the level's, salted by this times the run's index
+
+
 async def _level(pool, sampler: Sampler, target: Target, handle: ServerHandle, bench, level: Level, idx: int, *,
-                 arm: str, seed_salt: int, on_event: EventCallback | None) -> LevelResult:
-    """One level: sent from this process or split over several load-generator processes
-    (``infertool.bench.loadgen``), then summarised."""
+                 arm: str, work: dict, seed_salt: int,
+                 on_event: EventCallback | None) -> tuple[LevelResult, list[RequestResult], float]:
+    """One run of a level: sent from this process or split over several load-generator processes
+    (``infertool.bench.loadgen``), then summarised. Returns (the level, its requests, its wall seconds)."""
     from infertool.bench.loadgen import choose_processes, health, run_level_processes
 
     seed_bench = bench.model_copy(update={"seed": bench.seed * 1000 + idx + seed_salt})
-    progress = _Progress(on_event, f"{arm}:{level.label}", f"{arm}: {level.label}", bench.requests)
+    n = work["n"]
+    progress = _Progress(on_event, f"{arm}:{level.label}", f"{arm}: {level.label}", n)
     progress.send(0)
     processes = choose_processes(getattr(bench, "client_processes", "auto"), level)
+    job = {"target": target, "level": level, "bench": seed_bench, "chars_per_token": handle.chars_per_token,
+           "deadline_s": bench.max_duration_s, "seed": bench.seed + idx + seed_salt, **work}
     if processes > 1:
-        job = {"target": target, "level": level, "n": bench.requests, "bench": seed_bench,
-               "chars_per_token": handle.chars_per_token, "deadline_s": bench.max_duration_s, "seed": bench.seed + idx}
         results, duration, stats = await run_level_processes(job, processes, progress, sampler.start)
     else:
-        results, duration, stats = await _in_process(pool, sampler, target, handle, bench, seed_bench, level,
-                                                     bench.seed + idx, progress)
-    progress(len(results), final=True)  # what was sent (a deadline may have cut the level short)
+        results, duration, stats = await _in_process(pool, sampler, job, progress)
+    progress(n if level.unit == "session" else len(results), final=True)  # what was sent (a deadline may cut it)
     timeline = await sampler.stop()
     summary = summarize(results, duration, slo=slo_of(bench), cost_per_hour=bench.cost_per_hour)
+    follow = None  # whether the completions followed the offered rate: a rate sweep's evidence, a trace's
+    if level.kind == "trace" or (level.kind == "rate" and bench.rate_sweep is not None):
+        offered, achieved = rate_following(results)
+        follow = {"offered_rps": offered, "achieved_rps": achieved,
+                  "ratio": (achieved / offered) if offered and achieved is not None else None}
     return LevelResult(
         arm=arm, level=LevelSpec.from_dict(level.to_dict()), summary=summary,
         client=health(stats, processes, summary.itl_ms.p50), server_metrics=timeline.summary(),
         timeline=timeline_windows(results, timeline, duration,
                                   n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
-    )
+        follow=follow,
+    ), results, duration
 
 
-async def _in_process(pool, sampler: Sampler, target: Target, handle: ServerHandle, bench, seed_bench, level: Level,
-                      seed: int, progress: _Progress) -> tuple[list[RequestResult], float, list[dict]]:
+async def _in_process(pool, sampler: Sampler, job: dict,
+                      progress: _Progress) -> tuple[list[RequestResult], float, list[dict]]:
     """The level sent from this process's event loop, watched by ``loadgen.Monitor``."""
-    from infertool.bench.loadgen import Monitor
-    from infertool.bench.prompts import PromptStream, iter_prompts
+    from infertool.bench.loadgen import Monitor, unit_fn
 
-    prompts = PromptStream(iter_prompts(seed_bench, bench.requests, handle.chars_per_token))
     t0 = time.monotonic()
-    deadline = time.perf_counter() + bench.max_duration_s
     sampler.start(t0)
     done = 0
 
-    async def one(i: int) -> RequestResult:
+    def counted() -> None:
         nonlocal done
-        p = prompts.get(i)
-        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=bench.max_duration_s, deadline=deadline)
         done += 1
         progress(done)
-        return r
 
+    one = unit_fn(job, pool, t0, counted)
     monitor = Monitor().start()
     try:
-        results, duration = await run_level(one, bench.requests, level, deadline_s=bench.max_duration_s, seed=seed,
-                                            t0=t0)
+        results, duration = await run_level(one, job["n"], job["level"], deadline_s=job["deadline_s"],
+                                            seed=job["seed"], t0=t0, offsets=job.get("offsets"))
     finally:
         stats = [monitor.stop()]
     return results, duration, stats
+
+
+# ------------------------------------------------------------------------------------------ repeats
+RunOnce = Callable[[int], Awaitable[tuple[LevelResult, list[RequestResult], float]]]
+
+
+async def repeat_runs(once: RunOnce, spec, pooled: Callable[[list[RequestResult], float], Summary]) -> LevelResult:
+    """A level run by ``once(run index)`` until ``spec`` (a RepeatSpec) is satisfied: at least min_runs, then
+    until the throughput's and the goodput's intervals are within rel_width (``repeat_figures``), at most
+    max_runs. One run (max_runs 1): that run's level as it is. More: the runs' requests pooled into one summary
+    (``pooled(requests, seconds)``: latency percentiles and goodput over every request), the worst client
+    health, the intervals in ``repeats``."""
+    runs: list[tuple[LevelResult, list[RequestResult], float]] = []
+    while True:
+        runs.append(await once(len(runs)))
+        rep = repeat_figures([lv.summary for lv, _, _ in runs], spec)
+        if len(runs) >= spec.max_runs or (len(runs) >= spec.min_runs and rep.met):
+            break
+    if len(runs) == 1 and spec.max_runs == 1:
+        return runs[0][0]
+    rep.stopped = "width reached" if rep.met else "max_runs"
+    first = runs[0][0]
+    clients = [lv.client for lv, _, _ in runs if lv.client is not None]
+    follows = [lv.follow for lv, _, _ in runs if lv.follow]
+    follow = None
+    if follows:
+        follow = {k: _mean([f.get(k) for f in follows]) for k in ("offered_rps", "achieved_rps", "ratio")}
+    return replace(first, summary=pooled([r for _, rs, _ in runs for r in rs], sum(d for _, _, d in runs)),
+                   client=max(clients, key=lambda c: (c.client_bound, c.cpu_fraction or 0.0), default=first.client),
+                   repeats=rep, follow=follow)
+
+
+def _mean(values: list) -> float | None:
+    """The mean of the numbers among ``values`` (None when there are none)."""
+    xs = [v for v in values if isinstance(v, (int, float))]
+    return sum(xs) / len(xs) if xs else None
+
+
+def _interval(value: float | None, lo: float | None, hi: float | None) -> Interval:
+    """An Interval with its half-width relative to the value (absolute when the value is 0)."""
+    rel = None
+    if value is not None and lo is not None and hi is not None:
+        rel = ((hi - lo) / 2 / value) if value > 0 else (hi - lo) / 2
+    return Interval(value, lo, hi, rel)
+
+
+def repeat_figures(summaries: list[Summary], spec) -> Repeats:
+    """The intervals of repeated runs' figures: request and output-token throughput (mean and t-interval over
+    the runs), goodput req/s (the same) and the goodput fraction (a Wilson interval over all requests of all
+    runs); ``met`` when the three stop figures (both throughputs and the goodput fraction) have a half-width
+    within ``spec.rel_width`` of their value (a zero fraction: within rel_width absolute)."""
+    conf = spec.confidence
+    rt = _interval(*mean_interval([s.request_throughput or 0.0 for s in summaries], conf))
+    ot = _interval(*mean_interval([s.output_token_throughput or 0.0 for s in summaries], conf))
+    gp = _interval(*mean_interval([s.goodput.requests_per_s or 0.0 for s in summaries], conf))
+    sent = sum(s.requests for s in summaries)
+    good = sum(round((s.goodput.fraction or 0.0) * s.requests) for s in summaries)
+    lo, hi = proportion_interval(good, sent, conf)
+    frac = _interval(good / sent if sent else None, lo, hi) if len(summaries) > 1 else Interval(good / sent if sent else None)
+    met = all(i.rel_half_width is not None and i.rel_half_width <= spec.rel_width for i in (rt, ot, frac))
+    per_run = [{"request_throughput": s.request_throughput, "output_token_throughput": s.output_token_throughput,
+                "goodput": s.goodput.requests_per_s, "goodput_fraction": s.goodput.fraction, "requests": s.requests}
+               for s in summaries]
+    return Repeats(runs=len(summaries), confidence=conf, rel_width=spec.rel_width, met=met,
+                   request_throughput=rt, output_token_throughput=ot, goodput=gp, goodput_fraction=frac,
+                   per_run=per_run)
+
+
+# ------------------------------------------------------------------------------------------ the rate sweep
+FOLLOW_RATIO = 0.9  # achieved / offered below this: the server no longer follows the offered rate
+SPAN_LATENCIES = 4  # a sweep level sends for at least this many of the previous level's median latencies
+BISECTIONS = 2  # levels between the last good and the first bad rate
+
+
+def sweep_requests(requests: int, rate: float, e2e_s: float) -> int:
+    """A sweep level's requests: at least ``requests``, and ``rate`` x SPAN_LATENCIES x the last median latency
+    (at most MAX_REQUESTS; the level's deadline bounds it as any level)."""
+    from infertool.recipe import MAX_REQUESTS
+
+    return int(min(MAX_REQUESTS, max(requests, math.ceil(rate * SPAN_LATENCIES * e2e_s))))
+
+
+class KneeSearch:
+    """The rates of a sweep that stops by itself past saturation (pure: the caller measures each rate and
+    ``record``s it). Rates grow from spec.start by spec.factor while the server follows (achieved >=
+    FOLLOW_RATIO x offered, and with an SLO a goodput fraction >= spec.goodput_target); the first rate it does
+    not follow brackets the knee (when even spec.start is past it, rates shrink by spec.factor until one is
+    followed), and up to BISECTIONS geometric midpoints narrow it; at most spec.max_levels levels in all."""
+
+    def __init__(self, spec, slo_set: bool):
+        self.spec, self.slo_set = spec, slo_set
+        self.levels: list[dict] = []
+        self.good: float | None = None
+        self.bad: float | None = None
+
+    def next_rate(self) -> float | None:
+        """The next rate to measure, None when the search is over."""
+        if len(self.levels) >= self.spec.max_levels:
+            return None
+        if self.bad is None:
+            return self.spec.start if not self.levels else self.levels[-1]["rate"] * self.spec.factor
+        if self.good is None:  # even the start was past the knee: look below it
+            return self.bad / self.spec.factor
+        bisected = sum(1 for lv in self.levels if lv["step"] == "bisect")
+        if bisected >= BISECTIONS:
+            return None
+        return math.sqrt(self.good * self.bad)
+
+    def record(self, rate: float, offered: float | None, achieved: float | None,
+               goodput_fraction: float | None) -> bool:
+        """One measured rate; whether the server followed it."""
+        ratio = (achieved / offered) if offered and achieved is not None else None
+        good = ratio is not None and ratio >= FOLLOW_RATIO
+        if self.slo_set:
+            good = good and goodput_fraction is not None and goodput_fraction >= self.spec.goodput_target
+        step = "grow" if self.bad is None else "shrink" if self.good is None else "bisect"
+        self.levels.append({"rate": rate, "offered_rps": offered, "achieved_rps": achieved, "ratio": ratio,
+                            "goodput_fraction": goodput_fraction, "good": good, "step": step})
+        if good:
+            self.good = max(self.good or 0.0, rate)
+        else:
+            self.bad = rate if self.bad is None else min(self.bad, rate)
+        return good
+
+    def knee(self) -> Knee:
+        """The search's result: the bracket, whether it was found, why it stopped, each level's evidence."""
+        criterion = (f"achieved >= {FOLLOW_RATIO:.0%} of offered (both as realised)"
+                     + (f" and goodput >= {self.spec.goodput_target:.0%} of requests" if self.slo_set else ""))
+        if self.bad is None:
+            stopped = (f"max_levels ({self.spec.max_levels}): the server followed every rate; the knee is above "
+                       f"{self.good:g}/s" if self.good is not None else "no level measured")
+        elif self.good is None:
+            stopped = (f"max_levels ({self.spec.max_levels}): past saturation at every rate down to {self.bad:g}/s: "
+                       "the knee is below it")
+        else:
+            stopped = "past saturation"
+        return Knee(rate=self.good, first_bad=self.bad, found=self.good is not None and self.bad is not None,
+                    stopped=stopped, criterion=criterion, levels=list(self.levels))
+
+
+def find_knee(handle: ServerHandle, bench, *, arm: str, on_event: EventCallback | None = None,
+              measure_one: Callable[[Level, int], LevelResult] | None = None) -> tuple[list[LevelResult], Knee]:
+    """bench.rate_sweep on one server: each rate of ``KneeSearch`` measured (with bench.repeats), until it ends.
+    Returns (the levels in the order measured, the knee). ``measure_one(level, step, requests)``: how a level
+    is measured (default: ``measure`` on ``handle``). A level sends at least bench.requests, and enough to
+    last SPAN_LATENCIES of the previous level's median latency (``sweep_requests``): a burst the server batches
+    whole finishes at once whatever its capacity, so only a level longer than a few latencies can show a queue."""
+    spec = bench.rate_sweep
+    search = KneeSearch(spec, slo_of(bench) is not None and slo_of(bench).is_set())
+    if measure_one is None:
+        def measure_one(level: Level, step: int, requests: int) -> LevelResult:
+            b = bench.model_copy(update={"requests": requests})
+            return measure(handle, b, [level], arm=arm, seed_salt=1000 + step, on_event=on_event)[0]
+    levels: list[LevelResult] = []
+    while (rate := search.next_rate()) is not None:
+        e2e_s = (levels[-1].summary.e2e_ms.p50 or 0.0) / 1000.0 if levels else 0.0
+        lv = measure_one(rate_level(bench, round(rate, 4)), len(levels), sweep_requests(bench.requests, rate, e2e_s))
+        levels.append(lv)
+        f = lv.follow or {}
+        search.record(rate, f.get("offered_rps"), f.get("achieved_rps"), lv.summary.goodput.fraction)
+    return levels, search.knee()
 
 
 def client_notes(levels: list[LevelResult]) -> list[str]:

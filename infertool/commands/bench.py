@@ -92,10 +92,19 @@ def render(report) -> None:
     report = BenchReport.from_dict(report)
     s = report.settings
     who = escape(report.label or report.model) + (f" (served as {escape(report.model)})" if report.label else "")
-    err.print(f"[bold]{who}[/] at {escape(str(report.url))} ({escape(report.endpoint)}); "
-              f"{s.requests_per_level} requests per level, prompt ~{s.prompt.get('len_tokens')} tokens "
-              f"({escape(str(s.prompt.get('source')))}), output {s.output_len} tokens", soft_wrap=True)
+    sessions = bool(s.traffic and s.traffic.get("multi_turn"))
+    what = (f"{s.requests_per_level} sessions per level, conversations from {escape(str(s.prompt.get('source')))}"
+            if sessions else f"{s.requests_per_level} requests per level, prompt ~{s.prompt.get('len_tokens')} "
+            f"tokens ({escape(str(s.prompt.get('source')))})")
+    err.print(f"[bold]{who}[/] at {escape(str(report.url))} ({escape(report.endpoint)}); {what}, output "
+              f"{s.output_len} tokens", soft_wrap=True)
+    if s.traffic:
+        err.print(f"traffic: {escape(_traffic_words(s.traffic))}", soft_wrap=True)
     _level_tables(report.levels)
+    _repeats_table(report.levels)
+    _turns_table(report.levels)
+    if report.knee is not None:
+        _knee(report.knee)
     errors = {k: v for lv in report.levels for k, v in lv.summary.errors.items()}
     if errors:
         err.print(f"[yellow]errors:[/] {escape(str(errors))}", soft_wrap=True)
@@ -137,6 +146,100 @@ def _level_tables(levels) -> None:
                     _f(sm.preemptions, "{:.0f}"), _f(None if hit is None else hit * 100, "{:.0f}"))
     out.print(lat)
     out.print(thr)
+
+
+def _traffic_words(t: dict) -> str:
+    """The settings.traffic block in words: arrivals, sessions, trace, rate sweep, repeats."""
+    parts = []
+    if a := t.get("arrival"):
+        parts.append(f"{a.get('kind')} arrivals (burstiness {a.get('burstiness')})")
+    if m := t.get("multi_turn"):
+        parts.append(f"multi-turn sessions (at most {m.get('max_turns')} turns, think {m.get('think_time_s')} s "
+                     f"+-{m.get('think_time_spread')}; concurrency = sessions in flight)")
+    if tr := t.get("trace"):
+        parts.append(f"trace {tr.get('path')} x{tr.get('speedup')}")
+    if rs := t.get("rate_sweep"):
+        parts.append(f"rate sweep from {rs.get('start')}/s x{rs.get('factor')} (at most {rs.get('max_levels')} levels)")
+    if r := t.get("repeats"):
+        parts.append(f"repeats {r.get('min_runs')}..{r.get('max_runs')} runs until +-{r.get('rel_width'):.0%} "
+                     f"at {r.get('confidence'):.0%}")
+    return "; ".join(parts)
+
+
+def _ci(i, fmt: str) -> str:
+    """An interval's value and bounds: "1.23 [1.10, 1.36]" ("-" unmeasured; no bounds after one run)."""
+    if i.value is None:
+        return "-"
+    text = fmt.format(i.value)
+    if i.lo is not None and i.hi is not None:
+        text += f" [{fmt.format(i.lo)}, {fmt.format(i.hi)}]"
+    return text
+
+
+def _repeats_table(levels) -> None:
+    """The repeated levels' intervals (bench.repeats): throughput, goodput, runs and why they stopped."""
+    from rich.table import Table
+
+    from infertool.output import out
+
+    rows = [lv for lv in levels if lv.repeats is not None]
+    if not rows:
+        return
+    rep = rows[0].repeats
+    t = Table(title=f"repeats: mean and {rep.confidence or 0.95:.0%} interval over runs (goodput %: over all "
+                    "requests)", title_justify="left")
+    for c in ("level", "runs", "req/s", "out tok/s", "goodput req/s", "goodput %", "stopped"):
+        t.add_column(c, justify="left" if c in ("level", "stopped") else "right", no_wrap=True)
+    for lv in rows:
+        r = lv.repeats
+        frac = r.goodput_fraction
+        pct = type(frac)(*(None if v is None else v * 100 for v in (frac.value, frac.lo, frac.hi)))
+        t.add_row(lv.level.label, str(r.runs), _ci(r.request_throughput, "{:.3f}"),
+                  _ci(r.output_token_throughput, "{:.1f}"), _ci(r.goodput, "{:.3f}"), _ci(pct, "{:.0f}"),
+                  r.stopped or "-")
+    out.print(t)
+
+
+def _turns_table(levels) -> None:
+    """Multi-turn levels: each turn's prompt length and latencies (later turns carry the history)."""
+    from rich.table import Table
+
+    from infertool.output import out
+
+    rows = [lv for lv in levels if lv.summary.turns]
+    if not rows:
+        return
+    t = Table(title="by turn (multi-turn sessions)", title_justify="left")
+    for c in ("level", "turn", "ok/sent", "prompt tok", "TTFT p50", "E2E p50"):
+        t.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
+    for lv in rows:
+        for i, row in enumerate(lv.summary.turns):
+            t.add_row(lv.level.label if i == 0 else "", str(row.get("turn")),
+                      f"{row.get('completed')}/{row.get('requests')}", _f(row.get("mean_prompt_tokens"), "{:.0f}"),
+                      _f(row.get("ttft_p50_ms"), "{:.0f}"), _f(row.get("e2e_p50_ms"), "{:.0f}"))
+    out.print(t)
+
+
+def _knee(knee) -> None:
+    """The rate sweep's knee and its evidence: each rate offered, achieved, and whether the server followed."""
+    from rich.table import Table
+
+    from infertool.output import err, out
+
+    t = Table(title="rate sweep: offered vs achieved (req/s, as realised)", title_justify="left")
+    for c in ("rate", "step", "offered", "achieved", "ratio", "goodput %", "followed"):
+        t.add_column(c, justify="right", no_wrap=True)
+    for lv in knee.levels:
+        g = lv.get("goodput_fraction")
+        t.add_row(_f(lv.get("rate"), "{:.3g}"), str(lv.get("step")), _f(lv.get("offered_rps"), "{:.3f}"),
+                  _f(lv.get("achieved_rps"), "{:.3f}"), _f(lv.get("ratio"), "{:.2f}"),
+                  _f(None if g is None else g * 100, "{:.0f}"), "yes" if lv.get("good") else "NO")
+    out.print(t)
+    if knee.found:
+        err.print(f"knee: between {knee.rate:g} and {knee.first_bad:g} req/s offered (the server follows "
+                  f"{knee.rate:g}/s, not {knee.first_bad:g}/s; {knee.criterion})", markup=False, soft_wrap=True)
+    else:
+        err.print(f"knee: not bracketed: {knee.stopped} ({knee.criterion})", markup=False, soft_wrap=True)
 
 
 def _timeline_table(busiest) -> None:
