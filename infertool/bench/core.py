@@ -26,7 +26,8 @@ from typing import Any
 
 from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
-from infertool.bench.results import FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, LevelResult
+from infertool.bench.results import (FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, LevelResult,
+                                     server_figures)
 from infertool.bench.sweep import ServerHandle, client_notes, connect, measure, require_success, slo_of, sweep_levels
 from infertool.bench.traffic import Level
 from infertool.capability import RunContext
@@ -185,9 +186,10 @@ def _plot(report: BenchReport, path: Path, out_dir) -> str | None:
     if not path.is_absolute() and out_dir is not None:
         path = Path(out_dir) / path
     try:
-        from infertool.bench.plot import plot_latency_throughput
+        from infertool.bench.plot import lengths_path, plot_latency_throughput, plot_lengths
     except ImportError:
         return None
+    plot_lengths(report, lengths_path(path))  # the length histogram beside it
     return str(plot_latency_throughput(report, path))
 
 
@@ -260,6 +262,7 @@ def ab_table(name: str, a_label: str, b_label: str, a_levels: list, b_levels: li
         for f in FIGURES:
             va, vb = f.get(a.summary), f.get(b.summary)
             figures[f.key] = Figure(f.label, va, vb, ratio(va, vb), f.higher_is_better)
+        figures.update(server_figures(a, b))  # prefix-cache hits, spec-decode acceptance: why an arm wins
         rows.append(ABRow(a.level.label, b.level.label, figures, {"a": a.summary.failed, "b": b.summary.failed}))
     return Experiment(name, a_label, b_label, rows, note)
 

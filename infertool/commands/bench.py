@@ -86,16 +86,16 @@ def _f(v, fmt: str = "{:.1f}") -> str:
 def render(report) -> None:
     """The report's tables: latency, throughput / goodput / cost / server metrics per level, the busiest level
     over time, each A/B experiment; then its notes. ``report``: a BenchReport or its JSON data."""
-    from infertool.bench.results import BenchReport
+    from infertool.bench.results import BenchReport, describe_traffic
     from infertool.output import err, esc as escape
 
     report = BenchReport.from_dict(report)
     s = report.settings
     who = escape(report.label or report.model) + (f" (served as {escape(report.model)})" if report.label else "")
     err.print(f"[bold]{who}[/] at {escape(str(report.url))} ({escape(report.endpoint)}); "
-              f"{s.requests_per_level} requests per level, prompt ~{s.prompt.get('len_tokens')} tokens "
-              f"({escape(str(s.prompt.get('source')))}), output {s.output_len} tokens", soft_wrap=True)
+              f"{s.requests_per_level} requests per level, {escape(describe_traffic(s))}", soft_wrap=True)
     _level_tables(report.levels)
+    _lengths_table(report.levels)
     errors = {k: v for lv in report.levels for k, v in lv.summary.errors.items()}
     if errors:
         err.print(f"[yellow]errors:[/] {escape(str(errors))}", soft_wrap=True)
@@ -137,6 +137,32 @@ def _level_tables(levels) -> None:
                     _f(sm.preemptions, "{:.0f}"), _f(None if hit is None else hit * 100, "{:.0f}"))
     out.print(lat)
     out.print(thr)
+
+
+def _lengths_table(levels) -> None:
+    """The token lengths each level actually sent (the server's usage) and, when the server speculated, its
+    acceptance figures."""
+    from rich.table import Table
+
+    from infertool.output import out
+
+    if not any(lv.summary.lengths is not None for lv in levels):
+        return
+    spec = any(lv.server_metrics.spec_decode_acceptance_rate is not None for lv in levels)
+    t = Table(title="token lengths sent (server's usage): p50 / p90 / p99 / max"
+              + (", and speculative decoding" if spec else ""), title_justify="left")
+    for c in ("level", "input", "output") + (("spec accept %", "mean accepted len") if spec else ()):
+        t.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
+    for lv in levels:
+        d, sm = lv.summary.lengths, lv.server_metrics
+        cells = [lv.level.label] + [
+            "-" if d is None else " / ".join(_f(v, "{:.0f}") for v in (h.p50, h.p90, h.p99, h.max))
+            for h in ((d.input, d.output) if d is not None else (None, None))]
+        if spec:
+            rate = sm.spec_decode_acceptance_rate
+            cells += [_f(None if rate is None else rate * 100, "{:.0f}"), _f(sm.spec_decode_mean_accepted_len, "{:.2f}")]
+        t.add_row(*cells)
+    out.print(t)
 
 
 def _timeline_table(busiest) -> None:
