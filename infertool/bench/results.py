@@ -157,8 +157,12 @@ class ClientHealth(Record):
 
 
 @dataclass
-class ServerMetrics(Record):
-    """The server's Prometheus gauges over a level: peaks, means and deltas (None: not exposed)."""
+class ServerMetrics(_Sparse):
+    """The server's Prometheus gauges over a level: peaks, means and deltas (None: not exposed; the
+    speculative-decoding figures are left out of the JSON when the server did not speculate)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("spec_decode_acceptance_rate", "spec_decode_mean_accepted_len",
+                                            "spec_decode_drafts")
 
     available: bool = False
     samples: int = 0
