@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -32,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_vs_vllm import FIGURES, VLLM_RUNNER, _get  # noqa: E402  (the same runner and figures)
+from bench_vs_vllm import VLLM_RUNNER, figure_rows, print_rows, started_server  # noqa: E402  (the same runner and figures)
 
 TOLERANCE = 0.10
 
@@ -114,43 +113,23 @@ def main() -> int:
 
     from infertool.envs.state import require_env
     from infertool.procs import free_port
-    from infertool.recipe import validate_recipe_data
-    from infertool.resolve import resolve
-    from infertool.serve import default_log_path, prepare
-    from infertool.serve.launcher import Server
 
     serve_python = require_env("serve", needed_by="benchmarks/bench_vs_vllm_sharegpt.py")
-    port = free_port()
-    recipe = validate_recipe_data({
+    data = {
         "name": "bench-vs-vllm-sharegpt", "model": {"source": args.model or "bundled:smollm2-135m"},
-        "serve": {"served_model_name": "m", "port": port, "enforce_eager": True, "max_model_len": 2048,
+        "serve": {"served_model_name": "m", "port": free_port(), "enforce_eager": True, "max_model_len": 2048,
                   "max_num_seqs": max(8, args.concurrency), "cpu": {"kv_cache_space_gib": 1},
                   "enable_prefix_caching": False},
-    })
-    plan = prepare(resolve(recipe))
-    model_dir = str(plan.spec.model)
-    server = Server(plan.spec, default_log_path(port))
-    print(f"starting vLLM on port {port} ({model_dir}); log {server.log_path}", file=sys.stderr)
-    server.start()
-    try:
-        ready = server.wait_ready()
-        print(f"ready in {ready.seconds:.0f} s", file=sys.stderr)
-        ours, theirs, sample = run_pairs(args, ready.url, model_dir, serve_python,
+    }
+    with started_server(data) as (ready, model_dir, _):
+        ours, theirs, sample = run_pairs(args, ready.url, str(model_dir), serve_python,
                                          Path(tempfile.mkdtemp(prefix="bench-vs-vllm-sharegpt-")))
-    finally:
-        server.stop()
-    return report(args, model_dir, ours, theirs, sample)
+    return report(args, str(model_dir), ours, theirs, sample)
 
 
 def report(args, model_dir: str, ours: list, theirs: list, sample) -> int:
     """The table (or JSON): both medians, infertool / vLLM, the length check; exit 1 when a check fails."""
-    rows = []
-    for label, path, key in FIGURES:
-        a = [v for s in ours if (v := _get(s, path)) is not None]
-        b = [v for s in theirs if (v := s.get(key)) is not None]
-        ma = statistics.median(a) if a else None
-        mb = statistics.median(b) if b else None
-        rows.append({"figure": label, "infertool": ma, "vllm": mb, "ratio": (ma / mb) if ma is not None and mb else None})
+    rows = figure_rows(ours, theirs)
     lengths = length_check(sample, ours[0], theirs[0])
     within = all(r["ratio"] is None or abs(r["ratio"] - 1) <= TOLERANCE for r in rows)
     if args.json:
@@ -165,13 +144,8 @@ def report(args, model_dir: str, ours: list, theirs: list, sample) -> int:
               f"totals in/out infertool {lengths['totals']['infertool']} vLLM {lengths['totals']['vllm']})")
         for name, ok in lengths["checks"].items():
             print(f"  {'ok ' if ok else 'NO '} {name}")
-        print(f"\n{'figure':30} {'infertool':>12} {'vllm bench':>12} {'ratio':>8}")
-        for row in rows:
-            fa = "-" if row["infertool"] is None else f"{row['infertool']:.2f}"
-            fb = "-" if row["vllm"] is None else f"{row['vllm']:.2f}"
-            fr = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
-            flag = "" if row["ratio"] is None or abs(row["ratio"] - 1) <= TOLERANCE else "  (outside 10 %)"
-            print(f"{row['figure']:30} {fa:>12} {fb:>12} {fr:>8}{flag}")
+        print()
+        print_rows(rows)
     return 0 if lengths["identical"] and within else 1
 
 

@@ -117,9 +117,10 @@ def plan(res, options: BenchOptions | None = None) -> BenchPlan:
             hint="run `infertool bench RECIPE` without --url (it launches one server per arm), or "
             "--set bench.experiments=[batching]")
     notes: list[str] = []
-    if "prefix_caching" in experiments and bench.shared_prefix_ratio == 0:
+    if "prefix_caching" in experiments and bench.shared_prefix_ratio == 0 and bench.prompt.source != "shared_prefix":
         notes.append("prefix_caching experiment with bench.shared_prefix_ratio 0: prompts share no prefix, "
-                     "so little difference is expected (set e.g. --set bench.shared_prefix_ratio=0.5)")
+                     "so little difference is expected (set e.g. --set bench.shared_prefix_ratio=0.5, or "
+                     "bench.prompt.source=shared_prefix)")
     if "batching" in experiments and bench.output_len_spread == 0 and bench.ignore_eos:
         notes.append("batching experiment with equal output lengths: static batches lose little; "
                      "set bench.output_len_spread (e.g. 0.8) to see requests wait for the longest")
