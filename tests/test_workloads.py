@@ -366,3 +366,50 @@ def test_spec_decode_and_prefix_cache_from_recorded_metrics():
     figs = server_figures(a, b)
     assert figs["prefix_cache_hit_rate"].ratio == pytest.approx(3.0)
     assert figs["spec_decode_acceptance_rate"].a is None and figs["spec_decode_acceptance_rate"].b == 0.5
+
+
+# ------------------------------------------------------------------------------------------ shown
+def _lengths_level(report: dict, hit: float | None, accept: float | None) -> None:
+    """Give every level of a bench.json the lengths it sent and the server's reuse figures."""
+    from infertool.bench.metrics import RequestResult, length_distribution
+
+    sent = length_distribution([RequestResult(ok=True, start=0.0, prompt_tokens=p, output_tokens=o)
+                                for p, o in ((100, 20), (300, 40), (900, 200))])
+    for lv in report["levels"]:
+        lv["summary"]["lengths"] = sent.to_dict()
+        lv["server_metrics"].update(prefix_cache_hit_rate=hit, spec_decode_acceptance_rate=accept,
+                                    spec_decode_mean_accepted_len=None if accept is None else 1.9)
+
+
+def test_the_cli_tables_show_lengths_and_spec_decode():
+    from infertool.bench.results import BenchReport
+    from infertool.commands.bench import render
+    from infertool.output import out
+    from tests.report_fixture import _bench_report, _level
+
+    report = _bench_report("m", "m", [_level("concurrency", 8, 96.0, 300.0, 20.0, 1.0)])
+    report["settings"]["prompt"] = {"source": "sharegpt", "len_tokens": 256}
+    _lengths_level(report, 0.42, 0.61)
+    with out.capture() as cap:
+        render(BenchReport.from_dict(report))
+    text = cap.get()
+    assert "token lengths sent" in text and "300 / 780 / 888 / 900" in text and "40 / 168 / 197 / 200" in text
+    assert "61" in text and "1.90" in text  # acceptance %, mean accepted length
+
+
+def test_the_report_shows_lengths_and_the_histogram(tmp_path):
+    from infertool.bench.plot import lengths_path, plot_lengths
+    from infertool.report import write_report
+    from tests.report_fixture import make_run_dir
+
+    run = make_run_dir(tmp_path / "runs")
+    path = (run / "bench" / "bench.json").resolve()
+    report = json.loads(path.read_text())
+    _lengths_level(report, 0.5, None)
+    path.write_text(json.dumps(report))
+    plot_lengths(report, lengths_path(path.parent / "latency_throughput.png"))
+    res = write_report(run)
+    md = Path(res["files"]["report.md"]).read_text()
+    assert "the token lengths sent" in md and "300 / 780 / 888 / 900" in md and "50%" in md
+    html = Path(res["files"]["report.html"]).read_text()
+    assert html.count("data:image/svg+xml") >= 2  # the KLD histogram and the length histogram
