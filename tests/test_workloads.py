@@ -413,3 +413,30 @@ def test_the_report_shows_lengths_and_the_histogram(tmp_path):
     assert "the token lengths sent" in md and "300 / 780 / 888 / 900" in md and "50%" in md
     html = Path(res["files"]["report.html"]).read_text()
     assert html.count("data:image/svg+xml") >= 2  # the KLD histogram and the length histogram
+
+
+def test_bench_sends_the_sharegpt_sample_and_records_its_lengths(tmp_path, word_tokenizer, monkeypatch):
+    """`infertool bench --url` with bench.prompt.source: sharegpt against a fake streaming server: the prompts it
+    receives are the sample's, each asks for its own output length, and the level records the lengths sent."""
+    import contextlib
+
+    from tests.conftest import cli_in_process
+    from tests.fakes import FakeOpenAI
+
+    monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
+    path, _ = sharegpt_file(tmp_path)
+    monkeypatch.setattr(ds, "sharegpt_file", lambda: contextlib.nullcontext(path))
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("name: r\nmodel: {source: bundled:smollm2-135m}\n"
+                      f"bench: {{concurrency: [2], requests: 6, seed: 0, scrape_interval_s: 0.2,\n"
+                      f"        prompt: {{source: sharegpt, tokenizer: '{word_tokenizer}'}}}}\n")
+    sample = ds.sample_sharegpt(path, 6, 0, ds.TokenCounter(word_tokenizer))  # level 0's seed: bench.seed x 1000
+    with FakeOpenAI(itl_ms=0) as srv:
+        r = cli_in_process("bench", str(recipe), "--url", srv.url, "--json")
+        got = srv.stats()["prompts"]
+    assert r.returncode == 0, r.stderr
+    assert sorted(got[1:]) == sorted(s.prompt for s in sample)  # after the warm-up request
+    (level,) = json.loads(r.stdout)["levels"]
+    out = level["summary"]["lengths"]["output"]
+    assert out["n"] == 6 and out["max"] == max(s.output_len for s in sample)
+    assert level["summary"]["output_tokens"] == sum(s.output_len for s in sample)
