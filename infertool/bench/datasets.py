@@ -54,6 +54,7 @@ MAX_TOTAL_LEN = 2048  # prompt + output
 CACHE_MIN_SAMPLE = 1024  # a sample is cached this long at least (a later, larger request reuses it)
 MAX_ROWS = 1_000_000  # rows of a user's JSONL (conversations, traces)
 MAX_TEXT_CHARS = 1_000_000  # one prompt or turn
+MAX_TOKENIZER_BYTES = 256 * 2**20
 CHARS_PER_TOKEN_GUESS = 4.0  # a conversation's reply length without a tokenizer (said in the source's note)
 
 
@@ -65,7 +66,12 @@ class TokenCounter:
         from tokenizers import Tokenizer
 
         self.path = Path(path)
-        data = self.path.read_bytes()
+        try:
+            if self.path.stat().st_size > MAX_TOKENIZER_BYTES:
+                raise UsageError(f"{self.path} is over {MAX_TOKENIZER_BYTES // 2**20} MiB: no tokenizer.json is")
+            data = self.path.read_bytes()
+        except OSError as exc:
+            raise UsageError(f"cannot read the tokenizer {self.path}: {exc.strerror}") from None
         self.sha = hashlib.sha256(data).hexdigest()[:16]
         try:
             self._tok = Tokenizer.from_str(data.decode("utf-8"))
@@ -476,9 +482,9 @@ def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS,
     for n, row in _jsonl_rows(path):
         if not isinstance(row, dict):
             raise UsageError(f"{path}:{n}: not a JSON object")
-        t = _number(row, "timestamp", n, path, 0, 1e9)
+        t = _number(row, "timestamp", n, path, 0, 1e11)  # epoch seconds too
         if t is None:
-            ms = _number(row, "timestamp_ms", n, path, 0, 1e12)
+            ms = _number(row, "timestamp_ms", n, path, 0, 1e14)
             if ms is None:
                 raise UsageError(f"{path}:{n}: no `timestamp` (seconds) or `timestamp_ms` (milliseconds)")
             t = ms / 1000.0
