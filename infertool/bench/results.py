@@ -400,6 +400,8 @@ def traffic_differences(a: BenchReport, b: BenchReport, recipe_a: dict | None = 
     ba, bb = (recipe_a or {}).get("bench") or {}, (recipe_b or {}).get("bench") or {}
     for key in TRAFFIC_FIELDS:
         va, vb = ba.get(key), bb.get(key)
+        if key == "prompt" and isinstance(va, dict) and isinstance(vb, dict):  # where the tokenizer lies is no traffic
+            va, vb = ({k: v for k, v in d.items() if k != "tokenizer"} for d in (va, vb))
         if (ba or bb) and va != vb:
             diffs.append(f"bench.{key}: {_short(va)} vs {_short(vb)}")
     sa, sb = a.settings, b.settings
