@@ -79,6 +79,7 @@ def run_pairs(args, ready_url: str, model_dir: str, serve_python, work: Path) ->
     recipe = validate_recipe_data({
         "name": "bench-vs-vllm-sharegpt", "model": {"source": model_dir},
         "bench": {"concurrency": [args.concurrency], "requests": args.requests, "ignore_eos": True,
+                  "max_duration_s": 3600,  # vLLM's benchmark has no deadline: neither may cut the level short
                   "seed": args.seed, "prompt": {"source": "sharegpt", "tokenizer": model_dir}},
     })
     level_seed = args.seed * 1000  # the seed infertool's first level samples with (bench.sweep)
