@@ -5,7 +5,8 @@ One vLLM server (the bundled model unless --model) is started once. infertool se
 vLLM's benchmark samples the same file (``--dataset-name sharegpt``: the packaged
 ShareGPT_V3_unfiltered_cleaned_split.json, or its repaired copy when the packaged file is cut) with the seed
 infertool's level uses (bench.seed x 1000 for the first level). Both ask for each sample's own output length
-with ``ignore_eos``, at the same concurrency and request count; the two tools run alternately (--repeats pairs).
+with ``ignore_eos``, at the same concurrency and request count; the two tools run alternately (--repeats
+pairs, in the order ABBA...).
 
 Checked: the requests' token lengths are identical (vLLM's ``input_lens`` / ``output_lens`` against infertool's
 sample and against the lengths the server reported to infertool), and every figure's ratio infertool / vLLM is
@@ -87,10 +88,13 @@ def run_pairs(args, ready_url: str, model_dir: str, serve_python, work: Path) ->
     with sharegpt_file() as dataset:  # the file vLLM reads: the packaged one, or its repaired copy
         pass
     ours, theirs = [], []
-    for rep in range(args.repeats):
+
+    def run_ours(rep: int) -> None:
         print(f"[{rep + 1}/{args.repeats}] infertool bench (sharegpt, seed {level_seed})", file=sys.stderr)
         report = bench.run(bench.plan(resolve(recipe), bench.BenchOptions(url=ready_url))).to_dict()
         ours.append(report["levels"][0]["summary"])
+
+    def run_theirs(rep: int) -> None:
         print(f"[{rep + 1}/{args.repeats}] vllm bench serve (sharegpt, seed {level_seed})", file=sys.stderr)
         out = work / f"vllm-{rep}.json"
         r = subprocess.run(_vllm_cmd(serve_python, ready_url, model_dir, dataset, args, level_seed, work, out),
@@ -99,6 +103,10 @@ def run_pairs(args, ready_url: str, model_dir: str, serve_python, work: Path) ->
             print(r.stdout[-3000:] + r.stderr[-3000:], file=sys.stderr)
             raise SystemExit("vllm bench serve failed")
         theirs.append(json.loads(out.read_text()))
+
+    for rep in range(args.repeats):  # ABBA: a drift of the machine's load favours neither tool
+        for run in ((run_ours, run_theirs) if rep % 2 == 0 else (run_theirs, run_ours)):
+            run(rep)
     return ours, theirs, sample
 
 
