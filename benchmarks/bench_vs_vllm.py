@@ -19,6 +19,7 @@ without pandas, which vLLM's optional bench extra would bring). Our prompts are 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import subprocess
@@ -66,6 +67,52 @@ def _get(d, path):
     return d
 
 
+@contextlib.contextmanager
+def started_server(data: dict):
+    """The vLLM server of recipe ``data`` (its serve.port), started and ready: yields (the ready answer, the
+    model directory, the validated recipe); stopped on exit."""
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
+    from infertool.serve import default_log_path, prepare
+    from infertool.serve.launcher import Server
+
+    recipe = validate_recipe_data(data)
+    plan = prepare(resolve(recipe))
+    server = Server(plan.spec, default_log_path(data["serve"]["port"]))
+    print(f"starting vLLM on port {data['serve']['port']} ({plan.spec.model}); log {server.log_path}", file=sys.stderr)
+    server.start()
+    try:
+        ready = server.wait_ready()
+        print(f"ready in {ready.seconds:.0f} s", file=sys.stderr)
+        yield ready, plan.spec.model, recipe
+    finally:
+        server.stop()
+
+
+def figure_rows(ours: list[dict], theirs: list[dict]) -> list[dict]:
+    """Per figure of FIGURES: the median of infertool's level summaries, of vLLM's results, and their ratio."""
+    rows = []
+    for label, path, key in FIGURES:
+        a = [v for s in ours if (v := _get(s, path)) is not None]
+        b = [v for s in theirs if (v := s.get(key)) is not None]
+        ma = statistics.median(a) if a else None
+        mb = statistics.median(b) if b else None
+        rows.append({"figure": label, "infertool": ma, "vllm": mb,
+                     "ratio": (ma / mb) if ma is not None and mb else None})
+    return rows
+
+
+def print_rows(rows: list[dict]) -> None:
+    """The comparison table; a ratio further than 10 % from 1 is flagged."""
+    print(f"{'figure':30} {'infertool':>12} {'vllm bench':>12} {'ratio':>8}")
+    for row in rows:
+        fa = "-" if row["infertool"] is None else f"{row['infertool']:.2f}"
+        fb = "-" if row["vllm"] is None else f"{row['vllm']:.2f}"
+        fr = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
+        flag = "" if row["ratio"] is None or abs(row["ratio"] - 1) <= 0.10 else "  (outside 10 %)"
+        print(f"{row['figure']:30} {fa:>12} {fb:>12} {fr:>8}{flag}")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", help="a Hugging Face model directory (default: the bundled SmolLM2-135M)")
@@ -82,8 +129,6 @@ def main() -> int:
     from infertool.envs.state import require_env
     from infertool.recipe import validate_recipe_data
     from infertool.resolve import resolve
-    from infertool.serve import default_log_path, prepare
-    from infertool.serve.launcher import Server
     from infertool.procs import free_port
 
     serve_python = require_env("serve", needed_by="benchmarks/bench_vs_vllm.py")
@@ -99,15 +144,7 @@ def main() -> int:
         "bench": {"concurrency": [args.concurrency], "requests": args.requests, "output_len": args.output_len,
                   "prompt": {"source": "builtin", "len": args.input_len}, "ignore_eos": True},
     }
-    recipe = validate_recipe_data(base)
-    plan = prepare(resolve(recipe))
-    model_dir = plan.spec.model
-    server = Server(plan.spec, default_log_path(port))
-    print(f"starting vLLM on port {port} ({model_dir}); log {server.log_path}", file=sys.stderr)
-    server.start()
-    try:
-        ready = server.wait_ready()
-        print(f"ready in {ready.seconds:.0f} s", file=sys.stderr)
+    with started_server(base) as (ready, model_dir, recipe):
         # the exact prompts, calibrated against the server's tokenizer by one infertool run
         import asyncio
 
@@ -149,30 +186,15 @@ def main() -> int:
                 print("vllm bench serve failed", file=sys.stderr)
                 return 1
             vllm_runs.append(json.loads(out.read_text()))
-    finally:
-        server.stop()
 
-    rows = []
-    for label, path, key in FIGURES:
-        a = [v for s in ours_runs if (v := _get(s, path)) is not None]
-        b = [v for s in vllm_runs if (v := s.get(key)) is not None]
-        ma = statistics.median(a) if a else None
-        mb = statistics.median(b) if b else None
-        rows.append({"figure": label, "infertool": ma, "vllm": mb,
-                     "ratio": (ma / mb) if ma is not None and mb else None})
+    rows = figure_rows(ours_runs, vllm_runs)
     if args.json:
         print(json.dumps({"concurrency": args.concurrency, "requests": args.requests, "input_len": args.input_len,
                           "output_len": args.output_len, "repeats": args.repeats, "rows": rows}, indent=2))
         return 0
     print(f"\nmodel {model_dir}; concurrency {args.concurrency}, {args.requests} requests, "
           f"~{args.input_len} prompt tokens, {args.output_len} output tokens, {args.repeats} pair(s)\n")
-    print(f"{'figure':30} {'infertool':>12} {'vllm bench':>12} {'ratio':>8}")
-    for row in rows:
-        fa = "-" if row["infertool"] is None else f"{row['infertool']:.2f}"
-        fb = "-" if row["vllm"] is None else f"{row['vllm']:.2f}"
-        fr = "-" if row["ratio"] is None else f"{row['ratio']:.3f}"
-        flag = "" if row["ratio"] is None or abs(row["ratio"] - 1) <= 0.10 else "  (outside 10 %)"
-        print(f"{row['figure']:30} {fa:>12} {fb:>12} {fr:>8}{flag}")
+    print_rows(rows)
     return 0
 
 

@@ -675,6 +675,7 @@ class PromptSpec(BaseModel):
     len: Tokens = 256
     field: Name = "prompt"
     max_len: Tokens | None = None  # sharegpt/conversations: drop prompts longer than this (vLLM bench: 1024)
+    tokenizer: Text | None = None  # token counts (sharegpt): a tokenizer.json or model folder; default the served model's
     multi_turn: MultiTurnSpec | None = None  # replay conversations as sessions (sharegpt or a conversations JSONL)
     shared_prefix: SharedPrefixSpec | None = None  # with source: shared_prefix
 
@@ -682,10 +683,11 @@ class PromptSpec(BaseModel):
     @classmethod
     def _check_source(cls, value: str) -> str:
         value = value.strip()
-        if value in ("builtin", "synthetic") or value.lower().endswith(".jsonl"):
+        if value in ("builtin", "synthetic", "sharegpt", "shared_prefix") or value.lower().endswith(".jsonl"):
             return value
         raise ValueError(
-            f"prompt source must be 'builtin', 'synthetic' or a path to a .jsonl file; got {value!r}"
+            "prompt source must be 'builtin', 'synthetic', 'sharegpt', 'shared_prefix' or a path to a .jsonl file; "
+            f"got {value!r}"
         )
 
 

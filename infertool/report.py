@@ -157,7 +157,8 @@ def collect(run_dir: Path, manifest: RunManifest) -> RunData:
             docs[key], unreadable[rel] = None, str(e)
     run = RunData.of(manifest, **docs)
     run.unreadable = unreadable
-    figs = {"roofline": "profile/roofline.png", "latency_throughput": "bench/latency_throughput.png"}
+    figs = {"roofline": "profile/roofline.png", "latency_throughput": "bench/latency_throughput.png",
+            "lengths": "bench/latency_throughput.lengths.svg"}  # bench.plot.lengths_path of the plot
     hist = run.eval.kld_histogram_file if run.eval is not None else None
     if hist and Path(hist).name not in ("", ".", ".."):
         figs["kld_histogram"] = "eval/" + Path(hist).name
@@ -484,6 +485,9 @@ def _bench_section(run: RunData, names: Names) -> Section | None:
         label = arm.label or arm.served_model.label or fallback or names.served
         blocks.append(P(f"{role}: ", Bold(label or "?"), " (vLLM name ", Code(str(arm.model)), f"), endpoint {arm.endpoint}"))
         blocks.append(Table(_bench_rows(arm)))
+        if any(lv.summary.lengths is not None for lv in arm.levels):
+            blocks.append(P(f"{role}: the token lengths sent (the server's usage) and the server's reuse figures"))
+            blocks.append(Table(_length_rows(arm)))
         if arm.knee is not None:  # bench.rate_sweep: the knee and its evidence
             k = arm.knee
             blocks.append(P(f"rate sweep knee: the server follows {k.rate:g} req/s, not {k.first_bad:g} ({k.criterion})"
@@ -493,7 +497,22 @@ def _bench_section(run: RunData, names: Names) -> Section | None:
 
     blocks += [P(line) for line in run_fleet(run.manifest.recipe, run.manifest.target, be.levels)["lines"]]
     blocks.append(Figure("latency_throughput"))
+    blocks.append(Figure("lengths"))
     return Section("bench", "Bench", blocks)
+
+
+def _length_rows(arm: BenchReport) -> list[list[str]]:
+    """Per level: the input and output token lengths sent (p50 / p90 / p99 / max), the prefix-cache hit rate,
+    the speculative-decoding acceptance rate and mean accepted length ('-': not measured)."""
+    rows = [["level", "input p50 / p90 / p99 / max", "output p50 / p90 / p99 / max", "prefix hit", "spec accept",
+             "mean accepted len"]]
+    for lv in arm.levels:
+        d, sm = lv.summary.lengths, lv.server_metrics
+        cells = ["–" if d is None else " / ".join(_fmt(v) for v in (h.p50, h.p90, h.p99, h.max))
+                 for h in ((d.input, d.output) if d is not None else (None, None))]
+        rows.append([lv.level.label, *cells, _pct(sm.prefix_cache_hit_rate), _pct(sm.spec_decode_acceptance_rate),
+                     _fmt(sm.spec_decode_mean_accepted_len)])
+    return rows
 
 
 def _bench_rows(arm: BenchReport) -> list[list[str]]:
@@ -753,22 +772,33 @@ class Comparison(Record):
     recipe_changes: list[RecipeChange] = field(default_factory=list)
     rows: list[CompareRow] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # files of either run that are there and were not read, and why
+    traffic_differs: list[str] = field(default_factory=list)  # why the bench figures were not divided (empty: same)
 
 
 def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
+    """Both runs' headline figures side by side, B / A; the bench's figures are not divided when the two runs
+    sent different traffic (``traffic_differs`` and a note say what differs)."""
+    from infertool.bench.results import traffic_differences
+
     da, ra = read_run(run_a)
     db, rb = read_run(run_b)
     ha, hb = headline(ra), headline(rb)
+    differs = (traffic_differences(ra.bench, rb.bench, ra.manifest.recipe, rb.manifest.recipe)
+               if ra.bench is not None and rb.bench is not None else [])
     rows = []
     for k in sorted(set(ha) | set(hb)):
         a, b = ha.get(k), hb.get(k)
         fa, fb = as_float(a), as_float(b)
-        rows.append(CompareRow(k, a, b, fb / fa if fa and fb is not None else None, a != b))
+        divide = fa and fb is not None and not (differs and k.startswith("bench."))
+        rows.append(CompareRow(k, a, b, fb / fa if divide else None, a != b))
     changes = _dict_diff(ra.manifest.recipe or {}, rb.manifest.recipe or {})
     notes = [note for side, run in (("A", ra), ("B", rb)) for note in
              [f"{side}: not read: {rel}: {why}" for rel, why in run.unreadable.items()]
              + [f"{side}: figure not embedded: {why}" for why in run.figure_notes.values()]]
-    return Comparison(str(da), str(db), changes, rows, notes)
+    if differs:
+        notes.append("bench figures are not divided (B/A left empty): the two runs sent different traffic: "
+                     + "; ".join(differs))
+    return Comparison(str(da), str(db), changes, rows, notes, differs)
 
 
 def compare_runs(run_a: str | Path, run_b: str | Path) -> dict:

@@ -93,7 +93,8 @@ def test_parse_prometheus_and_pick():
     assert "vllm:weird" not in values
     picked = pick(values)
     assert picked == {"kv_cache_usage": 0.25, "running": 5.0, "waiting": 4.0, "preemptions": 7.0,
-                      "prefix_cache_queries": 100.0, "prefix_cache_hits": 40.0}
+                      "prefix_cache_queries": 100.0, "prefix_cache_hits": 40.0,
+                      "spec_drafts": None, "spec_draft_tokens": None, "spec_accepted_tokens": None}  # no speculation
     assert pick(parse_prometheus('vllm:gpu_cache_usage_perc 0.5\n'))["kv_cache_usage"] == 0.5  # older vLLM name
 
 

@@ -26,7 +26,8 @@ from typing import Any
 
 from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
-from infertool.bench.results import FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult
+from infertool.bench.results import (FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
+                                     server_figures)
 from infertool.bench.sweep import (
     ServerHandle, client_notes, connect, find_knee, measure, require_success, slo_of, sweep_levels,
 )
@@ -118,9 +119,10 @@ def plan(res, options: BenchOptions | None = None) -> BenchPlan:
             hint="run `infertool bench RECIPE` without --url (it launches one server per arm), or "
             "--set bench.experiments=[batching]")
     notes: list[str] = []
-    if "prefix_caching" in experiments and bench.shared_prefix_ratio == 0:
+    if "prefix_caching" in experiments and bench.shared_prefix_ratio == 0 and bench.prompt.source != "shared_prefix":
         notes.append("prefix_caching experiment with bench.shared_prefix_ratio 0: prompts share no prefix, "
-                     "so little difference is expected (set e.g. --set bench.shared_prefix_ratio=0.5)")
+                     "so little difference is expected (set e.g. --set bench.shared_prefix_ratio=0.5, or "
+                     "bench.prompt.source=shared_prefix)")
     if "batching" in experiments and bench.output_len_spread == 0 and bench.ignore_eos:
         notes.append("batching experiment with equal output lengths: static batches lose little; "
                      "set bench.output_len_spread (e.g. 0.8) to see requests wait for the longest")
@@ -187,9 +189,10 @@ def _plot(report: BenchReport, path: Path, out_dir) -> str | None:
     if not path.is_absolute() and out_dir is not None:
         path = Path(out_dir) / path
     try:
-        from infertool.bench.plot import plot_latency_throughput
+        from infertool.bench.plot import lengths_path, plot_latency_throughput, plot_lengths
     except ImportError:
         return None
+    plot_lengths(report, lengths_path(path))  # the length histogram beside it
     return str(plot_latency_throughput(report, path))
 
 
@@ -270,6 +273,7 @@ def ab_table(name: str, a_label: str, b_label: str, a_levels: list, b_levels: li
         for f in FIGURES:
             va, vb = f.get(a.summary), f.get(b.summary)
             figures[f.key] = Figure(f.label, va, vb, ratio(va, vb), f.higher_is_better)
+        figures.update(server_figures(a, b))  # prefix-cache hits, spec-decode acceptance: why an arm wins
         rows.append(ABRow(a.level.label, b.level.label, figures, {"a": a.summary.failed, "b": b.summary.failed}))
     return Experiment(name, a_label, b_label, rows, note)
 

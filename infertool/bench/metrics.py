@@ -19,7 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Iterable, Sequence
 
-from infertool.bench.results import SLO, Cost, Goodput, Latency, Summary
+from infertool.bench.results import SLO, Cost, Goodput, Latency, LengthDistribution, Lengths, Summary
 
 PERCENTILES = (50, 90, 99)  # the fields of results.Latency besides the mean
 
@@ -136,7 +136,29 @@ def summarize(
                         fraction=(len(good) / len(results)) if results else None),
         cost=cost_figures(cost_per_hour, otps, rps),
         turns=by_turn(results),
+        lengths=length_distribution(done) if done else None,
     )
+
+
+def length_stats(values: Sequence[int]) -> Lengths:
+    """Percentiles and a powers-of-two histogram of token lengths (edges 0, 1, 2, 4, ... up to past the max)."""
+    vals = sorted(max(0, int(v)) for v in values)
+    if not vals:
+        return Lengths()
+    edges = [0, 1]
+    while edges[-1] <= vals[-1]:
+        edges.append(edges[-1] * 2)
+    counts = [0] * (len(edges) - 1)
+    for v in vals:
+        counts[v.bit_length()] += 1  # [2^(k-1), 2^k) is bin k (edges[k] .. edges[k + 1])
+    return Lengths(n=len(vals), mean=sum(vals) / len(vals), min=vals[0], p50=percentile(vals, 50),
+                   p90=percentile(vals, 90), p99=percentile(vals, 99), max=vals[-1], edges=edges, counts=counts)
+
+
+def length_distribution(done: Sequence[RequestResult]) -> LengthDistribution:
+    """The input / output token lengths of the completed requests, as the server counted them (its usage)."""
+    return LengthDistribution(input=length_stats([r.prompt_tokens for r in done if r.prompt_tokens is not None]),
+                              output=length_stats([r.output_tokens for r in done]))
 
 
 def by_turn(results: Sequence[RequestResult]) -> list[dict] | None:

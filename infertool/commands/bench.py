@@ -86,23 +86,23 @@ def _f(v, fmt: str = "{:.1f}") -> str:
 def render(report) -> None:
     """The report's tables: latency, throughput / goodput / cost / server metrics per level, the busiest level
     over time, each A/B experiment; then its notes. ``report``: a BenchReport or its JSON data."""
-    from infertool.bench.results import BenchReport
+    from infertool.bench.results import BenchReport, describe_traffic
     from infertool.output import err, esc as escape
 
     report = BenchReport.from_dict(report)
     s = report.settings
     who = escape(report.label or report.model) + (f" (served as {escape(report.model)})" if report.label else "")
     sessions = bool(s.traffic and s.traffic.get("multi_turn"))
-    what = (f"{s.requests_per_level} sessions per level, conversations from {escape(str(s.prompt.get('source')))}"
-            if sessions else f"{s.requests_per_level} requests per level, prompt ~{s.prompt.get('len_tokens')} "
-            f"tokens ({escape(str(s.prompt.get('source')))})")
-    err.print(f"[bold]{who}[/] at {escape(str(report.url))} ({escape(report.endpoint)}); {what}, output "
-              f"{s.output_len} tokens", soft_wrap=True)
+    what = (f"{s.requests_per_level} sessions per level, conversations from {escape(str(s.prompt.get('source')))}, "
+            f"output {s.output_len} tokens" if sessions
+            else f"{s.requests_per_level} requests per level, {escape(describe_traffic(s))}")
+    err.print(f"[bold]{who}[/] at {escape(str(report.url))} ({escape(report.endpoint)}); {what}", soft_wrap=True)
     if s.traffic:
         err.print(f"traffic: {escape(_traffic_words(s.traffic))}", soft_wrap=True)
     _level_tables(report.levels)
     _repeats_table(report.levels)
     _turns_table(report.levels)
+    _lengths_table(report.levels)
     if report.knee is not None:
         _knee(report.knee)
     errors = {k: v for lv in report.levels for k, v in lv.summary.errors.items()}
@@ -240,6 +240,32 @@ def _knee(knee) -> None:
                   f"{knee.rate:g}/s, not {knee.first_bad:g}/s; {knee.criterion})", markup=False, soft_wrap=True)
     else:
         err.print(f"knee: not bracketed: {knee.stopped} ({knee.criterion})", markup=False, soft_wrap=True)
+
+
+def _lengths_table(levels) -> None:
+    """The token lengths each level actually sent (the server's usage) and, when the server speculated, its
+    acceptance figures."""
+    from rich.table import Table
+
+    from infertool.output import out
+
+    if not any(lv.summary.lengths is not None for lv in levels):
+        return
+    spec = any(lv.server_metrics.spec_decode_acceptance_rate is not None for lv in levels)
+    t = Table(title="token lengths sent (server's usage): p50 / p90 / p99 / max"
+              + (", and speculative decoding" if spec else ""), title_justify="left")
+    for c in ("level", "input", "output") + (("spec accept %", "mean accepted len") if spec else ()):
+        t.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
+    for lv in levels:
+        d, sm = lv.summary.lengths, lv.server_metrics
+        cells = [lv.level.label] + [
+            "-" if d is None else " / ".join(_f(v, "{:.0f}") for v in (h.p50, h.p90, h.p99, h.max))
+            for h in ((d.input, d.output) if d is not None else (None, None))]
+        if spec:
+            rate = sm.spec_decode_acceptance_rate
+            cells += [_f(None if rate is None else rate * 100, "{:.0f}"), _f(sm.spec_decode_mean_accepted_len, "{:.2f}")]
+        t.add_row(*cells)
+    out.print(t)
 
 
 def _timeline_table(busiest) -> None:

@@ -334,7 +334,7 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
     tune, trial = ctx.job.tune, ctx.job.trial
     load = tune.tune.load
     requests_n = load.requests or tune.bench.requests
-    handle = connect(ServerHandle(srv.url, srv.model, srv.api_key), tune.bench)
+    handle = connect(ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict()), tune.bench)  # the checkpoint too
     warm = [True]
 
     def probe(c: int) -> search.Probe:
