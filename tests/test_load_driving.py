@@ -178,8 +178,9 @@ def test_the_per_turn_summary_counts_each_turn():
 # ------------------------------------------------------------------------------------------ trace replay
 def test_a_trace_is_replayed_in_order_at_its_timestamps_over_the_speedup(tmp_path):
     trace = tmp_path / "trace.jsonl"
-    rows = [{"t_s": 10.0, "prompt": "first", "output_len": 3}, {"t_s": 10.2, "prompt": "second", "output_len": 5},
-            {"t_s": 10.4, "prompt": "third"}]
+    rows = [{"timestamp": 10.0, "prompt": "first", "output_length": 3},
+            {"timestamp_ms": 10200, "prompt": "second", "output_length": 5},
+            {"timestamp": 10.4, "prompt": "third", "output_length": 7}]
     trace.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
     bench = BenchSection.model_validate({"trace": str(trace), "trace_speedup": 2.0, "output_len": 7,
                                          "concurrency": [1], "max_duration_s": DEADLINE_S})
@@ -200,9 +201,9 @@ def test_a_malformed_trace_is_a_usage_error(tmp_path):
     from infertool.errors import UsageError
 
     trace = tmp_path / "t.jsonl"
-    trace.write_text('{"t_s": -1, "prompt": "x"}\n')
+    trace.write_text('{"timestamp": -1, "prompt": "x", "output_length": 3}\n')
     bench = BenchSection.model_validate({"trace": str(trace)})
-    with pytest.raises(UsageError, match="not a trace entry"):
+    with pytest.raises(UsageError, match="t.jsonl:1: `timestamp` must be a number within 0"):
         level_work(bench, Level("trace", 1.0), 4.0)
 
 
@@ -372,7 +373,7 @@ def test_multi_turn_without_a_conversations_file_is_a_usage_error():
     from infertool.errors import UsageError
 
     bench = BenchSection.model_validate({"prompt": {"source": "builtin", "multi_turn": {"max_turns": 2}}})
-    with pytest.raises(UsageError, match="bench.prompt.source: no such file"):
+    with pytest.raises(UsageError, match="multi-turn replay needs conversations: bench.prompt.source is .builtin."):
         level_work(bench, sweep_levels(bench)[0], 4.0)
 
 

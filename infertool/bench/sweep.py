@@ -75,80 +75,19 @@ def rate_level(bench, rate: float) -> Level:
 
 
 # ------------------------------------------------------------------------------------------ the work of a level
-@dataclass
-class _Conversation:
-    """A conversation read by ``_read_conversations`` (the shape of ``infertool.bench.datasets.Conversation``)."""
-
-    id: str
-    turns: list[str]
-    output_lens: list[int]
-    system: str | None = None
-
-
 def load_conversations(bench, n: int) -> list:
-    """``n`` conversations for multi-turn sessions: ``infertool.bench.datasets.conversations`` (sharegpt, a
-    conversations JSONL), else the JSONL at bench.prompt.source read here."""
-    try:
-        from infertool.bench.datasets import conversations  # type: ignore[attr-defined]
-    except ImportError:
-        return _read_conversations(bench.prompt.source, n, bench.output_len)
+    """``n`` conversations for multi-turn sessions (infertool.bench.datasets.conversations: sharegpt, or a
+    conversations JSONL)."""
+    from infertool.bench.datasets import conversations
+
     return list(conversations(bench, n))
-
-
-def _read_conversations(path: str, n: int, output_len: int) -> list[_Conversation]:
-    """The first ``n`` conversations of a JSONL file: {"turns": [user texts], "output_lens"?, "system"?, "id"?}
-    or ShareGPT's {"conversations": [{"from": "human"|"gpt", "value"}]} (the human turns; each reply's length
-    in words as its output length)."""
-    import json
-
-    p = _input_file(path, "bench.prompt.source")
-    out: list[_Conversation] = []
-    with open(p, encoding="utf-8") as f:
-        for num, line in enumerate(f, 1):
-            if len(out) >= n:
-                break
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise UsageError(f"{p}:{num}: not a JSON object") from None
-            conv = _conversation(row, num, output_len)
-            if conv is None:
-                raise UsageError(f"{p}:{num}: not a conversation",
-                                 hint='each line: {"turns": ["first user turn", ...]} or ShareGPT\'s '
-                                      '{"conversations": [{"from": "human", "value": ...}, ...]}')
-            out.append(conv)
-    if not out:
-        raise UsageError(f"{p} holds no conversations")
-    return out
-
-
-def _conversation(row, num: int, output_len: int) -> _Conversation | None:
-    """One JSONL row as a conversation (None: neither of the two shapes ``_read_conversations`` reads)."""
-    if not isinstance(row, dict):
-        return None
-    if isinstance(row.get("turns"), list):
-        turns = [t for t in row["turns"] if isinstance(t, str) and t]
-        lens = [int(v) if isinstance(v, int) and 0 < v <= 1_000_000 else output_len
-                for v in (row.get("output_lens") or [])]
-    elif isinstance(row.get("conversations"), list):
-        msgs = [m for m in row["conversations"] if isinstance(m, dict) and isinstance(m.get("value"), str)]
-        turns = [m["value"] for m in msgs if m.get("from") in ("human", "user")]
-        lens = [max(1, min(output_len * 8, len(m["value"].split()))) for m in msgs if m.get("from") in ("gpt", "assistant")]
-    else:
-        return None
-    system = row.get("system") if isinstance(row.get("system"), str) else None
-    return _Conversation(str(row.get("id", num)), turns, lens, system) if turns else None
 
 
 def load_trace_work(bench, chars_per_token: float) -> tuple[list[Prompt], list[float]]:
     """A trace level's prompts and send offsets (the trace's timestamps from its first, / trace_speedup):
-    ``infertool.bench.datasets.load_trace``, else the JSONL read here ({"t_s", "prompt", "output_len"})."""
-    try:
-        from infertool.bench.datasets import load_trace  # type: ignore[attr-defined]
-    except ImportError:
-        load_trace = _read_trace
+    infertool.bench.datasets.load_trace."""
+    from infertool.bench.datasets import load_trace
+
     entries = sorted(load_trace(bench.trace), key=lambda e: e.t_s)
     if not entries:
         raise UsageError(f"the trace {bench.trace} holds no requests")
@@ -158,48 +97,6 @@ def load_trace_work(bench, chars_per_token: float) -> tuple[list[Prompt], list[f
         text = e.prompt if isinstance(e.prompt, str) else "hello " * max(1, int(int(e.prompt) * chars_per_token / 6))
         prompts.append(Prompt(text, int(e.output_len or bench.output_len)))
     return prompts, [(e.t_s - first) / bench.trace_speedup for e in entries]
-
-
-@dataclass
-class _TraceEntry:
-    t_s: float
-    prompt: str
-    output_len: int | None
-
-
-def _read_trace(path: str) -> list[_TraceEntry]:
-    """A JSONL trace, each line checked ({"t_s": seconds >= 0, "prompt": text, "output_len": tokens or absent})."""
-    import json
-
-    p = _input_file(path, "bench.trace")
-    out = []
-    with open(p, encoding="utf-8") as f:
-        for num, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                t = float(row["t_s"])
-                prompt = row["prompt"]
-                out_len = row.get("output_len")
-                if not (math.isfinite(t) and t >= 0 and isinstance(prompt, str) and prompt
-                        and (out_len is None or (isinstance(out_len, int) and 0 < out_len <= 1_000_000))):
-                    raise ValueError
-            except (ValueError, KeyError, TypeError):
-                raise UsageError(f"{p}:{num}: not a trace entry",
-                                 hint='each line: {"t_s": seconds >= 0, "prompt": "...", "output_len": tokens}') from None
-            out.append(_TraceEntry(t, prompt, out_len))
-    return out
-
-
-def _input_file(path: str, what: str):
-    """``path`` as a Path when it names a readable file, else a UsageError naming the setting."""
-    from pathlib import Path
-
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise UsageError(f"{what}: no such file: {p}", hint=f"set {what} to a JSONL file")
-    return p
 
 
 def level_work(bench, level: Level, chars_per_token: float) -> dict:
