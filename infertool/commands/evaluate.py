@@ -177,6 +177,10 @@ def render(result) -> None:
     ], title="infertool eval"))
     for name, t in result.tasks.items():
         out.print(_perplexity_table(name, t) if t.type == "perplexity" else _accuracy_table(name, t))
+    if result.pooled.lm_eval:
+        out.print(lm_eval_table(result.pooled.lm_eval))
+    if result.pooled.decode:
+        out.print(decode_table(result.pooled.decode))
     gates = Table(title=f"gates (confidence {result.confidence:.0%})")
     for col in ("gate", "metric", "threshold", "estimate", "interval", "status", "note"):
         gates.add_column(col)
@@ -255,6 +259,78 @@ def _accuracy_table(name: str, t):
         tab.add_row("same output", _pct(t.output_agreement, ".1%"), "", "", "", "", "", "")
     if t.type == "multiple_choice":
         tab.add_row("same pick", _pct(t.same_pick, ".1%"), "", "", "", "", "", "")
+    return tab
+
+
+def _ci(ci, f) -> str:
+    """``[lo, hi]`` of an interval (a list from results.json; anything else reads "-")."""
+    lo, hi = (list(ci) + [None, None])[:2] if isinstance(ci, (list, tuple)) else (None, None)
+    return f"[{f(lo)}, {f(hi)}]"
+
+
+def _num(x) -> float | None:
+    return x if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
+def lm_eval_table(block: dict):
+    """results.json's ``pooled.lm_eval``: per task the base and candidate score, recovery [interval], documents
+    lost / gained, the exact McNemar p; then the pooled recovery."""
+    from rich.table import Table
+
+    from infertool.evaluate.verdict import fmt
+    from infertool.output import plain
+
+    f = lambda x: fmt(_num(x))  # noqa: E731
+    tab = Table(title="lm-eval tasks (as served: candidate / base per task)")
+    for col in ("task", "metric", "n", "base", "candidate", "recovery [interval]", "lost", "gained", "McNemar p"):
+        tab.add_column(col, justify="left" if col in ("task", "metric") else "right")
+    tasks = block.get("tasks") if isinstance(block.get("tasks"), dict) else {}
+    for name, t in tasks.items():
+        if not isinstance(t, dict):
+            continue
+        p = _num(t.get("mcnemar_p"))
+        tab.add_row(plain(str(name)), plain(str(t.get("metric") or "")), f(t.get("n")), f(t.get("base")),
+                    f(t.get("candidate")), f"{f(t.get('recovery'))} {_ci(t.get('recovery_ci'), f)}",
+                    f(t.get("lost")), f(t.get("gained")), "-" if p is None else f"{p:.3g}")
+    tab.add_row("all tasks", "", f(block.get("n")), "", "", f"{f(block.get('recovery'))} {_ci(block.get('recovery_ci'), f)}",
+                f(block.get("lost")), f(block.get("gained")), "")
+    return tab
+
+
+def decode_lines(block: dict) -> list[tuple[str, str]]:
+    """The decode block (results.json ``pooled.decode``) as (figure, value) rows, for eval's table and the report."""
+    from infertool.evaluate.verdict import fmt
+
+    f = lambda x: fmt(_num(x))  # noqa: E731
+    if block.get("skipped"):
+        return [("not measured", str(block["skipped"]))]
+    n = _num(block.get("n_prompts")) or 0
+    em = _num(block.get("exact_match"))
+    rows = [("prompts", f"{n:,.0f} ({'chat template' if block.get('chat') else 'plain text'}, "
+                        f"up to {f(block.get('max_tokens'))} tokens, greedy)"),
+            ("exact match", "-" if em is None else f"{em:.1%} {_ci(block.get('exact_match_ci'), lambda x: _pct(_num(x), '.1%'))}"),
+            ("first divergence (median)", f"token {f(block.get('first_divergence_median'))} "
+                                          f"{_ci(block.get('first_divergence_ci'), f)} (no divergence counts as max tokens)"),
+            ("divergences", f"{f(block.get('divergences'))} + {f(block.get('near_ties'))} near ties (reference top-2 gap "
+                            f"< {f(block.get('near_tie_logprob'))} nats: counted apart, not as damage)"),
+            ("decode KLD", f"{f(block.get('kld'))} {_ci(block.get('kld_ci'), f)} over {f(block.get('steps'))} decode steps, "
+                           f"{block.get('kld_kind') or 'top-k'} (teacher-forced; {f(block.get('prefill_steps'))} prefill "
+                           "positions left out; interval clustered by prompt)"),
+            ("same top-1", f"{_pct(_num(block.get('top1')), '.1%')} {_ci(block.get('top1_ci'), lambda x: _pct(_num(x), '.1%'))}")]
+    return rows
+
+
+def decode_table(block: dict):
+    """The decode path as served: exact match, first divergence, decode KLD, top-1, near ties."""
+    from rich.table import Table
+
+    from infertool.output import plain
+
+    tab = Table(title="decode path (as served: greedy continuations, teacher-forced decode steps)")
+    tab.add_column("figure")
+    tab.add_column("value")
+    for k, v in decode_lines(block):
+        tab.add_row(plain(k), plain(v))
     return tab
 
 
