@@ -312,3 +312,33 @@ def test_eval_openai_prompt_gates_pass_and_the_decode_gate_fails(standin, tmp_pa
                        "--max-items", "3", "--out", str(tmp_path / "self"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "decode path" in r.stdout and "exact match" in r.stdout and "verdict: PASS" in r.stdout
+
+
+def test_the_report_and_eval_show_the_phase_blocks():
+    """The run report's eval section and `eval`'s tables show the lm-eval and decode blocks, tolerantly (a
+    results.json from someone else: malformed figures read "-", never an exception)."""
+    from infertool import report
+    from infertool.evaluate.result import Pooled
+
+    lm = {"tasks": {"gsm8k-mini": {"metric": "exact_match", "base": 0.5, "candidate": 0.45, "recovery": 0.9,
+                                   "recovery_ci": [0.8, 1.01], "lost": 3, "gained": 1, "mcnemar_p": 0.625, "n": 20},
+                    "odd": {"metric": None, "base": "x", "recovery_ci": "nope"}},
+          "recovery": 0.9, "recovery_ci": [0.8, 1.01], "n": 20, "lost": 3, "gained": 1}
+    dec = {"n_prompts": 38, "exact_match": 0.5, "exact_match_ci": [0.35, 0.65], "first_divergence_median": 12.5,
+           "first_divergence_ci": [6, 48], "kld": 0.0123, "kld_ci": [0.008, 0.017], "top1": 0.97, "top1_ci": [0.95, 0.99],
+           "steps": 1500, "prefill_steps": 60, "near_ties": 4, "divergences": 15, "near_tie_logprob": 0.1, "chat": True,
+           "max_tokens": 48, "kld_kind": "top-20"}
+    blocks = report._phase_blocks(Pooled(lm_eval=lm, decode=dec))
+    lm_rows, dec_rows = [b.rows for b in blocks if isinstance(b, report.Table)]
+    assert lm_rows[1] == ["gsm8k-mini", "exact_match", "20", "0.5000", "0.4500", "0.9000 [0.8000, 1.0100]", "3", "1", "0.625"]
+    assert lm_rows[2] == ["odd", "", "-", "-", "-", "- [-, -]", "-", "-", "-"]
+    assert lm_rows[3][:3] == ["all tasks", "", "20"]
+    rows = dict(dec_rows[1:])
+    assert rows["exact match"] == "50.0% [35.0%, 65.0%]" and rows["divergences"].startswith("15, and 4 near ties")
+    assert rows["first divergence (median)"].startswith("token 12.5 [6, 48]")
+    assert rows["decode KLD"].startswith("0.0123 [8.000e-03, 0.0170] over 1,500 decode steps (top-20")
+    assert "60 prefill positions left out" in rows["decode KLD"] and rows["same top-1"] == "97.0% [95.0%, 99.0%]"
+    assert "gsm8k-mini" in report.md_table(lm_rows)
+    assert report._phase_blocks(Pooled()) == []
+    skipped = report._phase_blocks(Pooled(decode={"skipped": "the server has no /tokenize endpoint"}))
+    assert skipped[1].rows[1] == ["not measured", "the server has no /tokenize endpoint"]

@@ -20,6 +20,12 @@ def _f(x) -> str:
     return fmt(_num(x))
 
 
+def _n(x) -> str:
+    """A count (documents, steps, prompts): 1,234."""
+    x = _num(x)
+    return "-" if x is None else f"{x:,.0f}" if float(x).is_integer() else f"{x:,.1f}"
+
+
 def _pct(x) -> str:
     x = _num(x)
     return "-" if x is None else f"{x:.1%}"
@@ -40,11 +46,11 @@ def lm_eval_rows(block: dict) -> list[list[str]]:
         if not isinstance(t, dict):
             continue
         p = _num(t.get("mcnemar_p"))
-        rows.append([str(name), str(t.get("metric") or ""), _f(t.get("n")), _f(t.get("base")), _f(t.get("candidate")),
-                     f"{_f(t.get('recovery'))} {_ci(t.get('recovery_ci'))}", _f(t.get("lost")), _f(t.get("gained")),
+        rows.append([str(name), str(t.get("metric") or ""), _n(t.get("n")), _f(t.get("base")), _f(t.get("candidate")),
+                     f"{_f(t.get('recovery'))} {_ci(t.get('recovery_ci'))}", _n(t.get("lost")), _n(t.get("gained")),
                      "-" if p is None else f"{p:.3g}"])
-    rows.append(["all tasks", "", _f(block.get("n")), "", "", f"{_f(block.get('recovery'))} {_ci(block.get('recovery_ci'))}",
-                 _f(block.get("lost")), _f(block.get("gained")), ""])
+    rows.append(["all tasks", "", _n(block.get("n")), "", "", f"{_f(block.get('recovery'))} {_ci(block.get('recovery_ci'))}",
+                 _n(block.get("lost")), _n(block.get("gained")), ""])
     return rows
 
 
@@ -53,18 +59,17 @@ def decode_rows(block: dict) -> list[tuple[str, str]]:
     near ties, decode KLD, top-1 agreement; one row saying why when the phase was skipped."""
     if block.get("skipped"):
         return [("not measured", str(block["skipped"]))]
-    n = _num(block.get("n_prompts")) or 0
     return [
-        ("prompts", f"{n:,.0f} ({'chat template' if block.get('chat') else 'plain text'}, greedy, "
-                    f"up to {_f(block.get('max_tokens'))} tokens)"),
+        ("prompts", f"{_n(block.get('n_prompts'))} ({'chat template' if block.get('chat') else 'plain text'}, greedy, "
+                    f"up to {_n(block.get('max_tokens'))} tokens)"),
         ("exact match", f"{_pct(block.get('exact_match'))} {_ci(block.get('exact_match_ci'), _pct)}"),
-        ("first divergence (median)", f"token {_f(block.get('first_divergence_median'))} "
-                                      f"{_ci(block.get('first_divergence_ci'))} (a prompt that never diverges counts "
+        ("first divergence (median)", f"token {_n(block.get('first_divergence_median'))} "
+                                      f"{_ci(block.get('first_divergence_ci'), _n)} (a prompt that never diverges counts "
                                       "as max tokens)"),
-        ("divergences", f"{_f(block.get('divergences'))}, and {_f(block.get('near_ties'))} near ties (reference top-2 "
+        ("divergences", f"{_n(block.get('divergences'))}, and {_n(block.get('near_ties'))} near ties (reference top-2 "
                         f"gap < {_f(block.get('near_tie_logprob'))} nats: counted apart, not as damage)"),
-        ("decode KLD", f"{_f(block.get('kld'))} {_ci(block.get('kld_ci'))} over {_f(block.get('steps'))} decode steps "
+        ("decode KLD", f"{_f(block.get('kld'))} {_ci(block.get('kld_ci'))} over {_n(block.get('steps'))} decode steps "
                        f"({block.get('kld_kind') or 'top-k'}, teacher-forced on the same tokens; "
-                       f"{_f(block.get('prefill_steps'))} prefill positions left out; interval clustered by prompt)"),
+                       f"{_n(block.get('prefill_steps'))} prefill positions left out; interval clustered by prompt)"),
         ("same top-1", f"{_pct(block.get('top1'))} {_ci(block.get('top1_ci'), _pct)}"),
     ]
