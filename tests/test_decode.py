@@ -69,7 +69,7 @@ def test_kld_on_decode_steps_by_hand_and_prefill_positions_left_out():
     assert b["top1"] == 0.0  # ref's argmax "5" (first of a tie), candidate's "6"
     # the divergence at position 1: the reference's top-2 gap there is 0 < 0.1: a near tie, not damage
     assert b["exact_match"] == 0.0 and b["near_ties"] == 1 and b["divergences"] == 0
-    assert b["diverged"] == [{"id": "p", "at": 1, "near_tie": True, "ref_top2_gap": 0.0}]
+    assert b["diverged"] == [{"id": "p", "at": 1, "near_tie": True, "ref_top2_gap": 0.0, "reference": None, "candidate": None}]
 
 
 def test_divergence_beyond_a_near_tie_is_damage_and_median_position():

@@ -48,6 +48,8 @@ PROMPTS_FILE = "decode-prompts.jsonl"
 MAX_FORCED_REQUESTS = 8  # teacher-forcing requests per prompt beyond its own greedy run (then one echo request)
 MAX_PROMPT_FILE_BYTES = 8 * 1024 * 1024
 MAX_PROMPTS = 100_000
+MAX_TEXT_CHARS = 400  # a continuation's text kept for the examples (the figures use token ids)
+SHOWN_DIVERGED = 50  # diverged prompts listed in the block (with both texts)
 WORKERS = 8  # requests in flight per server (vLLM batches them)
 _TOKEN_ID = re.compile(r"^token_id:(\d{1,10})$")
 _PROMPTS_HINT = ("a decode prompt file is JSONL: one object a line with an \"id\" and either \"prompt\" (text) or "
@@ -210,8 +212,9 @@ def parse_generation(r: dict, where: str) -> dict:
         raise Malformed(f"{where}: no per-step log-probabilities (logprobs.tokens / top_logprobs)")
     ids = [_token_id(t, f"{where}: logprobs.tokens[{i}]") for i, t in enumerate(toks)]
     top = [_top(t, f"{where}: top_logprobs[{i}]") for i, t in enumerate(tops)]
-    finish = choice.get("finish_reason")
-    return {"tokens": ids, "top": top, "finish": finish if isinstance(finish, str) else None}
+    finish, text = choice.get("finish_reason"), choice.get("text")
+    return {"tokens": ids, "top": top, "finish": finish if isinstance(finish, str) else None,
+            "text": net.quote(text, n=MAX_TEXT_CHARS) if isinstance(text, str) else None}
 
 
 def _generate(client, ids: list[int], max_tokens: int, k: int) -> dict:
@@ -443,9 +446,10 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
             gap = top2_gap(pr["top"][d]) if d < len(pr["top"]) else None
             tie = gap is not None and gap < near_tie_logprob
             block["near_ties" if tie else "divergences"] += 1
-            if len(block["diverged"]) < 50:
+            if len(block["diverged"]) < SHOWN_DIVERGED:
                 block["diverged"].append({"id": pc["id"], "at": d, "near_tie": tie,
-                                          "ref_top2_gap": None if gap is None else round(gap, 6)})
+                                          "ref_top2_gap": None if gap is None else round(gap, 6),
+                                          "reference": pr.get("text"), "candidate": pc.get("text")})
         first_rec, second_rec = (pc, pr) if cand_first else (pr, pc)
         forced = second_rec.get("forced")
         if forced is None:
