@@ -327,7 +327,9 @@ def test_the_report_and_eval_show_the_phase_blocks():
     dec = {"n_prompts": 38, "exact_match": 0.5, "exact_match_ci": [0.35, 0.65], "first_divergence_median": 12.5,
            "first_divergence_ci": [6, 48], "kld": 0.0123, "kld_ci": [0.008, 0.017], "top1": 0.97, "top1_ci": [0.95, 0.99],
            "steps": 1500, "prefill_steps": 60, "near_ties": 4, "divergences": 15, "near_tie_logprob": 0.1, "chat": True,
-           "max_tokens": 48, "kld_kind": "top-20"}
+           "max_tokens": 48, "kld_kind": "top-20",
+           "diverged": [{"id": "chat-01", "at": 0, "near_tie": True, "reference": "The capital of France is Paris.",
+                         "candidate": "L'Étoile, la Marseillaise"}, "junk"]}
     blocks = report._phase_blocks(Pooled(lm_eval=lm, decode=dec))
     lm_rows, dec_rows = [b.rows for b in blocks if isinstance(b, report.Table)]
     assert lm_rows[1] == ["gsm8k-mini", "exact_match", "20", "0.5000", "0.4500", "0.9000 [0.8000, 1.0100]", "3", "1", "0.625"]
@@ -338,6 +340,8 @@ def test_the_report_and_eval_show_the_phase_blocks():
     assert rows["first divergence (median)"].startswith("token 12.5 [6, 48]")
     assert rows["decode KLD"].startswith("0.0123 [8.000e-03, 0.0170] over 1,500 decode steps (top-20")
     assert "60 prefill positions left out" in rows["decode KLD"] and rows["same top-1"] == "97.0% [95.0%, 99.0%]"
+    assert rows["chat-01: diverges at token 0 (near tie)"] == \
+        "reference 'The capital of France is Paris.' / candidate \"L'Étoile, la Marseillaise\""
     assert "gsm8k-mini" in report.md_table(lm_rows)
     assert report._phase_blocks(Pooled()) == []
     skipped = report._phase_blocks(Pooled(decode={"skipped": "the server has no /tokenize endpoint"}))

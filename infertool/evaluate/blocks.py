@@ -72,4 +72,20 @@ def decode_rows(block: dict) -> list[tuple[str, str]]:
                        f"({block.get('kld_kind') or 'top-k'}, teacher-forced on the same tokens; "
                        f"{_n(block.get('prefill_steps'))} prefill positions left out; interval clustered by prompt)"),
         ("same top-1", f"{_pct(block.get('top1'))} {_ci(block.get('top1_ci'), _pct)}"),
-    ]
+    ] + _examples(block.get("diverged"))
+
+
+SHOWN_EXAMPLES = 3  # diverged prompts shown with both continuations
+EXAMPLE_CHARS = 120
+
+
+def _examples(diverged) -> list[tuple[str, str]]:
+    """The first diverged prompts, each with both greedy continuations (cut): what a user would see differ."""
+    rows = []
+    for d in (diverged if isinstance(diverged, list) else [])[:SHOWN_EXAMPLES]:
+        if not isinstance(d, dict):
+            continue
+        cut = lambda t: repr(t[:EXAMPLE_CHARS] + ("..." if len(t) > EXAMPLE_CHARS else "")) if isinstance(t, str) else "-"  # noqa: E731
+        rows.append((f"{d.get('id')}: diverges at token {_n(d.get('at'))}" + (" (near tie)" if d.get("near_tie") else ""),
+                     f"reference {cut(d.get('reference'))} / candidate {cut(d.get('candidate'))}"))
+    return rows
