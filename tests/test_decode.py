@@ -194,6 +194,8 @@ class _StandIn(BaseHTTPRequestHandler):
                 ids = [3] + [t for m in req["messages"] for t in [4 if m["role"] == "user" else 5] + _ids(m["content"])]
                 return self._send({"tokens": ids + [6] if req.get("add_generation_prompt") else ids})
             return self._send({"tokens": _ids(req["prompt"])})
+        if self.path == "/v1/chat/completions":  # answers with the last user message, upper-cased
+            return self._send({"choices": [{"message": {"content": req["messages"][-1]["content"].upper()}}]})
         if self.path != "/v1/completions":
             return self._send({"error": "not found"}, 404)
         prompt = req["prompt"] if isinstance(req["prompt"], list) else _ids(req["prompt"])
@@ -346,3 +348,23 @@ def test_the_report_and_eval_show_the_phase_blocks():
     assert report._phase_blocks(Pooled()) == []
     skipped = report._phase_blocks(Pooled(decode={"skipped": "the server has no /tokenize endpoint"}))
     assert skipped[1].rows[1] == ["not measured", "the server has no /tokenize endpoint"]
+
+
+def test_a_suites_chat_messages_reach_the_server_as_a_conversation(standin, tmp_path):
+    """A generate task's chat item (``messages``, docs/evals.md) is sent as that conversation to
+    /v1/chat/completions; a prompt item as the user's one message."""
+    from infertool.evaluate.server_engine import collect
+
+    msgs = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hello there"}]
+    (tmp_path / "s.yaml").write_text('{"tasks": [{"name": "c", "type": "generate", "data": "c.jsonl", "chat": true, '
+                                     '"match": "exact", "stop": []}]}')
+    (tmp_path / "c.jsonl").write_text(json.dumps({"id": "1", "messages": msgs, "target": "HELLO THERE"}) + "\n"
+                                      + json.dumps({"id": "2", "prompt": "hi", "target": "HI"}) + "\n")
+    from infertool.data.suites import load_suite
+
+    task = load_suite(tmp_path / "s.yaml").tasks[0].request(64, None)
+    ev = type("E", (), {"log": lambda self, m, level="info": None, "progress": lambda *a: None})()
+    raw = collect(Client(standin, "a", timeout_s=30, stage_s=60), [task], k=4, workers=2, events=ev, label="base")
+    assert [it["out"] for it in raw["tasks"]["c"]["items"]] == ["HELLO THERE", "HI"]
+    sent = [b["messages"] for path, b in _StandIn.calls if path == "/v1/chat/completions"]
+    assert msgs in sent and [{"role": "user", "content": "hi"}] in sent
