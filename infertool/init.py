@@ -721,7 +721,7 @@ def _choose_eval(target: InitTarget, w8a8: bool, decide: Decide) -> str:
         ewhy = ("transformers in the quant environment, full-vocabulary KL divergence; on a CPU it avoids starting two "
                 "vLLM servers (use engine: vllm for accuracy as served)")
     decide("eval.suite", SUITE, "the held-out eval part of the built-in corpus: offline, never seen by calibration; "
-           "use your own suite (evals/<suite>.yaml) for your task")
+           "use your own suite for your task (a YAML path: docs/evals.md shows every item form)")
     decide("eval.engine", engine, ewhy)
     decide("eval.accept", {"preset": "standard"}, "PASS only when KL divergence, top-1 agreement and perplexity ratio "
            "pass their gates with their uncertainty (strict / lenient presets, or explicit gates)")

@@ -438,10 +438,27 @@ def _eval_section(run: RunData, names: Names) -> Section | None:
     rows = [["gate", "metric", "estimate", "interval", "threshold", "status"]]
     for g in (g for g in ev.gates if isinstance(g.name, str)):
         rows.append([g.name, g.metric or "", _fmt(g.estimate, 4), _interval(g), _fmt(g.threshold, 4), g.status or ""])
-    return Section("eval", f"Eval: {ev.verdict}", [
-        P("base ", Bold(names.original or "?"), ", candidate ", Bold(names.candidate or "?")),
-        P(ev.reason or ""), P(f"suite {ev.suite.name or None}, engine {ev.engine or None}"),
-        Table(rows), Figure("kld_histogram")])
+    blocks = [P("base ", Bold(names.original or "?"), ", candidate ", Bold(names.candidate or "?")),
+              P(ev.reason or ""), P(f"suite {ev.suite.name or None}, engine {ev.engine or None}"),
+              Table(rows), Figure("kld_histogram")]
+    blocks += _phase_blocks(ev.pooled)
+    return Section("eval", f"Eval: {ev.verdict}", blocks)
+
+
+def _phase_blocks(pooled) -> list:
+    """The as-served phases of the eval (infertool.evaluate.blocks): lm-eval tasks, the decode path."""
+    from infertool.evaluate.blocks import LM_EVAL_HEADER, decode_rows, lm_eval_rows
+
+    out: list = []
+    lm, dec = getattr(pooled, "lm_eval", None), getattr(pooled, "decode", None)
+    if isinstance(lm, dict) and lm:
+        out += [P(Bold("lm-eval tasks"), " (as served: candidate against base, joined by document)"),
+                Table([list(LM_EVAL_HEADER)] + lm_eval_rows(lm))]
+    if isinstance(dec, dict) and dec:
+        out += [P(Bold("Decode path"), " (as served: greedy continuations of a fixed prompt set; decode-step "
+                  "distributions compared on the same tokens)"),
+                Table([["figure", "value"]] + [list(r) for r in decode_rows(dec)])]
+    return out
 
 
 def _profile_section(run: RunData, names: Names) -> Section | None:

@@ -1,7 +1,7 @@
 """`infertool eval`: the quantized model against its original, with a verdict CI can trust.
 
     infertool eval RECIPE [--suite NAME|PATH] [--base MODEL] [--candidate MODEL] [--engine hf|vllm|openai] [--url URL] [--json]
-    infertool eval suites
+    infertool eval suites [--show SUITE]
     infertool eval export-lm-eval SUITE DIR
 
 ``eval RECIPE`` is the group's default action (the subcommand ``run``). Exit codes: 0 PASS, 1 FAIL,
@@ -33,6 +33,7 @@ EXAMPLES = examples(
      "two models on a running server"),
     ("infertool eval quickstart --json --allow-inconclusive", "for CI: exit 1 only on FAIL"),
     ("infertool eval suites", "the built-in suites"),
+    ("infertool eval suites --show synthetic-mc", "one suite: its YAML and first items (your own: docs/evals.md)"),
     ("infertool eval export-lm-eval synthetic-mc out/lm-eval", "the same items for lm-evaluation-harness"),
 )
 
@@ -177,6 +178,10 @@ def render(result) -> None:
     ], title="infertool eval"))
     for name, t in result.tasks.items():
         out.print(_perplexity_table(name, t) if t.type == "perplexity" else _accuracy_table(name, t))
+    if result.pooled.lm_eval:
+        out.print(lm_eval_table(result.pooled.lm_eval))
+    if result.pooled.decode:
+        out.print(decode_table(result.pooled.decode))
     gates = Table(title=f"gates (confidence {result.confidence:.0%})")
     for col in ("gate", "metric", "threshold", "estimate", "interval", "status", "note"):
         gates.add_column(col)
@@ -258,26 +263,111 @@ def _accuracy_table(name: str, t):
     return tab
 
 
+def lm_eval_table(block: dict):
+    """results.json's ``pooled.lm_eval``: per task base, candidate, recovery [interval], lost / gained, McNemar p."""
+    from rich.table import Table
+
+    from infertool.evaluate.blocks import LM_EVAL_HEADER, lm_eval_rows
+    from infertool.output import plain
+
+    tab = Table(title="lm-eval tasks (as served)")
+    for col in LM_EVAL_HEADER:
+        tab.add_column(col, justify="left" if col in ("task", "metric") else "right")
+    for row in lm_eval_rows(block):
+        tab.add_row(*(plain(c) for c in row))
+    return tab
+
+
+def decode_table(block: dict):
+    """The decode path as served: exact match, first divergence, decode KLD, top-1, near ties."""
+    from rich.table import Table
+
+    from infertool.output import plain
+
+    from infertool.evaluate.blocks import decode_rows
+
+    tab = Table(title="decode path (as served: greedy continuations, teacher-forced decode steps)")
+    tab.add_column("figure")
+    tab.add_column("value")
+    for k, v in decode_rows(block):
+        tab.add_row(plain(k), plain(v))
+    return tab
+
+
 @eval_app.command("suites", cls=InfertoolCommand)
 @handle_errors
-def eval_suites(as_json: bool = JSON_OPT) -> None:
-    """List the built-in eval suites."""
+def eval_suites(
+    show: Optional[str] = typer.Option(None, "--show", metavar="SUITE", help="Print one suite (a built-in name or a suite YAML path): its file, tasks and first items."),
+    as_json: bool = JSON_OPT,
+) -> None:
+    """List the built-in eval suites, or print one (--show). docs/evals.md shows how to write your own."""
     from rich.table import Table
 
     from infertool.data.suites import list_builtin
     from infertool.output import out, plain, print_json
 
+    if show is not None:
+        _show_suite(show, as_json)
+        return
     suites = [s.summary() for s in list_builtin()]
     if as_json:
         print_json({"suites": suites})
         return
-    tab = Table(title="built-in eval suites (infertool eval RECIPE --suite NAME)")
+    tab = Table(title="built-in eval suites (infertool eval RECIPE --suite NAME; your own: docs/evals.md)")
     for col in ("suite", "tasks", "description"):
         tab.add_column(col)
     for s in suites:
         tasks = ", ".join(f"{t['name']} ({t['type']}{', ' + str(t['items']) + ' items' if t['items'] else ''})" for t in s["tasks"])
         tab.add_row(plain(s["name"]), plain(tasks), plain(s["description"]))
     out.print(tab)
+
+
+SHOW_ITEMS = 3  # items shown per task by `eval suites --show`
+
+
+def _show_suite(name: str, as_json: bool) -> None:
+    """One suite as its author wrote it (the YAML) and as infertool reads it (each task, its first items)."""
+    import json
+
+    from infertool.data.suites import load_suite
+    from infertool.output import out, print_json
+
+    suite = load_suite(name)
+    yaml_text = suite.path.read_text(encoding="utf-8")
+    tasks = []
+    for t in suite.tasks:
+        d = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,
+             "data": t.data_path, "source": t.source}
+        if t.type == "perplexity":
+            d.update(chars=len(t.text or ""), max_windows=t.max_windows, seq_len=t.seq_len,
+                     first_text=(t.text or "")[:200])
+        else:
+            d["first_items"] = t.items[:SHOW_ITEMS]
+            if t.type == "generate":
+                d.update(match=t.match, chat=t.chat, max_tokens=t.max_tokens, stop=t.stop)
+        tasks.append(d)
+    if as_json:
+        print_json({"name": suite.name, "description": suite.description, "path": str(suite.path), "yaml": yaml_text,
+                    "tasks": tasks})
+        return
+    out.print(f"suite {suite.name}: {suite.path}", markup=False, soft_wrap=True)
+    if suite.description:
+        out.print(suite.description, markup=False, soft_wrap=True)
+    out.print("", markup=False)
+    out.print(yaml_text.rstrip(), markup=False, soft_wrap=True)
+    for d in tasks:
+        out.print("", markup=False)
+        what = f"{d['items']} items" if d["items"] is not None else f"{d['chars']:,} characters of text"
+        out.print(f"task {d['name']} ({d['type']}, {what}" + (f", from {d['data']}" if d["data"] else "")
+                  + (f", from {d['source']}" if d["source"] else "") + ")", markup=False, soft_wrap=True)
+        if d["type"] == "perplexity":
+            out.print("  " + json.dumps(d["first_text"] + ("..." if d["chars"] > 200 else ""), ensure_ascii=False),
+                      markup=False, soft_wrap=True)
+            continue
+        for it in d["first_items"]:
+            out.print("  " + json.dumps(it, ensure_ascii=False), markup=False, soft_wrap=True)
+        if d["items"] > SHOW_ITEMS:
+            out.print(f"  ... {d['items'] - SHOW_ITEMS} more", markup=False)
 
 
 @eval_app.command("export-lm-eval", cls=InfertoolCommand)

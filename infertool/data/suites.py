@@ -20,7 +20,10 @@
 
 Item fields: perplexity ``{id, text}``; multiple_choice ``{id, question, choices, answer}`` (answer is
 the index of the right choice; each choice is scored as ``delimiter + choice`` after the question, by
-log-likelihood, like lm-eval's acc and acc_norm); generate ``{id, prompt, target}``.
+log-likelihood, like lm-eval's acc and acc_norm); generate ``{id, prompt, target}``, or in a ``chat: true`` task
+``{id, messages, target}`` (a conversation ending with the user's turn, rendered by the model's chat template;
+the target is the reference answer, matched by ``match``). docs/evals.md has a complete example of each.
+A bad data file is reported with EVERY bad line and its number, in one error.
 
 Pure Python (PyYAML only): the tokenizer-dependent work (cutting windows) happens in the engine.
 """
@@ -76,7 +79,8 @@ class Task:
             ]
         else:
             items = self.items[:max_items] if max_items else self.items
-            d["items"] = [{"id": it["id"], "prompt": it["prompt"]} for it in items]
+            d["items"] = [{"id": it["id"], **({"messages": it["messages"]} if "messages" in it else {"prompt": it["prompt"]})}
+                          for it in items]
             d["chat"] = self.chat
             d["max_tokens"] = self.max_tokens
             d["stop"] = list(self.stop)
@@ -100,7 +104,8 @@ class Suite:
             elif t.type == "multiple_choice":
                 out += [f"{it['question']} " + " ".join(str(c) for c in it["choices"]) for it in t.items]
             else:
-                out += [f"{it['prompt']} {it['target']}" for it in t.items]
+                out += [" ".join([*(m["content"] for m in it.get("messages") or []), it.get("prompt", ""), str(it["target"])])
+                        for it in t.items]
         return out
 
     def fingerprint(self) -> dict:
@@ -176,45 +181,100 @@ def _bad(path: Path, message: str) -> UsageError:
     return UsageError(f"{path}: {message}", hint="see `infertool eval suites` and evals/*.yaml for the format")
 
 
-def _read_jsonl(path: Path, suite_path: Path) -> list[dict]:
+MAX_BAD_SHOWN = 50  # a file with thousands of bad lines lists the first 50 and counts the rest
+
+
+def _bad_lines(path: Path, bad: list[str]) -> UsageError:
+    """One error listing EVERY bad line of a data file with its number (the first MAX_BAD_SHOWN, then a count)."""
+    shown = "\n  ".join(bad[:MAX_BAD_SHOWN])
+    more = f"\n  ... and {len(bad) - MAX_BAD_SHOWN} more" if len(bad) > MAX_BAD_SHOWN else ""
+    return UsageError(f"{path}: {len(bad)} bad line(s):\n  {shown}{more}",
+                      hint="docs/evals.md shows every item form with a complete example")
+
+
+def _read_jsonl(path: Path, suite_path: Path) -> tuple[list[dict], list[int], list[str]]:
+    """The JSON objects of a JSONL file, their line numbers, and every line that is not one (numbered)."""
     if not path.is_file():
         raise _bad(suite_path, f"data file not found: {path}")
-    items = []
+    items, lines, bad = [], [], []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
         if not line.strip():
             continue
         try:
             item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise _bad(path, f"line {n}: not valid JSON ({e.msg})") from None
+        except (json.JSONDecodeError, RecursionError) as e:
+            bad.append(f"line {n}: not valid JSON ({getattr(e, 'msg', 'nested too deep')})")
+            continue
         if not isinstance(item, dict):
-            raise _bad(path, f"line {n}: expected a JSON object")
+            bad.append(f"line {n}: expected a JSON object, got {type(item).__name__}")
+            continue
         items.append(item)
-    return items
+        lines.append(n)
+    return items, lines, bad
 
 
-def _check_items(task: Task, path: Path) -> None:
-    need = {"multiple_choice": ("id", "question", "choices", "answer"), "generate": ("id", "prompt", "target")}[task.type]
-    seen: set[str] = set()
-    for n, item in enumerate(task.items, 1):
-        missing = [k for k in need if k not in item]
-        if missing:
-            raise _bad(path, f"item {n}: missing field(s) {', '.join(missing)} (a {task.type} item needs {', '.join(need)})")
-        item["id"] = str(item["id"])
-        if item["id"] in seen:
-            raise _bad(path, f"item {n}: duplicate id {item['id']!r}: ids must be unique and stable")
-        seen.add(item["id"])
-        if task.type == "multiple_choice":
-            ch = item["choices"]
-            if not isinstance(ch, list) or len(ch) < 2:
-                raise _bad(path, f"item {item['id']}: choices must be a list of at least 2")
-            if not isinstance(item["answer"], int) or not 0 <= item["answer"] < len(ch):
-                raise _bad(path, f"item {item['id']}: answer must be an index into choices (0..{len(ch) - 1})")
-        if task.type == "generate" and task.match == "regex":
-            try:
-                re.compile(str(item["target"]))
-            except re.error as e:
-                raise _bad(path, f"item {item['id']}: target is not a valid regex ({e})") from None
+def _messages_problem(msgs) -> str | None:
+    """Why a chat item's ``messages`` is not a conversation ending with the user's turn (None: it is)."""
+    if not isinstance(msgs, list) or not msgs or not all(
+            isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
+            and isinstance(m.get("content"), str) for m in msgs):
+        return "messages must be a non-empty list of {\"role\": system|user|assistant, \"content\": text}"
+    if msgs[-1]["role"] != "user":
+        return "the last message must be the user's (the model answers it)"
+    return None
+
+
+def _item_problems(task: Task, item: dict) -> list[str]:
+    """What is wrong with one item of a multiple_choice or generate task (empty: nothing)."""
+    if task.type == "multiple_choice":
+        need = ("id", "question", "choices", "answer")
+    else:
+        need = ("id", "messages" if "messages" in item else "prompt", "target")
+    missing = [k for k in need if k not in item]
+    if missing:
+        return [f"missing field(s) {', '.join(missing)} (a {task.type} item needs {', '.join(need)}"
+                + (", or messages instead of prompt)" if task.type == "generate" else ")")]
+    out = []
+    if task.type == "multiple_choice":
+        ch = item["choices"]
+        if not isinstance(ch, list) or len(ch) < 2:
+            out.append("choices must be a list of at least 2")
+        elif not isinstance(item["answer"], int) or isinstance(item["answer"], bool) or not 0 <= item["answer"] < len(ch):
+            out.append(f"answer must be an index into choices (0..{len(ch) - 1})")
+        return out
+    if "messages" in item:
+        if "prompt" in item:
+            out.append("give prompt or messages, not both")
+        why = _messages_problem(item["messages"])
+        if why:
+            out.append(why)
+        if not task.chat:
+            out.append("a messages item needs the task's chat: true (the model's chat template renders it)")
+    if task.match == "regex":
+        try:
+            re.compile(str(item["target"]))
+        except re.error as e:
+            out.append(f"target is not a valid regex ({e})")
+    return out
+
+
+def _check_items(task: Task, path: Path, lines: list[int] | None = None, bad: list[str] | None = None) -> None:
+    """Every item's fields, ids unique; EVERY bad line is listed with its number in one error (``bad``: the
+    lines already found unreadable)."""
+    bad = list(bad or [])
+    lines = lines or list(range(1, len(task.items) + 1))
+    seen: dict[str, int] = {}
+    for n, item in zip(lines, task.items):
+        problems = _item_problems(task, item)
+        if "id" in item:
+            item["id"] = str(item["id"])
+            if item["id"] in seen:
+                problems.append(f"duplicate id {item['id']!r} (line {seen[item['id']]} has it): ids must be unique and stable")
+            seen.setdefault(item["id"], n)
+        bad += [f"line {n}: {p}" for p in problems]
+    if bad:
+        bad.sort(key=lambda b: int(b.split(":", 1)[0].split()[1]))
+        raise _bad_lines(path, bad)
 
 
 def load_suite(name_or_path: str | Path) -> Suite:
@@ -261,9 +321,11 @@ def load_suite(name_or_path: str | Path) -> Suite:
             if task.source:
                 task.text, task.meta = builtin_text(task.source)
             elif task.data_path:
-                rows = _read_jsonl(path.parent / task.data_path, path)
-                if any("text" not in r for r in rows):
-                    raise _bad(path, f"tasks[{i}]: every line of {task.data_path} needs a 'text' field")
+                rows, lines, bad = _read_jsonl(path.parent / task.data_path, path)
+                bad += [f"line {n}: needs a 'text' field" for n, r in zip(lines, rows) if "text" not in r]
+                if bad:
+                    bad.sort(key=lambda b: int(b.split(":", 1)[0].split()[1]))
+                    raise _bad_lines(path.parent / task.data_path, bad)
                 task.text = "\n\n".join(str(r["text"]) for r in rows)
                 task.meta = {"data": task.data_path, "chars": len(task.text)}
             else:
@@ -271,8 +333,8 @@ def load_suite(name_or_path: str | Path) -> Suite:
         else:
             if not task.data_path:
                 raise _bad(path, f"tasks[{i}]: a {ttype} task needs data: FILE.jsonl")
-            task.items = _read_jsonl(path.parent / task.data_path, path)
-            _check_items(task, path.parent / task.data_path)
+            task.items, lines, bad = _read_jsonl(path.parent / task.data_path, path)
+            _check_items(task, path.parent / task.data_path, lines, bad)
         tasks.append(task)
     names = [t.name for t in tasks]
     if len(set(names)) != len(names):

@@ -162,12 +162,13 @@ def _generate(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> dict
 
     prompts = []
     for it in task["items"]:
-        p = it["prompt"]
+        p = it.get("prompt", "")
         if task.get("chat"):
             if not getattr(tok, "chat_template", None):
                 raise UsageError(f"task {task['name']!r} asks for the chat template, but the model has none",
                                  hint="set chat: false for this task")
-            p = tok.apply_chat_template([{"role": "user", "content": p}], add_generation_prompt=True, tokenize=False)
+            msgs = it.get("messages") or [{"role": "user", "content": p}]  # a suite's chat item: its conversation
+            p = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
         prompts.append(p)
     stop = list(task.get("stop") or [])
     outs = {"b": [None] * len(prompts), "c": [None] * len(prompts)}

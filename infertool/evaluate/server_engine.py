@@ -276,10 +276,11 @@ class Client:
         })
         return parse_prompt_logprobs(r, prompt, f"the server at {self.base_url} (model {self.model!r})")
 
-    def generate(self, prompt: str, *, max_tokens: int, stop: list[str], chat: bool) -> str:
+    def generate(self, prompt: str | list[dict], *, max_tokens: int, stop: list[str], chat: bool) -> str:
+        """Greedy text for a prompt (a suite's chat item may give its messages instead)."""
         if chat:
             r = self._request(self.base_url + "/chat/completions", {
-                "model": self.model, "messages": [{"role": "user", "content": prompt}],
+                "model": self.model, "messages": prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}],
                 "max_tokens": max_tokens, "temperature": 0.0, "stop": stop or None})
             text = _first(r, "message", "content")
         else:
@@ -409,7 +410,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
             stop = list(task.get("stop") or [])
 
             def gen(it):
-                text = client.generate(it["prompt"], max_tokens=int(task.get("max_tokens", 32)), stop=stop, chat=bool(task.get("chat")))
+                text = client.generate(it.get("messages") or it["prompt"], max_tokens=int(task.get("max_tokens", 32)), stop=stop, chat=bool(task.get("chat")))
                 for st in stop:
                     if st and st in text:
                         text = text[:text.index(st)]
