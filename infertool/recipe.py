@@ -243,7 +243,9 @@ class DecodeSpec(BaseModel):
     max_tokens: _int(2, 4096) = 48
     top_k: _int(1, 20) = 20  # log-probabilities per step
     chat: bool | None = None  # None: the model's chat template where it has one
-    near_tie_logprob: _float(0, 10) = 0.1  # a divergence at a reference top-2 gap below this (nats) is a near tie
+    # a divergence at a reference top-2 gap below this (nats) is a near tie; bf16 logits move in steps of 0.125
+    # nats near the top, so a one-step gap must count as one
+    near_tie_logprob: _float(0, 10) = 0.15
 
 
 class EvalSection(BaseModel):
