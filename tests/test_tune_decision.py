@@ -253,3 +253,45 @@ def test_a_sibling_with_more_seqs_bounds_a_trial():
     assert search.sibling_bound(other, [big], 0.25) is None  # another candidate proves nothing
     bigger = TrialRecord.from_dict({"id": "ms16", "serve": {"max_num_seqs": 16}, "candidate": {"key": "k"}})
     assert search.sibling_bound(bigger, [big], 0.25) is None  # a smaller sibling bounds nothing above it
+
+
+def test_a_trial_its_sibling_bounds_above_the_best_is_not_measured():
+    """core._cannot_win: skipped with why when the sibling's bound costs more than the best interval's top."""
+    from types import SimpleNamespace
+
+    from infertool.tune.core import _cannot_win, _note_measured
+
+    big = trial("ms8", [100.0, 104.0], ms=8, key="k")
+    big.capacity.probes = [Probe(4, True, 1.0, run(1.0, 60, tps=50), throughput_ci=[45.0, 55.0]).to_dict()]
+    best = trial("best", [200.0, 201.0, 199.0], key="other")
+    tune = SimpleNamespace(objective="cost", load=SimpleNamespace(edge=0.25))
+    ctx = SimpleNamespace(tune=tune, exhaustive=False, on_event=None, recipe=SimpleNamespace(bench=SimpleNamespace(cost_per_hour=0.5)))
+    for r in (big, best):
+        _note_measured(ctx, r)
+    assert ctx.best_cost == pytest.approx(best.objective_ci[1]) and ctx.measured == [big, best]
+    small = TrialRecord.from_dict({"id": "ms4", "label": "ms4", "serve": {"max_num_seqs": 4}, "candidate": {"key": "k"}})
+    assert _cannot_win(ctx, SimpleNamespace(price_per_hour=None, label="ms4"), small)
+    assert small.status == "skipped" and "cannot win" in small.reason and "ms8 at concurrency 4" in small.reason
+    assert search.why_lost(small, best, "cost") == small.reason
+    ctx.best_cost = 10.0  # a best that 55 tok/s ($2.53/1M) could beat: measured
+    fresh = TrialRecord.from_dict({"id": "ms4", "serve": {"max_num_seqs": 4}, "candidate": {"key": "k"}})
+    assert not _cannot_win(ctx, SimpleNamespace(price_per_hour=None, label="ms4"), fresh) and fresh.status == "pending"
+
+
+def test_a_missed_load_that_cannot_beat_the_best_stops_the_search():
+    """stages._cannot_win: a miss whose throughput (interval top, else widened by the edge) costs more than the best
+    so far raises StopSearch; one that could still win does not."""
+    from types import SimpleNamespace
+
+    from infertool.tune.stages import _cannot_win
+
+    job = SimpleNamespace(tune=SimpleNamespace(best_cost=1.0, tune=SimpleNamespace(objective="cost")),
+                          trial=SimpleNamespace(price_per_hour=None))
+    ctx = SimpleNamespace(job=job)
+    slow = Probe(4, False, 0.2, run(0.2, 300.0, tps=50.0))  # 62.5 tok/s at most: $2.22/1M > $1
+    with pytest.raises(search.StopSearch, match="cannot win: no load below 4"):
+        _cannot_win(ctx, 4, slow, POLICY)
+    fast = Probe(4, False, 0.2, run(0.2, 300.0, tps=500.0))  # $0.28/1M: it could still win
+    assert _cannot_win(ctx, 4, fast, POLICY) is None
+    job.tune.best_cost = None  # nothing measured yet: never stop
+    assert _cannot_win(ctx, 4, slow, POLICY) is None
