@@ -298,7 +298,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
                   tuned_recipe=tuned, finished=_now(), space=plan.to_dict() if plan is not None else None,
                   extra={"published": getattr(ctx, "published", None)} if winner is not None else {},
-                  decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive))
+                  decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive, decision=decision))
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
     from infertool.tune.report import write_report
 
@@ -326,9 +326,10 @@ def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[Tria
     return None, None
 
 
-def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool) -> dict:
+def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool, decision: dict | None = None) -> dict:
     """tune's own cost: this search's stage-seconds (``search.stage_seconds``) and, when the other kind of search
-    (staged / brute force) was run in the same directory, its stage-seconds and the staged / brute force ratio."""
+    (staged / brute force) was run in the same directory, its stage-seconds, the staged / brute force ratio, its
+    winner and whether it agrees (``agrees``: the same winner, or one in this decision's declared tie)."""
     from infertool.report import Unreadable, read_json_inside
 
     mine = search.stage_seconds(records)
@@ -339,8 +340,11 @@ def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool) ->
         other = None
     theirs = search.stage_seconds(other.trials) if other is not None and other.trials else None
     staged, brute = (theirs, mine) if exhaustive else (mine, theirs)
+    theirs_won = other.winner if other is not None else None
+    d = decision or {}
+    agrees = None if theirs_won is None or not d else (theirs_won == d.get("winner") or theirs_won in (d.get("tied") or []))
     return {"stage_seconds": mine, "staged": staged, "brute_force": brute, "ratio": search.cost_ratio(staged, brute),
-            "other_winner": other.winner if other is not None else None}
+            "other_winner": theirs_won, "agrees": agrees}
 
 
 def decision_notes(doc: TuneDoc) -> list[str]:

@@ -209,7 +209,9 @@ def _cost_lines(doc: TuneDoc) -> list[str]:
     if c.get("ratio") is not None:
         lines.append(f"Staged search vs brute force (`--exhaustive`): {c['staged']['total']:,.0f} vs "
                      f"{c['brute_force']['total']:,.0f} stage-seconds ({c['ratio']:.0%}); brute force's winner: "
-                     f"{c.get('other_winner') if not doc.exhaustive else doc.winner}.")
+                     f"{c.get('other_winner') if not doc.exhaustive else doc.winner}"
+                     + {True: " (the same, or one in the declared tie)", False: " (a different one)"}.get(c.get("agrees"), "")
+                     + ".")
     return lines
 
 
