@@ -212,19 +212,15 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
         levels.append(level)
         return search.short_summary(level.summary)
 
-    def probe(c: int) -> search.Probe:
+    done: list[search.Probe] = []
+
+    def tracked(c: int) -> search.Probe:
         p = search.repeat_probe(once, c, policy)
+        done.append(p)  # before a StopSearch: the missed load stays among the probes
         ctx.emit(f"capacity {trial.label}: concurrency {c}: goodput {p.goodput_fraction or 0:.0%}"
                  f" {'meets' if p.ok else 'misses'} the SLO ({p.runs} run(s); {p.why})")
         if not p.ok and not tune.exhaustive:
             _cannot_win(ctx, c, p, policy)
-        return p
-
-    done: list[search.Probe] = []
-
-    def tracked(c: int) -> search.Probe:
-        p = probe(c)
-        done.append(p)
         return p
 
     if tune.exhaustive:
