@@ -297,3 +297,47 @@ def test_a_missed_load_that_cannot_beat_the_best_stops_the_search():
     assert _cannot_win(ctx, 4, fast, POLICY) is None
     job.tune.best_cost = None  # nothing measured yet: never stop
     assert _cannot_win(ctx, 4, slow, POLICY) is None
+
+
+def test_search_load_repeats_at_the_edge_and_stops_when_it_cannot_win(monkeypatch):
+    """stages._search_load with bench's measure stubbed (a scripted server): doubling, a repeat near the edge, the
+    search stopped by the best so far with the missed probe kept, and the best probe confirmed when not stopped."""
+    from types import SimpleNamespace
+
+    import infertool.bench.sweep as sweep
+    from infertool.bench.results import LevelResult, Summary
+    from infertool.recipe import BenchSection, TuneLoadSearch
+    from infertool.tune.stages import _search_load
+
+    # concurrency -> (goodput fraction, TPOT p90 ms, output tok/s): 1 and 2 far below the SLO; 4 near it (95 %),
+    # 5 to 8 far above
+    script = {1: (1.0, 40.0, 30.0), 2: (1.0, 50.0, 55.0), 4: (1.0, 95.0, 90.0), 5: (0.5, 150.0, 92.0),
+              6: (0.0, 200.0, 95.0), 8: (0.0, 300.0, 100.0)}
+    calls: list[int] = []
+
+    def measure(handle, bench, levels, **kw):
+        c = levels[0].value
+        calls.append(c)
+        frac, tpot, tps = script[c]
+        return [LevelResult(summary=Summary.from_dict(run(frac, tpot, tps=tps)))]
+
+    monkeypatch.setattr(sweep, "connect", lambda h, b: h)
+    monkeypatch.setattr(sweep, "measure", measure)
+    bench = BenchSection(requests=16, slo={"ttft_ms": 1000, "tpot_ms": 100}, cost_per_hour=0.5)
+    job = SimpleNamespace(tune=SimpleNamespace(bench=bench, exhaustive=False, best_cost=None,
+                                               tune=SimpleNamespace(objective="cost", load=TuneLoadSearch())),
+                          trial=SimpleNamespace(label="t", price_per_hour=None))
+    ctx = SimpleNamespace(job=job, on_event=None, emit=lambda *a, **k: None)
+    srv = SimpleNamespace(url="http://127.0.0.1:1/v1", model="m", api_key=None)
+    levels: list = []
+    res = _search_load(ctx, srv, 8, levels)
+    # 1, 2 once (far); 4 three times (near the edge: 48 of 48 decide it after the 3rd run, Wilson 0.926); the
+    # misses at 8, 6, 5 once (far); the best already has its runs: not measured again
+    assert calls == [1, 2, 4, 4, 4, 8, 6, 5] and len(levels) == 8 and res.max_load == 4
+    best = res.best()
+    assert best.runs == 3 and best.decided and best.throughput_ci is not None
+    job.tune.best_cost = 0.5  # 8 misses at 100 tok/s (125 at most): $1.11/1M > $0.5: nothing below 8 can win
+    calls.clear()
+    res = _search_load(ctx, srv, 8, [])
+    assert calls == [1, 2, 4, 4, 4, 8]
+    assert res.max_load == 4 and "cannot win" in res.stopped and [p.concurrency for p in res.probes][-1] == 8
