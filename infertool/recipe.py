@@ -754,6 +754,11 @@ class TuneLoadSearch(BaseModel):
     goodput_target: Share = 0.9  # share of requests that meet the SLO
     requests: Requests | None = None  # per probe; default: bench.requests
     max_probes: _int(2, 32) = 8
+    # a probe near the SLO edge is repeated until the goodput interval decides it (meets / misses the target), at
+    # most max_runs runs; the probe at the largest load meeting the SLO gets min_runs (its throughput's interval);
+    # rel_width is not used here (the goodput target decides a probe)
+    repeats: RepeatSpec = Field(default_factory=lambda: RepeatSpec(max_runs=3, min_runs=2))
+    edge: _float(0.0, 10) = 0.25  # a run whose latency is within this share of the SLO bound is near the edge
 
 
 class TuneAccuracy(BaseModel):

@@ -285,9 +285,9 @@ def test_tune_report_reads_trials_by_attribute():
                "accuracy": {"verdict": "FAIL", "gates": [{**kld, "lo": None}], "mean_kld": 0.2},
                "capacity": {"max_load": 4, "at_max_load": {"cost": "cheap"}}}]
     rows = trial_rows({"recipe": "r", "winner": "t1", "trials": trials})
-    assert rows[1][:10] == ["t1", "GPTQ 4-bit", "max_num_seqs=8", "PASS", "0.031 [0.028, 0.034]", "24", "8", "1.25", "-",
-                            "done (winner)"]
-    assert rows[2][3:8] == ["FAIL", "0.2", "-", "4", "-"]  # no interval: the mean KLD; a cost that is not a number
+    assert rows[1][:11] == ["t1", "GPTQ 4-bit", "max_num_seqs=8", "PASS", "0.031 [0.028, 0.034]", "24", "8", "-",
+                            "1.25", "-", "done (winner)"]  # no throughput recorded: "-"
+    assert rows[2][3:9] == ["FAIL", "0.2", "-", "4", "-", "-"]  # no interval: the mean KLD; a cost that is not a number
 
 
 # ------------------------------------------------------------------------------------------ next steps

@@ -55,12 +55,14 @@ class TuneResult:
     report: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     published: dict | None = None  # the winner's checkpoint: {path, fingerprint} (None: the original won, or none)
+    decision: dict | None = None  # tune.json's decision (search.decide)
+    cost: dict | None = None  # tune's own cost in stage-seconds (own_cost)
 
     def to_dict(self) -> dict:
         return {"tune_dir": self.tune_dir, "winner": self.winner.to_dict() if self.winner else None,
                 "trials": [t.to_dict() for t in self.trials], "pareto": self.pareto, "seconds": self.seconds,
                 "tuned_recipe": self.tuned_recipe, "report": self.report, "notes": self.notes,
-                "published": self.published}
+                "published": self.published, "decision": self.decision, "cost": self.cost}
 
 
 def _now() -> str:
@@ -114,13 +116,18 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
         if not ctx.exhaustive and rec.accuracy.verdict == "FAIL":
             rec.status, rec.reason = "done", "accuracy FAIL: capacity not measured"
             return rec
+        if not ctx.exhaustive and _cannot_win(ctx, trial, rec):
+            return rec
         ctx.run_stages(trial, ["capacity"], outputs, rec)
         cap = outputs["capacity"].summary
         rec.capacity, rec.objective = cap, search.objective_value(ctx.tune.objective, cap, trial.price_per_hour)
+        rec.objective_ci = search.objective_interval(ctx.tune.objective, cap, trial.price_per_hour,
+                                                    ctx.tune.load.repeats.confidence)
         if trial.machine is not None:  # $ per 1M at its kind's price, compared across kinds
             rec.cost_per_1m_output_tokens = search.cost_per_1m(cap, trial.price_per_hour)
         rec.decode = decode_check(trial, cap)
         rec.status = "done"
+        _note_measured(ctx, rec)
     except (KeyboardInterrupt, EnvNotReady):
         rec.status = "interrupted"  # a missing environment is not this configuration's failure: every trial would fail
         raise
@@ -133,6 +140,38 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
         if ctx.on_trial:
             ctx.on_trial(rec)
     return rec
+
+
+def _note_measured(ctx: Context, rec: TrialRecord) -> None:
+    """Remember a measured trial (``ctx.measured``) and, for the cost objective, the best $/1M so far at its
+    interval's top (``ctx.best_cost``: what a capacity search must be able to beat)."""
+    ctx.measured = [*getattr(ctx, "measured", []), rec]
+    if ctx.tune.objective != "cost" or not search.eligible(rec):
+        return
+    ci = rec.objective_ci
+    top = rec.objective * (1 + ctx.tune.load.edge) if not ci else ci[1]
+    if top is not None and (getattr(ctx, "best_cost", None) is None or top < ctx.best_cost):
+        ctx.best_cost = top
+
+
+def _cannot_win(ctx: Context, trial: space.Trial, rec: TrialRecord) -> bool:
+    """A trial whose throughput a measured sibling bounds (``search.sibling_bound``: the same settings with a
+    larger max_num_seqs) so low that even that bound costs more per 1M tokens than the top of the best interval
+    so far is not measured: it cannot win (recorded as skipped, with why)."""
+    best = getattr(ctx, "best_cost", None)
+    if best is None or ctx.tune.objective != "cost":
+        return False
+    bound = search.sibling_bound(rec, getattr(ctx, "measured", []), ctx.tune.load.edge)
+    price = trial.price_per_hour if trial.price_per_hour is not None else ctx.recipe.bench.cost_per_hour
+    floor = search.cost_from_throughput(price, bound[0]) if (bound and price) else None
+    if floor is None or floor <= best:
+        return False
+    rec.status = "skipped"
+    rec.reason = (f"cannot win: max_num_seqs {rec.serve.get('max_num_seqs')} serves no faster than {bound[1]} "
+                  f"({bound[0]:,.4g} tok/s at most), at least ${floor:,.4g}/1M, above the best so far "
+                  f"(${best:,.4g}/1M at its interval's top): capacity not measured")
+    emit(ctx.on_event, f"{trial.label}: {rec.reason}")
+    return True
 
 
 def write_trial(tdir: Path, rec: TrialRecord, trial: space.Trial) -> None:
@@ -248,11 +287,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     """Rank, re-check the winner as served, write tune.json (with the search space ``plan`` says), tuned.yaml and
     the report."""
     by_id = {t.id: t for t in trials}
-    winner = None
-    for cand in search.rank(records):
-        if not ctx.tune.accuracy.served_check or served_check(ctx, by_id[cand.id], cand):
-            winner = cand
-            break
+    winner, decision = _decide(ctx, by_id, records)
     for r in records:
         r.why_lost = search.why_lost(r, winner, ctx.tune.objective)
     pts = [(r.id, float((r.accuracy.mean_kld if r.accuracy else None) or 0.0), r.objective) for r in records
@@ -263,19 +298,67 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
                   tuned_recipe=tuned, finished=_now(), space=plan.to_dict() if plan is not None else None,
-                  extra={"published": getattr(ctx, "published", None)} if winner is not None else {})
+                  extra={"published": getattr(ctx, "published", None)} if winner is not None else {},
+                  decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive, decision=decision))
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
     from infertool.tune.report import write_report
 
     report = write_report(ctx.dir, doc, exhaustive=ctx.exhaustive)
-    notes = []
+    notes = decision_notes(doc)
     if winner is None:
         notes.append("no configuration passes the accuracy gates and meets the SLO: see why each lost")
     if plan is not None and plan.sampled:
         notes.append(f"the search space is {plan.space.describe()}: {len(records):,} run or planned by the sampler "
                      "are listed, the rest were not chosen")
     return TuneResult(str(ctx.dir), winner, records, front, round(seconds, 1), tuned, report, notes,
-                      getattr(ctx, "published", None))
+                      getattr(ctx, "published", None), decision, doc.cost)
+
+
+def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[TrialRecord | None, dict | None]:
+    """The decision (``search.decide``: a tie among overlapping intervals broken by the stated rule), its winner
+    re-checked as served; one whose outputs diverge is dropped and the decision made again without it."""
+    ranked = search.rank(records)
+    while ranked:
+        decision = search.decide(ranked, ctx.tune.objective)
+        cand = next(r for r in ranked if r.id == decision["winner"])
+        if not ctx.tune.accuracy.served_check or served_check(ctx, by_id[cand.id], cand):
+            return cand, decision
+        ranked = [r for r in ranked if r is not cand]
+    return None, None
+
+
+def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool, decision: dict | None = None) -> dict:
+    """tune's own cost: this search's stage-seconds (``search.stage_seconds``) and, when the other kind of search
+    (staged / brute force) was run in the same directory, its stage-seconds, the staged / brute force ratio, its
+    winner and whether it agrees (``agrees``: the same winner, or one in this decision's declared tie)."""
+    from infertool.report import Unreadable, read_json_inside
+
+    mine = search.stage_seconds(records)
+    other_name = "tune.json" if exhaustive else "tune-exhaustive.json"
+    try:
+        other = TuneDoc.from_dict(read_json_inside(tune_dir, other_name) or {})
+    except (OSError, Unreadable, TypeError, ValueError, AttributeError):
+        other = None
+    theirs = search.stage_seconds(other.trials) if other is not None and other.trials else None
+    staged, brute = (theirs, mine) if exhaustive else (mine, theirs)
+    theirs_won = other.winner if other is not None else None
+    d = decision or {}
+    agrees = None if theirs_won is None or not d else (theirs_won == d.get("winner") or theirs_won in (d.get("tied") or []))
+    return {"stage_seconds": mine, "staged": staged, "brute_force": brute, "ratio": search.cost_ratio(staged, brute),
+            "other_winner": theirs_won, "agrees": agrees}
+
+
+def decision_notes(doc: TuneDoc) -> list[str]:
+    """The decision and tune's own cost in a sentence each (the console prints them; the report says more)."""
+    notes = []
+    d = doc.decision
+    if d and d.get("runner_up"):
+        notes.append(f"decision: {d['winner']} over {d['runner_up']}: {d.get('why')}")
+    cost = doc.cost or {}
+    if cost.get("ratio") is not None:
+        notes.append(f"tune's own cost: the staged search used {cost['staged']['total']:,.0f} stage-seconds, brute force "
+                     f"{cost['brute_force']['total']:,.0f} ({cost['ratio']:.0%})")
+    return notes
 
 
 def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) -> Path:

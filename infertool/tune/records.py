@@ -79,6 +79,14 @@ class CapacityResult(StageSummary):
     range: list[int] | None = None
     argv: list[str] | None = None
     serve: dict | None = None  # the effective serve settings
+    # what the probes prove: [the largest load that surely meets, the smallest that surely misses] (None: none
+    # proves it) and the range the largest load meeting the SLO can be in
+    edge: list[int | None] | None = None
+    max_load_ci: list[int] | None = None
+    throughput: float | None = None  # output tok/s at max_load (the mean of its runs)
+    throughput_ci: list[float] | None = None  # its t interval across runs (None: one run)
+    cost_ci: list[float | None] | None = None  # $/1M at max_load from the throughput's interval
+    runs: int | None = None  # bench runs the search made (repeats included)
 
 
 @dataclass
@@ -143,6 +151,7 @@ class TrialRecord(Summary):
     finished: str | None = None
     dir: str | None = None
     objective: float | None = None
+    objective_ci: list[float | None] | None = None  # the objective's interval from the runs at max load
     accuracy: ScreenResult | None = None
     capacity: CapacityResult | None = None
     reason: str | None = None
@@ -159,7 +168,7 @@ class TrialRecord(Summary):
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("dir", "accuracy", "capacity", "reason", "decode", "error", "why_lost",
                                             "served_check", "executor", "machine", "cost_per_1m_output_tokens",
-                                            "screening")
+                                            "screening", "objective_ci")
 
     @property
     def verdict(self) -> str | None:
@@ -206,6 +215,11 @@ class TuneDoc(Summary):
     finished: str | None = None
     # the search space: its size and axes, how many were planned, whether a sample, the sampler (core.Plan)
     space: dict | None = None
+    # the decision: {winner, runner_up, margin, margin_ci, tie, tied, rule, why} (search.decide)
+    decision: dict | None = None
+    # tune's own cost: stage-seconds by stage and in total (search.stage_seconds), brute force's when measured in
+    # the same directory, and the ratio
+    cost: dict | None = None
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None

@@ -53,12 +53,40 @@ def _kind(t: TrialRecord) -> str:
     return f"{m.get('name', '-')} (${price:,.4g}/h)" if isinstance(price, (int, float)) else str(m.get("name", "-"))
 
 
+def _ci(v, ci, digits: int = 3) -> str:
+    """A figure and its interval: "0.64 [0.6, 0.69]" ("-" for an open end); the figure alone without one."""
+    if v is None:
+        return "-"
+    if not ci:
+        return _f(v, digits)
+    lo, hi = (ci + [None, None])[:2]
+    return f"{_f(v, digits)} [{_f(lo, digits) if lo is not None else '-'}, {_f(hi, digits) if hi is not None else '-'}]"
+
+
+def _max_load(t: TrialRecord) -> str:
+    """The largest load meeting the SLO and the range the probes prove it in."""
+    cap = t.capacity
+    if cap is None:
+        return "-"
+    ci = cap.max_load_ci
+    if ci and cap.max_load is not None and list(ci) != [cap.max_load, cap.max_load]:
+        return f"{_f(cap.max_load)} [{ci[0]}, {ci[1]}]"
+    return _f(cap.max_load)
+
+
+def _cost_ci(t: TrialRecord) -> list | None:
+    """$/1M's interval: the trial's objective interval when the objective is the cost, else its capacity's."""
+    if t.capacity is None:
+        return None
+    return t.capacity.cost_ci if t.machine is None else t.objective_ci
+
+
 def trial_rows(doc: TuneDoc | dict) -> list[list[str]]:
     doc = TuneDoc.from_dict(doc)
     kinds = any(t.machine is not None for t in doc.trials)  # a machine kind column only when tune.machines
     rows = [["trial", "quantization", "serving", *(["machine kind"] if kinds else []), "accuracy",
-             "mean KLD [interval]", "items", "max load", "$/1M out", "decode tok/s predicted / measured (error)",
-             "status", "why not"]]
+             "mean KLD [interval]", "items", "max load [proven range]", "out tok/s [interval]",
+             "$/1M out [interval]", "decode tok/s predicted / measured (error)", "status", "why not"]]
     for t in doc.trials:
         acc, dec = t.accuracy, t.decode
         pred, meas, err = (dec.predicted_tokens_per_s, dec.measured_tokens_per_s, dec.error) if dec else (None, None, None)
@@ -67,8 +95,9 @@ def trial_rows(doc: TuneDoc | dict) -> list[list[str]]:
         status = (t.status or "?") + (" (winner)" if doc.winner == t.id else "")
         rows.append([t.id, t.candidate.label or "", serving, *([_kind(t)] if kinds else []),
                      t.accuracy_text, _kld_interval(acc),
-                     _f(acc.items if acc else None), _f(t.capacity.max_load if t.capacity else None), _f(_cost(t)),
-                     decode, status, t.why_lost or ""])
+                     _f(acc.items if acc else None), _max_load(t),
+                     _ci(t.capacity.throughput, t.capacity.throughput_ci) if t.capacity else "-",
+                     _ci(_cost(t), _cost_ci(t)), decode, status, t.why_lost or t.reason or ""])
     return rows
 
 
@@ -226,7 +255,11 @@ def _summary(doc: TuneDoc) -> list[str]:
     if win and win.objective is not None:
         obj = -win.objective if doc.objective == "goodput" else win.objective
         sc = win.served_check
-        lines.append(f"**Winner: {win.label}** — {name}: {obj:,.4g} {unit} at concurrency "
+        oci = win.objective_ci
+        if oci and doc.objective == "goodput":
+            oci = [None if oci[1] is None else -oci[1], None if oci[0] is None else -oci[0]]
+        interval = f" [{_f(oci[0], 4)}, {_f(oci[1], 4) if oci[1] is not None else '-'}]" if oci and oci[0] is not None else ""
+        lines.append(f"**Winner: {win.label}** — {name}: {obj:,.4g}{interval} {unit} at concurrency "
                      f"{win.capacity.max_load if win.capacity else None}; accuracy {win.verdict}"
                      + (f"; re-checked as served with its exact settings: {sc.verdict} (mean KLD "
                         f"{_f(sc.mean_kld)})" if sc else "") + ".")
@@ -239,6 +272,39 @@ def _summary(doc: TuneDoc) -> list[str]:
                          f"{doc.tuned_recipe and Path(doc.tuned_recipe).parent}` serves it, checked by that fingerprint.")
     else:
         lines.append("**No configuration passes the accuracy gates and meets the SLO** (see why each lost below).")
+    return lines + _decision_lines(doc) + _cost_lines(doc)
+
+
+def _decision_lines(doc: TuneDoc) -> list[str]:
+    """The decision: tie or not, and why; the margin with its interval; the rule that broke a tie."""
+    d = getattr(doc, "decision", None)
+    if not isinstance(d, dict) or not d.get("winner"):
+        return []
+    _, unit, _ = OBJECTIVES[doc.objective]
+    if not d.get("runner_up"):
+        return [f"Decision: {d['winner']}, {d.get('why') or 'the only eligible configuration'}."]
+    m, ci = d.get("margin"), d.get("margin_ci") or [None, None]
+    margin = f"margin {_f(m, 4)} {unit}" + (f" [{_f(ci[0], 4)}, {_f(ci[1], 4) if ci[1] is not None else '-'}]"
+                                            if ci[0] is not None else "")
+    head = "**Decision: a TIE**" if d.get("tie") else "**Decision: no tie**"
+    line = f"{head} — {d['winner']} over the runner-up {d['runner_up']} ({margin}): {d.get('why')}."
+    return [line] + ([f"Tie rule: {d['rule']}."] if d.get("tie") and d.get("rule") else [])
+
+
+def _cost_lines(doc: TuneDoc) -> list[str]:
+    """tune's own cost: stage-seconds by stage, and against brute force when both ran in this directory."""
+    c = getattr(doc, "cost", None)
+    if not isinstance(c, dict) or not isinstance(c.get("stage_seconds"), dict):
+        return []
+    mine = c["stage_seconds"]
+    by = ", ".join(f"{k} {v:,.0f}" for k, v in (mine.get("by_stage") or {}).items())
+    lines = [f"tune's own cost: {mine.get('total', 0):,.0f} stage-seconds ({by})."]
+    if c.get("ratio") is not None:
+        lines.append(f"Staged search vs brute force (`--exhaustive`): {c['staged']['total']:,.0f} vs "
+                     f"{c['brute_force']['total']:,.0f} stage-seconds ({c['ratio']:.0%}); brute force's winner: "
+                     f"{c.get('other_winner') if not doc.exhaustive else doc.winner}"
+                     + {True: " (the same, or one in the declared tie)", False: " (a different one)"}.get(c.get("agrees"), "")
+                     + ".")
     return lines
 
 

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
@@ -26,7 +27,13 @@ class Probe(Record):
     concurrency: int
     ok: bool  # met the SLO at this load (goodput fraction >= target, no failed requests)
     goodput_fraction: float | None
-    summary: dict = field(default_factory=dict)
+    summary: dict = field(default_factory=dict)  # one run's short summary; with repeats the runs' means
+    runs: int = 1  # how many times the level was measured (repeated near the SLO edge)
+    decided: bool | None = None  # the interval (or the distance from the edge) decides ok; None: not judged
+    why: str | None = None  # how ok was decided: "far from the edge ...", "interval ... above the target", ...
+    goodput_ci: list[float] | None = None  # the goodput fraction's interval over every request of every run
+    throughput_ci: list[float] | None = None  # output tok/s across runs (t interval; None with one run)
+    per_run: list[dict] | None = None  # each run's short summary (only when repeated)
 
 
 @dataclass
@@ -103,6 +110,192 @@ def probe_ok(summary, target: float) -> tuple[bool, float | None]:
     frac = s.goodput.fraction
     ok = frac is not None and frac >= target and not s.failed
     return ok, frac
+
+
+# ------------------------------------------------------------------------------------------- repeats at the edge
+@dataclass
+class RepeatPolicy:
+    """How a capacity probe is repeated (``tune.load.repeats`` and ``tune.load.edge``): runs until the goodput
+    interval decides meets / misses, at most ``max_runs``; a run whose latency is farther than ``edge`` (a share
+    of the SLO) from the bound decides by itself; the probe at the largest load meeting the SLO gets
+    ``min_runs`` runs, so the throughput (and $/1M) there has an interval."""
+
+    max_runs: int = 3
+    min_runs: int = 2
+    confidence: float = 0.95
+    edge: float = 0.25
+    target: float = 0.9
+    slo: dict = field(default_factory=dict)  # bench.slo's bounds by name (ttft_ms, tpot_ms, e2e_ms)
+
+
+class StopSearch(Exception):
+    """Raised by a probe to end a load search early (the trial cannot win): the probes so far stand."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
+
+
+def t_quantile(confidence: float, df: int) -> float:
+    """Two-sided Student t quantile: exact for 1 and 2 degrees of freedom, the Cornish-Fisher expansion
+    (error under 0.5 % from 3 on) beyond."""
+    from infertool.evaluate.metrics import z_for
+
+    p = 0.5 + confidence / 2
+    if df <= 1:
+        return math.tan(math.pi * (p - 0.5))
+    if df == 2:
+        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
+    z = z_for(confidence)
+    g1 = (z ** 3 + z) / 4
+    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
+    g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384
+    g4 = (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160
+    return z + g1 / df + g2 / df ** 2 + g3 / df ** 3 + g4 / df ** 4
+
+
+def mean_interval(values: list[float], confidence: float) -> tuple[float, list[float] | None]:
+    """The mean of repeated measurements and its t interval ([lo, hi]; None with fewer than two)."""
+    xs = [float(v) for v in values if v is not None]
+    if not xs:
+        return math.nan, None
+    m = math.fsum(xs) / len(xs)
+    if len(xs) < 2:
+        return m, None
+    sd = math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+    half = t_quantile(confidence, len(xs) - 1) * sd / math.sqrt(len(xs))
+    return m, [m - half, m + half]
+
+
+def _pct_key(target: float) -> str:
+    """The latency percentile the goodput target reads: the smallest of p50 / p90 / p99 at or above it."""
+    return "p50" if target <= 0.5 else "p90" if target <= 0.9 else "p99"
+
+
+def slo_margin(summary: dict, slo: dict, target: float) -> float | None:
+    """How close a run is to the SLO: the largest ratio of a latency percentile (the one the goodput target
+    reads) to its bound (1.0: at the bound; 0.5: half of it). None without an SLO or a measurement."""
+    key = _pct_key(target)
+    ratios = [float((summary.get(name) or {}).get(key)) / float(bound) for name, bound in (slo or {}).items()
+              if bound and isinstance((summary.get(name) or {}).get(key), (int, float))]
+    return max(ratios) if ratios else None
+
+
+def judge_runs(runs: list[dict], policy: RepeatPolicy) -> tuple[bool, bool, str, list[float] | None]:
+    """Whether the runs of one level meet the SLO (ok), whether that is decided, why, and the goodput fraction's
+    Wilson interval over every request: decided when the interval lies on one side of the target, or a single
+    run is far from the edge (its latency percentile within 1/(1+edge) of the bound and meeting, or beyond
+    (1+edge) x the bound and missing), or a request failed (a failure is not noise)."""
+    from infertool.evaluate.metrics import wilson
+
+    n = sum(int(r.get("requests") or 0) for r in runs)
+    met = sum(round(float(((r.get("goodput") or {}).get("fraction")) or 0.0) * int(r.get("requests") or 0))
+              for r in runs)
+    failed = sum(int(r.get("failed") or 0) for r in runs)
+    frac = met / n if n else None
+    ok = frac is not None and frac >= policy.target and not failed
+    ci = list(wilson(met, n, policy.confidence)) if n else None
+    if failed:
+        return False, True, f"{failed} request(s) failed", ci
+    if not policy.slo:
+        return ok, True, "no SLO: every completed request counts", ci
+    if ci is not None and ci[0] >= policy.target:
+        return ok, True, f"goodput interval [{ci[0]:.0%}, {ci[1]:.0%}] above the target", ci
+    if ci is not None and ci[1] < policy.target:
+        return ok, True, f"goodput interval [{ci[0]:.0%}, {ci[1]:.0%}] below the target", ci
+    margins = [slo_margin(r, policy.slo, policy.target) for r in runs]
+    if margins and all(m is not None for m in margins):
+        worst, best = max(margins), min(margins)
+        if ok and worst <= 1 / (1 + policy.edge):
+            return ok, True, f"far from the edge (latency at {worst:.0%} of the SLO)", ci
+        if not ok and best >= 1 + policy.edge:
+            return ok, True, f"far from the edge (latency at {best:.0%} of the SLO)", ci
+    return ok, False, f"near the edge: undecided after {len(runs)} run(s)", ci
+
+
+def mean_summary(runs: list[dict], cost_per_hour: float | None = None) -> dict:
+    """The runs' short summaries averaged (every number; counts summed), $/1M recomputed from the mean
+    throughput so that it matches the throughput's interval."""
+    if len(runs) == 1:
+        return dict(runs[0])
+
+    def avg(values: list):
+        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+        if nums and len(nums) == len([v for v in values if v is not None]):
+            return math.fsum(nums) / len(nums)
+        if all(isinstance(v, dict) for v in values if v is not None) and any(isinstance(v, dict) for v in values):
+            keys = {k for v in values if isinstance(v, dict) for k in v}
+            return {k: avg([v.get(k) if isinstance(v, dict) else None for v in values]) for k in sorted(keys)}
+        return next((v for v in values if v is not None), None)
+
+    out = {k: avg([r.get(k) for r in runs]) for k in runs[0]}
+    for k in ("requests", "completed", "failed"):
+        out[k] = sum(int(r.get(k) or 0) for r in runs)
+    tps, price = out.get("output_token_throughput"), cost_per_hour
+    if price is None:
+        price = ((runs[0].get("cost") or {}).get("cost_per_hour"))
+    if isinstance(out.get("cost"), dict) and tps and price:
+        out["cost"] = {**out["cost"], "per_1m_output_tokens": cost_from_throughput(price, tps)}
+    return out
+
+
+def cost_from_throughput(price_per_hour: float, tokens_per_s: float | None) -> float | None:
+    """$ per 1M output tokens of a machine at ``price_per_hour`` serving ``tokens_per_s``."""
+    return price_per_hour / (float(tokens_per_s) * 3600) * 1e6 if tokens_per_s and tokens_per_s > 0 else None
+
+
+def repeat_probe(measure_once: Callable[[int, int], dict], c: int, policy: RepeatPolicy, *,
+                 runs_at_least: int = 1) -> Probe:
+    """Measure concurrency ``c`` (``measure_once(c, run)`` -> a short summary) until its verdict is decided
+    (``judge_runs``) and it has ``runs_at_least`` runs, or ``policy.max_runs`` runs."""
+    runs: list[dict] = []
+    while True:
+        runs.append(measure_once(c, len(runs)))
+        ok, sure, why, ci = judge_runs(runs, policy)
+        if len(runs) >= policy.max_runs or (sure and len(runs) >= runs_at_least):
+            break
+    summary = mean_summary(runs)
+    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence)
+    frac = (summary.get("goodput") or {}).get("fraction")
+    return Probe(c, ok, frac, summary, runs=len(runs), decided=sure, why=why, goodput_ci=ci, throughput_ci=tci,
+                 per_run=runs if len(runs) > 1 else None)
+
+
+def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], dict], policy: RepeatPolicy) -> LoadSearch:
+    """The probe at the largest load meeting the SLO measured again up to ``policy.min_runs`` runs (its runs
+    pooled), so that the throughput and $/1M the objective reads there carry an interval."""
+    best = search.best()
+    if best is None or best.runs >= min(policy.min_runs, policy.max_runs):
+        return search
+    runs = list(best.per_run or [best.summary])
+    while len(runs) < min(policy.min_runs, policy.max_runs):
+        runs.append(measure_once(best.concurrency, len(runs)))
+    ok, sure, why, ci = judge_runs(runs, policy)
+    summary = mean_summary(runs)
+    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence)
+    again = Probe(best.concurrency, ok, (summary.get("goodput") or {}).get("fraction"), summary, runs=len(runs),
+                  decided=sure, why=why, goodput_ci=ci, throughput_ci=tci, per_run=runs)
+    probes = [again if p is best else p for p in search.probes]
+    if ok:
+        return LoadSearch(search.max_load, probes, search.stopped)
+    # measured again, it misses: the next load below that surely meets is the answer
+    below = [p.concurrency for p in probes if p.ok and p.concurrency < best.concurrency]
+    return LoadSearch(max(below) if below else 0, probes,
+                      f"{search.stopped}; measured again, concurrency {best.concurrency} misses the SLO")
+
+
+def max_load_bracket(probes: list[Probe], lo: int, hi: int) -> dict:
+    """What the probes prove about the largest load meeting the SLO: ``edge`` = [the largest load that surely
+    meets, the smallest that surely misses] (None where no probe proves it) and ``max_load_ci`` = the range the
+    answer can be in ([surely meets, surely misses - 1], the search's range bounding it; a probe not judged
+    counts as decided)."""
+    sure_ok = [p.concurrency for p in probes if p.ok and p.decided is not False]
+    sure_bad = [p.concurrency for p in probes if not p.ok and p.decided is not False]
+    meets = max(sure_ok) if sure_ok else None
+    misses = min(sure_bad) if sure_bad else None
+    low = meets if meets is not None else 0
+    high = (misses - 1) if misses is not None else hi
+    return {"edge": [meets, misses], "max_load_ci": [low, max(low, high)]}
 
 
 # ------------------------------------------------------------------------------------------- accuracy rounds
@@ -201,3 +394,162 @@ def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str) -> str 
             a, b = -a, -b
         return f"{name}: {a:,.4g} {unit} vs the winner's {b:,.4g} {unit}"
     return None
+
+
+# ------------------------------------------------------------------------------------------- the decision
+TIE_RULE = ("a tie (the objective intervals overlap) goes to fewer GPUs, then less weight memory, then the larger "
+            "accuracy margin (the lower mean KLD), then the better point estimate")
+
+
+def _probe_at_max(capacity: CapacityResult | None) -> dict | None:
+    if capacity is None or not capacity.max_load:
+        return None
+    return next((p for p in reversed(capacity.probes or []) if p.get("concurrency") == capacity.max_load
+                 and p.get("ok")), None)
+
+
+def objective_interval(objective: str, capacity: CapacityResult | None, price_per_hour: float | None = None,
+                       confidence: float = 0.95) -> list[float | None] | None:
+    """The objective's interval (lower is better, like ``objective_value``) from the repeated runs at the largest
+    load meeting the SLO: $/1M from the throughput's interval (its upper end None when the throughput's lower
+    end is not positive), goodput negated, TPOT p50 as measured. None with a single run (no interval)."""
+    probe = _probe_at_max(capacity)
+    runs = (probe or {}).get("per_run") or []
+    if len(runs) < 2:
+        return None
+    if objective == "cost":
+        _, tci = mean_interval([r.get("output_token_throughput") for r in runs], confidence)
+        price = price_per_hour if price_per_hour is not None else ((runs[0].get("cost") or {}).get("cost_per_hour"))
+        if tci is None or not price:
+            return None
+        return [cost_from_throughput(price, tci[1]), cost_from_throughput(price, tci[0])]
+    if objective == "goodput":
+        _, ci = mean_interval([(r.get("goodput") or {}).get("requests_per_s") for r in runs], confidence)
+        return None if ci is None else [-ci[1], -ci[0]]
+    _, ci = mean_interval([(r.get("tpot_ms") or {}).get("p50") for r in runs], confidence)
+    return ci
+
+
+def _bounds(t: TrialRecord) -> tuple[float, float]:
+    ci = t.objective_ci
+    if not ci:
+        return t.objective, t.objective
+    lo, hi = ci[0], ci[1]
+    return (t.objective if lo is None else min(lo, t.objective)), (math.inf if hi is None else max(hi, t.objective))
+
+
+def overlaps(a: TrialRecord, b: TrialRecord) -> bool:
+    """Whether two trials' objective intervals overlap (a trial without an interval is its point)."""
+    alo, ahi = _bounds(a)
+    blo, bhi = _bounds(b)
+    return alo <= bhi and blo <= ahi
+
+
+def gpus(t: TrialRecord) -> int:
+    """GPUs a trial serves on: its machine kind's, else tensor x pipeline parallel of its serve settings."""
+    m = (t.machine or {}).get("gpus")
+    if isinstance(m, int):
+        return m
+    s = t.serve or {}
+    return int(s.get("tensor_parallel_size") or 1) * int(s.get("pipeline_parallel_size") or 1)
+
+
+def tie_key(t: TrialRecord) -> tuple:
+    """The stated tie rule (``TIE_RULE``) as a sort key."""
+    kld = t.accuracy.mean_kld if t.accuracy is not None and t.accuracy.mean_kld is not None else 0.0
+    return (gpus(t), t.prediction.weight_bytes or 0, kld, t.objective, t.id)
+
+
+def decide(ranked: list[TrialRecord], objective: str) -> dict | None:
+    """The decision among the eligible trials (``rank``'s order): the best objective wins unless others' objective
+    intervals overlap its interval: then it is a TIE among them, broken by ``TIE_RULE``. ``margin``: the
+    runner-up's objective minus the winner's (in the objective's unit, lower is better, so positive: the winner
+    is ahead on the point estimate); ``margin_ci``: that difference's interval from the two intervals."""
+    if not ranked:
+        return None
+    best = ranked[0]
+    tied = [t for t in ranked if t is best or overlaps(t, best)]
+    tie = len(tied) > 1
+    winner = min(tied, key=tie_key) if tie else best
+    rest = [t for t in (tied if tie else ranked) if t is not winner]
+    runner = rest[0] if rest else None
+    out = {"winner": winner.id, "runner_up": runner.id if runner else None, "margin": None, "margin_ci": None,
+           "tie": tie, "tied": [t.id for t in tied] if tie else [], "rule": TIE_RULE if tie else None}
+    if runner is None:
+        out["why"] = "the only configuration that passes the accuracy gates and meets the SLO"
+        return out
+    out["margin"] = runner.objective - winner.objective
+    wlo, whi = _bounds(winner)
+    rlo, rhi = _bounds(runner)
+    out["margin_ci"] = [rlo - whi, None if math.isinf(rhi) else rhi - wlo]
+    unit = OBJECTIVES[objective][1]
+    if tie:
+        out["why"] = (f"a tie: the objective intervals of {', '.join(t.id for t in tied)} overlap; broken by the "
+                      f"rule ({_tie_reason(winner, runner)})")
+    elif winner.objective_ci is None or runner.objective_ci is None:
+        out["why"] = f"no interval (a single run at max load): ahead by {abs(out['margin']):,.4g} {unit} on one measurement"
+    else:
+        out["why"] = f"the intervals do not overlap: ahead by {out['margin']:,.4g} {unit}"
+    return out
+
+
+def _tie_reason(w: TrialRecord, r: TrialRecord) -> str:
+    if gpus(w) != gpus(r):
+        return f"{gpus(w)} GPU(s) vs {gpus(r)}"
+    wb, rb = w.prediction.weight_bytes or 0, r.prediction.weight_bytes or 0
+    if wb != rb:
+        return f"{wb / 2**20:,.0f} MiB of weights vs {rb / 2**20:,.0f} MiB"
+    wk = w.accuracy.mean_kld if w.accuracy is not None else None
+    rk = r.accuracy.mean_kld if r.accuracy is not None else None
+    if wk != rk:
+        return f"mean KLD {wk if wk is not None else 0:.4g} vs {rk if rk is not None else 0:.4g}"
+    return "the better point estimate"
+
+
+# ------------------------------------------------------------------------------------------- tune's own cost
+def stage_seconds(trials: list[TrialRecord]) -> dict:
+    """Seconds of stage work a tune used: every distinct stage entry its trials used counted once, at the seconds
+    it took when it ran (a reused entry counts what it cost), by stage and in total."""
+    seen: dict[str, tuple[str, float]] = {}
+    for t in trials:
+        for name, st in (t.stages or {}).items():
+            key = st.entry or f"{t.id}/{name}"
+            if key not in seen:
+                seen[key] = (name, float(st.seconds or 0.0))
+    by: dict[str, float] = {}
+    for name, sec in seen.values():
+        by[name] = round(by.get(name, 0.0) + sec, 1)
+    return {"by_stage": dict(sorted(by.items())), "total": round(math.fsum(s for _, s in seen.values()), 1),
+            "entries": len(seen)}
+
+
+def cost_ratio(staged: dict | None, brute: dict | None) -> float | None:
+    """The staged search's stage-seconds over brute force's (``stage_seconds``' totals); None unless both."""
+    a, b = (staged or {}).get("total"), (brute or {}).get("total")
+    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
+
+
+def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) -> tuple[float, str] | None:
+    """An upper bound on a trial's output tok/s from a measured sibling (the same candidate and serve settings but
+    a larger max_num_seqs): a server that batches at most m requests serves no faster than the sibling at a
+    concurrency >= m (throughput grows with the batch); the sibling's figure there taken at its interval's top,
+    else widened by ``edge``. None when no sibling proves a bound."""
+    m = (rec.serve or {}).get("max_num_seqs")
+    if not isinstance(m, int):
+        return None
+    rest = {k: v for k, v in (rec.serve or {}).items() if k != "max_num_seqs"}
+    bounds = []
+    for s in measured:
+        sm = (s.serve or {}).get("max_num_seqs")
+        if (s.id == rec.id or s.candidate.key != rec.candidate.key or not isinstance(sm, int) or sm <= m
+                or {k: v for k, v in (s.serve or {}).items() if k != "max_num_seqs"} != rest or s.capacity is None):
+            continue
+        above = sorted((p for p in s.capacity.probes or [] if (p.get("concurrency") or 0) >= m
+                        and (p.get("summary") or {}).get("output_token_throughput")),
+                       key=lambda p: p["concurrency"])
+        if above:
+            p = above[0]
+            tci = p.get("throughput_ci")
+            top = tci[1] if tci else p["summary"]["output_token_throughput"] * (1 + edge)
+            bounds.append((top, f"{s.label} at concurrency {p['concurrency']}"))
+    return min(bounds) if bounds else None

@@ -303,7 +303,9 @@ def trial_accuracy(ctx, trial, outputs: dict, rec) -> ScreenResult:
 
 
 def run_capacity(ctx: StageContext) -> CapacityResult:
-    """The trial served with its exact settings; the largest concurrency that meets the SLO."""
+    """The trial served with its exact settings; the largest concurrency that meets the SLO, each probe near the
+    SLO edge repeated (``search.repeat_probe``), the bracket the probes prove and the throughput and $/1M at the
+    largest load with their intervals."""
     from infertool.serve import launch, prepare
 
     tune, trial = ctx.job.tune, ctx.job.trial
@@ -319,15 +321,43 @@ def run_capacity(ctx: StageContext) -> CapacityResult:
         result = _search_load(ctx, srv, hi, levels)
         argv = srv.plan.spec.argv
     write_json(ctx.work / "levels.json", levels, indent=None)
+    return capacity_result(result, load, hi, levels, argv=argv, serve=res.settings(res.served),
+                           price=trial.price_per_hour, confidence=load.repeats.confidence)
+
+
+def capacity_result(result: search.LoadSearch, load, hi: int, levels: list, *, argv=None, serve=None,
+                    price: float | None = None, confidence: float = 0.95) -> CapacityResult:
+    """A load search as tune records it: the probes, the bracket they prove, the figures at the largest load
+    meeting the SLO with their intervals (throughput from the repeated runs there; $/1M from it)."""
     best = result.best()
+    bracket = search.max_load_bracket(result.probes, load.min_concurrency, hi)
+    tput = (best.summary or {}).get("output_token_throughput") if best else None
+    cost_ci = None
+    if best is not None and best.throughput_ci:
+        p = price if price is not None else ((best.summary.get("cost") or {}).get("cost_per_hour"))
+        if p:
+            cost_ci = [search.cost_from_throughput(p, best.throughput_ci[1]),
+                       search.cost_from_throughput(p, best.throughput_ci[0])]
     return CapacityResult(max_load=result.max_load, stopped=result.stopped, probes=[p.to_dict() for p in result.probes],
                           at_max_load=best.summary if best else None, range=[load.min_concurrency, hi],
-                          argv=argv, serve=res.settings(res.served))
+                          argv=argv, serve=serve, edge=bracket["edge"], max_load_ci=bracket["max_load_ci"],
+                          throughput=tput, throughput_ci=best.throughput_ci if best else None, cost_ci=cost_ci,
+                          runs=len(levels))
+
+
+def repeat_policy(tune) -> search.RepeatPolicy:
+    """tune.load's repeats, edge and goodput target with bench.slo's bounds."""
+    load = tune.tune.load
+    slo = tune.bench.slo.model_dump(exclude_none=True) if tune.bench.slo is not None else {}
+    return search.RepeatPolicy(max_runs=load.repeats.max_runs, min_runs=load.repeats.min_runs,
+                               confidence=load.repeats.confidence, edge=load.edge, target=load.goodput_target,
+                               slo={k: v for k, v in slo.items() if k in ("ttft_ms", "tpot_ms", "e2e_ms")})
 
 
 def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSearch:
-    """Probe the server at concurrencies (every one when exhaustive, else doubling then bisection); each level
-    measured (``LevelResult``) goes into ``levels``."""
+    """Probe the server at concurrencies (every one when exhaustive, else doubling then bisection), a probe near
+    the SLO edge repeated until decided; each level measured (``LevelResult``) goes into ``levels``. Not
+    exhaustive, a search ends early when a missed load proves the trial cannot beat the best objective so far."""
     from infertool.bench.sweep import ServerHandle, connect, measure
     from infertool.bench.traffic import Level
 
@@ -336,25 +366,60 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
     requests_n = load.requests or tune.bench.requests
     handle = connect(ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict()), tune.bench)  # the checkpoint too
     warm = [True]
+    policy = repeat_policy(tune)
 
-    def probe(c: int) -> search.Probe:
+    def once(c: int, run: int) -> dict:
         bench = tune.bench.model_copy(update={"requests": max(requests_n, 2 * c)})
-        (level,) = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}", on_event=ctx.on_event,
-                           warmup=warm[0])
+        (level,) = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}" + (f"-r{run + 1}" if run else ""),
+                           on_event=ctx.on_event, warmup=warm[0], seed_salt=run)
         warm[0] = False
-        summary = level.summary
-        ok, frac = search.probe_ok(summary, load.goodput_target)
         levels.append(level)
-        ctx.emit(f"capacity {trial.label}: concurrency {c}: goodput {frac if frac is not None else 0:.0%}"
-                 f" {'meets' if ok else 'misses'} the SLO")
-        return search.Probe(c, ok, frac, search.short_summary(summary))
+        return search.short_summary(level.summary)
+
+    done: list[search.Probe] = []
+
+    def tracked(c: int) -> search.Probe:
+        p = search.repeat_probe(once, c, policy)
+        done.append(p)  # before a StopSearch: the missed load stays among the probes
+        ctx.emit(f"capacity {trial.label}: concurrency {c}: goodput {p.goodput_fraction or 0:.0%}"
+                 f" {'meets' if p.ok else 'misses'} the SLO ({p.runs} run(s); {p.why})")
+        if not p.ok and not tune.exhaustive:
+            _cannot_win(ctx, c, p, policy)
+        return p
 
     if tune.exhaustive:
-        probes = [probe(c) for c in range(load.min_concurrency, hi + 1)]
+        probes = [tracked(c) for c in range(load.min_concurrency, hi + 1)]
         good = [p.concurrency for p in probes if p.ok]
-        return search.LoadSearch(max(good) if good else 0, probes,
-                                 f"every concurrency from {load.min_concurrency} to {hi} measured")
-    return search.find_max_load(probe, load.min_concurrency, hi, load.max_probes)
+        result = search.LoadSearch(max(good) if good else 0, probes,
+                                   f"every concurrency from {load.min_concurrency} to {hi} measured")
+    else:
+        try:
+            result = search.find_max_load(tracked, load.min_concurrency, hi, load.max_probes)
+        except search.StopSearch as stop:
+            good = [p.concurrency for p in done if p.ok]
+            result = search.LoadSearch(max(good) if good else 0, done, stop.reason)
+            ctx.emit(f"capacity {trial.label}: {stop.reason}")
+            return result
+    return search.confirm_best(result, once, policy)
+
+
+def _cannot_win(ctx: StageContext, c: int, p: search.Probe, policy: search.RepeatPolicy) -> None:
+    """Raise ``search.StopSearch`` when the trial cannot win: no load below ``c`` serves faster than ``c`` did
+    (throughput grows with load; its interval's top, else widened by the edge), and even that throughput costs
+    more per 1M tokens than the top of the best interval so far (``Context.best_cost``)."""
+    best_hi = getattr(ctx.job.tune, "best_cost", None)
+    tps = (p.summary or {}).get("output_token_throughput")
+    price = ctx.job.trial.price_per_hour
+    if price is None:
+        price = ((p.summary or {}).get("cost") or {}).get("cost_per_hour")
+    if best_hi is None or not tps or not price or ctx.job.tune.tune.objective != "cost":
+        return
+    top = p.throughput_ci[1] if p.throughput_ci else tps * (1 + policy.edge)
+    floor = search.cost_from_throughput(price, top)
+    if floor is not None and floor > best_hi:
+        raise search.StopSearch(f"cannot win: no load below {c} serves faster than {top:,.4g} tok/s, which costs "
+                                f"at least ${floor:,.4g}/1M, above the best so far (${best_hi:,.4g}/1M at its "
+                                "interval's top)")
 
 
 def run_served(ctx: StageContext) -> ServedCheck:
