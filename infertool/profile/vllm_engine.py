@@ -91,7 +91,7 @@ def vllm_timings(res, model_ref, grid: Grid, *, on_event: Callable | None = None
             model = ready.models[0] if ready.models else plan.spec.served_model_name
         sampler.start()
         try:
-            rows = asyncio.run(_measure(url, model, grid, _vocab(model_ref), emit, profiled=nsys is not None))
+            rows = asyncio.run(_measure(url, model, grid, model_vocab(model_ref), emit, profiled=nsys is not None))
         finally:
             nvml = sampler.stop()
         if server is not None:  # nsys writes the report when the server exits: stop it gently, give it time
@@ -102,10 +102,18 @@ def vllm_timings(res, model_ref, grid: Grid, *, on_event: Callable | None = None
             "nvml": nvml}
 
 
-def _vocab(model_ref) -> int:
+def model_vocab(model_ref) -> int:
+    """The model's vocabulary size (random prompt ids are drawn below it)."""
     from infertool.models.info import model_info
 
     return model_info(model_ref.path).vocab_size or 32000
+
+
+
+async def measure_rows(url: str, model: str, grid: Grid, vocab: int, *, headers: dict | None = None) -> dict:
+    """The grid's timed requests on a server that is already running (tune's calibration on a trial's capacity
+    server): {"prefill": rows, "decode": rows}, as the vllm engine times them."""
+    return await _measure(url, model, grid, vocab, _Progress(None, 0), profiled=False, headers=headers)
 
 
 def _launch_plan(res, model_ref, grid: Grid, nsys: tuple[str, str] | None):
@@ -148,7 +156,8 @@ class _Progress:
                            "description": description})
 
 
-async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress, *, profiled: bool) -> dict:
+async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress, *, profiled: bool,
+                   headers: dict | None = None) -> dict:
     """The timed requests: each prefill length (batch 1), then each decode batch (1 + N tokens minus 1 token,
     per step); ``profiled``: between vLLM's /start_profile and /stop_profile (its wall time in ``wall_ns``)."""
     rng = random.Random(grid.seed)
@@ -157,8 +166,9 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
         return [rng.randrange(100, vocab - 1) for _ in range(n)]
 
     out: dict = {"prefill": [], "decode": []}
+    headers = headers or {}
     async with net.async_client(max_connections=max(grid.batch) + 4) as client:
-        await _batch(client, url, model, {}, [tokens(16)], 2)  # warm-up
+        await _batch(client, url, model, headers, [tokens(16)], 2)  # warm-up
         root = url.rsplit("/v1", 1)[0]
         if profiled:
             r = await _post(client, f"{root}/start_profile", None, PROFILER_DEADLINE_S)
@@ -167,15 +177,15 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
             t0 = time.perf_counter()
         for i, s in enumerate(grid.prompt_len):
             emit(f"prefill {s} tokens (vllm)", i)
-            times = [await _batch(client, url, model, {}, [tokens(s)], 1) for _ in range(grid.repeats)]
+            times = [await _batch(client, url, model, headers, [tokens(s)], 1) for _ in range(grid.repeats)]
             out["prefill"].append({"batch": 1, "prompt_len": s, "seconds": statistics.median(times), "runs": grid.repeats})
         for j, b in enumerate(grid.batch):
             emit(f"decode batch {b} (vllm)", len(grid.prompt_len) + j)
             steps = []
             for _ in range(grid.repeats):
                 prompts = [tokens(grid.context) for _ in range(b)]
-                t1 = await _batch(client, url, model, {}, prompts, 1)
-                tn = await _batch(client, url, model, {}, prompts, 1 + grid.decode_len)
+                t1 = await _batch(client, url, model, headers, prompts, 1)
+                tn = await _batch(client, url, model, headers, prompts, 1 + grid.decode_len)
                 steps.append(max(tn - t1, 1e-6) / grid.decode_len)
             out["decode"].append({"batch": b, "context": grid.context + grid.decode_len // 2, "steps": grid.decode_len,
                                   "seconds_per_step": statistics.median(steps)})

@@ -185,12 +185,16 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
                  f" {'meets' if ok else 'misses'} the SLO")
         return search.Probe(c, ok, frac, search.short_summary(summary))
 
+    from infertool.tune.space import capacity_start  # the calibrated model's knee (measured once per key)
+
+    start = capacity_start(trial, resolution(ctx), srv.url, srv.model, load.min_concurrency, hi, on_event=ctx.on_event,
+                           headers={"Authorization": f"Bearer {srv.api_key}"} if srv.api_key else None)
     if tune.exhaustive:
         probes = [probe(c) for c in range(load.min_concurrency, hi + 1)]
         good = [p.concurrency for p in probes if p.ok]
         return search.LoadSearch(max(good) if good else 0, probes,
                                  f"every concurrency from {load.min_concurrency} to {hi} measured")
-    return search.find_max_load(probe, load.min_concurrency, hi, load.max_probes)
+    return search.find_max_load(probe, load.min_concurrency, hi, load.max_probes, start=start)
 
 
 def run_served(ctx: StageContext) -> ServedCheck:
