@@ -235,3 +235,85 @@ def test_recorded_calibration_predicts_the_measured_tune_within_25_percent():
             predicted = model.decode_tokens_per_s(c, trial["max_load"], 0.0, trial["max_num_seqs"])
             error = trial["decode_tokens_per_s"] / predicted - 1
             assert abs(error) <= 0.25, (flavour["name"], trial, predicted)
+
+
+# ------------------------------------------------------------------------------------------- measured on a server
+class _Completions:
+    """A stand-in vLLM on a real loopback socket: /v1/completions answers JSON with exactly max_tokens completion
+    tokens (what the calibration checks); ``requests`` counts the completions asked for."""
+
+    def __enter__(self):
+        import threading
+        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+        outer = self
+        self.requests: list[dict] = []
+
+        class H(BaseHTTPRequestHandler):
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append({"max_tokens": body["max_tokens"], "prompt_len": len(body["prompt"]),
+                                       "auth": self.headers.get("Authorization")})
+                data = json.dumps({"choices": [{"text": "x"}], "usage": {"completion_tokens": body["max_tokens"]}}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def log_message(self, *a):
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), H)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+        return self
+
+    def __exit__(self, *exc):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_tune_measures_the_calibration_once_per_key_and_batch_and_starts_at_the_knee(fake_model, monkeypatch, tmp_home):
+    from infertool.profile import calibration as cache
+    from infertool.resolve import resolve
+    from infertool.tune.space import Candidate, Trial, capacity_start
+
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 avx512f avx512_bf16")
+    recipe = _recipe(fake_model, max_num_seqs=4)
+    res = resolve(recipe)
+    trial = Trial("t", Candidate(0, None, "original", "k"), {"max_num_seqs": 4}, recipe)
+    with _Completions() as srv:
+        start = capacity_start(trial, res, srv.url, "m", 1, 4, headers={"Authorization": "Bearer s3cret"})
+        first = list(srv.requests)
+        cal = cache.for_resolution(res)
+        assert [p.batch for p in cal.points] == [1, 4] and cal.how.startswith("tune")
+        # prefill at 32 and 512 tokens; decode at the traffic's context (256 + 64 / 2 = 288)
+        assert {r["prompt_len"] for r in first if r["max_tokens"] == 1} == {32, 288, 512}
+        assert {r["max_tokens"] for r in first} == {1, 2, 1 + cache.DECODE_STEPS}  # warm-up, t_1 and t_(1+N)
+        assert all(r["auth"] == "Bearer s3cret" for r in first)
+        assert start == 4  # a stand-in answers in microseconds: every load meets the SLO, the knee is the top
+        assert capacity_start(trial, res, srv.url, "m", 1, 4) == 4 and len(srv.requests) == len(first)  # cached
+        capacity_start(trial, res, srv.url, "m", 1, 8)  # a larger batch: measured and added, no prefill again
+        added = srv.requests[len(first):]
+        assert [p.batch for p in cache.for_resolution(res).points] == [1, 4, 8]
+        assert not any(r["max_tokens"] == 1 and r["prompt_len"] in (32, 512) for r in added)
+    assert trial.prediction.calibration is None  # the plan-time prediction is untouched; predict() reads the cache
+    from infertool.tune.space import predict
+
+    p = predict(trial, 4)
+    assert p.calibration == cal.key and p.batch == 4 and p.knee == 4 and "calibration" in p.peak_source
+
+
+def test_capacity_start_without_a_server_answer_starts_at_lo(fake_model, monkeypatch, tmp_home):
+    from infertool.resolve import resolve
+    from infertool.procs import free_port
+    from infertool.tune.space import Candidate, Trial, capacity_start
+
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 avx512f avx512_bf16")
+    recipe = _recipe(fake_model, max_num_seqs=4)
+    trial = Trial("t", Candidate(0, None, "original", "k"), {"max_num_seqs": 4}, recipe)
+    events: list = []
+    url = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    assert capacity_start(trial, resolve(recipe), url, "m", 1, 4, on_event=events.append) is None
+    assert any("no calibration" in e.get("message", "") for e in events)
