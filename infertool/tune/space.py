@@ -346,9 +346,10 @@ def capacity_start(trial: Trial, res, url: str, served_name: str, lo: int, hi: i
     try:
         calibration.ensure_on_server(res, url, served_name, batch=hi, context=bench.prompt.len + bench.output_len // 2,
                                      prompt_len=bench.prompt.len, headers=headers, on_event=on_event)
-    except InfertoolError as e:
+    except (InfertoolError, ValueError) as e:  # never fatal: the search starts at lo, as without a model
         if on_event:
-            on_event({"event": "log", "message": f"no calibration of the engine's step cost: {e.message}"})
+            why = e.message if isinstance(e, InfertoolError) else str(e)
+            on_event({"event": "log", "message": f"no calibration of the engine's step cost: {why}"})
         return None
     knee = predict(trial).knee
     return None if knee is None else max(lo, min(hi, knee))
