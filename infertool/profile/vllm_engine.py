@@ -113,7 +113,42 @@ def model_vocab(model_ref) -> int:
 async def measure_rows(url: str, model: str, grid: Grid, vocab: int, *, headers: dict | None = None) -> dict:
     """The grid's timed requests on a server that is already running (tune's calibration on a trial's capacity
     server): {"prefill": rows, "decode": rows}, as the vllm engine times them."""
-    return await _measure(url, model, grid, vocab, _Progress(None, 0), profiled=False, headers=headers)
+    return await _measure(url, model, grid, vocab, _Progress(None, 0), profiled=False, headers=headers, itl=True)
+
+
+ITL_METRIC = "vllm:inter_token_latency_seconds"  # vLLM V1's histogram of the gaps between a request's tokens
+
+
+async def _itl_sum_count(client, root: str, headers: dict) -> tuple[float, float] | None:
+    """The server's inter-token latency histogram (sum, count) from its /metrics, or None (no such metric, no
+    answer: the caller times by difference instead)."""
+    from infertool.bench.prometheus import parse_prometheus
+
+    try:
+        r = await net.afetch(f"{root}/metrics", headers=headers, deadline_s=30.0, max_bytes=net.MAX_METRICS_BYTES,
+                             client=client)
+    except net.NetError:
+        return None
+    if r.status != 200:
+        return None
+    v = parse_prometheus(r.text())
+    s, n = v.get(f"{ITL_METRIC}_sum"), v.get(f"{ITL_METRIC}_count")
+    return (s, n) if s is not None and n is not None else None
+
+
+async def _itl_step(client, url: str, model: str, headers: dict, prompts: list[list[int]], steps: int) -> float | None:
+    """A decode step at batch len(prompts) as the server's own inter-token latency over a wave of 1 + ``steps``
+    tokens each (the mean gap between tokens: the prompts' prefill is not in it, however slow a loaded machine
+    makes it), or None when the server does not report it."""
+    root = url.rsplit("/v1", 1)[0]
+    before = await _itl_sum_count(client, root, headers)
+    if before is None:
+        return None
+    await _batch(client, url, model, headers, prompts, 1 + steps)
+    after = await _itl_sum_count(client, root, headers)
+    if after is None or after[1] <= before[1] or after[0] <= before[0]:
+        return None
+    return (after[0] - before[0]) / (after[1] - before[1])
 
 
 def _launch_plan(res, model_ref, grid: Grid, nsys: tuple[str, str] | None):
@@ -157,7 +192,7 @@ class _Progress:
 
 
 async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress, *, profiled: bool,
-                   headers: dict | None = None) -> dict:
+                   headers: dict | None = None, itl: bool = False) -> dict:
     """The timed requests: each prefill length (batch 1), then each decode batch (1 + N tokens minus 1 token,
     per step); ``profiled``: between vLLM's /start_profile and /stop_profile (its wall time in ``wall_ns``)."""
     rng = random.Random(grid.seed)
@@ -181,14 +216,22 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
             out["prefill"].append({"batch": 1, "prompt_len": s, "seconds": statistics.median(times), "runs": grid.repeats})
         for j, b in enumerate(grid.batch):
             emit(f"decode batch {b} (vllm)", len(grid.prompt_len) + j)
-            steps = []
+            steps, how = [], "difference"
             for _ in range(grid.repeats):
                 prompts = [tokens(grid.context) for _ in range(b)]
-                t1 = await _batch(client, url, model, headers, prompts, 1)
-                tn = await _batch(client, url, model, headers, prompts, 1 + grid.decode_len)
-                steps.append(max(tn - t1, 1e-6) / grid.decode_len)
-            out["decode"].append({"batch": b, "context": grid.context + grid.decode_len // 2, "steps": grid.decode_len,
-                                  "seconds_per_step": statistics.median(steps)})
+                step = await _itl_step(client, url, model, headers, prompts, grid.decode_len) if itl else None
+                if step is None:
+                    t1 = await _batch(client, url, model, headers, prompts, 1)
+                    tn = await _batch(client, url, model, headers, prompts, 1 + grid.decode_len)
+                    if tn <= t1:  # the prefill's noise exceeded N steps (a loaded machine): no measurement
+                        continue
+                    step = (tn - t1) / grid.decode_len
+                else:
+                    how = "server inter-token latency"
+                steps.append(step)
+            if steps:
+                out["decode"].append({"batch": b, "context": grid.context + grid.decode_len // 2,
+                                      "steps": grid.decode_len, "seconds_per_step": statistics.median(steps), "how": how})
         if profiled:
             out["wall_ns"] = (time.perf_counter() - t0) * 1e9
             await _post(client, f"{root}/stop_profile", None, PROFILER_DEADLINE_S)
