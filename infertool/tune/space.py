@@ -337,7 +337,7 @@ def capacity_start(trial: Trial, res, url: str, served_name: str, lo: int, hi: i
                    on_event=None) -> int | None:
     """Where the trial's capacity search starts: the knee the calibrated model predicts (clipped to [lo, hi]).
     The calibration of this host, model and serve settings is measured on the trial's running server first when
-    none is cached (or the cached one stops below ``hi``): a few seconds, once per key. None (start at ``lo``)
+    none is cached (or the cached one has no point at ``hi``): seconds, once per key and batch. None (start at ``lo``)
     when the calibration cannot be measured (said as a log event, never fatal: the search still runs)."""
     from infertool.errors import InfertoolError
     from infertool.profile import calibration
