@@ -359,3 +359,22 @@ def test_decode_step_is_the_servers_inter_token_latency_when_it_reports_one(fake
         # no t_1 wave beside each t_(1+N) one: only the prefill lengths, the warm-up and the timed waves
         assert not any(r["max_tokens"] == 1 and r["prompt_len"] == 288 for r in srv.requests)
     assert [(p.batch, round(p.seconds, 9)) for p in cal.points] == [(1, 0.05), (4, 0.05)]
+
+
+def test_profile_engine_vllm_timings_become_the_cached_calibration(fake_model, monkeypatch, tmp_home):
+    """`infertool profile --engine vllm`'s rows make the calibration plan and tune read (the same key as the
+    original served with the recipe's settings); its result carries it for --json."""
+    from infertool.profile import calibration as cache
+    from infertool.profile.core import ProfileResult
+    from infertool.resolve import resolve
+
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 avx512f avx512_bf16")
+    res = resolve(_recipe(fake_model))
+    measured = {"prefill": [{"batch": 1, "prompt_len": 288, "seconds": 0.15}, {"batch": 1, "prompt_len": 32, "seconds": 0.05}],
+                "decode": [{"batch": 1, "context": 296, "seconds_per_step": 0.04},
+                           {"batch": 8, "context": 296, "seconds_per_step": 0.1}]}
+    cal = cache.from_profile(res, res.base, measured)
+    assert cache.for_resolution(res).to_dict() == cal.to_dict() and cal.how.startswith("infertool profile")
+    assert cal.prefill_per_token_s == pytest.approx(0.1 / 256)
+    assert ProfileResult(calibration=cal.to_dict()).to_dict()["calibration"]["key"] == cal.key
+    assert cache.from_profile(res, res.base, {"prefill": [], "decode": []}) is None  # nothing to make one of
