@@ -23,8 +23,8 @@ MAX_FILE_BYTES = 1 << 20  # a calibration file is a few KB: a larger one is not 
 # and ports do not: the calibration measures exact shapes with fresh prompts)
 STEP_SETTINGS = ("dtype", "kv_cache_dtype", "enforce_eager", "tensor_parallel_size", "pipeline_parallel_size",
                  "quantization", "speculative", "enable_chunked_prefill", "extra_args", "env")
-DECODE_STEPS = 32  # decode steps timed per batch
-REPEATS = 2
+DECODE_STEPS = 64  # decode steps per request of a timed wave (the window: its last prefill until half its tokens)
+REPEATS = 3  # the median of three: one load spike on a shared machine does not make the figure
 
 
 def cache_dir() -> Path:
