@@ -162,6 +162,9 @@ def plan(res, options: PlanOptions | None = None) -> PlanResult:
         context = (min(max_model_len, bench.prompt.len + bench.output_len // 2) if bench is not None
                    else max(1, max_model_len // 2))
     roof = _roofline(arch, weights, mem, kv_tok, capacity, context, tp, options.batches, notes)
+    if roof.get("decode"):
+        _calibrated(res, roof, lambda b: _decode_step(arch, weights, mem, kv_tok, b, context, tp)[1],
+                    _largest_batch(mem, capacity, context), mem.mns)
     tp_adv = _tp_advice(arch, weights, mem, capacity, context)
     tp_adv.update(_parallel_lines(res, serve))
     fleet = _fleet(res, arch, weights, mem, kv_tok, capacity, tp, pp, context) if not reasons else {}
@@ -317,6 +320,39 @@ def _roofline(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, cap
     roof.update({"peak_flops": agg_flops, "peak_bandwidth": agg_bw, "ridge": peak_flops / peak_bw,
                  "decode": rows, "crossover_batch": cross})
     return roof
+
+
+def _calibrated(res, roof: dict, roofline_s, largest: int, max_num_seqs: int) -> None:
+    """The roofline rows with the serving engine's measured step cost (``infertool.perf.calibration``: step =
+    max(overhead(batch), roofline)) when a calibration of this host, model and serve settings is cached, and the
+    knee: the largest concurrency whose predicted TPOT and TTFT meet bench.slo (where tune's capacity search
+    starts). ``roof["calibration"]`` is None when none is cached: `infertool profile --engine vllm` (or a tune)
+    measures it."""
+    from infertool.perf import calibration as model
+    from infertool.profile.calibration import for_resolution
+
+    cal = for_resolution(res)
+    roof["calibration"] = None
+    if cal is None:
+        return
+    for r in roof["decode"]:
+        t = model.step_s(cal, r["batch"], r["step_ms"] / 1e3)
+        r.update({"calibrated_step_ms": t * 1e3,
+                  "calibrated_tokens_per_s": model.decode_tokens_per_s(cal, r["batch"], r["step_ms"] / 1e3, max_num_seqs),
+                  "overhead_bound": model.overhead_s(cal, r["batch"]) * 1e3 > r["step_ms"]})
+    roof["calibration"] = {"key": cal.key, "measured_at": cal.measured_at, "how": cal.how, "context": cal.context,
+                           "points": [{"batch": p.batch, "step_ms": p.seconds * 1e3} for p in cal.points],
+                           "prefill_ms_per_token": cal.prefill_per_token_s * 1e3,
+                           "prefill_fixed_ms": cal.prefill_fixed_s * 1e3}
+    bench = res.recipe.bench
+    slo = bench.slo if bench is not None else None
+    prompt_len = bench.prompt.len if bench is not None else roof["context"]
+    c = model.knee(cal, roofline_s, 1, max(1, largest), tpot_ms=slo.tpot_ms if slo else None,
+                   ttft_ms=slo.ttft_ms if slo else None, prompt_len=prompt_len)
+    t = model.step_s(cal, c, roofline_s(c))
+    roof["knee"] = {"concurrency": c, "tpot_ms": t * 1e3, "ttft_ms": model.ttft_s(cal, prompt_len, c) * 1e3,
+                    "tokens_per_s": model.decode_tokens_per_s(cal, c, roofline_s(c), max_num_seqs),
+                    "slo": {"tpot_ms": slo.tpot_ms if slo else None, "ttft_ms": slo.ttft_ms if slo else None}}
 
 
 def _decode_step(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, b: int, context: int, tp: int):

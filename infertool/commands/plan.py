@@ -80,11 +80,14 @@ def _render(p) -> None:
     roof = p.roofline
     if roof.get("decode"):
         t = Table(title=plain(f"decode roofline bound at context {roof['context']:,} (peaks: {roof['peak_source']}; ridge {roof['ridge']:.0f} FLOP/B)"))
-        for c in ("batch", "FLOP/byte", "step ms", "tokens/s", "bound"):
+        cal = roof.get("calibration")
+        for c in ("batch", "FLOP/byte", "step ms", "tokens/s", "bound", *(("step ms as served", "tokens/s as served") if cal else ())):
             t.add_column(c, justify="right")
         for r in roof["decode"]:
-            t.add_row(str(r["batch"]), f"{r['intensity']:.1f}", f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}", r["bound"])
+            served = (f"{r['calibrated_step_ms']:.1f}", f"{r['calibrated_tokens_per_s']:,.1f}") if cal else ()
+            t.add_row(str(r["batch"]), f"{r['intensity']:.1f}", f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}", r["bound"], *served)
         out.print(t)
+        _render_calibration(roof)
         cross = roof.get("crossover_batch")
         out.print(f"decode turns compute-bound from batch ≈ {cross:,.0f}" if cross else "decode stays memory-bound at any batch at this context (KV reads dominate)")
     tp = p.tensor_parallel
@@ -110,3 +113,24 @@ def _render(p) -> None:
     else:
         for r in p.reasons:
             err.print(f"[bold red]✗ does not fit:[/] {esc(r)}", soft_wrap=True)
+
+
+def _render_calibration(roof: dict) -> None:
+    """The serving engine's measured step cost (the calibration plan's 'as served' columns come from) and the
+    knee it predicts, or how to measure one."""
+    from infertool.output import out, plain
+
+    cal, knee = roof.get("calibration"), roof.get("knee")
+    if not cal:
+        out.print(plain("as served: no calibration of this host, model and serve settings yet (infertool profile "
+                        "--engine vllm, or a tune, measures the engine's step cost)"), soft_wrap=True)
+        return
+    pts = ", ".join(f"{p['step_ms']:.1f} ms at batch {p['batch']}" for p in cal["points"])
+    out.print(plain(f"as served: decode step {pts}; prefill {cal['prefill_ms_per_token']:.3f} ms/token + "
+                    f"{cal['prefill_fixed_ms']:.1f} ms (calibration {cal['key']}, {cal['how']}, {cal['measured_at']}); "
+                    "step = max(measured overhead, roofline)"), soft_wrap=True)
+    if knee:
+        slo = knee["slo"]
+        out.print(plain(f"predicted knee: concurrency {knee['concurrency']} (TPOT {knee['tpot_ms']:.1f} ms, TTFT "
+                        f"{knee['ttft_ms']:.0f} ms against SLO TPOT {slo['tpot_ms']} / TTFT {slo['ttft_ms']} ms): "
+                        f"{knee['tokens_per_s']:,.1f} decode tokens/s"), soft_wrap=True)

@@ -101,6 +101,12 @@ def _render(res) -> None:
     else:
         out.print("decode stays memory-bound at any batch at this context (analytic)")
     out.print(plain("NVML: " + _nvml_line(res.nvml)))
+    if res.calibration:
+        cal = res.calibration
+        pts = ", ".join(f"{p['seconds'] * 1e3:.1f} ms at batch {p['batch']}" for p in cal["points"])
+        out.print(plain(f"engine step cost as served (calibration {cal['key']}, cached for plan and tune): decode step {pts} "
+                        f"(context {cal['context']:,}); prefill {cal['prefill_per_token_s'] * 1e3:.3f} ms/token + "
+                        f"{cal['prefill_fixed_s'] * 1e3:.1f} ms"), soft_wrap=True)
     if res.nsys:
         _render_nsys(res.nsys)
     for a in res.advice:

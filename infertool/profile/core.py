@@ -50,6 +50,9 @@ class ProfileResult(Record):
     plot: str | None = None
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
+    # the serving engine's step cost as served (engine vllm; infertool.perf.calibration.Calibration's data),
+    # cached for plan and tune
+    calibration: dict | None = None
 
     @property
     def timed(self) -> list[analysis.Point]:
@@ -178,6 +181,11 @@ def run(plan: ProfilePlan, ctx: RunContext | None = None) -> ProfileResult:
     if plan.engine == "vllm":
         prec.notes.append("vllm engine: times include the server's HTTP and scheduling overhead")
     result = _result(plan, model, facts, prec, peaks_raw, measured, nsys_summary)
+    if plan.engine == "vllm" and plan.nsys_bin is None:  # as served (not under a profiler): plan and tune read it
+        from infertool.profile.calibration import from_profile
+
+        cal = from_profile(plan.res, model, measured)
+        result.calibration = cal.to_dict() if cal is not None else None
     result.seconds = time.monotonic() - t0
     if ctx.out_dir is not None:
         _write_outputs(result, Path(ctx.out_dir))

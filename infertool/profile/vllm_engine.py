@@ -91,7 +91,7 @@ def vllm_timings(res, model_ref, grid: Grid, *, on_event: Callable | None = None
             model = ready.models[0] if ready.models else plan.spec.served_model_name
         sampler.start()
         try:
-            rows = asyncio.run(_measure(url, model, grid, _vocab(model_ref), emit, profiled=nsys is not None))
+            rows = asyncio.run(_measure(url, model, grid, model_vocab(model_ref), emit, profiled=nsys is not None))
         finally:
             nvml = sampler.stop()
         if server is not None:  # nsys writes the report when the server exits: stop it gently, give it time
@@ -102,10 +102,81 @@ def vllm_timings(res, model_ref, grid: Grid, *, on_event: Callable | None = None
             "nvml": nvml}
 
 
-def _vocab(model_ref) -> int:
+def model_vocab(model_ref) -> int:
+    """The model's vocabulary size (random prompt ids are drawn below it)."""
     from infertool.models.info import model_info
 
     return model_info(model_ref.path).vocab_size or 32000
+
+
+
+async def measure_rows(url: str, model: str, grid: Grid, vocab: int, *, headers: dict | None = None) -> dict:
+    """The grid's timed requests on a server that is already running (tune's calibration on a trial's capacity
+    server): {"prefill": rows, "decode": rows}, as the vllm engine times them."""
+    return await _measure(url, model, grid, vocab, _Progress(None, 0), profiled=False, headers=headers, itl=True)
+
+
+ITL_METRIC = "vllm:inter_token_latency_seconds"  # vLLM V1's histogram of the gaps between a request's tokens
+PROMPT_TOKENS = "vllm:prompt_tokens_total"  # counters: tokens prefilled, tokens generated
+GENERATED = "vllm:generation_tokens_total"
+POLL_S = 0.2  # how often the decode window watches the server's counters
+
+
+async def _counters(client, root: str, headers: dict) -> dict | None:
+    """The server's ITL histogram (sum, count) and token counters from its /metrics, or None (no such metric, no
+    answer: the caller times by difference instead)."""
+    from infertool.bench.prometheus import parse_prometheus
+
+    try:
+        r = await net.afetch(f"{root}/metrics", headers=headers, deadline_s=30.0, max_bytes=net.MAX_METRICS_BYTES,
+                             client=client)
+    except net.NetError:
+        return None
+    if r.status != 200:
+        return None
+    v = parse_prometheus(r.text())
+    if v.get(f"{ITL_METRIC}_sum") is None or v.get(f"{ITL_METRIC}_count") is None:
+        return None
+    return {"sum": v[f"{ITL_METRIC}_sum"], "count": v[f"{ITL_METRIC}_count"], "prompt": v.get(PROMPT_TOKENS),
+            "generated": v.get(GENERATED)}
+
+
+def _mean_gap(a: dict | None, b: dict | None) -> float | None:
+    if a is None or b is None or b["count"] <= a["count"] or b["sum"] <= a["sum"]:
+        return None
+    return (b["sum"] - a["sum"]) / (b["count"] - a["count"])
+
+
+async def _itl_step(client, url: str, model: str, headers: dict, prompts: list[list[int]], steps: int) -> float | None:
+    """A decode step at batch len(prompts) as the server's own inter-token latency, over the window where every
+    request of a wave of 1 + ``steps`` tokens is decoding: from when the server has prefilled all the prompts (its
+    prompt-token counter) to when half the tokens are out. A gap in which another request's prefill ran is
+    outside it (measured: with them, a wave of 8 x 288 tokens read 140 ms per step where the bench's TPOT said 50-75).
+    The whole wave's mean gap when the window holds no token; None when the server does not report the histogram."""
+    root = url.rsplit("/v1", 1)[0]
+    start = await _counters(client, root, headers)
+    if start is None:
+        return None
+    wave = asyncio.ensure_future(_batch(client, url, model, headers, prompts, 1 + steps))
+    first = last = None
+    try:
+        while not wave.done():
+            await asyncio.wait([wave], timeout=POLL_S)
+            if wave.done():
+                break
+            now = await _counters(client, root, headers)
+            if now is None or start["prompt"] is None or now["prompt"] is None or now["generated"] is None:
+                continue
+            if first is None and now["prompt"] - start["prompt"] >= sum(len(p) for p in prompts):
+                first = now
+            elif first is not None and now["generated"] - first["generated"] >= len(prompts) * steps // 2:
+                last = now
+                break
+        await wave
+    finally:
+        if not wave.done():
+            wave.cancel()
+    return _mean_gap(first, last) or _mean_gap(start, await _counters(client, root, headers))
 
 
 def _launch_plan(res, model_ref, grid: Grid, nsys: tuple[str, str] | None):
@@ -148,7 +219,8 @@ class _Progress:
                            "description": description})
 
 
-async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress, *, profiled: bool) -> dict:
+async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress, *, profiled: bool,
+                   headers: dict | None = None, itl: bool = False) -> dict:
     """The timed requests: each prefill length (batch 1), then each decode batch (1 + N tokens minus 1 token,
     per step); ``profiled``: between vLLM's /start_profile and /stop_profile (its wall time in ``wall_ns``)."""
     rng = random.Random(grid.seed)
@@ -157,8 +229,9 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
         return [rng.randrange(100, vocab - 1) for _ in range(n)]
 
     out: dict = {"prefill": [], "decode": []}
+    headers = headers or {}
     async with net.async_client(max_connections=max(grid.batch) + 4) as client:
-        await _batch(client, url, model, {}, [tokens(16)], 2)  # warm-up
+        await _batch(client, url, model, headers, [tokens(16)], 2)  # warm-up
         root = url.rsplit("/v1", 1)[0]
         if profiled:
             r = await _post(client, f"{root}/start_profile", None, PROFILER_DEADLINE_S)
@@ -167,18 +240,26 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
             t0 = time.perf_counter()
         for i, s in enumerate(grid.prompt_len):
             emit(f"prefill {s} tokens (vllm)", i)
-            times = [await _batch(client, url, model, {}, [tokens(s)], 1) for _ in range(grid.repeats)]
+            times = [await _batch(client, url, model, headers, [tokens(s)], 1) for _ in range(grid.repeats)]
             out["prefill"].append({"batch": 1, "prompt_len": s, "seconds": statistics.median(times), "runs": grid.repeats})
         for j, b in enumerate(grid.batch):
             emit(f"decode batch {b} (vllm)", len(grid.prompt_len) + j)
-            steps = []
+            steps, how = [], "difference"
             for _ in range(grid.repeats):
                 prompts = [tokens(grid.context) for _ in range(b)]
-                t1 = await _batch(client, url, model, {}, prompts, 1)
-                tn = await _batch(client, url, model, {}, prompts, 1 + grid.decode_len)
-                steps.append(max(tn - t1, 1e-6) / grid.decode_len)
-            out["decode"].append({"batch": b, "context": grid.context + grid.decode_len // 2, "steps": grid.decode_len,
-                                  "seconds_per_step": statistics.median(steps)})
+                step = await _itl_step(client, url, model, headers, prompts, grid.decode_len) if itl else None
+                if step is None:
+                    t1 = await _batch(client, url, model, headers, prompts, 1)
+                    tn = await _batch(client, url, model, headers, prompts, 1 + grid.decode_len)
+                    if tn <= t1:  # the prefill's noise exceeded N steps (a loaded machine): no measurement
+                        continue
+                    step = (tn - t1) / grid.decode_len
+                else:
+                    how = "server inter-token latency"
+                steps.append(step)
+            if steps:
+                out["decode"].append({"batch": b, "context": grid.context + grid.decode_len // 2,
+                                      "steps": grid.decode_len, "seconds_per_step": statistics.median(steps), "how": how})
         if profiled:
             out["wall_ns"] = (time.perf_counter() - t0) * 1e9
             await _post(client, f"{root}/stop_profile", None, PROFILER_DEADLINE_S)

@@ -132,6 +132,10 @@ class PredictionRecord(Summary):
     bound: str | None = None
     peak_source: str | None = None
     cost_per_1m_output_tokens: float | None = None
+    # the serving engine's measured step cost (infertool.perf.calibration): None: the roofline alone
+    calibration: str | None = None  # the calibration's key
+    step_ms: float | None = None  # the predicted decode step at ``batch``
+    knee: int | None = None  # the predicted max load under the SLO: where the capacity search starts
 
 
 @dataclass

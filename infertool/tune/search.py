@@ -50,9 +50,13 @@ class LoadSearch:
         return {"max_load": self.max_load, "stopped": self.stopped, "probes": [p.to_dict() for p in self.probes]}
 
 
-def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: int = 8) -> LoadSearch:
+def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: int = 8,
+                  start: int | None = None) -> LoadSearch:
     """Largest c in [lo, hi] with probe(c).ok, assuming ok is monotone (once overloaded, more load stays
-    overloaded). Doubling from lo brackets the edge, bisection narrows it; at most ``max_probes`` probes."""
+    overloaded). Doubling from lo brackets the edge, bisection narrows it; at most ``max_probes`` probes.
+    ``start`` (the performance model's predicted knee, clipped to [lo, hi]): the first probe is there; the
+    bracket grows up from it (doubling) when it holds, down from it (halving towards lo) when it does not, so a
+    good prediction needs one or two probes."""
     if lo < 1 or hi < lo:
         raise ValueError(f"bad load range [{lo}, {hi}]")
     probes: list[Probe] = []
@@ -64,10 +68,25 @@ def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: i
             probes.append(cache[c])
         return cache[c]
 
-    if not run(lo).ok:
+    first = lo if start is None else max(lo, min(hi, int(start)))
+    if first > lo and not run(first).ok:
+        good, bad = None, first
+        while good is None:  # halving down from the predicted knee until a load holds
+            if len(probes) >= max_probes:
+                return LoadSearch(0, probes, f"probe budget ({max_probes}) spent while halving; the SLO is missed "
+                                             f"at {bad}")
+            c = max(lo, bad // 2)
+            if run(c).ok:
+                good = c
+            elif c == lo:
+                return LoadSearch(0, probes, f"the SLO is missed already at concurrency {lo}")
+            else:
+                bad = c
+        return _bisect(run, probes, good, bad, max_probes)
+    if not run(first).ok:
         return LoadSearch(0, probes, f"the SLO is missed already at concurrency {lo}")
-    good, bad = lo, None
-    c = lo
+    good, bad = first, None
+    c = first
     while bad is None:
         if len(probes) >= max_probes:
             return LoadSearch(good, probes, f"probe budget ({max_probes}) spent while doubling")
@@ -78,6 +97,11 @@ def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: i
             good = c
         else:
             bad = c
+    return _bisect(run, probes, good, bad, max_probes)
+
+
+def _bisect(run: Callable[[int], Probe], probes: list[Probe], good: int, bad: int, max_probes: int) -> LoadSearch:
+    """Bisection between a load that holds (``good``) and one that does not (``bad``)."""
     while bad - good > 1:
         if len(probes) >= max_probes:
             return LoadSearch(good, probes, f"probe budget ({max_probes}) spent; the edge is in ({good}, {bad})")

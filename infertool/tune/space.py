@@ -374,12 +374,41 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
         reasons.append(f"the KV cache holds {p.capacity['kv_tokens']:,} tokens, fewer than one request of the traffic "
                        f"({per_request:,})")
     rows = p.roofline.get("decode") or []
-    row = next((x for x in rows if concurrency and x["batch"] == concurrency), rows[-1] if rows else None)
-    tps = row["tokens_per_s"] if row else None
+    knee = (p.roofline.get("knee") or {}).get("concurrency")
+    at = concurrency or knee  # calibrated: the predicted max load; else the largest batch the KV cache allows
+    row = next((x for x in rows if at and x["batch"] == at), rows[-1] if rows else None)
+    calibrated = bool(row and "calibrated_tokens_per_s" in row)
+    tps = (row["calibrated_tokens_per_s"] if calibrated else row["tokens_per_s"]) if row else None
+    bound = (("overhead" if row.get("overhead_bound") else row["bound"]) if calibrated else row["bound"]) if row else None
     cost = bench.cost_per_hour
     return PredictionRecord(
         fits=not reasons, reasons=reasons, weight_bytes=p.model["weight_bytes"], kv_tokens=p.capacity["kv_tokens"],
         max_batch_by_kv=max(1, p.capacity["kv_tokens"] // max(1, per_request)) if p.capacity["kv_tokens"] else 0,
-        batch=row["batch"] if row else None, decode_tokens_per_s=tps, bound=row["bound"] if row else None,
-        peak_source=p.roofline.get("peak_source"),
-        cost_per_1m_output_tokens=(cost / (tps * 3600) * 1e6) if (cost is not None and tps) else None)
+        batch=row["batch"] if row else None, decode_tokens_per_s=tps, bound=bound,
+        peak_source=(p.roofline.get("peak_source") if not calibrated else
+                     f"{p.roofline.get('peak_source')}; engine step cost as served (calibration {p.roofline['calibration']['key']})"),
+        cost_per_1m_output_tokens=(cost / (tps * 3600) * 1e6) if (cost is not None and tps) else None,
+        calibration=p.roofline["calibration"]["key"] if calibrated else None,
+        step_ms=(row["calibrated_step_ms"] if calibrated else row["step_ms"]) if row else None, knee=knee)
+
+
+def capacity_start(trial: Trial, res, url: str, served_name: str, lo: int, hi: int, *, headers: dict | None = None,
+                   on_event=None) -> int | None:
+    """Where the trial's capacity search starts: the knee the calibrated model predicts (clipped to [lo, hi]).
+    The calibration of this host, model and serve settings is measured on the trial's running server first when
+    none is cached (or the cached one has no point at ``hi``): seconds, once per key and batch. None (start at ``lo``)
+    when the calibration cannot be measured (said as a log event, never fatal: the search still runs)."""
+    from infertool.errors import InfertoolError
+    from infertool.profile import calibration
+
+    bench = trial.recipe.bench
+    try:
+        calibration.ensure_on_server(res, url, served_name, batch=hi, context=bench.prompt.len + bench.output_len // 2,
+                                     prompt_len=bench.prompt.len, headers=headers, on_event=on_event)
+    except (InfertoolError, ValueError) as e:  # never fatal: the search starts at lo, as without a model
+        if on_event:
+            why = e.message if isinstance(e, InfertoolError) else str(e)
+            on_event({"event": "log", "message": f"no calibration of the engine's step cost: {why}"})
+        return None
+    knee = predict(trial).knee
+    return None if knee is None else max(lo, min(hi, knee))

@@ -393,8 +393,13 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
         result = search.LoadSearch(max(good) if good else 0, probes,
                                    f"every concurrency from {load.min_concurrency} to {hi} measured")
     else:
+        from infertool.tune.space import capacity_start  # the calibrated model's knee (measured once per key)
+
+        start = capacity_start(trial, resolution(ctx), srv.url, srv.model, load.min_concurrency, hi,
+                               on_event=ctx.on_event,
+                               headers={"Authorization": f"Bearer {srv.api_key}"} if srv.api_key else None)
         try:
-            result = search.find_max_load(tracked, load.min_concurrency, hi, load.max_probes)
+            result = search.find_max_load(tracked, load.min_concurrency, hi, load.max_probes, start=start)
         except search.StopSearch as stop:
             good = [p.concurrency for p in done if p.ok]
             result = search.LoadSearch(max(good) if good else 0, done, stop.reason)
