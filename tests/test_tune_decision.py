@@ -324,8 +324,10 @@ def test_search_load_repeats_at_the_edge_and_stops_when_it_cannot_win(monkeypatc
     monkeypatch.setattr(sweep, "connect", lambda h, b: h)
     monkeypatch.setattr(sweep, "measure", measure)
     from infertool.tune import space
+    from infertool.tune import stages as stages_mod
 
     monkeypatch.setattr(space, "capacity_start", lambda *a, **k: None)  # no calibrated knee: start from the bottom
+    monkeypatch.setattr(stages_mod, "resolution", lambda ctx: None)
     bench = BenchSection(requests=16, slo={"ttft_ms": 1000, "tpot_ms": 100}, cost_per_hour=0.5)
     job = SimpleNamespace(tune=SimpleNamespace(bench=bench, exhaustive=False, best_cost=None,
                                                tune=SimpleNamespace(objective="cost", load=TuneLoadSearch())),
