@@ -112,10 +112,14 @@ def materialize_shipped(dest: Path) -> Path:
 
 
 def worker_spec(spec, served, include: list[str], window, *, out: str) -> dict:
-    """What the worker needs: the endpoint, the tokenizer (the served checkpoint's folder; none: the server's
-    /tokenize), the tasks and lm-eval's options."""
+    """What the worker needs: the endpoint, the tokenizer (eval.lm_eval.tokenizer, else the served checkpoint's
+    folder; none known: lm-eval's own choice, the server's tokenizer_info/tokenize endpoints), the tasks and
+    lm-eval's options."""
     client = served.client
-    return {"base_url": client.base_url, "model": client.model, "tokenizer": served.model_path,
+    tok = str(Path(spec.tokenizer).expanduser().absolute()) if getattr(spec, "tokenizer", None) else served.model_path
+    if tok is None and Path(str(client.model)).is_dir():  # a server not ours that serves a local folder
+        tok = str(Path(client.model).absolute())
+    return {"base_url": client.base_url, "model": client.model, "tokenizer": tok,
             "tasks": list(spec.tasks), "include_path": include, "num_fewshot": spec.num_fewshot,
             "limit": spec.limit, "window": list(window) if window else None,
             "apply_chat_template": spec.apply_chat_template, "fewshot_as_multiturn": spec.fewshot_as_multiturn,

@@ -65,8 +65,8 @@ def _model(spec: dict, chat: bool) -> tuple[str, dict]:
     args["base_url"] = f"{base}/completions"
     if spec.get("tokenizer"):
         args.update({"tokenizer_backend": "huggingface", "tokenizer": spec["tokenizer"]})
-    else:
-        args["tokenizer_backend"] = "remote"
+    else:  # lm-eval's own choice: the server's tokenizer endpoints when it has them
+        args["tokenizer_backend"] = "auto"
     return "local-completions", args
 
 
