@@ -1,6 +1,7 @@
 """The lm-eval side of infertool.evaluate.lm_eval_engine: a script run by the ``lmeval`` environment's Python
-(``python lm_eval_worker.py SPEC.json``), so it imports only lm-evaluation-harness and the standard library,
-never infertool.
+(``python lm_eval_worker.py SPEC.json``; infertool is installed there as in every managed environment), so it
+imports lm-evaluation-harness, the standard library and infertool's leaf infertool.atomic only (its answer is
+written whole).
 
 It resolves the tasks (an unknown name or data that is not on the machine is reported as such, naming the
 task), runs ``lm_eval.simple_evaluate`` against the served endpoint with ``log_samples`` (loglikelihood tasks
@@ -16,14 +17,16 @@ import os
 import sys
 import traceback
 
+# run as a script: its own folder (infertool/evaluate) must not shadow other modules
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
 PREFERRED = ("acc", "exact_match")  # the task's metric: these first, else the task's first metric
 
 
 def _write(path: str, obj: dict) -> None:
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f)
-    os.replace(tmp, path)
+    from infertool.atomic import write_json
+
+    write_json(path, obj, indent=None)
 
 
 def _load(tm, name: str):
