@@ -19,7 +19,6 @@ def recipe(tmp_path, tiny_model) -> Path:
     p = tmp_path / "r.yaml"
     p.write_text(f"name: lmevalreal\nmodel:\n  source: {tiny_model}\n"
                  "eval:\n  seq_len: 128\n  batch_size: 4\n  accept: {preset: null, min_recovery: 0.99}\n"
-                 "  decode: {enabled: false}\n"
                  "  lm_eval: {tasks: [infertool_mc, infertool_gen, infertool_gsm_style], limit: 4, timeout_s: 1200}\n"
                  "serve: {enforce_eager: true, max_model_len: 1024, cpu: {kv_cache_space_gib: 1}}\n")
     return p
