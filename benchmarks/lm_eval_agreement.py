@@ -34,17 +34,14 @@ def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
 
 
 def serve(recipe: str, model: str, port: int, pid_file: Path) -> dict:
-    """One detached server of ``model`` with the recipe's serve settings: its URL and served name."""
-    r = sh([INFERTOOL, "serve", recipe, "--detach", "--port", str(port), "--pid-file", str(pid_file), "--json",
-            "--set", f"serve.model={model}"], stdout=subprocess.PIPE)
+    """One detached server of ``model`` with the recipe's serve settings: its URL and served name (from the pid
+    file ``infertool serve --detach`` writes)."""
+    r = sh([INFERTOOL, "serve", recipe, "--detach", "--port", str(port), "--pid-file", str(pid_file),
+            "--set", f"serve.model={model}"], stdout=subprocess.DEVNULL)
     if r.returncode != 0:
         raise SystemExit(f"could not start the server of {model}")
-    st = json.loads(sh([INFERTOOL, "serve", "status", "--json"], stdout=subprocess.PIPE).stdout)
-    for s in st["servers"]:
-        if str(s.get("port")) == str(port) or str(port) in str(s.get("url", "")):
-            return {"url": s["url"].rstrip("/") + ("" if s["url"].rstrip("/").endswith("/v1") else "/v1"),
-                    "name": s.get("model_name") or s.get("served_model_name") or s.get("model")}
-    raise SystemExit(f"no detached server on port {port}: {st}")
+    rec = json.loads(pid_file.read_text())
+    return {"url": rec["url"].rstrip("/"), "name": rec.get("served_model_name") or rec["model"]}
 
 
 def infertool_eval(recipe: str, b: dict, c: dict, tasks: list[str], chat: bool, limit: int, tok: str, out: Path) -> dict:
@@ -122,10 +119,10 @@ def main() -> int:
     base, cand = str(Path(a.base).absolute()), str(Path(a.candidate).absolute())
     servers = []
     try:
+        servers.append(out / "base.pid")  # stopped in any case, even when the start fails half-way
         b = serve(a.recipe, base, pb, out / "base.pid")
-        servers.append(out / "base.pid")
-        c = serve(a.recipe, cand, pc, out / "candidate.pid")
         servers.append(out / "candidate.pid")
+        c = serve(a.recipe, cand, pc, out / "candidate.pid")
         total_same = total_n = 0
         for mode, tasks, chat in (("completions", COMPLETION_TASKS, False), ("chat", CHAT_TASKS, True)):
             ours = infertool_eval(a.recipe, b, c, tasks, chat, a.limit, base, out / f"infertool-{mode}")
@@ -145,7 +142,8 @@ def main() -> int:
         return 0 if total_same == total_n else 1
     finally:
         for pid in servers:
-            sh([INFERTOOL, "serve", "stop", "--pid-file", str(pid)], stdout=subprocess.DEVNULL)
+            if pid.exists():
+                sh([INFERTOOL, "serve", "stop", "--pid-file", str(pid)], stdout=subprocess.DEVNULL)
 
 
 if __name__ == "__main__":
