@@ -26,6 +26,7 @@ ROOT = Path(__file__).resolve().parents[1]
 INFERTOOL = str(ROOT / ".venv" / "bin" / "infertool")
 COMPLETION_TASKS = ["infertool_mc", "infertool_gen", "infertool_gsm_style"]
 CHAT_TASKS = ["infertool_chat"]
+REUSE = False
 
 
 def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
@@ -35,7 +36,10 @@ def sh(argv: list[str], **kw) -> subprocess.CompletedProcess:
 
 def serve(recipe: str, model: str, port: int, pid_file: Path) -> dict:
     """One detached server of ``model`` with the recipe's serve settings: its URL and served name (from the pid
-    file ``infertool serve --detach`` writes)."""
+    file ``infertool serve --detach`` writes; ``--reuse``: the one that file already records)."""
+    if REUSE and pid_file.is_file():
+        rec = json.loads(pid_file.read_text())
+        return {"url": rec["url"].rstrip("/"), "name": rec.get("served_model_name") or rec["model"]}
     r = sh([INFERTOOL, "serve", recipe, "--detach", "--port", str(port), "--pid-file", str(pid_file),
             "--set", f"serve.model={model}"], stdout=subprocess.DEVNULL)
     if r.returncode != 0:
@@ -71,7 +75,7 @@ def lm_eval_direct(srv: dict, tasks: list[str], chat: bool, limit: int, tok: str
                        f"tokenizer={tok},num_concurrent=1,seed=1234")
     env = {**os.environ, "HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "OPENAI_API_KEY": "EMPTY"}
     argv = [lm_eval, "--model", model, "--model_args", args, "--tasks", ",".join(tasks), "--include_path", include,
-            "--limit", str(limit), "--log_samples", "--output_path", str(out), "--bootstrap_iters", "0"]
+            "--limit", str(limit), "--log_samples", "--output_path", str(out)]
     if chat:
         argv.append("--apply_chat_template")
     if sh(argv, env=env, stdout=subprocess.DEVNULL).returncode != 0:
@@ -112,7 +116,14 @@ def main() -> int:
     ap.add_argument("--limit", type=int, default=10)
     ap.add_argument("--out", default="out/lm-eval-agreement")
     ap.add_argument("--ports", default="8311,8312")
+    ap.add_argument("--reuse", action="store_true", help="use the servers --out's pid files record (left running)")
+    ap.add_argument("--modes", default="completions,chat", help="completions, chat or both")
+    ap.add_argument("--direct-only", action="store_true", help="only lm_eval by hand, against infertool's answers "
+                    "of an earlier run into the same --out")
+    ap.add_argument("--keep", action="store_true", help="leave the servers running (for --reuse)")
     a = ap.parse_args()
+    global REUSE
+    REUSE = a.reuse
     out = Path(a.out).absolute()
     out.mkdir(parents=True, exist_ok=True)
     pb, pc = (int(p) for p in a.ports.split(","))
@@ -125,7 +136,15 @@ def main() -> int:
         c = serve(a.recipe, cand, pc, out / "candidate.pid")
         total_same = total_n = 0
         for mode, tasks, chat in (("completions", COMPLETION_TASKS, False), ("chat", CHAT_TASKS, True)):
-            ours = infertool_eval(a.recipe, b, c, tasks, chat, a.limit, base, out / f"infertool-{mode}")
+            if mode not in a.modes.split(","):
+                continue
+            if a.direct_only:  # infertool's answers of an earlier run of this script (same --out)
+                d = out / f"infertool-{mode}"
+                ours = {"pooled": json.loads((d / "results.json").read_text())["pooled"]["lm_eval"],
+                        "answers": {lb: json.loads((d / "logs" / f"lm_eval-{lb}.json").read_text())
+                                    for lb in ("base", "candidate")}, "tasks_dir": str(d / "logs" / "lm_eval_tasks")}
+            else:
+                ours = infertool_eval(a.recipe, b, c, tasks, chat, a.limit, base, out / f"infertool-{mode}")
             print(f"\n== {mode}: infertool's figures (candidate {cand} vs base {base}) ==")
             for t, f in ours["pooled"]["tasks"].items():
                 print(f"  {t:22s} {f['metric']:12s} base {f['base']:.3f} cand {f['candidate']:.3f} recovery "
@@ -142,7 +161,7 @@ def main() -> int:
         return 0 if total_same == total_n else 1
     finally:
         for pid in servers:
-            if pid.exists():
+            if pid.exists() and not a.keep:
                 sh([INFERTOOL, "serve", "stop", "--pid-file", str(pid)], stdout=subprocess.DEVNULL)
 
 
