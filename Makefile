@@ -24,7 +24,7 @@ venv-test: $(VENV)/.installed-test
 
 # The managed backend environments (idempotent: up-to-date ones are left alone).
 envs: venv
-	$(INFERTOOL) env setup quant serve llmcompressor
+	$(INFERTOOL) env setup quant serve llmcompressor lmeval
 
 # Debian's Chromium for the report's browser test (best effort: without it that one test skips, saying why).
 browser:

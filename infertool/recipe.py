@@ -219,7 +219,8 @@ class LmEvalSpec(BaseModel):
     model_config = _STRICT
 
     tasks: Annotated[list[_text(200, 1)], Field(min_length=1, max_length=MAX_LIST)]
-    include_path: Text | None = None  # a folder of task YAMLs (relative paths: from the recipe's folder)
+    include_path: Text | None = None  # a folder of task YAMLs (relative: from the current folder, as the recipe's other paths)
+    tokenizer: Text | None = None  # a local tokenizer folder (engine openai); default: the served checkpoint's folder
     num_fewshot: _int(0, 1000) | None = None
     limit: Requests | None = None  # documents per task (the first N)
     apply_chat_template: bool = False

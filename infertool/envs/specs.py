@@ -63,6 +63,13 @@ BUILTIN_ENVS: dict[str, EnvSpec] = {
         check_modules=("torch", "transformers", "llmcompressor", "compressed_tensors"),
         report=("llmcompressor", "compressed-tensors", "torch", "transformers"),
     ),
+    "lmeval": EnvSpec(
+        name="lmeval",
+        description="lm-evaluation-harness (torch-free): lm-eval tasks against a served endpoint (eval.lm_eval)",
+        requirements={"cpu": "lmeval.txt", "cuda": "lmeval.txt"},
+        check_modules=("lm_eval", "transformers", "tokenizers", "datasets", "aiohttp", "tenacity"),
+        report=("lm-eval", "transformers", "tokenizers", "datasets"),
+    ),
 }
 
 

@@ -1,16 +1,278 @@
-"""lm-evaluation-harness as an engine (issue 21): PLACEHOLDER of the seam, replaced by its implementation."""
+"""lm-evaluation-harness as an engine (issue 21): the ``lm_eval`` phase of every as-served check
+(infertool.evaluate.phases).
+
+``run`` runs lm-eval ITSELF (the pinned library in the managed ``lmeval`` environment, as a subprocess:
+infertool/evaluate/lm_eval_worker.py) against one served endpoint, offline (HF_DATASETS_OFFLINE, HF_HUB_OFFLINE:
+nothing is downloaded), bounded by ``eval.lm_eval.timeout_s`` and stopped with its process group on a timeout or
+an interrupt. Loglikelihood tasks go through ``local-completions`` (prompt log-probabilities, echo) with the
+served checkpoint's tokenizer; generative tasks through ``local-completions``, or ``local-chat-completions`` when
+``apply_chat_template`` (the server applies the model's chat template). lm-eval's logged samples give each
+document's score.
+
+``compare`` joins the two models by (task, doc_id), only on the documents both scored (a reference scored on more
+items than the candidate compares on the shared ones): per task the metric (acc, else exact_match, else the
+task's first), base and candidate score, recovery = candidate / base with a paired interval (the delta method on
+the log of the ratio of means, with the per-document covariance: see ``paired_recovery``), the documents lost
+and gained and the exact McNemar p (a sign test on lost vs gained); pooled over every document of every task
+the same figures, which the ``min_recovery`` gate reads (infertool.evaluate.core.estimates).
+
+Task names starting with ``infertool_`` are the tasks infertool ships (infertool/_data/lm_eval): their folder is
+added to the include path. See docs/lm-eval.md.
+"""
 
 from __future__ import annotations
 
+import math
+import os
+import subprocess
+from pathlib import Path
+
+from infertool.errors import BackendError, UsageError
+
+WORKER = Path(__file__).with_name("lm_eval_worker.py")
+REQUEST_TIMEOUT_S = 300  # lm-eval's per-request timeout against the server
+MAX_LISTED = 50  # lost/gained document ids kept per task in the block
+OFFLINE = {"HF_DATASETS_OFFLINE": "1", "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+           "HF_HUB_DISABLE_TELEMETRY": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+
 
 class LmEvalPhase:
+    """The lm-eval phase: ``spec`` is the recipe's eval.lm_eval (infertool.recipe.LmEvalSpec)."""
+
     name = "lm_eval"
 
     def __init__(self, spec):
         self.spec = spec
 
-    def run(self, served, prior, events) -> dict:
-        return {}
+    def run(self, served, prior, events, window: tuple[int, int] | None = None) -> dict:
+        """lm-eval's tasks on one served model: {"tasks": {task: {"metric", "higher_is_better", "docs":
+        {doc_id: score}, ...}}, "answer": the worker's file}. ``window=(lo, hi)``: documents [lo, hi) of each task."""
+        from infertool.envs.state import require_env
+
+        python = require_env("lmeval", "eval.lm_eval (lm-evaluation-harness)")
+        log_dir = Path(served.log_dir or ".").absolute()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        tag = f"lm_eval-{served.label}" + (f"-{window[0]}-{window[1]}" if window else "")
+        include = include_paths(self.spec, log_dir)
+        spec = worker_spec(self.spec, served, include, window, out=str(log_dir / f"{tag}.json"))
+        from infertool.atomic import write_json
+
+        spec_path = log_dir / f"{tag}.spec.json"
+        write_json(spec_path, spec)
+        events.log(f"lm-eval: {', '.join(self.spec.tasks)} on the {served.label} model "
+                   f"({'window ' + str(list(window)) if window else 'limit ' + str(self.spec.limit)})")
+        cwd = Path(include[0]) if self.spec.include_path else log_dir
+        run_worker([str(python), str(WORKER), str(spec_path)], log_dir / f"{tag}.log", cwd=cwd,
+                   timeout_s=float(self.spec.timeout_s), api_key=getattr(served.client, "api_key", None))
+        return read_answer(Path(spec["out"]), log_dir / f"{tag}.log", include,
+                           secrets=[getattr(served.client, "api_key", None)])
 
     def compare(self, raw_ref: dict, raw_cand: dict, *, confidence: float, first: str) -> dict:
-        return {}
+        return compare_raw(raw_ref, raw_cand, confidence=confidence)
+
+
+# --------------------------------------------------------------------------------------------
+# running lm-eval
+# --------------------------------------------------------------------------------------------
+
+def include_paths(spec, log_dir: Path) -> list[str]:
+    """The include path lm-eval gets: the recipe's ``include_path`` (relative: from the current folder, as the
+    recipe's other paths), then, when a task name starts with ``infertool_``, a copy of the shipped tasks with
+    their data files' absolute paths (lm-eval resolves a relative data file from its current folder)."""
+    out = []
+    if spec.include_path:
+        p = Path(spec.include_path).expanduser().absolute()
+        if not p.is_dir():
+            raise UsageError(f"eval.lm_eval.include_path {spec.include_path!r} is not a folder",
+                             hint="give the folder of your lm-eval task YAMLs (relative: from the current folder)")
+        out.append(str(p))
+    from infertool.evaluate.lm_eval_export import SHIPPED_PREFIX
+
+    if any(t.startswith(SHIPPED_PREFIX) for t in spec.tasks):
+        out.append(str(materialize_shipped(log_dir / "lm_eval_tasks")))
+    return out
+
+
+def materialize_shipped(dest: Path) -> Path:
+    """The shipped task YAMLs written into ``dest`` with absolute data-file paths (the data stays where it ships)."""
+    import yaml
+
+    from infertool.atomic import write_text
+    from infertool.evaluate.lm_eval_export import shipped_dir
+
+    src = shipped_dir()
+    dest.mkdir(parents=True, exist_ok=True)
+    for y in sorted(src.glob("*.yaml")):
+        cfg = yaml.safe_load(y.read_text(encoding="utf-8"))
+        files = ((cfg.get("dataset_kwargs") or {}).get("data_files") or {})
+        for split, name in list(files.items()):
+            files[split] = str(src / name)
+        write_text(dest / y.name, yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
+    return dest
+
+
+def worker_spec(spec, served, include: list[str], window, *, out: str) -> dict:
+    """What the worker needs: the endpoint, the tokenizer (eval.lm_eval.tokenizer, else the served checkpoint's
+    folder; none known: lm-eval's own choice, the server's tokenizer_info/tokenize endpoints), the tasks and
+    lm-eval's options."""
+    client = served.client
+    tok = str(Path(spec.tokenizer).expanduser().absolute()) if getattr(spec, "tokenizer", None) else served.model_path
+    if tok is None and Path(str(client.model)).is_dir():  # a server not ours that serves a local folder
+        tok = str(Path(client.model).absolute())
+    return {"base_url": client.base_url, "model": client.model, "tokenizer": tok,
+            "tasks": list(spec.tasks), "include_path": include, "num_fewshot": spec.num_fewshot,
+            "limit": spec.limit, "window": list(window) if window else None,
+            "apply_chat_template": spec.apply_chat_template, "fewshot_as_multiturn": spec.fewshot_as_multiturn,
+            "system_instruction": spec.system_instruction, "concurrent": spec.concurrent,
+            "max_gen_toks": spec.max_gen_toks, "request_timeout_s": REQUEST_TIMEOUT_S, "out": out}
+
+
+def worker_env(api_key: str | None) -> dict[str, str]:
+    """The worker's environment: offline, the parent's virtualenv removed, the server's key in OPENAI_API_KEY
+    (lm-eval's API models read it there; never on a command line)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")}
+    env.update(OFFLINE)
+    env["OPENAI_API_KEY"] = api_key or "EMPTY"
+    return env
+
+
+def run_worker(argv: list[str], log_path: Path, *, cwd: Path, timeout_s: float, api_key: str | None) -> None:
+    """Run the worker in its own process group, its output into ``log_path``; stopped (the whole group) past
+    ``timeout_s`` or on an interrupt."""
+    from infertool.procs import stop_group, tied
+
+    with open(log_path, "ab") as log:
+        proc = subprocess.Popen(tied(argv), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                cwd=str(cwd), env=worker_env(api_key), start_new_session=True)
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            stop_group(proc.pid, 5.0, poll=proc.poll)
+            raise BackendError(f"lm-eval ran past eval.lm_eval.timeout_s ({timeout_s:g} s) and was stopped",
+                               hint="raise eval.lm_eval.timeout_s, or lower eval.lm_eval.limit",
+                               log_path=str(log_path)) from None
+        except BaseException:
+            stop_group(proc.pid, 5.0, poll=proc.poll)
+            raise
+
+
+def _tail(log_path: Path, n: int = 12) -> str:
+    try:
+        return "\n".join(log_path.read_text(encoding="utf-8", errors="replace").splitlines()[-n:])
+    except OSError:
+        return ""
+
+
+def read_answer(out: Path, log_path: Path, include: list[str], secrets: list) -> dict:
+    """The worker's answer as the phase's raw numbers, or the error it reported (unknown task, missing data)."""
+    import json
+
+    from infertool import net
+
+    try:
+        ans = json.loads(out.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        raise BackendError("lm-eval ended without an answer:\n" + net.quote(_tail(log_path), secrets, 2000),
+                           hint="see the log", log_path=str(log_path)) from None
+    if ans.get("ok"):
+        tasks = {t: {k: v for k, v in b.items() if k != "shown"} for t, b in ans["tasks"].items()}
+        return {"tasks": tasks, "lm_eval": ans.get("lm_eval"), "answer": str(out)}
+    raise answer_error(ans, include, str(log_path), secrets)
+
+
+def answer_error(ans: dict, include: list[str], log_path: str, secrets: list) -> Exception:
+    """The error of a worker's answer: an unknown task and data not on the machine are the user's to fix."""
+    from infertool import net
+
+    task, msg = ans.get("task"), net.quote(str(ans.get("message", "")), secrets, 600)
+    where = f" (include path: {', '.join(include)})" if include else ""
+    if ans.get("kind") == "unknown_task":
+        return UsageError(f"eval.lm_eval: lm-eval knows no task {task!r}{where}",
+                          hint="name a task of `lm_eval ls tasks`, an infertool_ task (infertool_mc, infertool_gen, "
+                          "infertool_gsm_style, infertool_chat), or one whose YAML is in eval.lm_eval.include_path")
+    if ans.get("kind") == "missing_data":
+        return UsageError(
+            f"eval.lm_eval: the data of task {task!r} is not on this machine (lm-eval runs offline here: nothing is "
+            f"downloaded): {msg}",
+            hint="put the dataset in the Hugging Face datasets cache (HF_DATASETS_CACHE, default "
+            "~/.cache/huggingface/datasets: load it once where the hub can be reached and copy the cache), or "
+            "write a `dataset_path: json` task over your files in eval.lm_eval.include_path (docs/lm-eval.md)")
+    return BackendError(f"lm-eval failed: {msg}", hint="see the log", log_path=log_path)
+
+
+# --------------------------------------------------------------------------------------------
+# the join and the statistics
+# --------------------------------------------------------------------------------------------
+
+def paired_recovery(base: list[float], cand: list[float], confidence: float) -> tuple[float | None, list | None]:
+    """Recovery = mean(cand) / mean(base) over paired documents, and its interval: the delta method on
+    log(mean c / mean b), Var = s_c^2/(n c^2) + s_b^2/(n b^2) - 2 s_bc/(n b c) with the sample (co)variances of
+    the per-document scores, so the pairing (the same documents) narrows it. Identical scores give exactly
+    [1, 1]. With a zero mean (no log): recovery 1 + mean(c - b)/mean(b), the interval from the paired
+    difference's standard error; a base that scores 0 has no recovery (None)."""
+    from infertool.evaluate.metrics import z_for
+
+    n = len(base)
+    if n == 0 or len(cand) != n:
+        return None, None
+    mb, mc = math.fsum(base) / n, math.fsum(cand) / n
+    if mb <= 0:
+        return None, None
+    rec = mc / mb
+    if n < 2:
+        return rec, None
+    z = z_for(confidence)
+    vb = math.fsum((x - mb) ** 2 for x in base) / (n - 1)
+    vc = math.fsum((y - mc) ** 2 for y in cand) / (n - 1)
+    cov = math.fsum((x - mb) * (y - mc) for x, y in zip(base, cand)) / (n - 1)
+    if mc > 0:
+        var = vc / (n * mc * mc) + vb / (n * mb * mb) - 2 * cov / (n * mb * mc)
+        se = math.sqrt(max(var, 0.0))
+        return rec, [rec * math.exp(-z * se), rec * math.exp(z * se)]
+    d = [y - x for x, y in zip(base, cand)]
+    md = math.fsum(d) / n
+    se = math.sqrt(max(math.fsum((v - md) ** 2 for v in d) / (n - 1), 0.0) / n) / mb
+    return rec, [max(0.0, rec - z * se), rec + z * se]
+
+
+def _key(doc_id: str):
+    return (0, int(doc_id), "") if str(doc_id).lstrip("-").isdigit() else (1, 0, str(doc_id))
+
+
+def join_task(ref: dict, cand: dict) -> tuple[list[str], list[float], list[float]]:
+    """The documents both models scored, in doc order, and their scores (oriented: higher is better)."""
+    sign = 1.0 if ref.get("higher_is_better", True) else -1.0
+    ids = sorted(set(ref.get("docs", {})) & set(cand.get("docs", {})), key=_key)
+    return ids, [sign * float(ref["docs"][i]) for i in ids], [sign * float(cand["docs"][i]) for i in ids]
+
+
+def task_block(ids: list[str], b: list[float], c: list[float], metric: str, confidence: float) -> dict:
+    """One task's figures: scores, recovery with its interval, lost/gained documents, exact McNemar p."""
+    from infertool.evaluate.metrics import mcnemar_exact
+
+    lost = [i for i, x, y in zip(ids, b, c) if y < x]
+    gained = [i for i, x, y in zip(ids, b, c) if y > x]
+    n = len(ids)
+    rec, ci = paired_recovery(b, c, confidence)
+    return {"metric": metric, "base": math.fsum(b) / n if n else None, "candidate": math.fsum(c) / n if n else None,
+            "recovery": rec, "recovery_ci": ci, "lost": len(lost), "gained": len(gained),
+            "mcnemar_p": mcnemar_exact(len(lost), len(gained)), "n": n,
+            "lost_docs": lost[:MAX_LISTED], "gained_docs": gained[:MAX_LISTED]}
+
+
+def compare_raw(raw_ref: dict, raw_cand: dict, *, confidence: float) -> dict:
+    """The pooled lm_eval block (results.json ``pooled.lm_eval``): per task and over every document of every
+    task (each task's scores oriented higher-is-better; tasks that only one model ran are left out)."""
+    tasks, all_b, all_c = {}, [], []
+    for name in sorted(set(raw_ref.get("tasks", {})) & set(raw_cand.get("tasks", {}))):
+        r, c = raw_ref["tasks"][name], raw_cand["tasks"][name]
+        ids, sb, sc = join_task(r, c)
+        if not ids:
+            continue
+        tasks[name] = task_block(ids, sb, sc, r.get("metric", "?"), confidence)
+        all_b += sb
+        all_c += sc
+    pooled = task_block([str(i) for i in range(len(all_b))], all_b, all_c, "pooled", confidence)
+    return {"tasks": tasks, "recovery": pooled["recovery"], "recovery_ci": pooled["recovery_ci"], "n": pooled["n"],
+            "lost": pooled["lost"], "gained": pooled["gained"], "mcnemar_p": pooled["mcnemar_p"],
+            "base": pooled["base"], "candidate": pooled["candidate"], "confidence": confidence}

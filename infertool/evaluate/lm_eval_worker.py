@@ -1,0 +1,161 @@
+"""The lm-eval side of infertool.evaluate.lm_eval_engine: a script run by the ``lmeval`` environment's Python
+(``python lm_eval_worker.py SPEC.json``; infertool is installed there as in every managed environment), so it
+imports lm-evaluation-harness, the standard library and infertool's leaf infertool.atomic only (its answer is
+written whole).
+
+It resolves the tasks (an unknown name or data that is not on the machine is reported as such, naming the
+task), runs ``lm_eval.simple_evaluate`` against the served endpoint with ``log_samples`` (loglikelihood tasks
+through ``local-completions``; generative ones through ``local-completions``, or ``local-chat-completions`` when
+``apply_chat_template``), and writes one JSON answer: per task the metric chosen, its direction and each
+document's score (by ``doc_id``), or the error. Offline: the caller sets HF_DATASETS_OFFLINE / HF_HUB_OFFLINE.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+
+# run as a script: its own folder (infertool/evaluate) must not shadow other modules
+sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+PREFERRED = ("acc", "exact_match")  # the task's metric: these first, else the task's first metric
+
+
+def _write(path: str, obj: dict) -> None:
+    from infertool.atomic import write_json
+
+    write_json(path, obj, indent=None)
+
+
+def _load(tm, name: str):
+    """The leaf tasks of one name (a task or a group): {task name: Task}; an error answer (dict) when lm-eval
+    does not know the name or its data cannot be loaded here."""
+    if name not in set(tm.all_tasks):
+        return {"ok": False, "kind": "unknown_task", "task": name,
+                "message": f"lm-eval knows no task or group {name!r}"}
+    try:
+        return dict(tm.load([name])["tasks"])
+    except Exception as e:  # noqa: BLE001 - a dataset error of any kind: the data is not here
+        return {"ok": False, "kind": "missing_data", "task": name,
+                "message": f"{type(e).__name__}: {str(e)[:600]}"}
+
+
+def _metric(task) -> tuple[str, bool]:
+    """The task's metric for the join and whether higher is better."""
+    names = [m["metric"] if isinstance(m, dict) else m for m in (task.config.metric_list or [])]
+    names = [n for n in names if isinstance(n, str)] or list(task.higher_is_better().keys())
+    for pref in PREFERRED:
+        if pref in names:
+            return pref, bool(task.higher_is_better().get(pref, True))
+    m = names[0]
+    return m, bool(task.higher_is_better().get(m, True))
+
+
+def _model(spec: dict, chat: bool) -> tuple[str, dict]:
+    """lm-eval's model name and arguments for the served endpoint."""
+    base = spec["base_url"].rstrip("/")
+    args = {"model": spec["model"], "num_concurrent": spec["concurrent"], "max_retries": 2,
+            "timeout": spec["request_timeout_s"], "seed": 1234}
+    if spec.get("max_length"):
+        args["max_length"] = spec["max_length"]
+    if spec.get("max_gen_toks"):
+        args["max_gen_toks"] = spec["max_gen_toks"]
+    if chat:
+        return "local-chat-completions", {**args, "base_url": f"{base}/chat/completions", "tokenizer_backend": "none",
+                                          "tokenized_requests": False}
+    args["base_url"] = f"{base}/completions"
+    if spec.get("tokenizer"):
+        args.update({"tokenizer_backend": "huggingface", "tokenizer": spec["tokenizer"]})
+    else:  # lm-eval's own choice: the server's tokenizer endpoints when it has them
+        args["tokenizer_backend"] = "auto"
+    return "local-completions", args
+
+
+def _docs(samples: list[dict], metric: str) -> tuple[dict, dict]:
+    """Each document's score under the task's first filter, and a short record of what the model answered."""
+    scores, shown = {}, {}
+    first_filter = samples[0].get("filter") if samples else None
+    for s in samples:
+        if s.get("filter") != first_filter or metric not in s:
+            continue
+        did = str(s["doc_id"])
+        scores[did] = float(s[metric])
+        resp = s.get("filtered_resps")
+        shown[did] = {"resp": str(resp[0] if isinstance(resp, list) and resp else resp)[:200],
+                      "target": str(s.get("target"))[:200]}
+    return scores, shown
+
+
+def _evaluate(spec: dict, tasks: dict, chat: bool) -> dict:
+    """simple_evaluate on some leaf tasks with one model; {task: its block}."""
+    import lm_eval
+
+    model, args = _model(spec, chat)
+    samples = None
+    lo_hi = spec.get("window")
+    if lo_hi is not None:
+        lo, hi = int(lo_hi[0]), int(lo_hi[1])
+        if spec.get("limit"):
+            hi = min(hi, int(spec["limit"]))
+        samples = {}
+        for name, t in tasks.items():
+            n = len(t.eval_docs)
+            samples[name] = list(range(min(lo, n), min(hi, n)))
+    res = lm_eval.simple_evaluate(
+        model=model, model_args=args, tasks=list(tasks.values()), num_fewshot=spec.get("num_fewshot"),
+        limit=None if samples is not None else spec.get("limit"), samples=samples, log_samples=True,
+        bootstrap_iters=0, apply_chat_template=bool(spec.get("apply_chat_template")),
+        fewshot_as_multiturn=bool(spec.get("fewshot_as_multiturn")), system_instruction=spec.get("system_instruction"),
+        confirm_run_unsafe_code=False)
+    out = {}
+    for name, t in tasks.items():
+        metric, hib = _metric(t)
+        scores, shown = _docs(res["samples"].get(name, []), metric)
+        out[name] = {"metric": metric, "higher_is_better": hib, "output_type": t.get_config("output_type"),
+                     "n_docs": len(t.eval_docs), "docs": scores, "shown": shown, "via": model,
+                     "score": (res["results"].get(name) or {}).get(f"{metric},{_first_filter(t)}")}
+    return out
+
+
+def _first_filter(task) -> str:
+    fl = task.config.filter_list
+    if isinstance(fl, list) and fl and isinstance(fl[0], dict):
+        return str(fl[0].get("name", "none"))
+    return "none"
+
+
+def main(spec_path: str) -> int:
+    with open(spec_path, encoding="utf-8") as f:
+        spec = json.load(f)
+    out = spec["out"]
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+
+        tm = TaskManager(include_path=spec.get("include_path") or None)
+        leaves: dict = {}
+        for name in spec["tasks"]:
+            got = _load(tm, name)
+            if got.get("ok") is False:
+                _write(out, got)
+                return 0
+            leaves.update(got)
+        chat = bool(spec.get("apply_chat_template"))
+        gen = {n: t for n, t in leaves.items() if chat and t.get_config("output_type") == "generate_until"}
+        rest = {n: t for n, t in leaves.items() if n not in gen}
+        result: dict = {}
+        if rest:
+            result.update(_evaluate(spec, rest, chat=False))
+        if gen:
+            result.update(_evaluate(spec, gen, chat=True))
+        _write(out, {"ok": True, "tasks": result, "lm_eval": getattr(lm_eval, "__version__", "")})
+    except Exception as e:  # noqa: BLE001 - every failure becomes one answer the parent turns into an error
+        traceback.print_exc()
+        _write(out, {"ok": False, "kind": "error", "message": f"{type(e).__name__}: {str(e)[:1500]}"})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
