@@ -10,6 +10,7 @@ to 1 s: the same code path, a shorter wait); two run as real subprocesses with t
 from __future__ import annotations
 
 import json
+import time
 import math
 import signal
 
@@ -339,6 +340,7 @@ def _completion(tokens) -> object:
 def test_profiles_vllm_engine_times_honest_answers_through_one_client():
     def exact(conn, req, srv):
         n = json.loads(req.body)["max_tokens"]
+        time.sleep(0.02 * n)  # the stand-in's work: 20 ms a token, so that N decode steps take longer than one
         _completion(n)(conn, req, srv)
 
     with HostileServer({"/v1/completions": exact}) as srv:

@@ -10,7 +10,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from infertool.atomic import atomic_path, write_json
 from infertool.capability import RunContext
@@ -53,6 +53,15 @@ class ProfileResult(Record):
     # the serving engine's step cost as served (engine vllm; infertool.perf.calibration.Calibration's data),
     # cached for plan and tune
     calibration: dict | None = None
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("calibration",)  # left out of profile.json when None (older layout)
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        for k in self.OPTIONAL:
+            if d.get(k) is None:
+                d.pop(k, None)
+        return d
 
     @property
     def timed(self) -> list[analysis.Point]:
