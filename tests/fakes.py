@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import struct
+from http.server import BaseHTTPRequestHandler
 from pathlib import Path
 
 from infertool.models.known import KNOWN_ARCHS, MAX_POSITIONS
@@ -306,3 +307,18 @@ class FakeOpenAI:
         if self.proc is not None:
             self.proc.kill()
             self.proc.join(10)
+
+
+class JSONHandler(BaseHTTPRequestHandler):
+    """A stand-in HTTP server's handler base: quiet logs, JSON answers with a length (``_send``)."""
+
+    def log_message(self, *args):  # keep pytest output clean
+        pass
+
+    def _send(self, obj, code=200):
+        body = json.dumps(obj).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import math
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 
 import pytest
 
@@ -16,6 +16,7 @@ from conftest import cli_in_process
 from infertool.errors import UsageError
 from infertool.evaluate import decode as D
 from infertool.evaluate.server_engine import Client
+from tests.fakes import JSONHandler
 
 LN = math.log
 
@@ -163,23 +164,12 @@ def _ids(text: str) -> list[int]:
     return [10 + ord(c) % 40 for c in text]
 
 
-class _StandIn(BaseHTTPRequestHandler):
+class _StandIn(JSONHandler):
     """An OpenAI-compatible stand-in with vLLM's decode-path features: /tokenize (prompt, or messages through a
     'chat template'), token-id prompts, echo + prompt log-probabilities, greedy generation with per-step top-k
     and return_tokens_as_token_ids. Serves models 'a' and 'decode-noisy'."""
 
     calls: list = []
-
-    def log_message(self, *args):
-        pass
-
-    def _send(self, obj, code=200):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         if self.path == "/v1/models":

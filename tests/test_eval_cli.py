@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ import yaml
 from conftest import run_cli
 from infertool.data import suites
 from infertool.evaluate import synth
+from tests.fakes import JSONHandler
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -21,23 +22,12 @@ ROOT = Path(__file__).resolve().parents[1]
 # ------------------------------------------------------------------------------------ stub server
 
 
-class _Stub(BaseHTTPRequestHandler):
+class _Stub(JSONHandler):
     """An OpenAI-compatible stub. Token i of a prompt is the id it was given; model 'noisy' shifts the
     log-probabilities of odd ids; mode 'nologprobs' answers completions without prompt log-probabilities
     (like llama.cpp's server did in issue #27174)."""
 
     mode = "ok"
-
-    def log_message(self, *args):  # keep pytest output clean
-        pass
-
-    def _send(self, obj, code=200):
-        body = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
 
     def do_GET(self):
         if self.path == "/v1/models":
