@@ -147,7 +147,8 @@ def test_env_list_json_on_an_empty_home(tmp_home):
     assert r.exit_code == 0, r.output
     data = json.loads(r.stdout)
     assert data["home"] == str(tmp_home / "envs")
-    assert {e["name"]: e["status"] for e in data["envs"]} == {"quant": "missing", "serve": "missing", "llmcompressor": "missing"}
+    assert {e["name"]: e["status"] for e in data["envs"]} == {"quant": "missing", "serve": "missing", "llmcompressor": "missing",
+                                                               "lmeval": "missing"}
 
 
 def test_env_doctor_with_nothing_set_up(tmp_home):
