@@ -346,3 +346,16 @@ def test_search_load_repeats_at_the_edge_and_stops_when_it_cannot_win(monkeypatc
     res = _search_load(ctx, srv, 8, [])
     assert calls == [1, 2, 4, 4, 4, 8]
     assert res.max_load == 4 and "cannot win" in res.stopped and [p.concurrency for p in res.probes][-1] == 8
+
+
+def test_measured_decode_falls_back_to_throughput_when_the_tpot_is_zero():
+    """A 2-layer model's 8 tokens can all arrive in one read (TPOT 0, as a real CI run recorded): the decode
+    check then reads the level's output tokens/s instead of dividing by zero or reading nothing."""
+    from infertool.tune.core import measured_decode
+    from infertool.tune.records import CapacityResult
+
+    lat = {"mean": 0.0, "p50": 0.0, "p90": 0.0, "p99": 0.0}
+    assert measured_decode(CapacityResult(max_load=2, at_max_load={"tpot_ms": lat, "output_token_throughput": 180.7})) == 180.7
+    assert measured_decode(CapacityResult(max_load=2, at_max_load={"tpot_ms": {"p50": 10.0}})) == 200.0
+    assert measured_decode(CapacityResult(max_load=2, at_max_load={"tpot_ms": lat})) is None
+    assert measured_decode(CapacityResult(max_load=0, at_max_load={"tpot_ms": {"p50": 10.0}})) is None

@@ -71,11 +71,16 @@ def _now() -> str:
 
 # ----------------------------------------------------------------------------------------- trials
 def measured_decode(capacity: CapacityResult | None) -> float | None:
-    """Decode tokens/s measured at the largest load meeting the SLO: concurrency x 1000 / TPOT p50."""
+    """Decode tokens/s measured at the largest load meeting the SLO: concurrency x 1000 / TPOT p50. When the
+    TPOT is 0 (a stream whose tokens all arrived in one read: a tiny model on a busy client) the level's output
+    tokens/s stands in for it (a lower bound: it includes the prefills)."""
     if capacity is None or not capacity.max_load or not capacity.at_max_load:
         return None
     tpot = (capacity.at_max_load.get("tpot_ms") or {}).get("p50")
-    return capacity.max_load * 1000.0 / tpot if tpot else None
+    if tpot:
+        return capacity.max_load * 1000.0 / tpot
+    tps = capacity.at_max_load.get("output_token_throughput")
+    return float(tps) if isinstance(tps, (int, float)) and tps > 0 else None
 
 
 def decode_check(trial: space.Trial, cap: CapacityResult) -> DecodeCheck:
