@@ -217,7 +217,7 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
     assert back.trial(res.winner.id).capacity.max_load == 2 and back.trial(gptq.id).objective is None
     tuned = yaml.safe_load(Path(res.tuned_recipe).read_text())
     assert tuned["quantize"]["scheme"] == "W8A8" and tuned["serve"]["max_num_seqs"] == 2
-    assert Path(tuned["quantize"]["output"]) == tmp_path / "out" / "t-tuned-gptq" and (Path(tuned["quantize"]["output"]) / "config.json").is_file()
+    assert Path(tuned["quantize"]["output"]) == tmp_path / "out" / "t-tuned-w8a8" and (Path(tuned["quantize"]["output"]) / "config.json").is_file()
     from infertool.recipe import load_recipe
     from infertool.resolve import resolve
 

@@ -405,7 +405,7 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
 def publish_destination(recipe, tune_dir: Path, publish: str | None) -> str | None:
     """Where tune publishes its winner's checkpoint (--publish, else quantize.output), checked before any trial
     runs (exit 2: inside the tune directory, the source model or the environments, or a folder that may not be
-    replaced). None: the default, out/<recipe>-tuned-<winner's method>, checked when the winner is known."""
+    replaced). None: the default, out/<recipe>-tuned-<winner's scheme, else method>, checked when the winner is known."""
     from infertool import publish as pub
     from infertool.resolve import resolve
 
@@ -431,7 +431,8 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
     from infertool.resolve import default_output
 
     spec = trial.candidate.spec or {}
-    dest_text = getattr(ctx, "publish_to", None) or trial.recipe.quantize.output or default_output(f"{ctx.recipe.name}-tuned", spec["method"])
+    kind = str(spec.get("scheme") or spec["method"]).lower()  # a W8A8 winner of a gptq recipe is named w8a8
+    dest_text = getattr(ctx, "publish_to", None) or trial.recipe.quantize.output or default_output(f"{ctx.recipe.name}-tuned", kind)
     dest = pub.check_dest(dest_text, _forbidden(ctx.dir, _res(ctx)))
     acc = record.served_check or record.accuracy
     facts = {"v": pub.FACTS_VERSION, "infertool": __version__, "published": _now(),
