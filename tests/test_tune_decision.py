@@ -359,3 +359,94 @@ def test_measured_decode_falls_back_to_throughput_when_the_tpot_is_zero():
     assert measured_decode(CapacityResult(max_load=2, at_max_load={"tpot_ms": {"p50": 10.0}})) == 200.0
     assert measured_decode(CapacityResult(max_load=2, at_max_load={"tpot_ms": lat})) is None
     assert measured_decode(CapacityResult(max_load=0, at_max_load={"tpot_ms": {"p50": 10.0}})) is None
+
+
+def _sib(tid: str, ms: int, key: str = "k"):
+    """A planned trial as the search's queue holds it (space.Trial's shape: id, candidate key, serve point)."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(id=tid, label=tid, price_per_hour=None, machine=None, serve={"max_num_seqs": ms},
+                           candidate=SimpleNamespace(key=key))
+
+
+def test_smaller_siblings_still_to_run_are_the_loads_to_bound():
+    me = _sib("ms8", 8)
+    pending = [_sib("ms4", 4), _sib("ms2", 2), _sib("ms16", 16), _sib("other4", 4, key="other"), me]
+    assert search.smaller_siblings(me, pending) == [2, 4]  # not the larger one, not another candidate's, not itself
+    tp = _sib("tp4", 4)
+    tp.serve["tensor_parallel_size"] = 2
+    assert search.smaller_siblings(me, [tp]) == []  # other settings: not a sibling
+    me.serve = {}
+    assert search.smaller_siblings(me, pending) == []  # no max_num_seqs of its own: nothing to bound
+
+
+def test_a_bound_probe_is_kept_apart_from_the_bracket():
+    """A sibling's bound probe below the answer that happens to miss proves nothing of this search."""
+    probes = [Probe(8, True, 1.0, run(1.0, 50.0)), Probe(4, False, 0.5, run(0.5, 150.0), bound_for=4)]
+    b = search.max_load_bracket(probes, 1, 8)
+    assert b["edge"] == [8, None]
+
+
+def test_search_load_probes_the_max_num_seqs_of_smaller_siblings_still_to_run(monkeypatch):
+    """After its search, a trial's server is measured once at each smaller sibling's max_num_seqs it did not probe
+    (those still to run), kept apart as bound probes; a sibling already run, or a brute force, gets none."""
+    from types import SimpleNamespace
+
+    import infertool.bench.sweep as sweep
+    from infertool.bench.results import LevelResult, Summary
+    from infertool.recipe import BenchSection, TuneLoadSearch
+    from infertool.tune import space
+    from infertool.tune import stages as stages_mod
+    from infertool.tune.stages import _search_load
+
+    script = {1: (1.0, 40.0, 30.0), 2: (1.0, 45.0, 50.0), 3: (1.0, 50.0, 70.0), 4: (1.0, 55.0, 90.0),
+              8: (1.0, 60.0, 120.0)}
+    calls: list[int] = []
+
+    def measure(handle, bench, levels, **kw):
+        calls.append(levels[0].value)
+        frac, tpot, tps = script[levels[0].value]
+        return [LevelResult(summary=Summary.from_dict(run(frac, tpot, tps=tps)))]
+
+    monkeypatch.setattr(sweep, "connect", lambda h, b: h)
+    monkeypatch.setattr(sweep, "measure", measure)
+    monkeypatch.setattr(space, "capacity_start", lambda *a, **k: 8)  # the predicted knee: the top
+    monkeypatch.setattr(stages_mod, "resolution", lambda ctx: None)
+    me = _sib("ms8", 8)
+    queue = [_sib("ms2", 2), me, _sib("ms4", 4), _sib("ms3", 3), _sib("other3", 3, key="other")]
+    bench = BenchSection(requests=16, slo={"ttft_ms": 1000, "tpot_ms": 100}, cost_per_hour=0.5)
+    tune = SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=queue,
+                           tune=SimpleNamespace(objective="cost", load=TuneLoadSearch()))
+    ctx = SimpleNamespace(job=SimpleNamespace(tune=tune, trial=me), on_event=None, emit=lambda *a, **k: None)
+    srv = SimpleNamespace(url="http://127.0.0.1:1/v1", model="m", api_key=None, to_dict=lambda: {})
+    res = _search_load(ctx, srv, 8, [])
+    # 8 meets far from the edge, confirmed by a second run; then one run at 3 and at 4 (ms2 ran before it)
+    assert calls == [8, 8, 3, 4] and res.max_load == 8 and res.best().concurrency == 8
+    assert [(p.concurrency, p.bound_for, p.runs) for p in res.probes[1:]] == [(3, 3, 1), (4, 4, 1)]
+    small = TrialRecord.from_dict({"id": "ms4", "serve": {"max_num_seqs": 4}, "candidate": {"key": "k"}})
+    big = TrialRecord.from_dict({"id": "ms8", "label": "ms8", "serve": {"max_num_seqs": 8}, "candidate": {"key": "k"}})
+    big.capacity = CapacityResult(max_load=8, probes=[p.to_dict() for p in res.probes])
+    assert search.sibling_bound(small, [big], 0.25) == (pytest.approx(90.0 * 1.25), "ms8 at concurrency 4")
+    tune.tune = SimpleNamespace(objective="throughput", load=TuneLoadSearch())  # no cost to beat: no bound probes
+    calls.clear()
+    _search_load(ctx, srv, 8, [])
+    assert calls == [8, 8]
+    script.update({5: (1.0, 56.0, 95.0), 6: (1.0, 57.0, 100.0), 7: (1.0, 58.0, 110.0)})
+    tune.tune, tune.exhaustive = SimpleNamespace(objective="cost", load=TuneLoadSearch()), True
+    assert all(p.bound_for is None for p in _search_load(ctx, srv, 8, []).probes)  # brute force: every load anyway
+
+
+def test_siblings_run_together_the_largest_max_num_seqs_first():
+    """core._order: trials that differ only in max_num_seqs run one after another, the largest first (its
+    measurement bounds the others), at the place of the group's most promising one."""
+    from types import SimpleNamespace
+
+    from infertool.tune.core import _order
+
+    def t(tid, key, ms, cost):
+        x = _sib(tid, ms, key)
+        x.prediction = SimpleNamespace(fits=True, decode_tokens_per_s=1.0, cost_per_1m_output_tokens=cost)
+        return x
+
+    trials = [t("a4", "a", 4, 1.0), t("b8", "b", 8, 1.5), t("a8", "a", 8, 2.0), t("b4", "b", 4, 1.2)]
+    assert [x.id for x in _order(trials, "cost")] == ["a8", "a4", "b8", "b4"]

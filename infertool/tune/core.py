@@ -187,13 +187,25 @@ def write_trial(tdir: Path, rec: TrialRecord, trial: space.Trial) -> None:
 
 def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
     """Most promising first, by the roofline's prediction (what fits, then the lowest predicted cost / the
-    highest predicted decode throughput)."""
-    def key(t: space.Trial):
+    highest predicted decode throughput); siblings (trials that differ only in max_num_seqs) together, at their
+    best one's place, the largest max_num_seqs first: its measurement bounds the smaller ones
+    (``search.sibling_bound``), which then need not be measured when they cannot win."""
+    def score(t: space.Trial):
         p = t.prediction
         tps = p.decode_tokens_per_s or 0
         cost = p.cost_per_1m_output_tokens
-        score = cost if (objective == "cost" and cost is not None) else (-tps if tps else float("inf"))
-        return (not p.fits, score, t.id)
+        return (not p.fits, cost if (objective == "cost" and cost is not None) else (-tps if tps else float("inf")))
+
+    groups: dict[int, list[space.Trial]] = {}
+    for t in trials:
+        g = next((k for k, members in groups.items() if search.siblings(members[0], t)), len(groups))
+        groups.setdefault(g, []).append(t)
+    group_of = {t.id: g for g, members in groups.items() for t in members}
+    best = {g: min((score(t), t.id) for t in members) for g, members in groups.items()}
+
+    def key(t: space.Trial):
+        m = (t.serve or {}).get("max_num_seqs")
+        return (best[group_of[t.id]], group_of[t.id], not t.prediction.fits, -(m if isinstance(m, int) else 0), t.id)
 
     return sorted(trials, key=key)
 

@@ -64,6 +64,7 @@ def execute(ctx, plan, executor: str, trial_fn=None) -> list[TrialRecord]:
     if executor == "ray":
         return _ray(ctx, chosen, trial_fn or _remote_trial) + skipped
     records: list[TrialRecord] = []
+    ctx.queue = list(chosen)  # the order trials run in: a capacity search bounds its smaller siblings still to come
     for t in chosen:
         if ctx.elapsed() > ctx.tune.max_wall_s:
             emit(ctx.on_event, f"the wall-time budget ({ctx.tune.max_wall_s:g} s) is spent: {t.label} not started",

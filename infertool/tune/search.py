@@ -34,6 +34,9 @@ class Probe(Record):
     goodput_ci: list[float] | None = None  # the goodput fraction's interval over every request of every run
     throughput_ci: list[float] | None = None  # output tok/s across runs (t interval; None with one run)
     per_run: list[dict] | None = None  # each run's short summary (only when repeated)
+    # measured after the search, at a smaller sibling's max_num_seqs, for that sibling's bound (``sibling_bound``);
+    # not part of the search: the bracket and the answer ignore it
+    bound_for: int | None = None
 
 
 @dataclass
@@ -313,6 +316,7 @@ def max_load_bracket(probes: list[Probe], lo: int, hi: int) -> dict:
     meets, the smallest that surely misses] (None where no probe proves it) and ``max_load_ci`` = the range the
     answer can be in ([surely meets, surely misses - 1], the search's range bounding it; a probe not judged
     counts as decided)."""
+    probes = [p for p in probes if p.bound_for is None]  # a sibling's bound probe proves nothing of this search
     sure_ok = [p.concurrency for p in probes if p.ok and p.decided is not False]
     sure_bad = [p.concurrency for p in probes if not p.ok and p.decided is not False]
     meets = max(sure_ok) if sure_ok else None
@@ -553,6 +557,30 @@ def cost_ratio(staged: dict | None, brute: dict | None) -> float | None:
     return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
 
 
+def _rest(serve: dict | None) -> dict:
+    return {k: v for k, v in (serve or {}).items() if k != "max_num_seqs"}
+
+
+def siblings(a, b) -> bool:
+    """Whether two trials (``space.Trial`` or ``TrialRecord``) differ at most in max_num_seqs: the same candidate,
+    machine kind and other serve settings."""
+    def mk(t):
+        m = getattr(t, "machine", None)
+        return m.get("name") if isinstance(m, dict) else getattr(m, "name", None)
+
+    return (a.candidate.key == b.candidate.key and mk(a) == mk(b) and _rest(a.serve) == _rest(b.serve))
+
+
+def smaller_siblings(trial, pending: list) -> list[int]:
+    """The max_num_seqs of the trials still to run (``pending``) that are ``trial``'s siblings with a smaller
+    max_num_seqs: the loads at which ``trial``'s server, once measured there, bounds them (``sibling_bound``)."""
+    m = (trial.serve or {}).get("max_num_seqs")
+    if not isinstance(m, int):
+        return []
+    out = {(t.serve or {}).get("max_num_seqs") for t in pending if t.id != trial.id and siblings(t, trial)}
+    return sorted(x for x in out if isinstance(x, int) and x < m)
+
+
 def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) -> tuple[float, str] | None:
     """An upper bound on a trial's output tok/s from a measured sibling (the same candidate and serve settings but
     a larger max_num_seqs): a server that batches at most m requests serves no faster than the sibling at a
@@ -561,12 +589,10 @@ def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) ->
     m = (rec.serve or {}).get("max_num_seqs")
     if not isinstance(m, int):
         return None
-    rest = {k: v for k, v in (rec.serve or {}).items() if k != "max_num_seqs"}
     bounds = []
     for s in measured:
         sm = (s.serve or {}).get("max_num_seqs")
-        if (s.id == rec.id or s.candidate.key != rec.candidate.key or not isinstance(sm, int) or sm <= m
-                or {k: v for k, v in (s.serve or {}).items() if k != "max_num_seqs"} != rest or s.capacity is None):
+        if s.id == rec.id or not isinstance(sm, int) or sm <= m or not siblings(s, rec) or s.capacity is None:
             continue
         above = sorted((p for p in s.capacity.probes or [] if (p.get("concurrency") or 0) >= m
                         and (p.get("summary") or {}).get("output_token_throughput")),

@@ -9,6 +9,7 @@ Each body reads its recipe (``ctx.recipe``: the stage's view of the trial's), th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Callable
 
@@ -405,7 +406,35 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
             result = search.LoadSearch(max(good) if good else 0, done, stop.reason)
             ctx.emit(f"capacity {trial.label}: {stop.reason}")
             return result
-    return search.confirm_best(result, once, policy)
+    return _bound_probes(ctx, search.confirm_best(result, once, policy), once, policy)
+
+
+def _bound_probes(ctx: StageContext, result: search.LoadSearch, once, policy: search.RepeatPolicy) -> search.LoadSearch:
+    """One run at the max_num_seqs of each smaller sibling still to run (``search.smaller_siblings``: the same
+    candidate and settings but a smaller max_num_seqs) where the search did not probe: a server that batches at
+    most m requests serves no faster than this one at concurrency m, so that measurement bounds the sibling and
+    one that cannot beat the best so far is not measured (``core._cannot_win``). Seconds, for the cost objective
+    of a staged search only; the probes are kept apart from the search's (``Probe.bound_for``)."""
+    tune, trial = ctx.job.tune, ctx.job.trial
+    if tune.exhaustive or tune.tune.objective != "cost" or not result.max_load:
+        return result
+    queue = list(getattr(tune, "queue", None) or [])  # none: a trial run alone (a Ray worker's)
+    ids = [t.id for t in queue]
+    me = getattr(trial, "id", None)
+    pending = queue[ids.index(me) + 1:] if me in ids else []
+    if not pending:
+        return result
+    have = {p.concurrency for p in result.probes}
+    extra = []
+    for m in search.smaller_siblings(trial, pending):
+        if m in have or m < tune.tune.load.min_concurrency:
+            continue
+        p = search.repeat_probe(once, m, dataclasses.replace(policy, max_runs=1))
+        p.bound_for = m
+        ctx.emit(f"capacity {trial.label}: concurrency {m}: {p.summary.get('output_token_throughput') or 0:,.4g} "
+                 f"tok/s (one run: the bound of its max_num_seqs={m} sibling)")
+        extra.append(p)
+    return search.LoadSearch(result.max_load, [*result.probes, *extra], result.stopped) if extra else result
 
 
 def _cannot_win(ctx: StageContext, c: int, p: search.Probe, policy: search.RepeatPolicy) -> None:
