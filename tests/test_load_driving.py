@@ -317,6 +317,9 @@ def test_repeats_stop_when_the_interval_is_narrow_enough():
 def test_repeats_stop_at_max_runs_when_the_width_is_not_reached():
     lv, runs = _repeat([5.0, 20.0, 8.0, 30.0], RepeatSpec(max_runs=4, min_runs=1, rel_width=0.05))
     assert runs == 4 and lv.repeats.runs == 4 and not lv.repeats.met and lv.repeats.stopped == "max_runs"
+    rt = lv.repeats.request_throughput  # mean 15.75, t(3) half-width 18.3: the low end stops at 0, the width is the t's
+    assert rt.lo == 0.0 and rt.hi - rt.value > rt.value
+    assert rt.rel_half_width == pytest.approx((rt.hi - rt.value) / rt.value)
 
 
 def test_one_run_by_default_changes_nothing():

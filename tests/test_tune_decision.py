@@ -41,6 +41,8 @@ def test_t_quantile_matches_the_tables():
     m, ci = search.mean_interval([90.0, 110.0], 0.95)  # sd 14.14, half 12.706 * 14.14 / sqrt 2 = 127.06
     assert m == 100 and ci == pytest.approx([100 - 127.06, 100 + 127.06], abs=0.01)
     assert search.mean_interval([5.0], 0.95) == (5.0, None)
+    # a rate's interval stops at 0: two runs of 90 and 110 tok/s cannot mean a negative throughput
+    assert search.mean_interval([90.0, 110.0], 0.95, floor=0.0)[1] == pytest.approx([0.0, 227.06], abs=0.01)
 
 
 def test_far_from_the_edge_runs_once():

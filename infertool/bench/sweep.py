@@ -409,11 +409,13 @@ def _mean(values: list) -> float | None:
 
 
 def _interval(value: float | None, lo: float | None, hi: float | None) -> Interval:
-    """An Interval with its half-width relative to the value (absolute when the value is 0)."""
+    """An Interval with its half-width relative to the value (absolute when the value is 0); the low end no
+    lower than 0 (every figure here is a rate: a t interval of few runs can reach below it), the half-width the
+    t interval's own."""
     rel = None
     if value is not None and lo is not None and hi is not None:
         rel = ((hi - lo) / 2 / value) if value > 0 else (hi - lo) / 2
-    return Interval(value, lo, hi, rel)
+    return Interval(value, max(0.0, lo) if lo is not None else None, hi, rel)
 
 
 def repeat_figures(summaries: list[Summary], spec) -> Repeats:

@@ -181,8 +181,9 @@ def t_quantile(confidence: float, df: int) -> float:
     return z + g1 / df + g2 / df ** 2 + g3 / df ** 3 + g4 / df ** 4
 
 
-def mean_interval(values: list[float], confidence: float) -> tuple[float, list[float] | None]:
-    """The mean of repeated measurements and its t interval ([lo, hi]; None with fewer than two)."""
+def mean_interval(values: list[float], confidence: float, floor: float | None = None) -> tuple[float, list[float] | None]:
+    """The mean of repeated measurements and its t interval ([lo, hi]; None with fewer than two); ``floor``: the
+    least the figure can be (0 for a rate: a t interval of two runs can reach below it)."""
     xs = [float(v) for v in values if v is not None]
     if not xs:
         return math.nan, None
@@ -191,7 +192,7 @@ def mean_interval(values: list[float], confidence: float) -> tuple[float, list[f
         return m, None
     sd = math.sqrt(math.fsum((x - m) ** 2 for x in xs) / (len(xs) - 1))
     half = t_quantile(confidence, len(xs) - 1) * sd / math.sqrt(len(xs))
-    return m, [m - half, m + half]
+    return m, [m - half if floor is None else max(floor, m - half), m + half]
 
 
 def _pct_key(target: float) -> str:
@@ -282,7 +283,7 @@ def repeat_probe(measure_once: Callable[[int, int], dict], c: int, policy: Repea
         if len(runs) >= policy.max_runs or (sure and len(runs) >= runs_at_least):
             break
     summary = mean_summary(runs)
-    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence)
+    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence, floor=0.0)
     frac = (summary.get("goodput") or {}).get("fraction")
     return Probe(c, ok, frac, summary, runs=len(runs), decided=sure, why=why, goodput_ci=ci, throughput_ci=tci,
                  per_run=runs if len(runs) > 1 else None)
@@ -299,7 +300,7 @@ def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], dict], p
         runs.append(measure_once(best.concurrency, len(runs)))
     ok, sure, why, ci = judge_runs(runs, policy)
     summary = mean_summary(runs)
-    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence)
+    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence, floor=0.0)
     again = Probe(best.concurrency, ok, (summary.get("goodput") or {}).get("fraction"), summary, runs=len(runs),
                   decided=sure, why=why, goodput_ci=ci, throughput_ci=tci, per_run=runs)
     probes = [again if p is best else p for p in search.probes]
@@ -446,15 +447,15 @@ def objective_interval(objective: str, capacity: CapacityResult | None, price_pe
     if len(runs) < 2:
         return None
     if objective == "cost":
-        _, tci = mean_interval([r.get("output_token_throughput") for r in runs], confidence)
+        _, tci = mean_interval([r.get("output_token_throughput") for r in runs], confidence, floor=0.0)
         price = price_per_hour if price_per_hour is not None else ((runs[0].get("cost") or {}).get("cost_per_hour"))
         if tci is None or not price:
             return None
         return [cost_from_throughput(price, tci[1]), cost_from_throughput(price, tci[0])]
     if objective == "goodput":
-        _, ci = mean_interval([(r.get("goodput") or {}).get("requests_per_s") for r in runs], confidence)
+        _, ci = mean_interval([(r.get("goodput") or {}).get("requests_per_s") for r in runs], confidence, floor=0.0)
         return None if ci is None else [-ci[1], -ci[0]]
-    _, ci = mean_interval([(r.get("tpot_ms") or {}).get("p50") for r in runs], confidence)
+    _, ci = mean_interval([(r.get("tpot_ms") or {}).get("p50") for r in runs], confidence, floor=0.0)
     return ci
 
 
