@@ -20,19 +20,9 @@ from infertool.recipe import validate_recipe_data
 from infertool.tune import space
 from infertool.tune import stages as tstages
 from infertool.tune.records import ScreenResult, TrialRecord, TuneDoc
-from tests.fakes import layout_model
+from tests.test_tune import _cwd, smol  # noqa: F401  (the same fixtures: a working directory, the laid-out model)
 
 TOKENS = 300  # per perplexity window: enough that an exact agreement passes top-1 at the screening's confidence
-
-
-@pytest.fixture(autouse=True)
-def _cwd(tmp_path, monkeypatch):
-    monkeypatch.chdir(tmp_path)
-
-
-@pytest.fixture(scope="module")
-def smol(tmp_path_factory) -> Path:
-    return layout_model(tmp_path_factory.mktemp("m") / "smollm2", "smollm2-135m", shards=1)
 
 
 def recipe(model: Path, tmp_path: Path, *, candidates=("none",), grid=None, rounds=(2, 4, 8), **extra) -> dict:
