@@ -412,7 +412,8 @@ def test_search_load_probes_the_max_num_seqs_of_smaller_siblings_still_to_run(mo
 
     monkeypatch.setattr(sweep, "connect", lambda h, b: h)
     monkeypatch.setattr(sweep, "measure", measure)
-    monkeypatch.setattr(space, "capacity_start", lambda *a, **k: 8)  # the predicted knee: the top
+    calibrated: list = []
+    monkeypatch.setattr(space, "capacity_start", lambda *a, **k: calibrated.append(a[0].id) or 8)  # the knee: the top
     monkeypatch.setattr(stages_mod, "resolution", lambda ctx: None)
     me = _sib("ms8", 8)
     queue = [_sib("ms2", 2), me, _sib("ms4", 4), _sib("ms3", 3), _sib("other3", 3, key="other")]
@@ -435,7 +436,9 @@ def test_search_load_probes_the_max_num_seqs_of_smaller_siblings_still_to_run(mo
     assert calls == [8, 8]
     script.update({5: (1.0, 56.0, 95.0), 6: (1.0, 57.0, 100.0), 7: (1.0, 58.0, 110.0)})
     tune.tune, tune.exhaustive = SimpleNamespace(objective="cost", load=TuneLoadSearch()), True
+    calibrated.clear()
     assert all(p.bound_for is None for p in _search_load(ctx, srv, 8, []).probes)  # brute force: every load anyway
+    assert calibrated == ["ms8"]  # ... its prediction calibrated as the staged search's is
 
 
 def test_siblings_run_together_the_largest_max_num_seqs_first():

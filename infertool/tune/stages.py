@@ -388,17 +388,18 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
             _cannot_win(ctx, c, p, policy)
         return p
 
+    from infertool.tune.space import capacity_start  # the calibrated model's knee (measured once per key)
+
+    # calibrated on this server first (seconds, once per key): the staged search starts at the knee; both print the
+    # calibrated prediction against the measurement for every trial
+    start = capacity_start(trial, resolution(ctx), srv.url, srv.model, load.min_concurrency, hi, on_event=ctx.on_event,
+                           headers={"Authorization": f"Bearer {srv.api_key}"} if srv.api_key else None)
     if tune.exhaustive:
         probes = [tracked(c) for c in range(load.min_concurrency, hi + 1)]
         good = [p.concurrency for p in probes if p.ok]
         result = search.LoadSearch(max(good) if good else 0, probes,
                                    f"every concurrency from {load.min_concurrency} to {hi} measured")
     else:
-        from infertool.tune.space import capacity_start  # the calibrated model's knee (measured once per key)
-
-        start = capacity_start(trial, resolution(ctx), srv.url, srv.model, load.min_concurrency, hi,
-                               on_event=ctx.on_event,
-                               headers={"Authorization": f"Bearer {srv.api_key}"} if srv.api_key else None)
         try:
             result = search.find_max_load(tracked, load.min_concurrency, hi, load.max_probes, start=start)
         except search.StopSearch as stop:
