@@ -199,6 +199,48 @@ def test_cache_returns_where_it_wrote_and_reads_back_typed(tmp_path):
     assert "servers" not in written["summary"]  # an optional field left out, as the plain dicts had it
 
 
+def test_a_failed_stage_keeps_its_logs_and_the_error_points_to_them(tmp_path, monkeypatch):
+    """The work directory of a failed stage is removed (nothing half-written), but its logs are kept under
+    <cache>/failed/ (the vLLM log of an engine that crashed says why) and the error points there; the newest
+    FAILED_KEPT are kept; a stage without logs leaves nothing."""
+    from infertool.errors import BackendError
+    from infertool.stages import cache as cache_mod
+
+    cache = tmp_path / "c"
+
+    def crash(work: Path):
+        (work / "vllm.log").write_text("EngineCore failed: RuntimeError: no kernel for float32 W8A8\n")
+        (work / "logs").mkdir()
+        (work / "logs" / "lm_eval.log").write_text("lm-eval\n")
+        (work / "model.safetensors").write_bytes(b"0" * 1024)  # not a log: not kept
+        raise BackendError("http://127.0.0.1:1/v1/completions answered HTTP 500: EngineCore encountered an issue")
+
+    with pytest.raises(BackendError) as err:
+        cached_stage(cache, "screen", "k1", crash)
+    (kept,) = (cache / "failed").iterdir()
+    assert kept.name.startswith("screen-k1.") and err.value.log_path == str(kept / "vllm.log")
+    assert "no kernel for float32" in (kept / "vllm.log").read_text() and (kept / "logs" / "lm_eval.log").is_file()
+    assert not (kept / "model.safetensors").exists() and not list(cache.glob(".screen-k1.*.tmp"))
+
+    def own_log(work: Path):
+        (work / "vllm.log").write_text("x\n")
+        raise BackendError("failed", log_path=str(work / "vllm.log"))
+
+    monkeypatch.setattr(cache_mod, "FAILED_KEPT", 2)
+    for _ in range(3):
+        with pytest.raises(BackendError) as err:
+            cached_stage(cache, "capacity", "k2", own_log)
+        assert Path(err.value.log_path).is_file() and Path(err.value.log_path).parent.parent == cache / "failed"
+    assert len(list((cache / "failed").iterdir())) == 2  # the newest two
+
+    def no_log(work: Path):
+        raise ValueError("boom")
+
+    with pytest.raises(ValueError, match="boom"):
+        cached_stage(tmp_path / "c2", "eval", "k3", no_log)
+    assert not (tmp_path / "c2" / "failed").exists()
+
+
 # ------------------------------------------------------------------------------------------- records
 def test_summaries_and_manifest_records_keep_the_file_layout():
     s = ModelSummary(path="/m", source="bundled:x", label="x", layers=2, weight_bytes=1000, hidden=64, kv_heads=2)

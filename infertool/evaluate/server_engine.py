@@ -218,7 +218,9 @@ class Client:
                                "server's URL with --url (a key is never sent to a URL from the recipe alone)")
         if not ans.ok:
             raise BackendError(f"{url} answered HTTP {ans.status}: {ans.detail() or '(no body)'}",
-                               hint="check the model name and that the server supports this endpoint")
+                               hint="the server failed while answering: its log says why (an engine crash, a kernel "
+                               "this host lacks)" if ans.status >= 500 else
+                               "check the model name and that the server supports this endpoint")
 
     def models(self) -> list[str] | None:
         """The model names /v1/models lists (entries without a string id are skipped); None when the server

@@ -94,7 +94,54 @@ def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], Any], *,
                 return cached_stage(cache, name, key, fn, summary_type=summary_type)
             remove_inside(entry, cache)  # a forced re-run replaces the old entry (never anything outside the cache)
         move_into_place(work, entry)
-    except BaseException:
+    except BaseException as exc:
+        kept = keep_failed_logs(cache, work, f"{name}-{key}")
+        _point_to_kept(exc, work, kept)
         shutil.rmtree(work, ignore_errors=True)
         raise
     return CachedStage("done", entry, summary, seconds, completed, work)
+
+
+FAILED = "failed"  # <cache>/failed/<stage>-<key>.<time>/: the logs of a stage that failed (its work is removed)
+FAILED_KEPT = 20  # failed stages whose logs are kept (the newest)
+LOG_MAX_BYTES = 16 * 2**20  # a log larger than this keeps its last 16 MiB
+
+
+def keep_failed_logs(cache: Path, work: Path, what: str) -> Path | None:
+    """Copy the ``*.log`` files of a failed stage's work directory (the vLLM server's log says why an engine
+    crashed) to ``<cache>/failed/<stage>-<key>.<time>/``, before the work directory is removed; the newest
+    FAILED_KEPT such folders are kept. None when it had no log (or it could not be copied: never a new error)."""
+    try:
+        logs = [p for p in sorted(work.rglob("*.log"))[:100] if p.is_file() and not p.is_symlink()]
+        if not logs:
+            return None
+        stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+        dest = cache / FAILED / f"{what}.{stamp}.{uuid.uuid4().hex[:4]}"
+        for p in logs:
+            out = dest / p.relative_to(work)
+            out.parent.mkdir(parents=True, exist_ok=True)
+            with open(p, "rb") as src, open(out, "wb") as dst:
+                size = os.fstat(src.fileno()).st_size
+                if size > LOG_MAX_BYTES:
+                    src.seek(size - LOG_MAX_BYTES)
+                shutil.copyfileobj(src, dst)
+        old = sorted((d for d in (cache / FAILED).iterdir() if d.is_dir()), key=lambda d: d.stat().st_mtime)
+        for d in old[:-FAILED_KEPT]:
+            remove_inside(d, cache / FAILED)
+        return dest
+    except Exception:  # noqa: BLE001  (keeping a log must never replace the stage's own error)
+        return None
+
+
+def _point_to_kept(exc: BaseException, work: Path, kept: Path | None) -> None:
+    """An error whose log was in the work directory points to the kept copy; one without a log gets the server's."""
+    if kept is None or not hasattr(exc, "log_path"):
+        return
+    path = getattr(exc, "log_path", None)
+    try:
+        if path and Path(path).is_relative_to(work):
+            exc.log_path = str(kept / Path(path).relative_to(work))
+        elif not path and (kept / "vllm.log").is_file():
+            exc.log_path = str(kept / "vllm.log")
+    except (TypeError, ValueError, AttributeError):
+        pass

@@ -138,7 +138,8 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
         raise
     except InfertoolError as e:
         rec.status, rec.error = "failed", e.to_dict()
-        emit(ctx.on_event, f"trial {trial.label} failed: {e.message.splitlines()[0]}", "warning")
+        emit(ctx.on_event, f"trial {trial.label} failed: {e.message.splitlines()[0]}"
+             + (f" (log: {e.log_path})" if e.log_path else ""), "warning")
     finally:
         rec.finished = _now()
         write_trial(tdir, rec, trial)
