@@ -240,6 +240,14 @@ def test_a_failed_stage_keeps_its_logs_and_the_error_points_to_them(tmp_path, mo
         cached_stage(tmp_path / "c2", "eval", "k3", no_log)
     assert not (tmp_path / "c2" / "failed").exists()
 
+    def interrupted(work: Path):
+        (work / "vllm.log").write_text("x\n")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):  # a Ctrl-C is no failure: nothing is kept
+        cached_stage(tmp_path / "c3", "eval", "k4", interrupted)
+    assert sorted(p.name for p in (tmp_path / "c3").iterdir()) == []
+
 
 # ------------------------------------------------------------------------------------------- records
 def test_summaries_and_manifest_records_keep_the_file_layout():

@@ -95,8 +95,8 @@ def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], Any], *,
             remove_inside(entry, cache)  # a forced re-run replaces the old entry (never anything outside the cache)
         move_into_place(work, entry)
     except BaseException as exc:
-        kept = keep_failed_logs(cache, work, f"{name}-{key}")
-        _point_to_kept(exc, work, kept)
+        if isinstance(exc, Exception):  # a failure, not a Ctrl-C: its logs say why
+            _point_to_kept(exc, work, keep_failed_logs(cache, work, f"{name}-{key}"))
         shutil.rmtree(work, ignore_errors=True)
         raise
     return CachedStage("done", entry, summary, seconds, completed, work)
