@@ -197,16 +197,15 @@ def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
         cost = p.cost_per_1m_output_tokens
         return (not p.fits, cost if (objective == "cost" and cost is not None) else (-tps if tps else float("inf")))
 
-    groups: dict[int, list[space.Trial]] = {}
+    best: dict[str, tuple] = {}
     for t in trials:
-        g = next((k for k, members in groups.items() if search.siblings(members[0], t)), len(groups))
-        groups.setdefault(g, []).append(t)
-    group_of = {t.id: g for g, members in groups.items() for t in members}
-    best = {g: min((score(t), t.id) for t in members) for g, members in groups.items()}
+        g = search.sibling_key(t)
+        best[g] = min(best.get(g, (score(t), t.id)), (score(t), t.id))
 
     def key(t: space.Trial):
         m = (t.serve or {}).get("max_num_seqs")
-        return (best[group_of[t.id]], group_of[t.id], not t.prediction.fits, -(m if isinstance(m, int) else 0), t.id)
+        g = search.sibling_key(t)
+        return (best[g], g, not t.prediction.fits, -(m if isinstance(m, int) else 0), t.id)
 
     return sorted(trials, key=key)
 

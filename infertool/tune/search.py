@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
@@ -558,18 +559,18 @@ def cost_ratio(staged: dict | None, brute: dict | None) -> float | None:
     return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
 
 
-def _rest(serve: dict | None) -> dict:
-    return {k: v for k, v in (serve or {}).items() if k != "max_num_seqs"}
+def sibling_key(t) -> str:
+    """What a trial (``space.Trial`` or ``TrialRecord``) is apart from its max_num_seqs: its candidate, machine kind
+    and other serve settings; trials with the same key are siblings."""
+    m = getattr(t, "machine", None)
+    machine = m.get("name") if isinstance(m, dict) else getattr(m, "name", None)
+    rest = {k: v for k, v in (t.serve or {}).items() if k != "max_num_seqs"}
+    return json.dumps([t.candidate.key, machine, rest], sort_keys=True, default=str)
 
 
 def siblings(a, b) -> bool:
-    """Whether two trials (``space.Trial`` or ``TrialRecord``) differ at most in max_num_seqs: the same candidate,
-    machine kind and other serve settings."""
-    def mk(t):
-        m = getattr(t, "machine", None)
-        return m.get("name") if isinstance(m, dict) else getattr(m, "name", None)
-
-    return (a.candidate.key == b.candidate.key and mk(a) == mk(b) and _rest(a.serve) == _rest(b.serve))
+    """Whether two trials differ at most in max_num_seqs (``sibling_key``)."""
+    return sibling_key(a) == sibling_key(b)
 
 
 def smaller_siblings(trial, pending: list) -> list[int]:
