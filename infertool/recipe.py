@@ -764,14 +764,15 @@ class TuneLoadSearch(BaseModel):
 
 class TuneAccuracy(BaseModel):
     """Accuracy screening with early stopping: windows/items (and the lm-eval documents and decode prompts of the
-    as-served phases) are scored in rounds (cumulative sizes) and a candidate stops as soon as every gate is
-    decided."""
+    as-served phases) are scored in rounds (cumulative sizes) and a candidate stops as soon as its verdict is
+    decided (every gate decided, or one FAILs); after round 1 only the sources of undecided gates are scored
+    again. The winner's served check runs in the same rounds, up to served_items."""
 
     model_config = _STRICT
 
     rounds: _sweep(Requests) = [8, 16, 32]
     served_check: bool = True  # re-check the winner as served, with its exact serving settings
-    served_items: Requests | None = None  # items of the served check (default: the last round)
+    served_items: Requests | None = None  # the served check's last round (default: the last round)
 
     @field_validator("rounds")
     @classmethod

@@ -143,6 +143,7 @@ class FakePhase:
     with the prompts joined (``ci``: n -> (lo, hi)); each run recorded."""
 
     name = "decode"
+    gates = ("max_decode_kld",)
 
     def __init__(self, ci: dict[int, tuple[float, float]]):
         self.ci, self.runs = ci, []
@@ -221,9 +222,10 @@ def served(monkeypatch):
     return st
 
 
-def test_rounds_stop_only_when_every_gate_is_decided(smol, tmp_path, monkeypatch, served):
+def test_rounds_stop_when_the_verdict_is_decided_and_score_only_open_gates(smol, tmp_path, monkeypatch, served):
     """The suite's gates pass in round 1; the decode gate (max_decode_kld 0.05) is open until round 2: screening
-    runs round 2 and stops there, not at round 3. The phase ran on each round's window, the candidate with the
+    runs round 2 and stops there, not at round 3. Round 2 scores the decode prompts only (the suite's gates are
+    decided: their items are not topped up). The phase ran on each round's window, the candidate with the
     reference's raw as prior, and its raws joined cumulatively."""
     from infertool.tune.run import run_tune
 
@@ -234,28 +236,46 @@ def test_rounds_stop_only_when_every_gate_is_decided(smol, tmp_path, monkeypatch
     q = next(t for t in res.trials if t.candidate.spec is not None)
     acc = q.accuracy
     assert [h["items"] for h in acc.rounds] == [2, 4] and acc.stopped_early and acc.verdict == "PASS"
+    assert [h["scored"] for h in acc.rounds] == [["suite", "decode"], ["decode"]]
+    assert acc.items == 2  # the suite's items: decided in round 1
     assert acc.rounds[0]["gates"]["max_mean_kld"] == "PASS" and acc.rounds[0]["gates"]["max_decode_kld"] == "INCONCLUSIVE"
-    assert acc.rounds[1]["gates"]["max_decode_kld"] == "PASS"
+    assert acc.rounds[1]["gates"]["max_decode_kld"] == "PASS" and acc.rounds[1]["gates"]["max_mean_kld"] == "PASS"
     assert acc.decode["n_prompts"] == 4 and acc.decode["kld_ci"] == [0.0, 0.04] and acc.decode["exact_match"] == 1.0
     # the reference once on its largest round (saved beside raw.json), then the candidate's windows, prior given
     assert phase.runs == [("reference", (0, 8), None), ("candidate", (0, 2), [0]), ("candidate", (2, 4), [0])]
+    assert served.log == [("reference", [0]), ("candidate", [0])]  # the suite: once for the candidate
     screen_dir = Path(q.stages["screen"].entry)
     assert json.loads((screen_dir / "phases.json").read_text()) == {"decode": {"ids": [0, 1, 2, 3], "eager": None}}
+    assert [len(t["items"]) for t in json.loads((screen_dir / "raw.json").read_text())["tasks"].values()] == [2]
     ref_dir = Path(q.stages["reference"].entry)
     assert json.loads((ref_dir / "phases.json").read_text())["decode"]["ids"] == list(range(8))
     doc = json.loads((Path(res.tune_dir) / "tune.json").read_text())
     rec = next(t for t in doc["trials"] if t["id"] == q.id)
     assert rec["accuracy"]["decode"]["kld"] == pytest.approx(0.02) and rec["accuracy"]["scored_with"]["enforce_eager"] is True
-    # a suite gate FAILs in round 1 (the candidate's distributions differ): the verdict is decided, the decode gate
-    # is not; screening goes on until it is (round 2), not stopping on the verdict alone
+    # a suite gate FAILs in round 1 (the candidate's distributions differ): the verdict is decided (a FAIL is final),
+    # so screening stops before the decode phase runs; the decode gate says it was not measured, and why
     served.diverge = True
     phase2 = FakePhase({2: (0.0, 0.2), 4: (0.0, 0.04), 8: (0.0, 0.01)})
     monkeypatch.setattr(tstages, "tune_phases", lambda tune: [phase2])
     res = run_tune(validate_recipe_data(recipe(smol, tmp_path / "2", candidates=[{"bits": 8}], grid={"max_num_seqs": [2]})))
     acc = res.trials[0].accuracy
-    assert acc.verdict == "FAIL" and acc.rounds[0]["verdict"] == "FAIL" and acc.rounds[0]["gates"]["max_decode_kld"] == "INCONCLUSIVE"
-    assert [h["items"] for h in acc.rounds] == [2, 4] and acc.rounds[1]["gates"]["max_decode_kld"] == "PASS"
-    assert [w for who, w, _ in phase2.runs if who == "candidate"] == [(0, 2), (2, 4)]
+    assert acc.verdict == "FAIL" and [h["items"] for h in acc.rounds] == [2] and acc.rounds[0]["scored"] == ["suite"]
+    assert acc.rounds[0]["gates"]["max_mean_kld"] == "FAIL" and acc.rounds[0]["gates"]["max_decode_kld"] == "n/a"
+    dec = next(g for g in acc.gates if g["name"] == "max_decode_kld")
+    assert dec["status"] == "n/a" and "decided (FAIL) before this phase ran" in dec["note"]
+    assert [w for who, w, _ in phase2.runs if who == "candidate"] == []
+
+
+def test_open_sources_name_what_the_next_round_scores():
+    dec = SimpleNamespace(name="decode", gates=("max_decode_kld",))
+    lm = SimpleNamespace(name="lm_eval", gates=("min_recovery",))
+    legacy = SimpleNamespace(name="legacy")  # names no gates: scored while anything is open
+    g = lambda **s: [{"name": k, "status": v} for k, v in s.items()]  # noqa: E731
+    assert tstages.open_sources(g(max_mean_kld="PASS", max_decode_kld="INCONCLUSIVE", min_recovery="PASS"),
+                                [dec, lm]) == {"decode"}
+    assert tstages.open_sources(g(min_top1="INCONCLUSIVE", min_recovery="n/a"), [dec, lm]) == {"suite"}
+    assert tstages.open_sources(g(min_top1="INCONCLUSIVE"), [dec, legacy]) == {"suite", "legacy"}
+    assert tstages.open_sources(g(min_top1="PASS", max_decode_kld="PASS"), [dec, legacy]) == set()
 
 
 def test_the_original_with_enforce_eager_false_is_scored_as_served(smol, tmp_path, monkeypatch, served):
@@ -317,3 +337,23 @@ def test_lm_eval_tasks_need_the_lmeval_environment_up_front(smol, tmp_path, monk
     data["eval"]["lm_eval"] = {"tasks": ["infertool_mc"]}
     tr._require_envs(space.trials(validate_recipe_data(data)))
     assert asked == ["serve", "lmeval"]
+
+
+def test_the_served_check_runs_in_the_same_rounds(smol, tmp_path, monkeypatch, served):
+    """The winner's served check (the real stage, on the stand-in server): the screening's rounds up to
+    served_items with the same stopping rule: round 2 scores the decode prompts only and decides it; its
+    confidence is the per-look one."""
+    from infertool import stages
+    from infertool.tune.run import run_tune
+
+    monkeypatch.setitem(stages.REGISTRY.by_name, "served", replace(stages.get("served"), run=tstages.run_served))
+    phase = FakePhase({2: (0.0, 0.2), 4: (0.0, 0.04), 8: (0.0, 0.01)})
+    monkeypatch.setattr(tstages, "tune_phases", lambda tune: [phase])
+    data = recipe(smol, tmp_path, candidates=[{"bits": 8}], grid={"max_num_seqs": [2]})
+    data["tune"]["accuracy"]["served_items"] = 6
+    res = run_tune(validate_recipe_data(data))
+    sc = res.trials[0].served_check
+    assert sc.verdict == "PASS" and sc.rounds_planned == [2, 4, 6] and sc.stopped_early
+    assert [(h["items"], h["scored"]) for h in sc.rounds] == [(2, ["suite", "decode"]), (4, ["decode"])]
+    assert sc.confidence == pytest.approx(1 - 0.05 / 3) and sc.decode["n_prompts"] == 4
+    assert [w for who, w, _ in phase.runs if who == "served"] == [(0, 2), (2, 4)]

@@ -262,6 +262,7 @@ class DecodePhase:
     """The decode path of one as-served comparison (spec: recipe.DecodeSpec)."""
 
     name = "decode"
+    gates = ("max_decode_kld",)
 
     def __init__(self, spec, prompts: list[dict] | None = None):
         self.spec = spec

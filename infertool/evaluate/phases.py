@@ -7,6 +7,8 @@ A phase runs once per server, while it is up (``run``), then pairs the two model
 - ``run(served, prior, events) -> dict``: the raw, JSON-able numbers of ONE model. ``prior`` is the raw of the
   model served BEFORE this one in the same comparison (None for the first): the decode phase teacher-forces the
   second model on the first one's greedy tokens, so it needs them.
+- ``gates``: the names of the accept gates its block feeds: tune's rounds run a phase only while one of them is
+  undecided.
 - ``compare(raw_ref, raw_cand, *, confidence, first) -> dict``: the phase's block of the pooled metrics
   (``pool[phase.name]``: results.json's ``pooled.<name>``), ``first`` saying which model ran first
   ("base"/"reference" or "candidate").
@@ -35,6 +37,7 @@ class Served:
 
 class Phase(Protocol):
     name: str
+    gates: tuple[str, ...]  # the accept gates its block feeds (a sequential check runs a phase while one is open)
 
     def run(self, served: Served, prior: dict | None, events) -> dict: ...
 

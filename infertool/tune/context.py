@@ -86,6 +86,12 @@ class Context:
     def served_items(self) -> int:
         return self.tune.accuracy.served_items or self.rounds[-1]
 
+    @property
+    def served_rounds(self) -> list[int]:
+        """The served check's looks: the screening's rounds below its items, then its items (exhaustive: one)."""
+        n = self.served_items
+        return [n] if self.exhaustive else [r for r in self.rounds if r < n] + [n]
+
     # ------------------------------------------------------------------------------- the trial graph
     def run_stages(self, trial, wanted: list[str], outputs: dict[str, StageOutput],
                    rec: TrialRecord | None = None, *, force: bool = False) -> dict[str, StageOutput]:

@@ -7,7 +7,7 @@ Staged so that cheap evidence prunes expensive work:
    the rest (most promising first).
 2. per candidate, once (cached like `run`): the quantization, then accuracy SCREENING as served: the
    candidate served by vLLM with the recipe's serve settings, scored in rounds against the original's
-   reference (scored once, shared by every candidate); a candidate stops as soon as its gates are decided.
+   reference (scored once, shared by every candidate); a candidate stops as soon as its verdict is decided.
 3. per surviving trial: its server with the trial's exact settings, and a load SEARCH (doubling, then
    bisection over concurrency) for the largest load whose goodput meets the target under the SLO; the cost per
    1M output tokens at that load.

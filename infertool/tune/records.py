@@ -53,7 +53,12 @@ class ScreenResult(Judgement):
 
 @dataclass
 class ServedCheck(Judgement):
-    """The winner re-checked as served, with its exact serving settings, on every item."""
+    """The winner re-checked as served, with its exact serving settings, in the screening's rounds up to
+    tune.accuracy.served_items (it stops when its verdict is decided)."""
+
+    rounds: list[dict] | None = None
+    rounds_planned: list[int] | None = None
+    stopped_early: bool | None = None
 
 
 @dataclass

@@ -2,7 +2,7 @@
 
 - ``find_max_load``: the largest concurrency at which the served configuration still meets the SLO (goodput
   fraction >= target), by bracketing (doubling) and bisection over integers: O(log n) probes, not a sweep;
-- ``screening_confidence`` and ``decided``: accuracy rounds stop as soon as every gate is decided (PASS or
+- ``screening_confidence`` and ``decided``: accuracy rounds stop as soon as the verdict is decided (PASS or
   FAIL); K planned looks each use confidence 1 - (1 - c)/K (Bonferroni), so looking early does not inflate the
   error rate of the final verdict;
 - ``objective_value``, ``rank``, ``pareto_front`` and ``why_lost``, on typed trial records

@@ -1,6 +1,6 @@
 """tune's own stages, registered in the one stage registry like a plugin's: the reference (the original as the
 recipe serves it, scored once), screening (accuracy as served, in rounds), capacity (the largest load that
-meets the SLO) and the served check (the winner as served, on every item). With `run`'s quantize stage (without
+meets the SLO) and the served check (the winner as served, in the same rounds). With `run`'s quantize stage (without
 its load check) they make each trial's graph (``infertool.tune.context.Context.run_stages``).
 
 Each body reads its recipe (``ctx.recipe``: the stage's view of the trial's), the outputs it depends on
@@ -217,6 +217,82 @@ def served_settings(res, model) -> dict:
     return scored_settings(res.serve_for(model)[0])
 
 
+SUITE = "suite"  # the source of every gate no phase feeds: the suite's prompt log-probabilities
+
+
+def gate_sources(phases: list) -> dict[str, str]:
+    """Which source feeds each phase gate (``phase.gates``); a gate not named here is the suite's."""
+    return {g: ph.name for ph in phases for g in getattr(ph, "gates", ())}
+
+
+def open_sources(gates: list[dict], phases: list) -> set[str]:
+    """The sources (SUITE, phase names) with a gate still undecided: the next round scores only those. A phase
+    that does not name its gates (no ``gates``) is scored in every round."""
+    by_gate = gate_sources(phases)
+    out = {by_gate.get(g["name"], SUITE) for g in gates if g.get("status") not in ("PASS", "FAIL", "n/a")}
+    return out | {ph.name for ph in phases if not hasattr(ph, "gates")} if out else out
+
+
+@dataclasses.dataclass
+class Sequential:
+    """A sequential check's outcome: the last look's judgement, each look's history, the joined raws."""
+
+    judgement: dict
+    history: list[dict]
+    raw: dict
+    phases: dict
+
+
+def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: float, ref_raw: dict, phases: list,
+               ref_phases: dict, what: str) -> Sequential:
+    """Score in rounds (the suite's items, the lm-eval documents and decode prompts of the same window, joined
+    cumulatively), judging after each at the per-look confidence. It stops as soon as the verdict is decided:
+    every gate decided, or one FAILs (a FAIL is final: the suite's FAIL ends a round before its phases run).
+    After round 1 a source (the suite, a phase) is scored again only while one of its gates is undecided: a
+    decided gate's data is kept, not topped up. ``ctx.job.tune.exhaustive``: every source, every round."""
+    tune = ctx.job.tune
+    every = bool(tune.exhaustive)
+    acc: dict | None = None
+    acc_ph: dict = {}
+    history: list[dict] = []
+    upto = {SUITE: 0, **{ph.name: 0 for ph in phases}}  # items scored so far, per source
+    wanted: set[str] | None = None  # None: every source (round 1)
+    j: dict = {}
+    for i, n in enumerate(rounds):
+        ran, stopped = [], False
+        if every or wanted is None or SUITE in wanted or acc is None:
+            raw = sc.score(requests(ctx.job, upto[SUITE], n))
+            acc = raw if acc is None else {"tasks": {k: {**t, "items": acc["tasks"][k]["items"] + raw["tasks"][k]["items"]}
+                                                    for k, t in raw["tasks"].items()},
+                                           "stats": raw["stats"]}
+            upto[SUITE] = n
+            ran.append(SUITE)
+            blocks = phase_blocks(phases, ref_phases, acc_ph, look_conf)
+            j = judge(tune, ref_raw, acc, upto[SUITE], look_conf, blocks)
+            stopped = not every and j["verdict"] == "FAIL"
+        if not stopped:
+            for ph in phases:
+                if every or wanted is None or ph.name in wanted:
+                    acc_ph = join_phases(phases, acc_ph, sc.phases([ph], ref_phases, (upto[ph.name], n)))
+                    upto[ph.name] = n
+                    ran.append(ph.name)
+            j = judge(tune, ref_raw, acc, upto[SUITE], look_conf, phase_blocks(phases, ref_phases, acc_ph, look_conf))
+        skipped = [name for name in upto if name not in ran]
+        history.append({**{k: j[k] for k in ("verdict", "mean_kld", "top1", "n_needed")}, "items": n,
+                        "gates": {g["name"]: g["status"] for g in j["gates"]}, "scored": ran})
+        note = f"; not scored again: {', '.join(skipped)}" if skipped and phases else ""
+        ctx.emit(f"{what}: round {i + 1}/{len(rounds)} ({n} items per task): {j['verdict']}{note}")
+        if not every and (j["verdict"] == "FAIL" or gates_decided(j["gates"])):
+            break
+        wanted = open_sources(j["gates"], phases)
+    by_gate = gate_sources(phases)
+    for g in j.get("gates") or []:
+        src = by_gate.get(g["name"])
+        if src is not None and not upto[src] and g.get("status") == "n/a":
+            g["note"] = "not measured: the verdict was decided (FAIL) before this phase ran"
+    return Sequential(j, history, acc or {}, acc_ph)
+
+
 # ------------------------------------------------------------------------------------ the stages
 def run_reference(ctx: StageContext) -> ReferenceSummary:
     """The original model served with the recipe's serve settings, scored once on the largest round (the suite,
@@ -251,27 +327,12 @@ def run_screen(ctx: StageContext) -> ScreenResult:
     ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
 
     def scored(sc: Scorer) -> ScreenResult:
-        acc: dict | None = None
-        acc_ph: dict = {}
-        history = []
-        lo = 0
-        for i, n in enumerate(rounds):
-            raw = sc.score(requests(ctx.job, lo, n))
-            acc = raw if acc is None else {"tasks": {k: {**t, "items": acc["tasks"][k]["items"] + raw["tasks"][k]["items"]}
-                                                    for k, t in raw["tasks"].items()},
-                                           "stats": raw["stats"]}
-            acc_ph = join_phases(phases, acc_ph, sc.phases(phases, ref_phases, (lo, n)))
-            lo = n
-            j = judge(tune, ref_raw, acc, n, look_conf, phase_blocks(phases, ref_phases, acc_ph, look_conf))
-            history.append({**{k: j[k] for k in ("verdict", "items", "mean_kld", "top1", "n_needed")},
-                            "gates": {g["name"]: g["status"] for g in j["gates"]}})
-            ctx.emit(f"screen {screen_label(trial)}: round {i + 1}/{len(rounds)} ({n} items per task): {j['verdict']}")
-            if gates_decided(j["gates"]) and not tune.exhaustive:
-                break
-        write_json(ctx.work / "raw.json", acc, indent=None)
-        write_json(ctx.work / "phases.json", acc_ph, indent=None)
-        return ScreenResult(**j, rounds=history, rounds_planned=rounds, stopped_early=j["items"] < rounds[-1],
-                            argv=sc.plan.spec.argv, scored_with=served_settings(res, res.served))
+        seq = sequential(ctx, sc, rounds, look_conf, ref_raw, phases, ref_phases, f"screen {screen_label(trial)}")
+        write_json(ctx.work / "raw.json", seq.raw, indent=None)
+        write_json(ctx.work / "phases.json", seq.phases, indent=None)
+        return ScreenResult(**seq.judgement, rounds=seq.history, rounds_planned=rounds,
+                            stopped_early=len(seq.history) < len(rounds), argv=sc.plan.spec.argv,
+                            scored_with=served_settings(res, res.served))
 
     return launch_scored(res, res.served, ctx, f"tune: screen {screen_label(trial)}", scored, "candidate")
 
@@ -458,23 +519,24 @@ def _cannot_win(ctx: StageContext, c: int, p: search.Probe, policy: search.Repea
 
 
 def run_served(ctx: StageContext) -> ServedCheck:
-    """The winner served with its exact settings, scored on every item (the suite and the as-served phases),
-    against the reference."""
+    """The winner served with its exact settings, scored against the reference up to ``served_items`` (the suite
+    and the as-served phases) in the screening's rounds: it stops as soon as its verdict is decided."""
     tune, trial = ctx.job.tune, ctx.job.trial
     res = resolution(ctx)
-    n = tune.served_items
+    rounds = tune.served_rounds
+    look_conf = search.screening_confidence(tune.accept.get("confidence", 0.95), len(rounds))
+    ref_raw = reference_raw(ctx)
     phases = tune_phases(tune)
     ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
 
-    def scored(sc: Scorer) -> dict:
-        return {"raw": sc.score(requests(ctx.job, 0, n)), "phases": sc.phases(phases, ref_phases, (0, n)),
-                "argv": sc.plan.spec.argv}
+    def scored(sc: Scorer) -> ServedCheck:
+        seq = sequential(ctx, sc, rounds, look_conf, ref_raw, phases, ref_phases, f"served check {trial.label}")
+        write_json(ctx.work / "phases.json", seq.phases, indent=None)
+        return ServedCheck(**seq.judgement, rounds=seq.history, rounds_planned=rounds,
+                           stopped_early=len(seq.history) < len(rounds), argv=sc.plan.spec.argv,
+                           scored_with=served_settings(res, res.served))
 
-    out = launch_scored(res, res.served, ctx, f"tune: served check {trial.label}", scored, "served")
-    write_json(ctx.work / "phases.json", out["phases"], indent=None)
-    conf = tune.accept.get("confidence", 0.95)
-    j = judge(tune, reference_raw(ctx), out["raw"], n, conf, phase_blocks(phases, ref_phases, out["phases"], conf))
-    return ServedCheck(**j, argv=out["argv"], scored_with=served_settings(res, res.served))
+    return launch_scored(res, res.served, ctx, f"tune: served check {trial.label}", scored, "served")
 
 
 # ------------------------------------------------------------------------------------ key parts
@@ -501,7 +563,8 @@ def _capacity_parts(recipe, job) -> dict:
 
 
 def _served_parts(recipe, job) -> dict:
-    return {"trial": job.trial.id, "items": job.tune.served_items, "seq_len": job.tune.eval.seq_len,
+    return {"trial": job.trial.id, "items": job.tune.served_items, "rounds": job.tune.served_rounds,
+            "seq_len": job.tune.eval.seq_len,
             "accept": job.tune.accept, **_phase_parts(job)}
 
 
@@ -540,5 +603,5 @@ register(Stage("capacity", run_capacity, CapacityResult, sections=SERVED, inputs
                doc="the largest load that meets the SLO, with the trial's exact settings"))
 register(Stage("served", run_served, ServedCheck, sections=SERVED, inputs=("suite",), host=True,
                depends=("quantize", "reference"), server=True, graphs=("tune",), key_parts=_served_parts,
-               doc="the winner as served, on every item, against the reference"))
+               doc="the winner as served, in rounds until its verdict is decided, against the reference"))
 
