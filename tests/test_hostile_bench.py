@@ -240,7 +240,7 @@ STREAMS = [  # (id, the /v1/completions route, words of the counted error)
      "usage.completion_tokens is 1000000, more than the 4 possible"),
     ("usage-negative-prompt", sse('{"prompt_tokens": -1, "completion_tokens": 2}'), "usage.prompt_tokens is -1"),
     ("usage-prompt-10**18", sse('{"prompt_tokens": %d, "completion_tokens": 2}' % 10**18), "usage.prompt_tokens"),
-    ("choices-a-mapping", sse(events=['{"choices": {"0": {"text": 5}}}']), "empty: the stream carried no text"),
+    ("choices-a-mapping", sse(events=['{"choices": {"0": {"text": 5}}}']), "empty: the stream carried no token"),
     ("too-many-chunks", sse(texts=[" t"] * 40), "more text chunks than the 4 tokens asked for"),
     ("deep-nesting", sse(events=['{"choices": ' + "[" * 50_000 + "]" * 50_000 + "}"]), "empty"),
     ("endless-event", sse(raw_tail=b"".join(b"%x\r\n%s\r\n" % (60000, b"x" * 60000) for _ in range(150))),

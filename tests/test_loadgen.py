@@ -161,10 +161,53 @@ def test_chunk_scan_matches_json():
              b'{"choices":[{"text":"\\"text\\":"}]}', b'{"object":"text","choices":[{"text":"q"}]}']
     for raw in cases:
         text = json.loads(raw)["choices"][0]["text"]
-        assert _field(raw, b'"text"') == (1 if text else 0), raw
+        assert _field(raw, b'"text"') == (1 if text else 3 if text == "" else 0), raw
     assert _field(b'{"choices":[{"text":5}]}', b'"text"') == 2
     assert _field(b'{"choices":[]}', b'"text"') == -1
     assert _field(b'{"usage": {"completion_tokens": 3}}', b'"usage"') == 2
+
+
+def _token_times(endpoint: str, events: list[str], keep_text: bool = False) -> list[float]:
+    """The token arrival times an exchange records for SSE ``events`` arriving at t = 1, 2, ... (fed directly:
+    the clock is the test's)."""
+    from infertool.bench.client import _Exchange
+
+    loop = asyncio.new_event_loop()
+    try:
+        ex = _Exchange(loop.create_future(), endpoint, 0.0)
+        if keep_text:
+            ex.texts = []
+        ex.feed(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n", 0.0)
+        for t, e in enumerate([*events, "[DONE]"], 1):
+            p = f"data: {e}\n\n".encode()
+            ex.feed(b"%x\r\n%s\r\n" % (len(p), p), float(t))
+        assert ex.error is None
+        return ex.times
+    finally:
+        loop.close()
+
+
+def test_a_token_without_text_is_timed_as_vllm_bench_times_it():
+    """vLLM streams a chunk with an empty text for a token whose text is empty (a special token it skips, the
+    first bytes of a multi-byte character): it is a token (vLLM's bench takes the first chunk's time as TTFT).
+    Not a token: the chat role header, a closing empty chunk with a finish_reason, the usage chunk. The byte
+    scan and the parse (a chunk with usage inside) agree."""
+    comp = ['{"choices":[{"index":0,"text":"","finish_reason":null}]}', '{"choices":[{"index":0,"text":" a"}]}',
+            '{"choices":[{"index":0,"text":"","finish_reason":null}]}', '{"choices":[{"index":0,"text":" b"}]}',
+            '{"choices":[{"index":0,"text":"","finish_reason":"length"}]}', '{"choices":[],"usage":{"completion_tokens":4}}']
+    assert _token_times("completions", comp) == [1.0, 2.0, 3.0, 4.0]
+    assert _token_times("completions", comp, keep_text=True) == [1.0, 2.0, 3.0, 4.0]
+    with_usage = [e.replace("}]}", '}],"usage":{"completion_tokens":1}}') for e in comp[:5]]  # parsed, not scanned
+    assert _token_times("completions", with_usage) == [1.0, 2.0, 3.0, 4.0]
+    chat = ['{"choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}',
+            '{"choices":[{"index":0,"delta":{"content":""},"finish_reason":null}]}',
+            '{"choices":[{"index":0,"delta":{"content":" hi"},"finish_reason":null}]}',
+            '{"choices":[{"index":0,"delta":{"content":null,"reasoning_content":""},"finish_reason":null}]}',
+            '{"choices":[{"index":0,"delta":{"content":""},"finish_reason":"stop"}]}']
+    assert _token_times("chat", chat) == [2.0, 3.0, 4.0]
+    assert _token_times("chat", [e.replace("}]}", '}],"usage":{"x":1}}') for e in chat]) == [2.0, 3.0, 4.0]
+    # null is no token
+    assert _token_times("completions", ['{"choices":[{"index":0,"text":null}]}', '{"choices":[{"text":"x"}]}']) == [2.0]
 
 
 def test_chat_and_keep_alive_and_a_closed_connection():

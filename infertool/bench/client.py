@@ -79,6 +79,23 @@ def _chunk_text(chunk: dict, endpoint: str) -> str:
     return str(c.get("text") or "")
 
 
+def _textless_token(chunk: dict, endpoint: str) -> bool:
+    """Whether a chunk with an empty text still carries a token: an empty string mid-stream (no finish_reason;
+    for chat, not the role header). vLLM sends one for a token whose text is empty (a special token the
+    detokenizer skips, like SmolLM2's ``<|im_end|>`` ending a completion, or the first bytes of a multi-byte
+    character) and vLLM's bench times it as a token: so the first token's time (TTFT) is the first such chunk."""
+    choices = chunk.get("choices")
+    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
+        return False
+    c = choices[0]
+    if c.get("finish_reason") is not None:
+        return False
+    if endpoint != "chat":
+        return c.get("text") == ""
+    delta = c.get("delta")
+    return isinstance(delta, dict) and "role" not in delta and "" in (delta.get("content"), delta.get("reasoning_content"))
+
+
 # ------------------------------------------------------------------------------------------ the wire
 # A minimal HTTP/1.1 client on asyncio's (buffered) Protocol API: the bytes of a response are parsed in
 # buffer_updated (no task switch per chunk), every SSE event is timestamped with the arrival of the read
@@ -92,9 +109,12 @@ EXTRA_CHUNKS = 16  # text chunks beyond max_tokens a stream may carry before it 
 _HEAD, _BODY_CHUNK_SIZE, _BODY_CHUNK_DATA, _BODY_LENGTH, _BODY_CLOSE, _TRAILER, _DONE = range(7)
 
 
+ABSENT, NULL, TEXT, OTHER, EMPTY = -1, 0, 1, 2, 3  # what a key holds, by _field's byte scan
+
+
 def _field(payload: bytes, key: bytes) -> int:
-    """What the JSON ``key`` (with quotes) holds in ``payload``, by a byte scan: -1 absent, 0 null or an
-    empty string, 1 a non-empty string, 2 something else (parse to know)."""
+    """What the JSON ``key`` (with quotes) holds in ``payload``, by a byte scan: -1 absent, 0 null, 1 a
+    non-empty string, 2 something else (parse to know), 3 an empty string."""
     i = payload.find(key)
     while i >= 0:
         j = i + len(key)
@@ -102,7 +122,7 @@ def _field(payload: bytes, key: bytes) -> int:
         if c == b":":  # the usual compact layout
             c = payload[j + 1:j + 2]
             if c == b'"':
-                return 0 if payload[j + 2:j + 3] == b'"' else 1
+                return EMPTY if payload[j + 2:j + 3] == b'"' else TEXT
             if c == b"n":
                 return 0 if payload.startswith(b"null", j + 1) else 2
             if c not in b" \t":
@@ -111,11 +131,13 @@ def _field(payload: bytes, key: bytes) -> int:
         if rest[:1] == b":":
             rest = rest[1:].lstrip(b" \t")
             if rest[:1] == b'"':
-                return 0 if rest[1:2] == b'"' else 1
+                return EMPTY if rest[1:2] == b'"' else TEXT
             return 0 if rest.startswith(b"null") else 2
         i = payload.find(key, i + 1)
     return -1
 
+
+_RANK = {ABSENT: 0, NULL: 1, EMPTY: 2, OTHER: 3, TEXT: 4}  # which of two fields says more (text wins)
 
 READ_BUFFER = 65536  # bytes per connection, read into again and again
 
@@ -178,7 +200,7 @@ class _Exchange:
         self.rx = 0  # bytes received
         self.last_rx = started
         self.err_body = b""
-        self.times: list[float] = []  # arrival of every chunk that carried text
+        self.times: list[float] = []  # arrival of every chunk that carried a token (text, or _textless_token)
         self.usage = None
         self.error: str | None = None
         self.done_marker = False
@@ -370,13 +392,14 @@ class _Exchange:
             return
         if self.endpoint == "chat":
             text = _field(payload, b'"content"')
-            if text != 1 and b'"reasoning_content"' in payload:
-                text = max(text, _field(payload, b'"reasoning_content"'))
+            if text != TEXT and b'"reasoning_content"' in payload:
+                text = max(text, _field(payload, b'"reasoning_content"'), key=_RANK.__getitem__)
         else:
             text = _field(payload, b'"text"')
-        if (text == 1 or text == 0) and (b'"usage"' not in payload or _field(payload, b'"usage"') == 0) \
-                and b'"error"' not in payload and (self.texts is None or text == 0):
-            if text:
+        if text in (TEXT, NULL, EMPTY) and (b'"usage"' not in payload or _field(payload, b'"usage"') == NULL) \
+                and b'"error"' not in payload and (self.texts is None or text != TEXT):
+            if text == TEXT or (text == EMPTY and _field(payload, b'"finish_reason"') in (ABSENT, NULL)
+                                and (self.endpoint != "chat" or b'"role"' not in payload)):
                 self._text(now)
             return
         try:  # usage, an error, or a layout the scan cannot read: parse it (NaN / Infinity read as None)
@@ -394,9 +417,12 @@ class _Exchange:
             if self.texts is not None:
                 self.texts.append(piece)
             self._text(now)
+        elif _textless_token(chunk, self.endpoint):
+            self._text(now)
 
     def _text(self, now: float) -> None:
-        """A chunk that carried text arrived at ``now``; more than ``max_chunks`` of them is a bad response."""
+        """A chunk that carried a token arrived at ``now`` (``_textless_token`` says which carry one without
+        text); more than ``max_chunks`` of them is a bad response."""
         self.times.append(now)
         if len(self.times) > self.max_chunks:
             self._fail(f"bad response: more text chunks than the {self.max_chunks - EXTRA_CHUNKS} tokens asked for")
@@ -551,7 +577,7 @@ async def send(pool: Pool, target: Target, prompt: "str | list[dict]", max_token
         return result
     times = ex.times
     if not times:
-        result.error = "empty: the stream carried no text"
+        result.error = "empty: the stream carried no token"
         return result
     result.ttft = times[0] - start
     result.itl = [b - a for a, b in zip(times, times[1:])]
