@@ -831,13 +831,13 @@ def _explain_serve(m: _Model, target: InitTarget, fit: _Fit, w8a8: bool, decide:
         pass  # the fit chose it, and said why
     else:
         flags = hostfacts.cpu_flags()
-        cand_dtype, _ = cpu_serve_dtype("auto", m.dtype, not w8a8, flags)
         orig_dtype, _ = cpu_serve_dtype("auto", m.dtype, False, flags)
         if orig_dtype == "float32":
+            kernels = "int8 W8A8" if w8a8 else "int4"
             dwhy = ("on this CPU (no bf16 matrix instructions) infertool serves unquantized models in float32, whose "
-                    f"GEMMs are several times faster there ({HALF_SLOW_EVIDENCE}): the original "
-                    + ("and the W8A8 model run in float32 (KV cache 4 bytes per value)" if cand_dtype == "float32" else
-                       f"runs in float32; the 4-bit model stays in {m.dtype} (vLLM's int4 kernels take no float32)"))
+                    f"GEMMs are several times faster there ({HALF_SLOW_EVIDENCE}): the original runs in float32; the "
+                    f"{'W8A8' if w8a8 else '4-bit'} model stays in {m.dtype} (vLLM's CPU {kernels} kernels "
+                    "take no float32)")
         else:
             dwhy = (f"vLLM runs the checkpoint's {m.dtype}"
                     + (" (this CPU has bf16 matrix instructions)" if target.host.cpu_bf16 else ""))

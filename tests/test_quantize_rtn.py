@@ -69,9 +69,9 @@ def test_what_vllm_serves(scheme, plat, verdict):
     assert s.verdict == verdict
     assert (s.loads, s.generates) == ((True, True) if plat == CPU_AVX512 or scheme == "W8A8" and plat == CPU_AVX2
                                       else (None, None))
-    # activations are quantized: the CPU serve dtype follows the unquantized rule (float32 without bf16)
+    # activations are quantized (not weight-only), and a CPU serves the checkpoint in 16 bits all the same
     served = SimpleNamespace(load_quantization=None, quantization=q.facts())
-    assert backends.weight_only_quantized(served) is False
+    assert backends.weight_only_quantized(served) is False and backends.quantized_checkpoint(served)
 
 
 def test_check_plans_without_calibration_or_an_environment(tmp_path, tmp_home):

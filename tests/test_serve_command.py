@@ -330,6 +330,28 @@ def test_quantized_checkpoints_keep_16_bit_on_the_cpu():
     assert cpu_serve_dtype("auto", "bfloat16", quantized=False, flags=set()) == (None, None)  # unknown CPU: vLLM decides
 
 
+def test_w8a8_stays_16_bit_on_a_cpu_without_bf16(tmp_path, fake_model, monkeypatch):
+    """A W8A8 candidate (activations quantized too) on an AVX2 CPU: served in the checkpoint's 16 bits (vLLM's
+    CPU int8 kernel refuses float32 activations at the first request), the original in float32; a W8A8
+    directory served without a quantize section (its config.json's quantization_config) the same."""
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
+
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 fma")
+    out = tmp_path / "w8a8"
+    out.mkdir()
+    qc = {"quant_method": "compressed-tensors", "config_groups": {"group_0": {
+        "weights": {"num_bits": 8, "type": "int"}, "input_activations": {"num_bits": 8, "type": "int", "dynamic": True}}}}
+    (out / "config.json").write_text(json.dumps({**json.loads((fake_model / "config.json").read_text()),
+                                                 "quantization_config": qc}))
+    data = {"name": "t", "model": {"source": str(fake_model)},
+            "quantize": {"method": "gptq", "backend": "llmcompressor", "scheme": "W8A8", "bits": 8, "output": str(out)}}
+    res = resolve(validate_recipe_data(data))
+    assert res.serve_for(res.served)[0].dtype == "auto" and res.serve_for(res.base)[0].dtype == "float32"
+    alone = resolve(validate_recipe_data({"name": "t", "model": {"source": str(out)}}))
+    assert alone.serve_for(alone.served)[0].dtype == "auto"
+
+
 def test_parallel_rule_is_one_for_lint_and_plan():
     """One rule (serve.lint.parallel_problems) for the lint, the check registry and plan: TP must divide the
     attention heads; the KV heads are sharded or replicated, so one of TP and the KV heads must divide the other;

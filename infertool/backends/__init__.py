@@ -13,7 +13,7 @@ from infertool.backends import registry
 from infertool.backends.base import ACTIVATION_SCHEMES, Check, ModelFacts, QuantBackend, QuantizeConfig, Serving
 from infertool.backends.registry import (
     all_backends, default_for, gentler, get, init_choice, method_names, of, on_change, quantize_section, register,
-    unregister, weight_only_quantized,
+    quantized_checkpoint, unregister, weight_only_quantized,
 )
 
 BUILTIN = (
@@ -29,5 +29,6 @@ for _name in BUILTIN:
 __all__ = [
     "ACTIVATION_SCHEMES", "BUILTIN", "Check", "ModelFacts", "QuantBackend", "QuantizeConfig", "Serving", "all_backends",
     "default_for", "gentler", "get", "init_choice", "method_names", "of", "on_change", "quantize_section", "register", "registry", "unregister",
+    "quantized_checkpoint",
     "weight_only_quantized",
 ]

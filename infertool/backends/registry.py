@@ -212,6 +212,20 @@ def gentler(q: dict | None, target_kind: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- serving facts
+def quantized_checkpoint(model: Any) -> bool:
+    """Whether vLLM serves ``model`` through a quantized kernel (weight-only, or W8A8 int8: anything with a
+    quantization, or a quantization_config in its config.json): on a CPU those kernels take 16-bit activations
+    only, so it is served in half precision whatever the CPU's instructions (``resolve.cpu_serve_dtype``)."""
+    if weight_only_quantized(model) or getattr(model, "quantization", None) is not None:
+        return True
+    if not (getattr(model, "exists", False) and getattr(model, "path", None)):
+        return False
+    from infertool.models.info import load_config
+
+    cfg, lm = load_config(model.path)
+    return isinstance(cfg.get("quantization_config") or lm.get("quantization_config"), dict)
+
+
 def weight_only_quantized(model: Any) -> bool:
     """A checkpoint whose weights are quantized but whose activations stay 16-bit (GPTQ, AWQ, W4A16, W8A16):
     vLLM runs it in half precision only. From the candidate's quantization facts (its backend's ``weight_only``),
