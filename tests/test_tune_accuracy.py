@@ -357,3 +357,19 @@ def test_the_served_check_runs_in_the_same_rounds(smol, tmp_path, monkeypatch, s
     assert [(h["items"], h["scored"]) for h in sc.rounds] == [(2, ["suite", "decode"]), (4, ["decode"])]
     assert sc.confidence == pytest.approx(1 - 0.05 / 3) and sc.decode["n_prompts"] == 4
     assert [w for who, w, _ in phase.runs if who == "served"] == [(0, 2), (2, 4)]
+
+
+def test_a_check_with_no_measurable_gate_stops_after_round_1(monkeypatch):
+    """INCONCLUSIVE because no gate could be measured (all n/a): more items cannot decide it, so no round 2."""
+    scored = []
+    monkeypatch.setattr(tstages, "judge", lambda tune, ref, acc, n, conf, blocks=None: {
+        "verdict": "INCONCLUSIVE", "items": n, "mean_kld": None, "top1": None, "n_needed": None,
+        "gates": [{"name": "max_mean_kld", "status": "n/a"}]})
+    monkeypatch.setattr(tstages, "requests", lambda job, lo, hi: [(lo, hi)])
+    sc = SimpleNamespace(score=lambda reqs: scored.append(reqs) or {"tasks": {}, "stats": {}})
+    ctx = SimpleNamespace(job=SimpleNamespace(tune=SimpleNamespace(exhaustive=False)), emit=lambda message: None)
+    seq = tstages.sequential(ctx, sc, [2, 4, 8], 0.98, {}, [], {}, "screen x")
+    assert [h["items"] for h in seq.history] == [2] and scored == [[(0, 2)]]
+    ctx.job.tune.exhaustive = True  # brute force: its one look, whatever
+    scored.clear()
+    assert len(tstages.sequential(ctx, sc, [8], 0.95, {}, [], {}, "screen x").history) == 1 and scored == [[(0, 8)]]

@@ -285,6 +285,8 @@ def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: floa
         if not every and (j["verdict"] == "FAIL" or gates_decided(j["gates"])):
             break
         wanted = open_sources(j["gates"], phases)
+        if not every and not wanted:  # undecided, yet no gate more items could decide (none measurable)
+            break
     by_gate = gate_sources(phases)
     for g in j.get("gates") or []:
         src = by_gate.get(g["name"])
