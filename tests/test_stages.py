@@ -314,3 +314,39 @@ def test_run_stages_are_checked_against_the_registry(tmp_path):
     from infertool.pipeline import selected_stages
 
     assert selected_stages(load_recipe(str(good)), None) == ["model", "serve"]
+
+
+def test_the_phases_inputs_key_the_stages_that_run_them(tmp_path):
+    """The decode prompt file and the lm-eval task folder are read by content: an edited prompt or task file
+    changes the key of every stage that runs the as-served phases (eval; tune's reference, screen, served)."""
+    from types import SimpleNamespace
+
+    from infertool.evaluate.decode import builtin_path
+    from infertool.resolve import phase_fingerprints
+    from infertool.data.fingerprint import file_sha256
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "hi"}\n')
+    tasks = tmp_path / "tasks"
+    (tasks / "data").mkdir(parents=True)
+    (tasks / "t.yaml").write_text("task: t\n")
+    (tasks / "data" / "d.jsonl").write_text('{"q": 1}\n')
+    ev = SimpleNamespace(decode=SimpleNamespace(enabled=True, prompts=str(prompts)),
+                         lm_eval=SimpleNamespace(include_path=str(tasks)))
+    a = phase_fingerprints(ev)
+    assert a["decode"]["sha256"] == file_sha256(prompts) and a["lm_eval"]["files"]
+    prompts.write_text('{"id": "a", "prompt": "hello"}\n')
+    (tasks / "data" / "d.jsonl").write_text('{"q": 2}\n')
+    b = phase_fingerprints(ev)
+    assert a["decode"] != b["decode"] and a["lm_eval"] != b["lm_eval"]
+    assert phase_fingerprints(SimpleNamespace(decode=SimpleNamespace(enabled=True, prompts="builtin"), lm_eval=None)) \
+        == {"decode": {"prompts": "builtin", "sha256": file_sha256(builtin_path())}}
+    assert phase_fingerprints(SimpleNamespace(decode=SimpleNamespace(enabled=False, prompts="x"), lm_eval=None)) == {}
+    assert phase_fingerprints(None) == {}
+    import infertool.tune.stages  # noqa: F401  (registers tune's stages)
+
+    assert all("phases" in stages.get(n).inputs for n in ("eval", "reference", "screen", "served"))
+    r = small_recipe(tmp_path, eval={})
+    base = {"model": {"identity": "m"}, "suite": {"sha256": "s"}}
+    key = lambda phases: stages.keys(r, stages.select(r), {**base, "phases": phases}, HOST)["eval"]  # noqa: E731
+    assert key(a) != key(b) and key(a) == key(a)

@@ -62,7 +62,7 @@ class Stage:
 
     - ``sections``: the recipe sections it reads (their values enter its key);
     - ``inputs``: what it reads by content (keys of ``Resolution.inputs()``: model, calibration, suite, prompts,
-      served_model), part of its key;
+      phases (the decode prompts and lm-eval task files), served_model), part of its key;
     - ``host``: whether this host's facts (``HOST_FACTS``: accelerator, CPU ISA, half-precision support) enter its
       key: a stage that serves or times;
     - ``depends``: the stages whose outputs it reads (registered before it; their keys enter its key);

@@ -234,7 +234,7 @@ register(Stage("quantize", run_quantize, QuantizeSummary, sections=("quantize",)
                depends=("model",), asked_by="quantize", device=True, graphs=("run", "tune"),
                options=QuantizeStageOptions, launches=quantize_launches,
                doc="the candidate: the base quantized, with its load check"))
-register(Stage("eval", run_eval, EvalSummary, sections=("eval", "serve", "target"), inputs=("suite",), host=True,
+register(Stage("eval", run_eval, EvalSummary, sections=("eval", "serve", "target"), inputs=("suite", "phases"), host=True,
                depends=("model", "quantize"), asked_by="eval",
                device=lambda r: _engine(r, "eval") == "hf", server=lambda r: _engine(r, "eval") == "vllm",
                launches=eval_launches,

@@ -595,15 +595,15 @@ def _screen_view(recipe, job):
 
 SERVED = ("model", "quantize", "serve", "target")  # what a trial's server is made of
 register(Stage("reference", run_reference, ReferenceSummary, sections=("model", "serve", "target"),
-               inputs=("model", "suite"), host=True, server=True, graphs=("tune",), key_parts=_reference_parts,
+               inputs=("model", "suite", "phases"), host=True, server=True, graphs=("tune",), key_parts=_reference_parts,
                view=_reference_view, doc="the original as the recipe serves it, scored once"))
-register(Stage("screen", run_screen, ScreenResult, sections=SERVED, inputs=("suite",), host=True,
+register(Stage("screen", run_screen, ScreenResult, sections=SERVED, inputs=("suite", "phases"), host=True,
                depends=("quantize", "reference"), asked_by="quantize", server=True, graphs=("tune",),
                key_parts=_screen_parts, view=_screen_view, doc="accuracy as served (its output-changing serve settings), in rounds, early stopping"))
 register(Stage("capacity", run_capacity, CapacityResult, sections=SERVED, inputs=("prompts",), host=True,
                depends=("quantize",), server=True, graphs=("tune",), key_parts=_capacity_parts,
                doc="the largest load that meets the SLO, with the trial's exact settings"))
-register(Stage("served", run_served, ServedCheck, sections=SERVED, inputs=("suite",), host=True,
+register(Stage("served", run_served, ServedCheck, sections=SERVED, inputs=("suite", "phases"), host=True,
                depends=("quantize", "reference"), server=True, graphs=("tune",), key_parts=_served_parts,
                doc="the winner as served, in rounds until its verdict is decided, against the reference"))
 
