@@ -424,3 +424,36 @@ def test_eval_result_reads_an_older_or_crafted_file_tolerantly():
     assert r.to_dict()["from_a_later_version"] == [1] and r.held_out is None and r.suite.name == ""
     assert EvalResult.from_dict("not a document").verdict is None and EvalResult.from_dict(None).gates == []
     assert Pooled.from_dict({"items": {"n": 3}}).to_dict() == {"items": Pooled.from_dict({"items": {"n": 3}}).items.to_dict()}
+
+
+def test_export_lm_eval_gives_chat_items_their_prompt_and_skips_what_it_cannot_express(tmp_path):
+    """A chat item of one user message is exported with that message as its prompt (not an empty one); a task
+    with a multi-turn or system item, or matched by a regex, has no lm-eval form: skipped, and said why."""
+    d = tmp_path / "s"
+    d.mkdir()
+    (d / "s.yaml").write_text(yaml.safe_dump({"name": "mine", "tasks": [
+        {"name": "qa", "type": "generate", "data": "qa.jsonl", "chat": True, "match": "exact", "max_tokens": 8},
+        {"name": "multi", "type": "generate", "data": "multi.jsonl", "chat": True, "max_tokens": 8},
+        {"name": "rx", "type": "generate", "data": "rx.jsonl", "match": "regex", "max_tokens": 8}]}))
+    (d / "qa.jsonl").write_text(json.dumps({"id": "q1", "messages": [{"role": "user", "content": "Capital of Peru?"}],
+                                            "target": "Lima"}) + "\n"
+                                + json.dumps({"id": "q2", "prompt": "2 + 2 =", "target": "4"}) + "\n")
+    (d / "multi.jsonl").write_text(json.dumps({"id": "m1", "messages": [
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi?"}], "target": "Hi"}) + "\n")
+    (d / "rx.jsonl").write_text(json.dumps({"id": "r1", "prompt": "Say a number", "target": "[0-9]+"}) + "\n")
+    r = run_cli("eval", "export-lm-eval", str(d / "s.yaml"), str(tmp_path / "lm"), "--json")
+    assert r.returncode == 0, r.stderr
+    res = json.loads(r.stdout)
+    assert res["tasks"] == ["infertool_mine_qa"] and set(res["skipped"]) == {"multi", "rx"}
+    assert "one prompt per document" in res["skipped"]["multi"] and "regex" in res["skipped"]["rx"]
+    rows = [json.loads(x) for x in (tmp_path / "lm" / "infertool_mine_qa.jsonl").read_text().splitlines()]
+    assert [(x["id"], x["prompt"]) for x in rows] == [("q1", "Capital of Peru?"), ("q2", "2 + 2 =")]
+    assert not (tmp_path / "lm" / "infertool_mine_multi.yaml").exists()
+    r = run_cli("eval", "export-lm-eval", str(d / "s.yaml"), str(tmp_path / "lm2"))
+    assert r.returncode == 0 and "not exported: task multi" in " ".join(r.stderr.split())
+    # nothing expressible: exit 2, nothing written
+    (d / "s.yaml").write_text(yaml.safe_dump({"name": "none", "tasks": [
+        {"name": "rx", "type": "generate", "data": "rx.jsonl", "match": "regex", "max_tokens": 8}]}))
+    r = run_cli("eval", "export-lm-eval", str(d / "s.yaml"), str(tmp_path / "lm3"))
+    assert r.returncode == 2 and "no task of suite none has an lm-eval form" in " ".join(r.stderr.split())
+    assert not (tmp_path / "lm3").exists()

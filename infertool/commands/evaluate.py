@@ -387,4 +387,6 @@ def eval_export(
         print_json(res)
         return
     err.print(f"[green]✓[/] wrote {len(res['tasks'])} lm-eval task(s) for suite {esc(res['suite'])} into {esc(res['dir'])}", soft_wrap=True)
+    for name, why in res["skipped"].items():
+        err.print(f"[yellow]![/] not exported: task {esc(name)}: {esc(why)}", soft_wrap=True)
     err.print(f"run them with: {res['usage']}", markup=False, soft_wrap=True)

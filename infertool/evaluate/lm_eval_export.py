@@ -38,7 +38,18 @@ def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) ->
     dest = Path(dest).resolve()
     if dest.exists() and not dest.is_dir():
         raise UsageError(f"{dest} is a file, not a directory", hint="give a directory for the lm-eval tasks")
-    task_ids = [_task_id(suite.name, task.name) for task in suite.tasks]
+    skipped: dict[str, str] = {}  # tasks an lm-eval task cannot express: {name: why}
+    kept = []
+    for task in suite.tasks:
+        try:
+            kept.append((task, _rows(task)))
+        except _NoForm as e:
+            skipped[task.name] = str(e)
+    if not kept:
+        raise UsageError(f"no task of suite {suite.name} has an lm-eval form: "
+                         + "; ".join(f"{k}: {v}" for k, v in skipped.items()),
+                         hint="score it with `infertool eval`, which runs every task form")
+    task_ids = [_task_id(suite.name, task.name) for task, _ in kept]
     group = _task_id(suite.name, "")
     planned = [dest / f"{tid}{ext}" for tid in task_ids for ext in (".jsonl", ".yaml")] + [dest / f"_{group}.yaml"]
     there = [p for p in planned if p.exists()]
@@ -48,20 +59,8 @@ def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) ->
                          hint="pass --force to overwrite the exported tasks, or choose another directory")
     dest.mkdir(parents=True, exist_ok=True)
     written = []
-    for task, tid in zip(suite.tasks, task_ids):
+    for (task, rows), tid in zip(kept, task_ids):
         data = dest / f"{tid}.jsonl"
-        if task.type == "perplexity":
-            if task.source and task.source.startswith("builtin:pydoc_topics"):
-                from infertool.data import corpus
-
-                name = task.source.split(":")[2] if task.source.count(":") == 2 else None
-                pairs = zip(corpus.part(name).keys, corpus.part(name).docs) if name else corpus.topics()
-                docs = [{"id": k, "text": t} for k, t in pairs]
-            else:
-                docs = [{"id": str(i), "text": p} for i, p in enumerate(task.text.split("\n\n"))]
-            rows = docs
-        else:
-            rows = task.items
         write_text(data, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
         cfg: dict = {
             "task": tid,
@@ -95,8 +94,36 @@ def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) ->
     gpath = dest / f"_{group}.yaml"
     write_text(gpath, yaml.safe_dump({"group": group, "task": task_ids}, sort_keys=False))
     written.append(str(gpath))
-    return {"suite": suite.name, "dir": str(dest), "group": group, "tasks": task_ids, "files": written,
+    return {"suite": suite.name, "dir": str(dest), "group": group, "tasks": task_ids, "skipped": skipped, "files": written,
             "usage": f"lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {dest} --tasks {group}"}
+
+
+class _NoForm(Exception):
+    """A task the exported lm-eval task would not score as infertool does (the message says why)."""
+
+
+def _rows(task) -> list[dict]:
+    """A task's documents as lm-eval reads them: a perplexity task's texts; the items (a chat item, one user
+    message, with it as its ``prompt``: lm-eval's ``--apply_chat_template`` renders it as that turn). ``_NoForm``
+    for a task lm-eval would score otherwise: a generative task matched by ``contains`` or a regex (the export
+    scores exact match), or a chat item of several turns or with a system message (one prompt per document)."""
+    if task.type == "perplexity":
+        if task.source and task.source.startswith("builtin:pydoc_topics"):
+            from infertool.data import corpus
+
+            name = task.source.split(":")[2] if task.source.count(":") == 2 else None
+            pairs = zip(corpus.part(name).keys, corpus.part(name).docs) if name else corpus.topics()
+            return [{"id": k, "text": t} for k, t in pairs]
+        return [{"id": str(i), "text": p} for i, p in enumerate(task.text.split("\n\n"))]
+    if task.type == "generate" and getattr(task, "match", "exact") != "exact":
+        raise _NoForm(f"matched by {task.match}, which the exported exact-match metric would not reproduce")
+    chats = [it for it in task.items if "messages" in it]
+    bad = [str(it["id"]) for it in chats if [m.get("role") for m in it["messages"]] != ["user"]]
+    if bad:
+        raise _NoForm(f"{len(bad)} chat item(s) ({', '.join(bad[:3])}{', ...' if len(bad) > 3 else ''}) hold more than "
+                      "one turn or a system message; an lm-eval task has one prompt per document")
+    return [{**{k: v for k, v in it.items() if k != "messages"}, "prompt": it["messages"][0]["content"]}
+            if "messages" in it else it for it in task.items]
 
 
 # --------------------------------------------------------------------------------------------
