@@ -375,6 +375,12 @@ def _max_load(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float
     prompt_len = bench.prompt.len if bench is not None else max(1, context // 2)
     slo = bench.slo if bench is not None else None
     tpot, ttft = (slo.tpot_ms, slo.ttft_ms) if slo is not None else (None, None)
+    from infertool.profile.calibration import for_resolution
+
+    cal = for_resolution(res)
+    if cal is not None:
+        return _calibrated_max_load(cal, lambda b: _decode_step(arch, weights, mem, kv_tok, b, context, tp)[1],
+                                    _largest_batch(mem, capacity, context), out_len, prompt_len, tpot, ttft)
     pre = roofline.prefill(arch, decode_weight_bytes(arch, weights, prompt_len), 1, prompt_len, kv_tok)
     pre_s = roofline.bound_time(pre, mem.peak_flops * tp, mem.peak_bw * tp)
     if ttft is not None and pre_s * 1e3 > ttft:
@@ -398,6 +404,28 @@ def _max_load(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float
                   f"{prompt_len}-token prefill of {pre_s * 1e3:.2f} ms: {lo} / ({out_len} x {step * 1e3:.2f} ms + {lo} x "
                   f"{pre_s * 1e3:.2f} ms); an upper bound on the load (kernels reach a fraction of the peaks), so the "
                   "fewest replicas: bench measures it")
+
+
+def _calibrated_max_load(cal, roofline_s, largest: int, out_len: int, prompt_len: int, tpot: float | None,
+                         ttft: float | None) -> tuple[float, str]:
+    """One replica's load from the engine's step cost measured as served (``infertool.perf.calibration``): the
+    knee (the largest concurrency c whose step meets TPOT and whose wave of c prefills meets TTFT), each request
+    decoding ``out_len`` tokens at that step and prefilled at the measured cost: c / (N x step(c) + c x prefill).
+    0 when not even one request meets the SLO."""
+    from infertool.perf import calibration as model
+
+    c = model.knee(cal, roofline_s, 1, max(1, largest), tpot_ms=tpot, ttft_ms=ttft, prompt_len=prompt_len)
+    step = model.step_s(cal, c, roofline_s(c))
+    pre = cal.prefill_fixed_s + prompt_len * cal.prefill_per_token_s
+    wave = model.ttft_s(cal, prompt_len, c)
+    how = f"calibrated (the engine's step cost measured as served here, calibration {cal.key})"
+    if (tpot is not None and step * 1e3 > tpot) or (ttft is not None and wave * 1e3 > ttft):
+        return 0.0, (f"{how}: one request does not meet the SLO (step {step * 1e3:.2f} ms, TTFT {wave * 1e3:.1f} ms)")
+    load = c / (out_len * step + c * pre)
+    return load, (f"{how}: concurrency {c} meets the SLO (step {step * 1e3:.2f} ms, a wave's TTFT {wave * 1e3:.1f} ms), "
+                  f"{out_len} output tokens per request and a {prompt_len}-token prefill of {pre * 1e3:.2f} ms: "
+                  f"{c} / ({out_len} x {step * 1e3:.2f} ms + {c} x {pre * 1e3:.2f} ms); planned, not measured: bench "
+                  "measures it")
 
 
 def _fleet(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, capacity: dict, tp: int, pp: int,
@@ -434,7 +462,9 @@ def fleet_replicas(res) -> tuple[int | None, str]:
         return None, f"the fleet is not sized: {sized.get('reason') or 'no max load under the SLO'}"
     return int(f["replicas"]), (
         f"the fleet sizing for target.peak_rps {f['peak_rps']:g} req/s at {f['max_load_rps']:.3g} req/s per replica x "
-        f"headroom {f['headroom']:g}: planned from the roofline, not measured; --replicas overrides")
+        f"headroom {f['headroom']:g}: planned from the "
+        + ("engine's step cost measured as served" if str(f.get("basis") or "").startswith("calibrated")
+           else "roofline") + ", not measured; --replicas overrides")
 
 
 def _tp_advice(arch: Arch, weights: WeightFacts, mem: _Memory, capacity: dict, context: int) -> dict:

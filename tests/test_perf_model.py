@@ -6,6 +6,7 @@ Pure and cheap: no server starts here; a recorded calibration of this machine cl
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
@@ -394,3 +395,35 @@ def test_profile_engine_vllm_timings_become_the_cached_calibration(fake_model, m
     assert cal.prefill_per_token_s == pytest.approx(0.1 / 256)
     assert ProfileResult(calibration=cal.to_dict()).to_dict()["calibration"]["key"] == cal.key
     assert cache.from_profile(res, res.base, {"prefill": [], "decode": []}) is None  # nothing to make one of
+
+
+def test_fleet_sizing_uses_the_calibration_when_there_is_one(fake_model, monkeypatch, tmp_home):
+    """target.peak_rps sized from the roofline until this host's calibration is cached; then from the measured
+    step cost: the knee c (TPOT 250 ms: step(c) = 100 ms + 60/7 ms per batch beyond 8 -> c = 25; a wave's TTFT
+    20 + 25 x 256 x 0.4 = 2,580 ms under 3,000) and c / (64 x step(c) + c x prefill)."""
+    from infertool.perf import calibration as model
+    from infertool.plan import fleet_replicas, plan
+    from infertool.profile import calibration as cache
+    from infertool.recipe import recipe_to_dict, validate_recipe_data
+    from infertool.resolve import resolve
+
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 avx512f avx512_bf16")
+    data = recipe_to_dict(_recipe(fake_model))
+    data["target"] = {"peak_rps": 20}
+    res = resolve(validate_recipe_data(data))
+    before = plan(res).fleet["fleet"]
+    assert before["basis"].startswith("planned, not measured: the roofline")
+    key, facts = cache.key_of(res)
+    cal = Calibration(key, [StepPoint(1, 0.04, 288), StepPoint(8, 0.1, 288)], 0.0004, 0.02, 288, facts)
+    cache.save(cal)
+    after = plan(res).fleet["fleet"]
+    step = model.overhead_s(cal, 25)
+    assert step == pytest.approx(0.1 + 0.06 / 7 * 17)
+    assert after["max_load_rps"] == pytest.approx(25 / (64 * step + 25 * (0.02 + 256 * 0.0004)))
+    assert after["basis"].startswith(f"calibrated (the engine's step cost measured as served here, calibration {key})")
+    assert "concurrency 25 meets the SLO" in after["basis"] and after["replicas"] == math.ceil(20 / (after["max_load_rps"] * after["headroom"]))
+    n, why = fleet_replicas(res)
+    assert n == after["replicas"] and "planned from the engine's step cost measured as served" in why
+    # a step over TPOT even at batch 1: no load
+    cache.save(Calibration(key, [StepPoint(1, 0.3, 288), StepPoint(8, 0.5, 288)], 0.0004, 0.02, 288, facts))
+    assert plan(res).fleet["fleet"] is None
