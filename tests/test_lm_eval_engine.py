@@ -48,6 +48,24 @@ def test_a_candidate_that_scores_zero_gets_the_paired_difference_interval_and_a_
     assert E.paired_recovery([1], [1], 0.95) == (1.0, None)  # one document: no interval
 
 
+def test_a_lower_is_better_metric_recovers_base_over_candidate_and_stays_out_of_the_pool():
+    """A perplexity (lower is better): the candidate's 12 against the base's 10 recovers 10/12, below 1 (worse),
+    with the inverse of the other ratio's interval; lost / gained count a higher value as a loss; the pool takes
+    only the higher-is-better tasks' documents (scores of one scale)."""
+    ref = {"tasks": {**_raw("ppl", {0: 10.0, 1: 8.0, 2: 12.0}, "word_perplexity", hib=False)["tasks"],
+                     **_raw("acc", {0: 1, 1: 1, 2: 0, 3: 1})["tasks"]}}
+    cand = {"tasks": {**_raw("ppl", {0: 12.0, 1: 9.0, 2: 15.0}, "word_perplexity", hib=False)["tasks"],
+                      **_raw("acc", {0: 1, 1: 0, 2: 0, 3: 1})["tasks"]}}
+    block = E.compare_raw(ref, cand, confidence=0.95)
+    t = block["tasks"]["ppl"]
+    assert t["recovery"] == pytest.approx(10 / 12) and t["base"] == pytest.approx(10.0) and t["candidate"] == pytest.approx(12.0)
+    inv, (lo, hi) = E.paired_recovery([10.0, 8.0, 12.0], [12.0, 9.0, 15.0], 0.95)
+    assert inv == pytest.approx(1.2) and t["recovery_ci"] == pytest.approx([1 / hi, 1 / lo])
+    assert t["recovery_ci"][0] < t["recovery"] < t["recovery_ci"][1] and t["higher_is_better"] is False
+    assert (t["lost"], t["gained"]) == (3, 0)
+    assert block["n"] == 4 and block["recovery"] == pytest.approx(2 / 3)  # the acc task's 4 documents only
+
+
 def test_join_is_by_doc_id_and_ignores_documents_only_one_model_scored():
     ref = _raw("t", {0: 1, 1: 1, 2: 0, 3: 1, 4: 1, 9: 1})  # doc 9: the reference only (a wider window)
     cand = _raw("t", {0: 1, 1: 0, 2: 1, 3: 0, 4: 0, 7: 0})  # doc 7: the candidate only

@@ -247,32 +247,49 @@ def join_task(ref: dict, cand: dict) -> tuple[list[str], list[float], list[float
     return ids, [sign * float(ref["docs"][i]) for i in ids], [sign * float(cand["docs"][i]) for i in ids]
 
 
-def task_block(ids: list[str], b: list[float], c: list[float], metric: str, confidence: float) -> dict:
-    """One task's figures: scores, recovery with its interval, lost/gained documents, exact McNemar p."""
+def task_block(ids: list[str], b: list[float], c: list[float], metric: str, confidence: float,
+               higher_is_better: bool = True) -> dict:
+    """One task's figures: scores, recovery with its interval, lost/gained documents, exact McNemar p. ``b``, ``c``:
+    oriented scores (higher is better: a lower-is-better metric's negated, as ``join_task`` gives them). Recovery
+    of a lower-is-better metric (a perplexity) is mean(base) / mean(candidate) on the metric's own values, so
+    below 1 is worse either way; its interval the inverse of the other ratio's."""
     from infertool.evaluate.metrics import mcnemar_exact
 
     lost = [i for i, x, y in zip(ids, b, c) if y < x]
     gained = [i for i, x, y in zip(ids, b, c) if y > x]
     n = len(ids)
-    rec, ci = paired_recovery(b, c, confidence)
-    return {"metric": metric, "base": math.fsum(b) / n if n else None, "candidate": math.fsum(c) / n if n else None,
+    sign = 1.0 if higher_is_better else -1.0
+    if higher_is_better:
+        rec, ci = paired_recovery(b, c, confidence)
+    else:
+        inv, inv_ci = paired_recovery([-x for x in b], [-y for y in c], confidence)  # mean(c) / mean(b), raw
+        rec, ci = (1.0 / inv if inv else None), None
+        if inv and inv_ci:
+            lo, hi = inv_ci
+            ci = [1.0 / hi, 1.0 / lo if lo > 0 else None]
+    return {"metric": metric, "base": sign * math.fsum(b) / n if n else None,
+            "candidate": sign * math.fsum(c) / n if n else None, "higher_is_better": higher_is_better,
             "recovery": rec, "recovery_ci": ci, "lost": len(lost), "gained": len(gained),
             "mcnemar_p": mcnemar_exact(len(lost), len(gained)), "n": n,
             "lost_docs": lost[:MAX_LISTED], "gained_docs": gained[:MAX_LISTED]}
 
 
 def compare_raw(raw_ref: dict, raw_cand: dict, *, confidence: float) -> dict:
-    """The pooled lm_eval block (results.json ``pooled.lm_eval``): per task and over every document of every
-    task (each task's scores oriented higher-is-better; tasks that only one model ran are left out)."""
+    """The pooled lm_eval block (results.json ``pooled.lm_eval``): per task, and pooled over every document of
+    the higher-is-better tasks (accuracies, exact matches: a lower-is-better metric such as a perplexity has its
+    own recovery, base / candidate, and is not added to scores of another scale); tasks that only one model ran
+    are left out."""
     tasks, all_b, all_c = {}, [], []
     for name in sorted(set(raw_ref.get("tasks", {})) & set(raw_cand.get("tasks", {}))):
         r, c = raw_ref["tasks"][name], raw_cand["tasks"][name]
         ids, sb, sc = join_task(r, c)
         if not ids:
             continue
-        tasks[name] = task_block(ids, sb, sc, r.get("metric", "?"), confidence)
-        all_b += sb
-        all_c += sc
+        hib = bool(r.get("higher_is_better", True))
+        tasks[name] = task_block(ids, sb, sc, r.get("metric", "?"), confidence, hib)
+        if hib:
+            all_b += sb
+            all_c += sc
     pooled = task_block([str(i) for i in range(len(all_b))], all_b, all_c, "pooled", confidence)
     return {"tasks": tasks, "recovery": pooled["recovery"], "recovery_ci": pooled["recovery_ci"], "n": pooled["n"],
             "lost": pooled["lost"], "gained": pooled["gained"], "mcnemar_p": pooled["mcnemar_p"],
