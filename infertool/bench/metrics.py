@@ -200,20 +200,10 @@ def rate_following(results: Sequence[RequestResult]) -> tuple[float | None, floa
 
 # ------------------------------------------------------------------------------------------ intervals
 def t_quantile(confidence: float, df: int) -> float:
-    """Two-sided Student t critical value for ``confidence`` with ``df`` degrees of freedom: exact for 1 and 2,
-    the Cornish-Fisher expansion around the normal quantile beyond (within 0.5 % of the tables for df >= 3 at
-    0.95)."""
-    p = 0.5 + confidence / 2.0
-    if df <= 1:
-        return math.tan(math.pi * (p - 0.5))
-    if df == 2:
-        a = 4 * p * (1 - p)
-        return (2 * p - 1) * math.sqrt(2 / a)
-    z = statistics.NormalDist().inv_cdf(p)
-    v = float(df)
-    return (z + (z ** 3 + z) / (4 * v) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * v ** 2)
-            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * v ** 3)
-            + (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / (92160 * v ** 4))
+    """Two-sided Student t critical value (``infertool.evaluate.metrics.t_for``, the one implementation)."""
+    from infertool.evaluate.metrics import t_for
+
+    return t_for(confidence, df)
 
 
 def mean_interval(values: Sequence[float], confidence: float = 0.95) -> tuple[float | None, float | None, float | None]:

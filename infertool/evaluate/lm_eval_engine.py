@@ -207,11 +207,11 @@ def answer_error(ans: dict, include: list[str], log_path: str, secrets: list) ->
 
 def paired_recovery(base: list[float], cand: list[float], confidence: float) -> tuple[float | None, list | None]:
     """Recovery = mean(cand) / mean(base) over paired documents, and its interval: the delta method on
-    log(mean c / mean b), Var = s_c^2/(n c^2) + s_b^2/(n b^2) - 2 s_bc/(n b c) with the sample (co)variances of
+    log(mean c / mean b) with Student's t quantile (n - 1 degrees of freedom), Var = s_c^2/(n c^2) + s_b^2/(n b^2) - 2 s_bc/(n b c) with the sample (co)variances of
     the per-document scores, so the pairing (the same documents) narrows it. Identical scores give exactly
     [1, 1]. With a zero mean (no log): recovery 1 + mean(c - b)/mean(b), the interval from the paired
     difference's standard error; a base that scores 0 has no recovery (None)."""
-    from infertool.evaluate.metrics import z_for
+    from infertool.evaluate.metrics import t_for
 
     n = len(base)
     if n == 0 or len(cand) != n:
@@ -222,7 +222,7 @@ def paired_recovery(base: list[float], cand: list[float], confidence: float) -> 
     rec = mc / mb
     if n < 2:
         return rec, None
-    z = z_for(confidence)
+    z = t_for(confidence, n - 1)  # Student's t with n - 1 degrees of freedom: a few documents, a wide interval
     vb = math.fsum((x - mb) ** 2 for x in base) / (n - 1)
     vc = math.fsum((y - mc) ** 2 for y in cand) / (n - 1)
     cov = math.fsum((x - mb) * (y - mc) for x, y in zip(base, cand)) / (n - 1)

@@ -165,21 +165,10 @@ class StopSearch(Exception):
 
 
 def t_quantile(confidence: float, df: int) -> float:
-    """Two-sided Student t quantile: exact for 1 and 2 degrees of freedom, the Cornish-Fisher expansion
-    (error under 0.5 % from 3 on) beyond."""
-    from infertool.evaluate.metrics import z_for
+    """Two-sided Student t quantile (``infertool.evaluate.metrics.t_for``)."""
+    from infertool.evaluate.metrics import t_for
 
-    p = 0.5 + confidence / 2
-    if df <= 1:
-        return math.tan(math.pi * (p - 0.5))
-    if df == 2:
-        return (2 * p - 1) / math.sqrt(2 * p * (1 - p))
-    z = z_for(confidence)
-    g1 = (z ** 3 + z) / 4
-    g2 = (5 * z ** 5 + 16 * z ** 3 + 3 * z) / 96
-    g3 = (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / 384
-    g4 = (79 * z ** 9 + 776 * z ** 7 + 1482 * z ** 5 - 1920 * z ** 3 - 945 * z) / 92160
-    return z + g1 / df + g2 / df ** 2 + g3 / df ** 3 + g4 / df ** 4
+    return t_for(confidence, df)
 
 
 def mean_interval(values: list[float], confidence: float, floor: float | None = None) -> tuple[float, list[float] | None]:
