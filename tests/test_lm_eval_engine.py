@@ -226,3 +226,31 @@ def test_recipe_validates_eval_lm_eval():
                 "eval.lm_eval={tasks: [a], concurrent: 0}"):
         with pytest.raises(RecipeError):
             load_recipe("quickstart", [bad])
+
+
+def test_the_preflight_checks_tasks_and_data_once_before_any_server(monkeypatch, tmp_path, tmp_home):
+    """preflight: the worker in check mode (no endpoint: nothing is scored); missing data is the run's own
+    UsageError, before any server starts; a check that passed is remembered (the worker is not run again)."""
+    from infertool.evaluate.phases import preflight_all
+
+    runs = tmp_path / "runs.txt"
+    body = ("import json, sys\nspec = json.load(open(sys.argv[1]))\n"
+            f"open({str(runs)!r}, 'a').write('x')\n"
+            "assert spec['check'] is True and 'base_url' not in spec\n"
+            "ok = spec['tasks'] != ['gsm8k']\n"
+            "json.dump({'ok': True, 'check': True, 'tasks': spec['tasks']} if ok else"
+            " {'ok': False, 'kind': 'missing_data', 'task': 'gsm8k', 'message': 'offline'}, open(spec['out'], 'w'))\n")
+    phase, _, _ = _phase_with_fake_worker(monkeypatch, tmp_path, body)
+    with pytest.raises(UsageError, match="'gsm8k' is not on this machine"):
+        preflight_all([phase], tmp_path / "pre")
+    with pytest.raises(UsageError):  # a failed check is not remembered
+        phase.preflight(tmp_path / "pre")
+    assert runs.read_text() == "xx"
+    phase.spec.tasks = ["mine"]
+    phase.preflight(tmp_path / "pre")
+    phase.preflight(tmp_path / "pre")
+    assert runs.read_text() == "xxx"  # passed once, remembered
+    phase.spec.tasks = ["mine", "other"]  # other tasks: checked again
+    phase.preflight(tmp_path / "pre")
+    assert runs.read_text() == "xxxx"
+    preflight_all([SimpleNamespace(name="decode")], tmp_path / "pre")  # a phase without a preflight: nothing

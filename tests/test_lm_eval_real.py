@@ -43,3 +43,14 @@ def test_the_model_against_itself_through_lm_eval_recovers_exactly_one(recipe, t
     assert gate["status"] == "PASS" and doc["verdict"] == "PASS"
     for label in ("base", "candidate"):  # lm-eval's own answers are kept beside the run
         assert (tmp_path / "ev" / "logs" / f"lm_eval-{label}.json").is_file()
+
+
+def test_missing_task_data_ends_the_eval_before_any_server_starts(recipe, tiny_model, tmp_path):
+    """The preflight (the real lmeval environment, offline): GSM8K's data is not on this machine, so `eval` exits 2
+    naming the task before it starts a server (no vLLM log in the run directory)."""
+    require_env("lmeval")
+    r = run_cli("eval", str(recipe), "--engine", "vllm", "--candidate", str(tiny_model), "--suite", "synthetic-mc",
+                "--max-items", "1", "--out", str(tmp_path / "ev"), "--set", "eval.lm_eval.tasks=[gsm8k]", timeout=600)
+    assert r.returncode == 2, r.stderr[-3000:]
+    assert "the data of task 'gsm8k' is not on this machine" in " ".join(r.stderr.split())
+    assert not list((tmp_path / "ev").rglob("*vllm*.log")) and (tmp_path / "ev" / "logs" / "lm_eval-check.log").is_file()

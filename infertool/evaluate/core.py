@@ -272,6 +272,9 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     phases = phases_for(plan)
+    from infertool.evaluate.phases import preflight_all
+
+    preflight_all(phases, out_dir / "logs")  # lm-eval's tasks and data, before any server starts
     raw = _score(plan, requests, ctx, out_dir, phases)
     wall = time.monotonic() - t0
     from infertool.evaluate.phases import compare_all

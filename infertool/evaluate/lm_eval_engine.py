@@ -22,6 +22,7 @@ added to the include path. See docs/lm-eval.md.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -70,6 +71,57 @@ class LmEvalPhase:
 
     def compare(self, raw_ref: dict, raw_cand: dict, *, confidence: float, first: str) -> dict:
         return compare_raw(raw_ref, raw_cand, confidence=confidence)
+
+    def preflight(self, log_dir: Path) -> None:
+        """Before any server starts: lm-eval knows every task and loads its data on this machine (offline), or the
+        same error the run would end with (an unknown task, data not here: exit 2). Remembered by what it read
+        (the tasks, the include path's files, infertool's shipped tasks, the lmeval environment's packages), so
+        a check that passed is not paid again."""
+        from infertool.envs.state import read_marker, require_env
+
+        python = require_env("lmeval", "eval.lm_eval (lm-evaluation-harness)")
+        log_dir = Path(log_dir).absolute()
+        log_dir.mkdir(parents=True, exist_ok=True)
+        mark = _checked_marker(self.spec, (read_marker("lmeval") or {}).get("packages") or {})
+        if mark.is_file():
+            return
+        include = include_paths(self.spec, log_dir)
+        out = log_dir / "lm_eval-check.json"
+        spec_path = log_dir / "lm_eval-check.spec.json"
+        from infertool.atomic import write_json
+
+        write_json(spec_path, {"check": True, "tasks": list(self.spec.tasks), "include_path": include,
+                               "out": str(out)})
+        cwd = Path(include[0]) if self.spec.include_path else log_dir
+        run_worker([str(python), str(WORKER), str(spec_path)], log_dir / "lm_eval-check.log", cwd=cwd,
+                   timeout_s=min(float(self.spec.timeout_s), PREFLIGHT_TIMEOUT_S), api_key=None)
+        try:
+            ans = json.loads(out.read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise BackendError("lm-eval's task check ended without an answer:\n" + _tail(log_dir / "lm_eval-check.log"),
+                               hint="see the log", log_path=str(log_dir / "lm_eval-check.log")) from None
+        if not ans.get("ok"):
+            raise answer_error(ans, include, str(log_dir / "lm_eval-check.log"), [])
+        write_json(mark, {"tasks": ans.get("tasks"), "lm_eval": ans.get("lm_eval")})
+
+
+PREFLIGHT_TIMEOUT_S = 300.0  # lm-eval's import and the tasks' data loading, before any server starts
+
+
+def _checked_marker(spec, packages: dict) -> Path:
+    """Where a passed task check of ``spec`` is remembered (INFERTOOL_HOME/cache/lm_eval_checks/<digest>.json):
+    keyed by the tasks, the include path's files by content, infertool's version (its shipped tasks) and the
+    lmeval environment's packages."""
+    import infertool
+    from infertool.data.fingerprint import digest
+    from infertool.envs.paths import home
+    from infertool.resolve import phase_fingerprints
+    from types import SimpleNamespace
+
+    files = phase_fingerprints(SimpleNamespace(decode=None, lm_eval=spec)).get("lm_eval")
+    key = digest({"tasks": list(spec.tasks), "include": files, "infertool": infertool.__version__,
+                  "packages": packages})
+    return home() / "cache" / "lm_eval_checks" / f"{key}.json"
 
 
 # --------------------------------------------------------------------------------------------

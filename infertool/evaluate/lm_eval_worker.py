@@ -142,6 +142,10 @@ def main(spec_path: str) -> int:
                 _write(out, got)
                 return 0
             leaves.update(got)
+        if spec.get("check"):  # the preflight: the tasks are known and their data loads here; nothing is scored
+            _write(out, {"ok": True, "check": True, "tasks": sorted(leaves),
+                         "lm_eval": getattr(lm_eval, "__version__", "")})
+            return 0
         chat = bool(spec.get("apply_chat_template"))
         gen = {n: t for n, t in leaves.items() if chat and t.get_config("output_type") == "generate_until"}
         rest = {n: t for n, t in leaves.items() if n not in gen}

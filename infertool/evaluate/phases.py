@@ -7,6 +7,7 @@ A phase runs once per server, while it is up (``run``), then pairs the two model
 - ``run(served, prior, events) -> dict``: the raw, JSON-able numbers of ONE model. ``prior`` is the raw of the
   model served BEFORE this one in the same comparison (None for the first): the decode phase teacher-forces the
   second model on the first one's greedy tokens, so it needs them.
+- ``preflight(log_dir)`` (optional): a check before any server starts; raises what the run would end with.
 - ``gates``: the names of the accept gates its block feeds: tune's rounds run a phase only while one of them is
   undecided.
 - ``compare(raw_ref, raw_cand, *, confidence, first) -> dict``: the phase's block of the pooled metrics
@@ -61,6 +62,15 @@ def phases_for(ev, engine: str) -> list[Phase]:
 
         out.append(DecodePhase(dec))
     return out
+
+
+def preflight_all(phases: list[Phase], log_dir: Path) -> None:
+    """Each phase's check before any server starts (its optional ``preflight(log_dir)``: lm-eval's tasks known and
+    their data here), so a missing input ends the command at once, not after the servers and the suite."""
+    for ph in phases:
+        check = getattr(ph, "preflight", None)
+        if callable(check):
+            check(log_dir)
 
 
 def run_all(phases: list[Phase], served: Served, done: dict, events) -> None:

@@ -35,6 +35,10 @@ def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = Fa
     executor = executor or recipe.tune.executor
     if executor == "local":
         _require_envs(plan.trials)  # before the first quantization, not after an hour of trials
+        from infertool.evaluate.phases import preflight_all
+        from infertool.tune.stages import tune_phases
+
+        preflight_all(tune_phases(ctx), ctx.dir / "preflight")  # lm-eval's tasks and data, likewise
     records = execute(ctx, plan, executor)
     return finish(ctx, plan.known(), records, time.monotonic() - t0, plan)
 
