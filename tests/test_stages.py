@@ -322,7 +322,7 @@ def test_the_phases_inputs_key_the_stages_that_run_them(tmp_path):
     from types import SimpleNamespace
 
     from infertool.evaluate.decode import builtin_path
-    from infertool.resolve import phase_fingerprints
+    from infertool.data.suites import phase_fingerprints
     from infertool.data.fingerprint import file_sha256
 
     prompts = tmp_path / "p.jsonl"

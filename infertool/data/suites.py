@@ -140,6 +140,40 @@ def builtin_dir() -> Path:
     return Path(__file__).resolve().parent.parent / "_data" / "evals"
 
 
+DECODE_PROMPTS_BUILTIN = "builtin"  # eval.decode.prompts naming infertool's own prompt set
+DECODE_PROMPTS_FILE = "decode-prompts.jsonl"
+
+
+def decode_prompts_path() -> Path:
+    """infertool's own decode prompts (eval.decode.prompts: builtin), beside the built-in suites."""
+    return builtin_dir() / DECODE_PROMPTS_FILE
+
+
+MAX_TASK_FILES = 1000  # files of an lm-eval include_path hashed by content; beyond: by name, size and time
+
+
+def phase_fingerprints(ev) -> dict:
+    """The as-served phases' inputs by content: the decode prompt set (eval.decode.prompts: the builtin file or
+    the user's .jsonl) and the folder of lm-eval task YAMLs and their data (eval.lm_eval.include_path). A
+    stage that runs the phases (`eval`'s, tune's reference / screen / served) keys on it: an edited prompt or
+    task file is never answered from the cache."""
+    from infertool.data.fingerprint import digest, file_sha256
+
+    out: dict = {}
+    dec = getattr(ev, "decode", None) if ev is not None else None
+    if dec is not None and dec.enabled:
+        p = decode_prompts_path() if dec.prompts == DECODE_PROMPTS_BUILTIN else Path(dec.prompts).expanduser()
+        out["decode"] = {"prompts": str(dec.prompts), "sha256": file_sha256(p) if p.is_file() else None}
+    lm = getattr(ev, "lm_eval", None) if ev is not None else None
+    if lm is not None and lm.include_path:
+        root = Path(lm.include_path).expanduser()
+        files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
+        out["lm_eval"] = {"include_path": str(lm.include_path), "files": digest([
+            [str(f.relative_to(root)), file_sha256(f) if k < MAX_TASK_FILES else [f.stat().st_size, f.stat().st_mtime_ns]]
+            for k, f in enumerate(files)])}
+    return out
+
+
 def list_builtin() -> list[Suite]:
     d = builtin_dir()
     return [load_suite(p) for p in sorted(d.glob("*.yaml"))] if d.is_dir() else []

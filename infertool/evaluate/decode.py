@@ -39,12 +39,11 @@ import re
 from pathlib import Path
 
 from infertool import net
+from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
 from infertool.errors import BackendError, RuntimeFailure, UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.server_engine import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, _pmap, parse_prompt_logprobs
 
-BUILTIN = "builtin"
-PROMPTS_FILE = "decode-prompts.jsonl"
 MAX_FORCED_REQUESTS = 8  # teacher-forcing requests per prompt beyond its own greedy run (then one echo request)
 MAX_PROMPT_FILE_BYTES = 8 * 1024 * 1024
 MAX_PROMPTS = 100_000
@@ -63,7 +62,9 @@ _PROMPTS_HINT = ("a decode prompt file is JSONL: one object a line with an \"id\
 
 def builtin_path() -> Path:
     """infertool's own decode prompts (package data: infertool/_data/evals/decode-prompts.jsonl)."""
-    return Path(__file__).resolve().parent.parent / "_data" / "evals" / PROMPTS_FILE
+    from infertool.data.suites import decode_prompts_path
+
+    return decode_prompts_path()
 
 
 def _check_prompt(obj, n: int) -> tuple[dict | None, str | None]:

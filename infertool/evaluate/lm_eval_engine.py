@@ -115,7 +115,7 @@ def _checked_marker(spec, packages: dict) -> Path:
     import infertool
     from infertool.data.fingerprint import digest
     from infertool.envs.paths import home
-    from infertool.resolve import phase_fingerprints
+    from infertool.data.suites import phase_fingerprints
     from types import SimpleNamespace
 
     files = phase_fingerprints(SimpleNamespace(decode=None, lm_eval=spec)).get("lm_eval")
