@@ -157,7 +157,7 @@ def phase_fingerprints(ev) -> dict:
     the user's .jsonl) and the folder of lm-eval task YAMLs and their data (eval.lm_eval.include_path). A
     stage that runs the phases (`eval`'s, tune's reference / screen / served) keys on it: an edited prompt or
     task file is never answered from the cache."""
-    from infertool.data.fingerprint import digest, file_sha256
+    from infertool.data.fingerprint import file_sha256
 
     out: dict = {}
     dec = getattr(ev, "decode", None) if ev is not None else None
@@ -166,12 +166,20 @@ def phase_fingerprints(ev) -> dict:
         out["decode"] = {"prompts": str(dec.prompts), "sha256": file_sha256(p) if p.is_file() else None}
     lm = getattr(ev, "lm_eval", None) if ev is not None else None
     if lm is not None and lm.include_path:
-        root = Path(lm.include_path).expanduser()
-        files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
-        out["lm_eval"] = {"include_path": str(lm.include_path), "files": digest([
-            [str(f.relative_to(root)), file_sha256(f) if k < MAX_TASK_FILES else [f.stat().st_size, f.stat().st_mtime_ns]]
-            for k, f in enumerate(files)])}
+        out["lm_eval"] = {"include_path": str(lm.include_path), "files": folder_digest(lm.include_path)}
     return out
+
+
+def folder_digest(folder: str | Path) -> str:
+    """Every file under ``folder`` by its relative name and content (the first MAX_TASK_FILES; the rest by size
+    and time); a folder that is not there digests as empty."""
+    from infertool.data.fingerprint import digest, file_sha256
+
+    root = Path(folder).expanduser()
+    files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
+    return digest([[str(f.relative_to(root)),
+                    file_sha256(f) if k < MAX_TASK_FILES else [f.stat().st_size, f.stat().st_mtime_ns]]
+                   for k, f in enumerate(files)])
 
 
 def list_builtin() -> list[Suite]:

@@ -114,11 +114,10 @@ def _checked_marker(spec, packages: dict) -> Path:
     lmeval environment's packages."""
     import infertool
     from infertool.data.fingerprint import digest
+    from infertool.data.suites import folder_digest
     from infertool.envs.paths import home
-    from infertool.data.suites import phase_fingerprints
-    from types import SimpleNamespace
 
-    files = phase_fingerprints(SimpleNamespace(decode=None, lm_eval=spec)).get("lm_eval")
+    files = folder_digest(spec.include_path) if spec.include_path else None
     key = digest({"tasks": list(spec.tasks), "include": files, "infertool": infertool.__version__,
                   "packages": packages})
     return home() / "cache" / "lm_eval_checks" / f"{key}.json"

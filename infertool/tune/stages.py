@@ -230,7 +230,9 @@ def open_sources(gates: list[dict], phases: list) -> set[str]:
     that does not name its gates (no ``gates``) is scored in every round."""
     by_gate = gate_sources(phases)
     out = {by_gate.get(g["name"], SUITE) for g in gates if g.get("status") not in ("PASS", "FAIL", "n/a")}
-    return out | {ph.name for ph in phases if not hasattr(ph, "gates")} if out else out
+    if out:  # something is still open: the phases that name no gates may be what decides it
+        out |= {ph.name for ph in phases if not hasattr(ph, "gates")}
+    return out
 
 
 @dataclasses.dataclass
