@@ -72,6 +72,20 @@ def default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.fixture
+def python_sigint():
+    """Python's own SIGINT handler for one test, restored after it. `_thread.interrupt_main()` (what Ray's cancel
+    does) acts only while Python handles SIGINT: a run started with `nohup` or `&` inherits SIGINT ignored, and
+    the call then does nothing."""
+    import signal
+
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
 class Lines:
     """A child's output stream read by a thread, so that every wait on it is bounded: ``until(marker)`` returns
     the lines up to the first that holds ``marker``; ``rest()`` the lines after it, up to the end of the stream.

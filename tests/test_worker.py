@@ -184,7 +184,7 @@ time.sleep(600)
             stop_group(pid, 2)
 
 
-def test_an_interruption_without_a_signal_stops_the_worker(tmp_path, monkeypatch):
+def test_an_interruption_without_a_signal_stops_the_worker(tmp_path, monkeypatch, python_sigint):
     # Ray cancels a running task by setting Python's interrupt flag: no signal wakes a blocking read. While the
     # worker is silent (paused), the runner must still act on it: stop the worker and raise KeyboardInterrupt.
     import _thread
