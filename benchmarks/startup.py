@@ -1,6 +1,6 @@
 """Start-up time of `infertool --help` against bare `python -c pass`, measured side by side.
 
-Target (docs/architecture.md / issue 2): under 0.3 s above bare Python. Runs both commands interleaved
+Target (issue 33): at most 0.1 s above bare Python (it was 0.3 s until 2026-12-03). Runs both commands interleaved
 N times and prints the medians, the difference and the ratio.
 
     python benchmarks/startup.py [--runs 20]
@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-TARGET_S = 0.3
+TARGET_S = 0.1
 
 
 def timed(cmd: list[str]) -> float:
@@ -41,9 +41,9 @@ def main() -> int:
     print(f"{'command':<28}{'median s':>10}{'min s':>10}")
     print(f"{'infertool --help':<28}{ma:>10.3f}{min(a):>10.3f}")
     print(f"{'python -c pass':<28}{mb:>10.3f}{min(b):>10.3f}")
-    print(f"difference: {diff:.3f} s (target < {TARGET_S} s)  ratio: {ma / mb:.2f}x  "
-          f"-> {'PASS' if diff < TARGET_S else 'FAIL'}  ({args.runs} runs each, interleaved)")
-    return 0 if diff < TARGET_S else 1
+    print(f"difference: {diff:.3f} s (target <= {TARGET_S} s)  ratio: {ma / mb:.2f}x  "
+          f"-> {'PASS' if diff <= TARGET_S else 'FAIL'}  ({args.runs} runs each, interleaved)")
+    return 0 if diff <= TARGET_S else 1
 
 
 if __name__ == "__main__":
