@@ -52,39 +52,99 @@ def _graph() -> dict[str, set[str]]:
     return edges
 
 
-def test_no_package_cycles():
-    edges = _graph()
-    # any cycle, not just pairs: depth-first search for a back edge
-    state: dict[str, int] = {}
-    stack: list[str] = []
-    cycles = []
+def _module_graph() -> dict[str, set[str]]:
+    """infertool's modules and the modules each imports (lazy imports inside functions included)."""
+    mods = _modules()
+    edges: dict[str, set[str]] = {}
+    for name, tree in mods.items():
+        for target, names in _imports(tree):
+            for t in [target] + [f"{target}.{n}" for n in names]:
+                if t in mods and t != name:
+                    edges.setdefault(name, set()).add(t)
+    return edges
 
-    def visit(node: str) -> None:
-        state[node] = 1
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle path per strongly connected component of more than one node (Tarjan's algorithm), as
+    [a, b, ..., a]: a cycle of any length, the shortest one through the component's first node."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
         stack.append(node)
+        on_stack.add(node)
         for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
-            elif nxt not in state:
-                visit(nxt)
-        stack.pop()
-        state[node] = 2
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
 
     for n in sorted(edges):
-        if n not in state:
-            visit(n)
-    assert not cycles, "package import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+        if n not in index:
+            connect(n)
+    return [_shortest_cycle(edges, c) for c in sorted(components)]
 
 
-def test_no_module_cycles_inside_packages():
-    """Within a package too (envs.manage <-> envs.runner once held together by lazy imports)."""
-    mods = _modules()
-    edges = {m: {t for t, names in _imports(tree) for t in [t] + [f"{t}.{n}" for n in names] if t in mods and t != m}
-             for m, tree in mods.items()}
-    for m, deps in edges.items():
-        for d in deps:
-            if d.rsplit(".", 1)[0] == m.rsplit(".", 1)[0] and m in edges.get(d, ()):
-                raise AssertionError(f"{m} and {d} import each other")
+def _shortest_cycle(edges: dict[str, set[str]], component: list[str]) -> list[str]:
+    """The shortest path from the component's first node back to itself, inside the component (breadth first)."""
+    start, inside = component[0], set(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(edges.get(node, set()) & inside):
+                if nxt == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return path[::-1] + [start]
+                if nxt not in came_from:
+                    came_from[nxt] = node
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no cycle through {start}")  # a strongly connected component always has one
+
+
+def _shown(cycles: list[list[str]]) -> str:
+    return "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_sees_any_length_and_lazy_imports():
+    """The finder itself: a cycle of three (and of two) with its path, and an import inside a function is an edge."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"x": {"y"}, "y": {"x", "z"}, "z": set()}) == [["x", "y", "x"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    lazy = ast.parse("def f():\n    if True:\n        from infertool.evaluate.decode import DecodePhase\n")
+    assert _imports(lazy) == [("infertool.evaluate.decode", ["DecodePhase"])]
+
+
+def test_no_package_cycles():
+    """Packages (and top-level modules) import down only: no cycle of any length, lazy imports included."""
+    cycles = _cycles(_graph())
+    assert not cycles, "package import cycles: " + _shown(cycles)
+
+
+def test_no_module_cycles():
+    """Modules too, inside a package and across them (evaluate.decode -> server_engine -> phases -> decode once
+    closed a cycle through two lazy imports; envs.manage <-> envs.runner another)."""
+    cycles = _cycles(_module_graph())
+    assert not cycles, "module import cycles: " + _shown(cycles)
 
 
 def test_no_private_names_across_packages():
