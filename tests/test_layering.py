@@ -228,6 +228,43 @@ def test_every_file_write_goes_through_atomic():
     assert not bad, "writes outside infertool.atomic:\n" + "\n".join(bad)
 
 
+DELETERS = ("shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.removedirs")
+DELETER_NAMES = {d.rsplit(".", 1)[1] for d in DELETERS}
+
+
+def _deletions(name: str, tree: ast.Module) -> list[str]:
+    """Every deletion a module makes itself: a call of shutil.rmtree, os.remove / unlink / rmdir / removedirs,
+    Path.unlink / rmdir (any ``.unlink(`` / ``.rmdir(`` call), or one of those names imported from os or shutil."""
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("os", "shutil"):
+            bad += [f"{name}:{node.lineno} from {node.module} import {a.name}" for a in node.names
+                    if a.name in DELETER_NAMES]
+        if isinstance(node, ast.Call):
+            f = ast.unparse(node.func)
+            if f in DELETERS or (isinstance(node.func, ast.Attribute) and node.func.attr in ("unlink", "rmdir")):
+                bad.append(f"{name}:{node.lineno} {f}")
+    return bad
+
+
+def test_deletion_rule_catches_planted_examples():
+    planted = ast.parse("import os, shutil\nfrom shutil import rmtree\n"
+                        "def clean(p):\n    shutil.rmtree(p, ignore_errors=True)\n    os.remove(p)\n"
+                        "    (p / 'x').unlink(missing_ok=True)\n    p.rmdir()\n    rmtree(p)\n")
+    assert _deletions("planted", planted) == [
+        "planted:2 from shutil import rmtree", "planted:4 shutil.rmtree", "planted:5 os.remove",
+        "planted:6 (p / 'x').unlink", "planted:7 p.rmdir"]
+    fine = ast.parse("from infertool.atomic import remove_inside\nremove_inside(p, root, ignore_errors=True)\n")
+    assert _deletions("fine", fine) == []
+
+
+def test_every_deletion_goes_through_remove_inside():
+    """Nothing outside a folder the caller owns is ever deleted: every deletion is atomic.remove_inside(target,
+    inside), so no module but infertool.atomic removes a file or a folder itself."""
+    bad = [d for name, tree in _modules().items() if name != "infertool.atomic" for d in _deletions(name, tree)]
+    assert not bad, "deletions outside infertool.atomic (use atomic.remove_inside):\n" + "\n".join(bad)
+
+
 MAX_FUNCTION_LINES = 120
 
 
