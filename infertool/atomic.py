@@ -14,7 +14,8 @@ renamed over it. A leaf (standard library only).
   ``--out /dev/null --force`` would put a regular file where /dev/null was), never under /proc, /sys or /dev.
 
 A reader never sees half a file or half a directory, and an interrupted write leaves the old one (or nothing)
-in place. tests/test_layering.py fails on an ``os.replace`` anywhere else.
+in place. tests/test_layering.py fails on an ``os.replace``, and on a deletion (``shutil.rmtree``, ``os.remove``,
+``Path.unlink``, ...), anywhere else.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
-"""The package graph reads top-down: no two infertool packages import each other (lazy imports inside
-functions count), no module imports another package's private names, the leaves stay leaves, and there
-is one free-port helper, one process-group stopper and one way to register a command."""
+"""The package graph reads top-down: no import cycle of any length between infertool's packages or modules
+(lazy imports inside functions count), no module imports another package's private names, the leaves stay
+leaves, and there is one free-port helper, one process-group stopper, one way to register a command, and one
+way to write or delete a file (infertool.atomic)."""
 
 from __future__ import annotations
 
