@@ -126,7 +126,7 @@ def _shown(cycles: list[list[str]]) -> str:
     return "; ".join(" -> ".join(c) for c in cycles)
 
 
-def test_cycle_finder_sees_any_length_and_lazy_imports():
+def test_cycle_finder_sees_any_length_and_lazy_imports() -> None:
     """The finder itself: a cycle of three (and of two) with its path, and an import inside a function is an edge."""
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
     assert _cycles({"x": {"y"}, "y": {"x", "z"}, "z": set()}) == [["x", "y", "x"]]
@@ -135,13 +135,13 @@ def test_cycle_finder_sees_any_length_and_lazy_imports():
     assert _imports(lazy) == [("infertool.evaluate.decode", ["DecodePhase"])]
 
 
-def test_no_package_cycles():
+def test_no_package_cycles() -> None:
     """Packages (and top-level modules) import down only: no cycle of any length, lazy imports included."""
     cycles = _cycles(_graph())
     assert not cycles, "package import cycles: " + _shown(cycles)
 
 
-def test_no_module_cycles():
+def test_no_module_cycles() -> None:
     """Modules too, inside a package and across them (evaluate.decode -> server_engine -> phases -> decode once
     closed a cycle through two lazy imports; envs.manage <-> envs.runner another)."""
     cycles = _cycles(_module_graph())
@@ -248,7 +248,7 @@ def _deletions(name: str, tree: ast.Module) -> list[str]:
     return bad
 
 
-def test_deletion_rule_catches_planted_examples():
+def test_deletion_rule_catches_planted_examples() -> None:
     planted = ast.parse("import os, shutil\nfrom shutil import rmtree\n"
                         "def clean(p):\n    shutil.rmtree(p, ignore_errors=True)\n    os.remove(p)\n"
                         "    (p / 'x').unlink(missing_ok=True)\n    p.rmdir()\n    rmtree(p)\n")
@@ -259,7 +259,7 @@ def test_deletion_rule_catches_planted_examples():
     assert _deletions("fine", fine) == []
 
 
-def test_every_deletion_goes_through_remove_inside():
+def test_every_deletion_goes_through_remove_inside() -> None:
     """Nothing outside a folder the caller owns is ever deleted: every deletion is atomic.remove_inside(target,
     inside), so no module but infertool.atomic removes a file or a folder itself."""
     bad = [d for name, tree in _modules().items() if name != "infertool.atomic" for d in _deletions(name, tree)]
