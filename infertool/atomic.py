@@ -14,7 +14,8 @@ renamed over it. A leaf (standard library only).
   ``--out /dev/null --force`` would put a regular file where /dev/null was), never under /proc, /sys or /dev.
 
 A reader never sees half a file or half a directory, and an interrupted write leaves the old one (or nothing)
-in place. tests/test_layering.py fails on an ``os.replace`` anywhere else.
+in place. tests/test_layering.py fails on an ``os.replace``, and on a deletion (``shutil.rmtree``, ``os.remove``,
+``Path.unlink``, ...), anywhere else.
 """
 
 from __future__ import annotations
@@ -61,10 +62,7 @@ def atomic_path(target: str | Path, *, suffix: str = ".tmp") -> Iterator[Path]:
         os.chmod(tmp, _file_mode(target))
         os.replace(tmp, target)
     except BaseException:
-        try:
-            tmp.unlink()
-        except FileNotFoundError:
-            pass
+        remove_inside(tmp, target.parent)
         raise
 
 
@@ -159,20 +157,22 @@ def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
             raise FileExistsError(f"{target} already exists")
         replace_dir(tmp, target)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        remove_inside(tmp, target.parent, ignore_errors=True)
 
 
 class UnsafeRemoval(ValueError):
     """A deletion that would reach outside the folder it was confined to (never performed)."""
 
 
-def remove_inside(target: str | Path, inside: str | Path) -> bool:
+def remove_inside(target: str | Path, inside: str | Path, *, ignore_errors: bool = False) -> bool:
     """Delete ``target`` (a file, a folder tree, or a symlink: the link itself, never what it points to) only
-    when it lies strictly inside ``inside``. The check resolves ``target``'s parent (so ``..`` and links on
-    the way are followed) but not ``target`` itself, so a symlink in the tree pointing outside is unlinked,
-    not followed. Raises UnsafeRemoval for anything else (``inside`` itself, a folder above it, a path
-    elsewhere, a name that is ``.``/``..``/empty). Returns whether something was there to remove."""
+    when it lies strictly inside ``inside``, the folder the caller owns. The check resolves ``target``'s parent
+    (so ``..`` and links on the way are followed) but not ``target`` itself, so a symlink in the tree pointing
+    outside is unlinked, not followed. Raises UnsafeRemoval for anything else (``inside`` itself, a folder above
+    it, a path elsewhere, a name that is ``.``/``..``/empty). Returns whether something was there to remove.
+    ``ignore_errors``: a best-effort cleanup (a temporary folder after a failure, a sweep of stale ones): an
+    OSError while deleting is ignored, as ``shutil.rmtree(ignore_errors=True)`` does; the confinement check is
+    not (UnsafeRemoval is still raised)."""
     target, root = Path(target), Path(inside).resolve()
     if target.name in ("", ".", ".."):
         raise UnsafeRemoval(f"refusing to delete {str(target)!r}: not a named entry inside {root}")
@@ -180,11 +180,15 @@ def remove_inside(target: str | Path, inside: str | Path) -> bool:
     if real == root or root not in real.parents:
         raise UnsafeRemoval(f"refusing to delete {str(target)!r}: it is not inside {root}")
     if real.is_symlink() or (real.exists() and not real.is_dir()):
-        real.unlink(missing_ok=True)
+        try:
+            real.unlink(missing_ok=True)
+        except OSError:
+            if not ignore_errors:
+                raise
         return True
     if not real.exists():
         return False
-    shutil.rmtree(real)  # does not follow symlinks inside the tree
+    shutil.rmtree(real, ignore_errors=ignore_errors)  # does not follow symlinks inside the tree
     return True
 
 

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from infertool.atomic import move_into_place, write_text
+from infertool.atomic import move_into_place, remove_inside, write_text
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
 from infertool.errors import UsageError
 from infertool.perf import hardware
@@ -1342,8 +1342,7 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
         if dest is not None:
             _publish(tmp, dest, force)
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        remove_inside(tmp, folder)
     reasons = list(plan.reasons) + [f"the original model (which the eval serves with these settings): {r}"
                                     for r in (original.reasons if original else [])]
     fits = plan.fits and (original is None or original.fits)

@@ -30,7 +30,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from infertool.atomic import write_json
+from infertool.atomic import remove_inside, write_json
 from infertool.errors import InfertoolError, UsageError
 from infertool.stages import Stage, StageContext, StageOutput, cached_stage
 from infertool.summaries import ModelSummary, RunManifest, StageRecord
@@ -374,6 +374,6 @@ def _final_resolution(recipe, upstream: dict[str, StageOutput]) -> dict | None:
 
 
 def _link(link: Path, target: Path) -> None:
-    if link.is_symlink() or link.exists():
-        link.unlink()
+    if link.is_symlink() or link.is_file():  # a folder there is never removed: os.symlink then fails, as unlink did
+        remove_inside(link, link.parent)
     os.symlink(os.path.relpath(target, link.parent), link)

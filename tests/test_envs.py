@@ -220,6 +220,8 @@ def test_remove_inside_confines_every_deletion(tmp_path):
     for bad in (root, tmp_path, root / "..", root / "d" / "..", root / "d" / ".." / "..", "/", root / "d" / "up" / "keep", tmp_path / "keep"):
         with pytest.raises(UnsafeRemoval):
             remove_inside(bad, root)
+        with pytest.raises(UnsafeRemoval):  # a best-effort cleanup ignores OSErrors, never the confinement
+            remove_inside(bad, root, ignore_errors=True)
     assert (tmp_path / "keep").is_dir() and root.is_dir()
     assert remove_inside(root / "link", root) and (tmp_path / "keep").is_dir()
     assert remove_inside(root / "d", root) and not (root / "d").exists() and (tmp_path / "keep").is_dir()

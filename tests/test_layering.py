@@ -1,6 +1,7 @@
-"""The package graph reads top-down: no two infertool packages import each other (lazy imports inside
-functions count), no module imports another package's private names, the leaves stay leaves, and there
-is one free-port helper, one process-group stopper and one way to register a command."""
+"""The package graph reads top-down: no import cycle of any length between infertool's packages or modules
+(lazy imports inside functions count), no module imports another package's private names, the leaves stay
+leaves, and there is one free-port helper, one process-group stopper, one way to register a command, and one
+way to write or delete a file (infertool.atomic)."""
 
 from __future__ import annotations
 
@@ -52,39 +53,99 @@ def _graph() -> dict[str, set[str]]:
     return edges
 
 
-def test_no_package_cycles():
-    edges = _graph()
-    # any cycle, not just pairs: depth-first search for a back edge
-    state: dict[str, int] = {}
-    stack: list[str] = []
-    cycles = []
+def _module_graph() -> dict[str, set[str]]:
+    """infertool's modules and the modules each imports (lazy imports inside functions included)."""
+    mods = _modules()
+    edges: dict[str, set[str]] = {}
+    for name, tree in mods.items():
+        for target, names in _imports(tree):
+            for t in [target] + [f"{target}.{n}" for n in names]:
+                if t in mods and t != name:
+                    edges.setdefault(name, set()).add(t)
+    return edges
 
-    def visit(node: str) -> None:
-        state[node] = 1
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """One cycle path per strongly connected component of more than one node (Tarjan's algorithm), as
+    [a, b, ..., a]: a cycle of any length, the shortest one through the component's first node."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    components: list[list[str]] = []
+
+    def connect(node: str) -> None:
+        index[node] = low[node] = len(index)
         stack.append(node)
+        on_stack.add(node)
         for nxt in sorted(edges.get(node, ())):
-            if state.get(nxt) == 1:
-                cycles.append(stack[stack.index(nxt):] + [nxt])
-            elif nxt not in state:
-                visit(nxt)
-        stack.pop()
-        state[node] = 2
+            if nxt not in index:
+                connect(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                components.append(sorted(component))
 
     for n in sorted(edges):
-        if n not in state:
-            visit(n)
-    assert not cycles, "package import cycles: " + "; ".join(" -> ".join(c) for c in cycles)
+        if n not in index:
+            connect(n)
+    return [_shortest_cycle(edges, c) for c in sorted(components)]
 
 
-def test_no_module_cycles_inside_packages():
-    """Within a package too (envs.manage <-> envs.runner once held together by lazy imports)."""
-    mods = _modules()
-    edges = {m: {t for t, names in _imports(tree) for t in [t] + [f"{t}.{n}" for n in names] if t in mods and t != m}
-             for m, tree in mods.items()}
-    for m, deps in edges.items():
-        for d in deps:
-            if d.rsplit(".", 1)[0] == m.rsplit(".", 1)[0] and m in edges.get(d, ()):
-                raise AssertionError(f"{m} and {d} import each other")
+def _shortest_cycle(edges: dict[str, set[str]], component: list[str]) -> list[str]:
+    """The shortest path from the component's first node back to itself, inside the component (breadth first)."""
+    start, inside = component[0], set(component)
+    came_from: dict[str, str] = {}
+    frontier = [start]
+    while frontier:
+        following = []
+        for node in frontier:
+            for nxt in sorted(edges.get(node, set()) & inside):
+                if nxt == start:
+                    path = [node]
+                    while path[-1] != start:
+                        path.append(came_from[path[-1]])
+                    return path[::-1] + [start]
+                if nxt not in came_from:
+                    came_from[nxt] = node
+                    following.append(nxt)
+        frontier = following
+    raise AssertionError(f"no cycle through {start}")  # a strongly connected component always has one
+
+
+def _shown(cycles: list[list[str]]) -> str:
+    return "; ".join(" -> ".join(c) for c in cycles)
+
+
+def test_cycle_finder_sees_any_length_and_lazy_imports() -> None:
+    """The finder itself: a cycle of three (and of two) with its path, and an import inside a function is an edge."""
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c", "a"]]
+    assert _cycles({"x": {"y"}, "y": {"x", "z"}, "z": set()}) == [["x", "y", "x"]]
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    lazy = ast.parse("def f():\n    if True:\n        from infertool.evaluate.decode import DecodePhase\n")
+    assert _imports(lazy) == [("infertool.evaluate.decode", ["DecodePhase"])]
+
+
+def test_no_package_cycles() -> None:
+    """Packages (and top-level modules) import down only: no cycle of any length, lazy imports included."""
+    cycles = _cycles(_graph())
+    assert not cycles, "package import cycles: " + _shown(cycles)
+
+
+def test_no_module_cycles() -> None:
+    """Modules too, inside a package and across them (evaluate.decode -> server_engine -> phases -> decode once
+    closed a cycle through two lazy imports; envs.manage <-> envs.runner another)."""
+    cycles = _cycles(_module_graph())
+    assert not cycles, "module import cycles: " + _shown(cycles)
 
 
 def test_no_private_names_across_packages():
@@ -166,6 +227,43 @@ def test_every_file_write_goes_through_atomic():
                 if f.endswith(".write_text") or f.endswith(".write_bytes"):
                     bad.append(f"{name}:{node.lineno} {f}")
     assert not bad, "writes outside infertool.atomic:\n" + "\n".join(bad)
+
+
+DELETERS = ("shutil.rmtree", "os.remove", "os.unlink", "os.rmdir", "os.removedirs")
+DELETER_NAMES = {d.rsplit(".", 1)[1] for d in DELETERS}
+
+
+def _deletions(name: str, tree: ast.Module) -> list[str]:
+    """Every deletion a module makes itself: a call of shutil.rmtree, os.remove / unlink / rmdir / removedirs,
+    Path.unlink / rmdir (any ``.unlink(`` / ``.rmdir(`` call), or one of those names imported from os or shutil."""
+    bad = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module in ("os", "shutil"):
+            bad += [f"{name}:{node.lineno} from {node.module} import {a.name}" for a in node.names
+                    if a.name in DELETER_NAMES]
+        if isinstance(node, ast.Call):
+            f = ast.unparse(node.func)
+            if f in DELETERS or (isinstance(node.func, ast.Attribute) and node.func.attr in ("unlink", "rmdir")):
+                bad.append(f"{name}:{node.lineno} {f}")
+    return bad
+
+
+def test_deletion_rule_catches_planted_examples() -> None:
+    planted = ast.parse("import os, shutil\nfrom shutil import rmtree\n"
+                        "def clean(p):\n    shutil.rmtree(p, ignore_errors=True)\n    os.remove(p)\n"
+                        "    (p / 'x').unlink(missing_ok=True)\n    p.rmdir()\n    rmtree(p)\n")
+    assert _deletions("planted", planted) == [
+        "planted:2 from shutil import rmtree", "planted:4 shutil.rmtree", "planted:5 os.remove",
+        "planted:6 (p / 'x').unlink", "planted:7 p.rmdir"]
+    fine = ast.parse("from infertool.atomic import remove_inside\nremove_inside(p, root, ignore_errors=True)\n")
+    assert _deletions("fine", fine) == []
+
+
+def test_every_deletion_goes_through_remove_inside() -> None:
+    """Nothing outside a folder the caller owns is ever deleted: every deletion is atomic.remove_inside(target,
+    inside), so no module but infertool.atomic removes a file or a folder itself."""
+    bad = [d for name, tree in _modules().items() if name != "infertool.atomic" for d in _deletions(name, tree)]
+    assert not bad, "deletions outside infertool.atomic (use atomic.remove_inside):\n" + "\n".join(bad)
 
 
 MAX_FUNCTION_LINES = 120

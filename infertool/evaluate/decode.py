@@ -42,7 +42,7 @@ from infertool import net
 from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
 from infertool.errors import BackendError, RuntimeFailure, UsageError
 from infertool.evaluate import metrics as M
-from infertool.evaluate.server_engine import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, _pmap, parse_prompt_logprobs
+from infertool.evaluate.answers import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
 
 MAX_FORCED_REQUESTS = 8  # teacher-forcing requests per prompt beyond its own greedy run (then one echo request)
 MAX_PROMPT_FILE_BYTES = 8 * 1024 * 1024
@@ -302,20 +302,20 @@ class DecodePhase:
 
         prog = lambda what: (lambda d, n=len(prompts): events.progress(f"decode:{served.label}", d, n,  # noqa: E731
                                                                       f"{served.label} decode: {what}"))
-        all_ids = _pmap(tokenize, prompts, WORKERS, what=f"decode prompts ({where})")
+        all_ids = pmap(tokenize, prompts, WORKERS, what=f"decode prompts ({where})")
         prior_by = {p["id"]: p for p in (prior or {}).get("prompts", [])}
         for p, ids in zip(prompts, all_ids):
             ref = prior_by.get(p["id"])
             if ref is not None and ref["prompt_ids"] != ids:
                 raise RuntimeFailure(f"decode prompt {p['id']!r}: the two servers tokenized it differently",
                                      hint="base and candidate must share a tokenizer (and chat template)")
-        own = _pmap(lambda ids: _generate(client, ids, n_max, k), all_ids, WORKERS, prog("greedy"),
+        own = pmap(lambda ids: _generate(client, ids, n_max, k), all_ids, WORKERS, prog("greedy"),
                     what=f"decode prompts ({where})")
         out = [{"id": p["id"], "prompt_ids": ids, **g, "prefill": [j == 0 for j in range(len(g["tokens"]))]}
                for p, ids, g in zip(prompts, all_ids, own)]
         if prior is not None:
             jobs = [(rec, prior_by[rec["id"]]) for rec in out if rec["id"] in prior_by]
-            forced = _pmap(lambda job: teacher_force(client, job[0], job[1]["tokens"], k), jobs, WORKERS,
+            forced = pmap(lambda job: teacher_force(client, job[0], job[1]["tokens"], k), jobs, WORKERS,
                            prog("teacher-forced"), what=f"decode prompts ({where})")
             for (rec, _), f in zip(jobs, forced):
                 rec["forced"] = f

@@ -17,19 +17,13 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from infertool import net
 from infertool.errors import BackendError, RuntimeFailure, UsageError
+from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
 from infertool.evaluate.metrics import topk_kld
 
-NO_PROMPT_LOGPROBS_HINT = (
-    "log-likelihood tasks (perplexity, multiple_choice) need prompt log-probabilities: a server that "
-    "accepts /v1/completions with echo=true and logprobs=N (vLLM does; start it with --max-logprobs 20). "
-    "Generation-only suites (e.g. synthetic-gen) work without them"
-)
 
 # How long the engine waits for a server (infertool.net's deadlines, not a timeout per read): one request (a
 # window of prompt log-probabilities on a CPU server can take minutes), and the whole scoring of one model (a
@@ -40,21 +34,6 @@ CONTROL_S = 60.0  # /v1/models and /tokenize (at most the request's deadline): n
 STAGE_S = 12 * 3600.0
 REQUEST_ENV = "INFERTOOL_EVAL_REQUEST_S"
 STAGE_ENV = "INFERTOOL_EVAL_STAGE_S"
-
-# A prompt log-probability a server may send: finite, at most a rounding above 0 (read as 0), at least LP_FLOOR
-# (vLLM writes -inf as -9999.0). Anything else makes the answer malformed, never a figure.
-LP_CEIL = 1e-3
-LP_FLOOR = -1e4
-MAX_TOKEN_ID = 2**31
-
-
-class NoPromptLogprobs(BackendError):
-    """The server answered, but without prompt log-probabilities."""
-
-
-class Malformed(BackendError):
-    """One answer the engine cannot score (wrong types, values out of range): counted by ``_pmap`` with its
-    reason, then reported together."""
 
 
 def seconds_from_env(name: str, default: float) -> float:
@@ -90,77 +69,6 @@ def net_failure(e: net.NetError) -> BackendError:
     return BackendError(f"{what}: {e.reason}", hint=_NET_HINTS.get(e.kind))
 
 
-def _lp(v, where: str) -> float:
-    """A log-probability from a server, checked (see LP_CEIL, LP_FLOOR); a small positive rounding reads as 0."""
-    x = net.number(v, lo=LP_FLOOR, hi=LP_CEIL)
-    if x is None:
-        shown = "missing (null, NaN or Infinity)" if v is None else f"{net.quote(repr(v), n=40)}, not a log-probability"
-        raise Malformed(f"{where} is {shown}: a log-probability is a finite number in [{LP_FLOOR:g}, 0]")
-    return min(x, 0.0)
-
-
-def _list(v, name: str, n: int, kind=None) -> list:
-    if not isinstance(v, list) or len(v) < n:
-        got = f"a list of {len(v)}" if isinstance(v, list) else f"a {type(v).__name__}"
-        raise Malformed(f"logprobs.{name} is {got}, not a list of at least {n} (the prompt's tokens)")
-    if kind is not None and not all(isinstance(x, kind) and not isinstance(x, bool) for x in v[:n]):
-        raise Malformed(f"logprobs.{name} holds values that are not {kind.__name__}s")
-    return v[:n]
-
-
-def _top(v, i: int) -> dict[str, float]:
-    if not isinstance(v, dict) or not v:
-        raise Malformed(f"top_logprobs[{i}] is {net.quote(repr(v), n=40)}, not the top-k log-probabilities")
-    return {str(t): _lp(x, f"top_logprobs[{i}][{net.quote(str(t), n=20)!r}]") for t, x in v.items()}
-
-
-def _prompt_len(r: dict, prompt: str | list[int], tokens: list) -> int:
-    """How many of the echoed tokens are the prompt's: the ids sent, else usage.prompt_tokens (a count within
-    the answer's tokens), else all but the generated one."""
-    if isinstance(prompt, list):
-        return len(prompt)
-    usage = r.get("usage")
-    if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
-        n = net.count(usage["prompt_tokens"], hi=len(tokens))
-        if n is None:
-            raise Malformed(f"usage.prompt_tokens {net.quote(repr(usage['prompt_tokens']), n=40)} is not a count "
-                            f"of the answer's {len(tokens)} tokens")
-        return n
-    return len(tokens) - 1
-
-
-def parse_prompt_logprobs(r: dict, prompt: str | list[int], where: str) -> dict:
-    """An echo + logprobs answer checked and cut to the prompt's tokens: {"tokens", "lp", "top", "offsets"}.
-    ``lp[0]`` is None (the first token has no context); every other position has a log-probability and a
-    non-empty top-k. No prompt log-probabilities at all: NoPromptLogprobs; anything else wrong: Malformed."""
-    choices = r.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    if not isinstance(choice, dict):
-        raise Malformed("the answer has no choices[0] object")
-    lp = choice.get("logprobs")
-    if lp is not None and not isinstance(lp, dict):
-        raise Malformed(f"choices[0].logprobs is a {type(lp).__name__}, not an object")
-    lp = lp or {}
-    tokens, token_lps = lp.get("tokens"), lp.get("token_logprobs")
-    for name, v in (("tokens", tokens), ("token_logprobs", token_lps)):
-        if v is not None and not isinstance(v, list):
-            raise Malformed(f"logprobs.{name} is a {type(v).__name__}, not a list")
-    n = _prompt_len(r, prompt, tokens) if tokens else 0
-    if not tokens or not token_lps or not any(v is not None for v in token_lps[1:n]):
-        raise NoPromptLogprobs(
-            f"{where} returned no prompt log-probabilities (echo + logprobs): refusing to score log-likelihood "
-            "tasks, which would come out at chance", hint=NO_PROMPT_LOGPROBS_HINT)
-    tokens = _list(tokens, "tokens", n, str)
-    lps = _list(token_lps, "token_logprobs", n)
-    out_lp = [None if i == 0 and v is None else _lp(v, f"token_logprobs[{i}]") for i, v in enumerate(lps)]
-    top = lp.get("top_logprobs")
-    top = _list(top, "top_logprobs", n) if top is not None else [None] * n
-    out_top = [_top(t, i) if (i or t) else {} for i, t in enumerate(top)]
-    offsets = lp.get("text_offset")
-    offsets = _list(offsets, "text_offset", n, int) if offsets is not None else []
-    if any(net.count(o) is None for o in offsets):
-        raise Malformed("logprobs.text_offset holds offsets that are not counts")
-    return {"tokens": tokens, "lp": out_lp, "top": out_top, "offsets": offsets}
 
 
 class Client:
@@ -308,38 +216,6 @@ def _first(r: dict, inner: str | None, key: str):
     return node.get(key)
 
 
-def _pmap(fn: Callable, items: list, workers: int, progress: Callable[[int], None] | None = None,
-          what: str = "items") -> list:
-    """Map over items with a bounded thread pool, preserving order (the server batches concurrent requests).
-
-    An item whose answer is Malformed is counted and the others go on; at the end they fail together, with
-    their count and the first reasons. Any other error stops the map at once (the items not started are
-    cancelled) and is raised: one unreachable or silent server costs one deadline, not one per item."""
-    out = [None] * len(items)
-    bad: dict[str, list[int]] = {}  # reason: the items that gave it
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
-        done = 0
-        try:
-            for fut in futures:
-                try:
-                    out[futures[fut]] = fut.result()
-                except Malformed as e:
-                    bad.setdefault(e.message, []).append(futures[fut])
-                done += 1
-                if progress:
-                    progress(done)
-        except BaseException:
-            pool.shutdown(wait=True, cancel_futures=True)
-            raise
-    if bad:
-        n = sum(len(v) for v in bad.values())
-        why = "; ".join(f"{reason} (x{len(idx)})" if len(idx) > 1 else reason for reason, idx in list(bad.items())[:3])
-        raise Malformed(f"{n} of {len(items)} {what} could not be scored: the server's answers were malformed: "
-                        f"{why}{'; ...' if len(bad) > 3 else ''}",
-                        hint="is this an OpenAI-compatible server (vLLM)? infertool refuses a verdict from "
-                        "answers it cannot check")
-    return out
 
 
 def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, label: str) -> dict:
@@ -366,7 +242,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
                 raise UsageError(f"task {name!r}: fewer than one window of {L} tokens", hint="lower eval.seq_len")
             start = int(task.get("window_start") or 0)  # scoring in rounds: windows [start, n) of the same cut
             windows = [ids[i * L:(i + 1) * L] for i in range(start, n)]
-            res = _pmap(lambda w: client.prompt_logprobs(w, k), windows, workers,
+            res = pmap(lambda w: client.prompt_logprobs(w, k), windows, workers,
                         lambda d: prog(d, len(windows), "windows"), what=f"windows of task {name!r} ({where})")
             items = []
             for i, r in enumerate(res):
@@ -398,7 +274,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
                 greedy = all(r["top"][i] and max(r["top"][i], key=r["top"][i].get) == r["tokens"][i] for i in idx)
                 return _loglik([r["lp"][i] for i in idx], cont), greedy, len(r["tokens"])
 
-            res = _pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"), what=f"choices of task {name!r} ({where})")
+            res = pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"), what=f"choices of task {name!r} ({where})")
             by_item: dict[int, dict] = {}
             for (i, j, _, cont), (ll, greedy, ntok) in zip(reqs, res):
                 d = by_item.setdefault(i, {"ll": [], "greedy": [], "n_bytes": []})
@@ -418,7 +294,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
                         text = text[:text.index(st)]
                 return text
 
-            outs = _pmap(gen, task["items"], workers, lambda d: prog(d, len(task["items"]), "generate"),
+            outs = pmap(gen, task["items"], workers, lambda d: prog(d, len(task["items"]), "generate"),
                          what=f"items of task {name!r} ({where})")
             out[name] = {"type": "generate", "items": [{"id": it["id"], "out": o} for it, o in zip(task["items"], outs)]}
     stats["seconds"] = time.monotonic() - t0

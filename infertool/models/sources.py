@@ -239,13 +239,12 @@ def convert_gguf_cached(
         write_json(tmp / MARKER, meta)
         if final.exists():  # a concurrent conversion won the race, or a stale dir without a marker
             if (final / MARKER).is_file():
-                shutil.rmtree(tmp, ignore_errors=True)
+                remove_inside(tmp, models_cache(), ignore_errors=True)
                 return final, True, key
             remove_inside(final, models_cache())
         move_into_place(tmp, final)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        remove_inside(tmp, models_cache(), ignore_errors=True)
     return final, False, key
 
 
@@ -348,6 +347,5 @@ def copy_model_dir(src: Path, dest: Path, *, force: bool = False) -> Path:
                 f.chmod(0o644)
         replace_dir(tmp, dest)  # an existing dest is moved aside, then removed (a link unlinked, never followed)
     finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
+        remove_inside(tmp, dest.parent, ignore_errors=True)
     return dest

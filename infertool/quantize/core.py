@@ -17,7 +17,6 @@ written to.
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -26,7 +25,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infertool import backends
-from infertool.atomic import replace_dir, replace_refusal
+from infertool.atomic import remove_inside, replace_dir, replace_refusal
 from infertool.backends.base import QuantBackend, TaskInputs
 from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
@@ -394,8 +393,7 @@ def run(p: QuantizePlan, ctx: RunContext | None = None) -> QuantizeResult:
         verify = _load_check(p, ctx, work, log_dir, task_result, result)
         _publish(p, ctx, work, dest, task_result, verify, result)
     finally:
-        if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
+        remove_inside(work, dest.parent, ignore_errors=True)
     result.output = str(dest)
     p.timings["total"] = time.monotonic() - p.t0
     return result
@@ -415,7 +413,7 @@ def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path
     task = run_task(p.task, spec, on_event=ctx.on_event, log_dir=log_dir)
     p.timings["quantize_task"] = time.monotonic() - t
     p.timings["backend"] = task.result.get("timings", {})
-    shutil.rmtree(work / "offload", ignore_errors=True)
+    remove_inside(work / "offload", work, ignore_errors=True)
     return {**task.result, "trust_remote_code": spec.get("trust_remote_code", False)}
 
 

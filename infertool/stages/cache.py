@@ -53,7 +53,7 @@ def sweep_stale(cache: Path, prefix: str) -> None:
             continue
         who, pid = parts[0].rsplit("-", 1)
         if who == host and pid.isdigit() and process_start_time(int(pid)) is None:
-            shutil.rmtree(p, ignore_errors=True)
+            remove_inside(p, cache, ignore_errors=True)
 
 
 def _typed(summary: Any, summary_type: type[Record] | None) -> Any:
@@ -90,14 +90,14 @@ def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], Any], *,
                                           "completed": completed})
         if entry.exists():
             if (entry / "stage.json").is_file() and not force:  # another process finished the same work first
-                shutil.rmtree(work, ignore_errors=True)
+                remove_inside(work, cache, ignore_errors=True)
                 return cached_stage(cache, name, key, fn, summary_type=summary_type)
             remove_inside(entry, cache)  # a forced re-run replaces the old entry (never anything outside the cache)
         move_into_place(work, entry)
     except BaseException as exc:
         if isinstance(exc, Exception):  # a failure, not a Ctrl-C: its logs say why
             _point_to_kept(exc, work, keep_failed_logs(cache, work, f"{name}-{key}"))
-        shutil.rmtree(work, ignore_errors=True)
+        remove_inside(work, cache, ignore_errors=True)
         raise
     return CachedStage("done", entry, summary, seconds, completed, work)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 import time
 
+from infertool.atomic import remove_inside
 from infertool.errors import UsageError
 from infertool.tune.context import emit
 from infertool.tune.records import TrialRecord
@@ -309,7 +310,7 @@ def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_re
                     break
                 t = pending.pop(0)
                 emit(ctx.on_event, f"ray: trial {t.label}")
-                (ctx.dir / "trials" / t.id / PLACED).unlink(missing_ok=True)  # an older run's
+                remove_inside(ctx.dir / "trials" / t.id / PLACED, ctx.dir)  # an older run's
                 running[run_remote.options(**options(t)).remote(t.index, t.id)] = t
                 progress[0] = time.monotonic()
             if not running:
