@@ -21,7 +21,6 @@ An unknown name is a ``UsageError`` naming the known entries. A leaf: the standa
 from __future__ import annotations
 
 import importlib
-from importlib.metadata import entry_points
 from typing import Callable, Generic, TypeVar
 
 from infertool.errors import UsageError
@@ -97,7 +96,9 @@ class Registry(Generic[T]):
             for name, obj in make():
                 self._add(name, obj)
         if self.group:
-            for ep in entry_points(group=self.group):
+            from importlib import metadata  # here: a registry without a group (the worker's tasks) never reads it
+
+            for ep in metadata.entry_points(group=self.group):
                 self._add(ep.name, ep.value)
 
     def get(self, name: str) -> T:

@@ -4,11 +4,11 @@ order, sources, plugins from an entry-point group (a fake distribution's entry p
 from __future__ import annotations
 
 import sys
+from importlib import metadata
 from importlib.metadata import EntryPoint
 
 import pytest
 
-from infertool import registry as registry_mod
 from infertool.errors import UsageError
 from infertool.registry import Registry, RegistryError, load
 
@@ -71,7 +71,7 @@ def test_sources_and_entry_points_are_read_once_when_asked(fake_plugin, monkeypa
         asked.append(group)
         return [EntryPoint(name="beta", value="fake_plugin:BETA", group=group)]
 
-    monkeypatch.setattr(registry_mod, "entry_points", entry_points)
+    monkeypatch.setattr(metadata, "entry_points", entry_points)
     reg: Registry[int] = Registry("thing", group="infertool.things", sources=("fake_plugin:pairs",))
     reg.register("one", 1)
     reg.freeze()
