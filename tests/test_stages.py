@@ -163,8 +163,6 @@ def test_selection_brings_dependencies_and_leaves_out_what_the_recipe_does_not_a
 
 
 def test_tune_trial_graphs_come_from_the_same_registry(tmp_path):
-    import infertool.tune.core  # noqa: F401
-
     quantized = small_recipe(tmp_path, quantize={"method": "gptq", "group_size": 64})
     original = small_recipe(tmp_path)
     graph = lambda r, wanted: [s.name for s in stages.select(r, wanted, "tune", asked_only=True)]  # noqa: E731
@@ -343,8 +341,6 @@ def test_the_phases_inputs_key_the_stages_that_run_them(tmp_path):
         == {"decode": {"prompts": "builtin", "sha256": file_sha256(builtin_path())}}
     assert phase_fingerprints(SimpleNamespace(decode=SimpleNamespace(enabled=False, prompts="x"), lm_eval=None)) == {}
     assert phase_fingerprints(None) == {}
-    import infertool.tune.stages  # noqa: F401  (registers tune's stages)
-
     assert all("phases" in stages.get(n).inputs for n in ("eval", "reference", "screen", "served"))
     r = small_recipe(tmp_path, eval={})
     base = {"model": {"identity": "m"}, "suite": {"sha256": "s"}}
