@@ -20,13 +20,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Protocol, TypeVar
+from typing import Any, Callable
 
 EventCallback = Callable[[dict], None]
-
-OptionsT = TypeVar("OptionsT", contravariant=True)
-PlanT = TypeVar("PlanT")
-ResultT = TypeVar("ResultT", covariant=True)
 
 
 @dataclass
@@ -57,11 +53,3 @@ class RunContext:
         if self.on_event is not None:
             self.on_event({"event": "progress", "task": task, "completed": completed, "total": total,
                            "description": description})
-
-
-class Capability(Protocol[OptionsT, PlanT, ResultT]):
-    """A capability module (or object): ``plan`` then ``run``. A module with these two functions satisfies it."""
-
-    def plan(self, res: Any, options: OptionsT) -> PlanT: ...
-
-    def run(self, plan: PlanT, ctx: RunContext) -> ResultT: ...

@@ -156,7 +156,8 @@ class ModelSection(BaseModel):
 
 
 # Each backend's schema lives in its module (infertool.backends); the section is their union, picked by
-# method and backend (backends.registry.quantize_section), rebuilt when a backend is registered.
+# method and backend (backends.registry.quantize_section), built once: the backend registry is frozen (and its
+# plugins, the entry-point group infertool.backends, read) by then.
 QuantizeSection = backends.quantize_section()
 QUANTIZE_METHODS: tuple[str, ...] = backends.method_names()
 
@@ -1058,18 +1059,6 @@ class Recipe(BaseModel):
             raise _field_error("serve.model", "serve.model: quantized needs a quantize section (there is no "
                                "quantized model to serve); use original, a model directory, or add quantize")
         return self
-
-
-def _follow_the_backends() -> None:
-    """A backend registered after this module was imported (a plugin, a test) joins the quantize section."""
-    global QuantizeSection, QUANTIZE_METHODS
-    QuantizeSection = backends.quantize_section()
-    QUANTIZE_METHODS = backends.method_names()
-    Recipe.model_fields["quantize"].annotation = QuantizeSection | None
-    Recipe.model_rebuild(force=True)
-
-
-backends.on_change(_follow_the_backends)
 
 
 # --------------------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""The task registry: each unit of backend work that runs in a managed environment (a worker task) has a
+"""THE worker task registry: each unit of backend work that runs in a managed environment (a worker task) has a
 name, the environment it runs in, the modules it needs (to decide whether it can run in-process), and a
 target function given as a dotted path so that this registry imports nothing heavy.
 
@@ -9,9 +9,10 @@ InfertoolError subclasses for failures a user can act on. Tasks are not stages: 
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Callable, Protocol
+
+from infertool.registry import Registry, load
 
 
 class Events(Protocol):
@@ -30,59 +31,40 @@ class Task:
     extra: dict = field(default_factory=dict)
 
     def load(self) -> Callable[[dict, Events], dict]:
-        module_name, _, func = self.target.partition(":")
-        return getattr(importlib.import_module(module_name), func)
+        return load(self.target)  # type: ignore[return-value]  # a task's target is declared such a function
 
 
-_REGISTRY: dict[str, Task] = {}
-
-
-def register_task(task: Task) -> Task:
-    if task.name in _REGISTRY and _REGISTRY[task.name] != task:
-        raise ValueError(f"task {task.name!r} is already registered")
-    _REGISTRY[task.name] = task
-    return task
-
-
-_LOADED = False
-
-
-def _load_builtin() -> None:
-    """Register the TASKS of every module of infertool.task_defs (pure data: light imports only); a module's
-    ``TASKS_FROM`` ("package.module:function") names a function that returns more (the quantization backends')."""
-    global _LOADED
-    if _LOADED:
-        return
-    _LOADED = True
-    import pkgutil
-
-    import infertool.task_defs as defs
-
-    for info in sorted(pkgutil.iter_modules(defs.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{defs.__name__}.{info.name}")
-        entries = list(getattr(module, "TASKS", []))
-        if getattr(module, "TASKS_FROM", None):
-            entries += plugin_target(module.TASKS_FROM)()
-        for entry in entries:
-            register_task(Task(**entry))
-
-
-def get_task(name: str) -> Task:
-    from infertool.errors import UsageError
-
-    _load_builtin()
-    try:
-        return _REGISTRY[name]
-    except KeyError:
-        known = ", ".join(sorted(_REGISTRY))
-        raise UsageError(f"unknown task {name!r}", hint=f"known tasks: {known}") from None
+# THE task registry: the tasks of the capabilities below, listed once here (data: their targets are imported when
+# a task runs), then every quantization backend's own (``QuantBackend.tasks``, read from the backend registry
+# when a task is first looked up: named by a "module:function" string, as a target is, so nothing here imports
+# the backends).
+REGISTRY: Registry[Task] = Registry("task", sources=("infertool.backends.registry:worker_tasks",),
+                                    name_of=lambda t: t.name)
+for _task in (
+    Task("probe", env="",  # runs in any environment: reports what that environment holds
+         modules=(), target="infertool.envs.probe:probe_task",
+         description="report the interpreter, key package versions and accelerators of an environment"),
+    Task("selftest", env="", modules=(), target="infertool.envs.probe:selftest_task",
+         description="exercise the worker protocol: progress, logs, a result or a chosen failure"),
+    Task("model.import", env="quant", modules=("torch", "transformers", "gguf", "accelerate"),
+         target="infertool.models.convert:import_task",
+         description="convert a GGUF checkpoint into a Hugging Face safetensors directory"),
+    Task("model.generate", env="quant", modules=("torch", "transformers"),
+         target="infertool.models.convert:generate_task",
+         description="greedy-generate a few prompts with transformers (a smoke check of a model directory)"),
+    Task("eval.hf", env="quant", modules=("torch", "transformers"),
+         target="infertool.evaluate.hf_engine:compare_task",
+         description="score an eval suite with base and candidate in transformers: full-vocabulary KLD, "
+         "log-likelihoods, greedy outputs"),
+    Task("profile.peaks", env="quant", modules=("torch",), target="infertool.profile.measure:peaks_task",
+         description="measure this machine's memory bandwidth and matmul FLOP/s"),
+    Task("profile.hf", env="quant", modules=("torch", "transformers"), target="infertool.profile.measure:hf_task",
+         description="time prefill and decode steps with transformers over a grid of shapes"),
+):
+    REGISTRY.register(_task.name, _task)
+REGISTRY.freeze()
+get_task = REGISTRY.get
 
 
 def all_tasks() -> dict[str, Task]:
-    _load_builtin()
-    return dict(_REGISTRY)
-
-
-def plugin_target(target: str) -> Any:
-    module_name, _, attr = target.partition(":")
-    return getattr(importlib.import_module(module_name), attr)
+    return dict(REGISTRY.items())

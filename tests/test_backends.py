@@ -5,7 +5,9 @@ registry and the quantize capability (plan, run, manifest) pick up with no other
 from __future__ import annotations
 
 import json
-import shutil
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, Literal
@@ -15,11 +17,10 @@ from pydantic import TypeAdapter
 
 from infertool import backends
 from infertool.backends.base import (
-    CPU_AVX2, CPU_AVX512, CUDA, Check, ModelFacts, QuantBackend, QuantizeConfig, Serving, TaskInputs, check, platform,
+    CPU_AVX2, CPU_AVX512, CUDA, QuantBackend, QuantizeConfig, platform,
 )
-from infertool.backends.registry import backend_field
 from infertool.errors import RecipeError
-from infertool.schema import int_
+from infertool.registry import Registry, RegistryError
 from test_quantize import write_fake_model
 
 
@@ -29,7 +30,7 @@ def section(**kw) -> Any:
 
 # ------------------------------------------------------------------------------------------ the registry
 def test_one_registry_line_per_backend_and_the_default_decided_once():
-    assert backends.BUILTIN[:3] == ("gptqmodel", "llmcompressor", "bnb")
+    assert list(backends.BUILTIN)[:3] == ["gptqmodel", "llmcompressor", "bnb"]
     assert [b.name for b in backends.all_backends()][:3] == ["gptqmodel", "llmcompressor", "bitsandbytes"]
     assert backends.method_names()[:3] == ("gptq", "awq", "bnb")
     assert backends.default_for("gptq").name == backends.default_for("awq").name == "gptqmodel"
@@ -50,15 +51,13 @@ def test_a_dump_without_defaults_reads_back_as_the_same_backend():
 
 
 def test_worker_tasks_are_declared_by_the_backends():
-    from infertool import task_defs
-    from infertool.task_defs import quantize as quantize_tasks
     from infertool.tasks import all_tasks
 
     tasks = all_tasks()
     assert tasks["quantize.gptqmodel"].target == "infertool.backends.gptqmodel:quantize_task"
     assert tasks["quantize.gptqmodel.compare"].env == "quant"
     assert tasks["quantize.llmcompressor"].env == "llmcompressor"
-    assert not hasattr(quantize_tasks, "TASKS") and task_defs is not None  # the definitions live in the backends
+    assert list(tasks)[:2] == ["probe", "selftest"]  # the capabilities' own, then the backends'
 
 
 def test_labels_facts_and_the_dtype_rule():
@@ -118,61 +117,56 @@ def test_platform_of_a_target():
     assert platform(gpu, None) == CUDA and platform(None, None) is None
 
 
-# ------------------------------------------------------------------------------ a backend from a test
-class ToyConfig(QuantizeConfig):
-    """A toy quantization (tests only)."""
-
-    method: Literal["toy"]
-    backend: backend_field("toybackend", "toy") = "toybackend"
-    bits: Literal[4] = 4
-    level: int_(1, 3) = 1
-    output: str | None = None
+# ------------------------------------------------------------------------------ a backend from another package
+# tests/toy_backend.py, installed through a fake distribution's entry point (group infertool.backends): the tests
+# marked PLUGIN run in a fresh interpreter that has it (the backend registry is read once, at start-up).
+PLUGIN = pytest.mark.skipif(not os.environ.get("INFERTOOL_TOY_PLUGIN"), reason="runs inside test_a_backend_plugin")
 
 
-class Toy(QuantBackend):
-    name = "toybackend"
-    methods = {"toy": ToyConfig}
-    env = ""  # runs in-process: its task needs no managed environment
-    task = "quantize.toy"
-    tasks = (dict(name="quantize.toy", env="", modules=(), target="test_backends:toy_task",
-                  description="copy the model and call it quantized"),)
-
-    def rules(self, m: ModelFacts, q: Any) -> list[Check]:
-        return [check("toy", q.level <= len(m.quantized), f"level {q.level} over {len(m.quantized)} layers")]
-
-    def serving(self, q: Any, plat: str | None) -> Serving:
-        return Serving(True, False, "toy kernels exist nowhere")
-
-    def memory_estimate(self, m: ModelFacts, q: Any) -> tuple[int, str] | None:
-        return 1024, "toy work"
-
-    def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
-        return {"model": inputs.model, "out_dir": inputs.out_dir, "level": q.level}
-
-    def manifest(self, q: Any, result: dict) -> dict:
-        return {"toy": {"level": q.level, "copied": result["copied"]}}
+def test_a_backend_plugin_joins_the_recipe_the_tasks_and_quantize(tmp_path):
+    site = tmp_path / "site"
+    dist = site / "toy_backend-0.1.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: toy-backend\nVersion: 0.1\n")
+    (dist / "entry_points.txt").write_text("[infertool.backends]\ntoy = toy_backend:BACKEND\n")
+    tests = Path(__file__).parent
+    env = {**os.environ, "INFERTOOL_TOY_PLUGIN": "1",
+           "PYTHONPATH": os.pathsep.join([str(site), str(tests), str(tests.parent), os.environ.get("PYTHONPATH", "")])}
+    r = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:randomly",
+                        str(Path(__file__)), "-k", "plugin_inside", "--basetemp", str(tmp_path / "inner")],
+                       capture_output=True, text=True, env=env, cwd=tests.parent, timeout=300)
+    assert r.returncode == 0 and "3 passed" in r.stdout, r.stdout[-4000:] + r.stderr[-2000:]
 
 
-def toy_task(spec: dict, events) -> dict:
-    out = Path(spec["out_dir"])
-    shutil.copytree(spec["model"], out)
-    events.progress("toy", 1, 1, "copied")
-    return {"copied": sorted(p.name for p in out.iterdir()), "quantize_config": {"level": spec["level"]},
-            "layers": [{"layer": 0, "module": "mlp.up_proj", "loss": 0.25}, {"layer": 1, "module": "mlp.up_proj",
-                                                                            "loss": 0.75}],
-            "versions": {"toy": "1"}, "timings": {"copy": 0.0}}
+def test_a_backend_cannot_join_after_start_up():
+    from toy_backend import Toy
+
+    with pytest.raises(RegistryError, match="frozen .* entry-point group 'infertool.backends'"):
+        backends.REGISTRY.register("toy", Toy())
+    assert "toy" not in backends.method_names()
 
 
-@pytest.fixture
-def toy():
-    backend = backends.register(Toy())
-    try:
-        yield backend
-    finally:
-        backends.unregister(backend)
+def test_a_schema_without_method_or_output_is_refused_at_registration():
+    from toy_backend import Toy
+
+    class NoOutput(QuantizeConfig):
+        method: Literal["nope"]
+
+    class Nope(Toy):
+        name = "nope"
+        methods = {"nope": NoOutput}
+        tasks = ()
+
+    reg: Registry[QuantBackend] = Registry("backend", check=backends.registry.check_backend)
+    with pytest.raises(RegistryError, match="NoOutput lacks the field 'output'"):
+        reg.register("nope", Nope())
+    assert reg.names() == []
 
 
-def test_a_registered_backend_joins_the_recipe(tmp_path, toy):
+@PLUGIN
+def test_plugin_inside_joins_the_recipe(tmp_path):
+    from toy_backend import ToyConfig
+
     from infertool.recipe import QUANTIZE_METHODS, load_recipe
 
     assert "toy" in QUANTIZE_METHODS
@@ -194,34 +188,14 @@ def test_a_registered_backend_joins_the_recipe(tmp_path, toy):
     assert "expected one of: gptq, awq, bnb" in e.value.issues[0].message and "toy" in e.value.issues[0].message
 
 
-def test_a_schema_without_method_or_output_is_refused_at_registration():
-    class NoOutput(QuantizeConfig):
-        method: Literal["nope"]
-
-    class Nope(Toy):
-        name = "nope"
-        methods = {"nope": NoOutput}
-        tasks = ()
-
-    with pytest.raises(ValueError, match="NoOutput lacks the field 'output'"):
-        backends.register(Nope())
-    assert "nope" not in backends.method_names()
+@PLUGIN
+def test_plugin_inside_is_listed_after_the_built_in_backends():
+    assert [b.name for b in backends.all_backends()][-1] == "toybackend" and backends.REGISTRY.names()[-1] == "toy"
+    assert backends.default_for("gptq").name == "gptqmodel" and backends.default_for("toy").name == "toybackend"
 
 
-def test_unregistered_the_recipe_forgets_it(tmp_path):
-    from infertool.recipe import load_recipe
-
-    backend = backends.register(Toy())
-    backends.unregister(backend)
-    path = tmp_path / "r.yaml"
-    path.write_text("name: t\nmodel: {source: x}\nquantize: {method: toy}\n")
-    with pytest.raises(RecipeError) as e:
-        load_recipe(path)
-    assert e.value.issues[0].message == f"unknown quantize method 'toy'; expected one of: {', '.join(backends.method_names())}"
-    assert "toy" not in backends.method_names()
-
-
-def test_a_registered_backend_is_planned_run_and_recorded(tmp_path, tmp_home, toy):
+@PLUGIN
+def test_plugin_inside_is_planned_run_and_recorded(tmp_path, tmp_home):
     from infertool.atomic import dumps_json
     from infertool.capability import RunContext
     from infertool.quantize.core import QuantizeOptions, QuantizeResult, plan, run
@@ -229,7 +203,7 @@ def test_a_registered_backend_is_planned_run_and_recorded(tmp_path, tmp_home, to
     from infertool.resolve import resolve
     from infertool.tasks import get_task
 
-    assert get_task("quantize.toy").target == "test_backends:toy_task"
+    assert get_task("quantize.toy").target == "toy_backend:toy_task"
     model = write_fake_model(tmp_path / "m")
     path = tmp_path / "r.yaml"
     path.write_text(f"name: t\nmodel: {{source: {model}}}\nquantize: {{method: toy, level: 2}}\n")

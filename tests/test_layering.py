@@ -167,7 +167,6 @@ def test_leaves_stay_leaves():
     assert edges.get("perf", set()) <= {"errors"}, edges.get("perf")
     assert edges.get("procs", set()) == set(), edges.get("procs")
     assert edges.get("errors", set()) == set()
-    assert edges.get("task_defs", set()) == set(), "worker task definitions are data"
     for leaf in ("atomic", "records", "capability", "schema", "net"):  # every layer writes, types, contracts and talks HTTP with these
         assert edges.get(leaf, set()) == set(), (leaf, edges.get(leaf))
     assert edges.get("summaries", set()) <= {"records"}, edges.get("summaries")
@@ -279,28 +278,37 @@ def test_no_function_over_120_lines():
     assert not long, "functions over 120 lines:\n" + "\n".join(long)
 
 
-# The one registry of each kind: worker tasks, stages (run's and tune's), quantization backends. Commands register
-# with the Typer app through their module's register(app) (test_commands_register_one_way).
+# The one registry shape (infertool.registry.Registry) and the one registry of each kind: worker tasks, stages
+# (run's and tune's), quantization backends, recipe checks, each filled in one place. Commands register with the
+# Typer app through their module's register(app) (test_commands_register_one_way).
 REGISTRIES = {"infertool.tasks", "infertool.stages.registry", "infertool.backends.registry", "infertool.checks.registry"}
 
 
-def test_one_registry_of_tasks_stages_and_backends():
-    """No second registry: a `register*` function or a module-level *REGISTRY* / *BACKENDS* / *STAGES* table
-    lives in one of the three registry modules only (the stage names' Literal, the backend tables and the
-    pipeline's parallel stage tables were such second lists)."""
-    bad = []
+def test_one_registry_of_tasks_stages_checks_and_backends():
+    """One Registry class (infertool.registry), one instance per kind, in its registry module; no second registry
+    elsewhere: no other class named *Registry, no `register*` function, no module-level *REGISTRY* / *BACKENDS* /
+    *STAGES* / *CHECKS* table (the stage names' Literal, the backend tables, the pipeline's parallel stage
+    tables and the task_defs modules were such second lists); the builtin lists are BUILTIN."""
+    bad, instances = [], {}
     for name, tree in _modules().items():
-        if name in REGISTRIES or name.startswith("infertool.commands."):
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ClassDef) and n.name.endswith("Registry") and name != "infertool.registry":
+                bad.append(f"{name}: class {n.name}")
+            if isinstance(n, ast.Call) and ast.unparse(n.func).split("[")[0] == "Registry":
+                instances.setdefault(name, []).append(n.lineno)
+        if name in REGISTRIES or name == "infertool.registry" or name.startswith("infertool.commands."):
             continue
         for n in tree.body:
             if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.lstrip("_").startswith("register"):
                 bad.append(f"{name}: def {n.name}")
             targets = n.targets if isinstance(n, ast.Assign) else [n.target] if isinstance(n, ast.AnnAssign) else []
             for t in targets:
-                if isinstance(t, ast.Name) and any(w in t.id.upper() for w in ("REGISTRY", "BACKENDS", "STAGES")) \
-                        and t.id not in ("BUILTIN",):
+                if isinstance(t, ast.Name) and t.id != "BUILTIN" and any(
+                        w in t.id.upper() for w in ("REGISTRY", "BACKENDS", "STAGES", "CHECKS")):
                     bad.append(f"{name}: {t.id} = ...")
     assert not bad, "a second registry:\n" + "\n".join(bad)
+    assert {m: len(lines) for m, lines in instances.items()} == dict.fromkeys(REGISTRIES, 1), instances
+    assert _graph().get("registry", set()) <= {"errors"}, "the registry shape is a leaf"
 
 
 def test_the_launcher_owns_ports():

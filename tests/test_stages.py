@@ -17,7 +17,8 @@ from infertool import stages
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
 from infertool.stages import Stage, StageContext, cached_stage, stage_key
-from infertool.stages.registry import Registry
+from infertool.registry import Registry, RegistryError
+from infertool.stages.registry import check_stage
 from infertool.summaries import EvalSummary, ModelSummary, RunManifest, StageRecord, StageSummary
 
 
@@ -27,32 +28,31 @@ def body(ctx: StageContext) -> dict:
 
 # ------------------------------------------------------------------------------------------- registry
 def test_registry_keeps_graph_order_and_refuses_a_second_name():
-    reg = Registry()
-    reg.register(Stage("a", body))
-    reg.register(Stage("b", body, depends=("a",), graphs=("run", "tune")))
-    reg.register(Stage("c", body, depends=("b",), graphs=("tune",)))
-    assert reg.names() == ["a", "b"] and reg.names("tune") == ["b", "c"]
-    with pytest.raises(ValueError, match="'a' is already registered"):
-        reg.register(Stage("a", body))
-    with pytest.raises(ValueError, match="depends on 'z', not registered before it"):
-        reg.register(Stage("d", body, depends=("z",)))
-    assert reg.names() == ["a", "b"]  # nothing half-registered
+    reg: Registry[Stage] = Registry("stage", check=check_stage, name_of=lambda s: s.name)
+    reg.register("a", Stage("a", body))
+    reg.register("b", Stage("b", body, depends=("a",), graphs=("run", "tune")))
+    reg.register("c", Stage("c", body, depends=("b",), graphs=("tune",)))
+    assert reg.names() == ["a", "b", "c"] and [s.name for s in reg.values()] == ["a", "b", "c"]
+    with pytest.raises(RegistryError, match="'a' is already registered"):
+        reg.register("a", Stage("a", body))
+    with pytest.raises(RegistryError, match="depends on 'z', not registered before it"):
+        reg.register("d", Stage("d", body, depends=("z",)))
+    with pytest.raises(RegistryError, match="listed as 'e' is named 'f'"):
+        reg.register("e", Stage("f", body))
+    assert reg.names() == ["a", "b", "c"]  # nothing half-registered
     with pytest.raises(UsageError) as e:
         reg.get("nope")
-    assert e.value.hint == "stages: a, b"
+    assert e.value.hint == "known stages: a, b, c"
 
 
 def test_the_built_in_stages_are_registered_once_in_graph_order():
-    import infertool.tune.core  # noqa: F401 - tune's stages register when tune is imported
-
     assert stages.names() == ["model", "quantize", "eval", "profile", "serve", "bench"]
     assert stages.names("tune") == ["quantize", "reference", "screen", "capacity", "served"]
-    with pytest.raises(ValueError):
-        stages.register(Stage("eval", body))  # a plugin cannot shadow a built-in stage
-    for name in stages.REGISTRY.by_name:  # every dependency is registered before the stage that needs it
-        st = stages.get(name)
-        order = list(stages.REGISTRY.by_name)
-        assert all(order.index(d) < order.index(name) for d in st.depends)
+    with pytest.raises(RegistryError, match="frozen"):
+        stages.REGISTRY.register("eval", Stage("eval", body))  # nothing joins after start-up
+    order = stages.REGISTRY.names()
+    for name in order:  # every dependency is registered before the stage that needs it
+        assert all(order.index(d) < order.index(name) for d in stages.get(name).depends)
 
 
 # ------------------------------------------------------------------------------------------- keys
@@ -163,8 +163,6 @@ def test_selection_brings_dependencies_and_leaves_out_what_the_recipe_does_not_a
 
 
 def test_tune_trial_graphs_come_from_the_same_registry(tmp_path):
-    import infertool.tune.core  # noqa: F401
-
     quantized = small_recipe(tmp_path, quantize={"method": "gptq", "group_size": 64})
     original = small_recipe(tmp_path)
     graph = lambda r, wanted: [s.name for s in stages.select(r, wanted, "tune", asked_only=True)]  # noqa: E731
@@ -343,8 +341,6 @@ def test_the_phases_inputs_key_the_stages_that_run_them(tmp_path):
         == {"decode": {"prompts": "builtin", "sha256": file_sha256(builtin_path())}}
     assert phase_fingerprints(SimpleNamespace(decode=SimpleNamespace(enabled=False, prompts="x"), lm_eval=None)) == {}
     assert phase_fingerprints(None) == {}
-    import infertool.tune.stages  # noqa: F401  (registers tune's stages)
-
     assert all("phases" in stages.get(n).inputs for n in ("eval", "reference", "screen", "served"))
     r = small_recipe(tmp_path, eval={})
     base = {"model": {"identity": "m"}, "suite": {"sha256": "s"}}

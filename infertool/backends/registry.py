@@ -1,6 +1,7 @@
-"""The backend registry's state and lookups. The built-in backends are listed, one line each, in
-``infertool/backends/__init__.py``; a plugin (or a test) calls ``register`` before recipes are loaded, and the
-recipe's schema follows (``on_change``).
+"""The backend registry and its lookups. The built-in backends are listed, one line each, in
+``infertool/backends/__init__.py`` (``BUILTIN``), which fills and freezes ``REGISTRY``; a backend from another
+package joins through the entry-point group ``infertool.backends`` (``name = "package.module:BACKEND"``), read
+when the backends are first listed (the recipe's schema, built once, when infertool.recipe is imported).
 
 Everything about "which backend" is decided here: ``default_for(method)`` (the first registered backend that does
 a method: the ONE place a default backend is decided), ``get(method, name)``, ``of(config)``, and the recipe's
@@ -9,15 +10,14 @@ quantize section (``quantize_section``: a union of every backend's schema, picke
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Callable, Literal, Union
+from typing import Annotated, Any, Iterator, Literal, Union
 
 from pydantic import BeforeValidator, Discriminator, Tag
 
 from infertool.backends.base import ACTIVATION_SCHEMES, InitChoice, InitFacts, QuantBackend, QuantizeConfig, platform
 from infertool.errors import UsageError
-
-_BACKENDS: list[QuantBackend] = []
-_LISTENERS: list[Callable[[], None]] = []
+from infertool.registry import Registry, RegistryError
+from infertool.tasks import Task
 
 # Backends a recipe may still name, refused with what to use instead.
 RETIRED = {
@@ -32,53 +32,36 @@ RETIRED = {
 }
 
 
-def register(backend: QuantBackend) -> QuantBackend:
-    """Add a backend (after the built-in ones) and its worker tasks. A (method, backend name) pair is registered
-    once."""
-    from infertool.tasks import Task, register_task
-
+def check_backend(name: str, backend: QuantBackend, before: list[str]) -> None:
+    """A (method, backend name) pair is registered once (rtn's methods are llm-compressor's too); a backend's
+    schemas have the fields the recipe's quantize section is read by."""
+    earlier = [REGISTRY.get(n) for n in before]
     for method, cls in backend.methods.items():
-        if any(b.name == backend.name and method in b.methods for b in _BACKENDS):
-            raise ValueError(f"method {method!r} of backend {backend.name!r} is already registered")
-        for name in ("method", "output") + (("backend",) if backend.in_recipe else ()):
-            if name not in cls.model_fields:  # resolve reads quantize.output; the section is picked by these
-                raise ValueError(f"{cls.__name__} lacks the field {name!r} (backend {backend.name!r})")
-    for t in backend.tasks:
-        register_task(Task(**t))
-    _BACKENDS.append(backend)
-    _changed()
-    return backend
+        if any(b.name == backend.name and method in b.methods for b in earlier):
+            raise RegistryError(f"method {method!r} of backend {backend.name!r} is already registered")
+        for field in ("method", "output") + (("backend",) if backend.in_recipe else ()):
+            if field not in cls.model_fields:  # resolve reads quantize.output; the section is picked by these
+                raise RegistryError(f"{cls.__name__} lacks the field {field!r} (backend {backend.name!r})")
 
 
-def unregister(backend: QuantBackend) -> None:
-    _BACKENDS.remove(backend)
-    _changed()
-
-
-def on_change(listener: Callable[[], None]) -> None:
-    """Call ``listener`` whenever a backend is registered or removed (the recipe rebuilds its schema)."""
-    _LISTENERS.append(listener)
-
-
-def _changed() -> None:
-    for listener in _LISTENERS:
-        listener()
+# THE backend registry: filled with BUILTIN (lazy "module:object" entries) and frozen by infertool/backends/__init__.py
+REGISTRY: Registry[QuantBackend] = Registry("backend", group="infertool.backends", check=check_backend)
 
 
 def all_backends() -> tuple[QuantBackend, ...]:
-    return tuple(_BACKENDS)
+    return tuple(REGISTRY.values())
 
 
 def method_names() -> tuple[str, ...]:
     """Every quantize.method a recipe may name, in registration order."""
     seen: dict[str, None] = {}
-    for b in _BACKENDS:
+    for b in all_backends():
         seen.update(dict.fromkeys(b.methods))
     return tuple(seen)
 
 
 def backends_for(method: str) -> list[QuantBackend]:
-    return [b for b in _BACKENDS if method in b.methods]
+    return [b for b in all_backends() if method in b.methods]
 
 
 def default_for(method: str) -> QuantBackend:
@@ -114,9 +97,11 @@ def env_of(method: str, name: str | None = None) -> str | None:
     return get(method, name).env
 
 
-def task_definitions() -> list[dict]:
-    """Every backend's worker task definitions (read by infertool.tasks through infertool.task_defs.quantize)."""
-    return [dict(t) for b in _BACKENDS for t in b.tasks]
+def worker_tasks() -> Iterator[tuple[str, Task]]:
+    """Every backend's worker tasks (a source of the task registry, ``infertool.tasks``)."""
+    for b in all_backends():
+        for t in b.tasks:
+            yield t["name"], Task(**t)
 
 
 # ----------------------------------------------------------------------------------------- the recipe schema
@@ -145,7 +130,7 @@ def _pick(value: Any) -> str | None:
     so; None (no such method, or not a mapping) is reported by the recipe's loader."""
     if isinstance(value, QuantizeConfig):
         cls = type(value)
-        return next((tag(m, b) for b in _BACKENDS for m, c in b.methods.items() if c is cls), None)
+        return next((tag(m, b) for b in all_backends() for m, c in b.methods.items() if c is cls), None)
     if not isinstance(value, dict):
         return None
     method = value.get("method")
@@ -161,7 +146,7 @@ def _pick(value: Any) -> str | None:
 
 def quantize_section() -> Any:
     """The recipe's quantize section: every registered backend's schema, one per (method, backend)."""
-    members = tuple(Annotated[cls, Tag(tag(m, b))] for b in _BACKENDS for m, cls in b.methods.items())
+    members = tuple(Annotated[cls, Tag(tag(m, b))] for b in all_backends() for m, cls in b.methods.items())
     return Annotated[Union[members], Discriminator(  # noqa: UP007 - a runtime union of classes
         _pick, custom_error_type="quantize_method",
         custom_error_message=f"quantize needs a method: one of {', '.join(method_names())}")]
@@ -169,7 +154,7 @@ def quantize_section() -> Any:
 
 def section_tags() -> set[str]:
     """The tags the quantize section's errors carry in their location (dropped when the path is shown)."""
-    return {tag(m, b) for b in _BACKENDS for m in b.methods}
+    return {tag(m, b) for b in all_backends() for m in b.methods}
 
 
 def method_error(value: Any) -> tuple[str | None, str]:
@@ -190,7 +175,7 @@ def init_choice(model_type: str | None, architecture: str, target: Any, host: An
     four = gptq.methods["gptq"].model_validate({"method": "gptq", "bits": 4})
     facts = InitFacts(model_type, architecture, target.kind, getattr(host, "cpu_isa", "unknown"),
                       gptq.serving(four, platform(target, host)).verdict)
-    for b in _BACKENDS:
+    for b in all_backends():
         choice = b.init_choice(facts)
         if choice is not None:
             return choice

@@ -1,10 +1,15 @@
-"""The recipe checks: one registry (``checks/registry.py``), the built-in checks (``checks/builtin.py``).
-``run_checks(res, purpose=...)`` is what every entry point calls; see docs/architecture.md."""
+"""The recipe checks: one registry (``checks/registry.py``), filled here, once, with the built-in checks
+(``checks/builtin.py``'s ``BUILTIN``). ``run_checks(res, purpose=...)`` is what every entry point calls; see
+docs/architecture.md."""
 
 from infertool.checks.registry import (
-    CHECKS, PURPOSES, Check, CheckReport, ChecksFailed, Context, Finding, Skip, get, names, run_checks,
+    PURPOSES, REGISTRY, CheckReport, ChecksFailed, Context, Finding, RecipeCheck, Skip, get, names, run_checks,
 )
-from infertool.checks import builtin  # noqa: E402,F401 - registers the built-in checks (importing the package does)
+from infertool.checks.builtin import BUILTIN
 
-__all__ = ["CHECKS", "PURPOSES", "Check", "CheckReport", "ChecksFailed", "Context", "Finding", "Skip", "get",
+for _check in BUILTIN:
+    REGISTRY.register(_check.name, _check)
+REGISTRY.freeze()
+
+__all__ = ["PURPOSES", "REGISTRY", "CheckReport", "ChecksFailed", "Context", "Finding", "RecipeCheck", "Skip", "get",
            "names", "run_checks"]

@@ -1,11 +1,11 @@
-"""The built-in recipe checks, registered once each (``checks/registry.py`` says how they run). Each is thin over
+"""The built-in recipe checks, declared once each in ``BUILTIN`` (``checks/registry.py`` says how they run). Each is thin over
 the module that owns its rule: serve/lint.py (what vLLM's start-up refuses), quantize/preflight.py (the quantized
 layout against every layer), plan.py (the KV cache on a GPU), models.consistency (config.json against the
 weights), envs.state (the serve environment a launch needs). No rule is written here a second time."""
 
 from __future__ import annotations
 
-from infertool.checks.registry import Check, Context, Finding, Skip, register
+from infertool.checks.registry import Context, Finding, RecipeCheck, Skip
 
 LINT_LEVELS = {"error": "error", "warning": "warn"}  # a launch lint's "info" lines stay the launch's own notes
 
@@ -191,24 +191,26 @@ def serve_env(ctx: Context) -> list[Finding]:
 LAUNCHING = frozenset({"run", "serve", "eval", "bench", "tune", "quantize", "launch"})
 SERVE = ("serve",)
 
-register(Check("position_limit", position_limit, "max_model_len within the model's position limit",
-               reads=("serve", "model")))
-register(Check("tensor_parallel", tensor_parallel, "serve.tensor_parallel_size divides the attention heads",
-               reads=("serve", "model")))
-register(Check("pipeline_parallel", pipeline_parallel, "serve.pipeline_parallel_size at most the layers",
-               reads=("serve", "model")))
-register(Check("kv_fit", kv_fit, "the KV cache holds one request at max_model_len", reads=("serve", "target", "model")))
-register(Check("reserved_cpus", reserved_cpus, "serve.cpu.reserved_cpus leaves vLLM a core",
-               reads=("serve", "target")))
-register(Check("code_loading", code_loading, "what serve.allow_code lets load code (warning)", reads=SERVE))
-register(Check("engine_settings", engine_settings, "settings vLLM's V1 engine ignores (warning)", reads=SERVE))
-register(Check("group_size", group_size, "group size and packing against every quantized layer",
-               reads=("quantize", "base"), needs=("quantize",)))
-register(Check("quantized_tp", quantized_tp, "tensor parallelism over the quantized shapes",
-               reads=("quantize", "serve", "base"), needs=("quantize",)))
-register(Check("vllm_support", vllm_support, "vLLM on the target serves the quantized format",
-               reads=("quantize", "target"), needs=("quantize",)))
-register(Check("config_vs_weights", config_vs_weights, "config.json against the safetensors headers",
-               reads=("model", "base")))
-register(Check("serve_env", serve_env, "the serve environment a launch needs (warning in a dry run)",
-               reads=("target",), purposes=LAUNCHING))
+BUILTIN = (  # in the order they run (and report): listed in the one check registry by infertool/checks/__init__.py
+    RecipeCheck("position_limit", position_limit, "max_model_len within the model's position limit",
+                reads=("serve", "model")),
+    RecipeCheck("tensor_parallel", tensor_parallel, "serve.tensor_parallel_size divides the attention heads",
+                reads=("serve", "model")),
+    RecipeCheck("pipeline_parallel", pipeline_parallel, "serve.pipeline_parallel_size at most the layers",
+                reads=("serve", "model")),
+    RecipeCheck("kv_fit", kv_fit, "the KV cache holds one request at max_model_len", reads=("serve", "target", "model")),
+    RecipeCheck("reserved_cpus", reserved_cpus, "serve.cpu.reserved_cpus leaves vLLM a core",
+                reads=("serve", "target")),
+    RecipeCheck("code_loading", code_loading, "what serve.allow_code lets load code (warning)", reads=SERVE),
+    RecipeCheck("engine_settings", engine_settings, "settings vLLM's V1 engine ignores (warning)", reads=SERVE),
+    RecipeCheck("group_size", group_size, "group size and packing against every quantized layer",
+                reads=("quantize", "base"), needs=("quantize",)),
+    RecipeCheck("quantized_tp", quantized_tp, "tensor parallelism over the quantized shapes",
+                reads=("quantize", "serve", "base"), needs=("quantize",)),
+    RecipeCheck("vllm_support", vllm_support, "vLLM on the target serves the quantized format",
+                reads=("quantize", "target"), needs=("quantize",)),
+    RecipeCheck("config_vs_weights", config_vs_weights, "config.json against the safetensors headers",
+                reads=("model", "base")),
+    RecipeCheck("serve_env", serve_env, "the serve environment a launch needs (warning in a dry run)",
+                reads=("target",), purposes=LAUNCHING),
+)

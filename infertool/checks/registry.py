@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from infertool.errors import UsageError
+from infertool.registry import Registry
 
 # Every entry point that runs the checks, by the purpose it passes (tests drive each check through each of them).
 # "launch": a real start (the serve environment is then an error, not a warning).
@@ -52,9 +53,10 @@ class Skip(Exception):
 
 
 @dataclass(frozen=True)
-class Check:
-    """One check: ``reads`` the recipe sections (and "model" / "base": the models) it reads; ``needs`` the
-    sections that must be in the recipe for it to apply; ``purposes`` the entry points it runs in."""
+class RecipeCheck:
+    """One recipe check (a backend's preflight rule is a ``backends.base.Check``): ``reads`` the recipe sections
+    (and "model" / "base": the models) it reads; ``needs`` the sections that must be in the recipe for it to apply;
+    ``purposes`` the entry points it runs in."""
 
     name: str
     run: Callable[["Context"], list[Finding]]
@@ -135,29 +137,14 @@ class ChecksFailed(UsageError):
         return d
 
 
-CHECKS: list[Check] = []  # filled by checks/builtin.py, which importing infertool.checks loads
+# THE check registry, in the order the checks run: filled with checks/builtin.py's BUILTIN, and frozen, by
+# infertool/checks/__init__.py (importing anything of infertool.checks does it first).
+REGISTRY: Registry[RecipeCheck] = Registry("check", name_of=lambda c: c.name)
+names = REGISTRY.names
+get = REGISTRY.get
 
 
-def register(check: Check) -> Check:
-    """Add a check to THE list (its name once)."""
-    if any(c.name == check.name for c in CHECKS):
-        raise ValueError(f"check {check.name!r} is registered twice")
-    CHECKS.append(check)
-    return check
-
-
-def names() -> list[str]:
-    return [c.name for c in CHECKS]
-
-
-def get(name: str) -> Check:
-    for c in CHECKS:
-        if c.name == name:
-            return c
-    raise KeyError(name)
-
-
-def applies(check: Check, res, purpose: str) -> str | None:
+def applies(check: RecipeCheck, res, purpose: str) -> str | None:
     """Why ``check`` does not apply to this recipe and purpose, or None when it does."""
     if purpose not in check.purposes:
         return f"not run by {purpose}"
@@ -173,7 +160,7 @@ def run_checks(res, *, purpose: str, only: tuple[str, ...] | None = None) -> Che
     if purpose not in PURPOSES:
         raise ValueError(f"unknown purpose {purpose!r}")
     ctx, report = Context(res, purpose), CheckReport(purpose)
-    for check in CHECKS:
+    for check in REGISTRY.values():
         if only is not None and check.name not in only:
             continue
         why = applies(check, res, purpose)

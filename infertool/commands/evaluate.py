@@ -11,12 +11,11 @@
 from __future__ import annotations
 
 import dataclasses
-import functools
 import inspect
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import List, Optional
 
 import typer
 
@@ -91,32 +90,11 @@ class RunFlags:
         return tuple(u for u in (self.url, self.candidate_url, *sets) if u)
 
 
-def takes_flags(flags: type) -> Callable:
-    """Declare a command's flags as the fields of the dataclass ``flags`` (Typer reads the signature given
-    here) and call the command with one ``flags`` record instead of a parameter per flag."""
-
-    def wrap(fn: Callable) -> Callable:
-        hints = typing.get_type_hints(flags)
-        params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
-                  for f in dataclasses.fields(flags)]
-
-        @functools.wraps(fn)
-        def command(**values):
-            return fn(flags(**values))
-
-        command.__signature__ = inspect.Signature(params)
-        command.__annotations__ = {p.name: p.annotation for p in params}
-        del command.__wrapped__
-        return command
-
-    return wrap
-
-
 @eval_app.command("run", cls=InfertoolCommand, epilog=EXAMPLES)
 @handle_errors
-@takes_flags(RunFlags)
-def eval_run(flags: RunFlags) -> None:
+def eval_run(**values: object) -> None:
     """Score candidate against base on a suite and print the verdict (exit 0 PASS, 1 FAIL or INCONCLUSIVE)."""
+    flags = RunFlags(**values)  # type: ignore[arg-type]  # what Typer parsed: one value per RunFlags field
     from infertool import evaluate
     from infertool.capability import RunContext
     from infertool.evaluate.core import RESULTS_FILE
@@ -142,6 +120,13 @@ def eval_run(flags: RunFlags) -> None:
         render(result)
     if not result.accepted(plan.allow_inconclusive):
         raise typer.Exit(1)
+
+
+# Typer reads eval run's flags from this signature: one keyword parameter per RunFlags field.
+eval_run.__annotations__ = typing.get_type_hints(RunFlags)
+eval_run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # read by inspect.signature
+    [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=eval_run.__annotations__[f.name])
+     for f in dataclasses.fields(RunFlags)])
 
 
 def _render_dry_run(plan, as_json: bool, checks) -> None:

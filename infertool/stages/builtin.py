@@ -1,4 +1,5 @@
-"""`run`'s built-in stages: model -> quantize -> eval -> profile -> serve -> bench, registered like a plugin's.
+"""`run`'s built-in stages: model -> quantize -> eval -> profile -> serve -> bench, declared here and listed by
+name in the one stage registry (``infertool.stages.registry``), as a plugin's would be.
 
 Each stage's body is a thin adapter over its capability (a few lines: resolve, call, keep a short summary); the
 declarations say what enters its key and what it needs (``infertool.stages.base.Stage``).
@@ -12,7 +13,6 @@ from infertool.atomic import write_json
 from infertool.capability import RunContext
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.stages.base import Stage, StageContext
-from infertool.stages.registry import register
 from infertool.summaries import (
     BenchSummary, EvalSummary, ModelSummary, ProfileSummary, QuantizeSummary, ServeSummary,
 )
@@ -224,29 +224,29 @@ def bench_notes(res) -> list[str]:
     return [f"bench: {why_not}"] if why_not else []
 
 
-# ---------------------------------------------------------------------------------------- register
+# ---------------------------------------------------------------------------------------- the stages
 # eval and profile read serve and target: their vllm engines serve with the recipe's settings; bench reads
 # model: with a quantize section it serves the original too. profile 2: the roofline plot names the model by
 # its label; bench 2: the original measured beside the candidate.
-register(Stage("model", run_model, ModelSummary, sections=("model",), inputs=("model",),
-               doc="the base model, made local (a bundled or GGUF model converted once)"))
-register(Stage("quantize", run_quantize, QuantizeSummary, sections=("quantize",), inputs=("calibration",),
-               depends=("model",), asked_by="quantize", device=True, graphs=("run", "tune"),
-               options=QuantizeStageOptions, launches=quantize_launches,
-               doc="the candidate: the base quantized, with its load check"))
-register(Stage("eval", run_eval, EvalSummary, sections=("eval", "serve", "target"), inputs=("suite", "phases"), host=True,
-               depends=("model", "quantize"), asked_by="eval",
-               device=lambda r: _engine(r, "eval") == "hf", server=lambda r: _engine(r, "eval") == "vllm",
-               launches=eval_launches,
-               doc="the candidate against its original on the suite: the verdict gates the run"))
-register(Stage("profile", run_profile, ProfileSummary, sections=("profile", "serve", "target"), host=True,
-               depends=("model",), asked_by="profile", format=2, times_host=True,
-               device=lambda r: _engine(r, "profile") == "hf", server=lambda r: _engine(r, "profile") == "vllm",
-               doc="the roofline and timed phases of the base"))
-register(Stage("serve", run_serve, ServeSummary, sections=("serve", "target"), inputs=("served_model",), host=True,
-               depends=("model", "quantize"), asked_by="serve", server=True, launches=serve_launches,
-               doc="a server on what the recipe serves: ready, one completion"))
-register(Stage("bench", run_bench, BenchSummary, sections=("model", "serve", "bench", "target"),
-               inputs=("prompts", "served_model", "model"), host=True, depends=("model", "quantize"), asked_by="bench",
-               format=2, server=True, key_parts=_bench_measures, launches=bench_launches, notes=bench_notes,
-               doc="load against the served model (and the original beside a candidate)"))
+MODEL_STAGE = Stage("model", run_model, ModelSummary, sections=("model",), inputs=("model",),
+                    doc="the base model, made local (a bundled or GGUF model converted once)")
+QUANTIZE_STAGE = Stage("quantize", run_quantize, QuantizeSummary, sections=("quantize",), inputs=("calibration",),
+                       depends=("model",), asked_by="quantize", device=True, graphs=("run", "tune"),
+                       options=QuantizeStageOptions, launches=quantize_launches,
+                       doc="the candidate: the base quantized, with its load check")
+EVAL_STAGE = Stage("eval", run_eval, EvalSummary, sections=("eval", "serve", "target"), inputs=("suite", "phases"), host=True,
+                   depends=("model", "quantize"), asked_by="eval",
+                   device=lambda r: _engine(r, "eval") == "hf", server=lambda r: _engine(r, "eval") == "vllm",
+                   launches=eval_launches,
+                   doc="the candidate against its original on the suite: the verdict gates the run")
+PROFILE_STAGE = Stage("profile", run_profile, ProfileSummary, sections=("profile", "serve", "target"), host=True,
+                      depends=("model",), asked_by="profile", format=2, times_host=True,
+                      device=lambda r: _engine(r, "profile") == "hf", server=lambda r: _engine(r, "profile") == "vllm",
+                      doc="the roofline and timed phases of the base")
+SERVE_STAGE = Stage("serve", run_serve, ServeSummary, sections=("serve", "target"), inputs=("served_model",), host=True,
+                    depends=("model", "quantize"), asked_by="serve", server=True, launches=serve_launches,
+                    doc="a server on what the recipe serves: ready, one completion")
+BENCH_STAGE = Stage("bench", run_bench, BenchSummary, sections=("model", "serve", "bench", "target"),
+                    inputs=("prompts", "served_model", "model"), host=True, depends=("model", "quantize"), asked_by="bench",
+                    format=2, server=True, key_parts=_bench_measures, launches=bench_launches, notes=bench_notes,
+                    doc="load against the served model (and the original beside a candidate)")

@@ -4,7 +4,6 @@ the key its declarations give (``infertool.stages.stage_key``), exactly as `run`
 
 from __future__ import annotations
 
-import importlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -13,8 +12,6 @@ from typing import Any, Callable
 from infertool.stages import StageContext, StageOutput, cached_stage, keys, select
 from infertool.stages.builtin import QuantizeStageOptions
 from infertool.tune.records import TrialRecord, TrialStage
-
-importlib.import_module("infertool.tune.stages")  # tune's stages, registered in the one stage registry
 
 EventCallback = Callable[[dict], None]
 # tune's quantization skips the vLLM load check: screening serves the candidate anyway (a declared option of

@@ -1,4 +1,4 @@
-"""tune's own stages, registered in the one stage registry like a plugin's: the reference (the original as the
+"""tune's own stages, listed by name in the one stage registry (``infertool.stages.registry``) like a plugin's: the reference (the original as the
 recipe serves it, scored once), screening (accuracy as served, in rounds), capacity (the largest load that
 meets the SLO) and the served check (the winner as served, in the same rounds). With `run`'s quantize stage (without
 its load check) they make each trial's graph (``infertool.tune.context.Context.run_stages``).
@@ -14,7 +14,7 @@ import json
 from typing import Callable
 
 from infertool.atomic import write_json
-from infertool.stages import Stage, StageContext, register
+from infertool.stages import Stage, StageContext
 from infertool.stages.builtin import resolution
 from infertool.tune import search
 from infertool.tune.records import CapacityResult, ReferenceSummary, ScreenResult, ServedCheck
@@ -596,16 +596,16 @@ def _screen_view(recipe, job):
 
 
 SERVED = ("model", "quantize", "serve", "target")  # what a trial's server is made of
-register(Stage("reference", run_reference, ReferenceSummary, sections=("model", "serve", "target"),
-               inputs=("model", "suite", "phases"), host=True, server=True, graphs=("tune",), key_parts=_reference_parts,
-               view=_reference_view, doc="the original as the recipe serves it, scored once"))
-register(Stage("screen", run_screen, ScreenResult, sections=SERVED, inputs=("suite", "phases"), host=True,
-               depends=("quantize", "reference"), asked_by="quantize", server=True, graphs=("tune",),
-               key_parts=_screen_parts, view=_screen_view, doc="accuracy as served (its output-changing serve settings), in rounds, early stopping"))
-register(Stage("capacity", run_capacity, CapacityResult, sections=SERVED, inputs=("prompts",), host=True,
-               depends=("quantize",), server=True, graphs=("tune",), key_parts=_capacity_parts,
-               doc="the largest load that meets the SLO, with the trial's exact settings"))
-register(Stage("served", run_served, ServedCheck, sections=SERVED, inputs=("suite", "phases"), host=True,
-               depends=("quantize", "reference"), server=True, graphs=("tune",), key_parts=_served_parts,
-               doc="the winner as served, in rounds until its verdict is decided, against the reference"))
+REFERENCE_STAGE = Stage("reference", run_reference, ReferenceSummary, sections=("model", "serve", "target"),
+                        inputs=("model", "suite", "phases"), host=True, server=True, graphs=("tune",), key_parts=_reference_parts,
+                        view=_reference_view, doc="the original as the recipe serves it, scored once")
+SCREEN_STAGE = Stage("screen", run_screen, ScreenResult, sections=SERVED, inputs=("suite", "phases"), host=True,
+                     depends=("quantize", "reference"), asked_by="quantize", server=True, graphs=("tune",),
+                     key_parts=_screen_parts, view=_screen_view, doc="accuracy as served (its output-changing serve settings), in rounds, early stopping")
+CAPACITY_STAGE = Stage("capacity", run_capacity, CapacityResult, sections=SERVED, inputs=("prompts",), host=True,
+                       depends=("quantize",), server=True, graphs=("tune",), key_parts=_capacity_parts,
+                       doc="the largest load that meets the SLO, with the trial's exact settings")
+SERVED_STAGE = Stage("served", run_served, ServedCheck, sections=SERVED, inputs=("suite", "phases"), host=True,
+                     depends=("quantize", "reference"), server=True, graphs=("tune",), key_parts=_served_parts,
+                     doc="the winner as served, in rounds until its verdict is decided, against the reference")
 
