@@ -43,6 +43,6 @@ def test_every_command_is_documented():
 
     from infertool.cli import app
 
-    commands = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs").glob("*.md"))
+    commands = "".join(p.read_text(encoding="utf-8") for p in (ROOT / "docs").rglob("*.md"))
     for name in get_command(app).commands:
         assert f"infertool {name}" in commands, f"`infertool {name}` is not in docs/"
