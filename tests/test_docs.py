@@ -173,3 +173,28 @@ def test_relative_links_and_anchors_in_the_docs_resolve():
             elif anchor and target.is_file() and anchor not in slugs(target.read_text(encoding="utf-8")):
                 broken.append(f"{name}: {link} (no such heading)")
     assert not broken, broken
+
+
+def test_every_option_is_in_its_command_page_table():
+    """The options tables come from --help: an option added to a command without its row fails here."""
+    from typer.main import get_command
+
+    from infertool.cli import app
+
+    missing = []
+
+    def walk(cmd, top):
+        if hasattr(cmd, "commands"):
+            for sub in cmd.commands.values():
+                walk(sub, top)
+            return
+        page = (ROOT / "docs" / "commands" / f"{ {'compare': 'report'}.get(top, top) }.md").read_text(encoding="utf-8")
+        for param in cmd.params:
+            if param.param_type_name != "option" or param.hidden or param.name == "help":
+                continue
+            if f"| `{param.opts[0]}`" not in page:
+                missing.append(f"{top}: {param.opts[0]}")
+
+    for name, cmd in get_command(app).commands.items():
+        walk(cmd, name)
+    assert not missing, missing
