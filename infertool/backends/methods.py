@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from infertool.backends.base import Check, ModelFacts, QuantizeConfig, check
 from infertool.backends.layers import describe_layers
-from infertool.schema import MAX_TOKENS, STRICT, Damp, GroupSize, Name, Seed, Text, float_, int_, text
+from infertool.schema import MAX_TOKENS, STRICT, Damp, GroupSize, Name, NoControl, NotBool, Seed, Text
 
-Ignore = Annotated[list[text(1000)], Field(max_length=1000)]
+Ignore = Annotated[list[Annotated[str, Field(max_length=1000), NoControl]], Field(max_length=1000)]
 
 
 class CalibrationSpec(BaseModel):
@@ -23,8 +23,8 @@ class CalibrationSpec(BaseModel):
 
     source: Text = "builtin"
     text_field: Name = "text"
-    samples: int_(1, 100_000) = 128
-    seq_len: int_(8, MAX_TOKENS) = 512
+    samples: Annotated[int, NotBool, Field(ge=1, le=100_000)] = 128
+    seq_len: Annotated[int, NotBool, Field(ge=8, le=MAX_TOKENS)] = 512
     seed: Seed = 0
     # calibration text that overlaps the eval suite's text is refused (the verdict would be measured on
     # what the model was calibrated on); true turns the refusal into a loud warning in every manifest
