@@ -23,8 +23,8 @@ ClickException = _click_exceptions.ClickException
 ClickUsageError = _click_exceptions.UsageError
 
 # ------------------------------------------------------------------------------------ common options
-JSON_OPT = typer.Option(False, "--json", help="Print the result as JSON on stdout (progress stays on stderr); errors too.")
-SET_OPT = typer.Option(None, "--set", metavar="KEY=VALUE",
+JSON_OPT = typer.Option("--json", help="Print the result as JSON on stdout (progress stays on stderr); errors too.")
+SET_OPT = typer.Option("--set", metavar="KEY=VALUE",
                        help="Override a recipe field before validation, e.g. --set quantize.group_size=64 (repeatable).")
 
 
@@ -53,20 +53,20 @@ def complete_recipe(incomplete: str) -> list[str]:
 
 
 def recipe_arg(help: str = "Recipe file, or the name of a built-in recipe (`infertool recipes list`).") -> typer.models.ArgumentInfo:
-    return typer.Argument(..., metavar="RECIPE", help=help, autocompletion=complete_recipe)
+    return typer.Argument(metavar="RECIPE", help=help, autocompletion=complete_recipe)
 
 
 def out_opt(help: str, metavar: str = "DIR") -> typer.models.OptionInfo:
     """`--out`/`-o`: where a command writes (a directory, or a file for bench's report)."""
-    return typer.Option(None, "--out", "-o", metavar=metavar, help=help)
+    return typer.Option("--out", "-o", metavar=metavar, help=help)
 
 
 def force_opt(help: str = "Overwrite what is already there.") -> typer.models.OptionInfo:
-    return typer.Option(False, "--force", help=help)
+    return typer.Option("--force", help=help)
 
 
 def dry_run_opt(help: str) -> typer.models.OptionInfo:
-    return typer.Option(False, "--dry-run", help=help)
+    return typer.Option("--dry-run", help=help)
 
 
 # ---------------------------------------------------------------------------------- command classes

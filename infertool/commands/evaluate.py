@@ -16,7 +16,7 @@ import inspect
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable, List, Optional
+from typing import Annotated, Callable, List, Optional
 
 import typer
 
@@ -55,21 +55,21 @@ def register(app: typer.Typer) -> None:
 class RunFlags:
     """`infertool eval run`'s command line: one field per flag (Typer reads them as the command's parameters)."""
 
-    recipe: str = recipe_arg()
-    suite: Optional[str] = typer.Option(None, "--suite", metavar="SUITE", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite.")
-    base: Optional[str] = typer.Option(None, "--base", metavar="MODEL", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source.")
-    candidate: Optional[str] = typer.Option(None, "--candidate", metavar="MODEL", help="The quantized model directory (a served name with --engine openai). Default: quantize.output.")
-    engine: Optional[str] = typer.Option(None, "--engine", metavar="hf|vllm|openai", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url).")
-    url: Optional[str] = typer.Option(None, "--url", metavar="URL", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1.")
-    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url.")
-    out_dir: Optional[Path] = out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP.")
-    force: bool = force_opt("Replace earlier results in the --out directory.")
-    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, max=1_000_000, metavar="N", help="Score at most N items (windows for perplexity) per task.")
-    preset: Optional[str] = typer.Option(None, "--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply).")
-    allow_inconclusive: bool = typer.Option(False, "--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")
-    dry_run: bool = dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing.")
-    overrides: Optional[List[str]] = SET_OPT
-    as_json: bool = JSON_OPT
+    recipe: Annotated[str, recipe_arg()]
+    suite: Annotated[Optional[str], typer.Option("--suite", metavar="SUITE", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite.")] = None
+    base: Annotated[Optional[str], typer.Option("--base", metavar="MODEL", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source.")] = None
+    candidate: Annotated[Optional[str], typer.Option("--candidate", metavar="MODEL", help="The quantized model directory (a served name with --engine openai). Default: quantize.output.")] = None
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="hf|vllm|openai", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url).")] = None
+    url: Annotated[Optional[str], typer.Option("--url", metavar="URL", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1.")] = None
+    candidate_url: Annotated[Optional[str], typer.Option("--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url.")] = None
+    out_dir: Annotated[Optional[Path], out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP.")] = None
+    force: Annotated[bool, force_opt("Replace earlier results in the --out directory.")] = False
+    max_items: Annotated[Optional[int], typer.Option("--max-items", min=1, max=1_000_000, metavar="N", help="Score at most N items (windows for perplexity) per task.")] = None
+    preset: Annotated[Optional[str], typer.Option("--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply).")] = None
+    allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")] = False
+    dry_run: Annotated[bool, dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing.")] = False
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None
+    as_json: Annotated[bool, JSON_OPT] = False
 
     def options(self, recipe):
         """The eval options these flags ask for (``recipe``: the loaded recipe, whose engine decides whether
@@ -96,8 +96,9 @@ def takes_flags(flags: type) -> Callable:
     here) and call the command with one ``flags`` record instead of a parameter per flag."""
 
     def wrap(fn: Callable) -> Callable:
-        hints = typing.get_type_hints(flags)
-        params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=hints[f.name])
+        hints = typing.get_type_hints(flags, include_extras=True)  # Annotated[T, typer.Option(...)] kept for Typer
+        params = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=hints[f.name],
+                                    default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default)
                   for f in dataclasses.fields(flags)]
 
         @functools.wraps(fn)
@@ -297,8 +298,8 @@ def decode_table(block: dict):
 @eval_app.command("suites", cls=InfertoolCommand)
 @handle_errors
 def eval_suites(
-    show: Optional[str] = typer.Option(None, "--show", metavar="SUITE", help="Print one suite (a built-in name or a suite YAML path): its file, tasks and first items."),
-    as_json: bool = JSON_OPT,
+    show: Annotated[Optional[str], typer.Option("--show", metavar="SUITE", help="Print one suite (a built-in name or a suite YAML path): its file, tasks and first items.")] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """List the built-in eval suites, or print one (--show). docs/evals.md shows how to write your own."""
     from rich.table import Table
@@ -373,10 +374,10 @@ def _show_suite(name: str, as_json: bool) -> None:
 @eval_app.command("export-lm-eval", cls=InfertoolCommand)
 @handle_errors
 def eval_export(
-    suite: str = typer.Argument(..., metavar="SUITE", help="A built-in suite name or a suite YAML path."),
-    dest: Path = typer.Argument(..., metavar="DIR", help="Directory to write the lm-eval task YAMLs and their data into (created if needed)."),
-    force: bool = force_opt("Overwrite task files already in DIR."),
-    as_json: bool = JSON_OPT,
+    suite: Annotated[str, typer.Argument(metavar="SUITE", help="A built-in suite name or a suite YAML path.")],
+    dest: Annotated[Path, typer.Argument(metavar="DIR", help="Directory to write the lm-eval task YAMLs and their data into (created if needed).")],
+    force: Annotated[bool, force_opt("Overwrite task files already in DIR.")] = False,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Write a suite as lm-evaluation-harness tasks (dataset_path: json), to run the same items there."""
     from infertool.evaluate.lm_eval_export import export_lm_eval
