@@ -72,7 +72,7 @@ class AWQConfig(QuantizeConfig):
     ignore: Ignore = []
 
 
-def group_size_rule(m: ModelFacts, q: Any) -> list[Check]:
+def group_size_rule(m: ModelFacts, q: GPTQConfig | AWQConfig) -> list[Check]:
     """Every quantized layer's in_features must split into whole groups."""
     if not m.quantized:
         return []
@@ -90,7 +90,7 @@ def group_size_rule(m: ModelFacts, q: Any) -> list[Check]:
                   "(or -1, one group per row)")]
 
 
-def packing_rule(m: ModelFacts, q: Any) -> list[Check]:
+def packing_rule(m: ModelFacts, q: GPTQConfig | AWQConfig) -> list[Check]:
     """GPTQ packs in_features x bits into int32 words, AWQ packs out_features: the shapes must fit."""
     bits = q.bits
     pack = 32 // bits if 32 % bits == 0 else None
@@ -114,7 +114,7 @@ def causal_lm_rule(m: ModelFacts, who: str) -> Check:
                  "(architectures *ForCausalLM)")
 
 
-def gentler_options(q: Any, target_kind: str, *, activation_order: bool = False) -> list[str]:
+def gentler_options(q: GPTQConfig | AWQConfig, target_kind: str, *, activation_order: bool = False) -> list[str]:
     """For a 4-bit GPTQ / AWQ section: 8-bit, a smaller group, activation order (``activation_order``: the backend
     has it), the other 4-bit method, more calibration text; nothing for 8 bits (the gates' thresholds are then
     the question)."""
