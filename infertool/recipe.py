@@ -19,7 +19,7 @@ import re
 import types
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -154,7 +154,10 @@ class ModelSection(BaseModel):
 
 # Each backend's schema lives in its module (infertool.backends); the section is their union, picked by
 # method and backend (backends.registry.quantize_section), rebuilt when a backend is registered.
-QuantizeSection = backends.quantize_section()
+if TYPE_CHECKING:  # any backend's schema (at run time: their discriminated union, built from the registry)
+    from infertool.backends.base import QuantizeConfig as QuantizeSection
+else:
+    QuantizeSection = backends.quantize_section()
 QUANTIZE_METHODS: tuple[str, ...] = backends.method_names()
 
 
@@ -852,7 +855,9 @@ class TuneMachine(BaseModel):
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, value: str | None) -> str | None:
-        return TargetSection._known_gpu(value)
+        known = TargetSection._known_gpu(value)
+        assert known is None or isinstance(known, str)  # a name in, a name out
+        return known
 
     @field_validator("resources")
     @classmethod
@@ -888,7 +893,13 @@ def _grid_model() -> type[BaseModel]:
     return create_model("ServeGrid", __config__=_STRICT, __doc__="serve field -> values to cross", **fields)
 
 
-ServeGrid = _grid_model()
+if TYPE_CHECKING:
+    class ServeGrid(BaseModel):
+        """What a type checker sees of the model ``_grid_model()`` makes: a list of values per tunable serve field."""
+
+        def __getattr__(self, name: str) -> list[Any] | None: ...  # Any: the values of that serve field
+else:
+    ServeGrid = _grid_model()
 
 
 class TuneSection(BaseModel):
@@ -996,7 +1007,7 @@ class Recipe(BaseModel):
         t = self.tune
         if t is None:
             return self
-        base = self.quantize.model_dump(mode="json", exclude={"output"}) if self.quantize is not None else {}
+        base: dict = self.quantize.model_dump(mode="json", exclude={"output"}) if self.quantize is not None else {}
         for i, cand in enumerate(t.candidates):
             if cand == "none":
                 continue
@@ -1010,7 +1021,8 @@ class Recipe(BaseModel):
                 msg = err["msg"].removeprefix("Value error, ")
                 if err["type"] == "quantize_method" and isinstance(err.get("input"), dict):
                     field, msg = backends.registry.method_error(err["input"])
-                    loc.append(field)
+                    if field is not None:
+                        loc.append(field)
                 elif err["type"] == "recipe_field":
                     loc.append(str((err.get("ctx") or {}).get("field")))
                     msg = str((err.get("ctx") or {}).get("message", msg))
@@ -1059,10 +1071,11 @@ class Recipe(BaseModel):
 
 def _follow_the_backends() -> None:
     """A backend registered after this module was imported (a plugin, a test) joins the quantize section."""
-    global QuantizeSection, QUANTIZE_METHODS
-    QuantizeSection = backends.quantize_section()
+    global QUANTIZE_METHODS
+    section = backends.quantize_section()
+    globals()["QuantizeSection"] = section  # the name a type checker reads as QuantizeConfig (see above)
     QUANTIZE_METHODS = backends.method_names()
-    Recipe.model_fields["quantize"].annotation = QuantizeSection | None
+    Recipe.model_fields["quantize"].annotation = section | None
     Recipe.model_rebuild(force=True)
 
 
@@ -1103,7 +1116,7 @@ class _RecipeLoader(yaml.SafeLoader):
                                                     "recipe (a recipe is text: write the value plainly)", node.start_mark)
         return super().construct_object(node, deep=deep)
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, yaml.Node] = {}
             for key_node, _ in node.value:
@@ -1707,6 +1720,6 @@ def _issues_from(
             suggestion = _suggest(key, list(owner.model_fields))
             if suggestion:
                 issue.message += f" (did you mean {suggestion!r}?)"
-            elif key in getattr(owner, "FIELD_HINTS", {}):  # what a backend's schema says of a key it lacks
-                issue.message += f" ({owner.FIELD_HINTS[key]})"
+            elif key in (hints := getattr(owner, "FIELD_HINTS", {})):  # what a backend's schema says of a key it lacks
+                issue.message += f" ({hints[key]})"
     return issues, total

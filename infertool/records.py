@@ -148,8 +148,8 @@ def _coerce(value: Any, hint: Any) -> Any:
         if not isinstance(value, dict):
             return _BAD
         _, arg = typing.get_args(hint) or (Any, Any)
-        items = {str(k): _coerce(v, arg) for k, v in value.items()}
-        return {k: v for k, v in items.items() if v is not _BAD}
+        entries = {str(k): _coerce(v, arg) for k, v in value.items()}
+        return {k: v for k, v in entries.items() if v is not _BAD}
     if origin is typing.Literal:
         return value if value in typing.get_args(hint) else _BAD
     if isinstance(hint, type):

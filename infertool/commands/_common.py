@@ -7,12 +7,15 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from infertool.errors import EXIT_RUNTIME, InfertoolError, UsageError
+
+if TYPE_CHECKING:
+    from infertool.resolve import Resolution
 
 try:  # typer >= 0.2x carries its own copy of click
     from typer._click import exceptions as _click_exceptions
@@ -255,7 +258,7 @@ def handle_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def recipe_checks(res, purpose: str):
+def recipe_checks(res: Resolution, purpose: str):
     """THE one call of every entry point that reads a recipe (validate, plan, the dry runs, --emit k8s,
     quantize --check): the registered checks (``infertool.checks``) for ``purpose``. Warnings are printed on
     stderr, one line each (stdout stays the command's output); an error finding raises ``ChecksFailed``: exit 2,

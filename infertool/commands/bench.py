@@ -259,7 +259,7 @@ def _lengths_table(levels) -> None:
     for lv in levels:
         d, sm = lv.summary.lengths, lv.server_metrics
         cells = [lv.level.label] + [
-            "-" if d is None else " / ".join(_f(v, "{:.0f}") for v in (h.p50, h.p90, h.p99, h.max))
+            "-" if h is None else " / ".join(_f(v, "{:.0f}") for v in (h.p50, h.p90, h.p99, h.max))
             for h in ((d.input, d.output) if d is not None else (None, None))]
         if spec:
             rate = sm.spec_decode_acceptance_rate

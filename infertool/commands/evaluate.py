@@ -16,7 +16,7 @@ import inspect
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Annotated, Callable, List, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, List, Optional
 
 import typer
 
@@ -24,6 +24,9 @@ from infertool.commands._common import (
     JSON_OPT, SET_OPT, DefaultCommandGroup, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt,
     recipe_arg, recipe_checks, refuse_overwrite,
 )
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
 
 EXAMPLES = examples(
     ("infertool eval quickstart", "the quantize output against model.source"),
@@ -71,7 +74,7 @@ class RunFlags:
     overrides: Annotated[Optional[List[str]], SET_OPT] = None
     as_json: Annotated[bool, JSON_OPT] = False
 
-    def options(self, recipe):
+    def options(self, recipe: Recipe):
         """The eval options these flags ask for (``recipe``: the loaded recipe, whose engine decides whether
         --base / --candidate are model directories or served model names)."""
         from infertool.evaluate import EvalOptions

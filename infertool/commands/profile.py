@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
@@ -11,6 +11,9 @@ from infertool.commands._common import (
     JSON_OPT, SET_OPT, InfertoolCommand, examples, force_opt, handle_errors, out_opt, recipe_arg, refuse_overwrite,
     usage_error,
 )
+
+if TYPE_CHECKING:
+    from infertool.profile.core import ProfileResult
 
 EXAMPLES = examples(
     ("infertool profile quickstart", "memory- or compute-bound here, per phase"),
@@ -76,7 +79,7 @@ def profile(
     _render(result)
 
 
-def _render(res) -> None:
+def _render(res: ProfileResult) -> None:
     from rich.table import Table
 
     from infertool.output import err, esc, out, plain
