@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 try:  # typer >= 0.2x carries its own copy of click
     from typer._click import exceptions as _click_exceptions
 except ImportError:  # pragma: no cover - older typer on the public click
-    from click import exceptions as _click_exceptions
+    from click import exceptions as _click_exceptions  # type: ignore[no-redef]  # the same module, older place
 
 ClickException = _click_exceptions.ClickException
 ClickUsageError = _click_exceptions.UsageError
@@ -107,7 +107,7 @@ class InfertoolCommand(TyperCommand):
                     continue
                 name = _argument_usage(param)
                 extra = "" if not param.required else "  [required]"
-                args.append((name, (param.help or "") + extra))
+                args.append((name, (getattr(param, "help", None) or "") + extra))  # typer's arguments have help
             else:
                 rv = param.get_help_record(ctx)
                 if rv is not None:
@@ -148,7 +148,7 @@ def _completion_item():
     try:
         from typer._click.shell_completion import CompletionItem
     except ImportError:  # pragma: no cover - older typer on the public click
-        from click.shell_completion import CompletionItem
+        from click.shell_completion import CompletionItem  # type: ignore[assignment]  # the same class, older place
     return CompletionItem
 
 
@@ -278,7 +278,7 @@ def usage_error(message: str, hint: str | None = None) -> InfertoolError:
     return UsageError(message, hint=hint)
 
 
-def refuse_overwrite(paths: Iterable[str | Path], force: bool) -> None:
+def refuse_overwrite(paths: Iterable[str | Path | None], force: bool) -> None:
     """Before any work: an output that is already there is replaced only with --force, and only when it is a regular
     file in a folder of the user's (``atomic.check_output_file``: never a device, fifo, link, directory or /proc)."""
     from infertool.atomic import OutputPathError, check_output_file

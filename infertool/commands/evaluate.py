@@ -16,7 +16,7 @@ import inspect
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Callable, List, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, List, Optional
 
 import typer
 
@@ -108,7 +108,7 @@ def takes_flags(flags: type) -> Callable:
         def command(**values):
             return fn(flags(**values))
 
-        command.__signature__ = inspect.Signature(params)
+        command.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # typeshed's _Wrapped lacks it
         command.__annotations__ = {p.name: p.annotation for p in params}
         del command.__wrapped__
         return command
@@ -340,7 +340,7 @@ def _show_suite(name: str, as_json: bool) -> None:
     yaml_text = suite.path.read_text(encoding="utf-8")
     tasks = []
     for t in suite.tasks:
-        d = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,
+        d: dict[str, Any] = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,
              "data": t.data_path, "source": t.source}
         if t.type == "perplexity":
             d.update(chars=len(t.text or ""), max_windows=t.max_windows, seq_len=t.seq_len,

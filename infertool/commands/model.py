@@ -37,6 +37,7 @@ def model_import(
                      hint="a Hugging Face directory needs no import: use it as model.source directly")
     with StageProgress("model import") as progress:  # with --json too: the result on stdout, progress on stderr
         resolved = locate(source, layers=layers, dtype=dtype, convert=True, on_event=progress.on_event).require()
+    assert resolved.path is not None  # require(): it is here
     path = copy_model_dir(resolved.path, dest, force=force)
     info = model_info(path)
     if as_json:

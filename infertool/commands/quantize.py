@@ -88,7 +88,7 @@ def _rows(result) -> list:
 
     from infertool.output import plain
 
-    rows = []
+    rows: list[tuple[str, str | Text]] = []
     if result.size and result.size.get("weight_bytes_after") is not None:
         s = result.size
         rows.append(("weights", f"{_mib(s['weight_bytes_before'])} -> {_mib(s['weight_bytes_after'])} "
