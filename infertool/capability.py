@@ -45,7 +45,7 @@ class RunContext:
 
     out_dir: Path | None = None
     on_event: EventCallback | None = None
-    servers: Any = None
+    servers: Any = None  # Any: the run's serve.pool.ServerPool (serve sits above this leaf: no import of it)
     user: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -62,6 +62,6 @@ class RunContext:
 class Capability(Protocol[OptionsT, PlanT, ResultT]):
     """A capability module (or object): ``plan`` then ``run``. A module with these two functions satisfies it."""
 
-    def plan(self, res: Any, options: OptionsT) -> PlanT: ...
+    def plan(self, res: Any, options: OptionsT) -> PlanT: ...  # Any: a resolve.Resolution (resolve is above)
 
     def run(self, plan: PlanT, ctx: RunContext) -> ResultT: ...

@@ -34,6 +34,7 @@ from infertool.errors import UsageError
 from infertool.perf import host as hostfacts
 
 if TYPE_CHECKING:
+    from infertool.perf.hardware import GPU
     from infertool.models.info import PositionLimit
     from infertool.recipe import Recipe, ServeSection
 
@@ -106,7 +107,7 @@ class Target:
     source: str  # "target.gpu" | "--gpu" | "this host"
     # the GPU itself (datasheet figures, product label, assumed price; or the recipe's custom spec): what the plan,
     # the roofline, fleet sizing and the manifests take. None on a CPU, or a GPU the table does not know
-    device: Any = None  # infertool.perf.hardware.GPU | None
+    device: GPU | None = None
 
     @property
     def variant(self) -> str:
@@ -138,7 +139,7 @@ class Overrides:
 
 @dataclass
 class Resolution:
-    recipe: Any
+    recipe: Recipe
     base: ModelRef
     candidate: ModelRef | None
     served: ModelRef
@@ -364,7 +365,7 @@ def host_cannot_run(manifest: dict | None, host: hostfacts.HostFacts) -> str | N
     return verify.get("reason") or "vLLM loaded the checkpoint but could not generate on this host"
 
 
-def target_for(host: hostfacts.HostFacts, *, gpu: Any = None, cpu: bool = False, count: int = 1,
+def target_for(host: hostfacts.HostFacts, *, gpu: str | GPU | None = None, cpu: bool = False, count: int = 1,
                source: str | None = None) -> Target:
     """The Target of a choice: the one rule for ``resolve()`` and ``infertool init``.
 
@@ -467,7 +468,7 @@ def input_fingerprints(res: Resolution) -> dict:
     from infertool.data.fingerprint import digest, file_sha256, identity_digest, model_identity, texts_sha256
 
     recipe = res.recipe
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # Any: JSON values (hashed / written / validated)
     src = recipe.model.source
     if src.startswith("bundled:") or src.lower().endswith(".gguf"):
         from infertool.models import sources

@@ -152,7 +152,7 @@ class StageRecord(Summary):
     started: str | None = None
     seconds: float | None = None
     completed: str | None = None
-    summary: Any = None  # the stage's StageSummary (as a dict when read back: ``summary_as``)
+    summary: StageSummary | dict | None = None  # a dict when read back: ``summary_as``
     error: dict | None = None
     servers: list[dict] | None = None
 

@@ -200,6 +200,8 @@ class Calibration(Protocol):
     samples: int
     seq_len: int
 
+    def model_dump(self, *, mode: str) -> dict[str, Any]: ...  # Any: the section as JSON
+
 
 Q = TypeVar("Q", bound=QuantizeConfig)
 

@@ -40,7 +40,7 @@ if TYPE_CHECKING:
     from contextlib import AbstractContextManager
     from infertool.recipe import BenchSection, ServeSection
     from infertool.recipe import Recipe
-    from infertool.resolve import Resolution
+    from infertool.resolve import ModelRef, Resolution
 
 __all__ = ["BENCH_FILE", "BenchOptions", "BenchPlan", "BenchReport", "ab_table", "comparison", "original_beside", "plan",
            "plans_compare", "run", "sweep_report"]
@@ -57,7 +57,7 @@ class BenchOptions:
 
     url: str | None = None  # a running server (only it is contacted); None: launch the recipe's
     model: str | None = None  # the model name to request (default: the server's first)
-    serve_model: Any = None  # a ModelRef of the same resolution to launch instead of the served one (run's original)
+    serve_model: ModelRef | None = None  # a model of the same resolution to launch instead of the served one (run's original)
     arm: str = "sweep"  # names the sweep in progress events ("candidate", "original" in `run`)
     experiments: bool = True  # False: the sweep alone
     # `run`'s bench: the served model named in the report (``served``, with the resolution's notes), and when the
@@ -72,17 +72,17 @@ class Arm:
     """A server the bench launches: its label, its serve settings, its model (None: the served model)."""
 
     label: str
-    serve: Any  # infertool.recipe.ServeSection
-    model: Any = None  # infertool.resolve.ModelRef
+    serve: ServeSection
+    model: ModelRef | None = None
     experiment: str | None = None
     on: bool = True  # the experiment's feature is on in this arm (the sweep's server has the recipe's)
 
 
 @dataclass
 class BenchPlan:
-    res: Any  # infertool.resolve.Resolution
+    res: Resolution
     options: BenchOptions
-    bench: Any  # the recipe's bench section (its defaults when it has none)
+    bench: BenchSection  # the recipe's bench section (its defaults when it has none)
     url: str | None
     levels: list[Level]
     experiments: list[str]
@@ -176,6 +176,7 @@ def _with_original(plan: BenchPlan, report: BenchReport, ctx: RunContext) -> Non
     report.served = {"label": res.served.label, "origin": res.served_origin}
     if plan.original is not None:
         arm = plan.original
+        assert arm.model is not None  # the original's arm names its model
         sub = replace(plan, options=BenchOptions(serve_model=arm.model, arm="original", experiments=False),
                       experiments=[], sweep=arm, arms=[], notes=[], original=None)
         try:
@@ -269,6 +270,7 @@ def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult],
     note = None
     if arm.experiment == "speculative":
         spec = (arm.serve if arm.on else plan.res.serve_section).speculative
+        assert spec is not None  # the side with the feature on has a speculative config
         note = f"speculative config: {spec.model_dump(exclude_none=True)}"
     assert arm.experiment is not None, "plan.arms: the experiments' arms"
     label_off, label_on = _arm_labels(arm.experiment)
@@ -374,7 +376,7 @@ def bench_section(recipe: Recipe) -> BenchSection:
 
 
 # ------------------------------------------------------------------------------------------ run: the original too
-def original_beside(res: Resolution) -> tuple[Any, str | None]:
+def original_beside(res: Resolution) -> tuple[ModelRef | None, str | None]:
     """What `run`'s bench measures beside the served model for ``res``: (the original, None) when the recipe
     quantizes and the candidate is what is served; else (None, why there is nothing to compare: None when the
     recipe has no quantize section)."""

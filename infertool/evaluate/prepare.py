@@ -78,8 +78,8 @@ class EvalPlan:
     candidate: str
     labels: dict[str, str | None] = field(default_factory=dict)  # how a person names base and candidate
     base_source: str | None = None  # what the user wrote for the base (e.g. bundled:smollm2-135m)
-    base_ref: Any = None  # infertool.resolve.ModelRef (hf, vllm)
-    candidate_ref: Any = None
+    base_ref: ModelRef | None = None  # (hf, vllm)
+    candidate_ref: ModelRef | None = None
     url: str | None = None
     candidate_url: str | None = None
     seq_len: int = 512
@@ -94,9 +94,9 @@ class EvalPlan:
     allow_inconclusive: bool = False
     dry_run: bool = False
     notes: list[str] = field(default_factory=list)  # the resolution's (a model not made yet, a fallback)
-    resolution: Any = field(default=None, repr=False)
+    resolution: Resolution | None = field(default=None, repr=False)
     api_key: str | None = field(default=None, repr=False)
-    eval_section: Any = field(default=None, repr=False)  # recipe.EvalSection: lm_eval, decode (the as-served phases)
+    eval_section: EvalSection | None = field(default=None, repr=False)  # lm_eval, decode (the as-served phases)
 
     def model(self, role: str) -> dict:
         return {"model": self.base if role == "base" else self.candidate, "label": self.labels.get(role)}
@@ -130,7 +130,7 @@ def make_plan(res: Resolution, options: EvalOptions) -> EvalPlan:
 
     ev = eval_section(res.recipe, options)
     load_suite(ev.suite)  # an unknown suite fails here, a dry run too ("did you mean ...")
-    common: dict[str, Any] = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
+    common: dict[str, Any] = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,  # Any: JSON values (hashed / written / validated)
                   accept=ev.accept.model_dump(), out_dir=options.out_dir, dry_run=options.dry_run,
                   allow_inconclusive=options.allow_inconclusive or ev.accept.allow_inconclusive, eval_section=ev)
     if ev.engine == "openai":
@@ -171,7 +171,7 @@ def eval_section(recipe: Recipe, options: EvalOptions) -> EvalSection:
     from infertool.recipe import EvalSection
 
     ev = recipe.eval or EvalSection()
-    changes: dict[str, Any] = {k: v for k, v in (("suite", options.suite), ("engine", options.engine),
+    changes: dict[str, Any] = {k: v for k, v in (("suite", options.suite), ("engine", options.engine),  # Any: JSON values (hashed / written / validated)
                                                  ("url", options.url), ("max_items", options.max_items)) if v is not None}
     if options.preset is not None:
         changes["accept"] = {**ev.accept.model_dump(), "preset": options.preset}
@@ -265,11 +265,11 @@ def held_out_check(res: Resolution, suite_name: str) -> dict | None:
     from infertool.resolve import candidate_manifest
 
     q = res.recipe.quantize
-    if res.candidate is None or res.candidate.load_quantization or getattr(q, "calibration", None) is None:
+    if res.candidate is None or res.candidate.load_quantization or (calib := getattr(q, "calibration", None)) is None:
         return None  # quantized when loaded, or without calibration data: no text to hold out
     cal = ((candidate_manifest(res.candidate) or {}).get("calibration") or {})
-    source = cal.get("source") or q.calibration.source
-    field = q.calibration.text_field
+    source = cal.get("source") or calib.source
+    field = calib.text_field
     try:
         docs, kind, _ = read_texts(source, field)
     except UsageError:

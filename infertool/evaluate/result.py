@@ -144,7 +144,7 @@ class GenerateResult(TaskResult):
     output_agreement_ci: list[float | None] = field(default_factory=list)
 
 
-_TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "multiple_choice": ChoiceResult,
+_TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "multiple_choice": ChoiceResult,  # Any: a JSON key: the type field read back
                                             "generate": GenerateResult}
 
 

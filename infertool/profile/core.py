@@ -21,6 +21,9 @@ from infertool.profile.grid import Grid
 from infertool.records import Record, as_str
 
 if TYPE_CHECKING:
+    from infertool.perf.roofline import Arch
+    from infertool.models.weights import WeightFacts
+    from infertool.models.info import ModelInfo
     from infertool.capability import EventCallback
     from infertool.resolve import ModelRef, Resolution
 
@@ -100,8 +103,8 @@ class ProfileOptions:
 
 @dataclass
 class ProfilePlan:
-    res: Any  # infertool.resolve.Resolution
-    model: Any  # the ModelRef profiled: the resolution's base (--model is ``Overrides(base=...)``)
+    res: Resolution
+    model: ModelRef  # the model profiled: the resolution's base (--model is ``Overrides(base=...)``)
     engine: str
     grid: Grid
     nsys_bin: str | None = None
@@ -208,9 +211,9 @@ def run(plan: ProfilePlan, ctx: RunContext | None = None) -> ProfileResult:
 @dataclass
 class _Facts:
     path: Path
-    info: Any  # infertool.models.info.ModelInfo
-    arch: Any  # infertool.perf.roofline.Arch
-    weights: Any  # infertool.models.weights.WeightFacts
+    info: ModelInfo
+    arch: Arch
+    weights: WeightFacts
 
 
 def _model_facts(model: ModelRef) -> _Facts:
@@ -235,7 +238,7 @@ class _Precision:
     weights, KV bytes and peaks that follow from it."""
 
     dtype: str
-    weights: Any  # WeightFacts, scaled to ``dtype``
+    weights: WeightFacts  # scaled to ``dtype``
     kv_tok: float
     peaks: dict
     notes: list[str]

@@ -162,7 +162,7 @@ def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: E
                          hint="add one (method: gptq | awq | bnb), e.g. from `infertool recipes show quickstart`")
     backend = backends.of(q)
     t0 = time.monotonic()
-    timings: dict[str, Any] = {}
+    timings: dict[str, Any] = {}  # Any: JSON values (hashed / written / validated)
     dest = _output(res, options, q, backend)
     res.ensure(res.base, on_event=on_event)
     src = Path(res.base.dir).resolve()
@@ -173,13 +173,13 @@ def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: E
     info = model_info(src)
     recipe_dir = _recipe_dir(options.recipe_path)
     cal_check = cal_spec = None
-    if backend.calibration(q) is not None:
+    if (calibration := backend.calibration(q)) is not None:
         from infertool.data.calibration import check_source
 
-        cal_spec = q.calibration.model_dump(mode="json")
+        cal_spec = calibration.model_dump(mode="json")
         cal_check = check_source(cal_spec, recipe_dir)
         cal_spec["source"] = cal_check.source  # absolute path (or builtin) for the worker
-    serve = recipe.serve.model_dump(mode="json") if getattr(recipe, "serve", None) else None
+    serve = section.model_dump(mode="json") if (section := getattr(recipe, "serve", None)) else None
     report = preflight(info, q, serve=serve, output=dest, has_cuda=has_cuda(), target=res.target, host=res.host)
     held = _held_out(recipe, cal_spec, recipe_dir, report) if cal_spec is not None else None
     _output_check(report, dest, options)
@@ -284,6 +284,7 @@ def load_check_launches(res: Resolution, candidate: ModelRef | None = None) -> d
     itself. Needs neither the model nor the serve environment (`run --dry-run` shows them)."""
     from infertool.quantize import verify as load_check
 
+    assert res.recipe.quantize is not None  # a load check is of a quantize recipe's candidate
     b = backends.of(res.recipe.quantize)
     planned = load_check.plans(res, candidate or res.candidate, dry_run=True, original=not b.reference_in_worker)
     return {k: launch.to_dict() for k, launch in planned.items()}
@@ -487,7 +488,7 @@ def _manifest(p: QuantizePlan, task_result: dict, result: QuantizeResult, layers
     from infertool.recipe import recipe_to_dict
 
     recipe, info, b = p.res.recipe, p.info, p.backend
-    fields: dict[str, Any] = {
+    fields: dict[str, Any] = {  # Any: JSON values (hashed / written / validated)
         "recipe": recipe_to_dict(recipe),
         "recipe_source": str(p.options.recipe_path) if p.options.recipe_path else None,
         "method": p.config.method,

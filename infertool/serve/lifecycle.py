@@ -30,6 +30,8 @@ from infertool.serve.launcher import (
 )
 
 if TYPE_CHECKING:
+    from infertool.serve.launches import LaunchPlan
+    from infertool.serve.k8s import K8sOptions
     from infertool.resolve import Resolution
 
 __all__ = ["ServeOptions", "ServePlan", "ServeResult", "detached_files", "plan", "run", "status", "stop"]
@@ -46,14 +48,14 @@ class ServeOptions:
     log: Path | None = None  # default: $INFERTOOL_HOME/logs/<time>-serve-<port>.log
     force: bool = False  # launch even when the lint finds errors
     emit: str | None = None  # "k8s": the Kubernetes manifests of the launch instead of starting it
-    k8s: Any = None  # emit k8s: infertool.serve.k8s.K8sOptions (replicas, autoscaler, scheduling, model source)
+    k8s: K8sOptions | None = None  # emit k8s: (replicas, autoscaler, scheduling, model source)
 
 
 @dataclass
 class ServePlan:
-    res: Any  # infertool.resolve.Resolution
+    res: Resolution
     options: ServeOptions
-    launch: Any = None  # infertool.serve.LaunchPlan (None with emit)
+    launch: LaunchPlan | None = None  # None with emit
     manifests: list[dict] | None = None  # emit k8s: the Deployment and the Service
     pid_file: Path | None = None
     log: Path | None = None

@@ -162,14 +162,14 @@ def stage_key(stage: Stage, recipe_dict: dict, upstream_keys: dict[str, str], in
     `run` and `tune`; any change to one of them gives a new key (and a new entry)."""
     from infertool.data.fingerprint import digest
 
-    extra: dict[str, Any] = {k: inputs.get(k) for k in stage.inputs if inputs.get(k) is not None}
+    extra: dict[str, Any] = {k: inputs.get(k) for k in stage.inputs if inputs.get(k) is not None}  # Any: JSON values (hashed / written / validated)
     if stage.host:
         extra["host"] = {k: host.get(k) for k in HOST_FACTS}
     extra.update(parts or {})
     opts = _options_part(stage, options)
     if opts:
         extra["options"] = opts
-    payload: dict[str, Any] = {"stage": stage.name, "v": KEY_VERSION,
+    payload: dict[str, Any] = {"stage": stage.name, "v": KEY_VERSION,  # Any: JSON values (hashed / written / validated)
                                "sections": {s: recipe_dict.get(s) for s in stage.sections},
                                "upstream": {d: upstream_keys[d] for d in stage.depends if d in upstream_keys},
                                "extra": extra}
