@@ -13,7 +13,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --progress-bar off --disable-pip-version-check -q -e .
 	touch $@
 
-# The test runner and what only the tests use (pytest, Optuna and Ray for tune, kubernetes-validate).
+# The test runner and what only the tests use (pytest, mypy and PyYAML's stubs, Optuna and Ray for tune,
+# kubernetes-validate).
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install --progress-bar off --disable-pip-version-check -q -e '.[test]'
 	touch $@
@@ -32,12 +33,15 @@ browser:
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null) ; } || \
 	  echo "chromium is not installed: the report's browser test will skip"
 
-# Everything that can run on this machine, slow tests included; gpu tests skip without CUDA.
+# The type check first (mypy over infertool/, its settings in pyproject.toml: any error fails the build), then
+# everything that can run on this machine, slow tests included; gpu tests skip without CUDA.
 test: venv-test envs browser
+	$(PY) -m mypy
 	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest
 
-# Only the fast tests (no managed environments needed).
+# The type check, then only the fast tests (no managed environments needed).
 test-fast: venv-test
+	$(PY) -m mypy
 	$(PY) -m pytest -m "not slow"
 
 # The main job on the bundled model: the quickstart recipe end to end into one run directory, then its report.
@@ -56,4 +60,4 @@ bench: venv
 	$(PY) benchmarks/startup.py
 
 clean:
-	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache
+	rm -rf $(VENV) $(DEMO_OUT) .pytest_cache .mypy_cache

@@ -41,7 +41,7 @@ class RunContext:
 
     out_dir: Path | None = None
     on_event: EventCallback | None = None
-    servers: Any = None
+    servers: Any = None  # Any: the run's serve.pool.ServerPool (serve sits above this leaf: no import of it)
     user: str = ""
     notes: list[str] = field(default_factory=list)
 

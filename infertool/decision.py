@@ -285,7 +285,7 @@ def _undecided_steps(open_: list[Gate], ev: dict, meanwhile: str | None) -> list
         what = "more eval items: " + ", ".join(f"about {g.n_needed:,} {g.unit or 'items'} would decide {g.name} "
                                               f"(now {g.n or 0:,})" for g in sized)
         mi = as_int(ev.get("max_items"))
-        factor = max((g.n_needed / g.n for g in sized if g.n), default=None)
+        factor = max(((g.n_needed or 0) / g.n for g in sized if g.n), default=None)
         if mi and factor:
             what += f": eval.max_items: {math.ceil(mi * factor):,} (now {mi}), or a larger suite if this one has fewer"
         else:
@@ -329,7 +329,7 @@ def decision(verdict: str | None, gates: list[Gate], names: Names, gains: Speed,
                         "candidate kept the original's accuracy (add an eval section, or drop --stages).")
     head = gains.headline if gains.status == "measured" else None
     r = head.output_tok_s.ratio if head else None
-    faster = f"{r:.2f}x the output tokens/s of the original at {head.level}" if r is not None else None
+    faster = f"{r:.2f}x the output tokens/s of the original at {head.level}" if r is not None and head else None
     if verdict == "FAIL":
         n = sum(g.status == "FAIL" for g in gates)
         return Decision(False, "do not ship the candidate",

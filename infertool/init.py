@@ -107,6 +107,12 @@ class InitTarget:
         return hardware.GPUS[self.target.gpu] if self.target.gpu else None
 
     @property
+    def device(self) -> hardware.GPU:
+        """The GPU of a GPU target (asked only where the target is one)."""
+        assert self.gpu is not None, "a GPU target"
+        return self.gpu
+
+    @property
     def tag(self) -> str:
         return self.gpu.key.split("-")[0].lower() if self.gpu else "cpu"
 
@@ -204,8 +210,10 @@ def _locate(model: str, on_event: Callable | None) -> _Model:
         raise UsageError(f"{p} is a file, not a model directory or a .gguf file",
                          hint="give a Hugging Face model directory (with config.json), a .gguf file, or org/name")
     resolved = locate(model, dtype="bfloat16", convert=True, on_event=on_event).require()
-    _refuse_inconsistent(Path(resolved.path))
-    info = model_info(resolved.path)
+    where = resolved.path
+    assert where is not None, "require(): the model is here"
+    _refuse_inconsistent(Path(where))
+    info = model_info(where)
     if resolved.kind == "bundled":
         source, name = model, model.split(":", 1)[1]
     elif resolved.kind == "gguf":
@@ -213,9 +221,9 @@ def _locate(model: str, on_event: Callable | None) -> _Model:
     elif resolved.kind == "hub":
         source, name = model, model.split("/")[-1]
     else:
-        source, name = str(resolved.path), resolved.path.name
+        source, name = str(where), where.name
     dtype = info.dtype if info.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
-    return _Model(source, Path(resolved.path), resolved.kind, name, info, position_limit(resolved.path), dtype)
+    return _Model(source, Path(where), resolved.kind, name, info, position_limit(where), dtype)
 
 
 def _refuse_inconsistent(path: Path) -> None:
@@ -401,7 +409,7 @@ def _methods(target: InitTarget, opts: InitOptions, pins: dict) -> list[str]:
         return [name]
     if target.kind != "gpu" or "quantize" in pins:
         return ["default"]
-    return ["fp8" if _has_fp8(target.gpu) else "w8a8", "default"]
+    return ["fp8" if _has_fp8(target.device) else "w8a8", "default"]
 
 
 def _has_fp8(gpu: hardware.GPU) -> bool:
@@ -457,8 +465,8 @@ def _quantization(method: str, info, target: InitTarget, traffic: Traffic, prefl
     else:
         q, w8a8 = dict(given), given.get("scheme") == "W8A8"
         fp8_note = ""
-        if method == "fp8" and target.kind == "gpu" and not _has_fp8(target.gpu):
-            fp8_note = (f"; {target.gpu.key} has no FP8 tensor cores: vLLM runs the FP8 weights with 16-bit "
+        if method == "fp8" and target.kind == "gpu" and not _has_fp8(target.device):
+            fp8_note = (f"; {target.device.key} has no FP8 tensor cores: vLLM runs the FP8 weights with 16-bit "
                         "activations there (its FP8 Marlin kernel), without FP8's speed")
         decide("quantize.method", q["method"], METHOD_WHY[method] + fp8_note, "warning" if fp8_note else "info")
         if "scheme" in q:
@@ -493,7 +501,7 @@ def _choose_method(tried: list[_Option], target: InitTarget, decide: Decide) -> 
     needs = "; ".join(f"{o.label}: " + (f"tensor_parallel_size {o.fit.tp}" + (
         "" if all(d.level == "info" for d in o.fit.decisions) else " (not the whole traffic)") if o.fit.fits
         else "does not fit") for o in tried)
-    gpu = target.gpu
+    gpu = target.device
     if chosen is tried[0]:
         why = (f"{chosen.label}: {_generation(gpu)}, and the 8-bit model serves the traffic on as few GPUs as 4-bit "
                f"({needs}): at equal cost the 8-bit format keeps more accuracy")
@@ -583,7 +591,7 @@ def _fit_slo(shape: _RecipeShape, fit: _Fit, explicit: bool, seqs_pinned: bool, 
     step = steps[seqs]
     whose = "yours, kept" if explicit else "init's default"
     at = (f"the plan's decode step (its roofline, a lower bound) is {step:.1f} ms at batch {seqs} on {fit.tp} x "
-          f"{shape.target.gpu.key} ({p.roofline['context']:,}-token context)")
+          f"{shape.target.device.key} ({p.roofline['context']:,}-token context)")
     slo = {"ttft_ms": t.ttft_ms, "tpot_ms": tpot}
     if step <= tpot:
         decide("bench.slo", slo, f"feasible by the plan: {at} <= tpot_ms {tpot:g}")
@@ -592,6 +600,7 @@ def _fit_slo(shape: _RecipeShape, fit: _Fit, explicit: bool, seqs_pinned: bool, 
     new_tpot = float(math.ceil(step / 5) * 5)
     lower_batch = best is not None and not seqs_pinned and (explicit or seqs / best <= new_tpot / tpot)
     if lower_batch:
+        assert best is not None
         fit.max_num_seqs = best
         for d in fit.decisions:
             if d.field == "serve.max_num_seqs":
@@ -780,7 +789,7 @@ class _RecipeShape:
         r: dict[str, Any] = {"name": self.name, "description": "",
                              "model": {"source": self.m.source, "dtype": self.m.dtype}}
         if gpu:
-            r["target"] = {"gpu": self.target.gpu.key}
+            r["target"] = {"gpu": self.target.device.key}
         r["quantize"] = dict(self.q)
         r["eval"] = {"suite": SUITE, "engine": self.engine, "accept": {"preset": "standard"}}
         base = base if base is not None else self.base
@@ -814,8 +823,8 @@ def _explain_model_and_target(name: str, m: _Model, target: InitTarget, decide: 
     decide("model.dtype", m.dtype, f"the dtype config.json declares ({info.dtype})" if info.dtype == m.dtype else
            f"config.json declares {info.dtype or 'no dtype'}: planned as {m.dtype}")
     if target.kind == "gpu":
-        decide("target.gpu", target.gpu.key, f"{target.gpu.name}: {target.gpu.memory_gib:.1f} GiB, "
-               f"{target.gpu.bandwidth_tbs:g} TB/s, {target.gpu.bf16_tflops:g} TFLOP/s bf16 dense ({target.gpu.source}); "
+        decide("target.gpu", target.device.key, f"{target.device.name}: {target.device.memory_gib:.1f} GiB, "
+               f"{target.device.bandwidth_tbs:g} TB/s, {target.device.bf16_tflops:g} TFLOP/s bf16 dense ({target.device.source}); "
                + ("this host's GPU" if target.source == "this host" else "plans and dry runs describe it on any host"))
 
 
@@ -991,7 +1000,7 @@ def _fit_served(target: InitTarget, recipe_for, ctx: int, conc: int, per_req: in
     # nothing starts: the smallest choices, said as such, and what would hold it
     advice = _gpu_advice(target, recipe_for, min_len, False)
     ds = [Decision("serve.tensor_parallel_size", largest_valid,
-                   f"DOES NOT FIT: {target.gpu.key} cannot hold the quantized model even with {largest_valid} GPU(s), "
+                   f"DOES NOT FIT: {target.device.key} cannot hold the quantized model even with {largest_valid} GPU(s), "
                    f"max_model_len {min_len} and one sequence ({tried}); {advice}", "error"),
           Decision("serve.max_model_len", min_len, MIN_LEN_WHY, "warning"),
           Decision("serve.max_num_seqs", 1, "the smallest choice", "warning")]
@@ -1048,7 +1057,7 @@ def _fit_base(target: InitTarget, recipe_for, fit: _Fit, pinned: int | None) -> 
     advice = _gpu_advice(target, recipe_for, min(fit.max_model_len, max(recipe_for.per_request, EVAL_MIN_LEN)), True)
     fit.fits = False
     fit.decisions.append(Decision("eval.base_serve", {"tensor_parallel_size": max(_degrees(target, pinned, []) or [1])},
-                                  f"DOES NOT FIT: the eval serves the original model, which {target.gpu.key} cannot hold "
+                                  f"DOES NOT FIT: the eval serves the original model, which {target.device.key} cannot hold "
                                   f"even with {min(8, target.max_gpus)} GPU(s) ({tried}); {advice}", "error"))
 
 
@@ -1056,16 +1065,16 @@ def _gpu_advice(target: InitTarget, recipe_for, min_len: int, with_original: boo
     """What would hold the model: more GPUs of the same kind, or the first bigger GPU (and how many)."""
     def starts(t: InitTarget, tp: int) -> bool:
         r = recipe_for(tp, min_len, 1, None)
-        r["target"] = {"gpu": t.gpu.key}
+        r["target"] = {"gpu": t.device.key}
         ok = _plan(r).fits
         return ok and (not with_original or _plan(r, original=True).fits)
 
     if target.max_gpus < 8:
         for tp in TP_DEGREES:
             if target.max_gpus < tp and _safe(starts, replace(target, max_gpus=8), tp):
-                return f"it would fit on {tp} x {target.gpu.key} (this host has {target.max_gpus})"
+                return f"it would fit on {tp} x {target.device.key} (this host has {target.max_gpus})"
     for dev in sorted(hardware.GPUS.values(), key=lambda g: g.memory_gib):
-        if dev.memory_gib <= target.gpu.memory_gib:
+        if dev.memory_gib <= target.device.memory_gib:
             continue
         t = target.on(dev)
         for tp in TP_DEGREES:
@@ -1134,7 +1143,7 @@ def _size_cpu(target: InitTarget, recipe_for, ctx: int, conc: int, per_req: int,
              else "the served model's")
     held = "float32" if any("held in float32" in n for n in notes) else None
     mem = (f"this host has {_gib(host)}: the weights ({whose}" + (f", held in {held}" if held else "") + f") "
-           f"{_gib(weights)} and ~{_gib(CPU_HOST_OVERHEAD)} of processes leave {_gib(max(0, left))}, of which init "
+           f"{_gib(weights)} and ~{_gib(CPU_HOST_OVERHEAD)} of processes leave {_gib(max(0, left or 0))}, of which init "
            "gives the KV cache at most half" if host else "this host's memory is unknown")
     ds: list[Decision] = []
     if cap == 0:
@@ -1344,7 +1353,7 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
     finally:
         remove_inside(tmp, folder)
     reasons = list(plan.reasons) + [f"the original model (which the eval serves with these settings): {r}"
-                                    for r in (original.reasons if original else [])]
+                                    for r in (original.reasons if original else list[str]())]
     fits = plan.fits and (original is None or original.fits)
     advice = [d.why.removeprefix("DOES NOT FIT: ") for d in decisions if d.level == "error"]
     return InitResult(str(dest) if dest is not None else None, text, recipe, decisions, target.describe(count),

@@ -13,13 +13,16 @@ from __future__ import annotations
 import os
 import sys
 import unicodedata
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from infertool.atomic import dumps_json, jsonable
+
+if TYPE_CHECKING:
+    from rich.progress import Progress, TaskID
 
 
 # Human output: tables and results go to stdout unless --json is given, progress and logs to stderr.
@@ -104,8 +107,8 @@ class StageProgress:
 
     def __init__(self, title: str):
         self.title = title
-        self._progress = None
-        self._tasks: dict[str, int] = {}
+        self._progress: Progress | None = None
+        self._tasks: dict[str, TaskID] = {}
         self._last: dict[str, tuple[str | None, float]] = {}
 
     def __enter__(self) -> "StageProgress":
@@ -162,20 +165,22 @@ class StageProgress:
             self._plain(event)  # CI logs and pipes: plain lines instead of a live bar
             return
         self._start()
+        progress = self._progress
+        assert progress is not None  # _start made it
         kind = event.get("event")
         if kind == "progress":
             key = event.get("task", "work")
             desc = esc(event.get("description") or key)  # the bar's column reads it as markup
             total = event.get("total")
             if key not in self._tasks:
-                self._tasks[key] = self._progress.add_task(desc, total=total)
-            self._progress.update(
+                self._tasks[key] = progress.add_task(desc, total=total)
+            progress.update(
                 self._tasks[key], completed=event.get("completed", 0), total=total, description=desc
             )
         elif kind == "log":
             level = event.get("level", "info")
             style = {"warning": "yellow", "error": "red"}.get(level, "dim")
-            self._progress.console.print(plain(event.get("message", ""), style=style))
+            progress.console.print(plain(event.get("message", ""), style=style))
 
 
 EventCallback = Callable[[dict], None]

@@ -28,12 +28,15 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from infertool.atomic import remove_inside, write_json
 from infertool.errors import InfertoolError, UsageError
 from infertool.stages import Stage, StageContext, StageOutput, cached_stage
 from infertool.summaries import ModelSummary, RunManifest, StageRecord
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
 
 EventCallback = Callable[[dict], None]
 StageCallback = Callable[[str, str, StageRecord], None]
@@ -78,7 +81,7 @@ class RunGraph:
         return [s.name for s in self.stages]
 
 
-def selected_stages(recipe, stages: list[str] | None) -> list[str]:
+def selected_stages(recipe: Recipe, stages: list[str] | None) -> list[str]:
     """The stages `run` runs, in graph order: ``stages`` (else run.stages, else what the recipe's sections ask
     for) with the stages they depend on."""
     from infertool.stages import check_recipe, select
@@ -98,7 +101,7 @@ def _stages_to_rerun(force: list[str] | None) -> set[str]:
     return set(force or [])
 
 
-def run_graph(recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,
+def run_graph(recipe: Recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,
               force: list[str] | None = None) -> RunGraph:
     from infertool.resolve import resolve
     from infertool.stages import get, keys
@@ -110,7 +113,7 @@ def run_graph(recipe, *, stages: list[str] | None = None, out_dir: str | Path | 
     return RunGraph(recipe, chosen, keys(recipe, chosen, res0.inputs(), res0.host.to_dict()), root, again, res0)
 
 
-def plan_pipeline(recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,
+def plan_pipeline(recipe: Recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,
                   force: list[str] | None = None, publish: str | None = None) -> dict:
     """What `run` would do, without doing it: the stages, their keys and whether a completed entry would be
     reused, the resolution (with the candidate where the quantize stage's entry will be), the server
@@ -193,7 +196,7 @@ def _new_run_dir(root: Path, name: str) -> Path:
             run_dir = root / f"{name}-{stamp}-{n}"
 
 
-def run_pipeline(recipe, *, stages: list[str] | None = None, force: list[str] | None = None,
+def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list[str] | None = None,
                  out_dir: str | Path | None = None, on_event: EventCallback | None = None,
                  on_stage: StageCallback | None = None, publish: str | None = None) -> RunResult:
     """Run the selected stages; reuse completed ones by key; publish the checkpoint the eval scored (to
@@ -362,7 +365,7 @@ def _beside(servers: int, cpu_s: float, stage_s: float, on_event: EventCallback 
     return d
 
 
-def _final_resolution(recipe, upstream: dict[str, StageOutput]) -> dict | None:
+def _final_resolution(recipe: Recipe, upstream: dict[str, StageOutput]) -> dict | None:
     """What this run served and scored: the resolution with the candidate this run made."""
     from infertool.resolve import resolve
 

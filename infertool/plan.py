@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infertool.errors import UsageError
 from infertool.perf import hardware, roofline
@@ -22,6 +23,13 @@ from infertool.perf.host import memory_total_bytes
 from infertool.models.weights import WeightFacts, arch_from_info, decode_weight_bytes, estimated_weights, measured_weights
 from infertool.perf.roofline import Arch
 from infertool.records import Record
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from infertool.perf.calibration import Calibration
+    from infertool.recipe import ServeSection
+    from infertool.capability import RunContext
+    from infertool.resolve import Resolution
 
 GIB = 1024**3
 CPU_BLOCK_SIZE = roofline.CPU_KV_BLOCK
@@ -70,7 +78,7 @@ class PlanResult(Record):
     fleet: dict = field(default_factory=dict)
 
 
-def planned_model(res) -> tuple[Arch, WeightFacts, list[str]]:
+def planned_model(res: Resolution) -> tuple[Arch, WeightFacts, list[str]]:
     """The model the server would load (the resolution's served model) and its facts: measured from its
     safetensors headers when it is here; estimated from its base's architecture and the quantization when
     the quantized copy is not made yet; from infertool's table of known architectures when nothing is here."""
@@ -83,15 +91,15 @@ def planned_model(res) -> tuple[Arch, WeightFacts, list[str]]:
     dtype_bytes = roofline.DTYPE_BYTES.get(recipe.model.dtype, 2)
     quant = recipe.quantize if served.role == "candidate" else None
     if served.exists and not served.load_quantization:
-        info = model_info(served.path)
-        return arch_from_info(info), measured_weights(Path(served.path), info), notes
+        info = model_info(served.dir)
+        return arch_from_info(info), measured_weights(Path(served.dir), info), notes
     if res.base.exists and served.role in ("candidate", "base"):
-        info = model_info(res.base.path)
+        info = model_info(res.base.dir)
         arch = arch_from_info(info)
         if quant is not None:
             notes.append(f"the quantized model is not made yet: its weight bytes are estimated from {res.base.path}")
-            return arch, estimated_weights(res.base.path, arch, f"{res.base.path}/config.json", quant, dtype_bytes), notes
-        return arch, measured_weights(Path(res.base.path), info), notes
+            return arch, estimated_weights(res.base.dir, arch, f"{res.base.path}/config.json", quant, dtype_bytes), notes
+        return arch, measured_weights(Path(res.base.dir), info), notes
     for name in (served.source, res.base.source):
         key = match_known(name)
         if key is not None:
@@ -119,7 +127,7 @@ def activation_reserve(arch: Arch, max_batched_tokens: int, max_num_seqs: int, a
     return int(max_batched_tokens * per_token + 2 * max_num_seqs * arch.vocab * 4)
 
 
-def plan(res, options: PlanOptions | None = None) -> PlanResult:
+def plan(res: Resolution, options: PlanOptions | None = None) -> PlanResult:
     """The plan for what the resolution serves, on its target (``options.memory_gib``: a GPU with that much
     memory). Pure: no weights are loaded, nothing starts. Raises UsageError for what cannot be planned."""
     options = options or PlanOptions()
@@ -172,7 +180,7 @@ def plan(res, options: PlanOptions | None = None) -> PlanResult:
                       tp_adv, notes, fleet)
 
 
-def run(plan: PlanResult, ctx=None) -> PlanResult:
+def run(plan: PlanResult, ctx: RunContext | None = None) -> PlanResult:
     """The plan capability is pure: its result is the plan itself."""
     return plan
 
@@ -180,7 +188,7 @@ def run(plan: PlanResult, ctx=None) -> PlanResult:
 def _held_in(weights: WeightFacts, dtype: str, declared: str | None) -> WeightFacts:
     """The weights as vLLM's CPU backend holds them in the dtype `infertool serve` passes on this host (float32
     where the CPU has no bf16/fp16 matrix instructions and the model is unquantized)."""
-    scale = roofline.DTYPE_BYTES[dtype] / roofline.DTYPE_BYTES.get(declared, 2)
+    scale = roofline.DTYPE_BYTES[dtype] / roofline.DTYPE_BYTES.get(declared or "", 2)
     return WeightFacts(weights.source, f"{weights.how}, held in {dtype} by vLLM", int(weights.total_bytes * scale),
                        int(weights.embedding_bytes * scale), int(weights.expert_bytes * scale),
                        weights.bytes_per_linear_weight * scale, weights.quantization)
@@ -207,15 +215,19 @@ class _Memory:
     peak_flops: float | None
     peak_bw: float | None
     peak_src: str | None
-    link: object = None  # infertool.perf.hardware link between GPUs
+    link: hardware.Link | None = None  # the link between GPUs
 
 
-def _gpu_memory(serve, arch: Arch, weights: WeightFacts, dev: hardware.GPU | None, memory_gib: float | None,
+def _gpu_memory(serve: ServeSection, arch: Arch, weights: WeightFacts, dev: hardware.GPU | None, memory_gib: float | None,
                 reasons: list[str]) -> _Memory:
     """vLLM's GPU arithmetic: gpu_memory_utilization x memory - weights - the activation/overhead reserve.
     ``dev``: the target GPU (a table GPU or a custom spec); None with ``memory_gib`` (--memory)."""
     tp, pp = serve.tensor_parallel_size, serve.pipeline_parallel_size
-    mem_bytes = _whole(memory_gib * GIB, "--memory") if memory_gib is not None else dev.memory_bytes
+    if memory_gib is not None:
+        mem_bytes = _whole(memory_gib * GIB, "--memory")
+    else:
+        assert dev is not None, "a target GPU or --memory"
+        mem_bytes = dev.memory_bytes
     large = mem_bytes >= 70 * GIB and not (dev and dev.key.startswith("A100"))
     mnbt = serve.max_num_batched_tokens or (8192 if large else 2048)
     mns = serve.max_num_seqs or (1024 if large else 256)
@@ -247,7 +259,7 @@ def _gpu_memory(serve, arch: Arch, weights: WeightFacts, dev: hardware.GPU | Non
                    hardware.LINKS[dev.link] if dev else None)
 
 
-def _cpu_memory(serve, weights: WeightFacts, reasons: list[str], notes: list[str]) -> _Memory:
+def _cpu_memory(serve: ServeSection, weights: WeightFacts, reasons: list[str], notes: list[str]) -> _Memory:
     """vLLM's CPU backend: the KV cache is VLLM_CPU_KVCACHE_SPACE exactly; weights, KV and the processes must fit
     in the host's memory."""
     space = serve.cpu.kv_cache_space_gib if serve.cpu else None
@@ -270,7 +282,7 @@ def _cpu_memory(serve, weights: WeightFacts, reasons: list[str], notes: list[str
                    serve.max_num_seqs or 256, peaks["bf16_flops"], peaks["bandwidth_bytes_s"], peaks["source"])
 
 
-def _kv_capacity(serve, mem: _Memory, kv_tok: float, kv_tok_gpu: float, model_dtype: str | None, max_model_len: int,
+def _kv_capacity(serve: ServeSection, mem: _Memory, kv_tok: float, kv_tok_gpu: float, model_dtype: str | None, max_model_len: int,
                  reasons: list[str]) -> tuple[dict, dict]:
     """vLLM's block arithmetic: blocks = KV memory // (block size x KV bytes per token); (kv, capacity)."""
     kv_mem, block = mem.kv_mem, mem.block
@@ -322,7 +334,7 @@ def _roofline(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, cap
     return roof
 
 
-def _calibrated(res, roof: dict, roofline_s, largest: int, max_num_seqs: int) -> None:
+def _calibrated(res: Resolution, roof: dict, roofline_s: Callable[[int], float], largest: int, max_num_seqs: int) -> None:
     """The roofline rows with the serving engine's measured step cost (``infertool.perf.calibration``: step =
     max(overhead(batch), roofline)) when a calibration of this host, model and serve settings is cached, and the
     knee: the largest concurrency whose predicted TPOT and TTFT meet bench.slo (where tune's capacity search
@@ -355,16 +367,18 @@ def _calibrated(res, roof: dict, roofline_s, largest: int, max_num_seqs: int) ->
                     "slo": {"tpot_ms": slo.tpot_ms if slo else None, "ttft_ms": slo.ttft_ms if slo else None}}
 
 
-def _decode_step(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, b: int, context: int, tp: int):
+def _decode_step(arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, b: int, context: int,
+                 tp: int) -> tuple[roofline.PhaseCost, float]:
     """One decode step at batch ``b`` on ``tp`` GPUs: its cost and its roofline time (with the all-reduce)."""
     link = mem.link
     cost = roofline.decode_step(arch, decode_weight_bytes(arch, weights, b), b, context, kv_tok)
     comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, tp, link.bw_per_direction_gbs * 1e9,
                                            link.latency_us * 1e-6) if link else 0.0
+    assert mem.peak_flops and mem.peak_bw, "callers check the peaks first"
     return cost, roofline.bound_time(cost, mem.peak_flops * tp, mem.peak_bw * tp) + comm
 
 
-def _max_load(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, capacity: dict, tp: int,
+def _max_load(res: Resolution, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, capacity: dict, tp: int,
               context: int) -> tuple[float, str]:
     """One replica's max load under the SLO, from the roofline (an upper bound: kernels reach a fraction of the
     peaks): the largest decode batch whose step meets TPOT (the KV cache and max_num_seqs permitting), each request
@@ -382,6 +396,7 @@ def _max_load(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float
         return _calibrated_max_load(cal, lambda b: _decode_step(arch, weights, mem, kv_tok, b, context, tp)[1],
                                     _largest_batch(mem, capacity, context), out_len, prompt_len, tpot, ttft)
     pre = roofline.prefill(arch, decode_weight_bytes(arch, weights, prompt_len), 1, prompt_len, kv_tok)
+    assert mem.peak_flops and mem.peak_bw, "_fleet checks the peaks first"
     pre_s = roofline.bound_time(pre, mem.peak_flops * tp, mem.peak_bw * tp)
     if ttft is not None and pre_s * 1e3 > ttft:
         return 0.0, f"a {prompt_len}-token prefill takes {pre_s * 1e3:.1f} ms at the roofline, over TTFT {ttft:g} ms"
@@ -406,7 +421,7 @@ def _max_load(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float
                   "fewest replicas: bench measures it")
 
 
-def _calibrated_max_load(cal, roofline_s, largest: int, out_len: int, prompt_len: int, tpot: float | None,
+def _calibrated_max_load(cal: Calibration, roofline_s: Callable[[int], float], largest: int, out_len: int, prompt_len: int, tpot: float | None,
                          ttft: float | None) -> tuple[float, str]:
     """One replica's load from the engine's step cost measured as served (``infertool.perf.calibration``): the
     knee (the largest concurrency c whose step meets TPOT and whose wave of c prefills meets TTFT), each request
@@ -428,7 +443,7 @@ def _calibrated_max_load(cal, roofline_s, largest: int, out_len: int, prompt_len
                   "measures it")
 
 
-def _fleet(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, capacity: dict, tp: int, pp: int,
+def _fleet(res: Resolution, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, capacity: dict, tp: int, pp: int,
            context: int) -> dict:
     """Fleet sizing from the planned max load (``_max_load``), when the recipe sets target.peak_rps."""
     from infertool.perf.fleet import fleet_section
@@ -444,7 +459,7 @@ def _fleet(res, arch: Arch, weights: WeightFacts, mem: _Memory, kv_tok: float, c
     return {**fleet_section(target, load, gpus_per_replica=tp * pp, basis=basis, gpu=dev), "max_load_rps": load}
 
 
-def fleet_replicas(res) -> tuple[int | None, str]:
+def fleet_replicas(res: Resolution) -> tuple[int | None, str]:
     """The replicas the fleet sizing gives for the recipe's target.peak_rps (``plan``'s roofline: planned, not
     measured: an upper bound on one replica's load, so the fewest replicas; `infertool run` measures it) and why;
     (None, why) when it is not sized. `serve --emit k8s` writes it into the manifests unless --replicas is given."""
@@ -490,7 +505,7 @@ def _tp_advice(arch: Arch, weights: WeightFacts, mem: _Memory, capacity: dict, c
     return tp_adv
 
 
-def _parallel_lines(res, serve) -> dict:
+def _parallel_lines(res: Resolution, serve: ServeSection) -> dict:
     """The GPUs each server of the recipe takes: the served model's (the serve section: what is deployed) and,
     when the eval serves the original beside it, the original's (eval.base_serve over the serve section), with why."""
     served = {"model": res.served.label, "tensor_parallel_size": serve.tensor_parallel_size,
@@ -507,7 +522,7 @@ def _parallel_lines(res, serve) -> dict:
     return out
 
 
-def _model_facts(res, arch: Arch, weights: WeightFacts) -> dict:
+def _model_facts(res: Resolution, arch: Arch, weights: WeightFacts) -> dict:
     return {
         "label": res.served.label, "served": res.served_origin, "source": weights.source, "how": weights.how,
         "quantization": weights.quantization, "weight_bytes": weights.total_bytes, "params_total": arch.total_params,

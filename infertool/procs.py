@@ -20,7 +20,7 @@ DEFAULT_SIGNALS: tuple[int, ...] = (signal.SIGINT, signal.SIGTERM, signal.SIGKIL
 
 def group_members(pgid: int) -> list[int]:
     """Live (non-zombie) processes of a process group, from /proc (Linux)."""
-    members = []
+    members: list[int] = []
     try:
         entries = os.listdir("/proc")
     except OSError:
@@ -133,13 +133,16 @@ class PausedGroups:
         import sys
 
         self.pgids = [int(g) for g in pgids]
-        self._guard = subprocess.Popen([sys.executable, "-I", "-c", _GUARD, str(os.getpid()), *map(str, self.pgids)],
-                                       stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
-        ready, _, _ = select.select([self._guard.stdout], [], [], GUARD_START_S)
-        if not ready or self._guard.stdout.readline().strip() != b"ready":  # in place before anything stops
-            self._guard.kill()
-            self._guard.wait()
-            self._guard.stdout.close()
+        guard = subprocess.Popen([sys.executable, "-I", "-c", _GUARD, str(os.getpid()), *map(str, self.pgids)],
+                                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, start_new_session=True)
+        self._guard: subprocess.Popen[bytes] | None = guard
+        out = guard.stdout
+        assert out is not None  # stdout=PIPE
+        ready, _, _ = select.select([out], [], [], GUARD_START_S)
+        if not ready or out.readline().strip() != b"ready":  # in place before anything stops
+            guard.kill()
+            guard.wait()
+            out.close()
             self._guard = None
             raise OSError("the guard of paused servers did not start")
         for g in self.pgids:
@@ -160,7 +163,8 @@ class PausedGroups:
         guard, self._guard = self._guard, None
         guard.terminate()
         guard.wait()
-        guard.stdout.close()
+        if guard.stdout is not None:
+            guard.stdout.close()
 
 
 def free_port(host: str = "127.0.0.1") -> int:

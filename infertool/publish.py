@@ -23,11 +23,15 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from infertool.atomic import OutputPathError, atomic_dir, replace_refusal, write_json, write_text
 from infertool.capability import RunContext
 from infertool.errors import BackendError, UsageError
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
+    from infertool.resolve import Resolution
 
 CARD = "MODEL_CARD.md"
 FACTS = "infertool.json"
@@ -74,7 +78,7 @@ def short(fp: str | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------ where
-def check_dest(dest: str | Path, forbidden: dict[str, str | Path | None]) -> Path:
+def check_dest(dest: str | Path, forbidden: Mapping[str, str | Path | None]) -> Path:
     """DEST as a folder to publish into (absolute), refused (UsageError, exit 2) when it is inside (or holds) one
     of ``forbidden`` ({what: folder}: the stage cache, the run directory, the source model, the environments),
     or is there and may not be replaced (``atomic.replace_refusal``: only an empty folder or a model folder)."""
@@ -229,7 +233,7 @@ def model_card(f: dict) -> str:
 
 
 # ------------------------------------------------------------------------------------------ run / tune
-def run_destination(recipe, publish: str | None) -> Path | None:
+def run_destination(recipe: Recipe, publish: str | None) -> Path | None:
     """Where `run` publishes: --publish, else quantize.output, else resolve.default_output (None: nothing to
     publish: no quantize section, or one quantized when loaded)."""
     from infertool import backends
@@ -241,7 +245,7 @@ def run_destination(recipe, publish: str | None) -> Path | None:
     return Path(publish or q.output or default_output(recipe.name, q.method)).expanduser().absolute()
 
 
-def forbidden_for_run(cache: Path, run_dir: Path | None, res) -> dict[str, Path | None]:
+def forbidden_for_run(cache: Path, run_dir: Path | None, res: Resolution) -> dict[str, Path | None]:
     return {"the stage cache": cache, "the run directory": run_dir,
             "the source model": Path(res.base.path) if res.base.exists and res.base.path else None,
             "INFERTOOL_HOME's environments": env_folders()}
@@ -337,6 +341,7 @@ def served(arg: str, overrides: list[str] | None = None) -> Served:
     if facts_file is None or not facts_file.is_file():
         return Served(res, "recipe")
     facts = _read_facts(facts_file)
+    assert cand is not None and cand.path is not None  # facts_file is inside it
     republish = f"infertool publish {shlex.quote(str(facts.get('run_dir') or 'RUN_DIR'))} {shlex.quote(str(cand.path))}"
     fp = verify(cand.path, str(facts.get("fingerprint")), f"the card's run ({facts.get('run_id') or '?'})", republish)
     res.notes.insert(0, f"serves {cand.path}: published with verdict {facts.get('verdict') or '?'} by run "

@@ -19,7 +19,7 @@ import re
 import types
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Union, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -40,17 +40,14 @@ from infertool.backends.bnb import BNBConfig
 from infertool.backends.methods import AWQConfig, CalibrationSpec, GPTQConfig
 from infertool.errors import RecipeError, RecipeIssue, UsageError
 from infertool.schema import (  # noqa: F401 - the field types and checks (shared with the backends' schemas)
-    MAX_KV_GIB, MAX_LIST, MAX_NAME, MAX_PARALLEL, MAX_REQUESTS, MAX_TEXT,
-    MAX_TOKENS, Dtype, Fraction, Millis, Name, Rate, Requests, Seconds, Seed, Seqs, Share, Text, Tokens,
+    MAX_KV_GIB, MAX_LIST, MAX_NAME, MAX_PARALLEL, MAX_PATH, MAX_REQUESTS, MAX_TEXT,
+    MAX_TOKENS, Dtype, Fraction, Millis, Name, NoControl, NotBool, Rate, Requests, Seconds, Seed, Seqs, Share, Text, Tokens,
 )
 from infertool.schema import STRICT as _STRICT
 from infertool.schema import dtype_alias as _dtype_alias
 from infertool.schema import field_error as _field_error
-from infertool.schema import float_ as _float
-from infertool.schema import int_ as _int
 from infertool.schema import scalar_to_str as _scalar_to_str
 from infertool.schema import sweep as _sweep
-from infertool.schema import text as _text
 
 __all__ = [
     "BUNDLED_MODELS",
@@ -125,7 +122,7 @@ class ModelSection(BaseModel):
 
     source: Text
     dtype: Dtype = "bfloat16"
-    layers: _int(1, 10_000) | None = None
+    layers: Annotated[int, NotBool, Field(ge=1, le=10_000)] | None = None
     trust_remote_code: bool = False
 
     @field_validator("dtype", mode="before")
@@ -158,7 +155,10 @@ class ModelSection(BaseModel):
 # Each backend's schema lives in its module (infertool.backends); the section is their union, picked by
 # method and backend (backends.registry.quantize_section), built once: the backend registry is frozen (and its
 # plugins, the entry-point group infertool.backends, read) by then.
-QuantizeSection = backends.quantize_section()
+if TYPE_CHECKING:  # any backend's schema (at run time: their discriminated union, built from the registry)
+    from infertool.backends.base import QuantizeConfig as QuantizeSection
+else:
+    QuantizeSection = backends.quantize_section()
 QUANTIZE_METHODS: tuple[str, ...] = backends.method_names()
 
 
@@ -173,17 +173,17 @@ class AcceptSpec(BaseModel):
     model_config = _STRICT
 
     preset: Literal["strict", "standard", "lenient"] | None = "standard"
-    max_mean_kld: _float(0, 100) | None = None
+    max_mean_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = None
     min_top1: Fraction | None = None
-    max_ppl_ratio: _float(1, 1000) | None = None
+    max_ppl_ratio: Annotated[float, NotBool, Field(ge=1, le=1000)] | None = None
     max_acc_drop: Fraction | None = None
     max_flip_rate: Fraction | None = None
     # lm-eval tasks (eval.lm_eval): the lower bound of the pooled recovery (candidate score / base score)
-    min_recovery: _float(0, 2) | None = None
+    min_recovery: Annotated[float, NotBool, Field(ge=0, le=2)] | None = None
     # the decode path as served (eval.decode): mean KLD of the candidate's per-step top-k distribution on
     # the reference's tokens (teacher-forced)
-    max_decode_kld: _float(0, 100) | None = None
-    confidence: _float(0.5, 0.999) = 0.95
+    max_decode_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = None
+    confidence: Annotated[float, NotBool, Field(ge=0.5, le=0.999)] = 0.95
     # INCONCLUSIVE exits 1 (CI must not ship what it could not verify) unless this is true.
     allow_inconclusive: bool = False
 
@@ -196,9 +196,9 @@ class BaseServeSpec(BaseModel):
 
     model_config = _STRICT
 
-    tensor_parallel_size: _int(1, MAX_PARALLEL) | None = None
-    pipeline_parallel_size: _int(1, MAX_PARALLEL) | None = None
-    max_model_len: _int(16, MAX_TOKENS) | None = None
+    tensor_parallel_size: Annotated[int, NotBool, Field(ge=1, le=MAX_PARALLEL)] | None = None
+    pipeline_parallel_size: Annotated[int, NotBool, Field(ge=1, le=MAX_PARALLEL)] | None = None
+    max_model_len: Annotated[int, NotBool, Field(ge=16, le=MAX_TOKENS)] | None = None
     max_num_seqs: Seqs | None = None
     max_num_batched_tokens: Tokens | None = None
     gpu_memory_utilization: Share | None = None
@@ -219,15 +219,15 @@ class LmEvalSpec(BaseModel):
 
     model_config = _STRICT
 
-    tasks: Annotated[list[_text(200, 1)], Field(min_length=1, max_length=MAX_LIST)]
+    tasks: Annotated[list[Annotated[str, Field(min_length=1, max_length=200), NoControl]], Field(min_length=1, max_length=MAX_LIST)]
     include_path: Text | None = None  # a folder of task YAMLs (relative: from the current folder, as the recipe's other paths)
     tokenizer: Text | None = None  # a local tokenizer folder (engine openai); default: the served checkpoint's folder
-    num_fewshot: _int(0, 1000) | None = None
+    num_fewshot: Annotated[int, NotBool, Field(ge=0, le=1000)] | None = None
     limit: Requests | None = None  # documents per task (the first N)
     apply_chat_template: bool = False
     fewshot_as_multiturn: bool = False
-    system_instruction: _text(32768) | None = None
-    concurrent: _int(1, 256) = 4  # requests lm-eval keeps in flight per server
+    system_instruction: Annotated[str, Field(max_length=32768), NoControl] | None = None
+    concurrent: Annotated[int, NotBool, Field(ge=1, le=256)] = 4  # requests lm-eval keeps in flight per server
     max_gen_toks: Tokens | None = None  # generative tasks: overrides the task's own
     timeout_s: Seconds = 3600  # per model
 
@@ -241,13 +241,13 @@ class DecodeSpec(BaseModel):
 
     enabled: bool = True
     prompts: Text = "builtin"  # "builtin" (infertool's own prompt set) or a .jsonl with prompt or messages
-    n_prompts: _int(1, 100_000) | None = None  # default: all of the set
-    max_tokens: _int(2, 4096) = 48
-    top_k: _int(1, 20) = 20  # log-probabilities per step
+    n_prompts: Annotated[int, NotBool, Field(ge=1, le=100_000)] | None = None  # default: all of the set
+    max_tokens: Annotated[int, NotBool, Field(ge=2, le=4096)] = 48
+    top_k: Annotated[int, NotBool, Field(ge=1, le=20)] = 20  # log-probabilities per step
     chat: bool | None = None  # None: the model's chat template where it has one
     # a divergence at a reference top-2 gap below this (nats) is a near tie; bf16 logits move in steps of 0.125
     # nats near the top, so a one-step gap must count as one
-    near_tie_logprob: _float(0, 10) = 0.15
+    near_tie_logprob: Annotated[float, NotBool, Field(ge=0, le=10)] = 0.15
 
 
 class EvalSection(BaseModel):
@@ -260,9 +260,9 @@ class EvalSection(BaseModel):
     url: Text | None = None
     base: Text | None = None
     candidate: Text | None = None
-    max_items: _int(1, MAX_REQUESTS) | None = None
-    batch_size: _int(1, 4096) = 8
-    seq_len: _int(8, MAX_TOKENS) = 512
+    max_items: Annotated[int, NotBool, Field(ge=1, le=MAX_REQUESTS)] | None = None
+    batch_size: Annotated[int, NotBool, Field(ge=1, le=4096)] = 8
+    seq_len: Annotated[int, NotBool, Field(ge=8, le=MAX_TOKENS)] = 512
     accept: AcceptSpec = Field(default_factory=AcceptSpec)
     # the original's server when it needs other settings than the serve section's (more GPUs): see BaseServeSpec
     base_serve: BaseServeSpec | None = None
@@ -304,12 +304,12 @@ class ProfileSection(BaseModel):
     model_config = _STRICT
 
     engine: Literal["hf", "vllm"] = "hf"
-    batch: _sweep(Seqs) = [1, 8, 32]
-    prompt_len: _sweep(Tokens) = [128, 512]
+    batch: Annotated[list[Seqs], Field(min_length=1, max_length=MAX_LIST)] = [1, 8, 32]
+    prompt_len: Annotated[list[Tokens], Field(min_length=1, max_length=MAX_LIST)] = [128, 512]
     decode_len: Tokens = 64
-    context_len: _sweep(Tokens) | None = None
+    context_len: Annotated[list[Tokens], Field(min_length=1, max_length=MAX_LIST)] | None = None
     nsys: bool = False
-    repeats: _int(1, 1000) = 3
+    repeats: Annotated[int, NotBool, Field(ge=1, le=1000)] = 3
 
     @model_validator(mode="before")
     @classmethod
@@ -331,14 +331,14 @@ class CustomGPU(BaseModel):
 
     model_config = _STRICT
 
-    name: _text(100, 1)
-    memory_gib: _float(0.5, 4096)  # as the driver reports it
-    bandwidth_tbs: _float(0.01, 100)
-    bf16_tflops: _float(0.1, 100_000)
-    fp8_tflops: _float(0.1, 200_000) | None = None  # None: no FP8 tensor cores
-    int8_tops: _float(0.1, 200_000) | None = None
+    name: Annotated[str, Field(min_length=1, max_length=100), NoControl]
+    memory_gib: Annotated[float, NotBool, Field(ge=0.5, le=4096)]  # as the driver reports it
+    bandwidth_tbs: Annotated[float, NotBool, Field(ge=0.01, le=100)]
+    bf16_tflops: Annotated[float, NotBool, Field(ge=0.1, le=100_000)]
+    fp8_tflops: Annotated[float, NotBool, Field(ge=0.1, le=200_000)] | None = None  # None: no FP8 tensor cores
+    int8_tops: Annotated[float, NotBool, Field(ge=0.1, le=200_000)] | None = None
     link: Literal["nvlink5", "nvlink4", "nvlink3", "pcie5", "pcie4", "infinity_fabric"] = "pcie4"
-    price_per_hour: _float(0, 10_000) | None = None  # $ per GPU-hour
+    price_per_hour: Annotated[float, NotBool, Field(ge=0, le=10_000)] | None = None  # $ per GPU-hour
 
 
 def _gpu_kind(value: Any) -> str:
@@ -354,11 +354,11 @@ class TargetSection(BaseModel):
     model_config = _STRICT
 
     gpu: Annotated[
-        Union[Annotated[_text(100), Tag("name")], Annotated[CustomGPU, Tag("spec")]], Discriminator(_gpu_kind)
+        Union[Annotated[Annotated[str, Field(max_length=100), NoControl], Tag("name")], Annotated[CustomGPU, Tag("spec")]], Discriminator(_gpu_kind)
     ] | None = None
-    peak_rps: _float(0.001, 10_000_000) | None = None  # requests per second at peak
-    headroom: _float(0.05, 1) = 0.8  # the fraction of a replica's max load under the SLO it is run at
-    price_per_hour: _float(0, 10_000) | None = None  # $ per GPU-hour; default: the GPU table's ASSUMPTION
+    peak_rps: Annotated[float, NotBool, Field(ge=0.001, le=10_000_000)] | None = None  # requests per second at peak
+    headroom: Annotated[float, NotBool, Field(ge=0.05, le=1)] = 0.8  # the fraction of a replica's max load under the SLO it is run at
+    price_per_hour: Annotated[float, NotBool, Field(ge=0, le=10_000)] | None = None  # $ per GPU-hour; default: the GPU table's ASSUMPTION
 
     @field_validator("gpu")
     @classmethod
@@ -398,10 +398,10 @@ class SpeculativeSpec(BaseModel):
     model_config = _STRICT
 
     method: Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
-    num_speculative_tokens: _int(1, 128)
+    num_speculative_tokens: Annotated[int, NotBool, Field(ge=1, le=128)]
     model: Text | None = None
-    prompt_lookup_max: _int(1, 1024) | None = None
-    prompt_lookup_min: _int(1, 1024) | None = None
+    prompt_lookup_max: Annotated[int, NotBool, Field(ge=1, le=1024)] | None = None
+    prompt_lookup_min: Annotated[int, NotBool, Field(ge=1, le=1024)] | None = None
 
     @model_validator(mode="after")
     def _check(self) -> SpeculativeSpec:
@@ -429,11 +429,11 @@ class CPUSpec(BaseModel):
 
     model_config = _STRICT
 
-    kv_cache_space_gib: _float(0.01, MAX_KV_GIB) = 4  # from 10 MiB
+    kv_cache_space_gib: Annotated[float, NotBool, Field(ge=0.01, le=MAX_KV_GIB)] = 4  # from 10 MiB
     omp_threads_bind: Text | None = None
     # cores vLLM keeps free of its OpenMP threads for its front end (VLLM_CPU_NUM_OF_RESERVED_CPU); None: vLLM's
     # rule (one per rank on x86/ARM). On a 2-core machine that rule leaves decode one thread: 0 measured faster
-    reserved_cpus: _int(0, 1024) | None = None
+    reserved_cpus: Annotated[int, NotBool, Field(ge=0, le=1024)] | None = None
 
     @field_validator("omp_threads_bind", mode="before")
     @classmethod
@@ -466,19 +466,19 @@ class ServeSection(BaseModel):
     # original; `original`, `quantized` or a model directory say otherwise
     model: Text | None = None
     served_model_name: Name | None = None
-    host: _text(253, 1) = "127.0.0.1"
-    port: _int(1, 65535) = 8000
+    host: Annotated[str, Field(min_length=1, max_length=253), NoControl] = "127.0.0.1"
+    port: Annotated[int, NotBool, Field(ge=1, le=65535)] = 8000
     api_key_env: Name | None = None
     dtype: Dtype = "auto"
-    max_model_len: _int(16, MAX_TOKENS) | None = None
+    max_model_len: Annotated[int, NotBool, Field(ge=16, le=MAX_TOKENS)] | None = None
     max_num_seqs: Seqs | None = None
     max_num_batched_tokens: Tokens | None = None
     gpu_memory_utilization: Share = 0.9
     kv_cache_dtype: Literal["auto", "fp8", "fp8_e4m3", "fp8_e5m2", "bfloat16", "float16"] = "auto"
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool | None = None
-    tensor_parallel_size: _int(1, MAX_PARALLEL) = 1
-    pipeline_parallel_size: _int(1, MAX_PARALLEL) = 1
+    tensor_parallel_size: Annotated[int, NotBool, Field(ge=1, le=MAX_PARALLEL)] = 1
+    pipeline_parallel_size: Annotated[int, NotBool, Field(ge=1, le=MAX_PARALLEL)] = 1
     distributed_executor_backend: Literal["mp", "ray"] | None = None
     enforce_eager: bool = False
     quantization: Name | None = None
@@ -486,14 +486,14 @@ class ServeSection(BaseModel):
     enable_auto_tool_choice: bool = False
     tool_call_parser: Name | None = None
     structured_outputs_backend: Name | None = None
-    swap_space: _float(0, MAX_KV_GIB) | None = None
+    swap_space: Annotated[float, NotBool, Field(ge=0, le=MAX_KV_GIB)] | None = None
     preemption_mode: Name | None = None
     cpu: CPUSpec | None = None
     extra_args: Annotated[list[Text], Field(max_length=1000)] = []
-    env: Annotated[dict[Name, _text(32768)], Field(max_length=1000)] = {}
+    env: Annotated[dict[Name, Annotated[str, Field(max_length=32768), NoControl]], Field(max_length=1000)] = {}
     # vLLM flags and environment variables that load code (--middleware, --worker-extension-cls, LD_PRELOAD,
     # PYTHONPATH, ...: infertool.trust.CODE_FLAGS / CODE_ENV) are refused in extra_args and env unless named here
-    allow_code: Annotated[list[_text(100, 1)], Field(max_length=64)] = []
+    allow_code: Annotated[list[Annotated[str, Field(min_length=1, max_length=100), NoControl]], Field(max_length=64)] = []
     startup_timeout_s: Seconds = 600
 
     @field_validator("dtype", mode="before")
@@ -621,7 +621,7 @@ def _looks_like_secret(value: str) -> bool:
 class BurstSpec(BaseModel):
     model_config = _STRICT
 
-    size: _int(1, MAX_REQUESTS)
+    size: Annotated[int, NotBool, Field(ge=1, le=MAX_REQUESTS)]
     interval_s: Seconds
 
 
@@ -631,8 +631,8 @@ class MultiTurnSpec(BaseModel):
 
     model_config = _STRICT
 
-    max_turns: _int(1, 1000) = 4
-    think_time_s: _float(0, 3600) = 0.0
+    max_turns: Annotated[int, NotBool, Field(ge=1, le=1000)] = 4
+    think_time_s: Annotated[float, NotBool, Field(ge=0, le=3600)] = 0.0
     think_time_spread: Fraction = 0.0  # uniform within +-spread x think_time_s
 
 
@@ -641,9 +641,9 @@ class SharedPrefixSpec(BaseModel):
 
     model_config = _STRICT
 
-    prefixes: _int(1, 100_000) = 4
+    prefixes: Annotated[int, NotBool, Field(ge=1, le=100_000)] = 4
     prefix_len: Tokens = 512
-    questions: _int(1, 1_000_000) = 16  # per prefix
+    questions: Annotated[int, NotBool, Field(ge=1, le=1_000_000)] = 16  # per prefix
     question_len: Tokens = 64
 
 
@@ -655,8 +655,8 @@ class RateSweepSpec(BaseModel):
     model_config = _STRICT
 
     start: Rate = 0.5
-    factor: _float(1.05, 10) = 2.0
-    max_levels: _int(2, 64) = 10
+    factor: Annotated[float, NotBool, Field(ge=1.05, le=10)] = 2.0
+    max_levels: Annotated[int, NotBool, Field(ge=2, le=64)] = 10
     goodput_target: Share = 0.9
 
 
@@ -666,10 +666,10 @@ class RepeatSpec(BaseModel):
 
     model_config = _STRICT
 
-    max_runs: _int(1, 100) = 1
-    min_runs: _int(1, 100) = 1
-    rel_width: _float(0.001, 10) = 0.10  # the interval's half-width relative to the figure
-    confidence: _float(0.5, 0.999) = 0.95
+    max_runs: Annotated[int, NotBool, Field(ge=1, le=100)] = 1
+    min_runs: Annotated[int, NotBool, Field(ge=1, le=100)] = 1
+    rel_width: Annotated[float, NotBool, Field(ge=0.001, le=10)] = 0.10  # the interval's half-width relative to the figure
+    confidence: Annotated[float, NotBool, Field(ge=0.5, le=0.999)] = 0.95
 
 
 class PromptSpec(BaseModel):
@@ -709,13 +709,13 @@ class BenchSection(BaseModel):
     model_config = _STRICT
 
     endpoint: Literal["completions", "chat"] = "completions"
-    concurrency: _sweep(Seqs) = [1, 8, 32]
-    rate: _sweep(Rate) | None = None  # requests per second
+    concurrency: Annotated[list[Seqs], Field(min_length=1, max_length=MAX_LIST)] = [1, 8, 32]
+    rate: Annotated[list[Rate], Field(min_length=1, max_length=MAX_LIST)] | None = None  # requests per second
     arrival: Literal["poisson", "gamma"] = "poisson"  # open-loop rates: exponential or gamma gaps
-    burstiness: _float(0.01, 100) = 1.0  # gamma shape (vLLM bench's --burstiness): < 1 burstier, 1 = Poisson
+    burstiness: Annotated[float, NotBool, Field(ge=0.01, le=100)] = 1.0  # gamma shape (vLLM bench's --burstiness): < 1 burstier, 1 = Poisson
     rate_sweep: RateSweepSpec | None = None  # find the knee instead of listing rates
     trace: Text | None = None  # a timestamped JSONL trace to replay (arrival times and lengths)
-    trace_speedup: _float(0.001, 1000) = 1.0
+    trace_speedup: Annotated[float, NotBool, Field(ge=0.001, le=1000)] = 1.0
     repeats: RepeatSpec = Field(default_factory=RepeatSpec)
     burst: BurstSpec | None = None
     requests: Requests = 64
@@ -724,7 +724,7 @@ class BenchSection(BaseModel):
     output_len: Tokens = 128
     shared_prefix_ratio: Fraction = 0.0
     slo: SLOSpec | None = None
-    cost_per_hour: _float(0, 1e6) | None = None
+    cost_per_hour: Annotated[float, NotBool, Field(ge=0, le=1e6)] | None = None
     seed: Seed = 0
     experiments: list[Literal["batching", "prefix_caching", "speculative"]] = []
     # output lengths uniform within +-spread x output_len (0: all equal); static batching shows its
@@ -733,9 +733,9 @@ class BenchSection(BaseModel):
     # vLLM's ignore_eos: every request generates exactly its output length (comparable runs); set
     # false for servers that reject unknown request fields
     ignore_eos: bool = True
-    scrape_interval_s: _float(0.01, 3600) = 0.5  # how often the server's /metrics is sampled
+    scrape_interval_s: Annotated[float, NotBool, Field(ge=0.01, le=3600)] = 0.5  # how often the server's /metrics is sampled
     # load-generator processes: auto (by concurrency and cores; infertool.bench.loadgen) or a count
-    client_processes: Literal["auto"] | _int(1, 256) = "auto"
+    client_processes: Literal["auto"] | Annotated[int, NotBool, Field(ge=1, le=256)] = "auto"
 
 
 # --------------------------------------------------------------------------------------------
@@ -755,12 +755,12 @@ class TuneLoadSearch(BaseModel):
     max_concurrency: Seqs | None = None  # default: the trial's max_num_seqs (else 64)
     goodput_target: Share = 0.9  # share of requests that meet the SLO
     requests: Requests | None = None  # per probe; default: bench.requests
-    max_probes: _int(2, 32) = 8
+    max_probes: Annotated[int, NotBool, Field(ge=2, le=32)] = 8
     # a probe near the SLO edge is repeated until the goodput interval decides it (meets / misses the target), at
     # most max_runs runs; the probe at the largest load meeting the SLO gets min_runs (its throughput's interval);
     # rel_width is not used here (the goodput target decides a probe)
     repeats: RepeatSpec = Field(default_factory=lambda: RepeatSpec(max_runs=3, min_runs=2))
-    edge: _float(0.0, 10) = 0.25  # a run whose latency is within this share of the SLO bound is near the edge
+    edge: Annotated[float, NotBool, Field(ge=0.0, le=10)] = 0.25  # a run whose latency is within this share of the SLO bound is near the edge
 
 
 class TuneAccuracy(BaseModel):
@@ -771,7 +771,7 @@ class TuneAccuracy(BaseModel):
 
     model_config = _STRICT
 
-    rounds: _sweep(Requests) = [8, 16, 32]
+    rounds: Annotated[list[Requests], Field(min_length=1, max_length=MAX_LIST)] = [8, 16, 32]
     served_check: bool = True  # re-check the winner as served, with its exact serving settings
     served_items: Requests | None = None  # the served check's last round (default: the last round)
 
@@ -787,11 +787,11 @@ class TuneRay(BaseModel):
     model_config = _STRICT
 
     address: Text | None = None  # default: RAY_ADDRESS, else "auto"
-    cpus_per_trial: _float(0.01, 1024) = 1
-    max_concurrent_trials: _int(1, 10_000) | None = None
+    cpus_per_trial: Annotated[float, NotBool, Field(ge=0.01, le=1024)] = 1
+    max_concurrent_trials: Annotated[int, NotBool, Field(ge=1, le=10_000)] | None = None
     # trials Ray has not started within this many seconds, while no other trial runs, are cancelled and recorded
     # as skipped (never left pending)
-    placement_timeout_s: _float(1, 86_400) = 600
+    placement_timeout_s: Annotated[float, NotBool, Field(ge=1, le=86_400)] = 600
 
 
 # Ray's own resources: a machine kind asks for CPUs and GPUs through cpus and its trials' TP x PP, not by name
@@ -838,12 +838,12 @@ class TuneMachine(BaseModel):
     model_config = _STRICT
 
     name: Name
-    price_per_hour: _float(gt=0, le=MAX_PRICE_PER_HOUR)
-    accelerator_type: _text(100, min_length=1) | None = None
-    resources: Annotated[dict[_text(100, min_length=1), _float(gt=0, le=1e6)],
+    price_per_hour: Annotated[float, NotBool, Field(le=MAX_PRICE_PER_HOUR, gt=0)]
+    accelerator_type: Annotated[str, Field(min_length=1, max_length=100), NoControl] | None = None
+    resources: Annotated[dict[Annotated[str, Field(min_length=1, max_length=100), NoControl], Annotated[float, NotBool, Field(le=1e6, gt=0)]],
                          Field(min_length=1, max_length=16)] | None = None
-    gpu: _text(100) | None = None
-    cpus: _float(0.01, 1024) | None = None
+    gpu: Annotated[str, Field(max_length=100), NoControl] | None = None
+    cpus: Annotated[float, NotBool, Field(ge=0.01, le=1024)] | None = None
 
     @field_validator("name")
     @classmethod
@@ -856,7 +856,9 @@ class TuneMachine(BaseModel):
     @field_validator("gpu")
     @classmethod
     def _known_gpu(cls, value: str | None) -> str | None:
-        return TargetSection._known_gpu(value)
+        known = TargetSection._known_gpu(value)
+        assert known is None or isinstance(known, str)  # a name in, a name out
+        return known
 
     @field_validator("resources")
     @classmethod
@@ -892,7 +894,13 @@ def _grid_model() -> type[BaseModel]:
     return create_model("ServeGrid", __config__=_STRICT, __doc__="serve field -> values to cross", **fields)
 
 
-ServeGrid = _grid_model()
+if TYPE_CHECKING:
+    class ServeGrid(BaseModel):
+        """What a type checker sees of the model ``_grid_model()`` makes: a list of values per tunable serve field."""
+
+        def __getattr__(self, name: str) -> list[Any] | None: ...  # Any: the values of that serve field
+else:
+    ServeGrid = _grid_model()
 
 
 class TuneSection(BaseModel):
@@ -907,7 +915,7 @@ class TuneSection(BaseModel):
     objective: Literal["cost", "goodput", "tpot"] = "cost"
     accept: AcceptSpec | None = None  # default: eval.accept
     slo: SLOSpec | None = None  # default: bench.slo
-    max_trials: _int(1, 10_000) = 24
+    max_trials: Annotated[int, NotBool, Field(ge=1, le=10_000)] = 24
     max_wall_s: Seconds = 4 * 3600
     sampler: Literal["auto", "grid", "tpe"] = "auto"  # auto: the grid when it fits max_trials, else Optuna TPE
     seed: Seed = 0
@@ -917,7 +925,7 @@ class TuneSection(BaseModel):
     machines: Annotated[list[TuneMachine], Field(min_length=1, max_length=MAX_LIST)] | None = None
     load: TuneLoadSearch = Field(default_factory=TuneLoadSearch)
     accuracy: TuneAccuracy = Field(default_factory=TuneAccuracy)
-    out_dir: _text(min_length=1) = "tune"
+    out_dir: Annotated[str, Field(min_length=1, max_length=MAX_PATH), NoControl] = "tune"
 
     @model_validator(mode="after")
     def _check_machines(self) -> TuneSection:
@@ -949,7 +957,7 @@ class TuneSection(BaseModel):
 
 # a stage's name: which names exist is the stage registry's to say (infertool.stages, above this layer:
 # `infertool validate`, `run` and the pipeline check run.stages against it)
-StageName = _text(max_length=MAX_NAME, min_length=1)
+StageName = Annotated[str, Field(min_length=1, max_length=MAX_NAME), NoControl]
 
 
 class RunSection(BaseModel):
@@ -961,7 +969,7 @@ class RunSection(BaseModel):
     model_config = _STRICT
 
     stages: Annotated[list[StageName], Field(max_length=MAX_LIST)] | None = None
-    out_dir: _text(min_length=1) = "runs"
+    out_dir: Annotated[str, Field(min_length=1, max_length=MAX_PATH), NoControl] = "runs"
 
 
 class Recipe(BaseModel):
@@ -1000,7 +1008,7 @@ class Recipe(BaseModel):
         t = self.tune
         if t is None:
             return self
-        base = self.quantize.model_dump(mode="json", exclude={"output"}) if self.quantize is not None else {}
+        base: dict = self.quantize.model_dump(mode="json", exclude={"output"}) if self.quantize is not None else {}
         for i, cand in enumerate(t.candidates):
             if cand == "none":
                 continue
@@ -1014,7 +1022,8 @@ class Recipe(BaseModel):
                 msg = err["msg"].removeprefix("Value error, ")
                 if err["type"] == "quantize_method" and isinstance(err.get("input"), dict):
                     field, msg = backends.registry.method_error(err["input"])
-                    loc.append(field)
+                    if field is not None:
+                        loc.append(field)
                 elif err["type"] == "recipe_field":
                     loc.append(str((err.get("ctx") or {}).get("field")))
                     msg = str((err.get("ctx") or {}).get("message", msg))
@@ -1095,7 +1104,7 @@ class _RecipeLoader(yaml.SafeLoader):
                                                     "recipe (a recipe is text: write the value plainly)", node.start_mark)
         return super().construct_object(node, deep=deep)
 
-    def construct_mapping(self, node: yaml.Node, deep: bool = False) -> dict[Any, Any]:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         if isinstance(node, yaml.MappingNode):
             seen: dict[Any, yaml.Node] = {}
             for key_node, _ in node.value:
@@ -1699,6 +1708,6 @@ def _issues_from(
             suggestion = _suggest(key, list(owner.model_fields))
             if suggestion:
                 issue.message += f" (did you mean {suggestion!r}?)"
-            elif key in getattr(owner, "FIELD_HINTS", {}):  # what a backend's schema says of a key it lacks
-                issue.message += f" ({owner.FIELD_HINTS[key]})"
+            elif key in (hints := getattr(owner, "FIELD_HINTS", {})):  # what a backend's schema says of a key it lacks
+                issue.message += f" ({hints[key]})"
     return issues, total

@@ -6,7 +6,7 @@ docs/recipe.md is this module's output, and a test fails when they differ
 from __future__ import annotations
 
 import types
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, Union, cast, get_args, get_origin
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
@@ -47,7 +47,7 @@ def _type_name(annotation: Any) -> str:
         names = [_type_name(a) for a in args]
         return " or ".join(names)
     if origin in (list, tuple):
-        args = get_args(annotation)
+        args = list(get_args(annotation))
         return f"list of {_type_name(args[0])}" if args else "list"
     if origin is dict:
         k, v = get_args(annotation) or (str, Any)
@@ -75,7 +75,7 @@ def _default(field: FieldInfo) -> str:
         return "**required**"
     if field.default_factory is not None:
         try:
-            value = field.default_factory()
+            value = cast(Callable[[], Any], field.default_factory)()  # the recipe's factories take no data
         except TypeError:
             return "(computed)"
         if isinstance(value, BaseModel):

@@ -27,7 +27,7 @@ R = TypeVar("R", bound="Record")
 _NUMBER = (int, float)
 
 
-def as_float(v: Any) -> float | None:
+def as_float(v: Any) -> float | None:  # Any: a JSON value
     """A finite number as float (bool is not a number here), else None."""
     if isinstance(v, bool) or not isinstance(v, _NUMBER):
         return None
@@ -38,7 +38,7 @@ def as_float(v: Any) -> float | None:
     return f if math.isfinite(f) else None
 
 
-def as_int(v: Any) -> int | None:
+def as_int(v: Any) -> int | None:  # Any: a JSON value
     """An integral number as int (a float with a fraction, a bool or anything else: None)."""
     if isinstance(v, bool):
         return None
@@ -48,7 +48,7 @@ def as_int(v: Any) -> int | None:
     return int(f) if f is not None and f.is_integer() else None
 
 
-def as_str(v: Any) -> str | None:
+def as_str(v: Any) -> str | None:  # Any: a JSON value
     """A string as it is, anything else None."""
     return v if isinstance(v, str) else None
 
@@ -61,7 +61,7 @@ class Record:
     extra: dict = dataclasses.field(default_factory=dict, kw_only=True, repr=False, compare=False)
 
     def to_dict(self) -> dict:
-        out: dict[str, Any] = {}
+        out: dict[str, Any] = {}  # Any: JSON values
         for f in dataclasses.fields(self):
             if f.name == "extra":
                 continue
@@ -71,14 +71,14 @@ class Record:
         return out
 
     @classmethod
-    def from_dict(cls: type[R], data: Any) -> R:
+    def from_dict(cls: type[R], data: Any) -> R:  # Any: JSON read back, of any shape
         """The record from JSON data (anything: a non-dict gives the defaults)."""
         if isinstance(data, cls):
             return data
         if not isinstance(data, dict):
             data = {}
         hints = _type_hints(cls)
-        kwargs: dict[str, Any] = {}
+        kwargs: dict[str, Any] = {}  # Any: the fields' values, each of its own type
         names = set()
         for f in dataclasses.fields(cls):
             names.add(f.name)
@@ -97,17 +97,17 @@ class Record:
 _BAD = object()
 
 
-_HINTS: dict[type, dict[str, Any]] = {}
+_HINTS: dict[type, dict[str, Any]] = {}  # Any: type hints (typing forms)
 
 
-def _type_hints(cls: type) -> dict[str, Any]:
+def _type_hints(cls: type) -> dict[str, Any]:  # Any: type hints (typing forms)
     hints = _HINTS.get(cls)
     if hints is None:
         hints = _HINTS[cls] = typing.get_type_hints(cls)
     return hints
 
 
-def _plain(v: Any) -> Any:
+def _plain(v: Any) -> Any:  # Any: a field's value / its JSON form
     if isinstance(v, Record):
         return v.to_dict()
     if dataclasses.is_dataclass(v) and not isinstance(v, type):
@@ -120,7 +120,7 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def _coerce(value: Any, hint: Any) -> Any:
+def _coerce(value: Any, hint: Any) -> Any:  # Any: a JSON value and a typing form
     """``value`` as ``hint`` says, or _BAD when it cannot be (the field then takes its default)."""
     if hint is Any or hint is object:
         return value
@@ -148,8 +148,8 @@ def _coerce(value: Any, hint: Any) -> Any:
         if not isinstance(value, dict):
             return _BAD
         _, arg = typing.get_args(hint) or (Any, Any)
-        items = {str(k): _coerce(v, arg) for k, v in value.items()}
-        return {k: v for k, v in items.items() if v is not _BAD}
+        entries = {str(k): _coerce(v, arg) for k, v in value.items()}
+        return {k: v for k, v in entries.items() if v is not _BAD}
     if origin is typing.Literal:
         return value if value in typing.get_args(hint) else _BAD
     if isinstance(hint, type):

@@ -395,7 +395,7 @@ def _parallel_setup(recipe: dict | None) -> list[str]:
     """The GPUs each server took, from the recipe the run recorded: the served model's (the serve section, what
     is deployed) and the eval's original when eval.base_serve gives it its own ([] on a CPU or an older run)."""
     serve = (recipe or {}).get("serve") if isinstance(recipe, dict) else None
-    if not isinstance(serve, dict) or not (recipe.get("target") or {}).get("gpu"):
+    if not isinstance(recipe, dict) or not isinstance(serve, dict) or not (recipe.get("target") or {}).get("gpu"):
         return []
     tp, pp = serve.get("tensor_parallel_size", 1), serve.get("pipeline_parallel_size", 1)
     lines = [f"served (and deployed) with tensor_parallel_size {tp} x pipeline_parallel_size {pp} (the serve section)"]
@@ -525,7 +525,7 @@ def _length_rows(arm: BenchReport) -> list[list[str]]:
              "mean accepted len"]]
     for lv in arm.levels:
         d, sm = lv.summary.lengths, lv.server_metrics
-        cells = ["–" if d is None else " / ".join(_fmt(v) for v in (h.p50, h.p90, h.p99, h.max))
+        cells = ["–" if h is None else " / ".join(_fmt(v) for v in (h.p50, h.p90, h.p99, h.max))
                  for h in ((d.input, d.output) if d is not None else (None, None))]
         rows.append([lv.level.label, *cells, _pct(sm.prefix_cache_hit_rate), _pct(sm.spec_decode_acceptance_rate),
                      _fmt(sm.spec_decode_mean_accepted_len)])
@@ -807,7 +807,7 @@ def compare(run_a: str | Path, run_b: str | Path) -> Comparison:
         a, b = ha.get(k), hb.get(k)
         fa, fb = as_float(a), as_float(b)
         divide = fa and fb is not None and not (differs and k.startswith("bench."))
-        rows.append(CompareRow(k, a, b, fb / fa if divide else None, a != b))
+        rows.append(CompareRow(k, a, b, fb / fa if divide and fa and fb is not None else None, a != b))
     changes = _dict_diff(ra.manifest.recipe or {}, rb.manifest.recipe or {})
     notes = [note for side, run in (("A", ra), ("B", rb)) for note in
              [f"{side}: not read: {rel}: {why}" for rel, why in run.unreadable.items()]

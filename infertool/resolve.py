@@ -26,12 +26,17 @@ import json
 import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from infertool import backends
 from infertool.backends import quantized_checkpoint
 from infertool.errors import UsageError
 from infertool.perf import host as hostfacts
+
+if TYPE_CHECKING:
+    from infertool.perf.hardware import GPU
+    from infertool.models.info import PositionLimit
+    from infertool.recipe import Recipe, ServeSection
 
 QUANTIZE_MANIFEST = "infertool-manifest.json"  # written beside a quantized checkpoint by `infertool quantize`
 OUTPUT_ROOT = "out"  # default quantize output: out/<recipe name>-<method>, relative to the working directory
@@ -60,7 +65,7 @@ def cpu_serve_dtype(serve_dtype: str, model_dtype: str | None, quantized: bool,
     if quantized or not hostfacts.cpu_lacks_half(model_dtype, flags):
         return None, None
     return "float32", (f"serve.dtype auto: this CPU has no {model_dtype} matrix instructions "
-                       f"({' or '.join(hostfacts.HALF_INSTRUCTIONS[model_dtype])}), so vLLM runs in float32 "
+                       f"({' or '.join(hostfacts.HALF_INSTRUCTIONS.get(model_dtype or '', ()))}), so vLLM runs in float32 "
                        f"({SLOW_HALF_EVIDENCE}); the KV cache takes 4 bytes per value")
 
 
@@ -82,6 +87,13 @@ class ModelRef:
     def quantized(self) -> bool:
         return self.quantization is not None
 
+    @property
+    def dir(self) -> str:
+        """Its local directory, for a caller that reads its files (UsageError: it is not on this machine)."""
+        if self.path is None:
+            raise UsageError(f"{self.label} is not on this machine" + (f": {self.note}" if self.note else ""))
+        return self.path
+
     def to_dict(self) -> dict:
         return asdict(self)
 
@@ -95,7 +107,7 @@ class Target:
     source: str  # "target.gpu" | "--gpu" | "this host"
     # the GPU itself (datasheet figures, product label, assumed price; or the recipe's custom spec): what the plan,
     # the roofline, fleet sizing and the manifests take. None on a CPU, or a GPU the table does not know
-    device: Any = None  # infertool.perf.hardware.GPU | None
+    device: GPU | None = None
 
     @property
     def variant(self) -> str:
@@ -127,7 +139,7 @@ class Overrides:
 
 @dataclass
 class Resolution:
-    recipe: Any
+    recipe: Recipe
     base: ModelRef
     candidate: ModelRef | None
     served: ModelRef
@@ -168,14 +180,14 @@ class Resolution:
 
     # -------------------------------------------------------------- serve settings
     @property
-    def serve_section(self):
+    def serve_section(self) -> ServeSection:
         if self.recipe.serve is not None:
             return self.recipe.serve
         from infertool.recipe import ServeSection
 
         return ServeSection()
 
-    def serve_for(self, model: ModelRef | None = None, serve=None) -> tuple[Any, list[str]]:
+    def serve_for(self, model: ModelRef | None = None, serve: ServeSection | None = None) -> tuple[ServeSection, list[str]]:
         """The serve settings infertool passes to vLLM for ``model`` (default: the served one), and why any
         differs from the recipe. ``serve`` replaces the recipe's section (a bench arm, a tune trial). The original
         model (role base: the eval's base server, bench's base arm, tune's reference, a served original) gets
@@ -199,10 +211,10 @@ class Resolution:
         return serve, why
 
     @property
-    def serve(self):
+    def serve(self) -> ServeSection:
         return self.serve_for(self.served)[0]
 
-    def position_limit(self, model: ModelRef | None = None):
+    def position_limit(self, model: ModelRef | None = None) -> PositionLimit:
         """The longest max_model_len vLLM accepts for ``model`` (its config; for a model not here, its
         base's config or the known architecture's published limit)."""
         from infertool.models.info import PositionLimit, position_limit
@@ -260,7 +272,7 @@ class Resolution:
         return d
 
 
-def _base_ref(recipe, materialize: bool, on_event: Callable | None) -> ModelRef:
+def _base_ref(recipe: Recipe, materialize: bool, on_event: Callable | None) -> ModelRef:
     """model.source where it is on this machine (models.sources.locate); with ``materialize``, converted now
     and refused when it is not here, else said in the note."""
     from infertool.models import sources
@@ -277,7 +289,7 @@ def _base_ref(recipe, materialize: bool, on_event: Callable | None) -> ModelRef:
                     declared_dtype=m.dtype, note=where.note, name=_name_of(m.source))
 
 
-def _given_base(recipe, source: str, materialize: bool, on_event: Callable | None) -> ModelRef:
+def _given_base(recipe: Recipe, source: str, materialize: bool, on_event: Callable | None) -> ModelRef:
     """The original model a command line names instead of model.source (named by what was given): it must be
     on this machine, except a bundled/GGUF source that a plan may describe before its conversion."""
     from infertool.models import sources
@@ -308,12 +320,12 @@ def _name_of(source: str) -> str:
     return p.stem if p.suffix.lower() == ".gguf" else (p.name or source)
 
 
-def _base_label(recipe) -> str:
+def _base_label(recipe: Recipe) -> str:
     m = recipe.model
     return m.source + (f" (first {m.layers} layers)" if m.layers else "")
 
 
-def _candidate_ref(recipe, base: ModelRef, candidate_path: str | Path | None) -> ModelRef | None:
+def _candidate_ref(recipe: Recipe, base: ModelRef, candidate_path: str | Path | None) -> ModelRef | None:
     q = recipe.quantize
     if q is None:
         return None
@@ -336,7 +348,7 @@ def candidate_manifest(candidate: ModelRef | None) -> dict | None:
     if candidate is None or not candidate.exists or candidate.load_quantization:
         return None
     try:
-        return json.loads((Path(candidate.path) / QUANTIZE_MANIFEST).read_text(encoding="utf-8"))
+        return json.loads((Path(candidate.dir) / QUANTIZE_MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
 
@@ -353,7 +365,7 @@ def host_cannot_run(manifest: dict | None, host: hostfacts.HostFacts) -> str | N
     return verify.get("reason") or "vLLM loaded the checkpoint but could not generate on this host"
 
 
-def target_for(host: hostfacts.HostFacts, *, gpu: Any = None, cpu: bool = False, count: int = 1,
+def target_for(host: hostfacts.HostFacts, *, gpu: str | GPU | None = None, cpu: bool = False, count: int = 1,
                source: str | None = None) -> Target:
     """The Target of a choice: the one rule for ``resolve()`` and ``infertool init``.
 
@@ -389,14 +401,14 @@ def host_gpu(host: hostfacts.HostFacts) -> str | None:
     return dev.key if dev is not None else None
 
 
-def _target(recipe, host: hostfacts.HostFacts, gpu: str | None) -> Target:
+def _target(recipe: Recipe, host: hostfacts.HostFacts, gpu: str | None) -> Target:
     serve = recipe.serve
     count = (serve.tensor_parallel_size * serve.pipeline_parallel_size) if serve is not None else 1
     name = gpu or (recipe.target.device() if recipe.target is not None else None)
     return target_for(host, gpu=name, count=count, source=("--gpu" if gpu else "target.gpu") if name else "this host")
 
 
-def resolve(recipe, overrides: Overrides | None = None, *, candidate_path: str | Path | None = None,
+def resolve(recipe: Recipe, overrides: Overrides | None = None, *, candidate_path: str | Path | None = None,
             materialize: bool = False, gpu: str | None = None, on_event: Callable | None = None) -> Resolution:
     """The one resolution of ``recipe`` (see the module docstring), the only place a ModelRef or a Target is made.
 
@@ -412,7 +424,7 @@ def resolve(recipe, overrides: Overrides | None = None, *, candidate_path: str |
     base = _given_base(recipe, ov.base, materialize, on_event) if ov.base else _base_ref(recipe, materialize, on_event)
     given_candidate = ov.candidate or None
     if given_candidate is not None and candidate_path is None and recipe.quantize is None:
-        cand = _given_candidate(given_candidate)
+        cand: ModelRef | None = _given_candidate(given_candidate)
     else:
         cand = _candidate_ref(recipe, base, candidate_path or given_candidate)
         if cand is not None and given_candidate is not None and candidate_path is None:
@@ -424,6 +436,7 @@ def resolve(recipe, overrides: Overrides | None = None, *, candidate_path: str |
     if choice == "original":
         served, origin = base, "original"
     elif choice == "quantized" or (choice is None and cand is not None):
+        assert cand is not None, "the recipe refuses serve.model: quantized without a quantize section"
         served, origin = cand, "candidate"
         if not cand.exists and not cand.load_quantization:
             notes.append(f"the quantized model is not there yet ({cand.path}): " + (
@@ -455,7 +468,7 @@ def input_fingerprints(res: Resolution) -> dict:
     from infertool.data.fingerprint import digest, file_sha256, identity_digest, model_identity, texts_sha256
 
     recipe = res.recipe
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {}  # Any: JSON values (hashed / written / validated)
     src = recipe.model.source
     if src.startswith("bundled:") or src.lower().endswith(".gguf"):
         from infertool.models import sources
@@ -469,9 +482,9 @@ def input_fingerprints(res: Resolution) -> dict:
         except Exception as e:  # noqa: BLE001 - BackendError: the bundled package is not installed
             out["model"] = {"missing": str(e)}
     else:
-        out["model"] = {"identity": identity_digest(model_identity(res.base.path if res.base.exists else src))}
+        out["model"] = {"identity": identity_digest(model_identity(res.base.dir if res.base.exists else src))}
     if res.served.role == "served":
-        out["served_model"] = {"identity": identity_digest(model_identity(res.served.path))}
+        out["served_model"] = {"identity": identity_digest(model_identity(res.served.dir))}
     cal = getattr(recipe.quantize, "calibration", None)  # None: quantized when loaded, or data-free
     if cal is not None:
         if cal.source == "builtin":

@@ -17,7 +17,7 @@ from pydantic_core import PydanticCustomError
 __all__ = [
     "MAX_KV_GIB", "MAX_LIST", "MAX_NAME", "MAX_PARALLEL", "MAX_PATH", "MAX_REQUESTS", "MAX_SECONDS", "MAX_SEED",
     "MAX_SEQS", "MAX_TEXT", "MAX_TOKENS", "MIN_DAMP", "MIN_MILLIS", "MIN_RATE", "MIN_SECONDS", "MIN_SHARE", "STRICT",
-    "Damp", "Dtype", "Fraction", "GroupSize", "Millis", "Name", "Rate", "Requests", "Seconds", "Seed", "Seqs", "Share",
+    "Damp", "Dtype", "Fraction", "GroupSize", "Millis", "Name", "NoControl", "NotBool", "Rate", "Requests", "Seconds", "Seed", "Seqs", "Share",
     "Text", "Tokens", "check_group_size", "dtype_alias", "field_error", "float_", "int_",
     "no_control", "not_bool", "scalar_to_str", "sweep", "text",
 ]
@@ -101,6 +101,12 @@ def no_control(value: str) -> str:
     return value
 
 
+# The metadata of a number that is never a boolean and of single-line text, for Annotated[...] field types (a
+# call such as int_(1, 10) in an annotation is no type to a type checker).
+NotBool = BeforeValidator(not_bool)
+NoControl = AfterValidator(no_control)
+
+
 def int_(ge: int | None = None, le: int | None = None) -> Any:
     return Annotated[int, BeforeValidator(not_bool), Field(ge=ge, le=le)]
 
@@ -118,17 +124,17 @@ def sweep(item: Any) -> Any:
     return Annotated[list[item], Field(min_length=1, max_length=MAX_LIST)]
 
 
-Tokens = int_(1, MAX_TOKENS)
-Seqs = int_(1, MAX_SEQS)
-Requests = int_(1, MAX_REQUESTS)
-Seed = int_(0, MAX_SEED)
-Seconds = float_(MIN_SECONDS, MAX_SECONDS)
-Millis = float_(MIN_MILLIS, MAX_SECONDS * 1000)
-Rate = float_(MIN_RATE, 1e6)
-Share = float_(MIN_SHARE, 1)
-Damp = float_(MIN_DAMP, lt=1)
+Tokens = Annotated[int, NotBool, Field(ge=1, le=MAX_TOKENS)]
+Seqs = Annotated[int, NotBool, Field(ge=1, le=MAX_SEQS)]
+Requests = Annotated[int, NotBool, Field(ge=1, le=MAX_REQUESTS)]
+Seed = Annotated[int, NotBool, Field(ge=0, le=MAX_SEED)]
+Seconds = Annotated[float, NotBool, Field(ge=MIN_SECONDS, le=MAX_SECONDS)]
+Millis = Annotated[float, NotBool, Field(ge=MIN_MILLIS, le=MAX_SECONDS * 1000)]
+Rate = Annotated[float, NotBool, Field(ge=MIN_RATE, le=1e6)]
+Share = Annotated[float, NotBool, Field(ge=MIN_SHARE, le=1)]
+Damp = Annotated[float, NotBool, Field(ge=MIN_DAMP, lt=1)]
 GroupSize = Annotated[int, BeforeValidator(not_bool), AfterValidator(check_group_size)]
-Fraction = float_(0, 1)
-Text = text()
-Name = text(MAX_NAME)
+Fraction = Annotated[float, NotBool, Field(ge=0, le=1)]
+Text = Annotated[str, Field(max_length=MAX_PATH), NoControl]
+Name = Annotated[str, Field(max_length=MAX_NAME), NoControl]
 Dtype = Literal["bfloat16", "float16", "float32", "auto"]

@@ -11,7 +11,7 @@ version is kept aside, a malformed value reads as "not measured").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from infertool.records import Record, as_str
 
@@ -138,6 +138,9 @@ class BenchSummary(StageSummary):
     comparison: dict | None = None  # {"rows", "nothing_to_compare"}
 
 
+SS = TypeVar("SS", bound=StageSummary)
+
+
 @dataclass
 class StageRecord(Summary):
     """One stage in the run manifest: its status (pending | running | done | reused | failed | interrupted),
@@ -149,14 +152,14 @@ class StageRecord(Summary):
     started: str | None = None
     seconds: float | None = None
     completed: str | None = None
-    summary: Any = None  # the stage's StageSummary (as a dict when read back: ``summary_as``)
+    summary: StageSummary | dict | None = None  # a dict when read back: ``summary_as``
     error: dict | None = None
     servers: list[dict] | None = None
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("key", "dir", "started", "seconds", "completed", "summary", "error",
                                             "servers")
 
-    def summary_as(self, cls: type[StageSummary]) -> StageSummary:
+    def summary_as(self, cls: type[SS]) -> SS:
         """The summary as ``cls`` (a record read back from a file holds it as a dict)."""
         return cls.from_dict(self.summary.to_dict() if isinstance(self.summary, Record) else self.summary)
 

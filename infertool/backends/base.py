@@ -21,7 +21,7 @@ GPTQModel, llm-compressor) are imported inside its worker functions.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, model_serializer
 
@@ -30,6 +30,7 @@ from infertool.schema import STRICT
 if TYPE_CHECKING:
     from infertool.backends.layers import Linear
     from infertool.models.info import ModelInfo
+    from infertool.perf.host import HostFacts
 
 CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA = "cpu-avx2", "cpu-avx512", "cpu", "cuda"
 # compressed-tensors presets that quantize activations too (the others are weight-only)
@@ -37,7 +38,7 @@ ACTIVATION_SCHEMES = ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
 PLATFORMS = (CPU_AVX2, CPU_AVX512, CUDA)
 
 
-def platform(target: Any, host: Any) -> str | None:
+def platform(target: Any, host: HostFacts | None) -> str | None:  # Any: resolve's Target (resolve is above)
     """The platform vLLM serves on for a resolution's target and this host's facts: ``cuda`` for a GPU target,
     ``cpu-avx512`` / ``cpu-avx2`` / ``cpu`` (unknown vector ISA) for a CPU one; None when there is no target."""
     if target is None:
@@ -103,12 +104,12 @@ class ModelFacts:
     quantized: list[Linear]  # those the recipe quantizes (after quantize.ignore)
     valid_group_sizes: list[int]
     has_cuda: bool  # the quantization runs on an NVIDIA GPU here
-    target: Any = None  # the resolution's Target (None: not known)
-    host: Any = None  # this host's HostFacts
+    target: Any = None  # Any: the resolution's Target (resolve sits above backends); None: not known
+    host: HostFacts | None = None  # this host's facts
 
     @property
     def architecture(self) -> str | None:
-        return (self.info.architectures or [None])[0] or self.info.model_type
+        return next(iter(self.info.architectures or []), None) or self.info.model_type
 
     @property
     def causal_lm(self) -> bool:
@@ -123,17 +124,20 @@ class QuantizeConfig(BaseModel):
 
     model_config = STRICT
 
-    impl: ClassVar[QuantBackend]
+    impl: ClassVar[QuantBackend[Any]]  # Any: the backend that declared the subclass (any config type)
     FIELD_HINTS: ClassVar[dict[str, str]] = {}
+    if TYPE_CHECKING:  # every subclass declares these fields (method a Literal); read through the base type
+        method: str
+        output: str | None
 
     @model_serializer(mode="wrap")
-    def _with_its_backend(self, handler: Any, info: Any) -> Any:
+    def _with_its_backend(self, handler: Any, info: Any) -> Any:  # Any: pydantic's serializer handler / info / data
         """The backend is always written out, also where defaults are left out (a tuned recipe): a dump read back
         must pick the same backend's schema, and only the method's default backend goes without saying."""
         data = handler(self)
         if (isinstance(data, dict) and "backend" in type(self).model_fields and "backend" not in data
                 and "backend" not in (info.exclude or ())):
-            data = {"method": data.pop("method", self.method), "backend": self.backend, **data}
+            data = {"method": data.pop("method", self.method), "backend": getattr(self, "backend"), **data}
         return data
 
     def label(self) -> str:
@@ -187,10 +191,22 @@ class InitChoice:
     """A backend's proposal for `infertool init`: the quantize fields, and each decision with its reason."""
 
     section: dict
-    decisions: list[tuple[str, Any, str, str]]  # (recipe path, value, why, level "info" | "warning"), in order
+    decisions: list[tuple[str, Any, str, str]]  # Any: a recipe value. (recipe path, value, why, level "info" | "warning"), in order
 
 
-class QuantBackend:
+class Calibration(Protocol):
+    """What the memory estimate reads of a method's calibration section (backends.methods.CalibrationSpec)."""
+
+    samples: int
+    seq_len: int
+
+    def model_dump(self, *, mode: str) -> dict[str, Any]: ...  # Any: the section as JSON
+
+
+Q = TypeVar("Q", bound=QuantizeConfig)
+
+
+class QuantBackend(Generic[Q]):
     """One quantization backend (see the module docstring). Subclasses set the class attributes and override
     what differs; the defaults describe a calibrating weight quantizer that writes a checkpoint."""
 
@@ -215,15 +231,15 @@ class QuantBackend:
         return f"<quantization backend {self.name}: {', '.join(self.methods)}>"
 
     # ---------------------------------------------------------------------------- naming
-    def label(self, q: Any) -> str:
+    def label(self, q: Q) -> str:
         """'GPTQ 4-bit g64 (gptqmodel)', 'W8A8 (llmcompressor)'."""
         scheme = getattr(q, "scheme", None)
         group = getattr(q, "group_size", -1)
         g = "" if (group == -1 or not self.weight_only(q) and scheme) else f" g{group}"
-        what = f"{scheme}{g}" if scheme else f"{q.method.upper()} {q.bits}-bit{g}"
+        what = f"{scheme}{g}" if scheme else f"{q.method.upper()} {getattr(q, 'bits', None)}-bit{g}"
         return f"{what} ({self.name})"
 
-    def bits(self, q: Any) -> int | None:
+    def bits(self, q: Q) -> int | None:
         """The weights' bits (the scheme's when it has one)."""
         scheme = getattr(q, "scheme", None) or ""
         if scheme.startswith(("W8", "FP8")):
@@ -232,18 +248,18 @@ class QuantBackend:
             return 4
         return getattr(q, "bits", None)
 
-    def facts(self, q: Any) -> dict:
+    def facts(self, q: Q) -> dict:
         """``ModelRef.quantization`` of a candidate made this way."""
         return {"method": q.method, "label": self.label(q), "bits": getattr(q, "bits", None),
                 "group_size": getattr(q, "group_size", -1), "backend": self.name, "scheme": getattr(q, "scheme", None),
                 "weight_only": self.weight_only(q)}
 
-    def weight_only(self, q: Any) -> bool:
+    def weight_only(self, q: Q) -> bool:
         """Weights quantized, activations 16-bit: vLLM runs the checkpoint in half precision only (its weight-only
         kernels refuse float32), so a CPU without bf16 instructions still serves it in 16 bits."""
         return True
 
-    def bytes_per_weight(self, q: Any) -> tuple[float, str]:
+    def bytes_per_weight(self, q: Q) -> tuple[float, str]:
         from infertool.perf import roofline
 
         bits = self.bits(q) or 16
@@ -253,27 +269,27 @@ class QuantBackend:
         return per, f"{q.method} {bits}-bit g{group}" + (f" ({scheme})" if scheme else "")
 
     # ---------------------------------------------------------------------------- before work starts
-    def calibration(self, q: Any) -> Any:
+    def calibration(self, q: Q) -> Calibration | None:
         """The calibration section (CalibrationSpec), or None when the method needs no data."""
         return getattr(q, "calibration", None)
 
-    def rules(self, m: ModelFacts, q: Any) -> list[Check]:
+    def rules(self, m: ModelFacts, q: Q) -> list[Check]:
         """The backend's preflight checks: architecture, shapes, host (never raises for a failed check)."""
         return []
 
-    def plan(self, q: Any, *, has_cuda: bool) -> dict:
+    def plan(self, q: Q, *, has_cuda: bool) -> dict:
         """What the backend would run (shown by --check, recorded in the preflight's plan)."""
         return {}
 
-    def refusal(self, q: Any, *, has_cuda: bool) -> Exception | None:
+    def refusal(self, q: Q, *, has_cuda: bool) -> Exception | None:
         """Why this host cannot run the quantization (an InfertoolError to raise before work starts), or None."""
         return None
 
-    def serving(self, q: Any, platform: str) -> Serving:
+    def serving(self, q: Q, platform: str | None) -> Serving:
         """What vLLM does with this checkpoint on ``platform`` (see ``PLATFORMS``)."""
         return UNKNOWN
 
-    def memory_estimate(self, m: ModelFacts, q: Any) -> tuple[int, str] | None:
+    def memory_estimate(self, m: ModelFacts, q: Q) -> tuple[int, str] | None:
         """Bytes the quantization needs where it runs, and what they are for; None: nothing to estimate."""
         from infertool.backends.layers import calibration_memory_estimate
 
@@ -283,7 +299,7 @@ class QuantBackend:
         est = calibration_memory_estimate(m.info, m.quantized, cal.samples, cal.seq_len, q.method)
         return est, f"calibration ({cal.samples} x {cal.seq_len} tokens)"
 
-    def output_estimate(self, m: ModelFacts, q: Any) -> int | None:
+    def output_estimate(self, m: ModelFacts, q: Q) -> int | None:
         from infertool.backends.layers import output_size_estimate
 
         bits = self.bits(q)
@@ -295,15 +311,15 @@ class QuantBackend:
         """The quantization `infertool init` proposes with this backend, or None (the next backend's turn)."""
         return None
 
-    def gentler(self, q: Any, target_kind: str) -> list[str]:
+    def gentler(self, q: Q, target_kind: str) -> list[str]:
         """Gentler or better quantizations than ``q`` to try when the eval's gates fail, most promising first."""
         return []
 
     # ---------------------------------------------------------------------------- the work
-    def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
+    def task_spec(self, q: Q, inputs: TaskInputs) -> dict:
         """The spec of ``task`` (JSON data: the worker reads nothing else)."""
         raise NotImplementedError(f"backend {self.name} has no worker task")
 
-    def manifest(self, q: Any, result: dict) -> dict:
+    def manifest(self, q: Q, result: dict) -> dict:
         """The manifest fields this backend adds, from its task's result."""
         return {}

@@ -32,7 +32,7 @@ class BNBConfig(QuantizeConfig):
         return dtype_alias(value)
 
 
-class BitsAndBytes(QuantBackend):
+class BitsAndBytes(QuantBackend[BNBConfig]):
     name = "bitsandbytes"
     description = "bitsandbytes, applied when the model is loaded (recorded; vLLM cannot serve it)"
     methods = {"bnb": BNBConfig}
@@ -40,29 +40,29 @@ class BitsAndBytes(QuantBackend):
     checkpoint = False
     load_time = "bitsandbytes"
 
-    def label(self, q: Any) -> str:
+    def label(self, q: BNBConfig) -> str:
         return f"bitsandbytes {q.quant_type}"
 
-    def facts(self, q: Any) -> dict:
+    def facts(self, q: BNBConfig) -> dict:
         return {"method": q.method, "label": self.label(q), "quant_type": q.quant_type}
 
-    def bytes_per_weight(self, q: Any) -> tuple[float, str]:
+    def bytes_per_weight(self, q: BNBConfig) -> tuple[float, str]:
         per = 1.0 if q.quant_type == "int8" else (4 + 32 / 64) / 8  # absmax per 64-block
         return per, self.label(q)
 
-    def memory_estimate(self, m: ModelFacts, q: Any) -> tuple[int, str] | None:
+    def memory_estimate(self, m: ModelFacts, q: BNBConfig) -> tuple[int, str] | None:
         return None
 
-    def rules(self, m: ModelFacts, q: Any) -> list[Check]:
+    def rules(self, m: ModelFacts, q: BNBConfig) -> list[Check]:
         n = len(m.linears)
         return [check("architecture", bool(n), f"{m.architecture}: {n} linear layers for bitsandbytes to quantize on "
                       "load" if n else f"{m.architecture}: no linear layers found in decoder layers")]
 
-    def serving(self, q: Any, platform: str | None) -> Serving:
+    def serving(self, q: BNBConfig, platform: str | None) -> Serving:
         return Serving(False, False, BNB_UNSERVABLE,
                        hint="; quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit) instead")
 
-    def manifest(self, q: Any, result: dict) -> dict:
+    def manifest(self, q: BNBConfig, result: dict) -> dict:
         bnb = {"load_in_4bit": q.quant_type != "int8", "load_in_8bit": q.quant_type == "int8",
                "bnb_4bit_quant_type": q.quant_type if q.quant_type != "int8" else None,
                "bnb_4bit_use_double_quant": q.double_quant, "bnb_4bit_compute_dtype": q.compute_dtype}

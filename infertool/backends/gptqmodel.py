@@ -11,7 +11,7 @@ import os
 import re
 import time
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from infertool.atomic import atomic_path, write_json
 from infertool.backends.base import (
@@ -20,7 +20,7 @@ from infertool.backends.base import (
 )
 from infertool.backends.greedy import generate_greedy, reference_greedy
 from infertool.backends.methods import AWQConfig, GPTQConfig, gentler_options, group_size_rule, packing_rule
-from infertool.backends.registry import backend_field
+from infertool.backends.registry import backend_check
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.models.convert import dist_version  # installed version of a distribution, or None
 from infertool.perf.host import torch_device, usable_cores
@@ -35,7 +35,7 @@ GPTQMODEL_MODEL_TYPES = frozenset(
     mobilellm mpt nemotron_h olmo2 olmo3 olmoe opt phi phi3 qwen qwen2 qwen2_moe qwen3 qwen3_moe
     seed_oss smollm3 stablelm starcoder2 telechat xverse yi""".split()
 )
-NAME = "gptqmodel"
+NAME: Final = "gptqmodel"
 
 _NO_INT4_GEMM = ("vLLM's AVX2 CPU build loads {what} checkpoints but has no int4 GEMM kernel (cpu_gemm_wna16) to run "
                  "them: this host serves the original model")
@@ -55,16 +55,19 @@ class GPTQModelGPTQ(GPTQConfig):
         "scheme": "scheme is an llm-compressor preset and needs backend: llmcompressor; with backend: gptqmodel "
                   "use bits, group_size and sym instead"}
 
-    backend: backend_field(NAME, "gptq") = NAME
+    backend: Annotated[Literal["gptqmodel"], backend_check(NAME, "gptq")] = NAME
 
 
 class GPTQModelAWQ(AWQConfig):
     """AWQ with GPTQModel (quantize.backend: gptqmodel, the default for awq): the `awq` checkpoint format."""
 
-    backend: backend_field(NAME, "awq") = NAME
+    backend: Annotated[Literal["gptqmodel"], backend_check(NAME, "awq")] = NAME
 
 
-class GPTQModel(QuantBackend):
+Cfg = GPTQModelGPTQ | GPTQModelAWQ  # the configs this backend declares
+
+
+class GPTQModel(QuantBackend[Cfg]):
     name = NAME
     description = "GPTQ and AWQ with GPTQModel (gptq / awq checkpoints)"
     methods = {"gptq": GPTQModelGPTQ, "awq": GPTQModelAWQ}
@@ -87,7 +90,7 @@ class GPTQModel(QuantBackend):
         """GPTQModel has a definition for this model_type."""
         return (model_type or "") in GPTQMODEL_MODEL_TYPES
 
-    def rules(self, m: ModelFacts, q: Any) -> list[Check]:
+    def rules(self, m: ModelFacts, q: Cfg) -> list[Check]:
         model_type = m.info.model_type or ""
         ok = self.supports(model_type)
         out = [check("architecture", ok, f"{m.architecture} (model_type {model_type!r}) is supported by GPTQModel" if ok
@@ -101,7 +104,7 @@ class GPTQModel(QuantBackend):
                              "this checkpoint will not serve in vLLM", level="warning"))
         return out
 
-    def serving(self, q: Any, platform: str) -> Serving:
+    def serving(self, q: Cfg, platform: str | None) -> Serving:
         if platform == CUDA:  # vLLM's Marlin kernels: 4-bit AWQ, symmetric 4/8-bit GPTQ
             marlin = q.method == "awq" or (q.sym and q.bits in (4, 8))
             return Serving(vllm_quantization=f"{q.method}_marlin") if marlin else UNKNOWN
@@ -123,10 +126,10 @@ class GPTQModel(QuantBackend):
              f"({f.architecture})", "info"),
             ("quantize.bits", 4, FOUR_BIT_WHY + (CPU_FOUR_BIT if f.target_kind == "cpu" else ""), "info")])
 
-    def gentler(self, q: Any, target_kind: str) -> list[str]:
+    def gentler(self, q: Cfg, target_kind: str) -> list[str]:
         return gentler_options(q, target_kind, activation_order=True)
 
-    def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
+    def task_spec(self, q: Cfg, inputs: TaskInputs) -> dict:
         spec = build_spec(q.model_dump(mode="json"), model=Path(inputs.model), out_dir=Path(inputs.out_dir),
                           offload_dir=Path(inputs.work_dir) / "offload", ignore_modules=inputs.ignore_modules,
                           num_layers=inputs.num_layers, base_dir=None)
@@ -202,7 +205,7 @@ def layer_errors(quant_log: list[dict]) -> list[dict]:
     """GPTQModel's per-module log, typed: layer, module, loss (the backend's quantization error), ..."""
     rows = []
     for entry in quant_log or []:
-        layer = entry.get("layer")
+        layer: Any = entry.get("layer")  # Any: GPTQModel's log value (an int, or anything)
         try:
             layer = int(layer)
         except (TypeError, ValueError):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Final, Literal
 
 from infertool.backends.base import (
     ACTIVATION_SCHEMES, CPU_AVX2, CPU_AVX512, CPU_OTHER, SERVES, UNKNOWN, Check, InitChoice, InitFacts, ModelFacts,
@@ -20,10 +20,10 @@ from infertool.backends.base import (
 from infertool.backends.methods import (
     AWQConfig, GPTQConfig, causal_lm_rule, gentler_options, group_size_rule, packing_rule,
 )
-from infertool.backends.registry import backend_field
+from infertool.backends.registry import backend_check
 from infertool.errors import BackendError, RuntimeFailure
 
-NAME = "llmcompressor"
+NAME: Final = "llmcompressor"
 GPU_SCHEMES = ("W8A8_FP8", "FP8_DYNAMIC")
 _CPU = (CPU_AVX2, CPU_AVX512, CPU_OTHER)
 _W8A16 = ("vLLM's CPU build cannot serve 8-bit weight-only checkpoints: \"CPUWNA16LinearKernel cannot implement due "
@@ -37,23 +37,26 @@ class LLMCompressorGPTQ(GPTQConfig):
     """GPTQ with llm-compressor (quantize.backend: llmcompressor): compressed-tensors checkpoints; `scheme` takes
     one of llm-compressor's presets (W8A8: int8 weights and activations) instead of bits/group_size/sym."""
 
-    backend: backend_field(NAME, "gptq") = NAME
+    backend: Annotated[Literal["llmcompressor"], backend_check(NAME, "gptq")] = NAME
     scheme: Literal["W4A16", "W8A16", "W8A8", "W8A8_FP8", "FP8_DYNAMIC"] | None = None
 
 
 class LLMCompressorAWQ(AWQConfig):
     """AWQ with llm-compressor (quantize.backend: llmcompressor): compressed-tensors checkpoints (needs a GPU)."""
 
-    backend: backend_field(NAME, "awq") = NAME
+    backend: Annotated[Literal["llmcompressor"], backend_check(NAME, "awq")] = NAME
 
 
-def effective_scheme(q: Any) -> str:
+def effective_scheme(q: Cfg) -> str:
     """The preset llm-compressor runs: the recipe's scheme, else W<bits>A16 for GPTQ and W4A16_ASYM for AWQ."""
     scheme = getattr(q, "scheme", None)
     return scheme or (f"W{q.bits}A16" if q.method == "gptq" else "W4A16_ASYM")
 
 
-class LLMCompressor(QuantBackend):
+Cfg = LLMCompressorGPTQ | LLMCompressorAWQ  # the configs this backend declares
+
+
+class LLMCompressor(QuantBackend[Cfg]):
     name = NAME
     description = "GPTQ / AWQ and the W8A8 / FP8 presets with llm-compressor (compressed-tensors checkpoints)"
     methods = {"gptq": LLMCompressorGPTQ, "awq": LLMCompressorAWQ}
@@ -65,10 +68,10 @@ class LLMCompressor(QuantBackend):
              description="GPTQ (and GPU schemes) with llm-compressor, writing compressed-tensors"),
     )
 
-    def weight_only(self, q: Any) -> bool:
+    def weight_only(self, q: Cfg) -> bool:
         return effective_scheme(q) not in ACTIVATION_SCHEMES
 
-    def rules(self, m: ModelFacts, q: Any) -> list[Check]:
+    def rules(self, m: ModelFacts, q: Cfg) -> list[Check]:
         out = [causal_lm_rule(m, "llm-compressor")]
         if m.quantized:
             out += group_size_rule(m, q) + packing_rule(m, q)
@@ -81,18 +84,18 @@ class LLMCompressor(QuantBackend):
                              level="warning"))
         return out
 
-    def plan(self, q: Any, *, has_cuda: bool) -> dict:
+    def plan(self, q: Cfg, *, has_cuda: bool) -> dict:
         p = plan(q.model_dump(mode="json"), has_cuda=has_cuda)
         return {"llmcompressor_scheme": effective_scheme(q), "needs_gpu": p["needs_gpu"], "llmcompressor": p}
 
-    def refusal(self, q: Any, *, has_cuda: bool) -> Exception | None:
+    def refusal(self, q: Cfg, *, has_cuda: bool) -> Exception | None:
         try:
             refuse_on_host(plan(q.model_dump(mode="json"), has_cuda=has_cuda), q.method)
         except BackendError as e:
             return e
         return None
 
-    def serving(self, q: Any, platform: str) -> Serving:
+    def serving(self, q: Cfg, platform: str | None) -> Serving:
         scheme = effective_scheme(q)
         if platform in _CPU and scheme == "W8A16":
             return Serving(False, False, _W8A16, hint=_W8A8_HINT, vllm_quantization="compressed-tensors")
@@ -130,10 +133,10 @@ class LLMCompressor(QuantBackend):
             ("quantize.bits", 8, "W8A8: 8-bit weights with per-channel scales, 8-bit dynamic per-token activations",
              "info")])
 
-    def gentler(self, q: Any, target_kind: str) -> list[str]:
+    def gentler(self, q: Cfg, target_kind: str) -> list[str]:
         return gentler_options(q, target_kind)
 
-    def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
+    def task_spec(self, q: Cfg, inputs: TaskInputs) -> dict:
         qd = q.model_dump(mode="json")
         spec = build_spec(qd, plan(qd, has_cuda=inputs.has_cuda), model=Path(inputs.model),
                           out_dir=Path(inputs.out_dir), calibration=inputs.calibration or qd["calibration"],

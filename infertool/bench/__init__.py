@@ -13,13 +13,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from infertool.capability import RunContext
+    from infertool.resolve import Resolution
     from infertool.bench.core import BenchOptions, BenchPlan
     from infertool.bench.results import BenchReport
 
 __all__ = ["BenchOptions", "BenchPlan", "BenchReport", "plan", "run"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:  # the lazily imported record and option classes
     if name in ("BenchOptions", "BenchPlan"):
         from infertool.bench import core
 
@@ -31,14 +33,14 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def plan(res, options: BenchOptions | None = None) -> BenchPlan:
+def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:
     """The bench of the resolution ``res`` as ``options`` ask (infertool.bench.core.plan)."""
     from infertool.bench import core
 
     return core.plan(res, options)
 
 
-def run(plan: BenchPlan, ctx=None) -> BenchReport:
+def run(plan: BenchPlan, ctx: RunContext | None = None) -> BenchReport:
     """Measure a plan (infertool.bench.core.run); ``ctx``: an infertool.capability.RunContext."""
     from infertool.bench import core
 

@@ -16,9 +16,13 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 from infertool import net
 from infertool.bench.metrics import RequestResult
+
+if TYPE_CHECKING:
+    import ssl
 
 
 @dataclass
@@ -152,7 +156,7 @@ class _Conn(asyncio.BufferedProtocol):
     after: README.md's "Measured speed" and docs/development.md)."""
 
     def __init__(self) -> None:
-        self.transport = None
+        self.transport: Any = None  # Any: asyncio's transport (set by connection_made; a test's stand-in)
         self.closed = False
         self.ex: "_Exchange | None" = None
         self._view = memoryview(bytearray(READ_BUFFER))
@@ -455,7 +459,7 @@ class Pool:
         self.host_header = self.host if u.port is None else f"{self.host}:{u.port}"
         if ":" in self.host and not self.host.startswith("["):
             self.host_header = f"[{self.host}]" + ("" if u.port is None else f":{u.port}")
-        self._ssl = None
+        self._ssl: ssl.SSLContext | None = None
         self._idle: list[_Conn] = []
         self._open: set[_Conn] = set()
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
@@ -34,6 +34,13 @@ from infertool.bench.sweep import (
 from infertool.bench.traffic import Level
 from infertool.capability import RunContext
 from infertool.errors import InfertoolError, UsageError
+
+if TYPE_CHECKING:
+    from infertool.serve.launches import Launched
+    from contextlib import AbstractContextManager
+    from infertool.recipe import BenchSection, ServeSection
+    from infertool.recipe import Recipe
+    from infertool.resolve import ModelRef, Resolution
 
 __all__ = ["BENCH_FILE", "BenchOptions", "BenchPlan", "BenchReport", "ab_table", "comparison", "original_beside", "plan",
            "plans_compare", "run", "sweep_report"]
@@ -50,7 +57,7 @@ class BenchOptions:
 
     url: str | None = None  # a running server (only it is contacted); None: launch the recipe's
     model: str | None = None  # the model name to request (default: the server's first)
-    serve_model: Any = None  # a ModelRef of the same resolution to launch instead of the served one (run's original)
+    serve_model: ModelRef | None = None  # a model of the same resolution to launch instead of the served one (run's original)
     arm: str = "sweep"  # names the sweep in progress events ("candidate", "original" in `run`)
     experiments: bool = True  # False: the sweep alone
     # `run`'s bench: the served model named in the report (``served``, with the resolution's notes), and when the
@@ -65,17 +72,17 @@ class Arm:
     """A server the bench launches: its label, its serve settings, its model (None: the served model)."""
 
     label: str
-    serve: Any  # infertool.recipe.ServeSection
-    model: Any = None  # infertool.resolve.ModelRef
+    serve: ServeSection
+    model: ModelRef | None = None
     experiment: str | None = None
     on: bool = True  # the experiment's feature is on in this arm (the sweep's server has the recipe's)
 
 
 @dataclass
 class BenchPlan:
-    res: Any  # infertool.resolve.Resolution
+    res: Resolution
     options: BenchOptions
-    bench: Any  # the recipe's bench section (its defaults when it has none)
+    bench: BenchSection  # the recipe's bench section (its defaults when it has none)
     url: str | None
     levels: list[Level]
     experiments: list[str]
@@ -103,13 +110,13 @@ class BenchPlan:
                 **({"nothing_to_compare": self.nothing_to_compare} if self.nothing_to_compare else {})}
 
 
-def plan(res, options: BenchOptions | None = None) -> BenchPlan:
+def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:
     """What the bench will send and to which servers; raises UsageError for what cannot run (a server
     experiment against --url)."""
     options = options or BenchOptions()
     bench = bench_section(res.recipe)
     serve = res.serve_section
-    experiments = list(dict.fromkeys(bench.experiments)) if options.experiments else []
+    experiments: list[str] = list(dict.fromkeys(bench.experiments)) if options.experiments else []
     url = normalise_url(options.url) if options.url is not None else None
     needs = [e for e in experiments if e in SERVER_EXPERIMENTS]
     if url is not None and needs:
@@ -169,6 +176,7 @@ def _with_original(plan: BenchPlan, report: BenchReport, ctx: RunContext) -> Non
     report.served = {"label": res.served.label, "origin": res.served_origin}
     if plan.original is not None:
         arm = plan.original
+        assert arm.model is not None  # the original's arm names its model
         sub = replace(plan, options=BenchOptions(serve_model=arm.model, arm="original", experiments=False),
                       experiments=[], sweep=arm, arms=[], notes=[], original=None)
         try:
@@ -184,7 +192,7 @@ def _with_original(plan: BenchPlan, report: BenchReport, ctx: RunContext) -> Non
         report.comparison = Experiment("quantization", nothing_to_compare=plan.nothing_to_compare)
 
 
-def _plot(report: BenchReport, path: Path, out_dir) -> str | None:
+def _plot(report: BenchReport, path: Path, out_dir: str | Path | None) -> str | None:
     """The latency-throughput plot (matplotlib missing: none, the report says there is no plot)."""
     if not path.is_absolute() and out_dir is not None:
         path = Path(out_dir) / path
@@ -209,9 +217,11 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
         handle = ServerHandle(plan.url, plan.options.model or "", key)
         main, static, knee = _sweep(plan, handle, ctx)
     else:
+        assert plan.sweep is not None, "a plan without --url has the sweep's server"
         with _Launched(plan.res, plan.sweep, ctx) as handle:
             main, static, knee = _sweep(plan, handle, ctx)
-            servers.append(handle.launched)
+            if handle.launched is not None:
+                servers.append(handle.launched)
     notes += handle.notes + client_notes(main + (static or []))
     tables: list[Experiment] = []
     if static is not None:
@@ -221,12 +231,13 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
         table, other, launched = _experiment(plan, arm, main, ctx)
         tables.append(table)
         notes += client_notes(other)
-        servers.append(launched)
+        if launched is not None:
+            servers.append(launched)
     return BenchReport(
         url=plan.url or (servers[0]["url"] if servers else None), model=handle.model, endpoint=plan.bench.endpoint,
         settings=_settings(plan.bench, handle.chars_per_token), levels=main, experiments=tables, servers=servers,
         notes=notes, seconds=time.monotonic() - t_start,
-        label=None if plan.url is not None else (plan.sweep.model or plan.res.served).label, knee=knee)
+        label=None if plan.url is not None or plan.sweep is None else (plan.sweep.model or plan.res.served).label, knee=knee)
 
 
 def _sweep(plan: BenchPlan, handle: ServerHandle,
@@ -249,7 +260,7 @@ def _sweep(plan: BenchPlan, handle: ServerHandle,
 
 
 def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult],
-                ctx: RunContext) -> tuple[Experiment, list[LevelResult], dict]:
+                ctx: RunContext) -> tuple[Experiment, list[LevelResult], dict | None]:
     """The experiment's other arm on its own server, against the sweep: (its table, its levels, its launch)."""
     with _Launched(plan.res, arm, ctx) as handle:
         connect(handle, plan.bench, plan.res.serve_section.api_key_env)
@@ -259,7 +270,9 @@ def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult],
     note = None
     if arm.experiment == "speculative":
         spec = (arm.serve if arm.on else plan.res.serve_section).speculative
+        assert spec is not None  # the side with the feature on has a speculative config
         note = f"speculative config: {spec.model_dump(exclude_none=True)}"
+    assert arm.experiment is not None, "plan.arms: the experiments' arms"
     label_off, label_on = _arm_labels(arm.experiment)
     return ab_table(arm.experiment, label_off, label_on, off, on, note), other, handle.launched
 
@@ -285,9 +298,9 @@ class _Launched:
     arm's serve settings; stopped on exit (``ctx.servers``: a run's shared server, which the pool stops; the
     pool's other servers stop first, so that each arm is measured alone, as without a pool)."""
 
-    def __init__(self, res, arm: Arm, ctx: RunContext):
+    def __init__(self, res: Resolution, arm: Arm, ctx: RunContext):
         self.res, self.arm, self.ctx = res, arm, ctx
-        self._cm = None
+        self._cm: AbstractContextManager[Launched] | None = None
 
     def __enter__(self) -> ServerHandle:
         from infertool.serve import launch, prepare
@@ -301,7 +314,7 @@ class _Launched:
         srv = self._cm.__enter__()
         return ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict())
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: Any) -> None:  # Any: the exception triple, passed on
         if self._cm is not None:
             self._cm.__exit__(*exc)
 
@@ -312,7 +325,7 @@ def _arm_labels(experiment: str) -> tuple[str, str]:
     return f"{name} off", f"{name} on"
 
 
-def _arm_serve(serve, experiment: str, on: bool):
+def _arm_serve(serve: ServeSection, experiment: str, on: bool) -> ServeSection:
     if experiment == "prefix_caching":
         return serve.model_copy(update={"enable_prefix_caching": on})
     if experiment == "speculative":
@@ -322,11 +335,11 @@ def _arm_serve(serve, experiment: str, on: bool):
             return serve
         from infertool.recipe import SpeculativeSpec
 
-        return serve.model_copy(update={"speculative": SpeculativeSpec(**DEFAULT_SPECULATIVE)})
+        return serve.model_copy(update={"speculative": SpeculativeSpec.model_validate(DEFAULT_SPECULATIVE)})
     raise ValueError(experiment)
 
 
-def _settings(bench, cpt: float) -> BenchSettings:
+def _settings(bench: BenchSection, cpt: float) -> BenchSettings:
     return BenchSettings(
         requests_per_level=bench.requests, max_duration_s=bench.max_duration_s,
         prompt={"source": bench.prompt.source, "len_tokens": bench.prompt.len},
@@ -337,7 +350,7 @@ def _settings(bench, cpt: float) -> BenchSettings:
     )
 
 
-def _traffic(bench) -> dict | None:
+def _traffic(bench: BenchSection) -> dict | None:
     """How the levels were driven beyond the defaults: gamma arrivals, multi-turn sessions, a trace, a rate
     sweep, repeats (None: none of these, the settings as before)."""
     t: dict = {}
@@ -354,7 +367,7 @@ def _traffic(bench) -> dict | None:
     return t or None
 
 
-def bench_section(recipe):
+def bench_section(recipe: Recipe) -> BenchSection:
     if recipe.bench is not None:
         return recipe.bench
     from infertool.recipe import BenchSection
@@ -363,7 +376,7 @@ def bench_section(recipe):
 
 
 # ------------------------------------------------------------------------------------------ run: the original too
-def original_beside(res) -> tuple[Any, str | None]:
+def original_beside(res: Resolution) -> tuple[ModelRef | None, str | None]:
     """What `run`'s bench measures beside the served model for ``res``: (the original, None) when the recipe
     quantizes and the candidate is what is served; else (None, why there is nothing to compare: None when the
     recipe has no quantize section)."""
@@ -382,13 +395,13 @@ def original_beside(res) -> tuple[Any, str | None]:
     return None, f"serve.model names {res.served.source}, not the quantize output, so the run served and measured that model only"
 
 
-def plans_compare(recipe) -> bool:
+def plans_compare(recipe: Recipe) -> bool:
     """Whether `run`'s bench measures the original as well, from the recipe alone (for stage keys: the
     fallback to the original depends on the quantize stage's output, which its key covers)."""
     return recipe.quantize is not None and (recipe.serve is None or recipe.serve.model in (None, "quantized"))
 
 
-def comparison(candidate, original) -> Experiment:
+def comparison(candidate: BenchReport | dict, original: BenchReport | dict) -> Experiment:
     """Level i of the original (A) against level i of the candidate (B), same traffic and SLO: ratio = B / A.
     ``candidate`` / ``original``: BenchReport records or their dicts (bench.json)."""
     candidate, original = BenchReport.from_dict(candidate), BenchReport.from_dict(original)

@@ -314,6 +314,7 @@ def _write_cache(key: str, data: dict) -> None:
 def sharegpt_sample(bench, n: int) -> list[Sampled]:
     """``n`` requests of the packaged ShareGPT file for a bench section (its seed, bench.prompt.max_len)."""
     counter = counter_for(bench, required=True)
+    assert counter is not None  # required: a UsageError instead of None
     with sharegpt_file() as path:
         return sample_sharegpt(path, n, bench.seed, counter, bench.prompt.max_len or MAX_PROMPT_LEN)
 

@@ -28,7 +28,7 @@ import asyncio
 import math
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from infertool.bench.metrics import RequestResult, percentile
 from infertool.bench.results import ClientHealth
@@ -159,11 +159,11 @@ def unit_fn(job: dict, pool, t0: float, on_done: Callable[[], None]):
             return got
 
         return session
-    given = job.get("prompts")
+    given: Any = job.get("prompts")  # Any: the job's prompts (JSON) or None
     stream = None if given is not None else PromptStream(iter_prompts(bench, job["n"], job["chars_per_token"]))
 
     async def one(i: int) -> RequestResult:
-        p = given[i] if given is not None else stream.get(i)
+        p = given[i] if stream is None else stream.get(i)  # one of them
         r = await send(pool, target, p.text, p.output_len, t0, timeout_s=job["deadline_s"], deadline=deadline)
         on_done()
         return r

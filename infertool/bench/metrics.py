@@ -193,7 +193,7 @@ def rate_following(results: Sequence[RequestResult]) -> tuple[float | None, floa
     offered = (len(starts) - 1) / (starts[-1] - starts[0]) if len(starts) > 1 and starts[-1] > starts[0] else None
     achieved = None
     if len(done) > 1:
-        span = max(r.end for r in done) - min(r.e2e for r in done) - starts[0]
+        span = max(r.end or 0.0 for r in done) - min(r.e2e or 0.0 for r in done) - starts[0]  # both set in done
         achieved = (len(done) - 1) / span if span > 0 else None
     return offered, achieved
 

@@ -164,7 +164,7 @@ def iter_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
         shared = shared_prefix_texts(bench, min(n, 1_000_000), chars_per_token)
     for i in range(n):
         out = next(outs)
-        if spec.source == "builtin":
+        if source is not None:  # builtin
             body = _window(source, max(1, length_chars - prefix_chars), rng)
         elif spec.source == "synthetic":
             body = synthetic_text(max(1, length_chars - prefix_chars), rng)

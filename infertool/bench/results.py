@@ -484,12 +484,12 @@ def traffic_differences(a: BenchReport, b: BenchReport, recipe_a: dict | None = 
     return diffs
 
 
-def _mean_over(levels: list[LevelResult], get) -> float | None:
+def _mean_over(levels: list[LevelResult], get: Callable[[Summary], float | None]) -> float | None:
     vals = [(v, lv.summary.completed) for lv in levels if (v := get(lv.summary)) is not None and lv.summary.completed]
     n = sum(c for _, c in vals)
     return sum(v * c for v, c in vals) / n if n else None
 
 
-def _short(v) -> str:
+def _short(v: object) -> str:
     text = str(v)
     return text if len(text) <= 80 else text[:77] + "..."

@@ -148,7 +148,7 @@ def timeline_windows(results: list[RequestResult], timeline: Timeline, duration:
             ttft_p50_ms=_ms(percentile([r.ttft for r in ended if r.ttft is not None], 50)),
             e2e_p50_ms=_ms(percentile([r.e2e for r in ended if r.e2e is not None], 50)),
             kv_cache_usage=avg("kv_cache_usage"), running=avg("running"), waiting=avg("waiting"),
-            preemptions_total=(series("preemptions") or [None])[-1],
+            preemptions_total=pre[-1] if (pre := series("preemptions")) else None,
         ))
     return rows
 
@@ -513,18 +513,20 @@ class KneeSearch:
 
 
 def find_knee(handle: ServerHandle, bench, *, arm: str, on_event: EventCallback | None = None,
-              measure_one: Callable[[Level, int], LevelResult] | None = None) -> tuple[list[LevelResult], Knee]:
+              measure_one: Callable[[Level, int, int], LevelResult] | None = None) -> tuple[list[LevelResult], Knee]:
     """bench.rate_sweep on one server: each rate of ``KneeSearch`` measured (with bench.repeats), until it ends.
     Returns (the levels in the order measured, the knee). ``measure_one(level, step, requests)``: how a level
     is measured (default: ``measure`` on ``handle``). A level sends at least bench.requests, and enough to
     last SPAN_LATENCIES of the previous level's median latency (``sweep_requests``): a burst the server batches
     whole finishes at once whatever its capacity, so only a level longer than a few latencies can show a queue."""
     spec = bench.rate_sweep
-    search = KneeSearch(spec, slo_of(bench) is not None and slo_of(bench).is_set())
+    search = KneeSearch(spec, (slo := slo_of(bench)) is not None and slo.is_set())
     if measure_one is None:
-        def measure_one(level: Level, step: int, requests: int) -> LevelResult:
+        def measure_default(level: Level, step: int, requests: int) -> LevelResult:
             b = bench.model_copy(update={"requests": requests})
             return measure(handle, b, [level], arm=arm, seed_salt=1000 + step, on_event=on_event)[0]
+
+        measure_one = measure_default
     levels: list[LevelResult] = []
     while (rate := search.next_rate()) is not None:
         e2e_s = (levels[-1].summary.e2e_ms.p50 or 0.0) / 1000.0 if levels else 0.0
@@ -557,8 +559,8 @@ def require_success(levels: list[LevelResult], where: str) -> None:
     for lv in levels:
         for k, v in lv.summary.errors.items():
             errors[k] = errors.get(k, 0) + v
-        for k, v in (lv.summary.error_examples or {}).items():
-            examples.setdefault(k, v)
+        for k, example in (lv.summary.error_examples or {}).items():
+            examples.setdefault(k, example)
     ranked = sorted(errors.items(), key=lambda kv: -kv[1])[:3]
     top = ", ".join(f"{k} x{v}" for k, v in ranked)
     if ranked and ranked[0][0] in examples:  # the commonest error's reason, whole

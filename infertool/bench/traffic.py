@@ -29,12 +29,12 @@ import itertools
 import random
 import time
 from dataclasses import dataclass
-from typing import Awaitable, Callable, Iterable, Iterator, Sequence
+from typing import Any, Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 
 from infertool.bench.metrics import RequestResult
 
 # unit index -> its result (one request) or results (a multi-turn session)
-SendFn = Callable[[int], Awaitable["RequestResult | list[RequestResult]"]]
+SendFn = Callable[[int], Coroutine[Any, Any, "RequestResult | list[RequestResult]"]]
 
 
 @dataclass(frozen=True)
@@ -171,7 +171,7 @@ async def _static(send: SendFn, n: int, batch: int, stop_at: float, t0: float) -
     for first in range(0, n, batch):
         if time.monotonic() >= stop_at:
             break
-        tasks = [asyncio.create_task(send(i)) for i in range(first, min(n, first + batch))]
+        tasks: list[asyncio.Task] = [asyncio.create_task(send(i)) for i in range(first, min(n, first + batch))]
         got: list[RequestResult] = []
         await _finish(tasks, stop_at, got, t0, collect=True)
         results.extend(got)

@@ -162,7 +162,7 @@ def config_vs_weights(ctx: Context) -> list[Finding]:
     if not models:
         raise Skip(f"the model {ctx.res.base.source} is not on this machine")
     out = []
-    for path in dict.fromkeys(m.path for m in models):
+    for path in dict.fromkeys(m.dir for m in models):
         out += [Finding("config_vs_weights", "error", "model.source",
                         f"{path}: config.json does not describe these weights: {problem}",
                         "point model.source at a directory whose config.json describes its weights")

@@ -12,10 +12,13 @@ thin over the rules' own modules (serve/lint.py, quantize/preflight.py, plan.py)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from infertool.errors import UsageError
 from infertool.registry import Registry
+
+if TYPE_CHECKING:
+    from infertool.resolve import Resolution
 
 # Every entry point that runs the checks, by the purpose it passes (tests drive each check through each of them).
 # "launch": a real start (the serve environment is then an error, not a warning).
@@ -70,7 +73,7 @@ class RecipeCheck:
 class Context:
     """What a check reads: the resolution, the entry point's purpose, and facts computed once per run."""
 
-    res: object  # infertool.resolve.Resolution
+    res: Resolution
     purpose: str
     cache: dict = field(default_factory=dict)
 

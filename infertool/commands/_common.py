@@ -7,24 +7,27 @@ from __future__ import annotations
 import functools
 import os
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 import typer
 from typer.core import TyperCommand, TyperGroup
 
 from infertool.errors import EXIT_RUNTIME, InfertoolError, UsageError
 
+if TYPE_CHECKING:
+    from infertool.resolve import Resolution
+
 try:  # typer >= 0.2x carries its own copy of click
     from typer._click import exceptions as _click_exceptions
 except ImportError:  # pragma: no cover - older typer on the public click
-    from click import exceptions as _click_exceptions
+    from click import exceptions as _click_exceptions  # type: ignore[no-redef]  # the same module, older place
 
 ClickException = _click_exceptions.ClickException
 ClickUsageError = _click_exceptions.UsageError
 
 # ------------------------------------------------------------------------------------ common options
-JSON_OPT = typer.Option(False, "--json", help="Print the result as JSON on stdout (progress stays on stderr); errors too.")
-SET_OPT = typer.Option(None, "--set", metavar="KEY=VALUE",
+JSON_OPT = typer.Option("--json", help="Print the result as JSON on stdout (progress stays on stderr); errors too.")
+SET_OPT = typer.Option("--set", metavar="KEY=VALUE",
                        help="Override a recipe field before validation, e.g. --set quantize.group_size=64 (repeatable).")
 
 
@@ -53,20 +56,20 @@ def complete_recipe(incomplete: str) -> list[str]:
 
 
 def recipe_arg(help: str = "Recipe file, or the name of a built-in recipe (`infertool recipes list`).") -> typer.models.ArgumentInfo:
-    return typer.Argument(..., metavar="RECIPE", help=help, autocompletion=complete_recipe)
+    return typer.Argument(metavar="RECIPE", help=help, autocompletion=complete_recipe)
 
 
 def out_opt(help: str, metavar: str = "DIR") -> typer.models.OptionInfo:
     """`--out`/`-o`: where a command writes (a directory, or a file for bench's report)."""
-    return typer.Option(None, "--out", "-o", metavar=metavar, help=help)
+    return typer.Option("--out", "-o", metavar=metavar, help=help)
 
 
 def force_opt(help: str = "Overwrite what is already there.") -> typer.models.OptionInfo:
-    return typer.Option(False, "--force", help=help)
+    return typer.Option("--force", help=help)
 
 
 def dry_run_opt(help: str) -> typer.models.OptionInfo:
-    return typer.Option(False, "--dry-run", help=help)
+    return typer.Option("--dry-run", help=help)
 
 
 # ---------------------------------------------------------------------------------- command classes
@@ -104,7 +107,7 @@ class InfertoolCommand(TyperCommand):
                     continue
                 name = _argument_usage(param)
                 extra = "" if not param.required else "  [required]"
-                args.append((name, (param.help or "") + extra))
+                args.append((name, (getattr(param, "help", None) or "") + extra))  # typer's arguments have help
             else:
                 rv = param.get_help_record(ctx)
                 if rv is not None:
@@ -145,7 +148,7 @@ def _completion_item():
     try:
         from typer._click.shell_completion import CompletionItem
     except ImportError:  # pragma: no cover - older typer on the public click
-        from click.shell_completion import CompletionItem
+        from click.shell_completion import CompletionItem  # type: ignore[assignment]  # the same class, older place
     return CompletionItem
 
 
@@ -255,7 +258,7 @@ def handle_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def recipe_checks(res, purpose: str):
+def recipe_checks(res: Resolution, purpose: str):
     """THE one call of every entry point that reads a recipe (validate, plan, the dry runs, --emit k8s,
     quantize --check): the registered checks (``infertool.checks``) for ``purpose``. Warnings are printed on
     stderr, one line each (stdout stays the command's output); an error finding raises ``ChecksFailed``: exit 2,
@@ -275,7 +278,7 @@ def usage_error(message: str, hint: str | None = None) -> InfertoolError:
     return UsageError(message, hint=hint)
 
 
-def refuse_overwrite(paths: Iterable[str | Path], force: bool) -> None:
+def refuse_overwrite(paths: Iterable[str | Path | None], force: bool) -> None:
     """Before any work: an output that is already there is replaced only with --force, and only when it is a regular
     file in a folder of the user's (``atomic.check_output_file``: never a device, fifo, link, directory or /proc)."""
     from infertool.atomic import OutputPathError, check_output_file

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -24,15 +24,15 @@ def register(app: typer.Typer) -> None:
     @app.command("bench", cls=InfertoolCommand, epilog=EXAMPLES)
     @handle_errors
     def bench(
-        recipe: str = recipe_arg(),
-        url: Optional[str] = typer.Option(None, "--url", metavar="URL", help="A running server, e.g. http://127.0.0.1:8000/v1 (only it is contacted)."),
-        model: Optional[str] = typer.Option(None, "--model", metavar="NAME", help="The model name to request (default: the server's first)."),
-        overrides: Optional[List[str]] = SET_OPT,
-        plot: Optional[Path] = typer.Option(None, "--plot", metavar="FILE", help="Write a latency-vs-throughput PNG here."),
-        out_file: Optional[Path] = out_opt("Also write the JSON report to this file.", metavar="FILE"),
-        force: bool = force_opt("Overwrite the --out and --plot files if they exist."),
-        dry_run: bool = dry_run_opt("Show the servers the bench would launch (the sweep and each experiment arm); start nothing."),
-        as_json: bool = JSON_OPT,
+        recipe: Annotated[str, recipe_arg()],
+        url: Annotated[Optional[str], typer.Option("--url", metavar="URL", help="A running server, e.g. http://127.0.0.1:8000/v1 (only it is contacted).")] = None,
+        model: Annotated[Optional[str], typer.Option("--model", metavar="NAME", help="The model name to request (default: the server's first).")] = None,
+        overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+        plot: Annotated[Optional[Path], typer.Option("--plot", metavar="FILE", help="Write a latency-vs-throughput PNG here.")] = None,
+        out_file: Annotated[Optional[Path], out_opt("Also write the JSON report to this file.", metavar="FILE")] = None,
+        force: Annotated[bool, force_opt("Overwrite the --out and --plot files if they exist.")] = False,
+        dry_run: Annotated[bool, dry_run_opt("Show the servers the bench would launch (the sweep and each experiment arm); start nothing.")] = False,
+        as_json: Annotated[bool, JSON_OPT] = False,
     ) -> None:
         """Load-test an OpenAI-compatible server (--url) or, without one, the recipe's own vLLM server:
         concurrency sweep, Poisson rates, bursts, and the recipe's A/B experiments."""
@@ -259,7 +259,7 @@ def _lengths_table(levels) -> None:
     for lv in levels:
         d, sm = lv.summary.lengths, lv.server_metrics
         cells = [lv.level.label] + [
-            "-" if d is None else " / ".join(_f(v, "{:.0f}") for v in (h.p50, h.p90, h.p99, h.max))
+            "-" if h is None else " / ".join(_f(v, "{:.0f}") for v in (h.p50, h.p90, h.p99, h.max))
             for h in ((d.input, d.output) if d is not None else (None, None))]
         if spec:
             rate = sm.spec_decode_acceptance_rate

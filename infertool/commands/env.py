@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -20,12 +20,12 @@ def register(app: typer.Typer) -> None:
 @env_app.command("setup", cls=InfertoolCommand)
 @handle_errors
 def env_setup(
-    names: Optional[List[str]] = typer.Argument(None, metavar="NAME", help="Environments to set up (default: quant serve)."),
-    force: bool = force_opt("Rebuild even when the environment is up to date."),
-    variant: Optional[str] = typer.Option(None, "--variant", metavar="cpu|cuda", help="Default: detected from the host."),
-    requirements: Optional[Path] = typer.Option(None, "--requirements", "-r", metavar="FILE", help="Define a custom environment NAME from a requirements file."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, max=16, metavar="N", help="Environments built at once (default: one per core, up to one per environment)."),
-    as_json: bool = JSON_OPT,
+    names: Annotated[Optional[List[str]], typer.Argument(metavar="NAME", help="Environments to set up (default: quant serve).")] = None,
+    force: Annotated[bool, force_opt("Rebuild even when the environment is up to date.")] = False,
+    variant: Annotated[Optional[str], typer.Option("--variant", metavar="cpu|cuda", help="Default: detected from the host.")] = None,
+    requirements: Annotated[Optional[Path], typer.Option("--requirements", "-r", metavar="FILE", help="Define a custom environment NAME from a requirements file.")] = None,
+    jobs: Annotated[Optional[int], typer.Option("--jobs", "-j", min=1, max=16, metavar="N", help="Environments built at once (default: one per core, up to one per environment).")] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Create the managed environments (idempotent: an up-to-date one is left alone).
 
@@ -66,7 +66,7 @@ def env_setup(
 
 @env_app.command("list", cls=InfertoolCommand)
 @handle_errors
-def env_list(as_json: bool = JSON_OPT) -> None:
+def env_list(as_json: Annotated[bool, JSON_OPT] = False) -> None:
     """Show every environment, its state and key package versions."""
     from rich.table import Table
 
@@ -96,8 +96,8 @@ def env_list(as_json: bool = JSON_OPT) -> None:
 @env_app.command("doctor", cls=InfertoolCommand)
 @handle_errors
 def env_doctor(
-    names: Optional[List[str]] = typer.Argument(None, metavar="NAME", help="Environments to check (default: all that exist)."),
-    as_json: bool = JSON_OPT,
+    names: Annotated[Optional[List[str]], typer.Argument(metavar="NAME", help="Environments to check (default: all that exist).")] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Check environments: imports, versions, drift since setup, broken requirements."""
     from rich.table import Table
@@ -141,8 +141,8 @@ def env_doctor(
 @env_app.command("remove", cls=InfertoolCommand)
 @handle_errors
 def env_remove(
-    names: List[str] = typer.Argument(..., metavar="NAME", help="Environments to remove."),
-    as_json: bool = JSON_OPT,
+    names: Annotated[List[str], typer.Argument(metavar="NAME", help="Environments to remove.")],
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Delete environments (they can be set up again at any time)."""
     from infertool.envs.manage import remove_env

@@ -15,7 +15,7 @@ import inspect
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Annotated, Any, Callable, List, Optional
 
 import typer
 
@@ -23,6 +23,9 @@ from infertool.commands._common import (
     JSON_OPT, SET_OPT, DefaultCommandGroup, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt,
     recipe_arg, recipe_checks, refuse_overwrite,
 )
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
 
 EXAMPLES = examples(
     ("infertool eval quickstart", "the quantize output against model.source"),
@@ -54,23 +57,23 @@ def register(app: typer.Typer) -> None:
 class RunFlags:
     """`infertool eval run`'s command line: one field per flag (Typer reads them as the command's parameters)."""
 
-    recipe: str = recipe_arg()
-    suite: Optional[str] = typer.Option(None, "--suite", metavar="SUITE", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite.")
-    base: Optional[str] = typer.Option(None, "--base", metavar="MODEL", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source.")
-    candidate: Optional[str] = typer.Option(None, "--candidate", metavar="MODEL", help="The quantized model directory (a served name with --engine openai). Default: quantize.output.")
-    engine: Optional[str] = typer.Option(None, "--engine", metavar="hf|vllm|openai", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url).")
-    url: Optional[str] = typer.Option(None, "--url", metavar="URL", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1.")
-    candidate_url: Optional[str] = typer.Option(None, "--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url.")
-    out_dir: Optional[Path] = out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP.")
-    force: bool = force_opt("Replace earlier results in the --out directory.")
-    max_items: Optional[int] = typer.Option(None, "--max-items", min=1, max=1_000_000, metavar="N", help="Score at most N items (windows for perplexity) per task.")
-    preset: Optional[str] = typer.Option(None, "--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply).")
-    allow_inconclusive: bool = typer.Option(False, "--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")
-    dry_run: bool = dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing.")
-    overrides: Optional[List[str]] = SET_OPT
-    as_json: bool = JSON_OPT
+    recipe: Annotated[str, recipe_arg()]
+    suite: Annotated[Optional[str], typer.Option("--suite", metavar="SUITE", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite.")] = None
+    base: Annotated[Optional[str], typer.Option("--base", metavar="MODEL", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source.")] = None
+    candidate: Annotated[Optional[str], typer.Option("--candidate", metavar="MODEL", help="The quantized model directory (a served name with --engine openai). Default: quantize.output.")] = None
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="hf|vllm|openai", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url).")] = None
+    url: Annotated[Optional[str], typer.Option("--url", metavar="URL", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1.")] = None
+    candidate_url: Annotated[Optional[str], typer.Option("--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url.")] = None
+    out_dir: Annotated[Optional[Path], out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP.")] = None
+    force: Annotated[bool, force_opt("Replace earlier results in the --out directory.")] = False
+    max_items: Annotated[Optional[int], typer.Option("--max-items", min=1, max=1_000_000, metavar="N", help="Score at most N items (windows for perplexity) per task.")] = None
+    preset: Annotated[Optional[str], typer.Option("--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply).")] = None
+    allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")] = False
+    dry_run: Annotated[bool, dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing.")] = False
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None
+    as_json: Annotated[bool, JSON_OPT] = False
 
-    def options(self, recipe):
+    def options(self, recipe: Recipe):
         """The eval options these flags ask for (``recipe``: the loaded recipe, whose engine decides whether
         --base / --candidate are model directories or served model names)."""
         from infertool.evaluate import EvalOptions
@@ -123,9 +126,10 @@ def eval_run(**values: object) -> None:
 
 
 # Typer reads eval run's flags from this signature: one keyword parameter per RunFlags field.
-eval_run.__annotations__ = typing.get_type_hints(RunFlags)
+eval_run.__annotations__ = typing.get_type_hints(RunFlags, include_extras=True)  # Annotated[T, typer.Option(...)] kept
 eval_run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # read by inspect.signature
-    [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default, annotation=eval_run.__annotations__[f.name])
+    [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=eval_run.__annotations__[f.name],
+                       default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default)
      for f in dataclasses.fields(RunFlags)])
 
 
@@ -282,8 +286,8 @@ def decode_table(block: dict):
 @eval_app.command("suites", cls=InfertoolCommand)
 @handle_errors
 def eval_suites(
-    show: Optional[str] = typer.Option(None, "--show", metavar="SUITE", help="Print one suite (a built-in name or a suite YAML path): its file, tasks and first items."),
-    as_json: bool = JSON_OPT,
+    show: Annotated[Optional[str], typer.Option("--show", metavar="SUITE", help="Print one suite (a built-in name or a suite YAML path): its file, tasks and first items.")] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """List the built-in eval suites, or print one (--show). docs/evals.md shows how to write your own."""
     from rich.table import Table
@@ -321,7 +325,7 @@ def _show_suite(name: str, as_json: bool) -> None:
     yaml_text = suite.path.read_text(encoding="utf-8")
     tasks = []
     for t in suite.tasks:
-        d = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,
+        d: dict[str, Any] = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,
              "data": t.data_path, "source": t.source}
         if t.type == "perplexity":
             d.update(chars=len(t.text or ""), max_windows=t.max_windows, seq_len=t.seq_len,
@@ -358,10 +362,10 @@ def _show_suite(name: str, as_json: bool) -> None:
 @eval_app.command("export-lm-eval", cls=InfertoolCommand)
 @handle_errors
 def eval_export(
-    suite: str = typer.Argument(..., metavar="SUITE", help="A built-in suite name or a suite YAML path."),
-    dest: Path = typer.Argument(..., metavar="DIR", help="Directory to write the lm-eval task YAMLs and their data into (created if needed)."),
-    force: bool = force_opt("Overwrite task files already in DIR."),
-    as_json: bool = JSON_OPT,
+    suite: Annotated[str, typer.Argument(metavar="SUITE", help="A built-in suite name or a suite YAML path.")],
+    dest: Annotated[Path, typer.Argument(metavar="DIR", help="Directory to write the lm-eval task YAMLs and their data into (created if needed).")],
+    force: Annotated[bool, force_opt("Overwrite task files already in DIR.")] = False,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Write a suite as lm-evaluation-harness tasks (dataset_path: json), to run the same items there."""
     from infertool.evaluate.lm_eval_export import export_lm_eval

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -14,24 +14,24 @@ def register(app: typer.Typer) -> None:
 
 
 def init(
-    model: str = typer.Argument(..., metavar="MODEL", help="A local Hugging Face directory, a .gguf file, bundled:smollm2-135m, or a hub "
-                                "id (org/name) already in the local Hugging Face cache (never downloaded)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="GPU", help="Fit the recipe to this GPU (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090). Default: this host."),
-    cpu: bool = typer.Option(False, "--cpu", help="Fit the recipe to this host's CPU (vLLM's CPU backend)."),
-    out: Optional[str] = typer.Option(None, "--out", "-o", metavar="FILE", help="The recipe file to write (default: <name>.yaml here); - prints it to stdout."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing file."),
-    method: Optional[str] = typer.Option(None, "--method", metavar="METHOD", help="The quantization: gptq (= w4a16, "
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="A local Hugging Face directory, a .gguf file, bundled:smollm2-135m, or a hub "
+                                "id (org/name) already in the local Hugging Face cache (never downloaded).")],
+    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="GPU", help="Fit the recipe to this GPU (H100-SXM, H200-SXM, A100-80GB-SXM, L40S, L4, RTX4090). Default: this host.")] = None,
+    cpu: Annotated[bool, typer.Option("--cpu", help="Fit the recipe to this host's CPU (vLLM's CPU backend).")] = False,
+    out: Annotated[Optional[str], typer.Option("--out", "-o", metavar="FILE", help="The recipe file to write (default: <name>.yaml here); - prints it to stdout.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Replace an existing file.")] = False,
+    method: Annotated[Optional[str], typer.Option("--method", metavar="METHOD", help="The quantization: gptq (= w4a16, "
                                          "4-bit), awq, w8a8 (int8), fp8. Default: chosen for the GPU's generation and "
-                                         "memory (FP8 / int8 where it serves the traffic on as few GPUs as 4-bit)."),
-    slo: Optional[str] = typer.Option(None, "--slo", metavar="ttft_ms=N,tpot_ms=N", help="The bench SLO (checked "
+                                         "memory (FP8 / int8 where it serves the traffic on as few GPUs as 4-bit).")] = None,
+    slo: Annotated[Optional[str], typer.Option("--slo", metavar="ttft_ms=N,tpot_ms=N", help="The bench SLO (checked "
                                       "against the plan's decode roofline: an infeasible one is kept and said, "
-                                      "max_num_seqs lowered to a batch that meets it)."),
-    traffic: Optional[str] = typer.Option(None, "--traffic", metavar="FILE.jsonl", help="Your prompts (the bench's "
-                                          ".jsonl format): their lengths size max_model_len and the KV cache."),
-    sets: Optional[list[str]] = typer.Option(None, "--set", metavar="KEY=VALUE", help="Set a recipe field (repeatable), "
+                                      "max_num_seqs lowered to a batch that meets it).")] = None,
+    traffic: Annotated[Optional[str], typer.Option("--traffic", metavar="FILE.jsonl", help="Your prompts (the bench's "
+                                          ".jsonl format): their lengths size max_model_len and the KV cache.")] = None,
+    sets: Annotated[Optional[list[str]], typer.Option("--set", metavar="KEY=VALUE", help="Set a recipe field (repeatable), "
                                              "e.g. --set serve.tensor_parallel_size=2; what depends on it (TP, "
-                                             "context, batch, SLO) is decided with it, and the recipe validated."),
-    as_json: bool = JSON_OPT,
+                                             "context, batch, SLO) is decided with it, and the recipe validated.")] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Write a commented recipe for MODEL: quantization, eval, serve and bench settings chosen for the target,
     each with its reason; then validate and plan it. Exit 0 when it fits, 1 when the target cannot hold it

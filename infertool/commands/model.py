@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -20,12 +20,12 @@ def register(app: typer.Typer) -> None:
 @model_app.command("import", cls=InfertoolCommand)
 @handle_errors
 def model_import(
-    source: str = typer.Argument(..., metavar="SOURCE", help="bundled:smollm2-135m or a .gguf file."),
-    dest: Path = typer.Argument(..., metavar="DIR", help="Directory to write the Hugging Face model to."),
-    layers: Optional[int] = typer.Option(None, "--layers", min=1, max=10_000, metavar="N", help="Keep only the first N decoder layers (test fixtures)."),
-    dtype: str = typer.Option("bf16", "--dtype", metavar="bf16|fp16|fp32", help="The saved weights' dtype."),
-    force: bool = force_opt("Replace an existing DIR."),
-    as_json: bool = JSON_OPT,
+    source: Annotated[str, typer.Argument(metavar="SOURCE", help="bundled:smollm2-135m or a .gguf file.")],
+    dest: Annotated[Path, typer.Argument(metavar="DIR", help="Directory to write the Hugging Face model to.")],
+    layers: Annotated[Optional[int], typer.Option("--layers", min=1, max=10_000, metavar="N", help="Keep only the first N decoder layers (test fixtures).")] = None,
+    dtype: Annotated[str, typer.Option("--dtype", metavar="bf16|fp16|fp32", help="The saved weights' dtype.")] = "bf16",
+    force: Annotated[bool, force_opt("Replace an existing DIR.")] = False,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Convert a GGUF (or the bundled model) into a safetensors directory with tokenizer and chat template."""
     from infertool.models.sources import copy_model_dir, locate
@@ -37,6 +37,7 @@ def model_import(
                      hint="a Hugging Face directory needs no import: use it as model.source directly")
     with StageProgress("model import") as progress:  # with --json too: the result on stdout, progress on stderr
         resolved = locate(source, layers=layers, dtype=dtype, convert=True, on_event=progress.on_event).require()
+    assert resolved.path is not None  # require(): it is here
     path = copy_model_dir(resolved.path, dest, force=force)
     info = model_info(path)
     if as_json:
@@ -49,8 +50,8 @@ def model_import(
 @model_app.command("info", cls=InfertoolCommand)
 @handle_errors
 def model_info_cmd(
-    path: str = typer.Argument(..., metavar="MODEL", help="A Hugging Face model directory (or bundled:NAME once imported)."),
-    as_json: bool = JSON_OPT,
+    path: Annotated[str, typer.Argument(metavar="MODEL", help="A Hugging Face model directory (or bundled:NAME once imported).")],
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Architecture facts later stages need, read from config.json and safetensors headers (no weights loaded)."""
     from infertool.models.info import model_info

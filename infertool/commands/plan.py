@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -27,12 +27,12 @@ EXAMPLES = examples(
 # Every number bounded like the recipe's (infertool.schema): --memory like plan.MAX_MEMORY_GIB, --context like
 # schema.MAX_TOKENS (a 20-digit context planned a 1.5e17 ms step; a 400-digit one overflowed a float).
 def plan(
-    recipe: str = recipe_arg(),
-    gpu: Optional[str] = typer.Option(None, "--gpu", metavar="GPU", help="Plan for this GPU instead of target.gpu: a key of the GPU table (H100-SXM, A100-80GB-PCIe, L4, ...; an ambiguous name such as H100 is refused with the choices)."),
-    memory: Optional[float] = typer.Option(None, "--memory", min=0.1, max=65536, metavar="GIB", help="Plan for a GPU with this much memory (GiB)."),
-    context: Optional[int] = typer.Option(None, "--context", min=1, max=10_000_000, metavar="TOKENS", help="Context length for the roofline bound (default: from bench, else max_model_len/2)."),
-    overrides: Optional[List[str]] = SET_OPT,
-    as_json: bool = JSON_OPT,
+    recipe: Annotated[str, recipe_arg()],
+    gpu: Annotated[Optional[str], typer.Option("--gpu", metavar="GPU", help="Plan for this GPU instead of target.gpu: a key of the GPU table (H100-SXM, A100-80GB-PCIe, L4, ...; an ambiguous name such as H100 is refused with the choices).")] = None,
+    memory: Annotated[Optional[float], typer.Option("--memory", min=0.1, max=65536, metavar="GIB", help="Plan for a GPU with this much memory (GiB).")] = None,
+    context: Annotated[Optional[int], typer.Option("--context", min=1, max=10_000_000, metavar="TOKENS", help="Context length for the roofline bound (default: from bench, else max_model_len/2).")] = None,
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Memory plan for the serve section: weights, KV cache capacity, concurrency, fit, roofline bound, TP advice."""
     from infertool import plan as planning

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
@@ -11,6 +11,9 @@ from infertool.commands._common import (
     JSON_OPT, SET_OPT, InfertoolCommand, examples, force_opt, handle_errors, out_opt, recipe_arg, refuse_overwrite,
     usage_error,
 )
+
+if TYPE_CHECKING:
+    from infertool.profile.core import ProfileResult
 
 EXAMPLES = examples(
     ("infertool profile quickstart", "memory- or compute-bound here, per phase"),
@@ -40,19 +43,19 @@ def _ints(text: Optional[str], what: str, most: int) -> Optional[list[int]]:
 
 
 def profile(
-    recipe: str = recipe_arg(),
-    engine: Optional[str] = typer.Option(None, "--engine", metavar="hf|vllm", help="hf (transformers, in the quant env) or vllm (vLLM's server, driven at each shape). Default: profile.engine."),
-    batch: Optional[str] = typer.Option(None, "--batch", metavar="N,N,...", help="Decode batch sizes, e.g. 1,4,16 (default: profile.batch)."),
-    prompt_len: Optional[str] = typer.Option(None, "--prompt-len", metavar="N,N,...", help="Prefill lengths, e.g. 128,512 (default: profile.prompt_len)."),
-    decode_len: Optional[int] = typer.Option(None, "--decode-len", min=2, max=10_000_000, metavar="N", help="Decode steps timed per batch size."),
-    model: Optional[str] = typer.Option(None, "--model", metavar="MODEL", help="Profile this model instead of model.source."),
-    out: Optional[str] = out_opt("Directory for profile.json and roofline.png (default: out/<recipe>-profile)."),
-    force: bool = force_opt("Replace an earlier profile in the output directory."),
-    remeasure: bool = typer.Option(False, "--remeasure", help="Measure this machine's peaks again (they are cached)."),
-    nsys: Optional[bool] = typer.Option(None, "--nsys/--no-nsys", help="Run the measured workload under Nsight Systems and "
-                                        "classify its kernels (CUDA hosts with nsys on PATH). Default: profile.nsys."),
-    overrides: Optional[List[str]] = SET_OPT,
-    as_json: bool = JSON_OPT,
+    recipe: Annotated[str, recipe_arg()],
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="hf|vllm", help="hf (transformers, in the quant env) or vllm (vLLM's server, driven at each shape). Default: profile.engine.")] = None,
+    batch: Annotated[Optional[str], typer.Option("--batch", metavar="N,N,...", help="Decode batch sizes, e.g. 1,4,16 (default: profile.batch).")] = None,
+    prompt_len: Annotated[Optional[str], typer.Option("--prompt-len", metavar="N,N,...", help="Prefill lengths, e.g. 128,512 (default: profile.prompt_len).")] = None,
+    decode_len: Annotated[Optional[int], typer.Option("--decode-len", min=2, max=10_000_000, metavar="N", help="Decode steps timed per batch size.")] = None,
+    model: Annotated[Optional[str], typer.Option("--model", metavar="MODEL", help="Profile this model instead of model.source.")] = None,
+    out: Annotated[Optional[str], out_opt("Directory for profile.json and roofline.png (default: out/<recipe>-profile).")] = None,
+    force: Annotated[bool, force_opt("Replace an earlier profile in the output directory.")] = False,
+    remeasure: Annotated[bool, typer.Option("--remeasure", help="Measure this machine's peaks again (they are cached).")] = False,
+    nsys: Annotated[Optional[bool], typer.Option("--nsys/--no-nsys", help="Run the measured workload under Nsight Systems and "
+                                        "classify its kernels (CUDA hosts with nsys on PATH). Default: profile.nsys.")] = None,
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Roofline per phase, measured peaks, timed prefill/decode, MBU/MFU, a verdict per phase, advice and a plot."""
     from infertool import profile as profiling
@@ -76,7 +79,7 @@ def profile(
     _render(result)
 
 
-def _render(res) -> None:
+def _render(res: ProfileResult) -> None:
     from rich.table import Table
 
     from infertool.output import err, esc, out, plain

@@ -3,6 +3,8 @@ model card, copied to a folder, or uploaded to S3 (boto3) or a Hugging Face mode
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from infertool.commands._common import JSON_OPT, InfertoolCommand, dry_run_opt, examples, handle_errors
@@ -19,10 +21,10 @@ def register(app: typer.Typer) -> None:
 
 
 def publish(
-    src: str = typer.Argument(..., metavar="SRC", help="A run directory, a tune directory, or a published folder."),
-    dest: str = typer.Argument(..., metavar="DEST", help="A folder, s3://bucket/prefix or hf://org/name."),
-    dry_run: bool = dry_run_opt("Check SRC and DEST and print what would be copied (the exact library calls for s3:// and hf://)."),
-    as_json: bool = JSON_OPT,
+    src: Annotated[str, typer.Argument(metavar="SRC", help="A run directory, a tune directory, or a published folder.")],
+    dest: Annotated[str, typer.Argument(metavar="DEST", help="A folder, s3://bucket/prefix or hf://org/name.")],
+    dry_run: Annotated[bool, dry_run_opt("Check SRC and DEST and print what would be copied (the exact library calls for s3:// and hf://).")] = False,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Copy the checkpoint SRC evaluated, checked by content fingerprint, with its model card, to DEST."""
     from infertool import publish as pub

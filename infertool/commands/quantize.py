@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -24,13 +24,13 @@ def register(app: typer.Typer) -> None:
     @app.command("quantize", cls=InfertoolCommand, epilog=EXAMPLES)
     @handle_errors
     def quantize_cmd(
-        recipe: str = recipe_arg(),
-        overrides: Optional[List[str]] = SET_OPT,
-        out: Optional[Path] = out_opt("Output directory (default: quantize.output, else out/<recipe name>-<method>)."),
-        check: bool = typer.Option(False, "--check", "--dry-run", help="Run the preflight checks only (and show the load check's launches); load no weights."),
-        verify: Optional[bool] = typer.Option(None, "--verify/--no-verify", help="Load the result in vLLM and compare greedy output with the original (default: on when the serve environment is set up)."),
-        force: bool = typer.Option(False, "--force", help="Replace an existing output directory."),
-        as_json: bool = JSON_OPT,
+        recipe: Annotated[str, recipe_arg()],
+        overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+        out: Annotated[Optional[Path], out_opt("Output directory (default: quantize.output, else out/<recipe name>-<method>).")] = None,
+        check: Annotated[bool, typer.Option("--check", "--dry-run", help="Run the preflight checks only (and show the load check's launches); load no weights.")] = False,
+        verify: Annotated[Optional[bool], typer.Option("--verify/--no-verify", help="Load the result in vLLM and compare greedy output with the original (default: on when the serve environment is set up).")] = None,
+        force: Annotated[bool, typer.Option("--force", help="Replace an existing output directory.")] = False,
+        as_json: Annotated[bool, JSON_OPT] = False,
     ) -> None:
         """Quantize the recipe's model (GPTQ or AWQ via GPTQModel / llm-compressor; bnb is validated and recorded).
 
@@ -88,7 +88,7 @@ def _rows(result) -> list:
 
     from infertool.output import plain
 
-    rows = []
+    rows: list[tuple[str, str | Text]] = []
     if result.size and result.size.get("weight_bytes_after") is not None:
         s = result.size
         rows.append(("weights", f"{_mib(s['weight_bytes_before'])} -> {_mib(s['weight_bytes_after'])} "

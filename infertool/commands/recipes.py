@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import sys
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -22,9 +22,9 @@ def register(app: typer.Typer) -> None:
 # ----------------------------------------------------------------------------------------- validate
 @handle_errors
 def validate(
-    recipe: str = recipe_arg(),
-    overrides: Optional[List[str]] = SET_OPT,
-    as_json: bool = JSON_OPT,
+    recipe: Annotated[str, recipe_arg()],
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Check a recipe: every error is listed with its field path (exit 2); then every registered check
     (infertool.checks: position limit, TP / PP, KV fit, group size, config vs weights, ...) on the resolved
@@ -55,7 +55,7 @@ def validate(
 # ------------------------------------------------------------------------------------------ recipes
 @recipes_app.command("list", cls=InfertoolCommand)
 @handle_errors
-def recipes_list(as_json: bool = JSON_OPT) -> None:
+def recipes_list(as_json: Annotated[bool, JSON_OPT] = False) -> None:
     """List the built-in recipes."""
     from rich.table import Table
 
@@ -80,13 +80,13 @@ def _complete_name(incomplete: str) -> list[str]:
     return [r.name for r in list_builtin() if r.name.startswith(incomplete)]
 
 
-NAME_ARG = typer.Argument(..., metavar="NAME", help="A built-in recipe's name (`infertool recipes list`).",
+NAME_ARG = typer.Argument(metavar="NAME", help="A built-in recipe's name (`infertool recipes list`).",
                           autocompletion=_complete_name)
 
 
 @recipes_app.command("show", cls=InfertoolCommand)
 @handle_errors
-def recipes_show(name: str = NAME_ARG, as_json: bool = JSON_OPT) -> None:
+def recipes_show(name: Annotated[str, NAME_ARG], as_json: Annotated[bool, JSON_OPT] = False) -> None:
     """Print a built-in recipe's YAML (with --json: its name, path, description and text)."""
     from infertool.catalog import get_builtin
 
@@ -126,11 +126,11 @@ def output_dir(path: str, what: str) -> None:
 @recipes_app.command("copy", cls=InfertoolCommand)
 @handle_errors
 def recipes_copy(
-    name: str = NAME_ARG,
-    dest: str = typer.Argument(..., metavar="DEST", help="The file to write, or a folder to copy into: an existing "
-                               "directory, or a path ending in '/' (created). Not '-': `recipes show` prints it."),
-    force: bool = force_opt("Overwrite an existing file."),
-    as_json: bool = JSON_OPT,
+    name: Annotated[str, NAME_ARG],
+    dest: Annotated[str, typer.Argument(metavar="DEST", help="The file to write, or a folder to copy into: an existing "
+                               "directory, or a path ending in '/' (created). Not '-': `recipes show` prints it.")],
+    force: Annotated[bool, force_opt("Overwrite an existing file.")] = False,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Copy a built-in recipe to edit it (written whole: a temporary file, then a rename)."""
     import os

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Annotated
+
 import typer
 
 from infertool.commands._common import JSON_OPT, InfertoolCommand, handle_errors
@@ -13,8 +15,8 @@ def register(app: typer.Typer) -> None:
 
 
 def report(
-    run_dir: str = typer.Argument(..., metavar="RUN_DIR", help="A run directory written by `infertool run`."),
-    as_json: bool = JSON_OPT,
+    run_dir: Annotated[str, typer.Argument(metavar="RUN_DIR", help="A run directory written by `infertool run`.")],
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Write report.md and a self-contained report.html (plots embedded) into the run directory."""
     from rich.markup import escape
@@ -34,10 +36,10 @@ def report(
 
 
 def compare(
-    run_a: str = typer.Argument(..., metavar="RUN_A", help="The first run directory."),
-    run_b: str = typer.Argument(..., metavar="RUN_B", help="The second run directory."),
-    all_rows: bool = typer.Option(False, "--all", help="Show unchanged figures too."),
-    as_json: bool = JSON_OPT,
+    run_a: Annotated[str, typer.Argument(metavar="RUN_A", help="The first run directory.")],
+    run_b: Annotated[str, typer.Argument(metavar="RUN_B", help="The second run directory.")],
+    all_rows: Annotated[bool, typer.Option("--all", help="Show unchanged figures too.")] = False,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """What changed between two runs: recipe fields, verdicts, sizes, latencies, throughputs."""
     from rich.markup import escape

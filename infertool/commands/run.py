@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import shlex
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -30,15 +30,15 @@ def _split(values: Optional[List[str]]) -> list[str]:
 
 
 def run(
-    recipe: str = recipe_arg(),
-    stages: Optional[str] = typer.Option(None, "--stages", metavar="STAGE,...", help="Comma-separated subset: model,quantize,eval,profile,serve,bench (dependencies come along)."),
-    rerun: Optional[List[str]] = typer.Option(None, "--rerun", metavar="STAGE", help="Run this stage again even if a completed one matches (repeatable, or STAGE,STAGE)."),
-    force_stages: Optional[List[str]] = typer.Option(None, "--force", metavar="STAGE", hidden=True, help="Old name of --rerun."),
-    out: Optional[str] = out_opt("Where run directories go (default: run.out_dir, else runs/)."),
-    dry_run: bool = dry_run_opt("Show the stages, which would be reused, what is served and the server launches; run nothing."),
-    publish: Optional[str] = typer.Option(None, "--publish", metavar="DEST", help="Publish the checkpoint the eval scored here (default: quantize.output, else out/<recipe>-<method>)."),
-    overrides: Optional[List[str]] = SET_OPT,
-    as_json: bool = JSON_OPT,
+    recipe: Annotated[str, recipe_arg()],
+    stages: Annotated[Optional[str], typer.Option("--stages", metavar="STAGE,...", help="Comma-separated subset: model,quantize,eval,profile,serve,bench (dependencies come along).")] = None,
+    rerun: Annotated[Optional[List[str]], typer.Option("--rerun", metavar="STAGE", help="Run this stage again even if a completed one matches (repeatable, or STAGE,STAGE).")] = None,
+    force_stages: Annotated[Optional[List[str]], typer.Option("--force", metavar="STAGE", hidden=True, help="Old name of --rerun.")] = None,
+    out: Annotated[Optional[str], out_opt("Where run directories go (default: run.out_dir, else runs/).")] = None,
+    dry_run: Annotated[bool, dry_run_opt("Show the stages, which would be reused, what is served and the server launches; run nothing.")] = False,
+    publish: Annotated[Optional[str], typer.Option("--publish", metavar="DEST", help="Publish the checkpoint the eval scored here (default: quantize.output, else out/<recipe>-<method>).")] = None,
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Run the stages into runs/<recipe>-<time>/ with one manifest; completed stages with unchanged inputs are reused.
 

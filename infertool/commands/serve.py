@@ -4,7 +4,7 @@ OpenAI-compatible server from the recipe, and the servers started with --detach.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -33,10 +33,10 @@ serve_app = typer.Typer(
     epilog=EXAMPLES,
 )
 
-PORT_OPT = typer.Option(None, "--port", metavar="PORT", min=1, max=65535,
+PORT_OPT = typer.Option("--port", metavar="PORT", min=1, max=65535,
                         help="The server on this port.")
-PID_FILE_OPT = typer.Option(None, "--pid-file", metavar="FILE", help="The server recorded in this pid file.")
-MANAGED_RECIPE = typer.Argument(None, metavar="RECIPE", help="The server on this recipe's serve.port.",
+PID_FILE_OPT = typer.Option("--pid-file", metavar="FILE", help="The server recorded in this pid file.")
+MANAGED_RECIPE = typer.Argument(metavar="RECIPE", help="The server on this recipe's serve.port.",
                                 autocompletion=complete_recipe)
 
 
@@ -47,30 +47,27 @@ def register(app: typer.Typer) -> None:
 @serve_app.command("run", cls=InfertoolCommand, epilog=EXAMPLES)
 @handle_errors
 def serve_run(
-    recipe: str = recipe_arg("Recipe file or built-in recipe name; or a run or tune directory: the checkpoint it "
-                             "evaluated and published, checked by content fingerprint."),
-    overrides: Optional[List[str]] = SET_OPT,
-    port: Optional[int] = typer.Option(None, "--port", metavar="PORT", min=1, max=65535,
-                                       help="Listen on this port (overrides serve.port)."),
-    dry_run: bool = dry_run_opt("Print the exact command and environment; start nothing."),
-    detach: bool = typer.Option(False, "--detach", help="Return once the server is ready; it keeps running (pid file)."),
-    pid_file: Optional[Path] = typer.Option(None, "--pid-file", metavar="FILE",
-                                            help="Where --detach records the server (default under $INFERTOOL_HOME)."),
-    timeout: Optional[float] = typer.Option(None, "--timeout", metavar="SECONDS",
-                                            help="Start-up timeout (default serve.startup_timeout_s)."),
-    log: Optional[Path] = typer.Option(None, "--log", metavar="FILE", help="The server log file (default under $INFERTOOL_HOME/logs)."),
-    force: bool = typer.Option(False, "--force", help="Launch even when the lint finds errors."),
-    emit: Optional[str] = typer.Option(None, "--emit", metavar="k8s", help="Print Kubernetes manifests for the recipe instead of launching."),
-    replicas: Optional[int] = typer.Option(None, "--replicas", metavar="N", help="--emit k8s: replicas (default 1; the fleet sizing's count)."),
-    max_replicas: Optional[int] = typer.Option(None, "--max-replicas", metavar="N", help="--emit k8s: the autoscaler's ceiling (default 2 x --replicas)."),
-    autoscaler: Optional[str] = typer.Option(None, "--autoscaler", metavar="none|hpa|keda", help="--emit k8s: an HPA (External metric vllm:num_requests_waiting) or a KEDA ScaledObject."),
-    node_selector: Optional[List[str]] = typer.Option(None, "--node-selector", metavar="KEY=VALUE", help="--emit k8s: a node label the pods need (repeatable)."),
-    toleration: Optional[List[str]] = typer.Option(None, "--toleration", metavar="KEY[=VALUE][:EFFECT]", help="--emit k8s: a taint the pods tolerate besides nvidia.com/gpu's (repeatable)."),
-    model_from: Optional[str] = typer.Option(None, "--model-from", metavar="URI", help="--emit k8s: an init container fetches the model from s3://BUCKET/PREFIX or hf://ORG/NAME[@REV] (else a PVC)."),
-    pvc: Optional[str] = typer.Option(None, "--pvc", metavar="NAME", help="--emit k8s: the PVC holding the model (default <name>-models)."),
-    prometheus_url: Optional[str] = typer.Option(None, "--prometheus-url", metavar="URL", help="--emit k8s --autoscaler keda: the Prometheus KEDA queries."),
-    gpus_per_node: Optional[int] = typer.Option(None, "--gpus-per-node", metavar="N", help="--emit k8s: GPUs per node (default 8); more per replica: a multi-node LeaderWorkerSet."),
-    as_json: bool = JSON_OPT,
+    recipe: Annotated[str, recipe_arg("Recipe file or built-in recipe name; or a run or tune directory: the checkpoint it "
+                             "evaluated and published, checked by content fingerprint.")],
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+    port: Annotated[Optional[int], typer.Option("--port", metavar="PORT", min=1, max=65535, help="Listen on this port (overrides serve.port).")] = None,
+    dry_run: Annotated[bool, dry_run_opt("Print the exact command and environment; start nothing.")] = False,
+    detach: Annotated[bool, typer.Option("--detach", help="Return once the server is ready; it keeps running (pid file).")] = False,
+    pid_file: Annotated[Optional[Path], typer.Option("--pid-file", metavar="FILE", help="Where --detach records the server (default under $INFERTOOL_HOME).")] = None,
+    timeout: Annotated[Optional[float], typer.Option("--timeout", metavar="SECONDS", help="Start-up timeout (default serve.startup_timeout_s).")] = None,
+    log: Annotated[Optional[Path], typer.Option("--log", metavar="FILE", help="The server log file (default under $INFERTOOL_HOME/logs).")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Launch even when the lint finds errors.")] = False,
+    emit: Annotated[Optional[str], typer.Option("--emit", metavar="k8s", help="Print Kubernetes manifests for the recipe instead of launching.")] = None,
+    replicas: Annotated[Optional[int], typer.Option("--replicas", metavar="N", help="--emit k8s: replicas (default 1; the fleet sizing's count).")] = None,
+    max_replicas: Annotated[Optional[int], typer.Option("--max-replicas", metavar="N", help="--emit k8s: the autoscaler's ceiling (default 2 x --replicas).")] = None,
+    autoscaler: Annotated[Optional[str], typer.Option("--autoscaler", metavar="none|hpa|keda", help="--emit k8s: an HPA (External metric vllm:num_requests_waiting) or a KEDA ScaledObject.")] = None,
+    node_selector: Annotated[Optional[List[str]], typer.Option("--node-selector", metavar="KEY=VALUE", help="--emit k8s: a node label the pods need (repeatable).")] = None,
+    toleration: Annotated[Optional[List[str]], typer.Option("--toleration", metavar="KEY[=VALUE][:EFFECT]", help="--emit k8s: a taint the pods tolerate besides nvidia.com/gpu's (repeatable).")] = None,
+    model_from: Annotated[Optional[str], typer.Option("--model-from", metavar="URI", help="--emit k8s: an init container fetches the model from s3://BUCKET/PREFIX or hf://ORG/NAME[@REV] (else a PVC).")] = None,
+    pvc: Annotated[Optional[str], typer.Option("--pvc", metavar="NAME", help="--emit k8s: the PVC holding the model (default <name>-models).")] = None,
+    prometheus_url: Annotated[Optional[str], typer.Option("--prometheus-url", metavar="URL", help="--emit k8s --autoscaler keda: the Prometheus KEDA queries.")] = None,
+    gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", metavar="N", help="--emit k8s: GPUs per node (default 8); more per replica: a multi-node LeaderWorkerSet.")] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Launch vLLM's OpenAI-compatible server from the recipe's serve section; Ctrl-C (or SIGTERM) stops it,
     --detach leaves it running."""
@@ -108,12 +105,12 @@ def serve_run(
 @serve_app.command("stop", cls=InfertoolCommand)
 @handle_errors
 def serve_stop(
-    recipe: Optional[str] = MANAGED_RECIPE,
-    port: Optional[int] = PORT_OPT,
-    pid_file: Optional[Path] = PID_FILE_OPT,
-    all_: bool = typer.Option(False, "--all", help="Stop every detached server."),
-    overrides: Optional[List[str]] = SET_OPT,
-    as_json: bool = JSON_OPT,
+    recipe: Annotated[Optional[str], MANAGED_RECIPE] = None,
+    port: Annotated[Optional[int], PORT_OPT] = None,
+    pid_file: Annotated[Optional[Path], PID_FILE_OPT] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Stop every detached server.")] = False,
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Stop a server started with --detach: the one on RECIPE's serve.port, on --port, or in --pid-file;
     without any of them, the only detached server (--all: every one)."""
@@ -123,12 +120,12 @@ def serve_stop(
 @serve_app.command("status", cls=InfertoolCommand)
 @handle_errors
 def serve_status(
-    recipe: Optional[str] = MANAGED_RECIPE,
-    port: Optional[int] = PORT_OPT,
-    pid_file: Optional[Path] = PID_FILE_OPT,
-    all_: bool = typer.Option(False, "--all", help="Every detached server (the default without RECIPE, --port or --pid-file)."),
-    overrides: Optional[List[str]] = SET_OPT,
-    as_json: bool = JSON_OPT,
+    recipe: Annotated[Optional[str], MANAGED_RECIPE] = None,
+    port: Annotated[Optional[int], PORT_OPT] = None,
+    pid_file: Annotated[Optional[Path], PID_FILE_OPT] = None,
+    all_: Annotated[bool, typer.Option("--all", help="Every detached server (the default without RECIPE, --port or --pid-file).")] = False,
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """The servers started with --detach: URL, state, pid, model, log."""
     _manage("status", recipe, overrides, port, pid_file, all_, as_json)

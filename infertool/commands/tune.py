@@ -4,7 +4,7 @@ the accuracy gate and the latency SLO, measured."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -27,15 +27,15 @@ def register(app: typer.Typer) -> None:
 
 
 def tune(
-    recipe: str = recipe_arg("Recipe file with a tune section, or the name of a built-in recipe."),
-    out: Optional[Path] = out_opt("Where the tune directory goes (default: tune.out_dir, else tune/); the same "
-                                  "directory again resumes."),
-    executor: Optional[str] = typer.Option(None, "--executor", metavar="local|ray", help="local (one trial after another) | ray (an existing Ray cluster). Default: tune.executor."),
-    exhaustive: bool = typer.Option(False, "--exhaustive", help="Brute force: no pruning, no early stopping, every load level of every trial (to check the staged search)."),
-    dry_run: bool = dry_run_opt("Show the trials, their roofline predictions and order, and what the plan prunes; run nothing."),
-    publish: Optional[str] = typer.Option(None, "--publish", metavar="DEST", help="Publish the winner's checkpoint here (default: quantize.output, else out/<recipe>-<method>)."),
-    overrides: Optional[List[str]] = SET_OPT,
-    as_json: bool = JSON_OPT,
+    recipe: Annotated[str, recipe_arg("Recipe file with a tune section, or the name of a built-in recipe.")],
+    out: Annotated[Optional[Path], out_opt("Where the tune directory goes (default: tune.out_dir, else tune/); the same "
+                                  "directory again resumes.")] = None,
+    executor: Annotated[Optional[str], typer.Option("--executor", metavar="local|ray", help="local (one trial after another) | ray (an existing Ray cluster). Default: tune.executor.")] = None,
+    exhaustive: Annotated[bool, typer.Option("--exhaustive", help="Brute force: no pruning, no early stopping, every load level of every trial (to check the staged search).")] = False,
+    dry_run: Annotated[bool, dry_run_opt("Show the trials, their roofline predictions and order, and what the plan prunes; run nothing.")] = False,
+    publish: Annotated[Optional[str], typer.Option("--publish", metavar="DEST", help="Publish the winner's checkpoint here (default: quantize.output, else out/<recipe>-<method>).")] = None,
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Find the configuration to ship: plan prunes, each candidate quantized once, accuracy screened in rounds
     (as served, early stopping), the largest load under the SLO searched per setting, the winner re-checked as

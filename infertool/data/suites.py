@@ -269,7 +269,7 @@ def _messages_problem(msgs) -> str | None:
 def _item_problems(task: Task, item: dict) -> list[str]:
     """What is wrong with one item of a multiple_choice or generate task (empty: nothing)."""
     if task.type == "multiple_choice":
-        need = ("id", "question", "choices", "answer")
+        need: tuple[str, ...] = ("id", "question", "choices", "answer")
     else:
         need = ("id", "messages" if "messages" in item else "prompt", "target")
     missing = [k for k in need if k not in item]

@@ -194,6 +194,7 @@ def choose(python: Path, env: dict[str, str], pip_args: list[str]) -> Installer:
 def install_cmd(inst: Installer, python: Path, *args: str, pip_args: list[str]) -> list[str]:
     """The command that runs `pip install ARGS` (-r FILE, -e PATH, --no-deps, pins) in the env of ``python``."""
     if inst.kind == "uv":
+        assert inst.uv is not None  # a uv installer has its binary
         # --compile-bytecode: pip writes .pyc files at install and uv does not by default; where Python runs with
         # PYTHONDONTWRITEBYTECODE=1 (as on these machines) an env without them recompiles torch, transformers
         # and vLLM at every start (a vLLM server measured 56 s ready instead of ~32 s).

@@ -19,7 +19,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Sequence
 
 from infertool.atomic import write_json
 from infertool.errors import (
@@ -265,7 +265,7 @@ def run_worker(
     log_path: Path,
     sink: EventCallback,
     timeout_s: float | None,
-    wrap: list[str] = (),
+    wrap: Sequence[str] = (),
 ) -> dict:
     """Run ``task`` as a worker process (its own process group, tied to this one), stream its events to
     ``sink``, keep its stderr in ``log_path``; its result, or ONE InfertoolError: the worker's own (message,

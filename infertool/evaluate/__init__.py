@@ -11,20 +11,26 @@ Importing this package imports nothing heavy (no torch, no transformers, no vLLM
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from infertool.evaluate.prepare import EvalOptions, EvalPlan, overrides
 from infertool.evaluate.result import EvalResult, EvalSummary, Gate
+
+if TYPE_CHECKING:
+    from infertool.capability import RunContext
+    from infertool.resolve import Resolution
 
 __all__ = ["EvalOptions", "EvalPlan", "EvalResult", "EvalSummary", "Gate", "overrides", "plan", "run"]
 
 
-def plan(res, options: EvalOptions | None = None) -> EvalPlan:
+def plan(res: Resolution, options: EvalOptions | None = None) -> EvalPlan:
     """The eval of the resolution ``res`` as ``options`` ask (infertool.evaluate.prepare.make_plan)."""
     from infertool.evaluate.prepare import make_plan
 
     return make_plan(res, options or EvalOptions())
 
 
-def run(plan: EvalPlan, ctx=None) -> EvalResult:
+def run(plan: EvalPlan, ctx: RunContext | None = None) -> EvalResult:
     """Run a plan (infertool.evaluate.core.run_plan); ``ctx``: an infertool.capability.RunContext."""
     from infertool.capability import RunContext
     from infertool.evaluate.core import run_plan

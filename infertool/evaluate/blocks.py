@@ -41,7 +41,7 @@ def lm_eval_rows(block: dict) -> list[list[str]]:
     """Per lm-eval task: base and candidate score, recovery [interval], documents lost / gained, the exact McNemar
     p; the last row pools every task. The header is LM_EVAL_HEADER."""
     rows = []
-    tasks = block.get("tasks") if isinstance(block.get("tasks"), dict) else {}
+    tasks = given if isinstance(given := block.get("tasks"), dict) else {}
     for name, t in tasks.items():
         if not isinstance(t, dict):
             continue

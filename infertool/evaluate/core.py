@@ -135,6 +135,11 @@ def pooled(tasks: dict, confidence: float, raw: dict) -> dict:
     return out
 
 
+def _estimate(value: float | None, ci: tuple[float | None, float | None], n: int) -> Estimate:
+    lo, hi = ci
+    return Estimate(value, lo, hi, n)
+
+
 def estimates(pool: dict, confidence: float) -> dict[str, Estimate]:
     """Each gate's estimate and interval from the pooled metrics (a gate the suite does not measure: absent)."""
     z = M.z_for(confidence)
@@ -143,18 +148,18 @@ def estimates(pool: dict, confidence: float) -> dict[str, Estimate]:
     if tok:
         k, n = tok["kld"], tok["tokens"]
         out["max_mean_kld"] = Estimate(k["mean"], k["mean"] - z * k["se"], k["mean"] + z * k["se"], n)
-        out["min_top1"] = Estimate(tok["top1_agree"], *tok["top1_agree_ci"], n)
-        out["max_ppl_ratio"] = Estimate(tok["ppl_ratio"], *tok["ppl_ratio_ci"], n)
+        out["min_top1"] = _estimate(tok["top1_agree"], tok["top1_agree_ci"], n)
+        out["max_ppl_ratio"] = _estimate(tok["ppl_ratio"], tok["ppl_ratio_ci"], n)
     if items:
         ci = items["net_change_ci"]
         out["max_acc_drop"] = Estimate(-items["net_change"], -ci[1], -ci[0], items["n"])
-        out["max_flip_rate"] = Estimate(items["flip_rate"], *items["flip_rate_ci"], items["n"])
+        out["max_flip_rate"] = _estimate(items["flip_rate"], items["flip_rate_ci"], items["n"])
     lm = pool.get("lm_eval")  # infertool.evaluate.phases: the lm-eval tasks' pooled recovery
     if lm and lm.get("n") and lm.get("recovery_ci"):
-        out["min_recovery"] = Estimate(lm.get("recovery"), *lm["recovery_ci"], lm["n"])
+        out["min_recovery"] = _estimate(lm.get("recovery"), lm["recovery_ci"], lm["n"])
     dec = pool.get("decode")  # the decode path as served: teacher-forced per-step KLD
     if dec and dec.get("steps") and dec.get("kld_ci"):
-        out["max_decode_kld"] = Estimate(dec.get("kld"), *dec["kld_ci"], dec["steps"])
+        out["max_decode_kld"] = _estimate(dec.get("kld"), dec["kld_ci"], dec["steps"])
     return out
 
 

@@ -37,6 +37,7 @@ import json
 import math
 import re
 from pathlib import Path
+from typing import Any
 
 from infertool import net
 from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
@@ -93,7 +94,9 @@ def _check_prompt(obj, n: int) -> tuple[dict | None, str | None]:
 
 def parse_prompts(text: str, where: str) -> list[dict]:
     """The prompt records of a JSONL text; EVERY bad line is listed with its number in one UsageError."""
-    out, bad, seen = [], [], set()
+    out: list[dict] = []
+    bad: list[str] = []
+    seen: set = set()
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -103,11 +106,11 @@ def parse_prompts(text: str, where: str) -> list[dict]:
             bad.append(f"line {n}: not valid JSON ({getattr(e, 'msg', 'too deep')})")
             continue
         rec, why = _check_prompt(obj, n)
-        if why is None and rec["id"] in seen:
+        if why is None and rec is not None and rec["id"] in seen:
             why = f"line {n}: duplicate id {net.quote(rec['id'], n=40)!r}"
         if why:
             bad.append(why)
-        else:
+        elif rec is not None:
             seen.add(rec["id"])
             out.append(rec)
     if bad:
@@ -263,7 +266,7 @@ class DecodePhase:
     """The decode path of one as-served comparison (spec: recipe.DecodeSpec)."""
 
     name = "decode"
-    gates = ("max_decode_kld",)
+    gates: tuple[str, ...] = ("max_decode_kld",)
 
     def __init__(self, spec, prompts: list[dict] | None = None):
         self.spec = spec
@@ -367,7 +370,7 @@ def teacher_force(client, own: dict, ref_tokens: list[int], k: int) -> dict:
 
 
 def _argmax(top: dict) -> str | None:
-    return max(top, key=top.get) if top else None
+    return max(top, key=lambda k: top[k]) if top else None
 
 
 def top2_gap(top: dict) -> float | None:
@@ -418,7 +421,7 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
     prompt id over the candidate's prompts (ids only the reference has are ignored)."""
     z = M.z_for(confidence)
     skipped = raw_ref.get("skipped") or raw_cand.get("skipped")
-    block = {"n_prompts": 0, "exact_match": None, "exact_match_ci": None, "first_divergence_median": None,
+    block: dict[str, Any] = {"n_prompts": 0, "exact_match": None, "exact_match_ci": None, "first_divergence_median": None,
              "first_divergence_ci": None, "kld": None, "kld_ci": None, "top1": None, "top1_ci": None, "steps": 0,
              "prefill_steps": 0, "near_ties": 0, "divergences": 0, "near_tie_logprob": near_tie_logprob,
              "chat": raw_ref.get("chat"), "max_tokens": raw_ref.get("max_tokens"),
@@ -482,10 +485,10 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
         block["exact_match"], block["exact_match_ci"] = em / n, list(M.wilson(em, n, confidence))
         med, lo, hi = median_ci(positions, z)
         block["first_divergence_median"], block["first_divergence_ci"] = med, [lo, hi]
-    kl, kl_lo, kl_hi = cluster_mean(kl_s, cnt, z)
+    kl_mean, kl_lo, kl_hi = cluster_mean(kl_s, cnt, z)
     t1, t1_lo, t1_hi = cluster_mean(t1_s, cnt, z)
-    if kl is not None:
-        block["kld"], block["kld_ci"] = kl, [max(0.0, kl_lo), kl_hi]
+    if kl_mean is not None and kl_lo is not None and t1_lo is not None and t1_hi is not None:  # all or none
+        block["kld"], block["kld_ci"] = kl_mean, [max(0.0, kl_lo), kl_hi]
         block["top1"], block["top1_ci"] = t1, [max(0.0, t1_lo), min(1.0, t1_hi)]
         block["steps"] = sum(cnt)
         block["covered_mass"] = math.fsum(cov) / len(cov) if cov else None

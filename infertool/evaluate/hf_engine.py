@@ -120,8 +120,8 @@ def _multiple_choice(task: dict, tok, mb, mc, batch: int, events, timing: dict) 
         for k, cont in enumerate(it["continuations"]):
             ctx_ids, cont_ids = _encode_pair(tok, it["context"], cont)
             reqs.append((i, k, ctx_ids + cont_ids, len(cont_ids)))
-    lls = {"b": {}, "c": {}}
-    greedy = {"b": {}, "c": {}}
+    lls: dict[str, dict] = {"b": {}, "c": {}}
+    greedy: dict[str, dict] = {"b": {}, "c": {}}
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     order = sorted(range(len(reqs)), key=lambda r: -len(reqs[r][2]))  # similar lengths together
     done = 0

@@ -41,7 +41,7 @@ class LmEvalPhase:
     """The lm-eval phase: ``spec`` is the recipe's eval.lm_eval (infertool.recipe.LmEvalSpec)."""
 
     name = "lm_eval"
-    gates = ("min_recovery",)
+    gates: tuple[str, ...] = ("min_recovery",)
 
     def __init__(self, spec):
         self.spec = spec

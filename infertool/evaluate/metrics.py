@@ -209,7 +209,7 @@ def ln_ppl_ratio(lp_base: Sequence[float], lp_cand: Sequence[float]) -> tuple[fl
 # --------------------------------------------------------------------------------------------
 
 
-def wilson(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+def wilson(k: float, n: int, confidence: float = 0.95) -> tuple[float, float]:
     """Wilson score interval for k successes out of n."""
     if n <= 0:
         return 0.0, 1.0
@@ -229,7 +229,7 @@ def wilson_n_needed(p: float, threshold: float, *, upper: bool, confidence: floa
         return None
 
     def clears(n: int) -> bool:
-        lo, hi = wilson(p * n, n, confidence)  # type: ignore[arg-type]  (a fractional k is fine here)
+        lo, hi = wilson(p * n, n, confidence)  # a fractional k is fine here
         return hi <= threshold if upper else lo >= threshold
 
     hi_n = 1

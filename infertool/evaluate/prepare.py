@@ -19,10 +19,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infertool.errors import UsageError
 from infertool.evaluate.result import HeldOut
+
+if TYPE_CHECKING:
+    from infertool.recipe import EvalSection, Recipe
+    from infertool.resolve import ModelRef, Overrides, Resolution
 
 TOPK = 20  # the server engines' top-K prompt log-probabilities (the KLD is computed from them)
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (ModelConfig.max_logprobs, vllm 0.32)
@@ -74,8 +78,8 @@ class EvalPlan:
     candidate: str
     labels: dict[str, str | None] = field(default_factory=dict)  # how a person names base and candidate
     base_source: str | None = None  # what the user wrote for the base (e.g. bundled:smollm2-135m)
-    base_ref: Any = None  # infertool.resolve.ModelRef (hf, vllm)
-    candidate_ref: Any = None
+    base_ref: ModelRef | None = None  # (hf, vllm)
+    candidate_ref: ModelRef | None = None
     url: str | None = None
     candidate_url: str | None = None
     seq_len: int = 512
@@ -90,9 +94,9 @@ class EvalPlan:
     allow_inconclusive: bool = False
     dry_run: bool = False
     notes: list[str] = field(default_factory=list)  # the resolution's (a model not made yet, a fallback)
-    resolution: Any = field(default=None, repr=False)
+    resolution: Resolution | None = field(default=None, repr=False)
     api_key: str | None = field(default=None, repr=False)
-    eval_section: Any = field(default=None, repr=False)  # recipe.EvalSection: lm_eval, decode (the as-served phases)
+    eval_section: EvalSection | None = field(default=None, repr=False)  # lm_eval, decode (the as-served phases)
 
     def model(self, role: str) -> dict:
         return {"model": self.base if role == "base" else self.candidate, "label": self.labels.get(role)}
@@ -120,13 +124,13 @@ class EvalPlan:
 
 
 # ------------------------------------------------------------------------------------------- the plan
-def make_plan(res, options: EvalOptions) -> EvalPlan:
+def make_plan(res: Resolution, options: EvalOptions) -> EvalPlan:
     """The eval of ``res`` (infertool.resolve.Resolution) as ``options`` ask: see the module docstring."""
     from infertool.data.suites import load_suite
 
     ev = eval_section(res.recipe, options)
     load_suite(ev.suite)  # an unknown suite fails here, a dry run too ("did you mean ...")
-    common = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,
+    common: dict[str, Any] = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,  # Any: JSON values (hashed / written / validated)
                   accept=ev.accept.model_dump(), out_dir=options.out_dir, dry_run=options.dry_run,
                   allow_inconclusive=options.allow_inconclusive or ev.accept.allow_inconclusive, eval_section=ev)
     if ev.engine == "openai":
@@ -136,7 +140,7 @@ def make_plan(res, options: EvalOptions) -> EvalPlan:
                         url=ev.url, candidate_url=options.candidate_url, api_key=key, notes=list(res.notes),
                         resolution=res, **common)
     res = eval_resolution(res, ev, options)
-    base, cand = compared_models(res, dry_run=options.dry_run)
+    base_ref, cand_ref = compared_models(res, dry_run=options.dry_run)
     launches = vllm_launches(res, ev.seq_len, dry_run=options.dry_run) if ev.engine == "vllm" else None
     given = options.base or options.candidate or ev.base or ev.candidate
     held = None if (given or options.dry_run) else held_out_check(res, ev.suite)
@@ -145,9 +149,9 @@ def make_plan(res, options: EvalOptions) -> EvalPlan:
         from infertool.trust import announce_remote_code
 
         announce_remote_code(res.recipe.model.source, trust)
-    return EvalPlan(ev.engine, base=base.path or base.source, candidate=cand.path,
-                    labels={"base": base.label, "candidate": cand.label}, base_source=base.source, base_ref=base,
-                    candidate_ref=cand, launches=launches, held_out=HeldOut.from_dict(held) if held else None,
+    return EvalPlan(ev.engine, base=base_ref.path or base_ref.source, candidate=cand_ref.dir,
+                    labels={"base": base_ref.label, "candidate": cand_ref.label}, base_source=base_ref.source,
+                    base_ref=base_ref, candidate_ref=cand_ref, launches=launches, held_out=HeldOut.from_dict(held) if held else None,
                     trust_remote_code=trust, notes=list(res.notes), resolution=res, **common)
 
 
@@ -159,7 +163,7 @@ def served_names(base: str | None, candidate: str | None) -> tuple[str, str]:
     return base, candidate
 
 
-def eval_section(recipe, options: EvalOptions):
+def eval_section(recipe: Recipe, options: EvalOptions) -> EvalSection:
     """The recipe's eval section with the options' suite, engine, url, max_items and preset on top, checked
     by the recipe's own rules (an openai engine needs a url, a known preset, ...)."""
     from pydantic import ValidationError
@@ -167,7 +171,7 @@ def eval_section(recipe, options: EvalOptions):
     from infertool.recipe import EvalSection
 
     ev = recipe.eval or EvalSection()
-    changes: dict[str, Any] = {k: v for k, v in (("suite", options.suite), ("engine", options.engine),
+    changes: dict[str, Any] = {k: v for k, v in (("suite", options.suite), ("engine", options.engine),  # Any: JSON values (hashed / written / validated)
                                                  ("url", options.url), ("max_items", options.max_items)) if v is not None}
     if options.preset is not None:
         changes["accept"] = {**ev.accept.model_dump(), "preset": options.preset}
@@ -185,11 +189,11 @@ def eval_section(recipe, options: EvalOptions):
                          + "`infertool eval run --help` lists the options and their values") from None
 
 
-def engine_of(recipe, options: EvalOptions) -> str:
+def engine_of(recipe: Recipe, options: EvalOptions) -> str:
     return options.engine or (recipe.eval.engine if recipe.eval is not None else "hf")
 
 
-def overrides(recipe, options: EvalOptions):
+def overrides(recipe: Recipe, options: EvalOptions) -> Overrides:
     """The models an eval names besides the recipe's (``options`` first, then eval.base / eval.candidate), as
     inputs of ``resolve()``; none for the openai engine, whose models are names on a server."""
     from infertool.resolve import Overrides
@@ -201,7 +205,7 @@ def overrides(recipe, options: EvalOptions):
                      candidate=options.candidate or (ev.candidate if ev else None))
 
 
-def eval_resolution(res, ev, options: EvalOptions):
+def eval_resolution(res: Resolution, ev: EvalSection, options: EvalOptions) -> Resolution:
     """``res`` when it resolved the models the eval names (``overrides``), else the recipe resolved again with
     them (a candidate the caller resolved, such as `run`'s quantize entry, is kept when none is named)."""
     from infertool.resolve import Overrides, resolve
@@ -215,7 +219,7 @@ def eval_resolution(res, ev, options: EvalOptions):
     return resolve(res.recipe, Overrides(base=base, candidate=cand), candidate_path=keep_path)
 
 
-def compared_models(res, *, dry_run: bool = False):
+def compared_models(res: Resolution, *, dry_run: bool = False) -> tuple[ModelRef, ModelRef]:
     """(base, candidate): the resolution's models, checked: a candidate exists (unless a dry run) and is one
     vLLM can serve; a base infertool converts (bundled, GGUF: the recipe's or a named one) is converted when the
     plan is to run."""
@@ -231,13 +235,13 @@ def compared_models(res, *, dry_run: bool = False):
                          hint="quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit) instead")
     if dry_run:
         return res.base, cand
-    if not (Path(cand.path) / "config.json").is_file():
+    if not (Path(cand.dir) / "config.json").is_file():
         raise UsageError(f"candidate model not found: {cand.path} is not a model directory (no config.json)",
                          hint="run `infertool quantize RECIPE` first, or pass --candidate DIR")
     return res.ensure(res.base), cand
 
 
-def vllm_launches(res, seq_len: int, *, dry_run: bool = False, topk: int = TOPK) -> dict:
+def vllm_launches(res: Resolution, seq_len: int, *, dry_run: bool = False, topk: int = TOPK) -> dict:
     """The two launches the vllm engine makes: the recipe's effective serve settings for each model (what
     you serve is what you test), plus --max-logprobs for the prompt log-probabilities when ``topk`` is more
     than vLLM's default (then `run`'s serve check and bench, which serve without it, share these servers)."""
@@ -252,7 +256,7 @@ def vllm_launches(res, seq_len: int, *, dry_run: bool = False, topk: int = TOPK)
             for role, model in (("candidate", res.candidate), ("base", res.base))}
 
 
-def held_out_check(res, suite_name: str) -> dict | None:
+def held_out_check(res: Resolution, suite_name: str) -> dict | None:
     """Does the candidate's calibration text overlap the suite? From the candidate's quantize manifest (what it
     was really calibrated on), else from the recipe's calibration section."""
     from infertool.data.calibration import read_texts
@@ -261,11 +265,11 @@ def held_out_check(res, suite_name: str) -> dict | None:
     from infertool.resolve import candidate_manifest
 
     q = res.recipe.quantize
-    if res.candidate is None or res.candidate.load_quantization or getattr(q, "calibration", None) is None:
+    if res.candidate is None or res.candidate.load_quantization or (calib := getattr(q, "calibration", None)) is None:
         return None  # quantized when loaded, or without calibration data: no text to hold out
     cal = ((candidate_manifest(res.candidate) or {}).get("calibration") or {})
-    source = cal.get("source") or q.calibration.source
-    field = q.calibration.text_field
+    source = cal.get("source") or calib.source
+    field = calib.text_field
     try:
         docs, kind, _ = read_texts(source, field)
     except UsageError:
@@ -275,7 +279,7 @@ def held_out_check(res, suite_name: str) -> dict | None:
             "corpus_part": cal.get("corpus_part")}
 
 
-def api_key(recipe, url: str | None, options: EvalOptions) -> str | None:
+def api_key(recipe: Recipe, url: str | None, options: EvalOptions) -> str | None:
     """serve.api_key_env's key for the openai engine's server(s): sent only when every one of them is a URL
     the user gave (``options.key_urls``) or INFERTOOL_KEY_URLS allows; a key withheld is said once."""
     if recipe.serve is None or not recipe.serve.api_key_env:

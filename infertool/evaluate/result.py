@@ -67,7 +67,7 @@ class TaskResult(_Sparse):
     type: str = ""
 
     @classmethod
-    def from_dict(cls, data: Any):
+    def from_dict(cls, data: Any) -> TaskResult:  # Any: JSON read back (see Record.from_dict)
         if cls is TaskResult and isinstance(data, dict):
             kind = _TASK_TYPES.get(data.get("type"))
             if kind is not None:
@@ -144,7 +144,7 @@ class GenerateResult(TaskResult):
     output_agreement_ci: list[float | None] = field(default_factory=list)
 
 
-_TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "multiple_choice": ChoiceResult,
+_TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "multiple_choice": ChoiceResult,  # Any: a JSON key: the type field read back
                                             "generate": GenerateResult}
 
 

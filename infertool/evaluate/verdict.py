@@ -115,6 +115,7 @@ def judge(name: str, threshold: float, est: Estimate | None, *, confidence: floa
         why = f"the measured {rule.metric} is {value}" + (f" (interval {lo}..{hi})" if not beyond else "")
         gate.status, gate.note = "FAIL" if beyond else "INCONCLUSIVE", "; ".join(x for x in (note, why) if x)
         return gate
+    assert value is not None and lo is not None and hi is not None  # finite numbers, checked above
     if rule.upper:
         gate.status = "PASS" if hi <= threshold else "FAIL" if lo > threshold else "INCONCLUSIVE"
     else:

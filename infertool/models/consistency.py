@@ -59,7 +59,7 @@ def expected_shapes(cfg: dict) -> dict[str, list[tuple[int, ...]]]:
             out["embed_tokens.weight"] = [(vocab, h)]
             out["lm_head.weight"] = [(vocab, h)]
     if h and heads and hd and not any(k in cfg for k in _MLA_KEYS):
-        q, k = heads * hd, kv * hd
+        q, k = heads * hd, (kv or heads) * hd
         out["self_attn.q_proj.weight"] = [(q, h), (2 * q, h)]
         out["self_attn.k_proj.weight"] = [(k, h)]
         out["self_attn.v_proj.weight"] = [(k, h)]

@@ -39,6 +39,7 @@ def truncate_layers(model, n_layers: int) -> int:
     total = len(layers)
     if n_layers < 1 or n_layers > total:
         raise UsageError(f"--layers {n_layers} is out of range: the model has {total} decoder layers")
+    assert inner is not None  # it has the layers
     inner.layers = layers[:n_layers]
     cfg = model.config
     cfg.num_hidden_layers = n_layers

@@ -15,7 +15,7 @@ import stat
 import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 from infertool.errors import UsageError
 
@@ -75,7 +75,7 @@ def read_regular_file(path: Path, limit: int) -> bytes:
 
 
 def _why(exc: OSError) -> str:
-    return str(exc.strerror or exc) if not isinstance(exc, FileRefused) else exc.strerror
+    return str(exc.strerror or exc) if not isinstance(exc, FileRefused) else exc.strerror or str(exc)
 
 
 def read_json_file(path: Path, where: Path, *, what: str | None = None, limit: int = MAX_CONFIG_BYTES) -> Any:
@@ -222,7 +222,7 @@ class ModelInfo:
 
     @property
     def kv_bytes_per_token_bf16(self) -> int | None:
-        if None in (self.num_layers, self.num_key_value_heads, self.head_dim):
+        if self.num_layers is None or self.num_key_value_heads is None or self.head_dim is None:
             return None
         from infertool.perf.roofline import kv_bytes_per_token
 
@@ -365,9 +365,9 @@ def _check_shapes(where: Path, stats: TensorStats, cfg: dict, hidden: int | None
         if hidden and cols != hidden and (attn is None or not mla):
             problem = f"has {cols:,} columns, but config.json says hidden_size {hidden:,}"
         elif want_rows and rows not in want_rows:
-            what = "num_attention_heads" if attn.group(1) == "q" else "num_key_value_heads"
+            what = "num_attention_heads" if attn is not None and attn.group(1) == "q" else "num_key_value_heads"
             problem = (f"has {rows:,} rows, but config.json says {what} x head_dim = {want_rows[0]:,}"
-                       f" ({want_rows[0] // head_dim} x {head_dim:,})")
+                       f" ({want_rows[0] // (head_dim or 1)} x {head_dim:,})")  # want_rows: head_dim is set
         if problem:
             raise ModelError(where, f"{file}: tensor {_short(name)} {problem}: config.json does not describe these "
                              "weights", hint="fix config.json (or use the model directory it came with)")
@@ -472,7 +472,7 @@ def model_info(path: str | Path) -> ModelInfo:
     if quant is not None and not isinstance(quant, dict):
         raise ModelError(p, f"config.json: quantization_config must be an object, got {_short(quant)}")
     floating = {k: v for k, v in stats.by_dtype.items() if k in SAFETENSORS_DTYPE_NAMES}
-    stored = SAFETENSORS_DTYPE_NAMES[max(floating, key=floating.get)] if floating else None
+    stored = SAFETENSORS_DTYPE_NAMES[max(floating, key=lambda k: floating[k])] if floating else None
     tie = full.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
     if tie is not None and not isinstance(tie, bool):
         raise ModelError(p, f"config.json: tie_word_embeddings must be true or false, got {_short(tie)}")
@@ -531,7 +531,8 @@ def position_limit(path: str | Path) -> PositionLimit:
         full, cfg = load_config(path)
     except ModelError:
         return PositionLimit(None, None, "config.json unreadable")
-    limit, key = None, None
+    limit: int | None = None
+    key: str | None = None
     for k in _MAX_LEN_KEYS:
         v = cfg.get(k)
         if _finite(v) and v >= 1 and (limit is None or v < limit):
@@ -561,7 +562,7 @@ def position_limit(path: str | Path) -> PositionLimit:
     return PositionLimit(limit, key, why, int(mml) if mml else None)
 
 
-def _finite(value: Any) -> bool:
+def _finite(value: Any) -> TypeGuard[int | float]:  # Any: a value read from JSON
     """A JSON number that arithmetic can use (json.loads reads Infinity and NaN)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 

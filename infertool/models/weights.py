@@ -80,7 +80,7 @@ def decode_weight_bytes(arch: Arch, w: WeightFacts, batch: int) -> float:
     if not arch.tie_word_embeddings:
         read -= w.embedding_bytes
         read += batch * arch.hidden * 2
-    if arch.is_moe and w.expert_bytes:
+    if arch.is_moe and w.expert_bytes and arch.num_experts and arch.experts_per_tok:  # is_moe: both set
         frac = roofline.expected_experts_touched(arch.num_experts, arch.experts_per_tok, batch) / arch.num_experts
         read -= w.expert_bytes * (1 - frac)
     return read

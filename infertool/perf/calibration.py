@@ -76,7 +76,7 @@ class Calibration:
                                                                                        and _time_ok(fixed, zero=True)):
             return None
         return cls(data["key"], sorted(pts, key=lambda p: p.batch), per_tok, fixed, int(data.get("context") or 0),
-                   data.get("facts") if isinstance(data.get("facts"), dict) else {}, data.get("measured_at"),
+                   facts if isinstance(facts := data.get("facts"), dict) else {}, data.get("measured_at"),
                    str(data.get("how") or ""))
 
     @property

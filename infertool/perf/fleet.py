@@ -176,7 +176,7 @@ def run_fleet(recipe: dict | None, target: dict | None, levels: Any) -> dict:
     target (manifest "target": GPUs per replica, the GPU) and bench's levels (the measured max load)."""
     section = (recipe or {}).get("target") if isinstance(recipe, dict) else None
     t = target if isinstance(target, dict) else {}
-    count = t.get("count") if isinstance(t.get("count"), int) and not isinstance(t.get("count"), bool) else 1
+    count = n if isinstance(n := t.get("count"), int) and not isinstance(n, bool) else 1
     load, basis = max_load_from_levels(levels)
     gpu, unit = t.get("device") or t.get("gpu"), "GPU"
     if t.get("kind") == "cpu":  # a CPU replica is one machine: bench.cost_per_hour prices it

@@ -80,12 +80,12 @@ class Arch:
         """All experts of one layer (gated MLPs: gate, up, down)."""
         if not self.is_moe:
             return 0
-        return self.num_experts * 3 * self.hidden * (self.moe_intermediate or self.intermediate)
+        return (self.num_experts or 0) * 3 * self.hidden * (self.moe_intermediate or self.intermediate)
 
     @property
     def dense_mlp_params_per_layer(self) -> int:
         if self.is_moe:
-            return self.hidden * self.num_experts  # the router
+            return self.hidden * (self.num_experts or 0)  # the router (is_moe: it is set)
         return 3 * self.hidden * self.intermediate
 
     @property
@@ -107,7 +107,7 @@ class Arch:
         """N for FLOPs: experts count only experts_per_tok of num_experts."""
         active_experts = 0
         if self.is_moe:
-            active_experts = self.expert_params_per_layer * self.experts_per_tok // self.num_experts
+            active_experts = self.expert_params_per_layer * (self.experts_per_tok or 0) // (self.num_experts or 1)
         per_layer = self.attn_params_per_layer + self.dense_mlp_params_per_layer + active_experts
         return self.layers * per_layer + self.lm_head_params
 

@@ -14,9 +14,12 @@ import asyncio
 import json
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from infertool.perf.calibration import Calibration, StepPoint, calibration_key, from_timings
+
+if TYPE_CHECKING:
+    from infertool.resolve import Resolution
 
 MAX_FILE_BYTES = 1 << 20  # a calibration file is a few KB: a larger one is not ours
 # what of the serve settings changes the cost of a step (max_num_seqs, max_model_len, the KV space, prefix caching
@@ -33,7 +36,7 @@ def cache_dir() -> Path:
     return home() / "calibration"
 
 
-def key_facts(res, model=None) -> dict:
+def key_facts(res: Resolution, model=None) -> dict:
     """What a calibration of ``model`` (default: the served one) served with the resolution's settings on this host
     is made of: {host (with the serving engine's versions), model, serve} (``calibration_key`` digests it)."""
     from infertool.perf.host import cpu_model_name, usable_cores
@@ -70,7 +73,7 @@ def engine_versions() -> dict | None:
     return got or None
 
 
-def key_of(res, model=None) -> tuple[str, dict]:
+def key_of(res: Resolution, model=None) -> tuple[str, dict]:
     facts = key_facts(res, model)
     return calibration_key(facts["host"], facts["model"], facts["serve"]), facts
 
@@ -87,7 +90,7 @@ def load(key: str, directory: Path | None = None) -> Calibration | None:
     return cal if cal is not None and cal.key == key else None
 
 
-def for_resolution(res, model=None) -> Calibration | None:
+def for_resolution(res: Resolution, model=None) -> Calibration | None:
     """The cached calibration of what ``res`` serves (``model``: another of its models), if any."""
     try:
         key, _ = key_of(res, model)
@@ -109,7 +112,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def from_profile(res, model, measured: dict) -> Calibration | None:
+def from_profile(res: Resolution, model, measured: dict) -> Calibration | None:
     """A calibration from `infertool profile --engine vllm`'s timings (decode and prefill rows), cached; None when
     the rows cannot make one (no decode row, no prefill row)."""
     from infertool.errors import UsageError
@@ -124,7 +127,7 @@ def from_profile(res, model, measured: dict) -> Calibration | None:
     return cal
 
 
-def ensure_on_server(res, url: str, served_name: str, *, batch: int, context: int, prompt_len: int,
+def ensure_on_server(res: Resolution, url: str, served_name: str, *, batch: int, context: int, prompt_len: int,
                      headers: dict | None = None, on_event: Callable | None = None) -> Calibration:
     """The calibration of what ``res`` serves, measured on its running server (``url``) when none is cached or the
     cached one has no point at ``batch``: decode at batch 1 and ``batch`` (at ``context`` tokens), prefill at two prompt

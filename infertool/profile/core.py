@@ -10,7 +10,7 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from infertool.atomic import atomic_path, write_json
 from infertool.capability import RunContext
@@ -19,6 +19,13 @@ from infertool.perf import roofline
 from infertool.profile import analysis
 from infertool.profile.grid import Grid
 from infertool.records import Record, as_str
+
+if TYPE_CHECKING:
+    from infertool.perf.roofline import Arch
+    from infertool.models.weights import WeightFacts
+    from infertool.models.info import ModelInfo
+    from infertool.capability import EventCallback
+    from infertool.resolve import ModelRef, Resolution
 
 
 @dataclass
@@ -96,8 +103,8 @@ class ProfileOptions:
 
 @dataclass
 class ProfilePlan:
-    res: Any  # infertool.resolve.Resolution
-    model: Any  # the ModelRef profiled: the resolution's base (--model is ``Overrides(base=...)``)
+    res: Resolution
+    model: ModelRef  # the model profiled: the resolution's base (--model is ``Overrides(base=...)``)
     engine: str
     grid: Grid
     nsys_bin: str | None = None
@@ -149,7 +156,7 @@ def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None,
     return result
 
 
-def plan(res, options: ProfileOptions | None = None) -> ProfilePlan:
+def plan(res: Resolution, options: ProfileOptions | None = None) -> ProfilePlan:
     """What the profile times, on which engine, of which model (the resolution's base); raises UsageError for
     an unknown engine and for --nsys where it cannot run (no NVIDIA GPU, no nsys)."""
     options = options or ProfileOptions()
@@ -204,18 +211,18 @@ def run(plan: ProfilePlan, ctx: RunContext | None = None) -> ProfileResult:
 @dataclass
 class _Facts:
     path: Path
-    info: Any  # infertool.models.info.ModelInfo
-    arch: Any  # infertool.perf.roofline.Arch
-    weights: Any  # infertool.models.weights.WeightFacts
+    info: ModelInfo
+    arch: Arch
+    weights: WeightFacts
 
 
-def _model_facts(model) -> _Facts:
+def _model_facts(model: ModelRef) -> _Facts:
     """The profiled model's architecture and weight bytes; a quantized one is refused (the hf engine times
     unquantized models; the verdict of the original says whether weight-only quantization will help)."""
     from infertool.models.info import model_info
     from infertool.models.weights import arch_from_info, measured_weights
 
-    path = Path(model.path)
+    path = Path(model.dir)
     info = model_info(path)
     if info.quantization:
         raise UsageError(
@@ -231,13 +238,13 @@ class _Precision:
     weights, KV bytes and peaks that follow from it."""
 
     dtype: str
-    weights: Any  # WeightFacts, scaled to ``dtype``
+    weights: WeightFacts  # scaled to ``dtype``
     kv_tok: float
     peaks: dict
     notes: list[str]
 
 
-def _precision(plan: ProfilePlan, model, facts: _Facts, peaks_raw: dict) -> _Precision:
+def _precision(plan: ProfilePlan, model: ModelRef, facts: _Facts, peaks_raw: dict) -> _Precision:
     from infertool.models.weights import WeightFacts
     from infertool.perf.roofline import kv_dtype_bytes
 
@@ -274,10 +281,11 @@ def _precision(plan: ProfilePlan, model, facts: _Facts, peaks_raw: dict) -> _Pre
     return _Precision(dtype, weights, kv_tok, peaks, notes)
 
 
-def _measure(plan: ProfilePlan, model, dtype: str, ctx: RunContext) -> tuple[dict, dict | None]:
+def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) -> tuple[dict, dict | None]:
     """The timings on the plan's engine (under nsys when planned), and nsys's summary of them."""
     grid, engine, out_dir = plan.grid, plan.engine, ctx.out_dir
-    prefix = None
+    prefix: str | None = None  # nsys's output prefix when the plan profiles under nsys
+    nsys_bin = plan.nsys_bin or ""
     if plan.nsys_bin is not None:
         nsys_dir = Path(out_dir) / "nsys" if out_dir else _log_dir("profile-nsys")
         nsys_dir.mkdir(parents=True, exist_ok=True)
@@ -293,7 +301,7 @@ def _measure(plan: ProfilePlan, model, dtype: str, ctx: RunContext) -> tuple[dic
             from infertool.profile.nsys import profile_command
 
             measured = _run_hf({**spec, "cuda_profiler": True}, ctx.on_event,
-                               wrap=profile_command(plan.nsys_bin, prefix, []))
+                               wrap=profile_command(nsys_bin, prefix, []))
         else:
             measured = _run_hf(spec, ctx.on_event)
     else:  # the vllm engine's launch passes trust_remote_code itself (infertool.serve.prepare)
@@ -301,12 +309,12 @@ def _measure(plan: ProfilePlan, model, dtype: str, ctx: RunContext) -> tuple[dic
 
         measured = vllm_timings(plan.res, model, grid, on_event=ctx.on_event,
                                 log_dir=Path(out_dir) if out_dir else None,
-                                nsys=(plan.nsys_bin, prefix) if prefix else None, pool=ctx.servers)
-    nsys_summary = _nsys_summary(plan.nsys_bin, prefix, measured, ctx.on_event) if prefix else None
+                                nsys=(nsys_bin, prefix) if prefix else None, pool=ctx.servers)
+    nsys_summary = _nsys_summary(nsys_bin, prefix, measured, ctx.on_event) if prefix else None
     return measured, nsys_summary
 
 
-def _result(plan: ProfilePlan, model, facts: _Facts, prec: _Precision, peaks_raw: dict, measured: dict,
+def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision, peaks_raw: dict, measured: dict,
             nsys_summary: dict | None) -> ProfileResult:
     """The timings against the roofline: a point per shape, the analytic costs, verdicts and advice."""
     from infertool.models.weights import decode_weight_bytes
@@ -341,7 +349,7 @@ def _result(plan: ProfilePlan, model, facts: _Facts, prec: _Precision, peaks_raw
     )
 
 
-def _run_hf(spec: dict, on_event, wrap: list[str] | None = None) -> dict:
+def _run_hf(spec: dict, on_event: EventCallback | None, wrap: list[str] | None = None) -> dict:
     from infertool.envs.runner import run_task
 
     return run_task("profile.hf", spec, on_event=on_event, wrap=wrap).result
@@ -355,7 +363,7 @@ def _log_dir(what: str) -> Path:
     return logs_root() / f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{what}-{os.getpid()}"
 
 
-def _nsys_summary(nsys_bin: str, prefix: str, measured: dict, on_event) -> dict:
+def _nsys_summary(nsys_bin: str, prefix: str, measured: dict, on_event: EventCallback | None) -> dict:
     """`nsys stats` on the report the measured run wrote: kernel classes, kernel-busy fraction per phase."""
     from infertool.errors import BackendError
     from infertool.profile.nsys import collect
@@ -394,7 +402,7 @@ def _nsys_advice(summary: dict) -> list[str]:
     return out
 
 
-def _cost_row(c: roofline.PhaseCost, **k) -> dict:
+def _cost_row(c: roofline.PhaseCost, **k: object) -> dict:
     return {**k, "flops": c.flops, "bytes": c.bytes, "weight_bytes": c.weight_bytes, "kv_read_bytes": c.kv_read_bytes,
             "kv_write_bytes": c.kv_write_bytes, "activation_bytes": c.activation_bytes, "intensity": c.intensity}
 

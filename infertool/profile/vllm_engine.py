@@ -21,11 +21,14 @@ import statistics
 import time
 from contextlib import ExitStack
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from infertool import net
 from infertool.errors import RuntimeFailure
 from infertool.profile.grid import Grid
+
+if TYPE_CHECKING:
+    from infertool.resolve import Resolution
 
 REQUEST_DEADLINE_S = 600.0  # one timed completion: connecting and its whole answer
 PROFILER_DEADLINE_S = 300.0  # /start_profile, /stop_profile (the profiler may flush its buffers)
@@ -63,7 +66,7 @@ async def _batch(client, url: str, model: str, headers: dict, prompts: list[list
     return wall
 
 
-def vllm_timings(res, model_ref, grid: Grid, *, on_event: Callable | None = None, log_dir: Path | None = None,
+def vllm_timings(res: Resolution, model_ref, grid: Grid, *, on_event: Callable | None = None, log_dir: Path | None = None,
                  nsys: tuple[str, str] | None = None, pool=None) -> dict:
     """Prefill and decode times at the ``grid``'s shapes from a vLLM server started for the purpose (the one
     launcher, which picks its port; ``pool``: `run`'s shared servers). ``nsys`` = (nsys binary, report prefix):
@@ -179,7 +182,7 @@ async def _itl_step(client, url: str, model: str, headers: dict, prompts: list[l
     return _mean_gap(first, last) or _mean_gap(start, await _counters(client, root, headers))
 
 
-def _launch_plan(res, model_ref, grid: Grid, nsys: tuple[str, str] | None):
+def _launch_plan(res: Resolution, model_ref, grid: Grid, nsys: tuple[str, str] | None):
     """The recipe's serve settings, with what exact-shape timing needs: no prefix-cache hits, room for the grid
     (and, under nsys, the server wrapped by `nsys profile` with vLLM's CUDA profiler on)."""
     from infertool.serve import prepare

@@ -18,12 +18,14 @@ from typing import TYPE_CHECKING
 from infertool.resolve import QUANTIZE_MANIFEST as MANIFEST_NAME
 
 if TYPE_CHECKING:
+    from infertool.capability import EventCallback, RunContext
+    from infertool.resolve import Resolution
     from infertool.quantize.core import QuantizeOptions, QuantizePlan, QuantizeResult
 
 __all__ = ["MANIFEST_NAME", "QuantizeOptions", "QuantizePlan", "QuantizeResult", "plan", "run"]
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> type:  # the lazily imported record and option classes
     if name in ("QuantizeOptions", "QuantizePlan", "QuantizeResult"):
         from infertool.quantize import core
 
@@ -31,7 +33,7 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
-def plan(res, options: QuantizeOptions | None = None, *, on_event=None) -> QuantizePlan:
+def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: EventCallback | None = None) -> QuantizePlan:
     """The quantization of the resolution ``res`` as ``options`` ask (infertool.quantize.core.plan); ``on_event``
     hears the conversion of a bundled / GGUF base when the plan needs its weights' facts."""
     from infertool.quantize import core
@@ -39,7 +41,7 @@ def plan(res, options: QuantizeOptions | None = None, *, on_event=None) -> Quant
     return core.plan(res, options, on_event=on_event)
 
 
-def run(plan: QuantizePlan, ctx=None) -> QuantizeResult:
+def run(plan: QuantizePlan, ctx: RunContext | None = None) -> QuantizeResult:
     """Carry out a plan (infertool.quantize.core.run); ``ctx``: an infertool.capability.RunContext."""
     from infertool.quantize import core
 

@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from infertool import backends
 from infertool.atomic import remove_inside, replace_dir, replace_refusal
@@ -36,6 +36,14 @@ from infertool.quantize.verify import LoadCheck
 from infertool.records import Record
 from infertool.resolve import default_output
 from infertool.summaries import Resolved
+
+if TYPE_CHECKING:
+    from infertool.data.calibration import CalibrationInfo
+    from infertool.quantize.preflight import PreflightReport
+    from infertool.models.info import ModelInfo
+    from infertool.backends.base import QuantizeConfig
+    from infertool.recipe import Recipe
+    from infertool.resolve import ModelRef, Resolution
 
 EventCallback = Callable[[dict], None]
 
@@ -98,15 +106,15 @@ class QuantizeResult(Record):
 class QuantizePlan:
     """What ``run`` will do, decided before any weights load (``to_dict`` is what a dry run shows)."""
 
-    res: Any  # the recipe's Resolution
+    res: Resolution
     options: QuantizeOptions
-    backend: QuantBackend
-    config: Any  # the recipe's quantize section (the backend's QuantizeConfig)
+    backend: QuantBackend[Any]  # Any: whichever config type the backend does
+    config: QuantizeConfig  # the recipe's quantize section
     source: Path  # the original model's directory
     output: Path  # where the model is published
-    info: Any  # the original's ModelInfo
-    preflight: Any  # PreflightReport
-    calibration: Any = None  # CalibrationInfo of the calibration text (None: the method needs none)
+    info: ModelInfo  # the original's
+    preflight: PreflightReport
+    calibration: CalibrationInfo | None = None  # of the calibration text (None: the method needs none)
     calibration_spec: dict | None = None  # the calibration section with the source made absolute
     held_out: dict | None = None
     verify: bool = False  # the vLLM load check runs
@@ -139,7 +147,7 @@ class QuantizePlan:
 
 
 # ------------------------------------------------------------------------------------------------ plan
-def plan(res, options: QuantizeOptions | None = None, *, on_event: EventCallback | None = None) -> QuantizePlan:
+def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: EventCallback | None = None) -> QuantizePlan:
     """Everything before the work (see the module docstring); raises PreflightFailed, UsageError or
     BackendError for a quantization that cannot start. ``on_event``: progress of a bundled model's conversion."""
     from infertool.models.info import model_info
@@ -153,10 +161,10 @@ def plan(res, options: QuantizeOptions | None = None, *, on_event: EventCallback
                          hint="add one (method: gptq | awq | bnb), e.g. from `infertool recipes show quickstart`")
     backend = backends.of(q)
     t0 = time.monotonic()
-    timings: dict[str, Any] = {}
+    timings: dict[str, Any] = {}  # Any: JSON values (hashed / written / validated)
     dest = _output(res, options, q, backend)
     res.ensure(res.base, on_event=on_event)
-    src = Path(res.base.path).resolve()
+    src = Path(res.base.dir).resolve()
     timings["resolve_model"] = time.monotonic() - t0
     _refuse_overlap(dest, src)
 
@@ -164,13 +172,13 @@ def plan(res, options: QuantizeOptions | None = None, *, on_event: EventCallback
     info = model_info(src)
     recipe_dir = _recipe_dir(options.recipe_path)
     cal_check = cal_spec = None
-    if backend.calibration(q) is not None:
+    if (calibration := backend.calibration(q)) is not None:
         from infertool.data.calibration import check_source
 
-        cal_spec = q.calibration.model_dump(mode="json")
+        cal_spec = calibration.model_dump(mode="json")
         cal_check = check_source(cal_spec, recipe_dir)
         cal_spec["source"] = cal_check.source  # absolute path (or builtin) for the worker
-    serve = recipe.serve.model_dump(mode="json") if getattr(recipe, "serve", None) else None
+    serve = section.model_dump(mode="json") if (section := getattr(recipe, "serve", None)) else None
     report = preflight(info, q, serve=serve, output=dest, has_cuda=has_cuda(), target=res.target, host=res.host)
     held = _held_out(recipe, cal_spec, recipe_dir, report) if cal_spec is not None else None
     _output_check(report, dest, options)
@@ -188,15 +196,17 @@ def plan(res, options: QuantizeOptions | None = None, *, on_event: EventCallback
     return p
 
 
-def _output(res, options: QuantizeOptions, q, backend: QuantBackend) -> Path:
+def _output(res: Resolution, options: QuantizeOptions, q: QuantizeConfig, backend: QuantBackend[Any]) -> Path:
     if backend.checkpoint:
-        where = res.candidate_at(options.out).path if options.out else res.candidate.path
+        cand = res.candidate_at(options.out) if options.out else res.candidate
+        assert cand is not None, "a recipe with a quantize section has a candidate"
+        where: str | Path = cand.dir
     else:
         where = options.out or q.output or default_output(res.recipe.name, q.method)
     return Path(where).expanduser().absolute()
 
 
-def _recipe_dir(recipe_path) -> Path | None:
+def _recipe_dir(recipe_path: str | Path | None) -> Path | None:
     if recipe_path and Path(recipe_path).is_file():
         return Path(recipe_path).expanduser().resolve().parent
     return None
@@ -216,7 +226,7 @@ def _refuse_overlap(dest: Path, src: Path) -> None:
                          hint="quantize never writes into its source: choose another --out")
 
 
-def _output_check(report, dest: Path, options: QuantizeOptions) -> None:
+def _output_check(report: PreflightReport, dest: Path, options: QuantizeOptions) -> None:
     why = replace_refusal(dest) if (dest.exists() or dest.is_symlink()) and options.force else None
     if why:
         report.add("output", False, f"{why}; choose another --out (or quantize.output)")
@@ -227,7 +237,7 @@ def _output_check(report, dest: Path, options: QuantizeOptions) -> None:
         report.add("output", True, f"{'replaces ' if dest.exists() else ''}{dest}")
 
 
-def _held_out(recipe, cal: dict, recipe_dir: Path | None, report) -> dict:
+def _held_out(recipe: Recipe, cal: dict, recipe_dir: Path | None, report: PreflightReport) -> dict:
     """Calibration and evaluation never share text: the calibration text against the eval suite the recipe
     scores with. Refused (a preflight error) at 1 % of the suite's word 13-grams unless
     calibration.allow_eval_overlap, which turns it into a warning recorded in the manifest."""
@@ -267,18 +277,19 @@ def _load_check_launches(p: QuantizePlan, dest: Path) -> dict:
     return load_check_launches(p.res, p.res.candidate_at(dest, exists=False))
 
 
-def load_check_launches(res, candidate=None) -> dict:
+def load_check_launches(res: Resolution, candidate: ModelRef | None = None) -> dict:
     """The vLLM load check's launches (as a dry run shows them) of ``candidate`` (default: the resolution's): the
     quantized checkpoint, and the original unless the backend's worker computes the original's reference tokens
     itself. Needs neither the model nor the serve environment (`run --dry-run` shows them)."""
     from infertool.quantize import verify as load_check
 
+    assert res.recipe.quantize is not None  # a load check is of a quantize recipe's candidate
     b = backends.of(res.recipe.quantize)
     planned = load_check.plans(res, candidate or res.candidate, dry_run=True, original=not b.reference_in_worker)
     return {k: launch.to_dict() for k, launch in planned.items()}
 
 
-def load_check_runs(res, verify: bool | None = None) -> bool:
+def load_check_runs(res: Resolution, verify: bool | None = None) -> bool:
     """Whether a quantization of ``res`` load-checks its checkpoint in vLLM here, as ``plan`` decides it
     (``verify`` None: when the serve environment is set up): a backend that writes a checkpoint, a recipe for
     this host."""
@@ -320,7 +331,7 @@ def _decide_verify(p: QuantizePlan) -> None:
     p.verify = bool(verify) and p.backend.checkpoint
 
 
-def reference_dtype(res, info) -> str:
+def reference_dtype(res: Resolution, info: ModelInfo) -> str:
     """The dtype vLLM serves the original in for this recipe (serve.dtype, or its CPU rule for "auto"), which the
     original's reference tokens are computed in; the model's own dtype when vLLM's "auto" keeps it."""
     settings, _ = res.serve_for(res.base, None)
@@ -475,13 +486,13 @@ def _manifest(p: QuantizePlan, task_result: dict, result: QuantizeResult, layers
     from infertool.recipe import recipe_to_dict
 
     recipe, info, b = p.res.recipe, p.info, p.backend
-    fields: dict[str, Any] = {
+    fields: dict[str, Any] = {  # Any: JSON values (hashed / written / validated)
         "recipe": recipe_to_dict(recipe),
         "recipe_source": str(p.options.recipe_path) if p.options.recipe_path else None,
         "method": p.config.method,
         "backend": result.backend,
         "source_model": {"source": recipe.model.source, "path": str(p.source), "weight_bytes": info.weight_bytes,
-                         "files": info.weight_files, "architecture": (info.architectures or [None])[0]},
+                         "files": info.weight_files, "architecture": next(iter(info.architectures or []), None)},
         "preflight": {"checks": list(p.preflight.to_dict()["checks"]), "plan": p.preflight.plan},
         "size": result.size,
         "timings_s": p.timings,

@@ -145,7 +145,7 @@ def preflight(info: ModelInfo, q: Any, *, serve: dict | None, output: Path | Non
     check registry's view: the same on every machine, the quantize command adds the rest)."""
     t0 = time.monotonic()
     backend = backends.of(q)
-    arch = (info.architectures or [None])[0] or info.model_type
+    arch = next(iter(info.architectures or []), None) or info.model_type
     report = PreflightReport(info.path, q.method, backend.name if backend.in_recipe else None, arch,
                              weight_bytes=info.weight_bytes)
     files = [Path(info.path) / f for f in info.weight_files]

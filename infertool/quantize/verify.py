@@ -17,12 +17,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from infertool import net
 from infertool.backends.greedy import MAX_TOKENS, PROMPTS, Agreement, token_agreement
 from infertool.errors import RuntimeFailure
 from infertool.records import Record
+
+if TYPE_CHECKING:
+    from infertool.resolve import Resolution
 
 __all__ = ["LoadCheck", "greedy", "load_check", "plans", "vllm_engine", "vllm_reason"]
 
@@ -101,7 +104,7 @@ def _token_id(token: str) -> int:
     return int(digits)
 
 
-def plans(res, quantized_ref, *, dry_run: bool = False, original: bool = True) -> dict:
+def plans(res: Resolution, quantized_ref, *, dry_run: bool = False, original: bool = True) -> dict:
     """The launches of the load check: the quantized checkpoint and (``original``: when no reference from the
     quantizer's environment replaces it) the original, each with the recipe's effective serve settings (as
     `infertool serve` would launch them; the launcher picks each one's port when it starts it)."""
@@ -124,7 +127,7 @@ def vllm_engine(plan) -> str:
     return f"vLLM {version} ({dtype}, served as the recipe serves it)"
 
 
-def load_check(res, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], None] | None = None,
+def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], None] | None = None,
                reference: dict | None = None, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS,
                pool=None) -> dict:
     """Serve the quantized checkpoint as the recipe serves it and compare its greedy tokens with the original's:

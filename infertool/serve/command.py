@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,7 +113,7 @@ def build_launch(
     python: str | os.PathLike,
     *,
     default_name: str | None = None,
-    environ: dict[str, str] | None = None,
+    environ: Mapping[str, str] | None = None,
     cpu: bool = True,
     port: int | None = None,
     auto_port: bool = False,
@@ -124,7 +125,7 @@ def build_launch(
     backend's variables; ``port`` overrides serve.port; ``auto_port``: no port yet, the launcher picks a free
     one when it starts the server (every internal server: bench arms, eval, profile, run, tune); ``trust_remote_code`` (model.trust_remote_code) adds --trust-remote-code, the only way it is passed.
     """
-    environ = os.environ if environ is None else environ
+    env_of: Mapping[str, str] = os.environ if environ is None else environ
     port = None if auto_port else (serve.port if port is None else port)
     name = serve.served_model_name or default_name or Path(model).name or model
     argv = [str(python), "-m", API_SERVER_MODULE, "--model", str(model), "--served-model-name", name,
@@ -190,7 +191,7 @@ def build_launch(
     secret: dict[str, str] = {}
     has_key = False
     if serve.api_key_env:
-        value = environ.get(serve.api_key_env)
+        value = env_of.get(serve.api_key_env)
         if value:
             secret[API_KEY_VAR] = value
             has_key = True

@@ -30,11 +30,14 @@ import shlex
 import unicodedata
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from infertool.errors import UsageError
+
+if TYPE_CHECKING:
+    from infertool.resolve import Resolution
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"  # the same vLLM release as the serve-cuda requirement set
 VLLM_CPU_IMAGE = "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0"  # vLLM's x86 CPU image (serve-cpu's release)
@@ -209,7 +212,7 @@ class _Layout:
         return self.gpus // self.nodes
 
 
-def layout(res, options: K8sOptions) -> _Layout:
+def layout(res: Resolution, options: K8sOptions) -> _Layout:
     """The server of ``res`` laid out on pods: one pod with every GPU when they fit on one node, else
     ceil(GPUs / gpus_per_node) pods with as many each (UsageError when they do not divide evenly)."""
     from infertool.serve.command import build_launch
@@ -240,7 +243,7 @@ def layout(res, options: K8sOptions) -> _Layout:
     return _Layout(name, labels, serve, argv, env, gpus, nodes, in_pod, served_name)
 
 
-def manifests(res, *, options: K8sOptions | None = None, **kw) -> list[dict]:
+def manifests(res: Resolution, *, options: K8sOptions | None = None, **kw) -> list[dict]:
     """The documents that serve what `infertool serve` serves (the resolution's served model with its
     effective serve settings, for the recipe's target): the workload (a Deployment, or a LeaderWorkerSet when
     one replica spans nodes), its Service, and the autoscaler when one is asked. ``options`` or the keywords
@@ -267,7 +270,7 @@ def manifests(res, *, options: K8sOptions | None = None, **kw) -> list[dict]:
 
 
 # ------------------------------------------------------------------------------------------------ pods
-def _server_container(res, lay: _Layout, o: K8sOptions, script: str | None = None) -> dict:
+def _server_container(res: Resolution, lay: _Layout, o: K8sOptions, script: str | None = None) -> dict:
     """vLLM's container (the leader's with ``script``: a shell script that runs vLLM as its "$@")."""
     port = lay.serve.port
     # /health, not /v1/models: vLLM checks the API key on /v1/* only, and the kubelet sends none
@@ -291,11 +294,11 @@ def _server_container(res, lay: _Layout, o: K8sOptions, script: str | None = Non
     }
 
 
-def _image(res, o: K8sOptions) -> str:
+def _image(res: Resolution, o: K8sOptions) -> str:
     return o.image or (VLLM_CPU_IMAGE if res.target.kind == "cpu" else VLLM_IMAGE)
 
 
-def pod_resources(res, lay: _Layout) -> dict:
+def pod_resources(res: Resolution, lay: _Layout) -> dict:
     """The container's requests and limits. The rule: a GPU pod asks its GPUs, host memory = its share of the
     weights (each GPU worker reads its shard through host memory while loading) + 4 GiB per GPU (worker
     process, CUDA context) + 8 GiB (API server, tokenizer), limit that + /dev/shm (memory-backed); CPU 4
@@ -325,7 +328,7 @@ def _bound_cores(bind: str | None) -> int:
     return min(cores, 1024)
 
 
-def weight_bytes(res) -> int:
+def weight_bytes(res: Resolution) -> int:
     """The served model's weight bytes: measured when it is here; estimated (its quantization applied to the
     base's or infertool's table's architecture) when it is not; 0 when nothing says (a request is an estimate)."""
     from infertool.models.info import model_info
@@ -366,7 +369,7 @@ def with_replicas(options: K8sOptions | None, replicas: int | None, basis: str) 
     return dataclasses.replace(o, replicas=replicas, max_replicas=ceiling, replicas_basis=basis)
 
 
-def gpu_product_label(res) -> str | None:
+def gpu_product_label(res: Resolution) -> str | None:
     """The ``nvidia.com/gpu.product`` value of the target's GPU (perf.hardware.GPU.product_label), or None: a CPU
     target, a custom GPU (target.gpu a mapping) or a GPU without a known label."""
     if res.target.kind != "gpu":
@@ -374,7 +377,7 @@ def gpu_product_label(res) -> str | None:
     return getattr(res.target.device, "product_label", None)
 
 
-def _scheduling(res, o: K8sOptions) -> dict:
+def _scheduling(res: Resolution, o: K8sOptions) -> dict:
     """The pod's node affinity (the target GPU's product label, required), node selector and tolerations."""
     spec: dict = {}
     label = gpu_product_label(res)
@@ -389,7 +392,7 @@ def _scheduling(res, o: K8sOptions) -> dict:
     return spec
 
 
-def _pod_spec(res, lay: _Layout, o: K8sOptions, container: dict) -> dict:
+def _pod_spec(res: Resolution, lay: _Layout, o: K8sOptions, container: dict) -> dict:
     """A pod of the server: ``container``, its scheduling, the model volume (a PVC, or an emptyDir an init
     container fills from ``model_from``) and /dev/shm."""
     spec = {**_scheduling(res, o), "containers": [container]}
@@ -419,6 +422,7 @@ def _fetch_container(lay: _Layout, uri: str, vllm_image: str) -> dict:
         return {"name": "fetch-model", "image": AWS_CLI_IMAGE, "command": ["aws", "s3", "sync", uri, lay.in_pod],
                 "env": env, "volumeMounts": mount}
     m = _HF.fullmatch(uri)
+    assert m is not None  # an s3:// or a Hugging Face URI (checked when the layout was made)
     args = ["hf", "download", m.group(1), "--local-dir", lay.in_pod] + (["--revision", m.group(4)] if m.group(4) else [])
     return {"name": "fetch-model", "image": vllm_image, "command": args[:2], "args": args[2:],
             "env": [secret("HF_TOKEN", f"{lay.name}-hf")], "volumeMounts": mount}
@@ -440,7 +444,7 @@ WORKER_SCRIPT = (
 )
 
 
-def _leader_worker_set(res, lay: _Layout, o: K8sOptions, meta: dict) -> dict:
+def _leader_worker_set(res: Resolution, lay: _Layout, o: K8sOptions, meta: dict) -> dict:
     """A LeaderWorkerSet (vLLM's multi-node deployment): ``lay.nodes`` pods per replica, the leader serving."""
     leader = _server_container(res, lay, o, LEADER_SCRIPT)
     worker = {k: v for k, v in leader.items() if not k.endswith("Probe") and k != "ports"}
@@ -480,7 +484,7 @@ def env_secret_name(name: str) -> str:
     return f"{name}-env"
 
 
-def secret_env_names(res) -> list[str]:
+def secret_env_names(res: Resolution) -> list[str]:
     """The serve.env variables that the manifests take from env_secret_name (sorted)."""
     serve, _ = res.serve_for(res.served)
     return sorted(k for k in serve.env if is_secret_env(k))
@@ -500,7 +504,7 @@ def _from_env(var: str) -> str:
     return f'"${var}"'
 
 
-def header_lines(res, options: K8sOptions | None = None) -> list[str]:
+def header_lines(res: Resolution, options: K8sOptions | None = None) -> list[str]:
     """What `--emit k8s` says above the documents (what it serves, where the model comes from, how the pods are
     scheduled and sized, the Secrets and controllers to have first), one sanitised line each: the YAML's comment
     header, and ``comments`` in its JSON."""
@@ -538,7 +542,7 @@ def header_lines(res, options: K8sOptions | None = None) -> list[str]:
     return [comment_text(line, None) for line in head]
 
 
-def _model_line(res, lay: _Layout, o: K8sOptions) -> str:
+def _model_line(res: Resolution, lay: _Layout, o: K8sOptions) -> str:
     v = comment_text
     if o.model_from is None:
         return (f"Model: {v(res.served.path or res.served.source)} -> mounted read-only at {v(lay.in_pod)} from PVC "
@@ -552,7 +556,7 @@ def _model_line(res, lay: _Layout, o: K8sOptions) -> str:
             f"{v(lay.in_pod)} ({how}).")
 
 
-def _target_line(res, lay: _Layout, o: K8sOptions) -> str:
+def _target_line(res: Resolution, lay: _Layout, o: K8sOptions) -> str:
     r = pod_resources(res, lay)["requests"]
     sized = f"per pod: {r['cpu']} CPU, {r['memory']} memory requested (the rule: infertool.serve.k8s.pod_resources)"
     if res.target.kind != "gpu":
@@ -581,7 +585,7 @@ def _scaling_lines(lay: _Layout, o: K8sOptions) -> list[str]:
     return lines
 
 
-def render(docs: list[dict], res, options: K8sOptions | None = None) -> str:
+def render(docs: list[dict], res: Resolution, options: K8sOptions | None = None) -> str:
     """The manifests as YAML: a comment header (``header_lines``), then the documents as a YAML library dumps
     them."""
     body = "---\n".join(yaml.dump(d, Dumper=_NoAliases, sort_keys=False) for d in docs)

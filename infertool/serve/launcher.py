@@ -262,9 +262,9 @@ class Server:
                                   f"\n--- last lines of {self.log_path} ---\n{tail}",
                                   hint="something on this machine keeps taking free ports; try again",
                                   log_path=str(self.log_path))
-        if HOST_KERNEL_MISSING.search(full):
+        if missing := HOST_KERNEL_MISSING.search(full):
             return HostCannotRun(f"{what}: vLLM on this host loads the checkpoint but has no kernel to run it "
-                                 f"({HOST_KERNEL_MISSING.search(full).group(0)})\n--- last lines of {self.log_path} ---\n{tail}",
+                                 f"({missing.group(0)})\n--- last lines of {self.log_path} ---\n{tail}",
                                  hint="serve it on a CUDA or AVX-512 host, or serve the original (serve.model: original)",
                                  log_path=str(self.log_path))
         reason, known_hint = diagnose(full[-20000:] or tail)
@@ -363,6 +363,7 @@ def write_pid_file(path: Path, server: Server, ready: ReadyInfo) -> dict:
 
 def _record_of(server: Server, ready: ReadyInfo) -> dict:
     """The PidRecord of a started server (ValidationError when the launch cannot make a valid one)."""
+    assert server.proc is not None and server.spec.port is not None  # started, on its port
     record = PidRecord(
         pid=server.proc.pid,
         pgid=server.proc.pid,

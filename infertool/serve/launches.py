@@ -8,11 +8,14 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from infertool.errors import UsageError
 from infertool.serve.command import LaunchSpec, build_launch
 from infertool.serve.lint import LintIssue, kv_plan, lint_serve
+
+if TYPE_CHECKING:
+    from infertool.resolve import ModelRef, Resolution, Target
 
 __all__ = ["LaunchPlan", "Launched", "prepare", "launch", "require_server_env", "default_log_path"]
 
@@ -20,9 +23,9 @@ __all__ = ["LaunchPlan", "Launched", "prepare", "launch", "require_server_env", 
 @dataclass
 class LaunchPlan:
     spec: LaunchSpec
-    model: object  # infertool.resolve.ModelRef
+    model: ModelRef
     purpose: str
-    target: object  # infertool.resolve.Target
+    target: Target
     issues: list[LintIssue] = field(default_factory=list)
     kv: dict | None = None
     notes: list[str] = field(default_factory=list)  # why settings differ from the recipe, the model's state
@@ -45,7 +48,7 @@ class LaunchPlan:
         }
 
 
-def model_info_for(res, model):
+def model_info_for(res: Resolution, model):
     """The facts the lint needs: the model's own, or (for a candidate not made yet) its base's architecture,
     or (for a model not on this machine, e.g. the bundled model before its first conversion) the published
     architecture from infertool's table."""
@@ -62,7 +65,7 @@ def model_info_for(res, model):
     return info_from_known(model.source) or info_from_known(res.base.source)
 
 
-def prepare(res, *, model=None, serve=None, purpose: str = "serve", port: int | None = None,
+def prepare(res: Resolution, *, model=None, serve=None, purpose: str = "serve", port: int | None = None,
             python: str | None = None, check_port: bool = True, dry_run: bool = False,
             extra_args: tuple[str, ...] | list[str] = ()) -> LaunchPlan:
     """The launch of ``model`` (default: the served model) with the recipe's effective serve settings

@@ -19,7 +19,7 @@ import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator
+from typing import TYPE_CHECKING, Any, Iterator
 
 from infertool.capability import RunContext
 from infertool.errors import RuntimeFailure, UsageError
@@ -28,6 +28,11 @@ from infertool.serve.launcher import (
     Server, default_pid_file, list_pid_files, log_tail, read_pid_file, record_alive, status_of, stop_detached,
     write_pid_file,
 )
+
+if TYPE_CHECKING:
+    from infertool.serve.launches import LaunchPlan
+    from infertool.serve.k8s import K8sOptions
+    from infertool.resolve import Resolution
 
 __all__ = ["ServeOptions", "ServePlan", "ServeResult", "detached_files", "plan", "run", "status", "stop"]
 
@@ -43,14 +48,14 @@ class ServeOptions:
     log: Path | None = None  # default: $INFERTOOL_HOME/logs/<time>-serve-<port>.log
     force: bool = False  # launch even when the lint finds errors
     emit: str | None = None  # "k8s": the Kubernetes manifests of the launch instead of starting it
-    k8s: Any = None  # emit k8s: infertool.serve.k8s.K8sOptions (replicas, autoscaler, scheduling, model source)
+    k8s: K8sOptions | None = None  # emit k8s: (replicas, autoscaler, scheduling, model source)
 
 
 @dataclass
 class ServePlan:
-    res: Any  # infertool.resolve.Resolution
+    res: Resolution
     options: ServeOptions
-    launch: Any = None  # infertool.serve.LaunchPlan (None with emit)
+    launch: LaunchPlan | None = None  # None with emit
     manifests: list[dict] | None = None  # emit k8s: the Deployment and the Service
     pid_file: Path | None = None
     log: Path | None = None
@@ -93,7 +98,7 @@ class ServeResult(Record):
     launch: dict = field(default_factory=dict)
 
 
-def plan(res, options: ServeOptions | None = None) -> ServePlan:
+def plan(res: Resolution, options: ServeOptions | None = None) -> ServePlan:
     """The launch `infertool serve` makes for ``res`` (see the module docstring); raises UsageError for an
     unknown ``emit``. Lint errors are in the plan (``errors``), for the caller to show; ``run`` refuses them."""
     from infertool.serve.launches import default_log_path, prepare
@@ -108,11 +113,12 @@ def plan(res, options: ServeOptions | None = None) -> ServePlan:
         return ServePlan(res, options, manifests=manifests(res, options=options.k8s))
     launch = prepare(res, port=res.serve_section.port, dry_run=options.dry_run)
     port = launch.spec.port
+    assert port is not None, "infertool serve launches on serve.port"
     return ServePlan(res, options, launch, pid_file=options.pid_file or default_pid_file(port),
                      log=options.log or default_log_path(port))
 
 
-def check_timeout(seconds, flag: str = "--timeout") -> float | None:
+def check_timeout(seconds: float | None, flag: str = "--timeout") -> float | None:
     """A start-up timeout as the recipe bounds serve.startup_timeout_s (infertool.schema.Seconds: a finite number
     of seconds, over 0, 30 days at most), or None (the recipe's); UsageError (exit 2) for anything else: a
     deadline of ``start + nan`` never expires, one of ``-1`` or ``0`` ends before vLLM can start."""
@@ -137,27 +143,29 @@ def run(plan: ServePlan, ctx: RunContext | None = None) -> ServeResult:
     ctx = ctx or RunContext()
     _check(plan)
     detach = plan.options.detach
-    server: Server | None = Server(plan.launch.spec, plan.log, detached=detach)
+    assert plan.launch is not None and plan.log is not None and plan.pid_file is not None, "_check: a launch plan"
+    srv = Server(plan.launch.spec, plan.log, detached=detach)
+    server: Server | None = srv  # None once detached (it keeps running)
     with _sigterm_interrupts():
         try:
-            server.start()
+            srv.start()
             model = plan.launch.model
-            ctx.emit(f"starting vLLM ({model.label}: {model.path}) on {server.spec.base_url} (pid {server.pid}); "
-                     f"log: {server.log_path}")
-            ready = server.wait_ready(plan.options.timeout_s)
+            ctx.emit(f"starting vLLM ({model.label}: {model.path}) on {srv.spec.base_url} (pid {srv.pid}); "
+                     f"log: {srv.log_path}")
+            ready = srv.wait_ready(plan.options.timeout_s)
             result = ServeResult(url=ready.url, models=list(ready.models), ready_s=round(ready.seconds, 1),
-                                 pid=server.pid, log=str(server.log_path), launch=plan.launch.to_dict())
+                                 pid=srv.pid, log=str(srv.log_path), launch=plan.launch.to_dict())
             if detach:
-                write_pid_file(plan.pid_file, server, ready)
+                write_pid_file(plan.pid_file, srv, ready)
                 result.pid_file = str(plan.pid_file)
                 server = None  # it keeps running
             if ctx.on_event is not None:
                 ctx.on_event({"event": "ready", "result": result, "detached": detach})
             if detach:
                 return result
-            code = server.wait()
-            raise RuntimeFailure(f"the server exited with code {code}\n{log_tail(server.log_path)}",
-                                 log_path=str(server.log_path))
+            code = srv.wait()
+            raise RuntimeFailure(f"the server exited with code {code}\n{log_tail(srv.log_path)}",
+                                 log_path=str(srv.log_path))
         except KeyboardInterrupt:
             if server is not None:
                 ctx.emit("stopping the server...")
@@ -181,7 +189,7 @@ def _check(plan: ServePlan) -> None:
         raise UsageError(f"{len(plan.errors)} problem(s) would stop vLLM: {first.field}: {first.message}",
                          hint=(first.hint or "") + " (--force launches anyway)")
     require_server_env(plan.launch)
-    if plan.options.detach and plan.pid_file.exists() and record_alive(read_pid_file(plan.pid_file)):
+    if plan.options.detach and plan.pid_file is not None and plan.pid_file.exists() and record_alive(read_pid_file(plan.pid_file)):
         raise UsageError(f"a detached server is already recorded in {plan.pid_file}",
                          hint=f"`infertool serve stop --pid-file {plan.pid_file}` first, or give another --pid-file")
 
@@ -190,7 +198,7 @@ def _check(plan: ServePlan) -> None:
 def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM means what Ctrl-C means while the server runs: the same clean stop of its process group."""
 
-    def on_term(signum, frame):
+    def on_term(signum: int, frame: object) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)

@@ -39,7 +39,14 @@ import re
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
+
+if TYPE_CHECKING:
+    from contextlib import AbstractContextManager
+
+    from infertool.procs import PausedGroups
+    from infertool.serve.command import LaunchSpec
+    from infertool.serve.launches import Launched
 
 GIB = 1024**3
 RUNTIME_BYTES = 1 * GIB  # Python, torch and vLLM's own state, besides weights and KV cache
@@ -84,11 +91,11 @@ def need_bytes(spec) -> int:
 @dataclass
 class _Held:
     key: str
-    launched: object  # infertool.serve.Launched
-    cm: object  # the launch context manager: leaving it stops the server
+    launched: Launched
+    cm: AbstractContextManager[Launched]  # the launch context manager: leaving it stops the server
     record: dict
     last_used: float
-    spec: object = None  # the launch it stands for now, when its model moved since it started (``moved``)
+    spec: LaunchSpec | None = None  # the launch it stands for now, when its model moved since it started (``moved``)
 
 
 class ServerPool:
@@ -100,13 +107,15 @@ class ServerPool:
         self.gpu = gpu
         self.on_event = on_event
         if memory is None:
-            from infertool.perf.host import memory_available_bytes as memory
-        self.memory = memory  # bytes available now (None: unknown)
+            from infertool.perf.host import memory_available_bytes
+
+            memory = memory_available_bytes
+        self.memory: Callable[[], int | None] = memory  # bytes available now (None: unknown)
         self.user: str | None = None  # who asks now (the run sets the stage's name)
         self.records: list[dict] = []  # one per server started: {key, started_by, used_by, start_s, log, ...}
         self.uses: list[dict] = []  # one per use: {user, key, reused, log, label}
         self._held: dict[str, _Held] = {}
-        self._paused = None  # infertool.procs.PausedGroups while an in-process stage runs beside the servers
+        self._paused: PausedGroups | None = None  # while an in-process stage runs beside the servers
 
     # ------------------------------------------------------------------ use
     def get(self, plan, *, label: str | None = None, on_event: Callable[[dict], None] | None = None,
@@ -232,7 +241,7 @@ class ServerPool:
             from infertool.procs import PausedGroups
 
             try:
-                self._paused = PausedGroups([h.launched.pid for h in held])
+                self._paused = PausedGroups([pid for h in held if (pid := h.launched.pid)])
             except OSError as e:  # no guard, no pause: the servers stay idle beside the stage
                 self._say(None, f"the idle servers are not paused beside {why} ({e})")
                 return

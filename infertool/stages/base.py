@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field, is_dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from infertool.summaries import StageSummary
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
+    from infertool.resolve import Resolution
+    from infertool.serve.pool import ServerPool
 
 EventCallback = Callable[[dict], None]
 
@@ -22,7 +27,7 @@ class StageOutput:
     """A completed stage, as the stages after it see it: its cache entry and its typed summary."""
 
     dir: Path
-    summary: Any
+    summary: StageSummary
     key: str = ""
 
 
@@ -32,14 +37,14 @@ class StageContext:
     into its entry when it returns), the outputs of the stages it depends on, where progress goes, the run's
     servers, its options and what its graph gives besides the recipe (``job``: tune's trial and settings)."""
 
-    recipe: Any
+    recipe: Recipe
     run_dir: Path | None
     work: Path
     upstream: dict[str, StageOutput] = field(default_factory=dict)
     on_event: EventCallback | None = None
-    servers: Any = None  # the run's infertool.serve.pool.ServerPool; None: the stage launches and stops its own
-    options: Any = None
-    job: Any = None
+    servers: ServerPool | None = None  # the run's pool; None: the stage launches and stops its own
+    options: object | None = None  # an instance of its Stage.options dataclass (read with isinstance)
+    job: Any = None  # Any: tune's TrialJob (tune sits above stages: no import of it here)
 
     def emit(self, message: str, level: str = "info") -> None:
         if self.on_event is not None:
@@ -52,7 +57,7 @@ class StageContext:
         return out.dir if out is not None else None
 
 
-Need = bool | Callable[[Any], bool]
+Need = bool | Callable[["Recipe"], bool]
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ class Stage:
     """
 
     name: str
-    run: Callable[[StageContext], Any]
+    run: Callable[[StageContext], Any]  # Any: its summary record, or a stand-in's plain dict (see summarize)
     summary: type[StageSummary] = StageSummary
     sections: tuple[str, ...] = ()
     inputs: tuple[str, ...] = ()
@@ -98,51 +103,51 @@ class Stage:
     server: Need = False
     times_host: bool = False
     graphs: tuple[str, ...] = ("run",)
-    key_parts: Callable[[Any, Any], dict] | None = None
+    key_parts: Callable[[Recipe, Any], dict] | None = None  # Any: the graph's job (tune's TrialJob)
     options: type | None = None
-    view: Callable[[Any, Any], Any] | None = None
-    launches: Callable[[Any], dict] | None = None
-    notes: Callable[[Any], list[str]] | None = None
+    view: Callable[[Recipe, Any], Recipe] | None = None  # Any: the graph's job (tune's TrialJob)
+    launches: Callable[[Resolution], dict] | None = None
+    notes: Callable[[Resolution], list[str]] | None = None
     doc: str = ""
 
-    def uses_device(self, recipe) -> bool:
+    def uses_device(self, recipe: Recipe) -> bool:
         """Whether it runs an engine in this process's workers (it needs the GPU to itself)."""
         return self.device(recipe) if callable(self.device) else bool(self.device)
 
-    def uses_servers(self, recipe) -> bool:
+    def uses_servers(self, recipe: Recipe) -> bool:
         """Whether it starts vLLM servers (through the run's pool when there is one)."""
         return self.server(recipe) if callable(self.server) else bool(self.server)
 
-    def asked(self, recipe) -> bool:
+    def asked(self, recipe: Recipe) -> bool:
         """Whether the recipe asks for it (has the section that does)."""
         return self.asked_by is None or getattr(recipe, self.asked_by, None) is not None
 
-    def summarize(self, value: Any) -> StageSummary:
+    def summarize(self, value: Any) -> StageSummary:  # Any: a record or a stand-in's plain dict
         """What ``run`` returned as this stage's summary type (a stand-in's plain dict, another record)."""
         if isinstance(value, self.summary):
             return value
         return self.summary.from_dict(value.to_dict() if hasattr(value, "to_dict") else value)
 
-    def planned_launches(self, res) -> dict:
+    def planned_launches(self, res: Resolution) -> dict:
         """The server launches it would make for ``res`` (label -> the launch as data), for a dry run."""
         return self.launches(res) if self.launches is not None else {}
 
-    def planned_notes(self, res) -> list[str]:
+    def planned_notes(self, res: Resolution) -> list[str]:
         return self.notes(res) if self.notes is not None else []
 
-    def recipe_for(self, recipe, job: Any = None):
+    def recipe_for(self, recipe: Recipe, job: Any = None) -> Recipe:  # Any: the graph's job (tune's TrialJob)
         """The recipe this stage reads when its graph is given ``recipe``."""
         return self.view(recipe, job) if self.view is not None else recipe
 
     def key(self, recipe_dict: dict, upstream_keys: dict[str, str], inputs: dict, host: dict, *,
-            parts: dict | None = None, options: Any = None) -> str:
+            parts: dict | None = None, options: object | None = None) -> str:
         """Its cache key: a hash of its declarations' values (see ``stage_key``)."""
         return stage_key(self, recipe_dict, upstream_keys, inputs, host, parts=parts, options=options)
 
 
-def _options_part(stage: Stage, options: Any) -> dict | None:
+def _options_part(stage: Stage, options: object | None) -> dict | None:
     """The options that differ from the stage's defaults (None: all default, the key is the plain one)."""
-    if options is None or stage.options is None or not is_dataclass(options):
+    if options is None or stage.options is None or not is_dataclass(options) or isinstance(options, type):
         return None
     given, default = asdict(options), asdict(stage.options())
     changed = {k: v for k, v in given.items() if default.get(k) != v}
@@ -150,21 +155,21 @@ def _options_part(stage: Stage, options: Any) -> dict | None:
 
 
 def stage_key(stage: Stage, recipe_dict: dict, upstream_keys: dict[str, str], inputs: dict, host: dict, *,
-              parts: dict | None = None, options: Any = None) -> str:
+              parts: dict | None = None, options: object | None = None) -> str:
     """THE key of a stage's output, from its declarations: the recipe sections it reads, its inputs by content,
     the host facts (when it declares them), its upstream stages' keys, its format version, its non-default
     options and the explicit ``parts`` its graph adds. The same stage with the same values gets the same key in
     `run` and `tune`; any change to one of them gives a new key (and a new entry)."""
     from infertool.data.fingerprint import digest
 
-    extra: dict[str, Any] = {k: inputs.get(k) for k in stage.inputs if inputs.get(k) is not None}
+    extra: dict[str, Any] = {k: inputs.get(k) for k in stage.inputs if inputs.get(k) is not None}  # Any: JSON values (hashed / written / validated)
     if stage.host:
         extra["host"] = {k: host.get(k) for k in HOST_FACTS}
     extra.update(parts or {})
     opts = _options_part(stage, options)
     if opts:
         extra["options"] = opts
-    payload: dict[str, Any] = {"stage": stage.name, "v": KEY_VERSION,
+    payload: dict[str, Any] = {"stage": stage.name, "v": KEY_VERSION,  # Any: JSON values (hashed / written / validated)
                                "sections": {s: recipe_dict.get(s) for s in stage.sections},
                                "upstream": {d: upstream_keys[d] for d in stage.depends if d in upstream_keys},
                                "extra": extra}

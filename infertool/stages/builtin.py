@@ -8,6 +8,7 @@ declarations say what enters its key and what it needs (``infertool.stages.base.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from infertool.atomic import write_json
 from infertool.capability import RunContext
@@ -16,6 +17,10 @@ from infertool.stages.base import Stage, StageContext
 from infertool.summaries import (
     BenchSummary, EvalSummary, ModelSummary, ProfileSummary, QuantizeSummary, ServeSummary,
 )
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
+    from infertool.resolve import Resolution
 
 
 @dataclass(frozen=True)
@@ -40,7 +45,7 @@ def _run_context(ctx: StageContext, user: str) -> RunContext:
     return RunContext(out_dir=ctx.work, on_event=ctx.on_event, servers=ctx.servers, user=user)
 
 
-def _engine(recipe, section: str) -> str:
+def _engine(recipe: Recipe, section: str) -> str:
     s = getattr(recipe, section, None)
     return s.engine if s is not None else "hf"
 
@@ -177,7 +182,7 @@ def run_bench(ctx: StageContext) -> BenchSummary:
                                                               "nothing_to_compare": comp.nothing_to_compare})
 
 
-def _bench_measures(recipe, job) -> dict:
+def _bench_measures(recipe: Recipe, job) -> dict:
     """What the bench stage measures: the served model alone, or the candidate and the original."""
     from infertool.bench.core import plans_compare
 
@@ -187,7 +192,7 @@ def _bench_measures(recipe, job) -> dict:
 # --------------------------------------------------------------------------------------- launches
 # what `run --dry-run` shows: each stage's server launches, from its capability's plan (dry runs: no model is
 # converted, no port taken)
-def quantize_launches(res) -> dict:
+def quantize_launches(res: Resolution) -> dict:
     from infertool.quantize.core import load_check_launches, load_check_runs
 
     if not load_check_runs(res):
@@ -196,7 +201,7 @@ def quantize_launches(res) -> dict:
             for k, launch in load_check_launches(res).items()}
 
 
-def eval_launches(res) -> dict:
+def eval_launches(res: Resolution) -> dict:
     from infertool import evaluate
 
     if _engine(res.recipe, "eval") != "vllm":
@@ -205,19 +210,19 @@ def eval_launches(res) -> dict:
     return {f"eval: {k}": p.to_dict() for k, p in (plan.launches or {}).items()}
 
 
-def serve_launches(res) -> dict:
+def serve_launches(res: Resolution) -> dict:
     from infertool.serve import prepare
 
     return {"serve": prepare(res, dry_run=True, purpose="run: serve check").to_dict()}
 
 
-def bench_launches(res) -> dict:
+def bench_launches(res: Resolution) -> dict:
     from infertool import bench
 
     return {f"bench: {k}": p.to_dict() for k, p in bench.plan(res, bench.BenchOptions(with_original=True)).launches().items()}
 
 
-def bench_notes(res) -> list[str]:
+def bench_notes(res: Resolution) -> list[str]:
     from infertool import bench
 
     why_not = bench.plan(res, bench.BenchOptions(with_original=True)).nothing_to_compare

@@ -53,6 +53,10 @@ class Context:
         self.inputs = base_res.inputs()
         self.reference_recipe = recipe.model_copy(update={"quantize": None, "tune": None})
         self._candidates: dict[str, Any] = {}
+        self.measured: list[TrialRecord] = []  # the trials measured so far (core._note_measured)
+        self.best_cost: float | None = None  # the best $/1M so far at its interval's top (the cost objective)
+        self.publish_to: str | None = None  # the winner's destination (run: tune --publish)
+        self.published: dict | None = None  # the winner's publish record, once published
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0

@@ -31,6 +31,7 @@ from pathlib import Path
 from infertool.atomic import write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError, UsageError
 from infertool.tune import search, space
+from infertool.tune.space import Trial  # (a field named space shadows the module in PlannedSpace)
 from infertool.tune.context import Context, emit
 from infertool.tune.stages import trial_accuracy
 from infertool.tune.records import (
@@ -128,8 +129,8 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
         rec.capacity, rec.objective = cap, search.objective_value(ctx.tune.objective, cap, trial.price_per_hour)
         rec.objective_ci = search.objective_interval(ctx.tune.objective, cap, trial.price_per_hour,
                                                     ctx.tune.load.repeats.confidence)
-        if trial.machine is not None:  # $ per 1M at its kind's price, compared across kinds
-            rec.cost_per_1m_output_tokens = search.cost_per_1m(cap, trial.price_per_hour)
+        if (price := trial.price_per_hour) is not None:  # a machine kind: $ per 1M at its price, compared across kinds
+            rec.cost_per_1m_output_tokens = search.cost_per_1m(cap, price)
         rec.decode = decode_check(trial, cap)
         rec.status = "done"
         _note_measured(ctx, rec)
@@ -156,7 +157,8 @@ def _note_measured(ctx: Context, rec: TrialRecord) -> None:
         return
     ci = rec.objective_ci
     top = rec.objective * (1 + ctx.tune.load.edge) if not ci else ci[1]
-    if top is not None and (getattr(ctx, "best_cost", None) is None or top < ctx.best_cost):
+    best = getattr(ctx, "best_cost", None)  # a test's stand-in context may lack it
+    if top is not None and (best is None or top < best):
         ctx.best_cost = top
 
 
@@ -172,6 +174,7 @@ def _cannot_win(ctx: Context, trial: space.Trial, rec: TrialRecord) -> bool:
     floor = search.cost_from_throughput(price, bound[0]) if (bound and price) else None
     if floor is None or floor <= best:
         return False
+    assert bound is not None  # floor comes from it
     rec.status = "skipped"
     rec.reason = (f"cannot win: max_num_seqs {rec.serve.get('max_num_seqs')} serves no faster than {bound[1]} "
                   f"({bound[0]:,.4g} tok/s at most), at least ${floor:,.4g}/1M, above the best so far "
@@ -226,8 +229,8 @@ class Plan:
     promising first; a trial a sampler picks outside them is planned when picked (``trial``)."""
 
     space: space.Space
-    trials: list[space.Trial]
-    built: dict[int, space.Trial] = field(default_factory=dict)
+    trials: list[Trial]
+    built: dict[int, Trial] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.built.update((t.index, t) for t in self.trials)
@@ -237,12 +240,12 @@ class Plan:
         """True when only a sample of the space was planned."""
         return len(self.trials) < self.space.size
 
-    def trial(self, index: int) -> space.Trial:
+    def trial(self, index: int) -> Trial:
         if index not in self.built:
             self.built[index] = predicted(self.space.trial(index))
         return self.built[index]
 
-    def known(self) -> list[space.Trial]:
+    def known(self) -> list[Trial]:
         """Every trial planned or picked so far."""
         return list(self.built.values())
 
@@ -251,13 +254,14 @@ class Plan:
         sp = self.space
         return {"trials": sp.size, "candidates": len(sp.candidates), "serving_settings": sp.grid.size,
                 "axes": {key: len(values) for key, values in sp.grid.axes}, "planned": len(self.trials),
-                "sampled": self.sampled, "sampler": self.sampler(), "max_trials": sp.recipe.tune.max_trials,
+                "sampled": self.sampled, "sampler": self.sampler(), "max_trials": sp.recipe.tune.max_trials if sp.recipe.tune else None,
                 **({"machines": [m.name for m in sp.machines]} if sp.machines else {})}
 
     def sampler(self) -> str:
         """Which sampler picks the trials: the grid (most promising first) or Optuna's TPE (auto: when the space
         is larger than tune.max_trials)."""
         tune = self.space.recipe.tune
+        assert tune is not None  # a tune recipe
         tpe = tune.sampler == "tpe" or (tune.sampler == "auto" and self.space.size > tune.max_trials)
         return "tpe" if tpe else "grid"
 
@@ -290,11 +294,13 @@ def served_check(ctx: Context, trial: space.Trial, cand: TrialRecord) -> bool:
     except InfertoolError as e:
         cand.served_check = ServedCheck(verdict="FAIL", reason=f"could not be served: {e.message.splitlines()[0]}")
         return False
-    cand.served_check = outputs["served"].summary
+    check = outputs["served"].summary
+    assert isinstance(check, ServedCheck) and cand.dir is not None  # the served stage's summary; a trial's folder
+    cand.served_check = check
     write_trial(Path(cand.dir), cand, trial)
-    if cand.served_check.verdict == "PASS":
+    if check.verdict == "PASS":
         return True
-    emit(ctx.on_event, f"{cand.label}: served outputs diverge from the reference ({cand.served_check.reason}); "
+    emit(ctx.on_event, f"{cand.label}: served outputs diverge from the reference ({check.reason}); "
          "the next configuration is checked", "warning")
     return False
 
@@ -337,6 +343,7 @@ def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[Tria
     ranked = search.rank(records)
     while ranked:
         decision = search.decide(ranked, ctx.tune.objective)
+        assert decision is not None  # ranked is not empty
         cand = next(r for r in ranked if r.id == decision["winner"])
         if not ctx.tune.accuracy.served_check or served_check(ctx, by_id[cand.id], cand):
             return cand, decision
@@ -394,7 +401,7 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
     if load and isinstance(data.get("bench"), dict):
         data["bench"]["concurrency"] = sorted({1, int(load)})  # `run` benchmarks at the load the tune found
     q = record.stages.get("quantize")
-    if q is not None:
+    if q is not None and q.entry is not None:
         pub = publish_winner(ctx, trial, record, Path(q.entry) / "model")
         data["quantize"]["output"] = pub["path"]
     else:  # the original won: nothing is published, and an earlier tune's record of its winner no longer holds
@@ -444,7 +451,7 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
 
     spec = trial.candidate.spec or {}
     kind = str(spec.get("scheme") or spec["method"]).lower()  # a W8A8 winner of a gptq recipe is named w8a8
-    dest_text = getattr(ctx, "publish_to", None) or trial.recipe.quantize.output or default_output(f"{ctx.recipe.name}-tuned", kind)
+    dest_text = getattr(ctx, "publish_to", None) or (trial.recipe.quantize.output if trial.recipe.quantize else None) or default_output(f"{ctx.recipe.name}-tuned", kind)
     dest = pub.check_dest(dest_text, _forbidden(ctx.dir, _res(ctx)))
     acc = record.served_check or record.accuracy
     facts = {"v": pub.FACTS_VERSION, "infertool": __version__, "published": _now(),

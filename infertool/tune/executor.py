@@ -23,11 +23,15 @@ from __future__ import annotations
 
 import os
 import time
+from typing import TYPE_CHECKING
 
 from infertool.atomic import remove_inside
 from infertool.errors import UsageError
 from infertool.tune.context import emit
 from infertool.tune.records import TrialRecord
+
+if TYPE_CHECKING:
+    from infertool.tune.space import Trial
 
 SAMPLER_SKIP = "not chosen by the sampler within tune.max_trials"
 # every wait on Ray is at most this long: between two, the driver looks at the trials not yet placed
@@ -105,12 +109,12 @@ def _tpe(ctx, plan) -> list:
     except ImportError:
         raise UsageError("a grid larger than tune.max_trials is searched with Optuna, which is not installed",
                          hint="pip install 'infertool[tune]' (or optuna), or raise tune.max_trials / sampler: grid") from None
-    from optuna.distributions import CategoricalDistribution
+    from optuna.distributions import BaseDistribution, CategoricalDistribution
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     sp = plan.space
     # every dimension as positions into its values (categorical choices must be scalars; a grid value may not be)
-    dists = {"candidate": CategoricalDistribution(list(range(len(sp.candidates)))),
+    dists: dict[str, BaseDistribution] = {"candidate": CategoricalDistribution(list(range(len(sp.candidates)))),
              **{k: CategoricalDistribution(list(range(len(v)))) for k, v in sp.grid.axes}}
     if sp.machines:  # the machine kind: one more dimension
         dists["machine"] = CategoricalDistribution(list(range(len(sp.machines))))
@@ -175,7 +179,10 @@ def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
     limit = ctx.tune.ray.max_concurrent_trials or len(placeable) or 1
     # one trial per candidate first: its quantization and screening are shared by the candidate's other trials
     # (unless they are in the cache already: then every trial may start at once)
-    firsts, rest, seen, ready = [], [], set(), {}
+    firsts: list[Trial] = []
+    rest: list[Trial] = []
+    seen: set[str] = set()
+    ready: dict[str, bool] = {}
     for t in placeable:
         if t.candidate.key not in ready:
             ready[t.candidate.key] = _shared_ready(ctx, t)

@@ -114,8 +114,8 @@ def _v(v) -> str:
     return str(v)
 
 
-def _ci(value, ci, digits: int = 3) -> str:
-    """A figure with its interval, when it has one."""
+def _ci_cell(value, ci, digits: int = 3) -> str:
+    """A figure with its interval, when it has one (both ends numbers)."""
     if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
         return f"{_f(value, digits)} [{_f(ci[0], digits)}, {_f(ci[1], digits)}]"
     return _f(value, digits)
@@ -129,7 +129,7 @@ def lm_eval_cell(lm: dict | None) -> str:
     for task, b in lm.items():
         if not isinstance(b, dict):
             continue
-        parts.append(f"{task}: {_ci(b.get('recovery'), b.get('recovery_ci'))} ({_f(b.get('base'))} -> "
+        parts.append(f"{task}: {_ci_cell(b.get('recovery'), b.get('recovery_ci'))} ({_f(b.get('base'))} -> "
                      f"{_f(b.get('candidate'))}; lost {_f(b.get('lost'))}, gained {_f(b.get('gained'))}, n {_f(b.get('n'))})")
     return "; ".join(parts) or "-"
 
@@ -140,8 +140,8 @@ def decode_cell(dec: dict | None) -> list[str]:
     if not dec:
         return ["-", "-", "-", "-"]
     n = dec.get("n_prompts")
-    return [_ci(dec.get("exact_match"), dec.get("exact_match_ci")) + (f" of {_f(n)}" if n is not None else ""),
-            _f(dec.get("first_divergence_median")), _ci(dec.get("kld"), dec.get("kld_ci")),
+    return [_ci_cell(dec.get("exact_match"), dec.get("exact_match_ci")) + (f" of {_f(n)}" if n is not None else ""),
+            _f(dec.get("first_divergence_median")), _ci_cell(dec.get("kld"), dec.get("kld_ci")),
             _f(dec.get("near_ties")) + (f" of {_f(dec.get('divergences'))} divergences" if dec.get("divergences") else "")]
 
 
@@ -303,7 +303,8 @@ def _cost_lines(doc: TuneDoc) -> list[str]:
         lines.append(f"Staged search vs brute force (`--exhaustive`): {c['staged']['total']:,.0f} vs "
                      f"{c['brute_force']['total']:,.0f} stage-seconds ({c['ratio']:.0%}); brute force's winner: "
                      f"{c.get('other_winner') if not doc.exhaustive else doc.winner}"
-                     + {True: " (the same, or one in the declared tie)", False: " (a different one)"}.get(c.get("agrees"), "")
+                     + ({True: " (the same, or one in the declared tie)", False: " (a different one)"}[agrees]
+                        if isinstance(agrees := c.get("agrees"), bool) else "")
                      + ".")
     return lines
 
@@ -315,6 +316,8 @@ def _fleet(doc: TuneDoc) -> dict:
     from infertool.report import Unreadable, read_json_inside
 
     def target_of(t: TrialRecord) -> dict | None:
+        if t.dir is None:
+            return None
         try:
             return ((read_json_inside(Path(t.dir), "manifest.json") or {}).get("recipe") or {}).get("target")
         except (OSError, Unreadable, AttributeError, TypeError):

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from infertool.records import Record
 
@@ -89,9 +89,10 @@ def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: i
         return _bisect(run, probes, good, bad, max_probes)
     if not run(first).ok:
         return LoadSearch(0, probes, f"the SLO is missed already at concurrency {lo}")
-    good, bad = first, None
+    good = first
+    above: int | None = None  # the first load that does not hold
     c = first
-    while bad is None:
+    while above is None:
         if len(probes) >= max_probes:
             return LoadSearch(good, probes, f"probe budget ({max_probes}) spent while doubling")
         if c >= hi:
@@ -100,8 +101,8 @@ def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: i
         if run(c).ok:
             good = c
         else:
-            bad = c
-    return _bisect(run, probes, good, bad, max_probes)
+            above = c
+    return _bisect(run, probes, good, above, max_probes)
 
 
 def _bisect(run: Callable[[int], Probe], probes: list[Probe], good: int, bad: int, max_probes: int) -> LoadSearch:
@@ -171,7 +172,7 @@ def t_quantile(confidence: float, df: int) -> float:
     return t_for(confidence, df)
 
 
-def mean_interval(values: list[float], confidence: float, floor: float | None = None) -> tuple[float, list[float] | None]:
+def mean_interval(values: Sequence[float | None], confidence: float, floor: float | None = None) -> tuple[float, list[float] | None]:
     """The mean of repeated measurements and its t interval ([lo, hi]; None with fewer than two); ``floor``: the
     least the figure can be (0 for a rate: a t interval of two runs can reach below it)."""
     xs = [float(v) for v in values if v is not None]
@@ -194,8 +195,8 @@ def slo_margin(summary: dict, slo: dict, target: float) -> float | None:
     """How close a run is to the SLO: the largest ratio of a latency percentile (the one the goodput target
     reads) to its bound (1.0: at the bound; 0.5: half of it). None without an SLO or a measurement."""
     key = _pct_key(target)
-    ratios = [float((summary.get(name) or {}).get(key)) / float(bound) for name, bound in (slo or {}).items()
-              if bound and isinstance((summary.get(name) or {}).get(key), (int, float))]
+    ratios = [float(v) / float(bound) for name, bound in (slo or {}).items()
+              if bound and isinstance(v := (summary.get(name) or {}).get(key), (int, float))]
     return max(ratios) if ratios else None
 
 
@@ -221,8 +222,8 @@ def judge_runs(runs: list[dict], policy: RepeatPolicy) -> tuple[bool, bool, str,
         return ok, True, f"goodput interval [{ci[0]:.0%}, {ci[1]:.0%}] above the target", ci
     if ci is not None and ci[1] < policy.target:
         return ok, True, f"goodput interval [{ci[0]:.0%}, {ci[1]:.0%}] below the target", ci
-    margins = [slo_margin(r, policy.slo, policy.target) for r in runs]
-    if margins and all(m is not None for m in margins):
+    margins = [m for r in runs if (m := slo_margin(r, policy.slo, policy.target)) is not None]
+    if margins and len(margins) == len(runs):
         worst, best = max(margins), min(margins)
         if ok and worst <= 1 / (1 + policy.edge):
             return ok, True, f"far from the edge (latency at {worst:.0%} of the SLO)", ci
@@ -446,11 +447,12 @@ def objective_interval(objective: str, capacity: CapacityResult | None, price_pe
         _, ci = mean_interval([(r.get("goodput") or {}).get("requests_per_s") for r in runs], confidence, floor=0.0)
         return None if ci is None else [-ci[1], -ci[0]]
     _, ci = mean_interval([(r.get("tpot_ms") or {}).get("p50") for r in runs], confidence, floor=0.0)
-    return ci
+    return list(ci) if ci is not None else None
 
 
 def _bounds(t: TrialRecord) -> tuple[float, float]:
     ci = t.objective_ci
+    assert t.objective is not None  # ranked trials have an objective
     if not ci:
         return t.objective, t.objective
     lo, hi = ci[0], ci[1]
@@ -492,11 +494,12 @@ def decide(ranked: list[TrialRecord], objective: str) -> dict | None:
     winner = min(tied, key=tie_key) if tie else best
     rest = [t for t in (tied if tie else ranked) if t is not winner]
     runner = rest[0] if rest else None
-    out = {"winner": winner.id, "runner_up": runner.id if runner else None, "margin": None, "margin_ci": None,
+    out: dict[str, Any] = {"winner": winner.id, "runner_up": runner.id if runner else None, "margin": None, "margin_ci": None,
            "tie": tie, "tied": [t.id for t in tied] if tie else [], "rule": TIE_RULE if tie else None}
     if runner is None:
         out["why"] = "the only configuration that passes the accuracy gates and meets the SLO"
         return out
+    assert runner.objective is not None and winner.objective is not None  # ranked trials have an objective
     out["margin"] = runner.objective - winner.objective
     wlo, whi = _bounds(winner)
     rlo, rhi = _bounds(runner)

@@ -12,10 +12,14 @@ import json
 import math
 import random
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
 from infertool.tune.records import PredictionRecord
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe, TuneMachine
 
 
 @dataclass(frozen=True)
@@ -80,10 +84,10 @@ class Trial:
     id: str
     candidate: Candidate
     serve: dict  # the grid point: serve field -> value
-    recipe: object  # the trial's full recipe (quantize = the candidate, serve = the grid point, no tune)
+    recipe: Recipe  # the trial's full recipe (quantize = the candidate, serve = the grid point, no tune)
     prediction: PredictionRecord = field(default_factory=PredictionRecord)
     index: int = 0  # its place in the search space (``Space.trial``): how a Ray worker rebuilds it
-    machine: object | None = None  # its machine kind (a recipe.TuneMachine); None: no tune.machines
+    machine: TuneMachine | None = None  # its machine kind; None: no tune.machines
     # its output-changing settings that differ from the recipe's (``scoring_point``): non-empty, it is screened as
     # served with them (its own screening); empty, it shares its candidate's (the original: it is the reference)
     scoring: dict = field(default_factory=dict)
@@ -243,7 +247,7 @@ class Space:
     ``i // M // grid.size`` at grid point ``i // M % grid.size`` on kind ``i % M`` (the order ``trials`` lists them
     in); built one at a time, on demand."""
 
-    recipe: object
+    recipe: Recipe
     candidates: list[Candidate]
     grid: Grid
     machines: list = field(default_factory=list)  # tune.machines (recipe.TuneMachine); empty: no kind dimension
@@ -366,6 +370,7 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     r = trial.recipe
     res = _as_planned(resolve(r))
     bench = r.bench
+    assert bench is not None  # a tune recipe has one
     per_request = bench.prompt.len + bench.output_len
     p = planning.plan(res, planning.PlanOptions(context=bench.prompt.len + bench.output_len // 2,
                                                 batches=[concurrency] if concurrency else None))
@@ -402,6 +407,7 @@ def capacity_start(trial: Trial, res, url: str, served_name: str, lo: int, hi: i
     from infertool.profile import calibration
 
     bench = trial.recipe.bench
+    assert bench is not None  # a tune recipe has one
     try:
         calibration.ensure_on_server(res, url, served_name, batch=hi, context=bench.prompt.len + bench.output_len // 2,
                                      prompt_len=bench.prompt.len, headers=headers, on_event=on_event)

@@ -162,7 +162,7 @@ def phase_figures(blocks: dict) -> dict:
     recovery, recovery_ci, lost, gained, mcnemar_p, n}; ``decode`` {n_prompts, exact_match, first_divergence_median,
     kld, top1, near_ties, ...}; None where the phase did not run or gave nothing."""
     lm, dec = blocks.get("lm_eval") or {}, blocks.get("decode") or {}
-    tasks = lm.get("tasks") if isinstance(lm.get("tasks"), dict) else {}
+    tasks = given if isinstance(given := lm.get("tasks"), dict) else {}
     lm_out = {name: {k: t.get(k) for k in LM_EVAL_KEYS if k in t} for name, t in tasks.items() if isinstance(t, dict)}
     dec_out = {k: dec.get(k) for k in DECODE_KEYS if k in dec}
     return {"lm_eval": lm_out or None, "decode": dec_out or None}

@@ -1,0 +1,100 @@
+"""Counts of loose typing in a package, per subpackage and overall (docs/development.md keeps the tables).
+
+    python scripts/type_counts.py [PACKAGE_DIR]      (default: infertool)
+
+Columns:
+  any_ann   annotations that name Any anywhere (parameters, returns, annotated assignments; dict[str, Any] counts)
+  bare_any  annotations that are exactly Any
+  get_lit   .get("...") calls with a string-literal key (a dict read where a typed field could be)
+  or_get    (x or {}).get( chains
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from collections import Counter
+from pathlib import Path
+
+COLUMNS = ("any_ann", "bare_any", "get_lit", "or_get")
+
+
+def _names_any(node: ast.expr) -> bool:
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name) and sub.id == "Any":
+            return True
+        if isinstance(sub, ast.Attribute) and sub.attr == "Any":
+            return True
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and "Any" in sub.value:
+            try:
+                inner = ast.parse(sub.value, mode="eval").body
+            except SyntaxError:
+                continue
+            if _names_any(inner):
+                return True
+    return False
+
+
+def _is_bare_any(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Name) and node.id == "Any") or (
+        isinstance(node, ast.Attribute) and node.attr == "Any") or (
+        isinstance(node, ast.Constant) and node.value == "Any")
+
+
+def _annotations(tree: ast.AST) -> list[ast.expr]:
+    out: list[ast.expr] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.AnnAssign):
+            out.append(node.annotation)
+        elif isinstance(node, ast.arg) and node.annotation is not None:
+            out.append(node.annotation)
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.returns is not None:
+            out.append(node.returns)
+    return out
+
+
+def _is_empty_dict(node: ast.expr) -> bool:
+    return (isinstance(node, ast.Dict) and not node.keys) or (
+        isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict"
+        and not node.args and not node.keywords)
+
+
+def count_file(path: Path) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    for ann in _annotations(tree):
+        if _names_any(ann):
+            counts["any_ann"] += 1
+        if _is_bare_any(ann):
+            counts["bare_any"] += 1
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"):
+            continue
+        if node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str):
+            counts["get_lit"] += 1
+        target = node.func.value
+        if isinstance(target, ast.BoolOp) and isinstance(target.op, ast.Or) and _is_empty_dict(target.values[-1]):
+            counts["or_get"] += 1
+    return counts
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[1] if len(argv) > 1 else "infertool")
+    per: dict[str, Counter[str]] = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        group = f"{root.name}/{rel.parts[0]}/" if len(rel.parts) > 1 else f"{root.name}/*.py"
+        per.setdefault(group, Counter()).update(count_file(path))
+    total: Counter[str] = Counter()
+    for c in per.values():
+        total.update(c)
+    width = max(len(g) for g in [*per, "overall"])
+    print(f"| {'package'.ljust(width)} | " + " | ".join(COLUMNS) + " |")
+    print(f"|{'-' * (width + 2)}|" + "|".join("-" * (len(c) + 2) for c in COLUMNS) + "|")
+    for group, c in [*sorted(per.items()), ("overall", total)]:
+        print(f"| {group.ljust(width)} | " + " | ".join(str(c[k]).rjust(len(k)) for k in COLUMNS) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
