@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Callable
+from typing import Callable, TypeVar
 
 from infertool.atomic import write_json
 from infertool.stages import Stage, StageContext, register
 from infertool.stages.builtin import resolution
 from infertool.tune import search
 from infertool.tune.records import CapacityResult, ReferenceSummary, ScreenResult, ServedCheck
+
+J = TypeVar("J", ScreenResult, ServedCheck)  # a sequential check's record
 
 TOPK = 20  # log-probabilities per position from the server: the top-k KLD of the vllm engine
 
@@ -318,27 +320,36 @@ def run_reference(ctx: StageContext) -> ReferenceSummary:
                             scored_with=served_settings(res, res.base))
 
 
-def run_screen(ctx: StageContext) -> ScreenResult:
-    """Accuracy as served, in rounds (the suite's items, the lm-eval documents and decode prompts of the same
-    window, joined cumulatively): stop as soon as EVERY gate is decided (unless exhaustive). Served with the
-    recipe's serve settings and the trial's output-changing ones (its own screening when it has any)."""
-    tune, trial = ctx.job.tune, ctx.job.trial
-    res = resolution(ctx)  # the candidate with the recipe's own serve settings (+ the trial's output-changing ones)
-    rounds = tune.screen_rounds
+def _run_rounds(ctx: StageContext, kind: type[J], rounds: list[int], what: str, purpose: str, label: str,
+                keep_raw: bool) -> J:
+    """Score the trial's server against the reference in ``rounds`` (the suite's items, the lm-eval documents and
+    decode prompts of the same window, joined cumulatively; ``sequential``): it stops as soon as the verdict is
+    decided (unless exhaustive). The screening and the served check are this, with their own rounds and record."""
+    tune = ctx.job.tune
+    res = resolution(ctx)
     look_conf = search.screening_confidence(tune.accept.get("confidence", 0.95), len(rounds))
     ref_raw = reference_raw(ctx)
     phases = tune_phases(tune)
     ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
 
-    def scored(sc: Scorer) -> ScreenResult:
-        seq = sequential(ctx, sc, rounds, look_conf, ref_raw, phases, ref_phases, f"screen {screen_label(trial)}")
-        write_json(ctx.work / "raw.json", seq.raw, indent=None)
+    def scored(sc: Scorer) -> J:
+        seq = sequential(ctx, sc, rounds, look_conf, ref_raw, phases, ref_phases, what)
+        if keep_raw:
+            write_json(ctx.work / "raw.json", seq.raw, indent=None)
         write_json(ctx.work / "phases.json", seq.phases, indent=None)
-        return ScreenResult(**seq.judgement, rounds=seq.history, rounds_planned=rounds,
-                            stopped_early=len(seq.history) < len(rounds), argv=sc.plan.spec.argv,
-                            scored_with=served_settings(res, res.served))
+        return kind(**seq.judgement, rounds=seq.history, rounds_planned=rounds,
+                    stopped_early=len(seq.history) < len(rounds), argv=sc.plan.spec.argv,
+                    scored_with=served_settings(res, res.served))
 
-    return launch_scored(res, res.served, ctx, f"tune: screen {screen_label(trial)}", scored, "candidate")
+    return launch_scored(res, res.served, ctx, purpose, scored, label)
+
+
+def run_screen(ctx: StageContext) -> ScreenResult:
+    """Accuracy as served, in rounds: stop as soon as EVERY gate is decided (unless exhaustive). Served with the
+    recipe's serve settings and the trial's output-changing ones (its own screening when it has any)."""
+    name = screen_label(ctx.job.trial)
+    return _run_rounds(ctx, ScreenResult, ctx.job.tune.screen_rounds, f"screen {name}", f"tune: screen {name}",
+                       "candidate", keep_raw=True)
 
 
 def screen_label(trial) -> str:
@@ -525,22 +536,9 @@ def _cannot_win(ctx: StageContext, c: int, p: search.Probe, policy: search.Repea
 def run_served(ctx: StageContext) -> ServedCheck:
     """The winner served with its exact settings, scored against the reference up to ``served_items`` (the suite
     and the as-served phases) in the screening's rounds: it stops as soon as its verdict is decided."""
-    tune, trial = ctx.job.tune, ctx.job.trial
-    res = resolution(ctx)
-    rounds = tune.served_rounds
-    look_conf = search.screening_confidence(tune.accept.get("confidence", 0.95), len(rounds))
-    ref_raw = reference_raw(ctx)
-    phases = tune_phases(tune)
-    ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
-
-    def scored(sc: Scorer) -> ServedCheck:
-        seq = sequential(ctx, sc, rounds, look_conf, ref_raw, phases, ref_phases, f"served check {trial.label}")
-        write_json(ctx.work / "phases.json", seq.phases, indent=None)
-        return ServedCheck(**seq.judgement, rounds=seq.history, rounds_planned=rounds,
-                           stopped_early=len(seq.history) < len(rounds), argv=sc.plan.spec.argv,
-                           scored_with=served_settings(res, res.served))
-
-    return launch_scored(res, res.served, ctx, f"tune: served check {trial.label}", scored, "served")
+    label = ctx.job.trial.label
+    return _run_rounds(ctx, ServedCheck, ctx.job.tune.served_rounds, f"served check {label}",
+                       f"tune: served check {label}", "served", keep_raw=False)
 
 
 # ------------------------------------------------------------------------------------ key parts
