@@ -30,6 +30,8 @@ from pathlib import Path
 
 from infertool.atomic import write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError, UsageError
+from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS
+from infertool.metricspec import objective as objective_metric
 from infertool.tune import search, space
 from infertool.tune.context import Context, emit
 from infertool.tune.stages import trial_accuracy
@@ -76,11 +78,11 @@ def measured_decode(capacity: CapacityResult | None) -> float | None:
     tokens/s stands in for it (a lower bound: it includes the prefills)."""
     if capacity is None or not capacity.max_load or not capacity.at_max_load:
         return None
-    tpot = (capacity.at_max_load.get("tpot_ms") or {}).get("p50")
+    tpot = TPOT_P50_MS.of(capacity.at_max_load)
     if tpot:
         return capacity.max_load * 1000.0 / tpot
-    tps = capacity.at_max_load.get("output_token_throughput")
-    return float(tps) if isinstance(tps, (int, float)) and tps > 0 else None
+    tps = OUTPUT_TOKEN_THROUGHPUT.of(capacity.at_max_load)
+    return tps if tps is not None and tps > 0 else None
 
 
 def decode_check(trial: space.Trial, cap: CapacityResult) -> DecodeCheck:
@@ -388,7 +390,7 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
     data = trial.recipe.model_dump(mode="json", exclude_defaults=True)  # what differs from the defaults: readable
     data["name"] = f"{ctx.recipe.name}-tuned"
     data["description"] = (f"tuned by `infertool tune {ctx.recipe.name}`: {record.label} "
-                           f"({search.OBJECTIVES[ctx.tune.objective][0]}: {record.objective:,.4g})")
+                           f"({objective_metric(ctx.tune.objective).objective_text}: {record.objective:,.4g})")
     data["run"] = {"out_dir": str((ctx.dir / "runs").absolute())}
     load = record.capacity.max_load if record.capacity is not None else None
     if load and isinstance(data.get("bench"), dict):

@@ -14,9 +14,9 @@ from infertool.atomic import atomic_path, write_text
 from infertool.bench.results import Summary
 from infertool.evaluate.result import Accept
 from infertool.evaluate.verdict import Gate
+from infertool.metricspec import objective as objective_metric
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.tune.records import ScreenResult, TrialRecord, TuneDoc
-from infertool.tune.search import OBJECTIVES
 from infertool.tune.space import OUTPUT_SETTINGS
 
 
@@ -236,7 +236,8 @@ def plot_pareto(doc: TuneDoc, path: Path) -> Path | None:
 
 
 def _summary(doc: TuneDoc) -> list[str]:
-    name, unit, _ = OBJECTIVES[doc.objective]
+    spec = objective_metric(doc.objective)
+    name, unit = spec.objective_text, spec.unit
     win = doc.trial(doc.winner)
     counts: dict[str, int] = {}
     for t in doc.trials:
@@ -253,10 +254,10 @@ def _summary(doc: TuneDoc) -> list[str]:
                      f"trials run chosen by the {'TPE' if sp.get('sampler') == 'tpe' else 'grid'} sampler; the "
                      "others are not listed.")
     if win and win.objective is not None:
-        obj = -win.objective if doc.objective == "goodput" else win.objective
+        obj = -win.objective if spec.higher_is_better else win.objective
         sc = win.served_check
         oci = win.objective_ci
-        if oci and doc.objective == "goodput":
+        if oci and spec.higher_is_better:
             oci = [None if oci[1] is None else -oci[1], None if oci[0] is None else -oci[0]]
         interval = f" [{_f(oci[0], 4)}, {_f(oci[1], 4) if oci[1] is not None else '-'}]" if oci and oci[0] is not None else ""
         lines.append(f"**Winner: {win.label}** — {name}: {obj:,.4g}{interval} {unit} at concurrency "
@@ -280,7 +281,7 @@ def _decision_lines(doc: TuneDoc) -> list[str]:
     d = getattr(doc, "decision", None)
     if not isinstance(d, dict) or not d.get("winner"):
         return []
-    _, unit, _ = OBJECTIVES[doc.objective]
+    unit = objective_metric(doc.objective).unit
     if not d.get("runner_up"):
         return [f"Decision: {d['winner']}, {d.get('why') or 'the only eligible configuration'}."]
     m, ci = d.get("margin"), d.get("margin_ci") or [None, None]

@@ -16,6 +16,8 @@ import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Callable
 
+from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
+from infertool.metricspec import objective as objective_metric
 from infertool.records import Record
 
 if TYPE_CHECKING:
@@ -249,7 +251,7 @@ def mean_summary(runs: list[dict], cost_per_hour: float | None = None) -> dict:
     out = {k: avg([r.get(k) for r in runs]) for k in runs[0]}
     for k in ("requests", "completed", "failed"):
         out[k] = sum(int(r.get(k) or 0) for r in runs)
-    tps, price = out.get("output_token_throughput"), cost_per_hour
+    tps, price = OUTPUT_TOKEN_THROUGHPUT.of(out), cost_per_hour
     if price is None:
         price = ((runs[0].get("cost") or {}).get("cost_per_hour"))
     if isinstance(out.get("cost"), dict) and tps and price:
@@ -273,7 +275,7 @@ def repeat_probe(measure_once: Callable[[int, int], dict], c: int, policy: Repea
         if len(runs) >= policy.max_runs or (sure and len(runs) >= runs_at_least):
             break
     summary = mean_summary(runs)
-    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence, floor=0.0)
+    _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
     frac = (summary.get("goodput") or {}).get("fraction")
     return Probe(c, ok, frac, summary, runs=len(runs), decided=sure, why=why, goodput_ci=ci, throughput_ci=tci,
                  per_run=runs if len(runs) > 1 else None)
@@ -290,7 +292,7 @@ def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], dict], p
         runs.append(measure_once(best.concurrency, len(runs)))
     ok, sure, why, ci = judge_runs(runs, policy)
     summary = mean_summary(runs)
-    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence, floor=0.0)
+    _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
     again = Probe(best.concurrency, ok, (summary.get("goodput") or {}).get("fraction"), summary, runs=len(runs),
                   decided=sure, why=why, goodput_ci=ci, throughput_ci=tci, per_run=runs)
     probes = [again if p is best else p for p in search.probes]
@@ -329,38 +331,27 @@ def decided(verdict: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- ranking
-OBJECTIVES = {
-    "cost": ("cost per 1M output tokens at the SLO", "$", False),
-    "goodput": ("goodput at the SLO (requests/s)", "req/s", True),
-    "tpot": ("TPOT p50 at the largest load meeting the SLO", "ms", False),
-}
-
-
 def cost_per_1m(capacity: CapacityResult | None, price_per_hour: float) -> float | None:
     """$ per 1M output tokens of a machine at ``price_per_hour`` serving the output tokens/s measured at the largest
     load meeting the SLO (price over the tokens of an hour, x 1M); None when no load meets it."""
     if capacity is None or not capacity.max_load:
         return None
-    tps = (capacity.at_max_load or {}).get("output_token_throughput")
-    return price_per_hour / (float(tps) * 3600) * 1e6 if tps else None
+    return cost_from_throughput(price_per_hour, OUTPUT_TOKEN_THROUGHPUT.of(capacity.at_max_load))
 
 
-def objective_value(objective: str, capacity: CapacityResult | None, price_per_hour: float | None = None) -> float | None:
-    """Lower is better (goodput is negated); None (not measured) when the trial has no load that meets the SLO.
-    The cost: at ``price_per_hour`` (a trial's machine kind), else at bench.cost_per_hour (the measurement's)."""
+def objective_value(name: str, capacity: CapacityResult | None, price_per_hour: float | None = None) -> float | None:
+    """Lower is better (a metric where higher is better is negated); None (not measured) when the trial has no
+    load that meets the SLO. The cost: at ``price_per_hour`` (a trial's machine kind), else at bench.cost_per_hour
+    (the measurement's)."""
     if capacity is None or not capacity.max_load:
         return None
-    at = capacity.at_max_load or {}
-    if objective == "cost":
-        if price_per_hour is not None:
-            return cost_per_1m(capacity, price_per_hour)
-        v = (at.get("cost") or {}).get("per_1m_output_tokens")
-        return None if v is None else float(v)
-    if objective == "goodput":
-        v = (at.get("goodput") or {}).get("requests_per_s")
-        return None if not v else -float(v)
-    v = (at.get("tpot_ms") or {}).get("p50")
-    return None if v is None else float(v)
+    spec = objective_metric(name)
+    if spec is COST_PER_1M_OUTPUT_TOKENS and price_per_hour is not None:
+        return cost_per_1m(capacity, price_per_hour)
+    v = spec.of(capacity.at_max_load)
+    if spec.higher_is_better:
+        return -v if v else None
+    return v
 
 
 def eligible(t: TrialRecord) -> bool:
@@ -407,11 +398,11 @@ def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str) -> str 
     if t.objective is None:
         return (t.capacity.stopped if t.capacity is not None else None) or "no load meets the SLO"
     if winner is not None and winner.objective is not None:
-        name, unit, _ = OBJECTIVES[objective]
+        spec = objective_metric(objective)
         a, b = t.objective, winner.objective
-        if objective == "goodput":
+        if spec.higher_is_better:
             a, b = -a, -b
-        return f"{name}: {a:,.4g} {unit} vs the winner's {b:,.4g} {unit}"
+        return f"{spec.objective_text}: {a:,.4g} {spec.unit} vs the winner's {b:,.4g} {spec.unit}"
     return None
 
 
@@ -436,16 +427,16 @@ def objective_interval(objective: str, capacity: CapacityResult | None, price_pe
     runs = (probe or {}).get("per_run") or []
     if len(runs) < 2:
         return None
-    if objective == "cost":
-        _, tci = mean_interval([r.get("output_token_throughput") for r in runs], confidence, floor=0.0)
+    spec = objective_metric(objective)
+    if spec is COST_PER_1M_OUTPUT_TOKENS:
+        _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], confidence, floor=0.0)
         price = price_per_hour if price_per_hour is not None else ((runs[0].get("cost") or {}).get("cost_per_hour"))
         if tci is None or not price:
             return None
         return [cost_from_throughput(price, tci[1]), cost_from_throughput(price, tci[0])]
-    if objective == "goodput":
-        _, ci = mean_interval([(r.get("goodput") or {}).get("requests_per_s") for r in runs], confidence, floor=0.0)
+    _, ci = mean_interval([spec.of(r) for r in runs], confidence, floor=0.0)
+    if spec.higher_is_better:
         return None if ci is None else [-ci[1], -ci[0]]
-    _, ci = mean_interval([(r.get("tpot_ms") or {}).get("p50") for r in runs], confidence, floor=0.0)
     return ci
 
 
@@ -501,7 +492,7 @@ def decide(ranked: list[TrialRecord], objective: str) -> dict | None:
     wlo, whi = _bounds(winner)
     rlo, rhi = _bounds(runner)
     out["margin_ci"] = [rlo - whi, None if math.isinf(rhi) else rhi - wlo]
-    unit = OBJECTIVES[objective][1]
+    unit = objective_metric(objective).unit
     if tie:
         out["why"] = (f"a tie: the objective intervals of {', '.join(t.id for t in tied)} overlap; broken by the "
                       f"rule ({_tie_reason(winner, runner)})")
@@ -586,11 +577,11 @@ def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) ->
         if s.id == rec.id or not isinstance(sm, int) or sm <= m or not siblings(s, rec) or s.capacity is None:
             continue
         above = sorted((p for p in s.capacity.probes or [] if (p.get("concurrency") or 0) >= m
-                        and (p.get("summary") or {}).get("output_token_throughput")),
+                        and OUTPUT_TOKEN_THROUGHPUT.of(p.get("summary"))),
                        key=lambda p: p["concurrency"])
         if above:
             p = above[0]
             tci = p.get("throughput_ci")
-            top = tci[1] if tci else p["summary"]["output_token_throughput"] * (1 + edge)
+            top = tci[1] if tci else (OUTPUT_TOKEN_THROUGHPUT.of(p["summary"]) or 0.0) * (1 + edge)
             bounds.append((top, f"{s.label} at concurrency {p['concurrency']}"))
     return min(bounds) if bounds else None

@@ -14,6 +14,8 @@ import json
 from typing import Callable, TypeVar
 
 from infertool.atomic import write_json
+from infertool.bench.results import SLO
+from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT
 from infertool.stages import Stage, StageContext, register
 from infertool.stages.builtin import resolution
 from infertool.tune import search
@@ -408,7 +410,7 @@ def capacity_result(result: search.LoadSearch, load, hi: int, levels: list, *, a
     meeting the SLO with their intervals (throughput from the repeated runs there; $/1M from it)."""
     best = result.best()
     bracket = search.max_load_bracket(result.probes, load.min_concurrency, hi)
-    tput = (best.summary or {}).get("output_token_throughput") if best else None
+    tput = OUTPUT_TOKEN_THROUGHPUT.of(best.summary) if best else None
     cost_ci = None
     if best is not None and best.throughput_ci:
         p = price if price is not None else ((best.summary.get("cost") or {}).get("cost_per_hour"))
@@ -428,7 +430,7 @@ def repeat_policy(tune) -> search.RepeatPolicy:
     slo = tune.bench.slo.model_dump(exclude_none=True) if tune.bench.slo is not None else {}
     return search.RepeatPolicy(max_runs=load.repeats.max_runs, min_runs=load.repeats.min_runs,
                                confidence=load.repeats.confidence, edge=load.edge, target=load.goodput_target,
-                               slo={k: v for k, v in slo.items() if k in ("ttft_ms", "tpot_ms", "e2e_ms")})
+                               slo=SLO.from_dict(slo).bounds())
 
 
 def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSearch:
@@ -508,7 +510,7 @@ def _bound_probes(ctx: StageContext, result: search.LoadSearch, once, policy: se
             continue
         p = search.repeat_probe(once, m, dataclasses.replace(policy, max_runs=1))
         p.bound_for = m
-        ctx.emit(f"capacity {trial.label}: concurrency {m}: {p.summary.get('output_token_throughput') or 0:,.4g} "
+        ctx.emit(f"capacity {trial.label}: concurrency {m}: {OUTPUT_TOKEN_THROUGHPUT.of(p.summary) or 0:,.4g} "
                  f"tok/s (one run: the bound of its max_num_seqs={m} sibling)")
         extra.append(p)
     return search.LoadSearch(result.max_load, [*result.probes, *extra], result.stopped) if extra else result
@@ -519,7 +521,7 @@ def _cannot_win(ctx: StageContext, c: int, p: search.Probe, policy: search.Repea
     (throughput grows with load; its interval's top, else widened by the edge), and even that throughput costs
     more per 1M tokens than the top of the best interval so far (``Context.best_cost``)."""
     best_hi = getattr(ctx.job.tune, "best_cost", None)
-    tps = (p.summary or {}).get("output_token_throughput")
+    tps = OUTPUT_TOKEN_THROUGHPUT.of(p.summary)
     price = ctx.job.trial.price_per_hour
     if price is None:
         price = ((p.summary or {}).get("cost") or {}).get("cost_per_hour")
