@@ -248,9 +248,9 @@ def test_own_cost_reads_brute_force_from_the_same_directory(tmp_path):
 # ------------------------------------------------------------------------------- trials that cannot win
 def test_a_sibling_with_more_seqs_bounds_a_trial():
     big = trial("ms8", [100.0, 104.0], ms=8, key="k")
-    big.capacity.probes = [Probe(2, True, 1.0, run(1.0, 50, tps=60)).to_dict(),
-                           Probe(4, True, 1.0, run(1.0, 60, tps=90), throughput_ci=[85.0, 95.0]).to_dict(),
-                           Probe(8, True, 1.0, run(1.0, 70, tps=100)).to_dict()]
+    big.capacity.probes = [Probe(2, True, 1.0, run(1.0, 50, tps=60)),
+                           Probe(4, True, 1.0, run(1.0, 60, tps=90), throughput_ci=[85.0, 95.0]),
+                           Probe(8, True, 1.0, run(1.0, 70, tps=100))]
     small = TrialRecord.from_dict({"id": "ms4", "serve": {"max_num_seqs": 4}, "candidate": {"key": "k"}})
     assert search.sibling_bound(small, [big], 0.25) == (95.0, "ms8 at concurrency 4")  # its interval's top
     other = TrialRecord.from_dict({"id": "o", "serve": {"max_num_seqs": 4}, "candidate": {"key": "other"}})
@@ -266,7 +266,7 @@ def test_a_trial_its_sibling_bounds_above_the_best_is_not_measured():
     from infertool.tune.core import _cannot_win, _note_measured
 
     big = trial("ms8", [100.0, 104.0], ms=8, key="k")
-    big.capacity.probes = [Probe(4, True, 1.0, run(1.0, 60, tps=50), throughput_ci=[45.0, 55.0]).to_dict()]
+    big.capacity.probes = [Probe(4, True, 1.0, run(1.0, 60, tps=50), throughput_ci=[45.0, 55.0])]
     best = trial("best", [200.0, 201.0, 199.0], key="other")
     tune = SimpleNamespace(objective="cost", load=SimpleNamespace(edge=0.25))
     ctx = SimpleNamespace(tune=tune, exhaustive=False, on_event=None, recipe=SimpleNamespace(bench=SimpleNamespace(cost_per_hour=0.5)))

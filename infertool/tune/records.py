@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from infertool.records import Record
 from infertool.summaries import StageSummary, Summary
 
 
@@ -74,12 +75,31 @@ class ReferenceSummary(StageSummary):
 
 
 @dataclass
+class Probe(Record):
+    """One load the capacity search measured (``infertool.tune.search``): whether it met the SLO, and how sure."""
+
+    concurrency: int
+    ok: bool  # met the SLO at this load (goodput fraction >= target, no failed requests)
+    goodput_fraction: float | None
+    summary: dict = field(default_factory=dict)  # one run's short summary; with repeats the runs' means
+    runs: int = 1  # how many times the level was measured (repeated near the SLO edge)
+    decided: bool | None = None  # the interval (or the distance from the edge) decides ok; None: not judged
+    why: str | None = None  # how ok was decided: "far from the edge ...", "interval ... above the target", ...
+    goodput_ci: list[float] | None = None  # the goodput fraction's interval over every request of every run
+    throughput_ci: list[float] | None = None  # output tok/s across runs (t interval; None with one run)
+    per_run: list[dict] | None = None  # each run's short summary (only when repeated)
+    # measured after the search, at a smaller sibling's max_num_seqs, for that sibling's bound (``sibling_bound``);
+    # not part of the search: the bracket and the answer ignore it
+    bound_for: int | None = None
+
+
+@dataclass
 class CapacityResult(StageSummary):
     """The largest concurrency at which the trial's server meets the SLO, and the measurement there."""
 
     max_load: int | None = None  # 0: not even the smallest load meets the SLO
     stopped: str | None = None  # why the search ended
-    probes: list[dict] = field(default_factory=list)
+    probes: list[Probe] = field(default_factory=list)
     at_max_load: dict | None = None  # the bench summary at max_load (ttft_ms, tpot_ms, goodput, cost, ...)
     range: list[int] | None = None
     argv: list[str] | None = None
@@ -92,6 +112,9 @@ class CapacityResult(StageSummary):
     throughput_ci: list[float] | None = None  # its t interval across runs (None: one run)
     cost_ci: list[float | None] | None = None  # $/1M at max_load from the throughput's interval
     runs: int | None = None  # bench runs the search made (repeats included)
+
+    def __post_init__(self) -> None:
+        self.probes = [Probe.from_dict(p) for p in self.probes]  # records from a caller's dicts too
 
 
 @dataclass

@@ -18,30 +18,13 @@ from typing import TYPE_CHECKING, Callable
 
 from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
 from infertool.metricspec import objective as objective_metric
-from infertool.records import Record
+from infertool.tune.records import Probe
 
 if TYPE_CHECKING:
     from infertool.tune.records import CapacityResult, TrialRecord
 
 
 # ------------------------------------------------------------------------------------------- load search
-@dataclass
-class Probe(Record):
-    concurrency: int
-    ok: bool  # met the SLO at this load (goodput fraction >= target, no failed requests)
-    goodput_fraction: float | None
-    summary: dict = field(default_factory=dict)  # one run's short summary; with repeats the runs' means
-    runs: int = 1  # how many times the level was measured (repeated near the SLO edge)
-    decided: bool | None = None  # the interval (or the distance from the edge) decides ok; None: not judged
-    why: str | None = None  # how ok was decided: "far from the edge ...", "interval ... above the target", ...
-    goodput_ci: list[float] | None = None  # the goodput fraction's interval over every request of every run
-    throughput_ci: list[float] | None = None  # output tok/s across runs (t interval; None with one run)
-    per_run: list[dict] | None = None  # each run's short summary (only when repeated)
-    # measured after the search, at a smaller sibling's max_num_seqs, for that sibling's bound (``sibling_bound``);
-    # not part of the search: the bracket and the answer ignore it
-    bound_for: int | None = None
-
-
 @dataclass
 class LoadSearch:
     max_load: int  # 0: not even the smallest load meets the SLO
@@ -411,11 +394,10 @@ TIE_RULE = ("a tie (the objective intervals overlap) goes to fewer GPUs, then le
             "accuracy margin (the lower mean KLD), then the better point estimate")
 
 
-def _probe_at_max(capacity: CapacityResult | None) -> dict | None:
+def _probe_at_max(capacity: CapacityResult | None) -> Probe | None:
     if capacity is None or not capacity.max_load:
         return None
-    return next((p for p in reversed(capacity.probes or []) if p.get("concurrency") == capacity.max_load
-                 and p.get("ok")), None)
+    return next((p for p in reversed(capacity.probes) if p.concurrency == capacity.max_load and p.ok), None)
 
 
 def objective_interval(objective: str, capacity: CapacityResult | None, price_per_hour: float | None = None,
@@ -424,7 +406,7 @@ def objective_interval(objective: str, capacity: CapacityResult | None, price_pe
     load meeting the SLO: $/1M from the throughput's interval (its upper end None when the throughput's lower
     end is not positive), goodput negated, TPOT p50 as measured. None with a single run (no interval)."""
     probe = _probe_at_max(capacity)
-    runs = (probe or {}).get("per_run") or []
+    runs = (probe.per_run if probe is not None else None) or []
     if len(runs) < 2:
         return None
     spec = objective_metric(objective)
@@ -576,12 +558,12 @@ def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) ->
         sm = (s.serve or {}).get("max_num_seqs")
         if s.id == rec.id or not isinstance(sm, int) or sm <= m or not siblings(s, rec) or s.capacity is None:
             continue
-        above = sorted((p for p in s.capacity.probes or [] if (p.get("concurrency") or 0) >= m
-                        and OUTPUT_TOKEN_THROUGHPUT.of(p.get("summary"))),
-                       key=lambda p: p["concurrency"])
+        above = sorted((p for p in s.capacity.probes if (p.concurrency or 0) >= m
+                        and OUTPUT_TOKEN_THROUGHPUT.of(p.summary)),
+                       key=lambda p: p.concurrency)
         if above:
             p = above[0]
-            tci = p.get("throughput_ci")
-            top = tci[1] if tci else (OUTPUT_TOKEN_THROUGHPUT.of(p["summary"]) or 0.0) * (1 + edge)
-            bounds.append((top, f"{s.label} at concurrency {p['concurrency']}"))
+            tci = p.throughput_ci
+            top = tci[1] if tci else (OUTPUT_TOKEN_THROUGHPUT.of(p.summary) or 0.0) * (1 + edge)
+            bounds.append((top, f"{s.label} at concurrency {p.concurrency}"))
     return min(bounds) if bounds else None

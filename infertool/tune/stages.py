@@ -417,7 +417,7 @@ def capacity_result(result: search.LoadSearch, load, hi: int, levels: list, *, a
         if p:
             cost_ci = [search.cost_from_throughput(p, best.throughput_ci[1]),
                        search.cost_from_throughput(p, best.throughput_ci[0])]
-    return CapacityResult(max_load=result.max_load, stopped=result.stopped, probes=[p.to_dict() for p in result.probes],
+    return CapacityResult(max_load=result.max_load, stopped=result.stopped, probes=list(result.probes),
                           at_max_load=best.summary if best else None, range=[load.min_concurrency, hi],
                           argv=argv, serve=serve, edge=bracket["edge"], max_load_ci=bracket["max_load_ci"],
                           throughput=tput, throughput_ci=best.throughput_ci if best else None, cost_ci=cost_ci,
