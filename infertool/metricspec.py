@@ -29,9 +29,9 @@ class MetricSpec:
     #                   (a percentile over the completed requests), "share" (of the requests sent), "ratio"
     fmt: str = "{:.1f}"  # bench's cell format
     table: str | None = None  # bench's level table that shows it: "latency" | "throughput" (None: neither)
-    ab: bool = False  # compared by A/B tables (arm B over arm A)
+    ab: int = 0  # its place among the figures A/B tables compare (arm B over arm A), lowest first; 0: not compared
     compare: str | None = None  # its row in `infertool compare` (None: not compared)
-    report: bool = False  # a column of the report's bench table
+    report: str | None = None  # its column in the report's bench table (None: not there)
     objective: str | None = None  # tune.objective's value that selects it (None: not selectable)
     objective_text: str | None = None  # the objective in words, as tune says it
 
@@ -51,19 +51,19 @@ class MetricSpec:
 # every metric, by name (a reader imports the one it means: ``metricspec.TTFT_P50_MS``)
 REQUEST_THROUGHPUT = MetricSpec(
     "request_throughput", ("request_throughput",), "req/s", "req", "req/s", True, "rate", "{:.3f}",
-    table="throughput", ab=True, report=True)
+    table="throughput", ab=20, report="req/s")
 OUTPUT_TOKEN_THROUGHPUT = MetricSpec(
     "output_token_throughput", ("output_token_throughput",), "output tok/s", "out tok", "tok/s", True, "rate",
-    "{:.2f}", table="throughput", ab=True, compare="output_tok_s", report=True)
+    "{:.2f}", table="throughput", ab=10, compare="output_tok_s", report="out tok/s")
 TTFT_P50_MS = MetricSpec(
     "ttft_p50_ms", ("ttft_ms", "p50"), "TTFT p50 ms", "TTFT p50", "ms", False, "p50", "{:.0f}", table="latency",
-    ab=True, compare="ttft_p50_ms", report=True)
+    ab=30, compare="ttft_p50_ms", report="TTFT p50 ms")
 TTFT_P99_MS = MetricSpec(
     "ttft_p99_ms", ("ttft_ms", "p99"), "TTFT p99 ms", "TTFT p99", "ms", False, "p99", "{:.0f}", table="latency",
-    report=True)
+    report="TTFT p99 ms")
 TPOT_P50_MS = MetricSpec(
-    "tpot_p50_ms", ("tpot_ms", "p50"), "TPOT p50 ms", "TPOT p50", "ms", False, "p50", table="latency", ab=True,
-    compare="tpot_p50_ms", report=True, objective="tpot",
+    "tpot_p50_ms", ("tpot_ms", "p50"), "TPOT p50 ms", "TPOT p50", "ms", False, "p50", table="latency", ab=40,
+    compare="tpot_p50_ms", report="TPOT p50 ms", objective="tpot",
     objective_text="TPOT p50 at the largest load meeting the SLO")
 TPOT_P99_MS = MetricSpec(
     "tpot_p99_ms", ("tpot_ms", "p99"), "TPOT p99 ms", "TPOT p99", "ms", False, "p99", table="latency")
@@ -71,19 +71,19 @@ ITL_P50_MS = MetricSpec(
     "itl_p50_ms", ("itl_ms", "p50"), "ITL p50 ms", "ITL p50", "ms", False, "p50", table="latency")
 E2E_P50_MS = MetricSpec(
     "e2e_p50_ms", ("e2e_ms", "p50"), "E2E p50 ms", "E2E p50", "ms", False, "p50", "{:.0f}", table="latency",
-    ab=True)
+    ab=50)
 E2E_P99_MS = MetricSpec(
     "e2e_p99_ms", ("e2e_ms", "p99"), "E2E p99 ms", "E2E p99", "ms", False, "p99", "{:.0f}", table="latency")
 GOODPUT = MetricSpec(
     "goodput", ("goodput", "requests_per_s"), "goodput req/s", "goodput req", "req/s", True, "rate", "{:.3f}",
-    table="throughput", ab=True, objective="goodput", objective_text="goodput at the SLO (requests/s)")
+    table="throughput", ab=60, objective="goodput", objective_text="goodput at the SLO (requests/s)")
 GOODPUT_FRACTION = MetricSpec(
     "goodput_fraction", ("goodput", "fraction"), "goodput", "goodput %", "share", True, "share", "{:.0%}",
-    report=True)
+    report="goodput")
 COST_PER_1M_OUTPUT_TOKENS = MetricSpec(
     "cost_per_1m_output_tokens", ("cost", "per_1m_output_tokens"), "$/1M out tok", "$/1M tok", "$", False, "ratio",
-    "${:.2f}", table="throughput", ab=True, compare="cost_per_1m_output_tokens", report=True, objective="cost",
-    objective_text="cost per 1M output tokens at the SLO")
+    "${:.2f}", table="throughput", ab=70, compare="cost_per_1m_output_tokens", report="$/1M out tok",
+    objective="cost", objective_text="cost per 1M output tokens at the SLO")
 COST_PER_REQUEST = MetricSpec(
     "cost_per_request", ("cost", "per_request"), "$/req", "$/req", "$", False, "ratio", "${:.4f}",
     table="throughput")
@@ -103,8 +103,8 @@ def metric(name: str) -> MetricSpec:
 
 
 def ab_metrics() -> tuple[MetricSpec, ...]:
-    """The figures A/B tables compare, in the table's order."""
-    return tuple(m for m in METRICS if m.ab)
+    """The figures A/B tables compare, in their order (``MetricSpec.ab``)."""
+    return tuple(sorted((m for m in METRICS if m.ab), key=lambda m: m.ab))
 
 
 def compared() -> tuple[MetricSpec, ...]:

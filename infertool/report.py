@@ -536,8 +536,8 @@ def _length_rows(arm: BenchReport) -> list[list[str]]:
 def _bench_rows(arm: BenchReport) -> list[list[str]]:
     """A bench's levels, one row each: the metric table's report metrics (``infertool.metricspec``), a repeated
     level's (bench.repeats) with its interval where the repeats have one."""
-    specs = [m for m in METRICS if m.report]
-    rows = [["level", *(m.label for m in specs), "errors"]]
+    specs = [m for m in METRICS if m.report is not None]
+    rows = [["level", *(str(m.report) for m in specs), "errors"]]
     for lv in arm.levels:
         f, r = lv.summary, lv.repeats
         cells = []
