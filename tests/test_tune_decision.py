@@ -62,10 +62,10 @@ def test_near_the_edge_repeats_until_max_runs_and_says_undecided():
     assert calls == [(4, 0), (4, 1), (4, 2)] and p.runs == 3 and p.decided is False
     assert p.ok and "undecided after 3" in p.why
     assert p.goodput_ci[0] < 0.9 < p.goodput_ci[1]
-    assert p.summary["output_token_throughput"] == pytest.approx(105.0)  # the runs' mean
+    assert p.summary.output_token_throughput == pytest.approx(105.0)  # the runs' mean
     assert p.throughput_ci[0] < 105 < p.throughput_ci[1] and len(p.per_run) == 3
     # $/1M at the mean throughput, not the mean of the runs' costs
-    assert p.summary["cost"]["per_1m_output_tokens"] == pytest.approx(0.5 / (105 * 3600) * 1e6)
+    assert p.summary.cost.per_1m_output_tokens == pytest.approx(0.5 / (105 * 3600) * 1e6)
 
 
 def test_near_the_edge_stops_when_the_interval_decides():
@@ -88,7 +88,7 @@ def test_the_best_probe_is_confirmed_for_its_interval():
     res = search.confirm_best(search.LoadSearch(2, probes, "the SLO holds at 2 and not at 4"), once, POLICY)
     assert calls == [(2, 0), (4, 0), (2, 1)]  # only the probe at max load measured again
     best = res.best()
-    assert res.max_load == 2 and best.runs == 2 and best.summary["output_token_throughput"] == pytest.approx(82)
+    assert res.max_load == 2 and best.runs == 2 and best.summary.output_token_throughput == pytest.approx(82)
     assert best.throughput_ci is not None and best.throughput_ci[0] < 82 < best.throughput_ci[1]
 
 

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from infertool.bench.results import Cost, Goodput, Latency
+from infertool.bench.results import Summary as BenchSummary
 from infertool.records import Record
 from infertool.summaries import StageSummary, Summary
 
@@ -75,22 +77,53 @@ class ReferenceSummary(StageSummary):
 
 
 @dataclass
+class ProbeSummary(Record):
+    """What a capacity probe keeps of a bench level's summary (``bench.results.Summary``: the same names and
+    records), or the mean of its runs (``search.mean_summary``)."""
+
+    requests: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+    duration_s: float | None = None
+    output_token_throughput: float | None = None
+    request_throughput: float | None = None
+    ttft_ms: Latency = field(default_factory=Latency)
+    tpot_ms: Latency = field(default_factory=Latency)
+    e2e_ms: Latency = field(default_factory=Latency)
+    goodput: Goodput = field(default_factory=Goodput)
+    cost: Cost = field(default_factory=Cost)
+    mean_output_tokens: float | None = None
+
+    @classmethod
+    def of(cls, summary: BenchSummary | dict[str, object]) -> ProbeSummary:
+        """A bench level's summary (its record or JSON data) cut to a probe's figures (the others left out)."""
+        cut = cls.from_dict(BenchSummary.from_dict(summary).to_dict())
+        cut.extra = {}
+        return cut
+
+
+@dataclass
 class Probe(Record):
     """One load the capacity search measured (``infertool.tune.search``): whether it met the SLO, and how sure."""
 
     concurrency: int
     ok: bool  # met the SLO at this load (goodput fraction >= target, no failed requests)
     goodput_fraction: float | None
-    summary: dict = field(default_factory=dict)  # one run's short summary; with repeats the runs' means
+    summary: ProbeSummary = field(default_factory=ProbeSummary)  # one run's; with repeats the runs' means
     runs: int = 1  # how many times the level was measured (repeated near the SLO edge)
     decided: bool | None = None  # the interval (or the distance from the edge) decides ok; None: not judged
     why: str | None = None  # how ok was decided: "far from the edge ...", "interval ... above the target", ...
     goodput_ci: list[float] | None = None  # the goodput fraction's interval over every request of every run
     throughput_ci: list[float] | None = None  # output tok/s across runs (t interval; None with one run)
-    per_run: list[dict] | None = None  # each run's short summary (only when repeated)
+    per_run: list[ProbeSummary] | None = None  # each run's short summary (only when repeated)
     # measured after the search, at a smaller sibling's max_num_seqs, for that sibling's bound (``sibling_bound``);
     # not part of the search: the bracket and the answer ignore it
     bound_for: int | None = None
+
+    def __post_init__(self) -> None:  # records from a caller's dicts too
+        self.summary = ProbeSummary.from_dict(self.summary)
+        if self.per_run is not None:
+            self.per_run = [ProbeSummary.from_dict(r) for r in self.per_run]
 
 
 @dataclass
@@ -100,7 +133,7 @@ class CapacityResult(StageSummary):
     max_load: int | None = None  # 0: not even the smallest load meets the SLO
     stopped: str | None = None  # why the search ended
     probes: list[Probe] = field(default_factory=list)
-    at_max_load: dict | None = None  # the bench summary at max_load (ttft_ms, tpot_ms, goodput, cost, ...)
+    at_max_load: ProbeSummary | None = None  # the bench summary at max_load (the best probe's)
     range: list[int] | None = None
     argv: list[str] | None = None
     serve: dict | None = None  # the effective serve settings
@@ -115,6 +148,8 @@ class CapacityResult(StageSummary):
 
     def __post_init__(self) -> None:
         self.probes = [Probe.from_dict(p) for p in self.probes]  # records from a caller's dicts too
+        if self.at_max_load is not None:
+            self.at_max_load = ProbeSummary.from_dict(self.at_max_load)
 
 
 @dataclass

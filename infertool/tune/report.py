@@ -11,7 +11,6 @@ import math
 from pathlib import Path
 
 from infertool.atomic import atomic_path, write_text
-from infertool.bench.results import Summary
 from infertool.evaluate.result import Accept
 from infertool.evaluate.verdict import Gate
 from infertool.metricspec import objective as objective_metric
@@ -43,7 +42,7 @@ def _cost(t: TrialRecord) -> float | None:
     if t.machine is not None:
         return t.cost_per_1m_output_tokens
     at = t.capacity.at_max_load if t.capacity is not None else None
-    return Summary.from_dict(at).cost.per_1m_output_tokens if at else None
+    return at.cost.per_1m_output_tokens if at is not None else None
 
 
 def _kind(t: TrialRecord) -> str:

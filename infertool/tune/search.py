@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
 from infertool.metricspec import objective as objective_metric
-from infertool.tune.records import Probe
+from infertool.bench.results import Latency, Summary
+from infertool.tune.records import Probe, ProbeSummary
 
 if TYPE_CHECKING:
     from infertool.tune.records import CapacityResult, TrialRecord
@@ -102,23 +103,14 @@ def _bisect(run: Callable[[int], Probe], probes: list[Probe], good: int, bad: in
     return LoadSearch(good, probes, f"the SLO holds at {good} and not at {bad}")
 
 
-SHORT = ("requests", "completed", "failed", "duration_s", "output_token_throughput", "request_throughput",
-         "ttft_ms", "tpot_ms", "e2e_ms", "goodput", "cost", "mean_output_tokens")
-
-
-def short_summary(summary) -> dict:
+def short_summary(summary: Summary | dict[str, object]) -> ProbeSummary:
     """What a probe keeps of a bench level's summary (a ``bench.results.Summary`` or its JSON data)."""
-    from infertool.bench.results import Summary
-
-    d = Summary.from_dict(summary).to_dict()
-    return {k: d.get(k) for k in SHORT}
+    return ProbeSummary.of(summary)
 
 
-def probe_ok(summary, target: float) -> tuple[bool, float | None]:
+def probe_ok(summary: Summary | dict[str, object], target: float) -> tuple[bool, float | None]:
     """A level meets the SLO when every request completed and the share that met the SLO reaches the target
     (``summary``: a ``bench.results.Summary`` or its JSON data)."""
-    from infertool.bench.results import Summary
-
     s = Summary.from_dict(summary)
     frac = s.goodput.fraction
     ok = frac is not None and frac >= target and not s.failed
@@ -138,7 +130,7 @@ class RepeatPolicy:
     confidence: float = 0.95
     edge: float = 0.25
     target: float = 0.9
-    slo: dict = field(default_factory=dict)  # bench.slo's bounds by name (ttft_ms, tpot_ms, e2e_ms)
+    slo: dict[str, float] = field(default_factory=dict)  # bench.slo's bounds by name (ttft_ms, tpot_ms, e2e_ms)
 
 
 class StopSearch(Exception):
@@ -156,7 +148,7 @@ def t_quantile(confidence: float, df: int) -> float:
     return t_for(confidence, df)
 
 
-def mean_interval(values: list[float], confidence: float, floor: float | None = None) -> tuple[float, list[float] | None]:
+def mean_interval(values: Sequence[float | None], confidence: float, floor: float | None = None) -> tuple[float, list[float] | None]:
     """The mean of repeated measurements and its t interval ([lo, hi]; None with fewer than two); ``floor``: the
     least the figure can be (0 for a rate: a t interval of two runs can reach below it)."""
     xs = [float(v) for v in values if v is not None]
@@ -175,26 +167,32 @@ def _pct_key(target: float) -> str:
     return "p50" if target <= 0.5 else "p90" if target <= 0.9 else "p99"
 
 
-def slo_margin(summary: dict, slo: dict, target: float) -> float | None:
+def slo_margin(summary: ProbeSummary, slo: dict[str, float], target: float) -> float | None:
     """How close a run is to the SLO: the largest ratio of a latency percentile (the one the goodput target
-    reads) to its bound (1.0: at the bound; 0.5: half of it). None without an SLO or a measurement."""
+    reads) to its bound (1.0: at the bound; 0.5: half of it). None without an SLO or a measurement. ``slo``: the
+    bounds by name (``bench.results.SLO.bounds``: ttft_ms, tpot_ms, e2e_ms, the summary's latencies)."""
     key = _pct_key(target)
-    ratios = [float((summary.get(name) or {}).get(key)) / float(bound) for name, bound in (slo or {}).items()
-              if bound and isinstance((summary.get(name) or {}).get(key), (int, float))]
+    ratios = []
+    for name, bound in slo.items():
+        latency = getattr(summary, name, None)
+        v = getattr(latency, key, None) if isinstance(latency, Latency) else None
+        if bound and v is not None:
+            ratios.append(v / float(bound))
     return max(ratios) if ratios else None
 
 
-def judge_runs(runs: list[dict], policy: RepeatPolicy) -> tuple[bool, bool, str, list[float] | None]:
+def judge_runs(runs: Sequence[ProbeSummary | dict[str, object]],
+               policy: RepeatPolicy) -> tuple[bool, bool, str, list[float] | None]:
     """Whether the runs of one level meet the SLO (ok), whether that is decided, why, and the goodput fraction's
     Wilson interval over every request: decided when the interval lies on one side of the target, or a single
     run is far from the edge (its latency percentile within 1/(1+edge) of the bound and meeting, or beyond
     (1+edge) x the bound and missing), or a request failed (a failure is not noise)."""
     from infertool.evaluate.metrics import wilson
 
-    n = sum(int(r.get("requests") or 0) for r in runs)
-    met = sum(round(float(((r.get("goodput") or {}).get("fraction")) or 0.0) * int(r.get("requests") or 0))
-              for r in runs)
-    failed = sum(int(r.get("failed") or 0) for r in runs)
+    runs = [ProbeSummary.from_dict(r) for r in runs]
+    n = sum(r.requests or 0 for r in runs)
+    met = sum(round((r.goodput.fraction or 0.0) * (r.requests or 0)) for r in runs)
+    failed = sum(r.failed or 0 for r in runs)
     frac = met / n if n else None
     ok = frac is not None and frac >= policy.target and not failed
     ci = list(wilson(met, n, policy.confidence)) if n else None
@@ -216,30 +214,38 @@ def judge_runs(runs: list[dict], policy: RepeatPolicy) -> tuple[bool, bool, str,
     return ok, False, f"near the edge: undecided after {len(runs)} run(s)", ci
 
 
-def mean_summary(runs: list[dict], cost_per_hour: float | None = None) -> dict:
+def mean_summary(runs: Sequence[ProbeSummary | dict[str, object]],
+                 cost_per_hour: float | None = None) -> ProbeSummary:
     """The runs' short summaries averaged (every number; counts summed), $/1M recomputed from the mean
     throughput so that it matches the throughput's interval."""
-    if len(runs) == 1:
-        return dict(runs[0])
-
-    def avg(values: list):
-        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if nums and len(nums) == len([v for v in values if v is not None]):
-            return math.fsum(nums) / len(nums)
-        if all(isinstance(v, dict) for v in values if v is not None) and any(isinstance(v, dict) for v in values):
-            keys = {k for v in values if isinstance(v, dict) for k in v}
-            return {k: avg([v.get(k) if isinstance(v, dict) else None for v in values]) for k in sorted(keys)}
-        return next((v for v in values if v is not None), None)
-
-    out = {k: avg([r.get(k) for r in runs]) for k in runs[0]}
-    for k in ("requests", "completed", "failed"):
-        out[k] = sum(int(r.get(k) or 0) for r in runs)
-    tps, price = OUTPUT_TOKEN_THROUGHPUT.of(out), cost_per_hour
-    if price is None:
-        price = ((runs[0].get("cost") or {}).get("cost_per_hour"))
-    if isinstance(out.get("cost"), dict) and tps and price:
-        out["cost"] = {**out["cost"], "per_1m_output_tokens": cost_from_throughput(price, tps)}
+    recs = [ProbeSummary.from_dict(r) for r in runs]
+    if len(recs) == 1:
+        return ProbeSummary.from_dict(recs[0].to_dict())
+    data = [r.to_dict() for r in recs]
+    out = ProbeSummary.from_dict({k: _mean_value([d[k] for d in data]) for k in data[0]})
+    out.requests, out.completed, out.failed = (sum(getattr(r, k) or 0 for r in recs)
+                                               for k in ("requests", "completed", "failed"))
+    tps = out.output_token_throughput
+    price = cost_per_hour if cost_per_hour is not None else recs[0].cost.cost_per_hour
+    if tps and price:
+        out.cost.per_1m_output_tokens = cost_from_throughput(price, tps)
     return out
+
+
+JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]
+
+
+def _mean_value(values: list[JSONValue]) -> JSONValue:
+    """The mean of one figure over runs (a record's JSON: numbers averaged, records field by field, anything
+    else the first that is set)."""
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if nums and len(nums) == len([v for v in values if v is not None]):
+        return math.fsum(nums) / len(nums)
+    dicts = [v for v in values if isinstance(v, dict)]
+    if dicts and len(dicts) == len([v for v in values if v is not None]):
+        keys = {k for v in dicts for k in v}
+        return {k: _mean_value([v.get(k) if isinstance(v, dict) else None for v in values]) for k in sorted(keys)}
+    return next((v for v in values if v is not None), None)
 
 
 def cost_from_throughput(price_per_hour: float, tokens_per_s: float | None) -> float | None:
@@ -247,24 +253,24 @@ def cost_from_throughput(price_per_hour: float, tokens_per_s: float | None) -> f
     return price_per_hour / (float(tokens_per_s) * 3600) * 1e6 if tokens_per_s and tokens_per_s > 0 else None
 
 
-def repeat_probe(measure_once: Callable[[int, int], dict], c: int, policy: RepeatPolicy, *,
+def repeat_probe(measure_once: Callable[[int, int], ProbeSummary], c: int, policy: RepeatPolicy, *,
                  runs_at_least: int = 1) -> Probe:
     """Measure concurrency ``c`` (``measure_once(c, run)`` -> a short summary) until its verdict is decided
     (``judge_runs``) and it has ``runs_at_least`` runs, or ``policy.max_runs`` runs."""
-    runs: list[dict] = []
+    runs: list[ProbeSummary] = []
     while True:
-        runs.append(measure_once(c, len(runs)))
+        runs.append(ProbeSummary.from_dict(measure_once(c, len(runs))))
         ok, sure, why, ci = judge_runs(runs, policy)
         if len(runs) >= policy.max_runs or (sure and len(runs) >= runs_at_least):
             break
     summary = mean_summary(runs)
     _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
-    frac = (summary.get("goodput") or {}).get("fraction")
-    return Probe(c, ok, frac, summary, runs=len(runs), decided=sure, why=why, goodput_ci=ci, throughput_ci=tci,
-                 per_run=runs if len(runs) > 1 else None)
+    return Probe(c, ok, summary.goodput.fraction, summary, runs=len(runs), decided=sure, why=why, goodput_ci=ci,
+                 throughput_ci=tci, per_run=runs if len(runs) > 1 else None)
 
 
-def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], dict], policy: RepeatPolicy) -> LoadSearch:
+def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], ProbeSummary],
+                 policy: RepeatPolicy) -> LoadSearch:
     """The probe at the largest load meeting the SLO measured again up to ``policy.min_runs`` runs (its runs
     pooled), so that the throughput and $/1M the objective reads there carry an interval."""
     best = search.best()
@@ -272,11 +278,11 @@ def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], dict], p
         return search
     runs = list(best.per_run or [best.summary])
     while len(runs) < min(policy.min_runs, policy.max_runs):
-        runs.append(measure_once(best.concurrency, len(runs)))
+        runs.append(ProbeSummary.from_dict(measure_once(best.concurrency, len(runs))))
     ok, sure, why, ci = judge_runs(runs, policy)
     summary = mean_summary(runs)
     _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
-    again = Probe(best.concurrency, ok, (summary.get("goodput") or {}).get("fraction"), summary, runs=len(runs),
+    again = Probe(best.concurrency, ok, summary.goodput.fraction, summary, runs=len(runs),
                   decided=sure, why=why, goodput_ci=ci, throughput_ci=tci, per_run=runs)
     probes = [again if p is best else p for p in search.probes]
     if ok:
@@ -412,7 +418,7 @@ def objective_interval(objective: str, capacity: CapacityResult | None, price_pe
     spec = objective_metric(objective)
     if spec is COST_PER_1M_OUTPUT_TOKENS:
         _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], confidence, floor=0.0)
-        price = price_per_hour if price_per_hour is not None else ((runs[0].get("cost") or {}).get("cost_per_hour"))
+        price = price_per_hour if price_per_hour is not None else runs[0].cost.cost_per_hour
         if tci is None or not price:
             return None
         return [cost_from_throughput(price, tci[1]), cost_from_throughput(price, tci[0])]

@@ -413,7 +413,7 @@ def capacity_result(result: search.LoadSearch, load, hi: int, levels: list, *, a
     tput = OUTPUT_TOKEN_THROUGHPUT.of(best.summary) if best else None
     cost_ci = None
     if best is not None and best.throughput_ci:
-        p = price if price is not None else ((best.summary.get("cost") or {}).get("cost_per_hour"))
+        p = price if price is not None else best.summary.cost.cost_per_hour
         if p:
             cost_ci = [search.cost_from_throughput(p, best.throughput_ci[1]),
                        search.cost_from_throughput(p, best.throughput_ci[0])]
@@ -447,7 +447,7 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
     warm = [True]
     policy = repeat_policy(tune)
 
-    def once(c: int, run: int) -> dict:
+    def once(c: int, run: int) -> search.ProbeSummary:
         bench = tune.bench.model_copy(update={"requests": max(requests_n, 2 * c)})
         (level,) = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}" + (f"-r{run + 1}" if run else ""),
                            on_event=ctx.on_event, warmup=warm[0], seed_salt=run)
@@ -524,7 +524,7 @@ def _cannot_win(ctx: StageContext, c: int, p: search.Probe, policy: search.Repea
     tps = OUTPUT_TOKEN_THROUGHPUT.of(p.summary)
     price = ctx.job.trial.price_per_hour
     if price is None:
-        price = ((p.summary or {}).get("cost") or {}).get("cost_per_hour")
+        price = p.summary.cost.cost_per_hour
     if best_hi is None or not tps or not price or ctx.job.tune.tune.objective != "cost":
         return
     top = p.throughput_ci[1] if p.throughput_ci else tps * (1 + policy.edge)
