@@ -59,11 +59,11 @@ def test_a_trial_that_changes_an_output_setting_is_screened_on_its_own(smol, tmp
     assert len(by) == 8
     eager = by[("original", True, 2)]
     assert eager.scoring == {} and not eager.own_screening  # the recipe's own value (true), kv_cache_dtype its default
-    assert eager.screening() == {"own": False, "settings": {},
+    assert eager.screening().to_dict() == {"own": False, "settings": {},
                                  "shares": "the reference itself, at the recipe's serve settings"}
     compiled = by[("original", False, 4)]
     assert compiled.scoring == {"enforce_eager": False} and compiled.own_screening
-    assert compiled.screening()["own"] is True and "CUDA graphs" in compiled.screening()["why"]
+    assert compiled.screening().own is True and "CUDA graphs" in (compiled.screening().why or "")
     assert compiled.to_dict()["screening"]["settings"] == {"enforce_eager": False}
     assert by[("GPTQ", True, 4)].scoring == {} and by[("GPTQ", False, 2)].scoring == {"enforce_eager": False}
     # the screen stage's recipe: the candidate at the recipe's settings, the output-changing ones over them

@@ -36,7 +36,8 @@ from infertool.tune import search, space
 from infertool.tune.context import Context, emit
 from infertool.tune.stages import trial_accuracy
 from infertool.tune.records import (
-    CapacityResult, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialRecord, TuneDoc,
+    CapacityResult, Decision, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialError, TrialRecord, TuneCost,
+    TuneDoc,
 )
 
 
@@ -57,14 +58,15 @@ class TuneResult:
     report: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     published: dict | None = None  # the winner's checkpoint: {path, fingerprint} (None: the original won, or none)
-    decision: dict | None = None  # tune.json's decision (search.decide)
-    cost: dict | None = None  # tune's own cost in stage-seconds (own_cost)
+    decision: Decision | None = None  # tune.json's decision (search.decide)
+    cost: TuneCost | None = None  # tune's own cost in stage-seconds (own_cost)
 
     def to_dict(self) -> dict:
         return {"tune_dir": self.tune_dir, "winner": self.winner.to_dict() if self.winner else None,
                 "trials": [t.to_dict() for t in self.trials], "pareto": self.pareto, "seconds": self.seconds,
                 "tuned_recipe": self.tuned_recipe, "report": self.report, "notes": self.notes,
-                "published": self.published, "decision": self.decision, "cost": self.cost}
+                "published": self.published, "decision": self.decision.to_dict() if self.decision else None,
+                "cost": self.cost.to_dict() if self.cost else None}
 
 
 def _now() -> str:
@@ -139,7 +141,7 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
         rec.status = "interrupted"  # a missing environment is not this configuration's failure: every trial would fail
         raise
     except InfertoolError as e:
-        rec.status, rec.error = "failed", e.to_dict()
+        rec.status, rec.error = "failed", TrialError.from_dict(e.to_dict())
         emit(ctx.on_event, f"trial {trial.label} failed: {e.message.splitlines()[0]}"
              + (f" (log: {e.log_path})" if e.log_path else ""), "warning")
     finally:
@@ -333,20 +335,21 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                       getattr(ctx, "published", None), decision, doc.cost)
 
 
-def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[TrialRecord | None, dict | None]:
+def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[TrialRecord | None, Decision | None]:
     """The decision (``search.decide``: a tie among overlapping intervals broken by the stated rule), its winner
     re-checked as served; one whose outputs diverge is dropped and the decision made again without it."""
     ranked = search.rank(records)
     while ranked:
         decision = search.decide(ranked, ctx.tune.objective)
-        cand = next(r for r in ranked if r.id == decision["winner"])
+        cand = next(r for r in ranked if r.id == decision.winner)
         if not ctx.tune.accuracy.served_check or served_check(ctx, by_id[cand.id], cand):
             return cand, decision
         ranked = [r for r in ranked if r is not cand]
     return None, None
 
 
-def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool, decision: dict | None = None) -> dict:
+def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool,
+             decision: Decision | None = None) -> TuneCost:
     """tune's own cost: this search's stage-seconds (``search.stage_seconds``) and, when the other kind of search
     (staged / brute force) was run in the same directory, its stage-seconds, the staged / brute force ratio, its
     winner and whether it agrees (``agrees``: the same winner, or one in this decision's declared tie)."""
@@ -361,22 +364,22 @@ def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool, de
     theirs = search.stage_seconds(other.trials) if other is not None and other.trials else None
     staged, brute = (theirs, mine) if exhaustive else (mine, theirs)
     theirs_won = other.winner if other is not None else None
-    d = decision or {}
-    agrees = None if theirs_won is None or not d else (theirs_won == d.get("winner") or theirs_won in (d.get("tied") or []))
-    return {"stage_seconds": mine, "staged": staged, "brute_force": brute, "ratio": search.cost_ratio(staged, brute),
-            "other_winner": theirs_won, "agrees": agrees}
+    d = decision
+    agrees = None if theirs_won is None or d is None else (theirs_won == d.winner or theirs_won in d.tied)
+    return TuneCost(stage_seconds=mine, staged=staged, brute_force=brute, ratio=search.cost_ratio(staged, brute),
+                    other_winner=theirs_won, agrees=agrees)
 
 
 def decision_notes(doc: TuneDoc) -> list[str]:
     """The decision and tune's own cost in a sentence each (the console prints them; the report says more)."""
     notes = []
     d = doc.decision
-    if d and d.get("runner_up"):
-        notes.append(f"decision: {d['winner']} over {d['runner_up']}: {d.get('why')}")
-    cost = doc.cost or {}
-    if cost.get("ratio") is not None:
-        notes.append(f"tune's own cost: the staged search used {cost['staged']['total']:,.0f} stage-seconds, brute force "
-                     f"{cost['brute_force']['total']:,.0f} ({cost['ratio']:.0%})")
+    if d is not None and d.runner_up:
+        notes.append(f"decision: {d.winner} over {d.runner_up}: {d.why}")
+    cost = doc.cost
+    if cost is not None and cost.ratio is not None and cost.staged is not None and cost.brute_force is not None:
+        notes.append(f"tune's own cost: the staged search used {cost.staged.total:,.0f} stage-seconds, brute force "
+                     f"{cost.brute_force.total:,.0f} ({cost.ratio:.0%})")
     return notes
 
 

@@ -14,6 +14,8 @@ from infertool.bench.results import Summary as BenchSummary
 from infertool.records import Record
 from infertool.summaries import StageSummary, Summary
 
+ServeValue = str | int | float | bool | None  # a serve setting's value, as the recipe spells it
+
 
 @dataclass
 class Judgement(StageSummary):
@@ -31,7 +33,7 @@ class Judgement(StageSummary):
     argv: list[str] | None = None  # the server's command line
     # the output-changing serve settings (infertool.tune.space.OUTPUT_SETTINGS) of the server whose outputs were
     # scored, as served: a trial's accuracy holds for its configuration only when they are its own
-    scored_with: dict | None = None
+    scored_with: dict[str, ServeValue] | None = None
     # the as-served phases (infertool.evaluate.phases): lm-eval per task {metric, base, candidate, recovery,
     # recovery_ci, lost, gained, mcnemar_p, n}; the decode path {exact_match, first_divergence_median, kld, top1,
     # near_ties, n_prompts, ...}
@@ -71,7 +73,7 @@ class ReferenceSummary(StageSummary):
     items: int | None = None
     argv: list[str] | None = None
     seconds: float | None = None
-    scored_with: dict | None = None  # its output-changing serve settings as served (space.OUTPUT_SETTINGS)
+    scored_with: dict[str, ServeValue] | None = None  # its output-changing serve settings as served (space.OUTPUT_SETTINGS)
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("scored_with",)
 
@@ -202,6 +204,82 @@ class PredictionRecord(Summary):
 
 
 @dataclass
+class Screening(Summary):
+    """A trial's accuracy screening (``space.Trial.screening``): its own, served with the serve settings that can
+    change outputs (``space.OUTPUT_SETTINGS``), or shared (its candidate's, or the reference itself)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("why", "shares")
+
+    own: bool = False
+    # the output-changing serve settings it is scored with (serve setting -> value, as the recipe spells it)
+    settings: dict[str, ServeValue] = field(default_factory=dict)
+    why: str | None = None  # own: why those settings change outputs
+    shares: str | None = None  # shared: whose screening
+
+
+@dataclass
+class MachineInfo(Summary):
+    """A trial's machine kind as tune.json says it (``space.machine_info``): its name and price, the GPUs the trial
+    takes and what that costs per hour, and how Ray finds it."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("gpu", "accelerator_type", "resources", "cpus")
+
+    name: str | None = None
+    price_per_hour: float | None = None
+    price_per: str | None = None  # "gpu" | "machine"
+    gpus: int | None = None
+    trial_price_per_hour: float | None = None
+    gpu: str | None = None
+    accelerator_type: str | None = None
+    resources: dict[str, float] | None = None
+    cpus: float | None = None
+
+
+@dataclass
+class TrialError(Record):
+    """Why a trial failed (an ``InfertoolError``'s ``to_dict``: message, hint, ... kept in ``extra``)."""
+
+    message: str | None = None
+
+
+@dataclass
+class Decision(Summary):
+    """tune.json's decision (``search.decide``): the winner, the runner-up and the margin between them with its
+    interval, whether the objective intervals tie (and which), the tie rule and why, in words."""
+
+    winner: str | None = None
+    runner_up: str | None = None
+    margin: float | None = None  # the runner-up's objective minus the winner's (lower is better: positive = ahead)
+    margin_ci: list[float | None] | None = None
+    tie: bool = False
+    tied: list[str] = field(default_factory=list)
+    rule: str | None = None
+    why: str | None = None
+
+
+@dataclass
+class StageSeconds(Record):
+    """Seconds of stage work a tune used (``search.stage_seconds``): by stage, in total, over how many entries."""
+
+    by_stage: dict[str, float] = field(default_factory=dict)
+    total: float = 0.0
+    entries: int = 0
+
+
+@dataclass
+class TuneCost(Record):
+    """tune's own cost (``core.own_cost``): its stage-seconds and, when the other kind of search (staged / brute
+    force) ran in the same directory, both searches', their ratio, its winner and whether it agrees."""
+
+    stage_seconds: StageSeconds = field(default_factory=StageSeconds)
+    staged: StageSeconds | None = None
+    brute_force: StageSeconds | None = None
+    ratio: float | None = None  # staged / brute force
+    other_winner: str | None = None
+    agrees: bool | None = None  # the same winner, or one in this decision's declared tie
+
+
+@dataclass
 class TrialRecord(Summary):
     """One trial (a candidate x a serving setting): its status (pending | pruned | done | failed | interrupted |
     skipped), the stages it used, its accuracy, capacity and objective (lower is better; None: not measured),
@@ -210,7 +288,7 @@ class TrialRecord(Summary):
     id: str = ""
     label: str = ""
     candidate: CandidateRecord = field(default_factory=CandidateRecord)
-    serve: dict = field(default_factory=dict)
+    serve: dict[str, ServeValue] = field(default_factory=dict)  # its serve settings (the grid's point)
     prediction: PredictionRecord = field(default_factory=PredictionRecord)
     status: str = "pending"
     stages: dict[str, TrialStage] = field(default_factory=dict)
@@ -223,19 +301,27 @@ class TrialRecord(Summary):
     capacity: CapacityResult | None = None
     reason: str | None = None
     decode: DecodeCheck | None = None
-    error: dict | None = None
+    error: TrialError | None = None
     why_lost: str | None = None
     served_check: ServedCheck | None = None
     executor: dict | None = None  # where it ran: {kind, address} and, on Ray, the node id and the resources it got
     # its machine kind (tune.machines): name, price_per_hour (per gpu | machine), gpus, trial_price_per_hour, ...
-    machine: dict | None = None
+    machine: MachineInfo | None = None
     cost_per_1m_output_tokens: float | None = None  # at its machine's price (machine kinds only)
     # its accuracy screening: its own (serve settings that change outputs: space.OUTPUT_SETTINGS) or shared
-    screening: dict | None = None
+    screening: Screening | None = None
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("dir", "accuracy", "capacity", "reason", "decode", "error", "why_lost",
                                             "served_check", "executor", "machine", "cost_per_1m_output_tokens",
                                             "screening", "objective_ci")
+
+    def __post_init__(self) -> None:  # records from a caller's dicts too
+        if self.screening is not None:
+            self.screening = Screening.from_dict(self.screening)
+        if self.error is not None:
+            self.error = TrialError.from_dict(self.error)
+        if self.machine is not None:
+            self.machine = MachineInfo.from_dict(self.machine)
 
     @property
     def verdict(self) -> str | None:
@@ -248,7 +334,7 @@ class TrialRecord(Summary):
         acc = self.accuracy
         if acc is None or acc.verdict is None:
             return False
-        own = (self.screening or {}).get("settings") if (self.screening or {}).get("own") else None
+        own = self.screening.settings if self.screening is not None and self.screening.own else None
         if not own:
             return True
         done = acc.scored_with or {}
@@ -258,7 +344,7 @@ class TrialRecord(Summary):
     def accuracy_text(self) -> str:
         """Its accuracy as the table says it: the verdict, or "not scored as served" until its own configuration
         is scored."""
-        own = bool((self.screening or {}).get("own"))
+        own = self.screening is not None and self.screening.own
         if self.accuracy is None or self.accuracy.verdict is None:
             return "not scored as served" if own else "-"
         return str(self.accuracy.verdict) if self.scored_as_served else "not scored as served"
@@ -283,10 +369,16 @@ class TuneDoc(Summary):
     # the search space: its size and axes, how many were planned, whether a sample, the sampler (core.Plan)
     space: dict | None = None
     # the decision: {winner, runner_up, margin, margin_ci, tie, tied, rule, why} (search.decide)
-    decision: dict | None = None
+    decision: Decision | None = None
     # tune's own cost: stage-seconds by stage and in total (search.stage_seconds), brute force's when measured in
     # the same directory, and the ratio
-    cost: dict | None = None
+    cost: TuneCost | None = None
+
+    def __post_init__(self) -> None:  # records from a caller's dicts too
+        if self.decision is not None:
+            self.decision = Decision.from_dict(self.decision)
+        if self.cost is not None:
+            self.cost = TuneCost.from_dict(self.cost)
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None

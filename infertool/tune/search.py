@@ -14,15 +14,12 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence, Union
+from typing import Callable, Sequence, Union
 
+from infertool.bench.results import Latency, Summary
 from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
 from infertool.metricspec import objective as objective_metric
-from infertool.bench.results import Latency, Summary
-from infertool.tune.records import Probe, ProbeSummary
-
-if TYPE_CHECKING:
-    from infertool.tune.records import CapacityResult, TrialRecord
+from infertool.tune.records import CapacityResult, Decision, Probe, ProbeSummary, StageSeconds, TrialRecord
 
 
 # ------------------------------------------------------------------------------------------- load search
@@ -372,7 +369,7 @@ def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str) -> str 
     if t.status == "pruned":
         return "pruned by the plan: " + "; ".join(t.prediction.reasons or ["does not fit"])
     if t.status == "failed":
-        return "failed: " + str((t.error or {}).get("message") or "see its manifest").splitlines()[0]
+        return "failed: " + str((t.error.message if t.error is not None else None) or "see its manifest").splitlines()[0]
     if t.status == "skipped":
         return t.reason or "not run (budget)"
     acc = t.accuracy
@@ -445,11 +442,10 @@ def overlaps(a: TrialRecord, b: TrialRecord) -> bool:
 
 def gpus(t: TrialRecord) -> int:
     """GPUs a trial serves on: its machine kind's, else tensor x pipeline parallel of its serve settings."""
-    m = (t.machine or {}).get("gpus")
-    if isinstance(m, int):
-        return m
-    s = t.serve or {}
-    return int(s.get("tensor_parallel_size") or 1) * int(s.get("pipeline_parallel_size") or 1)
+    if t.machine is not None and t.machine.gpus is not None:
+        return t.machine.gpus
+    tp, pp = t.serve.get("tensor_parallel_size"), t.serve.get("pipeline_parallel_size")  # settings: either unset
+    return int(tp or 1) * int(pp or 1)
 
 
 def tie_key(t: TrialRecord) -> tuple:
@@ -458,7 +454,7 @@ def tie_key(t: TrialRecord) -> tuple:
     return (gpus(t), t.prediction.weight_bytes or 0, kld, t.objective, t.id)
 
 
-def decide(ranked: list[TrialRecord], objective: str) -> dict | None:
+def decide(ranked: list[TrialRecord], objective: str) -> Decision | None:
     """The decision among the eligible trials (``rank``'s order): the best objective wins unless others' objective
     intervals overlap its interval: then it is a TIE among them, broken by ``TIE_RULE``. ``margin``: the
     runner-up's objective minus the winner's (in the objective's unit, lower is better, so positive: the winner
@@ -471,23 +467,23 @@ def decide(ranked: list[TrialRecord], objective: str) -> dict | None:
     winner = min(tied, key=tie_key) if tie else best
     rest = [t for t in (tied if tie else ranked) if t is not winner]
     runner = rest[0] if rest else None
-    out = {"winner": winner.id, "runner_up": runner.id if runner else None, "margin": None, "margin_ci": None,
-           "tie": tie, "tied": [t.id for t in tied] if tie else [], "rule": TIE_RULE if tie else None}
+    out = Decision(winner=winner.id, runner_up=runner.id if runner else None, tie=tie,
+                   tied=[t.id for t in tied] if tie else [], rule=TIE_RULE if tie else None)
     if runner is None:
-        out["why"] = "the only configuration that passes the accuracy gates and meets the SLO"
+        out.why = "the only configuration that passes the accuracy gates and meets the SLO"
         return out
-    out["margin"] = runner.objective - winner.objective
+    out.margin = margin = runner.objective - winner.objective
     wlo, whi = _bounds(winner)
     rlo, rhi = _bounds(runner)
-    out["margin_ci"] = [rlo - whi, None if math.isinf(rhi) else rhi - wlo]
+    out.margin_ci = [rlo - whi, None if math.isinf(rhi) else rhi - wlo]
     unit = objective_metric(objective).unit
     if tie:
-        out["why"] = (f"a tie: the objective intervals of {', '.join(t.id for t in tied)} overlap; broken by the "
-                      f"rule ({_tie_reason(winner, runner)})")
+        out.why = (f"a tie: the objective intervals of {', '.join(t.id for t in tied)} overlap; broken by the "
+                   f"rule ({_tie_reason(winner, runner)})")
     elif winner.objective_ci is None or runner.objective_ci is None:
-        out["why"] = f"no interval (a single run at max load): ahead by {abs(out['margin']):,.4g} {unit} on one measurement"
+        out.why = f"no interval (a single run at max load): ahead by {abs(margin):,.4g} {unit} on one measurement"
     else:
-        out["why"] = f"the intervals do not overlap: ahead by {out['margin']:,.4g} {unit}"
+        out.why = f"the intervals do not overlap: ahead by {margin:,.4g} {unit}"
     return out
 
 
@@ -505,34 +501,32 @@ def _tie_reason(w: TrialRecord, r: TrialRecord) -> str:
 
 
 # ------------------------------------------------------------------------------------------- tune's own cost
-def stage_seconds(trials: list[TrialRecord]) -> dict:
+def stage_seconds(trials: list[TrialRecord]) -> StageSeconds:
     """Seconds of stage work a tune used: every distinct stage entry its trials used counted once, at the seconds
     it took when it ran (a reused entry counts what it cost), by stage and in total."""
     seen: dict[str, tuple[str, float]] = {}
     for t in trials:
-        for name, st in (t.stages or {}).items():
+        for name, st in t.stages.items():
             key = st.entry or f"{t.id}/{name}"
             if key not in seen:
                 seen[key] = (name, float(st.seconds or 0.0))
     by: dict[str, float] = {}
     for name, sec in seen.values():
         by[name] = round(by.get(name, 0.0) + sec, 1)
-    return {"by_stage": dict(sorted(by.items())), "total": round(math.fsum(s for _, s in seen.values()), 1),
-            "entries": len(seen)}
+    return StageSeconds(by_stage=dict(sorted(by.items())), total=round(math.fsum(s for _, s in seen.values()), 1),
+                        entries=len(seen))
 
 
-def cost_ratio(staged: dict | None, brute: dict | None) -> float | None:
+def cost_ratio(staged: StageSeconds | None, brute: StageSeconds | None) -> float | None:
     """The staged search's stage-seconds over brute force's (``stage_seconds``' totals); None unless both."""
-    a, b = (staged or {}).get("total"), (brute or {}).get("total")
-    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
+    return staged.total / brute.total if staged is not None and brute is not None and brute.total > 0 else None
 
 
 def sibling_key(t) -> str:
     """What a trial (``space.Trial`` or ``TrialRecord``) is apart from its max_num_seqs: its candidate, machine kind
     and other serve settings; trials with the same key are siblings."""
-    m = getattr(t, "machine", None)
-    machine = m.get("name") if isinstance(m, dict) else getattr(m, "name", None)
-    rest = {k: v for k, v in (t.serve or {}).items() if k != "max_num_seqs"}
+    machine = getattr(t.machine, "name", None)  # a MachineKind (space.Trial) or its MachineInfo (TrialRecord)
+    rest = {k: v for k, v in t.serve.items() if k != "max_num_seqs"}
     return json.dumps([t.candidate.key, machine, rest], sort_keys=True, default=str)
 
 
@@ -544,10 +538,10 @@ def siblings(a, b) -> bool:
 def smaller_siblings(trial, pending: list) -> list[int]:
     """The max_num_seqs of the trials still to run (``pending``) that are ``trial``'s siblings with a smaller
     max_num_seqs: the loads at which ``trial``'s server, once measured there, bounds them (``sibling_bound``)."""
-    m = (trial.serve or {}).get("max_num_seqs")
+    m = trial.serve.get("max_num_seqs")
     if not isinstance(m, int):
         return []
-    out = {(t.serve or {}).get("max_num_seqs") for t in pending if t.id != trial.id and siblings(t, trial)}
+    out = {t.serve.get("max_num_seqs") for t in pending if t.id != trial.id and siblings(t, trial)}
     return sorted(x for x in out if isinstance(x, int) and x < m)
 
 
@@ -556,12 +550,12 @@ def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) ->
     a larger max_num_seqs): a server that batches at most m requests serves no faster than the sibling at a
     concurrency >= m (throughput grows with the batch); the sibling's figure there taken at its interval's top,
     else widened by ``edge``. None when no sibling proves a bound."""
-    m = (rec.serve or {}).get("max_num_seqs")
+    m = rec.serve.get("max_num_seqs")
     if not isinstance(m, int):
         return None
     bounds = []
     for s in measured:
-        sm = (s.serve or {}).get("max_num_seqs")
+        sm = s.serve.get("max_num_seqs")
         if s.id == rec.id or not isinstance(sm, int) or sm <= m or not siblings(s, rec) or s.capacity is None:
             continue
         above = sorted((p for p in s.capacity.probes if (p.concurrency or 0) >= m
