@@ -11,10 +11,25 @@ from typing import ClassVar
 
 from infertool.bench.results import Cost, Goodput, Latency
 from infertool.bench.results import Summary as BenchSummary
+from infertool.evaluate.verdict import Gate
 from infertool.records import Record
 from infertool.summaries import StageSummary, Summary
 
 ServeValue = str | int | float | bool | None  # a serve setting's value, as the recipe spells it
+
+
+@dataclass
+class Round(Record):
+    """One look of a sequential accuracy check (``stages.sequential``): the verdict and figures after ``items``
+    per task, each gate's status by name, and the sources scored in it (the suite, phase names)."""
+
+    verdict: str | None = None
+    mean_kld: float | None = None
+    top1: float | None = None
+    n_needed: int | None = None
+    items: int | None = None
+    gates: dict[str, str] = field(default_factory=dict)
+    scored: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -25,7 +40,7 @@ class Judgement(StageSummary):
     reason: str | None = None
     items: int | None = None  # per task
     confidence: float | None = None
-    gates: list[dict] | None = None
+    gates: list[Gate] | None = None
     n_needed: int | None = None  # about how many items would decide an INCONCLUSIVE gate
     mean_kld: float | None = None
     top1: float | None = None
@@ -48,7 +63,7 @@ class ScreenResult(Judgement):
     """Accuracy screening, in rounds (it stops as soon as the gates are decided); for the original model the
     reference itself (``reference``: PASS by definition)."""
 
-    rounds: list[dict] | None = None
+    rounds: list[Round] | None = None
     rounds_planned: list[int] | None = None
     stopped_early: bool | None = None
     reference: bool | None = None
@@ -61,7 +76,7 @@ class ServedCheck(Judgement):
     """The winner re-checked as served, with its exact serving settings, in the screening's rounds up to
     tune.accuracy.served_items (it stops when its verdict is decided)."""
 
-    rounds: list[dict] | None = None
+    rounds: list[Round] | None = None
     rounds_planned: list[int] | None = None
     stopped_early: bool | None = None
 

@@ -13,7 +13,6 @@ from typing import Mapping
 
 from infertool.atomic import atomic_path, write_text
 from infertool.evaluate.result import Accept
-from infertool.evaluate.verdict import Gate
 from infertool.metricspec import objective as objective_metric
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.tune.records import Screening, ScreenResult, TrialRecord, TuneDoc
@@ -31,7 +30,7 @@ def _f(v, digits: int = 3) -> str:
 def _kld_interval(acc: ScreenResult | None) -> str:
     if acc is None:
         return "-"
-    for g in (Gate.from_dict(g) for g in acc.gates or []):
+    for g in acc.gates or []:
         if "kld" in f"{g.name} {g.metric}".lower() and g.lo is not None:  # the mean-KLD gate
             return f"{_f(g.estimate)} [{_f(g.lo)}, {_f(g.hi)}]"
     return _f(acc.mean_kld)

@@ -15,11 +15,14 @@ from typing import Callable, TypeVar
 
 from infertool.atomic import write_json
 from infertool.bench.results import SLO
+from infertool.evaluate.verdict import Gate
 from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT
 from infertool.stages import Stage, StageContext, register
 from infertool.stages.builtin import resolution
 from infertool.tune import search
-from infertool.tune.records import CapacityResult, ReferenceSummary, ScreenResult, ServedCheck
+from infertool.tune.records import (
+    CapacityResult, Judgement, ReferenceSummary, Round, ScreenResult, ServedCheck,
+)
 
 J = TypeVar("J", ScreenResult, ServedCheck)  # a sequential check's record
 
@@ -184,14 +187,14 @@ def _prefix(raw: dict, n: int) -> dict:
     return {"tasks": tasks, "stats": raw["stats"]}
 
 
-def gates_decided(gates: list[dict]) -> bool:
+def gates_decided(gates: list[Gate]) -> bool:
     """Whether every measured gate is decided (PASS or FAIL): screening stops only then, the lm-eval recovery and
     decode-KLD gates included (a gate not measured, n/a, waits for nothing)."""
-    live = [g for g in gates if g.get("status") != "n/a"]
-    return bool(live) and all(g.get("status") in ("PASS", "FAIL") for g in live)
+    live = [g for g in gates if g.status != "n/a"]
+    return bool(live) and all(g.status in ("PASS", "FAIL") for g in live)
 
 
-def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks: dict | None = None) -> dict:
+def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks: dict | None = None) -> Judgement:
     """The gates on the first n items of each task, the candidate against the reference; ``blocks``: the as-served
     phases' pooled blocks (``phase_blocks``), gated with the rest (min_recovery, max_decode_kld)."""
     from infertool.evaluate.core import summarize
@@ -203,11 +206,12 @@ def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks
                                       blocks or {})
     status, reason = verdict(gates)
     needed = [g.n_needed for g in gates if g.status == "INCONCLUSIVE" and g.n_needed]
-    tok = pool.get("tokens") or {}
-    return {"verdict": status, "reason": reason, "items": n, "confidence": confidence,
-            "gates": [g.to_dict() for g in gates], "n_needed": max(needed) if needed else None,
-            "mean_kld": (tok.get("kld") or {}).get("mean"), "top1": tok.get("top1_agree"),
-            "allow_inconclusive": bool(tune.accept.get("allow_inconclusive")), **phase_figures(blocks or {})}
+    tok = pool.get("tokens") or {}  # the pooled scoring: plain data from evaluate.core
+    figures = phase_figures(blocks or {})
+    return Judgement(verdict=status, reason=reason, items=n, confidence=confidence, gates=list(gates),
+                     n_needed=max(needed) if needed else None, mean_kld=(tok.get("kld") or {}).get("mean"),
+                     top1=tok.get("top1_agree"), allow_inconclusive=bool(tune.accept.get("allow_inconclusive")),
+                     lm_eval=figures["lm_eval"], decode=figures["decode"])
 
 
 def reference_raw(ctx: StageContext) -> dict:
@@ -229,11 +233,11 @@ def gate_sources(phases: list) -> dict[str, str]:
     return {g: ph.name for ph in phases for g in getattr(ph, "gates", ())}
 
 
-def open_sources(gates: list[dict], phases: list) -> set[str]:
+def open_sources(gates: list[Gate], phases: list) -> set[str]:
     """The sources (SUITE, phase names) with a gate still undecided: the next round scores only those. A phase
     that does not name its gates (no ``gates``) is scored in every round."""
     by_gate = gate_sources(phases)
-    out = {by_gate.get(g["name"], SUITE) for g in gates if g.get("status") not in ("PASS", "FAIL", "n/a")}
+    out = {by_gate.get(g.name, SUITE) for g in gates if g.status not in ("PASS", "FAIL", "n/a")}
     if out:  # something is still open: the phases that name no gates may be what decides it
         out |= {ph.name for ph in phases if not hasattr(ph, "gates")}
     return out
@@ -243,8 +247,8 @@ def open_sources(gates: list[dict], phases: list) -> set[str]:
 class Sequential:
     """A sequential check's outcome: the last look's judgement, each look's history, the joined raws."""
 
-    judgement: dict
-    history: list[dict]
+    judgement: Judgement
+    history: list[Round]
     raw: dict
     phases: dict
 
@@ -260,10 +264,10 @@ def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: floa
     every = bool(tune.exhaustive)
     acc: dict | None = None
     acc_ph: dict = {}
-    history: list[dict] = []
+    history: list[Round] = []
     upto = {SUITE: 0, **{ph.name: 0 for ph in phases}}  # items scored so far, per source
     wanted: set[str] | None = None  # None: every source (round 1)
-    j: dict = {}
+    j = Judgement()
     for i, n in enumerate(rounds):
         ran, stopped = [], False
         if every or wanted is None or SUITE in wanted or acc is None:
@@ -275,7 +279,7 @@ def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: floa
             ran.append(SUITE)
             blocks = phase_blocks(phases, ref_phases, acc_ph, look_conf)
             j = judge(tune, ref_raw, acc, upto[SUITE], look_conf, blocks)
-            stopped = not every and j["verdict"] == "FAIL"
+            stopped = not every and j.verdict == "FAIL"
         if not stopped:
             for ph in phases:
                 if every or wanted is None or ph.name in wanted:
@@ -284,20 +288,21 @@ def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: floa
                     ran.append(ph.name)
             j = judge(tune, ref_raw, acc, upto[SUITE], look_conf, phase_blocks(phases, ref_phases, acc_ph, look_conf))
         skipped = [name for name in upto if name not in ran]
-        history.append({**{k: j[k] for k in ("verdict", "mean_kld", "top1", "n_needed")}, "items": n,
-                        "gates": {g["name"]: g["status"] for g in j["gates"]}, "scored": ran})
+        gates = j.gates or []
+        history.append(Round(verdict=j.verdict, mean_kld=j.mean_kld, top1=j.top1, n_needed=j.n_needed, items=n,
+                             gates={g.name: g.status for g in gates}, scored=ran))
         note = f"; not scored again: {', '.join(skipped)}" if skipped and phases else ""
-        ctx.emit(f"{what}: round {i + 1}/{len(rounds)} ({n} items per task): {j['verdict']}{note}")
-        if not every and (j["verdict"] == "FAIL" or gates_decided(j["gates"])):
+        ctx.emit(f"{what}: round {i + 1}/{len(rounds)} ({n} items per task): {j.verdict}{note}")
+        if not every and (j.verdict == "FAIL" or gates_decided(gates)):
             break
-        wanted = open_sources(j["gates"], phases)
+        wanted = open_sources(gates, phases)
         if not every and not wanted:  # undecided, yet no gate more items could decide (none measurable)
             break
     by_gate = gate_sources(phases)
-    for g in j.get("gates") or []:
-        src = by_gate.get(g["name"])
-        if src is not None and not upto[src] and g.get("status") == "n/a":
-            g["note"] = "not measured: the verdict was decided (FAIL) before this phase ran"
+    for g in j.gates or []:
+        src = by_gate.get(g.name)
+        if src is not None and not upto[src] and g.status == "n/a":
+            g.note = "not measured: the verdict was decided (FAIL) before this phase ran"
     return Sequential(j, history, acc or {}, acc_ph)
 
 
@@ -339,9 +344,10 @@ def _run_rounds(ctx: StageContext, kind: type[J], rounds: list[int], what: str, 
         if keep_raw:
             write_json(ctx.work / "raw.json", seq.raw, indent=None)
         write_json(ctx.work / "phases.json", seq.phases, indent=None)
-        return kind(**seq.judgement, rounds=seq.history, rounds_planned=rounds,
-                    stopped_early=len(seq.history) < len(rounds), argv=sc.plan.spec.argv,
-                    scored_with=served_settings(res, res.served))
+        out = kind.from_dict(seq.judgement.to_dict())  # the judgement's figures, as this stage's record
+        out.rounds, out.rounds_planned, out.stopped_early = seq.history, rounds, len(seq.history) < len(rounds)
+        out.argv, out.scored_with = sc.plan.spec.argv, served_settings(res, res.served)
+        return out
 
     return launch_scored(res, res.served, ctx, purpose, scored, label)
 
