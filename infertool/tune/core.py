@@ -207,7 +207,7 @@ def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
         best[g] = min(best.get(g, (score(t), t.id)), (score(t), t.id))
 
     def key(t: space.Trial):
-        m = (t.serve or {}).get("max_num_seqs")
+        m = t.serve.get("max_num_seqs")
         g = search.sibling_key(t)
         return (best[g], g, not t.prediction.fits, -(m if isinstance(m, int) else 0), t.id)
 

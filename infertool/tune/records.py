@@ -366,6 +366,24 @@ class TrialRecord(Summary):
 
 
 @dataclass
+class SpaceInfo(Summary):
+    """tune.json's search space (``core.Plan.to_dict``): its size and axes, how many trials were planned, whether
+    they are a sample and which sampler picked them."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("machines",)
+
+    trials: int | None = None  # the space's size
+    candidates: int | None = None
+    serving_settings: int | None = None
+    axes: dict[str, int] = field(default_factory=dict)  # serve field -> how many values
+    planned: int | None = None
+    sampled: bool | None = None
+    sampler: str | None = None  # grid | tpe
+    max_trials: int | None = None
+    machines: list[str] | None = None  # the machine kinds' names (tune.machines)
+
+
+@dataclass
 class TuneDoc(Summary):
     """tune.json: the tune's settings, every trial, the winner and the Pareto front."""
 
@@ -382,7 +400,7 @@ class TuneDoc(Summary):
     tuned_recipe: str | None = None
     finished: str | None = None
     # the search space: its size and axes, how many were planned, whether a sample, the sampler (core.Plan)
-    space: dict | None = None
+    space: SpaceInfo | None = None
     # the decision: {winner, runner_up, margin, margin_ci, tie, tied, rule, why} (search.decide)
     decision: Decision | None = None
     # tune's own cost: stage-seconds by stage and in total (search.stage_seconds), brute force's when measured in
@@ -394,6 +412,8 @@ class TuneDoc(Summary):
             self.decision = Decision.from_dict(self.decision)
         if self.cost is not None:
             self.cost = TuneCost.from_dict(self.cost)
+        if self.space is not None:
+            self.space = SpaceInfo.from_dict(self.space)
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None

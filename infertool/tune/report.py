@@ -249,11 +249,11 @@ def _summary(doc: TuneDoc) -> list[str]:
              f"{len(doc.trials)} trials in {doc.seconds:,.0f} s ("
              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")"
              + (" — exhaustive: no pruning, no early stopping, every load level" if doc.exhaustive else "") + "."]
-    sp = doc.space if isinstance(doc.space, dict) else {}
-    size, planned = sp.get("trials"), sp.get("planned")
-    if sp.get("sampled") is True and isinstance(size, int) and isinstance(planned, int):  # tune.json may be old
+    sp = doc.space
+    size, planned = (sp.trials, sp.planned) if sp is not None else (None, None)
+    if sp is not None and sp.sampled is True and size is not None and planned is not None:  # tune.json may be old
         lines.append(f"Search space: {size:,} trials, {planned:,} planned (a sample drawn with tune.seed), the "
-                     f"trials run chosen by the {'TPE' if sp.get('sampler') == 'tpe' else 'grid'} sampler; the "
+                     f"trials run chosen by the {'TPE' if sp.sampler == 'tpe' else 'grid'} sampler; the "
                      "others are not listed.")
     if win and win.objective is not None:
         obj = -win.objective if spec.higher_is_better else win.objective
