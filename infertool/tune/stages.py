@@ -15,6 +15,7 @@ from typing import Callable, TypeVar
 
 from infertool.atomic import write_json
 from infertool.bench.results import SLO
+from infertool.evaluate.result import Accept, Pooled
 from infertool.evaluate.verdict import Gate
 from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT
 from infertool.stages import Stage, StageContext, register
@@ -78,7 +79,8 @@ class Scorer:
         out = {}
         for ph in phases:
             self.events.log(f"{ph.name}: the {self.label} model, items {window[0]}..{window[1] - 1}")
-            out[ph.name] = run_phase(ph, served, (prior or {}).get(ph.name), self.events, window)
+            out[ph.name] = run_phase(ph, served, prior.get(ph.name) if prior is not None else None, self.events,
+                                     window)
         return out
 
 
@@ -206,11 +208,11 @@ def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks
                                       blocks or {})
     status, reason = verdict(gates)
     needed = [g.n_needed for g in gates if g.status == "INCONCLUSIVE" and g.n_needed]
-    tok = pool.get("tokens") or {}  # the pooled scoring: plain data from evaluate.core
+    tok = Pooled.from_dict(pool).tokens  # the pooled scoring, read as eval's record
     figures = phase_figures(blocks or {})
     return Judgement(verdict=status, reason=reason, items=n, confidence=confidence, gates=list(gates),
-                     n_needed=max(needed) if needed else None, mean_kld=(tok.get("kld") or {}).get("mean"),
-                     top1=tok.get("top1_agree"), allow_inconclusive=bool(tune.accept.get("allow_inconclusive")),
+                     n_needed=max(needed) if needed else None, mean_kld=tok.mean_kld if tok is not None else None,
+                     top1=tok.top1_agree if tok is not None else None, allow_inconclusive=Accept.from_dict(tune.accept).allow_inconclusive,
                      lm_eval=figures["lm_eval"], decode=figures["decode"])
 
 
@@ -334,7 +336,7 @@ def _run_rounds(ctx: StageContext, kind: type[J], rounds: list[int], what: str, 
     decided (unless exhaustive). The screening and the served check are this, with their own rounds and record."""
     tune = ctx.job.tune
     res = resolution(ctx)
-    look_conf = search.screening_confidence(tune.accept.get("confidence", 0.95), len(rounds))
+    look_conf = search.screening_confidence(Accept.from_dict(tune.accept).confidence, len(rounds))
     ref_raw = reference_raw(ctx)
     phases = tune_phases(tune)
     ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
