@@ -15,7 +15,8 @@ from infertool.evaluate.verdict import Gate
 from infertool.records import Record
 from infertool.summaries import StageSummary, Summary
 
-ServeValue = str | int | float | bool | None  # a serve setting's value, as the recipe spells it
+# a serve setting's value as the recipe spells it: JSON, a scalar or (speculative) a mapping; kept as it is
+ServeValue = object
 
 
 @dataclass
@@ -153,7 +154,7 @@ class CapacityResult(StageSummary):
     at_max_load: ProbeSummary | None = None  # the bench summary at max_load (the best probe's)
     range: list[int] | None = None
     argv: list[str] | None = None
-    serve: dict | None = None  # the effective serve settings
+    serve: dict[str, ServeValue] | None = None  # the effective serve settings
     # what the probes prove: [the largest load that surely meets, the smallest that surely misses] (None: none
     # proves it) and the range the largest load meeting the SLO can be in
     edge: list[int | None] | None = None
@@ -193,7 +194,7 @@ class TrialStage(Summary):
 @dataclass
 class CandidateRecord(Summary):
     index: int | None = None
-    spec: dict | None = None  # the merged quantize section; None: the original model
+    spec: dict[str, object] | None = None  # the merged quantize section (recipe data); None: the original model
     label: str | None = None
     key: str | None = None
 
