@@ -39,6 +39,7 @@ from infertool import backends
 from infertool.backends.bnb import BNBConfig
 from infertool.backends.methods import AWQConfig, CalibrationSpec, GPTQConfig
 from infertool.errors import RecipeError, RecipeIssue, UsageError
+from infertool.metricspec import objective_names
 from infertool.schema import (  # noqa: F401 - the field types and checks (shared with the backends' schemas)
     MAX_KV_GIB, MAX_LIST, MAX_NAME, MAX_PARALLEL, MAX_PATH, MAX_REQUESTS, MAX_TEXT,
     MAX_TOKENS, Dtype, Fraction, Millis, Name, NoControl, NotBool, Rate, Requests, Seconds, Seed, Seqs, Share, Text, Tokens,
@@ -742,7 +743,11 @@ class BenchSection(BaseModel):
 # tune
 # --------------------------------------------------------------------------------------------
 
-TUNE_OBJECTIVES = ("cost", "goodput", "tpot")
+TUNE_OBJECTIVES: tuple[str, ...] = objective_names()  # the metric table's objectives (infertool.metricspec)
+if TYPE_CHECKING:
+    TuneObjective = str
+else:  # a Literal of the table's objectives, built at run time: pydantic checks it and recipe.md lists them
+    TuneObjective = Literal[TUNE_OBJECTIVES]
 
 
 class TuneLoadSearch(BaseModel):
@@ -912,7 +917,7 @@ class TuneSection(BaseModel):
     # "none": the original model
     candidates: Annotated[list[Literal["none"] | dict[str, Any]], Field(min_length=1, max_length=MAX_LIST)]
     serve_grid: ServeGrid = Field(default_factory=lambda: ServeGrid())  # serve field -> values to cross
-    objective: Literal["cost", "goodput", "tpot"] = "cost"
+    objective: TuneObjective = "cost"  # a metric of infertool.metricspec.METRICS that names an objective
     accept: AcceptSpec | None = None  # default: eval.accept
     slo: SLOSpec | None = None  # default: bench.slo
     max_trials: Annotated[int, NotBool, Field(ge=1, le=10_000)] = 24

@@ -17,12 +17,13 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from infertool.atomic import dumps_json, file_kind, write_text
-from infertool.bench.results import BenchReport, BenchSettings, Summary
+from infertool.bench.results import BenchReport, BenchSettings, Interval
 from infertool.decision import Names, RunData, RunSummary, model_names, speed, summarize
 from infertool.errors import UsageError
+from infertool.metricspec import METRICS, compared
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, as_float
 from infertool.summaries import EvalSummary, RunManifest, ServeSummary
@@ -533,13 +534,17 @@ def _length_rows(arm: BenchReport) -> list[list[str]]:
 
 
 def _bench_rows(arm: BenchReport) -> list[list[str]]:
-    rows = [["level", "req/s", "out tok/s", "TTFT p50 ms", "TTFT p99 ms", "TPOT p50 ms", "goodput", "$/1M out tok", "errors"]]
+    """A bench's levels, one row each: the metric table's report metrics (``infertool.metricspec``), a repeated
+    level's (bench.repeats) with its interval where the repeats have one."""
+    specs = [m for m in METRICS if m.report is not None]
+    rows = [["level", *(str(m.report) for m in specs), "errors"]]
     for lv in arm.levels:
-        f, r = lv.summary, lv.repeats  # repeated levels (bench.repeats): the figure and its interval
-        rows.append([lv.level.label, _ci_cell(r and r.request_throughput, f.request_throughput),
-                     _ci_cell(r and r.output_token_throughput, f.output_token_throughput), _fmt(f.ttft_ms.p50),
-                     _fmt(f.ttft_ms.p99), _fmt(f.tpot_ms.p50), _ci_cell(r and r.goodput_fraction, f.goodput.fraction),
-                     _fmt(f.cost.per_1m_output_tokens), _fmt(f.failed)])
+        f, r = lv.summary, lv.repeats
+        cells = []
+        for m in specs:
+            interval = getattr(r, m.name, None) if r is not None else None
+            cells.append(_ci_cell(interval if isinstance(interval, Interval) else None, m.of(f)))
+        rows.append([lv.level.label, *cells, _fmt(f.failed)])
     return rows
 
 
@@ -723,15 +728,6 @@ def write_report(run_dir: str | Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ compare
-# compare's figures of each load level: the name of its row, and how it reads from the level's summary
-LEVEL_FIGURES: tuple[tuple[str, Callable[[Summary], float | None]], ...] = (
-    ("output_tok_s", lambda s: s.output_token_throughput),
-    ("ttft_p50_ms", lambda s: s.ttft_ms.p50),
-    ("tpot_p50_ms", lambda s: s.tpot_ms.p50),
-    ("cost_per_1m_output_tokens", lambda s: s.cost.per_1m_output_tokens),
-)
-
-
 def headline(run: RunData) -> dict[str, Any]:
     """The numbers worth comparing between two runs, flat: {row name: value}."""
     m = run.manifest
@@ -752,8 +748,8 @@ def headline(run: RunData) -> dict[str, Any]:
     be = run.bench
     for prefix, arm in (("bench", be), ("bench.original", be.original if be is not None else None)):
         for lv in arm.levels if arm is not None else []:
-            for name, get in LEVEL_FIGURES:
-                h[f"{prefix}.{lv.level.label or '?'}.{name}"] = get(lv.summary)
+            for spec in compared():  # the metric table's compared figures, by their compare row name
+                h[f"{prefix}.{lv.level.label or '?'}.{spec.compare}"] = spec.of(lv.summary)
     names = model_names(run)
     h["model.original"], h["model.candidate"] = names.original, names.candidate
     for r in speed(be).rows:  # what the candidate gains over the original, measured in this run

@@ -101,6 +101,10 @@ def test_bench_json_keeps_its_layout(tmp_path):
     lengths = layout["levels"][0]["summary"].pop("lengths")
     assert lengths == {side: {**{k: None for k in ("n", "mean", "min", "p50", "p90", "p99", "max")},
                               "edges": [], "counts": []} for side in ("input", "output")}
+    # added since the recording: the A/B figure of the TTFT p90 metric (infertool.metricspec.TTFT_P90_MS)
+    for exp in layout["experiments"]:
+        for row in exp["rows"]:
+            assert row["figures"].pop("ttft_p90_ms") == {k: None for k in ("label", "a", "b", "ratio", "higher_is_better")}
     assert layout == _layout(_old("bench.json"))
     assert json.loads(r.stdout) == {"ok": True, **new}
 

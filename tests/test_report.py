@@ -158,9 +158,9 @@ def test_a_run_written_before_the_typed_records_still_renders(tmp_path):
     assert f"Served: **{md_escape(ORIGINAL)}**." in md
     bench = _section(md, "Bench")  # figures of bench.json's levels, as _fmt shows them (3 significant digits)
     assert f"served: **{md_escape(ORIGINAL)}** (vLLM name `m`), endpoint completions" in bench
-    assert "| concurrency 1 | 27.8 | 464 | 2.27 | 7.15 | 2.06 | 1 | 1.5 | 0 |" in bench
-    assert "| concurrency 4 | 114 | 1,687 | 2.37 | 7.29 | 2.2 | 1 | 0.412 | 0 |" in bench
-    assert "| rate 20/s | 17.4 | 285 | 1.42 | 4.21 | 2.01 | 1 | 2.44 | 0 |" in bench
+    assert "| concurrency 1 | 27.8 | 464 | 2.27 | 3.34 | 7.15 | 2.06 | 1 | 1.5 | 0 |" in bench  # TTFT p50, p90, p99
+    assert "| concurrency 4 | 114 | 1,687 | 2.37 | 4.59 | 7.29 | 2.2 | 1 | 0.412 | 0 |" in bench
+    assert "| rate 20/s | 17.4 | 285 | 1.42 | 2.94 | 4.21 | 2.01 | 1 | 2.44 | 0 |" in bench
     prof = _section(md, "Profile")  # 4.3278 s = 4,328 ms; MBU 0.0064 = 1 %, MFU 0.052 = 5 %
     assert f"profiled: **{md_escape(ORIGINAL)}** on AMD EPYC" in prof
     assert "peaks: 10 GB/s, 76.6 GFLOP/s (bfloat16)" in prof
@@ -264,8 +264,8 @@ def test_values_of_the_wrong_type_read_as_not_measured(tmp_path):
     assert f"profiled: **{md_escape(ORIGINAL)}**" in prof and "peaks: – GB/s, – GFLOP/s (None)" in prof
     assert "ready in None s; smoke completion of None: None" in _section(md, "Serve")
     bench_md = _section(md, "Bench")
-    assert "| concurrency 8 | 1.5 | 96 | 650 | 1,040 | 78 | 1 | 1.45 | 0 |" in bench_md
-    assert "|  | 0.328 | 21 | – | – | 46 | 1 | 6.61 | 0 |" in bench_md  # the level whose label is 5
+    assert "| concurrency 8 | 1.5 | 96 | 650 | 845 | 1,040 | 78 | 1 | 1.45 | 0 |" in bench_md
+    assert "|  | 0.328 | 21 | – | – | – | 46 | 1 | 6.61 | 0 |" in bench_md  # the level whose label is 5
     assert "note: a note" in bench_md and "not" not in bench_md.split("note: a note")[1].split("\n")[0]
     rows = {r.metric: r for r in compare(run, run).rows}
     assert rows["bench.original.concurrency 8.output_tok_s"].a is None and rows["eval.max_mean_kld"].a == 0.183

@@ -16,10 +16,11 @@ from types import SimpleNamespace
 import pytest
 import yaml
 
+from infertool.evaluate.verdict import Gate
 from infertool.recipe import validate_recipe_data
 from infertool.tune import space
 from infertool.tune import stages as tstages
-from infertool.tune.records import ScreenResult, TrialRecord, TuneDoc
+from infertool.tune.records import Judgement, ScreenResult, TrialRecord, TuneDoc
 from tests.test_tune import _cwd, smol  # noqa: F401  (the same fixtures: a working directory, the laid-out model)
 
 TOKENS = 300  # per perplexity window: enough that an exact agreement passes top-1 at the screening's confidence
@@ -59,11 +60,11 @@ def test_a_trial_that_changes_an_output_setting_is_screened_on_its_own(smol, tmp
     assert len(by) == 8
     eager = by[("original", True, 2)]
     assert eager.scoring == {} and not eager.own_screening  # the recipe's own value (true), kv_cache_dtype its default
-    assert eager.screening() == {"own": False, "settings": {},
+    assert eager.screening().to_dict() == {"own": False, "settings": {},
                                  "shares": "the reference itself, at the recipe's serve settings"}
     compiled = by[("original", False, 4)]
     assert compiled.scoring == {"enforce_eager": False} and compiled.own_screening
-    assert compiled.screening()["own"] is True and "CUDA graphs" in compiled.screening()["why"]
+    assert compiled.screening().own is True and "CUDA graphs" in (compiled.screening().why or "")
     assert compiled.to_dict()["screening"]["settings"] == {"enforce_eager": False}
     assert by[("GPTQ", True, 4)].scoring == {} and by[("GPTQ", False, 2)].scoring == {"enforce_eager": False}
     # the screen stage's recipe: the candidate at the recipe's settings, the output-changing ones over them
@@ -99,7 +100,7 @@ def test_dry_run_lists_which_trials_get_their_own_screening(smol, tmp_path):
 
 
 def test_gates_are_decided_only_when_every_measured_one_is():
-    g = lambda *s: [{"name": f"g{i}", "status": x} for i, x in enumerate(s)]  # noqa: E731
+    g = lambda *s: [Gate.from_dict({"name": f"g{i}", "status": x}) for i, x in enumerate(s)]  # noqa: E731
     assert tstages.gates_decided(g("PASS", "FAIL", "n/a"))
     assert not tstages.gates_decided(g("FAIL", "INCONCLUSIVE"))  # a FAIL verdict, an open gate: not decided
     assert not tstages.gates_decided(g("n/a")) and not tstages.gates_decided([])
@@ -235,11 +236,11 @@ def test_rounds_stop_when_the_verdict_is_decided_and_score_only_open_gates(smol,
     res = run_tune(r)
     q = next(t for t in res.trials if t.candidate.spec is not None)
     acc = q.accuracy
-    assert [h["items"] for h in acc.rounds] == [2, 4] and acc.stopped_early and acc.verdict == "PASS"
-    assert [h["scored"] for h in acc.rounds] == [["suite", "decode"], ["decode"]]
+    assert [h.items for h in acc.rounds] == [2, 4] and acc.stopped_early and acc.verdict == "PASS"
+    assert [h.scored for h in acc.rounds] == [["suite", "decode"], ["decode"]]
     assert acc.items == 2  # the suite's items: decided in round 1
-    assert acc.rounds[0]["gates"]["max_mean_kld"] == "PASS" and acc.rounds[0]["gates"]["max_decode_kld"] == "INCONCLUSIVE"
-    assert acc.rounds[1]["gates"]["max_decode_kld"] == "PASS" and acc.rounds[1]["gates"]["max_mean_kld"] == "PASS"
+    assert acc.rounds[0].gates["max_mean_kld"] == "PASS" and acc.rounds[0].gates["max_decode_kld"] == "INCONCLUSIVE"
+    assert acc.rounds[1].gates["max_decode_kld"] == "PASS" and acc.rounds[1].gates["max_mean_kld"] == "PASS"
     assert acc.decode["n_prompts"] == 4 and acc.decode["kld_ci"] == [0.0, 0.04] and acc.decode["exact_match"] == 1.0
     # the reference once on its largest round (saved beside raw.json), then the candidate's windows, prior given
     assert phase.runs == [("reference", (0, 8), None), ("candidate", (0, 2), [0]), ("candidate", (2, 4), [0])]
@@ -259,10 +260,10 @@ def test_rounds_stop_when_the_verdict_is_decided_and_score_only_open_gates(smol,
     monkeypatch.setattr(tstages, "tune_phases", lambda tune: [phase2])
     res = run_tune(validate_recipe_data(recipe(smol, tmp_path / "2", candidates=[{"bits": 8}], grid={"max_num_seqs": [2]})))
     acc = res.trials[0].accuracy
-    assert acc.verdict == "FAIL" and [h["items"] for h in acc.rounds] == [2] and acc.rounds[0]["scored"] == ["suite"]
-    assert acc.rounds[0]["gates"]["max_mean_kld"] == "FAIL" and acc.rounds[0]["gates"]["max_decode_kld"] == "n/a"
-    dec = next(g for g in acc.gates if g["name"] == "max_decode_kld")
-    assert dec["status"] == "n/a" and "decided (FAIL) before this phase ran" in dec["note"]
+    assert acc.verdict == "FAIL" and [h.items for h in acc.rounds] == [2] and acc.rounds[0].scored == ["suite"]
+    assert acc.rounds[0].gates["max_mean_kld"] == "FAIL" and acc.rounds[0].gates["max_decode_kld"] == "n/a"
+    dec = next(g for g in acc.gates if g.name == "max_decode_kld")
+    assert dec.status == "n/a" and "decided (FAIL) before this phase ran" in dec.note
     assert [w for who, w, _ in phase2.runs if who == "candidate"] == []
 
 
@@ -270,7 +271,7 @@ def test_open_sources_name_what_the_next_round_scores():
     dec = SimpleNamespace(name="decode", gates=("max_decode_kld",))
     lm = SimpleNamespace(name="lm_eval", gates=("min_recovery",))
     legacy = SimpleNamespace(name="legacy")  # names no gates: scored while anything is open
-    g = lambda **s: [{"name": k, "status": v} for k, v in s.items()]  # noqa: E731
+    g = lambda **s: [Gate.from_dict({"name": k, "status": v}) for k, v in s.items()]  # noqa: E731
     assert tstages.open_sources(g(max_mean_kld="PASS", max_decode_kld="INCONCLUSIVE", min_recovery="PASS"),
                                 [dec, lm]) == {"decode"}
     assert tstages.open_sources(g(min_top1="INCONCLUSIVE", min_recovery="n/a"), [dec, lm]) == {"suite"}
@@ -354,7 +355,7 @@ def test_the_served_check_runs_in_the_same_rounds(smol, tmp_path, monkeypatch, s
     res = run_tune(validate_recipe_data(data))
     sc = res.trials[0].served_check
     assert sc.verdict == "PASS" and sc.rounds_planned == [2, 4, 6] and sc.stopped_early
-    assert [(h["items"], h["scored"]) for h in sc.rounds] == [(2, ["suite", "decode"]), (4, ["decode"])]
+    assert [(h.items, h.scored) for h in sc.rounds] == [(2, ["suite", "decode"]), (4, ["decode"])]
     assert sc.confidence == pytest.approx(1 - 0.05 / 3) and sc.decode["n_prompts"] == 4
     assert [w for who, w, _ in phase.runs if who == "served"] == [(0, 2), (2, 4)]
 
@@ -362,14 +363,14 @@ def test_the_served_check_runs_in_the_same_rounds(smol, tmp_path, monkeypatch, s
 def test_a_check_with_no_measurable_gate_stops_after_round_1(monkeypatch):
     """INCONCLUSIVE because no gate could be measured (all n/a): more items cannot decide it, so no round 2."""
     scored = []
-    monkeypatch.setattr(tstages, "judge", lambda tune, ref, acc, n, conf, blocks=None: {
+    monkeypatch.setattr(tstages, "judge", lambda tune, ref, acc, n, conf, blocks=None: Judgement.from_dict({
         "verdict": "INCONCLUSIVE", "items": n, "mean_kld": None, "top1": None, "n_needed": None,
-        "gates": [{"name": "max_mean_kld", "status": "n/a"}]})
+        "gates": [{"name": "max_mean_kld", "status": "n/a"}]}))
     monkeypatch.setattr(tstages, "requests", lambda job, lo, hi: [(lo, hi)])
     sc = SimpleNamespace(score=lambda reqs: scored.append(reqs) or {"tasks": {}, "stats": {}})
     ctx = SimpleNamespace(job=SimpleNamespace(tune=SimpleNamespace(exhaustive=False)), emit=lambda message: None)
     seq = tstages.sequential(ctx, sc, [2, 4, 8], 0.98, {}, [], {}, "screen x")
-    assert [h["items"] for h in seq.history] == [2] and scored == [[(0, 2)]]
+    assert [h.items for h in seq.history] == [2] and scored == [[(0, 2)]]
     ctx.job.tune.exhaustive = True  # brute force: its one look, whatever
     scored.clear()
     assert len(tstages.sequential(ctx, sc, [8], 0.95, {}, [], {}, "screen x").history) == 1 and scored == [[(0, 8)]]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from infertool.tune import search
-from infertool.tune.records import CapacityResult, TrialRecord, TuneDoc
+from infertool.tune.records import CapacityResult, Decision, TrialRecord, TuneDoc
 from infertool.tune.search import Probe, RepeatPolicy
 
 SLO = {"ttft_ms": 1000.0, "tpot_ms": 100.0}
@@ -62,10 +62,10 @@ def test_near_the_edge_repeats_until_max_runs_and_says_undecided():
     assert calls == [(4, 0), (4, 1), (4, 2)] and p.runs == 3 and p.decided is False
     assert p.ok and "undecided after 3" in p.why
     assert p.goodput_ci[0] < 0.9 < p.goodput_ci[1]
-    assert p.summary["output_token_throughput"] == pytest.approx(105.0)  # the runs' mean
+    assert p.summary.output_token_throughput == pytest.approx(105.0)  # the runs' mean
     assert p.throughput_ci[0] < 105 < p.throughput_ci[1] and len(p.per_run) == 3
     # $/1M at the mean throughput, not the mean of the runs' costs
-    assert p.summary["cost"]["per_1m_output_tokens"] == pytest.approx(0.5 / (105 * 3600) * 1e6)
+    assert p.summary.cost.per_1m_output_tokens == pytest.approx(0.5 / (105 * 3600) * 1e6)
 
 
 def test_near_the_edge_stops_when_the_interval_decides():
@@ -88,7 +88,7 @@ def test_the_best_probe_is_confirmed_for_its_interval():
     res = search.confirm_best(search.LoadSearch(2, probes, "the SLO holds at 2 and not at 4"), once, POLICY)
     assert calls == [(2, 0), (4, 0), (2, 1)]  # only the probe at max load measured again
     best = res.best()
-    assert res.max_load == 2 and best.runs == 2 and best.summary["output_token_throughput"] == pytest.approx(82)
+    assert res.max_load == 2 and best.runs == 2 and best.summary.output_token_throughput == pytest.approx(82)
     assert best.throughput_ci is not None and best.throughput_ci[0] < 82 < best.throughput_ci[1]
 
 
@@ -154,9 +154,9 @@ def test_no_tie_when_the_intervals_are_apart():
     a = trial("a", [200.0, 201.0, 199.0])
     b = trial("b", [100.0, 101.0, 99.0], weight=10)
     d = search.decide(search.rank([b, a]), "cost")
-    assert d["winner"] == "a" and d["runner_up"] == "b" and d["tie"] is False and d["rule"] is None
-    assert d["margin"] == pytest.approx(b.objective - a.objective) and d["margin_ci"][0] > 0
-    assert "do not overlap" in d["why"]
+    assert d.winner == "a" and d.runner_up == "b" and d.tie is False and d.rule is None
+    assert d.margin == pytest.approx(b.objective - a.objective) and d.margin_ci[0] > 0
+    assert "do not overlap" in d.why
 
 
 def test_a_tie_is_declared_and_broken_by_the_rule():
@@ -164,9 +164,9 @@ def test_a_tie_is_declared_and_broken_by_the_rule():
     a = trial("a", [105.0, 115.0, 110.0], weight=200)
     b = trial("b", [100.0, 108.0, 104.0], weight=100)
     d = search.decide(search.rank([a, b]), "cost")
-    assert d["tie"] is True and d["tied"] == ["a", "b"] and d["winner"] == "b" and d["runner_up"] == "a"
-    assert d["rule"] == search.TIE_RULE and "weights" in d["why"]
-    assert d["margin"] < 0 and d["margin_ci"][0] < 0 < d["margin_ci"][1]  # the rule chose the worse point
+    assert d.tie is True and d.tied == ["a", "b"] and d.winner == "b" and d.runner_up == "a"
+    assert d.rule == search.TIE_RULE and "weights" in d.why
+    assert d.margin < 0 and d.margin_ci[0] < 0 < d.margin_ci[1]  # the rule chose the worse point
 
 
 @pytest.mark.parametrize("changes,winner,word", [
@@ -181,15 +181,15 @@ def test_the_tie_rule_order(changes, winner, word):
     a = trial("a", [105.0, 115.0, 110.0], **args["a"])
     b = trial("b", [100.0, 108.0, 104.0], **args["b"])
     d = search.decide(search.rank([a, b]), "cost")
-    assert d["tie"] and d["winner"] == winner and word in d["why"]
+    assert d.tie and d.winner == winner and word in d.why
 
 
 def test_single_runs_decide_on_the_point_and_say_so():
     a, b = trial("a", [110.0]), trial("b", [104.0])
     d = search.decide(search.rank([a, b]), "cost")
-    assert d["winner"] == "a" and not d["tie"] and "no interval" in d["why"]
+    assert d.winner == "a" and not d.tie and "no interval" in d.why
     only = search.decide([a], "cost")
-    assert only["runner_up"] is None and only["margin"] is None and not only["tie"]
+    assert only.runner_up is None and only.margin is None and not only.tie
     assert search.decide([], "cost") is None
 
 
@@ -202,12 +202,12 @@ def test_the_decision_block_in_tune_json_and_the_report(tmp_path):
     b.capacity.max_load_ci, b.capacity.throughput = [3, 5], 104.0
     b.capacity.throughput_ci = search.mean_interval([100.0, 108.0, 104.0], 0.95)[1]
     d = search.decide(search.rank([a, b]), "cost")
-    doc = TuneDoc(recipe="r", objective="cost", winner=d["winner"], trials=[a, b], decision=d,
+    doc = TuneDoc(recipe="r", objective="cost", winner=d.winner, trials=[a, b], decision=d,
                   cost={"stage_seconds": {"by_stage": {"capacity": 100.0}, "total": 100.0, "entries": 2},
                         "staged": {"total": 100.0}, "brute_force": {"total": 250.0}, "ratio": 0.4, "other_winner": "a"})
     back = TuneDoc.from_dict(json.loads(json.dumps(doc.to_dict())))
-    assert set(back.decision) >= {"winner", "runner_up", "margin", "margin_ci", "tie", "rule"}
-    assert back.decision["tie"] is True and back.trial("b").objective_ci == b.objective_ci
+    assert set(back.decision.to_dict()) >= {"winner", "runner_up", "margin", "margin_ci", "tie", "rule"}
+    assert back.decision.tie is True and back.trial("b").objective_ci == b.objective_ci
     md = render_markdown(back, None, None)
     assert "**Decision: a TIE**" in md and "Tie rule:" in md and "(40%)" in md and "brute force's winner: a" in md
     rows = trial_rows(back)
@@ -225,9 +225,9 @@ def test_stage_seconds_count_each_entry_once_and_the_ratio():
     staged = [rec("t1", {"quantize": ("q1", 50.0), "reference": ("r", 20.0), "capacity": ("c1", 30.0)}),
               rec("t2", {"quantize": ("q1", 50.0), "reference": ("r", 20.0), "capacity": ("c2", 40.0)})]
     s = search.stage_seconds(staged)
-    assert s["total"] == 140.0 and s["by_stage"] == {"capacity": 70.0, "quantize": 50.0, "reference": 20.0}
+    assert s.total == 140.0 and s.by_stage == {"capacity": 70.0, "quantize": 50.0, "reference": 20.0}
     brute = search.stage_seconds(staged + [rec("t3", {"capacity": ("c3", 140.0)})])
-    assert brute["total"] == 280.0 and search.cost_ratio(s, brute) == pytest.approx(0.5)
+    assert brute.total == 280.0 and search.cost_ratio(s, brute) == pytest.approx(0.5)
     assert search.cost_ratio(s, None) is None
 
 
@@ -238,19 +238,19 @@ def test_own_cost_reads_brute_force_from_the_same_directory(tmp_path):
     brute = TrialRecord.from_dict({"id": "t1", "stages": {"capacity": {"entry": "x", "seconds": 300.0}}})
     write_json(tmp_path / "tune-exhaustive.json", TuneDoc(recipe="r", winner="t1", trials=[brute]).to_dict())
     mine = [TrialRecord.from_dict({"id": "t1", "stages": {"capacity": {"entry": "y", "seconds": 120.0}}})]
-    c = own_cost(tmp_path, mine, exhaustive=False, decision={"winner": "t2", "tied": ["t2", "t1"]})
-    assert c["ratio"] == pytest.approx(0.4) and c["other_winner"] == "t1" and c["brute_force"]["total"] == 300.0
-    assert c["agrees"] is True  # brute force's winner is in the declared tie
-    assert own_cost(tmp_path, mine, exhaustive=False, decision={"winner": "t2", "tied": []})["agrees"] is False
-    assert own_cost(tmp_path / "none", mine, exhaustive=False)["ratio"] is None  # no brute force measured there
+    c = own_cost(tmp_path, mine, exhaustive=False, decision=Decision(winner="t2", tied=["t2", "t1"]))
+    assert c.ratio == pytest.approx(0.4) and c.other_winner == "t1" and c.brute_force.total == 300.0
+    assert c.agrees is True  # brute force's winner is in the declared tie
+    assert own_cost(tmp_path, mine, exhaustive=False, decision=Decision(winner="t2", tied=[])).agrees is False
+    assert own_cost(tmp_path / "none", mine, exhaustive=False).ratio is None  # no brute force measured there
 
 
 # ------------------------------------------------------------------------------- trials that cannot win
 def test_a_sibling_with_more_seqs_bounds_a_trial():
     big = trial("ms8", [100.0, 104.0], ms=8, key="k")
-    big.capacity.probes = [Probe(2, True, 1.0, run(1.0, 50, tps=60)).to_dict(),
-                           Probe(4, True, 1.0, run(1.0, 60, tps=90), throughput_ci=[85.0, 95.0]).to_dict(),
-                           Probe(8, True, 1.0, run(1.0, 70, tps=100)).to_dict()]
+    big.capacity.probes = [Probe(2, True, 1.0, run(1.0, 50, tps=60)),
+                           Probe(4, True, 1.0, run(1.0, 60, tps=90), throughput_ci=[85.0, 95.0]),
+                           Probe(8, True, 1.0, run(1.0, 70, tps=100))]
     small = TrialRecord.from_dict({"id": "ms4", "serve": {"max_num_seqs": 4}, "candidate": {"key": "k"}})
     assert search.sibling_bound(small, [big], 0.25) == (95.0, "ms8 at concurrency 4")  # its interval's top
     other = TrialRecord.from_dict({"id": "o", "serve": {"max_num_seqs": 4}, "candidate": {"key": "other"}})
@@ -266,7 +266,7 @@ def test_a_trial_its_sibling_bounds_above_the_best_is_not_measured():
     from infertool.tune.core import _cannot_win, _note_measured
 
     big = trial("ms8", [100.0, 104.0], ms=8, key="k")
-    big.capacity.probes = [Probe(4, True, 1.0, run(1.0, 60, tps=50), throughput_ci=[45.0, 55.0]).to_dict()]
+    big.capacity.probes = [Probe(4, True, 1.0, run(1.0, 60, tps=50), throughput_ci=[45.0, 55.0])]
     best = trial("best", [200.0, 201.0, 199.0], key="other")
     tune = SimpleNamespace(objective="cost", load=SimpleNamespace(edge=0.25))
     ctx = SimpleNamespace(tune=tune, exhaustive=False, on_event=None, recipe=SimpleNamespace(bench=SimpleNamespace(cost_per_hour=0.5)))

@@ -295,7 +295,7 @@ def test_each_trial_runs_on_its_kind_and_the_cheaper_kind_wins(tmp_path, monkeyp
     ctx, plan, _ = two_kind_tune(tmp_path, [SMALL, BIG])
     records = executor.execute(ctx, plan, "ray", trial_fn=fake_trial)
     result = core.finish(ctx, plan.trials, records, 1.0, plan)
-    by_kind = {t.machine["name"]: t for t in result.trials}
+    by_kind = {t.machine.name: t for t in result.trials}
     for kind, nid in (("small", "n-small"), ("big", "n-big")):
         t = by_kind[kind]
         assert t.status == "done" and t.executor["node_id"] == nid and t.executor["resources"][kind] == 1.0
@@ -304,7 +304,7 @@ def test_each_trial_runs_on_its_kind_and_the_cheaper_kind_wins(tmp_path, monkeyp
         assert t.cost_per_1m_output_tokens == pytest.approx(price / (TOKENS_PER_S * 3600) * 1e6)
         assert t.objective == t.cost_per_1m_output_tokens
     # 0.5 $/h over 1,296,000 tokens an hour: 0.3858 $ per 1M; 2.0 $/h: 1.543
-    assert result.winner.machine["name"] == "small"
+    assert result.winner.machine.name == "small"
     assert by_kind["big"].why_lost == "cost per 1M output tokens at the SLO: 1.543 $ vs the winner's 0.3858 $"
     doc = json.loads((ctx.dir / "tune.json").read_text())
     assert {t["machine"]["name"]: t["cost_per_1m_output_tokens"] for t in doc["trials"]} == \
@@ -319,7 +319,7 @@ def test_a_kind_no_node_offers_is_skipped_and_never_submitted(tmp_path, monkeypa
     fake = FakeRay([node("n-small", CPU=1.0, small=1.0)])
     monkeypatch.setitem(sys.modules, "ray", fake)
     ctx, plan, events = two_kind_tune(tmp_path, [SMALL, BIG])
-    records = {r.machine["name"]: r for r in executor.execute(ctx, plan, "ray", trial_fn=fake_trial)}
+    records = {r.machine.name: r for r in executor.execute(ctx, plan, "ray", trial_fn=fake_trial)}
     assert records["small"].status == "done"
     assert records["big"].status == "skipped" and records["big"].reason.startswith(
         "not run: no live Ray node offers what machine kind 'big' needs (CPU 1, big 1)")

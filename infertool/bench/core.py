@@ -284,8 +284,8 @@ def ab_table(name: str, a_label: str, b_label: str, a_levels: list, b_levels: li
     for a, b in zip(map(LevelResult.from_dict, a_levels), map(LevelResult.from_dict, b_levels)):
         figures = {}
         for f in FIGURES:
-            va, vb = f.get(a.summary), f.get(b.summary)
-            figures[f.key] = Figure(f.label, va, vb, ratio(va, vb), f.higher_is_better)
+            va, vb = f.of(a.summary), f.of(b.summary)
+            figures[f.name] = Figure(f.label, va, vb, ratio(va, vb), f.higher_is_better)
         figures.update(server_figures(a, b))  # prefix-cache hits, spec-decode acceptance: why an arm wins
         rows.append(ABRow(a.level.label, b.level.label, figures, {"a": a.summary.failed, "b": b.summary.failed}))
     return Experiment(name, a_label, b_label, rows, note)

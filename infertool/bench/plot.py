@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from infertool.bench.results import BenchReport
+from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS, TTFT_P50_MS
 
 
 def plot_latency_throughput(report, path: str | Path) -> Path:
@@ -52,19 +53,20 @@ def _series(report: BenchReport) -> dict[str, list[tuple]]:
     original = report.original
     series: dict[str, list[tuple]] = {}
 
+    tput, ttft, tpot = OUTPUT_TOKEN_THROUGHPUT, TTFT_P50_MS, TPOT_P50_MS
+
     def point(s, label: str) -> tuple:
-        return s.output_token_throughput, (s.ttft_ms.p50, s.tpot_ms.p50), label
+        return tput.of(s), (ttft.of(s), tpot.of(s)), label
 
     for lv in report.levels:
         series.setdefault(f"candidate: {lv.level.kind}" if original else lv.level.kind, []).append(
             point(lv.summary, lv.level.label))
     for lv in (original.levels if original else []):
         series.setdefault(f"original: {lv.level.kind}", []).append(point(lv.summary, lv.level.label))
-    main = [lv.summary.output_token_throughput for lv in report.levels if lv.level.kind == "concurrency"]
+    main = [tput.of(lv.summary) for lv in report.levels if lv.level.kind == "concurrency"]
     for exp in report.experiments:
         for arm in ("a", "b"):  # the arm that IS the main sweep is drawn once, as the sweep
-            pts = [(_figure(row, "output_token_throughput", arm),
-                    (_figure(row, "ttft_p50_ms", arm), _figure(row, "tpot_p50_ms", arm)),
+            pts = [(_figure(row, tput.name, arm), (_figure(row, ttft.name, arm), _figure(row, tpot.name, arm)),
                     row.b_level if arm == "b" else row.level) for row in exp.rows]
             if [p[0] for p in pts] != main:
                 series[f"{exp.experiment}: {getattr(exp, arm)}"] = pts

@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
+from infertool.metricspec import MetricSpec, ab_metrics
 from infertool.records import Record, as_int, as_str
 
 __all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Experiment", "FIGURES", "Figure",
-           "FigureDef", "Goodput", "Interval", "Knee", "Latency", "LengthDistribution", "Lengths", "LevelResult",
+           "Goodput", "Interval", "Knee", "Latency", "LengthDistribution", "Lengths", "LevelResult",
            "LevelSpec", "Repeats", "SLO", "SERVER_FIGURES", "ServedModel", "ServerMetrics", "Summary", "Window",
            "server_figures"]
 
@@ -251,25 +252,8 @@ class LevelResult(_Sparse):
 
 
 # ------------------------------------------------------------------------------------------ A/B tables
-@dataclass(frozen=True)
-class FigureDef:
-    """A figure the A/B tables compare: its key in a row, how it reads from a level's summary, its label."""
-
-    key: str
-    get: Callable[[Summary], float | None]
-    label: str
-    higher_is_better: bool
-
-
-FIGURES: tuple[FigureDef, ...] = (
-    FigureDef("output_token_throughput", lambda s: s.output_token_throughput, "output tok/s", True),
-    FigureDef("request_throughput", lambda s: s.request_throughput, "req/s", True),
-    FigureDef("ttft_p50_ms", lambda s: s.ttft_ms.p50, "TTFT p50 ms", False),
-    FigureDef("tpot_p50_ms", lambda s: s.tpot_ms.p50, "TPOT p50 ms", False),
-    FigureDef("e2e_p50_ms", lambda s: s.e2e_ms.p50, "E2E p50 ms", False),
-    FigureDef("goodput", lambda s: s.goodput.requests_per_s, "goodput req/s", True),
-    FigureDef("cost_per_1m_output_tokens", lambda s: s.cost.per_1m_output_tokens, "$/1M out tok", False),
-)
+# the figures an A/B table compares: the metric table's (infertool.metricspec), in its order
+FIGURES: tuple[MetricSpec, ...] = ab_metrics()
 
 
 # the server's figures an A/B table compares too (why an arm wins: prefix reuse, accepted drafts)
@@ -304,7 +288,7 @@ class Figure(Record):
 class ABRow(Record):
     level: str = ""  # arm A's level label
     b_level: str = ""
-    figures: dict[str, Figure] = field(default_factory=dict)  # by FigureDef.key
+    figures: dict[str, Figure] = field(default_factory=dict)  # by MetricSpec.name
     errors: dict = field(default_factory=dict)  # failed requests: {"a": n, "b": n}
 
 

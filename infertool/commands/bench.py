@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
@@ -11,6 +11,10 @@ from infertool.commands._common import (
     JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt, recipe_arg,
     recipe_checks, refuse_overwrite,
 )
+from infertool.metricspec import GOODPUT, GOODPUT_FRACTION, METRICS
+
+if TYPE_CHECKING:
+    from infertool.bench.results import LevelResult
 
 EXAMPLES = examples(
     ("infertool bench quickstart", "the recipe's own vLLM server, the recipe's traffic"),
@@ -119,28 +123,28 @@ def render(report) -> None:
         err.print(f"[yellow]note:[/] {escape(str(note))}", soft_wrap=True)
 
 
-def _level_tables(levels) -> None:
+def _level_tables(levels: list[LevelResult]) -> None:
+    """Each level's figures: the metric table's latency and throughput metrics (``infertool.metricspec``),
+    around the load generator's health and the server's own metrics."""
     from rich.table import Table
 
     from infertool.output import out
 
+    lat_m = [m for m in METRICS if m.table == "latency"]
+    thr_m = [m for m in METRICS if m.table == "throughput"]
     lat = Table(title="latency (ms)", title_justify="left")
-    for c in ("level", "ok/err", "TTFT p50", "TTFT p99", "TPOT p50", "TPOT p99", "ITL p50", "E2E p50", "E2E p99",
-              "client"):
+    for c in ("level", "ok/err", *(m.column for m in lat_m), "client"):
         lat.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
     thr = Table(title="throughput (per s), goodput, cost, and the server's own metrics (max)", title_justify="left")
-    for c in ("level", "req", "out tok", "goodput req", "$/1M tok", "$/req", "KV %", "run/wait", "preempt",
-              "prefix hit %"):
+    for c in ("level", *(m.column for m in thr_m), "KV %", "run/wait", "preempt", "prefix hit %"):
         thr.add_column(c, justify="left" if c == "level" else "right", no_wrap=True)
     for lv in levels:
         m, sm, label = lv.summary, lv.server_metrics, lv.level.label
-        lat.add_row(label, f"{m.completed}/{m.failed}", _f(m.ttft_ms.p50, "{:.0f}"), _f(m.ttft_ms.p99, "{:.0f}"),
-                    _f(m.tpot_ms.p50), _f(m.tpot_ms.p99), _f(m.itl_ms.p50), _f(m.e2e_ms.p50, "{:.0f}"),
-                    _f(m.e2e_ms.p99, "{:.0f}"), "[bold red]BOUND[/]" if lv.client_bound else "ok")
-        kv, hit, frac = sm.kv_cache_usage_max, sm.prefix_cache_hit_rate, m.goodput.fraction
-        thr.add_row(label, _f(m.request_throughput, "{:.3f}"), _f(m.output_token_throughput, "{:.2f}"),
-                    _f(m.goodput.requests_per_s, "{:.3f}") + ("" if frac is None else f" ({frac:.0%})"),
-                    _f(m.cost.per_1m_output_tokens, "${:.2f}"), _f(m.cost.per_request, "${:.4f}"),
+        lat.add_row(label, f"{m.completed}/{m.failed}", *(spec.cell(spec.of(m)) for spec in lat_m),
+                    "[bold red]BOUND[/]" if lv.client_bound else "ok")
+        kv, hit, frac = sm.kv_cache_usage_max, sm.prefix_cache_hit_rate, GOODPUT_FRACTION.of(m)
+        thr.add_row(label, *(spec.cell(spec.of(m)) + ("" if spec is not GOODPUT or frac is None else f" ({frac:.0%})")
+                             for spec in thr_m),
                     _f(None if kv is None else kv * 100, "{:.2f}"),
                     f"{_f(sm.running_max, '{:.0f}')}/{_f(sm.waiting_max, '{:.0f}')}",
                     _f(sm.preemptions, "{:.0f}"), _f(None if hit is None else hit * 100, "{:.0f}"))

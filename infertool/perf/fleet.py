@@ -204,12 +204,12 @@ def tune_fleet(trials: Any, target_of: Any) -> dict:
         gpr = tp * pp if isinstance(tp, int) and isinstance(pp, int) else 1
         gpu, unit = section.get("gpu"), "GPU"
         machine = _get(t, "machine")
-        price = _num(machine.get("trial_price_per_hour")) if isinstance(machine, dict) else None
+        price = _num(_get(machine, "trial_price_per_hour")) if machine is not None else None
         if price is not None:  # a machine kind (tune.machines): its price, per GPU or per machine
-            per_machine = machine.get("price_per") == "machine"
+            per_machine = _get(machine, "price_per") == "machine"
             unit = "machine" if per_machine else "GPU"
             gpr = 1 if per_machine else gpr
-            gpu = {"price_per_hour": price / gpr, "price_source": f"tune.machines {machine.get('name')!s:.60}"}
+            gpu = {"price_per_hour": price / gpr, "price_source": f"tune.machines {_get(machine, 'name')!s:.60}"}
         res = fleet_section(section, _num(_get(at, "request_throughput")) if at else None, gpus_per_replica=gpr,
                             basis="measured by tune's capacity search", gpu=gpu, unit=unit)
         f = res["fleet"]

@@ -30,12 +30,15 @@ from pathlib import Path
 
 from infertool.atomic import write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError, UsageError
+from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS
+from infertool.metricspec import objective as objective_metric
 from infertool.tune import search, space
 from infertool.tune.space import Trial  # (a field named space shadows the module in PlannedSpace)
 from infertool.tune.context import Context, emit
 from infertool.tune.stages import trial_accuracy
 from infertool.tune.records import (
-    CapacityResult, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialRecord, TuneDoc,
+    CapacityResult, Decision, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialError, TrialRecord, TuneCost,
+    SpaceInfo, TuneDoc,
 )
 
 
@@ -56,14 +59,15 @@ class TuneResult:
     report: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     published: dict | None = None  # the winner's checkpoint: {path, fingerprint} (None: the original won, or none)
-    decision: dict | None = None  # tune.json's decision (search.decide)
-    cost: dict | None = None  # tune's own cost in stage-seconds (own_cost)
+    decision: Decision | None = None  # tune.json's decision (search.decide)
+    cost: TuneCost | None = None  # tune's own cost in stage-seconds (own_cost)
 
     def to_dict(self) -> dict:
         return {"tune_dir": self.tune_dir, "winner": self.winner.to_dict() if self.winner else None,
                 "trials": [t.to_dict() for t in self.trials], "pareto": self.pareto, "seconds": self.seconds,
                 "tuned_recipe": self.tuned_recipe, "report": self.report, "notes": self.notes,
-                "published": self.published, "decision": self.decision, "cost": self.cost}
+                "published": self.published, "decision": self.decision.to_dict() if self.decision else None,
+                "cost": self.cost.to_dict() if self.cost else None}
 
 
 def _now() -> str:
@@ -77,11 +81,11 @@ def measured_decode(capacity: CapacityResult | None) -> float | None:
     tokens/s stands in for it (a lower bound: it includes the prefills)."""
     if capacity is None or not capacity.max_load or not capacity.at_max_load:
         return None
-    tpot = (capacity.at_max_load.get("tpot_ms") or {}).get("p50")
+    tpot = TPOT_P50_MS.of(capacity.at_max_load)
     if tpot:
         return capacity.max_load * 1000.0 / tpot
-    tps = capacity.at_max_load.get("output_token_throughput")
-    return float(tps) if isinstance(tps, (int, float)) and tps > 0 else None
+    tps = OUTPUT_TOKEN_THROUGHPUT.of(capacity.at_max_load)
+    return tps if tps is not None and tps > 0 else None
 
 
 def decode_check(trial: space.Trial, cap: CapacityResult) -> DecodeCheck:
@@ -138,7 +142,7 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
         rec.status = "interrupted"  # a missing environment is not this configuration's failure: every trial would fail
         raise
     except InfertoolError as e:
-        rec.status, rec.error = "failed", e.to_dict()
+        rec.status, rec.error = "failed", TrialError.from_dict(e.to_dict())
         emit(ctx.on_event, f"trial {trial.label} failed: {e.message.splitlines()[0]}"
              + (f" (log: {e.log_path})" if e.log_path else ""), "warning")
     finally:
@@ -206,7 +210,7 @@ def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
         best[g] = min(best.get(g, (score(t), t.id)), (score(t), t.id))
 
     def key(t: space.Trial):
-        m = (t.serve or {}).get("max_num_seqs")
+        m = t.serve.get("max_num_seqs")
         g = search.sibling_key(t)
         return (best[g], g, not t.prediction.fits, -(m if isinstance(m, int) else 0), t.id)
 
@@ -320,7 +324,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     doc = TuneDoc(recipe=ctx.recipe.name, objective=ctx.tune.objective, exhaustive=ctx.exhaustive,
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
-                  tuned_recipe=tuned, finished=_now(), space=plan.to_dict() if plan is not None else None,
+                  tuned_recipe=tuned, finished=_now(), space=SpaceInfo.from_dict(plan.to_dict()) if plan is not None else None,
                   extra={"published": getattr(ctx, "published", None)} if winner is not None else {},
                   decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive, decision=decision))
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
@@ -337,21 +341,22 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                       getattr(ctx, "published", None), decision, doc.cost)
 
 
-def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[TrialRecord | None, dict | None]:
+def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[TrialRecord | None, Decision | None]:
     """The decision (``search.decide``: a tie among overlapping intervals broken by the stated rule), its winner
     re-checked as served; one whose outputs diverge is dropped and the decision made again without it."""
     ranked = search.rank(records)
     while ranked:
         decision = search.decide(ranked, ctx.tune.objective)
         assert decision is not None  # ranked is not empty
-        cand = next(r for r in ranked if r.id == decision["winner"])
+        cand = next(r for r in ranked if r.id == decision.winner)
         if not ctx.tune.accuracy.served_check or served_check(ctx, by_id[cand.id], cand):
             return cand, decision
         ranked = [r for r in ranked if r is not cand]
     return None, None
 
 
-def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool, decision: dict | None = None) -> dict:
+def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool,
+             decision: Decision | None = None) -> TuneCost:
     """tune's own cost: this search's stage-seconds (``search.stage_seconds``) and, when the other kind of search
     (staged / brute force) was run in the same directory, its stage-seconds, the staged / brute force ratio, its
     winner and whether it agrees (``agrees``: the same winner, or one in this decision's declared tie)."""
@@ -366,22 +371,22 @@ def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool, de
     theirs = search.stage_seconds(other.trials) if other is not None and other.trials else None
     staged, brute = (theirs, mine) if exhaustive else (mine, theirs)
     theirs_won = other.winner if other is not None else None
-    d = decision or {}
-    agrees = None if theirs_won is None or not d else (theirs_won == d.get("winner") or theirs_won in (d.get("tied") or []))
-    return {"stage_seconds": mine, "staged": staged, "brute_force": brute, "ratio": search.cost_ratio(staged, brute),
-            "other_winner": theirs_won, "agrees": agrees}
+    d = decision
+    agrees = None if theirs_won is None or d is None else (theirs_won == d.winner or theirs_won in d.tied)
+    return TuneCost(stage_seconds=mine, staged=staged, brute_force=brute, ratio=search.cost_ratio(staged, brute),
+                    other_winner=theirs_won, agrees=agrees)
 
 
 def decision_notes(doc: TuneDoc) -> list[str]:
     """The decision and tune's own cost in a sentence each (the console prints them; the report says more)."""
     notes = []
     d = doc.decision
-    if d and d.get("runner_up"):
-        notes.append(f"decision: {d['winner']} over {d['runner_up']}: {d.get('why')}")
-    cost = doc.cost or {}
-    if cost.get("ratio") is not None:
-        notes.append(f"tune's own cost: the staged search used {cost['staged']['total']:,.0f} stage-seconds, brute force "
-                     f"{cost['brute_force']['total']:,.0f} ({cost['ratio']:.0%})")
+    if d is not None and d.runner_up:
+        notes.append(f"decision: {d.winner} over {d.runner_up}: {d.why}")
+    cost = doc.cost
+    if cost is not None and cost.ratio is not None and cost.staged is not None and cost.brute_force is not None:
+        notes.append(f"tune's own cost: the staged search used {cost.staged.total:,.0f} stage-seconds, brute force "
+                     f"{cost.brute_force.total:,.0f} ({cost.ratio:.0%})")
     return notes
 
 
@@ -395,7 +400,7 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
     data = trial.recipe.model_dump(mode="json", exclude_defaults=True)  # what differs from the defaults: readable
     data["name"] = f"{ctx.recipe.name}-tuned"
     data["description"] = (f"tuned by `infertool tune {ctx.recipe.name}`: {record.label} "
-                           f"({search.OBJECTIVES[ctx.tune.objective][0]}: {record.objective:,.4g})")
+                           f"({objective_metric(ctx.tune.objective).objective_text}: {record.objective:,.4g})")
     data["run"] = {"out_dir": str((ctx.dir / "runs").absolute())}
     load = record.capacity.max_load if record.capacity is not None else None
     if load and isinstance(data.get("bench"), dict):

@@ -9,7 +9,28 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar
 
+from infertool.bench.results import Cost, Goodput, Latency
+from infertool.bench.results import Summary as BenchSummary
+from infertool.evaluate.verdict import Gate
+from infertool.records import Record
 from infertool.summaries import StageSummary, Summary
+
+# a serve setting's value as the recipe spells it: JSON, a scalar or (speculative) a mapping; kept as it is
+ServeValue = object
+
+
+@dataclass
+class Round(Record):
+    """One look of a sequential accuracy check (``stages.sequential``): the verdict and figures after ``items``
+    per task, each gate's status by name, and the sources scored in it (the suite, phase names)."""
+
+    verdict: str | None = None
+    mean_kld: float | None = None
+    top1: float | None = None
+    n_needed: int | None = None
+    items: int | None = None
+    gates: dict[str, str] = field(default_factory=dict)
+    scored: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -20,7 +41,7 @@ class Judgement(StageSummary):
     reason: str | None = None
     items: int | None = None  # per task
     confidence: float | None = None
-    gates: list[dict] | None = None
+    gates: list[Gate] | None = None
     n_needed: int | None = None  # about how many items would decide an INCONCLUSIVE gate
     mean_kld: float | None = None
     top1: float | None = None
@@ -28,7 +49,7 @@ class Judgement(StageSummary):
     argv: list[str] | None = None  # the server's command line
     # the output-changing serve settings (infertool.tune.space.OUTPUT_SETTINGS) of the server whose outputs were
     # scored, as served: a trial's accuracy holds for its configuration only when they are its own
-    scored_with: dict | None = None
+    scored_with: dict[str, ServeValue] | None = None
     # the as-served phases (infertool.evaluate.phases): lm-eval per task {metric, base, candidate, recovery,
     # recovery_ci, lost, gained, mcnemar_p, n}; the decode path {exact_match, first_divergence_median, kld, top1,
     # near_ties, n_prompts, ...}
@@ -43,7 +64,7 @@ class ScreenResult(Judgement):
     """Accuracy screening, in rounds (it stops as soon as the gates are decided); for the original model the
     reference itself (``reference``: PASS by definition)."""
 
-    rounds: list[dict] | None = None
+    rounds: list[Round] | None = None
     rounds_planned: list[int] | None = None
     stopped_early: bool | None = None
     reference: bool | None = None
@@ -56,7 +77,7 @@ class ServedCheck(Judgement):
     """The winner re-checked as served, with its exact serving settings, in the screening's rounds up to
     tune.accuracy.served_items (it stops when its verdict is decided)."""
 
-    rounds: list[dict] | None = None
+    rounds: list[Round] | None = None
     rounds_planned: list[int] | None = None
     stopped_early: bool | None = None
 
@@ -68,9 +89,59 @@ class ReferenceSummary(StageSummary):
     items: int | None = None
     argv: list[str] | None = None
     seconds: float | None = None
-    scored_with: dict | None = None  # its output-changing serve settings as served (space.OUTPUT_SETTINGS)
+    scored_with: dict[str, ServeValue] | None = None  # its output-changing serve settings as served (space.OUTPUT_SETTINGS)
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("scored_with",)
+
+
+@dataclass
+class ProbeSummary(Record):
+    """What a capacity probe keeps of a bench level's summary (``bench.results.Summary``: the same names and
+    records), or the mean of its runs (``search.mean_summary``)."""
+
+    requests: int | None = None
+    completed: int | None = None
+    failed: int | None = None
+    duration_s: float | None = None
+    output_token_throughput: float | None = None
+    request_throughput: float | None = None
+    ttft_ms: Latency = field(default_factory=Latency)
+    tpot_ms: Latency = field(default_factory=Latency)
+    e2e_ms: Latency = field(default_factory=Latency)
+    goodput: Goodput = field(default_factory=Goodput)
+    cost: Cost = field(default_factory=Cost)
+    mean_output_tokens: float | None = None
+
+    @classmethod
+    def of(cls, summary: BenchSummary | dict[str, object]) -> ProbeSummary:
+        """A bench level's summary (its record or JSON data) cut to a probe's figures (the others left out)."""
+        cut = cls.from_dict(BenchSummary.from_dict(summary).to_dict())
+        cut.extra = {}
+        return cut
+
+
+@dataclass
+class Probe(Record):
+    """One load the capacity search measured (``infertool.tune.search``): whether it met the SLO, and how sure."""
+
+    concurrency: int
+    ok: bool  # met the SLO at this load (goodput fraction >= target, no failed requests)
+    goodput_fraction: float | None
+    summary: ProbeSummary = field(default_factory=ProbeSummary)  # one run's; with repeats the runs' means
+    runs: int = 1  # how many times the level was measured (repeated near the SLO edge)
+    decided: bool | None = None  # the interval (or the distance from the edge) decides ok; None: not judged
+    why: str | None = None  # how ok was decided: "far from the edge ...", "interval ... above the target", ...
+    goodput_ci: list[float] | None = None  # the goodput fraction's interval over every request of every run
+    throughput_ci: list[float] | None = None  # output tok/s across runs (t interval; None with one run)
+    per_run: list[ProbeSummary] | None = None  # each run's short summary (only when repeated)
+    # measured after the search, at a smaller sibling's max_num_seqs, for that sibling's bound (``sibling_bound``);
+    # not part of the search: the bracket and the answer ignore it
+    bound_for: int | None = None
+
+    def __post_init__(self) -> None:  # records from a caller's dicts too
+        self.summary = ProbeSummary.from_dict(self.summary)
+        if self.per_run is not None:
+            self.per_run = [ProbeSummary.from_dict(r) for r in self.per_run]
 
 
 @dataclass
@@ -79,11 +150,11 @@ class CapacityResult(StageSummary):
 
     max_load: int | None = None  # 0: not even the smallest load meets the SLO
     stopped: str | None = None  # why the search ended
-    probes: list[dict] = field(default_factory=list)
-    at_max_load: dict | None = None  # the bench summary at max_load (ttft_ms, tpot_ms, goodput, cost, ...)
+    probes: list[Probe] = field(default_factory=list)
+    at_max_load: ProbeSummary | None = None  # the bench summary at max_load (the best probe's)
     range: list[int] | None = None
     argv: list[str] | None = None
-    serve: dict | None = None  # the effective serve settings
+    serve: dict[str, ServeValue] | None = None  # the effective serve settings
     # what the probes prove: [the largest load that surely meets, the smallest that surely misses] (None: none
     # proves it) and the range the largest load meeting the SLO can be in
     edge: list[int | None] | None = None
@@ -92,6 +163,11 @@ class CapacityResult(StageSummary):
     throughput_ci: list[float] | None = None  # its t interval across runs (None: one run)
     cost_ci: list[float | None] | None = None  # $/1M at max_load from the throughput's interval
     runs: int | None = None  # bench runs the search made (repeats included)
+
+    def __post_init__(self) -> None:
+        self.probes = [Probe.from_dict(p) for p in self.probes]  # records from a caller's dicts too
+        if self.at_max_load is not None:
+            self.at_max_load = ProbeSummary.from_dict(self.at_max_load)
 
 
 @dataclass
@@ -118,7 +194,7 @@ class TrialStage(Summary):
 @dataclass
 class CandidateRecord(Summary):
     index: int | None = None
-    spec: dict | None = None  # the merged quantize section; None: the original model
+    spec: dict[str, object] | None = None  # the merged quantize section (recipe data); None: the original model
     label: str | None = None
     key: str | None = None
 
@@ -144,6 +220,82 @@ class PredictionRecord(Summary):
 
 
 @dataclass
+class Screening(Summary):
+    """A trial's accuracy screening (``space.Trial.screening``): its own, served with the serve settings that can
+    change outputs (``space.OUTPUT_SETTINGS``), or shared (its candidate's, or the reference itself)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("why", "shares")
+
+    own: bool = False
+    # the output-changing serve settings it is scored with (serve setting -> value, as the recipe spells it)
+    settings: dict[str, ServeValue] = field(default_factory=dict)
+    why: str | None = None  # own: why those settings change outputs
+    shares: str | None = None  # shared: whose screening
+
+
+@dataclass
+class MachineInfo(Summary):
+    """A trial's machine kind as tune.json says it (``space.machine_info``): its name and price, the GPUs the trial
+    takes and what that costs per hour, and how Ray finds it."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("gpu", "accelerator_type", "resources", "cpus")
+
+    name: str | None = None
+    price_per_hour: float | None = None
+    price_per: str | None = None  # "gpu" | "machine"
+    gpus: int | None = None
+    trial_price_per_hour: float | None = None
+    gpu: str | None = None
+    accelerator_type: str | None = None
+    resources: dict[str, float] | None = None
+    cpus: float | None = None
+
+
+@dataclass
+class TrialError(Record):
+    """Why a trial failed (an ``InfertoolError``'s ``to_dict``: message, hint, ... kept in ``extra``)."""
+
+    message: str | None = None
+
+
+@dataclass
+class Decision(Summary):
+    """tune.json's decision (``search.decide``): the winner, the runner-up and the margin between them with its
+    interval, whether the objective intervals tie (and which), the tie rule and why, in words."""
+
+    winner: str | None = None
+    runner_up: str | None = None
+    margin: float | None = None  # the runner-up's objective minus the winner's (lower is better: positive = ahead)
+    margin_ci: list[float | None] | None = None
+    tie: bool = False
+    tied: list[str] = field(default_factory=list)
+    rule: str | None = None
+    why: str | None = None
+
+
+@dataclass
+class StageSeconds(Record):
+    """Seconds of stage work a tune used (``search.stage_seconds``): by stage, in total, over how many entries."""
+
+    by_stage: dict[str, float] = field(default_factory=dict)
+    total: float = 0.0
+    entries: int = 0
+
+
+@dataclass
+class TuneCost(Record):
+    """tune's own cost (``core.own_cost``): its stage-seconds and, when the other kind of search (staged / brute
+    force) ran in the same directory, both searches', their ratio, its winner and whether it agrees."""
+
+    stage_seconds: StageSeconds = field(default_factory=StageSeconds)
+    staged: StageSeconds | None = None
+    brute_force: StageSeconds | None = None
+    ratio: float | None = None  # staged / brute force
+    other_winner: str | None = None
+    agrees: bool | None = None  # the same winner, or one in this decision's declared tie
+
+
+@dataclass
 class TrialRecord(Summary):
     """One trial (a candidate x a serving setting): its status (pending | pruned | done | failed | interrupted |
     skipped), the stages it used, its accuracy, capacity and objective (lower is better; None: not measured),
@@ -152,7 +304,7 @@ class TrialRecord(Summary):
     id: str = ""
     label: str = ""
     candidate: CandidateRecord = field(default_factory=CandidateRecord)
-    serve: dict = field(default_factory=dict)
+    serve: dict[str, ServeValue] = field(default_factory=dict)  # its serve settings (the grid's point)
     prediction: PredictionRecord = field(default_factory=PredictionRecord)
     status: str = "pending"
     stages: dict[str, TrialStage] = field(default_factory=dict)
@@ -165,19 +317,27 @@ class TrialRecord(Summary):
     capacity: CapacityResult | None = None
     reason: str | None = None
     decode: DecodeCheck | None = None
-    error: dict | None = None
+    error: TrialError | None = None
     why_lost: str | None = None
     served_check: ServedCheck | None = None
     executor: dict | None = None  # where it ran: {kind, address} and, on Ray, the node id and the resources it got
     # its machine kind (tune.machines): name, price_per_hour (per gpu | machine), gpus, trial_price_per_hour, ...
-    machine: dict | None = None
+    machine: MachineInfo | None = None
     cost_per_1m_output_tokens: float | None = None  # at its machine's price (machine kinds only)
     # its accuracy screening: its own (serve settings that change outputs: space.OUTPUT_SETTINGS) or shared
-    screening: dict | None = None
+    screening: Screening | None = None
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("dir", "accuracy", "capacity", "reason", "decode", "error", "why_lost",
                                             "served_check", "executor", "machine", "cost_per_1m_output_tokens",
                                             "screening", "objective_ci")
+
+    def __post_init__(self) -> None:  # records from a caller's dicts too
+        if self.screening is not None:
+            self.screening = Screening.from_dict(self.screening)
+        if self.error is not None:
+            self.error = TrialError.from_dict(self.error)
+        if self.machine is not None:
+            self.machine = MachineInfo.from_dict(self.machine)
 
     @property
     def verdict(self) -> str | None:
@@ -190,7 +350,7 @@ class TrialRecord(Summary):
         acc = self.accuracy
         if acc is None or acc.verdict is None:
             return False
-        own = (self.screening or {}).get("settings") if (self.screening or {}).get("own") else None
+        own = self.screening.settings if self.screening is not None and self.screening.own else None
         if not own:
             return True
         done = acc.scored_with or {}
@@ -200,10 +360,28 @@ class TrialRecord(Summary):
     def accuracy_text(self) -> str:
         """Its accuracy as the table says it: the verdict, or "not scored as served" until its own configuration
         is scored."""
-        own = bool((self.screening or {}).get("own"))
+        own = self.screening is not None and self.screening.own
         if self.accuracy is None or self.accuracy.verdict is None:
             return "not scored as served" if own else "-"
         return str(self.accuracy.verdict) if self.scored_as_served else "not scored as served"
+
+
+@dataclass
+class SpaceInfo(Summary):
+    """tune.json's search space (``core.Plan.to_dict``): its size and axes, how many trials were planned, whether
+    they are a sample and which sampler picked them."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("machines",)
+
+    trials: int | None = None  # the space's size
+    candidates: int | None = None
+    serving_settings: int | None = None
+    axes: dict[str, int] = field(default_factory=dict)  # serve field -> how many values
+    planned: int | None = None
+    sampled: bool | None = None
+    sampler: str | None = None  # grid | tpe
+    max_trials: int | None = None
+    machines: list[str] | None = None  # the machine kinds' names (tune.machines)
 
 
 @dataclass
@@ -223,12 +401,20 @@ class TuneDoc(Summary):
     tuned_recipe: str | None = None
     finished: str | None = None
     # the search space: its size and axes, how many were planned, whether a sample, the sampler (core.Plan)
-    space: dict | None = None
+    space: SpaceInfo | None = None
     # the decision: {winner, runner_up, margin, margin_ci, tie, tied, rule, why} (search.decide)
-    decision: dict | None = None
+    decision: Decision | None = None
     # tune's own cost: stage-seconds by stage and in total (search.stage_seconds), brute force's when measured in
     # the same directory, and the ratio
-    cost: dict | None = None
+    cost: TuneCost | None = None
+
+    def __post_init__(self) -> None:  # records from a caller's dicts too
+        if self.decision is not None:
+            self.decision = Decision.from_dict(self.decision)
+        if self.cost is not None:
+            self.cost = TuneCost.from_dict(self.cost)
+        if self.space is not None:
+            self.space = SpaceInfo.from_dict(self.space)
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None

@@ -9,14 +9,13 @@ from __future__ import annotations
 import html
 import math
 from pathlib import Path
+from typing import Mapping
 
 from infertool.atomic import atomic_path, write_text
-from infertool.bench.results import Summary
 from infertool.evaluate.result import Accept
-from infertool.evaluate.verdict import Gate
+from infertool.metricspec import objective as objective_metric
 from infertool.report import html_document, html_table, img_tag, md_table
-from infertool.tune.records import ScreenResult, TrialRecord, TuneDoc
-from infertool.tune.search import OBJECTIVES
+from infertool.tune.records import Screening, ScreenResult, TrialRecord, TuneDoc
 from infertool.tune.space import OUTPUT_SETTINGS
 
 
@@ -31,7 +30,7 @@ def _f(v, digits: int = 3) -> str:
 def _kld_interval(acc: ScreenResult | None) -> str:
     if acc is None:
         return "-"
-    for g in (Gate.from_dict(g) for g in acc.gates or []):
+    for g in acc.gates or []:
         if "kld" in f"{g.name} {g.metric}".lower() and g.lo is not None:  # the mean-KLD gate
             return f"{_f(g.estimate)} [{_f(g.lo)}, {_f(g.hi)}]"
     return _f(acc.mean_kld)
@@ -43,14 +42,17 @@ def _cost(t: TrialRecord) -> float | None:
     if t.machine is not None:
         return t.cost_per_1m_output_tokens
     at = t.capacity.at_max_load if t.capacity is not None else None
-    return Summary.from_dict(at).cost.per_1m_output_tokens if at else None
+    return at.cost.per_1m_output_tokens if at is not None else None
 
 
 def _kind(t: TrialRecord) -> str:
     """A trial's machine kind and its price per hour for the trial (machine kinds only)."""
-    m = t.machine or {}
-    price = m.get("trial_price_per_hour")
-    return f"{m.get('name', '-')} (${price:,.4g}/h)" if isinstance(price, (int, float)) else str(m.get("name", "-"))
+    m = t.machine
+    if m is None:
+        return "-"
+    label = m.name if m.name is not None else "-"
+    price = m.trial_price_per_hour
+    return f"{label} (${price:,.4g}/h)" if price is not None else label
 
 
 def _ci(v, ci, digits: int = 3) -> str:
@@ -101,7 +103,7 @@ def trial_rows(doc: TuneDoc | dict) -> list[list[str]]:
     return rows
 
 
-def _settings(d: dict | None) -> str:
+def _settings(d: Mapping[str, object] | None) -> str:
     """Serve settings as ``k=v`` (those set; None left out)."""
     return ", ".join(f"{k}={_v(v)}" for k, v in (d or {}).items() if v is not None) or "-"
 
@@ -145,26 +147,27 @@ def decode_cell(dec: dict | None) -> list[str]:
             _f(dec.get("near_ties")) + (f" of {_f(dec.get('divergences'))} divergences" if dec.get("divergences") else "")]
 
 
-def screened_text(screening: dict | None) -> str:
+def screened_text(screening: Screening | None) -> str:
     """A trial's accuracy screening in a few words (the dry run's column): its own, with the settings that change
     its outputs, or shared."""
-    scr = screening or {}
-    if not scr:
+    if screening is None:
         return "-"
-    if scr.get("own"):
-        return "own: " + _settings(scr.get("settings"))
-    return "the reference" if str(scr.get("shares", "")).startswith("the reference") else "shared"
+    if screening.own:
+        return "own: " + _settings(screening.settings)
+    return "the reference" if (screening.shares or "").startswith("the reference") else "shared"
 
 
-def screening_line(trials: list[dict]) -> str:
+def screening_line(trials: list[dict[str, object]]) -> str:
     """Under the dry run's table: which trials are screened as served on their own (serve settings that change
-    outputs), and that the others share their candidate's screening (the original at the recipe's: the reference)."""
-    own = [t for t in trials if (t.get("screening") or {}).get("own")]
+    outputs), and that the others share their candidate's screening (the original at the recipe's: the reference).
+    ``trials``: the dry run's trials (``space.Trial.to_dict``)."""
+    recs = [TrialRecord.from_dict(t) for t in trials]
+    own = [(t.id, t.screening) for t in recs if t.screening is not None and t.screening.own]
     if not own:
         return ("accuracy: every trial shares its candidate's screening (no serve setting that changes outputs "
                 "differs from the recipe's; the original is the reference)")
     return (f"accuracy screened as served on their own ({len(own)} of {len(trials)}, serve settings that change "
-            "outputs): " + "; ".join(f"{t['id']} ({_settings(t['screening'].get('settings'))})" for t in own)
+            "outputs): " + "; ".join(f"{tid} ({_settings(scr.settings)})" for tid, scr in own)
             + "; the others share their candidate's screening (the original at the recipe's settings: the reference)")
 
 
@@ -176,8 +179,7 @@ def accuracy_rows(doc: TuneDoc | dict) -> list[list[str]]:
              "decode exact match", "first divergence", "decode KLD [interval]", "near ties"]]
     for t in doc.trials:
         acc, sc = t.accuracy, t.served_check
-        scr = t.screening or {}
-        screening = screened_text(scr)
+        screening = screened_text(t.screening)
         rows.append([t.id, t.accuracy_text, _settings(acc.scored_with if acc else None), screening,
                      lm_eval_cell(acc.lm_eval if acc else None), *decode_cell(acc.decode if acc else None)])
         if sc is not None and sc.verdict is not None:
@@ -236,7 +238,8 @@ def plot_pareto(doc: TuneDoc, path: Path) -> Path | None:
 
 
 def _summary(doc: TuneDoc) -> list[str]:
-    name, unit, _ = OBJECTIVES[doc.objective]
+    spec = objective_metric(doc.objective)
+    name, unit = spec.objective_text, spec.unit
     win = doc.trial(doc.winner)
     counts: dict[str, int] = {}
     for t in doc.trials:
@@ -246,17 +249,17 @@ def _summary(doc: TuneDoc) -> list[str]:
              f"{len(doc.trials)} trials in {doc.seconds:,.0f} s ("
              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")"
              + (" — exhaustive: no pruning, no early stopping, every load level" if doc.exhaustive else "") + "."]
-    sp = doc.space if isinstance(doc.space, dict) else {}
-    size, planned = sp.get("trials"), sp.get("planned")
-    if sp.get("sampled") is True and isinstance(size, int) and isinstance(planned, int):  # tune.json may be old
+    sp = doc.space
+    size, planned = (sp.trials, sp.planned) if sp is not None else (None, None)
+    if sp is not None and sp.sampled is True and size is not None and planned is not None:  # tune.json may be old
         lines.append(f"Search space: {size:,} trials, {planned:,} planned (a sample drawn with tune.seed), the "
-                     f"trials run chosen by the {'TPE' if sp.get('sampler') == 'tpe' else 'grid'} sampler; the "
+                     f"trials run chosen by the {'TPE' if sp.sampler == 'tpe' else 'grid'} sampler; the "
                      "others are not listed.")
     if win and win.objective is not None:
-        obj = -win.objective if doc.objective == "goodput" else win.objective
+        obj = -win.objective if spec.higher_is_better else win.objective
         sc = win.served_check
         oci = win.objective_ci
-        if oci and doc.objective == "goodput":
+        if oci and spec.higher_is_better:
             oci = [None if oci[1] is None else -oci[1], None if oci[0] is None else -oci[0]]
         interval = f" [{_f(oci[0], 4)}, {_f(oci[1], 4) if oci[1] is not None else '-'}]" if oci and oci[0] is not None else ""
         lines.append(f"**Winner: {win.label}** — {name}: {obj:,.4g}{interval} {unit} at concurrency "
@@ -277,34 +280,34 @@ def _summary(doc: TuneDoc) -> list[str]:
 
 def _decision_lines(doc: TuneDoc) -> list[str]:
     """The decision: tie or not, and why; the margin with its interval; the rule that broke a tie."""
-    d = getattr(doc, "decision", None)
-    if not isinstance(d, dict) or not d.get("winner"):
+    d = doc.decision
+    if d is None or not d.winner:
         return []
-    _, unit, _ = OBJECTIVES[doc.objective]
-    if not d.get("runner_up"):
-        return [f"Decision: {d['winner']}, {d.get('why') or 'the only eligible configuration'}."]
-    m, ci = d.get("margin"), d.get("margin_ci") or [None, None]
-    margin = f"margin {_f(m, 4)} {unit}" + (f" [{_f(ci[0], 4)}, {_f(ci[1], 4) if ci[1] is not None else '-'}]"
-                                            if ci[0] is not None else "")
-    head = "**Decision: a TIE**" if d.get("tie") else "**Decision: no tie**"
-    line = f"{head} — {d['winner']} over the runner-up {d['runner_up']} ({margin}): {d.get('why')}."
-    return [line] + ([f"Tie rule: {d['rule']}."] if d.get("tie") and d.get("rule") else [])
+    unit = objective_metric(doc.objective).unit
+    if not d.runner_up:
+        return [f"Decision: {d.winner}, {d.why or 'the only eligible configuration'}."]
+    ci = d.margin_ci or [None, None]
+    margin = f"margin {_f(d.margin, 4)} {unit}" + (f" [{_f(ci[0], 4)}, {_f(ci[1], 4) if ci[1] is not None else '-'}]"
+                                                   if ci[0] is not None else "")
+    head = "**Decision: a TIE**" if d.tie else "**Decision: no tie**"
+    line = f"{head} — {d.winner} over the runner-up {d.runner_up} ({margin}): {d.why}."
+    return [line] + ([f"Tie rule: {d.rule}."] if d.tie and d.rule else [])
 
 
 def _cost_lines(doc: TuneDoc) -> list[str]:
     """tune's own cost: stage-seconds by stage, and against brute force when both ran in this directory."""
-    c = getattr(doc, "cost", None)
-    if not isinstance(c, dict) or not isinstance(c.get("stage_seconds"), dict):
+    c = doc.cost
+    if c is None:
         return []
-    mine = c["stage_seconds"]
-    by = ", ".join(f"{k} {v:,.0f}" for k, v in (mine.get("by_stage") or {}).items())
-    lines = [f"tune's own cost: {mine.get('total', 0):,.0f} stage-seconds ({by})."]
-    if c.get("ratio") is not None:
-        lines.append(f"Staged search vs brute force (`--exhaustive`): {c['staged']['total']:,.0f} vs "
-                     f"{c['brute_force']['total']:,.0f} stage-seconds ({c['ratio']:.0%}); brute force's winner: "
-                     f"{c.get('other_winner') if not doc.exhaustive else doc.winner}"
-                     + ({True: " (the same, or one in the declared tie)", False: " (a different one)"}[agrees]
-                        if isinstance(agrees := c.get("agrees"), bool) else "")
+    mine = c.stage_seconds
+    by = ", ".join(f"{k} {v:,.0f}" for k, v in mine.by_stage.items())
+    lines = [f"tune's own cost: {mine.total:,.0f} stage-seconds ({by})."]
+    if c.ratio is not None and c.staged is not None and c.brute_force is not None:
+        lines.append(f"Staged search vs brute force (`--exhaustive`): {c.staged.total:,.0f} vs "
+                     f"{c.brute_force.total:,.0f} stage-seconds ({c.ratio:.0%}); brute force's winner: "
+                     f"{c.other_winner if not doc.exhaustive else doc.winner}"
+                     + ({True: " (the same, or one in the declared tie)", False: " (a different one)"}[c.agrees]
+                        if c.agrees is not None else "")
                      + ".")
     return lines
 

@@ -14,32 +14,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Callable, Sequence, Union
 
-from infertool.records import Record
-
-if TYPE_CHECKING:
-    from infertool.tune.records import CapacityResult, TrialRecord
+from infertool.bench.results import Latency, Summary
+from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
+from infertool.metricspec import objective as objective_metric
+from infertool.tune.records import CapacityResult, Decision, Probe, ProbeSummary, StageSeconds, TrialRecord
 
 
 # ------------------------------------------------------------------------------------------- load search
-@dataclass
-class Probe(Record):
-    concurrency: int
-    ok: bool  # met the SLO at this load (goodput fraction >= target, no failed requests)
-    goodput_fraction: float | None
-    summary: dict = field(default_factory=dict)  # one run's short summary; with repeats the runs' means
-    runs: int = 1  # how many times the level was measured (repeated near the SLO edge)
-    decided: bool | None = None  # the interval (or the distance from the edge) decides ok; None: not judged
-    why: str | None = None  # how ok was decided: "far from the edge ...", "interval ... above the target", ...
-    goodput_ci: list[float] | None = None  # the goodput fraction's interval over every request of every run
-    throughput_ci: list[float] | None = None  # output tok/s across runs (t interval; None with one run)
-    per_run: list[dict] | None = None  # each run's short summary (only when repeated)
-    # measured after the search, at a smaller sibling's max_num_seqs, for that sibling's bound (``sibling_bound``);
-    # not part of the search: the bracket and the answer ignore it
-    bound_for: int | None = None
-
-
 @dataclass
 class LoadSearch:
     max_load: int  # 0: not even the smallest load meets the SLO
@@ -118,23 +101,14 @@ def _bisect(run: Callable[[int], Probe], probes: list[Probe], good: int, bad: in
     return LoadSearch(good, probes, f"the SLO holds at {good} and not at {bad}")
 
 
-SHORT = ("requests", "completed", "failed", "duration_s", "output_token_throughput", "request_throughput",
-         "ttft_ms", "tpot_ms", "e2e_ms", "goodput", "cost", "mean_output_tokens")
-
-
-def short_summary(summary) -> dict:
+def short_summary(summary: Summary | dict[str, object]) -> ProbeSummary:
     """What a probe keeps of a bench level's summary (a ``bench.results.Summary`` or its JSON data)."""
-    from infertool.bench.results import Summary
-
-    d = Summary.from_dict(summary).to_dict()
-    return {k: d.get(k) for k in SHORT}
+    return ProbeSummary.of(summary)
 
 
-def probe_ok(summary, target: float) -> tuple[bool, float | None]:
+def probe_ok(summary: Summary | dict[str, object], target: float) -> tuple[bool, float | None]:
     """A level meets the SLO when every request completed and the share that met the SLO reaches the target
     (``summary``: a ``bench.results.Summary`` or its JSON data)."""
-    from infertool.bench.results import Summary
-
     s = Summary.from_dict(summary)
     frac = s.goodput.fraction
     ok = frac is not None and frac >= target and not s.failed
@@ -154,7 +128,7 @@ class RepeatPolicy:
     confidence: float = 0.95
     edge: float = 0.25
     target: float = 0.9
-    slo: dict = field(default_factory=dict)  # bench.slo's bounds by name (ttft_ms, tpot_ms, e2e_ms)
+    slo: dict[str, float] = field(default_factory=dict)  # bench.slo's bounds by name (ttft_ms, tpot_ms, e2e_ms)
 
 
 class StopSearch(Exception):
@@ -191,26 +165,32 @@ def _pct_key(target: float) -> str:
     return "p50" if target <= 0.5 else "p90" if target <= 0.9 else "p99"
 
 
-def slo_margin(summary: dict, slo: dict, target: float) -> float | None:
+def slo_margin(summary: ProbeSummary, slo: dict[str, float], target: float) -> float | None:
     """How close a run is to the SLO: the largest ratio of a latency percentile (the one the goodput target
-    reads) to its bound (1.0: at the bound; 0.5: half of it). None without an SLO or a measurement."""
+    reads) to its bound (1.0: at the bound; 0.5: half of it). None without an SLO or a measurement. ``slo``: the
+    bounds by name (``bench.results.SLO.bounds``: ttft_ms, tpot_ms, e2e_ms, the summary's latencies)."""
     key = _pct_key(target)
-    ratios = [float(v) / float(bound) for name, bound in (slo or {}).items()
-              if bound and isinstance(v := (summary.get(name) or {}).get(key), (int, float))]
+    ratios = []
+    for name, bound in slo.items():
+        latency = getattr(summary, name, None)
+        v = getattr(latency, key, None) if isinstance(latency, Latency) else None
+        if bound and v is not None:
+            ratios.append(v / float(bound))
     return max(ratios) if ratios else None
 
 
-def judge_runs(runs: list[dict], policy: RepeatPolicy) -> tuple[bool, bool, str, list[float] | None]:
+def judge_runs(runs: Sequence[ProbeSummary | dict[str, object]],
+               policy: RepeatPolicy) -> tuple[bool, bool, str, list[float] | None]:
     """Whether the runs of one level meet the SLO (ok), whether that is decided, why, and the goodput fraction's
     Wilson interval over every request: decided when the interval lies on one side of the target, or a single
     run is far from the edge (its latency percentile within 1/(1+edge) of the bound and meeting, or beyond
     (1+edge) x the bound and missing), or a request failed (a failure is not noise)."""
     from infertool.evaluate.metrics import wilson
 
-    n = sum(int(r.get("requests") or 0) for r in runs)
-    met = sum(round(float(((r.get("goodput") or {}).get("fraction")) or 0.0) * int(r.get("requests") or 0))
-              for r in runs)
-    failed = sum(int(r.get("failed") or 0) for r in runs)
+    probes = [r if isinstance(r, ProbeSummary) else ProbeSummary.from_dict(r) for r in runs]
+    n = sum(r.requests or 0 for r in probes)
+    met = sum(round((r.goodput.fraction or 0.0) * (r.requests or 0)) for r in probes)
+    failed = sum(r.failed or 0 for r in probes)
     frac = met / n if n else None
     ok = frac is not None and frac >= policy.target and not failed
     ci = list(wilson(met, n, policy.confidence)) if n else None
@@ -222,8 +202,8 @@ def judge_runs(runs: list[dict], policy: RepeatPolicy) -> tuple[bool, bool, str,
         return ok, True, f"goodput interval [{ci[0]:.0%}, {ci[1]:.0%}] above the target", ci
     if ci is not None and ci[1] < policy.target:
         return ok, True, f"goodput interval [{ci[0]:.0%}, {ci[1]:.0%}] below the target", ci
-    margins = [m for r in runs if (m := slo_margin(r, policy.slo, policy.target)) is not None]
-    if margins and len(margins) == len(runs):
+    margins = [m for r in probes if (m := slo_margin(r, policy.slo, policy.target)) is not None]
+    if margins and len(margins) == len(probes):
         worst, best = max(margins), min(margins)
         if ok and worst <= 1 / (1 + policy.edge):
             return ok, True, f"far from the edge (latency at {worst:.0%} of the SLO)", ci
@@ -232,30 +212,38 @@ def judge_runs(runs: list[dict], policy: RepeatPolicy) -> tuple[bool, bool, str,
     return ok, False, f"near the edge: undecided after {len(runs)} run(s)", ci
 
 
-def mean_summary(runs: list[dict], cost_per_hour: float | None = None) -> dict:
+def mean_summary(runs: Sequence[ProbeSummary | dict[str, object]],
+                 cost_per_hour: float | None = None) -> ProbeSummary:
     """The runs' short summaries averaged (every number; counts summed), $/1M recomputed from the mean
     throughput so that it matches the throughput's interval."""
-    if len(runs) == 1:
-        return dict(runs[0])
-
-    def avg(values: list):
-        nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
-        if nums and len(nums) == len([v for v in values if v is not None]):
-            return math.fsum(nums) / len(nums)
-        if all(isinstance(v, dict) for v in values if v is not None) and any(isinstance(v, dict) for v in values):
-            keys = {k for v in values if isinstance(v, dict) for k in v}
-            return {k: avg([v.get(k) if isinstance(v, dict) else None for v in values]) for k in sorted(keys)}
-        return next((v for v in values if v is not None), None)
-
-    out = {k: avg([r.get(k) for r in runs]) for k in runs[0]}
-    for k in ("requests", "completed", "failed"):
-        out[k] = sum(int(r.get(k) or 0) for r in runs)
-    tps, price = out.get("output_token_throughput"), cost_per_hour
-    if price is None:
-        price = ((runs[0].get("cost") or {}).get("cost_per_hour"))
-    if isinstance(out.get("cost"), dict) and tps and price:
-        out["cost"] = {**out["cost"], "per_1m_output_tokens": cost_from_throughput(price, tps)}
+    recs = [ProbeSummary.from_dict(r) for r in runs]
+    if len(recs) == 1:
+        return ProbeSummary.from_dict(recs[0].to_dict())
+    data = [r.to_dict() for r in recs]
+    out = ProbeSummary.from_dict({k: _mean_value([d[k] for d in data]) for k in data[0]})
+    out.requests, out.completed, out.failed = (sum(getattr(r, k) or 0 for r in recs)
+                                               for k in ("requests", "completed", "failed"))
+    tps = out.output_token_throughput
+    price = cost_per_hour if cost_per_hour is not None else recs[0].cost.cost_per_hour
+    if tps and price:
+        out.cost.per_1m_output_tokens = cost_from_throughput(price, tps)
     return out
+
+
+JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]
+
+
+def _mean_value(values: list[JSONValue]) -> JSONValue:
+    """The mean of one figure over runs (a record's JSON: numbers averaged, records field by field, anything
+    else the first that is set)."""
+    nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    if nums and len(nums) == len([v for v in values if v is not None]):
+        return math.fsum(nums) / len(nums)
+    dicts = [v for v in values if isinstance(v, dict)]
+    if dicts and len(dicts) == len([v for v in values if v is not None]):
+        keys = {k for v in dicts for k in v}
+        return {k: _mean_value([v.get(k) if isinstance(v, dict) else None for v in values]) for k in sorted(keys)}
+    return next((v for v in values if v is not None), None)
 
 
 def cost_from_throughput(price_per_hour: float, tokens_per_s: float | None) -> float | None:
@@ -263,24 +251,24 @@ def cost_from_throughput(price_per_hour: float, tokens_per_s: float | None) -> f
     return price_per_hour / (float(tokens_per_s) * 3600) * 1e6 if tokens_per_s and tokens_per_s > 0 else None
 
 
-def repeat_probe(measure_once: Callable[[int, int], dict], c: int, policy: RepeatPolicy, *,
+def repeat_probe(measure_once: Callable[[int, int], ProbeSummary], c: int, policy: RepeatPolicy, *,
                  runs_at_least: int = 1) -> Probe:
     """Measure concurrency ``c`` (``measure_once(c, run)`` -> a short summary) until its verdict is decided
     (``judge_runs``) and it has ``runs_at_least`` runs, or ``policy.max_runs`` runs."""
-    runs: list[dict] = []
+    runs: list[ProbeSummary] = []
     while True:
-        runs.append(measure_once(c, len(runs)))
+        runs.append(ProbeSummary.from_dict(measure_once(c, len(runs))))
         ok, sure, why, ci = judge_runs(runs, policy)
         if len(runs) >= policy.max_runs or (sure and len(runs) >= runs_at_least):
             break
     summary = mean_summary(runs)
-    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence, floor=0.0)
-    frac = (summary.get("goodput") or {}).get("fraction")
-    return Probe(c, ok, frac, summary, runs=len(runs), decided=sure, why=why, goodput_ci=ci, throughput_ci=tci,
-                 per_run=runs if len(runs) > 1 else None)
+    _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
+    return Probe(c, ok, summary.goodput.fraction, summary, runs=len(runs), decided=sure, why=why, goodput_ci=ci,
+                 throughput_ci=tci, per_run=runs if len(runs) > 1 else None)
 
 
-def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], dict], policy: RepeatPolicy) -> LoadSearch:
+def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], ProbeSummary],
+                 policy: RepeatPolicy) -> LoadSearch:
     """The probe at the largest load meeting the SLO measured again up to ``policy.min_runs`` runs (its runs
     pooled), so that the throughput and $/1M the objective reads there carry an interval."""
     best = search.best()
@@ -288,11 +276,11 @@ def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], dict], p
         return search
     runs = list(best.per_run or [best.summary])
     while len(runs) < min(policy.min_runs, policy.max_runs):
-        runs.append(measure_once(best.concurrency, len(runs)))
+        runs.append(ProbeSummary.from_dict(measure_once(best.concurrency, len(runs))))
     ok, sure, why, ci = judge_runs(runs, policy)
     summary = mean_summary(runs)
-    _, tci = mean_interval([r.get("output_token_throughput") for r in runs], policy.confidence, floor=0.0)
-    again = Probe(best.concurrency, ok, (summary.get("goodput") or {}).get("fraction"), summary, runs=len(runs),
+    _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
+    again = Probe(best.concurrency, ok, summary.goodput.fraction, summary, runs=len(runs),
                   decided=sure, why=why, goodput_ci=ci, throughput_ci=tci, per_run=runs)
     probes = [again if p is best else p for p in search.probes]
     if ok:
@@ -330,38 +318,27 @@ def decided(verdict: str) -> bool:
 
 
 # ------------------------------------------------------------------------------------------- ranking
-OBJECTIVES = {
-    "cost": ("cost per 1M output tokens at the SLO", "$", False),
-    "goodput": ("goodput at the SLO (requests/s)", "req/s", True),
-    "tpot": ("TPOT p50 at the largest load meeting the SLO", "ms", False),
-}
-
-
 def cost_per_1m(capacity: CapacityResult | None, price_per_hour: float) -> float | None:
     """$ per 1M output tokens of a machine at ``price_per_hour`` serving the output tokens/s measured at the largest
     load meeting the SLO (price over the tokens of an hour, x 1M); None when no load meets it."""
     if capacity is None or not capacity.max_load:
         return None
-    tps = (capacity.at_max_load or {}).get("output_token_throughput")
-    return price_per_hour / (float(tps) * 3600) * 1e6 if tps else None
+    return cost_from_throughput(price_per_hour, OUTPUT_TOKEN_THROUGHPUT.of(capacity.at_max_load))
 
 
-def objective_value(objective: str, capacity: CapacityResult | None, price_per_hour: float | None = None) -> float | None:
-    """Lower is better (goodput is negated); None (not measured) when the trial has no load that meets the SLO.
-    The cost: at ``price_per_hour`` (a trial's machine kind), else at bench.cost_per_hour (the measurement's)."""
+def objective_value(name: str, capacity: CapacityResult | None, price_per_hour: float | None = None) -> float | None:
+    """Lower is better (a metric where higher is better is negated); None (not measured) when the trial has no
+    load that meets the SLO. The cost: at ``price_per_hour`` (a trial's machine kind), else at bench.cost_per_hour
+    (the measurement's)."""
     if capacity is None or not capacity.max_load:
         return None
-    at = capacity.at_max_load or {}
-    if objective == "cost":
-        if price_per_hour is not None:
-            return cost_per_1m(capacity, price_per_hour)
-        v = (at.get("cost") or {}).get("per_1m_output_tokens")
-        return None if v is None else float(v)
-    if objective == "goodput":
-        v = (at.get("goodput") or {}).get("requests_per_s")
-        return None if not v else -float(v)
-    v = (at.get("tpot_ms") or {}).get("p50")
-    return None if v is None else float(v)
+    spec = objective_metric(name)
+    if spec is COST_PER_1M_OUTPUT_TOKENS and price_per_hour is not None:
+        return cost_per_1m(capacity, price_per_hour)
+    v = spec.of(capacity.at_max_load)
+    if spec.higher_is_better:
+        return -v if v else None
+    return v
 
 
 def eligible(t: TrialRecord) -> bool:
@@ -393,7 +370,7 @@ def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str) -> str 
     if t.status == "pruned":
         return "pruned by the plan: " + "; ".join(t.prediction.reasons or ["does not fit"])
     if t.status == "failed":
-        return "failed: " + str((t.error or {}).get("message") or "see its manifest").splitlines()[0]
+        return "failed: " + str((t.error.message if t.error is not None else None) or "see its manifest").splitlines()[0]
     if t.status == "skipped":
         return t.reason or "not run (budget)"
     acc = t.accuracy
@@ -408,11 +385,11 @@ def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str) -> str 
     if t.objective is None:
         return (t.capacity.stopped if t.capacity is not None else None) or "no load meets the SLO"
     if winner is not None and winner.objective is not None:
-        name, unit, _ = OBJECTIVES[objective]
+        spec = objective_metric(objective)
         a, b = t.objective, winner.objective
-        if objective == "goodput":
+        if spec.higher_is_better:
             a, b = -a, -b
-        return f"{name}: {a:,.4g} {unit} vs the winner's {b:,.4g} {unit}"
+        return f"{spec.objective_text}: {a:,.4g} {spec.unit} vs the winner's {b:,.4g} {spec.unit}"
     return None
 
 
@@ -421,11 +398,10 @@ TIE_RULE = ("a tie (the objective intervals overlap) goes to fewer GPUs, then le
             "accuracy margin (the lower mean KLD), then the better point estimate")
 
 
-def _probe_at_max(capacity: CapacityResult | None) -> dict | None:
+def _probe_at_max(capacity: CapacityResult | None) -> Probe | None:
     if capacity is None or not capacity.max_load:
         return None
-    return next((p for p in reversed(capacity.probes or []) if p.get("concurrency") == capacity.max_load
-                 and p.get("ok")), None)
+    return next((p for p in reversed(capacity.probes) if p.concurrency == capacity.max_load and p.ok), None)
 
 
 def objective_interval(objective: str, capacity: CapacityResult | None, price_per_hour: float | None = None,
@@ -434,20 +410,21 @@ def objective_interval(objective: str, capacity: CapacityResult | None, price_pe
     load meeting the SLO: $/1M from the throughput's interval (its upper end None when the throughput's lower
     end is not positive), goodput negated, TPOT p50 as measured. None with a single run (no interval)."""
     probe = _probe_at_max(capacity)
-    runs = (probe or {}).get("per_run") or []
+    runs = (probe.per_run if probe is not None else None) or []
     if len(runs) < 2:
         return None
-    if objective == "cost":
-        _, tci = mean_interval([r.get("output_token_throughput") for r in runs], confidence, floor=0.0)
-        price = price_per_hour if price_per_hour is not None else ((runs[0].get("cost") or {}).get("cost_per_hour"))
+    spec = objective_metric(objective)
+    if spec is COST_PER_1M_OUTPUT_TOKENS:
+        _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], confidence, floor=0.0)
+        price = price_per_hour if price_per_hour is not None else runs[0].cost.cost_per_hour
         if tci is None or not price:
             return None
         return [cost_from_throughput(price, tci[1]), cost_from_throughput(price, tci[0])]
-    if objective == "goodput":
-        _, ci = mean_interval([(r.get("goodput") or {}).get("requests_per_s") for r in runs], confidence, floor=0.0)
-        return None if ci is None else [-ci[1], -ci[0]]
-    _, ci = mean_interval([(r.get("tpot_ms") or {}).get("p50") for r in runs], confidence, floor=0.0)
-    return list(ci) if ci is not None else None
+    _, ci = mean_interval([spec.of(r) for r in runs], confidence, floor=0.0)
+    if ci is None:
+        return None
+    bounds: list[float | None] = [-ci[1], -ci[0]] if spec.higher_is_better else [ci[0], ci[1]]
+    return bounds
 
 
 def _bounds(t: TrialRecord) -> tuple[float, float]:
@@ -468,11 +445,10 @@ def overlaps(a: TrialRecord, b: TrialRecord) -> bool:
 
 def gpus(t: TrialRecord) -> int:
     """GPUs a trial serves on: its machine kind's, else tensor x pipeline parallel of its serve settings."""
-    m = (t.machine or {}).get("gpus")
-    if isinstance(m, int):
-        return m
-    s = t.serve or {}
-    return int(s.get("tensor_parallel_size") or 1) * int(s.get("pipeline_parallel_size") or 1)
+    if t.machine is not None and t.machine.gpus is not None:
+        return t.machine.gpus
+    tp, pp = t.serve.get("tensor_parallel_size"), t.serve.get("pipeline_parallel_size")  # settings: either unset
+    return (tp if isinstance(tp, int) and tp > 0 else 1) * (pp if isinstance(pp, int) and pp > 0 else 1)
 
 
 def tie_key(t: TrialRecord) -> tuple:
@@ -481,7 +457,7 @@ def tie_key(t: TrialRecord) -> tuple:
     return (gpus(t), t.prediction.weight_bytes or 0, kld, t.objective, t.id)
 
 
-def decide(ranked: list[TrialRecord], objective: str) -> dict | None:
+def decide(ranked: list[TrialRecord], objective: str) -> Decision | None:
     """The decision among the eligible trials (``rank``'s order): the best objective wins unless others' objective
     intervals overlap its interval: then it is a TIE among them, broken by ``TIE_RULE``. ``margin``: the
     runner-up's objective minus the winner's (in the objective's unit, lower is better, so positive: the winner
@@ -494,24 +470,24 @@ def decide(ranked: list[TrialRecord], objective: str) -> dict | None:
     winner = min(tied, key=tie_key) if tie else best
     rest = [t for t in (tied if tie else ranked) if t is not winner]
     runner = rest[0] if rest else None
-    out: dict[str, Any] = {"winner": winner.id, "runner_up": runner.id if runner else None, "margin": None, "margin_ci": None,
-           "tie": tie, "tied": [t.id for t in tied] if tie else [], "rule": TIE_RULE if tie else None}
+    out = Decision(winner=winner.id, runner_up=runner.id if runner else None, tie=tie,
+                   tied=[t.id for t in tied] if tie else [], rule=TIE_RULE if tie else None)
     if runner is None:
-        out["why"] = "the only configuration that passes the accuracy gates and meets the SLO"
+        out.why = "the only configuration that passes the accuracy gates and meets the SLO"
         return out
     assert runner.objective is not None and winner.objective is not None  # ranked trials have an objective
-    out["margin"] = runner.objective - winner.objective
+    out.margin = margin = runner.objective - winner.objective
     wlo, whi = _bounds(winner)
     rlo, rhi = _bounds(runner)
-    out["margin_ci"] = [rlo - whi, None if math.isinf(rhi) else rhi - wlo]
-    unit = OBJECTIVES[objective][1]
+    out.margin_ci = [rlo - whi, None if math.isinf(rhi) else rhi - wlo]
+    unit = objective_metric(objective).unit
     if tie:
-        out["why"] = (f"a tie: the objective intervals of {', '.join(t.id for t in tied)} overlap; broken by the "
-                      f"rule ({_tie_reason(winner, runner)})")
+        out.why = (f"a tie: the objective intervals of {', '.join(t.id for t in tied)} overlap; broken by the "
+                   f"rule ({_tie_reason(winner, runner)})")
     elif winner.objective_ci is None or runner.objective_ci is None:
-        out["why"] = f"no interval (a single run at max load): ahead by {abs(out['margin']):,.4g} {unit} on one measurement"
+        out.why = f"no interval (a single run at max load): ahead by {abs(margin):,.4g} {unit} on one measurement"
     else:
-        out["why"] = f"the intervals do not overlap: ahead by {out['margin']:,.4g} {unit}"
+        out.why = f"the intervals do not overlap: ahead by {margin:,.4g} {unit}"
     return out
 
 
@@ -529,34 +505,32 @@ def _tie_reason(w: TrialRecord, r: TrialRecord) -> str:
 
 
 # ------------------------------------------------------------------------------------------- tune's own cost
-def stage_seconds(trials: list[TrialRecord]) -> dict:
+def stage_seconds(trials: list[TrialRecord]) -> StageSeconds:
     """Seconds of stage work a tune used: every distinct stage entry its trials used counted once, at the seconds
     it took when it ran (a reused entry counts what it cost), by stage and in total."""
     seen: dict[str, tuple[str, float]] = {}
     for t in trials:
-        for name, st in (t.stages or {}).items():
+        for name, st in t.stages.items():
             key = st.entry or f"{t.id}/{name}"
             if key not in seen:
                 seen[key] = (name, float(st.seconds or 0.0))
     by: dict[str, float] = {}
     for name, sec in seen.values():
         by[name] = round(by.get(name, 0.0) + sec, 1)
-    return {"by_stage": dict(sorted(by.items())), "total": round(math.fsum(s for _, s in seen.values()), 1),
-            "entries": len(seen)}
+    return StageSeconds(by_stage=dict(sorted(by.items())), total=round(math.fsum(s for _, s in seen.values()), 1),
+                        entries=len(seen))
 
 
-def cost_ratio(staged: dict | None, brute: dict | None) -> float | None:
+def cost_ratio(staged: StageSeconds | None, brute: StageSeconds | None) -> float | None:
     """The staged search's stage-seconds over brute force's (``stage_seconds``' totals); None unless both."""
-    a, b = (staged or {}).get("total"), (brute or {}).get("total")
-    return a / b if isinstance(a, (int, float)) and isinstance(b, (int, float)) and b > 0 else None
+    return staged.total / brute.total if staged is not None and brute is not None and brute.total > 0 else None
 
 
 def sibling_key(t) -> str:
     """What a trial (``space.Trial`` or ``TrialRecord``) is apart from its max_num_seqs: its candidate, machine kind
     and other serve settings; trials with the same key are siblings."""
-    m = getattr(t, "machine", None)
-    machine = m.get("name") if isinstance(m, dict) else getattr(m, "name", None)
-    rest = {k: v for k, v in (t.serve or {}).items() if k != "max_num_seqs"}
+    machine = getattr(t.machine, "name", None)  # a MachineKind (space.Trial) or its MachineInfo (TrialRecord)
+    rest = {k: v for k, v in t.serve.items() if k != "max_num_seqs"}
     return json.dumps([t.candidate.key, machine, rest], sort_keys=True, default=str)
 
 
@@ -568,10 +542,10 @@ def siblings(a, b) -> bool:
 def smaller_siblings(trial, pending: list) -> list[int]:
     """The max_num_seqs of the trials still to run (``pending``) that are ``trial``'s siblings with a smaller
     max_num_seqs: the loads at which ``trial``'s server, once measured there, bounds them (``sibling_bound``)."""
-    m = (trial.serve or {}).get("max_num_seqs")
+    m = trial.serve.get("max_num_seqs")
     if not isinstance(m, int):
         return []
-    out = {(t.serve or {}).get("max_num_seqs") for t in pending if t.id != trial.id and siblings(t, trial)}
+    out = {t.serve.get("max_num_seqs") for t in pending if t.id != trial.id and siblings(t, trial)}
     return sorted(x for x in out if isinstance(x, int) and x < m)
 
 
@@ -580,20 +554,20 @@ def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) ->
     a larger max_num_seqs): a server that batches at most m requests serves no faster than the sibling at a
     concurrency >= m (throughput grows with the batch); the sibling's figure there taken at its interval's top,
     else widened by ``edge``. None when no sibling proves a bound."""
-    m = (rec.serve or {}).get("max_num_seqs")
+    m = rec.serve.get("max_num_seqs")
     if not isinstance(m, int):
         return None
     bounds = []
     for s in measured:
-        sm = (s.serve or {}).get("max_num_seqs")
+        sm = s.serve.get("max_num_seqs")
         if s.id == rec.id or not isinstance(sm, int) or sm <= m or not siblings(s, rec) or s.capacity is None:
             continue
-        above = sorted((p for p in s.capacity.probes or [] if (p.get("concurrency") or 0) >= m
-                        and (p.get("summary") or {}).get("output_token_throughput")),
-                       key=lambda p: p["concurrency"])
+        above = sorted((p for p in s.capacity.probes if (p.concurrency or 0) >= m
+                        and OUTPUT_TOKEN_THROUGHPUT.of(p.summary)),
+                       key=lambda p: p.concurrency)
         if above:
             p = above[0]
-            tci = p.get("throughput_ci")
-            top = tci[1] if tci else p["summary"]["output_token_throughput"] * (1 + edge)
-            bounds.append((top, f"{s.label} at concurrency {p['concurrency']}"))
+            tci = p.throughput_ci
+            top = tci[1] if tci else (OUTPUT_TOKEN_THROUGHPUT.of(p.summary) or 0.0) * (1 + edge)
+            bounds.append((top, f"{s.label} at concurrency {p.concurrency}"))
     return min(bounds) if bounds else None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
-from infertool.tune.records import PredictionRecord
+from infertool.tune.records import PredictionRecord, Screening
 
 if TYPE_CHECKING:
     from infertool.recipe import Recipe, TuneMachine
@@ -97,13 +97,13 @@ class Trial:
         """Whether its accuracy is scored with its own serve settings, not shared with its candidate's screening."""
         return bool(self.scoring)
 
-    def screening(self) -> dict:
+    def screening(self) -> Screening:
         """What the dry run and the trial's record say of its accuracy screening: shared or its own, and with what."""
         if self.scoring:
-            return {"own": True, "settings": dict(self.scoring),
-                    "why": "; ".join(f"{k}: {OUTPUT_SETTINGS[k]}" for k in self.scoring)}
+            return Screening(own=True, settings=dict(self.scoring),
+                             why="; ".join(f"{k}: {OUTPUT_SETTINGS[k]}" for k in self.scoring))
         shared = "the reference itself" if self.candidate.original else f"{self.candidate.label}'s screening"
-        return {"own": False, "settings": {}, "shares": f"{shared}, at the recipe's serve settings"}
+        return Screening(own=False, settings={}, shares=f"{shared}, at the recipe's serve settings")
 
     @property
     def label(self) -> str:
@@ -119,7 +119,7 @@ class Trial:
 
     def to_dict(self) -> dict:
         d = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(), "serve": dict(self.serve),
-             "prediction": self.prediction.to_dict(), "screening": self.screening()}
+             "prediction": self.prediction.to_dict(), "screening": self.screening().to_dict()}
         if self.machine is not None:
             d["machine"] = machine_info(self.machine, self.recipe)
         return d

@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Callable
+from typing import Callable, TypeVar
 
 from infertool.atomic import write_json
+from infertool.bench.results import SLO
+from infertool.evaluate.result import Accept, Pooled
+from infertool.evaluate.verdict import Gate
+from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT
 from infertool.stages import Stage, StageContext
 from infertool.stages.builtin import resolution
 from infertool.tune import search
-from infertool.tune.records import CapacityResult, ReferenceSummary, ScreenResult, ServedCheck
+from infertool.tune.records import (
+    CapacityResult, Judgement, ReferenceSummary, Round, ScreenResult, ServedCheck,
+)
+
+J = TypeVar("J", ScreenResult, ServedCheck)  # a sequential check's record
 
 TOPK = 20  # log-probabilities per position from the server: the top-k KLD of the vllm engine
 
@@ -71,7 +79,8 @@ class Scorer:
         out = {}
         for ph in phases:
             self.events.log(f"{ph.name}: the {self.label} model, items {window[0]}..{window[1] - 1}")
-            out[ph.name] = run_phase(ph, served, (prior or {}).get(ph.name), self.events, window)
+            out[ph.name] = run_phase(ph, served, prior.get(ph.name) if prior is not None else None, self.events,
+                                     window)
         return out
 
 
@@ -180,14 +189,14 @@ def _prefix(raw: dict, n: int) -> dict:
     return {"tasks": tasks, "stats": raw["stats"]}
 
 
-def gates_decided(gates: list[dict]) -> bool:
+def gates_decided(gates: list[Gate]) -> bool:
     """Whether every measured gate is decided (PASS or FAIL): screening stops only then, the lm-eval recovery and
     decode-KLD gates included (a gate not measured, n/a, waits for nothing)."""
-    live = [g for g in gates if g.get("status") != "n/a"]
-    return bool(live) and all(g.get("status") in ("PASS", "FAIL") for g in live)
+    live = [g for g in gates if g.status != "n/a"]
+    return bool(live) and all(g.status in ("PASS", "FAIL") for g in live)
 
 
-def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks: dict | None = None) -> dict:
+def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks: dict | None = None) -> Judgement:
     """The gates on the first n items of each task, the candidate against the reference; ``blocks``: the as-served
     phases' pooled blocks (``phase_blocks``), gated with the rest (min_recovery, max_decode_kld)."""
     from infertool.evaluate.core import summarize
@@ -199,11 +208,12 @@ def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks
                                       blocks or {})
     status, reason = verdict(gates)
     needed = [g.n_needed for g in gates if g.status == "INCONCLUSIVE" and g.n_needed]
-    tok = pool.get("tokens") or {}
-    return {"verdict": status, "reason": reason, "items": n, "confidence": confidence,
-            "gates": [g.to_dict() for g in gates], "n_needed": max(needed) if needed else None,
-            "mean_kld": (tok.get("kld") or {}).get("mean"), "top1": tok.get("top1_agree"),
-            "allow_inconclusive": bool(tune.accept.get("allow_inconclusive")), **phase_figures(blocks or {})}
+    tok = Pooled.from_dict(pool).tokens  # the pooled scoring, read as eval's record
+    figures = phase_figures(blocks or {})
+    return Judgement(verdict=status, reason=reason, items=n, confidence=confidence, gates=list(gates),
+                     n_needed=max(needed) if needed else None, mean_kld=tok.mean_kld if tok is not None else None,
+                     top1=tok.top1_agree if tok is not None else None, allow_inconclusive=Accept.from_dict(tune.accept).allow_inconclusive,
+                     lm_eval=figures["lm_eval"], decode=figures["decode"])
 
 
 def reference_raw(ctx: StageContext) -> dict:
@@ -225,11 +235,11 @@ def gate_sources(phases: list) -> dict[str, str]:
     return {g: ph.name for ph in phases for g in getattr(ph, "gates", ())}
 
 
-def open_sources(gates: list[dict], phases: list) -> set[str]:
+def open_sources(gates: list[Gate], phases: list) -> set[str]:
     """The sources (SUITE, phase names) with a gate still undecided: the next round scores only those. A phase
     that does not name its gates (no ``gates``) is scored in every round."""
     by_gate = gate_sources(phases)
-    out = {by_gate.get(g["name"], SUITE) for g in gates if g.get("status") not in ("PASS", "FAIL", "n/a")}
+    out = {by_gate.get(g.name, SUITE) for g in gates if g.status not in ("PASS", "FAIL", "n/a")}
     if out:  # something is still open: the phases that name no gates may be what decides it
         out |= {ph.name for ph in phases if not hasattr(ph, "gates")}
     return out
@@ -239,8 +249,8 @@ def open_sources(gates: list[dict], phases: list) -> set[str]:
 class Sequential:
     """A sequential check's outcome: the last look's judgement, each look's history, the joined raws."""
 
-    judgement: dict
-    history: list[dict]
+    judgement: Judgement
+    history: list[Round]
     raw: dict
     phases: dict
 
@@ -256,10 +266,10 @@ def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: floa
     every = bool(tune.exhaustive)
     acc: dict | None = None
     acc_ph: dict = {}
-    history: list[dict] = []
+    history: list[Round] = []
     upto = {SUITE: 0, **{ph.name: 0 for ph in phases}}  # items scored so far, per source
     wanted: set[str] | None = None  # None: every source (round 1)
-    j: dict = {}
+    j = Judgement()
     for i, n in enumerate(rounds):
         ran, stopped = [], False
         if every or wanted is None or SUITE in wanted or acc is None:
@@ -271,7 +281,7 @@ def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: floa
             ran.append(SUITE)
             blocks = phase_blocks(phases, ref_phases, acc_ph, look_conf)
             j = judge(tune, ref_raw, acc, upto[SUITE], look_conf, blocks)
-            stopped = not every and j["verdict"] == "FAIL"
+            stopped = not every and j.verdict == "FAIL"
         if not stopped:
             for ph in phases:
                 if every or wanted is None or ph.name in wanted:
@@ -280,20 +290,21 @@ def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: floa
                     ran.append(ph.name)
             j = judge(tune, ref_raw, acc, upto[SUITE], look_conf, phase_blocks(phases, ref_phases, acc_ph, look_conf))
         skipped = [name for name in upto if name not in ran]
-        history.append({**{k: j[k] for k in ("verdict", "mean_kld", "top1", "n_needed")}, "items": n,
-                        "gates": {g["name"]: g["status"] for g in j["gates"]}, "scored": ran})
+        gates = j.gates or []
+        history.append(Round(verdict=j.verdict, mean_kld=j.mean_kld, top1=j.top1, n_needed=j.n_needed, items=n,
+                             gates={g.name: g.status for g in gates}, scored=ran))
         note = f"; not scored again: {', '.join(skipped)}" if skipped and phases else ""
-        ctx.emit(f"{what}: round {i + 1}/{len(rounds)} ({n} items per task): {j['verdict']}{note}")
-        if not every and (j["verdict"] == "FAIL" or gates_decided(j["gates"])):
+        ctx.emit(f"{what}: round {i + 1}/{len(rounds)} ({n} items per task): {j.verdict}{note}")
+        if not every and (j.verdict == "FAIL" or gates_decided(gates)):
             break
-        wanted = open_sources(j["gates"], phases)
+        wanted = open_sources(gates, phases)
         if not every and not wanted:  # undecided, yet no gate more items could decide (none measurable)
             break
     by_gate = gate_sources(phases)
-    for g in j.get("gates") or []:
-        src = by_gate.get(g["name"])
-        if src is not None and not upto[src] and g.get("status") == "n/a":
-            g["note"] = "not measured: the verdict was decided (FAIL) before this phase ran"
+    for g in j.gates or []:
+        src = by_gate.get(g.name)
+        if src is not None and not upto[src] and g.status == "n/a":
+            g.note = "not measured: the verdict was decided (FAIL) before this phase ran"
     return Sequential(j, history, acc or {}, acc_ph)
 
 
@@ -318,27 +329,37 @@ def run_reference(ctx: StageContext) -> ReferenceSummary:
                             scored_with=served_settings(res, res.base))
 
 
-def run_screen(ctx: StageContext) -> ScreenResult:
-    """Accuracy as served, in rounds (the suite's items, the lm-eval documents and decode prompts of the same
-    window, joined cumulatively): stop as soon as EVERY gate is decided (unless exhaustive). Served with the
-    recipe's serve settings and the trial's output-changing ones (its own screening when it has any)."""
-    tune, trial = ctx.job.tune, ctx.job.trial
-    res = resolution(ctx)  # the candidate with the recipe's own serve settings (+ the trial's output-changing ones)
-    rounds = tune.screen_rounds
-    look_conf = search.screening_confidence(tune.accept.get("confidence", 0.95), len(rounds))
+def _run_rounds(ctx: StageContext, kind: type[J], rounds: list[int], what: str, purpose: str, label: str,
+                keep_raw: bool) -> J:
+    """Score the trial's server against the reference in ``rounds`` (the suite's items, the lm-eval documents and
+    decode prompts of the same window, joined cumulatively; ``sequential``): it stops as soon as the verdict is
+    decided (unless exhaustive). The screening and the served check are this, with their own rounds and record."""
+    tune = ctx.job.tune
+    res = resolution(ctx)
+    look_conf = search.screening_confidence(Accept.from_dict(tune.accept).confidence, len(rounds))
     ref_raw = reference_raw(ctx)
     phases = tune_phases(tune)
     ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
 
-    def scored(sc: Scorer) -> ScreenResult:
-        seq = sequential(ctx, sc, rounds, look_conf, ref_raw, phases, ref_phases, f"screen {screen_label(trial)}")
-        write_json(ctx.work / "raw.json", seq.raw, indent=None)
+    def scored(sc: Scorer) -> J:
+        seq = sequential(ctx, sc, rounds, look_conf, ref_raw, phases, ref_phases, what)
+        if keep_raw:
+            write_json(ctx.work / "raw.json", seq.raw, indent=None)
         write_json(ctx.work / "phases.json", seq.phases, indent=None)
-        return ScreenResult(**seq.judgement, rounds=seq.history, rounds_planned=rounds,
-                            stopped_early=len(seq.history) < len(rounds), argv=sc.plan.spec.argv,
-                            scored_with=served_settings(res, res.served))
+        out = kind.from_dict(seq.judgement.to_dict())  # the judgement's figures, as this stage's record
+        out.rounds, out.rounds_planned, out.stopped_early = seq.history, rounds, len(seq.history) < len(rounds)
+        out.argv, out.scored_with = sc.plan.spec.argv, served_settings(res, res.served)
+        return out
 
-    return launch_scored(res, res.served, ctx, f"tune: screen {screen_label(trial)}", scored, "candidate")
+    return launch_scored(res, res.served, ctx, purpose, scored, label)
+
+
+def run_screen(ctx: StageContext) -> ScreenResult:
+    """Accuracy as served, in rounds: stop as soon as EVERY gate is decided (unless exhaustive). Served with the
+    recipe's serve settings and the trial's output-changing ones (its own screening when it has any)."""
+    name = screen_label(ctx.job.trial)
+    return _run_rounds(ctx, ScreenResult, ctx.job.tune.screen_rounds, f"screen {name}", f"tune: screen {name}",
+                       "candidate", keep_raw=True)
 
 
 def screen_label(trial) -> str:
@@ -397,14 +418,14 @@ def capacity_result(result: search.LoadSearch, load, hi: int, levels: list, *, a
     meeting the SLO with their intervals (throughput from the repeated runs there; $/1M from it)."""
     best = result.best()
     bracket = search.max_load_bracket(result.probes, load.min_concurrency, hi)
-    tput = (best.summary or {}).get("output_token_throughput") if best else None
+    tput = OUTPUT_TOKEN_THROUGHPUT.of(best.summary) if best else None
     cost_ci = None
     if best is not None and best.throughput_ci:
-        p = price if price is not None else ((best.summary.get("cost") or {}).get("cost_per_hour"))
+        p = price if price is not None else best.summary.cost.cost_per_hour
         if p:
             cost_ci = [search.cost_from_throughput(p, best.throughput_ci[1]),
                        search.cost_from_throughput(p, best.throughput_ci[0])]
-    return CapacityResult(max_load=result.max_load, stopped=result.stopped, probes=[p.to_dict() for p in result.probes],
+    return CapacityResult(max_load=result.max_load, stopped=result.stopped, probes=list(result.probes),
                           at_max_load=best.summary if best else None, range=[load.min_concurrency, hi],
                           argv=argv, serve=serve, edge=bracket["edge"], max_load_ci=bracket["max_load_ci"],
                           throughput=tput, throughput_ci=best.throughput_ci if best else None, cost_ci=cost_ci,
@@ -417,7 +438,7 @@ def repeat_policy(tune) -> search.RepeatPolicy:
     slo = tune.bench.slo.model_dump(exclude_none=True) if tune.bench.slo is not None else {}
     return search.RepeatPolicy(max_runs=load.repeats.max_runs, min_runs=load.repeats.min_runs,
                                confidence=load.repeats.confidence, edge=load.edge, target=load.goodput_target,
-                               slo={k: v for k, v in slo.items() if k in ("ttft_ms", "tpot_ms", "e2e_ms")})
+                               slo=SLO.from_dict(slo).bounds())
 
 
 def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSearch:
@@ -434,7 +455,7 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
     warm = [True]
     policy = repeat_policy(tune)
 
-    def once(c: int, run: int) -> dict:
+    def once(c: int, run: int) -> search.ProbeSummary:
         bench = tune.bench.model_copy(update={"requests": max(requests_n, 2 * c)})
         (level,) = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}" + (f"-r{run + 1}" if run else ""),
                            on_event=ctx.on_event, warmup=warm[0], seed_salt=run)
@@ -497,7 +518,7 @@ def _bound_probes(ctx: StageContext, result: search.LoadSearch, once, policy: se
             continue
         p = search.repeat_probe(once, m, dataclasses.replace(policy, max_runs=1))
         p.bound_for = m
-        ctx.emit(f"capacity {trial.label}: concurrency {m}: {p.summary.get('output_token_throughput') or 0:,.4g} "
+        ctx.emit(f"capacity {trial.label}: concurrency {m}: {OUTPUT_TOKEN_THROUGHPUT.of(p.summary) or 0:,.4g} "
                  f"tok/s (one run: the bound of its max_num_seqs={m} sibling)")
         extra.append(p)
     return search.LoadSearch(result.max_load, [*result.probes, *extra], result.stopped) if extra else result
@@ -508,10 +529,10 @@ def _cannot_win(ctx: StageContext, c: int, p: search.Probe, policy: search.Repea
     (throughput grows with load; its interval's top, else widened by the edge), and even that throughput costs
     more per 1M tokens than the top of the best interval so far (``Context.best_cost``)."""
     best_hi = getattr(ctx.job.tune, "best_cost", None)
-    tps = (p.summary or {}).get("output_token_throughput")
+    tps = OUTPUT_TOKEN_THROUGHPUT.of(p.summary)
     price = ctx.job.trial.price_per_hour
     if price is None:
-        price = ((p.summary or {}).get("cost") or {}).get("cost_per_hour")
+        price = p.summary.cost.cost_per_hour
     if best_hi is None or not tps or not price or ctx.job.tune.tune.objective != "cost":
         return
     top = p.throughput_ci[1] if p.throughput_ci else tps * (1 + policy.edge)
@@ -525,22 +546,9 @@ def _cannot_win(ctx: StageContext, c: int, p: search.Probe, policy: search.Repea
 def run_served(ctx: StageContext) -> ServedCheck:
     """The winner served with its exact settings, scored against the reference up to ``served_items`` (the suite
     and the as-served phases) in the screening's rounds: it stops as soon as its verdict is decided."""
-    tune, trial = ctx.job.tune, ctx.job.trial
-    res = resolution(ctx)
-    rounds = tune.served_rounds
-    look_conf = search.screening_confidence(tune.accept.get("confidence", 0.95), len(rounds))
-    ref_raw = reference_raw(ctx)
-    phases = tune_phases(tune)
-    ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
-
-    def scored(sc: Scorer) -> ServedCheck:
-        seq = sequential(ctx, sc, rounds, look_conf, ref_raw, phases, ref_phases, f"served check {trial.label}")
-        write_json(ctx.work / "phases.json", seq.phases, indent=None)
-        return ServedCheck(**seq.judgement, rounds=seq.history, rounds_planned=rounds,
-                           stopped_early=len(seq.history) < len(rounds), argv=sc.plan.spec.argv,
-                           scored_with=served_settings(res, res.served))
-
-    return launch_scored(res, res.served, ctx, f"tune: served check {trial.label}", scored, "served")
+    label = ctx.job.trial.label
+    return _run_rounds(ctx, ServedCheck, ctx.job.tune.served_rounds, f"served check {label}",
+                       f"tune: served check {label}", "served", keep_raw=False)
 
 
 # ------------------------------------------------------------------------------------ key parts
