@@ -13,6 +13,11 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# pytest-xdist's workers run with COLUMNS=80 (set by execnet); a serial run has none, and infertool's output is
+# 120 columns wide on a pipe unless COLUMNS says otherwise (infertool.output). Every worker as a serial run.
+if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("COLUMNS") == "80":
+    del os.environ["COLUMNS"]
+
 
 def has_cuda() -> bool:
     """An NVIDIA GPU on this machine (the host facts' rule, without the INFERTOOL_ACCELERATOR override)."""
