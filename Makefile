@@ -4,6 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 INFERTOOL := $(VENV)/bin/infertool
 DEMO_OUT ?= out
+TEST_WORKERS ?= auto
 
 .PHONY: demo test test-fast venv venv-test envs browser bench clean
 
@@ -13,8 +14,8 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --progress-bar off --disable-pip-version-check -q -e .
 	touch $@
 
-# The test runner and what only the tests use (pytest, mypy and PyYAML's stubs, Optuna and Ray for tune,
-# kubernetes-validate).
+# The test runner and what only the tests use (pytest and pytest-xdist, mypy and PyYAML's stubs, Optuna and Ray
+# for tune, kubernetes-validate).
 $(VENV)/.installed-test: $(VENV)/.installed
 	$(PY) -m pip install --progress-bar off --disable-pip-version-check -q -e '.[test]'
 	touch $@
@@ -34,15 +35,17 @@ browser:
 	  echo "chromium is not installed: the report's browser test will skip"
 
 # The type check first (mypy over infertool/, its settings in pyproject.toml: any error fails the build), then
-# everything that can run on this machine, slow tests included; gpu tests skip without CUDA.
+# everything that can run on this machine: the fast tests on every core (pytest-xdist), then the slow ones one
+# at a time (each starts vLLM or a backend on both cores); gpu tests skip without CUDA.
 test: venv-test envs browser
 	$(PY) -m mypy
-	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest
+	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest -n $(TEST_WORKERS) -m "not slow"
+	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest -m slow
 
-# The type check, then only the fast tests (no managed environments needed).
+# The type check, then only the fast tests (no managed environments needed), on every core.
 test-fast: venv-test
 	$(PY) -m mypy
-	$(PY) -m pytest -m "not slow"
+	$(PY) -m pytest -n $(TEST_WORKERS) -m "not slow"
 
 # The main job on the bundled model: the quickstart recipe end to end into one run directory, then its report.
 # `infertool run` exits 1 when the eval verdict is FAIL or INCONCLUSIVE (the tool working: 4-bit damages a
