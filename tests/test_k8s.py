@@ -22,6 +22,31 @@ from infertool.recipe import load_recipe
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def kubelet(text: str, env: dict[str, str]) -> str:
+    """What the kubelet makes of a command, args or env value: Kubernetes' expansion (third_party/forked/golang/
+    expansion): ``$(NAME)`` becomes the container's variable NAME when it is defined, ``$$`` becomes ``$``, any
+    other ``$`` stays as it is."""
+    out, i = [], 0
+    while i < len(text):
+        if text[i] == "$" and i + 1 < len(text):
+            nxt = text[i + 1]
+            if nxt == "$":
+                out.append("$")
+                i += 2
+                continue
+            if nxt == "(" and (end := text.find(")", i + 2)) != -1:
+                name = text[i + 2:end]
+                out.append(env.get(name, f"$({name})"))
+                i = end + 1
+                continue
+            out.append("$" + nxt)
+            i += 2
+            continue
+        out.append(text[i])
+        i += 1
+    return "".join(out)
+
+
 def _docs(recipe_name: str, overrides=()):
     from infertool.resolve import resolve
 
@@ -375,13 +400,15 @@ def test_a_replica_larger_than_a_node_is_a_leader_worker_set():
     assert spec["leaderWorkerTemplate"]["restartPolicy"] == "RecreateGroupOnPodRestart"
     leader, worker = _pod(lws, "leader")["containers"][0], _pod(lws, "worker")["containers"][0]
     assert leader["command"][:2] == ["sh", "-c"] and "ray start --head --port=6379" in leader["command"][2]
-    assert leader["command"][2].endswith('exec "$@"') and "$(" not in leader["command"][2]
+    script = kubelet(leader["command"][2], {"LWS_GROUP_SIZE": "2"})
+    assert script.endswith('exec "$@"') and "$LWS_GROUP_SIZE" in script and "$(" not in script
     args = leader["args"]
     assert args[:4] == ["vllm-leader", "python3", "-m", "vllm.entrypoints.openai.api_server"]
     assert args[args.index("--tensor-parallel-size") + 1] == "8"
     assert args[args.index("--pipeline-parallel-size") + 1] == "2"
     assert args[args.index("--distributed-executor-backend") + 1] == "ray"
-    assert 'ray start --address="$LWS_LEADER_ADDRESS:6379" --block' in worker["command"][2] and not worker["args"]
+    assert 'ray start --address="$LWS_LEADER_ADDRESS:6379" --block' in kubelet(worker["command"][2], {})
+    assert not worker["args"]
     assert leader["resources"]["limits"]["nvidia.com/gpu"] == worker["resources"]["limits"]["nvidia.com/gpu"] == 8
     assert "startupProbe" in leader and "startupProbe" not in worker
     assert _pod(lws, "worker")["affinity"] == _pod(lws, "leader")["affinity"]
@@ -561,3 +588,61 @@ def test_replicas_come_from_the_fleet_sizing_unless_given(tmp_path):
     r = cli_in_process("serve", H100, "--emit", "k8s")
     dep = next(d for d in yaml.safe_load_all(r.stdout) if d and d["kind"] == "Deployment")
     assert dep["spec"]["replicas"] == 1 and "set target.peak_rps to size the fleet" in r.stdout
+
+
+# Every value infertool writes into a container's command, args or env reaches the kubelet, which expands $(NAME)
+# from the container's environment: the API key is there (from the Secret). A recipe field holding "$(...)" must
+# reach vLLM as those characters.
+PLANTED = "$(VLLM_API_KEY)"
+PLANTED_FIELDS = {
+    "serve.served_model_name": f"m-{PLANTED}",
+    "serve.quantization": f"awq{PLANTED}",
+    "serve.tool_call_parser": f"hermes{PLANTED}",
+    "serve.enable_auto_tool_choice": "true",
+    "serve.structured_outputs_backend": f"xgrammar{PLANTED}",
+    "serve.extra_args": f'["--disable-log-stats{PLANTED}"]',
+    "serve.env": f'{{HF_HUB_OFFLINE: "1{PLANTED}"}}',
+}
+
+
+def _containers(docs: list[dict]) -> list[dict]:
+    found = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            for key in ("containers", "initContainers"):
+                found.extend(node.get(key) or [])
+            for v in node.values():
+                walk(v)
+        elif isinstance(node, list):
+            for v in node:
+                walk(v)
+
+    walk(docs)
+    return found
+
+
+@pytest.mark.parametrize("multi_node", [False, True], ids=["deployment", "leader-worker-set"])
+def test_every_value_in_a_command_args_or_env_is_literal_for_the_kubelet(monkeypatch, multi_node):
+    monkeypatch.setenv("INFERTOOL_API_KEY", "sk-the-key")
+    overrides = [f"{k}={v}" for k, v in PLANTED_FIELDS.items()]
+    if multi_node:
+        _, _, docs = _emit(H100, MULTI + overrides, replicas=1)
+    else:
+        _, _, docs = _docs("llama3.3-70b-w4a16-tp4", overrides)
+    containers = _containers(docs)
+    assert containers and any(c["name"] == "vllm" for c in containers)
+    server: list[str] = []
+    for c in containers:
+        env = {e["name"]: "SECRET-" + e["name"] for e in c.get("env", [])}
+        env["VLLM_API_KEY"] = "SECRET-VLLM_API_KEY"
+        seen = [kubelet(str(v), env) for v in [*c.get("command", []), *c.get("args", []),
+                                               *(e["value"] for e in c.get("env", []) if "value" in e)]]
+        assert not [v for v in seen if "SECRET-" in v], c["name"]
+        if c.get("args"):
+            server = seen
+    # every planted field reached the server's container as its own characters
+    for field, value in PLANTED_FIELDS.items():
+        if PLANTED in value:
+            marker = value.strip('[]"{}').split('"')[-1] if field != "serve.env" else "1" + PLANTED
+            assert any(marker in v for v in server), (field, server)

@@ -270,6 +270,24 @@ def manifests(res: Resolution, *, options: K8sOptions | None = None, **kw) -> li
 
 
 # ------------------------------------------------------------------------------------------------ pods
+def kubelet_literal(text: str) -> str:
+    """``text`` as the kubelet passes it on: it expands ``$(NAME)`` in a container's command, args and env values
+    from the container's environment (where the API key is) and reads ``$$`` as ``$``. Every ``$`` doubled is the
+    exact escape: ``$(VLLM_API_KEY)`` in a served name reaches vLLM as those characters, never as the key."""
+    return text.replace("$", "$$")
+
+
+def _for_kubelet(container: dict) -> dict:
+    """A container whose command, args and env values are literal for the kubelet (``kubelet_literal``)."""
+    out = dict(container)
+    for key in ("command", "args"):
+        if key in out:
+            out[key] = [kubelet_literal(str(a)) for a in out[key]]
+    if "env" in out:
+        out["env"] = [{**e, "value": kubelet_literal(str(e["value"]))} if "value" in e else e for e in out["env"]]
+    return out
+
+
 def _server_container(res: Resolution, lay: _Layout, o: K8sOptions, script: str | None = None) -> dict:
     """vLLM's container (the leader's with ``script``: a shell script that runs vLLM as its "$@")."""
     port = lay.serve.port
@@ -277,7 +295,7 @@ def _server_container(res: Resolution, lay: _Layout, o: K8sOptions, script: str 
     health = {"httpGet": {"path": "/health", "port": port}}
     startup_checks = min(8640, max(6, int(lay.serve.startup_timeout_s // 10)))  # a day at most, an int32 always
     command = ["sh", "-c", script, "vllm-leader", *lay.argv] if script else lay.argv
-    return {
+    return _for_kubelet({
         "name": "vllm",
         "image": _image(res, o),
         "command": command[:3],
@@ -291,7 +309,7 @@ def _server_container(res: Resolution, lay: _Layout, o: K8sOptions, script: str 
         "livenessProbe": {**health, "periodSeconds": 15, "failureThreshold": 3},
         "volumeMounts": [{"name": "models", "mountPath": MODEL_MOUNT, "readOnly": True},
                          {"name": "shm", "mountPath": "/dev/shm"}],
-    }
+    })
 
 
 def _image(res: Resolution, o: K8sOptions) -> str:
@@ -419,18 +437,19 @@ def _fetch_container(lay: _Layout, uri: str, vllm_image: str) -> dict:
     mount = [{"name": "models", "mountPath": MODEL_MOUNT}]
     if uri.startswith("s3://"):
         env = [secret(v, f"{lay.name}-s3") for v in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN")]
-        return {"name": "fetch-model", "image": AWS_CLI_IMAGE, "command": ["aws", "s3", "sync", uri, lay.in_pod],
-                "env": env, "volumeMounts": mount}
+        return _for_kubelet({"name": "fetch-model", "image": AWS_CLI_IMAGE,
+                             "command": ["aws", "s3", "sync", uri, lay.in_pod], "env": env, "volumeMounts": mount})
     m = _HF.fullmatch(uri)
     assert m is not None  # an s3:// or a Hugging Face URI (checked when the layout was made)
     args = ["hf", "download", m.group(1), "--local-dir", lay.in_pod] + (["--revision", m.group(4)] if m.group(4) else [])
-    return {"name": "fetch-model", "image": vllm_image, "command": args[:2], "args": args[2:],
-            "env": [secret("HF_TOKEN", f"{lay.name}-hf")], "volumeMounts": mount}
+    return _for_kubelet({"name": "fetch-model", "image": vllm_image, "command": args[:2], "args": args[2:],
+                         "env": [secret("HF_TOKEN", f"{lay.name}-hf")], "volumeMounts": mount})
 
 
 # ------------------------------------------------------------------------------------------------ multi-node
 # The leader: the Ray head, then (once every pod of the group has joined, bounded) vLLM, its "$@". LWS sets
-# LWS_GROUP_SIZE and LWS_LEADER_ADDRESS in every pod. Backticks, not $(...): the kubelet expands $(NAME).
+# LWS_GROUP_SIZE and LWS_LEADER_ADDRESS in every pod. Backticks, not $(...): easier to read once every $ is
+# doubled for the kubelet (kubelet_literal).
 LEADER_SCRIPT = (
     f"ray start --head --port={RAY_PORT} || exit 1; i=0; "
     "until [ \"`python3 -c 'import ray; ray.init(address=\"auto\", logging_level=\"error\"); "
@@ -448,7 +467,7 @@ def _leader_worker_set(res: Resolution, lay: _Layout, o: K8sOptions, meta: dict)
     """A LeaderWorkerSet (vLLM's multi-node deployment): ``lay.nodes`` pods per replica, the leader serving."""
     leader = _server_container(res, lay, o, LEADER_SCRIPT)
     worker = {k: v for k, v in leader.items() if not k.endswith("Probe") and k != "ports"}
-    worker.update(command=["sh", "-c", WORKER_SCRIPT], args=[])
+    worker.update(command=[kubelet_literal(a) for a in ("sh", "-c", WORKER_SCRIPT)], args=[])
     template = lambda role, c: {"metadata": {"labels": {**lay.labels, "role": role}},  # noqa: E731
                                 "spec": _pod_spec(res, lay, o, c)}
     return {"apiVersion": "leaderworkerset.x-k8s.io/v1", "kind": "LeaderWorkerSet", "metadata": dict(meta),
