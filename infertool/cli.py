@@ -4,7 +4,6 @@ Heavy libraries (torch, transformers, vllm) are never imported here; backends ru
 environments (see infertool/envs) or inside the core functions that need them.
 """
 
-from __future__ import annotations
 
 import typer
 

@@ -4,7 +4,6 @@ cli.py calls ``register_all(app)``; modules are imported in name order. A module
 import time (typer only): heavy libraries are imported inside the command functions.
 """
 
-from __future__ import annotations
 
 import importlib
 import pkgutil

@@ -2,7 +2,6 @@
 that give every command the same grammar (readable metavars, JSON usage errors, a default sub-command),
 and how usage errors are made."""
 
-from __future__ import annotations
 
 import functools
 import os
@@ -258,7 +257,7 @@ def handle_errors(fn: Callable) -> Callable:
     return wrapper
 
 
-def recipe_checks(res: Resolution, purpose: str):
+def recipe_checks(res: "Resolution", purpose: str):
     """THE one call of every entry point that reads a recipe (validate, plan, the dry runs, --emit k8s,
     quantize --check): the registered checks (``infertool.checks``) for ``purpose``. Warnings are printed on
     stderr, one line each (stdout stays the command's output); an error finding raises ``ChecksFailed``: exit 2,

@@ -1,6 +1,5 @@
 """`infertool bench RECIPE [--url URL]`: latency, throughput, goodput and cost under the recipe's traffic."""
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, List, Optional
@@ -123,7 +122,7 @@ def render(report) -> None:
         err.print(f"[yellow]note:[/] {escape(str(note))}", soft_wrap=True)
 
 
-def _level_tables(levels: list[LevelResult]) -> None:
+def _level_tables(levels: list["LevelResult"]) -> None:
     """Each level's figures: the metric table's latency and throughput metrics (``infertool.metricspec``),
     around the load generator's health and the server's own metrics."""
     from rich.table import Table

@@ -1,6 +1,5 @@
 """`infertool env setup|list|doctor|remove`: the managed backend environments."""
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, List, Optional

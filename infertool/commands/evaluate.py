@@ -8,7 +8,6 @@
 1 INCONCLUSIVE unless --allow-inconclusive (or eval.accept.allow_inconclusive) makes it 0.
 """
 
-from __future__ import annotations
 
 import dataclasses
 import inspect
@@ -73,7 +72,7 @@ class RunFlags:
     overrides: Annotated[Optional[List[str]], SET_OPT] = None
     as_json: Annotated[bool, JSON_OPT] = False
 
-    def options(self, recipe: Recipe):
+    def options(self, recipe: "Recipe"):
         """The eval options these flags ask for (``recipe``: the loaded recipe, whose engine decides whether
         --base / --candidate are model directories or served model names)."""
         from infertool.evaluate import EvalOptions

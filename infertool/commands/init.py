@@ -1,6 +1,5 @@
 """`infertool init MODEL`: start a recipe from a model, fitted to a target, every value with its reason."""
 
-from __future__ import annotations
 
 from typing import Annotated, Optional
 

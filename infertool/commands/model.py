@@ -1,6 +1,5 @@
 """`infertool model import|info`: model sources."""
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, Optional

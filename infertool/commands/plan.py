@@ -1,6 +1,5 @@
 """`infertool plan`: will it fit, how much KV cache, how fast at best. No weights loaded."""
 
-from __future__ import annotations
 
 from typing import Annotated, List, Optional
 

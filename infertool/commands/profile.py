@@ -1,6 +1,5 @@
 """`infertool profile`: is inference memory-bound or compute-bound here, and what follows."""
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, List, Optional
@@ -79,7 +78,7 @@ def profile(
     _render(result)
 
 
-def _render(res: ProfileResult) -> None:
+def _render(res: "ProfileResult") -> None:
     from rich.table import Table
 
     from infertool.output import err, esc, out, plain

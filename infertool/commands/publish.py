@@ -1,7 +1,6 @@
 """`infertool publish SRC DEST`: the checkpoint a run or a tune evaluated (or a published folder), with its
 model card, copied to a folder, or uploaded to S3 (boto3) or a Hugging Face model repository (huggingface_hub)."""
 
-from __future__ import annotations
 
 from typing import Annotated
 

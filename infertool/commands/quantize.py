@@ -1,6 +1,5 @@
 """`infertool quantize RECIPE`: GPTQ / AWQ (or bnb, recorded) from the recipe, with preflight and a vLLM load check."""
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, List, Optional

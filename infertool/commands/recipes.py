@@ -1,6 +1,5 @@
 """`infertool validate` and `infertool recipes list|show|copy`: the recipe itself."""
 
-from __future__ import annotations
 
 import sys
 from typing import Annotated, List, Optional

@@ -1,6 +1,5 @@
 """`infertool report RUN_DIR` and `infertool compare RUN_A RUN_B`."""
 
-from __future__ import annotations
 
 from typing import Annotated
 

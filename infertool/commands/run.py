@@ -1,6 +1,5 @@
 """`infertool run`: the whole workflow from one recipe into one run directory."""
 
-from __future__ import annotations
 
 import shlex
 from typing import Annotated, List, Optional

@@ -1,7 +1,6 @@
 """`infertool serve RECIPE` (the default sub-command `run`), `infertool serve stop|status`: vLLM's
 OpenAI-compatible server from the recipe, and the servers started with --detach."""
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, List, Optional

@@ -1,7 +1,6 @@
 """`infertool tune RECIPE`: which quantization x serving configuration to ship, the cheapest one that passes
 the accuracy gate and the latency SLO, measured."""
 
-from __future__ import annotations
 
 from pathlib import Path
 from typing import Annotated, List, Optional
