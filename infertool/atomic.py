@@ -76,7 +76,7 @@ def write_text(target: str | Path, text: str, encoding: str = "utf-8") -> Path:
     return write_bytes(target, text.encode(encoding))
 
 
-def jsonable(obj: Any) -> Any:
+def jsonable(obj: object) -> Any:  # Any: plain JSON data, of any shape (callers index what they know)
     """Plain JSON data: dataclasses (typed results) and pydantic models as dicts, paths and other objects as
     strings, and a float that is not finite (inf, nan: JSON has neither) as None."""
     if isinstance(obj, float):
@@ -98,12 +98,12 @@ def jsonable(obj: Any) -> Any:
     return str(obj)
 
 
-def dumps_json(data: Any, *, indent: int | None = 2) -> str:
+def dumps_json(data: object, *, indent: int | None = 2) -> str:
     """The one JSON serializer: ``jsonable`` data, never NaN or Infinity (``allow_nan=False`` holds it)."""
     return json.dumps(jsonable(data), indent=indent, allow_nan=False)
 
 
-def write_json(target: str | Path, data: Any, *, indent: int | None = 2) -> Path:
+def write_json(target: str | Path, data: object, *, indent: int | None = 2) -> Path:
     """The one JSON writer: ``dumps_json`` of ``data`` plus a newline, written whole."""
     return write_text(target, dumps_json(data, indent=indent) + "\n")
 

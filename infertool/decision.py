@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from infertool import backends
 from infertool.backends import ACTIVATION_SCHEMES
@@ -31,6 +31,7 @@ from infertool.records import Record, as_float, as_int
 from infertool.summaries import EvalSummary, ModelSummary, QuantizeSummary, RunManifest, ServeSummary, StageSummary
 
 S = TypeVar("S", bound=StageSummary)
+R = TypeVar("R", bound=Record)
 
 
 # ------------------------------------------------------------------------------------------- the run
@@ -51,12 +52,12 @@ class RunData:
     figure_notes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, manifest: Any = None, *, quantize: Any = None, eval: Any = None, profile: Any = None,
-           bench: Any = None, figures: dict[str, Path] | None = None) -> RunData:
+    def of(cls, manifest: object = None, *, quantize: object = None, eval: object = None, profile: object = None,
+           bench: object = None, figures: dict[str, Path] | None = None) -> RunData:
         """From what the files hold (JSON data, or records): a stage's file that is not a non-empty object reads
         as absent."""
 
-        def rec(kind: type[Record], doc: Any) -> Any:
+        def rec(kind: type[R], doc: object) -> R | None:
             return kind.from_dict(doc) if isinstance(doc, (dict, kind)) and doc else None
 
         return cls(RunManifest.from_dict(manifest), rec(QuantizeResult, quantize), rec(EvalResult, eval),
@@ -78,7 +79,7 @@ class RunData:
         return (self.manifest.recipe or {}).get("quantize") is not None or self.quantize is not None
 
 
-def _first(*values: Any) -> str | None:
+def _first(*values: object) -> str | None:
     """The first value that is a non-empty string."""
     return next((v for v in values if isinstance(v, str) and v), None)
 

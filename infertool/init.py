@@ -24,7 +24,7 @@ import unicodedata
 import uuid
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable, Protocol, TypedDict, TypeVar, cast
 
 from infertool.atomic import move_into_place, remove_inside, write_text
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
@@ -32,6 +32,9 @@ from infertool.errors import UsageError
 from infertool.perf import hardware
 from infertool.perf import host as hostfacts
 from infertool.resolve import Target, target_for
+
+if TYPE_CHECKING:
+    from infertool.models.info import ModelInfo, PositionLimit
 
 GIB = 1024**3
 SUITE = "builtin-corpus"
@@ -77,7 +80,7 @@ class Decision:
     target cannot hold the model even at the smallest choices (``why`` says what would)."""
 
     field: str
-    value: Any
+    value: object
     why: str
     level: str = "info"  # info | warning | error
 
@@ -189,8 +192,8 @@ class _Model:
     path: Path
     kind: str  # hf | gguf | bundled | hub
     name: str
-    info: Any
-    limit: Any  # models.info.PositionLimit
+    info: ModelInfo
+    limit: PositionLimit
     dtype: str
 
 
@@ -252,7 +255,13 @@ def _plan(recipe: dict, original: bool = False):
 
 
 # ------------------------------------------------------------------------------------------- the recipe
-Decide = Callable[..., Any]
+T = TypeVar("T")
+
+
+class Decide(Protocol):
+    """Records a value init chose at ``path`` and why; gives the value back."""
+
+    def __call__(self, path: str, value: T, why: str, level: str = "info") -> T: ...
 
 
 # --method NAME -> the quantize section it means (None: the backends' own 4-bit choice, init_choice), only what
@@ -273,6 +282,12 @@ METHOD_WHY = {
 PIN_INTS = ("serve.tensor_parallel_size", "serve.max_model_len", "serve.max_num_seqs", "bench.output_len",
             "bench.prompt.len", "eval.base_serve.tensor_parallel_size")
 PIN_FLOATS = ("bench.slo.ttft_ms", "bench.slo.tpot_ms")
+# the --set values the fit decides from (InitOptions.pins): PIN_INTS as ints, PIN_FLOATS as floats, "quantize":
+# some quantize.* key is set
+Pins = TypedDict("Pins", {
+    "serve.tensor_parallel_size": int, "serve.max_model_len": int, "serve.max_num_seqs": int, "bench.output_len": int,
+    "bench.prompt.len": int, "eval.base_serve.tensor_parallel_size": int, "bench.slo.ttft_ms": float,
+    "bench.slo.tpot_ms": float, "quantize": bool}, total=False)
 
 
 @dataclass
@@ -286,12 +301,12 @@ class InitOptions:
     traffic: str | None = None
     sets: list[str] = field(default_factory=list)
 
-    def pins(self) -> dict[str, Any]:
+    def pins(self) -> Pins:
         """The --set values the fit decides from (tensor parallelism, context, batch, lengths, SLO), as numbers;
         a value of another type is left to the recipe's validation (which refuses it with its field path)."""
         from infertool.recipe import parse_overrides
 
-        out: dict[str, Any] = {}
+        out: dict[str, float] = {}
         for key, value in parse_overrides(list(self.sets)):
             if key in PIN_INTS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
                 out[key] = value
@@ -299,7 +314,7 @@ class InitOptions:
                 out[key] = float(value)
             elif key.startswith("quantize."):
                 out.setdefault("quantize", True)
-        return out
+        return cast(Pins, out)
 
 
 def parse_slo(text: str) -> dict:
@@ -360,7 +375,7 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     _refuse_quantized(m)
     decisions: list[Decision] = []
 
-    def decide(path: str, value: Any, why: str, level: str = "info") -> Any:
+    def decide(path: str, value: T, why: str, level: str = "info") -> T:
         decisions.append(Decision(path, value, why, level))
         return value
 
@@ -397,7 +412,7 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     return recipe, _in_recipe_order(recipe, decisions)
 
 
-def _methods(target: InitTarget, opts: InitOptions, pins: dict) -> list[str]:
+def _methods(target: InitTarget, opts: InitOptions, pins: Pins) -> list[str]:
     """The quantizations to size: --method's; the backends' own choice when --set names quantize fields or the
     target is a CPU; on a GPU, the 8-bit format its tensor cores run (FP8 where it has FP8 tensor cores: the
     table's ``fp8`` flag; int8 W8A8 otherwise) and 4-bit ("default": the backends' choice)."""
@@ -425,11 +440,11 @@ def _generation(gpu: hardware.GPU) -> str:
 
 
 def _option(method: str, m: _Model, target: InitTarget, traffic: Traffic, source: str, lengths: tuple[int, int, int],
-            preflight: Callable, pins: dict) -> _Option:
+            preflight: Callable, pins: Pins) -> _Option:
     """The quantization ``method`` for this model and target, the recipe's shape with it and its serve fit."""
     ds: list[Decision] = []
 
-    def decide(path: str, value: Any, why: str, level: str = "info") -> Any:
+    def decide(path: str, value: T, why: str, level: str = "info") -> T:
         ds.append(Decision(path, value, why, level))
         return value
 
@@ -512,7 +527,7 @@ def _choose_method(tried: list[_Option], target: InitTarget, decide: Decide) -> 
     return chosen
 
 
-def _traffic(target: InitTarget, m: _Model, opts: InitOptions, pins: dict,
+def _traffic(target: InitTarget, m: _Model, opts: InitOptions, pins: Pins,
              decide: Decide) -> tuple[Traffic, str, tuple[int, int, int]]:
     """The traffic init plans for: the target kind's, with --slo, --set (batch, lengths, context) and --traffic
     (a .jsonl prompt file: its prompts' lengths drive max_model_len and the KV sizing). Returns (traffic, the
@@ -644,7 +659,7 @@ def _choose_quantization(info, target: InitTarget, decide: Decide) -> tuple[dict
 
     arch_name = (info.architectures or [info.model_type or "?"])[0]
     choice = backends.init_choice(info.model_type, arch_name, target.resolve_target(), target.host)
-    q: dict[str, Any] = dict(choice.section)
+    q: dict[str, object] = dict(choice.section)
     for f, v, why, lvl in choice.decisions:
         decide(f, v, why, lvl)
     return q, q.get("scheme") == "W8A8"
@@ -778,7 +793,7 @@ class _RecipeShape:
     def __call__(self, tp: int, max_len: int, seqs: int, space: int | None, dtype: str = "auto",
                  base: dict | None = None) -> dict:
         gpu = self.target.kind == "gpu"
-        serve: dict[str, Any] = {"host": "127.0.0.1", "port": 8000, "dtype": dtype, "max_model_len": max_len,
+        serve: dict[str, object] = {"host": "127.0.0.1", "port": 8000, "dtype": dtype, "max_model_len": max_len,
                                  "max_num_seqs": seqs}
         if gpu:
             serve.update({"tensor_parallel_size": tp, "gpu_memory_utilization": 0.9, "enforce_eager": False})
@@ -786,18 +801,19 @@ class _RecipeShape:
             serve.update({"enforce_eager": True, "cpu": {"kv_cache_space_gib": space}})
         serve["enable_prefix_caching"] = True
         serve["api_key_env"] = API_KEY_ENV
-        r: dict[str, Any] = {"name": self.name, "description": "",
+        r: dict[str, object] = {"name": self.name, "description": "",
                              "model": {"source": self.m.source, "dtype": self.m.dtype}}
         if gpu:
             r["target"] = {"gpu": self.target.device.key}
         r["quantize"] = dict(self.q)
-        r["eval"] = {"suite": SUITE, "engine": self.engine, "accept": {"preset": "standard"}}
+        ev: dict[str, object] = {"suite": SUITE, "engine": self.engine, "accept": {"preset": "standard"}}
+        r["eval"] = ev
         base = base if base is not None else self.base
         if max_len < EVAL_MIN_LEN or (base and base.get("max_model_len", EVAL_MIN_LEN) < EVAL_MIN_LEN):
             # the eval's windows must fit the model as served
-            r["eval"]["seq_len"] = max(8, min(max_len, (base or {}).get("max_model_len", max_len)) - 1)
+            ev["seq_len"] = max(8, min(max_len, (base or {}).get("max_model_len", max_len)) - 1)
         if base:
-            r["eval"]["base_serve"] = dict(base)
+            ev["base_serve"] = dict(base)
         r["serve"] = serve
         t = self.traffic
         r["bench"] = {
@@ -1217,7 +1233,7 @@ def _comment(text: str, indent: int) -> list[str]:
                                                         break_on_hyphens=False)] or []
 
 
-def yaml_value(value: Any) -> str:
+def yaml_value(value: object) -> str:
     """One value as YAML on one line (yaml.safe_dump quotes whatever needs quoting)."""
     import json
 
@@ -1251,11 +1267,11 @@ def render_yaml(recipe: dict, decisions: list[Decision], header: list[str] | Non
             lines.extend(_comment(text, indent))
         placed.add(path)
 
-    def emit(key: str, value: Any, indent: int, path: str) -> None:
+    def emit(key: str, value: object, indent: int, path: str) -> None:
         comments(path, indent)
         pad = " " * indent
         block = isinstance(value, dict) and value and (path in _SECTIONS or any(f"{path}.{k}" in why for k in value))
-        if block:
+        if block and isinstance(value, dict):
             lines.append(f"{pad}{yaml_value(key)}:")
             for k, v in value.items():
                 emit(k, v, indent + 2, f"{path}.{k}")
@@ -1360,7 +1376,7 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
                       plan.to_dict(), original.to_dict() if original else None, fits, reasons, advice)
 
 
-def _apply_sets(recipe: dict, decisions: list[Decision], sets: list[str], pins: dict) -> tuple[dict, list[Decision]]:
+def _apply_sets(recipe: dict, decisions: list[Decision], sets: list[str], pins: Pins) -> tuple[dict, list[Decision]]:
     """--set KEY=VALUE applied to the recipe (the parser every command's --set uses); each said in the recipe.
     The values the fit decided from (``InitOptions.pins``) are already in it, with the fit's reasons."""
     from infertool.recipe import apply_overrides, parse_overrides

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import sys
 import unicodedata
-from typing import TYPE_CHECKING, Any, Callable, Iterable
+from typing import TYPE_CHECKING, Callable, Iterable
 
 from rich.console import Console
 from rich.table import Table
@@ -23,6 +23,8 @@ from infertool.atomic import dumps_json, jsonable
 
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
+
+    from infertool.errors import InfertoolError
 
 
 # Human output: tables and results go to stdout unless --json is given, progress and logs to stderr.
@@ -42,13 +44,13 @@ err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 to_jsonable = jsonable  # the one JSON form of infertool.atomic (typed results, no NaN / Infinity)
 
 
-def print_json(data: Any) -> None:
+def print_json(data: object) -> None:
     """Machine output: one JSON document on stdout."""
     sys.stdout.write(dumps_json(data) + "\n")
     sys.stdout.flush()
 
 
-def visible(text: Any) -> str:
+def visible(text: object) -> str:
     """``text`` with every control or format character (ESC, BEL, CR, bidi overrides...) but newline and tab
     shown as its escape (``\\x1b``), so that no value can move the cursor, recolour or retitle a terminal."""
     s = str(text)
@@ -58,19 +60,19 @@ def visible(text: Any) -> str:
                    else ascii(ch)[1:-1] for ch in s)
 
 
-def esc(value: Any) -> str:
+def esc(value: object) -> str:
     """A value to put inside a Rich markup string: its `[` cannot open a tag, its control characters show."""
     from rich.markup import escape
 
     return escape(visible(value))
 
 
-def plain(value: Any, style: str = "") -> Text:
+def plain(value: object, style: str = "") -> Text:
     """A value as Rich Text, never read as markup (a Text passes through as it is)."""
     return value if isinstance(value, Text) else Text(visible(value), style=style)
 
 
-def kv_table(rows: Iterable[tuple[str, Any]], title: str | None = None) -> Table:
+def kv_table(rows: Iterable[tuple[str, object]], title: str | None = None) -> Table:
     """A two-column table; keys, values and title are plain text (give a Text for a styled value)."""
     table = Table(title=None if title is None else plain(title), show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold cyan", no_wrap=True)
@@ -80,7 +82,7 @@ def kv_table(rows: Iterable[tuple[str, Any]], title: str | None = None) -> Table
     return table
 
 
-def render_error(error: Any, *, as_json: bool = False) -> None:
+def render_error(error: InfertoolError, *, as_json: bool = False) -> None:
     """An InfertoolError for people (stderr) or, with --json, as JSON on stdout too."""
     from infertool.errors import RecipeError
 

@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from infertool.atomic import remove_inside, write_json
 from infertool.errors import InfertoolError, UsageError
@@ -37,6 +37,7 @@ from infertool.summaries import ModelSummary, RunManifest, StageRecord
 
 if TYPE_CHECKING:
     from infertool.recipe import Recipe
+    from infertool.resolve import Resolution
 
 EventCallback = Callable[[dict], None]
 StageCallback = Callable[[str, str, StageRecord], None]
@@ -62,12 +63,12 @@ class RunGraph:
     """What `run` does for a recipe: the stages in graph order, their keys and entries, what runs again, and
     the resolution before any stage ran (its inputs and host facts are the keys')."""
 
-    recipe: Any
+    recipe: Recipe
     stages: list[Stage]
     keys: dict[str, str]
     root: Path
     force: set[str]
-    res: Any
+    res: Resolution
 
     @property
     def cache(self) -> Path:

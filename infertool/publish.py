@@ -23,7 +23,7 @@ import shutil
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from infertool.atomic import OutputPathError, atomic_dir, replace_refusal, write_json, write_text
 from infertool.capability import RunContext
@@ -62,7 +62,7 @@ def fingerprint(path: str | Path) -> str:
     root = Path(path).expanduser()
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder: there is no checkpoint to fingerprint")
-    files: dict[str, Any] = {}
+    files: dict[str, object] = {}
     for f in _files(root):
         rel = f.relative_to(root).as_posix()
         if f.suffix in WEIGHT_SUFFIXES or f.stat().st_size > SMALL_FILE:
@@ -262,7 +262,7 @@ def publish_run(run_dir: Path, manifest, checkpoint: Path, dest: Path, forbidden
 class Served:
     """What ``infertool serve ARG`` serves: the resolution, what ARG was, and the checked artifact."""
 
-    res: Any
+    res: Resolution
     kind: str  # run | tune | recipe
     published: str | None = None
     fingerprint: str | None = None

@@ -128,7 +128,7 @@ class ModelSection(BaseModel):
 
     @field_validator("dtype", mode="before")
     @classmethod
-    def _normalise_dtype(cls, value: Any) -> Any:
+    def _normalise_dtype(cls, value: object) -> object:
         return _dtype_alias(value)
 
     @field_validator("source")
@@ -158,6 +158,7 @@ class ModelSection(BaseModel):
 # plugins, the entry-point group infertool.backends, read) by then.
 if TYPE_CHECKING:  # any backend's schema (at run time: their discriminated union, built from the registry)
     from infertool.backends.base import QuantizeConfig as QuantizeSection
+    from infertool.perf.hardware import GPU
 else:
     QuantizeSection = backends.quantize_section()
 QUANTIZE_METHODS: tuple[str, ...] = backends.method_names()
@@ -314,7 +315,7 @@ class ProfileSection(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _moved_gpu(cls, data: Any) -> Any:
+    def _moved_gpu(cls, data: object) -> object:
         if isinstance(data, dict) and "gpu" in data:
             raise _field_error("gpu", "profile.gpu moved to target.gpu: the GPU the recipe is for, which plan, "
                                "serve --dry-run and --emit k8s all use (e.g. target: {gpu: H100-SXM})")
@@ -342,7 +343,7 @@ class CustomGPU(BaseModel):
     price_per_hour: Annotated[float, NotBool, Field(ge=0, le=10_000)] | None = None  # $ per GPU-hour
 
 
-def _gpu_kind(value: Any) -> str:
+def _gpu_kind(value: object) -> str:
     return "spec" if isinstance(value, (dict, CustomGPU)) else "name"
 
 
@@ -377,7 +378,7 @@ class TargetSection(BaseModel):
             raise ValueError(f"unknown GPU {value!r}; known: {', '.join(GPUS)}; or a custom spec "
                              "{name, memory_gib, bandwidth_tbs, bf16_tflops, ...}") from None
 
-    def device(self) -> Any:
+    def device(self) -> str | GPU | None:
         """The GPU the recipe names: the table's key (str), a ``hardware.GPU`` built from the custom spec, or None."""
         if not isinstance(self.gpu, CustomGPU):
             return self.gpu
@@ -438,7 +439,7 @@ class CPUSpec(BaseModel):
 
     @field_validator("omp_threads_bind", mode="before")
     @classmethod
-    def _coerce_bind(cls, value: Any) -> Any:
+    def _coerce_bind(cls, value: object) -> object:
         return _scalar_to_str(value)
 
     @field_validator("omp_threads_bind")
@@ -499,12 +500,12 @@ class ServeSection(BaseModel):
 
     @field_validator("dtype", mode="before")
     @classmethod
-    def _normalise_dtype(cls, value: Any) -> Any:
+    def _normalise_dtype(cls, value: object) -> object:
         return _dtype_alias(value)
 
     @field_validator("extra_args", mode="before")
     @classmethod
-    def _coerce_args(cls, value: Any) -> Any:
+    def _coerce_args(cls, value: object) -> object:
         if isinstance(value, list):
             return [_scalar_to_str(v) for v in value]
         return value
@@ -522,7 +523,7 @@ class ServeSection(BaseModel):
 
     @field_validator("env", mode="before")
     @classmethod
-    def _coerce_env(cls, value: Any) -> Any:
+    def _coerce_env(cls, value: object) -> object:
         if isinstance(value, dict):
             return {k: _scalar_to_str(v) for k, v in value.items()}
         return value
@@ -890,7 +891,7 @@ _NOT_TUNABLE = {"model", "host", "port", "api_key_env", "served_model_name", "en
 def _grid_model() -> type[BaseModel]:
     """tune.serve_grid: every tunable serve field, as a list of the values that field accepts (so each value is
     validated like the field itself, with its path: tune.serve_grid.max_num_seqs[1])."""
-    fields: dict[str, Any] = {}
+    fields: dict[str, Any] = {}  # Any: pydantic create_model's (typing form, default) field definitions
     for name, info in ServeSection.model_fields.items():
         if name in _NOT_TUNABLE:
             continue
@@ -915,7 +916,7 @@ class TuneSection(BaseModel):
 
     # each a partial quantize section over the recipe's (method, bits, group_size, backend, scheme...);
     # "none": the original model
-    candidates: Annotated[list[Literal["none"] | dict[str, Any]], Field(min_length=1, max_length=MAX_LIST)]
+    candidates: Annotated[list[Literal["none"] | dict[str, Any]], Field(min_length=1, max_length=MAX_LIST)]  # Any: a partial quantize section as the YAML holds it (validated per backend later)
     serve_grid: ServeGrid = Field(default_factory=lambda: ServeGrid())  # serve field -> values to cross
     objective: TuneObjective = "cost"  # a metric of infertool.metricspec.METRICS that names an objective
     accept: AcceptSpec | None = None  # default: eval.accept
@@ -1091,11 +1092,11 @@ class _RecipeLoader(yaml.SafeLoader):
     one of the plain ones (``_YAML_TAGS``): the nodes with another are kept in ``bad_tags`` (refused with their field
     paths by ``_refuse_tags``, and by ``construct_object`` for whoever loads without that check)."""
 
-    def __init__(self, stream: Any) -> None:
+    def __init__(self, stream: Any) -> None:  # Any: what PyYAML's loader reads (text, bytes or a stream)
         super().__init__(stream)
         self.bad_tags: dict[int, tuple[yaml.Node, str]] = {}
 
-    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:  # Any: PyYAML's index (its stubs: Any)
         event = self.peek_event()
         tag = getattr(event, "tag", None)  # None: an alias, or no tag written (resolved implicitly)
         node = super().compose_node(parent, index)
@@ -1103,15 +1104,15 @@ class _RecipeLoader(yaml.SafeLoader):
             self.bad_tags[id(node)] = (node, tag)
         return node
 
-    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:  # Any: the YAML value, of any shape
         if id(node) in self.bad_tags:
             raise yaml.constructor.ConstructorError(None, None, f"the tag {_short_tag(node.tag)} is not allowed in a "
                                                     "recipe (a recipe is text: write the value plainly)", node.start_mark)
         return super().construct_object(node, deep=deep)
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:  # Any: YAML keys and values
         if isinstance(node, yaml.MappingNode):
-            seen: dict[Any, yaml.Node] = {}
+            seen: dict[object, yaml.Node] = {}
             for key_node, _ in node.value:
                 if key_node.tag == "tag:yaml.org,2002:merge":
                     continue
@@ -1165,7 +1166,7 @@ def _refuse_tags(root: yaml.Node, bad: dict[int, tuple[yaml.Node, str]], source:
                                            "binary data, dates, sets and object tags are not read")
 
 
-def _parse_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:
+def _parse_yaml(text: str, source: str) -> tuple[Any, yaml.Node | None]:  # Any: the YAML document, of any shape
     """Parse one YAML document; return (data, root node). Errors become RecipeError."""
     loader: _RecipeLoader | None = None
     try:
@@ -1225,7 +1226,7 @@ def _compose_quietly(text: str) -> yaml.Node | None:
         return None
 
 
-def _check_top_level(data: Any, source: str) -> dict[str, Any]:
+def _check_top_level(data: object, source: str) -> dict[str, Any]:  # Any: the recipe's YAML values
     if data is None:
         raise RecipeError(
             source,
@@ -1249,7 +1250,7 @@ def _check_top_level(data: Any, source: str) -> dict[str, Any]:
     return data
 
 
-def _type_name(value: Any) -> str:
+def _type_name(value: object) -> str:
     if isinstance(value, list):
         return "list"
     if isinstance(value, str):
@@ -1310,7 +1311,7 @@ def apply_overrides(data: dict, overrides: list[tuple[str, object]]) -> dict:
         segments = key.split(".")
         if not key or any(not s for s in segments):
             raise UsageError(f"bad override key {_short_repr(key)}: empty segment", hint=_OVERRIDE_EXAMPLE)
-        current: dict[Any, Any] = result
+        current: dict[Any, Any] = result  # Any: the recipe's YAML data, nested
         for depth, segment in enumerate(segments[:-1]):
             child = current.get(segment)
             here = ".".join(segments[: depth + 1])
@@ -1402,7 +1403,7 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def _load(path: str | Path) -> tuple[dict[str, Any], yaml.Node | None, str]:
+def _load(path: str | Path) -> tuple[dict[str, Any], yaml.Node | None, str]:  # Any: the recipe's YAML values
     resolved = _resolve_path(path)
     source = str(resolved)
     data, node = _parse_yaml(_read_text(resolved), source)
@@ -1442,7 +1443,7 @@ def recipe_to_dict(recipe: Recipe) -> dict:
 
 
 def _validate(
-    data: dict[str, Any], source: str, node: yaml.Node | None, overridden: list[str]
+    data: dict[str, Any], source: str, node: yaml.Node | None, overridden: list[str]  # Any: the recipe's YAML values
 ) -> Recipe:
     try:
         return Recipe.model_validate(data)
@@ -1475,10 +1476,10 @@ class _LocInfo:
         self.owner = owner  # the model that holds (or should hold) the last key, when known
 
 
-def _unwrap(annotation: Any) -> tuple[Any, Any]:
+def _unwrap(annotation: Any) -> tuple[Any, Any]:  # Any: typing forms in and out, and a discriminator
     """Strip Annotated/Optional layers; return the inner annotation and a discriminator, if any (a field name,
     or a callable ``Discriminator`` whose members carry ``Tag``s: the quantize section)."""
-    discriminator: Any = None
+    discriminator: str | Discriminator | None = None
     while True:
         origin = get_origin(annotation)
         if origin is Annotated:
@@ -1498,11 +1499,11 @@ def _unwrap(annotation: Any) -> tuple[Any, Any]:
         return annotation, discriminator
 
 
-def _is_model(annotation: Any) -> bool:
+def _is_model(annotation: object) -> bool:
     return isinstance(annotation, type) and issubclass(annotation, BaseModel)
 
 
-def _tag_map(union: Any, discriminator: Any) -> dict[str, type[BaseModel]]:
+def _tag_map(union: Any, discriminator: object) -> dict[str, type[BaseModel]]:  # Any: a typing form (a Union)
     tags: dict[str, type[BaseModel]] = {}
     for member in get_args(union):
         if get_origin(member) is Annotated:  # Annotated[Model, Tag("...")] under a callable Discriminator
@@ -1514,10 +1515,10 @@ def _tag_map(union: Any, discriminator: Any) -> dict[str, type[BaseModel]]:
     return tags
 
 
-def _analyse_loc(loc: Iterable[Any]) -> _LocInfo:
+def _analyse_loc(loc: Iterable[int | str]) -> _LocInfo:
     """Follow ``loc`` through the model tree: drop union tags, tell list indices from keys."""
     parts: list[_Part] = []
-    annotation: Any = Recipe
+    annotation: Any = Recipe  # Any: a typing form, followed down the model tree
     discriminator: str | None = None
     owner: type[BaseModel] | None = None
     for segment in loc:
@@ -1648,7 +1649,7 @@ def _suggest(key: str, known: list[str]) -> str | None:
     return prefixed[0] if len(prefixed) == 1 else None
 
 
-def _short_repr(value: Any) -> str:
+def _short_repr(value: object) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 

@@ -26,7 +26,7 @@ control characters), names at most 200 characters. At most 50 errors are listed;
 """
 
 
-def _type_name(annotation: Any) -> str:
+def _type_name(annotation: Any) -> str:  # Any: a typing form (Annotated, Union, a model...)
     origin = get_origin(annotation)
     if origin is Annotated:
         base, *meta = get_args(annotation)
@@ -89,7 +89,7 @@ def _models(root: type[BaseModel]) -> list[type[BaseModel]]:
     """Every model reachable from root, in the order they are first met."""
     seen: list[type[BaseModel]] = []
 
-    def walk(annotation: Any) -> None:
+    def walk(annotation: Any) -> None:  # Any: a typing form
         origin = get_origin(annotation)
         if origin is not None:
             for a in get_args(annotation):

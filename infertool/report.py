@@ -88,7 +88,7 @@ def read_inside(run_dir: Path, rel: str, limit: int) -> bytes:
     return data
 
 
-def _depth(doc: Any) -> int:
+def _depth(doc: object) -> int:
     """How deep a JSON document nests (iterative: a crafted one cannot exhaust the stack here)."""
     deepest, todo = 0, [(doc, 1)]
     while todo:
@@ -100,7 +100,7 @@ def _depth(doc: Any) -> int:
     return deepest
 
 
-def read_json_inside(run_dir: Path, rel: str) -> Any:
+def read_json_inside(run_dir: Path, rel: str) -> Any:  # Any: JSON read from a file, of any shape
     """A JSON file of a run directory (``read_inside``, then parsed): Unreadable "not valid JSON: ..." for what
     does not parse or nests deeper than MAX_JSON_DEPTH."""
     data = read_inside(run_dir, rel, MAX_JSON_BYTES)
@@ -728,10 +728,10 @@ def write_report(run_dir: str | Path) -> dict:
 
 
 # ------------------------------------------------------------------------------------------ compare
-def headline(run: RunData) -> dict[str, Any]:
+def headline(run: RunData) -> dict[str, object]:
     """The numbers worth comparing between two runs, flat: {row name: value}."""
     m = run.manifest
-    h: dict[str, Any] = {"recipe_sha256": m.recipe_sha256}
+    h: dict[str, object] = {"recipe_sha256": m.recipe_sha256}
     if run.quantize is not None:
         for k, v in run.quantize.weight_size.to_dict().items():
             if as_float(v) is not None:
@@ -763,8 +763,8 @@ def headline(run: RunData) -> dict[str, Any]:
 @dataclass
 class CompareRow(Record):
     metric: str = ""
-    a: Any = None
-    b: Any = None
+    a: object = None
+    b: object = None
     ratio: float | None = None  # b / a
     changed: bool = False
 
@@ -772,8 +772,8 @@ class CompareRow(Record):
 @dataclass
 class RecipeChange(Record):
     field: str = ""  # dotted path in the recipe
-    a: Any = None
-    b: Any = None
+    a: object = None
+    b: object = None
 
 
 @dataclass

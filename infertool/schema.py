@@ -46,14 +46,14 @@ def check_group_size(value: int) -> int:
     )
 
 
-def dtype_alias(value: Any) -> Any:
+def dtype_alias(value: object) -> object:
     if isinstance(value, str):
         lowered = value.strip().lower()
         return _DTYPE_ALIASES.get(lowered, lowered)
     return value
 
 
-def scalar_to_str(value: Any) -> Any:
+def scalar_to_str(value: object) -> object:
     """YAML turns ``4`` into an int; where a string is expected (env values, argv), accept numbers."""
     if isinstance(value, bool):
         return value  # left to the str validation, which rejects it: 'true' is ambiguous
@@ -83,7 +83,7 @@ MIN_SHARE = 0.01  # gpu_memory_utilization, goodput targets: 1 %
 MIN_DAMP = 1e-5  # GPTQ damping (a fraction of the Hessian's mean diagonal; 0.01 by default)
 
 
-def not_bool(value: Any) -> Any:
+def not_bool(value: object) -> object:
     if isinstance(value, bool):
         raise PydanticCustomError("bool_number", "expected a number, not a boolean (YAML reads yes/no/true/false as "
                                   "booleans)")
@@ -107,20 +107,20 @@ NotBool = BeforeValidator(not_bool)
 NoControl = AfterValidator(no_control)
 
 
-def int_(ge: int | None = None, le: int | None = None) -> Any:
+def int_(ge: int | None = None, le: int | None = None) -> Any:  # Any: a typing form (Annotated[...]) for pydantic
     return Annotated[int, BeforeValidator(not_bool), Field(ge=ge, le=le)]
 
 
-def float_(ge: float | None = None, le: float | None = None, *, gt: float | None = None, lt: float | None = None) -> Any:
+def float_(ge: float | None = None, le: float | None = None, *, gt: float | None = None, lt: float | None = None) -> Any:  # Any: a typing form
     return Annotated[float, BeforeValidator(not_bool), Field(ge=ge, le=le, gt=gt, lt=lt)]
 
 
-def text(max_length: int = MAX_PATH, min_length: int | None = None) -> Any:
+def text(max_length: int = MAX_PATH, min_length: int | None = None) -> Any:  # Any: a typing form
     """Single-line text (a path, a model reference, a host, a name): bounded, no control characters."""
     return Annotated[str, Field(min_length=min_length, max_length=max_length), AfterValidator(no_control)]
 
 
-def sweep(item: Any) -> Any:
+def sweep(item: Any) -> Any:  # Any: a typing form in, one out (Annotated[list[item], ...])
     return Annotated[list[item], Field(min_length=1, max_length=MAX_LIST)]
 
 

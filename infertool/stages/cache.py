@@ -27,7 +27,7 @@ from infertool.records import Record
 class CachedStage:
     status: str  # "done" | "reused"
     entry: Path
-    summary: Any  # the stage's summary (typed when a summary_type was given)
+    summary: Any  # Any: the stage's summary, a record when a summary_type was given, else the plain JSON read back
     seconds: float | None
     completed: str | None
     work: Path | None = None  # done: the temporary directory it was written in, before the rename into ``entry``
@@ -56,15 +56,15 @@ def sweep_stale(cache: Path, prefix: str) -> None:
             remove_inside(p, cache, ignore_errors=True)
 
 
-def _typed(summary: Any, summary_type: type[Record] | None) -> Any:
+def _typed(summary: object, summary_type: type[Record] | None) -> object:
     return summary_type.from_dict(summary) if summary_type is not None else summary
 
 
-def _plain(summary: Any) -> Any:
+def _plain(summary: object) -> object:
     return summary.to_dict() if isinstance(summary, Record) else summary
 
 
-def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], Any], *, force: bool = False,
+def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], object], *, force: bool = False,
                  on_start: Callable[[], None] | None = None, summary_type: type[Record] | None = None) -> CachedStage:
     """Run ``fn(work_dir) -> summary`` once per key: a completed entry ``<cache>/<name>-<key>/`` is reused; a
     new one is written in a temporary directory and renamed when complete, so an interruption or a failure

@@ -8,11 +8,14 @@ tune). The registry is frozen once listed.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any, Mapping
 
 from infertool.errors import RecipeError, RecipeIssue, UsageError
 from infertool.registry import Registry, RegistryError
 from infertool.stages.base import Stage
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
 
 
 def check_stage(name: str, stage: Stage, before: list[str]) -> None:
@@ -50,7 +53,7 @@ def unknown(wanted: list[str], graph: str = "run") -> list[str]:
     return [n for n in wanted if n not in known]
 
 
-def select(recipe: Any, wanted: list[str] | None = None, graph: str = "run", *,
+def select(recipe: Recipe, wanted: list[str] | None = None, graph: str = "run", *,
            asked_only: bool = False) -> list[Stage]:
     """The stages to run for ``wanted`` (None: every stage of the graph the recipe asks for), with the stages
     they depend on, in graph order. A dependency the recipe does not ask for is left out (eval without a
@@ -72,8 +75,8 @@ def select(recipe: Any, wanted: list[str] | None = None, graph: str = "run", *,
     return [s for n, s in REGISTRY.items() if n in chosen]
 
 
-def keys(recipe: Any, stages: list[Stage], inputs: dict, host: dict, *, job: Any = None,
-         options: dict[str, Any] | None = None, parts: dict[str, dict] | None = None) -> dict[str, str]:
+def keys(recipe: Recipe, stages: list[Stage], inputs: dict, host: dict, *, job: Any = None,  # Any: tune's TrialJob
+         options: Mapping[str, object] | None = None, parts: dict[str, dict] | None = None) -> dict[str, str]:
     """Each stage's key (``stage_key``), upstream first: ``stages`` in graph order, as ``select`` gives them."""
     from infertool.recipe import recipe_to_dict
 
@@ -90,7 +93,7 @@ def keys(recipe: Any, stages: list[Stage], inputs: dict, host: dict, *, job: Any
     return keys
 
 
-def check_recipe(recipe: Any, source: str | None = None) -> None:
+def check_recipe(recipe: Recipe, source: str | None = None) -> None:
     """The recipe's ``run.stages`` names registered stages of `run`: else a RecipeError (exit 2, as every
     recipe error) with each bad entry's field path."""
     run = getattr(recipe, "run", None)
