@@ -60,6 +60,19 @@ class Record:
 
     extra: dict = dataclasses.field(default_factory=dict, kw_only=True, repr=False, compare=False)
 
+    def __post_init__(self) -> None:
+        """A record built from a caller's dicts too: a field declared as a record, a list of records or an optional
+        one, given a dict (or a list holding dicts), is read as from_dict reads it. Values already typed stay."""
+        fields = [f.name for f in dataclasses.fields(self) if f.name != "extra"
+                  and _has_dicts(getattr(self, f.name))]
+        if not fields:
+            return
+        hints = _type_hints(type(self))
+        for name in fields:
+            hint = hints.get(name)
+            if _names_record(hint) and (value := _coerce(getattr(self, name), hint)) is not _BAD:
+                setattr(self, name, value)
+
     def to_dict(self) -> dict:
         out: dict[str, Any] = {}  # Any: JSON values
         for f in dataclasses.fields(self):
@@ -95,6 +108,20 @@ class Record:
 
 
 _BAD = object()
+
+
+def _has_dicts(value: object) -> bool:
+    return isinstance(value, dict) or (isinstance(value, list) and any(isinstance(v, dict) for v in value))
+
+
+def _names_record(hint: object) -> bool:
+    """Whether a field's type is a record, or a list or an optional of one (``X | None``, ``list[X]``)."""
+    if isinstance(hint, type):
+        return issubclass(hint, Record)
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType, list):
+        return any(_names_record(arg) for arg in typing.get_args(hint))
+    return False
 
 
 _HINTS: dict[type, dict[str, Any]] = {}  # Any: type hints (typing forms)

@@ -138,11 +138,6 @@ class Probe(Record):
     # not part of the search: the bracket and the answer ignore it
     bound_for: int | None = None
 
-    def __post_init__(self) -> None:  # records from a caller's dicts too
-        self.summary = ProbeSummary.from_dict(self.summary)
-        if self.per_run is not None:
-            self.per_run = [ProbeSummary.from_dict(r) for r in self.per_run]
-
 
 @dataclass
 class CapacityResult(StageSummary):
@@ -163,11 +158,6 @@ class CapacityResult(StageSummary):
     throughput_ci: list[float] | None = None  # its t interval across runs (None: one run)
     cost_ci: list[float | None] | None = None  # $/1M at max_load from the throughput's interval
     runs: int | None = None  # bench runs the search made (repeats included)
-
-    def __post_init__(self) -> None:
-        self.probes = [Probe.from_dict(p) for p in self.probes]  # records from a caller's dicts too
-        if self.at_max_load is not None:
-            self.at_max_load = ProbeSummary.from_dict(self.at_max_load)
 
 
 @dataclass
@@ -331,14 +321,6 @@ class TrialRecord(Summary):
                                             "served_check", "executor", "machine", "cost_per_1m_output_tokens",
                                             "screening", "objective_ci")
 
-    def __post_init__(self) -> None:  # records from a caller's dicts too
-        if self.screening is not None:
-            self.screening = Screening.from_dict(self.screening)
-        if self.error is not None:
-            self.error = TrialError.from_dict(self.error)
-        if self.machine is not None:
-            self.machine = MachineInfo.from_dict(self.machine)
-
     @property
     def verdict(self) -> str | None:
         return self.accuracy.verdict if self.accuracy is not None else None
@@ -407,14 +389,6 @@ class TuneDoc(Summary):
     # tune's own cost: stage-seconds by stage and in total (search.stage_seconds), brute force's when measured in
     # the same directory, and the ratio
     cost: TuneCost | None = None
-
-    def __post_init__(self) -> None:  # records from a caller's dicts too
-        if self.decision is not None:
-            self.decision = Decision.from_dict(self.decision)
-        if self.cost is not None:
-            self.cost = TuneCost.from_dict(self.cost)
-        if self.space is not None:
-            self.space = SpaceInfo.from_dict(self.space)
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None
