@@ -562,7 +562,7 @@ def position_limit(path: str | Path) -> PositionLimit:
     return PositionLimit(limit, key, why, int(mml) if mml else None)
 
 
-def _finite(value: Any) -> TypeGuard[int | float]:  # Any: a value read from JSON
+def _finite(value: object) -> TypeGuard[int | float]:  # a value read from JSON
     """A JSON number that arithmetic can use (json.loads reads Infinity and NaN)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 
