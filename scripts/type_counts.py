@@ -1,10 +1,12 @@
 """Counts of loose typing in a package, per subpackage and overall (docs/development.md keeps the tables).
 
     python scripts/type_counts.py [PACKAGE_DIR]      (default: infertool)
+    python scripts/type_counts.py --uncommented [PACKAGE_DIR]   (list them: path:line: annotation)
 
 Columns:
   any_ann   annotations that name Any anywhere (parameters, returns, annotated assignments; dict[str, Any] counts)
   bare_any  annotations that are exactly Any
+  uncommented  annotations naming Any without a `# Any: why` comment on one of their lines (the rule: none)
   get_lit   .get("...") calls with a string-literal key (a dict read where a typed field could be)
   or_get    (x or {}).get( chains
 """
@@ -12,11 +14,14 @@ Columns:
 from __future__ import annotations
 
 import ast
+import io
 import sys
+import tokenize
 from collections import Counter
 from pathlib import Path
 
-COLUMNS = ("any_ann", "bare_any", "get_lit", "or_get")
+COLUMNS = ("any_ann", "bare_any", "uncommented", "get_lit", "or_get")
+ANY_COMMENT = "# Any:"
 
 
 def _names_any(node: ast.expr) -> bool:
@@ -59,9 +64,29 @@ def _is_empty_dict(node: ast.expr) -> bool:
         and not node.args and not node.keywords)
 
 
+def _any_comment_lines(source: str) -> set[int]:
+    """The lines holding a `# Any: why` comment."""
+    return {tok.start[0] for tok in tokenize.generate_tokens(io.StringIO(source).readline)
+            if tok.type == tokenize.COMMENT and tok.string.startswith(ANY_COMMENT)}
+
+
+def uncommented_any(source: str, filename: str = "<source>") -> list[tuple[int, str]]:
+    """(line, annotation) for each annotation naming Any with no `# Any:` comment on any of its lines."""
+    tree = ast.parse(source, filename=filename)
+    commented = _any_comment_lines(source)
+    out = []
+    for ann in _annotations(tree):
+        lines = range(ann.lineno, (ann.end_lineno or ann.lineno) + 1)
+        if _names_any(ann) and not commented.intersection(lines):
+            out.append((ann.lineno, ast.unparse(ann)))
+    return sorted(out)
+
+
 def count_file(path: Path) -> Counter[str]:
     counts: Counter[str] = Counter()
-    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    source = path.read_text(encoding="utf-8")
+    tree = ast.parse(source, filename=str(path))
+    counts["uncommented"] = len(uncommented_any(source, str(path)))
     for ann in _annotations(tree):
         if _names_any(ann):
             counts["any_ann"] += 1
@@ -79,7 +104,16 @@ def count_file(path: Path) -> Counter[str]:
 
 
 def main(argv: list[str]) -> int:
-    root = Path(argv[1] if len(argv) > 1 else "infertool")
+    args = argv[1:]
+    listing = "--uncommented" in args
+    args = [a for a in args if a != "--uncommented"]
+    root = Path(args[0] if args else "infertool")
+    if listing:
+        found = [(path, line, ann) for path in sorted(root.rglob("*.py"))
+                 for line, ann in uncommented_any(path.read_text(encoding="utf-8"), str(path))]
+        for path, line, ann in found:
+            print(f"{path}:{line}: {ann}")
+        return 1 if found else 0
     per: dict[str, Counter[str]] = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root)

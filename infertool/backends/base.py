@@ -38,7 +38,17 @@ ACTIVATION_SCHEMES = ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
 PLATFORMS = (CPU_AVX2, CPU_AVX512, CUDA)
 
 
-def platform(target: Any, host: HostFacts | None) -> str | None:  # Any: resolve's Target (resolve is above)
+class TargetFacts(Protocol):
+    """What the backends read of a resolution's Target (resolve sits above backends: no import of it)."""
+
+    @property
+    def kind(self) -> str: ...  # "cpu" | "gpu"
+
+    @property
+    def this_host(self) -> bool: ...  # the recipe is for this machine
+
+
+def platform(target: TargetFacts | None, host: HostFacts | None) -> str | None:
     """The platform vLLM serves on for a resolution's target and this host's facts: ``cuda`` for a GPU target,
     ``cpu-avx512`` / ``cpu-avx2`` / ``cpu`` (unknown vector ISA) for a CPU one; None when there is no target."""
     if target is None:
@@ -104,7 +114,7 @@ class ModelFacts:
     quantized: list[Linear]  # those the recipe quantizes (after quantize.ignore)
     valid_group_sizes: list[int]
     has_cuda: bool  # the quantization runs on an NVIDIA GPU here
-    target: Any = None  # Any: the resolution's Target (resolve sits above backends); None: not known
+    target: TargetFacts | None = None  # the resolution's Target; None: not known
     host: HostFacts | None = None  # this host's facts
 
     @property

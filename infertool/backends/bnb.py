@@ -3,7 +3,7 @@ vLLM has no bitsandbytes method any more, so every preflight refuses it with the
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import field_validator
 
@@ -28,7 +28,7 @@ class BNBConfig(QuantizeConfig):
 
     @field_validator("compute_dtype", mode="before")
     @classmethod
-    def _normalise_dtype(cls, value: Any) -> Any:
+    def _normalise_dtype(cls, value: object) -> object:
         return dtype_alias(value)
 
 

@@ -10,14 +10,19 @@ quantize section (``quantize_section``: a union of every backend's schema, picke
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Iterator, Literal, Union
+from typing import TYPE_CHECKING, Annotated, Any, Iterator, Literal, Protocol, Union
 
 from pydantic import BeforeValidator, Discriminator, Tag
 
-from infertool.backends.base import ACTIVATION_SCHEMES, InitChoice, InitFacts, QuantBackend, QuantizeConfig, platform
+from infertool.backends.base import (
+    ACTIVATION_SCHEMES, InitChoice, InitFacts, QuantBackend, QuantizeConfig, TargetFacts, platform,
+)
 from infertool.errors import UsageError
 from infertool.registry import Registry, RegistryError
 from infertool.tasks import Task
+
+if TYPE_CHECKING:
+    from infertool.perf.host import HostFacts
 
 # Backends a recipe may still name, refused with what to use instead.
 RETIRED = {
@@ -105,7 +110,7 @@ def worker_tasks() -> Iterator[tuple[str, Task]]:
 
 
 # ----------------------------------------------------------------------------------------- the recipe schema
-def backend_field(name: str, method: str) -> Any:
+def backend_field(name: str, method: str) -> Any:  # Any: a typing form (Annotated[Literal[name], ...]) for pydantic
     """The ``backend`` field of a backend's schema for ``method``: its own name; a retired backend or one that
     does not do the method is refused with what to use instead."""
     return Annotated[Literal[name], backend_check(name, method)]
@@ -115,7 +120,7 @@ def backend_check(name: str, method: str) -> BeforeValidator:
     """The validator of that field, for a schema that spells it ``Annotated[Literal["NAME"], backend_check(...)]``
     (a type checker reads the Literal; a call such as backend_field(...) in an annotation is no type to it)."""
 
-    def known(value: Any) -> Any:
+    def known(value: object) -> object:
         if value == name:
             return value
         if isinstance(value, str) and value in RETIRED:
@@ -130,7 +135,7 @@ def tag(method: str, backend: QuantBackend) -> str:
     return f"{method}:{backend.name}"
 
 
-def _pick(value: Any) -> str | None:
+def _pick(value: object) -> str | None:
     """The schema a quantize section is validated against: by method, then backend (absent: the method's
     default). A backend that does not do the method goes to the default's schema, whose ``backend`` field says
     so; None (no such method, or not a mapping) is reported by the recipe's loader."""
@@ -150,7 +155,7 @@ def _pick(value: Any) -> str | None:
     return tag(method, found[0])
 
 
-def quantize_section() -> Any:
+def quantize_section() -> Any:  # Any: a typing form (an Annotated union of every backend's schema)
     """The recipe's quantize section: every registered backend's schema, one per (method, backend)."""
     members = tuple(Annotated[cls, Tag(tag(m, b))] for b in all_backends() for m, cls in b.methods.items())
     return Annotated[Union[members], Discriminator(  # noqa: UP007 - a runtime union of classes
@@ -163,7 +168,7 @@ def section_tags() -> set[str]:
     return {tag(m, b) for b in all_backends() for m in b.methods}
 
 
-def method_error(value: Any) -> tuple[str | None, str]:
+def method_error(value: object) -> tuple[str | None, str]:
     """(field, message) for a quantize section no backend schema was picked for (see ``_pick``)."""
     names = ", ".join(method_names())
     if not isinstance(value, dict):
@@ -174,7 +179,7 @@ def method_error(value: Any) -> tuple[str | None, str]:
 
 
 # ----------------------------------------------------------------------------------------- init and decision
-def init_choice(model_type: str | None, architecture: str, target: Any, host: Any) -> InitChoice:
+def init_choice(model_type: str | None, architecture: str, target: TargetFacts, host: HostFacts | None) -> InitChoice:
     """The quantization `infertool init` proposes for a model on a target: the first backend (in registry order)
     that proposes one, given what the target's vLLM does with 4-bit GPTQ (the gptq default backend's serving)."""
     gptq = default_for("gptq")
@@ -203,13 +208,29 @@ def gentler(q: dict | None, target_kind: str) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- serving facts
-def quantized_checkpoint(model: Any) -> bool:
+class CheckpointFacts(Protocol):
+    """What the serving facts read of a model: resolve's ModelRef (resolve sits above backends: no import of it)."""
+
+    @property
+    def path(self) -> str | None: ...  # its local directory; None: not on this machine
+
+    @property
+    def exists(self) -> bool: ...  # a model directory is there now
+
+    @property
+    def quantization(self) -> dict | None: ...  # the candidate's quantization facts
+
+    @property
+    def load_quantization(self) -> str | None: ...  # quantized when loaded ("bitsandbytes")
+
+
+def quantized_checkpoint(model: CheckpointFacts) -> bool:
     """Whether vLLM serves ``model`` through a quantized kernel (weight-only, or W8A8 int8: anything with a
     quantization, or a quantization_config in its config.json): on a CPU those kernels take 16-bit activations
     only, so it is served in half precision whatever the CPU's instructions (``resolve.cpu_serve_dtype``)."""
-    if weight_only_quantized(model) or getattr(model, "quantization", None) is not None:
+    if weight_only_quantized(model) or model.quantization is not None:
         return True
-    if not (getattr(model, "exists", False) and getattr(model, "path", None)):
+    if not (model.exists and model.path):
         return False
     from infertool.models.info import load_config
 
@@ -217,7 +238,7 @@ def quantized_checkpoint(model: Any) -> bool:
     return isinstance(cfg.get("quantization_config") or lm.get("quantization_config"), dict)
 
 
-def weight_only_quantized(model: Any) -> bool:
+def weight_only_quantized(model: CheckpointFacts) -> bool:
     """A checkpoint whose weights are quantized but whose activations stay 16-bit (GPTQ, AWQ, W4A16, W8A16):
     vLLM runs it in half precision only. From the candidate's quantization facts (its backend's ``weight_only``),
     else from the model's config.json."""

@@ -117,7 +117,9 @@ def _preflight(ctx: Context):
         if not (base.exists and base.path):
             raise Skip(base.note or f"the base model {base.source} is not on this machine")
         tp = _serve(ctx).tensor_parallel_size
-        return preflight(model_info(base.path), ctx.res.recipe.quantize, serve={"tensor_parallel_size": tp},
+        q = ctx.res.recipe.quantize
+        assert q is not None, "the preflight checks are registered for recipes with a quantize section"
+        return preflight(model_info(base.path), q, serve={"tensor_parallel_size": tp},
                          output=None, has_cuda=has_cuda(), target=ctx.res.target, host=ctx.res.host,
                          resources=False)
     return ctx.once("preflight", make)

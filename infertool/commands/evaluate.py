@@ -324,7 +324,7 @@ def _show_suite(name: str, as_json: bool) -> None:
     yaml_text = suite.path.read_text(encoding="utf-8")
     tasks = []
     for t in suite.tasks:
-        d: dict[str, Any] = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,
+        d: dict[str, Any] = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,  # Any: JSON values, printed as JSON or read back below
              "data": t.data_path, "source": t.source}
         if t.type == "perplexity":
             d.update(chars=len(t.text or ""), max_windows=t.max_windows, seq_len=t.seq_len,

@@ -34,7 +34,6 @@ import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from infertool.errors import UsageError
 
@@ -65,7 +64,7 @@ class Task:
 
     def request(self, seq_len: int, max_items: int | None) -> dict:
         """What an engine needs to score this task (JSON-able)."""
-        d: dict[str, Any] = {"name": self.name, "type": self.type}
+        d: dict[str, object] = {"name": self.name, "type": self.type}
         if self.type == "perplexity":
             d["text"] = self.text
             d["seq_len"] = self.seq_len or seq_len

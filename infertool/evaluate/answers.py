@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
 
 from infertool import net
 from infertool.errors import BackendError
@@ -36,7 +35,7 @@ class Malformed(BackendError):
 
 
 
-def _lp(v: Any, where: str) -> float:
+def _lp(v: object, where: str) -> float:
     """A log-probability from a server, checked (see LP_CEIL, LP_FLOOR); a small positive rounding reads as 0."""
     x = net.number(v, lo=LP_FLOOR, hi=LP_CEIL)
     if x is None:
@@ -45,7 +44,7 @@ def _lp(v: Any, where: str) -> float:
     return min(x, 0.0)
 
 
-def _list(v: Any, name: str, n: int, kind: type | None = None) -> list:
+def _list(v: object, name: str, n: int, kind: type | None = None) -> list:
     if not isinstance(v, list) or len(v) < n:
         got = f"a list of {len(v)}" if isinstance(v, list) else f"a {type(v).__name__}"
         raise Malformed(f"logprobs.{name} is {got}, not a list of at least {n} (the prompt's tokens)")
@@ -54,7 +53,7 @@ def _list(v: Any, name: str, n: int, kind: type | None = None) -> list:
     return v[:n]
 
 
-def _top(v: Any, i: int) -> dict[str, float]:
+def _top(v: object, i: int) -> dict[str, float]:
     if not isinstance(v, dict) or not v:
         raise Malformed(f"top_logprobs[{i}] is {net.quote(repr(v), n=40)}, not the top-k log-probabilities")
     return {str(t): _lp(x, f"top_logprobs[{i}][{net.quote(str(t), n=20)!r}]") for t, x in v.items()}

@@ -421,7 +421,7 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
     prompt id over the candidate's prompts (ids only the reference has are ignored)."""
     z = M.z_for(confidence)
     skipped = raw_ref.get("skipped") or raw_cand.get("skipped")
-    block: dict[str, Any] = {"n_prompts": 0, "exact_match": None, "exact_match_ci": None, "first_divergence_median": None,
+    block: dict[str, Any] = {"n_prompts": 0, "exact_match": None, "exact_match_ci": None, "first_divergence_median": None,  # Any: JSON values, counted and filled in below
              "first_divergence_ci": None, "kld": None, "kld_ci": None, "top1": None, "top1_ci": None, "steps": 0,
              "prefill_steps": 0, "near_ties": 0, "divergences": 0, "near_tie_logprob": near_tie_logprob,
              "chat": raw_ref.get("chat"), "max_tokens": raw_ref.get("max_tokens"),

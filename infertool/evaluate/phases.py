@@ -30,7 +30,7 @@ class Served:
     """One model's server while a phase runs on it."""
 
     label: str  # "base" | "candidate" (tune: "reference" | "candidate" | "served")
-    client: Any  # infertool.evaluate.server_engine.Client: base_url, model, api_key
+    client: Any  # Any: server_engine.Client (base_url, model, api_key) or a stand-in; server_engine imports this module
     model_path: str | None = None  # the checkpoint served (its tokenizer, chat template); None: a server not ours
     log_dir: Path | None = None  # where a phase may write its files (lm-eval's samples)
     extra: dict = field(default_factory=dict)

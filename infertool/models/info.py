@@ -78,7 +78,7 @@ def _why(exc: OSError) -> str:
     return str(exc.strerror or exc) if not isinstance(exc, FileRefused) else exc.strerror or str(exc)
 
 
-def read_json_file(path: Path, where: Path, *, what: str | None = None, limit: int = MAX_CONFIG_BYTES) -> Any:
+def read_json_file(path: Path, where: Path, *, what: str | None = None, limit: int = MAX_CONFIG_BYTES) -> Any:  # Any: JSON read from a file, of any shape
     """A JSON file of a model directory; ModelError when it cannot be read or parsed."""
     what = what or path.name
     try:
@@ -125,7 +125,7 @@ def _config_int(cfg: dict, name: str, where: Path) -> int | None:
     return None
 
 
-def _short(value: Any) -> str:
+def _short(value: object) -> str:
     text = json.dumps(value) if not isinstance(value, float) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -142,7 +142,7 @@ def load_config(path: str | Path) -> tuple[dict, dict]:
     return full, cfg
 
 
-def _json_type(value: Any) -> str:
+def _json_type(value: object) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -311,7 +311,7 @@ def _check_overlaps(header: dict, path: Path) -> None:
                              f"overlap (one begins at byte {begin_b:,}, before the other ends at {end_a:,})")
 
 
-def _entry_problem(entry: Any) -> str | None:
+def _entry_problem(entry: object) -> str | None:
     if not isinstance(entry, dict):
         return f"must be an object (dtype, shape, data_offsets), got {_json_type(entry)}"
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
@@ -562,7 +562,7 @@ def position_limit(path: str | Path) -> PositionLimit:
     return PositionLimit(limit, key, why, int(mml) if mml else None)
 
 
-def _finite(value: Any) -> TypeGuard[int | float]:  # Any: a value read from JSON
+def _finite(value: object) -> TypeGuard[int | float]:  # a value read from JSON
     """A JSON number that arithmetic can use (json.loads reads Infinity and NaN)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 

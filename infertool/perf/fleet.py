@@ -13,9 +13,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Callable, Iterable, TypeVar
 
 from infertool.errors import UsageError
+
+T = TypeVar("T")  # a tune trial (a record, or its data)
 
 HOURS_PER_MONTH = 730  # 365 x 24 / 12
 MAX_RPS = 10_000_000.0
@@ -45,13 +47,12 @@ class Fleet:
         return asdict(self)
 
 
-def _bounded(name: str, value: Any, lo: float, hi: float, *, low_open: bool = True) -> float:
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    ok = ok and (lo < value if low_open else lo <= value) and value <= hi
-    if not ok:
-        raise UsageError(f"cannot size the fleet: {name} {value!r} is out of range",
-                         hint=f"{name} must be a number {'above' if low_open else 'from'} {lo:g} up to {hi:g}")
-    return float(value)
+def _bounded(name: str, value: object, lo: float, hi: float, *, low_open: bool = True) -> float:
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
+            and (lo < value if low_open else lo <= value) and value <= hi:
+        return float(value)
+    raise UsageError(f"cannot size the fleet: {name} {value!r} is out of range",
+                     hint=f"{name} must be a number {'above' if low_open else 'from'} {lo:g} up to {hi:g}")
 
 
 def size_fleet(peak_rps: float, max_load_rps: float, headroom: float = DEFAULT_HEADROOM, gpus_per_replica: int = 1,
@@ -80,11 +81,11 @@ def size_fleet(peak_rps: float, max_load_rps: float, headroom: float = DEFAULT_H
                  gpus_per_replica, price, per_replica, peak / (replicas * load))
 
 
-def _get(obj: Any, name: str) -> Any:
+def _get(obj: object, name: str) -> Any:  # Any: a record's field or a JSON value, of any type
     return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
-def gpu_price(target: Any, gpu: Any) -> tuple[float | None, str | None]:
+def gpu_price(target: object, gpu: object) -> tuple[float | None, str | None]:
     """$ per GPU-hour and where it comes from: the recipe's ``target.price_per_hour``, else the GPU's (a custom
     spec's own, or the table's ASSUMPTION). ``target``: the recipe's target section (model or dict); ``gpu``: a
     ``hardware.GPU``, its key, or a custom spec as data."""
@@ -104,8 +105,8 @@ def gpu_price(target: Any, gpu: Any) -> tuple[float | None, str | None]:
     return float(price), _get(gpu, "price_source") or "target.gpu.price_per_hour (the recipe's)"
 
 
-def fleet_section(target: Any, max_load_rps: float | None, *, gpus_per_replica: int, basis: str,
-                  gpu: Any = None, unit: str = "GPU") -> dict:
+def fleet_section(target: object, max_load_rps: float | None, *, gpus_per_replica: int, basis: str,
+                  gpu: object = None, unit: str = "GPU") -> dict:
     """What the report, tune's report and plan say about the fleet: {"fleet": Fleet as data or None, "lines":
     [sentences], "reason": why it is not sized, or None}. ``target``: the recipe's target section (its peak_rps,
     headroom, price_per_hour; model or dict); ``max_load_rps``: one replica's max load under the SLO; ``basis``:
@@ -140,11 +141,11 @@ def fleet_section(target: Any, max_load_rps: float | None, *, gpus_per_replica: 
 GOODPUT_TARGET = 0.9  # a level meets the SLO when every request completed and this share met it (tune's default)
 
 
-def _num(v: Any) -> float | None:
+def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def max_load_from_levels(levels: Any, goodput_target: float = GOODPUT_TARGET) -> tuple[float | None, str]:
+def max_load_from_levels(levels: Iterable[object] | None, goodput_target: float = GOODPUT_TARGET) -> tuple[float | None, str]:
     """A replica's max load measured by bench: the highest request throughput (completed requests/s) among its
     load levels that meet the SLO — every request completed and at least ``goodput_target`` of them within the
     SLO (tune's rule, ``search.probe_ok``). ``levels``: bench's LevelResults (records or data). (load or None,
@@ -171,7 +172,7 @@ def max_load_from_levels(levels: Any, goodput_target: float = GOODPUT_TARGET) ->
     return best[0], f"measured by bench at level {best[1]}: the highest request throughput among the levels where {rule}"
 
 
-def run_fleet(recipe: dict | None, target: dict | None, levels: Any) -> dict:
+def run_fleet(recipe: dict | None, target: dict | None, levels: Iterable[object] | None) -> dict:
     """``fleet_section`` for a run directory: the recipe's target section (manifest "recipe"), the resolution's
     target (manifest "target": GPUs per replica, the GPU) and bench's levels (the measured max load)."""
     section = (recipe or {}).get("target") if isinstance(recipe, dict) else None
@@ -186,7 +187,7 @@ def run_fleet(recipe: dict | None, target: dict | None, levels: Any) -> dict:
     return fleet_section(section, load, gpus_per_replica=max(1, count), basis=basis, gpu=gpu, unit=unit)
 
 
-def tune_fleet(trials: Any, target_of: Any) -> dict:
+def tune_fleet(trials: Iterable[T] | None, target_of: Callable[[T], object]) -> dict:
     """Fleet sizing per tune trial from its measured capacity (the request throughput at its largest load under
     the SLO): {"rows": a table (header first) or None, "lines": [sentences]}. ``target_of(trial)``: the trial
     recipe's target section as data (None when unknown)."""

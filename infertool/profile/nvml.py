@@ -26,7 +26,7 @@ def _load_nvml():
 class NvmlSampler:
     """Start before the workload, stop after; ``stop()`` returns a summary dict (JSON-able)."""
 
-    def __init__(self, interval_s: float = 0.1, device_index: int = 0, nvml: Any = None):
+    def __init__(self, interval_s: float = 0.1, device_index: int = 0, nvml: Any = None):  # Any: the pynvml module (untyped), or a test's stand-in
         self.interval_s = interval_s
         self.device_index = device_index
         self._nvml = nvml

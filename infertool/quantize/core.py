@@ -196,7 +196,7 @@ def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: E
     return p
 
 
-def _output(res: Resolution, options: QuantizeOptions, q: QuantizeConfig, backend: QuantBackend[Any]) -> Path:
+def _output(res: Resolution, options: QuantizeOptions, q: QuantizeConfig, backend: QuantBackend[Any]) -> Path:  # Any: whichever config type the backend does
     if backend.checkpoint:
         cand = res.candidate_at(options.out) if options.out else res.candidate
         assert cand is not None, "a recipe with a quantize section has a candidate"

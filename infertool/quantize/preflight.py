@@ -14,10 +14,9 @@ import shutil
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
 
 from infertool import backends
-from infertool.backends.base import Check, ModelFacts, QuantBackend, platform
+from infertool.backends.base import Check, ModelFacts, QuantBackend, QuantizeConfig, platform
 from infertool.backends.layers import ROW_PARALLEL, describe_layers, linear_layers, matches_ignore, valid_group_sizes
 from infertool.errors import UsageError
 from infertool.models.info import DTYPE_BYTES, ModelInfo, open_regular, read_safetensors_header
@@ -136,7 +135,7 @@ def disk_free(path: Path) -> int | None:
 # ---------------------------------------------------------------------------------------------------
 
 
-def preflight(info: ModelInfo, q: Any, *, serve: dict | None, output: Path | None, has_cuda: bool | None = None,
+def preflight(info: ModelInfo, q: QuantizeConfig, *, serve: dict | None, output: Path | None, has_cuda: bool | None = None,
               memory: tuple[str, int | None] | None = None, target=None, host=None,
               resources: bool = True) -> PreflightReport:
     """Every check of the quantize section ``q`` (a validated QuantizeConfig) on a model; never raises for a
@@ -170,7 +169,7 @@ def preflight(info: ModelInfo, q: Any, *, serve: dict | None, output: Path | Non
     return report
 
 
-def model_facts(info: ModelInfo, q: Any, *, has_cuda: bool, target=None, host=None) -> ModelFacts:
+def model_facts(info: ModelInfo, q: QuantizeConfig, *, has_cuda: bool, target=None, host=None) -> ModelFacts:
     """The model's linear layers (from the safetensors headers) and those ``q`` quantizes."""
     linears = linear_layers([Path(info.path) / f for f in info.weight_files])
     ignore = list(getattr(q, "ignore", None) or [])
@@ -178,14 +177,14 @@ def model_facts(info: ModelInfo, q: Any, *, has_cuda: bool, target=None, host=No
     return ModelFacts(info, linears, quantized, valid_group_sizes(quantized), has_cuda, target, host)
 
 
-def _vllm_check(report: PreflightReport, backend: QuantBackend, q: Any, target, host) -> None:
+def _vllm_check(report: PreflightReport, backend: QuantBackend, q: QuantizeConfig, target, host) -> None:
     verdict = backend.serving(q, platform(target, host)).verdict
     if verdict is not None:
         level, detail = verdict
         report.add("vllm", False, detail, level=level)
 
 
-def _tensor_parallel(report: PreflightReport, m: ModelFacts, q: Any, backend: QuantBackend, tp: int) -> None:
+def _tensor_parallel(report: PreflightReport, m: ModelFacts, q: QuantizeConfig, backend: QuantBackend, tp: int) -> None:
     """vLLM splits heads, KV heads and every quantized shape across ``tp`` ranks: all must split evenly."""
     report.plan["tensor_parallel_size"] = tp
     if tp <= 1:
@@ -213,7 +212,7 @@ def _tensor_parallel(report: PreflightReport, m: ModelFacts, q: Any, backend: Qu
                f"tensor_parallel_size {tp} divides heads, KV heads and the quantized shapes per shard")
 
 
-def _memory_and_disk(report: PreflightReport, m: ModelFacts, q: Any, backend: QuantBackend, output: Path | None,
+def _memory_and_disk(report: PreflightReport, m: ModelFacts, q: QuantizeConfig, backend: QuantBackend, output: Path | None,
                      memory: tuple[str, int | None] | None) -> None:
     """Memory where the quantization runs, disk for the output (and the original's offloaded layers)."""
     elsewhere = m.target is not None and not m.target.this_host

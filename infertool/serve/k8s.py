@@ -30,13 +30,14 @@ import shlex
 import unicodedata
 from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import yaml
 
 from infertool.errors import UsageError
 
 if TYPE_CHECKING:
+    from infertool.recipe import ServeSection
     from infertool.resolve import Resolution
 
 VLLM_IMAGE = "vllm/vllm-openai:v0.33.0"  # the same vLLM release as the serve-cuda requirement set
@@ -199,7 +200,7 @@ class _Layout:
 
     name: str
     labels: dict
-    serve: Any  # the effective ServeSection
+    serve: ServeSection  # the effective serve section
     argv: list[str]  # vLLM's command line inside the pod
     env: list[dict]
     gpus: int  # GPUs per replica (tensor x pipeline parallel), 0 on a CPU target

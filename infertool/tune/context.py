@@ -7,11 +7,15 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Callable
 
 from infertool.stages import StageContext, StageOutput, cached_stage, keys, select
 from infertool.stages.builtin import QuantizeStageOptions
 from infertool.tune.records import TrialRecord, TrialStage
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
+    from infertool.tune.space import Trial
 
 EventCallback = Callable[[dict], None]
 # tune's quantization skips the vLLM load check: screening serves the candidate anyway (a declared option of
@@ -52,7 +56,7 @@ class Context:
         self.host = base_res.host.to_dict()
         self.inputs = base_res.inputs()
         self.reference_recipe = recipe.model_copy(update={"quantize": None, "tune": None})
-        self._candidates: dict[str, Any] = {}
+        self._candidates: dict[str, Recipe] = {}  # by candidate key: its trial recipe
         self.measured: list[TrialRecord] = []  # the trials measured so far (core._note_measured)
         self.best_cost: float | None = None  # the best $/1M so far at its interval's top (the cost objective)
         self.publish_to: str | None = None  # the winner's destination (run: tune --publish)
@@ -124,4 +128,4 @@ class TrialJob:
     """What a tune stage reads besides its recipe (``StageContext.job``): the tune's settings and the trial."""
 
     tune: Context
-    trial: Any  # infertool.tune.space.Trial
+    trial: Trial
