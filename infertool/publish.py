@@ -56,15 +56,18 @@ def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
         folder, rel = stack.pop()
         if len(rel) > MAX_DEPTH:
             raise UsageError(f"{said(folder)}: folders nested deeper than {MAX_DEPTH} levels: not a checkpoint")
-        with os.scandir(folder) as it:
-            for e in it:
-                if e.name.startswith(".") or (not rel and e.name in (CARD, FACTS)):
-                    continue
-                st = e.stat(follow_symlinks=False)
-                if stat.S_ISDIR(st.st_mode):
-                    stack.append((Path(e.path), (*rel, e.name)))
-                else:
-                    out.append(("/".join((*rel, e.name)), st))
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    if e.name.startswith(".") or (not rel and e.name in (CARD, FACTS)):
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append((Path(e.path), (*rel, e.name)))
+                    else:
+                        out.append(("/".join((*rel, e.name)), st))
+        except OSError as e:  # a folder it may not read, one removed meanwhile
+            raise UsageError(f"{said(folder)}: cannot read it: {e.strerror or e}") from None
     return sorted(out, key=lambda x: x[0])
 
 

@@ -100,6 +100,21 @@ def test_publish_copies_regular_files_only(setup, name, make, words):
     assert not any(SECRET in p.read_text(errors="replace") for p in tmp.rglob("*") if p.is_file() and not p.is_symlink() and p != secret)
 
 
+def test_a_folder_nested_too_deep_is_refused(setup):
+    tmp, recipe = setup
+
+    def deep(d: Path) -> None:
+        (d / "/".join(["d"] * (publish.MAX_DEPTH + 2))).mkdir(parents=True)
+
+    src = tmp / "deep"
+    write_checkpoint(src)
+    deep(src)
+    (src / publish.FACTS).write_text(json.dumps({"fingerprint": "ab" * 32}))
+    r = run_cli("publish", str(src), str(tmp / "copy"))
+    assert r.returncode == 2 and f"nested deeper than {publish.MAX_DEPTH} levels" in r.stderr, r.stderr
+    assert not (tmp / "copy").exists()
+
+
 def test_publish_keeps_holes_and_checks_free_space_first(setup, monkeypatch):
     tmp, recipe = setup
     size = 3 * 2**30
