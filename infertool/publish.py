@@ -104,7 +104,7 @@ def said(value: object, limit: int = 200) -> str:
     """A value from a file or a folder someone else made, for a message or a note: quoted, on one line, every
     control character shown as its escape, cut at ``limit`` characters."""
     text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(value))
-    return repr(text if len(text) <= limit else text[:limit - 3] + "...")
+    return "'" + (text if len(text) <= limit else text[:limit - 3] + "...") + "'"
 
 
 def fingerprint(path: str | Path) -> str:

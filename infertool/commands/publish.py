@@ -37,8 +37,8 @@ def publish(
     fp = pub.short(result["fingerprint"])
     facts = result["facts"]
     claimed = facts.get("claimed")
-    verdict = (f"not verified (its card claims {pub.said((claimed or {}).get('verdict'), 40)})"
-               if isinstance(claimed, dict) else str(facts.get("verdict") or "?"))
+    said = pub.said(claimed["verdict"], 40) if isinstance(claimed, dict) and "verdict" in claimed else "no verdict"
+    verdict = f"not verified (its card claims {said})" if isinstance(claimed, dict) else str(facts.get("verdict") or "?")
     if dry_run:
         out.print(visible(f"would publish {result['folder']} (fingerprint {fp}, verdict {verdict}) to {result['dest']}"),
                   markup=False, soft_wrap=True)
