@@ -9,6 +9,9 @@ renamed over it. A leaf (standard library only).
   ``replace_dir`` / ``move_into_place``: the renames themselves;
 - ``remove_inside``: every deletion; nothing outside the folder a caller owns (INFERTOOL_HOME, or a path the
   user named) is ever removed;
+- ``copy_file``: a regular file copied into a folder being built (``atomic_dir``), its holes kept as holes;
+- ``name_refusal``: why a path a user named cannot be a file name (a control character, a component over 255
+  bytes), checked before any work rather than met as ENAMETOOLONG;
 - ``check_output_file``: a file path a user named for a command to write (``--out FILE``, DEST), checked before
   any work: never empty, never a directory, a link, a device or a fifo (a rename over one replaces it: as root,
   ``--out /dev/null --force`` would put a regular file where /dev/null was), never under /proc, /sys or /dev.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import errno
 import json
 import math
 import os
@@ -33,8 +37,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["OutputPathError", "UnsafeRemoval", "atomic_dir", "check_output_dir", "check_output_file", "file_kind", "atomic_path", "dumps_json", "jsonable", "move_into_place", "remove_inside",
-           "replace_dir", "write_bytes", "write_json", "write_text"]
+__all__ = ["OutputPathError", "UnsafeRemoval", "atomic_dir", "check_output_dir", "check_output_file", "copy_file", "file_kind", "atomic_path", "dumps_json", "jsonable", "move_into_place", "name_refusal",
+           "remove_inside", "replace_dir", "write_bytes", "write_json", "write_text"]
 
 
 def _file_mode(target: Path) -> int:
@@ -158,6 +162,79 @@ def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
         replace_dir(tmp, target)
     finally:
         remove_inside(tmp, target.parent, ignore_errors=True)
+
+
+def copy_file(src: str | Path, dest: str | Path, chunk: int = 8 * 1024 * 1024) -> int:
+    """Copy the regular file ``src`` to the new file ``dest`` (inside a folder ``atomic_dir`` builds): ``src`` is
+    opened without following a link and must be a regular file (OSError otherwise); only its data is copied
+    (SEEK_DATA / SEEK_HOLE), so a hole stays a hole and a 3 GiB sparse file stays a few blocks. Returns the bytes
+    of data copied."""
+    fd = os.open(src, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise OSError(f"{src} is {file_kind(st.st_mode)}, not a regular file")
+        size, copied = st.st_size, 0
+        out = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            for start, end in _data_extents(fd, size):
+                pos = start
+                while pos < end:
+                    block = os.pread(fd, min(chunk, end - pos), pos)
+                    if not block:  # the file shrank while being copied: the fingerprint check after the copy says so
+                        break
+                    os.pwrite(out, block, pos)
+                    pos += len(block)
+                    copied += len(block)
+            os.ftruncate(out, size)  # the holes (a trailing one too): no blocks
+        finally:
+            os.close(out)
+        return copied
+    finally:
+        os.close(fd)
+
+
+def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
+    """The (start, end) byte ranges of ``fd`` that hold data: the whole file where the file system cannot say."""
+    if not hasattr(os, "SEEK_DATA"):
+        yield 0, size
+        return
+    pos = 0
+    while pos < size:
+        try:
+            start = os.lseek(fd, pos, os.SEEK_DATA)
+        except OSError as e:
+            if e.errno == errno.ENXIO:  #: no data after pos, only a hole up to the end
+                return
+            if pos == 0:  # EINVAL: this file system does not tell holes from data
+                yield 0, size
+                return
+            raise
+        end = os.lseek(fd, start, os.SEEK_HOLE)
+        yield start, min(end, size)
+        pos = end
+
+
+NAME_MAX_BYTES = 255  # one component of a path (Linux, macOS)
+PATH_MAX_BYTES = 4095
+
+
+def name_refusal(text: str) -> str | None:
+    """Why ``text`` cannot name a file or folder to write (None: it can): a control or format character (a
+    newline, ESC, a bidi override), a component over 255 bytes, or a path over 4095 bytes."""
+    import unicodedata
+
+    bad = next((ch for ch in text if unicodedata.category(ch) in ("Cc", "Cf", "Cs")), None)
+    if bad is not None:
+        return f"its name holds the control character {ascii(bad)[1:-1]}: name it in printable characters"
+    raw = os.fsencode(text)
+    if len(raw) > PATH_MAX_BYTES:
+        return f"the path is {len(raw):,} bytes long, over the {PATH_MAX_BYTES:,} a path may have"
+    long = next((part for part in raw.split(b"/") if len(part) > NAME_MAX_BYTES), None)
+    if long is not None:
+        return (f"a part of it is {len(long):,} bytes long ({os.fsdecode(long[:24])!r}...), over the {NAME_MAX_BYTES} "
+                "a file name may have")
+    return None
 
 
 class UnsafeRemoval(ValueError):

@@ -18,14 +18,17 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shlex
 import shutil
+import stat
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from infertool.atomic import OutputPathError, atomic_dir, replace_refusal, write_json, write_text
+from infertool.atomic import (OutputPathError, atomic_dir, copy_file, file_kind, name_refusal, replace_refusal, write_json,
+                              write_text)
 from infertool.capability import RunContext
 from infertool.errors import BackendError, UsageError
 
@@ -40,18 +43,68 @@ FACTS_VERSION = 1
 
 
 # ------------------------------------------------------------------------------------------ fingerprint
+MAX_DEPTH = 32  # folders inside a checkpoint folder, at most
+
+
+def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
+    """Every entry of the checkpoint under ``root`` but its folders, as (relative path, ``lstat``), sorted: links
+    are not followed (a link is an entry, never what it names), no hidden part, not the card or its facts at the
+    top. A folder nested deeper than MAX_DEPTH: a UsageError."""
+    out: list[tuple[str, os.stat_result]] = []
+    stack: list[tuple[Path, tuple[str, ...]]] = [(root, ())]
+    while stack:
+        folder, rel = stack.pop()
+        if len(rel) > MAX_DEPTH:
+            raise UsageError(f"{said(folder)}: folders nested deeper than {MAX_DEPTH} levels: not a checkpoint")
+        try:
+            with os.scandir(folder) as it:
+                for e in it:
+                    if e.name.startswith(".") or (not rel and e.name in (CARD, FACTS)):
+                        continue
+                    st = e.stat(follow_symlinks=False)
+                    if stat.S_ISDIR(st.st_mode):
+                        stack.append((Path(e.path), (*rel, e.name)))
+                    else:
+                        out.append(("/".join((*rel, e.name)), st))
+        except OSError as e:  # a folder it may not read, one removed meanwhile
+            raise UsageError(f"{said(folder)}: cannot read it: {e.strerror or e}") from None
+    return sorted(out, key=lambda x: x[0])
+
+
 def _files(root: Path) -> list[Path]:
-    """The checkpoint's files: regular files (a link is followed, as a copy follows it), no hidden part, not the
-    card or its facts at the top."""
+    """The checkpoint's regular files (``_entries``): what a copy copies and an upload uploads."""
+    return [root / rel for rel, st in _entries(root) if stat.S_ISREG(st.st_mode)]
+
+
+def refusals(root: Path) -> list[str]:
+    """Why the checkpoint under ``root`` cannot be published as it stands: each entry that is not a regular file
+    (a link, inside the folder or out of it; a fifo, a socket, a device), named, with the reason. Links are
+    refused, not copied as links: a link is served and uploaded as what it names, which can change after the
+    fingerprint was taken, and one that leaves the folder copies a file the checkpoint does not hold."""
+    real = root.resolve()
     out = []
-    for f in sorted(root.rglob("*")):
-        rel = f.relative_to(root)
-        if any(part.startswith(".") for part in rel.parts) or not f.is_file():
+    for rel, st in _entries(root):
+        if stat.S_ISREG(st.st_mode):
             continue
-        if len(rel.parts) == 1 and rel.name in (CARD, FACTS):
-            continue
-        out.append(f)
+        if stat.S_ISLNK(st.st_mode):
+            target = os.readlink(root / rel)
+            to = Path(os.path.normpath((real / rel).parent / target))
+            if to == real or real in to.parents:
+                out.append(f"{said(rel)} is a link to {said(target)}, inside the folder: publish copies regular files "
+                           "only (replace the link by the file it names)")
+            else:
+                out.append(f"{said(rel)} is a link to {said(target)}, outside {said(root)}: publish copies only what "
+                           "the checkpoint folder holds")
+        else:
+            out.append(f"{said(rel)} is {file_kind(st.st_mode)}: publish copies regular files only")
     return out
+
+
+def said(value: object, limit: int = 200) -> str:
+    """A value from a file or a folder someone else made, for a message or a note: quoted, on one line, every
+    control character shown as its escape, cut at ``limit`` characters."""
+    text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(value))
+    return "'" + (text if len(text) <= limit else text[:limit - 3] + "...") + "'"
 
 
 def fingerprint(path: str | Path) -> str:
@@ -63,9 +116,13 @@ def fingerprint(path: str | Path) -> str:
     if not root.is_dir():
         raise UsageError(f"{root} is not a folder: there is no checkpoint to fingerprint")
     files: dict[str, object] = {}
-    for f in _files(root):
-        rel = f.relative_to(root).as_posix()
-        if f.suffix in WEIGHT_SUFFIXES or f.stat().st_size > SMALL_FILE:
+    for rel, st in _entries(root):  # a link or a special file by what it is: never followed, never read
+        f = root / rel
+        if stat.S_ISLNK(st.st_mode):
+            files[rel] = {"link": os.readlink(f)}
+        elif not stat.S_ISREG(st.st_mode):
+            files[rel] = {"kind": file_kind(st.st_mode)}
+        elif f.suffix in WEIGHT_SUFFIXES or st.st_size > SMALL_FILE:
             files[rel] = {k: v for k, v in weight_file_identity(f).items() if k != "mtime_ns"}
         else:
             files[rel] = file_sha256(f)
@@ -78,13 +135,19 @@ def short(fp: str | None) -> str:
 
 
 # ------------------------------------------------------------------------------------------ where
-def check_dest(dest: str | Path, forbidden: Mapping[str, str | Path | None]) -> Path:
-    """DEST as a folder to publish into (absolute), refused (UsageError, exit 2) when it is inside (or holds) one
-    of ``forbidden`` ({what: folder}: the stage cache, the run directory, the source model, the environments),
-    or is there and may not be replaced (``atomic.replace_refusal``: only an empty folder or a model folder)."""
+def check_dest(dest: str | Path, forbidden: Mapping[str, str | Path | None], force: bool | None = None) -> Path:
+    """DEST as a folder to publish into (absolute), refused (UsageError, exit 2) when its name cannot be a folder's
+    (``atomic.name_refusal``: a control character, a part over 255 bytes), when it is inside (or holds) one of
+    ``forbidden`` ({what: folder}: the stage cache, the run directory, the source model, the environments), or is
+    there and may not be replaced (``atomic.replace_refusal``: only an empty folder or a model folder).
+    ``force``: `infertool publish`'s --force; False (the command without it) replaces only a folder infertool
+    published (``ownership_refusal``); None (`run`, `tune`) the replace rule alone."""
     text = str(dest)
     if not text.strip():
         raise UsageError("an empty destination: nothing to publish to", hint="name a folder, e.g. out/my-model")
+    why = name_refusal(text)
+    if why:
+        raise UsageError(f"cannot publish to {said(text, 100)}: {why}", hint="name a folder, e.g. out/my-model")
     p = Path(text).expanduser().absolute()
     real = p.resolve()
     for what, root in forbidden.items():
@@ -110,7 +173,55 @@ def check_dest(dest: str | Path, forbidden: Mapping[str, str | Path | None]) -> 
         if why:
             raise UsageError(f"cannot publish to {text}: {why}",
                              hint="publishing replaces only an empty folder or a model folder: name a new folder")
+        why = ownership_refusal(p) if force is False else None
+        if why:
+            raise UsageError(f"cannot publish to {text}: {why}",
+                             hint="name a new folder, or pass --force to replace this one (every file in it goes)")
     return p
+
+
+def ownership_refusal(folder: Path) -> str | None:
+    """Why the existing ``folder`` is not one infertool published, as it published it (None: it is, or it is
+    empty): its ``infertool.json`` is there and infertool's card data, and the folder's fingerprint now is the one
+    it records (no file added, removed or changed since)."""
+    if not any(folder.iterdir()):
+        return None
+    facts_file = folder / FACTS
+    if facts_file.is_symlink() or not facts_file.is_file():
+        return f"it holds no {FACTS}: infertool did not publish this folder, and publish replaces only its own"
+    try:
+        claimed = _read_facts(facts_file)["fingerprint"]
+        now = fingerprint(folder)
+    except (UsageError, OSError) as e:
+        return f"its {FACTS} or its files cannot be read as infertool's ({said(e, 200)})"
+    if now != claimed:
+        return (f"it changed since infertool published it (fingerprint {short(now)} now, {short(claimed)} in its "
+                f"{FACTS}): a file in it was added, removed or changed, and publish replaces only its own copy")
+    return None
+
+
+def check_source(folder: Path) -> None:
+    """The checkpoint under ``folder`` holds regular files only (``refusals``): a UsageError naming the others."""
+    why = refusals(folder)
+    if why:
+        more = f"; and {len(why) - 5} more" if len(why) > 5 else ""
+        raise UsageError(f"cannot publish {said(folder)}: " + "; ".join(why[:5]) + more,
+                         hint="a published checkpoint is regular files: copy what a link names into the folder, "
+                              "or remove what should not ship")
+
+
+def check_room(folder: Path, dest: Path) -> None:
+    """The file system DEST is on has room for the copy of ``folder``: the bytes its files hold on disk (a sparse
+    file's holes take none, and stay holes in the copy), before a byte is copied."""
+    need = sum(getattr(st, "st_blocks", st.st_size // 512 + 1) * 512 for _, st in _entries(folder)
+               if stat.S_ISREG(st.st_mode)) + 2**20
+    where = dest
+    while not where.exists() and where != where.parent:
+        where = where.parent
+    free = shutil.disk_usage(where).free
+    if need > free:
+        raise UsageError(f"cannot publish to {said(dest)}: the copy needs {need / 2**30:.2f} GiB and its file system "
+                         f"has {free / 2**30:.2f} GiB free", hint="free some space, or publish to another disk")
 
 
 def env_folders() -> Path:
@@ -124,6 +235,7 @@ def publish_dir(src: str | Path, dest: Path, facts: dict) -> dict:
     """Copy the checkpoint ``src`` to ``dest`` whole (a temporary folder beside it, then a rename), with the card
     and ``infertool.json``; the copy's fingerprint must be the source's. Returns {path, fingerprint}."""
     src = Path(src)
+    check_source(src)
     fp = fingerprint(src)
     if (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp:
         facts = {**facts, "fingerprint": fp, "path": str(dest)}  # already there (a re-run that reused quantize):
@@ -131,11 +243,12 @@ def publish_dir(src: str | Path, dest: Path, facts: dict) -> dict:
         write_text(dest / CARD, model_card(facts))
         return {"path": str(dest), "fingerprint": fp}
     try:
+        check_room(src, dest)
         with atomic_dir(dest) as tmp:
-            for f in _files(src):  # a copy of what the fingerprint covers: never a link into the cache
+            for f in _files(src):  # a copy of what the fingerprint covers, holes kept: never a link into the cache
                 target = tmp / f.relative_to(src)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copyfile(f, target)
+                copy_file(f, target)
             copied = fingerprint(tmp)
             if copied != fp:
                 raise UsageError(f"the copy of {src} differs from it (fingerprint {short(copied)} vs {short(fp)}): "
@@ -192,24 +305,55 @@ def run_facts(run_dir: Path, manifest) -> dict:
             "commands": serve_commands(str(run_dir.absolute()))}
 
 
-def model_card(f: dict) -> str:
-    """MODEL_CARD.md: the facts for people (every value from infertool's own records; backticked where code)."""
-    def cell(v) -> str:
-        if isinstance(v, float):
-            return f"{v:.4g}"
-        return "-" if v is None else str(v).replace("|", "\\|").replace("\n", " ")
+_MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*[]|#!~"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;"})
 
+
+def _shown(value: object) -> str:
+    """A value on one line: every control or format character (a newline, ESC, a bidi override) as its escape."""
+    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(value))
+
+
+def cell(v: object) -> str:
+    """A value in the card's Markdown text (a list item, a table cell): one line, its Markdown and HTML
+    characters escaped (no tag, link, image, heading, code fence or table column can come of it)."""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return "-" if v is None else _shown(v).translate(_MD_SPECIAL)
+
+
+def code(v: object) -> str:
+    """A value as a Markdown code span (shown as it is: no markup inside one), on one line, its fence longer
+    than any run of backticks in it."""
+    import re
+
+    text = _shown(v)
+    ticks = "`" * (max((len(r) for r in re.findall("`+", text)), default=0) + 1)
+    return f"{ticks} {text} {ticks}" if "`" in text else f"`{text}`"
+
+
+def model_card(f: dict) -> str:
+    """MODEL_CARD.md: the facts for people, every value escaped (``cell``, ``code``); a card whose facts nothing
+    vouched for (``claimed``) quotes what it claimed, under a heading that says so, and asserts no verdict."""
     src = f.get("source_model") or {}
+    claimed = f.get("claimed")
+    if isinstance(claimed, dict):
+        lines = [f"# Checkpoint {code(short(f.get('fingerprint')))}", "",
+                 f"Published by infertool {cell(f.get('infertool'))} on {cell(f.get('published'))} from a folder whose "
+                 f"own card nothing vouches for: no run directory records its fingerprint.", "",
+                 "- **Verdict: not verified**", f"- **Fingerprint:** {code(f.get('fingerprint'))}", "",
+                 "## What the source folder's card claims (not verified)", ""]
+        lines += [f"- {cell(k)}: \"{cell(v)}\"" for k, v in claimed.items()] + [""]
+        return "\n".join(lines)
     lines = [f"# {cell(f.get('label') or f.get('recipe'))}", "",
              f"Published by infertool {cell(f.get('infertool'))} on {cell(f.get('published'))}.", "",
              f"- **Source model:** {cell(src.get('label') or src.get('source'))}",
-             "- **Method:** " + ", ".join(f"{k} {cell(v)}" for k, v in (f.get("method") or {}).items() if not isinstance(v, dict))
-             + "".join(f"; {k}: " + ", ".join(f"{a} {cell(b)}" for a, b in v.items())
+             "- **Method:** " + ", ".join(f"{cell(k)} {cell(v)}" for k, v in (f.get("method") or {}).items() if not isinstance(v, dict))
+             + "".join(f"; {cell(k)}: " + ", ".join(f"{cell(a)} {cell(b)}" for a, b in v.items())
                        for k, v in (f.get("method") or {}).items() if isinstance(v, dict)),
              f"- **Verdict: {cell(f.get('verdict'))}**" + (f" — {cell(f.get('reason'))}" if f.get("reason") else "")
              + (f" (suite {cell(f.get('suite'))}, engine {cell(f.get('engine'))})" if f.get("suite") else ""),
-             f"- **Run:** {cell(f.get('run_id'))} (`{cell(f.get('run_dir'))}`)",
-             f"- **Fingerprint:** `{cell(f.get('fingerprint'))}`", ""]
+             f"- **Run:** {cell(f.get('run_id'))} ({code(f.get('run_dir'))})",
+             f"- **Fingerprint:** {code(f.get('fingerprint'))}", ""]
     if f.get("verdict") not in ("PASS", None):
         lines += [f"**This checkpoint did not pass its eval ({cell(f.get('verdict'))}).** It is published so that "
                   "you can decide; read the gates below before serving it.", ""]
@@ -221,14 +365,14 @@ def model_card(f: dict) -> str:
     serve = f.get("serve") or {}
     if serve:
         lines += ["## Scored with these serve settings", ""]
-        lines += [f"- {k}: {cell(v)}" for k, v in serve.items() if v not in (None, [], {})] + [""]
+        lines += [f"- {cell(k)}: {cell(v)}" for k, v in serve.items() if v not in (None, [], {})] + [""]
     inputs = {k: v for k, v in (f.get("inputs") or {}).items() if k != "sha256"}
     if inputs:
         lines += ["## Inputs (content fingerprints)", ""]
-        lines += [f"- {k}: `{cell(json.dumps(v, sort_keys=True))}`" for k, v in inputs.items()] + [""]
-    cmds = f.get("commands") or {}
-    if cmds:
-        lines += ["## Serve it", "", "```bash", cmds.get("serve", ""), cmds.get("k8s", ""), "```", ""]
+        lines += [f"- {cell(k)}: {code(json.dumps(v, sort_keys=True))}" for k, v in inputs.items()] + [""]
+    if f.get("run_dir"):  # the commands from the run directory, shell-quoted here: never a card's own text
+        cmds = serve_commands(str(f["run_dir"]))
+        lines += ["## Serve it", "", "```bash", _shown(cmds["serve"]), _shown(cmds["k8s"]), "```", ""]
     return "\n".join(lines)
 
 
@@ -320,13 +464,14 @@ def served(arg: str, overrides: list[str] | None = None) -> Served:
         if not pub.get("path") or not pub.get("fingerprint"):
             raise UsageError(f"{run_dir} published no checkpoint" + (": " + str(pub["why"]) if pub.get("why") else ""),
                              hint="serve its recipe instead, or a run with quantize and eval stages")
-        fp = verify(pub["path"], pub["fingerprint"], f"run {run_dir.name}",
-                    f"infertool publish {shlex.quote(str(run_dir))} {shlex.quote(pub['path'])}")
+        path = str(recorded_path(run_dir, pub["path"]))
+        fp = verify(path, pub["fingerprint"], f"run {run_dir.name}",
+                    f"infertool publish {shlex.quote(str(run_dir))} {shlex.quote(path)} --force")
         recipe = _recipe_of_run(run_dir, manifest, overrides)
-        res = resolve(recipe, candidate_path=pub["path"])
-        res.notes.insert(0, f"serves {pub['path']}: the checkpoint run {run_dir.name} evaluated (fingerprint {short(fp)}, "
+        res = resolve(recipe, candidate_path=path)
+        res.notes.insert(0, f"serves {path}: the checkpoint run {run_dir.name} evaluated (fingerprint {short(fp)}, "
                             "checked)")
-        return Served(res, "run", pub["path"], fp)
+        return Served(res, "run", path, fp)
     if p.is_dir() and (p / "tune.json").exists():
         tuned = p / "tuned.yaml"
         if not tuned.is_file():
@@ -342,10 +487,18 @@ def served(arg: str, overrides: list[str] | None = None) -> Served:
         return Served(res, "recipe")
     facts = _read_facts(facts_file)
     assert cand is not None and cand.path is not None  # facts_file is inside it
-    republish = f"infertool publish {shlex.quote(str(facts.get('run_dir') or 'RUN_DIR'))} {shlex.quote(str(cand.path))}"
-    fp = verify(cand.path, str(facts.get("fingerprint")), f"the card's run ({facts.get('run_id') or '?'})", republish)
-    res.notes.insert(0, f"serves {cand.path}: published with verdict {facts.get('verdict') or '?'} by run "
-                        f"{facts.get('run_id') or '?'} (fingerprint {short(fp)}, checked)")
+    card_run = facts.get("run_dir") if isinstance(facts.get("run_dir"), str) and not name_refusal(facts["run_dir"]) else None
+    republish = f"infertool publish {shlex.quote(str(card_run or 'RUN_DIR'))} {shlex.quote(str(cand.path))} --force"
+    fp = verify(cand.path, str(facts.get("fingerprint")), f"the card's run ({said(facts.get('run_id') or '?', 100)})",
+                republish)
+    own = vouched(facts, fp)
+    if own is not None:
+        res.notes.insert(0, f"serves {cand.path}: published with verdict {own.get('verdict') or '?'} by run "
+                            f"{own.get('run_id') or '?'} (fingerprint {short(fp)}, checked)")
+    else:
+        res.notes.insert(0, f"serves {cand.path} (fingerprint {short(fp)}, as its {FACTS} records): its card claims "
+                            f"verdict {said(facts.get('verdict'), 40)} and run {said(facts.get('run_id'), 100)}, "
+                            "not verified (no run directory records this fingerprint)")
     return Served(res, "recipe", cand.path, fp)
 
 
@@ -367,6 +520,7 @@ def _read_facts(path: Path) -> dict:
 class PublishOptions:
     dest: str
     dry_run: bool = False
+    force: bool = False  # replace a DEST folder infertool did not publish (still never one replace_refusal keeps)
 
 
 @dataclass
@@ -388,35 +542,94 @@ class PublishPlan:
         return asdict(self)
 
 
+def recorded_path(record_dir: Path, value: str) -> Path:
+    """A ``path`` a record holds (a manifest's ``published``, a tune's published.json), a relative one read from the
+    directory that holds the record, never from the current folder."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else Path(os.path.normpath(record_dir.absolute() / p))
+
+
+def _tune_record(tune_dir: Path) -> tuple[Path, str]:
+    """A tune directory's published.json: (the winner's published folder, its fingerprint); a record without a
+    ``path`` or ``fingerprint`` string is refused (UsageError) naming the field."""
+    f = tune_dir / TUNE_PUBLISHED
+    if not f.is_file():
+        raise UsageError(f"{said(tune_dir)}: the tune published no winner (no {TUNE_PUBLISHED})", hint="see its tune.md")
+    rec = _read_facts(f)
+    path = rec.get("path")
+    if not isinstance(path, str) or not path.strip() or name_refusal(path):
+        shown = json.dumps(path)[:100] if "path" in rec else "missing"
+        raise UsageError(f"{f}: its `path` is {shown}, not the folder the tune published the winner to",
+                         hint="tune again: it writes the record whole")
+    return recorded_path(tune_dir, path), rec["fingerprint"]
+
+
+def vouched(facts: dict, fp: str) -> dict | None:
+    """The facts of a published folder's card as infertool's own record has them (None: nothing vouches for
+    them). The card's ``run_dir`` must be a run directory whose manifest records that it published this
+    fingerprint (its facts are then rebuilt from the manifest, not read from the card), or a tune directory whose
+    published.json does (the tune wrote the card beside the winner). Anything else the card says is a claim."""
+    where = facts.get("run_dir")
+    if not isinstance(where, str) or not where.strip() or name_refusal(where) or not Path(where).is_absolute():
+        return None
+    d = Path(where)
+    try:
+        if (d / "tune.json").is_file():
+            return facts if _tune_record(d)[1] == fp else None
+        if (d / "manifest.json").is_file():
+            from infertool.report import load_run
+
+            run_dir, manifest = load_run(d)
+            return run_facts(run_dir, manifest) if published_record(manifest).get("fingerprint") == fp else None
+    except (UsageError, OSError):
+        return None
+    return None
+
+
+CLAIMED = ("label", "recipe", "verdict", "reason", "run_id", "run_dir", "published", "infertool")
+
+
+def claimed_facts(facts: dict) -> dict:
+    """What a card nothing vouches for says, kept as data: its words (strings and numbers, each cut) under
+    ``claimed``, with no verdict, gates, inputs or commands of infertool's own."""
+    from infertool import __version__
+
+    words = facts["claimed"] if isinstance(facts.get("claimed"), dict) else facts  # a card that was a claim already
+    said = {k: (v if isinstance(v, (int, float)) and not isinstance(v, bool) else str(v)[:200])
+            for k, v in words.items() if k in CLAIMED and v is not None}
+    return {"v": FACTS_VERSION, "infertool": __version__,
+            "published": datetime.now(timezone.utc).isoformat(timespec="seconds"), "verdict": None, "claimed": said}
+
+
 def _source(src: str) -> tuple[str, Path, str, dict]:
     """SRC of `infertool publish`: (kind, checkpoint folder, fingerprint, facts) for a run directory, a tune
-    directory or a published folder; the checkpoint verified against its record."""
+    directory or a published folder; the checkpoint verified against its record; the facts infertool's own (a
+    card nothing vouches for: ``claimed_facts``)."""
     p = Path(src).expanduser()
     if (p / "tune.json").is_file():
-        rec = _read_facts(p / TUNE_PUBLISHED) if (p / TUNE_PUBLISHED).is_file() else None
-        if rec is None:
-            raise UsageError(f"{p}: the tune published no winner (no {TUNE_PUBLISHED})", hint="see its tune.md")
-        kind, folder, fp = "tune", Path(rec["path"]), rec["fingerprint"]
+        folder, fp = _tune_record(p)
         verify(folder, fp, f"tune {p.name}", f"infertool tune again, or infertool publish {shlex.quote(str(folder))} DEST")
-        return kind, folder, fp, _read_facts(folder / FACTS)
+        facts = _read_facts(folder / FACTS)
+        return "tune", folder, fp, (vouched(facts, fp) if facts["fingerprint"] == fp else None) or claimed_facts(facts)
     if (p / "manifest.json").is_file():
         from infertool.report import load_run
 
         run_dir, manifest = load_run(p)
         pub = published_record(manifest)
-        fp = pub.get("fingerprint")
-        if not fp:
+        run_fp = pub.get("fingerprint")
+        if not run_fp:
             raise UsageError(f"{run_dir} published no checkpoint", hint="a run with quantize and eval stages publishes one")
-        for folder in (Path(pub.get("path") or "/nonexistent"), run_dir / "quantize" / "model"):
-            if (folder / "config.json").is_file() and fingerprint(folder) == fp:
-                return "run", folder, fp, run_facts(run_dir, manifest)
-        raise UsageError(f"neither {pub.get('path')} nor the run's quantize entry holds the checkpoint run {run_dir.name} "
-                         f"evaluated (fingerprint {fp})", hint="run it again: `infertool run` publishes it")
+        path = recorded_path(run_dir, pub["path"]) if pub.get("path") else None
+        for where in (path, run_dir / "quantize" / "model"):
+            if where is not None and (where / "config.json").is_file() and fingerprint(where) == run_fp:
+                return "run", where, run_fp, run_facts(run_dir, manifest)
+        raise UsageError(f"neither {said(path)} nor the run's quantize entry holds the checkpoint run {run_dir.name} "
+                         f"evaluated (fingerprint {run_fp})", hint="run it again: `infertool run` publishes it")
     if (p / FACTS).is_file():
         facts = _read_facts(p / FACTS)
         verify(p, facts["fingerprint"], f"the card in {p}", "infertool publish RUN_DIR " + shlex.quote(str(p)))
-        return "published", p, facts["fingerprint"], facts
-    raise UsageError(f"{src} is not a run directory, a tune directory or a published folder",
+        return "published", p, facts["fingerprint"], vouched(facts, facts["fingerprint"]) or claimed_facts(facts)
+    raise UsageError(f"{said(src)} is not a run directory, a tune directory or a published folder",
                      hint=f"give runs/<recipe>-<time>, a tune directory, or a folder with {FACTS}")
 
 
@@ -433,18 +646,19 @@ def _remote_calls(folder: Path, scheme: str, dest: str) -> list[str]:
 
 
 def _scheme(dest: str) -> str:
-    if dest.startswith("s3://"):
-        bucket = dest[5:].split("/", 1)[0]
-        if not bucket:
-            raise UsageError(f"{dest}: no bucket", hint="s3://bucket/prefix")
-        return "s3"
-    if dest.startswith("hf://"):
+    if dest.startswith(("s3://", "hf://")):
+        from infertool.serve.k8s import check_model_uri
+
+        hint = "s3://bucket/prefix or hf://org/name: the names S3 and the hub take (no space, no '..')"
+        check_model_uri(dest, "publish DEST", hint=hint)  # the rule --model-from applies to what it fetches
+        if dest.startswith("s3://"):
+            return "s3"
         repo = dest[5:].strip("/")
-        if repo.count("/") != 1 or not all(repo.split("/")):
+        if repo.count("/") != 1 or not all(repo.split("/")) or "@" in repo:
             raise UsageError(f"{dest}: not a model repository", hint="hf://org/name")
         return "hf"
     if "://" in dest:
-        raise UsageError(f"{dest}: an unknown destination", hint="a folder, s3://bucket/prefix or hf://org/name")
+        raise UsageError(f"{said(dest, 100)}: an unknown destination", hint="a folder, s3://bucket/prefix or hf://org/name")
     return "dir"
 
 
@@ -452,13 +666,16 @@ def plan(src: str, options: PublishOptions) -> PublishPlan:
     """What `infertool publish SRC DEST` does (every refusal here, before a byte is copied)."""
     kind, folder, fp, facts = _source(src)
     scheme = _scheme(options.dest)
+    check_source(folder)  # links and special files: refused before a copy, and never listed for an upload
     dest = options.dest
     if scheme == "dir":
-        forbidden = {"the source": folder, "the source's run": facts.get("run_dir") and Path(facts["run_dir"]),
+        run_dir = facts.get("run_dir") if isinstance(facts.get("run_dir"), str) else None
+        forbidden = {"the source": folder, "the source's run": run_dir and Path(run_dir),
                      "INFERTOOL_HOME's environments": env_folders()}
         if kind == "run":
             forbidden["the stage cache"] = Path(src).expanduser().absolute().parent / ".stages"
-        dest = str(check_dest(options.dest, forbidden))
+        dest = str(check_dest(options.dest, forbidden, force=options.force))
+        check_room(folder, Path(dest))
     calls = _remote_calls(folder, scheme, options.dest) if scheme != "dir" else []
     return PublishPlan(str(src), kind, str(folder), fp, dest, scheme, facts, calls, options.dry_run)
 

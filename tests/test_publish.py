@@ -144,7 +144,10 @@ def test_run_publishes_what_it_evaluated_and_serve_takes_the_run_dir(setup):
         text = " ".join(bad.stderr.split())
         assert bad.returncode == 2 and fp in text and other in text and "infertool publish" in text, bad.stderr
     # re-published from the run directory (its quantize entry): served again
-    again = run_cli("publish", str(run_dir), str(dest))
+    kept = run_cli("publish", str(run_dir), str(dest))  # not the copy infertool made any more: --force replaces it
+    assert kept.returncode == 2 and "changed since infertool published it" in kept.stderr and "--force" in kept.stderr
+    assert publish.fingerprint(dest) == other
+    again = run_cli("publish", str(run_dir), str(dest), "--force")
     assert again.returncode == 0 and publish.fingerprint(dest) == fp, again.stderr
     assert "verdict FAIL" in " ".join(again.stderr.split())
     refacts = json.loads((dest / publish.FACTS).read_text())  # the card from the manifest read back, the same facts

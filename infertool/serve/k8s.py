@@ -150,9 +150,9 @@ def k8s_options(*, image: str | None = None, namespace: str | None = None, pvc: 
         raise UsageError(f"--prometheus-url {_shown_uri(prometheus_url)!r}: an http(s)://HOST[:PORT][/PATH] "
                          "address (no user or password in it) for --autoscaler keda",
                          hint=f"e.g. --prometheus-url {DEFAULT_PROMETHEUS}")
-    if model_from is not None and not (_S3.fullmatch(model_from) or _HF.fullmatch(model_from)):
-        raise UsageError(f"--model-from {_shown_uri(model_from)!r}: s3://BUCKET/PREFIX or hf://ORG/NAME[@REVISION]",
-                         hint="the published artifact's URI (infertool publish); credentials come from Secrets")
+    if model_from is not None:
+        check_model_uri(model_from, "--model-from",
+                        hint="the published artifact's URI (infertool publish); credentials come from Secrets")
     if model_from is not None and pvc is not None:
         raise UsageError("--model-from and --pvc both say where the model comes from: give one")
     for what, value in (("--pvc", pvc), ("--secret", secret), ("--namespace", namespace)):
@@ -163,6 +163,14 @@ def k8s_options(*, image: str | None = None, namespace: str | None = None, pvc: 
                       node_selector=tuple(_selector(s) for s in node_selector),
                       tolerations=tuple(_toleration(t) for t in tolerations), model_from=model_from,
                       prometheus_url=prometheus_url, gpus_per_node=count(gpus_per_node, "--gpus-per-node", 1, 64))
+
+
+def check_model_uri(uri: str, what: str, hint: str) -> None:
+    """``uri`` as a model's remote home (--model-from, publish's DEST): s3://BUCKET/PREFIX (S3's bucket rule, a key
+    of safe characters) or hf://ORG/NAME[@REVISION] (the hub's name rule: no space, no `..`); a UsageError naming
+    ``what`` otherwise."""
+    if not (_S3.fullmatch(uri) or _HF.fullmatch(uri)):
+        raise UsageError(f"{what} {_shown_uri(uri)!r}: s3://BUCKET/PREFIX or hf://ORG/NAME[@REVISION]", hint=hint)
 
 
 def _shown_uri(uri: str) -> str:
