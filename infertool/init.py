@@ -217,6 +217,7 @@ def _locate(model: str, on_event: Callable | None) -> _Model:
     assert where is not None, "require(): the model is here"
     _refuse_inconsistent(Path(where))
     info = model_info(where)
+    _refuse_unservable(Path(where), info)
     if resolved.kind == "bundled":
         source, name = model, model.split(":", 1)[1]
     elif resolved.kind == "gguf":
@@ -239,6 +240,42 @@ def _refuse_inconsistent(path: Path) -> None:
         shown = "; ".join(findings[:6]) + (f"; and {len(findings) - 6} more" if len(findings) > 6 else "")
         raise UsageError(f"{path}: config.json does not describe the weights beside it: {shown}",
                          hint="use the config.json that came with these weights (or the weights of this config)")
+
+
+# the floating-point torch dtypes a config.json's dtype / torch_dtype may name (transformers reads it as
+# getattr(torch, name)); bfloat16, float16 and float32 are planned as they are, the others as bfloat16
+TORCH_FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64", "half", "float", "double", "float8_e4m3fn",
+                      "float8_e5m2")
+
+
+def _refuse_unservable(path: Path, info: ModelInfo) -> None:
+    """A config.json vLLM 0.32 cannot load is refused, each by its key: a dtype that is no torch dtype, a RoPE
+    type vLLM does not build (whose factor would otherwise raise the position limit), an architecture vLLM
+    does not implement. init writes a recipe vLLM serves, so it does not plan one it cannot."""
+    from infertool.models.info import VLLM_ROPE_TYPES, ModelError, load_config, rope_entries
+    from infertool.models.known import VLLM_ARCHITECTURES
+
+    full, cfg = load_config(path)
+    if info.dtype is not None and info.dtype not in TORCH_FLOAT_DTYPES:
+        key = "dtype" if full.get("dtype") is not None or cfg.get("dtype") is not None else "torch_dtype"
+        raise ModelError(path, f"config.json: {key} {one_line(repr(info.dtype))[:60]} is not a floating-point torch "
+                         f"dtype ({', '.join(TORCH_FLOAT_DTYPES[:3])}, ...)",
+                         hint="set the dtype the weights are stored in (usually bfloat16), or use the config.json that "
+                              "came with them")
+    for rtype, rp in rope_entries(cfg):
+        if not isinstance(rtype, str) or rtype not in VLLM_ROPE_TYPES:
+            key = ("rope_parameters" if cfg.get("rope_parameters") else "rope_scaling") + (
+                ".rope_type" if rp.get("rope_type") else ".type")
+            raise ModelError(path, f"config.json: {key} {one_line(repr(rtype))[:60]} is not a RoPE type vLLM 0.32 builds "
+                             f"({', '.join(sorted(VLLM_ROPE_TYPES))}): it would refuse to load the model",
+                             hint="use the config.json that came with the weights; a RoPE type of a model's own code "
+                                  "needs a recipe written by hand, with model.trust_remote_code: true")
+    if info.architectures and not any(a in VLLM_ARCHITECTURES for a in info.architectures):
+        shown = ", ".join(one_line(repr(a))[:60] for a in info.architectures[:3])
+        raise ModelError(path, f"config.json: architectures {shown}: vLLM 0.32 implements none of them, so init "
+                         "cannot plan a server for it",
+                         hint="init plans models vLLM serves (docs.vllm.ai: supported models); a model with its own "
+                              "code needs a recipe written by hand, with model.trust_remote_code: true")
 
 
 def _plan(recipe: dict, original: bool = False):
