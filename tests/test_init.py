@@ -351,8 +351,48 @@ def test_whatever_a_model_contains_stays_data(tmp_path, monkeypatch):
     assert [i.path for i in ei.value.issues] == ["model.source"] and "line breaks" in ei.value.issues[0].message
 
 
-# ------------------------------------------------------------------------------------------- issue 34, finding 8:
-# a model's config.json that vLLM cannot load
+# ------------------------------------------------------------------------------------------- issue 34: nonsense in
+# init's options (finding 7: `--set serve=` was an AttributeError, exit 4) and in the model's config.json (finding 8)
+SECTION_SETS = [
+    ("serve=", "--set serve: serve is a section of settings", "got an empty value"),
+    ("serve=3", "--set serve: serve is a section of settings", "got a number (3)"),
+    ("serve=null", "--set serve: serve is a section of settings", "got null"),
+    ("model=", "--set model: model is a section of settings", "got an empty value"),
+    ("bench=[1]", "--set bench: bench is a section of settings", "got a list ([1])"),
+    ("bench.slo=3", "--set bench.slo: bench.slo is a section of settings (ttft_ms, tpot_ms)", "got a number (3)"),
+    ("serve.=1", "bad override 'serve.=1': the key 'serve.' has an empty segment", ""),
+    ("=x", "bad override '=x': the key is empty", ""),
+]
+
+
+@pytest.mark.parametrize("setting,message,got", SECTION_SETS, ids=[s[0] for s in SECTION_SETS])
+def test_a_set_that_replaces_a_section_or_has_no_key_is_refused_by_its_key(models, setting, message, got):
+    r = init(str(models["smollm2"]), "--cpu", "--out", "r.yaml", "--set", setting)
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and got in r.stderr and "internal error" not in r.output, r.stderr
+    assert not Path("r.yaml").exists()
+
+
+def test_a_set_value_the_recipe_refuses_names_the_field_and_the_set_not_a_temporary_file(models):
+    for setting, path, words in (("name=", "name", "must not be empty"),
+                                 ("serve.max_num_seqs=-1", "serve.max_num_seqs", "greater than or equal to 1"),
+                                 ("bench.slo.ttft_ms=.nan", "bench.slo.ttft_ms", "finite number")):
+        r = init(str(models["smollm2"]), "--cpu", "--out", "-", "--json", "--set", setting)
+        assert r.exit_code == 2, r.output
+        doc = json.loads(r.stdout)
+        assert doc["message"].startswith(f"the recipe init made for {models['smollm2']} with --set: 1 error")
+        assert [(i["path"], i["line"]) for i in doc["issues"]] == [(path, None)]
+        assert words in doc["issues"][0]["message"] and ".tmp.yaml" not in r.output
+    # a section removed with null where the recipe allows it stays possible
+    assert init(str(models["smollm2"]), "--cpu", "--out", "-", "--set", "bench=null").exit_code == 0
+
+
+def test_slo_given_twice_is_refused_not_the_last_one_kept(models):
+    r = init(str(models["smollm2"]), "--cpu", "--out", "-", "--slo", "ttft_ms=1,ttft_ms=2")
+    assert r.exit_code == 2, r.output
+    assert "--slo: ttft_ms is given twice (ttft_ms=1 and 'ttft_ms=2')" in r.stderr and "give each once" in r.stderr
+
+
 UNSERVABLE = {
     "dtype": ({"dtype": "int3"}, "config.json: dtype 'int3' is not a floating-point torch dtype"),
     "torch_dtype": ({"dtype": None, "torch_dtype": "int3"}, "config.json: torch_dtype 'int3' is not a floating-point"),
