@@ -35,6 +35,7 @@ from infertool.resolve import Target, target_for
 
 if TYPE_CHECKING:
     from infertool.models.info import ModelInfo, PositionLimit
+    from infertool.recipe import Recipe
 
 GIB = 1024**3
 SUITE = "builtin-corpus"
@@ -217,6 +218,7 @@ def _locate(model: str, on_event: Callable | None) -> _Model:
     assert where is not None, "require(): the model is here"
     _refuse_inconsistent(Path(where))
     info = model_info(where)
+    _refuse_unservable(Path(where), info)
     if resolved.kind == "bundled":
         source, name = model, model.split(":", 1)[1]
     elif resolved.kind == "gguf":
@@ -239,6 +241,42 @@ def _refuse_inconsistent(path: Path) -> None:
         shown = "; ".join(findings[:6]) + (f"; and {len(findings) - 6} more" if len(findings) > 6 else "")
         raise UsageError(f"{path}: config.json does not describe the weights beside it: {shown}",
                          hint="use the config.json that came with these weights (or the weights of this config)")
+
+
+# the floating-point torch dtypes a config.json's dtype / torch_dtype may name (transformers reads it as
+# getattr(torch, name)); bfloat16, float16 and float32 are planned as they are, the others as bfloat16
+TORCH_FLOAT_DTYPES = ("bfloat16", "float16", "float32", "float64", "half", "float", "double", "float8_e4m3fn",
+                      "float8_e5m2")
+
+
+def _refuse_unservable(path: Path, info: ModelInfo) -> None:
+    """A config.json vLLM 0.32 cannot load is refused, each by its key: a dtype that is no torch dtype, a RoPE
+    type vLLM does not build (whose factor would otherwise raise the position limit), an architecture vLLM
+    does not implement. init writes a recipe vLLM serves, so it does not plan one it cannot."""
+    from infertool.models.info import VLLM_ROPE_TYPES, ModelError, load_config, rope_entries
+    from infertool.models.known import VLLM_ARCHITECTURES
+
+    full, cfg = load_config(path)
+    if info.dtype is not None and info.dtype not in TORCH_FLOAT_DTYPES:
+        key = "dtype" if full.get("dtype") is not None or cfg.get("dtype") is not None else "torch_dtype"
+        raise ModelError(path, f"config.json: {key} {one_line(repr(info.dtype))[:60]} is not a floating-point torch "
+                         f"dtype ({', '.join(TORCH_FLOAT_DTYPES[:3])}, ...)",
+                         hint="set the dtype the weights are stored in (usually bfloat16), or use the config.json that "
+                              "came with them")
+    for rtype, rp in rope_entries(cfg):
+        if not isinstance(rtype, str) or rtype not in VLLM_ROPE_TYPES:
+            key = ("rope_parameters" if cfg.get("rope_parameters") else "rope_scaling") + (
+                ".rope_type" if rp.get("rope_type") else ".type")
+            raise ModelError(path, f"config.json: {key} {one_line(repr(rtype))[:60]} is not a RoPE type vLLM 0.32 builds "
+                             f"({', '.join(sorted(VLLM_ROPE_TYPES))}): it would refuse to load the model",
+                             hint="use the config.json that came with the weights; a RoPE type of a model's own code "
+                                  "needs a recipe written by hand, with model.trust_remote_code: true")
+    if info.architectures and not any(a in VLLM_ARCHITECTURES for a in info.architectures):
+        shown = ", ".join(one_line(repr(a))[:60] for a in info.architectures[:3])
+        raise ModelError(path, f"config.json: architectures {shown}: vLLM 0.32 implements none of them, so init "
+                         "cannot plan a server for it",
+                         hint="init plans models vLLM serves (docs.vllm.ai: supported models); a model with its own "
+                              "code needs a recipe written by hand, with model.trust_remote_code: true")
 
 
 def _plan(recipe: dict, original: bool = False):
@@ -330,6 +368,9 @@ def parse_slo(text: str) -> dict:
         key = key.strip()
         if not eq or key not in ("ttft_ms", "tpot_ms"):
             raise UsageError(f"--slo: {one_line(part)[:60]!r} is not ttft_ms=N or tpot_ms=N", hint=hint)
+        if key in out:
+            raise UsageError(f"--slo: {key} is given twice ({key}={out[key]:g} and {one_line(part)[:60]!r})",
+                             hint=hint + "; give each once")
         try:
             out[key] = float(raw)
         except ValueError:
@@ -1359,7 +1400,7 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
     tmp = folder / f".{(dest.name if dest else 'recipe.yaml')}.{uuid.uuid4().hex[:8]}.tmp.yaml"
     try:
         write_text(tmp, text)
-        written = load_recipe(str(tmp))  # what was written parses and validates, as every command reads it
+        written = _validated(tmp, model, options.sets)  # it parses and validates, as every command reads it
         plan = planning.plan(resolve(written))
         original = None
         if written.eval is not None and written.eval.engine == "vllm" and written.quantize is not None:
@@ -1376,6 +1417,23 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
                       plan.to_dict(), original.to_dict() if original else None, fits, reasons, advice)
 
 
+def _validated(tmp: Path, model: str, sets: list[str]) -> Recipe:
+    """The recipe written to ``tmp``, loaded as every command loads it. Its errors name init's recipe for
+    ``model`` and the --set values, not the temporary file (never kept, so its line numbers are left out)."""
+    from infertool.errors import RecipeError, RecipeIssue
+    from infertool.recipe import load_recipe
+
+    try:
+        return load_recipe(str(tmp))
+    except RecipeError as e:
+        made = f"the recipe init made for {one_line(model)[:200]}" + (" with --set" if sets else "")
+        issues = [RecipeIssue(i.path, i.message) for i in e.issues]
+        error = RecipeError(made, issues, hint="fix the --set values named above" if sets else e.hint)
+        error.message = made + e.message.removeprefix(e.source)  # "N errors (the first M listed)" kept
+        error.args = (error.message,)
+        raise error from None
+
+
 def _apply_sets(recipe: dict, decisions: list[Decision], sets: list[str], pins: Pins) -> tuple[dict, list[Decision]]:
     """--set KEY=VALUE applied to the recipe (the parser every command's --set uses); each said in the recipe.
     The values the fit decided from (``InitOptions.pins``) are already in it, with the fit's reasons."""
@@ -1384,12 +1442,35 @@ def _apply_sets(recipe: dict, decisions: list[Decision], sets: list[str], pins: 
     pairs = parse_overrides(list(sets))
     if not pairs:
         return recipe, decisions
+    for key, value in pairs:
+        _refuse_section_replaced(recipe, key, value)
     recipe = apply_overrides(recipe, pairs)
     for key, value in pairs:
         decided = key in pins and any(d.field == key or key.startswith(d.field + ".") for d in decisions)
         decisions.append(Decision(key, value, "set on the command line (--set); the fit above decided with it"
                                   if decided else "set on the command line (--set)"))
     return recipe, _in_recipe_order(recipe, decisions)
+
+
+# the sections init's fit is: a --set may change their fields, not remove them
+_FITTED_SECTIONS = ("model", "serve")
+
+
+def _refuse_section_replaced(recipe: dict, key: str, value: object) -> None:
+    """A --set whose key names a section (a mapping init made) and whose value is not a mapping: refused with the
+    key, before the recipe is rendered (``--set serve=`` would leave the recipe without its serve settings)."""
+    node: object = recipe
+    for segment in key.split("."):
+        node = node.get(segment) if isinstance(node, dict) else None
+    if not isinstance(node, dict) or isinstance(value, dict) or (value is None and key not in _FITTED_SECTIONS):
+        return
+    fields = ", ".join(list(node)[:3]) + (", ..." if len(node) > 3 else "")
+    kind = {bool: "true/false", int: "a number", float: "a number", str: "text", list: "a list"}.get(type(value), "")
+    shown = ("an empty value" if value == "" else "null" if value is None
+             else f"{kind or type(value).__name__} ({one_line(repr(value))[:40]})")
+    raise UsageError(f"--set {key}: {key} is a section of settings ({fields}), not one value; got {shown}",
+                     hint=f"set one of its fields, e.g. --set {key}.{next(iter(node), 'FIELD')}=VALUE"
+                          + ("" if key in _FITTED_SECTIONS else f", or remove the section with --set {key}=null"))
 
 
 def _publish(tmp: Path, dest: Path, force: bool) -> None:

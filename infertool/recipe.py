@@ -664,7 +664,7 @@ class RateSweepSpec(BaseModel):
 
 class RepeatSpec(BaseModel):
     """Repeat a bench level (and each tune capacity probe near the SLO edge) until its figure's interval is within
-    ``rel_width`` of the figure, or ``max_runs`` runs."""
+    ``rel_width`` of the figure, or ``max_runs`` runs; ``min_runs`` is at most ``max_runs``."""
 
     model_config = _STRICT
 
@@ -672,6 +672,13 @@ class RepeatSpec(BaseModel):
     min_runs: Annotated[int, NotBool, Field(ge=1, le=100)] = 1
     rel_width: Annotated[float, NotBool, Field(ge=0.001, le=10)] = 0.10  # the interval's half-width relative to the figure
     confidence: Annotated[float, NotBool, Field(ge=0.5, le=0.999)] = 0.95
+
+    @model_validator(mode="after")
+    def _check_runs(self) -> RepeatSpec:
+        if self.min_runs > self.max_runs:
+            raise _field_error("min_runs", f"min_runs ({self.min_runs}) must not exceed max_runs ({self.max_runs}): "
+                               "a level runs at most max_runs times; raise max_runs too")
+        return self
 
 
 class PromptSpec(BaseModel):
@@ -706,7 +713,8 @@ class SLOSpec(BaseModel):
 
 
 class BenchSection(BaseModel):
-    """The load generator: closed-loop concurrency sweeps, open-loop rates, bursts."""
+    """The load generator: closed-loop concurrency sweeps, open-loop rates, bursts. Each concurrency and rate is
+    listed once; rate and rate_sweep exclude each other; burstiness needs arrival: gamma."""
 
     model_config = _STRICT
 
@@ -738,6 +746,23 @@ class BenchSection(BaseModel):
     scrape_interval_s: Annotated[float, NotBool, Field(ge=0.01, le=3600)] = 0.5  # how often the server's /metrics is sampled
     # load-generator processes: auto (by concurrency and cores; infertool.bench.loadgen) or a count
     client_processes: Literal["auto"] | Annotated[int, NotBool, Field(ge=1, le=256)] = "auto"
+
+    @model_validator(mode="after")
+    def _check_traffic(self) -> BenchSection:
+        """Fields that contradict each other, or that nothing reads, are refused rather than silently dropped."""
+        if self.rate is not None and self.rate_sweep is not None:
+            raise _field_error("rate_sweep", "rate and rate_sweep exclude each other: rate_sweep finds its own rates "
+                               "(the listed rates would never run); keep one of them")
+        lists: dict[str, list[float]] = {"concurrency": list(self.concurrency), "rate": list(self.rate or [])}
+        for name, levels in lists.items():
+            repeated = sorted({v for v in levels if levels.count(v) > 1})
+            if repeated:
+                raise _field_error(name, f"{', '.join(f'{v:g}' for v in repeated)} listed more than once: each "
+                                   "level runs once (bench.repeats repeats a level); list each value once")
+        if self.burstiness != 1.0 and self.arrival != "gamma":
+            raise _field_error("burstiness", f"burstiness {self.burstiness:g} shapes gamma arrivals only, and arrival "
+                               f"is {self.arrival}: set arrival: gamma, or remove burstiness")
+        return self
 
 
 # --------------------------------------------------------------------------------------------

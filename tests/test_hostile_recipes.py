@@ -83,6 +83,36 @@ def test_absurd_values_are_refused_with_their_field_path(override, path, words):
     assert "internal error" not in r.output and "Traceback" not in r.output
 
 
+# issue 34, finding 8: bench fields that contradict each other, or that nothing would read, were accepted
+CONTRADICTORY = [
+    (("bench.rate=[1,2]", "bench.rate_sweep.start=1"), "bench.rate_sweep", "rate and rate_sweep exclude each other"),
+    (("bench.concurrency=[8,1,8]",), "bench.concurrency", "8 listed more than once"),
+    (("bench.rate=[2,2.0]",), "bench.rate", "2 listed more than once"),
+    (("bench.repeats.min_runs=5", "bench.repeats.max_runs=2"), "bench.repeats.min_runs",
+     "min_runs (5) must not exceed max_runs (2)"),
+    (("bench.rate=[1]", "bench.burstiness=0.5"), "bench.burstiness",
+     "burstiness 0.5 shapes gamma arrivals only, and arrival is poisson"),
+]
+
+
+@pytest.mark.parametrize("overrides,path,words", CONTRADICTORY, ids=[c[1] for c in CONTRADICTORY])
+def test_contradictory_bench_fields_are_refused_with_their_field_path(tmp_home, overrides, path, words):
+    sets = [a for o in overrides for a in ("--set", o)]
+    for command in ("validate", "plan"):
+        r = invoke(command, QUICKSTART, *sets, "--json")
+        assert r.exit_code == 2, (command, r.output)
+        doc = json.loads(r.stdout)
+        assert [i["path"] for i in doc["issues"]] == [path] and words in doc["issues"][0]["message"], doc
+    r = invoke("bench", QUICKSTART, "--dry-run", *sets)
+    assert r.exit_code == 2 and path in r.output and "internal error" not in r.output, r.output
+
+
+def test_the_same_bench_fields_that_agree_are_accepted():
+    ok = invoke("validate", QUICKSTART, "--set", "bench.rate=[1,2]", "--set", "bench.arrival=gamma",
+                "--set", "bench.burstiness=0.5", "--set", "bench.repeats.max_runs=5", "--set", "bench.repeats.min_runs=5")
+    assert ok.exit_code == 0, ok.output
+
+
 def test_plan_with_huge_kv_space_or_memory_is_a_usage_error_not_an_overflow(tmp_home):
     r = invoke("plan", QUICKSTART, "--set", "serve.cpu.kv_cache_space_gib=1.0e308")
     assert r.exit_code == 2 and "serve.cpu.kv_cache_space_gib" in r.output, r.output

@@ -324,8 +324,7 @@ def test_this_host_gpu_is_detected_or_named(monkeypatch, tmp_path):
 # ------------------------------------------------------------------------------------------- YAML safety
 def test_whatever_a_model_contains_stays_data(tmp_path, monkeypatch):
     weird = tmp_path / "we'ird: #name - evil: [x] line \"q\" &a *b !tag {c}"
-    layout_model(weird, "smollm2-135m", shards=1,
-                 architectures=["Evil\n# injected: true\nname: pwned"], dtype="bfloat16\nx: 1")
+    layout_model(weird, "smollm2-135m", shards=1)
     recipe, decisions = make_recipe(str(weird), init_target(cpu=True))
     text = render_yaml(recipe, decisions, ["header\nname: pwned"])
     data = yaml.safe_load(text)
@@ -339,11 +338,124 @@ def test_whatever_a_model_contains_stays_data(tmp_path, monkeypatch):
     # and it validates as a recipe
     (tmp_path / "w.yaml").write_text(text)
     assert load_recipe(str(tmp_path / "w.yaml")).model.source == str(weird.resolve())
+    # an architecture or a dtype vLLM cannot load is refused (issue 34), and said on one line
+    for extra in ({"architectures": ["Evil\n# injected: true\nname: pwned"]}, {"dtype": "bfloat16\nx: 1"}):
+        bad = layout_model(tmp_path / f"bad-{len(str(extra))}", "smollm2-135m", shards=1, **extra)
+        with pytest.raises(UsageError) as ue:
+            make_recipe(str(bad), init_target(cpu=True))
+        assert "\n" not in ue.value.message and "config.json" in ue.value.message
     # a directory name with a line break is refused as model.source (paths are single-line text: issue 15)
     broken = layout_model(tmp_path / "line\nbreak", "smollm2-135m", shards=1)
     with pytest.raises(RecipeError) as ei:
         make_recipe(str(broken), init_target(cpu=True))
     assert [i.path for i in ei.value.issues] == ["model.source"] and "line breaks" in ei.value.issues[0].message
+
+
+# ------------------------------------------------------------------------------------------- issue 34: nonsense in
+# init's options (finding 7: `--set serve=` was an AttributeError, exit 4) and in the model's config.json (finding 8)
+SECTION_SETS = [
+    ("serve=", "--set serve: serve is a section of settings", "got an empty value"),
+    ("serve=3", "--set serve: serve is a section of settings", "got a number (3)"),
+    ("serve=null", "--set serve: serve is a section of settings", "got null"),
+    ("model=", "--set model: model is a section of settings", "got an empty value"),
+    ("bench=[1]", "--set bench: bench is a section of settings", "got a list ([1])"),
+    ("bench.slo=3", "--set bench.slo: bench.slo is a section of settings (ttft_ms, tpot_ms)", "got a number (3)"),
+    ("serve.=1", "bad override 'serve.=1': the key 'serve.' has an empty segment", ""),
+    ("=x", "bad override '=x': the key is empty", ""),
+]
+
+
+@pytest.mark.parametrize("setting,message,got", SECTION_SETS, ids=[s[0] for s in SECTION_SETS])
+def test_a_set_that_replaces_a_section_or_has_no_key_is_refused_by_its_key(models, setting, message, got):
+    r = init(str(models["smollm2"]), "--cpu", "--out", "r.yaml", "--set", setting)
+    assert r.exit_code == 2, r.output
+    assert message in r.stderr and got in r.stderr and "internal error" not in r.output, r.stderr
+    assert not Path("r.yaml").exists()
+
+
+def test_a_set_value_the_recipe_refuses_names_the_field_and_the_set_not_a_temporary_file(models):
+    for setting, path, words in (("name=", "name", "must not be empty"),
+                                 ("serve.max_num_seqs=-1", "serve.max_num_seqs", "greater than or equal to 1"),
+                                 ("bench.slo.ttft_ms=.nan", "bench.slo.ttft_ms", "finite number")):
+        r = init(str(models["smollm2"]), "--cpu", "--out", "-", "--json", "--set", setting)
+        assert r.exit_code == 2, r.output
+        doc = json.loads(r.stdout)
+        assert doc["message"].startswith(f"the recipe init made for {models['smollm2']} with --set: 1 error")
+        assert [(i["path"], i["line"]) for i in doc["issues"]] == [(path, None)]
+        assert words in doc["issues"][0]["message"] and ".tmp.yaml" not in r.output
+    # a section removed with null where the recipe allows it stays possible
+    assert init(str(models["smollm2"]), "--cpu", "--out", "-", "--set", "bench=null").exit_code == 0
+
+
+def test_slo_given_twice_is_refused_not_the_last_one_kept(models):
+    r = init(str(models["smollm2"]), "--cpu", "--out", "-", "--slo", "ttft_ms=1,ttft_ms=2")
+    assert r.exit_code == 2, r.output
+    assert "--slo: ttft_ms is given twice (ttft_ms=1 and 'ttft_ms=2')" in r.stderr and "give each once" in r.stderr
+
+
+UNSERVABLE = {
+    "dtype": ({"dtype": "int3"}, "config.json: dtype 'int3' is not a floating-point torch dtype"),
+    "torch_dtype": ({"dtype": None, "torch_dtype": "int3"}, "config.json: torch_dtype 'int3' is not a floating-point"),
+    "rope_type": ({"rope_scaling": {"rope_type": "evil", "factor": 64.0}},
+                  "config.json: rope_scaling.rope_type 'evil' is not a RoPE type vLLM 0.32 builds"),
+    "rope_legacy_type": ({"rope_scaling": {"type": ["x"], "factor": 8.0}},
+                         "config.json: rope_scaling.type ['x'] is not a RoPE type"),
+    "architecture": ({"architectures": ["EvilForCausalLM"], "model_type": "evil"},
+                     "config.json: architectures 'EvilForCausalLM': vLLM 0.32 implements none of them"),
+}
+
+
+@pytest.mark.parametrize("case", list(UNSERVABLE))
+def test_a_config_json_vllm_cannot_load_is_refused_with_its_key(tmp_path, case):
+    extra, message = UNSERVABLE[case]
+    model = layout_model(tmp_path / "m", "smollm2-135m", shards=1, **extra)
+    r = init(str(model), "--cpu", "--out", "r.yaml")
+    assert r.exit_code == 2, r.output
+    assert f"model directory {model}: {message}" in r.stderr and "internal error" not in r.output, r.stderr
+    assert "✓ fits" not in r.stderr and not Path("r.yaml").exists()
+
+
+def test_an_unknown_rope_type_does_not_raise_the_position_limit(tmp_path):
+    from infertool.models.info import position_limit
+
+    evil = layout_model(tmp_path / "evil", "smollm2-135m", shards=1, rope_scaling={"rope_type": "evil", "factor": 64.0})
+    linear = layout_model(tmp_path / "lin", "smollm2-135m", shards=1, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    assert position_limit(evil).tokens == 8192 and "rope" not in position_limit(evil).why
+    assert position_limit(linear).tokens == 4 * 8192
+
+
+def test_a_served_architecture_and_rope_type_are_accepted(tmp_path):
+    model = layout_model(tmp_path / "q", "smollm2-135m", shards=1, architectures=["Qwen2ForCausalLM"],
+                         rope_scaling={"rope_type": "yarn", "factor": 4.0}, dtype="float16")
+    recipe, _ = make_recipe(str(model), init_target(cpu=True))
+    assert recipe["model"]["dtype"] == "float16"
+
+
+@pytest.mark.slow
+def test_vllm_lists_are_those_of_the_installed_vllm(serve_python):
+    """models.known.VLLM_ARCHITECTURES and models.info.VLLM_ROPE_TYPES against the installed vLLM's source (read
+    as text, not imported)."""
+    import ast
+    import re
+    import subprocess
+
+    from infertool.models.info import VLLM_ROPE_TYPES
+    from infertool.models.known import VLLM_ARCHITECTURES
+
+    out = subprocess.run([str(serve_python), "-c", "import importlib.util as u; print(u.find_spec('vllm').origin)"],
+                         capture_output=True, text=True, timeout=120).stdout.strip()
+    root = Path(out).parent
+    tables = {}
+    for node in ast.parse((root / "model_executor" / "models" / "registry.py").read_text()).body:
+        if isinstance(node, ast.Assign) and isinstance(node.targets[0], ast.Name) and isinstance(node.value, ast.Dict):
+            tables[node.targets[0].id] = {k.value for k in node.value.keys if isinstance(k, ast.Constant)}
+    known = tables["_TEXT_GENERATION_MODELS"] | tables["_MULTIMODAL_MODELS"] | tables["_TRANSFORMERS_SUPPORTED_MODELS"]
+    assert VLLM_ARCHITECTURES == known, VLLM_ARCHITECTURES ^ known
+    rope = (root / "model_executor" / "layers" / "rotary_embedding" / "__init__.py").read_text()
+    built = set(re.findall(r'scaling_type == "([a-z0-9_-]+)"', rope))
+    for group in re.findall(r"scaling_type in \[([^\]]*)\]", rope):
+        built |= set(re.findall(r'"([a-z0-9_-]+)"', group))
+    assert built <= VLLM_ROPE_TYPES and VLLM_ROPE_TYPES - built == {"su", "mrope", "telechat3-yarn"}
 
 
 def test_help_imports_nothing_heavy():

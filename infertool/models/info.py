@@ -513,8 +513,15 @@ def model_info(path: str | Path) -> ModelInfo:
 # deepseek_yarn, deepseek_llama_scaling; never for gemma3); 2048 when no key is there.
 _MAX_LEN_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "model_max_length",
                  "max_target_positions", "max_sequence_length", "max_seq_length", "seq_len")
-_PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+_PRESCALED_ROPE = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling", "telechat3-yarn")
 VLLM_DEFAULT_MAX_LEN = 2048
+# The RoPE types vLLM 0.32 builds (model_executor/layers/rotary_embedding get_rope; "su", "mrope" and
+# "telechat3-yarn" as transformers_utils/config.py patch_legacy_rope_type renames them); any other fails the
+# model's load with "Unknown RoPE scaling type" (position_limit does not scale by its factor)
+VLLM_ROPE_TYPES = frozenset(
+    """default linear dynamic ntk yarn deepseek_yarn deepseek_llama_scaling llama3 mllama4 longrope proportional
+    bailing_mrope openpangu su mrope telechat3-yarn""".split()
+)
 
 
 @dataclass
@@ -544,22 +551,27 @@ def position_limit(path: str | Path) -> PositionLimit:
         return PositionLimit(VLLM_DEFAULT_MAX_LEN, None, f"no position key in config.json: vLLM assumes "
                              f"{VLLM_DEFAULT_MAX_LEN}")
     why = f"{key} {limit:,}"
-    ropes = cfg.get("rope_parameters") or cfg.get("rope_scaling")
-    ropes = [ropes] if isinstance(ropes, dict) and ("rope_type" in ropes or "type" in ropes or "factor" in ropes) else (
-        list(ropes.values()) if isinstance(ropes, dict) else [])
+    ropes = rope_entries(cfg)
     if ropes and "gemma3" not in str(cfg.get("model_type") or full.get("model_type") or ""):
         factor = 1.0
-        for rp in ropes:
-            if not isinstance(rp, dict):
-                continue
-            rtype = rp.get("rope_type") or rp.get("type") or "default"
-            if rtype not in _PRESCALED_ROPE and _finite(rp.get("factor")) and 0 < rp["factor"] <= 1024:
+        for rtype, rp in ropes:
+            if (isinstance(rtype, str) and rtype in VLLM_ROPE_TYPES and rtype not in _PRESCALED_ROPE
+                    and _finite(rp.get("factor")) and 0 < rp["factor"] <= 1024):
                 factor = rp["factor"]
                 why_type = rtype
         if factor != 1.0:
             limit = int(limit * factor)
             why += f" x rope factor {factor:g} ({why_type})"
     return PositionLimit(limit, key, why, int(mml) if mml else None)
+
+
+def rope_entries(cfg: dict) -> list[tuple[object, dict]]:
+    """(rope type, its parameters) of each RoPE config.json declares (rope_parameters or rope_scaling: one, or one
+    per layer type); the type is "default" when none is named, as vLLM reads it, and what the file holds otherwise."""
+    ropes = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    ropes = [ropes] if isinstance(ropes, dict) and ("rope_type" in ropes or "type" in ropes or "factor" in ropes) else (
+        list(ropes.values()) if isinstance(ropes, dict) else [])
+    return [(rp.get("rope_type") or rp.get("type") or "default", rp) for rp in ropes if isinstance(rp, dict)]
 
 
 def _finite(value: object) -> TypeGuard[int | float]:  # a value read from JSON
