@@ -217,7 +217,8 @@ class LmEvalSpec(BaseModel):
     """lm-evaluation-harness as an engine: its tasks run against the SERVED base and candidate (the one launcher,
     the recipe's serve settings), in the managed ``lmeval`` environment, offline (data from the HF datasets
     cache or ``dataset_path: json`` files). Per-document results of both are joined: recovery, lost/gained,
-    McNemar (infertool.evaluate.lm_eval_engine)."""
+    McNemar (infertool.evaluate.lm_eval_engine). Code in ``include_path``'s tasks (``!function``, ``class:``, an
+    include or a data file outside the folder) is refused unless ``trust_code: true`` (docs/lm-eval.md)."""
 
     model_config = _STRICT
 
@@ -232,6 +233,9 @@ class LmEvalSpec(BaseModel):
     concurrent: Annotated[int, NotBool, Field(ge=1, le=256)] = 4  # requests lm-eval keeps in flight per server
     max_gen_toks: Tokens | None = None  # generative tasks: overrides the task's own
     timeout_s: Seconds = 3600  # per model
+    # code of the include path's tasks (`!function`, `class:`, an include or data outside the folder) runs only
+    # when true: infertool.evaluate.lm_eval_tasks reads the YAML without running it; docs/lm-eval.md
+    trust_code: bool = False
 
 
 class DecodeSpec(BaseModel):

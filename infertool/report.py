@@ -448,13 +448,15 @@ def _eval_section(run: RunData, names: Names) -> Section | None:
 
 def _phase_blocks(pooled) -> list:
     """The as-served phases of the eval (infertool.evaluate.blocks): lm-eval tasks, the decode path."""
-    from infertool.evaluate.blocks import LM_EVAL_HEADER, decode_rows, lm_eval_rows
+    from infertool.evaluate.blocks import LM_EVAL_HEADER, decode_rows, lm_eval_rows, task_code_note
 
     out: list = []
     lm, dec = getattr(pooled, "lm_eval", None), getattr(pooled, "decode", None)
     if isinstance(lm, dict) and lm:
         out += [P(Bold("lm-eval tasks"), " (as served: candidate against base, joined by document)"),
                 Table([list(LM_EVAL_HEADER)] + lm_eval_rows(lm))]
+        if note := task_code_note(lm):
+            out.append(P(Bold("Task code"), " ", note))
     if isinstance(dec, dict) and dec:
         out += [P(Bold("Decode path"), " (as served: greedy continuations of a fixed prompt set; decode-step "
                   "distributions compared on the same tokens)"),

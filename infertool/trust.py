@@ -11,7 +11,9 @@ A recipe is often written by someone else, so two rules hold for everything that
   answers 401, reported as such) and a warning says once which variable was kept from which URL and how to
   allow it. ``key_for`` is the one place this is decided.
 - **Remote code runs only when the recipe says ``model.trust_remote_code: true``**; then every engine that
-  loads the model gets it, and ``announce_remote_code`` says so once on the screen.
+  loads the model gets it, and ``announce_remote_code`` says so once on the screen. The same holds for the code
+  of an lm-eval task folder (``!function``, ``class:``, includes and data outside it): only with
+  ``eval.lm_eval.trust_code: true`` (infertool.evaluate.lm_eval_tasks), said by ``announce_task_code``.
 """
 
 from __future__ import annotations
@@ -123,6 +125,14 @@ def announce_remote_code(model: str, trust: bool, say=None) -> bool:
         _announced.add(model)
         _say(f"model.trust_remote_code is true: remote code from {model} will run on this machine", say)
     return trust
+
+
+def announce_task_code(folder: str, n: int, say=None) -> None:
+    """Say once per folder that the code of its lm-eval tasks will run (``eval.lm_eval.trust_code: true``)."""
+    if ("tasks", folder) not in _warned:
+        _warned.add(("tasks", folder))
+        _say(f"eval.lm_eval.trust_code is true: the code of the lm-eval tasks in {folder!r} ({n} reference(s)) will "
+             "run on this machine", say)
 
 
 def _say(message: str, say=None) -> None:

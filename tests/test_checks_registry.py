@@ -49,6 +49,7 @@ CASES = {
     "quantized_tp": (["quantize.group_size=256", "serve.tensor_parallel_size=2"], "error"),  # 256/2 = 128-wide shards
     "vllm_support": (["quantize.sym=false"], "warn"),  # vLLM's GPTQ kernels load symmetric checkpoints only
     "config_vs_weights": ([], "error"),  # models.consistency monkeypatched: it finds a problem
+    "lm_eval_code": (["eval.lm_eval={tasks: [t], include_path: TASKS}"], "error"),  # a !function, no trust_code
     "serve_env": ([], "warn"),  # an empty INFERTOOL_HOME: no serve environment (a dry run only warns)
 }
 CONSISTENCY_PROBLEM = "config.json says 80 layers; the safetensors headers hold 2 (crafted)"
@@ -106,7 +107,14 @@ def recipe(tmp_path_factory) -> Path:
     model = write_model(root / "model")
     path = root / "recipe.yaml"
     path.write_text(RECIPE.format(model=model, out=root / "quantized"))
+    (root / "tasks").mkdir()  # lm_eval_code's case: a task folder whose YAML names code
+    (root / "tasks" / "t.yaml").write_text("task: t\nprocess_docs: !function helper.docs\n")
     return path
+
+
+def _placed(recipe: Path, sets: list[str]) -> list[str]:
+    """The overrides with TASKS standing for the recipe's task folder."""
+    return [s.replace("TASKS", str(recipe.parent / "tasks")) for s in sets]
 
 
 @pytest.fixture
@@ -119,14 +127,14 @@ def home(tmp_path, monkeypatch) -> Path:
 
 def _argv(purpose: str, recipe: Path, sets: list[str]) -> list[str]:
     argv = [str(recipe) if a == "RECIPE" else a for a in ENTRY_POINTS[purpose]]
-    return [*argv, *[x for s in sets for x in ("--set", s)], "--json"]
+    return [*argv, *[x for s in _placed(recipe, sets) for x in ("--set", s)], "--json"]
 
 
 def _expected(recipe: Path, sets: list[str], purpose: str) -> checks.CheckReport:
     from infertool.recipe import load_recipe
     from infertool.resolve import resolve
 
-    return checks.run_checks(resolve(load_recipe(str(recipe), sets)), purpose=purpose)
+    return checks.run_checks(resolve(load_recipe(str(recipe), _placed(recipe, sets))), purpose=purpose)
 
 
 _baseline: dict[str, int] = {}

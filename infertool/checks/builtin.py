@@ -190,6 +190,18 @@ def serve_env(ctx: Context) -> list[Finding]:
     return []
 
 
+# ------------------------------------------------------------------------------------------ eval
+def lm_eval_code(ctx: Context) -> list[Finding]:
+    """The code an lm-eval task folder would run (``!function``, ``class:``, includes and data outside it), read
+    from its YAML without running it: refused unless eval.lm_eval.trust_code (evaluate/lm_eval_tasks.py)."""
+    from infertool.evaluate.lm_eval_tasks import problems
+
+    lm = getattr(ctx.res.recipe.eval, "lm_eval", None)
+    if lm is None or not lm.include_path:
+        raise Skip("the recipe has no eval.lm_eval.include_path")
+    return [Finding("lm_eval_code", p.level, p.field, p.message, p.hint) for p in problems(lm)]
+
+
 LAUNCHING = frozenset({"run", "serve", "eval", "bench", "tune", "quantize", "launch"})
 SERVE = ("serve",)
 
@@ -213,6 +225,8 @@ BUILTIN = (  # in the order they run (and report): listed in the one check regis
                 reads=("quantize", "target"), needs=("quantize",)),
     RecipeCheck("config_vs_weights", config_vs_weights, "config.json against the safetensors headers",
                 reads=("model", "base")),
+    RecipeCheck("lm_eval_code", lm_eval_code, "code of eval.lm_eval's task folder only with trust_code",
+                reads=("eval",), needs=("eval",)),
     RecipeCheck("serve_env", serve_env, "the serve environment a launch needs (warning in a dry run)",
                 reads=("target",), purposes=LAUNCHING),
 )

@@ -255,10 +255,11 @@ def lm_eval_table(block: dict):
     """results.json's ``pooled.lm_eval``: per task base, candidate, recovery [interval], lost / gained, McNemar p."""
     from rich.table import Table
 
-    from infertool.evaluate.blocks import LM_EVAL_HEADER, lm_eval_rows
+    from infertool.evaluate.blocks import LM_EVAL_HEADER, lm_eval_rows, task_code_note
     from infertool.output import plain
 
-    tab = Table(title="lm-eval tasks (as served)")
+    note = task_code_note(block)
+    tab = Table(title="lm-eval tasks (as served)", caption=plain(note) if note else None)
     for col in LM_EVAL_HEADER:
         tab.add_column(col, justify="left" if col in ("task", "metric") else "right")
     for row in lm_eval_rows(block):

@@ -148,7 +148,91 @@ def decode_prompts_path() -> Path:
     return builtin_dir() / DECODE_PROMPTS_FILE
 
 
-MAX_TASK_FILES = 1000  # files of an lm-eval include_path hashed by content; beyond: by name, size and time
+MAX_TASK_FILES = 2000  # files and folders of an lm-eval include_path walked; a folder with more is refused
+TASK_FILE_WHOLE = 1024 * 1024  # a task folder's file up to this size is hashed whole; beyond: sampled
+SYSTEM_ROOTS = ("/proc", "/sys", "/dev")  # kernel folders: reading their files blocks or fails (ENOMEM, EIO)
+
+
+@dataclass(frozen=True)
+class TaskFile:
+    """One entry of an lm-eval task folder, as ``walk_task_folder`` saw it WITHOUT following links:
+    ``kind`` "file" (regular), "link" (``target``: its text; never followed) or "special" (fifo, socket, device:
+    never opened)."""
+
+    rel: str
+    path: Path
+    kind: str
+    size: int = 0
+    mtime_ns: int = 0
+    target: str | None = None
+
+
+def _task_folder_error(folder: str | Path, message: str, hint: str) -> UsageError:
+    return UsageError(f"eval.lm_eval.include_path {str(folder)!r} {message}", hint=hint)
+
+
+def walk_task_folder(folder: str | Path) -> list[TaskFile]:
+    """Every file of an lm-eval include_path, bounded: links are listed, not followed (a link out of the folder
+    is not walked); at most MAX_TASK_FILES entries (more: refused, so `include_path: /usr` ends at once); the
+    kernel's folders (/proc, /sys, /dev) refused; a folder that cannot be listed named. Sorted by name."""
+    import os
+    import stat
+
+    root = Path(folder).expanduser().absolute()
+    hint = "give the folder of your lm-eval task YAMLs and their data (docs/lm-eval.md)"
+    real = os.path.realpath(root)
+    system = next((s for s in SYSTEM_ROOTS if real == s or real.startswith(s + "/")), None)
+    if system is not None:
+        raise _task_folder_error(folder, f"is in {system}, the kernel's files, not task files", hint)
+    if not root.is_dir():
+        raise _task_folder_error(folder, "is not a folder", "give the folder of your lm-eval task YAMLs (relative: "
+                                 "from the current folder)")
+    out: list[TaskFile] = []
+    seen = 0
+    stack = [root]
+    while stack:
+        d = stack.pop()
+        if str(d) in SYSTEM_ROOTS:
+            raise _task_folder_error(folder, f"holds {d}, the kernel's files, not task files", hint)
+        try:
+            with os.scandir(d) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as err:
+            raise _task_folder_error(folder, f"cannot be read: {d}: {err.strerror or err}", hint) from None
+        for entry in entries:
+            seen += 1
+            if seen > MAX_TASK_FILES:
+                raise _task_folder_error(folder, f"holds more than {MAX_TASK_FILES} files and folders (infertool "
+                                         f"walks at most {MAX_TASK_FILES})", hint)
+            p = Path(entry.path)
+            rel = p.relative_to(root).as_posix()
+            try:
+                st = entry.stat(follow_symlinks=False)
+                if stat.S_ISLNK(st.st_mode):
+                    out.append(TaskFile(rel, p, "link", target=os.readlink(p)))
+                elif stat.S_ISDIR(st.st_mode):
+                    stack.append(p)
+                elif stat.S_ISREG(st.st_mode):
+                    out.append(TaskFile(rel, p, "file", st.st_size, st.st_mtime_ns))
+                else:
+                    out.append(TaskFile(rel, p, "special"))
+            except OSError as err:
+                raise _task_folder_error(folder, f"cannot be read: {p}: {err.strerror or err}", hint) from None
+    return sorted(out, key=lambda f: f.rel)
+
+
+def task_file_sha256(f: TaskFile) -> str:
+    """A regular task file's content hash in a bounded time: whole up to TASK_FILE_WHOLE bytes, beyond that its
+    size, time and sampled blocks (a 2 TiB sparse file reads 1 MiB)."""
+    from infertool.data.fingerprint import _sampled_sha256, digest, file_sha256
+
+    try:
+        if f.size <= TASK_FILE_WHOLE:
+            return file_sha256(f.path)
+        return digest([f.size, f.mtime_ns, _sampled_sha256(f.path, f.size)])
+    except OSError as e:
+        raise UsageError(f"eval.lm_eval.include_path: cannot read {f.path}: {e.strerror or e}",
+                         hint="make the file readable, or remove it from the task folder") from None
 
 
 def phase_fingerprints(ev) -> dict:
@@ -170,15 +254,16 @@ def phase_fingerprints(ev) -> dict:
 
 
 def folder_digest(folder: str | Path) -> str:
-    """Every file under ``folder`` by its relative name and content (the first MAX_TASK_FILES; the rest by size
-    and time); a folder that is not there digests as empty."""
-    from infertool.data.fingerprint import digest, file_sha256
+    """Every entry of an lm-eval task folder (``walk_task_folder``: bounded, links not followed) by its relative
+    name and what it is: a regular file by content (``task_file_sha256``), a link by its target's text, a fifo or
+    device by its kind alone (never opened). A folder that is not there digests as empty."""
+    from infertool.data.fingerprint import digest
 
     root = Path(folder).expanduser()
-    files = sorted(f for f in root.rglob("*") if f.is_file()) if root.is_dir() else []
-    return digest([[str(f.relative_to(root)),
-                    file_sha256(f) if k < MAX_TASK_FILES else [f.stat().st_size, f.stat().st_mtime_ns]]
-                   for k, f in enumerate(files)])
+    if not root.is_dir():
+        return digest([])
+    return digest([[f.rel, f.kind, task_file_sha256(f) if f.kind == "file" else f.target]
+                   for f in walk_task_folder(root)])
 
 
 def list_builtin() -> list[Suite]:

@@ -54,6 +54,19 @@ def lm_eval_rows(block: dict) -> list[list[str]]:
     return rows
 
 
+def task_code_note(block: dict) -> str | None:
+    """Whether the task folder's own code ran (``task_code``: eval.lm_eval.trust_code), as one line; None when
+    the block records none (no include path, or nothing in it that runs code)."""
+    given = block.get("task_code")
+    tc: dict = given if isinstance(given, dict) else {}
+    listed = tc.get("ran")
+    ran: list = listed if isinstance(listed, list) else []
+    if not ran:
+        return None
+    return (f"task code ran (eval.lm_eval.trust_code: true): {len(ran)} reference(s) in "
+            f"{tc.get('include_path')!s}: " + "; ".join(str(r) for r in ran[:5]) + ("; ..." if len(ran) > 5 else ""))
+
+
 def decode_rows(block: dict) -> list[tuple[str, str]]:
     """The decode path as served: (figure, value) rows: prompts, exact match, first divergence, divergences and
     near ties, decode KLD, top-1 agreement; one row saying why when the phase was skipped."""

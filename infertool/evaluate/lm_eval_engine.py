@@ -45,12 +45,23 @@ class LmEvalPhase:
 
     def __init__(self, spec):
         self.spec = spec
+        self.task_code: list[str] | None = None  # what the task folder's code does (trust_code), once read
+
+    def trusted(self) -> list[str]:
+        """The task folder read WITHOUT running it (evaluate/lm_eval_tasks.py), before lm-eval starts: its code
+        refused (exit 2) unless eval.lm_eval.trust_code, else said once on the screen; what will run, as text."""
+        if self.task_code is None:
+            from infertool.evaluate.lm_eval_tasks import require_trusted
+
+            self.task_code = [r.text() for r in require_trusted(self.spec)]
+        return self.task_code
 
     def run(self, served, prior, events, window: tuple[int, int] | None = None) -> dict:
         """lm-eval's tasks on one served model: {"tasks": {task: {"metric", "higher_is_better", "docs":
         {doc_id: score}, ...}}, "answer": the worker's file}. ``window=(lo, hi)``: documents [lo, hi) of each task."""
         from infertool.envs.state import require_env
 
+        self.trusted()
         python = require_env("lmeval", "eval.lm_eval (lm-evaluation-harness)")
         log_dir = Path(served.log_dir or ".").absolute()
         log_dir.mkdir(parents=True, exist_ok=True)
@@ -70,7 +81,11 @@ class LmEvalPhase:
                            secrets=[getattr(served.client, "api_key", None)])
 
     def compare(self, raw_ref: dict, raw_cand: dict, *, confidence: float, first: str) -> dict:
-        return compare_raw(raw_ref, raw_cand, confidence=confidence)
+        block = compare_raw(raw_ref, raw_cand, confidence=confidence)
+        if self.spec.include_path:  # the report says whether the task folder's own code ran, and which
+            block["task_code"] = {"trust_code": bool(self.spec.trust_code), "include_path": str(self.spec.include_path),
+                                  "ran": self.trusted()}
+        return block
 
     def preflight(self, log_dir: Path) -> None:
         """Before any server starts: lm-eval knows every task and loads its data on this machine (offline), or the
@@ -79,6 +94,7 @@ class LmEvalPhase:
         a check that passed is not paid again."""
         from infertool.envs.state import read_marker, require_env
 
+        self.trusted()  # before lm-eval's TaskManager ever imports a task's code
         python = require_env("lmeval", "eval.lm_eval (lm-evaluation-harness)")
         log_dir = Path(log_dir).absolute()
         log_dir.mkdir(parents=True, exist_ok=True)

@@ -1,0 +1,389 @@
+"""What an lm-eval task folder (``eval.lm_eval.include_path``) would make lm-eval run or read, found by reading
+its YAML WITHOUT running it (issue 34, finding 1): lm-eval itself is never imported here, and no task code is.
+
+lm-eval 0.4.13 (lm_eval/tasks/_yaml_loader.py, _index.py, api/task.py) reads every ``**/*.yaml`` under the
+include path, following links, and for the tasks it loads:
+
+- ``KEY: !function mod.fn`` (any key: ``class``, ``process_docs``, ``doc_to_text``, a metric's ``aggregation``,
+  a filter, ``custom_dataset``) imports ``mod.py`` beside the YAML (``mod/sub.py`` for ``mod.sub.fn``;
+  ``!function .abs.path.mod.fn`` reaches ``/abs/path/mod.py``), else the installed module ``mod``;
+- ``include:`` (a name or a list; relative to the YAML, or absolute) merges another YAML, whose ``!function``
+  tags run beside IT;
+- ``dataset_path`` / ``dataset_kwargs.data_files`` / ``data_dir`` are opened by ``datasets.load_dataset``
+  (relative: from lm-eval's current folder, the include path): ``dataset_path: text`` with
+  ``data_files: /etc/passwd`` makes prompts of a local file;
+- a metric it does not know, or one marked ``hf_evaluate: true``, goes to Hugging Face ``evaluate.load``, which
+  runs a metric script (a path names a local one);
+- templates are rendered by Jinja without a sandbox: an expression that reaches Python's internals
+  (``__class__``, ``attr``, ...) runs code.
+
+``scan(include_path)`` lists each of these (``Ref``: the file, the line, the key, what it does) and what cannot be
+read (malformed YAML with its line, a fifo named ``*.yaml``, a task name that is not a string). ``problems(spec)``
+turns them into the findings of the ``lm_eval_code`` recipe check (infertool/checks/builtin.py): without
+``eval.lm_eval.trust_code: true`` every ``Ref`` is an error; with it, one warning says what will run.
+``require_trusted(spec)`` is the same rule for eval's and tune's preflight, before lm-eval is started.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from infertool.errors import UsageError
+
+MAX_TASK_YAML = 1024 * 1024  # a task YAML bigger than this is refused unread
+MAX_LISTED = 20  # references listed in one message; the rest are counted
+TRUST_FIELD = "eval.lm_eval.trust_code"
+PATH_FIELD = "eval.lm_eval.include_path"
+# datasets' packaged builders: a dataset_path of one of these reads data_files, not a folder of that name
+BUILDERS = frozenset({"json", "csv", "text", "parquet", "arrow", "pandas", "webdataset", "xml", "sql", "hdf5",
+                      "imagefolder", "audiofolder", "videofolder", "pdffolder", "niftifolder", "eval", "lance"})
+REMOTE_SCHEMES = ("hf", "http", "https")  # offline here: read from the Hugging Face cache, never a local file
+# an expression in a template that reaches Python's internals (Jinja renders lm-eval's templates unsandboxed)
+JINJA_EXPR = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
+JINJA_CODE = re.compile(r"__|\\[xuUN0-7]|\b(attr|mro|globals|builtins|subclasses|import|lipsum|cycler|joiner|"
+                        r"namespace|self|popen|eval|exec|getattr|os|sys|subprocess|config|request)\b")
+METRIC_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
+
+
+@dataclass(frozen=True)
+class Ref:
+    """One thing in a task folder that runs code or reads outside the folder: ``file`` (relative to the folder),
+    ``line`` (1-based; None when unknown), ``key`` (where in the YAML), ``what`` (what lm-eval would do)."""
+
+    file: str
+    line: int | None
+    key: str
+    what: str
+
+    def text(self) -> str:
+        from infertool.output import visible
+
+        where = f"{self.file}:{self.line}" if self.line else self.file
+        return visible(f"{where}: {self.key}: {self.what}")
+
+
+@dataclass
+class Scan:
+    """A task folder as read: ``refs`` (need trust_code), ``errors`` (cannot be read: refused whatever the trust)."""
+
+    root: str
+    refs: list[Ref] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """A finding of the check, before it is one (the checks sit above this module)."""
+
+    level: str
+    field: str
+    message: str
+    hint: str | None = None
+
+
+class FunctionTag(str):
+    """The text of a ``!function`` tag, kept as data (never imported), with its line."""
+
+    line: int | None = None
+
+
+class LineDict(dict):
+    """A YAML mapping that remembers the line of each of its keys."""
+
+    lines: dict
+
+
+def _loader():
+    import yaml
+
+    class TaskLoader(yaml.SafeLoader):
+        """PyYAML's safe loader (no Python objects), plus lm-eval's ``!function`` as data; any other tag is an
+        error with its line, as in lm-eval."""
+
+    def function(loader, node):
+        tag = FunctionTag(loader.construct_scalar(node))
+        tag.line = node.start_mark.line + 1
+        return tag
+
+    def mapping(loader, node):
+        data = LineDict()
+        data.lines = {}
+        yield data
+        data.update(loader.construct_mapping(node))
+        for k, _ in node.value:
+            if isinstance(k, yaml.ScalarNode):
+                data.lines.setdefault(k.value, k.start_mark.line + 1)
+
+    TaskLoader.add_constructor("!function", function)
+    TaskLoader.add_constructor("tag:yaml.org,2002:map", mapping)
+    return TaskLoader
+
+
+def read_task_yaml(path: Path, shown: str) -> tuple[object, str | None]:
+    """A task YAML as data (``!function`` kept as ``FunctionTag``), or the error naming the file and line."""
+    import yaml
+
+    try:
+        if path.stat().st_size > MAX_TASK_YAML:
+            return None, f"{shown}: over {MAX_TASK_YAML // 1024} KiB, too big for a task YAML"
+        raw = path.read_bytes()
+    except OSError as e:
+        return None, f"{shown}: cannot be read: {e.strerror or e}"
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        return None, f"{shown}:{line}: not UTF-8 text"
+    try:
+        loader = _loader()(text)
+        try:
+            return loader.get_single_data(), None
+        finally:
+            loader.dispose()
+    except yaml.MarkedYAMLError as e:
+        mark = e.problem_mark or e.context_mark
+        at = f":{mark.line + 1}" if mark is not None else ""
+        return None, f"{shown}{at}: not valid YAML: {e.problem or e.context}"
+    except yaml.YAMLError as e:
+        return None, f"{shown}: not valid YAML: {str(e)[:200]}"
+    except RecursionError:
+        return None, f"{shown}: nested too deep to be a task YAML"
+
+
+def _line(node: object, key: str) -> int | None:
+    return node.lines.get(key) if isinstance(node, LineDict) else None
+
+
+def _walk(obj: object, key: str, line: int | None, seen: set[int]):
+    """(key path, line, value) of every value under ``obj``: each container once (an alias is not walked twice,
+    a recursive one ends)."""
+    if isinstance(obj, (dict, list)):
+        if id(obj) in seen:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, dict):
+            for k, v in obj.items():
+                yield from _walk(v, f"{key}.{k}" if key else str(k), _line(obj, k) or line, seen)
+        else:
+            for i, v in enumerate(obj):
+                yield from _walk(v, f"{key}[{i}]", line, seen)
+    else:
+        yield key, line, obj
+
+
+def _inside(path: str | Path, root: str) -> bool:
+    real = os.path.realpath(path)
+    return real == root or real.startswith(root.rstrip("/") + "/")
+
+
+def _function(tag: FunctionTag, here: Path, root: str) -> str:
+    """What lm-eval does with ``!function tag`` in a YAML of folder ``here``."""
+    mod, _, fn = str(tag).rpartition(".")
+    if not mod:
+        return f"!function {tag}: names no module (lm-eval refuses it, but it is code)"
+    local = here / (mod.replace(".", "/") + ".py")
+    if local.exists():
+        where = "" if _inside(local, root) else ", outside the folder"
+        return f"!function {tag} imports {os.path.realpath(local)}{where} (and runs it)"
+    return f"!function {tag} imports the installed Python module {mod!r}"
+
+
+class _Scanner:
+    def __init__(self, root: Path):
+        self.root = str(root)
+        self.real = os.path.realpath(root)
+        self.scan = Scan(self.real)
+        self.done: set[str] = set()
+
+    def show(self, path: Path) -> str:
+        real = os.path.realpath(path)
+        return os.path.relpath(real, self.real) if _inside(real, self.real) else real
+
+    def file(self, path: Path) -> dict | None:
+        """Scan one YAML (once), its includes inside the folder too; its mapping merged with them, or None."""
+        real = os.path.realpath(path)
+        if real in self.done:
+            return None
+        self.done.add(real)
+        shown = self.show(path)
+        data, error = read_task_yaml(Path(real), shown)
+        if error:
+            self.scan.errors.append(error)
+            return None
+        if not isinstance(data, dict):
+            return None  # lm-eval skips a YAML that is not a mapping: no task, nothing run
+        self.names(data, shown)
+        here = Path(real).parent
+        for key, line, value in _walk(data, "", None, set()):
+            if isinstance(value, FunctionTag):
+                self.scan.refs.append(Ref(shown, value.line or line, key, _function(value, here, self.real)))
+            elif isinstance(value, str) and ("{{" in value or "{%" in value):
+                bad = next((m.group(0) for m in JINJA_EXPR.finditer(value) if JINJA_CODE.search(m.group(0))), None)
+                if bad is not None:
+                    self.scan.refs.append(Ref(shown, line, key, f"the template {bad[:80]!r} reaches Python's "
+                                              "internals (lm-eval renders templates without a sandbox)"))
+        merged: dict = {}
+        inc = data.get("include")
+        for name in (inc if isinstance(inc, list) else [inc] if inc is not None else []):
+            target = self.include(name, here, shown, _line(data, "include"))
+            if target is not None:
+                merged.update({k: v for k, v in target.items() if k != "task_list"})
+        merged.update({k: v for k, v in data.items() if k != "include"})
+        self.data(merged, data, shown)
+        self.metrics(data, shown)
+        return merged
+
+    def names(self, data: dict, shown: str) -> None:
+        """task / group / tag are names: another type makes lm-eval's sort of every task fail for all tasks."""
+        for key in ("task", "group"):
+            v = data.get(key)
+            if v is not None and not isinstance(v, str) and not (key == "task" and "group" in data
+                                                                  and isinstance(v, list)):
+                self.scan.errors.append(f"{shown}:{_line(data, key)}: {key}: must be a name (text), not "
+                                        f"{type(v).__name__}")
+        tag = data.get("tag")
+        if tag is not None and not (isinstance(tag, str) or (isinstance(tag, list)
+                                                              and all(isinstance(t, str) for t in tag))):
+            self.scan.errors.append(f"{shown}:{_line(data, 'tag')}: tag: must be a name or a list of names")
+
+    def include(self, name: object, here: Path, shown: str, line: int | None) -> dict | None:
+        if not isinstance(name, str) or not name:
+            self.scan.errors.append(f"{shown}:{line}: include: must be a file name, not {name!r}")
+            return None
+        path = Path(name).expanduser() if Path(name).expanduser().is_absolute() else here / name
+        if not _inside(path, self.real):
+            self.scan.refs.append(Ref(shown, line, "include", f"includes {os.path.realpath(path)}, outside the "
+                                      "folder (its tags run there)"))
+            return None
+        if not path.is_file():
+            self.scan.errors.append(f"{shown}:{line}: include: {name!r}: no such file in the folder")
+            return None
+        got = self.file(path)
+        return got if isinstance(got, dict) else None
+
+    def data(self, merged: dict, own: dict, shown: str) -> None:
+        """dataset_path / data_files / data_dir that datasets would open outside the folder."""
+        root = Path(self.real)
+        given = merged.get("dataset_kwargs")
+        kwargs: dict = given if isinstance(given, dict) else {}
+        base = root
+        dp = merged.get("dataset_path")
+        if isinstance(dp, str) and dp not in BUILDERS:
+            p = Path(dp).expanduser()
+            p = p if p.is_absolute() else root / p
+            pathlike = dp.startswith(("/", "~", ".")) or p.exists()
+            if pathlike and not _inside(p, self.real):
+                self.scan.refs.append(Ref(shown, _line(own, "dataset_path"), "dataset_path",
+                                          f"reads the local data {os.path.realpath(p)}, outside the folder"))
+            elif pathlike and p.is_dir():
+                base = p
+        mine = own.get("dataset_kwargs") is kwargs  # its lines are this file's (else an include's)
+        ddir = kwargs.get("data_dir")
+        if isinstance(ddir, str):
+            self.local(ddir, base, shown, _line(kwargs, "data_dir") if mine else None, "dataset_kwargs.data_dir")
+            base = base / Path(ddir).expanduser()
+        files = kwargs.get("data_files")
+        named = list(files.items()) if isinstance(files, dict) else [(None, files)]
+        for split, v in named:
+            line = (_line(files, str(split)) or _line(kwargs, "data_files")) if mine else None
+            key = "dataset_kwargs.data_files" + (f".{split}" if split is not None else "")
+            for s in (v if isinstance(v, list) else [v]):
+                if isinstance(s, str):
+                    self.local(s, base, shown, line, key)
+
+    def local(self, s: str, base: Path, shown: str, line: int | None, key: str) -> None:
+        if "://" in s or "::" in s:
+            scheme = s.split("://", 1)[0].lower()
+            if "::" in s or scheme not in REMOTE_SCHEMES:
+                self.scan.refs.append(Ref(shown, line, key, f"opens {s!r} (a {scheme} URL: a local file or "
+                                          "another system, outside the folder)"))
+            return
+        head = re.split(r"[*?\[]", s, maxsplit=1)[0]  # a glob: the folder it starts from
+        p = Path(head).expanduser()
+        p = p if p.is_absolute() else base / p
+        if not _inside(p, self.real):
+            self.scan.refs.append(Ref(shown, line, key, f"reads {s!r} ({os.path.realpath(p)}), outside the folder"))
+
+    def metrics(self, data: dict, shown: str) -> None:
+        """A metric name lm-eval does not know (a path) or ``hf_evaluate: true``: evaluate.load runs a script."""
+        ml = data.get("metric_list")
+        for i, m in enumerate(ml if isinstance(ml, list) else []):
+            if not isinstance(m, dict):
+                continue
+            name = m.get("metric")
+            if m.get("hf_evaluate") is True or (isinstance(name, str) and not isinstance(name, FunctionTag)
+                                                 and not METRIC_NAME.match(name)):
+                self.scan.refs.append(Ref(shown, _line(m, "metric") or _line(data, "metric_list"),
+                                          f"metric_list[{i}].metric", f"{name!r} is loaded by Hugging Face "
+                                          "evaluate, which runs a metric script"))
+
+
+def scan(include_path: str | Path) -> Scan:
+    """Every task YAML of the folder, read as data (``walk_task_folder``: bounded, links not followed): what it
+    would run or read outside the folder, and what cannot be read. A folder that cannot be walked: UsageError."""
+    from infertool.data.suites import walk_task_folder
+
+    root = Path(include_path).expanduser().absolute()
+    files = walk_task_folder(root)
+    sc = _Scanner(root)
+    for f in files:
+        if f.kind == "link":
+            if not _inside(f.path, sc.real):
+                sc.scan.refs.append(Ref(f.rel, None, "link", f"links to {os.path.realpath(f.path)}, outside the "
+                                        "folder (lm-eval follows it)"))
+            continue
+        if not f.rel.endswith(".yaml") or any(p in ("__pycache__", ".ipynb_checkpoints") for p in f.rel.split("/")):
+            continue
+        if f.kind == "special":
+            sc.scan.errors.append(f"{f.rel}: not a regular file (a fifo or device: lm-eval would block on it)")
+            continue
+        sc.file(f.path)
+    return sc.scan
+
+
+def problems(spec) -> list[Problem]:
+    """The findings of the ``lm_eval_code`` check for ``spec`` (the recipe's eval.lm_eval)."""
+    return _problems(spec)[0]
+
+
+def _problems(spec) -> tuple[list[Problem], list[Ref]]:
+    from infertool.output import visible
+
+    if spec is None or not spec.include_path:
+        return [], []
+    try:
+        sc = scan(spec.include_path)
+    except UsageError as e:
+        return [Problem("error", PATH_FIELD, e.message.removeprefix(PATH_FIELD + " "), e.hint)], []
+    out = [Problem("error", PATH_FIELD, visible(e), "fix the file, or move it out of the task folder")
+           for e in sc.errors]
+    if not sc.refs:
+        return out, []
+    refs = sorted(sc.refs, key=lambda r: (r.file, r.line or 0))
+    listed = "".join(f"\n  - {r.text()}" for r in refs[:MAX_LISTED])
+    more = f"\n  - and {len(refs) - MAX_LISTED} more" if len(refs) > MAX_LISTED else ""
+    if spec.trust_code:
+        return out + [Problem("warn", TRUST_FIELD, f"{TRUST_FIELD} is true: the code of the tasks in {sc.root} "
+                              f"will run on this machine:{listed}{more}")], refs
+    return out + [Problem("error", TRUST_FIELD, f"the tasks in {visible(sc.root)} run code or read outside their "
+                          f"folder, and {TRUST_FIELD} is not true:{listed}{more}",
+                          f"set {TRUST_FIELD}: true only if you trust that code (it runs on this machine with your "
+                          "rights), or remove these from the tasks")], refs
+
+
+def require_trusted(spec) -> list[Ref]:
+    """Before lm-eval is started (eval's and tune's preflight): the check's errors as one UsageError (exit 2);
+    with trust, the references that will run (said once on the screen). [] without an include path."""
+    found, refs = _problems(spec)
+    errors = [p for p in found if p.level == "error"]
+    if errors:
+        raise UsageError("eval.lm_eval: " + "\n".join(f"{p.field}: {p.message}" for p in errors),
+                         hint=errors[-1].hint)
+    if refs:
+        from infertool.trust import announce_task_code
+
+        announce_task_code(str(spec.include_path), len(refs))
+    return refs
