@@ -49,6 +49,7 @@ CASES = {
     "quantized_tp": (["quantize.group_size=256", "serve.tensor_parallel_size=2"], "error"),  # 256/2 = 128-wide shards
     "vllm_support": (["quantize.sym=false"], "warn"),  # vLLM's GPTQ kernels load symmetric checkpoints only
     "config_vs_weights": ([], "error"),  # models.consistency monkeypatched: it finds a problem
+    "input_files": (["bench.trace=/dev/null"], "error"),  # a device, not a trace: refused before it is opened
     "serve_env": ([], "warn"),  # an empty INFERTOOL_HOME: no serve environment (a dry run only warns)
 }
 CONSISTENCY_PROBLEM = "config.json says 80 layers; the safetensors headers hold 2 (crafted)"
