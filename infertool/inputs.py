@@ -81,7 +81,8 @@ def check(path: str | Path, kind: Kind, what: str) -> os.stat_result:
     try:
         st = os.stat(p)  # follows a link: what it points to is judged
     except FileNotFoundError:
-        raise _refuse(what, p, "no such file", "check the path (relative paths are from the current folder)") from None
+        raise _refuse(what, p, "not found (no such file)",
+                      "check the path (relative paths are from the current folder)") from None
     except OSError as e:
         raise _refuse(what, p, f"not readable ({e.strerror or e})") from None
     try:

@@ -216,7 +216,7 @@ def test_read_text_checks_the_file_before_reading(tmp_path):
     good = tmp_path / "a.jsonl"
     good.write_text('{"x": 1}\n\n[2]\n')
     assert inputs.read_jsonl(good, inputs.TRACE, "bench.trace") == [(1, {"x": 1}), (3, [2])]
-    with pytest.raises(inputs.InputFileError, match=r"bench.trace: .*: no such file"):
+    with pytest.raises(inputs.InputFileError, match=r"bench.trace: .*: not found \(no such file\)"):
         inputs.read_text(tmp_path / "absent", inputs.TRACE, "bench.trace")
     link = tmp_path / "null.jsonl"
     link.symlink_to("/dev/null")

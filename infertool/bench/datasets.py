@@ -477,8 +477,9 @@ def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS,
             raise UsageError(f"{where}: not a JSON object", hint=TRACE_HINT)
         other = [f"`{k}`" for k in OTHER_SPELLINGS if k in row]
         if other:
-            raise UsageError(f"{where}: {' and '.join(other)} {'is not a trace field' if len(other) == 1 else 'are not trace fields'}"
-                             " (the trace's are timestamp, prompt / input_length, output_length)", hint=TRACE_HINT)
+            verb = "is not a trace field" if len(other) == 1 else "are not trace fields"
+            raise UsageError(f"{where}: {' and '.join(other)} {verb} (the trace's are timestamp, prompt / "
+                             "input_length, output_length)", hint=TRACE_HINT)
         t = _number(row, "timestamp", where, 0, 1e11)  # epoch seconds too
         if t is None:
             ms = _number(row, "timestamp_ms", where, 0, 1e14)
