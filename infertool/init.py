@@ -598,29 +598,17 @@ def _traffic(target: InitTarget, m: _Model, opts: InitOptions, pins: Pins,
     return t, source, (P, O, ctx)
 
 
-MAX_TRAFFIC_BYTES = 256 * 2**20
-
-
 def _read_traffic(path: str) -> tuple[str, int, int, int]:
     """A bench prompt file (.jsonl: one prompt per line, a string or an object with a "prompt" field, as
-    bench.prompt.source reads it): (its absolute path, mean and longest prompt in tokens (estimated), count)."""
-    import os
-    import stat
-
+    bench.prompt.source reads it, through ``infertool.inputs``): (its absolute path, mean and longest prompt in
+    tokens (estimated), count)."""
     from infertool.bench.prompts import read_jsonl
 
     p = Path(path).expanduser()
     if p.suffix.lower() != ".jsonl":
         raise UsageError(f"--traffic {path}: not a .jsonl file", hint="--traffic takes the bench's prompt file: one "
                          "JSON string, or object with a \"prompt\" field, per line")
-    try:
-        st = os.stat(p)
-    except OSError as e:
-        raise UsageError(f"--traffic {path}: {e.strerror or e}", hint="give an existing .jsonl prompt file") from None
-    if not stat.S_ISREG(st.st_mode) or st.st_size > MAX_TRAFFIC_BYTES:
-        raise UsageError(f"--traffic {path}: not a regular file of at most {MAX_TRAFFIC_BYTES // 2**20} MiB",
-                         hint="give a .jsonl prompt file")
-    texts = read_jsonl(p)
+    texts = read_jsonl(p, what="--traffic")
     tokens = [max(1, math.ceil(len(t) / DEFAULT_CHARS_PER_TOKEN)) for t in texts]
     return str(p.absolute()), math.ceil(sum(tokens) / len(tokens)), max(tokens), len(tokens)
 

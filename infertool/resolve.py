@@ -465,7 +465,8 @@ def resolve(recipe: Recipe, overrides: Overrides | None = None, *, candidate_pat
 # ------------------------------------------------------------------------------------------- inputs
 def input_fingerprints(res: Resolution) -> dict:
     """Content fingerprints of every input: weights (cheap identity), calibration text, suite, prompts."""
-    from infertool.data.fingerprint import digest, file_sha256, identity_digest, model_identity, texts_sha256
+    from infertool.data.fingerprint import digest, identity_digest, model_identity, texts_sha256
+    from infertool.inputs import fingerprint  # bounded: a 1 TiB prompt file is never read whole
 
     recipe = res.recipe
     out: dict[str, Any] = {}  # Any: JSON values (hashed / written / validated)
@@ -493,7 +494,7 @@ def input_fingerprints(res: Resolution) -> dict:
             out["calibration"] = {"builtin": "calibration", "sha256": corpus.part("calibration").sha256()}
         else:
             p = Path(cal.source).expanduser()
-            out["calibration"] = {"file": str(p), "sha256": file_sha256(p) if p.is_file() else None}
+            out["calibration"] = {"file": str(p), "sha256": fingerprint(p)}
     if recipe.eval is not None or recipe.quantize is not None:
         from infertool.data.suites import load_suite
 
@@ -506,7 +507,7 @@ def input_fingerprints(res: Resolution) -> dict:
         ps = recipe.bench.prompt
         if ps.source.lower().endswith(".jsonl"):
             p = Path(ps.source).expanduser()
-            out["prompts"] = {"file": str(p), "sha256": file_sha256(p) if p.is_file() else None}
+            out["prompts"] = {"file": str(p), "sha256": fingerprint(p)}
         elif ps.source == "builtin":
             from infertool.data import corpus
 

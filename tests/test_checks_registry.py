@@ -50,6 +50,7 @@ CASES = {
     "vllm_support": (["quantize.sym=false"], "warn"),  # vLLM's GPTQ kernels load symmetric checkpoints only
     "config_vs_weights": ([], "error"),  # models.consistency monkeypatched: it finds a problem
     "lm_eval_code": (["eval.lm_eval={tasks: [t], include_path: TASKS}"], "error"),  # a !function, no trust_code
+    "input_files": (["bench.trace=/dev/null"], "error"),  # a device, not a trace: refused before it is opened
     "serve_env": ([], "warn"),  # an empty INFERTOOL_HOME: no serve environment (a dry run only warns)
 }
 CONSISTENCY_PROBLEM = "config.json says 80 layers; the safetensors headers hold 2 (crafted)"

@@ -197,7 +197,7 @@ def test_traffic_file_sizes_the_context(models, tmp_path):
     assert r.returncode == 2 and "not a .jsonl file" in r.stderr
     (tmp_path / "empty.jsonl").write_text("")
     r = cli_in_process("init", str(models["8b"]), "--gpu", "H100-SXM", "--traffic", str(tmp_path / "empty.jsonl"))
-    assert r.returncode == 2 and "holds no prompts" in r.stderr
+    assert r.returncode == 2 and "empty: a prompt file needs content" in r.stderr
 
 
 # ------------------------------------------------------------------------------------------- eval.base_serve everywhere

@@ -214,7 +214,7 @@ def test_calibration_sources(tmp_path):
     jl.write_text('{"text": "one"}\nnot json\n')
     with pytest.raises(UsageError, match="line 2: not valid JSON"):
         cal.check_source({"source": str(jl)})
-    with pytest.raises(UsageError, match="calibration file not found"):
+    with pytest.raises(UsageError, match=r"quantize.calibration.source: .*missing.txt: not found"):
         cal.check_source({"source": str(tmp_path / "missing.txt")})
     (tmp_path / "rel.txt").write_text("text " * 50)
     assert cal.check_source({"source": "rel.txt"}, base_dir=tmp_path).source == str(tmp_path / "rel.txt")

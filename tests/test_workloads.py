@@ -243,9 +243,9 @@ def test_trace_seconds_and_milliseconds(tmp_path):
     for body, match in (('{"prompt": "x", "output_length": 1}', r":1: no `timestamp`"),
                         ('{"timestamp": -1, "prompt": "x", "output_length": 1}', "timestamp"),
                         ('{"timestamp": 1, "prompt": "x"}', "output_length"),
-                        ('{"timestamp": 1, "output_length": 1e400}', "output_length"),
+                        ('{"timestamp": 1, "output_length": 1e400}', r":1: not valid JSON \(1e400 is out of"),
                         ('{"timestamp": 1, "output_length": 3}', "input_length"),
-                        ("[1, 2]", "not a JSON object"), ("{oops", "not JSON"), ("", "no requests")):
+                        ("[1, 2]", "not a JSON object"), ("{oops", "not valid JSON"), ("", "empty")):
         bad = tmp_path / "bad.jsonl"
         bad.write_text(body + "\n")
         with pytest.raises(UsageError, match=match):

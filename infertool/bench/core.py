@@ -113,8 +113,12 @@ class BenchPlan:
 def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:
     """What the bench will send and to which servers; raises UsageError for what cannot run (a server
     experiment against --url)."""
+    from infertool.bench.prompts import traffic_files
+
     options = options or BenchOptions()
     bench = bench_section(res.recipe)
+    for _, read in traffic_files(bench):  # a bad prompt file or trace: refused before any server or request
+        read()
     serve = res.serve_section
     experiments: list[str] = list(dict.fromkeys(bench.experiments)) if options.experiments else []
     url = normalise_url(options.url) if options.url is not None else None

@@ -363,35 +363,18 @@ def _conversation(cid: str, msgs: list[tuple[str, str]], max_turns: int, count, 
     return Conversation(cid, turns, outs, system) if turns else None
 
 
-def read_chat_jsonl(path: str | Path) -> list[list[tuple[str, str]]]:
+def read_chat_jsonl(path: str | Path, what: str = "bench.prompt.source") -> list[list[tuple[str, str]]]:
     """The chats of a JSONL file (one chat per line, ``chat_messages``' forms), at most MAX_ROWS; a UsageError
     naming the line for a line that is no JSON or no chat."""
+    from infertool import inputs
+
     chats = []
-    for n, row in _jsonl_rows(path):
+    for n, row in inputs.read_jsonl(path, inputs.PROMPTS, what, MAX_ROWS):
         msgs = chat_messages(row)
         if msgs is None:
-            raise UsageError(f"{path}:{n}: no `messages: [{{role, content}}]` or `conversations: [{{from, value}}]`")
+            raise UsageError(f"{what}: {path}:{n}: no `messages: [{{role, content}}]` or `conversations: [{{from, value}}]`")
         chats.append(msgs)
-    if not chats:
-        raise UsageError(f"{path} holds no conversations")
     return chats
-
-
-def _jsonl_rows(path: str | Path) -> Iterator[tuple[int, object]]:
-    p = Path(path).expanduser()
-    if not p.is_file():
-        raise UsageError(f"file not found: {p}")
-    with open(p, encoding="utf-8", errors="replace") as f:
-        for n, line in enumerate(f, 1):
-            if n > MAX_ROWS:
-                raise UsageError(f"{p} has more than {MAX_ROWS:,} lines", hint="cut the file")
-            line = line.strip()
-            if not line:
-                continue
-            try:
-                yield n, json.loads(line)
-            except ValueError:
-                raise UsageError(f"{p}:{n}: not JSON") from None
 
 
 def conversations(bench, n: int) -> list[Conversation]:
@@ -466,7 +449,13 @@ def shared_prefix_texts(bench, n: int, chars_per_token: float) -> list[str]:
 
 
 # ------------------------------------------------------------------------------------------ traces
-def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS, seed: int = 0) -> list[TraceEntry]:
+TRACE_HINT = ("a trace is JSONL: one object a line with `timestamp` (seconds) or `timestamp_ms`, `prompt` or "
+              "`input_length`, and `output_length` (Mooncake's fields); see docs/commands/bench.md")
+OTHER_SPELLINGS = ("t_s", "output_len", "input_len")  # infertool's own names inside, never a trace's fields
+
+
+def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS, seed: int = 0,
+               what: str = "bench.trace") -> list[TraceEntry]:
     """A timestamped trace, sorted by time, ``t_s`` from its first request. One JSON object per line with:
 
     - the send time: ``timestamp`` in SECONDS, or ``timestamp_ms`` in MILLISECONDS (Mooncake's traces: rename
@@ -477,45 +466,54 @@ def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS,
     """
     from infertool.data.corpus import prompt_text
 
+    from infertool import inputs
+
     rows: list[tuple[float, str, int]] = []
     corpus = None
     rng = random.Random(seed)
-    for n, row in _jsonl_rows(path):
+    for n, row in inputs.read_jsonl(path, inputs.TRACE, what, MAX_ROWS, hint=TRACE_HINT):
+        where = f"{what}: {path}:{n}"
         if not isinstance(row, dict):
-            raise UsageError(f"{path}:{n}: not a JSON object")
-        t = _number(row, "timestamp", n, path, 0, 1e11)  # epoch seconds too
+            raise UsageError(f"{where}: not a JSON object", hint=TRACE_HINT)
+        other = [f"`{k}`" for k in OTHER_SPELLINGS if k in row]
+        if other:
+            verb = "is not a trace field" if len(other) == 1 else "are not trace fields"
+            raise UsageError(f"{where}: {' and '.join(other)} {verb} (the trace's are timestamp, prompt / "
+                             "input_length, output_length)", hint=TRACE_HINT)
+        t = _number(row, "timestamp", where, 0, 1e11)  # epoch seconds too
         if t is None:
-            ms = _number(row, "timestamp_ms", n, path, 0, 1e14)
+            ms = _number(row, "timestamp_ms", where, 0, 1e14)
             if ms is None:
-                raise UsageError(f"{path}:{n}: no `timestamp` (seconds) or `timestamp_ms` (milliseconds)")
+                raise UsageError(f"{where}: no `timestamp` (seconds) or `timestamp_ms` (milliseconds)", hint=TRACE_HINT)
             t = ms / 1000.0
-        out_len = _number(row, "output_length", n, path, 1, 1_000_000)
+        out_len = _number(row, "output_length", where, 1, 1_000_000)
         if out_len is None:
-            raise UsageError(f"{path}:{n}: no `output_length` (tokens)")
+            raise UsageError(f"{where}: no `output_length` (tokens)", hint=TRACE_HINT)
         prompt = row.get("prompt")
         if not (isinstance(prompt, str) and prompt):
-            in_len = _number(row, "input_length", n, path, 1, 1_000_000)
+            in_len = _number(row, "input_length", where, 1, 1_000_000)
             if in_len is None:
-                raise UsageError(f"{path}:{n}: no `prompt` (text) or `input_length` (tokens)")
+                raise UsageError(f"{where}: no `prompt` (text) or `input_length` (tokens)", hint=TRACE_HINT)
             corpus = corpus or prompt_text()
             size = max(1, int(in_len * chars_per_token))
             start = rng.randrange(0, max(1, len(corpus) - size))
             prompt = (corpus * (size // len(corpus) + 1))[:size] if size >= len(corpus) else corpus[start:start + size]
         rows.append((t, prompt[:MAX_TEXT_CHARS], int(out_len)))
     if not rows:
-        raise UsageError(f"{path} holds no requests")
+        raise UsageError(f"{what}: {path} holds no requests", hint=TRACE_HINT)
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
     return [TraceEntry(t - t0, p, o) for t, p, o in rows]
 
 
-def _number(row: dict, key: str, n: int, path, lo: float, hi: float) -> float | None:
+def _number(row: dict, key: str, where: str, lo: float, hi: float) -> float | None:
     """row[key] as a finite number within lo..hi; None when absent; a UsageError naming the line otherwise."""
     if key not in row:
         return None
     v = row[key]
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or not lo <= v <= hi:
-        raise UsageError(f"{path}:{n}: `{key}` must be a number within {lo:g}..{hi:g}; got {str(v)[:40]!r}")
+        raise UsageError(f"{where}: `{key}` must be a number within {lo:g}..{hi:g}; got {str(v)[:40]!r}",
+                         hint=TRACE_HINT)
     return float(v)
 
 

@@ -17,7 +17,7 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from infertool.errors import UsageError
 
@@ -39,50 +39,66 @@ def corpus_text() -> str:
     return prompt_text()
 
 
-def read_jsonl(path: str | Path, field: str = "prompt") -> list[str]:
+def read_jsonl(path: str | Path, field: str = "prompt", what: str = "bench.prompt.source") -> list[str]:
     """The prompts of a JSONL file (``read_jsonl_requests`` without the reply lengths)."""
-    return [text for text, _ in read_jsonl_requests(path, field)]
+    return [text for text, _ in read_jsonl_requests(path, field, what=what)]
 
 
-def read_jsonl_requests(path: str | Path, field: str = "prompt", counter=None) -> list[tuple[str, int | None]]:
-    """(prompt, output length or None) per line of a JSONL file: a string, an object with the string field
+PROMPTS_HINT = "a prompt file is JSONL: one JSON string, or an object with the prompt field or a chat, per line"
+
+
+def read_jsonl_requests(path: str | Path, field: str = "prompt", counter=None,
+                        what: str = "bench.prompt.source") -> list[tuple[str, int | None]]:
+    """(prompt, output length or None) per line of a JSONL file (read by ``infertool.inputs``: a regular UTF-8
+    file, bounded; ``what`` names the field or flag that gave it): a string, an object with the string field
     ``field``, or a chat (``messages: [{role, content}]`` / ``conversations: [{from, value}]``: its first user
     turn, and, given a ``datasets.TokenCounter``, the token count of the reply after it as the output length)."""
+    from infertool import inputs
     from infertool.bench.datasets import chat_messages
 
     p = Path(path).expanduser()
-    if not p.is_file():
-        raise UsageError(f"prompt file not found: {p}",
-                         hint="bench.prompt.source is 'builtin', 'synthetic', 'sharegpt', 'shared_prefix' or a .jsonl file")
     rows: list[tuple[str, int | None]] = []
-    with open(p, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.strip()
-            if not line:
+    for n, row in inputs.read_jsonl(p, inputs.PROMPTS, what, hint=PROMPTS_HINT):
+        if isinstance(row, str):
+            if not row:
+                raise UsageError(f"{what}: {p}:{n}: an empty prompt", hint="remove the line")
+            rows.append((row, None))
+            continue
+        value = row.get(field) if isinstance(row, dict) else None
+        msgs = chat_messages(row) if value is None else None
+        if msgs:
+            first = next((k for k, (role, _) in enumerate(msgs) if role == "user"), None)
+            if first is not None:
+                reply = msgs[first + 1][1] if first + 1 < len(msgs) and msgs[first + 1][0] == "assistant" else None
+                out = max(1, counter.count(reply)) if counter is not None and reply is not None else None
+                rows.append((msgs[first][1], out))
                 continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                raise UsageError(f"{p}:{n}: not a JSON object") from None
-            if isinstance(row, str):
-                rows.append((row, None))
-                continue
-            value = row.get(field) if isinstance(row, dict) else None
-            msgs = chat_messages(row) if value is None else None
-            if msgs:
-                first = next((k for k, (role, _) in enumerate(msgs) if role == "user"), None)
-                if first is not None:
-                    reply = msgs[first + 1][1] if first + 1 < len(msgs) and msgs[first + 1][0] == "assistant" else None
-                    out = max(1, counter.count(reply)) if counter is not None and reply is not None else None
-                    rows.append((msgs[first][1], out))
-                    continue
-            if not isinstance(value, str) or not value:
-                raise UsageError(f"{p}:{n}: no string field {field!r} and no chat with a user turn",
-                                 hint="set bench.prompt.field to the name of the prompt field")
-            rows.append((value, None))
+        if not isinstance(value, str) or not value:
+            raise UsageError(f"{what}: {p}:{n}: no string field {field!r} and no chat with a user turn",
+                             hint="set bench.prompt.field to the name of the prompt field")
+        rows.append((value, None))
     if not rows:
-        raise UsageError(f"{p} holds no prompts")
+        raise UsageError(f"{what}: {p} holds no prompts", hint=PROMPTS_HINT)
     return rows
+
+
+def traffic_files(bench) -> list[tuple[str, Callable[[], object]]]:
+    """(recipe field, its reader) for every file the bench's traffic reads: a prompt or conversations .jsonl
+    (bench.prompt.source), a trace (bench.trace). Each reader reads its file whole and checks its fields
+    (``infertool.inputs`` and the format's own rules): what the ``input_files`` check and ``bench.plan`` run before
+    any request."""
+    from infertool.bench import datasets
+
+    out: list[tuple[str, Callable[[], object]]] = []
+    spec = bench.prompt
+    if spec.source.lower().endswith(".jsonl"):
+        if spec.multi_turn is not None:
+            out.append(("bench.prompt.source", lambda: datasets.read_chat_jsonl(spec.source)))
+        else:
+            out.append(("bench.prompt.source", lambda: read_jsonl_requests(spec.source, spec.field)))
+    if bench.trace is not None:
+        out.append(("bench.trace", lambda: datasets.load_trace(bench.trace)))
+    return out
 
 
 def synthetic_text(n_chars: int, rng: random.Random) -> str:

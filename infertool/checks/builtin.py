@@ -5,6 +5,10 @@ weights), envs.state (the serve environment a launch needs). No rule is written 
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+from typing import Callable
+
 from infertool.checks.registry import Context, Finding, RecipeCheck, Skip
 
 LINT_LEVELS = {"error": "error", "warning": "warn"}  # a launch lint's "info" lines stay the launch's own notes
@@ -172,6 +176,54 @@ def config_vs_weights(ctx: Context) -> list[Finding]:
     return out
 
 
+# ------------------------------------------------------------------------------------------ input files
+def _input_readers(recipe) -> list[tuple[str, Callable[[], object]]]:
+    """(recipe field, its reader) for every input file of the user's the recipe names: the bench's prompt file and
+    trace, an eval suite given as a file, the decode prompts, the calibration text. Built-in sets are package data,
+    not read here; a relative calibration path not found here is quantize's to find beside the recipe."""
+    from infertool.bench.prompts import traffic_files
+    from infertool.data.calibration import BUILTIN as CAL_BUILTIN, read_texts
+    from infertool.data.suites import DECODE_PROMPTS_BUILTIN, builtin_dir, load_suite, resolve_suite_path
+
+    out = list(traffic_files(recipe.bench)) if recipe.bench is not None else []
+    ev = recipe.eval
+    if ev is not None:
+        suite = resolve_suite_path(ev.suite)  # an unknown name: a UsageError, as every eval says it
+        if suite.parent != builtin_dir():
+            out.append(("eval.suite", lambda: load_suite(ev.suite)))
+        if ev.decode.enabled and ev.decode.prompts != DECODE_PROMPTS_BUILTIN:
+            from infertool.evaluate.decode import load_prompts
+
+            out.append(("eval.decode.prompts", lambda: load_prompts(str(ev.decode.prompts))))
+    cal = getattr(recipe.quantize, "calibration", None)
+    if cal is not None and cal.source != CAL_BUILTIN:
+        p = Path(cal.source).expanduser()
+        if p.is_absolute() or os.path.lexists(p):
+            out.append(("quantize.calibration.source", lambda: read_texts(cal.source, cal.text_field)))
+    return out
+
+
+def input_files(ctx: Context) -> list[Finding]:
+    """Every input file the recipe names, read whole and checked by ``infertool.inputs`` and its format's rules
+    before any work: a regular UTF-8 file within its size cap, JSON within bounds, the documented fields."""
+    from infertool.errors import UsageError
+
+    try:
+        readers = _input_readers(ctx.res.recipe)
+    except UsageError as e:
+        return [Finding("input_files", "error", "eval.suite", e.message, e.hint)]
+    if not readers:
+        raise Skip("the recipe names no input file of its own")
+    out = []
+    for name, read in readers:
+        try:
+            read()
+        except UsageError as e:
+            message = e.message.removeprefix(f"{name}: ")
+            out.append(Finding("input_files", "error", name, message, e.hint))
+    return out
+
+
 # ------------------------------------------------------------------------------------------ environment
 def serve_env(ctx: Context) -> list[Finding]:
     """The managed serve environment a launch runs vLLM in: a warning for a dry run (it starts nothing), an
@@ -227,6 +279,8 @@ BUILTIN = (  # in the order they run (and report): listed in the one check regis
                 reads=("model", "base")),
     RecipeCheck("lm_eval_code", lm_eval_code, "code of eval.lm_eval's task folder only with trust_code",
                 reads=("eval",), needs=("eval",)),
+    RecipeCheck("input_files", input_files, "every input file: a regular UTF-8 file, bounded, its fields",
+                reads=("bench", "eval", "quantize")),
     RecipeCheck("serve_env", serve_env, "the serve environment a launch needs (warning in a dry run)",
                 reads=("target",), purposes=LAUNCHING),
 )

@@ -318,11 +318,11 @@ def _show_suite(name: str, as_json: bool) -> None:
     """One suite as its author wrote it (the YAML) and as infertool reads it (each task, its first items)."""
     import json
 
-    from infertool.data.suites import load_suite
-    from infertool.output import out, print_json
+    from infertool.data.suites import load_suite, read_suite_text
+    from infertool.output import out, print_json, visible
 
     suite = load_suite(name)
-    yaml_text = suite.path.read_text(encoding="utf-8")
+    yaml_text = read_suite_text(suite.path)
     tasks = []
     for t in suite.tasks:
         d: dict[str, Any] = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,  # Any: JSON values, printed as JSON or read back below
@@ -339,22 +339,22 @@ def _show_suite(name: str, as_json: bool) -> None:
         print_json({"name": suite.name, "description": suite.description, "path": str(suite.path), "yaml": yaml_text,
                     "tasks": tasks})
         return
-    out.print(f"suite {suite.name}: {suite.path}", markup=False, soft_wrap=True)
+    out.print(visible(f"suite {suite.name}: {suite.path}"), markup=False, soft_wrap=True)
     if suite.description:
-        out.print(suite.description, markup=False, soft_wrap=True)
+        out.print(visible(suite.description), markup=False, soft_wrap=True)
     out.print("", markup=False)
-    out.print(yaml_text.rstrip(), markup=False, soft_wrap=True)
+    out.print(visible(yaml_text.rstrip()), markup=False, soft_wrap=True)
     for d in tasks:
         out.print("", markup=False)
         what = f"{d['items']} items" if d["items"] is not None else f"{d['chars']:,} characters of text"
-        out.print(f"task {d['name']} ({d['type']}, {what}" + (f", from {d['data']}" if d["data"] else "")
-                  + (f", from {d['source']}" if d["source"] else "") + ")", markup=False, soft_wrap=True)
+        out.print(visible(f"task {d['name']} ({d['type']}, {what}" + (f", from {d['data']}" if d["data"] else "")
+                          + (f", from {d['source']}" if d["source"] else "") + ")"), markup=False, soft_wrap=True)
         if d["type"] == "perplexity":
-            out.print("  " + json.dumps(d["first_text"] + ("..." if d["chars"] > 200 else ""), ensure_ascii=False),
+            out.print("  " + visible(json.dumps(d["first_text"] + ("..." if d["chars"] > 200 else ""), ensure_ascii=False)),
                       markup=False, soft_wrap=True)
             continue
         for it in d["first_items"]:
-            out.print("  " + json.dumps(it, ensure_ascii=False), markup=False, soft_wrap=True)
+            out.print("  " + visible(json.dumps(it, ensure_ascii=False)), markup=False, soft_wrap=True)
         if d["items"] > SHOW_ITEMS:
             out.print(f"  ... {d['items'] - SHOW_ITEMS} more", markup=False)
 

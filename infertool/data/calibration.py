@@ -10,7 +10,6 @@ runs anywhere; ``build_windows`` tokenizes with the model's tokenizer and runs i
 from __future__ import annotations
 
 import hashlib
-import json
 import random
 import struct
 import sys
@@ -59,23 +58,18 @@ def read_texts(source: str, text_field: str = "text", base_dir: Path | None = No
         from infertool.data import corpus
 
         return list(corpus.part("calibration").docs), "builtin", None
+    from infertool import inputs
+
     path = _resolve(source, base_dir)
-    if not path.is_file():
-        raise UsageError(f"calibration file not found: {source}", hint=_HINT)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"cannot read calibration file {path}: {e}", hint=_HINT) from None
+    text = inputs.read_text(path, inputs.CALIBRATION, "quantize.calibration.source")
     if path.suffix.lower() == ".txt":
-        if not text.strip():
-            raise UsageError(f"calibration file {path} is empty", hint=_HINT)
         return [text], "txt", path
     docs: list[str] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
+            obj = inputs.parse_json(line)
         except ValueError as e:
             raise UsageError(f"{path}, line {n}: not valid JSON ({e})", hint=_HINT) from None
         if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):

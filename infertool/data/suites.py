@@ -30,7 +30,6 @@ Pure Python (PyYAML only): the tokenizer-dependent work (cutting windows) happen
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,7 +108,8 @@ class Suite:
 
     def fingerprint(self) -> dict:
         """The suite's content: its YAML and every text and item of every task."""
-        from infertool.data.fingerprint import digest, file_sha256, texts_sha256
+        from infertool.data.fingerprint import digest, texts_sha256
+        from infertool.inputs import fingerprint
 
         tasks = {}
         for t in self.tasks:
@@ -117,7 +117,7 @@ class Suite:
                 tasks[t.name] = texts_sha256([t.text or ""])
             else:
                 tasks[t.name] = digest(t.items)
-        d = {"name": self.name, "yaml_sha256": file_sha256(self.path), "tasks": tasks}
+        d = {"name": self.name, "yaml_sha256": fingerprint(self.path), "tasks": tasks}
         d["sha256"] = digest(d)
         return d
 
@@ -240,13 +240,13 @@ def phase_fingerprints(ev) -> dict:
     the user's .jsonl) and the folder of lm-eval task YAMLs and their data (eval.lm_eval.include_path). A
     stage that runs the phases (`eval`'s, tune's reference / screen / served) keys on it: an edited prompt or
     task file is never answered from the cache."""
-    from infertool.data.fingerprint import file_sha256
+    from infertool.inputs import fingerprint
 
     out: dict = {}
     dec = getattr(ev, "decode", None) if ev is not None else None
     if dec is not None and dec.enabled:
         p = decode_prompts_path() if dec.prompts == DECODE_PROMPTS_BUILTIN else Path(dec.prompts).expanduser()
-        out["decode"] = {"prompts": str(dec.prompts), "sha256": file_sha256(p) if p.is_file() else None}
+        out["decode"] = {"prompts": str(dec.prompts), "sha256": fingerprint(p)}  # bounded: never a 1 TiB file whole
     lm = getattr(ev, "lm_eval", None) if ev is not None else None
     if lm is not None and lm.include_path:
         out["lm_eval"] = {"include_path": str(lm.include_path), "files": folder_digest(lm.include_path)}
@@ -274,9 +274,9 @@ def list_builtin() -> list[Suite]:
 def resolve_suite_path(name_or_path: str) -> Path:
     p = Path(name_or_path).expanduser()
     if p.suffix in (".yaml", ".yml") or "/" in name_or_path:
-        if not p.is_file():
+        if not p.exists() and not p.is_symlink():
             raise UsageError(f"eval suite not found: {name_or_path}", hint=_SUITE_HINT)
-        return p
+        return p  # what else it is (a folder, a fifo, /proc) the reader says
     candidate = builtin_dir() / f"{name_or_path}.yaml"
     if candidate.is_file():
         return candidate
@@ -319,17 +319,21 @@ def _bad_lines(path: Path, bad: list[str]) -> UsageError:
 
 
 def _read_jsonl(path: Path, suite_path: Path) -> tuple[list[dict], list[int], list[str]]:
-    """The JSON objects of a JSONL file, their line numbers, and every line that is not one (numbered)."""
-    if not path.is_file():
+    """The JSON objects of a JSONL file (read by ``infertool.inputs``: a regular UTF-8 file, bounded), their line
+    numbers, and every line that is not one (numbered)."""
+    from infertool import inputs
+
+    if not path.exists() and not path.is_symlink():
         raise _bad(suite_path, f"data file not found: {path}")
     items, lines, bad = [], [], []
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    text = inputs.read_text(path, inputs.SUITE_DATA, f"the data of eval suite {suite_path}")
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         try:
-            item = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as e:
-            bad.append(f"line {n}: not valid JSON ({getattr(e, 'msg', 'nested too deep')})")
+            item = inputs.parse_json(line)
+        except ValueError as e:
+            bad.append(f"line {n}: not valid JSON ({e})")
             continue
         if not isinstance(item, dict):
             bad.append(f"line {n}: expected a JSON object, got {type(item).__name__}")
@@ -403,14 +407,23 @@ def _check_items(task: Task, path: Path, lines: list[int] | None = None, bad: li
         raise _bad_lines(path, bad)
 
 
+def read_suite_text(path: Path) -> str:
+    """A suite's YAML text (``infertool.inputs``: a regular UTF-8 file, bounded)."""
+    from infertool import inputs
+
+    return inputs.read_text(path, inputs.SUITE, "eval.suite")
+
+
 def load_suite(name_or_path: str | Path) -> Suite:
     import yaml
 
     path = resolve_suite_path(str(name_or_path))
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.safe_load(read_suite_text(path))
     except yaml.YAMLError as e:
         raise _bad(path, f"not valid YAML: {e}") from None
+    except RecursionError:
+        raise _bad(path, "not valid YAML: nested too deep") from None
     if not isinstance(data, dict) or not isinstance(data.get("tasks"), list) or not data["tasks"]:
         raise _bad(path, "a suite needs a non-empty 'tasks' list")
     unknown = set(data) - {"name", "description", "tasks"}

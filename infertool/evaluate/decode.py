@@ -33,20 +33,18 @@ phase skip with the reason (``skipped``): the decode gate is then "not measured"
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
-from infertool import net
+from infertool import inputs, net
 from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
 from infertool.errors import BackendError, RuntimeFailure, UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.answers import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
 
 MAX_FORCED_REQUESTS = 8  # teacher-forcing requests per prompt beyond its own greedy run (then one echo request)
-MAX_PROMPT_FILE_BYTES = 8 * 1024 * 1024
 MAX_PROMPTS = 100_000
 MAX_TEXT_CHARS = 400  # a continuation's text kept for the examples (the figures use token ids)
 SHOWN_DIVERGED = 50  # diverged prompts listed in the block (with both texts)
@@ -101,9 +99,9 @@ def parse_prompts(text: str, where: str) -> list[dict]:
         if not line.strip():
             continue
         try:
-            obj = json.loads(line)
-        except (json.JSONDecodeError, RecursionError) as e:
-            bad.append(f"line {n}: not valid JSON ({getattr(e, 'msg', 'too deep')})")
+            obj = inputs.parse_json(line)
+        except ValueError as e:
+            bad.append(f"line {n}: not valid JSON ({e})")
             continue
         rec, why = _check_prompt(obj, n)
         if why is None and rec is not None and rec["id"] in seen:
@@ -124,19 +122,10 @@ def parse_prompts(text: str, where: str) -> list[dict]:
 
 
 def load_prompts(source: str) -> list[dict]:
-    """The prompt set: ``builtin`` (infertool's own) or a user's .jsonl (read as a regular file, bounded)."""
+    """The prompt set: ``builtin`` (infertool's own) or a user's .jsonl (``infertool.inputs``: a regular UTF-8 file,
+    bounded)."""
     path = builtin_path() if source == BUILTIN else Path(source).expanduser()
-    if not path.is_file():
-        raise UsageError(f"eval.decode.prompts: no such file: {source}",
-                         hint="give a .jsonl of prompts, or \"builtin\" for infertool's own")
-    if path.stat().st_size > MAX_PROMPT_FILE_BYTES:
-        raise UsageError(f"eval.decode.prompts: {source} is over {MAX_PROMPT_FILE_BYTES // 2**20} MiB",
-                         hint=_PROMPTS_HINT)
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise UsageError(f"eval.decode.prompts: cannot read {source} ({e})", hint=_PROMPTS_HINT) from None
-    return parse_prompts(text, str(path))
+    return parse_prompts(inputs.read_text(path, inputs.DECODE_PROMPTS, "eval.decode.prompts"), str(path))
 
 
 def as_plain_text(messages: list[dict]) -> str:

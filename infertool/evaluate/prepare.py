@@ -130,6 +130,10 @@ def make_plan(res: Resolution, options: EvalOptions) -> EvalPlan:
 
     ev = eval_section(res.recipe, options)
     load_suite(ev.suite)  # an unknown suite fails here, a dry run too ("did you mean ...")
+    if ev.engine != "hf" and ev.decode.enabled:  # the decode prompts, read and checked before any server
+        from infertool.evaluate.decode import load_prompts
+
+        load_prompts(str(ev.decode.prompts))
     common: dict[str, Any] = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,  # Any: JSON values (hashed / written / validated)
                   accept=ev.accept.model_dump(), out_dir=options.out_dir, dry_run=options.dry_run,
                   allow_inconclusive=options.allow_inconclusive or ev.accept.allow_inconclusive, eval_section=ev)
