@@ -10,7 +10,6 @@ to 1 s: the same code path, a shorter wait); two run as real subprocesses with t
 from __future__ import annotations
 
 import json
-import time
 import math
 import signal
 
@@ -337,16 +336,30 @@ def _completion(tokens) -> object:
     return json_answer('{"choices": [{"text": "x"}], "usage": {"completion_tokens": %s}}' % tokens)
 
 
-def test_profiles_vllm_engine_times_honest_answers_through_one_client():
+def test_profiles_vllm_engine_times_honest_answers_through_one_client(monkeypatch):
+    """The engine's clock is one the stand-in moves: each answer of N tokens costs 20 ms a token of it, whatever
+    the machine's load, so the times the engine reads are exact (a real clock on a loaded machine can make a
+    1-token wave slower than a 3-token one, and the engine then rightly keeps no decode row)."""
+    import threading
+    import types
+
+    from infertool.profile import vllm_engine
+
+    clock, lock = [0.0], threading.Lock()
+
     def exact(conn, req, srv):
         n = json.loads(req.body)["max_tokens"]
-        time.sleep(0.02 * n)  # the stand-in's work: 20 ms a token, so that N decode steps take longer than one
+        with lock:
+            clock[0] += 0.02 * n  # the stand-in's work
         _completion(n)(conn, req, srv)
 
+    monkeypatch.setattr(vllm_engine, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     with HostileServer({"/v1/completions": exact}) as srv:
         rows = _profile_measure(srv.url)
     assert [r["prompt_len"] for r in rows["prefill"]] == [8] and rows["decode"][0]["batch"] == 1
-    assert rows["prefill"][0]["seconds"] > 0 and rows["decode"][0]["seconds_per_step"] > 0
+    assert rows["prefill"][0]["seconds"] == pytest.approx(0.02)  # 1 token
+    assert rows["decode"][0]["seconds_per_step"] == pytest.approx(0.02)  # (3 tokens - 1 token) / 2 steps
+    assert rows["decode"][0]["how"] == "difference"
 
 
 @pytest.mark.parametrize("route,words", [
