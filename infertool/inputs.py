@@ -27,15 +27,16 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from infertool.atomic import file_kind
 from infertool.errors import UsageError
 
 MiB = 2**20
-MAX_JSON_DEPTH = 64  # as report.MAX_JSON_DEPTH: no input file nests deeper
+MAX_JSON_DEPTH = 64  # no input file, nor a run directory's JSON (report.read_json_inside), nests deeper
 WHOLE_BYTES = 256 * MiB  # fingerprint: hashed whole up to this size, sampled beyond
-EDGE_BYTES = MiB  # a sampled fingerprint's head and tail
-SAMPLES, SAMPLE_BYTES = 16, 64 * 1024  # and its blocks between them
+SAMPLES = 16  # a sampled fingerprint's blocks between its first and last MiB
+EDGE_BYTES, SAMPLE_BYTES = MiB, 64 * 1024  # (data.fingerprint.content_sha256 samples a big file the same way)
 SYSTEM_TREES = (Path("/proc"), Path("/sys"), Path("/dev"))
 
 
@@ -219,16 +220,28 @@ def fingerprint(path: str | Path) -> str | None:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             return None
         if size <= WHOLE_BYTES:
-            h = hashlib.sha256()
-            while block := f.read(8 * MiB):
-                h.update(block)
-            return h.hexdigest()
-        h = hashlib.sha256(b"infertool sampled input v1\0" + struct.pack("<Q", size))
-        h.update(f.read(EDGE_BYTES))
-        step = (size - SAMPLE_BYTES) // (SAMPLES - 1)
-        for i in range(SAMPLES):
-            f.seek(i * step)
-            h.update(f.read(SAMPLE_BYTES))
-        f.seek(size - EDGE_BYTES)
-        h.update(f.read(EDGE_BYTES))
-        return h.hexdigest()
+            return stream_sha256(f)
+        return sampled_sha256(f, size, tag=b"infertool sampled input v1\0", samples=SAMPLES)
+
+
+def stream_sha256(f: BinaryIO, chunk: int = 8 * 1024 * 1024) -> str:
+    """The SHA-256 of what is left to read in an open file."""
+    h = hashlib.sha256()
+    while block := f.read(chunk):
+        h.update(block)
+    return h.hexdigest()
+
+
+def sampled_sha256(f: BinaryIO, size: int, *, tag: bytes, samples: int) -> str:
+    """A big open file's sampled fingerprint: SHA-256 of ``tag``, its size, its first and last EDGE_BYTES and
+    ``samples`` blocks of SAMPLE_BYTES at evenly spaced offsets (the same few MiB read whatever the size)."""
+    h = hashlib.sha256(tag + struct.pack("<Q", size))
+    f.seek(0)
+    h.update(f.read(EDGE_BYTES))
+    step = (size - SAMPLE_BYTES) // (samples - 1)
+    for i in range(samples):
+        f.seek(i * step)
+        h.update(f.read(SAMPLE_BYTES))
+    f.seek(size - EDGE_BYTES)
+    h.update(f.read(EDGE_BYTES))
+    return h.hexdigest()

@@ -23,6 +23,7 @@ from infertool.atomic import dumps_json, file_kind, write_text
 from infertool.bench.results import BenchReport, BenchSettings, Interval
 from infertool.decision import Names, RunData, RunSummary, model_names, speed, summarize
 from infertool.errors import UsageError
+from infertool.inputs import MAX_JSON_DEPTH, depth
 from infertool.metricspec import METRICS, compared
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, as_float
@@ -35,7 +36,6 @@ STAGE_FILES = (("quantize", "quantize/quantize.json"), ("eval", "eval/results.js
 # (infertool's own files are a few MB and under 15 levels; a crafted one reads as "not readable", never fills memory)
 MAX_JSON_BYTES = 64 * 2**20
 MAX_FIGURE_BYTES = 16 * 2**20
-MAX_JSON_DEPTH = 64
 FIGURE_TYPES = {".png": "image/png", ".svg": "image/svg+xml"}
 
 
@@ -88,18 +88,6 @@ def read_inside(run_dir: Path, rel: str, limit: int) -> bytes:
     return data
 
 
-def _depth(doc: object) -> int:
-    """How deep a JSON document nests (iterative: a crafted one cannot exhaust the stack here)."""
-    deepest, todo = 0, [(doc, 1)]
-    while todo:
-        v, d = todo.pop()
-        if isinstance(v, (dict, list)):
-            deepest = max(deepest, d)
-            if d <= MAX_JSON_DEPTH:
-                todo += [(x, d + 1) for x in (v.values() if isinstance(v, dict) else v)]
-    return deepest
-
-
 def read_json_inside(run_dir: Path, rel: str) -> Any:  # Any: JSON read from a file, of any shape
     """A JSON file of a run directory (``read_inside``, then parsed): Unreadable "not valid JSON: ..." for what
     does not parse or nests deeper than MAX_JSON_DEPTH."""
@@ -110,7 +98,7 @@ def read_json_inside(run_dir: Path, rel: str) -> Any:  # Any: JSON read from a f
         raise Unreadable(f"not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels") from None
     except ValueError as e:  # UnicodeDecodeError and an integer of more than 4300 digits too
         raise Unreadable(f"not valid JSON: {str(e)[:200]}") from None
-    if _depth(doc) > MAX_JSON_DEPTH:
+    if depth(doc) > MAX_JSON_DEPTH:
         raise Unreadable(f"not valid JSON: nested deeper than {MAX_JSON_DEPTH} levels")
     return doc
 

@@ -4,8 +4,10 @@ need CUDA and skip cleanly without it."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,6 +184,22 @@ def interrupt_at_pause(args: list[str], pause_at: str, marker: str, *, at_pause=
             proc.kill()
             proc.wait()
     return Interrupted(proc.returncode, before, after, seen)
+
+
+@contextmanager
+def deadline(seconds: int):
+    """A hang fails the test instead of stalling the suite (SIGALRM interrupts a blocking open or read)."""
+
+    def expired(*_):
+        raise TimeoutError(f"still running after {seconds} s: a hang")
+
+    old = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(seconds)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def wait_for(condition, timeout_s: float = 120, what: str = "the condition") -> None:

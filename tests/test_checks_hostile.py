@@ -285,7 +285,8 @@ def test_small_files_keep_their_plain_sha256(tmp_path):
 
 
 def test_big_file_sampled_and_sensitive(tmp_path):
-    from infertool.data.fingerprint import BIG_SAMPLES, EDGE_BYTES, WHOLE_FILE, content_sha256, model_identity
+    from infertool.data.fingerprint import BIG_SAMPLES, WHOLE_FILE, content_sha256, model_identity
+    from infertool.inputs import EDGE_BYTES
 
     f = tmp_path / "big.gguf"
     size = 2 * WHOLE_FILE + 12345

@@ -9,35 +9,17 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import signal
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from infertool import inputs
-from tests.conftest import cli_in_process
+from tests.conftest import cli_in_process, deadline
 
 QUICKSTART = str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml")
 TIB = 2**40
 TRACE_LINE = '{"timestamp": 0, "prompt": "hello", "output_length": 4}\n'
 MC_ITEM = '{"id": "a", "question": "one or two?", "choices": ["one", "two"], "answer": 0}\n'
-
-
-@contextmanager
-def deadline(seconds: int):
-    """A hang fails the test instead of stalling the suite (SIGALRM interrupts a blocking open or read)."""
-
-    def expired(*_):
-        raise TimeoutError(f"still running after {seconds} s: a hang")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def cli(*args: str):

@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import struct
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -18,26 +16,11 @@ from infertool.cli import app
 from infertool.errors import RecipeError, UsageError
 from infertool.models.info import MAX_CONFIG_BYTES, ModelError, model_info, read_regular_file
 from infertool.recipe import MAX_LISTED_ISSUES, MAX_RECIPE_BYTES, load_recipe
+from tests.conftest import deadline
 from tests.fakes import layout_model
 
 runner = CliRunner()
 QUICKSTART = str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml")
-
-
-@contextmanager
-def deadline(seconds: int):
-    """A hang fails the test instead of stalling the suite (SIGALRM interrupts a blocking open or read)."""
-
-    def expired(*_):
-        raise TimeoutError(f"still running after {seconds} s: a hang")
-
-    old = signal.signal(signal.SIGALRM, expired)
-    signal.alarm(seconds)
-    try:
-        yield
-    finally:
-        signal.alarm(0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def invoke(*args: str):

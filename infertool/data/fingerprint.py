@@ -15,7 +15,7 @@
   every block.
 - ``file_sha256`` / ``texts_sha256``: calibration files, suite data, bench prompt files, by content.
 
-Pure standard library.
+The standard library, and inputs.py's sampled reading.
 """
 
 from __future__ import annotations
@@ -31,16 +31,14 @@ SAMPLE_BYTES = 64 * 1024
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf")
 IDENTITY_VERSION = 1
 WHOLE_FILE = 1024**3  # files up to 1 GiB are hashed whole (about a second)
-EDGE_BYTES = 1024 * 1024  # a big file's head and tail, read whole (a GGUF's header and tensor table come first)
 BIG_SAMPLES = 64
 
 
 def file_sha256(path: str | Path, chunk: int = 8 * 1024 * 1024) -> str:
-    h = hashlib.sha256()
+    from infertool.inputs import stream_sha256
+
     with open(path, "rb") as f:
-        while block := f.read(chunk):
-            h.update(block)
-    return h.hexdigest()
+        return stream_sha256(f, chunk)
 
 
 def content_sha256(path: str | Path, size: int | None = None) -> str:
@@ -49,16 +47,10 @@ def content_sha256(path: str | Path, size: int | None = None) -> str:
     size = Path(path).stat().st_size if size is None else size
     if size <= WHOLE_FILE:
         return file_sha256(path)
-    h = hashlib.sha256(b"infertool sampled file v1\0" + struct.pack("<Q", size))
-    step = (size - SAMPLE_BYTES) // (BIG_SAMPLES - 1)
+    from infertool.inputs import sampled_sha256
+
     with open(path, "rb") as f:
-        h.update(f.read(EDGE_BYTES))
-        for i in range(BIG_SAMPLES):
-            f.seek(i * step)
-            h.update(f.read(SAMPLE_BYTES))
-        f.seek(size - EDGE_BYTES)
-        h.update(f.read(EDGE_BYTES))
-    return h.hexdigest()
+        return sampled_sha256(f, size, tag=b"infertool sampled file v1\0", samples=BIG_SAMPLES)
 
 
 def texts_sha256(docs) -> str:
