@@ -141,7 +141,8 @@ def check_dest(dest: str | Path, forbidden: Mapping[str, str | Path | None], for
     ``forbidden`` ({what: folder}: the stage cache, the run directory, the source model, the environments), or is
     there and may not be replaced (``atomic.replace_refusal``: only an empty folder or a model folder).
     ``force``: `infertool publish`'s --force; False (the command without it) replaces only a folder infertool
-    published (``ownership_refusal``); None (`run`, `tune`) the replace rule alone."""
+    published (``ownership_refusal``); None (`run`, `tune`, which have no such flag) replaces only a folder
+    infertool published or quantized (``ownership_refusal(quantized=True)``)."""
     text = str(dest)
     if not text.strip():
         raise UsageError("an empty destination: nothing to publish to", hint="name a folder, e.g. out/my-model")
@@ -173,20 +174,28 @@ def check_dest(dest: str | Path, forbidden: Mapping[str, str | Path | None], for
         if why:
             raise UsageError(f"cannot publish to {text}: {why}",
                              hint="publishing replaces only an empty folder or a model folder: name a new folder")
-        why = ownership_refusal(p) if force is False else None
+        why = None if force else ownership_refusal(p, quantized=force is None)
         if why:
-            raise UsageError(f"cannot publish to {text}: {why}",
-                             hint="name a new folder, or pass --force to replace this one (every file in it goes)")
+            raise UsageError(f"cannot publish to {text}: {why}", hint=(
+                "name a new folder, or pass --force to replace this one (every file in it goes)" if force is False else
+                "publish to a new folder (--publish DIR), or remove this one yourself if it may go"))
     return p
 
 
-def ownership_refusal(folder: Path) -> str | None:
+def ownership_refusal(folder: Path, *, quantized: bool = False) -> str | None:
     """Why the existing ``folder`` is not one infertool published, as it published it (None: it is, or it is
     empty): its ``infertool.json`` is there and infertool's card data, and the folder's fingerprint now is the one
-    it records (no file added, removed or changed since)."""
+    it records (no file added, removed or changed since). ``quantized``: a checkpoint `infertool quantize` wrote
+    (its ``infertool-manifest.json`` beside it, no card yet) is infertool's too (`run` publishes where the recipe's
+    quantize.output is)."""
+    from infertool.resolve import QUANTIZE_MANIFEST
+
     if not any(folder.iterdir()):
         return None
     facts_file = folder / FACTS
+    manifest = folder / QUANTIZE_MANIFEST
+    if quantized and not facts_file.exists() and manifest.is_file() and not manifest.is_symlink():
+        return None
     if facts_file.is_symlink() or not facts_file.is_file():
         return f"it holds no {FACTS}: infertool did not publish this folder, and publish replaces only its own"
     try:

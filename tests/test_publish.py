@@ -232,9 +232,30 @@ def test_a_run_without_quantize_or_eval_publishes_nothing_and_says_so(setup):
 def test_check_dest_unit(tmp_path):
     (tmp_path / "model").mkdir()
     write_checkpoint(tmp_path / "model")
-    assert publish.check_dest(tmp_path / "model", {}) == tmp_path / "model"  # a model folder may be replaced
+    with pytest.raises(UsageError, match="infertool did not publish this folder"):  # the user's own model folder
+        publish.check_dest(tmp_path / "model", {})
+    (tmp_path / "model" / "infertool-manifest.json").write_text("{}")  # one `infertool quantize` wrote: run's own
+    assert publish.check_dest(tmp_path / "model", {}) == tmp_path / "model"
+    assert publish.check_dest(tmp_path / "model", {}, force=True) == tmp_path / "model"
     with pytest.raises(UsageError, match="or holds"):
         publish.check_dest(tmp_path, {"the run directory": tmp_path / "runs" / "a"})
+
+
+def test_run_publishes_over_its_own_copy_but_never_over_a_users_model_folder(setup):
+    """`run --publish DIR` where DIR is someone's model folder (config.json and their notes): exit 2 before any
+    stage runs, the folder untouched; a second run over run's own published copy replaces it."""
+    tmp, recipe = setup
+    mine = write_checkpoint(tmp / "mine", fill=5)
+    (mine / "notes.txt").write_text("mine")
+    before = sorted((p.name, p.read_bytes()) for p in mine.iterdir())
+    r = run_cli("run", str(recipe), "--out", "runs", "--publish", str(mine))
+    assert r.returncode == 2 and "infertool did not publish this folder" in r.stderr, r.stderr
+    assert "--publish DIR" in r.stderr and not (tmp / "runs").exists()
+    assert sorted((p.name, p.read_bytes()) for p in mine.iterdir()) == before
+    for _ in range(2):
+        r = run_cli("run", str(recipe), "--out", "runs", "--publish", str(tmp / "pub"), "--json")
+        assert r.returncode == 1, r.stderr
+    assert json.loads((tmp / "pub" / publish.FACTS).read_text())["run_id"] == Path(json.loads(r.stdout)["run_dir"]).name
 
 
 @pytest.mark.parametrize("published", [{"path": 5, "fingerprint": "ab"}, {"path": ["x"]}, "nope", {"why": {"a": 1}}])
