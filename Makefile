@@ -5,6 +5,7 @@ PY := $(VENV)/bin/python
 INFERTOOL := $(VENV)/bin/infertool
 DEMO_OUT ?= out
 TEST_WORKERS ?= auto
+SLOW_WORKERS ?= 2
 
 .PHONY: demo test test-fast venv venv-test envs browser bench clean
 
@@ -35,12 +36,13 @@ browser:
 	  echo "chromium is not installed: the report's browser test will skip"
 
 # The type check first (mypy over infertool/, its settings in pyproject.toml: any error fails the build), then
-# everything that can run on this machine: the fast tests on every core (pytest-xdist), then the slow ones one
-# at a time (each starts vLLM or a backend on both cores); gpu tests skip without CUDA.
+# everything that can run on this machine: the fast tests on every core (pytest-xdist), then the slow ones two
+# files at a time (each starts vLLM or a backend, and waits on it much of its time: two side by side took 672 s
+# where one at a time took 950-1050 s); gpu tests skip without CUDA.
 test: venv-test envs browser
 	$(PY) -m mypy
 	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest -n $(TEST_WORKERS) -m "not slow"
-	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest -m slow
+	INFERTOOL_REQUIRE_ENVS=1 $(PY) -m pytest -n $(SLOW_WORKERS) --dist loadfile -m slow
 
 # The type check, then only the fast tests (no managed environments needed), on every core.
 test-fast: venv-test
