@@ -369,7 +369,7 @@ def parse_slo(text: str) -> dict:
         if not eq or key not in ("ttft_ms", "tpot_ms"):
             raise UsageError(f"--slo: {one_line(part)[:60]!r} is not ttft_ms=N or tpot_ms=N", hint=hint)
         if key in out:
-            raise UsageError(f"--slo: {key} is given twice ({key}={out[key]:g} and {one_line(part)[:60]!r})",
+            raise UsageError(f"--slo: {key} is given twice ({key}={out[key]:g} and {one_line(part)[:60]})",
                              hint=hint + "; give each once")
         try:
             out[key] = float(raw)

@@ -229,8 +229,12 @@ def check_room(folder: Path, dest: Path) -> None:
         where = where.parent
     free = shutil.disk_usage(where).free
     if need > free:
-        raise UsageError(f"cannot publish to {said(dest)}: the copy needs {need / 2**30:.2f} GiB and its file system "
-                         f"has {free / 2**30:.2f} GiB free", hint="free some space, or publish to another disk")
+        raise UsageError(f"cannot publish to {said(dest)}: the copy needs {_size(need)} and its file system "
+                         f"has {_size(free)} free", hint="free some space, or publish to another disk")
+
+
+def _size(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
 
 
 def env_folders() -> Path:

@@ -136,7 +136,7 @@ def test_publish_keeps_holes_and_checks_free_space_first(setup, monkeypatch):
     for args in (("publish", str(src), str(tmp / "full")), ("publish", str(src), str(tmp / "full"), "--dry-run")):
         r = run_cli(*args)
         text = " ".join(r.stderr.split())
-        assert r.returncode == 2 and "the copy needs" in text and "GiB free" in text, r.stderr
+        assert r.returncode == 2 and "has 512.0 KiB free" not in text and "has 524,288 bytes free" in text, r.stderr
     assert not (tmp / "full").exists()
 
 
@@ -161,6 +161,8 @@ def test_publish_refuses_remote_names_as_model_from_does(setup, dest):
     r = run_cli("publish", str(pub), dest, "--dry-run")
     assert r.returncode == 2 and "publish DEST" in r.stderr and "s3://BUCKET/PREFIX" in r.stderr, r.stderr
     assert "upload" not in r.stdout and ESC not in r.stdout + r.stderr
+    if dest.endswith("\n"):  # shown as written: a trailing newline is not dropped into a name that looks valid
+        assert "'hf://org/name\\n'" in r.stderr, r.stderr
 
 
 # ------------------------------------------------------------------------------------------ finding 5

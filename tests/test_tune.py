@@ -103,6 +103,21 @@ def test_dry_run_orders_by_prediction_and_prunes_what_cannot_fit(smol, tmp_path)
     assert costs == sorted(costs)  # most promising first
 
 
+def test_dry_run_refuses_a_publish_destination_the_real_tune_refuses(smol, tmp_path):
+    """`tune --dry-run --publish DIR`, DIR someone's own model folder: exit 2, as the real tune says before any
+    trial (the dry run is where a user finds out), and the folder untouched."""
+    p = tmp_path / "r.yaml"
+    p.write_text(yaml.safe_dump(tune_recipe(smol, tmp_path)))
+    mine = layout_model(tmp_path / "mine", "smollm2-135m", shards=1, num_hidden_layers=2)
+    (mine / "notes.txt").write_text("mine")
+    before = sorted(x.name for x in mine.iterdir())
+    r = CliRunner().invoke(app, ["tune", str(p), "--dry-run", "--publish", str(mine)])
+    assert r.exit_code == 2 and "infertool did not publish this folder" in r.output, r.output
+    assert sorted(x.name for x in mine.iterdir()) == before
+    r = CliRunner().invoke(app, ["tune", str(p), "--dry-run", "--publish", str(tmp_path / "new")])
+    assert r.exit_code == 0, r.output
+
+
 def test_a_checkpoint_already_published_is_not_what_a_candidate_is_planned_from(smol, tmp_path):
     """A checkpoint an earlier `run` published where the recipe's quantize stage writes (out/<recipe>-<method>, in
     the working directory; here a 2-layer model) is not what tune plans a candidate from: each candidate is

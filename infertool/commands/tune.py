@@ -57,6 +57,12 @@ def tune(
         from infertool.tune.core import dry_run as plan_only
 
         checks = recipe_checks(resolve(r), "tune")  # the base recipe, as validate and every dry run check it
+        from pathlib import Path
+
+        from infertool.tune.core import publish_destination
+
+        # the winner's DEST, refused as the real tune refuses it before any trial
+        publish_destination(r, Path(out or r.tune.out_dir).expanduser() / r.name, publish)
         plan = plan_only(r)
         if as_json:
             print_json({"dry_run": True, **plan, "checks": checks.to_list()})

@@ -170,12 +170,14 @@ def check_model_uri(uri: str, what: str, hint: str) -> None:
     of safe characters) or hf://ORG/NAME[@REVISION] (the hub's name rule: no space, no `..`); a UsageError naming
     ``what`` otherwise."""
     if not (_S3.fullmatch(uri) or _HF.fullmatch(uri)):
-        raise UsageError(f"{what} {_shown_uri(uri)!r}: s3://BUCKET/PREFIX or hf://ORG/NAME[@REVISION]", hint=hint)
+        raise UsageError(f"{what} {_shown_uri(uri)}: s3://BUCKET/PREFIX or hf://ORG/NAME[@REVISION]", hint=hint)
 
 
 def _shown_uri(uri: str) -> str:
-    """A URI for an error message: one line, cut, a user and password in it blanked (never echoed)."""
-    return comment_text(re.sub(r"//[^/]*@", "//***@", str(uri)), 100)
+    """A URI for an error message: quoted, one line, every control character as its escape (a trailing newline
+    shows), cut, a user and password in it blanked (never echoed)."""
+    text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in re.sub(r"//[^/]*@", "//***@", str(uri)))
+    return "'" + (text if len(text) <= 100 else text[:97] + "...") + "'"
 
 
 def _selector(item) -> tuple[str, str]:
