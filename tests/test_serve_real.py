@@ -128,7 +128,10 @@ def test_bench_url_against_the_server(server):
         m = lv["summary"]
         assert m["completed"] == 4 and m["failed"] == 0
         assert 4 <= m["mean_output_tokens"] <= 12  # 8 +- 50 %, exactly as asked (ignore_eos)
-        assert m["ttft_ms"]["p50"] > 0 and m["tpot_ms"]["p50"] > 0 and m["e2e_ms"]["p99"] >= m["e2e_ms"]["p50"]
+        # a TPOT of 0 is what a client measures when a busy server streams all of a reply's tokens in one chunk
+        # (the first token's time is then the last's): seen once with the slow tests two at a time
+        assert m["ttft_ms"]["p50"] > 0 and m["tpot_ms"]["p50"] >= 0 and m["e2e_ms"]["p99"] >= m["e2e_ms"]["p50"]
+        assert m["e2e_ms"]["p50"] >= m["ttft_ms"]["p50"]
         assert m["goodput"]["requests_per_s"] == pytest.approx(m["request_throughput"])  # generous SLO
         assert m["cost"]["per_1m_output_tokens"] > 0
         assert lv["server_metrics"]["available"] and lv["server_metrics"]["kv_cache_usage_max"] is not None
