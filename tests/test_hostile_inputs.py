@@ -15,6 +15,7 @@ import pytest
 
 from infertool import inputs
 from tests.conftest import cli_in_process, deadline
+from tests.fakes import layout_model
 
 QUICKSTART = str(Path(__file__).resolve().parents[1] / "recipes" / "quickstart.yaml")
 TIB = 2**40
@@ -107,11 +108,16 @@ def test_eval_suites_show_refuses_a_hostile_suite_file(tmp_path, kind):
     assert f"eval.suite: {suite}" in r.stderr and HOSTILE[kind][1] in r.stderr, r.stderr
 
 
+def _model(tmp_path: Path) -> Path:
+    """A model folder shaped like SmolLM2-135M (the bundled model is installed only with the quant env)."""
+    return layout_model(tmp_path / "SmolLM2-135M", "smollm2-135m", shards=1)
+
+
 @pytest.mark.parametrize("kind", list(HOSTILE))
 def test_init_traffic_refuses_a_hostile_prompt_file(tmp_path, kind):
     """init --traffic with a binary file, 50k-deep JSON or a link to /proc were internal errors (exit 4)."""
     path = _make(tmp_path, kind, "traffic.jsonl")
-    r = cli("init", "bundled:smollm2-135m", "--traffic", str(path))
+    r = cli("init", str(_model(tmp_path)), "--traffic", str(path))
     assert r.returncode == 2, r.stderr
     assert f"--traffic: {path}" in r.stderr and HOSTILE[kind][1] in r.stderr, r.stderr
 
@@ -120,7 +126,7 @@ def test_init_traffic_through_a_link_to_proc_self_mem(tmp_path):
     """A link to /proc/self/mem stats as a regular file of size 0: refused by where it resolves, never read."""
     path = tmp_path / "traffic.jsonl"
     path.symlink_to("/proc/self/mem")
-    r = cli("init", "bundled:smollm2-135m", "--traffic", str(path))
+    r = cli("init", str(_model(tmp_path)), "--traffic", str(path))
     assert r.returncode == 2 and "a file of /proc" in r.stderr, r.stderr
 
 
