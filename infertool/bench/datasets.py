@@ -483,7 +483,7 @@ def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS,
 
     from infertool import inputs
 
-    rows: list[tuple[float, str, int]] = []
+    rows: list[tuple[float, str, int, str | None]] = []
     corpus = None
     rng = random.Random(seed)
     for n, row in inputs.read_jsonl(path, inputs.TRACE, what, MAX_ROWS, hint=TRACE_HINT):
