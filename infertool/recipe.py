@@ -42,7 +42,7 @@ from infertool.errors import RecipeError, RecipeIssue, UsageError
 from infertool.metricspec import objective_names
 from infertool.schema import (  # noqa: F401 - the field types and checks (shared with the backends' schemas)
     MAX_KV_GIB, MAX_LIST, MAX_NAME, MAX_PARALLEL, MAX_PATH, MAX_REQUESTS, MAX_TEXT,
-    MAX_TOKENS, Dtype, Fraction, Millis, Name, NoControl, NotBool, Rate, Requests, Seconds, Seed, Seqs, Share, Text, Tokens,
+    MAX_TOKENS, ClassName, Dtype, Fraction, Millis, Name, NoControl, NotBool, Rate, Requests, Seconds, Seed, Seqs, Share, Text, Tokens,
 )
 from infertool.schema import STRICT as _STRICT
 from infertool.schema import dtype_alias as _dtype_alias
@@ -58,6 +58,7 @@ __all__ = [
     "BNBConfig",
     "BenchSection",
     "BurstSpec",
+    "ClassesSpec",
     "CPUSpec",
     "CalibrationSpec",
     "EvalSection",
@@ -708,6 +709,20 @@ class PromptSpec(BaseModel):
         )
 
 
+class ClassesSpec(BaseModel):
+    """Traffic classes (infertool.bench.classes). A request keeps the `class` its trace or prompt file gives it;
+    the others get the first that applies: multi-turn (a conversation of more than one user turn), shared-prefix
+    (its prompt's first prefix_chars characters or more start another request's prompt too), long (an input of
+    at least long_chars characters), short. Characters, not tokens: the classes do not change with the server.
+    replay sends that class alone (bench --class); unset, the mix."""
+
+    model_config = _STRICT
+
+    prefix_chars: Annotated[int, NotBool, Field(ge=16, le=10_000_000)] = 1024
+    long_chars: Annotated[int, NotBool, Field(ge=1, le=10_000_000)] = 4096
+    replay: ClassName | None = None
+
+
 class SLOSpec(BaseModel):
     model_config = _STRICT
 
@@ -738,6 +753,7 @@ class BenchSection(BaseModel):
     output_len: Tokens = 128
     shared_prefix_ratio: Fraction = 0.0
     slo: SLOSpec | None = None
+    classes: ClassesSpec = Field(default_factory=ClassesSpec)
     cost_per_hour: Annotated[float, NotBool, Field(ge=0, le=1e6)] | None = None
     seed: Seed = 0
     experiments: list[Literal["batching", "prefix_caching", "speculative"]] = []

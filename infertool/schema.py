@@ -17,8 +17,8 @@ from pydantic_core import PydanticCustomError
 __all__ = [
     "MAX_KV_GIB", "MAX_LIST", "MAX_NAME", "MAX_PARALLEL", "MAX_PATH", "MAX_REQUESTS", "MAX_SECONDS", "MAX_SEED",
     "MAX_SEQS", "MAX_TEXT", "MAX_TOKENS", "MIN_DAMP", "MIN_MILLIS", "MIN_RATE", "MIN_SECONDS", "MIN_SHARE", "STRICT",
-    "Damp", "Dtype", "Fraction", "GroupSize", "Millis", "Name", "NoControl", "NotBool", "Rate", "Requests", "Seconds", "Seed", "Seqs", "Share",
-    "Text", "Tokens", "check_group_size", "dtype_alias", "field_error", "float_", "int_",
+    "CLASS_NAME_RE", "ClassName", "Damp", "Dtype", "Fraction", "GroupSize", "Millis", "Name", "NoControl", "NotBool", "Rate", "Requests", "Seconds", "Seed", "Seqs", "Share",
+    "Text", "Tokens", "check_class_name", "check_group_size", "class_name_problem", "dtype_alias", "field_error", "float_", "int_",
     "no_control", "not_bool", "scalar_to_str", "sweep", "text",
 ]
 
@@ -35,6 +35,28 @@ def field_error(field: str, message: str) -> PydanticCustomError:
     rather than ``eval``, with the line of that key.
     """
     return PydanticCustomError("recipe_field", "{message}", {"field": field, "message": message})
+
+
+# a traffic class's name (bench.classes.replay, a trace's or prompt file's `class`): short, letters, digits, - and _
+CLASS_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
+
+
+def class_name_problem(value: object) -> str | None:
+    """Why ``value`` is no traffic class name (None: it is one)."""
+    if not isinstance(value, str):
+        return f"a class is a name (text), not {type(value).__name__}"
+    if not CLASS_NAME_RE.fullmatch(value):
+        shown = value[:40] + ("..." if len(value) > 40 else "")
+        return (f"class {shown!r} is no class name: 1 to 64 letters, digits, '-' or '_'"
+                if value else "an empty class name: 1 to 64 letters, digits, '-' or '_'")
+    return None
+
+
+def check_class_name(value: str) -> str:
+    problem = class_name_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
 
 
 def check_group_size(value: int) -> int:
@@ -137,4 +159,5 @@ GroupSize = Annotated[int, BeforeValidator(not_bool), AfterValidator(check_group
 Fraction = Annotated[float, NotBool, Field(ge=0, le=1)]
 Text = Annotated[str, Field(max_length=MAX_PATH), NoControl]
 Name = Annotated[str, Field(max_length=MAX_NAME), NoControl]
+ClassName = Annotated[str, AfterValidator(check_class_name)]
 Dtype = Literal["bfloat16", "float16", "float32", "auto"]

@@ -105,6 +105,9 @@ def test_bench_json_keeps_its_layout(tmp_path):
     for exp in layout["experiments"]:
         for row in exp["rows"]:
             assert row["figures"].pop("ttft_p90_ms") == {k: None for k in ("label", "a", "b", "ratio", "higher_is_better")}
+    # added since the recording: the traffic's classes (issue 32), a new optional key
+    classes = layout.pop("classes")
+    assert set(classes) == {"rule", "unit", "requests", "classes"} and classes["classes"]
     assert layout == _layout(_old("bench.json"))
     assert json.loads(r.stdout) == {"ok": True, **new}
 

@@ -320,9 +320,22 @@ def test_accuracy_rows_show_lm_eval_per_task_and_the_decode_figures():
     rows = accuracy_rows(doc)
     assert rows[1][:4] == ["a", "PASS", "enforce_eager=false, dtype=bfloat16", "own: enforce_eager=false"]
     assert rows[1][4] == "infertool_mc: 0.9 [0.8, 1.01] (0.5 -> 0.45; lost 3, gained 1, n 40)"
-    assert rows[1][5:] == ["0.75 [0.47, 0.91] of 12", "7", "0.012 [0.004, 0.02]", "2 of 3 divergences"]
+    assert rows[1][5:] == ["0.75 [0.47, 0.91] of 12", "7", "0.012 [0.004, 0.02]",
+                          "2 of 5 divergences start at a near tie"]
     assert rows[2][:2] == ["b", "not scored as served"] and rows[2][4:] == ["-"] * 5
     assert [r[3] for r in trial_rows(doc)[1:]] == ["PASS", "not scored as served"]
+
+
+def test_near_ties_cell_counts_of_all_divergences():
+    """The decode block counts near ties apart from the other divergences: 5 near ties and 1 other divergence is
+    "5 of 6", never "5 of 1" (issue 32 item 7)."""
+    from infertool.tune.report import near_ties_cell
+
+    assert near_ties_cell({"near_ties": 5, "divergences": 1}) == "5 of 6 divergences start at a near tie"
+    assert near_ties_cell({"near_ties": 1, "divergences": 0}) == "1 of 1 divergence starts at a near tie"
+    assert near_ties_cell({"near_ties": 0, "divergences": 3}) == "0 of 3 divergences start at a near tie"
+    assert near_ties_cell({"near_ties": 0, "divergences": 0}) == "no divergence"
+    assert near_ties_cell({"near_ties": None, "divergences": 2}) == "-"
 
 
 def test_lm_eval_tasks_need_the_lmeval_environment_up_front(smol, tmp_path, monkeypatch):

@@ -26,10 +26,12 @@ from typing import TYPE_CHECKING, Any
 
 from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
+from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
 from infertool.bench.results import (FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
-                                     server_figures)
+                                     TrafficClasses, server_figures)
 from infertool.bench.sweep import (
-    ServerHandle, client_notes, connect, find_knee, measure, require_success, slo_of, sweep_levels,
+    ServerHandle, client_notes, connect, find_knee, level_work, measure, require_success, slo_of, sweep_levels,
+    traffic_classes,
 )
 from infertool.bench.traffic import Level
 from infertool.capability import RunContext
@@ -91,6 +93,7 @@ class BenchPlan:
     notes: list[str] = field(default_factory=list)
     original: Arm | None = None  # with_original: the original, measured after the served candidate
     nothing_to_compare: str | None = None  # with_original: why the original is not measured beside it
+    classes: TrafficClasses | None = None  # the traffic's classes (4 characters per token for generated text)
 
     def launches(self) -> dict:
         """The vLLM launches it makes, by label (dry runs of ``infertool.serve.prepare``): the sweep, each
@@ -107,7 +110,8 @@ class BenchPlan:
     def to_dict(self) -> dict:
         return {"url": self.url, "levels": [lv.to_dict() for lv in self.levels], "experiments": self.experiments,
                 "notes": self.notes, "launches": {k: p.to_dict() for k, p in self.launches().items()},
-                **({"nothing_to_compare": self.nothing_to_compare} if self.nothing_to_compare else {})}
+                **({"nothing_to_compare": self.nothing_to_compare} if self.nothing_to_compare else {}),
+                **({"classes": self.classes.to_dict()} if self.classes is not None else {})}
 
 
 def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:
@@ -148,8 +152,16 @@ def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:
         recipe_on = serve.enable_prefix_caching if exp == "prefix_caching" else serve.speculative is not None
         off, on = _arm_labels(exp)
         arms.append(Arm(off if recipe_on else on, _arm_serve(serve, exp, not recipe_on), None, exp, not recipe_on))
-    return BenchPlan(res, options, bench, url, sweep_levels(bench), experiments, sweep, arms, notes,
-                     Arm("original", serve, original) if original is not None else None, why_not)
+    classes = traffic_classes(bench, DEFAULT_CHARS_PER_TOKEN)
+    levels = sweep_levels(bench)
+    if bench.classes.replay is not None:  # a class the traffic lacks: refused before any server starts
+        if bench.trace is not None:  # the classes are the trace's: its level alone replays the class
+            levels = [lv for lv in levels if lv.kind == "trace"]
+            notes.append(f"class {bench.classes.replay} replayed alone: the trace's level only (the classes are "
+                         "the trace's; the prompt source's levels are left out)")
+        level_work(bench, levels[0], DEFAULT_CHARS_PER_TOKEN)
+    return BenchPlan(res, options, bench, url, levels, experiments, sweep, arms, notes,
+                     Arm("original", serve, original) if original is not None else None, why_not, classes)
 
 
 def run(plan: BenchPlan, ctx: RunContext | None = None) -> BenchReport:
@@ -237,7 +249,9 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
         notes += client_notes(other)
         if launched is not None:
             servers.append(launched)
+    classes = traffic_classes(plan.bench, handle.chars_per_token) if plan.classes is not None else None
     return BenchReport(
+        classes=classes,
         url=plan.url or (servers[0]["url"] if servers else None), model=handle.model, endpoint=plan.bench.endpoint,
         settings=_settings(plan.bench, handle.chars_per_token), levels=main, experiments=tables, servers=servers,
         notes=notes, seconds=time.monotonic() - t_start,

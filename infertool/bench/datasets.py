@@ -35,6 +35,7 @@ class Conversation:
     turns: list[str]
     output_lens: list[int]
     system: str | None = None
+    cls: str | None = None  # the file's `class` (None: bench.classes derives one)
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class TraceEntry:
     t_s: float
     prompt: str
     output_len: int
+    cls: str | None = None  # the line's `class` (None: bench.classes derives one)
 
 
 # ------------------------------------------------------------------------------------------ token counts
@@ -346,7 +348,8 @@ def chat_messages(row) -> list[tuple[str, str]] | None:
     return out
 
 
-def _conversation(cid: str, msgs: list[tuple[str, str]], max_turns: int, count, default_out: int) -> Conversation | None:
+def _conversation(cid: str, msgs: list[tuple[str, str]], max_turns: int, count, default_out: int,
+                  cls: str | None = None) -> Conversation | None:
     """The session of one chat: its leading system prompt, its user turns (at most ``max_turns``) and the
     length of the reply after each (``count`` of the next assistant message; ``default_out`` without one)."""
     system = msgs[0][1] if msgs and msgs[0][0] == "system" else None
@@ -360,20 +363,30 @@ def _conversation(cid: str, msgs: list[tuple[str, str]], max_turns: int, count, 
         reply = msgs[k + 1][1] if k + 1 < len(msgs) and msgs[k + 1][0] == "assistant" else None
         turns.append(text)
         outs.append(max(1, count(reply)) if reply is not None else default_out)
-    return Conversation(cid, turns, outs, system) if turns else None
+    return Conversation(cid, turns, outs, system, cls) if turns else None
+
+
+CHATS_HINT = ("a conversations file is JSONL: one chat a line, `messages: [{role, content}]` or `conversations: "
+              "[{from, value}]`, optionally `class` (a name: letters, digits, - and _)")
 
 
 def read_chat_jsonl(path: str | Path, what: str = "bench.prompt.source") -> list[list[tuple[str, str]]]:
-    """The chats of a JSONL file (one chat per line, ``chat_messages``' forms), at most MAX_ROWS; a UsageError
-    naming the line for a line that is no JSON or no chat."""
+    """The chats of a JSONL file (``read_chats_classed`` without their classes)."""
+    return [msgs for msgs, _ in read_chats_classed(path, what)]
+
+
+def read_chats_classed(path: str | Path, what: str = "bench.prompt.source") -> list[tuple[list[tuple[str, str]], str | None]]:
+    """(chat, its `class` or None) per line of a JSONL file (one chat per line, ``chat_messages``' forms), at
+    most MAX_ROWS; a UsageError naming the line for a line that is no JSON, no chat, or has a bad class."""
     from infertool import inputs
 
     chats = []
     for n, row in inputs.read_jsonl(path, inputs.PROMPTS, what, MAX_ROWS):
         msgs = chat_messages(row)
         if msgs is None:
-            raise UsageError(f"{what}: {path}:{n}: no `messages: [{{role, content}}]` or `conversations: [{{from, value}}]`")
-        chats.append(msgs)
+            raise UsageError(f"{what}: {path}:{n}: no `messages: [{{role, content}}]` or `conversations: [{{from, value}}]`",
+                             hint=CHATS_HINT)
+        chats.append((msgs, row_class(row, f"{what}: {path}:{n}", CHATS_HINT)))
     return chats
 
 
@@ -389,25 +402,25 @@ def conversations(bench, n: int) -> list[Conversation]:
     if source == "sharegpt":
         counter = counter_for(bench, required=True)
         with sharegpt_file() as path:
-            chats = [[(_ROLES.get(str(t.get("from", "")).lower(), ""), _turn_text(t)) for t in c if isinstance(t, dict)]
+            plain = [[(_ROLES.get(str(t.get("from", "")).lower(), ""), _turn_text(t)) for t in c if isinstance(t, dict)]
                      for c in load_sharegpt(path)]
-        order = list(range(len(chats)))
+        order = list(range(len(plain)))
         random.Random(bench.seed).shuffle(order)
-        chats = [chats[i] for i in order]
+        chats: list[tuple[list[tuple[str, str]], str | None]] = [(plain[i], None) for i in order]
     elif source.lower().endswith(".jsonl"):
         counter = counter_for(bench, required=False)
-        chats = read_chat_jsonl(source)
+        chats = read_chats_classed(source)
     else:
         raise UsageError(f"multi-turn replay needs conversations: bench.prompt.source is {source!r}",
                          hint="set bench.prompt.source to sharegpt or a conversations .jsonl file")
     count = counter.count if counter is not None else (lambda t: math.ceil(len(t) / CHARS_PER_TOKEN_GUESS))
     limit = spec.max_len or MAX_PROMPT_LEN
     out: list[Conversation] = []
-    for k, msgs in enumerate(chats):
+    for k, (msgs, cls) in enumerate(chats):
         if len(out) >= n:
             break
         msgs = [(r, t) for r, t in msgs if r and t.strip()]
-        conv = _conversation(f"c{k}", msgs, max_turns, count, bench.output_len)
+        conv = _conversation(f"c{k}", msgs, max_turns, count, bench.output_len, cls)
         if conv is not None and (source != "sharegpt" or MIN_LEN <= count(conv.turns[0]) <= limit):
             out.append(conv)
     return out
@@ -450,7 +463,8 @@ def shared_prefix_texts(bench, n: int, chars_per_token: float) -> list[str]:
 
 # ------------------------------------------------------------------------------------------ traces
 TRACE_HINT = ("a trace is JSONL: one object a line with `timestamp` (seconds) or `timestamp_ms`, `prompt` or "
-              "`input_length`, and `output_length` (Mooncake's fields); see docs/commands/bench.md")
+              "`input_length`, and `output_length` (Mooncake's fields), optionally `class` (a name: letters, "
+              "digits, - and _); see docs/commands/bench.md")
 OTHER_SPELLINGS = ("t_s", "output_len", "input_len")  # infertool's own names inside, never a trace's fields
 
 
@@ -462,13 +476,14 @@ def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS,
       their ``timestamp`` to ``timestamp_ms``);
     - the input: ``prompt`` (text) or ``input_length`` (tokens: a window of the built-in corpus that long, at
       ``chars_per_token``);
-    - ``output_length`` (tokens to ask for).
+    - ``output_length`` (tokens to ask for);
+    - optionally ``class``: the request's traffic class (infertool.bench.classes).
     """
     from infertool.data.corpus import prompt_text
 
     from infertool import inputs
 
-    rows: list[tuple[float, str, int]] = []
+    rows: list[tuple[float, str, int, str | None]] = []
     corpus = None
     rng = random.Random(seed)
     for n, row in inputs.read_jsonl(path, inputs.TRACE, what, MAX_ROWS, hint=TRACE_HINT):
@@ -486,6 +501,7 @@ def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS,
             if ms is None:
                 raise UsageError(f"{where}: no `timestamp` (seconds) or `timestamp_ms` (milliseconds)", hint=TRACE_HINT)
             t = ms / 1000.0
+        cls = row_class(row, where, TRACE_HINT)
         out_len = _number(row, "output_length", where, 1, 1_000_000)
         if out_len is None:
             raise UsageError(f"{where}: no `output_length` (tokens)", hint=TRACE_HINT)
@@ -498,12 +514,12 @@ def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS,
             size = max(1, int(in_len * chars_per_token))
             start = rng.randrange(0, max(1, len(corpus) - size))
             prompt = (corpus * (size // len(corpus) + 1))[:size] if size >= len(corpus) else corpus[start:start + size]
-        rows.append((t, prompt[:MAX_TEXT_CHARS], int(out_len)))
+        rows.append((t, prompt[:MAX_TEXT_CHARS], int(out_len), cls))
     if not rows:
         raise UsageError(f"{what}: {path} holds no requests", hint=TRACE_HINT)
     rows.sort(key=lambda r: r[0])
     t0 = rows[0][0]
-    return [TraceEntry(t - t0, p, o) for t, p, o in rows]
+    return [TraceEntry(t - t0, p, o, c) for t, p, o, c in rows]
 
 
 def _number(row: dict, key: str, where: str, lo: float, hi: float) -> float | None:
@@ -515,6 +531,19 @@ def _number(row: dict, key: str, where: str, lo: float, hi: float) -> float | No
         raise UsageError(f"{where}: `{key}` must be a number within {lo:g}..{hi:g}; got {str(v)[:40]!r}",
                          hint=TRACE_HINT)
     return float(v)
+
+
+def row_class(row: object, where: str, hint: str) -> str | None:
+    """A JSONL line's `class` (a traffic class name: infertool.schema.CLASS_NAME_RE), None when it has none; a
+    UsageError naming the line otherwise."""
+    from infertool.schema import class_name_problem
+
+    if not isinstance(row, dict) or "class" not in row:
+        return None
+    problem = class_name_problem(row["class"])
+    if problem:
+        raise UsageError(f"{where}: `class`: {problem}", hint=hint)
+    return str(row["class"])
 
 
 def needs_tokenizer(bench) -> bool:

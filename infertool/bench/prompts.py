@@ -44,26 +44,35 @@ def read_jsonl(path: str | Path, field: str = "prompt", what: str = "bench.promp
     return [text for text, _ in read_jsonl_requests(path, field, what=what)]
 
 
-PROMPTS_HINT = "a prompt file is JSONL: one JSON string, or an object with the prompt field or a chat, per line"
+PROMPTS_HINT = ("a prompt file is JSONL: one JSON string, or an object with the prompt field or a chat, per line; "
+                "an object may carry `class` (a name: letters, digits, - and _)")
 
 
 def read_jsonl_requests(path: str | Path, field: str = "prompt", counter=None,
                         what: str = "bench.prompt.source") -> list[tuple[str, int | None]]:
-    """(prompt, output length or None) per line of a JSONL file (read by ``infertool.inputs``: a regular UTF-8
-    file, bounded; ``what`` names the field or flag that gave it): a string, an object with the string field
-    ``field``, or a chat (``messages: [{role, content}]`` / ``conversations: [{from, value}]``: its first user
-    turn, and, given a ``datasets.TokenCounter``, the token count of the reply after it as the output length)."""
+    """(prompt, output length or None) per line of a JSONL file (``read_jsonl_classed`` without the classes)."""
+    return [(text, out) for text, out, _ in read_jsonl_classed(path, field, counter, what)]
+
+
+def read_jsonl_classed(path: str | Path, field: str = "prompt", counter=None,
+                       what: str = "bench.prompt.source") -> list[tuple[str, int | None, str | None]]:
+    """(prompt, output length or None, `class` or None) per line of a JSONL file (read by ``infertool.inputs``: a
+    regular UTF-8 file, bounded; ``what`` names the field or flag that gave it): a string, an object with the
+    string field ``field``, or a chat (``messages: [{role, content}]`` / ``conversations: [{from, value}]``: its
+    first user turn, and, given a ``datasets.TokenCounter``, the token count of the reply after it as the output
+    length); an object's ``class`` is its traffic class (infertool.bench.classes)."""
     from infertool import inputs
-    from infertool.bench.datasets import chat_messages
+    from infertool.bench.datasets import chat_messages, row_class
 
     p = Path(path).expanduser()
-    rows: list[tuple[str, int | None]] = []
+    rows: list[tuple[str, int | None, str | None]] = []
     for n, row in inputs.read_jsonl(p, inputs.PROMPTS, what, hint=PROMPTS_HINT):
         if isinstance(row, str):
             if not row:
                 raise UsageError(f"{what}: {p}:{n}: an empty prompt", hint="remove the line")
-            rows.append((row, None))
+            rows.append((row, None, None))
             continue
+        cls = row_class(row, f"{what}: {p}:{n}", PROMPTS_HINT)
         value = row.get(field) if isinstance(row, dict) else None
         msgs = chat_messages(row) if value is None else None
         if msgs:
@@ -71,12 +80,12 @@ def read_jsonl_requests(path: str | Path, field: str = "prompt", counter=None,
             if first is not None:
                 reply = msgs[first + 1][1] if first + 1 < len(msgs) and msgs[first + 1][0] == "assistant" else None
                 out = max(1, counter.count(reply)) if counter is not None and reply is not None else None
-                rows.append((msgs[first][1], out))
+                rows.append((msgs[first][1], out, cls))
                 continue
         if not isinstance(value, str) or not value:
             raise UsageError(f"{what}: {p}:{n}: no string field {field!r} and no chat with a user turn",
                              hint="set bench.prompt.field to the name of the prompt field")
-        rows.append((value, None))
+        rows.append((value, None, cls))
     if not rows:
         raise UsageError(f"{what}: {p} holds no prompts", hint=PROMPTS_HINT)
     return rows

@@ -23,8 +23,8 @@ from infertool.records import Record, as_int, as_str
 
 __all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Experiment", "FIGURES", "Figure",
            "Goodput", "Interval", "Knee", "Latency", "LengthDistribution", "Lengths", "LevelResult",
-           "LevelSpec", "Repeats", "SLO", "SERVER_FIGURES", "ServedModel", "ServerMetrics", "Summary", "Window",
-           "server_figures"]
+           "LevelSpec", "Repeats", "SLO", "SERVER_FIGURES", "ServedModel", "ServerMetrics", "Summary",
+           "TrafficClass", "TrafficClasses", "Window", "server_figures"]
 
 
 class _Sparse(Record):
@@ -372,7 +372,7 @@ class BenchReport(_Sparse):
     bench.json also the served model (``served``), the original's sweep (``original``) and the comparison of
     the two (``comparison``); `infertool bench --plot` adds ``plot``."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("served", "original", "comparison", "plot", "knee")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("served", "original", "comparison", "plot", "knee", "classes")
 
     url: str | None = None
     model: str = ""  # the name the server announced (what requests ask for)
@@ -390,6 +390,7 @@ class BenchReport(_Sparse):
     comparison: Experiment | None = None  # run: original (A) vs candidate (B), or why there is none
     plot: str | None = None
     knee: Knee | None = None  # bench.rate_sweep: the knee found (or why none)
+    classes: TrafficClasses | None = None  # the traffic's classes (infertool.bench.classes; None: an older file)
 
     def __post_init__(self) -> None:
         # records from dicts too (a caller's or an older file's levels), and the derived flag
@@ -418,6 +419,36 @@ class BenchReport(_Sparse):
 
 
 # ------------------------------------------------------------------------------------------ traffic
+@dataclass
+class TrafficClass(Record):
+    """One class of the traffic (``infertool.bench.classes``): its requests (a multi-turn session's turns each
+    count), their share of the mix, input lengths in characters, output lengths in tokens (those the traffic
+    asks for; None: the bench's output_len), and the fraction of its prompt characters that are a prefix shared
+    with an earlier request."""
+
+    name: str = ""
+    origin: str = ""  # "given" (the file's `class`) | "derived" (the rule)
+    requests: int = 0
+    share: float | None = None
+    input_chars: Lengths = field(default_factory=Lengths)
+    output_tokens: Lengths = field(default_factory=Lengths)
+    prefix_shared: float | None = None
+
+
+@dataclass
+class TrafficClasses(_Sparse):
+    """The classes of a bench's traffic, the rule that derived those without a given class, and the class
+    replayed alone (None: the mix)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("replayed",)
+
+    rule: str = ""
+    unit: str = "characters"  # what the prefix and length thresholds count
+    requests: int = 0
+    classes: list[TrafficClass] = field(default_factory=list)
+    replayed: str | None = None
+
+
 # the recipe's bench fields that shape the traffic (two runs that differ in one are not the same traffic)
 TRAFFIC_FIELDS: tuple[str, ...] = (
     "endpoint", "prompt", "output_len", "output_len_spread", "shared_prefix_ratio", "ignore_eos", "arrival",

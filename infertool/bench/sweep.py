@@ -42,9 +42,11 @@ from infertool.bench.client import Refused, Target, list_models, send, tokenize
 from infertool.bench.metrics import (
     RequestResult, mean_interval, percentile, proportion_interval, rate_following, summarize,
 )
+from infertool.bench.classes import Request, Rule, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import SLO, Interval, Knee, LevelResult, LevelSpec, Repeats, Summary, Window
+from infertool.bench.results import (SLO, Interval, Knee, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
+                                     Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
 
@@ -101,7 +103,21 @@ def load_trace_work(bench, chars_per_token: float) -> tuple[list[Prompt], list[f
 
 def level_work(bench, level: Level, chars_per_token: float) -> dict:
     """What a level sends beyond the bench's prompt stream, for its job: ``conversations`` (sessions),
-    ``prompts`` and ``offsets`` (a trace), and ``n`` (its units)."""
+    ``prompts`` and ``offsets`` (a trace), and ``n`` (its units). With bench.classes.replay, only that class's
+    units of the level's traffic (a trace's keep their gaps, from the class's first)."""
+    replay = bench.classes.replay
+    if replay is not None:
+        work, requests = classed_traffic(bench, "trace" if level.kind == "trace" else "source", chars_per_token)
+        names = derive(requests, _rule(bench))
+        units = sorted({requests[i].unit for i in select(names, replay)})
+        if not units:
+            raise UsageError(f"bench.classes.replay: the class {replay!r} has no request in this traffic "
+                             f"(its classes: {', '.join(sorted(set(names))) or 'none'})",
+                             hint="name one of its classes, or remove bench.classes.replay (bench --class) to send the mix")
+        out = {k: [v[u] for u in units] for k, v in work.items()}
+        if "offsets" in out:  # the class's first request leaves at once, the others at their gaps from it
+            out["offsets"] = [t - out["offsets"][0] for t in out["offsets"]]
+        return {**out, "n": len(units)}
     if level.kind == "trace":
         prompts, offsets = load_trace_work(bench, chars_per_token)
         return {"prompts": prompts, "offsets": offsets, "n": len(prompts)}
@@ -109,6 +125,49 @@ def level_work(bench, level: Level, chars_per_token: float) -> dict:
         convs = load_conversations(bench, bench.requests)
         return {"conversations": convs, "n": len(convs)}
     return {"n": bench.requests}
+
+
+def _rule(bench) -> Rule:
+    return Rule(prefix_chars=bench.classes.prefix_chars, long_chars=bench.classes.long_chars)
+
+
+def classed_traffic(bench, which: str, chars_per_token: float) -> tuple[dict, list[Request]]:
+    """The whole traffic of the trace (``which`` "trace") or of the prompt source ("source"), as its level's
+    work per unit (``prompts`` and ``offsets``, or ``conversations``: lists indexed by unit) and its requests for
+    infertool.bench.classes (a session's turns: its system prompt and user turns so far, without the replies)."""
+    if which == "trace":
+        from infertool.bench.datasets import load_trace
+
+        entries = sorted(load_trace(bench.trace), key=lambda e: e.t_s)
+        prompts, offsets = load_trace_work(bench, chars_per_token)
+        return ({"prompts": prompts, "offsets": offsets},
+                [Request(p.text, p.output_len, i, 1, e.cls) for i, (p, e) in enumerate(zip(prompts, entries))])
+    if bench.prompt.multi_turn is not None:
+        convs = load_conversations(bench, bench.requests)
+        reqs = []
+        for u, c in enumerate(convs):
+            for k in range(len(c.turns)):
+                text = "\n\n".join(([c.system] if c.system else []) + c.turns[:k + 1])
+                reqs.append(Request(text, c.output_lens[k] if k < len(c.output_lens) else None, u, len(c.turns), c.cls))
+        return {"conversations": convs}, reqs
+    given: list[str | None] = []
+    if bench.prompt.source.lower().endswith(".jsonl"):
+        from infertool.bench.prompts import read_jsonl_classed
+
+        given = [c for _, _, c in read_jsonl_classed(bench.prompt.source, bench.prompt.field)]
+    prompts = build_prompts(bench, bench.requests, chars_per_token)
+    return ({"prompts": prompts},
+            [Request(p.text, p.output_len, i, 1, given[i % len(given)] if given else None) for i, p in enumerate(prompts)])
+
+
+def traffic_classes(bench, chars_per_token: float) -> TrafficClasses | None:
+    """The classes of the bench's traffic (its trace when it has one, else its prompt source), and the class
+    replayed alone; None for the ShareGPT source (its sample needs the served model's tokenizer: not classed)."""
+    which = "trace" if bench.trace is not None else "source"
+    if which == "source" and bench.prompt.source == "sharegpt":
+        return None
+    _, requests = classed_traffic(bench, which, chars_per_token)
+    return summarise(requests, _rule(bench), bench.classes.replay)
 
 
 def _calibration_text(bench) -> str:

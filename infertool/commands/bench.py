@@ -36,6 +36,7 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, force_opt("Overwrite the --out and --plot files if they exist.")] = False,
         dry_run: Annotated[bool, dry_run_opt("Show the servers the bench would launch (the sweep and each experiment arm); start nothing.")] = False,
         as_json: Annotated[bool, JSON_OPT] = False,
+        replay_class: Annotated[Optional[str], typer.Option("--class", metavar="NAME", help="Send this traffic class alone (bench.classes.replay); default: the mix.")] = None,
     ) -> None:
         """Load-test an OpenAI-compatible server (--url) or, without one, the recipe's own vLLM server:
         concurrency sweep, Poisson rates, bursts, and the recipe's A/B experiments."""
@@ -45,7 +46,7 @@ def register(app: typer.Typer) -> None:
         from infertool.recipe import load_recipe
         from infertool.resolve import resolve
 
-        res = resolve(load_recipe(recipe, overrides or []))
+        res = resolve(_with_class(load_recipe(recipe, overrides or []), replay_class))
         checks = recipe_checks(res, "bench") if dry_run else None
         plan = bench_cap.plan(res, bench_cap.BenchOptions(url=url, model=model, plot=plot))
         if checks is not None:
@@ -66,6 +67,22 @@ def register(app: typer.Typer) -> None:
             err.print(f"plot: {report.plot}", markup=False, soft_wrap=True)
 
 
+def _with_class(recipe, name: str | None):
+    """The recipe with bench.classes.replay set to --class NAME (checked as the recipe field is)."""
+    if name is None:
+        return recipe
+    from infertool.errors import UsageError
+    from infertool.recipe import BenchSection
+    from infertool.schema import class_name_problem
+
+    problem = class_name_problem(name)
+    if problem:
+        raise UsageError(f"--class: {problem}", hint="name a class of the traffic (bench --dry-run lists them)")
+    bench = recipe.bench or BenchSection()
+    bench = bench.model_copy(update={"classes": bench.classes.model_copy(update={"replay": name})})
+    return recipe.model_copy(update={"bench": bench})
+
+
 def _render_plan(plan, as_json: bool, checks) -> None:
     """The servers the bench would launch (none with --url) and their exact commands."""
     from infertool.output import out, print_json
@@ -80,6 +97,28 @@ def _render_plan(plan, as_json: bool, checks) -> None:
     for label, p in plan.launches().items():
         out.print(f"{label}: {p.model.label}", markup=False, soft_wrap=True)
         out.print("  " + p.spec.shell_line(), markup=False, soft_wrap=True)
+    if plan.classes is not None:
+        _classes_table(plan.classes)
+
+
+def _classes_table(tc) -> None:
+    """The traffic's classes: share, input characters and output tokens (p50 / p90 / max), prefix sharing."""
+    from rich.table import Table
+
+    from infertool.output import err, out, plain
+
+    replayed = f"; replayed alone: {tc.replayed}" if tc.replayed else "; replayed: the mix"
+    t = Table(title=plain(f"traffic classes ({tc.requests} requests{replayed})"), title_justify="left")
+    for c in ("class", "from", "requests", "share", "input chars p50/p90/max", "output tok p50/p90/max",
+              "prefix shared"):
+        t.add_column(c, justify="left" if c in ("class", "from") else "right", no_wrap=True)
+    for c in tc.classes:
+        lens = [" / ".join(_f(v, "{:.0f}") for v in (h.p50, h.p90, h.max)) if h.n else "-"
+                for h in (c.input_chars, c.output_tokens)]
+        t.add_row(plain(c.name), plain(c.origin), str(c.requests), _f(None if c.share is None else c.share * 100, "{:.0f}%"),
+                  *lens, _f(None if c.prefix_shared is None else c.prefix_shared * 100, "{:.0f}%"))
+    out.print(t)
+    err.print(plain(f"classes: {tc.rule}", style="dim"), soft_wrap=True)
 
 
 def _f(v, fmt: str = "{:.1f}") -> str:
@@ -106,6 +145,8 @@ def render(report) -> None:
     _repeats_table(report.levels)
     _turns_table(report.levels)
     _lengths_table(report.levels)
+    if report.classes is not None:
+        _classes_table(report.classes)
     if report.knee is not None:
         _knee(report.knee)
     errors = {k: v for lv in report.levels for k, v in lv.summary.errors.items()}

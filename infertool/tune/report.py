@@ -144,7 +144,19 @@ def decode_cell(dec: dict | None) -> list[str]:
     n = dec.get("n_prompts")
     return [_ci_cell(dec.get("exact_match"), dec.get("exact_match_ci")) + (f" of {_f(n)}" if n is not None else ""),
             _f(dec.get("first_divergence_median")), _ci_cell(dec.get("kld"), dec.get("kld_ci")),
-            _f(dec.get("near_ties")) + (f" of {_f(dec.get('divergences'))} divergences" if dec.get("divergences") else "")]
+            near_ties_cell(dec)]
+
+
+def near_ties_cell(dec: dict) -> str:
+    """"N of M divergences start at a near tie". The decode block counts the two apart (``compare``):
+    ``near_ties`` divergences start at a near tie, ``divergences`` the others, so M is their sum (N <= M)."""
+    ties, other = dec.get("near_ties"), dec.get("divergences")
+    if not isinstance(ties, int) or isinstance(ties, bool) or not isinstance(other, int) or isinstance(other, bool):
+        return "-"
+    total = ties + other
+    if total == 0:
+        return "no divergence"
+    return f"{ties:,} of {total:,} divergence{'s' if total != 1 else ''} start{'s' if total == 1 else ''} at a near tie"
 
 
 def screened_text(screening: Screening | None) -> str:
