@@ -54,6 +54,7 @@ SUITE = Kind("an eval suite", 4 * MiB)  # the suite's YAML
 SUITE_DATA = Kind("a suite data file", 256 * MiB)  # a suite task's data: JSONL
 DECODE_PROMPTS = Kind("a decode prompt file", 8 * MiB)  # eval.decode.prompts
 CALIBRATION = Kind("a calibration file", 256 * MiB)  # quantize.calibration.source
+TASK_DATA = Kind("an lm-eval task data file", 256 * MiB)  # a json / text / csv task's data_files in its folder
 
 
 class InputFileError(UsageError):

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from conftest import cli_in_process, run_cli
+from conftest import cli_in_process, deadline, run_cli
 from fakes import layout_model
 from infertool.errors import UsageError
 
@@ -152,6 +152,43 @@ def test_every_code_reference_and_outside_data_needs_trust(work, extra, words):
 def test_data_and_hub_datasets_inside_the_folder_pass(work):
     task(work, "dataset_kwargs:\n  data_files: {test: data.jsonl, train: 'sub/*.jsonl'}\n")
     task(work, "task: hub\ndataset_path: openai/gsm8k\n", name="hub.yaml")  # the HF cache, offline
+    rc, out = cli(work, "validate", recipe(work))
+    assert rc == 0 and "lm_eval_code" not in out, out
+
+
+@pytest.mark.parametrize("kind,words", [
+    ("binary", "a NUL byte: a binary file, not an lm-eval task data file"),
+    ("deep", "not valid JSON (nested deeper than 64 levels)"),
+    ("nan", "not valid JSON (NaN is not a JSON number)"),
+    ("bad_utf8", "not UTF-8 text"),
+    ("empty", "an lm-eval task data file needs content"),
+    ("fifo", "a fifo, not an lm-eval task data file (a regular file)"),
+    ("sparse", "too large (1 TiB; an lm-eval task data file is at most 256 MiB)"),
+], ids=["binary", "deep", "nan", "bad_utf8", "empty", "fifo", "sparse"])
+def test_task_data_inside_the_folder_is_read_by_the_one_reader(work, kind, words):
+    """A json task's data file in the folder goes through inputs.py's reader in the check, whatever the trust:
+    the file and the key named, exit 2, never a hang (a fifo is never opened, a 1 TiB sparse file never read)."""
+    data = work / "tasks" / "data.jsonl"
+    data.unlink()
+    if kind == "fifo":
+        os.mkfifo(data)
+    elif kind == "sparse":
+        with open(data, "wb") as f:
+            f.truncate(2**40)
+    else:
+        data.write_bytes({"binary": b'{"q": 1}\n\x00\x01', "deep": b"[" * 5000 + b"]" * 5000 + b"\n",
+                          "nan": b'{"question": "a", "answer": "b"}\n{"question": NaN}\n',
+                          "bad_utf8": b'{"question": "caf\xe9"}\n', "empty": b"\n \n"}[kind])
+    task(work)
+    with deadline(60):
+        rc, out = cli(work, "validate", recipe(work), "--set", "eval.lm_eval.trust_code=true")
+    assert rc == 2 and "evil.yaml:5: dataset_kwargs.data_files.test" in out and words in out, out
+
+
+def test_task_data_as_one_json_document_or_json_lines_passes(work):
+    (work / "tasks" / "data.json").write_text('[{"question": "1+1?", "answer": "2"}]')
+    (work / "tasks" / "lines.json").write_text('{"question": "a", "answer": "b"}\n{"question": "c", "answer": "d"}\n')
+    task(work, "dataset_kwargs:\n  data_files: {test: data.json, train: lines.json}\n")
     rc, out = cli(work, "validate", recipe(work))
     assert rc == 0 and "lm_eval_code" not in out, out
 

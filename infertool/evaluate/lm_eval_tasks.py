@@ -40,6 +40,7 @@ PATH_FIELD = "eval.lm_eval.include_path"
 # datasets' packaged builders: a dataset_path of one of these reads data_files, not a folder of that name
 BUILDERS = frozenset({"json", "csv", "text", "parquet", "arrow", "pandas", "webdataset", "xml", "sql", "hdf5",
                       "imagefolder", "audiofolder", "videofolder", "pdffolder", "niftifolder", "eval", "lance"})
+READ_BUILDERS = frozenset({"json", "text", "csv"})  # builders of text files: their data is read by inputs.py first
 REMOTE_SCHEMES = ("hf", "http", "https")  # offline here: read from the Hugging Face cache, never a local file
 # an expression in a template that reaches Python's internals (Jinja renders lm-eval's templates unsandboxed)
 JINJA_EXPR = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
@@ -292,9 +293,9 @@ class _Scanner:
             key = "dataset_kwargs.data_files" + (f".{split}" if split is not None else "")
             for s in (v if isinstance(v, list) else [v]):
                 if isinstance(s, str):
-                    self.local(s, base, shown, line, key)
+                    self.local(s, base, shown, line, key, dp if dp in READ_BUILDERS else None)
 
-    def local(self, s: str, base: Path, shown: str, line: int | None, key: str) -> None:
+    def local(self, s: str, base: Path, shown: str, line: int | None, key: str, builder: str | None = None) -> None:
         if "://" in s or "::" in s:
             scheme = s.split("://", 1)[0].lower()
             if "::" in s or scheme not in REMOTE_SCHEMES:
@@ -306,6 +307,24 @@ class _Scanner:
         p = p if p.is_absolute() else base / p
         if not _inside(p, self.real):
             self.scan.refs.append(Ref(shown, line, key, f"reads {s!r} ({os.path.realpath(p)}), outside the folder"))
+        elif builder is not None and head == s and (p.exists() or p.is_symlink()):
+            self.content(p, builder, f"{shown}:{line}: {key}" if line else f"{shown}: {key}")
+
+    def content(self, p: Path, builder: str, what: str) -> None:
+        """A data file of the folder that datasets' ``builder`` reads, through infertool's one reader (a regular
+        file, its size cap, UTF-8, JSON bounded): an error of the scan, whatever the trust. A missing file is
+        lm-eval's preflight's to name (the task's data is not on this machine)."""
+        from infertool import inputs
+
+        try:
+            text = inputs.read_text(p, inputs.TASK_DATA, what)
+            if builder == "json":
+                try:
+                    inputs.parse_json(text)  # one JSON document
+                except ValueError:
+                    inputs.read_jsonl(p, inputs.TASK_DATA, what)  # JSON lines: a bad line is named
+        except inputs.InputFileError as e:
+            self.scan.errors.append(e.message)
 
     def metrics(self, data: dict, shown: str) -> None:
         """A metric name lm-eval does not know (a path) or ``hf_evaluate: true``: evaluate.load runs a script."""
