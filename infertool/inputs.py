@@ -61,7 +61,8 @@ class InputFileError(UsageError):
     """An input file that is not read: what it is for, which file, and why (exit 2)."""
 
 
-def _size(n: int) -> str:
+def size_text(n: int) -> str:
+    """A size for a message: 1 TiB, 1.5 GiB, 12 MiB, 524,288 bytes."""
     for unit, exp in (("TiB", 40), ("GiB", 30), ("MiB", 20)):
         if n >= 2**exp:
             return f"{n / 2**exp:,.1f}".removesuffix(".0") + f" {unit}"
@@ -98,7 +99,7 @@ def check(path: str | Path, kind: Kind, what: str) -> os.stat_result:
     if not stat.S_ISREG(st.st_mode):
         raise _refuse(what, p, f"{file_kind(st.st_mode)}, not {kind.name} (a regular file)")
     if st.st_size > kind.limit:
-        raise _refuse(what, p, f"too large ({_size(st.st_size)}; {kind.name} is at most {_size(kind.limit)})",
+        raise _refuse(what, p, f"too large ({size_text(st.st_size)}; {kind.name} is at most {size_text(kind.limit)})",
                       "cut the file, or split it")
     if st.st_size == 0:
         raise _refuse(what, p, f"empty: {kind.name} needs content")
@@ -123,7 +124,7 @@ def read_bytes(path: str | Path, kind: Kind, what: str) -> bytes:
         except OSError as e:
             raise _refuse(what, p, f"not readable ({e.strerror or e})") from None
     if len(data) > kind.limit:
-        raise _refuse(what, p, f"too large (over {_size(kind.limit)}, the most {kind.name} holds)",
+        raise _refuse(what, p, f"too large (over {size_text(kind.limit)}, the most {kind.name} holds)",
                       "cut the file, or split it")
     return data
 

@@ -60,6 +60,19 @@ def visible(text: object) -> str:
                    else ascii(ch)[1:-1] for ch in s)
 
 
+def escaped(text: object) -> str:
+    """``text`` on one line: every character that is not printable (a newline, ESC, a bidi override) as its
+    escape."""
+    s = str(text)
+    return s if s.isprintable() else "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in s)
+
+
+def quoted(value: object, limit: int = 200) -> str:
+    """A value someone else wrote, for a message: quoted, ``escaped``, cut at ``limit`` characters."""
+    text = escaped(value)
+    return "'" + (text if len(text) <= limit else text[:limit - 3] + "...") + "'"
+
+
 def esc(value: object) -> str:
     """A value to put inside a Rich markup string: its `[` cannot open a tag, its control characters show."""
     from rich.markup import escape

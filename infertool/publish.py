@@ -31,6 +31,7 @@ from infertool.atomic import (OutputPathError, atomic_dir, copy_file, file_kind,
                               write_text)
 from infertool.capability import RunContext
 from infertool.errors import BackendError, UsageError
+from infertool.inputs import size_text
 
 if TYPE_CHECKING:
     from infertool.recipe import Recipe
@@ -101,10 +102,10 @@ def refusals(root: Path) -> list[str]:
 
 
 def said(value: object, limit: int = 200) -> str:
-    """A value from a file or a folder someone else made, for a message or a note: quoted, on one line, every
-    control character shown as its escape, cut at ``limit`` characters."""
-    text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(value))
-    return "'" + (text if len(text) <= limit else text[:limit - 3] + "...") + "'"
+    """A value from a file or a folder someone else made, for a message or a note (``output.quoted``)."""
+    from infertool.output import quoted
+
+    return quoted(value, limit)
 
 
 def fingerprint(path: str | Path) -> str:
@@ -229,12 +230,8 @@ def check_room(folder: Path, dest: Path) -> None:
         where = where.parent
     free = shutil.disk_usage(where).free
     if need > free:
-        raise UsageError(f"cannot publish to {said(dest)}: the copy needs {_size(need)} and its file system "
-                         f"has {_size(free)} free", hint="free some space, or publish to another disk")
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n:,} bytes"
+        raise UsageError(f"cannot publish to {said(dest)}: the copy needs {size_text(need)} and its file system "
+                         f"has {size_text(free)} free", hint="free some space, or publish to another disk")
 
 
 def env_folders() -> Path:
@@ -323,7 +320,9 @@ _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*[]|#!~"} | {"<": "&lt;", 
 
 def _shown(value: object) -> str:
     """A value on one line: every control or format character (a newline, ESC, a bidi override) as its escape."""
-    return "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in str(value))
+    from infertool.output import escaped
+
+    return escaped(value)
 
 
 def cell(v: object) -> str:

@@ -174,10 +174,11 @@ def check_model_uri(uri: str, what: str, hint: str) -> None:
 
 
 def _shown_uri(uri: str) -> str:
-    """A URI for an error message: quoted, one line, every control character as its escape (a trailing newline
-    shows), cut, a user and password in it blanked (never echoed)."""
-    text = "".join(ch if ch.isprintable() else ascii(ch)[1:-1] for ch in re.sub(r"//[^/]*@", "//***@", str(uri)))
-    return "'" + (text if len(text) <= 100 else text[:97] + "...") + "'"
+    """A URI for an error message (``output.quoted``: a trailing newline shows), a user and password in it
+    blanked (never echoed)."""
+    from infertool.output import quoted
+
+    return quoted(re.sub(r"//[^/]*@", "//***@", str(uri)), 100)
 
 
 def _selector(item) -> tuple[str, str]:
