@@ -191,9 +191,15 @@ def read_jsonl(path: str | Path, kind: Kind, what: str, max_rows: int = 1_000_00
                hint: str | None = None) -> list[tuple[int, object]]:
     """(line number, document) for each non-blank line of a JSONL ``kind`` file (``read_text``, ``parse_json``);
     the first line that is not JSON is refused with its number; more than ``max_rows`` lines are refused."""
+    return parse_jsonl(read_text(path, kind, what), path, what, max_rows, hint)
+
+
+def parse_jsonl(text: str, path: str | Path, what: str, max_rows: int = 1_000_000,
+                hint: str | None = None) -> list[tuple[int, object]]:
+    """``read_jsonl`` of text already read from ``path``."""
     p = Path(path).expanduser()
     rows: list[tuple[int, object]] = []
-    for n, line in enumerate(read_text(path, kind, what).splitlines(), 1):
+    for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
         if len(rows) >= max_rows:

@@ -322,7 +322,7 @@ class _Scanner:
                 try:
                     inputs.parse_json(text)  # one JSON document
                 except ValueError:
-                    inputs.read_jsonl(p, inputs.TASK_DATA, what)  # JSON lines: a bad line is named
+                    inputs.parse_jsonl(text, p, what)  # JSON lines: a bad line is named
         except inputs.InputFileError as e:
             self.scan.errors.append(e.message)
 
