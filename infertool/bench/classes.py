@@ -66,10 +66,10 @@ def _block_keys(text: str) -> list[int]:
     return keys
 
 
-def shared_with_other_unit(requests: Sequence[Request]) -> list[int]:
+def shared_with_other_unit(requests: Sequence[Request], keys: list[list[int]] | None = None) -> list[int]:
     """Per request: the longest prefix (characters, whole blocks) its prompt shares with a request of ANOTHER
-    unit."""
-    keys = [_block_keys(r.prompt) for r in requests]
+    unit (``keys``: each prompt's ``_block_keys``, when the caller has them)."""
+    keys = keys if keys is not None else [_block_keys(r.prompt) for r in requests]
     units: dict[int, int] = {}  # block key -> the first unit seen with it; -1: two units or more
     for r, ks in zip(requests, keys):
         for key in ks:
@@ -87,13 +87,13 @@ def shared_with_other_unit(requests: Sequence[Request]) -> list[int]:
     return out
 
 
-def shared_with_earlier(requests: Sequence[Request]) -> list[int]:
+def shared_with_earlier(requests: Sequence[Request], keys: list[list[int]] | None = None) -> list[int]:
     """Per request, in the traffic's order: the longest prefix (characters, whole blocks) of its prompt that an
     earlier request's prompt starts with too (what a prefix cache could reuse)."""
     seen: set[int] = set()
     out = []
-    for r in requests:
-        ks = _block_keys(r.prompt)
+    for i, r in enumerate(requests):
+        ks = keys[i] if keys is not None else _block_keys(r.prompt)
         depth = 0
         while depth < len(ks) and ks[depth] in seen:
             depth += 1
@@ -102,10 +102,10 @@ def shared_with_earlier(requests: Sequence[Request]) -> list[int]:
     return out
 
 
-def derive(requests: Sequence[Request], rule: Rule) -> list[str]:
+def derive(requests: Sequence[Request], rule: Rule, keys: list[list[int]] | None = None) -> list[str]:
     """Each request's class (see the module docstring): the given one, else the rule's; every turn of a
     conversation gets the class of the conversation (its first turn's prefix decides shared-prefix)."""
-    other = shared_with_other_unit(requests)
+    other = shared_with_other_unit(requests, keys)
     first_of: dict[int, int] = {}
     for i, r in enumerate(requests):
         first_of.setdefault(r.unit, i)
@@ -130,8 +130,9 @@ def summarise(requests: Sequence[Request], rule: Rule, replayed: str | None = No
     class first."""
     total = len(requests)
     requests = list(requests[:MAX_CLASSED])
-    names = derive(requests, rule)
-    earlier = shared_with_earlier(requests)
+    keys = [_block_keys(r.prompt) for r in requests]  # once, for both
+    names = derive(requests, rule, keys)
+    earlier = shared_with_earlier(requests, keys)
     by: dict[str, list[int]] = {}
     for i, name in enumerate(names):
         by.setdefault(name, []).append(i)
