@@ -1003,6 +1003,57 @@ class TuneSection(BaseModel):
 
 
 # --------------------------------------------------------------------------------------------
+# verify: the evidence a published checkpoint carries, and the gates `infertool verify` judges it by
+# --------------------------------------------------------------------------------------------
+
+MIB = 1024 * 1024
+
+
+class EvidenceSpec(BaseModel):
+    """What `publish` (and so `run` and `tune`) writes into the published folder's ``evidence/``: the candidate's
+    outputs AS SERVED (prompt top-k log-probabilities per scored item, greedy decode tokens with per-step top-k,
+    lm-eval per-document results), the engine, its settings and the host, one content hash. Bounded: at most
+    ``max_bytes`` and at most ``max_fraction`` of the weights' bytes, whichever is smaller; the ``max_*`` counts
+    trim it further (docs/verify.md)."""
+
+    model_config = _STRICT
+
+    enabled: bool = True
+    top_k: Annotated[int, NotBool, Field(ge=1, le=20)] = 20  # log-probabilities kept per position
+    max_bytes: Annotated[int, NotBool, Field(ge=64 * 1024, le=1024 * MIB)] = 32 * MIB
+    max_fraction: Annotated[float, NotBool, Field(ge=0.0001, le=1)] = 0.02  # of the weights' bytes
+    max_items: Requests | None = None  # scored items (perplexity windows, choices, generations) kept per task
+    decode_prompts: Annotated[int, NotBool, Field(ge=1, le=100_000)] | None = None  # default: eval.decode's set
+    decode_tokens: Annotated[int, NotBool, Field(ge=2, le=4096)] | None = None  # default: eval.decode.max_tokens
+
+
+class VerifyAccept(BaseModel):
+    """When `infertool verify` PASSes: every gate set here holds with its uncertainty (the interval's side), as in
+    eval. The defaults sit above the noise floor measured in docs/verify.md (the same checkpoint, engine and
+    settings against itself)."""
+
+    model_config = _STRICT
+
+    min_exact_match: Fraction | None = None  # greedy decode: share of prompts identical to the evidence
+    max_decode_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = None  # teacher-forced, per step
+    min_decode_top1: Fraction | None = None
+    max_prompt_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = None  # prompt logprobs, per token
+    min_prompt_top1: Fraction | None = None
+    min_lmeval_agreement: Fraction | None = None  # lm-eval: share of documents with the same result
+    confidence: Annotated[float, NotBool, Field(ge=0.5, le=0.999)] = 0.95
+    allow_inconclusive: bool = False  # INCONCLUSIVE exits 1, like FAIL, unless true (then 0), as in eval
+
+
+class VerifySection(BaseModel):
+    """`infertool verify`: the evidence `publish` writes, and the gates a re-check is judged by."""
+
+    model_config = _STRICT
+
+    evidence: EvidenceSpec = Field(default_factory=EvidenceSpec)
+    accept: VerifyAccept = Field(default_factory=VerifyAccept)
+
+
+# --------------------------------------------------------------------------------------------
 # run and the recipe
 # --------------------------------------------------------------------------------------------
 
@@ -1039,6 +1090,7 @@ class Recipe(BaseModel):
     bench: BenchSection | None = None
     run: RunSection | None = None
     tune: TuneSection | None = None
+    verify: VerifySection | None = None
 
     @field_validator("name")
     @classmethod
