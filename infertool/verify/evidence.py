@@ -1,0 +1,198 @@
+"""The evidence a published checkpoint carries (``<published>/evidence/``), and the one reader of it.
+
+Evidence is the candidate's outputs AS SERVED by vLLM with the recorded serve settings, gathered by the same
+collectors eval uses, so that `infertool verify` can re-score the checkpoint under another engine release,
+setting or machine without the original model:
+
+    tasks.json      the scored suite as scored (the task list ``evaluate.server_engine.collect`` takes)
+    prompts.json    ``collect``'s raw output for the candidate: top-k prompt log-probabilities per item
+    decode.json     {"prompts_src": the decode prompts, "raw": ``DecodePhase.run``'s greedy tokens + per-step top-k}
+    lmeval.json     (when the run scored lm-eval tasks on the served candidate) its per-document results
+    evidence.json   the index: engine, serve settings, host, each file's sha256 and size, ``content_sha256``
+
+``content_sha256`` is the sha256 of the index's canonical JSON without that key; it covers every file through
+their recorded sha256, and it is the evidence's fingerprint in infertool.json and MODEL_CARD.md.
+
+Reading refuses, naming the file: an index whose hash does not match, a file changed after publishing, a folder
+or file over the recorded cap (before it is read), links, anything not a regular file inside the folder.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from infertool.errors import UsageError
+from infertool.records import Record, as_int
+
+FORMAT = 1
+DIRNAME = "evidence"
+INDEX = "evidence.json"
+TASKS = "tasks.json"
+PROMPTS = "prompts.json"
+DECODE = "decode.json"
+LMEVAL = "lmeval.json"
+FILES = (TASKS, PROMPTS, DECODE, LMEVAL)  # the data files an index may list, in this order
+MAX_INDEX_BYTES = 1024 * 1024
+HARD_CAP = 1024 * 1024 * 1024  # no evidence folder is read beyond this, whatever its index claims
+
+
+class EvidenceError(UsageError):
+    """Evidence that is not read: changed after publishing, over its cap, not infertool's. Exit 2."""
+
+
+@dataclass
+class EvidenceIndex(Record):
+    """evidence.json, read back."""
+
+    format: int = 0
+    created: str = ""
+    k: int = 0
+    engine: dict = field(default_factory=dict)  # package, version, env, packages {name: version}
+    serve: dict = field(default_factory=dict)  # the effective serve settings as launched
+    host: dict = field(default_factory=dict)  # accelerator, cpu_model, cpu_flags, gpu_model, gpu_count, driver
+    model_fingerprint: str = ""
+    files: dict = field(default_factory=dict)  # name -> {"sha256": hex, "bytes": n}
+    missing: dict = field(default_factory=dict)  # what is not there -> why
+    trimmed: dict = field(default_factory=dict)  # what was cut to fit the cap -> how
+    caps: dict = field(default_factory=dict)  # {"max_bytes": n}
+    content_sha256: str = ""
+
+
+@dataclass
+class Evidence:
+    """An evidence folder read and checked: its index and the parsed data files (None: not there)."""
+
+    folder: Path
+    index: EvidenceIndex
+    tasks: list | None = None
+    prompts: dict | None = None
+    decode: dict | None = None
+    lmeval: dict | None = None
+
+    @property
+    def fingerprint(self) -> str:
+        return self.index.content_sha256
+
+
+def canonical(doc: object) -> bytes:
+    """The canonical JSON the content hash is taken over: sorted keys, no spaces, UTF-8."""
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+
+
+def content_sha256(index: dict) -> str:
+    """The evidence's fingerprint: the sha256 of the index's canonical JSON without ``content_sha256``."""
+    return hashlib.sha256(canonical({k: v for k, v in index.items() if k != "content_sha256"})).hexdigest()
+
+
+def file_entry(data: bytes) -> dict:
+    """An index's entry for a data file's bytes."""
+    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def _refuse(folder: Path, name: str, why: str, hint: str | None = None) -> EvidenceError:
+    return EvidenceError(f"{folder / name}: {why}",
+                         hint=hint or "publish the checkpoint again (infertool publish RUN_DIR --force) to write its "
+                         "evidence anew")
+
+
+def _lstat(folder: Path, name: str) -> os.stat_result:
+    try:
+        st = os.lstat(folder / name)
+    except FileNotFoundError:
+        raise _refuse(folder, name, "missing: the index lists it") from None
+    except OSError as e:
+        raise _refuse(folder, name, f"not readable ({e.strerror or e})") from None
+    if stat.S_ISLNK(st.st_mode):
+        raise _refuse(folder, name, "a symbolic link (infertool writes none in evidence/; a link may point anywhere)")
+    if not stat.S_ISREG(st.st_mode):
+        raise _refuse(folder, name, "not a regular file")
+    return st
+
+
+def _read(folder: Path, name: str, limit: int) -> bytes:
+    """At most ``limit`` bytes of a regular file of the folder, opened without following links."""
+    st = _lstat(folder, name)
+    if st.st_size > limit:
+        raise _refuse(folder, name, f"{st.st_size:,} bytes, over the evidence's cap of {limit:,} bytes: not read")
+    try:
+        fd = os.open(folder / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:
+        raise _refuse(folder, name, f"not readable ({e.strerror or e})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise _refuse(folder, name, "not a regular file")
+        data = f.read(limit + 1)
+    if len(data) > limit:
+        raise _refuse(folder, name, f"over the evidence's cap of {limit:,} bytes: not read")
+    return data
+
+
+def _parse(folder: Path, name: str, data: bytes) -> Any:  # Any: JSON of the file's shape, checked by its reader
+    """The JSON of an evidence file: bounded in depth, no NaN (``inputs.parse_json``)."""
+    from infertool.inputs import parse_json
+
+    try:
+        return parse_json(data.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as e:
+        raise _refuse(folder, name, f"not valid JSON ({str(e)[:200]})") from None
+
+
+def read_index(folder: Path) -> EvidenceIndex:
+    """evidence.json, checked: infertool's format, its own hash, caps that add up."""
+    doc = _parse(folder, INDEX, _read(folder, INDEX, MAX_INDEX_BYTES))
+    if not isinstance(doc, dict):
+        raise _refuse(folder, INDEX, "not an evidence index (a JSON object)")
+    index = EvidenceIndex.from_dict(doc)
+    if index.format != FORMAT:
+        raise _refuse(folder, INDEX, f"evidence format {doc.get('format')!r}; this infertool reads format {FORMAT}",
+                      hint="verify it with the infertool version that published it, or publish it again")
+    if not isinstance(doc.get("content_sha256"), str) or content_sha256(doc) != doc["content_sha256"]:
+        raise _refuse(folder, INDEX, "was changed after publishing: its content hash does not match "
+                      f"(recorded {str(doc.get('content_sha256'))[:16]}, now {content_sha256(doc)[:16]})")
+    unknown = [n for n in index.files if n not in FILES]
+    if unknown:
+        raise _refuse(folder, INDEX, f"lists files infertool does not write: {', '.join(map(repr, unknown[:5]))}")
+    return index
+
+
+def cap_of(index: EvidenceIndex) -> int:
+    """The recorded cap on the evidence's bytes, never above HARD_CAP."""
+    cap = as_int(index.caps.get("max_bytes"))
+    return min(cap, HARD_CAP) if cap and cap > 0 else HARD_CAP
+
+
+def read(folder: str | Path) -> Evidence:
+    """The evidence folder, every file checked against the index: sizes first (nothing over the cap is read),
+    then each file's sha256, then its JSON."""
+    folder = Path(folder)
+    index = read_index(folder)
+    cap = cap_of(index)
+    sizes = {name: _lstat(folder, name).st_size for name in index.files}
+    total = sum(sizes.values())
+    if total > cap:
+        raise EvidenceError(f"{folder}: {total:,} bytes of evidence, over its cap of {cap:,} bytes: not read",
+                            hint="publish the checkpoint again, with verify.evidence settings that trim it")
+    ev = Evidence(folder, index)
+    for name in FILES:
+        if name not in index.files:
+            continue
+        entry = index.files[name] if isinstance(index.files[name], dict) else {}
+        data = _read(folder, name, cap)
+        got = hashlib.sha256(data).hexdigest()
+        if got != entry.get("sha256"):
+            raise _refuse(folder, name, f"was changed after publishing: its sha256 {got[:16]} differs from the "
+                          f"recorded {str(entry.get('sha256'))[:16]}")
+        doc = _parse(folder, name, data)
+        setattr(ev, name.removesuffix(".json"), doc)
+    if ev.tasks is not None and not isinstance(ev.tasks, list):
+        raise _refuse(folder, TASKS, "not a task list")
+    for name, value in ((PROMPTS, ev.prompts), (DECODE, ev.decode), (LMEVAL, ev.lmeval)):
+        if value is not None and not isinstance(value, dict):
+            raise _refuse(folder, name, "not a JSON object")
+    return ev
