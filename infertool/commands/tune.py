@@ -221,7 +221,7 @@ def _render_routing(per) -> None:
         t.add_column(c)
     for r in table.classes:
         t.add_row(escape(r.name), num(r.share, "{:.1%}"), escape(r.winner_label or "none passes"),
-                  escape(f"{r.configuration} {r.label}" if r.configuration else "-"),
+                  escape(r.configuration or "-"),
                   num(r.max_load) + (f" [{r.max_load_ci[0]}, {r.max_load_ci[1]}]" if r.max_load_ci else ""),
                   num(r.load_rps) + ci(r.load_rps_ci), num(r.peak_rps), num(r.replicas),
                   num(r.cost_per_1m) + ci(r.cost_per_1m_ci), escape(r.recipe or "-"))
