@@ -54,10 +54,12 @@ def tune(
     if r.tune is None:
         raise usage_error(f"recipe {r.name!r} has no tune section",
                           hint="add one (candidates, serve_grid, objective), e.g. `infertool recipes show quickstart-tune`")
-    if per_class and not r.tune.classes:  # --per-class: every class of the traffic, unless tune.classes lists them
-        r = r.model_copy(update={"tune": r.tune.model_copy(update={"classes": True})})
+    section = r.tune
+    if per_class and not section.classes:  # --per-class: every class of the traffic, unless tune.classes lists them
+        section = section.model_copy(update={"classes": True})
+        r = r.model_copy(update={"tune": section})
     classes = None
-    if r.tune.classes:
+    if section.classes:
         from infertool.tune.classes import plan_classes
 
         classes = plan_classes(r)  # unknown classes, too few requests: refused before anything runs
@@ -71,7 +73,7 @@ def tune(
         from infertool.tune.core import publish_destination
 
         # the winner's DEST, refused as the real tune refuses it before any trial
-        publish_destination(r, Path(out or r.tune.out_dir).expanduser() / r.name, publish)
+        publish_destination(r, Path(out or section.out_dir).expanduser() / r.name, publish)
         plan = plan_only(r)
         shown = [{"name": c.name, "share": c.share, "requests": c.requests, "needed": c.needed,
                   "slo": c.slo.model_dump(exclude_none=True) if c.slo is not None else None} for c in classes or []]
