@@ -180,6 +180,21 @@ def test_serve_emit_k8s_routes_each_class_on_its_header(smol, tmp_path, monkeypa
     # --json: the same documents
     js = CliRunner().invoke(app, ["serve", per.tune_dir, "--emit", "k8s", "--json"])
     assert js.exit_code == 0 and json.loads(js.stdout)["manifests"] == docs
+    # --replicas overrides routing.json's; launching a per-class directory says what to serve instead
+    two = CliRunner().invoke(app, ["serve", per.tune_dir, "--emit", "k8s", "--replicas", "3", "--json"])
+    assert {d["spec"]["replicas"] for d in json.loads(two.stdout)["manifests"] if d["kind"] == "Deployment"} == {3}
+    launch = CliRunner().invoke(app, ["serve", per.tune_dir, "--dry-run"])
+    assert launch.exit_code == 2 and "tuned-<class>.yaml" in launch.output and "--emit k8s" in launch.output
+
+
+def test_the_dry_run_lists_the_classes(smol, tmp_path):
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(classed_recipe(smol, tmp_path, classes=None)))
+    out = CliRunner().invoke(app, ["tune", str(path), "--per-class", "--dry-run", "--json"])
+    assert out.exit_code == 0, out.output
+    shown = {c["name"]: c for c in json.loads(out.stdout)["classes"]}
+    assert shown["chat"]["requests"] == 90 and shown["rag"]["requests"] == 30 and shown["rag"]["needed"] == 29
+    assert shown["rag"]["share"] == pytest.approx(0.25) and shown["chat"]["slo"] == {"ttft_ms": 1000.0}
 
 
 def test_a_tampered_routing_table_is_refused(smol, tmp_path, monkeypatch):

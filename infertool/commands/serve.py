@@ -79,7 +79,11 @@ def serve_run(
                        prometheus_url=prometheus_url, gpus_per_node=gpus_per_node)
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
                                  force=force, emit=emit, k8s=k8s)
-    if emit is not None and (Path(recipe).expanduser() / "routing.json").is_file():  # a per-class tune directory
+    if (Path(recipe).expanduser() / "routing.json").is_file():  # a per-class tune directory
+        if emit is None:
+            raise usage_error(f"{recipe} is a per-class tune: a configuration per traffic class (routing.json)",
+                              hint=f"serve one class's: infertool serve {Path(recipe) / 'tuned-<class>.yaml'}; or all "
+                                   f"of them, routed: infertool serve {recipe} --emit k8s")
         _emit_routed(Path(recipe).expanduser(), k8s, _with_port(overrides, port), as_json)
         return
     res = served(recipe, _with_port(overrides, port)).res  # RUN_DIR | TUNE_DIR | RECIPE, its artifact checked

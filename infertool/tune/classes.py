@@ -347,10 +347,13 @@ def read_routing(tune_dir: Path) -> RoutingTable:
         table = RoutingTable.from_dict(read_json_inside(tune_dir, ROUTING))
     except (OSError, Unreadable) as e:
         raise UsageError(f"{tune_dir / ROUTING}: {e}", hint="run `infertool tune --per-class` again") from None
+    from pydantic import ValidationError
+
     try:
         TuneRouting(header=table.header, gateway=table.gateway)
-    except Exception as e:  # noqa: BLE001 - pydantic's ValidationError: its first line says which
-        raise UsageError(f"{tune_dir / ROUTING}: {str(e).splitlines()[-2].strip() if len(str(e).splitlines()) > 1 else e}",
+    except ValidationError as e:  # the header or the Gateway name: the recipe's own rules
+        first = e.errors()[0]
+        raise UsageError(f"{tune_dir / ROUTING}: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}",
                          hint="run `infertool tune --per-class` again") from None
     if not table.deployments:
         raise UsageError(f"{tune_dir / ROUTING} routes no class: no configuration passed", hint="see classes/*/tune.md")
