@@ -124,13 +124,24 @@ def test_bad_classes_are_refused_before_anything_runs(smol, tmp_path, monkeypatc
     with pytest.raises(UsageError) as e:
         plan_classes(validate_recipe_data(classed_recipe(smol, tmp_path, classes=["chat", "billing"])))
     assert "'billing'" in e.value.message and "chat (90)" in e.value.message and "rag (30)" in e.value.message
-    with pytest.raises(UsageError) as e:  # 40 requests a probe: rag has 10, a probe needs 29
-        plan_classes(validate_recipe_data(classed_recipe(smol, tmp_path, requests=40)))
+    with pytest.raises(UsageError) as e:  # 40 requests a probe: rag, named, has 10, a probe needs 29
+        plan_classes(validate_recipe_data(classed_recipe(smol, tmp_path, classes=["chat", "rag"], requests=40)))
     assert "class rag has 10 of the 40 requests a probe sends, it needs 29" in e.value.message
+    # tune.classes: true leaves a class too small out (said), unless no class has enough
+    with pytest.raises(UsageError) as e:
+        plan_classes(validate_recipe_data(classed_recipe(smol, tmp_path, requests=20)))
+    assert "class chat has 15 of the 20 requests a probe sends, it needs 29" in e.value.message
+    _stand(monkeypatch, {("chat", "original"): (4, 8.0, 2.0), ("chat", W8): (8, 4.0, 4.0)})
+    from infertool.tune.classes import run_per_class
+
+    table = run_per_class(validate_recipe_data(classed_recipe(smol, tmp_path, requests=40))).routing
+    assert [c.name for c in table.classes] == ["chat"]
+    assert any("class rag not tuned: 10 requests in a probe's traffic, a probe needs 29" in n for n in table.notes)
+    stand.calls.clear()
     # the CLI: exit 2 with the message, no trace, nothing run
     path = tmp_path / "r.yaml"
-    path.write_text(yaml.safe_dump(classed_recipe(smol, tmp_path, classes=None, requests=40)))
-    out = CliRunner().invoke(app, ["tune", str(path), "--per-class"])
+    path.write_text(yaml.safe_dump(classed_recipe(smol, tmp_path, classes=["rag"], requests=40)))
+    out = CliRunner().invoke(app, ["tune", str(path)])
     assert out.exit_code == 2 and "it needs 29" in out.output and "Traceback" not in out.output
     assert stand.calls == []
 

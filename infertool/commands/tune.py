@@ -75,7 +75,7 @@ def tune(
         # the winner's DEST, refused as the real tune refuses it before any trial
         publish_destination(r, Path(out or section.out_dir).expanduser() / r.name, publish)
         plan = plan_only(r)
-        shown = [{"name": c.name, "share": c.share, "requests": c.requests, "needed": c.needed,
+        shown = [{"name": c.name, "share": c.share, "requests": c.requests, "needed": c.needed, "tuned": not c.too_few,
                   "slo": c.slo.model_dump(exclude_none=True) if c.slo is not None else None} for c in classes or []]
         if as_json:
             print_json({"dry_run": True, **plan, **({"classes": shown} if classes else {}), "checks": checks.to_list()})
@@ -84,7 +84,8 @@ def tune(
         if classes:
             stdout.print("per class (each searched with its own traffic and SLO; accuracy evidence shared): "
                          + "; ".join(f"{c['name']}: {c['requests']} requests a probe, share "
-                                     + (f"{c['share']:.1%}" if c["share"] is not None else "-") for c in shown),
+                                     + (f"{c['share']:.1%}" if c["share"] is not None else "-")
+                                     + ("" if c["tuned"] else f" (left out: a probe needs {c['needed']})") for c in shown),
                          markup=False, soft_wrap=True)
         return
     from infertool.tune.run import run_tune

@@ -51,6 +51,12 @@ class ClassPlan:
     requests: int
     needed: int
 
+    @property
+    def too_few(self) -> bool:
+        """Fewer requests in a probe's traffic than a probe needs: not measured (tune.classes: true leaves it out,
+        to the default route; a class named in tune.classes is refused)."""
+        return self.requests < self.needed
+
 
 def needed_requests(confidence: float, target: float, min_concurrency: int) -> int:
     """The fewest requests of a class one load probe must send: enough that every one meeting the SLO proves the
@@ -64,7 +70,9 @@ def needed_requests(confidence: float, target: float, min_concurrency: int) -> i
 def plan_classes(recipe) -> list[ClassPlan]:
     """The classes tune.classes names (true: every class of the traffic, largest first), each with its share,
     SLO and requests; refused before any server starts (UsageError, exit 2): traffic that is not classed, a class
-    the traffic does not have (naming the ones it has), a class with fewer requests than a probe needs (how many)."""
+    the traffic does not have (naming the ones it has), a named class with fewer requests than a probe needs (how
+    many; with true such a class is kept, ``too_few``, and left out of the search: ``run_per_class`` says so), no
+    class with enough."""
     from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
     from infertool.bench.sweep import traffic_classes
 
@@ -105,8 +113,8 @@ def plan_classes(recipe) -> list[ClassPlan]:
         slo = (spec.slo if spec is not None else None) or tune.slo or bench.slo
         share = spec.share if spec is not None and spec.share is not None else c.share
         plans.append(ClassPlan(name, share, slo, c.requests, needed))
-    few = [p for p in plans if p.requests < p.needed]
-    if few:
+    few = [p for p in plans if p.too_few]
+    if few and (tune.classes is not True or len(few) == len(plans)):
         raise UsageError("too few requests to measure: " + "; ".join(
             f"class {p.name} has {p.requests} of the {per_probe:,} requests a probe sends, it needs {p.needed}"
             for p in few) + f" (all {needed} meeting the SLO prove goodput {load.goodput_target:g} at confidence "
@@ -155,6 +163,11 @@ def run_per_class(recipe, *, out_dir: str | Path | None = None, exhaustive: bool
 
     t0 = time.monotonic()
     plans = plan_classes(recipe)  # before anything runs
+    few = [p for p in plans if p.too_few]
+    plans = [p for p in plans if not p.too_few]
+    for p in few:
+        emit(on_event, f"class {p.name} left out: {p.requests} requests in a probe's traffic, a probe needs {p.needed}; "
+             "its requests take the default route", "warning")
     tune_dir = Path(out_dir or recipe.tune.out_dir).expanduser() / recipe.name
     suffix = "-exhaustive" if exhaustive else ""
     results, tuned = {}, {}
@@ -172,6 +185,8 @@ def run_per_class(recipe, *, out_dir: str | Path | None = None, exhaustive: bool
             tuned[p.name] = str(tune_dir / f"tuned{suffix}-{p.name}.yaml")
             write_text(Path(tuned[p.name]), text.decode("utf-8") if isinstance(text, bytes) else text)
     table = routing(recipe, plans, results, {k: Path(v).name for k, v in tuned.items()})
+    table.notes += [f"class {p.name} not tuned: {p.requests} requests in a probe's traffic, a probe needs {p.needed} "
+                    "(raise tune.load.requests); its requests take the default route" for p in few]
     write_json(tune_dir / f"routing{suffix}.json", table.to_dict())
     return PerClassResult(str(tune_dir), table, results, tuned, round(time.monotonic() - t0, 1))
 
