@@ -411,9 +411,9 @@ def routed_manifests(tune_dir: Path, options, overrides: list[str] | None = None
                              f"the request header {table.header} by an HTTPRoute on the Gateway {table.gateway} "
                              "(install the Gateway API CRDs and a Gateway first).", None)]
     service_of: dict[str, tuple[str, int]] = {}
-    base = k8s_name(table.recipe)[:40].strip("-") or "infertool"
+    base = k8s_name(table.recipe)[:37].strip("-") or "infertool"  # + "-" + a 12-character trial id: 50 at most
     for d in table.deployments:
-        name = f"{base}-{d.configuration[:8]}"
+        name = f"{base}-{d.configuration[:12]}"
         res = served(str(tune_dir / d.recipe), [*(overrides or []), f"name={name}"]).res
         if checks is not None:
             checks(res)
