@@ -80,6 +80,8 @@ __all__ = [
     "SpeculativeSpec",
     "TargetSection",
     "TuneMachine",
+    "TuneClass",
+    "TuneRouting",
     "TuneSection",
     "apply_overrides",
     "load_recipe",
@@ -954,6 +956,48 @@ else:
     ServeGrid = _grid_model()
 
 
+MAX_TUNE_CLASSES = 15  # classes tuned apart: an HTTPRoute holds 16 rules, one per class and a default
+_HEADER_RE = re.compile(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]{1,256}$")  # an HTTP header name (RFC 7230 token)
+_DNS_LABEL_RE = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+
+
+class TuneClass(BaseModel):
+    """One traffic class tune.classes tunes apart: its name, its SLO (default tune.slo, else bench.slo) and its
+    share of target.peak_rps (default: its share of the traffic's requests)."""
+
+    model_config = _STRICT
+
+    name: ClassName
+    slo: SLOSpec | None = None
+    share: Share | None = None
+
+
+class TuneRouting(BaseModel):
+    """How `serve --emit k8s` routes a per-class tune: a Gateway API HTTPRoute attached to the Gateway
+    ``gateway`` sends a request whose header ``header`` names a class to that class's Service; the others
+    to the largest class's."""
+
+    model_config = _STRICT
+
+    header: Annotated[str, Field(min_length=1, max_length=256)] = "x-infertool-class"
+    gateway: Annotated[str, Field(min_length=1, max_length=63)] = "inference-gateway"
+
+    @field_validator("header")
+    @classmethod
+    def _check_header(cls, value: str) -> str:
+        if not _HEADER_RE.fullmatch(value):
+            raise ValueError(f"{value[:40]!r} is no HTTP header name: letters, digits and !#$%&'*+.^_`|~- only")
+        return value
+
+    @field_validator("gateway")
+    @classmethod
+    def _check_gateway(cls, value: str) -> str:
+        if not _DNS_LABEL_RE.fullmatch(value):
+            raise ValueError(f"{value[:40]!r} is no Gateway name: lower-case letters, digits and '-', starting and "
+                             "ending with a letter or digit, at most 63")
+        return value
+
+
 class TuneSection(BaseModel):
     """`infertool tune`: which quantization x serving configuration to ship."""
 
@@ -977,6 +1021,21 @@ class TuneSection(BaseModel):
     load: TuneLoadSearch = Field(default_factory=TuneLoadSearch)
     accuracy: TuneAccuracy = Field(default_factory=TuneAccuracy)
     out_dir: Annotated[str, Field(min_length=1, max_length=MAX_PATH), NoControl] = "tune"
+    # tune per traffic class (infertool.tune.classes): true = every class of the traffic, or the classes to tune
+    # apart (a name, or {name, slo, share}); each its own search over the same trials' shared accuracy evidence
+    classes: bool | Annotated[list[ClassName | TuneClass], Field(min_length=1, max_length=MAX_TUNE_CLASSES)] | None = None
+    routing: TuneRouting = Field(default_factory=TuneRouting)  # the per-class tune's HTTPRoute (serve --emit k8s)
+
+    @model_validator(mode="after")
+    def _check_classes(self) -> TuneSection:
+        """Each class named once."""
+        seen: dict[str, int] = {}
+        for i, c in enumerate(self.classes if isinstance(self.classes, list) else []):
+            name = c if isinstance(c, str) else c.name
+            if name in seen:
+                raise _field_error(f"classes[{i}]", f"class {name!r} is also classes[{seen[name]}]: name each class once")
+            seen[name] = i
+        return self
 
     @model_validator(mode="after")
     def _check_machines(self) -> TuneSection:

@@ -79,6 +79,13 @@ def serve_run(
                        prometheus_url=prometheus_url, gpus_per_node=gpus_per_node)
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
                                  force=force, emit=emit, k8s=k8s)
+    if (Path(recipe).expanduser() / "routing.json").is_file():  # a per-class tune directory
+        if emit is None:
+            raise usage_error(f"{recipe} is a per-class tune: a configuration per traffic class (routing.json)",
+                              hint=f"serve one class's: infertool serve {Path(recipe) / 'tuned-<class>.yaml'}; or all "
+                                   f"of them, routed: infertool serve {recipe} --emit k8s")
+        _emit_routed(Path(recipe).expanduser(), k8s, _with_port(overrides, port), as_json)
+        return
     res = served(recipe, _with_port(overrides, port)).res  # RUN_DIR | TUNE_DIR | RECIPE, its artifact checked
     if emit is not None or dry_run:  # the check registry: the same findings as validate, plan and every dry run
         from infertool.commands._common import recipe_checks
@@ -150,6 +157,23 @@ def _k8s_options(emit: str | None, **given):
             raise usage_error(f"{flags}: options of --emit k8s", hint="infertool serve RECIPE --emit k8s " + flags.split(",")[0] + " ...")
         return None
     return k8s_options(**chosen)
+
+
+def _emit_routed(tune_dir: Path, k8s, overrides: list[str], as_json: bool) -> None:
+    """A per-class tune directory (routing.json): a Deployment and Service per configuration, and the HTTPRoute
+    that routes each class to its own (``infertool.tune.classes.routed_manifests``), each recipe checked as
+    --emit k8s checks one."""
+    import sys
+
+    from infertool.commands._common import recipe_checks
+    from infertool.output import print_json
+    from infertool.tune.classes import routed_manifests
+
+    emitted = routed_manifests(tune_dir, k8s, overrides, checks=lambda res: recipe_checks(res, "emit"))
+    if as_json:
+        print_json(emitted.to_dict())
+        return
+    sys.stdout.write(emitted.yaml())
 
 
 def _emit_k8s(plan, as_json: bool = False) -> None:

@@ -18,6 +18,7 @@ EXAMPLES = examples(
     ("infertool tune quickstart-tune --exhaustive", "brute force, to check the staged search"),
     ("infertool tune llama3.1-8b-tune-h100 --executor ray", "trials on an existing Ray cluster"),
     ("infertool run tune/quickstart-tune/tuned.yaml", "the winner, as it is"),
+    ("infertool tune RECIPE --per-class", "a winner per traffic class: tuned-<class>.yaml, routing.json"),
 )
 
 
@@ -33,6 +34,7 @@ def tune(
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="Brute force: no pruning, no early stopping, every load level of every trial (to check the staged search).")] = False,
     dry_run: Annotated[bool, dry_run_opt("Show the trials, their roofline predictions and order, and what the plan prunes; run nothing.")] = False,
     publish: Annotated[Optional[str], typer.Option("--publish", metavar="DEST", help="Publish the winner's checkpoint here (default: quantize.output, else out/<recipe>-<method>).")] = None,
+    per_class: Annotated[bool, typer.Option("--per-class", help="Tune each traffic class apart (tune.classes: true unless it lists them): tuned-<class>.yaml and routing.json.")] = False,
     overrides: Annotated[Optional[List[str]], SET_OPT] = None,
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
@@ -52,6 +54,15 @@ def tune(
     if r.tune is None:
         raise usage_error(f"recipe {r.name!r} has no tune section",
                           hint="add one (candidates, serve_grid, objective), e.g. `infertool recipes show quickstart-tune`")
+    section = r.tune
+    if per_class and not section.classes:  # --per-class: every class of the traffic, unless tune.classes lists them
+        section = section.model_copy(update={"classes": True})
+        r = r.model_copy(update={"tune": section})
+    classes = None
+    if section.classes:
+        from infertool.tune.classes import plan_classes
+
+        classes = plan_classes(r)  # unknown classes, too few requests: refused before anything runs
     if dry_run:
         from infertool.resolve import resolve
         from infertool.tune.core import dry_run as plan_only
@@ -62,12 +73,20 @@ def tune(
         from infertool.tune.core import publish_destination
 
         # the winner's DEST, refused as the real tune refuses it before any trial
-        publish_destination(r, Path(out or r.tune.out_dir).expanduser() / r.name, publish)
+        publish_destination(r, Path(out or section.out_dir).expanduser() / r.name, publish)
         plan = plan_only(r)
+        shown = [{"name": c.name, "share": c.share, "requests": c.requests, "needed": c.needed, "tuned": not c.too_few,
+                  "slo": c.slo.model_dump(exclude_none=True) if c.slo is not None else None} for c in classes or []]
         if as_json:
-            print_json({"dry_run": True, **plan, "checks": checks.to_list()})
+            print_json({"dry_run": True, **plan, **({"classes": shown} if classes else {}), "checks": checks.to_list()})
             return
         _render_plan(plan)
+        if classes:
+            stdout.print("per class (each searched with its own traffic and SLO; accuracy evidence shared): "
+                         + "; ".join(f"{c['name']}: {c['requests']} requests a probe, share "
+                                     + (f"{c['share']:.1%}" if c["share"] is not None else "-")
+                                     + ("" if c["tuned"] else f" (left out: a probe needs {c['needed']})") for c in shown),
+                         markup=False, soft_wrap=True)
         return
     from infertool.tune.run import run_tune
 
@@ -77,6 +96,19 @@ def tune(
                   + (f", accuracy {acc}" if acc else "") + (f", max load {rec.capacity.max_load}" if rec.capacity else ""),
                   markup=False, soft_wrap=True)
 
+    if classes:
+        from infertool.tune.classes import run_per_class
+
+        with StageProgress("tune") as progress:
+            per = run_per_class(r, out_dir=out, exhaustive=exhaustive, executor=executor, on_event=progress.on_event,
+                                on_trial=on_trial, publish=publish)
+        if as_json:
+            print_json({"ok": bool(per.routing.deployments), **per.to_dict()})
+        else:
+            _render_routing(per)
+        if not per.routing.deployments:
+            raise typer.Exit(1)
+        return
     with StageProgress("tune") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run_tune(r, out_dir=out, exhaustive=exhaustive, executor=executor, on_event=progress.on_event,
                           on_trial=on_trial, publish=publish)
@@ -169,3 +201,37 @@ def _render(result) -> None:
         err.print(f"[green]winner:[/] {escape(result.winner.label)}  ->  {escape(result.tuned_recipe)}", soft_wrap=True)
     for n in result.notes:
         err.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
+
+
+def _render_routing(per) -> None:
+    """The per-class answer: a row per class (its winner, the configuration it is routed to, load per replica,
+    peak, replicas, $/1M with intervals), then whether the winners differ and what one configuration would cost."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    from infertool.output import err, out
+
+    def num(v, fmt: str = "{:,.4g}") -> str:
+        return fmt.format(v) if v is not None else "-"
+
+    def ci(pair) -> str:
+        return f" [{num(pair[0])}, {num(pair[1])}]" if pair and len(pair) == 2 else ""
+
+    table = per.routing
+    t = Table(title=f"infertool tune --per-class: {len(table.classes)} classes in {per.seconds:,.0f} s")
+    for c in ("class", "share", "winner", "routed to", "max load / replica", "req/s / replica", "peak req/s",
+              "replicas", "$/1M out tok", "recipe"):
+        t.add_column(c)
+    for r in table.classes:
+        t.add_row(escape(r.name), num(r.share, "{:.1%}"), escape(r.winner_label or "none passes"),
+                  escape(r.configuration or "-"),
+                  num(r.max_load) + (f" [{r.max_load_ci[0]}, {r.max_load_ci[1]}]" if r.max_load_ci else ""),
+                  num(r.load_rps) + ci(r.load_rps_ci), num(r.peak_rps), num(r.replicas),
+                  num(r.cost_per_1m) + ci(r.cost_per_1m_ci), escape(r.recipe or "-"))
+    out.print(t)
+    from infertool.tune.classes import summary_lines
+
+    for line in summary_lines(table):
+        err.print(escape(line), soft_wrap=True)
+    out.print(f"routing: {per.tune_dir}/routing.json; serve it: infertool serve {per.tune_dir} --emit k8s",
+              markup=False, soft_wrap=True)

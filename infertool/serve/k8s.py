@@ -616,8 +616,30 @@ def _scaling_lines(lay: _Layout, o: K8sOptions) -> list[str]:
     return lines
 
 
+def dump_docs(docs: list[dict]) -> str:
+    """The documents as YAML, as a YAML library dumps them (every value quoted as it needs), separated by ---."""
+    return "---\n".join(yaml.dump(d, Dumper=_NoAliases, sort_keys=False) for d in docs)
+
+
 def render(docs: list[dict], res: Resolution, options: K8sOptions | None = None) -> str:
     """The manifests as YAML: a comment header (``header_lines``), then the documents as a YAML library dumps
     them."""
-    body = "---\n".join(yaml.dump(d, Dumper=_NoAliases, sort_keys=False) for d in docs)
-    return "".join(f"# {line}\n" for line in header_lines(res, options)) + "---\n" + body
+    return "".join(f"# {line}\n" for line in header_lines(res, options)) + "---\n" + dump_docs(docs)
+
+
+# ------------------------------------------------------------------------------------------------ routing
+GATEWAY_API = "gateway.networking.k8s.io/v1"
+
+
+def http_route(name: str, header: str, gateway: str, rules: list[tuple[str, str, int]], default: tuple[str, int],
+               namespace: str | None = None) -> dict:
+    """A Gateway API HTTPRoute attached to the Gateway ``gateway``: a request whose header ``header`` is exactly a
+    class's name goes to that class's Service (``rules``: (class, Service, port)), any other to ``default``
+    (Service, port). The names and values enter as YAML values only (``dump_docs`` quotes them)."""
+    meta = {"name": k8s_name(name), "labels": {"app.kubernetes.io/managed-by": "infertool"},
+            **({"namespace": namespace} if namespace else {})}
+    spec_rules: list[dict] = [{"matches": [{"headers": [{"type": "Exact", "name": header, "value": value}]}],
+                               "backendRefs": [{"name": svc, "port": port}]} for value, svc, port in rules]
+    spec_rules.append({"backendRefs": [{"name": default[0], "port": default[1]}]})  # no match: every request
+    return {"apiVersion": GATEWAY_API, "kind": "HTTPRoute", "metadata": meta,
+            "spec": {"parentRefs": [{"name": gateway}], "rules": spec_rules}}

@@ -32,7 +32,7 @@ class Context:
     """What every piece of one tune shares: the recipe, where things go, the clock, the callbacks."""
 
     def __init__(self, recipe, tune_dir: Path, *, exhaustive: bool, on_event: EventCallback | None,
-                 on_trial: Callable[[TrialRecord], None] | None):
+                 on_trial: Callable[[TrialRecord], None] | None, cache: Path | None = None):
         from infertool.data.suites import load_suite
         from infertool.recipe import EvalSection
         from infertool.resolve import resolve
@@ -40,7 +40,8 @@ class Context:
         self.recipe = recipe
         self.tune = recipe.tune
         self.dir = tune_dir
-        self.cache = tune_dir / ".stages"
+        # the stage cache (a per-class tune's classes share their tune directory's: infertool.tune.classes)
+        self.cache = cache if cache is not None else tune_dir / ".stages"
         self.exhaustive = exhaustive
         self.on_event = on_event
         self.on_trial = on_trial

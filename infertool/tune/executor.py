@@ -155,11 +155,13 @@ def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
         raise UsageError(f"cannot connect to a Ray cluster at {address!r}: {type(e).__name__}: {e}",
                          hint="start one (`ray start --head`) or set tune.ray.address / RAY_ADDRESS") from None
     recipe_data, tune_dir, exhaustive = _recipe_payload(ctx), str(ctx.dir), ctx.exhaustive
+    # a class of a per-class tune shares its tune directory's stage cache (infertool.tune.classes)
+    shared = {"cache": str(ctx.cache)} if ctx.cache != ctx.dir / ".stages" else {}
 
     @ray.remote(max_retries=0)
     def run_remote(trial_index: int, trial_id: str):
         placed = note_placement(tune_dir, trial_id)  # first: the driver sees the trial has a node
-        rec = trial_fn(recipe_data, tune_dir, exhaustive, trial_index, trial_id)
+        rec = trial_fn(recipe_data, tune_dir, exhaustive, trial_index, trial_id, **shared)
         rec.executor = {**(rec.executor or {}), **placed}
         return rec
 
@@ -380,7 +382,8 @@ def _recipe_payload(ctx) -> dict:
     return recipe_to_dict(ctx.recipe)
 
 
-def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_index: int, trial_id: str) -> TrialRecord:
+def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_index: int, trial_id: str,
+                  cache: str | None = None) -> TrialRecord:
     """Runs in a Ray worker: rebuild the context from the recipe and the one trial from its index in the search
     space (nothing else of the space is built), run it, return its record."""
     from pathlib import Path
@@ -391,7 +394,8 @@ def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_inde
     from infertool.tune.core import predicted, run_trial
 
     recipe = validate_recipe_data(recipe_data, source="tune (ray worker)")
-    ctx = Context(recipe, Path(tune_dir), exhaustive=exhaustive, on_event=None, on_trial=None)
+    ctx = Context(recipe, Path(tune_dir), exhaustive=exhaustive, on_event=None, on_trial=None,
+                  cache=Path(cache) if cache else None)
     trial = predicted(space.search_space(recipe).trial(trial_index))
     if trial.id != trial_id:
         raise UsageError(f"trial {trial_id} is not trial {trial_index} of this recipe's search space ({trial.id})")

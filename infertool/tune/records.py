@@ -392,3 +392,78 @@ class TuneDoc(Summary):
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None
+
+
+# ----------------------------------------------------------------------------------------- per class
+@dataclass
+class ClassRoute(Summary):
+    """One traffic class of a per-class tune (routing.json's ``classes``): its share and SLO, its own winner,
+    the configuration it is routed to (its winner, or the one configuration that serves every class), that
+    configuration's largest load under the class's SLO per replica (concurrency, and requests/s) with its
+    interval, the class's peak (share x target.peak_rps), the replicas that peak needs, and $/1M output tokens."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("note",)
+
+    name: str = ""
+    share: float | None = None  # of target.peak_rps (default: of the traffic's requests)
+    requests: int | None = None  # the class's requests in one probe's traffic
+    slo: dict | None = None
+    winner: str | None = None  # the class's own best trial (None: no configuration passes for it)
+    winner_label: str | None = None
+    configuration: str | None = None  # the trial it is routed to
+    label: str | None = None
+    recipe: str | None = None  # its recipe: tuned-<class>.yaml, in the tune directory
+    max_load: int | None = None  # concurrency per replica under the class's SLO
+    max_load_ci: list[int] | None = None
+    load_rps: float | None = None  # requests/s per replica at that load
+    load_rps_ci: list[float | None] | None = None
+    peak_rps: float | None = None  # share x target.peak_rps (None: target.peak_rps unset)
+    replicas: int | None = None  # ceil(peak_rps / load_rps)
+    cost_per_1m: float | None = None  # $ per 1M output tokens of the routed configuration on this class
+    cost_per_1m_ci: list[float | None] | None = None
+    note: str | None = None
+
+
+@dataclass
+class RoutedDeployment(Summary):
+    """One Deployment of a per-class tune (routing.json's ``deployments``): a configuration, its recipe, the
+    classes routed to it and the replicas their peaks need (ceil of the sum of peak / load per replica)."""
+
+    configuration: str = ""
+    label: str = ""
+    recipe: str = ""
+    classes: list[str] = field(default_factory=list)
+    replicas: int | None = None
+
+
+@dataclass
+class BlendedCost(Summary):
+    """$ per 1M output tokens over the whole traffic: each class's $/1M weighted by its share (``classes``: the
+    configuration each class is served by), with the interval from the classes' interval ends."""
+
+    configuration: str | None = None  # one configuration for every class (None: each class its own winner)
+    label: str | None = None
+    cost_per_1m: float | None = None
+    cost_per_1m_ci: list[float | None] | None = None
+    within: bool | None = None  # within routing.json's tolerance of every class's best (a tie counts)
+
+
+@dataclass
+class RoutingTable(Summary):
+    """routing.json: what a per-class tune decided. Each class routed to a configuration (``classes``), the
+    Deployments that serve them (``deployments``, one when ``one_deployment``), the header and Gateway the
+    HTTPRoute uses, and what the per-class answer costs against the best single configuration."""
+
+    recipe: str = ""
+    objective: str = "cost"
+    header: str = "x-infertool-class"
+    gateway: str = "inference-gateway"
+    peak_rps: float | None = None  # target.peak_rps
+    tolerance: float = 0.05  # one configuration within this share of every class's best is one deployment
+    winners_differ: bool | None = None  # whether the classes' own winners differ
+    one_deployment: bool = False
+    classes: list[ClassRoute] = field(default_factory=list)
+    deployments: list[RoutedDeployment] = field(default_factory=list)
+    per_class: BlendedCost | None = None  # each class on its own winner
+    single: BlendedCost | None = None  # the cheapest configuration that passes for every class, for all of them
+    notes: list[str] = field(default_factory=list)

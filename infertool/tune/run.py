@@ -16,12 +16,15 @@ from infertool.tune.records import TrialRecord
 
 def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
              on_event: EventCallback | None = None, on_trial: Callable[[TrialRecord], None] | None = None,
-             publish: str | None = None) -> TuneResult:
+             publish: str | None = None, tune_dir: Path | None = None, cache: Path | None = None,
+             checked: bool = False) -> TuneResult:
+    """One tune (``tune_dir``: where, default <out_dir>/<recipe name>; ``cache``: a shared stage cache, default
+    its own; ``checked``: the environments and lm-eval's preflight already checked, by a per-class tune)."""
     if recipe.tune is None:
         raise UsageError(f"recipe {recipe.name!r} has no tune section",
                          hint="add one (candidates, serve_grid, objective): `infertool recipes show quickstart-tune`")
     t0 = time.monotonic()
-    tune_dir = Path(out_dir or recipe.tune.out_dir).expanduser() / recipe.name
+    tune_dir = tune_dir or Path(out_dir or recipe.tune.out_dir).expanduser() / recipe.name
     plan = plan_search(recipe)  # refuses a space beyond space.MAX_SPACE trials, before anything is built
     if exhaustive and plan.sampled:
         raise UsageError(f"--exhaustive runs every trial, and this search space is {plan.space.describe()}",
@@ -30,10 +33,10 @@ def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = Fa
     emit(on_event, plan.space.describe() + (f"; {len(plan.trials):,} planned, a sample drawn with tune.seed "
                                             f"({plan.sampler()} sampler)" if plan.sampled else ""))
     publish_to = publish_destination(recipe, tune_dir, publish)  # the winner's DEST, refused before any trial
-    ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial)
+    ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial, cache=cache)
     ctx.publish_to = publish_to
     executor = executor or recipe.tune.executor
-    if executor == "local":
+    if executor == "local" and not checked:
         _require_envs(plan.trials)  # before the first quantization, not after an hour of trials
         from infertool.evaluate.phases import preflight_all
         from infertool.tune.stages import tune_phases

@@ -1,0 +1,438 @@
+"""`tune.classes` / `tune --per-class`: the search per traffic class, and the routing table that serves each class
+with its own configuration.
+
+A per-class tune is N ordinary tunes over the same trials, one per class (``plan_classes``): each replays its class
+alone (``bench.classes.replay``) under the class's SLO, in <tune dir>/classes/<class>/, with the tune directory's
+one stage cache. The quantization, the reference, the screening and the served check read no bench setting, so
+their keys are the same for every class: each runs once and every class reuses it. Only capacity (its key holds
+the bench section: the class and its SLO) runs per class.
+
+Then ``routing``: each class's winner, its load per replica and the replicas its peak needs (share x
+target.peak_rps); whether one configuration serves every class within ``TOLERANCE`` of its best (then one
+deployment); and the share-weighted $/1M of the per-class answer against the best single configuration. Written as
+routing.json (``records.RoutingTable``) and tuned-<class>.yaml beside it. ``routed_manifests`` is what
+`serve TUNE_DIR --emit k8s` emits from it: a Deployment and a Service per configuration and a Gateway API HTTPRoute
+that routes on the class header.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from infertool.errors import UsageError
+from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, REQUEST_THROUGHPUT
+from infertool.tune import search
+from infertool.tune.context import EventCallback, emit
+from infertool.tune.records import BlendedCost, ClassRoute, RoutedDeployment, RoutingTable, TrialRecord
+
+TOLERANCE = 0.05  # one configuration within 5 % of every class's best (or tied with it) is one deployment
+ROUTING = "routing.json"
+CLASSES_DIR = "classes"
+MAX_NEEDED = 10_000  # requests a class may be asked to have, at most
+MAX_REPLICAS = 10_000  # replicas a class's peak may need, at most (more: said, not written)
+_TRIAL_ID = re.compile(r"[0-9a-f]{1,40}")
+
+if TYPE_CHECKING:
+    from infertool.recipe import SLOSpec
+
+
+@dataclass(frozen=True)
+class ClassPlan:
+    """One class to tune apart: its share of target.peak_rps, its SLO (an SLOSpec or None), its requests in one
+    probe's traffic and the fewest a probe needs (``needed_requests``)."""
+
+    name: str
+    share: float | None
+    slo: SLOSpec | None
+    requests: int
+    needed: int
+
+    @property
+    def too_few(self) -> bool:
+        """Fewer requests in a probe's traffic than a probe needs: not measured (tune.classes: true leaves it out,
+        to the default route; a class named in tune.classes is refused)."""
+        return self.requests < self.needed
+
+
+def needed_requests(confidence: float, target: float, min_concurrency: int) -> int:
+    """The fewest requests of a class one load probe must send: enough that every one meeting the SLO proves the
+    goodput target at the confidence (the exact binomial bound: target^n <= 1 - confidence; a target of 1 is
+    taken as 0.99), and at least twice the smallest load."""
+    t = min(max(target, 0.01), 0.99)
+    stat = math.ceil(math.log(1 - confidence) / math.log(t))
+    return max(2 * min_concurrency, min(MAX_NEEDED, stat))
+
+
+def plan_classes(recipe) -> list[ClassPlan]:
+    """The classes tune.classes names (true: every class of the traffic, largest first), each with its share,
+    SLO and requests; refused before any server starts (UsageError, exit 2): traffic that is not classed, a class
+    the traffic does not have (naming the ones it has), a named class with fewer requests than a probe needs (how
+    many; with true such a class is kept, ``too_few``, and left out of the search: ``run_per_class`` says so), no
+    class with enough."""
+    from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
+    from infertool.bench.sweep import traffic_classes
+
+    tune, bench = recipe.tune, recipe.bench
+    if bench is None:
+        raise UsageError("tune.classes needs a bench section: the traffic whose classes are tuned apart",
+                         hint="add bench.prompt.source (a JSONL file, its lines' `class`) or bench.trace")
+    if bench.classes.replay is not None:
+        raise UsageError(f"bench.classes.replay ({bench.classes.replay}) and tune.classes exclude each other: a "
+                         "per-class tune replays each class itself",
+                         hint="remove bench.classes.replay, or tune.classes to tune that one class's traffic")
+    per_probe = tune.load.requests or bench.requests
+    mix = bench.model_copy(update={"requests": per_probe})
+    summary = traffic_classes(mix, DEFAULT_CHARS_PER_TOKEN)
+    if summary is None or not summary.classes:
+        raise UsageError("tune.classes: this traffic is not classed (bench.prompt.source sharegpt is sampled with the "
+                         "served model's tokenizer)", hint="give a JSONL prompt file or a trace (their lines' "
+                         "`class`, or the derived classes): see `infertool bench --class`")
+    known = {c.name: c for c in summary.classes}
+    wanted = ([(c.name, None) for c in summary.classes] if tune.classes is True
+              else [(c, None) if isinstance(c, str) else (c.name, c) for c in tune.classes or []])
+    unknown = [name for name, _ in wanted if name not in known]
+    if unknown:
+        raise UsageError(f"tune.classes names {', '.join(repr(n) for n in unknown)}: not a class of this traffic (its "
+                         f"classes: {', '.join(f'{c.name} ({c.requests})' for c in summary.classes)})",
+                         hint="name classes the traffic has, or tune.classes: true for every one")
+    from infertool.recipe import MAX_TUNE_CLASSES
+
+    if len(wanted) > MAX_TUNE_CLASSES:
+        raise UsageError(f"the traffic has {len(wanted)} classes; a per-class tune routes at most {MAX_TUNE_CLASSES} "
+                         "(an HTTPRoute's 16 rules, one kept for the default)",
+                         hint="list the classes to tune apart in tune.classes")
+    load = tune.load
+    needed = needed_requests(load.repeats.confidence, load.goodput_target, load.min_concurrency)
+    plans = []
+    for name, spec in wanted:
+        c = known[name]
+        slo = (spec.slo if spec is not None else None) or tune.slo or bench.slo
+        share = spec.share if spec is not None and spec.share is not None else c.share
+        plans.append(ClassPlan(name, share, slo, c.requests, needed))
+    few = [p for p in plans if p.too_few]
+    if few and (tune.classes is not True or len(few) == len(plans)):
+        raise UsageError("too few requests to measure: " + "; ".join(
+            f"class {p.name} has {p.requests} of the {per_probe:,} requests a probe sends, it needs {p.needed}"
+            for p in few) + f" (all {needed} meeting the SLO prove goodput {load.goodput_target:g} at confidence "
+            f"{load.repeats.confidence:g})",
+            hint=("raise tune.load.requests (or bench.requests) so each class has enough, or leave the small "
+                  "classes out of tune.classes" if not bench.trace else
+                  "a longer trace, or leave the small classes out of tune.classes"))
+    return plans
+
+
+def class_recipe(recipe, plan: ClassPlan):
+    """The recipe one class's tune runs: its traffic alone (bench.classes.replay), its SLO, named
+    <recipe>-<class> (so its published winner does not replace another class's)."""
+    bench = recipe.bench.model_copy(update={"classes": recipe.bench.classes.model_copy(update={"replay": plan.name}),
+                                            "slo": plan.slo})
+    tune = recipe.tune.model_copy(update={"classes": None, "slo": plan.slo})
+    quantize = recipe.quantize
+    if quantize is not None and quantize.output:  # each class's winner published apart
+        quantize = quantize.model_copy(update={"output": f"{quantize.output}-{plan.name}"})
+    return recipe.model_copy(update={"name": f"{recipe.name}-{plan.name}", "bench": bench, "tune": tune,
+                                     "quantize": quantize})
+
+
+@dataclass
+class PerClassResult:
+    tune_dir: str
+    routing: RoutingTable
+    results: dict = field(default_factory=dict)  # class -> core.TuneResult
+    tuned: dict[str, str] = field(default_factory=dict)  # class -> tuned-<class>.yaml
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict:
+        return {"tune_dir": self.tune_dir, "routing": self.routing.to_dict(), "tuned": self.tuned,
+                "seconds": self.seconds,
+                "classes": {name: {"tune_dir": r.tune_dir, "winner": r.winner.id if r.winner else None,
+                                   "tuned_recipe": r.tuned_recipe, "notes": r.notes} for name, r in self.results.items()}}
+
+
+def run_per_class(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
+                  on_event: EventCallback | None = None, on_trial=None, publish: str | None = None) -> PerClassResult:
+    """Each class's tune (``run.run_tune``) over the shared stage cache, then tuned-<class>.yaml and routing.json."""
+    import time
+
+    from infertool.atomic import write_json, write_text
+    from infertool.tune.run import run_tune
+
+    t0 = time.monotonic()
+    plans = plan_classes(recipe)  # before anything runs
+    few = [p for p in plans if p.too_few]
+    plans = [p for p in plans if not p.too_few]
+    for p in few:
+        emit(on_event, f"class {p.name} left out: {p.requests} requests in a probe's traffic, a probe needs {p.needed}; "
+             "its requests take the default route", "warning")
+    tune_dir = Path(out_dir or recipe.tune.out_dir).expanduser() / recipe.name
+    suffix = "-exhaustive" if exhaustive else ""
+    results, tuned = {}, {}
+    for i, p in enumerate(plans):
+        emit(on_event, f"class {p.name} ({i + 1} of {len(plans)}): {p.requests} requests of a probe's traffic, share "
+             + (f"{p.share:.1%}" if p.share is not None else "-"))
+        results[p.name] = res = run_tune(
+            class_recipe(recipe, p), exhaustive=exhaustive, executor=executor, on_event=on_event, on_trial=on_trial,
+            publish=str(Path(publish) / p.name) if publish else None, tune_dir=tune_dir / CLASSES_DIR / p.name,
+            cache=tune_dir / ".stages", checked=i > 0)
+        if res.tuned_recipe:
+            from infertool.report import read_inside
+
+            text = read_inside(Path(res.tuned_recipe).parent, Path(res.tuned_recipe).name, 16 * 1024 * 1024)
+            tuned[p.name] = str(tune_dir / f"tuned{suffix}-{p.name}.yaml")
+            write_text(Path(tuned[p.name]), text.decode("utf-8") if isinstance(text, bytes) else text)
+    table = routing(recipe, plans, results, {k: Path(v).name for k, v in tuned.items()})
+    table.notes += [f"class {p.name} not tuned: {p.requests} requests in a probe's traffic, a probe needs {p.needed} "
+                    "(raise tune.load.requests); its requests take the default route" for p in few]
+    write_json(tune_dir / f"routing{suffix}.json", table.to_dict())
+    return PerClassResult(str(tune_dir), table, results, tuned, round(time.monotonic() - t0, 1))
+
+
+# ----------------------------------------------------------------------------------------- the routing table
+def class_cost(rec: TrialRecord | None, objective: str) -> tuple[float | None, list[float | None] | None]:
+    """A trial's $ per 1M output tokens on one class, with its interval (None: it cannot serve the class)."""
+    if rec is None or not search.eligible(rec):
+        return None, None
+    cap = rec.capacity
+    cost: float | None
+    if rec.cost_per_1m_output_tokens is not None:
+        cost = rec.cost_per_1m_output_tokens
+    elif objective == "cost":
+        cost = rec.objective
+    else:
+        cost = COST_PER_1M_OUTPUT_TOKENS.of(cap.at_max_load) if cap is not None and cap.at_max_load else None
+    ci = rec.objective_ci if objective == "cost" else (cap.cost_ci if cap is not None else None)
+    return cost, (list(ci) if ci else None)
+
+
+def within(cost: float | None, ci, best: float | None, best_ci, tolerance: float = TOLERANCE) -> bool:
+    """Whether ``cost`` is within ``tolerance`` of the ``best``, or tied with it (its interval reaches the best's)."""
+    if cost is None or best is None:
+        return False
+    if cost <= best * (1 + tolerance):
+        return True
+    lo, hi = (ci or [None, None])[0], (best_ci or [None, None])[-1]
+    return lo is not None and hi is not None and lo <= hi
+
+
+def blend(rows: list[tuple[float | None, float | None, list | None]]) -> tuple[float | None, list[float | None] | None]:
+    """(share, $/1M, interval) per class -> their share-weighted $/1M and interval (None: a class not served; equal
+    weights when a share is unknown)."""
+    if not rows or any(c is None for _, c, _ in rows):
+        return None, None
+    weights = [w if w is not None else 1.0 for w, _, _ in rows]
+    total = sum(weights) or 1.0
+    cost = sum(w * c for w, (_, c, _) in zip(weights, rows) if c is not None) / total
+    ends: list[float | None] = []
+    for k in (0, 1):
+        vals = [(ci[k] if ci and len(ci) == 2 else None) for _, _, ci in rows]
+        ends.append(sum(w * v for w, v in zip(weights, vals) if v is not None) / total
+                    if all(v is not None for v in vals) else None)
+    return cost, ends if any(e is not None for e in ends) else None
+
+
+def load_rps(rec: TrialRecord) -> tuple[float | None, list[float | None] | None]:
+    """Requests/s one replica serves at the largest load under the SLO, with the interval the throughput's gives."""
+    cap = rec.capacity
+    if cap is None or not cap.max_load or cap.at_max_load is None:
+        return None, None
+    rps = REQUEST_THROUGHPUT.of(cap.at_max_load) or cap.at_max_load.goodput.requests_per_s
+    if not rps or rps <= 0:
+        return None, None
+    ci = cap.throughput_ci
+    if ci and cap.throughput and len(ci) == 2 and all(v is not None for v in ci):
+        return rps, [rps * ci[0] / cap.throughput, rps * ci[1] / cap.throughput]
+    return rps, None
+
+
+def _replicas(peak: float | None, rps: float | None) -> int | None:
+    if peak is None or not rps:
+        return None
+    return max(1, min(MAX_REPLICAS, math.ceil(peak / rps - 1e-9)))
+
+
+def routing(recipe, plans: list[ClassPlan], results: dict, tuned: dict[str, str]) -> RoutingTable:
+    """The routing table from each class's tune (``results``: class -> core.TuneResult; ``tuned``: class ->
+    its tuned-<class>.yaml's name)."""
+    tune = recipe.tune
+    objective = tune.objective
+    peak_all = recipe.target.peak_rps if recipe.target is not None else None
+    recs = {p.name: {t.id: t for t in results[p.name].trials} for p in plans}
+    winners = {p.name: results[p.name].winner for p in plans}
+    best = {p.name: class_cost(winners[p.name], objective) for p in plans}
+    notes: list[str] = []
+    # the best single configuration: any trial that can serve every class, share-weighted
+    ids = set.intersection(*(set(r) for r in recs.values())) if recs else set()
+    single: BlendedCost | None = None
+    for tid in sorted(ids):
+        rows = [(p.share, *class_cost(recs[p.name][tid], objective)) for p in plans]
+        cost, ci = blend(rows)
+        if cost is not None and (single is None or cost < (single.cost_per_1m or math.inf)):
+            ok = all(within(c, i, *best[p.name]) for p, (_, c, i) in zip(plans, rows))
+            single = BlendedCost(tid, recs[plans[0].name][tid].label, cost, ci, ok)
+    per_class = None
+    if all(w is not None for w in winners.values()):
+        cost, ci = blend([(p.share, *best[p.name]) for p in plans])
+        per_class = BlendedCost(None, None, cost, ci, True)
+    else:
+        notes.append("no configuration passes for " + ", ".join(n for n, w in winners.items() if w is None)
+                     + ": those classes are not routed")
+    # one deployment: a class winner (re-checked as served) within TOLERANCE of every class's best
+    one: str | None = None
+    for w in sorted({w.id for w in winners.values() if w is not None},
+                    key=lambda i: blend([(p.share, *class_cost(recs[p.name].get(i), objective)) for p in plans])[0] or math.inf):
+        if all(within(*class_cost(recs[p.name].get(w), objective), *best[p.name]) for p in plans):
+            one = w
+            break
+    differ = len({w.id for w in winners.values() if w is not None}) > 1
+    if one is not None and differ:
+        notes.append(f"one configuration, {one}, serves every class within {TOLERANCE:.0%} of its best (a tie counts): "
+                     "one deployment")
+    home = {w.id: name for name, w in winners.items() if w is not None}  # a configuration's tuned recipe
+    routes = []
+    for p in plans:
+        w = winners[p.name]
+        cfg = one if one is not None else (w.id if w is not None else None)
+        rec = recs[p.name].get(cfg) if cfg else None
+        peak = p.share * peak_all if (p.share is not None and peak_all is not None) else None
+        route = ClassRoute(name=p.name, share=p.share, requests=p.requests,
+                           slo=p.slo.model_dump(exclude_none=True) if p.slo is not None else None,
+                           winner=w.id if w else None, winner_label=w.label if w else None, peak_rps=peak)
+        if rec is not None and cfg is not None:
+            rps, rps_ci = load_rps(rec)
+            cost, ci = class_cost(rec, objective)
+            route.configuration, route.label, route.recipe = cfg, rec.label, tuned.get(home.get(cfg, ""))
+            route.max_load = rec.capacity.max_load if rec.capacity else None
+            route.max_load_ci = rec.capacity.max_load_ci if rec.capacity else None
+            route.load_rps, route.load_rps_ci, route.cost_per_1m, route.cost_per_1m_ci = rps, rps_ci, cost, ci
+            route.replicas = _replicas(peak, rps)
+            if peak is None:
+                route.note = "replicas not sized: set target.peak_rps"
+        routes.append(route)
+    deployments = []
+    for cfg in dict.fromkeys(r.configuration for r in routes if r.configuration):
+        mine = [r for r in routes if r.configuration == cfg]
+        need = [r.peak_rps / r.load_rps if (r.peak_rps is not None and r.load_rps) else None for r in mine]
+        replicas = (max(1, min(MAX_REPLICAS, math.ceil(sum(n for n in need if n is not None) - 1e-9)))
+                    if need and all(n is not None for n in need) else None)
+        deployments.append(RoutedDeployment(cfg, mine[0].label or "", mine[0].recipe or "", [r.name for r in mine],
+                                            replicas))
+    return RoutingTable(recipe=recipe.name, objective=objective, header=tune.routing.header,
+                        gateway=tune.routing.gateway, peak_rps=peak_all, tolerance=TOLERANCE, winners_differ=differ,
+                        one_deployment=len(deployments) == 1, classes=routes, deployments=deployments,
+                        per_class=per_class, single=single, notes=notes)
+
+
+def summary_lines(table: RoutingTable) -> list[str]:
+    """What the console says under the table: whether the classes got different winners, one deployment or one
+    per configuration, and what a single configuration would have cost instead."""
+    def money(cost, ci) -> str:
+        if cost is None:
+            return "-"
+        return f"${cost:,.4g}/1M" + (f" [{ci[0]:,.4g}, {ci[1]:,.4g}]" if ci and None not in ci else "")
+
+    lines = [("the classes got different winners" if table.winners_differ else "every class got the same winner")
+             + (": one deployment serves them all" if table.one_deployment
+                else f": {len(table.deployments)} deployments, routed on the header {table.header}")]
+    if table.per_class is not None:
+        lines.append(f"per class: {money(table.per_class.cost_per_1m, table.per_class.cost_per_1m_ci)} (each class's "
+                     "$/1M weighted by its share)")
+    s = table.single
+    if s is not None:
+        lines.append(f"one configuration for all, {s.configuration} {s.label}: "
+                     f"{money(s.cost_per_1m, s.cost_per_1m_ci)}"
+                     + (f" (within {table.tolerance:.0%} of every class's best)" if s.within else
+                        f" (more than {table.tolerance:.0%} above some class's best)"))
+    else:
+        lines.append("no single configuration passes for every class")
+    return lines + list(table.notes)
+
+
+# ----------------------------------------------------------------------------------------- serve --emit k8s
+def read_routing(tune_dir: Path) -> RoutingTable:
+    """routing.json of a per-class tune directory, checked before it names a file or a manifest (UsageError)."""
+    from infertool.recipe import TuneRouting
+    from infertool.report import Unreadable, read_json_inside
+    from infertool.schema import class_name_problem
+
+    try:
+        table = RoutingTable.from_dict(read_json_inside(tune_dir, ROUTING))
+    except (OSError, Unreadable) as e:
+        raise UsageError(f"{tune_dir / ROUTING}: {e}", hint="run `infertool tune --per-class` again") from None
+    from pydantic import ValidationError
+
+    try:
+        TuneRouting(header=table.header, gateway=table.gateway)
+    except ValidationError as e:  # the header or the Gateway name: the recipe's own rules
+        first = e.errors()[0]
+        raise UsageError(f"{tune_dir / ROUTING}: {'.'.join(str(x) for x in first['loc'])}: {first['msg']}",
+                         hint="run `infertool tune --per-class` again") from None
+    if not table.deployments:
+        raise UsageError(f"{tune_dir / ROUTING} routes no class: no configuration passed", hint="see classes/*/tune.md")
+    for d in table.deployments:
+        bad = (not _TRIAL_ID.fullmatch(d.configuration or "") or not re.fullmatch(r"tuned-[A-Za-z0-9_-]{1,64}\.yaml", d.recipe)
+               or any(class_name_problem(c) for c in d.classes) or not d.classes)
+        if bad:
+            raise UsageError(f"{tune_dir / ROUTING}: a deployment that is not one tune wrote ({d.configuration!r})",
+                             hint="run `infertool tune --per-class` again")
+    return table
+
+
+@dataclass
+class RoutedManifests:
+    """`serve TUNE_DIR --emit k8s` of a per-class tune: the documents, the comment lines, the resolutions served."""
+
+    docs: list[dict]
+    comments: list[str]
+
+    def to_dict(self) -> dict:
+        return {"emit": "k8s", "manifests": self.docs, "comments": self.comments}
+
+    def yaml(self) -> str:
+        from infertool.serve.k8s import dump_docs
+
+        return "".join(f"# {line}\n" for line in self.comments) + "---\n" + dump_docs(self.docs)
+
+
+def routed_manifests(tune_dir: Path, options, overrides: list[str] | None = None, checks=None) -> RoutedManifests:
+    """A Deployment and a Service per configuration of routing.json (each its tuned recipe, its checkpoint checked
+    by fingerprint; replicas: routing.json's unless --replicas), and an HTTPRoute sending each class's header value
+    to its Service, every other request to the largest class's."""
+    from infertool.publish import served
+    from infertool.serve.k8s import comment_text, header_lines, http_route, k8s_name, manifests, with_replicas
+
+    table = read_routing(tune_dir)
+    docs: list[dict] = []
+    comments = [comment_text(f"Per-class deployments of tune {table.recipe!r} (routing.json): "
+                             f"{len(table.deployments)} configuration(s) for {len(table.classes)} classes, routed on "
+                             f"the request header {table.header} by an HTTPRoute on the Gateway {table.gateway} "
+                             "(install the Gateway API CRDs and a Gateway first).", None)]
+    service_of: dict[str, tuple[str, int]] = {}
+    base = k8s_name(table.recipe)[:37].strip("-") or "infertool"  # + "-" + a 12-character trial id: 50 at most
+    for d in table.deployments:
+        name = f"{base}-{d.configuration[:12]}"
+        res = served(str(tune_dir / d.recipe), [*(overrides or []), f"name={name}"]).res
+        if checks is not None:
+            checks(res)
+        basis = (f"routing.json: the peaks of {', '.join(d.classes)} over one replica's load under each class's SLO"
+                 if d.replicas is not None else "the default: set target.peak_rps before tune to size it")
+        o = with_replicas(options, d.replicas, basis)
+        mine = manifests(res, options=o)
+        service = next(m for m in mine if m["kind"] == "Service")
+        service_of[d.configuration] = (service["metadata"]["name"], int(service["spec"]["ports"][0]["port"]))
+        comments += [comment_text(f"[{name}: classes {', '.join(d.classes)}] {line}", None) for line in header_lines(res, o)]
+        docs += mine
+    rules = [(r.name, *service_of[r.configuration]) for r in table.classes
+             if r.configuration is not None and r.configuration in service_of]
+    largest = max((r for r in table.classes if r.configuration in service_of), key=lambda r: r.share or 0.0)
+    assert largest.configuration is not None  # routed: in service_of
+    route = http_route(f"{base}-classes", table.header, table.gateway, rules, service_of[largest.configuration],
+                       namespace=getattr(options, "namespace", None))
+    comments.append(comment_text(f"HTTPRoute {base}-classes: {table.header}: "
+                                 + ", ".join(f"{c} -> {s}" for c, s, _ in rules)
+                                 + f"; any other request -> {service_of[largest.configuration][0]} (the largest "
+                                 f"class, {largest.name}).", None))
+    return RoutedManifests(docs + [route], comments)
