@@ -1,0 +1,145 @@
+"""Speculation is lossless, checked (infertool.evaluate.lossless): a speculative arm against the same configuration
+without speculation and the noise floor (the plain server twice), over real loopback stand-in servers with vLLM's
+decode-path features; the rule by hand on crafted figures."""
+
+from __future__ import annotations
+
+import json
+import threading
+from http.server import ThreadingHTTPServer
+
+import pytest
+
+from infertool.evaluate import lossless as L
+from infertool.evaluate.phases import Served
+from infertool.evaluate.server_engine import Client
+from infertool.recipe import DecodeSpec
+from tests.fakes import JSONHandler
+
+TIE, CLEAR = [-0.70, -0.74, -2.8, -3.5], [-0.3, -2.0, -2.8, -3.5]  # a near tie (gap 0.04) and a clear step (1.7)
+
+
+def _h(ctx: list[int]) -> int:
+    return (sum((i + 1) * t for i, t in enumerate(ctx[-4:])) * 2654435761) % 997
+
+
+def dist(ctx: list[int], model: str) -> dict[int, float]:
+    """The stand-in's next-token log-probabilities: a near tie where h % 3 == 0. 'changed' swaps the top two at
+    some clear steps (a different answer: damage); 'ties' swaps them at near ties only; the others are 'plain'."""
+    h = _h(ctx)
+    nxt = 10 + h % 40
+    toks = [nxt, *(10 + (nxt - 10 + 7 * j) % 40 for j in (1, 2, 3))]
+    tie = h % 3 == 0
+    lps = list(TIE if tie else CLEAR)
+    if (model == "changed" and not tie and h % 5 == 0) or (model == "ties" and tie):
+        lps[0], lps[1] = lps[1], lps[0]
+    return dict(zip(toks, lps))
+
+
+def _ids(text: str) -> list[int]:
+    return [10 + ord(c) % 40 for c in text]
+
+
+class StandIn(JSONHandler):
+    """/tokenize, token-id prompts, greedy generation with per-step top-k as token ids (vLLM's features)."""
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            if "messages" in req:
+                return self._send({"error": "no chat template"}, 400)
+            return self._send({"tokens": _ids(req["prompt"])})
+        if self.path != "/v1/completions":
+            return self._send({"error": "not found"}, 404)
+        prompt = list(req["prompt"])
+        k = int(req.get("logprobs") or 0)
+        toks, tops, ctx = [], [], list(prompt)
+        for _ in range(int(req.get("max_tokens") or 1)):
+            d = dist(ctx, req["model"])
+            t = max(d, key=d.get)
+            toks.append(f"token_id:{t}")
+            tops.append({f"token_id:{x}": v for x, v in list(d.items())[:k]})
+            ctx.append(t)
+        self._send({"choices": [{"text": "".join(chr(48 + t % 40) for t in ctx[len(prompt):]), "finish_reason": "length",
+                                 "logprobs": {"tokens": toks, "top_logprobs": tops}}]})
+
+
+@pytest.fixture(scope="module")
+def url():
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), StandIn)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    srv.shutdown()
+    srv.server_close()
+
+
+class Events:
+    def log(self, message, level="info"):
+        pass
+
+    def progress(self, *a, **k):
+        pass
+
+
+PROMPTS = [{"id": f"p{i}", "prompt": f"Request number {i}: tell me about item {i * 7}"} for i in range(20)]
+
+
+def check(url: str, spec_model: str, *, spec_first: bool = False) -> L.Lossless:
+    c = L.LosslessCheck(DecodeSpec(max_tokens=12, top_k=4, chat=False), PROMPTS, speculative="ngram k=3",
+                        label="class short")
+    plain = Served("plain", Client(url, "plain", timeout_s=30, stage_s=120))
+    spec = Served("speculative", Client(url, spec_model, timeout_s=30, stage_s=120))
+    steps = [lambda: c.run_plain(plain, Events()), lambda: c.run_speculative(spec, Events())]
+    for step in (steps[::-1] if spec_first else steps):
+        step()
+    return c.result()
+
+
+@pytest.mark.parametrize("spec_first", [False, True])
+def test_identical_answers_are_lossless_with_the_floor_beside_them(url, spec_first):
+    r = check(url, "same", spec_first=spec_first)
+    assert r.lossless is True and "is lossless on class short" in r.reason
+    assert r.figures.n_prompts == 20 and r.figures.exact_match == 1.0 and r.figures.divergences == 0
+    assert r.figures.kld == 0.0 and r.figures.steps == 20 * 11  # teacher-forced decode steps (the first: a prefill)
+    assert r.floor.n_prompts == 20 and r.floor.exact_match == 1.0 and r.floor.kld == 0.0
+    assert r.floor_method == L.FLOOR_METHOD and "near tie" in r.rule and r.to_dict()["floor"]["divergences"] == 0
+
+
+@pytest.mark.parametrize("spec_first", [False, True])
+def test_answers_changed_at_clear_steps_are_not_lossless_and_say_by_how_many(url, spec_first):
+    r = check(url, "changed", spec_first=spec_first)
+    n = r.figures.divergences
+    assert 0 < n <= 20 and r.lossless is False and r.floor.divergences == 0
+    assert r.reason.startswith(f"speculative ngram k=3 changed {n} of 20 answers beyond the noise floor (0 of 20) "
+                               "on class short")
+    assert r.figures.exact_match == pytest.approx((20 - n - r.figures.near_ties) / 20)
+    assert r.figures.kld_ci[0] > 0.01 and r.diverged and not r.diverged[0]["near_tie"]
+
+
+def test_divergences_only_at_near_ties_count_apart(url):
+    r = check(url, "ties")
+    assert r.figures.divergences == 0 and r.figures.near_ties > 0 and r.figures.exact_match < 1.0
+    assert r.lossless is True and f"near ties apart: {r.figures.near_ties} (floor 0)" in r.reason
+    assert all(d["near_tie"] and d["ref_top2_gap"] == pytest.approx(0.04) for d in r.diverged)
+
+
+def F(**kw) -> L.DecodeFigures:
+    return L.DecodeFigures.from_dict({"n_prompts": 20, **kw})
+
+
+def test_the_rule_by_hand():
+    d = lambda f, fl: L.decide(f, fl, speculative="eagle k=2", prompts="the decode prompts", near_tie_logprob=0.15)  # noqa: E731
+    # as many clear divergences as the floor shows: within it
+    assert d(F(divergences=2, kld=0.01, kld_ci=[0.0, 0.02]), F(divergences=2, kld=0.01, kld_ci=[0.0, 0.02])).lossless
+    # one more than the floor: not lossless, whatever the KLD
+    r = d(F(divergences=3, kld=0.0, kld_ci=[0.0, 0.0]), F(divergences=2, kld=0.0, kld_ci=[0.0, 0.0]))
+    assert r.lossless is False and "changed 3 of 20 answers beyond the noise floor (2 of 20)" in r.reason
+    # the KLD interval above the floor's top + the tolerance: not lossless; inside the tolerance: lossless
+    r = d(F(kld=0.004, kld_ci=[0.003, 0.005]), F(kld=0.001, kld_ci=[0.0, 0.0015]))
+    assert r.lossless is False and "above the noise floor" in r.reason
+    assert d(F(kld=0.002, kld_ci=[0.0024, 0.003]), F(kld=0.001, kld_ci=[0.0, 0.0015])).lossless
+    # not measured: null, with why
+    r = d(F(skipped="the server has no /tokenize endpoint"), F())
+    assert r.lossless is None and "not measured (the server has no /tokenize endpoint)" in r.reason
+    assert L.all_lossless([r, d(F(divergences=1), F())]).lossless is False
+    assert L.speculative_words({"method": "ngram", "num_speculative_tokens": 3}) == "ngram k=3"
