@@ -80,6 +80,11 @@ class ServedCheck(Judgement):
     rounds: list[Round] | None = None
     rounds_planned: list[int] | None = None
     stopped_early: bool | None = None
+    # not run again: the trial's screening already scored exactly this (the same served configuration, model and
+    # items), so its result is the served check's; this says whose (``core.reusable_screening``)
+    reused: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = Judgement.OMIT_NONE + ("reused",)
 
 
 @dataclass

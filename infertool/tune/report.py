@@ -195,7 +195,8 @@ def accuracy_rows(doc: TuneDoc | dict) -> list[list[str]]:
         rows.append([t.id, t.accuracy_text, _settings(acc.scored_with if acc else None), screening,
                      lm_eval_cell(acc.lm_eval if acc else None), *decode_cell(acc.decode if acc else None)])
         if sc is not None and sc.verdict is not None:
-            rows.append([f"{t.id} (served check)", sc.verdict, _settings(sc.scored_with), "its exact settings",
+            rows.append([f"{t.id} (served check)", sc.verdict, _settings(sc.scored_with),
+                         "its exact settings" + (": its screening's, reused" if sc.reused else ""),
                          lm_eval_cell(sc.lm_eval), *decode_cell(sc.decode)])
     return rows
 
@@ -277,7 +278,8 @@ def _summary(doc: TuneDoc) -> list[str]:
         lines.append(f"**Winner: {win.label}** — {name}: {obj:,.4g}{interval} {unit} at concurrency "
                      f"{win.capacity.max_load if win.capacity else None}; accuracy {win.verdict}"
                      + (f"; re-checked as served with its exact settings: {sc.verdict} (mean KLD "
-                        f"{_f(sc.mean_kld)})" if sc else "") + ".")
+                        f"{_f(sc.mean_kld)})" if sc else "")
+                     + (f"; the served check reused its screening: {sc.reused}" if sc and sc.reused else "") + ".")
         if doc.tuned_recipe:
             lines.append(f"Ready recipe: `{doc.tuned_recipe}` (`infertool run` and `infertool serve --emit k8s` take it as it is).")
         pub = doc.extra.get("published")
