@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import threading
 from http.server import ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 
@@ -143,3 +144,78 @@ def test_the_rule_by_hand():
     assert r.lossless is None and "not measured (the server has no /tokenize endpoint)" in r.reason
     assert L.all_lossless([r, d(F(divergences=1), F())]).lossless is False
     assert L.speculative_words({"method": "ngram", "num_speculative_tokens": 3}) == "ngram k=3"
+
+
+# ------------------------------------------------------------------------------------------ in tune
+def test_tune_a_speculative_trial_that_changes_answers_loses_with_the_reason(url, tmp_path, monkeypatch):
+    """A tune of the original with and without speculation: the speculative trial's screening serves it, then the
+    same configuration without speculation (one more launch), on the traffic's class prompts; its answers change
+    at clear steps (the stand-in 'changed' model) beyond the floor: its accuracy FAILs with the lossless reason and
+    it loses whatever its speed (its capacity would be the cheapest). With identical answers it passes and wins."""
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    from infertool import stages
+    from infertool.recipe import validate_recipe_data
+    from infertool.tune import stages as tstages
+    from infertool.tune.run import run_tune
+    from tests.fakes import layout_model
+    from tests.test_tune_accuracy import FakePhase, FakeScorer, recipe
+
+    monkeypatch.chdir(tmp_path)  # tune publishes its winner under out/, relative to the working directory
+    smol = layout_model(tmp_path / "smol", "smollm2-135m", shards=1)
+    launches: list[str] = []
+    answers = {"model": "changed"}
+
+    class Scorer(FakeScorer):
+        def __init__(self, label, purpose, log, model):
+            super().__init__(label, purpose, log)
+            self.client, self.events = Client(url, model, timeout_s=30, stage_s=120), Events()
+
+        def served(self):
+            return Served(self.label, self.client)
+
+    def launch(res, model, ctx, purpose, tasks, label, serve=None):
+        launches.append(purpose)
+        spec = (serve if serve is not None else res.serve_section).speculative
+        return tasks(Scorer(label, purpose, [], answers["model"] if spec is not None else "plain"))
+
+    def capacity(ctx):
+        cost = 1.0 if ctx.job.trial.serve.get("speculative") else 2.0  # speculation is the faster one
+        return {"max_load": 2, "at_max_load": {"cost": {"per_1m_output_tokens": cost}, "tpot_ms": {"p50": 50.0},
+                                               "goodput": {"requests_per_s": 1.0}}, "probes": [], "stopped": "stand-in"}
+
+    monkeypatch.setattr(tstages, "launch_scored", launch)
+    monkeypatch.setattr(tstages, "tune_phases", lambda tune: [FakePhase({2: (0.0, 0.01), 4: (0.0, 0.01)})])
+    monkeypatch.setitem(stages.REGISTRY.by_name, "capacity", replace(stages.get("capacity"), run=capacity))
+    import infertool.tune.run as tr
+
+    monkeypatch.setattr(tr, "_require_envs", lambda trials: None)
+    ngram = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+    def tune(where):
+        data = recipe(smol, tmp_path / where, grid={"speculative": [None, ngram]}, rounds=(2, 4))
+        data["bench"]["requests"] = 6
+        data["eval"]["decode"] = {"max_tokens": 12, "top_k": 4, "chat": False}
+        return run_tune(validate_recipe_data(data))
+
+    res = tune("changed")
+    spec = next(t for t in res.trials if t.serve.get("speculative"))
+    plain = next(t for t in res.trials if not t.serve.get("speculative"))
+    (ll,) = spec.accuracy.lossless
+    assert ll.lossless is False and ll.prompts.startswith("class ") and ll.figures.n_prompts == 6
+    assert spec.accuracy.verdict == "FAIL" and spec.accuracy.reason == ll.reason
+    assert f"changed {ll.figures.divergences} of 6 answers beyond the noise floor (0 of 6)" in ll.reason
+    assert spec.why_lost == "accuracy FAIL: " + ll.reason and res.winner.id == plain.id
+    assert [p for p in launches if p.endswith("without speculation (lossless check)")] == [
+        next(p for p in launches if p.startswith("tune: screen")) + " without speculation (lossless check)"]
+    md = (Path(res.tune_dir) / "tune.md").read_text()
+    assert "## Speculation is lossless, checked" in md and ll.reason in md
+    doc = json.loads((Path(res.tune_dir) / "tune.json").read_text())
+    got = next(t for t in doc["trials"] if t["id"] == spec.id)["accuracy"]["lossless"][0]
+    assert got["lossless"] is False and got["floor"]["divergences"] == 0 and got["floor_method"] == L.FLOOR_METHOD
+    # identical answers: lossless, and the speculative trial (the cheaper) wins
+    answers["model"] = "same"
+    res = tune("same")
+    spec = next(t for t in res.trials if t.serve.get("speculative"))
+    assert spec.accuracy.lossless[0].lossless is True and spec.accuracy.verdict == "PASS" and res.winner.id == spec.id

@@ -151,6 +151,19 @@ def summarise(requests: Sequence[Request], rule: Rule, replayed: str | None = No
     return TrafficClasses(rule=text, unit="characters", requests=n, classes=rows, replayed=replayed)
 
 
+def decode_prompts(requests: Sequence[Request], names: Sequence[str], per_class: int) -> list[tuple[str, list[dict]]]:
+    """Each class's own prompts as decode prompts (infertool.evaluate.decode's form: ``{"id", "prompt"}``): its
+    first ``per_class`` requests with a non-blank prompt, in the traffic's order; the largest class first."""
+    by: dict[str, list[dict]] = {}
+    sizes: dict[str, int] = {}
+    for r, name in zip(requests, names):
+        sizes[name] = sizes.get(name, 0) + 1
+        got = by.setdefault(name, [])
+        if len(got) < per_class and r.prompt.strip():
+            got.append({"id": f"{name}-{len(got) + 1}", "prompt": r.prompt})
+    return sorted(((n, ps) for n, ps in by.items() if ps), key=lambda kv: (-sizes[kv[0]], kv[0]))
+
+
 def select(names: Sequence[str], wanted: str) -> list[int]:
     """The indices of the requests of class ``wanted``."""
     return [i for i, name in enumerate(names) if name == wanted]

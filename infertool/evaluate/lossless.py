@@ -39,10 +39,11 @@ FLOOR_METHOD = "the configuration without speculation, the same server, the same
 
 
 def rule_text(near_tie_logprob: float) -> str:
+    """The rule in words (every result says it)."""
     return (f"not lossless when more answers diverge at a step that is not a near tie (reference top-2 gap >= "
-            f"{near_tie_logprob:g} nats) than in the noise floor ({FLOOR_METHOD}), or when the decode-KLD "
-            f"interval's lower end is above the floor's upper end + {KLD_TOLERANCE:g} nats; divergences at near "
-            "ties are counted apart and decide nothing")
+            f"{near_tie_logprob:g} nats) than in the noise floor, or when the decode-KLD interval's lower end is "
+            f"above the floor's upper end + {KLD_TOLERANCE:g} nats; divergences at near ties are counted apart and "
+            "decide nothing")
 
 
 @dataclass
@@ -171,6 +172,28 @@ class LosslessCheck:
                      prompts=self.label, near_tie_logprob=tie)
         out.diverged = list(block.get("diverged") or [])[:10]
         return out
+
+
+class LosslessChecks:
+    """The check on several prompt sets (a traffic's classes) over the same two servers: each server serves every
+    set while it is up (``run_plain`` / ``run_speculative``), one result per set (``results``)."""
+
+    def __init__(self, spec, sets: list[tuple[str, list[dict]]], *, speculative: str, confidence: float = 0.95):
+        self.checks = [LosslessCheck(spec, prompts, speculative=speculative, label=label, confidence=confidence)
+                       for label, prompts in sets]
+
+    def run_plain(self, served, events) -> None:
+        for c in self.checks:
+            events.log(f"lossless: {c.label} on the server without speculation, twice (the reference, the floor)")
+            c.run_plain(served, events)
+
+    def run_speculative(self, served, events) -> None:
+        for c in self.checks:
+            events.log(f"lossless: {c.label} on the speculative server ({c.speculative})")
+            c.run_speculative(served, events)
+
+    def results(self) -> list[Lossless]:
+        return [c.result() for c in self.checks]
 
 
 def _own(raw: dict) -> dict:
