@@ -219,3 +219,59 @@ def test_tune_a_speculative_trial_that_changes_answers_loses_with_the_reason(url
     res = tune("same")
     spec = next(t for t in res.trials if t.serve.get("speculative"))
     assert spec.accuracy.lossless[0].lossless is True and spec.accuracy.verdict == "PASS" and res.winner.id == spec.id
+
+
+# ------------------------------------------------------------------------------------------ in bench
+def test_bench_speculative_experiment_has_a_lossless_block_per_class(url, tmp_path, monkeypatch, capsys):
+    """bench's speculative experiment: the sweep's server (the recipe's settings: no speculation) runs the class
+    prompts twice, the arm with speculation once; the A/B table carries a lossless block per traffic class, and
+    the rendered table says it. The load measurements themselves are stubbed out (the servers are decode stand-ins)."""
+    from infertool import bench
+    from infertool.bench import core
+    from infertool.bench.sweep import ServerHandle
+    from infertool.capability import RunContext
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
+    from tests.fakes import layout_model
+
+    monkeypatch.chdir(tmp_path)
+    started: list[str] = []
+
+    class Launched:
+        def __init__(self, res, arm, ctx):
+            self.arm = arm
+
+        def __enter__(self):
+            spec = self.arm.serve.speculative
+            started.append("speculative" if spec is not None else "plain")
+            return ServerHandle(url, "changed" if spec is not None else "plain", None)
+
+        def __exit__(self, *exc):
+            pass
+
+    monkeypatch.setattr(core, "_Launched", Launched)
+    monkeypatch.setattr(core, "_sweep", lambda plan, handle, ctx: ([], None, None))
+    monkeypatch.setattr(core, "connect", lambda *a, **k: None)
+    monkeypatch.setattr(core, "measure", lambda *a, **k: [])
+    monkeypatch.setattr(core, "require_success", lambda *a, **k: None)
+    prompts = tmp_path / "traffic.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Question {i}: how do I reset item {i}?", "class": c}) + "\n"
+                               for i, c in enumerate(["support", "support", "support", "search", "search"])))
+    smol = layout_model(tmp_path / "smol", "smollm2-135m", shards=1)
+    r = validate_recipe_data({"name": "b", "model": {"source": str(smol)}, "serve": {"max_model_len": 2048},
+                              "eval": {"decode": {"max_tokens": 12, "top_k": 4, "chat": False}},
+                              "bench": {"requests": 5, "prompt": {"source": str(prompts)}, "output_len": 8,
+                                        "concurrency": [1], "experiments": ["speculative"]}})
+    report = bench.run(bench.plan(resolve(r), bench.BenchOptions()), RunContext())
+    assert started == ["plain", "speculative"]
+    (exp,) = report.experiments
+    assert exp.experiment == "speculative" and [x.prompts for x in exp.lossless] == ["class support", "class search"]
+    assert [x.figures.n_prompts for x in exp.lossless] == [3, 2] and all(x.floor.divergences == 0 for x in exp.lossless)
+    bad = [x for x in exp.lossless if x.lossless is False]
+    assert bad and all("speculative ngram k=3 changed" in x.reason for x in bad)
+    assert exp.to_dict()["lossless"][0]["floor_method"] == L.FLOOR_METHOD
+    from infertool.commands.bench import _experiment_table
+
+    _experiment_table(type(exp).from_dict(exp.to_dict()))
+    shown = capsys.readouterr().out
+    assert "lossless (class support):" in shown and "noise floor" in shown
