@@ -275,3 +275,14 @@ def test_bench_speculative_experiment_has_a_lossless_block_per_class(url, tmp_pa
     _experiment_table(type(exp).from_dict(exp.to_dict()))
     shown = capsys.readouterr().out
     assert "lossless (class support):" in shown and "noise floor" in shown
+
+
+def test_a_class_s_own_prompts_as_decode_prompts():
+    """bench.classes.decode_prompts: each class's first requests, in the traffic's order, largest class first;
+    blank prompts skipped; ids name the class."""
+    from infertool.bench.classes import Request, decode_prompts
+
+    reqs = [Request("a", 4, 0), Request("b", 4, 1), Request("  ", 4, 2), Request("c", 4, 3), Request("d", 4, 4)]
+    got = decode_prompts(reqs, ["x", "y", "y", "y", "x"], per_class=2)
+    assert got == [("y", [{"id": "y-1", "prompt": "b"}, {"id": "y-2", "prompt": "c"}]),
+                   ("x", [{"id": "x-1", "prompt": "a"}, {"id": "x-2", "prompt": "d"}])]
