@@ -82,7 +82,8 @@ class Events:
         pass
 
 
-PROMPTS = [{"id": f"p{i}", "prompt": f"Request number {i}: tell me about item {i * 7}"} for i in range(20)]
+N = 12
+PROMPTS = [{"id": f"p{i}", "prompt": f"Request number {i}: tell me about item {i * 7}"} for i in range(N)]
 
 
 def check(url: str, spec_model: str, *, spec_first: bool = False) -> L.Lossless:
@@ -100,9 +101,9 @@ def check(url: str, spec_model: str, *, spec_first: bool = False) -> L.Lossless:
 def test_identical_answers_are_lossless_with_the_floor_beside_them(url, spec_first):
     r = check(url, "same", spec_first=spec_first)
     assert r.lossless is True and "is lossless on class short" in r.reason
-    assert r.figures.n_prompts == 20 and r.figures.exact_match == 1.0 and r.figures.divergences == 0
-    assert r.figures.kld == 0.0 and r.figures.steps == 20 * 11  # teacher-forced decode steps (the first: a prefill)
-    assert r.floor.n_prompts == 20 and r.floor.exact_match == 1.0 and r.floor.kld == 0.0
+    assert r.figures.n_prompts == N and r.figures.exact_match == 1.0 and r.figures.divergences == 0
+    assert r.figures.kld == 0.0 and r.figures.steps == N * 11  # teacher-forced decode steps (the first: a prefill)
+    assert r.floor.n_prompts == N and r.floor.exact_match == 1.0 and r.floor.kld == 0.0
     assert r.floor_method == L.FLOOR_METHOD and "near tie" in r.rule and r.to_dict()["floor"]["divergences"] == 0
 
 
@@ -110,10 +111,10 @@ def test_identical_answers_are_lossless_with_the_floor_beside_them(url, spec_fir
 def test_answers_changed_at_clear_steps_are_not_lossless_and_say_by_how_many(url, spec_first):
     r = check(url, "changed", spec_first=spec_first)
     n = r.figures.divergences
-    assert 0 < n <= 20 and r.lossless is False and r.floor.divergences == 0
-    assert r.reason.startswith(f"speculative ngram k=3 changed {n} of 20 answers beyond the noise floor (0 of 20) "
+    assert 0 < n <= N and r.lossless is False and r.floor.divergences == 0
+    assert r.reason.startswith(f"speculative ngram k=3 changed {n} of {N} answers beyond the noise floor (0 of {N}) "
                                "on class short")
-    assert r.figures.exact_match == pytest.approx((20 - n - r.figures.near_ties) / 20)
+    assert r.figures.exact_match == pytest.approx((N - n - r.figures.near_ties) / N)
     assert r.figures.kld_ci[0] > 0.01 and r.diverged and not r.diverged[0]["near_tie"]
 
 
