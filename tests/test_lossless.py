@@ -53,6 +53,8 @@ class StandIn(JSONHandler):
         if self.path != "/v1/completions":
             return self._send({"error": "not found"}, 404)
         prompt = list(req["prompt"])
+        if req["model"] == "refuses" and req.get("max_tokens", 0) > 2:  # passes the probe, then refuses
+            return self._send({"error": {"message": "This model's maximum context length is 2048 tokens"}}, 400)
         k = int(req.get("logprobs") or 0)
         toks, tops, ctx = [], [], list(prompt)
         for _ in range(int(req.get("max_tokens") or 1)):
@@ -123,6 +125,13 @@ def test_divergences_only_at_near_ties_count_apart(url):
     assert r.figures.divergences == 0 and r.figures.near_ties > 0 and r.figures.exact_match < 1.0
     assert r.lossless is True and f"near ties apart: {r.figures.near_ties} (floor 0)" in r.reason
     assert all(d["near_tie"] and d["ref_top2_gap"] == pytest.approx(0.04) for d in r.diverged)
+
+
+def test_a_server_that_refuses_leaves_it_not_measured_with_why(url):
+    r = check(url, "refuses")
+    assert r.lossless is None and r.reason.startswith("speculative ngram k=3 on class short: not measured (the "
+                                                      "speculative server: ")
+    assert "maximum context length" in r.reason and r.to_dict()["figures"]["skipped"]
 
 
 def F(**kw) -> L.DecodeFigures:

@@ -146,24 +146,42 @@ class LosslessCheck:
         self.again: dict | None = None
         self.spec_raw: dict | None = None
         self.spec_first = False
+        self.failed: str | None = None  # why a pass could not be made (a server that answered no usable result)
 
     def run_plain(self, served, events) -> None:
         """The reference and the floor: the same prompts twice on this server (the second pass forced on the
         first one's tokens, as the speculative arm is)."""
-        self.plain = self.phase.run(served, self.spec_raw, events)
-        self.again = self.phase.run(served, _own(self.plain), events)
+        def both() -> None:
+            self.plain = self.phase.run(served, self.spec_raw, events)
+            self.again = self.phase.run(served, _own(self.plain), events)
+
+        self._guarded(both, "the server without speculation")
 
     def run_speculative(self, served, events) -> None:
         self.spec_first = self.plain is None
-        self.spec_raw = self.phase.run(served, self.plain, events)
+
+        def once() -> None:
+            self.spec_raw = self.phase.run(served, self.plain, events)
+
+        self._guarded(once, "the speculative server")
+
+    def _guarded(self, work, which: str) -> None:
+        """A pass whose server fails a request (an error status, a malformed answer, a prompt longer than the
+        server takes) leaves the check "not measured" with why, never a verdict; the other server still runs."""
+        from infertool.errors import InfertoolError
+
+        try:
+            work()
+        except InfertoolError as e:
+            self.failed = self.failed or f"{which}: {e.message.splitlines()[0]}"
 
     def result(self) -> Lossless:
         from infertool.evaluate.decode import compare
 
         tie = float(self.phase.spec.near_tie_logprob)
-        if self.plain is None or self.spec_raw is None or self.again is None:
-            return decide(DecodeFigures(skipped="a server was not run"), DecodeFigures(), speculative=self.speculative,
-                          prompts=self.label, near_tie_logprob=tie)
+        if self.failed or self.plain is None or self.spec_raw is None or self.again is None:
+            return decide(DecodeFigures(skipped=self.failed or "a server was not run"), DecodeFigures(),
+                          speculative=self.speculative, prompts=self.label, near_tie_logprob=tie)
         block = compare(self.plain, self.spec_raw, confidence=self.confidence,
                         first="candidate" if self.spec_first else "reference", near_tie_logprob=tie)
         floor = compare(_own(self.plain), self.again, confidence=self.confidence, first="reference",
@@ -181,6 +199,12 @@ class LosslessChecks:
     def __init__(self, spec, sets: list[tuple[str, list[dict]]], *, speculative: str, confidence: float = 0.95):
         self.checks = [LosslessCheck(spec, prompts, speculative=speculative, label=label, confidence=confidence)
                        for label, prompts in sets]
+        self.speculative_ran = False  # the speculative server's passes were made (or tried)
+
+    @property
+    def measurable(self) -> bool:
+        """Whether any set can still be measured (no pass of it has failed)."""
+        return any(c.failed is None for c in self.checks)
 
     def run_plain(self, served, events) -> None:
         for c in self.checks:
@@ -188,6 +212,7 @@ class LosslessChecks:
             c.run_plain(served, events)
 
     def run_speculative(self, served, events) -> None:
+        self.speculative_ran = True
         for c in self.checks:
             events.log(f"lossless: {c.label} on the speculative server ({c.speculative})")
             c.run_speculative(served, events)

@@ -361,7 +361,7 @@ def _run_rounds(ctx: StageContext, kind: type[J], rounds: list[int], what: str, 
         return out
 
     out = launch_scored(res, res.served, ctx, purpose, scored, label)
-    if checks is not None and checks.checks[0].spec_raw is not None:
+    if checks is not None and checks.speculative_ran:
         return lossless_verdict(ctx, res, checks, out, purpose)
     return out
 
@@ -389,8 +389,9 @@ def lossless_verdict(ctx: StageContext, res, checks, out: J, purpose: str) -> J:
     from infertool.evaluate.lossless import all_lossless
 
     plain = res.serve_section.model_copy(update={"speculative": None})
-    launch_scored(res, res.served, ctx, f"{purpose} without speculation (lossless check)",
-                  lambda sc: checks.run_plain(sc.served(), sc.events), "plain", serve=plain)
+    if checks.measurable:  # a speculative server that failed every set: no second start for nothing
+        launch_scored(res, res.served, ctx, f"{purpose} without speculation (lossless check)",
+                      lambda sc: checks.run_plain(sc.served(), sc.events), "plain", serve=plain)
     results = checks.results()
     write_json(ctx.work / "lossless.json", [r.to_dict() for r in results], indent=None)
     out.lossless = results
