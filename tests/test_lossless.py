@@ -296,3 +296,6 @@ def test_a_class_s_own_prompts_as_decode_prompts():
     got = decode_prompts(reqs, ["x", "y", "y", "y", "x"], per_class=2)
     assert got == [("y", [{"id": "y-1", "prompt": "b"}, {"id": "y-2", "prompt": "c"}]),
                    ("x", [{"id": "x-1", "prompt": "a"}, {"id": "x-2", "prompt": "d"}])]
+    chat = decode_prompts(reqs, ["x", "y", "y", "y", "x"], per_class=1, chat=True)
+    assert chat == [("y", [{"id": "y-1", "messages": [{"role": "user", "content": "b"}]}]),
+                    ("x", [{"id": "x-1", "messages": [{"role": "user", "content": "a"}]}])]

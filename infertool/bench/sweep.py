@@ -172,14 +172,14 @@ def traffic_classes(bench, chars_per_token: float) -> TrafficClasses | None:
 
 def class_prompts(bench, per_class: int) -> list[tuple[str, list[dict]]] | None:
     """Each traffic class's own prompts as decode prompts (``classes.decode_prompts``: its first ``per_class``
-    requests), largest class first: what a lossless check of speculation runs per class. None where the traffic
+    requests; through the chat template when bench.endpoint is chat), largest class first: what a lossless check of speculation runs per class. None where the traffic
     is not classed (the ShareGPT source)."""
     which = "trace" if bench.trace is not None else "source"
     if which == "source" and bench.prompt.source == "sharegpt":
         return None
     _, requests = classed_traffic(bench, which, DEFAULT_CHARS_PER_TOKEN)
     requests = requests[:MAX_CLASSED]
-    return decode_prompts(requests, derive(requests, _rule(bench)), per_class)
+    return decode_prompts(requests, derive(requests, _rule(bench)), per_class, chat=bench.endpoint == "chat")
 
 
 def lossless_sets(bench, spec) -> list[tuple[str, list[dict]]]:
