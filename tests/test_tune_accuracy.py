@@ -373,6 +373,42 @@ def test_the_served_check_runs_in_the_same_rounds(smol, tmp_path, monkeypatch, s
     assert [w for who, w, _ in phase.runs if who == "served"] == [(0, 2), (2, 4)]
 
 
+def test_the_winners_served_check_reuses_a_screening_of_the_same_configuration(smol, tmp_path, monkeypatch, served):
+    """Issue 32.7: the 2-trial tune eager vs compiled. The compiled trial wins; its screening served exactly what
+    its served check would (the original with enforce_eager false, every serve setting the same, the same rounds
+    and items): no vLLM is started for the served check, the screening's result is its result, and tune.json and
+    the report say it was reused. With other items (served_items 6) the served check runs on its own server."""
+    from infertool import stages
+    from infertool.tune.run import run_tune
+
+    monkeypatch.setitem(stages.REGISTRY.by_name, "served", replace(stages.get("served"), run=tstages.run_served))
+    phase = FakePhase({2: (0.0, 0.01), 4: (0.0, 0.01), 8: (0.0, 0.01)})
+    monkeypatch.setattr(tstages, "tune_phases", lambda tune: [phase])
+    events: list[str] = []
+    res = run_tune(validate_recipe_data(recipe(smol, tmp_path)), on_event=lambda e: events.append(e.get("message", "")))
+    compiled = next(t for t in res.trials if t.serve["enforce_eager"] is False)
+    assert res.winner.id == compiled.id
+    launched = [p for p, _ in served.purposes]
+    assert not any(p.startswith("tune: served check") for p in launched), launched
+    assert launched.count("tune: screen original with enforce_eager=False") == 1
+    sc = compiled.served_check
+    assert sc.verdict == compiled.accuracy.verdict == "PASS" and sc.rounds == compiled.accuracy.rounds
+    assert "its screening (stage entry screen-" in sc.reused and "the same items (2, 4, 8 per task)" in sc.reused
+    assert "served" not in compiled.stages and any("served check not run again" in m for m in events)
+    doc = json.loads((Path(res.tune_dir) / "tune.json").read_text())
+    assert next(t for t in doc["trials"] if t["id"] == compiled.id)["served_check"]["reused"] == sc.reused
+    md = (Path(res.tune_dir) / "tune.md").read_text()
+    assert "the served check reused its screening" in md and "its exact settings: its screening's, reused" in md
+    # other items: the served check is its own (a server started for it), nothing reused
+    served.purposes.clear()
+    data = recipe(smol, tmp_path / "2")
+    data["tune"]["accuracy"]["served_items"] = 6
+    res = run_tune(validate_recipe_data(data))
+    compiled = next(t for t in res.trials if t.serve["enforce_eager"] is False)
+    assert compiled.served_check.reused is None and "served" in compiled.stages
+    assert any(p.startswith("tune: served check") for p, _ in served.purposes)
+
+
 def test_a_check_with_no_measurable_gate_stops_after_round_1(monkeypatch):
     """INCONCLUSIVE because no gate could be measured (all n/a): more items cannot decide it, so no round 2."""
     scored = []

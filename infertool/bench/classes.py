@@ -151,6 +151,23 @@ def summarise(requests: Sequence[Request], rule: Rule, replayed: str | None = No
     return TrafficClasses(rule=text, unit="characters", requests=n, classes=rows, replayed=replayed)
 
 
+def decode_prompts(requests: Sequence[Request], names: Sequence[str], per_class: int,
+                   chat: bool = False) -> list[tuple[str, list[dict]]]:
+    """Each class's own prompts as decode prompts (infertool.evaluate.decode's form: ``{"id", "prompt"}``, or
+    ``{"id", "messages"}`` with the prompt as the user's message when the traffic goes to the chat endpoint): its
+    first ``per_class`` requests with a non-blank prompt, in the traffic's order; the largest class first."""
+    by: dict[str, list[dict]] = {}
+    sizes: dict[str, int] = {}
+    for r, name in zip(requests, names):
+        sizes[name] = sizes.get(name, 0) + 1
+        got = by.setdefault(name, [])
+        if len(got) < per_class and r.prompt.strip():
+            pid = f"{name}-{len(got) + 1}"
+            got.append({"id": pid, "messages": [{"role": "user", "content": r.prompt}]} if chat
+                       else {"id": pid, "prompt": r.prompt})
+    return sorted(((n, ps) for n, ps in by.items() if ps), key=lambda kv: (-sizes[kv[0]], kv[0]))
+
+
 def select(names: Sequence[str], wanted: str) -> list[int]:
     """The indices of the requests of class ``wanted``."""
     return [i for i, name in enumerate(names) if name == wanted]

@@ -22,7 +22,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Callable
 
 from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
@@ -38,6 +38,7 @@ from infertool.capability import RunContext
 from infertool.errors import InfertoolError, UsageError
 
 if TYPE_CHECKING:
+    from infertool.evaluate.lossless import LosslessChecks
     from infertool.serve.launches import Launched
     from contextlib import AbstractContextManager
     from infertool.recipe import BenchSection, ServeSection
@@ -226,6 +227,7 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
     t_start = time.monotonic()
     notes = list(plan.notes)
     servers: list[dict] = []
+    checks = lossless_checks(plan) if plan.url is None else None
     if plan.url is not None:
         from infertool.trust import key_for
 
@@ -238,13 +240,15 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
             main, static, knee = _sweep(plan, handle, ctx)
             if handle.launched is not None:
                 servers.append(handle.launched)
+            if checks is not None:  # the sweep's server: the recipe's settings, speculative or not
+                _lossless_on(checks, handle, plan.res.serve_section.speculative is not None, ctx)
     notes += handle.notes + client_notes(main + (static or []))
     tables: list[Experiment] = []
     if static is not None:
         cont = [lv for lv in main if lv.level.kind == "concurrency"]
         tables.append(ab_table("batching", "continuous (server schedules)", "static batches (wait to fill)", cont, static))
     for arm in plan.arms:
-        table, other, launched = _experiment(plan, arm, main, ctx)
+        table, other, launched = _experiment(plan, arm, main, ctx, checks if arm.experiment == "speculative" else None)
         tables.append(table)
         notes += client_notes(other)
         if launched is not None:
@@ -277,13 +281,16 @@ def _sweep(plan: BenchPlan, handle: ServerHandle,
                          on_event=ctx.on_event), knee
 
 
-def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult],
-                ctx: RunContext) -> tuple[Experiment, list[LevelResult], dict | None]:
-    """The experiment's other arm on its own server, against the sweep: (its table, its levels, its launch)."""
+def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult], ctx: RunContext,
+                checks: LosslessChecks | None = None) -> tuple[Experiment, list[LevelResult], dict | None]:
+    """The experiment's other arm on its own server, against the sweep: (its table, its levels, its launch);
+    ``checks``: the speculative experiment's lossless check, run on this arm's server too, in the table."""
     with _Launched(plan.res, arm, ctx) as handle:
         connect(handle, plan.bench, plan.res.serve_section.api_key_env)
         other = measure(handle, plan.bench, plan.levels, arm=arm.label, on_event=ctx.on_event, warmup=True)
         require_success(other, handle.url)
+        if checks is not None:
+            _lossless_on(checks, handle, arm.on, ctx)
     off, on = (main, other) if arm.on else (other, main)
     note = None
     if arm.experiment == "speculative":
@@ -292,7 +299,54 @@ def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult],
         note = f"speculative config: {spec.model_dump(exclude_none=True)}"
     assert arm.experiment is not None, "plan.arms: the experiments' arms"
     label_off, label_on = _arm_labels(arm.experiment)
-    return ab_table(arm.experiment, label_off, label_on, off, on, note), other, handle.launched
+    table = ab_table(arm.experiment, label_off, label_on, off, on, note)
+    if checks is not None:
+        table.lossless = checks.results()
+    return table, other, handle.launched
+
+
+def lossless_checks(plan: BenchPlan) -> LosslessChecks | None:
+    """The speculative experiment's lossless check (infertool.evaluate.lossless): the arm with speculation against
+    the arm without it, on each traffic class's own prompts (else the decode prompts: eval.decode), the arm
+    without it run twice for the noise floor; None without the experiment."""
+    arm = next((a for a in plan.arms if a.experiment == "speculative"), None)
+    if arm is None:
+        return None
+    from infertool.bench.sweep import lossless_sets
+    from infertool.evaluate.lossless import LosslessChecks, speculative_words
+    from infertool.recipe import DecodeSpec
+
+    ev = plan.res.recipe.eval
+    spec = ev.decode if ev is not None and ev.decode is not None else DecodeSpec()
+    speculative = (arm.serve if arm.on else plan.res.serve_section).speculative
+    return LosslessChecks(spec, lossless_sets(plan.bench, spec), speculative=speculative_words(speculative))
+
+
+def _lossless_on(checks: LosslessChecks, handle: ServerHandle, speculative: bool, ctx: RunContext) -> None:
+    """The lossless check's passes on one arm's server while it is up (the one without speculation: twice)."""
+    from infertool.evaluate.phases import Served
+    from infertool.evaluate.server_engine import Client
+
+    served = Served("speculative" if speculative else "without speculation",
+                    Client(handle.url, handle.model, api_key=handle.api_key))
+    events = _Events(ctx.on_event)
+    (checks.run_speculative if speculative else checks.run_plain)(served, events)
+
+
+class _Events:
+    """The decode phase's events (log, progress) as bench's progress events."""
+
+    def __init__(self, on_event: Callable[[dict], None] | None):
+        self.on_event = on_event
+
+    def progress(self, task: str, completed: int, total: int | None = None, description: str | None = None) -> None:
+        if self.on_event:
+            self.on_event({"event": "progress", "task": task, "completed": completed, "total": total,
+                           "description": description})
+
+    def log(self, message: str, level: str = "info") -> None:
+        if self.on_event:
+            self.on_event({"event": "log", "level": level, "message": message})
 
 
 def ab_table(name: str, a_label: str, b_label: str, a_levels: list, b_levels: list, note: str | None = None) -> Experiment:

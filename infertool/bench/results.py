@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
+from infertool.evaluate.lossless import Lossless
 from infertool.metricspec import MetricSpec, ab_metrics
 from infertool.records import Record, as_int, as_str
 
@@ -296,7 +297,7 @@ class ABRow(Record):
 class Experiment(_Sparse):
     """Arm A against arm B, level by level (the same traffic, the same seeds)."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("nothing_to_compare",)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("nothing_to_compare", "lossless")
 
     experiment: str = ""
     a: str = ""  # arm A's label
@@ -304,6 +305,9 @@ class Experiment(_Sparse):
     rows: list[ABRow] = field(default_factory=list)
     note: str | None = None
     nothing_to_compare: str | None = None  # `run`: why the original was not measured beside the candidate
+    # the speculative experiment: speculation checked lossless per traffic class, the arm without it as the
+    # reference and its noise floor beside (infertool.evaluate.lossless)
+    lossless: list[Lossless] | None = None
 
     def to_dict(self) -> dict:
         d = super().to_dict()

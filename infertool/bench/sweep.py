@@ -42,7 +42,7 @@ from infertool.bench.client import Refused, Target, list_models, send, tokenize
 from infertool.bench.metrics import (
     RequestResult, mean_interval, percentile, proportion_interval, rate_following, summarize,
 )
-from infertool.bench.classes import Request, Rule, derive, select, summarise
+from infertool.bench.classes import MAX_CLASSED, Request, Rule, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
 from infertool.bench.results import (SLO, Interval, Knee, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
@@ -168,6 +168,31 @@ def traffic_classes(bench, chars_per_token: float) -> TrafficClasses | None:
         return None
     _, requests = classed_traffic(bench, which, chars_per_token)
     return summarise(requests, _rule(bench), bench.classes.replay)
+
+
+def class_prompts(bench, per_class: int) -> list[tuple[str, list[dict]]] | None:
+    """Each traffic class's own prompts as decode prompts (``classes.decode_prompts``: its first ``per_class``
+    requests; through the chat template when bench.endpoint is chat), largest class first: what a lossless check of speculation runs per class. None where the traffic
+    is not classed (the ShareGPT source)."""
+    which = "trace" if bench.trace is not None else "source"
+    if which == "source" and bench.prompt.source == "sharegpt":
+        return None
+    _, requests = classed_traffic(bench, which, DEFAULT_CHARS_PER_TOKEN)
+    requests = requests[:MAX_CLASSED]
+    return decode_prompts(requests, derive(requests, _rule(bench)), per_class, chat=bench.endpoint == "chat")
+
+
+def lossless_sets(bench, spec) -> list[tuple[str, list[dict]]]:
+    """The prompt sets a lossless check of speculation runs (infertool.evaluate.lossless): each traffic class's
+    own prompts (``class_prompts``, eval.decode.n_prompts of each, else lossless.CLASS_PROMPTS), labelled "class
+    NAME"; the decode prompts (eval.decode.prompts) where the traffic is not classed."""
+    from infertool.evaluate.decode import load_prompts
+    from infertool.evaluate.lossless import CLASS_PROMPTS
+
+    by_class = class_prompts(bench, spec.n_prompts or CLASS_PROMPTS)
+    if by_class:
+        return [(f"class {name}", prompts) for name, prompts in by_class]
+    return [("the decode prompts", load_prompts(str(spec.prompts)))]
 
 
 def _calibration_text(bench) -> str:

@@ -293,6 +293,17 @@ def plan_trials(recipe) -> list[space.Trial]:
 def served_check(ctx: Context, trial: space.Trial, cand: TrialRecord) -> bool:
     """The winner re-checked as served with its exact settings (a graph of registered stages: its
     quantization and the reference reused); True when it passes."""
+    reused = reusable_screening(ctx, trial, cand)
+    if reused is not None:
+        cand.served_check = reused
+        assert cand.dir is not None  # a trial's folder
+        write_trial(Path(cand.dir), cand, trial)
+        emit(ctx.on_event, f"{cand.label}: served check not run again: {reused.reused}")
+        if reused.verdict == "PASS":
+            return True
+        emit(ctx.on_event, f"{cand.label}: served outputs diverge from the reference ({reused.reason}); "
+             "the next configuration is checked", "warning")
+        return False
     try:
         outputs = ctx.run_stages(trial, ["served"], {}, cand)
     except InfertoolError as e:
@@ -307,6 +318,36 @@ def served_check(ctx: Context, trial: space.Trial, cand: TrialRecord) -> bool:
     emit(ctx.on_event, f"{cand.label}: served outputs diverge from the reference ({check.reason}); "
          "the next configuration is checked", "warning")
     return False
+
+
+SERVED_SECTIONS = ("model", "quantize", "serve", "target")  # what a server is made of (the stages' SERVED)
+
+
+def reusable_screening(ctx: Context, trial: space.Trial, cand: TrialRecord) -> ServedCheck | None:
+    """The trial's screening as its served check, when the check would rescore exactly what the screening scored
+    as served: the same served configuration (model, quantization, every serve setting, target), the same items
+    and rounds (the served check's rounds are the screening's) and the same gates and phases (one tune); else None.
+    Its figures are then the served check's, with ``reused`` saying so: no second vLLM start for the same numbers."""
+    from infertool.tune.stages import screen_recipe
+
+    acc = cand.accuracy
+    entry = cand.stages.get("screen")
+    if acc is None or acc.reference or not acc.rounds or entry is None or entry.entry is None:
+        return None
+    if ctx.served_rounds != ctx.screen_rounds:
+        return None
+    screened = screen_recipe(ctx, trial)
+
+    def made_of(recipe) -> list:
+        return [None if getattr(recipe, s) is None else getattr(recipe, s).model_dump(mode="json")
+                for s in SERVED_SECTIONS]
+
+    if made_of(screened) != made_of(trial.recipe):
+        return None
+    check = ServedCheck.from_dict({k: v for k, v in acc.to_dict().items() if k != "reference"})
+    check.reused = (f"its screening (stage entry {Path(entry.entry).name}) scored the same served configuration on "
+                    f"the same items ({', '.join(map(str, ctx.served_rounds))} per task)")
+    return check
 
 
 def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], seconds: float,

@@ -11,6 +11,7 @@ from typing import ClassVar
 
 from infertool.bench.results import Cost, Goodput, Latency
 from infertool.bench.results import Summary as BenchSummary
+from infertool.evaluate.lossless import Lossless
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record
 from infertool.summaries import StageSummary, Summary
@@ -55,8 +56,11 @@ class Judgement(StageSummary):
     # near_ties, n_prompts, ...}
     lm_eval: dict | None = None
     decode: dict | None = None
+    # a speculative configuration against the same one without speculation, per traffic class, with the noise
+    # floor beside it (infertool.evaluate.lossless); one that is not lossless FAILs with its reason
+    lossless: list[Lossless] | None = None
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("scored_with", "lm_eval", "decode")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("scored_with", "lm_eval", "decode", "lossless")
 
 
 @dataclass
@@ -80,6 +84,11 @@ class ServedCheck(Judgement):
     rounds: list[Round] | None = None
     rounds_planned: list[int] | None = None
     stopped_early: bool | None = None
+    # not run again: the trial's screening already scored exactly this (the same served configuration, model and
+    # items), so its result is the served check's; this says whose (``core.reusable_screening``)
+    reused: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = Judgement.OMIT_NONE + ("reused",)
 
 
 @dataclass

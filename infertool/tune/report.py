@@ -13,6 +13,7 @@ from typing import Mapping
 
 from infertool.atomic import atomic_path, write_text
 from infertool.evaluate.result import Accept
+from infertool.evaluate.lossless import FLOOR_METHOD, rule_text
 from infertool.metricspec import objective as objective_metric
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.tune.records import Screening, ScreenResult, TrialRecord, TuneDoc
@@ -195,9 +196,37 @@ def accuracy_rows(doc: TuneDoc | dict) -> list[list[str]]:
         rows.append([t.id, t.accuracy_text, _settings(acc.scored_with if acc else None), screening,
                      lm_eval_cell(acc.lm_eval if acc else None), *decode_cell(acc.decode if acc else None)])
         if sc is not None and sc.verdict is not None:
-            rows.append([f"{t.id} (served check)", sc.verdict, _settings(sc.scored_with), "its exact settings",
+            rows.append([f"{t.id} (served check)", sc.verdict, _settings(sc.scored_with),
+                         "its exact settings" + (": its screening's, reused" if sc.reused else ""),
                          lm_eval_cell(sc.lm_eval), *decode_cell(sc.decode)])
     return rows
+
+
+def lossless_rows(doc: TuneDoc | dict) -> list[list[str]]:
+    """Each speculative configuration's lossless check (infertool.evaluate.lossless), per prompt set (a traffic
+    class): the decision and why, its figures against the same configuration without speculation, the noise
+    floor's beside them; only the header when no trial speculates."""
+    doc = TuneDoc.from_dict(doc)
+    rows = [["trial", "prompts", "lossless", "answers changed (near ties apart)", "floor", "decode KLD [interval]",
+             "floor KLD [interval]", "why"]]
+    for t in doc.trials:
+        for which, acc in (("", t.accuracy), (" (served check)", t.served_check)):
+            for r in (acc.lossless or []) if acc is not None else []:
+                f, fl = r.figures, r.floor
+                rows.append([t.id + which, r.prompts or "-", "not measured" if r.lossless is None else ("yes" if r.lossless else "NO"),
+                             f"{f.divergences} of {f.n_prompts} ({f.near_ties} near ties)",
+                             f"{fl.divergences} of {fl.n_prompts} ({fl.near_ties} near ties)",
+                             _kld(f.kld, f.kld_ci), _kld(fl.kld, fl.kld_ci), r.reason or "-"])
+    return rows
+
+
+def _kld(v: float | None, ci: list[float] | None) -> str:
+    return "-" if v is None else f"{v:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci and len(ci) == 2 else "")
+
+
+LOSSLESS_NOTE = ("A speculative configuration is served beside the same configuration without speculation, on each "
+                 "traffic class's own prompts (else the decode prompts). The noise floor: " + FLOOR_METHOD + ". The "
+                 "rule: " + rule_text(0.15).replace("0.15 nats", "eval.decode.near_tie_logprob") + ".")
 
 
 ACCURACY_NOTE = ("Serve settings that can change outputs (" + ", ".join(OUTPUT_SETTINGS) + ") make a distinct "
@@ -277,7 +306,8 @@ def _summary(doc: TuneDoc) -> list[str]:
         lines.append(f"**Winner: {win.label}** — {name}: {obj:,.4g}{interval} {unit} at concurrency "
                      f"{win.capacity.max_load if win.capacity else None}; accuracy {win.verdict}"
                      + (f"; re-checked as served with its exact settings: {sc.verdict} (mean KLD "
-                        f"{_f(sc.mean_kld)})" if sc else "") + ".")
+                        f"{_f(sc.mean_kld)})" if sc else "")
+                     + (f"; the served check reused its screening: {sc.reused}" if sc and sc.reused else "") + ".")
         if doc.tuned_recipe:
             lines.append(f"Ready recipe: `{doc.tuned_recipe}` (`infertool run` and `infertool serve --emit k8s` take it as it is).")
         pub = doc.extra.get("published")
@@ -347,6 +377,8 @@ def render_markdown(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | No
         parts += [f"![pareto]({plot.name})", ""]
     parts += ["## Every trial", "", md_table(trial_rows(doc)), ""]
     parts += ["## Accuracy as served", "", ACCURACY_NOTE, "", md_table(accuracy_rows(doc)), ""]
+    if len(lossless := lossless_rows(doc)) > 1:
+        parts += ["## Speculation is lossless, checked", "", LOSSLESS_NOTE, "", md_table(lossless), ""]
     fleet = _fleet(doc)
     parts += ["## Fleet", "", *fleet["lines"], ""] + ([md_table(fleet["rows"]), ""] if fleet["rows"] else [])
     if tuned_text:
@@ -370,6 +402,8 @@ def render_html(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | None) 
         body.append(f'<div class="fig">{img_tag(plot)}</div>')
     body += ["<h2>Every trial</h2>", html_table(trial_rows(doc))]
     body += ["<h2>Accuracy as served</h2>", f"<p>{inline(ACCURACY_NOTE)}</p>", html_table(accuracy_rows(doc))]
+    if len(lossless := lossless_rows(doc)) > 1:
+        body += ["<h2>Speculation is lossless, checked</h2>", f"<p>{inline(LOSSLESS_NOTE)}</p>", html_table(lossless)]
     fleet = _fleet(doc)
     body += ["<h2>Fleet</h2>", *(f"<p>{inline(x)}</p>" for x in fleet["lines"])] + ([html_table(fleet["rows"])] if fleet["rows"] else [])
     if tuned_text:

@@ -66,6 +66,12 @@ class Scorer:
         self.client, self.events, self.workers, self.label, self.plan = client, events, workers, label, plan
         self.model_path, self.log_dir = model_path, log_dir
 
+    def served(self):
+        """This server as the as-served phases see it (infertool.evaluate.phases.Served)."""
+        from infertool.evaluate.phases import Served
+
+        return Served(self.label, self.client, self.model_path, self.log_dir)
+
     def score(self, reqs: list[dict]) -> dict:
         from infertool.evaluate.server_engine import collect
 
@@ -73,9 +79,7 @@ class Scorer:
 
     def phases(self, phases: list, prior: dict | None, window: tuple[int, int]) -> dict:
         """Each phase's raw on items [lo, hi) of its set (``prior``: the reference's raws by phase name)."""
-        from infertool.evaluate.phases import Served
-
-        served = Served(self.label, self.client, self.model_path, self.log_dir)
+        served = self.served()
         out = {}
         for ph in phases:
             self.events.log(f"{ph.name}: the {self.label} model, items {window[0]}..{window[1] - 1}")
@@ -84,15 +88,16 @@ class Scorer:
         return out
 
 
-def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict] | Callable, label: str):
-    """Serve ``model`` with the resolution's serve settings (the one launcher) and score it: the suite's tasks
-    with prompt log-probabilities (``{"raw", "argv"}``), or what ``tasks(scorer)`` returns (a ``Scorer``: the
-    suite and the as-served phases, on the launch as started)."""
+def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict] | Callable, label: str, serve=None):
+    """Serve ``model`` with the resolution's serve settings (``serve``: this section instead; the one launcher) and
+    score it: the suite's tasks with prompt log-probabilities (``{"raw", "argv"}``), or what ``tasks(scorer)``
+    returns (a ``Scorer``: the suite and the as-served phases, on the launch as started)."""
     from infertool.evaluate.server_engine import Client
     from infertool.serve import launch, prepare
 
     tune = ctx.job.tune
-    plan = prepare(res, model=model, purpose=purpose, extra_args=("--max-logprobs", str(TOPK)))  # the launcher picks the port
+    plan = prepare(res, model=model, serve=serve, purpose=purpose,
+                   extra_args=("--max-logprobs", str(TOPK)))  # the launcher picks the port
     events = _Events(ctx.on_event)
     with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=purpose) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
@@ -341,6 +346,8 @@ def _run_rounds(ctx: StageContext, kind: type[J], rounds: list[int], what: str, 
     phases = tune_phases(tune)
     ref_phases = load_phases(ctx.upstream["reference"].dir) if phases else {}
 
+    checks = lossless_checks(ctx, res)
+
     def scored(sc: Scorer) -> J:
         seq = sequential(ctx, sc, rounds, look_conf, ref_raw, phases, ref_phases, what)
         if keep_raw:
@@ -349,9 +356,51 @@ def _run_rounds(ctx: StageContext, kind: type[J], rounds: list[int], what: str, 
         out = kind.from_dict(seq.judgement.to_dict())  # the judgement's figures, as this stage's record
         out.rounds, out.rounds_planned, out.stopped_early = seq.history, rounds, len(seq.history) < len(rounds)
         out.argv, out.scored_with = sc.plan.spec.argv, served_settings(res, res.served)
+        if checks is not None and (out.verdict != "FAIL" or tune.exhaustive):
+            checks.run_speculative(sc.served(), sc.events)
         return out
 
-    return launch_scored(res, res.served, ctx, purpose, scored, label)
+    out = launch_scored(res, res.served, ctx, purpose, scored, label)
+    if checks is not None and checks.speculative_ran:
+        return lossless_verdict(ctx, res, checks, out, purpose)
+    return out
+
+
+def lossless_checks(ctx: StageContext, res):
+    """The lossless check of a served configuration with ``speculative`` (infertool.evaluate.lossless): each
+    traffic class's own prompts (``bench.sweep.lossless_sets``), else the decode prompts; None without it."""
+    serve = res.serve_section
+    if serve.speculative is None:
+        return None
+    from infertool.bench.sweep import lossless_sets
+    from infertool.evaluate.lossless import LosslessChecks, speculative_words
+    from infertool.recipe import DecodeSpec
+
+    tune = ctx.job.tune
+    spec = tune.eval.decode if tune.eval.decode is not None else DecodeSpec()
+    return LosslessChecks(spec, lossless_sets(tune.bench, spec), speculative=speculative_words(serve.speculative),
+                          confidence=Accept.from_dict(tune.accept).confidence)
+
+
+def lossless_verdict(ctx: StageContext, res, checks, out: J, purpose: str) -> J:
+    """The same configuration without ``speculative`` served (the one launcher) and run twice on the same prompts
+    (the reference and the noise floor), then decided: a configuration that is not lossless FAILs with the
+    reason (it loses whatever its speed); one not measured keeps its verdict, its results say why."""
+    from infertool.evaluate.lossless import all_lossless
+
+    plain = res.serve_section.model_copy(update={"speculative": None})
+    if checks.measurable:  # a speculative server that failed every set: no second start for nothing
+        launch_scored(res, res.served, ctx, f"{purpose} without speculation (lossless check)",
+                      lambda sc: checks.run_plain(sc.served(), sc.events), "plain", serve=plain)
+    results = checks.results()
+    write_json(ctx.work / "lossless.json", [r.to_dict() for r in results], indent=None)
+    out.lossless = results
+    for r in results:
+        ctx.emit(f"lossless: {r.reason}")
+    bad = all_lossless(results)
+    if bad is not None and bad.lossless is False:
+        out.verdict, out.reason = "FAIL", bad.reason
+    return out
 
 
 def run_screen(ctx: StageContext) -> ScreenResult:
@@ -563,9 +612,27 @@ def _reference_parts(recipe, job) -> dict:
     return {"items": job.tune.reference_items, "seq_len": job.tune.eval.seq_len, **_phase_parts(job)}
 
 
+def _lossless_parts(recipe, job) -> dict:
+    """A speculative configuration's lossless check (its prompts: the traffic's classes, else the decode prompts;
+    its rule): part of its accuracy stages' keys; nothing for any other configuration (their keys unchanged)."""
+    if recipe.serve is None or recipe.serve.speculative is None:
+        return {}
+    from pathlib import Path
+
+    from infertool.evaluate.lossless import KLD_TOLERANCE
+    from infertool.inputs import fingerprint
+
+    b = job.tune.bench
+    trace = {"path": b.trace, "sha256": fingerprint(Path(b.trace).expanduser())} if b.trace else None
+    return {"lossless": {"v": 1, "kld_tolerance": KLD_TOLERANCE, "prompts": job.tune.inputs.get("prompts"),
+                         "traffic": {"prompt": b.prompt.model_dump(mode="json"), "trace": trace,
+                                     "classes": b.classes.model_dump(mode="json"), "requests": b.requests,
+                                     "seed": b.seed}}}
+
+
 def _screen_parts(recipe, job) -> dict:
     return {"rounds": job.tune.screen_rounds, "seq_len": job.tune.eval.seq_len, "accept": job.tune.accept,
-            **_phase_parts(job)}
+            **_phase_parts(job), **_lossless_parts(recipe, job)}
 
 
 def _capacity_parts(recipe, job) -> dict:
@@ -577,7 +644,7 @@ def _capacity_parts(recipe, job) -> dict:
 def _served_parts(recipe, job) -> dict:
     return {"trial": job.trial.id, "items": job.tune.served_items, "rounds": job.tune.served_rounds,
             "seq_len": job.tune.eval.seq_len,
-            "accept": job.tune.accept, **_phase_parts(job)}
+            "accept": job.tune.accept, **_phase_parts(job), **_lossless_parts(recipe, job)}
 
 
 def _reference_view(recipe, job):

@@ -1,0 +1,235 @@
+"""Speculation is lossless, checked (issue 32.4): a speculative serve configuration against the SAME configuration
+without ``speculative``, both served, on a prompt set (a traffic class's own prompts, else the decode prompts),
+with the decode path's comparison (infertool.evaluate.decode: greedy exact match, first divergence, teacher-forced
+decode KLD, near ties) and its noise floor beside it.
+
+The noise floor is the configuration without speculation compared with ITSELF: the same prompts sent twice to
+the same server, the second pass teacher-forced on the first one's tokens, exactly as the speculative server is.
+Same server, not a second start: both arms are compared as each was started once, so what one started server
+does to the same requests twice (batch composition, request order, scheduling under WORKERS requests in flight)
+is the noise a speculative arm must stay within; a second start would add a vLLM start (tens of seconds on CPU,
+minutes on a GPU) to measure start-to-start effects neither arm's comparison has.
+
+The rule (``decide``), said in every result's ``rule``: a configuration is NOT lossless when
+
+- more of its answers diverge from the reference at a step that is not a near tie (the reference's top-2 gap at
+  least ``near_tie_logprob``) than the floor's do (``divergences`` > the floor's), or
+- the lower end of its decode-KLD interval is above the upper end of the floor's plus ``KLD_TOLERANCE`` nats.
+
+Divergences at near ties are counted apart, beside the floor's, and decide nothing: a near tie may flip on any
+change of batch shape. A comparison that could not be measured (the server has no per-step log-probabilities)
+is ``lossless: null`` with why, never a guess.
+
+One check serves both users: tune's screening and served check of a trial whose serve section has
+``speculative`` (infertool.tune.stages), and bench's speculative experiment (infertool.bench.core), each with
+its servers' lifetimes: ``LosslessCheck.run_plain`` on the server without speculation (the two passes),
+``run_speculative`` on the speculative one, in either order, then ``result()``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from infertool.records import Record
+
+KLD_TOLERANCE = 1e-3  # nats per decode step above the floor's interval a speculative arm may show
+CLASS_PROMPTS = 20  # a traffic class's prompts checked (its first ones), unless eval.decode.n_prompts says
+FLOOR_METHOD = "the configuration without speculation, the same server, the same prompts twice"
+
+
+def rule_text(near_tie_logprob: float) -> str:
+    """The rule in words (every result says it)."""
+    return (f"not lossless when more answers diverge at a step that is not a near tie (reference top-2 gap >= "
+            f"{near_tie_logprob:g} nats) than in the noise floor, or when the decode-KLD interval's lower end is "
+            f"above the floor's upper end + {KLD_TOLERANCE:g} nats; divergences at near ties are counted apart and "
+            "decide nothing")
+
+
+@dataclass
+class DecodeFigures(Record):
+    """What a lossless check keeps of one decode comparison (``decode.compare``'s block)."""
+
+    n_prompts: int = 0
+    exact_match: float | None = None
+    exact_match_ci: list[float] | None = None
+    first_divergence_median: float | None = None
+    first_divergence_ci: list[float | None] | None = None
+    kld: float | None = None
+    kld_ci: list[float] | None = None
+    top1: float | None = None
+    divergences: int = 0  # answers that diverge at a step that is not a near tie
+    near_ties: int = 0  # answers that diverge where the reference's top two tokens were nearly tied
+    steps: int = 0
+    skipped: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("skipped",)
+
+    @classmethod
+    def of(cls, block: dict) -> DecodeFigures:
+        return cls.from_dict({k: block.get(k) for k in cls.__dataclass_fields__ if k != "extra" and k in block})
+
+    @property
+    def changed(self) -> int:
+        """Answers that differ at all (divergences and near ties)."""
+        return self.divergences + self.near_ties
+
+
+@dataclass
+class Lossless(Record):
+    """One lossless check: the speculative configuration against the same one without speculation (``figures``)
+    on a prompt set (``prompts``: a traffic class, or the decode prompts), the noise floor beside it (``floor``),
+    and the decision (``lossless``: None when not measured) with its reason and rule."""
+
+    lossless: bool | None = None
+    reason: str | None = None
+    speculative: str | None = None  # the speculative config, in words ("ngram k=3")
+    prompts: str | None = None  # whose prompts: "class short", "the decode prompts"
+    figures: DecodeFigures = field(default_factory=DecodeFigures)
+    floor: DecodeFigures = field(default_factory=DecodeFigures)
+    floor_method: str = FLOOR_METHOD
+    kld_tolerance: float = KLD_TOLERANCE
+    near_tie_logprob: float | None = None
+    rule: str | None = None
+    diverged: list[dict] = field(default_factory=list)  # the first diverging answers, both texts (decode.compare)
+
+
+def speculative_words(spec) -> str:
+    """A speculative config in words: "ngram k=3" (a SpeculativeSpec or its dict)."""
+    data = spec.model_dump(exclude_none=True) if hasattr(spec, "model_dump") else dict(spec or {})
+    words = f"{data.get('method')} k={data.get('num_speculative_tokens')}"
+    return words + (f" (draft {data['model']})" if data.get("model") else "")
+
+
+def decide(figures: DecodeFigures, floor: DecodeFigures, *, speculative: str, prompts: str,
+           near_tie_logprob: float) -> Lossless:
+    """The rule (module docstring) on a comparison and its floor; the reason names the counts, e.g. "speculative
+    ngram k=3 changed 4 of 20 answers beyond the noise floor (0 of 20)"."""
+    out = Lossless(speculative=speculative, prompts=prompts, figures=figures, floor=floor,
+                   near_tie_logprob=near_tie_logprob, rule=rule_text(near_tie_logprob))
+    why_not = figures.skipped or floor.skipped
+    if why_not or not figures.n_prompts or not floor.n_prompts:
+        out.reason = f"speculative {speculative} on {prompts}: not measured ({why_not or 'no prompts compared'})"
+        return out
+    ties = (f"; near ties apart: {figures.near_ties} (floor {floor.near_ties})"
+            if figures.near_ties or floor.near_ties else "")
+    counts = (f"{figures.divergences} of {figures.n_prompts} answers beyond the noise floor "
+              f"({floor.divergences} of {floor.n_prompts})")
+    kld_lo = figures.kld_ci[0] if figures.kld_ci else None
+    floor_hi = floor.kld_ci[1] if floor.kld_ci else None
+    kld_over = kld_lo is not None and floor_hi is not None and kld_lo > floor_hi + KLD_TOLERANCE
+    if figures.divergences > floor.divergences:
+        out.lossless = False
+        out.reason = f"speculative {speculative} changed {counts} on {prompts}{ties}"
+    elif kld_over:
+        out.lossless = False
+        out.reason = (f"speculative {speculative} moved the decode distributions on {prompts}: decode KLD "
+                      f"{figures.kld:.3g} [{kld_lo:.3g}, {figures.kld_ci[1]:.3g}] above the noise floor's "  # type: ignore[index]
+                      f"{floor.kld:.3g} [.., {floor_hi:.3g}] + {KLD_TOLERANCE:g}{ties}")
+    else:
+        out.lossless = True
+        out.reason = f"speculative {speculative} is lossless on {prompts}: changed {counts}{ties}"
+    return out
+
+
+class LosslessCheck:
+    """One lossless check over its two servers: ``run_plain`` on the configuration without speculation (the
+    prompts twice: the reference and the floor), ``run_speculative`` on the speculative one (teacher-forced on
+    the reference's tokens when it runs second), in either order; ``result()`` compares and decides."""
+
+    def __init__(self, spec, prompts: list[dict], *, speculative: str, label: str, confidence: float = 0.95):
+        from infertool.evaluate.decode import DecodePhase
+
+        self.phase = DecodePhase(spec, prompts)
+        self.speculative, self.label, self.confidence = speculative, label, confidence
+        self.plain: dict | None = None
+        self.again: dict | None = None
+        self.spec_raw: dict | None = None
+        self.spec_first = False
+        self.failed: str | None = None  # why a pass could not be made (a server that answered no usable result)
+
+    def run_plain(self, served, events) -> None:
+        """The reference and the floor: the same prompts twice on this server (the second pass forced on the
+        first one's tokens, as the speculative arm is)."""
+        def both() -> None:
+            self.plain = self.phase.run(served, self.spec_raw, events)
+            self.again = self.phase.run(served, _own(self.plain), events)
+
+        self._guarded(both, "the server without speculation")
+
+    def run_speculative(self, served, events) -> None:
+        self.spec_first = self.plain is None
+
+        def once() -> None:
+            self.spec_raw = self.phase.run(served, self.plain, events)
+
+        self._guarded(once, "the speculative server")
+
+    def _guarded(self, work, which: str) -> None:
+        """A pass whose server fails a request (an error status, a malformed answer, a prompt longer than the
+        server takes) leaves the check "not measured" with why, never a verdict; the other server still runs."""
+        from infertool.errors import InfertoolError
+
+        try:
+            work()
+        except InfertoolError as e:
+            self.failed = self.failed or f"{which}: {e.message.splitlines()[0]}"
+
+    def result(self) -> Lossless:
+        from infertool.evaluate.decode import compare
+
+        tie = float(self.phase.spec.near_tie_logprob)
+        if self.failed or self.plain is None or self.spec_raw is None or self.again is None:
+            return decide(DecodeFigures(skipped=self.failed or "a server was not run"), DecodeFigures(),
+                          speculative=self.speculative, prompts=self.label, near_tie_logprob=tie)
+        block = compare(self.plain, self.spec_raw, confidence=self.confidence,
+                        first="candidate" if self.spec_first else "reference", near_tie_logprob=tie)
+        floor = compare(_own(self.plain), self.again, confidence=self.confidence, first="reference",
+                        near_tie_logprob=tie)
+        out = decide(DecodeFigures.of(block), DecodeFigures.of(floor), speculative=self.speculative,
+                     prompts=self.label, near_tie_logprob=tie)
+        out.diverged = list(block.get("diverged") or [])[:10]
+        return out
+
+
+class LosslessChecks:
+    """The check on several prompt sets (a traffic's classes) over the same two servers: each server serves every
+    set while it is up (``run_plain`` / ``run_speculative``), one result per set (``results``)."""
+
+    def __init__(self, spec, sets: list[tuple[str, list[dict]]], *, speculative: str, confidence: float = 0.95):
+        self.checks = [LosslessCheck(spec, prompts, speculative=speculative, label=label, confidence=confidence)
+                       for label, prompts in sets]
+        self.speculative_ran = False  # the speculative server's passes were made (or tried)
+
+    @property
+    def measurable(self) -> bool:
+        """Whether any set can still be measured (no pass of it has failed)."""
+        return any(c.failed is None for c in self.checks)
+
+    def run_plain(self, served, events) -> None:
+        for c in self.checks:
+            events.log(f"lossless: {c.label} on the server without speculation, twice (the reference, the floor)")
+            c.run_plain(served, events)
+
+    def run_speculative(self, served, events) -> None:
+        self.speculative_ran = True
+        for c in self.checks:
+            events.log(f"lossless: {c.label} on the speculative server ({c.speculative})")
+            c.run_speculative(served, events)
+
+    def results(self) -> list[Lossless]:
+        return [c.result() for c in self.checks]
+
+
+def _own(raw: dict) -> dict:
+    """A raw without its teacher-forced values: what a second pass is forced on (its own greedy tokens)."""
+    return {**raw, "prompts": [{k: v for k, v in p.items() if k != "forced"} for p in raw.get("prompts", [])]}
+
+
+def all_lossless(results: list[Lossless]) -> Lossless | None:
+    """The first check that is not lossless (what a configuration loses by), else the first not measured, else
+    None (every one lossless, or none run)."""
+    bad = [r for r in results if r.lossless is False]
+    if bad:
+        return bad[0]
+    return next((r for r in results if r.lossless is None), None)
