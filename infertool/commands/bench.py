@@ -159,6 +159,8 @@ def render(report) -> None:
         _timeline_table(max(report.levels, key=lambda lv: lv.level.value or 0))
     for exp in report.experiments:
         _experiment_table(exp)
+    if report.per_class is not None:
+        _per_class_tables(report.per_class)
     for note in report.notes:
         err.print(f"[yellow]note:[/] {escape(str(note))}", soft_wrap=True)
 
@@ -326,6 +328,66 @@ def _timeline_table(busiest) -> None:
                    _f(w.e2e_p50_ms, "{:.0f}"), _f(None if kv is None else kv * 100, "{:.2f}"),
                    _f(w.running), _f(w.waiting), _f(w.preemptions_total, "{:.0f}"))
     out.print(tl)
+
+
+def _ratio_cell(i) -> str:
+    """A ratio on / off and its interval: "1.32x [1.10, 1.58]" ("-": not measured)."""
+    if i.value is None:
+        return "-"
+    return f"{i.value:.2f}x" + (f" [{i.lo:.2f}, {i.hi:.2f}]" if i.lo is not None and i.hi is not None else "")
+
+
+def _off_on(pair: dict, fmt: str = "{:.0f}") -> str:
+    return f"{_f(pair.get('off'), fmt)} -> {_f(pair.get('on'), fmt)}"
+
+
+def _per_class_tables(pc) -> None:
+    """bench.per_class: per class and speculative setting, acceptance by draft position and speculation off -> on at
+    each load, with the crossover; per class and budget, prefix caching off -> on (the unmeasured classes are the
+    report's notes)."""
+    from rich.table import Table
+
+    from infertool.output import err, out, plain
+
+    measured = [c for c in pc.classes if c.measured]
+    if any(c.speculation for c in measured):
+        t = Table(title="speculation per class: off -> on (ratio on/off [interval]); acceptance by draft position",
+                  title_justify="left")
+        for c in ("class", "setting", "level", "accepted by position", "mean len", "figure off -> on", "ratio",
+                  "TPOT p50 ms", "verdict"):
+            t.add_column(c, justify="left" if c in ("class", "setting", "level", "verdict") else "right", no_wrap=True)
+        lines = []
+        for c in measured:
+            for v in c.speculation:
+                for i, lv in enumerate(v.levels):
+                    pos = " / ".join(f"{r:.2f}" for r in lv.acceptance_per_pos) if lv.acceptance_per_pos else "not reported"
+                    fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
+                    t.add_row(plain(c.name if i == 0 else ""), plain(v.label if i == 0 else ""), plain(lv.level), pos,
+                              _f(lv.mean_accepted_len, "{:.2f}"),
+                              f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio),
+                              _off_on(lv.tpot_p50_ms, "{:.1f}"), lv.verdict)
+                lines.append(f"crossover: {c.name}, {v.label} ({v.crossover.figure or '-'}): {v.crossover.stopped}"
+                             + (f"; estimate {v.crossover.estimate:.3g}" if v.crossover.estimate is not None else ""))
+                if v.note:
+                    lines.append(f"{c.name}, {v.label}: {v.note}")
+        out.print(t)
+        for line in lines:
+            err.print(plain(line), soft_wrap=True)
+    if any(c.prefix_caching for c in measured):
+        t = Table(title="prefix caching per class: off -> on (ratio on/off [interval])", title_justify="left")
+        for c in ("class", "server", "level", "hit % off -> on", "TTFT p50 ms", "TTFT p90 ms", "figure off -> on",
+                  "ratio", "verdict"):
+            t.add_column(c, justify="left" if c in ("class", "server", "level", "verdict") else "right", no_wrap=True)
+        for c in measured:
+            for b in c.prefix_caching:
+                for i, lv in enumerate(b.levels):
+                    hits = {"off": None if lv.hit_rate_off is None else lv.hit_rate_off * 100,
+                            "on": None if lv.hit_rate is None else lv.hit_rate * 100}
+                    fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
+                    t.add_row(plain(c.name if i == 0 else ""), plain(b.label if i == 0 else ""), plain(lv.level),
+                              _off_on(hits), _off_on(lv.ttft_p50_ms), _off_on(lv.ttft_p90_ms),
+                              f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio), lv.verdict)
+        out.print(t)
 
 
 def _experiment_table(exp) -> None:
