@@ -292,6 +292,15 @@ class Sampler:
             except asyncio.TimeoutError:
                 pass
 
+    async def baseline(self) -> None:
+        """One scrape before the level's first request (at most ``deadline_s``), as the counters' starting point: a
+        level that ends before the sampling loop's first scrape still has its deltas (drafts, accepted tokens per
+        position, prefix-cache hits) from before its first request."""
+        sample = await self.scrape_once()
+        if sample is not None:
+            sample.t = 0.0
+            self.timeline.samples.append(sample)
+
     def start(self, t0: float) -> None:
         self._t0 = t0
         self._task = asyncio.create_task(self._loop())

@@ -12,13 +12,13 @@ Every wait is bounded, whatever the server does (``infertool.net``'s policy for 
 - ``connect``: at most CONNECT_BUDGET_S for the model list and /tokenize together (each call at most
   ``client.CONTROL_DEADLINE_S``);
 - ``measure_levels``: the warm-up request at most min(WARMUP_TIMEOUT_S, bench.max_duration_s); then per level
-  bench.max_duration_s for its requests (those in flight at the deadline are cancelled and counted), plus
+  one /metrics scrape before it (``prometheus.SCRAPE_DEADLINE_S``), bench.max_duration_s for its requests (those in flight at the deadline are cancelled and counted), plus
   the end of its /metrics sampling (``prometheus.Sampler.stop``: at most ``prometheus.STOP_BOUND_S``), plus,
   for a level split over processes, their start (``loadgen.READY_TIMEOUT_S``) and their results
   (``loadgen.RESULTS_GRACE_S`` past the deadline).
 
 So one server's bench ends within CONNECT_BUDGET_S + min(WARMUP_TIMEOUT_S, max_duration_s) + levels x
-runs x (max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + RESULTS_GRACE_S]), runs at most
+runs x (SCRAPE_DEADLINE_S + max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + RESULTS_GRACE_S]), runs at most
 ``bench.repeats.max_runs`` and a rate sweep's levels at most ``bench.rate_sweep.max_levels``.
 
 The traffic's shapes (``bench.prompt.multi_turn``: each unit a conversation replayed as a session; ``bench.trace``:
@@ -384,6 +384,7 @@ async def _level(pool, sampler: Sampler, target: Target, handle: ServerHandle, b
     progress = _Progress(on_event, f"{arm}:{level.label}", f"{arm}: {level.label}", n)
     progress.send(0)
     processes = choose_processes(getattr(bench, "client_processes", "auto"), level)
+    await sampler.baseline()  # the counters before the first request (a short level's deltas)
     job = {"target": target, "level": level, "bench": seed_bench, "chars_per_token": handle.chars_per_token,
            "deadline_s": bench.max_duration_s, "seed": bench.seed + idx + seed_salt, **work}
     if processes > 1:

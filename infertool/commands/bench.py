@@ -341,6 +341,11 @@ def _off_on(pair: dict, fmt: str = "{:.0f}") -> str:
     return f"{_f(pair.get('off'), fmt)} -> {_f(pair.get('on'), fmt)}"
 
 
+def _load_cell(lv) -> str:
+    """A per-class level by its load ("4" under a "load" column), or its label for a burst or trace."""
+    return f"{lv.kind} {lv.load:g}" if lv.load is not None else lv.level
+
+
 def _per_class_tables(pc) -> None:
     """bench.per_class: per class and speculative setting, acceptance by draft position and speculation off -> on at
     each load, with the crossover; per class and budget, prefix caching off -> on (the unmeasured classes are the
@@ -349,45 +354,43 @@ def _per_class_tables(pc) -> None:
 
     from infertool.output import err, out, plain
 
-    measured = [c for c in pc.classes if c.measured]
-    if any(c.speculation for c in measured):
-        t = Table(title="speculation per class: off -> on (ratio on/off [interval]); acceptance by draft position",
-                  title_justify="left")
-        for c in ("class", "setting", "level", "accepted by position", "mean len", "figure off -> on", "ratio",
-                  "TPOT p50 ms", "verdict"):
-            t.add_column(c, justify="left" if c in ("class", "setting", "level", "verdict") else "right", no_wrap=True)
-        lines = []
-        for c in measured:
-            for v in c.speculation:
-                for i, lv in enumerate(v.levels):
-                    pos = " / ".join(f"{r:.2f}" for r in lv.acceptance_per_pos) if lv.acceptance_per_pos else "not reported"
-                    fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
-                    t.add_row(plain(c.name if i == 0 else ""), plain(v.label if i == 0 else ""), plain(lv.level), pos,
-                              _f(lv.mean_accepted_len, "{:.2f}"),
-                              f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio),
-                              _off_on(lv.tpot_p50_ms, "{:.1f}"), lv.verdict)
-                lines.append(f"crossover: {c.name}, {v.label} ({v.crossover.figure or '-'}): {v.crossover.stopped}"
-                             + (f"; estimate {v.crossover.estimate:.3g}" if v.crossover.estimate is not None else ""))
-                if v.note:
-                    lines.append(f"{c.name}, {v.label}: {v.note}")
-        out.print(t)
-        for line in lines:
-            err.print(plain(line), soft_wrap=True)
-    if any(c.prefix_caching for c in measured):
-        t = Table(title="prefix caching per class: off -> on (ratio on/off [interval])", title_justify="left")
-        for c in ("class", "server", "level", "hit % off -> on", "TTFT p50 ms", "TTFT p90 ms", "figure off -> on",
-                  "ratio", "verdict"):
-            t.add_column(c, justify="left" if c in ("class", "server", "level", "verdict") else "right", no_wrap=True)
-        for c in measured:
-            for b in c.prefix_caching:
-                for i, lv in enumerate(b.levels):
-                    hits = {"off": None if lv.hit_rate_off is None else lv.hit_rate_off * 100,
-                            "on": None if lv.hit_rate is None else lv.hit_rate * 100}
-                    fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
-                    t.add_row(plain(c.name if i == 0 else ""), plain(b.label if i == 0 else ""), plain(lv.level),
-                              _off_on(hits), _off_on(lv.ttft_p50_ms), _off_on(lv.ttft_p90_ms),
-                              f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio), lv.verdict)
-        out.print(t)
+    for c in (c for c in pc.classes if c.measured):
+        for v in c.speculation:
+            figure = "goodput req/s" if v.levels and v.levels[0].figure == "goodput" else "out tok/s"
+            t = Table(title=plain(f"speculation, class {c.name}: {v.label} (off -> on; ratio on/off [interval])"),
+                      title_justify="left")
+            for col in ("load", "accepted by position", "mean len", f"{figure} off -> on", "ratio", "TPOT p50 ms",
+                        "verdict"):
+                t.add_column(col, justify="left" if col in ("load", "verdict") else "right", no_wrap=True)
+            for lv in v.levels:
+                pos = "/".join(f"{r:.2f}" for r in lv.acceptance_per_pos) if lv.acceptance_per_pos else "not reported"
+                fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
+                t.add_row(plain(_load_cell(lv)), pos, _f(lv.mean_accepted_len, "{:.2f}"),
+                          f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio),
+                          _off_on(lv.tpot_p50_ms, "{:.1f}"), lv.verdict)
+            out.print(t)
+            cross = v.crossover
+            err.print(plain(f"crossover ({cross.figure or '-'}): {cross.stopped}"
+                            + (f"; estimate {cross.estimate:.3g}" if cross.estimate is not None else "")), soft_wrap=True)
+            if v.note:
+                err.print(plain(f"note: {v.note}"), soft_wrap=True)
+        for b in c.prefix_caching:
+            chunked = {True: ", chunked prefill", False: ", no chunked prefill", None: ""}[b.enable_chunked_prefill]
+            budget = f"batched tokens {b.max_num_batched_tokens}" if b.max_num_batched_tokens else "vLLM's batched tokens"
+            t = Table(title=plain(f"prefix caching, class {c.name} ({budget}{chunked}): off -> on; ratio on/off "
+                                  "[interval]"), title_justify="left")
+            for col in ("load", "hit % off -> on", "TTFT p50 ms", "TTFT p90 ms", "throughput off -> on", "ratio",
+                        "verdict"):
+                t.add_column(col, justify="left" if col in ("load", "verdict") else "right", no_wrap=True)
+            for lv in b.levels:
+                hits = {"off": None if lv.hit_rate_off is None else lv.hit_rate_off * 100,
+                        "on": None if lv.hit_rate is None else lv.hit_rate * 100}
+                fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
+                t.add_row(plain(_load_cell(lv)), _off_on(hits), _off_on(lv.ttft_p50_ms), _off_on(lv.ttft_p90_ms),
+                          f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio), lv.verdict)
+            out.print(t)
+            if b.note:
+                err.print(plain(f"note: {b.note}"), soft_wrap=True)
 
 
 def _experiment_table(exp) -> None:
