@@ -336,3 +336,19 @@ def test_the_check_refuses_a_method_the_engine_cannot_run(tmp_path):
                        "serve.speculative={method: suffix, num_speculative_tokens: 8}",
                        env={"INFERTOOL_HOME": str(tmp_path / "empty-home")})
     assert r.returncode == 2 and "speculative_method: serve.speculative.method: suffix decoding" in r.stdout + r.stderr
+
+
+def test_the_dry_run_lists_each_arm_s_launch_and_the_class_too_small(tmp_path, stand_in):
+    r = cli_in_process("bench", str(_recipe(tmp_path, SPEC_SWEEP)), "--dry-run",
+                       env={"INFERTOOL_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    for label in ("baseline", "prefix caching off", "ngram k=2 lookup 2-4", "ngram k=4 lookup 2-4"):
+        assert f"per class: {label}: " in r.stdout
+    assert r.stdout.count("--max-num-batched-tokens 512") == 5  # the sweep and each arm keep the recipe's budget
+    assert "--speculative-config '{\"method\":\"ngram\",\"num_speculative_tokens\":4" in r.stdout
+    assert "note: class chat: 3 requests, fewer than the 10" in r.stdout
+    assert stand_in.launched == []
+    j = cli_in_process("bench", str(_recipe(tmp_path, SPEC_SWEEP)), "--dry-run", "--json",
+                       env={"INFERTOOL_HOME": str(tmp_path / "home")})
+    doc = json.loads(j.stdout)
+    assert "per class: ngram k=4 lookup 2-4" in doc["launches"] and any("class chat" in n for n in doc["notes"])

@@ -99,6 +99,8 @@ def _render_plan(plan, as_json: bool, checks) -> None:
         out.print("  " + p.spec.shell_line(), markup=False, soft_wrap=True)
     if plan.classes is not None:
         _classes_table(plan.classes)
+    for note in plan.notes:  # what the bench will leave out or expect (a class too small to measure, ...)
+        out.print(f"note: {note}", markup=False, soft_wrap=True)
 
 
 def _classes_table(tc) -> None:
