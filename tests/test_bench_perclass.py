@@ -352,3 +352,26 @@ def test_the_dry_run_lists_each_arm_s_launch_and_the_class_too_small(tmp_path, s
                        env={"INFERTOOL_HOME": str(tmp_path / "home")})
     doc = json.loads(j.stdout)
     assert "per class: ngram k=4 lookup 2-4" in doc["launches"] and any("class chat" in n for n in doc["notes"])
+
+
+def test_a_class_sent_alone_with_too_few_requests_says_how_many_it_needs(tmp_path, stand_in):
+    r = cli_in_process("bench", str(_recipe(tmp_path, "{}")), "--dry-run", "--class", "chat",
+                       env={"INFERTOOL_HOME": str(tmp_path / "home")})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert "note: class chat: 3 requests, fewer than the 10" in r.stdout and "its figures are rough" in r.stdout
+    assert "send at least 7 more" in r.stdout
+
+
+@pytest.mark.parametrize("line, words", [
+    ('{"timestamp": 1, "input_length": 10, "output_length": 5, "class": "bad name!"}', ":2: `class`: class 'bad name!'"),
+    ('{"input_length": 10, "output_length": 5, "class": "a"}', ":2: no `timestamp`"),
+    ('{"timestamp": 1, "input_length": 10, "output_length": 1000000000000}', ":2: `output_length` must be a number"),
+    ('{"timestamp": 1, "input_length": 10, "output_length": 5, "class": 7}', ":2: `class`: a class is a name"),
+])
+def test_a_bad_trace_is_refused_with_its_line_before_any_server(tmp_path, stand_in, line, words):
+    trace = tmp_path / "trace.jsonl"
+    trace.write_text('{"timestamp": 0, "input_length": 10, "output_length": 5, "class": "a"}\n' + line + "\n")
+    r = cli_in_process("bench", str(_recipe(tmp_path, "{}")), "--set", f"bench.trace={trace}",
+                       env={"INFERTOOL_HOME": str(tmp_path / "home")})
+    assert r.returncode == 2 and f"{trace}{words}" in r.stderr, r.stderr
+    assert stand_in.launched == [] and "Traceback" not in r.stderr

@@ -163,11 +163,23 @@ def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:
             notes.append(f"class {bench.classes.replay} replayed alone: the trace's level only (the classes are "
                          "the trace's; the prompt source's levels are left out)")
         level_work(bench, levels[0], DEFAULT_CHARS_PER_TOKEN)
+        notes += _replay_too_small(bench, classes)
     pc_arms, pc_levels = _per_class_plan(bench, serve, url, classes, notes, res.target.this_host) \
         if options.experiments else ([], [])
     return BenchPlan(res, options, bench, url, levels, experiments, sweep, arms, notes,
                      Arm("original", serve, original) if original is not None else None, why_not, classes,
                      pc_arms, pc_levels)
+
+
+def _replay_too_small(bench: BenchSection, classes: TrafficClasses | None) -> list[str]:
+    """The note on a class replayed alone (bench --class) with fewer requests than a measurement needs
+    (bench.per_class.min_requests, else its default): its figures are said, with the number it needs."""
+    from infertool.bench.perclass import too_few
+    from infertool.recipe import PerClassSpec
+
+    needed = (bench.per_class or PerClassSpec()).min_requests
+    row = next((c for c in (classes.classes if classes is not None else []) if c.name == bench.classes.replay), None)
+    return [too_few(row.name, row.requests, needed, replayed=True)] if row is not None and row.requests < needed else []
 
 
 def _per_class_plan(bench: BenchSection, serve: ServeSection, url: str | None, classes: TrafficClasses | None,

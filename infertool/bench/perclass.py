@@ -152,10 +152,12 @@ def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[Pe
                     notes=notes), servers
 
 
-def too_few(name: str, count: int, needed: int) -> str:
-    """Why a class is not measured, with the number it needs."""
+def too_few(name: str, count: int, needed: int, replayed: bool = False) -> str:
+    """Why a class is not measured (``replayed``: why its figures, sent alone, are rough), with the number it
+    needs."""
+    what = "its figures are rough" if replayed else "not measured"
     return (f"class {name}: {count} request{'s' if count != 1 else ''}, fewer than the {needed} a per-class "
-            f"measurement needs (bench.per_class.min_requests: its p90 and intervals); not measured: send at least "
+            f"measurement needs (bench.per_class.min_requests: its p90 and intervals); {what}: send at least "
             f"{needed - count} more of its kind, or lower bench.per_class.min_requests")
 
 
