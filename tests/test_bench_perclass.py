@@ -375,3 +375,24 @@ def test_a_bad_trace_is_refused_with_its_line_before_any_server(tmp_path, stand_
                        env={"INFERTOOL_HOME": str(tmp_path / "home")})
     assert r.returncode == 2 and f"{trace}{words}" in r.stderr, r.stderr
     assert stand_in.launched == [] and "Traceback" not in r.stderr
+
+
+def test_run_measures_the_classes_on_the_candidate_only(tmp_path, monkeypatch):
+    """`run`'s bench measures the original beside the candidate: its sweep alone, never the per-class arms again."""
+    from infertool.bench import core
+    from tests.test_report import _bench_stage, _ctx, _recipe as run_recipe
+
+    seen = []
+
+    def fake(plan, ctx):
+        seen.append((plan.options.arm, [a.label for a in plan.per_class]))
+        return core.BenchReport(url="http://127.0.0.1:1/v1", model="m", endpoint="completions")
+
+    monkeypatch.setattr(core, "sweep_report", fake)
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"q {i}", "class": "c"}) + "\n" for i in range(12)))
+    r = run_recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={},
+                   bench={"concurrency": [1], "requests": 12, "prompt": {"source": str(prompts)},
+                          "per_class": {"prefix_caching": False}})
+    _bench_stage(_ctx(tmp_path, r, {}))
+    assert seen == [("candidate", ["baseline", "ngram k=3 lookup 2-4"]), ("original", [])]

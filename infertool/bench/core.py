@@ -255,7 +255,7 @@ def _with_original(plan: BenchPlan, report: BenchReport, ctx: RunContext) -> Non
         arm = plan.original
         assert arm.model is not None  # the original's arm names its model
         sub = replace(plan, options=BenchOptions(serve_model=arm.model, arm="original", experiments=False),
-                      experiments=[], sweep=arm, arms=[], notes=[], original=None)
+                      experiments=[], sweep=arm, arms=[], notes=[], original=None, per_class=[])
         try:
             original = sweep_report(sub, ctx)
         except InfertoolError as e:  # which server failed: the candidate's numbers are fine, the comparison is not
