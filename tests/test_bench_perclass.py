@@ -189,6 +189,7 @@ class StandInLaunch:
     """In place of bench's one launcher (``core._Launched``): a stand-in server per arm, its settings recorded."""
 
     launched: list[tuple[str, ServeSection]] = []
+    salts: dict[str, list] = {}  # arm label -> each completion's cache_salt, in order
     spec_counters = True  # False: the servers expose no spec-decode counters
 
     def __init__(self, res, arm, ctx):
@@ -200,6 +201,8 @@ class StandInLaunch:
         return ServerHandle(self.srv.url + "/v1", "m", None, {"label": self.arm.label, "url": self.srv.url + "/v1"})
 
     def __exit__(self, *exc) -> None:
+        StandInLaunch.salts[self.arm.label] = [json.loads(r.body).get("cache_salt") for r in self.srv.requests
+                                               if r.path.endswith("completions")]
         self.srv.close()
 
 
@@ -225,6 +228,7 @@ def stand_in(monkeypatch):
     from infertool.bench import core
 
     StandInLaunch.launched = []
+    StandInLaunch.salts = {}
     monkeypatch.setattr(StandInLaunch, "spec_counters", True)
     monkeypatch.setattr(core, "_Launched", StandInLaunch)
     return StandInLaunch
@@ -274,6 +278,11 @@ def test_bench_measures_each_class_on_each_arm(tmp_path, stand_in):
     for lv in caching["levels"]:
         assert lv["hit_rate"] == pytest.approx(HITS / QUERIES) and lv["hit_rate_off"] is None
         assert set(lv["ttft_p50_ms"]) == {"off", "on"}
+    # each level of the class from a cold prefix cache: its own salt (the warm-up and the sweep send none)
+    for label in labels[1:]:
+        salts = stand_in.salts[label]
+        assert salts[0] is None and salts[1:] == ["infertool-class-0-0-0"] * 12 + ["infertool-class-0-1-0"] * 12
+    assert set(stand_in.salts["the sweep"]) == {None}
     text = r.stdout + r.stderr
     assert "speculation, class code: ngram k=4 lookup 2-4" in text and "prefix caching, class code" in text
     assert "crossover (output_token_throughput):" in text

@@ -4,7 +4,9 @@ One server per arm (``arms``): the baseline (the recipe's serve settings with sp
 on), each speculative variant on the baseline, and prefix caching off; with ``max_num_batched_tokens`` listed, a
 baseline and a caching-off arm per budget. On each arm every class of the traffic (``infertool.bench.classes``)
 with at least ``min_requests`` requests is replayed alone (``bench.classes.replay``) at the bench's load levels;
-a smaller class is reported with the number it needs, unmeasured.
+a smaller class is reported with the number it needs, unmeasured. Every level of every class sends its own
+prefix-cache salt (vLLM's ``cache_salt``): it starts from a cold cache, so a hit is the class's own sharing within
+the level, never the blocks an earlier level or class left.
 
 From the levels, per class (pure, ``speculation`` / ``caching``): for each variant against the baseline the
 acceptance per draft position, the mean accepted length, throughput, TPOT and goodput off and on at each load,
@@ -135,8 +137,9 @@ def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[Pe
                 connect(handle, bench, key_var)
                 for i, name in enumerate(measured):
                     b = bench.model_copy(update={"classes": bench.classes.model_copy(update={"replay": name})})
+                    # each class's level from a cold prefix cache: only the class's own sharing is reused
                     runs[name][arm.label] = measure(handle, b, levels, arm=f"{arm.label}: {name}", on_event=on_event,
-                                                    warmup=i == 0)
+                                                    warmup=i == 0, cache_salt=f"infertool-class-{i}")
     slo_set = bench.slo is not None and any(v is not None for v in (bench.slo.ttft_ms, bench.slo.tpot_ms, bench.slo.e2e_ms))
     classes = []
     for name, count in names.items():

@@ -320,11 +320,12 @@ class _Progress:
 
 
 def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
-            on_event: EventCallback | None = None, warmup: bool = False) -> list[LevelResult]:
+            on_event: EventCallback | None = None, warmup: bool = False,
+            cache_salt: str | None = None) -> list[LevelResult]:
     """``measure_levels`` run to completion: the levels of one server, measured (what the bench's sweep, its
     experiment arms and tune's capacity probes call, after ``connect``)."""
     return asyncio.run(measure_levels(handle, bench, levels, arm=arm, seed_salt=seed_salt, on_event=on_event,
-                                      warmup=warmup))
+                                      warmup=warmup, cache_salt=cache_salt))
 
 
 def measure_repeated(handle: ServerHandle, bench, level: Level, *, arm: str, repeats=None, seed_salt: int = 0,
@@ -338,10 +339,13 @@ def measure_repeated(handle: ServerHandle, bench, level: Level, *, arm: str, rep
 
 
 async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
-                         on_event: EventCallback | None = None, warmup: bool = False) -> list[LevelResult]:
+                         on_event: EventCallback | None = None, warmup: bool = False,
+                         cache_salt: str | None = None) -> list[LevelResult]:
     """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
     cost), the client's health and the server's own metrics over time; each level repeated as bench.repeats
     asks. ``arm`` names it in progress events; ``seed_salt`` gives an arm its own texts of the same lengths.
+    ``cache_salt``: each run of each level sends vLLM's prefix-cache salt ``{cache_salt}-{level}-{run}``, so it
+    starts from a cold cache (levels that replay the same prompts do not hit the previous one's blocks).
     Bounded as the module says."""
     from infertool.bench.client import Pool
 
@@ -359,7 +363,8 @@ async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, ar
 
                 async def once(run: int, idx=idx, level=level, work=work) -> tuple[LevelResult, list, float]:
                     sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
-                    return await _level(pool, sampler, target, handle, bench, level, idx, arm=arm, work=work,
+                    salted = target if cache_salt is None else replace(target, cache_salt=f"{cache_salt}-{idx}-{run}")
+                    return await _level(pool, sampler, salted, handle, bench, level, idx, arm=arm, work=work,
                                         seed_salt=seed_salt + REPEAT_SEED * run, on_event=on_event)
 
                 out.append(await repeat_runs(once, bench.repeats,
