@@ -3,7 +3,8 @@ spec-decode counters per draft position through its real /metrics sampler. The s
 the argv and environment the one launcher's dry run gives (`infertool serve RECIPE --dry-run --json`), in its own
 process group, and killed with it; it needs the serve environment's Python only (not its infertool copy).
 
-What must hold whatever the model answers: k positions; each rate within 0..1 and never above the position before
+Then vLLM's prefix-cache salt as bench's per-class levels send it: the same salt reuses a cached prompt, another
+does not. What must hold whatever the model answers: k positions; each rate within 0..1 and never above the position before
 it (vLLM accepts a prefix of the draft); mean accepted length = 1 + the sum of the per-position rates (accepted
 tokens are the sum over positions); acceptance rate = that sum / k."""
 
@@ -62,6 +63,25 @@ def _ready(url: str, proc: subprocess.Popen) -> None:
     raise AssertionError(f"vLLM did not answer within {STARTUP_S} s")
 
 
+def _hits_after(url: str, salt: str) -> float:
+    """The prefix-cache hits one request of a long prompt makes with ``salt`` (the counters' delta)."""
+    import urllib.request
+
+    from infertool.bench.client import Target, request_body
+    from infertool.bench.prometheus import parse_prometheus, pick
+
+    def hits() -> float:
+        with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30) as r:
+            return pick(parse_prometheus(r.read().decode()))["prefix_cache_hits"] or 0.0
+
+    body = request_body(Target(url, "tiny", cache_salt=salt), "The quick brown fox. " * 200, 2, stream=False)
+    before = hits()
+    req = urllib.request.Request(url + "/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=300) as r:
+        assert r.status == 200
+    return hits() - before
+
+
 def test_a_real_ngram_server_reports_acceptance_per_draft_position(tmp_path):
     from infertool.envs.paths import env_python
     from infertool.procs import free_port
@@ -93,6 +113,9 @@ def test_a_real_ngram_server_reports_acceptance_per_draft_position(tmp_path):
         assert all(0.0 <= r <= 1.0 for r in per_pos) and per_pos == sorted(per_pos, reverse=True)
         assert sm["spec_decode_mean_accepted_len"] == pytest.approx(1 + sum(per_pos))
         assert sm["spec_decode_acceptance_rate"] == pytest.approx(sum(per_pos) / K)
+        # the per-class levels' cache_salt: the same salt reuses the cached prefix, another salt starts cold
+        hits = [_hits_after(launch["url"], salt) for salt in ("level-a", "level-a", "level-b")]
+        assert hits[0] == 0 and hits[1] > 0 and hits[2] == 0
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
