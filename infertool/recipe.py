@@ -402,11 +402,12 @@ class TargetSection(BaseModel):
 
 
 class SpeculativeSpec(BaseModel):
-    """vLLM's --speculative-config."""
+    """vLLM's --speculative-config. ``suffix`` (suffix decoding) needs the arctic-inference package in the serve
+    environment; ``mtp`` a model with its own multi-token-prediction layers (the `speculative_method` check)."""
 
     model_config = _STRICT
 
-    method: Literal["ngram", "draft_model", "eagle", "eagle3", "mtp"]
+    method: Literal["ngram", "draft_model", "eagle", "eagle3", "mtp", "suffix"]
     num_speculative_tokens: Annotated[int, NotBool, Field(ge=1, le=128)]
     model: Text | None = None
     prompt_lookup_max: Annotated[int, NotBool, Field(ge=1, le=1024)] | None = None
@@ -725,6 +726,22 @@ class ClassesSpec(BaseModel):
     replay: ClassName | None = None
 
 
+class PerClassSpec(BaseModel):
+    """Speculative decoding and prefix caching measured per traffic class (infertool.bench.perclass): one server
+    per arm (speculation off; each speculative variant; prefix caching off; for each max_num_batched_tokens),
+    each class of the traffic replayed alone on each at the bench's load levels. speculative: the variants tried
+    (default: the recipe's serve.speculative, else n-gram k=3); [] tries none. A class with fewer than
+    min_requests requests is not measured; the report says how many it needs."""
+
+    model_config = _STRICT
+
+    speculative: Annotated[list[SpeculativeSpec], Field(max_length=16)] | None = None
+    prefix_caching: bool = True
+    # each budget tried with prefix caching on and off (None: the recipe's serve.max_num_batched_tokens)
+    max_num_batched_tokens: Annotated[list[Tokens], Field(min_length=1, max_length=8)] | None = None
+    min_requests: Annotated[int, NotBool, Field(ge=2, le=100_000)] = 10
+
+
 class SLOSpec(BaseModel):
     model_config = _STRICT
 
@@ -756,6 +773,7 @@ class BenchSection(BaseModel):
     shared_prefix_ratio: Fraction = 0.0
     slo: SLOSpec | None = None
     classes: ClassesSpec = Field(default_factory=ClassesSpec)
+    per_class: PerClassSpec | None = None  # speculation and prefix caching measured per traffic class
     cost_per_hour: Annotated[float, NotBool, Field(ge=0, le=1e6)] | None = None
     seed: Seed = 0
     experiments: list[Literal["batching", "prefix_caching", "speculative"]] = []

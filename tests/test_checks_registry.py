@@ -45,6 +45,8 @@ CASES = {
     "reserved_cpus": (["serve.cpu.reserved_cpus=1024"], "error"),  # every core of this host kept from vLLM
     "code_loading": (["serve.allow_code=[--middleware]", "serve.extra_args=[--middleware=plug.mw]"], "warn"),
     "engine_settings": (["serve.swap_space=4"], "warn"),  # V1 has no swap space
+    # suffix decoding needs arctic-inference, and an empty INFERTOOL_HOME has no serve environment to hold it
+    "speculative_method": (["serve.speculative={method: suffix, num_speculative_tokens: 8}"], "error"),
     "group_size": (["quantize.group_size=512"], "error"),  # 512 does not divide in_features 256
     "quantized_tp": (["quantize.group_size=256", "serve.tensor_parallel_size=2"], "error"),  # 256/2 = 128-wide shards
     "vllm_support": (["quantize.sym=false"], "warn"),  # vLLM's GPTQ kernels load symmetric checkpoints only

@@ -33,6 +33,9 @@ class Target:
     api_key: str | None = None
     ignore_eos: bool = True
     temperature: float = 0.0
+    # vLLM's prefix-cache salt (at most 128 characters, none of @ / \\): requests with another salt share no cached
+    # block, so a level measured with its own salt starts from a cold cache (None: not sent)
+    cache_salt: str | None = None
 
     @property
     def root(self) -> str:
@@ -63,6 +66,8 @@ def request_body(target: Target, prompt: "str | list[dict]", max_tokens: int, st
         body["stream_options"] = {"include_usage": True}
     if target.ignore_eos:
         body["ignore_eos"] = True  # vLLM's extension: exactly max_tokens tokens, comparable runs
+    if target.cache_salt is not None:
+        body["cache_salt"] = target.cache_salt
     if target.endpoint == "chat":  # a list: a multi-turn session's messages so far
         body["messages"] = prompt if isinstance(prompt, list) else [{"role": "user", "content": prompt}]
     else:

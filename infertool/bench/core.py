@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
+from infertool.bench.perclass import DEFAULT_SPECULATIVE, PerClassArm, arms as per_class_arms, measure_classes
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
 from infertool.bench.results import (FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
                                      TrafficClasses, server_figures)
@@ -49,7 +50,6 @@ __all__ = ["BENCH_FILE", "BenchOptions", "BenchPlan", "BenchReport", "ab_table",
            "plans_compare", "run", "sweep_report"]
 
 SERVER_EXPERIMENTS = ("prefix_caching", "speculative")
-DEFAULT_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 BENCH_FILE = "bench.json"  # the report, in ctx.out_dir (a run's bench entry)
 
 
@@ -95,6 +95,8 @@ class BenchPlan:
     original: Arm | None = None  # with_original: the original, measured after the served candidate
     nothing_to_compare: str | None = None  # with_original: why the original is not measured beside it
     classes: TrafficClasses | None = None  # the traffic's classes (4 characters per token for generated text)
+    per_class: list[PerClassArm] = field(default_factory=list)  # bench.per_class: its servers
+    per_class_levels: list[Level] = field(default_factory=list)  # the levels each class is replayed at
 
     def launches(self) -> dict:
         """The vLLM launches it makes, by label (dry runs of ``infertool.serve.prepare``): the sweep, each
@@ -103,6 +105,7 @@ class BenchPlan:
 
         arms = [("the sweep", self.sweep)] if self.sweep else []
         arms += [(a.label, a) for a in self.arms]
+        arms += [(f"per class: {a.label}", Arm(a.label, a.serve)) for a in self.per_class]
         if self.original is not None:
             arms.append(("the original", self.original))
         return {label: prepare(self.res, model=a.model, serve=a.serve, purpose=f"bench: {label}", dry_run=True)
@@ -161,8 +164,66 @@ def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:
             notes.append(f"class {bench.classes.replay} replayed alone: the trace's level only (the classes are "
                          "the trace's; the prompt source's levels are left out)")
         level_work(bench, levels[0], DEFAULT_CHARS_PER_TOKEN)
+        notes += _replay_too_small(bench, classes)
+    pc_arms, pc_levels = _per_class_plan(bench, serve, url, classes, notes, res.target.this_host) \
+        if options.experiments else ([], [])
     return BenchPlan(res, options, bench, url, levels, experiments, sweep, arms, notes,
-                     Arm("original", serve, original) if original is not None else None, why_not, classes)
+                     Arm("original", serve, original) if original is not None else None, why_not, classes,
+                     pc_arms, pc_levels)
+
+
+def _replay_too_small(bench: BenchSection, classes: TrafficClasses | None) -> list[str]:
+    """The note on a class replayed alone (bench --class) with fewer requests than a measurement needs
+    (bench.per_class.min_requests, else its default): its figures are said, with the number it needs."""
+    from infertool.bench.perclass import too_few
+    from infertool.recipe import PerClassSpec
+
+    needed = (bench.per_class or PerClassSpec()).min_requests
+    row = next((c for c in (classes.classes if classes is not None else []) if c.name == bench.classes.replay), None)
+    return [too_few(row.name, row.requests, needed, replayed=True)] if row is not None and row.requests < needed else []
+
+
+def _per_class_plan(bench: BenchSection, serve: ServeSection, url: str | None, classes: TrafficClasses | None,
+                    notes: list[str], here: bool) -> tuple[list[PerClassArm], list[Level]]:
+    """bench.per_class's servers and levels (each class replayed alone at the sweep's levels; with a trace, at its
+    level, whose classes they are); UsageError before any server starts for what cannot run: a server at --url
+    (the arms need servers started with other flags), traffic without classes (sharegpt), no class with enough
+    requests, a speculative method the engine cannot run (serve/lint.py; ``here``: on this machine). A class with
+    too few requests is a note with the number it needs."""
+    pc = bench.per_class
+    if pc is None:
+        return [], []
+    if url is not None:
+        raise UsageError("bench.per_class needs servers started with different flags (speculation, prefix caching), "
+                         "which infertool cannot do to a server at --url",
+                         hint="run `infertool bench RECIPE` without --url (it launches one server per arm), or remove "
+                         "bench.per_class")
+    if classes is None or not classes.classes:
+        raise UsageError("bench.per_class measures each traffic class, and this traffic has none (bench.prompt.source "
+                         "sharegpt is not classed)",
+                         hint="set bench.trace, or bench.prompt.source to a JSONL file or builtin / shared_prefix")
+    small = [c for c in classes.classes if c.requests < pc.min_requests]
+    if len(small) == len(classes.classes):
+        largest = max(classes.classes, key=lambda c: c.requests)
+        raise UsageError(f"bench.per_class: no class has the {pc.min_requests} requests a measurement needs (the "
+                         f"largest, {largest.name}, has {largest.requests})",
+                         hint=f"send more traffic (bench.requests, a longer trace), or lower bench.per_class.min_requests "
+                         f"to at most {largest.requests}")
+    from infertool.bench.perclass import too_few
+
+    notes += [too_few(c.name, c.requests, pc.min_requests) for c in small]
+    from infertool.serve.lint import lint_speculative
+
+    pc_arms = per_class_arms(serve, bench)
+    for a in pc_arms:
+        issues = [i for i in lint_speculative(a.serve.speculative, "bench.per_class.speculative", here=here)
+                  if i.level == "error"]
+        if issues:
+            raise UsageError(f"bench.per_class: the arm {a.label}: {issues[0].message}", hint=issues[0].hint)
+    levels = sweep_levels(bench)
+    if bench.trace is not None:
+        levels = [lv for lv in levels if lv.kind == "trace"]
+    return pc_arms, levels
 
 
 def run(plan: BenchPlan, ctx: RunContext | None = None) -> BenchReport:
@@ -195,7 +256,7 @@ def _with_original(plan: BenchPlan, report: BenchReport, ctx: RunContext) -> Non
         arm = plan.original
         assert arm.model is not None  # the original's arm names its model
         sub = replace(plan, options=BenchOptions(serve_model=arm.model, arm="original", experiments=False),
-                      experiments=[], sweep=arm, arms=[], notes=[], original=None)
+                      experiments=[], sweep=arm, arms=[], notes=[], original=None, per_class=[])
         try:
             original = sweep_report(sub, ctx)
         except InfertoolError as e:  # which server failed: the candidate's numbers are fine, the comparison is not
@@ -254,8 +315,15 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
         if launched is not None:
             servers.append(launched)
     classes = traffic_classes(plan.bench, handle.chars_per_token) if plan.classes is not None else None
+    per_class = None
+    if plan.per_class and classes is not None:
+        per_class, launched_pc = measure_classes(
+            plan.bench, plan.per_class_levels, plan.per_class, {c.name: c.requests for c in classes.classes},
+            lambda a: _Launched(plan.res, Arm(a.label, a.serve), ctx), key_var=plan.res.serve_section.api_key_env,
+            on_event=ctx.on_event)
+        servers += launched_pc
     return BenchReport(
-        classes=classes,
+        classes=classes, per_class=per_class,
         url=plan.url or (servers[0]["url"] if servers else None), model=handle.model, endpoint=plan.bench.endpoint,
         settings=_settings(plan.bench, handle.chars_per_token), levels=main, experiments=tables, servers=servers,
         notes=notes, seconds=time.monotonic() - t_start,

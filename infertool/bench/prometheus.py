@@ -5,7 +5,8 @@ vLLM 0.3x (V1 engine) exposes, checked against vllm/v1/metrics/loggers.py of vll
 ``vllm:num_requests_waiting`` (gauges), ``vllm:num_preemptions_total`` (counter),
 ``vllm:prefix_cache_queries_total`` / ``vllm:prefix_cache_hits_total`` (counters, tokens); with speculative
 decoding ``vllm:spec_decode_num_drafts_total``, ``vllm:spec_decode_num_draft_tokens_total`` and
-``vllm:spec_decode_num_accepted_tokens_total`` (counters; vllm/v1/spec_decode/metrics.py).
+``vllm:spec_decode_num_accepted_tokens_total`` (counters; vllm/v1/spec_decode/metrics.py), and per draft position
+``vllm:spec_decode_num_accepted_tokens_per_pos_total{position="i"}`` (i from 0; ``parse_positions``).
 Older vLLM called the KV gauge ``vllm:gpu_cache_usage_perc``; both are read.
 
 The server is not trusted: each scrape goes through ``infertool.net`` (no redirect, at most
@@ -52,6 +53,9 @@ BOUNDS: dict[str, tuple[float, float]] = {
 # fractions are per engine: several label sets (data-parallel engines) give their largest, never their sum
 FRACTIONS = frozenset(WATCHED["kv_cache_usage"])
 SCRAPE_DEADLINE_S = 5.0  # the most one scrape may take (connecting, the headers and the whole body)
+# per draft position: the counter's names (prometheus_client adds _total) and its label
+PER_POSITION = ("vllm:spec_decode_num_accepted_tokens_per_pos_total", "vllm:spec_decode_num_accepted_tokens_per_pos")
+MAX_POSITIONS = 128  # SpeculativeSpec.num_speculative_tokens' bound: a position label beyond it is no reading
 STOP_BOUND_S = 2 * SCRAPE_DEADLINE_S + 1.0  # Sampler.stop: the scrape in flight, then the final one
 
 
@@ -99,6 +103,47 @@ def parse_prometheus(text: str) -> dict[str, float]:
     return values
 
 
+def parse_positions(text: str, dropped: list[str] | None = None) -> dict[int, float] | None:
+    """The accepted tokens per draft position (0-based, vLLM's ``position`` label), summed over engines; None
+    when the server exposes no such counter. A line whose position is not an integer 0..MAX_POSITIONS - 1 or
+    whose value is not a finite count within BOUNDS is skipped (named in ``dropped``)."""
+    out: dict[int, float] = {}
+    found = False
+    lo, hi = BOUNDS["spec_accepted_tokens"]
+    for raw in text.splitlines():
+        line = raw.strip()
+        name, brace, rest = line.partition("{")
+        if not brace or name.strip() not in PER_POSITION:
+            continue
+        labels, close, tail = rest.rpartition("}")
+        if not close:
+            continue
+        found = True
+        pos = _label(labels, "position")
+        parts = tail.split()
+        try:
+            value = net.number(float(parts[0]), lo, hi) if parts else None
+        except ValueError:
+            value = None
+        if pos is None or not pos.isdigit() or int(pos) >= MAX_POSITIONS or value is None:
+            if dropped is not None:
+                dropped.append(f"{name.strip()} position {net.quote(str(pos), n=20)}: {net.quote(' '.join(parts[:1]), n=30)}")
+            continue
+        total = out.get(int(pos), 0.0) + value
+        if math.isfinite(total):
+            out[int(pos)] = total
+    return out if found else None
+
+
+def _label(labels: str, key: str) -> str | None:
+    """One label's value out of a Prometheus label set (``a="1",position="2"``), None when it is absent."""
+    for part in labels.split(","):
+        k, eq, v = part.strip().partition("=")
+        if eq and k.strip() == key:
+            return v.strip().strip('"')
+    return None
+
+
 def pick(values: dict[str, float], dropped: list[str] | None = None) -> dict[str, float | None]:
     """The watched figures out of one parsed scrape; a value outside its BOUNDS is None (not a reading) and,
     given ``dropped``, named there."""
@@ -126,6 +171,7 @@ class Sample:
     spec_drafts: float | None = None
     spec_draft_tokens: float | None = None
     spec_accepted_tokens: float | None = None
+    spec_accepted_per_pos: dict[int, float] | None = None  # accepted tokens per draft position (0-based)
 
 
 @dataclass
@@ -164,8 +210,25 @@ class Timeline:
         if d_drafts and d_drafts > 0 and len(accepted) >= 2:
             acc = accepted[-1] - accepted[0]
             mean_len = 1.0 + acc / d_drafts if acc >= 0 else None
+        per_pos = series("spec_accepted_per_pos")
         return {"spec_decode_acceptance_rate": rate, "spec_decode_mean_accepted_len": mean_len,
-                "spec_decode_drafts": d_drafts}
+                "spec_decode_drafts": d_drafts,
+                "spec_decode_acceptance_per_pos": per_position_rates(per_pos[0], per_pos[-1], d_drafts)
+                if len(per_pos) >= 2 else None}
+
+
+def per_position_rates(first: dict[int, float], last: dict[int, float], drafts: float | None) -> list[float] | None:
+    """The acceptance rate of each draft position over a level: (accepted at position i, last - first) / drafts
+    (vLLM's per-position vector); None when no draft was made or a counter went back or past the drafts."""
+    if not drafts or drafts <= 0 or not last:
+        return None
+    rates = []
+    for i in range(max(last) + 1):
+        delta = last.get(i, 0.0) - first.get(i, 0.0)
+        if delta < 0 or delta > drafts:
+            return None
+        rates.append(delta / drafts)
+    return rates
 
 
 def _delta_ratio(hits: list[float], queries: list[float]) -> float | None:
@@ -208,14 +271,16 @@ class Sampler:
             self.timeline.note = f"/metrics answered HTTP {ans.status}"
             return None
         dropped: list[str] = []
-        picked = pick(parse_prometheus(ans.text()), dropped)
+        text = ans.text()
+        picked = pick(parse_prometheus(text), dropped)
+        per_pos = parse_positions(text, dropped)
         if dropped:
             self.timeline.note = "/metrics values ignored: " + net.quote("; ".join(dropped), n=200)
         if all(v is None for v in picked.values()):
             self.timeline.note = self.timeline.note if dropped else "/metrics has no vLLM figures"
             return None
         self.timeline.available = True
-        return Sample(t=time.monotonic() - self._t0, **picked)
+        return Sample(t=time.monotonic() - self._t0, spec_accepted_per_pos=per_pos, **picked)
 
     async def _loop(self) -> None:
         while not self._stop.is_set() and len(self.timeline.samples) < self.max_samples:
@@ -226,6 +291,15 @@ class Sampler:
                 await asyncio.wait_for(self._stop.wait(), timeout=self.interval_s)
             except asyncio.TimeoutError:
                 pass
+
+    async def baseline(self) -> None:
+        """One scrape before the level's first request (at most ``deadline_s``), as the counters' starting point: a
+        level that ends before the sampling loop's first scrape still has its deltas (drafts, accepted tokens per
+        position, prefix-cache hits) from before its first request."""
+        sample = await self.scrape_once()
+        if sample is not None:
+            sample.t = 0.0
+            self.timeline.samples.append(sample)
 
     def start(self, t0: float) -> None:
         self._t0 = t0

@@ -25,7 +25,8 @@ from infertool.records import Record, as_int, as_str
 __all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Experiment", "FIGURES", "Figure",
            "Goodput", "Interval", "Knee", "Latency", "LengthDistribution", "Lengths", "LevelResult",
            "LevelSpec", "Repeats", "SLO", "SERVER_FIGURES", "ServedModel", "ServerMetrics", "Summary",
-           "TrafficClass", "TrafficClasses", "Window", "server_figures"]
+           "TrafficClass", "TrafficClasses", "Window", "server_figures",
+           "CacheLevel", "CachingBudget", "ClassMeasure", "Crossover", "PerClass", "SpecLevel", "SpecVariant"]
 
 
 class _Sparse(Record):
@@ -174,7 +175,7 @@ class ServerMetrics(_Sparse):
     speculative-decoding figures are left out of the JSON when the server did not speculate)."""
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("spec_decode_acceptance_rate", "spec_decode_mean_accepted_len",
-                                            "spec_decode_drafts")
+                                            "spec_decode_drafts", "spec_decode_acceptance_per_pos")
 
     available: bool = False
     samples: int = 0
@@ -187,6 +188,8 @@ class ServerMetrics(_Sparse):
     spec_decode_acceptance_rate: float | None = None  # accepted / draft tokens over the level
     spec_decode_mean_accepted_len: float | None = None  # 1 + accepted tokens / drafts (vLLM's mean acceptance length)
     spec_decode_drafts: float | None = None  # drafts proposed over the level
+    # the acceptance rate of each draft position (0-based): accepted at position i / drafts, over the level
+    spec_decode_acceptance_per_pos: list[float] | None = None
     note: str | None = None
 
 
@@ -376,7 +379,8 @@ class BenchReport(_Sparse):
     bench.json also the served model (``served``), the original's sweep (``original``) and the comparison of
     the two (``comparison``); `infertool bench --plot` adds ``plot``."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("served", "original", "comparison", "plot", "knee", "classes")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("served", "original", "comparison", "plot", "knee", "classes",
+                                            "per_class")
 
     url: str | None = None
     model: str = ""  # the name the server announced (what requests ask for)
@@ -395,6 +399,7 @@ class BenchReport(_Sparse):
     plot: str | None = None
     knee: Knee | None = None  # bench.rate_sweep: the knee found (or why none)
     classes: TrafficClasses | None = None  # the traffic's classes (infertool.bench.classes; None: an older file)
+    per_class: PerClass | None = None  # bench.per_class: speculation and prefix caching per class
 
     def __post_init__(self) -> None:
         # records from dicts too (a caller's or an older file's levels), and the derived flag
@@ -512,3 +517,107 @@ def _mean_over(levels: list[LevelResult], get: Callable[[Summary], float | None]
 def _short(v: object) -> str:
     text = str(v)
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+# ------------------------------------------------------------------------------------------ per class
+@dataclass
+class _Paired(Record):
+    """One load level of a class, a feature off against on (the same class, load and seeds): the throughput
+    figure that decides (goodput under bench.slo, else output tok/s) on each side with its interval over repeats,
+    their ratio on / off with its interval (lo = on.lo / off.hi, hi = on.hi / off.lo: both sides' intervals at
+    once), whether the feature pays there, and the latencies beside it."""
+
+    level: str = ""
+    kind: str = ""  # concurrency | rate | burst | trace
+    load: float | None = None  # the level's concurrency or rate
+    figure: str = ""  # goodput | output_token_throughput (MetricSpec names)
+    off: Interval = field(default_factory=Interval)
+    on: Interval = field(default_factory=Interval)
+    ratio: Interval = field(default_factory=Interval)
+    verdict: str = ""  # pays (ratio interval above 1) | tie (it holds 1) | loses (below 1) | not measured
+    tpot_p50_ms: dict = field(default_factory=dict)  # {"off": ms, "on": ms}
+    ttft_p50_ms: dict = field(default_factory=dict)
+    ttft_p90_ms: dict = field(default_factory=dict)
+    failed: dict = field(default_factory=dict)  # {"off": n, "on": n}
+
+
+@dataclass
+class SpecLevel(_Paired):
+    """A level with speculation off and on, and vLLM's spec-decode counters of the "on" side (None: not
+    reported by the server; never 0 for a counter it lacks)."""
+
+    acceptance_per_pos: list[float] | None = None  # accepted at draft position i / drafts
+    acceptance_rate: float | None = None  # accepted / draft tokens
+    mean_accepted_len: float | None = None  # 1 + accepted / drafts
+    drafts: float | None = None
+
+
+@dataclass
+class CacheLevel(_Paired):
+    """A level with prefix caching off and on: the hit rate of each side (vLLM's prefix_cache counters)."""
+
+    hit_rate: float | None = None  # caching on
+    hit_rate_off: float | None = None
+
+
+@dataclass
+class Crossover(Record):
+    """The load above which speculation stops paying, over a class's levels of one kind in load order:
+    ``above`` the highest load at which it still pays (every lower one paying too), ``below`` the lowest at
+    which it no longer does (its ratio interval holds or falls under 1): the crossover lies between; ``estimate``
+    where the ratios' point values cross 1 (linear between the two), when they do."""
+
+    found: bool = False
+    figure: str = ""
+    kind: str = ""
+    above: float | None = None
+    below: float | None = None
+    estimate: float | None = None
+    stopped: str = ""  # in words: "between 4 and 8", "pays at every load measured", ...
+
+
+@dataclass
+class SpecVariant(Record):
+    """One speculative setting against speculation off, on one class."""
+
+    label: str = ""
+    config: dict = field(default_factory=dict)  # vLLM's --speculative-config
+    levels: list[SpecLevel] = field(default_factory=list)
+    crossover: Crossover = field(default_factory=Crossover)
+    note: str | None = None
+
+
+@dataclass
+class CachingBudget(Record):
+    """Prefix caching off against on, at one max_num_batched_tokens (None: vLLM's default), on one class."""
+
+    label: str = ""
+    max_num_batched_tokens: int | None = None
+    enable_chunked_prefill: bool | None = None
+    levels: list[CacheLevel] = field(default_factory=list)
+    note: str | None = None
+
+
+@dataclass
+class ClassMeasure(Record):
+    """One traffic class measured alone on every arm (``measured`` False: too few requests, ``needs`` says how
+    many it needs); ``levels``: each arm's levels, by arm label."""
+
+    name: str = ""
+    requests: int = 0
+    measured: bool = False
+    needs: int | None = None
+    note: str | None = None
+    speculation: list[SpecVariant] = field(default_factory=list)
+    prefix_caching: list[CachingBudget] = field(default_factory=list)
+    levels: dict[str, list[LevelResult]] = field(default_factory=dict)
+
+
+@dataclass
+class PerClass(Record):
+    """bench.per_class: the arms (one server each: label, role, the serve settings that differ) and each class."""
+
+    min_requests: int = 0
+    arms: list[dict] = field(default_factory=list)
+    classes: list[ClassMeasure] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)

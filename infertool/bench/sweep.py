@@ -12,13 +12,13 @@ Every wait is bounded, whatever the server does (``infertool.net``'s policy for 
 - ``connect``: at most CONNECT_BUDGET_S for the model list and /tokenize together (each call at most
   ``client.CONTROL_DEADLINE_S``);
 - ``measure_levels``: the warm-up request at most min(WARMUP_TIMEOUT_S, bench.max_duration_s); then per level
-  bench.max_duration_s for its requests (those in flight at the deadline are cancelled and counted), plus
+  one /metrics scrape before it (``prometheus.SCRAPE_DEADLINE_S``), bench.max_duration_s for its requests (those in flight at the deadline are cancelled and counted), plus
   the end of its /metrics sampling (``prometheus.Sampler.stop``: at most ``prometheus.STOP_BOUND_S``), plus,
   for a level split over processes, their start (``loadgen.READY_TIMEOUT_S``) and their results
   (``loadgen.RESULTS_GRACE_S`` past the deadline).
 
 So one server's bench ends within CONNECT_BUDGET_S + min(WARMUP_TIMEOUT_S, max_duration_s) + levels x
-runs x (max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + RESULTS_GRACE_S]), runs at most
+runs x (SCRAPE_DEADLINE_S + max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + RESULTS_GRACE_S]), runs at most
 ``bench.repeats.max_runs`` and a rate sweep's levels at most ``bench.rate_sweep.max_levels``.
 
 The traffic's shapes (``bench.prompt.multi_turn``: each unit a conversation replayed as a session; ``bench.trace``:
@@ -345,11 +345,12 @@ class _Progress:
 
 
 def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
-            on_event: EventCallback | None = None, warmup: bool = False) -> list[LevelResult]:
+            on_event: EventCallback | None = None, warmup: bool = False,
+            cache_salt: str | None = None) -> list[LevelResult]:
     """``measure_levels`` run to completion: the levels of one server, measured (what the bench's sweep, its
     experiment arms and tune's capacity probes call, after ``connect``)."""
     return asyncio.run(measure_levels(handle, bench, levels, arm=arm, seed_salt=seed_salt, on_event=on_event,
-                                      warmup=warmup))
+                                      warmup=warmup, cache_salt=cache_salt))
 
 
 def measure_repeated(handle: ServerHandle, bench, level: Level, *, arm: str, repeats=None, seed_salt: int = 0,
@@ -363,10 +364,13 @@ def measure_repeated(handle: ServerHandle, bench, level: Level, *, arm: str, rep
 
 
 async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
-                         on_event: EventCallback | None = None, warmup: bool = False) -> list[LevelResult]:
+                         on_event: EventCallback | None = None, warmup: bool = False,
+                         cache_salt: str | None = None) -> list[LevelResult]:
     """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
     cost), the client's health and the server's own metrics over time; each level repeated as bench.repeats
     asks. ``arm`` names it in progress events; ``seed_salt`` gives an arm its own texts of the same lengths.
+    ``cache_salt``: each run of each level sends vLLM's prefix-cache salt ``{cache_salt}-{level}-{run}``, so it
+    starts from a cold cache (levels that replay the same prompts do not hit the previous one's blocks).
     Bounded as the module says."""
     from infertool.bench.client import Pool
 
@@ -384,7 +388,8 @@ async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, ar
 
                 async def once(run: int, idx=idx, level=level, work=work) -> tuple[LevelResult, list, float]:
                     sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
-                    return await _level(pool, sampler, target, handle, bench, level, idx, arm=arm, work=work,
+                    salted = target if cache_salt is None else replace(target, cache_salt=f"{cache_salt}-{idx}-{run}")
+                    return await _level(pool, sampler, salted, handle, bench, level, idx, arm=arm, work=work,
                                         seed_salt=seed_salt + REPEAT_SEED * run, on_event=on_event)
 
                 out.append(await repeat_runs(once, bench.repeats,
@@ -409,6 +414,7 @@ async def _level(pool, sampler: Sampler, target: Target, handle: ServerHandle, b
     progress = _Progress(on_event, f"{arm}:{level.label}", f"{arm}: {level.label}", n)
     progress.send(0)
     processes = choose_processes(getattr(bench, "client_processes", "auto"), level)
+    await sampler.baseline()  # the counters before the first request (a short level's deltas)
     job = {"target": target, "level": level, "bench": seed_bench, "chars_per_token": handle.chars_per_token,
            "deadline_s": bench.max_duration_s, "seed": bench.seed + idx + seed_salt, **work}
     if processes > 1:

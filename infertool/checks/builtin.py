@@ -103,6 +103,33 @@ def engine_settings(ctx: Context) -> list[Finding]:
     return _lint("engine_settings", lint_engine_settings(_serve(ctx)))
 
 
+def speculative_method(ctx: Context) -> list[Finding]:
+    """Every speculative setting the recipe would serve (serve.speculative, bench.per_class.speculative) against
+    what the engine can run here: serve/lint.py's rule (suffix decoding's package, a draft / EAGLE directory, MTP
+    layers in the served model's config.json)."""
+    from infertool.serve.lint import lint_speculative
+
+    specs = [("serve.speculative", _serve(ctx).speculative)]
+    bench = ctx.res.recipe.bench
+    if bench is not None and bench.per_class is not None and bench.per_class.speculative:
+        specs += [(f"bench.per_class.speculative[{i}]", s) for i, s in enumerate(bench.per_class.speculative)]
+    specs = [(f, s) for f, s in specs if s is not None]
+    if not specs:
+        raise Skip("the recipe names no speculative setting")
+    config = None
+    served = ctx.res.served
+    if any(s.method == "mtp" for _, s in specs) and served.exists and served.path:
+        from infertool.errors import InfertoolError
+        from infertool.models.info import load_config
+
+        try:
+            config = load_config(served.path)[0]
+        except InfertoolError:
+            config = None  # config_vs_weights and the launch say what is wrong with it
+    here = ctx.res.target.this_host
+    return _lint("speculative_method", [i for f, s in specs for i in lint_speculative(s, f, here=here, model_config=config)])
+
+
 # ------------------------------------------------------------------------------------------ quantize
 PREFLIGHT_FIELDS = {"group_size": "quantize.group_size", "packing": "quantize.bits", "layers": "quantize.ignore",
                     "architecture": "model.source", "weights": "model.source", "host": "target",
@@ -269,6 +296,8 @@ BUILTIN = (  # in the order they run (and report): listed in the one check regis
                 reads=("serve", "target")),
     RecipeCheck("code_loading", code_loading, "what serve.allow_code lets load code (warning)", reads=SERVE),
     RecipeCheck("engine_settings", engine_settings, "settings vLLM's V1 engine ignores (warning)", reads=SERVE),
+    RecipeCheck("speculative_method", speculative_method, "a speculative method the engine can run here",
+                reads=("serve", "bench", "model")),
     RecipeCheck("group_size", group_size, "group size and packing against every quantized layer",
                 reads=("quantize", "base"), needs=("quantize",)),
     RecipeCheck("quantized_tp", quantized_tp, "tensor parallelism over the quantized shapes",

