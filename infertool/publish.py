@@ -789,7 +789,11 @@ def _evidence_plan(src: str, kind: str, folder: Path, scheme: str, options: Publ
     from infertool.resolve import resolve
     from infertool.serve import prepare
 
-    recipe = source_recipe(src, kind)
+    try:
+        recipe = source_recipe(src, kind)
+    except UsageError as e:  # a run or tune directory whose recipe is gone: the weights still ship, said why
+        return {"missing": f"the {kind}'s recipe, whose serve settings the evidence needs, is not readable: "
+                           f"{e.message.splitlines()[0][:300]}"}
     spec = (recipe.verify or VerifySection()).evidence
     if not spec.enabled:
         return {"missing": "verify.evidence.enabled is false in the recipe"}

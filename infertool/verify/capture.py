@@ -396,6 +396,8 @@ def writer(res, checkpoint: str | Path, *, pool=None, on_event: Callable[[dict],
                                             log_dir=log_dir, lmeval_answer=lmeval_answer, lmeval_why=lmeval_why))
         except InfertoolError as e:
             if strict:
+                e.hint = f"{e.hint}; or publish without evidence (--no-evidence)" if e.hint else \
+                    "publish without evidence (--no-evidence)"
                 raise
             why = f"not captured: {e.message.splitlines()[0][:300] if e.message else type(e).__name__}"
             if on_event:
