@@ -468,8 +468,8 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
              "inputs": ctx.inputs, "serve": trial.recipe.serve.model_dump(mode="json") if trial.recipe.serve else None,
              "commands": pub.serve_commands(str(ctx.dir.absolute()))}
     writer, why = None, "verify.evidence.enabled is false in the recipe"
-    spec = trial.recipe.verify.evidence if trial.recipe.verify is not None else None
-    if spec is None or spec.enabled:  # the winner served with its own settings, its outputs as evidence
+    ev_spec = trial.recipe.verify.evidence if trial.recipe.verify is not None else None
+    if ev_spec is None or ev_spec.enabled:  # the winner served with its own settings, its outputs as evidence
         from infertool.resolve import resolve
         from infertool.verify.capture import writer as evidence_writer
 

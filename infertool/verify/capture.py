@@ -25,11 +25,14 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from infertool.atomic import atomic_dir, dumps_json, write_bytes
 from infertool.errors import UsageError
 from infertool.verify import evidence as E
+
+if TYPE_CHECKING:
+    from infertool.recipe import DecodeSpec
 
 FLOOR = 64 * 1024  # no cap under this: a checkpoint of a few MiB still carries its decode path
 SEARCH_STEPS = 14  # the binary search on the share of items kept (1 / 16384 of a task's items)
@@ -45,7 +48,7 @@ class Questions:
 
     tasks: list[dict]
     decode_prompts: list[dict]
-    decode: object  # recipe.DecodeSpec, with the evidence's top_k and max_tokens
+    decode: DecodeSpec  # eval.decode with the evidence's top_k and max_tokens
     k: int
     trimmed: dict = field(default_factory=dict)
 
@@ -120,7 +123,8 @@ def engine_facts(python: str | None) -> dict:
         return out
     out["env"] = env.name
     marker = read_marker(env.name) or {}
-    packages = marker.get("packages") if isinstance(marker.get("packages"), dict) else {}
+    got = marker.get("packages")
+    packages: dict = got if isinstance(got, dict) else {}
     for name in SERVE_PACKAGES:
         if isinstance(packages.get(name), str):
             out["package"], out["version"] = name, packages[name]
