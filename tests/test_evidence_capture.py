@@ -228,6 +228,10 @@ def test_publish_writes_evidence_beside_the_weights(setup, served):
 def test_no_evidence_publishes_none_and_the_card_says_so(setup, served):
     tmp, recipe = setup
     _small_recipe(recipe)
+    dry = run_cli("run", str(recipe), "--out", "runs", "--dry-run")
+    assert "publishes with evidence/" in dry.stdout, dry.stdout
+    dry = run_cli("run", str(recipe), "--out", "runs", "--dry-run", "--no-evidence")
+    assert "publishes no evidence (--no-evidence)" in dry.stdout, dry.stdout
     doc = json.loads(run_cli("run", str(recipe), "--out", "runs", "--no-evidence", "--json").stdout)
     pub = Path(doc["published"]["path"])
     assert not (pub / "evidence").exists() and served == []

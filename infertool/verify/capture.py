@@ -404,9 +404,13 @@ def writer(res, checkpoint: str | Path, *, pool=None, on_event: Callable[[dict],
                     "publish without evidence (--no-evidence)"
                 raise
             why = f"not captured: {e.message.splitlines()[0][:300] if e.message else type(e).__name__}"
-            if on_event:
-                on_event({"event": "log", "level": "warning", "message": f"evidence {why}"})
-            return {"missing": why}
+        except Exception as e:  # noqa: BLE001 - `run` and `tune` keep what they decided; the card says why
+            if strict:
+                raise
+            why = f"not captured: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        if on_event:
+            on_event({"event": "log", "level": "warning", "message": f"evidence {why}"})
+        return {"missing": why}
 
     return write
 
