@@ -249,3 +249,19 @@ def test_no_evidence_publishes_none_and_the_card_says_so(setup, served):
     facts = json.loads((Path(doc["published"]["path"]) / publish.FACTS).read_text())
     assert facts["evidence"] == {"missing": "verify.evidence.enabled is false in the recipe"} and served == []
     assert not (pub / "evidence").exists() and publish.fingerprint(pub) == doc["published"]["fingerprint"]
+
+
+def test_the_evidence_launch_is_evals_candidate_launch(setup):
+    """`run` shares eval's candidate server through its pool: the same launch key (argv without the port, env)."""
+    from infertool.evaluate.prepare import vllm_launches
+    from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
+    from infertool.serve.pool import launch_key
+    from tests.test_publish import write_checkpoint
+
+    tmp, recipe = setup
+    ckpt = write_checkpoint(tmp / "ckpt")
+    res = resolve(load_recipe(str(recipe), []), candidate_path=ckpt)
+    ours = capture.launch_plan(res, ckpt, dry_run=True)
+    evals = vllm_launches(res, 64, dry_run=True)["candidate"]
+    assert launch_key(ours.spec) == launch_key(evals.spec) and ours.spec.model == str(ckpt)

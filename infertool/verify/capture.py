@@ -351,6 +351,18 @@ def served(plan, log: Path, *, on_event=None, pool=None):
     return launch(plan, log, on_event=on_event, label="the evidence (candidate)", pool=pool)
 
 
+def launch_plan(res, checkpoint: str | Path, *, dry_run: bool = False):
+    """The launch of ``checkpoint`` as eval's vllm engine launches the candidate (``evaluate.prepare.vllm_launches``:
+    the recipe's effective serve settings, --max-logprobs past vLLM's default), so a run's pool shares its server."""
+    from infertool.evaluate.prepare import VLLM_MAX_LOGPROBS
+    from infertool.serve import prepare
+
+    k = int(evidence_spec(res.recipe).top_k)
+    extra = ("--max-logprobs", str(k)) if k > VLLM_MAX_LOGPROBS else ()
+    return prepare(res, model=res.candidate_at(checkpoint, exists=True), purpose="eval (candidate)",
+                   extra_args=extra, dry_run=dry_run)
+
+
 def capture_checkpoint(res, checkpoint: str | Path, out: str | Path, *, fingerprint: str, pool=None,
                        on_event: Callable[[dict], None] | None = None, log_dir: str | Path | None = None,
                        lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> dict:
@@ -359,13 +371,12 @@ def capture_checkpoint(res, checkpoint: str | Path, out: str | Path, *, fingerpr
     resolution with its candidate at ``checkpoint``."""
     from infertool.envs.runner import InProcessEvents
     from infertool.evaluate.server_engine import Client
-    from infertool.serve import default_log_path, prepare
+    from infertool.serve import default_log_path
     from infertool.serve.pool import weight_bytes
 
     events = InProcessEvents(on_event or (lambda e: None))
-    cand = res.candidate_at(checkpoint, exists=True)
-    plan = prepare(res, model=cand, purpose="eval (candidate)")
-    settings, _ = res.serve_for(cand)
+    plan = launch_plan(res, checkpoint)
+    settings, _ = res.serve_for(plan.model)
     lmeval = None
     if lmeval_answer is not None:
         answer = read_lmeval_answer(lmeval_answer)
