@@ -171,9 +171,12 @@ def _why_not_published(g: RunGraph, upstream: dict | None) -> str:
     return "the recipe quantizes when loading (no checkpoint of its own to publish)"
 
 
-def _publish(g: RunGraph, run_dir: Path, manifest: RunManifest, upstream: dict, dest: Path | None) -> dict:
-    """The run's evaluated checkpoint published with its card (a FAIL verdict too: the card says so); the
-    manifest's ``published`` record either way."""
+def _publish(g: RunGraph, run_dir: Path, manifest: RunManifest, upstream: dict, dest: Path | None, pool=None,
+             on_event: EventCallback | None = None, evidence: bool = True) -> dict:
+    """The run's evaluated checkpoint published with its card (a FAIL verdict too: the card says so) and its
+    evidence (``infertool.verify.capture``: the candidate served with the recipe's settings, the pool's server
+    eval scored it on when it still runs; ``evidence`` False: --no-evidence); the manifest's ``published``
+    record either way."""
     from infertool import publish as pub
 
     if dest is None or "quantize" not in upstream or "eval" not in upstream:
@@ -181,7 +184,20 @@ def _publish(g: RunGraph, run_dir: Path, manifest: RunManifest, upstream: dict, 
     checkpoint = upstream["quantize"].dir / "model"
     if not (checkpoint / "config.json").is_file():
         return {"why": f"the quantize stage left no checkpoint ({checkpoint} has no config.json)"}
-    return pub.publish_run(run_dir, manifest, checkpoint, dest, pub.forbidden_for_run(g.cache, run_dir, g.res))
+    writer, why = None, "published with --no-evidence"
+    spec = g.recipe.verify.evidence if g.recipe.verify is not None else None
+    if evidence and spec is not None and not spec.enabled:
+        why = "verify.evidence.enabled is false in the recipe"
+    elif evidence:
+        from infertool.resolve import resolve
+        from infertool.verify.capture import lmeval_source, writer as evidence_writer
+
+        answer, lm_why = lmeval_source(g.recipe, upstream["eval"].dir)
+        writer = evidence_writer(resolve(g.recipe, candidate_path=checkpoint), checkpoint, pool=pool,
+                                 on_event=on_event, log_dir=run_dir / "logs", lmeval_answer=answer,
+                                 lmeval_why=lm_why, strict=False)
+    return pub.publish_run(run_dir, manifest, checkpoint, dest, pub.forbidden_for_run(g.cache, run_dir, g.res),
+                           writer, why)
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -199,9 +215,10 @@ def _new_run_dir(root: Path, name: str) -> Path:
 
 def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list[str] | None = None,
                  out_dir: str | Path | None = None, on_event: EventCallback | None = None,
-                 on_stage: StageCallback | None = None, publish: str | None = None) -> RunResult:
+                 on_stage: StageCallback | None = None, publish: str | None = None, evidence: bool = True) -> RunResult:
     """Run the selected stages; reuse completed ones by key; publish the checkpoint the eval scored (to
-    --publish, else quantize.output, else out/<recipe>-<method>). Returns the run directory and manifest."""
+    --publish, else quantize.output, else out/<recipe>-<method>), with its evidence while the run's servers
+    still run (``evidence`` False: --no-evidence). Returns the run directory and manifest."""
     from infertool import __version__
     from infertool.data.fingerprint import digest
     from infertool.recipe import recipe_to_dict
@@ -221,10 +238,10 @@ def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list
     runner = _Runner(g, run_dir, manifest, pool, on_event, on_stage)
     try:
         exit_code = runner.run()
+        manifest.published = _publish(g, run_dir, manifest, runner.upstream, dest, pool, on_event, evidence)
     finally:
         pool.close()  # the end of the run, a failure or Ctrl-C: no server outlives it
         runner.finish()
-    manifest.published = _publish(g, run_dir, manifest, runner.upstream, dest)
     runner.write()
     return RunResult(str(run_dir), manifest, exit_code == 0, exit_code, manifest.stages, manifest.published)
 

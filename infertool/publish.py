@@ -4,7 +4,7 @@ with a model card beside it, and checked by content before anything serves it.
 - ``fingerprint(dir)``: a checkpoint's content fingerprint, the same for the stage-cache entry and every copy
   of it (no modification time, no file of the card, no hidden file enters it): every small file hashed whole,
   each weight file by its size, its safetensors header and 16 sampled blocks (``data.fingerprint``'s cheap
-  identity, less its mtime);
+  identity, less its mtime); the card, its facts and the evidence folder (``evidence/``) are not the model;
 - ``publish_dir(src, dest, facts, forbidden)``: the copy, through a temporary folder beside DEST and a rename
   (``atomic.replace_refusal`` decides what an existing DEST may be replaced), with ``MODEL_CARD.md`` (for
   people) and ``infertool.json`` (the same facts as data, with ``fingerprint``); never a link into the cache;
@@ -25,10 +25,10 @@ import stat
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Callable, Mapping
 
-from infertool.atomic import (OutputPathError, atomic_dir, copy_file, file_kind, name_refusal, replace_refusal, write_json,
-                              write_text)
+from infertool.atomic import (OutputPathError, atomic_dir, copy_file, file_kind, name_refusal, remove_inside,
+                              replace_refusal, write_json, write_text)
 from infertool.capability import RunContext
 from infertool.errors import BackendError, UsageError
 from infertool.inputs import size_text
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
 
 CARD = "MODEL_CARD.md"
 FACTS = "infertool.json"
+EVIDENCE = "evidence"  # infertool.verify.evidence.DIRNAME: the evidence folder beside the weights (not the model)
 TUNE_PUBLISHED = "published.json"  # a tune directory's record of its winner's published copy
 FACTS_VERSION = 1
 
@@ -50,7 +51,7 @@ MAX_DEPTH = 32  # folders inside a checkpoint folder, at most
 def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
     """Every entry of the checkpoint under ``root`` but its folders, as (relative path, ``lstat``), sorted: links
     are not followed (a link is an entry, never what it names), no hidden part, not the card or its facts at the
-    top. A folder nested deeper than MAX_DEPTH: a UsageError."""
+    top, nor the evidence folder there (``EVIDENCE``). A folder nested deeper than MAX_DEPTH: a UsageError."""
     out: list[tuple[str, os.stat_result]] = []
     stack: list[tuple[Path, tuple[str, ...]]] = [(root, ())]
     while stack:
@@ -60,7 +61,7 @@ def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
         try:
             with os.scandir(folder) as it:
                 for e in it:
-                    if e.name.startswith(".") or (not rel and e.name in (CARD, FACTS)):
+                    if e.name.startswith(".") or (not rel and e.name in (CARD, FACTS, EVIDENCE)):
                         continue
                     st = e.stat(follow_symlinks=False)
                     if stat.S_ISDIR(st.st_mode):
@@ -241,17 +242,37 @@ def env_folders() -> Path:
 
 
 # ------------------------------------------------------------------------------------------ the copy
-def publish_dir(src: str | Path, dest: Path, facts: dict) -> dict:
+EvidenceWriter = Callable[[Path, str], dict]  # (the evidence folder to write, the fingerprint) -> infertool.json's block
+
+
+def _evidence(write: EvidenceWriter | None, folder: Path, fp: str, why_not: str | None) -> dict:
+    """infertool.json's ``evidence`` block: what ``write`` wrote into ``folder`` (``infertool.verify.capture``), else
+    {"missing": why} (and no stale evidence folder is left beside the weights)."""
+    if write is not None:
+        block = write(folder, fp)
+        if block.get("fingerprint"):
+            return block
+        why_not = str(block.get("missing") or "not captured")
+    if folder.exists() or folder.is_symlink():
+        remove_inside(folder, folder.parent)
+    return {"missing": why_not or "publish wrote no evidence"}
+
+
+def publish_dir(src: str | Path, dest: Path, facts: dict, evidence: EvidenceWriter | None = None,
+                no_evidence: str | None = None) -> dict:
     """Copy the checkpoint ``src`` to ``dest`` whole (a temporary folder beside it, then a rename), with the card
-    and ``infertool.json``; the copy's fingerprint must be the source's. Returns {path, fingerprint}."""
+    and ``infertool.json``; the copy's fingerprint must be the source's. ``evidence`` writes ``evidence/`` (inside
+    the temporary folder: the published folder appears with it, or not at all) and returns infertool.json's
+    ``evidence`` block; without it, ``no_evidence`` says why there is none. Returns {path, fingerprint, evidence}."""
     src = Path(src)
     check_source(src)
     fp = fingerprint(src)
     if (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp:
-        facts = {**facts, "fingerprint": fp, "path": str(dest)}  # already there (a re-run that reused quantize):
-        write_json(dest / FACTS, facts)  # the card says this run, the weights are not copied again
+        ev = _evidence(evidence, dest / EVIDENCE, fp, no_evidence)  # already there (a re-run that reused quantize):
+        facts = {**facts, "fingerprint": fp, "path": str(dest), "evidence": ev}  # the card says this run, the
+        write_json(dest / FACTS, facts)  # weights are not copied again
         write_text(dest / CARD, model_card(facts))
-        return {"path": str(dest), "fingerprint": fp}
+        return {"path": str(dest), "fingerprint": fp, "evidence": ev}
     try:
         check_room(src, dest)
         with atomic_dir(dest) as tmp:
@@ -263,12 +284,13 @@ def publish_dir(src: str | Path, dest: Path, facts: dict) -> dict:
             if copied != fp:
                 raise UsageError(f"the copy of {src} differs from it (fingerprint {short(copied)} vs {short(fp)}): "
                                  "it changed while being copied", hint="publish again")
-            facts = {**facts, "fingerprint": fp, "path": str(dest)}
+            ev = _evidence(evidence, tmp / EVIDENCE, fp, no_evidence)
+            facts = {**facts, "fingerprint": fp, "path": str(dest), "evidence": ev}
             write_json(tmp / FACTS, facts)
             write_text(tmp / CARD, model_card(facts))
     except OSError as e:
         raise UsageError(f"cannot publish to {dest}: {e.strerror or e}", hint="a writable folder with room for the weights") from None
-    return {"path": str(dest), "fingerprint": fp}
+    return {"path": str(dest), "fingerprint": fp, "evidence": ev}
 
 
 def serve_commands(where: str) -> dict:
@@ -382,10 +404,31 @@ def model_card(f: dict) -> str:
     if inputs:
         lines += ["## Inputs (content fingerprints)", ""]
         lines += [f"- {cell(k)}: {code(json.dumps(v, sort_keys=True))}" for k, v in inputs.items()] + [""]
+    lines += evidence_lines(f)
     if f.get("run_dir"):  # the commands from the run directory, shell-quoted here: never a card's own text
         cmds = serve_commands(str(f["run_dir"]))
         lines += ["## Serve it", "", "```bash", _shown(cmds["serve"]), _shown(cmds["k8s"]), "```", ""]
     return "\n".join(lines)
+
+
+def evidence_lines(f: dict) -> list[str]:
+    """The card's Evidence section: the evidence's fingerprint and the command that re-checks the checkpoint
+    against it (``infertool verify``), or that it carries none and why."""
+    ev = f.get("evidence")
+    if not isinstance(ev, dict):
+        return []
+    lines = ["## Evidence", ""]
+    if ev.get("fingerprint"):
+        where = shlex.quote(str(f.get("path") or "DEST"))
+        lines += [f"- **Evidence fingerprint:** {code(ev.get('fingerprint'))} ({cell(ev.get('files'))} files, "
+                  f"{cell(ev.get('bytes'))} bytes, engine {cell(ev.get('engine'))})",
+                  "- The candidate's outputs as served (prompt log-probabilities, the decode path, lm-eval "
+                  "documents) are in `evidence/`. Re-check this checkpoint under another engine, setting or machine:",
+                  "", "```bash", _shown(f"infertool verify {where}"), "```", ""]
+    else:
+        lines += [f"This checkpoint carries no evidence: {cell(ev.get('missing'))}. It serves as it is; "
+                  "`infertool verify` has nothing to compare it with.", ""]
+    return lines
 
 
 # ------------------------------------------------------------------------------------------ run / tune
@@ -407,10 +450,12 @@ def forbidden_for_run(cache: Path, run_dir: Path | None, res: Resolution) -> dic
             "INFERTOOL_HOME's environments": env_folders()}
 
 
-def publish_run(run_dir: Path, manifest, checkpoint: Path, dest: Path, forbidden: dict) -> dict:
-    """Publish a run's evaluated checkpoint to ``dest`` with its card; the manifest's ``published`` record."""
+def publish_run(run_dir: Path, manifest, checkpoint: Path, dest: Path, forbidden: dict,
+                evidence: EvidenceWriter | None = None, no_evidence: str | None = None) -> dict:
+    """Publish a run's evaluated checkpoint to ``dest`` with its card (and its evidence: ``publish_dir``); the
+    manifest's ``published`` record."""
     check_dest(dest, forbidden)
-    return publish_dir(checkpoint, dest, run_facts(run_dir, manifest))
+    return publish_dir(checkpoint, dest, run_facts(run_dir, manifest), evidence, no_evidence)
 
 
 # ------------------------------------------------------------------------------------------ what serve means
@@ -432,6 +477,11 @@ def published_record(manifest) -> dict:
     """A manifest's ``published`` record as strings only (a crafted one reads as nothing published, with its why)."""
     pub = manifest.published if isinstance(manifest.published, dict) else {}
     return {k: v for k, v in pub.items() if k in ("path", "fingerprint", "why") and isinstance(v, str) and v.strip()}
+
+
+def recipe_of_run(run_dir: Path, manifest, overrides: list[str] | None = None):
+    """The recipe a run ran (its manifest's), with ``overrides`` on top, validated as any recipe."""
+    return _recipe_of_run(run_dir, manifest, list(overrides or []))
 
 
 def _recipe_of_run(run_dir: Path, manifest, overrides: list[str]):
@@ -533,6 +583,7 @@ class PublishOptions:
     dest: str
     dry_run: bool = False
     force: bool = False  # replace a DEST folder infertool did not publish (still never one replace_refusal keeps)
+    evidence: bool = True  # write DEST/evidence/ (--no-evidence: False)
 
 
 @dataclass
@@ -549,6 +600,7 @@ class PublishPlan:
     facts: dict = field(default_factory=dict)
     calls: list[str] = field(default_factory=list)
     dry_run: bool = False
+    evidence: dict = field(default_factory=dict)  # {"capture": what it serves and asks} or {"missing": why}
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -652,9 +704,19 @@ def _remote_calls(folder: Path, scheme: str, dest: str) -> list[str]:
         return [f"huggingface_hub.HfApi().upload_folder(folder_path={str(folder)!r}, repo_id={repo!r}, repo_type='model')"]
     bucket, _, prefix = dest.removeprefix("s3://").partition("/")
     prefix = prefix.strip("/")
-    files = [f for f in _files(folder)] + [folder / n for n in (FACTS, CARD) if (folder / n).is_file()]
+    files = _files(folder) + beside(folder)
     return [f"boto3.client('s3').upload_file({str(f)!r}, {bucket!r}, "
             f"{'/'.join(x for x in (prefix, f.relative_to(folder).as_posix()) if x)!r})" for f in files]
+
+
+def beside(folder: Path) -> list[Path]:
+    """What a published folder holds beside the checkpoint and uploads with it: the card, its facts and the
+    evidence folder's regular files (never a link)."""
+    out = [folder / n for n in (FACTS, CARD) if (folder / n).is_file() and not (folder / n).is_symlink()]
+    ev = folder / EVIDENCE
+    if ev.is_dir() and not ev.is_symlink():
+        out += sorted(f for f in ev.iterdir() if f.is_file() and not f.is_symlink())
+    return out
 
 
 def _scheme(dest: str) -> str:
@@ -689,16 +751,68 @@ def plan(src: str, options: PublishOptions) -> PublishPlan:
         dest = str(check_dest(options.dest, forbidden, force=options.force))
         check_room(folder, Path(dest))
     calls = _remote_calls(folder, scheme, options.dest) if scheme != "dir" else []
-    return PublishPlan(str(src), kind, str(folder), fp, dest, scheme, facts, calls, options.dry_run)
+    evidence = _evidence_plan(src, kind, folder, scheme, options)
+    return PublishPlan(str(src), kind, str(folder), fp, dest, scheme, facts, calls, options.dry_run, evidence)
 
 
-def run(p: PublishPlan, ctx: RunContext | None = None) -> dict:
-    """The copy (a folder) or the upload (boto3, huggingface_hub) of a plan; --dry-run: nothing."""
+def source_recipe(src: str, kind: str):
+    """The recipe a run directory ran (its manifest's) or a tune chose (its tuned.yaml), validated."""
+    p = Path(src).expanduser()
+    if kind == "run":
+        from infertool.report import load_run
+
+        run_dir, manifest = load_run(p)
+        return recipe_of_run(run_dir, manifest)
+    tuned = p / "tuned.yaml"
+    if not tuned.is_file():
+        raise UsageError(f"{said(p)} has no tuned.yaml: the tune found no winner", hint="see its tune.md")
+    from infertool.recipe import load_recipe
+
+    return load_recipe(str(tuned), [])
+
+
+def _evidence_plan(src: str, kind: str, folder: Path, scheme: str, options: PublishOptions) -> dict:
+    """What publish does about ``DEST/evidence/``: {"capture": the server it starts (the recipe's serve settings
+    on the checkpoint) and what it asks}, {"copies": a published source's evidence folder}, {"uploads": ...},
+    or {"missing": why there will be none}."""
+    ev = folder / EVIDENCE
+    if scheme != "dir":
+        return {"uploads": str(ev)} if ev.is_dir() else {"missing": f"{said(folder)} carries no evidence/ to upload"}
+    if not options.evidence:
+        return {"missing": "published with --no-evidence"}
+    if kind == "published":
+        if ev.is_dir() and not ev.is_symlink():
+            return {"copies": str(ev)}
+        return {"missing": "the source folder carries no evidence (publish from its run or tune directory to "
+                           "capture it)"}
+    from infertool.recipe import VerifySection
+    from infertool.resolve import resolve
+    from infertool.serve import prepare
+
+    try:
+        recipe = source_recipe(src, kind)
+    except UsageError as e:  # a run or tune directory whose recipe is gone: the weights still ship, said why
+        return {"missing": f"the {kind}'s recipe, whose serve settings the evidence needs, is not readable: "
+                           f"{e.message.splitlines()[0][:300]}"}
+    spec = (recipe.verify or VerifySection()).evidence
+    if not spec.enabled:
+        return {"missing": "verify.evidence.enabled is false in the recipe"}
+    res = resolve(recipe, candidate_path=folder)
+    launch = prepare(res, model=res.candidate_at(folder, exists=True), purpose="eval (candidate)", dry_run=True)
+    return {"capture": {"serves": str(folder), "argv": launch.spec.argv, "top_k": spec.top_k,
+                        "max_bytes": spec.max_bytes, "max_fraction": spec.max_fraction}}
+
+
+def run(p: PublishPlan, ctx: RunContext | None = None, evidence: EvidenceWriter | None = None) -> dict:
+    """The copy (a folder, with ``evidence`` writing its evidence/) or the upload (boto3, huggingface_hub) of a
+    plan; --dry-run: nothing."""
     if p.dry_run:
         return {"dry_run": True, **p.to_dict()}
     if p.scheme == "dir":
-        facts = {k: v for k, v in p.facts.items() if k not in ("fingerprint", "path")}
-        return {"dry_run": False, **p.to_dict(), "published": publish_dir(p.folder, Path(p.dest), facts)}
+        facts = {k: v for k, v in p.facts.items() if k not in ("fingerprint", "path", "evidence")}
+        why = str(p.evidence.get("missing") or "") or None
+        return {"dry_run": False, **p.to_dict(),
+                "published": publish_dir(p.folder, Path(p.dest), facts, evidence, why)}
     folder = Path(p.folder)
     if not (folder / FACTS).is_file():  # a run's stage entry has no card: the card travels with the weights
         raise UsageError(f"{p.src}: upload its published folder, which holds the card",
@@ -721,7 +835,7 @@ def _upload(folder: Path, p: PublishPlan) -> int:
         client = mod.client("s3")
         bucket, _, prefix = p.dest[5:].partition("/")
         n = 0
-        for f in _files(folder) + [folder / x for x in (FACTS, CARD) if (folder / x).is_file()]:
+        for f in _files(folder) + beside(folder):
             client.upload_file(str(f), bucket, "/".join(x for x in (prefix.strip("/"), f.relative_to(folder).as_posix()) if x))
             n += 1
         return n

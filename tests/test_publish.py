@@ -110,7 +110,9 @@ def test_run_publishes_what_it_evaluated_and_serve_takes_the_run_dir(setup):
     assert not any(p.is_symlink() for p in dest.rglob("*"))  # a copy, never a link into the cache
     assert (dest / "model.safetensors").read_bytes() == (cache_ckpt / "model.safetensors").read_bytes()
     manifest = json.loads((run_dir / "manifest.json").read_text())
-    assert manifest["published"] == {"path": str(dest), "fingerprint": fp}
+    assert {k: manifest["published"][k] for k in ("path", "fingerprint")} == {"path": str(dest), "fingerprint": fp}
+    # no serve environment in this INFERTOOL_HOME: published without evidence, the reason in its record and card
+    assert "serve' environment" in manifest["published"]["evidence"]["missing"]
     facts = json.loads((dest / publish.FACTS).read_text())
     assert facts["fingerprint"] == fp and facts["verdict"] == "FAIL" and facts["run_id"] == run_dir.name
     assert facts["method"]["method"] == "gptq" and facts["method"]["group_size"] == 32
@@ -147,7 +149,9 @@ def test_run_publishes_what_it_evaluated_and_serve_takes_the_run_dir(setup):
     kept = run_cli("publish", str(run_dir), str(dest))  # not the copy infertool made any more: --force replaces it
     assert kept.returncode == 2 and "changed since infertool published it" in kept.stderr and "--force" in kept.stderr
     assert publish.fingerprint(dest) == other
-    again = run_cli("publish", str(run_dir), str(dest), "--force")
+    bare = run_cli("publish", str(run_dir), str(dest), "--force")  # evidence needs the serve environment (none here)
+    assert bare.returncode == 3 and "--no-evidence" in bare.stderr and publish.fingerprint(dest) == other, bare.stderr
+    again = run_cli("publish", str(run_dir), str(dest), "--force", "--no-evidence")
     assert again.returncode == 0 and publish.fingerprint(dest) == fp, again.stderr
     assert "verdict FAIL" in " ".join(again.stderr.split())
     refacts = json.loads((dest / publish.FACTS).read_text())  # the card from the manifest read back, the same facts

@@ -24,13 +24,24 @@ def publish(
     dest: Annotated[str, typer.Argument(metavar="DEST", help="A folder, s3://bucket/prefix or hf://org/name.")],
     dry_run: Annotated[bool, dry_run_opt("Check SRC and DEST and print what would be copied (the exact library calls for s3:// and hf://).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a DEST folder infertool did not publish, or one changed since (never a folder without config.json, the home folder or SRC).")] = False,
+    no_evidence: Annotated[bool, typer.Option("--no-evidence", help="Publish without evidence/ (the candidate's outputs as served, which `infertool verify` re-checks; writing it serves the checkpoint once).")] = False,
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
-    """Copy the checkpoint SRC evaluated, checked by content fingerprint, with its model card, to DEST."""
-    from infertool import publish as pub
-    from infertool.output import err, esc, out, print_json, visible
+    """Copy the checkpoint SRC evaluated, checked by content fingerprint, with its model card and its evidence (the
+    candidate's outputs as served with the recorded serve settings, for `infertool verify`), to DEST."""
+    import shlex
 
-    result = pub.run(pub.plan(src, pub.PublishOptions(dest=dest, dry_run=dry_run, force=force)))
+    from infertool import publish as pub
+    from infertool.output import StageProgress, err, esc, out, print_json, visible
+
+    plan = pub.plan(src, pub.PublishOptions(dest=dest, dry_run=dry_run, force=force, evidence=not no_evidence))
+    if dry_run:
+        result = pub.run(plan)
+    else:
+        from infertool.verify.capture import writer_for_plan
+
+        with StageProgress("publish") as progress:
+            result = pub.run(plan, evidence=writer_for_plan(plan, progress.on_event))
     if as_json:
         print_json(result)
         return
@@ -44,8 +55,25 @@ def publish(
                   markup=False, soft_wrap=True)
         for call in result["calls"]:
             out.print(visible(call), markup=False, soft_wrap=True)
+        ev = result.get("evidence") or {}
+        if "capture" in ev:
+            out.print(visible(f"would capture evidence/ by serving {ev['capture']['serves']} with the recorded serve "
+                              f"settings: {shlex.join(ev['capture']['argv'])}"), markup=False, soft_wrap=True)
+        elif "copies" in ev:
+            out.print(visible(f"would copy the source's evidence ({ev['copies']}), checked"), markup=False, soft_wrap=True)
+        elif "uploads" in ev:
+            out.print(visible(f"uploads its evidence ({ev['uploads']}) with the weights"), markup=False, soft_wrap=True)
+        else:
+            out.print(visible(f"no evidence: {ev.get('missing')}"), markup=False, soft_wrap=True)
         return
     style = "green" if verdict == "PASS" else "red"
     where = result.get("published", {}).get("path") or result["dest"]
     err.print(f"[{style}]published[/] {esc(result['folder'])} to [bold]{esc(where)}[/] (fingerprint {esc(fp)}, "
               f"verdict [{style}]{esc(verdict)}[/])", soft_wrap=True)
+    ev = result.get("published", {}).get("evidence") or {}
+    if ev.get("fingerprint"):
+        err.print(f"evidence {esc(pub.short(ev['fingerprint']))}: {esc(ev.get('files'))} files, {esc(ev.get('bytes'))} "
+                  f"bytes, engine {esc(ev.get('engine'))}; re-check: infertool verify {esc(shlex.quote(where))}",
+                  soft_wrap=True)
+    elif ev:
+        err.print(f"no evidence: {esc(ev.get('missing'))}", soft_wrap=True)

