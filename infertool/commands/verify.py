@@ -150,7 +150,7 @@ def render(result: "VerifyResult") -> None:
     if d and not d.get("skipped"):
         figs.add_row("decode exact match", _v(d.get("exact_match"), True), _ci(d.get("exact_match_ci"), True),
                      f"{d.get('n_prompts', 0)} prompts")
-        figs.add_row("  matching or first diverging at a near tie", _v(d.get("match_or_near_tie"), True),
+        figs.add_row("  or first diverging at a near tie", _v(d.get("match_or_near_tie"), True),
                      _ci(d.get("match_or_near_tie_ci"), True), f"{d.get('near_ties', 0)} near ties, "
                      f"{d.get('divergences', 0)} other divergences")
         figs.add_row("decode first divergence (median token)", _v(d.get("first_divergence_median")),

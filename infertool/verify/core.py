@@ -20,12 +20,16 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record
 from infertool.verify import evidence as E
+
+if TYPE_CHECKING:
+    from infertool.serve.launches import LaunchPlan
 
 RESULT_FILE = "verify.json"
 SERVER_LOG = "vllm.log"
@@ -71,7 +75,7 @@ class VerifyPlan:
     near_tie_logprob: float
     options: VerifyOptions
     out_dir: Path
-    launch: object | None = None  # serve.LaunchPlan; None with --url
+    launch: LaunchPlan | None = None  # None with --url
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -124,6 +128,10 @@ def read_evidence(folder: Path) -> E.Evidence:
     return E.read(ev_dir)
 
 
+def _obj(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
 def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[dict, list[tuple[str, object]]]:
     from infertool.recipe import apply_overrides, parse_overrides
 
@@ -134,9 +142,8 @@ def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[
                          hint="the rest of the recipe is what the evidence records")
     recorded = {k: v for k, v in ev.index.serve.items() if k != "model"} if isinstance(ev.index.serve, dict) else {}
     rec = source.recipe or {}
-    model = rec.get("model") if isinstance(rec.get("model"), dict) else {}
-    verify = rec.get("verify") if isinstance(rec.get("verify"), dict) else {}
-    accept = verify.get("accept") if isinstance(verify.get("accept"), dict) else {}
+    model, verify = _obj(rec.get("model")), _obj(rec.get("verify"))
+    accept = _obj(verify.get("accept"))
     data = {"name": "verify", "model": {"source": str(source.folder),
                                         "trust_remote_code": bool(model.get("trust_remote_code", False))},
             "serve": recorded, "verify": {"accept": dict(accept)}}
@@ -259,6 +266,19 @@ def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict):
     return client
 
 
+class _Events:
+    """gather's events (progress, log) onto the run context's."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def progress(self, task: str, completed: float, total: float | None = None, description: str | None = None) -> None:
+        self.ctx.progress(task, completed, total, description)
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.ctx.emit(message, level)
+
+
 def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     """Serve (or reach ``--url``), gather, score, write verify.json into ``p.out_dir``; never prints."""
     from infertool.atomic import check_output_dir, write_json
@@ -273,18 +293,19 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     prompts_src, raw_decode = _check_decode(ev)
     spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
     timing: dict = {}
-    engine = {"label": p.options.engine or "serve environment", "python": p.options.python, "url": p.options.url}
+    engine: dict[str, object] = {"label": p.options.engine or "serve environment", "python": p.options.python, "url": p.options.url}
 
     def ask(client) -> object:
         t = time.monotonic()
         got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
                      decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
-                     decode=spec, k=int(ev.index.k or 20), events=ctx, label="verify",
+                     decode=spec, k=int(ev.index.k or 20), events=_Events(ctx), label="verify",
                      prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
         timing["gather_s"] = round(time.monotonic() - t, 2)
         return got
 
-    if p.options.url is not None:
+    if p.options.url is not None or p.launch is None:
+        assert p.options.url is not None  # plan makes a launch unless --url names a server
         gathered = ask(_client_at(p.options.url, p.options, ev, p.serve))
     else:
         from infertool.evaluate.server_engine import Client

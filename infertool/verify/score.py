@@ -93,14 +93,15 @@ def _estimates(prompts: dict | None, decode: dict | None) -> dict[str, Estimate]
     out: dict[str, Estimate] = {}
     if prompts and prompts.get("kld_ci") and prompts.get("top1_ci"):
         n = int(prompts["tokens"])
-        out["max_prompt_kld"] = Estimate(prompts["kld"], *prompts["kld_ci"], n)
-        out["min_prompt_top1"] = Estimate(prompts["top1"], *prompts["top1_ci"], n)
+        out["max_prompt_kld"] = Estimate(prompts["kld"], prompts["kld_ci"][0], prompts["kld_ci"][1], n)
+        out["min_prompt_top1"] = Estimate(prompts["top1"], prompts["top1_ci"][0], prompts["top1_ci"][1], n)
     if decode and decode.get("match_or_near_tie_ci"):
-        out["min_exact_match"] = Estimate(decode["match_or_near_tie"], *decode["match_or_near_tie_ci"],
-                                          int(decode["n_prompts"]))
+        lo, hi = decode["match_or_near_tie_ci"]
+        out["min_exact_match"] = Estimate(decode["match_or_near_tie"], lo, hi, int(decode["n_prompts"]))
     if decode and decode.get("steps") and decode.get("kld_ci") and decode.get("top1_ci"):
-        out["max_decode_kld"] = Estimate(decode["kld"], *decode["kld_ci"], int(decode["steps"]))
-        out["min_decode_top1"] = Estimate(decode["top1"], *decode["top1_ci"], int(decode["steps"]))
+        n = int(decode["steps"])
+        out["max_decode_kld"] = Estimate(decode["kld"], decode["kld_ci"][0], decode["kld_ci"][1], n)
+        out["min_decode_top1"] = Estimate(decode["top1"], decode["top1_ci"][0], decode["top1_ci"][1], n)
     return out
 
 
@@ -141,6 +142,7 @@ def score(*, evidence_prompts: dict | None, new_prompts: dict | None, evidence_d
     else:
         why = "the evidence has no decode path" + (f" ({missing['decode']})" if missing.get("decode") else "")
         notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = why
+    lm: dict[str, object]
     if lmeval is not None:
         lm = {"rescored": False, "why": LMEVAL_NOT_RESCORED,
               "documents": sum(len(v) for v in (lmeval.get("tasks") or {}).values() if isinstance(v, list))}
@@ -148,7 +150,7 @@ def score(*, evidence_prompts: dict | None, new_prompts: dict | None, evidence_d
     else:
         why = missing.get("lmeval") or "the run scored no lm-eval task"
         lm = {"rescored": False, "why": f"no lm-eval results in the evidence: {why}"}
-        notes["min_lmeval_agreement"] = lm["why"]
+        notes["min_lmeval_agreement"] = str(lm["why"])
     gs = gates(accept, prompts, decode, notes)
     v, reason = verdict(gs)
     return {"prompts": prompts, "decode": decode, "lmeval": lm, "gates": gs, "verdict": v, "reason": reason}
