@@ -301,3 +301,45 @@ def test_junit_escapes_what_it_is_given():
         inc = suite.find("testcase[@name='min_exact_match']")
         assert (inc.find("skipped") is not None) == allow and (inc.find("failure") is not None) == (not allow)
         assert suite.get("failures") == ("1" if allow else "2")
+
+
+# ------------------------------------------------------------------------------------ through the one launcher
+def _fake_python(tmp_path: Path) -> Path:
+    """A 'python' for the launcher: whatever vLLM arguments it gets, it serves the stand-in on --port (the
+    launcher's process group, readiness wait and stop are the real ones)."""
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    script = tmp_path / "python"
+    script.write_text(f"#!/bin/sh\nPYTHONPATH={root}:{root / 'tests'} exec {sys.executable} -m tests.test_verify \"$@\"\n")
+    script.chmod(0o755)
+    return script
+
+
+def test_verify_launches_the_checkpoint_with_the_recorded_settings_and_set_over_them(published, tmp_path):
+    from infertool.verify import core
+
+    opts = core.VerifyOptions(python=str(_fake_python(tmp_path)), out_dir=tmp_path / "v", engine="stand-in")
+    plan = core.plan(core.Source(published, fingerprint=None), opts)
+    assert plan.launch is not None and "--enforce-eager" in plan.launch.spec.argv and not plan.changed
+    result = core.run(plan)
+    assert result.verdict == "PASS" and result.decode["exact_match"] == 1.0 and result.timing["ready_s"] >= 0
+    assert (tmp_path / "v" / "verify.json").is_file() and (tmp_path / "v" / "vllm.log").is_file()
+    assert "--enforce-eager" in result.engine["argv"] and result.engine["label"] == "stand-in"
+    opts = core.VerifyOptions(python=str(_fake_python(tmp_path)), out_dir=tmp_path / "w",
+                              overrides=["serve.enforce_eager=false"])
+    plan = core.plan(core.Source(published), opts)
+    assert "--enforce-eager" not in plan.launch.spec.argv
+    assert plan.changed == {"enforce_eager": {"recorded": True, "now": False}}
+
+
+def _main(argv: list[str]) -> None:
+    port = int(argv[argv.index("--port") + 1])
+    srv = ThreadingHTTPServer(("127.0.0.1", port), StandIn)
+    srv.serve_forever()
+
+
+if __name__ == "__main__":
+    import sys
+
+    _main(sys.argv[1:])
