@@ -18,6 +18,7 @@ import pytest
 from conftest import cli_in_process
 from infertool.verify import evidence as E
 from tests.fakes import JSONHandler
+from tests.test_publish import setup  # noqa: F401  (a fixture: a recipe, stand-in stages, a fresh home)
 
 N_PROMPTS = 40  # Wilson's lower end for 40 / 40 is 0.912: above min_exact_match's 0.9
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on a warm windowsill. " * 4
@@ -301,6 +302,28 @@ def test_junit_escapes_what_it_is_given():
         inc = suite.find("testcase[@name='min_exact_match']")
         assert (inc.find("skipped") is not None) == allow and (inc.find("failure") is not None) == (not allow)
         assert suite.get("failures") == ("1" if allow else "2")
+
+
+
+def test_a_run_directory_stands_for_the_checkpoint_it_published(setup, gathered, servers):
+    """`verify RUN_DIR`: the checkpoint the run published (its fingerprint checked against the run's record),
+    with the run recipe's verify.accept."""
+    from tests.test_publish import run_cli as publish_run_cli
+
+    tmp, recipe = setup
+    recipe.write_text(recipe.read_text() + "verify: {accept: {min_decode_top1: 0.5}}\n")
+    doc = json.loads(publish_run_cli("run", str(recipe), "--out", "runs", "--json").stdout)
+    run_dir, dest = Path(doc["run_dir"]).absolute(), Path(doc["published"]["path"])
+    write_evidence(dest, gathered)
+    r = cli_in_process("verify", str(run_dir), "--url", servers[0], "--out", str(tmp / "v"), "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    out = json.loads(r.stdout)
+    assert out["source"] == {"kind": "run", "given": str(run_dir), "folder": str(dest),
+                             "fingerprint": doc["published"]["fingerprint"]}
+    assert {g["name"]: g["threshold"] for g in out["gates"]}["min_decode_top1"] == 0.5
+    (dest / "model.safetensors").write_bytes(b"other weights")  # not what the run evaluated: refused
+    r = cli_in_process("verify", str(run_dir), "--url", servers[0], "--out", str(tmp / "w"), "--json")
+    assert r.returncode == 2 and "another checkpoint than run" in json.loads(r.stdout)["message"]
 
 
 # ------------------------------------------------------------------------------------ through the one launcher
