@@ -33,8 +33,8 @@ def _dist(ctx: list[int], noisy: bool = False) -> dict[int, float]:
     return dict(zip([nxt, *alts], lps))
 
 
-def _ids(text: str) -> list[int]:
-    return [10 + ord(c) % 40 for c in text]
+def _ids(text: str, shift: int = 0) -> list[int]:
+    return [10 + (ord(c) + shift) % 40 for c in text]
 
 
 class StandIn(JSONHandler):
@@ -44,6 +44,7 @@ class StandIn(JSONHandler):
     second generated step swap places (greedy takes the other one)."""
 
     perturbed = False
+    shift = 0  # another tokenizer: each character's id moves by this
 
     def do_GET(self):
         if self.path == "/v1/models":
@@ -54,12 +55,12 @@ class StandIn(JSONHandler):
         req = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         if self.path == "/tokenize":
             if "messages" in req:
-                ids = [3] + [t for m in req["messages"] for t in [4] + _ids(m["content"])]
+                ids = [3] + [t for m in req["messages"] for t in [4] + _ids(m["content"], self.shift)]
                 return self._send({"tokens": ids + [6] if req.get("add_generation_prompt") else ids})
-            return self._send({"tokens": _ids(req["prompt"])})
+            return self._send({"tokens": _ids(req["prompt"], self.shift)})
         if self.path != "/v1/completions":
             return self._send({"error": "not found"}, 404)
-        prompt = req["prompt"] if isinstance(req["prompt"], list) else _ids(req["prompt"])
+        prompt = req["prompt"] if isinstance(req["prompt"], list) else _ids(req["prompt"], self.shift)
         name = (lambda t: f"token_id:{t}") if req.get("return_tokens_as_token_ids") else str
         k = int(req.get("logprobs") or 0)
         toks, lps, tops = [], [], []
@@ -324,6 +325,34 @@ def test_a_run_directory_stands_for_the_checkpoint_it_published(setup, gathered,
     (dest / "model.safetensors").write_bytes(b"other weights")  # not what the run evaluated: refused
     r = cli_in_process("verify", str(run_dir), "--url", servers[0], "--out", str(tmp / "w"), "--json")
     assert r.returncode == 2 and "another checkpoint than run" in json.loads(r.stdout)["message"]
+
+
+
+def test_evidence_of_another_shape_is_refused_naming_the_file(tmp_path, gathered, servers):
+    folder = tmp_path / "pub"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    docs = {**gathered, E.PROMPTS: {"tasks": {"other": {"items": []}}, "stats": {}}}
+    write_evidence(folder, docs)  # hashes that match: a crafted folder, not an edited one
+    r = _verify(folder, servers[0], tmp_path / "v", "--json")
+    assert r.returncode == 2 and "prompts.json: its tasks are not those of tasks.json" in json.loads(r.stdout)["message"]
+    raw = json.loads(json.dumps(gathered[E.DECODE]))
+    del raw["raw"]["prompts"][3]["top"]
+    write_evidence(folder, {**gathered, E.DECODE: raw})
+    r = _verify(folder, servers[0], tmp_path / "v", "--json")
+    assert r.returncode == 2 and "decode.json: a prompt of its raw lacks" in json.loads(r.stdout)["message"]
+
+
+def test_a_tokenizer_that_cuts_otherwise_is_said_as_such(published, tmp_path):
+    srv, url = _serve(type("OtherTokenizer", (StandIn,), {"shift": 1}))
+    try:
+        r = _verify(published, url, tmp_path / "v", "--json")
+    finally:
+        srv.shutdown()
+        srv.server_close()
+    doc = json.loads(r.stdout)
+    assert r.returncode == 4 and "cuts it otherwise than the one the evidence was recorded with" in doc["message"], doc
+    assert "tokenizer or chat template changed" in doc["hint"]
 
 
 # ------------------------------------------------------------------------------------ through the one launcher

@@ -17,10 +17,11 @@ The engine is a parameter: ``VerifyOptions.python`` is the serve environment's p
 from __future__ import annotations
 
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterator
 
 from infertool.capability import RunContext
 from infertool.errors import UsageError
@@ -36,6 +37,11 @@ SERVER_LOG = "vllm.log"
 FORMAT = 1
 SET_PREFIXES = ("serve.", "verify.accept.")
 WORKERS = 8  # requests in flight by default (as eval.batch_size's default)
+# recorded serve settings verify does not take: the model is the folder; its server listens on 127.0.0.1 at a free
+# port (where the original listened is a deployment's choice, not what it computes; --set serve.host still sets it)
+NOT_TAKEN = ("model", "host", "port")
+TASK_TYPES = ("perplexity", "multiple_choice", "generate")
+_SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError)
 
 
 @dataclass
@@ -140,7 +146,7 @@ def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[
     if bad:
         raise UsageError(f"verify's --set takes serve.X=Y and verify.accept.X=Y, not {', '.join(bad[:5])}",
                          hint="the rest of the recipe is what the evidence records")
-    recorded = {k: v for k, v in ev.index.serve.items() if k != "model"} if isinstance(ev.index.serve, dict) else {}
+    recorded = {k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN} if isinstance(ev.index.serve, dict) else {}
     rec = source.recipe or {}
     model, verify = _obj(rec.get("model")), _obj(rec.get("verify"))
     accept = _obj(verify.get("accept"))
@@ -172,6 +178,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
     if ev.prompts is not None and not isinstance(ev.tasks, list):
         raise UsageError(f"{folder / E.DIRNAME}: prompts.json without tasks.json: the questions are missing",
                          hint="publish the checkpoint again")
+    check_shapes(ev)
     data, pairs = _recipe_data(source, ev, options.overrides)
     recipe = validate_recipe_data(data, source=f"{folder / E.DIRNAME / E.INDEX}'s serve settings"
                                   + (" with --set" if pairs else ""))
@@ -198,6 +205,35 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
     return p
 
 
+def check_shapes(ev: E.Evidence) -> None:
+    """The data files hold what infertool writes, in outline (a crafted file with a matching hash is refused
+    here, naming it, not met as a KeyError later): the task list and the prompts per task agree, the decode
+    raw's prompts carry their tokens and top-k."""
+    def bad(name: str, why: str) -> E.EvidenceError:
+        return E.EvidenceError(f"{ev.folder / name}: {why}", hint="publish the checkpoint again")
+
+    if ev.tasks is not None:
+        names = []
+        for i, t in enumerate(ev.tasks):
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str) or t.get("type") not in TASK_TYPES:
+                raise bad(E.TASKS, f"task {i} is not a task (an object with a name and a type of {', '.join(TASK_TYPES)})")
+            names.append(t["name"])
+        if len(set(names)) != len(names):
+            raise bad(E.TASKS, "a task name is there twice")
+        if ev.prompts is not None:
+            got = ev.prompts.get("tasks")
+            if not isinstance(got, dict) or set(got) != set(names) or not all(
+                    isinstance(v, dict) and isinstance(v.get("items"), list) for v in got.values()):
+                raise bad(E.PROMPTS, "its tasks are not those of tasks.json, each with a list of items")
+    if ev.decode is not None:
+        _check_decode(ev)
+        raw = ev.decode["raw"]
+        for p in raw.get("prompts", []):
+            if not (isinstance(p, dict) and isinstance(p.get("id"), str) and all(
+                    isinstance(p.get(k), list) for k in ("prompt_ids", "tokens", "top", "prefill"))):
+                raise bad(E.DECODE, "a prompt of its raw lacks id, prompt_ids, tokens, top or prefill")
+
+
 def recipe_recorded(ev: E.Evidence) -> dict:
     """The recorded serve settings as ServeSection fills them (for what --set changed); {} if they do not validate."""
     from pydantic import ValidationError
@@ -205,7 +241,7 @@ def recipe_recorded(ev: E.Evidence) -> dict:
     from infertool.recipe import ServeSection
 
     try:
-        return ServeSection.model_validate({k: v for k, v in ev.index.serve.items() if k != "model"}
+        return ServeSection.model_validate({k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN}
                                            ).model_dump(mode="json")
     except (ValidationError, AttributeError):
         return {}
@@ -266,6 +302,27 @@ def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict):
     return client
 
 
+@contextmanager
+def _evidence_shape(ev: E.Evidence) -> Iterator[None]:
+    """A Python error while asking the evidence's questions or scoring against its answers comes from a file
+    whose shape is not infertool's (check_shapes checks the outline): refused naming the folder. A tokenizer
+    that cuts the evidence's text otherwise is a finding, said as one."""
+    from infertool.errors import RuntimeFailure
+
+    try:
+        yield
+    except RuntimeFailure as e:
+        if "tokenized" not in e.message:
+            raise
+        raise RuntimeFailure(f"{e.message.split(':')[0]}: this server's tokenizer cuts it otherwise than the one "
+                             "the evidence was recorded with, so the two cannot be compared position by position",
+                             hint="the tokenizer or chat template changed (transformers, the engine's release): "
+                             "that alone changes what the model answers") from None
+    except _SHAPE_ERRORS as e:
+        raise E.EvidenceError(f"{ev.folder}: the evidence is not in the shape infertool writes "
+                              f"({type(e).__name__}: {str(e)[:200]})", hint="publish the checkpoint again") from None
+
+
 class _Events:
     """gather's events (progress, log) onto the run context's."""
 
@@ -297,10 +354,11 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
 
     def ask(client) -> object:
         t = time.monotonic()
-        got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
-                     decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
-                     decode=spec, k=int(ev.index.k or 20), events=_Events(ctx), label="verify",
-                     prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
+        with _evidence_shape(ev):
+                got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
+                         decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
+                         decode=spec, k=int(ev.index.k or 20), events=_Events(ctx), label="verify",
+                         prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
         timing["gather_s"] = round(time.monotonic() - t, 2)
         return got
 
@@ -318,10 +376,11 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     decode_now = getattr(gathered, "decode", None)
     if raw_decode is not None and raw_decode.get("skipped"):
         decode_now = None
-    s = score(evidence_prompts=ev.prompts, new_prompts=getattr(gathered, "prompts", None),
-              evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
-              k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
-              missing=ev.index.missing if isinstance(ev.index.missing, dict) else {})
+    with _evidence_shape(ev):
+        s = score(evidence_prompts=ev.prompts, new_prompts=getattr(gathered, "prompts", None),
+                  evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
+                  k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
+                  missing=ev.index.missing if isinstance(ev.index.missing, dict) else {})
     timing["wall_s"] = round(time.monotonic() - t0, 2)
     idx = ev.index
     result = VerifyResult(
