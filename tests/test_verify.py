@@ -355,6 +355,19 @@ def test_a_tokenizer_that_cuts_otherwise_is_said_as_such(published, tmp_path):
     assert "tokenizer or chat template changed" in doc["hint"]
 
 
+
+def test_dry_run_checks_the_evidence_and_shows_the_launch(published, tmp_path):
+    r = cli_in_process("verify", str(published), "--dry-run", "--set", "serve.enforce_eager=false")
+    assert r.returncode == 0 and "vllm.entrypoints.openai.api_server" in r.stdout, r.stdout + r.stderr
+    assert "--set serve.enforce_eager: True -> False" in r.stdout and "gate min_exact_match: 0.9" in r.stdout
+    doc = json.loads(cli_in_process("verify", str(published), "--dry-run", "--json").stdout)
+    assert "--enforce-eager" in doc["launch"]["argv"] and doc["evidence"]["files"].keys() == {
+        E.TASKS, E.PROMPTS, E.DECODE} and doc["changed"] == {}
+    (published / E.DIRNAME / E.TASKS).write_text("[]")
+    r = cli_in_process("verify", str(published), "--dry-run", "--json")
+    assert r.returncode == 2 and "tasks.json: was changed after publishing" in json.loads(r.stdout)["message"]
+
+
 # ------------------------------------------------------------------------------------ through the one launcher
 def _fake_python(tmp_path: Path) -> Path:
     """A 'python' for the launcher: whatever vLLM arguments it gets, it serves the stand-in on --port (the

@@ -8,7 +8,9 @@ from typing import TYPE_CHECKING, Annotated, List, Optional, Tuple
 
 import typer
 
-from infertool.commands._common import JSON_OPT, InfertoolCommand, examples, force_opt, handle_errors, out_opt
+from infertool.commands._common import (
+    JSON_OPT, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt,
+)
 
 if TYPE_CHECKING:
     from infertool.verify.core import Source, VerifyResult
@@ -65,6 +67,7 @@ def verify(
     junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write the gates as JUnit XML (one testcase per gate).")] = None,
     allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")] = False,
     force: Annotated[bool, force_opt("Replace verify.json in --out and the --junit file.")] = False,
+    dry_run: Annotated[bool, dry_run_opt("Check the evidence and show the settings, the gates and the exact vLLM command; start nothing.")] = False,
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Serve a published checkpoint as its evidence records and score it against that evidence (exit 0 PASS, 1 FAIL
@@ -82,10 +85,14 @@ def verify(
             raise UsageError(f"{'--engine' if engine is not None else '--bisect'} needs infertool.envs.engines "
                              "(engine-release environments), which this build does not have",
                              hint="verify under the recorded serve environment, or change a setting with --set")
-    refuse_overwrite([out_dir / core.RESULT_FILE if out_dir is not None else None, junit], force)
+    if not dry_run:
+        refuse_overwrite([out_dir / core.RESULT_FILE if out_dir is not None else None, junit], force)
     opts = core.VerifyOptions(overrides=list(overrides or []), url=url, model_name=model, workers=workers,
-                              out_dir=out_dir, allow_inconclusive=allow_inconclusive)
+                              out_dir=out_dir, allow_inconclusive=allow_inconclusive, dry_run=dry_run)
     plan = core.plan(source_of(src), opts)
+    if dry_run:
+        render_plan(plan, as_json)
+        return
     with StageProgress("verify") as progress:
         result = core.run(plan, RunContext(out_dir=out_dir, on_event=progress.on_event, user="verify"))
     if junit is not None:
@@ -96,6 +103,30 @@ def verify(
         render(result)
     if not result.accepted(allow_inconclusive):
         raise typer.Exit(1)
+
+
+def render_plan(plan, as_json: bool) -> None:
+    """A dry run: the checkpoint and its evidence, what --set changed, the gates, the exact launch."""
+    from infertool.output import out, print_json, visible
+
+    if as_json:
+        print_json(plan.to_dict())
+        return
+    d = plan.to_dict()
+    ev, eng = d["evidence"], d["evidence"].get("engine") or {}
+    lines = [f"verify {d['source']['folder']} ({d['source']['kind']})",
+             f"  evidence: {str(ev['fingerprint'])[:16]}, recorded {ev['created']} under {eng.get('package')} "
+             f"{eng.get('version')}; files: {', '.join(ev['files'])}"]
+    lines += [f"  --set serve.{k}: {c['recorded']} -> {c['now']}" for k, c in d["changed"].items()]
+    lines += [f"  gate {k}: {v}" for k, v in d["accept"].items() if k.startswith(("min_", "max_")) and v is not None]
+    lines += [f"  note: {n}" for n in d["notes"]]
+    if plan.launch is not None:
+        lines += [f"  {i.level}: {i.field}: {i.message}" for i in plan.launch.issues]
+        lines.append("  " + plan.launch.spec.shell_line())
+    else:
+        lines.append(f"  the server at {d['url']}")
+    for line in lines:
+        out.print(visible(line), markup=False, soft_wrap=True)
 
 
 def write_junit(path: Path, result: "VerifyResult") -> None:

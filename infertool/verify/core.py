@@ -70,6 +70,7 @@ class VerifyOptions:
     workers: int = WORKERS  # requests in flight: 1 = batch 1, 8 = batch 8 (the noise floor)
     out_dir: Path | None = None  # default: out/verify/<folder name>-<time>
     allow_inconclusive: bool = False
+    dry_run: bool = False  # plan only: the launch is described, nothing needs to exist
 
 
 @dataclass
@@ -88,6 +89,18 @@ class VerifyPlan:
     @property
     def allow_inconclusive(self) -> bool:
         return bool(self.options.allow_inconclusive or self.accept.get("allow_inconclusive"))
+
+    def to_dict(self) -> dict:
+        """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
+        idx = self.evidence.index
+        return {"source": {"kind": self.source.kind, "given": self.source.given, "folder": str(self.source.folder),
+                           "fingerprint": self.source.fingerprint},
+                "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created, "engine": idx.engine,
+                             "host": idx.host, "k": idx.k, "files": idx.files, "missing": idx.missing,
+                             "trimmed": idx.trimmed},
+                "serve": self.serve, "changed": self.changed, "accept": self.accept, "workers": self.options.workers,
+                "url": self.options.url, "out_dir": str(self.out_dir),
+                "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes)}
 
 
 @dataclass
@@ -113,6 +126,13 @@ class VerifyResult(Record):
     out_dir: str = ""
     created: str = ""
     notes: list[str] = field(default_factory=list)
+
+    def figures(self) -> dict[str, float | None]:
+        """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
+        d, p = self.decode or {}, self.prompts or {}
+        return {"exact_match": d.get("exact_match"), "match_or_near_tie": d.get("match_or_near_tie"),
+                "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.get("kld"),
+                "prompt_top1": p.get("top1")}
 
     def accepted(self, allow_inconclusive: bool = False) -> bool:
         """PASS, or INCONCLUSIVE when allowed (here or by verify.accept.allow_inconclusive): exit 0."""
@@ -207,7 +227,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
             from infertool.envs.paths import env_python
 
             python = str(env_python(options.env))
-        p.launch = prepare(res, purpose="verify", python=python)
+        p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run)
     return p
 
 
