@@ -1111,12 +1111,15 @@ class VerifyAccept(BaseModel):
 
     model_config = _STRICT
 
-    min_exact_match: Fraction | None = None  # greedy decode: share of prompts identical to the evidence
-    max_decode_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = None  # teacher-forced, per step
-    min_decode_top1: Fraction | None = None
-    max_prompt_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = None  # prompt logprobs, per token
-    min_prompt_top1: Fraction | None = None
-    min_lmeval_agreement: Fraction | None = None  # lm-eval: share of documents with the same result
+    # null turns a gate off. Defaults: provisional, to be set above the floor docs/verify.md measures.
+    # greedy decode: share of prompts identical to the evidence or first diverging at a near tie (Wilson interval;
+    # 35 prompts that all match are needed for its lower end to clear 0.9 at 95 %)
+    min_exact_match: Fraction | None = 0.9
+    max_decode_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = 0.01  # teacher-forced, per step
+    min_decode_top1: Fraction | None = 0.97
+    max_prompt_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = 0.01  # prompt logprobs, per token
+    min_prompt_top1: Fraction | None = 0.97
+    min_lmeval_agreement: Fraction | None = 0.95  # lm-eval: share of documents with the same result
     confidence: Annotated[float, NotBool, Field(ge=0.5, le=0.999)] = 0.95
     allow_inconclusive: bool = False  # INCONCLUSIVE exits 1, like FAIL, unless true (then 0), as in eval
 

@@ -287,7 +287,7 @@ def test_root_json_without_version_is_a_usage_error():
 
 
 # ------------------------------------------------------------------------------- 7. examples
-MAIN = [("quantize",), ("eval",), ("eval", "run"), ("serve",), ("serve", "run"), ("bench",), ("run",), ("tune",),
+MAIN = [("quantize",), ("eval",), ("eval", "run"), ("serve",), ("serve", "run"), ("bench",), ("run",), ("tune",), ("verify",),
         ("plan",), ("profile",)]
 
 

@@ -16,7 +16,7 @@ __all__ = ["ORDER", "RootGroup", "register_all"]
 
 
 # The workflow's order in `infertool --help`; modules not listed follow in name order.
-ORDER = ["validate", "init", "recipes", "model", "profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "tune", "publish", "report", "env"]
+ORDER = ["validate", "init", "recipes", "model", "profile", "plan", "quantize", "evaluate", "serve", "bench", "run", "tune", "publish", "verify", "report", "env"]
 
 
 def register_all(app: typer.Typer) -> None:

@@ -257,8 +257,9 @@ class DecodePhase:
     name = "decode"
     gates: tuple[str, ...] = ("max_decode_kld",)
 
-    def __init__(self, spec, prompts: list[dict] | None = None):
+    def __init__(self, spec, prompts: list[dict] | None = None, workers: int = WORKERS):
         self.spec = spec
+        self.workers = workers  # requests in flight (1: one at a time, the batch-1 noise floor of `verify`)
         self.prompts = prompts if prompts is not None else load_prompts(str(spec.prompts))
         if spec.n_prompts:
             self.prompts = self.prompts[: spec.n_prompts]
@@ -294,20 +295,20 @@ class DecodePhase:
 
         prog = lambda what: (lambda d, n=len(prompts): events.progress(f"decode:{served.label}", d, n,  # noqa: E731
                                                                       f"{served.label} decode: {what}"))
-        all_ids = pmap(tokenize, prompts, WORKERS, what=f"decode prompts ({where})")
+        all_ids = pmap(tokenize, prompts, self.workers, what=f"decode prompts ({where})")
         prior_by = {p["id"]: p for p in (prior or {}).get("prompts", [])}
         for p, ids in zip(prompts, all_ids):
             ref = prior_by.get(p["id"])
             if ref is not None and ref["prompt_ids"] != ids:
                 raise RuntimeFailure(f"decode prompt {p['id']!r}: the two servers tokenized it differently",
                                      hint="base and candidate must share a tokenizer (and chat template)")
-        own = pmap(lambda ids: _generate(client, ids, n_max, k), all_ids, WORKERS, prog("greedy"),
+        own = pmap(lambda ids: _generate(client, ids, n_max, k), all_ids, self.workers, prog("greedy"),
                     what=f"decode prompts ({where})")
         out = [{"id": p["id"], "prompt_ids": ids, **g, "prefill": [j == 0 for j in range(len(g["tokens"]))]}
                for p, ids, g in zip(prompts, all_ids, own)]
         if prior is not None:
             jobs = [(rec, prior_by[rec["id"]]) for rec in out if rec["id"] in prior_by]
-            forced = pmap(lambda job: teacher_force(client, job[0], job[1]["tokens"], k), jobs, WORKERS,
+            forced = pmap(lambda job: teacher_force(client, job[0], job[1]["tokens"], k), jobs, self.workers,
                            prog("teacher-forced"), what=f"decode prompts ({where})")
             for (rec, _), f in zip(jobs, forced):
                 rec["forced"] = f

@@ -98,9 +98,11 @@ class Estimate:
     n: int = 0
 
 
-def judge(name: str, threshold: float, est: Estimate | None, *, confidence: float = 0.95, note: str = "") -> Gate:
-    """The gate ``name`` (a key of RULES) for the estimate ``est`` (None: the suite does not measure it)."""
-    rule = RULES[name]
+def judge(name: str, threshold: float, est: Estimate | None, *, confidence: float = 0.95, note: str = "",
+          rule: Rule | None = None) -> Gate:
+    """The gate ``name`` (a key of RULES, or any name with its ``rule``: `verify`'s gates) for the estimate
+    ``est`` (None: the suite does not measure it)."""
+    rule = rule or RULES[name]
     value, lo, hi, n = (est.value, est.lo, est.hi, est.n) if est is not None else (None, None, None, 0)
     gate = Gate(name, rule.metric, threshold, value, lo, hi, "n/a", n, rule.unit, note=note)
     if value is None or n == 0:

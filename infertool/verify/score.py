@@ -1,0 +1,156 @@
+"""`verify`'s scoring (pure): what a server answered now against the evidence a checkpoint carries, each figure
+with its interval, and a PASS / FAIL / INCONCLUSIVE gate per ``verify.accept`` threshold (eval's judging:
+``evaluate.verdict.judge``, PASS when the interval is wholly on the good side, FAIL when wholly beyond).
+
+- prompts: the scored suite's prompt log-probabilities, paired by ``evaluate.server_engine.combine`` (the
+  evidence as reference): top-k KLD per token (mean, normal interval) and same top-1 (Wilson), pooled over the
+  perplexity tasks as eval pools them (``evaluate.core.summarize_perplexity``); a choice task's picks and a
+  generate task's outputs as agreement rates (figures, no gate).
+- decode: ``evaluate.decode.compare`` with the evidence first (the new run is teacher-forced on its greedy
+  tokens): exact match and first divergence, decode KLD / top-1 on decode steps (cluster-robust by prompt).
+  Near ties count apart: the ``min_exact_match`` gate reads the share of prompts that match exactly OR first
+  diverge at a near tie (the evidence's top-2 gap under ``near_tie_logprob`` nats), the plain exact match is
+  reported beside it.
+- lm-eval: per-document agreement needs lm-eval run again on the served checkpoint; not re-scored yet, said
+  with the reason, never a figure made up.
+"""
+
+from __future__ import annotations
+
+import math
+
+from infertool.evaluate import metrics as M
+from infertool.evaluate.core import summarize_perplexity
+from infertool.evaluate.decode import compare
+from infertool.evaluate.server_engine import combine
+from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
+
+# verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
+RULES: dict[str, Rule] = {
+    "min_exact_match": Rule("decode exact match (near ties apart)", False, "prompts", "wilson"),
+    "max_decode_kld": Rule("decode KLD", True, "decode steps"),
+    "min_decode_top1": Rule("decode same top-1", False, "decode steps"),
+    "max_prompt_kld": Rule("prompt KLD", True, "tokens"),
+    "min_prompt_top1": Rule("prompt same top-1", False, "tokens", "wilson"),
+    "min_lmeval_agreement": Rule("lm-eval agreement", False, "documents", "wilson"),
+}
+LMEVAL_NOT_RESCORED = ("not re-scored: verify does not run lm-eval again yet (the evidence keeps its per-document "
+                       "results for when it does)")
+
+
+def _finite(x: object) -> float | None:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+def score_prompts(evidence_raw: dict, new_raw: dict, k: int, confidence: float) -> dict:
+    """The prompt block: pooled KLD and top-1 over the perplexity tasks, agreement of the other tasks."""
+    tasks = combine(evidence_raw, new_raw, k)
+    block: dict = {"tasks": {}, "kld": None, "kld_ci": None, "top1": None, "top1_ci": None, "tokens": 0,
+                   "kld_kind": f"top-{k}"}
+    ppl = [t for t in tasks.values() if t["type"] == "perplexity"]
+    z = M.z_for(confidence)
+    for name, t in tasks.items():
+        if t["type"] == "perplexity":
+            s = summarize_perplexity(t, confidence)
+            block["tasks"][name] = {"type": "perplexity", "tokens": s["tokens"], "kld": s["kld"]["mean"],
+                                    "top1": s["top1_agree"]}
+        else:
+            key = ("greedy_b", "greedy_c") if t["type"] == "multiple_choice" else ("out_b", "out_c")
+            if t["type"] == "multiple_choice":
+                same = sum(max(range(len(it["ll_b"])), key=it["ll_b"].__getitem__)
+                           == max(range(len(it["ll_c"])), key=it["ll_c"].__getitem__) for it in t["items"])
+            else:
+                same = sum(it[key[0]] == it[key[1]] for it in t["items"])
+            n = len(t["items"])
+            block["tasks"][name] = {"type": t["type"], "items": n, "agreement": same / n if n else None,
+                                    "agreement_ci": list(M.wilson(same, n, confidence)) if n else None,
+                                    "what": "same pick" if t["type"] == "multiple_choice" else "same output"}
+    if ppl:
+        merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": f"top-{k}"}
+        s = summarize_perplexity(merged, confidence)
+        mean, se = _finite(s["kld"]["mean"]), _finite(s["kld"]["se"])
+        if mean is not None and se is not None and s["tokens"]:
+            block["kld"], block["kld_ci"] = mean, [max(0.0, mean - z * se), mean + z * se]
+            block["top1"], block["top1_ci"] = s["top1_agree"], s["top1_agree_ci"]
+            block["tokens"] = s["tokens"]
+    return block
+
+
+def score_decode(evidence_raw: dict, new_raw: dict, confidence: float, near_tie_logprob: float) -> dict:
+    """The decode block (``evaluate.decode.compare``, the evidence as the reference that ran first), with the
+    gate's share: prompts that match or first diverge at a near tie."""
+    block = compare(evidence_raw, new_raw, confidence=confidence, first="reference",
+                    near_tie_logprob=near_tie_logprob)
+    n = int(block.get("n_prompts") or 0)
+    if n and block.get("exact_match") is not None:
+        same = round(block["exact_match"] * n) + int(block.get("near_ties") or 0)
+        block["match_or_near_tie"] = same / n
+        block["match_or_near_tie_ci"] = list(M.wilson(same, n, confidence))
+    return block
+
+
+def _estimates(prompts: dict | None, decode: dict | None) -> dict[str, Estimate]:
+    out: dict[str, Estimate] = {}
+    if prompts and prompts.get("kld_ci") and prompts.get("top1_ci"):
+        n = int(prompts["tokens"])
+        out["max_prompt_kld"] = Estimate(prompts["kld"], prompts["kld_ci"][0], prompts["kld_ci"][1], n)
+        out["min_prompt_top1"] = Estimate(prompts["top1"], prompts["top1_ci"][0], prompts["top1_ci"][1], n)
+    if decode and decode.get("match_or_near_tie_ci"):
+        lo, hi = decode["match_or_near_tie_ci"]
+        out["min_exact_match"] = Estimate(decode["match_or_near_tie"], lo, hi, int(decode["n_prompts"]))
+    if decode and decode.get("steps") and decode.get("kld_ci") and decode.get("top1_ci"):
+        n = int(decode["steps"])
+        out["max_decode_kld"] = Estimate(decode["kld"], decode["kld_ci"][0], decode["kld_ci"][1], n)
+        out["min_decode_top1"] = Estimate(decode["top1"], decode["top1_ci"][0], decode["top1_ci"][1], n)
+    return out
+
+
+def gates(accept: dict, prompts: dict | None, decode: dict | None, notes: dict[str, str]) -> list[Gate]:
+    """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
+    the blocks; ``notes``: why a gate's figure is not there (gate name -> why)."""
+    conf = float(accept.get("confidence", 0.95))
+    found = _estimates(prompts, decode)
+    out = []
+    for name, rule in RULES.items():
+        threshold = accept.get(name)
+        if threshold is None:
+            continue
+        note = "" if name in found else notes.get(name, "not in the evidence")
+        out.append(judge(name, float(threshold), found.get(name), confidence=conf, note=note, rule=rule))
+    return out
+
+
+def score(*, evidence_prompts: dict | None, new_prompts: dict | None, evidence_decode: dict | None,
+          new_decode: dict | None, k: int, accept: dict, near_tie_logprob: float, lmeval: dict | None,
+          missing: dict) -> dict:
+    """Every block, the gates and the verdict: {"prompts", "decode", "lmeval", "gates", "verdict", "reason"}."""
+    conf = float(accept.get("confidence", 0.95))
+    notes: dict[str, str] = {}
+    prompts = decode = None
+    if evidence_prompts is not None and new_prompts is not None:
+        prompts = score_prompts(evidence_prompts, new_prompts, k, conf)
+        if prompts["kld"] is None:
+            notes["max_prompt_kld"] = notes["min_prompt_top1"] = "the suite has no perplexity task"
+    else:
+        why = "the evidence has no suite prompt log-probabilities" + (f" ({missing['prompts']})" if missing.get("prompts") else "")
+        notes["max_prompt_kld"] = notes["min_prompt_top1"] = why
+    if evidence_decode is not None and new_decode is not None:
+        decode = score_decode(evidence_decode, new_decode, conf, near_tie_logprob)
+        if decode.get("skipped"):
+            notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = \
+                f"decode skipped: {decode['skipped']}"
+    else:
+        why = "the evidence has no decode path" + (f" ({missing['decode']})" if missing.get("decode") else "")
+        notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = why
+    lm: dict[str, object]
+    if lmeval is not None:
+        lm = {"rescored": False, "why": LMEVAL_NOT_RESCORED,
+              "documents": sum(len(v) for v in (lmeval.get("tasks") or {}).values() if isinstance(v, list))}
+        notes["min_lmeval_agreement"] = LMEVAL_NOT_RESCORED
+    else:
+        why = missing.get("lmeval") or "the run scored no lm-eval task"
+        lm = {"rescored": False, "why": f"no lm-eval results in the evidence: {why}"}
+        notes["min_lmeval_agreement"] = str(lm["why"])
+    gs = gates(accept, prompts, decode, notes)
+    v, reason = verdict(gs)
+    return {"prompts": prompts, "decode": decode, "lmeval": lm, "gates": gs, "verdict": v, "reason": reason}
