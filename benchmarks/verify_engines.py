@@ -11,7 +11,7 @@ engine releases from the package index (CI must not).
 --recorded also verifies without --engine (the recorded engine and settings, in the `serve` environment).
 --cold removes each `serve@PACKAGE==VERSION` environment first (the uv wheel cache stays: a cold install
 downloads only what the cache lacks). The built-in `serve`, `quant`, `lmeval` and `llmcompressor` environments
-are never touched. Verify's JSON is read for `verdict` and, where present, `figures` / `gates`.
+are never touched. Verify's JSON is read for `verdict` and each gate's `estimate` and `status` (`gates`).
 """
 
 from __future__ import annotations
@@ -55,17 +55,17 @@ def _json(text: str) -> dict | list | None:
 
 
 def _figures(doc: object) -> str:
-    """A short line of verify's figures: every number under `figures` (or each gate's value under `gates`)."""
-    if not isinstance(doc, dict):
+    """A short line of verify's figures: each gate's estimate (verify.json `gates`), with its status."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("gates"), list):
         return ""
-    figs = doc.get("figures")
-    if isinstance(figs, dict):
-        items = {k: (v.get("value") if isinstance(v, dict) else v) for k, v in figs.items()}
-    elif isinstance(doc.get("gates"), list):
-        items = {g.get("name", "?"): g.get("value") for g in doc["gates"] if isinstance(g, dict)}
-    else:
-        items = {}
-    return ", ".join(f"{k} {v:.4g}" if isinstance(v, (int, float)) else f"{k} {v}" for k, v in items.items())
+    parts = []
+    for g in doc["gates"]:
+        if not isinstance(g, dict):
+            continue
+        v = g.get("estimate")
+        shown = f"{v:.4g}" if isinstance(v, (int, float)) else "-"
+        parts.append(f"{g.get('name', '?')} {shown} {g.get('status', '')}".strip())
+    return ", ".join(parts)
 
 
 def install(env: str, cold: bool, timeout: float) -> dict:
