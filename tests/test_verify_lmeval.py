@@ -200,6 +200,17 @@ def test_an_older_lmeval_json_takes_its_config_and_the_tasks_of_its_documents(en
     assert rr is not None and rr.spec is not None and rr.spec.limit == 7 and rr.spec.trust_code is False
 
 
+def test_shipped_tasks_of_another_infertool_version_are_said(env_ready):
+    from infertool.verify import capture
+
+    now = capture.shipped_digest(["infertool_mc"])
+    assert now is not None and capture.shipped_digest(["my_qa"]) is None
+    rr = plan_rerun(_doc({"infertool_mc": _acc(1.0)}, _rerun(None, tasks=["infertool_mc"], shipped_digest="0" * 64)))
+    assert rr is not None and rr.spec is None and "shipped lm-eval tasks" in rr.why
+    rr = plan_rerun(_doc({"infertool_mc": _acc(1.0)}, _rerun(None, tasks=["infertool_mc"], shipped_digest=now)))
+    assert rr is not None and rr.spec is not None
+
+
 # ------------------------------------------------------------------------------------------ capture's record
 def test_capture_records_what_a_rerun_needs(tmp_path, monkeypatch):
     from infertool.data.suites import folder_digest
@@ -212,6 +223,7 @@ def test_capture_records_what_a_rerun_needs(tmp_path, monkeypatch):
     rec = capture.rerun_record(lm)
     assert rec["include_path"] == str(d) and rec["include_digest"] == folder_digest(d)
     assert rec["tasks"] == ["my_qa"] and rec["limit"] == 3 and rec["num_fewshot"] == 1 and "trust_code" not in rec
+    assert rec["shipped_digest"] is None
     # publish run later from another folder: the eval worker's spec says where the folder was
     answer = tmp_path / "logs" / "lm_eval-candidate.json"
     answer.parent.mkdir()
@@ -259,6 +271,7 @@ def test_verify_reruns_lmeval_on_the_served_checkpoint_and_gates_it(with_lmeval,
     assert seen["tasks"] == ["infertool_mc"] and seen["limit"] == 5 and seen["base_url"] == servers[0]
     assert seen["model"] == "ckpt" and seen["model_path"] == str(folder)
     assert doc["lmeval"]["agreement"] == 1.0 and doc["lmeval"]["documents"] == 20
+    assert doc["lmeval"]["rerun"]["runs"] is True and doc["lmeval"]["rerun"]["tasks"] == ["infertool_mc"]
     gate = {g["name"]: g for g in doc["gates"]}["min_lmeval_agreement"]
     assert gate["status"] == "INCONCLUSIVE" and gate["n"] == 20  # 20 / 20: Wilson's lower end 0.84 < 0.95
     # four documents flipped: FAIL, exit 1, the changed ones listed on the screen

@@ -168,8 +168,6 @@ def rerun_record(lm, answer: Path | None = None) -> dict:
     task folder by its ABSOLUTE path (where the eval's worker read it: its spec beside ``answer``, else from the
     current folder) and its files' digest (``data.suites.folder_digest``), and lm-eval's settings. Never its
     trust: verify decides that for itself (``--trust-task-code``)."""
-    from infertool.data.suites import folder_digest
-
     include = None
     if lm.include_path:
         include = str(Path(lm.include_path).expanduser().absolute())
@@ -184,10 +182,28 @@ def rerun_record(lm, answer: Path | None = None) -> dict:
             got = doc.get("include_path") if isinstance(doc, dict) else None
             if isinstance(got, list) and got and isinstance(got[0], str) and Path(got[0]).is_absolute():
                 include = got[0]  # the eval's worker read the folder here (relative paths: from ITS current folder)
-    out = {"tasks": list(lm.tasks), "include_path": include,
-           "include_digest": folder_digest(include) if include else None}
+    out = {"tasks": list(lm.tasks), "include_path": include, "include_digest": _digest(include) if include else None,
+           "shipped_digest": shipped_digest(lm.tasks)}
     out.update({k: getattr(lm, k) for k in RERUN_SETTINGS})
     return out
+
+
+def _digest(folder: str) -> str | None:
+    """``data.suites.folder_digest`` of a task folder; None when it cannot be walked (eval refused it before)."""
+    from infertool.data.suites import folder_digest
+
+    try:
+        return folder_digest(folder)
+    except (UsageError, OSError):
+        return None
+
+
+def shipped_digest(tasks) -> str | None:
+    """The digest of infertool's shipped lm-eval tasks (infertool/_data/lm_eval) when ``tasks`` names one of them
+    (they change with infertool's version), else None."""
+    from infertool.evaluate.lm_eval_export import SHIPPED_PREFIX, shipped_dir
+
+    return _digest(str(shipped_dir())) if any(str(t).startswith(SHIPPED_PREFIX) for t in tasks) else None
 
 
 def read_lmeval_answer(path: Path) -> dict | None:

@@ -493,6 +493,8 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
                   missing=ev.index.missing if isinstance(ev.index.missing, dict) else {},
                   lmeval_now=lm_doc if isinstance(lm_doc, dict) else None,
                   lmeval_why=lm_why if isinstance(lm_why, str) else None)
+    if p.lmeval is not None:
+        s["lmeval"]["rerun"] = p.lmeval.to_dict()  # what was (or would have been) run again
     timing["wall_s"] = round(time.monotonic() - t0, 2)
     idx = ev.index
     result = VerifyResult(

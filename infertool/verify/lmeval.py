@@ -105,6 +105,14 @@ def plan_rerun(lmeval: dict | None, *, trust_task_code: bool = False) -> LmevalR
                            f"restore the folder as it was when the checkpoint was published, then verify again")
         else:
             notes.append(f"lmeval.json records no digest of {include}: its files are taken as they are now")
+    shipped = cfg.get("shipped_digest")
+    if isinstance(shipped, str):
+        from infertool.verify.capture import shipped_digest
+
+        if shipped_digest(tasks) != shipped:
+            return _no("infertool's shipped lm-eval tasks (infertool_*) changed since the evidence was recorded (another "
+                       "infertool version): their documents would not be the same questions",
+                       "verify with the infertool version that published the checkpoint")
     data = {k: v for k, v in cfg.items() if k in LmEvalSpec.model_fields and k not in ("tokenizer", "trust_code")}
     data["trust_code"] = bool(trust_task_code)
     try:
