@@ -68,6 +68,7 @@ def verify(
     out_dir: Annotated[Optional[Path], out_opt("Folder for verify.json and the server's log. Default: out/verify/NAME-TIME.")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write the gates as JUnit XML (one testcase per gate).")] = None,
     allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")] = False,
+    trust_task_code: Annotated[bool, typer.Option("--trust-task-code", help="Let the code of the evidence's lm-eval task folder run when lm-eval is run again (it runs with your rights).")] = False,
     force: Annotated[bool, force_opt("Replace verify.json in --out and the --junit file.")] = False,
     dry_run: Annotated[bool, dry_run_opt("Check the evidence and show the settings, the gates and the exact vLLM command; start nothing.")] = False,
     as_json: Annotated[bool, JSON_OPT] = False,
@@ -87,12 +88,13 @@ def verify(
         raise UsageError("--bisect tries the releases of its package itself: it takes no --engine",
                          hint="give one or the other")
     if bisect is not None:
-        _bisect(src, bisect, overrides, workers, out_dir, allow_inconclusive, as_json)
+        _bisect(src, bisect, overrides, workers, out_dir, allow_inconclusive, as_json, trust_task_code)
         return
     if not dry_run:
         refuse_overwrite([out_dir / core.RESULT_FILE if out_dir is not None else None, junit], force)
     opts = core.VerifyOptions(overrides=list(overrides or []), url=url, model_name=model, workers=workers,
-                              out_dir=out_dir, allow_inconclusive=allow_inconclusive, dry_run=dry_run)
+                              out_dir=out_dir, allow_inconclusive=allow_inconclusive, dry_run=dry_run,
+                              trust_task_code=trust_task_code)
     with StageProgress("verify") as progress:
         if engine is not None:
             opts = core.with_engine(opts, engine, on_line=lambda line: progress.on_event(
@@ -114,7 +116,7 @@ def verify(
 
 
 def _bisect(src: str, spec: tuple[str, str], overrides, workers: int, out_dir: Path | None,
-            allow_inconclusive: bool, as_json: bool) -> None:
+            allow_inconclusive: bool, as_json: bool, trust_task_code: bool = False) -> None:
     """--bisect PACKAGE LO..HI: every release tested with its figures; exit 0 no change, 1 a release fails a gate
     (found, ambiguous, the first already fails), 3 no release could be tested."""
     from infertool.output import StageProgress, esc, out, print_json, visible
@@ -123,7 +125,8 @@ def _bisect(src: str, spec: tuple[str, str], overrides, workers: int, out_dir: P
     package, span = spec
     source = source_of(src)
     where = out_dir or Path("out") / "verify" / f"{source.folder.name}-bisect-{package}-{span}".replace("/", "_")
-    opts = core.VerifyOptions(overrides=list(overrides or []), workers=workers, allow_inconclusive=allow_inconclusive)
+    opts = core.VerifyOptions(overrides=list(overrides or []), workers=workers, allow_inconclusive=allow_inconclusive,
+                              trust_task_code=trust_task_code)
 
     def said(progress):
         def on_event(e: dict) -> None:
@@ -168,6 +171,10 @@ def render_plan(plan, as_json: bool) -> None:
              f"{eng.get('version')}; files: {', '.join(ev['files'])}"]
     lines += [f"  --set serve.{k}: {c['recorded']} -> {c['now']}" for k, c in d["changed"].items()]
     lines += [f"  gate {k}: {v}" for k, v in d["accept"].items() if k.startswith(("min_", "max_")) and v is not None]
+    lm = d.get("lmeval")
+    if lm and lm.get("runs"):
+        lines.append(f"  lm-eval: runs {', '.join(lm['tasks'])} again (num_fewshot {lm.get('num_fewshot')}, limit "
+                     f"{lm.get('limit')}, chat template {lm.get('apply_chat_template')})")
     lines += [f"  note: {n}" for n in d["notes"]]
     if plan.launch is not None:
         lines += [f"  {i.level}: {i.field}: {i.message}" for i in plan.launch.issues]
@@ -246,8 +253,23 @@ def render(result: "VerifyResult") -> None:
             if t.get("type") != "perplexity":
                 figs.add_row(plain(f"{name}: {t.get('what')}"), _v(t.get("agreement"), True),
                              _ci(t.get("agreement_ci"), True), f"{t.get('items', 0)} items")
-    figs.add_row("lm-eval agreement", "-", "-", plain(result.lmeval.get("why") or ""))
+    lm = result.lmeval
+    if lm.get("rescored") and lm.get("agreement") is not None:
+        figs.add_row("lm-eval agreement (same per-document result)", _v(lm.get("agreement"), True),
+                     _ci(lm.get("agreement_ci"), True), f"{lm.get('documents', 0)} documents, {lm.get('changed', 0)} "
+                     "changed" + "".join(f", {lm[k]} {w}" for k, w in (("only_evidence", "only in the evidence"),
+                                                                        ("only_now", "only now"),
+                                                                        ("other_metric", "under another metric"))
+                                         if lm.get(k)))
+        for name, t in (lm.get("tasks") or {}).items():
+            figs.add_row(plain(f"  {name}"), _v(t.get("agreement"), True), _ci(t.get("agreement_ci"), True),
+                         plain(f"{t.get('documents', 0)} documents" + (f": {t['why']}" if t.get("why") else "")))
+    else:
+        figs.add_row("lm-eval agreement", "-", "-", plain(lm.get("why") or ""))
     out.print(figs)
+    for row in (lm.get("changed_docs") or [])[:10]:
+        out.print(plain(f"  lm-eval changed: {row.get('task')} doc {row.get('doc_id')}: {row.get('evidence')} in the "
+                        f"evidence, {row.get('now')} now"), soft_wrap=True)
     for row in (d.get("diverged") or [])[:5]:
         out.print(f"  diverged: {esc(row.get('id'))} at token {esc(row.get('at'))}"
                   + (" (near tie)" if row.get("near_tie") else ""), soft_wrap=True)

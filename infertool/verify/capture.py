@@ -158,6 +158,54 @@ def lmeval_doc(answer: dict, config: dict | None = None) -> dict:
     return {"tasks": tasks, "config": {**(config or {}), "lm_eval": answer.get("lm_eval"), "tasks": meta}}
 
 
+RERUN_SETTINGS = ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_multiturn", "system_instruction",
+                  "concurrent", "max_gen_toks", "timeout_s")  # eval.lm_eval's settings a re-run takes as recorded
+
+
+def rerun_record(lm, answer: Path | None = None) -> dict:
+    """lmeval.json's ``config.rerun``: what `infertool verify` needs to run the same lm-eval tasks again on the
+    served checkpoint. ``lm``: the recipe's eval.lm_eval. ``tasks`` as the recipe names them (groups too), the
+    task folder by its ABSOLUTE path (where the eval's worker read it: its spec beside ``answer``, else from the
+    current folder) and its files' digest (``data.suites.folder_digest``), and lm-eval's settings. Never its
+    trust: verify decides that for itself (``--trust-task-code``)."""
+    include = None
+    if lm.include_path:
+        include = str(Path(lm.include_path).expanduser().absolute())
+        spec = answer.with_name(answer.stem + ".spec.json") if answer is not None else None
+        if spec is not None and spec.is_file():
+            from infertool.inputs import Kind, parse_json, read_text
+
+            try:
+                doc = parse_json(read_text(spec, Kind("an lm-eval worker spec", 1024 * 1024), "the eval's lm-eval spec"))
+            except (ValueError, UsageError):
+                doc = None
+            got = doc.get("include_path") if isinstance(doc, dict) else None
+            if isinstance(got, list) and got and isinstance(got[0], str) and Path(got[0]).is_absolute():
+                include = got[0]  # the eval's worker read the folder here (relative paths: from ITS current folder)
+    out = {"tasks": list(lm.tasks), "include_path": include, "include_digest": _digest(include) if include else None,
+           "shipped_digest": shipped_digest(lm.tasks)}
+    out.update({k: getattr(lm, k) for k in RERUN_SETTINGS})
+    return out
+
+
+def _digest(folder: str) -> str | None:
+    """``data.suites.folder_digest`` of a task folder; None when it cannot be walked (eval refused it before)."""
+    from infertool.data.suites import folder_digest
+
+    try:
+        return folder_digest(folder)
+    except (UsageError, OSError):
+        return None
+
+
+def shipped_digest(tasks) -> str | None:
+    """The digest of infertool's shipped lm-eval tasks (infertool/_data/lm_eval) when ``tasks`` names one of them
+    (they change with infertool's version), else None."""
+    from infertool.evaluate.lm_eval_export import SHIPPED_PREFIX, shipped_dir
+
+    return _digest(str(shipped_dir())) if any(str(t).startswith(SHIPPED_PREFIX) for t in tasks) else None
+
+
 def read_lmeval_answer(path: Path) -> dict | None:
     """The lm-eval worker's answer file (bounded, through infertool.inputs); None when it is not there or not an
     answer that succeeded."""
@@ -383,6 +431,8 @@ def capture_checkpoint(res, checkpoint: str | Path, out: str | Path, *, fingerpr
         if answer is not None:
             lm = res.recipe.eval.lm_eval if res.recipe.eval is not None else None
             config = lm.model_dump(mode="json") if lm is not None else {}
+            if lm is not None:
+                config["rerun"] = rerun_record(lm, lmeval_answer)
             lmeval = lmeval_doc(answer, config)
         else:
             lmeval_why = f"the eval's lm-eval answer ({lmeval_answer}) is not there or did not succeed"

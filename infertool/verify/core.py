@@ -31,6 +31,7 @@ from infertool.verify import evidence as E
 
 if TYPE_CHECKING:
     from infertool.serve.launches import LaunchPlan
+    from infertool.verify.lmeval import LmevalRerun
 
 RESULT_FILE = "verify.json"
 SERVER_LOG = "vllm.log"
@@ -71,6 +72,7 @@ class VerifyOptions:
     out_dir: Path | None = None  # default: out/verify/<folder name>-<time>
     allow_inconclusive: bool = False
     dry_run: bool = False  # plan only: the launch is described, nothing needs to exist
+    trust_task_code: bool = False  # --trust-task-code: the lm-eval task folder's code may run (verify.lmeval)
 
 
 @dataclass
@@ -85,6 +87,7 @@ class VerifyPlan:
     out_dir: Path
     launch: LaunchPlan | None = None  # None with --url
     notes: list[str] = field(default_factory=list)
+    lmeval: LmevalRerun | None = None  # the lm-eval re-run (None: the evidence has no lmeval.json)
 
     @property
     def allow_inconclusive(self) -> bool:
@@ -100,7 +103,8 @@ class VerifyPlan:
                              "trimmed": idx.trimmed},
                 "serve": self.serve, "changed": self.changed, "accept": self.accept, "workers": self.options.workers,
                 "url": self.options.url, "out_dir": str(self.out_dir),
-                "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes)}
+                "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
+                "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None}
 
 
 @dataclass
@@ -113,7 +117,7 @@ class VerifyResult(Record):
     gates: list[Gate] = field(default_factory=list)
     prompts: dict | None = None  # prompt-logprob block: kld, kld_ci, top1, top1_ci, tokens, tasks
     decode: dict | None = None  # evaluate.decode.compare's block + match_or_near_tie(_ci)
-    lmeval: dict = field(default_factory=dict)  # {"rescored": false, "why": ...}
+    lmeval: dict = field(default_factory=dict)  # score.score_lmeval's block, or {"rescored": false, "why": ...}
     source: dict = field(default_factory=dict)  # kind, given, folder, fingerprint
     evidence: dict = field(default_factory=dict)  # fingerprint, created, engine, host, k, missing, trimmed
     engine: dict = field(default_factory=dict)  # label, python, url (a running server)
@@ -132,7 +136,7 @@ class VerifyResult(Record):
         d, p = self.decode or {}, self.prompts or {}
         return {"exact_match": d.get("exact_match"), "match_or_near_tie": d.get("match_or_near_tie"),
                 "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.get("kld"),
-                "prompt_top1": p.get("top1")}
+                "prompt_top1": p.get("top1"), "lmeval_agreement": (self.lmeval or {}).get("agreement")}
 
     def accepted(self, allow_inconclusive: bool = False) -> bool:
         """PASS, or INCONCLUSIVE when allowed (here or by verify.accept.allow_inconclusive): exit 0."""
@@ -217,6 +221,11 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
         p.notes += [f"the evidence has no {k}: {v}" for k, v in ev.index.missing.items()]
     if ev.index.trimmed:
         p.notes += [f"the evidence's {k} was trimmed: {v}" for k, v in ev.index.trimmed.items()]
+    from infertool.verify.lmeval import plan_rerun
+
+    p.lmeval = plan_rerun(ev.lmeval, trust_task_code=options.trust_task_code)
+    if p.lmeval is not None:
+        p.notes += p.lmeval.notes if p.lmeval.spec is not None else [f"lm-eval is not re-run: {p.lmeval.why}"]
     if options.url is None:
         from infertool.resolve import resolve
         from infertool.serve import prepare
@@ -262,6 +271,15 @@ def check_shapes(ev: E.Evidence) -> None:
             if not (isinstance(p, dict) and isinstance(p.get("id"), str) and all(
                     isinstance(p.get(k), list) for k in ("prompt_ids", "tokens", "top", "prefill"))):
                 raise bad(E.DECODE, "a prompt of its raw lacks id, prompt_ids, tokens, top or prefill")
+    if ev.lmeval is not None:
+        tasks = ev.lmeval.get("tasks")
+        if not isinstance(tasks, dict) or not all(
+                isinstance(rows, list) and all(isinstance(r, dict) and isinstance(r.get("doc_id"), (str, int))
+                                               and isinstance(r.get("metrics"), dict) for r in rows)
+                for rows in tasks.values()):
+            raise bad(E.LMEVAL, "its tasks are not lists of documents, each with a doc_id and its metrics")
+        if ev.lmeval.get("config") is not None and not isinstance(ev.lmeval.get("config"), dict):
+            raise bad(E.LMEVAL, "its config is not an object")
 
 
 def recipe_recorded(ev: E.Evidence) -> dict:
@@ -386,6 +404,33 @@ def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
     return out
 
 
+LMEVAL_DIR = "lm_eval"  # the re-run's spec, answer and log, under verify's --out
+
+
+def rerun_lmeval(p: VerifyPlan, client, out_dir: Path, ctx: RunContext, into: dict, timing: dict) -> None:
+    """The evidence's lm-eval tasks run again on the server ``client`` names (``verify.lmeval.rerun``) while it
+    is up: ``into["doc"]`` the documents, else ``into["why"]`` (the plan's reason; or what stopped lm-eval: data
+    not on this machine, a timeout, a failed worker, said with its hint, the other figures kept)."""
+    from infertool.errors import InfertoolError
+    from infertool.verify.lmeval import rerun
+
+    rr = p.lmeval
+    if rr is None:
+        return
+    if rr.spec is None:
+        into["why"] = rr.why + (f" ({rr.hint})" if rr.hint else "")
+        return
+    t = time.monotonic()
+    try:
+        into["doc"] = rerun(rr, client, model_path=str(p.source.folder), log_dir=out_dir / LMEVAL_DIR,
+                            events=_Events(ctx))
+    except InfertoolError as e:
+        into["why"] = f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}" + (
+            f" ({e.hint})" if e.hint else "")
+        ctx.emit(f"lm-eval re-run: {into['why']}", "warning")
+    timing["lmeval_s"] = round(time.monotonic() - t, 2)
+
+
 def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     """Serve (or reach ``--url``), gather, score, write verify.json into ``p.out_dir``; never prints."""
     from infertool.atomic import check_output_dir, write_json
@@ -401,6 +446,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
     timing: dict = {}
     engine: dict[str, object] = {}
+    lm_now: dict[str, object] = {}  # "doc": the re-run's documents, or "why" there are none
 
     def ask(client) -> object:
         t = time.monotonic()
@@ -410,6 +456,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
                          decode=spec, k=int(ev.index.k or 20), events=_Events(ctx), label="verify",
                          prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
         timing["gather_s"] = round(time.monotonic() - t, 2)
+        rerun_lmeval(p, client, out_dir, ctx, lm_now, timing)
         return got
 
     if p.options.url is not None or p.launch is None:
@@ -438,11 +485,16 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     decode_now = getattr(gathered, "decode", None)
     if raw_decode is not None and raw_decode.get("skipped"):
         decode_now = None
+    lm_doc, lm_why = lm_now.get("doc"), lm_now.get("why")
     with _evidence_shape(ev):
         s = score(evidence_prompts=ev.prompts, new_prompts=getattr(gathered, "prompts", None),
                   evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
                   k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
-                  missing=ev.index.missing if isinstance(ev.index.missing, dict) else {})
+                  missing=ev.index.missing if isinstance(ev.index.missing, dict) else {},
+                  lmeval_now=lm_doc if isinstance(lm_doc, dict) else None,
+                  lmeval_why=lm_why if isinstance(lm_why, str) else None)
+    if p.lmeval is not None:
+        s["lmeval"]["rerun"] = p.lmeval.to_dict()  # what was (or would have been) run again
     timing["wall_s"] = round(time.monotonic() - t0, 2)
     idx = ev.index
     result = VerifyResult(

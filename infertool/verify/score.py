@@ -11,8 +11,11 @@ with its interval, and a PASS / FAIL / INCONCLUSIVE gate per ``verify.accept`` t
   Near ties count apart: the ``min_exact_match`` gate reads the share of prompts that match exactly OR first
   diverge at a near tie (the evidence's top-2 gap under ``near_tie_logprob`` nats), the plain exact match is
   reported beside it.
-- lm-eval: per-document agreement needs lm-eval run again on the served checkpoint; not re-scored yet, said
-  with the reason, never a figure made up.
+- lm-eval: the evidence's per-document results (lmeval.json) and those of the same tasks run again on the served
+  checkpoint (``verify.lmeval.rerun``), joined by (task, doc_id): agreement is the share of the documents both
+  scored with the same metric whose values are identical (Wilson interval), pooled and per task, with up to
+  MAX_CHANGED changed documents listed; documents only one side has, or scored under another metric, are
+  counted apart, never in the share. Not re-run: n/a with the reason, never a figure made up.
 """
 
 from __future__ import annotations
@@ -34,8 +37,7 @@ RULES: dict[str, Rule] = {
     "min_prompt_top1": Rule("prompt same top-1", False, "tokens", "wilson"),
     "min_lmeval_agreement": Rule("lm-eval agreement", False, "documents", "wilson"),
 }
-LMEVAL_NOT_RESCORED = ("not re-scored: verify does not run lm-eval again yet (the evidence keeps its per-document "
-                       "results for when it does)")
+MAX_CHANGED = 10  # changed lm-eval documents listed
 
 
 def _finite(x: object) -> float | None:
@@ -89,8 +91,82 @@ def score_decode(evidence_raw: dict, new_raw: dict, confidence: float, near_tie_
     return block
 
 
-def _estimates(prompts: dict | None, decode: dict | None) -> dict[str, Estimate]:
+def _lm_docs(rows: object) -> dict[str, dict]:
+    """One task's documents of lmeval.json's shape ([{"doc_id", "metrics": {name: value}}]) by doc_id; a row
+    without them is left out (the evidence's shape is checked before: ``core.check_shapes``)."""
+    out: dict[str, dict] = {}
+    for row in rows if isinstance(rows, list) else []:
+        if isinstance(row, dict) and isinstance(row.get("metrics"), dict) and row.get("doc_id") is not None:
+            out[str(row["doc_id"])] = {str(k): v for k, v in row["metrics"].items()}
+    return out
+
+
+def _doc_order(doc_id: str) -> tuple[int, int, str]:
+    """lm-eval's doc ids in document order (numbers as numbers)."""
+    return (0, int(doc_id), "") if doc_id.lstrip("-").isdigit() and len(doc_id) < 19 else (1, 0, doc_id)
+
+
+def _agreement(same: int, n: int, confidence: float) -> tuple[float | None, list[float] | None]:
+    return (same / n, list(M.wilson(same, n, confidence))) if n else (None, None)
+
+
+def _obj(value: object) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def score_lmeval(evidence: dict, now: dict, confidence: float) -> dict:
+    """The evidence's lm-eval documents against the re-run's (both lmeval.json's shape), joined by (task, doc_id).
+    A document both scored counts when the two share a metric name (acc, exact_match: what lm-eval recorded);
+    it agrees when every shared metric's value is identical. Documents only one side has (``only_evidence``,
+    ``only_now``) and documents without a shared metric (``other_metric``) are counted, not compared."""
+    ev_tasks, now_tasks = _obj(evidence.get("tasks")), _obj(now.get("tasks"))
+    tasks: dict[str, dict] = {}
+    changed: list[dict] = []
+    sums = {"documents": 0, "same": 0, "only_evidence": 0, "only_now": 0, "other_metric": 0}
+    for name in sorted(set(ev_tasks) | set(now_tasks)):
+        e, n = _lm_docs(ev_tasks.get(name)), _lm_docs(now_tasks.get(name))
+        ids = sorted(set(e) & set(n), key=_doc_order)
+        counts = {"documents": 0, "same": 0, "only_evidence": len(set(e) - set(n)), "only_now": len(set(n) - set(e)),
+                  "other_metric": 0}
+        metrics = sorted({m for d in e.values() for m in d} | {m for d in n.values() for m in d})
+        for i in ids:
+            shared = sorted(set(e[i]) & set(n[i]))
+            if not shared:
+                counts["other_metric"] += 1
+                continue
+            counts["documents"] += 1
+            if all(e[i][m] == n[i][m] for m in shared):
+                counts["same"] += 1
+            elif len(changed) < MAX_CHANGED:
+                changed.append({"task": name, "doc_id": i, "evidence": {m: e[i][m] for m in shared},
+                                "now": {m: n[i][m] for m in shared}})
+        agreement, ci = _agreement(counts["same"], counts["documents"], confidence)
+        t: dict = {**counts, "changed": counts["documents"] - counts["same"], "agreement": agreement,
+                   "agreement_ci": ci, "metrics": metrics}
+        if name not in now_tasks:
+            t["why"] = "not scored by the re-run"
+        elif name not in ev_tasks:
+            t["why"] = "not in the evidence"
+        elif not counts["documents"]:
+            t["why"] = "no document both scored" if not ids else "scored under another metric: " + ", ".join(metrics)
+        tasks[name] = t
+        for k in sums:
+            sums[k] += counts[k]
+    agreement, ci = _agreement(sums["same"], sums["documents"], confidence)
+    block: dict = {"rescored": True, "agreement": agreement, "agreement_ci": ci, **sums,
+                   "changed": sums["documents"] - sums["same"], "tasks": tasks, "changed_docs": changed,
+                   "lm_eval": {"evidence": _obj(evidence.get("config")).get("lm_eval"),
+                               "now": _obj(now.get("config")).get("lm_eval")}}
+    if not sums["documents"]:
+        block["why"] = "no document both runs scored with the same metric"
+    return block
+
+
+def _estimates(prompts: dict | None, decode: dict | None, lmeval: dict | None = None) -> dict[str, Estimate]:
     out: dict[str, Estimate] = {}
+    if lmeval and lmeval.get("rescored") and lmeval.get("agreement_ci"):
+        lo, hi = lmeval["agreement_ci"]
+        out["min_lmeval_agreement"] = Estimate(lmeval["agreement"], lo, hi, int(lmeval["documents"]))
     if prompts and prompts.get("kld_ci") and prompts.get("top1_ci"):
         n = int(prompts["tokens"])
         out["max_prompt_kld"] = Estimate(prompts["kld"], prompts["kld_ci"][0], prompts["kld_ci"][1], n)
@@ -105,11 +181,12 @@ def _estimates(prompts: dict | None, decode: dict | None) -> dict[str, Estimate]
     return out
 
 
-def gates(accept: dict, prompts: dict | None, decode: dict | None, notes: dict[str, str]) -> list[Gate]:
+def gates(accept: dict, prompts: dict | None, decode: dict | None, notes: dict[str, str],
+          lmeval: dict | None = None) -> list[Gate]:
     """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
     the blocks; ``notes``: why a gate's figure is not there (gate name -> why)."""
     conf = float(accept.get("confidence", 0.95))
-    found = _estimates(prompts, decode)
+    found = _estimates(prompts, decode, lmeval)
     out = []
     for name, rule in RULES.items():
         threshold = accept.get(name)
@@ -122,8 +199,10 @@ def gates(accept: dict, prompts: dict | None, decode: dict | None, notes: dict[s
 
 def score(*, evidence_prompts: dict | None, new_prompts: dict | None, evidence_decode: dict | None,
           new_decode: dict | None, k: int, accept: dict, near_tie_logprob: float, lmeval: dict | None,
-          missing: dict) -> dict:
-    """Every block, the gates and the verdict: {"prompts", "decode", "lmeval", "gates", "verdict", "reason"}."""
+          missing: dict, lmeval_now: dict | None = None, lmeval_why: str | None = None) -> dict:
+    """Every block, the gates and the verdict: {"prompts", "decode", "lmeval", "gates", "verdict", "reason"}.
+    ``lmeval``: the evidence's lmeval.json; ``lmeval_now``: the re-run's documents (``verify.lmeval.rerun``),
+    else ``lmeval_why`` says why there are none."""
     conf = float(accept.get("confidence", 0.95))
     notes: dict[str, str] = {}
     prompts = decode = None
@@ -143,14 +222,19 @@ def score(*, evidence_prompts: dict | None, new_prompts: dict | None, evidence_d
         why = "the evidence has no decode path" + (f" ({missing['decode']})" if missing.get("decode") else "")
         notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = why
     lm: dict[str, object]
-    if lmeval is not None:
-        lm = {"rescored": False, "why": LMEVAL_NOT_RESCORED,
-              "documents": sum(len(v) for v in (lmeval.get("tasks") or {}).values() if isinstance(v, list))}
-        notes["min_lmeval_agreement"] = LMEVAL_NOT_RESCORED
+    if lmeval is not None and lmeval_now is not None:
+        lm = score_lmeval(lmeval, lmeval_now, conf)
+        if lm.get("why"):
+            notes["min_lmeval_agreement"] = str(lm["why"])
+    elif lmeval is not None:
+        why = f"not re-run: {lmeval_why or 'verify did not run lm-eval again'}"
+        lm = {"rescored": False, "why": why,
+              "evidence_documents": sum(len(v) for v in (lmeval.get("tasks") or {}).values() if isinstance(v, list))}
+        notes["min_lmeval_agreement"] = why
     else:
         why = missing.get("lmeval") or "the run scored no lm-eval task"
         lm = {"rescored": False, "why": f"no lm-eval results in the evidence: {why}"}
         notes["min_lmeval_agreement"] = str(lm["why"])
-    gs = gates(accept, prompts, decode, notes)
+    gs = gates(accept, prompts, decode, notes, lm)
     v, reason = verdict(gs)
     return {"prompts": prompts, "decode": decode, "lmeval": lm, "gates": gs, "verdict": v, "reason": reason}
