@@ -91,6 +91,11 @@ def test_ratio_interval_and_verdict_by_hand():
     assert one_run.value == pytest.approx(1.2) and one_run.lo is None and verdict(one_run) == "pays"
     assert verdict(paired_ratio(Interval(0.0), Interval(5.0))) == "not measured"
     assert verdict(paired_ratio(Interval(None), Interval(5.0))) == "not measured"
+    # the off side's repeats reach 0 (measured on the code-edit class: goodput 0.167 [0, 0.719] off, 0.205
+    # [0.186, 0.224] on): the ratio is unbounded above, its low end 0.186 / 0.719 < 1, so a tie, not "pays"
+    wide = paired_ratio(Interval(0.167, 0.0, 0.719), Interval(0.205, 0.186, 0.224))
+    assert wide.lo == pytest.approx(0.186 / 0.719) and wide.hi is None and verdict(wide) == "tie"
+    assert verdict(paired_ratio(Interval(1.0, 0.0, 1.2), Interval(2.0, 1.9, 2.1))) == "pays"  # 1.9 / 1.2 > 1
 
 
 def test_crossover_brackets_the_load_where_speculation_stops_paying():

@@ -167,24 +167,33 @@ def too_few(name: str, count: int, needed: int, replayed: bool = False) -> str:
 # ------------------------------------------------------------------------------------------ the figures (pure)
 def paired_ratio(off: Interval, on: Interval) -> Interval:
     """on / off with its interval: [on.lo / off.hi, on.hi / off.lo] (both sides' intervals at once: wider than
-    either's; a side without an interval counts as its value). None where off is 0 or unmeasured."""
+    either's; a side without an interval counts as its value). None where off is 0 or unmeasured. An off side
+    whose interval reaches 0 leaves the ratio unbounded above: ``hi`` None with ``lo`` set."""
     if off.value is None or on.value is None or off.value <= 0:
         return Interval()
     value = on.value / off.value
+    spread = (on.lo is not None and on.hi is not None) or (off.lo is not None and off.hi is not None)
+    if not spread:
+        return Interval(value)
     lo_on, hi_on = (on.lo, on.hi) if on.lo is not None and on.hi is not None else (on.value, on.value)
     lo_off, hi_off = (off.lo, off.hi) if off.lo is not None and off.hi is not None else (off.value, off.value)
-    lo = lo_on / hi_off if hi_off > 0 else None
-    hi = hi_on / lo_off if lo_off > 0 else None
-    if lo is None or hi is None or (lo == hi == value):
+    lo = lo_on / hi_off  # hi_off >= off.value > 0
+    if lo_off <= 0:
+        return Interval(value, lo, None, None)
+    hi = hi_on / lo_off
+    if lo == hi == value:
         return Interval(value)
     return Interval(value, lo, hi, (hi - lo) / 2 / value if value > 0 else None)
 
 
 def verdict(ratio: Interval) -> str:
     """pays: the ratio (its interval's low end, when it has one) above 1; loses: its high end below 1; tie: the
-    interval holds 1, or the value is exactly 1; not measured: no ratio."""
+    interval holds 1 (an interval unbounded above, ``lo`` without ``hi``, never loses), or the value is exactly
+    1; not measured: no ratio."""
     if ratio.value is None:
         return "not measured"
+    if ratio.lo is not None and ratio.hi is None:
+        return "pays" if ratio.lo > 1 else "tie"
     lo = ratio.lo if ratio.lo is not None else ratio.value
     hi = ratio.hi if ratio.hi is not None else ratio.value
     return "pays" if lo > 1 else "loses" if hi < 1 else "tie"

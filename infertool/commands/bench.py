@@ -336,6 +336,8 @@ def _ratio_cell(i) -> str:
     """A ratio on / off and its interval: "1.32x [1.10, 1.58]" ("-": not measured)."""
     if i.value is None:
         return "-"
+    if i.lo is not None and i.hi is None:  # the off side's interval reaches 0: unbounded above
+        return f"{i.value:.2f}x [{i.lo:.2f}, unbounded]"
     return f"{i.value:.2f}x" + (f" [{i.lo:.2f}, {i.hi:.2f}]" if i.lo is not None and i.hi is not None else "")
 
 
