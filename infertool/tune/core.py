@@ -357,7 +357,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     by_id = {t.id: t for t in trials}
     winner, decision = _decide(ctx, by_id, records)
     for r in records:
-        r.why_lost = search.why_lost(r, winner, ctx.tune.objective)
+        r.why_lost = search.why_lost(r, winner, ctx.tune.objective, decision)
     pts = [(r.id, float((r.accuracy.mean_kld if r.accuracy else None) or 0.0), r.objective) for r in records
            if r.status == "done" and r.objective is not None]
     front = search.pareto_front(pts)

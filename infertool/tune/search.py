@@ -363,7 +363,7 @@ def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
     return front
 
 
-def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str) -> str | None:
+def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str, decision: Decision | None = None) -> str | None:
     """One sentence: why this trial is not the answer."""
     if winner is not None and t.id == winner.id:
         return None
@@ -389,7 +389,10 @@ def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str) -> str 
         a, b = t.objective, winner.objective
         if spec.higher_is_better:
             a, b = -a, -b
-        return f"{spec.objective_text}: {a:,.4g} {spec.unit} vs the winner's {b:,.4g} {spec.unit}"
+        words = f"{spec.objective_text}: {a:,.4g} {spec.unit} vs the winner's {b:,.4g} {spec.unit}"
+        if decision is not None and decision.tie and decision.why and t.id in decision.tied and t.id != winner.id:
+            words += f"; {decision.why}"  # a tie on the objective, lost by the tie rule (maybe ahead on the estimate)
+        return words
     return None
 
 
