@@ -342,10 +342,14 @@ def summary_lines(table: RoutingTable) -> list[str]:
                      "$/1M weighted by its share)")
     s = table.single
     if s is not None:
-        lines.append(f"one configuration for all, {s.configuration} {s.label}: "
+        lines.append(f"the cheapest single configuration for every class, {s.configuration} {s.label}: "
                      f"{money(s.cost_per_1m, s.cost_per_1m_ci)}"
                      + (f" (within {table.tolerance:.0%} of every class's best)" if s.within else
                         f" (more than {table.tolerance:.0%} above some class's best)"))
+        deployed = table.deployments[0].configuration if table.one_deployment and table.deployments else None
+        if deployed is not None and deployed != s.configuration:
+            lines.append(f"the one deployment serves {deployed}: a class winner within {table.tolerance:.0%} of (or "
+                         "tied with) every class's best; only class winners are re-checked as served")
     else:
         lines.append("no single configuration passes for every class")
     return lines + list(table.notes)
