@@ -308,6 +308,7 @@ def test_the_installer_is_no_part_of_the_fingerprint(monkeypatch):
 @pytest.mark.slow
 def test_uv_and_pip_build_the_same_environment(tmp_home, tmp_path, monkeypatch):
     """The same requirements through uv and through pip: the same pip freeze (infertool's own deps included)."""
+    monkeypatch.delenv("UV_CACHE_DIR", raising=False)  # the home's own cache, whatever the caller's shell says
     if installer.find_uv() is None:
         pytest.skip("uv is not installed")
     req = tmp_path / "requirements.txt"

@@ -20,7 +20,7 @@ def test_verify_reruns_the_evidences_lm_eval_tasks_and_every_document_agrees(tin
     require_env("lmeval")
     from infertool import publish
     from infertool.recipe import validate_recipe_data
-    from infertool.resolve import resolve
+    from infertool.resolve import Overrides, resolve
     from infertool.verify import capture
 
     data = {"name": "lmverify", "model": {"source": str(tiny_model)},
@@ -33,11 +33,14 @@ def test_verify_reruns_the_evidences_lm_eval_tasks_and_every_document_agrees(tin
     recipe_path.write_text(json.dumps(data))
     r = run_cli("eval", str(recipe_path), "--engine", "vllm", "--candidate", str(tiny_model), "--out",
                 str(tmp_path / "ev"), "--json", timeout=1500)
-    assert r.returncode == 0, r.stderr[-3000:]
+    # 0 PASS, 1 FAIL / INCONCLUSIVE (one item per task, the 2-layer model against itself): the verdict is not
+    # this test's subject, the candidate's lm-eval answer it leaves behind is
+    assert r.returncode in (0, 1), r.stderr[-3000:]
+    assert (tmp_path / "ev" / "logs" / "lm_eval-candidate.json").is_file(), r.stderr[-3000:]
     ckpt = tmp_path / "ckpt"
     shutil.copytree(tiny_model, ckpt)
     recipe = validate_recipe_data(data, source="test")
-    res = resolve(recipe, candidate_path=ckpt)
+    res = resolve(recipe, Overrides(candidate=str(ckpt)))  # as `eval --candidate` resolves it
     index = capture.capture_checkpoint(res, ckpt, ckpt / "evidence", fingerprint=publish.fingerprint(ckpt),
                                        log_dir=tmp_path, lmeval_answer=tmp_path / "ev" / "logs" / "lm_eval-candidate.json")
     assert "lmeval.json" in index["files"], index["missing"]
