@@ -13,10 +13,8 @@
 from __future__ import annotations
 
 import json
-import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -26,20 +24,10 @@ from infertool.envs.runner import InProcessEvents
 from infertool.evaluate.server_engine import Client
 from infertool.recipe import validate_recipe_data
 from infertool.verify import capture, evidence
-from tests.test_decode import _StandIn
+from tests.test_decode import standin  # noqa: F401 - the fixture, used by name
 from tests.test_publish import run_cli, setup  # noqa: F401 - the fixture, used by name
 
 EVAL = {"seq_len": 64, "max_items": 5, "decode": {"n_prompts": 4, "max_tokens": 8}}
-
-
-@pytest.fixture
-def standin():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), _StandIn)
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    _StandIn.calls = []
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
 
 
 def _recipe(**evidence_spec):
