@@ -362,6 +362,38 @@ def test_profiles_vllm_engine_times_honest_answers_through_one_client(monkeypatc
     assert rows["decode"][0]["how"] == "difference"
 
 
+@pytest.mark.parametrize("noisy_waves,measured", [(2, True), (99, False)], ids=["noise-then-honest", "noise-always"])
+def test_profiles_vllm_engine_times_a_noisy_pair_again_and_says_when_it_gave_up(monkeypatch, noisy_waves, measured):
+    """A 1-token wave slower than the 3-token one (prefill noise on a loaded machine) is timed again, at most
+    DIFFERENCE_TRIES times a repeat; a batch no try measures is left out with a note that says why."""
+    import threading
+    import types
+
+    from infertool.profile import vllm_engine
+
+    clock, lock, one_token_waves = [0.0], threading.Lock(), [-1]  # the first 1-token wave is the prefill's
+
+    def noisy(conn, req, srv):
+        n = json.loads(req.body)["max_tokens"]
+        with lock:
+            one_token_waves[0] += n == 1
+            noise = n == 1 and 0 < one_token_waves[0] <= noisy_waves
+            clock[0] += 1.0 if noise else 0.02 * n
+        _completion(n)(conn, req, srv)
+
+    monkeypatch.setattr(vllm_engine, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
+    with HostileServer({"/v1/completions": noisy}) as srv:
+        rows = _profile_measure(srv.url)
+    if measured:
+        assert rows["decode"][0]["seconds_per_step"] == pytest.approx(0.02) and "unmeasured" not in rows
+        assert one_token_waves[0] == 3
+    else:
+        assert rows["decode"] == [] and one_token_waves[0] == vllm_engine.DIFFERENCE_TRIES
+        assert rows["unmeasured"] == [
+            "decode batch 1: not measured: on each of 1 x 3 tries the 3-token wave took no longer than the 1-token "
+            "one (the prefill's timing noise exceeded 2 decode steps: a loaded machine); raise profile.decode_len"]
+
+
 @pytest.mark.parametrize("route,words", [
     (_completion(10**400), "asked for 2 tokens per request, got [None]"),
     (_completion('"2"'), "got [None]"),

@@ -255,7 +255,7 @@ def test_profile_vllm_engine_on_this_cpu(tiny_model, serve_python, quant_python,
 
     recipe = tmp_path / "r.yaml"
     recipe.write_text(f"name: profv\nmodel: {{source: {tiny_model}}}\n"
-                      "profile: {engine: vllm, batch: [1, 2], prompt_len: [32], decode_len: 4, repeats: 1}\n"
+                      "profile: {engine: vllm, batch: [1, 2], prompt_len: [32], decode_len: 16, repeats: 1}\n"
                       "serve: {enforce_eager: true, cpu: {kv_cache_space_gib: 1}}\n")
     r = run_cli("profile", str(recipe), "--out", str(tmp_path / "out"), "--json", timeout=900)
     assert r.returncode == 0, r.stderr

@@ -345,7 +345,7 @@ def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision,
         peaks={**peaks, "ridge": rid, "datasheet": datasheet},
         points=[analysis.point_dict(p) for p in points], analytic=analytic, crossover_batch=crossover,
         verdicts=_phase_verdicts(points), advice=advice_rows, nvml=measured.get("nvml") or {"available": False},
-        nsys=nsys_summary, notes=prec.notes,
+        nsys=nsys_summary, notes=[*prec.notes, *measured.get("unmeasured", [])],
     )
 
 
