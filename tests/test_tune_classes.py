@@ -146,6 +146,28 @@ def test_bad_classes_are_refused_before_anything_runs(smol, tmp_path, monkeypatc
     assert stand.calls == []
 
 
+def test_validate_refuses_classes_the_traffic_lacks_as_the_run_would(smol, tmp_path):
+    """`infertool validate` reads the traffic file when the recipe names a class (tune.classes, bench.classes.replay)
+    and refuses what the run would refuse before any server, with the classes the traffic has."""
+    path = tmp_path / "r.yaml"
+    path.write_text(yaml.safe_dump(classed_recipe(smol, tmp_path, classes=["chat", "billing"])))
+    out = CliRunner().invoke(app, ["validate", str(path)])
+    assert out.exit_code == 2 and "Traceback" not in out.output, out.output
+    assert "tune.classes names 'billing'" in out.output and "chat (90)" in out.output, out.output
+    data = classed_recipe(smol, tmp_path, classes=None)
+    data["bench"]["classes"] = {"replay": "billing"}
+    path.write_text(yaml.safe_dump(data))
+    out = CliRunner().invoke(app, ["validate", str(path)])
+    assert out.exit_code == 2 and "the class 'billing' has no request in this traffic (its classes: chat, rag)" in \
+        " ".join(out.output.split()), out.output
+    data["bench"]["classes"] = {"replay": "rag"}
+    path.write_text(yaml.safe_dump(data))
+    assert CliRunner().invoke(app, ["validate", str(path)]).exit_code == 0
+    path.write_text(yaml.safe_dump(classed_recipe(smol, tmp_path, classes=["chat", "rag"])))
+    out = CliRunner().invoke(app, ["validate", str(path)])
+    assert out.exit_code == 0, out.output
+
+
 def _validate_all(docs: list[dict]) -> None:
     import jsonschema
 

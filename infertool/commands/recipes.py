@@ -39,6 +39,7 @@ def validate(
         from infertool.tune.space import search_space
 
         search_space(r)
+    _check_classes(r)
     checks = recipe_checks(resolve(r), "validate")  # exit 2 on an error finding, the same lines as every dry run
     if as_json:
         print_json({"ok": True, "recipe": recipe_to_dict(r), "checks": checks.to_list(),
@@ -49,6 +50,29 @@ def validate(
     err.print(f"checks: {len(checks.ran)} ran, {len(checks.skipped)} skipped", markup=False, style="dim")
     for name, why in checks.skipped.items():
         err.print(f"  {name}: {why}", markup=False, highlight=False, soft_wrap=True, style="dim")
+
+
+def _check_classes(r) -> None:
+    """The traffic classes the recipe names (tune.classes, bench.classes.replay) against the classes its traffic
+    file has: the same refusal (exit 2, naming the classes it has) the run would give before any server starts.
+    Reads the traffic file only when a class is named."""
+    if r.tune is not None and r.tune.classes:
+        from infertool.tune.classes import plan_classes
+
+        plan_classes(r)
+    replay = r.bench.classes.replay if r.bench is not None else None
+    if replay is not None:
+        from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
+        from infertool.bench.sweep import traffic_classes
+        from infertool.errors import UsageError
+
+        summary = traffic_classes(r.bench, DEFAULT_CHARS_PER_TOKEN)
+        names = [c.name for c in summary.classes] if summary is not None else []
+        if summary is not None and replay not in names:
+            raise UsageError(f"bench.classes.replay: the class {replay!r} has no request in this traffic (its "
+                             f"classes: {', '.join(names) or 'none'})",
+                             hint="name one of its classes, or remove bench.classes.replay (bench --class) to send "
+                                  "the mix")
 
 
 # ------------------------------------------------------------------------------------------ recipes
