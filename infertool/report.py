@@ -500,6 +500,7 @@ def _bench_section(run: RunData, names: Names) -> Section | None:
             k = arm.knee
             blocks.append(P(f"rate sweep knee: the server follows {k.rate:g} req/s, not {k.first_bad:g} ({k.criterion})"
                             if k.found else f"rate sweep: no knee bracketed: {k.stopped} ({k.criterion})"))
+    blocks += _class_blocks(be)
     blocks += [P("note: " + note) for note in be.notes]
     from infertool.perf.fleet import run_fleet  # replicas and $/month for target.peak_rps from the measured max load
 
@@ -507,6 +508,19 @@ def _bench_section(run: RunData, names: Names) -> Section | None:
     blocks.append(Figure("latency_throughput"))
     blocks.append(Figure("lengths"))
     return Section("bench", "Bench", blocks)
+
+
+def _class_blocks(be: BenchReport) -> list:
+    """The traffic's classes and bench.per_class (speculation and prefix caching per class), the rows `infertool
+    bench` prints (infertool.bench.perclass_tables)."""
+    from infertool.bench.perclass_tables import class_tables, traffic_table
+
+    tables = ([traffic_table(be.classes)] if be.classes is not None and be.classes.classes else []) + \
+        (class_tables(be.per_class) if be.per_class is not None else [])
+    blocks: list = []
+    for ct in tables:
+        blocks += [P(Bold(ct.title)), Table(ct.rows), *(P(line) for line in ct.notes)]
+    return blocks
 
 
 def _length_rows(arm: BenchReport) -> list[list[str]]:

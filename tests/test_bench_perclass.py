@@ -292,6 +292,16 @@ def test_bench_measures_each_class_on_each_arm(tmp_path, stand_in):
     assert "speculation, class code: ngram k=4 lookup 2-4" in text and "prefix caching, class code" in text
     assert "crossover (output_token_throughput):" in text
     assert "0.80/0.50/0.25/0.12" in text, text[text.find("speculation per class"):][:3000]
+    # the run report shows the same rows (infertool.bench.perclass_tables), as tables, escaped by its renderer
+    from infertool import report
+    from infertool.bench.results import BenchReport
+
+    blocks = report._class_blocks(BenchReport.from_dict(doc))
+    titles = [str(b.runs[0]) for b in blocks if isinstance(b, report.Para) and isinstance(b.runs[0], report.Bold)]
+    assert titles[0].startswith("traffic classes (") and "speculation, class code: ngram k=4 lookup 2-4" in \
+        " | ".join(titles) and any(t.startswith("prefix caching, class code") for t in titles), titles
+    md = "\n".join(report.md_table(b.rows) for b in blocks if isinstance(b, report.Table))
+    assert "0.80/0.50/0.25/0.12" in md and "| code |" in md
 
 
 def test_with_an_slo_goodput_decides_and_a_server_without_counters_is_not_reported(tmp_path, stand_in, monkeypatch):

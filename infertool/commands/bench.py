@@ -105,22 +105,9 @@ def _render_plan(plan, as_json: bool, checks) -> None:
 
 def _classes_table(tc) -> None:
     """The traffic's classes: share, input characters and output tokens (p50 / p90 / max), prefix sharing."""
-    from rich.table import Table
+    from infertool.bench.perclass_tables import traffic_table
 
-    from infertool.output import err, out, plain
-
-    replayed = f"; replayed alone: {tc.replayed}" if tc.replayed else "; replayed: the mix"
-    t = Table(title=plain(f"traffic classes ({tc.requests} requests{replayed})"), title_justify="left")
-    for c in ("class", "from", "requests", "share", "input chars p50/p90/max", "output tok p50/p90/max",
-              "prefix shared"):
-        t.add_column(c, justify="left" if c in ("class", "from") else "right", no_wrap=True)
-    for c in tc.classes:
-        lens = [" / ".join(_f(v, "{:.0f}") for v in (h.p50, h.p90, h.max)) if h.n else "-"
-                for h in (c.input_chars, c.output_tokens)]
-        t.add_row(plain(c.name), plain(c.origin), str(c.requests), _f(None if c.share is None else c.share * 100, "{:.0f}%"),
-                  *lens, _f(None if c.prefix_shared is None else c.prefix_shared * 100, "{:.0f}%"))
-    out.print(t)
-    err.print(plain(f"classes: {tc.rule}", style="dim"), soft_wrap=True)
+    _print_table(traffic_table(tc), left=2, dim_notes=True)
 
 
 def _f(v, fmt: str = "{:.1f}") -> str:
@@ -332,69 +319,32 @@ def _timeline_table(busiest) -> None:
     out.print(tl)
 
 
-def _ratio_cell(i) -> str:
-    """A ratio on / off and its interval: "1.32x [1.10, 1.58]" ("-": not measured)."""
-    if i.value is None:
-        return "-"
-    if i.lo is not None and i.hi is None:  # the off side's interval reaches 0: unbounded above
-        return f"{i.value:.2f}x [{i.lo:.2f}, unbounded]"
-    return f"{i.value:.2f}x" + (f" [{i.lo:.2f}, {i.hi:.2f}]" if i.lo is not None and i.hi is not None else "")
-
-
-def _off_on(pair: dict, fmt: str = "{:.0f}") -> str:
-    return f"{_f(pair.get('off'), fmt)} -> {_f(pair.get('on'), fmt)}"
-
-
-def _load_cell(lv) -> str:
-    """A per-class level by its load ("4" under a "load" column), or its label for a burst or trace."""
-    return f"{lv.kind} {lv.load:g}" if lv.load is not None else lv.level
-
-
 def _per_class_tables(pc) -> None:
     """bench.per_class: per class and speculative setting, acceptance by draft position and speculation off -> on at
-    each load, with the crossover; per class and budget, prefix caching off -> on (the unmeasured classes are the
-    report's notes)."""
+    each load, with the crossover; per class and budget, prefix caching off -> on (infertool.bench.perclass_tables:
+    the rows the run report shows too; the unmeasured classes are the report's notes)."""
+    from infertool.bench.perclass_tables import class_tables
+
+    for ct in class_tables(pc):
+        _print_table(ct, left=1, last_left=True)
+
+
+def _print_table(ct, *, left: int, last_left: bool = False, dim_notes: bool = False) -> None:
+    """A ClassTable on the console: its first ``left`` columns (and the last, ``last_left``) to the left, the
+    figures to the right; its notes on stderr."""
     from rich.table import Table
 
     from infertool.output import err, out, plain
 
-    for c in (c for c in pc.classes if c.measured):
-        for v in c.speculation:
-            figure = "goodput req/s" if v.levels and v.levels[0].figure == "goodput" else "out tok/s"
-            t = Table(title=plain(f"speculation, class {c.name}: {v.label} (off -> on; ratio on/off [interval])"),
-                      title_justify="left")
-            for col in ("load", "accepted by position", "mean len", f"{figure} off -> on", "ratio", "TPOT p50 ms",
-                        "verdict"):
-                t.add_column(col, justify="left" if col in ("load", "verdict") else "right", no_wrap=True)
-            for lv in v.levels:
-                pos = "/".join(f"{r:.2f}" for r in lv.acceptance_per_pos) if lv.acceptance_per_pos else "not reported"
-                fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
-                t.add_row(plain(_load_cell(lv)), pos, _f(lv.mean_accepted_len, "{:.2f}"),
-                          f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio),
-                          _off_on(lv.tpot_p50_ms, "{:.1f}"), lv.verdict)
-            out.print(t)
-            cross = v.crossover
-            err.print(plain(f"crossover ({cross.figure or '-'}): {cross.stopped}"
-                            + (f"; estimate {cross.estimate:.3g}" if cross.estimate is not None else "")), soft_wrap=True)
-            if v.note:
-                err.print(plain(f"note: {v.note}"), soft_wrap=True)
-        for b in c.prefix_caching:
-            chunked = {True: ", chunked prefill", False: ", no chunked prefill", None: ""}[b.enable_chunked_prefill]
-            budget = f"batched tokens {b.max_num_batched_tokens}" if b.max_num_batched_tokens else "vLLM's batched tokens"
-            t = Table(title=plain(f"prefix caching, class {c.name} ({budget}{chunked}): off -> on; ratio on/off "
-                                  "[interval]"), title_justify="left")
-            for col in ("load", "hit % off -> on", "TTFT p50 ms", "TTFT p90 ms", "throughput off -> on", "ratio",
-                        "verdict"):
-                t.add_column(col, justify="left" if col in ("load", "verdict") else "right", no_wrap=True)
-            for lv in b.levels:
-                hits = {"off": None if lv.hit_rate_off is None else lv.hit_rate_off * 100,
-                        "on": None if lv.hit_rate is None else lv.hit_rate * 100}
-                fmt = "{:.3f}" if lv.figure == "goodput" else "{:.1f}"
-                t.add_row(plain(_load_cell(lv)), _off_on(hits), _off_on(lv.ttft_p50_ms), _off_on(lv.ttft_p90_ms),
-                          f"{_f(lv.off.value, fmt)} -> {_f(lv.on.value, fmt)}", _ratio_cell(lv.ratio), lv.verdict)
-            out.print(t)
-            if b.note:
-                err.print(plain(f"note: {b.note}"), soft_wrap=True)
+    header, *rows = ct.rows
+    t = Table(title=plain(ct.title), title_justify="left")
+    for i, col in enumerate(header):
+        t.add_column(col, justify="left" if i < left or (last_left and i == len(header) - 1) else "right", no_wrap=True)
+    for row in rows:
+        t.add_row(*(plain(cell) for cell in row))
+    out.print(t)
+    for line in ct.notes:
+        err.print(plain(line, style="dim" if dim_notes else ""), soft_wrap=True)
 
 
 def _experiment_table(exp) -> None:
