@@ -731,12 +731,15 @@ class PerClassSpec(BaseModel):
     per arm (speculation off; each speculative variant; prefix caching off; for each max_num_batched_tokens),
     each class of the traffic replayed alone on each at the bench's load levels. speculative: the variants tried
     (default: the recipe's serve.speculative, else n-gram k=3); [] tries none. A class with fewer than
-    min_requests requests is not measured; the report says how many it needs."""
+    min_requests requests is not measured; the report says how many it needs. lossless: each speculative variant
+    checked against the baseline on each measured class's own prompts (infertool.evaluate.lossless; the decode
+    settings of eval.decode); one that changes answers beyond the noise floor loses at every load."""
 
     model_config = _STRICT
 
     speculative: Annotated[list[SpeculativeSpec], Field(max_length=16)] | None = None
     prefix_caching: bool = True
+    lossless: bool = True
     # each budget tried with prefix caching on and off (None: the recipe's serve.max_num_batched_tokens)
     max_num_batched_tokens: Annotated[list[Tokens], Field(min_length=1, max_length=8)] | None = None
     min_requests: Annotated[int, NotBool, Field(ge=2, le=100_000)] = 10

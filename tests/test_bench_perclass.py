@@ -278,6 +278,8 @@ def test_bench_measures_each_class_on_each_arm(tmp_path, stand_in):
             assert lv["off"]["value"] > 0 and lv["on"]["value"] > 0
         assert [lv["load"] for lv in v["levels"]] == [1, 2] and v["crossover"]["kind"] == "concurrency"
         assert v["crossover"]["stopped"]
+        # checked lossless by default; this stand-in has no decode path (no /tokenize): not measured, and why
+        assert v["lossless"]["lossless"] is None and "not measured (the server has no /tokenize" in v["lossless"]["reason"]
     (caching,) = code["prefix_caching"]
     assert caching["max_num_batched_tokens"] == 512 and caching["enable_chunked_prefill"] is True
     for lv in caching["levels"]:

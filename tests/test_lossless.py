@@ -232,13 +232,32 @@ def test_tune_a_speculative_trial_that_changes_answers_loses_with_the_reason(url
 
 
 # ------------------------------------------------------------------------------------------ in bench
+def _launcher(url: str, started: list[str], model_of):
+    """In place of bench's one launcher (``core._Launched``): every arm served by the decode stand-in at ``url``,
+    under the model ``model_of(arm)`` names: (what ``started`` records, the model)."""
+    from infertool.bench.sweep import ServerHandle
+
+    class Launched:
+        def __init__(self, res, arm, ctx):
+            self.arm = arm
+
+        def __enter__(self):
+            said, model = model_of(self.arm)
+            started.append(said)
+            return ServerHandle(url, model, None)
+
+        def __exit__(self, *exc):
+            pass
+
+    return Launched
+
+
 def test_bench_speculative_experiment_has_a_lossless_block_per_class(url, tmp_path, monkeypatch, capsys):
     """bench's speculative experiment: the sweep's server (the recipe's settings: no speculation) runs the class
     prompts twice, the arm with speculation once; the A/B table carries a lossless block per traffic class, and
     the rendered table says it. The load measurements themselves are stubbed out (the servers are decode stand-ins)."""
     from infertool import bench
     from infertool.bench import core
-    from infertool.bench.sweep import ServerHandle
     from infertool.capability import RunContext
     from infertool.recipe import validate_recipe_data
     from infertool.resolve import resolve
@@ -246,20 +265,8 @@ def test_bench_speculative_experiment_has_a_lossless_block_per_class(url, tmp_pa
 
     monkeypatch.chdir(tmp_path)
     started: list[str] = []
-
-    class Launched:
-        def __init__(self, res, arm, ctx):
-            self.arm = arm
-
-        def __enter__(self):
-            spec = self.arm.serve.speculative
-            started.append("speculative" if spec is not None else "plain")
-            return ServerHandle(url, "changed" if spec is not None else "plain", None)
-
-        def __exit__(self, *exc):
-            pass
-
-    monkeypatch.setattr(core, "_Launched", Launched)
+    monkeypatch.setattr(core, "_Launched", _launcher(
+        url, started, lambda arm: ("speculative", "changed") if arm.serve.speculative is not None else ("plain", "plain")))
     monkeypatch.setattr(core, "_sweep", lambda plan, handle, ctx: ([], None, None))
     monkeypatch.setattr(core, "connect", lambda *a, **k: None)
     monkeypatch.setattr(core, "measure", lambda *a, **k: [])
@@ -285,6 +292,62 @@ def test_bench_speculative_experiment_has_a_lossless_block_per_class(url, tmp_pa
     _experiment_table(type(exp).from_dict(exp.to_dict()))
     shown = capsys.readouterr().out
     assert "lossless (class support):" in shown and "noise floor" in shown
+
+
+def test_bench_per_class_checks_each_variant_lossless_on_each_class(url, tmp_path, monkeypatch):
+    """bench.per_class: the first baseline's server runs every measured class's prompts twice (the reference and
+    the floor) once for all variants; each speculative arm once. A variant that changes answers loses at every load
+    and says why; the tables (console and report) carry the line. The load measurements are stubbed out."""
+    from infertool import bench
+    from infertool.bench import core, sweep
+    from infertool.bench.perclass_tables import class_tables
+    from infertool.capability import RunContext
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
+    from tests.fakes import layout_model
+
+    monkeypatch.chdir(tmp_path)
+    started: list[str] = []
+
+    def model_of(arm):  # k=2 answers as the baseline does; k=4 changes answers
+        spec = arm.serve.speculative
+        return arm.label, "plain" if spec is None or spec.num_speculative_tokens == 2 else "changed"
+
+    monkeypatch.setattr(core, "_Launched", _launcher(url, started, model_of))
+    monkeypatch.setattr(core, "_sweep", lambda plan, handle, ctx: ([], None, None))
+    monkeypatch.setattr(sweep, "connect", lambda *a, **k: None)
+    monkeypatch.setattr(sweep, "measure", lambda *a, **k: [])
+    plain_passes: list[str] = []
+    real_plain = L.LosslessCheck.run_plain
+    monkeypatch.setattr(L.LosslessCheck, "run_plain",
+                        lambda self, served, events: (plain_passes.append(served.label), real_plain(self, served, events)))
+    prompts = tmp_path / "traffic.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Question {i}: how do I reset item {i}?", "class": c}) + "\n"
+                               for i, c in enumerate(["support", "support", "support", "search", "search", "tiny"])))
+    smol = layout_model(tmp_path / "smol", "smollm2-135m", shards=1)
+    k = [{"method": "ngram", "num_speculative_tokens": n, "prompt_lookup_max": 4, "prompt_lookup_min": 2} for n in (2, 4)]
+    r = validate_recipe_data({"name": "b", "model": {"source": str(smol)}, "serve": {"max_model_len": 2048},
+                              "eval": {"decode": {"max_tokens": 12, "top_k": 4, "chat": False}},
+                              "bench": {"requests": 6, "prompt": {"source": str(prompts)}, "output_len": 8,
+                                        "concurrency": [1], "per_class": {"speculative": k, "prefix_caching": False,
+                                                                          "min_requests": 2}}})
+    report = bench.run(bench.plan(resolve(r), bench.BenchOptions()), RunContext())
+    assert started[1:] == ["baseline", "ngram k=2 lookup 2-4", "ngram k=4 lookup 2-4"]
+    assert plain_passes == ["baseline", "baseline"]  # the reference's passes once per class, shared by both variants
+    by = {c.name: c for c in report.per_class.classes}
+    assert not by["tiny"].measured and by["tiny"].speculation == []  # 1 request: not measured, not checked
+    for name, n in (("support", 3), ("search", 2)):
+        same, changed = by[name].speculation
+        assert same.lossless.lossless is True and same.lossless.prompts == f"class {name}"
+        assert same.lossless.figures.n_prompts == n and same.lossless.floor.n_prompts == n
+        assert same.lossless.speculative == "ngram k=2" and "not lossless" not in (same.note or "")
+        if changed.lossless.lossless is False:  # the stand-in changes some answers at clear steps
+            assert "loses at every load: not lossless (speculative ngram k=4 changed" in changed.note
+    assert any(c.speculation[1].lossless.lossless is False for c in (by["support"], by["search"]))
+    doc = type(report).from_dict(json.loads(json.dumps(report.to_dict())))  # through bench.json and back
+    lines = [n for t in class_tables(doc.per_class) for n in t.notes]
+    assert any(line.startswith("lossless (class support): yes — speculative ngram k=2 is lossless") for line in lines)
+    assert any(line.startswith("lossless (class") and ": NO — " in line for line in lines), lines
 
 
 def test_a_class_s_own_prompts_as_decode_prompts():

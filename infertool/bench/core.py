@@ -39,7 +39,7 @@ from infertool.capability import RunContext
 from infertool.errors import InfertoolError, UsageError
 
 if TYPE_CHECKING:
-    from infertool.evaluate.lossless import LosslessChecks
+    from infertool.evaluate.lossless import LosslessChecks, VariantChecks
     from infertool.serve.launches import Launched
     from contextlib import AbstractContextManager
     from infertool.recipe import BenchSection, ServeSection
@@ -317,10 +317,15 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
     classes = traffic_classes(plan.bench, handle.chars_per_token) if plan.classes is not None else None
     per_class = None
     if plan.per_class and classes is not None:
+        pc_checks = per_class_lossless(plan, classes)
         per_class, launched_pc = measure_classes(
             plan.bench, plan.per_class_levels, plan.per_class, {c.name: c.requests for c in classes.classes},
             lambda a: _Launched(plan.res, Arm(a.label, a.serve), ctx), key_var=plan.res.serve_section.api_key_env,
-            on_event=ctx.on_event)
+            on_event=ctx.on_event, on_server=_per_class_passes(pc_checks, plan.per_class, ctx) if pc_checks else None)
+        if pc_checks is not None:
+            from infertool.bench.perclass import apply_lossless
+
+            apply_lossless(per_class, pc_checks.result)
         servers += launched_pc
     return BenchReport(
         classes=classes, per_class=per_class,
@@ -388,6 +393,48 @@ def lossless_checks(plan: BenchPlan) -> LosslessChecks | None:
     spec = ev.decode if ev is not None and ev.decode is not None else DecodeSpec()
     speculative = (arm.serve if arm.on else plan.res.serve_section).speculative
     return LosslessChecks(spec, lossless_sets(plan.bench, spec), speculative=speculative_words(speculative))
+
+
+def per_class_lossless(plan: BenchPlan, classes: TrafficClasses) -> VariantChecks | None:
+    """bench.per_class.lossless: each speculative arm against the first baseline on every measured class's own
+    prompts (``lossless_sets``; the decode settings of eval.decode), the baseline's passes shared by the variants;
+    None when it is off or no arm speculates."""
+    from infertool.bench.perclass import SPECULATIVE
+    from infertool.bench.sweep import lossless_sets
+    from infertool.evaluate.lossless import VariantChecks, speculative_words
+    from infertool.recipe import DecodeSpec
+
+    pc = plan.bench.per_class
+    spec_arms = [a for a in plan.per_class if a.role == SPECULATIVE]
+    if pc is None or not pc.lossless or not spec_arms:
+        return None
+    ev = plan.res.recipe.eval
+    spec = ev.decode if ev is not None and ev.decode is not None else DecodeSpec()
+    measured = {f"class {c.name}" for c in classes.classes if c.requests >= pc.min_requests}
+    sets = [(label, prompts) for label, prompts in lossless_sets(plan.bench, spec) if label in measured]
+    return VariantChecks(spec, sets, {a.label: speculative_words(a.serve.speculative) for a in spec_arms})
+
+
+def _per_class_passes(checks: VariantChecks, arms: list[PerClassArm],
+                      ctx: RunContext) -> Callable[[PerClassArm, ServerHandle], None]:
+    """``measure_classes``'s on_server: the lossless passes on the first baseline's server (twice: the reference
+    and the floor) and on each speculative arm's, while each is up."""
+    from infertool.bench.perclass import BASELINE, SPECULATIVE
+    from infertool.evaluate.phases import Served
+    from infertool.evaluate.server_engine import Client
+
+    reference = next(a.label for a in arms if a.role == BASELINE)
+
+    def passes(arm: PerClassArm, handle: ServerHandle) -> None:
+        if arm.label != reference and arm.role != SPECULATIVE:
+            return
+        served = Served(arm.label, Client(handle.url, handle.model, api_key=handle.api_key))
+        if arm.role == SPECULATIVE:
+            checks.run_speculative(arm.label, served, _Events(ctx.on_event))
+        else:
+            checks.run_plain(served, _Events(ctx.on_event))
+
+    return passes
 
 
 def _lossless_on(checks: LosslessChecks, handle: ServerHandle, speculative: bool, ctx: RunContext) -> None:

@@ -29,10 +29,11 @@ from infertool.metricspec import GOODPUT, OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS, 
 
 if TYPE_CHECKING:
     from infertool.bench.sweep import EventCallback, ServerHandle
+    from infertool.evaluate.lossless import Lossless
     from infertool.bench.traffic import Level
     from infertool.recipe import BenchSection, ServeSection, SpeculativeSpec
 
-__all__ = ["BASELINE", "CACHE_OFF", "DEFAULT_SPECULATIVE", "PerClassArm", "arms", "caching", "crossover",
+__all__ = ["BASELINE", "CACHE_OFF", "DEFAULT_SPECULATIVE", "PerClassArm", "apply_lossless", "arms", "caching", "crossover",
            "measure_classes", "paired_ratio", "speculation", "verdict"]
 
 # vLLM's n-gram proposer with k = 3 and a 2..4-token lookup: the setting tried when the recipe names none
@@ -112,12 +113,12 @@ Launch = Callable[[PerClassArm], AbstractContextManager["ServerHandle"]]
 
 
 def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[PerClassArm], names: dict[str, int],
-                    launch: Launch, *, key_var: str | None = None,
-                    on_event: EventCallback | None = None) -> tuple[PerClass, list[dict]]:
+                    launch: Launch, *, key_var: str | None = None, on_event: EventCallback | None = None,
+                    on_server: Callable[[PerClassArm, ServerHandle], None] | None = None) -> tuple[PerClass, list[dict]]:
     """Every arm's server (``launch``), one after the other; on each, every class of ``names`` (class -> its
-    requests) with at least min_requests requests replayed alone at ``levels``; then each class's speculation and
-    caching blocks. Returns (them, each launch's record). Bounded as ``bench.sweep.measure`` is, per arm and
-    class."""
+    requests) with at least min_requests requests replayed alone at ``levels``, then ``on_server(arm, handle)``
+    while it is still up (the lossless check's passes); then each class's speculation and caching blocks.
+    Returns (them, each launch's record). Bounded as ``bench.sweep.measure`` is, per arm and class."""
     from infertool.bench.sweep import connect, measure
 
     pc = bench.per_class
@@ -140,6 +141,8 @@ def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[Pe
                     # each class's level from a cold prefix cache: only the class's own sharing is reused
                     runs[name][arm.label] = measure(handle, b, levels, arm=f"{arm.label}: {name}", on_event=on_event,
                                                     warmup=i == 0, cache_salt=f"infertool-class-{i}")
+                if on_server is not None:
+                    on_server(arm, handle)
     slo_set = bench.slo is not None and any(v is not None for v in (bench.slo.ttft_ms, bench.slo.tpot_ms, bench.slo.e2e_ms))
     classes = []
     for name, count in names.items():
@@ -153,6 +156,21 @@ def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[Pe
                                     prefix_caching=caching(plan_arms, by_arm, slo_set), levels=by_arm))
     return PerClass(min_requests=pc.min_requests, arms=[a.to_dict() for a in plan_arms], classes=classes,
                     notes=notes), servers
+
+
+def apply_lossless(per_class: PerClass, result: Callable[[str, str], Lossless | None]) -> None:
+    """Each measured class's speculative variants with their lossless check (``result(variant label, "class
+    NAME")``); a variant that changes the class's answers beyond the noise floor loses at every load, whatever its
+    speed, and its note says why."""
+    for c in per_class.classes:
+        for v in c.speculation:
+            v.lossless = result(v.label, f"class {c.name}")
+            if v.lossless is not None and v.lossless.lossless is False:
+                for lv in v.levels:
+                    if lv.verdict != "not measured":
+                        lv.verdict = "loses"
+                v.crossover = crossover(v.levels)
+                v.note = "; ".join(filter(None, [v.note, f"loses at every load: not lossless ({v.lossless.reason})"]))
 
 
 def too_few(name: str, count: int, needed: int, replayed: bool = False) -> str:

@@ -8,8 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from infertool.bench.results import Interval, PerClass, TrafficClasses
+from infertool.evaluate.lossless import Lossless
 
-__all__ = ["ClassTable", "class_tables", "ratio_cell", "traffic_table"]
+__all__ = ["ClassTable", "class_tables", "lossless_line", "ratio_cell", "traffic_table"]
 
 
 @dataclass
@@ -30,6 +31,14 @@ def ratio_cell(i: Interval) -> str:
     if i.lo is not None and i.hi is None:  # the off side's interval reaches 0: unbounded above
         return f"{i.value:.2f}x [{i.lo:.2f}, unbounded]"
     return f"{i.value:.2f}x" + (f" [{i.lo:.2f}, {i.hi:.2f}]" if i.lo is not None and i.hi is not None else "")
+
+
+def lossless_line(r: Lossless) -> str:
+    """A lossless check in one line: its decision and reason, exact match and decode KLD beside the floor's."""
+    f, fl = r.figures, r.floor
+    said = "not measured" if r.lossless is None else ("yes" if r.lossless else "NO")
+    return (f"lossless ({r.prompts}): {said} — {r.reason}; exact match {_f(f.exact_match, '{:.2f}')} (floor "
+            f"{_f(fl.exact_match, '{:.2f}')}), decode KLD {_f(f.kld, '{:.3g}')} (floor {_f(fl.kld, '{:.3g}')})")
 
 
 def _off_on(pair: dict, fmt: str = "{:.0f}") -> str:
@@ -73,6 +82,8 @@ def class_tables(pc: PerClass) -> list[ClassTable]:
             cross = v.crossover
             notes = [f"crossover ({cross.figure or '-'}): {cross.stopped}"
                      + (f"; estimate {cross.estimate:.3g}" if cross.estimate is not None else "")]
+            if v.lossless is not None:
+                notes.append(lossless_line(v.lossless))
             tables.append(ClassTable(f"speculation, class {c.name}: {v.label} (off -> on; ratio on/off [interval])",
                                      rows, notes + ([f"note: {v.note}"] if v.note else [])))
         for b in c.prefix_caching:

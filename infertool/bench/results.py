@@ -585,6 +585,8 @@ class SpecVariant(Record):
     levels: list[SpecLevel] = field(default_factory=list)
     crossover: Crossover = field(default_factory=Crossover)
     note: str | None = None
+    # bench.per_class.lossless: this setting against the baseline on the class's own prompts (None: not checked)
+    lossless: Lossless | None = None
 
 
 @dataclass

@@ -362,8 +362,7 @@ def _experiment_table(exp) -> None:
     out.print(et)
     if exp.note:
         err.print(plain(exp.note, style="dim"), soft_wrap=True)
+    from infertool.bench.perclass_tables import lossless_line
+
     for r in exp.lossless or []:  # the speculative experiment: speculation checked lossless, per class
-        f, fl = r.figures, r.floor
-        out.print(plain(f"lossless ({r.prompts}): {'not measured' if r.lossless is None else ('yes' if r.lossless else 'NO')}"
-                        f" — {r.reason}; exact match {_f(f.exact_match, '{:.2f}')} (floor {_f(fl.exact_match, '{:.2f}')}), "
-                        f"decode KLD {_f(f.kld, '{:.3g}')} (floor {_f(fl.kld, '{:.3g}')})"), soft_wrap=True)
+        out.print(plain(lossless_line(r)), soft_wrap=True)

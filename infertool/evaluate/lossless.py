@@ -221,6 +221,36 @@ class LosslessChecks:
         return [c.result() for c in self.checks]
 
 
+class VariantChecks:
+    """Several speculative settings, each against the SAME configuration without speculation, on the same prompt
+    sets (bench.per_class: each variant on the baseline's settings, each class's own prompts): the reference
+    server's two passes made once (``run_plain``, before any speculative server) and shared by every variant;
+    each speculative server's pass (``run_speculative``) under its label; ``result(label, set)``."""
+
+    def __init__(self, spec, sets: list[tuple[str, list[dict]]], variants: dict[str, str], *, confidence: float = 0.95):
+        self.by_variant = {label: LosslessChecks(spec, sets, speculative=words, confidence=confidence)
+                           for label, words in variants.items()}
+
+    def run_plain(self, served, events) -> None:
+        checks = list(self.by_variant.values())
+        if not checks:
+            return
+        assert not any(c.speculative_ran for c in checks), "the reference runs first: the variants share its passes"
+        checks[0].run_plain(served, events)
+        for other in checks[1:]:
+            for mine, ref in zip(other.checks, checks[0].checks):
+                mine.plain, mine.again, mine.failed = ref.plain, ref.again, ref.failed
+
+    def run_speculative(self, label: str, served, events) -> None:
+        self.by_variant[label].run_speculative(served, events)
+
+    def result(self, label: str, prompts: str) -> Lossless | None:
+        """The variant's check on one prompt set ("class NAME"); None for a variant or set not checked."""
+        checks = self.by_variant.get(label)
+        found = next((c for c in checks.checks if c.label == prompts), None) if checks is not None else None
+        return found.result() if found is not None else None
+
+
 def _own(raw: dict) -> dict:
     """A raw without its teacher-forced values: what a second pass is forced on (its own greedy tokens)."""
     return {**raw, "prompts": [{k: v for k, v in p.items() if k != "forced"} for p in raw.get("prompts", [])]}
