@@ -362,36 +362,56 @@ def test_profiles_vllm_engine_times_honest_answers_through_one_client(monkeypatc
     assert rows["decode"][0]["how"] == "difference"
 
 
-@pytest.mark.parametrize("noisy_waves,measured", [(2, True), (99, False)], ids=["noise-then-honest", "noise-always"])
-def test_profiles_vllm_engine_times_a_noisy_pair_again_and_says_when_it_gave_up(monkeypatch, noisy_waves, measured):
+@pytest.mark.parametrize("noisy_waves,metrics,how", [(2, False, "difference"), (99, True, "server inter-token latency"),
+                                                      (99, False, None)],
+                         ids=["noise-then-honest", "noise-always-metrics", "noise-always-no-metrics"])
+def test_profiles_vllm_engine_times_a_noisy_pair_again_and_says_when_it_gave_up(monkeypatch, noisy_waves, metrics, how):
     """A 1-token wave slower than the 3-token one (prefill noise on a loaded machine) is timed again, at most
-    DIFFERENCE_TRIES times a repeat; a batch no try measures is left out with a note that says why."""
+    DIFFERENCE_TRIES times a repeat; then the server's own inter-token latency (its /metrics histogram); a batch
+    neither measures is left out with a note that says why."""
     import threading
     import types
 
     from infertool.profile import vllm_engine
 
     clock, lock, one_token_waves = [0.0], threading.Lock(), [-1]  # the first 1-token wave is the prefill's
+    counts = {"prompt": 0, "generated": 0, "gaps": 0}
 
     def noisy(conn, req, srv):
-        n = json.loads(req.body)["max_tokens"]
+        body = json.loads(req.body)
+        n = body["max_tokens"]
         with lock:
             one_token_waves[0] += n == 1
             noise = n == 1 and 0 < one_token_waves[0] <= noisy_waves
             clock[0] += 1.0 if noise else 0.02 * n
+            counts["prompt"] += len(body["prompt"])
+            counts["generated"] += n
+            counts["gaps"] += n - 1
         _completion(n)(conn, req, srv)
 
+    def prometheus(conn, req, srv):
+        with lock:
+            text = (f"vllm:inter_token_latency_seconds_sum {0.03 * counts['gaps']}\n"
+                    f"vllm:inter_token_latency_seconds_count {counts['gaps']}\n"
+                    f"vllm:prompt_tokens_total {counts['prompt']}\nvllm:generation_tokens_total {counts['generated']}\n")
+        status_answer(200, text.encode(), content_type="text/plain")(conn, req, srv)
+
     monkeypatch.setattr(vllm_engine, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
-    with HostileServer({"/v1/completions": noisy}) as srv:
+    routes = {"/v1/completions": noisy, **({"/metrics": prometheus} if metrics else {})}
+    with HostileServer(routes) as srv:
         rows = _profile_measure(srv.url)
-    if measured:
+    if how == "difference":
         assert rows["decode"][0]["seconds_per_step"] == pytest.approx(0.02) and "unmeasured" not in rows
-        assert one_token_waves[0] == 3
+        assert rows["decode"][0]["how"] == how and one_token_waves[0] == 3
+    elif how is not None:  # every pair noisy: the server's histogram, 0.03 s a gap
+        assert rows["decode"][0]["seconds_per_step"] == pytest.approx(0.03) and rows["decode"][0]["how"] == how
+        assert "unmeasured" not in rows and one_token_waves[0] == vllm_engine.DIFFERENCE_TRIES
     else:
         assert rows["decode"] == [] and one_token_waves[0] == vllm_engine.DIFFERENCE_TRIES
         assert rows["unmeasured"] == [
             "decode batch 1: not measured: on each of 1 x 3 tries the 3-token wave took no longer than the 1-token "
-            "one (the prefill's timing noise exceeded 2 decode steps: a loaded machine); raise profile.decode_len"]
+            "one (the prefill's timing noise exceeded 2 decode steps: a loaded machine), and the server's /metrics "
+            "gave no inter-token latency; raise profile.decode_len"]
 
 
 @pytest.mark.parametrize("route,words", [

@@ -247,7 +247,7 @@ def test_sigterm_during_startup_stops_the_whole_group(tiny_model, serve_python, 
     # let vLLM get going (its engine process spawned), then SIGTERM the infertool process
     from tests.conftest import wait_for
 
-    wait_for(lambda: len(group_members(pid)) >= 2, 120, "vLLM's engine process")
+    wait_for(lambda: len(group_members(pid)) >= 2, 300, "vLLM's engine process")
     proc.send_signal(signal.SIGTERM)
     try:
         proc.wait(timeout=90)

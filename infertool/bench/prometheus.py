@@ -257,11 +257,12 @@ class Sampler:
         self._t0 = 0.0
         self._given_up = False
 
-    async def scrape_once(self) -> Sample | None:
+    async def scrape_once(self, deadline_s: float | None = None) -> Sample | None:
+        """One scrape, ended by ``deadline_s`` (default: the loop's ``scrape_deadline``)."""
         if self._given_up:
             return None
         try:
-            ans = await net.afetch(self.url, deadline_s=self.deadline_s, max_bytes=net.MAX_METRICS_BYTES,
+            ans = await net.afetch(self.url, deadline_s=deadline_s or self.deadline_s, max_bytes=net.MAX_METRICS_BYTES,
                                    client=self.client)
         except net.NetError as exc:  # a server without a readable /metrics is fine: the note says why
             self.timeline.note = f"/metrics not readable: {exc.reason}"
@@ -293,10 +294,11 @@ class Sampler:
                 pass
 
     async def baseline(self) -> None:
-        """One scrape before the level's first request (at most ``deadline_s``), as the counters' starting point: a
+        """One scrape before the level's first request (at most SCRAPE_DEADLINE_S, not the loop's shorter deadline:
+        the counters' deltas rest on it, and a loaded machine may answer slowly), as the counters' starting point: a
         level that ends before the sampling loop's first scrape still has its deltas (drafts, accepted tokens per
         position, prefix-cache hits) from before its first request."""
-        sample = await self.scrape_once()
+        sample = await self.scrape_once(SCRAPE_DEADLINE_S)
         if sample is not None:
             sample.t = 0.0
             self.timeline.samples.append(sample)
@@ -306,15 +308,15 @@ class Sampler:
         self._task = asyncio.create_task(self._loop())
 
     async def stop(self) -> Timeline:
-        """Stop sampling (the scrape in flight ends by its deadline) and take one last sample, so that counters
-        cover the whole run: at most STOP_BOUND_S."""
+        """Stop sampling (the scrape in flight ends by its deadline) and take one last sample (by SCRAPE_DEADLINE_S,
+        as the baseline), so that counters cover the whole run: at most STOP_BOUND_S."""
         self._stop.set()
         if self._task is not None:
             try:
                 await asyncio.wait_for(self._task, timeout=self.deadline_s + 0.5)
             except (asyncio.TimeoutError, Exception):  # noqa: BLE001
                 self._task.cancel()
-        last = await self.scrape_once()
+        last = await self.scrape_once(SCRAPE_DEADLINE_S)
         if last is not None:
             self.timeline.samples.append(last)
         return self.timeline

@@ -269,6 +269,9 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
                 step = await _itl_step(client, url, model, headers, prompts, grid.decode_len) if itl else None
                 if step is None:
                     step = await _difference_step(client, url, model, headers, prompts, grid.decode_len)
+                    if step is None and not itl:  # noise beat every try: the server's own inter-token latency
+                        step = await _itl_step(client, url, model, headers, prompts, grid.decode_len)
+                        how = how if step is None else "server inter-token latency"
                 else:
                     how = "server inter-token latency"
                 if step is not None:
@@ -280,7 +283,8 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
                 out.setdefault("unmeasured", []).append(
                     f"decode batch {b}: not measured: on each of {grid.repeats} x {DIFFERENCE_TRIES} tries the "
                     f"{1 + grid.decode_len}-token wave took no longer than the 1-token one (the prefill's timing "
-                    f"noise exceeded {grid.decode_len} decode steps: a loaded machine); raise profile.decode_len")
+                    f"noise exceeded {grid.decode_len} decode steps: a loaded machine), and the server's /metrics "
+                    "gave no inter-token latency; raise profile.decode_len")
         if profiled:
             out["wall_ns"] = (time.perf_counter() - t0) * 1e9
             await _post(client, f"{root}/stop_profile", None, PROFILER_DEADLINE_S)
