@@ -309,6 +309,22 @@ class FakeOpenAI:
             self.proc.join(10)
 
 
+def seal_evidence(ev: Path, docs: dict, index: dict) -> dict:
+    """An evidence folder as infertool.verify.evidence's format says (its real writer is publish's): each document
+    written as JSON, its sha256 and bytes in ``index["files"]``, then the index's content hash and the index. Returns
+    the index."""
+    from infertool.verify import evidence as E
+
+    ev.mkdir(parents=True, exist_ok=True)
+    for name, doc in docs.items():
+        data = json.dumps(doc).encode()
+        (ev / name).write_bytes(data)
+        index["files"][name] = E.file_entry(data)
+    index["content_sha256"] = E.content_sha256(index)
+    (ev / E.INDEX).write_bytes(json.dumps(index).encode())
+    return index
+
+
 class JSONHandler(BaseHTTPRequestHandler):
     """A stand-in HTTP server's handler base: quiet logs, JSON answers with a length (``_send``)."""
 

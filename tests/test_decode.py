@@ -164,6 +164,25 @@ def _ids(text: str) -> list[int]:
     return [10 + ord(c) % 40 for c in text]
 
 
+def echo_rows(prompt: list[int], k: int, name) -> tuple[list, list, list]:
+    """vLLM's echo of a prompt: its tokens, their log-probabilities and top-k (None for the first), as the
+    stand-in model (``_dist``) scores them; ``name``: how a token id is spelt (``token_id:N`` or the id)."""
+    toks, lps, tops = [], [], []
+    for i, t in enumerate(prompt):
+        d = _dist(prompt[:i])
+        lps.append(None if i == 0 else d.get(t, -6.0))
+        tops.append(None if i == 0 else {name(x): v for x, v in list(d.items())[:k]} | {name(t): d.get(t, -6.0)})
+        toks.append(name(t))
+    return toks, lps, tops
+
+
+def completion_body(prompt: list[int], ctx: list[int], toks: list, lps: list, tops: list) -> dict:
+    """A /v1/completions answer: the generated text (ctx after the prompt), its log-probabilities, the usage."""
+    lp = {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": list(range(len(toks)))}
+    return {"choices": [{"text": "".join(chr(48 + t % 40) for t in ctx[len(prompt):]), "logprobs": lp,
+                         "finish_reason": "length"}], "usage": {"prompt_tokens": len(prompt)}}
+
+
 class _StandIn(JSONHandler):
     """An OpenAI-compatible stand-in with vLLM's decode-path features: /tokenize (prompt, or messages through a
     'chat template'), token-id prompts, echo + prompt log-probabilities, greedy generation with per-step top-k
@@ -192,13 +211,7 @@ class _StandIn(JSONHandler):
         name = (lambda t: f"token_id:{t}") if req.get("return_tokens_as_token_ids") else str
         k = int(req.get("logprobs") or 0)
         noisy = req["model"] == "decode-noisy"
-        toks, lps, tops = [], [], []
-        if req.get("echo"):
-            for i, t in enumerate(prompt):
-                d = _dist(prompt[:i])
-                lps.append(None if i == 0 else d.get(t, -6.0))
-                tops.append(None if i == 0 else {name(x): v for x, v in list(d.items())[:k]} | {name(t): d.get(t, -6.0)})
-                toks.append(name(t))
+        toks, lps, tops = echo_rows(prompt, k, name) if req.get("echo") else ([], [], [])
         ctx = list(prompt)
         for _ in range(int(req.get("max_tokens") or 1)):
             d = _dist(ctx, noisy=noisy)
@@ -207,9 +220,7 @@ class _StandIn(JSONHandler):
             lps.append(d[t])
             tops.append({name(x): v for x, v in list(d.items())[:k]})
             ctx.append(t)
-        lp = {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": list(range(len(toks)))}
-        self._send({"choices": [{"text": "".join(chr(48 + t % 40) for t in ctx[len(prompt):]), "logprobs": lp,
-                                 "finish_reason": "length"}], "usage": {"prompt_tokens": len(prompt)}})
+        self._send(completion_body(prompt, ctx, toks, lps, tops))
 
 
 @pytest.fixture

