@@ -31,7 +31,7 @@ from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
 from infertool.bench.results import (FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
                                      TrafficClasses, server_figures)
 from infertool.bench.sweep import (
-    ServerHandle, client_notes, connect, find_knee, level_work, measure, require_success, slo_of, sweep_levels,
+    ServerHandle, client_notes, connect, find_knee, check_replay, measure, require_success, slo_of, sweep_levels,
     traffic_classes,
 )
 from infertool.bench.traffic import Level
@@ -163,7 +163,7 @@ def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:
             levels = [lv for lv in levels if lv.kind == "trace"]
             notes.append(f"class {bench.classes.replay} replayed alone: the trace's level only (the classes are "
                          "the trace's; the prompt source's levels are left out)")
-        level_work(bench, levels[0], DEFAULT_CHARS_PER_TOKEN)
+        check_replay(bench)
         notes += _replay_too_small(bench, classes)
     pc_arms, pc_levels = _per_class_plan(bench, serve, url, classes, notes, res.target.this_host) \
         if options.experiments else ([], [])

@@ -105,15 +105,8 @@ def level_work(bench, level: Level, chars_per_token: float) -> dict:
     """What a level sends beyond the bench's prompt stream, for its job: ``conversations`` (sessions),
     ``prompts`` and ``offsets`` (a trace), and ``n`` (its units). With bench.classes.replay, only that class's
     units of the level's traffic (a trace's keep their gaps, from the class's first)."""
-    replay = bench.classes.replay
-    if replay is not None:
-        work, requests = classed_traffic(bench, "trace" if level.kind == "trace" else "source", chars_per_token)
-        names = derive(requests, _rule(bench))
-        units = sorted({requests[i].unit for i in select(names, replay)})
-        if not units:
-            raise UsageError(f"bench.classes.replay: the class {replay!r} has no request in this traffic "
-                             f"(its classes: {', '.join(sorted(set(names))) or 'none'})",
-                             hint="name one of its classes, or remove bench.classes.replay (bench --class) to send the mix")
+    if bench.classes.replay is not None:
+        work, units = replay_units(bench, "trace" if level.kind == "trace" else "source", chars_per_token)
         out = {k: [v[u] for u in units] for k, v in work.items()}
         if "offsets" in out:  # the class's first request leaves at once, the others at their gaps from it
             out["offsets"] = [t - out["offsets"][0] for t in out["offsets"]]
@@ -125,6 +118,27 @@ def level_work(bench, level: Level, chars_per_token: float) -> dict:
         convs = load_conversations(bench, bench.requests)
         return {"conversations": convs, "n": len(convs)}
     return {"n": bench.requests}
+
+
+def replay_units(bench, which: str, chars_per_token: float) -> tuple[dict, list[int]]:
+    """The traffic's work (``classed_traffic``) and the units of the class bench.classes.replay names; UsageError
+    (before any server starts) when the class has no request in it, naming the classes it has."""
+    replay = bench.classes.replay
+    work, requests = classed_traffic(bench, which, chars_per_token)
+    names = derive(requests, _rule(bench))
+    units = sorted({requests[i].unit for i in select(names, replay)})
+    if not units:
+        raise UsageError(f"bench.classes.replay: the class {replay!r} has no request in this traffic "
+                         f"(its classes: {', '.join(sorted(set(names))) or 'none'})",
+                         hint="name one of its classes, or remove bench.classes.replay (bench --class) to send the mix")
+    return work, units
+
+
+def check_replay(bench) -> None:
+    """bench.classes.replay refused as a level would refuse it (``replay_units``): the trace's classes when the
+    bench has a trace, else the prompt source's."""
+    if bench.classes.replay is not None:
+        replay_units(bench, "trace" if bench.trace is not None else "source", DEFAULT_CHARS_PER_TOKEN)
 
 
 def _rule(bench) -> Rule:

@@ -60,19 +60,10 @@ def _check_classes(r) -> None:
         from infertool.tune.classes import plan_classes
 
         plan_classes(r)
-    replay = r.bench.classes.replay if r.bench is not None else None
-    if replay is not None:
-        from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
-        from infertool.bench.sweep import traffic_classes
-        from infertool.errors import UsageError
+    if r.bench is not None and r.bench.classes.replay is not None:
+        from infertool.bench.sweep import check_replay
 
-        summary = traffic_classes(r.bench, DEFAULT_CHARS_PER_TOKEN)
-        names = [c.name for c in summary.classes] if summary is not None else []
-        if summary is not None and replay not in names:
-            raise UsageError(f"bench.classes.replay: the class {replay!r} has no request in this traffic (its "
-                             f"classes: {', '.join(names) or 'none'})",
-                             hint="name one of its classes, or remove bench.classes.replay (bench --class) to send "
-                                  "the mix")
+        check_replay(r.bench)
 
 
 # ------------------------------------------------------------------------------------------ recipes

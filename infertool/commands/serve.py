@@ -79,7 +79,8 @@ def serve_run(
                        prometheus_url=prometheus_url, gpus_per_node=gpus_per_node)
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
                                  force=force, emit=emit, k8s=k8s)
-    if (Path(recipe).expanduser() / "routing.json").is_file():  # a per-class tune directory
+    # a per-class tune directory (tune.classes.ROUTING, named here: importing tune would slow every serve start)
+    if (Path(recipe).expanduser() / "routing.json").is_file():
         if emit is None:
             raise usage_error(f"{recipe} is a per-class tune: a configuration per traffic class (routing.json)",
                               hint=f"serve one class's: infertool serve {Path(recipe) / 'tuned-<class>.yaml'}; or all "

@@ -101,7 +101,7 @@ def tune(
 
         with StageProgress("tune") as progress:
             per = run_per_class(r, out_dir=out, exhaustive=exhaustive, executor=executor, on_event=progress.on_event,
-                                on_trial=on_trial, publish=publish)
+                                on_trial=on_trial, publish=publish, plans=classes)
         if as_json:
             print_json({"ok": bool(per.routing.deployments), **per.to_dict()})
         else:

@@ -154,15 +154,17 @@ class PerClassResult:
 
 
 def run_per_class(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
-                  on_event: EventCallback | None = None, on_trial=None, publish: str | None = None) -> PerClassResult:
-    """Each class's tune (``run.run_tune``) over the shared stage cache, then tuned-<class>.yaml and routing.json."""
+                  on_event: EventCallback | None = None, on_trial=None, publish: str | None = None,
+                  plans: list[ClassPlan] | None = None) -> PerClassResult:
+    """Each class's tune (``run.run_tune``) over the shared stage cache, then tuned-<class>.yaml and routing.json.
+    ``plans``: ``plan_classes(recipe)`` when the caller already made it (the traffic read and classified once)."""
     import time
 
     from infertool.atomic import write_json, write_text
     from infertool.tune.run import run_tune
 
     t0 = time.monotonic()
-    plans = plan_classes(recipe)  # before anything runs
+    plans = plans if plans is not None else plan_classes(recipe)  # before anything runs
     few = [p for p in plans if p.too_few]
     plans = [p for p in plans if not p.too_few]
     for p in few:
@@ -183,7 +185,7 @@ def run_per_class(recipe, *, out_dir: str | Path | None = None, exhaustive: bool
 
             text = read_inside(Path(res.tuned_recipe).parent, Path(res.tuned_recipe).name, 16 * 1024 * 1024)
             tuned[p.name] = str(tune_dir / f"tuned{suffix}-{p.name}.yaml")
-            write_text(Path(tuned[p.name]), text.decode("utf-8") if isinstance(text, bytes) else text)
+            write_text(Path(tuned[p.name]), text.decode("utf-8"))
     table = routing(recipe, plans, results, {k: Path(v).name for k, v in tuned.items()})
     table.notes += [f"class {p.name} not tuned: {p.requests} requests in a probe's traffic, a probe needs {p.needed} "
                     "(raise tune.load.requests); its requests take the default route" for p in few]

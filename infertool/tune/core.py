@@ -293,24 +293,17 @@ def plan_trials(recipe) -> list[space.Trial]:
 def served_check(ctx: Context, trial: space.Trial, cand: TrialRecord) -> bool:
     """The winner re-checked as served with its exact settings (a graph of registered stages: its
     quantization and the reference reused); True when it passes."""
-    reused = reusable_screening(ctx, trial, cand)
-    if reused is not None:
-        cand.served_check = reused
-        assert cand.dir is not None  # a trial's folder
-        write_trial(Path(cand.dir), cand, trial)
-        emit(ctx.on_event, f"{cand.label}: served check not run again: {reused.reused}")
-        if reused.verdict == "PASS":
-            return True
-        emit(ctx.on_event, f"{cand.label}: served outputs diverge from the reference ({reused.reason}); "
-             "the next configuration is checked", "warning")
-        return False
-    try:
-        outputs = ctx.run_stages(trial, ["served"], {}, cand)
-    except InfertoolError as e:
-        cand.served_check = ServedCheck(verdict="FAIL", reason=f"could not be served: {e.message.splitlines()[0]}")
-        return False
-    check = outputs["served"].summary
-    assert isinstance(check, ServedCheck) and cand.dir is not None  # the served stage's summary; a trial's folder
+    check: object = reusable_screening(ctx, trial, cand)
+    if isinstance(check, ServedCheck):
+        emit(ctx.on_event, f"{cand.label}: served check not run again: {check.reused}")
+    else:
+        try:
+            outputs = ctx.run_stages(trial, ["served"], {}, cand)
+        except InfertoolError as e:
+            cand.served_check = ServedCheck(verdict="FAIL", reason=f"could not be served: {e.message.splitlines()[0]}")
+            return False
+        check = outputs["served"].summary
+    assert isinstance(check, ServedCheck) and cand.dir is not None  # the screening's or the served stage's; a trial's folder
     cand.served_check = check
     write_trial(Path(cand.dir), cand, trial)
     if check.verdict == "PASS":
@@ -320,15 +313,12 @@ def served_check(ctx: Context, trial: space.Trial, cand: TrialRecord) -> bool:
     return False
 
 
-SERVED_SECTIONS = ("model", "quantize", "serve", "target")  # what a server is made of (the stages' SERVED)
-
-
 def reusable_screening(ctx: Context, trial: space.Trial, cand: TrialRecord) -> ServedCheck | None:
     """The trial's screening as its served check, when the check would rescore exactly what the screening scored
     as served: the same served configuration (model, quantization, every serve setting, target), the same items
     and rounds (the served check's rounds are the screening's) and the same gates and phases (one tune); else None.
     Its figures are then the served check's, with ``reused`` saying so: no second vLLM start for the same numbers."""
-    from infertool.tune.stages import screen_recipe
+    from infertool.tune.stages import SERVED, screen_recipe
 
     acc = cand.accuracy
     entry = cand.stages.get("screen")
@@ -340,7 +330,7 @@ def reusable_screening(ctx: Context, trial: space.Trial, cand: TrialRecord) -> S
 
     def made_of(recipe) -> list:
         return [None if getattr(recipe, s) is None else getattr(recipe, s).model_dump(mode="json")
-                for s in SERVED_SECTIONS]
+                for s in SERVED]
 
     if made_of(screened) != made_of(trial.recipe):
         return None

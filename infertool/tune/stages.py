@@ -614,7 +614,9 @@ def _reference_parts(recipe, job) -> dict:
 
 def _lossless_parts(recipe, job) -> dict:
     """A speculative configuration's lossless check (its prompts: the traffic's classes, else the decode prompts;
-    its rule): part of its accuracy stages' keys; nothing for any other configuration (their keys unchanged)."""
+    its rule): part of its accuracy stages' keys; nothing for any other configuration (their keys unchanged). The
+    class replayed alone is not part of it: the check runs every class's prompts, so a per-class tune's classes
+    share one screening and one served check."""
     if recipe.serve is None or recipe.serve.speculative is None:
         return {}
     from pathlib import Path
@@ -626,7 +628,8 @@ def _lossless_parts(recipe, job) -> dict:
     trace = {"path": b.trace, "sha256": fingerprint(Path(b.trace).expanduser())} if b.trace else None
     return {"lossless": {"v": 1, "kld_tolerance": KLD_TOLERANCE, "prompts": job.tune.inputs.get("prompts"),
                          "traffic": {"prompt": b.prompt.model_dump(mode="json"), "trace": trace,
-                                     "classes": b.classes.model_dump(mode="json"), "requests": b.requests,
+                                     "classes": b.classes.model_dump(mode="json", exclude={"replay"}),
+                                     "requests": b.requests,
                                      "seed": b.seed}}}
 
 
