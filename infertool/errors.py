@@ -93,6 +93,15 @@ class RuntimeFailure(InfertoolError):
     exit_code = EXIT_RUNTIME
 
 
+class TokenizerMismatch(RuntimeFailure):
+    """Two servers tokenized the same text differently, so their answers cannot be compared position by position.
+    ``what``: the text (a task's window, a decode prompt)."""
+
+    def __init__(self, what: str, hint: str | None = None, *, message: str | None = None):
+        super().__init__(message or f"{what}: the two servers tokenized differently", hint)
+        self.what = what
+
+
 @dataclass
 class WorkerFailure:
     """The error event a worker sent, as received by the parent."""

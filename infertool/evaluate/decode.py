@@ -40,7 +40,7 @@ from typing import Any
 
 from infertool import inputs, net
 from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
-from infertool.errors import BackendError, RuntimeFailure, UsageError
+from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.answers import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
 
@@ -300,8 +300,8 @@ class DecodePhase:
         for p, ids in zip(prompts, all_ids):
             ref = prior_by.get(p["id"])
             if ref is not None and ref["prompt_ids"] != ids:
-                raise RuntimeFailure(f"decode prompt {p['id']!r}: the two servers tokenized it differently",
-                                     hint="base and candidate must share a tokenizer (and chat template)")
+                raise TokenizerMismatch(f"decode prompt {p['id']!r}",
+                                        hint="base and candidate must share a tokenizer (and chat template)")
         own = pmap(lambda ids: _generate(client, ids, n_max, k), all_ids, self.workers, prog("greedy"),
                     what=f"decode prompts ({where})")
         out = [{"id": p["id"], "prompt_ids": ids, **g, "prefill": [j == 0 for j in range(len(g["tokens"]))]}

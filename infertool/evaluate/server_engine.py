@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from infertool import net
-from infertool.errors import BackendError, RuntimeFailure, UsageError
+from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
 from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
 from infertool.evaluate.metrics import topk_kld
 
@@ -319,8 +319,8 @@ def combine(raw_b: dict, raw_c: dict, k: int) -> dict:
             items = []
             for wb, wc in zip(tb["items"], tc["items"]):
                 if wb["tokens"] != wc["tokens"]:
-                    raise RuntimeFailure(f"task {name!r} window {wb['id']}: the two servers tokenized differently",
-                                         hint="base and candidate must share a tokenizer")
+                    raise TokenizerMismatch(f"task {name!r} window {wb['id']}",
+                                            hint="base and candidate must share a tokenizer")
                 kld, cov, same = [], [], []
                 for topb, topc in zip(wb["top"], wc["top"]):
                     d, m = topk_kld(topb, topc)

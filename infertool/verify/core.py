@@ -355,17 +355,15 @@ def _evidence_shape(ev: E.Evidence) -> Iterator[None]:
     """A Python error while asking the evidence's questions or scoring against its answers comes from a file
     whose shape is not infertool's (check_shapes checks the outline): refused naming the folder. A tokenizer
     that cuts the evidence's text otherwise is a finding, said as one."""
-    from infertool.errors import RuntimeFailure
+    from infertool.errors import TokenizerMismatch
 
     try:
         yield
-    except RuntimeFailure as e:
-        if "tokenized" not in e.message:
-            raise
-        raise RuntimeFailure(f"{e.message.split(':')[0]}: this server's tokenizer cuts it otherwise than the one "
-                             "the evidence was recorded with, so the two cannot be compared position by position",
-                             hint="the tokenizer or chat template changed (transformers, the engine's release): "
-                             "that alone changes what the model answers") from None
+    except TokenizerMismatch as e:
+        raise TokenizerMismatch(e.what, message=f"{e.what}: this server's tokenizer cuts it otherwise than the one "
+                                "the evidence was recorded with, so the two cannot be compared position by position",
+                                hint="the tokenizer or chat template changed (transformers, the engine's release): "
+                                "that alone changes what the model answers") from None
     except _SHAPE_ERRORS as e:
         raise E.EvidenceError(f"{ev.folder}: the evidence is not in the shape infertool writes "
                               f"({type(e).__name__}: {str(e)[:200]})", hint="publish the checkpoint again") from None
@@ -546,7 +544,7 @@ def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, 
     as it is known, so a run stopped midway resumes there. Returns ``verify.bisect.BisectResult``."""
     from dataclasses import replace
 
-    from infertool.errors import RuntimeFailure
+    from infertool.errors import TokenizerMismatch
     from infertool.verify.bisect import Outcome, bisect, parse_range, versions_between
 
     lo, hi = parse_range(package, span)
@@ -560,9 +558,7 @@ def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, 
                            on_line=lambda line: ctx.emit(f"{package}=={version}: {line}"))
         try:
             result = run(plan(source, opts), ctx)
-        except RuntimeFailure as e:
-            if "tokenizer" not in e.message:
-                raise
+        except TokenizerMismatch as e:  # a finding about this release, not a failure of the bisect
             return Outcome("fail", e.message, {}, round(time.monotonic() - t0, 1))
         status = "pass" if result.accepted(options.allow_inconclusive) else "fail"
         figures: dict[str, object] = {k: v for k, v in result.figures().items() if v is not None}
