@@ -53,3 +53,7 @@ class RunContext:
         if self.on_event is not None:
             self.on_event({"event": "progress", "task": task, "completed": completed, "total": total,
                            "description": description})
+
+    def log(self, message: str, level: str = "info") -> None:
+        """``emit`` under the name a phase's events object has (log, progress): a RunContext is one."""
+        self.emit(message, level)

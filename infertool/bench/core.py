@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     from infertool.evaluate.lossless import LosslessChecks, VariantChecks
     from infertool.serve.launches import Launched
     from contextlib import AbstractContextManager
-    from infertool.recipe import BenchSection, ServeSection
+    from infertool.recipe import BenchSection, DecodeSpec, ServeSection
     from infertool.recipe import Recipe
     from infertool.resolve import ModelRef, Resolution
 
@@ -110,6 +111,17 @@ class BenchPlan:
             arms.append(("the original", self.original))
         return {label: prepare(self.res, model=a.model, serve=a.serve, purpose=f"bench: {label}", dry_run=True)
                 for label, a in arms}
+
+    @cached_property
+    def lossless_prompts(self) -> tuple[DecodeSpec, list[tuple[str, list[dict]]]]:
+        """eval.decode's settings (its defaults without one) and the prompt sets a lossless check of speculation
+        runs (``sweep.lossless_sets``): made once, for the speculative experiment and bench.per_class both."""
+        from infertool.bench.sweep import lossless_sets
+        from infertool.recipe import DecodeSpec
+
+        ev = self.res.recipe.eval
+        spec = ev.decode if ev is not None and ev.decode is not None else DecodeSpec()
+        return spec, lossless_sets(self.bench, spec)
 
     def to_dict(self) -> dict:
         return {"url": self.url, "levels": [lv.to_dict() for lv in self.levels], "experiments": self.experiments,
@@ -385,14 +397,11 @@ def lossless_checks(plan: BenchPlan) -> LosslessChecks | None:
     arm = next((a for a in plan.arms if a.experiment == "speculative"), None)
     if arm is None:
         return None
-    from infertool.bench.sweep import lossless_sets
     from infertool.evaluate.lossless import LosslessChecks, speculative_words
-    from infertool.recipe import DecodeSpec
 
-    ev = plan.res.recipe.eval
-    spec = ev.decode if ev is not None and ev.decode is not None else DecodeSpec()
+    spec, sets = plan.lossless_prompts
     speculative = (arm.serve if arm.on else plan.res.serve_section).speculative
-    return LosslessChecks(spec, lossless_sets(plan.bench, spec), speculative=speculative_words(speculative))
+    return LosslessChecks(spec, sets, speculative=speculative_words(speculative))
 
 
 def per_class_lossless(plan: BenchPlan, classes: TrafficClasses) -> VariantChecks | None:
@@ -400,18 +409,15 @@ def per_class_lossless(plan: BenchPlan, classes: TrafficClasses) -> VariantCheck
     prompts (``lossless_sets``; the decode settings of eval.decode), the baseline's passes shared by the variants;
     None when it is off or no arm speculates."""
     from infertool.bench.perclass import SPECULATIVE
-    from infertool.bench.sweep import lossless_sets
     from infertool.evaluate.lossless import VariantChecks, speculative_words
-    from infertool.recipe import DecodeSpec
 
     pc = plan.bench.per_class
     spec_arms = [a for a in plan.per_class if a.role == SPECULATIVE]
     if pc is None or not pc.lossless or not spec_arms:
         return None
-    ev = plan.res.recipe.eval
-    spec = ev.decode if ev is not None and ev.decode is not None else DecodeSpec()
+    spec, every = plan.lossless_prompts
     measured = {f"class {c.name}" for c in classes.classes if c.requests >= pc.min_requests}
-    sets = [(label, prompts) for label, prompts in lossless_sets(plan.bench, spec) if label in measured]
+    sets = [(label, prompts) for label, prompts in every if label in measured]
     return VariantChecks(spec, sets, {a.label: speculative_words(a.serve.speculative) for a in spec_arms})
 
 
@@ -430,9 +436,9 @@ def _per_class_passes(checks: VariantChecks, arms: list[PerClassArm],
             return
         served = Served(arm.label, Client(handle.url, handle.model, api_key=handle.api_key))
         if arm.role == SPECULATIVE:
-            checks.run_speculative(arm.label, served, _Events(ctx.on_event))
+            checks.run_speculative(arm.label, served, ctx)
         else:
-            checks.run_plain(served, _Events(ctx.on_event))
+            checks.run_plain(served, ctx)
 
     return passes
 
@@ -444,24 +450,7 @@ def _lossless_on(checks: LosslessChecks, handle: ServerHandle, speculative: bool
 
     served = Served("speculative" if speculative else "without speculation",
                     Client(handle.url, handle.model, api_key=handle.api_key))
-    events = _Events(ctx.on_event)
-    (checks.run_speculative if speculative else checks.run_plain)(served, events)
-
-
-class _Events:
-    """The decode phase's events (log, progress) as bench's progress events."""
-
-    def __init__(self, on_event: Callable[[dict], None] | None):
-        self.on_event = on_event
-
-    def progress(self, task: str, completed: int, total: int | None = None, description: str | None = None) -> None:
-        if self.on_event:
-            self.on_event({"event": "progress", "task": task, "completed": completed, "total": total,
-                           "description": description})
-
-    def log(self, message: str, level: str = "info") -> None:
-        if self.on_event:
-            self.on_event({"event": "log", "level": level, "message": message})
+    (checks.run_speculative if speculative else checks.run_plain)(served, ctx)
 
 
 def ab_table(name: str, a_label: str, b_label: str, a_levels: list, b_levels: list, note: str | None = None) -> Experiment:

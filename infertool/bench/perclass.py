@@ -119,7 +119,7 @@ def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[Pe
     requests) with at least min_requests requests replayed alone at ``levels``, then ``on_server(arm, handle)``
     while it is still up (the lossless check's passes); then each class's speculation and caching blocks.
     Returns (them, each launch's record). Bounded as ``bench.sweep.measure`` is, per arm and class."""
-    from infertool.bench.sweep import connect, measure
+    from infertool.bench.sweep import connect, measure, slo_of
 
     pc = bench.per_class
     assert pc is not None, "measure_classes runs for a bench.per_class section"
@@ -130,6 +130,7 @@ def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[Pe
             notes.append(too_few(name, count, pc.min_requests))
     runs: dict[str, dict[str, list[LevelResult]]] = {n: {} for n in measured}
     servers: list[dict] = []
+    works: dict = {}  # each class's work at each level kind, made once for every arm (sweep.measure_levels)
     if measured:
         for arm in plan_arms:
             with launch(arm) as handle:
@@ -140,10 +141,10 @@ def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[Pe
                     b = bench.model_copy(update={"classes": bench.classes.model_copy(update={"replay": name})})
                     # each class's level from a cold prefix cache: only the class's own sharing is reused
                     runs[name][arm.label] = measure(handle, b, levels, arm=f"{arm.label}: {name}", on_event=on_event,
-                                                    warmup=i == 0, cache_salt=f"infertool-class-{i}")
+                                                    warmup=i == 0, cache_salt=f"infertool-class-{i}", works=works)
                 if on_server is not None:
                     on_server(arm, handle)
-    slo_set = bench.slo is not None and any(v is not None for v in (bench.slo.ttft_ms, bench.slo.tpot_ms, bench.slo.e2e_ms))
+    slo_set = (slo := slo_of(bench)) is not None and slo.is_set()
     classes = []
     for name, count in names.items():
         if name not in measured:

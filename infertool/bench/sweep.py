@@ -360,11 +360,11 @@ class _Progress:
 
 def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
             on_event: EventCallback | None = None, warmup: bool = False,
-            cache_salt: str | None = None) -> list[LevelResult]:
+            cache_salt: str | None = None, works: dict | None = None) -> list[LevelResult]:
     """``measure_levels`` run to completion: the levels of one server, measured (what the bench's sweep, its
     experiment arms and tune's capacity probes call, after ``connect``)."""
     return asyncio.run(measure_levels(handle, bench, levels, arm=arm, seed_salt=seed_salt, on_event=on_event,
-                                      warmup=warmup, cache_salt=cache_salt))
+                                      warmup=warmup, cache_salt=cache_salt, works=works))
 
 
 def measure_repeated(handle: ServerHandle, bench, level: Level, *, arm: str, repeats=None, seed_salt: int = 0,
@@ -379,13 +379,15 @@ def measure_repeated(handle: ServerHandle, bench, level: Level, *, arm: str, rep
 
 async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
                          on_event: EventCallback | None = None, warmup: bool = False,
-                         cache_salt: str | None = None) -> list[LevelResult]:
+                         cache_salt: str | None = None, works: dict | None = None) -> list[LevelResult]:
     """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
     cost), the client's health and the server's own metrics over time; each level repeated as bench.repeats
     asks. ``arm`` names it in progress events; ``seed_salt`` gives an arm its own texts of the same lengths.
     ``cache_salt``: each run of each level sends vLLM's prefix-cache salt ``{cache_salt}-{level}-{run}``, so it
     starts from a cold cache (levels that replay the same prompts do not hit the previous one's blocks).
-    Bounded as the module says."""
+    ``works``: the levels' work (``level_work``) kept across calls on the same traffic (bench.per_class measures
+    each class on each arm: the traffic read and classified once a class and level kind). Bounded as the module
+    says."""
     from infertool.bench.client import Pool
 
     target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
@@ -398,7 +400,12 @@ async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, ar
                 await send(pool, target, "Hello", 4, time.monotonic(),
                            timeout_s=min(WARMUP_TIMEOUT_S, bench.max_duration_s))
             for idx, level in enumerate(levels):
-                work = level_work(bench, level, handle.chars_per_token)
+                key = (bench.classes.replay, level.kind, level.unit, handle.chars_per_token)
+                work = works.get(key) if works is not None else None
+                if work is None:
+                    work = level_work(bench, level, handle.chars_per_token)
+                    if works is not None:
+                        works[key] = work
 
                 async def once(run: int, idx=idx, level=level, work=work) -> tuple[LevelResult, list, float]:
                     sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)

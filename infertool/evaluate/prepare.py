@@ -32,6 +32,12 @@ TOPK = 20  # the server engines' top-K prompt log-probabilities (the KLD is comp
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (ModelConfig.max_logprobs, vllm 0.32)
 
 
+def logprobs_args(k: int) -> tuple[str, ...]:
+    """The launch arguments a server needs to answer ``k`` log-probabilities a position: --max-logprobs past
+    vLLM's default, nothing within it (so such a launch shares a server with those that pass none)."""
+    return ("--max-logprobs", str(k)) if k > VLLM_MAX_LOGPROBS else ()
+
+
 @dataclass(frozen=True)
 class EvalOptions:
     """What a command line or a stage asks of an eval beyond the recipe (None: the recipe's eval section).
@@ -255,7 +261,7 @@ def vllm_launches(res: Resolution, seq_len: int, *, dry_run: bool = False, topk:
     if serve.max_model_len and serve.max_model_len < seq_len + 1:
         raise UsageError(f"serve.max_model_len {serve.max_model_len} is shorter than eval.seq_len {seq_len}: the model as "
                          "served cannot score these windows", hint=f"lower eval.seq_len or raise serve.max_model_len to {seq_len + 1}")
-    extra = ("--max-logprobs", str(topk)) if topk > VLLM_MAX_LOGPROBS else ()
+    extra = logprobs_args(topk)
     return {role: prepare_launch(res, model=model, purpose=f"eval ({role})", extra_args=extra, dry_run=dry_run)
             for role, model in (("candidate", res.candidate), ("base", res.base))}
 

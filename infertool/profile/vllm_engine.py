@@ -271,7 +271,8 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
                     step = await _difference_step(client, url, model, headers, prompts, grid.decode_len)
                     if step is None and not itl:  # noise beat every try: the server's own inter-token latency
                         step = await _itl_step(client, url, model, headers, prompts, grid.decode_len)
-                        how = how if step is None else "server inter-token latency"
+                        if step is not None:
+                            how = "server inter-token latency"
                 else:
                     how = "server inter-token latency"
                 if step is not None:

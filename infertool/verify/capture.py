@@ -402,13 +402,11 @@ def served(plan, log: Path, *, on_event=None, pool=None):
 def launch_plan(res, checkpoint: str | Path, *, dry_run: bool = False):
     """The launch of ``checkpoint`` as eval's vllm engine launches the candidate (``evaluate.prepare.vllm_launches``:
     the recipe's effective serve settings, --max-logprobs past vLLM's default), so a run's pool shares its server."""
-    from infertool.evaluate.prepare import VLLM_MAX_LOGPROBS
+    from infertool.evaluate.prepare import logprobs_args
     from infertool.serve import prepare
 
-    k = int(evidence_spec(res.recipe).top_k)
-    extra = ("--max-logprobs", str(k)) if k > VLLM_MAX_LOGPROBS else ()
     return prepare(res, model=res.candidate_at(checkpoint, exists=True), purpose="eval (candidate)",
-                   extra_args=extra, dry_run=dry_run)
+                   extra_args=logprobs_args(int(evidence_spec(res.recipe).top_k)), dry_run=dry_run)
 
 
 def capture_checkpoint(res, checkpoint: str | Path, out: str | Path, *, fingerprint: str, pool=None,

