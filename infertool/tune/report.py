@@ -216,12 +216,8 @@ def lossless_rows(doc: TuneDoc | dict) -> list[list[str]]:
                 rows.append([t.id + which, r.prompts or "-", "not measured" if r.lossless is None else ("yes" if r.lossless else "NO"),
                              f"{f.divergences} of {f.n_prompts} ({f.near_ties} near ties)",
                              f"{fl.divergences} of {fl.n_prompts} ({fl.near_ties} near ties)",
-                             _kld(f.kld, f.kld_ci), _kld(fl.kld, fl.kld_ci), r.reason or "-"])
+                             _ci(f.kld, f.kld_ci), _ci(fl.kld, fl.kld_ci), r.reason or "-"])
     return rows
-
-
-def _kld(v: float | None, ci: list[float] | None) -> str:
-    return "-" if v is None else f"{v:.3g}" + (f" [{ci[0]:.3g}, {ci[1]:.3g}]" if ci and len(ci) == 2 else "")
 
 
 LOSSLESS_NOTE = ("A speculative configuration is served beside the same configuration without speculation, on each "
