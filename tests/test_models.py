@@ -191,6 +191,46 @@ def test_conversion_key_depends_on_options():
     assert len({k, conversion_key("abc", 2, "bfloat16"), conversion_key("abc", None, "float16"), conversion_key("abd", None, "bfloat16")}) == 4
 
 
+@pytest.mark.parametrize("moment", ["before the check", "between the check and the move"])
+def test_two_conversions_of_one_gguf_at_once_keep_the_first_and_both_succeed(tmp_path, tmp_home, monkeypatch, moment):
+    """Two processes converting the same GGUF into an empty cache (two test workers importing the bundled model):
+    the one that moves its copy in second keeps the first one's, reused, whenever the first one landed, and leaves
+    no temporary folder (CI saw os.replace refuse the second: 'Directory not empty')."""
+    from infertool.envs import runner
+    from infertool.models import sources
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF" + b"\0" * 64)
+    key = conversion_key(sources.gguf_sha256(gguf), None, "bfloat16")
+    final = tmp_home / "models" / key
+
+    def other_process_lands() -> None:
+        final.mkdir(parents=True)
+        (final / "config.json").write_text("{}")
+        (final / sources.MARKER).write_text(json.dumps({"key": key, "by": "the other process"}))
+
+    def convert(task, spec, **kw):  # this process's conversion; the other one lands meanwhile
+        Path(spec["dest"]).mkdir(parents=True)
+        (Path(spec["dest"]) / "config.json").write_text('{"mine": true}')
+        if moment == "before the check":
+            other_process_lands()
+        return runner.TaskRun(task, "in-process", "python", {}, None, 0.0)
+
+    real_move = sources.move_into_place
+
+    def move(src, dest, **kw):
+        if moment != "before the check":
+            other_process_lands()
+        return real_move(src, dest, **kw)
+
+    monkeypatch.setattr(runner, "run_task", convert)
+    monkeypatch.setattr(sources, "move_into_place", move)
+    path, reused, got = sources.convert_gguf_cached(gguf)
+    assert (path, reused, got) == (final, True, key)
+    assert json.loads((final / sources.MARKER).read_text())["by"] == "the other process"
+    assert not [p for p in (tmp_home / "models").iterdir() if p.name.endswith(".tmp")]
+
+
 def test_copy_model_dir_is_atomic_and_refuses_overwrite(tmp_path):
     src = tmp_path / "src"
     make_fake_model(src, LLAMA_CFG, {"a": ("BF16", [4])}, {"BF16": 2})

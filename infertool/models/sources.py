@@ -239,10 +239,14 @@ def convert_gguf_cached(
         write_json(tmp / MARKER, meta)
         if final.exists():  # a concurrent conversion won the race, or a stale dir without a marker
             if (final / MARKER).is_file():
-                remove_inside(tmp, models_cache(), ignore_errors=True)
                 return final, True, key
             remove_inside(final, models_cache())
-        move_into_place(tmp, final)
+        try:
+            move_into_place(tmp, final)
+        except OSError:  # a concurrent conversion moved its copy in after the check above: that one is kept
+            if not (final / MARKER).is_file():
+                raise
+            return final, True, key
     finally:
         remove_inside(tmp, models_cache(), ignore_errors=True)
     return final, False, key
