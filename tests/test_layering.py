@@ -6,11 +6,13 @@ way to write or delete a file (infertool.atomic)."""
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 PKG = Path(__file__).resolve().parents[1] / "infertool"
 
 
+@functools.cache  # parsed once per session: every test reads the same trees, none changes them
 def _modules() -> dict[str, ast.Module]:
     out = {}
     for path in PKG.rglob("*.py"):
@@ -351,3 +353,169 @@ def test_one_http_policy():
             if any(target == c or target.startswith(c + ".") for c in HTTP_CLIENTS):
                 bad.append(f"{name} imports {target}: talk to servers through infertool.net")
     assert not bad, "\n".join(bad)
+
+
+# ---- issue 40: one class per name, no big loose module, JSON read by its readers only ----
+
+MAX_TOP_LEVEL_LINES = 400
+
+
+def _duplicate_classes(trees: dict[str, ast.Module]) -> dict[str, list[str]]:
+    """Class names defined more than once (nested classes included), with where each one is."""
+    where: dict[str, list[str]] = {}
+    for name, tree in sorted(trees.items()):
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ClassDef):
+                where.setdefault(n.name, []).append(f"{name}:{n.lineno}")
+    return {k: v for k, v in sorted(where.items()) if len(v) > 1}
+
+
+def test_duplicate_class_finder_sees_planted_ones() -> None:
+    trees = {"a": ast.parse("class Figure:\n    pass\nclass Only:\n    pass\n"),
+             "b": ast.parse("def f():\n    class Figure:\n        pass\n")}
+    assert _duplicate_classes(trees) == {"Figure": ["a:1", "b:2"]}
+
+
+def test_one_class_per_name() -> None:
+    """A fact has one class (issue 40): no class name is defined twice anywhere in infertool/, private ones too."""
+    dups = _duplicate_classes(_modules())
+    assert not dups, "class names defined twice or more:\n" + "\n".join(f"{k}: {', '.join(v)}" for k, v in dups.items())
+
+
+def _big_top_level_modules(root: Path) -> list[str]:
+    return [f"{p.name} ({n} lines)" for p in sorted(root.glob("*.py"))
+            if (n := len(p.read_text(encoding="utf-8").splitlines())) > MAX_TOP_LEVEL_LINES]
+
+
+def test_big_module_finder_sees_a_planted_one(tmp_path: Path) -> None:
+    (tmp_path / "big.py").write_text("x = 1\n" * 401, encoding="utf-8")
+    (tmp_path / "fine.py").write_text("x = 1\n" * 400, encoding="utf-8")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("x = 1\n" * 900, encoding="utf-8")  # inside a package: its own rule
+    assert _big_top_level_modules(tmp_path) == ["big.py (401 lines)"]
+
+
+def test_no_top_level_module_over_400_lines() -> None:
+    """The layout shows the architecture: a loose module of infertool/ that passes 400 lines becomes a package with a
+    small face, or moves into the package that owns it."""
+    big = _big_top_level_modules(PKG)
+    assert not big, f"top-level modules over {MAX_TOP_LEVEL_LINES} lines: " + ", ".join(big)
+
+
+# Calls whose result is JSON read from a file, a pipe or a line (by their last name: json.load / json.loads, the
+# inputs' parsers, the run directory's and the models' readers), and a module's own function that returns one of
+# them as it is. What they give is a JSON-origin value: only a reader turns it into a record.
+JSON_READS = {"json.load", "json.loads", "parse_json", "parse_jsonl", "read_jsonl", "read_json", "read_json_inside",
+              "read_json_file"}
+# The readers of formats that are not infertool's own, at the edge where they come in: Hugging Face model files,
+# the server's streamed chunks, user and public prompt datasets. Everything else reads infertool's own files, and
+# reads them through the record of their producer (Record.from_dict), by attribute.
+JSON_READERS = {"infertool.inputs", "infertool.models.info", "infertool.bench.client", "infertool.bench.datasets"}
+
+
+def _callee(func: ast.expr) -> str | None:
+    if isinstance(func, ast.Attribute):
+        if isinstance(func.value, ast.Name) and func.value.id == "json":
+            return "json." + func.attr
+        return func.attr
+    return func.id if isinstance(func, ast.Name) else None
+
+
+def _functions(tree: ast.AST) -> list[ast.FunctionDef | ast.AsyncFunctionDef]:
+    return [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))]
+
+
+def _is_json_read(node: ast.expr, readers: set[str]) -> bool:
+    """A reader call, maybe behind ``await`` or ``or {}``."""
+    if isinstance(node, ast.Await):
+        node = node.value
+    if isinstance(node, ast.BoolOp):
+        return any(_is_json_read(v, readers) for v in node.values)
+    return isinstance(node, ast.Call) and _callee(node.func) in readers
+
+
+def _literal_lookup(node: ast.AST) -> ast.expr | None:
+    """The expression indexed when node is ``x.get("lit"...)`` or ``x["lit"]``."""
+    lit = lambda e: isinstance(e, ast.Constant) and isinstance(e.value, str)  # noqa: E731
+    if isinstance(node, ast.Subscript) and lit(node.slice):
+        return node.value
+    if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get"
+            and node.args and lit(node.args[0])):
+        return node.func.value
+    return None
+
+
+def _json_literal_lookups(tree: ast.Module, name: str) -> list[str]:
+    """``name:line lookup`` for each ``x.get("lit")`` / ``x["lit"]`` where, in the same function, x is a JSON read
+    itself, a name bound from one (``=``, ``:=``, a for loop or comprehension over one), or a value looked up in one
+    (``data["a"]["b"]``, ``sub = data.get("a")`` then ``sub["b"]``)."""
+    readers = JSON_READS | {f.name for f in _functions(tree) if any(
+        isinstance(n, ast.Return) and n.value is not None and _is_json_read(n.value, JSON_READS) for n in ast.walk(f))}
+    found: set[tuple[int, str]] = set()
+    for func in _functions(tree):
+        tainted: set[str] = set()
+
+        def origin(expr: ast.expr) -> bool:
+            if _is_json_read(expr, readers):
+                return True
+            if isinstance(expr, ast.Name):
+                return expr.id in tainted
+            if isinstance(expr, ast.BoolOp):
+                return any(origin(v) for v in expr.values)
+            inner = _literal_lookup(expr)
+            return inner is not None and origin(inner)
+
+        for _ in range(3):  # bindings in any order (loops): a few passes reach the fixed point
+            for n in ast.walk(func):
+                bound: list[tuple[list[ast.expr], ast.expr]] = []
+                if isinstance(n, ast.Assign):
+                    bound.append((n.targets, n.value))
+                elif isinstance(n, (ast.AnnAssign, ast.NamedExpr)) and n.value is not None:
+                    bound.append(([n.target], n.value))
+                elif isinstance(n, (ast.For, ast.AsyncFor, ast.comprehension)):
+                    bound.append(([n.target], n.iter))
+                for targets, value in bound:
+                    if origin(value):
+                        tainted.update(x.id for t in targets for x in ast.walk(t) if isinstance(x, ast.Name))
+        for n in ast.walk(func):
+            inner = _literal_lookup(n)
+            if inner is not None and origin(inner):
+                found.add((n.lineno, ast.unparse(n)[:80]))
+    return [f"{name}:{line} {text}" for line, text in sorted(found)]
+
+
+def test_json_lookup_finder_sees_planted_ones() -> None:
+    planted = ast.parse(
+        "import json\n"
+        "from infertool import inputs\n"
+        "def _load(p):\n"
+        "    return json.loads(p.read_text())\n"                     # the module's own reader
+        "def f(p, text, row):\n"
+        "    data = json.loads(text)\n"
+        "    a = data.get('a')\n"                                    # 7
+        "    for n, doc in inputs.parse_jsonl(text, p, 'w'):\n"
+        "        doc['b']\n"                                         # 9
+        "    m = _load(p) or {}\n"
+        "    m.get('c', {}).get('d')\n"                              # 11: both
+        "    sub = data['e']\n"                                      # 12
+        "    sub['f']\n"                                             # 13
+        "    row.get('g')\n"                                         # a caller's dict: not a JSON read here
+        "    with open(p) as fh:\n"
+        "        spec = json.load(fh)\n"
+        "    return spec['out'], [r['h'] for r in json.loads(text)], read_json_inside(p, 'm.json').get('i')\n"
+        "def g(data):\n"
+        "    return data.get('a')\n")                                # another function's name: not tainted
+    assert _json_literal_lookups(planted, "p") == [
+        "p:7 data.get('a')", "p:9 doc['b']", "p:11 m.get('c', {})", "p:11 m.get('c', {}).get('d')",
+        "p:12 data['e']", "p:13 sub['f']", "p:17 r['h']", "p:17 read_json_inside(p, 'm.json').get('i')",
+        "p:17 spec['out']"]
+    typed = ast.parse("def f(text):\n    r = Result.from_dict(json.loads(text))\n    return r.score\n")
+    assert _json_literal_lookups(typed, "t") == []
+
+
+def test_json_read_by_its_reader_only() -> None:
+    """JSON exists only at file edges (issue 40): outside the readers of foreign formats, nothing indexes a value read
+    from JSON by a string literal; infertool's own files are read through their producer's record, by attribute."""
+    bad = [hit for name, tree in _modules().items() if name not in JSON_READERS
+           for hit in _json_literal_lookups(tree, name)]
+    assert not bad, "JSON-origin values indexed by a string literal outside the readers:\n" + "\n".join(bad)
