@@ -58,7 +58,8 @@ class Record:
     """Base of typed results. Subclasses are dataclasses; ``extra`` keeps keys a subclass does not declare
     (read from a file written by another version), so ``from_dict(d).to_dict()`` loses nothing."""
 
-    extra: dict = dataclasses.field(default_factory=dict, kw_only=True, repr=False, compare=False)
+    extra: dict[str, Any] = dataclasses.field(  # Any: JSON values of keys this version does not declare
+        default_factory=dict, kw_only=True, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         """A record built from a caller's dicts too: a field declared as a record, a list of records or an optional
@@ -73,7 +74,7 @@ class Record:
             if _names_record(hint) and (value := _coerce(getattr(self, name), hint)) is not _BAD:
                 setattr(self, name, value)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         out: dict[str, Any] = {}  # Any: JSON values
         for f in dataclasses.fields(self):
             if f.name == "extra":

@@ -295,14 +295,16 @@ def test_bench_measures_each_class_on_each_arm(tmp_path, stand_in):
     assert "crossover (output_token_throughput):" in text
     assert "0.80/0.50/0.25/0.12" in text, text[text.find("speculation per class"):][:3000]
     # the run report shows the same rows (infertool.bench.perclass_tables), as tables, escaped by its renderer
-    from infertool import report
     from infertool.bench.results import BenchReport
+    from infertool.report import md_table
+    from infertool.report.bench import class_blocks
+    from infertool.report.page import Bold, Para, Table
 
-    blocks = report._class_blocks(BenchReport.from_dict(doc))
-    titles = [str(b.runs[0]) for b in blocks if isinstance(b, report.Para) and isinstance(b.runs[0], report.Bold)]
+    blocks = class_blocks(BenchReport.from_dict(doc))
+    titles = [str(b.runs[0]) for b in blocks if isinstance(b, Para) and isinstance(b.runs[0], Bold)]
     assert titles[0].startswith("traffic classes (") and "speculation, class code: ngram k=4 lookup 2-4" in \
         " | ".join(titles) and any(t.startswith("prefix caching, class code") for t in titles), titles
-    md = "\n".join(report.md_table(b.rows) for b in blocks if isinstance(b, report.Table))
+    md = "\n".join(md_table(b.rows) for b in blocks if isinstance(b, Table))
     assert "0.80/0.50/0.25/0.12" in md and "| code |" in md
 
 

@@ -320,8 +320,10 @@ def test_eval_openai_prompt_gates_pass_and_the_decode_gate_fails(standin, tmp_pa
 def test_the_report_and_eval_show_the_phase_blocks():
     """The run report's eval section and `eval`'s tables show the lm-eval and decode blocks, tolerantly (a
     results.json from someone else: malformed figures read "-", never an exception)."""
-    from infertool import report
     from infertool.evaluate.result import Pooled
+    from infertool.report import md_table
+    from infertool.report.page import Table
+    from infertool.report.sections import phase_blocks
 
     lm = {"tasks": {"gsm8k-mini": {"metric": "exact_match", "base": 0.5, "candidate": 0.45, "recovery": 0.9,
                                    "recovery_ci": [0.8, 1.01], "lost": 3, "gained": 1, "mcnemar_p": 0.625, "n": 20},
@@ -333,8 +335,8 @@ def test_the_report_and_eval_show_the_phase_blocks():
            "max_tokens": 48, "kld_kind": "top-20",
            "diverged": [{"id": "chat-01", "at": 0, "near_tie": True, "reference": "The capital of France is Paris.",
                          "candidate": "L'Étoile, la Marseillaise"}, "junk"]}
-    blocks = report._phase_blocks(Pooled(lm_eval=lm, decode=dec))
-    lm_rows, dec_rows = [b.rows for b in blocks if isinstance(b, report.Table)]
+    blocks = phase_blocks(Pooled(lm_eval=lm, decode=dec))
+    lm_rows, dec_rows = [b.rows for b in blocks if isinstance(b, Table)]
     assert lm_rows[1] == ["gsm8k-mini", "exact_match", "20", "0.5000", "0.4500", "0.9000 [0.8000, 1.0100]", "3", "1", "0.625"]
     assert lm_rows[2] == ["odd", "", "-", "-", "-", "- [-, -]", "-", "-", "-"]
     assert lm_rows[3][:3] == ["all tasks", "", "20"]
@@ -345,9 +347,9 @@ def test_the_report_and_eval_show_the_phase_blocks():
     assert "60 prefill positions left out" in rows["decode KLD"] and rows["same top-1"] == "97.0% [95.0%, 99.0%]"
     assert rows["chat-01: diverges at token 0 (near tie)"] == \
         "reference 'The capital of France is Paris.' / candidate \"L'Étoile, la Marseillaise\""
-    assert "gsm8k-mini" in report.md_table(lm_rows)
-    assert report._phase_blocks(Pooled()) == []
-    skipped = report._phase_blocks(Pooled(decode={"skipped": "the server has no /tokenize endpoint"}))
+    assert "gsm8k-mini" in md_table(lm_rows)
+    assert phase_blocks(Pooled()) == []
+    skipped = phase_blocks(Pooled(decode={"skipped": "the server has no /tokenize endpoint"}))
     assert skipped[1].rows[1] == ["not measured", "the server has no /tokenize endpoint"]
 
 

@@ -96,7 +96,7 @@ def test_the_report_sizes_the_fleet_from_the_measured_max_load(tmp_path):
                          ({"peak_rps": 30, "price_per_hour": 2.0}, "$50.00 per hour, $36,500 per month (730 h) at $2.00")):
         manifest["recipe"]["target"] = target
         (run / "manifest.json").write_text(json.dumps(manifest))
-        md = " ".join(Path(write_report(run)["files"]["report.md"]).read_text().split())
+        md = " ".join(Path(write_report(run).files["report.md"]).read_text().split())
         # the candidate's best level meeting the SLO: concurrency 8 at 96 / 64 = 1.5 req/s; 30 / (1.5 x 0.8) = 25
         assert "Fleet for 30 req/s at peak: 25 replica(s) x 1 machine = 25 machine(s)" in md
         assert "measured by bench at level concurrency 8" in md and cost in md

@@ -241,7 +241,7 @@ def test_serve_for_gives_the_original_its_own_settings(models):
 
 
 def test_the_report_says_both_parallel_setups():
-    from infertool.report import _parallel_setup
+    from infertool.report.sections import parallel_setup as _parallel_setup
 
     recipe = {"target": {"gpu": "H100-SXM"}, "serve": {"tensor_parallel_size": 1, "pipeline_parallel_size": 1},
               "eval": {"base_serve": {"tensor_parallel_size": 2, "pipeline_parallel_size": None}}}

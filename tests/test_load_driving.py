@@ -382,7 +382,7 @@ def test_multi_turn_without_a_conversations_file_is_a_usage_error():
 
 def test_the_run_report_shows_repeated_levels_with_their_intervals():
     from infertool.bench.results import BenchReport
-    from infertool.report import _bench_rows
+    from infertool.report.bench import bench_rows as _bench_rows
 
     lv, _ = _repeat([10.0, 12.0], RepeatSpec(max_runs=2, min_runs=2))
     rows = _bench_rows(BenchReport(levels=[lv, _run(5.0)[0]]))

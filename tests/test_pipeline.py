@@ -189,9 +189,9 @@ def test_report_and_compare(tmp_path, fake_stages):
                                                     "files": {"kld_histogram": str(edir / "kld_histogram.svg")}}))
     (edir / "kld_histogram.svg").write_text('<svg xmlns="http://www.w3.org/2000/svg"><rect width="1" height="1"/></svg>')
     res = write_report(a.run_dir)
-    md = Path(res["files"]["report.md"]).read_text()
+    md = Path(res.files["report.md"]).read_text()
     assert "## Eval: FAIL" in md and "| max_mean_kld | mean KLD | 0.08 |" in md and "1,000 -> 400 bytes (60.0% smaller)" in md
-    page = Path(res["files"]["report.html"]).read_text()
+    page = Path(res.files["report.html"]).read_text()
     assert "data:image/svg+xml;base64," in page and "<table>" in page and "mean KLD above 0.05" in page
     # a second run with a changed eval section, compared
     r2 = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, eval={"accept": {"preset": "lenient"}, "max_items": 5})

@@ -25,7 +25,7 @@ CACHE_HASH = "cc951d3e"
 def _report(tmp_path, **kw) -> tuple[str, str, Path]:
     run = make_run_dir(tmp_path / "runs", **kw)
     res = write_report(run)
-    return Path(res["files"]["report.md"]).read_text(), Path(res["files"]["report.html"]).read_text(), run
+    return Path(res.files["report.md"]).read_text(), Path(res.files["report.html"]).read_text(), run
 
 
 def _section(md: str, title: str) -> str:
@@ -153,7 +153,7 @@ def test_a_run_written_before_the_typed_records_still_renders(tmp_path):
     (run / "manifest.json").write_text(json.dumps({
         "recipe_name": "old", "recipe": {"model": {"source": ORIGINAL}, "bench": {}, "profile": {}},
         "stages": {"profile": {"status": "done", "seconds": 30.0}, "bench": {"status": "done", "seconds": 80.0}}}))
-    md = Path(write_report(run)["files"]["report.md"]).read_text()
+    md = Path(write_report(run).files["report.md"]).read_text()
     assert _section(md, "Summary").startswith("## Summary: no quantization to decide")
     assert f"Served: **{md_escape(ORIGINAL)}**." in md
     bench = _section(md, "Bench")  # figures of bench.json's levels, as _fmt shows them (3 significant digits)
@@ -181,7 +181,7 @@ def test_a_crafted_manifest_reads_as_not_measured(tmp_path, manifest):
     run = tmp_path / "run"
     run.mkdir()
     (run / "manifest.json").write_text(json.dumps(manifest))
-    md = Path(write_report(run)["files"]["report.md"]).read_text()
+    md = Path(write_report(run).files["report.md"]).read_text()
     assert md.split("\n## ")[1].startswith("Summary: no quantization to decide")
     assert "environments: none recorded" in md and "| stage | status | seconds | key |" in md
     assert "| eval |" not in md  # a stage whose record is not an object: no row
@@ -197,13 +197,13 @@ def test_quantize_section_reads_each_agreement_record(tmp_path):
     """The load check's agreement as token_agreement writes it ({"agreement": 0.81, ...}) or as a bare number (an
     older quantize.json), and the agreement a backend measured in its own kernels."""
     run = make_run_dir(tmp_path / "runs")
-    q = _section(Path(write_report(run)["files"]["report.md"]).read_text(), "Quantize")
+    q = _section(Path(write_report(run).files["report.md"]).read_text(), "Quantize")
     assert "weights 269,030,016 -> 112,394,496 bytes (58.2% smaller)" in q
     assert "vLLM load check: loaded=True, generated=True, greedy token agreement with the original 0.81" in q
     _rewrite(run / "quantize" / "quantize.json", lambda d: d.update(
         verify={"loaded": True, "generated": False, "agreement": 0.75, "reason": "no int4 GEMM"},
         local_agreement={"engine": "gptqmodel", "agreement": 0.9375, "tokens": 64}))
-    q = _section(Path(write_report(run)["files"]["report.md"]).read_text(), "Quantize")
+    q = _section(Path(write_report(run).files["report.md"]).read_text(), "Quantize")
     assert "vLLM load check: loaded=True, generated=False, greedy token agreement with the original 0.75 (no int4 GEMM)" in q
     assert "greedy token agreement (gptqmodel): 0.938 over 64 tokens" in q
 
@@ -245,7 +245,7 @@ def test_values_of_the_wrong_type_read_as_not_measured(tmp_path):
     _rewrite(run / "quantize" / "quantize.json",
              lambda d: d.update(size={"weight_bytes_before": "big", "weight_bytes_after": 112}, verify=[1], local_agreement=3))
     _rewrite(run / "manifest.json", lambda d: d["stages"]["serve"]["summary"].update(smoke="hi", ready_s="soon"))
-    md = Path(write_report(run)["files"]["report.md"]).read_text()
+    md = Path(write_report(run).files["report.md"]).read_text()
     s = _section(md, "Summary")
     assert s.startswith("## Summary: do not ship the candidate")
     assert "it fails the max_mean_kld and min_top1 gates (the whole interval beyond the threshold)." in s
@@ -509,7 +509,7 @@ def test_run_directory_svg_and_names_cannot_script_the_page(tmp_path):
             '<a href="javascript:alert(3)"><rect width="9" height="9"/></a>'
             '<foreignObject><iframe src="javascript:alert(4)"></iframe></foreignObject></svg>')
     svg.write_text(evil)
-    page = Path(write_report(run)["files"]["report.html"]).read_text()
+    page = Path(write_report(run).files["report.html"]).read_text()
     for live in ("<script", "onload=", "javascript:", "<foreignObject", "<iframe", "<svg"):
         assert live not in page, live
     assert "&lt;script&gt;alert(&#x27;name&#x27;)&lt;/script&gt;" in page

@@ -91,7 +91,7 @@ def _png_size(path: Path) -> tuple[int, int]:
 
 def test_report_page_in_chromium(tmp_path, capsys):
     run = make_run_dir(tmp_path / "runs", verdict="FAIL")
-    page = Path(write_report(run)["files"]["report.html"])
+    page = Path(write_report(run).files["report.html"])
     found = render_and_check(page, tmp_path)
 
     assert found["scripts"] == 1  # the checking script: the report itself runs none
@@ -123,7 +123,7 @@ def test_hostile_names_stay_text_in_chromium(tmp_path):
     """A recipe name and model labels full of markup render as text: no element, no script, no broken image."""
     evil = '<img src=x onerror="document.title=\'pwned\'"><script>document.title="pwned"</script>'
     run = make_run_dir(tmp_path / "runs", recipe_name=evil, original="bundled:<b>bold</b>", candidate=f"GPTQ of {evil}")
-    found = render_and_check(Path(write_report(run)["files"]["report.html"]), tmp_path)
+    found = render_and_check(Path(write_report(run).files["report.html"]), tmp_path)
     assert found["scripts"] == 1 and found["title"] == f"infertool report: {evil}"  # shown as text, not run
     assert {i["alt"] for i in found["images"]} == FIGURES and all(i["w"] > 0 for i in found["images"])
     assert [s["id"] for s in found["sections"]] == SECTIONS

@@ -409,9 +409,9 @@ def test_the_report_shows_lengths_and_the_histogram(tmp_path):
     path.write_text(json.dumps(report))
     plot_lengths(report, lengths_path(path.parent / "latency_throughput.png"))
     res = write_report(run)
-    md = Path(res["files"]["report.md"]).read_text()
+    md = Path(res.files["report.md"]).read_text()
     assert "the token lengths sent" in md and "300 / 780 / 888 / 900" in md and "50%" in md
-    html = Path(res["files"]["report.html"]).read_text()
+    html = Path(res.files["report.html"]).read_text()
     assert html.count("data:image/svg+xml") >= 2  # the KLD histogram and the length histogram
 
 

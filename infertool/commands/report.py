@@ -25,12 +25,12 @@ def report(
 
     res = write_report(run_dir)
     if as_json:
-        print_json(res)
+        print_json(res.to_dict())
         return
-    err.print(f"[green]✓[/] {escape(res['files']['report.md'])}\n[green]✓[/] {escape(res['files']['report.html'])}", soft_wrap=True)
-    for what, why in res["not_read"].items():
+    err.print(f"[green]✓[/] {escape(res.files['report.md'])}\n[green]✓[/] {escape(res.files['report.html'])}", soft_wrap=True)
+    for what, why in res.not_read.items():
         err.print(f"[yellow]not read:[/] {escape(what)}: {escape(why)}", soft_wrap=True)
-    for why in res["figures_not_embedded"].values():
+    for why in res.figures_not_embedded.values():
         err.print(f"[yellow]figure not embedded:[/] {escape(why)}", soft_wrap=True)
 
 

@@ -146,7 +146,7 @@ def run_outcome(result) -> dict:
         if g.get("status") not in (None, "n/a"):
             gates.append({k: g.get(k) for k in ("name", "estimate", "lo", "hi", "threshold", "status")})
     try:
-        report = write_report(result.run_dir)["files"]
+        report = write_report(result.run_dir).files
     except InfertoolError as e:
         report = {"error": e.message}
     return {"verdict": getattr(s, "verdict", None), "reason": getattr(s, "reason", None), "gates": gates,
