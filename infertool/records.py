@@ -21,7 +21,7 @@ import types
 import typing
 from typing import Any, TypeVar
 
-__all__ = ["Record", "as_float", "as_int", "as_str"]
+__all__ = ["Record", "Sparse", "as_float", "as_int", "as_str"]
 
 R = TypeVar("R", bound="Record")
 _NUMBER = (int, float)
@@ -106,6 +106,21 @@ class Record:
             if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
                 kwargs[f.name] = None  # a required field missing or malformed: None, the reader says so
         return cls(**kwargs, extra={str(k): v for k, v in data.items() if k not in names})
+
+
+@dataclasses.dataclass
+class Sparse(Record):
+    """A record whose optional keys (``OMIT_NONE``) are left out of its JSON when unset (the files had no key there,
+    not null): eval's and bench's results."""
+
+    OMIT_NONE: typing.ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        d = super().to_dict()
+        for k in self.OMIT_NONE:
+            if d.get(k) is None:
+                d.pop(k, None)
+        return d
 
 
 _BAD = object()

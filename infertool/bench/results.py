@@ -20,26 +20,13 @@ from typing import Callable, ClassVar
 
 from infertool.evaluate.lossless import Lossless
 from infertool.metricspec import MetricSpec, ab_metrics
-from infertool.records import Record, as_int, as_str
+from infertool.records import Record, Sparse, as_int, as_str
 
 __all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Experiment", "FIGURES", "Figure",
            "Goodput", "Interval", "Knee", "Latency", "LengthDistribution", "Lengths", "LevelResult",
            "LevelSpec", "Repeats", "SLO", "SERVER_FIGURES", "ServedModel", "ServerMetrics", "Summary",
            "TrafficClass", "TrafficClasses", "Window", "server_figures",
            "CacheLevel", "CachingBudget", "ClassMeasure", "Crossover", "PerClass", "SpecLevel", "SpecVariant"]
-
-
-class _Sparse(Record):
-    """A record whose optional keys (``OMIT_NONE``) are left out of its JSON when unset, as the files had them."""
-
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ()
-
-    def to_dict(self) -> dict:
-        d = super().to_dict()
-        for k in self.OMIT_NONE:
-            if d.get(k) is None:
-                d.pop(k, None)
-        return d
 
 
 # ------------------------------------------------------------------------------------------ one level
@@ -109,7 +96,7 @@ class LengthDistribution(Record):
 
 
 @dataclass
-class Summary(_Sparse):
+class Summary(Sparse):
     """Every figure of one load level (``infertool.bench.metrics.summarize`` computes it)."""
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("error_examples", "turns", "lengths")  # a request failed / multi-turn / measured
@@ -139,7 +126,7 @@ class Summary(_Sparse):
 
 
 @dataclass
-class LevelSpec(_Sparse):
+class LevelSpec(Sparse):
     """A level's traffic: closed-loop concurrency, open-loop rate (Poisson or gamma arrivals), burst, static
     batch or a replayed trace (``bench.traffic.Level``); ``unit``: "session" when each unit is a multi-turn
     conversation (concurrency = sessions in flight)."""
@@ -170,7 +157,7 @@ class ClientHealth(Record):
 
 
 @dataclass
-class ServerMetrics(_Sparse):
+class ServerMetrics(Sparse):
     """The server's Prometheus gauges over a level: peaks, means and deltas (None: not exposed; the
     speculative-decoding figures are left out of the JSON when the server did not speculate)."""
 
@@ -238,7 +225,7 @@ class Repeats(Record):
 
 
 @dataclass
-class LevelResult(_Sparse):
+class LevelResult(Sparse):
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("repeats", "follow")
 
     arm: str = ""
@@ -297,7 +284,7 @@ class ABRow(Record):
 
 
 @dataclass
-class Experiment(_Sparse):
+class Experiment(Sparse):
     """Arm A against arm B, level by level (the same traffic, the same seeds)."""
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("nothing_to_compare", "lossless")
@@ -343,7 +330,7 @@ class ServedModel(Record):
 
 
 @dataclass
-class BenchSettings(_Sparse):
+class BenchSettings(Sparse):
     """The traffic every level was sent with (from the recipe's bench section)."""
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("traffic",)
@@ -374,7 +361,7 @@ class BenchSettings(_Sparse):
 
 
 @dataclass
-class BenchReport(_Sparse):
+class BenchReport(Sparse):
     """One bench: the sweep's levels, the A/B experiments, the servers it launched. In a run directory's
     bench.json also the served model (``served``), the original's sweep (``original``) and the comparison of
     the two (``comparison``); `infertool bench --plot` adds ``plot``."""
@@ -445,7 +432,7 @@ class TrafficClass(Record):
 
 
 @dataclass
-class TrafficClasses(_Sparse):
+class TrafficClasses(Sparse):
     """The classes of a bench's traffic, the rule that derived those without a given class, and the class
     replayed alone (None: the mix)."""
 

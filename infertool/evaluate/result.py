@@ -5,7 +5,7 @@ The layout of results.json is the one older run directories hold, so ``EvalResul
 reads any of them back (tolerantly: a missing or malformed value reads as "not measured", never an
 exception) and ``to_dict()`` writes the same keys again. A few keys are present only for some engines or
 tasks (``topk_covered_mass`` for the server engines, ``pooled.items`` when a suite scores items): those fields
-are left out of the JSON when empty (``_Sparse.OPTIONAL``) rather than written as null.
+are left out of the JSON when empty (``records.Sparse.OMIT_NONE``) rather than written as null.
 
 Per-task results are one record per task type (``PerplexityResult``, ``ChoiceResult``, ``GenerateResult``),
 chosen by the ``type`` a task carries. Distributions (``kld``, ``delta_p``: mean, se, p1 ... p99.9) stay
@@ -18,26 +18,11 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from infertool.evaluate.verdict import Gate
-from infertool.records import Record
+from infertool.records import Record, Sparse
 
 __all__ = ["Accept", "ChoiceResult", "EvalModel", "EvalResult", "EvalSettings", "EvalSummary", "GenerateResult",
            "Gate", "HeldOut", "PairedAccuracy", "PerplexityMetrics", "PerplexityResult", "Pooled", "SuiteInfo",
            "TaskResult", "Timing"]
-
-
-@dataclass
-class _Sparse(Record):
-    """A record whose ``OPTIONAL`` fields are left out of ``to_dict()`` when they are None (the key was
-    absent in the layout, not null)."""
-
-    OPTIONAL: ClassVar[tuple[str, ...]] = ()
-
-    def to_dict(self) -> dict:
-        d = super().to_dict()
-        for name in self.OPTIONAL:
-            if d.get(name) is None and name not in self.extra:
-                d.pop(name, None)
-        return d
 
 
 # ------------------------------------------------------------------------------------------- metrics
@@ -61,7 +46,7 @@ class PairedAccuracy(Record):
 
 
 @dataclass
-class TaskResult(_Sparse):
+class TaskResult(Sparse):
     """One task's metrics; ``from_dict`` gives the record of the task's ``type``."""
 
     type: str = ""
@@ -79,7 +64,7 @@ class TaskResult(_Sparse):
 class PerplexityMetrics(TaskResult):
     """Token-level metrics of perplexity windows (one task's, or pooled over all of a suite's)."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("topk_covered_mass",)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("topk_covered_mass",)
 
     type: str = "perplexity"
     windows: int = 0
@@ -122,7 +107,7 @@ class ChoiceResult(TaskResult):
     """A multiple-choice task: accuracy by raw and byte-normalised log-likelihood, and how often the two
     models pick the same choice."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("acc_norm",)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("acc_norm",)
 
     type: str = "multiple_choice"
     items: int = 0
@@ -149,10 +134,10 @@ _TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "mul
 
 
 @dataclass
-class Pooled(_Sparse):
+class Pooled(Sparse):
     """Metrics pooled over the suite: tokens over every perplexity task, paired accuracy over every item."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("tokens", "items", "lm_eval", "decode")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("tokens", "items", "lm_eval", "decode")
 
     tokens: PerplexityMetrics | None = None
     items: PairedAccuracy | None = None
@@ -170,11 +155,11 @@ class SuiteInfo(Record):
 
 
 @dataclass
-class EvalModel(_Sparse):
+class EvalModel(Sparse):
     """One compared model: what the engine was given (a directory, or a served name for the openai engine),
     how a person names it, and what the engine said about it (``extra``: loader, dtype, url, server...)."""
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("source",)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("source",)
 
     model: str | None = None
     source: str | None = None  # the base: what the user wrote (e.g. bundled:smollm2-135m)
