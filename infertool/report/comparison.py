@@ -14,10 +14,10 @@ from infertool.report.rundir import read_run
 __all__ = ["CompareRow", "Comparison", "RecipeChange", "compare", "compare_runs", "headline"]
 
 
-def headline(run: RunData) -> dict[str, object]:
+def headline(run: RunData) -> dict[str, str | float | None]:
     """The numbers worth comparing between two runs, flat: {row name: value}."""
     m = run.manifest
-    h: dict[str, object] = {"recipe_sha256": m.recipe_sha256}
+    h: dict[str, str | float | None] = {"recipe_sha256": m.recipe_sha256}
     if run.quantize is not None:
         for k, v in run.quantize.weight_size.to_dict().items():
             if as_float(v) is not None:
