@@ -8,8 +8,6 @@ from infertool.decision import Names, RunData
 from infertool.metricspec import METRICS
 from infertool.report.page import Block, Bold, Code, FigureBlock, P, Section, Table, fmt, fmt_pct
 
-__all__ = ["bench_rows", "bench_section", "class_blocks"]
-
 
 def bench_section(run: RunData, names: Names) -> Section | None:
     be = run.bench

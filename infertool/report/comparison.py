@@ -11,8 +11,6 @@ from infertool.metricspec import compared
 from infertool.records import Record, as_float
 from infertool.report.rundir import read_run
 
-__all__ = ["CompareRow", "Comparison", "RecipeChange", "compare", "compare_runs", "headline"]
-
 
 def headline(run: RunData) -> dict[str, str | float | None]:
     """The numbers worth comparing between two runs, flat: {row name: value}."""

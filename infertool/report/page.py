@@ -8,9 +8,6 @@ from dataclasses import dataclass, field
 
 from infertool.evaluate.verdict import Gate
 
-__all__ = ["Block", "Bold", "Bullets", "Code", "FigureBlock", "P", "Para", "Section", "Table", "fmt", "fmt_bytes",
-           "fmt_interval", "fmt_money", "fmt_pct", "fmt_ratio"]
-
 
 class Bold(str):
     pass
@@ -52,12 +49,12 @@ class Section:
     blocks: list[Block] = field(default_factory=list)
 
 
-def P(*runs: object) -> Para:
+def P(*runs: str | None) -> Para:
     """A paragraph of runs: Bold(...) and Code(...) keep their style, anything else is plain text (None: left out)."""
     return Para(tuple(r if isinstance(r, (Bold, Code)) else str(r) for r in runs if r is not None))
 
 
-def fmt(v: object, digits: int = 3) -> str:
+def fmt(v: str | float | None, digits: int = 3) -> str:
     if v is None:
         return "–"
     if isinstance(v, float):

@@ -18,9 +18,6 @@ from infertool.report.page import Bullets, Bold, Code, FigureBlock, P, Para, Tab
 from infertool.report.rundir import Unreadable, read_figure, read_run
 from infertool.report.sections import page_sections
 
-__all__ = ["REPORT_FILES", "ReportWritten", "html_document", "html_table", "img_tag", "md_escape", "md_table", "render_html",
-           "render_markdown", "write_report"]
-
 
 _MD_ALWAYS = set("\\`*[]<|~&")
 

@@ -16,9 +16,6 @@ from infertool.errors import UsageError
 from infertool.inputs import MAX_JSON_DEPTH, depth
 from infertool.summaries import RunManifest
 
-__all__ = ["FIGURE_TYPES", "MAX_FIGURE_BYTES", "MAX_JSON_BYTES", "STAGE_FILES", "Unreadable", "collect", "load_run",
-           "read_figure", "read_inside", "read_json_inside", "read_run"]
-
 # each stage's result file in a run directory
 STAGE_FILES = (("quantize", "quantize/quantize.json"), ("eval", "eval/results.json"), ("profile", "profile/profile.json"),
                ("bench", "bench/bench.json"))

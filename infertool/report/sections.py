@@ -16,8 +16,6 @@ from infertool.report.page import (Block, Bold, Bullets, Code, FigureBlock, P, S
                                    fmt_interval, fmt_money, fmt_pct, fmt_ratio)
 from infertool.summaries import EvalSummary, ServeSummary
 
-__all__ = ["page_sections", "parallel_setup", "phase_blocks"]
-
 
 def _traffic(s: BenchSettings | None) -> str:
     if s is None or s == BenchSettings():
