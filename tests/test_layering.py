@@ -519,3 +519,32 @@ def test_json_read_by_its_reader_only() -> None:
     bad = [hit for name, tree in _modules().items() if name not in JSON_READERS
            for hit in _json_literal_lookups(tree, name)]
     assert not bad, "JSON-origin values indexed by a string literal outside the readers:\n" + "\n".join(bad)
+
+
+JSON_PARSERS = {"json.load", "json.loads", "parse_json"}
+
+
+def _jsonl_loops(tree: ast.Module, name: str) -> list[str]:
+    """``name:line`` of each loop (for, or a comprehension) that parses JSON in its body: a JSONL reader of its own."""
+    found = []
+    for n in ast.walk(tree):
+        if isinstance(n, (ast.For, ast.AsyncFor, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            body = n.body if isinstance(n, (ast.For, ast.AsyncFor)) else [n]
+            if any(isinstance(c, ast.Call) and _callee(c.func) in JSON_PARSERS for b in body for c in ast.walk(b)):
+                found.append(f"{name}:{n.lineno}")
+    return found
+
+
+def test_jsonl_loop_finder_sees_planted_ones() -> None:
+    planted = ast.parse("import json\nfrom infertool import inputs\n"
+                        "def a(text):\n    for n, line in enumerate(text.splitlines(), 1):\n        x = inputs.parse_json(line)\n"
+                        "def b(lines):\n    return [json.loads(l) for l in lines]\n"
+                        "def c(text, p):\n    return inputs.parse_jsonl(text, p, 'what')\n")
+    assert _jsonl_loops(planted, "p") == ["p:4", "p:7"]
+
+
+def test_one_jsonl_reader() -> None:
+    """One JSONL reader (issue 40): a loop that parses a line at a time is infertool.inputs.parse_jsonl / read_jsonl,
+    nowhere else."""
+    loops = [hit for name, tree in _modules().items() if name != "infertool.inputs" for hit in _jsonl_loops(tree, name)]
+    assert not loops, "JSONL read line by line outside infertool.inputs (use inputs.parse_jsonl):\n" + "\n".join(loops)
