@@ -1,7 +1,9 @@
 """The package graph reads top-down: no import cycle of any length between infertool's packages or modules
 (lazy imports inside functions count), no module imports another package's private names, the leaves stay
 leaves, and there is one free-port helper, one process-group stopper, one way to register a command, and one
-way to write or delete a file (infertool.atomic)."""
+way to write or delete a file (infertool.atomic). Issue 40: one class per name, no top-level module over 400 lines,
+one JSONL reader (infertool.inputs), and a value read from JSON indexed by a string literal only in the readers of
+foreign formats (infertool's own files are read through their producer's record, by attribute)."""
 
 from __future__ import annotations
 
