@@ -62,7 +62,7 @@ class RecipeCheck:
     ``purposes`` the entry points it runs in."""
 
     name: str
-    run: Callable[["Context"], list[Finding]]
+    run: Callable[["CheckContext"], list[Finding]]
     summary: str
     reads: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
@@ -70,7 +70,7 @@ class RecipeCheck:
 
 
 @dataclass
-class Context:
+class CheckContext:
     """What a check reads: the resolution, the entry point's purpose, and facts computed once per run."""
 
     res: Resolution
@@ -162,7 +162,7 @@ def run_checks(res, *, purpose: str, only: tuple[str, ...] | None = None) -> Che
     registry's order. A check that cannot run here is listed in ``skipped`` with why."""
     if purpose not in PURPOSES:
         raise ValueError(f"unknown purpose {purpose!r}")
-    ctx, report = Context(res, purpose), CheckReport(purpose)
+    ctx, report = CheckContext(res, purpose), CheckReport(purpose)
     for check in REGISTRY.values():
         if only is not None and check.name not in only:
             continue
