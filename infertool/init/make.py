@@ -1,0 +1,257 @@
+"""``make_recipe``: a recipe (as data) for a model on a target, and every choice with its reason."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from typing import Callable
+
+from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
+from infertool.errors import UsageError
+from infertool.init.base import SUITE, TRAFFIC, Choice, Choices, InitTarget, Traffic, one_line, slug
+from infertool.init.explain import explain_bench, explain_model_and_target, explain_serve
+from infertool.init.fit import Fit, fit_base, fit_cpu, fit_served
+from infertool.init.model import ModelFacts, locate_model, refuse_quantized
+from infertool.init.options import PIN_FLOATS, InitOptions, Pins, read_traffic
+from infertool.init.quantization import (
+    METHODS, Preflight, generation, has_fp8, preflighter, propose_quantization,
+)
+from infertool.init.shape import RecipeShape, in_recipe_order
+
+
+@dataclass
+class _Option:
+    """One quantization init considered: its section, label, the recipe's shape with it and the serve fit."""
+
+    method: str
+    q: dict
+    label: str
+    activations: bool  # activations quantized too (W8A8, FP8): vLLM runs it, transformers cannot
+    shape: RecipeShape
+    fit: Fit
+    decisions: list[Choice]
+
+
+def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = None,
+                options: InitOptions | None = None) -> tuple[dict, list[Choice]]:
+    """A recipe (as data) for ``model`` on ``target``, and every choice with its reason.
+
+    ``model``: a Hugging Face directory, a .gguf file, bundled:NAME or a hub id in the local Hugging Face
+    cache. No weights are loaded (a bundled/GGUF source not yet converted is converted once, as every command
+    would). Raises UsageError for a model init cannot start from (missing, already quantized, a config.json
+    that does not describe its weights, no layer the preflight can quantize).
+
+    The steps, in order: the traffic (--traffic, --set), the quantizations the target runs well (``_methods``:
+    on a GPU, 8-bit where its tensor cores take it and 4-bit, sized each and compared by the GPUs they need),
+    each with the serve settings whose plan fits for the SERVED model (``fit_served`` / ``fit_cpu``); the
+    original's own server for the eval (``fit_base``); the SLO against the plan's decode roofline
+    (``_fit_slo``); then the reasons for the values that need no search."""
+    opts = options or InitOptions()
+    pins = opts.pins()
+    m = locate_model(model, on_event)
+    refuse_quantized(m)
+    decisions = decide = Choices()
+    traffic, source, lengths = _traffic(target, m, opts, pins, decide)
+    preflight = preflighter(m.info, target)
+    tried = [_option(method, m, target, traffic, source, lengths, preflight, pins)
+             for method in _methods(target, opts, pins)]
+    chosen = _choose_method(tried, target, decide)
+    shape, fit = chosen.shape, chosen.fit
+    decisions.extend(chosen.decisions)
+    seqs = pins.get("serve.max_num_seqs")
+    if seqs and fit.max_num_seqs != seqs:  # pinned: kept, and what the KV cache holds said beside it
+        fit.max_num_seqs = seqs
+        if (d := fit.choice("serve.max_num_seqs")) is not None:
+            d.value, d.why = seqs, f"{seqs}, pinned by --set; the fit: {d.why}"
+    if target.kind == "gpu" and chosen.shape.engine == "vllm" and fit.fits:
+        fit_base(target, shape, fit, pins.get("eval.base_serve.tensor_parallel_size"))
+    shape.base = fit.base
+    explicit_slo = bool(opts.slo) or any(k in pins for k in PIN_FLOATS)
+    _fit_slo(shape, fit, explicit_slo, "serve.max_num_seqs" in pins, decide)
+    recipe = shape(fit.tp, fit.max_model_len, fit.max_num_seqs, fit.space, fit.dtype)
+    where = target.describe(fit.tp) if target.kind == "gpu" else "vLLM on this host's CPU"
+    recipe["description"] = (f"{m.name} -> {chosen.label} -> eval vs the original ({SUITE}, {shape.engine}) -> {where} -> "
+                             f"bench ({shape.endpoint}, {shape.prompt_len}/{shape.output_len} tokens). Written by infertool init.")
+    explain_model_and_target(shape.name, m, target, decide)
+    decisions.extend(fit.decisions)
+    if "seq_len" in recipe["eval"]:
+        decide("eval.seq_len", recipe["eval"]["seq_len"], f"windows of at most max_model_len - 1 tokens: the served "
+               f"model takes {min(fit.max_model_len, (fit.base or {}).get('max_model_len', fit.max_model_len)):,} "
+               "(the default 512 would not fit)", "warning")
+    explain_serve(m, target, fit, chosen.activations, decide, chosen.label)
+    explain_bench(recipe, shape, fit, decide, explicit_slo)
+    return recipe, in_recipe_order(recipe, decisions)
+
+
+def _methods(target: InitTarget, opts: InitOptions, pins: Pins) -> list[str]:
+    """The quantizations to size: --method's; the backends' own choice when --set names quantize fields or the
+    target is a CPU; on a GPU, the 8-bit format its tensor cores run (FP8 where it has FP8 tensor cores: the
+    table's ``fp8`` flag; int8 W8A8 otherwise) and 4-bit ("default": the backends' choice)."""
+    if opts.method is not None:
+        name = opts.method.strip().lower()
+        if name not in METHODS:
+            raise UsageError(f"unknown --method {one_line(opts.method)[:40]!r}",
+                             hint=f"one of: {', '.join(METHODS)} (what the quantization backends here produce)")
+        return [name]
+    if target.kind != "gpu" or "quantize" in pins:
+        return ["default"]
+    return ["fp8" if has_fp8(target.device) else "w8a8", "default"]
+
+
+def _option(method: str, m: ModelFacts, target: InitTarget, traffic: Traffic, source: str, lengths: tuple[int, int, int],
+            preflight: Preflight, pins: Pins) -> _Option:
+    """The quantization ``method`` for this model and target, the recipe's shape with it and its serve fit."""
+    decide = Choices()
+    q, tag, label, activations = propose_quantization(method, m.info, target, traffic, preflight, decide)
+    engine = _choose_eval(target, activations, decide)
+    name = slug(f"{m.name}-{tag}-{target.tag}")
+    shape = RecipeShape(name, m, target, q, engine, traffic, *lengths, prompt_source=source)
+    if target.kind == "gpu":
+        fit = fit_served(target, shape, shape.ctx, traffic.concurrency, shape.per_request, preflight, q, m.limit,
+                          pins.get("serve.tensor_parallel_size"))
+    else:
+        fit = fit_cpu(target, shape, shape.ctx, traffic.concurrency, shape.per_request, engine == "vllm", m.limit)
+    return _Option(method, q, label, activations, shape, fit, decide)
+
+
+def _choose_method(tried: list[_Option], target: InitTarget, decide: Choices) -> _Option:
+    """Among the quantizations sized, the one that serves the traffic on the fewest GPUs; at equal GPUs the
+    first (8-bit: more accuracy). Said with the figures: what each needs."""
+    if len(tried) == 1:
+        return tried[0]
+
+    def rank(o: _Option) -> tuple:
+        whole = o.fit.fits and all(d.level == "info" for d in o.fit.decisions)
+        return (not o.fit.fits, not whole, o.fit.tp, tried.index(o) if o.fit.fits else -tried.index(o))
+
+    chosen = min(tried, key=rank)
+    needs = "; ".join(f"{o.label}: " + (f"tensor_parallel_size {o.fit.tp}" + (
+        "" if all(d.level == "info" for d in o.fit.decisions) else " (not the whole traffic)") if o.fit.fits
+        else "does not fit") for o in tried)
+    gpu = target.device
+    if chosen is tried[0]:
+        why = (f"{chosen.label}: {generation(gpu)}, and the 8-bit model serves the traffic on as few GPUs as 4-bit "
+               f"({needs}): at equal cost the 8-bit format keeps more accuracy")
+    else:
+        why = (f"{chosen.label}: memory binds: the 8-bit model needs more GPUs for this traffic than 4-bit ({needs}); "
+               f"4-bit weights halve what each GPU holds")
+    decide("quantize", chosen.label, why)
+    return chosen
+
+
+def _traffic(target: InitTarget, m: ModelFacts, opts: InitOptions, pins: Pins,
+             decide: Choices) -> tuple[Traffic, str, tuple[int, int, int]]:
+    """The traffic init plans for: the target kind's, with --slo, --set (batch, lengths, context) and --traffic
+    (a .jsonl prompt file: its prompts' lengths drive max_model_len and the KV sizing). Returns (traffic, the
+    bench's prompt source, (prompt tokens, output tokens, max_model_len to aim for))."""
+    t = TRAFFIC[target.kind]
+    slo = {**(opts.slo or {}), **{k.rsplit(".", 1)[1]: v for k, v in pins.items() if k in PIN_FLOATS}}
+    t = replace(t, **slo)
+    if "serve.max_num_seqs" in pins:
+        t = replace(t, concurrency=pins["serve.max_num_seqs"])
+    P, O, ctx = _traffic_lengths(m, t)
+    O = pins.get("bench.output_len", O)
+    source = "builtin"
+    if opts.traffic is not None:
+        source, mean, longest, n = read_traffic(opts.traffic)
+        P = mean
+        want = -(-(longest + O) // 1024) * 1024
+        pos = m.limit.tokens
+        ctx = max(ctx, min(want, pos) if pos else want)
+        decide("bench.prompt", {"source": source}, f"--traffic: {n:,} prompts, {mean:,} tokens on average and "
+               f"{longest:,} at most (estimated at {DEFAULT_CHARS_PER_TOKEN:g} characters per token: the server's "
+               f"tokenizer measures them when the bench runs); max_model_len sized for the longest plus {O} output "
+               f"tokens ({longest + O:,})" + (f", but the model takes at most {pos:,} positions: longer requests will "
+                                              "be refused" if pos and longest + O > pos else ""),
+               "warning" if pos and longest + O > pos else "info")
+    P = pins.get("bench.prompt.len", P)
+    ctx = pins.get("serve.max_model_len", ctx)
+    return t, source, (P, O, ctx)
+
+
+def _fit_slo(shape: RecipeShape, fit: Fit, explicit: bool, seqs_pinned: bool, decide: Choices) -> None:
+    """The SLO against the plan's own decode roofline: the step at max_num_seqs (a lower bound on the time per
+    output token) must not exceed tpot_ms. When it does: init's own SLO becomes the nearest feasible one (5 ms
+    steps) or max_num_seqs the largest batch that meets it, whichever changes less; an SLO the user gave is kept,
+    and the batch lowered (or, when no batch meets it, said). GPU targets (datasheet peaks) only."""
+    from infertool import plan as planning
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
+
+    t = shape.traffic
+    if shape.target.kind != "gpu" or not fit.fits or not t.tpot_ms:
+        return
+    seqs, tpot = fit.max_num_seqs, t.tpot_ms
+    r = shape(fit.tp, fit.max_model_len, seqs, None)
+    batches = sorted({*range(1, min(seqs, 1024) + 1), *range(seqs, 0, -max(1, seqs // 1024))})  # bounded: ~2k rows
+    p = planning.plan(resolve(validate_recipe_data(r, "<infertool init>")), planning.PlanOptions(batches=batches))
+    steps = {row["batch"]: row["step_ms"] for row in p.roofline.get("decode", [])}
+    if seqs not in steps:
+        return
+    step = steps[seqs]
+    whose = "yours, kept" if explicit else "init's default"
+    at = (f"the plan's decode step (its roofline, a lower bound) is {step:.1f} ms at batch {seqs} on {fit.tp} x "
+          f"{shape.target.device.key} ({p.roofline['context']:,}-token context)")
+    slo = {"ttft_ms": t.ttft_ms, "tpot_ms": tpot}
+    if step <= tpot:
+        decide("bench.slo", slo, f"feasible by the plan: {at} <= tpot_ms {tpot:g}")
+        return
+    best = max((b for b, ms in steps.items() if b <= seqs and ms <= tpot), default=None)
+    new_tpot = float(math.ceil(step / 5) * 5)
+    lower_batch = best is not None and not seqs_pinned and (explicit or seqs / best <= new_tpot / tpot)
+    if lower_batch:
+        assert best is not None
+        fit.max_num_seqs = best
+        if (d := fit.choice("serve.max_num_seqs")) is not None:
+            d.value, d.level = best, "warning"
+            d.why = f"{best}, not the traffic's {seqs}: the largest batch whose decode step meets tpot_ms {tpot:g} " \
+                    f"({steps[best]:.1f} ms; see bench.slo)"
+        decide("bench.slo", slo, f"INFEASIBLE at batch {seqs}: {at}, above tpot_ms {tpot:g} ({whose}): max_num_seqs "
+               f"lowered to {best} (decode step {steps[best]:.1f} ms), the nearest feasible batch"
+               + ("" if explicit else f" (keeping the batch would need tpot_ms {new_tpot:g})"), "warning")
+    elif explicit:
+        decide("bench.slo", slo, f"INFEASIBLE: {at}" + (f" and {steps[1]:.1f} ms at batch 1" if 1 in steps else "")
+               + f", above tpot_ms {tpot:g} ({whose}): " + ("no batch meets it on this target" if best is None else
+                                                          "max_num_seqs is pinned by --set")
+               + "; the bench will report the SLO missed", "warning")
+    else:
+        shape.traffic = replace(t, tpot_ms=new_tpot)
+        decide("bench.slo", {"ttft_ms": t.ttft_ms, "tpot_ms": new_tpot},
+               f"tpot_ms {new_tpot:g}, not {whose} {tpot:g}: {at}; the nearest feasible SLO (5 ms steps)"
+               + (f"; keeping {tpot:g} would need max_num_seqs {best} instead of {seqs}" if best else
+                  "; no batch meets the default"), "warning")
+
+
+def _choose_eval(target: InitTarget, w8a8: bool, decide: Choices) -> str:
+    """The eval: the quantized model against the original, as served where it matters. Returns eval.engine."""
+    if target.kind == "gpu":
+        engine = "vllm"
+        ewhy = ("both models served by vLLM with this recipe's serve settings: accuracy as served, with the kernels "
+                "the target runs")
+    elif w8a8:
+        engine = "vllm"
+        ewhy = ("W8A8 quantizes activations too, which only the serving engine does (transformers decompresses the "
+                "weights and runs dense): accuracy as served")
+    else:
+        engine = "hf"
+        ewhy = ("transformers in the quant environment, full-vocabulary KL divergence; on a CPU it avoids starting two "
+                "vLLM servers (use engine: vllm for accuracy as served)")
+    decide("eval.suite", SUITE, "the held-out eval part of the built-in corpus: offline, never seen by calibration; "
+           "use your own suite for your task (a YAML path: docs/evals.md shows every item form)")
+    decide("eval.engine", engine, ewhy)
+    decide("eval.accept", {"preset": "standard"}, "PASS only when KL divergence, top-1 agreement and perplexity ratio "
+           "pass their gates with their uncertainty (strict / lenient presets, or explicit gates)")
+    return engine
+
+
+def _traffic_lengths(m: ModelFacts, traffic: Traffic) -> tuple[int, int, int]:
+    """(prompt tokens, output tokens, max_model_len to aim for): the traffic's, within the model's positions."""
+    P, O = traffic.prompt_len, traffic.output_len
+    pos = m.limit.tokens
+    ctx = min(traffic.context, pos) if pos else traffic.context
+    if pos and pos < P + O:  # a short-context model: the traffic must fit its positions
+        P, O = max(8, pos * 3 // 4), max(8, pos // 4)
+        while P + O > pos:
+            P -= 1
+        ctx = pos
+    return P, O, ctx
