@@ -15,8 +15,10 @@ from infertool.init.make import make_recipe
 from infertool.init.options import InitOptions, Pins
 from infertool.init.render import render_yaml
 from infertool.init.shape import in_recipe_order
+from infertool.schema import YAMLValue
 
 if TYPE_CHECKING:
+    from infertool.plan import PlanResult
     from infertool.recipe import Recipe
 
 
@@ -28,8 +30,8 @@ class InitResult:
     recipe: dict
     decisions: list[Choice]
     target: str
-    plan: dict  # the written recipe's plan (what `infertool plan FILE` says)
-    original_plan: dict | None  # the original model with the same serve settings (when the eval serves it)
+    plan: PlanResult  # the written recipe's plan (what `infertool plan FILE` says)
+    original_plan: PlanResult | None  # the original model with the same serve settings (when the eval serves it)
     fits: bool
     reasons: list[str]
     advice: list[str]
@@ -41,8 +43,8 @@ class InitResult:
     def to_dict(self) -> dict:
         return {"ok": self.fits, "exit_code": self.exit_code, "path": self.path, "target": self.target,
                 "fits": self.fits, "reasons": self.reasons, "advice": self.advice, "recipe": self.recipe,
-                "decisions": [d.to_dict() for d in self.decisions], "yaml": self.text, "plan": self.plan,
-                "original_plan": self.original_plan}
+                "decisions": [d.to_dict() for d in self.decisions], "yaml": self.text, "plan": self.plan.to_dict(),
+                "original_plan": self.original_plan.to_dict() if self.original_plan else None}
 
 
 def default_out(recipe: dict) -> Path:
@@ -103,7 +105,7 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
     fits = plan.fits and (original is None or original.fits)
     advice = [d.why.removeprefix("DOES NOT FIT: ") for d in decisions if d.level == "error"]
     return InitResult(str(dest) if dest is not None else None, text, recipe, decisions, target.describe(count),
-                      plan.to_dict(), original.to_dict() if original else None, fits, reasons, advice)
+                      plan, original, fits, reasons, advice)
 
 
 def _validated(tmp: Path, model: str, sets: list[str]) -> Recipe:
@@ -135,7 +137,7 @@ def _apply_sets(recipe: dict, decisions: list[Choice], sets: list[str], pins: Pi
         _refuse_section_replaced(recipe, key, value)
     recipe = apply_overrides(recipe, pairs)
     for key, value in pairs:
-        decided = key in pins and any(d.field == key or key.startswith(d.field + ".") for d in decisions)
+        decided = key in pins.keys and any(d.field == key or key.startswith(d.field + ".") for d in decisions)
         decisions.append(Choice(key, value, "set on the command line (--set); the fit above decided with it"
                                   if decided else "set on the command line (--set)"))
     return recipe, in_recipe_order(recipe, decisions)
@@ -145,7 +147,7 @@ def _apply_sets(recipe: dict, decisions: list[Choice], sets: list[str], pins: Pi
 _FITTED_SECTIONS = ("model", "serve")
 
 
-def _refuse_section_replaced(recipe: dict, key: str, value: object) -> None:
+def _refuse_section_replaced(recipe: dict, key: str, value: YAMLValue) -> None:
     """A --set whose key names a section (a mapping init made) and whose value is not a mapping: refused with the
     key, before the recipe is rendered (``--set serve=`` would leave the recipe without its serve settings)."""
     node: object = recipe

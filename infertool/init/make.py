@@ -12,7 +12,7 @@ from infertool.init.base import SUITE, TRAFFIC, Choice, Choices, InitTarget, Tra
 from infertool.init.explain import explain_bench, explain_model_and_target, explain_serve
 from infertool.init.fit import Fit, fit_base, fit_cpu, fit_served
 from infertool.init.model import ModelFacts, locate_model, refuse_quantized
-from infertool.init.options import PIN_FLOATS, InitOptions, Pins, read_traffic
+from infertool.init.options import InitOptions, Pins, read_traffic
 from infertool.init.quantization import (
     METHODS, Preflight, generation, has_fp8, preflighter, propose_quantization,
 )
@@ -58,16 +58,16 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     chosen = _choose_method(tried, target, decide)
     shape, fit = chosen.shape, chosen.fit
     decisions.extend(chosen.decisions)
-    seqs = pins.get("serve.max_num_seqs")
+    seqs = pins.max_num_seqs
     if seqs and fit.max_num_seqs != seqs:  # pinned: kept, and what the KV cache holds said beside it
         fit.max_num_seqs = seqs
         if (d := fit.choice("serve.max_num_seqs")) is not None:
             d.value, d.why = seqs, f"{seqs}, pinned by --set; the fit: {d.why}"
     if target.kind == "gpu" and chosen.shape.engine == "vllm" and fit.fits:
-        fit_base(target, shape, fit, pins.get("eval.base_serve.tensor_parallel_size"))
+        fit_base(target, shape, fit, pins.base_tensor_parallel_size)
     shape.base = fit.base
-    explicit_slo = bool(opts.slo) or any(k in pins for k in PIN_FLOATS)
-    _fit_slo(shape, fit, explicit_slo, "serve.max_num_seqs" in pins, decide)
+    explicit_slo = bool(opts.slo) or pins.slo
+    _fit_slo(shape, fit, explicit_slo, pins.max_num_seqs is not None, decide)
     recipe = shape(fit.tp, fit.max_model_len, fit.max_num_seqs, fit.space, fit.dtype)
     where = target.describe(fit.tp) if target.kind == "gpu" else "vLLM on this host's CPU"
     recipe["description"] = (f"{m.name} -> {chosen.label} -> eval vs the original ({SUITE}, {shape.engine}) -> {where} -> "
@@ -93,7 +93,7 @@ def _methods(target: InitTarget, opts: InitOptions, pins: Pins) -> list[str]:
             raise UsageError(f"unknown --method {one_line(opts.method)[:40]!r}",
                              hint=f"one of: {', '.join(METHODS)} (what the quantization backends here produce)")
         return [name]
-    if target.kind != "gpu" or "quantize" in pins:
+    if target.kind != "gpu" or pins.quantize:
         return ["default"]
     return ["fp8" if has_fp8(target.device) else "w8a8", "default"]
 
@@ -108,7 +108,7 @@ def _option(method: str, m: ModelFacts, target: InitTarget, traffic: Traffic, so
     shape = RecipeShape(name, m, target, q, engine, traffic, *lengths, prompt_source=source)
     if target.kind == "gpu":
         fit = fit_served(target, shape, shape.ctx, traffic.concurrency, shape.per_request, preflight, q, m.limit,
-                          pins.get("serve.tensor_parallel_size"))
+                          pins.tensor_parallel_size)
     else:
         fit = fit_cpu(target, shape, shape.ctx, traffic.concurrency, shape.per_request, engine == "vllm", m.limit)
     return _Option(method, q, label, activations, shape, fit, decide)
@@ -145,12 +145,11 @@ def _traffic(target: InitTarget, m: ModelFacts, opts: InitOptions, pins: Pins,
     (a .jsonl prompt file: its prompts' lengths drive max_model_len and the KV sizing). Returns (traffic, the
     bench's prompt source, (prompt tokens, output tokens, max_model_len to aim for))."""
     t = TRAFFIC[target.kind]
-    slo = {**(opts.slo or {}), **{k.rsplit(".", 1)[1]: v for k, v in pins.items() if k in PIN_FLOATS}}
-    t = replace(t, **slo)
-    if "serve.max_num_seqs" in pins:
-        t = replace(t, concurrency=pins["serve.max_num_seqs"])
+    t = replace(t, **(opts.slo or {}))
+    t = replace(t, ttft_ms=pins.ttft_ms or t.ttft_ms, tpot_ms=pins.tpot_ms or t.tpot_ms,
+                concurrency=pins.max_num_seqs or t.concurrency)
     P, O, ctx = _traffic_lengths(m, t)
-    O = pins.get("bench.output_len", O)
+    O = pins.output_len or O
     source = "builtin"
     if opts.traffic is not None:
         source, mean, longest, n = read_traffic(opts.traffic)
@@ -164,8 +163,8 @@ def _traffic(target: InitTarget, m: ModelFacts, opts: InitOptions, pins: Pins,
                f"tokens ({longest + O:,})" + (f", but the model takes at most {pos:,} positions: longer requests will "
                                               "be refused" if pos and longest + O > pos else ""),
                "warning" if pos and longest + O > pos else "info")
-    P = pins.get("bench.prompt.len", P)
-    ctx = pins.get("serve.max_model_len", ctx)
+    P = pins.prompt_len or P
+    ctx = pins.max_model_len or ctx
     return t, source, (P, O, ctx)
 
 

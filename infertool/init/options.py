@@ -5,7 +5,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypedDict, cast
 
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
 from infertool.errors import UsageError
@@ -15,12 +14,30 @@ from infertool.init.base import one_line
 PIN_INTS = ("serve.tensor_parallel_size", "serve.max_model_len", "serve.max_num_seqs", "bench.output_len",
             "bench.prompt.len", "eval.base_serve.tensor_parallel_size")
 PIN_FLOATS = ("bench.slo.ttft_ms", "bench.slo.tpot_ms")
-# the --set values the fit decides from (InitOptions.pins): PIN_INTS as ints, PIN_FLOATS as floats, "quantize":
-# some quantize.* key is set
-Pins = TypedDict("Pins", {
-    "serve.tensor_parallel_size": int, "serve.max_model_len": int, "serve.max_num_seqs": int, "bench.output_len": int,
-    "bench.prompt.len": int, "eval.base_serve.tensor_parallel_size": int, "bench.slo.ttft_ms": float,
-    "bench.slo.tpot_ms": float, "quantize": bool}, total=False)
+
+
+@dataclass(frozen=True)
+class Pins:
+    """The --set values the fit decides from (``InitOptions.pins``): PIN_INTS as whole numbers, PIN_FLOATS as
+    milliseconds (None: not set); ``keys``: the --set keys pinned, and "quantize" when some quantize.* key is set."""
+
+    tensor_parallel_size: int | None = None
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    output_len: int | None = None
+    prompt_len: int | None = None
+    base_tensor_parallel_size: int | None = None  # eval.base_serve's
+    ttft_ms: float | None = None
+    tpot_ms: float | None = None
+    keys: frozenset[str] = frozenset()
+
+    @property
+    def quantize(self) -> bool:
+        return "quantize" in self.keys
+
+    @property
+    def slo(self) -> bool:
+        return self.ttft_ms is not None or self.tpot_ms is not None
 
 
 @dataclass
@@ -39,15 +56,15 @@ class InitOptions:
         a value of another type is left to the recipe's validation (which refuses it with its field path)."""
         from infertool.recipe import parse_overrides
 
-        out: dict[str, float] = {}
-        for key, value in parse_overrides(list(self.sets)):
-            if key in PIN_INTS and isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                out[key] = value
-            elif key in PIN_FLOATS and isinstance(value, int | float) and not isinstance(value, bool) and value > 0:
-                out[key] = float(value)
-            elif key.startswith("quantize."):
-                out.setdefault("quantize", True)
-        return cast(Pins, out)
+        pairs = parse_overrides(list(self.sets))
+        ints = {k: v for k, v in pairs if k in PIN_INTS and isinstance(v, int) and not isinstance(v, bool) and v > 0}
+        ms = {k: float(v) for k, v in pairs
+              if k in PIN_FLOATS and isinstance(v, int | float) and not isinstance(v, bool) and v > 0}
+        quantize = {"quantize"} if any(k.startswith("quantize.") for k, _ in pairs) else set()
+        return Pins(ints.get("serve.tensor_parallel_size"), ints.get("serve.max_model_len"),
+                    ints.get("serve.max_num_seqs"), ints.get("bench.output_len"), ints.get("bench.prompt.len"),
+                    ints.get("eval.base_serve.tensor_parallel_size"), ms.get("bench.slo.ttft_ms"),
+                    ms.get("bench.slo.tpot_ms"), frozenset({*ints, *ms, *quantize}))
 
 
 def parse_slo(text: str) -> dict:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 from infertool.init.base import Choice, one_line
+from infertool.schema import YAMLValue
 
 COMMENT_WIDTH = 110
 
@@ -53,7 +54,7 @@ def render_yaml(recipe: dict, decisions: list[Choice], header: list[str] | None 
             lines.extend(_comment(text, indent))
         placed.add(path)
 
-    def emit(key: str, value: object, indent: int, path: str) -> None:
+    def emit(key: str, value: YAMLValue, indent: int, path: str) -> None:
         comments(path, indent)
         pad = " " * indent
         block = isinstance(value, dict) and value and (path in _SECTIONS or any(f"{path}.{k}" in why for k in value))
