@@ -20,9 +20,9 @@ if TYPE_CHECKING:
     from infertool.plan import PlanResult
 
 
-def _plan(recipe: dict, original: bool = False) -> PlanResult:
+def plan_of(recipe: dict, original: bool = False, batches: list[int] | None = None) -> PlanResult:
     """The plan of a recipe as every command reads it: validated, resolved, planned (the original model with
-    the same serve settings when ``original``)."""
+    the same serve settings when ``original``; the decode roofline at ``batches`` when given)."""
     from infertool import plan as planning
     from infertool.recipe import validate_recipe_data
     from infertool.resolve import resolve
@@ -30,7 +30,8 @@ def _plan(recipe: dict, original: bool = False) -> PlanResult:
     data = recipe
     if original:
         data = {**recipe, "serve": {**recipe["serve"], "model": "original"}}
-    return planning.plan(resolve(validate_recipe_data(data, "<infertool init>")))
+    options = planning.PlanOptions(batches=batches) if batches is not None else None
+    return planning.plan(resolve(validate_recipe_data(data, "<infertool init>")), options)
 
 
 # ------------------------------------------------------------------------------------------- fitting
@@ -86,7 +87,7 @@ def fit_served(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int,
                 rows.append(f"TP {tp}: {check.detail}")
                 continue
         largest_valid = tp
-        p = _plan(recipe_for(tp, ctx, conc, None))
+        p = plan_of(recipe_for(tp, ctx, conc, None))
         kv, need = p.capacity["kv_tokens"], conc * per_req
         ok = kv >= max(need, ctx)
         rows.append(f"TP {tp}: the quantized model {p.memory['weights_per_gpu_gib']:.1f} GiB of weights per GPU, KV "
@@ -140,7 +141,7 @@ def fit_base(target: InitTarget, recipe_for: RecipeShape, fit: Fit, pinned: int 
     found = start = None
     for tp in [d for d in _degrees(target, pinned, rows) if pinned or d >= fit.tp]:  # fewer than served: no need
         base = {"tensor_parallel_size": tp} if tp != fit.tp else None
-        po = _plan(recipe_for(fit.tp, fit.max_model_len, fit.max_num_seqs, None, base=base), original=True)
+        po = plan_of(recipe_for(fit.tp, fit.max_model_len, fit.max_num_seqs, None, base=base), original=True)
         split = [r for r in po.reasons if "tensor_parallel_size" in r]
         if split and pinned:
             raise UsageError(f"--set eval.base_serve.tensor_parallel_size={tp}: {'; '.join(split)}",
@@ -190,8 +191,8 @@ def _gpu_advice(target: InitTarget, recipe_for: RecipeShape, min_len: int, with_
     def starts(t: InitTarget, tp: int) -> bool:
         r = recipe_for(tp, min_len, 1, None)
         r["target"] = {"gpu": t.device.key}
-        ok = _plan(r).fits
-        return ok and (not with_original or _plan(r, original=True).fits)
+        ok = plan_of(r).fits
+        return ok and (not with_original or plan_of(r, original=True).fits)
 
     if target.max_gpus < 8:
         for tp in TP_DEGREES:
@@ -247,7 +248,7 @@ def _size_cpu(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int, 
 
     def plans(max_len: int, seqs: int, space: int) -> tuple[PlanResult, PlanResult | None]:
         r = recipe_for(1, max_len, seqs, space, dtype)
-        return _plan(r), (_plan(r, original=True) if with_original else None)
+        return plan_of(r), (plan_of(r, original=True) if with_original else None)
 
     p1, po1 = plans(ctx, conc, 1)
     notes = [x.model["how"] for x in (p1, po1) if x is not None]  # "..., held in float32 by vLLM" 
@@ -314,7 +315,7 @@ def _cpu_advice(target: InitTarget, weights: float, recipe_for: RecipeShape, min
         r["target"] = {"gpu": dev.key}
         r["serve"] = {k: v for k, v in r["serve"].items() if k != "cpu"}
         r["eval"] = {**r["eval"], "engine": "vllm"}  # on a GPU the eval serves the original too
-        return _plan(r).fits and _plan(r, original=True).fits
+        return plan_of(r).fits and plan_of(r, original=True).fits
 
     need = weights + CPU_HOST_OVERHEAD + 2 * GIB
     for dev in sorted(hardware.GPUS.values(), key=lambda g: g.memory_gib):

@@ -10,7 +10,7 @@ from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
 from infertool.errors import UsageError
 from infertool.init.base import SUITE, TRAFFIC, Choice, Choices, InitTarget, Traffic, one_line, slug
 from infertool.init.explain import explain_bench, explain_model_and_target, explain_serve
-from infertool.init.fit import Fit, fit_base, fit_cpu, fit_served
+from infertool.init.fit import Fit, fit_base, fit_cpu, fit_served, plan_of
 from infertool.init.model import ModelFacts, locate_model, refuse_quantized
 from infertool.init.options import InitOptions, Pins, read_traffic
 from infertool.init.quantization import (
@@ -173,17 +173,13 @@ def _fit_slo(shape: RecipeShape, fit: Fit, explicit: bool, seqs_pinned: bool, de
     output token) must not exceed tpot_ms. When it does: init's own SLO becomes the nearest feasible one (5 ms
     steps) or max_num_seqs the largest batch that meets it, whichever changes less; an SLO the user gave is kept,
     and the batch lowered (or, when no batch meets it, said). GPU targets (datasheet peaks) only."""
-    from infertool import plan as planning
-    from infertool.recipe import validate_recipe_data
-    from infertool.resolve import resolve
-
     t = shape.traffic
     if shape.target.kind != "gpu" or not fit.fits or not t.tpot_ms:
         return
     seqs, tpot = fit.max_num_seqs, t.tpot_ms
     r = shape(fit.tp, fit.max_model_len, seqs, None)
     batches = sorted({*range(1, min(seqs, 1024) + 1), *range(seqs, 0, -max(1, seqs // 1024))})  # bounded: ~2k rows
-    p = planning.plan(resolve(validate_recipe_data(r, "<infertool init>")), planning.PlanOptions(batches=batches))
+    p = plan_of(r, batches=batches)
     steps = {row["batch"]: row["step_ms"] for row in p.roofline.get("decode", [])}
     if seqs not in steps:
         return

@@ -12,10 +12,6 @@ from infertool.schema import (
     Share, Text, Tokens, field_error,
 )
 
-# --------------------------------------------------------------------------------------------
-# bench
-# --------------------------------------------------------------------------------------------
-
 
 class BurstSpec(BaseModel):
     model_config = STRICT

@@ -20,9 +20,6 @@ from infertool.recipe.root import Recipe
 
 MAX_LISTED_ISSUES = 50  # errors listed one per line; the rest are counted
 
-# --------------------------------------------------------------------------------------------
-# Turning pydantic errors into RecipeIssues
-# --------------------------------------------------------------------------------------------
 
 _Part = tuple[Literal["key", "index"], Any]
 

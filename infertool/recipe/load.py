@@ -20,10 +20,6 @@ from infertool.recipe.root import Recipe
 
 MAX_RECIPE_BYTES = 1024 * 1024  # a recipe is a page of YAML; the largest shipped one is ~4 KiB
 
-# --------------------------------------------------------------------------------------------
-# Loading
-# --------------------------------------------------------------------------------------------
-
 
 def _resolve_path(path: str | Path) -> Path:
     if not str(path).strip():

@@ -20,10 +20,6 @@ RECIPES_HINT = (
 
 Override = tuple[str, YAMLValue]  # a --set: the dotted key and its value, read as YAML
 
-# --------------------------------------------------------------------------------------------
-# YAML: a SafeLoader that refuses duplicate keys
-# --------------------------------------------------------------------------------------------
-
 
 # the tags a recipe may spell out (``!!str 8``, ``!!int "8"``): plain text, numbers, booleans, null, lists and
 # mappings. Any other (!!binary, !!timestamp, !!set, !!omap, !!pairs, !!python/..., a local !tag) is refused with

@@ -18,10 +18,6 @@ _CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*(\|\d+(-\d+)?(,\d+(-\d+)?)*
 # Case-sensitive: HF_TOKEN is a variable name, hf_AbC... is a Hugging Face token.
 _KEY_PREFIXES = ("sk-", "sk_", "hf_", "ghp_", "gho_", "github_pat_", "gsk_", "xai-", "Bearer ", "bearer ")
 
-# --------------------------------------------------------------------------------------------
-# serve
-# --------------------------------------------------------------------------------------------
-
 
 class SpeculativeSpec(BaseModel):
     """vLLM's --speculative-config. ``suffix`` (suffix decoding) needs the arctic-inference package in the serve
@@ -224,7 +220,6 @@ class ServeSection(BaseModel):
                 "enable_auto_tool_choice: true needs tool_call_parser (e.g. llama3_json, hermes)",
             )
         return self
-
 
 
 def _looks_like_secret(value: str) -> bool:

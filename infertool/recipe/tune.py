@@ -16,9 +16,6 @@ from infertool.schema import (
     field_error, sweep,
 )
 
-# --------------------------------------------------------------------------------------------
-# tune
-# --------------------------------------------------------------------------------------------
 
 TUNE_OBJECTIVES: tuple[str, ...] = objective_names()  # the metric table's objectives (infertool.metricspec)
 if TYPE_CHECKING:
