@@ -12,7 +12,7 @@ from infertool.init.base import (
     EVAL_MIN_LEN, GIB, HALF_SLOW_EVIDENCE, MIN_LEN_WHY, TP_DEGREES, Choice, InitTarget, gib, pow2_floor,
 )
 from infertool.init.quantization import Preflight
-from infertool.init.shape import RecipeShape
+from infertool.init.shape import BaseServe, RecipeShape
 from infertool.perf import hardware
 
 if TYPE_CHECKING:
@@ -46,7 +46,7 @@ class Fit:
     dtype: str = "auto"  # serve.dtype
     notes: list[str] = field(default_factory=list)  # the plans' notes
     memory_why: str = ""
-    base: dict | None = None  # eval.base_serve: the original's own server settings (a GPU fit, when it needs more)
+    base: BaseServe | None = None  # eval.base_serve: the original's own server settings (a GPU fit, when it needs more)
 
     def choice(self, path: str) -> Choice | None:
         """The fit's choice for ``path``, if it made one."""
@@ -140,7 +140,7 @@ def fit_base(target: InitTarget, recipe_for: RecipeShape, fit: Fit, pinned: int 
     rows: list[str] = []
     found = start = None
     for tp in [d for d in _degrees(target, pinned, rows) if pinned or d >= fit.tp]:  # fewer than served: no need
-        base = {"tensor_parallel_size": tp} if tp != fit.tp else None
+        base = BaseServe(tp) if tp != fit.tp else None
         po = plan_of(recipe_for(fit.tp, fit.max_model_len, fit.max_num_seqs, None, base=base), original=True)
         split = [r for r in po.reasons if "tensor_parallel_size" in r]
         if split and pinned:
@@ -165,18 +165,18 @@ def fit_base(target: InitTarget, recipe_for: RecipeShape, fit: Fit, pinned: int 
         fit.decisions[0].why += f"; the eval serves the original model on it too ({tried})"
         return
     if found is not None:
-        fit.base = {"tensor_parallel_size": found}
-        fit.decisions.append(Choice("eval.base_serve", fit.base, (
+        fit.base = BaseServe(found)
+        fit.decisions.append(Choice("eval.base_serve", fit.base.section(), (
             f"the eval serves the ORIGINAL model too, which needs tensor_parallel_size {found}{pin} ({tried}); the serve "
             f"section stays sized for the quantized model that is deployed (tensor_parallel_size {fit.tp}): the "
             "original gets its own server settings here, for the eval only")))
         return
     if start is not None:
         tp, kv = start
-        fit.base = {"tensor_parallel_size": tp, "max_model_len": max(EVAL_MIN_LEN, min(fit.max_model_len, kv // 16 * 16))}
-        fit.decisions.append(Choice("eval.base_serve", fit.base, (
+        fit.base = BaseServe(tp, max(EVAL_MIN_LEN, min(fit.max_model_len, kv // 16 * 16)))
+        fit.decisions.append(Choice("eval.base_serve", fit.base.section(), (
             f"the eval serves the ORIGINAL model too: no degree holds its weights and a KV cache of max_model_len "
-            f"{fit.max_model_len:,} ({tried}); on {tp} GPUs it starts with max_model_len {fit.base['max_model_len']:,}, "
+            f"{fit.max_model_len:,} ({tried}); on {tp} GPUs it starts with max_model_len {fit.base.max_model_len:,}, "
             "enough for the eval's windows"), "warning"))
         return
     advice = _gpu_advice(target, recipe_for, min(fit.max_model_len, max(recipe_for.per_request, EVAL_MIN_LEN)), True)

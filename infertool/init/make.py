@@ -75,9 +75,9 @@ def make_recipe(model: str, target: InitTarget, *, on_event: Callable | None = N
     explain_model_and_target(shape.name, m, target, decide)
     decisions.extend(fit.decisions)
     if "seq_len" in recipe["eval"]:
+        served = fit.base.model_len(fit.max_model_len) if fit.base else fit.max_model_len
         decide("eval.seq_len", recipe["eval"]["seq_len"], f"windows of at most max_model_len - 1 tokens: the served "
-               f"model takes {min(fit.max_model_len, (fit.base or {}).get('max_model_len', fit.max_model_len)):,} "
-               "(the default 512 would not fit)", "warning")
+               f"model takes {min(fit.max_model_len, served):,} (the default 512 would not fit)", "warning")
     explain_serve(m, target, fit, chosen.activations, decide, chosen.label)
     explain_bench(recipe, shape, fit, decide, explicit_slo)
     return recipe, in_recipe_order(recipe, decisions)

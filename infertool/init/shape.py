@@ -3,10 +3,25 @@ fields."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from infertool.init.base import API_KEY_ENV, EVAL_MIN_LEN, SUITE, Choice, InitTarget, Traffic, levels
 from infertool.init.model import ModelFacts
+
+
+@dataclass(frozen=True)
+class BaseServe:
+    """eval.base_serve: the original's own server settings, when it needs more GPUs than the served model (and a
+    shorter max_model_len when no degree holds a KV cache of the served one)."""
+
+    tensor_parallel_size: int
+    max_model_len: int | None = None
+
+    def model_len(self, default: int) -> int:
+        return self.max_model_len if self.max_model_len is not None else default
+
+    def section(self) -> dict[str, int]:
+        return {k: v for k, v in asdict(self).items() if v is not None}
 
 
 @dataclass
@@ -24,7 +39,7 @@ class RecipeShape:
     output_len: int
     ctx: int
     prompt_source: str = "builtin"  # a .jsonl traffic file (--traffic) or the built-in corpus
-    base: dict | None = None  # eval.base_serve: the original's own serve settings (set once its fit is known)
+    base: BaseServe | None = None  # eval.base_serve: the original's own serve settings (set once its fit is known)
 
     @property
     def per_request(self) -> int:
@@ -35,7 +50,7 @@ class RecipeShape:
         return "chat" if self.m.info.has_chat_template else "completions"
 
     def __call__(self, tp: int, max_len: int, seqs: int, space: int | None, dtype: str = "auto",
-                 base: dict | None = None) -> dict:
+                 base: BaseServe | None = None) -> dict:
         gpu = self.target.kind == "gpu"
         serve: dict[str, object] = {"host": "127.0.0.1", "port": 8000, "dtype": dtype, "max_model_len": max_len,
                                  "max_num_seqs": seqs}
@@ -53,11 +68,11 @@ class RecipeShape:
         ev: dict[str, object] = {"suite": SUITE, "engine": self.engine, "accept": {"preset": "standard"}}
         r["eval"] = ev
         base = base if base is not None else self.base
-        if max_len < EVAL_MIN_LEN or (base and base.get("max_model_len", EVAL_MIN_LEN) < EVAL_MIN_LEN):
+        if max_len < EVAL_MIN_LEN or (base and base.model_len(EVAL_MIN_LEN) < EVAL_MIN_LEN):
             # the eval's windows must fit the model as served
-            ev["seq_len"] = max(8, min(max_len, (base or {}).get("max_model_len", max_len)) - 1)
+            ev["seq_len"] = max(8, min(max_len, base.model_len(max_len) if base else max_len) - 1)
         if base:
-            ev["base_serve"] = dict(base)
+            ev["base_serve"] = base.section()
         r["serve"] = serve
         t = self.traffic
         r["bench"] = {
