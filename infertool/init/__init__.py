@@ -15,14 +15,14 @@ quantize preflight's (``quantize.preflight``), the quantization and its reasons 
 comments one line each); ``init_recipe`` validates what it wrote with ``load_recipe`` and plans it.
 
 The steps, one module each: base (the target, its traffic, ``Choice``), model, options, quantization, shape (the
-recipe but for the fitted values), fit, explain, make (``make_recipe``), render, core (``init_recipe``).
+recipe but for the fitted values), fit, make (``make_recipe`` and the reasons no search gives), core
+(``init_recipe``, the commented YAML).
 """
 
 from infertool.init.base import TRAFFIC, Choice, Choices, InitTarget, Traffic, init_target, one_line
-from infertool.init.core import InitResult, default_out, init_recipe
+from infertool.init.core import InitResult, default_out, init_recipe, render_yaml, yaml_value
 from infertool.init.make import make_recipe
 from infertool.init.options import InitOptions, parse_slo
-from infertool.init.render import render_yaml, yaml_value
 
 __all__ = [
     "TRAFFIC", "Choice", "Choices", "InitOptions", "InitResult", "InitTarget", "Traffic", "default_out", "init_recipe",

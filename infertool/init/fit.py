@@ -66,19 +66,19 @@ def _degrees(target: InitTarget, pinned: int | None, rows: list[str]) -> list[in
     return out
 
 
-def fit_served(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int, per_req: int, preflight: Preflight,
-               q: dict, limit: PositionLimit, pinned: int | None) -> Fit:
+def fit_served(shape: RecipeShape, preflight: Preflight, pinned: int | None) -> Fit:
     """The smallest tensor-parallel degree whose per-GPU weights of the SERVED model and KV cache hold the traffic
     (``conc`` requests of ``per_req`` tokens, and max_model_len) on the plan's numbers, that splits heads, KV heads
     and the quantized shards (the preflight's check). When no degree holds the whole traffic: the smallest on which
     it starts, with fewer sequences and a shorter context. The original (the eval's base) is sized apart."""
+    target, ctx, conc, per_req, limit = shape.target, shape.ctx, shape.traffic.concurrency, shape.per_request, shape.m.limit
     min_len = min(ctx, max(per_req, EVAL_MIN_LEN))
     rows: list[str] = []
     full = start = None
     largest_valid = 1
     for tp in _degrees(target, pinned, rows):
         if tp > 1:
-            check = next((c for c in preflight(q, tp).checks if c.name == "tensor_parallel"), None)
+            check = next((c for c in preflight(shape.q, tp).checks if c.name == "tensor_parallel"), None)
             if check is not None and not check.ok and pinned:
                 raise UsageError(f"--set serve.tensor_parallel_size={tp}: {check.detail}",
                                  hint="a degree that splits the heads, KV heads and the quantized shards (init without "
@@ -87,7 +87,7 @@ def fit_served(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int,
                 rows.append(f"TP {tp}: {check.detail}")
                 continue
         largest_valid = tp
-        p = plan_of(recipe_for(tp, ctx, conc, None))
+        p = plan_of(shape(tp, ctx, conc, None))
         kv, need = p.capacity["kv_tokens"], conc * per_req
         ok = kv >= max(need, ctx)
         rows.append(f"TP {tp}: the quantized model {p.memory['weights_per_gpu_gib']:.1f} GiB of weights per GPU, KV "
@@ -123,7 +123,7 @@ def fit_served(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int,
                        f"at once, not the {conc} the traffic asks for", "warning")]
         return Fit(tp, max_len, seqs, None, True, ds)
     # nothing starts: the smallest choices, said as such, and what would hold it
-    advice = _gpu_advice(target, recipe_for, min_len, False)
+    advice = _gpu_advice(shape, min_len, False)
     ds = [Choice("serve.tensor_parallel_size", largest_valid,
                    f"DOES NOT FIT: {target.device.key} cannot hold the quantized model even with {largest_valid} GPU(s), "
                    f"max_model_len {min_len} and one sequence ({tried}); {advice}", "error"),
@@ -132,16 +132,16 @@ def fit_served(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int,
     return Fit(largest_valid, min_len, 1, None, False, ds)
 
 
-def fit_base(target: InitTarget, recipe_for: RecipeShape, fit: Fit, pinned: int | None) -> None:
+def fit_base(shape: RecipeShape, fit: Fit, pinned: int | None) -> None:
     """The eval's base server: the original model with the serve section's settings, on the smallest degree that
     holds its weights and a KV cache of max_model_len (else, of the eval's windows: a shorter max_model_len). When
     that is more than the serve section's degree, ``fit.base`` is the eval.base_serve section that says so; when
     no degree holds it, an error decision with what would."""
-    rows: list[str] = []
+    target, rows = shape.target, list[str]()
     found = start = None
     for tp in [d for d in _degrees(target, pinned, rows) if pinned or d >= fit.tp]:  # fewer than served: no need
         base = BaseServe(tp) if tp != fit.tp else None
-        po = plan_of(recipe_for(fit.tp, fit.max_model_len, fit.max_num_seqs, None, base=base), original=True)
+        po = plan_of(shape(fit.tp, fit.max_model_len, fit.max_num_seqs, None, base=base), original=True)
         split = [r for r in po.reasons if "tensor_parallel_size" in r]
         if split and pinned:
             raise UsageError(f"--set eval.base_serve.tensor_parallel_size={tp}: {'; '.join(split)}",
@@ -179,17 +179,19 @@ def fit_base(target: InitTarget, recipe_for: RecipeShape, fit: Fit, pinned: int 
             f"{fit.max_model_len:,} ({tried}); on {tp} GPUs it starts with max_model_len {fit.base.max_model_len:,}, "
             "enough for the eval's windows"), "warning"))
         return
-    advice = _gpu_advice(target, recipe_for, min(fit.max_model_len, max(recipe_for.per_request, EVAL_MIN_LEN)), True)
+    advice = _gpu_advice(shape, min(fit.max_model_len, max(shape.per_request, EVAL_MIN_LEN)), True)
     fit.fits = False
     fit.decisions.append(Choice("eval.base_serve", {"tensor_parallel_size": max(_degrees(target, pinned, []) or [1])},
                                   f"DOES NOT FIT: the eval serves the original model, which {target.device.key} cannot hold "
                                   f"even with {min(8, target.max_gpus)} GPU(s) ({tried}); {advice}", "error"))
 
 
-def _gpu_advice(target: InitTarget, recipe_for: RecipeShape, min_len: int, with_original: bool) -> str:
+def _gpu_advice(shape: RecipeShape, min_len: int, with_original: bool) -> str:
     """What would hold the model: more GPUs of the same kind, or the first bigger GPU (and how many)."""
+    target = shape.target
+
     def starts(t: InitTarget, tp: int) -> bool:
-        r = recipe_for(tp, min_len, 1, None)
+        r = shape(tp, min_len, 1, None)
         r["target"] = {"gpu": t.device.key}
         ok = plan_of(r).fits
         return ok and (not with_original or plan_of(r, original=True).fits)
@@ -222,16 +224,16 @@ def _ctx_why(ctx: int, limit: PositionLimit, p: PlanResult) -> str:
             "(`infertool plan` says what fits)")
 
 
-def fit_cpu(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int, per_req: int, with_original: bool, limit: PositionLimit) -> Fit:
+def fit_cpu(shape: RecipeShape, with_original: bool) -> Fit:
     """vLLM's CPU KV space (VLLM_CPU_KVCACHE_SPACE, whole GiB) sized to the traffic, within what this host's
     memory leaves after the weights and the processes (at most half of it); fewer sequences or a shorter
     context when the host cannot hold the whole traffic; serve.dtype bfloat16 when only holding the weights in
     float32 (what auto does on a CPU without bf16 instructions) is what does not fit."""
-    min_len = min(ctx, max(per_req, EVAL_MIN_LEN))
-    fit = _size_cpu(target, recipe_for, ctx, conc, per_req, with_original, limit, min_len, "auto")
+    min_len = min(shape.ctx, max(shape.per_request, EVAL_MIN_LEN))
+    fit = _size_cpu(shape, with_original, min_len, "auto")
     if fit.fits or not any("held in float32" in n for n in fit.notes):
         return fit
-    half = _size_cpu(target, recipe_for, ctx, conc, per_req, with_original, limit, min_len, "bfloat16")
+    half = _size_cpu(shape, with_original, min_len, "bfloat16")
     if not half.fits:
         return fit
     half.decisions.insert(0, Choice(
@@ -242,12 +244,13 @@ def fit_cpu(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int, pe
     return half
 
 
-def _size_cpu(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int, per_req: int, with_original: bool, limit: PositionLimit,
-              min_len: int, dtype: str) -> Fit:
+def _size_cpu(shape: RecipeShape, with_original: bool, min_len: int, dtype: str) -> Fit:
     from infertool.plan import CPU_HOST_OVERHEAD
 
+    target, ctx, conc, per_req, limit = shape.target, shape.ctx, shape.traffic.concurrency, shape.per_request, shape.m.limit
+
     def plans(max_len: int, seqs: int, space: int) -> tuple[PlanResult, PlanResult | None]:
-        r = recipe_for(1, max_len, seqs, space, dtype)
+        r = shape(1, max_len, seqs, space, dtype)
         return plan_of(r), (plan_of(r, original=True) if with_original else None)
 
     p1, po1 = plans(ctx, conc, 1)
@@ -272,7 +275,7 @@ def _size_cpu(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int, 
            "gives the KV cache at most half" if host else "this host's memory is unknown")
     ds: list[Choice] = []
     if cap == 0:
-        advice = _cpu_advice(target, weights, recipe_for, min_len)
+        advice = _cpu_advice(shape, weights, min_len)
         ds.append(Choice("serve.cpu", {"kv_cache_space_gib": 1},
                            f"DOES NOT FIT: {mem}; not even 1 GiB of KV cache fits beside the weights; {advice}", "error"))
         ds += [Choice("serve.max_model_len", min_len, MIN_LEN_WHY, "warning"),
@@ -307,11 +310,11 @@ def _size_cpu(target: InitTarget, recipe_for: RecipeShape, ctx: int, conc: int, 
     return Fit(1, ctx, conc, space, True, ds, dtype, notes, mem)
 
 
-def _cpu_advice(target: InitTarget, weights: float, recipe_for: RecipeShape, min_len: int) -> str:
+def _cpu_advice(shape: RecipeShape, weights: float, min_len: int) -> str:
     from infertool.plan import CPU_HOST_OVERHEAD
 
     def fits_on(dev: hardware.GPU) -> bool:
-        r = recipe_for(1, min_len, 1, None)
+        r = shape(1, min_len, 1, None)
         r["target"] = {"gpu": dev.key}
         r["serve"] = {k: v for k, v in r["serve"].items() if k != "cpu"}
         r["eval"] = {**r["eval"], "engine": "vllm"}  # on a GPU the eval serves the original too
