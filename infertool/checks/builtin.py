@@ -7,22 +7,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from infertool.checks.registry import CheckContext, Finding, RecipeCheck, Skip
+
+if TYPE_CHECKING:
+    from infertool.models.info import ModelInfo
+    from infertool.quantize.preflight import PreflightReport
+    from infertool.recipe import ServeSection
 
 LINT_LEVELS = {"error": "error", "warning": "warn"}  # a launch lint's "info" lines stay the launch's own notes
 
 
-def _serve(ctx: CheckContext):
+def _serve(ctx: CheckContext) -> ServeSection:
     """The effective serve settings of the served model (what a launch passes to vLLM)."""
     return ctx.once("serve", lambda: ctx.res.serve_for(ctx.res.served)[0])
 
 
-def _served_info(ctx: CheckContext):
+def _served_info(ctx: CheckContext) -> ModelInfo:
     """The served model's facts (its config; a candidate not made yet: its base's; a model not here: the
     published architecture) — the same facts every launch's lint reads."""
-    def make():
+    def make() -> ModelInfo:
         from infertool.serve.launches import model_info_for
 
         info = model_info_for(ctx.res, ctx.res.served)
@@ -109,11 +114,11 @@ def speculative_method(ctx: CheckContext) -> list[Finding]:
     layers in the served model's config.json)."""
     from infertool.serve.lint import lint_speculative
 
-    specs = [("serve.speculative", _serve(ctx).speculative)]
+    served_spec = _serve(ctx).speculative
+    specs = [("serve.speculative", served_spec)] if served_spec is not None else []
     bench = ctx.res.recipe.bench
     if bench is not None and bench.per_class is not None and bench.per_class.speculative:
         specs += [(f"bench.per_class.speculative[{i}]", s) for i, s in enumerate(bench.per_class.speculative)]
-    specs = [(f, s) for f, s in specs if s is not None]
     if not specs:
         raise Skip("the recipe names no speculative setting")
     config = None
@@ -136,10 +141,10 @@ PREFLIGHT_FIELDS = {"group_size": "quantize.group_size", "packing": "quantize.bi
                     "tensor_parallel": "serve.tensor_parallel_size", "vllm": "quantize.method"}
 
 
-def _preflight(ctx: CheckContext):
+def _preflight(ctx: CheckContext) -> PreflightReport:
     """The quantize preflight's layout view of the base model (shapes and vLLM's support, not this host's memory
     or disk): computed once for the three checks that read it."""
-    def make():
+    def make() -> PreflightReport:
         from infertool.models.info import model_info
         from infertool.perf.host import has_cuda
         from infertool.quantize.preflight import preflight

@@ -12,7 +12,7 @@ thin over the rules' own modules (serve/lint.py, quantize/preflight.py, plan.py)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar, cast
 
 from infertool.errors import UsageError
 from infertool.registry import Registry
@@ -69,19 +69,22 @@ class RecipeCheck:
     purposes: frozenset = DRY | {"launch"}
 
 
+T = TypeVar("T")
+
+
 @dataclass
 class CheckContext:
     """What a check reads: the resolution, the entry point's purpose, and facts computed once per run."""
 
     res: Resolution
     purpose: str
-    cache: dict = field(default_factory=dict)
+    cache: dict[str, object] = field(default_factory=dict)  # what once() computed (or the Skip it raised), by name
 
     @property
     def dry(self) -> bool:
         return self.purpose != "launch"
 
-    def once(self, key: str, make: Callable):
+    def once(self, key: str, make: Callable[[], T]) -> T:
         """``make()`` computed once per run of the checks (model facts, the quantize preflight, the plan);
         a Skip it raises is kept and raised again for every check that asks."""
         if key not in self.cache:
@@ -92,7 +95,7 @@ class CheckContext:
         value = self.cache[key]
         if isinstance(value, Skip):
             raise value
-        return value
+        return cast(T, value)  # what make() returned for this key
 
 
 @dataclass
