@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
@@ -28,8 +29,9 @@ _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp3
 
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
 
-# a value as a recipe's YAML (or a JSON file) holds it, before a field validates it
-YAMLValue: TypeAlias = "str | int | float | bool | datetime.date | None | list[YAMLValue] | dict[str, YAMLValue]"
+# a value as a recipe's YAML (or a JSON file) holds it, before a field validates it (read-only views: a list of
+# ints or a mapping of floats is one too)
+YAMLValue: TypeAlias = "str | int | float | bool | datetime.date | None | Sequence[YAMLValue] | Mapping[str, YAMLValue]"
 _V = TypeVar("_V")
 
 

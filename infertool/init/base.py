@@ -12,6 +12,7 @@ from infertool.errors import UsageError
 from infertool.perf import hardware
 from infertool.perf import host as hostfacts
 from infertool.resolve import Target, target_for
+from infertool.schema import YAMLValue
 
 
 GIB = 1024**3
@@ -58,7 +59,7 @@ class Choice:
     target cannot hold the model even at the smallest choices (``why`` says what would)."""
 
     field: str
-    value: object
+    value: YAMLValue
     why: str
     level: str = "info"  # info | warning | error
 
@@ -66,7 +67,7 @@ class Choice:
         return asdict(self)
 
 
-T = TypeVar("T")
+T = TypeVar("T", bound=YAMLValue)
 
 
 class Choices(list[Choice]):

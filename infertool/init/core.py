@@ -38,7 +38,7 @@ def _comment(text: str, indent: int) -> list[str]:
                                                         break_on_hyphens=False)] or []
 
 
-def yaml_value(value: object) -> str:
+def yaml_value(value: YAMLValue) -> str:
     """One value as YAML on one line (yaml.safe_dump quotes whatever needs quoting)."""
     import json
 
