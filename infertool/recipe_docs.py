@@ -1,4 +1,4 @@
-"""The recipe reference, generated from the schema itself (infertool/recipe.py), so that it cannot drift:
+"""The recipe reference, generated from the schema itself (infertool/recipe/), so that it cannot drift:
 docs/recipe.md is this module's output, and a test fails when they differ
 (`python -m infertool.recipe_docs > docs/recipe.md` regenerates it).
 """

@@ -8,8 +8,10 @@ A leaf: pydantic only (importing it must stay cheap).
 
 from __future__ import annotations
 
+import datetime
 import re
-from typing import Annotated, Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Annotated, Any, Literal, TypeAlias, TypeVar
 
 from pydantic import AfterValidator, BeforeValidator, ConfigDict, Field
 from pydantic_core import PydanticCustomError
@@ -18,7 +20,7 @@ __all__ = [
     "MAX_KV_GIB", "MAX_LIST", "MAX_NAME", "MAX_PARALLEL", "MAX_PATH", "MAX_REQUESTS", "MAX_SECONDS", "MAX_SEED",
     "MAX_SEQS", "MAX_TEXT", "MAX_TOKENS", "MIN_DAMP", "MIN_MILLIS", "MIN_RATE", "MIN_SECONDS", "MIN_SHARE", "STRICT",
     "CLASS_NAME_RE", "ClassName", "Damp", "Dtype", "Fraction", "GroupSize", "Millis", "Name", "NoControl", "NotBool", "Rate", "Requests", "Seconds", "Seed", "Seqs", "Share",
-    "Text", "Tokens", "check_class_name", "check_group_size", "class_name_problem", "dtype_alias", "field_error", "float_", "int_",
+    "Text", "Tokens", "YAMLValue", "check_class_name", "check_group_size", "class_name_problem", "dtype_alias", "field_error", "float_", "int_",
     "no_control", "not_bool", "scalar_to_str", "sweep", "text",
 ]
 
@@ -26,6 +28,11 @@ _CONTROL_RE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 _DTYPE_ALIASES = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32"}
 
 STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+# a value as a recipe's YAML (or a JSON file) holds it, before a field validates it (read-only views: a list of
+# ints or a mapping of floats is one too)
+YAMLValue: TypeAlias = "str | int | float | bool | datetime.date | None | Sequence[YAMLValue] | Mapping[str, YAMLValue]"
+_V = TypeVar("_V")
 
 
 def field_error(field: str, message: str) -> PydanticCustomError:
@@ -41,7 +48,7 @@ def field_error(field: str, message: str) -> PydanticCustomError:
 CLASS_NAME_RE = re.compile(r"[A-Za-z0-9_-]{1,64}")
 
 
-def class_name_problem(value: object) -> str | None:
+def class_name_problem(value: YAMLValue) -> str | None:
     """Why ``value`` is no traffic class name (None: it is one)."""
     if not isinstance(value, str):
         return f"a class is a name (text), not {type(value).__name__}"
@@ -68,14 +75,14 @@ def check_group_size(value: int) -> int:
     )
 
 
-def dtype_alias(value: object) -> object:
+def dtype_alias(value: _V) -> _V | str:
     if isinstance(value, str):
         lowered = value.strip().lower()
         return _DTYPE_ALIASES.get(lowered, lowered)
     return value
 
 
-def scalar_to_str(value: object) -> object:
+def scalar_to_str(value: _V) -> _V | str:
     """YAML turns ``4`` into an int; where a string is expected (env values, argv), accept numbers."""
     if isinstance(value, bool):
         return value  # left to the str validation, which rejects it: 'true' is ambiguous
@@ -105,7 +112,7 @@ MIN_SHARE = 0.01  # gpu_memory_utilization, goodput targets: 1 %
 MIN_DAMP = 1e-5  # GPTQ damping (a fraction of the Hessian's mean diagonal; 0.01 by default)
 
 
-def not_bool(value: object) -> object:
+def not_bool(value: _V) -> _V:
     if isinstance(value, bool):
         raise PydanticCustomError("bool_number", "expected a number, not a boolean (YAML reads yes/no/true/false as "
                                   "booleans)")

@@ -129,7 +129,7 @@ def test_many_errors_are_counted_and_the_first_50_listed_in_linear_work(tmp_path
     "did you mean" runs for the listed errors only. Counted in calls, not timed."""
     import difflib
 
-    import infertool.recipe as recipe_mod
+    import infertool.recipe.issues as recipe_mod
 
     n = 20_000
     path = tmp_path / "keys.yaml"

@@ -14,7 +14,7 @@ from typer.testing import CliRunner
 
 from infertool.cli import app
 from infertool.errors import RecipeError, UsageError
-from infertool.init import Decision, InitOptions, init_target, make_recipe, one_line, render_yaml
+from infertool.init import Choice, InitOptions, init_target, make_recipe, one_line, render_yaml
 from infertool.recipe import load_recipe
 from tests.fakes import layout_model
 
@@ -52,7 +52,7 @@ def models(tmp_path_factory) -> dict[str, Path]:
     }
 
 
-def by_field(decisions: list[Decision]) -> dict[str, Decision]:
+def by_field(decisions: list[Choice]) -> dict[str, Choice]:
     return {d.field: d for d in decisions}
 
 

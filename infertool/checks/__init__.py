@@ -3,7 +3,7 @@
 docs/architecture.md."""
 
 from infertool.checks.registry import (
-    PURPOSES, REGISTRY, CheckReport, ChecksFailed, Context, Finding, RecipeCheck, Skip, get, names, run_checks,
+    PURPOSES, REGISTRY, CheckReport, ChecksFailed, CheckContext, Finding, RecipeCheck, Skip, get, names, run_checks,
 )
 from infertool.checks.builtin import BUILTIN
 
@@ -11,5 +11,5 @@ for _check in BUILTIN:
     REGISTRY.register(_check.name, _check)
 REGISTRY.freeze()
 
-__all__ = ["PURPOSES", "REGISTRY", "CheckReport", "ChecksFailed", "Context", "Finding", "RecipeCheck", "Skip", "get",
+__all__ = ["PURPOSES", "REGISTRY", "CheckReport", "ChecksFailed", "CheckContext", "Finding", "RecipeCheck", "Skip", "get",
            "names", "run_checks"]

@@ -7,22 +7,27 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-from infertool.checks.registry import Context, Finding, RecipeCheck, Skip
+from infertool.checks.registry import CheckContext, Finding, RecipeCheck, Skip
+
+if TYPE_CHECKING:
+    from infertool.models.info import ModelInfo
+    from infertool.quantize.preflight import PreflightReport
+    from infertool.recipe import ServeSection
 
 LINT_LEVELS = {"error": "error", "warning": "warn"}  # a launch lint's "info" lines stay the launch's own notes
 
 
-def _serve(ctx: Context):
+def _serve(ctx: CheckContext) -> ServeSection:
     """The effective serve settings of the served model (what a launch passes to vLLM)."""
     return ctx.once("serve", lambda: ctx.res.serve_for(ctx.res.served)[0])
 
 
-def _served_info(ctx: Context):
+def _served_info(ctx: CheckContext) -> ModelInfo:
     """The served model's facts (its config; a candidate not made yet: its base's; a model not here: the
     published architecture) — the same facts every launch's lint reads."""
-    def make():
+    def make() -> ModelInfo:
         from infertool.serve.launches import model_info_for
 
         info = model_info_for(ctx.res, ctx.res.served)
@@ -37,7 +42,7 @@ def _lint(name: str, issues) -> list[Finding]:
 
 
 # ------------------------------------------------------------------------------------------ serve
-def position_limit(ctx: Context) -> list[Finding]:
+def position_limit(ctx: CheckContext) -> list[Finding]:
     from infertool.serve.lint import lint_position_limit
 
     limit = ctx.res.position_limit(ctx.res.served)
@@ -46,19 +51,19 @@ def position_limit(ctx: Context) -> list[Finding]:
     return _lint("position_limit", lint_position_limit(_serve(ctx), limit))
 
 
-def tensor_parallel(ctx: Context) -> list[Finding]:
+def tensor_parallel(ctx: CheckContext) -> list[Finding]:
     from infertool.serve.lint import lint_tensor_parallel
 
     return _lint("tensor_parallel", lint_tensor_parallel(_serve(ctx), _served_info(ctx)))
 
 
-def pipeline_parallel(ctx: Context) -> list[Finding]:
+def pipeline_parallel(ctx: CheckContext) -> list[Finding]:
     from infertool.serve.lint import lint_pipeline_stages
 
     return _lint("pipeline_parallel", lint_pipeline_stages(_serve(ctx), _served_info(ctx)))
 
 
-def kv_fit(ctx: Context) -> list[Finding]:
+def kv_fit(ctx: CheckContext) -> list[Finding]:
     """The KV cache holds one request at max_model_len: on a CPU vLLM's exact start-up rule (serve/lint.py), on
     a GPU the memory plan's block arithmetic (plan.py)."""
     if ctx.res.target.kind == "cpu":
@@ -83,7 +88,7 @@ def kv_fit(ctx: Context) -> list[Finding]:
                     "or add GPUs (`infertool plan RECIPE` shows the memory)")]
 
 
-def reserved_cpus(ctx: Context) -> list[Finding]:
+def reserved_cpus(ctx: CheckContext) -> list[Finding]:
     from infertool.serve.lint import lint_reserved_cpus
 
     if ctx.res.target.kind != "cpu":
@@ -91,29 +96,29 @@ def reserved_cpus(ctx: Context) -> list[Finding]:
     return _lint("reserved_cpus", lint_reserved_cpus(_serve(ctx)))
 
 
-def code_loading(ctx: Context) -> list[Finding]:
+def code_loading(ctx: CheckContext) -> list[Finding]:
     from infertool.serve.lint import lint_code_loading
 
     return _lint("code_loading", lint_code_loading(_serve(ctx)))
 
 
-def engine_settings(ctx: Context) -> list[Finding]:
+def engine_settings(ctx: CheckContext) -> list[Finding]:
     from infertool.serve.lint import lint_engine_settings
 
     return _lint("engine_settings", lint_engine_settings(_serve(ctx)))
 
 
-def speculative_method(ctx: Context) -> list[Finding]:
+def speculative_method(ctx: CheckContext) -> list[Finding]:
     """Every speculative setting the recipe would serve (serve.speculative, bench.per_class.speculative) against
     what the engine can run here: serve/lint.py's rule (suffix decoding's package, a draft / EAGLE directory, MTP
     layers in the served model's config.json)."""
     from infertool.serve.lint import lint_speculative
 
-    specs = [("serve.speculative", _serve(ctx).speculative)]
+    served_spec = _serve(ctx).speculative
+    specs = [("serve.speculative", served_spec)] if served_spec is not None else []
     bench = ctx.res.recipe.bench
     if bench is not None and bench.per_class is not None and bench.per_class.speculative:
         specs += [(f"bench.per_class.speculative[{i}]", s) for i, s in enumerate(bench.per_class.speculative)]
-    specs = [(f, s) for f, s in specs if s is not None]
     if not specs:
         raise Skip("the recipe names no speculative setting")
     config = None
@@ -136,10 +141,10 @@ PREFLIGHT_FIELDS = {"group_size": "quantize.group_size", "packing": "quantize.bi
                     "tensor_parallel": "serve.tensor_parallel_size", "vllm": "quantize.method"}
 
 
-def _preflight(ctx: Context):
+def _preflight(ctx: CheckContext) -> PreflightReport:
     """The quantize preflight's layout view of the base model (shapes and vLLM's support, not this host's memory
     or disk): computed once for the three checks that read it."""
-    def make():
+    def make() -> PreflightReport:
         from infertool.models.info import model_info
         from infertool.perf.host import has_cuda
         from infertool.quantize.preflight import preflight
@@ -156,7 +161,7 @@ def _preflight(ctx: Context):
     return ctx.once("preflight", make)
 
 
-def _preflight_findings(name: str, ctx: Context, which: tuple[str, ...] | None, but: tuple[str, ...] = ()):
+def _preflight_findings(name: str, ctx: CheckContext, which: tuple[str, ...] | None, but: tuple[str, ...] = ()):
     from infertool.quantize.preflight import fix_hint
 
     report = _preflight(ctx)
@@ -169,23 +174,23 @@ def _preflight_findings(name: str, ctx: Context, which: tuple[str, ...] | None, 
     return out
 
 
-def group_size(ctx: Context) -> list[Finding]:
+def group_size(ctx: CheckContext) -> list[Finding]:
     """group_size and the int32 packing against every quantized layer, the architecture, the weight files."""
     return _preflight_findings("group_size", ctx, None, but=("tensor_parallel", "vllm"))
 
 
-def quantized_tp(ctx: Context) -> list[Finding]:
+def quantized_tp(ctx: CheckContext) -> list[Finding]:
     """serve.tensor_parallel_size against the QUANTIZED layout: every shard a whole number of groups / packs."""
     return _preflight_findings("quantized_tp", ctx, ("tensor_parallel",))
 
 
-def vllm_support(ctx: Context) -> list[Finding]:
+def vllm_support(ctx: CheckContext) -> list[Finding]:
     """What vLLM on the recipe's target does with the quantized format."""
     return _preflight_findings("vllm_support", ctx, ("vllm",))
 
 
 # ------------------------------------------------------------------------------------------ models
-def config_vs_weights(ctx: Context) -> list[Finding]:
+def config_vs_weights(ctx: CheckContext) -> list[Finding]:
     """config.json against the safetensors headers (shapes, layer count): a 70B config over 8B weights."""
     try:
         from infertool.models.consistency import config_vs_weights as compare
@@ -230,7 +235,7 @@ def _input_readers(recipe) -> list[tuple[str, Callable[[], object]]]:
     return out
 
 
-def input_files(ctx: Context) -> list[Finding]:
+def input_files(ctx: CheckContext) -> list[Finding]:
     """Every input file the recipe names, read whole and checked by ``infertool.inputs`` and its format's rules
     before any work: a regular UTF-8 file within its size cap, JSON within bounds, the documented fields."""
     from infertool.errors import UsageError
@@ -252,7 +257,7 @@ def input_files(ctx: Context) -> list[Finding]:
 
 
 # ------------------------------------------------------------------------------------------ environment
-def serve_env(ctx: Context) -> list[Finding]:
+def serve_env(ctx: CheckContext) -> list[Finding]:
     """The managed serve environment a launch runs vLLM in: a warning for a dry run (it starts nothing), an
     error for a real launch (which refuses with exit 3)."""
     from infertool.envs.state import require_env
@@ -270,7 +275,7 @@ def serve_env(ctx: Context) -> list[Finding]:
 
 
 # ------------------------------------------------------------------------------------------ eval
-def lm_eval_code(ctx: Context) -> list[Finding]:
+def lm_eval_code(ctx: CheckContext) -> list[Finding]:
     """The code an lm-eval task folder would run (``!function``, ``class:``, includes and data outside it), read
     from its YAML without running it: refused unless eval.lm_eval.trust_code (evaluate/lm_eval_tasks.py)."""
     from infertool.evaluate.lm_eval_tasks import problems

@@ -12,7 +12,7 @@ thin over the rules' own modules (serve/lint.py, quantize/preflight.py, plan.py)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, TypeVar, cast
 
 from infertool.errors import UsageError
 from infertool.registry import Registry
@@ -62,26 +62,29 @@ class RecipeCheck:
     ``purposes`` the entry points it runs in."""
 
     name: str
-    run: Callable[["Context"], list[Finding]]
+    run: Callable[["CheckContext"], list[Finding]]
     summary: str
     reads: tuple[str, ...] = ()
     needs: tuple[str, ...] = ()
     purposes: frozenset = DRY | {"launch"}
 
 
+T = TypeVar("T")
+
+
 @dataclass
-class Context:
+class CheckContext:
     """What a check reads: the resolution, the entry point's purpose, and facts computed once per run."""
 
     res: Resolution
     purpose: str
-    cache: dict = field(default_factory=dict)
+    cache: dict[str, object] = field(default_factory=dict)  # what once() computed (or the Skip it raised), by name
 
     @property
     def dry(self) -> bool:
         return self.purpose != "launch"
 
-    def once(self, key: str, make: Callable):
+    def once(self, key: str, make: Callable[[], T]) -> T:
         """``make()`` computed once per run of the checks (model facts, the quantize preflight, the plan);
         a Skip it raises is kept and raised again for every check that asks."""
         if key not in self.cache:
@@ -92,7 +95,7 @@ class Context:
         value = self.cache[key]
         if isinstance(value, Skip):
             raise value
-        return value
+        return cast(T, value)  # what make() returned for this key
 
 
 @dataclass
@@ -162,7 +165,7 @@ def run_checks(res, *, purpose: str, only: tuple[str, ...] | None = None) -> Che
     registry's order. A check that cannot run here is listed in ``skipped`` with why."""
     if purpose not in PURPOSES:
         raise ValueError(f"unknown purpose {purpose!r}")
-    ctx, report = Context(res, purpose), CheckReport(purpose)
+    ctx, report = CheckContext(res, purpose), CheckReport(purpose)
     for check in REGISTRY.values():
         if only is not None and check.name not in only:
             continue

@@ -1,11 +1,14 @@
 """`infertool init MODEL`: start a recipe from a model, fitted to a target, every value with its reason."""
 
 
-from typing import Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
 from infertool.commands._common import JSON_OPT, InfertoolCommand, handle_errors
+
+if TYPE_CHECKING:
+    from infertool.init import InitResult
 
 
 def register(app: typer.Typer) -> None:
@@ -59,7 +62,7 @@ def init(
         raise typer.Exit(1)  # the target cannot hold the model even at the smallest choices
 
 
-def _render(r) -> None:
+def _render(r: "InitResult") -> None:
     from rich.markup import escape
     from rich.table import Table
 
@@ -83,7 +86,7 @@ def _render(r) -> None:
     if r.path:
         err.print(f"[green]✓[/] wrote {escape(r.path)} (validated: it loads as every command reads it)")
     p = r.plan
-    cap, dev, mem = p["capacity"], p["device"], p["memory"]
+    cap, dev, mem = p.capacity, p.device, p.memory
     if dev["kind"] == "gpu":
         weights = f"{mem['weights_per_gpu_gib']:.2f} GiB of weights per GPU"
     else:
@@ -94,10 +97,10 @@ def _render(r) -> None:
     if r.original_plan is not None:
         o = r.original_plan
         base = (r.recipe.get("eval") or {}).get("base_serve")
-        how = (f"with eval.base_serve: {o['device']['count']} GPU(s)" if base else "with the same serve settings")
-        err.print(f"plan of the original (the eval serves it {how}): {o['memory'].get('weights_per_gpu_gib', 0):.2f} "
-                  f"GiB of weights per GPU, KV cache {o['capacity']['kv_tokens']:,} tokens"
-                  + ("" if o["fits"] else " — does not fit"), soft_wrap=True)
+        how = (f"with eval.base_serve: {o.device['count']} GPU(s)" if base else "with the same serve settings")
+        err.print(f"plan of the original (the eval serves it {how}): {o.memory.get('weights_per_gpu_gib', 0):.2f} "
+                  f"GiB of weights per GPU, KV cache {o.capacity['kv_tokens']:,} tokens"
+                  + ("" if o.fits else " — does not fit"), soft_wrap=True)
     if r.fits:
         err.print("[green]✓ fits[/]")
         name = r.path or "FILE"

@@ -2,13 +2,16 @@
 
 
 import sys
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
 from infertool.commands._common import (
     JSON_OPT, SET_OPT, InfertoolCommand, force_opt, handle_errors, recipe_arg, recipe_checks,
 )
+
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
 
 recipes_app = typer.Typer(help="The built-in recipes: list, show, copy.", no_args_is_help=True)
 
@@ -52,7 +55,7 @@ def validate(
         err.print(f"  {name}: {why}", markup=False, highlight=False, soft_wrap=True, style="dim")
 
 
-def _check_classes(r) -> None:
+def _check_classes(r: "Recipe") -> None:
     """The traffic classes the recipe names (tune.classes, bench.classes.replay) against the classes its traffic
     file has: the same refusal (exit 2, naming the classes it has) the run would give before any server starts.
     Reads the traffic file only when a class is named."""

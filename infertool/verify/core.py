@@ -30,6 +30,7 @@ from infertool.records import Record
 from infertool.verify import evidence as E
 
 if TYPE_CHECKING:
+    from infertool.recipe import Override
     from infertool.serve.launches import LaunchPlan
     from infertool.verify.lmeval import LmevalRerun
 
@@ -162,7 +163,7 @@ def _obj(value: object) -> dict:
     return value if isinstance(value, dict) else {}
 
 
-def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[dict, list[tuple[str, object]]]:
+def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[dict, list[Override]]:
     from infertool.recipe import apply_overrides, parse_overrides
 
     pairs = parse_overrides(list(overrides))

@@ -1,0 +1,190 @@
+"""The recipe as a whole: its verify and run sections, and ``Recipe``, whose validators check across sections."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
+
+from infertool import backends
+from infertool.recipe.bench import BenchSection, bench_request_tokens
+from infertool.recipe.sections import (
+    NAME_RE, EvalSection, ModelSection, ProfileSection, QuantizeSection, TargetSection,
+)
+from infertool.recipe.serve import ServeSection
+from infertool.recipe.tune import TuneSection
+from infertool.schema import MAX_LIST, MAX_NAME, MAX_PATH, MAX_TEXT, STRICT, Fraction, NoControl, NotBool, Requests, field_error
+
+# --------------------------------------------------------------------------------------------
+# verify: the evidence a published checkpoint carries, and the gates `infertool verify` judges it by
+# --------------------------------------------------------------------------------------------
+
+MIB = 1024 * 1024
+
+
+class EvidenceSpec(BaseModel):
+    """What `publish` (and so `run` and `tune`) writes into the published folder's ``evidence/``: the candidate's
+    outputs AS SERVED (prompt top-k log-probabilities per scored item, greedy decode tokens with per-step top-k,
+    lm-eval per-document results), the engine, its settings and the host, one content hash. Bounded: at most
+    ``max_bytes`` and at most ``max_fraction`` of the weights' bytes, whichever is smaller; the ``max_*`` counts
+    trim it further (docs/verify.md)."""
+
+    model_config = STRICT
+
+    enabled: bool = True
+    top_k: Annotated[int, NotBool, Field(ge=1, le=20)] = 20  # log-probabilities kept per position
+    max_bytes: Annotated[int, NotBool, Field(ge=64 * 1024, le=1024 * MIB)] = 32 * MIB
+    max_fraction: Annotated[float, NotBool, Field(ge=0.0001, le=1)] = 0.02  # of the weights' bytes
+    max_items: Requests | None = None  # scored items (perplexity windows, choices, generations) kept per task
+    decode_prompts: Annotated[int, NotBool, Field(ge=1, le=100_000)] | None = None  # default: eval.decode's set
+    decode_tokens: Annotated[int, NotBool, Field(ge=2, le=4096)] | None = None  # default: eval.decode.max_tokens
+
+
+class VerifyAccept(BaseModel):
+    """When `infertool verify` PASSes: every gate set here holds with its uncertainty (the interval's side), as in
+    eval. The defaults sit above the noise floor measured in docs/verify.md (the same checkpoint, engine and
+    settings against itself)."""
+
+    model_config = STRICT
+
+    # null turns a gate off. Defaults: provisional, to be set above the floor docs/verify.md measures.
+    # greedy decode: share of prompts identical to the evidence or first diverging at a near tie (Wilson interval;
+    # 35 prompts that all match are needed for its lower end to clear 0.9 at 95 %)
+    min_exact_match: Fraction | None = 0.9
+    max_decode_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = 0.01  # teacher-forced, per step
+    min_decode_top1: Fraction | None = 0.97
+    max_prompt_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = 0.01  # prompt logprobs, per token
+    min_prompt_top1: Fraction | None = 0.97
+    min_lmeval_agreement: Fraction | None = 0.95  # lm-eval: share of documents with the same result
+    confidence: Annotated[float, NotBool, Field(ge=0.5, le=0.999)] = 0.95
+    allow_inconclusive: bool = False  # INCONCLUSIVE exits 1, like FAIL, unless true (then 0), as in eval
+
+
+class VerifySection(BaseModel):
+    """`infertool verify`: the evidence `publish` writes, and the gates a re-check is judged by."""
+
+    model_config = STRICT
+
+    evidence: EvidenceSpec = Field(default_factory=EvidenceSpec)
+    accept: VerifyAccept = Field(default_factory=VerifyAccept)
+
+
+# --------------------------------------------------------------------------------------------
+# run and the recipe
+# --------------------------------------------------------------------------------------------
+
+# a stage's name: which names exist is the stage registry's to say (infertool.stages, above this layer:
+# `infertool validate`, `run` and the pipeline check run.stages against it)
+StageName = Annotated[str, Field(min_length=1, max_length=MAX_NAME), NoControl]
+
+
+class RunSection(BaseModel):
+    """`infertool run`'s own settings. `stages`: the stages to run by name (their dependencies come along), as
+    `infertool run --stages` takes them: model, quantize, eval, profile, serve, bench; the stage registry
+    says which names exist, and `infertool validate` refuses any other (`run.stages[i]: unknown stage`).
+    `out_dir`: where run directories go."""
+
+    model_config = STRICT
+
+    stages: Annotated[list[StageName], Field(max_length=MAX_LIST)] | None = None
+    out_dir: Annotated[str, Field(min_length=1, max_length=MAX_PATH), NoControl] = "runs"
+
+
+class Recipe(BaseModel):
+    """One recipe; each command reads the sections it needs."""
+
+    model_config = STRICT
+
+    name: Annotated[str, Field(max_length=MAX_NAME)]
+    description: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    model: ModelSection
+    target: TargetSection | None = None
+    quantize: QuantizeSection | None = None
+    eval: EvalSection | None = None
+    profile: ProfileSection | None = None
+    serve: ServeSection | None = None
+    bench: BenchSection | None = None
+    run: RunSection | None = None
+    tune: TuneSection | None = None
+    verify: VerifySection | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not value:
+            raise ValueError("name must not be empty (it names the run directories)")
+        if not NAME_RE.fullmatch(value):
+            raise ValueError(
+                "name must start with a letter or digit and contain only letters, digits, "
+                f"'.', '_' and '-' (it names the run directories); got {value!r}"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _check_tune(self) -> Recipe:
+        """Every candidate is a valid quantize section once merged over the recipe's; the SLO and, for the
+        cost objective, the price exist."""
+        t = self.tune
+        if t is None:
+            return self
+        base: dict = self.quantize.model_dump(mode="json", exclude={"output"}) if self.quantize is not None else {}
+        for i, cand in enumerate(t.candidates):
+            if cand == "none":
+                continue
+            merged = {**(base if cand.get("method", base.get("method")) == base.get("method") else {}), **cand}
+            merged.pop("output", None)
+            try:
+                TypeAdapter(QuantizeSection).validate_python(merged)
+            except ValidationError as exc:
+                err = exc.errors(include_url=False)[0]
+                loc = [str(p) for p in err["loc"] if str(p) not in backends.registry.section_tags()]
+                msg = err["msg"].removeprefix("Value error, ")
+                if err["type"] == "quantize_method" and isinstance(err.get("input"), dict):
+                    field, msg = backends.registry.method_error(err["input"])
+                    if field is not None:
+                        loc.append(field)
+                elif err["type"] == "recipe_field":
+                    loc.append(str((err.get("ctx") or {}).get("field")))
+                    msg = str((err.get("ctx") or {}).get("message", msg))
+                raise field_error(f"tune.candidates[{i}]" + ("." + ".".join(loc) if loc else ""), msg) from None
+        if (t.slo or (self.bench.slo if self.bench else None)) is None:
+            raise field_error("tune.slo", "tune needs an SLO to meet: tune.slo or bench.slo (ttft_ms, tpot_ms, e2e_ms)")
+        if self.bench is None:
+            raise field_error("bench", "tune measures serving under the recipe's traffic: add a bench section "
+                               "(prompt, output_len, requests)")
+        if t.objective == "cost" and self.bench.cost_per_hour is None and not t.machines:
+            raise field_error("bench.cost_per_hour", "objective cost needs bench.cost_per_hour (what the machine "
+                               "costs you per hour) for $ per 1M output tokens")
+        return self
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> Recipe:
+        """What every request of the bench needs fits serve.max_model_len (vLLM refuses a request whose prompt and
+        max_tokens exceed it), for the recipe's server and for each max_model_len tune would try; the pipeline
+        stages are not more than the layers the recipe keeps (model.layers)."""
+        serve, bench = self.serve, self.bench
+        if serve is not None and self.model.layers is not None and serve.pipeline_parallel_size > self.model.layers:
+            raise field_error("serve.pipeline_parallel_size", f"pipeline_parallel_size {serve.pipeline_parallel_size} "
+                               f"exceeds the model's {self.model.layers} layers (model.layers): each stage needs one")
+        if bench is None:
+            return self
+        longest = bench_request_tokens(bench)
+        what = (f"prompt.len {bench.prompt.len:,} + " if bench.prompt.source in ("builtin", "synthetic") else "") + \
+            f"output_len {bench.output_len:,}" + (f" (+{bench.output_len_spread:g} spread)" if bench.output_len_spread else "")
+        if serve is not None and serve.max_model_len is not None and longest > serve.max_model_len:
+            raise field_error("bench.output_len", f"bench requests need up to {longest:,} tokens ({what}), more than "
+                               f"serve.max_model_len {serve.max_model_len:,}: vLLM would refuse every request")
+        grid = self.tune.serve_grid.max_model_len if self.tune is not None else None
+        for i, value in enumerate(grid or []):
+            if value is not None and longest > value:
+                raise field_error(f"tune.serve_grid.max_model_len[{i}]", f"max_model_len {value:,} is shorter than the "
+                                   f"{longest:,} tokens a bench request needs ({what})")
+        return self
+
+    @model_validator(mode="after")
+    def _check_served(self) -> Recipe:
+        if self.serve is not None and self.serve.model == "quantized" and self.quantize is None:
+            raise field_error("serve.model", "serve.model: quantized needs a quantize section (there is no "
+                               "quantized model to serve); use original, a model directory, or add quantize")
+        return self
+
