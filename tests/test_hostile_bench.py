@@ -325,10 +325,10 @@ def _profile_measure(url: str, profiled: bool = False):
     import asyncio
 
     from infertool.profile import vllm_engine
-    from infertool.profile.grid import Grid
+    from infertool.profile.grid import ShapeGrid
 
-    grid = Grid(batch=[1], prompt_len=[8], context=8, decode_len=2, repeats=1)
-    return asyncio.run(vllm_engine._measure(url + "/v1", "m", grid, 1000, vllm_engine._Progress(None, 2),
+    grid = ShapeGrid(batch=[1], prompt_len=[8], context=8, decode_len=2, repeats=1)
+    return asyncio.run(vllm_engine._measure(url + "/v1", "m", grid, 1000, vllm_engine._ProfileProgress(None, 2),
                                            profiled=profiled))
 
 

@@ -204,7 +204,7 @@ class InitChoice:
     decisions: list[tuple[str, Any, str, str]]  # Any: a recipe value. (recipe path, value, why, level "info" | "warning"), in order
 
 
-class Calibration(Protocol):
+class CalibrationSection(Protocol):
     """What the memory estimate reads of a method's calibration section (backends.methods.CalibrationSpec)."""
 
     samples: int
@@ -279,7 +279,7 @@ class QuantBackend(Generic[Q]):
         return per, f"{q.method} {bits}-bit g{group}" + (f" ({scheme})" if scheme else "")
 
     # ---------------------------------------------------------------------------- before work starts
-    def calibration(self, q: Q) -> Calibration | None:
+    def calibration(self, q: Q) -> CalibrationSection | None:
         """The calibration section (CalibrationSpec), or None when the method needs no data."""
         return getattr(q, "calibration", None)
 

@@ -133,7 +133,7 @@ def ensure_on_server(res: Resolution, url: str, served_name: str, *, batch: int,
     cached one has no point at ``batch``: decode at batch 1 and ``batch`` (at ``context`` tokens), prefill at two prompt
     lengths around ``prompt_len``; cached. A few seconds of requests, once per key and batch (a trial's own batch is
     measured rather than interpolated: on a loaded machine a step time between two batches is the least sure)."""
-    from infertool.profile.grid import Grid
+    from infertool.profile.grid import ShapeGrid
     from infertool.profile.vllm_engine import measure_rows, model_vocab
 
     key, facts = key_of(res)
@@ -144,7 +144,7 @@ def ensure_on_server(res: Resolution, url: str, served_name: str, *, batch: int,
     room = (res.serve.max_model_len or 4096) - 2  # every timed request must fit the server's max_model_len
     lens = [] if have is not None else sorted({min(32, room), min(max(64, 2 * prompt_len), room)})
     context = max(1, min(context, room - DECODE_STEPS - 1))
-    grid = Grid(batches, lens, DECODE_STEPS, context, REPEATS)
+    grid = ShapeGrid(batches, lens, DECODE_STEPS, context, REPEATS)
     if on_event:
         on_event({"event": "log", "message": f"calibrating the engine's step cost (batches {batches})"})
     rows = asyncio.run(measure_rows(url, served_name, grid, model_vocab(res.served), headers=headers or {}))

@@ -16,8 +16,8 @@ from infertool.atomic import atomic_path, write_json
 from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.perf import roofline
-from infertool.profile import analysis
-from infertool.profile.grid import Grid
+import infertool.profile.analysis as analysis
+from infertool.profile.grid import ShapeGrid
 from infertool.records import Record, as_str
 
 if TYPE_CHECKING:
@@ -106,7 +106,7 @@ class ProfilePlan:
     res: Resolution
     model: ModelRef  # the model profiled: the resolution's base (--model is ``Overrides(base=...)``)
     engine: str
-    grid: Grid
+    grid: ShapeGrid
     nsys_bin: str | None = None
     remeasure: bool = False
 
@@ -179,7 +179,7 @@ def plan(res: Resolution, options: ProfileOptions | None = None) -> ProfilePlan:
                              "measured peaks are the evidence")
         nsys_bin = require_nsys()
     prompt_len = options.prompt_len or list(prof.prompt_len)
-    grid = Grid(options.batch or list(prof.batch), prompt_len, options.decode_len or prof.decode_len,
+    grid = ShapeGrid(options.batch or list(prof.batch), prompt_len, options.decode_len or prof.decode_len,
                 (prof.context_len or [prompt_len[0]])[0], prof.repeats)
     return ProfilePlan(res, res.base, engine, grid, nsys_bin, options.remeasure)
 

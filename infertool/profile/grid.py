@@ -6,7 +6,7 @@ from dataclasses import asdict, dataclass
 
 
 @dataclass(frozen=True)
-class Grid:
+class ShapeGrid:
     batch: list[int]  # decode batch sizes
     prompt_len: list[int]  # prefill lengths (batch 1)
     decode_len: int  # decode steps timed per batch size

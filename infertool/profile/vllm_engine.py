@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Callable
 
 from infertool import net
 from infertool.errors import RuntimeFailure
-from infertool.profile.grid import Grid
+from infertool.profile.grid import ShapeGrid
 
 if TYPE_CHECKING:
     from infertool.resolve import Resolution
@@ -66,7 +66,7 @@ async def _batch(client, url: str, model: str, headers: dict, prompts: list[list
     return wall
 
 
-def vllm_timings(res: Resolution, model_ref, grid: Grid, *, on_event: Callable | None = None, log_dir: Path | None = None,
+def vllm_timings(res: Resolution, model_ref, grid: ShapeGrid, *, on_event: Callable | None = None, log_dir: Path | None = None,
                  nsys: tuple[str, str] | None = None, pool=None) -> dict:
     """Prefill and decode times at the ``grid``'s shapes from a vLLM server started for the purpose (the one
     launcher, which picks its port; ``pool``: `run`'s shared servers). ``nsys`` = (nsys binary, report prefix):
@@ -74,7 +74,7 @@ def vllm_timings(res: Resolution, model_ref, grid: Grid, *, on_event: Callable |
     profiler), around the measured requests only; that server is its own (it writes the report when it stops)."""
     plan = _launch_plan(res, model_ref, grid, nsys)
     log = (log_dir / "vllm.log") if log_dir else None
-    emit = _Progress(on_event, len(grid.prompt_len) + len(grid.batch))
+    emit = _ProfileProgress(on_event, len(grid.prompt_len) + len(grid.batch))
     emit("starting vLLM")
     from infertool.profile.nvml import NvmlSampler
 
@@ -113,10 +113,10 @@ def model_vocab(model_ref) -> int:
 
 
 
-async def measure_rows(url: str, model: str, grid: Grid, vocab: int, *, headers: dict | None = None) -> dict:
+async def measure_rows(url: str, model: str, grid: ShapeGrid, vocab: int, *, headers: dict | None = None) -> dict:
     """The grid's timed requests on a server that is already running (tune's calibration on a trial's capacity
     server): {"prefill": rows, "decode": rows}, as the vllm engine times them."""
-    return await _measure(url, model, grid, vocab, _Progress(None, 0), profiled=False, headers=headers, itl=True)
+    return await _measure(url, model, grid, vocab, _ProfileProgress(None, 0), profiled=False, headers=headers, itl=True)
 
 
 ITL_METRIC = "vllm:inter_token_latency_seconds"  # vLLM V1's histogram of the gaps between a request's tokens
@@ -198,7 +198,7 @@ async def _difference_step(client, url: str, model: str, headers: dict, prompts:
     return None
 
 
-def _launch_plan(res: Resolution, model_ref, grid: Grid, nsys: tuple[str, str] | None):
+def _launch_plan(res: Resolution, model_ref, grid: ShapeGrid, nsys: tuple[str, str] | None):
     """The recipe's serve settings, with what exact-shape timing needs: no prefix-cache hits, room for the grid
     (and, under nsys, the server wrapped by `nsys profile` with vLLM's CUDA profiler on)."""
     from infertool.serve import prepare
@@ -228,7 +228,7 @@ def _launch(plan, log: Path | None, on_event, pool):
     return launch(plan, log, on_event=on_event, label="profile", pool=pool, alone=True)
 
 
-class _Progress:
+class _ProfileProgress:
     def __init__(self, on_event: Callable | None, total: int):
         self.on_event, self.total = on_event, total
 
@@ -238,7 +238,7 @@ class _Progress:
                            "description": description})
 
 
-async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress, *, profiled: bool,
+async def _measure(url: str, model: str, grid: ShapeGrid, vocab: int, emit: _ProfileProgress, *, profiled: bool,
                    headers: dict | None = None, itl: bool = False) -> dict:
     """The timed requests: each prefill length (batch 1), then each decode batch (1 + N tokens minus 1 token,
     per step); ``profiled``: between vLLM's /start_profile and /stop_profile (its wall time in ``wall_ns``)."""

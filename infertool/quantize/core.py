@@ -30,11 +30,10 @@ from infertool.backends.base import QuantBackend, TaskInputs
 from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
 from infertool.errors import UsageError
-from infertool.quantize import MANIFEST_NAME
 from infertool.quantize.manifest import WeightSize
 from infertool.quantize.verify import LoadCheck
 from infertool.records import Record
-from infertool.resolve import default_output
+from infertool.resolve import QUANTIZE_MANIFEST as MANIFEST_NAME, default_output
 from infertool.summaries import Resolved
 
 if TYPE_CHECKING:
@@ -281,7 +280,7 @@ def load_check_launches(res: Resolution, candidate: ModelRef | None = None) -> d
     """The vLLM load check's launches (as a dry run shows them) of ``candidate`` (default: the resolution's): the
     quantized checkpoint, and the original unless the backend's worker computes the original's reference tokens
     itself. Needs neither the model nor the serve environment (`run --dry-run` shows them)."""
-    from infertool.quantize import verify as load_check
+    import infertool.quantize.verify as load_check
 
     assert res.recipe.quantize is not None  # a load check is of a quantize recipe's candidate
     b = backends.of(res.recipe.quantize)
@@ -435,7 +434,7 @@ def _load_check(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path, tas
     if not p.verify:
         return None
     from infertool.envs.runner import run_task
-    from infertool.quantize import verify as load_check
+    import infertool.quantize.verify as load_check
 
     model_out = work / "model"
     t = time.monotonic()

@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from infertool.atomic import write_json
-from infertool.quantize import MANIFEST_NAME
+from infertool.resolve import QUANTIZE_MANIFEST as MANIFEST_NAME
 from infertool.records import Record
 
 MANIFEST_VERSION = 1
