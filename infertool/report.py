@@ -457,13 +457,13 @@ def _profile_section(run: RunData, names: Names) -> Section | None:
     if pr is None:
         return None
     rows = [["phase", "shape", "ms", "MBU", "MFU", "verdict", "confidence"]]
-    for p in pr.timed:
+    for p in pr.points:
         shape = f"{p.tokens} tokens" if p.phase == "prefill" else f"batch {p.batch} @ {p.tokens}"
         rows.append([p.phase or "", shape, _fmt(p.seconds * 1e3 if p.seconds is not None else None), _pct(p.mbu),
                      _pct(p.mfu), p.verdict or "", p.confidence or ""])
-    pk = pr.peak
+    pk = pr.peaks
     return Section("profile", "Profile", [
-        P("profiled: ", Bold(pr.model_label or names.original or "?"), f" on {pr.device_name}"),
+        P("profiled: ", Bold(pr.model.label or names.original or "?"), f" on {pr.device.shown}"),
         P(f"peaks: {_fmt(_per_giga(pk.bandwidth))} GB/s, {_fmt(_per_giga(pk.flops))} GFLOP/s ({pk.dtype})"),
         Bullets([P(a) for a in pr.advice]), Table(rows), Figure("roofline")])
 
@@ -745,7 +745,7 @@ def headline(run: RunData) -> dict[str, object]:
         for g in run.eval.gates:
             if isinstance(g.name, str):
                 h[f"eval.{g.name}"] = g.estimate
-    for p in run.profile.timed if run.profile is not None else []:
+    for p in run.profile.points if run.profile is not None else []:
         key = f"profile.{p.phase}.{p.tokens if p.phase == 'prefill' else 'b' + str(p.batch)}"
         h[key + ".ms"] = p.seconds * 1e3 if p.seconds is not None else None
         h[key + ".verdict"] = p.verdict

@@ -12,6 +12,7 @@ import pytest
 
 from infertool.perf import roofline
 from infertool.profile import analysis, nsys, nvml
+from infertool.profile.measure import MachinePeaks, Timings
 from infertool.perf.roofline import Arch
 
 
@@ -41,7 +42,7 @@ def test_analyse_computes_mbu_mfu_from_timings():
     kv = roofline.kv_bytes_per_token(1, 1, 2, 2)
     measured = {"prefill": [{"batch": 1, "prompt_len": 5, "seconds": 2.0}],
                 "decode": [{"batch": 3, "context": 10, "seconds_per_step": 0.5}]}
-    pts = analysis.analyse(measured, a, 100, lambda b: 100, kv, {"flops": 1000.0, "bandwidth": 1000.0})
+    pts = analysis.analyse(Timings.from_dict(measured), a, 100, lambda b: 100, kv, analysis.Peaks(flops=1000.0, bandwidth=1000.0))
     dec = next(p for p in pts if p.phase == "decode")
     assert dec.flops == 456 and dec.bytes == 460  # see test_roofline's toy model
     assert dec.achieved_flops == 912 and dec.mfu == pytest.approx(0.912)
@@ -300,8 +301,8 @@ def test_half_precision_rule_follows_the_cpu_flags_not_a_noisy_ratio():
     AVX-512 CPU measured bf16/fp32 0.21 quiet and 0.28 busy: the ratio alone flipped the profile's dtype."""
     from infertool.profile.core import half_is_slow
 
-    busy = {"bf16_flops": 29e9, "fp32_flops": 104e9}
-    quiet = {"bf16_flops": 65e9, "fp32_flops": 311e9}
+    busy = MachinePeaks.from_dict({"bf16_flops": 29e9, "fp32_flops": 104e9})
+    quiet = MachinePeaks.from_dict({"bf16_flops": 65e9, "fp32_flops": 311e9})
     avx512 = {"avx512f", "avx512bw", "avx2"}
     assert half_is_slow("bfloat16", busy, avx512) and half_is_slow("bfloat16", quiet, avx512)
     assert not half_is_slow("bfloat16", quiet, avx512 | {"avx512_bf16"})

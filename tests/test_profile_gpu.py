@@ -92,7 +92,7 @@ def test_profile_hf_engine_on_this_gpu(gpu_model, tmp_path):
     res = _profile(_recipe(gpu_model), tmp_path / "out", engine="hf", remeasure=True)
     d = res.to_dict()
     _record("profile_hf.json", d)
-    assert res.peaks["device"] == "cuda" and res.peaks["bandwidth"] > 5e11 and res.peaks["flops"] > 5e13
+    assert res.peaks.device == "cuda" and res.peaks.bandwidth > 5e11 and res.peaks.flops > 5e13
     by = {(p["phase"], p["batch"], p["tokens"]): p for p in d["points"]}
     prefill = by[("prefill", 1, 2048)]
     assert prefill["verdict"] == "compute-bound", prefill

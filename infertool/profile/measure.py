@@ -7,8 +7,60 @@ from __future__ import annotations
 
 import statistics
 import time
+from dataclasses import dataclass, field
 
 from infertool.perf.host import torch_device
+from infertool.records import Record
+
+
+@dataclass
+class MachinePeaks(Record):
+    """``profile.peaks``' answer read back by attribute, and the peaks cache (``peaks/<device>.json``) with
+    ``bandwidth_bytes_s`` and ``measured_at`` added; a missing figure reads 0 (not measured)."""
+
+    device: str | None = None
+    read_bandwidth_bytes_s: float = 0.0
+    triad_bandwidth_bytes_s: float | None = None
+    threads: int | None = None
+    fp32_flops: float = 0.0
+    bf16_flops: float = 0.0
+    name: str | None = None
+    bandwidth_bytes_s: float | None = None
+    measured_at: str | None = None
+
+
+@dataclass
+class PrefillRow(Record):
+    """One timed prefill: ``batch`` prompts of ``prompt_len`` tokens, the median of ``runs``."""
+
+    batch: int = 1
+    prompt_len: int = 0
+    seconds: float = 0.0
+    runs: int | None = None
+
+
+@dataclass
+class DecodeRow(Record):
+    """One timed decode batch: a step's median time at ``context`` tokens (``how``: the vllm engine says)."""
+
+    batch: int = 1
+    context: int = 0
+    steps: int = 0
+    seconds_per_step: float = 0.0
+    how: str | None = None
+
+
+@dataclass
+class Timings(Record):
+    """``profile.hf``'s answer (read back from the worker protocol) and the vllm engine's: the timed rows, NVML's
+    summary, what could not be measured, and (under nsys) the captured wall time."""
+
+    prefill: list[PrefillRow] = field(default_factory=list)
+    decode: list[DecodeRow] = field(default_factory=list)
+    threads: int | None = None
+    nvml: dict = field(default_factory=dict)  # infertool.profile.nvml.NvmlSampler's summary
+    unmeasured: list[str] = field(default_factory=list)
+    captured_wall_ns: float | None = None
 
 
 def _sync(torch, device: str) -> None:

@@ -110,8 +110,9 @@ def run_profile(ctx: StageContext) -> ProfileSummary:
     from infertool import profile
 
     result = profile.run(profile.plan(resolution(ctx), profile.ProfileOptions()), _run_context(ctx, "profile"))
+    pk = result.peaks
     return ProfileSummary(verdicts=result.verdicts, crossover_batch=result.crossover_batch, advice=result.advice,
-                          peaks={k: result.peaks.get(k) for k in ("flops", "bandwidth", "dtype", "ridge")})
+                          peaks=dict(flops=pk.flops, bandwidth=pk.bandwidth, dtype=pk.dtype, ridge=pk.ridge))
 
 
 # ------------------------------------------------------------------------------------------ serve
