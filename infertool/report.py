@@ -408,13 +408,13 @@ def _quantize_section(run: RunData, names: Names) -> Section | None:
     else:
         sz = dumps_json(q.size or {}, indent=None)
     blocks = [P(Bold(names.candidate or f"{q.method} via {q.backend}"), ": ", sz)]
-    v = q.load_check_result
+    v = q.verify
     if v is not None:
         agree = v.agreement_share
         blocks.append(P(f"vLLM load check: loaded={v.loaded}, generated={v.generated}"
                         + (f", greedy token agreement with the original {_fmt(agree)}" if agree is not None else "")
                         + (f" ({v.reason})" if v.reason else "")))
-    la = q.kernel_agreement
+    la = q.local_agreement
     if la is not None:
         blocks.append(P(f"greedy token agreement ({la.engine}): {_fmt(la.agreement)} over {la.tokens} tokens"))
     return Section("quantize", "Quantize", blocks)
