@@ -113,10 +113,6 @@ class ProfilePlan:
     nsys_bin: str | None = None
     remeasure: bool = False
 
-    def to_dict(self) -> dict:
-        return {"model": self.model.to_dict(), "engine": self.engine, "grid": self.grid.to_dict(),
-                "nsys": self.nsys_bin is not None, "remeasure": self.remeasure}
-
 
 def peaks_cache_path(device_key: str) -> Path:
     from infertool.envs.paths import home

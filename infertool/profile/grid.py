@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -13,6 +13,3 @@ class ShapeGrid:
     context: int  # the context the decode batches run at
     repeats: int = 3  # each timing is the median of this many runs
     seed: int = 0  # random token ids (exact lengths, no prefix-cache hits)
-
-    def to_dict(self) -> dict:
-        return asdict(self)

@@ -9,7 +9,7 @@ import statistics
 import time
 from dataclasses import dataclass, field
 
-from infertool.perf.host import torch_device
+from infertool.perf.host import cpu_model_name, torch_device
 from infertool.records import Record
 
 
@@ -114,10 +114,7 @@ def peaks_task(spec: dict, events) -> dict:
         result[f"{name}_flops"] = 2 * size**3 / t
         result[f"{name}_matmul_n"] = size
     events.progress("peaks", steps, steps, "done")
-    if device == "cuda":
-        result["name"] = torch.cuda.get_device_name(0)
-    else:
-        result["name"] = _cpu_name()
+    result["name"] = torch.cuda.get_device_name(0) if device == "cuda" else cpu_model_name()
     return result
 
 
@@ -136,12 +133,6 @@ class _nvtx:
         if self.on:
             self.torch.cuda.nvtx.range_pop()
         return False
-
-
-def _cpu_name() -> str:
-    from infertool.perf.host import cpu_model_name
-
-    return cpu_model_name()
 
 
 def hf_task(spec: dict, events) -> dict:

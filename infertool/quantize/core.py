@@ -93,7 +93,7 @@ class QuantizeResult(Record):
 
 @dataclass
 class QuantizePlan:
-    """What ``run`` will do, decided before any weights load (``to_dict`` is what a dry run shows)."""
+    """What ``run`` will do, decided before any weights load."""
 
     res: Resolution
     options: QuantizeOptions
@@ -126,13 +126,6 @@ class QuantizePlan:
             calibration=self.calibration.to_dict() if self.calibration else None, warnings=list(self.warnings),
             resolution=self.res.to_dict(), held_out=self.held_out,
             load_check=dict(self.load_check) if b.checkpoint else None)
-
-    def to_dict(self) -> dict:
-        return {"backend": self.backend.name, "method": self.config.method, "source": str(self.source),
-                "output": str(self.output), "verify": self.verify, "kernel_compare": self.kernel_compare,
-                "task": self.task, "env": self.backend.env, "spec": self.spec, "load_check": self.load_check,
-                "preflight": self.preflight.to_dict(), "held_out": self.held_out, "warnings": self.warnings,
-                "notes": self.notes, "resolution": self.res.to_dict()}
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -177,7 +170,7 @@ def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: E
     p = QuantizePlan(res, options, backend, q, src, dest, info, report, cal_check, cal_spec, held,
                      warnings=[f"{c.name}: {c.detail}" for c in report.warnings], timings=timings, t0=t0)
     if backend.checkpoint:
-        p.load_check = _load_check_launches(p, dest)
+        p.load_check = load_check_launches(p.res, p.res.candidate_at(dest, exists=False))
     _decide_verify(p)
     if backend.task:
         p.task = backend.task
@@ -201,16 +194,8 @@ def _recipe_dir(recipe_path: str | Path | None) -> Path | None:
     return None
 
 
-def _is_within(child: Path, parent: Path) -> bool:
-    try:
-        child.relative_to(parent)
-        return True
-    except ValueError:
-        return False
-
-
 def _refuse_overlap(dest: Path, src: Path) -> None:
-    if _is_within(dest.resolve(), src) or _is_within(src, dest.resolve()):
+    if dest.resolve().is_relative_to(src) or src.is_relative_to(dest.resolve()):
         raise UsageError(f"the output {dest} overlaps the source model {src}",
                          hint="quantize never writes into its source: choose another --out")
 
@@ -260,10 +245,6 @@ def _held_out(recipe: Recipe, cal: dict, recipe_dir: Path | None, report: Prefli
         report.add("held_out", True, f"calibration and eval suite {suite_name} share no word {ov.ngram}-gram"
                    + (" (the built-in corpus's calibration and eval parts)" if kind == "builtin" else ""))
     return d
-
-
-def _load_check_launches(p: QuantizePlan, dest: Path) -> dict:
-    return load_check_launches(p.res, p.res.candidate_at(dest, exists=False))
 
 
 def load_check_launches(res: Resolution, candidate: ModelRef | None = None) -> dict:
