@@ -124,9 +124,9 @@ def test_nsys_parse_and_classify():
     rows = nsys.parse_kern_sum(KERN_SUM)
     assert [r.klass for r in rows] == ["gemm", "attention", "kv_write", "norm_elementwise", "communication"]
     b = nsys.kernel_breakdown(rows, wall_ns=20_000_000)
-    assert b["kernel_time_ns"] == 10_000_000
-    assert b["class_share"]["gemm"] == pytest.approx(0.6)
-    assert b["kernel_busy_fraction"] == pytest.approx(0.5)
+    assert b.kernel_time_ns == 10_000_000
+    assert b.class_share["gemm"] == pytest.approx(0.6)
+    assert b.kernel_busy_fraction == pytest.approx(0.5)
     assert nsys.parse_kern_sum("no header\n1,2,3") == []
 
 
@@ -173,11 +173,11 @@ def test_nsys_collect_runs_stats_per_report_and_summarises_phases(tmp_path):
     prefix = str(tmp_path / "profile-hf")
     out = nsys.collect("nsys", prefix + ".nsys-rep", prefix, run=fake_run)
     assert [c[c.index("-r") + 1] for c in calls] == ["cuda_gpu_kern_sum", "nvtx_sum", "nvtx_kern_sum"]
-    assert out["ranges"]["prefill 512"] == {"total_ns": 10_000_000, "instances": 4}  # leading ':' stripped
-    assert out["kernel_busy_fraction"] == pytest.approx(10_000_000 / 20_000_000)
-    assert out["phases"]["prefill"]["kernel_busy_fraction"] == pytest.approx(0.9)
-    assert out["phases"]["decode"]["kernel_busy_fraction"] == pytest.approx(3_000_000 / 8_000_000)  # setup excluded
-    assert out["phases"]["decode"]["class_share"] == pytest.approx({"gemm": 2 / 3, "attention": 1 / 3})
+    assert out.ranges["prefill 512"] == {"total_ns": 10_000_000, "instances": 4}  # leading ':' stripped
+    assert out.kernel_busy_fraction == pytest.approx(10_000_000 / 20_000_000)
+    assert out.phases["prefill"].kernel_busy_fraction == pytest.approx(0.9)
+    assert out.phases["decode"].kernel_busy_fraction == pytest.approx(3_000_000 / 8_000_000)  # setup excluded
+    assert out.phases["decode"].class_share == pytest.approx({"gemm": 2 / 3, "attention": 1 / 3})
     from infertool.profile.core import _nsys_advice
 
     advice = _nsys_advice(out)
@@ -192,8 +192,8 @@ def test_nsys_collect_runs_stats_per_report_and_summarises_phases(tmp_path):
 
     prefix2 = str(tmp_path / "p2")
     out = nsys.collect("nsys", prefix2 + ".nsys-rep", prefix2, run=partial)
-    assert out["phases"] == {} and out["class_share"]["gemm"] == pytest.approx(0.6)
-    assert "nvtx_kern_sum" in out["notes"][0] and "could not be found" in out["notes"][0]
+    assert out.phases == {} and out.class_share["gemm"] == pytest.approx(0.6)
+    assert "nvtx_kern_sum" in out.notes[0] and "could not be found" in out.notes[0]
 
     # nothing captured: an error that says where to look
     def empty(argv):
@@ -292,8 +292,8 @@ def test_recorded_nsys_kernels_classify(path):
     rows = nsys.parse_kern_sum(path.read_text())
     assert rows and all(r.total_ns > 0 for r in rows)
     b = nsys.kernel_breakdown(rows)
-    assert b["class_share"].get("gemm", 0) > 0.2  # a transformer's GPU time is mostly matrix products
-    assert b["class_share"].get("other", 0) < 0.5, [r.name for r in rows if r.klass == "other"][:10]
+    assert b.class_share.get("gemm", 0) > 0.2  # a transformer's GPU time is mostly matrix products
+    assert b.class_share.get("other", 0) < 0.5, [r.name for r in rows if r.klass == "other"][:10]
 
 
 def test_half_precision_rule_follows_the_cpu_flags_not_a_noisy_ratio():

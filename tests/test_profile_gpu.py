@@ -108,8 +108,9 @@ def test_nsys_classifies_the_measured_kernels(gpu_model, tmp_path):
     res = _profile(_recipe(gpu_model, batch=[1, 16], prompt_len=[1024], decode_len=8, repeats=1), tmp_path / "out",
                    engine="hf", nsys=True)
     ns = res.nsys
-    for name, path in (ns.get("csv") or {}).items():
+    assert ns is not None
+    for name, path in ns.csv.items():
         _record(f"nsys_{name}.csv", Path(path).read_text())
-    assert ns["kernel_time_ns"] > 0 and ns["class_share"].get("gemm", 0) > 0.3, ns["class_share"]
-    assert 0 < ns["kernel_busy_fraction"] <= 1.05
-    assert {"prefill 1024", "decode b1", "decode b16"} <= set(ns["ranges"])
+    assert ns.kernel_time_ns > 0 and ns.class_share.get("gemm", 0) > 0.3, ns.class_share
+    assert 0 < ns.kernel_busy_fraction <= 1.05
+    assert {"prefill 1024", "decode b1", "decode b16"} <= set(ns.ranges)

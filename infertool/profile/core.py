@@ -20,6 +20,7 @@ import infertool.profile.analysis as analysis
 from infertool.profile.analysis import Datasheet, Peaks, Point
 from infertool.profile.grid import ShapeGrid
 from infertool.profile.measure import MachinePeaks, Timings
+from infertool.profile.nsys import NsysSummary
 from infertool.records import Record
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class ProfileResult(Record):
     verdicts: dict = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
     nvml: dict = field(default_factory=dict)
-    nsys: dict | None = None
+    nsys: NsysSummary | None = None
     out_dir: str | None = None
     plot: str | None = None
     seconds: float = 0.0
@@ -280,7 +281,7 @@ def _precision(plan: ProfilePlan, model: ModelRef, facts: _Facts, machine: Machi
     return _Precision(dtype, weights, kv_tok, peaks, notes, machine.threads)
 
 
-def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) -> tuple[Timings, dict | None]:
+def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) -> tuple[Timings, NsysSummary | None]:
     """The timings on the plan's engine (under nsys when planned), and nsys's summary of them."""
     grid, engine, out_dir = plan.grid, plan.engine, ctx.out_dir
     prefix: str | None = None  # nsys's output prefix when the plan profiles under nsys
@@ -314,7 +315,7 @@ def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) ->
 
 
 def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision, measured: Timings,
-            nsys_summary: dict | None) -> ProfileResult:
+            nsys_summary: NsysSummary | None) -> ProfileResult:
     """The timings against the roofline: a point per shape, the analytic costs, verdicts and advice."""
     from infertool.models.weights import decode_weight_bytes
 
@@ -360,7 +361,7 @@ def _log_dir(what: str) -> Path:
     return logs_root() / f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{what}-{os.getpid()}"
 
 
-def _nsys_summary(nsys_bin: str, prefix: str, measured: Timings, on_event: EventCallback | None) -> dict:
+def _nsys_summary(nsys_bin: str, prefix: str, measured: Timings, on_event: EventCallback | None) -> NsysSummary:
     """`nsys stats` on the report the measured run wrote: kernel classes, kernel-busy fraction per phase."""
     from infertool.errors import BackendError
     from infertool.profile.nsys import collect
@@ -375,27 +376,25 @@ def _nsys_summary(nsys_bin: str, prefix: str, measured: Timings, on_event: Event
     if on_event:
         on_event({"event": "progress", "task": "profile", "completed": None, "total": None, "description": "nsys stats"})
     summary = collect(nsys_bin, report, prefix)
-    if not summary.get("ranges") and measured.captured_wall_ns:
+    if not summary.ranges and measured.captured_wall_ns:
         # the vllm engine has no NVTX ranges of ours: the measured wall between start_profile and stop_profile
-        summary["ranges"] = {"measured (vllm)": {"total_ns": measured.captured_wall_ns, "instances": 1}}
-        summary["kernel_busy_fraction"] = summary["kernel_time_ns"] / measured.captured_wall_ns
+        summary.ranges = {"measured (vllm)": {"total_ns": measured.captured_wall_ns, "instances": 1}}
+        summary.kernel_busy_fraction = summary.kernel_time_ns / measured.captured_wall_ns
     return summary
 
 
-def _nsys_advice(summary: dict) -> list[str]:
+def _nsys_advice(summary: NsysSummary) -> list[str]:
     out = []
-    busy = summary.get("kernel_busy_fraction")
+    busy = summary.kernel_busy_fraction
     if busy is not None and busy < 0.6:
         out.append(f"GPU kernels ran {busy:.0%} of the measured time: the rest is launch and host overhead "
                    "(CUDA graphs, i.e. serve.enforce_eager: false, and larger batches hide it)")
-    for phase, p in (summary.get("phases") or {}).items():
-        b = p.get("kernel_busy_fraction")
-        if b is not None and b < 0.6:
-            out.append(f"{phase}: kernels busy {b:.0%} of its wall time: overhead-bound, not the roofline")
-    shares = summary.get("class_share") or {}
-    if shares.get("communication", 0) > 0.2:
-        out.append(f"communication kernels take {shares['communication']:.0%} of GPU time: a lower tensor-parallel "
-                   "degree (or NVLink) would help")
+    for phase, p in summary.phases.items():
+        if p.kernel_busy_fraction is not None and p.kernel_busy_fraction < 0.6:
+            out.append(f"{phase}: kernels busy {p.kernel_busy_fraction:.0%} of its wall time: overhead-bound, not the roofline")
+    if (comm := summary.class_share.get("communication", 0)) > 0.2:
+        out.append(f"communication kernels take {comm:.0%} of GPU time: a lower tensor-parallel degree (or NVLink) "
+                   "would help")
     return out
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from infertool.output import err, esc, out, plain
 from infertool.perf.calibration import Calibration
 from infertool.profile.core import ProfileResult
+from infertool.profile.nsys import NsysSummary
 
 
 def render(res: ProfileResult) -> None:
@@ -70,20 +71,20 @@ def _nvml_line(n: dict) -> str:
     return f"{n.get('device')}: " + "; ".join(parts)
 
 
-def _render_nsys(ns: dict) -> None:
-    """infertool.profile.nsys.collect's summary: kernel time by class, each phase's busy share, the report."""
+def _render_nsys(ns: NsysSummary) -> None:
+    """Nsight's summary: kernel time by class, each phase's busy share, the report."""
     from rich.table import Table
 
-    busy = ns.get("kernel_busy_fraction")
+    busy = ns.kernel_busy_fraction
     t = Table(title="Nsight Systems: GPU kernel time by class"
               + (f" (kernels busy {busy:.0%} of the measured wall time)" if busy is not None else ""))
     t.add_column("class")
     t.add_column("share", justify="right")
-    for k, v in (ns.get("class_share") or {}).items():
+    for k, v in ns.class_share.items():
         t.add_row(plain(k), f"{v:.1%}")
     out.print(t)
-    for phase, p in (ns.get("phases") or {}).items():
-        if (b := p.get("kernel_busy_fraction")) is not None:
-            top = ", ".join(f"{k} {v:.0%}" for k, v in list((p.get("class_share") or {}).items())[:3])
-            out.print(plain(f"{phase}: kernels busy {b:.0%} of its wall time ({top})"))
-    out.print(f"[dim]report: {esc(ns.get('report'))}[/]", soft_wrap=True)
+    for phase, p in ns.phases.items():
+        if p.kernel_busy_fraction is not None:
+            top = ", ".join(f"{k} {v:.0%}" for k, v in list(p.class_share.items())[:3])
+            out.print(plain(f"{phase}: kernels busy {p.kernel_busy_fraction:.0%} of its wall time ({top})"))
+    out.print(f"[dim]report: {esc(ns.report)}[/]", soft_wrap=True)
