@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 from infertool.perf.host import cpu_model_name, torch_device
 from infertool.records import Record
@@ -118,21 +120,17 @@ def peaks_task(spec: dict, events) -> dict:
     return result
 
 
-class _nvtx:
+@contextmanager
+def _nvtx(torch, on: bool, name: str) -> Iterator[None]:
     """An NVTX range around one timed phase (named "prefill 512", "decode b8"), so `nsys stats` reports the
     phases' wall time beside the kernels'. Nothing when not capturing."""
-
-    def __init__(self, torch, on: bool, name: str):
-        self.torch, self.on, self.name = torch, on, name
-
-    def __enter__(self):
-        if self.on:
-            self.torch.cuda.nvtx.range_push(self.name)
-
-    def __exit__(self, *exc):
-        if self.on:
-            self.torch.cuda.nvtx.range_pop()
-        return False
+    if on:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        yield
+    finally:
+        if on:
+            torch.cuda.nvtx.range_pop()
 
 
 def hf_task(spec: dict, events) -> dict:

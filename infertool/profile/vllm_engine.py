@@ -83,7 +83,9 @@ def vllm_timings(res: Resolution, model_ref, grid: ShapeGrid, *, on_event: Calla
     with ExitStack() as stack:
         server = None
         if nsys is None:
-            srv = stack.enter_context(_launch(plan, log, on_event, pool))
+            from infertool.serve import launch
+
+            srv = stack.enter_context(launch(plan, log, on_event=on_event, label="profile", pool=pool, alone=True))
             url, model, ready_s, log = srv.url, srv.model, srv.ready_s, srv.log_path
         else:
             from infertool.serve import default_log_path
@@ -221,12 +223,6 @@ def _launch_plan(res: Resolution, model_ref, grid: ShapeGrid, nsys: tuple[str, s
         plan.spec.argv = (profile_command(nsys[0], nsys[1], [], cuda_graphs=not serve.enforce_eager, fork=True)
                           + plan.spec.argv + ["--profiler-config", json.dumps({"profiler": "cuda"})])
     return plan
-
-
-def _launch(plan, log: Path | None, on_event, pool):
-    from infertool.serve import launch
-
-    return launch(plan, log, on_event=on_event, label="profile", pool=pool, alone=True)
 
 
 class _ProfileProgress:
