@@ -32,7 +32,8 @@ def test_judge(ai, mbu, mfu, verdict, confidence):
 
 
 def test_judge_uses_gpm_counters_when_present():
-    v, c, ev = analysis.judge(2.0, 10.0, 0.6, 0.1, {"available": True, "dram_bw_util_pct": 20.0, "tensor_util_pct": 70.0})
+    v, c, ev = analysis.judge(2.0, 10.0, 0.6, 0.1,
+                              nvml.GpmMetrics.from_dict({"available": True, "dram_bw_util_pct": 20.0, "tensor_util_pct": 70.0}))
     assert v == "memory-bound" and c == "low"  # the counters disagree with timing
     assert ev[-1]["source"] == "counters (GPM)"
 
@@ -88,11 +89,11 @@ def test_nvml_sampler_summarises_readings():
     s = nvml.NvmlSampler(interval_s=0.01, nvml=FakeNvml()).start()
     assert s.available
     summary = s.stop()  # at least one reading, however fast the machine
-    assert summary["available"] and summary["device"] == "NVIDIA H200" and summary["samples"] >= 1
-    assert summary["power_w"]["mean"] == 450.0
-    assert summary["time_busy_pct"]["max"] == 97
-    assert summary["throttle_reasons"] == ["sw_power_cap"]
-    assert summary["gpm"]["available"] is False
+    assert summary.available and summary.device == "NVIDIA H200" and summary.samples >= 1
+    assert summary.power_w is not None and summary.power_w.mean == 450.0
+    assert summary.time_busy_pct is not None and summary.time_busy_pct.max == 97
+    assert summary.throttle_reasons == ["sw_power_cap"]
+    assert summary.gpm.available is False
 
 
 def test_nvml_absent_is_not_an_error():
@@ -102,10 +103,10 @@ def test_nvml_absent_is_not_an_error():
 
     s = nvml.NvmlSampler(nvml=Broken()).start()
     out = s.stop()
-    assert out == {"available": False, "reason": "OSError: NVML Shared Library Not Found"}
+    assert out.to_dict() == {"available": False, "reason": "OSError: NVML Shared Library Not Found"}
     # and without the package at all (this machine's main venv)
     out = nvml.NvmlSampler().start().stop()
-    assert out["available"] is False and out["reason"]
+    assert out.available is False and out.reason
 
 
 # ------------------------------------------------------------------------------------------- nsys
@@ -281,10 +282,10 @@ RECORDED = Path(__file__).parent / "fixtures" / "recorded"
 @pytest.mark.parametrize("path", sorted(RECORDED.glob("nvml_samples*.json")), ids=lambda p: p.name)
 def test_recorded_nvml_samples_summarise(path):
     data = json.loads(path.read_text())
-    out = nvml.summarise(data["samples"], data.get("gpm") or {}, name=data.get("device"))
-    assert out["samples"] == len(data["samples"]) > 0
-    assert out["power_w"]["max"] >= out["power_w"]["mean"] >= out["power_w"]["min"] > 0
-    assert set(out["throttle_reasons"]) <= set(nvml.THROTTLE_BITS.values())
+    out = nvml.summarise(data["samples"], nvml.GpmMetrics.from_dict(data.get("gpm")), name=data.get("device"))
+    assert out.samples == len(data["samples"]) > 0
+    assert out.power_w.max >= out.power_w.mean >= out.power_w.min > 0
+    assert set(out.throttle_reasons) <= set(nvml.THROTTLE_BITS.values())
 
 
 @pytest.mark.parametrize("path", sorted(RECORDED.glob("nsys_cuda_gpu_kern_sum*.csv")), ids=lambda p: p.name)

@@ -80,12 +80,12 @@ def test_nvml_sampler_reads_this_gpu():
     torch.cuda.synchronize()
     samples = list(s._samples)
     out = s.stop()
-    _record("nvml_samples.json", {"device": out["device"], "samples": samples, "gpm": out["gpm"]})
-    assert out["samples"] >= 3 and out["power_w"]["max"] > 50 and out["memory_used_bytes"]["max"] > 2**30
-    assert out["sm_clock_mhz"]["max"] > 500
+    _record("nvml_samples.json", {"device": out.device, "samples": samples, "gpm": out.gpm.to_dict()})
+    assert out.samples >= 3 and out.power_w.max > 50 and out.memory_used_bytes.max > 2**30
+    assert out.sm_clock_mhz.max > 500
     if torch.cuda.get_device_capability()[0] >= 9:  # GPM: Hopper and newer
-        assert out["gpm"]["available"], out["gpm"]
-        assert 0 <= out["gpm"]["sm_util_pct"] <= 100
+        assert out.gpm.available, out.gpm
+        assert 0 <= out.gpm.sm_util_pct <= 100
 
 
 def test_profile_hf_engine_on_this_gpu(gpu_model, tmp_path):
@@ -99,7 +99,7 @@ def test_profile_hf_engine_on_this_gpu(gpu_model, tmp_path):
     decode1 = next(p for p in d["points"] if p["phase"] == "decode" and p["batch"] == 1)
     # eager transformers decode at batch 1 may be launch-bound on a fast GPU; it is never compute-bound
     assert decode1["verdict"] in ("memory-bound", "overhead-bound") and decode1["mbu"] > decode1["mfu"], decode1
-    assert res.nvml["available"] and res.nvml["power_w"]["max"] > 50
+    assert res.nvml.available and res.nvml.power_w.max > 50
     assert (tmp_path / "out" / "roofline.png").stat().st_size > 10_000
 
 

@@ -12,6 +12,7 @@ from typing import Callable
 
 from infertool.perf import roofline
 from infertool.profile.measure import Timings
+from infertool.profile.nvml import GpmMetrics
 from infertool.records import Record
 
 # Thresholds (documented in the README): below MEMORY_SIDE x ridge the analytic model says memory-bound,
@@ -85,7 +86,8 @@ def timing_says(mbu: float, mfu: float) -> str:
     return "memory-bound" if mbu >= mfu else "compute-bound"
 
 
-def judge(intensity: float, ridge: float, mbu: float, mfu: float, counters: dict | None = None) -> tuple[str, str, list[dict]]:
+def judge(intensity: float, ridge: float, mbu: float, mfu: float,
+          counters: GpmMetrics | None = None) -> tuple[str, str, list[dict]]:
     """(verdict, confidence, evidence rows)."""
     a = analytic_says(intensity, ridge)
     t = timing_says(mbu, mfu)
@@ -94,8 +96,8 @@ def judge(intensity: float, ridge: float, mbu: float, mfu: float, counters: dict
         {"source": "timing", "value": f"MBU {mbu:.0%}, MFU {mfu:.0%} (vs measured peaks)", "says": t},
     ]
     c = None
-    if counters and counters.get("available"):
-        dram, tensor = counters.get("dram_bw_util_pct"), counters.get("tensor_util_pct")
+    if counters is not None and counters.available:
+        dram, tensor = counters.dram_bw_util_pct, counters.tensor_util_pct
         if dram is not None and tensor is not None:
             c = "memory-bound" if dram >= tensor else "compute-bound"
             evidence.append({"source": "counters (GPM)", "value": f"DRAM BW {dram:.0f}%, tensor {tensor:.0f}%", "says": c})
@@ -124,7 +126,7 @@ def analyse(measured: Timings, arch: roofline.Arch, weight_bytes: float, weight_
     """
     pf, pb = peaks.flops or 0.0, peaks.bandwidth or 0.0  # measured: both positive
     rid = roofline.ridge(pf, pb)
-    counters = measured.nvml.get("gpm")
+    counters = measured.nvml.gpm
     points = []
     for pre in measured.prefill:
         cost = roofline.prefill(arch, weight_bytes, pre.batch, pre.prompt_len, kv_tok)
@@ -138,7 +140,7 @@ def analyse(measured: Timings, arch: roofline.Arch, weight_bytes: float, weight_
 
 
 def _point(phase: str, batch: int, tokens: int, seconds: float, cost: roofline.PhaseCost, pf: float, pb: float,
-           rid: float, datasheet: Datasheet | None, counters: dict | None, tokens_done: int) -> Point:
+           rid: float, datasheet: Datasheet | None, counters: GpmMetrics | None, tokens_done: int) -> Point:
     achieved_f = cost.flops / seconds
     achieved_b = cost.bytes / seconds
     mbu, mfu = achieved_b / pb, achieved_f / pf

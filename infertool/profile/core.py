@@ -21,6 +21,7 @@ from infertool.profile.analysis import Datasheet, Peaks, Point
 from infertool.profile.grid import ShapeGrid
 from infertool.profile.measure import MachinePeaks, Timings
 from infertool.profile.nsys import NsysSummary
+from infertool.profile.nvml import NvmlSummary
 from infertool.records import Record
 
 if TYPE_CHECKING:
@@ -73,7 +74,7 @@ class ProfileResult(Record):
     crossover_batch: float | None = None
     verdicts: dict = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
-    nvml: dict = field(default_factory=dict)
+    nvml: NvmlSummary = field(default_factory=NvmlSummary)
     nsys: NsysSummary | None = None
     out_dir: str | None = None
     plot: str | None = None
@@ -341,7 +342,7 @@ def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision,
                             arch.total_params, prec.dtype, kv_tok),
         device=ProfiledDevice(peaks.device, plan.engine, measured.threads or prec.threads, peaks.name),
         peaks=peaks, points=points, analytic=analytic, crossover_batch=crossover,
-        verdicts=_phase_verdicts(points), advice=advice_rows, nvml=measured.nvml or {"available": False},
+        verdicts=_phase_verdicts(points), advice=advice_rows, nvml=measured.nvml,
         nsys=nsys_summary, notes=[*prec.notes, *measured.unmeasured],
     )
 

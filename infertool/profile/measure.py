@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Iterator
 
 from infertool.perf.host import cpu_model_name, torch_device
+from infertool.profile.nvml import NvmlSampler, NvmlSummary
 from infertool.records import Record
 
 
@@ -60,7 +61,7 @@ class Timings(Record):
     prefill: list[PrefillRow] = field(default_factory=list)
     decode: list[DecodeRow] = field(default_factory=list)
     threads: int | None = None
-    nvml: dict = field(default_factory=dict)  # infertool.profile.nvml.NvmlSampler's summary
+    nvml: NvmlSummary = field(default_factory=NvmlSummary)
     unmeasured: list[str] = field(default_factory=list)
     captured_wall_ns: float | None = None
 
@@ -141,7 +142,6 @@ def hf_task(spec: dict, events) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from infertool.profile.nvml import NvmlSampler
 
     torch.manual_seed(int(spec.get("seed", 0)))
     device = torch_device()
@@ -208,7 +208,7 @@ def hf_task(spec: dict, events) -> dict:
             _sync(torch, device)
             torch.cuda.cudart().cudaProfilerStop()
     finally:
-        nvml = sampler.stop() if sampler is not None else {"available": False, "reason": "disabled"}
+        nvml = (sampler.stop() if sampler is not None else NvmlSummary(reason="disabled")).to_dict()
     events.progress("profile", total, total, "done")
     return {"device": device, "dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
             "prefill": prefill_rows, "decode": decode_rows, "nvml": nvml, "torch": torch.__version__}

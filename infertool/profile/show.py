@@ -7,6 +7,7 @@ from infertool.output import err, esc, out, plain
 from infertool.perf.calibration import Calibration
 from infertool.profile.core import ProfileResult
 from infertool.profile.nsys import NsysSummary
+from infertool.profile.nvml import NvmlSummary, Reading
 
 
 def render(res: ProfileResult) -> None:
@@ -47,28 +48,26 @@ def render(res: ProfileResult) -> None:
         err.print(f"[dim]roofline plot: {esc(res.plot)}; numbers: {esc(res.out_dir)}/profile.json[/]", soft_wrap=True)
 
 
-def _nvml_line(n: dict) -> str:
-    """infertool.profile.nvml.NvmlSampler's summary, one line."""
-    if not n.get("available"):
-        return f"not available ({n.get('reason')})"
+def _nvml_line(n: NvmlSummary) -> str:
+    """The NVML sampler's summary, one line."""
+    if not n.available:
+        return f"not available ({n.reason})"
 
-    def mean(key: str, fmt: str) -> str | None:
-        v = (n.get(key) or {}).get("mean")
-        return None if v is None else fmt.format(v)
+    def mean(r: Reading | None, fmt: str) -> str | None:
+        return None if r is None or r.mean is None else fmt.format(r.mean)
 
-    used = (n.get("memory_used_bytes") or {}).get("max")
+    used = n.memory_used_bytes.max if n.memory_used_bytes else None
     parts = [x for x in (
-        mean("power_w", "power {:.0f} W mean"), mean("sm_clock_mhz", "SM clock {:.0f} MHz"),
+        mean(n.power_w, "power {:.0f} W mean"), mean(n.sm_clock_mhz, "SM clock {:.0f} MHz"),
         f"memory used {used / 2**30:.1f} GiB max" if used else None,
-        mean("time_busy_pct", "time-busy {:.0f}% (share of time a kernel ran, not throughput)"),
+        mean(n.time_busy_pct, "time-busy {:.0f}% (share of time a kernel ran, not throughput)"),
     ) if x]
-    gpm = n.get("gpm") or {}
-    if gpm.get("available"):
-        parts.append(f"GPM: DRAM bandwidth {gpm.get('dram_bw_util_pct', 0):.0f}%, SM {gpm.get('sm_util_pct', 0):.0f}%, "
-                     f"tensor {gpm.get('tensor_util_pct', 0):.0f}%")
-    if n.get("throttle_reasons"):
-        parts.append("throttled: " + ", ".join(n.get("throttle_reasons") or []))
-    return f"{n.get('device')}: " + "; ".join(parts)
+    if (gpm := n.gpm).available:
+        parts.append(f"GPM: DRAM bandwidth {gpm.dram_bw_util_pct or 0:.0f}%, SM {gpm.sm_util_pct or 0:.0f}%, "
+                     f"tensor {gpm.tensor_util_pct or 0:.0f}%")
+    if n.throttle_reasons:
+        parts.append("throttled: " + ", ".join(n.throttle_reasons))
+    return f"{n.device}: " + "; ".join(parts)
 
 
 def _render_nsys(ns: NsysSummary) -> None:
