@@ -90,6 +90,7 @@ class NvmlSampler:
         self.reason: str | None = None
         self._handle = None
         self._gpm_first = None
+        self.name: str | None = None
 
     def start(self) -> "NvmlSampler":
         try:
@@ -149,7 +150,7 @@ class NvmlSampler:
             self._nvml.nvmlShutdown()
         except Exception:
             pass
-        return summarise(self._samples, gpm, name=getattr(self, "name", None))
+        return summarise(self._samples, gpm, name=self.name)
 
     def _gpm_interval(self) -> GpmMetrics:
         if self._gpm_first is None:

@@ -160,7 +160,7 @@ def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: E
         cal_spec = calibration.model_dump(mode="json")
         cal_check = check_source(cal_spec, recipe_dir)
         cal_spec["source"] = cal_check.source  # absolute path (or builtin) for the worker
-    serve = section.model_dump(mode="json") if (section := getattr(recipe, "serve", None)) else None
+    serve = recipe.serve.model_dump(mode="json") if recipe.serve is not None else None
     report = preflight(info, q, serve=serve, output=dest, has_cuda=has_cuda(), target=res.target, host=res.host)
     held = _held_out(recipe, cal_spec, recipe_dir, report) if cal_spec is not None else None
     _output_check(report, dest, options)
@@ -305,8 +305,8 @@ def reference_dtype(res: Resolution, info: ModelInfo) -> str:
     """The dtype vLLM serves the original in for this recipe (serve.dtype, or its CPU rule for "auto"), which the
     original's reference tokens are computed in; the model's own dtype when vLLM's "auto" keeps it."""
     settings, _ = res.serve_for(res.base, None)
-    dtype = getattr(settings, "dtype", "auto")
-    if dtype and dtype != "auto":
+    dtype = settings.dtype
+    if dtype != "auto":
         return {"half": "float16", "float": "float32"}.get(dtype, dtype)
     return info.dtype if info.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
 
