@@ -12,7 +12,7 @@ import pytest
 
 from infertool.perf import roofline
 from infertool.profile import analysis, nsys, nvml
-from infertool.profile.measure import MachinePeaks, Timings
+from infertool.profile.measure import MachinePeaks, ShapeTimings
 from infertool.perf.roofline import Arch
 
 
@@ -43,7 +43,7 @@ def test_analyse_computes_mbu_mfu_from_timings():
     kv = roofline.kv_bytes_per_token(1, 1, 2, 2)
     measured = {"prefill": [{"batch": 1, "prompt_len": 5, "seconds": 2.0}],
                 "decode": [{"batch": 3, "context": 10, "seconds_per_step": 0.5}]}
-    pts = analysis.analyse(Timings.from_dict(measured), a, 100, lambda b: 100, kv, analysis.Peaks(flops=1000.0, bandwidth=1000.0))
+    pts = analysis.analyse(ShapeTimings.from_dict(measured), a, 100, lambda b: 100, kv, analysis.Peaks(flops=1000.0, bandwidth=1000.0))
     dec = next(p for p in pts if p.phase == "decode")
     assert dec.flops == 456 and dec.bytes == 460  # see test_roofline's toy model
     assert dec.achieved_flops == 912 and dec.mfu == pytest.approx(0.912)

@@ -42,7 +42,7 @@ class Toy(QuantBackend):
     def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
         return {"model": inputs.model, "out_dir": inputs.out_dir, "level": q.level}
 
-    def manifest(self, q: Any, result: Any) -> dict:  # Any: infertool.backends.base.TaskResult
+    def manifest(self, q: Any, result: Any) -> dict:  # Any: infertool.backends.base.QuantizeTaskResult
         return {"toy": {"level": q.level, "copied": result.extra["copied"]}}  # a key of its own task: in extra
 
 

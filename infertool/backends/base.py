@@ -179,7 +179,7 @@ class TaskInputs:
 
 
 @dataclass
-class TaskResult(Record):
+class QuantizeTaskResult(Record):
     """A backend's quantize task's answer, read back once from the worker protocol (``quantize.core``): timings,
     the calibration it used, the per-module errors, the settings and versions it ran with, and the original's
     greedy tokens (``reference``) and the comparison in its own kernels where it computed them."""
@@ -347,6 +347,6 @@ class QuantBackend(Generic[Q]):
         """The spec of ``task`` (JSON data: the worker reads nothing else)."""
         raise NotImplementedError(f"backend {self.name} has no worker task")
 
-    def manifest(self, q: Q, result: TaskResult) -> dict:
+    def manifest(self, q: Q, result: QuantizeTaskResult) -> dict:
         """The manifest fields this backend adds, from its task's result (keys of its own: ``result.extra``)."""
         return {}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from infertool.perf import roofline
-from infertool.profile.measure import Timings
+from infertool.profile.measure import ShapeTimings
 from infertool.profile.nvml import GpmMetrics
 from infertool.records import Record
 
@@ -117,7 +117,7 @@ def judge(intensity: float, ridge: float, mbu: float, mfu: float,
     return verdict, confidence, evidence
 
 
-def analyse(measured: Timings, arch: roofline.Arch, weight_bytes: float, weight_read_decode: Callable[[int], float],
+def analyse(measured: ShapeTimings, arch: roofline.Arch, weight_bytes: float, weight_read_decode: Callable[[int], float],
             kv_tok: float, peaks: Peaks, datasheet: Datasheet | None = None) -> list[Point]:
     """Turn the engine's timings into points with roofline numbers and verdicts.
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from infertool.perf.calibration import Calibration, StepPoint, calibration_key, from_timings
-from infertool.profile.measure import Timings
+from infertool.profile.measure import ShapeTimings
 
 if TYPE_CHECKING:
     from infertool.resolve import Resolution
@@ -113,7 +113,7 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def from_profile(res: Resolution, model, measured: Timings) -> Calibration | None:
+def from_profile(res: Resolution, model, measured: ShapeTimings) -> Calibration | None:
     """A calibration from `infertool profile --engine vllm`'s timings (decode and prefill rows), cached; None when
     the rows cannot make one (no decode row, no prefill row)."""
     from infertool.errors import UsageError
@@ -156,7 +156,7 @@ def ensure_on_server(res: Resolution, url: str, served_name: str, *, batch: int,
     return cal
 
 
-def _from_rows(key: str, rows: Timings, facts: dict, how: str) -> Calibration:
+def _from_rows(key: str, rows: ShapeTimings, facts: dict, how: str) -> Calibration:
     """infertool.perf.calibration.from_timings of the timed rows (its rows are plain data)."""
     return from_timings(key, [r.to_dict() for r in rows.decode], [r.to_dict() for r in rows.prefill], facts=facts,
                         measured_at=_now(), how=how)

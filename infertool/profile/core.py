@@ -19,7 +19,7 @@ from infertool.perf import roofline
 import infertool.profile.analysis as analysis
 from infertool.profile.analysis import Datasheet, Peaks, Point
 from infertool.profile.grid import ShapeGrid
-from infertool.profile.measure import MachinePeaks, Timings
+from infertool.profile.measure import MachinePeaks, ShapeTimings
 from infertool.profile.nsys import NsysSummary
 from infertool.profile.nvml import NvmlSummary
 from infertool.records import Record
@@ -282,7 +282,7 @@ def _precision(plan: ProfilePlan, model: ModelRef, facts: _Facts, machine: Machi
     return _Precision(dtype, weights, kv_tok, peaks, notes, machine.threads)
 
 
-def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) -> tuple[Timings, NsysSummary | None]:
+def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) -> tuple[ShapeTimings, NsysSummary | None]:
     """The timings on the plan's engine (under nsys when planned), and nsys's summary of them."""
     grid, engine, out_dir = plan.grid, plan.engine, ctx.out_dir
     prefix: str | None = None  # nsys's output prefix when the plan profiles under nsys
@@ -315,7 +315,7 @@ def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) ->
     return measured, nsys_summary
 
 
-def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision, measured: Timings,
+def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision, measured: ShapeTimings,
             nsys_summary: NsysSummary | None) -> ProfileResult:
     """The timings against the roofline: a point per shape, the analytic costs, verdicts and advice."""
     from infertool.models.weights import decode_weight_bytes
@@ -347,11 +347,11 @@ def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision,
     )
 
 
-def _run_hf(spec: dict, on_event: EventCallback | None, wrap: list[str] | None = None) -> Timings:
-    """The worker task profile.hf, its answer read back as Timings (the one reader of it)."""
+def _run_hf(spec: dict, on_event: EventCallback | None, wrap: list[str] | None = None) -> ShapeTimings:
+    """The worker task profile.hf, its answer read back as ShapeTimings (the one reader of it)."""
     from infertool.envs.runner import run_task
 
-    return Timings.from_dict(run_task("profile.hf", spec, on_event=on_event, wrap=wrap).result)
+    return ShapeTimings.from_dict(run_task("profile.hf", spec, on_event=on_event, wrap=wrap).result)
 
 
 def _log_dir(what: str) -> Path:
@@ -362,7 +362,7 @@ def _log_dir(what: str) -> Path:
     return logs_root() / f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{what}-{os.getpid()}"
 
 
-def _nsys_summary(nsys_bin: str, prefix: str, measured: Timings, on_event: EventCallback | None) -> NsysSummary:
+def _nsys_summary(nsys_bin: str, prefix: str, measured: ShapeTimings, on_event: EventCallback | None) -> NsysSummary:
     """`nsys stats` on the report the measured run wrote: kernel classes, kernel-busy fraction per phase."""
     from infertool.errors import BackendError
     from infertool.profile.nsys import collect

@@ -54,7 +54,7 @@ class DecodeRow(Record):
 
 
 @dataclass
-class Timings(Record):
+class ShapeTimings(Record):
     """``profile.hf``'s answer (read back from the worker protocol) and the vllm engine's: the timed rows, NVML's
     summary, what could not be measured, and (under nsys) the captured wall time."""
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Callable
 from infertool import net
 from infertool.errors import RuntimeFailure
 from infertool.profile.grid import ShapeGrid
-from infertool.profile.measure import DecodeRow, PrefillRow, Timings
+from infertool.profile.measure import DecodeRow, PrefillRow, ShapeTimings
 
 if TYPE_CHECKING:
     from infertool.resolve import Resolution
@@ -68,7 +68,7 @@ async def _batch(client, url: str, model: str, headers: dict, prompts: list[list
 
 
 def vllm_timings(res: Resolution, model_ref, grid: ShapeGrid, *, on_event: Callable | None = None, log_dir: Path | None = None,
-                 nsys: tuple[str, str] | None = None, pool=None) -> Timings:
+                 nsys: tuple[str, str] | None = None, pool=None) -> ShapeTimings:
     """Prefill and decode times at the ``grid``'s shapes from a vLLM server started for the purpose (the one
     launcher, which picks its port; ``pool``: `run`'s shared servers). ``nsys`` = (nsys binary, report prefix):
     the server runs under `nsys profile`, collecting between vLLM's /start_profile and /stop_profile (its CUDA
@@ -116,7 +116,7 @@ def model_vocab(model_ref) -> int:
 
 
 
-async def measure_rows(url: str, model: str, grid: ShapeGrid, vocab: int, *, headers: dict | None = None) -> Timings:
+async def measure_rows(url: str, model: str, grid: ShapeGrid, vocab: int, *, headers: dict | None = None) -> ShapeTimings:
     """The grid's timed requests on a server that is already running (tune's calibration on a trial's capacity
     server), as the vllm engine times them."""
     return await _measure(url, model, grid, vocab, _ProfileProgress(None, 0), profiled=False, headers=headers, itl=True)
@@ -236,7 +236,7 @@ class _ProfileProgress:
 
 
 async def _measure(url: str, model: str, grid: ShapeGrid, vocab: int, emit: _ProfileProgress, *, profiled: bool,
-                   headers: dict | None = None, itl: bool = False) -> Timings:
+                   headers: dict | None = None, itl: bool = False) -> ShapeTimings:
     """The timed requests: each prefill length (batch 1), then each decode batch (1 + N tokens minus 1 token,
     per step); ``profiled``: between vLLM's /start_profile and /stop_profile (its wall time in ``captured_wall_ns``)."""
     rng = random.Random(grid.seed)
@@ -244,7 +244,7 @@ async def _measure(url: str, model: str, grid: ShapeGrid, vocab: int, emit: _Pro
     def tokens(n: int) -> list[int]:
         return [rng.randrange(100, vocab - 1) for _ in range(n)]
 
-    out = Timings()
+    out = ShapeTimings()
     headers = headers or {}
     async with net.async_client(max_connections=max(grid.batch) + 4) as client:
         await _batch(client, url, model, headers, [tokens(16)], 2)  # warm-up

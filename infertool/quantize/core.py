@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from infertool import backends
 from infertool.atomic import remove_inside, replace_dir, replace_refusal
-from infertool.backends.base import QuantBackend, TaskInputs, TaskResult
+from infertool.backends.base import QuantBackend, TaskInputs, QuantizeTaskResult
 from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
 from infertool.errors import UsageError
@@ -93,7 +93,7 @@ class QuantizeResult(Record):
 
 @dataclass
 class QuantizePlan:
-    """What ``run`` will do, decided before any weights load."""
+    """What ``run`` will do, decided before any weights load (``to_dict`` is what a dry run shows)."""
 
     res: Resolution
     options: QuantizeOptions
@@ -126,6 +126,13 @@ class QuantizePlan:
             calibration=self.calibration.to_dict() if self.calibration else None, warnings=list(self.warnings),
             resolution=self.res.to_dict(), held_out=self.held_out,
             load_check=dict(self.load_check) if b.checkpoint else None)
+
+    def to_dict(self) -> dict:
+        return {"backend": self.backend.name, "method": self.config.method, "source": str(self.source),
+                "output": str(self.output), "verify": self.verify, "kernel_compare": self.kernel_compare,
+                "task": self.task, "env": self.backend.env, "spec": self.spec, "load_check": self.load_check,
+                "preflight": self.preflight.to_dict(), "held_out": self.held_out, "warnings": self.warnings,
+                "notes": self.notes, "resolution": self.res.to_dict()}
 
 
 # ------------------------------------------------------------------------------------------------ plan
@@ -380,12 +387,12 @@ def run(p: QuantizePlan, ctx: RunContext | None = None) -> QuantizeResult:
     return result
 
 
-def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path) -> TaskResult:
+def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path) -> QuantizeTaskResult:
     """The backend's worker task, in its managed environment, its answer read back (the one reader of it); an
     empty answer (and an empty model directory) when nothing runs (a quantization applied at load time)."""
     if not p.task:
         (work / "model").mkdir()
-        return TaskResult(model=str(p.source))
+        return QuantizeTaskResult(model=str(p.source))
     from infertool.envs.runner import run_task
 
     spec = p.backend.task_spec(p.config, _task_inputs(p, work, log_dir))
@@ -393,14 +400,14 @@ def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path
     t = time.monotonic()
     task = run_task(p.task, spec, on_event=ctx.on_event, log_dir=log_dir)
     p.timings["quantize_task"] = time.monotonic() - t
-    answer = TaskResult.from_dict(task.result)
+    answer = QuantizeTaskResult.from_dict(task.result)
     answer.trust_remote_code = bool(spec.get("trust_remote_code"))
     p.timings["backend"] = answer.timings
     remove_inside(work / "offload", work, ignore_errors=True)
     return answer
 
 
-def _load_check(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path, task_result: TaskResult,
+def _load_check(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path, task_result: QuantizeTaskResult,
                 result: QuantizeResult) -> LoadCheck | None:
     """The checkpoint served by vLLM as the recipe serves it, greedy against the original; where vLLM loads it
     but cannot generate here, the greedy comparison in the backend's own kernels instead."""
@@ -424,12 +431,12 @@ def _load_check(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path, tas
             task = run_task(p.backend.compare_task, {"model": str(model_out), "reference": reference.to_dict(),
                                                      "trust_remote_code": task_result.trust_remote_code},
                             on_event=ctx.on_event, log_dir=log_dir)
-            task_result.local_agreement = TaskResult.from_dict(task.result).local_agreement
+            task_result.local_agreement = QuantizeTaskResult.from_dict(task.result).local_agreement
             p.timings["compare"] = time.monotonic() - t
     return verified
 
 
-def _publish(p: QuantizePlan, ctx: RunContext, work: Path, dest: Path, task_result: TaskResult,
+def _publish(p: QuantizePlan, ctx: RunContext, work: Path, dest: Path, task_result: QuantizeTaskResult,
              verify: LoadCheck | None, result: QuantizeResult) -> None:
     """The manifest beside the weights, then the rename into place (an existing output, allowed by --force, is
     moved aside, then removed)."""
@@ -452,7 +459,7 @@ def _publish(p: QuantizePlan, ctx: RunContext, work: Path, dest: Path, task_resu
     result.manifest_path = str(dest / MANIFEST_NAME)
 
 
-def _manifest(p: QuantizePlan, task_result: TaskResult, result: QuantizeResult) -> dict:
+def _manifest(p: QuantizePlan, task_result: QuantizeTaskResult, result: QuantizeResult) -> dict:
     from infertool.quantize.manifest import build_manifest, env_packages
     from infertool.recipe import recipe_to_dict
 
