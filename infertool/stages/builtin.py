@@ -73,8 +73,7 @@ def run_quantize(ctx: StageContext) -> QuantizeSummary:
                       on_event=ctx.on_event)
     result = quantize.run(p, RunContext(on_event=ctx.on_event, servers=ctx.servers, user="quantize"))
     write_json(ctx.work / "quantize.json", result)
-    return QuantizeSummary(model="model", method=result.method, backend=result.backend,
-                           size=result.size,
+    return QuantizeSummary(model="model", method=result.method, backend=result.backend, size=result.size,
                            label=(result.resolution or {}).get("candidate", {}).get("label"),
                            verify=short_verify(result.verify.to_dict() if result.verify else None),
                            held_out=short_held_out(result.held_out),
