@@ -325,10 +325,10 @@ def _profile_measure(url: str, profiled: bool = False):
     import asyncio
 
     from infertool.profile import vllm_engine
-    from infertool.profile.grid import Grid
+    from infertool.profile.grid import ShapeGrid
 
-    grid = Grid(batch=[1], prompt_len=[8], context=8, decode_len=2, repeats=1)
-    return asyncio.run(vllm_engine._measure(url + "/v1", "m", grid, 1000, vllm_engine._Progress(None, 2),
+    grid = ShapeGrid(batch=[1], prompt_len=[8], context=8, decode_len=2, repeats=1)
+    return asyncio.run(vllm_engine._measure(url + "/v1", "m", grid, 1000, vllm_engine._ProfileProgress(None, 2),
                                            profiled=profiled))
 
 
@@ -356,10 +356,10 @@ def test_profiles_vllm_engine_times_honest_answers_through_one_client(monkeypatc
     monkeypatch.setattr(vllm_engine, "time", types.SimpleNamespace(perf_counter=lambda: clock[0]))
     with HostileServer({"/v1/completions": exact}) as srv:
         rows = _profile_measure(srv.url)
-    assert [r["prompt_len"] for r in rows["prefill"]] == [8] and rows["decode"][0]["batch"] == 1
-    assert rows["prefill"][0]["seconds"] == pytest.approx(0.02)  # 1 token
-    assert rows["decode"][0]["seconds_per_step"] == pytest.approx(0.02)  # (3 tokens - 1 token) / 2 steps
-    assert rows["decode"][0]["how"] == "difference"
+    assert [r.prompt_len for r in rows.prefill] == [8] and rows.decode[0].batch == 1
+    assert rows.prefill[0].seconds == pytest.approx(0.02)  # 1 token
+    assert rows.decode[0].seconds_per_step == pytest.approx(0.02)  # (3 tokens - 1 token) / 2 steps
+    assert rows.decode[0].how == "difference"
 
 
 @pytest.mark.parametrize("noisy_waves,metrics,how", [(2, False, "difference"), (99, True, "server inter-token latency"),
@@ -401,14 +401,14 @@ def test_profiles_vllm_engine_times_a_noisy_pair_again_and_says_when_it_gave_up(
     with HostileServer(routes) as srv:
         rows = _profile_measure(srv.url)
     if how == "difference":
-        assert rows["decode"][0]["seconds_per_step"] == pytest.approx(0.02) and "unmeasured" not in rows
-        assert rows["decode"][0]["how"] == how and one_token_waves[0] == 3
+        assert rows.decode[0].seconds_per_step == pytest.approx(0.02) and not rows.unmeasured
+        assert rows.decode[0].how == how and one_token_waves[0] == 3
     elif how is not None:  # every pair noisy: the server's histogram, 0.03 s a gap
-        assert rows["decode"][0]["seconds_per_step"] == pytest.approx(0.03) and rows["decode"][0]["how"] == how
-        assert "unmeasured" not in rows and one_token_waves[0] == vllm_engine.DIFFERENCE_TRIES
+        assert rows.decode[0].seconds_per_step == pytest.approx(0.03) and rows.decode[0].how == how
+        assert not rows.unmeasured and one_token_waves[0] == vllm_engine.DIFFERENCE_TRIES
     else:
-        assert rows["decode"] == [] and one_token_waves[0] == vllm_engine.DIFFERENCE_TRIES
-        assert rows["unmeasured"] == [
+        assert rows.decode == [] and one_token_waves[0] == vllm_engine.DIFFERENCE_TRIES
+        assert rows.unmeasured == [
             "decode batch 1: not measured: on each of 1 x 3 tries the 3-token wave took no longer than the 1-token "
             "one (the prefill's timing noise exceeded 2 decode steps: a loaded machine), and the server's /metrics "
             "gave no inter-token latency; raise profile.decode_len"]

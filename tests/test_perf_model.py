@@ -385,6 +385,7 @@ def test_profile_engine_vllm_timings_become_the_cached_calibration(fake_model, m
     original served with the recipe's settings); its result carries it for --json."""
     from infertool.profile import calibration as cache
     from infertool.profile.core import ProfileResult
+    from infertool.profile.measure import ShapeTimings
     from infertool.resolve import resolve
 
     monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 avx512f avx512_bf16")
@@ -392,11 +393,11 @@ def test_profile_engine_vllm_timings_become_the_cached_calibration(fake_model, m
     measured = {"prefill": [{"batch": 1, "prompt_len": 288, "seconds": 0.15}, {"batch": 1, "prompt_len": 32, "seconds": 0.05}],
                 "decode": [{"batch": 1, "context": 296, "seconds_per_step": 0.04},
                            {"batch": 8, "context": 296, "seconds_per_step": 0.1}]}
-    cal = cache.from_profile(res, res.base, measured)
+    cal = cache.from_profile(res, res.base, ShapeTimings.from_dict(measured))
     assert cache.for_resolution(res).to_dict() == cal.to_dict() and cal.how.startswith("infertool profile")
     assert cal.prefill_per_token_s == pytest.approx(0.1 / 256)
     assert ProfileResult(calibration=cal.to_dict()).to_dict()["calibration"]["key"] == cal.key
-    assert cache.from_profile(res, res.base, {"prefill": [], "decode": []}) is None  # nothing to make one of
+    assert cache.from_profile(res, res.base, ShapeTimings()) is None  # nothing to make one of
 
 
 def test_fleet_sizing_uses_the_calibration_when_there_is_one(fake_model, monkeypatch, tmp_home):

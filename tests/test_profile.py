@@ -12,6 +12,7 @@ import pytest
 
 from infertool.perf import roofline
 from infertool.profile import analysis, nsys, nvml
+from infertool.profile.measure import MachinePeaks, ShapeTimings
 from infertool.perf.roofline import Arch
 
 
@@ -31,7 +32,8 @@ def test_judge(ai, mbu, mfu, verdict, confidence):
 
 
 def test_judge_uses_gpm_counters_when_present():
-    v, c, ev = analysis.judge(2.0, 10.0, 0.6, 0.1, {"available": True, "dram_bw_util_pct": 20.0, "tensor_util_pct": 70.0})
+    v, c, ev = analysis.judge(2.0, 10.0, 0.6, 0.1,
+                              nvml.GpmMetrics.from_dict({"available": True, "dram_bw_util_pct": 20.0, "tensor_util_pct": 70.0}))
     assert v == "memory-bound" and c == "low"  # the counters disagree with timing
     assert ev[-1]["source"] == "counters (GPM)"
 
@@ -41,7 +43,7 @@ def test_analyse_computes_mbu_mfu_from_timings():
     kv = roofline.kv_bytes_per_token(1, 1, 2, 2)
     measured = {"prefill": [{"batch": 1, "prompt_len": 5, "seconds": 2.0}],
                 "decode": [{"batch": 3, "context": 10, "seconds_per_step": 0.5}]}
-    pts = analysis.analyse(measured, a, 100, lambda b: 100, kv, {"flops": 1000.0, "bandwidth": 1000.0})
+    pts = analysis.analyse(ShapeTimings.from_dict(measured), a, 100, lambda b: 100, kv, analysis.Peaks(flops=1000.0, bandwidth=1000.0))
     dec = next(p for p in pts if p.phase == "decode")
     assert dec.flops == 456 and dec.bytes == 460  # see test_roofline's toy model
     assert dec.achieved_flops == 912 and dec.mfu == pytest.approx(0.912)
@@ -87,11 +89,11 @@ def test_nvml_sampler_summarises_readings():
     s = nvml.NvmlSampler(interval_s=0.01, nvml=FakeNvml()).start()
     assert s.available
     summary = s.stop()  # at least one reading, however fast the machine
-    assert summary["available"] and summary["device"] == "NVIDIA H200" and summary["samples"] >= 1
-    assert summary["power_w"]["mean"] == 450.0
-    assert summary["time_busy_pct"]["max"] == 97
-    assert summary["throttle_reasons"] == ["sw_power_cap"]
-    assert summary["gpm"]["available"] is False
+    assert summary.available and summary.device == "NVIDIA H200" and summary.samples >= 1
+    assert summary.power_w is not None and summary.power_w.mean == 450.0
+    assert summary.time_busy_pct is not None and summary.time_busy_pct.max == 97
+    assert summary.throttle_reasons == ["sw_power_cap"]
+    assert summary.gpm.available is False
 
 
 def test_nvml_absent_is_not_an_error():
@@ -101,10 +103,10 @@ def test_nvml_absent_is_not_an_error():
 
     s = nvml.NvmlSampler(nvml=Broken()).start()
     out = s.stop()
-    assert out == {"available": False, "reason": "OSError: NVML Shared Library Not Found"}
+    assert out.to_dict() == {"available": False, "reason": "OSError: NVML Shared Library Not Found"}
     # and without the package at all (this machine's main venv)
     out = nvml.NvmlSampler().start().stop()
-    assert out["available"] is False and out["reason"]
+    assert out.available is False and out.reason
 
 
 # ------------------------------------------------------------------------------------------- nsys
@@ -123,9 +125,9 @@ def test_nsys_parse_and_classify():
     rows = nsys.parse_kern_sum(KERN_SUM)
     assert [r.klass for r in rows] == ["gemm", "attention", "kv_write", "norm_elementwise", "communication"]
     b = nsys.kernel_breakdown(rows, wall_ns=20_000_000)
-    assert b["kernel_time_ns"] == 10_000_000
-    assert b["class_share"]["gemm"] == pytest.approx(0.6)
-    assert b["kernel_busy_fraction"] == pytest.approx(0.5)
+    assert b.kernel_time_ns == 10_000_000
+    assert b.class_share["gemm"] == pytest.approx(0.6)
+    assert b.kernel_busy_fraction == pytest.approx(0.5)
     assert nsys.parse_kern_sum("no header\n1,2,3") == []
 
 
@@ -172,11 +174,11 @@ def test_nsys_collect_runs_stats_per_report_and_summarises_phases(tmp_path):
     prefix = str(tmp_path / "profile-hf")
     out = nsys.collect("nsys", prefix + ".nsys-rep", prefix, run=fake_run)
     assert [c[c.index("-r") + 1] for c in calls] == ["cuda_gpu_kern_sum", "nvtx_sum", "nvtx_kern_sum"]
-    assert out["ranges"]["prefill 512"] == {"total_ns": 10_000_000, "instances": 4}  # leading ':' stripped
-    assert out["kernel_busy_fraction"] == pytest.approx(10_000_000 / 20_000_000)
-    assert out["phases"]["prefill"]["kernel_busy_fraction"] == pytest.approx(0.9)
-    assert out["phases"]["decode"]["kernel_busy_fraction"] == pytest.approx(3_000_000 / 8_000_000)  # setup excluded
-    assert out["phases"]["decode"]["class_share"] == pytest.approx({"gemm": 2 / 3, "attention": 1 / 3})
+    assert out.ranges["prefill 512"] == {"total_ns": 10_000_000, "instances": 4}  # leading ':' stripped
+    assert out.kernel_busy_fraction == pytest.approx(10_000_000 / 20_000_000)
+    assert out.phases["prefill"].kernel_busy_fraction == pytest.approx(0.9)
+    assert out.phases["decode"].kernel_busy_fraction == pytest.approx(3_000_000 / 8_000_000)  # setup excluded
+    assert out.phases["decode"].class_share == pytest.approx({"gemm": 2 / 3, "attention": 1 / 3})
     from infertool.profile.core import _nsys_advice
 
     advice = _nsys_advice(out)
@@ -191,8 +193,8 @@ def test_nsys_collect_runs_stats_per_report_and_summarises_phases(tmp_path):
 
     prefix2 = str(tmp_path / "p2")
     out = nsys.collect("nsys", prefix2 + ".nsys-rep", prefix2, run=partial)
-    assert out["phases"] == {} and out["class_share"]["gemm"] == pytest.approx(0.6)
-    assert "nvtx_kern_sum" in out["notes"][0] and "could not be found" in out["notes"][0]
+    assert out.phases == {} and out.class_share["gemm"] == pytest.approx(0.6)
+    assert "nvtx_kern_sum" in out.notes[0] and "could not be found" in out.notes[0]
 
     # nothing captured: an error that says where to look
     def empty(argv):
@@ -280,10 +282,10 @@ RECORDED = Path(__file__).parent / "fixtures" / "recorded"
 @pytest.mark.parametrize("path", sorted(RECORDED.glob("nvml_samples*.json")), ids=lambda p: p.name)
 def test_recorded_nvml_samples_summarise(path):
     data = json.loads(path.read_text())
-    out = nvml.summarise(data["samples"], data.get("gpm") or {}, name=data.get("device"))
-    assert out["samples"] == len(data["samples"]) > 0
-    assert out["power_w"]["max"] >= out["power_w"]["mean"] >= out["power_w"]["min"] > 0
-    assert set(out["throttle_reasons"]) <= set(nvml.THROTTLE_BITS.values())
+    out = nvml.summarise(data["samples"], nvml.GpmMetrics.from_dict(data.get("gpm")), name=data.get("device"))
+    assert out.samples == len(data["samples"]) > 0
+    assert out.power_w.max >= out.power_w.mean >= out.power_w.min > 0
+    assert set(out.throttle_reasons) <= set(nvml.THROTTLE_BITS.values())
 
 
 @pytest.mark.parametrize("path", sorted(RECORDED.glob("nsys_cuda_gpu_kern_sum*.csv")), ids=lambda p: p.name)
@@ -291,8 +293,8 @@ def test_recorded_nsys_kernels_classify(path):
     rows = nsys.parse_kern_sum(path.read_text())
     assert rows and all(r.total_ns > 0 for r in rows)
     b = nsys.kernel_breakdown(rows)
-    assert b["class_share"].get("gemm", 0) > 0.2  # a transformer's GPU time is mostly matrix products
-    assert b["class_share"].get("other", 0) < 0.5, [r.name for r in rows if r.klass == "other"][:10]
+    assert b.class_share.get("gemm", 0) > 0.2  # a transformer's GPU time is mostly matrix products
+    assert b.class_share.get("other", 0) < 0.5, [r.name for r in rows if r.klass == "other"][:10]
 
 
 def test_half_precision_rule_follows_the_cpu_flags_not_a_noisy_ratio():
@@ -300,8 +302,8 @@ def test_half_precision_rule_follows_the_cpu_flags_not_a_noisy_ratio():
     AVX-512 CPU measured bf16/fp32 0.21 quiet and 0.28 busy: the ratio alone flipped the profile's dtype."""
     from infertool.profile.core import half_is_slow
 
-    busy = {"bf16_flops": 29e9, "fp32_flops": 104e9}
-    quiet = {"bf16_flops": 65e9, "fp32_flops": 311e9}
+    busy = MachinePeaks.from_dict({"bf16_flops": 29e9, "fp32_flops": 104e9})
+    quiet = MachinePeaks.from_dict({"bf16_flops": 65e9, "fp32_flops": 311e9})
     avx512 = {"avx512f", "avx512bw", "avx2"}
     assert half_is_slow("bfloat16", busy, avx512) and half_is_slow("bfloat16", quiet, avx512)
     assert not half_is_slow("bfloat16", quiet, avx512 | {"avx512_bf16"})

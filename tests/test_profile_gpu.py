@@ -80,26 +80,26 @@ def test_nvml_sampler_reads_this_gpu():
     torch.cuda.synchronize()
     samples = list(s._samples)
     out = s.stop()
-    _record("nvml_samples.json", {"device": out["device"], "samples": samples, "gpm": out["gpm"]})
-    assert out["samples"] >= 3 and out["power_w"]["max"] > 50 and out["memory_used_bytes"]["max"] > 2**30
-    assert out["sm_clock_mhz"]["max"] > 500
+    _record("nvml_samples.json", {"device": out.device, "samples": samples, "gpm": out.gpm.to_dict()})
+    assert out.samples >= 3 and out.power_w.max > 50 and out.memory_used_bytes.max > 2**30
+    assert out.sm_clock_mhz.max > 500
     if torch.cuda.get_device_capability()[0] >= 9:  # GPM: Hopper and newer
-        assert out["gpm"]["available"], out["gpm"]
-        assert 0 <= out["gpm"]["sm_util_pct"] <= 100
+        assert out.gpm.available, out.gpm
+        assert 0 <= out.gpm.sm_util_pct <= 100
 
 
 def test_profile_hf_engine_on_this_gpu(gpu_model, tmp_path):
     res = _profile(_recipe(gpu_model), tmp_path / "out", engine="hf", remeasure=True)
     d = res.to_dict()
     _record("profile_hf.json", d)
-    assert res.peaks["device"] == "cuda" and res.peaks["bandwidth"] > 5e11 and res.peaks["flops"] > 5e13
+    assert res.peaks.device == "cuda" and res.peaks.bandwidth > 5e11 and res.peaks.flops > 5e13
     by = {(p["phase"], p["batch"], p["tokens"]): p for p in d["points"]}
     prefill = by[("prefill", 1, 2048)]
     assert prefill["verdict"] == "compute-bound", prefill
     decode1 = next(p for p in d["points"] if p["phase"] == "decode" and p["batch"] == 1)
     # eager transformers decode at batch 1 may be launch-bound on a fast GPU; it is never compute-bound
     assert decode1["verdict"] in ("memory-bound", "overhead-bound") and decode1["mbu"] > decode1["mfu"], decode1
-    assert res.nvml["available"] and res.nvml["power_w"]["max"] > 50
+    assert res.nvml.available and res.nvml.power_w.max > 50
     assert (tmp_path / "out" / "roofline.png").stat().st_size > 10_000
 
 
@@ -108,8 +108,9 @@ def test_nsys_classifies_the_measured_kernels(gpu_model, tmp_path):
     res = _profile(_recipe(gpu_model, batch=[1, 16], prompt_len=[1024], decode_len=8, repeats=1), tmp_path / "out",
                    engine="hf", nsys=True)
     ns = res.nsys
-    for name, path in (ns.get("csv") or {}).items():
+    assert ns is not None
+    for name, path in ns.csv.items():
         _record(f"nsys_{name}.csv", Path(path).read_text())
-    assert ns["kernel_time_ns"] > 0 and ns["class_share"].get("gemm", 0) > 0.3, ns["class_share"]
-    assert 0 < ns["kernel_busy_fraction"] <= 1.05
-    assert {"prefill 1024", "decode b1", "decode b16"} <= set(ns["ranges"])
+    assert ns.kernel_time_ns > 0 and ns.class_share.get("gemm", 0) > 0.3, ns.class_share
+    assert 0 < ns.kernel_busy_fraction <= 1.05
+    assert {"prefill 1024", "decode b1", "decode b16"} <= set(ns.ranges)

@@ -167,11 +167,10 @@ def test_a_run_written_before_the_typed_records_still_renders(tmp_path):
     assert "| prefill | 64 tokens | 4,328 | 1% | 5% | overhead-bound | high |" in prof
     assert "| decode | batch 4 @ 66 | 296 | 9% | 5% | overhead-bound | high |" in prof
     assert "| profile | done | 30 |  |" in _section(md, "Run")
-    from infertool.profile.analysis import point_dict
     from infertool.profile.core import ProfileResult
 
     raw = json.loads((FIXTURE / "profile.json").read_text())  # a point read back and written again: the same layout
-    assert [point_dict(p) for p in ProfileResult.from_dict(raw).timed] == raw["points"]
+    assert [p.to_dict() for p in ProfileResult.from_dict(raw).points] == raw["points"]
 
 
 @pytest.mark.parametrize("manifest", [[], "a string", None, 7, {"stages": []}, {"stages": "x", "recipe": [1]},

@@ -42,8 +42,8 @@ class Toy(QuantBackend):
     def task_spec(self, q: Any, inputs: TaskInputs) -> dict:
         return {"model": inputs.model, "out_dir": inputs.out_dir, "level": q.level}
 
-    def manifest(self, q: Any, result: dict) -> dict:
-        return {"toy": {"level": q.level, "copied": result["copied"]}}
+    def manifest(self, q: Any, result: Any) -> dict:  # Any: infertool.backends.base.QuantizeTaskResult
+        return {"toy": {"level": q.level, "copied": result.extra["copied"]}}  # a key of its own task: in extra
 
 
 def toy_task(spec: dict, events) -> dict:

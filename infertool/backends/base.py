@@ -20,11 +20,13 @@ GPTQModel, llm-compressor) are imported inside its worker functions.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel, model_serializer
 
+from infertool.backends.greedy import Agreement, GreedyReference
+from infertool.records import Record
 from infertool.schema import STRICT
 
 if TYPE_CHECKING:
@@ -87,16 +89,13 @@ UNKNOWN = Serving()
 
 
 @dataclass
-class Check:
+class Check(Record):
     """One preflight check: ``level`` "error" makes the preflight fail; "warning" and "info" do not."""
 
     name: str
     ok: bool
     detail: str
     level: str = "error"
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def check(name: str, ok: bool, detail: str, level: str = "error") -> Check:
@@ -179,6 +178,24 @@ class TaskInputs:
     has_cuda: bool  # the task runs on an NVIDIA GPU
 
 
+@dataclass
+class QuantizeTaskResult(Record):
+    """A backend's quantize task's answer, read back once from the worker protocol (``quantize.core``): timings,
+    the calibration it used, the per-module errors, the settings and versions it ran with, and the original's
+    greedy tokens (``reference``) and the comparison in its own kernels where it computed them."""
+
+    timings: dict[str, float] = field(default_factory=dict)
+    local_agreement: Agreement | None = None
+    reference: GreedyReference | None = None
+    calibration: dict | None = None  # infertool.data.calibration.CalibrationInfo's data
+    layers: list[dict] = field(default_factory=list)  # the backend's per-module log (layer, module, loss, ...)
+    quantize_config: dict | None = None
+    versions: dict | None = None
+    compute_dtype: dict | None = None  # dtype, stored, why: where calibration ran in another dtype
+    model: str | None = None  # a load-time quantization (no task): the original's directory
+    trust_remote_code: bool = False  # the spec's, said back by quantize.core
+
+
 @dataclass(frozen=True)
 class InitFacts:
     """What `infertool init` knows when it proposes a quantization: the model, and what the target's vLLM does
@@ -204,7 +221,7 @@ class InitChoice:
     decisions: list[tuple[str, Any, str, str]]  # Any: a recipe value. (recipe path, value, why, level "info" | "warning"), in order
 
 
-class Calibration(Protocol):
+class CalibrationSection(Protocol):
     """What the memory estimate reads of a method's calibration section (backends.methods.CalibrationSpec)."""
 
     samples: int
@@ -279,7 +296,7 @@ class QuantBackend(Generic[Q]):
         return per, f"{q.method} {bits}-bit g{group}" + (f" ({scheme})" if scheme else "")
 
     # ---------------------------------------------------------------------------- before work starts
-    def calibration(self, q: Q) -> Calibration | None:
+    def calibration(self, q: Q) -> CalibrationSection | None:
         """The calibration section (CalibrationSpec), or None when the method needs no data."""
         return getattr(q, "calibration", None)
 
@@ -330,6 +347,6 @@ class QuantBackend(Generic[Q]):
         """The spec of ``task`` (JSON data: the worker reads nothing else)."""
         raise NotImplementedError(f"backend {self.name} has no worker task")
 
-    def manifest(self, q: Q, result: dict) -> dict:
-        """The manifest fields this backend adds, from its task's result."""
+    def manifest(self, q: Q, result: QuantizeTaskResult) -> dict:
+        """The manifest fields this backend adds, from its task's result (keys of its own: ``result.extra``)."""
         return {}

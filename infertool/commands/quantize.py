@@ -41,6 +41,7 @@ def register(app: typer.Typer) -> None:
         from infertool.capability import RunContext
         from infertool.output import StageProgress, print_json
         from infertool.quantize.core import QuantizeOptions, plan, run
+        from infertool.quantize.show import render
         from infertool.recipe import load_recipe
         from infertool.resolve import resolve
 
@@ -56,62 +57,4 @@ def register(app: typer.Typer) -> None:
         if as_json:
             print_json(result.to_dict() if checks is None else {**result.to_dict(), "checks": checks.to_list()})
             return
-        _render(result)
-
-
-def _mib(n: int | None) -> str:
-    return "?" if n is None else f"{n / 2**20:,.1f} MiB"
-
-
-def _render(result) -> None:
-    from rich.text import Text
-
-    from infertool.output import err, kv_table, out, plain
-
-    pf = result.preflight
-    checks = [(c["name"], Text.assemble(("ok ", "green") if c["ok"] else ("warning ", "yellow"), plain(c["detail"])))
-              for c in pf["checks"]]
-    out.print(kv_table(checks, title=f"preflight: {result.method} ({result.backend or 'load-time'}) on {result.source_model}"))
-    if result.checked_only:
-        err.print(f"[green]✓[/] preflight passed in {pf['seconds']:.2f} s: no weights loaded (--check)")
-        return
-    rows = [("output", result.output)] + _rows(result)
-    rows.append(("time", f"{result.timings.get('total', 0):.1f} s"))
-    rows.append(("manifest", result.manifest_path))
-    out.print(kv_table(rows, title=f"quantized {result.recipe}"))
-
-
-def _rows(result) -> list:
-    """What the quantization made: sizes, calibration, layer errors, greedy agreement, the load check."""
-    from rich.text import Text
-
-    from infertool.output import plain
-
-    rows: list[tuple[str, str | Text]] = []
-    if result.size and result.size.get("weight_bytes_after") is not None:
-        s = result.size
-        rows.append(("weights", f"{_mib(s['weight_bytes_before'])} -> {_mib(s['weight_bytes_after'])} "
-                                f"({s['reduction_pct']:.1f} % smaller)"))
-    if result.calibration and result.calibration.get("windows_sha256"):
-        c = result.calibration
-        rows.append(("calibration", f"{c['samples']} x {c['seq_len']} tokens from {c['kind']} (seed {c['seed']}), "
-                                    f"sha256 {c['windows_sha256'][:16]}"))
-    if result.layer_errors and result.layer_errors.get("mean_loss") is not None:
-        le = result.layer_errors
-        rows.append(("layer error", f"mean {le['mean_loss']:.3g}, max {le['max_loss']:.3g} ({le['max_module']}) over {le['modules']} modules"))
-    la = result.local_agreement
-    if la and la.get("agreement") is not None:
-        rows.append(("greedy agreement", f"{la['agreement']:.1%} of {la['tokens']} tokens vs the original "
-                                         f"({la['identical']}/{la['prompts']} identical; {la['engine']})"))
-    v = result.verify
-    if v is None:
-        rows.append(("vLLM load check", "skipped (--no-verify, or the serve environment is not set up)"))
-    elif v.get("generated"):
-        a = v["agreement"]
-        rows.append(("vLLM load check", Text.assemble(("loaded", "green"), f"; greedy token agreement {a['agreement']:.1%} over "
-                                                      f"{a['tokens']} tokens ({a['identical']}/{a['prompts']} completions identical)")))
-    elif v.get("loaded"):
-        rows.append(("vLLM load check", Text.assemble(("loaded", "green"), plain(f"; generation unavailable here: {v.get('reason')}"))))
-    else:
-        rows.append(("vLLM load check", str(v.get("reason"))))
-    return rows
+        render(result)

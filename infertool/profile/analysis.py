@@ -8,8 +8,11 @@ the verdict says which sources agreed. "overhead-bound" when neither MBU nor MFU
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 from infertool.perf import roofline
+from infertool.profile.measure import ShapeTimings
+from infertool.profile.nvml import GpmMetrics
 from infertool.records import Record
 
 # Thresholds (documented in the README): below MEMORY_SIDE x ridge the analytic model says memory-bound,
@@ -18,6 +21,31 @@ from infertool.records import Record
 MEMORY_SIDE = 0.7
 COMPUTE_SIDE = 1.4
 OVERHEAD_BELOW = 0.25
+
+
+@dataclass
+class Datasheet(Record):
+    """The recipe's GPU as its table (or custom spec) gives it: the roof a measured one is compared with."""
+
+    flops: float | None = None
+    bandwidth: float | None = None
+    source: str | None = None
+
+
+@dataclass
+class Peaks(Record):
+    """The peaks a profile judged against (profile.json's ``peaks``): FLOP/s and read bytes/s in ``dtype``, the
+    machine they were measured on, the ridge, and the datasheet's roof where the target has one."""
+
+    flops: float | None = None
+    bandwidth: float | None = None
+    dtype: str | None = None
+    device: str | None = None
+    name: str | None = None
+    triad_bandwidth: float | None = None
+    measured_at: str | None = None
+    ridge: float | None = None
+    datasheet: Datasheet | None = None
 
 
 @dataclass
@@ -58,7 +86,8 @@ def timing_says(mbu: float, mfu: float) -> str:
     return "memory-bound" if mbu >= mfu else "compute-bound"
 
 
-def judge(intensity: float, ridge: float, mbu: float, mfu: float, counters: dict | None = None) -> tuple[str, str, list[dict]]:
+def judge(intensity: float, ridge: float, mbu: float, mfu: float,
+          counters: GpmMetrics | None = None) -> tuple[str, str, list[dict]]:
     """(verdict, confidence, evidence rows)."""
     a = analytic_says(intensity, ridge)
     t = timing_says(mbu, mfu)
@@ -67,8 +96,8 @@ def judge(intensity: float, ridge: float, mbu: float, mfu: float, counters: dict
         {"source": "timing", "value": f"MBU {mbu:.0%}, MFU {mfu:.0%} (vs measured peaks)", "says": t},
     ]
     c = None
-    if counters and counters.get("available"):
-        dram, tensor = counters.get("dram_bw_util_pct"), counters.get("tensor_util_pct")
+    if counters is not None and counters.available:
+        dram, tensor = counters.dram_bw_util_pct, counters.tensor_util_pct
         if dram is not None and tensor is not None:
             c = "memory-bound" if dram >= tensor else "compute-bound"
             evidence.append({"source": "counters (GPM)", "value": f"DRAM BW {dram:.0f}%, tensor {tensor:.0f}%", "says": c})
@@ -88,37 +117,38 @@ def judge(intensity: float, ridge: float, mbu: float, mfu: float, counters: dict
     return verdict, confidence, evidence
 
 
-def analyse(measured: dict, arch: roofline.Arch, weight_bytes: float, weight_read_decode, kv_tok: float,
-            peaks: dict, datasheet: dict | None = None) -> list[Point]:
-    """Turn the hf stage's timings into points with roofline numbers and verdicts.
+def analyse(measured: ShapeTimings, arch: roofline.Arch, weight_bytes: float, weight_read_decode: Callable[[int], float],
+            kv_tok: float, peaks: Peaks, datasheet: Datasheet | None = None) -> list[Point]:
+    """Turn the engine's timings into points with roofline numbers and verdicts.
 
     `weight_read_decode(batch)` gives the weight bytes one decode step reads (see models.weights.decode_weight_bytes).
-    `peaks`: measured {"flops", "bandwidth"}; `datasheet`: the same from the GPU table, if any.
+    `peaks`: the measured roof; `datasheet`: the GPU table's, if any.
     """
-    pf, pb = peaks["flops"], peaks["bandwidth"]
+    pf, pb = peaks.flops or 0.0, peaks.bandwidth or 0.0  # measured: both positive
     rid = roofline.ridge(pf, pb)
-    counters = (measured.get("nvml") or {}).get("gpm")
+    counters = measured.nvml.gpm
     points = []
-    for row in measured.get("prefill", []):
-        cost = roofline.prefill(arch, weight_bytes, row["batch"], row["prompt_len"], kv_tok)
-        points.append(_point("prefill", row["batch"], row["prompt_len"], row["seconds"], cost, pf, pb, rid, datasheet, counters,
-                             tokens_done=row["batch"] * row["prompt_len"]))
-    for row in measured.get("decode", []):
-        cost = roofline.decode_step(arch, weight_read_decode(row["batch"]), row["batch"], row["context"], kv_tok)
-        points.append(_point("decode", row["batch"], row["context"], row["seconds_per_step"], cost, pf, pb, rid, datasheet, counters,
-                             tokens_done=row["batch"]))
+    for pre in measured.prefill:
+        cost = roofline.prefill(arch, weight_bytes, pre.batch, pre.prompt_len, kv_tok)
+        points.append(_point("prefill", pre.batch, pre.prompt_len, pre.seconds, cost, pf, pb, rid, datasheet, counters,
+                             tokens_done=pre.batch * pre.prompt_len))
+    for dec in measured.decode:
+        cost = roofline.decode_step(arch, weight_read_decode(dec.batch), dec.batch, dec.context, kv_tok)
+        points.append(_point("decode", dec.batch, dec.context, dec.seconds_per_step, cost, pf, pb, rid, datasheet, counters,
+                             tokens_done=dec.batch))
     return points
 
 
-def _point(phase, batch, tokens, seconds, cost, pf, pb, rid, datasheet, counters, tokens_done) -> Point:
+def _point(phase: str, batch: int, tokens: int, seconds: float, cost: roofline.PhaseCost, pf: float, pb: float,
+           rid: float, datasheet: Datasheet | None, counters: GpmMetrics | None, tokens_done: int) -> Point:
     achieved_f = cost.flops / seconds
     achieved_b = cost.bytes / seconds
     mbu, mfu = achieved_b / pb, achieved_f / pf
     verdict, conf, ev = judge(cost.intensity, rid, mbu, mfu, counters)
     return Point(
         phase, batch, tokens, seconds, cost.flops, cost.bytes, cost.intensity, achieved_f, achieved_b, mbu, mfu,
-        achieved_b / datasheet["bandwidth"] if datasheet else None,
-        achieved_f / datasheet["flops"] if datasheet else None,
+        achieved_b / datasheet.bandwidth if datasheet and datasheet.bandwidth else None,
+        achieved_f / datasheet.flops if datasheet and datasheet.flops else None,
         verdict, conf, ev, tokens_done / seconds,
     )
 
@@ -145,6 +175,3 @@ def advice(points: list[Point], crossover: float | None, max_batch: int | None) 
                    "larger batches and fewer, bigger steps help more than quantization")
     return out
 
-
-def point_dict(p: Point) -> dict:
-    return p.to_dict()

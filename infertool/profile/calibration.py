@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from infertool.perf.calibration import Calibration, StepPoint, calibration_key, from_timings
+from infertool.profile.measure import ShapeTimings
 
 if TYPE_CHECKING:
     from infertool.resolve import Resolution
@@ -112,15 +113,14 @@ def _now() -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
-def from_profile(res: Resolution, model, measured: dict) -> Calibration | None:
+def from_profile(res: Resolution, model, measured: ShapeTimings) -> Calibration | None:
     """A calibration from `infertool profile --engine vllm`'s timings (decode and prefill rows), cached; None when
     the rows cannot make one (no decode row, no prefill row)."""
     from infertool.errors import UsageError
 
     key, facts = key_of(res, model)
     try:
-        cal = from_timings(key, measured.get("decode") or [], measured.get("prefill") or [], facts=facts,
-                           measured_at=_now(), how="infertool profile --engine vllm")
+        cal = _from_rows(key, measured, facts, "infertool profile --engine vllm")
     except UsageError:
         return None
     save(cal)
@@ -133,7 +133,7 @@ def ensure_on_server(res: Resolution, url: str, served_name: str, *, batch: int,
     cached one has no point at ``batch``: decode at batch 1 and ``batch`` (at ``context`` tokens), prefill at two prompt
     lengths around ``prompt_len``; cached. A few seconds of requests, once per key and batch (a trial's own batch is
     measured rather than interpolated: on a loaded machine a step time between two batches is the least sure)."""
-    from infertool.profile.grid import Grid
+    from infertool.profile.grid import ShapeGrid
     from infertool.profile.vllm_engine import measure_rows, model_vocab
 
     key, facts = key_of(res)
@@ -144,15 +144,19 @@ def ensure_on_server(res: Resolution, url: str, served_name: str, *, batch: int,
     room = (res.serve.max_model_len or 4096) - 2  # every timed request must fit the server's max_model_len
     lens = [] if have is not None else sorted({min(32, room), min(max(64, 2 * prompt_len), room)})
     context = max(1, min(context, room - DECODE_STEPS - 1))
-    grid = Grid(batches, lens, DECODE_STEPS, context, REPEATS)
+    grid = ShapeGrid(batches, lens, DECODE_STEPS, context, REPEATS)
     if on_event:
         on_event({"event": "log", "message": f"calibrating the engine's step cost (batches {batches})"})
     rows = asyncio.run(measure_rows(url, served_name, grid, model_vocab(res.served), headers=headers or {}))
     if have is not None:
-        cal = have.with_points([StepPoint(int(r["batch"]), float(r["seconds_per_step"]), int(r["context"]))
-                                for r in rows["decode"]])
+        cal = have.with_points([StepPoint(r.batch, r.seconds_per_step, r.context) for r in rows.decode])
     else:
-        cal = from_timings(key, rows["decode"], rows["prefill"], facts=facts, measured_at=_now(),
-                           how="tune: on a trial's capacity server")
+        cal = _from_rows(key, rows, facts, "tune: on a trial's capacity server")
     save(cal)
     return cal
+
+
+def _from_rows(key: str, rows: ShapeTimings, facts: dict, how: str) -> Calibration:
+    """infertool.perf.calibration.from_timings of the timed rows (its rows are plain data)."""
+    return from_timings(key, [r.to_dict() for r in rows.decode], [r.to_dict() for r in rows.prefill], facts=facts,
+                        measured_at=_now(), how=how)

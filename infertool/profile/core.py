@@ -10,15 +10,19 @@ import re
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from infertool.atomic import atomic_path, write_json
 from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.perf import roofline
-from infertool.profile import analysis
-from infertool.profile.grid import Grid
-from infertool.records import Record, as_str
+import infertool.profile.analysis as analysis
+from infertool.profile.analysis import Datasheet, Peaks, Point
+from infertool.profile.grid import ShapeGrid
+from infertool.profile.measure import MachinePeaks, ShapeTimings
+from infertool.profile.nsys import NsysSummary
+from infertool.profile.nvml import NvmlSummary
+from infertool.records import Record
 
 if TYPE_CHECKING:
     from infertool.perf.roofline import Arch
@@ -29,13 +33,32 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Peaks(Record):
-    """The peaks a profile judged against (profile.json's ``peaks``): FLOP/s and bytes/s, their dtype, the ridge."""
+class ProfiledModel(Record):
+    """The model a profile timed (profile.json's ``model``): where, as a person names it, its size and dtype."""
 
-    flops: float | None = None
-    bandwidth: float | None = None
+    path: str | None = None
+    label: str | None = None
+    source: str | None = None
+    weight_bytes: int | None = None
+    layers: int | None = None
+    params: int | None = None
     dtype: str | None = None
-    ridge: float | None = None
+    kv_bytes_per_token: float | None = None
+
+
+@dataclass
+class ProfiledDevice(Record):
+    """Where it was timed (profile.json's ``device``): cpu or cuda, the engine, threads, the device's name."""
+
+    kind: str | None = None
+    engine: str | None = None
+    threads: int | None = None
+    name: str | None = None
+
+    @property
+    def shown(self) -> str | None:
+        """The device's name, else its kind (cpu, cuda)."""
+        return self.name or self.kind
 
 
 @dataclass
@@ -43,16 +66,16 @@ class ProfileResult(Record):
     """What `infertool profile` found (profile.json): the model and device, the measured peaks, each timed shape
     against the roofline (``points``), the analytic costs, a verdict per phase, advice, NVML / Nsight figures."""
 
-    model: dict = field(default_factory=dict)  # path, label, source, weight_bytes, layers, params, dtype, kv_bytes_per_token
-    device: dict = field(default_factory=dict)  # kind, engine, threads, name
-    peaks: dict = field(default_factory=dict)  # flops, bandwidth, dtype, ridge, datasheet, ...
-    points: list[dict] = field(default_factory=list)  # analysis.point_dict per timed shape
+    model: ProfiledModel = field(default_factory=ProfiledModel)
+    device: ProfiledDevice = field(default_factory=ProfiledDevice)
+    peaks: Peaks = field(default_factory=Peaks)
+    points: list[Point] = field(default_factory=list)  # per timed shape
     analytic: dict = field(default_factory=dict)
     crossover_batch: float | None = None
     verdicts: dict = field(default_factory=dict)
     advice: list[str] = field(default_factory=list)
-    nvml: dict = field(default_factory=dict)
-    nsys: dict | None = None
+    nvml: NvmlSummary = field(default_factory=NvmlSummary)
+    nsys: NsysSummary | None = None
     out_dir: str | None = None
     plot: str | None = None
     seconds: float = 0.0
@@ -69,24 +92,6 @@ class ProfileResult(Record):
             if d.get(k) is None:
                 d.pop(k, None)
         return d
-
-    @property
-    def timed(self) -> list[analysis.Point]:
-        """``points`` by attribute (a point that is not an object is left out)."""
-        return [analysis.Point.from_dict(p) for p in self.points if isinstance(p, (dict, analysis.Point))]
-
-    @property
-    def peak(self) -> Peaks:
-        return Peaks.from_dict(self.peaks)
-
-    @property
-    def model_label(self) -> str | None:
-        return as_str(self.model.get("label"))
-
-    @property
-    def device_name(self) -> str | None:
-        """The device's name, else its kind (cpu, gpu)."""
-        return as_str(self.device.get("name") or self.device.get("kind"))
 
 
 @dataclass
@@ -106,13 +111,9 @@ class ProfilePlan:
     res: Resolution
     model: ModelRef  # the model profiled: the resolution's base (--model is ``Overrides(base=...)``)
     engine: str
-    grid: Grid
+    grid: ShapeGrid
     nsys_bin: str | None = None
     remeasure: bool = False
-
-    def to_dict(self) -> dict:
-        return {"model": self.model.to_dict(), "engine": self.engine, "grid": self.grid.to_dict(),
-                "nsys": self.nsys_bin is not None, "remeasure": self.remeasure}
 
 
 def peaks_cache_path(device_key: str) -> Path:
@@ -122,7 +123,7 @@ def peaks_cache_path(device_key: str) -> Path:
     return home() / "peaks" / f"{safe}.json"
 
 
-def half_is_slow(dtype: str, peaks: dict, flags: set[str] | None = None) -> bool:
+def half_is_slow(dtype: str, peaks: MachinePeaks, flags: set[str] | None = None) -> bool:
     """Whether this CPU computes ``dtype`` (bf16/fp16) far slower than fp32: its instruction flags decide
     (the rule `serve` applies to vLLM's dtype, infertool.perf.host.cpu_lacks_half); only where the flags
     are unknown, the measured peaks (bf16 under a quarter of fp32). The measured ratio alone flipped with
@@ -134,10 +135,10 @@ def half_is_slow(dtype: str, peaks: dict, flags: set[str] | None = None) -> bool
     flags = cpu_flags() if flags is None else flags
     if flags:
         return cpu_lacks_half(dtype, flags)
-    return peaks.get("bf16_flops", 0) < 0.25 * peaks.get("fp32_flops", 0)
+    return peaks.bf16_flops < 0.25 * peaks.fp32_flops
 
 
-def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None, log_dir: Path | None = None) -> dict:
+def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None, log_dir: Path | None = None) -> MachinePeaks:
     """This machine's measured peaks, measured once and cached (the file `plan` reads too)."""
     from infertool.envs.runner import run_task
     from infertool.perf.host import accelerator
@@ -146,14 +147,14 @@ def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None,
     path = peaks_cache_path(key)
     if not remeasure:
         try:
-            return json.loads(path.read_text())
+            return MachinePeaks.from_dict(json.loads(path.read_text()))
         except (OSError, ValueError):
             pass
-    result = run_task("profile.peaks", {}, on_event=on_event, log_dir=log_dir).result
-    result["bandwidth_bytes_s"] = result["read_bandwidth_bytes_s"]
-    result["measured_at"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    write_json(path, result)
-    return result
+    peaks = MachinePeaks.from_dict(run_task("profile.peaks", {}, on_event=on_event, log_dir=log_dir).result)
+    peaks.bandwidth_bytes_s = peaks.read_bandwidth_bytes_s
+    peaks.measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    write_json(path, peaks.to_dict())
+    return peaks
 
 
 def plan(res: Resolution, options: ProfileOptions | None = None) -> ProfilePlan:
@@ -179,7 +180,7 @@ def plan(res: Resolution, options: ProfileOptions | None = None) -> ProfilePlan:
                              "measured peaks are the evidence")
         nsys_bin = require_nsys()
     prompt_len = options.prompt_len or list(prof.prompt_len)
-    grid = Grid(options.batch or list(prof.batch), prompt_len, options.decode_len or prof.decode_len,
+    grid = ShapeGrid(options.batch or list(prof.batch), prompt_len, options.decode_len or prof.decode_len,
                 (prof.context_len or [prompt_len[0]])[0], prof.repeats)
     return ProfilePlan(res, res.base, engine, grid, nsys_bin, options.remeasure)
 
@@ -191,12 +192,12 @@ def run(plan: ProfilePlan, ctx: RunContext | None = None) -> ProfileResult:
     t0 = time.monotonic()
     model = plan.model if plan.model.exists else plan.res.ensure(plan.model, on_event=ctx.on_event)
     facts = _model_facts(model)
-    peaks_raw = measured_peaks(remeasure=plan.remeasure, on_event=ctx.on_event)
-    prec = _precision(plan, model, facts, peaks_raw)
+    machine = measured_peaks(remeasure=plan.remeasure, on_event=ctx.on_event)
+    prec = _precision(plan, model, facts, machine)
     measured, nsys_summary = _measure(plan, model, prec.dtype, ctx)
     if plan.engine == "vllm":
         prec.notes.append("vllm engine: times include the server's HTTP and scheduling overhead")
-    result = _result(plan, model, facts, prec, peaks_raw, measured, nsys_summary)
+    result = _result(plan, model, facts, prec, measured, nsys_summary)
     if plan.engine == "vllm" and plan.nsys_bin is None:  # as served (not under a profiler): plan and tune read it
         from infertool.profile.calibration import from_profile
 
@@ -240,25 +241,26 @@ class _Precision:
     dtype: str
     weights: WeightFacts  # scaled to ``dtype``
     kv_tok: float
-    peaks: dict
+    peaks: Peaks
     notes: list[str]
+    threads: int | None  # the machine's, where the engine does not say
 
 
-def _precision(plan: ProfilePlan, model: ModelRef, facts: _Facts, peaks_raw: dict) -> _Precision:
+def _precision(plan: ProfilePlan, model: ModelRef, facts: _Facts, machine: MachinePeaks) -> _Precision:
     from infertool.models.weights import WeightFacts
     from infertool.perf.roofline import kv_dtype_bytes
 
     recipe, engine, arch, weights = plan.res.recipe, plan.engine, facts.arch, facts.weights
-    on_cpu = peaks_raw.get("device") == "cpu"
+    on_cpu = machine.device == "cpu"
     dtype = recipe.model.dtype if recipe.model.dtype != "auto" else (facts.info.dtype or "bfloat16")
     kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, kv_dtype_bytes("auto", dtype))
     notes: list[str] = []
     stored = dtype
-    if engine == "hf" and on_cpu and half_is_slow(dtype, peaks_raw):
+    if engine == "hf" and on_cpu and half_is_slow(dtype, machine):
         # CPUs without bf16 instructions run bf16 matmuls far slower than fp32: time what a CPU user would run.
         dtype = "float32"
-        notes.append(f"this CPU has no {stored} matrix instructions (its bf16 matmul {peaks_raw.get('bf16_flops', 0) / 1e9:.1f} "
-                     f"GFLOP/s, fp32 {peaks_raw.get('fp32_flops', 0) / 1e9:.1f}): measured in float32, as vLLM serves it here")
+        notes.append(f"this CPU has no {stored} matrix instructions (its bf16 matmul {machine.bf16_flops / 1e9:.1f} "
+                     f"GFLOP/s, fp32 {machine.fp32_flops / 1e9:.1f}): measured in float32, as vLLM serves it here")
     if engine == "vllm" and on_cpu:
         # the dtype `infertool serve` runs vLLM in on this CPU (float32 where it has no bf16/fp16 instructions)
         served, why = plan.res.serve_for(model)
@@ -270,18 +272,17 @@ def _precision(plan: ProfilePlan, model: ModelRef, facts: _Facts, peaks_raw: dic
         weights = WeightFacts(weights.source, weights.how, int(weights.total_bytes * scale), int(weights.embedding_bytes * scale),
                               int(weights.expert_bytes * scale), weights.bytes_per_linear_weight * scale, weights.quantization)
         kv_tok = roofline.kv_bytes_per_token(arch.layers, arch.kv_heads, arch.head_dim, roofline.DTYPE_BYTES[dtype])
-    flops_key = "bf16_flops" if dtype in ("bfloat16", "float16") else "fp32_flops"
-    if (engine == "vllm" and on_cpu and flops_key == "bf16_flops"
-            and peaks_raw.get("bf16_flops", 0) < 0.25 * peaks_raw.get("fp32_flops", 0)):
-        flops_key = "fp32_flops"  # no bf16 instructions here: vLLM's CPU kernels cannot beat the fp32 peak either
+    half = dtype in ("bfloat16", "float16")
+    if engine == "vllm" and on_cpu and half and machine.bf16_flops < 0.25 * machine.fp32_flops:
+        half = False  # no bf16 instructions here: vLLM's CPU kernels cannot beat the fp32 peak either
         notes.append("compute peak: this CPU's fp32 matmul (its bf16 is far slower)")
-    peaks = {"flops": peaks_raw.get(flops_key) or peaks_raw["fp32_flops"], "bandwidth": peaks_raw["read_bandwidth_bytes_s"],
-             "dtype": "float32" if flops_key == "fp32_flops" else dtype, "device": peaks_raw.get("device"), "name": peaks_raw.get("name"),
-             "triad_bandwidth": peaks_raw.get("triad_bandwidth_bytes_s"), "measured_at": peaks_raw.get("measured_at")}
-    return _Precision(dtype, weights, kv_tok, peaks, notes)
+    peaks = Peaks(flops=(machine.bf16_flops if half else 0.0) or machine.fp32_flops,
+                  bandwidth=machine.read_bandwidth_bytes_s, dtype=dtype if half else "float32", device=machine.device,
+                  name=machine.name, triad_bandwidth=machine.triad_bandwidth_bytes_s, measured_at=machine.measured_at)
+    return _Precision(dtype, weights, kv_tok, peaks, notes, machine.threads)
 
 
-def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) -> tuple[dict, dict | None]:
+def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) -> tuple[ShapeTimings, NsysSummary | None]:
     """The timings on the plan's engine (under nsys when planned), and nsys's summary of them."""
     grid, engine, out_dir = plan.grid, plan.engine, ctx.out_dir
     prefix: str | None = None  # nsys's output prefix when the plan profiles under nsys
@@ -314,19 +315,18 @@ def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) ->
     return measured, nsys_summary
 
 
-def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision, peaks_raw: dict, measured: dict,
-            nsys_summary: dict | None) -> ProfileResult:
+def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision, measured: ShapeTimings,
+            nsys_summary: NsysSummary | None) -> ProfileResult:
     """The timings against the roofline: a point per shape, the analytic costs, verdicts and advice."""
     from infertool.models.weights import decode_weight_bytes
 
     arch, weights, kv_tok, peaks, grid = facts.arch, prec.weights, prec.kv_tok, prec.peaks, plan.grid
-    datasheet = None
-    if peaks_raw.get("device") == "cuda" and plan.res.target.device is not None:
+    if peaks.device == "cuda" and plan.res.target.device is not None:
         g = plan.res.target.device  # a table GPU or the recipe's custom spec
-        datasheet = {"flops": g.bf16_flops, "bandwidth": g.bandwidth_bytes_s, "source": g.source}
+        peaks.datasheet = Datasheet(g.bf16_flops, g.bandwidth_bytes_s, g.source)
     points = analysis.analyse(measured, arch, weights.total_bytes, lambda b: decode_weight_bytes(arch, weights, b), kv_tok,
-                              peaks, datasheet)
-    rid = roofline.ridge(peaks["flops"], peaks["bandwidth"])
+                              peaks, peaks.datasheet)
+    peaks.ridge = rid = roofline.ridge(peaks.flops or 0.0, peaks.bandwidth or 0.0)
     crossover = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), grid.context, kv_tok, rid)
     analytic = {
         "ridge": rid,
@@ -338,21 +338,20 @@ def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision,
     if nsys_summary is not None:
         advice_rows.extend(_nsys_advice(nsys_summary))
     return ProfileResult(
-        model={"path": str(facts.path), "label": model.label, "source": model.source, "weight_bytes": weights.total_bytes,
-               "layers": arch.layers, "params": arch.total_params, "dtype": prec.dtype, "kv_bytes_per_token": kv_tok},
-        device={"kind": peaks_raw.get("device"), "engine": plan.engine,
-                "threads": measured.get("threads") or peaks_raw.get("threads"), "name": peaks.get("name")},
-        peaks={**peaks, "ridge": rid, "datasheet": datasheet},
-        points=[analysis.point_dict(p) for p in points], analytic=analytic, crossover_batch=crossover,
-        verdicts=_phase_verdicts(points), advice=advice_rows, nvml=measured.get("nvml") or {"available": False},
-        nsys=nsys_summary, notes=[*prec.notes, *measured.get("unmeasured", [])],
+        model=ProfiledModel(str(facts.path), model.label, model.source, weights.total_bytes, arch.layers,
+                            arch.total_params, prec.dtype, kv_tok),
+        device=ProfiledDevice(peaks.device, plan.engine, measured.threads or prec.threads, peaks.name),
+        peaks=peaks, points=points, analytic=analytic, crossover_batch=crossover,
+        verdicts=_phase_verdicts(points), advice=advice_rows, nvml=measured.nvml,
+        nsys=nsys_summary, notes=[*prec.notes, *measured.unmeasured],
     )
 
 
-def _run_hf(spec: dict, on_event: EventCallback | None, wrap: list[str] | None = None) -> dict:
+def _run_hf(spec: dict, on_event: EventCallback | None, wrap: list[str] | None = None) -> ShapeTimings:
+    """The worker task profile.hf, its answer read back as ShapeTimings (the one reader of it)."""
     from infertool.envs.runner import run_task
 
-    return run_task("profile.hf", spec, on_event=on_event, wrap=wrap).result
+    return ShapeTimings.from_dict(run_task("profile.hf", spec, on_event=on_event, wrap=wrap).result)
 
 
 def _log_dir(what: str) -> Path:
@@ -363,7 +362,7 @@ def _log_dir(what: str) -> Path:
     return logs_root() / f"{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}-{what}-{os.getpid()}"
 
 
-def _nsys_summary(nsys_bin: str, prefix: str, measured: dict, on_event: EventCallback | None) -> dict:
+def _nsys_summary(nsys_bin: str, prefix: str, measured: ShapeTimings, on_event: EventCallback | None) -> NsysSummary:
     """`nsys stats` on the report the measured run wrote: kernel classes, kernel-busy fraction per phase."""
     from infertool.errors import BackendError
     from infertool.profile.nsys import collect
@@ -378,27 +377,25 @@ def _nsys_summary(nsys_bin: str, prefix: str, measured: dict, on_event: EventCal
     if on_event:
         on_event({"event": "progress", "task": "profile", "completed": None, "total": None, "description": "nsys stats"})
     summary = collect(nsys_bin, report, prefix)
-    if not summary.get("ranges") and measured.get("captured_wall_ns"):
+    if not summary.ranges and measured.captured_wall_ns:
         # the vllm engine has no NVTX ranges of ours: the measured wall between start_profile and stop_profile
-        summary["ranges"] = {"measured (vllm)": {"total_ns": measured["captured_wall_ns"], "instances": 1}}
-        summary["kernel_busy_fraction"] = summary["kernel_time_ns"] / measured["captured_wall_ns"]
+        summary.ranges = {"measured (vllm)": {"total_ns": measured.captured_wall_ns, "instances": 1}}
+        summary.kernel_busy_fraction = summary.kernel_time_ns / measured.captured_wall_ns
     return summary
 
 
-def _nsys_advice(summary: dict) -> list[str]:
+def _nsys_advice(summary: NsysSummary) -> list[str]:
     out = []
-    busy = summary.get("kernel_busy_fraction")
+    busy = summary.kernel_busy_fraction
     if busy is not None and busy < 0.6:
         out.append(f"GPU kernels ran {busy:.0%} of the measured time: the rest is launch and host overhead "
                    "(CUDA graphs, i.e. serve.enforce_eager: false, and larger batches hide it)")
-    for phase, p in (summary.get("phases") or {}).items():
-        b = p.get("kernel_busy_fraction")
-        if b is not None and b < 0.6:
-            out.append(f"{phase}: kernels busy {b:.0%} of its wall time: overhead-bound, not the roofline")
-    shares = summary.get("class_share") or {}
-    if shares.get("communication", 0) > 0.2:
-        out.append(f"communication kernels take {shares['communication']:.0%} of GPU time: a lower tensor-parallel "
-                   "degree (or NVLink) would help")
+    for phase, p in summary.phases.items():
+        if p.kernel_busy_fraction is not None and p.kernel_busy_fraction < 0.6:
+            out.append(f"{phase}: kernels busy {p.kernel_busy_fraction:.0%} of its wall time: overhead-bound, not the roofline")
+    if (comm := summary.class_share.get("communication", 0)) > 0.2:
+        out.append(f"communication kernels take {comm:.0%} of GPU time: a lower tensor-parallel degree (or NVLink) "
+                   "would help")
     return out
 
 
@@ -432,8 +429,7 @@ def _write_outputs(result: ProfileResult, out_dir: Path) -> None:
 
 def roofline_title(result: ProfileResult) -> str:
     """'roofline: <the model as a person names it> on <device>' (its label, never a cache path)."""
-    name = result.model.get("label") or result.model.get("source")
-    return f"roofline: {name} on {result.device.get('name') or result.device.get('kind')}"
+    return f"roofline: {result.model.label or result.model.source} on {result.device.shown}"
 
 
 def plot_roofline(result: ProfileResult, path: Path) -> None:
@@ -443,22 +439,22 @@ def plot_roofline(result: ProfileResult, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     pk = result.peaks
-    xs = [p["intensity"] for p in result.points] + [pk["ridge"]]
+    ridge, flops, bandwidth = pk.ridge or 0.0, pk.flops or 0.0, pk.bandwidth or 0.0
+    xs = [p.intensity for p in result.points] + [ridge]
     lo, hi = min(xs) / 4, max(xs) * 4
     grid = [lo * (hi / lo) ** (i / 200) for i in range(201)]
     fig, ax = plt.subplots(figsize=(7.5, 5), dpi=110)
-    ax.loglog(grid, [min(pk["flops"], x * pk["bandwidth"]) / 1e9 for x in grid], color="black",
-              label=f"measured roof ({pk['bandwidth'] / 1e9:.0f} GB/s, {pk['flops'] / 1e9:.0f} GFLOP/s {pk['dtype']})")
-    if pk.get("datasheet"):
-        ds = pk["datasheet"]
-        ax.loglog(grid, [min(ds["flops"], x * ds["bandwidth"]) / 1e9 for x in grid], color="gray", ls="--", label="datasheet roof")
+    ax.loglog(grid, [min(flops, x * bandwidth) / 1e9 for x in grid], color="black",
+              label=f"measured roof ({bandwidth / 1e9:.0f} GB/s, {flops / 1e9:.0f} GFLOP/s {pk.dtype})")
+    if (ds := pk.datasheet) is not None and ds.flops and ds.bandwidth:
+        ax.loglog(grid, [min(ds.flops, x * ds.bandwidth) / 1e9 for x in grid], color="gray", ls="--", label="datasheet roof")
     colors = {"memory-bound": "tab:blue", "compute-bound": "tab:red", "overhead-bound": "tab:gray"}
     for p in result.points:
-        marker = "^" if p["phase"] == "prefill" else "o"
-        ax.scatter(p["intensity"], p["achieved_flops"] / 1e9, marker=marker, s=45, color=colors.get(p["verdict"], "tab:green"), zorder=3)
-        label = f"prefill {p['tokens']}" if p["phase"] == "prefill" else f"decode b{p['batch']}"
-        ax.annotate(label, (p["intensity"], p["achieved_flops"] / 1e9), textcoords="offset points", xytext=(5, -10), fontsize=8)
-    ax.axvline(pk["ridge"], color="black", lw=0.5, ls=":")
+        marker = "^" if p.phase == "prefill" else "o"
+        ax.scatter(p.intensity, p.achieved_flops / 1e9, marker=marker, s=45, color=colors.get(p.verdict, "tab:green"), zorder=3)
+        label = f"prefill {p.tokens}" if p.phase == "prefill" else f"decode b{p.batch}"
+        ax.annotate(label, (p.intensity, p.achieved_flops / 1e9), textcoords="offset points", xytext=(5, -10), fontsize=8)
+    ax.axvline(ridge, color="black", lw=0.5, ls=":")
     ax.set_xlabel("arithmetic intensity (FLOP/byte)")
     ax.set_ylabel("achieved GFLOP/s")
     ax.set_title(roofline_title(result).replace("$", r"\$"), fontsize=10)  # '$' would start matplotlib's mathtext

@@ -7,8 +7,63 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
 
-from infertool.perf.host import torch_device
+from infertool.perf.host import cpu_model_name, torch_device
+from infertool.profile.nvml import NvmlSampler, NvmlSummary
+from infertool.records import Record
+
+
+@dataclass
+class MachinePeaks(Record):
+    """``profile.peaks``' answer read back by attribute, and the peaks cache (``peaks/<device>.json``) with
+    ``bandwidth_bytes_s`` and ``measured_at`` added; a missing figure reads 0 (not measured)."""
+
+    device: str | None = None
+    read_bandwidth_bytes_s: float = 0.0
+    triad_bandwidth_bytes_s: float | None = None
+    threads: int | None = None
+    fp32_flops: float = 0.0
+    bf16_flops: float = 0.0
+    name: str | None = None
+    bandwidth_bytes_s: float | None = None
+    measured_at: str | None = None
+
+
+@dataclass
+class PrefillRow(Record):
+    """One timed prefill: ``batch`` prompts of ``prompt_len`` tokens, the median of ``runs``."""
+
+    batch: int = 1
+    prompt_len: int = 0
+    seconds: float = 0.0
+    runs: int | None = None
+
+
+@dataclass
+class DecodeRow(Record):
+    """One timed decode batch: a step's median time at ``context`` tokens (``how``: the vllm engine says)."""
+
+    batch: int = 1
+    context: int = 0
+    steps: int = 0
+    seconds_per_step: float = 0.0
+    how: str | None = None
+
+
+@dataclass
+class ShapeTimings(Record):
+    """``profile.hf``'s answer (read back from the worker protocol) and the vllm engine's: the timed rows, NVML's
+    summary, what could not be measured, and (under nsys) the captured wall time."""
+
+    prefill: list[PrefillRow] = field(default_factory=list)
+    decode: list[DecodeRow] = field(default_factory=list)
+    threads: int | None = None
+    nvml: NvmlSummary = field(default_factory=NvmlSummary)
+    unmeasured: list[str] = field(default_factory=list)
+    captured_wall_ns: float | None = None
 
 
 def _sync(torch, device: str) -> None:
@@ -62,34 +117,21 @@ def peaks_task(spec: dict, events) -> dict:
         result[f"{name}_flops"] = 2 * size**3 / t
         result[f"{name}_matmul_n"] = size
     events.progress("peaks", steps, steps, "done")
-    if device == "cuda":
-        result["name"] = torch.cuda.get_device_name(0)
-    else:
-        result["name"] = _cpu_name()
+    result["name"] = torch.cuda.get_device_name(0) if device == "cuda" else cpu_model_name()
     return result
 
 
-class _nvtx:
+@contextmanager
+def _nvtx(torch, on: bool, name: str) -> Iterator[None]:
     """An NVTX range around one timed phase (named "prefill 512", "decode b8"), so `nsys stats` reports the
     phases' wall time beside the kernels'. Nothing when not capturing."""
-
-    def __init__(self, torch, on: bool, name: str):
-        self.torch, self.on, self.name = torch, on, name
-
-    def __enter__(self):
-        if self.on:
-            self.torch.cuda.nvtx.range_push(self.name)
-
-    def __exit__(self, *exc):
-        if self.on:
-            self.torch.cuda.nvtx.range_pop()
-        return False
-
-
-def _cpu_name() -> str:
-    from infertool.perf.host import cpu_model_name
-
-    return cpu_model_name()
+    if on:
+        torch.cuda.nvtx.range_push(name)
+    try:
+        yield
+    finally:
+        if on:
+            torch.cuda.nvtx.range_pop()
 
 
 def hf_task(spec: dict, events) -> dict:
@@ -100,7 +142,6 @@ def hf_task(spec: dict, events) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from infertool.profile.nvml import NvmlSampler
 
     torch.manual_seed(int(spec.get("seed", 0)))
     device = torch_device()
@@ -167,7 +208,7 @@ def hf_task(spec: dict, events) -> dict:
             _sync(torch, device)
             torch.cuda.cudart().cudaProfilerStop()
     finally:
-        nvml = sampler.stop() if sampler is not None else {"available": False, "reason": "disabled"}
+        nvml = (sampler.stop() if sampler is not None else NvmlSummary(reason="disabled")).to_dict()
     events.progress("profile", total, total, "done")
     return {"device": device, "dtype": str(dtype).replace("torch.", ""), "threads": torch.get_num_threads(),
             "prefill": prefill_rows, "decode": decode_rows, "nvml": nvml, "torch": torch.__version__}

@@ -6,9 +6,10 @@ import csv
 import io
 import re
 import shutil
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from infertool.errors import BackendError
+from infertool.records import Record
 
 # Kernel classes by name (docs/reference/profiling.md); first match wins, in this order.
 KERNEL_CLASSES: list[tuple[str, re.Pattern]] = [
@@ -28,6 +29,38 @@ class KernelRow:
     instances: int
     avg_ns: float
     klass: str
+
+
+@dataclass
+class KernelShare(Record):
+    """GPU kernel time by class, and the kernel-busy fraction of the wall time when known (``kernel_breakdown``)."""
+
+    kernel_time_ns: float = 0.0
+    class_share: dict[str, float] = field(default_factory=dict)
+    kernel_busy_fraction: float | None = None
+    top_kernels: list[dict] = field(default_factory=list)  # KernelRow's fields, the ten longest
+
+
+@dataclass
+class PhaseKernels(Record):
+    """One phase's kernels against its NVTX ranges' wall time."""
+
+    kernel_busy_fraction: float | None = None
+    class_share: dict[str, float] = field(default_factory=dict)
+    kernel_time_ns: float = 0.0
+    wall_ns: float | None = None
+
+
+@dataclass
+class NsysSummary(KernelShare):
+    """What ``collect`` found (profile.json's ``nsys``): the kernel classes overall, the NVTX ranges, each phase's
+    kernels, the report and its CSV tables, and the tables nsys could not give."""
+
+    ranges: dict[str, dict] = field(default_factory=dict)  # range name -> {total_ns, instances}
+    phases: dict[str, PhaseKernels] = field(default_factory=dict)
+    report: str | None = None
+    csv: dict[str, str] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def require_nsys() -> str:
@@ -90,7 +123,7 @@ def parse_kern_sum(text: str) -> list[KernelRow]:
     return rows
 
 
-def kernel_breakdown(rows: list[KernelRow], wall_ns: float | None = None) -> dict:
+def kernel_breakdown(rows: list[KernelRow], wall_ns: float | None = None) -> KernelShare:
     """Share of GPU kernel time by class, and the kernel-busy fraction of the wall time when known."""
     total = sum(r.total_ns for r in rows)
     by_class: dict[str, float] = {}
@@ -98,12 +131,7 @@ def kernel_breakdown(rows: list[KernelRow], wall_ns: float | None = None) -> dic
         by_class[r.klass] = by_class.get(r.klass, 0.0) + r.total_ns
     shares = {k: v / total for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])} if total else {}
     top = sorted(rows, key=lambda r: -r.total_ns)[:10]
-    return {
-        "kernel_time_ns": total,
-        "class_share": shares,
-        "kernel_busy_fraction": (total / wall_ns) if wall_ns else None,
-        "top_kernels": [asdict(r) for r in top],
-    }
+    return KernelShare(total, shares, (total / wall_ns) if wall_ns else None, [asdict(r) for r in top])
 
 
 def _table(text: str, *must: str) -> list[dict]:
@@ -161,26 +189,23 @@ def phase_of(range_name: str) -> str | None:
     return head if head in ("prefill", "decode") else None
 
 
-def summarise(kernels: list[KernelRow], ranges: dict[str, dict], per_range: dict[str, list[KernelRow]] | None = None) -> dict:
+def summarise(kernels: list[KernelRow], ranges: dict[str, dict],
+              per_range: dict[str, list[KernelRow]] | None = None) -> NsysSummary:
     """Kernel classes and the kernel-busy fraction: GPU kernel time over the wall time of the NVTX ranges that
     cover the captured region. Per phase as well when nvtx_kern_sum was available."""
     wall = sum(r["total_ns"] for r in ranges.values()) or None
-    out = kernel_breakdown(kernels, wall)
-    out["ranges"] = ranges
-    phases: dict[str, dict] = {}
-    if per_range:
-        for phase in ("prefill", "decode"):
-            rows = [k for name, ks in per_range.items() if phase_of(name) == phase for k in ks]
-            pwall = sum(r["total_ns"] for n, r in ranges.items() if phase_of(n) == phase) or None
-            if rows:
-                b = kernel_breakdown(rows, pwall)
-                phases[phase] = {"kernel_busy_fraction": b["kernel_busy_fraction"], "class_share": b["class_share"],
-                                 "kernel_time_ns": b["kernel_time_ns"], "wall_ns": pwall}
-    out["phases"] = phases
-    return out
+    b = kernel_breakdown(kernels, wall)
+    phases: dict[str, PhaseKernels] = {}
+    for phase in ("prefill", "decode") if per_range else ():
+        rows = [k for name, ks in (per_range or {}).items() if phase_of(name) == phase for k in ks]
+        pwall = sum(r["total_ns"] for n, r in ranges.items() if phase_of(n) == phase) or None
+        if rows:
+            p = kernel_breakdown(rows, pwall)
+            phases[phase] = PhaseKernels(p.kernel_busy_fraction, p.class_share, p.kernel_time_ns, pwall)
+    return NsysSummary(b.kernel_time_ns, b.class_share, b.kernel_busy_fraction, b.top_kernels, ranges, phases)
 
 
-def collect(nsys: str, report: str, out_prefix: str, run=None) -> dict:
+def collect(nsys: str, report: str, out_prefix: str, run=None) -> NsysSummary:
     """Run `nsys stats` on REPORT for each of STATS_REPORTS and summarise. A report this nsys lacks is noted,
     not fatal; no kernel table at all is an error (nothing was captured)."""
     import subprocess
@@ -204,7 +229,5 @@ def collect(nsys: str, report: str, out_prefix: str, run=None) -> dict:
             "messages (a driver without profiling permission: run as root or set NVreg_RestrictProfilingToAdminUsers=0)",
         )
     out = summarise(kernels, parse_nvtx_sum(texts.get("nvtx_sum", "")), parse_nvtx_kern_sum(texts.get("nvtx_kern_sum", "")))
-    out["report"] = report
-    out["csv"] = {k: f"{out_prefix}_{k}.csv" for k in texts}
-    out["notes"] = notes
+    out.report, out.csv, out.notes = report, {k: f"{out_prefix}_{k}.csv" for k in texts}, notes
     return out

@@ -9,12 +9,64 @@ the reason; it never raises.
 
 from __future__ import annotations
 
+import dataclasses
 import statistics
 import threading
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
+from infertool.records import Record
+
 GPM_METRICS = {10: "dram_bw_util_pct", 2: "sm_util_pct", 3: "sm_occupancy_pct", 5: "tensor_util_pct"}
+
+
+@dataclass
+class _Availability(Record):
+    """Figures that are there, or why not: written as {available: true, figures...} or {available: false, reason}."""
+
+    available: bool = False
+    reason: str | None = None
+
+    def to_dict(self) -> dict:
+        figures = {f.name for f in dataclasses.fields(self)} - {"available", "reason", "extra"}
+        drop = {"reason"} if self.available else figures
+        return {k: v for k, v in super().to_dict().items() if k not in drop}
+
+
+@dataclass
+class GpmMetrics(_Availability):
+    """GPM interval averages in percent (Hopper and newer)."""
+
+    dram_bw_util_pct: float | None = None
+    sm_util_pct: float | None = None
+    sm_occupancy_pct: float | None = None
+    tensor_util_pct: float | None = None
+
+
+@dataclass
+class Reading(Record):
+    """One reading over the samples."""
+
+    mean: float | None = None
+    max: float | None = None
+    min: float | None = None
+
+
+@dataclass
+class NvmlSummary(_Availability):
+    """What the sampler read beside a measurement (profile.json's ``nvml``): utilization is a share of TIME."""
+
+    device: str | None = None
+    samples: int = 0
+    memory_used_bytes: Reading | None = None
+    power_w: Reading | None = None
+    sm_clock_mhz: Reading | None = None
+    mem_clock_mhz: Reading | None = None
+    throttle_reasons: list[str] = field(default_factory=list)
+    time_busy_pct: Reading | None = None
+    memory_time_busy_pct: Reading | None = None
+    gpm: GpmMetrics = field(default_factory=GpmMetrics)
 
 
 def _load_nvml():
@@ -24,7 +76,7 @@ def _load_nvml():
 
 
 class NvmlSampler:
-    """Start before the workload, stop after; ``stop()`` returns a summary dict (JSON-able)."""
+    """Start before the workload, stop after; ``stop()`` returns the summary."""
 
     def __init__(self, interval_s: float = 0.1, device_index: int = 0, nvml: Any = None):  # Any: the pynvml module (untyped), or a test's stand-in
         self.interval_s = interval_s
@@ -38,6 +90,7 @@ class NvmlSampler:
         self.reason: str | None = None
         self._handle = None
         self._gpm_first = None
+        self.name: str | None = None
 
     def start(self) -> "NvmlSampler":
         try:
@@ -84,9 +137,9 @@ class NvmlSampler:
         row["memory_time_busy_pct"] = getattr(util, "memory", None)
         return row
 
-    def stop(self) -> dict:
+    def stop(self) -> NvmlSummary:
         if not self.available:
-            return {"available": False, "reason": self.reason or "not started"}
+            return NvmlSummary(reason=self.reason or "not started")
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
@@ -97,11 +150,11 @@ class NvmlSampler:
             self._nvml.nvmlShutdown()
         except Exception:
             pass
-        return summarise(self._samples, gpm, name=getattr(self, "name", None))
+        return summarise(self._samples, gpm, name=self.name)
 
-    def _gpm_interval(self) -> dict:
+    def _gpm_interval(self) -> GpmMetrics:
         if self._gpm_first is None:
-            return {"available": False, "reason": "GPM not supported (Hopper and newer only)"}
+            return GpmMetrics(reason="GPM not supported (Hopper and newer only)")
         nv = self._nvml
         try:
             second = self._gpm_sample()
@@ -112,39 +165,23 @@ class NvmlSampler:
             for i, mid in enumerate(GPM_METRICS):
                 get.metrics[i].metricId = mid
             nv.nvmlGpmMetricsGet(get)
-            out = {"available": True}
-            for i, (mid, key) in enumerate(GPM_METRICS.items()):
-                out[key] = float(get.metrics[i].value)
-            return out
+            return GpmMetrics(True, **{key: float(get.metrics[i].value) for i, key in enumerate(GPM_METRICS.values())})
         except Exception as e:
-            return {"available": False, "reason": f"{type(e).__name__}: {e}"}
+            return GpmMetrics(reason=f"{type(e).__name__}: {e}")
 
 
-def summarise(samples: list[dict], gpm: dict, name: str | None = None) -> dict:
+def summarise(samples: list[dict], gpm: GpmMetrics, name: str | None = None) -> NvmlSummary:
     """Mean/max of each reading over the samples; throttle reasons OR-ed together."""
-    def stats(key: str) -> dict | None:
+    def stats(key: str) -> Reading | None:
         vals = [s[key] for s in samples if s.get(key) is not None]
-        if not vals:
-            return None
-        return {"mean": statistics.fmean(vals), "max": max(vals), "min": min(vals)}
+        return Reading(statistics.fmean(vals), max(vals), min(vals)) if vals else None
 
     reasons = 0
     for s in samples:
-        if s.get("throttle_reasons"):
-            reasons |= int(s["throttle_reasons"])
-    return {
-        "available": True,
-        "device": name,
-        "samples": len(samples),
-        "memory_used_bytes": stats("memory_used_bytes"),
-        "power_w": stats("power_w"),
-        "sm_clock_mhz": stats("sm_clock_mhz"),
-        "mem_clock_mhz": stats("mem_clock_mhz"),
-        "throttle_reasons": decode_throttle(reasons),
-        "time_busy_pct": stats("time_busy_pct"),
-        "memory_time_busy_pct": stats("memory_time_busy_pct"),
-        "gpm": gpm,
-    }
+        reasons |= int(s.get("throttle_reasons") or 0)
+    return NvmlSummary(True, None, name, len(samples), stats("memory_used_bytes"), stats("power_w"),
+                       stats("sm_clock_mhz"), stats("mem_clock_mhz"), decode_throttle(reasons), stats("time_busy_pct"),
+                       stats("memory_time_busy_pct"), gpm)
 
 
 THROTTLE_BITS = {

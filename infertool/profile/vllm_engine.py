@@ -25,7 +25,8 @@ from typing import TYPE_CHECKING, Callable
 
 from infertool import net
 from infertool.errors import RuntimeFailure
-from infertool.profile.grid import Grid
+from infertool.profile.grid import ShapeGrid
+from infertool.profile.measure import DecodeRow, PrefillRow, ShapeTimings
 
 if TYPE_CHECKING:
     from infertool.resolve import Resolution
@@ -66,15 +67,15 @@ async def _batch(client, url: str, model: str, headers: dict, prompts: list[list
     return wall
 
 
-def vllm_timings(res: Resolution, model_ref, grid: Grid, *, on_event: Callable | None = None, log_dir: Path | None = None,
-                 nsys: tuple[str, str] | None = None, pool=None) -> dict:
+def vllm_timings(res: Resolution, model_ref, grid: ShapeGrid, *, on_event: Callable | None = None, log_dir: Path | None = None,
+                 nsys: tuple[str, str] | None = None, pool=None) -> ShapeTimings:
     """Prefill and decode times at the ``grid``'s shapes from a vLLM server started for the purpose (the one
     launcher, which picks its port; ``pool``: `run`'s shared servers). ``nsys`` = (nsys binary, report prefix):
     the server runs under `nsys profile`, collecting between vLLM's /start_profile and /stop_profile (its CUDA
     profiler), around the measured requests only; that server is its own (it writes the report when it stops)."""
     plan = _launch_plan(res, model_ref, grid, nsys)
     log = (log_dir / "vllm.log") if log_dir else None
-    emit = _Progress(on_event, len(grid.prompt_len) + len(grid.batch))
+    emit = _ProfileProgress(on_event, len(grid.prompt_len) + len(grid.batch))
     emit("starting vLLM")
     from infertool.profile.nvml import NvmlSampler
 
@@ -82,7 +83,9 @@ def vllm_timings(res: Resolution, model_ref, grid: Grid, *, on_event: Callable |
     with ExitStack() as stack:
         server = None
         if nsys is None:
-            srv = stack.enter_context(_launch(plan, log, on_event, pool))
+            from infertool.serve import launch
+
+            srv = stack.enter_context(launch(plan, log, on_event=on_event, label="profile", pool=pool, alone=True))
             url, model, ready_s, log = srv.url, srv.model, srv.ready_s, srv.log_path
         else:
             from infertool.serve import default_log_path
@@ -94,15 +97,15 @@ def vllm_timings(res: Resolution, model_ref, grid: Grid, *, on_event: Callable |
             model = ready.models[0] if ready.models else plan.spec.served_model_name
         sampler.start()
         try:
-            rows = asyncio.run(_measure(url, model, grid, model_vocab(model_ref), emit, profiled=nsys is not None))
+            timings = asyncio.run(_measure(url, model, grid, model_vocab(model_ref), emit, profiled=nsys is not None))
         finally:
             nvml = sampler.stop()
+        timings.nvml = nvml
         if server is not None:  # nsys writes the report when the server exits: stop it gently, give it time
             server.stop(grace_s=120)
     emit("done", done=emit.total)
-    return {"device": "vllm", "engine": "vllm", "server_ready_s": ready_s, "log": str(log),
-            "prefill": rows["prefill"], "decode": rows["decode"], "captured_wall_ns": rows.get("wall_ns"),
-            "unmeasured": rows.get("unmeasured", []), "nvml": nvml}
+    timings.extra.update(device="vllm", engine="vllm", server_ready_s=ready_s, log=str(log))
+    return timings
 
 
 def model_vocab(model_ref) -> int:
@@ -113,10 +116,10 @@ def model_vocab(model_ref) -> int:
 
 
 
-async def measure_rows(url: str, model: str, grid: Grid, vocab: int, *, headers: dict | None = None) -> dict:
+async def measure_rows(url: str, model: str, grid: ShapeGrid, vocab: int, *, headers: dict | None = None) -> ShapeTimings:
     """The grid's timed requests on a server that is already running (tune's calibration on a trial's capacity
-    server): {"prefill": rows, "decode": rows}, as the vllm engine times them."""
-    return await _measure(url, model, grid, vocab, _Progress(None, 0), profiled=False, headers=headers, itl=True)
+    server), as the vllm engine times them."""
+    return await _measure(url, model, grid, vocab, _ProfileProgress(None, 0), profiled=False, headers=headers, itl=True)
 
 
 ITL_METRIC = "vllm:inter_token_latency_seconds"  # vLLM V1's histogram of the gaps between a request's tokens
@@ -198,7 +201,7 @@ async def _difference_step(client, url: str, model: str, headers: dict, prompts:
     return None
 
 
-def _launch_plan(res: Resolution, model_ref, grid: Grid, nsys: tuple[str, str] | None):
+def _launch_plan(res: Resolution, model_ref, grid: ShapeGrid, nsys: tuple[str, str] | None):
     """The recipe's serve settings, with what exact-shape timing needs: no prefix-cache hits, room for the grid
     (and, under nsys, the server wrapped by `nsys profile` with vLLM's CUDA profiler on)."""
     from infertool.serve import prepare
@@ -222,13 +225,7 @@ def _launch_plan(res: Resolution, model_ref, grid: Grid, nsys: tuple[str, str] |
     return plan
 
 
-def _launch(plan, log: Path | None, on_event, pool):
-    from infertool.serve import launch
-
-    return launch(plan, log, on_event=on_event, label="profile", pool=pool, alone=True)
-
-
-class _Progress:
+class _ProfileProgress:
     def __init__(self, on_event: Callable | None, total: int):
         self.on_event, self.total = on_event, total
 
@@ -238,16 +235,16 @@ class _Progress:
                            "description": description})
 
 
-async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress, *, profiled: bool,
-                   headers: dict | None = None, itl: bool = False) -> dict:
+async def _measure(url: str, model: str, grid: ShapeGrid, vocab: int, emit: _ProfileProgress, *, profiled: bool,
+                   headers: dict | None = None, itl: bool = False) -> ShapeTimings:
     """The timed requests: each prefill length (batch 1), then each decode batch (1 + N tokens minus 1 token,
-    per step); ``profiled``: between vLLM's /start_profile and /stop_profile (its wall time in ``wall_ns``)."""
+    per step); ``profiled``: between vLLM's /start_profile and /stop_profile (its wall time in ``captured_wall_ns``)."""
     rng = random.Random(grid.seed)
 
     def tokens(n: int) -> list[int]:
         return [rng.randrange(100, vocab - 1) for _ in range(n)]
 
-    out: dict = {"prefill": [], "decode": []}
+    out = ShapeTimings()
     headers = headers or {}
     async with net.async_client(max_connections=max(grid.batch) + 4) as client:
         await _batch(client, url, model, headers, [tokens(16)], 2)  # warm-up
@@ -260,7 +257,7 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
         for i, s in enumerate(grid.prompt_len):
             emit(f"prefill {s} tokens (vllm)", i)
             times = [await _batch(client, url, model, headers, [tokens(s)], 1) for _ in range(grid.repeats)]
-            out["prefill"].append({"batch": 1, "prompt_len": s, "seconds": statistics.median(times), "runs": grid.repeats})
+            out.prefill.append(PrefillRow(1, s, statistics.median(times), grid.repeats))
         for j, b in enumerate(grid.batch):
             emit(f"decode batch {b} (vllm)", len(grid.prompt_len) + j)
             steps, how = [], "difference"
@@ -278,15 +275,15 @@ async def _measure(url: str, model: str, grid: Grid, vocab: int, emit: _Progress
                 if step is not None:
                     steps.append(step)
             if steps:
-                out["decode"].append({"batch": b, "context": grid.context + grid.decode_len // 2,
-                                      "steps": grid.decode_len, "seconds_per_step": statistics.median(steps), "how": how})
+                out.decode.append(DecodeRow(b, grid.context + grid.decode_len // 2, grid.decode_len,
+                                            statistics.median(steps), how))
             else:
-                out.setdefault("unmeasured", []).append(
+                out.unmeasured.append(
                     f"decode batch {b}: not measured: on each of {grid.repeats} x {DIFFERENCE_TRIES} tries the "
                     f"{1 + grid.decode_len}-token wave took no longer than the 1-token one (the prefill's timing "
                     f"noise exceeded {grid.decode_len} decode steps: a loaded machine), and the server's /metrics "
                     "gave no inter-token latency; raise profile.decode_len")
         if profiled:
-            out["wall_ns"] = (time.perf_counter() - t0) * 1e9
+            out.captured_wall_ns = (time.perf_counter() - t0) * 1e9
             await _post(client, f"{root}/stop_profile", None, PROFILER_DEADLINE_S)
     return out

@@ -26,20 +26,19 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from infertool import backends
 from infertool.atomic import remove_inside, replace_dir, replace_refusal
-from infertool.backends.base import QuantBackend, TaskInputs
+from infertool.backends.base import QuantBackend, TaskInputs, QuantizeTaskResult
 from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
 from infertool.errors import UsageError
-from infertool.quantize import MANIFEST_NAME
-from infertool.quantize.manifest import WeightSize
+from infertool.quantize.manifest import LayerErrors, WeightSize
+from infertool.quantize.preflight import PreflightReport
 from infertool.quantize.verify import LoadCheck
 from infertool.records import Record
-from infertool.resolve import default_output
+from infertool.resolve import QUANTIZE_MANIFEST as MANIFEST_NAME, default_output
 from infertool.summaries import Resolved
 
 if TYPE_CHECKING:
     from infertool.data.calibration import CalibrationInfo
-    from infertool.quantize.preflight import PreflightReport
     from infertool.models.info import ModelInfo
     from infertool.backends.base import QuantizeConfig
     from infertool.recipe import Recipe
@@ -68,34 +67,24 @@ class QuantizeResult(Record):
     source_model: str = ""
     output: str | None = None
     checked_only: bool = False
-    preflight: dict = field(default_factory=dict)
-    size: dict | None = None
+    preflight: PreflightReport | None = None
+    size: dict | None = None  # WeightSize's data, kept as written (the report shows a malformed one as it is)
     timings: dict = field(default_factory=dict)
-    calibration: dict | None = None
-    layer_errors: dict | None = None
-    verify: dict | None = None
+    calibration: dict | None = None  # infertool.data.calibration.CalibrationInfo's data
+    layer_errors: LayerErrors | None = None
+    verify: LoadCheck | None = None  # the vLLM load check (None: it did not run)
     load_check: dict | None = None  # the launches of the vLLM load check (with --check: what would run)
     resolution: dict | None = None  # what the recipe means (infertool.resolve): served model, target, settings
     held_out: dict | None = None  # the calibration text against the eval suite (infertool.data.overlap)
-    local_agreement: dict | None = None  # greedy agreement measured in the backend's env (no vLLM needed)
+    local_agreement: Agreement | None = None  # greedy agreement measured in the backend's env (no vLLM needed)
     manifest_path: str | None = None
     log_dir: str | None = None
     warnings: list[str] = field(default_factory=list)
 
-    # the dict fields above, by attribute (a reader of quantize.json: report, decision, compare)
     @property
     def weight_size(self) -> WeightSize:
+        """``size`` by attribute, each None where not measured (a --check, a file that lacks them)."""
         return WeightSize.from_dict(self.size)
-
-    @property
-    def load_check_result(self) -> LoadCheck | None:
-        """The vLLM load check's answer (None: it did not run)."""
-        return LoadCheck.from_dict(self.verify) if self.verify else None
-
-    @property
-    def kernel_agreement(self) -> Agreement | None:
-        """The greedy agreement measured in the backend's own kernels (None: not measured)."""
-        return Agreement.from_dict(self.local_agreement) if self.local_agreement else None
 
     @property
     def resolved(self) -> Resolved:
@@ -133,7 +122,7 @@ class QuantizePlan:
         return QuantizeResult(
             ok=True, recipe=self.res.recipe.name, method=self.config.method, backend=b.name if b.in_recipe else None,
             source_model=str(self.source), output=None if self.options.check else str(self.output),
-            checked_only=self.options.check, preflight=self.preflight.to_dict(), timings=self.timings,
+            checked_only=self.options.check, preflight=self.preflight, timings=self.timings,
             calibration=self.calibration.to_dict() if self.calibration else None, warnings=list(self.warnings),
             resolution=self.res.to_dict(), held_out=self.held_out,
             load_check=dict(self.load_check) if b.checkpoint else None)
@@ -178,7 +167,7 @@ def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: E
         cal_spec = calibration.model_dump(mode="json")
         cal_check = check_source(cal_spec, recipe_dir)
         cal_spec["source"] = cal_check.source  # absolute path (or builtin) for the worker
-    serve = section.model_dump(mode="json") if (section := getattr(recipe, "serve", None)) else None
+    serve = recipe.serve.model_dump(mode="json") if recipe.serve is not None else None
     report = preflight(info, q, serve=serve, output=dest, has_cuda=has_cuda(), target=res.target, host=res.host)
     held = _held_out(recipe, cal_spec, recipe_dir, report) if cal_spec is not None else None
     _output_check(report, dest, options)
@@ -188,7 +177,7 @@ def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: E
     p = QuantizePlan(res, options, backend, q, src, dest, info, report, cal_check, cal_spec, held,
                      warnings=[f"{c.name}: {c.detail}" for c in report.warnings], timings=timings, t0=t0)
     if backend.checkpoint:
-        p.load_check = _load_check_launches(p, dest)
+        p.load_check = load_check_launches(p.res, p.res.candidate_at(dest, exists=False))
     _decide_verify(p)
     if backend.task:
         p.task = backend.task
@@ -212,16 +201,8 @@ def _recipe_dir(recipe_path: str | Path | None) -> Path | None:
     return None
 
 
-def _is_within(child: Path, parent: Path) -> bool:
-    try:
-        child.relative_to(parent)
-        return True
-    except ValueError:
-        return False
-
-
 def _refuse_overlap(dest: Path, src: Path) -> None:
-    if _is_within(dest.resolve(), src) or _is_within(src, dest.resolve()):
+    if dest.resolve().is_relative_to(src) or src.is_relative_to(dest.resolve()):
         raise UsageError(f"the output {dest} overlaps the source model {src}",
                          hint="quantize never writes into its source: choose another --out")
 
@@ -273,15 +254,11 @@ def _held_out(recipe: Recipe, cal: dict, recipe_dir: Path | None, report: Prefli
     return d
 
 
-def _load_check_launches(p: QuantizePlan, dest: Path) -> dict:
-    return load_check_launches(p.res, p.res.candidate_at(dest, exists=False))
-
-
 def load_check_launches(res: Resolution, candidate: ModelRef | None = None) -> dict:
     """The vLLM load check's launches (as a dry run shows them) of ``candidate`` (default: the resolution's): the
     quantized checkpoint, and the original unless the backend's worker computes the original's reference tokens
     itself. Needs neither the model nor the serve environment (`run --dry-run` shows them)."""
-    from infertool.quantize import verify as load_check
+    import infertool.quantize.verify as load_check
 
     assert res.recipe.quantize is not None  # a load check is of a quantize recipe's candidate
     b = backends.of(res.recipe.quantize)
@@ -335,8 +312,8 @@ def reference_dtype(res: Resolution, info: ModelInfo) -> str:
     """The dtype vLLM serves the original in for this recipe (serve.dtype, or its CPU rule for "auto"), which the
     original's reference tokens are computed in; the model's own dtype when vLLM's "auto" keeps it."""
     settings, _ = res.serve_for(res.base, None)
-    dtype = getattr(settings, "dtype", "auto")
-    if dtype and dtype != "auto":
+    dtype = settings.dtype
+    if dtype != "auto":
         return {"half": "float16", "float": "float32"}.get(dtype, dtype)
     return info.dtype if info.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
 
@@ -410,12 +387,12 @@ def run(p: QuantizePlan, ctx: RunContext | None = None) -> QuantizeResult:
     return result
 
 
-def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path) -> dict:
-    """The backend's worker task, in its managed environment; {} (and an empty model directory) when nothing
-    runs (a quantization applied at load time)."""
+def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path) -> QuantizeTaskResult:
+    """The backend's worker task, in its managed environment, its answer read back (the one reader of it); an
+    empty answer (and an empty model directory) when nothing runs (a quantization applied at load time)."""
     if not p.task:
         (work / "model").mkdir()
-        return {"model": str(p.source)}
+        return QuantizeTaskResult(model=str(p.source))
     from infertool.envs.runner import run_task
 
     spec = p.backend.task_spec(p.config, _task_inputs(p, work, log_dir))
@@ -423,65 +400,66 @@ def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path
     t = time.monotonic()
     task = run_task(p.task, spec, on_event=ctx.on_event, log_dir=log_dir)
     p.timings["quantize_task"] = time.monotonic() - t
-    p.timings["backend"] = task.result.get("timings", {})
+    answer = QuantizeTaskResult.from_dict(task.result)
+    answer.trust_remote_code = bool(spec.get("trust_remote_code"))
+    p.timings["backend"] = answer.timings
     remove_inside(work / "offload", work, ignore_errors=True)
-    return {**task.result, "trust_remote_code": spec.get("trust_remote_code", False)}
+    return answer
 
 
-def _load_check(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path, task_result: dict,
-                result: QuantizeResult) -> dict | None:
+def _load_check(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path, task_result: QuantizeTaskResult,
+                result: QuantizeResult) -> LoadCheck | None:
     """The checkpoint served by vLLM as the recipe serves it, greedy against the original; where vLLM loads it
     but cannot generate here, the greedy comparison in the backend's own kernels instead."""
     if not p.verify:
         return None
     from infertool.envs.runner import run_task
-    from infertool.quantize import verify as load_check
+    import infertool.quantize.verify as load_check
 
     model_out = work / "model"
     t = time.monotonic()
     ctx.emit("load check: the quantized checkpoint served by vLLM as the recipe serves it, greedy vs the original")
-    reference = task_result.get("reference")
+    reference = task_result.reference
     verified = load_check.load_check(p.res, p.res.candidate_at(model_out, exists=True), log_dir=log_dir,
                                      on_event=ctx.on_event, reference=reference, pool=ctx.servers)
     p.timings["verify"] = time.monotonic() - t
-    if not verified.get("generated"):
-        result.warnings.append(f"verify: {verified.get('reason')}")
-        if reference is not None and verified.get("loaded") and p.backend.compare_task:
+    if not verified.generated:
+        result.warnings.append(f"verify: {verified.reason}")
+        if reference is not None and verified.loaded and p.backend.compare_task:
             t = time.monotonic()
             ctx.emit(f"greedy comparison in {p.backend.name}'s kernels instead (vLLM cannot generate on this host)")
-            task = run_task(p.backend.compare_task, {"model": str(model_out), "reference": reference,
-                                                     "trust_remote_code": task_result.get("trust_remote_code", False)},
+            task = run_task(p.backend.compare_task, {"model": str(model_out), "reference": reference.to_dict(),
+                                                     "trust_remote_code": task_result.trust_remote_code},
                             on_event=ctx.on_event, log_dir=log_dir)
-            task_result["local_agreement"] = task.result.get("local_agreement")
+            task_result.local_agreement = QuantizeTaskResult.from_dict(task.result).local_agreement
             p.timings["compare"] = time.monotonic() - t
     return verified
 
 
-def _publish(p: QuantizePlan, ctx: RunContext, work: Path, dest: Path, task_result: dict, verify: dict | None,
-             result: QuantizeResult) -> None:
+def _publish(p: QuantizePlan, ctx: RunContext, work: Path, dest: Path, task_result: QuantizeTaskResult,
+             verify: LoadCheck | None, result: QuantizeResult) -> None:
     """The manifest beside the weights, then the rename into place (an existing output, allowed by --force, is
     moved aside, then removed)."""
     from infertool.models.info import safetensors_stats, weight_files
-    from infertool.quantize.manifest import layer_error_summary, size_summary, write_manifest
+    from infertool.quantize.manifest import write_manifest
 
     model_out = work / "model"
     b = p.backend
     size_after = safetensors_stats(weight_files(model_out)).bytes if b.checkpoint else None
-    layers = task_result.get("layers") or []
-    result.size = size_summary(p.info.weight_bytes, size_after)
-    result.calibration = task_result.get("calibration") or result.calibration
-    result.layer_errors = layer_error_summary(layers) if b.checkpoint else None
+    result.size = WeightSize.of(p.info.weight_bytes, size_after).to_dict()
+    result.calibration = task_result.calibration or result.calibration
+    result.layer_errors = LayerErrors.of(task_result.layers) if b.checkpoint else None
     result.verify = verify
-    result.local_agreement = task_result.get("local_agreement")
+    result.local_agreement = task_result.local_agreement
     p.timings["total"] = time.monotonic() - p.t0
-    write_manifest(model_out, _manifest(p, task_result, result, layers))
+    write_manifest(model_out, _manifest(p, task_result, result))
     replace_dir(model_out, dest)
     if ctx.servers is not None:
         ctx.servers.moved(model_out, dest)  # the load check's server now serves the published checkpoint's files
     result.manifest_path = str(dest / MANIFEST_NAME)
 
 
-def _manifest(p: QuantizePlan, task_result: dict, result: QuantizeResult, layers: list) -> dict:
+def _manifest(p: QuantizePlan, task_result: QuantizeTaskResult, result: QuantizeResult) -> dict:
     from infertool.quantize.manifest import build_manifest, env_packages
     from infertool.recipe import recipe_to_dict
 
@@ -493,21 +471,21 @@ def _manifest(p: QuantizePlan, task_result: dict, result: QuantizeResult, layers
         "backend": result.backend,
         "source_model": {"source": recipe.model.source, "path": str(p.source), "weight_bytes": info.weight_bytes,
                          "files": info.weight_files, "architecture": next(iter(info.architectures or []), None)},
-        "preflight": {"checks": list(p.preflight.to_dict()["checks"]), "plan": p.preflight.plan},
+        "preflight": {"checks": p.preflight.checks, "plan": p.preflight.plan},
         "size": result.size,
         "timings_s": p.timings,
     }
     if b.task:
         fields["environment"] = env_packages(b.env) if b.env else None  # None: it ran in-process
-        fields["backend_versions"] = task_result.get("versions")
-        fields["quantize_config"] = task_result.get("quantize_config")
+        fields["backend_versions"] = task_result.versions
+        fields["quantize_config"] = task_result.quantize_config
         fields["calibration"] = result.calibration
-        fields["layer_errors"] = {"summary": result.layer_errors, "layers": layers,
+        fields["layer_errors"] = {"summary": result.layer_errors, "layers": task_result.layers,
                                   "metric": b.layer_error_metric or f"{b.name}'s per-module loss"}
         fields["verify"] = result.verify
-        fields["local_agreement"] = task_result.get("local_agreement")
-        if task_result.get("compute_dtype"):
-            fields["compute_dtype"] = task_result["compute_dtype"]
+        fields["local_agreement"] = task_result.local_agreement
+        if task_result.compute_dtype:
+            fields["compute_dtype"] = task_result.compute_dtype
         if result.verify is not None:
             fields["verify_environment"] = env_packages("serve")
         fields["held_out"] = p.held_out

@@ -1,9 +1,8 @@
 """``infertool-manifest.json``: what was made, from what, how, and how long it took; written beside the
-weights (and read back by eval / serve to find the source model and the load-time settings)."""
+weights (and read back by resolve and publish to find the source model and the load-time settings)."""
 
 from __future__ import annotations
 
-import json
 import platform
 import sys
 from dataclasses import dataclass
@@ -11,8 +10,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from infertool.atomic import write_json
-from infertool.quantize import MANIFEST_NAME
-from infertool.records import Record
+from infertool.resolve import QUANTIZE_MANIFEST as MANIFEST_NAME
+from infertool.records import Record, as_float
 
 MANIFEST_VERSION = 1
 
@@ -28,34 +27,37 @@ def env_packages(name: str) -> dict:
 
 @dataclass
 class WeightSize(Record):
-    """``size_summary``'s answer read back by attribute (None: not measured)."""
+    """The weights' bytes before and after quantizing (quantize.json's ``size``; None: not measured)."""
 
     weight_bytes_before: int | None = None
     weight_bytes_after: int | None = None
     ratio: float | None = None
     reduction_pct: float | None = None
 
-
-def size_summary(before: int, after: int | None) -> dict:
-    return {
-        "weight_bytes_before": before,
-        "weight_bytes_after": after,
-        "ratio": (after / before) if (after is not None and before) else None,
-        "reduction_pct": (100.0 * (1 - after / before)) if (after is not None and before) else None,
-    }
+    @classmethod
+    def of(cls, before: int, after: int | None) -> WeightSize:
+        share = after / before if after is not None and before else None
+        return cls(before, after, share, 100.0 * (1 - share) if share is not None else None)
 
 
-def layer_error_summary(layers: list[dict]) -> dict:
-    losses = [l["loss"] for l in layers if isinstance(l.get("loss"), (int, float))]
-    if not losses:
-        return {"modules": len(layers), "mean_loss": None, "max_loss": None, "max_module": None}
-    worst = max((l for l in layers if isinstance(l.get("loss"), (int, float))), key=lambda l: l["loss"])
-    return {
-        "modules": len(layers),
-        "mean_loss": sum(losses) / len(losses),
-        "max_loss": worst["loss"],
-        "max_module": f"layer {worst.get('layer')} {worst.get('module')}",
-    }
+@dataclass
+class LayerErrors(Record):
+    """The backend's per-module quantization error, summarised (quantize.json's ``layer_errors``)."""
+
+    modules: int = 0
+    mean_loss: float | None = None
+    max_loss: float | None = None
+    max_module: str | None = None
+
+    @classmethod
+    def of(cls, layers: list[dict]) -> LayerErrors:
+        """From the backend's per-module log (each row's ``loss``, ``layer`` and ``module``)."""
+        losses = [(loss, row) for row in layers if (loss := as_float(row.get("loss"))) is not None]
+        if not losses:
+            return cls(len(layers))
+        worst, row = max(losses, key=lambda x: x[0])
+        return cls(len(layers), sum(x for x, _ in losses) / len(losses), worst,
+                   f"layer {row.get('layer')} {row.get('module')}")
 
 
 def build_manifest(**fields) -> dict:
@@ -73,11 +75,3 @@ def build_manifest(**fields) -> dict:
 
 def write_manifest(directory: Path, manifest: dict) -> Path:
     return write_json(Path(directory) / MANIFEST_NAME, manifest)
-
-
-def read_manifest(directory: str | Path) -> dict | None:
-    """The manifest of a quantized (or load-time quantized) model directory, or None."""
-    try:
-        return json.loads((Path(directory) / MANIFEST_NAME).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None

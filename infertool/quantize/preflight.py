@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import shutil
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infertool import backends
@@ -21,10 +21,14 @@ from infertool.backends.layers import ROW_PARALLEL, describe_layers, linear_laye
 from infertool.errors import UsageError
 from infertool.models.info import DTYPE_BYTES, ModelInfo, open_regular, read_safetensors_header
 from infertool.perf import host as hostfacts
+from infertool.records import Record
 
 
 @dataclass
-class PreflightReport:
+class PreflightReport(Record):
+    """What the preflight found (quantize.json's ``preflight``, with ``ok``): the model's quantized layers, valid
+    group sizes, memory and disk estimates, and every check."""
+
     model_path: str
     method: str
     backend: str | None
@@ -60,9 +64,7 @@ class PreflightReport:
         return check
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["ok"] = self.ok
-        return d
+        return {**super().to_dict(), "ok": self.ok}
 
 
 class PreflightFailed(UsageError):

@@ -15,12 +15,12 @@ that is the host, not the checkpoint, and the result records which kind of host 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 from infertool import net
-from infertool.backends.greedy import MAX_TOKENS, PROMPTS, Agreement, token_agreement
+from infertool.backends.greedy import MAX_TOKENS, PROMPTS, Agreement, GreedyReference, token_agreement
 from infertool.errors import RuntimeFailure
 from infertool.records import Record
 
@@ -34,13 +34,28 @@ REQUEST_TIMEOUT_S = 300
 
 @dataclass
 class LoadCheck(Record):
-    """What ``load_check`` found, by attribute: vLLM loaded the checkpoint, generated with it, and the greedy
-    tokens' agreement with the original (an older file holds the agreement as a bare number); or why not."""
+    """What ``load_check`` found (quantize.json's and the manifest's ``verify``): vLLM loaded the checkpoint,
+    generated with it, and the greedy tokens' agreement with the original (an older file holds the agreement as a
+    bare number), with the engines, samples and launches; or, loaded but not run here, why not."""
 
     loaded: bool | None = None
     generated: bool | None = None
+    vllm_quantization: str | None = None  # the method vLLM picked (its start-up log)
     agreement: Agreement | float | None = None
+    engines: dict[str, str] | None = None  # quantized, original: what generated each side
+    samples: list[dict] | None = None  # prompt, original, quantized
     reason: str | None = None
+    host: dict | None = None  # accelerator, cpu_isa
+    launch: dict | None = None  # the quantized launch (generation unavailable here)
+    launches: dict | None = None  # quantized (and original), as launched
+    timings: dict[str, float] = field(default_factory=dict)
+    log: str | None = None
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("agreement", "engines", "samples", "reason", "launch", "launches")
+
+    def to_dict(self) -> dict:
+        """As written: a check that generated has no reason and one that did not has no agreement."""
+        return {k: v for k, v in super().to_dict().items() if v is not None or k not in self.OPTIONAL}
 
     @property
     def agreement_share(self) -> float | None:
@@ -128,8 +143,8 @@ def vllm_engine(plan) -> str:
 
 
 def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Callable[[dict], None] | None = None,
-               reference: dict | None = None, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS,
-               pool=None) -> dict:
+               reference: GreedyReference | None = None, prompts: list[str] | None = None, max_tokens: int = MAX_TOKENS,
+               pool=None) -> LoadCheck:
     """Serve the quantized checkpoint as the recipe serves it and compare its greedy tokens with the original's:
     ``reference`` (the original's greedy tokens computed in the quantizer's environment: engine, prompts,
     max_tokens, tokens) when given, else the original served by vLLM the same way, after the quantized one.
@@ -140,7 +155,7 @@ def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Calla
     from infertool.serve.launcher import HOST_KERNEL_MISSING, HostCannotRun, full_log, log_tail
 
     if reference is not None:
-        prompts, max_tokens = list(reference["prompts"]), int(reference["max_tokens"])
+        prompts, max_tokens = list(reference.prompts), reference.max_tokens
     prompts = list(prompts or PROMPTS)
     host = {"accelerator": res.host.accelerator, "cpu_isa": res.host.cpu_isa}
     timings: dict[str, float] = {}
@@ -152,7 +167,7 @@ def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Calla
 
     p = plans(res, quantized_ref, original=reference is None)
     engines = {"quantized": vllm_engine(p["quantized"]),
-               "original": reference["engine"] if reference is not None else vllm_engine(p["original"])}
+               "original": reference.engine if reference is not None else vllm_engine(p["original"])}
     emit(0, "serving the quantized checkpoint in vLLM")
     t = time.monotonic()
     log_q = log_dir / "vllm-quantized.log"
@@ -182,16 +197,16 @@ def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Calla
             on_event({"event": "log", "level": "warning",
                       "message": f"vLLM loaded the checkpoint but cannot run it on this host: {reason}"})
         emit(steps, "loaded; generation unavailable on this host")
-        return {"loaded": True, "generated": False, "vllm_quantization": _quant_method(log_q),
-                "reason": f"this vLLM build has no weight-only quantized GEMM kernel for this CPU ({reason})",
-                "host": host, "launch": p["quantized"].to_dict(), "timings": timings, "log": str(log_q)}
+        return LoadCheck(True, False, _quant_method(log_q), host=host, timings=timings, log=str(log_q),
+                         reason=f"this vLLM build has no weight-only quantized GEMM kernel for this CPU ({reason})",
+                         launch=p["quantized"].to_dict())
     except RuntimeFailure as e:
         if "generation failed" in e.message:
             raise
         raise RuntimeFailure(f"vLLM could not load the quantized checkpoint: {e.message}",
                              hint=(e.hint or "") + "; `--no-verify` skips this check", log_path=e.log_path) from None
     if reference is not None:
-        b_ids, b_text = reference["tokens"], reference.get("texts") or [""] * len(prompts)
+        b_ids, b_text = reference.tokens, reference.texts or [""] * len(prompts)
     else:
         emit(2, "serving the original in vLLM")
         t = time.monotonic()
@@ -207,18 +222,9 @@ def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Calla
                                      hint="the full vLLM output is in the log", log_path=str(srv.log_path)) from None
             timings["generate_original"] = time.monotonic() - t
     emit(steps, "compared")
-    return {
-        "loaded": True,
-        "generated": True,
-        "vllm_quantization": _quant_method(log_q),
-        "agreement": token_agreement(b_ids, q_ids),
-        "engines": engines,
-        "samples": [{"prompt": pr, "original": b, "quantized": q} for pr, b, q in zip(prompts, b_text, q_text)],
-        "host": host,
-        "launches": {k: v.to_dict() for k, v in p.items()},
-        "timings": timings,
-        "log": str(log_q),
-    }
+    return LoadCheck(True, True, _quant_method(log_q), Agreement.from_dict(token_agreement(b_ids, q_ids)), engines,
+                     [{"prompt": pr, "original": b, "quantized": q} for pr, b, q in zip(prompts, b_text, q_text)],
+                     host=host, launches={k: v.to_dict() for k, v in p.items()}, timings=timings, log=str(log_q))
 
 
 def _quant_method(log_path: Path) -> str | None:

@@ -25,7 +25,7 @@ def headline(run: RunData) -> dict[str, str | float | None]:
         for g in run.eval.gates:
             if isinstance(g.name, str):
                 h[f"eval.{g.name}"] = g.estimate
-    for p in run.profile.timed if run.profile is not None else []:
+    for p in run.profile.points if run.profile is not None else []:
         key = f"profile.{p.phase}.{p.tokens if p.phase == 'prefill' else 'b' + str(p.batch)}"
         h[key + ".ms"] = p.seconds * 1e3 if p.seconds is not None else None
         h[key + ".verdict"] = p.verdict

@@ -184,13 +184,13 @@ def _quantize_section(run: RunData, names: Names) -> Section | None:
     else:
         sz = dumps_json(q.size or {}, indent=None)
     blocks: list[Block] = [P(Bold(names.candidate or f"{q.method} via {q.backend}"), ": ", sz)]
-    v = q.load_check_result
+    v = q.verify
     if v is not None:
         agree = v.agreement_share
         blocks.append(P(f"vLLM load check: loaded={v.loaded}, generated={v.generated}"
                         + (f", greedy token agreement with the original {fmt(agree)}" if agree is not None else "")
                         + (f" ({v.reason})" if v.reason else "")))
-    la = q.kernel_agreement
+    la = q.local_agreement
     if la is not None:
         blocks.append(P(f"greedy token agreement ({la.engine}): {fmt(la.agreement)} over {la.tokens} tokens"))
     return Section("quantize", "Quantize", blocks)
@@ -233,13 +233,13 @@ def _profile_section(run: RunData, names: Names) -> Section | None:
     if pr is None:
         return None
     rows = [["phase", "shape", "ms", "MBU", "MFU", "verdict", "confidence"]]
-    for p in pr.timed:
+    for p in pr.points:
         shape = f"{p.tokens} tokens" if p.phase == "prefill" else f"batch {p.batch} @ {p.tokens}"
         rows.append([p.phase or "", shape, fmt(p.seconds * 1e3 if p.seconds is not None else None), fmt_pct(p.mbu),
                      fmt_pct(p.mfu), p.verdict or "", p.confidence or ""])
-    pk = pr.peak
+    pk = pr.peaks
     return Section("profile", "Profile", [
-        P("profiled: ", Bold(pr.model_label or names.original or "?"), f" on {pr.device_name}"),
+        P("profiled: ", Bold(pr.model.label or names.original or "?"), f" on {pr.device.shown}"),
         P(f"peaks: {fmt(_per_giga(pk.bandwidth))} GB/s, {fmt(_per_giga(pk.flops))} GFLOP/s ({pk.dtype})"),
         Bullets([P(a) for a in pr.advice]), Table(rows), FigureBlock("roofline")])
 

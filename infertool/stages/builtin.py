@@ -75,7 +75,8 @@ def run_quantize(ctx: StageContext) -> QuantizeSummary:
     write_json(ctx.work / "quantize.json", result)
     return QuantizeSummary(model="model", method=result.method, backend=result.backend, size=result.size,
                            label=(result.resolution or {}).get("candidate", {}).get("label"),
-                           verify=short_verify(result.verify), held_out=short_held_out(result.held_out),
+                           verify=short_verify(result.verify.to_dict() if result.verify else None),
+                           held_out=short_held_out(result.held_out),
                            timings=result.timings)
 
 
@@ -110,8 +111,9 @@ def run_profile(ctx: StageContext) -> ProfileSummary:
     from infertool import profile
 
     result = profile.run(profile.plan(resolution(ctx), profile.ProfileOptions()), _run_context(ctx, "profile"))
+    pk = result.peaks
     return ProfileSummary(verdicts=result.verdicts, crossover_batch=result.crossover_batch, advice=result.advice,
-                          peaks={k: result.peaks.get(k) for k in ("flops", "bandwidth", "dtype", "ridge")})
+                          peaks=dict(flops=pk.flops, bandwidth=pk.bandwidth, dtype=pk.dtype, ridge=pk.ridge))
 
 
 # ------------------------------------------------------------------------------------------ serve
