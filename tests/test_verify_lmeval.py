@@ -77,7 +77,7 @@ def test_nothing_in_common_is_no_figure_and_the_gate_says_why():
     assert b["agreement"] is None and b["agreement_ci"] is None and b["why"]
     s = score(evidence_prompts=None, new_prompts=None, evidence_decode=None, new_decode=None, k=4,
               accept={"min_lmeval_agreement": 0.95}, near_tie_logprob=0.15, lmeval=ev, missing={}, lmeval_now=now)
-    (g,) = s["gates"]
+    (g,) = s.gates
     assert g.status == "n/a" and g.estimate is None and "no document both runs scored" in g.note
 
 
@@ -88,7 +88,7 @@ def test_the_gate_reads_the_wilson_interval(flipped, status):
     now = _doc({"t": _acc(*([0.0] * flipped + [1.0] * (n - flipped)))})
     s = score(evidence_prompts=None, new_prompts=None, evidence_decode=None, new_decode=None, k=4,
               accept={"min_lmeval_agreement": 0.95}, near_tie_logprob=0.15, lmeval=ev, missing={}, lmeval_now=now)
-    (g,) = s["gates"]
+    (g,) = s.gates
     assert g.status == status and g.n == n and g.estimate == (n - flipped) / n
 
 
@@ -97,9 +97,9 @@ def test_not_rerun_is_na_with_the_reason_never_a_figure():
     s = score(evidence_prompts=None, new_prompts=None, evidence_decode=None, new_decode=None, k=4,
               accept={"min_lmeval_agreement": 0.95}, near_tie_logprob=0.15, lmeval=ev, missing={},
               lmeval_why="the task folder /x is not on this machine any more")
-    (g,) = s["gates"]
-    assert g.status == "n/a" and "not on this machine" in g.note and s["lmeval"]["rescored"] is False
-    assert s["lmeval"]["evidence_documents"] == 2 and "agreement" not in s["lmeval"]
+    (g,) = s.gates
+    assert g.status == "n/a" and "not on this machine" in g.note and s.lmeval["rescored"] is False
+    assert s.lmeval["evidence_documents"] == 2 and "agreement" not in s.lmeval
 
 
 # ------------------------------------------------------------------------------------------ can it run here

