@@ -217,20 +217,18 @@ def render(result: "VerifyResult") -> None:
                 figs.add_row(plain(f"{name}: {t.get('what')}"), _v(t.get("agreement"), True),
                              _ci(t.get("agreement_ci"), True), f"{t.get('items', 0)} items")
     lm = result.lmeval
-    if lm.get("rescored") and lm.get("agreement") is not None:
-        figs.add_row("lm-eval agreement (same per-document result)", _v(lm.get("agreement"), True),
-                     _ci(lm.get("agreement_ci"), True), f"{lm.get('documents', 0)} documents, {lm.get('changed', 0)} "
-                     "changed" + "".join(f", {lm[k]} {w}" for k, w in (("only_evidence", "only in the evidence"),
-                                                                        ("only_now", "only now"),
-                                                                        ("other_metric", "under another metric"))
-                                         if lm.get(k)))
-        for name, t in (lm.get("tasks") or {}).items():
-            figs.add_row(plain(f"  {name}"), _v(t.get("agreement"), True), _ci(t.get("agreement_ci"), True),
-                         plain(f"{t.get('documents', 0)} documents" + (f": {t['why']}" if t.get("why") else "")))
+    if lm.rescored and lm.agreement is not None:
+        figs.add_row("lm-eval agreement (same per-document result)", _v(lm.agreement, True), _ci(lm.agreement_ci, True),
+                     f"{lm.documents} documents, {lm.changed} changed" + "".join(
+                         f", {n} {w}" for n, w in ((lm.only_evidence, "only in the evidence"), (lm.only_now, "only now"),
+                                                   (lm.other_metric, "under another metric")) if n))
+        for name, task in lm.tasks.items():
+            figs.add_row(plain(f"  {name}"), _v(task.agreement, True), _ci(task.agreement_ci, True),
+                         plain(f"{task.documents} documents" + (f": {task.why}" if task.why else "")))
     else:
-        figs.add_row("lm-eval agreement", "-", "-", plain(lm.get("why") or ""))
+        figs.add_row("lm-eval agreement", "-", "-", plain(lm.why or ""))
     out.print(figs)
-    for row in (lm.get("changed_docs") or [])[:10]:
+    for row in lm.changed_docs[:10]:
         out.print(plain(f"  lm-eval changed: {row.get('task')} doc {row.get('doc_id')}: {row.get('evidence')} in the "
                         f"evidence, {row.get('now')} now"), soft_wrap=True)
     for row in (d.get("diverged") or [])[:5]:

@@ -9,7 +9,6 @@ import shlex
 from infertool.publish.checkpoint import short
 from infertool.publish.facts import CardFacts, serve_commands
 
-__all__ = ["cell", "code", "evidence_lines", "model_card"]
 
 _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*[]|#!~"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;"})
 

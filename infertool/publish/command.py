@@ -22,8 +22,6 @@ from infertool.summaries import Summary
 if TYPE_CHECKING:
     from infertool.recipe import Recipe
 
-__all__ = ["CaptureSpec", "EvidencePlan", "PublishOptions", "PublishPlan", "PublishResult", "evidence_writer", "plan",
-           "run", "source_recipe"]
 
 EventCallback = Callable[[dict[str, Any]], None]  # Any: an event's JSON values
 

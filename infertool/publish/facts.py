@@ -28,9 +28,6 @@ from infertool.verify.evidence import EvidenceBlock
 if TYPE_CHECKING:
     from infertool.summaries import RunManifest
 
-__all__ = ["CLAIMED", "FACTS_VERSION", "TUNE_PUBLISHED", "CardFacts", "GateRow", "Published", "SourceModel",
-           "claimed_facts", "gate_rows", "published_record", "read_facts", "recorded_path", "run_facts",
-           "serve_commands", "tune_record", "vouched"]
 
 FACTS_VERSION = 1
 TUNE_PUBLISHED = "published.json"  # a tune directory's record of its winner's published copy

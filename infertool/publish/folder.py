@@ -22,8 +22,6 @@ if TYPE_CHECKING:
     from infertool.resolve import Resolution
     from infertool.summaries import RunManifest
 
-__all__ = ["EvidenceWriter", "check_dest", "env_folders", "forbidden_for_run", "ownership_refusal", "publish_dir",
-           "publish_run", "run_destination", "write_card"]
 
 EvidenceWriter = Callable[[Path, str], EvidenceBlock]  # (the evidence folder to write, the fingerprint) -> its block
 

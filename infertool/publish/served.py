@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from infertool.summaries import RunManifest
     from infertool.verify.core import Source as VerifySource
 
-__all__ = ["ServeTarget", "check_fingerprint", "recipe_of_run", "served", "verify_source"]
 
 
 @dataclass

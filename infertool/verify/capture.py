@@ -25,10 +25,11 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from infertool.atomic import atomic_dir, dumps_json, write_bytes
 from infertool.errors import UsageError
+from infertool.summaries import Summary
 from infertool.verify import evidence as E
 
 if TYPE_CHECKING:
@@ -111,35 +112,44 @@ def questions(recipe: Recipe) -> Questions:
 
 
 # ------------------------------------------------------------------------------------------ facts
-def engine_facts(python: str | None) -> dict[str, Any]:
-    """The engine a server ran under: the managed environment whose python started it (its name, as `env list`
-    shows it), its vLLM package and version and the versions of what vLLM runs on (torch, transformers,
-    compressed-tensors), as the environment's marker records them."""
+@dataclass
+class EngineFacts(Summary):
+    """The engine a server ran under (evidence.json's ``engine``, verify.json's with its label): the managed
+    environment whose python started it (its name, as `env list` shows it), its vLLM package and version and the
+    versions of what vLLM runs on; ``python`` when it is not a managed environment's."""
+
+    package: str | None = None
+    version: str | None = None
+    env: str | None = None
+    packages: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("python",)
+
+    @property
+    def label(self) -> str | None:
+        return f"{self.package} {self.version}" if self.package else None
+
+
+def engine_facts(python: str | None) -> EngineFacts:
+    """The engine the server ``python`` started ran under, as the environment's marker records it (``EngineFacts``)."""
     from infertool.envs.paths import envs_root
     from infertool.envs.state import read_marker
 
-    out: dict[str, Any] = {"package": None, "version": None, "env": None, "packages": {}}
     if not python:
-        return out
-    p = Path(python)
-    env = p.parent.parent
+        return EngineFacts()
+    env = Path(python).parent.parent
     try:
         managed = env.parent.resolve() == envs_root().resolve()
     except OSError:
         managed = False
     if not managed:
-        out["python"] = python
-        return out
-    out["env"] = env.name
-    marker = read_marker(env.name) or {}
-    got = marker.get("packages")
-    packages: dict[str, Any] = got if isinstance(got, dict) else {}
-    for name in SERVE_PACKAGES:
-        if isinstance(packages.get(name), str):
-            out["package"], out["version"] = name, packages[name]
-            break
-    out["packages"] = {n: packages[n] for n in ENGINE_DEPS if isinstance(packages.get(n), str)}
-    return out
+        return EngineFacts(python=python)
+    got = (read_marker(env.name) or {}).get("packages")
+    packages = {str(k): v for k, v in got.items() if isinstance(v, str)} if isinstance(got, dict) else {}
+    package = next((n for n in SERVE_PACKAGES if n in packages), None)
+    return EngineFacts(package, packages.get(package) if package else None, env.name,
+                       {n: packages[n] for n in ENGINE_DEPS if n in packages})
 
 
 def host_facts() -> dict[str, Any]:
@@ -438,7 +448,7 @@ def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path,
     log = Path(log_dir) / "vllm-evidence.log" if log_dir else default_log_path(None, "evidence")  # never beside the weights
     with served(plan, log, on_event=on_event, pool=pool) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
-        engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
+        engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None).to_dict()
         return capture(client, out, recipe=res.recipe, model_fingerprint=fingerprint,
                        weight_bytes=weight_bytes(checkpoint), engine=engine,
                        serve=settings.model_dump(mode="json"), events=events, model_path=str(checkpoint),

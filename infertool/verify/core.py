@@ -6,9 +6,9 @@ others: ``--set serve.X=Y``, another engine's environment), ask it the evidence'
                                                                    the launch; every refusal before work
     run(plan, ctx: RunContext) -> VerifyResult                     serves, gathers, scores, writes verify.json
 
-A ``Source`` is the checkpoint folder and its fingerprint now. ``commands/verify.source_of`` makes one from a
-published folder, a run directory or a tune directory through ``infertool.publish`` (its records and its
-fingerprint). This package does not import publish: publish writes the evidence through it.
+A ``Source`` is the checkpoint folder and its fingerprint now. ``publish.served.verify_source`` makes one from a
+published folder, a run directory or a tune directory (publish's records and its fingerprint). This package never
+imports publish: publish reads its records and writes the evidence through ``verify.capture``.
 
 The engine is a parameter: ``VerifyOptions.python`` is the serve environment's python the server runs in
 (None: the ``serve`` environment), ``engine`` its label for the record.
@@ -29,7 +29,7 @@ from infertool.evaluate.verdict import Gate
 from infertool.records import Record
 from infertool.summaries import Summary
 from infertool.verify import evidence as E
-from infertool.verify.score import PromptScore
+from infertool.verify.score import LmevalScore, PromptScore
 
 if TYPE_CHECKING:
     from infertool.evaluate.server_engine import Client
@@ -159,7 +159,7 @@ class VerifyResult(Record):
     gates: list[Gate] = field(default_factory=list)
     prompts: PromptScore | None = None
     decode: dict[str, Any] | None = None  # Any: evaluate.decode.compare's block + match_or_near_tie(_ci)
-    lmeval: dict[str, Any] = field(default_factory=dict)  # Any: score.score_lmeval's block, or {"rescored": false, ...}
+    lmeval: LmevalScore = field(default_factory=LmevalScore)
     source: VerifiedSource = field(default_factory=VerifiedSource)
     evidence: EvidenceSeen = field(default_factory=EvidenceSeen)
     engine: dict[str, Any] = field(default_factory=dict)  # Any: label, url; the environment's engine facts, argv
@@ -178,7 +178,7 @@ class VerifyResult(Record):
         d, p = self.decode or {}, self.prompts or PromptScore()
         return {"exact_match": d.get("exact_match"), "match_or_near_tie": d.get("match_or_near_tie"),
                 "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.kld,
-                "prompt_top1": p.top1, "lmeval_agreement": self.lmeval.get("agreement")}
+                "prompt_top1": p.top1, "lmeval_agreement": self.lmeval.agreement}
 
     def accepted(self, allow_inconclusive: bool = False) -> bool:
         """PASS, or INCONCLUSIVE when allowed (here or by verify.accept.allow_inconclusive): exit 0."""
@@ -419,13 +419,14 @@ def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
 
     out: dict[str, object] = {"label": p.options.engine, "url": p.options.url}
     if python is not None:
-        out.update(engine_facts(python))
-        out["label"] = p.options.engine or (f"{out.get('package')} {out.get('version')}" if out.get("package")
-                                            else python)
+        facts = engine_facts(python)
+        out.update(facts.to_dict())
+        out["label"] = p.options.engine or facts.label or python
         rec = p.evidence.index.engine
-        if rec.get("package") and out.get("package"):
-            was, now = f"{rec.get('package')} {rec.get('version')}", f"{out.get('package')} {out.get('version')}"
-            p.notes.append(f"served by {now}, as recorded" if was == now else f"recorded under {was}, served by {now}")
+        if rec.get("package") and facts.label:
+            was = f"{rec.get('package')} {rec.get('version')}"
+            p.notes.append(f"served by {facts.label}, as recorded" if was == facts.label else
+                           f"recorded under {was}, served by {facts.label}")
     else:
         out["label"] = p.options.engine or f"the server at {p.options.url}"
     return out
@@ -527,7 +528,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
                   k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
                   missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why)
     if p.lmeval is not None:
-        s.lmeval["rerun"] = p.lmeval.to_dict()  # what was (or would have been) run again
+        s.lmeval.rerun = p.lmeval.to_dict()  # what was (or would have been) run again
     timing.wall_s = round(time.monotonic() - t0, 2)
     idx = ev.index
     result = VerifyResult(

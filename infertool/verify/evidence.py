@@ -90,7 +90,7 @@ class EvidenceIndex(Record):
 
 @dataclass
 class EvidenceBlock(Record):
-    """infertool.json's ``evidence`` (``capture.block``): the evidence's fingerprint (its index's content_sha256),
+    """infertool.json's ``evidence`` (``of`` an index written or copied): the evidence's fingerprint (its index's content_sha256),
     its bytes and files, the engine it was recorded under, what it lacks and what was trimmed (names); or, when no
     evidence was written, only ``missing``: why (a string)."""
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
@@ -30,6 +30,7 @@ from infertool.evaluate.decode import compare
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
 from infertool.records import Record
+from infertool.summaries import Summary
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
 RULES: dict[str, Rule] = {
@@ -130,59 +131,106 @@ def _obj(value: object) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
-def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: float) -> dict[str, Any]:
+@dataclass
+class LmevalTask(Summary):
+    """One lm-eval task of ``LmevalScore``: its documents counted, the agreement, or why there is none."""
+
+    documents: int = 0  # scored by both with a shared metric
+    same: int = 0
+    only_evidence: int = 0
+    only_now: int = 0
+    other_metric: int = 0
+    changed: int = 0
+    agreement: float | None = None
+    agreement_ci: list[float] | None = None
+    metrics: list[str] = field(default_factory=list)
+    why: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("why",)
+
+
+RESCORED_ONLY = ("agreement", "agreement_ci", "documents", "same", "only_evidence", "only_now", "other_metric",
+                 "changed", "tasks", "changed_docs", "lm_eval")
+
+
+@dataclass
+class LmevalScore(Record):
+    """verify.json's ``lmeval``: the evidence's lm-eval documents against the re-run's (``rescored``), pooled and
+    per task; or, not rescored, why (and how many documents the evidence holds)."""
+
+    rescored: bool = False
+    agreement: float | None = None
+    agreement_ci: list[float] | None = None
+    documents: int = 0
+    same: int = 0
+    only_evidence: int = 0
+    only_now: int = 0
+    other_metric: int = 0
+    changed: int = 0
+    tasks: dict[str, LmevalTask] = field(default_factory=dict)
+    changed_docs: list[dict[str, Any]] = field(default_factory=list)  # Any: {task, doc_id, evidence, now}
+    lm_eval: dict[str, Any] = field(default_factory=dict)  # Any: lm-eval's version, {evidence, now}
+    why: str | None = None
+    evidence_documents: int | None = None
+    rerun: dict[str, Any] | None = None  # Any: LmevalRerun.to_dict(): what was (or would have been) run again
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        d = super().to_dict()
+        drop = {k for k in ("why", "evidence_documents", "rerun") if d[k] is None}
+        return {k: v for k, v in d.items() if k not in drop and (self.rescored or k not in RESCORED_ONLY)}
+
+
+def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: float) -> LmevalScore:
     """The evidence's lm-eval documents against the re-run's (both lmeval.json's shape), joined by (task, doc_id).
     A document both scored counts when the two share a metric name (acc, exact_match: what lm-eval recorded);
     it agrees when every shared metric's value is identical. Documents only one side has (``only_evidence``,
     ``only_now``) and documents without a shared metric (``other_metric``) are counted, not compared."""
     ev_tasks, now_tasks = _obj(evidence.get("tasks")), _obj(now.get("tasks"))
-    tasks: dict[str, dict[str, Any]] = {}
-    changed: list[dict[str, Any]] = []
-    sums = {"documents": 0, "same": 0, "only_evidence": 0, "only_now": 0, "other_metric": 0}
+    block = LmevalScore(rescored=True, lm_eval={"evidence": _obj(evidence.get("config")).get("lm_eval"),
+                                                "now": _obj(now.get("config")).get("lm_eval")})
     for name in sorted(set(ev_tasks) | set(now_tasks)):
         e, n = _lm_docs(ev_tasks.get(name)), _lm_docs(now_tasks.get(name))
         ids = sorted(set(e) & set(n), key=_doc_order)
-        counts = {"documents": 0, "same": 0, "only_evidence": len(set(e) - set(n)), "only_now": len(set(n) - set(e)),
-                  "other_metric": 0}
-        metrics = sorted({m for d in e.values() for m in d} | {m for d in n.values() for m in d})
+        t = LmevalTask(only_evidence=len(set(e) - set(n)), only_now=len(set(n) - set(e)),
+                       metrics=sorted({m for d in e.values() for m in d} | {m for d in n.values() for m in d}))
         for i in ids:
             shared = sorted(set(e[i]) & set(n[i]))
             if not shared:
-                counts["other_metric"] += 1
+                t.other_metric += 1
                 continue
-            counts["documents"] += 1
+            t.documents += 1
             if all(e[i][m] == n[i][m] for m in shared):
-                counts["same"] += 1
-            elif len(changed) < MAX_CHANGED:
-                changed.append({"task": name, "doc_id": i, "evidence": {m: e[i][m] for m in shared},
-                                "now": {m: n[i][m] for m in shared}})
-        agreement, ci = _agreement(counts["same"], counts["documents"], confidence)
-        t: dict[str, Any] = {**counts, "changed": counts["documents"] - counts["same"], "agreement": agreement,
-                   "agreement_ci": ci, "metrics": metrics}
+                t.same += 1
+            elif len(block.changed_docs) < MAX_CHANGED:
+                block.changed_docs.append({"task": name, "doc_id": i, "evidence": {m: e[i][m] for m in shared},
+                                           "now": {m: n[i][m] for m in shared}})
+        t.changed = t.documents - t.same
+        t.agreement, t.agreement_ci = _agreement(t.same, t.documents, confidence)
         if name not in now_tasks:
-            t["why"] = "not scored by the re-run"
+            t.why = "not scored by the re-run"
         elif name not in ev_tasks:
-            t["why"] = "not in the evidence"
-        elif not counts["documents"]:
-            t["why"] = "no document both scored" if not ids else "scored under another metric: " + ", ".join(metrics)
-        tasks[name] = t
-        for k in sums:
-            sums[k] += counts[k]
-    agreement, ci = _agreement(sums["same"], sums["documents"], confidence)
-    block: dict[str, Any] = {"rescored": True, "agreement": agreement, "agreement_ci": ci, **sums,
-                   "changed": sums["documents"] - sums["same"], "tasks": tasks, "changed_docs": changed,
-                   "lm_eval": {"evidence": _obj(evidence.get("config")).get("lm_eval"),
-                               "now": _obj(now.get("config")).get("lm_eval")}}
-    if not sums["documents"]:
-        block["why"] = "no document both runs scored with the same metric"
+            t.why = "not in the evidence"
+        elif not t.documents:
+            t.why = "no document both scored" if not ids else "scored under another metric: " + ", ".join(t.metrics)
+        block.tasks[name] = t
+        block.documents += t.documents
+        block.same += t.same
+        block.only_evidence += t.only_evidence
+        block.only_now += t.only_now
+        block.other_metric += t.other_metric
+    block.changed = block.documents - block.same
+    block.agreement, block.agreement_ci = _agreement(block.same, block.documents, confidence)
+    if not block.documents:
+        block.why = "no document both runs scored with the same metric"
     return block
 
 
-def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None, lmeval: dict[str, Any] | None = None) -> dict[str, Estimate]:
+def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None,
+               lmeval: LmevalScore | None = None) -> dict[str, Estimate]:
     out: dict[str, Estimate] = {}
-    if lmeval and lmeval.get("rescored") and lmeval.get("agreement_ci"):
-        lo, hi = lmeval["agreement_ci"]
-        out["min_lmeval_agreement"] = Estimate(lmeval["agreement"], lo, hi, int(lmeval["documents"]))
+    if lmeval and lmeval.rescored and lmeval.agreement_ci:
+        lo, hi = lmeval.agreement_ci
+        out["min_lmeval_agreement"] = Estimate(lmeval.agreement, lo, hi, lmeval.documents)
     if prompts and prompts.kld_ci and prompts.top1_ci:
         out["max_prompt_kld"] = Estimate(prompts.kld, prompts.kld_ci[0], prompts.kld_ci[1], prompts.tokens)
         out["min_prompt_top1"] = Estimate(prompts.top1, prompts.top1_ci[0], prompts.top1_ci[1], prompts.tokens)
@@ -197,7 +245,7 @@ def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None, lmeva
 
 
 def gates(accept: dict[str, Any], prompts: PromptScore | None, decode: dict[str, Any] | None, notes: dict[str, str],
-          lmeval: dict[str, Any] | None = None) -> list[Gate]:
+          lmeval: LmevalScore | None = None) -> list[Gate]:
     """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
     the blocks; ``notes``: why a gate's figure is not there (gate name -> why)."""
     conf = float(accept.get("confidence", 0.95))
@@ -218,7 +266,7 @@ class Scored:
 
     prompts: PromptScore | None
     decode: dict[str, Any] | None  # Any: evaluate.decode.compare's block, with the near-tie share
-    lmeval: dict[str, Any]  # Any: score_lmeval's block, or {"rescored": false, "why": ...}
+    lmeval: LmevalScore
     gates: list[Gate]
     verdict: str
     reason: str
@@ -249,20 +297,16 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     else:
         why = "the evidence has no decode path" + (f" ({missing['decode']})" if missing.get("decode") else "")
         notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = why
-    lm: dict[str, object]
     if lmeval is not None and lmeval_now is not None:
         lm = score_lmeval(lmeval, lmeval_now, conf)
-        if lm.get("why"):
-            notes["min_lmeval_agreement"] = str(lm["why"])
     elif lmeval is not None:
-        why = f"not re-run: {lmeval_why or 'verify did not run lm-eval again'}"
-        lm = {"rescored": False, "why": why,
-              "evidence_documents": sum(len(v) for v in (lmeval.get("tasks") or {}).values() if isinstance(v, list))}
-        notes["min_lmeval_agreement"] = why
+        lm = LmevalScore(why=f"not re-run: {lmeval_why or 'verify did not run lm-eval again'}", evidence_documents=sum(
+            len(v) for v in _obj(lmeval.get("tasks")).values() if isinstance(v, list)))
     else:
-        why = missing.get("lmeval") or "the run scored no lm-eval task"
-        lm = {"rescored": False, "why": f"no lm-eval results in the evidence: {why}"}
-        notes["min_lmeval_agreement"] = str(lm["why"])
+        lm = LmevalScore(why=f"no lm-eval results in the evidence: "
+                             f"{missing.get('lmeval') or 'the run scored no lm-eval task'}")
+    if lm.why:
+        notes["min_lmeval_agreement"] = lm.why
     gs = gates(accept, prompts, decode, notes, lm)
     v, reason = verdict(gs)
     return Scored(prompts, decode, lm, gs, v, reason)
