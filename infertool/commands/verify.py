@@ -147,7 +147,7 @@ def render_plan(plan: "VerifyPlan", as_json: bool) -> None:
              f"  evidence: {plan.evidence.fingerprint[:16]}, recorded {idx.created} under {idx.engine.get('package')} "
              f"{idx.engine.get('version')}; files: {', '.join(idx.files)}"]
     lines += [f"  --set serve.{k}: {c['recorded']} -> {c['now']}" for k, c in plan.changed.items()]
-    lines += [f"  gate {k}: {v}" for k, v in plan.accept.items() if k.startswith(("min_", "max_")) and v is not None]
+    lines += [f"  gate {k}: {v}" for k, v in plan.accept.model_dump(mode="json").items() if k.startswith(("min_", "max_")) and v is not None]
     spec = plan.lmeval.spec if plan.lmeval is not None else None
     if spec is not None:
         lines.append(f"  lm-eval: runs {', '.join(spec.tasks)} again (num_fewshot {spec.num_fewshot}, limit "

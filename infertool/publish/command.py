@@ -90,7 +90,7 @@ class PublishResult:
     uploaded: int | None = None
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
-        out: dict[str, Any] = {"dry_run": self.plan.dry_run, **self.plan.to_dict()}
+        out: dict[str, Any] = {"dry_run": self.plan.dry_run, **self.plan.to_dict()}  # Any: JSON values
         if self.published is not None:
             out["published"] = self.published.to_dict()
         if self.uploaded is not None:

@@ -89,7 +89,7 @@ class CardFacts(Record):
     evidence: EvidenceBlock | None = None
     shape: tuple[str, ...] = field(default=RUN_SHAPE, compare=False, repr=False)  # the keys written, in order
     # Any: the CLAIMED keys and the path as the file holds them, of any type (a claim quotes them, a refusal too)
-    as_written: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+    as_written: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # Any: JSON values
 
     NOT_JSON: ClassVar[tuple[str, ...]] = ("shape", "as_written")
 
@@ -149,7 +149,11 @@ def read_facts(path: Path) -> CardFacts:
     if not isinstance(doc, dict) or not isinstance(doc.get("fingerprint"), str):
         raise UsageError(f"{path} is not infertool's card data (no fingerprint; at most {MAX_JSON_BYTES:,} bytes of JSON)",
                          hint="publish the checkpoint again with `infertool publish`")
-    return CardFacts.read(doc)
+    facts = CardFacts.read(doc)
+    if facts.v is not None and facts.v > FACTS_VERSION:
+        raise UsageError(f"{path} is card data of format {facts.v}, newer than this infertool reads ({FACTS_VERSION})",
+                         hint="upgrade infertool to read it, or publish the checkpoint again with this one")
+    return facts
 
 
 def serve_commands(where: str) -> dict[str, str]:

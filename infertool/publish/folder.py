@@ -125,7 +125,8 @@ def write_card(folder: Path, facts: CardFacts) -> None:
     write_text(folder / CARD, model_card(facts))
 
 
-def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any], evidence: EvidenceWriter | None = None,
+def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any],  # Any: infertool.json's facts
+                evidence: EvidenceWriter | None = None,
                 no_evidence: str | None = None) -> dict[str, Any]:  # Any: the Published record as JSON
     """Copy the checkpoint ``src`` to ``dest`` whole (a temporary folder beside it, then a rename), with the card
     and ``infertool.json``; the copy's fingerprint must be the source's. ``evidence`` writes ``evidence/`` (inside

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from infertool.verify.core import Source as VerifySource
 
 
-
 @dataclass
 class ServeTarget:
     """What ``infertool serve ARG`` serves: the resolution, what ARG was, and the checked artifact."""
@@ -134,8 +133,8 @@ def verify_source(src: str) -> VerifySource:
         if not target.published or not target.fingerprint:
             raise UsageError(f"{said(src)}: its {target.kind} published no checkpoint",
                              hint="give the published folder itself")
-        return Source(Path(target.published), target.kind, target.fingerprint, target.res.recipe.model_dump(mode="json"),
-                      str(src), target.res.notes[:1])
+        return Source(Path(target.published), target.kind, target.fingerprint, target.res.recipe, str(src),
+                      target.res.notes[:1])
     if not (p / "config.json").is_file():
         raise UsageError(f"{said(src)} holds no checkpoint (no config.json), no run (manifest.json) and no tune "
                          "(tune.json)", hint="give a published folder, a run directory or a tune directory")

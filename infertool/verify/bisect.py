@@ -42,14 +42,14 @@ class Outcome:
 
     status: str
     reason: str = ""
-    figures: dict[str, Any] = field(default_factory=dict)  # the verify figures: name -> value (or a small dict)
+    figures: dict[str, Any] = field(default_factory=dict)  # Any: the verify figures: name -> value (or a small dict)
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
         if self.status not in STATUSES:
             raise ValueError(f"an outcome is one of {', '.join(STATUSES)}, not {self.status!r}")
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         return asdict(self)
 
 
@@ -72,7 +72,7 @@ class BisectResult:
     skipped_ends: list[str] = field(default_factory=list)  # lo / hi could not be tested: the ends moved inwards
     tests_run: int = 0  # tests this call ran (the rest came from the state file)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         return {
             "verdict": self.verdict,
             "message": self.message,
@@ -274,7 +274,7 @@ def bisect(versions: list[str], test: Callable[[str], Outcome], *, state_path: s
         emit({"event": "bisect", "version": v, "cached": False, **got.to_dict()})
         return got
 
-    def result(verdict: str, message: str, **kw: Any) -> BisectResult:
+    def result(verdict: str, message: str, **kw: Any) -> BisectResult:  # Any: BisectResult's other fields
         tested = [(v, done[v]) for v in versions if v in done]
         return BisectResult(verdict, message, list(versions), tested, tests_run=ran, **kw)
 

@@ -56,11 +56,11 @@ class Questions:
     """What the evidence asks the served candidate: the suite's tasks (as eval assembles them, trimmed by
     verify.evidence.max_items), the decode prompts and settings, the top-k, and the cuts made before asking."""
 
-    tasks: list[dict[str, Any]]
-    decode_prompts: list[dict[str, Any]]
+    tasks: list[dict[str, Any]]  # Any: JSON values
+    decode_prompts: list[dict[str, Any]]  # Any: JSON values
     decode: DecodeSpec  # eval.decode with the evidence's top_k and max_tokens
     k: int
-    trimmed: dict[str, Any] = field(default_factory=dict)
+    trimmed: dict[str, str] = field(default_factory=dict)
 
 
 def cap_bytes(spec: EvidenceSpec, weight_bytes: int) -> int:
@@ -90,7 +90,7 @@ def questions(recipe: Recipe) -> Questions:
 
     spec = evidence_spec(recipe)
     ev = recipe.eval or EvalSection()
-    trimmed: dict[str, Any] = {}
+    trimmed: dict[str, str] = {}
     limits = [x for x in (ev.max_items, spec.max_items) if x]
     max_items = min(limits) if limits else None
     if spec.max_items and (ev.max_items is None or spec.max_items < ev.max_items):
@@ -152,7 +152,7 @@ def engine_facts(python: str | None) -> EngineFacts:
                        {n: packages[n] for n in ENGINE_DEPS if n in packages})
 
 
-def host_facts() -> dict[str, Any]:
+def host_facts() -> dict[str, Any]:  # Any: JSON values
     """This host as the evidence records it: the accelerator, the CPU (model, flags), the GPUs (model, count, driver)."""
     from infertool.perf import host
 
@@ -162,11 +162,11 @@ def host_facts() -> dict[str, Any]:
             "gpu_count": len(gpus.names), "driver": host.gpu_driver_version() if gpus.names else None}
 
 
-def lmeval_doc(answer: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:
+def lmeval_doc(answer: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:  # Any: JSON values
     """lmeval.json from the lm-eval worker's answer for the candidate ({"tasks": {task: {"metric", "docs":
     {doc_id: score}, ...}}}): per task, each document's result, and lm-eval's settings with each task's metric."""
-    tasks: dict[str, Any] = {}
-    meta: dict[str, Any] = {}
+    tasks: dict[str, Any] = {}  # Any: JSON values
+    meta: dict[str, Any] = {}  # Any: JSON values
     for name, block in (answer.get("tasks") or {}).items():
         if not isinstance(block, dict) or not isinstance(block.get("docs"), dict):
             continue
@@ -181,7 +181,7 @@ RERUN_SETTINGS = ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_mul
                   "concurrent", "max_gen_toks", "timeout_s")  # eval.lm_eval's settings a re-run takes as recorded
 
 
-def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> dict[str, Any]:
+def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> dict[str, Any]:  # Any: JSON values
     """lmeval.json's ``config.rerun``: what `infertool verify` needs to run the same lm-eval tasks again on the
     served checkpoint. ``lm``: the recipe's eval.lm_eval. ``tasks`` as the recipe names them (groups too), the
     task folder by its ABSOLUTE path (where the eval's worker read it: its spec beside ``answer``, else from the
@@ -225,7 +225,7 @@ def shipped_digest(tasks: list[str]) -> str | None:
     return _digest(str(shipped_dir())) if any(str(t).startswith(SHIPPED_PREFIX) for t in tasks) else None
 
 
-def read_lmeval_answer(path: Path) -> dict[str, Any] | None:
+def read_lmeval_answer(path: Path) -> dict[str, Any] | None:  # Any: JSON values
     """The lm-eval worker's answer file (bounded, through infertool.inputs); None when it is not there or not an
     answer that succeeded."""
     from infertool.inputs import Kind, parse_json, read_text
@@ -245,7 +245,8 @@ def _keep(n: int, share: float) -> int:
     return max(1, min(n, math.ceil(n * share)))
 
 
-def _cut_tasks(tasks: list[dict[str, Any]], prompts: dict[str, Any], share: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:
+def _cut_tasks(tasks: list[dict[str, Any]], prompts: dict[str, Any],  # Any: JSON values
+               share: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # Any: JSON values
     """The suite's tasks and the candidate's answers with ``share`` of each task's scored items (at least one)."""
     raw = prompts.get("tasks") or {}
     out_tasks, out_raw = [], {}
@@ -265,12 +266,12 @@ def _cut_tasks(tasks: list[dict[str, Any]], prompts: dict[str, Any], share: floa
     return out_tasks, {**prompts, "tasks": out_raw}
 
 
-def _cut_decode(doc: dict[str, Any], n: int) -> dict[str, Any]:
+def _cut_decode(doc: dict[str, Any], n: int) -> dict[str, Any]:  # Any: JSON values
     raw = doc.get("raw") or {}
     return {"prompts_src": list(doc.get("prompts_src") or [])[:n], "raw": {**raw, "prompts": list(raw.get("prompts") or [])[:n]}}
 
 
-def _items(prompts: dict[str, Any]) -> int:
+def _items(prompts: dict[str, Any]) -> int:  # Any: JSON values
     return max((len(r.get("items") or []) for r in (prompts.get("tasks") or {}).values() if isinstance(r, dict)),
                default=0)
 
@@ -278,14 +279,14 @@ def _items(prompts: dict[str, Any]) -> int:
 @dataclass
 class Fitted:
     files: dict[str, bytes]
-    trimmed: dict[str, Any]
-    missing: dict[str, Any]
+    trimmed: dict[str, str]
+    missing: dict[str, str]
 
 
 def fit(docs: dict[str, object], budget: int) -> Fitted:
     """The data files (name -> JSON document) encoded and cut to ``budget`` bytes in all (module docstring)."""
-    trimmed: dict[str, Any] = {}
-    missing: dict[str, Any] = {}
+    trimmed: dict[str, str] = {}
+    missing: dict[str, str] = {}
     dropped: set[str] = set()
     tasks, prompts, decode = docs.get(E.TASKS), docs.get(E.PROMPTS), docs.get(E.DECODE)
 
@@ -341,9 +342,10 @@ def fit(docs: dict[str, object], budget: int) -> Fitted:
 
 
 # ------------------------------------------------------------------------------------------ capture
-def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprint: str, weight_bytes: int, engine: dict[str, Any],
-            serve: dict[str, Any], events: Events, model_path: str | None = None, lmeval: dict[str, Any] | None = None,
-            lmeval_why: str | None = None, workers: int | None = None) -> dict[str, Any]:
+def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprint: str, weight_bytes: int,
+            engine: dict[str, Any], serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
+            lmeval: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's document
+            workers: int | None = None) -> dict[str, Any]:  # Any: the index written, as JSON
     """Gather the evidence from the served candidate ``client`` names and write the folder ``out`` whole; returns
     the index written (``evidence.json``). ``lmeval``: lmeval.json's document (``lmeval_doc``), else
     ``lmeval_why`` says why there is none."""
@@ -356,7 +358,7 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
     got = gather(client, tasks=q.tasks, decode_prompts=q.decode_prompts, decode=q.decode, k=q.k, events=events,
                  label="candidate", model_path=model_path, workers=workers or WORKERS)
     docs: dict[str, object] = {}
-    missing: dict[str, Any] = {}
+    missing: dict[str, str] = {}
     if got.prompts is not None:
         docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts
     else:
@@ -370,7 +372,7 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
         docs[E.LMEVAL] = lmeval
     else:
         missing["lmeval"] = lmeval_why or "the run's eval scored no lm-eval tasks"
-    index: dict[str, Any] = {"format": E.FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    index: dict[str, Any] = {"format": E.FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),  # Any: JSON values
                    "k": q.k, "engine": engine, "serve": serve, "host": host_facts(),
                    "model_fingerprint": model_fingerprint, "files": {}, "missing": {}, "trimmed": dict(q.trimmed),
                    "caps": {"max_bytes": cap, "max_bytes_setting": int(spec.max_bytes),
@@ -421,8 +423,8 @@ def launch_plan(res: Resolution, checkpoint: str | Path, *, dry_run: bool = Fals
 
 def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path, *, fingerprint: str,
                        pool: ServerPool | None = None,
-                       on_event: Callable[[dict[str, Any]], None] | None = None, log_dir: str | Path | None = None,
-                       lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> dict[str, Any]:
+                       on_event: Callable[[dict[str, Any]], None] | None = None, log_dir: str | Path | None = None,  # Any: JSON values
+                       lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> dict[str, Any]:  # Any: JSON values
     """Serve ``checkpoint`` with ``res``'s effective serve settings (the launch eval makes for the candidate, so a
     run's pool shares its server) and ``capture`` into ``out``; returns the index. ``res``: the recipe's
     resolution with its candidate at ``checkpoint``."""
@@ -456,7 +458,8 @@ def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path,
 
 
 # ------------------------------------------------------------------------------------------ for publish
-def writer(res: Resolution, checkpoint: str | Path, *, pool: ServerPool | None = None, on_event: Callable[[dict[str, Any]], None] | None = None,
+def writer(res: Resolution, checkpoint: str | Path, *, pool: ServerPool | None = None,
+           on_event: Callable[[dict[str, Any]], None] | None = None,  # Any: an event's JSON values
            log_dir: str | Path | None = None, lmeval_answer: Path | None = None, lmeval_why: str | None = None,
            strict: bool = True) -> Callable[[Path, str], E.EvidenceBlock]:
     """``publish.publish_dir``'s evidence writer: ``capture_checkpoint`` into the folder it is given, infertool.json's

@@ -33,7 +33,7 @@ from infertool.verify.score import LmevalScore, PromptScore
 
 if TYPE_CHECKING:
     from infertool.evaluate.server_engine import Client
-    from infertool.recipe import DecodeSpec
+    from infertool.recipe import DecodeSpec, Recipe, VerifyAccept
     from infertool.serve.launches import LaunchPlan
     from infertool.verify.bisect import BisectResult
     from infertool.verify.lmeval import LmevalRerun
@@ -59,7 +59,7 @@ class Source:
     folder: Path
     kind: str = "published"
     fingerprint: str | None = None
-    recipe: dict[str, Any] | None = None
+    recipe: Recipe | None = None
     given: str = ""
     notes: list[str] = field(default_factory=list)
 
@@ -86,9 +86,9 @@ class VerifyOptions:
 class VerifyPlan:
     source: Source
     evidence: E.Evidence
-    serve: dict[str, Any]  # the serve settings it launches with (recorded + --set)
-    changed: dict[str, Any]  # serve key -> {"recorded": ..., "now": ...} where --set changed it
-    accept: dict[str, Any]  # verify.accept as data
+    serve: dict[str, Any]  # Any: the serve settings it launches with (recorded + --set)
+    changed: dict[str, Any]  # Any: serve key -> {"recorded": ..., "now": ...} where --set changed it
+    accept: VerifyAccept  # the gates (verify.accept, with --set)
     near_tie_logprob: float
     options: VerifyOptions
     out_dir: Path
@@ -98,16 +98,16 @@ class VerifyPlan:
 
     @property
     def allow_inconclusive(self) -> bool:
-        return bool(self.options.allow_inconclusive or self.accept.get("allow_inconclusive"))
+        return self.options.allow_inconclusive or self.accept.allow_inconclusive
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
         idx = self.evidence.index
         return {"source": self.source.recorded().to_dict(),
                 "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created, "engine": idx.engine,
                              "host": idx.host, "k": idx.k, "files": idx.files, "missing": idx.missing,
                              "trimmed": idx.trimmed},
-                "serve": self.serve, "changed": self.changed, "accept": self.accept, "workers": self.options.workers,
+                "serve": self.serve, "changed": self.changed, "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
                 "url": self.options.url, "out_dir": str(self.out_dir),
                 "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
                 "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None}
@@ -201,11 +201,8 @@ def read_evidence(folder: Path) -> E.Evidence:
     return E.read(ev_dir)
 
 
-def _obj(value: object) -> dict[str, Any]:
-    return value if isinstance(value, dict) else {}
-
-
-def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[dict[str, Any], list[tuple[str, object]]]:
+def _recipe_data(source: Source, ev: E.Evidence,
+                 overrides: list[str]) -> tuple[dict[str, Any], list[tuple[str, object]]]:  # Any: a recipe as JSON
     from infertool.recipe import apply_overrides, parse_overrides
 
     pairs = parse_overrides(list(overrides))
@@ -214,12 +211,11 @@ def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[
         raise UsageError(f"verify's --set takes serve.X=Y and verify.accept.X=Y, not {', '.join(bad[:5])}",
                          hint="the rest of the recipe is what the evidence records")
     recorded = {k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN}
-    rec = source.recipe or {}
-    model, verify = _obj(rec.get("model")), _obj(rec.get("verify"))
-    accept = _obj(verify.get("accept"))
+    rec = source.recipe
+    accept = rec.verify.accept.model_dump(mode="json") if rec is not None and rec.verify is not None else {}
     data = {"name": "verify", "model": {"source": str(source.folder),
-                                        "trust_remote_code": bool(model.get("trust_remote_code", False))},
-            "serve": recorded, "verify": {"accept": dict(accept)}}
+                                        "trust_remote_code": rec is not None and rec.model.trust_remote_code},
+            "serve": recorded, "verify": {"accept": accept}}
     return apply_overrides(data, pairs), pairs
 
 
@@ -254,7 +250,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
     recorded = recipe_recorded(ev)
     keys = dict.fromkeys(key.split(".")[1] for key, _ in pairs if key.startswith("serve."))
     changed = {k: {"recorded": recorded.get(k), "now": serve.get(k)} for k in keys if recorded.get(k) != serve.get(k)}
-    accept = recipe.verify.accept.model_dump(mode="json")
+    accept = recipe.verify.accept
     out_dir = options.out_dir or Path("out") / "verify" / (
         f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
     p = VerifyPlan(source, ev, serve, changed, accept, float(DecodeSpec().near_tie_logprob), options, out_dir,
@@ -324,7 +320,7 @@ def check_shapes(ev: E.Evidence) -> None:
             raise bad(E.LMEVAL, "its config is not an object")
 
 
-def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:
+def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
     """The recorded serve settings as ServeSection fills them (for what --set changed); {} if they do not validate."""
     from pydantic import ValidationError
 
@@ -338,15 +334,15 @@ def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:
 
 
 # ------------------------------------------------------------------------------------------------ run
-def _decode_spec(raw: dict[str, Any], near_tie: float) -> DecodeSpec:
-    from infertool.recipe import DecodeSpec
+def _decode_spec(raw: dict[str, Any], near_tie: float) -> DecodeSpec:  # Any: JSON values
+    from infertool.recipe import DecodeSpec, Recipe, VerifyAccept
 
     chat = raw.get("chat")
     return DecodeSpec(top_k=int(raw.get("top_k") or 20), max_tokens=int(raw.get("max_tokens") or 48),
                       chat=bool(chat) if isinstance(chat, bool) else None, near_tie_logprob=near_tie)
 
 
-def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | None]:
+def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | None]:  # Any: JSON values
     """The evidence's decode prompts and raw, checked for shape (a bad one: refused naming decode.json)."""
     if ev.decode is None:
         return None, None
@@ -368,7 +364,7 @@ def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | No
     return prompts, raw
 
 
-def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict[str, Any]) -> Client:
+def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict[str, Any]) -> Client:  # Any: JSON values
     """A client of the running server at ``url`` (the user gave it: the key of serve.api_key_env may go there)."""
     import os
 
@@ -525,7 +521,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     with _evidence_shape(ev):
         s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,
                   evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
-                  k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
+                  k=int(ev.index.k or 20), accept=p.accept.model_dump(mode="json"), near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
                   missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why)
     if p.lmeval is not None:
         s.lmeval.rerun = p.lmeval.to_dict()  # what was (or would have been) run again
@@ -537,7 +533,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         evidence=EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing, idx.trimmed,
                               idx.serve),
         engine=engine, serve=p.serve, changed=p.changed, workers=p.options.workers,
-        confidence=float(p.accept.get("confidence", 0.95)), allow_inconclusive=p.allow_inconclusive,
+        confidence=p.accept.confidence, allow_inconclusive=p.allow_inconclusive,
         timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         notes=list(p.notes))
     write_json(out_dir / RESULT_FILE, result.to_dict())
@@ -570,7 +566,7 @@ def bisect_key(source: Source, ev: E.Evidence, options: VerifyOptions, package: 
 
 
 def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path,
-               on_event: Callable[[dict[str, Any]], None] | None = None) -> BisectResult:
+               on_event: Callable[[dict[str, Any]], None] | None = None) -> BisectResult:  # Any: JSON values
     """``verify --bisect PACKAGE LO..HI``: each release between the ends (the package index's) verified under its
     own environment (``with_engine``), searched as `git bisect` does (``verify.bisect``). A release that cannot
     install or serve the checkpoint is a skip with its reason; a tokenizer that cuts otherwise is a fail; an

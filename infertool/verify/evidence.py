@@ -117,7 +117,7 @@ class EvidenceBlock(Record):
         """Why there is no evidence (the block of one that is not there)."""
         return self.missing if isinstance(self.missing, str) else "not captured"
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         return super().to_dict() if self.fingerprint else {"missing": self.missing, **self.extra}
 
 
@@ -127,10 +127,10 @@ class Evidence:
 
     folder: Path
     index: EvidenceIndex
-    tasks: list[Any] | None = None
-    prompts: dict[str, Any] | None = None
-    decode: dict[str, Any] | None = None
-    lmeval: dict[str, Any] | None = None
+    tasks: list[Any] | None = None  # Any: JSON values
+    prompts: dict[str, Any] | None = None  # Any: JSON values
+    decode: dict[str, Any] | None = None  # Any: JSON values
+    lmeval: dict[str, Any] | None = None  # Any: JSON values
 
     @property
     def fingerprint(self) -> str:
@@ -142,12 +142,12 @@ def canonical(doc: object) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def content_sha256(index: dict[str, Any]) -> str:
+def content_sha256(index: dict[str, Any]) -> str:  # Any: JSON values
     """The evidence's fingerprint: the sha256 of the index's canonical JSON without ``content_sha256``."""
     return hashlib.sha256(canonical({k: v for k, v in index.items() if k != "content_sha256"})).hexdigest()
 
 
-def file_entry(data: bytes) -> dict[str, Any]:
+def file_entry(data: bytes) -> dict[str, Any]:  # Any: JSON values
     """An index's entry for a data file's bytes."""
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 

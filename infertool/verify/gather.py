@@ -20,12 +20,13 @@ WORKERS = 8  # requests in flight while scoring the suite (as eval.batch_size's 
 
 @dataclass
 class Gathered:
-    prompts: dict[str, Any] | None  # collect's raw output: {"tasks": ..., "stats": ...}; None: no suite asked
-    decode: dict[str, Any] | None  # DecodePhase.run's raw output; None: no decode prompts asked
+    prompts: dict[str, Any] | None  # Any: collect's raw output: {"tasks": ..., "stats": ...}; None: no suite asked
+    decode: dict[str, Any] | None  # Any: DecodePhase.run's raw output; None: no decode prompts asked
 
 
-def gather(client: Client, *, tasks: list[dict[str, Any]] | None, decode_prompts: list[dict[str, Any]] | None, decode: DecodeSpec,
-           k: int, events: Events, label: str = "candidate", prior_decode: dict[str, Any] | None = None,
+def gather(client: Client, *, tasks: list[dict[str, Any]] | None,  # Any: eval's task requests, as JSON
+           decode_prompts: list[dict[str, Any]] | None, decode: DecodeSpec,  # Any: decode prompts, as JSON
+           k: int, events: Events, label: str = "candidate", prior_decode: dict[str, Any] | None = None,  # Any: JSON values
            workers: int = WORKERS, model_path: str | None = None) -> Gathered:
     """Score ``tasks`` with top-``k`` prompt log-probabilities, then run the decode prompts (greedy, per-step
     top-``decode.top_k``; teacher-forced on ``prior_decode``'s tokens when given) on the server ``client``

@@ -38,7 +38,7 @@ def describe(g: Gate) -> str:
 
 
 def junit_xml(gates: list[Gate], *, verdict: str, reason: str, allow_inconclusive: bool, seconds: float = 0.0,
-              properties: dict[str, Any] | None = None) -> str:
+              properties: dict[str, Any] | None = None) -> str:  # Any: JSON values
     """The JUnit XML document of ``gates`` (text, UTF-8 declared)."""
     failures = sum(g.status == "FAIL" or (g.status == "INCONCLUSIVE" and not allow_inconclusive) for g in gates)
     skipped = sum(g.status == "n/a" or (g.status == "INCONCLUSIVE" and allow_inconclusive) for g in gates)

@@ -43,7 +43,7 @@ class LmevalRerun:
     hint: str | None = None
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         s = self.spec
         if s is None:
             return {"runs": False, "why": self.why, "hint": self.hint}
@@ -56,24 +56,24 @@ def _no(why: str, hint: str | None = None) -> LmevalRerun:
     return LmevalRerun(None, why, hint)
 
 
-def recorded(lmeval: dict[str, Any]) -> dict[str, Any]:
+def recorded(lmeval: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     """The settings lmeval.json records for a re-run: ``config.rerun``, else (an older file) its ``config`` as the
     recipe's eval.lm_eval, with the tasks of its documents."""
     from infertool.verify.capture import RERUN_SETTINGS
 
     got = lmeval.get("config")
-    cfg: dict[str, Any] = got if isinstance(got, dict) else {}
+    cfg: dict[str, Any] = got if isinstance(got, dict) else {}  # Any: JSON values
     rr = cfg.get("rerun")
     if isinstance(rr, dict):
         return dict(rr)
     got = lmeval.get("tasks")
-    docs: dict[str, Any] = got if isinstance(got, dict) else {}
+    docs: dict[str, Any] = got if isinstance(got, dict) else {}  # Any: JSON values
     out = {"tasks": list(docs), "include_path": cfg.get("include_path"), "include_digest": None, "older": True}
     out.update({k: cfg[k] for k in RERUN_SETTINGS if k in cfg})
     return out
 
 
-def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) -> LmevalRerun | None:
+def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) -> LmevalRerun | None:  # Any: JSON values
     """Whether the evidence's lm-eval tasks can run again here (None: the evidence has none): the recorded
     settings valid, the task folder on this machine and unchanged, its code trusted or none, the ``lmeval``
     environment ready. Every "cannot" is said, with its hint; nothing raises."""
@@ -161,7 +161,8 @@ def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) 
     return LmevalRerun(spec, notes=notes)
 
 
-def rerun(rr: LmevalRerun, client: Client, *, model_path: str | None, log_dir: Path, events: Events) -> dict[str, Any]:
+def rerun(rr: LmevalRerun, client: Client, *, model_path: str | None, log_dir: Path,
+          events: Events) -> dict[str, Any]:  # Any: lmeval.json's document
     """The tasks of ``rr`` run on the server ``client`` names (eval's lm-eval phase, its worker in the ``lmeval``
     environment; its files under ``log_dir``), as lmeval.json's shape (``capture.lmeval_doc``). Raises what the
     phase raises (an InfertoolError: data not here, a timeout, a failed worker)."""

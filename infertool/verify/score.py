@@ -62,7 +62,8 @@ class PromptScore(Record):
     kld_kind: str = ""
 
 
-def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int, confidence: float) -> PromptScore:
+def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,  # Any: collect's raw output
+                  confidence: float) -> PromptScore:
     """The prompt block: pooled KLD and top-1 over the perplexity tasks, agreement of the other tasks."""
     tasks = combine(evidence_raw, new_raw, k)
     block = PromptScore(kld_kind=f"top-{k}")
@@ -95,7 +96,8 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
     return block
 
 
-def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confidence: float, near_tie_logprob: float) -> dict[str, Any]:
+def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confidence: float,  # Any: decode raws
+                 near_tie_logprob: float) -> dict[str, Any]:  # Any: evaluate.decode.compare's block
     """The decode block (``evaluate.decode.compare``, the evidence as the reference that ran first), with the
     gate's share: prompts that match or first diverge at a near tie."""
     block = compare(evidence_raw, new_raw, confidence=confidence, first="reference",
@@ -108,10 +110,10 @@ def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confiden
     return block
 
 
-def _lm_docs(rows: object) -> dict[str, dict[str, Any]]:
+def _lm_docs(rows: object) -> dict[str, dict[str, Any]]:  # Any: JSON values
     """One task's documents of lmeval.json's shape ([{"doc_id", "metrics": {name: value}}]) by doc_id; a row
     without them is left out (the evidence's shape is checked before: ``core.check_shapes``)."""
-    out: dict[str, dict[str, Any]] = {}
+    out: dict[str, dict[str, Any]] = {}  # Any: JSON values
     for row in rows if isinstance(rows, list) else []:
         if isinstance(row, dict) and isinstance(row.get("metrics"), dict) and row.get("doc_id") is not None:
             out[str(row["doc_id"])] = {str(k): v for k, v in row["metrics"].items()}
@@ -127,7 +129,7 @@ def _agreement(same: int, n: int, confidence: float) -> tuple[float | None, list
     return (same / n, list(M.wilson(same, n, confidence))) if n else (None, None)
 
 
-def _obj(value: object) -> dict[str, Any]:
+def _obj(value: object) -> dict[str, Any]:  # Any: JSON values
     return value if isinstance(value, dict) else {}
 
 
@@ -180,7 +182,7 @@ class LmevalScore(Record):
         return {k: v for k, v in d.items() if k not in drop and (self.rescored or k not in RESCORED_ONLY)}
 
 
-def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: float) -> LmevalScore:
+def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: float) -> LmevalScore:  # Any: JSON values
     """The evidence's lm-eval documents against the re-run's (both lmeval.json's shape), joined by (task, doc_id).
     A document both scored counts when the two share a metric name (acc, exact_match: what lm-eval recorded);
     it agrees when every shared metric's value is identical. Documents only one side has (``only_evidence``,
@@ -225,7 +227,7 @@ def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: floa
     return block
 
 
-def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None,
+def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None,  # Any: JSON values
                lmeval: LmevalScore | None = None) -> dict[str, Estimate]:
     out: dict[str, Estimate] = {}
     if lmeval and lmeval.rescored and lmeval.agreement_ci:
@@ -244,7 +246,8 @@ def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None,
     return out
 
 
-def gates(accept: dict[str, Any], prompts: PromptScore | None, decode: dict[str, Any] | None, notes: dict[str, str],
+def gates(accept: dict[str, Any], prompts: PromptScore | None,  # Any: verify.accept as JSON
+          decode: dict[str, Any] | None, notes: dict[str, str],  # Any: evaluate.decode.compare's block
           lmeval: LmevalScore | None = None) -> list[Gate]:
     """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
     the blocks; ``notes``: why a gate's figure is not there (gate name -> why)."""
@@ -272,9 +275,11 @@ class Scored:
     reason: str
 
 
-def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any] | None, evidence_decode: dict[str, Any] | None,
-          new_decode: dict[str, Any] | None, k: int, accept: dict[str, Any], near_tie_logprob: float, lmeval: dict[str, Any] | None,
-          missing: dict[str, Any], lmeval_now: dict[str, Any] | None = None, lmeval_why: str | None = None) -> Scored:
+def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any] | None,  # Any: collect's raws
+          evidence_decode: dict[str, Any] | None, new_decode: dict[str, Any] | None,  # Any: DecodePhase's raws
+          k: int, accept: dict[str, Any], near_tie_logprob: float,  # Any: verify.accept as JSON
+          lmeval: dict[str, Any] | None, missing: dict[str, str],  # Any: lmeval.json's document
+          lmeval_now: dict[str, Any] | None = None, lmeval_why: str | None = None) -> Scored:  # Any: lmeval.json's
     """Every block, the gates and the verdict (``Scored``).
     ``lmeval``: the evidence's lmeval.json; ``lmeval_now``: the re-run's documents (``verify.lmeval.rerun``),
     else ``lmeval_why`` says why there are none."""
