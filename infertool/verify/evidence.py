@@ -207,7 +207,8 @@ def read_index(folder: Path) -> EvidenceIndex:
         raise _refuse(folder, INDEX, "not an evidence index (a JSON object)")
     index = EvidenceIndex.from_dict(doc)
     if index.format != FORMAT:
-        raise _refuse(folder, INDEX, f"evidence format {doc.get('format')!r}; this infertool reads format {FORMAT}",
+        newer = ", newer than this infertool" if index.format > FORMAT else ""
+        raise _refuse(folder, INDEX, f"evidence format {doc.get('format')!r}{newer}; this infertool reads format {FORMAT}",
                       hint="verify it with the infertool version that published it, or publish it again")
     if not isinstance(doc.get("content_sha256"), str) or content_sha256(doc) != doc["content_sha256"]:
         raise _refuse(folder, INDEX, "was changed after publishing: its content hash does not match "
