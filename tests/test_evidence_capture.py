@@ -63,7 +63,7 @@ def test_capture_writes_evidence_the_reader_accepts(standin, tmp_path):
     assert all(len(p["tokens"]) == 8 and len(p["top"]) == 8 for p in raw["prompts"])
     assert ev.lmeval is None and ev.index.missing == {"lmeval": "the run's eval scored no lm-eval tasks"}
     assert set(ev.index.files) == {evidence.TASKS, evidence.PROMPTS, evidence.DECODE} and ev.index.trimmed == {}
-    assert _on_disk(tmp_path / "evidence") <= ev.index.caps["max_bytes"] == 32 * 2**20
+    assert _on_disk(tmp_path / "evidence") <= ev.index.caps.max_bytes == 32 * 2**20
     # the verify.evidence counts trim what is asked, each said
     index = _capture(standin, tmp_path / "small", max_items=2, decode_prompts=2, decode_tokens=3)
     ev = evidence.read(tmp_path / "small")
@@ -178,7 +178,7 @@ def test_publish_writes_evidence_beside_the_weights(setup, served):
     facts = json.loads((pub / publish.FACTS).read_text())
     ev = evidence.read(pub / "evidence")
     assert facts["evidence"]["fingerprint"] == ev.fingerprint and facts["evidence"]["files"] == 3
-    assert facts["evidence"]["bytes"] == sum(e["bytes"] for e in ev.index.files.values())
+    assert facts["evidence"]["bytes"] == sum(e.bytes for e in ev.index.files.values())
     assert ev.index.model_fingerprint == fp == publish.fingerprint(pub) == publish.fingerprint(run_dir / "quantize" / "model")
     assert ev.index.serve["max_model_len"] == 512 and ev.index.k == 4
     card = (pub / publish.CARD).read_text()

@@ -271,3 +271,23 @@ def test_a_crafted_published_record_is_refused_cleanly(setup, published):
     for args in (("serve", str(run_dir), "--dry-run"), ("publish", str(run_dir), str(tmp / "d")), ("report", str(run_dir))):
         r = run_cli(*args)
         assert r.returncode == (0 if args[0] == "report" else 2), (args, r.stderr)
+
+
+def test_card_facts_keep_the_keys_and_order_they_were_written_with(tmp_path):
+    """infertool.json read back and written again (a tune's card re-published) keeps its keys in their order, the
+    copy's fingerprint, path and evidence last; a card of a newer format is refused naming the file."""
+    from infertool.publish.facts import CardFacts
+    from infertool.verify.evidence import EvidenceBlock
+
+    tune = {"v": 1, "infertool": "0.1", "published": "t", "source_model": {"source": "s", "label": "s"},
+            "method": {"method": "gptq"}, "label": "L", "verdict": "PASS", "reason": "r", "gates": GATES[1:],
+            "recipe": "r", "run_id": "x/y", "run_dir": "/a", "inputs": {"a": 1}, "serve": None,
+            "commands": {"serve": "a", "k8s": "b"}, "fingerprint": "f", "path": "/old", "evidence": {"missing": "x"}}
+    facts = CardFacts.read(tune)
+    assert list(facts.to_dict()) == list(tune) and facts.to_dict()["evidence"] == {"missing": "x"}
+    assert facts.gates[0].name == "min_top1" and facts.to_dict()["gates"][0]["unit"] == "token"  # kept aside
+    copied = facts.copied("g", "/new", EvidenceBlock.absent("why")).to_dict()
+    assert list(copied)[-3:] == ["fingerprint", "path", "evidence"] and copied["path"] == "/new"
+    (tmp_path / publish.FACTS).write_text(json.dumps({**tune, "v": 99}))
+    with pytest.raises(UsageError, match="format 99, newer than this infertool reads"):
+        publish.read_facts(tmp_path / publish.FACTS)

@@ -41,43 +41,43 @@ def test_agreement_joins_by_task_and_doc_id_counting_the_rest_apart():
     now = _doc({"arc": {**_acc(1.0, 0.0, 0.0, 1.0), "5": {"acc": 0.0}},      # doc 2 flipped; doc 5 only now
                 "gsm": _acc(1.0, 0.0, metric="acc")}, version="0.4.14")
     b = score_lmeval(ev, now, 0.95)
-    assert b["rescored"] is True and (b["documents"], b["same"], b["changed"]) == (4, 3, 1)
-    assert b["agreement"] == 0.75 and b["agreement_ci"] == list(M.wilson(3, 4, 0.95))
-    assert (b["only_evidence"], b["only_now"], b["other_metric"]) == (1 + 2, 1, 2)
-    assert b["changed_docs"] == [{"task": "arc", "doc_id": "2", "evidence": {"acc": 1.0}, "now": {"acc": 0.0}}]
-    arc, gsm, gone = b["tasks"]["arc"], b["tasks"]["gsm"], b["tasks"]["gone"]
-    assert arc["agreement"] == 0.75 and arc["only_evidence"] == 1 and arc["only_now"] == 1 and "why" not in arc
-    assert gsm["documents"] == 0 and gsm["agreement"] is None and "another metric" in gsm["why"]
-    assert gsm["metrics"] == ["acc", "exact_match"]
-    assert gone["why"] == "not scored by the re-run" and gone["only_evidence"] == 2
-    assert b["lm_eval"] == {"evidence": "0.4.13", "now": "0.4.14"}
+    assert b.rescored is True and (b.documents, b.same, b.changed) == (4, 3, 1)
+    assert b.agreement == 0.75 and b.agreement_ci == list(M.wilson(3, 4, 0.95))
+    assert (b.only_evidence, b.only_now, b.other_metric) == (1 + 2, 1, 2)
+    assert b.changed_docs == [{"task": "arc", "doc_id": "2", "evidence": {"acc": 1.0}, "now": {"acc": 0.0}}]
+    arc, gsm, gone = b.tasks["arc"], b.tasks["gsm"], b.tasks["gone"]
+    assert arc.agreement == 0.75 and arc.only_evidence == 1 and arc.only_now == 1 and "why" not in arc.to_dict()
+    assert gsm.documents == 0 and gsm.agreement is None and "another metric" in gsm.why
+    assert gsm.metrics == ["acc", "exact_match"]
+    assert gone.why == "not scored by the re-run" and gone.only_evidence == 2
+    assert b.lm_eval == {"evidence": "0.4.13", "now": "0.4.14"}
 
 
 def test_identical_documents_agree_exactly_and_a_score_that_is_not_01_must_be_identical():
     ev = _doc({"t": {"0": {"acc": 1.0}, "1": {"word_perplexity": 12.5}, "2": {"acc": 0.0}}})
     same = score_lmeval(ev, ev, 0.95)
-    assert same["agreement"] == 1.0 and same["changed"] == 0 and same["changed_docs"] == []
+    assert same.agreement == 1.0 and same.changed == 0 and same.changed_docs == []
     moved = _doc({"t": {"0": {"acc": 1.0}, "1": {"word_perplexity": 12.500001}, "2": {"acc": 0.0}}})
     b = score_lmeval(ev, moved, 0.95)
-    assert b["same"] == 2 and b["changed_docs"][0]["doc_id"] == "1"
+    assert b.same == 2 and b.changed_docs[0]["doc_id"] == "1"
 
 
 def test_changed_documents_listed_at_most_ten_in_document_order():
     ev = _doc({"t": _acc(*([1.0] * 30))})
     now = _doc({"t": _acc(*([0.0] * 30))})
     b = score_lmeval(ev, now, 0.95)
-    assert b["changed"] == 30 and len(b["changed_docs"]) == MAX_CHANGED
-    assert [r["doc_id"] for r in b["changed_docs"]] == [str(i) for i in range(MAX_CHANGED)]
+    assert b.changed == 30 and len(b.changed_docs) == MAX_CHANGED
+    assert [r["doc_id"] for r in b.changed_docs] == [str(i) for i in range(MAX_CHANGED)]
 
 
 def test_nothing_in_common_is_no_figure_and_the_gate_says_why():
     ev = _doc({"a": _acc(1.0, 1.0)})
     now = _doc({"b": _acc(1.0, 1.0)})
     b = score_lmeval(ev, now, 0.95)
-    assert b["agreement"] is None and b["agreement_ci"] is None and b["why"]
+    assert b.agreement is None and b.agreement_ci is None and b.why
     s = score(evidence_prompts=None, new_prompts=None, evidence_decode=None, new_decode=None, k=4,
               accept={"min_lmeval_agreement": 0.95}, near_tie_logprob=0.15, lmeval=ev, missing={}, lmeval_now=now)
-    (g,) = s["gates"]
+    (g,) = s.gates
     assert g.status == "n/a" and g.estimate is None and "no document both runs scored" in g.note
 
 
@@ -88,7 +88,7 @@ def test_the_gate_reads_the_wilson_interval(flipped, status):
     now = _doc({"t": _acc(*([0.0] * flipped + [1.0] * (n - flipped)))})
     s = score(evidence_prompts=None, new_prompts=None, evidence_decode=None, new_decode=None, k=4,
               accept={"min_lmeval_agreement": 0.95}, near_tie_logprob=0.15, lmeval=ev, missing={}, lmeval_now=now)
-    (g,) = s["gates"]
+    (g,) = s.gates
     assert g.status == status and g.n == n and g.estimate == (n - flipped) / n
 
 
@@ -97,9 +97,9 @@ def test_not_rerun_is_na_with_the_reason_never_a_figure():
     s = score(evidence_prompts=None, new_prompts=None, evidence_decode=None, new_decode=None, k=4,
               accept={"min_lmeval_agreement": 0.95}, near_tie_logprob=0.15, lmeval=ev, missing={},
               lmeval_why="the task folder /x is not on this machine any more")
-    (g,) = s["gates"]
-    assert g.status == "n/a" and "not on this machine" in g.note and s["lmeval"]["rescored"] is False
-    assert s["lmeval"]["evidence_documents"] == 2 and "agreement" not in s["lmeval"]
+    (g,) = s.gates
+    assert g.status == "n/a" and "not on this machine" in g.note and s.lmeval.rescored is False
+    assert s.lmeval.evidence_documents == 2 and "agreement" not in s.lmeval.to_dict()
 
 
 # ------------------------------------------------------------------------------------------ can it run here

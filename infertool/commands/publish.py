@@ -2,11 +2,14 @@
 model card, copied to a folder, or uploaded to S3 (boto3) or a Hugging Face model repository (huggingface_hub)."""
 
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from infertool.commands._common import JSON_OPT, InfertoolCommand, dry_run_opt, examples, handle_errors
+
+if TYPE_CHECKING:
+    from infertool.publish import PublishResult
 
 EXAMPLES = examples(
     ("infertool publish out/runs/quickstart-<time> /models/smollm2-w4", "a real copy, with MODEL_CARD.md"),
@@ -29,51 +32,49 @@ def publish(
 ) -> None:
     """Copy the checkpoint SRC evaluated, checked by content fingerprint, with its model card and its evidence (the
     candidate's outputs as served with the recorded serve settings, for `infertool verify`), to DEST."""
-    import shlex
-
     from infertool import publish as pub
-    from infertool.output import StageProgress, err, esc, out, print_json, visible
+    from infertool.output import StageProgress, print_json
 
     plan = pub.plan(src, pub.PublishOptions(dest=dest, dry_run=dry_run, force=force, evidence=not no_evidence))
     if dry_run:
         result = pub.run(plan)
     else:
-        from infertool.verify.capture import writer_for_plan
-
         with StageProgress("publish") as progress:
-            result = pub.run(plan, evidence=writer_for_plan(plan, progress.on_event))
+            result = pub.run(plan, progress.on_event)
     if as_json:
-        print_json(result)
-        return
-    fp = pub.short(result["fingerprint"])
-    facts = result["facts"]
-    claimed = facts.get("claimed")
-    said = pub.said(claimed["verdict"], 40) if isinstance(claimed, dict) and "verdict" in claimed else "no verdict"
-    verdict = f"not verified (its card claims {said})" if isinstance(claimed, dict) else str(facts.get("verdict") or "?")
-    if dry_run:
-        out.print(visible(f"would publish {result['folder']} (fingerprint {fp}, verdict {verdict}) to {result['dest']}"),
-                  markup=False, soft_wrap=True)
-        for call in result["calls"]:
-            out.print(visible(call), markup=False, soft_wrap=True)
-        ev = result.get("evidence") or {}
-        if "capture" in ev:
-            out.print(visible(f"would capture evidence/ by serving {ev['capture']['serves']} with the recorded serve "
-                              f"settings: {shlex.join(ev['capture']['argv'])}"), markup=False, soft_wrap=True)
-        elif "copies" in ev:
-            out.print(visible(f"would copy the source's evidence ({ev['copies']}), checked"), markup=False, soft_wrap=True)
-        elif "uploads" in ev:
-            out.print(visible(f"uploads its evidence ({ev['uploads']}) with the weights"), markup=False, soft_wrap=True)
-        else:
-            out.print(visible(f"no evidence: {ev.get('missing')}"), markup=False, soft_wrap=True)
+        print_json(result.to_dict())
+    else:
+        _render(result)
+
+
+def _render(result: "PublishResult") -> None:
+    import shlex
+
+    from infertool.output import err, esc, out, visible
+    from infertool.publish import said, short
+
+    p, claimed = result.plan, result.plan.facts.claimed
+    words = said(claimed["verdict"], 40) if claimed is not None and "verdict" in claimed else "no verdict"
+    verdict = f"not verified (its card claims {words})" if claimed is not None else str(p.facts.verdict or "?")
+    if p.dry_run:
+        ev = p.evidence
+        lines = [f"would publish {p.folder} (fingerprint {short(p.fingerprint)}, verdict {verdict}) to {p.dest}", *p.calls,
+                 f"would capture evidence/ by serving {ev.capture.serves} with the recorded serve settings: "
+                 f"{shlex.join(ev.capture.argv)}" if ev.capture is not None else
+                 f"would copy the source's evidence ({ev.copies}), checked" if ev.copies is not None else
+                 f"uploads its evidence ({ev.uploads}) with the weights" if ev.uploads is not None else
+                 f"no evidence: {ev.missing}"]
+        for line in lines:
+            out.print(visible(line), markup=False, soft_wrap=True)
         return
     style = "green" if verdict == "PASS" else "red"
-    where = result.get("published", {}).get("path") or result["dest"]
-    err.print(f"[{style}]published[/] {esc(result['folder'])} to [bold]{esc(where)}[/] (fingerprint {esc(fp)}, "
+    pub = result.published
+    where = (pub.path if pub is not None else None) or p.dest
+    err.print(f"[{style}]published[/] {esc(p.folder)} to [bold]{esc(where)}[/] (fingerprint {esc(short(p.fingerprint))}, "
               f"verdict [{style}]{esc(verdict)}[/])", soft_wrap=True)
-    ev = result.get("published", {}).get("evidence") or {}
-    if ev.get("fingerprint"):
-        err.print(f"evidence {esc(pub.short(ev['fingerprint']))}: {esc(ev.get('files'))} files, {esc(ev.get('bytes'))} "
-                  f"bytes, engine {esc(ev.get('engine'))}; re-check: infertool verify {esc(shlex.quote(where))}",
-                  soft_wrap=True)
-    elif ev:
-        err.print(f"no evidence: {esc(ev.get('missing'))}", soft_wrap=True)
+    block = pub.evidence if pub is not None else None
+    if block is not None and block.fingerprint:
+        err.print(f"evidence {esc(short(block.fingerprint))}: {esc(block.files)} files, {esc(block.bytes)} bytes, "
+                  f"engine {esc(block.engine)}; re-check: infertool verify {esc(shlex.quote(where))}", soft_wrap=True)
+    elif block is not None:
+        err.print(f"no evidence: {esc(block.missing)}", soft_wrap=True)

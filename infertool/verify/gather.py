@@ -5,6 +5,8 @@ again, teacher-forced on the evidence's greedy tokens (``prior_decode``), and co
 
 from __future__ import annotations
 
+from typing import Any
+
 from dataclasses import dataclass
 
 from infertool.evaluate.decode import DecodePhase
@@ -18,12 +20,13 @@ WORKERS = 8  # requests in flight while scoring the suite (as eval.batch_size's 
 
 @dataclass
 class Gathered:
-    prompts: dict | None  # collect's raw output: {"tasks": ..., "stats": ...}; None: no suite asked
-    decode: dict | None  # DecodePhase.run's raw output; None: no decode prompts asked
+    prompts: dict[str, Any] | None  # Any: collect's raw output: {"tasks": ..., "stats": ...}; None: no suite asked
+    decode: dict[str, Any] | None  # Any: DecodePhase.run's raw output; None: no decode prompts asked
 
 
-def gather(client: Client, *, tasks: list[dict] | None, decode_prompts: list[dict] | None, decode: DecodeSpec,
-           k: int, events: Events, label: str = "candidate", prior_decode: dict | None = None,
+def gather(client: Client, *, tasks: list[dict[str, Any]] | None,  # Any: eval's task requests, as JSON
+           decode_prompts: list[dict[str, Any]] | None, decode: DecodeSpec,  # Any: decode prompts, as JSON
+           k: int, events: Events, label: str = "candidate", prior_decode: dict[str, Any] | None = None,  # Any: JSON values
            workers: int = WORKERS, model_path: str | None = None) -> Gathered:
     """Score ``tasks`` with top-``k`` prompt log-probabilities, then run the decode prompts (greedy, per-step
     top-``decode.top_k``; teacher-forced on ``prior_decode``'s tokens when given) on the server ``client``

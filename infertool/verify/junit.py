@@ -10,9 +10,14 @@ XML-escaped, characters XML 1.0 cannot hold are dropped.
 from __future__ import annotations
 
 import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 from xml.sax.saxutils import escape, quoteattr
 
 from infertool.evaluate.verdict import Gate, fmt
+
+if TYPE_CHECKING:
+    from infertool.verify.core import VerifyResult
 
 _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
@@ -33,7 +38,7 @@ def describe(g: Gate) -> str:
 
 
 def junit_xml(gates: list[Gate], *, verdict: str, reason: str, allow_inconclusive: bool, seconds: float = 0.0,
-              properties: dict | None = None) -> str:
+              properties: dict[str, Any] | None = None) -> str:  # Any: JSON values
     """The JUnit XML document of ``gates`` (text, UTF-8 declared)."""
     failures = sum(g.status == "FAIL" or (g.status == "INCONCLUSIVE" and not allow_inconclusive) for g in gates)
     skipped = sum(g.status == "n/a" or (g.status == "INCONCLUSIVE" and allow_inconclusive) for g in gates)
@@ -65,3 +70,16 @@ def junit_xml(gates: list[Gate], *, verdict: str, reason: str, allow_inconclusiv
         lines.append("    </testcase>")
     lines += ["  </testsuite>", "</testsuites>", ""]
     return "\n".join(lines)
+
+
+def write_junit(path: Path, result: VerifyResult) -> None:
+    """``--junit FILE``: the result's gates as JUnit XML, with what was served against which evidence."""
+    from infertool.atomic import write_text
+
+    eng = result.evidence.engine
+    props = {"source": result.source.folder, "evidence": result.evidence.fingerprint,
+             "engine": result.engine.get("label"), "recorded_engine": f"{eng.get('package')}=={eng.get('version')}",
+             "workers": result.workers}
+    write_text(path, junit_xml(result.gates, verdict=result.verdict or "?", reason=result.reason,
+                               allow_inconclusive=result.allow_inconclusive, seconds=result.timing.wall_s or 0.0,
+                               properties=props))

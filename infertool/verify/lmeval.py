@@ -16,10 +16,17 @@ come from someone else. A folder whose static scan (``evaluate.lm_eval_tasks.sca
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from infertool.errors import InfertoolError, UsageError
+
+if TYPE_CHECKING:
+    from infertool.evaluate.server_engine import Client
+    from infertool.recipe import LmEvalSpec
+    from infertool.tasks import Events
 
 TRUST_FLAG = "--trust-task-code"
 ENV = "lmeval"
@@ -31,49 +38,50 @@ class LmevalRerun:
     """What verify's lm-eval re-run would be: ``spec`` (an ``recipe.LmEvalSpec``) when it can run here, else
     ``why`` it cannot and a ``hint``; ``notes`` say what it will do (task code that runs)."""
 
-    spec: object | None = None  # infertool.recipe.LmEvalSpec (imported lazily); None: not run
+    spec: LmEvalSpec | None = None  # None: not run
     why: str = ""
     hint: str | None = None
     notes: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         s = self.spec
         if s is None:
             return {"runs": False, "why": self.why, "hint": self.hint}
-        return {"runs": True, "tasks": list(getattr(s, "tasks", [])), "include_path": getattr(s, "include_path", None),
-                "num_fewshot": getattr(s, "num_fewshot", None), "limit": getattr(s, "limit", None),
-                "apply_chat_template": getattr(s, "apply_chat_template", False),
-                "trust_task_code": bool(getattr(s, "trust_code", False)), "notes": list(self.notes)}
+        return {"runs": True, "tasks": list(s.tasks), "include_path": s.include_path, "num_fewshot": s.num_fewshot,
+                "limit": s.limit, "apply_chat_template": s.apply_chat_template, "trust_task_code": bool(s.trust_code),
+                "notes": list(self.notes)}
 
 
 def _no(why: str, hint: str | None = None) -> LmevalRerun:
     return LmevalRerun(None, why, hint)
 
 
-def recorded(lmeval: dict) -> dict:
+def recorded(lmeval: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     """The settings lmeval.json records for a re-run: ``config.rerun``, else (an older file) its ``config`` as the
     recipe's eval.lm_eval, with the tasks of its documents."""
     from infertool.verify.capture import RERUN_SETTINGS
 
     got = lmeval.get("config")
-    cfg: dict = got if isinstance(got, dict) else {}
+    cfg: dict[str, Any] = got if isinstance(got, dict) else {}  # Any: JSON values
     rr = cfg.get("rerun")
     if isinstance(rr, dict):
         return dict(rr)
     got = lmeval.get("tasks")
-    docs: dict = got if isinstance(got, dict) else {}
+    docs: dict[str, Any] = got if isinstance(got, dict) else {}  # Any: JSON values
     out = {"tasks": list(docs), "include_path": cfg.get("include_path"), "include_digest": None, "older": True}
     out.update({k: cfg[k] for k in RERUN_SETTINGS if k in cfg})
     return out
 
 
-def plan_rerun(lmeval: dict | None, *, trust_task_code: bool = False) -> LmevalRerun | None:
+def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) -> LmevalRerun | None:  # Any: JSON values
     """Whether the evidence's lm-eval tasks can run again here (None: the evidence has none): the recorded
     settings valid, the task folder on this machine and unchanged, its code trusted or none, the ``lmeval``
     environment ready. Every "cannot" is said, with its hint; nothing raises."""
     from pydantic import ValidationError
 
+    from infertool.evaluate.server_engine import Client
     from infertool.recipe import LmEvalSpec
+    from infertool.tasks import Events
 
     if lmeval is None:
         return None
@@ -153,7 +161,8 @@ def plan_rerun(lmeval: dict | None, *, trust_task_code: bool = False) -> LmevalR
     return LmevalRerun(spec, notes=notes)
 
 
-def rerun(rr: LmevalRerun, client, *, model_path: str | None, log_dir: Path, events) -> dict:
+def rerun(rr: LmevalRerun, client: Client, *, model_path: str | None, log_dir: Path,
+          events: Events) -> dict[str, Any]:  # Any: lmeval.json's document
     """The tasks of ``rr`` run on the server ``client`` names (eval's lm-eval phase, its worker in the ``lmeval``
     environment; its files under ``log_dir``), as lmeval.json's shape (``capture.lmeval_doc``). Raises what the
     phase raises (an InfertoolError: data not here, a timeout, a failed worker)."""

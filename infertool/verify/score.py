@@ -21,12 +21,16 @@ with its interval, and a PASS / FAIL / INCONCLUSIVE gate per ``verify.accept`` t
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
 from infertool.evaluate.decode import compare
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
+from infertool.records import Record
+from infertool.summaries import Summary
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
 RULES: dict[str, Rule] = {
@@ -44,18 +48,32 @@ def _finite(x: object) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
-def score_prompts(evidence_raw: dict, new_raw: dict, k: int, confidence: float) -> dict:
+@dataclass
+class PromptScore(Record):
+    """verify.json's ``prompts``: the pooled top-k KLD and same top-1 over the perplexity tasks, each with its
+    interval, and every task's figures (a perplexity task's KLD and top-1, another's agreement)."""
+
+    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # Any: a task's figures, by its type
+    kld: float | None = None
+    kld_ci: list[float] | None = None
+    top1: float | None = None
+    top1_ci: list[float] | None = None
+    tokens: int = 0
+    kld_kind: str = ""
+
+
+def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,  # Any: collect's raw output
+                  confidence: float) -> PromptScore:
     """The prompt block: pooled KLD and top-1 over the perplexity tasks, agreement of the other tasks."""
     tasks = combine(evidence_raw, new_raw, k)
-    block: dict = {"tasks": {}, "kld": None, "kld_ci": None, "top1": None, "top1_ci": None, "tokens": 0,
-                   "kld_kind": f"top-{k}"}
+    block = PromptScore(kld_kind=f"top-{k}")
     ppl = [t for t in tasks.values() if t["type"] == "perplexity"]
     z = M.z_for(confidence)
     for name, t in tasks.items():
         if t["type"] == "perplexity":
             s = summarize_perplexity(t, confidence)
-            block["tasks"][name] = {"type": "perplexity", "tokens": s["tokens"], "kld": s["kld"]["mean"],
-                                    "top1": s["top1_agree"]}
+            block.tasks[name] = {"type": "perplexity", "tokens": s["tokens"], "kld": s["kld"]["mean"],
+                                 "top1": s["top1_agree"]}
         else:
             key = ("greedy_b", "greedy_c") if t["type"] == "multiple_choice" else ("out_b", "out_c")
             if t["type"] == "multiple_choice":
@@ -64,21 +82,22 @@ def score_prompts(evidence_raw: dict, new_raw: dict, k: int, confidence: float) 
             else:
                 same = sum(it[key[0]] == it[key[1]] for it in t["items"])
             n = len(t["items"])
-            block["tasks"][name] = {"type": t["type"], "items": n, "agreement": same / n if n else None,
-                                    "agreement_ci": list(M.wilson(same, n, confidence)) if n else None,
-                                    "what": "same pick" if t["type"] == "multiple_choice" else "same output"}
+            block.tasks[name] = {"type": t["type"], "items": n, "agreement": same / n if n else None,
+                                 "agreement_ci": list(M.wilson(same, n, confidence)) if n else None,
+                                 "what": "same pick" if t["type"] == "multiple_choice" else "same output"}
     if ppl:
         merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": f"top-{k}"}
         s = summarize_perplexity(merged, confidence)
         mean, se = _finite(s["kld"]["mean"]), _finite(s["kld"]["se"])
         if mean is not None and se is not None and s["tokens"]:
-            block["kld"], block["kld_ci"] = mean, [max(0.0, mean - z * se), mean + z * se]
-            block["top1"], block["top1_ci"] = s["top1_agree"], s["top1_agree_ci"]
-            block["tokens"] = s["tokens"]
+            block.kld, block.kld_ci = mean, [max(0.0, mean - z * se), mean + z * se]
+            block.top1, block.top1_ci = s["top1_agree"], s["top1_agree_ci"]
+            block.tokens = s["tokens"]
     return block
 
 
-def score_decode(evidence_raw: dict, new_raw: dict, confidence: float, near_tie_logprob: float) -> dict:
+def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confidence: float,  # Any: decode raws
+                 near_tie_logprob: float) -> dict[str, Any]:  # Any: evaluate.decode.compare's block
     """The decode block (``evaluate.decode.compare``, the evidence as the reference that ran first), with the
     gate's share: prompts that match or first diverge at a near tie."""
     block = compare(evidence_raw, new_raw, confidence=confidence, first="reference",
@@ -91,10 +110,10 @@ def score_decode(evidence_raw: dict, new_raw: dict, confidence: float, near_tie_
     return block
 
 
-def _lm_docs(rows: object) -> dict[str, dict]:
+def _lm_docs(rows: object) -> dict[str, dict[str, Any]]:  # Any: JSON values
     """One task's documents of lmeval.json's shape ([{"doc_id", "metrics": {name: value}}]) by doc_id; a row
     without them is left out (the evidence's shape is checked before: ``core.check_shapes``)."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}  # Any: JSON values
     for row in rows if isinstance(rows, list) else []:
         if isinstance(row, dict) and isinstance(row.get("metrics"), dict) and row.get("doc_id") is not None:
             out[str(row["doc_id"])] = {str(k): v for k, v in row["metrics"].items()}
@@ -110,67 +129,113 @@ def _agreement(same: int, n: int, confidence: float) -> tuple[float | None, list
     return (same / n, list(M.wilson(same, n, confidence))) if n else (None, None)
 
 
-def _obj(value: object) -> dict:
+def _obj(value: object) -> dict[str, Any]:  # Any: JSON values
     return value if isinstance(value, dict) else {}
 
 
-def score_lmeval(evidence: dict, now: dict, confidence: float) -> dict:
+@dataclass
+class LmevalTask(Summary):
+    """One lm-eval task of ``LmevalScore``: its documents counted, the agreement, or why there is none."""
+
+    documents: int = 0  # scored by both with a shared metric
+    same: int = 0
+    only_evidence: int = 0
+    only_now: int = 0
+    other_metric: int = 0
+    changed: int = 0
+    agreement: float | None = None
+    agreement_ci: list[float] | None = None
+    metrics: list[str] = field(default_factory=list)
+    why: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("why",)
+
+
+RESCORED_ONLY = ("agreement", "agreement_ci", "documents", "same", "only_evidence", "only_now", "other_metric",
+                 "changed", "tasks", "changed_docs", "lm_eval")
+
+
+@dataclass
+class LmevalScore(Record):
+    """verify.json's ``lmeval``: the evidence's lm-eval documents against the re-run's (``rescored``), pooled and
+    per task; or, not rescored, why (and how many documents the evidence holds)."""
+
+    rescored: bool = False
+    agreement: float | None = None
+    agreement_ci: list[float] | None = None
+    documents: int = 0
+    same: int = 0
+    only_evidence: int = 0
+    only_now: int = 0
+    other_metric: int = 0
+    changed: int = 0
+    tasks: dict[str, LmevalTask] = field(default_factory=dict)
+    changed_docs: list[dict[str, Any]] = field(default_factory=list)  # Any: {task, doc_id, evidence, now}
+    lm_eval: dict[str, Any] = field(default_factory=dict)  # Any: lm-eval's version, {evidence, now}
+    why: str | None = None
+    evidence_documents: int | None = None
+    rerun: dict[str, Any] | None = None  # Any: LmevalRerun.to_dict(): what was (or would have been) run again
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        d = super().to_dict()
+        drop = {k for k in ("why", "evidence_documents", "rerun") if d[k] is None}
+        return {k: v for k, v in d.items() if k not in drop and (self.rescored or k not in RESCORED_ONLY)}
+
+
+def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: float) -> LmevalScore:  # Any: JSON values
     """The evidence's lm-eval documents against the re-run's (both lmeval.json's shape), joined by (task, doc_id).
     A document both scored counts when the two share a metric name (acc, exact_match: what lm-eval recorded);
     it agrees when every shared metric's value is identical. Documents only one side has (``only_evidence``,
     ``only_now``) and documents without a shared metric (``other_metric``) are counted, not compared."""
     ev_tasks, now_tasks = _obj(evidence.get("tasks")), _obj(now.get("tasks"))
-    tasks: dict[str, dict] = {}
-    changed: list[dict] = []
-    sums = {"documents": 0, "same": 0, "only_evidence": 0, "only_now": 0, "other_metric": 0}
+    block = LmevalScore(rescored=True, lm_eval={"evidence": _obj(evidence.get("config")).get("lm_eval"),
+                                                "now": _obj(now.get("config")).get("lm_eval")})
     for name in sorted(set(ev_tasks) | set(now_tasks)):
         e, n = _lm_docs(ev_tasks.get(name)), _lm_docs(now_tasks.get(name))
         ids = sorted(set(e) & set(n), key=_doc_order)
-        counts = {"documents": 0, "same": 0, "only_evidence": len(set(e) - set(n)), "only_now": len(set(n) - set(e)),
-                  "other_metric": 0}
-        metrics = sorted({m for d in e.values() for m in d} | {m for d in n.values() for m in d})
+        t = LmevalTask(only_evidence=len(set(e) - set(n)), only_now=len(set(n) - set(e)),
+                       metrics=sorted({m for d in e.values() for m in d} | {m for d in n.values() for m in d}))
         for i in ids:
             shared = sorted(set(e[i]) & set(n[i]))
             if not shared:
-                counts["other_metric"] += 1
+                t.other_metric += 1
                 continue
-            counts["documents"] += 1
+            t.documents += 1
             if all(e[i][m] == n[i][m] for m in shared):
-                counts["same"] += 1
-            elif len(changed) < MAX_CHANGED:
-                changed.append({"task": name, "doc_id": i, "evidence": {m: e[i][m] for m in shared},
-                                "now": {m: n[i][m] for m in shared}})
-        agreement, ci = _agreement(counts["same"], counts["documents"], confidence)
-        t: dict = {**counts, "changed": counts["documents"] - counts["same"], "agreement": agreement,
-                   "agreement_ci": ci, "metrics": metrics}
+                t.same += 1
+            elif len(block.changed_docs) < MAX_CHANGED:
+                block.changed_docs.append({"task": name, "doc_id": i, "evidence": {m: e[i][m] for m in shared},
+                                           "now": {m: n[i][m] for m in shared}})
+        t.changed = t.documents - t.same
+        t.agreement, t.agreement_ci = _agreement(t.same, t.documents, confidence)
         if name not in now_tasks:
-            t["why"] = "not scored by the re-run"
+            t.why = "not scored by the re-run"
         elif name not in ev_tasks:
-            t["why"] = "not in the evidence"
-        elif not counts["documents"]:
-            t["why"] = "no document both scored" if not ids else "scored under another metric: " + ", ".join(metrics)
-        tasks[name] = t
-        for k in sums:
-            sums[k] += counts[k]
-    agreement, ci = _agreement(sums["same"], sums["documents"], confidence)
-    block: dict = {"rescored": True, "agreement": agreement, "agreement_ci": ci, **sums,
-                   "changed": sums["documents"] - sums["same"], "tasks": tasks, "changed_docs": changed,
-                   "lm_eval": {"evidence": _obj(evidence.get("config")).get("lm_eval"),
-                               "now": _obj(now.get("config")).get("lm_eval")}}
-    if not sums["documents"]:
-        block["why"] = "no document both runs scored with the same metric"
+            t.why = "not in the evidence"
+        elif not t.documents:
+            t.why = "no document both scored" if not ids else "scored under another metric: " + ", ".join(t.metrics)
+        block.tasks[name] = t
+        block.documents += t.documents
+        block.same += t.same
+        block.only_evidence += t.only_evidence
+        block.only_now += t.only_now
+        block.other_metric += t.other_metric
+    block.changed = block.documents - block.same
+    block.agreement, block.agreement_ci = _agreement(block.same, block.documents, confidence)
+    if not block.documents:
+        block.why = "no document both runs scored with the same metric"
     return block
 
 
-def _estimates(prompts: dict | None, decode: dict | None, lmeval: dict | None = None) -> dict[str, Estimate]:
+def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None,  # Any: JSON values
+               lmeval: LmevalScore | None = None) -> dict[str, Estimate]:
     out: dict[str, Estimate] = {}
-    if lmeval and lmeval.get("rescored") and lmeval.get("agreement_ci"):
-        lo, hi = lmeval["agreement_ci"]
-        out["min_lmeval_agreement"] = Estimate(lmeval["agreement"], lo, hi, int(lmeval["documents"]))
-    if prompts and prompts.get("kld_ci") and prompts.get("top1_ci"):
-        n = int(prompts["tokens"])
-        out["max_prompt_kld"] = Estimate(prompts["kld"], prompts["kld_ci"][0], prompts["kld_ci"][1], n)
-        out["min_prompt_top1"] = Estimate(prompts["top1"], prompts["top1_ci"][0], prompts["top1_ci"][1], n)
+    if lmeval and lmeval.rescored and lmeval.agreement_ci:
+        lo, hi = lmeval.agreement_ci
+        out["min_lmeval_agreement"] = Estimate(lmeval.agreement, lo, hi, lmeval.documents)
+    if prompts and prompts.kld_ci and prompts.top1_ci:
+        out["max_prompt_kld"] = Estimate(prompts.kld, prompts.kld_ci[0], prompts.kld_ci[1], prompts.tokens)
+        out["min_prompt_top1"] = Estimate(prompts.top1, prompts.top1_ci[0], prompts.top1_ci[1], prompts.tokens)
     if decode and decode.get("match_or_near_tie_ci"):
         lo, hi = decode["match_or_near_tie_ci"]
         out["min_exact_match"] = Estimate(decode["match_or_near_tie"], lo, hi, int(decode["n_prompts"]))
@@ -181,8 +246,9 @@ def _estimates(prompts: dict | None, decode: dict | None, lmeval: dict | None = 
     return out
 
 
-def gates(accept: dict, prompts: dict | None, decode: dict | None, notes: dict[str, str],
-          lmeval: dict | None = None) -> list[Gate]:
+def gates(accept: dict[str, Any], prompts: PromptScore | None,  # Any: verify.accept as JSON
+          decode: dict[str, Any] | None, notes: dict[str, str],  # Any: evaluate.decode.compare's block
+          lmeval: LmevalScore | None = None) -> list[Gate]:
     """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
     the blocks; ``notes``: why a gate's figure is not there (gate name -> why)."""
     conf = float(accept.get("confidence", 0.95))
@@ -197,18 +263,33 @@ def gates(accept: dict, prompts: dict | None, decode: dict | None, notes: dict[s
     return out
 
 
-def score(*, evidence_prompts: dict | None, new_prompts: dict | None, evidence_decode: dict | None,
-          new_decode: dict | None, k: int, accept: dict, near_tie_logprob: float, lmeval: dict | None,
-          missing: dict, lmeval_now: dict | None = None, lmeval_why: str | None = None) -> dict:
-    """Every block, the gates and the verdict: {"prompts", "decode", "lmeval", "gates", "verdict", "reason"}.
+@dataclass
+class Scored:
+    """What ``score`` found: each block, the gates and the verdict, with why."""
+
+    prompts: PromptScore | None
+    decode: dict[str, Any] | None  # Any: evaluate.decode.compare's block, with the near-tie share
+    lmeval: LmevalScore
+    gates: list[Gate]
+    verdict: str
+    reason: str
+
+
+def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any] | None,  # Any: collect's raws
+          evidence_decode: dict[str, Any] | None, new_decode: dict[str, Any] | None,  # Any: DecodePhase's raws
+          k: int, accept: dict[str, Any], near_tie_logprob: float,  # Any: verify.accept as JSON
+          lmeval: dict[str, Any] | None, missing: dict[str, str],  # Any: lmeval.json's document
+          lmeval_now: dict[str, Any] | None = None, lmeval_why: str | None = None) -> Scored:  # Any: lmeval.json's
+    """Every block, the gates and the verdict (``Scored``).
     ``lmeval``: the evidence's lmeval.json; ``lmeval_now``: the re-run's documents (``verify.lmeval.rerun``),
     else ``lmeval_why`` says why there are none."""
     conf = float(accept.get("confidence", 0.95))
     notes: dict[str, str] = {}
-    prompts = decode = None
+    prompts: PromptScore | None = None
+    decode: dict[str, Any] | None = None  # Any: evaluate.decode.compare's block
     if evidence_prompts is not None and new_prompts is not None:
         prompts = score_prompts(evidence_prompts, new_prompts, k, conf)
-        if prompts["kld"] is None:
+        if prompts.kld is None:
             notes["max_prompt_kld"] = notes["min_prompt_top1"] = "the suite has no perplexity task"
     else:
         why = "the evidence has no suite prompt log-probabilities" + (f" ({missing['prompts']})" if missing.get("prompts") else "")
@@ -221,20 +302,16 @@ def score(*, evidence_prompts: dict | None, new_prompts: dict | None, evidence_d
     else:
         why = "the evidence has no decode path" + (f" ({missing['decode']})" if missing.get("decode") else "")
         notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = why
-    lm: dict[str, object]
     if lmeval is not None and lmeval_now is not None:
         lm = score_lmeval(lmeval, lmeval_now, conf)
-        if lm.get("why"):
-            notes["min_lmeval_agreement"] = str(lm["why"])
     elif lmeval is not None:
-        why = f"not re-run: {lmeval_why or 'verify did not run lm-eval again'}"
-        lm = {"rescored": False, "why": why,
-              "evidence_documents": sum(len(v) for v in (lmeval.get("tasks") or {}).values() if isinstance(v, list))}
-        notes["min_lmeval_agreement"] = why
+        lm = LmevalScore(why=f"not re-run: {lmeval_why or 'verify did not run lm-eval again'}", evidence_documents=sum(
+            len(v) for v in _obj(lmeval.get("tasks")).values() if isinstance(v, list)))
     else:
-        why = missing.get("lmeval") or "the run scored no lm-eval task"
-        lm = {"rescored": False, "why": f"no lm-eval results in the evidence: {why}"}
-        notes["min_lmeval_agreement"] = str(lm["why"])
+        lm = LmevalScore(why=f"no lm-eval results in the evidence: "
+                             f"{missing.get('lmeval') or 'the run scored no lm-eval task'}")
+    if lm.why:
+        notes["min_lmeval_agreement"] = lm.why
     gs = gates(accept, prompts, decode, notes, lm)
     v, reason = verdict(gs)
-    return {"prompts": prompts, "decode": decode, "lmeval": lm, "gates": gs, "verdict": v, "reason": reason}
+    return Scored(prompts, decode, lm, gs, v, reason)
