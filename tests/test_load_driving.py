@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infertool.bench.client import Pool, Target
+from infertool.bench.client import Endpoint, Pool
 from infertool.bench.loadgen import run_level_processes, unit_fn
 from infertool.bench.metrics import RequestResult, summarize, t_quantile
 from infertool.bench.results import Latency, LevelResult, Summary
@@ -71,7 +71,7 @@ def _bench(**over) -> BenchSection:
 
 
 def _job(bench: BenchSection, url: str, level: Level) -> dict:
-    target = Target(url + "/v1", "m", bench.endpoint, None, bench.ignore_eos)
+    target = Endpoint(url + "/v1", "m", bench.endpoint, None, bench.ignore_eos)
     return {"target": target, "level": level, "bench": bench, "chars_per_token": 4.0, "deadline_s": DEADLINE_S,
             "seed": 7, **level_work(bench, level, 4.0)}
 
@@ -189,7 +189,7 @@ def test_a_trace_is_replayed_in_order_at_its_timestamps_over_the_speedup(tmp_pat
     job = _job(bench, "", level)
     assert job["offsets"] == pytest.approx([0.0, 0.1, 0.2]) and job["n"] == 3
     with HostileServer({"/v1/completions": echo_stream()}) as srv:
-        results = _drive({**job, "target": Target(srv.url + "/v1", "m", "completions")})
+        results = _drive({**job, "target": Endpoint(srv.url + "/v1", "m", "completions")})
         bodies = _bodies(srv)
     # each line's own prompt and output length (the server's arrival order is the network's, not the client's)
     assert sorted((b["prompt"], b["max_tokens"]) for b in bodies) == [("first", 3), ("second", 5), ("third", 7)]

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from infertool.tune import search
-from infertool.tune.records import CapacityResult, Decision, TrialRecord, TuneDoc
+from infertool.tune.records import CapacityResult, TrialRecord, TuneDecision, TuneDoc
 from infertool.tune.search import Probe, RepeatPolicy
 
 SLO = {"ttft_ms": 1000.0, "tpot_ms": 100.0}
@@ -238,10 +238,10 @@ def test_own_cost_reads_brute_force_from_the_same_directory(tmp_path):
     brute = TrialRecord.from_dict({"id": "t1", "stages": {"capacity": {"entry": "x", "seconds": 300.0}}})
     write_json(tmp_path / "tune-exhaustive.json", TuneDoc(recipe="r", winner="t1", trials=[brute]).to_dict())
     mine = [TrialRecord.from_dict({"id": "t1", "stages": {"capacity": {"entry": "y", "seconds": 120.0}}})]
-    c = own_cost(tmp_path, mine, exhaustive=False, decision=Decision(winner="t2", tied=["t2", "t1"]))
+    c = own_cost(tmp_path, mine, exhaustive=False, decision=TuneDecision(winner="t2", tied=["t2", "t1"]))
     assert c.ratio == pytest.approx(0.4) and c.other_winner == "t1" and c.brute_force.total == 300.0
     assert c.agrees is True  # brute force's winner is in the declared tie
-    assert own_cost(tmp_path, mine, exhaustive=False, decision=Decision(winner="t2", tied=[])).agrees is False
+    assert own_cost(tmp_path, mine, exhaustive=False, decision=TuneDecision(winner="t2", tied=[])).agrees is False
     assert own_cost(tmp_path / "none", mine, exhaustive=False).ratio is None  # no brute force measured there
 
 

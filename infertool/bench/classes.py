@@ -45,7 +45,7 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Rule:
+class ClassRule:
     """The thresholds of ``derive`` (``bench.classes``)."""
 
     prefix_chars: int = 1024
@@ -102,7 +102,7 @@ def shared_with_earlier(requests: Sequence[Request], keys: list[list[int]] | Non
     return out
 
 
-def derive(requests: Sequence[Request], rule: Rule, keys: list[list[int]] | None = None) -> list[str]:
+def derive(requests: Sequence[Request], rule: ClassRule, keys: list[list[int]] | None = None) -> list[str]:
     """Each request's class (see the module docstring): the given one, else the rule's; every turn of a
     conversation gets the class of the conversation (its first turn's prefix decides shared-prefix)."""
     other = shared_with_other_unit(requests, keys)
@@ -125,7 +125,7 @@ def derive(requests: Sequence[Request], rule: Rule, keys: list[list[int]] | None
     return out
 
 
-def summarise(requests: Sequence[Request], rule: Rule, replayed: str | None = None) -> TrafficClasses:
+def summarise(requests: Sequence[Request], rule: ClassRule, replayed: str | None = None) -> TrafficClasses:
     """Each class's share, lengths and prefix-sharing ratio (at most the first MAX_CLASSED requests), largest
     class first."""
     total = len(requests)

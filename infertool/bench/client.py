@@ -26,7 +26,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Target:
+class Endpoint:
+    """The server a load generator sends to: its /v1 URL, model, endpoint kind and request settings."""
+
     base_url: str  # ends with /v1
     model: str
     endpoint: str = "completions"  # "completions" | "chat"
@@ -59,7 +61,7 @@ def normalise_url(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def request_body(target: Target, prompt: "str | list[dict]", max_tokens: int, stream: bool = True) -> dict:
+def request_body(target: Endpoint, prompt: "str | list[dict]", max_tokens: int, stream: bool = True) -> dict:
     body: dict = {"model": target.model, "max_tokens": max_tokens, "temperature": target.temperature,
                   "stream": stream}
     if stream:
@@ -557,7 +559,7 @@ class Pool:
         await asyncio.sleep(0)  # let the transports close
 
 
-async def send(pool: Pool, target: Target, prompt: "str | list[dict]", max_tokens: int, t0: float,
+async def send(pool: Pool, target: Endpoint, prompt: "str | list[dict]", max_tokens: int, t0: float,
                timeout_s: float = 600.0, deadline: float | None = None, keep_text: bool = False) -> RequestResult:
     """Send one streamed request; ``t0`` is the run's start (monotonic) for ``start``; it ends by
     ``timeout_s`` from now or by ``deadline`` (perf_counter), whichever comes first. Never raises for a
@@ -624,7 +626,7 @@ def _usage(usage: dict, max_tokens: int, prompt_bytes: int) -> tuple[tuple[int |
     return (out[0], out[1]), None
 
 
-def _secrets(target: Target) -> tuple:
+def _secrets(target: Endpoint) -> tuple:
     return (target.api_key,) if target.api_key else ()
 
 

@@ -38,11 +38,11 @@ from dataclasses import dataclass, field, replace
 from typing import Awaitable, Callable
 
 from infertool import net
-from infertool.bench.client import Refused, Target, list_models, send, tokenize
+from infertool.bench.client import Endpoint, Refused, list_models, send, tokenize
 from infertool.bench.metrics import (
     RequestResult, mean_interval, percentile, proportion_interval, rate_following, summarize,
 )
-from infertool.bench.classes import MAX_CLASSED, Request, Rule, decode_prompts, derive, select, summarise
+from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
 from infertool.bench.results import (SLO, Interval, Knee, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
@@ -141,8 +141,8 @@ def check_replay(bench) -> None:
         replay_units(bench, "trace" if bench.trace is not None else "source", DEFAULT_CHARS_PER_TOKEN)
 
 
-def _rule(bench) -> Rule:
-    return Rule(prefix_chars=bench.classes.prefix_chars, long_chars=bench.classes.long_chars)
+def _rule(bench) -> ClassRule:
+    return ClassRule(prefix_chars=bench.classes.prefix_chars, long_chars=bench.classes.long_chars)
 
 
 def classed_traffic(bench, which: str, chars_per_token: float) -> tuple[dict, list[Request]]:
@@ -390,7 +390,7 @@ async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, ar
     says."""
     from infertool.bench.client import Pool
 
-    target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
+    target = Endpoint(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
     out: list[LevelResult] = []
     pool = Pool(handle.url)
     slo, cost = slo_of(bench), bench.cost_per_hour
@@ -423,7 +423,7 @@ async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, ar
 REPEAT_SEED = 7907  # a repeat's seeds: the level's, salted by this times the run's index
 
 
-async def _level(pool, sampler: Sampler, target: Target, handle: ServerHandle, bench, level: Level, idx: int, *,
+async def _level(pool, sampler: Sampler, target: Endpoint, handle: ServerHandle, bench, level: Level, idx: int, *,
                  arm: str, work: dict, seed_salt: int,
                  on_event: EventCallback | None) -> tuple[LevelResult, list[RequestResult], float]:
     """One run of a level: sent from this process or split over several load-generator processes

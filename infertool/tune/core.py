@@ -37,8 +37,8 @@ from infertool.tune.space import Trial  # (a field named space shadows the modul
 from infertool.tune.context import Context, emit
 from infertool.tune.stages import trial_accuracy
 from infertool.tune.records import (
-    CapacityResult, Decision, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialError, TrialRecord, TuneCost,
-    SpaceInfo, TuneDoc,
+    CapacityResult, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialError, TrialRecord, TuneCost,
+    SpaceInfo, TuneDecision, TuneDoc,
 )
 
 
@@ -59,7 +59,7 @@ class TuneResult:
     report: dict = field(default_factory=dict)
     notes: list[str] = field(default_factory=list)
     published: dict | None = None  # the winner's checkpoint: {path, fingerprint} (None: the original won, or none)
-    decision: Decision | None = None  # tune.json's decision (search.decide)
+    decision: TuneDecision | None = None  # tune.json's decision (search.decide)
     cost: TuneCost | None = None  # tune's own cost in stage-seconds (own_cost)
 
     def to_dict(self) -> dict:
@@ -372,7 +372,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                       getattr(ctx, "published", None), decision, doc.cost)
 
 
-def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[TrialRecord | None, Decision | None]:
+def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[TrialRecord | None, TuneDecision | None]:
     """The decision (``search.decide``: a tie among overlapping intervals broken by the stated rule), its winner
     re-checked as served; one whose outputs diverge is dropped and the decision made again without it."""
     ranked = search.rank(records)
@@ -387,7 +387,7 @@ def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[Tria
 
 
 def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool,
-             decision: Decision | None = None) -> TuneCost:
+             decision: TuneDecision | None = None) -> TuneCost:
     """tune's own cost: this search's stage-seconds (``search.stage_seconds``) and, when the other kind of search
     (staged / brute force) was run in the same directory, its stage-seconds, the staged / brute force ratio, its
     winner and whether it agrees (``agrees``: the same winner, or one in this decision's declared tie)."""

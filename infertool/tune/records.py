@@ -258,7 +258,7 @@ class TrialError(Record):
 
 
 @dataclass
-class Decision(Summary):
+class TuneDecision(Summary):
     """tune.json's decision (``search.decide``): the winner, the runner-up and the margin between them with its
     interval, whether the objective intervals tie (and which), the tie rule and why, in words."""
 
@@ -394,7 +394,7 @@ class TuneDoc(Summary):
     # the search space: its size and axes, how many were planned, whether a sample, the sampler (core.Plan)
     space: SpaceInfo | None = None
     # the decision: {winner, runner_up, margin, margin_ci, tie, tied, rule, why} (search.decide)
-    decision: Decision | None = None
+    decision: TuneDecision | None = None
     # tune's own cost: stage-seconds by stage and in total (search.stage_seconds), brute force's when measured in
     # the same directory, and the ratio
     cost: TuneCost | None = None

@@ -19,7 +19,7 @@ from typing import Callable, Sequence, Union
 from infertool.bench.results import Latency, Summary
 from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
 from infertool.metricspec import objective as objective_metric
-from infertool.tune.records import CapacityResult, Decision, Probe, ProbeSummary, StageSeconds, TrialRecord
+from infertool.tune.records import CapacityResult, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision
 
 
 # ------------------------------------------------------------------------------------------- load search
@@ -363,7 +363,7 @@ def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
     return front
 
 
-def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str, decision: Decision | None = None) -> str | None:
+def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str, decision: TuneDecision | None = None) -> str | None:
     """One sentence: why this trial is not the answer."""
     if winner is not None and t.id == winner.id:
         return None
@@ -460,7 +460,7 @@ def tie_key(t: TrialRecord) -> tuple:
     return (gpus(t), t.prediction.weight_bytes or 0, kld, t.objective, t.id)
 
 
-def decide(ranked: list[TrialRecord], objective: str) -> Decision | None:
+def decide(ranked: list[TrialRecord], objective: str) -> TuneDecision | None:
     """The decision among the eligible trials (``rank``'s order): the best objective wins unless others' objective
     intervals overlap its interval: then it is a TIE among them, broken by ``TIE_RULE``. ``margin``: the
     runner-up's objective minus the winner's (in the objective's unit, lower is better, so positive: the winner
@@ -473,7 +473,7 @@ def decide(ranked: list[TrialRecord], objective: str) -> Decision | None:
     winner = min(tied, key=tie_key) if tie else best
     rest = [t for t in (tied if tie else ranked) if t is not winner]
     runner = rest[0] if rest else None
-    out = Decision(winner=winner.id, runner_up=runner.id if runner else None, tie=tie,
+    out = TuneDecision(winner=winner.id, runner_up=runner.id if runner else None, tie=tie,
                    tied=[t.id for t in tied] if tie else [], rule=TIE_RULE if tie else None)
     if runner is None:
         out.why = "the only configuration that passes the accuracy gates and meets the SLO"
