@@ -67,13 +67,12 @@ def tune(
         from infertool.resolve import resolve
         from infertool.tune.core import dry_run as plan_only
 
-        checks = recipe_checks(resolve(r), "tune")  # the base recipe, as validate and every dry run check it
-        from pathlib import Path
-
+        res = resolve(r)  # the base recipe, resolved once
+        checks = recipe_checks(res, "tune")  # as validate and every dry run check it
         from infertool.tune.core import publish_destination
 
         # the winner's DEST, refused as the real tune refuses it before any trial
-        publish_destination(r, Path(out or section.out_dir).expanduser() / r.name, publish)
+        publish_destination(r, res, Path(out or section.out_dir).expanduser() / r.name, publish)
         plan = plan_only(r)
         shown = [{"name": c.name, "share": c.share, "requests": c.requests, "needed": c.needed, "tuned": not c.too_few,
                   "slo": c.slo.model_dump(exclude_none=True) if c.slo is not None else None} for c in classes or []]

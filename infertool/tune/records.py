@@ -54,8 +54,8 @@ class Judgement(StageSummary):
     # the as-served phases (infertool.evaluate.phases): lm-eval per task {metric, base, candidate, recovery,
     # recovery_ci, lost, gained, mcnemar_p, n}; the decode path {exact_match, first_divergence_median, kld, top1,
     # near_ties, n_prompts, ...}
-    lm_eval: dict | None = None
-    decode: dict | None = None
+    lm_eval: dict[str, dict[str, object]] | None = None
+    decode: dict[str, object] | None = None
     # a speculative configuration against the same one without speculation, per traffic class, with the noise
     # floor beside it (infertool.evaluate.lossless); one that is not lossless FAILs with its reason
     lossless: list[Lossless] | None = None
@@ -319,7 +319,7 @@ class TrialRecord(Summary):
     error: TrialError | None = None
     why_lost: str | None = None
     served_check: ServedCheck | None = None
-    executor: dict | None = None  # where it ran: {kind, address} and, on Ray, the node id and the resources it got
+    executor: dict[str, object] | None = None  # where it ran: {kind, address} and, on Ray, the node id and the resources it got
     # its machine kind (tune.machines): name, price_per_hour (per gpu | machine), gpus, trial_price_per_hour, ...
     machine: MachineInfo | None = None
     cost_per_1m_output_tokens: float | None = None  # at its machine's price (machine kinds only)
@@ -382,9 +382,10 @@ class TuneDoc(Summary):
     recipe: str = ""
     objective: str = "cost"
     exhaustive: bool = False
-    slo: dict | None = None
-    accept: dict = field(default_factory=dict)
-    host: dict | None = None
+    # the recipe's SLO and accept sections and the host's facts, as tune ran with them
+    slo: dict[str, object] | None = None
+    accept: dict[str, object] = field(default_factory=dict)
+    host: dict[str, object] | None = None
     seconds: float = 0.0
     winner: str | None = None
     pareto: list[str] = field(default_factory=list)
@@ -416,7 +417,7 @@ class ClassRoute(Summary):
     name: str = ""
     share: float | None = None  # of target.peak_rps (default: of the traffic's requests)
     requests: int | None = None  # the class's requests in one probe's traffic
-    slo: dict | None = None
+    slo: dict[str, object] | None = None  # the class's SLO section (recipe data)
     winner: str | None = None  # the class's own best trial (None: no configuration passes for it)
     winner_label: str | None = None
     configuration: str | None = None  # the trial it is routed to
