@@ -21,7 +21,7 @@ Pure functions: no I/O, no server.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from infertool.bench.metrics import length_stats
 from infertool.bench.results import TrafficClass, TrafficClasses
@@ -152,11 +152,11 @@ def summarise(requests: Sequence[Request], rule: ClassRule, replayed: str | None
 
 
 def decode_prompts(requests: Sequence[Request], names: Sequence[str], per_class: int,
-                   chat: bool = False) -> list[tuple[str, list[dict]]]:
+                   chat: bool = False) -> list[tuple[str, list[dict[str, Any]]]]:
     """Each class's own prompts as decode prompts (infertool.evaluate.decode's form: ``{"id", "prompt"}``, or
     ``{"id", "messages"}`` with the prompt as the user's message when the traffic goes to the chat endpoint): its
     first ``per_class`` requests with a non-blank prompt, in the traffic's order; the largest class first."""
-    by: dict[str, list[dict]] = {}
+    by: dict[str, list[dict[str, Any]]] = {}
     sizes: dict[str, int] = {}
     for r, name in zip(requests, names):
         sizes[name] = sizes.get(name, 0) + 1

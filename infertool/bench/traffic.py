@@ -29,9 +29,12 @@ import itertools
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 
 from infertool.bench.metrics import RequestResult
+
+if TYPE_CHECKING:
+    from infertool.bench.datasets import Conversation
 
 # unit index -> its result (one request) or results (a multi-turn session)
 SendFn = Callable[[int], Coroutine[Any, Any, "RequestResult | list[RequestResult]"]]
@@ -58,7 +61,7 @@ class Level:
                     "trace": f"trace x{v}"}[self.kind]
         return text + (" sessions" if self.unit == "session" else "")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = {"kind": self.kind, "value": self.value, "interval_s": self.interval_s, "label": self.label}
         if self.kind == "rate" and self.arrival != "poisson":
             d.update(arrival=self.arrival, burstiness=self.burstiness)
@@ -171,7 +174,7 @@ async def _static(send: SendFn, n: int, batch: int, stop_at: float, t0: float) -
     for first in range(0, n, batch):
         if time.monotonic() >= stop_at:
             break
-        tasks: list[asyncio.Task] = [asyncio.create_task(send(i)) for i in range(first, min(n, first + batch))]
+        tasks: list[asyncio.Task[Any]] = [asyncio.create_task(send(i)) for i in range(first, min(n, first + batch))]
         got: list[RequestResult] = []
         await _finish(tasks, stop_at, got, t0, collect=True)
         results.extend(got)
@@ -179,7 +182,7 @@ async def _static(send: SendFn, n: int, batch: int, stop_at: float, t0: float) -
 
 
 async def _open_loop(send: SendFn, arrivals: Iterable[tuple[int, float]], stop_at: float, t0: float) -> list[RequestResult]:
-    tasks: list[asyncio.Task] = []  # those sent before the deadline: the deadline bounds the list
+    tasks: list[asyncio.Task[Any]] = []  # those sent before the deadline: the deadline bounds the list
     results: list[RequestResult] = []
     for i, offset in arrivals:
         if t0 + offset >= stop_at:
@@ -192,7 +195,7 @@ async def _open_loop(send: SendFn, arrivals: Iterable[tuple[int, float]], stop_a
     return results
 
 
-async def _finish(tasks: list[asyncio.Task], stop_at: float, results: list[RequestResult], t0: float,
+async def _finish(tasks: list[asyncio.Task[Any]], stop_at: float, results: list[RequestResult], t0: float,
                   collect: bool = False) -> None:
     """Wait for ``tasks`` until ``stop_at``; cancel the rest and count each as cancelled."""
     if not tasks:
@@ -222,7 +225,7 @@ def _add(results: list[RequestResult], got: "RequestResult | list[RequestResult]
 
 
 # ------------------------------------------------------------------------------------------ multi-turn sessions
-TurnFn = Callable[["str | list[dict]", int], Awaitable[RequestResult]]  # (history, output length) -> result
+TurnFn = Callable[["str | list[dict[str, Any]]", int], Awaitable[RequestResult]]  # (history, output length) -> result
 THINK_SEED = 1_000_003
 
 
@@ -233,7 +236,7 @@ def think_times(session: int, turns: int, think_time_s: float, spread: float, se
     return [0.0] + [max(0.0, think_time_s * (1 + rng.uniform(-spread, spread))) for _ in range(turns - 1)]
 
 
-def history(conv, replies: list[str], endpoint: str) -> "str | list[dict]":
+def history(conv: Conversation, replies: list[str], endpoint: str) -> "str | list[dict[str, Any]]":
     """What the next turn sends: the conversation's system prompt, its user turns so far and the model's own
     replies between them. The chat endpoint: messages; completions: a transcript ("User: ... Assistant: ...",
     ending with "Assistant:" for the model to continue)."""
@@ -252,7 +255,7 @@ def history(conv, replies: list[str], endpoint: str) -> "str | list[dict]":
     return "\n\n".join(parts)
 
 
-async def run_session(send_turn: TurnFn, conv, session: int, *, endpoint: str, max_turns: int, think_time_s: float,
+async def run_session(send_turn: TurnFn, conv: Conversation, session: int, *, endpoint: str, max_turns: int, think_time_s: float,
                       spread: float, seed: int, default_output_len: int, t0: float) -> list[RequestResult]:
     """One conversation as a session: its turns in order (at most ``max_turns``), each sent with the history and
     the model's own replies, a think time before each turn after the first. A failed turn ends the session (the

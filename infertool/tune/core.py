@@ -104,7 +104,7 @@ def decode_check(trial: space.Trial, cap: CapacityResult) -> DecodeCheck:
                        peak_source=pred.peak_source)
 
 
-def trial_record(trial: space.Trial, tdir: Path | None = None, **fields: object) -> TrialRecord:
+def trial_record(trial: space.Trial, tdir: Path | None = None, **fields: str | TrialError | None) -> TrialRecord:
     rec = TrialRecord.from_dict(trial.to_dict())
     rec.dir = str(tdir) if tdir is not None else None
     for k, v in fields.items():

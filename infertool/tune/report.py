@@ -16,11 +16,11 @@ from infertool.evaluate.result import Accept
 from infertool.evaluate.lossless import FLOOR_METHOD, rule_text
 from infertool.metricspec import objective as objective_metric
 from infertool.report import html_document, html_table, img_tag, md_table
-from infertool.tune.records import Screening, ScreenResult, TrialRecord, TuneDoc
+from infertool.tune.records import DecodeFigures, LmEvalFigures, Screening, ScreenResult, TrialRecord, TuneDoc
 from infertool.tune.space import OUTPUT_SETTINGS
 
 
-def _f(v: object, digits: int = 3) -> str:
+def _f(v: float | int | str | None, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     if isinstance(v, float):
@@ -117,42 +117,34 @@ def _v(v: object) -> str:
     return str(v)
 
 
-def _ci_cell(value: object, ci: object, digits: int = 3) -> str:
+def _ci_cell(value: float | int | None, ci: list[float | None] | None, digits: int = 3) -> str:
     """A figure with its interval, when it has one (both ends numbers)."""
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
+    if ci is not None and len(ci) == 2 and ci[0] is not None and ci[1] is not None:
         return f"{_f(value, digits)} [{_f(ci[0], digits)}, {_f(ci[1], digits)}]"
     return _f(value, digits)
 
 
-def lm_eval_cell(lm: dict[str, dict[str, object]] | None) -> str:
+def lm_eval_cell(lm: dict[str, LmEvalFigures]) -> str:
     """Per lm-eval task: recovery [interval], base -> candidate score, lost / gained documents."""
-    if not lm:
-        return "-"
-    parts = []
-    for task, b in lm.items():
-        if not isinstance(b, dict):
-            continue
-        parts.append(f"{task}: {_ci_cell(b.get('recovery'), b.get('recovery_ci'))} ({_f(b.get('base'))} -> "
-                     f"{_f(b.get('candidate'))}; lost {_f(b.get('lost'))}, gained {_f(b.get('gained'))}, n {_f(b.get('n'))})")
-    return "; ".join(parts) or "-"
+    return "; ".join(f"{task}: {_ci_cell(b.recovery, b.recovery_ci)} ({_f(b.base)} -> {_f(b.candidate)}; lost "
+                     f"{_f(b.lost)}, gained {_f(b.gained)}, n {_f(b.n)})" for task, b in lm.items()) or "-"
 
 
-def decode_cell(dec: dict[str, object] | None) -> list[str]:
+def decode_cell(dec: DecodeFigures | None) -> list[str]:
     """The decode path: exact match [interval], first divergence (median), decode KLD [interval], near ties (of the
     divergences: those that start where the reference's top-2 gap is below the near-tie threshold)."""
-    if not dec:
+    if dec is None:
         return ["-", "-", "-", "-"]
-    n = dec.get("n_prompts")
-    return [_ci_cell(dec.get("exact_match"), dec.get("exact_match_ci")) + (f" of {_f(n)}" if n is not None else ""),
-            _f(dec.get("first_divergence_median")), _ci_cell(dec.get("kld"), dec.get("kld_ci")),
-            near_ties_cell(dec)]
+    n = dec.n_prompts
+    return [_ci_cell(dec.exact_match, dec.exact_match_ci) + (f" of {_f(n)}" if n is not None else ""),
+            _f(dec.first_divergence_median), _ci_cell(dec.kld, dec.kld_ci), near_ties_cell(dec)]
 
 
-def near_ties_cell(dec: dict[str, object]) -> str:
+def near_ties_cell(dec: DecodeFigures) -> str:
     """"N of M divergences start at a near tie". The decode block counts the two apart (``compare``):
     ``near_ties`` divergences start at a near tie, ``divergences`` the others, so M is their sum (N <= M)."""
-    ties, other = dec.get("near_ties"), dec.get("divergences")
-    if not isinstance(ties, int) or isinstance(ties, bool) or not isinstance(other, int) or isinstance(other, bool):
+    ties, other = dec.near_ties, dec.divergences
+    if ties is None or other is None:
         return "-"
     total = ties + other
     if total == 0:
@@ -194,11 +186,12 @@ def accuracy_rows(doc: TuneDoc | dict[str, object]) -> list[list[str]]:
         acc, sc = t.accuracy, t.served_check
         screening = screened_text(t.screening)
         rows.append([t.id, t.accuracy_text, _settings(acc.scored_with if acc else None), screening,
-                     lm_eval_cell(acc.lm_eval if acc else None), *decode_cell(acc.decode if acc else None)])
+                     lm_eval_cell(acc.lm_eval_figures() if acc else {}),
+                     *decode_cell(acc.decode_figures() if acc else None)])
         if sc is not None and sc.verdict is not None:
             rows.append([f"{t.id} (served check)", sc.verdict, _settings(sc.scored_with),
                          "its exact settings" + (": its screening's, reused" if sc.reused else ""),
-                         lm_eval_cell(sc.lm_eval), *decode_cell(sc.decode)])
+                         lm_eval_cell(sc.lm_eval_figures()), *decode_cell(sc.decode_figures())])
     return rows
 
 

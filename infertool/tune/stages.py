@@ -23,7 +23,8 @@ from infertool.stages import Stage, StageContext, StageOutput
 from infertool.stages.builtin import resolution
 from infertool.tune import search
 from infertool.tune.records import (
-    CapacityResult, Judgement, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck, TrialRecord,
+    CapacityResult, DecodeFigures, Judgement, LmEvalFigures, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck, TrialRecord,
+    figure_names,
 )
 
 if TYPE_CHECKING:
@@ -183,9 +184,8 @@ def phase_blocks(phases: list[Phase], ref: Raw, cand: Raw, confidence: float) ->
     return compare_all(phases, done, "reference", "candidate", confidence)
 
 
-LM_EVAL_KEYS = ("metric", "base", "candidate", "recovery", "recovery_ci", "lost", "gained", "mcnemar_p", "n")
-DECODE_KEYS = ("n_prompts", "exact_match", "exact_match_ci", "first_divergence_median", "first_divergence_ci", "kld",
-               "kld_ci", "top1", "top1_ci", "near_ties", "divergences", "near_tie_logprob", "steps")
+LM_EVAL_KEYS = figure_names(LmEvalFigures)
+DECODE_KEYS = figure_names(DecodeFigures)
 
 
 def phase_figures(blocks: Raw) -> dict[str, Raw | None]:
