@@ -242,9 +242,9 @@ def test_the_rate_sweep_stops_past_the_knee_and_brackets_it():
     while (rate := search.next_rate()) is not None:
         search.record(rate, *server(rate), goodput_fraction=1.0)
     knee = search.knee()
-    rates = [lv["rate"] for lv in knee.levels]
+    rates = [lv.rate for lv in knee.levels]
     assert rates[:4] == [0.5, 1.0, 2.0, 4.0]  # grows until 4/s: 3/4 achieved is under 90 %
-    assert [lv["step"] for lv in knee.levels] == ["grow"] * 4 + ["bisect"] * 2
+    assert [lv.step for lv in knee.levels] == ["grow"] * 4 + ["bisect"] * 2
     assert knee.found and knee.rate <= 3.0 < knee.first_bad / 0.9  # the knee (3/s) is bracketed
     assert knee.rate == pytest.approx(math.sqrt(8)) and knee.first_bad == pytest.approx(math.sqrt(math.sqrt(8) * 4))
     assert len(rates) == 6 and knee.stopped == "past saturation"
@@ -397,8 +397,8 @@ def test_a_start_past_the_knee_makes_the_sweep_look_below_it():
     while (rate := search.next_rate()) is not None:
         search.record(rate, *server(rate), goodput_fraction=1.0)
     knee = search.knee()
-    assert [lv["step"] for lv in knee.levels] == ["grow", "shrink", "shrink", "bisect", "bisect"]
-    assert [lv["rate"] for lv in knee.levels][:3] == [1, 0.5, 0.25]
+    assert [lv.step for lv in knee.levels] == ["grow", "shrink", "shrink", "bisect", "bisect"]
+    assert [lv.rate for lv in knee.levels][:3] == [1, 0.5, 0.25]
     assert knee.found and knee.rate <= 0.3 < knee.first_bad
 
 

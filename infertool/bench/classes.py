@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from infertool.bench.metrics import length_stats
-from infertool.bench.results import TrafficClass, TrafficClasses
+from infertool.bench.results import JsonObject, TrafficClass, TrafficClasses
 
 BLOCK = 16  # characters a prefix is compared in (a prefix cache's block, in characters)
 MAX_CLASSED = 100_000  # requests classed and summarised: a longer traffic's first ones (said in the summary's rule)
@@ -152,11 +152,11 @@ def summarise(requests: Sequence[Request], rule: ClassRule, replayed: str | None
 
 
 def decode_prompts(requests: Sequence[Request], names: Sequence[str], per_class: int,
-                   chat: bool = False) -> list[tuple[str, list[dict[str, Any]]]]:
+                   chat: bool = False) -> list[tuple[str, list[JsonObject]]]:
     """Each class's own prompts as decode prompts (infertool.evaluate.decode's form: ``{"id", "prompt"}``, or
     ``{"id", "messages"}`` with the prompt as the user's message when the traffic goes to the chat endpoint): its
     first ``per_class`` requests with a non-blank prompt, in the traffic's order; the largest class first."""
-    by: dict[str, list[dict[str, Any]]] = {}
+    by: dict[str, list[JsonObject]] = {}
     sizes: dict[str, int] = {}
     for r, name in zip(requests, names):
         sizes[name] = sizes.get(name, 0) + 1

@@ -20,11 +20,10 @@ from typing import TYPE_CHECKING, Any
 
 from infertool import net
 from infertool.bench.metrics import RequestResult
+from infertool.bench.results import JsonObject
 
 if TYPE_CHECKING:
     import ssl
-
-    import httpx
 
 
 @dataclass
@@ -63,8 +62,8 @@ def normalise_url(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def request_body(target: Endpoint, prompt: "str | list[dict[str, Any]]", max_tokens: int, stream: bool = True) -> dict[str, Any]:
-    body: dict[str, Any] = {"model": target.model, "max_tokens": max_tokens, "temperature": target.temperature,
+def request_body(target: Endpoint, prompt: "str | list[JsonObject]", max_tokens: int, stream: bool = True) -> JsonObject:
+    body: JsonObject = {"model": target.model, "max_tokens": max_tokens, "temperature": target.temperature,
                   "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -79,7 +78,7 @@ def request_body(target: Endpoint, prompt: "str | list[dict[str, Any]]", max_tok
     return body
 
 
-def _chunk_text(chunk: dict[str, Any], endpoint: str) -> str:
+def _chunk_text(chunk: JsonObject, endpoint: str) -> str:
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return ""
@@ -92,7 +91,7 @@ def _chunk_text(chunk: dict[str, Any], endpoint: str) -> str:
     return str(c.get("text") or "")
 
 
-def _textless_token(chunk: dict[str, Any], endpoint: str) -> bool:
+def _textless_token(chunk: JsonObject, endpoint: str) -> bool:
     """Whether a chunk with an empty text still carries a token: an empty string mid-stream (no finish_reason;
     for chat, not the role header). vLLM sends one for a token whose text is empty (a special token the
     detokenizer skips, like SmolLM2's ``<|im_end|>`` ending a completion, or the first bytes of a multi-byte
@@ -561,7 +560,7 @@ class Pool:
         await asyncio.sleep(0)  # let the transports close
 
 
-async def send(pool: Pool, target: Endpoint, prompt: "str | list[dict[str, Any]]", max_tokens: int, t0: float,
+async def send(pool: Pool, target: Endpoint, prompt: "str | list[JsonObject]", max_tokens: int, t0: float,
                timeout_s: float = 600.0, deadline: float | None = None, keep_text: bool = False) -> RequestResult:
     """Send one streamed request; ``t0`` is the run's start (monotonic) for ``start``; it ends by
     ``timeout_s`` from now or by ``deadline`` (perf_counter), whichever comes first. Never raises for a
@@ -614,7 +613,7 @@ async def send(pool: Pool, target: Endpoint, prompt: "str | list[dict[str, Any]]
 PROMPT_TOKENS_SLACK = 8192  # tokens a chat template or special tokens may add to a prompt's bytes
 
 
-def _usage(usage: dict[str, Any], max_tokens: int, prompt_bytes: int) -> tuple[tuple[int | None, int | None], str | None]:
+def _usage(usage: JsonObject, max_tokens: int, prompt_bytes: int) -> tuple[tuple[int | None, int | None], str | None]:
     """(completion_tokens, prompt_tokens) of a stream's usage, or why it is a bad response: a count must be an
     integer, at most the ``max_tokens`` asked for (completion) or what the prompt's bytes can make (prompt), so
     that a 10**400, a -1, a "12" or a 1e308 never becomes a figure."""
@@ -628,7 +627,7 @@ def _usage(usage: dict[str, Any], max_tokens: int, prompt_bytes: int) -> tuple[t
     return (out[0], out[1]), None
 
 
-def _secrets(target: Endpoint) -> tuple[Any, ...]:
+def _secrets(target: Endpoint) -> tuple[str, ...]:
     return (target.api_key,) if target.api_key else ()
 
 
@@ -654,7 +653,8 @@ class Models:
     skipped: list[str]
 
 
-async def list_models(client: httpx.AsyncClient, base_url: str, headers: dict[str, Any], *, deadline: net.Deadline | None = None) -> Models:
+async def list_models(client: Any, base_url: str, headers: dict[str, str], *,  # Any: an infertool.net.async_client
+                      deadline: net.Deadline | None = None) -> Models:
     """GET ``base_url``/models under ``infertool.net``'s policy (CONTROL_DEADLINE_S, a small body, no
     redirect). Raises net.NetError (no usable answer: unreachable, a stall, a redirect, a body that is not a
     JSON object or whose ``data`` is not a list) or Refused (an HTTP error status)."""
@@ -677,7 +677,7 @@ async def list_models(client: httpx.AsyncClient, base_url: str, headers: dict[st
     return Models(names, skipped)
 
 
-async def tokenize(client: httpx.AsyncClient, root: str, model: str, text: str, headers: dict[str, Any], *,
+async def tokenize(client: Any, root: str, model: str, text: str, headers: dict[str, str], *,  # Any: net's client
                    deadline: net.Deadline | None = None) -> tuple[int | None, str | None]:
     """How many tokens the server makes of ``text`` (vLLM's /tokenize): (count, None), or (None, why not)
     when it cannot say (no /tokenize, a stall past CONTROL_DEADLINE_S, an odd answer, a count no tokenizer
@@ -699,6 +699,7 @@ async def tokenize(client: httpx.AsyncClient, root: str, model: str, text: str, 
     return n, None
 
 
-async def tokenize_count(client: httpx.AsyncClient, root: str, model: str, text: str, headers: dict[str, Any]) -> int | None:
+async def tokenize_count(client: Any, root: str, model: str, text: str,  # Any: an infertool.net.async_client
+                         headers: dict[str, str]) -> int | None:
     """How many tokens the server makes of ``text`` (vLLM's /tokenize), None when it cannot say."""
     return (await tokenize(client, root, model, text, headers))[0]

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from infertool.atomic import dumps_json, write_json, write_text
 from infertool.errors import UsageError
+from infertool.bench.results import JsonObject
 
 if TYPE_CHECKING:
     from infertool.recipe import BenchSection
@@ -169,7 +170,7 @@ def repaired_copy(path: Path) -> Path:
     return copy
 
 
-def _read_json_list(path: Path) -> tuple[list[Any], bool]:
+def _read_json_list(path: Path) -> tuple[list[Any], bool]:  # Any: a JSON list's elements
     """The elements of a JSON list, and whether the file was cut: the complete elements before a cut (a file
     that ends inside its list) are kept; anything else that is not a JSON list is a UsageError."""
     try:
@@ -188,7 +189,7 @@ def _read_json_list(path: Path) -> tuple[list[Any], bool]:
     i = _skip(text, 0)
     if not text.startswith("[", i):
         raise UsageError(f"{path} is no ShareGPT file: it is not a JSON list")
-    out: list[Any] = []
+    out: list[Any] = []  # Any: a JSON list's elements
     i = _skip(text, i + 1)
     while i < len(text) and text[i] != "]":
         try:
@@ -210,7 +211,7 @@ def _skip(text: str, i: int) -> int:
     return i
 
 
-def load_sharegpt(path: str | Path) -> list[list[dict[str, Any]]]:
+def load_sharegpt(path: str | Path) -> list[list[JsonObject]]:
     """The conversations of a ShareGPT-format JSON file (a list of {"conversations": [{"from", "value"}, ...]})
     that have at least two turns, in file order (what vLLM bench keeps before it shuffles); a file cut inside its
     list gives its complete conversations."""
@@ -259,11 +260,11 @@ def sample_sharegpt(path: str | Path, n: int, seed: int, counter: TokenCounter,
     return items
 
 
-def _sample_fresh(path: Path, n: int, seed: int, counter: TokenCounter, max_prompt_len: int) -> dict[str, Any]:
+def _sample_fresh(path: Path, n: int, seed: int, counter: TokenCounter, max_prompt_len: int) -> JsonObject:
     convs = load_sharegpt(path)
     order = list(range(len(convs)))
     random.Random(seed).shuffle(order)  # the permutation random.seed(seed); random.shuffle(data) makes
-    items: list[list[Any]] = []
+    items: list[list[Any]] = []  # Any: the sampled rows' JSON values
     batch = 256
     for start in range(0, len(order), batch):
         chunk = [convs[i] for i in order[start:start + batch]]
@@ -288,10 +289,10 @@ def _cache_path(key: str) -> Path:
     return _cache_dir() / f"sharegpt-{key}.json"
 
 
-_MEMO: dict[str, dict[str, Any]] = {}
+_MEMO: dict[str, JsonObject] = {}
 
 
-def _read_cache(key: str) -> dict[str, Any] | None:
+def _read_cache(key: str) -> JsonObject | None:
     if key in _MEMO:
         return _MEMO[key]
     try:
@@ -306,7 +307,7 @@ def _read_cache(key: str) -> dict[str, Any] | None:
     return data if ok else None
 
 
-def _write_cache(key: str, data: dict[str, Any]) -> None:
+def _write_cache(key: str, data: JsonObject) -> None:
     _MEMO[key] = data
     try:
         path = _cache_path(key)
@@ -525,7 +526,7 @@ def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS,
     return [TraceEntry(t - t0, p, o, c) for t, p, o, c in rows]
 
 
-def _number(row: dict[str, Any], key: str, where: str, lo: float, hi: float) -> float | None:
+def _number(row: JsonObject, key: str, where: str, lo: float, hi: float) -> float | None:
     """row[key] as a finite number within lo..hi; None when absent; a UsageError naming the line otherwise."""
     if key not in row:
         return None
@@ -556,7 +557,7 @@ def needs_tokenizer(bench: BenchSection) -> bool:
     return src == "sharegpt" or src.lower().endswith(".jsonl")
 
 
-def resolve_tokenizer(bench: BenchSection, model: str | None, launched: dict[str, Any] | None) -> str | None:
+def resolve_tokenizer(bench: BenchSection, model: str | None, launched: JsonObject | None) -> str | None:
     """Fill bench.prompt.tokenizer (in place) with the served model's tokenizer.json when the traffic needs one
     and none is set: the checkpoint infertool launched, or the server's model name when it is a local folder
     (vLLM names a model by its path). Returns a note when it is needed and not found."""

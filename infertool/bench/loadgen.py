@@ -31,7 +31,7 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from infertool.bench.metrics import RequestResult, percentile
-from infertool.bench.results import ClientHealth
+from infertool.bench.results import ClientHealth, JsonObject
 from infertool.perf.host import usable_cores
 
 if TYPE_CHECKING:
@@ -76,7 +76,7 @@ class Monitor:
         self._thread.start()
         return self
 
-    def stop(self) -> dict[str, Any]:
+    def stop(self) -> JsonObject:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(1.0)
@@ -85,7 +85,7 @@ class Monitor:
         return {"cpu_s": cpu, "wall_s": wall, "lags_s": list(self.lags)}
 
 
-def health(stats: list[dict[str, Any]], processes: int, itl_p50_ms: float | None = None) -> ClientHealth:
+def health(stats: list[JsonObject], processes: int, itl_p50_ms: float | None = None) -> ClientHealth:
     """The client's figures over its processes (the worst process counts) and whether it was the limit: a
     median lag over LAG_BOUND_MS, or over a tenth of the measured ITL when that is longer (a slow server's
     50 ms tokens are not blurred by a 2 ms lag)."""
@@ -127,7 +127,7 @@ def choose_processes(setting: int | str, level: Level) -> int:
 
 
 # ------------------------------------------------------------------------------------------ several processes
-def _child_main(conn: Connection, job: dict[str, Any]) -> None:
+def _child_main(conn: Connection, job: JsonObject) -> None:
     """One load-generator process: its part of the level, then (results, monitor figures) to the parent."""
     try:
         asyncio.run(_child(conn, job))
@@ -138,7 +138,7 @@ def _child_main(conn: Connection, job: dict[str, Any]) -> None:
             pass
 
 
-def unit_fn(job: dict[str, Any], pool: Pool, t0: float, on_done: Callable[[], None]) -> SendFn:
+def unit_fn(job: JsonObject, pool: Pool, t0: float, on_done: Callable[[], None]) -> SendFn:
     """The coroutine function that sends unit ``i`` of a level (one request, or with ``job["conversations"]`` a
     multi-turn session), the same in this process and in each load-generator process. ``job``: target, bench
     (the level's seeded section), n, chars_per_token, deadline_s, seed; ``prompts`` (a trace's, by index) or
@@ -153,7 +153,7 @@ def unit_fn(job: dict[str, Any], pool: Pool, t0: float, on_done: Callable[[], No
     if convs is not None:
         spec = bench.prompt.multi_turn
 
-        async def turn(history: str | list[dict[str, Any]], out_len: int) -> RequestResult:
+        async def turn(history: str | list[JsonObject], out_len: int) -> RequestResult:
             return await send(pool, target, history, out_len, t0, timeout_s=job["deadline_s"], deadline=deadline,
                               keep_text=True)
 
@@ -177,7 +177,7 @@ def unit_fn(job: dict[str, Any], pool: Pool, t0: float, on_done: Callable[[], No
     return one
 
 
-async def _child(conn: Connection, job: dict[str, Any]) -> None:
+async def _child(conn: Connection, job: JsonObject) -> None:
     from infertool.bench.client import Pool
     from infertool.bench.traffic import run_level
 
@@ -207,9 +207,9 @@ async def _child(conn: Connection, job: dict[str, Any]) -> None:
     conn.send(("done", results, stats, done))
 
 
-async def run_level_processes(job: dict[str, Any], processes: int, on_progress: Callable[[int], None],
+async def run_level_processes(job: JsonObject, processes: int, on_progress: Callable[[int], None],
                               on_start: Callable[[float], None] | None = None,
-                              ) -> tuple[list[RequestResult], float, list[dict[str, Any]]]:
+                              ) -> tuple[list[RequestResult], float, list[JsonObject]]:
     """The level split over ``processes`` spawned load generators. ``job``: target, level, n, bench,
     chars_per_token, deadline_s, seed. ``on_start(t0)`` when they all start sending. Returns (merged
     results, wall seconds, each process's monitor figures). Bounded: the processes' start by READY_TIMEOUT_S,
@@ -220,7 +220,7 @@ async def run_level_processes(job: dict[str, Any], processes: int, on_progress: 
 
     ctx = mp.get_context("spawn")
     loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue[Any] = asyncio.Queue[Any]()
+    inbox: asyncio.Queue[Any] = asyncio.Queue[Any]()  # Any: (process, message) tuples of any message
     procs, conns = [], []
     for k in range(processes):
         parent, child = ctx.Pipe()
@@ -255,7 +255,7 @@ async def run_level_processes(job: dict[str, Any], processes: int, on_progress: 
         if on_start is not None:
             on_start(t0)
         results: list[RequestResult] = []
-        stats: list[dict[str, Any]] = []
+        stats: list[JsonObject] = []
         progress = [0] * processes
         finished: set[int] = set()
         results_by = time.monotonic() + job["deadline_s"] + RESULTS_GRACE_S
@@ -293,7 +293,7 @@ async def run_level_processes(job: dict[str, Any], processes: int, on_progress: 
                 p.join(5)
 
 
-async def _next(inbox: asyncio.Queue[Any], within_s: float, what: str) -> Any:
+async def _next(inbox: asyncio.Queue[Any], within_s: float, what: str) -> Any:  # Any: a process's message
     """The next message of the load-generator processes, or a RuntimeFailure after ``within_s`` seconds."""
     from infertool.errors import RuntimeFailure
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infertool.bench.results import Interval, PerClass, TrafficClasses, _Paired
+from infertool.bench.results import Interval, JsonObject, PerClass, TrafficClasses, _Paired
 from infertool.evaluate.lossless import Lossless
 
 __all__ = ["ClassTable", "class_tables", "lossless_line", "ratio_cell", "traffic_table"]
@@ -42,7 +42,7 @@ def lossless_line(r: Lossless) -> str:
             f"{_f(fl.exact_match, '{:.2f}')}), decode KLD {_f(f.kld, '{:.3g}')} (floor {_f(fl.kld, '{:.3g}')})")
 
 
-def _off_on(pair: dict[str, Any], fmt: str = "{:.0f}") -> str:
+def _off_on(pair: JsonObject, fmt: str = "{:.0f}") -> str:
     return f"{_f(pair.get('off'), fmt)} -> {_f(pair.get('on'), fmt)}"
 
 

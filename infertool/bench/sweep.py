@@ -45,20 +45,19 @@ from infertool.bench.metrics import (
 from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import (SLO, Interval, Knee, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
+from infertool.bench.results import (JsonObject, SLO, Interval, Knee, KneeLevel, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
                                      Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
 
 if TYPE_CHECKING:
-    import httpx
-
     from infertool.bench.client import Pool
+    from infertool.bench.datasets import Conversation
     from infertool.recipe import BenchSection, DecodeSpec, RateSweepSpec, RepeatSpec
 
-EventCallback = Callable[[dict[str, Any]], None]
+EventCallback = Callable[[JsonObject], None]
 # the levels' work (``level_work``) by (the class replayed, level kind, unit, chars per token): kept across arms
-Works = dict[tuple[str | None, str, str | None, float], dict[str, Any]]
+Works = dict[tuple[str | None, str, str | None, float], JsonObject]
 WARMUP_TIMEOUT_S = 60.0  # the warm-up request's deadline (at most bench.max_duration_s)
 CONNECT_BUDGET_S = 20.0  # connect: the model list and /tokenize together
 PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of a level)
@@ -85,7 +84,7 @@ def rate_level(bench: BenchSection, rate: float) -> Level:
 
 
 # ------------------------------------------------------------------------------------------ the work of a level
-def load_conversations(bench: BenchSection, n: int) -> list[Any]:
+def load_conversations(bench: BenchSection, n: int) -> list[Conversation]:
     """``n`` conversations for multi-turn sessions (infertool.bench.datasets.conversations: sharegpt, or a
     conversations JSONL)."""
     from infertool.bench.datasets import conversations
@@ -110,7 +109,7 @@ def load_trace_work(bench: BenchSection, chars_per_token: float) -> tuple[list[P
     return prompts, [(e.t_s - first) / bench.trace_speedup for e in entries]
 
 
-def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> dict[str, Any]:
+def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> JsonObject:
     """What a level sends beyond the bench's prompt stream, for its job: ``conversations`` (sessions),
     ``prompts`` and ``offsets`` (a trace), and ``n`` (its units). With bench.classes.replay, only that class's
     units of the level's traffic (a trace's keep their gaps, from the class's first)."""
@@ -129,7 +128,7 @@ def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> dic
     return {"n": bench.requests}
 
 
-def replay_units(bench: BenchSection, which: str, chars_per_token: float) -> tuple[dict[str, Any], list[int]]:
+def replay_units(bench: BenchSection, which: str, chars_per_token: float) -> tuple[JsonObject, list[int]]:
     """The traffic's work (``classed_traffic``) and the units of the class bench.classes.replay names; UsageError
     (before any server starts) when the class has no request in it, naming the classes it has."""
     replay = bench.classes.replay
@@ -155,7 +154,7 @@ def _rule(bench: BenchSection) -> ClassRule:
     return ClassRule(prefix_chars=bench.classes.prefix_chars, long_chars=bench.classes.long_chars)
 
 
-def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> tuple[dict[str, Any], list[Request]]:
+def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> tuple[JsonObject, list[Request]]:
     """The whole traffic of the trace (``which`` "trace") or of the prompt source ("source"), as its level's
     work per unit (``prompts`` and ``offsets``, or ``conversations``: lists indexed by unit) and its requests for
     infertool.bench.classes (a session's turns: its system prompt and user turns so far, without the replies)."""
@@ -195,7 +194,7 @@ def traffic_classes(bench: BenchSection, chars_per_token: float) -> TrafficClass
     return summarise(requests, _rule(bench), bench.classes.replay)
 
 
-def class_prompts(bench: BenchSection, per_class: int) -> list[tuple[str, list[dict[str, Any]]]] | None:
+def class_prompts(bench: BenchSection, per_class: int) -> list[tuple[str, list[JsonObject]]] | None:
     """Each traffic class's own prompts as decode prompts (``classes.decode_prompts``: its first ``per_class``
     requests; through the chat template when bench.endpoint is chat), largest class first: what a lossless check of speculation runs per class. None where the traffic
     is not classed (the ShareGPT source)."""
@@ -207,7 +206,7 @@ def class_prompts(bench: BenchSection, per_class: int) -> list[tuple[str, list[d
     return decode_prompts(requests, derive(requests, _rule(bench)), per_class, chat=bench.endpoint == "chat")
 
 
-def lossless_sets(bench: BenchSection, spec: DecodeSpec) -> list[tuple[str, list[dict[str, Any]]]]:
+def lossless_sets(bench: BenchSection, spec: DecodeSpec) -> list[tuple[str, list[JsonObject]]]:
     """The prompt sets a lossless check of speculation runs (infertool.evaluate.lossless): each traffic class's
     own prompts (``class_prompts``, eval.decode.n_prompts of each, else lossless.CLASS_PROMPTS), labelled "class
     NAME"; the decode prompts (eval.decode.prompts) where the traffic is not classed."""
@@ -271,12 +270,13 @@ class ServerHandle:
     url: str  # .../v1
     model: str
     api_key: str | None
-    launched: dict[str, Any] | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
+    launched: JsonObject | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     notes: list[str] = field(default_factory=list)  # what connect noticed (a fallback, ids that are no names)
 
 
-async def _connect(client: httpx.AsyncClient, url: str, api_key: str | None, model: str | None, bench: BenchSection,
+async def _connect(client: Any, url: str,  # Any: an infertool.net.async_client
+                    api_key: str | None, model: str | None, bench: BenchSection,
                    key_var: str | None = None, deadline: net.Deadline | None = None) -> tuple[str, float, list[str]]:
     """(the model name to request, characters per token, notes) from the server's model list and /tokenize;
     RuntimeFailure / UsageError when the server cannot be benched (no answer, an error status, no model name,
@@ -418,7 +418,7 @@ async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list
                     if works is not None:
                         works[key] = work
 
-                async def once(run: int, idx: int = idx, level: Level = level, work: dict[str, Any] = work,
+                async def once(run: int, idx: int = idx, level: Level = level, work: JsonObject = work,
                                ) -> tuple[LevelResult, list[RequestResult], float]:
                     sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
                     salted = target if cache_salt is None else replace(target, cache_salt=f"{cache_salt}-{idx}-{run}")
@@ -436,7 +436,7 @@ REPEAT_SEED = 7907  # a repeat's seeds: the level's, salted by this times the ru
 
 
 async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerHandle, bench: BenchSection, level: Level, idx: int, *,
-                 arm: str, work: dict[str, Any], seed_salt: int,
+                 arm: str, work: JsonObject, seed_salt: int,
                  on_event: EventCallback | None) -> tuple[LevelResult, list[RequestResult], float]:
     """One run of a level: sent from this process or split over several load-generator processes
     (``infertool.bench.loadgen``), then summarised. Returns (the level, its requests, its wall seconds)."""
@@ -471,8 +471,8 @@ async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerH
     ), results, duration
 
 
-async def _in_process(pool: Pool, sampler: Sampler, job: dict[str, Any],
-                      progress: _Progress) -> tuple[list[RequestResult], float, list[dict[str, Any]]]:
+async def _in_process(pool: Pool, sampler: Sampler, job: JsonObject,
+                      progress: _Progress) -> tuple[list[RequestResult], float, list[JsonObject]]:
     """The level sent from this process's event loop, watched by ``loadgen.Monitor``."""
     from infertool.bench.loadgen import Monitor, unit_fn
 
@@ -525,7 +525,7 @@ async def repeat_runs(once: RunOnce, spec: RepeatSpec, pooled: Callable[[list[Re
                    repeats=rep, follow=follow)
 
 
-def _mean(values: list[Any]) -> float | None:
+def _mean(values: list[float | int | None]) -> float | None:
     """The mean of the numbers among ``values`` (None when there are none)."""
     xs = [v for v in values if isinstance(v, (int, float))]
     return sum(xs) / len(xs) if xs else None
@@ -586,7 +586,7 @@ class KneeSearch:
 
     def __init__(self, spec: RateSweepSpec, slo_set: bool) -> None:
         self.spec, self.slo_set = spec, slo_set
-        self.levels: list[dict[str, Any]] = []
+        self.levels: list[KneeLevel] = []
         self.good: float | None = None
         self.bad: float | None = None
 
@@ -595,10 +595,11 @@ class KneeSearch:
         if len(self.levels) >= self.spec.max_levels:
             return None
         if self.bad is None:
-            return self.spec.start if not self.levels else float(self.levels[-1]["rate"]) * self.spec.factor
+            last = self.levels[-1].rate if self.levels else None
+            return self.spec.start if last is None else last * self.spec.factor
         if self.good is None:  # even the start was past the knee: look below it
             return self.bad / self.spec.factor
-        bisected = sum(1 for lv in self.levels if lv["step"] == "bisect")
+        bisected = sum(1 for lv in self.levels if lv.step == "bisect")
         if bisected >= BISECTIONS:
             return None
         return math.sqrt(self.good * self.bad)
@@ -611,8 +612,7 @@ class KneeSearch:
         if self.slo_set:
             good = good and goodput_fraction is not None and goodput_fraction >= self.spec.goodput_target
         step = "grow" if self.bad is None else "shrink" if self.good is None else "bisect"
-        self.levels.append({"rate": rate, "offered_rps": offered, "achieved_rps": achieved, "ratio": ratio,
-                            "goodput_fraction": goodput_fraction, "good": good, "step": step})
+        self.levels.append(KneeLevel(rate, offered, achieved, ratio, goodput_fraction, good, step))
         if good:
             self.good = max(self.good or 0.0, rate)
         else:

@@ -527,15 +527,33 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
 DRY_RUN_SHOWN = 100
 
 
-def dry_run(recipe: Recipe) -> dict[str, object]:
+@dataclass
+class DryRun:
+    """What `tune --dry-run` shows: the plan (the space, its planned trials with their predictions, most promising
+    first) and the first DRY_RUN_SHOWN of them; nothing runs."""
+
+    plan: Plan
+    shown: list[Trial]
+    space: SpaceInfo  # the plan's space
+
+    @property
+    def pruned_planned(self) -> int:
+        """The planned trials the plan prunes (they cannot fit)."""
+        return sum(not t.prediction.fits for t in self.plan.trials)
+
+    def to_dict(self) -> dict[str, object]:
+        sp = self.plan.space
+        return {"trials": [t.to_dict() for t in self.shown],
+                "pruned": [t.id for t in self.shown if not t.prediction.fits],
+                "candidates": [c.to_dict() for c in sp.candidates],
+                "grid": list(itertools.islice(sp.grid, DRY_RUN_SHOWN)),
+                "space": {**self.space.to_dict(), "shown": len(self.shown), "pruned_planned": self.pruned_planned}}
+
+
+def dry_run(recipe: Recipe, res: Resolution, tune_dir: Path, publish: str | None) -> DryRun:
     """The search space's size and axes; its planned trials, their predictions and order, what would be pruned
-    (the first DRY_RUN_SHOWN of them, most promising first; the rest counted): nothing runs."""
+    (the first DRY_RUN_SHOWN of them, most promising first; the rest counted): nothing runs. The winner's
+    destination (``publish``) is refused as the real tune refuses it before any trial."""
+    publish_destination(recipe, res, tune_dir, publish)
     plan = plan_search(recipe)
-    sp = plan.space
-    shown = plan.trials[:DRY_RUN_SHOWN]
-    return {"trials": [t.to_dict() for t in shown],
-            "pruned": [t.id for t in shown if not t.prediction.fits],
-            "candidates": [c.to_dict() for c in sp.candidates],
-            "grid": list(itertools.islice(sp.grid, DRY_RUN_SHOWN)),
-            "space": {**plan.info().to_dict(), "shown": len(shown),
-                      "pruned_planned": sum(not t.prediction.fits for t in plan.trials)}}
+    return DryRun(plan, plan.trials[:DRY_RUN_SHOWN], plan.info())

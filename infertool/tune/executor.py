@@ -40,7 +40,9 @@ if TYPE_CHECKING:
 # the trial's index and id, and the shared stage cache
 TrialFn = Callable[..., TrialRecord]
 # Ray's own data: a task's options (``ray.remote(...).options`` keyword arguments) and ``ray.nodes()`` entries
-RayOptions = dict[str, Any]
+RayOptions = dict[str, Any]  # Any: Ray's option values
+RayNode = dict[str, Any]  # Any: a ray.nodes() entry (Ray's JSON)
+RayRef = Any  # Any: a Ray ObjectRef (ray ships no types)
 
 SAMPLER_SKIP = "not chosen by the sampler within tune.max_trials"
 # every wait on Ray is at most this long: between two, the driver looks at the trials not yet placed
@@ -199,7 +201,7 @@ def _ray(ctx: Context, trials: list[Trial], trial_fn: TrialFn) -> list[TrialReco
             ready[t.candidate.key] = _shared_ready(ctx, t)
         (rest if t.candidate.key in seen and not ready[t.candidate.key] else firsts).append(t)
         seen.add(t.candidate.key)
-    running: dict[Any, Trial] = {}  # Ray's object ref -> its trial
+    running: dict[RayRef, Trial] = {}  # Ray's object ref -> its trial
     try:
         _ray_waves(ctx, ray, (firsts, rest), running, records, limit, run_remote, options, address)
     except KeyboardInterrupt:
@@ -275,7 +277,7 @@ def demand(opts: RayOptions) -> dict[str, float]:
     return {k: float(v) for k, v in need.items() if v}
 
 
-def unplaceable(t: Trial, opts: RayOptions, nodes: list[dict[str, Any]], totals: dict[str, float]) -> str | None:
+def unplaceable(t: Trial, opts: RayOptions, nodes: list[RayNode], totals: dict[str, float]) -> str | None:
     """Why no live node of the cluster (``ray.nodes()``; ``ray.cluster_resources()`` for the message) could ever run
     the trial with ``opts``: None when one live node has every resource it needs."""
     need = demand(opts)
@@ -311,12 +313,13 @@ def _record(ctx: Context, records: list[TrialRecord], rec: TrialRecord, address:
     records.append(rec)
 
 
-def _ray_waves(ctx: Context, ray: Any, waves: Iterable[list[Trial]], running: dict[Any, Trial], records: list[TrialRecord],
-               limit: int, run_remote: Any, options: Callable[[Trial], RayOptions], address: str) -> None:
+def _ray_waves(ctx: Context, ray: Any, waves: Iterable[list[Trial]], running: dict[RayRef, Trial],  # Any: the ray module
+               records: list[TrialRecord], limit: int, run_remote: Any,  # Any: a Ray remote function
+               options: Callable[[Trial], RayOptions], address: str) -> None:
     """Submit each wave's trials (at most ``limit`` running) and collect them; every wait on Ray is bounded
     (RAY_POLL_S), and trials Ray has not placed while nothing else runs are cancelled after
     tune.ray.placement_timeout_s (``_unstick``)."""
-    placed: set[Any] = set()  # Ray's object refs of the trials placed
+    placed: set[RayRef] = set()  # Ray's object refs of the trials placed
     progress = [time.monotonic()]  # the last submission, placement or completion
     for wave in waves:
         pending = list(wave)
@@ -363,7 +366,8 @@ def _placement(ctx: Context, t: Trial) -> dict[str, object] | None:
     return placed if isinstance(placed, dict) else None
 
 
-def _unstick(ctx: Context, ray: Any, running: dict[Any, Trial], placed: set[Any], progress: list[float],
+def _unstick(ctx: Context, ray: Any, running: dict[RayRef, Trial], placed: set[RayRef],  # Any: the ray module
+             progress: list[float],
              records: list[TrialRecord], address: str) -> None:
     """Trials that wait for a node: when none of the running trials is placed (nothing runs that could free a
     node) and nothing was submitted, placed or finished for tune.ray.placement_timeout_s, they are cancelled and

@@ -343,7 +343,7 @@ def _cost_lines(doc: TuneDoc) -> list[str]:
     return lines
 
 
-def _fleet(doc: TuneDoc) -> dict[str, Any]:  # perf.fleet.tune_fleet's {rows, lines}
+def _fleet(doc: TuneDoc) -> dict[str, Any]:  # Any: perf.fleet.tune_fleet's {rows, lines}, untyped there
     """Replicas and $/month per trial for the recipe's target.peak_rps (perf.fleet.tune_fleet), each trial's target
     read from its manifest's recipe."""
     from infertool.perf.fleet import tune_fleet

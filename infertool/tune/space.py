@@ -12,7 +12,7 @@ import json
 import math
 import random
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
@@ -20,7 +20,6 @@ from infertool.tune.records import MachineInfo, PredictionRecord, Screening, Ser
 
 if TYPE_CHECKING:
     from infertool.recipe import Recipe, ServeSection, TuneMachine, TuneSection
-    from infertool.tune.context import EventCallback
     from infertool.resolve import Resolution
 
 
@@ -417,7 +416,8 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
 
 
 def capacity_start(trial: Trial, res: Resolution, url: str, served_name: str, lo: int, hi: int, *,
-                   headers: dict[str, str] | None = None, on_event: EventCallback | None = None) -> int | None:
+                   headers: dict[str, str] | None = None,
+                   on_event: Callable[[dict[str, object]], None] | None = None) -> int | None:
     """Where the trial's capacity search starts: the knee the calibrated model predicts (clipped to [lo, hi]).
     The calibration of this host, model and serve settings is measured on the trial's running server first when
     none is cached (or the cached one has no point at ``hi``): seconds, once per key and batch. None (start at ``lo``)

@@ -42,13 +42,13 @@ J = TypeVar("J", ScreenResult, ServedCheck)  # a sequential check's record
 T = TypeVar("T")
 # evaluate's raw scorings (raw.json: server_engine.collect's tasks and stats; phases.json: each phase's raws by
 # name) are evaluate's JSON: tune stores and joins them, evaluate reads them
-Raw = dict[str, Any]
+Raw = dict[str, Any]  # Any: evaluate's JSON values (a task request, a raw scoring)
 
 TOPK = 20  # log-probabilities per position from the server: the top-k KLD of the vllm engine
 
 
 # ------------------------------------------------------------------------------------- scoring
-def requests(job: TrialJob, lo: int, hi: int) -> list[dict[str, Any]]:
+def requests(job: TrialJob, lo: int, hi: int) -> list[Raw]:
     """The suite's tasks, items [lo, hi) of each (perplexity: windows lo..hi-1 of the same cut)."""
     out = []
     for t in job.tune.suite.tasks:
@@ -90,7 +90,7 @@ class Scorer:
 
         return Served(self.label, self.client, self.model_path, self.log_dir)
 
-    def score(self, reqs: list[dict[str, Any]]) -> Raw:
+    def score(self, reqs: list[Raw]) -> Raw:
         from infertool.evaluate.server_engine import collect
 
         return collect(self.client, reqs, k=TOPK, workers=self.workers, events=self.events, label=self.label)
