@@ -16,7 +16,9 @@ from infertool.evaluate.result import Accept
 from infertool.evaluate.lossless import FLOOR_METHOD, rule_text
 from infertool.metricspec import objective as objective_metric
 from infertool.report import html_document, html_table, img_tag, md_table
-from infertool.tune.records import DecodeFigures, LmEvalFigures, Screening, ScreenResult, TrialRecord, TuneDoc
+from infertool.tune.records import (
+    DecodeFigures, LmEvalFigures, Screening, ScreenResult, ServeValue, TrialRecord, TuneDoc,
+)
 from infertool.tune.space import OUTPUT_SETTINGS
 
 
@@ -109,7 +111,7 @@ def _settings(d: Mapping[str, object] | None) -> str:
     return ", ".join(f"{k}={_v(v)}" for k, v in (d or {}).items() if v is not None) or "-"
 
 
-def _v(v: object) -> str:
+def _v(v: ServeValue) -> str:  # a serve setting's value, as the recipe spells it
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, dict):
