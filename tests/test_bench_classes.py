@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from infertool.bench.classes import BLOCK, Request, Rule, derive, shared_with_earlier, summarise
+from infertool.bench.classes import BLOCK, ClassRule, Request, derive, shared_with_earlier, summarise
 from infertool.errors import EXIT_OK, EXIT_USAGE
 from tests.conftest import cli_in_process
 
@@ -22,22 +22,22 @@ def test_rule_first_match_given_multi_turn_shared_prefix_long_short():
     reqs = [Request(SYSTEM + "change 1", 8, 0), Request(SYSTEM + "change 2", 8, 1),
             Request("x" * 5000, 16, 2), Request("a short one", 4, 3), Request("mine", 4, 4, given="vip"),
             Request("turn one", 4, 5, turns=2), Request("turn one\n\nturn two", 4, 5, turns=2)]
-    assert derive(reqs, Rule(prefix_chars=1024, long_chars=4096)) == [
+    assert derive(reqs, ClassRule(prefix_chars=1024, long_chars=4096)) == [
         "shared-prefix", "shared-prefix", "long", "short", "vip", "multi-turn", "multi-turn"]
     # the thresholds are the recipe's: a longer prefix threshold makes the reviews plain long or short inputs
-    assert derive(reqs, Rule(prefix_chars=2048, long_chars=1000))[:4] == ["long", "long", "long", "short"]
+    assert derive(reqs, ClassRule(prefix_chars=2048, long_chars=1000))[:4] == ["long", "long", "long", "short"]
 
 
 def test_a_conversations_own_turns_are_no_shared_prefix_with_another_request():
     turns = [Request(SYSTEM, 4, 0), Request(SYSTEM + "\n\nmore", 4, 0)]  # one unit: not shared with ANOTHER
-    assert derive(turns, Rule(prefix_chars=64, long_chars=10_000)) == ["short", "short"]
+    assert derive(turns, ClassRule(prefix_chars=64, long_chars=10_000)) == ["short", "short"]
     # but its second turn reuses the first: the prefix-sharing ratio counts earlier requests of any unit
     assert shared_with_earlier(turns) == [0, len(SYSTEM) // BLOCK * BLOCK]
 
 
 def test_summary_shares_lengths_and_prefix_sharing_ratio():
     reqs = [Request(SYSTEM + f"change {i}", 8, i) for i in range(4)] + [Request("q?", 2, 9)]
-    tc = summarise(reqs, Rule())
+    tc = summarise(reqs, ClassRule())
     by = {c.name: c for c in tc.classes}
     assert tc.requests == 5 and [c.name for c in tc.classes] == ["shared-prefix", "short"]
     sp = by["shared-prefix"]

@@ -67,14 +67,14 @@ def _hits_after(url: str, salt: str) -> float:
     """The prefix-cache hits one request of a long prompt makes with ``salt`` (the counters' delta)."""
     import urllib.request
 
-    from infertool.bench.client import Target, request_body
+    from infertool.bench.client import Endpoint, request_body
     from infertool.bench.prometheus import parse_prometheus, pick
 
     def hits() -> float:
         with urllib.request.urlopen(url.removesuffix("/v1") + "/metrics", timeout=30) as r:
             return pick(parse_prometheus(r.read().decode()))["prefix_cache_hits"] or 0.0
 
-    body = request_body(Target(url, "tiny", cache_salt=salt), "The quick brown fox. " * 200, 2, stream=False)
+    body = request_body(Endpoint(url, "tiny", cache_salt=salt), "The quick brown fox. " * 200, 2, stream=False)
     before = hits()
     req = urllib.request.Request(url + "/completions", json.dumps(body).encode(), {"Content-Type": "application/json"})
     with urllib.request.urlopen(req, timeout=300) as r:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from infertool.bench.client import Pool, Target
+from infertool.bench.client import Endpoint, Pool
 from infertool.bench.loadgen import run_level_processes, unit_fn
 from infertool.bench.metrics import RequestResult, summarize, t_quantile
 from infertool.bench.results import Latency, LevelResult, Summary
@@ -71,7 +71,7 @@ def _bench(**over) -> BenchSection:
 
 
 def _job(bench: BenchSection, url: str, level: Level) -> dict:
-    target = Target(url + "/v1", "m", bench.endpoint, None, bench.ignore_eos)
+    target = Endpoint(url + "/v1", "m", bench.endpoint, None, bench.ignore_eos)
     return {"target": target, "level": level, "bench": bench, "chars_per_token": 4.0, "deadline_s": DEADLINE_S,
             "seed": 7, **level_work(bench, level, 4.0)}
 
@@ -189,7 +189,7 @@ def test_a_trace_is_replayed_in_order_at_its_timestamps_over_the_speedup(tmp_pat
     job = _job(bench, "", level)
     assert job["offsets"] == pytest.approx([0.0, 0.1, 0.2]) and job["n"] == 3
     with HostileServer({"/v1/completions": echo_stream()}) as srv:
-        results = _drive({**job, "target": Target(srv.url + "/v1", "m", "completions")})
+        results = _drive({**job, "target": Endpoint(srv.url + "/v1", "m", "completions")})
         bodies = _bodies(srv)
     # each line's own prompt and output length (the server's arrival order is the network's, not the client's)
     assert sorted((b["prompt"], b["max_tokens"]) for b in bodies) == [("first", 3), ("second", 5), ("third", 7)]
@@ -242,9 +242,9 @@ def test_the_rate_sweep_stops_past_the_knee_and_brackets_it():
     while (rate := search.next_rate()) is not None:
         search.record(rate, *server(rate), goodput_fraction=1.0)
     knee = search.knee()
-    rates = [lv["rate"] for lv in knee.levels]
+    rates = [lv.rate for lv in knee.levels]
     assert rates[:4] == [0.5, 1.0, 2.0, 4.0]  # grows until 4/s: 3/4 achieved is under 90 %
-    assert [lv["step"] for lv in knee.levels] == ["grow"] * 4 + ["bisect"] * 2
+    assert [lv.step for lv in knee.levels] == ["grow"] * 4 + ["bisect"] * 2
     assert knee.found and knee.rate <= 3.0 < knee.first_bad / 0.9  # the knee (3/s) is bracketed
     assert knee.rate == pytest.approx(math.sqrt(8)) and knee.first_bad == pytest.approx(math.sqrt(math.sqrt(8) * 4))
     assert len(rates) == 6 and knee.stopped == "past saturation"
@@ -397,8 +397,8 @@ def test_a_start_past_the_knee_makes_the_sweep_look_below_it():
     while (rate := search.next_rate()) is not None:
         search.record(rate, *server(rate), goodput_fraction=1.0)
     knee = search.knee()
-    assert [lv["step"] for lv in knee.levels] == ["grow", "shrink", "shrink", "bisect", "bisect"]
-    assert [lv["rate"] for lv in knee.levels][:3] == [1, 0.5, 0.25]
+    assert [lv.step for lv in knee.levels] == ["grow", "shrink", "shrink", "bisect", "bisect"]
+    assert [lv.rate for lv in knee.levels][:3] == [1, 0.5, 0.25]
     assert knee.found and knee.rate <= 0.3 < knee.first_bad
 
 

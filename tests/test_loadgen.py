@@ -12,7 +12,7 @@ from collections import Counter
 import pytest
 
 from infertool.bench import loadgen
-from infertool.bench.client import Pool, Target, _field, send
+from infertool.bench.client import Endpoint, Pool, _field, send
 from infertool.bench.metrics import RequestResult
 from infertool import bench
 from infertool.bench.traffic import Level, run_level, share
@@ -215,7 +215,7 @@ def test_chat_and_keep_alive_and_a_closed_connection():
     connection the server closed meanwhile: sent again on a new one."""
     async def go(url: str) -> list[RequestResult]:
         pool = Pool(url)
-        target = Target(url, "m", "chat")
+        target = Endpoint(url, "m", "chat")
         t0 = time.monotonic()
         out = [await send(pool, target, "hi", 5, t0) for _ in range(3)]
         assert len(pool._open) == 1  # one connection, reused
@@ -265,7 +265,7 @@ def test_other_http_framings_from_the_standard_library_server():
 
     async def go() -> list[RequestResult]:
         pool = Pool(url)
-        target = Target(url, "m")
+        target = Endpoint(url, "m")
         out = [await send(pool, target, p, 3, time.monotonic()) for p in ("close", "length", "fail")]
         await pool.close()
         return out

@@ -258,6 +258,34 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
     assert not (d / publish.TUNE_PUBLISHED).exists() and Path(pub["path"]).is_dir()  # the checkpoint itself stays
 
 
+def test_one_tune_resolves_its_recipe_once(smol, tmp_path, monkeypatch):
+    """The tune's recipe is resolved once (the context, the publish checks and the stages read that one), the
+    reference once, each trial's recipe once (its plan, its decode check); the winner's checkpoint once more."""
+    import infertool.resolve as resolving
+    from infertool.tune.run import run_tune
+
+    real, calls = resolving.resolve, []
+
+    def counting(recipe, *a, **k):
+        calls.append((recipe, k.get("candidate_path")))
+        return real(recipe, *a, **k)
+
+    monkeypatch.setattr(resolving, "resolve", counting)
+    r = validate_recipe_data(tune_recipe(smol, tmp_path))
+    n_trials = len(space.trials(r))
+    Stand(monkeypatch, verdicts={"W8A8 (llmcompressor)": "PASS", "GPTQ 4-bit g32 (gptqmodel)": "FAIL"},
+          loads={(c, m): (2, 5.0 + m) for c in ("original", "W8A8 (llmcompressor)", "GPTQ 4-bit g32 (gptqmodel)")
+                 for m in (2, 4)}, served={})
+    calls.clear()
+    res = run_tune(r)
+    assert res.winner is not None and res.winner.stages.get("quantize") is not None
+    assert sum(rec is r for rec, _ in calls) == 1  # the tune's own recipe: once
+    planned = [rec for rec, path in calls if path is None and rec is not r]
+    assert len(planned) == len({id(rec) for rec in planned}) == n_trials + 1  # every trial once, the reference once
+    assert [path for _, path in calls if path is not None] == [Path(res.winner.stages["quantize"].entry) / "model"]
+    assert len(calls) == n_trials + 3
+
+
 def test_interrupted_tune_resumes_with_finished_trials_reused(smol, tmp_path, monkeypatch):
     from infertool.tune.run import run_tune
 

@@ -9,7 +9,7 @@ import json
 import pytest
 
 from infertool.tune import search
-from infertool.tune.records import CapacityResult, Decision, TrialRecord, TuneDoc
+from infertool.tune.records import CapacityResult, TrialRecord, TuneDecision, TuneDoc
 from infertool.tune.search import Probe, RepeatPolicy
 
 SLO = {"ttft_ms": 1000.0, "tpot_ms": 100.0}
@@ -113,7 +113,7 @@ def test_confirming_a_best_that_now_misses_falls_back():
 ])
 def test_max_load_bracket_from_probes(probes, expected):
     ps = [Probe(c, ok, None, decided=d) for c, ok, d in probes]
-    assert search.max_load_bracket(ps, 1, 16) == expected
+    assert search.max_load_bracket(ps, 1, 16) == search.Bracket(**expected)
 
 
 # ------------------------------------------------------------------------------- intervals and the decision
@@ -238,10 +238,10 @@ def test_own_cost_reads_brute_force_from_the_same_directory(tmp_path):
     brute = TrialRecord.from_dict({"id": "t1", "stages": {"capacity": {"entry": "x", "seconds": 300.0}}})
     write_json(tmp_path / "tune-exhaustive.json", TuneDoc(recipe="r", winner="t1", trials=[brute]).to_dict())
     mine = [TrialRecord.from_dict({"id": "t1", "stages": {"capacity": {"entry": "y", "seconds": 120.0}}})]
-    c = own_cost(tmp_path, mine, exhaustive=False, decision=Decision(winner="t2", tied=["t2", "t1"]))
+    c = own_cost(tmp_path, mine, exhaustive=False, decision=TuneDecision(winner="t2", tied=["t2", "t1"]))
     assert c.ratio == pytest.approx(0.4) and c.other_winner == "t1" and c.brute_force.total == 300.0
     assert c.agrees is True  # brute force's winner is in the declared tie
-    assert own_cost(tmp_path, mine, exhaustive=False, decision=Decision(winner="t2", tied=[])).agrees is False
+    assert own_cost(tmp_path, mine, exhaustive=False, decision=TuneDecision(winner="t2", tied=[])).agrees is False
     assert own_cost(tmp_path / "none", mine, exhaustive=False).ratio is None  # no brute force measured there
 
 
@@ -337,7 +337,7 @@ def test_search_load_repeats_at_the_edge_and_stops_when_it_cannot_win(monkeypatc
     ctx = SimpleNamespace(job=job, on_event=None, emit=lambda *a, **k: None)
     srv = SimpleNamespace(url="http://127.0.0.1:1/v1", model="m", api_key=None, to_dict=lambda: {})
     levels: list = []
-    res = _search_load(ctx, srv, 8, levels)
+    res = _search_load(ctx, None, srv, 8, levels)  # the resolution: only the (stubbed) capacity_start reads it
     # 1, 2 once (far); 4 three times (near the edge: 48 of 48 decide it after the 3rd run, Wilson 0.926); the
     # misses at 8, 6, 5 once (far); the best already has its runs: not measured again
     assert calls == [1, 2, 4, 4, 4, 8, 6, 5] and len(levels) == 8 and res.max_load == 4
@@ -345,7 +345,7 @@ def test_search_load_repeats_at_the_edge_and_stops_when_it_cannot_win(monkeypatc
     assert best.runs == 3 and best.decided and best.throughput_ci is not None
     job.tune.best_cost = 0.5  # 8 misses at 100 tok/s (125 at most): $1.11/1M > $0.5: nothing below 8 can win
     calls.clear()
-    res = _search_load(ctx, srv, 8, [])
+    res = _search_load(ctx, None, srv, 8, [])  # the resolution: only the (stubbed) capacity_start reads it
     assert calls == [1, 2, 4, 4, 4, 8]
     assert res.max_load == 4 and "cannot win" in res.stopped and [p.concurrency for p in res.probes][-1] == 8
 
@@ -386,7 +386,7 @@ def test_a_bound_probe_is_kept_apart_from_the_bracket():
     """A sibling's bound probe below the answer that happens to miss proves nothing of this search."""
     probes = [Probe(8, True, 1.0, run(1.0, 50.0)), Probe(4, False, 0.5, run(0.5, 150.0), bound_for=4)]
     b = search.max_load_bracket(probes, 1, 8)
-    assert b["edge"] == [8, None]
+    assert b.edge == [8, None]
 
 
 def test_search_load_probes_the_max_num_seqs_of_smaller_siblings_still_to_run(monkeypatch):
@@ -422,7 +422,7 @@ def test_search_load_probes_the_max_num_seqs_of_smaller_siblings_still_to_run(mo
                            tune=SimpleNamespace(objective="cost", load=TuneLoadSearch()))
     ctx = SimpleNamespace(job=SimpleNamespace(tune=tune, trial=me), on_event=None, emit=lambda *a, **k: None)
     srv = SimpleNamespace(url="http://127.0.0.1:1/v1", model="m", api_key=None, to_dict=lambda: {})
-    res = _search_load(ctx, srv, 8, [])
+    res = _search_load(ctx, None, srv, 8, [])  # the resolution: only the (stubbed) capacity_start reads it
     # 8 meets far from the edge, confirmed by a second run; then one run at 3 and at 4 (ms2 ran before it)
     assert calls == [8, 8, 3, 4] and res.max_load == 8 and res.best().concurrency == 8
     assert [(p.concurrency, p.bound_for, p.runs) for p in res.probes[1:]] == [(3, 3, 1), (4, 4, 1)]
@@ -432,12 +432,12 @@ def test_search_load_probes_the_max_num_seqs_of_smaller_siblings_still_to_run(mo
     assert search.sibling_bound(small, [big], 0.25) == (pytest.approx(90.0 * 1.25), "ms8 at concurrency 4")
     tune.tune = SimpleNamespace(objective="throughput", load=TuneLoadSearch())  # no cost to beat: no bound probes
     calls.clear()
-    _search_load(ctx, srv, 8, [])
+    _search_load(ctx, None, srv, 8, [])
     assert calls == [8, 8]
     script.update({5: (1.0, 56.0, 95.0), 6: (1.0, 57.0, 100.0), 7: (1.0, 58.0, 110.0)})
     tune.tune, tune.exhaustive = SimpleNamespace(objective="cost", load=TuneLoadSearch()), True
     calibrated.clear()
-    assert all(p.bound_for is None for p in _search_load(ctx, srv, 8, []).probes)  # brute force: every load anyway
+    assert all(p.bound_for is None for p in _search_load(ctx, None, srv, 8, []).probes)  # brute force: every load anyway
     assert calibrated == ["ms8"]  # ... its prediction calibrated as the staged search's is
 
 

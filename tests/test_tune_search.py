@@ -8,7 +8,7 @@ import math
 import pytest
 
 from infertool.tune import search
-from infertool.tune.records import CapacityResult, Decision, TrialRecord
+from infertool.tune.records import CapacityResult, TrialRecord, TuneDecision
 from infertool.tune.search import Probe, find_max_load
 
 
@@ -81,7 +81,7 @@ def test_rank_and_why_lost():
     assert why["h"] == "no load meets the SLO"
     # a tie lost by the tie rule says so, even when the loser is ahead on the point estimate (seen in a per-class
     # tune: the speculative trial at 0.5735 $ "lost" to 0.7521 $ with overlapping intervals, on the accuracy margin)
-    tie = Decision(winner="b", runner_up="e", tie=True, tied=["e", "b"], why="a tie: broken by the rule (mean KLD 0 vs 0.001)")
+    tie = TuneDecision(winner="b", runner_up="e", tie=True, tied=["e", "b"], why="a tie: broken by the rule (mean KLD 0 vs 0.001)")
     assert search.why_lost(ts[4], win, "cost", tie) == ("cost per 1M output tokens at the SLO: 9.5 $ vs the winner's "
                                                          "9.5 $; a tie: broken by the rule (mean KLD 0 vs 0.001)")
     assert search.why_lost(ts[0], win, "cost", tie) == why["a"]  # not among the tied: the estimates alone

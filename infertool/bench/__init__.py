@@ -22,10 +22,14 @@ __all__ = ["BenchOptions", "BenchPlan", "BenchReport", "plan", "run"]
 
 
 def __getattr__(name: str) -> type:  # the lazily imported record and option classes
-    if name in ("BenchOptions", "BenchPlan"):
-        from infertool.bench import core
+    if name == "BenchOptions":
+        from infertool.bench.core import BenchOptions
 
-        return getattr(core, name)
+        return BenchOptions
+    if name == "BenchPlan":
+        from infertool.bench.core import BenchPlan
+
+        return BenchPlan
     if name == "BenchReport":
         from infertool.bench.results import BenchReport
 

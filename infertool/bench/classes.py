@@ -21,10 +21,10 @@ Pure functions: no I/O, no server.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Any, Sequence
 
 from infertool.bench.metrics import length_stats
-from infertool.bench.results import TrafficClass, TrafficClasses
+from infertool.bench.results import JsonObject, TrafficClass, TrafficClasses
 
 BLOCK = 16  # characters a prefix is compared in (a prefix cache's block, in characters)
 MAX_CLASSED = 100_000  # requests classed and summarised: a longer traffic's first ones (said in the summary's rule)
@@ -45,7 +45,7 @@ class Request:
 
 
 @dataclass(frozen=True)
-class Rule:
+class ClassRule:
     """The thresholds of ``derive`` (``bench.classes``)."""
 
     prefix_chars: int = 1024
@@ -102,7 +102,7 @@ def shared_with_earlier(requests: Sequence[Request], keys: list[list[int]] | Non
     return out
 
 
-def derive(requests: Sequence[Request], rule: Rule, keys: list[list[int]] | None = None) -> list[str]:
+def derive(requests: Sequence[Request], rule: ClassRule, keys: list[list[int]] | None = None) -> list[str]:
     """Each request's class (see the module docstring): the given one, else the rule's; every turn of a
     conversation gets the class of the conversation (its first turn's prefix decides shared-prefix)."""
     other = shared_with_other_unit(requests, keys)
@@ -125,7 +125,7 @@ def derive(requests: Sequence[Request], rule: Rule, keys: list[list[int]] | None
     return out
 
 
-def summarise(requests: Sequence[Request], rule: Rule, replayed: str | None = None) -> TrafficClasses:
+def summarise(requests: Sequence[Request], rule: ClassRule, replayed: str | None = None) -> TrafficClasses:
     """Each class's share, lengths and prefix-sharing ratio (at most the first MAX_CLASSED requests), largest
     class first."""
     total = len(requests)
@@ -152,11 +152,11 @@ def summarise(requests: Sequence[Request], rule: Rule, replayed: str | None = No
 
 
 def decode_prompts(requests: Sequence[Request], names: Sequence[str], per_class: int,
-                   chat: bool = False) -> list[tuple[str, list[dict]]]:
+                   chat: bool = False) -> list[tuple[str, list[JsonObject]]]:
     """Each class's own prompts as decode prompts (infertool.evaluate.decode's form: ``{"id", "prompt"}``, or
     ``{"id", "messages"}`` with the prompt as the user's message when the traffic goes to the chat endpoint): its
     first ``per_class`` requests with a non-blank prompt, in the traffic's order; the largest class first."""
-    by: dict[str, list[dict]] = {}
+    by: dict[str, list[JsonObject]] = {}
     sizes: dict[str, int] = {}
     for r, name in zip(requests, names):
         sizes[name] = sizes.get(name, 0) + 1

@@ -20,13 +20,16 @@ from typing import TYPE_CHECKING, Any
 
 from infertool import net
 from infertool.bench.metrics import RequestResult
+from infertool.bench.results import JsonObject
 
 if TYPE_CHECKING:
     import ssl
 
 
 @dataclass
-class Target:
+class Endpoint:
+    """The server a load generator sends to: its /v1 URL, model, endpoint kind and request settings."""
+
     base_url: str  # ends with /v1
     model: str
     endpoint: str = "completions"  # "completions" | "chat"
@@ -59,8 +62,8 @@ def normalise_url(url: str) -> str:
     return url if url.endswith("/v1") else url + "/v1"
 
 
-def request_body(target: Target, prompt: "str | list[dict]", max_tokens: int, stream: bool = True) -> dict:
-    body: dict = {"model": target.model, "max_tokens": max_tokens, "temperature": target.temperature,
+def request_body(target: Endpoint, prompt: "str | list[JsonObject]", max_tokens: int, stream: bool = True) -> JsonObject:
+    body: JsonObject = {"model": target.model, "max_tokens": max_tokens, "temperature": target.temperature,
                   "stream": stream}
     if stream:
         body["stream_options"] = {"include_usage": True}
@@ -75,7 +78,7 @@ def request_body(target: Target, prompt: "str | list[dict]", max_tokens: int, st
     return body
 
 
-def _chunk_text(chunk: dict, endpoint: str) -> str:
+def _chunk_text(chunk: JsonObject, endpoint: str) -> str:
     choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return ""
@@ -88,7 +91,7 @@ def _chunk_text(chunk: dict, endpoint: str) -> str:
     return str(c.get("text") or "")
 
 
-def _textless_token(chunk: dict, endpoint: str) -> bool:
+def _textless_token(chunk: JsonObject, endpoint: str) -> bool:
     """Whether a chunk with an empty text still carries a token: an empty string mid-stream (no finish_reason;
     for chat, not the role header). vLLM sends one for a token whose text is empty (a special token the
     detokenizer skips, like SmolLM2's ``<|im_end|>`` ending a completion, or the first bytes of a multi-byte
@@ -166,7 +169,7 @@ class _Conn(asyncio.BufferedProtocol):
         self.ex: "_Exchange | None" = None
         self._view = memoryview(bytearray(READ_BUFFER))
 
-    def connection_made(self, transport) -> None:
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
 
     def get_buffer(self, sizehint: int) -> memoryview:
@@ -183,7 +186,7 @@ class _Conn(asyncio.BufferedProtocol):
         except Exception as exc:  # noqa: BLE001 - an answer no rule below foresaw: counted, never raised
             ex._fail(f"bad response: {type(exc).__name__} while reading the answer")
 
-    def connection_lost(self, exc) -> None:
+    def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         if self.ex is not None:
             self.ex.eof(exc)
@@ -196,7 +199,7 @@ class _Exchange:
                  "err_body", "ttft_at", "times", "usage", "error", "done_marker", "started", "body_seen", "max_chunks",
                  "texts")
 
-    def __init__(self, fut: asyncio.Future, endpoint: str, started: float, max_chunks: int = 10**9) -> None:
+    def __init__(self, fut: asyncio.Future[float], endpoint: str, started: float, max_chunks: int = 10**9) -> None:
         self.fut, self.endpoint, self.started = fut, endpoint, started
         self.max_chunks = max_chunks  # text chunks beyond this: a bad response (it asked for fewer tokens)
         self.state = _HEAD
@@ -341,7 +344,7 @@ class _Exchange:
             self.state, self.keep_alive = _BODY_CLOSE, False
         return True
 
-    def eof(self, exc) -> None:
+    def eof(self, exc: Exception | None) -> None:
         if self.fut.done():
             return
         if self.state == _BODY_CLOSE:
@@ -437,11 +440,11 @@ class _Exchange:
             self._fail(f"bad response: more text chunks than the {self.max_chunks - EXTRA_CHUNKS} tokens asked for")
 
 
-def _no_constant(name: str):
+def _no_constant(name: str) -> None:
     return None  # NaN, Infinity: missing, never a number
 
 
-def _dumps(value) -> str:
+def _dumps(value: object) -> str:
     """A value of a server's JSON as text for a message (whatever it holds: deep, huge or odd)."""
     try:
         return json.dumps(value)
@@ -468,7 +471,7 @@ class Pool:
         self._idle: list[_Conn] = []
         self._open: set[_Conn] = set()
 
-    def _ssl_context(self):
+    def _ssl_context(self) -> ssl.SSLContext:
         if self._ssl is None:
             import ssl
 
@@ -557,7 +560,7 @@ class Pool:
         await asyncio.sleep(0)  # let the transports close
 
 
-async def send(pool: Pool, target: Target, prompt: "str | list[dict]", max_tokens: int, t0: float,
+async def send(pool: Pool, target: Endpoint, prompt: "str | list[JsonObject]", max_tokens: int, t0: float,
                timeout_s: float = 600.0, deadline: float | None = None, keep_text: bool = False) -> RequestResult:
     """Send one streamed request; ``t0`` is the run's start (monotonic) for ``start``; it ends by
     ``timeout_s`` from now or by ``deadline`` (perf_counter), whichever comes first. Never raises for a
@@ -610,7 +613,7 @@ async def send(pool: Pool, target: Target, prompt: "str | list[dict]", max_token
 PROMPT_TOKENS_SLACK = 8192  # tokens a chat template or special tokens may add to a prompt's bytes
 
 
-def _usage(usage: dict, max_tokens: int, prompt_bytes: int) -> tuple[tuple[int | None, int | None], str | None]:
+def _usage(usage: JsonObject, max_tokens: int, prompt_bytes: int) -> tuple[tuple[int | None, int | None], str | None]:
     """(completion_tokens, prompt_tokens) of a stream's usage, or why it is a bad response: a count must be an
     integer, at most the ``max_tokens`` asked for (completion) or what the prompt's bytes can make (prompt), so
     that a 10**400, a -1, a "12" or a 1e308 never becomes a figure."""
@@ -624,7 +627,7 @@ def _usage(usage: dict, max_tokens: int, prompt_bytes: int) -> tuple[tuple[int |
     return (out[0], out[1]), None
 
 
-def _secrets(target: Target) -> tuple:
+def _secrets(target: Endpoint) -> tuple[str, ...]:
     return (target.api_key,) if target.api_key else ()
 
 
@@ -650,7 +653,8 @@ class Models:
     skipped: list[str]
 
 
-async def list_models(client, base_url: str, headers: dict, *, deadline: net.Deadline | None = None) -> Models:
+async def list_models(client: Any, base_url: str, headers: dict[str, str], *,  # Any: an infertool.net.async_client
+                      deadline: net.Deadline | None = None) -> Models:
     """GET ``base_url``/models under ``infertool.net``'s policy (CONTROL_DEADLINE_S, a small body, no
     redirect). Raises net.NetError (no usable answer: unreachable, a stall, a redirect, a body that is not a
     JSON object or whose ``data`` is not a list) or Refused (an HTTP error status)."""
@@ -673,7 +677,7 @@ async def list_models(client, base_url: str, headers: dict, *, deadline: net.Dea
     return Models(names, skipped)
 
 
-async def tokenize(client, root: str, model: str, text: str, headers: dict, *,
+async def tokenize(client: Any, root: str, model: str, text: str, headers: dict[str, str], *,  # Any: net's client
                    deadline: net.Deadline | None = None) -> tuple[int | None, str | None]:
     """How many tokens the server makes of ``text`` (vLLM's /tokenize): (count, None), or (None, why not)
     when it cannot say (no /tokenize, a stall past CONTROL_DEADLINE_S, an odd answer, a count no tokenizer
@@ -695,6 +699,7 @@ async def tokenize(client, root: str, model: str, text: str, headers: dict, *,
     return n, None
 
 
-async def tokenize_count(client, root: str, model: str, text: str, headers: dict) -> int | None:
+async def tokenize_count(client: Any, root: str, model: str, text: str,  # Any: an infertool.net.async_client
+                         headers: dict[str, str]) -> int | None:
     """How many tokens the server makes of ``text`` (vLLM's /tokenize), None when it cannot say."""
     return (await tokenize(client, root, model, text, headers))[0]

@@ -29,7 +29,7 @@ from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
 from infertool.bench.perclass import DEFAULT_SPECULATIVE, PerClassArm, arms as per_class_arms, measure_classes
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
-from infertool.bench.results import (FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
+from infertool.bench.results import (JsonObject, FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
                                      TrafficClasses, server_figures)
 from infertool.bench.sweep import (
     ServerHandle, client_notes, connect, find_knee, check_replay, measure, require_success, slo_of, sweep_levels,
@@ -99,7 +99,7 @@ class BenchPlan:
     per_class: list[PerClassArm] = field(default_factory=list)  # bench.per_class: its servers
     per_class_levels: list[Level] = field(default_factory=list)  # the levels each class is replayed at
 
-    def launches(self) -> dict:
+    def launches(self) -> JsonObject:
         """The vLLM launches it makes, by label (dry runs of ``infertool.serve.prepare``): the sweep, each
         experiment arm, and the original with the same settings."""
         from infertool.serve import prepare
@@ -113,7 +113,7 @@ class BenchPlan:
                 for label, a in arms}
 
     @cached_property
-    def lossless_prompts(self) -> tuple[DecodeSpec, list[tuple[str, list[dict]]]]:
+    def lossless_prompts(self) -> tuple[DecodeSpec, list[tuple[str, list[JsonObject]]]]:
         """eval.decode's settings (its defaults without one) and the prompt sets a lossless check of speculation
         runs (``sweep.lossless_sets``): made once, for the speculative experiment and bench.per_class both."""
         from infertool.bench.sweep import lossless_sets
@@ -123,7 +123,7 @@ class BenchPlan:
         spec = ev.decode if ev is not None and ev.decode is not None else DecodeSpec()
         return spec, lossless_sets(self.bench, spec)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
         return {"url": self.url, "levels": [lv.to_dict() for lv in self.levels], "experiments": self.experiments,
                 "notes": self.notes, "launches": {k: p.to_dict() for k, p in self.launches().items()},
                 **({"nothing_to_compare": self.nothing_to_compare} if self.nothing_to_compare else {}),
@@ -299,7 +299,7 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
     ``with_original`` is measured by ``run``, as a plan of its own)."""
     t_start = time.monotonic()
     notes = list(plan.notes)
-    servers: list[dict] = []
+    servers: list[JsonObject] = []
     checks = lossless_checks(plan) if plan.url is None else None
     if plan.url is not None:
         from infertool.trust import key_for
@@ -367,7 +367,7 @@ def _sweep(plan: BenchPlan, handle: ServerHandle,
 
 
 def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult], ctx: RunContext,
-                checks: LosslessChecks | None = None) -> tuple[Experiment, list[LevelResult], dict | None]:
+                checks: LosslessChecks | None = None) -> tuple[Experiment, list[LevelResult], JsonObject | None]:
     """The experiment's other arm on its own server, against the sweep: (its table, its levels, its launch);
     ``checks``: the speculative experiment's lossless check, run on this arm's server too, in the table."""
     with _Launched(plan.res, arm, ctx) as handle:
@@ -453,7 +453,8 @@ def _lossless_on(checks: LosslessChecks, handle: ServerHandle, speculative: bool
     (checks.run_speculative if speculative else checks.run_plain)(served, ctx)
 
 
-def ab_table(name: str, a_label: str, b_label: str, a_levels: list, b_levels: list, note: str | None = None) -> Experiment:
+def ab_table(name: str, a_label: str, b_label: str, a_levels: list[LevelResult], b_levels: list[LevelResult],
+             note: str | None = None) -> Experiment:
     """Rows pair level i of arm A with level i of arm B (LevelResult records or their dicts); ratio = B / A for
     every figure of ``results.FIGURES``."""
     rows = []
@@ -526,10 +527,10 @@ def _settings(bench: BenchSection, cpt: float) -> BenchSettings:
     )
 
 
-def _traffic(bench: BenchSection) -> dict | None:
+def _traffic(bench: BenchSection) -> JsonObject | None:
     """How the levels were driven beyond the defaults: gamma arrivals, multi-turn sessions, a trace, a rate
     sweep, repeats (None: none of these, the settings as before)."""
-    t: dict = {}
+    t: JsonObject = {}
     if bench.arrival != "poisson":
         t["arrival"] = {"kind": bench.arrival, "burstiness": bench.burstiness}
     if bench.prompt.multi_turn is not None:
@@ -577,7 +578,7 @@ def plans_compare(recipe: Recipe) -> bool:
     return recipe.quantize is not None and (recipe.serve is None or recipe.serve.model in (None, "quantized"))
 
 
-def comparison(candidate: BenchReport | dict, original: BenchReport | dict) -> Experiment:
+def comparison(candidate: BenchReport | JsonObject, original: BenchReport | JsonObject) -> Experiment:
     """Level i of the original (A) against level i of the candidate (B), same traffic and SLO: ratio = B / A.
     ``candidate`` / ``original``: BenchReport records or their dicts (bench.json)."""
     candidate, original = BenchReport.from_dict(candidate), BenchReport.from_dict(original)

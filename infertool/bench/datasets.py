@@ -20,10 +20,14 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from infertool.atomic import dumps_json, write_json, write_text
 from infertool.errors import UsageError
+from infertool.bench.results import JsonObject
+
+if TYPE_CHECKING:
+    from infertool.recipe import BenchSection
 
 
 @dataclass(frozen=True)
@@ -104,7 +108,7 @@ def find_tokenizer(*candidates: str | None) -> Path | None:
     return None
 
 
-def counter_for(bench, *, required: bool) -> TokenCounter | None:
+def counter_for(bench: BenchSection, *, required: bool) -> TokenCounter | None:
     """The TokenCounter of ``bench.prompt.tokenizer`` (a checkpoint folder or a tokenizer.json); None when none is
     set and not ``required``; a UsageError when required and missing."""
     given = getattr(bench.prompt, "tokenizer", None)
@@ -166,7 +170,7 @@ def repaired_copy(path: Path) -> Path:
     return copy
 
 
-def _read_json_list(path: Path) -> tuple[list, bool]:
+def _read_json_list(path: Path) -> tuple[list[Any], bool]:  # Any: a JSON list's elements
     """The elements of a JSON list, and whether the file was cut: the complete elements before a cut (a file
     that ends inside its list) are kept; anything else that is not a JSON list is a UsageError."""
     try:
@@ -185,7 +189,7 @@ def _read_json_list(path: Path) -> tuple[list, bool]:
     i = _skip(text, 0)
     if not text.startswith("[", i):
         raise UsageError(f"{path} is no ShareGPT file: it is not a JSON list")
-    out: list = []
+    out: list[Any] = []  # Any: a JSON list's elements
     i = _skip(text, i + 1)
     while i < len(text) and text[i] != "]":
         try:
@@ -207,7 +211,7 @@ def _skip(text: str, i: int) -> int:
     return i
 
 
-def load_sharegpt(path: str | Path) -> list[list[dict]]:
+def load_sharegpt(path: str | Path) -> list[list[JsonObject]]:
     """The conversations of a ShareGPT-format JSON file (a list of {"conversations": [{"from", "value"}, ...]})
     that have at least two turns, in file order (what vLLM bench keeps before it shuffles); a file cut inside its
     list gives its complete conversations."""
@@ -216,7 +220,7 @@ def load_sharegpt(path: str | Path) -> list[list[dict]]:
             if isinstance(e, dict) and isinstance(e.get("conversations"), list) and len(e["conversations"]) >= 2]
 
 
-def _turn_text(turn) -> str:
+def _turn_text(turn: object) -> str:
     v = turn.get("value") if isinstance(turn, dict) else None
     return v if isinstance(v, str) else ""
 
@@ -256,11 +260,11 @@ def sample_sharegpt(path: str | Path, n: int, seed: int, counter: TokenCounter,
     return items
 
 
-def _sample_fresh(path: Path, n: int, seed: int, counter: TokenCounter, max_prompt_len: int) -> dict:
+def _sample_fresh(path: Path, n: int, seed: int, counter: TokenCounter, max_prompt_len: int) -> JsonObject:
     convs = load_sharegpt(path)
     order = list(range(len(convs)))
     random.Random(seed).shuffle(order)  # the permutation random.seed(seed); random.shuffle(data) makes
-    items: list[list] = []
+    items: list[list[Any]] = []  # Any: the sampled rows' JSON values
     batch = 256
     for start in range(0, len(order), batch):
         chunk = [convs[i] for i in order[start:start + batch]]
@@ -285,10 +289,10 @@ def _cache_path(key: str) -> Path:
     return _cache_dir() / f"sharegpt-{key}.json"
 
 
-_MEMO: dict[str, dict] = {}
+_MEMO: dict[str, JsonObject] = {}
 
 
-def _read_cache(key: str) -> dict | None:
+def _read_cache(key: str) -> JsonObject | None:
     if key in _MEMO:
         return _MEMO[key]
     try:
@@ -303,7 +307,7 @@ def _read_cache(key: str) -> dict | None:
     return data if ok else None
 
 
-def _write_cache(key: str, data: dict) -> None:
+def _write_cache(key: str, data: JsonObject) -> None:
     _MEMO[key] = data
     try:
         path = _cache_path(key)
@@ -313,7 +317,7 @@ def _write_cache(key: str, data: dict) -> None:
         pass
 
 
-def sharegpt_sample(bench, n: int) -> list[Sampled]:
+def sharegpt_sample(bench: BenchSection, n: int) -> list[Sampled]:
     """``n`` requests of the packaged ShareGPT file for a bench section (its seed, bench.prompt.max_len)."""
     counter = counter_for(bench, required=True)
     assert counter is not None  # required: a UsageError instead of None
@@ -326,7 +330,7 @@ _ROLES = {"system": "system", "user": "user", "human": "user", "assistant": "ass
           "chatgpt": "assistant", "bard": "assistant", "bing": "assistant", "model": "assistant"}
 
 
-def chat_messages(row) -> list[tuple[str, str]] | None:
+def chat_messages(row: object) -> list[tuple[str, str]] | None:
     """A chat row as (role, text) pairs, roles system | user | assistant: OpenAI's ``messages: [{role,
     content}]`` or ShareGPT's ``conversations: [{from, value}]``; None when the row is neither. Messages of an
     unknown role or without text are left out."""
@@ -348,7 +352,7 @@ def chat_messages(row) -> list[tuple[str, str]] | None:
     return out
 
 
-def _conversation(cid: str, msgs: list[tuple[str, str]], max_turns: int, count, default_out: int,
+def _conversation(cid: str, msgs: list[tuple[str, str]], max_turns: int, count: Callable[[str], int], default_out: int,
                   cls: str | None = None) -> Conversation | None:
     """The session of one chat: its leading system prompt, its user turns (at most ``max_turns``) and the
     length of the reply after each (``count`` of the next assistant message; ``default_out`` without one)."""
@@ -390,7 +394,7 @@ def read_chats_classed(path: str | Path, what: str = "bench.prompt.source") -> l
     return chats
 
 
-def conversations(bench, n: int) -> list[Conversation]:
+def conversations(bench: BenchSection, n: int) -> list[Conversation]:
     """``n`` sessions for multi-turn replay (fewer when the data holds fewer): from the packaged ShareGPT file
     (shuffled with bench.seed as vLLM bench shuffles; its first turn at most bench.prompt.max_len tokens) or a
     conversations JSONL (in file order), at most ``bench.prompt.multi_turn.max_turns`` user turns each. Reply
@@ -427,7 +431,7 @@ def conversations(bench, n: int) -> list[Conversation]:
 
 
 # ------------------------------------------------------------------------------------------ shared prefix
-def shared_prefix_texts(bench, n: int, chars_per_token: float) -> list[str]:
+def shared_prefix_texts(bench: BenchSection, n: int, chars_per_token: float) -> list[str]:
     """``n`` prompts of N shared system prompts x M questions (bench.prompt.shared_prefix): prefix k is a
     ``prefix_len``-token window of the built-in corpus, each question a ``question_len``-token window of its
     own; the N x M pairs in a seeded order, repeated when ``n`` is larger."""
@@ -522,7 +526,7 @@ def load_trace(path: str | Path, chars_per_token: float = CHARS_PER_TOKEN_GUESS,
     return [TraceEntry(t - t0, p, o, c) for t, p, o, c in rows]
 
 
-def _number(row: dict, key: str, where: str, lo: float, hi: float) -> float | None:
+def _number(row: JsonObject, key: str, where: str, lo: float, hi: float) -> float | None:
     """row[key] as a finite number within lo..hi; None when absent; a UsageError naming the line otherwise."""
     if key not in row:
         return None
@@ -546,14 +550,14 @@ def row_class(row: object, where: str, hint: str) -> str | None:
     return str(row["class"])
 
 
-def needs_tokenizer(bench) -> bool:
+def needs_tokenizer(bench: BenchSection) -> bool:
     """Whether the bench's traffic counts tokens with the served model's tokenizer (sharegpt; a chat JSONL's
     reply lengths)."""
     src = bench.prompt.source
     return src == "sharegpt" or src.lower().endswith(".jsonl")
 
 
-def resolve_tokenizer(bench, model: str | None, launched: dict | None) -> str | None:
+def resolve_tokenizer(bench: BenchSection, model: str | None, launched: JsonObject | None) -> str | None:
     """Fill bench.prompt.tokenizer (in place) with the served model's tokenizer.json when the traffic needs one
     and none is set: the checkpoint infertool launched, or the server's model name when it is a local folder
     (vLLM names a model by its path). Returns a note when it is needed and not found."""

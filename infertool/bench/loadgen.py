@@ -28,11 +28,17 @@ import asyncio
 import math
 import threading
 import time
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from infertool.bench.metrics import RequestResult, percentile
-from infertool.bench.results import ClientHealth
+from infertool.bench.results import ClientHealth, JsonObject
 from infertool.perf.host import usable_cores
+
+if TYPE_CHECKING:
+    from multiprocessing.connection import Connection
+
+    from infertool.bench.client import Pool
+    from infertool.bench.traffic import Level, SendFn
 
 CPU_BOUND = 0.9  # of one core
 LAG_BOUND_MS = 1.0  # median wait of a ready callback
@@ -70,7 +76,7 @@ class Monitor:
         self._thread.start()
         return self
 
-    def stop(self) -> dict:
+    def stop(self) -> JsonObject:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(1.0)
@@ -79,7 +85,7 @@ class Monitor:
         return {"cpu_s": cpu, "wall_s": wall, "lags_s": list(self.lags)}
 
 
-def health(stats: list[dict], processes: int, itl_p50_ms: float | None = None) -> ClientHealth:
+def health(stats: list[JsonObject], processes: int, itl_p50_ms: float | None = None) -> ClientHealth:
     """The client's figures over its processes (the worst process counts) and whether it was the limit: a
     median lag over LAG_BOUND_MS, or over a tenth of the measured ITL when that is longer (a slow server's
     50 ms tokens are not blurred by a 2 ms lag)."""
@@ -107,7 +113,7 @@ def health(stats: list[dict], processes: int, itl_p50_ms: float | None = None) -
 
 
 
-def choose_processes(setting, level) -> int:
+def choose_processes(setting: int | str, level: Level) -> int:
     """How many load-generator processes a level uses: ``setting`` is an int or "auto"."""
     if level.kind == "static":
         return 1
@@ -121,7 +127,7 @@ def choose_processes(setting, level) -> int:
 
 
 # ------------------------------------------------------------------------------------------ several processes
-def _child_main(conn, job: dict) -> None:
+def _child_main(conn: Connection, job: JsonObject) -> None:
     """One load-generator process: its part of the level, then (results, monitor figures) to the parent."""
     try:
         asyncio.run(_child(conn, job))
@@ -132,7 +138,7 @@ def _child_main(conn, job: dict) -> None:
             pass
 
 
-def unit_fn(job: dict, pool, t0: float, on_done: Callable[[], None]):
+def unit_fn(job: JsonObject, pool: Pool, t0: float, on_done: Callable[[], None]) -> SendFn:
     """The coroutine function that sends unit ``i`` of a level (one request, or with ``job["conversations"]`` a
     multi-turn session), the same in this process and in each load-generator process. ``job``: target, bench
     (the level's seeded section), n, chars_per_token, deadline_s, seed; ``prompts`` (a trace's, by index) or
@@ -147,7 +153,7 @@ def unit_fn(job: dict, pool, t0: float, on_done: Callable[[], None]):
     if convs is not None:
         spec = bench.prompt.multi_turn
 
-        async def turn(history, out_len: int) -> RequestResult:
+        async def turn(history: str | list[JsonObject], out_len: int) -> RequestResult:
             return await send(pool, target, history, out_len, t0, timeout_s=job["deadline_s"], deadline=deadline,
                               keep_text=True)
 
@@ -171,7 +177,7 @@ def unit_fn(job: dict, pool, t0: float, on_done: Callable[[], None]):
     return one
 
 
-async def _child(conn, job: dict) -> None:
+async def _child(conn: Connection, job: JsonObject) -> None:
     from infertool.bench.client import Pool
     from infertool.bench.traffic import run_level
 
@@ -201,9 +207,9 @@ async def _child(conn, job: dict) -> None:
     conn.send(("done", results, stats, done))
 
 
-async def run_level_processes(job: dict, processes: int, on_progress: Callable[[int], None],
+async def run_level_processes(job: JsonObject, processes: int, on_progress: Callable[[int], None],
                               on_start: Callable[[float], None] | None = None,
-                              ) -> tuple[list[RequestResult], float, list[dict]]:
+                              ) -> tuple[list[RequestResult], float, list[JsonObject]]:
     """The level split over ``processes`` spawned load generators. ``job``: target, level, n, bench,
     chars_per_token, deadline_s, seed. ``on_start(t0)`` when they all start sending. Returns (merged
     results, wall seconds, each process's monitor figures). Bounded: the processes' start by READY_TIMEOUT_S,
@@ -214,7 +220,7 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
 
     ctx = mp.get_context("spawn")
     loop = asyncio.get_running_loop()
-    inbox: asyncio.Queue = asyncio.Queue()
+    inbox: asyncio.Queue[Any] = asyncio.Queue[Any]()  # Any: (process, message) tuples of any message
     procs, conns = [], []
     for k in range(processes):
         parent, child = ctx.Pipe()
@@ -225,7 +231,7 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
         procs.append(p)
         conns.append(parent)
 
-        def readable(k=k, c=parent) -> None:
+        def readable(k: int = k, c: Connection = parent) -> None:
             try:
                 while c.poll():
                     inbox.put_nowait((k, c.recv()))
@@ -249,7 +255,7 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
         if on_start is not None:
             on_start(t0)
         results: list[RequestResult] = []
-        stats: list[dict] = []
+        stats: list[JsonObject] = []
         progress = [0] * processes
         finished: set[int] = set()
         results_by = time.monotonic() + job["deadline_s"] + RESULTS_GRACE_S
@@ -287,7 +293,7 @@ async def run_level_processes(job: dict, processes: int, on_progress: Callable[[
                 p.join(5)
 
 
-async def _next(inbox: asyncio.Queue, within_s: float, what: str):
+async def _next(inbox: asyncio.Queue[Any], within_s: float, what: str) -> Any:  # Any: a process's message
     """The next message of the load-generator processes, or a RuntimeFailure after ``within_s`` seconds."""
     from infertool.errors import RuntimeFailure
 

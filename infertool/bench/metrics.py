@@ -17,9 +17,9 @@ from __future__ import annotations
 import math
 import statistics
 from dataclasses import dataclass, field
-from typing import Iterable, Sequence
+from typing import Any, Iterable, Sequence
 
-from infertool.bench.results import SLO, Cost, Goodput, Latency, LengthDistribution, Lengths, Summary
+from infertool.bench.results import Cost, Goodput, JsonObject, Latency, LengthDistribution, Lengths, SLO, Summary
 
 PERCENTILES = (50, 90, 99)  # the fields of results.Latency besides the mean
 
@@ -161,7 +161,7 @@ def length_distribution(done: Sequence[RequestResult]) -> LengthDistribution:
                               output=length_stats([r.output_tokens for r in done]))
 
 
-def by_turn(results: Sequence[RequestResult]) -> list[dict] | None:
+def by_turn(results: Sequence[RequestResult]) -> list[JsonObject] | None:
     """Multi-turn levels: per turn index, the requests, completed ones, mean prompt tokens and the TTFT / E2E
     medians (ms): later turns carry the history, which prefix caching can reuse. None for single-turn traffic."""
     turns: dict[int, list[RequestResult]] = {}

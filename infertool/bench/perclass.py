@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from infertool.bench.results import (CacheLevel, CachingBudget, ClassMeasure, Crossover, Interval, LevelResult,
+from infertool.bench.results import (JsonObject, CacheLevel, CachingBudget, ClassMeasure, Crossover, Interval, LevelResult,
                                      PerClass, SpecLevel, SpecVariant)
 from infertool.metricspec import GOODPUT, OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS, TTFT_P50_MS, TTFT_P90_MS
 
 if TYPE_CHECKING:
-    from infertool.bench.sweep import EventCallback, ServerHandle
+    from infertool.bench.sweep import EventCallback, ServerHandle, Works
     from infertool.evaluate.lossless import Lossless
     from infertool.bench.traffic import Level
     from infertool.recipe import BenchSection, ServeSection, SpeculativeSpec
@@ -52,14 +52,14 @@ class PerClassArm:
     serve: ServeSection
     budget: int | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
         s = self.serve
         return {"label": self.label, "role": self.role, "enable_prefix_caching": s.enable_prefix_caching,
                 "max_num_batched_tokens": s.max_num_batched_tokens, "enable_chunked_prefill": s.enable_chunked_prefill,
                 "speculative": None if s.speculative is None else speculative_config(s.speculative)}
 
 
-def speculative_config(spec: SpeculativeSpec) -> dict:
+def speculative_config(spec: SpeculativeSpec) -> JsonObject:
     """vLLM's --speculative-config of ``spec`` (what the launch passes)."""
     from infertool.serve.command import speculative_config as config
 
@@ -114,7 +114,7 @@ Launch = Callable[[PerClassArm], AbstractContextManager["ServerHandle"]]
 
 def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[PerClassArm], names: dict[str, int],
                     launch: Launch, *, key_var: str | None = None, on_event: EventCallback | None = None,
-                    on_server: Callable[[PerClassArm, ServerHandle], None] | None = None) -> tuple[PerClass, list[dict]]:
+                    on_server: Callable[[PerClassArm, ServerHandle], None] | None = None) -> tuple[PerClass, list[JsonObject]]:
     """Every arm's server (``launch``), one after the other; on each, every class of ``names`` (class -> its
     requests) with at least min_requests requests replayed alone at ``levels``, then ``on_server(arm, handle)``
     while it is still up (the lossless check's passes); then each class's speculation and caching blocks.
@@ -129,8 +129,8 @@ def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[Pe
         if name not in measured:
             notes.append(too_few(name, count, pc.min_requests))
     runs: dict[str, dict[str, list[LevelResult]]] = {n: {} for n in measured}
-    servers: list[dict] = []
-    works: dict = {}  # each class's work at each level kind, made once for every arm (sweep.measure_levels)
+    servers: list[JsonObject] = []
+    works: Works = {}  # each class's work at each level kind, made once for every arm (sweep.measure_levels)
     if measured:
         for arm in plan_arms:
             with launch(arm) as handle:
@@ -231,7 +231,7 @@ def _figure(lv: LevelResult, slo_set: bool) -> tuple[str, Interval]:
     return spec.name, Interval(value)
 
 
-def _pair(off: LevelResult, on: LevelResult, slo_set: bool) -> dict:
+def _pair(off: LevelResult, on: LevelResult, slo_set: bool) -> JsonObject:
     """The _Paired fields of a level off and on."""
     name, a = _figure(off, slo_set)
     _, b = _figure(on, slo_set)

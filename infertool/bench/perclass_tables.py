@@ -6,8 +6,9 @@ both say the same figures the same way."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from infertool.bench.results import Interval, PerClass, TrafficClasses
+from infertool.bench.results import Interval, JsonObject, PerClass, TrafficClasses, _Paired
 from infertool.evaluate.lossless import Lossless
 
 __all__ = ["ClassTable", "class_tables", "lossless_line", "ratio_cell", "traffic_table"]
@@ -20,7 +21,7 @@ class ClassTable:
     notes: list[str] = field(default_factory=list)  # the crossover line, the arm's note
 
 
-def _f(v, fmt: str = "{:.1f}") -> str:
+def _f(v: float | int | None, fmt: str = "{:.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
@@ -41,11 +42,11 @@ def lossless_line(r: Lossless) -> str:
             f"{_f(fl.exact_match, '{:.2f}')}), decode KLD {_f(f.kld, '{:.3g}')} (floor {_f(fl.kld, '{:.3g}')})")
 
 
-def _off_on(pair: dict, fmt: str = "{:.0f}") -> str:
+def _off_on(pair: JsonObject, fmt: str = "{:.0f}") -> str:
     return f"{_f(pair.get('off'), fmt)} -> {_f(pair.get('on'), fmt)}"
 
 
-def _load_cell(lv) -> str:
+def _load_cell(lv: _Paired) -> str:
     """A per-class level by its load ("concurrency 4"), or its label for a burst or trace."""
     return f"{lv.kind} {lv.load:g}" if lv.load is not None else lv.level
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Iterable
 
-from infertool.bench.results import BenchReport
+from infertool.bench.results import ABRow, BenchReport, JsonObject, LevelResult, Summary
 from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS, TTFT_P50_MS
 
+# a plotted level: output tok/s, (TTFT p50, TPOT p50) ms, its label
+Point = tuple[float | None, tuple[float | None, float | None], str]
 
-def plot_latency_throughput(report, path: str | Path) -> Path:
+
+def plot_latency_throughput(report: BenchReport | JsonObject, path: str | Path) -> Path:
     """One point per load level: output tokens/s on x; TTFT p50 and TPOT p50 (ms) on y; one line per
     traffic pattern of the sweep, per experiment arm that is not the sweep itself and, when `run` measured
     the original beside the candidate (``report.original``), per traffic pattern of the original. Models
@@ -48,14 +52,14 @@ def plot_latency_throughput(report, path: str | Path) -> Path:
     return out
 
 
-def _series(report: BenchReport) -> dict[str, list[tuple]]:
+def _series(report: BenchReport) -> dict[str, list[Point]]:
     """Each line of the plot: its name -> (output tok/s, (TTFT p50, TPOT p50), level label) per point."""
     original = report.original
-    series: dict[str, list[tuple]] = {}
+    series: dict[str, list[Point]] = {}
 
     tput, ttft, tpot = OUTPUT_TOKEN_THROUGHPUT, TTFT_P50_MS, TPOT_P50_MS
 
-    def point(s, label: str) -> tuple:
+    def point(s: Summary, label: str) -> Point:
         return tput.of(s), (ttft.of(s), tpot.of(s)), label
 
     for lv in report.levels:
@@ -73,12 +77,12 @@ def _series(report: BenchReport) -> dict[str, list[tuple]]:
     return series
 
 
-def _figure(row, key: str, arm: str) -> float | None:
+def _figure(row: ABRow, key: str, arm: str) -> float | None:
     f = row.figures.get(key)
-    return None if f is None else getattr(f, arm)
+    return None if f is None else f.a if arm == "a" else f.b
 
 
-def plot_title(report) -> str:
+def plot_title(report: BenchReport | JsonObject) -> str:
     """'latency vs throughput: <label>', with the original on a second line when it was measured too."""
     report = BenchReport.from_dict(report)
     label = report.label or (report.served or {}).get("label") or report.model or ""
@@ -100,7 +104,7 @@ def lengths_path(plot_path: str | Path) -> Path:
     return p.with_name(p.stem + ".lengths.svg")
 
 
-def length_histogram(levels) -> dict[str, tuple[list[int], list[int]]]:
+def length_histogram(levels: Iterable[LevelResult]) -> dict[str, tuple[list[int], list[int]]]:
     """The input and output token-length histograms of ``levels`` (LevelResult records) added up: {"input":
     (edges, counts), "output": ...}; the powers-of-two edges of every level line up, so counts add by index."""
     out: dict[str, tuple[list[int], list[int]]] = {}
@@ -121,7 +125,7 @@ def length_histogram(levels) -> dict[str, tuple[list[int], list[int]]]:
     return out
 
 
-def plot_lengths(report, path: str | Path) -> Path | None:
+def plot_lengths(report: BenchReport | JsonObject, path: str | Path) -> Path | None:
     """The input / output token lengths the bench actually sent (the server's usage, every level together) as
     two bar charts over powers-of-two bins, an SVG; None when no level recorded lengths (an older report)."""
     report = BenchReport.from_dict(report)

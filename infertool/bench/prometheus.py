@@ -22,9 +22,10 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field
+from typing import Any, Callable
 
 from infertool import net
-from infertool.bench.results import ServerMetrics
+from infertool.bench.results import JsonObject, ServerMetrics
 
 # our name -> the metric names that feed it (first found wins; values are summed over label sets)
 WATCHED: dict[str, tuple[str, ...]] = {
@@ -184,7 +185,7 @@ class Timeline:
     def summary(self) -> ServerMetrics:
         """Peaks and deltas over the run (what the tables show next to the latencies)."""
 
-        def series(name: str) -> list[float]:
+        def series(name: str) -> list[Any]:  # Any: a gauge's floats, or the per-position counters' dicts
             return [v for s in self.samples if (v := getattr(s, name)) is not None]
 
         kv, run, wait = series("kv_cache_usage"), series("running"), series("waiting")
@@ -199,7 +200,7 @@ class Timeline:
         )
 
     @staticmethod
-    def _spec_decode(series) -> dict:
+    def _spec_decode(series: Callable[[str], list[Any]]) -> JsonObject:  # Any: as ``series`` gives them
         """vLLM's speculative-decoding figures over the run (vllm/v1/spec_decode/metrics.py): the acceptance
         rate (accepted / draft tokens), the mean accepted length (1 + accepted / drafts: the tokens one target
         step makes) and the drafts; None where the counters are absent or did not move."""
@@ -245,7 +246,8 @@ class Sampler:
     ``infertool.net.async_client`` (its connections reused). Each scrape ends by ``scrape_deadline``; after a
     body over MAX_METRICS_BYTES it scrapes no more (a server that floods its /metrics would only do it again)."""
 
-    def __init__(self, client, metrics_url: str, interval_s: float = 0.5, max_samples: int = 20000):
+    def __init__(self, client: Any, metrics_url: str, interval_s: float = 0.5,  # Any: net.async_client's
+                 max_samples: int = 20000) -> None:
         self.client = client
         self.url = metrics_url
         self.interval_s = interval_s
@@ -253,7 +255,7 @@ class Sampler:
         self.max_samples = max_samples
         self.timeline = Timeline(url=metrics_url)
         self._stop = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._task: asyncio.Task[None] | None = None
         self._t0 = 0.0
         self._given_up = False
 

@@ -17,9 +17,13 @@ import json
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from infertool.errors import UsageError
+
+if TYPE_CHECKING:
+    from infertool.bench.datasets import TokenCounter
+    from infertool.recipe import BenchSection
 
 DEFAULT_CHARS_PER_TOKEN = 4.0
 _WORDS = ("the model server request token cache batch latency memory prefix decode prefill queue "
@@ -48,13 +52,13 @@ PROMPTS_HINT = ("a prompt file is JSONL: one JSON string, or an object with the 
                 "an object may carry `class` (a name: letters, digits, - and _)")
 
 
-def read_jsonl_requests(path: str | Path, field: str = "prompt", counter=None,
+def read_jsonl_requests(path: str | Path, field: str = "prompt", counter: TokenCounter | None = None,
                         what: str = "bench.prompt.source") -> list[tuple[str, int | None]]:
     """(prompt, output length or None) per line of a JSONL file (``read_jsonl_classed`` without the classes)."""
     return [(text, out) for text, out, _ in read_jsonl_classed(path, field, counter, what)]
 
 
-def read_jsonl_classed(path: str | Path, field: str = "prompt", counter=None,
+def read_jsonl_classed(path: str | Path, field: str = "prompt", counter: TokenCounter | None = None,
                        what: str = "bench.prompt.source") -> list[tuple[str, int | None, str | None]]:
     """(prompt, output length or None, `class` or None) per line of a JSONL file (read by ``infertool.inputs``: a
     regular UTF-8 file, bounded; ``what`` names the field or flag that gave it): a string, an object with the
@@ -91,7 +95,7 @@ def read_jsonl_classed(path: str | Path, field: str = "prompt", counter=None,
     return rows
 
 
-def traffic_files(bench) -> list[tuple[str, Callable[[], object]]]:
+def traffic_files(bench: BenchSection) -> list[tuple[str, Callable[[], object]]]:
     """(recipe field, its reader) for every file the bench's traffic reads: a prompt or conversations .jsonl
     (bench.prompt.source), a trace (bench.trace). Each reader reads its file whole and checks its fields
     (``infertool.inputs`` and the format's own rules): what the ``input_files`` check and ``bench.plan`` run before
@@ -106,7 +110,8 @@ def traffic_files(bench) -> list[tuple[str, Callable[[], object]]]:
         else:
             out.append(("bench.prompt.source", lambda: read_jsonl_requests(spec.source, spec.field)))
     if bench.trace is not None:
-        out.append(("bench.trace", lambda: datasets.load_trace(bench.trace)))
+        trace = bench.trace
+        out.append(("bench.trace", lambda: datasets.load_trace(trace)))
     return out
 
 
@@ -141,7 +146,7 @@ def output_lengths(n: int, output_len: int, spread: float, rng: random.Random) -
     return list(itertools.islice(iter_output_lengths(output_len, spread, rng), n))
 
 
-def iter_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> Iterator[Prompt]:
+def iter_prompts(bench: BenchSection, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> Iterator[Prompt]:
     """``n`` prompts for a BenchSection, made one at a time as they are taken: seeded, so every arm of an
     experiment sends the same ones.
 
@@ -201,7 +206,7 @@ def iter_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
         yield Prompt(prefix + body, out)
 
 
-def build_prompts(bench, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> list[Prompt]:
+def build_prompts(bench: BenchSection, n: int, chars_per_token: float = DEFAULT_CHARS_PER_TOKEN) -> list[Prompt]:
     """The first ``n`` prompts of iter_prompts, as a list."""
     return list(iter_prompts(bench, n, chars_per_token))
 

@@ -16,11 +16,15 @@ decision, tune and the plots read the figures by attribute.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import Any, Callable, ClassVar
 
 from infertool.evaluate.lossless import Lossless
 from infertool.metricspec import MetricSpec, ab_metrics
 from infertool.records import Record, Sparse, as_int, as_str
+
+# a JSON object as bench sends, reads or keeps it at an edge: a request body, a server's reply, a launch's record,
+# the work a load-generator process is handed (its values: whatever JSON holds)
+JsonObject = dict[str, Any]  # Any: JSON values
 
 __all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Experiment", "FIGURES", "Figure",
            "Goodput", "Interval", "Knee", "Latency", "LengthDistribution", "Lengths", "LevelResult",
@@ -121,7 +125,7 @@ class Summary(Sparse):
     goodput: Goodput = field(default_factory=Goodput)
     cost: Cost = field(default_factory=Cost)
     # multi-turn traffic: per turn index {turn, requests, completed, mean_prompt_tokens, ttft_p50_ms, e2e_p50_ms}
-    turns: list[dict] | None = None
+    turns: list[JsonObject] | None = None
     lengths: LengthDistribution | None = None  # the token lengths sent (None: an older file)
 
 
@@ -150,7 +154,7 @@ class ClientHealth(Record):
     processes: int = 1
     cpu_fraction: float | None = None  # of one core, the busiest process
     cpu_s: float | None = None
-    lag_ms: dict = field(default_factory=dict)  # p50, p99, max of the event loop's lag
+    lag_ms: JsonObject = field(default_factory=dict)  # p50, p99, max of the event loop's lag
     client_bound: bool = False
     reason: str | None = None
     hint: str | None = None
@@ -221,7 +225,7 @@ class Repeats(Record):
     output_token_throughput: Interval = field(default_factory=Interval)
     goodput: Interval = field(default_factory=Interval)  # goodput req/s: mean over runs, interval from the fraction
     goodput_fraction: Interval = field(default_factory=Interval)  # of all requests of all runs (Wilson)
-    per_run: list[dict] = field(default_factory=list)  # {request_throughput, output_token_throughput, goodput, ...}
+    per_run: list[JsonObject] = field(default_factory=list)  # {request_throughput, output_token_throughput, goodput, ...}
 
 
 @dataclass
@@ -235,7 +239,7 @@ class LevelResult(Sparse):
     server_metrics: ServerMetrics = field(default_factory=ServerMetrics)
     timeline: list[Window] = field(default_factory=list)
     repeats: Repeats | None = None  # bench.repeats.max_runs > 1: the runs and the intervals
-    follow: dict | None = None  # open-loop levels: {offered_rps, achieved_rps, ratio} as realised
+    follow: JsonObject | None = None  # open-loop levels: {offered_rps, achieved_rps, ratio} as realised
 
     @property
     def client_bound(self) -> bool:
@@ -280,7 +284,7 @@ class ABRow(Record):
     level: str = ""  # arm A's level label
     b_level: str = ""
     figures: dict[str, Figure] = field(default_factory=dict)  # by MetricSpec.name
-    errors: dict = field(default_factory=dict)  # failed requests: {"a": n, "b": n}
+    errors: JsonObject = field(default_factory=dict)  # failed requests: {"a": n, "b": n}
 
 
 @dataclass
@@ -299,11 +303,25 @@ class Experiment(Sparse):
     # reference and its noise floor beside (infertool.evaluate.lossless)
     lossless: list[Lossless] | None = None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
         d = super().to_dict()
         if self.nothing_to_compare and not self.rows:  # a comparison that did not happen says only why
             d = {k: v for k, v in d.items() if k not in ("a", "b", "note") or v}
         return d
+
+
+@dataclass
+class KneeLevel(Record):
+    """One rate a rate sweep offered (``Knee.levels``): offered and achieved requests/s as realised, their ratio, the
+    goodput fraction, whether the server followed it, and the search's step (grow | shrink | bisect)."""
+
+    rate: float | None = None
+    offered_rps: float | None = None
+    achieved_rps: float | None = None
+    ratio: float | None = None
+    goodput_fraction: float | None = None
+    good: bool = False
+    step: str = ""
 
 
 @dataclass
@@ -317,7 +335,7 @@ class Knee(Record):
     found: bool = False
     stopped: str = ""
     criterion: str = ""
-    levels: list[dict] = field(default_factory=list)  # {rate, offered_rps, achieved_rps, ratio, goodput_fraction, good, step}
+    levels: list[KneeLevel] = field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------------ the report
@@ -337,7 +355,7 @@ class BenchSettings(Sparse):
 
     requests_per_level: int | None = None
     max_duration_s: float | None = None
-    prompt: dict = field(default_factory=dict)  # source, len_tokens
+    prompt: JsonObject = field(default_factory=dict)  # source, len_tokens
     output_len: int | None = None
     output_len_spread: float | None = None
     shared_prefix_ratio: float | None = None
@@ -347,7 +365,7 @@ class BenchSettings(Sparse):
     chars_per_token: float | None = None
     seed: int | None = None
     client_processes: int | str | None = None
-    traffic: dict | None = None  # arrivals, multi-turn, trace, repeats: how the levels were driven (None: defaults)
+    traffic: JsonObject | None = None  # arrivals, multi-turn, trace, repeats: how the levels were driven (None: defaults)
 
     @property
     def prompt_source(self) -> str | None:
@@ -376,11 +394,11 @@ class BenchReport(Sparse):
     settings: BenchSettings = field(default_factory=BenchSettings)
     levels: list[LevelResult] = field(default_factory=list)
     experiments: list[Experiment] = field(default_factory=list)
-    servers: list[dict] = field(default_factory=list)  # each launch (LaunchPlan.to_dict + ready seconds, log)
+    servers: list[JsonObject] = field(default_factory=list)  # each launch (LaunchPlan.to_dict + ready seconds, log)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     client_bound: bool = False  # some level was limited by the load generator (derived from the levels)
-    served: dict | None = None  # run: {"label", "origin"}
+    served: JsonObject | None = None  # run: {"label", "origin"}
     original: BenchReport | None = None  # run: the original's sweep, measured the same way
     comparison: Experiment | None = None  # run: original (A) vs candidate (B), or why there is none
     plot: str | None = None
@@ -408,10 +426,11 @@ class BenchReport(Sparse):
             return None
         return str(argv[argv.index("--dtype") + 1]) if "--dtype" in argv[:-1] else "auto"
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
         from infertool.atomic import jsonable
 
-        return jsonable(super().to_dict())  # a figure that is not finite (a server's 1e999) is null
+        out: JsonObject = jsonable(super().to_dict())  # a figure that is not finite (a server's 1e999) is null
+        return out
 
 
 # ------------------------------------------------------------------------------------------ traffic
@@ -463,8 +482,8 @@ def describe_traffic(s: BenchSettings) -> str:
     return f"prompt ~{s.prompt_tokens} tokens ({src}), output {s.output_len} tokens"
 
 
-def traffic_differences(a: BenchReport, b: BenchReport, recipe_a: dict | None = None,
-                        recipe_b: dict | None = None) -> list[str]:
+def traffic_differences(a: BenchReport, b: BenchReport, recipe_a: JsonObject | None = None,
+                        recipe_b: JsonObject | None = None) -> list[str]:
     """What makes two benches' traffic differ, in words (empty: the same traffic): the recipes' bench fields of
     TRAFFIC_FIELDS (source, lengths, arrival, turns, trace...), the recorded settings, the levels sent and the
     mean input / output lengths measured (further apart than LENGTH_TOLERANCE)."""
@@ -522,10 +541,10 @@ class _Paired(Record):
     on: Interval = field(default_factory=Interval)
     ratio: Interval = field(default_factory=Interval)
     verdict: str = ""  # pays (ratio interval above 1) | tie (it holds 1) | loses (below 1) | not measured
-    tpot_p50_ms: dict = field(default_factory=dict)  # {"off": ms, "on": ms}
-    ttft_p50_ms: dict = field(default_factory=dict)
-    ttft_p90_ms: dict = field(default_factory=dict)
-    failed: dict = field(default_factory=dict)  # {"off": n, "on": n}
+    tpot_p50_ms: JsonObject = field(default_factory=dict)  # {"off": ms, "on": ms}
+    ttft_p50_ms: JsonObject = field(default_factory=dict)
+    ttft_p90_ms: JsonObject = field(default_factory=dict)
+    failed: JsonObject = field(default_factory=dict)  # {"off": n, "on": n}
 
 
 @dataclass
@@ -568,7 +587,7 @@ class SpecVariant(Record):
     """One speculative setting against speculation off, on one class."""
 
     label: str = ""
-    config: dict = field(default_factory=dict)  # vLLM's --speculative-config
+    config: JsonObject = field(default_factory=dict)  # vLLM's --speculative-config
     levels: list[SpecLevel] = field(default_factory=list)
     crossover: Crossover = field(default_factory=Crossover)
     note: str | None = None
@@ -607,6 +626,6 @@ class PerClass(Record):
     """bench.per_class: the arms (one server each: label, role, the serve settings that differ) and each class."""
 
     min_requests: int = 0
-    arms: list[dict] = field(default_factory=list)
+    arms: list[JsonObject] = field(default_factory=list)
     classes: list[ClassMeasure] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)

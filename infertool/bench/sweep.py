@@ -35,28 +35,35 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable
 
 from infertool import net
-from infertool.bench.client import Refused, Target, list_models, send, tokenize
+from infertool.bench.client import Endpoint, Refused, list_models, send, tokenize
 from infertool.bench.metrics import (
     RequestResult, mean_interval, percentile, proportion_interval, rate_following, summarize,
 )
-from infertool.bench.classes import MAX_CLASSED, Request, Rule, decode_prompts, derive, select, summarise
+from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import (SLO, Interval, Knee, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
+from infertool.bench.results import (JsonObject, SLO, Interval, Knee, KneeLevel, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
                                      Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
 
-EventCallback = Callable[[dict], None]
+if TYPE_CHECKING:
+    from infertool.bench.client import Pool
+    from infertool.bench.datasets import Conversation
+    from infertool.recipe import BenchSection, DecodeSpec, RateSweepSpec, RepeatSpec
+
+EventCallback = Callable[[JsonObject], None]
+# the levels' work (``level_work``) by (the class replayed, level kind, unit, chars per token): kept across arms
+Works = dict[tuple[str | None, str, str | None, float], JsonObject]
 WARMUP_TIMEOUT_S = 60.0  # the warm-up request's deadline (at most bench.max_duration_s)
 CONNECT_BUDGET_S = 20.0  # connect: the model list and /tokenize together
 PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of a level)
 
 
-def sweep_levels(bench) -> list[Level]:
+def sweep_levels(bench: BenchSection) -> list[Level]:
     """The recipe's traffic: each concurrency, then each rate (Poisson or gamma arrivals; none when a rate sweep
     finds them), then the burst, then the trace. With multi-turn prompts every unit is a session."""
     unit = "session" if bench.prompt.multi_turn is not None else None
@@ -70,14 +77,14 @@ def sweep_levels(bench) -> list[Level]:
     return levels
 
 
-def rate_level(bench, rate: float) -> Level:
+def rate_level(bench: BenchSection, rate: float) -> Level:
     """An open-loop level at ``rate`` with the bench's arrivals (Poisson, or gamma with its burstiness)."""
     unit = "session" if bench.prompt.multi_turn is not None else None
     return Level("rate", rate, arrival=bench.arrival, burstiness=bench.burstiness, unit=unit)
 
 
 # ------------------------------------------------------------------------------------------ the work of a level
-def load_conversations(bench, n: int) -> list:
+def load_conversations(bench: BenchSection, n: int) -> list[Conversation]:
     """``n`` conversations for multi-turn sessions (infertool.bench.datasets.conversations: sharegpt, or a
     conversations JSONL)."""
     from infertool.bench.datasets import conversations
@@ -85,11 +92,12 @@ def load_conversations(bench, n: int) -> list:
     return list(conversations(bench, n))
 
 
-def load_trace_work(bench, chars_per_token: float) -> tuple[list[Prompt], list[float]]:
+def load_trace_work(bench: BenchSection, chars_per_token: float) -> tuple[list[Prompt], list[float]]:
     """A trace level's prompts and send offsets (the trace's timestamps from its first, / trace_speedup):
     infertool.bench.datasets.load_trace."""
     from infertool.bench.datasets import load_trace
 
+    assert bench.trace is not None  # a trace level: the recipe names its trace
     entries = sorted(load_trace(bench.trace), key=lambda e: e.t_s)
     if not entries:
         raise UsageError(f"the trace {bench.trace} holds no requests")
@@ -101,7 +109,7 @@ def load_trace_work(bench, chars_per_token: float) -> tuple[list[Prompt], list[f
     return prompts, [(e.t_s - first) / bench.trace_speedup for e in entries]
 
 
-def level_work(bench, level: Level, chars_per_token: float) -> dict:
+def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> JsonObject:
     """What a level sends beyond the bench's prompt stream, for its job: ``conversations`` (sessions),
     ``prompts`` and ``offsets`` (a trace), and ``n`` (its units). With bench.classes.replay, only that class's
     units of the level's traffic (a trace's keep their gaps, from the class's first)."""
@@ -120,10 +128,11 @@ def level_work(bench, level: Level, chars_per_token: float) -> dict:
     return {"n": bench.requests}
 
 
-def replay_units(bench, which: str, chars_per_token: float) -> tuple[dict, list[int]]:
+def replay_units(bench: BenchSection, which: str, chars_per_token: float) -> tuple[JsonObject, list[int]]:
     """The traffic's work (``classed_traffic``) and the units of the class bench.classes.replay names; UsageError
     (before any server starts) when the class has no request in it, naming the classes it has."""
     replay = bench.classes.replay
+    assert replay is not None  # called when bench.classes.replay names the class
     work, requests = classed_traffic(bench, which, chars_per_token)
     names = derive(requests, _rule(bench))
     units = sorted({requests[i].unit for i in select(names, replay)})
@@ -134,24 +143,25 @@ def replay_units(bench, which: str, chars_per_token: float) -> tuple[dict, list[
     return work, units
 
 
-def check_replay(bench) -> None:
+def check_replay(bench: BenchSection) -> None:
     """bench.classes.replay refused as a level would refuse it (``replay_units``): the trace's classes when the
     bench has a trace, else the prompt source's."""
     if bench.classes.replay is not None:
         replay_units(bench, "trace" if bench.trace is not None else "source", DEFAULT_CHARS_PER_TOKEN)
 
 
-def _rule(bench) -> Rule:
-    return Rule(prefix_chars=bench.classes.prefix_chars, long_chars=bench.classes.long_chars)
+def _rule(bench: BenchSection) -> ClassRule:
+    return ClassRule(prefix_chars=bench.classes.prefix_chars, long_chars=bench.classes.long_chars)
 
 
-def classed_traffic(bench, which: str, chars_per_token: float) -> tuple[dict, list[Request]]:
+def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> tuple[JsonObject, list[Request]]:
     """The whole traffic of the trace (``which`` "trace") or of the prompt source ("source"), as its level's
     work per unit (``prompts`` and ``offsets``, or ``conversations``: lists indexed by unit) and its requests for
     infertool.bench.classes (a session's turns: its system prompt and user turns so far, without the replies)."""
     if which == "trace":
         from infertool.bench.datasets import load_trace
 
+        assert bench.trace is not None  # a trace level: the recipe names its trace
         entries = sorted(load_trace(bench.trace), key=lambda e: e.t_s)
         prompts, offsets = load_trace_work(bench, chars_per_token)
         return ({"prompts": prompts, "offsets": offsets},
@@ -174,7 +184,7 @@ def classed_traffic(bench, which: str, chars_per_token: float) -> tuple[dict, li
             [Request(p.text, p.output_len, i, 1, given[i % len(given)] if given else None) for i, p in enumerate(prompts)])
 
 
-def traffic_classes(bench, chars_per_token: float) -> TrafficClasses | None:
+def traffic_classes(bench: BenchSection, chars_per_token: float) -> TrafficClasses | None:
     """The classes of the bench's traffic (its trace when it has one, else its prompt source), and the class
     replayed alone; None for the ShareGPT source (its sample needs the served model's tokenizer: not classed)."""
     which = "trace" if bench.trace is not None else "source"
@@ -184,7 +194,7 @@ def traffic_classes(bench, chars_per_token: float) -> TrafficClasses | None:
     return summarise(requests, _rule(bench), bench.classes.replay)
 
 
-def class_prompts(bench, per_class: int) -> list[tuple[str, list[dict]]] | None:
+def class_prompts(bench: BenchSection, per_class: int) -> list[tuple[str, list[JsonObject]]] | None:
     """Each traffic class's own prompts as decode prompts (``classes.decode_prompts``: its first ``per_class``
     requests; through the chat template when bench.endpoint is chat), largest class first: what a lossless check of speculation runs per class. None where the traffic
     is not classed (the ShareGPT source)."""
@@ -196,7 +206,7 @@ def class_prompts(bench, per_class: int) -> list[tuple[str, list[dict]]] | None:
     return decode_prompts(requests, derive(requests, _rule(bench)), per_class, chat=bench.endpoint == "chat")
 
 
-def lossless_sets(bench, spec) -> list[tuple[str, list[dict]]]:
+def lossless_sets(bench: BenchSection, spec: DecodeSpec) -> list[tuple[str, list[JsonObject]]]:
     """The prompt sets a lossless check of speculation runs (infertool.evaluate.lossless): each traffic class's
     own prompts (``class_prompts``, eval.decode.n_prompts of each, else lossless.CLASS_PROMPTS), labelled "class
     NAME"; the decode prompts (eval.decode.prompts) where the traffic is not classed."""
@@ -209,7 +219,7 @@ def lossless_sets(bench, spec) -> list[tuple[str, list[dict]]]:
     return [("the decode prompts", load_prompts(str(spec.prompts)))]
 
 
-def _calibration_text(bench) -> str:
+def _calibration_text(bench: BenchSection) -> str:
     """Text like what will be sent, to measure the server's characters per token: the first turns of the
     conversations (multi-turn), else prompts of the bench's source."""
     if bench.prompt.multi_turn is not None:
@@ -217,7 +227,7 @@ def _calibration_text(bench) -> str:
     return "\n".join(p.text for p in build_prompts(bench.model_copy(update={"seed": bench.seed + 7919}), 8))
 
 
-def slo_of(bench) -> SLO | None:
+def slo_of(bench: BenchSection) -> SLO | None:
     if bench.slo is None:
         return None
     return SLO(bench.slo.ttft_ms, bench.slo.tpot_ms, bench.slo.e2e_ms)
@@ -260,12 +270,13 @@ class ServerHandle:
     url: str  # .../v1
     model: str
     api_key: str | None
-    launched: dict | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
+    launched: JsonObject | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     notes: list[str] = field(default_factory=list)  # what connect noticed (a fallback, ids that are no names)
 
 
-async def _connect(client, url: str, api_key: str | None, model: str | None, bench,
+async def _connect(client: Any, url: str,  # Any: an infertool.net.async_client
+                    api_key: str | None, model: str | None, bench: BenchSection,
                    key_var: str | None = None, deadline: net.Deadline | None = None) -> tuple[str, float, list[str]]:
     """(the model name to request, characters per token, notes) from the server's model list and /tokenize;
     RuntimeFailure / UsageError when the server cannot be benched (no answer, an error status, no model name,
@@ -316,7 +327,7 @@ def _hint(exc: net.NetError) -> str:
     return "start one (`infertool serve RECIPE --detach`) or check --url"
 
 
-def connect(handle: ServerHandle, bench, key_var: str | None = None) -> ServerHandle:
+def connect(handle: ServerHandle, bench: BenchSection, key_var: str | None = None) -> ServerHandle:
     """Check the server answers and learn its model name (``handle.model``, else the server's first) and its
     characters per token (for prompt lengths), within CONNECT_BUDGET_S; what it noticed goes to
     ``handle.notes``."""
@@ -358,16 +369,16 @@ class _Progress:
                            "description": self.description})
 
 
-def measure(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
+def measure(handle: ServerHandle, bench: BenchSection, levels: list[Level], *, arm: str, seed_salt: int = 0,
             on_event: EventCallback | None = None, warmup: bool = False,
-            cache_salt: str | None = None, works: dict | None = None) -> list[LevelResult]:
+            cache_salt: str | None = None, works: Works | None = None) -> list[LevelResult]:
     """``measure_levels`` run to completion: the levels of one server, measured (what the bench's sweep, its
     experiment arms and tune's capacity probes call, after ``connect``)."""
     return asyncio.run(measure_levels(handle, bench, levels, arm=arm, seed_salt=seed_salt, on_event=on_event,
                                       warmup=warmup, cache_salt=cache_salt, works=works))
 
 
-def measure_repeated(handle: ServerHandle, bench, level: Level, *, arm: str, repeats=None, seed_salt: int = 0,
+def measure_repeated(handle: ServerHandle, bench: BenchSection, level: Level, *, arm: str, repeats: RepeatSpec | None = None, seed_salt: int = 0,
                      on_event: EventCallback | None = None) -> LevelResult:
     """One level measured with repeats (``repeats``: a RepeatSpec, default bench.repeats): run again until its
     throughput's and goodput's intervals are within the asked width, or max_runs; the result carries the
@@ -377,9 +388,9 @@ def measure_repeated(handle: ServerHandle, bench, level: Level, *, arm: str, rep
     return measure(handle, bench, [level], arm=arm, seed_salt=seed_salt, on_event=on_event)[0]
 
 
-async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, arm: str, seed_salt: int = 0,
+async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list[Level], *, arm: str, seed_salt: int = 0,
                          on_event: EventCallback | None = None, warmup: bool = False,
-                         cache_salt: str | None = None, works: dict | None = None) -> list[LevelResult]:
+                         cache_salt: str | None = None, works: Works | None = None) -> list[LevelResult]:
     """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
     cost), the client's health and the server's own metrics over time; each level repeated as bench.repeats
     asks. ``arm`` names it in progress events; ``seed_salt`` gives an arm its own texts of the same lengths.
@@ -390,7 +401,7 @@ async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, ar
     says."""
     from infertool.bench.client import Pool
 
-    target = Target(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
+    target = Endpoint(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
     out: list[LevelResult] = []
     pool = Pool(handle.url)
     slo, cost = slo_of(bench), bench.cost_per_hour
@@ -407,7 +418,8 @@ async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, ar
                     if works is not None:
                         works[key] = work
 
-                async def once(run: int, idx=idx, level=level, work=work) -> tuple[LevelResult, list, float]:
+                async def once(run: int, idx: int = idx, level: Level = level, work: JsonObject = work,
+                               ) -> tuple[LevelResult, list[RequestResult], float]:
                     sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
                     salted = target if cache_salt is None else replace(target, cache_salt=f"{cache_salt}-{idx}-{run}")
                     return await _level(pool, sampler, salted, handle, bench, level, idx, arm=arm, work=work,
@@ -423,8 +435,8 @@ async def measure_levels(handle: ServerHandle, bench, levels: list[Level], *, ar
 REPEAT_SEED = 7907  # a repeat's seeds: the level's, salted by this times the run's index
 
 
-async def _level(pool, sampler: Sampler, target: Target, handle: ServerHandle, bench, level: Level, idx: int, *,
-                 arm: str, work: dict, seed_salt: int,
+async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerHandle, bench: BenchSection, level: Level, idx: int, *,
+                 arm: str, work: JsonObject, seed_salt: int,
                  on_event: EventCallback | None) -> tuple[LevelResult, list[RequestResult], float]:
     """One run of a level: sent from this process or split over several load-generator processes
     (``infertool.bench.loadgen``), then summarised. Returns (the level, its requests, its wall seconds)."""
@@ -459,8 +471,8 @@ async def _level(pool, sampler: Sampler, target: Target, handle: ServerHandle, b
     ), results, duration
 
 
-async def _in_process(pool, sampler: Sampler, job: dict,
-                      progress: _Progress) -> tuple[list[RequestResult], float, list[dict]]:
+async def _in_process(pool: Pool, sampler: Sampler, job: JsonObject,
+                      progress: _Progress) -> tuple[list[RequestResult], float, list[JsonObject]]:
     """The level sent from this process's event loop, watched by ``loadgen.Monitor``."""
     from infertool.bench.loadgen import Monitor, unit_fn
 
@@ -487,7 +499,7 @@ async def _in_process(pool, sampler: Sampler, job: dict,
 RunOnce = Callable[[int], Awaitable[tuple[LevelResult, list[RequestResult], float]]]
 
 
-async def repeat_runs(once: RunOnce, spec, pooled: Callable[[list[RequestResult], float], Summary]) -> LevelResult:
+async def repeat_runs(once: RunOnce, spec: RepeatSpec, pooled: Callable[[list[RequestResult], float], Summary]) -> LevelResult:
     """A level run by ``once(run index)`` until ``spec`` (a RepeatSpec) is satisfied: at least min_runs, then
     until the throughput's and the goodput's intervals are within rel_width (``repeat_figures``), at most
     max_runs. One run (max_runs 1): that run's level as it is. More: the runs' requests pooled into one summary
@@ -513,7 +525,7 @@ async def repeat_runs(once: RunOnce, spec, pooled: Callable[[list[RequestResult]
                    repeats=rep, follow=follow)
 
 
-def _mean(values: list) -> float | None:
+def _mean(values: list[float | int | None]) -> float | None:
     """The mean of the numbers among ``values`` (None when there are none)."""
     xs = [v for v in values if isinstance(v, (int, float))]
     return sum(xs) / len(xs) if xs else None
@@ -529,7 +541,7 @@ def _interval(value: float | None, lo: float | None, hi: float | None) -> Interv
     return Interval(value, max(0.0, lo) if lo is not None else None, hi, rel)
 
 
-def repeat_figures(summaries: list[Summary], spec) -> Repeats:
+def repeat_figures(summaries: list[Summary], spec: RepeatSpec) -> Repeats:
     """The intervals of repeated runs' figures: request and output-token throughput (mean and t-interval over
     the runs), goodput req/s (the same) and the goodput fraction (a Wilson interval over all requests of all
     runs); ``met`` when the three stop figures (both throughputs and the goodput fraction) have a half-width
@@ -572,9 +584,9 @@ class KneeSearch:
     not follow brackets the knee (when even spec.start is past it, rates shrink by spec.factor until one is
     followed), and up to BISECTIONS geometric midpoints narrow it; at most spec.max_levels levels in all."""
 
-    def __init__(self, spec, slo_set: bool):
+    def __init__(self, spec: RateSweepSpec, slo_set: bool) -> None:
         self.spec, self.slo_set = spec, slo_set
-        self.levels: list[dict] = []
+        self.levels: list[KneeLevel] = []
         self.good: float | None = None
         self.bad: float | None = None
 
@@ -583,10 +595,11 @@ class KneeSearch:
         if len(self.levels) >= self.spec.max_levels:
             return None
         if self.bad is None:
-            return self.spec.start if not self.levels else self.levels[-1]["rate"] * self.spec.factor
+            last = self.levels[-1].rate if self.levels else None
+            return self.spec.start if last is None else last * self.spec.factor
         if self.good is None:  # even the start was past the knee: look below it
             return self.bad / self.spec.factor
-        bisected = sum(1 for lv in self.levels if lv["step"] == "bisect")
+        bisected = sum(1 for lv in self.levels if lv.step == "bisect")
         if bisected >= BISECTIONS:
             return None
         return math.sqrt(self.good * self.bad)
@@ -599,8 +612,7 @@ class KneeSearch:
         if self.slo_set:
             good = good and goodput_fraction is not None and goodput_fraction >= self.spec.goodput_target
         step = "grow" if self.bad is None else "shrink" if self.good is None else "bisect"
-        self.levels.append({"rate": rate, "offered_rps": offered, "achieved_rps": achieved, "ratio": ratio,
-                            "goodput_fraction": goodput_fraction, "good": good, "step": step})
+        self.levels.append(KneeLevel(rate, offered, achieved, ratio, goodput_fraction, good, step))
         if good:
             self.good = max(self.good or 0.0, rate)
         else:
@@ -623,7 +635,7 @@ class KneeSearch:
                     stopped=stopped, criterion=criterion, levels=list(self.levels))
 
 
-def find_knee(handle: ServerHandle, bench, *, arm: str, on_event: EventCallback | None = None,
+def find_knee(handle: ServerHandle, bench: BenchSection, *, arm: str, on_event: EventCallback | None = None,
               measure_one: Callable[[Level, int, int], LevelResult] | None = None) -> tuple[list[LevelResult], Knee]:
     """bench.rate_sweep on one server: each rate of ``KneeSearch`` measured (with bench.repeats), until it ends.
     Returns (the levels in the order measured, the knee). ``measure_one(level, step, requests)``: how a level
@@ -631,6 +643,7 @@ def find_knee(handle: ServerHandle, bench, *, arm: str, on_event: EventCallback 
     last SPAN_LATENCIES of the previous level's median latency (``sweep_requests``): a burst the server batches
     whole finishes at once whatever its capacity, so only a level longer than a few latencies can show a queue."""
     spec = bench.rate_sweep
+    assert spec is not None  # called for bench.rate_sweep
     search = KneeSearch(spec, (slo := slo_of(bench)) is not None and slo.is_set())
     if measure_one is None:
         def measure_default(level: Level, step: int, requests: int) -> LevelResult:

@@ -29,12 +29,17 @@ import itertools
 import random
 import time
 from dataclasses import dataclass
-from typing import Any, Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 
 from infertool.bench.metrics import RequestResult
+from infertool.bench.results import JsonObject
+
+if TYPE_CHECKING:
+    from infertool.bench.datasets import Conversation
 
 # unit index -> its result (one request) or results (a multi-turn session)
 SendFn = Callable[[int], Coroutine[Any, Any, "RequestResult | list[RequestResult]"]]
+Sent = asyncio.Task["RequestResult | list[RequestResult]"]  # a unit sent: its result, or a session's
 
 
 @dataclass(frozen=True)
@@ -58,7 +63,7 @@ class Level:
                     "trace": f"trace x{v}"}[self.kind]
         return text + (" sessions" if self.unit == "session" else "")
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> JsonObject:
         d = {"kind": self.kind, "value": self.value, "interval_s": self.interval_s, "label": self.label}
         if self.kind == "rate" and self.arrival != "poisson":
             d.update(arrival=self.arrival, burstiness=self.burstiness)
@@ -171,7 +176,7 @@ async def _static(send: SendFn, n: int, batch: int, stop_at: float, t0: float) -
     for first in range(0, n, batch):
         if time.monotonic() >= stop_at:
             break
-        tasks: list[asyncio.Task] = [asyncio.create_task(send(i)) for i in range(first, min(n, first + batch))]
+        tasks: list[Sent] = [asyncio.create_task(send(i)) for i in range(first, min(n, first + batch))]
         got: list[RequestResult] = []
         await _finish(tasks, stop_at, got, t0, collect=True)
         results.extend(got)
@@ -179,7 +184,7 @@ async def _static(send: SendFn, n: int, batch: int, stop_at: float, t0: float) -
 
 
 async def _open_loop(send: SendFn, arrivals: Iterable[tuple[int, float]], stop_at: float, t0: float) -> list[RequestResult]:
-    tasks: list[asyncio.Task] = []  # those sent before the deadline: the deadline bounds the list
+    tasks: list[Sent] = []  # those sent before the deadline: the deadline bounds the list
     results: list[RequestResult] = []
     for i, offset in arrivals:
         if t0 + offset >= stop_at:
@@ -192,9 +197,10 @@ async def _open_loop(send: SendFn, arrivals: Iterable[tuple[int, float]], stop_a
     return results
 
 
-async def _finish(tasks: list[asyncio.Task], stop_at: float, results: list[RequestResult], t0: float,
+async def _finish(tasks: Sequence[Sent | asyncio.Task[None]], stop_at: float, results: list[RequestResult], t0: float,
                   collect: bool = False) -> None:
-    """Wait for ``tasks`` until ``stop_at``; cancel the rest and count each as cancelled."""
+    """Wait for ``tasks`` (units sent, with ``collect``; else closed-loop workers) until ``stop_at``; cancel the rest
+    and count each as cancelled."""
     if not tasks:
         return
     remaining = max(0.0, stop_at - time.monotonic())
@@ -205,8 +211,9 @@ async def _finish(tasks: list[asyncio.Task], stop_at: float, results: list[Reque
         await asyncio.gather(*pending, return_exceptions=True)
     if collect:
         for t in tasks:
-            if not t.cancelled() and t.exception() is None:  # a session cut short returns what it finished
-                _add(results, t.result())
+            got = t.result() if not t.cancelled() and t.exception() is None else None
+            if got is not None:  # a session cut short returns what it finished
+                _add(results, got)
             else:
                 results.append(_cancelled(t0))
     else:  # closed-loop workers append their own results; a worker cancelled had one request in flight
@@ -222,7 +229,7 @@ def _add(results: list[RequestResult], got: "RequestResult | list[RequestResult]
 
 
 # ------------------------------------------------------------------------------------------ multi-turn sessions
-TurnFn = Callable[["str | list[dict]", int], Awaitable[RequestResult]]  # (history, output length) -> result
+TurnFn = Callable[["str | list[JsonObject]", int], Awaitable[RequestResult]]  # (history, output length) -> result
 THINK_SEED = 1_000_003
 
 
@@ -233,7 +240,7 @@ def think_times(session: int, turns: int, think_time_s: float, spread: float, se
     return [0.0] + [max(0.0, think_time_s * (1 + rng.uniform(-spread, spread))) for _ in range(turns - 1)]
 
 
-def history(conv, replies: list[str], endpoint: str) -> "str | list[dict]":
+def history(conv: Conversation, replies: list[str], endpoint: str) -> "str | list[JsonObject]":
     """What the next turn sends: the conversation's system prompt, its user turns so far and the model's own
     replies between them. The chat endpoint: messages; completions: a transcript ("User: ... Assistant: ...",
     ending with "Assistant:" for the model to continue)."""
@@ -252,7 +259,7 @@ def history(conv, replies: list[str], endpoint: str) -> "str | list[dict]":
     return "\n\n".join(parts)
 
 
-async def run_session(send_turn: TurnFn, conv, session: int, *, endpoint: str, max_turns: int, think_time_s: float,
+async def run_session(send_turn: TurnFn, conv: Conversation, session: int, *, endpoint: str, max_turns: int, think_time_s: float,
                       spread: float, seed: int, default_output_len: int, t0: float) -> list[RequestResult]:
     """One conversation as a session: its turns in order (at most ``max_turns``), each sent with the history and
     the model's own replies, a think time before each turn after the first. A failed turn ends the session (the

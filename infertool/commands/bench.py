@@ -265,10 +265,9 @@ def _knee(knee) -> None:
     for c in ("rate", "step", "offered", "achieved", "ratio", "goodput %", "followed"):
         t.add_column(c, justify="right", no_wrap=True)
     for lv in knee.levels:
-        g = lv.get("goodput_fraction")
-        t.add_row(_f(lv.get("rate"), "{:.3g}"), str(lv.get("step")), _f(lv.get("offered_rps"), "{:.3f}"),
-                  _f(lv.get("achieved_rps"), "{:.3f}"), _f(lv.get("ratio"), "{:.2f}"),
-                  _f(None if g is None else g * 100, "{:.0f}"), "yes" if lv.get("good") else "NO")
+        g = lv.goodput_fraction
+        t.add_row(_f(lv.rate, "{:.3g}"), lv.step, _f(lv.offered_rps, "{:.3f}"), _f(lv.achieved_rps, "{:.3f}"),
+                  _f(lv.ratio, "{:.2f}"), _f(None if g is None else g * 100, "{:.0f}"), "yes" if lv.good else "NO")
     out.print(t)
     if knee.found:
         err.print(f"knee: between {knee.rate:g} and {knee.first_bad:g} req/s offered (the server follows "

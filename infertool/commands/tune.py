@@ -3,7 +3,7 @@ the accuracy gate and the latency SLO, measured."""
 
 
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
@@ -11,6 +11,9 @@ from infertool.commands._common import (
     JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, handle_errors, out_opt, recipe_arg, recipe_checks,
     usage_error,
 )
+
+if TYPE_CHECKING:
+    from infertool.tune.core import DryRun
 
 EXAMPLES = examples(
     ("infertool tune quickstart-tune --dry-run", "the trials, their predictions, what the plan prunes"),
@@ -67,25 +70,23 @@ def tune(
         from infertool.resolve import resolve
         from infertool.tune.core import dry_run as plan_only
 
-        checks = recipe_checks(resolve(r), "tune")  # the base recipe, as validate and every dry run check it
-        from pathlib import Path
-
-        from infertool.tune.core import publish_destination
-
-        # the winner's DEST, refused as the real tune refuses it before any trial
-        publish_destination(r, Path(out or section.out_dir).expanduser() / r.name, publish)
-        plan = plan_only(r)
-        shown = [{"name": c.name, "share": c.share, "requests": c.requests, "needed": c.needed, "tuned": not c.too_few,
-                  "slo": c.slo.model_dump(exclude_none=True) if c.slo is not None else None} for c in classes or []]
+        res = resolve(r)  # the base recipe, resolved once
+        checks = recipe_checks(res, "tune")  # as validate and every dry run check it
+        plan = plan_only(r, res, Path(out or section.out_dir).expanduser() / r.name, publish)
         if as_json:
-            print_json({"dry_run": True, **plan, **({"classes": shown} if classes else {}), "checks": checks.to_list()})
+            shown = [{"name": c.name, "share": c.share, "requests": c.requests, "needed": c.needed,
+                      "tuned": not c.too_few, "slo": c.slo.model_dump(exclude_none=True) if c.slo is not None else None}
+                     for c in classes or []]
+            print_json({"dry_run": True, **plan.to_dict(), **({"classes": shown} if classes else {}),
+                        "checks": checks.to_list()})
             return
         _render_plan(plan)
         if classes:
             stdout.print("per class (each searched with its own traffic and SLO; accuracy evidence shared): "
-                         + "; ".join(f"{c['name']}: {c['requests']} requests a probe, share "
-                                     + (f"{c['share']:.1%}" if c["share"] is not None else "-")
-                                     + ("" if c["tuned"] else f" (left out: a probe needs {c['needed']})") for c in shown),
+                         + "; ".join(f"{c.name}: {c.requests} requests a probe, share "
+                                     + (f"{c.share:.1%}" if c.share is not None else "-")
+                                     + ("" if not c.too_few else f" (left out: a probe needs {c.needed})")
+                                     for c in classes),
                          markup=False, soft_wrap=True)
         return
     from infertool.tune.run import run_tune
@@ -137,47 +138,47 @@ def _render_published(tune_dir: str) -> None:
               f"serve it: {esc(serve_commands(tune_dir)['serve'])}", soft_wrap=True)
 
 
-def _render_plan(plan: dict) -> None:
+def _render_plan(plan: "DryRun") -> None:
     from rich.markup import escape
     from rich.table import Table
 
     from infertool.output import out
     from infertool.tune.report import screening_line
+    from infertool.tune.space import machine_info
 
-    sp = plan["space"]
-    title = f"{len(plan['trials'])} trials, most promising first (roofline prediction)"
-    if sp["shown"] < sp["trials"]:
-        title = (f"the first {sp['shown']:,} of {sp['planned']:,} planned trials, most promising first "
-                 "(roofline prediction)")
+    sp, shown = plan.space, plan.shown
+    title = f"{len(shown)} trials, most promising first (roofline prediction)"
+    if len(shown) < (sp.trials or 0):
+        title = f"the first {len(shown):,} of {sp.planned:,} planned trials, most promising first (roofline prediction)"
     t = Table(title=title)
     for c in ("trial", "quantization", "serving", "fits", "decode tok/s bound", "$/1M bound", "why not"):
         t.add_column(c)
-    for tr in plan["trials"]:
-        p = tr["prediction"]
-        kind = f" @ {tr['machine']['name']} (${tr['machine']['trial_price_per_hour']:,.4g}/h)" if tr.get("machine") else ""
-        t.add_row(tr["id"], escape(tr["candidate"]["label"]), escape((", ".join(f"{k}={v}" for k, v in tr["serve"].items()) or "recipe") + kind),
-                  "yes" if p.get("fits", True) else "no",
-                  f"{p['decode_tokens_per_s']:,.0f} at batch {p.get('batch')}" if p.get("decode_tokens_per_s") else "-",
-                  f"{p['cost_per_1m_output_tokens']:,.3g}" if p.get("cost_per_1m_output_tokens") else "-",
-                  escape("; ".join(p.get("reasons") or [])))
+    for tr in shown:
+        p, m = tr.prediction, machine_info(tr.machine, tr.recipe) if tr.machine is not None else None
+        kind = f" @ {m.name} (${m.trial_price_per_hour:,.4g}/h)" if m is not None else ""
+        t.add_row(tr.id, escape(tr.candidate.label), escape((", ".join(f"{k}={v}" for k, v in tr.serve.items()) or "recipe") + kind),
+                  "yes" if p.fits else "no",
+                  f"{p.decode_tokens_per_s:,.0f} at batch {p.batch}" if p.decode_tokens_per_s else "-",
+                  f"{p.cost_per_1m_output_tokens:,.3g}" if p.cost_per_1m_output_tokens else "-",
+                  escape("; ".join(p.reasons)))
     out.print(t)
-    out.print(screening_line(plan["trials"]), markup=False, soft_wrap=True)
-    if sp["shown"] < sp["trials"]:
+    out.print(screening_line([tr.to_dict() for tr in shown]), markup=False, soft_wrap=True)
+    if len(shown) < (sp.trials or 0):
         out.print(_space_line(plan), markup=False, soft_wrap=True)
 
 
-def _space_line(plan: dict) -> str:
+def _space_line(plan: "DryRun") -> str:
     """One line under a dry run's table that does not list the whole space: its size and axes, what was planned,
     which sampler picks the trials to run."""
-    sp = plan["space"]
-    axes = " x ".join(f"{k} {n}" for k, n in sp["axes"].items())
-    planned = (f"{sp['planned']:,} planned (a sample drawn with tune.seed)" if sp["sampled"]
-               else f"all {sp['planned']:,} planned")
-    pick = (f"the first {min(sp['max_trials'], sp['planned']):,} planned would run" if sp["sampler"] == "grid"
-            else f"Optuna's TPE picks {sp['max_trials']:,} over the whole space")
-    return (f"search space: {sp['trials']:,} trials ({sp['candidates']} candidates x {sp['serving_settings']:,} "
-            f"serving settings{': ' + axes if axes else ''}); {planned}, {sp['pruned_planned']:,} of them pruned by "
-            f"the plan; {pick} (tune.max_trials {sp['max_trials']:,})")
+    sp = plan.space
+    planned_n, max_trials = sp.planned or 0, sp.max_trials or 0
+    axes = " x ".join(f"{k} {n}" for k, n in sp.axes.items())
+    planned = (f"{planned_n:,} planned (a sample drawn with tune.seed)" if sp.sampled else f"all {planned_n:,} planned")
+    pick = (f"the first {min(max_trials, planned_n):,} planned would run" if sp.sampler == "grid"
+            else f"Optuna's TPE picks {max_trials:,} over the whole space")
+    return (f"search space: {sp.trials or 0:,} trials ({sp.candidates} candidates x {sp.serving_settings or 0:,} "
+            f"serving settings{': ' + axes if axes else ''}); {planned}, {plan.pruned_planned:,} of them pruned by "
+            f"the plan; {pick} (tune.max_trials {max_trials:,})")
 
 
 def _render(result) -> None:

@@ -21,12 +21,13 @@ import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from infertool.errors import UsageError
 from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, REQUEST_THROUGHPUT
 from infertool.tune import search
 from infertool.tune.context import EventCallback, emit
+from infertool.tune.space import tune_of
 from infertool.tune.records import BlendedCost, ClassRoute, RoutedDeployment, RoutingTable, TrialRecord
 
 TOLERANCE = 0.05  # one configuration within 5 % of every class's best (or tied with it) is one deployment
@@ -37,7 +38,10 @@ MAX_REPLICAS = 10_000  # replicas a class's peak may need, at most (more: said, 
 _TRIAL_ID = re.compile(r"[0-9a-f]{1,40}")
 
 if TYPE_CHECKING:
-    from infertool.recipe import SLOSpec
+    from infertool.recipe import Recipe, SLOSpec
+    from infertool.resolve import Resolution
+    from infertool.serve.k8s import K8sOptions
+    from infertool.tune.core import TuneResult
 
 
 @dataclass(frozen=True)
@@ -67,7 +71,7 @@ def needed_requests(confidence: float, target: float, min_concurrency: int) -> i
     return max(2 * min_concurrency, min(MAX_NEEDED, stat))
 
 
-def plan_classes(recipe) -> list[ClassPlan]:
+def plan_classes(recipe: Recipe) -> list[ClassPlan]:
     """The classes tune.classes names (true: every class of the traffic, largest first), each with its share,
     SLO and requests; refused before any server starts (UsageError, exit 2): traffic that is not classed, a class
     the traffic does not have (naming the ones it has), a named class with fewer requests than a probe needs (how
@@ -76,7 +80,7 @@ def plan_classes(recipe) -> list[ClassPlan]:
     from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
     from infertool.bench.sweep import traffic_classes
 
-    tune, bench = recipe.tune, recipe.bench
+    tune, bench = tune_of(recipe), recipe.bench
     if bench is None:
         raise UsageError("tune.classes needs a bench section: the traffic whose classes are tuned apart",
                          hint="add bench.prompt.source (a JSONL file, its lines' `class`) or bench.trace")
@@ -125,9 +129,10 @@ def plan_classes(recipe) -> list[ClassPlan]:
     return plans
 
 
-def class_recipe(recipe, plan: ClassPlan):
+def class_recipe(recipe: Recipe, plan: ClassPlan) -> Recipe:
     """The recipe one class's tune runs: its traffic alone (bench.classes.replay), its SLO, named
     <recipe>-<class> (so its published winner does not replace another class's)."""
+    assert recipe.bench is not None and recipe.tune is not None  # plan_classes refused a recipe without them
     bench = recipe.bench.model_copy(update={"classes": recipe.bench.classes.model_copy(update={"replay": plan.name}),
                                             "slo": plan.slo})
     tune = recipe.tune.model_copy(update={"classes": None, "slo": plan.slo})
@@ -142,19 +147,19 @@ def class_recipe(recipe, plan: ClassPlan):
 class PerClassResult:
     tune_dir: str
     routing: RoutingTable
-    results: dict = field(default_factory=dict)  # class -> core.TuneResult
+    results: dict[str, TuneResult] = field(default_factory=dict)  # class -> its tune's result
     tuned: dict[str, str] = field(default_factory=dict)  # class -> tuned-<class>.yaml
     seconds: float = 0.0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"tune_dir": self.tune_dir, "routing": self.routing.to_dict(), "tuned": self.tuned,
                 "seconds": self.seconds,
                 "classes": {name: {"tune_dir": r.tune_dir, "winner": r.winner.id if r.winner else None,
                                    "tuned_recipe": r.tuned_recipe, "notes": r.notes} for name, r in self.results.items()}}
 
 
-def run_per_class(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
-                  on_event: EventCallback | None = None, on_trial=None, publish: str | None = None,
+def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
+                  on_event: EventCallback | None = None, on_trial: Callable[[TrialRecord], None] | None = None, publish: str | None = None,
                   plans: list[ClassPlan] | None = None) -> PerClassResult:
     """Each class's tune (``run.run_tune``) over the shared stage cache, then tuned-<class>.yaml and routing.json.
     ``plans``: ``plan_classes(recipe)`` when the caller already made it (the traffic read and classified once)."""
@@ -170,7 +175,7 @@ def run_per_class(recipe, *, out_dir: str | Path | None = None, exhaustive: bool
     for p in few:
         emit(on_event, f"class {p.name} left out: {p.requests} requests in a probe's traffic, a probe needs {p.needed}; "
              "its requests take the default route", "warning")
-    tune_dir = Path(out_dir or recipe.tune.out_dir).expanduser() / recipe.name
+    tune_dir = Path(out_dir or tune_of(recipe).out_dir).expanduser() / recipe.name
     suffix = "-exhaustive" if exhaustive else ""
     results, tuned = {}, {}
     for i, p in enumerate(plans):
@@ -210,7 +215,8 @@ def class_cost(rec: TrialRecord | None, objective: str) -> tuple[float | None, l
     return cost, (list(ci) if ci else None)
 
 
-def within(cost: float | None, ci, best: float | None, best_ci, tolerance: float = TOLERANCE) -> bool:
+def within(cost: float | None, ci: list[float | None] | None, best: float | None, best_ci: list[float | None] | None,
+           tolerance: float = TOLERANCE) -> bool:
     """Whether ``cost`` is within ``tolerance`` of the ``best``, or tied with it (its interval reaches the best's)."""
     if cost is None or best is None:
         return False
@@ -220,7 +226,7 @@ def within(cost: float | None, ci, best: float | None, best_ci, tolerance: float
     return lo is not None and hi is not None and lo <= hi
 
 
-def blend(rows: list[tuple[float | None, float | None, list | None]]) -> tuple[float | None, list[float | None] | None]:
+def blend(rows: list[tuple[float | None, float | None, list[float | None] | None]]) -> tuple[float | None, list[float | None] | None]:
     """(share, $/1M, interval) per class -> their share-weighted $/1M and interval (None: a class not served; equal
     weights when a share is unknown)."""
     if not rows or any(c is None for _, c, _ in rows):
@@ -256,10 +262,10 @@ def _replicas(peak: float | None, rps: float | None) -> int | None:
     return max(1, min(MAX_REPLICAS, math.ceil(peak / rps - 1e-9)))
 
 
-def routing(recipe, plans: list[ClassPlan], results: dict, tuned: dict[str, str]) -> RoutingTable:
+def routing(recipe: Recipe, plans: list[ClassPlan], results: dict[str, TuneResult], tuned: dict[str, str]) -> RoutingTable:
     """The routing table from each class's tune (``results``: class -> core.TuneResult; ``tuned``: class ->
     its tuned-<class>.yaml's name)."""
-    tune = recipe.tune
+    tune = tune_of(recipe)
     objective = tune.objective
     peak_all = recipe.target.peak_rps if recipe.target is not None else None
     recs = {p.name: {t.id: t for t in results[p.name].trials} for p in plans}
@@ -284,10 +290,10 @@ def routing(recipe, plans: list[ClassPlan], results: dict, tuned: dict[str, str]
                      + ": those classes are not routed")
     # one deployment: a class winner (re-checked as served) within TOLERANCE of every class's best
     one: str | None = None
-    for w in sorted({w.id for w in winners.values() if w is not None},
+    for cfg_id in sorted({w.id for w in winners.values() if w is not None},
                     key=lambda i: blend([(p.share, *class_cost(recs[p.name].get(i), objective)) for p in plans])[0] or math.inf):
-        if all(within(*class_cost(recs[p.name].get(w), objective), *best[p.name]) for p in plans):
-            one = w
+        if all(within(*class_cost(recs[p.name].get(cfg_id), objective), *best[p.name]) for p in plans):
+            one = cfg_id
             break
     differ = len({w.id for w in winners.values() if w is not None}) > 1
     if one is not None and differ:
@@ -331,7 +337,7 @@ def routing(recipe, plans: list[ClassPlan], results: dict, tuned: dict[str, str]
 def summary_lines(table: RoutingTable) -> list[str]:
     """What the console says under the table: whether the classes got different winners, one deployment or one
     per configuration, and what a single configuration would have cost instead."""
-    def money(cost, ci) -> str:
+    def money(cost: float | None, ci: list[float | None] | None) -> str:
         if cost is None:
             return "-"
         return f"${cost:,.4g}/1M" + (f" [{ci[0]:,.4g}, {ci[1]:,.4g}]" if ci and None not in ci else "")
@@ -391,10 +397,10 @@ def read_routing(tune_dir: Path) -> RoutingTable:
 class RoutedManifests:
     """`serve TUNE_DIR --emit k8s` of a per-class tune: the documents, the comment lines, the resolutions served."""
 
-    docs: list[dict]
+    docs: list[dict[str, object]]  # the Kubernetes documents (serve.k8s's)
     comments: list[str]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"emit": "k8s", "manifests": self.docs, "comments": self.comments}
 
     def yaml(self) -> str:
@@ -403,7 +409,8 @@ class RoutedManifests:
         return "".join(f"# {line}\n" for line in self.comments) + "---\n" + dump_docs(self.docs)
 
 
-def routed_manifests(tune_dir: Path, options, overrides: list[str] | None = None, checks=None) -> RoutedManifests:
+def routed_manifests(tune_dir: Path, options: K8sOptions, overrides: list[str] | None = None,
+                     checks: Callable[[Resolution], object] | None = None) -> RoutedManifests:
     """A Deployment and a Service per configuration of routing.json (each its tuned recipe, its checkpoint checked
     by fingerprint; replicas: routing.json's unless --replicas), and an HTTPRoute sending each class's header value
     to its Service, every other request to the largest class's."""
@@ -411,7 +418,7 @@ def routed_manifests(tune_dir: Path, options, overrides: list[str] | None = None
     from infertool.serve.k8s import comment_text, header_lines, http_route, k8s_name, manifests, with_replicas
 
     table = read_routing(tune_dir)
-    docs: list[dict] = []
+    docs: list[dict[str, object]] = []
     comments = [comment_text(f"Per-class deployments of tune {table.recipe!r} (routing.json): "
                              f"{len(table.deployments)} configuration(s) for {len(table.classes)} classes, routed on "
                              f"the request header {table.header} by an HTTPRoute on the Gateway {table.gateway} "

@@ -6,18 +6,21 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from infertool.stages import StageContext, StageOutput, cached_stage, keys, select
+from infertool.stages import Stage, StageContext, StageOutput, cached_stage, keys, select
+from infertool.summaries import StageSummary
 from infertool.stages.builtin import QuantizeStageOptions
 from infertool.tune.records import TrialRecord, TrialStage
 
 if TYPE_CHECKING:
     from infertool.recipe import Recipe
-    from infertool.tune.space import Trial
+    from infertool.resolve import Resolution
+    from infertool.tune.space import Candidate, Trial
 
-EventCallback = Callable[[dict], None]
+EventCallback = Callable[[dict[str, object]], None]
 # tune's quantization skips the vLLM load check: screening serves the candidate anyway (a declared option of
 # the one quantize stage, part of its key)
 OPTIONS = {"quantize": QuantizeStageOptions(verify=False)}
@@ -31,12 +34,15 @@ def emit(on_event: EventCallback | None, message: str, level: str = "info") -> N
 class Context:
     """What every piece of one tune shares: the recipe, where things go, the clock, the callbacks."""
 
-    def __init__(self, recipe, tune_dir: Path, *, exhaustive: bool, on_event: EventCallback | None,
-                 on_trial: Callable[[TrialRecord], None] | None, cache: Path | None = None):
+    def __init__(self, recipe: Recipe, tune_dir: Path, *, exhaustive: bool, on_event: EventCallback | None,
+                 on_trial: Callable[[TrialRecord], None] | None, cache: Path | None = None,
+                 res: Resolution | None = None):
+        """``res``: the recipe's one resolution (``run_tune`` resolves it once; None: resolved here)."""
         from infertool.data.suites import load_suite
         from infertool.recipe import EvalSection
         from infertool.resolve import resolve
 
+        assert recipe.tune is not None and recipe.bench is not None  # a tune recipe has both
         self.recipe = recipe
         self.tune = recipe.tune
         self.dir = tune_dir
@@ -53,15 +59,18 @@ class Context:
         self.bench = recipe.bench.model_copy(update={"slo": self.slo})
         self.suite = load_suite(self.eval.suite)
         self.rounds = list(self.tune.accuracy.rounds)
-        base_res = resolve(recipe)
-        self.host = base_res.host.to_dict()
-        self.inputs = base_res.inputs()
+        self.res = res if res is not None else resolve(recipe)
+        self.host = self.res.host.to_dict()
+        self.inputs = self.res.inputs()
         self.reference_recipe = recipe.model_copy(update={"quantize": None, "tune": None})
         self._candidates: dict[str, Recipe] = {}  # by candidate key: its trial recipe
+        # by (candidate key, output-changing settings): what a screening serves (stages.screen_recipe)
+        self.scored_recipes: dict[tuple[str, str], Recipe] = {}
         self.measured: list[TrialRecord] = []  # the trials measured so far (core._note_measured)
+        self.queue: list[Trial] = []  # the order trials run in here (executor; none on a Ray worker)
         self.best_cost: float | None = None  # the best $/1M so far at its interval's top (the cost objective)
         self.publish_to: str | None = None  # the winner's destination (run: tune --publish)
-        self.published: dict | None = None  # the winner's publish record, once published
+        self.published: dict[str, object] | None = None  # the winner's publish record (publish.publish_dir), once published
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -69,8 +78,15 @@ class Context:
     def emit(self, message: str, level: str = "info") -> None:
         emit(self.on_event, message, level)
 
+    @cached_property
+    def reference_res(self) -> Resolution:
+        """The reference recipe (the original, as the recipe serves it) resolved once per tune."""
+        from infertool.resolve import resolve
+
+        return resolve(self.reference_recipe)
+
     # ----------------------------------------------------------------------------- what stages read
-    def candidate_recipe(self, candidate):
+    def candidate_recipe(self, candidate: Candidate) -> Recipe:
         """The candidate with the recipe's own serve settings (screening: shared by its serving settings)."""
         from infertool.tune import space
 
@@ -99,7 +115,7 @@ class Context:
         return [n] if self.exhaustive else [r for r in self.rounds if r < n] + [n]
 
     # ------------------------------------------------------------------------------- the trial graph
-    def run_stages(self, trial, wanted: list[str], outputs: dict[str, StageOutput],
+    def run_stages(self, trial: Trial, wanted: list[str], outputs: dict[str, StageOutput],
                    rec: TrialRecord | None = None, *, force: bool = False) -> dict[str, StageOutput]:
         """The trial's graph for ``wanted`` (tune stages the trial's recipe asks for, with their dependencies,
         from the registry; ``force``: ``wanted`` even when the recipe does not ask for it: the original's own
@@ -112,7 +128,7 @@ class Context:
             if "tune" not in st.graphs or st.name in outputs:
                 continue  # a dependency outside the graph (model) enters the keys only
 
-            def body(work: Path, st=st):
+            def body(work: Path, st: Stage = st) -> StageSummary:
                 ctx = StageContext(st.recipe_for(trial.recipe, job), None, work, dict(outputs), self.on_event,
                                    options=OPTIONS.get(st.name), job=job)
                 return st.summarize(st.run(ctx))

@@ -27,6 +27,7 @@ import itertools
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infertool.atomic import write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError, UsageError
@@ -34,11 +35,16 @@ from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS
 from infertool.metricspec import objective as objective_metric
 from infertool.tune import search, space
 from infertool.tune.space import Trial  # (a field named space shadows the module in PlannedSpace)
+from infertool.stages import StageOutput
 from infertool.tune.context import Context, emit
 from infertool.tune.stages import trial_accuracy
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
+    from infertool.resolve import Resolution
+
 from infertool.tune.records import (
-    CapacityResult, Decision, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialError, TrialRecord, TuneCost,
-    SpaceInfo, TuneDoc,
+    CapacityResult, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialError, TrialRecord, TuneCost,
+    SpaceInfo, TuneDecision, TuneDoc,
 )
 
 
@@ -56,13 +62,13 @@ class TuneResult:
     pareto: list[str]
     seconds: float
     tuned_recipe: str | None
-    report: dict = field(default_factory=dict)
+    report: dict[str, str] = field(default_factory=dict)  # the report's files: name -> path
     notes: list[str] = field(default_factory=list)
-    published: dict | None = None  # the winner's checkpoint: {path, fingerprint} (None: the original won, or none)
-    decision: Decision | None = None  # tune.json's decision (search.decide)
+    published: dict[str, object] | None = None  # the winner's checkpoint: {path, fingerprint} (None: the original won, or none)
+    decision: TuneDecision | None = None  # tune.json's decision (search.decide)
     cost: TuneCost | None = None  # tune's own cost in stage-seconds (own_cost)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"tune_dir": self.tune_dir, "winner": self.winner.to_dict() if self.winner else None,
                 "trials": [t.to_dict() for t in self.trials], "pareto": self.pareto, "seconds": self.seconds,
                 "tuned_recipe": self.tuned_recipe, "report": self.report, "notes": self.notes,
@@ -98,7 +104,7 @@ def decode_check(trial: space.Trial, cap: CapacityResult) -> DecodeCheck:
                        peak_source=pred.peak_source)
 
 
-def trial_record(trial: space.Trial, tdir: Path | None = None, **fields) -> TrialRecord:
+def trial_record(trial: space.Trial, tdir: Path | None = None, **fields: str | TrialError | None) -> TrialRecord:
     rec = TrialRecord.from_dict(trial.to_dict())
     rec.dir = str(tdir) if tdir is not None else None
     for k, v in fields.items():
@@ -120,7 +126,7 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
         if not trial.prediction.fits and not ctx.exhaustive:
             rec.status = "pruned"
             return rec
-        outputs: dict = {}
+        outputs: dict[str, StageOutput] = {}
         # quantized and screened as served (the original: the reference, unless its settings change outputs)
         rec.accuracy = trial_accuracy(ctx, trial, outputs, rec)
         if not ctx.exhaustive and rec.accuracy.verdict == "FAIL":
@@ -130,6 +136,7 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
             return rec
         ctx.run_stages(trial, ["capacity"], outputs, rec)
         cap = outputs["capacity"].summary
+        assert isinstance(cap, CapacityResult)  # the capacity stage's record
         rec.capacity, rec.objective = cap, search.objective_value(ctx.tune.objective, cap, trial.price_per_hour)
         rec.objective_ci = search.objective_interval(ctx.tune.objective, cap, trial.price_per_hour,
                                                     ctx.tune.load.repeats.confidence)
@@ -160,7 +167,7 @@ def _note_measured(ctx: Context, rec: TrialRecord) -> None:
     if ctx.tune.objective != "cost" or not search.eligible(rec):
         return
     ci = rec.objective_ci
-    top = rec.objective * (1 + ctx.tune.load.edge) if not ci else ci[1]
+    top = rec.objective * (1 + ctx.tune.load.edge) if not ci and rec.objective is not None else ci[1] if ci else None
     best = getattr(ctx, "best_cost", None)  # a test's stand-in context may lack it
     if top is not None and (best is None or top < best):
         ctx.best_cost = top
@@ -174,7 +181,8 @@ def _cannot_win(ctx: Context, trial: space.Trial, rec: TrialRecord) -> bool:
     if best is None or ctx.tune.objective != "cost":
         return False
     bound = search.sibling_bound(rec, getattr(ctx, "measured", []), ctx.tune.load.edge)
-    price = trial.price_per_hour if trial.price_per_hour is not None else ctx.recipe.bench.cost_per_hour
+    bench = ctx.recipe.bench
+    price = trial.price_per_hour if trial.price_per_hour is not None else bench.cost_per_hour if bench else None
     floor = search.cost_from_throughput(price, bound[0]) if (bound and price) else None
     if floor is None or floor <= best:
         return False
@@ -198,18 +206,18 @@ def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
     highest predicted decode throughput); siblings (trials that differ only in max_num_seqs) together, at their
     best one's place, the largest max_num_seqs first: its measurement bounds the smaller ones
     (``search.sibling_bound``), which then need not be measured when they cannot win."""
-    def score(t: space.Trial):
+    def score(t: space.Trial) -> tuple[bool, float]:
         p = t.prediction
         tps = p.decode_tokens_per_s or 0
         cost = p.cost_per_1m_output_tokens
         return (not p.fits, cost if (objective == "cost" and cost is not None) else (-tps if tps else float("inf")))
 
-    best: dict[str, tuple] = {}
+    best: dict[str, tuple[tuple[bool, float], str]] = {}
     for t in trials:
         g = search.sibling_key(t)
         best[g] = min(best.get(g, (score(t), t.id)), (score(t), t.id))
 
-    def key(t: space.Trial):
+    def key(t: space.Trial) -> tuple[tuple[tuple[bool, float], str], str, bool, int, str]:
         m = t.serve.get("max_num_seqs")
         g = search.sibling_key(t)
         return (best[g], g, not t.prediction.fits, -(m if isinstance(m, int) else 0), t.id)
@@ -253,13 +261,14 @@ class Plan:
         """Every trial planned or picked so far."""
         return list(self.built.values())
 
-    def to_dict(self) -> dict:
+    def info(self) -> SpaceInfo:
         """The space's size and axes, what was planned, which sampler picks (the dry run and tune.json say it)."""
         sp = self.space
-        return {"trials": sp.size, "candidates": len(sp.candidates), "serving_settings": sp.grid.size,
-                "axes": {key: len(values) for key, values in sp.grid.axes}, "planned": len(self.trials),
-                "sampled": self.sampled, "sampler": self.sampler(), "max_trials": sp.recipe.tune.max_trials if sp.recipe.tune else None,
-                **({"machines": [m.name for m in sp.machines]} if sp.machines else {})}
+        return SpaceInfo(trials=sp.size, candidates=len(sp.candidates), serving_settings=sp.grid.size,
+                         axes={key: len(values) for key, values in sp.grid.axes}, planned=len(self.trials),
+                         sampled=self.sampled, sampler=self.sampler(),
+                         max_trials=sp.recipe.tune.max_trials if sp.recipe.tune else None,
+                         machines=[m.name for m in sp.machines] or None)
 
     def sampler(self) -> str:
         """Which sampler picks the trials: the grid (most promising first) or Optuna's TPE (auto: when the space
@@ -270,21 +279,22 @@ class Plan:
         return "tpe" if tpe else "grid"
 
 
-def plan_search(recipe) -> Plan:
+def plan_search(recipe: Recipe) -> Plan:
     """The search space, refused beyond ``space.MAX_SPACE`` trials before anything is built, and its planned
     trials (at most max(PLAN_SAMPLE, tune.max_trials)), each predicted, most promising first."""
-    load = recipe.tune.load
+    tune = space.tune_of(recipe)
+    load = tune.load
     if load.max_concurrency is not None and load.max_concurrency < load.min_concurrency:
         raise UsageError(f"tune.load.min_concurrency ({load.min_concurrency}) is above tune.load.max_concurrency "
                          f"({load.max_concurrency}): the load search has no range",
                          hint="lower tune.load.min_concurrency or raise tune.load.max_concurrency")
     sp = space.search_space(recipe)
-    k = max(space.PLAN_SAMPLE, recipe.tune.max_trials)
-    planned = [predicted(sp.trial(i)) for i in sp.sample(k, recipe.tune.seed)]
-    return Plan(sp, _order(planned, recipe.tune.objective))
+    k = max(space.PLAN_SAMPLE, tune.max_trials)
+    planned = [predicted(sp.trial(i)) for i in sp.sample(k, tune.seed)]
+    return Plan(sp, _order(planned, tune.objective))
 
 
-def plan_trials(recipe) -> list[space.Trial]:
+def plan_trials(recipe: Recipe) -> list[space.Trial]:
     """The planned trials, most promising first (``plan_search(recipe).trials``)."""
     return plan_search(recipe).trials
 
@@ -328,7 +338,7 @@ def reusable_screening(ctx: Context, trial: space.Trial, cand: TrialRecord) -> S
         return None
     screened = screen_recipe(ctx, trial)
 
-    def made_of(recipe) -> list:
+    def made_of(recipe: Recipe) -> list[object]:
         return [None if getattr(recipe, s) is None else getattr(recipe, s).model_dump(mode="json")
                 for s in SERVED]
 
@@ -355,7 +365,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     doc = TuneDoc(recipe=ctx.recipe.name, objective=ctx.tune.objective, exhaustive=ctx.exhaustive,
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
-                  tuned_recipe=tuned, finished=_now(), space=SpaceInfo.from_dict(plan.to_dict()) if plan is not None else None,
+                  tuned_recipe=tuned, finished=_now(), space=plan.info() if plan is not None else None,
                   extra={"published": getattr(ctx, "published", None)} if winner is not None else {},
                   decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive, decision=decision))
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
@@ -372,7 +382,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                       getattr(ctx, "published", None), decision, doc.cost)
 
 
-def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[TrialRecord | None, Decision | None]:
+def _decide(ctx: Context, by_id: dict[str, Trial], records: list[TrialRecord]) -> tuple[TrialRecord | None, TuneDecision | None]:
     """The decision (``search.decide``: a tie among overlapping intervals broken by the stated rule), its winner
     re-checked as served; one whose outputs diverge is dropped and the decision made again without it."""
     ranked = search.rank(records)
@@ -387,7 +397,7 @@ def _decide(ctx: Context, by_id: dict, records: list[TrialRecord]) -> tuple[Tria
 
 
 def own_cost(tune_dir: Path, records: list[TrialRecord], *, exhaustive: bool,
-             decision: Decision | None = None) -> TuneCost:
+             decision: TuneDecision | None = None) -> TuneCost:
     """tune's own cost: this search's stage-seconds (``search.stage_seconds``) and, when the other kind of search
     (staged / brute force) was run in the same directory, its stage-seconds, the staged / brute force ratio, its
     winner and whether it agrees (``agrees``: the same winner, or one in this decision's declared tie)."""
@@ -457,27 +467,26 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
     return path
 
 
-def publish_destination(recipe, tune_dir: Path, publish: str | None) -> str | None:
+def publish_destination(recipe: Recipe, res: Resolution, tune_dir: Path, publish: str | None) -> str | None:
     """Where tune publishes its winner's checkpoint (--publish, else quantize.output), checked before any trial
     runs (exit 2: inside the tune directory, the source model or the environments, or a folder that may not be
     replaced). None: the default, out/<recipe>-tuned-<winner's scheme, else method>, checked when the winner is known."""
     from infertool import publish as pub
-    from infertool.resolve import resolve
 
     dest = publish or (recipe.quantize.output if recipe.quantize is not None else None)
     if dest:
-        pub.check_dest(dest, _forbidden(tune_dir, resolve(recipe)))
+        pub.check_dest(dest, _forbidden(tune_dir, res))
     return publish
 
 
-def _forbidden(tune_dir: Path, res) -> dict:
+def _forbidden(tune_dir: Path, res: Resolution) -> dict[str, Path | None]:
     from infertool import publish as pub
 
     return {"the tune directory": tune_dir, "the source model": Path(res.base.path) if res.base.exists and res.base.path else None,
             "INFERTOOL_HOME's environments": pub.env_folders()}
 
 
-def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkpoint: Path) -> dict:
+def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkpoint: Path) -> dict[str, object]:
     """The winner's checkpoint published with its card (``infertool.publish``): to --publish, else the trial's
     quantize.output, else tuned.yaml's default output (out/<recipe>-tuned-<method>: not the recipe's own default,
     where `run` publishes what it evaluated); recorded as <tune dir>/published.json."""
@@ -488,7 +497,7 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
     spec = trial.candidate.spec or {}
     kind = str(spec.get("scheme") or spec["method"]).lower()  # a W8A8 winner of a gptq recipe is named w8a8
     dest_text = getattr(ctx, "publish_to", None) or (trial.recipe.quantize.output if trial.recipe.quantize else None) or default_output(f"{ctx.recipe.name}-tuned", kind)
-    dest = pub.check_dest(dest_text, _forbidden(ctx.dir, _res(ctx)))
+    dest = pub.check_dest(dest_text, _forbidden(ctx.dir, ctx.res))
     acc = record.served_check or record.accuracy
     facts = {"v": pub.FACTS_VERSION, "infertool": __version__, "published": _now(),
              "source_model": {"source": ctx.recipe.model.source, "label": ctx.recipe.model.source},
@@ -514,25 +523,37 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
     return rec
 
 
-def _res(ctx: Context):
-    from infertool.resolve import resolve
-
-    return resolve(ctx.recipe)
-
-
 # the dry run lists this many trials (and grid points) at most: the rest are counted
 DRY_RUN_SHOWN = 100
 
 
-def dry_run(recipe) -> dict:
+@dataclass
+class DryRun:
+    """What `tune --dry-run` shows: the plan (the space, its planned trials with their predictions, most promising
+    first) and the first DRY_RUN_SHOWN of them; nothing runs."""
+
+    plan: Plan
+    shown: list[Trial]
+    space: SpaceInfo  # the plan's space
+
+    @property
+    def pruned_planned(self) -> int:
+        """The planned trials the plan prunes (they cannot fit)."""
+        return sum(not t.prediction.fits for t in self.plan.trials)
+
+    def to_dict(self) -> dict[str, object]:
+        sp = self.plan.space
+        return {"trials": [t.to_dict() for t in self.shown],
+                "pruned": [t.id for t in self.shown if not t.prediction.fits],
+                "candidates": [c.to_dict() for c in sp.candidates],
+                "grid": list(itertools.islice(sp.grid, DRY_RUN_SHOWN)),
+                "space": {**self.space.to_dict(), "shown": len(self.shown), "pruned_planned": self.pruned_planned}}
+
+
+def dry_run(recipe: Recipe, res: Resolution, tune_dir: Path, publish: str | None) -> DryRun:
     """The search space's size and axes; its planned trials, their predictions and order, what would be pruned
-    (the first DRY_RUN_SHOWN of them, most promising first; the rest counted): nothing runs."""
+    (the first DRY_RUN_SHOWN of them, most promising first; the rest counted): nothing runs. The winner's
+    destination (``publish``) is refused as the real tune refuses it before any trial."""
+    publish_destination(recipe, res, tune_dir, publish)
     plan = plan_search(recipe)
-    sp = plan.space
-    shown = plan.trials[:DRY_RUN_SHOWN]
-    return {"trials": [t.to_dict() for t in shown],
-            "pruned": [t.id for t in shown if not t.prediction.fits],
-            "candidates": [c.to_dict() for c in sp.candidates],
-            "grid": list(itertools.islice(sp.grid, DRY_RUN_SHOWN)),
-            "space": {**plan.to_dict(), "shown": len(shown),
-                      "pruned_planned": sum(not t.prediction.fits for t in plan.trials)}}
+    return DryRun(plan, plan.trials[:DRY_RUN_SHOWN], plan.info())

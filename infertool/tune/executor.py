@@ -23,15 +23,26 @@ from __future__ import annotations
 
 import os
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from infertool.atomic import remove_inside
 from infertool.errors import UsageError
 from infertool.tune.context import emit
-from infertool.tune.records import TrialRecord
+from infertool.tune.records import TrialError, TrialRecord
 
 if TYPE_CHECKING:
+    from infertool.recipe import TuneSection
+    from infertool.tune.context import Context
+    from infertool.tune.core import Plan
     from infertool.tune.space import Trial
+
+# what a Ray worker runs for one trial (``_remote_trial``; a test's seam): recipe data, tune dir, exhaustive,
+# the trial's index and id, and the shared stage cache
+TrialFn = Callable[..., TrialRecord]
+# Ray's own data: a task's options (``ray.remote(...).options`` keyword arguments) and ``ray.nodes()`` entries
+RayOptions = dict[str, Any]  # Any: Ray's option values
+RayNode = dict[str, Any]  # Any: a ray.nodes() entry (Ray's JSON)
+RayRef = Any  # Any: a Ray ObjectRef (ray ships no types)
 
 SAMPLER_SKIP = "not chosen by the sampler within tune.max_trials"
 # every wait on Ray is at most this long: between two, the driver looks at the trials not yet placed
@@ -41,7 +52,7 @@ RAY_CANCEL_WAIT_S = 60.0
 PLACED = "placed.json"  # written in the trial's directory by its Ray worker when it starts: where and with what
 
 
-def _screens(t) -> bool:
+def _screens(t: Trial) -> bool:
     """Whether a trial is screened against the reference: a quantized candidate, or the original served with
     settings that change its outputs (infertool.tune.stages.screen_wanted)."""
     from infertool.tune.stages import screen_wanted
@@ -49,11 +60,11 @@ def _screens(t) -> bool:
     return screen_wanted(t)
 
 
-def _needs_reference(trials) -> bool:
+def _needs_reference(trials: list[Trial]) -> bool:
     return any(_screens(t) and t.prediction.fits for t in trials)
 
 
-def execute(ctx, plan, executor: str, trial_fn=None) -> list[TrialRecord]:
+def execute(ctx: Context, plan: Plan, executor: str, trial_fn: TrialFn | None = None) -> list[TrialRecord]:
     """Run the chosen trials of ``plan`` (a ``core.Plan``; each trial its graph of registered stages) here or on
     Ray; the reference first, once, when a trial screens a candidate (its entry is then reused by every trial's
     graph). The planned trials not chosen are recorded as skipped. ``trial_fn``: what a Ray worker runs for a
@@ -80,18 +91,18 @@ def execute(ctx, plan, executor: str, trial_fn=None) -> list[TrialRecord]:
     return records + skipped
 
 
-def _skip(t, reason: str) -> TrialRecord:
+def _skip(t: Trial, reason: str) -> TrialRecord:
     from infertool.tune.core import trial_record
 
     return trial_record(t, status="skipped", reason=reason)
 
 
-def _skipped(all_trials: list, chosen: list, reason: str) -> list[TrialRecord]:
+def _skipped(all_trials: list[Trial], chosen: list[Trial], reason: str) -> list[TrialRecord]:
     ids = {t.id for t in chosen}
     return [_skip(t, reason) for t in all_trials if t.id not in ids]
 
 
-def _select(ctx, plan) -> list:
+def _select(ctx: Context, plan: Plan) -> list[Trial]:
     """The trials to run, in order: the planned ones when the space fits max_trials (or sampler: grid), most
     promising first; else Optuna TPE over the whole space."""
     if ctx.exhaustive or plan.sampler() == "grid":
@@ -99,7 +110,7 @@ def _select(ctx, plan) -> list:
     return _tpe(ctx, plan)
 
 
-def _tpe(ctx, plan) -> list:
+def _tpe(ctx: Context, plan: Plan) -> list[Trial]:
     """Optuna's TPE sampler over (candidate, each grid field, the machine kind), as positions into their values:
     each ask is the index of one trial of the space, planned when asked (``plan.trial``: the space is never listed); the
     prediction (roofline cost bound) is the value it learns from before measurement, so the order is most
@@ -119,7 +130,7 @@ def _tpe(ctx, plan) -> list:
     if sp.machines:  # the machine kind: one more dimension
         dists["machine"] = CategoricalDistribution(list(range(len(sp.machines))))
     study = optuna.create_study(direction="minimize", sampler=optuna.samplers.TPESampler(seed=ctx.tune.seed))
-    chosen: list = []
+    chosen: list[Trial] = []
     seen: set[str] = set()
     asks = 0
     while len(chosen) < ctx.tune.max_trials and asks < 20 * ctx.tune.max_trials:
@@ -139,7 +150,7 @@ def _tpe(ctx, plan) -> list:
 
 
 # ----------------------------------------------------------------------------------------------- ray
-def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
+def _ray(ctx: Context, trials: list[Trial], trial_fn: TrialFn) -> list[TrialRecord]:
     """Per candidate first (quantize + screen, in parallel), then every trial's capacity search in parallel,
     each a Ray task with the resources its configuration and its machine kind need (``ray_options``); a trial
     that no live node could take is recorded as skipped, with why, and never submitted."""
@@ -159,18 +170,18 @@ def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
     shared = {"cache": str(ctx.cache)} if ctx.cache != ctx.dir / ".stages" else {}
 
     @ray.remote(max_retries=0)
-    def run_remote(trial_index: int, trial_id: str):
+    def run_remote(trial_index: int, trial_id: str) -> TrialRecord:
         placed = note_placement(tune_dir, trial_id)  # first: the driver sees the trial has a node
         rec = trial_fn(recipe_data, tune_dir, exhaustive, trial_index, trial_id, **shared)
         rec.executor = {**(rec.executor or {}), **placed}
         return rec
 
-    def options(t):
+    def options(t: Trial) -> RayOptions:
         return ray_options(ctx.tune, t)
 
     records: list[TrialRecord] = []
     nodes, totals = ray.nodes(), ray.cluster_resources()
-    placeable = []
+    placeable: list[Trial] = []
     for t in trials:
         reason = unplaceable(t, options(t), nodes, totals)
         if reason is None:
@@ -190,7 +201,7 @@ def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
             ready[t.candidate.key] = _shared_ready(ctx, t)
         (rest if t.candidate.key in seen and not ready[t.candidate.key] else firsts).append(t)
         seen.add(t.candidate.key)
-    running: dict = {}
+    running: dict[RayRef, Trial] = {}  # Ray's object ref -> its trial
     try:
         _ray_waves(ctx, ray, (firsts, rest), running, records, limit, run_remote, options, address)
     except KeyboardInterrupt:
@@ -205,7 +216,7 @@ def _ray(ctx, trials: list, trial_fn) -> list[TrialRecord]:
     return records
 
 
-def _shared_ready(ctx, t) -> bool:
+def _shared_ready(ctx: Context, t: Trial) -> bool:
     """Whether the stages a candidate's trials share (its quantization, its screening) are complete in the cache
     already, as this host keys them, or it has none (the original): then its trials need not wait for a first one.
     A wrong guess (another node keys its host apart) costs only order: the cache runs each key once."""
@@ -222,12 +233,12 @@ def _shared_ready(ctx, t) -> bool:
                for st in chosen if "tune" in st.graphs)
 
 
-def trial_gpus(t) -> int:
+def trial_gpus(t: Trial) -> int:
     """The GPUs a trial asks Ray for: on a GPU target (or a machine kind with GPUs), its tensor x pipeline
     parallel size when a stage of its graph runs on the device or serves (the stage declarations say)."""
     from infertool.stages import select
 
-    machine = getattr(t, "machine", None)
+    machine = t.machine
     gpu_target = ((t.recipe.target is not None and bool(t.recipe.target.gpu))
                   or (machine is not None and machine.has_gpus))
     if not gpu_target:
@@ -239,15 +250,15 @@ def trial_gpus(t) -> int:
     return (s.tensor_parallel_size * s.pipeline_parallel_size) if s else 1
 
 
-def ray_options(tune, t) -> dict:
+def ray_options(tune: TuneSection, t: Trial) -> RayOptions:
     """What a trial asks Ray for (``ray.remote(...).options``): CPUs (its kind's ``cpus``, else
     tune.ray.cpus_per_trial), the GPUs of ``trial_gpus``, and for a machine kind its ``accelerator_type`` (given, or
     the Ray name of its ``gpu`` when it names no custom resources) and its custom ``resources``."""
     from infertool.recipe import ray_accelerator_type
 
-    m = getattr(t, "machine", None)
+    m = t.machine
     cpus = m.cpus if m is not None and m.cpus else tune.ray.cpus_per_trial
-    opts: dict = {"num_cpus": cpus, "num_gpus": trial_gpus(t)}
+    opts: RayOptions = {"num_cpus": cpus, "num_gpus": trial_gpus(t)}
     if m is not None:
         acc = m.accelerator_type or (ray_accelerator_type(m.gpu) if m.gpu and not m.resources else None)
         if acc:
@@ -257,7 +268,7 @@ def ray_options(tune, t) -> dict:
     return opts
 
 
-def demand(opts: dict) -> dict[str, float]:
+def demand(opts: RayOptions) -> dict[str, float]:
     """The node resources ``opts`` needs, as Ray names them (an accelerator type is the node resource
     ``accelerator_type:<type>``, of which a task takes 0.001)."""
     need = {"CPU": opts.get("num_cpus") or 0, "GPU": opts.get("num_gpus") or 0, **(opts.get("resources") or {})}
@@ -266,21 +277,21 @@ def demand(opts: dict) -> dict[str, float]:
     return {k: float(v) for k, v in need.items() if v}
 
 
-def unplaceable(t, opts: dict, nodes: list[dict], totals: dict) -> str | None:
+def unplaceable(t: Trial, opts: RayOptions, nodes: list[RayNode], totals: dict[str, float]) -> str | None:
     """Why no live node of the cluster (``ray.nodes()``; ``ray.cluster_resources()`` for the message) could ever run
     the trial with ``opts``: None when one live node has every resource it needs."""
     need = demand(opts)
     nodes = [n for n in nodes if n.get("Alive")]
     if any(all(float((n.get("Resources") or {}).get(k, 0)) >= v for k, v in need.items()) for n in nodes):
         return None
-    what = f"machine kind {t.machine.name!r}" if getattr(t, "machine", None) is not None else "the trial"
+    what = f"machine kind {t.machine.name!r}" if t.machine is not None else "the trial"
     offered = ", ".join(f"{k} {v:g}" for k, v in sorted(totals.items())
                         if not k.startswith("node:") and k not in ("memory", "object_store_memory"))
     return (f"not run: no live Ray node offers what {what} needs ({', '.join(f'{k} {v:g}' for k, v in need.items())}); "
             f"the cluster has {len(nodes)} live node(s)" + (f" with {offered[:400]} in all" if offered else ""))
 
 
-def note_placement(tune_dir: str, trial_id: str) -> dict:
+def note_placement(tune_dir: str, trial_id: str) -> dict[str, object]:
     """In the trial's Ray worker, when it starts: the node it runs on and the resources Ray gave it, written as
     <tune dir>/trials/<id>/placed.json (how the driver knows it was placed) and returned for its record."""
     from pathlib import Path
@@ -290,23 +301,25 @@ def note_placement(tune_dir: str, trial_id: str) -> dict:
     from infertool.atomic import write_json
 
     rc = ray.get_runtime_context()
-    placed = {"node_id": rc.get_node_id(), "resources": {k: float(v) for k, v in rc.get_assigned_resources().items()}}
+    placed: dict[str, object] = {"node_id": rc.get_node_id(), "resources": {k: float(v) for k, v in rc.get_assigned_resources().items()}}
     write_json(Path(tune_dir) / "trials" / trial_id / PLACED, placed)
     return placed
 
 
-def _record(ctx, records: list, rec: TrialRecord, address: str) -> None:
+def _record(ctx: Context, records: list[TrialRecord], rec: TrialRecord, address: str) -> None:
     rec.executor = {"kind": "ray", "address": address, **(rec.executor or {})}
     if ctx.on_trial:
         ctx.on_trial(rec)
     records.append(rec)
 
 
-def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_remote, options, address) -> None:
+def _ray_waves(ctx: Context, ray: Any, waves: Iterable[list[Trial]], running: dict[RayRef, Trial],  # Any: the ray module
+               records: list[TrialRecord], limit: int, run_remote: Any,  # Any: a Ray remote function
+               options: Callable[[Trial], RayOptions], address: str) -> None:
     """Submit each wave's trials (at most ``limit`` running) and collect them; every wait on Ray is bounded
     (RAY_POLL_S), and trials Ray has not placed while nothing else runs are cancelled after
     tune.ray.placement_timeout_s (``_unstick``)."""
-    placed: set = set()
+    placed: set[RayRef] = set()  # Ray's object refs of the trials placed
     progress = [time.monotonic()]  # the last submission, placement or completion
     for wave in waves:
         pending = list(wave)
@@ -336,23 +349,26 @@ def _ray_waves(ctx, ray, waves, running: dict, records: list, limit: int, run_re
             except Exception as e:  # noqa: BLE001 - a trial that crashed in its worker: recorded, the search goes on
                 from infertool.tune.core import trial_record
 
-                rec = trial_record(t, status="failed",
-                                   error={"message": f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"})
+                rec = trial_record(t, status="failed", error=TrialError(
+                    message=f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"))
                 rec.executor = _placement(ctx, t)
             _record(ctx, records, rec, address)
 
 
-def _placement(ctx, t) -> dict | None:
-    """What the trial's worker wrote of where it ran (None: it never started)."""
+def _placement(ctx: Context, t: Trial) -> dict[str, object] | None:
+    """What the trial's worker wrote of where it ran (``note_placement``; None: it never started)."""
     import json
 
     try:
-        return json.loads((ctx.dir / "trials" / t.id / PLACED).read_text(encoding="utf-8"))
+        placed = json.loads((ctx.dir / "trials" / t.id / PLACED).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return placed if isinstance(placed, dict) else None
 
 
-def _unstick(ctx, ray, running: dict, placed: set, progress: list, records: list, address: str) -> None:
+def _unstick(ctx: Context, ray: Any, running: dict[RayRef, Trial], placed: set[RayRef],  # Any: the ray module
+             progress: list[float],
+             records: list[TrialRecord], address: str) -> None:
     """Trials that wait for a node: when none of the running trials is placed (nothing runs that could free a
     node) and nothing was submitted, placed or finished for tune.ray.placement_timeout_s, they are cancelled and
     recorded as skipped, with why."""
@@ -370,19 +386,19 @@ def _unstick(ctx, ray, running: dict, placed: set, progress: list, records: list
         ray.cancel(ref)
     ray.wait(list(stuck), num_returns=len(stuck), timeout=RAY_CANCEL_WAIT_S)
     for t in stuck.values():
-        kind = f" on a node of machine kind {t.machine.name!r}" if getattr(t, "machine", None) is not None else ""
+        kind = f" on a node of machine kind {t.machine.name!r}" if t.machine is not None else ""
         _record(ctx, records, _skip(t, f"not run: Ray did not place it{kind} within tune.ray.placement_timeout_s "
                                        f"({timeout:g} s); the cluster's nodes had not its resources free"), address)
     progress[0] = time.monotonic()
 
 
-def _recipe_payload(ctx) -> dict:
+def _recipe_payload(ctx: Context) -> dict[str, object]:
     from infertool.recipe import recipe_to_dict
 
     return recipe_to_dict(ctx.recipe)
 
 
-def _remote_trial(recipe_data: dict, tune_dir: str, exhaustive: bool, trial_index: int, trial_id: str,
+def _remote_trial(recipe_data: dict[str, object], tune_dir: str, exhaustive: bool, trial_index: int, trial_id: str,
                   cache: str | None = None) -> TrialRecord:
     """Runs in a Ray worker: rebuild the context from the recipe and the one trial from its index in the search
     space (nothing else of the space is built), run it, return its record."""

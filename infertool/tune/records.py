@@ -6,7 +6,7 @@ Written as JSON by ``to_dict()`` (an objective that was not measured is null, ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import ClassVar
 
 from infertool.bench.results import Cost, Goodput, Latency
@@ -35,6 +35,47 @@ class Round(Record):
 
 
 @dataclass
+class LmEvalFigures(Record):
+    """One lm-eval task as served, as a trial's accuracy keeps it (``Judgement.lm_eval``: evaluate's phase block cut
+    to these names by ``stages.phase_figures``)."""
+
+    metric: str | None = None
+    base: float | None = None
+    candidate: float | None = None
+    recovery: float | None = None
+    recovery_ci: list[float | None] | None = None
+    lost: int | None = None
+    gained: int | None = None
+    mcnemar_p: float | None = None
+    n: int | None = None
+
+
+@dataclass
+class DecodeFigures(Record):
+    """The decode path as served, as a trial's accuracy keeps it (``Judgement.decode``: evaluate's decode block cut to
+    these names by ``stages.phase_figures``)."""
+
+    n_prompts: int | None = None
+    exact_match: float | None = None
+    exact_match_ci: list[float | None] | None = None
+    first_divergence_median: float | None = None
+    first_divergence_ci: list[float | None] | None = None
+    kld: float | None = None
+    kld_ci: list[float | None] | None = None
+    top1: float | None = None
+    top1_ci: list[float | None] | None = None
+    near_ties: int | None = None
+    divergences: int | None = None
+    near_tie_logprob: float | None = None
+    steps: int | None = None
+
+
+def figure_names(kind: type[Record]) -> tuple[str, ...]:
+    """The names a figures record declares (what ``stages.phase_figures`` keeps of a phase block)."""
+    return tuple(f.name for f in fields(kind) if f.name != "extra")
+
+
+@dataclass
 class Judgement(StageSummary):
     """The candidate as served against the reference on the same items: the gates and their verdict."""
 
@@ -51,16 +92,23 @@ class Judgement(StageSummary):
     # the output-changing serve settings (infertool.tune.space.OUTPUT_SETTINGS) of the server whose outputs were
     # scored, as served: a trial's accuracy holds for its configuration only when they are its own
     scored_with: dict[str, ServeValue] | None = None
-    # the as-served phases (infertool.evaluate.phases): lm-eval per task {metric, base, candidate, recovery,
-    # recovery_ci, lost, gained, mcnemar_p, n}; the decode path {exact_match, first_divergence_median, kld, top1,
-    # near_ties, n_prompts, ...}
-    lm_eval: dict | None = None
-    decode: dict | None = None
+    # the as-served phases (infertool.evaluate.phases), kept as evaluate's blocks cut to the figures' names: lm-eval
+    # per task (LmEvalFigures), the decode path (DecodeFigures); read through those records (``lm_eval_figures``)
+    lm_eval: dict[str, dict[str, object]] | None = None
+    decode: dict[str, object] | None = None
     # a speculative configuration against the same one without speculation, per traffic class, with the noise
     # floor beside it (infertool.evaluate.lossless); one that is not lossless FAILs with its reason
     lossless: list[Lossless] | None = None
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("scored_with", "lm_eval", "decode", "lossless")
+
+    def lm_eval_figures(self) -> dict[str, LmEvalFigures]:
+        """The lm-eval tasks' figures by task (a task that is not an object is left out)."""
+        return {task: LmEvalFigures.from_dict(b) for task, b in (self.lm_eval or {}).items() if isinstance(b, dict)}
+
+    def decode_figures(self) -> DecodeFigures | None:
+        """The decode path's figures (None: the phase did not run)."""
+        return DecodeFigures.from_dict(self.decode) if self.decode else None
 
 
 @dataclass
@@ -258,7 +306,7 @@ class TrialError(Record):
 
 
 @dataclass
-class Decision(Summary):
+class TuneDecision(Summary):
     """tune.json's decision (``search.decide``): the winner, the runner-up and the margin between them with its
     interval, whether the objective intervals tie (and which), the tie rule and why, in words."""
 
@@ -319,7 +367,7 @@ class TrialRecord(Summary):
     error: TrialError | None = None
     why_lost: str | None = None
     served_check: ServedCheck | None = None
-    executor: dict | None = None  # where it ran: {kind, address} and, on Ray, the node id and the resources it got
+    executor: dict[str, object] | None = None  # where it ran: {kind, address} and, on Ray, the node id and the resources it got
     # its machine kind (tune.machines): name, price_per_hour (per gpu | machine), gpus, trial_price_per_hour, ...
     machine: MachineInfo | None = None
     cost_per_1m_output_tokens: float | None = None  # at its machine's price (machine kinds only)
@@ -382,9 +430,10 @@ class TuneDoc(Summary):
     recipe: str = ""
     objective: str = "cost"
     exhaustive: bool = False
-    slo: dict | None = None
-    accept: dict = field(default_factory=dict)
-    host: dict | None = None
+    # the recipe's SLO and accept sections and the host's facts, as tune ran with them
+    slo: dict[str, object] | None = None
+    accept: dict[str, object] = field(default_factory=dict)
+    host: dict[str, object] | None = None
     seconds: float = 0.0
     winner: str | None = None
     pareto: list[str] = field(default_factory=list)
@@ -394,7 +443,7 @@ class TuneDoc(Summary):
     # the search space: its size and axes, how many were planned, whether a sample, the sampler (core.Plan)
     space: SpaceInfo | None = None
     # the decision: {winner, runner_up, margin, margin_ci, tie, tied, rule, why} (search.decide)
-    decision: Decision | None = None
+    decision: TuneDecision | None = None
     # tune's own cost: stage-seconds by stage and in total (search.stage_seconds), brute force's when measured in
     # the same directory, and the ratio
     cost: TuneCost | None = None
@@ -416,7 +465,7 @@ class ClassRoute(Summary):
     name: str = ""
     share: float | None = None  # of target.peak_rps (default: of the traffic's requests)
     requests: int | None = None  # the class's requests in one probe's traffic
-    slo: dict | None = None
+    slo: dict[str, object] | None = None  # the class's SLO section (recipe data)
     winner: str | None = None  # the class's own best trial (None: no configuration passes for it)
     winner_label: str | None = None
     configuration: str | None = None  # the trial it is routed to

@@ -9,18 +9,20 @@ from __future__ import annotations
 import html
 import math
 from pathlib import Path
-from typing import Mapping
+from typing import Any, Mapping, Sequence
 
 from infertool.atomic import atomic_path, write_text
 from infertool.evaluate.result import Accept
 from infertool.evaluate.lossless import FLOOR_METHOD, rule_text
 from infertool.metricspec import objective as objective_metric
 from infertool.report import html_document, html_table, img_tag, md_table
-from infertool.tune.records import Screening, ScreenResult, TrialRecord, TuneDoc
+from infertool.tune.records import (
+    DecodeFigures, LmEvalFigures, Screening, ScreenResult, ServeValue, TrialRecord, TuneDoc,
+)
 from infertool.tune.space import OUTPUT_SETTINGS
 
 
-def _f(v, digits: int = 3) -> str:
+def _f(v: float | int | str | None, digits: int = 3) -> str:
     if v is None or (isinstance(v, float) and not math.isfinite(v)):
         return "-"
     if isinstance(v, float):
@@ -56,13 +58,13 @@ def _kind(t: TrialRecord) -> str:
     return f"{label} (${price:,.4g}/h)" if price is not None else label
 
 
-def _ci(v, ci, digits: int = 3) -> str:
+def _ci(v: float | None, ci: Sequence[float | None] | None, digits: int = 3) -> str:
     """A figure and its interval: "0.64 [0.6, 0.69]" ("-" for an open end); the figure alone without one."""
     if v is None:
         return "-"
     if not ci:
         return _f(v, digits)
-    lo, hi = (ci + [None, None])[:2]
+    lo, hi = ([*ci] + [None, None])[:2]
     return f"{_f(v, digits)} [{_f(lo, digits) if lo is not None else '-'}, {_f(hi, digits) if hi is not None else '-'}]"
 
 
@@ -77,14 +79,14 @@ def _max_load(t: TrialRecord) -> str:
     return _f(cap.max_load)
 
 
-def _cost_ci(t: TrialRecord) -> list | None:
+def _cost_ci(t: TrialRecord) -> list[float | None] | None:
     """$/1M's interval: the trial's objective interval when the objective is the cost, else its capacity's."""
     if t.capacity is None:
         return None
     return t.capacity.cost_ci if t.machine is None else t.objective_ci
 
 
-def trial_rows(doc: TuneDoc | dict) -> list[list[str]]:
+def trial_rows(doc: TuneDoc | dict[str, object]) -> list[list[str]]:
     doc = TuneDoc.from_dict(doc)
     kinds = any(t.machine is not None for t in doc.trials)  # a machine kind column only when tune.machines
     rows = [["trial", "quantization", "serving", *(["machine kind"] if kinds else []), "accuracy",
@@ -109,7 +111,7 @@ def _settings(d: Mapping[str, object] | None) -> str:
     return ", ".join(f"{k}={_v(v)}" for k, v in (d or {}).items() if v is not None) or "-"
 
 
-def _v(v) -> str:
+def _v(v: ServeValue) -> str:  # a serve setting's value, as the recipe spells it
     if isinstance(v, bool):
         return str(v).lower()
     if isinstance(v, dict):
@@ -117,42 +119,34 @@ def _v(v) -> str:
     return str(v)
 
 
-def _ci_cell(value, ci, digits: int = 3) -> str:
+def _ci_cell(value: float | int | None, ci: list[float | None] | None, digits: int = 3) -> str:
     """A figure with its interval, when it has one (both ends numbers)."""
-    if isinstance(ci, (list, tuple)) and len(ci) == 2 and all(isinstance(x, (int, float)) for x in ci):
+    if ci is not None and len(ci) == 2 and ci[0] is not None and ci[1] is not None:
         return f"{_f(value, digits)} [{_f(ci[0], digits)}, {_f(ci[1], digits)}]"
     return _f(value, digits)
 
 
-def lm_eval_cell(lm: dict | None) -> str:
+def lm_eval_cell(lm: dict[str, LmEvalFigures]) -> str:
     """Per lm-eval task: recovery [interval], base -> candidate score, lost / gained documents."""
-    if not lm:
-        return "-"
-    parts = []
-    for task, b in lm.items():
-        if not isinstance(b, dict):
-            continue
-        parts.append(f"{task}: {_ci_cell(b.get('recovery'), b.get('recovery_ci'))} ({_f(b.get('base'))} -> "
-                     f"{_f(b.get('candidate'))}; lost {_f(b.get('lost'))}, gained {_f(b.get('gained'))}, n {_f(b.get('n'))})")
-    return "; ".join(parts) or "-"
+    return "; ".join(f"{task}: {_ci_cell(b.recovery, b.recovery_ci)} ({_f(b.base)} -> {_f(b.candidate)}; lost "
+                     f"{_f(b.lost)}, gained {_f(b.gained)}, n {_f(b.n)})" for task, b in lm.items()) or "-"
 
 
-def decode_cell(dec: dict | None) -> list[str]:
+def decode_cell(dec: DecodeFigures | None) -> list[str]:
     """The decode path: exact match [interval], first divergence (median), decode KLD [interval], near ties (of the
     divergences: those that start where the reference's top-2 gap is below the near-tie threshold)."""
-    if not dec:
+    if dec is None:
         return ["-", "-", "-", "-"]
-    n = dec.get("n_prompts")
-    return [_ci_cell(dec.get("exact_match"), dec.get("exact_match_ci")) + (f" of {_f(n)}" if n is not None else ""),
-            _f(dec.get("first_divergence_median")), _ci_cell(dec.get("kld"), dec.get("kld_ci")),
-            near_ties_cell(dec)]
+    n = dec.n_prompts
+    return [_ci_cell(dec.exact_match, dec.exact_match_ci) + (f" of {_f(n)}" if n is not None else ""),
+            _f(dec.first_divergence_median), _ci_cell(dec.kld, dec.kld_ci), near_ties_cell(dec)]
 
 
-def near_ties_cell(dec: dict) -> str:
+def near_ties_cell(dec: DecodeFigures) -> str:
     """"N of M divergences start at a near tie". The decode block counts the two apart (``compare``):
     ``near_ties`` divergences start at a near tie, ``divergences`` the others, so M is their sum (N <= M)."""
-    ties, other = dec.get("near_ties"), dec.get("divergences")
-    if not isinstance(ties, int) or isinstance(ties, bool) or not isinstance(other, int) or isinstance(other, bool):
+    ties, other = dec.near_ties, dec.divergences
+    if ties is None or other is None:
         return "-"
     total = ties + other
     if total == 0:
@@ -184,7 +178,7 @@ def screening_line(trials: list[dict[str, object]]) -> str:
             + "; the others share their candidate's screening (the original at the recipe's settings: the reference)")
 
 
-def accuracy_rows(doc: TuneDoc | dict) -> list[list[str]]:
+def accuracy_rows(doc: TuneDoc | dict[str, object]) -> list[list[str]]:
     """Each trial's accuracy as served: its verdict, the serve settings whose outputs were scored (and whether the
     screening is its own or shared), the lm-eval tasks per task, the decode path; the served check's beside."""
     doc = TuneDoc.from_dict(doc)
@@ -194,15 +188,16 @@ def accuracy_rows(doc: TuneDoc | dict) -> list[list[str]]:
         acc, sc = t.accuracy, t.served_check
         screening = screened_text(t.screening)
         rows.append([t.id, t.accuracy_text, _settings(acc.scored_with if acc else None), screening,
-                     lm_eval_cell(acc.lm_eval if acc else None), *decode_cell(acc.decode if acc else None)])
+                     lm_eval_cell(acc.lm_eval_figures() if acc else {}),
+                     *decode_cell(acc.decode_figures() if acc else None)])
         if sc is not None and sc.verdict is not None:
             rows.append([f"{t.id} (served check)", sc.verdict, _settings(sc.scored_with),
                          "its exact settings" + (": its screening's, reused" if sc.reused else ""),
-                         lm_eval_cell(sc.lm_eval), *decode_cell(sc.decode)])
+                         lm_eval_cell(sc.lm_eval_figures()), *decode_cell(sc.decode_figures())])
     return rows
 
 
-def lossless_rows(doc: TuneDoc | dict) -> list[list[str]]:
+def lossless_rows(doc: TuneDoc | dict[str, object]) -> list[list[str]]:
     """Each speculative configuration's lossless check (infertool.evaluate.lossless), per prompt set (a traffic
     class): the decision and why, its figures against the same configuration without speculation, the noise
     floor's beside them; only the header when no trial speculates."""
@@ -350,23 +345,24 @@ def _cost_lines(doc: TuneDoc) -> list[str]:
     return lines
 
 
-def _fleet(doc: TuneDoc) -> dict:
+def _fleet(doc: TuneDoc) -> dict[str, Any]:  # Any: perf.fleet.tune_fleet's {rows, lines}, untyped there
     """Replicas and $/month per trial for the recipe's target.peak_rps (perf.fleet.tune_fleet), each trial's target
     read from its manifest's recipe."""
     from infertool.perf.fleet import tune_fleet
     from infertool.report import Unreadable, read_json_inside
 
-    def target_of(t: TrialRecord) -> dict | None:
+    def target_of(t: TrialRecord) -> dict[str, object] | None:
         if t.dir is None:
             return None
         try:
-            return ((read_json_inside(Path(t.dir), "manifest.json") or {}).get("recipe") or {}).get("target")
+            target = ((read_json_inside(Path(t.dir), "manifest.json") or {}).get("recipe") or {}).get("target")
         except (OSError, Unreadable, AttributeError, TypeError):
             return None
+        return target if isinstance(target, dict) else None
     return tune_fleet(doc.trials, target_of)
 
 
-def render_markdown(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | None) -> str:
+def render_markdown(doc: TuneDoc | dict[str, object], plot: Path | None, tuned_text: str | None) -> str:
     doc = TuneDoc.from_dict(doc)
     parts = [f"# infertool tune: {doc.recipe}", ""] + _summary(doc) + [""]
     if plot:
@@ -382,7 +378,7 @@ def render_markdown(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | No
     return "\n".join(parts)
 
 
-def render_html(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | None) -> str:
+def render_html(doc: TuneDoc | dict[str, object], plot: Path | None, tuned_text: str | None) -> str:
     doc = TuneDoc.from_dict(doc)
 
     def inline(text: str) -> str:
@@ -407,12 +403,12 @@ def render_html(doc: TuneDoc | dict, plot: Path | None, tuned_text: str | None) 
     return html_document(f"infertool tune {doc.recipe}", body)
 
 
-def write_report(tune_dir: Path, doc: TuneDoc | dict, *, exhaustive: bool = False) -> dict:
+def write_report(tune_dir: Path, doc: TuneDoc | dict[str, object], *, exhaustive: bool = False) -> dict[str, str]:
     doc = TuneDoc.from_dict(doc)
     suffix = "-exhaustive" if exhaustive else ""
     plot = plot_pareto(doc, tune_dir / f"pareto{suffix}.png")
     tuned = Path(doc.tuned_recipe).read_text(encoding="utf-8") if doc.tuned_recipe else None
-    files = {}
+    files: dict[str, str] = {}
     for name, text in ((f"tune{suffix}.md", render_markdown(doc, plot, tuned)), (f"tune{suffix}.html", render_html(doc, plot, tuned))):
         write_text(tune_dir / name, text)
         files[name] = str(tune_dir / name)

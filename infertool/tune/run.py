@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from infertool.errors import UsageError
 from infertool.tune import space
@@ -13,8 +13,11 @@ from infertool.tune.core import TuneResult, finish, plan_search, publish_destina
 from infertool.tune.executor import execute
 from infertool.tune.records import TrialRecord
 
+if TYPE_CHECKING:
+    from infertool.recipe import Recipe
 
-def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
+
+def run_tune(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
              on_event: EventCallback | None = None, on_trial: Callable[[TrialRecord], None] | None = None,
              publish: str | None = None, tune_dir: Path | None = None, cache: Path | None = None,
              checked: bool = False) -> TuneResult:
@@ -32,8 +35,11 @@ def run_tune(recipe, *, out_dir: str | Path | None = None, exhaustive: bool = Fa
                               "trials: shorten tune.serve_grid or tune.candidates")
     emit(on_event, plan.space.describe() + (f"; {len(plan.trials):,} planned, a sample drawn with tune.seed "
                                             f"({plan.sampler()} sampler)" if plan.sampled else ""))
-    publish_to = publish_destination(recipe, tune_dir, publish)  # the winner's DEST, refused before any trial
-    ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial, cache=cache)
+    from infertool.resolve import resolve
+
+    res = resolve(recipe)  # the recipe's one resolution: the context and every check read it
+    publish_to = publish_destination(recipe, res, tune_dir, publish)  # the winner's DEST, refused before any trial
+    ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial, cache=cache, res=res)
     ctx.publish_to = publish_to
     executor = executor or recipe.tune.executor
     if executor == "local" and not checked:

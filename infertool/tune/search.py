@@ -14,12 +14,15 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Sequence, Union
 
 from infertool.bench.results import Latency, Summary
 from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
 from infertool.metricspec import objective as objective_metric
-from infertool.tune.records import CapacityResult, Decision, Probe, ProbeSummary, StageSeconds, TrialRecord
+from infertool.tune.records import CapacityResult, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision
+
+if TYPE_CHECKING:
+    from infertool.tune.space import Trial
 
 
 # ------------------------------------------------------------------------------------------- load search
@@ -33,7 +36,7 @@ class LoadSearch:
         ok = [p for p in self.probes if p.ok and p.concurrency == self.max_load]
         return ok[-1] if ok else None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return {"max_load": self.max_load, "stopped": self.stopped, "probes": [p.to_dict() for p in self.probes]}
 
 
@@ -291,7 +294,15 @@ def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], ProbeSum
                       f"{search.stopped}; measured again, concurrency {best.concurrency} misses the SLO")
 
 
-def max_load_bracket(probes: list[Probe], lo: int, hi: int) -> dict:
+@dataclass(frozen=True)
+class Bracket:
+    """What the probes prove about the largest load meeting the SLO (``max_load_bracket``)."""
+
+    edge: list[int | None]  # [the largest load that surely meets, the smallest that surely misses]
+    max_load_ci: list[int]  # the range the answer can be in
+
+
+def max_load_bracket(probes: list[Probe], lo: int, hi: int) -> Bracket:
     """What the probes prove about the largest load meeting the SLO: ``edge`` = [the largest load that surely
     meets, the smallest that surely misses] (None where no probe proves it) and ``max_load_ci`` = the range the
     answer can be in ([surely meets, surely misses - 1], the search's range bounding it; a probe not judged
@@ -303,7 +314,7 @@ def max_load_bracket(probes: list[Probe], lo: int, hi: int) -> dict:
     misses = min(sure_bad) if sure_bad else None
     low = meets if meets is not None else 0
     high = (misses - 1) if misses is not None else hi
-    return {"edge": [meets, misses], "max_load_ci": [low, max(low, high)]}
+    return Bracket([meets, misses], [low, max(low, high)])
 
 
 # ------------------------------------------------------------------------------------------- accuracy rounds
@@ -363,7 +374,7 @@ def pareto_front(points: list[tuple[str, float, float]]) -> list[str]:
     return front
 
 
-def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str, decision: Decision | None = None) -> str | None:
+def why_lost(t: TrialRecord, winner: TrialRecord | None, objective: str, decision: TuneDecision | None = None) -> str | None:
     """One sentence: why this trial is not the answer."""
     if winner is not None and t.id == winner.id:
         return None
@@ -454,13 +465,13 @@ def gpus(t: TrialRecord) -> int:
     return (tp if isinstance(tp, int) and tp > 0 else 1) * (pp if isinstance(pp, int) and pp > 0 else 1)
 
 
-def tie_key(t: TrialRecord) -> tuple:
+def tie_key(t: TrialRecord) -> tuple[int, int, float, float | None, str]:
     """The stated tie rule (``TIE_RULE``) as a sort key."""
     kld = t.accuracy.mean_kld if t.accuracy is not None and t.accuracy.mean_kld is not None else 0.0
     return (gpus(t), t.prediction.weight_bytes or 0, kld, t.objective, t.id)
 
 
-def decide(ranked: list[TrialRecord], objective: str) -> Decision | None:
+def decide(ranked: list[TrialRecord], objective: str) -> TuneDecision | None:
     """The decision among the eligible trials (``rank``'s order): the best objective wins unless others' objective
     intervals overlap its interval: then it is a TIE among them, broken by ``TIE_RULE``. ``margin``: the
     runner-up's objective minus the winner's (in the objective's unit, lower is better, so positive: the winner
@@ -473,7 +484,7 @@ def decide(ranked: list[TrialRecord], objective: str) -> Decision | None:
     winner = min(tied, key=tie_key) if tie else best
     rest = [t for t in (tied if tie else ranked) if t is not winner]
     runner = rest[0] if rest else None
-    out = Decision(winner=winner.id, runner_up=runner.id if runner else None, tie=tie,
+    out = TuneDecision(winner=winner.id, runner_up=runner.id if runner else None, tie=tie,
                    tied=[t.id for t in tied] if tie else [], rule=TIE_RULE if tie else None)
     if runner is None:
         out.why = "the only configuration that passes the accuracy gates and meets the SLO"
@@ -529,7 +540,7 @@ def cost_ratio(staged: StageSeconds | None, brute: StageSeconds | None) -> float
     return staged.total / brute.total if staged is not None and brute is not None and brute.total > 0 else None
 
 
-def sibling_key(t) -> str:
+def sibling_key(t: Trial | TrialRecord) -> str:
     """What a trial (``space.Trial`` or ``TrialRecord``) is apart from its max_num_seqs: its candidate, machine kind
     and other serve settings; trials with the same key are siblings."""
     machine = getattr(t.machine, "name", None)  # a MachineKind (space.Trial) or its MachineInfo (TrialRecord)
@@ -537,12 +548,12 @@ def sibling_key(t) -> str:
     return json.dumps([t.candidate.key, machine, rest], sort_keys=True, default=str)
 
 
-def siblings(a, b) -> bool:
+def siblings(a: Trial | TrialRecord, b: Trial | TrialRecord) -> bool:
     """Whether two trials differ at most in max_num_seqs (``sibling_key``)."""
     return sibling_key(a) == sibling_key(b)
 
 
-def smaller_siblings(trial, pending: list) -> list[int]:
+def smaller_siblings(trial: Trial | TrialRecord, pending: list[Trial]) -> list[int]:
     """The max_num_seqs of the trials still to run (``pending``) that are ``trial``'s siblings with a smaller
     max_num_seqs: the loads at which ``trial``'s server, once measured there, bounds them (``sibling_bound``)."""
     m = trial.serve.get("max_num_seqs")

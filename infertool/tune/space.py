@@ -12,20 +12,21 @@ import json
 import math
 import random
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, Iterator
 
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
-from infertool.tune.records import PredictionRecord, Screening
+from infertool.tune.records import MachineInfo, PredictionRecord, Screening, ServeValue
 
 if TYPE_CHECKING:
-    from infertool.recipe import Recipe, TuneMachine
+    from infertool.recipe import Recipe, ServeSection, TuneMachine, TuneSection
+    from infertool.resolve import Resolution
 
 
 @dataclass(frozen=True)
 class Candidate:
     index: int
-    spec: dict | None  # the merged quantize section; None: the original model
+    spec: dict[str, object] | None  # the merged quantize section (recipe data); None: the original model
     label: str
     key: str
 
@@ -33,7 +34,7 @@ class Candidate:
     def original(self) -> bool:
         return self.spec is None
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, object]:
         return asdict(self)
 
 
@@ -57,7 +58,7 @@ OUTPUT_SETTINGS: dict[str, str] = {
 # and scheduling, not what one request computes at the screening's load).
 
 
-def scoring_point(recipe, point: dict) -> dict:
+def scoring_point(recipe: Recipe, point: dict[str, ServeValue]) -> dict[str, ServeValue]:
     """The output-changing settings (``OUTPUT_SETTINGS``) of a grid point whose value differs from the recipe's own
     serve section: empty when the trial's outputs are those its candidate is screened with at the recipe's settings."""
     own = recipe.serve.model_dump(mode="json") if recipe.serve is not None else {}
@@ -65,7 +66,7 @@ def scoring_point(recipe, point: dict) -> dict:
         from infertool.recipe import ServeSection
 
         own = ServeSection().model_dump(mode="json")
-    out = {}
+    out: dict[str, ServeValue] = {}
     for key, value in point.items():
         if key in OUTPUT_SETTINGS and json.dumps(value, sort_keys=True, default=str) != json.dumps(
                 own.get(key), sort_keys=True, default=str):
@@ -73,7 +74,7 @@ def scoring_point(recipe, point: dict) -> dict:
     return out
 
 
-def scored_settings(serve) -> dict:
+def scored_settings(serve: ServeSection) -> dict[str, ServeValue]:
     """The output-changing settings of a serve section as served (a ``ServeSection``): ``accuracy.scored_with``."""
     d = serve.model_dump(mode="json")
     return {key: d.get(key) for key in OUTPUT_SETTINGS}
@@ -83,14 +84,26 @@ def scored_settings(serve) -> dict:
 class Trial:
     id: str
     candidate: Candidate
-    serve: dict  # the grid point: serve field -> value
+    serve: dict[str, ServeValue]  # the grid point: serve field -> value
     recipe: Recipe  # the trial's full recipe (quantize = the candidate, serve = the grid point, no tune)
     prediction: PredictionRecord = field(default_factory=PredictionRecord)
     index: int = 0  # its place in the search space (``Space.trial``): how a Ray worker rebuilds it
     machine: TuneMachine | None = None  # its machine kind; None: no tune.machines
     # its output-changing settings that differ from the recipe's (``scoring_point``): non-empty, it is screened as
     # served with them (its own screening); empty, it shares its candidate's (the original: it is the reference)
-    scoring: dict = field(default_factory=dict)
+    scoring: dict[str, ServeValue] = field(default_factory=dict)
+    # its recipe resolved once, with the candidate it WILL make (``resolution``); never sent to a Ray worker (a
+    # worker rebuilds the trial from ``index`` and resolves on its own host)
+    planned: Resolution | None = field(default=None, repr=False, compare=False)
+
+    def resolution(self) -> Resolution:
+        """The trial's recipe resolved once (``_as_planned``: the candidate it will make, not what a publish put at
+        quantize.output): the plan, the decode check and the capacity search's start read it."""
+        if self.planned is None:
+            from infertool.resolve import resolve
+
+            self.planned = _as_planned(resolve(self.recipe))
+        return self.planned
 
     @property
     def own_screening(self) -> bool:
@@ -117,15 +130,15 @@ class Trial:
         (bench.cost_per_hour prices it, as before)."""
         return machine_price(self.machine, self.recipe) if self.machine is not None else None
 
-    def to_dict(self) -> dict:
-        d = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(), "serve": dict(self.serve),
+    def to_dict(self) -> dict[str, object]:
+        d: dict[str, object] = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(), "serve": dict(self.serve),
              "prediction": self.prediction.to_dict(), "screening": self.screening().to_dict()}
         if self.machine is not None:
-            d["machine"] = machine_info(self.machine, self.recipe)
+            d["machine"] = machine_info(self.machine, self.recipe).to_dict()
         return d
 
 
-def machine_gpus(machine, recipe) -> int:
+def machine_gpus(machine: TuneMachine, recipe: Recipe) -> int:
     """The GPUs a trial takes on a kind with GPUs (its tensor x pipeline parallel size); 1 (the machine) else."""
     if not machine.has_gpus:
         return 1
@@ -133,25 +146,29 @@ def machine_gpus(machine, recipe) -> int:
     return (s.tensor_parallel_size * s.pipeline_parallel_size) if s is not None else 1
 
 
-def machine_price(machine, recipe) -> float:
+def machine_price(machine: TuneMachine, recipe: Recipe) -> float:
     """$ per hour of one trial of ``recipe`` on ``machine``: price_per_hour per GPU x its GPUs (a kind with GPUs),
     else price_per_hour (the machine)."""
     return machine.price_per_hour * machine_gpus(machine, recipe)
 
 
-def machine_info(machine, recipe) -> dict:
+def machine_info(machine: TuneMachine, recipe: Recipe) -> MachineInfo:
     """What tune.json says of a trial's machine kind: its name, price, the GPUs the trial takes and what that costs
     per hour, and how Ray finds it."""
-    out = {"name": machine.name, "price_per_hour": machine.price_per_hour,
-           "price_per": "gpu" if machine.has_gpus else "machine", "gpus": machine_gpus(machine, recipe),
-           "trial_price_per_hour": machine_price(machine, recipe)}
-    for key in ("gpu", "accelerator_type", "resources", "cpus"):
-        if getattr(machine, key) is not None:
-            out[key] = getattr(machine, key)
-    return out
+    return MachineInfo(name=machine.name, price_per_hour=machine.price_per_hour,
+                       price_per="gpu" if machine.has_gpus else "machine", gpus=machine_gpus(machine, recipe),
+                       trial_price_per_hour=machine_price(machine, recipe), gpu=machine.gpu,
+                       accelerator_type=machine.accelerator_type, resources=machine.resources, cpus=machine.cpus)
 
 
-def candidates(recipe) -> list[Candidate]:
+def tune_of(recipe: Recipe) -> TuneSection:
+    """The recipe's tune section (``run_tune`` and the command refuse a recipe without one first)."""
+    if recipe.tune is None:
+        raise UsageError(f"recipe {recipe.name!r} has no tune section")
+    return recipe.tune
+
+
+def candidates(recipe: Recipe) -> list[Candidate]:
     """The recipe's candidates, each merged over the recipe's quantize section (validated by the recipe)."""
     from infertool.recipe import QuantizeSection
     from pydantic import TypeAdapter
@@ -159,7 +176,7 @@ def candidates(recipe) -> list[Candidate]:
     base = recipe.quantize.model_dump(mode="json", exclude={"output"}) if recipe.quantize is not None else {}
     out: list[Candidate] = []
     seen: dict[str, int] = {}
-    for i, cand in enumerate(recipe.tune.candidates):
+    for i, cand in enumerate(tune_of(recipe).candidates):
         if cand == "none":
             spec, label = None, "original"
         else:
@@ -193,18 +210,18 @@ class Grid:
     """The serving grid as its axes (serve field -> values, the recipe's order): its points by index, in
     ``itertools.product`` order (the last axis fastest), never all at once."""
 
-    axes: tuple[tuple[str, tuple], ...]
+    axes: tuple[tuple[str, tuple[ServeValue, ...]], ...]
 
     @property
     def size(self) -> int:
         """The number of points: the product of the axis lengths (1 without an axis: the recipe's own settings)."""
         return math.prod(len(values) for _, values in self.axes)
 
-    def point(self, index: int) -> dict:
+    def point(self, index: int) -> dict[str, ServeValue]:
         """The point at ``index`` (mixed radix over the axes), as ``list(self)[index]`` would give it."""
         if not 0 <= index < self.size:
             raise IndexError(f"grid point {index} of {self.size}")
-        picked: dict = {}
+        picked: dict[str, ServeValue] = {}
         for key, values in reversed(self.axes):
             index, at = divmod(index, len(values))
             picked[key] = values[at]
@@ -217,7 +234,7 @@ class Grid:
             out = out * len(values) + positions[key]
         return out
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[dict[str, ServeValue]]:
         keys = [key for key, _ in self.axes]
         for values in itertools.product(*(values for _, values in self.axes)):
             yield dict(zip(keys, values))
@@ -226,10 +243,10 @@ class Grid:
         return " x ".join(f"{key} {len(values)}" for key, values in self.axes)
 
 
-def grid(recipe) -> Grid:
+def grid(recipe: Recipe) -> Grid:
     """The recipe's serving grid (nothing crossed). A value listed twice on one axis is refused: two trials would
     be the same configuration (the same id, the same directory)."""
-    data = {k: v for k, v in recipe.tune.serve_grid.model_dump().items() if v is not None}
+    data = {k: v for k, v in tune_of(recipe).serve_grid.model_dump().items() if v is not None}
     for key, values in data.items():
         seen: set[str] = set()
         for value in values:
@@ -250,7 +267,7 @@ class Space:
     recipe: Recipe
     candidates: list[Candidate]
     grid: Grid
-    machines: list = field(default_factory=list)  # tune.machines (recipe.TuneMachine); empty: no kind dimension
+    machines: list[TuneMachine] = field(default_factory=list)  # tune.machines; empty: no kind dimension
 
     @property
     def kinds(self) -> int:
@@ -294,24 +311,26 @@ class Space:
                 f"settings{axes}{kinds})")
 
 
-def search_space(recipe) -> Space:
+def search_space(recipe: Recipe) -> Space:
     """The recipe's search space, counted from the axis lengths before anything is built; a space of more than
     MAX_SPACE trials is refused (exit 2) with its size and axes."""
     g = grid(recipe)
-    machines = list(recipe.tune.machines or [])
-    n = len(recipe.tune.candidates) * g.size * (len(machines) or 1)
+    tune = tune_of(recipe)
+    machines = list(tune.machines or [])
+    n = len(tune.candidates) * g.size * (len(machines) or 1)
     if n > MAX_SPACE:
         axes = f": {g.describe()}" if g.axes else ""
         kinds = f" x {len(machines)} machine kinds" if machines else ""
         raise UsageError(
-            f"tune's search space is {n:,} trials ({len(recipe.tune.candidates)} candidates x {g.size:,} serving "
+            f"tune's search space is {n:,} trials ({len(tune.candidates)} candidates x {g.size:,} serving "
             f"settings{axes}{kinds}), more than the {MAX_SPACE:,} one tune searches",
             hint="a tune runs at most tune.max_trials (<= 10,000) trials, under 1% of a space this large: keep the "
                  "serve_grid values that matter (each axis multiplies the space), or split it into several tunes")
     return Space(recipe, candidates(recipe), g, machines)
 
 
-def trial_recipe(recipe, candidate: Candidate, point: dict, machine=None):
+def trial_recipe(recipe: Recipe, candidate: Candidate, point: dict[str, ServeValue],
+                 machine: TuneMachine | None = None) -> Recipe:
     """The recipe of one trial: the candidate as its quantize section, the grid point over its serve section,
     serve.model cleared (the trial serves its candidate), no tune section; on a machine kind, its GPU as
     target.gpu (what plan and the roofline read) and its price for the trial as bench.cost_per_hour."""
@@ -338,7 +357,7 @@ def trial_recipe(recipe, candidate: Candidate, point: dict, machine=None):
                          + "; ".join(f"{i.path}: {i.message}" for i in e.issues)) from None
 
 
-def trials(recipe) -> list[Trial]:
+def trials(recipe: Recipe) -> list[Trial]:
     """Every trial, candidate by candidate, of a space small enough to plan whole (PLAN_SAMPLE); a larger one is
     read by index (``search_space(recipe).trial(i)``)."""
     sp = search_space(recipe)
@@ -347,12 +366,12 @@ def trials(recipe) -> list[Trial]:
     return [sp.trial(i) for i in range(sp.size)]
 
 
-def _as_planned(res):
+def _as_planned(res: Resolution) -> Resolution:
     """The resolution with the candidate the trial WILL make (planned from its base and method), never whatever is
     at quantize.output now: a checkpoint published there by an earlier run or tune is another candidate's."""
     import dataclasses
 
-    if res.candidate is None or not res.candidate.exists:
+    if res.candidate is None or not res.candidate.exists or res.candidate.path is None:
         return res
     cand = res.candidate_at(res.candidate.path, exists=False)
     served = cand if res.served is res.candidate or res.served_origin == "candidate" else res.served
@@ -365,10 +384,9 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     (default: the largest batch its KV cache allows, capped by max_num_seqs) and the $ per 1M output tokens
     that bound would cost."""
     from infertool import plan as planning
-    from infertool.resolve import resolve
 
     r = trial.recipe
-    res = _as_planned(resolve(r))
+    res = trial.resolution()
     bench = r.bench
     assert bench is not None  # a tune recipe has one
     per_request = bench.prompt.len + bench.output_len
@@ -397,8 +415,9 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
         step_ms=(row["calibrated_step_ms"] if calibrated else row["step_ms"]) if row else None, knee=knee)
 
 
-def capacity_start(trial: Trial, res, url: str, served_name: str, lo: int, hi: int, *, headers: dict | None = None,
-                   on_event=None) -> int | None:
+def capacity_start(trial: Trial, res: Resolution, url: str, served_name: str, lo: int, hi: int, *,
+                   headers: dict[str, str] | None = None,
+                   on_event: Callable[[dict[str, object]], None] | None = None) -> int | None:
     """Where the trial's capacity search starts: the knee the calibrated model predicts (clipped to [lo, hi]).
     The calibration of this host, model and serve settings is measured on the trial's running server first when
     none is cached (or the cached one has no point at ``hi``): seconds, once per key and batch. None (start at ``lo``)

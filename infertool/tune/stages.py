@@ -11,27 +11,44 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from typing import Callable, TypeVar
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from infertool.atomic import write_json
 from infertool.bench.results import SLO
 from infertool.evaluate.result import Accept, Pooled
 from infertool.evaluate.verdict import Gate
 from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT
-from infertool.stages import Stage, StageContext
+from infertool.stages import Stage, StageContext, StageOutput
 from infertool.stages.builtin import resolution
 from infertool.tune import search
 from infertool.tune.records import (
-    CapacityResult, Judgement, ReferenceSummary, Round, ScreenResult, ServedCheck,
+    CapacityResult, DecodeFigures, Judgement, LmEvalFigures, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck, TrialRecord,
+    figure_names,
 )
 
+if TYPE_CHECKING:
+    from infertool.bench.results import LevelResult
+    from infertool.evaluate.lossless import LosslessChecks
+    from infertool.evaluate.phases import Phase, Served
+    from infertool.evaluate.server_engine import Client
+    from infertool.recipe import Recipe, ServeSection, TuneLoadSearch
+    from infertool.resolve import ModelRef, Resolution
+    from infertool.serve.launches import Launched, LaunchPlan
+    from infertool.tune.context import Context, EventCallback, TrialJob
+    from infertool.tune.space import Trial
+
 J = TypeVar("J", ScreenResult, ServedCheck)  # a sequential check's record
+T = TypeVar("T")
+# evaluate's raw scorings (raw.json: server_engine.collect's tasks and stats; phases.json: each phase's raws by
+# name) are evaluate's JSON: tune stores and joins them, evaluate reads them
+Raw = dict[str, Any]  # Any: evaluate's JSON values (a task request, a raw scoring)
 
 TOPK = 20  # log-probabilities per position from the server: the top-k KLD of the vllm engine
 
 
 # ------------------------------------------------------------------------------------- scoring
-def requests(job, lo: int, hi: int) -> list[dict]:
+def requests(job: TrialJob, lo: int, hi: int) -> list[Raw]:
     """The suite's tasks, items [lo, hi) of each (perplexity: windows lo..hi-1 of the same cut)."""
     out = []
     for t in job.tune.suite.tasks:
@@ -45,15 +62,15 @@ def requests(job, lo: int, hi: int) -> list[dict]:
 
 
 class _Events:
-    def __init__(self, on_event):
+    def __init__(self, on_event: EventCallback | None):
         self.on_event = on_event
 
-    def progress(self, task, completed, total=None, description=None):
+    def progress(self, task: str, completed: int, total: int | None = None, description: str | None = None) -> None:
         if self.on_event:
             self.on_event({"event": "progress", "task": task, "completed": completed, "total": total,
                            "description": description})
 
-    def log(self, message, level="info"):
+    def log(self, message: str, level: str = "info") -> None:
         if self.on_event:
             self.on_event({"event": "log", "level": level, "message": message})
 
@@ -62,22 +79,23 @@ class Scorer:
     """One server while a tune stage scores it: the suite's requests by prompt log-probabilities (``score``) and the
     as-served phases (``phases``: lm-eval tasks, the decode path) on windows of their items."""
 
-    def __init__(self, client, events, workers: int, label: str, plan, model_path: str | None, log_dir):
+    def __init__(self, client: Client, events: _Events, workers: int, label: str, plan: LaunchPlan,
+                 model_path: str | None, log_dir: Path):
         self.client, self.events, self.workers, self.label, self.plan = client, events, workers, label, plan
         self.model_path, self.log_dir = model_path, log_dir
 
-    def served(self):
+    def served(self) -> Served:
         """This server as the as-served phases see it (infertool.evaluate.phases.Served)."""
         from infertool.evaluate.phases import Served
 
         return Served(self.label, self.client, self.model_path, self.log_dir)
 
-    def score(self, reqs: list[dict]) -> dict:
+    def score(self, reqs: list[Raw]) -> Raw:
         from infertool.evaluate.server_engine import collect
 
         return collect(self.client, reqs, k=TOPK, workers=self.workers, events=self.events, label=self.label)
 
-    def phases(self, phases: list, prior: dict | None, window: tuple[int, int]) -> dict:
+    def phases(self, phases: list[Phase], prior: Raw | None, window: tuple[int, int]) -> Raw:
         """Each phase's raw on items [lo, hi) of its set (``prior``: the reference's raws by phase name)."""
         served = self.served()
         out = {}
@@ -88,10 +106,11 @@ class Scorer:
         return out
 
 
-def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict] | Callable, label: str, serve=None):
+def launch_scored(res: Resolution, model: ModelRef | None, ctx: StageContext, purpose: str,
+                  tasks: Callable[[Scorer], T], label: str, serve: ServeSection | None = None) -> T:
     """Serve ``model`` with the resolution's serve settings (``serve``: this section instead; the one launcher) and
-    score it: the suite's tasks with prompt log-probabilities (``{"raw", "argv"}``), or what ``tasks(scorer)``
-    returns (a ``Scorer``: the suite and the as-served phases, on the launch as started)."""
+    score it: what ``tasks(scorer)`` returns (a ``Scorer``: the suite and the as-served phases, on the launch as
+    started)."""
     from infertool.evaluate.server_engine import Client
     from infertool.serve import launch, prepare
 
@@ -104,13 +123,11 @@ def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict]
         (ctx.work / "logs").mkdir(exist_ok=True)  # where a phase writes its files (lm-eval's samples)
         scorer = Scorer(client, events, tune.eval.batch_size, label, srv.plan, model.path if model else None,
                         ctx.work / "logs")
-        if callable(tasks):
-            return tasks(scorer)
-        return {"raw": scorer.score(tasks), "argv": srv.plan.spec.argv}
+        return tasks(scorer)
 
 
 # ------------------------------------------------------------------------------- the as-served phases
-def tune_phases(tune) -> list:
+def tune_phases(tune: Context) -> list[Phase]:
     """The as-served phases of tune's accuracy stages (infertool.evaluate.phases): lm-eval tasks when eval.lm_eval
     names some, the decode path unless eval.decode.enabled is false; as the vllm engine of `eval` runs them."""
     from infertool.evaluate.phases import phases_for
@@ -118,7 +135,7 @@ def tune_phases(tune) -> list:
     return phases_for(tune.eval, "vllm")
 
 
-def run_phase(phase, served, prior: dict | None, events, window: tuple[int, int]) -> dict:
+def run_phase(phase: Phase, served: Served, prior: Raw | None, events: _Events, window: tuple[int, int]) -> Raw:
     """``phase.run`` on items [lo, hi) (the protocol's ``window``); a phase whose ``run`` takes no window (an
     implementation without rounds) runs on its whole set, once per server."""
     import inspect
@@ -127,10 +144,11 @@ def run_phase(phase, served, prior: dict | None, events, window: tuple[int, int]
         takes = "window" in inspect.signature(phase.run).parameters
     except (TypeError, ValueError):
         takes = True
-    return phase.run(served, prior, events, window=window) if takes else phase.run(served, prior, events)
+    run: Callable[..., Raw] = phase.run  # the protocol's run, with or without the window
+    return run(served, prior, events, window=window) if takes else run(served, prior, events)
 
 
-def merge_raw(old, new):
+def merge_raw(old: object, new: object) -> object:
     """Two windows' raws of one phase joined (rounds are cumulative): dicts key by key, lists concatenated, any
     other value the newer one's. A phase with its own ``merge(old, new)`` is joined by that instead."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -143,7 +161,7 @@ def merge_raw(old, new):
     return new
 
 
-def join_phases(phases: list, acc: dict, new: dict) -> dict:
+def join_phases(phases: list[Phase], acc: Raw, new: Raw) -> Raw:
     """The cumulative raws by phase name after one more window."""
     out = dict(acc)
     for ph in phases:
@@ -157,7 +175,7 @@ def join_phases(phases: list, acc: dict, new: dict) -> dict:
     return out
 
 
-def phase_blocks(phases: list, ref: dict, cand: dict, confidence: float) -> dict:
+def phase_blocks(phases: list[Phase], ref: Raw, cand: Raw, confidence: float) -> Raw:
     """Each phase's pooled block (``compare_all``), the candidate's raws against the reference's (served first)."""
     from infertool.evaluate.phases import compare_all
 
@@ -166,12 +184,11 @@ def phase_blocks(phases: list, ref: dict, cand: dict, confidence: float) -> dict
     return compare_all(phases, done, "reference", "candidate", confidence)
 
 
-LM_EVAL_KEYS = ("metric", "base", "candidate", "recovery", "recovery_ci", "lost", "gained", "mcnemar_p", "n")
-DECODE_KEYS = ("n_prompts", "exact_match", "exact_match_ci", "first_divergence_median", "first_divergence_ci", "kld",
-               "kld_ci", "top1", "top1_ci", "near_ties", "divergences", "near_tie_logprob", "steps")
+LM_EVAL_KEYS = figure_names(LmEvalFigures)
+DECODE_KEYS = figure_names(DecodeFigures)
 
 
-def phase_figures(blocks: dict) -> dict:
+def phase_figures(blocks: Raw) -> dict[str, Raw | None]:
     """What a trial's accuracy keeps of the phases' blocks: ``lm_eval`` per task {metric, base, candidate,
     recovery, recovery_ci, lost, gained, mcnemar_p, n}; ``decode`` {n_prompts, exact_match, first_divergence_median,
     kld, top1, near_ties, ...}; None where the phase did not run or gave nothing."""
@@ -182,13 +199,14 @@ def phase_figures(blocks: dict) -> dict:
     return {"lm_eval": lm_out or None, "decode": dec_out or None}
 
 
-def load_phases(entry) -> dict:
+def load_phases(entry: Path) -> Raw:
     """The phases' raws a stage saved beside raw.json (phases.json; {} when it ran none)."""
     path = entry / "phases.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+    data = json.loads(path.read_text()) if path.is_file() else {}
+    return data if isinstance(data, dict) else {}
 
 
-def _prefix(raw: dict, n: int) -> dict:
+def _prefix(raw: Raw, n: int) -> Raw:
     """The first n items (windows) of every task of a raw scoring."""
     tasks = {name: {**t, "items": t["items"][:n]} for name, t in raw["tasks"].items()}
     return {"tasks": tasks, "stats": raw["stats"]}
@@ -201,7 +219,7 @@ def gates_decided(gates: list[Gate]) -> bool:
     return bool(live) and all(g.status in ("PASS", "FAIL") for g in live)
 
 
-def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks: dict | None = None) -> Judgement:
+def judge(tune: Context, ref_raw: Raw, cand_raw: Raw, n: int, confidence: float, blocks: Raw | None = None) -> Judgement:
     """The gates on the first n items of each task, the candidate against the reference; ``blocks``: the as-served
     phases' pooled blocks (``phase_blocks``), gated with the rest (min_recovery, max_decode_kld)."""
     from infertool.evaluate.core import summarize
@@ -221,11 +239,12 @@ def judge(tune, ref_raw: dict, cand_raw: dict, n: int, confidence: float, blocks
                      lm_eval=figures["lm_eval"], decode=figures["decode"])
 
 
-def reference_raw(ctx: StageContext) -> dict:
-    return json.loads((ctx.upstream["reference"].dir / "raw.json").read_text())
+def reference_raw(ctx: StageContext) -> Raw:
+    data = json.loads((ctx.upstream["reference"].dir / "raw.json").read_text())
+    return data if isinstance(data, dict) else {}
 
 
-def served_settings(res, model) -> dict:
+def served_settings(res: Resolution, model: ModelRef | None) -> dict[str, object]:
     """The output-changing serve settings ``model`` is served with (space.OUTPUT_SETTINGS): ``scored_with``."""
     from infertool.tune.space import scored_settings
 
@@ -235,12 +254,12 @@ def served_settings(res, model) -> dict:
 SUITE = "suite"  # the source of every gate no phase feeds: the suite's prompt log-probabilities
 
 
-def gate_sources(phases: list) -> dict[str, str]:
+def gate_sources(phases: list[Phase]) -> dict[str, str]:
     """Which source feeds each phase gate (``phase.gates``); a gate not named here is the suite's."""
     return {g: ph.name for ph in phases for g in getattr(ph, "gates", ())}
 
 
-def open_sources(gates: list[Gate], phases: list) -> set[str]:
+def open_sources(gates: list[Gate], phases: list[Phase]) -> set[str]:
     """The sources (SUITE, phase names) with a gate still undecided: the next round scores only those. A phase
     that does not name its gates (no ``gates``) is scored in every round."""
     by_gate = gate_sources(phases)
@@ -256,12 +275,12 @@ class Sequential:
 
     judgement: Judgement
     history: list[Round]
-    raw: dict
-    phases: dict
+    raw: Raw
+    phases: Raw
 
 
-def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: float, ref_raw: dict, phases: list,
-               ref_phases: dict, what: str) -> Sequential:
+def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: float, ref_raw: Raw, phases: list[Phase],
+               ref_phases: Raw, what: str) -> Sequential:
     """Score in rounds (the suite's items, the lm-eval documents and decode prompts of the same window, joined
     cumulatively), judging after each at the per-look confidence. It stops as soon as the verdict is decided:
     every gate decided, or one FAILs (a FAIL is final: the suite's FAIL ends a round before its phases run).
@@ -269,14 +288,15 @@ def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: floa
     decided gate's data is kept, not topped up. ``ctx.job.tune.exhaustive``: every source, every round."""
     tune = ctx.job.tune
     every = bool(tune.exhaustive)
-    acc: dict | None = None
-    acc_ph: dict = {}
+    acc: Raw | None = None
+    acc_ph: Raw = {}
     history: list[Round] = []
     upto = {SUITE: 0, **{ph.name: 0 for ph in phases}}  # items scored so far, per source
     wanted: set[str] | None = None  # None: every source (round 1)
     j = Judgement()
     for i, n in enumerate(rounds):
-        ran, stopped = [], False
+        ran: list[str] = []
+        stopped = False
         if every or wanted is None or SUITE in wanted or acc is None:
             raw = sc.score(requests(ctx.job, upto[SUITE], n))
             acc = raw if acc is None else {"tasks": {k: {**t, "items": acc["tasks"][k]["items"] + raw["tasks"][k]["items"]}
@@ -323,14 +343,13 @@ def run_reference(ctx: StageContext) -> ReferenceSummary:
     phases = tune_phases(ctx.job.tune)
     ctx.emit("scoring the reference: the original model as the recipe serves it")
 
-    def scored(sc: Scorer) -> dict:
-        raw = sc.score(requests(ctx.job, 0, n))
-        return {"raw": raw, "phases": sc.phases(phases, None, (0, n)), "argv": sc.plan.spec.argv}
+    def scored(sc: Scorer) -> tuple[Raw, Raw, list[str]]:
+        return sc.score(requests(ctx.job, 0, n)), sc.phases(phases, None, (0, n)), sc.plan.spec.argv
 
-    out = launch_scored(res, res.base, ctx, "tune: reference (original)", scored, "reference")
-    write_json(ctx.work / "raw.json", out["raw"], indent=None)
-    write_json(ctx.work / "phases.json", out["phases"], indent=None)
-    return ReferenceSummary(items=n, argv=out["argv"], seconds=out["raw"]["stats"]["seconds"],
+    raw, phase_raws, argv = launch_scored(res, res.base, ctx, "tune: reference (original)", scored, "reference")
+    write_json(ctx.work / "raw.json", raw, indent=None)
+    write_json(ctx.work / "phases.json", phase_raws, indent=None)
+    return ReferenceSummary(items=n, argv=argv, seconds=raw["stats"]["seconds"],
                             scored_with=served_settings(res, res.base))
 
 
@@ -366,7 +385,7 @@ def _run_rounds(ctx: StageContext, kind: type[J], rounds: list[int], what: str, 
     return out
 
 
-def lossless_checks(ctx: StageContext, res):
+def lossless_checks(ctx: StageContext, res: Resolution) -> LosslessChecks | None:
     """The lossless check of a served configuration with ``speculative`` (infertool.evaluate.lossless): each
     traffic class's own prompts (``bench.sweep.lossless_sets``), else the decode prompts; None without it."""
     serve = res.serve_section
@@ -382,7 +401,7 @@ def lossless_checks(ctx: StageContext, res):
                           confidence=Accept.from_dict(tune.accept).confidence)
 
 
-def lossless_verdict(ctx: StageContext, res, checks, out: J, purpose: str) -> J:
+def lossless_verdict(ctx: StageContext, res: Resolution, checks: LosslessChecks, out: J, purpose: str) -> J:
     """The same configuration without ``speculative`` served (the one launcher) and run twice on the same prompts
     (the reference and the noise floor), then decided: a configuration that is not lossless FAILs with the
     reason (it loses whatever its speed); one not measured keeps its verdict, its results say why."""
@@ -411,29 +430,29 @@ def run_screen(ctx: StageContext) -> ScreenResult:
                        "candidate", keep_raw=True)
 
 
-def screen_label(trial) -> str:
+def screen_label(trial: Trial) -> str:
     """What a screening scores: the candidate, with the trial's output-changing serve settings when it has any."""
     point = ", ".join(f"{k}={v}" for k, v in trial.scoring.items())
     return trial.candidate.label + (f" with {point}" if point else "")
 
 
-def screen_wanted(trial) -> bool:
+def screen_wanted(trial: Trial) -> bool:
     """Whether a trial's accuracy needs the screen stage: a quantized candidate always (shared by its serving
     settings that cannot change outputs), the original only with its own output-changing settings (else it IS
     the reference)."""
     return not trial.candidate.original or trial.own_screening
 
 
-def trial_accuracy(ctx, trial, outputs: dict, rec) -> ScreenResult:
+def trial_accuracy(ctx: Context, trial: Trial, outputs: dict[str, StageOutput], rec: TrialRecord) -> ScreenResult:
     """A trial's accuracy (``Context``'s graph, tune's run_trial): its screening as served (a quantized candidate:
     shared with its settings that cannot change outputs; a trial with output-changing settings: its own, keyed by
     them, the original included), or the original at the recipe's settings: the reference, PASS by definition."""
     if screen_wanted(trial):
         ctx.run_stages(trial, ["screen"], outputs, rec, force=trial.candidate.original)
-        return outputs["screen"].summary
-    from infertool.resolve import resolve
-
-    res = resolve(ctx.reference_recipe)
+        screened = outputs["screen"].summary
+        assert isinstance(screened, ScreenResult)  # the screen stage's record
+        return screened
+    res = ctx.reference_res
     return ScreenResult(verdict="PASS", reason="the original model is the reference", reference=True, mean_kld=0.0,
                         top1=1.0, scored_with=served_settings(res, res.base))
 
@@ -452,16 +471,17 @@ def run_capacity(ctx: StageContext) -> CapacityResult:
     if kv_cap:
         hi = max(load.min_concurrency, min(hi, kv_cap))
     plan = prepare(res, purpose=f"tune: capacity {trial.label}")  # the launcher picks the port
-    levels: list = []
+    levels: list[LevelResult] = []
     with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=f"capacity {trial.label}") as srv:
-        result = _search_load(ctx, srv, hi, levels)
+        result = _search_load(ctx, res, srv, hi, levels)
         argv = srv.plan.spec.argv
     write_json(ctx.work / "levels.json", levels, indent=None)
     return capacity_result(result, load, hi, levels, argv=argv, serve=res.settings(res.served),
                            price=trial.price_per_hour, confidence=load.repeats.confidence)
 
 
-def capacity_result(result: search.LoadSearch, load, hi: int, levels: list, *, argv=None, serve=None,
+def capacity_result(result: search.LoadSearch, load: TuneLoadSearch, hi: int, levels: list[LevelResult], *,
+                    argv: list[str] | None = None, serve: dict[str, object] | None = None,
                     price: float | None = None, confidence: float = 0.95) -> CapacityResult:
     """A load search as tune records it: the probes, the bracket they prove, the figures at the largest load
     meeting the SLO with their intervals (throughput from the repeated runs there; $/1M from it)."""
@@ -476,12 +496,12 @@ def capacity_result(result: search.LoadSearch, load, hi: int, levels: list, *, a
                        search.cost_from_throughput(p, best.throughput_ci[0])]
     return CapacityResult(max_load=result.max_load, stopped=result.stopped, probes=list(result.probes),
                           at_max_load=best.summary if best else None, range=[load.min_concurrency, hi],
-                          argv=argv, serve=serve, edge=bracket["edge"], max_load_ci=bracket["max_load_ci"],
+                          argv=argv, serve=serve, edge=bracket.edge, max_load_ci=bracket.max_load_ci,
                           throughput=tput, throughput_ci=best.throughput_ci if best else None, cost_ci=cost_ci,
                           runs=len(levels))
 
 
-def repeat_policy(tune) -> search.RepeatPolicy:
+def repeat_policy(tune: Context) -> search.RepeatPolicy:
     """tune.load's repeats, edge and goodput target with bench.slo's bounds."""
     load = tune.tune.load
     slo = tune.bench.slo.model_dump(exclude_none=True) if tune.bench.slo is not None else {}
@@ -490,7 +510,7 @@ def repeat_policy(tune) -> search.RepeatPolicy:
                                slo=SLO.from_dict(slo).bounds())
 
 
-def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSearch:
+def _search_load(ctx: StageContext, res: Resolution, srv: Launched, hi: int, levels: list[LevelResult]) -> search.LoadSearch:
     """Probe the server at concurrencies (every one when exhaustive, else doubling then bisection), a probe near
     the SLO edge repeated until decided; each level measured (``LevelResult``) goes into ``levels``. Not
     exhaustive, a search ends early when a missed load proves the trial cannot beat the best objective so far."""
@@ -504,7 +524,7 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
     warm = [True]
     policy = repeat_policy(tune)
 
-    def once(c: int, run: int) -> search.ProbeSummary:
+    def once(c: int, run: int) -> ProbeSummary:
         bench = tune.bench.model_copy(update={"requests": max(requests_n, 2 * c)})
         (level,) = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}" + (f"-r{run + 1}" if run else ""),
                            on_event=ctx.on_event, warmup=warm[0], seed_salt=run)
@@ -512,9 +532,9 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
         levels.append(level)
         return search.short_summary(level.summary)
 
-    done: list[search.Probe] = []
+    done: list[Probe] = []
 
-    def tracked(c: int) -> search.Probe:
+    def tracked(c: int) -> Probe:
         p = search.repeat_probe(once, c, policy)
         done.append(p)  # before a StopSearch: the missed load stays among the probes
         ctx.emit(f"capacity {trial.label}: concurrency {c}: goodput {p.goodput_fraction or 0:.0%}"
@@ -527,7 +547,7 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
 
     # calibrated on this server first (seconds, once per key): the staged search starts at the knee; both print the
     # calibrated prediction against the measurement for every trial
-    start = capacity_start(trial, resolution(ctx), srv.url, srv.model, load.min_concurrency, hi, on_event=ctx.on_event,
+    start = capacity_start(trial, res, srv.url, srv.model, load.min_concurrency, hi, on_event=ctx.on_event,
                            headers={"Authorization": f"Bearer {srv.api_key}"} if srv.api_key else None)
     if tune.exhaustive:
         probes = [tracked(c) for c in range(load.min_concurrency, hi + 1)]
@@ -545,7 +565,8 @@ def _search_load(ctx: StageContext, srv, hi: int, levels: list) -> search.LoadSe
     return _bound_probes(ctx, search.confirm_best(result, once, policy), once, policy)
 
 
-def _bound_probes(ctx: StageContext, result: search.LoadSearch, once, policy: search.RepeatPolicy) -> search.LoadSearch:
+def _bound_probes(ctx: StageContext, result: search.LoadSearch, once: Callable[[int, int], ProbeSummary],
+                  policy: search.RepeatPolicy) -> search.LoadSearch:
     """One run at the max_num_seqs of each smaller sibling still to run (``search.smaller_siblings``: the same
     candidate and settings but a smaller max_num_seqs) where the search did not probe: a server that batches at
     most m requests serves no faster than this one at concurrency m, so that measurement bounds the sibling and
@@ -573,7 +594,7 @@ def _bound_probes(ctx: StageContext, result: search.LoadSearch, once, policy: se
     return search.LoadSearch(result.max_load, [*result.probes, *extra], result.stopped) if extra else result
 
 
-def _cannot_win(ctx: StageContext, c: int, p: search.Probe, policy: search.RepeatPolicy) -> None:
+def _cannot_win(ctx: StageContext, c: int, p: Probe, policy: search.RepeatPolicy) -> None:
     """Raise ``search.StopSearch`` when the trial cannot win: no load below ``c`` serves faster than ``c`` did
     (throughput grows with load; its interval's top, else widened by the edge), and even that throughput costs
     more per 1M tokens than the top of the best interval so far (``Context.best_cost``)."""
@@ -601,18 +622,18 @@ def run_served(ctx: StageContext) -> ServedCheck:
 
 
 # ------------------------------------------------------------------------------------ key parts
-def _phase_parts(job) -> dict:
+def _phase_parts(job: TrialJob) -> dict[str, object]:
     """The as-served phases' settings (eval.lm_eval, eval.decode): part of every accuracy stage's key."""
     ev = job.tune.eval
     specs = {name: getattr(ev, name, None) for name in ("lm_eval", "decode")}
     return {"phases": {k: v.model_dump(mode="json") for k, v in specs.items() if v is not None}}
 
 
-def _reference_parts(recipe, job) -> dict:
+def _reference_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
     return {"items": job.tune.reference_items, "seq_len": job.tune.eval.seq_len, **_phase_parts(job)}
 
 
-def _lossless_parts(recipe, job) -> dict:
+def _lossless_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
     """A speculative configuration's lossless check (its prompts: the traffic's classes, else the decode prompts;
     its rule): part of its accuracy stages' keys; nothing for any other configuration (their keys unchanged). The
     class replayed alone is not part of it: the check runs every class's prompts, so a per-class tune's classes
@@ -633,28 +654,28 @@ def _lossless_parts(recipe, job) -> dict:
                                      "seed": b.seed}}}
 
 
-def _screen_parts(recipe, job) -> dict:
+def _screen_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
     return {"rounds": job.tune.screen_rounds, "seq_len": job.tune.eval.seq_len, "accept": job.tune.accept,
             **_phase_parts(job), **_lossless_parts(recipe, job)}
 
 
-def _capacity_parts(recipe, job) -> dict:
+def _capacity_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
     t = job.tune
     return {"trial": job.trial.id, "bench": t.bench.model_dump(mode="json"), "load": t.tune.load.model_dump(mode="json"),
             "exhaustive": t.exhaustive}
 
 
-def _served_parts(recipe, job) -> dict:
+def _served_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
     return {"trial": job.trial.id, "items": job.tune.served_items, "rounds": job.tune.served_rounds,
             "seq_len": job.tune.eval.seq_len,
             "accept": job.tune.accept, **_phase_parts(job), **_lossless_parts(recipe, job)}
 
 
-def _reference_view(recipe, job):
+def _reference_view(recipe: Recipe, job: TrialJob) -> Recipe:
     return job.tune.reference_recipe  # the original, as the recipe (not the trial) serves it
 
 
-def screen_recipe(tune, trial):
+def screen_recipe(tune: Context, trial: Trial) -> Recipe:
     """What a trial's screening serves: its candidate with the recipe's own serve settings, and the trial's
     output-changing ones (``space.scoring_point``) over them: trials that differ only in settings that cannot change
     outputs share one screening (one key); one that changes outputs gets its own (its key has them)."""
@@ -662,14 +683,14 @@ def screen_recipe(tune, trial):
         return tune.candidate_recipe(trial.candidate)
     from infertool.tune import space
 
-    cache = tune.__dict__.setdefault("_scored_recipes", {})
+    cache = tune.scored_recipes
     key = (trial.candidate.key, json.dumps(trial.scoring, sort_keys=True, default=str))
     if key not in cache:
         cache[key] = space.trial_recipe(tune.recipe, trial.candidate, trial.scoring)
     return cache[key]
 
 
-def _screen_view(recipe, job):
+def _screen_view(recipe: Recipe, job: TrialJob) -> Recipe:
     return screen_recipe(job.tune, job.trial)
 
 
