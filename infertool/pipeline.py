@@ -61,7 +61,8 @@ def _now() -> str:
 @dataclass
 class RunGraph:
     """What `run` does for a recipe: the stages in graph order, their keys and entries, what runs again, and
-    the resolution before any stage ran (its inputs and host facts are the keys')."""
+    the recipe's one resolution (its inputs and host facts are the keys'; ``with_candidate``: once the quantize
+    stage made the candidate)."""
 
     recipe: Recipe
     stages: list[Stage]
@@ -103,28 +104,28 @@ def _stages_to_rerun(force: list[str] | None) -> set[str]:
 
 
 def run_graph(recipe: Recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,
-              force: list[str] | None = None) -> RunGraph:
+              force: list[str] | None = None, res: Resolution | None = None) -> RunGraph:
+    """The graph of ``recipe`` (``res``: its resolution, when the command made it; else resolved here, once)."""
     from infertool.resolve import resolve
     from infertool.stages import get, keys
 
     chosen = [get(n) for n in selected_stages(recipe, stages)]
     again = _stages_to_rerun(force)
     root = Path(out_dir or (recipe.run.out_dir if recipe.run is not None else "runs")).expanduser()
-    res0 = resolve(recipe)
-    return RunGraph(recipe, chosen, keys(recipe, chosen, res0.inputs(), res0.host.to_dict()), root, again, res0)
+    res = res or resolve(recipe)
+    return RunGraph(recipe, chosen, keys(recipe, chosen, res.inputs(), res.host.to_dict()), root, again, res)
 
 
 def plan_pipeline(recipe: Recipe, *, stages: list[str] | None = None, out_dir: str | Path | None = None,
-                  force: list[str] | None = None, publish: str | None = None) -> dict:
+                  force: list[str] | None = None, publish: str | None = None, res: Resolution | None = None) -> dict:
     """What `run` would do, without doing it: the stages, their keys and whether a completed entry would be
     reused, the resolution (with the candidate where the quantize stage's entry will be), the server
-    launches of the stages that serve, and which of them share one server (``servers``)."""
-    from infertool.resolve import resolve
+    launches of the stages that serve, and which of them share one server (``servers``). ``res``: the recipe's
+    resolution, when the command made it."""
     from infertool.serve.pool import launch_key
 
-    g = run_graph(recipe, stages=stages, out_dir=out_dir, force=force)
-    cand = g.entry("quantize") / "model" if "quantize" in g.keys else None
-    res = resolve(recipe, candidate_path=cand)
+    g = run_graph(recipe, stages=stages, out_dir=out_dir, force=force, res=res)
+    res = g.res.with_candidate(g.entry("quantize") / "model") if "quantize" in g.keys else g.res
     out: dict = {"stages": {n: {"key": k, "entry": str(g.entry(n)),
                                 "reuse": n not in g.force and (g.entry(n) / "stage.json").is_file()}
                             for n, k in g.keys.items()},
@@ -171,33 +172,78 @@ def _why_not_published(g: RunGraph, upstream: dict | None) -> str:
     return "the recipe quantizes when loading (no checkpoint of its own to publish)"
 
 
-def _publish(g: RunGraph, run_dir: Path, manifest: RunManifest, upstream: dict, dest: Path | None, pool=None,
-             on_event: EventCallback | None = None, evidence: bool = True) -> dict:
+class _Evidence:
+    """The evidence the run publishes with its checkpoint (``infertool.verify.capture``: the candidate served with
+    the recipe's settings). Captured while the candidate's server is up: after the first stage, from eval on, at
+    whose end the run's pool runs the candidate's launch (quantize's load check, eval's or serve's server, before
+    bench measures the original alone), into the run directory, and copied when publishing; else when publishing,
+    with a server of its own. ``wanted`` False: --no-evidence, verify.evidence.enabled false, nothing to publish."""
+
+    def __init__(self, g: RunGraph, run_dir: Path, pool, on_event: EventCallback | None, wanted: bool):
+        self.g, self.run_dir, self.pool, self.on_event, self.wanted = g, run_dir, pool, on_event, wanted
+        self.folder = run_dir / ".evidence"  # the early capture, until it is published
+        self.block: dict | None = None  # what the early capture wrote (infertool.json's block), or why not
+
+    def write(self, res: Resolution, upstream: dict[str, StageOutput], folder: Path, fp: str) -> dict:
+        """Capture the candidate's evidence into ``folder`` through the run's pool; infertool.json's block (or why
+        not: a capture that fails publishes the checkpoint without evidence, said). ``res``: the run's resolution
+        with its candidate."""
+        from infertool.verify.capture import lmeval_source, writer
+
+        checkpoint = upstream["quantize"].dir / "model"
+        answer, lm_why = lmeval_source(self.g.recipe, upstream["eval"].dir)
+        self.pool.user = "evidence"
+        return writer(res, checkpoint, pool=self.pool, on_event=self.on_event, log_dir=self.run_dir / "logs",
+                      lmeval_answer=answer, lmeval_why=lm_why, strict=False)(folder, fp)
+
+    def capture_if_up(self, res: Resolution, upstream: dict[str, StageOutput]) -> None:
+        """Capture now when the pool runs the candidate's launch (shared: no start of its own)."""
+        q = upstream.get("quantize")
+        if not self.wanted or self.block is not None or q is None or "eval" not in upstream:
+            return
+        from infertool.publish import fingerprint
+        from infertool.serve.pool import launch_key
+        from infertool.verify.capture import launch_plan
+
+        checkpoint = q.dir / "model"
+        try:
+            plan = launch_plan(res, checkpoint)
+        except InfertoolError:  # publishing captures (or says why not)
+            return
+        if launch_key(plan.spec) in self.pool.running():
+            self.block = self.write(res, upstream, self.folder, fingerprint(checkpoint))
+
+    def writer(self, res: Resolution, upstream: dict[str, StageOutput]) -> Callable[[Path, str], dict]:
+        """publish's evidence writer: the early capture copied (checked: the same weights), or its reason, or a
+        capture now."""
+        from infertool.verify.capture import copier
+
+        block = self.block
+        if block is None:
+            return lambda folder, fp: self.write(res, upstream, folder, fp)
+        return copier(self.folder) if block.get("fingerprint") else lambda folder, fp: block
+
+
+def _publish(g: RunGraph, run_dir: Path, manifest: RunManifest, runner: _Runner, dest: Path | None,
+             evidence: _Evidence, evidence_asked: bool) -> dict:
     """The run's evaluated checkpoint published with its card (a FAIL verdict too: the card says so) and its
-    evidence (``infertool.verify.capture``: the candidate served with the recipe's settings, the pool's server
-    eval scored it on when it still runs; ``evidence`` False: --no-evidence); the manifest's ``published``
-    record either way."""
+    evidence (``_Evidence``; ``evidence_asked`` False: --no-evidence); the manifest's ``published`` record either
+    way."""
     from infertool import publish as pub
 
+    upstream = runner.upstream
     if dest is None or "quantize" not in upstream or "eval" not in upstream:
         return {"why": _why_not_published(g, upstream)}
     checkpoint = upstream["quantize"].dir / "model"
     if not (checkpoint / "config.json").is_file():
         return {"why": f"the quantize stage left no checkpoint ({checkpoint} has no config.json)"}
-    writer, why = None, "published with --no-evidence"
-    spec = g.recipe.verify.evidence if g.recipe.verify is not None else None
-    if evidence and spec is not None and not spec.enabled:
-        why = "verify.evidence.enabled is false in the recipe"
-    elif evidence:
-        from infertool.resolve import resolve
-        from infertool.verify.capture import lmeval_source, writer as evidence_writer
-
-        answer, lm_why = lmeval_source(g.recipe, upstream["eval"].dir)
-        writer = evidence_writer(resolve(g.recipe, candidate_path=checkpoint), checkpoint, pool=pool,
-                                 on_event=on_event, log_dir=run_dir / "logs", lmeval_answer=answer,
-                                 lmeval_why=lm_why, strict=False)
-    return pub.publish_run(run_dir, manifest, checkpoint, dest, pub.forbidden_for_run(g.cache, run_dir, g.res),
-                           writer, why)
+    why = "published with --no-evidence" if not evidence_asked else "verify.evidence.enabled is false in the recipe"
+    try:
+        return pub.publish_run(run_dir, manifest, checkpoint, dest, pub.forbidden_for_run(g.cache, run_dir, g.res),
+                               evidence.writer(runner.res, upstream) if evidence.wanted else None, why)
+    finally:
+        if evidence.folder.exists():
+            remove_inside(evidence.folder, run_dir)
 
 
 # ------------------------------------------------------------------------------------------ run
@@ -215,15 +261,17 @@ def _new_run_dir(root: Path, name: str) -> Path:
 
 def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list[str] | None = None,
                  out_dir: str | Path | None = None, on_event: EventCallback | None = None,
-                 on_stage: StageCallback | None = None, publish: str | None = None, evidence: bool = True) -> RunResult:
+                 on_stage: StageCallback | None = None, publish: str | None = None, evidence: bool = True,
+                 res: Resolution | None = None) -> RunResult:
     """Run the selected stages; reuse completed ones by key; publish the checkpoint the eval scored (to
     --publish, else quantize.output, else out/<recipe>-<method>), with its evidence while the run's servers
-    still run (``evidence`` False: --no-evidence). Returns the run directory and manifest."""
+    still run (``evidence`` False: --no-evidence). ``res``: the recipe's resolution, when the command made it (the
+    run resolves its recipe once). Returns the run directory and manifest."""
     from infertool import __version__
     from infertool.data.fingerprint import digest
     from infertool.recipe import recipe_to_dict
 
-    g = run_graph(recipe, stages=stages, out_dir=out_dir, force=force)
+    g = run_graph(recipe, stages=stages, out_dir=out_dir, force=force, res=res)
     dest = publish_destination(g, publish)  # refused before any work
     g.cache.mkdir(parents=True, exist_ok=True)
     run_dir = _new_run_dir(g.root, recipe.name)
@@ -235,10 +283,12 @@ def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list
     write_json(run_dir / "manifest.json", manifest.to_dict())
     pool = server_pool(run_dir, host, on_event)
     manifest.servers = pool.records
-    runner = _Runner(g, run_dir, manifest, pool, on_event, on_stage)
+    spec = recipe.verify.evidence if recipe.verify is not None else None
+    ev = _Evidence(g, run_dir, pool, on_event, evidence and dest is not None and (spec is None or spec.enabled))
+    runner = _Runner(g, run_dir, manifest, pool, on_event, on_stage, ev)
     try:
         exit_code = runner.run()
-        manifest.published = _publish(g, run_dir, manifest, runner.upstream, dest, pool, on_event, evidence)
+        manifest.published = _publish(g, run_dir, manifest, runner, dest, ev, evidence)
     finally:
         pool.close()  # the end of the run, a failure or Ctrl-C: no server outlives it
         runner.finish()
@@ -249,10 +299,12 @@ def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list
 class _Runner:
     """One run of a graph: each stage through the stage cache, its record in the manifest, the servers."""
 
-    def __init__(self, g: RunGraph, run_dir: Path, manifest: RunManifest, pool, on_event, on_stage):
+    def __init__(self, g: RunGraph, run_dir: Path, manifest: RunManifest, pool, on_event, on_stage,
+                 evidence: _Evidence):
         self.g, self.run_dir, self.manifest, self.pool = g, run_dir, manifest, pool
-        self.on_event, self.on_stage = on_event, on_stage
+        self.on_event, self.on_stage, self.evidence = on_event, on_stage, evidence
         self.upstream: dict[str, StageOutput] = {}
+        self.res = g.res  # with the candidate once the quantize stage made it
 
     def write(self) -> None:
         write_json(self.run_dir / "manifest.json", self.manifest.to_dict())
@@ -271,7 +323,10 @@ class _Runner:
             summary = self.run_stage(stage, self.g.stages[i + 1:])
             if summary.verdict_failed:
                 exit_code = 1  # the verdict gates the run (documented): the other stages still run
-        self.manifest.resolution = _final_resolution(self.g.recipe, self.upstream)
+        try:
+            self.manifest.resolution = self.res.to_dict()  # what this run served and scored
+        except InfertoolError:
+            self.manifest.resolution = None
         return exit_code
 
     def run_stage(self, stage: Stage, later: list[Stage]):
@@ -295,14 +350,17 @@ class _Runner:
             raise
         if st.work is not None:
             self.pool.moved(st.work, entry)  # a server started from the stage's files (quantize's load check) follows them
-        if not any(s.uses_servers(self.g.recipe) for s in later):
-            self.pool.stop_all("no later stage serves")
         rec.status, rec.summary, rec.seconds = st.status, st.summary, st.seconds
         if st.status == "reused":
             rec.completed, rec.started = st.completed, None
         else:
             self.note_servers(rec, name)
         self.upstream[name] = StageOutput(entry, st.summary, self.g.keys[name])
+        if name == "quantize":
+            self.res = self.res.with_candidate(entry / "model")
+        self.evidence.capture_if_up(self.res, self.upstream)  # while the candidate's server is up: no start of its own
+        if not any(s.uses_servers(self.g.recipe) for s in later):
+            self.pool.stop_all("no later stage serves")
         _link(self.run_dir / name, entry)
         self.write()
         self.tell(name, st.status, rec)
@@ -314,7 +372,8 @@ class _Runner:
         beside = self.pool.running() if stage.times_host and stage.uses_device(self.g.recipe) else []
         cpu0 = self.pool.cpu_seconds() if beside else 0.0
         t_body = time.monotonic()
-        ctx = StageContext(self.g.recipe, self.run_dir, work, dict(self.upstream), self.on_event, self.pool)
+        ctx = StageContext(self.g.recipe, self.run_dir, work, dict(self.upstream), self.on_event, self.pool,
+                           res=self.res)
         summary = stage.summarize(stage.run(ctx))
         if beside:
             summary.servers_beside = _beside(len(beside), self.pool.cpu_seconds() - cpu0, time.monotonic() - t_body,
@@ -381,17 +440,6 @@ def _beside(servers: int, cpu_s: float, stage_s: float, on_event: EventCallback 
                              f"({share:.0%} of a core): its timings may be low; `infertool profile` alone measures "
                              "without them"})
     return d
-
-
-def _final_resolution(recipe: Recipe, upstream: dict[str, StageOutput]) -> dict | None:
-    """What this run served and scored: the resolution with the candidate this run made."""
-    from infertool.resolve import resolve
-
-    q = upstream.get("quantize")
-    try:
-        return resolve(recipe, candidate_path=q.dir / "model" if q else None).to_dict()
-    except InfertoolError:
-        return None
 
 
 def _link(link: Path, target: Path) -> None:

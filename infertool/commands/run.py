@@ -66,8 +66,9 @@ def run(
         from infertool.commands._common import recipe_checks
         from infertool.resolve import resolve
 
-        recipe_checks(resolve(r), "run")  # the check registry: the same findings as validate, plan, serve --dry-run
-        plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again, publish=publish)
+        res = resolve(r)  # once: the plan reads it
+        recipe_checks(res, "run")  # the check registry: the same findings as validate, plan, serve --dry-run
+        plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again, publish=publish, res=res)
         # what would stop a server (the launch lint: TP / PP against the model, KV capacity, reserved CPUs): exit 2
         # like `serve --dry-run`
         errors = [(label, i) for label, launch in plan["launches"].items() for i in launch.get("lint", [])

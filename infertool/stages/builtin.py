@@ -31,13 +31,15 @@ class QuantizeStageOptions:
     verify: bool | None = None
 
 
-def resolution(ctx: StageContext, candidate=None):
-    """The recipe's one resolution, with the candidate where this graph's quantize stage wrote it (``candidate``:
-    where the quantize stage itself writes it)."""
+def resolution(ctx: StageContext) -> Resolution:
+    """The graph's one resolution (``ctx.res``: `run`'s, with the candidate where its quantize stage wrote it); a
+    graph that passes none (tune) resolves the stage's recipe, with the candidate where its quantize stage wrote it."""
+    if ctx.res is not None:
+        return ctx.res
     from infertool.resolve import resolve
 
     q = ctx.dir_of("quantize")
-    return resolve(ctx.recipe, candidate_path=candidate or (q / "model" if q is not None else None))
+    return resolve(ctx.recipe, candidate_path=q / "model" if q is not None else None)
 
 
 def _run_context(ctx: StageContext, user: str) -> RunContext:
@@ -56,7 +58,7 @@ def run_model(ctx: StageContext) -> ModelSummary:
 
     res = resolution(ctx)
     base = res.ensure(res.base, on_event=ctx.on_event)
-    info = model_info(base.path)
+    info = model_info(base.dir)
     return ModelSummary(path=base.path, source=base.source, label=base.label, layers=info.num_layers,
                         weight_bytes=info.weight_bytes, hidden=info.hidden_size, kv_heads=info.num_key_value_heads)
 
@@ -69,7 +71,7 @@ def run_quantize(ctx: StageContext) -> QuantizeSummary:
 
     out = ctx.work / "model"
     verify = ctx.options.verify if isinstance(ctx.options, QuantizeStageOptions) else None
-    p = quantize.plan(resolution(ctx, out), quantize.QuantizeOptions(out=out, verify=verify, force=True),
+    p = quantize.plan(resolution(ctx).with_candidate(out), quantize.QuantizeOptions(out=out, verify=verify, force=True),
                       on_event=ctx.on_event)
     result = quantize.run(p, RunContext(on_event=ctx.on_event, servers=ctx.servers, user="quantize"))
     write_json(ctx.work / "quantize.json", result)
