@@ -28,7 +28,7 @@ from infertool.evaluate.verdict import RULES, Gate
 from infertool.profile.core import ProfileResult
 from infertool.quantize.core import QuantizeResult
 from infertool.records import Record, as_float, as_int
-from infertool.summaries import EvalSummary, ModelSummary, QuantizeSummary, RunManifest, ServeSummary, StageSummary
+from infertool.summaries import EvalStageSummary, ModelSummary, QuantizeSummary, RunManifest, ServeSummary, StageSummary
 
 S = TypeVar("S", bound=StageSummary)
 R = TypeVar("R", bound=Record)
@@ -388,7 +388,7 @@ class RunSummary(Record):
 def verdict_of(run: RunData) -> tuple[str | None, str | None, list[Gate]]:
     """The eval's verdict, reason and gates: results.json's, else what the manifest kept of them. A gate
     without a name is left out."""
-    ev, kept = run.eval, run.summary("eval", EvalSummary)
+    ev, kept = run.eval, run.summary("eval", EvalStageSummary)
     verdict = (ev and ev.verdict) or (kept and kept.verdict)
     reason = (ev and ev.reason) or (kept and kept.reason)
     gates = (ev and ev.gates) or [Gate.from_dict(g) for g in (kept and kept.gates) or [] if isinstance(g, dict)]

@@ -318,10 +318,10 @@ def run_facts(run_dir: Path, manifest) -> dict:
 
     recipe = manifest.recipe or {}
     q = recipe.get("quantize") or {}
-    from infertool.summaries import EvalSummary
+    from infertool.summaries import EvalStageSummary
 
     ev = manifest.stages.get("eval")
-    summary = ev.summary_as(EvalSummary) if ev is not None and ev.summary is not None else None
+    summary = ev.summary_as(EvalStageSummary) if ev is not None and ev.summary is not None else None
     res = manifest.resolution or {}
     return {"v": FACTS_VERSION, "infertool": __version__,
             "published": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -27,7 +27,7 @@ from infertool.inputs import MAX_JSON_DEPTH, depth
 from infertool.metricspec import METRICS, compared
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, as_float
-from infertool.summaries import EvalSummary, RunManifest, ServeSummary
+from infertool.summaries import EvalStageSummary, RunManifest, ServeSummary
 
 # each stage's result file in a run directory
 STAGE_FILES = (("quantize", "quantize/quantize.json"), ("eval", "eval/results.json"), ("profile", "profile/profile.json"),
@@ -354,7 +354,7 @@ def _ship_section(run_dir: Path, run: RunData) -> Section | None:
         return sec
     ev = run.manifest.stages.get("eval")  # results.json's verdict, else the manifest's record of the eval stage
     verdict = (run.eval.verdict if run.eval is not None else None) or \
-        (ev.summary_as(EvalSummary).verdict if ev is not None and ev.summary is not None else None)
+        (ev.summary_as(EvalStageSummary).verdict if ev is not None and ev.summary is not None else None)
     where = shlex.quote(str(run_dir.absolute()))
     sec.blocks.append(P("The checkpoint the eval scored is published at ", Code(pub["path"]), " (fingerprint ",
                         Code(str(pub.get("fingerprint"))), ") with MODEL_CARD.md and infertool.json beside it; verdict ",

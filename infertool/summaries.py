@@ -16,13 +16,13 @@ from typing import Any, ClassVar, TypeVar
 from infertool.records import Record, as_str
 
 __all__ = [
-    "Summary", "StageSummary", "ModelSummary", "QuantizeSummary", "EvalSummary", "ProfileSummary", "ServeSummary",
+    "SparseRecord", "StageSummary", "ModelSummary", "QuantizeSummary", "EvalStageSummary", "ProfileSummary", "ServeSummary",
     "BenchSummary", "StageRecord", "RunManifest", "Smoke", "ResolvedModel", "Resolved", "EnvRecord",
 ]
 
 
 @dataclass
-class Summary(Record):
+class SparseRecord(Record):
     """A record whose optional fields are left out of its JSON when they are None (``OMIT_NONE``), and whose
     ``TRAILING`` fields come last: files keep the layout they had when these were plain dicts."""
 
@@ -41,7 +41,7 @@ class Summary(Record):
 
 
 @dataclass
-class StageSummary(Summary):
+class StageSummary(SparseRecord):
     """What a stage's ``stage.json`` and the run manifest keep of its result. Every stage's summary derives from
     it; a stage's stand-in (a test, a plugin) may return a plain dict, read as the stage's summary type."""
 
@@ -81,7 +81,7 @@ class QuantizeSummary(StageSummary):
 
 
 @dataclass
-class EvalSummary(StageSummary):
+class EvalStageSummary(StageSummary):
     verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE
     reason: str | None = None
     gates: list | None = None
@@ -142,7 +142,7 @@ SS = TypeVar("SS", bound=StageSummary)
 
 
 @dataclass
-class StageRecord(Summary):
+class StageRecord(SparseRecord):
     """One stage in the run manifest: its status (pending | running | done | reused | failed | interrupted),
     its cache key and entry, when and how long, its summary, the servers it used and the error it met."""
 
@@ -193,7 +193,7 @@ class EnvRecord(Record):
 
 
 @dataclass
-class RunManifest(Summary):
+class RunManifest(SparseRecord):
     """``manifest.json`` of a run directory."""
 
     infertool: str | None = None

@@ -137,10 +137,10 @@ def run_outcome(result) -> dict:
     from infertool.publish import serve_commands
     from infertool.report import write_report
 
-    from infertool.summaries import EvalSummary
+    from infertool.summaries import EvalStageSummary
 
     ev = result.stages.get("eval")
-    s = ev.summary_as(EvalSummary) if ev is not None and ev.summary is not None else None
+    s = ev.summary_as(EvalStageSummary) if ev is not None and ev.summary is not None else None
     gates = []
     for g in getattr(s, "gates", None) or []:
         g = g if isinstance(g, dict) else {}

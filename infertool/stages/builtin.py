@@ -15,7 +15,7 @@ from infertool.capability import RunContext
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.stages.base import Stage, StageContext
 from infertool.summaries import (
-    BenchSummary, EvalSummary, ModelSummary, ProfileSummary, QuantizeSummary, ServeSummary,
+    BenchSummary, EvalStageSummary, ModelSummary, ProfileSummary, QuantizeSummary, ServeSummary,
 )
 
 if TYPE_CHECKING:
@@ -96,14 +96,14 @@ def short_held_out(h: dict | None) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------------- eval
-def run_eval(ctx: StageContext) -> EvalSummary:
+def run_eval(ctx: StageContext) -> EvalStageSummary:
     """The candidate against its original on the recipe's eval (results.json, items.jsonl, the histogram)."""
     from infertool import evaluate
 
     if ctx.dir_of("quantize") is None:
         raise UsageError("the eval stage compares the quantized model with its original: the recipe needs a quantize section")
     result = evaluate.run(evaluate.plan(resolution(ctx), evaluate.EvalOptions()), _run_context(ctx, "eval"))
-    return EvalSummary.from_dict(result.summary().to_dict())
+    return EvalStageSummary.from_dict(result.summary().to_dict())
 
 
 # ---------------------------------------------------------------------------------------- profile
@@ -241,7 +241,7 @@ QUANTIZE_STAGE = Stage("quantize", run_quantize, QuantizeSummary, sections=("qua
                        depends=("model",), asked_by="quantize", device=True, graphs=("run", "tune"),
                        options=QuantizeStageOptions, launches=quantize_launches,
                        doc="the candidate: the base quantized, with its load check")
-EVAL_STAGE = Stage("eval", run_eval, EvalSummary, sections=("eval", "serve", "target"), inputs=("suite", "phases"), host=True,
+EVAL_STAGE = Stage("eval", run_eval, EvalStageSummary, sections=("eval", "serve", "target"), inputs=("suite", "phases"), host=True,
                    depends=("model", "quantize"), asked_by="eval",
                    device=lambda r: _engine(r, "eval") == "hf", server=lambda r: _engine(r, "eval") == "vllm",
                    launches=eval_launches,
