@@ -475,7 +475,7 @@ class Served:
 
 def published_record(manifest) -> dict:
     """A manifest's ``published`` record as strings only (a crafted one reads as nothing published, with its why)."""
-    pub = manifest.published if isinstance(manifest.published, dict) else {}
+    pub = manifest.published.to_dict() if manifest.published is not None else {}
     return {k: v for k, v in pub.items() if k in ("path", "fingerprint", "why") and isinstance(v, str) and v.strip()}
 
 

@@ -17,7 +17,7 @@ from infertool.records import Record, as_str
 
 __all__ = [
     "SparseRecord", "StageSummary", "ModelSummary", "QuantizeSummary", "EvalStageSummary", "ProfileSummary", "ServeSummary",
-    "BenchSummary", "StageRecord", "RunManifest", "Smoke", "ResolvedModel", "Resolved", "EnvRecord",
+    "BenchSummary", "StageRecord", "Published", "RunManifest", "Smoke", "ResolvedModel", "Resolved", "EnvRecord",
 ]
 
 
@@ -193,6 +193,19 @@ class EnvRecord(Record):
 
 
 @dataclass
+class Published(SparseRecord):
+    """The manifest's ``published``: where the run published the checkpoint its eval scored (``path``), its
+    ``fingerprint`` and infertool.json's ``evidence`` block; or ``why`` it published none."""
+
+    path: str | None = None
+    fingerprint: str | None = None
+    evidence: dict | None = None
+    why: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("path", "fingerprint", "evidence", "why")
+
+
+@dataclass
 class RunManifest(SparseRecord):
     """``manifest.json`` of a run directory."""
 
@@ -210,7 +223,7 @@ class RunManifest(SparseRecord):
     run_dir: str | None = None
     servers: list[dict] | None = None  # the servers the run started (infertool.serve.pool's records)
     resolution: dict | None = None  # what the run served and scored, once it is over
-    published: dict | None = None  # {path, fingerprint} of the checkpoint it published (or {why} it published none)
+    published: Published | None = None  # the checkpoint it published (or why it published none)
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers", "resolution", "published")
 

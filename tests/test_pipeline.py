@@ -568,10 +568,12 @@ def test_run_shares_the_load_checks_server_with_serve_and_bench(tmp_path, monkey
 
 
 def test_beside_warns_when_idle_servers_were_not_idle():
+    from infertool.pipeline.runner import beside_servers
+
     said = []
-    quiet = pipeline._beside(1, 0.05, 20.0, said.append)
+    quiet = beside_servers(1, 0.05, 20.0, said.append)
     assert quiet == {"servers": 1, "cpu_s": 0.05, "stage_s": 20.0, "core_share": 0.0025} and said == []
-    busy = pipeline._beside(2, 5.0, 20.0, said.append)
+    busy = beside_servers(2, 5.0, 20.0, said.append)
     assert busy["core_share"] == 0.25 and "25% of a core" in said[0]["message"] and said[0]["level"] == "warning"
 
 
@@ -603,18 +605,18 @@ def test_dry_run_says_which_launches_share_a_server(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
     r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={})
     plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
-    assert [s["used_by"] for s in plan["servers"]] == [["serve", "bench: the sweep"], ["bench: the original"]]
+    assert [s.used_by for s in plan.servers] == [["serve", "bench: the sweep"], ["bench: the original"]]
     with_eval = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={}, eval={"engine": "vllm"})
     plan = pipeline.plan_pipeline(with_eval, out_dir=tmp_path / "runs")
     # in graph order (eval before serve and bench)
-    assert [s["used_by"] for s in plan["servers"]] == [["eval: candidate", "serve", "bench: the sweep"],
+    assert [s.used_by for s in plan.servers] == [["eval: candidate", "serve", "bench: the sweep"],
                                                        ["eval: base", "bench: the original"]]
     # with the serve environment set up, quantize's load check serves the published checkpoint the same way
     from infertool.quantize import core as quantize
 
     monkeypatch.setattr(quantize, "load_check_runs", lambda res, verify=None: True)
     plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
-    assert [s["used_by"] for s in plan["servers"]] == [["quantize: load check", "serve", "bench: the sweep"],
+    assert [s.used_by for s in plan.servers] == [["quantize: load check", "serve", "bench: the sweep"],
                                                        ["bench: the original"]]
 
 
@@ -706,8 +708,8 @@ def test_quickstart_starts_vllm_twice_the_evidence_shares_the_candidates_server(
         ("quantize", ["quantize", "evidence", "serve", "bench"]), ("bench", ["bench"])]
     assert seen == [("quantize", False), ("evidence", True), ("serve", True), ("bench", True),
                     ("bench: the original", False)]
-    pub = Path(res.published["path"])
-    assert evidence.read(pub / "evidence").index.model_fingerprint == res.published["fingerprint"] == publish.fingerprint(pub)
+    pub = Path(res.published.path)
+    assert evidence.read(pub / "evidence").index.model_fingerprint == res.published.fingerprint == publish.fingerprint(pub)
     assert json.loads((pub / publish.FACTS).read_text())["evidence"]["files"] == 1
     assert not (Path(res.run_dir) / ".evidence").exists()  # the early capture, published, is not left in the run
 
@@ -744,7 +746,7 @@ def test_run_resolves_its_recipe_once(quickstart_like, tmp_path, monkeypatch):
     assert seen["eval"].candidate.path == entry and seen["eval"].candidate.exists
     assert res.manifest.resolved.served_origin == "candidate"
     assert (res.manifest.resolution or {})["candidate"]["path"] == entry
-    assert res.published["evidence"]["files"] == 1  # the evidence read the same resolution
+    assert res.published.evidence["files"] == 1  # the evidence read the same resolution
 
     calls.clear()
     (tmp_path / "r.yaml").write_text(json.dumps({"name": "r", "model": {"source": r.model.source},
