@@ -30,6 +30,11 @@ class Evidence:
         self.folder = run_dir / ".evidence"  # the early capture, until it is published
         self.block: dict | None = None  # what the early capture wrote (infertool.json's block), or why not
 
+    def discard(self) -> None:
+        """The early capture gone from the run directory (published, or the run stopped before publishing)."""
+        if self.folder.exists():
+            remove_inside(self.folder, self.run_dir)
+
     def write(self, res: Resolution, upstream: dict[str, StageOutput], folder: Path, fp: str) -> dict:
         """Capture the candidate's evidence into ``folder`` through the run's pool; infertool.json's block (or why
         not: a capture that fails publishes the checkpoint without evidence, said). ``res``: the run's resolution
@@ -84,10 +89,6 @@ def publish_checkpoint(g: RunGraph, run_dir: Path, manifest: RunManifest, res: R
     if not (checkpoint / "config.json").is_file():
         return Published(why=f"the quantize stage left no checkpoint ({checkpoint} has no config.json)")
     why = "published with --no-evidence" if not evidence_asked else "verify.evidence.enabled is false in the recipe"
-    try:
-        return Published.from_dict(pub.publish_run(run_dir, manifest, checkpoint, dest,
-                                                   pub.forbidden_for_run(g.cache, run_dir, g.res),
-                                                   evidence.writer(res, upstream) if evidence.wanted else None, why))
-    finally:
-        if evidence.folder.exists():
-            remove_inside(evidence.folder, run_dir)
+    return Published.from_dict(pub.publish_run(run_dir, manifest, checkpoint, dest,
+                                               pub.forbidden_for_run(g.cache, run_dir, g.res),
+                                               evidence.writer(res, upstream) if evidence.wanted else None, why))

@@ -68,12 +68,12 @@ def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list
     g.cache.mkdir(parents=True, exist_ok=True)
     run_dir = _new_run_dir(g.root, recipe.name)
     rd = recipe_to_dict(recipe)
-    host = g.res.host.to_dict()
     manifest = RunManifest(infertool=__version__, recipe_name=recipe.name, recipe=rd, recipe_sha256=digest(rd),
-                           inputs=g.res.inputs(), host=host, target=g.res.target.to_dict(), envs=_env_versions(),
-                           started=_now(), stages={n: StageRecord() for n in g.names}, run_dir=str(run_dir))
+                           inputs=g.res.inputs(), host=g.res.host.to_dict(), target=g.res.target.to_dict(),
+                           envs=_env_versions(), started=_now(), stages={n: StageRecord() for n in g.names},
+                           run_dir=str(run_dir))
     write_manifest(run_dir, manifest)
-    pool = server_pool(run_dir, host, on_event)
+    pool = server_pool(run_dir, g.res.host.accelerator == "cuda", on_event)
     manifest.servers = pool.records
     spec = recipe.verify.evidence if recipe.verify is not None else None
     ev = Evidence(g, run_dir, pool, on_event, evidence and dest is not None and (spec is None or spec.enabled))
@@ -83,6 +83,7 @@ def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list
         manifest.published = publish_checkpoint(g, run_dir, manifest, runner.res, runner.upstream, dest, ev, evidence)
     finally:
         pool.close()  # the end of the run, a failure or Ctrl-C: no server outlives it
+        ev.discard()
         runner.finish()
     runner.write()
     return RunResult(str(run_dir), manifest, exit_code == 0, exit_code, manifest.stages, manifest.published)
@@ -205,11 +206,11 @@ def _device_need(upstream: dict[str, StageOutput]) -> int:
     return 3 * int(weights or 0) + 2 * 1024**3
 
 
-def server_pool(run_dir: Path, host: dict, on_event: EventCallback | None):
+def server_pool(run_dir: Path, gpu: bool, on_event: EventCallback | None):
     """The run's servers: one at a time on a GPU host, as memory allows on a CPU (infertool.serve.pool)."""
     from infertool.serve.pool import ServerPool
 
-    return ServerPool(run_dir / "servers", gpu=host.get("accelerator") == "cuda", on_event=on_event)
+    return ServerPool(run_dir / "servers", gpu=gpu, on_event=on_event)
 
 
 def _env_versions() -> dict:

@@ -76,7 +76,7 @@ def run_quantize(ctx: StageContext) -> QuantizeSummary:
     result = quantize.run(p, RunContext(on_event=ctx.on_event, servers=ctx.servers, user="quantize"))
     write_json(ctx.work / "quantize.json", result)
     return QuantizeSummary(model="model", method=result.method, backend=result.backend, size=result.size,
-                           label=(result.resolution or {}).get("candidate", {}).get("label"),
+                           label=result.resolved.candidate.label,
                            verify=short_verify(result.verify), held_out=short_held_out(result.held_out),
                            timings=result.timings)
 
@@ -131,7 +131,7 @@ def run_serve(ctx: StageContext) -> ServeSummary:
         text = _smoke(srv)
         ready_s = srv.ready_s
     return ServeSummary(ready_s=round(ready_s, 1), model=plan.spec.model, label=plan.model.label, log=str(srv.log_path),
-                        served=res.served_origin, argv=srv.plan.spec.to_dict()["argv"], kv_cache=plan.kv,
+                        served=res.served_origin, argv=list(srv.plan.spec.argv), kv_cache=plan.kv,
                         smoke={"prompt": SMOKE_PROMPT, "completion": text}, note="; ".join(res.notes) or None)
 
 
