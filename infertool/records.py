@@ -111,15 +111,20 @@ class Record:
 @dataclasses.dataclass
 class Sparse(Record):
     """A record whose optional keys (``OMIT_NONE``) are left out of its JSON when unset (the files had no key there,
-    not null): eval's and bench's results."""
+    not null), and whose ``TRAILING`` keys come last: files keep the layout they had when these were plain dicts
+    (eval's and bench's results, the stage summaries, the manifest, tune's records)."""
 
     OMIT_NONE: typing.ClassVar[tuple[str, ...]] = ()
+    TRAILING: typing.ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = super().to_dict()
         for k in self.OMIT_NONE:
             if d.get(k) is None:
                 d.pop(k, None)
+        for k in self.TRAILING:
+            if k in d:
+                d[k] = d.pop(k)
         return d
 
 

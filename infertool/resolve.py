@@ -160,6 +160,15 @@ class Resolution:
         there = (Path(p) / "config.json").is_file() if exists is None else exists
         return replace(self.candidate, source=p, path=p, exists=there, note=None)
 
+    def with_candidate(self, path: str | Path) -> Resolution:
+        """This resolution once `run`'s quantize stage made the candidate at ``path``: the same recipe, host, base
+        and target; the candidate there, and what is served decided again (its load check may have found that this
+        host cannot run it)."""
+        cand = _candidate_ref(self.recipe, self.base, path)
+        served, origin, notes = _served(self.recipe, self.base, cand, self.host, made_by_run=True)
+        return Resolution(self.recipe, self.base, cand, served, origin, self.target, self.host,
+                          notes + _target_notes(self.target), self._inputs)
+
     def ensure(self, model: ModelRef, on_event: Callable | None = None) -> ModelRef:
         """Make ``model`` exist locally when infertool can: a bundled/GGUF base (or a bitsandbytes candidate,
         which is the base) is converted into the cache once, as what it is: the recipe's model.source with
@@ -408,6 +417,38 @@ def _target(recipe: Recipe, host: hostfacts.HostFacts, gpu: str | None) -> Targe
     return target_for(host, gpu=name, count=count, source=("--gpu" if gpu else "target.gpu") if name else "this host")
 
 
+def _served(recipe: Recipe, base: ModelRef, cand: ModelRef | None, host: hostfacts.HostFacts, *,
+            made_by_run: bool) -> tuple[ModelRef, str, list[str]]:
+    """What is served (the model, its origin) and what to say of it. ``made_by_run``: the candidate's path is the
+    one a run's quantize stage writes."""
+    notes: list[str] = []
+    serve = recipe.serve
+    choice = serve.model if serve is not None else None
+    if choice == "original":
+        served, origin = base, "original"
+    elif choice == "quantized" or (choice is None and cand is not None):
+        assert cand is not None, "the recipe refuses serve.model: quantized without a quantize section"
+        served, origin = cand, "candidate"
+        if not cand.exists and not cand.load_quantization:
+            notes.append(f"the quantized model is not there yet ({cand.path}): " + (
+                "the run's quantize stage makes it" if made_by_run else
+                "run `infertool quantize` first, or set serve.model: original"))
+        reason = host_cannot_run(candidate_manifest(cand), host) if choice is None else None
+        if reason:
+            served, origin = base, "original"
+            notes.append(f"SERVING THE ORIGINAL MODEL, not the quantized one: its load check found that vLLM on "
+                         f"this host loads it but cannot run it ({reason}); set serve.model: quantized to try anyway")
+    elif choice is None:
+        served, origin = base, "original"
+    else:
+        p = Path(choice).expanduser()
+        exists = os.path.lexists(p / "config.json")
+        served = ModelRef("served", choice, str(p.absolute()), exists, choice, name=_name_of(choice),
+                          note=None if exists else f"serve.model {choice} is not a model directory (no config.json)")
+        origin = "serve.model"
+    return served, origin, notes
+
+
 def resolve(recipe: Recipe, overrides: Overrides | None = None, *, candidate_path: str | Path | None = None,
             materialize: bool = False, gpu: str | None = None, on_event: Callable | None = None) -> Resolution:
     """The one resolution of ``recipe`` (see the module docstring), the only place a ModelRef or a Target is made.
@@ -429,37 +470,16 @@ def resolve(recipe: Recipe, overrides: Overrides | None = None, *, candidate_pat
         cand = _candidate_ref(recipe, base, candidate_path or given_candidate)
         if cand is not None and given_candidate is not None and candidate_path is None:
             cand = _given_candidate(given_candidate, cand)
-    gpu = gpu or ov.gpu
-    notes: list[str] = []
-    serve = recipe.serve
-    choice = serve.model if serve is not None else None
-    if choice == "original":
-        served, origin = base, "original"
-    elif choice == "quantized" or (choice is None and cand is not None):
-        assert cand is not None, "the recipe refuses serve.model: quantized without a quantize section"
-        served, origin = cand, "candidate"
-        if not cand.exists and not cand.load_quantization:
-            notes.append(f"the quantized model is not there yet ({cand.path}): " + (
-                "the run's quantize stage makes it" if candidate_path else
-                "run `infertool quantize` first, or set serve.model: original"))
-        reason = host_cannot_run(candidate_manifest(cand), host) if choice is None else None
-        if reason:
-            served, origin = base, "original"
-            notes.append(f"SERVING THE ORIGINAL MODEL, not the quantized one: its load check found that vLLM on "
-                         f"this host loads it but cannot run it ({reason}); set serve.model: quantized to try anyway")
-    elif choice is None:
-        served, origin = base, "original"
-    else:
-        p = Path(choice).expanduser()
-        exists = os.path.lexists(p / "config.json")
-        served = ModelRef("served", choice, str(p.absolute()), exists, choice, name=_name_of(choice),
-                          note=None if exists else f"serve.model {choice} is not a model directory (no config.json)")
-        origin = "serve.model"
-    target = _target(recipe, host, gpu)
-    if not target.this_host:
-        notes.append(f"the recipe is for {target.count} x {target.gpu}; this host has no NVIDIA GPU: plans, dry runs "
-                     "and manifests describe the target, launches here are refused")
-    return Resolution(recipe, base, cand, served, origin, target, host, notes)
+    served, origin, notes = _served(recipe, base, cand, host, made_by_run=candidate_path is not None)
+    target = _target(recipe, host, gpu or ov.gpu)
+    return Resolution(recipe, base, cand, served, origin, target, host, notes + _target_notes(target))
+
+
+def _target_notes(target: Target) -> list[str]:
+    if target.this_host:
+        return []
+    return [f"the recipe is for {target.count} x {target.gpu}; this host has no NVIDIA GPU: plans, dry runs and "
+            "manifests describe the target, launches here are refused"]
 
 
 # ------------------------------------------------------------------------------------------- inputs

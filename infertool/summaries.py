@@ -13,35 +13,17 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
-from infertool.records import Record, as_str
+from infertool.records import Record, Sparse, as_str
+from infertool.verify.evidence import EvidenceBlock
 
 __all__ = [
-    "Summary", "StageSummary", "ModelSummary", "QuantizeSummary", "EvalSummary", "ProfileSummary", "ServeSummary",
-    "BenchSummary", "StageRecord", "RunManifest", "Smoke", "ResolvedModel", "Resolved", "EnvRecord",
+    "StageSummary", "ModelSummary", "QuantizeSummary", "EvalStageSummary", "ProfileSummary", "ServeSummary",
+    "BenchSummary", "StageRecord", "Published", "RunManifest", "Smoke", "ResolvedModel", "Resolved", "EnvRecord",
 ]
 
 
 @dataclass
-class Summary(Record):
-    """A record whose optional fields are left out of its JSON when they are None (``OMIT_NONE``), and whose
-    ``TRAILING`` fields come last: files keep the layout they had when these were plain dicts."""
-
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ()
-    TRAILING: ClassVar[tuple[str, ...]] = ()
-
-    def to_dict(self) -> dict:
-        d = super().to_dict()
-        for k in self.OMIT_NONE:
-            if k in d and d[k] is None:
-                del d[k]
-        for k in self.TRAILING:
-            if k in d:
-                d[k] = d.pop(k)
-        return d
-
-
-@dataclass
-class StageSummary(Summary):
+class StageSummary(Sparse):
     """What a stage's ``stage.json`` and the run manifest keep of its result. Every stage's summary derives from
     it; a stage's stand-in (a test, a plugin) may return a plain dict, read as the stage's summary type."""
 
@@ -81,7 +63,7 @@ class QuantizeSummary(StageSummary):
 
 
 @dataclass
-class EvalSummary(StageSummary):
+class EvalStageSummary(StageSummary):
     verdict: str | None = None  # PASS | FAIL | INCONCLUSIVE
     reason: str | None = None
     gates: list | None = None
@@ -142,7 +124,7 @@ SS = TypeVar("SS", bound=StageSummary)
 
 
 @dataclass
-class StageRecord(Summary):
+class StageRecord(Sparse):
     """One stage in the run manifest: its status (pending | running | done | reused | failed | interrupted),
     its cache key and entry, when and how long, its summary, the servers it used and the error it met."""
 
@@ -193,7 +175,20 @@ class EnvRecord(Record):
 
 
 @dataclass
-class RunManifest(Summary):
+class Published(Sparse):
+    """The manifest's ``published``: where the run published the checkpoint its eval scored (``path``), its
+    ``fingerprint`` and infertool.json's ``evidence`` block; or ``why`` it published none."""
+
+    path: str | None = None
+    fingerprint: str | None = None
+    evidence: EvidenceBlock | None = None
+    why: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("path", "fingerprint", "evidence", "why")
+
+
+@dataclass
+class RunManifest(Sparse):
     """``manifest.json`` of a run directory."""
 
     infertool: str | None = None
@@ -210,7 +205,7 @@ class RunManifest(Summary):
     run_dir: str | None = None
     servers: list[dict] | None = None  # the servers the run started (infertool.serve.pool's records)
     resolution: dict | None = None  # what the run served and scored, once it is over
-    published: dict | None = None  # {path, fingerprint} of the checkpoint it published (or {why} it published none)
+    published: Published | None = None  # the checkpoint it published (or why it published none)
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers", "resolution", "published")
 

@@ -568,10 +568,12 @@ def test_run_shares_the_load_checks_server_with_serve_and_bench(tmp_path, monkey
 
 
 def test_beside_warns_when_idle_servers_were_not_idle():
+    from infertool.pipeline.runner import beside_servers
+
     said = []
-    quiet = pipeline._beside(1, 0.05, 20.0, said.append)
+    quiet = beside_servers(1, 0.05, 20.0, said.append)
     assert quiet == {"servers": 1, "cpu_s": 0.05, "stage_s": 20.0, "core_share": 0.0025} and said == []
-    busy = pipeline._beside(2, 5.0, 20.0, said.append)
+    busy = beside_servers(2, 5.0, 20.0, said.append)
     assert busy["core_share"] == 0.25 and "25% of a core" in said[0]["message"] and said[0]["level"] == "warning"
 
 
@@ -603,18 +605,18 @@ def test_dry_run_says_which_launches_share_a_server(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
     r = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={})
     plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
-    assert [s["used_by"] for s in plan["servers"]] == [["serve", "bench: the sweep"], ["bench: the original"]]
+    assert [s.used_by for s in plan.servers] == [["serve", "bench: the sweep"], ["bench: the original"]]
     with_eval = recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={}, eval={"engine": "vllm"})
     plan = pipeline.plan_pipeline(with_eval, out_dir=tmp_path / "runs")
     # in graph order (eval before serve and bench)
-    assert [s["used_by"] for s in plan["servers"]] == [["eval: candidate", "serve", "bench: the sweep"],
+    assert [s.used_by for s in plan.servers] == [["eval: candidate", "serve", "bench: the sweep"],
                                                        ["eval: base", "bench: the original"]]
     # with the serve environment set up, quantize's load check serves the published checkpoint the same way
     from infertool.quantize import core as quantize
 
     monkeypatch.setattr(quantize, "load_check_runs", lambda res, verify=None: True)
     plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
-    assert [s["used_by"] for s in plan["servers"]] == [["quantize: load check", "serve", "bench: the sweep"],
+    assert [s.used_by for s in plan.servers] == [["quantize: load check", "serve", "bench: the sweep"],
                                                        ["bench: the original"]]
 
 
@@ -634,3 +636,121 @@ def test_pool_without_a_guard_leaves_servers_running(tmp_path, monkeypatch):
         pool.before_device_stage("eval", 1 << 30)
         assert not _stopped(srv) and pool.running() == [srv.key] and "paused_for" not in pool.records[0]
         assert any("not paused beside eval" in e["message"] for e in said)
+
+
+@pytest.fixture
+def quickstart_like(tmp_path, monkeypatch):
+    """The quickstart's graph with stand-in bodies over the real pool: quantize's load check serves the candidate
+    from its temporary entry, eval runs in-process (hf), serve's check and bench's sweep launch the published
+    candidate, bench's original the base, alone; the evidence's launch is the candidate's (its questions answered
+    by a stand-in that writes a sealed folder)."""
+    from infertool.serve import launch
+    from infertool.verify import capture
+    from tests.fakes import seal_evidence
+    from tests.test_publish import GATES, write_checkpoint
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
+    base = write_checkpoint(tmp_path / "base", fill=7)
+    seen: list[tuple[str, bool]] = []
+
+    def quantize(ctx):
+        write_checkpoint(ctx.work / "model", fill=3)
+        with launch(model_plan(tmp_path, ctx.work / "model"), pool=ctx.servers) as srv:
+            seen.append(("quantize", srv.reused))
+        return {"model": "model"}
+
+    def serving(name):
+        def fn(ctx):
+            with launch(model_plan(tmp_path, ctx.upstream["quantize"].dir / "model"), pool=ctx.servers,
+                        alone=name == "bench") as srv:
+                seen.append((name, srv.reused))
+            if name == "bench":
+                with launch(model_plan(tmp_path, base), pool=ctx.servers, alone=True) as srv:
+                    seen.append(("bench: the original", srv.reused))
+            return {"stage": name}
+        return fn
+
+    def fake_capture(client, out, *, model_fingerprint, **kw):
+        index = {"format": 1, "created": "2026-12-03T00:00:00+00:00", "k": 4, "engine": {}, "serve": {}, "host": {},
+                 "model_fingerprint": model_fingerprint, "files": {}, "missing": {}, "trimmed": {}, "caps": {}}
+        seen.append(("evidence", True))
+        return seal_evidence(Path(out), {"decode.json": {"prompts": []}}, index)
+
+    funcs = {n: (lambda ctx, n=n: {"stage": n}) for n in RUN_STAGES}
+    funcs.update(quantize=quantize, eval=lambda ctx: {"verdict": "PASS", "gates": GATES, "engine": "hf"},
+                 serve=serving("serve"), bench=serving("bench"))
+    use_bodies(monkeypatch, funcs)
+    def evidence_plan(res, ckpt, dry_run=False):
+        from dataclasses import replace
+
+        plan = model_plan(tmp_path, ckpt, "eval (candidate)")
+        return replace(plan, model=res.candidate_at(ckpt, exists=True))
+
+    monkeypatch.setattr(capture, "launch_plan", evidence_plan)
+    monkeypatch.setattr(capture, "capture", fake_capture)
+    r = validate_recipe_data({"name": "r", "model": {"source": str(base)}, "quantize": {"method": "gptq", "group_size": 32},
+                              "eval": {}, "serve": {}, "bench": {}})
+    return r, seen
+
+
+def test_quickstart_starts_vllm_twice_the_evidence_shares_the_candidates_server(quickstart_like, tmp_path):
+    """The evidence is captured while the candidate's server is up (after eval, before bench measures the
+    original alone): the candidate's one server (quantize's load check) answers quantize, the evidence, serve and
+    bench; the original's is the second start. Published with that evidence, copied."""
+    from infertool import publish
+    from infertool.verify import evidence
+
+    r, seen = quickstart_like
+    res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    m = json.loads((Path(res.run_dir) / "manifest.json").read_text())
+    assert [(s["started_by"], s["used_by"]) for s in m["servers"]] == [
+        ("quantize", ["quantize", "evidence", "serve", "bench"]), ("bench", ["bench"])]
+    assert seen == [("quantize", False), ("evidence", True), ("serve", True), ("bench", True),
+                    ("bench: the original", False)]
+    pub = Path(res.published.path)
+    assert evidence.read(pub / "evidence").index.model_fingerprint == res.published.fingerprint == publish.fingerprint(pub)
+    assert json.loads((pub / publish.FACTS).read_text())["evidence"]["files"] == 1
+    assert not (Path(res.run_dir) / ".evidence").exists()  # the early capture, published, is not left in the run
+
+
+def test_run_resolves_its_recipe_once(quickstart_like, tmp_path, monkeypatch):
+    """`run` resolves its recipe once and passes it down: every stage reads the run's resolution (from quantize's
+    entry on, with the candidate there), the evidence and the manifest too; its dry run resolves once as well."""
+    from conftest import cli_in_process
+    from infertool import resolve as resolving
+    from infertool.stages import builtin
+
+    r, _ = quickstart_like
+    calls: list = []
+    real = resolving.resolve
+
+    def counted(*args, **kwargs):
+        calls.append(args)
+        return real(*args, **kwargs)
+
+    seen: dict = {}
+
+    def reading(name, fn):
+        def body(ctx):
+            seen[name] = builtin.resolution(ctx)
+            return fn(ctx)
+        return body
+
+    use_bodies(monkeypatch, {n: reading(n, stages.get(n).run) for n in RUN_STAGES})
+    monkeypatch.setattr(resolving, "resolve", counted)
+    res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    assert len(calls) == 1
+    entry = str((Path(res.run_dir) / "quantize").resolve() / "model")
+    assert seen["model"] is seen["quantize"] and seen["eval"] is seen["serve"] is seen["bench"]
+    assert seen["eval"].candidate.path == entry and seen["eval"].candidate.exists
+    assert res.manifest.resolved.served_origin == "candidate"
+    assert (res.manifest.resolution or {})["candidate"]["path"] == entry
+    assert res.published.evidence["files"] == 1  # the evidence read the same resolution
+
+    calls.clear()
+    (tmp_path / "r.yaml").write_text(json.dumps({"name": "r", "model": {"source": r.model.source},
+                                                 "quantize": {"method": "gptq", "group_size": 32}, "eval": {}, "serve": {},
+                                                 "bench": {}}))
+    dry = cli_in_process("run", str(tmp_path / "r.yaml"), "--out", str(tmp_path / "runs"), "--dry-run")
+    assert dry.returncode == 0 and len(calls) == 1, dry.stdout + dry.stderr

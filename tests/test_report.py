@@ -468,12 +468,12 @@ def test_run_dry_run_shows_the_original_launch(tmp_path, monkeypatch):
     monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
     r = _recipe(tmp_path, quantize={"method": "gptq", "group_size": 64}, serve={}, bench={})
     plan = pipeline.plan_pipeline(r, out_dir=tmp_path / "runs")
-    assert list(plan["launches"]) == ["serve", "bench: the sweep", "bench: the original"]
-    orig = plan["launches"]["bench: the original"]
+    assert list(plan.launches) == ["serve", "bench: the sweep", "bench: the original"]
+    orig = plan.launches["bench: the original"]
     assert orig["model"] == str(tmp_path / "m") and orig["model_role"] == "base"
-    assert plan["launches"]["bench: the sweep"]["model_role"] == "candidate"
+    assert plan.launches["bench: the sweep"]["model_role"] == "candidate"
     plain = pipeline.plan_pipeline(_recipe(tmp_path, serve={}, bench={}), out_dir=tmp_path / "runs")
-    assert "bench: the original" not in plain["launches"]
+    assert "bench: the original" not in plain.launches
 
 
 def test_a_failing_original_arm_is_named(tmp_path, monkeypatch):

@@ -19,7 +19,7 @@ from infertool.errors import RecipeError, UsageError
 from infertool.stages import Stage, StageContext, cached_stage, stage_key
 from infertool.registry import Registry, RegistryError
 from infertool.stages.registry import check_stage
-from infertool.summaries import EvalSummary, ModelSummary, RunManifest, StageRecord, StageSummary
+from infertool.summaries import EvalStageSummary, ModelSummary, RunManifest, StageRecord, StageSummary
 
 
 def body(ctx: StageContext) -> dict:
@@ -186,10 +186,10 @@ def test_cache_returns_where_it_wrote_and_reads_back_typed(tmp_path):
         (work / "x.txt").write_text("x")
         return {"verdict": "FAIL", "reason": "mean KLD above 0.05"}
 
-    st = cached_stage(cache, "eval", "k1", fn, summary_type=EvalSummary)
+    st = cached_stage(cache, "eval", "k1", fn, summary_type=EvalStageSummary)
     assert st.status == "done" and st.work == seen[0] and not st.work.exists() and (st.entry / "x.txt").is_file()
-    assert isinstance(st.summary, EvalSummary) and st.summary.verdict_failed
-    again = cached_stage(cache, "eval", "k1", fn, summary_type=EvalSummary)
+    assert isinstance(st.summary, EvalStageSummary) and st.summary.verdict_failed
+    again = cached_stage(cache, "eval", "k1", fn, summary_type=EvalStageSummary)
     assert again.status == "reused" and again.work is None and len(seen) == 1
     assert again.summary == st.summary
     written = json.loads((st.entry / "stage.json").read_text())
@@ -264,14 +264,14 @@ def test_summaries_and_manifest_records_keep_the_file_layout():
     again = RunManifest.from_dict(json.loads(json.dumps(m.to_dict())))
     assert again.stages["model"].summary_as(ModelSummary).weight_bytes == 1000
     assert "servers" not in m.to_dict() and "resolution" not in m.to_dict()
-    assert not StageSummary().verdict_failed and EvalSummary(verdict="INCONCLUSIVE").verdict_failed
-    assert not EvalSummary(verdict="PASS").verdict_failed and not EvalSummary().verdict_failed
+    assert not StageSummary().verdict_failed and EvalStageSummary(verdict="INCONCLUSIVE").verdict_failed
+    assert not EvalStageSummary(verdict="PASS").verdict_failed and not EvalStageSummary().verdict_failed
 
 
 def test_a_stage_returning_a_plain_dict_reads_as_its_summary_type():
     st = stages.get("eval")
     got = st.summarize({"verdict": "PASS", "mine": 1})
-    assert isinstance(got, EvalSummary) and got.verdict == "PASS" and got.extra == {"mine": 1}
+    assert isinstance(got, EvalStageSummary) and got.verdict == "PASS" and got.extra == {"mine": 1}
     assert st.summarize(StageSummary(servers=[{"k": 1}])).servers == [{"k": 1}]
 
 

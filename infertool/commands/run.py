@@ -2,13 +2,16 @@
 
 
 import shlex
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
 from infertool.commands._common import (
     JSON_OPT, SET_OPT, InfertoolCommand, dry_run_opt, examples, handle_errors, out_opt, recipe_arg, usage_error,
 )
+
+if TYPE_CHECKING:
+    from infertool.pipeline.outcome import RunOutcome
 
 EXAMPLES = examples(
     ("infertool run quickstart", "model -> quantize -> eval -> profile -> serve -> bench"),
@@ -48,6 +51,7 @@ def run(
     the checkpoint is and the report."""
     from infertool.output import StageProgress, err, esc, out as stdout, print_json, visible
     from infertool.pipeline import plan_pipeline, run_pipeline
+    from infertool.pipeline.outcome import run_outcome
     from infertool.recipe import load_recipe
 
     from infertool.stages import check_recipe
@@ -66,39 +70,39 @@ def run(
         from infertool.commands._common import recipe_checks
         from infertool.resolve import resolve
 
-        recipe_checks(resolve(r), "run")  # the check registry: the same findings as validate, plan, serve --dry-run
-        plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again, publish=publish)
+        res = resolve(r)  # once: the plan reads it
+        recipe_checks(res, "run")  # the check registry: the same findings as validate, plan, serve --dry-run
+        plan = plan_pipeline(r, stages=chosen, out_dir=out, force=again, publish=publish, res=res)
         # what would stop a server (the launch lint: TP / PP against the model, KV capacity, reserved CPUs): exit 2
         # like `serve --dry-run`
-        errors = [(label, i) for label, launch in plan["launches"].items() for i in launch.get("lint", [])
+        errors = [(label, i) for label, launch in plan.launches.items() for i in launch.get("lint", [])
                   if i.get("level") == "error"]
-        allowed = {i["message"] for launch in plan["launches"].values() for i in launch.get("lint", [])
+        allowed = {i["message"] for launch in plan.launches.values() for i in launch.get("lint", [])
                    if i.get("field") == "serve.allow_code"}  # code the recipe lets load: said, once each
         if as_json:
-            print_json({"dry_run": True, "ok": not errors, **plan})
+            print_json({"dry_run": True, "ok": not errors, **plan.to_dict()})
             if errors:
                 raise typer.Exit(2)
             return
-        res = plan["resolution"]
-        stdout.print(f"serves: {res['served']['label']} ({res['served_origin']}) on {res['target']['kind']}", markup=False)
-        for note in [*res["notes"], *plan.get("notes", [])]:
+        served = plan.res.served
+        stdout.print(f"serves: {served.label} ({plan.res.served_origin}) on {plan.res.target.kind}", markup=False)
+        for note in [*plan.res.notes, *plan.notes]:
             stdout.print(f"note: {note}", markup=False, soft_wrap=True)
-        for name, st in plan["stages"].items():
-            stdout.print(f"{name}: {'reused' if st['reuse'] else 'runs'} ({st['entry']})", markup=False, soft_wrap=True)
-        for label, launch in plan["launches"].items():
+        for name, st in plan.stages.items():
+            stdout.print(f"{name}: {'reused' if st.reuse else 'runs'} ({st.entry})", markup=False, soft_wrap=True)
+        for label, launch in plan.launches.items():
             stdout.print(visible(f"{label}: {shlex.join(launch['argv'])}"), markup=False, soft_wrap=True)  # a shell line, quoted
-        pub = plan["publish"]
-        stdout.print(f"publishes: {pub['path']}" if pub.get("path") else f"publishes nothing: {pub['why']}",
+        stdout.print(f"publishes: {plan.publish}" if plan.publish else f"publishes nothing: {plan.why_not_published}",
                      markup=False, soft_wrap=True)
-        if pub.get("path"):
+        if plan.publish:
             ev = r.verify.evidence if r.verify is not None else None
             said = ("no evidence (--no-evidence)" if no_evidence else "no evidence (verify.evidence.enabled: false)"
                     if ev is not None and not ev.enabled else "with evidence/: the candidate served with the eval's "
                     "launch (candidate), its prompt log-probabilities and decode path")
             stdout.print(f"publishes {said}", markup=False, soft_wrap=True)
-        if plan["servers"]:
-            shared = [" + ".join(s["used_by"]) for s in plan["servers"] if len(s["used_by"]) > 1]
-            stdout.print(f"vLLM starts: {len(plan['servers'])} for {len(plan['launches'])} launches"
+        if plan.servers:
+            shared = [" + ".join(s.used_by) for s in plan.servers if len(s.used_by) > 1]
+            stdout.print(f"vLLM starts: {len(plan.servers)} for {len(plan.launches)} launches"
                          + (f" (one server for {'; for '.join(shared)})" if shared else ""), markup=False, soft_wrap=True)
         for message in sorted(allowed):
             err.print(f"warning: {message}", markup=False, soft_wrap=True, style="yellow")
@@ -122,62 +126,37 @@ def run(
     outcome = run_outcome(result)
     if as_json:
         print_json({"ok": result.ok, "run_dir": result.run_dir, "exit_code": result.exit_code,
-                    "stages": {n: rec.to_dict() for n, rec in result.stages.items()}, **outcome})
+                    "stages": {n: rec.to_dict() for n, rec in result.stages.items()}, **outcome.to_dict()})
     else:
         render_outcome(result.run_dir, outcome)
     if result.exit_code:
         raise typer.Exit(result.exit_code)
 
 
-def run_outcome(result) -> dict:
-    """What a run ends with, as data: the verdict and each gate (figure, threshold, status), where the evaluated
-    checkpoint was published (or why not), the report written into the run directory, and the serve commands."""
-    from infertool.errors import InfertoolError
-    from infertool.publish import serve_commands
-    from infertool.report import write_report
-
-    from infertool.summaries import EvalSummary
-
-    ev = result.stages.get("eval")
-    s = ev.summary_as(EvalSummary) if ev is not None and ev.summary is not None else None
-    gates = []
-    for g in getattr(s, "gates", None) or []:
-        g = g if isinstance(g, dict) else {}
-        if g.get("status") not in (None, "n/a"):
-            gates.append({k: g.get(k) for k in ("name", "estimate", "lo", "hi", "threshold", "status")})
-    try:
-        report = write_report(result.run_dir).files
-    except InfertoolError as e:
-        report = {"error": e.message}
-    return {"verdict": getattr(s, "verdict", None), "reason": getattr(s, "reason", None), "gates": gates,
-            "published": result.published, "report": report, "commands": serve_commands(str(result.run_dir))}
-
-
-def render_outcome(run_dir: str, o: dict) -> None:
+def render_outcome(run_dir: str, o: "RunOutcome") -> None:
     """The end of `run` on stderr (Rich, every value escaped): verdict, gates, the published checkpoint, the report."""
     from infertool.output import err, esc
 
-    def fig(v) -> str:
+    def fig(v: float | str | None) -> str:
         return f"{v:.4g}" if isinstance(v, float) else "-" if v is None else esc(v)
 
-    if o["verdict"]:
-        style = {"PASS": "bold green", "FAIL": "bold red"}.get(o["verdict"], "bold yellow")
-        err.print(f"verdict: [{style}]{esc(o['verdict'])}[/]" + (f" — {esc(o['reason'])}" if o.get("reason") else ""),
+    if o.verdict:
+        style = {"PASS": "bold green", "FAIL": "bold red"}.get(o.verdict, "bold yellow")
+        err.print(f"verdict: [{style}]{esc(o.verdict)}[/]" + (f" — {esc(o.reason)}" if o.reason else ""), soft_wrap=True)
+    for g in o.gates:
+        style = {"PASS": "green", "FAIL": "red"}.get(g.status or "", "yellow")
+        err.print(f"  {esc(g.name)}: {fig(g.estimate)} {esc('[')}{fig(g.lo)}, {fig(g.hi)}] vs threshold "
+                  f"{fig(g.threshold)}: [{style}]{esc(g.status)}[/]", soft_wrap=True)
+    pub = o.published
+    if pub is not None and pub.path:
+        failed = o.verdict not in ("PASS", None)
+        err.print(f"published: [bold]{esc(pub.path)}[/] (fingerprint {esc(str(pub.fingerprint)[:16])})"
+                  + (f" [bold red]with verdict {esc(o.verdict)}: see MODEL_CARD.md before serving it[/]" if failed else ""),
                   soft_wrap=True)
-    for g in o["gates"]:
-        style = {"PASS": "green", "FAIL": "red"}.get(g["status"], "yellow")
-        err.print(f"  {esc(g['name'])}: {fig(g['estimate'])} {esc('[')}{fig(g['lo'])}, {fig(g['hi'])}] vs threshold "
-                  f"{fig(g['threshold'])}: [{style}]{esc(g['status'])}[/]", soft_wrap=True)
-    pub = o.get("published") or {}
-    if pub.get("path"):
-        failed = o["verdict"] not in ("PASS", None)
-        err.print(f"published: [bold]{esc(pub['path'])}[/] (fingerprint {esc(str(pub.get('fingerprint'))[:16])})"
-                  + (f" [bold red]with verdict {esc(o['verdict'])}: see MODEL_CARD.md before serving it[/]" if failed else ""),
-                  soft_wrap=True)
-        err.print(f"serve it: {esc(o['commands']['serve'])}   on Kubernetes: {esc(o['commands']['k8s'])}", soft_wrap=True)
-    elif pub.get("why"):
-        err.print(f"published nothing: {esc(pub['why'])}", soft_wrap=True)
-    report = o.get("report") or {}
+        err.print(f"serve it: {esc(o.commands['serve'])}   on Kubernetes: {esc(o.commands['k8s'])}", soft_wrap=True)
+    elif pub is not None and pub.why:
+        err.print(f"published nothing: {esc(pub.why)}", soft_wrap=True)
+    report = o.report
     err.print(f"run directory: [bold]{esc(run_dir)}[/] (manifest.json); report: "
               + (f"[bold]{esc(report.get('report.html'))}[/] ({esc(report.get('report.md'))})" if "report.html" in report
                  else f"not written ({esc(report.get('error'))}): `infertool report {esc(shlex.quote(str(run_dir)))}`"),

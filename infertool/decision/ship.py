@@ -11,7 +11,7 @@ from infertool.backends import ACTIVATION_SCHEMES
 from infertool.decision.run import Names, Pair, RunData, Speed, model_names, speed, weights
 from infertool.evaluate.verdict import RULES, Gate, Rule
 from infertool.records import Record, as_float, as_int
-from infertool.summaries import EvalSummary
+from infertool.summaries import EvalStageSummary
 
 # ------------------------------------------------------------------------------------------- verdict
 def _rule(g: Gate) -> Rule | None:
@@ -206,7 +206,7 @@ class RunSummary(Record):
 def verdict_of(run: RunData) -> tuple[str | None, str | None, list[Gate]]:
     """The eval's verdict, reason and gates: results.json's, else what the manifest kept of them. A gate
     without a name is left out."""
-    ev, kept = run.eval, run.summary("eval", EvalSummary)
+    ev, kept = run.eval, run.summary("eval", EvalStageSummary)
     verdict = (ev and ev.verdict) or (kept and kept.verdict)
     reason = (ev and ev.reason) or (kept and kept.reason)
     gates = (ev and ev.gates) or [Gate.from_dict(g) for g in (kept and kept.gates) or [] if isinstance(g, dict)]

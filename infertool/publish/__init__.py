@@ -15,7 +15,8 @@ The evidence beside the weights is written through ``infertool.verify.capture``;
 from infertool.publish.card import model_card
 from infertool.publish.checkpoint import CARD, EVIDENCE, FACTS, MAX_DEPTH, fingerprint, refusals, said, short
 from infertool.publish.command import PublishOptions, PublishPlan, PublishResult, plan, run, source_recipe
-from infertool.publish.facts import (FACTS_VERSION, TUNE_PUBLISHED, CardFacts, Published, gate_rows, published_record,
+from infertool.summaries import Published
+from infertool.publish.facts import (FACTS_VERSION, TUNE_PUBLISHED, CardFacts, gate_rows, published_record,
                                      read_facts, run_facts, serve_commands)
 from infertool.publish.folder import (check_dest, env_folders, forbidden_for_run, ownership_refusal, publish_dir,
                                       publish_run, run_destination)

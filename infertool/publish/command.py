@@ -12,12 +12,12 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from infertool.errors import BackendError, UsageError
 from infertool.publish.checkpoint import (EVIDENCE, FACTS, beside, check_room, check_source, checkpoint_files,
                                           fingerprint, said)
-from infertool.publish.facts import (CardFacts, Published, claimed_facts, published_record, read_facts, recorded_path,
+from infertool.summaries import Published
+from infertool.publish.facts import (CardFacts, claimed_facts, published_record, read_facts, recorded_path,
                                      run_facts, tune_record, vouched)
 from infertool.publish.folder import EvidenceWriter, check_dest, env_folders, publish_dir
 from infertool.publish.served import check_fingerprint, recipe_of_run
-from infertool.records import Record
-from infertool.summaries import Summary
+from infertool.records import Record, Sparse
 
 if TYPE_CHECKING:
     from infertool.recipe import Recipe
@@ -47,7 +47,7 @@ class CaptureSpec(Record):
 
 
 @dataclass
-class EvidencePlan(Summary):
+class EvidencePlan(Sparse):
     """What publish does about ``DEST/evidence/``: one of capture, copies (a published source's folder), uploads,
     or missing (why there will be none)."""
 

@@ -22,7 +22,7 @@ from infertool.atomic import name_refusal
 from infertool.errors import UsageError
 from infertool.publish.checkpoint import said
 from infertool.records import Record, as_str
-from infertool.summaries import Summary
+from infertool.summaries import Published
 from infertool.verify.evidence import EvidenceBlock
 
 if TYPE_CHECKING:
@@ -114,25 +114,6 @@ class CardFacts(Record):
                                    shape=tuple(k for k in self.shape if k not in COPY_KEYS))
 
 
-@dataclass
-class Published(Summary):
-    """The manifest's ``published`` and a tune's ``published.json``: where the checkpoint was published, its
-    fingerprint and evidence; or why nothing was published."""
-
-    path: str | None = None
-    fingerprint: str | None = None
-    evidence: EvidenceBlock | None = None
-    why: str | None = None
-
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("evidence", "why")
-
-    @classmethod
-    def read(cls, data: object) -> Published:
-        """A record as strings only (a crafted one reads as nothing published, with its why)."""
-        got = cls.from_dict(data)
-        return cls(path=_text(got.path), fingerprint=_text(got.fingerprint), why=_text(got.why))
-
-
 def _text(v: str | None) -> str | None:
     return v if v and v.strip() else None
 
@@ -184,12 +165,12 @@ def run_facts(run_dir: Path, manifest: RunManifest) -> CardFacts:
     """What a run's card says: the source model, the method and its settings, the verdict and each gate, the
     run, its input fingerprints, the serve settings the candidate was scored with, the command that serves it."""
     from infertool import __version__
-    from infertool.summaries import EvalSummary
+    from infertool.summaries import EvalStageSummary
 
     recipe = manifest.recipe or {}
     q = recipe.get("quantize") or {}
     ev = manifest.stages.get("eval")
-    summary = ev.summary_as(EvalSummary) if ev is not None and ev.summary is not None else None
+    summary = ev.summary_as(EvalStageSummary) if ev is not None and ev.summary is not None else None
     resolved = manifest.resolved
     serve = (manifest.resolution or {}).get("serve") or {}
     return CardFacts(
@@ -224,7 +205,8 @@ def recorded_path(record_dir: Path, value: str) -> Path:
 
 def published_record(manifest: RunManifest) -> Published:
     """A manifest's ``published`` record as strings only (a crafted one reads as nothing published, with its why)."""
-    return Published.read(manifest.published)
+    got = manifest.published or Published()
+    return Published(path=_text(got.path), fingerprint=_text(got.fingerprint), why=_text(got.why))
 
 
 def tune_record(tune_dir: Path) -> tuple[Path, str]:

@@ -14,7 +14,8 @@ from infertool.errors import UsageError
 from infertool.publish.card import model_card
 from infertool.publish.checkpoint import (CARD, EVIDENCE, FACTS, check_room, check_source, checkpoint_files,
                                           fingerprint, said, short)
-from infertool.publish.facts import CardFacts, Published, read_facts, run_facts
+from infertool.summaries import Published
+from infertool.publish.facts import CardFacts, read_facts, run_facts
 from infertool.verify.evidence import EvidenceBlock
 
 if TYPE_CHECKING:

@@ -35,7 +35,8 @@ class StageOutput:
 class StageContext:
     """What a stage's ``run`` is given: the recipe it reads, the temporary directory it writes into (renamed
     into its entry when it returns), the outputs of the stages it depends on, where progress goes, the run's
-    servers, its options and what its graph gives besides the recipe (``job``: tune's trial and settings)."""
+    servers, its options, what its graph gives besides the recipe (``job``: tune's trial and settings) and the
+    graph's resolution (``res``: `run` resolves its recipe once, the candidate where its quantize stage wrote it)."""
 
     recipe: Recipe
     run_dir: Path | None
@@ -45,6 +46,7 @@ class StageContext:
     servers: ServerPool | None = None  # the run's pool; None: the stage launches and stops its own
     options: object | None = None  # an instance of its Stage.options dataclass (read with isinstance)
     job: Any = None  # Any: tune's TrialJob (tune sits above stages: no import of it here)
+    res: Resolution | None = None  # the graph's one resolution (`run`'s); None: the stage resolves its recipe
 
     def emit(self, message: str, level: str = "info") -> None:
         if self.on_event is not None:

@@ -15,7 +15,7 @@ from infertool.capability import RunContext
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.stages.base import Stage, StageContext
 from infertool.summaries import (
-    BenchSummary, EvalSummary, ModelSummary, ProfileSummary, QuantizeSummary, ServeSummary,
+    BenchSummary, EvalStageSummary, ModelSummary, ProfileSummary, QuantizeSummary, ServeSummary,
 )
 
 if TYPE_CHECKING:
@@ -31,13 +31,15 @@ class QuantizeStageOptions:
     verify: bool | None = None
 
 
-def resolution(ctx: StageContext, candidate=None):
-    """The recipe's one resolution, with the candidate where this graph's quantize stage wrote it (``candidate``:
-    where the quantize stage itself writes it)."""
+def resolution(ctx: StageContext) -> Resolution:
+    """The graph's one resolution (``ctx.res``: `run`'s, with the candidate where its quantize stage wrote it); a
+    graph that passes none (tune) resolves the stage's recipe, with the candidate where its quantize stage wrote it."""
+    if ctx.res is not None:
+        return ctx.res
     from infertool.resolve import resolve
 
     q = ctx.dir_of("quantize")
-    return resolve(ctx.recipe, candidate_path=candidate or (q / "model" if q is not None else None))
+    return resolve(ctx.recipe, candidate_path=q / "model" if q is not None else None)
 
 
 def _run_context(ctx: StageContext, user: str) -> RunContext:
@@ -56,7 +58,7 @@ def run_model(ctx: StageContext) -> ModelSummary:
 
     res = resolution(ctx)
     base = res.ensure(res.base, on_event=ctx.on_event)
-    info = model_info(base.path)
+    info = model_info(base.dir)
     return ModelSummary(path=base.path, source=base.source, label=base.label, layers=info.num_layers,
                         weight_bytes=info.weight_bytes, hidden=info.hidden_size, kv_heads=info.num_key_value_heads)
 
@@ -69,12 +71,12 @@ def run_quantize(ctx: StageContext) -> QuantizeSummary:
 
     out = ctx.work / "model"
     verify = ctx.options.verify if isinstance(ctx.options, QuantizeStageOptions) else None
-    p = quantize.plan(resolution(ctx, out), quantize.QuantizeOptions(out=out, verify=verify, force=True),
+    p = quantize.plan(resolution(ctx).with_candidate(out), quantize.QuantizeOptions(out=out, verify=verify, force=True),
                       on_event=ctx.on_event)
     result = quantize.run(p, RunContext(on_event=ctx.on_event, servers=ctx.servers, user="quantize"))
     write_json(ctx.work / "quantize.json", result)
     return QuantizeSummary(model="model", method=result.method, backend=result.backend, size=result.size,
-                           label=(result.resolution or {}).get("candidate", {}).get("label"),
+                           label=result.resolved.candidate.label,
                            verify=short_verify(result.verify.to_dict() if result.verify else None),
                            held_out=short_held_out(result.held_out),
                            timings=result.timings)
@@ -95,14 +97,14 @@ def short_held_out(h: dict | None) -> dict | None:
 
 
 # ------------------------------------------------------------------------------------------- eval
-def run_eval(ctx: StageContext) -> EvalSummary:
+def run_eval(ctx: StageContext) -> EvalStageSummary:
     """The candidate against its original on the recipe's eval (results.json, items.jsonl, the histogram)."""
     from infertool import evaluate
 
     if ctx.dir_of("quantize") is None:
         raise UsageError("the eval stage compares the quantized model with its original: the recipe needs a quantize section")
     result = evaluate.run(evaluate.plan(resolution(ctx), evaluate.EvalOptions()), _run_context(ctx, "eval"))
-    return EvalSummary.from_dict(result.summary().to_dict())
+    return EvalStageSummary.from_dict(result.summary().to_dict())
 
 
 # ---------------------------------------------------------------------------------------- profile
@@ -131,7 +133,7 @@ def run_serve(ctx: StageContext) -> ServeSummary:
         text = _smoke(srv)
         ready_s = srv.ready_s
     return ServeSummary(ready_s=round(ready_s, 1), model=plan.spec.model, label=plan.model.label, log=str(srv.log_path),
-                        served=res.served_origin, argv=srv.plan.spec.to_dict()["argv"], kv_cache=plan.kv,
+                        served=res.served_origin, argv=list(srv.plan.spec.argv), kv_cache=plan.kv,
                         smoke={"prompt": SMOKE_PROMPT, "completion": text}, note="; ".join(res.notes) or None)
 
 
@@ -241,7 +243,7 @@ QUANTIZE_STAGE = Stage("quantize", run_quantize, QuantizeSummary, sections=("qua
                        depends=("model",), asked_by="quantize", device=True, graphs=("run", "tune"),
                        options=QuantizeStageOptions, launches=quantize_launches,
                        doc="the candidate: the base quantized, with its load check")
-EVAL_STAGE = Stage("eval", run_eval, EvalSummary, sections=("eval", "serve", "target"), inputs=("suite", "phases"), host=True,
+EVAL_STAGE = Stage("eval", run_eval, EvalStageSummary, sections=("eval", "serve", "target"), inputs=("suite", "phases"), host=True,
                    depends=("model", "quantize"), asked_by="eval",
                    device=lambda r: _engine(r, "eval") == "hf", server=lambda r: _engine(r, "eval") == "vllm",
                    launches=eval_launches,

@@ -13,8 +13,8 @@ from infertool.bench.results import Cost, Goodput, Latency
 from infertool.bench.results import Summary as BenchSummary
 from infertool.evaluate.lossless import Lossless
 from infertool.evaluate.verdict import Gate
-from infertool.records import Record
-from infertool.summaries import StageSummary, Summary
+from infertool.records import Record, Sparse
+from infertool.summaries import StageSummary
 
 # a serve setting's value as the recipe spells it: JSON, a scalar or (speculative) a mapping; kept as it is
 ServeValue = object
@@ -218,7 +218,7 @@ class CapacityResult(StageSummary):
 
 
 @dataclass
-class DecodeCheck(Summary):
+class DecodeCheck(Sparse):
     """The roofline's decode prediction against the measurement at the largest load meeting the SLO."""
 
     predicted_tokens_per_s: float | None = None
@@ -230,7 +230,7 @@ class DecodeCheck(Summary):
 
 
 @dataclass
-class TrialStage(Summary):
+class TrialStage(Sparse):
     """A stage a trial used: its cache entry, done or reused, how long."""
 
     entry: str | None = None
@@ -239,7 +239,7 @@ class TrialStage(Summary):
 
 
 @dataclass
-class CandidateRecord(Summary):
+class CandidateRecord(Sparse):
     index: int | None = None
     spec: dict[str, object] | None = None  # the merged quantize section (recipe data); None: the original model
     label: str | None = None
@@ -247,7 +247,7 @@ class CandidateRecord(Summary):
 
 
 @dataclass
-class PredictionRecord(Summary):
+class PredictionRecord(Sparse):
     """What the plan predicts of a trial before anything is measured (``infertool.tune.space.predict``)."""
 
     fits: bool = True
@@ -267,7 +267,7 @@ class PredictionRecord(Summary):
 
 
 @dataclass
-class Screening(Summary):
+class Screening(Sparse):
     """A trial's accuracy screening (``space.Trial.screening``): its own, served with the serve settings that can
     change outputs (``space.OUTPUT_SETTINGS``), or shared (its candidate's, or the reference itself)."""
 
@@ -281,7 +281,7 @@ class Screening(Summary):
 
 
 @dataclass
-class MachineInfo(Summary):
+class MachineInfo(Sparse):
     """A trial's machine kind as tune.json says it (``space.machine_info``): its name and price, the GPUs the trial
     takes and what that costs per hour, and how Ray finds it."""
 
@@ -306,7 +306,7 @@ class TrialError(Record):
 
 
 @dataclass
-class TuneDecision(Summary):
+class TuneDecision(Sparse):
     """tune.json's decision (``search.decide``): the winner, the runner-up and the margin between them with its
     interval, whether the objective intervals tie (and which), the tie rule and why, in words."""
 
@@ -343,7 +343,7 @@ class TuneCost(Record):
 
 
 @dataclass
-class TrialRecord(Summary):
+class TrialRecord(Sparse):
     """One trial (a candidate x a serving setting): its status (pending | pruned | done | failed | interrupted |
     skipped), the stages it used, its accuracy, capacity and objective (lower is better; None: not measured),
     and why it lost. <tune dir>/trials/<id>/manifest.json holds it with the trial's recipe."""
@@ -406,7 +406,7 @@ class TrialRecord(Summary):
 
 
 @dataclass
-class SpaceInfo(Summary):
+class SpaceInfo(Sparse):
     """tune.json's search space (``core.Plan.to_dict``): its size and axes, how many trials were planned, whether
     they are a sample and which sampler picked them."""
 
@@ -424,7 +424,7 @@ class SpaceInfo(Summary):
 
 
 @dataclass
-class TuneDoc(Summary):
+class TuneDoc(Sparse):
     """tune.json: the tune's settings, every trial, the winner and the Pareto front."""
 
     recipe: str = ""
@@ -454,7 +454,7 @@ class TuneDoc(Summary):
 
 # ----------------------------------------------------------------------------------------- per class
 @dataclass
-class ClassRoute(Summary):
+class ClassRoute(Sparse):
     """One traffic class of a per-class tune (routing.json's ``classes``): its share and SLO, its own winner,
     the configuration it is routed to (its winner, or the one configuration that serves every class), that
     configuration's largest load under the class's SLO per replica (concurrency, and requests/s) with its
@@ -483,7 +483,7 @@ class ClassRoute(Summary):
 
 
 @dataclass
-class RoutedDeployment(Summary):
+class RoutedDeployment(Sparse):
     """One Deployment of a per-class tune (routing.json's ``deployments``): a configuration, its recipe, the
     classes routed to it and the replicas their peaks need (ceil of the sum of peak / load per replica)."""
 
@@ -495,7 +495,7 @@ class RoutedDeployment(Summary):
 
 
 @dataclass
-class BlendedCost(Summary):
+class BlendedCost(Sparse):
     """$ per 1M output tokens over the whole traffic: each class's $/1M weighted by its share (``classes``: the
     configuration each class is served by), with the interval from the classes' interval ends."""
 
@@ -507,7 +507,7 @@ class BlendedCost(Summary):
 
 
 @dataclass
-class RoutingTable(Summary):
+class RoutingTable(Sparse):
     """routing.json: what a per-class tune decided. Each class routed to a configuration (``classes``), the
     Deployments that serve them (``deployments``, one when ``one_deployment``), the header and Gateway the
     HTTPRoute uses, and what the per-class answer costs against the best single configuration."""

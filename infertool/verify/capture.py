@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from infertool.atomic import atomic_dir, dumps_json, write_bytes
 from infertool.errors import UsageError
-from infertool.summaries import Summary
+from infertool.records import Sparse
 from infertool.verify import evidence as E
 
 if TYPE_CHECKING:
@@ -113,7 +113,7 @@ def questions(recipe: Recipe) -> Questions:
 
 # ------------------------------------------------------------------------------------------ facts
 @dataclass
-class EngineFacts(Summary):
+class EngineFacts(Sparse):
     """The engine a server ran under (evidence.json's ``engine``, verify.json's with its label): the managed
     environment whose python started it (its name, as `env list` shows it), its vLLM package and version and the
     versions of what vLLM runs on; ``python`` when it is not a managed environment's."""

@@ -26,8 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.evaluate.verdict import Gate
-from infertool.records import Record
-from infertool.summaries import Summary
+from infertool.records import Record, Sparse
 from infertool.verify import evidence as E
 from infertool.verify.score import LmevalScore, PromptScore
 
@@ -138,7 +137,7 @@ class EvidenceSeen(Record):
 
 
 @dataclass
-class Timing(Summary):
+class Timing(Sparse):
     """verify.json's ``timing``, in seconds: each there when it was measured."""
 
     ready_s: float | None = None  # the server's start (not with --url)

@@ -29,8 +29,7 @@ from infertool.evaluate.core import summarize_perplexity
 from infertool.evaluate.decode import compare
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
-from infertool.records import Record
-from infertool.summaries import Summary
+from infertool.records import Record, Sparse
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
 RULES: dict[str, Rule] = {
@@ -134,7 +133,7 @@ def _obj(value: object) -> dict[str, Any]:  # Any: JSON values
 
 
 @dataclass
-class LmevalTask(Summary):
+class LmevalTask(Sparse):
     """One lm-eval task of ``LmevalScore``: its documents counted, the agreement, or why there is none."""
 
     documents: int = 0  # scored by both with a shared metric
