@@ -14,11 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from infertool.records import Record, Sparse, as_str
-from infertool.verify.evidence import EvidenceBlock
 
 __all__ = [
     "StageSummary", "ModelSummary", "QuantizeSummary", "EvalStageSummary", "ProfileSummary", "ServeSummary",
-    "BenchSummary", "StageRecord", "Published", "RunManifest", "Smoke", "ResolvedModel", "Resolved", "EnvRecord",
+    "BenchSummary", "StageRecord", "EvidenceBlock", "Published", "RunManifest", "Smoke", "ResolvedModel", "Resolved", "EnvRecord",
 ]
 
 
@@ -172,6 +171,32 @@ class EnvRecord(Record):
     variant: str | None = None
     packages: dict = field(default_factory=dict)  # name -> version
     fingerprint: str | None = None
+
+
+@dataclass
+class EvidenceBlock(Record):
+    """infertool.json's and the manifest's ``evidence`` (``verify.evidence.block_of`` an index written or copied): the evidence's fingerprint (its index's content_sha256),
+    its bytes and files, the engine it was recorded under, what it lacks and what was trimmed (names); or, when no
+    evidence was written, only ``missing``: why (a string)."""
+
+    fingerprint: str | None = None
+    bytes: int = 0
+    files: int = 0
+    engine: str | None = None
+    missing: list[str] | str = field(default_factory=list)
+    trimmed: list[str] = field(default_factory=list)
+
+    @classmethod
+    def absent(cls, why: str) -> EvidenceBlock:
+        return cls(missing=why)
+
+    @property
+    def why_missing(self) -> str:
+        """Why there is no evidence (the block of one that is not there)."""
+        return self.missing if isinstance(self.missing, str) else "not captured"
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        return super().to_dict() if self.fingerprint else {"missing": self.missing, **self.extra}
 
 
 @dataclass

@@ -47,5 +47,5 @@ def test_evidence_from_a_real_vllm_server(serve_python, tmp_path):
     assert index["missing"] == {"lmeval": "the run's eval scored no lm-eval tasks"}
     total = sum(f.stat().st_size for f in (tmp_path / "evidence").iterdir())
     assert total <= index["caps"]["max_bytes"]
-    print(f"evidence: {total} bytes, {index['caps']['max_bytes']} cap, engine {evidence.EvidenceBlock.of(evidence.EvidenceIndex.from_dict(index)).engine}, "
+    print(f"evidence: {total} bytes, {index['caps']['max_bytes']} cap, engine {evidence.block_of(evidence.EvidenceIndex.from_dict(index)).engine}, "
           f"trimmed {index['trimmed']}")

@@ -746,7 +746,7 @@ def test_run_resolves_its_recipe_once(quickstart_like, tmp_path, monkeypatch):
     assert seen["eval"].candidate.path == entry and seen["eval"].candidate.exists
     assert res.manifest.resolved.served_origin == "candidate"
     assert (res.manifest.resolution or {})["candidate"]["path"] == entry
-    assert res.published.evidence["files"] == 1  # the evidence read the same resolution
+    assert res.published.evidence is not None and res.published.evidence.files == 1  # the evidence read the same resolution
 
     calls.clear()
     (tmp_path / "r.yaml").write_text(json.dumps({"name": "r", "model": {"source": r.model.source},

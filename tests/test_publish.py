@@ -277,7 +277,7 @@ def test_card_facts_keep_the_keys_and_order_they_were_written_with(tmp_path):
     """infertool.json read back and written again (a tune's card re-published) keeps its keys in their order, the
     copy's fingerprint, path and evidence last; a card of a newer format is refused naming the file."""
     from infertool.publish.facts import CardFacts
-    from infertool.verify.evidence import EvidenceBlock
+    from infertool.summaries import EvidenceBlock
 
     tune = {"v": 1, "infertool": "0.1", "published": "t", "source_model": {"source": "s", "label": "s"},
             "method": {"method": "gptq"}, "label": "L", "verdict": "PASS", "reason": "r", "gates": GATES[1:],

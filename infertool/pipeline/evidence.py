@@ -11,7 +11,7 @@ from infertool.errors import InfertoolError
 from infertool.pipeline.graph import RunGraph, why_not_published
 from infertool.stages import StageOutput
 from infertool.summaries import Published, RunManifest
-from infertool.verify.evidence import EvidenceBlock
+from infertool.summaries import EvidenceBlock
 
 if TYPE_CHECKING:
     from infertool.resolve import Resolution

@@ -23,7 +23,7 @@ from infertool.errors import UsageError
 from infertool.publish.checkpoint import said
 from infertool.records import Record, as_str
 from infertool.summaries import Published
-from infertool.verify.evidence import EvidenceBlock
+from infertool.summaries import EvidenceBlock
 
 if TYPE_CHECKING:
     from infertool.summaries import RunManifest

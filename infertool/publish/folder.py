@@ -16,7 +16,7 @@ from infertool.publish.checkpoint import (CARD, EVIDENCE, FACTS, check_room, che
                                           fingerprint, said, short)
 from infertool.summaries import Published
 from infertool.publish.facts import CardFacts, read_facts, run_facts
-from infertool.verify.evidence import EvidenceBlock
+from infertool.summaries import EvidenceBlock
 
 if TYPE_CHECKING:
     from infertool.recipe import Recipe

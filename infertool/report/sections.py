@@ -121,19 +121,19 @@ def _ship_section(run_dir: Path, run: RunData) -> Section | None:
     commands that serve it (checked by that fingerprint) here and on Kubernetes; or why nothing was published."""
     import shlex
 
-    pub = run.manifest.published if isinstance(run.manifest.published, dict) else None
-    if not pub:
+    pub = run.manifest.published
+    if pub is None or not pub.to_dict():
         return None
     sec = Section("ship", "Ship it")
-    if not isinstance(pub.get("path"), str):
-        sec.blocks.append(P("Nothing was published: ", str(pub.get("why") or "the run did not say why"), "."))
+    if pub.path is None:
+        sec.blocks.append(P("Nothing was published: ", str(pub.why or "the run did not say why"), "."))
         return sec
     ev = run.manifest.stages.get("eval")  # results.json's verdict, else the manifest's record of the eval stage
     verdict = (run.eval.verdict if run.eval is not None else None) or \
         (ev.summary_as(EvalStageSummary).verdict if ev is not None and ev.summary is not None else None)
     where = shlex.quote(str(run_dir.absolute()))
-    sec.blocks.append(P("The checkpoint the eval scored is published at ", Code(pub["path"]), " (fingerprint ",
-                        Code(str(pub.get("fingerprint"))), ") with MODEL_CARD.md and infertool.json beside it; verdict ",
+    sec.blocks.append(P("The checkpoint the eval scored is published at ", Code(pub.path), " (fingerprint ",
+                        Code(str(pub.fingerprint)), ") with MODEL_CARD.md and infertool.json beside it; verdict ",
                         Bold(str(verdict or "not scored")), "."))
     if verdict not in ("PASS", None):
         sec.blocks.append(P(Bold(f"The verdict is {verdict}:"), " it is published so that you can decide; read the "

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from infertool.atomic import atomic_dir, dumps_json, write_bytes
 from infertool.errors import UsageError
 from infertool.records import Sparse
+from infertool.summaries import EvidenceBlock
 from infertool.verify import evidence as E
 
 if TYPE_CHECKING:
@@ -461,15 +462,15 @@ def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path,
 def writer(res: Resolution, checkpoint: str | Path, *, pool: ServerPool | None = None,
            on_event: Callable[[dict[str, Any]], None] | None = None,  # Any: an event's JSON values
            log_dir: str | Path | None = None, lmeval_answer: Path | None = None, lmeval_why: str | None = None,
-           strict: bool = True) -> Callable[[Path, str], E.EvidenceBlock]:
+           strict: bool = True) -> Callable[[Path, str], EvidenceBlock]:
     """``publish.publish_dir``'s evidence writer: ``capture_checkpoint`` into the folder it is given, infertool.json's
     block back. ``strict`` False (`run`, `tune`): a capture that fails (no serve environment, a server that does
     not start) publishes the checkpoint without evidence, the reason in its card, instead of failing the run."""
     from infertool.errors import InfertoolError
 
-    def write(folder: Path, fp: str) -> E.EvidenceBlock:
+    def write(folder: Path, fp: str) -> EvidenceBlock:
         try:
-            return E.EvidenceBlock.of(E.EvidenceIndex.from_dict(capture_checkpoint(
+            return E.block_of(E.EvidenceIndex.from_dict(capture_checkpoint(
                 res, checkpoint, folder, fingerprint=fp, pool=pool, on_event=on_event, log_dir=log_dir,
                 lmeval_answer=lmeval_answer, lmeval_why=lmeval_why)))
         except InfertoolError as e:
@@ -484,7 +485,7 @@ def writer(res: Resolution, checkpoint: str | Path, *, pool: ServerPool | None =
             why = f"not captured: {type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"
         if on_event:
             on_event({"event": "log", "level": "warning", "message": f"evidence {why}"})
-        return E.EvidenceBlock.absent(why)
+        return EvidenceBlock.absent(why)
 
     return write
 
@@ -503,10 +504,10 @@ def lmeval_source(recipe: Recipe, eval_dir: Path | None) -> tuple[Path | None, s
     return Path(eval_dir) / "logs" / "lm_eval-candidate.json", None
 
 
-def copier(source: Path) -> Callable[[Path, str], E.EvidenceBlock]:
+def copier(source: Path) -> Callable[[Path, str], EvidenceBlock]:
     """The evidence writer of a published source: its evidence folder, read and checked (``evidence.read``: hashes,
     caps), for the same weights (its model fingerprint), copied whole."""
-    def write(folder: Path, fp: str) -> E.EvidenceBlock:
+    def write(folder: Path, fp: str) -> EvidenceBlock:
         ev = E.read(source)
         if ev.index.model_fingerprint != fp:
             raise E.EvidenceError(f"{source}: its evidence is of another checkpoint (model fingerprint "
@@ -517,6 +518,6 @@ def copier(source: Path) -> Callable[[Path, str], E.EvidenceBlock]:
         with atomic_dir(folder) as tmp:
             for name in (*ev.index.files, E.INDEX):
                 copy_file(source / name, tmp / name)
-        return E.EvidenceBlock.of(E.read(folder).index)
+        return E.block_of(E.read(folder).index)
 
     return write

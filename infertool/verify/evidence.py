@@ -29,6 +29,7 @@ from typing import Any
 
 from infertool.errors import UsageError
 from infertool.records import Record
+from infertool.summaries import EvidenceBlock
 
 FORMAT = 1
 DIRNAME = "evidence"
@@ -88,37 +89,11 @@ class EvidenceIndex(Record):
         return " ".join(str(x) for x in (self.engine.get("package"), self.engine.get("version")) if x) or None
 
 
-@dataclass
-class EvidenceBlock(Record):
-    """infertool.json's ``evidence`` (``of`` an index written or copied): the evidence's fingerprint (its index's content_sha256),
-    its bytes and files, the engine it was recorded under, what it lacks and what was trimmed (names); or, when no
-    evidence was written, only ``missing``: why (a string)."""
-
-    fingerprint: str | None = None
-    bytes: int = 0
-    files: int = 0
-    engine: str | None = None
-    missing: list[str] | str = field(default_factory=list)
-    trimmed: list[str] = field(default_factory=list)
-
-    @classmethod
-    def absent(cls, why: str) -> EvidenceBlock:
-        return cls(missing=why)
-
-    @classmethod
-    def of(cls, index: EvidenceIndex) -> EvidenceBlock:
-        """The block of an index written (``capture``) or read back (a copied folder's)."""
-        return cls(fingerprint=index.content_sha256 or None, bytes=sum(f.bytes for f in index.files.values()),
-                   files=len(index.files), engine=index.engine_label, missing=sorted(index.missing),
-                   trimmed=sorted(index.trimmed))
-
-    @property
-    def why_missing(self) -> str:
-        """Why there is no evidence (the block of one that is not there)."""
-        return self.missing if isinstance(self.missing, str) else "not captured"
-
-    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
-        return super().to_dict() if self.fingerprint else {"missing": self.missing, **self.extra}
+def block_of(index: EvidenceIndex) -> EvidenceBlock:
+    """infertool.json's ``evidence`` block of an index written (``capture``) or read back (a copied folder's)."""
+    return EvidenceBlock(fingerprint=index.content_sha256 or None, bytes=sum(f.bytes for f in index.files.values()),
+                         files=len(index.files), engine=index.engine_label, missing=sorted(index.missing),
+                         trimmed=sorted(index.trimmed))
 
 
 @dataclass
