@@ -19,7 +19,7 @@ from infertool.backends.base import (
 )
 from infertool.errors import UsageError
 from infertool.registry import Registry, RegistryError
-from infertool.tasks import Task
+from infertool.tasks import WorkerTask
 
 if TYPE_CHECKING:
     from infertool.perf.host import HostFacts
@@ -102,11 +102,11 @@ def env_of(method: str, name: str | None = None) -> str | None:
     return get(method, name).env
 
 
-def worker_tasks() -> Iterator[tuple[str, Task]]:
+def worker_tasks() -> Iterator[tuple[str, WorkerTask]]:
     """Every backend's worker tasks (a source of the task registry, ``infertool.tasks``)."""
     for b in all_backends():
         for t in b.tasks:
-            yield t["name"], Task(**t)
+            yield t["name"], WorkerTask(**t)
 
 
 # ----------------------------------------------------------------------------------------- the recipe schema

@@ -72,7 +72,7 @@ def kv_fit(ctx: Context) -> list[Finding]:
         p = planning.plan(ctx.res)
     except UsageError as e:
         raise Skip(f"no memory plan: {e.message}") from None
-    tokens, max_len = p.capacity["kv_tokens"], p.capacity["max_model_len"]
+    tokens, max_len = p.capacity.kv_tokens, p.capacity.max_model_len
     if tokens >= max_len:
         return []
     d = p.device

@@ -31,7 +31,7 @@ from infertool.errors import (
     UsageError,
 )
 from infertool.procs import stop_group, tied
-from infertool.tasks import Task, get_task
+from infertool.tasks import WorkerTask, get_task
 
 EventCallback = Callable[[dict], None]
 
@@ -59,7 +59,7 @@ def modules_available(modules: tuple[str, ...]) -> bool:
     return True
 
 
-def choose_runner(task: Task, in_process: bool | None = None) -> str:
+def choose_runner(task: WorkerTask, in_process: bool | None = None) -> str:
     """'in-process' when allowed and the task's modules import here, else the task's environment.
 
     INFERTOOL_IN_PROCESS=0 forces workers; =1 forces in-process (fails if modules are missing).
@@ -259,7 +259,7 @@ def _read_events(streams: _WorkerStreams, sink: EventCallback) -> tuple[dict | N
 
 
 def run_worker(
-    task: Task,
+    task: WorkerTask,
     python: Path,
     spec_path: Path,
     log_path: Path,

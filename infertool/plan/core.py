@@ -12,6 +12,7 @@ from infertool.errors import UsageError
 from infertool.models.weights import WeightFacts, arch_from_info, estimated_weights, measured_weights
 from infertool.perf import roofline
 from infertool.perf.roofline import Arch
+from infertool.plan.facts import Capacity, KVCache, MoE, PlannedModel
 from infertool.plan.memory import MAX_MEMORY_GIB, cpu_memory, gpu_memory, kv_capacity, largest_batch
 from infertool.plan.speed import calibrate, decode_cost, fleet_sizing, roofline_rows, tp_advice
 from infertool.records import Record
@@ -37,11 +38,11 @@ class PlanResult(Record):
     """The plan (`infertool plan --json`): the model, the device, KV cache and memory, capacity, whether it fits
     (and why not), the decode roofline bound and tensor-parallel advice."""
 
-    model: dict = field(default_factory=dict)
+    model: PlannedModel = field(default_factory=PlannedModel)
     device: dict = field(default_factory=dict)
-    kv: dict = field(default_factory=dict)
+    kv: KVCache = field(default_factory=KVCache)
     memory: dict = field(default_factory=dict)
-    capacity: dict = field(default_factory=dict)
+    capacity: Capacity = field(default_factory=Capacity)
     fits: bool = False
     reasons: list[str] = field(default_factory=list)
     roofline: dict = field(default_factory=dict)
@@ -201,11 +202,8 @@ def _parallel_lines(res: Resolution, serve: ServeSection) -> dict:
     return out
 
 
-def _model_facts(res: Resolution, arch: Arch, weights: WeightFacts) -> dict:
-    return {
-        "label": res.served.label, "served": res.served_origin, "source": weights.source, "how": weights.how,
-        "quantization": weights.quantization, "weight_bytes": weights.total_bytes, "params_total": arch.total_params,
-        "params_active_linear": arch.linear_params_active, "layers": arch.layers, "hidden": arch.hidden,
-        "heads": arch.heads, "kv_heads": arch.kv_heads, "head_dim": arch.head_dim, "vocab": arch.vocab,
-        "moe": {"experts": arch.num_experts, "per_token": arch.experts_per_tok} if arch.is_moe else None,
-    }
+def _model_facts(res: Resolution, arch: Arch, weights: WeightFacts) -> PlannedModel:
+    return PlannedModel(res.served.label, res.served_origin, weights.source, weights.how, weights.quantization,
+                        weights.total_bytes, arch.total_params, arch.linear_params_active, arch.layers, arch.hidden,
+                        arch.heads, arch.kv_heads, arch.head_dim, arch.vocab,
+                        MoE(arch.num_experts or 0, arch.experts_per_tok or 0) if arch.is_moe else None)

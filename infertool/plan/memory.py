@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 from infertool.errors import UsageError
 from infertool.perf import hardware, roofline
 from infertool.perf.host import memory_total_bytes
+from infertool.plan.facts import Capacity, KVCache
 
 if TYPE_CHECKING:
     from infertool.models.weights import WeightFacts
@@ -124,7 +125,7 @@ def cpu_memory(serve: ServeSection, weights: WeightFacts, reasons: list[str], no
 
 
 def kv_capacity(serve: ServeSection, mem: Memory, kv_tok: float, kv_tok_gpu: float, model_dtype: str | None, max_model_len: int,
-                 reasons: list[str]) -> tuple[dict, dict]:
+                 reasons: list[str]) -> tuple[KVCache, Capacity]:
     """vLLM's block arithmetic: blocks = KV memory // (block size x KV bytes per token); (kv, capacity)."""
     kv_mem, block = mem.kv_mem, mem.block
     blocks = whole(max(0, kv_mem) // (block * kv_tok_gpu), "the KV cache size") if kv_mem > 0 else 0
@@ -137,18 +138,14 @@ def kv_capacity(serve: ServeSection, mem: Memory, kv_tok: float, kv_tok_gpu: flo
         )
     elif tokens < max_model_len:
         reasons.append(f"the KV cache would hold {tokens:,} tokens, less than max_model_len {max_model_len:,}")
-    kv = {"dtype": serve.kv_cache_dtype if serve.kv_cache_dtype != "auto" else f"auto ({model_dtype})",
-          "bytes_per_token": kv_tok, "bytes_per_token_per_gpu": kv_tok_gpu, "block_size": block}
-    capacity = {"kv_tokens": tokens, "kv_blocks": blocks, "max_model_len": max_model_len,
-                "max_concurrency_at_max_model_len": concurrency,
-                "max_num_seqs": mem.mns, "max_num_batched_tokens": mem.mnbt,
-                "max_concurrent_full_length_seqs": min(mem.mns, int(concurrency))}
-    return kv, capacity
+    kv = KVCache(serve.kv_cache_dtype if serve.kv_cache_dtype != "auto" else f"auto ({model_dtype})", kv_tok,
+                 kv_tok_gpu, block)
+    return kv, Capacity(tokens, blocks, max_model_len, concurrency, mem.mns, mem.mnbt, min(mem.mns, int(concurrency)))
 
 
-def largest_batch(mem: Memory, capacity: dict, context: int) -> int:
+def largest_batch(mem: Memory, capacity: Capacity, context: int) -> int:
     """The most sequences of ``context`` tokens the KV cache and max_num_seqs allow together (at least 1)."""
-    tokens = capacity["kv_tokens"]
+    tokens = capacity.kv_tokens
     return max(1, min(mem.mns, tokens // max(1, context))) if tokens else 1
 
 

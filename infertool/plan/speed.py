@@ -15,12 +15,13 @@ if TYPE_CHECKING:
     from infertool.models.weights import WeightFacts
     from infertool.perf.calibration import Calibration
     from infertool.perf.roofline import Arch
+    from infertool.plan.facts import Capacity
     from infertool.resolve import Resolution
 
 TP_DEGREES = (1, 2, 4, 8)
 
 
-def roofline_rows(arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, capacity: dict, context: int, tp: int,
+def roofline_rows(arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, capacity: Capacity, context: int, tp: int,
               batches: list[int] | None, notes: list[str]) -> dict:
     """The decode step's roofline bound (with the all-reduce over the GPUs' link) at batch 1, the largest batch
     the KV cache allows and ``batches``; the batch where decode turns compute-bound."""
@@ -87,7 +88,7 @@ def decode_cost(arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, b:
     return cost, roofline.bound_time(cost, mem.peak_flops * tp, mem.peak_bw * tp) + comm
 
 
-def _max_load(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, capacity: dict, tp: int,
+def _max_load(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, capacity: Capacity, tp: int,
               context: int) -> tuple[float, str]:
     """One replica's max load under the SLO, from the roofline (an upper bound: kernels reach a fraction of the
     peaks): the largest decode batch whose step meets TPOT (the KV cache and max_num_seqs permitting), each request
@@ -152,7 +153,7 @@ def _calibrated_max_load(cal: Calibration, roofline_s: Callable[[int], float], l
                   "measures it")
 
 
-def fleet_sizing(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, capacity: dict, tp: int, pp: int,
+def fleet_sizing(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, capacity: Capacity, tp: int, pp: int,
            context: int) -> dict:
     """Fleet sizing from the planned max load (``_max_load``), when the recipe sets target.peak_rps."""
     from infertool.perf.fleet import fleet_section
@@ -168,7 +169,7 @@ def fleet_sizing(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory,
     return {**fleet_section(target, load, gpus_per_replica=tp * pp, basis=basis, gpu=dev), "max_load_rps": load}
 
 
-def tp_advice(arch: Arch, weights: WeightFacts, mem: Memory, capacity: dict, context: int) -> dict:
+def tp_advice(arch: Arch, weights: WeightFacts, mem: Memory, capacity: Capacity, context: int) -> dict:
     """Per tensor-parallel degree: the weight read against the all-reduce per decode step, and from which degree
     communication dominates (GPUs with a known link only)."""
     link, peak_bw = mem.link, mem.peak_bw

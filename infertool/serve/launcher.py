@@ -118,7 +118,7 @@ def server_key(spec: LaunchSpec) -> str | None:
 PROBE_DEADLINE_S = 3.0  # one readiness probe, all of it (connect, headers, body): a server that trickles waits no longer
 
 
-class Probe(NamedTuple):
+class ModelsProbe(NamedTuple):
     """One GET /v1/models: the HTTP status (None: no complete answer), the JSON object when 200, and why there
     was no usable answer (a NetError's one-line reason, safe to show)."""
 
@@ -127,10 +127,10 @@ class Probe(NamedTuple):
     reason: str | None = None
 
 
-def probe_models(url: str, api_key: str | None = None, timeout: float = PROBE_DEADLINE_S) -> Probe:
+def probe_models(url: str, api_key: str | None = None, timeout: float = PROBE_DEADLINE_S) -> ModelsProbe:
     """GET {url}/v1/models under infertool.net's policy: no redirect followed (the key stays where it was
     sent), one deadline of ``timeout`` seconds for the whole request, a body of MAX_SMALL_BYTES at most.
-    Never raises for what the server does: an answer that is not usable is ``Probe(None, None, reason)``."""
+    Never raises for what the server does: an answer that is not usable is ``ModelsProbe(None, None, reason)``."""
     from infertool.net import MAX_SMALL_BYTES, NetError, fetch
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -138,13 +138,13 @@ def probe_models(url: str, api_key: str | None = None, timeout: float = PROBE_DE
         answer = fetch(url.rstrip("/") + "/v1/models", headers=headers, deadline_s=max(0.1, timeout),
                        max_bytes=MAX_SMALL_BYTES)
     except NetError as exc:
-        return Probe(None, None, f"{exc.kind}: {exc.reason}")
+        return ModelsProbe(None, None, f"{exc.kind}: {exc.reason}")
     if not answer.ok:
-        return Probe(answer.status, None, f"HTTP {answer.status}")
+        return ModelsProbe(answer.status, None, f"HTTP {answer.status}")
     try:
-        return Probe(answer.status, answer.json_object())
+        return ModelsProbe(answer.status, answer.json_object())
     except NetError as exc:
-        return Probe(answer.status, None, exc.reason)
+        return ModelsProbe(answer.status, None, exc.reason)
 
 
 def model_ids(body: dict | None) -> list[str]:
@@ -528,7 +528,7 @@ def status_of(path: Path) -> dict:
     no usable answer, why (``probe``). Raises UsageError for a file that is not a valid record."""
     record = read_pid_file(path)
     alive = record_alive(record)
-    probe = probe_models(record.url.removesuffix("/v1"), _key_for_record(record)) if alive else Probe(None, None)
+    probe = probe_models(record.url.removesuffix("/v1"), _key_for_record(record)) if alive else ModelsProbe(None, None)
     status = probe.status
     state = ("ready" if status == 200 else "answers HTTP 401: API key missing or refused" if status == 401
              else "starting or unhealthy" if alive else "dead")
