@@ -123,7 +123,7 @@ def speculative_method(ctx: Context) -> list[Finding]:
         from infertool.models.info import load_config
 
         try:
-            config = load_config(served.path)[0]
+            config = load_config(served.path).full
         except InfertoolError:
             config = None  # config_vs_weights and the launch say what is wrong with it
     here = ctx.res.target.this_host

@@ -116,9 +116,8 @@ class Resolution:
         if model.path and model.exists:
             from infertool.models.info import load_config
 
-            full, lm = load_config(model.path)  # a malformed config.json: ModelError (exit 2), never a guess
-            d = full.get("dtype") or full.get("torch_dtype") or lm.get("dtype")
-            if isinstance(d, str):
+            d = load_config(model.path).declared_dtype  # a malformed config.json: ModelError (exit 2), never a guess
+            if d is not None:
                 return d
         return self.recipe.model.dtype if self.recipe.model.dtype != "auto" else "bfloat16"
 
