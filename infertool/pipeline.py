@@ -363,7 +363,7 @@ def _env_versions() -> dict:
     for name in ("quant", "serve", "llmcompressor"):
         m = read_marker(name)
         if m:
-            out[name] = {"variant": m.get("variant"), "packages": m.get("packages"), "fingerprint": m.get("fingerprint")}
+            out[name] = {"variant": m.variant, "packages": m.packages, "fingerprint": m.fingerprint}
     return out
 
 

@@ -319,7 +319,7 @@ def test_uv_and_pip_build_the_same_environment(tmp_home, tmp_path, monkeypatch):
         st, what = manage.setup_env(f"tiny-{kind}", requirements_file=req, variant="cpu")
         assert what == "created" and st.status == "ready"
         marker = env_state.read_marker(f"tiny-{kind}")
-        assert marker["installer"].split()[0] == kind
+        assert marker is not None and marker.installer is not None and marker.installer.split()[0] == kind
         freezes[kind] = sorted(l for l in (env_dir(f"tiny-{kind}") / "pip-freeze.txt").read_text().splitlines() if "==" in l)
         # both leave compiled bytecode (an env without it recompiles at every start under PYTHONDONTWRITEBYTECODE)
         assert list(env_dir(f"tiny-{kind}").glob("lib/python*/site-packages/__pycache__/six.*.pyc")), kind

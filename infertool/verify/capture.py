@@ -122,9 +122,8 @@ def engine_facts(python: str | None) -> dict:
         out["python"] = python
         return out
     out["env"] = env.name
-    marker = read_marker(env.name) or {}
-    got = marker.get("packages")
-    packages: dict = got if isinstance(got, dict) else {}
+    marker = read_marker(env.name)
+    packages = marker.packages if marker is not None else {}
     for name in SERVE_PACKAGES:
         if isinstance(packages.get(name), str):
             out["package"], out["version"] = name, packages[name]
