@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Callable, NamedTuple
+from typing import Annotated, Any, Callable, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -523,17 +523,49 @@ def list_pid_files(directory: Path | None = None) -> list[Path]:
     return sorted(d.glob("server-*.json")) if d.is_dir() else []
 
 
-def status_of(path: Path) -> dict:
-    """A recorded server as a row: its record, the pid file, whether it is alive, its state and, when it gave
-    no usable answer, why (``probe``). Raises UsageError for a file that is not a valid record."""
+@dataclass(frozen=True)
+class ServerStatus:
+    """A recorded server as `serve status` shows it: its record (None: the pid file is not a valid one, ``error``
+    says why), the pid file, whether it is alive, its state and, when it gave no usable answer, why (``probe``)."""
+
+    pid_file: str
+    alive: bool
+    state: str  # ready | starting or unhealthy | dead | answers HTTP 401... | invalid pid file
+    record: PidRecord | None = None
+    probe: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        """As `serve status --json` writes a row: the record's fields beside the pid file, alive, state and probe;
+        an invalid file's row its error and empty url, pid, model and log."""
+        if self.record is None:
+            return {"pid_file": self.pid_file, "alive": self.alive, "state": self.state, "error": self.error,
+                    "url": None, "pid": None, "model": None, "log": None}
+        return {**self.record.to_dict(), "pid_file": self.pid_file, "alive": self.alive, "state": self.state,
+                "probe": self.probe}
+
+
+@dataclass(frozen=True)
+class StoppedServer:
+    """A detached server `serve stop` stopped (or found gone: ``was_alive`` False), its pid file removed."""
+
+    record: PidRecord
+    pid_file: str
+    was_alive: bool
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        return {**self.record.to_dict(), "pid_file": self.pid_file, "was_alive": self.was_alive, "stopped": True}
+
+
+def status_of(path: Path) -> ServerStatus:
+    """A recorded server as a row (``ServerStatus``). Raises UsageError for a file that is not a valid record."""
     record = read_pid_file(path)
     alive = record_alive(record)
     probe = probe_models(record.url.removesuffix("/v1"), _key_for_record(record)) if alive else ModelsProbe(None, None)
     status = probe.status
     state = ("ready" if status == 200 else "answers HTTP 401: API key missing or refused" if status == 401
              else "starting or unhealthy" if alive else "dead")
-    return {**record.to_dict(), "pid_file": str(path), "alive": alive, "state": state,
-            "probe": None if status == 200 else probe.reason}
+    return ServerStatus(str(path), alive, state, record, None if status == 200 else probe.reason)
 
 
 def _remove_record(path: Path, ident: tuple[int, int]) -> None:
@@ -549,7 +581,7 @@ def _remove_record(path: Path, ident: tuple[int, int]) -> None:
         remove_inside(path, path.parent)
 
 
-def stop_detached(path: Path, grace_s: float = 20.0) -> dict:
+def stop_detached(path: Path, grace_s: float = 20.0) -> StoppedServer:
     """Stop the server a pid file records, only when it is verifiably the one infertool launched; the pid file
     (a valid record, read and validated first) is removed once its server is gone. Never signals a process
     group it cannot show to be ours, never deletes a file that is not a record infertool writes."""
@@ -567,4 +599,4 @@ def stop_detached(path: Path, grace_s: float = 20.0) -> dict:
         raise RuntimeFailure(f"could not stop the server's process group {pgid}",
                              hint=f"processes left: {group_members(pgid)}")
     _remove_record(path, ident)
-    return {**record.to_dict(), "pid_file": str(path), "was_alive": was_alive, "stopped": True}
+    return StoppedServer(record, str(path), was_alive)
