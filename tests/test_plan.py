@@ -193,7 +193,7 @@ def test_kv_capacity_matches_vllm_startup_report(tiny_model, serve_python, tmp_p
         res = resolve(r)
         launch = prepare(res, port=res.serve_section.port, python=str(serve_python))  # run as `infertool serve` would
         env = dict(os.environ, **launch.spec.env)
-        assert launch.kv["capacity_tokens"] == p.capacity.kv_tokens
+        assert launch.kv is not None and launch.kv.capacity_tokens == p.capacity.kv_tokens
         with open(log, "w") as f:
             proc = subprocess.Popen(launch.spec.argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:

@@ -219,12 +219,11 @@ def _render_plan(serve_plan, as_json: bool) -> None:
     for note in plan.spec.notes + plan.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if plan.kv:
-        kv = plan.kv
-        conc = kv.get("max_concurrency_at_max_len")
-        tail = (f"; max_model_len {kv['max_model_len']:,} -> {conc:.1f} full-length requests"
-                if kv.get("max_model_len") and conc is not None else "")
-        console.print(f"[dim]KV cache: {kv['capacity_tokens']:,} tokens in {kv['kv_cache_space_gib']:g} GiB "
-                      f"({kv['kv_bytes_per_token']:,.0f} B/token){tail}[/]", soft_wrap=True)
+        kv, conc = plan.kv, plan.kv.max_concurrency_at_max_len
+        tail = (f"; max_model_len {kv.max_model_len:,} -> {conc:.1f} full-length requests"
+                if kv.max_model_len and conc is not None else "")
+        console.print(f"[dim]KV cache: {kv.capacity_tokens:,} tokens in {kv.kv_cache_space_gib:g} GiB "
+                      f"({kv.kv_bytes_per_token:,.0f} B/token){tail}[/]", soft_wrap=True)
     if dry_run:
         out.print("[bold]environment[/] (set on top of yours):")
         for k, v in sorted(plan.spec.display_env().items()):

@@ -129,7 +129,7 @@ def run_serve(ctx: StageContext) -> ServeSummary:
         text = _smoke(srv)
         ready_s = srv.ready_s
     return ServeSummary(ready_s=round(ready_s, 1), model=plan.spec.model, label=plan.model.label, log=str(srv.log_path),
-                        served=res.served_origin, argv=srv.plan.spec.to_dict()["argv"], kv_cache=plan.kv,
+                        served=res.served_origin, argv=srv.plan.spec.to_dict()["argv"], kv_cache=plan.kv.to_dict() if plan.kv else None,
                         smoke={"prompt": SMOKE_PROMPT, "completion": text}, note="; ".join(res.notes) or None)
 
 
