@@ -144,14 +144,14 @@ def test_real_custom_env_lifecycle(tmp_home, tmp_path):
 
     report = manage.doctor("tiny")
     assert report.healthy, report.checks
-    assert {c["check"] for c in report.checks} >= {"set up", "pip check", "packages unchanged since setup"}
+    assert {c.check for c in report.checks} >= {"set up", "pip check", "packages unchanged since setup"}
 
     # a package changed behind infertool's back shows up as drift
     subprocess.run([str(env_python("tiny")), "-m", "pip", "uninstall", "-y", "-q", "six"], check=True, capture_output=True)
     report = manage.doctor("tiny")
     assert not report.healthy
-    drift = next(c for c in report.checks if c["check"] == "packages unchanged since setup")
-    assert not drift["ok"] and "six removed" in drift["detail"]
+    drift = next(c for c in report.checks if c.check == "packages unchanged since setup")
+    assert not drift.ok and "six removed" in drift.detail
 
     # the list shows it; remove deletes it
     assert any(s.name == "tiny" and s.status == "ready" for s in env_state.list_envs())

@@ -47,12 +47,21 @@ SETUP_LOG = "setup.log"
 EventCallback = Callable[[dict], None]
 
 
+@dataclass(frozen=True)
+class DoctorCheck:
+    """One check `env doctor` made of an environment: what, whether it passed, and the detail it found."""
+
+    check: str
+    ok: bool
+    detail: str | None
+
+
 @dataclass
 class DoctorReport:
     name: str
     healthy: bool
     status: str
-    checks: list[dict]  # {"check": ..., "ok": bool, "detail": ...}
+    checks: list[DoctorCheck]
     packages: dict[str, str] = field(default_factory=dict)
     accelerator: dict = field(default_factory=dict)
     hint: str | None = None
@@ -429,33 +438,33 @@ def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = No
 
 def doctor(name: str) -> DoctorReport:
     st = state(name)
-    checks: list[dict] = []
+    checks: list[DoctorCheck] = []
     if st.status in ("missing", "incomplete"):
-        checks.append({"check": "set up", "ok": False, "detail": st.reason or "not set up"})
+        checks.append(DoctorCheck("set up", False, st.reason or "not set up"))
         return DoctorReport(name, False, st.status, checks, hint=f"run `infertool env setup {name}`")
     spec = get_spec(name)
     marker = read_marker(name) or EnvMarker()
-    checks.append({"check": "set up", "ok": True, "detail": f"{marker.variant} variant, created {marker.created}"})
-    checks.append({"check": "requirements current", "ok": st.reason != "its pinned requirements changed since setup",
-                   "detail": "matches the pinned set" if st.status == "ready" or "infertool" in (st.reason or "") else st.reason})
+    checks.append(DoctorCheck("set up", True, f"{marker.variant} variant, created {marker.created}"))
+    checks.append(DoctorCheck("requirements current", st.reason != "its pinned requirements changed since setup",
+                              "matches the pinned set" if st.status == "ready" or "infertool" in (st.reason or "")
+                              else st.reason))
     src_ok = source_matches(marker)
-    checks.append({"check": "infertool installed", "ok": src_ok,
-                   "detail": "this checkout/version" if src_ok else "from another checkout or version"})
+    checks.append(DoctorCheck("infertool installed", src_ok,
+                              "this checkout/version" if src_ok else "from another checkout or version"))
     py = env_python(name)
     probe: dict = {}
     try:
         probe = probe_env(name, spec.check_modules)
         for m, r in probe.get("modules", {}).items():
-            checks.append({"check": f"import {m}", "ok": bool(r.get("ok")),
-                           "detail": r.get("version") or r.get("error") or ""})
+            checks.append(DoctorCheck(f"import {m}", bool(r.get("ok")), r.get("version") or r.get("error") or ""))
     except BackendError as e:
-        checks.append({"check": "interpreter runs", "ok": False, "detail": e.message})
+        checks.append(DoctorCheck("interpreter runs", False, e.message))
     env = _clean_env()
     freeze_now = _freeze(py, env) if py.exists() else ""
     recorded = (env_dir(name) / FREEZE).read_text() if (env_dir(name) / FREEZE).is_file() else ""
     drift = _freeze_drift(recorded, freeze_now)
-    checks.append({"check": "packages unchanged since setup", "ok": not drift,
-                   "detail": "pip freeze matches" if not drift else "; ".join(drift[:5])})
+    checks.append(DoctorCheck("packages unchanged since setup", not drift,
+                              "pip freeze matches" if not drift else "; ".join(drift[:5])))
     pc = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True, env=env) if py.exists() else None
     if pc is not None:
         # Deliberate choices are not problems: packages removed after install (the torchvision caveat),
@@ -469,10 +478,9 @@ def doctor(name: str) -> DoctorReport:
             and not l.lower().startswith(no_deps or ("\0",))
         ]
         ignored = [*removed, *(f"deps of {n}" for n in no_deps)]
-        checks.append({"check": "pip check", "ok": not problems,
-                       "detail": "no broken requirements" + (f" (ignoring deliberate: {', '.join(ignored)})" if ignored else "")
-                       if not problems else "; ".join(problems[:3])})
-    healthy = all(c["ok"] for c in checks)
+        checks.append(DoctorCheck("pip check", not problems, "no broken requirements" + (
+            f" (ignoring deliberate: {', '.join(ignored)})" if ignored else "") if not problems else "; ".join(problems[:3])))
+    healthy = all(c.ok for c in checks)
     return DoctorReport(
         name,
         healthy,
