@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -322,7 +321,3 @@ def _worker_error(error: dict, log_path: Path) -> BaseException:
     else:
         cls = BackendError
     return cls(str(error.get("message")), hint=error.get("hint"), log_path=str(log_path))
-
-
-def format_exc_short() -> str:  # pragma: no cover - debugging aid
-    return traceback.format_exc(limit=3)
