@@ -48,7 +48,7 @@ class Fleet:
         return asdict(self)
 
 
-def _bounded(name: str, value: object, lo: float, hi: float, *, low_open: bool = True) -> float:
+def _bounded(name: str, value: float, lo: float, hi: float, *, low_open: bool = True) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
             and (lo < value if low_open else lo <= value) and value <= hi:
         return float(value)
