@@ -27,7 +27,7 @@ import stat
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, NoReturn
 
 from infertool.atomic import file_kind
 from infertool.errors import UsageError
@@ -151,7 +151,7 @@ def read_text(path: str | Path, kind: Kind, what: str) -> str:
     return text
 
 
-def _no_constant(name: str) -> object:
+def _no_constant(name: str) -> NoReturn:
     raise ValueError(f"{name} is not a JSON number")
 
 

@@ -22,7 +22,7 @@ class Events(Protocol):
 
 
 @dataclass(frozen=True)
-class Task:
+class WorkerTask:
     name: str
     env: str  # the managed environment that holds its backend
     modules: tuple[str, ...]  # importable modules it needs; all present -> may run in-process
@@ -38,27 +38,27 @@ class Task:
 # a task runs), then every quantization backend's own (``QuantBackend.tasks``, read from the backend registry
 # when a task is first looked up: named by a "module:function" string, as a target is, so nothing here imports
 # the backends).
-REGISTRY: Registry[Task] = Registry("task", sources=("infertool.backends.registry:worker_tasks",),
+REGISTRY: Registry[WorkerTask] = Registry("task", sources=("infertool.backends.registry:worker_tasks",),
                                     name_of=lambda t: t.name)
 for _task in (
-    Task("probe", env="",  # runs in any environment: reports what that environment holds
+    WorkerTask("probe", env="",  # runs in any environment: reports what that environment holds
          modules=(), target="infertool.envs.probe:probe_task",
          description="report the interpreter, key package versions and accelerators of an environment"),
-    Task("selftest", env="", modules=(), target="infertool.envs.probe:selftest_task",
+    WorkerTask("selftest", env="", modules=(), target="infertool.envs.probe:selftest_task",
          description="exercise the worker protocol: progress, logs, a result or a chosen failure"),
-    Task("model.import", env="quant", modules=("torch", "transformers", "gguf", "accelerate"),
+    WorkerTask("model.import", env="quant", modules=("torch", "transformers", "gguf", "accelerate"),
          target="infertool.models.convert:import_task",
          description="convert a GGUF checkpoint into a Hugging Face safetensors directory"),
-    Task("model.generate", env="quant", modules=("torch", "transformers"),
+    WorkerTask("model.generate", env="quant", modules=("torch", "transformers"),
          target="infertool.models.convert:generate_task",
          description="greedy-generate a few prompts with transformers (a smoke check of a model directory)"),
-    Task("eval.hf", env="quant", modules=("torch", "transformers"),
+    WorkerTask("eval.hf", env="quant", modules=("torch", "transformers"),
          target="infertool.evaluate.hf_engine:compare_task",
          description="score an eval suite with base and candidate in transformers: full-vocabulary KLD, "
          "log-likelihoods, greedy outputs"),
-    Task("profile.peaks", env="quant", modules=("torch",), target="infertool.profile.measure:peaks_task",
+    WorkerTask("profile.peaks", env="quant", modules=("torch",), target="infertool.profile.measure:peaks_task",
          description="measure this machine's memory bandwidth and matmul FLOP/s"),
-    Task("profile.hf", env="quant", modules=("torch", "transformers"), target="infertool.profile.measure:hf_task",
+    WorkerTask("profile.hf", env="quant", modules=("torch", "transformers"), target="infertool.profile.measure:hf_task",
          description="time prefill and decode steps with transformers over a grid of shapes"),
 ):
     REGISTRY.register(_task.name, _task)
@@ -66,5 +66,5 @@ REGISTRY.freeze()
 get_task = REGISTRY.get
 
 
-def all_tasks() -> dict[str, Task]:
+def all_tasks() -> dict[str, WorkerTask]:
     return dict(REGISTRY.items())

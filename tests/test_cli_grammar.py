@@ -256,7 +256,7 @@ def _fake_env(tmp_home: Path, name: str, packages: dict) -> None:
     (d / "bin").mkdir(parents=True)
     (d / "bin" / "python").write_text("")
     (d / MARKER).write_text(json.dumps({"variant": "cpu", "packages": packages, "fingerprint": get_spec(name).fingerprint("cpu"),
-                                        "infertool": infertool_source()}))
+                                        "infertool": infertool_source().to_dict()}))
 
 
 def test_version_lists_each_environment_without_a_subprocess(tmp_home, monkeypatch):

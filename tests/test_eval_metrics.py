@@ -8,7 +8,7 @@ import pytest
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize
-from infertool.data.suites import Suite, Task
+from infertool.data.suites import Suite, SuiteTask
 from infertool.evaluate.verdict import PRESETS, Estimate, judge, thresholds, verdict
 
 
@@ -175,9 +175,9 @@ def _self_raw(n_windows=3, n_tokens=50):
 
 def test_self_check_summary_is_kld_zero_full_agreement_and_passes():
     suite = Suite("s", "", path=None, tasks=[
-        Task("corpus", "perplexity", text="x"),
-        Task("mc", "multiple_choice", items=[{"id": f"q{i}", "answer": i % 2} for i in range(30)]),
-        Task("gen", "generate", items=[{"id": f"g{i}", "target": str(i)} for i in range(30)]),
+        SuiteTask("corpus", "perplexity", text="x"),
+        SuiteTask("mc", "multiple_choice", items=[{"id": f"q{i}", "answer": i % 2} for i in range(30)]),
+        SuiteTask("gen", "generate", items=[{"id": f"g{i}", "target": str(i)} for i in range(30)]),
     ])
     raw = {
         "corpus": _self_raw(),
@@ -202,7 +202,7 @@ def test_self_check_summary_is_kld_zero_full_agreement_and_passes():
 
 
 def test_small_accuracy_suite_is_inconclusive_with_the_n_that_decides():
-    suite = Suite("s", "", path=None, tasks=[Task("mc", "multiple_choice", items=[{"id": f"q{i}", "answer": 0} for i in range(100)])])
+    suite = Suite("s", "", path=None, tasks=[SuiteTask("mc", "multiple_choice", items=[{"id": f"q{i}", "answer": 0} for i in range(100)])])
     items = []
     for i in range(100):
         # 6 items flip right->wrong, 4 wrong->right: a 2-point drop measured on 100 items

@@ -87,7 +87,7 @@ def test_every_command_resolves_a_cached_hub_id_the_same_way(hf_cache, tmp_path,
     assert res.base.exists and res.base.path == str(snap) and res.served is res.base
     assert res.base.name == "Llama-3.1-8B-Instruct"
     p = make_plan(res)
-    assert p.model["how"] == "safetensors headers" and p.fits  # the cached weights, not the known-architecture table
+    assert p.model.how == "safetensors headers" and p.fits  # the cached weights, not the known-architecture table
     assert res.inputs()["model"]["identity"]  # fingerprinted by content, not as a missing path
     assert "missing" not in str(res.inputs()["model"])
     with pytest.raises(UsageError, match="model.layers"):

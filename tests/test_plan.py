@@ -43,11 +43,11 @@ def test_cpu_plan_follows_vllm_block_arithmetic(tmp_path, monkeypatch):
     make_fake_model(model, LLAMA_CFG, {"model.embed_tokens.weight": ("BF16", [49152, 576])}, {"BF16": 2})
     p = make_plan(recipe(source=str(model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1}}))
     # 2 layers: 2*2*3*64*2 = 1,536 B/token; 1 GiB // (128 * 1,536) = 5,461 blocks of 128 tokens
-    assert p.kv["bytes_per_token"] == 1536
-    assert p.capacity["kv_blocks"] == 5461 and p.capacity["kv_tokens"] == 699_008
-    assert p.capacity["max_concurrency_at_max_model_len"] == pytest.approx(699_008 / 2048)
+    assert p.kv.bytes_per_token == 1536
+    assert p.capacity.kv_blocks == 5461 and p.capacity.kv_tokens == 699_008
+    assert p.capacity.max_concurrency_at_max_model_len == pytest.approx(699_008 / 2048)
     assert p.device["kind"] == "cpu" and p.fits
-    assert p.model["how"] == "safetensors headers" and p.model["weight_bytes"] == 49152 * 576 * 2
+    assert p.model.how == "safetensors headers" and p.model.weight_bytes == 49152 * 576 * 2
 
 
 def test_cpu_without_bf16_plans_the_float32_that_serve_runs(tmp_path, monkeypatch):
@@ -56,16 +56,16 @@ def test_cpu_without_bf16_plans_the_float32_that_serve_runs(tmp_path, monkeypatc
     make_fake_model(model, LLAMA_CFG, {"model.embed_tokens.weight": ("BF16", [49152, 576])}, {"BF16": 2})
     p = make_plan(recipe(source=str(model), serve={"max_model_len": 2048, "cpu": {"kv_cache_space_gib": 1}}))
     # float32 KV: 2*2*3*64*4 = 3,072 B/token; 1 GiB // (128 * 3,072) = 2,730 blocks
-    assert p.kv["bytes_per_token"] == 3072 and p.kv["dtype"] == "auto (float32)"
-    assert p.capacity["kv_tokens"] == 2730 * 128
-    assert p.model["weight_bytes"] == 49152 * 576 * 4  # vLLM holds the weights in float32
+    assert p.kv.bytes_per_token == 3072 and p.kv.dtype == "auto (float32)"
+    assert p.capacity.kv_tokens == 2730 * 128
+    assert p.model.weight_bytes == 49152 * 576 * 4  # vLLM holds the weights in float32
     assert any("no bfloat16 matrix instructions" in n for n in p.notes)
     # an explicit serve.dtype is kept
     p16 = make_plan(recipe(source=str(model), serve={"max_model_len": 2048, "dtype": "bfloat16", "cpu": {"kv_cache_space_gib": 1}}))
-    assert p16.kv["bytes_per_token"] == 1536 and p16.capacity["kv_tokens"] == 699_008
+    assert p16.kv.bytes_per_token == 1536 and p16.capacity.kv_tokens == 699_008
     # a GPU plan does not depend on this host's CPU
     pg = make_plan(recipe(source=str(model), serve={"max_model_len": 2048}), gpu="H100-SXM")
-    assert pg.kv["bytes_per_token"] == 1536
+    assert pg.kv.bytes_per_token == 1536
 
 
 def test_cpu_kv_too_small_for_max_model_len_predicts_vllm_refusal(tmp_path, monkeypatch):
@@ -74,7 +74,7 @@ def test_cpu_kv_too_small_for_max_model_len_predicts_vllm_refusal(tmp_path, monk
     cfg = dict(LLAMA_CFG, num_hidden_layers=30, max_position_embeddings=131072)
     make_fake_model(model, cfg, {"w": ("BF16", [8])}, {"BF16": 2})
     p = make_plan(recipe(source=str(model), serve={"max_model_len": 65536, "cpu": {"kv_cache_space_gib": 1}}))
-    assert p.capacity["kv_tokens"] == 46_592  # what vLLM logs for SmolLM2-135M with 1 GiB
+    assert p.capacity.kv_tokens == 46_592  # what vLLM logs for SmolLM2-135M with 1 GiB
     assert not p.fits
     assert "refuse to start" in p.reasons[0] and "65,536" in p.reasons[0]
 
@@ -84,15 +84,15 @@ def test_gpu_plans_for_the_shipped_recipes():
 
     p8 = make_plan(load_recipe("llama3.1-8b-w4a16-h100"))
     assert p8.fits and p8.device["name"].startswith("NVIDIA H100")
-    assert 5.0 < p8.model["weight_bytes"] / GIB < 5.6  # 4-bit g128 linear layers + 16-bit embeddings/lm_head
-    assert p8.kv["bytes_per_token"] == 131_072  # 2*32*8*128*2
+    assert 5.0 < p8.model.weight_bytes / GIB < 5.6  # 4-bit g128 linear layers + 16-bit embeddings/lm_head
+    assert p8.kv.bytes_per_token == 131_072  # 2*32*8*128*2
     assert p8.roofline["decode"][0]["bound"] == "memory"
     p70 = make_plan(load_recipe("llama3.3-70b-w4a16-tp4"))
     assert p70.fits and p70.device["count"] == 4
-    assert p70.kv["bytes_per_token_per_gpu"] == 327_680 / 4
+    assert p70.kv.bytes_per_token_per_gpu == 327_680 / 4
     assert [r["tp"] for r in p70.tensor_parallel["rows"]] == [1, 2, 4, 8]
     long = make_plan(load_recipe("llama3.1-8b-128k-fp8kv"))
-    assert long.kv["bytes_per_token"] == 65_536  # fp8 KV: 1 byte
+    assert long.kv.bytes_per_token == 65_536  # fp8 KV: 1 byte
     assert long.fits
     # the long-context recipe's KV cache outweighs its weights
     assert long.memory["kv_cache_per_gpu_gib"] > long.memory["weights_per_gpu_gib"]
@@ -149,8 +149,8 @@ def test_memory_option_and_unknown_model(tmp_path):
 
 def test_moe_counts_active_params_for_flops():
     p = make_plan(recipe(source="/models/Mixtral-8x7B-Instruct-v0.1", serve={"max_model_len": 4096}), gpu="H100-SXM")
-    assert p.model["moe"] == {"experts": 8, "per_token": 2}
-    assert p.model["params_total"] > 3 * p.model["params_active_linear"]
+    assert p.model.moe is not None and p.model.moe.to_dict() == {"experts": 8, "per_token": 2}
+    assert p.model.params_total > 3 * p.model.params_active_linear
 
 
 def test_plan_cli_json_and_exit_codes():
@@ -193,7 +193,7 @@ def test_kv_capacity_matches_vllm_startup_report(tiny_model, serve_python, tmp_p
         res = resolve(r)
         launch = prepare(res, port=res.serve_section.port, python=str(serve_python))  # run as `infertool serve` would
         env = dict(os.environ, **launch.spec.env)
-        assert launch.kv["capacity_tokens"] == p.capacity["kv_tokens"]
+        assert launch.kv is not None and launch.kv.capacity_tokens == p.capacity.kv_tokens
         with open(log, "w") as f:
             proc = subprocess.Popen(launch.spec.argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         try:
@@ -209,5 +209,5 @@ def test_kv_capacity_matches_vllm_startup_report(tiny_model, serve_python, tmp_p
         if found is not None or "address already in use" not in log.read_text().lower():
             break
     assert found is not None, log.read_text()[-3000:]
-    assert found[0] == p.capacity["kv_tokens"]
-    assert found[1] == pytest.approx(p.capacity["max_concurrency_at_max_model_len"], abs=0.01)
+    assert found[0] == p.capacity.kv_tokens
+    assert found[1] == pytest.approx(p.capacity.max_concurrency_at_max_model_len, abs=0.01)

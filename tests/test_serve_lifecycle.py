@@ -154,9 +154,9 @@ def test_detached_server_status_and_stop(tmp_path):
         assert events[1]["detached"] is True and events[1]["result"] is result
         files = lifecycle.detached_files(pid_file=tmp_path / "server.json")
         (row,) = lifecycle.status(files, named=True)
-        assert row["state"] == "ready" and row["alive"] is True
+        assert row.state == "ready" and row.alive is True
         (stopped,) = lifecycle.stop(files)
-        assert stopped["was_alive"] and stopped["stopped"]
+        assert stopped.was_alive and stopped.to_dict()["stopped"]
     finally:
         procs.stop_group(result.pid, 5)
     assert procs.group_members(result.pid) == [] and not (tmp_path / "server.json").exists()

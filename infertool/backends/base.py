@@ -242,7 +242,7 @@ class QuantBackend(Generic[Q]):
     methods: dict[str, type[QuantizeConfig]] = {}
     in_recipe: bool = True  # the recipe names it (quantize.backend); False: the method has no backend field
     env: str | None = None  # the managed environment its worker tasks run in (infertool.envs.specs)
-    tasks: tuple[dict, ...] = ()  # its worker task definitions (infertool.tasks.Task fields)
+    tasks: tuple[dict, ...] = ()  # its worker task definitions (infertool.tasks.WorkerTask fields)
     task: str | None = None  # the task that quantizes (None: nothing runs, e.g. quantized when loaded)
     compare_task: str | None = None  # greedy comparison in its own kernels, where vLLM cannot generate
     reference_in_worker: bool = False  # its task computes the original's greedy tokens (one vLLM server, not two)

@@ -19,7 +19,7 @@ from infertool.backends.base import (
 )
 from infertool.errors import UsageError
 from infertool.registry import Registry, RegistryError
-from infertool.tasks import Task
+from infertool.tasks import WorkerTask
 
 if TYPE_CHECKING:
     from infertool.perf.host import HostFacts
@@ -102,11 +102,11 @@ def env_of(method: str, name: str | None = None) -> str | None:
     return get(method, name).env
 
 
-def worker_tasks() -> Iterator[tuple[str, Task]]:
+def worker_tasks() -> Iterator[tuple[str, WorkerTask]]:
     """Every backend's worker tasks (a source of the task registry, ``infertool.tasks``)."""
     for b in all_backends():
         for t in b.tasks:
-            yield t["name"], Task(**t)
+            yield t["name"], WorkerTask(**t)
 
 
 # ----------------------------------------------------------------------------------------- the recipe schema
@@ -234,8 +234,7 @@ def quantized_checkpoint(model: CheckpointFacts) -> bool:
         return False
     from infertool.models.info import load_config
 
-    cfg, lm = load_config(model.path)
-    return isinstance(cfg.get("quantization_config") or lm.get("quantization_config"), dict)
+    return load_config(model.path).quantization_config is not None
 
 
 def weight_only_quantized(model: CheckpointFacts) -> bool:
@@ -253,9 +252,8 @@ def weight_only_quantized(model: CheckpointFacts) -> bool:
         return False
     from infertool.models.info import load_config
 
-    cfg, lm = load_config(model.path)  # a malformed config.json: ModelError (exit 2)
-    q = cfg.get("quantization_config") or lm.get("quantization_config")
-    if not isinstance(q, dict):
+    q = load_config(model.path).quantization_config  # a malformed config.json: ModelError (exit 2)
+    if q is None:
         return False
     method = str(q.get("quant_method") or "").lower()
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto_gptq", "auto_awq", "bitsandbytes"):

@@ -77,7 +77,7 @@ def kv_fit(ctx: CheckContext) -> list[Finding]:
         p = planning.plan(ctx.res)
     except UsageError as e:
         raise Skip(f"no memory plan: {e.message}") from None
-    tokens, max_len = p.capacity["kv_tokens"], p.capacity["max_model_len"]
+    tokens, max_len = p.capacity.kv_tokens, p.capacity.max_model_len
     if tokens >= max_len:
         return []
     d = p.device
@@ -128,7 +128,7 @@ def speculative_method(ctx: CheckContext) -> list[Finding]:
         from infertool.models.info import load_config
 
         try:
-            config = load_config(served.path)[0]
+            config = load_config(served.path).full
         except InfertoolError:
             config = None  # config_vs_weights and the launch say what is wrong with it
     here = ctx.res.target.this_host

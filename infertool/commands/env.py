@@ -125,7 +125,7 @@ def env_doctor(
             table.add_column("")
             table.add_column("detail")
             for c in r.checks:
-                table.add_row(plain(c["check"]), "[green]ok[/]" if c["ok"] else "[red]FAIL[/]", plain(c["detail"]))
+                table.add_row(plain(c.check), "[green]ok[/]" if c.ok else "[red]FAIL[/]", plain(c.detail))
             out.print(table)
             if r.accelerator:
                 acc = r.accelerator

@@ -91,15 +91,15 @@ def _render(r: "InitResult") -> None:
         weights = f"{mem['weights_per_gpu_gib']:.2f} GiB of weights per GPU"
     else:
         weights = f"{mem['weights_gib']:.2f} GiB of weights, {mem['kv_cache_space_gib']:g} GiB of KV space"
-    err.print(f"plan: {dev['count']} x {escape(dev['name'])}: {weights}; KV cache {cap['kv_tokens']:,} tokens "
-              f"({cap['max_concurrency_at_max_model_len']:.1f} x max_model_len {cap['max_model_len']:,}); "
-              f"max_num_seqs {cap['max_num_seqs']}", soft_wrap=True)
+    err.print(f"plan: {dev['count']} x {escape(dev['name'])}: {weights}; KV cache {cap.kv_tokens:,} tokens "
+              f"({cap.max_concurrency_at_max_model_len:.1f} x max_model_len {cap.max_model_len:,}); "
+              f"max_num_seqs {cap.max_num_seqs}", soft_wrap=True)
     if r.original_plan is not None:
         o = r.original_plan
         base = (r.recipe.get("eval") or {}).get("base_serve")
         how = (f"with eval.base_serve: {o.device['count']} GPU(s)" if base else "with the same serve settings")
         err.print(f"plan of the original (the eval serves it {how}): {o.memory.get('weights_per_gpu_gib', 0):.2f} "
-                  f"GiB of weights per GPU, KV cache {o.capacity['kv_tokens']:,} tokens"
+                  f"GiB of weights per GPU, KV cache {o.capacity.kv_tokens:,} tokens"
                   + ("" if o.fits else " — does not fit"), soft_wrap=True)
     if r.fits:
         err.print("[green]✓ fits[/]")

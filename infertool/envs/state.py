@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from infertool.envs.paths import check_env_name, env_dir, env_python, envs_root, is_env_name
 from infertool.envs.specs import BUILTIN_ENVS, EnvSpec, custom_spec, engine_spec
 from infertool.errors import EnvNotReady, UsageError
+from infertool.records import Record
 
 MARKER = "infertool-env.json"
 FREEZE = "pip-freeze.txt"
@@ -73,14 +75,55 @@ def known_env(name: str) -> str:
     )
 
 
-def read_marker(name: str) -> dict | None:
+@dataclass
+class InfertoolSource(Record):
+    """How infertool is installed: a source checkout (editable into envs) or a released version."""
+
+    kind: str = ""  # source | release
+    path: str | None = None
+    version: str | None = None
+
+
+@dataclass
+class EnvMarker(Record):
+    """An environment's setup record (its MARKER file), written when a setup finishes and read by every
+    command that asks what an environment holds (its packages, variant, fingerprint)."""
+
+    name: str = ""
+    description: str = ""
+    variant: str | None = None
+    fingerprint: str | None = None
+    requirements: list[str] = field(default_factory=list)
+    no_deps: list[str] = field(default_factory=list)
+    removed: list[str] = field(default_factory=list)
+    pip_args: list[str] = field(default_factory=list)
+    installer: str | None = None
+    python: str | None = None
+    python_version: str | None = None
+    infertool: InfertoolSource | None = None
+    packages: dict[str, str] = field(default_factory=dict)  # distribution -> version
+    accelerator: dict[str, Any] = field(default_factory=dict)  # Any: the probe's JSON answer
+    created: str | None = None
+    setup_seconds: float | None = None
+    engine: dict[str, str] | None = None  # an engine release's: {"package": ..., "version": ...}
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        """As the file holds it: no "engine" key for an environment that is no engine release."""
+        d = super().to_dict()
+        if self.engine is None:
+            del d["engine"]
+        return d
+
+
+def read_marker(name: str) -> EnvMarker | None:
     try:
-        return json.loads((env_dir(name) / MARKER).read_text(encoding="utf-8"))
+        data = json.loads((env_dir(name) / MARKER).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return EnvMarker.from_dict(data)
 
 
-def infertool_source() -> dict:
+def infertool_source() -> InfertoolSource:
     """How infertool is installed here: a source checkout (editable into envs) or a released version."""
     import infertool
 
@@ -88,12 +131,12 @@ def infertool_source() -> dict:
     root = pkg_dir.parent
     pyproject = root / "pyproject.toml"
     if pyproject.is_file() and 'name = "infertool"' in pyproject.read_text(encoding="utf-8"):
-        return {"kind": "source", "path": str(root), "version": infertool.__version__}
-    return {"kind": "release", "path": None, "version": infertool.__version__}
+        return InfertoolSource("source", str(root), infertool.__version__)
+    return InfertoolSource("release", None, infertool.__version__)
 
 
-def source_matches(marker: dict) -> bool:
-    return marker.get("infertool") == infertool_source()
+def source_matches(marker: EnvMarker) -> bool:
+    return marker.infertool == infertool_source()
 
 
 def state(name: str) -> EnvState:
@@ -113,18 +156,18 @@ def state(name: str) -> EnvState:
         name,
         str(d),
         "ready",
-        variant=marker.get("variant"),
-        description=marker.get("description", desc),
-        packages=marker.get("packages", {}),
-        created=marker.get("created"),
-        python_version=marker.get("python_version"),
-        infertool_source=(marker.get("infertool") or {}).get("path") or (marker.get("infertool") or {}).get("version"),
-        setup_seconds=marker.get("setup_seconds"),
+        variant=marker.variant,
+        description=marker.description or desc,
+        packages=marker.packages,
+        created=marker.created,
+        python_version=marker.python_version,
+        infertool_source=(marker.infertool.path or marker.infertool.version) if marker.infertool else None,
+        setup_seconds=marker.setup_seconds,
         engine=engine,
     )
     try:
-        fp = get_spec(name).fingerprint(marker.get("variant", "cpu"))
-        if fp != marker.get("fingerprint"):
+        fp = get_spec(name).fingerprint(marker.variant or "cpu")
+        if fp != marker.fingerprint:
             st.status, st.reason = "stale", "its pinned requirements changed since setup"
     except UsageError:
         pass

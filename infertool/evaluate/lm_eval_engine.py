@@ -98,7 +98,7 @@ class LmEvalPhase:
         python = require_env("lmeval", "eval.lm_eval (lm-evaluation-harness)")
         log_dir = Path(log_dir).absolute()
         log_dir.mkdir(parents=True, exist_ok=True)
-        mark = _checked_marker(self.spec, (read_marker("lmeval") or {}).get("packages") or {})
+        mark = _checked_marker(self.spec, m.packages if (m := read_marker("lmeval")) else {})
         if mark.is_file():
             return
         include = include_paths(self.spec, log_dir)

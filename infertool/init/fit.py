@@ -88,7 +88,7 @@ def fit_served(shape: RecipeShape, preflight: Preflight, pinned: int | None) -> 
                 continue
         largest_valid = tp
         p = plan_of(shape(tp, ctx, conc, None))
-        kv, need = p.capacity["kv_tokens"], conc * per_req
+        kv, need = p.capacity.kv_tokens, conc * per_req
         ok = kv >= max(need, ctx)
         rows.append(f"TP {tp}: the quantized model {p.memory['weights_per_gpu_gib']:.1f} GiB of weights per GPU, KV "
                     f"cache {kv:,} tokens " + (f"(>= {max(need, ctx):,} for the traffic)" if ok else
@@ -107,11 +107,11 @@ def fit_served(shape: RecipeShape, preflight: Preflight, pinned: int | None) -> 
         ds = [Choice("serve.tensor_parallel_size", tp, why),
               Choice("serve.max_model_len", ctx, _ctx_why(ctx, limit, p)),
               Choice("serve.max_num_seqs", conc, f"the traffic's {conc} concurrent requests; the KV cache holds "
-                       f"{p.capacity['kv_tokens']:,} tokens = {p.capacity['kv_tokens'] // per_req:,} requests of {per_req}")]
+                       f"{p.capacity.kv_tokens:,} tokens = {p.capacity.kv_tokens // per_req:,} requests of {per_req}")]
         return Fit(tp, ctx, conc, None, True, ds)
     if start is not None:
         tp, p = start
-        kv = p.capacity["kv_tokens"]
+        kv = p.capacity.kv_tokens
         max_len = max(min_len, min(ctx, kv // 16 * 16))
         seqs = max(1, min(conc, pow2_floor(kv // per_req)))
         ds = [Choice("serve.tensor_parallel_size", tp, f"no degree up to {min(8, target.max_gpus)} holds the whole "
@@ -149,7 +149,7 @@ def fit_base(shape: RecipeShape, fit: Fit, pinned: int | None) -> None:
         if split:
             rows.append(f"TP {tp}: {'; '.join(split)}")
             continue
-        kv = po.capacity["kv_tokens"]
+        kv = po.capacity.kv_tokens
         ok = kv >= fit.max_model_len
         rows.append(f"TP {tp}: the original {po.memory['weights_per_gpu_gib']:.1f} GiB of weights per GPU, "
                     + (f"KV cache {kv:,} tokens" if kv else "no room for a KV cache")
@@ -220,7 +220,7 @@ def _safe(fits: Callable[[], bool]) -> bool:
 
 def _ctx_why(ctx: int, limit: PositionLimit, p: PlanResult) -> str:
     return (f"{ctx:,} tokens: room for the traffic and for longer conversations, within the model's position limit "
-            f"({limit.why}) and the KV cache ({p.capacity['kv_tokens']:,} tokens); raise it for longer prompts "
+            f"({limit.why}) and the KV cache ({p.capacity.kv_tokens:,} tokens); raise it for longer prompts "
             "(`infertool plan` says what fits)")
 
 
@@ -254,15 +254,15 @@ def _size_cpu(shape: RecipeShape, with_original: bool, min_len: int, dtype: str)
         return plan_of(r), (plan_of(r, original=True) if with_original else None)
 
     p1, po1 = plans(ctx, conc, 1)
-    notes = [x.model["how"] for x in (p1, po1) if x is not None]  # "..., held in float32 by vLLM" 
-    per_tok = p1.kv["bytes_per_token"]
+    notes = [x.model.how for x in (p1, po1) if x is not None]  # "..., held in float32 by vLLM" 
+    per_tok = p1.kv.bytes_per_token
     weights = p1.memory["weights_gib"] * GIB
     need_tokens = max(ctx, conc * per_req)
     need = need_tokens * per_tok
     if po1 is not None:
         weights = max(weights, po1.memory["weights_gib"] * GIB)
-        need = max(need, ctx * po1.kv["bytes_per_token"])
-    block = p1.kv["block_size"]
+        need = max(need, ctx * po1.kv.bytes_per_token)
+    block = p1.kv.block_size
     space = max(1, math.ceil((need + block * per_tok) / GIB))
     host = target.host.memory_total_bytes
     left = (host - weights - CPU_HOST_OVERHEAD) if host else None
@@ -284,8 +284,8 @@ def _size_cpu(shape: RecipeShape, with_original: bool, min_len: int, dtype: str)
     if cap is not None and space > cap:
         space = cap
         p, po = plans(ctx, conc, space)
-        kv = p.capacity["kv_tokens"]
-        kv_o = po.capacity["kv_tokens"] if po is not None else kv
+        kv = p.capacity.kv_tokens
+        kv_o = po.capacity.kv_tokens if po is not None else kv
         max_len = max(min_len, min(ctx, min(kv, kv_o) // 16 * 16))
         seqs = max(1, min(conc, pow2_floor(kv // per_req)))
         ds.append(Choice("serve.cpu", {"kv_cache_space_gib": space},
@@ -301,7 +301,7 @@ def _size_cpu(shape: RecipeShape, with_original: bool, min_len: int, dtype: str)
     ds.append(Choice("serve.cpu", {"kv_cache_space_gib": space},
                        f"{space} GiB (VLLM_CPU_KVCACHE_SPACE, whole GiB): {conc} requests of {per_req} tokens and "
                        f"max_model_len {ctx:,} need {gib(need)} of KV at {per_tok:,.0f} bytes per token "
-                       f"(plan: {p.capacity['kv_tokens']:,} tokens); {mem}"))
+                       f"(plan: {p.capacity.kv_tokens:,} tokens); {mem}"))
     ds.append(Choice("serve.max_model_len", ctx, f"{ctx:,} tokens: room for the traffic ({per_req} per request) "
                        f"and longer prompts, within the model's position limit ({limit.why}); a longer context costs "
                        "CPU KV memory"))

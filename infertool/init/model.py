@@ -83,17 +83,15 @@ def _refuse_unservable(path: Path, info: ModelInfo) -> None:
     from infertool.models.info import VLLM_ROPE_TYPES, ModelError, load_config, rope_entries
     from infertool.models.known import VLLM_ARCHITECTURES
 
-    full, cfg = load_config(path)
+    config = load_config(path)
     if info.dtype is not None and info.dtype not in TORCH_FLOAT_DTYPES:
-        key = "dtype" if full.get("dtype") is not None or cfg.get("dtype") is not None else "torch_dtype"
-        raise ModelError(path, f"config.json: {key} {one_line(repr(info.dtype))[:60]} is not a floating-point torch "
+        raise ModelError(path, f"config.json: {config.dtype_key} {one_line(repr(info.dtype))[:60]} is not a floating-point torch "
                          f"dtype ({', '.join(TORCH_FLOAT_DTYPES[:3])}, ...)",
                          hint="set the dtype the weights are stored in (usually bfloat16), or use the config.json that "
                               "came with them")
-    for rtype, rp in rope_entries(cfg):
+    for rtype, rp in rope_entries(config.lm):
         if not isinstance(rtype, str) or rtype not in VLLM_ROPE_TYPES:
-            key = ("rope_parameters" if cfg.get("rope_parameters") else "rope_scaling") + (
-                ".rope_type" if rp.get("rope_type") else ".type")
+            key = config.rope_key + (".rope_type" if rp.get("rope_type") else ".type")
             raise ModelError(path, f"config.json: {key} {one_line(repr(rtype))[:60]} is not a RoPE type vLLM 0.32 builds "
                              f"({', '.join(sorted(VLLM_ROPE_TYPES))}): it would refuse to load the model",
                              hint="use the config.json that came with the weights; a RoPE type of a model's own code "

@@ -107,7 +107,7 @@ def config_vs_weights(model_dir: str | Path) -> list[str]:
     One finding per tensor role (its first tensor that disagrees), at most MAX_FINDINGS. A config.json or a header
     that cannot be read raises the model's own error (ModelError)."""
     path = Path(model_dir)
-    _, cfg = load_config(path)
+    cfg = load_config(path).lm
     tensors = _headers(path)
     if not tensors:
         return []

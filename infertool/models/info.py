@@ -13,7 +13,7 @@ import os
 import re
 import stat
 import struct
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, BinaryIO, TypeGuard
 
@@ -130,8 +130,64 @@ def _short(value: object) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def load_config(path: str | Path) -> tuple[dict, dict]:
-    """(config.json, the language model's part of it) of a model directory, checked to be JSON objects."""
+@dataclass(frozen=True)
+class ConfigNumbers:
+    """The whole numbers infertool reads from config.json, each checked against its bound (``_CONFIG_INTS``)."""
+
+    layers: int | None = None
+    hidden: int | None = None
+    intermediate: int | None = None
+    heads: int | None = None
+    kv_heads: int | None = None
+    head_dim: int | None = None
+    vocab: int | None = None
+    positions: int | None = None
+    experts: int | None = None
+    experts_per_tok: int | None = None
+    moe_intermediate: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """A model directory's config.json, read once (``load_config``): the whole file, the language model's part of
+    it (a multimodal wrapper keeps it under text_config), and the facts infertool takes from them."""
+
+    path: Path
+    full: dict[str, Any]  # Any: JSON values, as config.json holds them
+    lm: dict[str, Any]  # Any: JSON values
+
+    @property
+    def declared_dtype(self) -> str | None:
+        """The dtype the weights are declared in (dtype, else torch_dtype; the file's, else the language model's)."""
+        d = _first(self.full, "dtype", "torch_dtype") or _first(self.lm, "dtype", "torch_dtype")
+        return d if isinstance(d, str) else None
+
+    @property
+    def dtype_key(self) -> str:
+        """The key the declared dtype is under (for messages)."""
+        return "dtype" if self.full.get("dtype") is not None or self.lm.get("dtype") is not None else "torch_dtype"
+
+    @property
+    def quantization_config(self) -> dict[str, Any] | None:  # Any: JSON values
+        q = self.full.get("quantization_config") or self.lm.get("quantization_config")
+        return q if isinstance(q, dict) else None
+
+    @property
+    def rope_key(self) -> str:
+        """Where the RoPE entries are declared: rope_parameters or rope_scaling."""
+        return "rope_parameters" if self.lm.get("rope_parameters") else "rope_scaling"
+
+    def numbers(self) -> ConfigNumbers:
+        """The checked whole numbers (ModelError for one out of its bounds); the vocabulary from the whole file
+        when the language model's part has none."""
+        n = ConfigNumbers(*(_config_int(self.lm, f.name, self.path) for f in fields(ConfigNumbers)))
+        if n.vocab is None and self.full is not self.lm:
+            return replace(n, vocab=_config_int(self.full, "vocab", self.path))
+        return n
+
+
+def load_config(path: str | Path) -> ModelConfig:
+    """config.json of a model directory (and its language model's part), checked to be JSON objects."""
     p = Path(path)
     full = read_json_file(p / "config.json", p, what="config.json")
     if not isinstance(full, dict):
@@ -139,7 +195,7 @@ def load_config(path: str | Path) -> tuple[dict, dict]:
     cfg = full.get("text_config") or full  # multimodal wrappers keep the LM under text_config
     if not isinstance(cfg, dict):
         raise ModelError(p, f"config.json: text_config must be a JSON object, got {_json_type(cfg)}")
-    return full, cfg
+    return ModelConfig(p, full, cfg)
 
 
 def _json_type(value: object) -> str:
@@ -373,7 +429,7 @@ def _check_shapes(where: Path, stats: TensorStats, cfg: dict, hidden: int | None
                              "weights", hint="fix config.json (or use the model directory it came with)")
 
 
-def _first(cfg: dict, *keys):
+def _first(cfg: dict[str, Any], *keys: str) -> Any:  # Any: a JSON value
     for k in keys:
         if cfg.get(k) is not None:
             return cfg[k]
@@ -430,7 +486,8 @@ def model_info(path: str | Path) -> ModelInfo:
         raise ModelError(p, "not a directory (a FIFO, a socket or a device)")
     if not os.path.lexists(p / "config.json"):
         raise UsageError(f"{p} has no config.json: not a Hugging Face model directory")
-    full, cfg = load_config(p)
+    config = load_config(p)
+    full, cfg = config.full, config.lm
     files = weight_files(p)
     if not files:
         raise UsageError(
@@ -441,10 +498,8 @@ def model_info(path: str | Path) -> ModelInfo:
     if not stats.tensors:
         raise ModelError(p, f"the safetensors files hold no tensors ({', '.join(f.name for f in files[:3])}"
                          f"{' ...' if len(files) > 3 else ''})")
-    n = {name: _config_int(cfg, name, p) for name in _CONFIG_INTS}
-    if n["vocab"] is None and full is not cfg:
-        n["vocab"] = _config_int(full, "vocab", p)
-    heads, hidden, head_dim, kv_heads = n["heads"], n["hidden"], n["head_dim"], n["kv_heads"] or n["heads"]
+    n = config.numbers()
+    heads, hidden, head_dim, kv_heads = n.heads, n.hidden, n.head_dim, n.kv_heads or n.heads
     if head_dim is None and heads and hidden:
         if hidden % heads:
             raise ModelError(p, f"config.json: {heads} attention heads do not divide hidden_size {hidden} (and there "
@@ -453,13 +508,13 @@ def model_info(path: str | Path) -> ModelInfo:
     if heads and kv_heads and heads % kv_heads:
         raise ModelError(p, f"config.json: {kv_heads} key/value heads do not divide {heads} attention heads")
     _check_shapes(p, stats, cfg, hidden, heads, kv_heads, head_dim)
-    if n["experts"] and n["experts_per_tok"] and n["experts_per_tok"] > n["experts"]:
-        raise ModelError(p, f"config.json: num_experts_per_tok {n['experts_per_tok']} exceeds the {n['experts']} experts")
+    if n.experts and n.experts_per_tok and n.experts_per_tok > n.experts:
+        raise ModelError(p, f"config.json: num_experts_per_tok {n.experts_per_tok} exceeds the {n.experts} experts")
     architectures = full.get("architectures")
     if architectures is not None and (not isinstance(architectures, list)
                                       or not all(isinstance(a, str) for a in architectures)):
         raise ModelError(p, f"config.json: architectures must be a list of class names, got {_short(architectures)}")
-    quant = full.get("quantization_config") or cfg.get("quantization_config")
+    quant = full.get("quantization_config") or cfg.get("quantization_config")  # not an object: refused below
     if quant is None:
         for name in ("quantize_config.json", "quant_config.json"):
             qp = p / name
@@ -476,21 +531,20 @@ def model_info(path: str | Path) -> ModelInfo:
     tie = full.get("tie_word_embeddings", cfg.get("tie_word_embeddings"))
     if tie is not None and not isinstance(tie, bool):
         raise ModelError(p, f"config.json: tie_word_embeddings must be true or false, got {_short(tie)}")
-    dtype = _first(full, "dtype", "torch_dtype") or _first(cfg, "dtype", "torch_dtype")
     return ModelInfo(
         path=str(resolved),
         model_type=_optional_str(full, cfg, "model_type", p),
         architectures=list(architectures or []),
-        num_layers=n["layers"],
+        num_layers=n.layers,
         hidden_size=hidden,
-        intermediate_size=n["intermediate"],
+        intermediate_size=n.intermediate,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        vocab_size=n["vocab"],
-        max_position_embeddings=n["positions"],
+        vocab_size=n.vocab,
+        max_position_embeddings=n.positions,
         tie_word_embeddings=bool(tie),
-        dtype=dtype if isinstance(dtype, str) else None,
+        dtype=config.declared_dtype,
         stored_dtype=stored,
         weight_bytes=stats.bytes,
         weight_files=[f.name for f in files],
@@ -498,9 +552,9 @@ def model_info(path: str | Path) -> ModelInfo:
         stored_parameters=stats.parameters,
         bytes_by_dtype=stats.by_dtype,
         quantization=quant,
-        num_experts=n["experts"],
-        num_experts_per_tok=n["experts_per_tok"],
-        moe_intermediate_size=n["moe_intermediate"],
+        num_experts=n.experts,
+        num_experts_per_tok=n.experts_per_tok,
+        moe_intermediate_size=n.moe_intermediate,
         has_tokenizer=(p / "tokenizer.json").is_file() or (p / "tokenizer.model").is_file(),
         has_chat_template=(p / "chat_template.jinja").is_file() or _tokenizer_has_template(p),
     )
@@ -535,9 +589,10 @@ class PositionLimit:
 def position_limit(path: str | Path) -> PositionLimit:
     """The longest max_model_len vLLM accepts for a model directory (without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1)."""
     try:
-        full, cfg = load_config(path)
+        config = load_config(path)
     except ModelError:
         return PositionLimit(None, None, "config.json unreadable")
+    full, cfg = config.full, config.lm
     limit: int | None = None
     key: str | None = None
     for k in _MAX_LEN_KEYS:

@@ -13,9 +13,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, TypeVar
+from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 from infertool.errors import UsageError
+from infertool.perf.hardware import GPU, find_gpu
 
 T = TypeVar("T")  # a tune trial (a record, or its data)
 
@@ -47,7 +48,7 @@ class Fleet:
         return asdict(self)
 
 
-def _bounded(name: str, value: object, lo: float, hi: float, *, low_open: bool = True) -> float:
+def _bounded(name: str, value: float, lo: float, hi: float, *, low_open: bool = True) -> float:
     if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
             and (lo < value if low_open else lo <= value) and value <= hi:
         return float(value)
@@ -85,42 +86,76 @@ def _get(obj: object, name: str) -> Any:  # Any: a record's field or a JSON valu
     return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
 
 
-def gpu_price(target: object, gpu: object) -> tuple[float | None, str | None]:
-    """$ per GPU-hour and where it comes from: the recipe's ``target.price_per_hour``, else the GPU's (a custom
-    spec's own, or the table's ASSUMPTION). ``target``: the recipe's target section (model or dict); ``gpu``: a
-    ``hardware.GPU``, its key, or a custom spec as data."""
-    from infertool.perf import hardware
+class FleetTarget(Protocol):
+    """What fleet sizing reads of a recipe's target section (``recipe.TargetSection``, or ``TargetFigures`` read
+    from a run's manifest)."""
 
-    own = _get(target, "price_per_hour") if target is not None else None
+    @property
+    def peak_rps(self) -> float | None: ...
+
+    @property
+    def headroom(self) -> float | None: ...
+
+    @property
+    def price_per_hour(self) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class TargetFigures:
+    """A target section's sizing figures as a run directory's manifest holds them (JSON data, checked here)."""
+
+    peak_rps: float | None = None
+    headroom: float | None = None
+    price_per_hour: float | None = None
+
+    @classmethod
+    def from_data(cls, section: object) -> TargetFigures | None:
+        if not isinstance(section, dict):
+            return None
+        return cls(_num(section.get("peak_rps")), _num(section.get("headroom")), _num(section.get("price_per_hour")))
+
+
+@dataclass(frozen=True)
+class Price:
+    """$ per hour of what a replica is made of, and where it comes from (a machine kind, bench.cost_per_hour, a
+    custom GPU spec): read as a GPU's price is."""
+
+    price_per_hour: float | None
+    price_source: str | None = None
+
+
+def gpu_price(target: FleetTarget | None, gpu: GPU | Price | str | None) -> tuple[float | None, str | None]:
+    """$ per GPU-hour and where it comes from: the recipe's ``target.price_per_hour``, else the GPU's (a custom
+    spec's own, or the table's ASSUMPTION). ``gpu``: a ``hardware.GPU``, its key, or a ``Price``."""
+    own = target.price_per_hour if target is not None else None
     if own is not None:
         return float(own), "target.price_per_hour (the recipe's)"
     if isinstance(gpu, str):
         try:
-            gpu = hardware.find_gpu(gpu)
+            gpu = find_gpu(gpu)
         except UsageError:
             return None, None
-    price = _get(gpu, "price_per_hour") if gpu is not None else None
-    if price is None:
+    if gpu is None or gpu.price_per_hour is None:
         return None, None
-    return float(price), _get(gpu, "price_source") or "target.gpu.price_per_hour (the recipe's)"
+    return float(gpu.price_per_hour), gpu.price_source or "target.gpu.price_per_hour (the recipe's)"
 
 
-def fleet_section(target: object, max_load_rps: float | None, *, gpus_per_replica: int, basis: str,
-                  gpu: object = None, unit: str = "GPU") -> dict:
+def fleet_section(target: FleetTarget | None, max_load_rps: float | None, *, gpus_per_replica: int, basis: str,
+                  gpu: GPU | Price | str | None = None, unit: str = "GPU") -> dict:
     """What the report, tune's report and plan say about the fleet: {"fleet": Fleet as data or None, "lines":
     [sentences], "reason": why it is not sized, or None}. ``target``: the recipe's target section (its peak_rps,
     headroom, price_per_hour; model or dict); ``max_load_rps``: one replica's max load under the SLO; ``basis``:
     where that load comes from ("measured by bench under the SLO", "planned, not measured: ..."); ``gpu``: the
     target GPU (for its price); ``unit``: what a replica is made of ("GPU", or "machine" on a CPU target)."""
-    peak = _get(target, "peak_rps") if target is not None else None
-    if peak is None:
+    peak = target.peak_rps if target is not None else None
+    if target is None or peak is None:
         why = "set target.peak_rps (requests/s at peak) to size the fleet: replicas and $ per month"
         return {"fleet": None, "lines": [f"Fleet: not sized: {why}."], "reason": why}
     if not max_load_rps or not (isinstance(max_load_rps, (int, float)) and math.isfinite(max_load_rps)) \
             or max_load_rps <= 0:
         why = f"no load met the SLO ({basis}): a replica's max load is unknown or zero"
         return {"fleet": None, "lines": [f"Fleet for {peak:g} req/s at peak: not sized: {why}."], "reason": why}
-    headroom = _get(target, "headroom")
+    headroom = target.headroom
     price, price_src = gpu_price(target, gpu)
     try:
         f = size_fleet(peak, max_load_rps, DEFAULT_HEADROOM if headroom is None else headroom, gpus_per_replica, price)
@@ -143,6 +178,14 @@ GOODPUT_TARGET = 0.9  # a level meets the SLO when every request completed and t
 
 def _num(v: object) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
+
+
+def _priced(gpu: object) -> GPU | Price | str | None:
+    """A target's GPU as data (a manifest's, a trial recipe's): its key, or a custom spec's price."""
+    if isinstance(gpu, dict):
+        source = gpu.get("price_source")
+        return Price(_num(gpu.get("price_per_hour")), source if isinstance(source, str) else None)
+    return gpu if isinstance(gpu, str) else None
 
 
 def max_load_from_levels(levels: Iterable[object] | None, goodput_target: float = GOODPUT_TARGET) -> tuple[float | None, str]:
@@ -175,16 +218,17 @@ def max_load_from_levels(levels: Iterable[object] | None, goodput_target: float 
 def run_fleet(recipe: dict | None, target: dict | None, levels: Iterable[object] | None) -> dict:
     """``fleet_section`` for a run directory: the recipe's target section (manifest "recipe"), the resolution's
     target (manifest "target": GPUs per replica, the GPU) and bench's levels (the measured max load)."""
-    section = (recipe or {}).get("target") if isinstance(recipe, dict) else None
+    recipe = recipe if isinstance(recipe, dict) else {}
     t = target if isinstance(target, dict) else {}
     count = n if isinstance(n := t.get("count"), int) and not isinstance(n, bool) else 1
     load, basis = max_load_from_levels(levels)
-    gpu, unit = t.get("device") or t.get("gpu"), "GPU"
+    gpu, unit = _priced(t.get("device") or t.get("gpu")), "GPU"
     if t.get("kind") == "cpu":  # a CPU replica is one machine: bench.cost_per_hour prices it
-        bench = (recipe or {}).get("bench") if isinstance(recipe, dict) else None
+        bench = recipe.get("bench")
         machine = _num(bench.get("cost_per_hour")) if isinstance(bench, dict) else None
-        gpu, unit = {"price_per_hour": machine, "price_source": "bench.cost_per_hour (the recipe's)"}, "machine"
-    return fleet_section(section, load, gpus_per_replica=max(1, count), basis=basis, gpu=gpu, unit=unit)
+        gpu, unit = Price(machine, "bench.cost_per_hour (the recipe's)"), "machine"
+    return fleet_section(TargetFigures.from_data(recipe.get("target")), load, gpus_per_replica=max(1, count),
+                         basis=basis, gpu=gpu, unit=unit)
 
 
 def tune_fleet(trials: Iterable[T] | None, target_of: Callable[[T], object]) -> dict:
@@ -195,23 +239,24 @@ def tune_fleet(trials: Iterable[T] | None, target_of: Callable[[T], object]) -> 
     peak = None
     for t in trials or ():
         section = target_of(t)
-        if not isinstance(section, dict) or _get(section, "peak_rps") is None:
+        figures = TargetFigures.from_data(section)
+        if not isinstance(section, dict) or figures is None or figures.peak_rps is None:
             continue
-        peak = section["peak_rps"]
+        peak = figures.peak_rps
         cap = _get(t, "capacity")
         at = _get(cap, "at_max_load") if cap is not None else None
         serve = _get(t, "serve") or {}
         tp, pp = serve.get("tensor_parallel_size") or 1, serve.get("pipeline_parallel_size") or 1
         gpr = tp * pp if isinstance(tp, int) and isinstance(pp, int) else 1
-        gpu, unit = section.get("gpu"), "GPU"
+        gpu, unit = _priced(section.get("gpu")), "GPU"
         machine = _get(t, "machine")
         price = _num(_get(machine, "trial_price_per_hour")) if machine is not None else None
         if price is not None:  # a machine kind (tune.machines): its price, per GPU or per machine
             per_machine = _get(machine, "price_per") == "machine"
             unit = "machine" if per_machine else "GPU"
             gpr = 1 if per_machine else gpr
-            gpu = {"price_per_hour": price / gpr, "price_source": f"tune.machines {_get(machine, 'name')!s:.60}"}
-        res = fleet_section(section, _num(_get(at, "request_throughput")) if at else None, gpus_per_replica=gpr,
+            gpu = Price(price / gpr, f"tune.machines {_get(machine, 'name')!s:.60}")
+        res = fleet_section(figures, _num(_get(at, "request_throughput")) if at else None, gpus_per_replica=gpr,
                             basis="measured by tune's capacity search", gpu=gpu, unit=unit)
         f = res["fleet"]
         rows.append([str(_get(t, "label") or _get(t, "id")), f"{f['max_load_rps']:.3g}" if f else "–", str(gpr),

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
 @dataclass
 class RunGraph:
     """What `run` does for a recipe: the stages in graph order, their keys and entries, what runs again, and
-    the recipe's one resolution (its inputs and host facts are the keys'; ``with_candidate``: once the quantize
+    the recipe's one resolution (its inputs and host facts are the keys'; ``resolve.with_candidate``: once the quantize
     stage made the candidate)."""
 
     recipe: Recipe
@@ -121,8 +121,10 @@ def plan_pipeline(recipe: Recipe, *, stages: list[str] | None = None, out_dir: s
     resolution, when the command made it."""
     from infertool.serve.pool import launch_key
 
+    from infertool.resolve import with_candidate
+
     g = run_graph(recipe, stages=stages, out_dir=out_dir, force=force, res=res)
-    res = g.res.with_candidate(g.entry("quantize") / "model") if "quantize" in g.keys else g.res
+    res = with_candidate(g.res, g.entry("quantize") / "model") if "quantize" in g.keys else g.res
     launches: dict[str, dict] = {}
     notes: list[str] = []
     for st in g.stages:

@@ -155,7 +155,9 @@ class _Runner:
             self.note_servers(rec, name)
         self.upstream[name] = StageOutput(entry, st.summary, self.g.keys[name])
         if name == "quantize":
-            self.res = self.res.with_candidate(entry / "model")
+            from infertool.resolve import with_candidate
+
+            self.res = with_candidate(self.res, entry / "model")
         self.evidence.capture_if_up(self.res, self.upstream)  # while the candidate's server is up: no start of its own
         if not any(s.uses_servers(self.g.recipe) for s in later):
             self.pool.stop_all("no later stage serves")
@@ -220,7 +222,7 @@ def _env_versions() -> dict:
     for name in ("quant", "serve", "llmcompressor"):
         m = read_marker(name)
         if m:
-            out[name] = {"variant": m.get("variant"), "packages": m.get("packages"), "fingerprint": m.get("fingerprint")}
+            out[name] = {"variant": m.variant, "packages": m.packages, "fingerprint": m.fingerprint}
     return out
 
 

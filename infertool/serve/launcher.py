@@ -30,7 +30,7 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated, Callable, NamedTuple
+from typing import Annotated, Any, Callable, NamedTuple
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
@@ -118,7 +118,7 @@ def server_key(spec: LaunchSpec) -> str | None:
 PROBE_DEADLINE_S = 3.0  # one readiness probe, all of it (connect, headers, body): a server that trickles waits no longer
 
 
-class Probe(NamedTuple):
+class ModelsProbe(NamedTuple):
     """One GET /v1/models: the HTTP status (None: no complete answer), the JSON object when 200, and why there
     was no usable answer (a NetError's one-line reason, safe to show)."""
 
@@ -127,10 +127,10 @@ class Probe(NamedTuple):
     reason: str | None = None
 
 
-def probe_models(url: str, api_key: str | None = None, timeout: float = PROBE_DEADLINE_S) -> Probe:
+def probe_models(url: str, api_key: str | None = None, timeout: float = PROBE_DEADLINE_S) -> ModelsProbe:
     """GET {url}/v1/models under infertool.net's policy: no redirect followed (the key stays where it was
     sent), one deadline of ``timeout`` seconds for the whole request, a body of MAX_SMALL_BYTES at most.
-    Never raises for what the server does: an answer that is not usable is ``Probe(None, None, reason)``."""
+    Never raises for what the server does: an answer that is not usable is ``ModelsProbe(None, None, reason)``."""
     from infertool.net import MAX_SMALL_BYTES, NetError, fetch
 
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else None
@@ -138,13 +138,13 @@ def probe_models(url: str, api_key: str | None = None, timeout: float = PROBE_DE
         answer = fetch(url.rstrip("/") + "/v1/models", headers=headers, deadline_s=max(0.1, timeout),
                        max_bytes=MAX_SMALL_BYTES)
     except NetError as exc:
-        return Probe(None, None, f"{exc.kind}: {exc.reason}")
+        return ModelsProbe(None, None, f"{exc.kind}: {exc.reason}")
     if not answer.ok:
-        return Probe(answer.status, None, f"HTTP {answer.status}")
+        return ModelsProbe(answer.status, None, f"HTTP {answer.status}")
     try:
-        return Probe(answer.status, answer.json_object())
+        return ModelsProbe(answer.status, answer.json_object())
     except NetError as exc:
-        return Probe(answer.status, None, exc.reason)
+        return ModelsProbe(answer.status, None, exc.reason)
 
 
 def model_ids(body: dict | None) -> list[str]:
@@ -523,17 +523,49 @@ def list_pid_files(directory: Path | None = None) -> list[Path]:
     return sorted(d.glob("server-*.json")) if d.is_dir() else []
 
 
-def status_of(path: Path) -> dict:
-    """A recorded server as a row: its record, the pid file, whether it is alive, its state and, when it gave
-    no usable answer, why (``probe``). Raises UsageError for a file that is not a valid record."""
+@dataclass(frozen=True)
+class ServerStatus:
+    """A recorded server as `serve status` shows it: its record (None: the pid file is not a valid one, ``error``
+    says why), the pid file, whether it is alive, its state and, when it gave no usable answer, why (``probe``)."""
+
+    pid_file: str
+    alive: bool
+    state: str  # ready | starting or unhealthy | dead | answers HTTP 401... | invalid pid file
+    record: PidRecord | None = None
+    probe: str | None = None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        """As `serve status --json` writes a row: the record's fields beside the pid file, alive, state and probe;
+        an invalid file's row its error and empty url, pid, model and log."""
+        if self.record is None:
+            return {"pid_file": self.pid_file, "alive": self.alive, "state": self.state, "error": self.error,
+                    "url": None, "pid": None, "model": None, "log": None}
+        return {**self.record.to_dict(), "pid_file": self.pid_file, "alive": self.alive, "state": self.state,
+                "probe": self.probe}
+
+
+@dataclass(frozen=True)
+class StoppedServer:
+    """A detached server `serve stop` stopped (or found gone: ``was_alive`` False), its pid file removed."""
+
+    record: PidRecord
+    pid_file: str
+    was_alive: bool
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        return {**self.record.to_dict(), "pid_file": self.pid_file, "was_alive": self.was_alive, "stopped": True}
+
+
+def status_of(path: Path) -> ServerStatus:
+    """A recorded server as a row (``ServerStatus``). Raises UsageError for a file that is not a valid record."""
     record = read_pid_file(path)
     alive = record_alive(record)
-    probe = probe_models(record.url.removesuffix("/v1"), _key_for_record(record)) if alive else Probe(None, None)
+    probe = probe_models(record.url.removesuffix("/v1"), _key_for_record(record)) if alive else ModelsProbe(None, None)
     status = probe.status
     state = ("ready" if status == 200 else "answers HTTP 401: API key missing or refused" if status == 401
              else "starting or unhealthy" if alive else "dead")
-    return {**record.to_dict(), "pid_file": str(path), "alive": alive, "state": state,
-            "probe": None if status == 200 else probe.reason}
+    return ServerStatus(str(path), alive, state, record, None if status == 200 else probe.reason)
 
 
 def _remove_record(path: Path, ident: tuple[int, int]) -> None:
@@ -549,7 +581,7 @@ def _remove_record(path: Path, ident: tuple[int, int]) -> None:
         remove_inside(path, path.parent)
 
 
-def stop_detached(path: Path, grace_s: float = 20.0) -> dict:
+def stop_detached(path: Path, grace_s: float = 20.0) -> StoppedServer:
     """Stop the server a pid file records, only when it is verifiably the one infertool launched; the pid file
     (a valid record, read and validated first) is removed once its server is gone. Never signals a process
     group it cannot show to be ours, never deletes a file that is not a record infertool writes."""
@@ -567,4 +599,4 @@ def stop_detached(path: Path, grace_s: float = 20.0) -> dict:
         raise RuntimeFailure(f"could not stop the server's process group {pgid}",
                              hint=f"processes left: {group_members(pgid)}")
     _remove_record(path, ident)
-    return {**record.to_dict(), "pid_file": str(path), "was_alive": was_alive, "stopped": True}
+    return StoppedServer(record, str(path), was_alive)

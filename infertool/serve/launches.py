@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable, Iterator
 
 from infertool.errors import UsageError
 from infertool.serve.command import LaunchSpec, build_launch
-from infertool.serve.lint import LintIssue, kv_plan, lint_serve
+from infertool.serve.lint import KVPlan, LintIssue, kv_plan, lint_serve
 
 if TYPE_CHECKING:
     from infertool.resolve import ModelRef, Resolution, Target
@@ -27,7 +27,7 @@ class LaunchPlan:
     purpose: str
     target: Target
     issues: list[LintIssue] = field(default_factory=list)
-    kv: dict | None = None
+    kv: KVPlan | None = None
     notes: list[str] = field(default_factory=list)  # why settings differ from the recipe, the model's state
 
     @property
@@ -44,7 +44,7 @@ class LaunchPlan:
             "target": self.target.to_dict(),
             "notes": list(self.spec.notes) + list(self.notes),
             "lint": [i.to_dict() for i in self.issues],
-            "kv_cache": self.kv,
+            "kv_cache": self.kv.to_dict() if self.kv is not None else None,
         }
 
 

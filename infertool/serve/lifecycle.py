@@ -25,8 +25,8 @@ from infertool.capability import RunContext
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.records import Record
 from infertool.serve.launcher import (
-    Server, default_pid_file, list_pid_files, log_tail, read_pid_file, record_alive, status_of, stop_detached,
-    write_pid_file,
+    Server, ServerStatus, StoppedServer, default_pid_file, list_pid_files, log_tail, read_pid_file, record_alive,
+    status_of, stop_detached, write_pid_file,
 )
 
 if TYPE_CHECKING:
@@ -218,7 +218,7 @@ def detached_files(*, port: int | None = None, pid_file: Path | None = None) -> 
     return list_pid_files()
 
 
-def status(files: list[Path], *, named: bool = False, listing: bool = False) -> list[dict]:
+def status(files: list[Path], *, named: bool = False, listing: bool = False) -> list[ServerStatus]:
     """Each recorded server: its pid file's record, whether it is alive and what it answers. A file that is not
     there is skipped, unless ``named`` (the user gave it: then that is an error). A file that is not a valid
     pid record is an error (UsageError naming it and what is wrong), except when ``listing`` every recorded
@@ -233,12 +233,11 @@ def status(files: list[Path], *, named: bool = False, listing: bool = False) -> 
         except UsageError as exc:
             if not listing:
                 raise
-            rows.append({"pid_file": str(f), "alive": False, "state": "invalid pid file", "error": exc.message,
-                         "url": None, "pid": None, "model": None, "log": None})
+            rows.append(ServerStatus(str(f), False, "invalid pid file", error=exc.message))
     return rows
 
 
-def stop(files: list[Path], *, every: bool = False) -> list[dict]:
+def stop(files: list[Path], *, every: bool = False) -> list[StoppedServer]:
     """Stop the recorded servers (only those verifiably infertool's; see ``launcher.stop_detached``). More than
     one needs ``every``. Every file is read and validated first: one that is not a valid pid record stops the
     command before any server is signalled or any file removed."""

@@ -19,7 +19,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from infertool import procs
 from infertool.errors import UsageError
@@ -179,7 +179,23 @@ def lint_position_limit(serve, limit) -> list[LintIssue]:
                       "to the model's config.json, if it was trained for longer contexts)")]
 
 
-def kv_plan(serve, model_info) -> dict | None:
+@dataclass(frozen=True)
+class KVPlan:
+    """A CPU launch's KV cache (VLLM_CPU_KVCACHE_SPACE): bytes per token, capacity, max_model_len, the requests it
+    holds at full length and what one of them needs (the last two None without a max_model_len)."""
+
+    kv_bytes_per_token: float
+    kv_cache_space_gib: float
+    capacity_tokens: int
+    max_model_len: int | None
+    max_concurrency_at_max_len: float | None
+    needed_gib_for_one_request: float | None
+
+    def to_dict(self) -> dict[str, float | int | None]:
+        return asdict(self)
+
+
+def kv_plan(serve, model_info) -> KVPlan | None:
     """The CPU KV cache numbers: bytes per token, capacity, max_model_len, concurrency at full length."""
     if None in (model_info.num_layers, model_info.num_key_value_heads, model_info.head_dim):
         return None
@@ -189,14 +205,8 @@ def kv_plan(serve, model_info) -> dict | None:
     space_gib = serve.cpu.kv_cache_space_gib if serve.cpu is not None else 4
     capacity = kv_capacity_tokens(space_gib * GIB, per_token)
     max_len = serve.max_model_len or model_info.max_position_embeddings
-    return {
-        "kv_bytes_per_token": per_token,
-        "kv_cache_space_gib": space_gib,
-        "capacity_tokens": capacity,
-        "max_model_len": max_len,
-        "max_concurrency_at_max_len": (capacity / max_len) if max_len else None,
-        "needed_gib_for_one_request": (per_token * max_len / GIB) if max_len else None,
-    }
+    return KVPlan(per_token, space_gib, capacity, max_len, (capacity / max_len) if max_len else None,
+                  (per_token * max_len / GIB) if max_len else None)
 
 
 def lint_cpu_half_precision(serve, model_info, flags: set[str] | None = None) -> list[LintIssue]:
@@ -214,24 +224,24 @@ def lint_cpu_half_precision(serve, model_info, flags: set[str] | None = None) ->
 def lint_kv_capacity(serve, model_info) -> list[LintIssue]:
     """The CPU backend's KV space (VLLM_CPU_KVCACHE_SPACE) against max_model_len: vLLM's start-up error, predicted."""
     plan = kv_plan(serve, model_info)
-    if plan is None or not plan["max_model_len"]:
+    if plan is None or not plan.max_model_len:
         return []
-    cap, max_len = plan["capacity_tokens"], plan["max_model_len"]
+    cap, max_len = plan.capacity_tokens, plan.max_model_len
     where = "serve.max_model_len" if serve.max_model_len else "serve.cpu.kv_cache_space_gib"
     if cap < max_len:
-        need_gib = plan["needed_gib_for_one_request"]
+        need_gib = plan.needed_gib_for_one_request or 0.0
         return [LintIssue(
             "error", where,
-            f"the KV cache holds {cap:,} tokens ({plan['kv_cache_space_gib']:g} GiB at "
-            f"{plan['kv_bytes_per_token']:,.0f} bytes per token) but max_model_len is {max_len:,}: vLLM would "
+            f"the KV cache holds {cap:,} tokens ({plan.kv_cache_space_gib:g} GiB at "
+            f"{plan.kv_bytes_per_token:,.0f} bytes per token) but max_model_len is {max_len:,}: vLLM would "
             f"fail at start-up (one request at full length needs {need_gib:.3f} GiB)",
             f"lower serve.max_model_len to at most {cap:,}, or raise serve.cpu.kv_cache_space_gib to "
             f"{max(1, int(need_gib) + 1)}")]
-    if serve.max_num_seqs and plan["max_concurrency_at_max_len"] is not None \
-            and plan["max_concurrency_at_max_len"] < serve.max_num_seqs:
+    if serve.max_num_seqs and plan.max_concurrency_at_max_len is not None \
+            and plan.max_concurrency_at_max_len < serve.max_num_seqs:
         return [LintIssue(
             "info", "serve.max_num_seqs",
-            f"the KV cache holds {cap:,} tokens: {plan['max_concurrency_at_max_len']:.1f} requests at the full "
+            f"the KV cache holds {cap:,} tokens: {plan.max_concurrency_at_max_len:.1f} requests at the full "
             f"{max_len:,} tokens, fewer than max_num_seqs {serve.max_num_seqs}; long requests will queue or be preempted")]
     return []
 

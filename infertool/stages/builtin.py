@@ -68,10 +68,11 @@ def run_quantize(ctx: StageContext) -> QuantizeSummary:
     """The candidate in the stage's entry (``model/``), its result beside it (quantize.json); the load check's
     server stays in the run's pool for serve's check and bench."""
     from infertool import quantize
+    from infertool.resolve import with_candidate
 
     out = ctx.work / "model"
     verify = ctx.options.verify if isinstance(ctx.options, QuantizeStageOptions) else None
-    p = quantize.plan(resolution(ctx).with_candidate(out), quantize.QuantizeOptions(out=out, verify=verify, force=True),
+    p = quantize.plan(with_candidate(resolution(ctx), out), quantize.QuantizeOptions(out=out, verify=verify, force=True),
                       on_event=ctx.on_event)
     result = quantize.run(p, RunContext(on_event=ctx.on_event, servers=ctx.servers, user="quantize"))
     write_json(ctx.work / "quantize.json", result)
@@ -133,7 +134,8 @@ def run_serve(ctx: StageContext) -> ServeSummary:
         text = _smoke(srv)
         ready_s = srv.ready_s
     return ServeSummary(ready_s=round(ready_s, 1), model=plan.spec.model, label=plan.model.label, log=str(srv.log_path),
-                        served=res.served_origin, argv=list(srv.plan.spec.argv), kv_cache=plan.kv,
+                        served=res.served_origin, argv=list(srv.plan.spec.argv),
+                        kv_cache=plan.kv.to_dict() if plan.kv else None,
                         smoke={"prompt": SMOKE_PROMPT, "completion": text}, note="; ".join(res.notes) or None)
 
 

@@ -393,8 +393,8 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     p = planning.plan(res, planning.PlanOptions(context=bench.prompt.len + bench.output_len // 2,
                                                 batches=[concurrency] if concurrency else None))
     reasons = list(p.reasons)
-    if p.capacity["kv_tokens"] and p.capacity["kv_tokens"] < per_request:
-        reasons.append(f"the KV cache holds {p.capacity['kv_tokens']:,} tokens, fewer than one request of the traffic "
+    if p.capacity.kv_tokens and p.capacity.kv_tokens < per_request:
+        reasons.append(f"the KV cache holds {p.capacity.kv_tokens:,} tokens, fewer than one request of the traffic "
                        f"({per_request:,})")
     rows = p.roofline.get("decode") or []
     knee = (p.roofline.get("knee") or {}).get("concurrency")
@@ -405,8 +405,8 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     bound = (("overhead" if row.get("overhead_bound") else row["bound"]) if calibrated else row["bound"]) if row else None
     cost = bench.cost_per_hour
     return PredictionRecord(
-        fits=not reasons, reasons=reasons, weight_bytes=p.model["weight_bytes"], kv_tokens=p.capacity["kv_tokens"],
-        max_batch_by_kv=max(1, p.capacity["kv_tokens"] // max(1, per_request)) if p.capacity["kv_tokens"] else 0,
+        fits=not reasons, reasons=reasons, weight_bytes=p.model.weight_bytes, kv_tokens=p.capacity.kv_tokens,
+        max_batch_by_kv=max(1, p.capacity.kv_tokens // max(1, per_request)) if p.capacity.kv_tokens else 0,
         batch=row["batch"] if row else None, decode_tokens_per_s=tps, bound=bound,
         peak_source=(p.roofline.get("peak_source") if not calibrated else
                      f"{p.roofline.get('peak_source')}; engine step cost as served (calibration {p.roofline['calibration']['key']})"),

@@ -146,8 +146,8 @@ def engine_facts(python: str | None) -> EngineFacts:
         managed = False
     if not managed:
         return EngineFacts(python=python)
-    got = (read_marker(env.name) or {}).get("packages")
-    packages = {str(k): v for k, v in got.items() if isinstance(v, str)} if isinstance(got, dict) else {}
+    marker = read_marker(env.name)
+    packages = {str(k): v for k, v in marker.packages.items() if isinstance(v, str)} if marker is not None else {}
     package = next((n for n in SERVE_PACKAGES if n in packages), None)
     return EngineFacts(package, packages.get(package) if package else None, env.name,
                        {n: packages[n] for n in ENGINE_DEPS if n in packages})
