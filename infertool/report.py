@@ -439,13 +439,13 @@ def _phase_blocks(pooled) -> list:
     from infertool.evaluate.blocks import LM_EVAL_HEADER, decode_rows, lm_eval_rows, task_code_note
 
     out: list = []
-    lm, dec = getattr(pooled, "lm_eval", None), getattr(pooled, "decode", None)
-    if isinstance(lm, dict) and lm:
+    lm, dec = pooled.lm_eval, pooled.decode
+    if lm is not None:
         out += [P(Bold("lm-eval tasks"), " (as served: candidate against base, joined by document)"),
                 Table([list(LM_EVAL_HEADER)] + lm_eval_rows(lm))]
         if note := task_code_note(lm):
             out.append(P(Bold("Task code"), " ", note))
-    if isinstance(dec, dict) and dec:
+    if dec is not None:
         out += [P(Bold("Decode path"), " (as served: greedy continuations of a fixed prompt set; decode-step "
                   "distributions compared on the same tokens)"),
                 Table([["figure", "value"]] + [list(r) for r in decode_rows(dec)])]

@@ -43,6 +43,7 @@ from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.deco
 from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.answers import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
+from infertool.evaluate.result import DecodeComparison, Diverged
 
 MAX_FORCED_REQUESTS = 8  # teacher-forcing requests per prompt beyond its own greedy run (then one echo request)
 MAX_PROMPTS = 100_000
@@ -314,7 +315,8 @@ class DecodePhase:
                 rec["forced"] = f
         return {"chat": chat, "top_k": k, "max_tokens": n_max, "prompts": out}
 
-    def compare(self, raw_ref: dict, raw_cand: dict, *, confidence: float, first: str) -> dict:
+    def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,
+                first: str) -> DecodeComparison:
         return compare(raw_ref, raw_cand, confidence=confidence, first=first,
                        near_tie_logprob=float(self.spec.near_tie_logprob))
 
@@ -406,25 +408,28 @@ def _first_and_second(raw_ref: dict, raw_cand: dict, first: str) -> bool:
     return first == "candidate"
 
 
-def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, near_tie_logprob: float) -> dict:
+def compare(raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float, first: str,
+            near_tie_logprob: float) -> DecodeComparison:
     """The decode block (results.json ``pooled.decode``) of the candidate against the reference, joined by
     prompt id over the candidate's prompts (ids only the reference has are ignored)."""
     z = M.z_for(confidence)
     skipped = raw_ref.get("skipped") or raw_cand.get("skipped")
-    block: dict[str, Any] = {"n_prompts": 0, "exact_match": None, "exact_match_ci": None, "first_divergence_median": None,  # Any: JSON values, counted and filled in below
-             "first_divergence_ci": None, "kld": None, "kld_ci": None, "top1": None, "top1_ci": None, "steps": 0,
-             "prefill_steps": 0, "near_ties": 0, "divergences": 0, "near_tie_logprob": near_tie_logprob,
-             "chat": raw_ref.get("chat"), "max_tokens": raw_ref.get("max_tokens"),
-             "kld_kind": f"top-{raw_ref.get('top_k')}" if raw_ref.get("top_k") else None,
-             "interval": "KLD and top-1: per-prompt sums, cluster-robust by prompt; first divergence: order statistics",
-             "first": first, "diverged": []}
+    top_k = raw_ref.get("top_k")
+    block = DecodeComparison(near_tie_logprob=near_tie_logprob, chat=raw_ref.get("chat"),
+                             max_tokens=raw_ref.get("max_tokens"), kld_kind=f"top-{top_k}" if top_k else None,
+                             first=first)
     if skipped:
-        block["skipped"] = skipped
+        block.skipped = skipped
         return block
     cand_first = _first_and_second(raw_ref, raw_cand, first)
     ref_by = {p["id"]: p for p in raw_ref.get("prompts", [])}
     n_max = int(raw_ref.get("max_tokens") or 0)
-    em, positions, kl_s, t1_s, cnt, cov = 0, [], [], [], [], []
+    em = 0
+    positions: list[float] = []
+    kl_s: list[float] = []
+    t1_s: list[float] = []
+    cnt: list[int] = []
+    cov: list[float] = []
     for pc in raw_cand.get("prompts", []):
         pr = ref_by.get(pc["id"])
         if pr is None:
@@ -440,11 +445,13 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
             positions.append(float(d))
             gap = top2_gap(pr["top"][d]) if d < len(pr["top"]) else None
             tie = gap is not None and gap < near_tie_logprob
-            block["near_ties" if tie else "divergences"] += 1
-            if len(block["diverged"]) < SHOWN_DIVERGED:
-                block["diverged"].append({"id": pc["id"], "at": d, "near_tie": tie,
-                                          "ref_top2_gap": None if gap is None else round(gap, 6),
-                                          "reference": pr.get("text"), "candidate": pc.get("text")})
+            if tie:
+                block.near_ties += 1
+            else:
+                block.divergences += 1
+            if len(block.diverged) < SHOWN_DIVERGED:
+                block.diverged.append(Diverged(pc["id"], d, tie, None if gap is None else round(gap, 6),
+                                               pr.get("text"), pc.get("text")))
         first_rec, second_rec = (pc, pr) if cand_first else (pr, pc)
         forced = second_rec.get("forced")
         if forced is None:
@@ -456,7 +463,7 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
             if not t_first or not t_second:
                 continue
             if first_rec["prefill"][j] or forced["prefill"][j]:
-                block["prefill_steps"] += 1
+                block.prefill_steps += 1
                 continue
             t_ref, t_cand = (t_second, t_first) if cand_first else (t_first, t_second)
             kl, mass = M.topk_kld(t_ref, t_cand)
@@ -470,16 +477,16 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
         t1_s.append(s_t1)
         cnt.append(c)
     n = len(positions)
-    block["n_prompts"] = n
+    block.n_prompts = n
     if n:
-        block["exact_match"], block["exact_match_ci"] = em / n, list(M.wilson(em, n, confidence))
+        block.exact_match, block.exact_match_ci = em / n, list(M.wilson(em, n, confidence))
         med, lo, hi = median_ci(positions, z)
-        block["first_divergence_median"], block["first_divergence_ci"] = med, [lo, hi]
+        block.first_divergence_median, block.first_divergence_ci = med, [lo, hi]
     kl_mean, kl_lo, kl_hi = cluster_mean(kl_s, cnt, z)
     t1, t1_lo, t1_hi = cluster_mean(t1_s, cnt, z)
     if kl_mean is not None and kl_lo is not None and t1_lo is not None and t1_hi is not None:  # all or none
-        block["kld"], block["kld_ci"] = kl_mean, [max(0.0, kl_lo), kl_hi]
-        block["top1"], block["top1_ci"] = t1, [max(0.0, t1_lo), min(1.0, t1_hi)]
-        block["steps"] = sum(cnt)
-        block["covered_mass"] = math.fsum(cov) / len(cov) if cov else None
+        block.kld, block.kld_ci = kl_mean, [max(0.0, kl_lo), kl_hi]
+        block.top1, block.top1_ci = t1, [max(0.0, t1_lo), min(1.0, t1_hi)]
+        block.steps = sum(cnt)
+        block.covered_mass = math.fsum(cov) / len(cov) if cov else None
     return block

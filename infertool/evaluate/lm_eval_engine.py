@@ -27,8 +27,10 @@ import math
 import os
 import subprocess
 from pathlib import Path
+from typing import Any
 
 from infertool.errors import BackendError, UsageError
+from infertool.evaluate.result import LmEvalComparison, LmEvalTask, TaskCode
 
 WORKER = Path(__file__).with_name("lm_eval_worker.py")
 REQUEST_TIMEOUT_S = 300  # lm-eval's per-request timeout against the server
@@ -80,11 +82,11 @@ class LmEvalPhase:
         return read_answer(Path(spec["out"]), log_dir / f"{tag}.log", include,
                            secrets=[getattr(served.client, "api_key", None)])
 
-    def compare(self, raw_ref: dict, raw_cand: dict, *, confidence: float, first: str) -> dict:
+    def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,
+                first: str) -> LmEvalComparison:
         block = compare_raw(raw_ref, raw_cand, confidence=confidence)
         if self.spec.include_path:  # the report says whether the task folder's own code ran, and which
-            block["task_code"] = {"trust_code": bool(self.spec.trust_code), "include_path": str(self.spec.include_path),
-                                  "ran": self.trusted()}
+            block.task_code = TaskCode(bool(self.spec.trust_code), str(self.spec.include_path), self.trusted())
         return block
 
     def preflight(self, log_dir: Path) -> None:
@@ -272,7 +274,8 @@ def answer_error(ans: dict, include: list[str], log_path: str, secrets: list) ->
 # the join and the statistics
 # --------------------------------------------------------------------------------------------
 
-def paired_recovery(base: list[float], cand: list[float], confidence: float) -> tuple[float | None, list | None]:
+def paired_recovery(base: list[float], cand: list[float], confidence: float,
+                    ) -> tuple[float | None, list[float | None] | None]:
     """Recovery = mean(cand) / mean(base) over paired documents, and its interval: the delta method on
     log(mean c / mean b) with Student's t quantile (n - 1 degrees of freedom), Var = s_c^2/(n c^2) + s_b^2/(n b^2) - 2 s_bc/(n b c) with the sample (co)variances of
     the per-document scores, so the pairing (the same documents) narrows it. Identical scores give exactly
@@ -315,7 +318,7 @@ def join_task(ref: dict, cand: dict) -> tuple[list[str], list[float], list[float
 
 
 def task_block(ids: list[str], b: list[float], c: list[float], metric: str, confidence: float,
-               higher_is_better: bool = True) -> dict:
+               higher_is_better: bool = True) -> LmEvalTask:
     """One task's figures: scores, recovery with its interval, lost/gained documents, exact McNemar p. ``b``, ``c``:
     oriented scores (higher is better: a lower-is-better metric's negated, as ``join_task`` gives them). Recovery
     of a lower-is-better metric (a perplexity) is mean(base) / mean(candidate) on the metric's own values, so
@@ -326,6 +329,7 @@ def task_block(ids: list[str], b: list[float], c: list[float], metric: str, conf
     gained = [i for i, x, y in zip(ids, b, c) if y > x]
     n = len(ids)
     sign = 1.0 if higher_is_better else -1.0
+    ci: list[float | None] | None
     if higher_is_better:
         rec, ci = paired_recovery(b, c, confidence)
     else:
@@ -334,19 +338,21 @@ def task_block(ids: list[str], b: list[float], c: list[float], metric: str, conf
         if inv and inv_ci:
             lo, hi = inv_ci
             ci = [1.0 / hi, 1.0 / lo if lo > 0 else None]
-    return {"metric": metric, "base": sign * math.fsum(b) / n if n else None,
-            "candidate": sign * math.fsum(c) / n if n else None, "higher_is_better": higher_is_better,
-            "recovery": rec, "recovery_ci": ci, "lost": len(lost), "gained": len(gained),
-            "mcnemar_p": mcnemar_exact(len(lost), len(gained)), "n": n,
-            "lost_docs": lost[:MAX_LISTED], "gained_docs": gained[:MAX_LISTED]}
+    return LmEvalTask(metric=metric, base=sign * math.fsum(b) / n if n else None,
+                      candidate=sign * math.fsum(c) / n if n else None, higher_is_better=higher_is_better,
+                      recovery=rec, recovery_ci=ci, lost=len(lost), gained=len(gained),
+                      mcnemar_p=mcnemar_exact(len(lost), len(gained)), n=n, lost_docs=lost[:MAX_LISTED],
+                      gained_docs=gained[:MAX_LISTED])
 
 
-def compare_raw(raw_ref: dict, raw_cand: dict, *, confidence: float) -> dict:
+def compare_raw(raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float) -> LmEvalComparison:
     """The pooled lm_eval block (results.json ``pooled.lm_eval``): per task, and pooled over every document of
     the higher-is-better tasks (accuracies, exact matches: a lower-is-better metric such as a perplexity has its
     own recovery, base / candidate, and is not added to scores of another scale); tasks that only one model ran
     are left out."""
-    tasks, all_b, all_c = {}, [], []
+    tasks: dict[str, LmEvalTask] = {}
+    all_b: list[float] = []
+    all_c: list[float] = []
     for name in sorted(set(raw_ref.get("tasks", {})) & set(raw_cand.get("tasks", {}))):
         r, c = raw_ref["tasks"][name], raw_cand["tasks"][name]
         ids, sb, sc = join_task(r, c)
@@ -358,6 +364,6 @@ def compare_raw(raw_ref: dict, raw_cand: dict, *, confidence: float) -> dict:
             all_b += sb
             all_c += sc
     pooled = task_block([str(i) for i in range(len(all_b))], all_b, all_c, "pooled", confidence)
-    return {"tasks": tasks, "recovery": pooled["recovery"], "recovery_ci": pooled["recovery_ci"], "n": pooled["n"],
-            "lost": pooled["lost"], "gained": pooled["gained"], "mcnemar_p": pooled["mcnemar_p"],
-            "base": pooled["base"], "candidate": pooled["candidate"], "confidence": confidence}
+    return LmEvalComparison(tasks=tasks, recovery=pooled.recovery, recovery_ci=pooled.recovery_ci, n=pooled.n,
+                            lost=pooled.lost, gained=pooled.gained, mcnemar_p=pooled.mcnemar_p, base=pooled.base,
+                            candidate=pooled.candidate, confidence=confidence)

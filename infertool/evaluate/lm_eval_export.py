@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 import yaml
@@ -27,7 +28,7 @@ def _task_id(suite: str, task: str) -> str:
     return "infertool_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{suite}_{task}").strip("_").lower()
 
 
-def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) -> dict:
+def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) -> LmEvalExport:
     """Write the suite's tasks into ``dest``. A file that is already there is replaced only with ``force``
     (checked for every file before anything is written); each file is written whole (temp file + rename)."""
     suite = load_suite(suite_name)
@@ -94,8 +95,21 @@ def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) ->
     gpath = dest / f"_{group}.yaml"
     write_text(gpath, yaml.safe_dump({"group": group, "task": task_ids}, sort_keys=False))
     written.append(str(gpath))
-    return {"suite": suite.name, "dir": str(dest), "group": group, "tasks": task_ids, "skipped": skipped, "files": written,
-            "usage": f"lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {dest} --tasks {group}"}
+    return LmEvalExport(suite.name, str(dest), group, task_ids, skipped, written,
+                        f"lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {dest} --tasks {group}")
+
+
+@dataclass(frozen=True)
+class LmEvalExport:
+    """What ``export_lm_eval`` wrote (`infertool eval export-lm-eval --json` prints it as it is)."""
+
+    suite: str
+    dir: str
+    group: str
+    tasks: list[str]  # the lm-eval task ids written
+    skipped: dict[str, str]  # tasks an lm-eval task cannot express: {name: why}
+    files: list[str]
+    usage: str  # the lm_eval command line that runs them
 
 
 class _NoForm(Exception):

@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from infertool.records import Record
 
 LN2 = math.log(2.0)
 _EXP_MAX = 709.0  # math.exp overflows above ~709.78
@@ -264,7 +267,29 @@ def mcnemar_exact(b: int, c: int) -> float:
     return min(1.0, 2.0 * tail)
 
 
-def paired_accuracy(base_correct: Sequence[bool], cand_correct: Sequence[bool], confidence: float = 0.95) -> dict:
+@dataclass
+class PairedAccuracy(Record):
+    """Base and candidate right or wrong on the same items (paired_accuracy); results.json keeps it per task
+    and pooled (infertool.evaluate.result)."""
+
+    n: int = 0
+    acc_base: float | None = None
+    acc_base_ci: list[float | None] = field(default_factory=list)
+    acc_cand: float | None = None
+    acc_cand_ci: list[float | None] = field(default_factory=list)
+    b: int = 0  # base right, candidate wrong
+    c: int = 0  # candidate right, base wrong
+    flip_rate: float | None = None
+    flip_rate_ci: list[float | None] = field(default_factory=list)
+    net_change: float | None = None
+    net_change_se: float | None = None
+    net_change_ci: list[float | None] = field(default_factory=list)
+    mcnemar_p: float | None = None
+
+
+
+def paired_accuracy(base_correct: Sequence[bool], cand_correct: Sequence[bool], confidence: float = 0.95,
+                   ) -> PairedAccuracy:
     """Paired comparison of two models' correctness on the same items.
 
     b = base right & candidate wrong, c = the reverse; flip rate (b+c)/N; net change (c-b)/N with the
@@ -280,21 +305,11 @@ def paired_accuracy(base_correct: Sequence[bool], cand_correct: Sequence[bool], 
     z = z_for(confidence)
     net = (c - b) / n if n else float("nan")
     se = math.sqrt(max(0.0, (b + c) - (b - c) ** 2 / n)) / n if n else float("nan")
-    return {
-        "n": n,
-        "acc_base": kb / n if n else float("nan"),
-        "acc_base_ci": list(wilson(kb, n, confidence)),
-        "acc_cand": kc / n if n else float("nan"),
-        "acc_cand_ci": list(wilson(kc, n, confidence)),
-        "b": b,
-        "c": c,
-        "flip_rate": (b + c) / n if n else float("nan"),
-        "flip_rate_ci": list(wilson(b + c, n, confidence)),
-        "net_change": net,
-        "net_change_se": se,
-        "net_change_ci": [net - z * se, net + z * se],
-        "mcnemar_p": mcnemar_exact(b, c),
-    }
+    return PairedAccuracy(
+        n=n, acc_base=kb / n if n else float("nan"), acc_base_ci=list(wilson(kb, n, confidence)),
+        acc_cand=kc / n if n else float("nan"), acc_cand_ci=list(wilson(kc, n, confidence)), b=b, c=c,
+        flip_rate=(b + c) / n if n else float("nan"), flip_rate_ci=list(wilson(b + c, n, confidence)),
+        net_change=net, net_change_se=se, net_change_ci=[net - z * se, net + z * se], mcnemar_p=mcnemar_exact(b, c))
 
 
 # --------------------------------------------------------------------------------------------

@@ -17,12 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from infertool.evaluate.metrics import PairedAccuracy
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record
 
-__all__ = ["Accept", "ChoiceResult", "EvalModel", "EvalResult", "EvalSettings", "EvalSummary", "GenerateResult",
-           "Gate", "HeldOut", "PairedAccuracy", "PerplexityMetrics", "PerplexityResult", "Pooled", "SuiteInfo",
-           "TaskResult", "Timing"]
+__all__ = ["Accept", "ChoiceResult", "DecodeComparison", "Diverged", "EvalModel", "EvalResult", "EvalSettings",
+           "EvalSummary", "GenerateResult", "Gate", "HeldOut", "LmEvalComparison", "LmEvalTask", "PairedAccuracy",
+           "PerplexityMetrics", "PerplexityResult", "Pooled", "SuiteInfo", "TaskCode", "TaskResult", "Timing"]
 
 
 @dataclass
@@ -41,25 +42,6 @@ class _Sparse(Record):
 
 
 # ------------------------------------------------------------------------------------------- metrics
-@dataclass
-class PairedAccuracy(Record):
-    """Base and candidate right or wrong on the same items (infertool.evaluate.metrics.paired_accuracy)."""
-
-    n: int = 0
-    acc_base: float | None = None
-    acc_base_ci: list[float | None] = field(default_factory=list)
-    acc_cand: float | None = None
-    acc_cand_ci: list[float | None] = field(default_factory=list)
-    b: int = 0  # base right, candidate wrong
-    c: int = 0  # candidate right, base wrong
-    flip_rate: float | None = None
-    flip_rate_ci: list[float | None] = field(default_factory=list)
-    net_change: float | None = None
-    net_change_se: float | None = None
-    net_change_ci: list[float | None] = field(default_factory=list)
-    mcnemar_p: float | None = None
-
-
 @dataclass
 class TaskResult(_Sparse):
     """One task's metrics; ``from_dict`` gives the record of the task's ``type``."""
@@ -148,6 +130,102 @@ _TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "mul
                                             "generate": GenerateResult}
 
 
+# ------------------------------------------------------------------------------------------- as-served phases
+@dataclass
+class LmEvalTask(Record):
+    """One lm-eval task's base against candidate, joined by document (lm_eval_engine.task_block): the scores,
+    recovery with its interval, documents lost / gained, the exact McNemar p."""
+
+    metric: str = ""
+    base: float | None = None
+    candidate: float | None = None
+    higher_is_better: bool = True
+    recovery: float | None = None
+    recovery_ci: list[float | None] | None = None
+    lost: int | None = None
+    gained: int | None = None
+    mcnemar_p: float | None = None
+    n: int | None = None
+    lost_docs: list[str] = field(default_factory=list)
+    gained_docs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TaskCode(Record):
+    """Whether an lm-eval task folder's own code ran (eval.lm_eval.trust_code), and which references."""
+
+    trust_code: bool = False
+    include_path: str | None = None
+    ran: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LmEvalComparison(_Sparse):
+    """results.json ``pooled.lm_eval`` (lm_eval_engine.compare_raw): per task, and pooled over every document of
+    the higher-is-better tasks; ``task_code`` when the tasks came from an include path."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("task_code",)
+
+    tasks: dict[str, LmEvalTask] = field(default_factory=dict)
+    recovery: float | None = None
+    recovery_ci: list[float | None] | None = None
+    n: int | None = None
+    lost: int | None = None
+    gained: int | None = None
+    mcnemar_p: float | None = None
+    base: float | None = None
+    candidate: float | None = None
+    confidence: float = 0.95
+    task_code: TaskCode | None = None
+
+
+@dataclass
+class Diverged(Record):
+    """One prompt whose greedy continuations differ: where, whether at a near tie, both texts (cut)."""
+
+    id: str = ""
+    at: int | None = None
+    near_tie: bool = False
+    ref_top2_gap: float | None = None
+    reference: str | None = None
+    candidate: str | None = None
+
+
+DECODE_INTERVAL = "KLD and top-1: per-prompt sums, cluster-robust by prompt; first divergence: order statistics"
+
+
+@dataclass
+class DecodeComparison(_Sparse):
+    """The decode path as served (decode.compare, results.json ``pooled.decode``): greedy exact match, first
+    divergence, decode-step KLD and top-1 over teacher-forced decode positions, each with its interval;
+    ``skipped``: why it was not measured."""
+
+    OPTIONAL: ClassVar[tuple[str, ...]] = ("skipped", "covered_mass")
+
+    n_prompts: int = 0
+    exact_match: float | None = None
+    exact_match_ci: list[float | None] | None = None
+    first_divergence_median: float | None = None
+    first_divergence_ci: list[float | None] | None = None
+    kld: float | None = None
+    kld_ci: list[float | None] | None = None
+    top1: float | None = None
+    top1_ci: list[float | None] | None = None
+    steps: int = 0
+    prefill_steps: int = 0
+    near_ties: int = 0
+    divergences: int = 0
+    near_tie_logprob: float | None = None
+    chat: bool | None = None
+    max_tokens: int | None = None
+    kld_kind: str | None = None
+    interval: str = DECODE_INTERVAL
+    first: str = ""
+    diverged: list[Diverged] = field(default_factory=list)
+    skipped: str | None = None
+    covered_mass: float | None = None
+
+
 @dataclass
 class Pooled(_Sparse):
     """Metrics pooled over the suite: tokens over every perplexity task, paired accuracy over every item."""
@@ -157,8 +235,8 @@ class Pooled(_Sparse):
     tokens: PerplexityMetrics | None = None
     items: PairedAccuracy | None = None
     # the as-served phases (infertool.evaluate.phases): lm-eval tasks joined per document, the decode path
-    lm_eval: dict | None = None
-    decode: dict | None = None
+    lm_eval: LmEvalComparison | None = None
+    decode: DecodeComparison | None = None
 
 
 # ------------------------------------------------------------------------------------------- context
