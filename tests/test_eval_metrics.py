@@ -107,12 +107,12 @@ def test_paired_accuracy_hand_computed():
     base = [True, True, True, False, False]
     cand = [True, False, False, True, False]
     r = M.paired_accuracy(base, cand)
-    assert (r["n"], r["b"], r["c"]) == (5, 2, 1)
-    assert r["acc_base"] == pytest.approx(0.6) and r["acc_cand"] == pytest.approx(0.4)
-    assert r["flip_rate"] == pytest.approx(0.6)
-    assert r["net_change"] == pytest.approx(-0.2)
-    assert r["net_change_se"] == pytest.approx(math.sqrt(3 - 1 / 5) / 5)
-    assert r["mcnemar_p"] == pytest.approx(1.0)  # 2 * P(X<=1 | n=3) = 2 * 4/8
+    assert (r.n, r.b, r.c) == (5, 2, 1)
+    assert r.acc_base == pytest.approx(0.6) and r.acc_cand == pytest.approx(0.4)
+    assert r.flip_rate == pytest.approx(0.6)
+    assert r.net_change == pytest.approx(-0.2)
+    assert r.net_change_se == pytest.approx(math.sqrt(3 - 1 / 5) / 5)
+    assert r.mcnemar_p == pytest.approx(1.0)  # 2 * P(X<=1 | n=3) = 2 * 4/8
 
 
 def test_distribution_percentiles():

@@ -291,7 +291,7 @@ def test_extreme_log_probabilities_give_an_infinite_ratio_that_fails_not_a_crash
 def test_items_jsonl_holds_no_bare_nan(tmp_path):
     from infertool.evaluate.core import _write_details
 
-    _write_details(tmp_path, [{"task": "t", "id": "w0", "kld_mean": math.nan, "nll_b": math.inf, "x": 1.5}], {},
+    _write_details(tmp_path, [{"task": "t", "id": "w0", "kld_mean": math.nan, "nll_b": math.inf, "x": 1.5}], None,
                    "openai")
     rec = _strict((tmp_path / "items.jsonl").read_text().splitlines()[0])
     assert rec == {"task": "t", "id": "w0", "kld_mean": None, "nll_b": None, "x": 1.5}

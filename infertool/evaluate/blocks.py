@@ -8,7 +8,7 @@ malformed value is None, and reads "-" here), never an exception.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable, Sequence
 
 from infertool.evaluate.result import DecodeComparison, Diverged, LmEvalComparison
 from infertool.evaluate.verdict import fmt
@@ -29,7 +29,7 @@ def _pct(x: float | None) -> str:
     return "-" if x is None else f"{x:.1%}"
 
 
-def _ci(ci: list[float | None] | None, f: Callable[[float | None], str] = _f) -> str:
+def _ci(ci: Sequence[float | None] | None, f: Callable[[float | None], str] = _f) -> str:
     """``[lo, hi]`` of an interval (None reads "[-, -]")."""
     lo, hi = (list(ci or []) + [None, None])[:2]
     return f"[{f(lo)}, {f(hi)}]"

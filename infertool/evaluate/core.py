@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
@@ -30,6 +31,7 @@ from infertool.evaluate.verdict import Estimate, Gate, judge, thresholds, verdic
 
 if TYPE_CHECKING:
     from infertool.evaluate.phases import Phase
+    from infertool.recipe import EvalSection
 
 RESULTS_FILE = "results.json"
 ITEMS_FILE = "items.jsonl"
@@ -40,7 +42,7 @@ def _argmax(xs: list[float]) -> int:
     return max(range(len(xs)), key=lambda i: xs[i])
 
 
-def summarize_perplexity(task: dict[str, Any], confidence: float) -> PerplexityMetrics:
+def summarize_perplexity(task: dict[str, Any], confidence: float) -> PerplexityMetrics:  # Any: JSON values
     """Token-level metrics of a task's perplexity windows (``task``: the engine's raw, or windows pooled)."""
     items = task["items"]
     lp_b = [v for it in items for v in it["lp_b"]]
@@ -67,8 +69,8 @@ def summarize_perplexity(task: dict[str, Any], confidence: float) -> PerplexityM
         if covered else None)
 
 
-def summarize_multiple_choice(task: dict[str, Any], answers: dict[str, int], confidence: float,
-                              ) -> tuple[ChoiceResult, list[dict[str, Any]]]:
+def summarize_multiple_choice(task: dict[str, Any], answers: dict[str, int], confidence: float,  # Any: JSON values
+                              ) -> tuple[ChoiceResult, list[dict[str, Any]]]:  # Any: JSON values
     recs = []
     for it in task["items"]:
         ans = answers[it["id"]]
@@ -89,8 +91,8 @@ def summarize_multiple_choice(task: dict[str, Any], answers: dict[str, int], con
         same_pick=same / n if n else float("nan"), same_pick_ci=list(M.wilson(same, n, confidence))), recs
 
 
-def summarize_generate(task: dict[str, Any], targets: dict[str, str], match: str, confidence: float,
-                       ) -> tuple[GenerateResult, list[dict[str, Any]]]:
+def summarize_generate(task: dict[str, Any], targets: dict[str, str], match: str, confidence: float,  # Any: JSON values
+                       ) -> tuple[GenerateResult, list[dict[str, Any]]]:  # Any: JSON values
     recs = []
     for it in task["items"]:
         t = targets[it["id"]]
@@ -106,7 +108,7 @@ def summarize_generate(task: dict[str, Any], targets: dict[str, str], match: str
         output_agreement=same / n if n else float("nan"), output_agreement_ci=list(M.wilson(same, n, confidence))), recs
 
 
-def _interval(ci: list[float | None] | None) -> tuple[float | None, float | None]:
+def _interval(ci: Sequence[float | None] | None) -> tuple[float | None, float | None]:
     lo, hi = (list(ci or []) + [None, None])[:2]
     return lo, hi
 
@@ -138,7 +140,7 @@ def _neg(x: float | None) -> float | None:
     return None if x is None else -x
 
 
-def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:
+def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:  # Any: JSON values
     """One gate per threshold of eval.accept (infertool.evaluate.verdict.RULES), judged on the pooled metrics."""
     conf = float(accept.get("confidence", 0.95))
     found = estimates(pool, conf)
@@ -152,7 +154,7 @@ def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:
             for g, val in thresholds(accept).items()]
 
 
-def _perplexity_task(task: Task, raw: dict[str, Any], conf: float) -> tuple[PerplexityResult, list[dict[str, Any]]]:
+def _perplexity_task(task: Task, raw: dict[str, Any], conf: float) -> tuple[PerplexityResult, list[dict[str, Any]]]:  # Any: JSON values
     """A perplexity task's metrics, with its corpus, and one record per window (items.jsonl)."""
     s = summarize_perplexity(raw, conf)
     result = PerplexityResult(**{f.name: getattr(s, f.name) for f in fields(s)}, corpus=task.meta,
@@ -166,14 +168,14 @@ def _perplexity_task(task: Task, raw: dict[str, Any], conf: float) -> tuple[Perp
     return result, recs
 
 
-def summarize(suite: Suite, raw_tasks: dict[str, Any], accept: dict[str, Any], phase_pool: Pooled | None = None,
-              ) -> tuple[dict[str, TaskResult], list[dict[str, Any]], Pooled, list[Gate]]:
+def summarize(suite: Suite, raw_tasks: dict[str, Any], accept: dict[str, Any], phase_pool: Pooled | None = None,  # Any: JSON values
+              ) -> tuple[dict[str, TaskResult], list[dict[str, Any]], Pooled, list[Gate]]:  # Any: JSON values
     """Per-task metrics, per-item records (for items.jsonl), pooled metrics and gates. ``phase_pool``: the
     blocks of the as-served phases (infertool.evaluate.phases.compare_all: ``lm_eval``, ``decode``), pooled
     and gated with the rest."""
     conf = float(accept.get("confidence", 0.95))
     tasks: dict[str, TaskResult] = {}
-    records: list[dict[str, Any]] = []
+    records: list[dict[str, Any]] = []  # Any: JSON values
     correct_b: list[bool] = []
     correct_c: list[bool] = []
     for task in suite.tasks:
@@ -201,7 +203,7 @@ def summarize(suite: Suite, raw_tasks: dict[str, Any], accept: dict[str, Any], p
     return tasks, records, pool, make_gates(pool, accept)
 
 
-def _throughput(timing: dict[str, Any]) -> dict[str, Any]:
+def _throughput(timing: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     scored = [t for t in timing.values() if t.get("tokens")]  # log-likelihood work; generation has its own pace
     tokens = sum(t["tokens"] for t in scored)
     base_s = sum(t.get("base_s", 0.0) for t in scored)
@@ -215,7 +217,7 @@ def _throughput(timing: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def write_kld_histogram_svg(hist: dict[str, Any], path: Path, title: str) -> Path:
+def write_kld_histogram_svg(hist: dict[str, Any], path: Path, title: str) -> Path:  # Any: JSON values
     """A bar chart of the per-token KLD distribution (log-spaced bins), as a self-contained SVG."""
     counts = [hist["under"], *hist["counts"], hist["over"]]
     labels = [f"<{hist['edges'][0]:.0e}"] + [f"{e:.0e}" for e in hist["edges"][:-1]] + [f"≥{hist['edges'][-1]:.0e}"]
@@ -264,7 +266,7 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     out_dir = Path(ctx.out_dir or plan.out_dir or _default_out(suite.name))
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    phases = phases_for(plan)
+    phases = phases_for(plan.eval_section, plan.engine)
     from infertool.evaluate.phases import preflight_all
 
     preflight_all(phases, out_dir / "logs")  # lm-eval's tasks and data, before any server starts
@@ -297,15 +299,25 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     return result
 
 
-def phases_for(plan: EvalPlan) -> list[Phase]:
-    """The as-served phases of this eval (lm-eval tasks, the decode path): infertool.evaluate.phases."""
-    from infertool.evaluate.phases import phases_for as _for
+def phases_for(ev: EvalSection | None, engine: str) -> list[Phase]:
+    """The phases an eval section asks of an as-served engine (vllm, openai): lm-eval tasks when
+    ``eval.lm_eval`` names some, the decode path unless ``eval.decode.enabled`` is false. The hf engine: none."""
+    if engine not in ("vllm", "openai") or ev is None:
+        return []
+    out: list[Phase] = []
+    if ev.lm_eval is not None:
+        from infertool.evaluate.lm_eval_engine import LmEvalPhase
 
-    return _for(plan.eval_section, plan.engine)
+        out.append(LmEvalPhase(ev.lm_eval))
+    if ev.decode is not None and ev.decode.enabled:
+        from infertool.evaluate.decode import DecodePhase
+
+        out.append(DecodePhase(ev.decode))
+    return out
 
 
-def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_dir: Path,
-           phases: list[Phase] | None = None) -> dict[str, Any]:
+def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_dir: Path,  # Any: JSON values
+           phases: list[Phase] | None = None) -> dict[str, Any]:  # Any: JSON values
     """The engine's raw numbers for both models (infertool.evaluate.hf_engine / server_engine)."""
     from infertool.envs.runner import InProcessEvents
 
@@ -332,7 +344,7 @@ def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_
                           log_dir=out_dir / "logs")
 
 
-def _write_details(out_dir: Path, records: list[dict[str, Any]], tok: PerplexityMetrics | None,
+def _write_details(out_dir: Path, records: list[dict[str, Any]], tok: PerplexityMetrics | None,  # Any: JSON values
                    engine: str) -> dict[str, str]:
     """items.jsonl (one line per scored item) and the KLD histogram; the paths, results.json's among them."""
     files = {"results": str(out_dir / RESULTS_FILE), "items": str(out_dir / ITEMS_FILE)}
@@ -344,7 +356,7 @@ def _write_details(out_dir: Path, records: list[dict[str, Any]], tok: Perplexity
     return files
 
 
-def _notes(plan: EvalPlan, raw: dict[str, Any], tasks: dict[str, TaskResult]) -> list[str]:
+def _notes(plan: EvalPlan, raw: dict[str, Any], tasks: dict[str, TaskResult]) -> list[str]:  # Any: JSON values
     notes = []
     if raw.get("topk"):
         notes.append(f"{plan.engine} engine: KL divergence is computed from the top-{raw['topk']} log-probabilities a "

@@ -27,10 +27,15 @@ import math
 import os
 import subprocess
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infertool.errors import BackendError, UsageError
 from infertool.evaluate.result import LmEvalComparison, LmEvalTask, TaskCode
+
+if TYPE_CHECKING:
+    from infertool.evaluate.phases import Served
+    from infertool.recipe import LmEvalSpec
+    from infertool.tasks import Events
 
 WORKER = Path(__file__).with_name("lm_eval_worker.py")
 REQUEST_TIMEOUT_S = 300  # lm-eval's per-request timeout against the server
@@ -45,7 +50,7 @@ class LmEvalPhase:
     name = "lm_eval"
     gates: tuple[str, ...] = ("min_recovery",)
 
-    def __init__(self, spec):
+    def __init__(self, spec: LmEvalSpec) -> None:
         self.spec = spec
         self.task_code: list[str] | None = None  # what the task folder's code does (trust_code), once read
 
@@ -58,7 +63,8 @@ class LmEvalPhase:
             self.task_code = [r.text() for r in require_trusted(self.spec)]
         return self.task_code
 
-    def run(self, served, prior, events, window: tuple[int, int] | None = None) -> dict:
+    def run(self, served: Served, prior: dict[str, Any] | None, events: Events,  # Any: JSON values
+            window: tuple[int, int] | None = None) -> dict[str, Any]:  # Any: JSON values
         """lm-eval's tasks on one served model: {"tasks": {task: {"metric", "higher_is_better", "docs":
         {doc_id: score}, ...}}, "answer": the worker's file}. ``window=(lo, hi)``: documents [lo, hi) of each task."""
         from infertool.envs.state import require_env
@@ -82,7 +88,7 @@ class LmEvalPhase:
         return read_answer(Path(spec["out"]), log_dir / f"{tag}.log", include,
                            secrets=[getattr(served.client, "api_key", None)])
 
-    def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,
+    def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
                 first: str) -> LmEvalComparison:
         block = compare_raw(raw_ref, raw_cand, confidence=confidence)
         if self.spec.include_path:  # the report says whether the task folder's own code ran, and which
@@ -126,7 +132,7 @@ class LmEvalPhase:
 PREFLIGHT_TIMEOUT_S = 300.0  # lm-eval's import and the tasks' data loading, before any server starts
 
 
-def _checked_marker(spec, packages: dict) -> Path:
+def _checked_marker(spec: LmEvalSpec, packages: dict[str, Any]) -> Path:  # Any: JSON values
     """Where a passed task check of ``spec`` is remembered (INFERTOOL_HOME/cache/lm_eval_checks/<digest>.json):
     keyed by the tasks, the include path's files by content, infertool's version (its shipped tasks) and the
     lmeval environment's packages."""
@@ -145,7 +151,7 @@ def _checked_marker(spec, packages: dict) -> Path:
 # running lm-eval
 # --------------------------------------------------------------------------------------------
 
-def include_paths(spec, log_dir: Path) -> list[str]:
+def include_paths(spec: LmEvalSpec, log_dir: Path) -> list[str]:
     """The include path lm-eval gets: the recipe's ``include_path`` (relative: from the current folder, as the
     recipe's other paths), then, when a task name starts with ``infertool_``, a copy of the shipped tasks with
     their data files' absolute paths (lm-eval resolves a relative data file from its current folder)."""
@@ -181,12 +187,14 @@ def materialize_shipped(dest: Path) -> Path:
     return dest
 
 
-def worker_spec(spec, served, include: list[str], window, *, out: str) -> dict:
+def worker_spec(spec: LmEvalSpec, served: Served, include: list[str], window: tuple[int, int] | None, *,
+                out: str) -> dict[str, Any]:  # Any: JSON values
     """What the worker needs: the endpoint, the tokenizer (eval.lm_eval.tokenizer, else the served checkpoint's
     folder; none known: lm-eval's own choice, the server's tokenizer_info/tokenize endpoints), the tasks and
     lm-eval's options."""
     client = served.client
-    tok = str(Path(spec.tokenizer).expanduser().absolute()) if getattr(spec, "tokenizer", None) else served.model_path
+    given = getattr(spec, "tokenizer", None)
+    tok = str(Path(given).expanduser().absolute()) if given else served.model_path
     if tok is None and Path(str(client.model)).is_dir():  # a server not ours that serves a local folder
         tok = str(Path(client.model).absolute())
     return {"base_url": client.base_url, "model": client.model, "tokenizer": tok,
@@ -233,7 +241,7 @@ def _tail(log_path: Path, n: int = 12) -> str:
         return ""
 
 
-def read_answer(out: Path, log_path: Path, include: list[str], secrets: list) -> dict:
+def read_answer(out: Path, log_path: Path, include: list[str], secrets: list[Any]) -> dict[str, Any]:  # Any: JSON values
     """The worker's answer as the phase's raw numbers, or the error it reported (unknown task, missing data)."""
     import json
 
@@ -250,7 +258,7 @@ def read_answer(out: Path, log_path: Path, include: list[str], secrets: list) ->
     raise answer_error(ans, include, str(log_path), secrets)
 
 
-def answer_error(ans: dict, include: list[str], log_path: str, secrets: list) -> Exception:
+def answer_error(ans: dict[str, Any], include: list[str], log_path: str, secrets: list[Any]) -> Exception:  # Any: JSON values
     """The error of a worker's answer: an unknown task and data not on the machine are the user's to fix."""
     from infertool import net
 
@@ -275,7 +283,7 @@ def answer_error(ans: dict, include: list[str], log_path: str, secrets: list) ->
 # --------------------------------------------------------------------------------------------
 
 def paired_recovery(base: list[float], cand: list[float], confidence: float,
-                    ) -> tuple[float | None, list[float | None] | None]:
+                    ) -> tuple[float | None, list[float] | None]:
     """Recovery = mean(cand) / mean(base) over paired documents, and its interval: the delta method on
     log(mean c / mean b) with Student's t quantile (n - 1 degrees of freedom), Var = s_c^2/(n c^2) + s_b^2/(n b^2) - 2 s_bc/(n b c) with the sample (co)variances of
     the per-document scores, so the pairing (the same documents) narrows it. Identical scores give exactly
@@ -306,11 +314,11 @@ def paired_recovery(base: list[float], cand: list[float], confidence: float,
     return rec, [max(0.0, rec - z * se), rec + z * se]
 
 
-def _key(doc_id: str):
+def _key(doc_id: str) -> tuple[int, int, str]:
     return (0, int(doc_id), "") if str(doc_id).lstrip("-").isdigit() else (1, 0, str(doc_id))
 
 
-def join_task(ref: dict, cand: dict) -> tuple[list[str], list[float], list[float]]:
+def join_task(ref: dict[str, Any], cand: dict[str, Any]) -> tuple[list[str], list[float], list[float]]:  # Any: JSON values
     """The documents both models scored, in doc order, and their scores (oriented: higher is better)."""
     sign = 1.0 if ref.get("higher_is_better", True) else -1.0
     ids = sorted(set(ref.get("docs", {})) & set(cand.get("docs", {})), key=_key)
@@ -331,7 +339,8 @@ def task_block(ids: list[str], b: list[float], c: list[float], metric: str, conf
     sign = 1.0 if higher_is_better else -1.0
     ci: list[float | None] | None
     if higher_is_better:
-        rec, ci = paired_recovery(b, c, confidence)
+        rec, up = paired_recovery(b, c, confidence)
+        ci = [*up] if up is not None else None
     else:
         inv, inv_ci = paired_recovery([-x for x in b], [-y for y in c], confidence)  # mean(c) / mean(b), raw
         rec, ci = (1.0 / inv if inv else None), None
@@ -345,7 +354,7 @@ def task_block(ids: list[str], b: list[float], c: list[float], metric: str, conf
                       gained_docs=gained[:MAX_LISTED])
 
 
-def compare_raw(raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float) -> LmEvalComparison:
+def compare_raw(raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float) -> LmEvalComparison:  # Any: JSON values
     """The pooled lm_eval block (results.json ``pooled.lm_eval``): per task, and pooled over every document of
     the higher-is-better tasks (accuracies, exact matches: a lower-is-better metric such as a perplexity has its
     own recovery, base / candidate, and is not added to scores of another scale); tasks that only one model ran

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from infertool.records import Record
 
@@ -102,7 +103,7 @@ def percentile(sorted_xs: Sequence[float], q: float) -> float:
     return float(sorted_xs[i] + (sorted_xs[i + 1] - sorted_xs[i]) * frac)
 
 
-def distribution(xs: Sequence[float], qs: Sequence[float] = (1, 5, 10, 50, 90, 95, 99, 99.9)) -> dict:
+def distribution(xs: Sequence[float], qs: Sequence[float] = (1, 5, 10, 50, 90, 95, 99, 99.9)) -> dict[str, Any]:  # Any: JSON values
     """mean, SE, RMS, min, max and percentiles (keys like 'p99.9') of a sample."""
     s = sorted(xs)
     m, se = mean_se(xs)
@@ -317,7 +318,7 @@ def paired_accuracy(base_correct: Sequence[bool], cand_correct: Sequence[bool], 
 # --------------------------------------------------------------------------------------------
 
 
-def log_histogram(xs: Sequence[float], lo: float = 1e-6, hi: float = 10.0, per_decade: int = 4) -> dict:
+def log_histogram(xs: Sequence[float], lo: float = 1e-6, hi: float = 10.0, per_decade: int = 4) -> dict[str, Any]:  # Any: JSON values
     """Counts of values in log-spaced bins from lo to hi; values below lo (e.g. exact zeros) and above
     hi get their own counts."""
     decades = math.log10(hi) - math.log10(lo)

@@ -27,7 +27,6 @@ from typing import TYPE_CHECKING, Any, Protocol
 from infertool.evaluate.result import DecodeComparison, LmEvalComparison, Pooled
 
 if TYPE_CHECKING:
-    from infertool.recipe import EvalSection
     from infertool.tasks import Events
 
 
@@ -39,36 +38,17 @@ class Served:
     client: Any  # Any: server_engine.Client (base_url, model, api_key) or a stand-in; server_engine imports this module
     model_path: str | None = None  # the checkpoint served (its tokenizer, chat template); None: a server not ours
     log_dir: Path | None = None  # where a phase may write its files (lm-eval's samples)
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
 
 
 class Phase(Protocol):
     name: str
     gates: tuple[str, ...]  # the accept gates its block feeds (a sequential check runs a phase while one is open)
 
-    def run(self, served: Served, prior: dict[str, Any] | None, events: Events) -> dict[str, Any]: ...
+    def run(self, served: Served, prior: dict[str, Any] | None, events: Events) -> dict[str, Any]: ...  # Any: JSON values
 
-    def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,
+    def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
                 first: str) -> LmEvalComparison | DecodeComparison: ...
-
-
-def phases_for(ev: EvalSection | None, engine: str) -> list[Phase]:
-    """The phases an eval section asks of an as-served engine (vllm, openai): lm-eval tasks when
-    ``eval.lm_eval`` names some, the decode path unless ``eval.decode.enabled`` is false. The hf engine: none."""
-    if engine not in ("vllm", "openai") or ev is None:
-        return []
-    out: list[Phase] = []
-    lm = getattr(ev, "lm_eval", None)
-    if lm is not None:
-        from infertool.evaluate.lm_eval_engine import LmEvalPhase
-
-        out.append(LmEvalPhase(lm))
-    dec = getattr(ev, "decode", None)
-    if dec is not None and dec.enabled:
-        from infertool.evaluate.decode import DecodePhase
-
-        out.append(DecodePhase(dec))
-    return out
 
 
 def preflight_all(phases: list[Phase], log_dir: Path) -> None:
@@ -80,7 +60,7 @@ def preflight_all(phases: list[Phase], log_dir: Path) -> None:
             check(log_dir)
 
 
-def run_all(phases: list[Phase], served: Served, done: dict[str, dict[str, Any]], events: Events) -> None:
+def run_all(phases: list[Phase], served: Served, done: dict[str, dict[str, Any]], events: Events) -> None:  # Any: JSON values
     """Run every phase on one server; ``done``: {phase name: {label: raw}} of the models served so far."""
     for ph in phases:
         got = done.setdefault(ph.name, {})
@@ -89,7 +69,7 @@ def run_all(phases: list[Phase], served: Served, done: dict[str, dict[str, Any]]
         got[served.label] = ph.run(served, prior, events)
 
 
-def compare_all(phases: list[Phase], done: dict[str, dict[str, Any]], ref: str, cand: str,
+def compare_all(phases: list[Phase], done: dict[str, dict[str, Any]], ref: str, cand: str,  # Any: JSON values
                 confidence: float) -> Pooled:
     """Each phase's pooled block, the candidate against the reference (labels ``ref`` / ``cand``): the
     ``lm_eval`` and ``decode`` of a ``Pooled`` (a phase's own block, or one of its JSON form, read as the record)."""

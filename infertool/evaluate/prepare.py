@@ -92,8 +92,8 @@ class EvalPlan:
     batch_size: int = 8
     max_items: int | None = None
     topk: int = TOPK
-    accept: dict = field(default_factory=lambda: {"preset": "standard"})  # eval.accept (recipe.AcceptSpec)
-    launches: dict | None = None  # vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
+    accept: dict[str, Any] = field(default_factory=lambda: {"preset": "standard"})  # Any: JSON values; eval.accept (recipe.AcceptSpec)
+    launches: dict[str, Any] | None = None  # Any: JSON values; vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
     held_out: HeldOut | None = None
     trust_remote_code: bool = False  # model.trust_remote_code, for the hf engine's loaders
     out_dir: Path | None = None
@@ -104,10 +104,10 @@ class EvalPlan:
     api_key: str | None = field(default=None, repr=False)
     eval_section: EvalSection | None = field(default=None, repr=False)  # lm_eval, decode (the as-served phases)
 
-    def model(self, role: str) -> dict:
+    def model(self, role: str) -> dict[str, Any]:  # Any: JSON values
         return {"model": self.base if role == "base" else self.candidate, "label": self.labels.get(role)}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         from infertool.evaluate.verdict import thresholds
 
         return {
@@ -140,7 +140,7 @@ def make_plan(res: Resolution, options: EvalOptions) -> EvalPlan:
         from infertool.evaluate.decode import load_prompts
 
         load_prompts(str(ev.decode.prompts))
-    common: dict[str, Any] = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,  # Any: JSON values (hashed / written / validated)
+    common: dict[str, Any] = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,  # Any: JSON values
                   accept=ev.accept.model_dump(), out_dir=options.out_dir, dry_run=options.dry_run,
                   allow_inconclusive=options.allow_inconclusive or ev.accept.allow_inconclusive, eval_section=ev)
     if ev.engine == "openai":
@@ -181,7 +181,7 @@ def eval_section(recipe: Recipe, options: EvalOptions) -> EvalSection:
     from infertool.recipe import EvalSection
 
     ev = recipe.eval or EvalSection()
-    changes: dict[str, Any] = {k: v for k, v in (("suite", options.suite), ("engine", options.engine),  # Any: JSON values (hashed / written / validated)
+    changes: dict[str, Any] = {k: v for k, v in (("suite", options.suite), ("engine", options.engine),  # Any: JSON values
                                                  ("url", options.url), ("max_items", options.max_items)) if v is not None}
     if options.preset is not None:
         changes["accept"] = {**ev.accept.model_dump(), "preset": options.preset}
@@ -251,7 +251,7 @@ def compared_models(res: Resolution, *, dry_run: bool = False) -> tuple[ModelRef
     return res.ensure(res.base), cand
 
 
-def vllm_launches(res: Resolution, seq_len: int, *, dry_run: bool = False, topk: int = TOPK) -> dict:
+def vllm_launches(res: Resolution, seq_len: int, *, dry_run: bool = False, topk: int = TOPK) -> dict[str, Any]:  # Any: JSON values
     """The two launches the vllm engine makes: the recipe's effective serve settings for each model (what
     you serve is what you test), plus --max-logprobs for the prompt log-probabilities when ``topk`` is more
     than vLLM's default (then `run`'s serve check and bench, which serve without it, share these servers)."""
@@ -266,7 +266,7 @@ def vllm_launches(res: Resolution, seq_len: int, *, dry_run: bool = False, topk:
             for role, model in (("candidate", res.candidate), ("base", res.base))}
 
 
-def held_out_check(res: Resolution, suite_name: str) -> dict | None:
+def held_out_check(res: Resolution, suite_name: str) -> dict[str, Any] | None:  # Any: JSON values
     """Does the candidate's calibration text overlap the suite? From the candidate's quantize manifest (what it
     was really calibrated on), else from the recipe's calibration section."""
     from infertool.data.calibration import read_texts

@@ -194,8 +194,8 @@ def suites(as_json: bool) -> None:
     out.print(tab)
 
 
-def _task_view(t: Task) -> dict[str, Any]:  # Any: JSON values (`eval suites --show --json`)
-    d: dict[str, Any] = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,
+def _task_view(t: Task) -> dict[str, Any]:  # Any: JSON values
+    d: dict[str, Any] = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,  # Any: JSON values
                          "data": t.data_path, "source": t.source}
     if t.type == "perplexity":
         d.update(chars=len(t.text or ""), max_windows=t.max_windows, seq_len=t.seq_len, first_text=(t.text or "")[:200])

@@ -33,7 +33,7 @@ class _Sparse(Record):
 
     OPTIONAL: ClassVar[tuple[str, ...]] = ()
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = super().to_dict()
         for name in self.OPTIONAL:
             if d.get(name) is None and name not in self.extra:
@@ -77,13 +77,13 @@ class PerplexityMetrics(TaskResult):
     ppl_ratio: float | None = None
     ppl_ratio_ci: list[float | None] = field(default_factory=list)
     kld_kind: str = "full"  # "full" (hf engine) or "top-K" (a server's top-K log-probabilities: a lower bound)
-    kld: dict = field(default_factory=dict)  # distribution: n, mean, se, rms, min, max, p1 ... p99.9, median
+    kld: dict[str, Any] = field(default_factory=dict)  # Any: JSON values; distribution: n, mean, se, rms, min, max, p1 ... p99.9, median
     top1_agree: float | None = None
     top1_agree_se: float | None = None
     top1_agree_ci: list[float | None] = field(default_factory=list)
-    delta_p: dict = field(default_factory=dict)  # distribution of p_candidate - p_base of the scored token
-    kld_histogram: dict = field(default_factory=dict)  # edges, counts, under, over
-    topk_covered_mass: dict | None = None  # server engines: how much of the base's probability the top-K covers
+    delta_p: dict[str, Any] = field(default_factory=dict)  # Any: JSON values; distribution of p_candidate - p_base of the scored token
+    kld_histogram: dict[str, Any] = field(default_factory=dict)  # Any: JSON values; edges, counts, under, over
+    topk_covered_mass: dict[str, Any] | None = None  # Any: JSON values; server engines: how much of the base's probability the top-K covers
 
     @property
     def mean_kld(self) -> float | None:
@@ -95,7 +95,7 @@ class PerplexityMetrics(TaskResult):
 class PerplexityResult(PerplexityMetrics):
     """A perplexity task: its metrics, and the corpus it cut its windows from."""
 
-    corpus: dict | None = None
+    corpus: dict[str, Any] | None = None  # Any: JSON values
     corpus_tokens: int | None = None
 
 
@@ -204,13 +204,13 @@ class DecodeComparison(_Sparse):
 
     n_prompts: int = 0
     exact_match: float | None = None
-    exact_match_ci: list[float | None] | None = None
+    exact_match_ci: list[float] | None = None
     first_divergence_median: float | None = None
-    first_divergence_ci: list[float | None] | None = None
+    first_divergence_ci: list[float] | None = None
     kld: float | None = None
-    kld_ci: list[float | None] | None = None
+    kld_ci: list[float] | None = None
     top1: float | None = None
-    top1_ci: list[float | None] | None = None
+    top1_ci: list[float] | None = None
     steps: int = 0
     prefill_steps: int = 0
     near_ties: int = 0
@@ -267,7 +267,7 @@ class HeldOut(Record):
     calibration: str | None = None
     checked: bool = False
     kind: str | None = None
-    overlap: dict | None = None  # eval_ngrams, shared_ngrams, share, texts_with_overlap, examples, refused
+    overlap: dict[str, Any] | None = None  # Any: JSON values; eval_ngrams, shared_ngrams, share, texts_with_overlap, examples, refused
     corpus_part: str | None = None
     why: str | None = None
 
@@ -286,12 +286,12 @@ class HeldOut(Record):
         """The candidate was calibrated on text of this suite: its figures may look better than they are."""
         return self.shared_ngrams > 0
 
-    def short(self, suite: str | None = None) -> dict:
+    def short(self, suite: str | None = None) -> dict[str, Any]:  # Any: JSON values
         """The few facts a run's manifest keeps."""
         return {"suite": suite, "calibration": self.calibration, "shared_ngrams": (self.overlap or {}).get("shared_ngrams"),
                 "share": self.share}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = super().to_dict()
         drop = ("kind", "overlap", "corpus_part") if not self.checked else ("why",)
         return {k: v for k, v in d.items() if not (k in drop and v is None and k not in self.extra)}
@@ -324,7 +324,7 @@ class EvalSettings(Record):
 @dataclass
 class Timing(Record):
     wall_s: float | None = None
-    per_task: dict = field(default_factory=dict)
+    per_task: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
     scored_tokens_per_model: int = 0
     base_s: float = 0.0
     cand_s: float = 0.0
@@ -342,7 +342,7 @@ class EvalSummary(Record):
     gates: list[Gate] = field(default_factory=list)
     engine: str | None = None
     suite: str | None = None
-    held_out: dict | None = None
+    held_out: dict[str, Any] | None = None  # Any: JSON values
 
 
 @dataclass
@@ -362,7 +362,7 @@ class EvalResult(Record):
     pooled: Pooled = field(default_factory=Pooled)
     tasks: dict[str, TaskResult] = field(default_factory=dict)
     timing: Timing = field(default_factory=Timing)
-    versions: dict = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
     notes: list[str] = field(default_factory=list)
     run_dir: str = ""
     files: dict[str, str] = field(default_factory=dict)  # results, items, kld_histogram: paths

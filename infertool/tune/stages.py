@@ -113,7 +113,7 @@ def launch_scored(res, model, ctx: StageContext, purpose: str, tasks: list[dict]
 def tune_phases(tune) -> list:
     """The as-served phases of tune's accuracy stages (infertool.evaluate.phases): lm-eval tasks when eval.lm_eval
     names some, the decode path unless eval.decode.enabled is false; as the vllm engine of `eval` runs them."""
-    from infertool.evaluate.phases import phases_for
+    from infertool.evaluate.core import phases_for
 
     return phases_for(tune.eval, "vllm")
 

@@ -18,8 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from infertool.errors import InfertoolError, UsageError
+
+if TYPE_CHECKING:
+    from infertool.recipe import LmEvalSpec
 
 TRUST_FLAG = "--trust-task-code"
 ENV = "lmeval"
@@ -31,7 +35,7 @@ class LmevalRerun:
     """What verify's lm-eval re-run would be: ``spec`` (an ``recipe.LmEvalSpec``) when it can run here, else
     ``why`` it cannot and a ``hint``; ``notes`` say what it will do (task code that runs)."""
 
-    spec: object | None = None  # infertool.recipe.LmEvalSpec (imported lazily); None: not run
+    spec: LmEvalSpec | None = None  # None: not run
     why: str = ""
     hint: str | None = None
     notes: list[str] = field(default_factory=list)
