@@ -2,8 +2,8 @@
 files (results.json, items.jsonl, the KLD histogram).
 
 ``run_plan(EvalPlan, RunContext) -> EvalResult`` is ``infertool.evaluate.run``; it never prints (progress and
-logs go to ``ctx.on_event``). The numbers are summarised here as plain dicts (``summarize``, which tune's
-screening shares) and typed once, into the ``EvalResult`` that results.json holds.
+logs go to ``ctx.on_event``). The engines' raw numbers are summarised here into the records of
+infertool.evaluate.result (``summarize``, which tune's screening shares), which results.json holds.
 """
 
 from __future__ import annotations
@@ -203,18 +203,13 @@ def summarize(suite: Suite, raw_tasks: dict[str, Any], accept: dict[str, Any], p
     return tasks, records, pool, make_gates(pool, accept)
 
 
-def _throughput(timing: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
-    scored = [t for t in timing.values() if t.get("tokens")]  # log-likelihood work; generation has its own pace
+def _timing(wall: float, per_task: dict[str, Any]) -> Timing:  # Any: JSON values (the engine's timing per task)
+    scored = [t for t in per_task.values() if t.get("tokens")]  # log-likelihood work; generation has its own pace
     tokens = sum(t["tokens"] for t in scored)
     base_s = sum(t.get("base_s", 0.0) for t in scored)
     cand_s = sum(t.get("cand_s", 0.0) for t in scored)
-    return {
-        "scored_tokens_per_model": tokens,
-        "base_s": base_s,
-        "cand_s": cand_s,
-        "base_tokens_per_s": tokens / base_s if base_s else None,
-        "cand_tokens_per_s": tokens / cand_s if cand_s else None,
-    }
+    return Timing(wall, jsonable(per_task), tokens, base_s, cand_s, tokens / base_s if base_s else None,
+                  tokens / cand_s if cand_s else None)
 
 
 def write_kld_histogram_svg(hist: dict[str, Any], path: Path, title: str) -> Path:  # Any: JSON values
@@ -291,7 +286,7 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
         gates=[Gate.from_dict(jsonable(g)) for g in gates],  # as results.json reads back: a NaN is "not measured"
         pooled=Pooled.from_dict(jsonable(pool)),
         tasks={name: TaskResult.from_dict(jsonable(t)) for name, t in tasks.items()},
-        timing=Timing(wall_s=wall, per_task=jsonable(raw.get("timing", {})), **_throughput(raw.get("timing", {}))),
+        timing=_timing(wall, raw.get("timing", {})),
         versions={"python": sys.version.split()[0], **(raw.get("versions") or {})},
         notes=_notes(plan, raw, tasks), run_dir=str(out_dir), files=files,
     )
