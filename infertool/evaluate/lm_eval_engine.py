@@ -26,11 +26,13 @@ import json
 import math
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infertool.errors import BackendError, UsageError
 from infertool.evaluate.result import LmEvalComparison, LmEvalTask, TaskCode
+from infertool.records import Record
 
 if TYPE_CHECKING:
     from infertool.evaluate.phases import Served
@@ -120,13 +122,13 @@ class LmEvalPhase:
         run_worker([str(python), str(WORKER), str(spec_path)], log_dir / "lm_eval-check.log", cwd=cwd,
                    timeout_s=min(float(self.spec.timeout_s), PREFLIGHT_TIMEOUT_S), api_key=None)
         try:
-            ans = json.loads(out.read_text(encoding="utf-8"))
+            ans = WorkerAnswer.from_dict(json.loads(out.read_text(encoding="utf-8")))
         except (OSError, ValueError):
             raise BackendError("lm-eval's task check ended without an answer:\n" + _tail(log_dir / "lm_eval-check.log"),
                                hint="see the log", log_path=str(log_dir / "lm_eval-check.log")) from None
-        if not ans.get("ok"):
+        if not ans.ok:
             raise answer_error(ans, include, str(log_dir / "lm_eval-check.log"), [])
-        write_json(mark, {"tasks": ans.get("tasks"), "lm_eval": ans.get("lm_eval")})
+        write_json(mark, {"tasks": ans.tasks, "lm_eval": ans.lm_eval})
 
 
 PREFLIGHT_TIMEOUT_S = 300.0  # lm-eval's import and the tasks' data loading, before any server starts
@@ -241,34 +243,52 @@ def _tail(log_path: Path, n: int = 12) -> str:
         return ""
 
 
-def read_answer(out: Path, log_path: Path, include: list[str], secrets: list[Any]) -> dict[str, Any]:  # Any: JSON values
+def read_answer(out: Path, log_path: Path, include: list[str], secrets: list[str | None],
+                ) -> dict[str, Any]:  # Any: JSON values
     """The worker's answer as the phase's raw numbers, or the error it reported (unknown task, missing data)."""
     import json
 
     from infertool import net
 
     try:
-        ans = json.loads(out.read_text(encoding="utf-8"))
+        ans = WorkerAnswer.from_dict(json.loads(out.read_text(encoding="utf-8")))
     except (OSError, ValueError):
         raise BackendError("lm-eval ended without an answer:\n" + net.quote(_tail(log_path), secrets, 2000),
                            hint="see the log", log_path=str(log_path)) from None
-    if ans.get("ok"):
-        tasks = {t: {k: v for k, v in b.items() if k != "shown"} for t, b in ans["tasks"].items()}
-        return {"tasks": tasks, "lm_eval": ans.get("lm_eval"), "answer": str(out)}
+    if ans.ok:
+        tasks = {t: {k: v for k, v in b.items() if k != "shown"} for t, b in ans.tasks.items()}
+        return {"tasks": tasks, "lm_eval": ans.lm_eval, "answer": str(out)}
     raise answer_error(ans, include, str(log_path), secrets)
 
 
-def answer_error(ans: dict[str, Any], include: list[str], log_path: str, secrets: list[Any]) -> Exception:  # Any: JSON values
+@dataclass
+class WorkerAnswer(Record):
+    """The lm-eval worker's answer file (lm_eval_worker.py writes it in the lmeval environment, read here only):
+    ``ok`` with the tasks' per-document scores (a task check: their names), else the error's ``kind`` (unknown_task,
+    missing_data, error), its ``task`` and ``message``."""
+
+    ok: bool = False
+    tasks: Any = None  # Any: {task: {metric, higher_is_better, docs, shown}}, or the checked task names
+    lm_eval: str | None = None  # lm-eval's version
+    check: bool = False
+    kind: str | None = None
+    task: str | None = None
+    message: str = ""
+
+
+def answer_error(ans: WorkerAnswer | dict[str, Any], include: list[str], log_path: str,  # Any: JSON values
+                 secrets: list[str | None]) -> Exception:
     """The error of a worker's answer: an unknown task and data not on the machine are the user's to fix."""
     from infertool import net
 
-    task, msg = ans.get("task"), net.quote(str(ans.get("message", "")), secrets, 600)
+    ans = WorkerAnswer.from_dict(ans)
+    task, msg = ans.task, net.quote(ans.message, secrets, 600)
     where = f" (include path: {', '.join(include)})" if include else ""
-    if ans.get("kind") == "unknown_task":
+    if ans.kind == "unknown_task":
         return UsageError(f"eval.lm_eval: lm-eval knows no task {task!r}{where}",
                           hint="name a task of `lm_eval ls tasks`, an infertool_ task (infertool_mc, infertool_gen, "
                           "infertool_gsm_style, infertool_chat), or one whose YAML is in eval.lm_eval.include_path")
-    if ans.get("kind") == "missing_data":
+    if ans.kind == "missing_data":
         return UsageError(
             f"eval.lm_eval: the data of task {task!r} is not on this machine (lm-eval runs offline here: nothing is "
             f"downloaded): {msg}",
