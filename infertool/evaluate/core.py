@@ -277,8 +277,8 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     result = EvalResult(
         ok=status == "PASS", verdict=status, reason=reason,
         suite=SuiteInfo(suite.name, str(suite.path), suite.description), engine=plan.engine,
-        base=EvalModel(plan.base, plan.base_source, plan.labels.get("base"), extra=jsonable(models.get("base") or {})),
-        candidate=EvalModel(plan.candidate, None, plan.labels.get("candidate"),
+        base=EvalModel(plan.base, plan.base_source, plan.base_label, extra=jsonable(models.get("base") or {})),
+        candidate=EvalModel(plan.candidate, None, plan.candidate_label,
                             extra=jsonable(models.get("candidate") or {})),
         held_out=plan.held_out,
         settings=EvalSettings(plan.seq_len, plan.batch_size, plan.max_items, raw.get("topk"),

@@ -38,8 +38,8 @@ def dry_run(plan: EvalPlan, checks: Findings, as_json: bool) -> None:
         print_json({**plan.to_dict(), "checks": checks.to_list()})
         return
     out.print(f"eval ({plan.engine} engine, suite {plan.suite})", markup=False)
-    out.print(f"  base:      {plan.labels['base']} ({plan.base})", markup=False, soft_wrap=True)
-    out.print(f"  candidate: {plan.labels['candidate']} ({plan.candidate})", markup=False, soft_wrap=True)
+    out.print(f"  base:      {plan.base_label} ({plan.base})", markup=False, soft_wrap=True)
+    out.print(f"  candidate: {plan.candidate_label} ({plan.candidate})", markup=False, soft_wrap=True)
     for note in plan.notes:
         out.print(f"note: {note}", markup=False, soft_wrap=True)
     for label, launch in (plan.launches or {}).items():
