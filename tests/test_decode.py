@@ -48,11 +48,11 @@ def test_identical_models_match_exactly_with_zero_decode_kld():
     first = _raw(_rec("p1", [5, 6, 7, 8], tops), _rec("p2", [5, 6, 7, 8], tops))
     second = _raw(_rec("p1", [5, 6, 7, 8], tops, forced=tops), _rec("p2", [5, 6, 7, 8], tops, forced=tops))
     b = D.compare(second, first, confidence=0.95, first="candidate", near_tie_logprob=0.1)
-    assert b["n_prompts"] == 2 and b["exact_match"] == 1.0 and b["divergences"] == 0 and b["near_ties"] == 0
-    assert b["first_divergence_median"] == 4.0  # never diverged: censored at max_tokens
-    assert b["kld"] == 0.0 and b["kld_ci"] == [0.0, 0.0] and b["top1"] == 1.0
-    assert b["steps"] == 2 * 3 and b["prefill_steps"] == 2  # position 0 of each prompt comes from a prefill
-    lo, hi = b["exact_match_ci"]
+    assert b.n_prompts == 2 and b.exact_match == 1.0 and b.divergences == 0 and b.near_ties == 0
+    assert b.first_divergence_median == 4.0  # never diverged: censored at max_tokens
+    assert b.kld == 0.0 and b.kld_ci == [0.0, 0.0] and b.top1 == 1.0
+    assert b.steps == 2 * 3 and b.prefill_steps == 2  # position 0 of each prompt comes from a prefill
+    lo, hi = b.exact_match_ci
     assert hi == 1.0 and 0.3 < lo < 0.5  # Wilson 95% for 2 of 2: [0.342, 1]
 
 
@@ -65,12 +65,12 @@ def test_kld_on_decode_steps_by_hand_and_prefill_positions_left_out():
     # the base's value at position 2 came from a prefill (a teacher-forcing request began there): left out
     second = _raw(_rec("p", [5, 5, 5], ref, forced=ref, forced_prefill=[True, False, True]))
     b = D.compare(second, first, confidence=0.95, first="candidate", near_tie_logprob=0.1)
-    assert b["steps"] == 1 and b["prefill_steps"] == 2
-    assert b["kld"] == pytest.approx(0.5 * LN(2) + 0.5 * LN(2 / 3), abs=1e-9)
-    assert b["top1"] == 0.0  # ref's argmax "5" (first of a tie), candidate's "6"
+    assert b.steps == 1 and b.prefill_steps == 2
+    assert b.kld == pytest.approx(0.5 * LN(2) + 0.5 * LN(2 / 3), abs=1e-9)
+    assert b.top1 == 0.0  # ref's argmax "5" (first of a tie), candidate's "6"
     # the divergence at position 1: the reference's top-2 gap there is 0 < 0.1: a near tie, not damage
-    assert b["exact_match"] == 0.0 and b["near_ties"] == 1 and b["divergences"] == 0
-    assert b["diverged"] == [{"id": "p", "at": 1, "near_tie": True, "ref_top2_gap": 0.0, "reference": None, "candidate": None}]
+    assert b.exact_match == 0.0 and b.near_ties == 1 and b.divergences == 0
+    assert b.to_dict()["diverged"] == [{"id": "p", "at": 1, "near_tie": True, "ref_top2_gap": 0.0, "reference": None, "candidate": None}]
 
 
 def test_divergence_beyond_a_near_tie_is_damage_and_median_position():
@@ -81,10 +81,10 @@ def test_divergence_beyond_a_near_tie_is_damage_and_median_position():
                 _rec("c", [5, 5, 5, 5], [wide] * 4), _rec("only-cand", [5], [wide]))
     b = D.compare(first, cand, confidence=0.95, first="reference", near_tie_logprob=0.1)
     # "only-cand" has no reference: ignored; no teacher-forced data: no KLD steps
-    assert b["n_prompts"] == 3 and b["divergences"] == 2 and b["near_ties"] == 0
-    assert b["exact_match"] == pytest.approx(1 / 3)
-    assert b["first_divergence_median"] == 3.0 and b["first_divergence_ci"] == [1.0, 4.0]
-    assert b["steps"] == 0 and b["kld"] is None
+    assert b.n_prompts == 3 and b.divergences == 2 and b.near_ties == 0
+    assert b.exact_match == pytest.approx(1 / 3)
+    assert b.first_divergence_median == 3.0 and b.first_divergence_ci == [1.0, 4.0]
+    assert b.steps == 0 and b.kld is None
 
 
 def test_reference_first_uses_the_candidates_forced_values():
@@ -93,16 +93,17 @@ def test_reference_first_uses_the_candidates_forced_values():
     ref = _raw(_rec("p", [5, 5, 5], ref_tops))
     cand = _raw(_rec("p", [5, 5, 5], ref_tops, forced=cand_forced))
     b = D.compare(ref, cand, confidence=0.95, first="reference", near_tie_logprob=0.1)
-    assert b["steps"] == 2 and b["kld"] == pytest.approx((0.5 * LN(2) + 0.5 * LN(2 / 3)) / 2)
+    assert b.steps == 2 and b.kld == pytest.approx((0.5 * LN(2) + 0.5 * LN(2 / 3)) / 2)
 
 
 def test_a_skipped_phase_is_not_measured_and_the_gate_says_so():
     from infertool.evaluate.core import make_gates
+    from infertool.evaluate.result import Pooled
 
     b = D.compare({"skipped": "no /tokenize", "prompts": []}, {"skipped": "no /tokenize", "prompts": []},
                   confidence=0.95, first="candidate", near_tie_logprob=0.1)
-    assert b["skipped"] == "no /tokenize" and b["steps"] == 0 and b["n_prompts"] == 0
-    (gate,) = make_gates({"decode": b}, {"max_decode_kld": 0.05})
+    assert b.skipped == "no /tokenize" and b.steps == 0 and b.n_prompts == 0
+    (gate,) = make_gates(Pooled(decode=b), {"max_decode_kld": 0.05})
     assert gate.status == "n/a"
 
 

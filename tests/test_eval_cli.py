@@ -275,7 +275,7 @@ def test_plan_of_each_engine_as_a_dry_run(models, tmp_path):
     assert (hf.engine, hf.suite, hf.seq_len, hf.topk) == ("hf", "builtin-corpus", 64, 20)
     assert hf.resolution is res and hf.base_ref is res.base and hf.candidate_ref is res.candidate
     assert hf.base == str(models["orig"].resolve()) and hf.candidate == str(models["cand"].absolute())
-    assert hf.labels == {"base": str(models["orig"]), "candidate": res.candidate.label}
+    assert (hf.base_label, hf.candidate_label) == (str(models["orig"]), res.candidate.label)
     assert hf.launches is None and hf.held_out is None and hf.api_key is None
     d = hf.to_dict()
     assert d["dry_run"] is True and d["launches"] == {} and d["settings"]["thresholds"] == PRESETS["standard"]
@@ -322,11 +322,11 @@ def test_plan_models_come_from_the_one_resolution(models, tmp_path):
     res = resolve(recipe, ov)
     p = evaluate.plan(res, opts)
     assert p.resolution is res and p.candidate_ref is res.candidate  # resolved once
-    assert p.candidate == str(models["other"].absolute()) and p.labels["candidate"] == str(models["other"])
+    assert p.candidate == str(models["other"].absolute()) and p.candidate_label == str(models["other"])
     assert p.candidate_ref.quantization["bits"] == 4  # the recipe's quantization, the given directory
     assert p.held_out is None  # a given model: its calibration is not the recipe's
     again = evaluate.plan(resolve(recipe), opts)  # a resolution made without the override: made again with it
-    assert again.resolution is not res and again.candidate == p.candidate and again.labels == p.labels
+    assert again.resolution is not res and again.candidate == p.candidate and (again.base_label, again.candidate_label) == (p.base_label, p.candidate_label)
     # the recipe's own candidate, to run: the held-out check of its calibration text against the suite
     own = evaluate.plan(resolve(recipe), EvalOptions())
     assert own.held_out is not None and own.held_out.checked and own.held_out.calibration == "builtin"
@@ -334,7 +334,7 @@ def test_plan_models_come_from_the_one_resolution(models, tmp_path):
     with_base = _recipe({**data, "eval": {"base": str(models["other"])}})
     res = resolve(with_base, candidate_path=models["entry"])
     p = evaluate.plan(res, EvalOptions(dry_run=True))
-    assert p.base == str(models["other"].resolve()) and p.labels["base"] == str(models["other"])
+    assert p.base == str(models["other"].resolve()) and p.base_label == str(models["other"])
     assert p.candidate == str(models["entry"].absolute()) and p.candidate_ref.quantization == res.candidate.quantization
     # the openai engine's models are names on a server, not Overrides
     assert evaluate.overrides(recipe, EvalOptions(engine="openai", base_name="a", candidate_name="b")) == \

@@ -107,12 +107,12 @@ def test_paired_accuracy_hand_computed():
     base = [True, True, True, False, False]
     cand = [True, False, False, True, False]
     r = M.paired_accuracy(base, cand)
-    assert (r["n"], r["b"], r["c"]) == (5, 2, 1)
-    assert r["acc_base"] == pytest.approx(0.6) and r["acc_cand"] == pytest.approx(0.4)
-    assert r["flip_rate"] == pytest.approx(0.6)
-    assert r["net_change"] == pytest.approx(-0.2)
-    assert r["net_change_se"] == pytest.approx(math.sqrt(3 - 1 / 5) / 5)
-    assert r["mcnemar_p"] == pytest.approx(1.0)  # 2 * P(X<=1 | n=3) = 2 * 4/8
+    assert (r.n, r.b, r.c) == (5, 2, 1)
+    assert r.acc_base == pytest.approx(0.6) and r.acc_cand == pytest.approx(0.4)
+    assert r.flip_rate == pytest.approx(0.6)
+    assert r.net_change == pytest.approx(-0.2)
+    assert r.net_change_se == pytest.approx(math.sqrt(3 - 1 / 5) / 5)
+    assert r.mcnemar_p == pytest.approx(1.0)  # 2 * P(X<=1 | n=3) = 2 * 4/8
 
 
 def test_distribution_percentiles():
@@ -187,10 +187,10 @@ def test_self_check_summary_is_kld_zero_full_agreement_and_passes():
     }
     tasks, records, pool, gates = summarize(suite, raw, {"preset": "standard"})
     t = tasks["corpus"]
-    assert t["kld"]["mean"] == 0.0 and t["kld"]["max"] == 0.0
-    assert t["top1_agree"] == 1.0 and t["ppl_ratio"] == 1.0 and t["ln_ppl_ratio_se"] == 0.0
-    assert tasks["mc"]["acc"]["flip_rate"] == 0.0 and tasks["mc"]["same_pick"] == 1.0
-    assert tasks["gen"]["output_agreement"] == 1.0 and tasks["gen"]["acc"]["acc_base"] == 1.0
+    assert t.kld["mean"] == 0.0 and t.kld["max"] == 0.0
+    assert t.top1_agree == 1.0 and t.ppl_ratio == 1.0 and t.ln_ppl_ratio_se == 0.0
+    assert tasks["mc"].acc.flip_rate == 0.0 and tasks["mc"].same_pick == 1.0
+    assert tasks["gen"].output_agreement == 1.0 and tasks["gen"].acc.acc_base == 1.0
     status = {g.name: g.status for g in gates}
     assert status["max_mean_kld"] == "PASS" and status["min_top1"] == "PASS" and status["max_ppl_ratio"] == "PASS"
     assert status["max_flip_rate"] == "PASS"  # 0 flips in 60 items: Wilson upper bound 6.0% < 10%
@@ -212,8 +212,8 @@ def test_small_accuracy_suite_is_inconclusive_with_the_n_that_decides():
                       "ll_c": [-1.0, -2.0] if cc else [-2.0, -1.0], "n_bytes": [1, 1]})
     tasks, _, pool, gates = summarize(suite, {"mc": {"type": "multiple_choice", "items": items}},
                                       {"preset": None, "max_acc_drop": 0.05})
-    acc = tasks["mc"]["acc"]
-    assert (acc["b"], acc["c"]) == (6, 4) and acc["net_change"] == pytest.approx(-0.02)
+    acc = tasks["mc"].acc
+    assert (acc.b, acc.c) == (6, 4) and acc.net_change == pytest.approx(-0.02)
     g = gates[0]
     assert g.status == "INCONCLUSIVE" and g.n_needed and g.n_needed > 100
 
@@ -232,11 +232,12 @@ def test_wilson_n_needed():
 
 def test_gates_from_pooled_metrics_by_hand():
     from infertool.evaluate.core import estimates, make_gates
+    from infertool.evaluate.result import Pooled
 
-    pool = {"tokens": {"kld": {"mean": 0.02, "se": 0.005}, "tokens": 1000, "top1_agree": 0.93, "top1_agree_ci": [0.91, 0.95],
+    pool = Pooled.from_dict({"tokens": {"kld": {"mean": 0.02, "se": 0.005}, "tokens": 1000, "top1_agree": 0.93, "top1_agree_ci": [0.91, 0.95],
                        "ppl_ratio": 1.02, "ppl_ratio_ci": [1.01, 1.03], "kld_kind": "full"},
             "items": {"n": 200, "net_change": -0.01, "net_change_ci": [-0.03, 0.01], "flip_rate": 0.05,
-                      "flip_rate_ci": [0.03, 0.09]}}
+                      "flip_rate_ci": [0.03, 0.09]}})
     est = estimates(pool, 0.95)
     # mean KLD 0.02 +- 1.959964 x SE 0.005
     assert est["max_mean_kld"].lo == pytest.approx(0.0102002, abs=1e-7) and est["max_mean_kld"].n == 1000
@@ -249,6 +250,6 @@ def test_gates_from_pooled_metrics_by_hand():
     assert gates["max_acc_drop"].unit == "items" and gates["min_top1"].metric == "same top-1"
     status, why = verdict(list(gates.values()))
     assert status == "INCONCLUSIVE" and "800" in why
-    only_items = make_gates({"items": pool["items"]}, {"preset": "standard"})
+    only_items = make_gates(Pooled(items=pool.items), {"preset": "standard"})
     assert {g.name for g in only_items if g.status == "n/a"} == {"max_mean_kld", "min_top1", "max_ppl_ratio",
                                                                   "min_recovery", "max_decode_kld"}

@@ -57,59 +57,61 @@ def test_a_lower_is_better_metric_recovers_base_over_candidate_and_stays_out_of_
     cand = {"tasks": {**_raw("ppl", {0: 12.0, 1: 9.0, 2: 15.0}, "word_perplexity", hib=False)["tasks"],
                       **_raw("acc", {0: 1, 1: 0, 2: 0, 3: 1})["tasks"]}}
     block = E.compare_raw(ref, cand, confidence=0.95)
-    t = block["tasks"]["ppl"]
-    assert t["recovery"] == pytest.approx(10 / 12) and t["base"] == pytest.approx(10.0) and t["candidate"] == pytest.approx(12.0)
+    t = block.tasks["ppl"]
+    assert t.recovery == pytest.approx(10 / 12) and t.base == pytest.approx(10.0) and t.candidate == pytest.approx(12.0)
     inv, (lo, hi) = E.paired_recovery([10.0, 8.0, 12.0], [12.0, 9.0, 15.0], 0.95)
-    assert inv == pytest.approx(1.2) and t["recovery_ci"] == pytest.approx([1 / hi, 1 / lo])
-    assert t["recovery_ci"][0] < t["recovery"] < t["recovery_ci"][1] and t["higher_is_better"] is False
-    assert (t["lost"], t["gained"]) == (3, 0)
-    assert block["n"] == 4 and block["recovery"] == pytest.approx(2 / 3)  # the acc task's 4 documents only
+    assert inv == pytest.approx(1.2) and t.recovery_ci == pytest.approx([1 / hi, 1 / lo])
+    assert t.recovery_ci[0] < t.recovery < t.recovery_ci[1] and t.higher_is_better is False
+    assert (t.lost, t.gained) == (3, 0)
+    assert block.n == 4 and block.recovery == pytest.approx(2 / 3)  # the acc task's 4 documents only
 
 
 def test_join_is_by_doc_id_and_ignores_documents_only_one_model_scored():
     ref = _raw("t", {0: 1, 1: 1, 2: 0, 3: 1, 4: 1, 9: 1})  # doc 9: the reference only (a wider window)
     cand = _raw("t", {0: 1, 1: 0, 2: 1, 3: 0, 4: 0, 7: 0})  # doc 7: the candidate only
     block = E.compare_raw(ref, cand, confidence=0.95)
-    t = block["tasks"]["t"]
-    assert t["n"] == 5 and t["base"] == pytest.approx(0.8) and t["candidate"] == pytest.approx(0.4)
-    assert (t["lost"], t["gained"]) == (3, 1) and t["lost_docs"] == ["1", "3", "4"] and t["gained_docs"] == ["2"]
-    assert t["mcnemar_p"] == pytest.approx(0.625)  # 2 * P(X <= 1), X ~ Bin(4, 1/2) = 2 * 5/16
-    assert t["recovery"] == pytest.approx(0.5) and t["metric"] == "acc"
+    t = block.tasks["t"]
+    assert t.n == 5 and t.base == pytest.approx(0.8) and t.candidate == pytest.approx(0.4)
+    assert (t.lost, t.gained) == (3, 1) and t.lost_docs == ["1", "3", "4"] and t.gained_docs == ["2"]
+    assert t.mcnemar_p == pytest.approx(0.625)  # 2 * P(X <= 1), X ~ Bin(4, 1/2) = 2 * 5/16
+    assert t.recovery == pytest.approx(0.5) and t.metric == "acc"
 
 
 def test_pooled_block_has_the_common_shape_and_pools_every_document():
     ref = {"tasks": {**_raw("a", {0: 1, 1: 1})["tasks"], **_raw("b", {0: 1, 1: 0, 2: 1}, "exact_match")["tasks"]}}
     cand = {"tasks": {**_raw("a", {0: 1, 1: 0})["tasks"], **_raw("b", {0: 1, 1: 1, 2: 1}, "exact_match")["tasks"]}}
     block = E.compare_raw(ref, cand, confidence=0.95)
-    assert set(block["tasks"]) == {"a", "b"}
-    for t in block["tasks"].values():
-        assert {"metric", "base", "candidate", "recovery", "recovery_ci", "lost", "gained", "mcnemar_p", "n"} <= set(t)
-    assert {"tasks", "recovery", "recovery_ci", "n", "lost", "gained"} <= set(block)
-    assert block["n"] == 5 and block["lost"] == 1 and block["gained"] == 1 and block["recovery"] == pytest.approx(1.0)
-    assert block["mcnemar_p"] == 1.0
-    assert block["tasks"]["b"]["metric"] == "exact_match"
+    assert set(block.tasks) == {"a", "b"}
+    for t in block.tasks.values():
+        assert {"metric", "base", "candidate", "recovery", "recovery_ci", "lost", "gained", "mcnemar_p", "n"} <= set(t.to_dict())
+    assert {"tasks", "recovery", "recovery_ci", "n", "lost", "gained"} <= set(block.to_dict())
+    assert block.n == 5 and block.lost == 1 and block.gained == 1 and block.recovery == pytest.approx(1.0)
+    assert block.mcnemar_p == 1.0
+    assert block.tasks["b"].metric == "exact_match"
 
 
 def test_identical_models_pass_the_min_recovery_gate():
     from infertool.evaluate.core import make_gates
+    from infertool.evaluate.result import Pooled
 
     raw = {"tasks": {**_raw("a", {i: i % 2 for i in range(10)})["tasks"]}}
     block = E.compare_raw(raw, raw, confidence=0.95)
-    assert (block["recovery"], block["recovery_ci"], block["lost"], block["gained"]) == (1.0, [1.0, 1.0], 0, 0)
-    gates = make_gates({"lm_eval": block}, {"min_recovery": 0.99})
+    assert (block.recovery, block.recovery_ci, block.lost, block.gained) == (1.0, [1.0, 1.0], 0, 0)
+    gates = make_gates(Pooled(lm_eval=block), {"min_recovery": 0.99})
     assert [g.status for g in gates] == ["PASS"]
 
 
 def test_a_clear_loss_fails_and_a_small_sample_is_inconclusive():
     from infertool.evaluate.core import make_gates
+    from infertool.evaluate.result import Pooled
 
     base = _raw("a", {i: 1 for i in range(40)})
     worse = _raw("a", {i: (0 if i < 20 else 1) for i in range(40)})
-    assert [g.status for g in make_gates({"lm_eval": E.compare_raw(base, worse, confidence=0.95)},
+    assert [g.status for g in make_gates(Pooled(lm_eval=E.compare_raw(base, worse, confidence=0.95)),
                                          {"min_recovery": 0.99})] == ["FAIL"]
     few_b = _raw("a", {0: 1, 1: 0, 2: 1, 3: 1})
     few_c = _raw("a", {0: 1, 1: 1, 2: 0, 3: 1})
-    assert [g.status for g in make_gates({"lm_eval": E.compare_raw(few_b, few_c, confidence=0.95)},
+    assert [g.status for g in make_gates(Pooled(lm_eval=E.compare_raw(few_b, few_c, confidence=0.95)),
                                          {"min_recovery": 0.99})] == ["INCONCLUSIVE"]
 
 

@@ -234,7 +234,7 @@ def test_the_preflight_refuses_before_lm_eval_or_its_environment(work, monkeypat
         phase.preflight(work / "logs")
     assert any("eval.lm_eval.trust_code is true" in s for s in said), said
     block = phase.compare({"tasks": {}}, {"tasks": {}}, confidence=0.95, first="base")
-    assert block["task_code"]["trust_code"] is True and "helper.doc_to_text" in block["task_code"]["ran"][0]
+    assert block.task_code.trust_code is True and "helper.doc_to_text" in block.task_code.ran[0]
     from infertool.evaluate.blocks import task_code_note
 
     assert "task code ran (eval.lm_eval.trust_code: true): 1 reference(s)" in task_code_note(block)

@@ -117,14 +117,14 @@ def test_answers_changed_at_clear_steps_are_not_lossless_and_say_by_how_many(url
     assert r.reason.startswith(f"speculative ngram k=3 changed {n} of {N} answers beyond the noise floor (0 of {N}) "
                                "on class short")
     assert r.figures.exact_match == pytest.approx((N - n - r.figures.near_ties) / N)
-    assert r.figures.kld_ci[0] > 0.01 and r.diverged and not r.diverged[0]["near_tie"]
+    assert r.figures.kld_ci[0] > 0.01 and r.diverged and not r.diverged[0].near_tie
 
 
 def test_divergences_only_at_near_ties_count_apart(url):
     r = check(url, "ties")
     assert r.figures.divergences == 0 and r.figures.near_ties > 0 and r.figures.exact_match < 1.0
     assert r.lossless is True and f"near ties apart: {r.figures.near_ties} (floor 0)" in r.reason
-    assert all(d["near_tie"] and d["ref_top2_gap"] == pytest.approx(0.04) for d in r.diverged)
+    assert all(d.near_tie and d.ref_top2_gap == pytest.approx(0.04) for d in r.diverged)
 
 
 def test_a_server_that_refuses_leaves_it_not_measured_with_why(url):

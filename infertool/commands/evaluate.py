@@ -14,7 +14,7 @@ import inspect
 import typing
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Callable, List, Optional
+from typing import TYPE_CHECKING, Annotated, List, Optional
 
 import typer
 
@@ -99,8 +99,9 @@ def eval_run(**values: object) -> None:
     flags = RunFlags(**values)  # type: ignore[arg-type]  # what Typer parsed: one value per RunFlags field
     from infertool import evaluate
     from infertool.capability import RunContext
+    from infertool.evaluate import render
     from infertool.evaluate.core import RESULTS_FILE
-    from infertool.output import StageProgress, print_json
+    from infertool.output import StageProgress
     from infertool.recipe import load_recipe
     from infertool.resolve import resolve
 
@@ -112,14 +113,11 @@ def eval_run(**values: object) -> None:
     checks = recipe_checks(res, "eval") if flags.dry_run else None
     plan = evaluate.plan(res, opts)
     if checks is not None:
-        _render_dry_run(plan, flags.as_json, checks)
+        render.dry_run(plan, checks, flags.as_json)
         return
     with StageProgress("eval") as progress:
         result = evaluate.run(plan, RunContext(out_dir=flags.out_dir, on_event=progress.on_event, user="eval"))
-    if flags.as_json:
-        print_json(result)
-    else:
-        render(result)
+    render.result(result, flags.as_json)
     if not result.accepted(plan.allow_inconclusive):
         raise typer.Exit(1)
 
@@ -132,157 +130,6 @@ eval_run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # rea
      for f in dataclasses.fields(RunFlags)])
 
 
-def _render_dry_run(plan, as_json: bool, checks) -> None:
-    from infertool.output import out, print_json
-
-    if as_json:
-        print_json({**plan.to_dict(), "checks": checks.to_list()})
-        return
-    out.print(f"eval ({plan.engine} engine, suite {plan.suite})", markup=False)
-    out.print(f"  base:      {plan.labels['base']} ({plan.base})", markup=False, soft_wrap=True)
-    out.print(f"  candidate: {plan.labels['candidate']} ({plan.candidate})", markup=False, soft_wrap=True)
-    for note in plan.notes:
-        out.print(f"note: {note}", markup=False, soft_wrap=True)
-    for label, launch in (plan.launches or {}).items():
-        out.print(f"{label} server ({launch.purpose}):", markup=False)
-        for issue in launch.issues:
-            out.print(f"  {issue.level}: {issue.field}: {issue.message}", markup=False, soft_wrap=True)
-        out.print("  " + launch.spec.shell_line(), markup=False, soft_wrap=True)
-
-
-def render(result) -> None:
-    """An ``EvalResult`` for people: what was compared, each task's table, the gates, the verdict."""
-    from rich.table import Table
-
-    from infertool.evaluate.verdict import fmt
-    from infertool.output import esc, kv_table, out, plain
-
-    topk = result.settings.topk
-    out.print(kv_table([
-        ("suite", f"{result.suite.name} ({result.suite.path})"),
-        ("engine", result.engine + (f" (KLD from top-{topk} log-probabilities)" if topk else " (full-vocabulary KLD)")),
-        ("base", result.base.label or result.base.source or result.base.model),
-        ("candidate", result.candidate.label or result.candidate.model),
-    ], title="infertool eval"))
-    for name, t in result.tasks.items():
-        out.print(_perplexity_table(name, t) if t.type == "perplexity" else _accuracy_table(name, t))
-    if result.pooled.lm_eval:
-        out.print(lm_eval_table(result.pooled.lm_eval))
-    if result.pooled.decode:
-        out.print(decode_table(result.pooled.decode))
-    gates = Table(title=f"gates (confidence {result.confidence:.0%})")
-    for col in ("gate", "metric", "threshold", "estimate", "interval", "status", "note"):
-        gates.add_column(col)
-    for g in result.gates:
-        note = g.note
-        if g.status == "INCONCLUSIVE":
-            note = (f"~{g.n_needed:,} {g.unit} would decide (now {g.n:,})" if g.n_needed else "on the threshold") + (f"; {note}" if note else "")
-        interval = f"[{fmt(g.lo)}, {fmt(g.hi)}]" if g.lo is not None else "-"
-        gates.add_row(plain(g.name), plain(g.metric), fmt(g.threshold), fmt(g.estimate), plain(interval),
-                      f"[{_STYLE.get(g.status, 'dim')}]{g.status}[/]", plain(note or ""))
-    out.print(gates)
-    tm = result.timing
-    speed = ""
-    if tm.base_tokens_per_s:
-        speed = f"; {tm.base_tokens_per_s:,.0f} tok/s base, {tm.cand_tokens_per_s or 0:,.0f} tok/s candidate"
-    out.print(f"[dim]{tm.wall_s or 0:.1f} s{esc(speed)}; files in {esc(result.run_dir)}[/]", soft_wrap=True)
-    for n in result.notes:
-        out.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
-    out.print(f"verdict: [{_STYLE.get(result.verdict, 'dim')}]{result.verdict}[/] — {esc(result.reason)}", soft_wrap=True)
-
-
-_STYLE = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow", "n/a": "dim"}
-
-
-def _pct(x: float | None, fmt: str = ".2%") -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _perplexity_table(name: str, t):
-    from rich.table import Table
-
-    from infertool.evaluate.verdict import fmt
-    from infertool.output import plain
-
-    tab = Table(title=plain(f"{name}: {t.windows} windows x {t.seq_len} tokens = {t.tokens:,} scored tokens "
-                            f"(perplexity, {t.kld_kind} KLD)"))
-    for col in ("metric", "base", "candidate", "comparison"):
-        tab.add_column(col, justify="left" if col == "metric" else "right")
-    k, dp, ci = t.kld, t.delta_p, (list(t.ppl_ratio_ci) + [None, None])[:2]
-    tab.add_row("perplexity", fmt(t.ppl_base), fmt(t.ppl_cand), f"ratio {fmt(t.ppl_ratio)} [{fmt(ci[0])}, {fmt(ci[1])}]")
-    tab.add_row("bits per byte", fmt(t.bpb_base), fmt(t.bpb_cand), "")
-    tab.add_row("ln(PPL ratio)", "", "", f"{fmt(t.ln_ppl_ratio)} ± {fmt(t.ln_ppl_ratio_se)} (paired SE)")
-    tab.add_row("KLD mean ± SE", "", "", f"{fmt(k.get('mean'))} ± {fmt(k.get('se'))}")
-    tab.add_row("KLD median / p90 / p99", "", "", f"{fmt(k.get('median'))} / {fmt(k.get('p90'))} / {fmt(k.get('p99'))}")
-    tab.add_row("KLD p99.9 / max", "", "", f"{fmt(k.get('p99.9'))} / {fmt(k.get('max'))}")
-    tab.add_row("same top-1", "", "", f"{_pct(t.top1_agree)} ± {_pct(t.top1_agree_se)}")
-    tab.add_row("Δp mean / RMS", "", "", f"{_pct(dp.get('mean'), '+.3%')} / {_pct(dp.get('rms'), '.3%')}")
-    tab.add_row("Δp p1 / p99", "", "", f"{_pct(dp.get('p1'), '+.3%')} / {_pct(dp.get('p99'), '+.3%')}")
-    if t.topk_covered_mass:
-        cov = t.topk_covered_mass
-        tab.add_row("top-k covered mass", "", "", f"mean {_pct(cov.get('mean'))}, p1 {_pct(cov.get('p1'))}")
-    return tab
-
-
-def _accuracy_table(name: str, t):
-    """A multiple-choice or generation task: paired accuracy of base and candidate on the same items."""
-    from rich.table import Table
-
-    from infertool.output import plain
-
-    match = getattr(t, "match", "")
-    tab = Table(title=plain(f"{name}: {t.items} items ({t.type}{', ' + match if match else ''})"))
-    for col in ("metric", "base", "candidate", "b", "c", "flip rate", "net change [95%]", "McNemar p"):
-        tab.add_column(col, justify="right" if col != "metric" else "left")
-    rows = [("acc", t.acc)] + ([("acc_norm", t.acc_norm)] if getattr(t, "acc_norm", None) else [])
-    for label, a in rows:
-        if a is None:
-            continue
-        ci = {k: (list(getattr(a, k)) + [None, None])[:2] for k in ("acc_base_ci", "acc_cand_ci", "net_change_ci")}
-        tab.add_row(label, f"{_pct(a.acc_base, '.1%')} [{_pct(ci['acc_base_ci'][0], '.1%')}, {_pct(ci['acc_base_ci'][1], '.1%')}]",
-                    f"{_pct(a.acc_cand, '.1%')} [{_pct(ci['acc_cand_ci'][0], '.1%')}, {_pct(ci['acc_cand_ci'][1], '.1%')}]",
-                    str(a.b), str(a.c), _pct(a.flip_rate, ".1%"),
-                    f"{_pct(a.net_change, '+.1%')} [{_pct(ci['net_change_ci'][0], '+.1%')}, {_pct(ci['net_change_ci'][1], '+.1%')}]",
-                    "-" if a.mcnemar_p is None else f"{a.mcnemar_p:.3g}")
-    if t.type == "generate":
-        tab.add_row("same output", _pct(t.output_agreement, ".1%"), "", "", "", "", "", "")
-    if t.type == "multiple_choice":
-        tab.add_row("same pick", _pct(t.same_pick, ".1%"), "", "", "", "", "", "")
-    return tab
-
-
-def lm_eval_table(block: dict):
-    """results.json's ``pooled.lm_eval``: per task base, candidate, recovery [interval], lost / gained, McNemar p."""
-    from rich.table import Table
-
-    from infertool.evaluate.blocks import LM_EVAL_HEADER, lm_eval_rows, task_code_note
-    from infertool.output import plain
-
-    note = task_code_note(block)
-    tab = Table(title="lm-eval tasks (as served)", caption=plain(note) if note else None)
-    for col in LM_EVAL_HEADER:
-        tab.add_column(col, justify="left" if col in ("task", "metric") else "right")
-    for row in lm_eval_rows(block):
-        tab.add_row(*(plain(c) for c in row))
-    return tab
-
-
-def decode_table(block: dict):
-    """The decode path as served: exact match, first divergence, decode KLD, top-1, near ties."""
-    from rich.table import Table
-
-    from infertool.output import plain
-
-    from infertool.evaluate.blocks import decode_rows
-
-    tab = Table(title="decode path (as served: greedy continuations, teacher-forced decode steps)")
-    tab.add_column("figure")
-    tab.add_column("value")
-    for k, v in decode_rows(block):
-        tab.add_row(plain(k), plain(v))
-    return tab
-
-
 @eval_app.command("suites", cls=InfertoolCommand)
 @handle_errors
 def eval_suites(
@@ -290,73 +137,12 @@ def eval_suites(
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """List the built-in eval suites, or print one (--show). docs/evals.md shows how to write your own."""
-    from rich.table import Table
+    from infertool.evaluate import render
 
-    from infertool.data.suites import list_builtin
-    from infertool.output import out, plain, print_json
-
-    if show is not None:
-        _show_suite(show, as_json)
-        return
-    suites = [s.summary() for s in list_builtin()]
-    if as_json:
-        print_json({"suites": suites})
-        return
-    tab = Table(title="built-in eval suites (infertool eval RECIPE --suite NAME; your own: docs/evals.md)")
-    for col in ("suite", "tasks", "description"):
-        tab.add_column(col)
-    for s in suites:
-        tasks = ", ".join(f"{t['name']} ({t['type']}{', ' + str(t['items']) + ' items' if t['items'] else ''})" for t in s["tasks"])
-        tab.add_row(plain(s["name"]), plain(tasks), plain(s["description"]))
-    out.print(tab)
-
-
-SHOW_ITEMS = 3  # items shown per task by `eval suites --show`
-
-
-def _show_suite(name: str, as_json: bool) -> None:
-    """One suite as its author wrote it (the YAML) and as infertool reads it (each task, its first items)."""
-    import json
-
-    from infertool.data.suites import load_suite, read_suite_text
-    from infertool.output import out, print_json, visible
-
-    suite = load_suite(name)
-    yaml_text = read_suite_text(suite.path)
-    tasks = []
-    for t in suite.tasks:
-        d: dict[str, Any] = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,  # Any: JSON values, printed as JSON or read back below
-             "data": t.data_path, "source": t.source}
-        if t.type == "perplexity":
-            d.update(chars=len(t.text or ""), max_windows=t.max_windows, seq_len=t.seq_len,
-                     first_text=(t.text or "")[:200])
-        else:
-            d["first_items"] = t.items[:SHOW_ITEMS]
-            if t.type == "generate":
-                d.update(match=t.match, chat=t.chat, max_tokens=t.max_tokens, stop=t.stop)
-        tasks.append(d)
-    if as_json:
-        print_json({"name": suite.name, "description": suite.description, "path": str(suite.path), "yaml": yaml_text,
-                    "tasks": tasks})
-        return
-    out.print(visible(f"suite {suite.name}: {suite.path}"), markup=False, soft_wrap=True)
-    if suite.description:
-        out.print(visible(suite.description), markup=False, soft_wrap=True)
-    out.print("", markup=False)
-    out.print(visible(yaml_text.rstrip()), markup=False, soft_wrap=True)
-    for d in tasks:
-        out.print("", markup=False)
-        what = f"{d['items']} items" if d["items"] is not None else f"{d['chars']:,} characters of text"
-        out.print(visible(f"task {d['name']} ({d['type']}, {what}" + (f", from {d['data']}" if d["data"] else "")
-                          + (f", from {d['source']}" if d["source"] else "") + ")"), markup=False, soft_wrap=True)
-        if d["type"] == "perplexity":
-            out.print("  " + visible(json.dumps(d["first_text"] + ("..." if d["chars"] > 200 else ""), ensure_ascii=False)),
-                      markup=False, soft_wrap=True)
-            continue
-        for it in d["first_items"]:
-            out.print("  " + visible(json.dumps(it, ensure_ascii=False)), markup=False, soft_wrap=True)
-        if d["items"] > SHOW_ITEMS:
-            out.print(f"  ... {d['items'] - SHOW_ITEMS} more", markup=False)
+    if show is None:
+        render.suites(as_json)
+    else:
+        render.suite(show, as_json)
 
 
 @eval_app.command("export-lm-eval", cls=InfertoolCommand)
@@ -368,14 +154,7 @@ def eval_export(
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Write a suite as lm-evaluation-harness tasks (dataset_path: json), to run the same items there."""
+    from infertool.evaluate import render
     from infertool.evaluate.lm_eval_export import export_lm_eval
-    from infertool.output import err, esc, print_json
 
-    res = export_lm_eval(suite, dest, force=force)
-    if as_json:
-        print_json(res)
-        return
-    err.print(f"[green]✓[/] wrote {len(res['tasks'])} lm-eval task(s) for suite {esc(res['suite'])} into {esc(res['dir'])}", soft_wrap=True)
-    for name, why in res["skipped"].items():
-        err.print(f"[yellow]![/] not exported: task {esc(name)}: {esc(why)}", soft_wrap=True)
-    err.print(f"run them with: {res['usage']}", markup=False, soft_wrap=True)
+    render.export(export_lm_eval(suite, dest, force=force), as_json)

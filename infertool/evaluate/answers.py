@@ -6,11 +6,15 @@ suite's scoring (infertool.evaluate.server_engine) and the decode path (infertoo
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
 from infertool import net
 from infertool.errors import BackendError
+
+T = TypeVar("T")
+R = TypeVar("R")
 
 NO_PROMPT_LOGPROBS_HINT = (
     "log-likelihood tasks (perplexity, multiple_choice) need prompt log-probabilities: a server that "
@@ -44,7 +48,7 @@ def _lp(v: object, where: str) -> float:
     return min(x, 0.0)
 
 
-def _list(v: object, name: str, n: int, kind: type | None = None) -> list:
+def _list(v: object, name: str, n: int, kind: type | None = None) -> list[Any]:  # Any: JSON values
     if not isinstance(v, list) or len(v) < n:
         got = f"a list of {len(v)}" if isinstance(v, list) else f"a {type(v).__name__}"
         raise Malformed(f"logprobs.{name} is {got}, not a list of at least {n} (the prompt's tokens)")
@@ -59,7 +63,7 @@ def _top(v: object, i: int) -> dict[str, float]:
     return {str(t): _lp(x, f"top_logprobs[{i}][{net.quote(str(t), n=20)!r}]") for t, x in v.items()}
 
 
-def _prompt_len(r: dict, prompt: str | list[int], tokens: list) -> int:
+def _prompt_len(r: dict[str, Any], prompt: str | list[int], tokens: list[Any]) -> int:  # Any: JSON values
     """How many of the echoed tokens are the prompt's: the ids sent, else usage.prompt_tokens (a count within
     the answer's tokens), else all but the generated one."""
     if isinstance(prompt, list):
@@ -74,7 +78,7 @@ def _prompt_len(r: dict, prompt: str | list[int], tokens: list) -> int:
     return len(tokens) - 1
 
 
-def parse_prompt_logprobs(r: dict, prompt: str | list[int], where: str) -> dict:
+def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str) -> dict[str, Any]:  # Any: JSON values
     """An echo + logprobs answer checked and cut to the prompt's tokens: {"tokens", "lp", "top", "offsets"}.
     ``lp[0]`` is None (the first token has no context); every other position has a log-probability and a
     non-empty top-k. No prompt log-probabilities at all: NoPromptLogprobs; anything else wrong: Malformed."""
@@ -108,14 +112,14 @@ def parse_prompt_logprobs(r: dict, prompt: str | list[int], where: str) -> dict:
     return {"tokens": tokens, "lp": out_lp, "top": out_top, "offsets": offsets}
 
 
-def pmap(fn: Callable, items: list, workers: int, progress: Callable[[int], None] | None = None,
-         what: str = "items") -> list:
+def pmap(fn: Callable[[T], R], items: Sequence[T], workers: int, progress: Callable[[int], None] | None = None,
+         what: str = "items") -> list[R]:
     """Map over items with a bounded thread pool, preserving order (the server batches concurrent requests).
 
     An item whose answer is Malformed is counted and the others go on; at the end they fail together, with
     their count and the first reasons. Any other error stops the map at once (the items not started are
     cancelled) and is raised: one unreachable or silent server costs one deadline, not one per item."""
-    out = [None] * len(items)
+    out: dict[int, R] = {}  # by the item's index
     bad: dict[str, list[int]] = {}  # reason: the items that gave it
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         futures = {pool.submit(fn, it): i for i, it in enumerate(items)}
@@ -139,4 +143,4 @@ def pmap(fn: Callable, items: list, workers: int, progress: Callable[[int], None
                         f"{why}{'; ...' if len(bad) > 3 else ''}",
                         hint="is this an OpenAI-compatible server (vLLM)? infertool refuses a verdict from "
                         "answers it cannot check")
-    return out
+    return [out[i] for i in range(len(items))]

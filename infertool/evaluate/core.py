@@ -2,8 +2,8 @@
 files (results.json, items.jsonl, the KLD histogram).
 
 ``run_plan(EvalPlan, RunContext) -> EvalResult`` is ``infertool.evaluate.run``; it never prints (progress and
-logs go to ``ctx.on_event``). The numbers are summarised here as plain dicts (``summarize``, which tune's
-screening shares) and typed once, into the ``EvalResult`` that results.json holds.
+logs go to ``ctx.on_event``). The engines' raw numbers are summarised here into the records of
+infertool.evaluate.result (``summarize``, which tune's screening shares), which results.json holds.
 """
 
 from __future__ import annotations
@@ -11,19 +11,27 @@ from __future__ import annotations
 import math
 import sys
 import time
+from collections.abc import Sequence
+from dataclasses import fields
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from infertool.atomic import dumps_json, jsonable, write_json, write_text
 from infertool.capability import RunContext
-from infertool.data.suites import Suite, generation_correct, load_suite
+from infertool.data.suites import Suite, SuiteTask, generation_correct, load_suite
 from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.prepare import EvalPlan
 from infertool.evaluate.result import (
-    Accept, EvalModel, EvalResult, EvalSettings, Gate, Pooled, SuiteInfo, TaskResult, Timing,
+    Accept, ChoiceResult, EvalModel, EvalResult, EvalSettings, GenerateResult, Pooled, PerplexityMetrics,
+    PerplexityResult, SuiteInfo, TaskResult, Timing,
 )
-from infertool.evaluate.verdict import Estimate, judge, thresholds, verdict
+from infertool.evaluate.verdict import Estimate, Gate, judge, thresholds, verdict
+
+if TYPE_CHECKING:
+    from infertool.evaluate.phases import Phase
+    from infertool.recipe import EvalSection
 
 RESULTS_FILE = "results.json"
 ITEMS_FILE = "items.jsonl"
@@ -34,46 +42,35 @@ def _argmax(xs: list[float]) -> int:
     return max(range(len(xs)), key=lambda i: xs[i])
 
 
-def summarize_perplexity(task: dict, confidence: float) -> dict:
-    lp_b = [v for it in task["items"] for v in it["lp_b"]]
-    lp_c = [v for it in task["items"] for v in it["lp_c"]]
-    kld = [v for it in task["items"] for v in it["kld"]]
-    same = [v for it in task["items"] for v in it["same_top1"]]
-    n_bytes = sum(it["n_bytes"] for it in task["items"])
+def summarize_perplexity(task: dict[str, Any], confidence: float) -> PerplexityMetrics:  # Any: JSON values
+    """Token-level metrics of a task's perplexity windows (``task``: the engine's raw, or windows pooled)."""
+    items = task["items"]
+    lp_b = [v for it in items for v in it["lp_b"]]
+    lp_c = [v for it in items for v in it["lp_c"]]
+    kld = [v for it in items for v in it["kld"]]
+    same = [v for it in items for v in it["same_top1"]]
+    n_bytes = sum(it["n_bytes"] for it in items)
     n = len(lp_b)
     z = M.z_for(confidence)
     ln_r, ln_se = M.ln_ppl_ratio(lp_b, lp_c)
     k = sum(same)
     dp = [math.exp(c) - math.exp(b) for b, c in zip(lp_b, lp_c)]
-    out = {
-        "type": "perplexity",
-        "windows": len(task["items"]),
-        "seq_len": task.get("seq_len"),
-        "tokens": n,
-        "bytes": n_bytes,
-        "ppl_base": M.perplexity(lp_b),
-        "ppl_cand": M.perplexity(lp_c),
-        "bpb_base": M.bits_per_byte(lp_b, n_bytes),
-        "bpb_cand": M.bits_per_byte(lp_c, n_bytes),
-        "ln_ppl_ratio": ln_r,
-        "ln_ppl_ratio_se": ln_se,
-        "ppl_ratio": M.exp(ln_r),
-        "ppl_ratio_ci": [M.exp(ln_r - z * ln_se), M.exp(ln_r + z * ln_se)],
-        "kld_kind": task.get("kld_kind", "full"),
-        "kld": M.distribution(kld),
-        "top1_agree": k / n if n else float("nan"),
-        "top1_agree_se": M.proportion_se(k, n),
-        "top1_agree_ci": list(M.wilson(k, n, confidence)),
-        "delta_p": M.distribution(dp),
-        "kld_histogram": M.log_histogram(kld),
-    }
-    if any("covered_b" in it for it in task["items"]):
-        cov = [v for it in task["items"] for v in it.get("covered_b", [])]
-        out["topk_covered_mass"] = M.distribution(cov, qs=(1, 5, 50))
-    return out
+    covered = any("covered_b" in it for it in items)
+    return PerplexityMetrics(
+        windows=len(items), seq_len=task.get("seq_len"), tokens=n, bytes=n_bytes,
+        ppl_base=M.perplexity(lp_b), ppl_cand=M.perplexity(lp_c),
+        bpb_base=M.bits_per_byte(lp_b, n_bytes), bpb_cand=M.bits_per_byte(lp_c, n_bytes),
+        ln_ppl_ratio=ln_r, ln_ppl_ratio_se=ln_se, ppl_ratio=M.exp(ln_r),
+        ppl_ratio_ci=[M.exp(ln_r - z * ln_se), M.exp(ln_r + z * ln_se)],
+        kld_kind=task.get("kld_kind", "full"), kld=M.distribution(kld),
+        top1_agree=k / n if n else float("nan"), top1_agree_se=M.proportion_se(k, n),
+        top1_agree_ci=list(M.wilson(k, n, confidence)), delta_p=M.distribution(dp), kld_histogram=M.log_histogram(kld),
+        topk_covered_mass=M.distribution([v for it in items for v in it.get("covered_b", [])], qs=(1, 5, 50))
+        if covered else None)
 
 
-def summarize_multiple_choice(task: dict, answers: dict[str, int], confidence: float) -> tuple[dict, list[dict]]:
+def summarize_multiple_choice(task: dict[str, Any], answers: dict[str, int], confidence: float,  # Any: JSON values
+                              ) -> tuple[ChoiceResult, list[dict[str, Any]]]:  # Any: JSON values
     recs = []
     for it in task["items"]:
         ans = answers[it["id"]]
@@ -87,17 +84,15 @@ def summarize_multiple_choice(task: dict, answers: dict[str, int], confidence: f
                      "ll_b": it["ll_b"], "ll_c": it["ll_c"]})
     same = sum(r["pick_b"] == r["pick_c"] for r in recs)
     n = len(recs)
-    return {
-        "type": "multiple_choice",
-        "items": n,
-        "acc": M.paired_accuracy([r["correct_b"] for r in recs], [r["correct_c"] for r in recs], confidence),
-        "acc_norm": M.paired_accuracy([r["correct_norm_b"] for r in recs], [r["correct_norm_c"] for r in recs], confidence),
-        "same_pick": same / n if n else float("nan"),
-        "same_pick_ci": list(M.wilson(same, n, confidence)),
-    }, recs
+    return ChoiceResult(
+        items=n,
+        acc=M.paired_accuracy([r["correct_b"] for r in recs], [r["correct_c"] for r in recs], confidence),
+        acc_norm=M.paired_accuracy([r["correct_norm_b"] for r in recs], [r["correct_norm_c"] for r in recs], confidence),
+        same_pick=same / n if n else float("nan"), same_pick_ci=list(M.wilson(same, n, confidence))), recs
 
 
-def summarize_generate(task: dict, targets: dict[str, str], match: str, confidence: float) -> tuple[dict, list[dict]]:
+def summarize_generate(task: dict[str, Any], targets: dict[str, str], match: str, confidence: float,  # Any: JSON values
+                       ) -> tuple[GenerateResult, list[dict[str, Any]]]:  # Any: JSON values
     recs = []
     for it in task["items"]:
         t = targets[it["id"]]
@@ -107,96 +102,87 @@ def summarize_generate(task: dict, targets: dict[str, str], match: str, confiden
                      "same_output": it["out_b"] == it["out_c"]})
     n = len(recs)
     same = sum(r["same_output"] for r in recs)
-    return {
-        "type": "generate",
-        "items": n,
-        "match": match,
-        "acc": M.paired_accuracy([r["correct_b"] for r in recs], [r["correct_c"] for r in recs], confidence),
-        "output_agreement": same / n if n else float("nan"),
-        "output_agreement_ci": list(M.wilson(same, n, confidence)),
-    }, recs
+    return GenerateResult(
+        items=n, match=match,
+        acc=M.paired_accuracy([r["correct_b"] for r in recs], [r["correct_c"] for r in recs], confidence),
+        output_agreement=same / n if n else float("nan"), output_agreement_ci=list(M.wilson(same, n, confidence))), recs
 
 
-def pooled(tasks: dict, confidence: float, raw: dict) -> dict:
-    """Token-level metrics pooled over all perplexity tasks and paired accuracy over all scored items."""
-    out: dict = {}
-    ppl = [raw[n] for n, t in tasks.items() if t["type"] == "perplexity"]
-    if ppl:
-        merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": ppl[0].get("kld_kind", "full")}
-        out["tokens"] = summarize_perplexity(merged, confidence)
-    cb, cc = [], []
-    for n, t in tasks.items():
-        for r in t.get("_records", []):
-            if "correct_b" in r:
-                cb.append(r["correct_b"])
-                cc.append(r["correct_c"])
-    if cb:
-        out["items"] = M.paired_accuracy(cb, cc, confidence)
-    return out
+def _interval(ci: Sequence[float | None] | None) -> tuple[float | None, float | None]:
+    lo, hi = (list(ci or []) + [None, None])[:2]
+    return lo, hi
 
 
-def _estimate(value: float | None, ci: tuple[float | None, float | None], n: int) -> Estimate:
-    lo, hi = ci
-    return Estimate(value, lo, hi, n)
-
-
-def estimates(pool: dict, confidence: float) -> dict[str, Estimate]:
+def estimates(pool: Pooled, confidence: float) -> dict[str, Estimate]:
     """Each gate's estimate and interval from the pooled metrics (a gate the suite does not measure: absent)."""
     z = M.z_for(confidence)
     out: dict[str, Estimate] = {}
-    tok, items = pool.get("tokens"), pool.get("items")
-    if tok:
-        k, n = tok["kld"], tok["tokens"]
-        out["max_mean_kld"] = Estimate(k["mean"], k["mean"] - z * k["se"], k["mean"] + z * k["se"], n)
-        out["min_top1"] = _estimate(tok["top1_agree"], tok["top1_agree_ci"], n)
-        out["max_ppl_ratio"] = _estimate(tok["ppl_ratio"], tok["ppl_ratio_ci"], n)
-    if items:
-        ci = items["net_change_ci"]
-        out["max_acc_drop"] = Estimate(-items["net_change"], -ci[1], -ci[0], items["n"])
-        out["max_flip_rate"] = _estimate(items["flip_rate"], items["flip_rate_ci"], items["n"])
-    lm = pool.get("lm_eval")  # infertool.evaluate.phases: the lm-eval tasks' pooled recovery
-    if lm and lm.get("n") and lm.get("recovery_ci"):
-        out["min_recovery"] = _estimate(lm.get("recovery"), lm["recovery_ci"], lm["n"])
-    dec = pool.get("decode")  # the decode path as served: teacher-forced per-step KLD
-    if dec and dec.get("steps") and dec.get("kld_ci"):
-        out["max_decode_kld"] = _estimate(dec.get("kld"), dec["kld_ci"], dec["steps"])
+    tok, items = pool.tokens, pool.items
+    if tok is not None:
+        n, mean, se = tok.tokens, tok.kld["mean"], tok.kld["se"]
+        out["max_mean_kld"] = Estimate(mean, mean - z * se, mean + z * se, n)
+        out["min_top1"] = Estimate(tok.top1_agree, *_interval(tok.top1_agree_ci), n)
+        out["max_ppl_ratio"] = Estimate(tok.ppl_ratio, *_interval(tok.ppl_ratio_ci), n)
+    if items is not None:
+        lo, hi = _interval(items.net_change_ci)
+        out["max_acc_drop"] = Estimate(_neg(items.net_change), _neg(hi), _neg(lo), items.n)
+        out["max_flip_rate"] = Estimate(items.flip_rate, *_interval(items.flip_rate_ci), items.n)
+    lm = pool.lm_eval  # infertool.evaluate.phases: the lm-eval tasks' pooled recovery
+    if lm is not None and lm.n and lm.recovery_ci:
+        out["min_recovery"] = Estimate(lm.recovery, *_interval(lm.recovery_ci), lm.n)
+    dec = pool.decode  # the decode path as served: teacher-forced per-step KLD
+    if dec is not None and dec.steps and dec.kld_ci:
+        out["max_decode_kld"] = Estimate(dec.kld, *_interval(dec.kld_ci), dec.steps)
     return out
 
 
-def make_gates(pool: dict, accept: dict) -> list[Gate]:
+def _neg(x: float | None) -> float | None:
+    return None if x is None else -x
+
+
+def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:  # Any: JSON values
     """One gate per threshold of eval.accept (infertool.evaluate.verdict.RULES), judged on the pooled metrics."""
     conf = float(accept.get("confidence", 0.95))
     found = estimates(pool, conf)
-    tok = pool.get("tokens")
+    tok = pool.tokens
     topk_note = ""
-    if tok and tok["kld_kind"] != "full":
-        cov = tok.get("topk_covered_mass", {}).get("mean")
-        topk_note = (f"{tok['kld_kind']} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)"
+    if tok is not None and tok.kld_kind != "full":
+        cov = (tok.topk_covered_mass or {}).get("mean")
+        topk_note = (f"{tok.kld_kind} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)"
                      if isinstance(cov, float) and math.isfinite(cov) and cov else "")
     return [judge(g, val, found.get(g), confidence=conf, note=topk_note if g == "max_mean_kld" else "")
             for g, val in thresholds(accept).items()]
 
 
-def summarize(suite: Suite, raw_tasks: dict, accept: dict, phase_pool: dict | None = None,
-              ) -> tuple[dict, list[dict], dict, list[Gate]]:
+def _perplexity_task(task: SuiteTask, raw: dict[str, Any], conf: float) -> tuple[PerplexityResult, list[dict[str, Any]]]:  # Any: JSON values
+    """A perplexity task's metrics, with its corpus, and one record per window (items.jsonl)."""
+    s = summarize_perplexity(raw, conf)
+    result = PerplexityResult(**{f.name: getattr(s, f.name) for f in fields(s)}, corpus=task.meta,
+                              corpus_tokens=raw.get("corpus_tokens"))
+    recs = []
+    for it in raw["items"]:
+        n = len(it["lp_b"])
+        recs.append({"id": it["id"], "tokens": n,
+                     "nll_b": -math.fsum(it["lp_b"]) / n, "nll_c": -math.fsum(it["lp_c"]) / n,
+                     "kld_mean": math.fsum(it["kld"]) / n, "top1_agree": sum(it["same_top1"]) / n})
+    return result, recs
+
+
+def summarize(suite: Suite, raw_tasks: dict[str, Any], accept: dict[str, Any], phase_pool: Pooled | None = None,  # Any: JSON values
+              ) -> tuple[dict[str, TaskResult], list[dict[str, Any]], Pooled, list[Gate]]:  # Any: JSON values
     """Per-task metrics, per-item records (for items.jsonl), pooled metrics and gates. ``phase_pool``: the
     blocks of the as-served phases (infertool.evaluate.phases.compare_all: ``lm_eval``, ``decode``), pooled
     and gated with the rest."""
     conf = float(accept.get("confidence", 0.95))
-    tasks: dict = {}
-    records: list[dict] = []
+    tasks: dict[str, TaskResult] = {}
+    records: list[dict[str, Any]] = []  # Any: JSON values
+    correct_b: list[bool] = []
+    correct_c: list[bool] = []
     for task in suite.tasks:
         raw = raw_tasks[task.name]
+        s: TaskResult
         if task.type == "perplexity":
-            s = summarize_perplexity(raw, conf)
-            s["corpus"] = task.meta
-            s["corpus_tokens"] = raw.get("corpus_tokens")
-            recs = []
-            for it in raw["items"]:
-                n = len(it["lp_b"])
-                recs.append({"id": it["id"], "tokens": n,
-                             "nll_b": -math.fsum(it["lp_b"]) / n, "nll_c": -math.fsum(it["lp_c"]) / n,
-                             "kld_mean": math.fsum(it["kld"]) / n, "top1_agree": sum(it["same_top1"]) / n})
+            s, recs = _perplexity_task(task, raw, conf)
         elif task.type == "multiple_choice":
             s, recs = summarize_multiple_choice(raw, {it["id"]: it["answer"] for it in task.items}, conf)
         else:
@@ -204,30 +190,29 @@ def summarize(suite: Suite, raw_tasks: dict, accept: dict, phase_pool: dict | No
         tasks[task.name] = s
         for r in recs:
             records.append({"task": task.name, **r})
-        s["_records"] = recs
-    pool = pooled(tasks, conf, raw_tasks)
-    pool.update(phase_pool or {})
-    for s in tasks.values():
-        s.pop("_records", None)
-    gates = make_gates(pool, accept)
-    return tasks, records, pool, gates
+            if "correct_b" in r:
+                correct_b.append(r["correct_b"])
+                correct_c.append(r["correct_c"])
+    windows = [it for t in suite.tasks if t.type == "perplexity" for it in raw_tasks[t.name]["items"]]
+    first = next((raw_tasks[t.name] for t in suite.tasks if t.type == "perplexity"), None)
+    pool = Pooled(
+        tokens=summarize_perplexity({"items": windows, "kld_kind": first.get("kld_kind", "full")}, conf)
+        if first is not None else None,
+        items=M.paired_accuracy(correct_b, correct_c, conf) if correct_b else None,
+        lm_eval=phase_pool.lm_eval if phase_pool else None, decode=phase_pool.decode if phase_pool else None)
+    return tasks, records, pool, make_gates(pool, accept)
 
 
-def _throughput(timing: dict) -> dict:
-    scored = [t for t in timing.values() if t.get("tokens")]  # log-likelihood work; generation has its own pace
+def _timing(wall: float, per_task: dict[str, Any]) -> Timing:  # Any: JSON values (the engine's timing per task)
+    scored = [t for t in per_task.values() if t.get("tokens")]  # log-likelihood work; generation has its own pace
     tokens = sum(t["tokens"] for t in scored)
     base_s = sum(t.get("base_s", 0.0) for t in scored)
     cand_s = sum(t.get("cand_s", 0.0) for t in scored)
-    return {
-        "scored_tokens_per_model": tokens,
-        "base_s": base_s,
-        "cand_s": cand_s,
-        "base_tokens_per_s": tokens / base_s if base_s else None,
-        "cand_tokens_per_s": tokens / cand_s if cand_s else None,
-    }
+    return Timing(wall, jsonable(per_task), tokens, base_s, cand_s, tokens / base_s if base_s else None,
+                  tokens / cand_s if cand_s else None)
 
 
-def write_kld_histogram_svg(hist: dict, path: Path, title: str) -> Path:
+def write_kld_histogram_svg(hist: dict[str, Any], path: Path, title: str) -> Path:  # Any: JSON values
     """A bar chart of the per-token KLD distribution (log-spaced bins), as a self-contained SVG."""
     counts = [hist["under"], *hist["counts"], hist["over"]]
     labels = [f"<{hist['edges'][0]:.0e}"] + [f"{e:.0e}" for e in hist["edges"][:-1]] + [f"≥{hist['edges'][-1]:.0e}"]
@@ -276,7 +261,7 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     out_dir = Path(ctx.out_dir or plan.out_dir or _default_out(suite.name))
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
-    phases = phases_for(plan)
+    phases = phases_for(plan.eval_section, plan.engine)
     from infertool.evaluate.phases import preflight_all
 
     preflight_all(phases, out_dir / "logs")  # lm-eval's tasks and data, before any server starts
@@ -287,21 +272,21 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     phase_pool = compare_all(phases, raw.get("phases") or {}, "base", "candidate", float(plan.accept.get("confidence", 0.95)))
     tasks, records, pool, gates = summarize(suite, raw["tasks"], plan.accept, phase_pool)
     status, reason = verdict(gates)
-    files = _write_details(out_dir, records, pool, plan.engine)
+    files = _write_details(out_dir, records, pool.tokens, plan.engine)
     models = raw.get("models") or {}
     result = EvalResult(
         ok=status == "PASS", verdict=status, reason=reason,
         suite=SuiteInfo(suite.name, str(suite.path), suite.description), engine=plan.engine,
-        base=EvalModel(plan.base, plan.base_source, plan.labels.get("base"), extra=jsonable(models.get("base") or {})),
-        candidate=EvalModel(plan.candidate, None, plan.labels.get("candidate"),
+        base=EvalModel(plan.base, plan.base_source, plan.base_label, extra=jsonable(models.get("base") or {})),
+        candidate=EvalModel(plan.candidate, None, plan.candidate_label,
                             extra=jsonable(models.get("candidate") or {})),
         held_out=plan.held_out,
         settings=EvalSettings(plan.seq_len, plan.batch_size, plan.max_items, raw.get("topk"),
                               Accept.from_dict(plan.accept), thresholds(plan.accept)),
-        gates=[Gate.from_dict(jsonable(g)) for g in gates],
+        gates=[Gate.from_dict(jsonable(g)) for g in gates],  # as results.json reads back: a NaN is "not measured"
         pooled=Pooled.from_dict(jsonable(pool)),
         tasks={name: TaskResult.from_dict(jsonable(t)) for name, t in tasks.items()},
-        timing=Timing(wall_s=wall, per_task=jsonable(raw.get("timing", {})), **_throughput(raw.get("timing", {}))),
+        timing=_timing(wall, raw.get("timing", {})),
         versions={"python": sys.version.split()[0], **(raw.get("versions") or {})},
         notes=_notes(plan, raw, tasks), run_dir=str(out_dir), files=files,
     )
@@ -309,14 +294,25 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     return result
 
 
-def phases_for(plan: EvalPlan) -> list:
-    """The as-served phases of this eval (lm-eval tasks, the decode path): infertool.evaluate.phases."""
-    from infertool.evaluate.phases import phases_for as _for
+def phases_for(ev: EvalSection | None, engine: str) -> list[Phase]:
+    """The phases an eval section asks of an as-served engine (vllm, openai): lm-eval tasks when
+    ``eval.lm_eval`` names some, the decode path unless ``eval.decode.enabled`` is false. The hf engine: none."""
+    if engine not in ("vllm", "openai") or ev is None:
+        return []
+    out: list[Phase] = []
+    if ev.lm_eval is not None:
+        from infertool.evaluate.lm_eval_engine import LmEvalPhase
 
-    return _for(plan.eval_section, plan.engine)
+        out.append(LmEvalPhase(ev.lm_eval))
+    if ev.decode is not None and ev.decode.enabled:
+        from infertool.evaluate.decode import DecodePhase
+
+        out.append(DecodePhase(ev.decode))
+    return out
 
 
-def _score(plan: EvalPlan, requests: list[dict], ctx: RunContext, out_dir: Path, phases: list | None = None) -> dict:
+def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_dir: Path,  # Any: JSON values
+           phases: list[Phase] | None = None) -> dict[str, Any]:  # Any: JSON values
     """The engine's raw numbers for both models (infertool.evaluate.hf_engine / server_engine)."""
     from infertool.envs.runner import InProcessEvents
 
@@ -343,19 +339,19 @@ def _score(plan: EvalPlan, requests: list[dict], ctx: RunContext, out_dir: Path,
                           log_dir=out_dir / "logs")
 
 
-def _write_details(out_dir: Path, records: list[dict], pool: dict, engine: str) -> dict[str, str]:
+def _write_details(out_dir: Path, records: list[dict[str, Any]], tok: PerplexityMetrics | None,  # Any: JSON values
+                   engine: str) -> dict[str, str]:
     """items.jsonl (one line per scored item) and the KLD histogram; the paths, results.json's among them."""
     files = {"results": str(out_dir / RESULTS_FILE), "items": str(out_dir / ITEMS_FILE)}
     write_text(out_dir / ITEMS_FILE, "".join(dumps_json(r, indent=None) + "\n" for r in records))  # never a bare NaN
-    tok = pool.get("tokens")
-    if tok:
+    if tok is not None:
         files["kld_histogram"] = str(write_kld_histogram_svg(
-            tok["kld_histogram"], out_dir / HIST_FILE,
-            f"KLD(base || candidate) per token, {tok['kld_kind']}, {tok['tokens']:,} tokens, {engine} engine"))
+            tok.kld_histogram, out_dir / HIST_FILE,
+            f"KLD(base || candidate) per token, {tok.kld_kind}, {tok.tokens:,} tokens, {engine} engine"))
     return files
 
 
-def _notes(plan: EvalPlan, raw: dict, tasks: dict) -> list[str]:
+def _notes(plan: EvalPlan, raw: dict[str, Any], tasks: dict[str, TaskResult]) -> list[str]:  # Any: JSON values
     notes = []
     if raw.get("topk"):
         notes.append(f"{plan.engine} engine: KL divergence is computed from the top-{raw['topk']} log-probabilities a "
@@ -364,7 +360,7 @@ def _notes(plan: EvalPlan, raw: dict, tasks: dict) -> list[str]:
     if held is not None and held.failed:
         notes.append(f"HELD-OUT CHECK FAILED: the candidate's calibration text overlaps this suite ("
                      f"{held.share or 0:.1%} of its word 13-grams): its figures may look better than they are")
-    if any(t["type"] == "perplexity" for t in tasks.values()):
+    if any(t.type == "perplexity" for t in tasks.values()):
         notes.append("perplexity: GPTQ-paper protocol (non-overlapping windows of seq_len tokens, the first token of "
                      "each window unscored); not comparable with lm-eval's word_perplexity")
     return notes

@@ -36,13 +36,21 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from infertool import inputs, net
 from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
 from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.answers import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
+from infertool.evaluate.result import DecodeComparison, Diverged
+
+if TYPE_CHECKING:
+    from infertool.evaluate.phases import Served
+    from infertool.recipe import DecodeSpec
+    from infertool.tasks import Events
+
+Client = Any  # server_engine.Client (or a stand-in): server_engine imports phases, whose caller imports this module
 
 MAX_FORCED_REQUESTS = 8  # teacher-forcing requests per prompt beyond its own greedy run (then one echo request)
 MAX_PROMPTS = 100_000
@@ -66,7 +74,7 @@ def builtin_path() -> Path:
     return decode_prompts_path()
 
 
-def _check_prompt(obj, n: int) -> tuple[dict | None, str | None]:
+def _check_prompt(obj: Any, n: int) -> tuple[dict[str, Any] | None, str | None]:  # Any: JSON values
     """One line's prompt record, or why it is not one (the line number in the message)."""
     if not isinstance(obj, dict):
         return None, f"line {n}: not a JSON object"
@@ -90,11 +98,11 @@ def _check_prompt(obj, n: int) -> tuple[dict | None, str | None]:
     return {"id": str(pid), "messages": [dict(m) for m in msgs]}, None
 
 
-def parse_prompts(text: str, where: str) -> list[dict]:
+def parse_prompts(text: str, where: str) -> list[dict[str, Any]]:  # Any: JSON values
     """The prompt records of a JSONL text; EVERY bad line is listed with its number in one UsageError."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []  # Any: JSON values
     bad: list[str] = []
-    seen: set = set()
+    seen: set[Any] = set()  # Any: JSON values
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
@@ -121,14 +129,14 @@ def parse_prompts(text: str, where: str) -> list[dict]:
     return out
 
 
-def load_prompts(source: str) -> list[dict]:
+def load_prompts(source: str) -> list[dict[str, Any]]:  # Any: JSON values
     """The prompt set: ``builtin`` (infertool's own) or a user's .jsonl (``infertool.inputs``: a regular UTF-8 file,
     bounded)."""
     path = builtin_path() if source == BUILTIN else Path(source).expanduser()
     return parse_prompts(inputs.read_text(path, inputs.DECODE_PROMPTS, "eval.decode.prompts"), str(path))
 
 
-def as_plain_text(messages: list[dict]) -> str:
+def as_plain_text(messages: list[dict[str, Any]]) -> str:  # Any: JSON values
     """A chat prompt as a completion prompt, for a model without a chat template (or ``chat: false``)."""
     label = {"system": "", "user": "User: ", "assistant": "Assistant: "}
     return "\n".join(label[m["role"]] + m["content"] for m in messages) + "\nAssistant:"
@@ -139,7 +147,7 @@ def as_plain_text(messages: list[dict]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def _post(client, path: str, body: dict, *, control: bool = False, root: bool = False) -> tuple[int, dict | None, str]:
+def _post(client: Client, path: str, body: dict[str, Any], *, control: bool = False, root: bool = False) -> tuple[int, dict[str, Any] | None, str]:  # Any: JSON values
     """(status, the JSON object or None, the server's words quoted) of one POST; 401 / 403 raise (the key)."""
     url = (client.root if root else client.base_url) + path
     ans = client.fetch(url, body, net.MAX_JSON_BYTES, control=control)
@@ -153,7 +161,7 @@ def _post(client, path: str, body: dict, *, control: bool = False, root: bool = 
         return ans.status, None, e.reason
 
 
-def _tokenize(client, prompt: dict, chat: bool) -> list[int] | None:
+def _tokenize(client: Client, prompt: dict[str, Any], chat: bool) -> list[int] | None:  # Any: JSON values
     """The prompt's token ids as the server's tokenizer makes them (a chat prompt through its chat template);
     None when the server refuses (no /tokenize, or no chat template for ``messages``)."""
     if "messages" in prompt and chat:
@@ -171,14 +179,14 @@ def _tokenize(client, prompt: dict, chat: bool) -> list[int] | None:
     return toks
 
 
-def _token_id(v, where: str) -> int:
+def _token_id(v: Any, where: str) -> int:  # Any: a JSON value
     m = _TOKEN_ID.match(v) if isinstance(v, str) else None
     if m is None:
         raise Malformed(f"{where} is {net.quote(repr(v), n=40)}, not \"token_id:N\" (return_tokens_as_token_ids)")
     return int(m.group(1))
 
 
-def _top(v, where: str) -> dict[str, float]:
+def _top(v: Any, where: str) -> dict[str, float]:  # Any: a JSON value
     """One step's top-k as {token id (str): log-probability}, checked."""
     if not isinstance(v, dict) or not v:
         raise Malformed(f"{where} is not a non-empty object of log-probabilities")
@@ -191,7 +199,7 @@ def _top(v, where: str) -> dict[str, float]:
     return out
 
 
-def parse_generation(r: dict, where: str) -> dict:
+def parse_generation(r: dict[str, Any], where: str) -> dict[str, Any]:  # Any: JSON values
     """A greedy completion's generated token ids, each step's top-k and the finish reason; no per-step
     log-probabilities with token ids at all: Malformed with "no per-step" in its message."""
     choices = r.get("choices")
@@ -210,7 +218,7 @@ def parse_generation(r: dict, where: str) -> dict:
             "text": net.quote(text, n=MAX_TEXT_CHARS) if isinstance(text, str) else None}
 
 
-def _generate(client, ids: list[int], max_tokens: int, k: int) -> dict:
+def _generate(client: Client, ids: list[int], max_tokens: int, k: int) -> dict[str, Any]:  # Any: JSON values
     """Greedy continuation of a token-id prompt with the top-k of every step (vLLM's token-id form)."""
     r = client._request(client.base_url + "/completions", {
         "model": client.model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "logprobs": k,
@@ -218,7 +226,7 @@ def _generate(client, ids: list[int], max_tokens: int, k: int) -> dict:
     return parse_generation(r, f"the server at {client.base_url} (model {client.model!r})")
 
 
-def _echo_tops(client, ids: list[int], k: int) -> list[dict]:
+def _echo_tops(client: Client, ids: list[int], k: int) -> list[dict[str, Any]]:  # Any: JSON values
     """The top-k at every position of a token-id prompt (prefill: prompt log-probabilities)."""
     r = client._request(client.base_url + "/completions", {
         "model": client.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "echo": True, "logprobs": k,
@@ -227,7 +235,7 @@ def _echo_tops(client, ids: list[int], k: int) -> list[dict]:
     return [{str(_token_id(t, "top_logprobs")): v for t, v in top.items()} if top else {} for top in got["top"]]
 
 
-def probe(client, k: int) -> str | None:
+def probe(client: Client, k: int) -> str | None:
     """Why this server cannot run the decode phase (None: it can): it needs /tokenize and greedy generation with
     per-step top-k log-probabilities as token ids (vLLM). 401 / 403 and transport failures raise."""
     ids = _tokenize(client, {"prompt": "The capital of France is"}, chat=False)
@@ -257,14 +265,14 @@ class DecodePhase:
     name = "decode"
     gates: tuple[str, ...] = ("max_decode_kld",)
 
-    def __init__(self, spec, prompts: list[dict] | None = None, workers: int = WORKERS):
+    def __init__(self, spec: DecodeSpec, prompts: list[dict[str, Any]] | None = None, workers: int = WORKERS) -> None:  # Any: JSON values
         self.spec = spec
         self.workers = workers  # requests in flight (1: one at a time, the batch-1 noise floor of `verify`)
         self.prompts = prompts if prompts is not None else load_prompts(str(spec.prompts))
         if spec.n_prompts:
             self.prompts = self.prompts[: spec.n_prompts]
 
-    def _chat(self, client, prior: dict | None) -> bool:
+    def _chat(self, client: Client, prior: dict[str, Any] | None) -> bool:  # Any: JSON values
         """Chat prompts through the chat template: as the first model did; else spec.chat; else where the
         server tokenizes ``messages`` (the model has a chat template)."""
         if prior is not None and "chat" in prior:
@@ -273,7 +281,8 @@ class DecodePhase:
             return bool(self.spec.chat)
         return _tokenize(client, {"messages": [{"role": "user", "content": "Hi"}]}, chat=True) is not None
 
-    def run(self, served, prior: dict | None, events, window: tuple[int, int] | None = None) -> dict:
+    def run(self, served: Served, prior: dict[str, Any] | None, events: Events,  # Any: JSON values
+            window: tuple[int, int] | None = None) -> dict[str, Any]:  # Any: JSON values
         """One model's greedy continuations (and, when ``prior`` is given, its teacher-forced distributions on
         the prior's tokens); see the module's docstring."""
         client, k, n_max = served.client, int(self.spec.top_k), int(self.spec.max_tokens)
@@ -285,7 +294,7 @@ class DecodePhase:
         chat = self._chat(client, prior)
         where = f"the {served.label} model {client.model!r} at {client.base_url}"
 
-        def tokenize(p):
+        def tokenize(p: dict[str, Any]) -> list[int]:  # Any: JSON values
             ids = _tokenize(client, p, chat)
             if ids is None:
                 raise BackendError(f"{where} would not tokenize decode prompt {p['id']!r}"
@@ -314,21 +323,22 @@ class DecodePhase:
                 rec["forced"] = f
         return {"chat": chat, "top_k": k, "max_tokens": n_max, "prompts": out}
 
-    def compare(self, raw_ref: dict, raw_cand: dict, *, confidence: float, first: str) -> dict:
+    def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
+                first: str) -> DecodeComparison:
         return compare(raw_ref, raw_cand, confidence=confidence, first=first,
                        near_tie_logprob=float(self.spec.near_tie_logprob))
 
 
-def teacher_force(client, own: dict, ref_tokens: list[int], k: int) -> dict:
+def teacher_force(client: Client, own: dict[str, Any], ref_tokens: list[int], k: int) -> dict[str, Any]:  # Any: JSON values
     """This model's top-k at every position of ``ref_tokens`` (the first model's greedy continuation of the
     same prompt), on its decode path: its own greedy run up to its first divergence, then a new request from
     prompt + ref[:d+1] after each divergence d (at most MAX_FORCED_REQUESTS), the rest by one echo request.
     ``prefill[j]``: position j's value came from a prefill (a request's first position, or the echo)."""
     n = len(ref_tokens)
-    top: list[dict | None] = [None] * n
+    top: list[dict[str, Any] | None] = [None] * n  # Any: JSON values
     prefill = [True] * n
 
-    def take(start: int, got: dict) -> int:
+    def take(start: int, got: dict[str, Any]) -> int:  # Any: JSON values
         for j, (tok, t) in enumerate(zip(got["tokens"], got["top"])):
             if start + j >= n:
                 return n
@@ -359,11 +369,11 @@ def teacher_force(client, own: dict, ref_tokens: list[int], k: int) -> dict:
 # --------------------------------------------------------------------------------------------
 
 
-def _argmax(top: dict) -> str | None:
+def _argmax(top: dict[str, Any]) -> str | None:  # Any: JSON values
     return max(top, key=lambda k: top[k]) if top else None
 
 
-def top2_gap(top: dict) -> float | None:
+def top2_gap(top: dict[str, Any]) -> float | None:  # Any: JSON values
     """The gap (nats) between the two largest log-probabilities of a step's top-k; None with fewer than two."""
     vals = sorted(top.values(), reverse=True)
     return vals[0] - vals[1] if len(vals) >= 2 else None
@@ -397,7 +407,7 @@ def median_ci(xs: list[float], z: float) -> tuple[float | None, float | None, fl
     return med, s[lo - 1], s[hi - 1]
 
 
-def _first_and_second(raw_ref: dict, raw_cand: dict, first: str) -> bool:
+def _first_and_second(raw_ref: dict[str, Any], raw_cand: dict[str, Any], first: str) -> bool:  # Any: JSON values
     """Whether the candidate ran first: the second model's prompts carry ``forced``; else the label says."""
     forced_ref = any("forced" in p for p in raw_ref.get("prompts", []))
     forced_cand = any("forced" in p for p in raw_cand.get("prompts", []))
@@ -406,25 +416,28 @@ def _first_and_second(raw_ref: dict, raw_cand: dict, first: str) -> bool:
     return first == "candidate"
 
 
-def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, near_tie_logprob: float) -> dict:
+def compare(raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float, first: str,  # Any: JSON values
+            near_tie_logprob: float) -> DecodeComparison:
     """The decode block (results.json ``pooled.decode``) of the candidate against the reference, joined by
     prompt id over the candidate's prompts (ids only the reference has are ignored)."""
     z = M.z_for(confidence)
     skipped = raw_ref.get("skipped") or raw_cand.get("skipped")
-    block: dict[str, Any] = {"n_prompts": 0, "exact_match": None, "exact_match_ci": None, "first_divergence_median": None,  # Any: JSON values, counted and filled in below
-             "first_divergence_ci": None, "kld": None, "kld_ci": None, "top1": None, "top1_ci": None, "steps": 0,
-             "prefill_steps": 0, "near_ties": 0, "divergences": 0, "near_tie_logprob": near_tie_logprob,
-             "chat": raw_ref.get("chat"), "max_tokens": raw_ref.get("max_tokens"),
-             "kld_kind": f"top-{raw_ref.get('top_k')}" if raw_ref.get("top_k") else None,
-             "interval": "KLD and top-1: per-prompt sums, cluster-robust by prompt; first divergence: order statistics",
-             "first": first, "diverged": []}
+    top_k = raw_ref.get("top_k")
+    block = DecodeComparison(near_tie_logprob=near_tie_logprob, chat=raw_ref.get("chat"),
+                             max_tokens=raw_ref.get("max_tokens"), kld_kind=f"top-{top_k}" if top_k else None,
+                             first=first)
     if skipped:
-        block["skipped"] = skipped
+        block.skipped = skipped
         return block
     cand_first = _first_and_second(raw_ref, raw_cand, first)
     ref_by = {p["id"]: p for p in raw_ref.get("prompts", [])}
     n_max = int(raw_ref.get("max_tokens") or 0)
-    em, positions, kl_s, t1_s, cnt, cov = 0, [], [], [], [], []
+    em = 0
+    positions: list[float] = []
+    kl_s: list[float] = []
+    t1_s: list[float] = []
+    cnt: list[int] = []
+    cov: list[float] = []
     for pc in raw_cand.get("prompts", []):
         pr = ref_by.get(pc["id"])
         if pr is None:
@@ -440,11 +453,13 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
             positions.append(float(d))
             gap = top2_gap(pr["top"][d]) if d < len(pr["top"]) else None
             tie = gap is not None and gap < near_tie_logprob
-            block["near_ties" if tie else "divergences"] += 1
-            if len(block["diverged"]) < SHOWN_DIVERGED:
-                block["diverged"].append({"id": pc["id"], "at": d, "near_tie": tie,
-                                          "ref_top2_gap": None if gap is None else round(gap, 6),
-                                          "reference": pr.get("text"), "candidate": pc.get("text")})
+            if tie:
+                block.near_ties += 1
+            else:
+                block.divergences += 1
+            if len(block.diverged) < SHOWN_DIVERGED:
+                block.diverged.append(Diverged(pc["id"], d, tie, None if gap is None else round(gap, 6),
+                                               pr.get("text"), pc.get("text")))
         first_rec, second_rec = (pc, pr) if cand_first else (pr, pc)
         forced = second_rec.get("forced")
         if forced is None:
@@ -456,7 +471,7 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
             if not t_first or not t_second:
                 continue
             if first_rec["prefill"][j] or forced["prefill"][j]:
-                block["prefill_steps"] += 1
+                block.prefill_steps += 1
                 continue
             t_ref, t_cand = (t_second, t_first) if cand_first else (t_first, t_second)
             kl, mass = M.topk_kld(t_ref, t_cand)
@@ -470,16 +485,17 @@ def compare(raw_ref: dict, raw_cand: dict, *, confidence: float, first: str, nea
         t1_s.append(s_t1)
         cnt.append(c)
     n = len(positions)
-    block["n_prompts"] = n
+    block.n_prompts = n
     if n:
-        block["exact_match"], block["exact_match_ci"] = em / n, list(M.wilson(em, n, confidence))
+        block.exact_match, block.exact_match_ci = em / n, list(M.wilson(em, n, confidence))
         med, lo, hi = median_ci(positions, z)
-        block["first_divergence_median"], block["first_divergence_ci"] = med, [lo, hi]
+        block.first_divergence_median = med
+        block.first_divergence_ci = [lo, hi] if lo is not None and hi is not None else None  # n > 0: both are
     kl_mean, kl_lo, kl_hi = cluster_mean(kl_s, cnt, z)
     t1, t1_lo, t1_hi = cluster_mean(t1_s, cnt, z)
-    if kl_mean is not None and kl_lo is not None and t1_lo is not None and t1_hi is not None:  # all or none
-        block["kld"], block["kld_ci"] = kl_mean, [max(0.0, kl_lo), kl_hi]
-        block["top1"], block["top1_ci"] = t1, [max(0.0, t1_lo), min(1.0, t1_hi)]
-        block["steps"] = sum(cnt)
-        block["covered_mass"] = math.fsum(cov) / len(cov) if cov else None
+    if kl_mean is not None and kl_lo is not None and kl_hi is not None and t1_lo is not None and t1_hi is not None:  # all or none
+        block.kld, block.kld_ci = kl_mean, [max(0.0, kl_lo), kl_hi]
+        block.top1, block.top1_ci = t1, [max(0.0, t1_lo), min(1.0, t1_hi)]
+        block.steps = sum(cnt)
+        block.covered_mass = math.fsum(cov) / len(cov) if cov else None
     return block

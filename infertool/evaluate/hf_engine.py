@@ -10,12 +10,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.perf.host import usable_cores
 
+if TYPE_CHECKING:
+    from infertool.tasks import Events
 
-def _load_model(path: str, events, trust: bool = False):
+
+def _load_model(path: str, events: Events, trust: bool = False) -> tuple[Any, Any]:  # Any: transformers' model, tokenizer
     """``trust``: model.trust_remote_code, passed to every loader (the only way remote code runs)."""
     import torch
     from transformers import AutoModelForCausalLM
@@ -51,7 +55,7 @@ def _load_model(path: str, events, trust: bool = False):
     return model, {"path": path, "loader": loader, "dtype": dtype, "quant_method": method or None}
 
 
-def _log_softmax(model, ids, mask=None):
+def _log_softmax(model: Any, ids: Any, mask: Any = None) -> Any:  # Any: torch modules and tensors
     import torch
 
     with torch.inference_mode():
@@ -59,7 +63,8 @@ def _log_softmax(model, ids, mask=None):
     return torch.log_softmax(out.logits.float(), dim=-1)
 
 
-def _perplexity(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> dict:
+def _perplexity(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: int, events: Events,  # Any: JSON values
+                timing: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     import torch
 
     ids = tok(task["text"], add_special_tokens=False)["input_ids"]
@@ -101,7 +106,7 @@ def _perplexity(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> di
     return {"type": "perplexity", "seq_len": L, "corpus_tokens": len(ids), "kld_kind": "full", "items": items}
 
 
-def _encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[int]]:
+def _encode_pair(tok: Any, context: str, continuation: str) -> tuple[list[int], list[int]]:  # Any: JSON values
     """lm-eval's split: trailing spaces of the context move to the continuation; both encoded separately."""
     n_spaces = len(context) - len(context.rstrip())
     if n_spaces:
@@ -112,7 +117,8 @@ def _encode_pair(tok, context: str, continuation: str) -> tuple[list[int], list[
     return ctx, cont
 
 
-def _multiple_choice(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> dict:
+def _multiple_choice(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: int, events: Events,  # Any: JSON values
+                     timing: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     import torch
 
     reqs = []  # (item index, choice index, ids, n_cont)
@@ -120,8 +126,8 @@ def _multiple_choice(task: dict, tok, mb, mc, batch: int, events, timing: dict) 
         for k, cont in enumerate(it["continuations"]):
             ctx_ids, cont_ids = _encode_pair(tok, it["context"], cont)
             reqs.append((i, k, ctx_ids + cont_ids, len(cont_ids)))
-    lls: dict[str, dict] = {"b": {}, "c": {}}
-    greedy: dict[str, dict] = {"b": {}, "c": {}}
+    lls: dict[str, dict[tuple[int, int], float]] = {"b": {}, "c": {}}
+    greedy: dict[str, dict[tuple[int, int], bool]] = {"b": {}, "c": {}}
     pad = tok.pad_token_id if tok.pad_token_id is not None else 0
     order = sorted(range(len(reqs)), key=lambda r: -len(reqs[r][2]))  # similar lengths together
     done = 0
@@ -157,7 +163,8 @@ def _multiple_choice(task: dict, tok, mb, mc, batch: int, events, timing: dict) 
     return {"type": "multiple_choice", "items": items}
 
 
-def _generate(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> dict:
+def _generate(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: int, events: Events,  # Any: JSON values
+              timing: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     import torch
 
     prompts = []
@@ -200,7 +207,7 @@ def _generate(task: dict, tok, mb, mc, batch: int, events, timing: dict) -> dict
     return {"type": "generate", "items": items}
 
 
-def compare_task(spec: dict, events) -> dict:
+def compare_task(spec: dict[str, Any], events: Events) -> dict[str, Any]:  # Any: JSON values
     """Stage ``eval.hf``: score every task of the suite with base and candidate on the same tokens."""
     import torch
     import transformers

@@ -26,9 +26,18 @@ import json
 import math
 import os
 import subprocess
+from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from infertool.errors import BackendError, UsageError
+from infertool.evaluate.result import LmEvalComparison, LmEvalTask, TaskCode
+from infertool.records import Record
+
+if TYPE_CHECKING:
+    from infertool.evaluate.phases import Served
+    from infertool.recipe import LmEvalSpec
+    from infertool.tasks import Events
 
 WORKER = Path(__file__).with_name("lm_eval_worker.py")
 REQUEST_TIMEOUT_S = 300  # lm-eval's per-request timeout against the server
@@ -43,7 +52,7 @@ class LmEvalPhase:
     name = "lm_eval"
     gates: tuple[str, ...] = ("min_recovery",)
 
-    def __init__(self, spec):
+    def __init__(self, spec: LmEvalSpec) -> None:
         self.spec = spec
         self.task_code: list[str] | None = None  # what the task folder's code does (trust_code), once read
 
@@ -56,7 +65,8 @@ class LmEvalPhase:
             self.task_code = [r.text() for r in require_trusted(self.spec)]
         return self.task_code
 
-    def run(self, served, prior, events, window: tuple[int, int] | None = None) -> dict:
+    def run(self, served: Served, prior: dict[str, Any] | None, events: Events,  # Any: JSON values
+            window: tuple[int, int] | None = None) -> dict[str, Any]:  # Any: JSON values
         """lm-eval's tasks on one served model: {"tasks": {task: {"metric", "higher_is_better", "docs":
         {doc_id: score}, ...}}, "answer": the worker's file}. ``window=(lo, hi)``: documents [lo, hi) of each task."""
         from infertool.envs.state import require_env
@@ -80,11 +90,11 @@ class LmEvalPhase:
         return read_answer(Path(spec["out"]), log_dir / f"{tag}.log", include,
                            secrets=[getattr(served.client, "api_key", None)])
 
-    def compare(self, raw_ref: dict, raw_cand: dict, *, confidence: float, first: str) -> dict:
+    def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
+                first: str) -> LmEvalComparison:
         block = compare_raw(raw_ref, raw_cand, confidence=confidence)
         if self.spec.include_path:  # the report says whether the task folder's own code ran, and which
-            block["task_code"] = {"trust_code": bool(self.spec.trust_code), "include_path": str(self.spec.include_path),
-                                  "ran": self.trusted()}
+            block.task_code = TaskCode(bool(self.spec.trust_code), str(self.spec.include_path), self.trusted())
         return block
 
     def preflight(self, log_dir: Path) -> None:
@@ -112,19 +122,19 @@ class LmEvalPhase:
         run_worker([str(python), str(WORKER), str(spec_path)], log_dir / "lm_eval-check.log", cwd=cwd,
                    timeout_s=min(float(self.spec.timeout_s), PREFLIGHT_TIMEOUT_S), api_key=None)
         try:
-            ans = json.loads(out.read_text(encoding="utf-8"))
+            ans = WorkerAnswer.from_dict(json.loads(out.read_text(encoding="utf-8")))
         except (OSError, ValueError):
             raise BackendError("lm-eval's task check ended without an answer:\n" + _tail(log_dir / "lm_eval-check.log"),
                                hint="see the log", log_path=str(log_dir / "lm_eval-check.log")) from None
-        if not ans.get("ok"):
+        if not ans.ok:
             raise answer_error(ans, include, str(log_dir / "lm_eval-check.log"), [])
-        write_json(mark, {"tasks": ans.get("tasks"), "lm_eval": ans.get("lm_eval")})
+        write_json(mark, {"tasks": ans.tasks, "lm_eval": ans.lm_eval})
 
 
 PREFLIGHT_TIMEOUT_S = 300.0  # lm-eval's import and the tasks' data loading, before any server starts
 
 
-def _checked_marker(spec, packages: dict) -> Path:
+def _checked_marker(spec: LmEvalSpec, packages: dict[str, Any]) -> Path:  # Any: JSON values
     """Where a passed task check of ``spec`` is remembered (INFERTOOL_HOME/cache/lm_eval_checks/<digest>.json):
     keyed by the tasks, the include path's files by content, infertool's version (its shipped tasks) and the
     lmeval environment's packages."""
@@ -143,7 +153,7 @@ def _checked_marker(spec, packages: dict) -> Path:
 # running lm-eval
 # --------------------------------------------------------------------------------------------
 
-def include_paths(spec, log_dir: Path) -> list[str]:
+def include_paths(spec: LmEvalSpec, log_dir: Path) -> list[str]:
     """The include path lm-eval gets: the recipe's ``include_path`` (relative: from the current folder, as the
     recipe's other paths), then, when a task name starts with ``infertool_``, a copy of the shipped tasks with
     their data files' absolute paths (lm-eval resolves a relative data file from its current folder)."""
@@ -179,12 +189,14 @@ def materialize_shipped(dest: Path) -> Path:
     return dest
 
 
-def worker_spec(spec, served, include: list[str], window, *, out: str) -> dict:
+def worker_spec(spec: LmEvalSpec, served: Served, include: list[str], window: tuple[int, int] | None, *,
+                out: str) -> dict[str, Any]:  # Any: JSON values
     """What the worker needs: the endpoint, the tokenizer (eval.lm_eval.tokenizer, else the served checkpoint's
     folder; none known: lm-eval's own choice, the server's tokenizer_info/tokenize endpoints), the tasks and
     lm-eval's options."""
     client = served.client
-    tok = str(Path(spec.tokenizer).expanduser().absolute()) if getattr(spec, "tokenizer", None) else served.model_path
+    given = getattr(spec, "tokenizer", None)
+    tok = str(Path(given).expanduser().absolute()) if given else served.model_path
     if tok is None and Path(str(client.model)).is_dir():  # a server not ours that serves a local folder
         tok = str(Path(client.model).absolute())
     return {"base_url": client.base_url, "model": client.model, "tokenizer": tok,
@@ -231,34 +243,52 @@ def _tail(log_path: Path, n: int = 12) -> str:
         return ""
 
 
-def read_answer(out: Path, log_path: Path, include: list[str], secrets: list) -> dict:
+def read_answer(out: Path, log_path: Path, include: list[str], secrets: list[str | None],
+                ) -> dict[str, Any]:  # Any: JSON values
     """The worker's answer as the phase's raw numbers, or the error it reported (unknown task, missing data)."""
     import json
 
     from infertool import net
 
     try:
-        ans = json.loads(out.read_text(encoding="utf-8"))
+        ans = WorkerAnswer.from_dict(json.loads(out.read_text(encoding="utf-8")))
     except (OSError, ValueError):
         raise BackendError("lm-eval ended without an answer:\n" + net.quote(_tail(log_path), secrets, 2000),
                            hint="see the log", log_path=str(log_path)) from None
-    if ans.get("ok"):
-        tasks = {t: {k: v for k, v in b.items() if k != "shown"} for t, b in ans["tasks"].items()}
-        return {"tasks": tasks, "lm_eval": ans.get("lm_eval"), "answer": str(out)}
+    if ans.ok:
+        tasks = {t: {k: v for k, v in b.items() if k != "shown"} for t, b in ans.tasks.items()}
+        return {"tasks": tasks, "lm_eval": ans.lm_eval, "answer": str(out)}
     raise answer_error(ans, include, str(log_path), secrets)
 
 
-def answer_error(ans: dict, include: list[str], log_path: str, secrets: list) -> Exception:
+@dataclass
+class WorkerAnswer(Record):
+    """The lm-eval worker's answer file (lm_eval_worker.py writes it in the lmeval environment, read here only):
+    ``ok`` with the tasks' per-document scores (a task check: their names), else the error's ``kind`` (unknown_task,
+    missing_data, error), its ``task`` and ``message``."""
+
+    ok: bool = False
+    tasks: Any = None  # Any: {task: {metric, higher_is_better, docs, shown}}, or the checked task names
+    lm_eval: str | None = None  # lm-eval's version
+    check: bool = False
+    kind: str | None = None
+    task: str | None = None
+    message: str = ""
+
+
+def answer_error(ans: WorkerAnswer | dict[str, Any], include: list[str], log_path: str,  # Any: JSON values
+                 secrets: list[str | None]) -> Exception:
     """The error of a worker's answer: an unknown task and data not on the machine are the user's to fix."""
     from infertool import net
 
-    task, msg = ans.get("task"), net.quote(str(ans.get("message", "")), secrets, 600)
+    ans = WorkerAnswer.from_dict(ans)
+    task, msg = ans.task, net.quote(ans.message, secrets, 600)
     where = f" (include path: {', '.join(include)})" if include else ""
-    if ans.get("kind") == "unknown_task":
+    if ans.kind == "unknown_task":
         return UsageError(f"eval.lm_eval: lm-eval knows no task {task!r}{where}",
                           hint="name a task of `lm_eval ls tasks`, an infertool_ task (infertool_mc, infertool_gen, "
                           "infertool_gsm_style, infertool_chat), or one whose YAML is in eval.lm_eval.include_path")
-    if ans.get("kind") == "missing_data":
+    if ans.kind == "missing_data":
         return UsageError(
             f"eval.lm_eval: the data of task {task!r} is not on this machine (lm-eval runs offline here: nothing is "
             f"downloaded): {msg}",
@@ -272,7 +302,8 @@ def answer_error(ans: dict, include: list[str], log_path: str, secrets: list) ->
 # the join and the statistics
 # --------------------------------------------------------------------------------------------
 
-def paired_recovery(base: list[float], cand: list[float], confidence: float) -> tuple[float | None, list | None]:
+def paired_recovery(base: list[float], cand: list[float], confidence: float,
+                    ) -> tuple[float | None, list[float] | None]:
     """Recovery = mean(cand) / mean(base) over paired documents, and its interval: the delta method on
     log(mean c / mean b) with Student's t quantile (n - 1 degrees of freedom), Var = s_c^2/(n c^2) + s_b^2/(n b^2) - 2 s_bc/(n b c) with the sample (co)variances of
     the per-document scores, so the pairing (the same documents) narrows it. Identical scores give exactly
@@ -303,11 +334,11 @@ def paired_recovery(base: list[float], cand: list[float], confidence: float) -> 
     return rec, [max(0.0, rec - z * se), rec + z * se]
 
 
-def _key(doc_id: str):
+def _key(doc_id: str) -> tuple[int, int, str]:
     return (0, int(doc_id), "") if str(doc_id).lstrip("-").isdigit() else (1, 0, str(doc_id))
 
 
-def join_task(ref: dict, cand: dict) -> tuple[list[str], list[float], list[float]]:
+def join_task(ref: dict[str, Any], cand: dict[str, Any]) -> tuple[list[str], list[float], list[float]]:  # Any: JSON values
     """The documents both models scored, in doc order, and their scores (oriented: higher is better)."""
     sign = 1.0 if ref.get("higher_is_better", True) else -1.0
     ids = sorted(set(ref.get("docs", {})) & set(cand.get("docs", {})), key=_key)
@@ -315,7 +346,7 @@ def join_task(ref: dict, cand: dict) -> tuple[list[str], list[float], list[float
 
 
 def task_block(ids: list[str], b: list[float], c: list[float], metric: str, confidence: float,
-               higher_is_better: bool = True) -> dict:
+               higher_is_better: bool = True) -> LmEvalTask:
     """One task's figures: scores, recovery with its interval, lost/gained documents, exact McNemar p. ``b``, ``c``:
     oriented scores (higher is better: a lower-is-better metric's negated, as ``join_task`` gives them). Recovery
     of a lower-is-better metric (a perplexity) is mean(base) / mean(candidate) on the metric's own values, so
@@ -326,27 +357,31 @@ def task_block(ids: list[str], b: list[float], c: list[float], metric: str, conf
     gained = [i for i, x, y in zip(ids, b, c) if y > x]
     n = len(ids)
     sign = 1.0 if higher_is_better else -1.0
+    ci: list[float | None] | None
     if higher_is_better:
-        rec, ci = paired_recovery(b, c, confidence)
+        rec, up = paired_recovery(b, c, confidence)
+        ci = [*up] if up is not None else None
     else:
         inv, inv_ci = paired_recovery([-x for x in b], [-y for y in c], confidence)  # mean(c) / mean(b), raw
         rec, ci = (1.0 / inv if inv else None), None
         if inv and inv_ci:
             lo, hi = inv_ci
             ci = [1.0 / hi, 1.0 / lo if lo > 0 else None]
-    return {"metric": metric, "base": sign * math.fsum(b) / n if n else None,
-            "candidate": sign * math.fsum(c) / n if n else None, "higher_is_better": higher_is_better,
-            "recovery": rec, "recovery_ci": ci, "lost": len(lost), "gained": len(gained),
-            "mcnemar_p": mcnemar_exact(len(lost), len(gained)), "n": n,
-            "lost_docs": lost[:MAX_LISTED], "gained_docs": gained[:MAX_LISTED]}
+    return LmEvalTask(metric=metric, base=sign * math.fsum(b) / n if n else None,
+                      candidate=sign * math.fsum(c) / n if n else None, higher_is_better=higher_is_better,
+                      recovery=rec, recovery_ci=ci, lost=len(lost), gained=len(gained),
+                      mcnemar_p=mcnemar_exact(len(lost), len(gained)), n=n, lost_docs=lost[:MAX_LISTED],
+                      gained_docs=gained[:MAX_LISTED])
 
 
-def compare_raw(raw_ref: dict, raw_cand: dict, *, confidence: float) -> dict:
+def compare_raw(raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float) -> LmEvalComparison:  # Any: JSON values
     """The pooled lm_eval block (results.json ``pooled.lm_eval``): per task, and pooled over every document of
     the higher-is-better tasks (accuracies, exact matches: a lower-is-better metric such as a perplexity has its
     own recovery, base / candidate, and is not added to scores of another scale); tasks that only one model ran
     are left out."""
-    tasks, all_b, all_c = {}, [], []
+    tasks: dict[str, LmEvalTask] = {}
+    all_b: list[float] = []
+    all_c: list[float] = []
     for name in sorted(set(raw_ref.get("tasks", {})) & set(raw_cand.get("tasks", {}))):
         r, c = raw_ref["tasks"][name], raw_cand["tasks"][name]
         ids, sb, sc = join_task(r, c)
@@ -358,6 +393,6 @@ def compare_raw(raw_ref: dict, raw_cand: dict, *, confidence: float) -> dict:
             all_b += sb
             all_c += sc
     pooled = task_block([str(i) for i in range(len(all_b))], all_b, all_c, "pooled", confidence)
-    return {"tasks": tasks, "recovery": pooled["recovery"], "recovery_ci": pooled["recovery_ci"], "n": pooled["n"],
-            "lost": pooled["lost"], "gained": pooled["gained"], "mcnemar_p": pooled["mcnemar_p"],
-            "base": pooled["base"], "candidate": pooled["candidate"], "confidence": confidence}
+    return LmEvalComparison(tasks=tasks, recovery=pooled.recovery, recovery_ci=pooled.recovery_ci, n=pooled.n,
+                            lost=pooled.lost, gained=pooled.gained, mcnemar_p=pooled.mcnemar_p, base=pooled.base,
+                            candidate=pooled.candidate, confidence=confidence)

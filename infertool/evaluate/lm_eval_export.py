@@ -13,13 +13,16 @@ generate -> generate_until with greedy decoding and exact_match after leading wh
 from __future__ import annotations
 
 import json
+import random
 import re
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import yaml
 
 from infertool.atomic import OutputPathError, check_output_dir, write_text
-from infertool.data.suites import load_suite
+from infertool.data.suites import SuiteTask, load_suite
 from infertool.errors import UsageError
 
 
@@ -27,7 +30,7 @@ def _task_id(suite: str, task: str) -> str:
     return "infertool_" + re.sub(r"[^A-Za-z0-9]+", "_", f"{suite}_{task}").strip("_").lower()
 
 
-def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) -> dict:
+def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) -> LmEvalExport:
     """Write the suite's tasks into ``dest``. A file that is already there is replaced only with ``force``
     (checked for every file before anything is written); each file is written whole (temp file + rename)."""
     suite = load_suite(suite_name)
@@ -62,7 +65,7 @@ def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) ->
     for (task, rows), tid in zip(kept, task_ids):
         data = dest / f"{tid}.jsonl"
         write_text(data, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
-        cfg: dict = {
+        cfg: dict[str, Any] = {  # Any: JSON / YAML values
             "task": tid,
             "dataset_path": "json",
             "dataset_kwargs": {"data_files": {"test": str(data)}},
@@ -94,15 +97,28 @@ def export_lm_eval(suite_name: str, dest: str | Path, *, force: bool = False) ->
     gpath = dest / f"_{group}.yaml"
     write_text(gpath, yaml.safe_dump({"group": group, "task": task_ids}, sort_keys=False))
     written.append(str(gpath))
-    return {"suite": suite.name, "dir": str(dest), "group": group, "tasks": task_ids, "skipped": skipped, "files": written,
-            "usage": f"lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {dest} --tasks {group}"}
+    return LmEvalExport(suite.name, str(dest), group, task_ids, skipped, written,
+                        f"lm_eval --model hf --model_args pretrained=MODEL_DIR --include_path {dest} --tasks {group}")
+
+
+@dataclass(frozen=True)
+class LmEvalExport:
+    """What ``export_lm_eval`` wrote (`infertool eval export-lm-eval --json` prints it as it is)."""
+
+    suite: str
+    dir: str
+    group: str
+    tasks: list[str]  # the lm-eval task ids written
+    skipped: dict[str, str]  # tasks an lm-eval task cannot express: {name: why}
+    files: list[str]
+    usage: str  # the lm_eval command line that runs them
 
 
 class _NoForm(Exception):
     """A task the exported lm-eval task would not score as infertool does (the message says why)."""
 
 
-def _rows(task) -> list[dict]:
+def _rows(task: SuiteTask) -> list[dict[str, Any]]:  # Any: JSON / YAML values
     """A task's documents as lm-eval reads them: a perplexity task's texts; the items (a chat item, one user
     message, with it as its ``prompt``: lm-eval's ``--apply_chat_template`` renders it as that turn). ``_NoForm``
     for a task lm-eval would score otherwise: a generative task matched by ``contains`` or a regex (the export
@@ -114,7 +130,7 @@ def _rows(task) -> list[dict]:
             name = task.source.split(":")[2] if task.source.count(":") == 2 else None
             pairs = zip(corpus.part(name).keys, corpus.part(name).docs) if name else corpus.topics()
             return [{"id": k, "text": t} for k, t in pairs]
-        return [{"id": str(i), "text": p} for i, p in enumerate(task.text.split("\n\n"))]
+        return [{"id": str(i), "text": p} for i, p in enumerate((task.text or "").split("\n\n"))]
     if task.type == "generate" and getattr(task, "match", "exact") != "exact":
         raise _NoForm(f"matched by {task.match}, which the exported exact-match metric would not reproduce")
     chats = [it for it in task.items if "messages" in it]
@@ -137,7 +153,7 @@ _THINGS = ["apples", "pencils", "stickers", "marbles", "cards", "shells", "coins
 _GSM_REGEX = "#### (\\-?[0-9\\.\\,]+)"
 
 
-def _gsm_problem(rng, i: int) -> dict:
+def _gsm_problem(rng: random.Random, i: int) -> dict[str, Any]:  # Any: JSON / YAML values
     """One word problem of two or three steps; its answer is worked out and ends with ``#### N`` (GSM8K's form)."""
     name, other = rng.sample(_NAMES, 2)
     thing = rng.choice(_THINGS)
@@ -164,7 +180,7 @@ def _gsm_problem(rng, i: int) -> dict:
     return {"id": f"gsm-{i:03d}", "question": q, "answer": f"{a}\n#### {ans}"}
 
 
-def _chat_question(rng, i: int) -> dict:
+def _chat_question(rng: random.Random, i: int) -> dict[str, Any]:  # Any: JSON / YAML values
     """A short question with a one-number answer, for a chat model (the model's chat template)."""
     kind = i % 3
     if kind == 0:
@@ -178,16 +194,16 @@ def _chat_question(rng, i: int) -> dict:
     return {"id": f"chat-{i:03d}", "question": f"What is {a} times {b}? Reply with the number only.", "target": str(a * b)}
 
 
-def _jsonl(rows: list[dict]) -> str:
+def _jsonl(rows: list[dict[str, Any]]) -> str:  # Any: JSON / YAML values
     return "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
 
 
-def _task_yaml(cfg: dict, note: str) -> str:
+def _task_yaml(cfg: dict[str, Any], note: str) -> str:  # Any: JSON / YAML values
     return (f"# {note}\n# Generated by `python -m infertool.evaluate.lm_eval_export infertool/_data/lm_eval`; "
             "do not edit by hand.\n" + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
 
 
-def _json_task(name: str, data: str, **more) -> dict:
+def _json_task(name: str, data: str, **more: Any) -> dict[str, Any]:  # Any: JSON / YAML values
     """A ``dataset_path: json`` task over a data file beside it (a relative name: infertool's engine writes a copy
     with the absolute path; lm_eval run by hand resolves it from the current folder)."""
     return {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": data}},

@@ -29,9 +29,14 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from infertool.errors import UsageError
+
+if TYPE_CHECKING:
+    from infertool.recipe import LmEvalSpec
 
 MAX_TASK_YAML = 1024 * 1024  # a task YAML bigger than this is refused unread
 MAX_LISTED = 20  # references listed in one message; the rest are counted
@@ -91,25 +96,25 @@ class FunctionTag(str):
     line: int | None = None
 
 
-class LineDict(dict):
+class LineDict(dict[str, Any]):
     """A YAML mapping that remembers the line of each of its keys."""
 
-    lines: dict
+    lines: dict[str, Any]  # Any: YAML values
 
 
-def _loader():
+def _loader() -> Any:  # Any: a PyYAML loader class (PyYAML has no type information here)
     import yaml
 
     class TaskLoader(yaml.SafeLoader):
         """PyYAML's safe loader (no Python objects), plus lm-eval's ``!function`` as data; any other tag is an
         error with its line, as in lm-eval."""
 
-    def function(loader, node):
+    def function(loader: Any, node: Any) -> FunctionTag:  # Any: YAML values
         tag = FunctionTag(loader.construct_scalar(node))
         tag.line = node.start_mark.line + 1
         return tag
 
-    def mapping(loader, node):
+    def mapping(loader: Any, node: Any) -> Iterator[LineDict]:  # Any: YAML values
         data = LineDict()
         data.lines = {}
         yield data
@@ -158,7 +163,7 @@ def _line(node: object, key: str) -> int | None:
     return node.lines.get(key) if isinstance(node, LineDict) else None
 
 
-def _walk(obj: object, key: str, line: int | None, seen: set[int]):
+def _walk(obj: object, key: str, line: int | None, seen: set[int]) -> Iterator[tuple[str, int | None, object]]:
     """(key path, line, value) of every value under ``obj``: each container once (an alias is not walked twice,
     a recursive one ends)."""
     if isinstance(obj, (dict, list)):
@@ -203,7 +208,7 @@ class _Scanner:
         real = os.path.realpath(path)
         return os.path.relpath(real, self.real) if _inside(real, self.real) else real
 
-    def file(self, path: Path) -> dict | None:
+    def file(self, path: Path) -> dict[str, Any] | None:  # Any: YAML values
         """Scan one YAML (once), its includes inside the folder too; its mapping merged with them, or None."""
         real = os.path.realpath(path)
         if real in self.done:
@@ -226,7 +231,7 @@ class _Scanner:
                 if bad is not None:
                     self.scan.refs.append(Ref(shown, line, key, f"the template {bad[:80]!r} reaches Python's "
                                               "internals (lm-eval renders templates without a sandbox)"))
-        merged: dict = {}
+        merged: dict[str, Any] = {}  # Any: YAML values
         inc = data.get("include")
         for name in (inc if isinstance(inc, list) else [inc] if inc is not None else []):
             target = self.include(name, here, shown, _line(data, "include"))
@@ -237,7 +242,7 @@ class _Scanner:
         self.metrics(data, shown)
         return merged
 
-    def names(self, data: dict, shown: str) -> None:
+    def names(self, data: dict[str, Any], shown: str) -> None:  # Any: YAML values
         """task / group / tag are names: another type makes lm-eval's sort of every task fail for all tasks."""
         for key in ("task", "group"):
             v = data.get(key)
@@ -250,7 +255,7 @@ class _Scanner:
                                                               and all(isinstance(t, str) for t in tag))):
             self.scan.errors.append(f"{shown}:{_line(data, 'tag')}: tag: must be a name or a list of names")
 
-    def include(self, name: object, here: Path, shown: str, line: int | None) -> dict | None:
+    def include(self, name: object, here: Path, shown: str, line: int | None) -> dict[str, Any] | None:  # Any: YAML values
         if not isinstance(name, str) or not name:
             self.scan.errors.append(f"{shown}:{line}: include: must be a file name, not {name!r}")
             return None
@@ -265,11 +270,11 @@ class _Scanner:
         got = self.file(path)
         return got if isinstance(got, dict) else None
 
-    def data(self, merged: dict, own: dict, shown: str) -> None:
+    def data(self, merged: dict[str, Any], own: dict[str, Any], shown: str) -> None:  # Any: YAML values
         """dataset_path / data_files / data_dir that datasets would open outside the folder."""
         root = Path(self.real)
         given = merged.get("dataset_kwargs")
-        kwargs: dict = given if isinstance(given, dict) else {}
+        kwargs: dict[str, Any] = given if isinstance(given, dict) else {}  # Any: YAML values
         base = root
         dp = merged.get("dataset_path")
         if isinstance(dp, str) and dp not in BUILDERS:
@@ -326,7 +331,7 @@ class _Scanner:
         except inputs.InputFileError as e:
             self.scan.errors.append(e.message)
 
-    def metrics(self, data: dict, shown: str) -> None:
+    def metrics(self, data: dict[str, Any], shown: str) -> None:  # Any: YAML values
         """A metric name lm-eval does not know (a path) or ``hf_evaluate: true``: evaluate.load runs a script."""
         ml = data.get("metric_list")
         for i, m in enumerate(ml if isinstance(ml, list) else []):
@@ -363,12 +368,12 @@ def scan(include_path: str | Path) -> Scan:
     return sc.scan
 
 
-def problems(spec) -> list[Problem]:
+def problems(spec: LmEvalSpec) -> list[Problem]:
     """The findings of the ``lm_eval_code`` check for ``spec`` (the recipe's eval.lm_eval)."""
     return _problems(spec)[0]
 
 
-def _problems(spec) -> tuple[list[Problem], list[Ref]]:
+def _problems(spec: LmEvalSpec) -> tuple[list[Problem], list[Ref]]:
     from infertool.output import visible
 
     if spec is None or not spec.include_path:
@@ -393,7 +398,7 @@ def _problems(spec) -> tuple[list[Problem], list[Ref]]:
                           "rights), or remove these from the tasks")], refs
 
 
-def require_trusted(spec) -> list[Ref]:
+def require_trusted(spec: LmEvalSpec) -> list[Ref]:
     """Before lm-eval is started (eval's and tune's preflight): the check's errors as one UsageError (exit 2);
     with trust, the references that will run (said once on the screen). [] without an include path."""
     found, refs = _problems(spec)

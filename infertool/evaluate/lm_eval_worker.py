@@ -16,6 +16,7 @@ import json
 import os
 import sys
 import traceback
+from typing import Any
 
 # run as a script: its own folder (infertool/evaluate) must not shadow other modules
 sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
@@ -23,13 +24,13 @@ sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirna
 PREFERRED = ("acc", "exact_match")  # the task's metric: these first, else the task's first metric
 
 
-def _write(path: str, obj: dict) -> None:
+def _write(path: str, obj: dict[str, Any]) -> None:  # Any: JSON values
     from infertool.atomic import write_json
 
     write_json(path, obj, indent=None)
 
 
-def _load(tm, name: str):
+def _load(tm: Any, name: str) -> Any:  # Any: lm-eval's TaskManager and Task
     """The leaf tasks of one name (a task or a group): {task name: Task}; an error answer (dict) when lm-eval
     does not know the name or its data cannot be loaded here."""
     if name not in set(tm.all_tasks):
@@ -42,7 +43,7 @@ def _load(tm, name: str):
                 "message": f"{type(e).__name__}: {str(e)[:600]}"}
 
 
-def _metric(task) -> tuple[str, bool]:
+def _metric(task: Any) -> tuple[str, bool]:  # Any: an lm-eval Task
     """The task's metric for the join and whether higher is better."""
     names = [m["metric"] if isinstance(m, dict) else m for m in (task.config.metric_list or [])]
     names = [n for n in names if isinstance(n, str)] or list(task.higher_is_better().keys())
@@ -53,7 +54,7 @@ def _metric(task) -> tuple[str, bool]:
     return m, bool(task.higher_is_better().get(m, True))
 
 
-def _model(spec: dict, chat: bool) -> tuple[str, dict]:
+def _model(spec: dict[str, Any], chat: bool) -> tuple[str, dict[str, Any]]:  # Any: JSON values
     """lm-eval's model name and arguments for the served endpoint."""
     base = spec["base_url"].rstrip("/")
     args = {"model": spec["model"], "num_concurrent": spec["concurrent"], "max_retries": 2,
@@ -73,7 +74,7 @@ def _model(spec: dict, chat: bool) -> tuple[str, dict]:
     return "local-completions", args
 
 
-def _docs(samples: list[dict], metric: str) -> tuple[dict, dict]:
+def _docs(samples: list[dict[str, Any]], metric: str) -> tuple[dict[str, Any], dict[str, Any]]:  # Any: JSON values
     """Each document's score under the task's first filter, and a short record of what the model answered."""
     scores, shown = {}, {}
     first_filter = samples[0].get("filter") if samples else None
@@ -88,7 +89,7 @@ def _docs(samples: list[dict], metric: str) -> tuple[dict, dict]:
     return scores, shown
 
 
-def _evaluate(spec: dict, tasks: dict, chat: bool) -> dict:
+def _evaluate(spec: dict[str, Any], tasks: dict[str, Any], chat: bool) -> dict[str, Any]:  # Any: JSON values
     """simple_evaluate on some leaf tasks with one model; {task: its block}."""
     import lm_eval
 
@@ -119,7 +120,7 @@ def _evaluate(spec: dict, tasks: dict, chat: bool) -> dict:
     return out
 
 
-def _first_filter(task) -> str:
+def _first_filter(task: Any) -> str:  # Any: an lm-eval Task
     fl = task.config.filter_list
     if isinstance(fl, list) and fl and isinstance(fl[0], dict):
         return str(fl[0].get("name", "none"))
@@ -135,7 +136,7 @@ def main(spec_path: str) -> int:
         from lm_eval.tasks import TaskManager
 
         tm = TaskManager(include_path=spec.get("include_path") or None)
-        leaves: dict = {}
+        leaves: dict[str, Any] = {}  # Any: JSON values
         for name in spec["tasks"]:
             got = _load(tm, name)
             if got.get("ok") is False:
@@ -149,7 +150,7 @@ def main(spec_path: str) -> int:
         chat = bool(spec.get("apply_chat_template"))
         gen = {n: t for n, t in leaves.items() if chat and t.get_config("output_type") == "generate_until"}
         rest = {n: t for n, t in leaves.items() if n not in gen}
-        result: dict = {}
+        result: dict[str, Any] = {}  # Any: JSON values
         if rest:
             result.update(_evaluate(spec, rest, chat=False))
         if gen:

@@ -29,9 +29,16 @@ its servers' lifetimes: ``LosslessCheck.run_plain`` on the server without specul
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
+from infertool.evaluate.result import DecodeComparison, Diverged
 from infertool.records import Record
+
+if TYPE_CHECKING:
+    from infertool.evaluate.phases import Served
+    from infertool.recipe import DecodeSpec, SpeculativeSpec
+    from infertool.tasks import Events
 
 KLD_TOLERANCE = 1e-3  # nats per decode step above the floor's interval a speculative arm may show
 CLASS_PROMPTS = 20  # a traffic class's prompts checked (its first ones), unless eval.decode.n_prompts says
@@ -54,7 +61,7 @@ class DecodeFigures(Record):
     exact_match: float | None = None
     exact_match_ci: list[float] | None = None
     first_divergence_median: float | None = None
-    first_divergence_ci: list[float | None] | None = None
+    first_divergence_ci: list[float] | None = None
     kld: float | None = None
     kld_ci: list[float] | None = None
     top1: float | None = None
@@ -66,8 +73,9 @@ class DecodeFigures(Record):
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("skipped",)
 
     @classmethod
-    def of(cls, block: dict) -> DecodeFigures:
-        return cls.from_dict({k: block.get(k) for k in cls.__dataclass_fields__ if k != "extra" and k in block})
+    def of(cls, b: DecodeComparison) -> DecodeFigures:
+        return cls(b.n_prompts, b.exact_match, b.exact_match_ci, b.first_divergence_median, b.first_divergence_ci, b.kld,
+                   b.kld_ci, b.top1, b.divergences, b.near_ties, b.steps, b.skipped)
 
     @property
     def changed(self) -> int:
@@ -91,12 +99,12 @@ class Lossless(Record):
     kld_tolerance: float = KLD_TOLERANCE
     near_tie_logprob: float | None = None
     rule: str | None = None
-    diverged: list[dict] = field(default_factory=list)  # the first diverging answers, both texts (decode.compare)
+    diverged: list[Diverged] = field(default_factory=list)  # the first diverging answers, both texts (decode.compare)
 
 
-def speculative_words(spec) -> str:
+def speculative_words(spec: SpeculativeSpec | dict[str, Any] | None) -> str:  # Any: JSON values
     """A speculative config in words: "ngram k=3" (a SpeculativeSpec or its dict)."""
-    data = spec.model_dump(exclude_none=True) if hasattr(spec, "model_dump") else dict(spec or {})
+    data = dict(spec or {}) if spec is None or isinstance(spec, dict) else spec.model_dump(exclude_none=True)
     words = f"{data.get('method')} k={data.get('num_speculative_tokens')}"
     return words + (f" (draft {data['model']})" if data.get("model") else "")
 
@@ -137,18 +145,19 @@ class LosslessCheck:
     prompts twice: the reference and the floor), ``run_speculative`` on the speculative one (teacher-forced on
     the reference's tokens when it runs second), in either order; ``result()`` compares and decides."""
 
-    def __init__(self, spec, prompts: list[dict], *, speculative: str, label: str, confidence: float = 0.95):
+    def __init__(self, spec: DecodeSpec, prompts: list[dict[str, Any]], *, speculative: str, label: str,  # Any: JSON values
+                 confidence: float = 0.95) -> None:
         from infertool.evaluate.decode import DecodePhase
 
         self.phase = DecodePhase(spec, prompts)
         self.speculative, self.label, self.confidence = speculative, label, confidence
-        self.plain: dict | None = None
-        self.again: dict | None = None
-        self.spec_raw: dict | None = None
+        self.plain: dict[str, Any] | None = None  # Any: JSON values
+        self.again: dict[str, Any] | None = None  # Any: JSON values
+        self.spec_raw: dict[str, Any] | None = None  # Any: JSON values
         self.spec_first = False
         self.failed: str | None = None  # why a pass could not be made (a server that answered no usable result)
 
-    def run_plain(self, served, events) -> None:
+    def run_plain(self, served: Served, events: Events) -> None:
         """The reference and the floor: the same prompts twice on this server (the second pass forced on the
         first one's tokens, as the speculative arm is)."""
         def both() -> None:
@@ -157,7 +166,7 @@ class LosslessCheck:
 
         self._guarded(both, "the server without speculation")
 
-    def run_speculative(self, served, events) -> None:
+    def run_speculative(self, served: Served, events: Events) -> None:
         self.spec_first = self.plain is None
 
         def once() -> None:
@@ -165,7 +174,7 @@ class LosslessCheck:
 
         self._guarded(once, "the speculative server")
 
-    def _guarded(self, work, which: str) -> None:
+    def _guarded(self, work: Callable[[], None], which: str) -> None:
         """A pass whose server fails a request (an error status, a malformed answer, a prompt longer than the
         server takes) leaves the check "not measured" with why, never a verdict; the other server still runs."""
         from infertool.errors import InfertoolError
@@ -188,7 +197,7 @@ class LosslessCheck:
                         near_tie_logprob=tie)
         out = decide(DecodeFigures.of(block), DecodeFigures.of(floor), speculative=self.speculative,
                      prompts=self.label, near_tie_logprob=tie)
-        out.diverged = list(block.get("diverged") or [])[:10]
+        out.diverged = block.diverged[:10]
         return out
 
 
@@ -196,7 +205,8 @@ class LosslessChecks:
     """The check on several prompt sets (a traffic's classes) over the same two servers: each server serves every
     set while it is up (``run_plain`` / ``run_speculative``), one result per set (``results``)."""
 
-    def __init__(self, spec, sets: list[tuple[str, list[dict]]], *, speculative: str, confidence: float = 0.95):
+    def __init__(self, spec: DecodeSpec, sets: list[tuple[str, list[dict[str, Any]]]], *, speculative: str,  # Any: JSON values
+                 confidence: float = 0.95) -> None:
         self.checks = [LosslessCheck(spec, prompts, speculative=speculative, label=label, confidence=confidence)
                        for label, prompts in sets]
         self.speculative_ran = False  # the speculative server's passes were made (or tried)
@@ -206,12 +216,12 @@ class LosslessChecks:
         """Whether any set can still be measured (no pass of it has failed)."""
         return any(c.failed is None for c in self.checks)
 
-    def run_plain(self, served, events) -> None:
+    def run_plain(self, served: Served, events: Events) -> None:
         for c in self.checks:
             events.log(f"lossless: {c.label} on the server without speculation, twice (the reference, the floor)")
             c.run_plain(served, events)
 
-    def run_speculative(self, served, events) -> None:
+    def run_speculative(self, served: Served, events: Events) -> None:
         self.speculative_ran = True
         for c in self.checks:
             events.log(f"lossless: {c.label} on the speculative server ({c.speculative})")
@@ -227,11 +237,12 @@ class VariantChecks:
     server's two passes made once (``run_plain``, before any speculative server) and shared by every variant;
     each speculative server's pass (``run_speculative``) under its label; ``result(label, set)``."""
 
-    def __init__(self, spec, sets: list[tuple[str, list[dict]]], variants: dict[str, str], *, confidence: float = 0.95):
+    def __init__(self, spec: DecodeSpec, sets: list[tuple[str, list[dict[str, Any]]]], variants: dict[str, str], *,  # Any: JSON values
+                 confidence: float = 0.95) -> None:
         self.by_variant = {label: LosslessChecks(spec, sets, speculative=words, confidence=confidence)
                            for label, words in variants.items()}
 
-    def run_plain(self, served, events) -> None:
+    def run_plain(self, served: Served, events: Events) -> None:
         checks = list(self.by_variant.values())
         if not checks:
             return
@@ -241,7 +252,7 @@ class VariantChecks:
             for mine, ref in zip(other.checks, checks[0].checks):
                 mine.plain, mine.again, mine.failed = ref.plain, ref.again, ref.failed
 
-    def run_speculative(self, label: str, served, events) -> None:
+    def run_speculative(self, label: str, served: Served, events: Events) -> None:
         self.by_variant[label].run_speculative(served, events)
 
     def result(self, label: str, prompts: str) -> Lossless | None:
@@ -251,7 +262,7 @@ class VariantChecks:
         return found.result() if found is not None else None
 
 
-def _own(raw: dict) -> dict:
+def _own(raw: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     """A raw without its teacher-forced values: what a second pass is forced on (its own greedy tokens)."""
     return {**raw, "prompts": [{k: v for k, v in p.items() if k != "forced"} for p in raw.get("prompts", [])]}
 

@@ -9,6 +9,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from infertool.records import Record
 
 LN2 = math.log(2.0)
 _EXP_MAX = 709.0  # math.exp overflows above ~709.78
@@ -99,7 +103,7 @@ def percentile(sorted_xs: Sequence[float], q: float) -> float:
     return float(sorted_xs[i] + (sorted_xs[i + 1] - sorted_xs[i]) * frac)
 
 
-def distribution(xs: Sequence[float], qs: Sequence[float] = (1, 5, 10, 50, 90, 95, 99, 99.9)) -> dict:
+def distribution(xs: Sequence[float], qs: Sequence[float] = (1, 5, 10, 50, 90, 95, 99, 99.9)) -> dict[str, Any]:  # Any: JSON values
     """mean, SE, RMS, min, max and percentiles (keys like 'p99.9') of a sample."""
     s = sorted(xs)
     m, se = mean_se(xs)
@@ -264,7 +268,29 @@ def mcnemar_exact(b: int, c: int) -> float:
     return min(1.0, 2.0 * tail)
 
 
-def paired_accuracy(base_correct: Sequence[bool], cand_correct: Sequence[bool], confidence: float = 0.95) -> dict:
+@dataclass
+class PairedAccuracy(Record):
+    """Base and candidate right or wrong on the same items (paired_accuracy); results.json keeps it per task
+    and pooled (infertool.evaluate.result)."""
+
+    n: int = 0
+    acc_base: float | None = None
+    acc_base_ci: list[float | None] = field(default_factory=list)
+    acc_cand: float | None = None
+    acc_cand_ci: list[float | None] = field(default_factory=list)
+    b: int = 0  # base right, candidate wrong
+    c: int = 0  # candidate right, base wrong
+    flip_rate: float | None = None
+    flip_rate_ci: list[float | None] = field(default_factory=list)
+    net_change: float | None = None
+    net_change_se: float | None = None
+    net_change_ci: list[float | None] = field(default_factory=list)
+    mcnemar_p: float | None = None
+
+
+
+def paired_accuracy(base_correct: Sequence[bool], cand_correct: Sequence[bool], confidence: float = 0.95,
+                   ) -> PairedAccuracy:
     """Paired comparison of two models' correctness on the same items.
 
     b = base right & candidate wrong, c = the reverse; flip rate (b+c)/N; net change (c-b)/N with the
@@ -280,21 +306,11 @@ def paired_accuracy(base_correct: Sequence[bool], cand_correct: Sequence[bool], 
     z = z_for(confidence)
     net = (c - b) / n if n else float("nan")
     se = math.sqrt(max(0.0, (b + c) - (b - c) ** 2 / n)) / n if n else float("nan")
-    return {
-        "n": n,
-        "acc_base": kb / n if n else float("nan"),
-        "acc_base_ci": list(wilson(kb, n, confidence)),
-        "acc_cand": kc / n if n else float("nan"),
-        "acc_cand_ci": list(wilson(kc, n, confidence)),
-        "b": b,
-        "c": c,
-        "flip_rate": (b + c) / n if n else float("nan"),
-        "flip_rate_ci": list(wilson(b + c, n, confidence)),
-        "net_change": net,
-        "net_change_se": se,
-        "net_change_ci": [net - z * se, net + z * se],
-        "mcnemar_p": mcnemar_exact(b, c),
-    }
+    return PairedAccuracy(
+        n=n, acc_base=kb / n if n else float("nan"), acc_base_ci=list(wilson(kb, n, confidence)),
+        acc_cand=kc / n if n else float("nan"), acc_cand_ci=list(wilson(kc, n, confidence)), b=b, c=c,
+        flip_rate=(b + c) / n if n else float("nan"), flip_rate_ci=list(wilson(b + c, n, confidence)),
+        net_change=net, net_change_se=se, net_change_ci=[net - z * se, net + z * se], mcnemar_p=mcnemar_exact(b, c))
 
 
 # --------------------------------------------------------------------------------------------
@@ -302,7 +318,7 @@ def paired_accuracy(base_correct: Sequence[bool], cand_correct: Sequence[bool], 
 # --------------------------------------------------------------------------------------------
 
 
-def log_histogram(xs: Sequence[float], lo: float = 1e-6, hi: float = 10.0, per_decade: int = 4) -> dict:
+def log_histogram(xs: Sequence[float], lo: float = 1e-6, hi: float = 10.0, per_decade: int = 4) -> dict[str, Any]:  # Any: JSON values
     """Counts of values in log-spaced bins from lo to hi; values below lo (e.g. exact zeros) and above
     hi get their own counts."""
     decades = math.log10(hi) - math.log10(lo)

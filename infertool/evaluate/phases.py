@@ -10,19 +10,24 @@ A phase runs once per server, while it is up (``run``), then pairs the two model
 - ``preflight(log_dir)`` (optional): a check before any server starts; raises what the run would end with.
 - ``gates``: the names of the accept gates its block feeds: tune's rounds run a phase only while one of them is
   undecided.
-- ``compare(raw_ref, raw_cand, *, confidence, first) -> dict``: the phase's block of the pooled metrics
+- ``compare(raw_ref, raw_cand, *, confidence, first)``: the phase's block of the pooled metrics, a record
   (``pool[phase.name]``: results.json's ``pooled.<name>``), ``first`` saying which model ran first
   ("base"/"reference" or "candidate").
 
-The gates read the block: ``min_recovery`` from ``pool["lm_eval"]`` (``recovery``, ``recovery_ci``, ``n``) and
-``max_decode_kld`` from ``pool["decode"]`` (``kld``, ``kld_ci``, ``steps``): infertool.evaluate.core.estimates.
+The gates read the blocks: ``min_recovery`` from ``Pooled.lm_eval`` (``LmEvalComparison``) and ``max_decode_kld``
+from ``Pooled.decode`` (``DecodeComparison``): infertool.evaluate.core.estimates.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+from infertool.evaluate.result import DecodeComparison, LmEvalComparison, Pooled
+
+if TYPE_CHECKING:
+    from infertool.tasks import Events
 
 
 @dataclass
@@ -33,35 +38,17 @@ class Served:
     client: Any  # Any: server_engine.Client (base_url, model, api_key) or a stand-in; server_engine imports this module
     model_path: str | None = None  # the checkpoint served (its tokenizer, chat template); None: a server not ours
     log_dir: Path | None = None  # where a phase may write its files (lm-eval's samples)
-    extra: dict = field(default_factory=dict)
+    extra: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
 
 
 class Phase(Protocol):
     name: str
     gates: tuple[str, ...]  # the accept gates its block feeds (a sequential check runs a phase while one is open)
 
-    def run(self, served: Served, prior: dict | None, events) -> dict: ...
+    def run(self, served: Served, prior: dict[str, Any] | None, events: Events) -> dict[str, Any]: ...  # Any: JSON values
 
-    def compare(self, raw_ref: dict, raw_cand: dict, *, confidence: float, first: str) -> dict: ...
-
-
-def phases_for(ev, engine: str) -> list[Phase]:
-    """The phases an eval section asks of an as-served engine (vllm, openai): lm-eval tasks when
-    ``eval.lm_eval`` names some, the decode path unless ``eval.decode.enabled`` is false. The hf engine: none."""
-    if engine not in ("vllm", "openai") or ev is None:
-        return []
-    out: list[Phase] = []
-    lm = getattr(ev, "lm_eval", None)
-    if lm is not None:
-        from infertool.evaluate.lm_eval_engine import LmEvalPhase
-
-        out.append(LmEvalPhase(lm))
-    dec = getattr(ev, "decode", None)
-    if dec is not None and dec.enabled:
-        from infertool.evaluate.decode import DecodePhase
-
-        out.append(DecodePhase(dec))
-    return out
+    def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
+                first: str) -> LmEvalComparison | DecodeComparison: ...
 
 
 def preflight_all(phases: list[Phase], log_dir: Path) -> None:
@@ -73,7 +60,7 @@ def preflight_all(phases: list[Phase], log_dir: Path) -> None:
             check(log_dir)
 
 
-def run_all(phases: list[Phase], served: Served, done: dict, events) -> None:
+def run_all(phases: list[Phase], served: Served, done: dict[str, dict[str, Any]], events: Events) -> None:  # Any: JSON values
     """Run every phase on one server; ``done``: {phase name: {label: raw}} of the models served so far."""
     for ph in phases:
         got = done.setdefault(ph.name, {})
@@ -82,12 +69,17 @@ def run_all(phases: list[Phase], served: Served, done: dict, events) -> None:
         got[served.label] = ph.run(served, prior, events)
 
 
-def compare_all(phases: list[Phase], done: dict, ref: str, cand: str, confidence: float) -> dict:
-    """Each phase's pooled block, the candidate against the reference (labels ``ref`` / ``cand``)."""
-    out = {}
+def compare_all(phases: list[Phase], done: dict[str, dict[str, Any]], ref: str, cand: str,  # Any: JSON values
+                confidence: float) -> Pooled:
+    """Each phase's pooled block, the candidate against the reference (labels ``ref`` / ``cand``): the
+    ``lm_eval`` and ``decode`` of a ``Pooled`` (a phase's own block, or one of its JSON form, read as the record)."""
+    out = Pooled()
     for ph in phases:
         raws = done.get(ph.name) or {}
         if ref in raws and cand in raws:
-            first = next(iter(raws))
-            out[ph.name] = ph.compare(raws[ref], raws[cand], confidence=confidence, first=first)
+            block = ph.compare(raws[ref], raws[cand], confidence=confidence, first=next(iter(raws)))
+            if ph.name == "lm_eval":
+                out.lm_eval = LmEvalComparison.from_dict(block)
+            elif ph.name == "decode":
+                out.decode = DecodeComparison.from_dict(block)
     return out

@@ -27,6 +27,7 @@ from infertool.evaluate.result import HeldOut
 if TYPE_CHECKING:
     from infertool.recipe import EvalSection, Recipe
     from infertool.resolve import ModelRef, Overrides, Resolution
+    from infertool.serve.launches import LaunchPlan
 
 TOPK = 20  # the server engines' top-K prompt log-probabilities (the KLD is computed from them)
 VLLM_MAX_LOGPROBS = 20  # vLLM's default --max-logprobs (ModelConfig.max_logprobs, vllm 0.32)
@@ -82,7 +83,8 @@ class EvalPlan:
     suite: str
     base: str
     candidate: str
-    labels: dict[str, str | None] = field(default_factory=dict)  # how a person names base and candidate
+    base_label: str | None = None  # how a person names the base
+    candidate_label: str | None = None
     base_source: str | None = None  # what the user wrote for the base (e.g. bundled:smollm2-135m)
     base_ref: ModelRef | None = None  # (hf, vllm)
     candidate_ref: ModelRef | None = None
@@ -92,8 +94,8 @@ class EvalPlan:
     batch_size: int = 8
     max_items: int | None = None
     topk: int = TOPK
-    accept: dict = field(default_factory=lambda: {"preset": "standard"})  # eval.accept (recipe.AcceptSpec)
-    launches: dict | None = None  # vllm: {"candidate": LaunchPlan, "base": LaunchPlan} (infertool.serve.prepare)
+    accept: dict[str, Any] = field(default_factory=lambda: {"preset": "standard"})  # Any: JSON values; eval.accept (recipe.AcceptSpec)
+    launches: dict[str, LaunchPlan] | None = None  # vllm: {"candidate": ..., "base": ...} (infertool.serve.prepare)
     held_out: HeldOut | None = None
     trust_remote_code: bool = False  # model.trust_remote_code, for the hf engine's loaders
     out_dir: Path | None = None
@@ -104,15 +106,13 @@ class EvalPlan:
     api_key: str | None = field(default=None, repr=False)
     eval_section: EvalSection | None = field(default=None, repr=False)  # lm_eval, decode (the as-served phases)
 
-    def model(self, role: str) -> dict:
-        return {"model": self.base if role == "base" else self.candidate, "label": self.labels.get(role)}
-
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         from infertool.evaluate.verdict import thresholds
 
         return {
             "dry_run": self.dry_run, "engine": self.engine, "suite": self.suite,
-            "base": {**self.model("base"), "source": self.base_source}, "candidate": self.model("candidate"),
+            "base": {"model": self.base, "label": self.base_label, "source": self.base_source},
+            "candidate": {"model": self.candidate, "label": self.candidate_label},
             "url": self.url, "candidate_url": self.candidate_url, "sends_api_key": self.api_key is not None,
             "settings": {"seq_len": self.seq_len, "batch_size": self.batch_size, "max_items": self.max_items,
                          "topk": self.topk if self.engine != "hf" else None, "accept": self.accept,
@@ -140,13 +140,13 @@ def make_plan(res: Resolution, options: EvalOptions) -> EvalPlan:
         from infertool.evaluate.decode import load_prompts
 
         load_prompts(str(ev.decode.prompts))
-    common: dict[str, Any] = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,  # Any: JSON values (hashed / written / validated)
+    common: dict[str, Any] = dict(suite=ev.suite, seq_len=ev.seq_len, batch_size=ev.batch_size, max_items=ev.max_items,  # Any: JSON values
                   accept=ev.accept.model_dump(), out_dir=options.out_dir, dry_run=options.dry_run,
                   allow_inconclusive=options.allow_inconclusive or ev.accept.allow_inconclusive, eval_section=ev)
     if ev.engine == "openai":
         base, cand = served_names(options.base_name or ev.base, options.candidate_name or ev.candidate)
         key = None if options.dry_run else api_key(res.recipe, ev.url, options)
-        return EvalPlan("openai", base=base, candidate=cand, labels={"base": base, "candidate": cand}, base_source=base,
+        return EvalPlan("openai", base=base, candidate=cand, base_label=base, candidate_label=cand, base_source=base,
                         url=ev.url, candidate_url=options.candidate_url, api_key=key, notes=list(res.notes),
                         resolution=res, **common)
     res = eval_resolution(res, ev, options)
@@ -160,7 +160,7 @@ def make_plan(res: Resolution, options: EvalOptions) -> EvalPlan:
 
         announce_remote_code(res.recipe.model.source, trust)
     return EvalPlan(ev.engine, base=base_ref.path or base_ref.source, candidate=cand_ref.dir,
-                    labels={"base": base_ref.label, "candidate": cand_ref.label}, base_source=base_ref.source,
+                    base_label=base_ref.label, candidate_label=cand_ref.label, base_source=base_ref.source,
                     base_ref=base_ref, candidate_ref=cand_ref, launches=launches, held_out=HeldOut.from_dict(held) if held else None,
                     trust_remote_code=trust, notes=list(res.notes), resolution=res, **common)
 
@@ -181,7 +181,7 @@ def eval_section(recipe: Recipe, options: EvalOptions) -> EvalSection:
     from infertool.recipe import EvalSection
 
     ev = recipe.eval or EvalSection()
-    changes: dict[str, Any] = {k: v for k, v in (("suite", options.suite), ("engine", options.engine),  # Any: JSON values (hashed / written / validated)
+    changes: dict[str, Any] = {k: v for k, v in (("suite", options.suite), ("engine", options.engine),  # Any: JSON values
                                                  ("url", options.url), ("max_items", options.max_items)) if v is not None}
     if options.preset is not None:
         changes["accept"] = {**ev.accept.model_dump(), "preset": options.preset}
@@ -251,7 +251,7 @@ def compared_models(res: Resolution, *, dry_run: bool = False) -> tuple[ModelRef
     return res.ensure(res.base), cand
 
 
-def vllm_launches(res: Resolution, seq_len: int, *, dry_run: bool = False, topk: int = TOPK) -> dict:
+def vllm_launches(res: Resolution, seq_len: int, *, dry_run: bool = False, topk: int = TOPK) -> dict[str, LaunchPlan]:
     """The two launches the vllm engine makes: the recipe's effective serve settings for each model (what
     you serve is what you test), plus --max-logprobs for the prompt log-probabilities when ``topk`` is more
     than vLLM's default (then `run`'s serve check and bench, which serve without it, share these servers)."""
@@ -266,7 +266,7 @@ def vllm_launches(res: Resolution, seq_len: int, *, dry_run: bool = False, topk:
             for role, model in (("candidate", res.candidate), ("base", res.base))}
 
 
-def held_out_check(res: Resolution, suite_name: str) -> dict | None:
+def held_out_check(res: Resolution, suite_name: str) -> dict[str, Any] | None:  # Any: JSON values
     """Does the candidate's calibration text overlap the suite? From the candidate's quantize manifest (what it
     was really calibrated on), else from the recipe's calibration section."""
     from infertool.data.calibration import read_texts

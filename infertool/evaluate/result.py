@@ -17,32 +17,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from infertool.evaluate.metrics import PairedAccuracy
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
 
-__all__ = ["Accept", "ChoiceResult", "EvalModel", "EvalResult", "EvalSettings", "EvalSummary", "GenerateResult",
-           "Gate", "HeldOut", "PairedAccuracy", "PerplexityMetrics", "PerplexityResult", "Pooled", "SuiteInfo",
-           "TaskResult", "Timing"]
-
-
-# ------------------------------------------------------------------------------------------- metrics
-@dataclass
-class PairedAccuracy(Record):
-    """Base and candidate right or wrong on the same items (infertool.evaluate.metrics.paired_accuracy)."""
-
-    n: int = 0
-    acc_base: float | None = None
-    acc_base_ci: list[float | None] = field(default_factory=list)
-    acc_cand: float | None = None
-    acc_cand_ci: list[float | None] = field(default_factory=list)
-    b: int = 0  # base right, candidate wrong
-    c: int = 0  # candidate right, base wrong
-    flip_rate: float | None = None
-    flip_rate_ci: list[float | None] = field(default_factory=list)
-    net_change: float | None = None
-    net_change_se: float | None = None
-    net_change_ci: list[float | None] = field(default_factory=list)
-    mcnemar_p: float | None = None
+__all__ = ["Accept", "ChoiceResult", "DecodeComparison", "Diverged", "EvalModel", "EvalResult", "EvalSettings",
+           "EvalSummary", "GenerateResult", "Gate", "HeldOut", "LmEvalComparison", "LmEvalTask", "PairedAccuracy",
+           "PerplexityMetrics", "PerplexityResult", "Pooled", "SuiteInfo", "TaskCode", "TaskResult", "Timing"]
 
 
 @dataclass
@@ -80,13 +61,13 @@ class PerplexityMetrics(TaskResult):
     ppl_ratio: float | None = None
     ppl_ratio_ci: list[float | None] = field(default_factory=list)
     kld_kind: str = "full"  # "full" (hf engine) or "top-K" (a server's top-K log-probabilities: a lower bound)
-    kld: dict = field(default_factory=dict)  # distribution: n, mean, se, rms, min, max, p1 ... p99.9, median
+    kld: dict[str, Any] = field(default_factory=dict)  # Any: JSON values; distribution: n, mean, se, rms, min, max, p1 ... p99.9, median
     top1_agree: float | None = None
     top1_agree_se: float | None = None
     top1_agree_ci: list[float | None] = field(default_factory=list)
-    delta_p: dict = field(default_factory=dict)  # distribution of p_candidate - p_base of the scored token
-    kld_histogram: dict = field(default_factory=dict)  # edges, counts, under, over
-    topk_covered_mass: dict | None = None  # server engines: how much of the base's probability the top-K covers
+    delta_p: dict[str, Any] = field(default_factory=dict)  # Any: JSON values; distribution of p_candidate - p_base of the scored token
+    kld_histogram: dict[str, Any] = field(default_factory=dict)  # Any: JSON values; edges, counts, under, over
+    topk_covered_mass: dict[str, Any] | None = None  # Any: JSON values; server engines: how much of the base's probability the top-K covers
 
     @property
     def mean_kld(self) -> float | None:
@@ -98,7 +79,7 @@ class PerplexityMetrics(TaskResult):
 class PerplexityResult(PerplexityMetrics):
     """A perplexity task: its metrics, and the corpus it cut its windows from."""
 
-    corpus: dict | None = None
+    corpus: dict[str, Any] | None = None  # Any: JSON values
     corpus_tokens: int | None = None
 
 
@@ -133,6 +114,102 @@ _TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "mul
                                             "generate": GenerateResult}
 
 
+# ------------------------------------------------------------------------------------------- as-served phases
+@dataclass
+class LmEvalTask(Record):
+    """One lm-eval task's base against candidate, joined by document (lm_eval_engine.task_block): the scores,
+    recovery with its interval, documents lost / gained, the exact McNemar p."""
+
+    metric: str = ""
+    base: float | None = None
+    candidate: float | None = None
+    higher_is_better: bool = True
+    recovery: float | None = None
+    recovery_ci: list[float | None] | None = None
+    lost: int | None = None
+    gained: int | None = None
+    mcnemar_p: float | None = None
+    n: int | None = None
+    lost_docs: list[str] = field(default_factory=list)
+    gained_docs: list[str] = field(default_factory=list)
+
+
+@dataclass
+class TaskCode(Record):
+    """Whether an lm-eval task folder's own code ran (eval.lm_eval.trust_code), and which references."""
+
+    trust_code: bool = False
+    include_path: str | None = None
+    ran: list[str] = field(default_factory=list)
+
+
+@dataclass
+class LmEvalComparison(Sparse):
+    """results.json ``pooled.lm_eval`` (lm_eval_engine.compare_raw): per task, and pooled over every document of
+    the higher-is-better tasks; ``task_code`` when the tasks came from an include path."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("task_code",)
+
+    tasks: dict[str, LmEvalTask] = field(default_factory=dict)
+    recovery: float | None = None
+    recovery_ci: list[float | None] | None = None
+    n: int | None = None
+    lost: int | None = None
+    gained: int | None = None
+    mcnemar_p: float | None = None
+    base: float | None = None
+    candidate: float | None = None
+    confidence: float = 0.95
+    task_code: TaskCode | None = None
+
+
+@dataclass
+class Diverged(Record):
+    """One prompt whose greedy continuations differ: where, whether at a near tie, both texts (cut)."""
+
+    id: str = ""
+    at: int | None = None
+    near_tie: bool = False
+    ref_top2_gap: float | None = None
+    reference: str | None = None
+    candidate: str | None = None
+
+
+DECODE_INTERVAL = "KLD and top-1: per-prompt sums, cluster-robust by prompt; first divergence: order statistics"
+
+
+@dataclass
+class DecodeComparison(Sparse):
+    """The decode path as served (decode.compare, results.json ``pooled.decode``): greedy exact match, first
+    divergence, decode-step KLD and top-1 over teacher-forced decode positions, each with its interval;
+    ``skipped``: why it was not measured."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("skipped", "covered_mass")
+
+    n_prompts: int = 0
+    exact_match: float | None = None
+    exact_match_ci: list[float] | None = None
+    first_divergence_median: float | None = None
+    first_divergence_ci: list[float] | None = None
+    kld: float | None = None
+    kld_ci: list[float] | None = None
+    top1: float | None = None
+    top1_ci: list[float] | None = None
+    steps: int = 0
+    prefill_steps: int = 0
+    near_ties: int = 0
+    divergences: int = 0
+    near_tie_logprob: float | None = None
+    chat: bool | None = None
+    max_tokens: int | None = None
+    kld_kind: str | None = None
+    interval: str = DECODE_INTERVAL
+    first: str = ""
+    diverged: list[Diverged] = field(default_factory=list)
+    skipped: str | None = None
+    covered_mass: float | None = None
+
+
 @dataclass
 class Pooled(Sparse):
     """Metrics pooled over the suite: tokens over every perplexity task, paired accuracy over every item."""
@@ -142,8 +219,8 @@ class Pooled(Sparse):
     tokens: PerplexityMetrics | None = None
     items: PairedAccuracy | None = None
     # the as-served phases (infertool.evaluate.phases): lm-eval tasks joined per document, the decode path
-    lm_eval: dict | None = None
-    decode: dict | None = None
+    lm_eval: LmEvalComparison | None = None
+    decode: DecodeComparison | None = None
 
 
 # ------------------------------------------------------------------------------------------- context
@@ -174,7 +251,7 @@ class HeldOut(Record):
     calibration: str | None = None
     checked: bool = False
     kind: str | None = None
-    overlap: dict | None = None  # eval_ngrams, shared_ngrams, share, texts_with_overlap, examples, refused
+    overlap: dict[str, Any] | None = None  # Any: JSON values; eval_ngrams, shared_ngrams, share, texts_with_overlap, examples, refused
     corpus_part: str | None = None
     why: str | None = None
 
@@ -193,12 +270,12 @@ class HeldOut(Record):
         """The candidate was calibrated on text of this suite: its figures may look better than they are."""
         return self.shared_ngrams > 0
 
-    def short(self, suite: str | None = None) -> dict:
+    def short(self, suite: str | None = None) -> dict[str, Any]:  # Any: JSON values
         """The few facts a run's manifest keeps."""
         return {"suite": suite, "calibration": self.calibration, "shared_ngrams": (self.overlap or {}).get("shared_ngrams"),
                 "share": self.share}
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = super().to_dict()
         drop = ("kind", "overlap", "corpus_part") if not self.checked else ("why",)
         return {k: v for k, v in d.items() if not (k in drop and v is None and k not in self.extra)}
@@ -231,7 +308,7 @@ class EvalSettings(Record):
 @dataclass
 class Timing(Record):
     wall_s: float | None = None
-    per_task: dict = field(default_factory=dict)
+    per_task: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
     scored_tokens_per_model: int = 0
     base_s: float = 0.0
     cand_s: float = 0.0
@@ -249,7 +326,7 @@ class EvalSummary(Record):
     gates: list[Gate] = field(default_factory=list)
     engine: str | None = None
     suite: str | None = None
-    held_out: dict | None = None
+    held_out: dict[str, Any] | None = None  # Any: JSON values
 
 
 @dataclass
@@ -269,7 +346,7 @@ class EvalResult(Record):
     pooled: Pooled = field(default_factory=Pooled)
     tasks: dict[str, TaskResult] = field(default_factory=dict)
     timing: Timing = field(default_factory=Timing)
-    versions: dict = field(default_factory=dict)
+    versions: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
     notes: list[str] = field(default_factory=list)
     run_dir: str = ""
     files: dict[str, str] = field(default_factory=dict)  # results, items, kld_histogram: paths

@@ -18,11 +18,18 @@ import math
 import os
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from infertool import net
 from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
 from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
 from infertool.evaluate.metrics import topk_kld
+
+if TYPE_CHECKING:
+    from infertool.evaluate.phases import Phase
+    from infertool.serve.launches import LaunchPlan
+    from infertool.serve.pool import ServerPool
+    from infertool.tasks import Events
 
 
 # How long the engine waits for a server (infertool.net's deadlines, not a timeout per read): one request (a
@@ -94,7 +101,7 @@ class Client:
         """A fresh deadline of ``stage_s`` for everything this client asks from now on (one model's scoring)."""
         self.deadline = net.Deadline(self.stage_s)
 
-    def fetch(self, url: str, body: dict | None, max_bytes: int, control: bool = False) -> net.Answer:
+    def fetch(self, url: str, body: dict[str, Any] | None, max_bytes: int, control: bool = False) -> net.Answer:  # Any: JSON values
         """One exchange (POST with a JSON body, else GET; ``control``: a call without a forward pass, which
         gets CONTROL_S at most); a transport failure is a BackendError."""
         headers = {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
@@ -106,7 +113,7 @@ class Client:
         except net.NetError as e:
             raise net_failure(e) from None
 
-    def _request(self, url: str, body: dict | None, max_bytes: int = net.MAX_JSON_BYTES) -> dict:
+    def _request(self, url: str, body: dict[str, Any] | None, max_bytes: int = net.MAX_JSON_BYTES) -> dict[str, Any]:  # Any: JSON values
         """The JSON object a 2xx answer holds; any other answer is a BackendError."""
         ans = self.fetch(url, body, max_bytes)
         self._check(ans)
@@ -138,7 +145,7 @@ class Client:
             return None
         return [m["id"] for m in data if isinstance(m, dict) and isinstance(m.get("id"), str)]
 
-    def _list_field(self, url: str, body: dict | None, limit: int, field: str) -> list | None:
+    def _list_field(self, url: str, body: dict[str, Any] | None, limit: int, field: str) -> list[Any] | None:  # Any: JSON values
         """A control call's list ``field``: None when the server has no such endpoint (an HTTP error other than
         401 / 403, a body that is not a JSON object, or no list there); 401 / 403 say what the key did."""
         ans = self.fetch(url, body, limit, control=True)
@@ -177,7 +184,7 @@ class Client:
                                + net.quote(repr(toks[:8]), n=80), hint=_NET_HINTS["malformed"])
         return toks
 
-    def prompt_logprobs(self, prompt: str | list[int], k: int) -> dict:
+    def prompt_logprobs(self, prompt: str | list[int], k: int) -> dict[str, Any]:  # Any: JSON values
         """Echoed prompt tokens with their log-probabilities and top-k alternatives (generated token dropped),
         checked (``parse_prompt_logprobs``)."""
         r = self._request(self.base_url + "/completions", {
@@ -186,7 +193,7 @@ class Client:
         })
         return parse_prompt_logprobs(r, prompt, f"the server at {self.base_url} (model {self.model!r})")
 
-    def generate(self, prompt: str | list[dict], *, max_tokens: int, stop: list[str], chat: bool) -> str:
+    def generate(self, prompt: str | list[dict[str, Any]], *, max_tokens: int, stop: list[str], chat: bool) -> str:  # Any: JSON values
         """Greedy text for a prompt (a suite's chat item may give its messages instead)."""
         if chat:
             r = self._request(self.base_url + "/chat/completions", {
@@ -205,7 +212,7 @@ class Client:
         return text
 
 
-def _first(r: dict, inner: str | None, key: str):
+def _first(r: dict[str, Any], inner: str | None, key: str) -> Any:  # Any: a JSON value
     """choices[0][inner][key] of an answer (None where absent); a choice of the wrong type is Malformed."""
     choices = r.get("choices") or [{}]
     node = choices[0] if isinstance(choices, list) else None
@@ -218,9 +225,10 @@ def _first(r: dict, inner: str | None, key: str):
 
 
 
-def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, label: str) -> dict:
+def collect(client: Client, tasks: list[dict[str, Any]], *, k: int, workers: int, events: Events,  # Any: JSON values
+            label: str) -> dict[str, Any]:  # Any: JSON values
     """Score every task with ONE model (the one ``client`` names): raw per-token / per-item numbers."""
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, Any]] = {}  # Any: JSON values
     stats = {"tokens": 0, "gen_tokens": 0, "seconds": 0.0}
     t0 = time.monotonic()
     client.start_stage()  # one deadline for this model's whole scoring
@@ -254,7 +262,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
             reqs = [(i, j, it["context"], c) for i, it in enumerate(task["items"]) for j, c in enumerate(it["continuations"])]
             use_ids = client.tokenize("probe") is not None
 
-            def score(req):
+            def score(req: tuple[int, int, str, str]) -> tuple[float, bool, int]:
                 _, _, ctx, cont = req
                 if use_ids:
                     n_sp = len(ctx) - len(ctx.rstrip())
@@ -274,9 +282,10 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
                 greedy = all(r["top"][i] and max(r["top"][i], key=r["top"][i].get) == r["tokens"][i] for i in idx)
                 return _loglik([r["lp"][i] for i in idx], cont), greedy, len(r["tokens"])
 
-            res = pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"), what=f"choices of task {name!r} ({where})")
-            by_item: dict[int, dict] = {}
-            for (i, j, _, cont), (ll, greedy, ntok) in zip(reqs, res):
+            scored = pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"),
+                          what=f"choices of task {name!r} ({where})")
+            by_item: dict[int, dict[str, Any]] = {}  # Any: JSON values
+            for (i, j, _, cont), (ll, greedy, ntok) in zip(reqs, scored):
                 d = by_item.setdefault(i, {"ll": [], "greedy": [], "n_bytes": []})
                 d["ll"].append(ll)
                 d["greedy"].append(greedy)
@@ -287,7 +296,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
         else:
             stop = list(task.get("stop") or [])
 
-            def gen(it):
+            def gen(it: dict[str, Any]) -> str:  # Any: JSON values
                 text = client.generate(it.get("messages") or it["prompt"], max_tokens=int(task.get("max_tokens", 32)), stop=stop, chat=bool(task.get("chat")))
                 for st in stop:
                     if st and st in text:
@@ -301,7 +310,7 @@ def collect(client: Client, tasks: list[dict], *, k: int, workers: int, events, 
     return {"tasks": out, "stats": stats}
 
 
-def _loglik(lps: list, cont: str) -> float:
+def _loglik(lps: list[Any], cont: str) -> float:  # Any: JSON values
     """The log-likelihood of a continuation: the sum of its tokens' log-probabilities (each one scored; the
     first token of a prompt has none, so a continuation without context cannot be scored)."""
     if not lps or any(v is None for v in lps):
@@ -310,7 +319,7 @@ def _loglik(lps: list, cont: str) -> float:
     return math.fsum(lps)
 
 
-def combine(raw_b: dict, raw_c: dict, k: int) -> dict:
+def combine(raw_b: dict[str, Any], raw_c: dict[str, Any], k: int) -> dict[str, Any]:  # Any: JSON values
     """Pair the two models' raw numbers into the format the hf engine returns (top-k KLD)."""
     tasks = {}
     for name, tb in raw_b["tasks"].items():
@@ -341,21 +350,21 @@ def combine(raw_b: dict, raw_c: dict, k: int) -> dict:
     return tasks
 
 
-def _timing(raw_b: dict, raw_c: dict) -> dict:
+def _timing(raw_b: dict[str, Any], raw_c: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     sb, sc = raw_b["stats"], raw_c["stats"]
     return {"all": {"base_s": sb["seconds"], "cand_s": sc["seconds"], "tokens": sb["tokens"],
                     "wall_s": sb["seconds"] + sc["seconds"]}}
 
 
-def compare_openai(cb: Client, cc: Client, tasks: list[dict], *, k: int, workers: int, events,
-                   phases: list | None = None, log_dir: Path | None = None) -> dict:
+def compare_openai(cb: Client, cc: Client, tasks: list[dict[str, Any]], *, k: int, workers: int, events: Events,  # Any: JSON values
+                   phases: list[Phase] | None = None, log_dir: Path | None = None) -> dict[str, Any]:  # Any: JSON values
     """Both models on already running OpenAI-compatible server(s): ``cb`` names the base, ``cc`` the candidate.
     ``phases`` (infertool.evaluate.phases): more work on each server, the base first."""
     from infertool.evaluate.phases import Served, run_all
 
     for client in dict.fromkeys((cb, cc)):
         client.check_served()
-    done: dict = {}
+    done: dict[str, Any] = {}  # Any: JSON values
     raw_b = collect(cb, tasks, k=k, workers=workers, events=events, label="base")
     run_all(phases or [], Served("base", cb, None, log_dir), done, events)
     raw_c = collect(cc, tasks, k=k, workers=workers, events=events, label="candidate")
@@ -370,8 +379,8 @@ def compare_openai(cb: Client, cc: Client, tasks: list[dict], *, k: int, workers
 # --------------------------------------------------------------------------------------------
 
 
-def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events, log_dir: Path, pool=None,
-                 phases: list | None = None) -> dict:
+def compare_vllm(plans: dict[str, LaunchPlan], tasks: list[dict[str, Any]], *, k: int, workers: int, events: Events,  # Any: JSON values
+                 log_dir: Path, pool: ServerPool | None = None, phases: list[Phase] | None = None) -> dict[str, Any]:  # Any: JSON values
     """One vLLM server per model (``plans``: {"candidate": LaunchPlan, "base": LaunchPlan} from
     ``infertool.serve.prepare``: the recipe's effective serve settings for each), one after the other,
     each stopped before the next starts (``pool``: `run`'s shared servers, which the pool stops). The
@@ -384,7 +393,7 @@ def compare_vllm(plans: dict, tasks: list[dict], *, k: int, workers: int, events
 
     raws = {}
     servers = {}
-    done: dict = {}
+    done: dict[str, Any] = {}  # Any: JSON values
     for label in ("candidate", "base"):
         plan = plans[label]
         log_path = log_dir / f"vllm-{label}.log"

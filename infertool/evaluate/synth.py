@@ -16,6 +16,7 @@ import json
 import random
 import sys
 from pathlib import Path
+from typing import Any
 
 from infertool.atomic import write_text
 
@@ -43,7 +44,7 @@ def _distinct_choices(rng: random.Random, answer: int, spread: int, k: int = 4) 
     return [str(v) for v in choices], choices.index(answer)
 
 
-def mc_arithmetic(rng: random.Random, n: int) -> list[dict]:
+def mc_arithmetic(rng: random.Random, n: int) -> list[dict[str, Any]]:  # Any: JSON values
     shots = "Question: What is 3 + 4?\nAnswer: 7\n\nQuestion: What is 10 + 5?\nAnswer: 15\n\n"
     items = []
     for i in range(n):
@@ -54,7 +55,7 @@ def mc_arithmetic(rng: random.Random, n: int) -> list[dict]:
     return items
 
 
-def mc_ordering(rng: random.Random, n: int) -> list[dict]:
+def mc_ordering(rng: random.Random, n: int) -> list[dict[str, Any]]:  # Any: JSON values
     shots = ("Question: Which number is the largest: 4, 19, 7, 12?\nAnswer: 19\n\n"
              "Question: Which number is the largest: 33, 8, 21, 5?\nAnswer: 33\n\n")
     items = []
@@ -67,7 +68,7 @@ def mc_ordering(rng: random.Random, n: int) -> list[dict]:
     return items
 
 
-def mc_sequence(rng: random.Random, n: int) -> list[dict]:
+def mc_sequence(rng: random.Random, n: int) -> list[dict[str, Any]]:  # Any: JSON values
     shots = "Sequence: 2, 4, 6, 8, 10\nNext: 12\n\nSequence: 5, 10, 15, 20, 25\nNext: 30\n\n"
     items = []
     for i in range(n):
@@ -81,7 +82,7 @@ def mc_sequence(rng: random.Random, n: int) -> list[dict]:
     return items
 
 
-def mc_calendar(rng: random.Random, n: int) -> list[dict]:
+def mc_calendar(rng: random.Random, n: int) -> list[dict[str, Any]]:  # Any: JSON values
     shots = ("Question: Which day comes after Monday?\nAnswer: Tuesday\n\n"
              "Question: Which month comes after March?\nAnswer: April\n\n")
     items = []
@@ -99,7 +100,7 @@ def mc_calendar(rng: random.Random, n: int) -> list[dict]:
     return items
 
 
-def gen_copying(rng: random.Random, n: int) -> list[dict]:
+def gen_copying(rng: random.Random, n: int) -> list[dict[str, Any]]:  # Any: JSON values
     shots = "Copy: red blue green\nOutput: red blue green\n\nCopy: cat dog bird fish\nOutput: cat dog bird fish\n\n"
     items = []
     for i in range(n):
@@ -108,7 +109,7 @@ def gen_copying(rng: random.Random, n: int) -> list[dict]:
     return items
 
 
-def gen_arithmetic(rng: random.Random, n: int) -> list[dict]:
+def gen_arithmetic(rng: random.Random, n: int) -> list[dict[str, Any]]:  # Any: JSON values
     shots = "3 + 4 = 7\n12 + 5 = 17\n20 + 11 = 31\n"
     items = []
     for i in range(n):
@@ -117,7 +118,7 @@ def gen_arithmetic(rng: random.Random, n: int) -> list[dict]:
     return items
 
 
-def gen_sorting(rng: random.Random, n: int) -> list[dict]:
+def gen_sorting(rng: random.Random, n: int) -> list[dict[str, Any]]:  # Any: JSON values
     shots = ("Sort ascending: 5, 2, 9\nSorted: 2, 5, 9\n\n"
              "Sort ascending: 14, 3, 8, 1\nSorted: 1, 3, 8, 14\n\n")
     items = []
@@ -128,7 +129,7 @@ def gen_sorting(rng: random.Random, n: int) -> list[dict]:
     return items
 
 
-def gen_counting(rng: random.Random, n: int) -> list[dict]:
+def gen_counting(rng: random.Random, n: int) -> list[dict[str, Any]]:  # Any: JSON values
     shots = "Count on: 1, 2, 3, 4 -> 5\nCount on: 10, 11, 12 -> 13\n"
     items = []
     for i in range(n):

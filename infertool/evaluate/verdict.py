@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 from infertool.records import Record
 
@@ -31,7 +32,7 @@ PRESETS: dict[str, dict[str, float]] = {
 }
 
 
-def thresholds(accept: dict) -> dict[str, float]:
+def thresholds(accept: dict[str, Any]) -> dict[str, float]:  # Any: JSON values
     """The preset's gates, each overridden by an explicit value in ``eval.accept``."""
     out = dict(PRESETS.get(accept.get("preset") or "", {}))
     for g in RULES:

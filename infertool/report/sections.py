@@ -216,12 +216,12 @@ def phase_blocks(pooled: Pooled) -> list[Block]:
 
     out: list[Block] = []
     lm, dec = pooled.lm_eval, pooled.decode
-    if isinstance(lm, dict) and lm:
+    if lm is not None:
         out += [P(Bold("lm-eval tasks"), " (as served: candidate against base, joined by document)"),
                 Table([list(LM_EVAL_HEADER)] + lm_eval_rows(lm))]
         if note := task_code_note(lm):
             out.append(P(Bold("Task code"), " ", note))
-    if isinstance(dec, dict) and dec:
+    if dec is not None:
         out += [P(Bold("Decode path"), " (as served: greedy continuations of a fixed prompt set; decode-step "
                   "distributions compared on the same tokens)"),
                 Table([["figure", "value"]] + [list(r) for r in decode_rows(dec)])]

@@ -65,7 +65,7 @@ class _Events:
     def __init__(self, on_event: EventCallback | None):
         self.on_event = on_event
 
-    def progress(self, task: str, completed: int, total: int | None = None, description: str | None = None) -> None:
+    def progress(self, task: str, completed: float, total: float | None = None, description: str | None = None) -> None:
         if self.on_event:
             self.on_event({"event": "progress", "task": task, "completed": completed, "total": total,
                            "description": description})
@@ -130,7 +130,7 @@ def launch_scored(res: Resolution, model: ModelRef | None, ctx: StageContext, pu
 def tune_phases(tune: Context) -> list[Phase]:
     """The as-served phases of tune's accuracy stages (infertool.evaluate.phases): lm-eval tasks when eval.lm_eval
     names some, the decode path unless eval.decode.enabled is false; as the vllm engine of `eval` runs them."""
-    from infertool.evaluate.phases import phases_for
+    from infertool.evaluate.core import phases_for
 
     return phases_for(tune.eval, "vllm")
 
@@ -175,7 +175,7 @@ def join_phases(phases: list[Phase], acc: Raw, new: Raw) -> Raw:
     return out
 
 
-def phase_blocks(phases: list[Phase], ref: Raw, cand: Raw, confidence: float) -> Raw:
+def phase_blocks(phases: list[Phase], ref: Raw, cand: Raw, confidence: float) -> Pooled:
     """Each phase's pooled block (``compare_all``), the candidate's raws against the reference's (served first)."""
     from infertool.evaluate.phases import compare_all
 
@@ -188,14 +188,14 @@ LM_EVAL_KEYS = figure_names(LmEvalFigures)
 DECODE_KEYS = figure_names(DecodeFigures)
 
 
-def phase_figures(blocks: Raw) -> dict[str, Raw | None]:
+def phase_figures(blocks: Pooled) -> dict[str, Raw | None]:
     """What a trial's accuracy keeps of the phases' blocks: ``lm_eval`` per task {metric, base, candidate,
     recovery, recovery_ci, lost, gained, mcnemar_p, n}; ``decode`` {n_prompts, exact_match, first_divergence_median,
     kld, top1, near_ties, ...}; None where the phase did not run or gave nothing."""
-    lm, dec = blocks.get("lm_eval") or {}, blocks.get("decode") or {}
-    tasks = given if isinstance(given := lm.get("tasks"), dict) else {}
-    lm_out = {name: {k: t.get(k) for k in LM_EVAL_KEYS if k in t} for name, t in tasks.items() if isinstance(t, dict)}
-    dec_out = {k: dec.get(k) for k in DECODE_KEYS if k in dec}
+    tasks = {name: t.to_dict() for name, t in blocks.lm_eval.tasks.items()} if blocks.lm_eval else {}
+    dec = blocks.decode.to_dict() if blocks.decode else {}
+    lm_out = {name: {k: t[k] for k in LM_EVAL_KEYS if k in t} for name, t in tasks.items()}
+    dec_out = {k: dec[k] for k in DECODE_KEYS if k in dec}
     return {"lm_eval": lm_out or None, "decode": dec_out or None}
 
 
@@ -219,7 +219,7 @@ def gates_decided(gates: list[Gate]) -> bool:
     return bool(live) and all(g.status in ("PASS", "FAIL") for g in live)
 
 
-def judge(tune: Context, ref_raw: Raw, cand_raw: Raw, n: int, confidence: float, blocks: Raw | None = None) -> Judgement:
+def judge(tune: Context, ref_raw: Raw, cand_raw: Raw, n: int, confidence: float, blocks: Pooled | None = None) -> Judgement:
     """The gates on the first n items of each task, the candidate against the reference; ``blocks``: the as-served
     phases' pooled blocks (``phase_blocks``), gated with the rest (min_recovery, max_decode_kld)."""
     from infertool.evaluate.core import summarize
@@ -228,11 +228,11 @@ def judge(tune: Context, ref_raw: Raw, cand_raw: Raw, n: int, confidence: float,
 
     accept = {**tune.accept, "confidence": confidence}
     tasks, _, pool, gates = summarize(tune.suite, combine(_prefix(ref_raw, n), _prefix(cand_raw, n), TOPK), accept,
-                                      blocks or {})
+                                      blocks)
     status, reason = verdict(gates)
     needed = [g.n_needed for g in gates if g.status == "INCONCLUSIVE" and g.n_needed]
-    tok = Pooled.from_dict(pool).tokens  # the pooled scoring, read as eval's record
-    figures = phase_figures(blocks or {})
+    tok = pool.tokens  # the pooled scoring, eval's record
+    figures = phase_figures(blocks or Pooled())
     return Judgement(verdict=status, reason=reason, items=n, confidence=confidence, gates=list(gates),
                      n_needed=max(needed) if needed else None, mean_kld=tok.mean_kld if tok is not None else None,
                      top1=tok.top1_agree if tok is not None else None, allow_inconclusive=Accept.from_dict(tune.accept).allow_inconclusive,

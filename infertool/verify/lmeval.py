@@ -16,10 +16,9 @@ come from someone else. A folder whose static scan (``evaluate.lm_eval_tasks.sca
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from infertool.errors import InfertoolError, UsageError
 

@@ -56,7 +56,7 @@ class PromptScore(Record):
     kld: float | None = None
     kld_ci: list[float] | None = None
     top1: float | None = None
-    top1_ci: list[float] | None = None
+    top1_ci: list[float | None] | None = None
     tokens: int = 0
     kld_kind: str = ""
 
@@ -71,8 +71,8 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
     for name, t in tasks.items():
         if t["type"] == "perplexity":
             s = summarize_perplexity(t, confidence)
-            block.tasks[name] = {"type": "perplexity", "tokens": s["tokens"], "kld": s["kld"]["mean"],
-                                 "top1": s["top1_agree"]}
+            block.tasks[name] = {"type": "perplexity", "tokens": s.tokens, "kld": s.kld["mean"],
+                                 "top1": s.top1_agree}
         else:
             key = ("greedy_b", "greedy_c") if t["type"] == "multiple_choice" else ("out_b", "out_c")
             if t["type"] == "multiple_choice":
@@ -87,11 +87,11 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
     if ppl:
         merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": f"top-{k}"}
         s = summarize_perplexity(merged, confidence)
-        mean, se = _finite(s["kld"]["mean"]), _finite(s["kld"]["se"])
-        if mean is not None and se is not None and s["tokens"]:
+        mean, se = _finite(s.kld["mean"]), _finite(s.kld["se"])
+        if mean is not None and se is not None and s.tokens:
             block.kld, block.kld_ci = mean, [max(0.0, mean - z * se), mean + z * se]
-            block.top1, block.top1_ci = s["top1_agree"], s["top1_agree_ci"]
-            block.tokens = s["tokens"]
+            block.top1, block.top1_ci = s.top1_agree, s.top1_agree_ci
+            block.tokens = s.tokens
     return block
 
 
@@ -99,11 +99,12 @@ def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confiden
                  near_tie_logprob: float) -> dict[str, Any]:  # Any: evaluate.decode.compare's block
     """The decode block (``evaluate.decode.compare``, the evidence as the reference that ran first), with the
     gate's share: prompts that match or first diverge at a near tie."""
-    block = compare(evidence_raw, new_raw, confidence=confidence, first="reference",
-                    near_tie_logprob=near_tie_logprob)
-    n = int(block.get("n_prompts") or 0)
-    if n and block.get("exact_match") is not None:
-        same = round(block["exact_match"] * n) + int(block.get("near_ties") or 0)
+    dec = compare(evidence_raw, new_raw, confidence=confidence, first="reference",
+                  near_tie_logprob=near_tie_logprob)
+    block = dec.to_dict()
+    n = dec.n_prompts
+    if n and dec.exact_match is not None:
+        same = round(dec.exact_match * n) + dec.near_ties
         block["match_or_near_tie"] = same / n
         block["match_or_near_tie_ci"] = list(M.wilson(same, n, confidence))
     return block
