@@ -329,11 +329,11 @@ def test_accuracy_rows_show_lm_eval_per_task_and_the_decode_figures():
 def test_near_ties_cell_counts_of_all_divergences():
     """The decode block counts near ties apart from the other divergences: 5 near ties and 1 other divergence is
     "5 of 6", never "5 of 1" (issue 32 item 7)."""
-    from infertool.tune.records import DecodeFigures
+    from infertool.tune.records import TrialDecode
     from infertool.tune.report import near_ties_cell as cell
 
     def near_ties_cell(dec: dict) -> str:  # the decode block as the report reads it: its record
-        return cell(DecodeFigures.from_dict(dec))
+        return cell(TrialDecode.from_dict(dec))
 
     assert near_ties_cell({"near_ties": 5, "divergences": 1}) == "5 of 6 divergences start at a near tie"
     assert near_ties_cell({"near_ties": 1, "divergences": 0}) == "1 of 1 divergence starts at a near tie"

@@ -12,7 +12,7 @@ from infertool.init.base import (
     API_KEY_ENV, HALF_SLOW_EVIDENCE, SUITE, TRAFFIC, Choice, Choices, InitTarget, Traffic, gib, levels, one_line, slug,
 )
 from infertool.init.fit import Fit, fit_base, fit_cpu, fit_served, plan_of
-from infertool.init.model import ModelFacts, locate_model, refuse_quantized
+from infertool.init.model import LocatedModel, locate_model, refuse_quantized
 from infertool.init.options import InitOptions, Pins, read_traffic
 from infertool.init.quantization import (
     METHODS, Preflight, generation, has_fp8, preflighter, propose_quantization,
@@ -100,7 +100,7 @@ def _methods(target: InitTarget, opts: InitOptions, pins: Pins) -> list[str]:
     return ["fp8" if has_fp8(target.device) else "w8a8", "default"]
 
 
-def _option(method: str, m: ModelFacts, target: InitTarget, traffic: Traffic, source: str, lengths: tuple[int, int, int],
+def _option(method: str, m: LocatedModel, target: InitTarget, traffic: Traffic, source: str, lengths: tuple[int, int, int],
             preflight: Preflight, pins: Pins) -> _Option:
     """The quantization ``method`` for this model and target, the recipe's shape with it and its serve fit."""
     decide = Choices()
@@ -140,7 +140,7 @@ def _choose_method(tried: list[_Option], target: InitTarget, decide: Choices) ->
     return chosen
 
 
-def _traffic(target: InitTarget, m: ModelFacts, opts: InitOptions, pins: Pins,
+def _traffic(target: InitTarget, m: LocatedModel, opts: InitOptions, pins: Pins,
              decide: Choices) -> tuple[Traffic, str, tuple[int, int, int]]:
     """The traffic init plans for: the target kind's, with --slo, --set (batch, lengths, context) and --traffic
     (a .jsonl prompt file: its prompts' lengths drive max_model_len and the KV sizing). Returns (traffic, the
@@ -240,7 +240,7 @@ def _choose_eval(target: InitTarget, w8a8: bool, decide: Choices) -> str:
     return engine
 
 
-def _traffic_lengths(m: ModelFacts, traffic: Traffic) -> tuple[int, int, int]:
+def _traffic_lengths(m: LocatedModel, traffic: Traffic) -> tuple[int, int, int]:
     """(prompt tokens, output tokens, max_model_len to aim for): the traffic's, within the model's positions."""
     P, O = traffic.prompt_len, traffic.output_len
     pos = m.limit.tokens
@@ -253,7 +253,7 @@ def _traffic_lengths(m: ModelFacts, traffic: Traffic) -> tuple[int, int, int]:
     return P, O, ctx
 
 
-def explain_model_and_target(name: str, m: ModelFacts, target: InitTarget, decide: Choices) -> None:
+def explain_model_and_target(name: str, m: LocatedModel, target: InitTarget, decide: Choices) -> None:
     """The reasons for the name, the model and the target."""
     info = m.info
     arch_name = (info.architectures or [info.model_type or "?"])[0]
@@ -272,7 +272,7 @@ def explain_model_and_target(name: str, m: ModelFacts, target: InitTarget, decid
                + ("this host's GPU" if target.source == "this host" else "plans and dry runs describe it on any host"))
 
 
-def explain_serve(m: ModelFacts, target: InitTarget, fit: Fit, w8a8: bool, decide: Choices, label: str = "") -> None:
+def explain_serve(m: LocatedModel, target: InitTarget, fit: Fit, w8a8: bool, decide: Choices, label: str = "") -> None:
     """The reasons for the serve values the fit did not choose: the dtype auto gives on the target, eager
     mode, prefix caching, the API key's variable, the listening address."""
     from infertool.resolve import cpu_serve_dtype

@@ -15,7 +15,9 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class ModelFacts:
+class LocatedModel:
+    """The model init fits a recipe to, found (``locate_model``): where it is, what it is, and its position limit."""
+
     source: str  # what the recipe says: bundled:NAME, an absolute path, or a hub id
     path: Path
     kind: str  # hf | gguf | bundled | hub
@@ -25,7 +27,7 @@ class ModelFacts:
     dtype: str
 
 
-def locate_model(model: str, on_event: Callable | None) -> ModelFacts:
+def locate_model(model: str, on_event: Callable | None) -> LocatedModel:
     """The model as a Hugging Face directory (a bundled/GGUF source converted once into the cache; a hub id
     from the local Hugging Face cache: models.sources.locate, as every command finds it)."""
     from infertool.models.info import model_info, position_limit
@@ -55,7 +57,7 @@ def locate_model(model: str, on_event: Callable | None) -> ModelFacts:
     else:
         source, name = str(where), where.name
     dtype = info.dtype if info.dtype in ("bfloat16", "float16", "float32") else "bfloat16"
-    return ModelFacts(source, Path(where), resolved.kind, name, info, position_limit(where), dtype)
+    return LocatedModel(source, Path(where), resolved.kind, name, info, position_limit(where), dtype)
 
 
 def _refuse_inconsistent(path: Path) -> None:
@@ -104,7 +106,7 @@ def _refuse_unservable(path: Path, info: ModelInfo) -> None:
                               "code needs a recipe written by hand, with model.trust_remote_code: true")
 
 
-def refuse_quantized(m: ModelFacts) -> None:
+def refuse_quantized(m: LocatedModel) -> None:
     """init compares a quantized model with its original: it starts from the original."""
     qc = m.info.quantization
     if not qc:

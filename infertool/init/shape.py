@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from infertool.init.base import API_KEY_ENV, EVAL_MIN_LEN, SUITE, Choice, InitTarget, Traffic, levels
-from infertool.init.model import ModelFacts
+from infertool.init.model import LocatedModel
 
 
 @dataclass(frozen=True)
@@ -30,7 +30,7 @@ class RecipeShape:
     kv_space_gib, dtype)`` is the recipe (as data) with those values."""
 
     name: str
-    m: ModelFacts
+    m: LocatedModel
     target: InitTarget
     q: dict
     engine: str

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
 EventCallback = Callable[[dict], None]
 
 
-class Evidence:
+class RunEvidence:
     """The evidence the run publishes with its checkpoint (``infertool.verify.capture``: the candidate served with
     the recipe's settings). Captured while the candidate's server is up: after the first stage, from eval on, at
     whose end the run's pool runs the candidate's launch (quantize's load check, eval's or serve's server, before
@@ -77,10 +77,10 @@ class Evidence:
 
 
 def publish_checkpoint(g: RunGraph, run_dir: Path, manifest: RunManifest, res: Resolution,
-                       upstream: dict[str, StageOutput], dest: Path | None, evidence: Evidence,
+                       upstream: dict[str, StageOutput], dest: Path | None, evidence: RunEvidence,
                        evidence_asked: bool) -> Published:
     """The run's evaluated checkpoint published with its card (a FAIL verdict too: the card says so) and its
-    evidence (``Evidence``; ``evidence_asked`` False: --no-evidence); the manifest's ``published`` record either
+    evidence (``RunEvidence``; ``evidence_asked`` False: --no-evidence); the manifest's ``published`` record either
     way. ``res``: the run's resolution, with its candidate."""
     from infertool import publish as pub
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 from infertool.atomic import remove_inside, write_json
 from infertool.errors import InfertoolError
-from infertool.pipeline.evidence import Evidence, publish_checkpoint
+from infertool.pipeline.evidence import RunEvidence, publish_checkpoint
 from infertool.pipeline.graph import RunGraph, publish_destination, run_graph
 from infertool.stages import Stage, StageContext, StageOutput, cached_stage
 from infertool.summaries import ModelSummary, Published, RunManifest, StageRecord
@@ -76,7 +76,7 @@ def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list
     pool = server_pool(run_dir, g.res.host.accelerator == "cuda", on_event)
     manifest.servers = pool.records
     spec = recipe.verify.evidence if recipe.verify is not None else None
-    ev = Evidence(g, run_dir, pool, on_event, evidence and dest is not None and (spec is None or spec.enabled))
+    ev = RunEvidence(g, run_dir, pool, on_event, evidence and dest is not None and (spec is None or spec.enabled))
     runner = _Runner(g, run_dir, manifest, pool, on_event, on_stage, ev)
     try:
         exit_code = runner.run()
@@ -98,7 +98,7 @@ class _Runner:
     """One run of a graph: each stage through the stage cache, its record in the manifest, the servers."""
 
     def __init__(self, g: RunGraph, run_dir: Path, manifest: RunManifest, pool, on_event, on_stage,
-                 evidence: Evidence):
+                 evidence: RunEvidence):
         self.g, self.run_dir, self.manifest, self.pool = g, run_dir, manifest, pool
         self.on_event, self.on_stage, self.evidence = on_event, on_stage, evidence
         self.upstream: dict[str, StageOutput] = {}

@@ -51,7 +51,7 @@ class LmEvalFigures(Record):
 
 
 @dataclass
-class DecodeFigures(Record):
+class TrialDecode(Record):
     """The decode path as served, as a trial's accuracy keeps it (``Judgement.decode``: evaluate's decode block cut to
     these names by ``stages.phase_figures``)."""
 
@@ -93,7 +93,7 @@ class Judgement(StageSummary):
     # scored, as served: a trial's accuracy holds for its configuration only when they are its own
     scored_with: dict[str, ServeValue] | None = None
     # the as-served phases (infertool.evaluate.phases), kept as evaluate's blocks cut to the figures' names: lm-eval
-    # per task (LmEvalFigures), the decode path (DecodeFigures); read through those records (``lm_eval_figures``)
+    # per task (LmEvalFigures), the decode path (TrialDecode); read through those records (``lm_eval_figures``)
     lm_eval: dict[str, dict[str, object]] | None = None
     decode: dict[str, object] | None = None
     # a speculative configuration against the same one without speculation, per traffic class, with the noise
@@ -106,9 +106,9 @@ class Judgement(StageSummary):
         """The lm-eval tasks' figures by task (a task that is not an object is left out)."""
         return {task: LmEvalFigures.from_dict(b) for task, b in (self.lm_eval or {}).items() if isinstance(b, dict)}
 
-    def decode_figures(self) -> DecodeFigures | None:
+    def decode_figures(self) -> TrialDecode | None:
         """The decode path's figures (None: the phase did not run)."""
-        return DecodeFigures.from_dict(self.decode) if self.decode else None
+        return TrialDecode.from_dict(self.decode) if self.decode else None
 
 
 @dataclass

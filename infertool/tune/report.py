@@ -17,7 +17,7 @@ from infertool.evaluate.lossless import FLOOR_METHOD, rule_text
 from infertool.metricspec import objective as objective_metric
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.tune.records import (
-    DecodeFigures, LmEvalFigures, Screening, ScreenResult, ServeValue, TrialRecord, TuneDoc,
+    TrialDecode, LmEvalFigures, Screening, ScreenResult, ServeValue, TrialRecord, TuneDoc,
 )
 from infertool.tune.space import OUTPUT_SETTINGS
 
@@ -132,7 +132,7 @@ def lm_eval_cell(lm: dict[str, LmEvalFigures]) -> str:
                      f"{_f(b.lost)}, gained {_f(b.gained)}, n {_f(b.n)})" for task, b in lm.items()) or "-"
 
 
-def decode_cell(dec: DecodeFigures | None) -> list[str]:
+def decode_cell(dec: TrialDecode | None) -> list[str]:
     """The decode path: exact match [interval], first divergence (median), decode KLD [interval], near ties (of the
     divergences: those that start where the reference's top-2 gap is below the near-tie threshold)."""
     if dec is None:
@@ -142,7 +142,7 @@ def decode_cell(dec: DecodeFigures | None) -> list[str]:
             _f(dec.first_divergence_median), _ci_cell(dec.kld, dec.kld_ci), near_ties_cell(dec)]
 
 
-def near_ties_cell(dec: DecodeFigures) -> str:
+def near_ties_cell(dec: TrialDecode) -> str:
     """"N of M divergences start at a near tie". The decode block counts the two apart (``compare``):
     ``near_ties`` divergences start at a near tie, ``divergences`` the others, so M is their sum (N <= M)."""
     ties, other = dec.near_ties, dec.divergences

@@ -23,7 +23,7 @@ from infertool.stages import Stage, StageContext, StageOutput
 from infertool.stages.builtin import resolution
 from infertool.tune import search
 from infertool.tune.records import (
-    CapacityResult, DecodeFigures, Judgement, LmEvalFigures, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck, TrialRecord,
+    CapacityResult, TrialDecode, Judgement, LmEvalFigures, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck, TrialRecord,
     figure_names,
 )
 
@@ -185,7 +185,7 @@ def phase_blocks(phases: list[Phase], ref: Raw, cand: Raw, confidence: float) ->
 
 
 LM_EVAL_KEYS = figure_names(LmEvalFigures)
-DECODE_KEYS = figure_names(DecodeFigures)
+DECODE_KEYS = figure_names(TrialDecode)
 
 
 def phase_figures(blocks: Pooled) -> dict[str, Raw | None]:

@@ -137,7 +137,7 @@ class EvidenceSeen(Record):
 
 
 @dataclass
-class Timing(Sparse):
+class VerifyTiming(Sparse):
     """verify.json's ``timing``, in seconds: each there when it was measured."""
 
     ready_s: float | None = None  # the server's start (not with --url)
@@ -167,7 +167,7 @@ class VerifyResult(Record):
     workers: int = WORKERS
     confidence: float = 0.95
     allow_inconclusive: bool = False
-    timing: Timing = field(default_factory=Timing)
+    timing: VerifyTiming = field(default_factory=VerifyTiming)
     out_dir: str = ""
     created: str = ""
     notes: list[str] = field(default_factory=list)
@@ -439,7 +439,7 @@ class LmevalNow:
 
 
 def rerun_lmeval(p: VerifyPlan, client: Client, out_dir: Path, ctx: RunContext, into: LmevalNow,
-                 timing: Timing) -> None:
+                 timing: VerifyTiming) -> None:
     """The evidence's lm-eval tasks run again on the server ``client`` names (``verify.lmeval.rerun``) while it
     is up: ``into.doc`` the documents, else ``into.why`` (the plan's reason; or what stopped lm-eval: data
     not on this machine, a timeout, a failed worker, said with its hint, the other figures kept)."""
@@ -476,7 +476,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts_src, raw_decode = _check_decode(ev)
     spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
-    timing = Timing()
+    timing = VerifyTiming()
     engine: dict[str, object] = {}
     lm_now = LmevalNow()
 
