@@ -58,12 +58,16 @@ def _graph() -> dict[str, set[str]]:
 
 
 def _module_graph() -> dict[str, set[str]]:
-    """infertool's modules and the modules each imports (lazy imports inside functions included)."""
+    """infertool's modules and the modules each imports (lazy imports inside functions included). A package's face
+    is its ``__init__``: ``from pkg import name`` reads the face, ``from pkg import submodule`` the submodule."""
     mods = _modules()
     edges: dict[str, set[str]] = {}
     for name, tree in mods.items():
         for target, names in _imports(tree):
-            for t in [target] + [f"{target}.{n}" for n in names]:
+            subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in mods or f"{target}.{n}.__init__" in mods]
+            face = f"{target}.__init__" if f"{target}.__init__" in mods else target
+            for t in subs + ([face] if len(subs) < len(names) or not names else []):
+                t = f"{t}.__init__" if f"{t}.__init__" in mods else t
                 if t in mods and t != name:
                     edges.setdefault(name, set()).add(t)
     return edges
@@ -137,6 +141,15 @@ def test_cycle_finder_sees_any_length_and_lazy_imports() -> None:
     assert _cycles({"a": {"b"}, "b": {"c"}, "c": set()}) == []
     lazy = ast.parse("def f():\n    if True:\n        from infertool.evaluate.decode import DecodePhase\n")
     assert _imports(lazy) == [("infertool.evaluate.decode", ["DecodePhase"])]
+
+
+def test_module_graph_sees_a_package_face() -> None:
+    """A name taken from a package is an edge to its ``__init__`` (a cycle through a face is a cycle), a submodule
+    taken from it an edge to that submodule."""
+    edges = _module_graph()
+    assert "infertool.resolve.__init__" in edges["infertool.commands.quantize"]  # from infertool.resolve import ...
+    assert "infertool.quantize.core" in edges["infertool.commands.quantize"]  # from infertool.quantize import core
+    assert "infertool.bench.core" in edges["infertool.bench.__init__"]
 
 
 def test_no_package_cycles() -> None:
