@@ -23,7 +23,10 @@ import sys
 import threading
 import time
 import traceback
-from typing import TextIO
+from dataclasses import dataclass
+from typing import Any, TextIO
+
+from infertool.records import Record
 
 PROTOCOL_VERSION = 1
 PAUSE_VAR = "INFERTOOL_PAUSE_AT"
@@ -48,6 +51,19 @@ def pause_point(task: str, completed: float, total: float | None, log) -> None:
     deadline = time.monotonic() + PAUSE_LIMIT_S
     while time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+@dataclass
+class WorkerEvent(Record):
+    """One event line as the parent (``envs.runner``) reads it: its kind; a result's ``data``; an error's type,
+    message, hint and exit code (the other events' fields stay in ``extra``)."""
+
+    event: str | None = None
+    data: dict[str, Any] | None = None  # Any: the task's result, JSON values
+    error_type: str | None = None
+    message: str | None = None
+    hint: str | None = None
+    exit_code: int | None = None
 
 
 class WorkerEvents:

@@ -348,17 +348,15 @@ def _calibration_dtype(model_dir: str) -> dict | None:
     model's 16-bit dtype (GPTQModel uses bf16 on every CPU): torch's bf16 GEMM there is a slow fallback (the
     measured figures are in docs/commands.md, Quantize). The checkpoint is saved in the model's dtype all the
     same (restore_dtype)."""
-    import json
-
+    from infertool.models.info import ModelError, load_config
     from infertool.perf.host import cpu_lacks_half
 
     if torch_device() == "cuda":
         return None
     try:
-        cfg = json.loads((Path(model_dir) / "config.json").read_text())
-    except (OSError, ValueError):
+        stored = load_config(model_dir).declared_dtype
+    except ModelError:
         return None
-    stored = cfg.get("dtype") or cfg.get("torch_dtype")
     if stored not in ("bfloat16", "float16") or not cpu_lacks_half(stored):
         return None
     return {"dtype": "float32", "stored": stored,
@@ -375,6 +373,8 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
     import torch
     from safetensors import safe_open
     from safetensors.torch import save_file
+
+    from infertool.models.info import load_config
 
     target = getattr(torch, stored)
     for f in sorted(out_dir.glob("*.safetensors")):
@@ -400,14 +400,7 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
                     total += n * _DTYPE_SIZES.get(sl.get_dtype(), 2)
         data.setdefault("metadata", {})["total_size"] = total
         write_json(index, data)
-    cfg_path = out_dir / "config.json"
-    cfg = json.loads(cfg_path.read_text())
-    for key in ("dtype", "torch_dtype"):
-        if key in cfg:
-            cfg[key] = stored
-    if "dtype" not in cfg and "torch_dtype" not in cfg:
-        cfg["dtype"] = stored
-    write_json(cfg_path, cfg)
+    write_json(out_dir / "config.json", load_config(out_dir).with_dtype(stored))
 
 
 _DTYPE_SIZES = {"F64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "I64": 8}

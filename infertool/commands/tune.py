@@ -127,14 +127,14 @@ def tune(
 def _render_published(tune_dir: str) -> None:
     """Where the winner's checkpoint was published, and the command that serves it (checked by fingerprint)."""
     from infertool.output import err, esc
-    from infertool.publish import TUNE_PUBLISHED, serve_commands, short
-    from infertool.report import read_json_inside
+    from infertool.publish import serve_commands, short
+    from infertool.publish.facts import tune_record
 
     try:
-        rec = read_json_inside(Path(tune_dir), TUNE_PUBLISHED)
+        path, fingerprint = tune_record(Path(tune_dir))
     except Exception:  # noqa: BLE001 - no winner checkpoint (the original won, or none won): nothing to say
         return
-    err.print(f"published: [bold]{esc(rec.get('path'))}[/] (fingerprint {esc(short(rec.get('fingerprint')))}); "
+    err.print(f"published: [bold]{esc(path)}[/] (fingerprint {esc(short(fingerprint))}); "
               f"serve it: {esc(serve_commands(tune_dir)['serve'])}", soft_wrap=True)
 
 

@@ -31,6 +31,7 @@ from infertool.errors import (
 )
 from infertool.procs import stop_group, tied
 from infertool.tasks import WorkerTask, get_task
+from infertool.worker import WorkerEvent
 
 EventCallback = Callable[[dict], None]
 
@@ -224,11 +225,11 @@ def _start_worker(argv: list[str]) -> subprocess.Popen:
     )
 
 
-def _read_events(streams: _WorkerStreams, sink: EventCallback) -> tuple[dict | None, dict | None]:
+def _read_events(streams: _WorkerStreams, sink: EventCallback) -> tuple[dict | None, WorkerEvent | None]:
     """The worker's events until its stdout ends: progress and logs to ``sink``; returns (result, error).
     A line that is not an event goes to the log."""
     result: dict | None = None
-    error: dict | None = None
+    error: WorkerEvent | None = None
     while True:
         # a bounded wait, not a blocking read: an interruption that comes without a signal (Ray's task
         # cancellation sets Python's interrupt flag) is acted on within half a second
@@ -242,19 +243,18 @@ def _read_events(streams: _WorkerStreams, sink: EventCallback) -> tuple[dict | N
         if not line:
             continue
         try:
-            ev = json.loads(line)
-            if not isinstance(ev, dict) or "event" not in ev:
-                raise ValueError
+            raw = json.loads(line)
         except ValueError:
+            raw = None
+        ev = WorkerEvent.from_dict(raw)
+        if not isinstance(raw, dict) or ev.event is None:
             streams.write(f"[stdout] {line}\n")
-            continue
-        kind = ev["event"]
-        if kind == "result":
-            result = ev.get("data") or {}
-        elif kind == "error":
+        elif ev.event == "result":
+            result = ev.data or {}
+        elif ev.event == "error":
             error = ev
         else:
-            sink(ev)
+            sink(raw)  # progress and logs, as the worker sent them
 
 
 def run_worker(
@@ -307,12 +307,12 @@ def run_worker(
     return result
 
 
-def _worker_error(error: dict, log_path: Path) -> BaseException:
+def _worker_error(error: WorkerEvent, log_path: Path) -> BaseException:
     """The worker's error event as the InfertoolError of its exit code (KeyboardInterrupt when it was
     interrupted)."""
-    if error.get("error_type") == "Interrupted":
+    if error.error_type == "Interrupted":
         return KeyboardInterrupt()
-    code = int(error.get("exit_code") or EXIT_BACKEND)
+    code = error.exit_code or EXIT_BACKEND
     cls: type[InfertoolError]
     if code == 2:
         cls = UsageError
@@ -320,4 +320,4 @@ def _worker_error(error: dict, log_path: Path) -> BaseException:
         cls = RuntimeFailure
     else:
         cls = BackendError
-    return cls(str(error.get("message")), hint=error.get("hint"), log_path=str(log_path))
+    return cls(str(error.message), hint=error.hint, log_path=str(log_path))

@@ -7,7 +7,6 @@ infertool.evaluate.metrics in the parent, the same code for every engine.
 
 from __future__ import annotations
 
-import json
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -24,13 +23,13 @@ def _load_model(path: str, events: Events, trust: bool = False) -> tuple[Any, An
     import torch
     from transformers import AutoModelForCausalLM
 
+    from infertool.models.info import load_config
+
     cfg_path = Path(path) / "config.json"
     if not cfg_path.is_file():
         raise UsageError(f"not a Hugging Face model directory (no config.json): {path}",
                          hint="give a local model directory, e.g. the output of `infertool quantize` or `infertool model import`")
-    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
-    qcfg = cfg.get("quantization_config") or {}
-    method = str(qcfg.get("quant_method") or "").lower()
+    method = load_config(path).quant_method
     if method in ("gptq", "awq"):
         try:
             from gptqmodel import GPTQModel

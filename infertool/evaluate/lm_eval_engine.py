@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infertool.errors import BackendError, UsageError
+from infertool.evaluate.lm_eval_worker import TaskCheck, WorkerSpec
 from infertool.evaluate.result import LmEvalComparison, LmEvalTask, TaskCode
 from infertool.records import Record
 
@@ -81,13 +82,13 @@ class LmEvalPhase:
         from infertool.atomic import write_json
 
         spec_path = log_dir / f"{tag}.spec.json"
-        write_json(spec_path, spec)
+        write_json(spec_path, spec.to_dict())
         events.log(f"lm-eval: {', '.join(self.spec.tasks)} on the {served.label} model "
                    f"({'window ' + str(list(window)) if window else 'limit ' + str(self.spec.limit)})")
         cwd = Path(include[0]) if self.spec.include_path else log_dir
         run_worker([str(python), str(WORKER), str(spec_path)], log_dir / f"{tag}.log", cwd=cwd,
                    timeout_s=float(self.spec.timeout_s), api_key=getattr(served.client, "api_key", None))
-        return read_answer(Path(spec["out"]), log_dir / f"{tag}.log", include,
+        return read_answer(Path(spec.out), log_dir / f"{tag}.log", include,
                            secrets=[getattr(served.client, "api_key", None)])
 
     def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
@@ -116,8 +117,7 @@ class LmEvalPhase:
         spec_path = log_dir / "lm_eval-check.spec.json"
         from infertool.atomic import write_json
 
-        write_json(spec_path, {"check": True, "tasks": list(self.spec.tasks), "include_path": include,
-                               "out": str(out)})
+        write_json(spec_path, TaskCheck(tasks=list(self.spec.tasks), include_path=include, out=str(out)).to_dict())
         cwd = Path(include[0]) if self.spec.include_path else log_dir
         run_worker([str(python), str(WORKER), str(spec_path)], log_dir / "lm_eval-check.log", cwd=cwd,
                    timeout_s=min(float(self.spec.timeout_s), PREFLIGHT_TIMEOUT_S), api_key=None)
@@ -190,7 +190,7 @@ def materialize_shipped(dest: Path) -> Path:
 
 
 def worker_spec(spec: LmEvalSpec, served: Served, include: list[str], window: tuple[int, int] | None, *,
-                out: str) -> dict[str, Any]:  # Any: JSON values
+                out: str) -> WorkerSpec:
     """What the worker needs: the endpoint, the tokenizer (eval.lm_eval.tokenizer, else the served checkpoint's
     folder; none known: lm-eval's own choice, the server's tokenizer_info/tokenize endpoints), the tasks and
     lm-eval's options."""
@@ -199,12 +199,12 @@ def worker_spec(spec: LmEvalSpec, served: Served, include: list[str], window: tu
     tok = str(Path(given).expanduser().absolute()) if given else served.model_path
     if tok is None and Path(str(client.model)).is_dir():  # a server not ours that serves a local folder
         tok = str(Path(client.model).absolute())
-    return {"base_url": client.base_url, "model": client.model, "tokenizer": tok,
-            "tasks": list(spec.tasks), "include_path": include, "num_fewshot": spec.num_fewshot,
-            "limit": spec.limit, "window": list(window) if window else None,
-            "apply_chat_template": spec.apply_chat_template, "fewshot_as_multiturn": spec.fewshot_as_multiturn,
-            "system_instruction": spec.system_instruction, "concurrent": spec.concurrent,
-            "max_gen_toks": spec.max_gen_toks, "request_timeout_s": REQUEST_TIMEOUT_S, "out": out}
+    return WorkerSpec(base_url=client.base_url, model=client.model, tokenizer=tok, tasks=list(spec.tasks),
+                      include_path=include, num_fewshot=spec.num_fewshot, limit=spec.limit,
+                      window=list(window) if window else None, apply_chat_template=spec.apply_chat_template,
+                      fewshot_as_multiturn=spec.fewshot_as_multiturn, system_instruction=spec.system_instruction,
+                      concurrent=spec.concurrent, max_gen_toks=spec.max_gen_toks, request_timeout_s=REQUEST_TIMEOUT_S,
+                      out=out)
 
 
 def worker_env(api_key: str | None) -> dict[str, str]:

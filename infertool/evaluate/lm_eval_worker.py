@@ -1,7 +1,7 @@
 """The lm-eval side of infertool.evaluate.lm_eval_engine: a script run by the ``lmeval`` environment's Python
 (``python lm_eval_worker.py SPEC.json``; infertool is installed there as in every managed environment), so it
-imports lm-evaluation-harness, the standard library and infertool's leaf infertool.atomic only (its answer is
-written whole).
+imports lm-evaluation-harness, the standard library and infertool's leaves infertool.records (the spec,
+``WorkerSpec``, which the parent writes and this reads) and infertool.atomic only (its answer is written whole).
 
 It resolves the tasks (an unknown name or data that is not on the machine is reported as such, naming the
 task), runs ``lm_eval.simple_evaluate`` against the served endpoint with ``log_samples`` (loglikelihood tasks
@@ -16,12 +16,52 @@ import json
 import os
 import sys
 import traceback
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-# run as a script: its own folder (infertool/evaluate) must not shadow other modules
-sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+if __name__ == "__main__":  # run as a script: its own folder (infertool/evaluate) must not shadow other modules
+    sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
+
+from infertool.records import Record, Sparse  # noqa: E402 - after the path is cleaned
 
 PREFERRED = ("acc", "exact_match")  # the task's metric: these first, else the task's first metric
+
+
+@dataclass
+class WorkerSpec(Sparse):
+    """SPEC.json as this worker reads it: what the parent (``lm_eval_engine.worker_spec``) asks of it, the served
+    endpoint, the tokenizer, the tasks, lm-eval's options and where the answer goes; ``check`` (a ``TaskCheck``
+    written): only check that the tasks are known and their data loads."""
+
+    base_url: str = ""
+    model: str = ""
+    tokenizer: str | None = None
+    tasks: list[str] = field(default_factory=list)
+    include_path: list[str] = field(default_factory=list)
+    num_fewshot: int | None = None
+    limit: int | None = None
+    window: list[int] | None = None
+    apply_chat_template: bool = False
+    fewshot_as_multiturn: bool = False
+    system_instruction: str | None = None
+    concurrent: int = 1
+    max_gen_toks: int | None = None
+    request_timeout_s: int | None = None
+    out: str = ""
+    check: bool | None = None  # only in the task check's spec
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("check",)
+
+
+@dataclass
+class TaskCheck(Record):
+    """The task check's SPEC.json (``LmEvalPhase.preflight``), as the parent writes it: no endpoint, nothing is
+    scored; read here as a ``WorkerSpec`` whose ``check`` is set."""
+
+    check: bool = True
+    tasks: list[str] = field(default_factory=list)
+    include_path: list[str] = field(default_factory=list)
+    out: str = ""
 
 
 def _write(path: str, obj: dict[str, Any]) -> None:  # Any: JSON values
@@ -54,21 +94,19 @@ def _metric(task: Any) -> tuple[str, bool]:  # Any: an lm-eval Task
     return m, bool(task.higher_is_better().get(m, True))
 
 
-def _model(spec: dict[str, Any], chat: bool) -> tuple[str, dict[str, Any]]:  # Any: JSON values
+def _model(spec: WorkerSpec, chat: bool) -> tuple[str, dict[str, Any]]:  # Any: lm-eval's model arguments
     """lm-eval's model name and arguments for the served endpoint."""
-    base = spec["base_url"].rstrip("/")
-    args = {"model": spec["model"], "num_concurrent": spec["concurrent"], "max_retries": 2,
-            "timeout": spec["request_timeout_s"], "seed": 1234}
-    if spec.get("max_length"):
-        args["max_length"] = spec["max_length"]
-    if spec.get("max_gen_toks"):
-        args["max_gen_toks"] = spec["max_gen_toks"]
+    base = spec.base_url.rstrip("/")
+    args: dict[str, Any] = {"model": spec.model, "num_concurrent": spec.concurrent, "max_retries": 2,  # Any: as above
+                            "timeout": spec.request_timeout_s, "seed": 1234}
+    if spec.max_gen_toks:
+        args["max_gen_toks"] = spec.max_gen_toks
     if chat:
         return "local-chat-completions", {**args, "base_url": f"{base}/chat/completions", "tokenizer_backend": "none",
                                           "tokenized_requests": False}
     args["base_url"] = f"{base}/completions"
-    if spec.get("tokenizer"):
-        args.update({"tokenizer_backend": "huggingface", "tokenizer": spec["tokenizer"]})
+    if spec.tokenizer:
+        args.update({"tokenizer_backend": "huggingface", "tokenizer": spec.tokenizer})
     else:  # lm-eval's own choice: the server's tokenizer endpoints when it has them
         args["tokenizer_backend"] = "auto"
     return "local-completions", args
@@ -89,26 +127,25 @@ def _docs(samples: list[dict[str, Any]], metric: str) -> tuple[dict[str, Any], d
     return scores, shown
 
 
-def _evaluate(spec: dict[str, Any], tasks: dict[str, Any], chat: bool) -> dict[str, Any]:  # Any: JSON values
+def _evaluate(spec: WorkerSpec, tasks: dict[str, Any], chat: bool) -> dict[str, Any]:  # Any: JSON values
     """simple_evaluate on some leaf tasks with one model; {task: its block}."""
     import lm_eval
 
     model, args = _model(spec, chat)
     samples = None
-    lo_hi = spec.get("window")
-    if lo_hi is not None:
-        lo, hi = int(lo_hi[0]), int(lo_hi[1])
-        if spec.get("limit"):
-            hi = min(hi, int(spec["limit"]))
+    if spec.window is not None:
+        lo, hi = spec.window[0], spec.window[1]
+        if spec.limit:
+            hi = min(hi, spec.limit)
         samples = {}
         for name, t in tasks.items():
             n = len(t.eval_docs)
             samples[name] = list(range(min(lo, n), min(hi, n)))
     res = lm_eval.simple_evaluate(
-        model=model, model_args=args, tasks=list(tasks.values()), num_fewshot=spec.get("num_fewshot"),
-        limit=None if samples is not None else spec.get("limit"), samples=samples, log_samples=True,
-        bootstrap_iters=0, apply_chat_template=bool(spec.get("apply_chat_template")),
-        fewshot_as_multiturn=bool(spec.get("fewshot_as_multiturn")), system_instruction=spec.get("system_instruction"),
+        model=model, model_args=args, tasks=list(tasks.values()), num_fewshot=spec.num_fewshot,
+        limit=None if samples is not None else spec.limit, samples=samples, log_samples=True,
+        bootstrap_iters=0, apply_chat_template=spec.apply_chat_template,
+        fewshot_as_multiturn=spec.fewshot_as_multiturn, system_instruction=spec.system_instruction,
         confirm_run_unsafe_code=False)
     out = {}
     for name, t in tasks.items():
@@ -129,25 +166,25 @@ def _first_filter(task: Any) -> str:  # Any: an lm-eval Task
 
 def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as f:
-        spec = json.load(f)
-    out = spec["out"]
+        spec = WorkerSpec.from_dict(json.load(f))
+    out = spec.out
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
 
-        tm = TaskManager(include_path=spec.get("include_path") or None)
+        tm = TaskManager(include_path=spec.include_path or None)
         leaves: dict[str, Any] = {}  # Any: JSON values
-        for name in spec["tasks"]:
+        for name in spec.tasks:
             got = _load(tm, name)
             if got.get("ok") is False:
                 _write(out, got)
                 return 0
             leaves.update(got)
-        if spec.get("check"):  # the preflight: the tasks are known and their data loads here; nothing is scored
+        if spec.check:  # the preflight: the tasks are known and their data loads here; nothing is scored
             _write(out, {"ok": True, "check": True, "tasks": sorted(leaves),
                          "lm_eval": getattr(lm_eval, "__version__", "")})
             return 0
-        chat = bool(spec.get("apply_chat_template"))
+        chat = spec.apply_chat_template
         gen = {n: t for n, t in leaves.items() if chat and t.get_config("output_type") == "generate_until"}
         rest = {n: t for n, t in leaves.items() if n not in gen}
         result: dict[str, Any] = {}  # Any: JSON values

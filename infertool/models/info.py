@@ -167,10 +167,21 @@ class ModelConfig:
         """The key the declared dtype is under (for messages)."""
         return "dtype" if self.full.get("dtype") is not None or self.lm.get("dtype") is not None else "torch_dtype"
 
+    def with_dtype(self, dtype: str) -> dict[str, Any]:  # Any: JSON values
+        """The whole file with its declared dtype set to ``dtype`` (each of dtype / torch_dtype the file has; ``dtype``
+        when it has neither), every other key as it is: what a checkpoint saved in another dtype writes back."""
+        keys = [k for k in ("dtype", "torch_dtype") if k in self.full] or ["dtype"]
+        return {**self.full, **dict.fromkeys(keys, dtype)}
+
     @property
     def quantization_config(self) -> dict[str, Any] | None:  # Any: JSON values
         q = self.full.get("quantization_config") or self.lm.get("quantization_config")
         return q if isinstance(q, dict) else None
+
+    @property
+    def quant_method(self) -> str:
+        """quantization_config's quant_method, lower case ("" when the model declares none)."""
+        return str((self.quantization_config or {}).get("quant_method") or "").lower()
 
     @property
     def rope_key(self) -> str:

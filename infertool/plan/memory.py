@@ -119,9 +119,8 @@ def cpu_memory(serve: ServeSection, weights: WeightFacts, reasons: list[str], no
         reasons.append(f"weights + KV cache + overhead need {need / GIB:.1f} GiB; this host has {host / GIB:.1f} GiB")
     if serve.tensor_parallel_size > 1:
         notes.append("tensor parallelism on the CPU backend splits across NUMA nodes; planned per rank")
-    peaks = _cpu_peaks()
     return Memory(device, memory, kv_mem, CPU_BLOCK_SIZE, serve.max_num_batched_tokens or 2048,
-                   serve.max_num_seqs or 256, peaks["bf16_flops"], peaks["bandwidth_bytes_s"], peaks["source"])
+                   serve.max_num_seqs or 256, *_cpu_peaks())
 
 
 def kv_capacity(serve: ServeSection, mem: Memory, kv_tok: float, kv_tok_gpu: float, model_dtype: str | None, max_model_len: int,
@@ -149,21 +148,19 @@ def largest_batch(mem: Memory, capacity: Capacity, context: int) -> int:
     return max(1, min(mem.mns, tokens // max(1, context))) if tokens else 1
 
 
-def _cpu_peaks() -> dict:
-    """Measured peaks of this machine when `infertool profile` cached them, else the reference numbers."""
-    import json
+def _cpu_peaks() -> tuple[float | None, float | None, str]:
+    """Measured peaks of this machine when `infertool profile` cached them, else the reference numbers:
+    (FLOP/s, bytes/s, where they come from)."""
+    from infertool.profile.core import cached_peaks, peaks_cache_path
+    from infertool.records import as_float
 
-    from infertool.envs.paths import home
-
-    cache = home() / "peaks" / "cpu.json"
-    try:
-        data = json.loads(cache.read_text())
-        flops, src = data["bf16_flops"], f"measured ({cache})"
-        if data.get("fp32_flops") and flops < 0.25 * data["fp32_flops"]:
-            # no bf16 matrix instructions: torch's bf16 GEMM is a slow fallback, and vLLM's CPU kernels run
-            # at most at the fp32 rate (which is also what infertool serves in there)
-            flops, src = data["fp32_flops"], f"measured fp32 matmul, this CPU's bf16 is far slower ({cache})"
-        return {"bf16_flops": flops, "bandwidth_bytes_s": data["bandwidth_bytes_s"], "source": src}
-    except (OSError, ValueError, KeyError):
+    peaks = cached_peaks("cpu")
+    if peaks is None or not peaks.bf16_flops or peaks.bandwidth_bytes_s is None:
         ref = hardware.CPU_REFERENCE
-        return {"bf16_flops": ref["bf16_flops"], "bandwidth_bytes_s": ref["bandwidth_bytes_s"], "source": ref["source"]}
+        return as_float(ref["bf16_flops"]), as_float(ref["bandwidth_bytes_s"]), str(ref["source"])
+    cache = peaks_cache_path("cpu")
+    if peaks.bf16_flops < 0.25 * peaks.fp32_flops:
+        # no bf16 matrix instructions: torch's bf16 GEMM is a slow fallback, and vLLM's CPU kernels run
+        # at most at the fp32 rate (which is also what infertool serves in there)
+        return peaks.fp32_flops, peaks.bandwidth_bytes_s, f"measured fp32 matmul, this CPU's bf16 is far slower ({cache})"
+    return peaks.bf16_flops, peaks.bandwidth_bytes_s, f"measured ({cache})"

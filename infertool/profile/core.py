@@ -123,6 +123,15 @@ def peaks_cache_path(device_key: str) -> Path:
     return home() / "peaks" / f"{safe}.json"
 
 
+def cached_peaks(device_key: str) -> MachinePeaks | None:
+    """The peaks cache of a device (``peaks/<device>.json``, written by ``measured_peaks``; `plan` reads it too), or
+    None when it is not there or not JSON."""
+    try:
+        return MachinePeaks.from_dict(json.loads(peaks_cache_path(device_key).read_text()))
+    except (OSError, ValueError):
+        return None
+
+
 def half_is_slow(dtype: str, peaks: MachinePeaks, flags: set[str] | None = None) -> bool:
     """Whether this CPU computes ``dtype`` (bf16/fp16) far slower than fp32: its instruction flags decide
     (the rule `serve` applies to vLLM's dtype, infertool.perf.host.cpu_lacks_half); only where the flags
@@ -144,16 +153,12 @@ def measured_peaks(*, remeasure: bool = False, on_event: Callable | None = None,
     from infertool.perf.host import accelerator
 
     key = "cpu" if accelerator() == "cpu" else "cuda"
-    path = peaks_cache_path(key)
-    if not remeasure:
-        try:
-            return MachinePeaks.from_dict(json.loads(path.read_text()))
-        except (OSError, ValueError):
-            pass
+    if not remeasure and (cached := cached_peaks(key)) is not None:
+        return cached
     peaks = MachinePeaks.from_dict(run_task("profile.peaks", {}, on_event=on_event, log_dir=log_dir).result)
     peaks.bandwidth_bytes_s = peaks.read_bandwidth_bytes_s
     peaks.measured_at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    write_json(path, peaks.to_dict())
+    write_json(peaks_cache_path(key), peaks.to_dict())
     return peaks
 
 

@@ -33,6 +33,17 @@ class CachedStage:
     work: Path | None = None  # done: the temporary directory it was written in, before the rename into ``entry``
 
 
+@dataclass
+class StageEntry(Record):
+    """A cache entry's ``stage.json``, written when the stage completes and read back when it is reused."""
+
+    stage: str | None = None
+    key: str | None = None
+    summary: Any = None  # Any: the stage's summary (a record, written as its JSON; read back as that JSON)
+    seconds: float | None = None
+    completed: str | None = None
+
+
 def writer() -> str:
     """Who writes a temporary stage directory: this host and process (a name part without dots)."""
     import socket
@@ -60,10 +71,6 @@ def _typed(summary: object, summary_type: type[Record] | None) -> object:
     return summary_type.from_dict(summary) if summary_type is not None else summary
 
 
-def _plain(summary: object) -> object:
-    return summary.to_dict() if isinstance(summary, Record) else summary
-
-
 def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], object], *, force: bool = False,
                  on_start: Callable[[], None] | None = None, summary_type: type[Record] | None = None) -> CachedStage:
     """Run ``fn(work_dir) -> summary`` once per key: a completed entry ``<cache>/<name>-<key>/`` is reused; a
@@ -72,9 +79,8 @@ def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], object],
     the record the summary is read as (a reused entry's, or a plain dict ``fn`` returned)."""
     entry = cache / f"{name}-{key}"
     if (entry / "stage.json").is_file() and not force:
-        done = json.loads((entry / "stage.json").read_text())
-        return CachedStage("reused", entry, _typed(done.get("summary") or {}, summary_type), done.get("seconds"),
-                           done.get("completed"))
+        done = StageEntry.from_dict(json.loads((entry / "stage.json").read_text()))
+        return CachedStage("reused", entry, _typed(done.summary or {}, summary_type), done.seconds, done.completed)
     if on_start:
         on_start()
     cache.mkdir(parents=True, exist_ok=True)
@@ -86,8 +92,7 @@ def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], object],
         summary = _typed(fn(work), summary_type)
         seconds = round(time.monotonic() - t0, 1)
         completed = datetime.now(timezone.utc).isoformat(timespec="seconds")
-        write_json(work / "stage.json", {"stage": name, "key": key, "summary": _plain(summary), "seconds": seconds,
-                                          "completed": completed})
+        write_json(work / "stage.json", StageEntry(name, key, summary, seconds, completed).to_dict())
         if entry.exists():
             if (entry / "stage.json").is_file() and not force:  # another process finished the same work first
                 remove_inside(work, cache, ignore_errors=True)

@@ -348,16 +348,18 @@ def _cost_lines(doc: TuneDoc) -> list[str]:
 def _fleet(doc: TuneDoc) -> dict[str, Any]:  # Any: perf.fleet.tune_fleet's {rows, lines}, untyped there
     """Replicas and $/month per trial for the recipe's target.peak_rps (perf.fleet.tune_fleet), each trial's target
     read from its manifest's recipe."""
+    from infertool.errors import UsageError
     from infertool.perf.fleet import tune_fleet
-    from infertool.report import Unreadable, read_json_inside
+    from infertool.report import load_run
 
     def target_of(t: TrialRecord) -> dict[str, object] | None:
         if t.dir is None:
             return None
         try:
-            target = ((read_json_inside(Path(t.dir), "manifest.json") or {}).get("recipe") or {}).get("target")
-        except (OSError, Unreadable, AttributeError, TypeError):
+            _, manifest = load_run(t.dir)
+        except UsageError:
             return None
+        target = (manifest.recipe or {}).get("target")
         return target if isinstance(target, dict) else None
     return tune_fleet(doc.trials, target_of)
 
