@@ -195,20 +195,24 @@ def read_jsonl(path: str | Path, kind: Kind, what: str, max_rows: int = 1_000_00
     return parse_jsonl(read_text(path, kind, what), path, what, max_rows, hint)
 
 
-def parse_jsonl(text: str, path: str | Path, what: str, max_rows: int = 1_000_000,
-                hint: str | None = None) -> list[tuple[int, object]]:
-    """``read_jsonl`` of text already read from ``path``."""
+def parse_jsonl(text: str, path: str | Path, what: str, max_rows: int | None = 1_000_000,
+                hint: str | None = None, bad: dict[int, str] | None = None) -> list[tuple[int, object]]:
+    """``read_jsonl`` of text already read from ``path`` (``max_rows`` None: the text's own bound is the only one).
+    Given ``bad``, a line that is not JSON is not refused: ``bad[n]`` says why (``line n: not valid JSON (...)``)
+    and the reading goes on, for a caller that lists every bad line of a file in one error."""
     p = Path(path).expanduser()
     rows: list[tuple[int, object]] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue
-        if len(rows) >= max_rows:
+        if max_rows is not None and len(rows) >= max_rows:
             raise _refuse(what, p, f"more than {max_rows:,} lines", "cut the file")
         try:
             rows.append((n, parse_json(line)))
         except ValueError as e:
-            raise _refuse(what, f"{p}:{n}", f"not valid JSON ({e})", hint) from None
+            if bad is None:
+                raise _refuse(what, f"{p}:{n}", f"not valid JSON ({e})", hint) from None
+            bad[n] = f"line {n}: not valid JSON ({e})"
     return rows
 
 

@@ -226,6 +226,17 @@ def test_read_jsonl_bounds_its_rows(tmp_path):
         inputs.read_jsonl(p, inputs.PROMPTS, "bench.prompt.source")
 
 
+def test_parse_jsonl_can_collect_every_bad_line():
+    """The one JSONL reader, for a caller that lists every bad line in one error: the good rows come back, each bad
+    line is said by its number, and no line bound applies with max_rows None."""
+    bad: dict[int, str] = {}
+    rows = inputs.parse_jsonl('{oops\n{"a": 1}\n\n[NaN]\n2\n', "f.jsonl", "w", max_rows=None, bad=bad)
+    assert rows == [(2, {"a": 1}), (5, 2)]
+    assert bad == {1: "line 1: not valid JSON (Expecting property name enclosed in double quotes)",
+                   4: "line 4: not valid JSON (NaN is not a JSON number)"}
+    assert len(inputs.parse_jsonl("1\n" * 3, "f.jsonl", "w", max_rows=None)) == 3
+
+
 @pytest.mark.parametrize("text, why", [("[NaN]", "NaN is not a JSON number"), ('{"t": -Infinity}', "-Infinity is not"),
                                        ("[1e999]", "out of a number's range"), ("[" * 65 + "]" * 65, "deeper than 64"),
                                        ("[" * 50_000 + "]" * 50_000, "deeper than 64"), ("{", "Expecting")])

@@ -214,6 +214,7 @@ def test_shipped_tasks_of_another_infertool_version_are_said(env_ready):
 # ------------------------------------------------------------------------------------------ capture's record
 def test_capture_records_what_a_rerun_needs(tmp_path, monkeypatch):
     from infertool.data.suites import folder_digest
+    from infertool.evaluate.lm_eval_engine import WorkerAnswer
     from infertool.recipe import LmEvalSpec
     from infertool.verify import capture
 
@@ -230,8 +231,8 @@ def test_capture_records_what_a_rerun_needs(tmp_path, monkeypatch):
     (answer.parent / "lm_eval-candidate.spec.json").write_text(json.dumps({"include_path": [str(d), "/x/shipped"]}))
     monkeypatch.chdir(answer.parent)
     assert capture.rerun_record(lm, answer)["include_path"] == str(d)
-    doc = capture.lmeval_doc({"tasks": {"my_qa": {"metric": "exact_match", "docs": {"0": 1.0}}}, "lm_eval": "0.4.13"},
-                             {**lm.model_dump(mode="json"), "rerun": rec})
+    answer_read = WorkerAnswer(ok=True, tasks={"my_qa": {"metric": "exact_match", "docs": {"0": 1.0}}}, lm_eval="0.4.13")
+    doc = capture.lmeval_doc(answer_read, {**lm.model_dump(mode="json"), "rerun": rec})
     assert recorded(doc) == rec
 
 

@@ -63,13 +63,12 @@ def read_texts(source: str, text_field: str = "text", base_dir: Path | None = No
     if path.suffix.lower() == ".txt":
         return [text], "txt", path
     docs: list[str] = []
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = inputs.parse_json(line)
-        except ValueError as e:
-            raise UsageError(f"{path}, line {n}: not valid JSON ({e})", hint=_HINT) from None
+    bad: dict[int, str] = {}
+    rows = inputs.parse_jsonl(text, path, "quantize.calibration.source", max_rows=None, bad=bad)
+    stop = min(bad, default=None)  # the first line that is not JSON is refused, once the lines above it passed
+    for n, obj in rows:
+        if stop is not None and n > stop:
+            break
         if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
             raise UsageError(
                 f"{path}, line {n}: expected an object with a string field {text_field!r}",
@@ -77,6 +76,8 @@ def read_texts(source: str, text_field: str = "text", base_dir: Path | None = No
             )
         if obj[text_field].strip():
             docs.append(obj[text_field])
+    if stop is not None:
+        raise UsageError(f"{path}, {bad[stop]}", hint=_HINT)
     if not docs:
         raise UsageError(f"calibration file {path} has no text in field {text_field!r}", hint=_HINT)
     return docs, "jsonl", path

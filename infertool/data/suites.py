@@ -325,22 +325,15 @@ def _read_jsonl(path: Path, suite_path: Path) -> tuple[list[dict], list[int], li
 
     if not path.exists() and not path.is_symlink():
         raise _bad(suite_path, f"data file not found: {path}")
-    items, lines, bad = [], [], []
-    text = inputs.read_text(path, inputs.SUITE_DATA, f"the data of eval suite {suite_path}")
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            item = inputs.parse_json(line)
-        except ValueError as e:
-            bad.append(f"line {n}: not valid JSON ({e})")
-            continue
+    what = f"the data of eval suite {suite_path}"
+    items, lines, bad = [], [], dict[int, str]()
+    for n, item in inputs.parse_jsonl(inputs.read_text(path, inputs.SUITE_DATA, what), path, what, None, bad=bad):
         if not isinstance(item, dict):
-            bad.append(f"line {n}: expected a JSON object, got {type(item).__name__}")
+            bad[n] = f"line {n}: expected a JSON object, got {type(item).__name__}"
             continue
         items.append(item)
         lines.append(n)
-    return items, lines, bad
+    return items, lines, [bad[n] for n in sorted(bad)]
 
 
 def _messages_problem(msgs) -> str | None:

@@ -101,26 +101,20 @@ def _check_prompt(obj: Any, n: int) -> tuple[dict[str, Any] | None, str | None]:
 def parse_prompts(text: str, where: str) -> list[dict[str, Any]]:  # Any: JSON values
     """The prompt records of a JSONL text; EVERY bad line is listed with its number in one UsageError."""
     out: list[dict[str, Any]] = []  # Any: JSON values
-    bad: list[str] = []
+    bad: dict[int, str] = {}  # line number -> why, listed in file order
     seen: set[Any] = set()  # Any: JSON values
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            obj = inputs.parse_json(line)
-        except ValueError as e:
-            bad.append(f"line {n}: not valid JSON ({e})")
-            continue
+    for n, obj in inputs.parse_jsonl(text, where, "eval.decode.prompts", max_rows=None, bad=bad):
         rec, why = _check_prompt(obj, n)
         if why is None and rec is not None and rec["id"] in seen:
             why = f"line {n}: duplicate id {net.quote(rec['id'], n=40)!r}"
         if why:
-            bad.append(why)
+            bad[n] = why
         elif rec is not None:
             seen.add(rec["id"])
             out.append(rec)
     if bad:
-        shown = "; ".join(bad[:50]) + (f"; ... ({len(bad) - 50} more)" if len(bad) > 50 else "")
+        listed = [bad[n] for n in sorted(bad)]
+        shown = "; ".join(listed[:50]) + (f"; ... ({len(bad) - 50} more)" if len(bad) > 50 else "")
         raise UsageError(f"{where}: {len(bad)} bad line(s): {shown}", hint=_PROMPTS_HINT)
     if not out:
         raise UsageError(f"{where}: no prompts", hint=_PROMPTS_HINT)

@@ -127,10 +127,10 @@ def read_facts(path: Path) -> CardFacts:
         doc = read_json_inside(path.parent, path.name)
     except (FileNotFoundError, Unreadable) as e:
         raise UsageError(f"{path}: not readable: {e}") from None
-    if not isinstance(doc, dict) or not isinstance(doc.get("fingerprint"), str):
+    facts = CardFacts.read(doc) if isinstance(doc, dict) else None
+    if facts is None or facts.fingerprint is None:
         raise UsageError(f"{path} is not infertool's card data (no fingerprint; at most {MAX_JSON_BYTES:,} bytes of JSON)",
                          hint="publish the checkpoint again with `infertool publish`")
-    facts = CardFacts.read(doc)
     if facts.v is not None and facts.v > FACTS_VERSION:
         raise UsageError(f"{path} is card data of format {facts.v}, newer than this infertool reads ({FACTS_VERSION})",
                          hint="upgrade infertool to read it, or publish the checkpoint again with this one")

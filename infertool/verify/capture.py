@@ -36,6 +36,7 @@ from infertool.verify import evidence as E
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
 
+    from infertool.evaluate.lm_eval_engine import WorkerAnswer
     from infertool.evaluate.server_engine import Client
     from infertool.recipe import DecodeSpec, EvidenceSpec, LmEvalSpec, Recipe
     from infertool.resolve import Resolution
@@ -163,19 +164,19 @@ def host_facts() -> dict[str, Any]:  # Any: JSON values
             "gpu_count": len(gpus.names), "driver": host.gpu_driver_version() if gpus.names else None}
 
 
-def lmeval_doc(answer: dict[str, Any], config: dict[str, Any] | None = None) -> dict[str, Any]:  # Any: JSON values
-    """lmeval.json from the lm-eval worker's answer for the candidate ({"tasks": {task: {"metric", "docs":
-    {doc_id: score}, ...}}}): per task, each document's result, and lm-eval's settings with each task's metric."""
+def lmeval_doc(answer: WorkerAnswer, config: dict[str, Any] | None = None) -> dict[str, Any]:  # Any: JSON values
+    """lmeval.json from the lm-eval worker's answer for the candidate (its ``tasks``: {task: {"metric", "docs":
+    {doc_id: score}, ...}}): per task, each document's result, and lm-eval's settings with each task's metric."""
     tasks: dict[str, Any] = {}  # Any: JSON values
     meta: dict[str, Any] = {}  # Any: JSON values
-    for name, block in (answer.get("tasks") or {}).items():
+    for name, block in (answer.tasks or {}).items():
         if not isinstance(block, dict) or not isinstance(block.get("docs"), dict):
             continue
         metric = str(block.get("metric") or "score")
         tasks[str(name)] = [{"doc_id": d, "metrics": {metric: v}} for d, v in block["docs"].items()]
         meta[str(name)] = {"metric": metric, "higher_is_better": bool(block.get("higher_is_better", True)),
                            "n_docs": block.get("n_docs"), "output_type": block.get("output_type")}
-    return {"tasks": tasks, "config": {**(config or {}), "lm_eval": answer.get("lm_eval"), "tasks": meta}}
+    return {"tasks": tasks, "config": {**(config or {}), "lm_eval": answer.lm_eval, "tasks": meta}}
 
 
 RERUN_SETTINGS = ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_multiturn", "system_instruction",
@@ -226,15 +227,17 @@ def shipped_digest(tasks: list[str]) -> str | None:
     return _digest(str(shipped_dir())) if any(str(t).startswith(SHIPPED_PREFIX) for t in tasks) else None
 
 
-def read_lmeval_answer(path: Path) -> dict[str, Any] | None:  # Any: JSON values
+def read_lmeval_answer(path: Path) -> WorkerAnswer | None:
     """The lm-eval worker's answer file (bounded, through infertool.inputs); None when it is not there or not an
     answer that succeeded."""
+    from infertool.evaluate.lm_eval_engine import WorkerAnswer
     from infertool.inputs import Kind, parse_json, read_text
 
     if not path.is_file():
         return None
-    doc = parse_json(read_text(path, Kind("an lm-eval answer", LMEVAL_ANSWER_BYTES), "the eval's lm-eval results"))
-    return doc if isinstance(doc, dict) and doc.get("ok") and isinstance(doc.get("tasks"), dict) else None
+    ans = WorkerAnswer.from_dict(
+        parse_json(read_text(path, Kind("an lm-eval answer", LMEVAL_ANSWER_BYTES), "the eval's lm-eval results")))
+    return ans if ans.ok and isinstance(ans.tasks, dict) else None
 
 
 # ------------------------------------------------------------------------------------------ fit to the cap

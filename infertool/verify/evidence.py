@@ -70,7 +70,7 @@ class Caps(Record):
 class EvidenceIndex(Record):
     """evidence.json: its one writer is ``capture.capture``, its one reader ``read_index``."""
 
-    format: int = 0
+    format: int | None = None  # None: not an integer there
     created: str = ""
     k: int = 0
     engine: dict[str, Any] = field(default_factory=dict)  # Any: package, version, env, packages {name: version}
@@ -182,12 +182,12 @@ def read_index(folder: Path) -> EvidenceIndex:
         raise _refuse(folder, INDEX, "not an evidence index (a JSON object)")
     index = EvidenceIndex.from_dict(doc)
     if index.format != FORMAT:
-        newer = ", newer than this infertool" if index.format > FORMAT else ""
-        raise _refuse(folder, INDEX, f"evidence format {doc.get('format')!r}{newer}; this infertool reads format {FORMAT}",
+        newer = ", newer than this infertool" if index.format is not None and index.format > FORMAT else ""
+        raise _refuse(folder, INDEX, f"evidence format {index.format!r}{newer}; this infertool reads format {FORMAT}",
                       hint="verify it with the infertool version that published it, or publish it again")
-    if not isinstance(doc.get("content_sha256"), str) or content_sha256(doc) != doc["content_sha256"]:
+    if content_sha256(doc) != index.content_sha256:  # over the file's own keys, as its writer took it
         raise _refuse(folder, INDEX, "was changed after publishing: its content hash does not match "
-                      f"(recorded {str(doc.get('content_sha256'))[:16]}, now {content_sha256(doc)[:16]})")
+                      f"(recorded {index.content_sha256[:16] or None}, now {content_sha256(doc)[:16]})")
     unknown = [n for n in index.files if n not in FILES]
     if unknown:
         raise _refuse(folder, INDEX, f"lists files infertool does not write: {', '.join(map(repr, unknown[:5]))}")

@@ -165,11 +165,11 @@ def rerun(rr: LmevalRerun, client: Client, *, model_path: str | None, log_dir: P
     """The tasks of ``rr`` run on the server ``client`` names (eval's lm-eval phase, its worker in the ``lmeval``
     environment; its files under ``log_dir``), as lmeval.json's shape (``capture.lmeval_doc``). Raises what the
     phase raises (an InfertoolError: data not here, a timeout, a failed worker)."""
-    from infertool.evaluate.lm_eval_engine import LmEvalPhase
+    from infertool.evaluate.lm_eval_engine import LmEvalPhase, WorkerAnswer
     from infertool.evaluate.phases import Served
     from infertool.verify.capture import lmeval_doc
 
     assert rr.spec is not None  # plan_rerun made it
     phase = LmEvalPhase(rr.spec)
     raw = phase.run(Served("verify", client, model_path=model_path, log_dir=log_dir), None, events)
-    return lmeval_doc(raw, {"answer": raw.get("answer")})
+    return lmeval_doc(WorkerAnswer.from_dict(raw), {"answer": raw.get("answer")})  # the answer's tasks and version
