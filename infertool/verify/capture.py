@@ -194,14 +194,15 @@ def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> dict[str, Any]: 
         include = str(Path(lm.include_path).expanduser().absolute())
         spec = answer.with_name(answer.stem + ".spec.json") if answer is not None else None
         if spec is not None and spec.is_file():
+            from infertool.evaluate.lm_eval_worker import WorkerSpec
             from infertool.inputs import Kind, parse_json, read_text
 
             try:
                 doc = parse_json(read_text(spec, Kind("an lm-eval worker spec", 1024 * 1024), "the eval's lm-eval spec"))
             except (ValueError, UsageError):
                 doc = None
-            got = doc.get("include_path") if isinstance(doc, dict) else None
-            if isinstance(got, list) and got and isinstance(got[0], str) and Path(got[0]).is_absolute():
+            got = WorkerSpec.from_dict(doc).include_path
+            if got and Path(got[0]).is_absolute():
                 include = got[0]  # the eval's worker read the folder here (relative paths: from ITS current folder)
     out = {"tasks": list(lm.tasks), "include_path": include, "include_digest": _digest(include) if include else None,
            "shipped_digest": shipped_digest(lm.tasks)}
