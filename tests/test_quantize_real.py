@@ -118,7 +118,8 @@ def test_without_a_serve_env_the_one_greedy_comparison_runs_in_gptqmodels_kernel
     res = resolve(load_recipe(str(recipe(tmp_path / "r.yaml", tiny_model, GPTQ))), candidate_path=out)
     r = quantize.run(quantize.plan(res, quantize.QuantizeOptions(out=out)))
     assert r.verify is None
-    la = r.local_agreement
+    assert r.local_agreement is not None
+    la = r.local_agreement.to_dict()  # the record as quantize.json and the manifest hold it
     assert la["tokens"] == len(PROMPTS) * MAX_TOKENS and 0 <= la["agreement"] <= 1, la
     assert la["engines"]["original"].startswith("transformers ") and la["engines"]["quantized"].startswith("GPTQModel ")
     assert {"reference", "compare"} <= set(r.timings["backend"])
