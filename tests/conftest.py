@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import typer.testing
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -19,6 +20,28 @@ ROOT = Path(__file__).resolve().parents[1]
 # 120 columns wide on a pipe unless COLUMNS says otherwise (infertool.output). Every worker as a serial run.
 if os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("COLUMNS") == "80":
     del os.environ["COLUMNS"]
+
+
+def _built_once(get_command):
+    """Typer's test runner rebuilds the whole click command tree from the app's signatures on every invoke
+    (about 0.1 s for infertool's 27 commands, most of an in-process CLI case): build it once per app and
+    rebuild only when the app's registered commands, groups or callback changed (a test that adds one)."""
+    built: dict[int, tuple[object, tuple, object]] = {}
+
+    def shape(app) -> tuple:
+        return (id(app.registered_callback), *(id(c) for c in app.registered_commands),
+                *((id(g), shape(g.typer_instance)) for g in app.registered_groups))
+
+    def cached(app):
+        hit, now = built.get(id(app)), shape(app)
+        if hit is None or hit[0] is not app or hit[1] != now:
+            hit = built[id(app)] = (app, now, get_command(app))
+        return hit[2]
+
+    return cached
+
+
+typer.testing._get_command = _built_once(typer.testing._get_command)
 
 
 def has_cuda() -> bool:

@@ -231,6 +231,30 @@ def _regular(path: Path) -> bool:
     return path.is_file() and not path.is_symlink()
 
 
+def _replace_head(f: Path, head: bytes, keep_from: int) -> None:
+    """``f`` becomes ``head`` + its bytes from ``keep_from`` on, the bytes that ``read_bytes()`` and a slice
+    would write, copying only the data regions of the sparse file (its hole of hundreds of MB stays a hole)."""
+    size = f.stat().st_size
+    regions: list[tuple[int, bytes]] = []
+    with open(f, "rb") as fh:
+        at = keep_from
+        while at < size:
+            try:
+                start = os.lseek(fh.fileno(), at, os.SEEK_DATA)
+            except OSError:  # ENXIO: only a hole from here on
+                break
+            end = os.lseek(fh.fileno(), start, os.SEEK_HOLE)
+            fh.seek(start)
+            regions.append((start, fh.read(end - start)))
+            at = end
+    with open(f, "wb") as fh:
+        fh.write(head)
+        for start, data in regions:
+            fh.seek(len(head) + start - keep_from)
+            fh.write(data)
+        fh.truncate(len(head) + max(0, size - keep_from))
+
+
 def _break_model(rng: random.Random, d: Path) -> str:
     cfg_path = d / "config.json"
     weights = [f for f in sorted(d.glob("*.safetensors")) if _regular(f)]
@@ -251,9 +275,9 @@ def _break_model(rng: random.Random, d: Path) -> str:
         return "config replaced"
     if how == 2:  # a header entry
         f = rng.choice(weights)
-        raw = f.read_bytes()
-        n = struct.unpack("<Q", raw[:8])[0]
-        header = json.loads(raw[8: 8 + n])
+        with open(f, "rb") as fh:
+            n = struct.unpack("<Q", fh.read(8))[0]
+            header = json.loads(fh.read(max(0, min(n, f.stat().st_size - 8))))
         name = rng.choice(list(header))
         entry = header[name]
         field = rng.choice(["dtype", "shape", "data_offsets", None])
@@ -264,7 +288,7 @@ def _break_model(rng: random.Random, d: Path) -> str:
         else:
             entry[field] = rng.choice([json_value(rng), [-1, 5], [10, 2], [0, 2**70], [2**64, 2**64 + 2], ["0", "2"]])
         new = json.dumps(header, allow_nan=True).encode()
-        f.write_bytes(struct.pack("<Q", len(new)) + new + raw[8 + n:])
+        _replace_head(f, struct.pack("<Q", len(new)) + new, 8 + n)
         return f"header entry {field}"
     if how == 3:  # the whole header or its length
         f = rng.choice(weights)
