@@ -13,6 +13,8 @@ import os
 import re
 import stat
 import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, BinaryIO, TypeGuard
@@ -301,7 +303,39 @@ class ModelInfo:
         return d
 
 
+class _ReadOnce:
+    """What ``reading_once`` keeps: each directory's ModelInfo and each file's header, read once."""
+
+    def __init__(self) -> None:
+        self.infos: dict[str, ModelInfo] = {}
+        self.headers: dict[str, dict] = {}
+
+
+_once: _ReadOnce | None = None
+
+
+@contextmanager
+def reading_once() -> Iterator[None]:
+    """Within it, ``model_info`` and ``read_safetensors_header`` read a directory or file once (tune plans a
+    thousand trials over the same checkpoints); outside it every call reads the files again."""
+    global _once
+    outer = _once
+    _once = outer or _ReadOnce()
+    try:
+        yield
+    finally:
+        _once = outer
+
+
 def read_safetensors_header(path: Path) -> dict:
+    if _once is None:
+        return _read_safetensors_header(path)
+    if str(path) not in _once.headers:
+        _once.headers[str(path)] = _read_safetensors_header(path)
+    return _once.headers[str(path)]
+
+
+def _read_safetensors_header(path: Path) -> dict:
     """The JSON header of one .safetensors file (without loading any tensor), checked against the format:
     a JSON object of name -> {dtype: str, shape: [ints >= 0], data_offsets: [begin, end]} (and __metadata__)."""
     where = path.parent
@@ -479,6 +513,14 @@ def weight_files(path: Path) -> list[Path]:
 
 
 def model_info(path: str | Path) -> ModelInfo:
+    if _once is None:
+        return _model_info(path)
+    if str(path) not in _once.infos:
+        _once.infos[str(path)] = _model_info(path)
+    return _once.infos[str(path)]
+
+
+def _model_info(path: str | Path) -> ModelInfo:
     p = Path(path)
     try:
         exists, resolved = p.exists(), p.resolve()

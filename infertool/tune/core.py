@@ -33,6 +33,7 @@ from infertool.atomic import write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError, UsageError
 from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS
 from infertool.metricspec import objective as objective_metric
+from infertool.models.info import reading_once
 from infertool.tune import search, space
 from infertool.tune.space import Trial  # (a field named space shadows the module in PlannedSpace)
 from infertool.stages import StageOutput
@@ -290,7 +291,8 @@ def plan_search(recipe: Recipe) -> Plan:
                          hint="lower tune.load.min_concurrency or raise tune.load.max_concurrency")
     sp = space.search_space(recipe)
     k = max(space.PLAN_SAMPLE, tune.max_trials)
-    planned = [predicted(sp.trial(i)) for i in sp.sample(k, tune.seed)]
+    with reading_once():  # the same checkpoints for every trial: their headers read once
+        planned = [predicted(sp.trial(i)) for i in sp.sample(k, tune.seed)]
     return Plan(sp, _order(planned, tune.objective))
 
 
