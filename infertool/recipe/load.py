@@ -33,7 +33,7 @@ def _resolve_path(path: str | Path) -> Path:
     if text and "/" not in text and "\\" not in text:
         from infertool import catalog  # lazy: catalog imports nothing from here at import time
 
-        names = [r.name for r in catalog.list_builtin()]
+        names = catalog.builtin_names()
         stem = text.removesuffix(".yaml").removesuffix(".yml")
         if stem in names:
             return catalog.get_builtin(stem).path
