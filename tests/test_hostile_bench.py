@@ -4,8 +4,8 @@ floods, lies about its length or reports a KV-cache usage of 1e308; streamed com
 whose chunks break the rules. Every case ends (a SIGALRM guard turns a hang into a failure), with the exit code and
 message asserted, and no absurd figure in `--json`.
 
-The commands run in-process through Typer's CliRunner with the control calls' deadline shortened (monkeypatched
-to 1 s: the same code path, a shorter wait); two run as real subprocesses with the shipped deadlines."""
+The commands run in-process through Typer's CliRunner with the control calls' and scrapes' deadlines shortened
+(monkeypatched to 1 s: the same code path, a shorter wait); two run as real subprocesses with the shipped deadlines."""
 
 from __future__ import annotations
 
@@ -63,10 +63,12 @@ SETS = ("--set", "bench.concurrency=[1]", "--set", "bench.requests=2", "--set", 
 
 @pytest.fixture
 def quick(monkeypatch):
-    """Control calls end within 1 s (connect's budget 3 s), a hang guard on the whole case, the key set."""
-    from infertool.bench import client, sweep
+    """Control calls and /metrics scrapes end within 1 s (connect's budget 3 s), a hang guard on the whole case,
+    the key set."""
+    from infertool.bench import client, prometheus, sweep
 
     monkeypatch.setattr(client, "CONTROL_DEADLINE_S", 1.0)
+    monkeypatch.setattr(prometheus, "SCRAPE_DEADLINE_S", 1.0)
     monkeypatch.setattr(sweep, "CONNECT_BUDGET_S", 3.0)
     monkeypatch.setenv("INFERTOOL_API_KEY", KEY)
 
