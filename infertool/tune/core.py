@@ -280,9 +280,10 @@ class Plan:
         return "tpe" if tpe else "grid"
 
 
-def plan_search(recipe: Recipe) -> Plan:
-    """The search space, refused beyond ``space.MAX_SPACE`` trials before anything is built, and its planned
-    trials (at most max(PLAN_SAMPLE, tune.max_trials)), each predicted, most promising first."""
+def plan_search(recipe: Recipe, *, exhaustive: bool = False) -> Plan:
+    """The search space, refused beyond ``space.MAX_SPACE`` trials (``exhaustive``: beyond the trials planned)
+    before anything is built, and its planned trials (at most max(PLAN_SAMPLE, tune.max_trials)), each predicted,
+    most promising first."""
     tune = space.tune_of(recipe)
     load = tune.load
     if load.max_concurrency is not None and load.max_concurrency < load.min_concurrency:
@@ -291,6 +292,10 @@ def plan_search(recipe: Recipe) -> Plan:
                          hint="lower tune.load.min_concurrency or raise tune.load.max_concurrency")
     sp = space.search_space(recipe)
     k = max(space.PLAN_SAMPLE, tune.max_trials)
+    if exhaustive and sp.size > k:  # only a sample would be planned
+        raise UsageError(f"--exhaustive runs every trial, and this search space is {sp.describe()}",
+                         hint=f"brute force checks the staged search on a space of at most {space.PLAN_SAMPLE:,} "
+                              "trials: shorten tune.serve_grid or tune.candidates")
     with reading_once():  # the same checkpoints for every trial: their headers read once
         planned = [predicted(sp.trial(i)) for i in sp.sample(k, tune.seed)]
     return Plan(sp, _order(planned, tune.objective))
