@@ -170,6 +170,7 @@ def test_exhaustive_is_refused_on_a_sampled_space(tmp_path):
 
 
 def test_a_ray_worker_rebuilds_its_trial_from_its_index(tmp_path, monkeypatch):
+    monkeypatch.setattr(space, "PLAN_SAMPLE", 128)  # the same rule on a smaller sample
     monkeypatch.setattr(core, "run_trial", lambda ctx, trial: trial)
     r = validate_recipe_data(quickstart(**cube(16)))
     t = core.plan_search(r).trials[7]
