@@ -5,6 +5,8 @@ environments (see infertool/envs) or inside the core functions that need them.
 """
 
 
+from typing import TYPE_CHECKING
+
 import typer
 
 from infertool import __version__
@@ -26,36 +28,37 @@ app = typer.Typer(
     epilog=EXIT_CODES,
 )
 
+if TYPE_CHECKING:
+    from infertool.envs.state import EnvState
+
 _VERSION, _JSON = "infertool.version", "infertool.version_json"
 
 
-def version_info() -> dict:
-    """infertool's version and each managed environment's key packages, from their markers (no subprocess)."""
-    import platform
+def _env_states() -> "list[EnvState]":
+    """Each managed environment from its marker (no subprocess), its key packages in the order its spec lists them."""
+    from dataclasses import replace
 
-    from infertool.envs.paths import envs_root
     from infertool.envs.specs import BUILTIN_ENVS
     from infertool.envs.state import list_envs
 
-    envs = {}
+    states = []
     for st in list_envs():
         spec = BUILTIN_ENVS.get(st.name)
         order = list(spec.report) if spec else []
         pkgs = sorted(st.packages.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
-        envs[st.name] = {"status": st.status, "variant": st.variant, "packages": dict(pkgs), "reason": st.reason}
-    return {"infertool": __version__, "python": platform.python_version(), "envs_home": str(envs_root()),
-            "envs": envs}
+        states.append(replace(st, packages=dict(pkgs)))
+    return states
 
 
-def _version_line(name: str, env: dict) -> str:
+def _version_line(st: "EnvState") -> str:
     """`quant: torch 2.14.1, transformers 5.24.0, gptqmodel 7.7.0 (cpu)`; `serve: not set up`."""
-    if env["status"] == "missing":
-        return f"{name}: not set up"
-    line = f"{name}: " + (", ".join(f"{k} {v}" for k, v in env["packages"].items()) or env["status"])
-    if env.get("variant"):
-        line += f" ({env['variant']})"
-    if env["status"] != "ready":
-        line += f"; {env['status']}" + (f": {env['reason']}" if env.get("reason") else "") + " (`infertool env setup`)"
+    if st.status == "missing":
+        return f"{st.name}: not set up"
+    line = f"{st.name}: " + (", ".join(f"{k} {v}" for k, v in st.packages.items()) or st.status)
+    if st.variant:
+        line += f" ({st.variant})"
+    if st.status != "ready":
+        line += f"; {st.status}" + (f": {st.reason}" if st.reason else "") + " (`infertool env setup`)"
     return line
 
 
@@ -65,15 +68,21 @@ def _after_eager(ctx: typer.Context) -> None:
     if ctx.resilient_parsing or _VERSION not in ctx.meta or _JSON not in ctx.meta:
         return
     if ctx.meta[_VERSION]:
-        info = version_info()
+        import platform
+
+        from infertool.envs.paths import envs_root
+
+        states = _env_states()
         if ctx.meta[_JSON]:
             from infertool.output import print_json
 
-            print_json(info)
+            print_json({"infertool": __version__, "python": platform.python_version(), "envs_home": str(envs_root()),
+                        "envs": {st.name: {"status": st.status, "variant": st.variant, "packages": st.packages,
+                                           "reason": st.reason} for st in states}})
         else:
-            lines = [f"infertool {info['infertool']}", f"python {info['python']}",
-                     f"environments ({info['envs_home']}):"]
-            lines += ["  " + _version_line(n, e) for n, e in info["envs"].items()]
+            lines = [f"infertool {__version__}", f"python {platform.python_version()}",
+                     f"environments ({envs_root()}):"]
+            lines += ["  " + _version_line(st) for st in states]
             typer.echo("\n".join(lines))
         raise typer.Exit(0)
     if ctx.meta[_JSON]:

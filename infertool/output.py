@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
     from infertool.errors import InfertoolError
+    from infertool.worker import WorkerEvent
 
 
 # Human output: tables and results go to stdout unless --json is given, progress and logs to stderr.
@@ -151,18 +152,18 @@ class StageProgress:
             )
             self._progress.start()
 
-    def _plain(self, event: dict) -> None:
+    def _plain(self, ev: WorkerEvent) -> None:
         import time
 
-        kind = event.get("event")
-        if kind == "log":
-            err.print(visible(f"  {event.get('level', 'info')}: {event.get('message', '')}"), markup=False, highlight=False, soft_wrap=True)
+        if ev.event == "log":
+            err.print(visible(f"  {ev.level or 'info'}: {ev.message or ''}"), markup=False, highlight=False,
+                      soft_wrap=True)
             return
-        if kind != "progress":
+        if ev.event != "progress":
             return
-        key = event.get("task", "work")
-        desc = event.get("description") or key
-        done, total = event.get("completed", 0), event.get("total")
+        key = ev.task or "work"
+        desc = ev.description or key
+        done, total = ev.completed or 0, ev.total
         now = time.monotonic()
         last_desc, last_t = self._last.get(key, (None, 0.0))
         finished = total is not None and done >= total
@@ -176,26 +177,24 @@ class StageProgress:
             self._progress.stop()
 
     def on_event(self, event: dict) -> None:
+        from infertool.worker import WorkerEvent
+
+        ev = WorkerEvent.from_dict(event)
         if not err.is_terminal:
-            self._plain(event)  # CI logs and pipes: plain lines instead of a live bar
+            self._plain(ev)  # CI logs and pipes: plain lines instead of a live bar
             return
         self._start()
         progress = self._progress
         assert progress is not None  # _start made it
-        kind = event.get("event")
-        if kind == "progress":
-            key = event.get("task", "work")
-            desc = esc(event.get("description") or key)  # the bar's column reads it as markup
-            total = event.get("total")
+        if ev.event == "progress":
+            key = ev.task or "work"
+            desc = esc(ev.description or key)  # the bar's column reads it as markup
             if key not in self._tasks:
-                self._tasks[key] = progress.add_task(desc, total=total)
-            progress.update(
-                self._tasks[key], completed=event.get("completed", 0), total=total, description=desc
-            )
-        elif kind == "log":
-            level = event.get("level", "info")
-            style = {"warning": "yellow", "error": "red"}.get(level, "dim")
-            progress.console.print(plain(event.get("message", ""), style=style))
+                self._tasks[key] = progress.add_task(desc, total=ev.total)
+            progress.update(self._tasks[key], completed=ev.completed or 0, total=ev.total, description=desc)
+        elif ev.event == "log":
+            style = {"warning": "yellow", "error": "red"}.get(ev.level or "info", "dim")
+            progress.console.print(plain(ev.message or "", style=style))
 
 
 EventCallback = Callable[[dict], None]

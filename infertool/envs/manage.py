@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 from infertool.atomic import write_json, write_text
 from infertool.envs import installer
 from infertool.envs.paths import env_dir, env_python, envs_root, logs_root, remove_in_home
+from infertool.envs.probe import EnvProbe
 from infertool.envs.specs import detect_variant
 from infertool.envs.state import (
     CUSTOM_REQS,
@@ -273,8 +274,8 @@ def setup_env(
             step(f"{name}: writing the marker")
             marker = EnvMarker(
                 name, spec.description, variant, fingerprint, spec.requirements_text(variant).splitlines(),
-                list(spec.no_deps), list(removals), _pip_args(), inst.describe(), str(py), probe.get("python"),
-                infertool_source(), _versions_from_freeze(freeze, spec.report), probe.get("accelerator", {}),
+                list(spec.no_deps), list(removals), _pip_args(), inst.describe(), str(py), probe.python,
+                infertool_source(), _versions_from_freeze(freeze, spec.report), probe.accelerator,
                 datetime.now(timezone.utc).isoformat(timespec="seconds"), round(time.monotonic() - t0, 1),
                 {"package": spec.engine[0], "version": spec.engine[1]} if spec.engine is not None else None)
             _write_marker(d, marker)
@@ -301,7 +302,7 @@ def _discard(name: str, error: BaseException) -> None:
 
 
 def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env: dict,
-           inst: installer.Installer | None, earlier_log: str = "") -> tuple[installer.Installer, str, dict]:
+           inst: installer.Installer | None, earlier_log: str = "") -> tuple[installer.Installer, str, EnvProbe]:
     """Build the environment from nothing (a leftover is wiped first); the marker is the caller's.
     ``earlier_log``: the log of the attempt this one replaces, kept at the top of the new log."""
     d, py = env_dir(name), env_python(name)
@@ -348,7 +349,7 @@ def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env
     write_text(d / FREEZE, freeze)
     step(f"{name}: checking imports")
     probe = probe_env(name, spec.check_modules, log_path=log_path)
-    bad = {m: r["error"] for m, r in probe.get("modules", {}).items() if not r.get("ok")}
+    bad = {m: r.error for m, r in probe.modules.items() if not r.ok}
     if bad:
         raise BackendError(
             f"the {name} environment was installed but does not import: "
@@ -424,7 +425,8 @@ def remove_env(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = None, timeout_s: float = 300) -> dict:
+def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = None,
+              timeout_s: float = 300) -> EnvProbe:
     """Run the probe task in the environment's interpreter (a real worker subprocess)."""
     from infertool.envs.runner import run_worker
     from infertool.tasks import get_task
@@ -433,7 +435,8 @@ def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = No
     d = env_dir(name)
     spec_path = d / "probe.spec.json"
     write_json(spec_path, {"modules": list(modules)})
-    return run_worker(get_task("probe"), py, spec_path, log_path or (d / "doctor.log"), lambda ev: None, timeout_s)
+    return EnvProbe.from_dict(run_worker(get_task("probe"), py, spec_path, log_path or (d / "doctor.log"),
+                                         lambda ev: None, timeout_s))
 
 
 def doctor(name: str) -> DoctorReport:
@@ -452,11 +455,11 @@ def doctor(name: str) -> DoctorReport:
     checks.append(DoctorCheck("infertool installed", src_ok,
                               "this checkout/version" if src_ok else "from another checkout or version"))
     py = env_python(name)
-    probe: dict = {}
+    probe = EnvProbe()
     try:
         probe = probe_env(name, spec.check_modules)
-        for m, r in probe.get("modules", {}).items():
-            checks.append(DoctorCheck(f"import {m}", bool(r.get("ok")), r.get("version") or r.get("error") or ""))
+        for m, r in probe.modules.items():
+            checks.append(DoctorCheck(f"import {m}", r.ok, r.version or r.error or ""))
     except BackendError as e:
         checks.append(DoctorCheck("interpreter runs", False, e.message))
     env = _clean_env()
@@ -487,7 +490,7 @@ def doctor(name: str) -> DoctorReport:
         st.status,
         checks,
         packages=_versions_from_freeze(freeze_now, spec.report) if freeze_now else st.packages,
-        accelerator=probe.get("accelerator", {}),
+        accelerator=probe.accelerator,
         hint=None if healthy else f"`infertool env setup {name} --force` rebuilds it",
     )
 

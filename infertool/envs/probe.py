@@ -6,8 +6,11 @@ import importlib
 import os
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from infertool.errors import RuntimeFailure
+from infertool.records import Record
 
 # import name -> distribution name(s) to read the version from
 DISTS = {
@@ -27,6 +30,24 @@ def _dist_version(module: str) -> str | None:
         except PackageNotFoundError:
             continue
     return None
+
+
+@dataclass
+class ModuleImport(Record):
+    """One module the probe imported: whether it did, its version, or the error."""
+
+    ok: bool = False
+    version: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class EnvProbe(Record):
+    """What the probe found in an environment (``probe_task``'s result, read by ``envs.manage``)."""
+
+    python: str | None = None
+    modules: dict[str, ModuleImport] = field(default_factory=dict)
+    accelerator: dict[str, Any] = field(default_factory=dict)  # Any: JSON values, kept as the marker holds them
 
 
 def probe_task(spec: dict, events) -> dict:
