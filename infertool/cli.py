@@ -5,16 +5,85 @@ environments (see infertool/envs) or inside the core functions that need them.
 """
 
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Iterable
 
 import typer
+from typer.core import TyperGroup
 
 from infertool import __version__
-from infertool.commands import RootGroup, register_all
+from infertool.commands import register_all
+
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click import exceptions as _click_exceptions
+except ImportError:  # pragma: no cover - older typer on the public click
+    from click import exceptions as _click_exceptions  # type: ignore[no-redef]  # the same module, older place
+
+ClickException = _click_exceptions.ClickException
 
 EXIT_CODES = ("Exit codes: 0 ok, 1 verdict failed (eval FAIL/INCONCLUSIVE, plan does not fit, tune found no "
               "winner), 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure, 130 interrupted. "
               "Docs: README.md")
+
+
+def wants_json(args: Iterable[str]) -> bool:
+    """Whether a command line asks for JSON (`--json` before any `--`)."""
+    for a in args:
+        if a == "--":
+            return False
+        if a == "--json":
+            return True
+    return False
+
+
+def usage_error_doc(e) -> dict:
+    """A click usage error as infertool's JSON error document."""
+    message = e.format_message() if hasattr(e, "format_message") else str(e)
+    hint = None
+    ctx = getattr(e, "ctx", None)
+    if ctx is not None:
+        usage = " ".join(ctx.command.collect_usage_pieces(ctx))
+        what = "commands" if hasattr(ctx.command, "commands") else "options"
+        hint = f"usage: {ctx.command_path} {usage}; `{ctx.command_path} --help` lists the {what}"
+    name = "UsageError" if isinstance(e, _click_exceptions.UsageError) else type(e).__name__
+    return {"ok": False, "error": name, "message": message, "hint": hint,
+            "exit_code": getattr(e, "exit_code", 2), "log_path": None}
+
+
+class RootGroup(TyperGroup):
+    """The `infertool` group: usage errors anywhere below it (a missing argument, an unknown option, a
+    bad value) are also printed as JSON on stdout when the command line has `--json`; the message for
+    people stays on stderr and the exit code stays 2."""
+
+    _json_errors = False
+    # `infertool --help` lists the commands in the workflow's order, groups among them
+    ORDER = ("validate", "recipes", "model", "profile", "plan", "quantize", "eval", "serve", "bench", "run", "tune",
+             "report", "compare", "env", "init", "publish", "verify")
+
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (self.ORDER.index(n) if n in self.ORDER else len(self.ORDER), names.index(n)))
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        self._json_errors = wants_json(args)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except ClickException as e:
+            self._report(e)
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ClickException as e:
+            self._report(e)
+            raise
+
+    def _report(self, e) -> None:
+        if self._json_errors and not isinstance(e, _click_exceptions.NoArgsIsHelpError):
+            from infertool.output import print_json
+
+            print_json(usage_error_doc(e))
+
 
 app = typer.Typer(
     name="infertool",

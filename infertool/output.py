@@ -24,7 +24,7 @@ from infertool.atomic import dumps_json, jsonable
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from infertool.errors import InfertoolError
+    from infertool.errors import InfertoolError, InternalError
     from infertool.worker import WorkerEvent
 
 
@@ -96,12 +96,32 @@ def kv_table(rows: Iterable[tuple[str, object]], title: str | None = None) -> Ta
     return table
 
 
+def internal_error(e: Exception) -> InternalError:
+    """A bug as an error to render: its traceback saved to a file (the error's ``log_path``)."""
+    import tempfile
+    import traceback
+
+    from infertool.errors import InternalError
+
+    fd, path = tempfile.mkstemp(prefix="infertool-crash-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        traceback.print_exc(file=f)
+    return InternalError(f"{type(e).__name__}: {e}", "set INFERTOOL_DEBUG=1 to see the traceback", log_path=path)
+
+
 def render_error(error: InfertoolError, *, as_json: bool = False) -> None:
     """An InfertoolError for people (stderr) or, with --json, as JSON on stdout too."""
-    from infertool.errors import RecipeError
+    from infertool.errors import InternalError, Interrupted, RecipeError
 
     if as_json:
         print_json({"ok": False, **error.to_dict()})
+    if isinstance(error, Interrupted):
+        err.print("[yellow]interrupted[/]")
+        return
+    if isinstance(error, InternalError):
+        err.print(f"[bold red]internal error:[/] {esc(error.message)}", markup=True, highlight=False)
+        err.print(f"[dim]traceback saved to {esc(error.log_path)}; set INFERTOOL_DEBUG=1 to see it here[/]")
+        return
     err.print(f"[bold red]error:[/] {esc(error.message)}", markup=True, highlight=False, soft_wrap=True)
     if isinstance(error, RecipeError):
         for issue in error.issues:
@@ -111,7 +131,7 @@ def render_error(error: InfertoolError, *, as_json: bool = False) -> None:
             err.print(f"  • [bold]{esc(where)}[/]: {esc(issue.message)}", soft_wrap=True)
     if error.hint:
         err.print(f"[yellow]hint:[/] {esc(error.hint)}", soft_wrap=True)
-    if getattr(error, "log_path", None):
+    if error.log_path:
         err.print(f"[dim]full log: {esc(str(error.log_path))}[/]", soft_wrap=True)
 
 
