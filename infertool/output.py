@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import unicodedata
-from typing import TYPE_CHECKING, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, TypeAlias
 
 from rich.console import Console
 from rich.table import Table
@@ -42,6 +43,9 @@ out = Console(highlight=False, soft_wrap=False, width=_width(sys.stdout))
 err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
+# What a person is shown: text, a number, a path, an error, a list of names; rendered by str(), never as markup
+Shown: TypeAlias = "str | int | float | Path | BaseException | Text | list[str] | None"
+
 to_jsonable = jsonable  # the one JSON form of infertool.atomic (typed results, no NaN / Infinity)
 
 
@@ -51,7 +55,7 @@ def print_json(data: object) -> None:
     sys.stdout.flush()
 
 
-def visible(text: object) -> str:
+def visible(text: Shown) -> str:
     """``text`` with every control or format character (ESC, BEL, CR, bidi overrides...) but newline and tab
     shown as its escape (``\\x1b``), so that no value can move the cursor, recolour or retitle a terminal."""
     s = str(text)
@@ -74,19 +78,19 @@ def quoted(value: object, limit: int = 200) -> str:
     return "'" + (text if len(text) <= limit else text[:limit - 3] + "...") + "'"
 
 
-def esc(value: object) -> str:
+def esc(value: Shown) -> str:
     """A value to put inside a Rich markup string: its `[` cannot open a tag, its control characters show."""
     from rich.markup import escape
 
     return escape(visible(value))
 
 
-def plain(value: object, style: str = "") -> Text:
+def plain(value: Shown, style: str = "") -> Text:
     """A value as Rich Text, never read as markup (a Text passes through as it is)."""
     return value if isinstance(value, Text) else Text(visible(value), style=style)
 
 
-def kv_table(rows: Iterable[tuple[str, object]], title: str | None = None) -> Table:
+def kv_table(rows: Iterable[tuple[str, Shown]], title: str | None = None) -> Table:
     """A two-column table; keys, values and title are plain text (give a Text for a styled value)."""
     table = Table(title=None if title is None else plain(title), show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold cyan", no_wrap=True)
