@@ -35,18 +35,17 @@ def wants_json(args: Iterable[str]) -> bool:
     return False
 
 
-def usage_error_doc(e) -> dict:
+def usage_error_doc(e: ClickException) -> dict:
     """A click usage error as infertool's JSON error document."""
-    message = e.format_message() if hasattr(e, "format_message") else str(e)
     hint = None
-    ctx = getattr(e, "ctx", None)
+    ctx = e.ctx if isinstance(e, _click_exceptions.UsageError) else None
     if ctx is not None:
         usage = " ".join(ctx.command.collect_usage_pieces(ctx))
         what = "commands" if hasattr(ctx.command, "commands") else "options"
         hint = f"usage: {ctx.command_path} {usage}; `{ctx.command_path} --help` lists the {what}"
     name = "UsageError" if isinstance(e, _click_exceptions.UsageError) else type(e).__name__
-    return {"ok": False, "error": name, "message": message, "hint": hint,
-            "exit_code": getattr(e, "exit_code", 2), "log_path": None}
+    return {"ok": False, "error": name, "message": e.format_message(), "hint": hint, "exit_code": e.exit_code,
+            "log_path": None}
 
 
 class RootGroup(TyperGroup):
@@ -78,7 +77,7 @@ class RootGroup(TyperGroup):
             self._report(e)
             raise
 
-    def _report(self, e) -> None:
+    def _report(self, e: ClickException) -> None:
         if self._json_errors and not isinstance(e, _click_exceptions.NoArgsIsHelpError):
             from infertool.output import print_json
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from infertool.errors import InfertoolError, Interrupted, UsageError
 
@@ -97,12 +97,11 @@ class InfertoolCommand(TyperCommand):
     def format_options(self, ctx, formatter) -> None:
         args, opts = [], []
         for param in self.get_params(ctx):
-            if param.param_type_name == "argument":
-                if getattr(param, "hidden", False):
-                    continue
-                name = _argument_usage(param)
-                extra = "" if not param.required else "  [required]"
-                args.append((name, (getattr(param, "help", None) or "") + extra))  # typer's arguments have help
+            if isinstance(param, TyperArgument):  # typer's arguments have help
+                if not param.hidden:
+                    args.append((_argument_usage(param), (param.help or "") + ("  [required]" if param.required else "")))
+            elif param.param_type_name == "argument":
+                args.append((_argument_usage(param), "  [required]" if param.required else ""))
             else:
                 rv = param.get_help_record(ctx)
                 if rv is not None:
