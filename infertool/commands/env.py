@@ -102,6 +102,7 @@ def env_doctor(
     from rich.table import Table
 
     from infertool.envs.manage import doctor
+    from infertool.envs.probe import Accelerator
     from infertool.envs.paths import envs_root
     from infertool.envs.state import list_envs
     from infertool.errors import EXIT_BACKEND, EnvNotReady
@@ -128,9 +129,7 @@ def env_doctor(
                 table.add_row(plain(c.check), "[green]ok[/]" if c.ok else "[red]FAIL[/]", plain(c.detail))
             out.print(table)
             if r.accelerator:
-                acc = r.accelerator
-                out.print(f"  accelerator: {'CUDA ' + ', '.join(acc.get('devices', [])) if acc.get('cuda') else 'none (CPU)'}"
-                          + (f"; torch {acc['torch']}" if acc.get("torch") else ""))
+                out.print(f"  accelerator: {Accelerator.from_dict(r.accelerator).line()}")
             if r.hint:
                 err.print(f"[yellow]hint:[/] {esc(r.hint)}", soft_wrap=True)
     if not all(r.healthy for r in reports):

@@ -197,15 +197,12 @@ def _versions_from_freeze(freeze: str, names: tuple[str, ...]) -> dict[str, str]
     wanted = {n.lower().replace("_", "-"): n for n in names}
     found: dict[str, str] = {}
     for line in freeze.splitlines():
-        if "==" in line:
-            dist, ver = line.split("==", 1)
-            key = dist.strip().lower().replace("_", "-")
-            if key in wanted:
-                found[wanted[key]] = ver.strip()
-        elif " @ " in line:
-            dist = line.split(" @ ", 1)[0].strip().lower().replace("_", "-")
-            if dist in wanted:
-                found[wanted[dist]] = "editable/url"
+        dist, pinned, ver = line.partition("==")
+        if not pinned:
+            dist, url, _ = line.partition(" @ ")
+            ver = "editable/url" if url else ""
+        if ver and (key := dist.strip().lower().replace("_", "-")) in wanted:
+            found[wanted[key]] = ver.strip()
     return found
 
 

@@ -42,6 +42,20 @@ class ModuleImport(Record):
 
 
 @dataclass
+class Accelerator(Record):
+    """The probe's accelerator block, as ``env doctor`` reads it (the marker keeps the block as the probe wrote it)."""
+
+    cuda: bool = False
+    torch: str | None = None
+    devices: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        """`CUDA NVIDIA H100; torch 2.5.1` / `none (CPU)`."""
+        torch = f"; torch {self.torch}" if self.torch else ""
+        return ("CUDA " + ", ".join(self.devices) if self.cuda else "none (CPU)") + torch
+
+
+@dataclass
 class EnvProbe(Record):
     """What the probe found in an environment (``probe_task``'s result, read by ``envs.manage``)."""
 
