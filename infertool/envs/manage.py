@@ -365,12 +365,13 @@ def default_jobs(n_envs: int) -> int:
 
 
 def setup_envs(
-    names: list[str], *, jobs: int | None = None, on_event: EventCallback | None = None, **kwargs
+    names: list[str], *, jobs: int | None = None, on_event: EventCallback | None = None,
+    requirements_file: str | Path | None = None, **kwargs
 ) -> list[tuple[str, tuple[EnvState, str] | InfertoolError]]:
     """Set up several environments, ``jobs`` at a time. Every one runs to its end even when another fails;
     the result per name is (state, action) or the error it ended with (that env stays not ready)."""
     for name in names:  # every name is checked before anything is built
-        get_spec(name, kwargs.get("requirements_file"))
+        get_spec(name, requirements_file)
     jobs = max(1, jobs or default_jobs(len(names)))
     lock = threading.Lock()
 
@@ -381,7 +382,7 @@ def setup_envs(
 
     def one(name: str) -> tuple[EnvState, str] | InfertoolError:
         try:
-            return setup_env(name, on_event=emit, **kwargs)
+            return setup_env(name, on_event=emit, requirements_file=requirements_file, **kwargs)
         except InfertoolError as e:
             if len(names) > 1:  # said at once, while the others go on (the command repeats it at the end)
                 emit({"event": "log", "level": "error", "message": f"{name}: {e.message}"})

@@ -162,7 +162,8 @@ class Recipe(BaseModel):
         for i, cand in enumerate(t.candidates):
             if cand == "none":
                 continue
-            merged = {**(base if cand.get("method", base.get("method")) == base.get("method") else {}), **cand}
+            method = base.get("method")
+            merged = {**(base if cand.get("method", method) == method else {}), **cand}
             merged.pop("output", None)
             try:
                 TypeAdapter(QuantizeSection).validate_python(merged)
