@@ -35,12 +35,13 @@ from infertool.envs.state import (
     EnvState,
     get_spec,
     known_env,
+    list_envs,
     infertool_source,
     read_marker,
     source_matches,
     state,
 )
-from infertool.errors import BackendError, InfertoolError, UsageError
+from infertool.errors import BackendError, EnvNotReady, InfertoolError, UsageError
 from infertool.perf.host import usable_cores
 
 SETUP_LOG = "setup.log"
@@ -403,6 +404,34 @@ def setup_envs(
         raise
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def setup_result(name: str, outcome: tuple[EnvState, str] | InfertoolError) -> dict:
+    """One environment's entry in `env setup --json`: its action and state, or the error it failed with."""
+    if isinstance(outcome, InfertoolError):
+        return {"name": name, "action": "failed", "error": outcome.to_dict()}
+    st, what = outcome
+    return {"name": name, "action": what, **st.to_dict()}
+
+
+def raise_failed(outcomes: list[tuple[str, tuple[EnvState, str] | InfertoolError]]) -> None:
+    """After ``setup_envs``: one failed environment's own error; several failed: one BackendError naming each."""
+    failed = [(name, o) for name, o in outcomes if isinstance(o, InfertoolError)]
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        raise BackendError("; ".join(f"{n}: {e.message}" for n, e in failed),
+                           hint="each failed environment's setup log is in its folder; the others are ready. "
+                           "`infertool env setup NAME` retries one")
+
+
+def existing_envs() -> list[str]:
+    """The environments set up here (`env doctor`'s default); none at all is an environment problem (exit 3)."""
+    names = [s.name for s in list_envs() if s.status != "missing"]
+    if not names:
+        raise EnvNotReady(f"no environment is set up yet (in {envs_root()})",
+                          hint="run `infertool env setup` (quant and serve)")
+    return names
 
 
 def _write_marker(d: Path, marker: EnvMarker) -> None:
