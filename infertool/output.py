@@ -156,24 +156,11 @@ class StageProgress:
 
     def _start(self) -> None:
         if self._progress is None:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                SpinnerColumn,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn)
 
-            self._progress = Progress(
-                SpinnerColumn(),
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err,
-                transient=False,
-            )
+            self._progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                                      MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=False)
             self._progress.start()
 
     def _plain(self, ev: WorkerEvent) -> None:
