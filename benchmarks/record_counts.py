@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import io
 import json
 import subprocess
@@ -36,6 +37,7 @@ import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BASE = "1ee76e7"
@@ -79,19 +81,20 @@ class Counts:
         return out
 
 
+def _load_type_counts() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("type_counts", ROOT / "scripts" / "type_counts.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_type_counts = _load_type_counts()
+
+
 def _names_object(ann: ast.expr) -> bool:
-    """Whether an annotation names ``object`` anywhere (string annotations parsed)."""
-    for node in ast.walk(ann):
-        if isinstance(node, ast.Name) and node.id == "object":
-            return True
-        if isinstance(node, ast.Constant) and isinstance(node.value, str):
-            try:
-                inner = ast.parse(node.value, mode="eval").body
-            except SyntaxError:
-                continue
-            if _names_object(inner):
-                return True
-    return False
+    """Whether an annotation names ``object`` anywhere (string annotations parsed): scripts/type_counts.py's test."""
+    return bool(_type_counts.names(ann, "object"))
 
 
 def _str_const(node: ast.expr | None) -> bool:

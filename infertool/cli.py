@@ -5,14 +5,84 @@ environments (see infertool/envs) or inside the core functions that need them.
 """
 
 
+from typing import TYPE_CHECKING, Iterable
+
 import typer
+from typer.core import TyperGroup
 
 from infertool import __version__
-from infertool.commands import RootGroup, register_all
+from infertool.commands import register_all
+
+try:  # typer >= 0.2x carries its own copy of click
+    from typer._click import exceptions as _click_exceptions
+except ImportError:  # pragma: no cover - older typer on the public click
+    from click import exceptions as _click_exceptions  # type: ignore[no-redef]  # the same module, older place
+
+ClickException = _click_exceptions.ClickException
 
 EXIT_CODES = ("Exit codes: 0 ok, 1 verdict failed (eval FAIL/INCONCLUSIVE, plan does not fit, tune found no "
               "winner), 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure, 130 interrupted. "
               "Docs: README.md")
+
+
+def wants_json(args: Iterable[str]) -> bool:
+    """Whether a command line asks for JSON (`--json` before any `--`)."""
+    for a in args:
+        if a == "--":
+            return False
+        if a == "--json":
+            return True
+    return False
+
+
+def usage_error_doc(e: ClickException) -> dict:
+    """A click usage error as infertool's JSON error document."""
+    hint = None
+    ctx = e.ctx if isinstance(e, _click_exceptions.UsageError) else None
+    if ctx is not None:
+        usage = " ".join(ctx.command.collect_usage_pieces(ctx))
+        what = "commands" if hasattr(ctx.command, "commands") else "options"
+        hint = f"usage: {ctx.command_path} {usage}; `{ctx.command_path} --help` lists the {what}"
+    name = "UsageError" if isinstance(e, _click_exceptions.UsageError) else type(e).__name__
+    return {"ok": False, "error": name, "message": e.format_message(), "hint": hint, "exit_code": e.exit_code,
+            "log_path": None}
+
+
+class RootGroup(TyperGroup):
+    """The `infertool` group: usage errors anywhere below it (a missing argument, an unknown option, a
+    bad value) are also printed as JSON on stdout when the command line has `--json`; the message for
+    people stays on stderr and the exit code stays 2."""
+
+    _json_errors = False
+    # `infertool --help` lists the commands in the workflow's order, groups among them
+    ORDER = ("validate", "recipes", "model", "profile", "plan", "quantize", "eval", "serve", "bench", "run", "tune",
+             "report", "compare", "env", "init", "publish", "verify")
+
+    def list_commands(self, ctx) -> list[str]:
+        names = super().list_commands(ctx)
+        return sorted(names, key=lambda n: (self.ORDER.index(n) if n in self.ORDER else len(self.ORDER), names.index(n)))
+
+    def make_context(self, info_name, args, parent=None, **extra):
+        self._json_errors = wants_json(args)
+        try:
+            return super().make_context(info_name, args, parent=parent, **extra)
+        except ClickException as e:
+            self._report(e)
+            raise
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except ClickException as e:
+            self._report(e)
+            raise
+
+    def _report(self, e: ClickException) -> None:
+        if self._json_errors and not isinstance(e, _click_exceptions.NoArgsIsHelpError):
+            from infertool.output import print_json
+
+            print_json(usage_error_doc(e))
+
 
 app = typer.Typer(
     name="infertool",
@@ -26,36 +96,37 @@ app = typer.Typer(
     epilog=EXIT_CODES,
 )
 
+if TYPE_CHECKING:
+    from infertool.envs.state import EnvState
+
 _VERSION, _JSON = "infertool.version", "infertool.version_json"
 
 
-def version_info() -> dict:
-    """infertool's version and each managed environment's key packages, from their markers (no subprocess)."""
-    import platform
+def _env_states() -> "list[EnvState]":
+    """Each managed environment from its marker (no subprocess), its key packages in the order its spec lists them."""
+    from dataclasses import replace
 
-    from infertool.envs.paths import envs_root
     from infertool.envs.specs import BUILTIN_ENVS
     from infertool.envs.state import list_envs
 
-    envs = {}
+    states = []
     for st in list_envs():
         spec = BUILTIN_ENVS.get(st.name)
         order = list(spec.report) if spec else []
         pkgs = sorted(st.packages.items(), key=lambda kv: (order.index(kv[0]) if kv[0] in order else len(order), kv[0]))
-        envs[st.name] = {"status": st.status, "variant": st.variant, "packages": dict(pkgs), "reason": st.reason}
-    return {"infertool": __version__, "python": platform.python_version(), "envs_home": str(envs_root()),
-            "envs": envs}
+        states.append(replace(st, packages=dict(pkgs)))
+    return states
 
 
-def _version_line(name: str, env: dict) -> str:
+def _version_line(st: "EnvState") -> str:
     """`quant: torch 2.14.1, transformers 5.24.0, gptqmodel 7.7.0 (cpu)`; `serve: not set up`."""
-    if env["status"] == "missing":
-        return f"{name}: not set up"
-    line = f"{name}: " + (", ".join(f"{k} {v}" for k, v in env["packages"].items()) or env["status"])
-    if env.get("variant"):
-        line += f" ({env['variant']})"
-    if env["status"] != "ready":
-        line += f"; {env['status']}" + (f": {env['reason']}" if env.get("reason") else "") + " (`infertool env setup`)"
+    if st.status == "missing":
+        return f"{st.name}: not set up"
+    line = f"{st.name}: " + (", ".join(f"{k} {v}" for k, v in st.packages.items()) or st.status)
+    if st.variant:
+        line += f" ({st.variant})"
+    if st.status != "ready":
+        line += f"; {st.status}" + (f": {st.reason}" if st.reason else "") + " (`infertool env setup`)"
     return line
 
 
@@ -65,15 +136,21 @@ def _after_eager(ctx: typer.Context) -> None:
     if ctx.resilient_parsing or _VERSION not in ctx.meta or _JSON not in ctx.meta:
         return
     if ctx.meta[_VERSION]:
-        info = version_info()
+        import platform
+
+        from infertool.envs.paths import envs_root
+
+        states = _env_states()
         if ctx.meta[_JSON]:
             from infertool.output import print_json
 
-            print_json(info)
+            print_json({"infertool": __version__, "python": platform.python_version(), "envs_home": str(envs_root()),
+                        "envs": {st.name: {"status": st.status, "variant": st.variant, "packages": st.packages,
+                                           "reason": st.reason} for st in states}})
         else:
-            lines = [f"infertool {info['infertool']}", f"python {info['python']}",
-                     f"environments ({info['envs_home']}):"]
-            lines += ["  " + _version_line(n, e) for n, e in info["envs"].items()]
+            lines = [f"infertool {__version__}", f"python {platform.python_version()}",
+                     f"environments ({envs_root()}):"]
+            lines += ["  " + _version_line(st) for st in states]
             typer.echo("\n".join(lines))
         raise typer.Exit(0)
     if ctx.meta[_JSON]:

@@ -10,7 +10,7 @@ Exit codes (documented in the README):
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 EXIT_OK = 0
 EXIT_VERDICT_FAILED = 1
@@ -77,6 +77,16 @@ class RecipeError(InfertoolError):
         return d
 
 
+class Interrupted(InfertoolError):
+    """Ctrl-C."""
+
+    exit_code = 130
+
+
+class InternalError(InfertoolError):
+    """A bug: an exception no InfertoolError stands for (its traceback is kept in a file, ``log_path``)."""
+
+
 class BackendError(InfertoolError):
     """A managed environment is missing or broken, or a backend worker failed."""
 
@@ -100,15 +110,3 @@ class TokenizerMismatch(RuntimeFailure):
     def __init__(self, what: str, hint: str | None = None, *, message: str | None = None):
         super().__init__(message or f"{what}: the two servers tokenized differently", hint)
         self.what = what
-
-
-@dataclass
-class WorkerFailure:
-    """The error event a worker sent, as received by the parent."""
-
-    error_type: str
-    message: str
-    hint: str | None = None
-    exit_code: int = EXIT_BACKEND
-    traceback: str | None = None
-    extra: dict = field(default_factory=dict)

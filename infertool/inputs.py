@@ -31,6 +31,7 @@ from typing import BinaryIO, NoReturn
 
 from infertool.atomic import file_kind
 from infertool.errors import UsageError
+from infertool.records import JSONValue
 
 MiB = 2**20
 MAX_JSON_DEPTH = 64  # no input file, nor a run directory's JSON (report.read_json_inside), nests deeper
@@ -162,7 +163,7 @@ def _finite(text: str) -> float:
     return value
 
 
-def depth(doc: object) -> int:
+def depth(doc: JSONValue) -> int:
     """How deep a JSON document nests (iterative: a crafted one cannot exhaust the stack here)."""
     deepest, todo = 0, [(doc, 1)]
     while todo:
@@ -174,7 +175,7 @@ def depth(doc: object) -> int:
     return deepest
 
 
-def parse_json(text: str) -> object:
+def parse_json(text: str) -> JSONValue:
     """One JSON document (a JSONL line): ValueError with the reason for what does not parse, nests deeper than
     MAX_JSON_DEPTH, or holds NaN / Infinity."""
     try:
@@ -189,19 +190,19 @@ def parse_json(text: str) -> object:
 
 
 def read_jsonl(path: str | Path, kind: Kind, what: str, max_rows: int = 1_000_000,
-               hint: str | None = None) -> list[tuple[int, object]]:
+               hint: str | None = None) -> list[tuple[int, JSONValue]]:
     """(line number, document) for each non-blank line of a JSONL ``kind`` file (``read_text``, ``parse_json``);
     the first line that is not JSON is refused with its number; more than ``max_rows`` lines are refused."""
     return parse_jsonl(read_text(path, kind, what), path, what, max_rows, hint)
 
 
 def parse_jsonl(text: str, path: str | Path, what: str, max_rows: int | None = 1_000_000,
-                hint: str | None = None, bad: dict[int, str] | None = None) -> list[tuple[int, object]]:
+                hint: str | None = None, bad: dict[int, str] | None = None) -> list[tuple[int, JSONValue]]:
     """``read_jsonl`` of text already read from ``path`` (``max_rows`` None: the text's own bound is the only one).
     Given ``bad``, a line that is not JSON is not refused: ``bad[n]`` says why (``line n: not valid JSON (...)``)
     and the reading goes on, for a caller that lists every bad line of a file in one error."""
     p = Path(path).expanduser()
-    rows: list[tuple[int, object]] = []
+    rows: list[tuple[int, JSONValue]] = []
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip():
             continue

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infertool.records import as_float
+from infertool.records import JSONValue, Record, as_float
 
 __all__ = ["METRICS", "MetricSpec", "ab_metrics", "compared", "metric", "objective", "objective_names"]
 
@@ -35,7 +35,7 @@ class MetricSpec:
     objective: str | None = None  # tune.objective's value that selects it (None: not selectable)
     objective_text: str | None = None  # the objective in words, as tune says it
 
-    def of(self, summary: object) -> float | None:
+    def of(self, summary: Record | JSONValue) -> float | None:
         """The figure in ``summary`` (a ``bench.results.Summary``, a record with the same attributes or their JSON
         data: tune's short summaries); None where it was not measured."""
         v: object = summary

@@ -13,7 +13,8 @@ from __future__ import annotations
 import os
 import sys
 import unicodedata
-from typing import TYPE_CHECKING, Callable, Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable, Iterable, TypeAlias
 
 from rich.console import Console
 from rich.table import Table
@@ -24,7 +25,8 @@ from infertool.atomic import dumps_json, jsonable
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from infertool.errors import InfertoolError
+    from infertool.errors import InfertoolError, InternalError
+    from infertool.worker import WorkerEvent
 
 
 # Human output: tables and results go to stdout unless --json is given, progress and logs to stderr.
@@ -41,6 +43,9 @@ out = Console(highlight=False, soft_wrap=False, width=_width(sys.stdout))
 err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
+# What a person is shown: text, a number, a path, an error, a list of names; rendered by str(), never as markup
+Shown: TypeAlias = "str | int | float | Path | BaseException | Text | list[str] | None"
+
 to_jsonable = jsonable  # the one JSON form of infertool.atomic (typed results, no NaN / Infinity)
 
 
@@ -50,7 +55,7 @@ def print_json(data: object) -> None:
     sys.stdout.flush()
 
 
-def visible(text: object) -> str:
+def visible(text: Shown) -> str:
     """``text`` with every control or format character (ESC, BEL, CR, bidi overrides...) but newline and tab
     shown as its escape (``\\x1b``), so that no value can move the cursor, recolour or retitle a terminal."""
     s = str(text)
@@ -73,19 +78,19 @@ def quoted(value: object, limit: int = 200) -> str:
     return "'" + (text if len(text) <= limit else text[:limit - 3] + "...") + "'"
 
 
-def esc(value: object) -> str:
+def esc(value: Shown) -> str:
     """A value to put inside a Rich markup string: its `[` cannot open a tag, its control characters show."""
     from rich.markup import escape
 
     return escape(visible(value))
 
 
-def plain(value: object, style: str = "") -> Text:
+def plain(value: Shown, style: str = "") -> Text:
     """A value as Rich Text, never read as markup (a Text passes through as it is)."""
     return value if isinstance(value, Text) else Text(visible(value), style=style)
 
 
-def kv_table(rows: Iterable[tuple[str, object]], title: str | None = None) -> Table:
+def kv_table(rows: Iterable[tuple[str, Shown]], title: str | None = None) -> Table:
     """A two-column table; keys, values and title are plain text (give a Text for a styled value)."""
     table = Table(title=None if title is None else plain(title), show_header=False, box=None, pad_edge=False)
     table.add_column(style="bold cyan", no_wrap=True)
@@ -95,12 +100,32 @@ def kv_table(rows: Iterable[tuple[str, object]], title: str | None = None) -> Ta
     return table
 
 
+def internal_error(e: Exception) -> InternalError:
+    """A bug as an error to render: its traceback saved to a file (the error's ``log_path``)."""
+    import tempfile
+    import traceback
+
+    from infertool.errors import InternalError
+
+    fd, path = tempfile.mkstemp(prefix="infertool-crash-", suffix=".txt")
+    with os.fdopen(fd, "w") as f:
+        traceback.print_exc(file=f)
+    return InternalError(f"{type(e).__name__}: {e}", "set INFERTOOL_DEBUG=1 to see the traceback", log_path=path)
+
+
 def render_error(error: InfertoolError, *, as_json: bool = False) -> None:
     """An InfertoolError for people (stderr) or, with --json, as JSON on stdout too."""
-    from infertool.errors import RecipeError
+    from infertool.errors import InternalError, Interrupted, RecipeError
 
     if as_json:
         print_json({"ok": False, **error.to_dict()})
+    if isinstance(error, Interrupted):
+        err.print("[yellow]interrupted[/]")
+        return
+    if isinstance(error, InternalError):
+        err.print(f"[bold red]internal error:[/] {esc(error.message)}", markup=True, highlight=False)
+        err.print(f"[dim]traceback saved to {esc(error.log_path)}; set INFERTOOL_DEBUG=1 to see it here[/]")
+        return
     err.print(f"[bold red]error:[/] {esc(error.message)}", markup=True, highlight=False, soft_wrap=True)
     if isinstance(error, RecipeError):
         for issue in error.issues:
@@ -110,7 +135,7 @@ def render_error(error: InfertoolError, *, as_json: bool = False) -> None:
             err.print(f"  • [bold]{esc(where)}[/]: {esc(issue.message)}", soft_wrap=True)
     if error.hint:
         err.print(f"[yellow]hint:[/] {esc(error.hint)}", soft_wrap=True)
-    if getattr(error, "log_path", None):
+    if error.log_path:
         err.print(f"[dim]full log: {esc(str(error.log_path))}[/]", soft_wrap=True)
 
 
@@ -131,38 +156,25 @@ class StageProgress:
 
     def _start(self) -> None:
         if self._progress is None:
-            from rich.progress import (
-                BarColumn,
-                MofNCompleteColumn,
-                Progress,
-                SpinnerColumn,
-                TextColumn,
-                TimeElapsedColumn,
-            )
+            from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn,
+                                       TimeElapsedColumn)
 
-            self._progress = Progress(
-                SpinnerColumn(),
-                TextColumn("[bold]{task.description}"),
-                BarColumn(),
-                MofNCompleteColumn(),
-                TimeElapsedColumn(),
-                console=err,
-                transient=False,
-            )
+            self._progress = Progress(SpinnerColumn(), TextColumn("[bold]{task.description}"), BarColumn(),
+                                      MofNCompleteColumn(), TimeElapsedColumn(), console=err, transient=False)
             self._progress.start()
 
-    def _plain(self, event: dict) -> None:
+    def _plain(self, ev: WorkerEvent) -> None:
         import time
 
-        kind = event.get("event")
-        if kind == "log":
-            err.print(visible(f"  {event.get('level', 'info')}: {event.get('message', '')}"), markup=False, highlight=False, soft_wrap=True)
+        if ev.event == "log":
+            err.print(visible(f"  {ev.level or 'info'}: {ev.message or ''}"), markup=False, highlight=False,
+                      soft_wrap=True)
             return
-        if kind != "progress":
+        if ev.event != "progress":
             return
-        key = event.get("task", "work")
-        desc = event.get("description") or key
-        done, total = event.get("completed", 0), event.get("total")
+        key = ev.task or "work"
+        desc = ev.description or key
+        done, total = ev.completed or 0, ev.total
         now = time.monotonic()
         last_desc, last_t = self._last.get(key, (None, 0.0))
         finished = total is not None and done >= total
@@ -176,26 +188,24 @@ class StageProgress:
             self._progress.stop()
 
     def on_event(self, event: dict) -> None:
+        from infertool.worker import WorkerEvent
+
+        ev = WorkerEvent.from_dict(event)
         if not err.is_terminal:
-            self._plain(event)  # CI logs and pipes: plain lines instead of a live bar
+            self._plain(ev)  # CI logs and pipes: plain lines instead of a live bar
             return
         self._start()
         progress = self._progress
         assert progress is not None  # _start made it
-        kind = event.get("event")
-        if kind == "progress":
-            key = event.get("task", "work")
-            desc = esc(event.get("description") or key)  # the bar's column reads it as markup
-            total = event.get("total")
+        if ev.event == "progress":
+            key = ev.task or "work"
+            desc = esc(ev.description or key)  # the bar's column reads it as markup
             if key not in self._tasks:
-                self._tasks[key] = progress.add_task(desc, total=total)
-            progress.update(
-                self._tasks[key], completed=event.get("completed", 0), total=total, description=desc
-            )
-        elif kind == "log":
-            level = event.get("level", "info")
-            style = {"warning": "yellow", "error": "red"}.get(level, "dim")
-            progress.console.print(plain(event.get("message", ""), style=style))
+                self._tasks[key] = progress.add_task(desc, total=ev.total)
+            progress.update(self._tasks[key], completed=ev.completed or 0, total=ev.total, description=desc)
+        elif ev.event == "log":
+            style = {"warning": "yellow", "error": "red"}.get(ev.level or "info", "dim")
+            progress.console.print(plain(ev.message or "", style=style))
 
 
 EventCallback = Callable[[dict], None]

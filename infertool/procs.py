@@ -66,7 +66,7 @@ def process_start_time(pid: int) -> int | None:
         return None
 
 
-def stop_group(pgid: int, grace_s: float = 10.0, *, poll: Callable[[], object] | None = None,
+def stop_group(pgid: int, grace_s: float = 10.0, *, poll: Callable[[], int | None] | None = None,
                signals: Sequence[int] = DEFAULT_SIGNALS, later_wait_s: float = 5.0) -> bool:
     """Signal a process group until none of it is left: each of ``signals`` in turn, waiting ``grace_s``
     after the first and ``later_wait_s`` after each later one. True when no member is left.

@@ -19,11 +19,12 @@ import dataclasses
 import math
 import types
 import typing
-from typing import Any, TypeVar
+from typing import Any, TypeAlias, TypeVar
 
-__all__ = ["Record", "Sparse", "as_float", "as_int", "as_str"]
+__all__ = ["JSONValue", "Record", "Sparse", "as_float", "as_int", "as_str"]
 
 R = TypeVar("R", bound="Record")
+JSONValue: TypeAlias = "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"  # a parsed document
 _NUMBER = (int, float)
 
 

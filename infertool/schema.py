@@ -167,4 +167,4 @@ Fraction = Annotated[float, NotBool, Field(ge=0, le=1)]
 Text = Annotated[str, Field(max_length=MAX_PATH), NoControl]
 Name = Annotated[str, Field(max_length=MAX_NAME), NoControl]
 ClassName = Annotated[str, AfterValidator(check_class_name)]
-Dtype = Literal["bfloat16", "float16", "float32", "auto"]
+Dtype = Annotated[Literal["bfloat16", "float16", "float32", "auto"], BeforeValidator(dtype_alias)]  # "bf16" too

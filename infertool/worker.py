@@ -55,10 +55,16 @@ def pause_point(task: str, completed: float, total: float | None, log) -> None:
 
 @dataclass
 class WorkerEvent(Record):
-    """One event line as the parent (``envs.runner``) reads it: its kind; a result's ``data``; an error's type,
-    message, hint and exit code (the other events' fields stay in ``extra``)."""
+    """One event as the parent reads it (``envs.runner``, ``output.StageProgress``): its kind; a progress event's
+    task, count and description; a log's level and message; a result's ``data``; an error's type, message, hint and
+    exit code (the other fields stay in ``extra``)."""
 
     event: str | None = None
+    task: str | None = None
+    completed: float | None = None
+    total: float | None = None
+    description: str | None = None
+    level: str | None = None
     data: dict[str, Any] | None = None  # Any: the task's result, JSON values
     error_type: str | None = None
     message: str | None = None

@@ -24,20 +24,25 @@ COLUMNS = ("any_ann", "bare_any", "uncommented", "get_lit", "or_get")
 ANY_COMMENT = "# Any:"
 
 
-def _names_any(node: ast.expr) -> bool:
+def names(node: ast.expr, ident: str) -> bool:
+    """Whether an annotation names ``ident`` anywhere (``x.ident`` too; string annotations parsed)."""
     for sub in ast.walk(node):
-        if isinstance(sub, ast.Name) and sub.id == "Any":
+        if isinstance(sub, ast.Name) and sub.id == ident:
             return True
-        if isinstance(sub, ast.Attribute) and sub.attr == "Any":
+        if isinstance(sub, ast.Attribute) and sub.attr == ident:
             return True
-        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and "Any" in sub.value:
+        if isinstance(sub, ast.Constant) and isinstance(sub.value, str) and ident in sub.value:
             try:
                 inner = ast.parse(sub.value, mode="eval").body
             except SyntaxError:
                 continue
-            if _names_any(inner):
+            if names(inner, ident):
                 return True
     return False
+
+
+def _names_any(node: ast.expr) -> bool:
+    return names(node, "Any")
 
 
 def _is_bare_any(node: ast.expr) -> bool:

@@ -9,20 +9,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
-from infertool.errors import EXIT_RUNTIME, InfertoolError, UsageError
+from infertool.errors import InfertoolError, Interrupted, UsageError
 
 if TYPE_CHECKING:
     from infertool.resolve import Resolution
-
-try:  # typer >= 0.2x carries its own copy of click
-    from typer._click import exceptions as _click_exceptions
-except ImportError:  # pragma: no cover - older typer on the public click
-    from click import exceptions as _click_exceptions  # type: ignore[no-redef]  # the same module, older place
-
-ClickException = _click_exceptions.ClickException
-ClickUsageError = _click_exceptions.UsageError
 
 # ------------------------------------------------------------------------------------ common options
 JSON_OPT = typer.Option("--json", help="Print the result as JSON on stdout (progress stays on stderr); errors too.")
@@ -30,15 +22,19 @@ SET_OPT = typer.Option("--set", metavar="KEY=VALUE",
                        help="Override a recipe field before validation, e.g. --set quantize.group_size=64 (repeatable).")
 
 
-def complete_recipe(incomplete: str) -> list[str]:
-    """Shell completion for RECIPE: built-in recipe names, then .yaml files under the typed folder."""
-    names: list[str] = []
+def complete_builtin(incomplete: str) -> list[str]:
+    """Shell completion for NAME: the built-in recipes' names."""
     try:
         from infertool.catalog import list_builtin
 
-        names = [r.name for r in list_builtin() if r.name.startswith(incomplete)]
+        return [r.name for r in list_builtin() if r.name.startswith(incomplete)]
     except Exception:  # completion must never fail loudly
-        pass
+        return []
+
+
+def complete_recipe(incomplete: str) -> list[str]:
+    """Shell completion for RECIPE: built-in recipe names, then .yaml files under the typed folder."""
+    names = complete_builtin(incomplete)
     folder, _, stem = incomplete.rpartition("/")
     base = Path(folder or ".")
     try:
@@ -101,12 +97,11 @@ class InfertoolCommand(TyperCommand):
     def format_options(self, ctx, formatter) -> None:
         args, opts = [], []
         for param in self.get_params(ctx):
-            if param.param_type_name == "argument":
-                if getattr(param, "hidden", False):
-                    continue
-                name = _argument_usage(param)
-                extra = "" if not param.required else "  [required]"
-                args.append((name, (getattr(param, "help", None) or "") + extra))  # typer's arguments have help
+            if isinstance(param, TyperArgument):  # typer's arguments have help
+                if not param.hidden:
+                    args.append((_argument_usage(param), (param.help or "") + ("  [required]" if param.required else "")))
+            elif param.param_type_name == "argument":
+                args.append((_argument_usage(param), "  [required]" if param.required else ""))
             else:
                 rv = param.get_help_record(ctx)
                 if rv is not None:
@@ -151,108 +146,30 @@ def _completion_item():
     return CompletionItem
 
 
-def wants_json(args: Iterable[str]) -> bool:
-    """Whether a command line asks for JSON (`--json` before any `--`)."""
-    for a in args:
-        if a == "--":
-            return False
-        if a == "--json":
-            return True
-    return False
-
-
-def usage_error_doc(e) -> dict:
-    """A click usage error as infertool's JSON error document."""
-    message = e.format_message() if hasattr(e, "format_message") else str(e)
-    hint = None
-    ctx = getattr(e, "ctx", None)
-    if ctx is not None:
-        usage = " ".join(ctx.command.collect_usage_pieces(ctx))
-        what = "commands" if hasattr(ctx.command, "commands") else "options"
-        hint = f"usage: {ctx.command_path} {usage}; `{ctx.command_path} --help` lists the {what}"
-    name = "UsageError" if isinstance(e, ClickUsageError) else type(e).__name__
-    return {"ok": False, "error": name, "message": message, "hint": hint,
-            "exit_code": getattr(e, "exit_code", 2), "log_path": None}
-
-
-class RootGroup(TyperGroup):
-    """The `infertool` group: usage errors anywhere below it (a missing argument, an unknown option, a
-    bad value) are also printed as JSON on stdout when the command line has `--json`; the message for
-    people stays on stderr and the exit code stays 2."""
-
-    _json_errors = False
-    # `infertool --help` lists the commands in the workflow's order, groups among them
-    ORDER = ("validate", "recipes", "model", "profile", "plan", "quantize", "eval", "serve", "bench", "run", "tune",
-             "report", "compare", "env")
-
-    def list_commands(self, ctx) -> list[str]:
-        names = super().list_commands(ctx)
-        return sorted(names, key=lambda n: (self.ORDER.index(n) if n in self.ORDER else len(self.ORDER), names.index(n)))
-
-    def make_context(self, info_name, args, parent=None, **extra):
-        self._json_errors = wants_json(args)
-        try:
-            return super().make_context(info_name, args, parent=parent, **extra)
-        except ClickException as e:
-            self._report(e)
-            raise
-
-    def invoke(self, ctx):
-        try:
-            return super().invoke(ctx)
-        except ClickException as e:
-            self._report(e)
-            raise
-
-    def _report(self, e) -> None:
-        if self._json_errors and not isinstance(e, _click_exceptions.NoArgsIsHelpError):
-            from infertool.output import print_json
-
-            print_json(usage_error_doc(e))
-
-
 # ------------------------------------------------------------------------------------ error handler
 def handle_errors(fn: Callable) -> Callable:
     """Every InfertoolError becomes a message, a hint and its exit code; never a traceback."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        as_json = bool(kwargs.get("as_json"))
         try:
             return fn(*args, **kwargs)
-        except InfertoolError as e:
-            from infertool.output import render_error
-
-            render_error(e, as_json=as_json)
-            raise typer.Exit(e.exit_code) from None
-        except KeyboardInterrupt:
-            from infertool.output import err, print_json
-
-            if as_json:
-                print_json({"ok": False, "error": "Interrupted", "message": "interrupted", "hint": None,
-                            "exit_code": 130, "log_path": None})
-            err.print("[yellow]interrupted[/]")
-            raise typer.Exit(130) from None
         except (typer.Exit, typer.Abort, SystemExit):
             raise
+        except InfertoolError as e:
+            error = e
+        except KeyboardInterrupt:
+            error = Interrupted("interrupted")
         except Exception as e:  # a bug: keep the traceback in a file, show one line
             if os.environ.get("INFERTOOL_DEBUG"):
                 raise
-            import tempfile
-            import traceback
+            from infertool.output import internal_error
 
-            from infertool.output import err, esc, print_json
+            error = internal_error(e)
+        from infertool.output import render_error
 
-            fd, path = tempfile.mkstemp(prefix="infertool-crash-", suffix=".txt")
-            with os.fdopen(fd, "w") as f:
-                traceback.print_exc(file=f)
-            if as_json:
-                print_json({"ok": False, "error": "InternalError", "message": f"{type(e).__name__}: {e}",
-                            "hint": "set INFERTOOL_DEBUG=1 to see the traceback", "exit_code": EXIT_RUNTIME,
-                            "log_path": path})
-            err.print(f"[bold red]internal error:[/] {esc(type(e).__name__)}: {esc(e)}", markup=True, highlight=False)
-            err.print(f"[dim]traceback saved to {esc(path)}; set INFERTOOL_DEBUG=1 to see it here[/]")
-            raise typer.Exit(EXIT_RUNTIME) from None
+        render_error(error, as_json=bool(kwargs.get("as_json")))
+        raise typer.Exit(error.exit_code) from None
 
     return wrapper
 
@@ -277,17 +194,25 @@ def usage_error(message: str, hint: str | None = None) -> InfertoolError:
     return UsageError(message, hint=hint)
 
 
+def output_path(path: str | Path, what: str | None = None, *, folder: bool = False,
+                create_parents: bool = False) -> None:
+    """``path`` checked as a file (``folder``: a folder) a command may write (``atomic.check_output_file`` /
+    ``check_output_dir``), else a UsageError naming ``what`` (the flag or argument): before any work, never an
+    internal error at the end."""
+    from infertool.atomic import OutputPathError, check_output_dir, check_output_file
+
+    try:
+        check_output_dir(path) if folder else check_output_file(path, create_parents=create_parents)
+    except OutputPathError as e:
+        raise UsageError(f"{what}: {e}" if what else str(e), hint=e.hint) from None
+
+
 def refuse_overwrite(paths: Iterable[str | Path | None], force: bool) -> None:
     """Before any work: an output that is already there is replaced only with --force, and only when it is a regular
-    file in a folder of the user's (``atomic.check_output_file``: never a device, fifo, link, directory or /proc)."""
-    from infertool.atomic import OutputPathError, check_output_file
-
+    file in a folder of the user's (``output_path``: never a device, fifo, link, directory or /proc)."""
     for p in paths:
-        try:
-            if p is not None:
-                check_output_file(p, create_parents=True)
-        except OutputPathError as e:
-            raise UsageError(str(e), hint=e.hint) from None
+        if p is not None:
+            output_path(p, create_parents=True)
     if force:
         return
     there = [str(p) for p in paths if p is not None and Path(p).exists()]
@@ -309,7 +234,6 @@ def examples(*lines: tuple[str, str] | str) -> str:
 
 
 __all__ = [
-    "ClickException", "ClickUsageError", "DefaultCommandGroup", "InfertoolCommand", "JSON_OPT", "RootGroup",
-    "SET_OPT", "complete_recipe", "dry_run_opt", "examples", "force_opt", "handle_errors", "out_opt",
-    "recipe_arg", "recipe_checks", "refuse_overwrite", "usage_error", "usage_error_doc", "wants_json",
+    "DefaultCommandGroup", "InfertoolCommand", "JSON_OPT", "SET_OPT", "complete_builtin", "complete_recipe", "dry_run_opt", "examples",
+    "force_opt", "handle_errors", "out_opt", "output_path", "recipe_arg", "recipe_checks", "refuse_overwrite", "usage_error",
 ]

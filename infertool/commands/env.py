@@ -30,8 +30,7 @@ def env_setup(
 
     Installs with uv when it is installed (pip otherwise, or with INFERTOOL_INSTALLER=pip), reading pip's
     package index configuration either way; downloads are shared through one cache in INFERTOOL_HOME."""
-    from infertool.envs.manage import setup_envs
-    from infertool.errors import BackendError
+    from infertool.envs.manage import raise_failed, setup_envs, setup_result
     from infertool.output import StageProgress, err, print_json
 
     names = list(dict.fromkeys(names or ["quant", "serve"]))
@@ -40,27 +39,14 @@ def env_setup(
     with StageProgress("setup") as progress:  # with --json too: the result on stdout, progress on stderr
         outcomes = setup_envs(names, jobs=jobs, force=force, variant=variant, requirements_file=requirements,
                               on_event=progress.on_event)
-    results, failed = [], []
+    if as_json:
+        print_json([setup_result(name, outcome) for name, outcome in outcomes])
     for name, outcome in outcomes:
-        if isinstance(outcome, Exception):
-            failed.append((name, outcome))
-            results.append({"name": name, "action": "failed", "error": outcome.to_dict()})
-            continue
-        st, what = outcome
-        results.append({"name": name, "action": what, **st.to_dict()})
-        if not as_json:
+        if not as_json and not isinstance(outcome, Exception):
+            st, what = outcome
             versions = ", ".join(f"{k} {v}" for k, v in st.packages.items())
             err.print(f"[green]✓[/] {name}: {what} ({st.variant}) {versions}")
-    if as_json:
-        print_json(results)
-    if len(failed) == 1:
-        raise failed[0][1]
-    if failed:
-        raise BackendError(
-            "; ".join(f"{n}: {e.message}" for n, e in failed),
-            hint="each failed environment's setup log is in its folder; the others are ready. "
-            "`infertool env setup NAME` retries one",
-        )
+    raise_failed(outcomes)
 
 
 @env_app.command("list", cls=InfertoolCommand)
@@ -101,19 +87,13 @@ def env_doctor(
     """Check environments: imports, versions, drift since setup, broken requirements."""
     from rich.table import Table
 
-    from infertool.envs.manage import doctor
-    from infertool.envs.paths import envs_root
-    from infertool.envs.state import list_envs
-    from infertool.errors import EXIT_BACKEND, EnvNotReady
+    from infertool.envs.manage import doctor, existing_envs
+    from infertool.envs.probe import Accelerator
+    from infertool.errors import EXIT_BACKEND
     from infertool.output import err, esc, out, plain, print_json
 
-    if not names:
-        names = [s.name for s in list_envs() if s.status != "missing"]
-        if not names:  # an environment problem (exit 3), not a usage one
-            raise EnvNotReady(f"no environment is set up yet (in {envs_root()})",
-                              hint="run `infertool env setup` (quant and serve)")
     reports = []
-    for name in names:
+    for name in names or existing_envs():
         with err.status(f"checking {name} ..."):
             reports.append(doctor(name))
     if as_json:
@@ -128,9 +108,7 @@ def env_doctor(
                 table.add_row(plain(c.check), "[green]ok[/]" if c.ok else "[red]FAIL[/]", plain(c.detail))
             out.print(table)
             if r.accelerator:
-                acc = r.accelerator
-                out.print(f"  accelerator: {'CUDA ' + ', '.join(acc.get('devices', [])) if acc.get('cuda') else 'none (CPU)'}"
-                          + (f"; torch {acc['torch']}" if acc.get("torch") else ""))
+                out.print(f"  accelerator: {Accelerator.from_dict(r.accelerator).line()}")
             if r.hint:
                 err.print(f"[yellow]hint:[/] {esc(r.hint)}", soft_wrap=True)
     if not all(r.healthy for r in reports):

@@ -40,12 +40,12 @@ def init(
     even at the smallest choices (it says what would), 2 for bad input."""
     import sys
 
-    from infertool.commands.recipes import output_file
+    from infertool.commands._common import output_path
     from infertool.init import InitOptions, init_recipe, parse_slo
     from infertool.output import StageProgress, print_json
 
     if out is not None and out != "-":
-        output_file(out, "--out")
+        output_path(out, "--out")
     options = InitOptions(method=method, slo=parse_slo(slo) if slo is not None else None, traffic=traffic,
                           sets=list(sets or []))
     with StageProgress("model import") as progress:  # with --json too: the result on stdout, progress on stderr

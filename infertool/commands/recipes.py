@@ -7,7 +7,8 @@ from typing import TYPE_CHECKING, Annotated, List, Optional
 import typer
 
 from infertool.commands._common import (
-    JSON_OPT, SET_OPT, InfertoolCommand, force_opt, handle_errors, recipe_arg, recipe_checks,
+    JSON_OPT, SET_OPT, InfertoolCommand, complete_builtin, force_opt, handle_errors, output_path, recipe_arg,
+    recipe_checks,
 )
 
 if TYPE_CHECKING:
@@ -91,14 +92,8 @@ def recipes_list(as_json: Annotated[bool, JSON_OPT] = False) -> None:
     out.print(table)
 
 
-def _complete_name(incomplete: str) -> list[str]:
-    from infertool.catalog import list_builtin
-
-    return [r.name for r in list_builtin() if r.name.startswith(incomplete)]
-
-
 NAME_ARG = typer.Argument(metavar="NAME", help="A built-in recipe's name (`infertool recipes list`).",
-                          autocompletion=_complete_name)
+                          autocompletion=complete_builtin)
 
 
 @recipes_app.command("show", cls=InfertoolCommand)
@@ -115,29 +110,6 @@ def recipes_show(name: Annotated[str, NAME_ARG], as_json: Annotated[bool, JSON_O
         print_json({"name": recipe.name, "path": str(recipe.path), "description": recipe.description, "yaml": text})
         return
     sys.stdout.write(text)
-
-
-def output_file(path: str, what: str, *, create_parents: bool = False) -> None:
-    """``path`` checked as a file a command may write (``atomic.check_output_file``), else a UsageError naming
-    ``what`` (the flag or argument): before any work, never an internal error at the end."""
-    from infertool.atomic import OutputPathError, check_output_file
-    from infertool.errors import UsageError
-
-    try:
-        check_output_file(path, create_parents=create_parents)
-    except OutputPathError as e:
-        raise UsageError(f"{what}: {e}", hint=e.hint) from None
-
-
-def output_dir(path: str, what: str) -> None:
-    """``path`` checked as a folder a command writes into (``atomic.check_output_dir``), else a UsageError."""
-    from infertool.atomic import OutputPathError, check_output_dir
-    from infertool.errors import UsageError
-
-    try:
-        check_output_dir(path)
-    except OutputPathError as e:
-        raise UsageError(f"{what}: {e}", hint=e.hint) from None
 
 
 @recipes_app.command("copy", cls=InfertoolCommand)
@@ -163,7 +135,7 @@ def recipes_copy(
                          hint=f"`infertool recipes show {recipe.name}` prints it; a file named '-' is ./-")
     folder = dest.endswith(tuple(s for s in (os.sep, os.altsep) if s))  # created when missing
     into = folder or Path(dest).expanduser().is_dir()
-    output_file(str(Path(dest).expanduser() / f"{recipe.name}.yaml") if dest.strip() and into else dest, "DEST",
+    output_path(str(Path(dest).expanduser() / f"{recipe.name}.yaml") if dest.strip() and into else dest, "DEST",
                 create_parents=folder)
     path = copy_builtin(name, dest, force=force)
     if as_json:

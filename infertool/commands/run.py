@@ -63,9 +63,9 @@ def run(
         raise usage_error("--stages is empty", hint="e.g. --stages model,quantize,eval")
     again = _split(rerun) + _split(force_stages)
     if out is not None:
-        from infertool.commands.recipes import output_dir
+        from infertool.commands._common import output_path
 
-        output_dir(out, "--out")  # a folder of the user's: not a file, a fifo or /proc, before any stage
+        output_path(out, "--out", folder=True)  # a folder of the user's: not a file, a fifo or /proc, before any stage
     if dry_run:
         from infertool.commands._common import recipe_checks
         from infertool.resolve import resolve

@@ -69,13 +69,14 @@ def read_texts(source: str, text_field: str = "text", base_dir: Path | None = No
     for n, obj in rows:
         if stop is not None and n > stop:
             break
-        if not isinstance(obj, dict) or not isinstance(obj.get(text_field), str):
+        value = obj.get(text_field) if isinstance(obj, dict) else None
+        if not isinstance(value, str):
             raise UsageError(
                 f"{path}, line {n}: expected an object with a string field {text_field!r}",
                 hint="set quantize.calibration.text_field to the field that holds the text",
             )
-        if obj[text_field].strip():
-            docs.append(obj[text_field])
+        if value.strip():
+            docs.append(value)
     if stop is not None:
         raise UsageError(f"{path}, {bad[stop]}", hint=_HINT)
     if not docs:

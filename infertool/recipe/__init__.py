@@ -13,37 +13,29 @@ This package imports only pydantic and PyYAML: importing it must stay cheap.
 """
 
 from infertool.backends.bnb import BNBConfig
-from infertool.backends.methods import AWQConfig, CalibrationSpec, GPTQConfig
-from infertool.recipe.bench import (
-    BenchSection, BurstSpec, ClassesSpec, MultiTurnSpec, PerClassSpec, PromptSpec, RateSweepSpec, RepeatSpec,
-    SharedPrefixSpec, SLOSpec, bench_request_tokens,
-)
+from infertool.backends.methods import AWQConfig, GPTQConfig
+from infertool.recipe.bench import BenchSection, PerClassSpec, PromptSpec, RateSweepSpec, RepeatSpec, SLOSpec
 from infertool.recipe.issues import MAX_LISTED_ISSUES
 from infertool.recipe.load import (
     MAX_RECIPE_BYTES, load_recipe, load_recipe_data, recipe_to_dict, validate_recipe_data,
 )
 from infertool.recipe.parse import Override, apply_overrides, parse_overrides
-from infertool.recipe.root import EvidenceSpec, Recipe, RunSection, VerifyAccept, VerifySection
+from infertool.recipe.root import EvidenceSpec, Recipe, VerifyAccept, VerifySection
 from infertool.recipe.sections import (
-    BUNDLED_MODELS, QUANTIZE_METHODS, AcceptSpec, BaseServeSpec, CustomGPU, DecodeSpec, EvalSection, LmEvalSpec,
-    ModelSection, ProfileSection, QuantizeSection, TargetSection,
+    QUANTIZE_METHODS, AcceptSpec, DecodeSpec, EvalSection, LmEvalSpec, ProfileSection, QuantizeSection, TargetSection,
 )
-from infertool.recipe.serve import SERVE_MODEL_KEYWORDS, CPUSpec, ServeSection, SpeculativeSpec
+from infertool.recipe.serve import ServeSection, SpeculativeSpec
 from infertool.recipe.tune import (
-    MAX_TUNE_CLASSES, TUNE_OBJECTIVES, ServeGrid, TuneAccuracy, TuneClass, TuneLoadSearch, TuneMachine, TuneRay,
-    TuneRouting, TuneSection, ray_accelerator_type,
+    MAX_TUNE_CLASSES, ServeGrid, TuneLoadSearch, TuneMachine, TuneRouting, TuneSection, ray_accelerator_type,
 )
 from infertool.schema import MAX_REQUESTS
 
 __all__ = [
-    "BUNDLED_MODELS", "MAX_LISTED_ISSUES", "MAX_RECIPE_BYTES", "MAX_REQUESTS", "MAX_TUNE_CLASSES", "QUANTIZE_METHODS",
-    "SERVE_MODEL_KEYWORDS", "TUNE_OBJECTIVES",
-    "AWQConfig", "AcceptSpec", "BNBConfig", "BaseServeSpec", "BenchSection", "BurstSpec", "CPUSpec", "CalibrationSpec",
-    "ClassesSpec", "CustomGPU", "DecodeSpec", "EvalSection", "EvidenceSpec", "GPTQConfig", "LmEvalSpec",
-    "ModelSection", "MultiTurnSpec", "Override", "PerClassSpec", "ProfileSection", "PromptSpec", "QuantizeSection",
-    "RateSweepSpec", "Recipe", "RepeatSpec", "RunSection", "SLOSpec", "ServeGrid", "ServeSection", "SharedPrefixSpec",
-    "SpeculativeSpec", "TargetSection", "TuneAccuracy", "TuneClass", "TuneLoadSearch", "TuneMachine", "TuneRay",
-    "TuneRouting", "TuneSection", "VerifyAccept", "VerifySection",
-    "apply_overrides", "bench_request_tokens", "load_recipe", "load_recipe_data", "parse_overrides",
-    "ray_accelerator_type", "recipe_to_dict", "validate_recipe_data",
+    "MAX_LISTED_ISSUES", "MAX_RECIPE_BYTES", "MAX_REQUESTS", "MAX_TUNE_CLASSES", "QUANTIZE_METHODS",
+    "AWQConfig", "AcceptSpec", "BNBConfig", "BenchSection", "DecodeSpec", "EvalSection", "EvidenceSpec", "GPTQConfig",
+    "LmEvalSpec", "Override", "PerClassSpec", "ProfileSection", "PromptSpec", "QuantizeSection", "RateSweepSpec",
+    "Recipe", "RepeatSpec", "SLOSpec", "ServeGrid", "ServeSection", "SpeculativeSpec", "TargetSection",
+    "TuneLoadSearch", "TuneMachine", "TuneRouting", "TuneSection", "VerifyAccept", "VerifySection",
+    "apply_overrides", "load_recipe", "load_recipe_data", "parse_overrides", "ray_accelerator_type", "recipe_to_dict",
+    "validate_recipe_data",
 ]

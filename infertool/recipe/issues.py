@@ -16,7 +16,7 @@ from pydantic.fields import FieldInfo
 from infertool import backends
 from infertool.errors import RecipeIssue
 from infertool.recipe.parse import short_repr, type_name
-from infertool.recipe.root import Recipe
+from infertool.recipe.root import PydanticError, Recipe
 
 MAX_LISTED_ISSUES = 50  # errors listed one per line; the rest are counted
 
@@ -213,37 +213,30 @@ def issues_from(
     issues: list[RecipeIssue] = []
     unknown: dict[int, tuple[str, type[BaseModel]]] = {}  # id(issue) -> (the unknown key, its model)
     indexes: dict[int, _KeyIndex] = {}
-    for error in exc.errors(include_url=False):
-        info = _analyse_loc(error["loc"])
+    for error in map(PydanticError.of, exc.errors(include_url=False)):
+        info = _analyse_loc(error.loc)
         parts = list(info.parts)
-        kind = error["type"]
-        ctx = error.get("ctx") or {}
-        message = str(error["msg"])
-        for prefix in ("Value error, ", "Assertion failed, "):
-            message = message.removeprefix(prefix)
-
+        kind, message = error.kind, error.message
+        refined = error.refined()
         if kind == "extra_forbidden":
             key = str(parts[-1][1]) if parts else "?"
             message = f"unknown field {short_repr(key)}"
         elif kind == "missing":
             key = str(parts[-1][1]) if parts else "?"
             message = f"missing required field {key!r}"
-        elif kind == "quantize_method" and isinstance(error.get("input"), dict):
-            tag_field, message = backends.registry.method_error(error["input"])
-            parts.append(("key", tag_field))
-        elif kind == "recipe_field":
-            parts.extend(("key", k) for k in str(ctx["field"]).split("."))
-            message = str(ctx.get("message", message))
+        elif refined is not None:
+            under, message = refined
+            parts.extend(("key", k) for k in under)
         elif kind in ("model_type", "model_attributes_type", "dict_type", "quantize_method"):
-            message = f"expected a mapping (key: value pairs), got a {type_name(error['input'])}"
-        elif kind == "string_type" and isinstance(error.get("input"), _YAML_SCALARS):
-            value = error["input"]
+            message = f"expected a mapping (key: value pairs), got a {type_name(error.input)}"
+        elif kind == "string_type" and isinstance(error.input, _YAML_SCALARS):
+            value = error.input
             message = (
                 f"{message} (got {value}, which YAML reads as a {type_name(value)}; "
                 "put it in quotes)"
             )
         elif kind not in ("value_error", "bool_number"):
-            value = error.get("input")
+            value = error.input
             if value is None or isinstance(value, str | int | float | bool):
                 message = f"{message} (got {short_repr(value)})"
 

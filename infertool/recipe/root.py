@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_validator, model_validator
+from pydantic_core import ErrorDetails
 
 from infertool import backends
 from infertool.recipe.bench import BenchSection, bench_request_tokens
@@ -90,6 +92,35 @@ class RunSection(BaseModel):
     out_dir: Annotated[str, Field(min_length=1, max_length=MAX_PATH), NoControl] = "runs"
 
 
+
+@dataclass(frozen=True)
+class PydanticError:
+    """One of pydantic's error details, read once (the recipe's messages and the tune candidates' read it)."""
+
+    kind: str
+    loc: tuple[int | str, ...]
+    message: str  # without pydantic's "Value error, " / "Assertion failed, "
+    input: Any  # Any: the value pydantic refused, as the YAML held it
+    ctx: dict[str, Any]  # Any: the context a validator raised with (recipe_field: field, message)
+
+    @classmethod
+    def of(cls, e: ErrorDetails) -> PydanticError:
+        message = str(e["msg"])
+        for prefix in ("Value error, ", "Assertion failed, "):
+            message = message.removeprefix(prefix)
+        return cls(e["type"], tuple(e["loc"]), message, e.get("input"), dict(e.get("ctx") or {}))
+
+    def refined(self) -> tuple[list[str], str] | None:
+        """A quantize section no backend took, or a validator's ``recipe_field`` error: the field path under the
+        error's location that they name, and their message; None for any other error."""
+        if self.kind == "quantize_method" and isinstance(self.input, dict):
+            field, msg = backends.registry.method_error(self.input)
+            return ([] if field is None else [field]), msg
+        if self.kind == "recipe_field":
+            return str(self.ctx.get("field")).split("."), str(self.ctx.get("message", self.message))
+        return None
+
+
 class Recipe(BaseModel):
     """One recipe; each command reads the sections it needs."""
 
@@ -131,21 +162,16 @@ class Recipe(BaseModel):
         for i, cand in enumerate(t.candidates):
             if cand == "none":
                 continue
-            merged = {**(base if cand.get("method", base.get("method")) == base.get("method") else {}), **cand}
+            method = base.get("method")
+            merged = {**(base if cand.get("method", method) == method else {}), **cand}
             merged.pop("output", None)
             try:
                 TypeAdapter(QuantizeSection).validate_python(merged)
             except ValidationError as exc:
-                err = exc.errors(include_url=False)[0]
-                loc = [str(p) for p in err["loc"] if str(p) not in backends.registry.section_tags()]
-                msg = err["msg"].removeprefix("Value error, ")
-                if err["type"] == "quantize_method" and isinstance(err.get("input"), dict):
-                    field, msg = backends.registry.method_error(err["input"])
-                    if field is not None:
-                        loc.append(field)
-                elif err["type"] == "recipe_field":
-                    loc.append(str((err.get("ctx") or {}).get("field")))
-                    msg = str((err.get("ctx") or {}).get("message", msg))
+                err = PydanticError.of(exc.errors(include_url=False)[0])
+                loc = [str(p) for p in err.loc if str(p) not in backends.registry.section_tags()]
+                under, msg = err.refined() or ([], err.message)
+                loc += under
                 raise field_error(f"tune.candidates[{i}]" + ("." + ".".join(loc) if loc else ""), msg) from None
         if (t.slo or (self.bench.slo if self.bench else None)) is None:
             raise field_error("tune.slo", "tune needs an SLO to meet: tune.slo or bench.slo (ttft_ms, tpot_ms, e2e_ms)")

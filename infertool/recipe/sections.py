@@ -10,7 +10,7 @@ from pydantic import BaseModel, Discriminator, Field, Tag, field_validator, mode
 from infertool import backends
 from infertool.schema import (
     MAX_LIST, MAX_PARALLEL, MAX_REQUESTS, MAX_TOKENS, STRICT, Dtype, Fraction, NoControl, NotBool, Requests, Seconds,
-    Seqs, Share, Text, Tokens, YAMLValue, dtype_alias, field_error,
+    Seqs, Share, Text, Tokens, YAMLValue, field_error,
 )
 
 BUNDLED_MODELS: dict[str, str] = {
@@ -38,11 +38,6 @@ class ModelSection(BaseModel):
     dtype: Dtype = "bfloat16"
     layers: Annotated[int, NotBool, Field(ge=1, le=10_000)] | None = None
     trust_remote_code: bool = False
-
-    @field_validator("dtype", mode="before")
-    @classmethod
-    def _normalise_dtype(cls, value: YAMLValue) -> YAMLValue:
-        return dtype_alias(value)
 
     @field_validator("source")
     @classmethod

@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field, field_validator, model_validator
 from infertool.recipe.parse import short_repr
 from infertool.schema import (
     MAX_KV_GIB, MAX_PARALLEL, MAX_TOKENS, STRICT, Dtype, Name, NoControl, NotBool, Seconds, Seqs, Share, Text, Tokens,
-    YAMLValue, dtype_alias, field_error, scalar_to_str,
+    YAMLValue, field_error, scalar_to_str,
 )
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -123,11 +123,6 @@ class ServeSection(BaseModel):
     # PYTHONPATH, ...: infertool.trust.CODE_FLAGS / CODE_ENV) are refused in extra_args and env unless named here
     allow_code: Annotated[list[Annotated[str, Field(min_length=1, max_length=100), NoControl]], Field(max_length=64)] = []
     startup_timeout_s: Seconds = 600
-
-    @field_validator("dtype", mode="before")
-    @classmethod
-    def _normalise_dtype(cls, value: YAMLValue) -> YAMLValue:
-        return dtype_alias(value)
 
     @field_validator("extra_args", mode="before")
     @classmethod

@@ -23,13 +23,11 @@ The package: ``refs`` (ModelRef, Target, Overrides, ``target_for``), ``resolutio
 """
 
 from infertool.resolve.core import resolve, with_candidate
-from infertool.resolve.refs import (OUTPUT_ROOT, QUANTIZE_MANIFEST, SLOW_HALF_EVIDENCE, ModelRef, Overrides, Target,
-                                    candidate_manifest, cpu_serve_dtype, default_output, host_cannot_run, host_gpu,
-                                    target_for)
-from infertool.resolve.resolution import Resolution, input_fingerprints
+from infertool.resolve.refs import (QUANTIZE_MANIFEST, SLOW_HALF_EVIDENCE, ModelRef, Overrides, Target,
+                                    candidate_manifest, cpu_serve_dtype, default_output, host_cannot_run, target_for)
+from infertool.resolve.resolution import Resolution
 
 __all__ = [
-    "OUTPUT_ROOT", "QUANTIZE_MANIFEST", "SLOW_HALF_EVIDENCE", "ModelRef", "Overrides", "Resolution", "Target",
-    "candidate_manifest", "cpu_serve_dtype", "default_output", "host_cannot_run", "host_gpu", "input_fingerprints",
-    "resolve", "target_for", "with_candidate",
+    "QUANTIZE_MANIFEST", "SLOW_HALF_EVIDENCE", "ModelRef", "Overrides", "Resolution", "Target", "candidate_manifest",
+    "cpu_serve_dtype", "default_output", "host_cannot_run", "resolve", "target_for", "with_candidate",
 ]

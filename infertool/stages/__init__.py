@@ -16,9 +16,9 @@ subclass (``infertool.summaries``), a module-level ``Stage(...)`` with its decla
 
 from __future__ import annotations
 
-from infertool.stages.base import HOST_FACTS, KEY_VERSION, Stage, StageContext, StageOutput, stage_key
-from infertool.stages.cache import CachedStage, cached_stage
+from infertool.stages.base import HOST_FACTS, Stage, StageContext, StageOutput, stage_key
+from infertool.stages.cache import cached_stage
 from infertool.stages.registry import REGISTRY, check_recipe, get, keys, names, select
 
-__all__ = ["HOST_FACTS", "KEY_VERSION", "REGISTRY", "CachedStage", "Stage", "StageContext", "StageOutput",
-           "cached_stage", "check_recipe", "get", "keys", "names", "select", "stage_key"]
+__all__ = ["HOST_FACTS", "REGISTRY", "Stage", "StageContext", "StageOutput", "cached_stage", "check_recipe", "get",
+           "keys", "names", "select", "stage_key"]

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Any, Callable
 from infertool.summaries import StageSummary
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from infertool.recipe import Recipe
     from infertool.resolve import Resolution
     from infertool.serve.pool import ServerPool
@@ -44,7 +46,7 @@ class StageContext:
     upstream: dict[str, StageOutput] = field(default_factory=dict)
     on_event: EventCallback | None = None
     servers: ServerPool | None = None  # the run's pool; None: the stage launches and stops its own
-    options: object | None = None  # an instance of its Stage.options dataclass (read with isinstance)
+    options: DataclassInstance | None = None  # an instance of its Stage.options dataclass (read with isinstance)
     job: Any = None  # Any: tune's TrialJob (tune sits above stages: no import of it here)
     res: Resolution | None = None  # the graph's one resolution (`run`'s); None: the stage resolves its recipe
 
@@ -142,12 +144,12 @@ class Stage:
         return self.view(recipe, job) if self.view is not None else recipe
 
     def key(self, recipe_dict: dict, upstream_keys: dict[str, str], inputs: dict, host: dict, *,
-            parts: dict | None = None, options: object | None = None) -> str:
+            parts: dict | None = None, options: DataclassInstance | None = None) -> str:
         """Its cache key: a hash of its declarations' values (see ``stage_key``)."""
         return stage_key(self, recipe_dict, upstream_keys, inputs, host, parts=parts, options=options)
 
 
-def _options_part(stage: Stage, options: object | None) -> dict | None:
+def _options_part(stage: Stage, options: DataclassInstance | None) -> dict | None:
     """The options that differ from the stage's defaults (None: all default, the key is the plain one)."""
     if options is None or stage.options is None or not is_dataclass(options) or isinstance(options, type):
         return None
@@ -157,7 +159,7 @@ def _options_part(stage: Stage, options: object | None) -> dict | None:
 
 
 def stage_key(stage: Stage, recipe_dict: dict, upstream_keys: dict[str, str], inputs: dict, host: dict, *,
-              parts: dict | None = None, options: object | None = None) -> str:
+              parts: dict | None = None, options: DataclassInstance | None = None) -> str:
     """THE key of a stage's output, from its declarations: the recipe sections it reads, its inputs by content,
     the host facts (when it declares them), its upstream stages' keys, its format version, its non-default
     options and the explicit ``parts`` its graph adds. The same stage with the same values gets the same key in

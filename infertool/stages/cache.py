@@ -17,10 +17,12 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeAlias
 
 from infertool.atomic import move_into_place, remove_inside, write_json
-from infertool.records import Record
+from infertool.records import JSONValue, Record
+
+CachedSummary: TypeAlias = "Record | JSONValue"  # what a stage returns: its summary record, or plain JSON data
 
 
 @dataclass
@@ -67,11 +69,11 @@ def sweep_stale(cache: Path, prefix: str) -> None:
             remove_inside(p, cache, ignore_errors=True)
 
 
-def _typed(summary: object, summary_type: type[Record] | None) -> object:
+def _typed(summary: CachedSummary, summary_type: type[Record] | None) -> CachedSummary:
     return summary_type.from_dict(summary) if summary_type is not None else summary
 
 
-def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], object], *, force: bool = False,
+def cached_stage(cache: Path, name: str, key: str, fn: Callable[[Path], CachedSummary], *, force: bool = False,
                  on_start: Callable[[], None] | None = None, summary_type: type[Record] | None = None) -> CachedStage:
     """Run ``fn(work_dir) -> summary`` once per key: a completed entry ``<cache>/<name>-<key>/`` is reused; a
     new one is written in a temporary directory and renamed when complete, so an interruption or a failure

@@ -15,6 +15,8 @@ from infertool.registry import Registry, RegistryError
 from infertool.stages.base import Stage
 
 if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
     from infertool.recipe import Recipe
 
 
@@ -76,7 +78,7 @@ def select(recipe: Recipe, wanted: list[str] | None = None, graph: str = "run", 
 
 
 def keys(recipe: Recipe, stages: list[Stage], inputs: dict, host: dict, *, job: Any = None,  # Any: tune's TrialJob
-         options: Mapping[str, object] | None = None, parts: dict[str, dict] | None = None) -> dict[str, str]:
+         options: Mapping[str, DataclassInstance] | None = None, parts: dict[str, dict] | None = None) -> dict[str, str]:
     """Each stage's key (``stage_key``), upstream first: ``stages`` in graph order, as ``select`` gives them."""
     from infertool.recipe import recipe_to_dict
 
