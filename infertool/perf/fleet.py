@@ -12,11 +12,12 @@ Cost: replicas x GPUs per replica x $ per GPU-hour; a month is 730 hours. Pure a
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterable, Protocol, TypeVar
 
 from infertool.errors import UsageError
 from infertool.perf.hardware import GPU, find_gpu
+from infertool.records import Record, Sparse
 
 T = TypeVar("T")  # a tune trial (a record, or its data)
 
@@ -28,8 +29,8 @@ MAX_PRICE = 10_000.0  # $ per GPU-hour
 DEFAULT_HEADROOM = 0.8
 
 
-@dataclass(frozen=True)
-class Fleet:
+@dataclass
+class Fleet(Record):
     """The replicas that carry ``peak_rps`` with ``headroom``, and their cost (None without a price)."""
 
     replicas: int
@@ -43,9 +44,28 @@ class Fleet:
     price_per_hour: float | None  # $ per GPU-hour
     per_replica_rps: float  # the load each replica is run at, at most: max_load_rps x headroom
     utilization: float  # peak_rps / (replicas x max_load_rps): the share of the fleet's capacity used at peak
+    price_source: str | None = None  # set by fleet_section
+    basis: str = ""  # where max_load_rps comes from
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+@dataclass
+class FleetSection(Sparse):
+    """What the report, tune's report and plan say about the fleet: the fleet (None when not sized), the sentences
+    and why it is not sized; ``max_load_rps``: the planned load plan sized it from."""
+
+    OMIT_NONE = ("max_load_rps",)
+    fleet: Fleet | None = None
+    lines: list[str] = field(default_factory=list)
+    reason: str | None = None
+    max_load_rps: float | None = None
+
+
+@dataclass
+class FleetTable(Record):
+    """Fleet sizing per tune trial: a table (header first; None when no trial's target sets peak_rps), sentences."""
+
+    rows: list[list[str]] | None = None
+    lines: list[str] = field(default_factory=list)
 
 
 def _bounded(name: str, value: float, lo: float, hi: float, *, low_open: bool = True) -> float:
@@ -141,26 +161,25 @@ def gpu_price(target: FleetTarget | None, gpu: GPU | Price | str | None) -> tupl
 
 
 def fleet_section(target: FleetTarget | None, max_load_rps: float | None, *, gpus_per_replica: int, basis: str,
-                  gpu: GPU | Price | str | None = None, unit: str = "GPU") -> dict:
-    """What the report, tune's report and plan say about the fleet: {"fleet": Fleet as data or None, "lines":
-    [sentences], "reason": why it is not sized, or None}. ``target``: the recipe's target section (its peak_rps,
+                  gpu: GPU | Price | str | None = None, unit: str = "GPU") -> FleetSection:
+    """What the report, tune's report and plan say about the fleet. ``target``: the recipe's target section (its peak_rps,
     headroom, price_per_hour; model or dict); ``max_load_rps``: one replica's max load under the SLO; ``basis``:
     where that load comes from ("measured by bench under the SLO", "planned, not measured: ..."); ``gpu``: the
     target GPU (for its price); ``unit``: what a replica is made of ("GPU", or "machine" on a CPU target)."""
     peak = target.peak_rps if target is not None else None
     if target is None or peak is None:
         why = "set target.peak_rps (requests/s at peak) to size the fleet: replicas and $ per month"
-        return {"fleet": None, "lines": [f"Fleet: not sized: {why}."], "reason": why}
+        return FleetSection(None, [f"Fleet: not sized: {why}."], why)
     if not max_load_rps or not (isinstance(max_load_rps, (int, float)) and math.isfinite(max_load_rps)) \
             or max_load_rps <= 0:
         why = f"no load met the SLO ({basis}): a replica's max load is unknown or zero"
-        return {"fleet": None, "lines": [f"Fleet for {peak:g} req/s at peak: not sized: {why}."], "reason": why}
+        return FleetSection(None, [f"Fleet for {peak:g} req/s at peak: not sized: {why}."], why)
     headroom = target.headroom
     price, price_src = gpu_price(target, gpu)
     try:
         f = size_fleet(peak, max_load_rps, DEFAULT_HEADROOM if headroom is None else headroom, gpus_per_replica, price)
     except UsageError as e:
-        return {"fleet": None, "lines": [f"Fleet for {peak:g} req/s at peak: not sized: {e.message}."], "reason": e.message}
+        return FleetSection(None, [f"Fleet for {peak:g} req/s at peak: not sized: {e.message}."], e.message)
     lines = [f"Fleet for {f.peak_rps:g} req/s at peak: {f.replicas} replica(s) x {f.gpus_per_replica} {unit} = {f.gpus} "
              f"{unit}(s) — ceil({f.peak_rps:g} / ({f.max_load_rps:.3g} req/s per replica x headroom {f.headroom:g})); "
              f"{f.utilization:.0%} of the fleet's max load used at peak.",
@@ -170,7 +189,7 @@ def fleet_section(target: FleetTarget | None, max_load_rps: float | None, *, gpu
                      f"at ${f.price_per_hour:,.2f} per {unit}-hour ({price_src}).")
     else:
         lines.append(f"Cost: no price known: set target.price_per_hour ($ per {unit}-hour).")
-    return {"fleet": {**f.to_dict(), "price_source": price_src, "basis": basis}, "lines": lines, "reason": None}
+    return FleetSection(replace(f, price_source=price_src, basis=basis), lines)
 
 
 GOODPUT_TARGET = 0.9  # a level meets the SLO when every request completed and this share met it (tune's default)
@@ -215,7 +234,7 @@ def max_load_from_levels(levels: Iterable[object] | None, goodput_target: float 
     return best[0], f"measured by bench at level {best[1]}: the highest request throughput among the levels where {rule}"
 
 
-def run_fleet(recipe: dict | None, target: dict | None, levels: Iterable[object] | None) -> dict:
+def run_fleet(recipe: dict | None, target: dict | None, levels: Iterable[object] | None) -> FleetSection:
     """``fleet_section`` for a run directory: the recipe's target section (manifest "recipe"), the resolution's
     target (manifest "target": GPUs per replica, the GPU) and bench's levels (the measured max load)."""
     recipe = recipe if isinstance(recipe, dict) else {}
@@ -231,9 +250,9 @@ def run_fleet(recipe: dict | None, target: dict | None, levels: Iterable[object]
                          basis=basis, gpu=gpu, unit=unit)
 
 
-def tune_fleet(trials: Iterable[T] | None, target_of: Callable[[T], object]) -> dict:
+def tune_fleet(trials: Iterable[T] | None, target_of: Callable[[T], object]) -> FleetTable:
     """Fleet sizing per tune trial from its measured capacity (the request throughput at its largest load under
-    the SLO): {"rows": a table (header first) or None, "lines": [sentences]}. ``target_of(trial)``: the trial
+    the SLO). ``target_of(trial)``: the trial
     recipe's target section as data (None when unknown)."""
     rows = [["trial", "max load req/s (measured)", "GPUs per replica", "replicas", "GPUs", "$ per month"]]
     peak = None
@@ -258,11 +277,11 @@ def tune_fleet(trials: Iterable[T] | None, target_of: Callable[[T], object]) -> 
             gpu = Price(price / gpr, f"tune.machines {_get(machine, 'name')!s:.60}")
         res = fleet_section(figures, _num(_get(at, "request_throughput")) if at else None, gpus_per_replica=gpr,
                             basis="measured by tune's capacity search", gpu=gpu, unit=unit)
-        f = res["fleet"]
-        rows.append([str(_get(t, "label") or _get(t, "id")), f"{f['max_load_rps']:.3g}" if f else "–", str(gpr),
-                     str(f["replicas"]) if f else "–", str(f["gpus"]) if f else "–",
-                     f"${f['usd_per_month']:,.0f}" if f and f["usd_per_month"] is not None else "–"])
+        f = res.fleet
+        rows.append([str(_get(t, "label") or _get(t, "id")), f"{f.max_load_rps:.3g}" if f else "–", str(gpr),
+                     str(f.replicas) if f else "–", str(f.gpus) if f else "–",
+                     f"${f.usd_per_month:,.0f}" if f and f.usd_per_month is not None else "–"])
     if peak is None:
-        return {"rows": None, "lines": ["Fleet: not sized: set target.peak_rps (requests/s at peak) in the recipe."]}
-    return {"rows": rows, "lines": [f"Replicas and $ per month (730 h) for {peak:g} req/s at peak, per trial, from its "
-                                    "measured max load under the SLO x target.headroom; – : no load met the SLO."]}
+        return FleetTable(None, ["Fleet: not sized: set target.peak_rps (requests/s at peak) in the recipe."])
+    return FleetTable(rows, [f"Replicas and $ per month (730 h) for {peak:g} req/s at peak, per trial, from its "
+                             "measured max load under the SLO x target.headroom; – : no load met the SLO."])
