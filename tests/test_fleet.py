@@ -41,8 +41,10 @@ def test_size_fleet_refuses_what_is_out_of_bounds(args, words):
 
 
 def _level(label, rps, fraction, failed=0):
-    return {"level": {"label": label}, "summary": {"request_throughput": rps, "failed": failed,
-                                                   "goodput": {"fraction": fraction, "slo": {"tpot_ms": 50}}}}
+    from infertool.bench.results import LevelResult
+
+    return LevelResult.from_dict({"level": {"label": label}, "summary": {
+        "request_throughput": rps, "failed": failed, "goodput": {"fraction": fraction, "slo": {"tpot_ms": 50}}}})
 
 
 def test_the_measured_max_load_is_the_best_level_that_meets_the_slo():
@@ -129,7 +131,9 @@ def test_tune_fleet_prices_a_trial_at_its_machine_kind():
                "machine": {"name": "big", "price_per": "gpu", "trial_price_per_hour": 3.0}},
               {"id": "b", "label": "on small", "capacity": {"max_load": 4, "at_max_load": {"request_throughput": 1.0}},
                "machine": {"name": "small", "price_per": "machine", "trial_price_per_hour": 0.5}}]
-    rows = tune_fleet(trials, lambda t: target).rows
+    from infertool.tune.records import TrialRecord
+
+    rows = tune_fleet([TrialRecord.from_dict(t) for t in trials], lambda t: target).rows
     # 20 / (2.5 x 0.8) = 10 replicas x 2 GPUs at $1.50/GPU-h (3.0 / 2): 10 x 3.0 x 730 = $21,900
     assert rows[1] == ["on big", "2.5", "2", "10", "20", "$21,900"]
     # 20 / (1.0 x 0.8) = 25 machines at $0.50/h: 25 x 0.5 x 730 = $9,125

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from infertool import backends
 from infertool.backends import ACTIVATION_SCHEMES
-from infertool.decision.run import Names, Pair, RunData, Speed, model_names, speed, weights
+from infertool.decision.run import Names, Pair, RunData, Section, Speed, model_names, speed, weights
 from infertool.evaluate.verdict import RULES, Gate, Rule
 from infertool.records import Record, as_float, as_int
 from infertool.summaries import EvalStageSummary
@@ -43,7 +43,7 @@ def _on_items(g: Gate) -> bool:
     return rule is not None and rule.unit == "items"
 
 
-def quant_bits(q: dict[str, object] | None) -> int | None:
+def quant_bits(q: Section | None) -> int | None:
     """The bits of a recipe's quantize section (its scheme's, else ``bits``)."""
     if not q:
         return None
@@ -55,8 +55,8 @@ def quant_bits(q: dict[str, object] | None) -> int | None:
     return as_int(q.get("bits"))
 
 
-def next_steps(verdict: str | None, gates: list[Gate], quantize: dict[str, object] | None, *, target_kind: str = "cpu",
-               eval_section: dict[str, object] | None = None, not_served_here: str | None = None) -> list[str]:
+def next_steps(verdict: str | None, gates: list[Gate], quantize: Section | None, *, target_kind: str = "cpu",
+               eval_section: Section | None = None, not_served_here: str | None = None) -> list[str]:
     """What to try next, derived from which gates failed (or could not decide) and the recipe's quantization.
     ``not_served_here``: why this host served the original instead of the candidate (then only what this
     host can serve is said to run here). Empty for PASS and when there is no verdict."""
@@ -95,7 +95,7 @@ def next_steps(verdict: str | None, gates: list[Gate], quantize: dict[str, objec
     return out
 
 
-def _undecided_steps(open_: list[Gate], ev: dict[str, object], meanwhile: str | None) -> list[str]:
+def _undecided_steps(open_: list[Gate], ev: Section, meanwhile: str | None) -> list[str]:
     """For INCONCLUSIVE gates: how many more items would decide them, or that the threshold itself must be
     decided; and, when the estimate already leans beyond the threshold, the first quantization to try."""
     out = []

@@ -108,7 +108,7 @@ class CpuMemory(Record):
 
 
 @dataclass
-class DecodeRow(Sparse):
+class RooflineRow(Sparse):
     """One decode batch of the roofline; the ``calibrated_*`` keys when a calibration is cached."""
 
     OMIT_NONE = ("calibrated_step_ms", "calibrated_tokens_per_s", "overhead_bound")
@@ -125,7 +125,7 @@ class DecodeRow(Sparse):
 
 
 @dataclass
-class StepPoint(Record):
+class CalibratedStep(Record):
     batch: int = 0
     step_ms: float = 0.0
 
@@ -138,7 +138,7 @@ class PlannedCalibration(Record):
     measured_at: str | None = None
     how: str = ""
     context: int = 0
-    points: list[StepPoint] = field(default_factory=list)
+    points: list[CalibratedStep] = field(default_factory=list)
     prefill_ms_per_token: float = 0.0
     prefill_fixed_ms: float = 0.0
 
@@ -150,7 +150,7 @@ class SloBound(Record):
 
 
 @dataclass
-class Knee(Record):
+class PlannedKnee(Record):
     """The largest concurrency whose predicted TPOT and TTFT meet bench.slo."""
 
     concurrency: int = 0
@@ -170,10 +170,10 @@ class Roofline(Sparse):
     peak_flops: float | None = None
     peak_bandwidth: float | None = None
     ridge: float | None = None
-    decode: list[DecodeRow] = field(default_factory=list)
+    decode: list[RooflineRow] = field(default_factory=list)
     crossover_batch: float | None = None
     calibration: PlannedCalibration | None = None
-    knee: Knee | None = None
+    knee: PlannedKnee | None = None
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = super().to_dict()

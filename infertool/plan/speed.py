@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 from infertool.models.weights import decode_weight_bytes
 from infertool.perf import roofline
 from infertool.plan.facts import (
-    DecodeRow, Knee, PlannedCalibration, Roofline, SloBound, StepPoint, TensorParallel, TpLink, TpRow,
+    RooflineRow, PlannedKnee, PlannedCalibration, Roofline, SloBound, CalibratedStep, TensorParallel, TpLink, TpRow,
 )
 from infertool.plan.memory import Memory, largest_batch
 
@@ -37,7 +37,7 @@ def roofline_rows(arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, 
     rows = []
     for b in sorted({1, largest_batch(mem, capacity, context)} | {int(x) for x in (batches or []) if x and x > 0}):
         cost, t = decode_cost(arch, weights, mem, kv_tok, b, context, tp)
-        rows.append(DecodeRow(b, cost.flops, cost.bytes, cost.intensity, t * 1e3, b / t,
+        rows.append(RooflineRow(b, cost.flops, cost.bytes, cost.intensity, t * 1e3, b / t,
                               "memory" if cost.intensity < agg_flops / agg_bw else "compute"))
     cross = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), context, kv_tok, peak_flops / peak_bw)
     return Roofline(context, mem.peak_src, agg_flops, agg_bw, peak_flops / peak_bw, rows, cross)
@@ -60,14 +60,14 @@ def calibrate(res: Resolution, roof: Roofline, roofline_s: Callable[[int], float
         r.calibrated_tokens_per_s = model.decode_tokens_per_s(cal, r.batch, r.step_ms / 1e3, max_num_seqs)
         r.overhead_bound = model.overhead_s(cal, r.batch) * 1e3 > r.step_ms
     roof.calibration = PlannedCalibration(cal.key, cal.measured_at, cal.how, cal.context,
-                                          [StepPoint(p.batch, p.seconds * 1e3) for p in cal.points],
+                                          [CalibratedStep(p.batch, p.seconds * 1e3) for p in cal.points],
                                           cal.prefill_per_token_s * 1e3, cal.prefill_fixed_s * 1e3)
     bench = res.recipe.bench
     slo = SloBound(bench.slo.tpot_ms, bench.slo.ttft_ms) if bench is not None and bench.slo else SloBound()
     prompt_len = bench.prompt.len if bench is not None else roof.context
     c = model.knee(cal, roofline_s, 1, max(1, largest), tpot_ms=slo.tpot_ms, ttft_ms=slo.ttft_ms, prompt_len=prompt_len)
     t = model.step_s(cal, c, roofline_s(c))
-    roof.knee = Knee(c, t * 1e3, model.ttft_s(cal, prompt_len, c) * 1e3,
+    roof.knee = PlannedKnee(c, t * 1e3, model.ttft_s(cal, prompt_len, c) * 1e3,
                      model.decode_tokens_per_s(cal, c, roofline_s(c), max_num_seqs), slo)
 
 

@@ -15,7 +15,7 @@ from infertool.atomic import atomic_path, write_text
 from infertool.evaluate.result import Accept
 from infertool.evaluate.lossless import FLOOR_METHOD, rule_text
 from infertool.metricspec import objective as objective_metric
-from infertool.perf.fleet import FleetTable
+from infertool.perf.fleet import FleetTable, Json
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.tune.records import (
     TrialDecode, LmEvalFigures, Screening, ScreenResult, ServeValue, TrialRecord, TuneDoc,
@@ -353,7 +353,7 @@ def _fleet(doc: TuneDoc) -> FleetTable:
     from infertool.perf.fleet import tune_fleet
     from infertool.report import load_run
 
-    def target_of(t: TrialRecord) -> dict[str, object] | None:
+    def target_of(t: TrialRecord) -> dict[str, Json] | None:
         if t.dir is None:
             return None
         try:
