@@ -174,7 +174,7 @@ def test_nsys_collect_runs_stats_per_report_and_summarises_phases(tmp_path):
     prefix = str(tmp_path / "profile-hf")
     out = nsys.collect("nsys", prefix + ".nsys-rep", prefix, run=fake_run)
     assert [c[c.index("-r") + 1] for c in calls] == ["cuda_gpu_kern_sum", "nvtx_sum", "nvtx_kern_sum"]
-    assert out.ranges["prefill 512"] == {"total_ns": 10_000_000, "instances": 4}  # leading ':' stripped
+    assert out.ranges["prefill 512"].to_dict() == {"total_ns": 10_000_000, "instances": 4}  # leading ':' stripped
     assert out.kernel_busy_fraction == pytest.approx(10_000_000 / 20_000_000)
     assert out.phases["prefill"].kernel_busy_fraction == pytest.approx(0.9)
     assert out.phases["decode"].kernel_busy_fraction == pytest.approx(3_000_000 / 8_000_000)  # setup excluded
