@@ -63,8 +63,10 @@ def test_knee_is_the_largest_concurrency_meeting_the_slo():
 
 
 def test_from_timings_slope_and_intercept():
-    decode = [{"batch": 1, "context": 296, "seconds_per_step": 0.04}, {"batch": 8, "context": 296, "seconds_per_step": 0.1}]
-    prefill = [{"batch": 1, "prompt_len": 32, "seconds": 0.05}, {"batch": 1, "prompt_len": 288, "seconds": 0.15}]
+    from infertool.profile.measure import DecodeRow, PrefillRow
+
+    decode = [DecodeRow(batch=1, context=296, seconds_per_step=0.04), DecodeRow(batch=8, context=296, seconds_per_step=0.1)]
+    prefill = [PrefillRow(batch=1, prompt_len=32, seconds=0.05), PrefillRow(batch=1, prompt_len=288, seconds=0.15)]
     c = model.from_timings("key", decode, prefill)
     assert [(p.batch, p.seconds) for p in c.points] == [(1, 0.04), (8, 0.1)]
     assert c.prefill_per_token_s == pytest.approx(0.1 / 256)  # (0.15 - 0.05) / (288 - 32)

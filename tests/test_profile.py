@@ -282,7 +282,7 @@ RECORDED = Path(__file__).parent / "fixtures" / "recorded"
 @pytest.mark.parametrize("path", sorted(RECORDED.glob("nvml_samples*.json")), ids=lambda p: p.name)
 def test_recorded_nvml_samples_summarise(path):
     data = json.loads(path.read_text())
-    out = nvml.summarise(data["samples"], nvml.GpmMetrics.from_dict(data.get("gpm")), name=data.get("device"))
+    out = nvml.summarise([nvml.NvmlSample.from_dict(s) for s in data["samples"]], nvml.GpmMetrics.from_dict(data.get("gpm")), name=data.get("device"))
     assert out.samples == len(data["samples"]) > 0
     assert out.power_w.max >= out.power_w.mean >= out.power_w.min > 0
     assert set(out.throttle_reasons) <= set(nvml.THROTTLE_BITS.values())

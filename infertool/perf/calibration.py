@@ -23,7 +23,7 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Iterable, Protocol
+from typing import Iterable, Protocol
 
 from infertool.errors import UsageError
 
@@ -120,7 +120,8 @@ class PrefillTiming(Protocol):
     seconds: float
 
 
-def from_timings(key: str, decode: Iterable[DecodeTiming], prefill: Iterable[PrefillTiming], **extra: Any) -> Calibration:
+def from_timings(key: str, decode: Iterable[DecodeTiming], prefill: Iterable[PrefillTiming], *,
+                 facts: dict | None = None, measured_at: str | None = None, how: str = "") -> Calibration:
     """A calibration from measured rows: decode steps per batch and batch-1 prefills (at two lengths or more the
     slope is the per-token cost and the intercept the fixed part, at one length all of it is per token). Raises
     UsageError when the rows cannot make one."""
@@ -137,7 +138,8 @@ def from_timings(key: str, decode: Iterable[DecodeTiming], prefill: Iterable[Pre
         per_tok, fixed = pre[-1][1] / max(1, pre[-1][0]), 0.0
     cal = Calibration.from_dict({"format": FORMAT, "key": key, "points": [asdict(p) for p in pts],
                                  "prefill_per_token_s": per_tok, "prefill_fixed_s": fixed,
-                                 "context": max(p.context for p in pts), **extra})
+                                 "context": max(p.context for p in pts), "facts": facts or {}, "measured_at": measured_at,
+                                 "how": how})
     if cal is None:
         raise UsageError("the measured step times are not usable (not finite, or not positive)")
     return cal

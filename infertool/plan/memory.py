@@ -143,12 +143,11 @@ def _cpu_peaks() -> tuple[float | None, float | None, str]:
     """Measured peaks of this machine when `infertool profile` cached them, else the reference numbers:
     (FLOP/s, bytes/s, where they come from)."""
     from infertool.profile.core import cached_peaks, peaks_cache_path
-    from infertool.records import as_float
 
     peaks = cached_peaks("cpu")
     if peaks is None or not peaks.bf16_flops or peaks.bandwidth_bytes_s is None:
         ref = hardware.CPU_REFERENCE
-        return as_float(ref["bf16_flops"]), as_float(ref["bandwidth_bytes_s"]), str(ref["source"])
+        return ref.bf16_flops, ref.bandwidth_bytes_s, ref.source
     cache = peaks_cache_path("cpu")
     if peaks.bf16_flops < 0.25 * peaks.fp32_flops:
         # no bf16 matrix instructions: torch's bf16 GEMM is a slow fallback, and vLLM's CPU kernels run
