@@ -135,7 +135,7 @@ def test_a_recorded_profile_json_reads_back_whole():
     import dataclasses
 
     names = [f.name for f in dataclasses.fields(ProfileResult)]
-    assert [f for f in names if f != "extra" and f not in ProfileResult.OPTIONAL] == list(raw)
+    assert [f for f in names if f != "extra" and f not in ProfileResult.OMIT_NONE] == list(raw)
     assert prof.model.label == "bundled:smollm2-135m" and prof.device.engine == "hf"
     assert [p.phase for p in prof.points] == ["prefill", "prefill", "decode", "decode"]
     assert roofline_title(prof).startswith("roofline: bundled:smollm2-135m on ")

@@ -41,8 +41,10 @@ def test_size_fleet_refuses_what_is_out_of_bounds(args, words):
 
 
 def _level(label, rps, fraction, failed=0):
-    return {"level": {"label": label}, "summary": {"request_throughput": rps, "failed": failed,
-                                                   "goodput": {"fraction": fraction, "slo": {"tpot_ms": 50}}}}
+    from infertool.bench.results import LevelResult
+
+    return LevelResult.from_dict({"level": {"label": label}, "summary": {
+        "request_throughput": rps, "failed": failed, "goodput": {"fraction": fraction, "slo": {"tpot_ms": 50}}}})
 
 
 def test_the_measured_max_load_is_the_best_level_that_meets_the_slo():
@@ -50,7 +52,7 @@ def test_the_measured_max_load_is_the_best_level_that_meets_the_slo():
                                         _level("c=48", 15.0, 1.0, failed=1)])
     assert load == 12.5 and "level c=32" in basis and "TPOT ≤ 50 ms" in basis
     levels = [_level("c=8", 4.0, 1.0), _level("c=32", 12.5, 0.95)]
-    lines = run_fleet({"target": {"peak_rps": 50}}, {"kind": "gpu", "gpu": "H100-SXM", "count": 2}, levels)["lines"]
+    lines = run_fleet({"target": {"peak_rps": 50}}, {"kind": "gpu", "gpu": "H100-SXM", "count": 2}, levels).lines
     assert lines[0].startswith("Fleet for 50 req/s at peak: 5 replica(s) x 2 GPU = 10 GPU(s)")  # 50 / (12.5 x 0.8)
     assert lines[2].startswith("Cost: $69.00 per hour, $50,370 per month (730 h) at $6.90 per GPU-hour (ASSUMPTION")
     load, basis = max_load_from_levels([_level("c=1", 1.0, 0.2)])
@@ -117,7 +119,7 @@ def test_tune_report_sizes_the_fleet_per_trial(tmp_path):
     assert "| AWQ | – | 1 | – | – | – |" in md
     html = render_html({"recipe": "r", "trials": trials}, None, None)
     assert "<h2>Fleet</h2>" in html and "$11,680" in html
-    assert tune_fleet([], lambda t: None)["rows"] is None
+    assert tune_fleet([], lambda t: None).rows is None
 
 
 def test_tune_fleet_prices_a_trial_at_its_machine_kind():
@@ -129,7 +131,9 @@ def test_tune_fleet_prices_a_trial_at_its_machine_kind():
                "machine": {"name": "big", "price_per": "gpu", "trial_price_per_hour": 3.0}},
               {"id": "b", "label": "on small", "capacity": {"max_load": 4, "at_max_load": {"request_throughput": 1.0}},
                "machine": {"name": "small", "price_per": "machine", "trial_price_per_hour": 0.5}}]
-    rows = tune_fleet(trials, lambda t: target)["rows"]
+    from infertool.tune.records import TrialRecord
+
+    rows = tune_fleet([TrialRecord.from_dict(t) for t in trials], lambda t: target).rows
     # 20 / (2.5 x 0.8) = 10 replicas x 2 GPUs at $1.50/GPU-h (3.0 / 2): 10 x 3.0 x 730 = $21,900
     assert rows[1] == ["on big", "2.5", "2", "10", "20", "$21,900"]
     # 20 / (1.0 x 0.8) = 25 machines at $0.50/h: 25 x 0.5 x 730 = $9,125

@@ -97,7 +97,7 @@ def test_resolve_plans_for_this_hosts_gpu(tmp_path, monkeypatch):
                                     "source": "this host"}
     assert res.to_dict()["host"]["gpu_count"] == 2
     plan = make_plan(res)
-    assert (plan.device["name"], plan.device["count"]) == ("NVIDIA H100 SXM5 80GB", 2)
+    assert (plan.device.name, plan.device.count) == ("NVIDIA H100 SXM5 80GB", 2)
     # target.gpu still wins: plans describe the recipe's GPU on any host
     other = resolve(_recipe(model, target={"gpu": "L4"}))
     assert (other.target.gpu, other.target.source, other.target.this_host) == ("L4", "target.gpu", True)

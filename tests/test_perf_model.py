@@ -63,8 +63,10 @@ def test_knee_is_the_largest_concurrency_meeting_the_slo():
 
 
 def test_from_timings_slope_and_intercept():
-    decode = [{"batch": 1, "context": 296, "seconds_per_step": 0.04}, {"batch": 8, "context": 296, "seconds_per_step": 0.1}]
-    prefill = [{"batch": 1, "prompt_len": 32, "seconds": 0.05}, {"batch": 1, "prompt_len": 288, "seconds": 0.15}]
+    from infertool.profile.measure import DecodeRow, PrefillRow
+
+    decode = [DecodeRow(batch=1, context=296, seconds_per_step=0.04), DecodeRow(batch=8, context=296, seconds_per_step=0.1)]
+    prefill = [PrefillRow(batch=1, prompt_len=32, seconds=0.05), PrefillRow(batch=1, prompt_len=288, seconds=0.15)]
     c = model.from_timings("key", decode, prefill)
     assert [(p.batch, p.seconds) for p in c.points] == [(1, 0.04), (8, 0.1)]
     assert c.prefill_per_token_s == pytest.approx(0.1 / 256)  # (0.15 - 0.05) / (288 - 32)
@@ -216,17 +218,17 @@ def test_plan_shows_the_calibrated_prediction_and_knee(fake_model, monkeypatch, 
     recipe = _recipe(fake_model, max_num_seqs=8)
     res = resolve(recipe)
     p = plan(res, PlanOptions(batches=[4]))
-    assert p.roofline["calibration"] is None and "calibrated_tokens_per_s" not in p.roofline["decode"][0]
+    assert p.roofline.calibration is None and "calibrated_tokens_per_s" not in p.roofline.decode[0].to_dict()
     key, facts = cache.key_of(res)
     cache.save(Calibration(key, [StepPoint(1, 0.04, 288), StepPoint(8, 0.1, 288)], 0.0004, 0.02, 288, facts))
     p = plan(res, PlanOptions(batches=[4]))
-    rows = {r["batch"]: r for r in p.roofline["decode"]}
-    assert rows[4]["calibrated_step_ms"] == pytest.approx(40 + 60 * 3 / 7)
-    assert rows[4]["calibrated_tokens_per_s"] == pytest.approx(4 / (0.040 + 0.060 * 3 / 7))
-    assert rows[1]["overhead_bound"] is True and rows[4]["tokens_per_s"] > 10 * rows[4]["calibrated_tokens_per_s"]
-    knee = p.roofline["knee"]  # max_num_seqs 8 caps it; TPOT 100 ms and TTFT 20 + 8 x 256 x 0.4 = 839 ms meet the SLO
-    assert knee["concurrency"] == 8 and knee["tokens_per_s"] == pytest.approx(80.0)
-    assert knee["ttft_ms"] == pytest.approx(839.2)
+    rows = {r.batch: r for r in p.roofline.decode}
+    assert rows[4].calibrated_step_ms == pytest.approx(40 + 60 * 3 / 7)
+    assert rows[4].calibrated_tokens_per_s == pytest.approx(4 / (0.040 + 0.060 * 3 / 7))
+    assert rows[1].overhead_bound is True and rows[4].tokens_per_s > 10 * rows[4].calibrated_tokens_per_s
+    knee = p.roofline.knee  # max_num_seqs 8 caps it; TPOT 100 ms and TTFT 20 + 8 x 256 x 0.4 = 839 ms meet the SLO
+    assert knee.concurrency == 8 and knee.tokens_per_s == pytest.approx(80.0)
+    assert knee.ttft_ms == pytest.approx(839.2)
     cfg = tmp_home / "r.yaml"
     cfg.write_text(json.dumps(json.loads(recipe.model_dump_json(exclude_none=True))))
     r = cli_in_process("plan", str(cfg), env={"INFERTOOL_CPU_FLAGS": "avx2 avx512f avx512_bf16"})
@@ -414,19 +416,19 @@ def test_fleet_sizing_uses_the_calibration_when_there_is_one(fake_model, monkeyp
     data = recipe_to_dict(_recipe(fake_model))
     data["target"] = {"peak_rps": 20}
     res = resolve(validate_recipe_data(data))
-    before = plan(res).fleet["fleet"]
-    assert before["basis"].startswith("planned, not measured: the roofline")
+    before = plan(res).fleet.fleet
+    assert before.basis.startswith("planned, not measured: the roofline")
     key, facts = cache.key_of(res)
     cal = Calibration(key, [StepPoint(1, 0.04, 288), StepPoint(8, 0.1, 288)], 0.0004, 0.02, 288, facts)
     cache.save(cal)
-    after = plan(res).fleet["fleet"]
+    after = plan(res).fleet.fleet
     step = model.overhead_s(cal, 25)
     assert step == pytest.approx(0.1 + 0.06 / 7 * 17)
-    assert after["max_load_rps"] == pytest.approx(25 / (64 * step + 25 * (0.02 + 256 * 0.0004)))
-    assert after["basis"].startswith(f"calibrated (the engine's step cost measured as served here, calibration {key})")
-    assert "concurrency 25 meets the SLO" in after["basis"] and after["replicas"] == math.ceil(20 / (after["max_load_rps"] * after["headroom"]))
+    assert after.max_load_rps == pytest.approx(25 / (64 * step + 25 * (0.02 + 256 * 0.0004)))
+    assert after.basis.startswith(f"calibrated (the engine's step cost measured as served here, calibration {key})")
+    assert "concurrency 25 meets the SLO" in after.basis and after.replicas == math.ceil(20 / (after.max_load_rps * after.headroom))
     n, why = fleet_replicas(res)
-    assert n == after["replicas"] and "planned from the engine's step cost measured as served" in why
+    assert n == after.replicas and "planned from the engine's step cost measured as served" in why
     # a step over TPOT even at batch 1: no load
     cache.save(Calibration(key, [StepPoint(1, 0.3, 288), StepPoint(8, 0.5, 288)], 0.0004, 0.02, 288, facts))
-    assert plan(res).fleet["fleet"] is None
+    assert plan(res).fleet.fleet is None

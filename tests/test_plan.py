@@ -46,7 +46,7 @@ def test_cpu_plan_follows_vllm_block_arithmetic(tmp_path, monkeypatch):
     assert p.kv.bytes_per_token == 1536
     assert p.capacity.kv_blocks == 5461 and p.capacity.kv_tokens == 699_008
     assert p.capacity.max_concurrency_at_max_model_len == pytest.approx(699_008 / 2048)
-    assert p.device["kind"] == "cpu" and p.fits
+    assert p.device.kind == "cpu" and p.fits
     assert p.model.how == "safetensors headers" and p.model.weight_bytes == 49152 * 576 * 2
 
 
@@ -83,19 +83,19 @@ def test_gpu_plans_for_the_shipped_recipes():
     from infertool.recipe import load_recipe
 
     p8 = make_plan(load_recipe("llama3.1-8b-w4a16-h100"))
-    assert p8.fits and p8.device["name"].startswith("NVIDIA H100")
+    assert p8.fits and p8.device.name.startswith("NVIDIA H100")
     assert 5.0 < p8.model.weight_bytes / GIB < 5.6  # 4-bit g128 linear layers + 16-bit embeddings/lm_head
     assert p8.kv.bytes_per_token == 131_072  # 2*32*8*128*2
-    assert p8.roofline["decode"][0]["bound"] == "memory"
+    assert p8.roofline.decode[0].bound == "memory"
     p70 = make_plan(load_recipe("llama3.3-70b-w4a16-tp4"))
-    assert p70.fits and p70.device["count"] == 4
+    assert p70.fits and p70.device.count == 4
     assert p70.kv.bytes_per_token_per_gpu == 327_680 / 4
-    assert [r["tp"] for r in p70.tensor_parallel["rows"]] == [1, 2, 4, 8]
+    assert [r.tp for r in p70.tensor_parallel.rows] == [1, 2, 4, 8]
     long = make_plan(load_recipe("llama3.1-8b-128k-fp8kv"))
     assert long.kv.bytes_per_token == 65_536  # fp8 KV: 1 byte
     assert long.fits
     # the long-context recipe's KV cache outweighs its weights
-    assert long.memory["kv_cache_per_gpu_gib"] > long.memory["weights_per_gpu_gib"]
+    assert long.memory.kv_cache_per_gpu_gib > long.memory.weights_per_gpu_gib
 
 
 def test_gpu_does_not_fit_reasons():
@@ -140,7 +140,7 @@ def test_max_model_len_beyond_the_position_limit_does_not_fit(tmp_path, monkeypa
 
 def test_memory_option_and_unknown_model(tmp_path):
     p = make_plan(recipe(serve={"max_model_len": 4096}), memory_gib=40)
-    assert p.device["memory_gib"] == 40 and p.roofline["decode"] == []
+    assert p.device.memory_gib == 40 and p.roofline.decode == []
     from infertool.errors import UsageError
 
     with pytest.raises(UsageError, match="not a known architecture"):

@@ -174,7 +174,7 @@ def test_nsys_collect_runs_stats_per_report_and_summarises_phases(tmp_path):
     prefix = str(tmp_path / "profile-hf")
     out = nsys.collect("nsys", prefix + ".nsys-rep", prefix, run=fake_run)
     assert [c[c.index("-r") + 1] for c in calls] == ["cuda_gpu_kern_sum", "nvtx_sum", "nvtx_kern_sum"]
-    assert out.ranges["prefill 512"] == {"total_ns": 10_000_000, "instances": 4}  # leading ':' stripped
+    assert out.ranges["prefill 512"].to_dict() == {"total_ns": 10_000_000, "instances": 4}  # leading ':' stripped
     assert out.kernel_busy_fraction == pytest.approx(10_000_000 / 20_000_000)
     assert out.phases["prefill"].kernel_busy_fraction == pytest.approx(0.9)
     assert out.phases["decode"].kernel_busy_fraction == pytest.approx(3_000_000 / 8_000_000)  # setup excluded
@@ -282,7 +282,7 @@ RECORDED = Path(__file__).parent / "fixtures" / "recorded"
 @pytest.mark.parametrize("path", sorted(RECORDED.glob("nvml_samples*.json")), ids=lambda p: p.name)
 def test_recorded_nvml_samples_summarise(path):
     data = json.loads(path.read_text())
-    out = nvml.summarise(data["samples"], nvml.GpmMetrics.from_dict(data.get("gpm")), name=data.get("device"))
+    out = nvml.summarise([nvml.NvmlSample.from_dict(s) for s in data["samples"]], nvml.GpmMetrics.from_dict(data.get("gpm")), name=data.get("device"))
     assert out.samples == len(data["samples"]) > 0
     assert out.power_w.max >= out.power_w.mean >= out.power_w.min > 0
     assert set(out.throttle_reasons) <= set(nvml.THROTTLE_BITS.values())

@@ -78,7 +78,7 @@ def test_nvml_sampler_reads_this_gpu():
     for _ in range(200):
         a = (a @ a).clamp_(-1, 1)
     torch.cuda.synchronize()
-    samples = list(s._samples)
+    samples = [x.to_dict() for x in s._samples]
     out = s.stop()
     _record("nvml_samples.json", {"device": out.device, "samples": samples, "gpm": out.gpm.to_dict()})
     assert out.samples >= 3 and out.power_w.max > 50 and out.memory_used_bytes.max > 2**30

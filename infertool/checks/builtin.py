@@ -82,7 +82,7 @@ def kv_fit(ctx: CheckContext) -> list[Finding]:
         return []
     d = p.device
     return [Finding("kv_fit", "error", "serve.max_model_len",
-                    f"the KV cache on {d['count']} x {d['name']} holds {tokens:,} tokens, less than max_model_len "
+                    f"the KV cache on {d.count} x {d.name} holds {tokens:,} tokens, less than max_model_len "
                     f"{max_len:,}: vLLM would refuse to start",
                     "lower serve.max_model_len, raise serve.gpu_memory_utilization, set serve.kv_cache_dtype: fp8, "
                     "or add GPUs (`infertool plan RECIPE` shows the memory)")]

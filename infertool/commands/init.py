@@ -68,6 +68,7 @@ def _render(r: "InitResult") -> None:
 
     from infertool.init import yaml_value
     from infertool.output import err
+    from infertool.plan.facts import GpuMemory
 
     t = Table(title=f"infertool init: {escape(r.recipe['name'])} for {escape(r.target)}", box=None, pad_edge=False)
     t.add_column("field", style="bold cyan", no_wrap=True)
@@ -87,18 +88,18 @@ def _render(r: "InitResult") -> None:
         err.print(f"[green]✓[/] wrote {escape(r.path)} (validated: it loads as every command reads it)")
     p = r.plan
     cap, dev, mem = p.capacity, p.device, p.memory
-    if dev["kind"] == "gpu":
-        weights = f"{mem['weights_per_gpu_gib']:.2f} GiB of weights per GPU"
+    if isinstance(mem, GpuMemory):
+        weights = f"{mem.weights_per_gpu_gib:.2f} GiB of weights per GPU"
     else:
-        weights = f"{mem['weights_gib']:.2f} GiB of weights, {mem['kv_cache_space_gib']:g} GiB of KV space"
-    err.print(f"plan: {dev['count']} x {escape(dev['name'])}: {weights}; KV cache {cap.kv_tokens:,} tokens "
+        weights = f"{mem.weights_gib:.2f} GiB of weights, {mem.kv_cache_space_gib:g} GiB of KV space"
+    err.print(f"plan: {dev.count} x {escape(dev.name)}: {weights}; KV cache {cap.kv_tokens:,} tokens "
               f"({cap.max_concurrency_at_max_model_len:.1f} x max_model_len {cap.max_model_len:,}); "
               f"max_num_seqs {cap.max_num_seqs}", soft_wrap=True)
     if r.original_plan is not None:
         o = r.original_plan
         base = (r.recipe.get("eval") or {}).get("base_serve")
-        how = (f"with eval.base_serve: {o.device['count']} GPU(s)" if base else "with the same serve settings")
-        err.print(f"plan of the original (the eval serves it {how}): {o.memory.get('weights_per_gpu_gib', 0):.2f} "
+        how = (f"with eval.base_serve: {o.device.count} GPU(s)" if base else "with the same serve settings")
+        err.print(f"plan of the original (the eval serves it {how}): {o.memory.weights_per_gpu_gib if isinstance(o.memory, GpuMemory) else 0:.2f} "
                   f"GiB of weights per GPU, KV cache {o.capacity.kv_tokens:,} tokens"
                   + ("" if o.fits else " — does not fit"), soft_wrap=True)
     if r.fits:

@@ -11,6 +11,7 @@ from infertool.commands._common import (
 
 if TYPE_CHECKING:
     from infertool.plan import PlanResult
+    from infertool.plan.facts import Roofline
 
 
 def register(app: typer.Typer) -> None:
@@ -66,73 +67,73 @@ def _render(p: "PlanResult") -> None:
         ("weights", f"{m.weight_bytes:,} bytes ({m.weight_bytes / GIB:.2f} GiB), {m.params_total / 1e9:.3g} B params"),
         ("architecture", f"{m.layers} layers, hidden {m.hidden}, {m.heads} heads / {m.kv_heads} KV heads, head dim {m.head_dim}"
          + (f", MoE {m.moe.experts} experts ({m.moe.per_token} per token)" if m.moe else "")),
-        ("device", f"{d['count']} x {d['name']}" + (f" ({d['memory_gib']:.1f} GiB)" if d.get("memory_gib") else "")),
+        ("device", f"{d.count} x {d.name}" + (f" ({d.memory_gib:.1f} GiB)" if d.memory_gib else "")),
     ]
-    for k, v in p.memory.items():
+    for k, v in p.memory.to_dict().items():
         if isinstance(v, float):
             rows.append((k.replace("_", " "), f"{v:.2f}"))
     rows += [
         ("KV cache dtype", kv.dtype),
-        ("KV bytes per token", f"{kv.bytes_per_token:,.0f}" + (f" ({kv.bytes_per_token_per_gpu:,.0f} per GPU)" if d["count"] > 1 else "")),
+        ("KV bytes per token", f"{kv.bytes_per_token:,.0f}" + (f" ({kv.bytes_per_token_per_gpu:,.0f} per GPU)" if d.count > 1 else "")),
         ("KV capacity", f"{cap.kv_tokens:,} tokens ({cap.kv_blocks:,} blocks of {kv.block_size})"),
         ("max concurrency", f"{cap.max_concurrency_at_max_model_len:.2f}x at max_model_len {cap.max_model_len:,} "
          f"(max_num_seqs {cap.max_num_seqs})"),
     ]
     out.print(kv_table(rows, title="plan"))
     roof = p.roofline
-    if roof.get("decode"):
-        t = Table(title=plain(f"decode roofline bound at context {roof['context']:,} (peaks: {roof['peak_source']}; ridge {roof['ridge']:.0f} FLOP/B)"))
-        cal = roof.get("calibration")
+    if roof.decode:
+        t = Table(title=plain(f"decode roofline bound at context {roof.context:,} (peaks: {roof.peak_source}; ridge {roof.ridge or 0:.0f} FLOP/B)"))
+        cal = roof.calibration
         for c in ("batch", "FLOP/byte", "step ms", "tokens/s", "bound", *(("step ms as served", "tokens/s as served") if cal else ())):
             t.add_column(c, justify="right")
-        for r in roof["decode"]:
-            served = (f"{r['calibrated_step_ms']:.1f}", f"{r['calibrated_tokens_per_s']:,.1f}") if cal else ()
-            t.add_row(str(r["batch"]), f"{r['intensity']:.1f}", f"{r['step_ms']:.3f}", f"{r['tokens_per_s']:,.0f}", r["bound"], *served)
+        for r in roof.decode:
+            served = (f"{r.calibrated_step_ms:.1f}", f"{r.calibrated_tokens_per_s:,.1f}") if cal else ()
+            t.add_row(str(r.batch), f"{r.intensity:.1f}", f"{r.step_ms:.3f}", f"{r.tokens_per_s:,.0f}", r.bound, *served)
         out.print(t)
         _render_calibration(roof)
-        cross = roof.get("crossover_batch")
+        cross = roof.crossover_batch
         out.print(f"decode turns compute-bound from batch ≈ {cross:,.0f}" if cross else "decode stays memory-bound at any batch at this context (KV reads dominate)")
     tp = p.tensor_parallel
-    if tp.get("rows"):
-        t = Table(title=plain(f"tensor parallelism over {tp['link']['name']} ({tp['link']['gb_s_per_direction']:.0f} GB/s per direction)"))
+    if tp.rows and tp.link:
+        t = Table(title=plain(f"tensor parallelism over {tp.link.name} ({tp.link.gb_s_per_direction:.0f} GB/s per direction)"))
         for c in ("TP", "batch", "weight read ms/step", "all-reduce ms/step", "comm share"):
             t.add_column(c, justify="right")
-        for r in tp["rows"]:
-            t.add_row(str(r["tp"]), str(r["batch"]), f"{r['weight_read_ms']:.3f}", f"{r['allreduce_ms']:.3f}", f"{r['comm_share']:.0%}")
+        for row in tp.rows:
+            t.add_row(str(row.tp), str(row.batch), f"{row.weight_read_ms:.3f}", f"{row.allreduce_ms:.3f}", f"{row.comm_share:.0%}")
         out.print(t)
-        dom = tp["comm_dominates_from"]
+        dom = tp.comm_dominates_from
         out.print(f"communication dominates from TP={dom}" if dom else "weight reads dominate at every TP degree shown")
-    for role, line in (("served", tp.get("served")), ("the eval's original", tp.get("base"))):
+    for role, line in (("served", tp.served), ("the eval's original", tp.base)):
         if line:
-            out.print(plain(f"{role}: tensor_parallel_size {line['tensor_parallel_size']} x pipeline_parallel_size "
-                            f"{line['pipeline_parallel_size']} ({line['model']}; {line['why']})"), soft_wrap=True)
-    for line in (p.fleet or {}).get("lines", []):  # replicas and $/month for target.peak_rps (perf.fleet)
-        out.print(esc(line), soft_wrap=True)
+            out.print(plain(f"{role}: tensor_parallel_size {line.tensor_parallel_size} x pipeline_parallel_size "
+                            f"{line.pipeline_parallel_size} ({line.model}; {line.why})"), soft_wrap=True)
+    for text in p.fleet.lines if p.fleet else []:  # replicas and $/month for target.peak_rps (perf.fleet)
+        out.print(esc(text), soft_wrap=True)
     for n in p.notes:
         err.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
     if p.fits:
         err.print("[green]✓ fits[/]")
     else:
-        for r in p.reasons:
-            err.print(f"[bold red]✗ does not fit:[/] {esc(r)}", soft_wrap=True)
+        for reason in p.reasons:
+            err.print(f"[bold red]✗ does not fit:[/] {esc(reason)}", soft_wrap=True)
 
 
-def _render_calibration(roof: dict) -> None:
+def _render_calibration(roof: "Roofline") -> None:
     """The serving engine's measured step cost (the calibration plan's 'as served' columns come from) and the
     knee it predicts, or how to measure one."""
     from infertool.output import out, plain
 
-    cal, knee = roof.get("calibration"), roof.get("knee")
+    cal, knee = roof.calibration, roof.knee
     if not cal:
         out.print(plain("as served: no calibration of this host, model and serve settings yet (infertool profile "
                         "--engine vllm, or a tune, measures the engine's step cost)"), soft_wrap=True)
         return
-    pts = ", ".join(f"{p['step_ms']:.1f} ms at batch {p['batch']}" for p in cal["points"])
-    out.print(plain(f"as served: decode step {pts}; prefill {cal['prefill_ms_per_token']:.3f} ms/token + "
-                    f"{cal['prefill_fixed_ms']:.1f} ms (calibration {cal['key']}, {cal['how']}, {cal['measured_at']}); "
+    pts = ", ".join(f"{p.step_ms:.1f} ms at batch {p.batch}" for p in cal.points)
+    out.print(plain(f"as served: decode step {pts}; prefill {cal.prefill_ms_per_token:.3f} ms/token + "
+                    f"{cal.prefill_fixed_ms:.1f} ms (calibration {cal.key}, {cal.how}, {cal.measured_at}); "
                     "step = max(measured overhead, roofline)"), soft_wrap=True)
     if knee:
-        slo = knee["slo"]
-        out.print(plain(f"predicted knee: concurrency {knee['concurrency']} (TPOT {knee['tpot_ms']:.1f} ms, TTFT "
-                        f"{knee['ttft_ms']:.0f} ms against SLO TPOT {slo['tpot_ms']} / TTFT {slo['ttft_ms']} ms): "
-                        f"{knee['tokens_per_s']:,.1f} decode tokens/s"), soft_wrap=True)
+        slo = knee.slo
+        out.print(plain(f"predicted knee: concurrency {knee.concurrency} (TPOT {knee.tpot_ms:.1f} ms, TTFT "
+                        f"{knee.ttft_ms:.0f} ms against SLO TPOT {slo.tpot_ms} / TTFT {slo.ttft_ms} ms): "
+                        f"{knee.tokens_per_s:,.1f} decode tokens/s"), soft_wrap=True)

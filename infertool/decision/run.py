@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import TypeVar, Union
 
 from infertool.bench.results import BenchReport, BenchSettings
 from infertool.evaluate.result import EvalResult
@@ -16,6 +16,9 @@ from infertool.summaries import ModelSummary, QuantizeSummary, RunManifest, Serv
 
 S = TypeVar("S", bound=StageSummary)
 R = TypeVar("R", bound=Record)
+# JSON as a run's files hold it (a recipe section of the manifest, a stage's result): each value checked where read
+JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
+Section = dict[str, JsonValue]
 
 # ------------------------------------------------------------------------------------------- the run
 @dataclass
@@ -35,12 +38,13 @@ class RunData:
     figure_notes: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, manifest: object = None, *, quantize: object = None, eval: object = None, profile: object = None,
-           bench: object = None, figures: dict[str, Path] | None = None) -> RunData:
+    def of(cls, manifest: RunManifest | Section | None = None, *, quantize: QuantizeResult | Section | None = None,
+           eval: EvalResult | Section | None = None, profile: ProfileResult | Section | None = None,
+           bench: BenchReport | Section | None = None, figures: dict[str, Path] | None = None) -> RunData:
         """From what the files hold (JSON data, or records): a stage's file that is not a non-empty object reads
         as absent."""
 
-        def rec(kind: type[R], doc: object) -> R | None:
+        def rec(kind: type[R], doc: R | Section | None) -> R | None:
             return kind.from_dict(doc) if isinstance(doc, (dict, kind)) and doc else None
 
         return cls(RunManifest.from_dict(manifest), rec(QuantizeResult, quantize), rec(EvalResult, eval),
@@ -51,7 +55,7 @@ class RunData:
         rec = self.manifest.stages.get(stage)
         return rec.summary_as(kind) if rec is not None and rec.summary else None
 
-    def section(self, name: str) -> dict[str, object] | None:
+    def section(self, name: str) -> Section | None:
         """The recipe's section ``name`` as the manifest holds it (None: absent, or not a mapping)."""
         s = (self.manifest.recipe or {}).get(name)
         return s if isinstance(s, dict) else None

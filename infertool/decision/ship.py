@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 
 from infertool import backends
 from infertool.backends import ACTIVATION_SCHEMES
-from infertool.decision.run import Names, Pair, RunData, Speed, model_names, speed, weights
+from infertool.decision.run import Names, Pair, RunData, Section, Speed, model_names, speed, weights
 from infertool.evaluate.verdict import RULES, Gate, Rule
-from infertool.records import Record, as_float, as_int
+from infertool.records import Record, as_float
 from infertool.summaries import EvalStageSummary
 
 # ------------------------------------------------------------------------------------------- verdict
@@ -43,20 +43,31 @@ def _on_items(g: Gate) -> bool:
     return rule is not None and rule.unit == "items"
 
 
-def quant_bits(q: dict[str, object] | None) -> int | None:
+@dataclass
+class _Quantization(Record):
+    """What next_steps reads of a recipe's quantize section (the manifest's JSON, read tolerantly)."""
+
+    scheme: str = ""
+    bits: int | None = None
+
+
+@dataclass
+class _EvalItems(Record):
+    max_items: int | None = None  # the recipe's eval.max_items (None: every item of the suite)
+
+
+def quant_bits(q: Section | None) -> int | None:
     """The bits of a recipe's quantize section (its scheme's, else ``bits``)."""
     if not q:
         return None
-    scheme = q.get("scheme") or ""
-    if isinstance(scheme, str) and scheme.startswith(("W8", "FP8")):
+    read = _Quantization.from_dict(q)
+    if read.scheme.startswith(("W8", "FP8")):
         return 8
-    if isinstance(scheme, str) and scheme.startswith("W4"):
-        return 4
-    return as_int(q.get("bits"))
+    return 4 if read.scheme.startswith("W4") else read.bits
 
 
-def next_steps(verdict: str | None, gates: list[Gate], quantize: dict[str, object] | None, *, target_kind: str = "cpu",
-               eval_section: dict[str, object] | None = None, not_served_here: str | None = None) -> list[str]:
+def next_steps(verdict: str | None, gates: list[Gate], quantize: Section | None, *, target_kind: str = "cpu",
+               eval_section: Section | None = None, not_served_here: str | None = None) -> list[str]:
     """What to try next, derived from which gates failed (or could not decide) and the recipe's quantization.
     ``not_served_here``: why this host served the original instead of the candidate (then only what this
     host can serve is said to run here). Empty for PASS and when there is no verdict."""
@@ -84,8 +95,8 @@ def next_steps(verdict: str | None, gates: list[Gate], quantize: dict[str, objec
                    "distribution: read the items that flipped (eval/items.jsonl) before changing the quantization")
     bits = quant_bits(quantize)
     if bits is not None and bits >= 8:
-        scheme = quantize.get("scheme")
-        if isinstance(scheme, str) and scheme in ACTIVATION_SCHEMES and target_kind == "gpu":
+        scheme = _Quantization.from_dict(quantize).scheme
+        if scheme in ACTIVATION_SCHEMES and target_kind == "gpu":
             out.append(f"{scheme} quantizes activations too: weight-only 8-bit (quantize.scheme: W8A16, or "
                        "quantize.bits: 8 with GPTQ) keeps them in 16 bits")
         out.append("8-bit already fails these gates: check that the thresholds suit this model (a small model loses "
@@ -95,7 +106,7 @@ def next_steps(verdict: str | None, gates: list[Gate], quantize: dict[str, objec
     return out
 
 
-def _undecided_steps(open_: list[Gate], ev: dict[str, object], meanwhile: str | None) -> list[str]:
+def _undecided_steps(open_: list[Gate], ev: Section, meanwhile: str | None) -> list[str]:
     """For INCONCLUSIVE gates: how many more items would decide them, or that the threshold itself must be
     decided; and, when the estimate already leans beyond the threshold, the first quantization to try."""
     out = []
@@ -103,7 +114,7 @@ def _undecided_steps(open_: list[Gate], ev: dict[str, object], meanwhile: str | 
     if sized:
         what = "more eval items: " + ", ".join(f"about {g.n_needed:,} {g.unit or 'items'} would decide {g.name} "
                                               f"(now {g.n or 0:,})" for g in sized)
-        mi = as_int(ev.get("max_items"))
+        mi = _EvalItems.from_dict(ev).max_items
         factor = max(((g.n_needed or 0) / g.n for g in sized if g.n), default=None)
         if mi and factor:
             what += f": eval.max_items: {math.ceil(mi * factor):,} (now {mi}), or a larger suite if this one has fewer"

@@ -90,7 +90,7 @@ def fit_served(shape: RecipeShape, preflight: Preflight, pinned: int | None) -> 
         p = plan_of(shape(tp, ctx, conc, None))
         kv, need = p.capacity.kv_tokens, conc * per_req
         ok = kv >= max(need, ctx)
-        rows.append(f"TP {tp}: the quantized model {p.memory['weights_per_gpu_gib']:.1f} GiB of weights per GPU, KV "
+        rows.append(f"TP {tp}: the quantized model {p.memory.weights_each_gib:.1f} GiB of weights per GPU, KV "
                     f"cache {kv:,} tokens " + (f"(>= {max(need, ctx):,} for the traffic)" if ok else
                                                f"(too few: the traffic needs {need:,} = {conc} x {per_req})"))
         if ok:
@@ -151,7 +151,7 @@ def fit_base(shape: RecipeShape, fit: Fit, pinned: int | None) -> None:
             continue
         kv = po.capacity.kv_tokens
         ok = kv >= fit.max_model_len
-        rows.append(f"TP {tp}: the original {po.memory['weights_per_gpu_gib']:.1f} GiB of weights per GPU, "
+        rows.append(f"TP {tp}: the original {po.memory.weights_each_gib:.1f} GiB of weights per GPU, "
                     + (f"KV cache {kv:,} tokens" if kv else "no room for a KV cache")
                     + (f" (>= max_model_len {fit.max_model_len:,})" if ok else " (too little to start)"))
         if ok:
@@ -256,18 +256,18 @@ def _size_cpu(shape: RecipeShape, with_original: bool, min_len: int, dtype: str)
     p1, po1 = plans(ctx, conc, 1)
     notes = [x.model.how for x in (p1, po1) if x is not None]  # "..., held in float32 by vLLM" 
     per_tok = p1.kv.bytes_per_token
-    weights = p1.memory["weights_gib"] * GIB
+    weights = p1.memory.weights_each_gib * GIB
     need_tokens = max(ctx, conc * per_req)
     need = need_tokens * per_tok
     if po1 is not None:
-        weights = max(weights, po1.memory["weights_gib"] * GIB)
+        weights = max(weights, po1.memory.weights_each_gib * GIB)
         need = max(need, ctx * po1.kv.bytes_per_token)
     block = p1.kv.block_size
     space = max(1, math.ceil((need + block * per_tok) / GIB))
     host = target.host.memory_total_bytes
     left = (host - weights - CPU_HOST_OVERHEAD) if host else None
     cap = None if left is None else max(0, int(left / 2 // GIB)) or (1 if left >= GIB else 0)
-    whose = ("the original's, which the eval serves" if po1 is not None and weights > p1.memory["weights_gib"] * GIB
+    whose = ("the original's, which the eval serves" if po1 is not None and weights > p1.memory.weights_each_gib * GIB
              else "the served model's")
     held = "float32" if any("held in float32" in n for n in notes) else None
     mem = (f"this host has {gib(host)}: the weights ({whose}" + (f", held in {held}" if held else "") + f") "

@@ -181,13 +181,13 @@ def _fit_slo(shape: RecipeShape, fit: Fit, explicit: bool, seqs_pinned: bool, de
     r = shape(fit.tp, fit.max_model_len, seqs, None)
     batches = sorted({*range(1, min(seqs, 1024) + 1), *range(seqs, 0, -max(1, seqs // 1024))})  # bounded: ~2k rows
     p = plan_of(r, batches=batches)
-    steps = {row["batch"]: row["step_ms"] for row in p.roofline.get("decode", [])}
+    steps = {row.batch: row.step_ms for row in p.roofline.decode}
     if seqs not in steps:
         return
     step = steps[seqs]
     whose = "yours, kept" if explicit else "init's default"
     at = (f"the plan's decode step (its roofline, a lower bound) is {step:.1f} ms at batch {seqs} on {fit.tp} x "
-          f"{shape.target.device.key} ({p.roofline['context']:,}-token context)")
+          f"{shape.target.device.key} ({p.roofline.context:,}-token context)")
     slo = {"ttft_ms": t.ttft_ms, "tpot_ms": tpot}
     if step <= tpot:
         decide("bench.slo", slo, f"feasible by the plan: {at} <= tpot_ms {tpot:g}")

@@ -23,6 +23,7 @@ import hashlib
 import json
 import math
 from dataclasses import asdict, dataclass, field
+from typing import Iterable, Protocol
 
 from infertool.errors import UsageError
 
@@ -103,14 +104,30 @@ def calibration_key(host: dict, model: dict, serve: dict) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def from_timings(key: str, decode: list[dict], prefill: list[dict], **extra) -> Calibration:
-    """A calibration from measured rows: decode ``{batch, seconds_per_step, context}`` and prefill ``{prompt_len,
-    seconds}`` (batch 1; at two lengths or more the slope is the per-token cost and the intercept the fixed part,
-    at one length all of it is per token). Raises UsageError when the rows cannot make one."""
-    pts = sorted({int(r["batch"]): StepPoint(int(r["batch"]), float(r["seconds_per_step"]), int(r.get("context") or 0))
-                  for r in decode if r.get("seconds_per_step")}.values(), key=lambda p: p.batch)
-    pre = sorted(((int(r["prompt_len"]), float(r["seconds"])) for r in prefill if int(r.get("batch") or 1) == 1),
-                 key=lambda x: x[0])
+class DecodeTiming(Protocol):
+    """A timed decode batch (``profile.measure.DecodeRow``)."""
+
+    batch: int
+    context: int
+    seconds_per_step: float
+
+
+class PrefillTiming(Protocol):
+    """A timed prefill (``profile.measure.PrefillRow``)."""
+
+    batch: int
+    prompt_len: int
+    seconds: float
+
+
+def from_timings(key: str, decode: Iterable[DecodeTiming], prefill: Iterable[PrefillTiming], *,
+                 facts: dict | None = None, measured_at: str | None = None, how: str = "") -> Calibration:
+    """A calibration from measured rows: decode steps per batch and batch-1 prefills (at two lengths or more the
+    slope is the per-token cost and the intercept the fixed part, at one length all of it is per token). Raises
+    UsageError when the rows cannot make one."""
+    pts = sorted({r.batch: StepPoint(r.batch, r.seconds_per_step, r.context) for r in decode if r.seconds_per_step}
+                 .values(), key=lambda p: p.batch)
+    pre = sorted(((r.prompt_len, r.seconds) for r in prefill if r.batch == 1), key=lambda x: x[0])
     if not pts or not pre:
         raise UsageError("a calibration needs a decode step time and a prefill time as served",
                          hint="measure decode at batch 1 (and a larger batch) and prefill at two prompt lengths")
@@ -121,7 +138,8 @@ def from_timings(key: str, decode: list[dict], prefill: list[dict], **extra) -> 
         per_tok, fixed = pre[-1][1] / max(1, pre[-1][0]), 0.0
     cal = Calibration.from_dict({"format": FORMAT, "key": key, "points": [asdict(p) for p in pts],
                                  "prefill_per_token_s": per_tok, "prefill_fixed_s": fixed,
-                                 "context": max(p.context for p in pts), **extra})
+                                 "context": max(p.context for p in pts), "facts": facts or {}, "measured_at": measured_at,
+                                 "how": how})
     if cal is None:
         raise UsageError("the measured step times are not usable (not finite, or not positive)")
     return cal

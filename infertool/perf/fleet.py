@@ -12,13 +12,13 @@ Cost: replicas x GPUs per replica x $ per GPU-hour; a month is 730 hours. Pure a
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
-from typing import Any, Callable, Iterable, Protocol, TypeVar
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Callable, Iterable, Protocol, TypeVar, Union
 
 from infertool.errors import UsageError
 from infertool.perf.hardware import GPU, find_gpu
 
-T = TypeVar("T")  # a tune trial (a record, or its data)
+T = TypeVar("T", bound="FleetTrial")  # a tune trial (tune.records.TrialRecord)
 
 HOURS_PER_MONTH = 730  # 365 x 24 / 12
 MAX_RPS = 10_000_000.0
@@ -43,9 +43,33 @@ class Fleet:
     price_per_hour: float | None  # $ per GPU-hour
     per_replica_rps: float  # the load each replica is run at, at most: max_load_rps x headroom
     utilization: float  # peak_rps / (replicas x max_load_rps): the share of the fleet's capacity used at peak
+    price_source: str | None = None  # set by fleet_section
+    basis: str = ""  # where max_load_rps comes from
 
-    def to_dict(self) -> dict:
-        return asdict(self)
+
+@dataclass
+class FleetSection:
+    """What the report, tune's report and plan say about the fleet: the fleet (None when not sized), the sentences
+    and why it is not sized; ``max_load_rps``: the planned load plan sized it from (a key only then)."""
+
+    fleet: Fleet | None = None
+    lines: list[str] = field(default_factory=list)
+    reason: str | None = None
+    max_load_rps: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        d = asdict(self)
+        if self.max_load_rps is None:
+            del d["max_load_rps"]
+        return d
+
+
+@dataclass
+class FleetTable:
+    """Fleet sizing per tune trial: a table (header first; None when no trial's target sets peak_rps), sentences."""
+
+    rows: list[list[str]] | None = None
+    lines: list[str] = field(default_factory=list)
 
 
 def _bounded(name: str, value: float, lo: float, hi: float, *, low_open: bool = True) -> float:
@@ -82,8 +106,70 @@ def size_fleet(peak_rps: float, max_load_rps: float, headroom: float = DEFAULT_H
                  gpus_per_replica, price, per_replica, peak / (replicas * load))
 
 
-def _get(obj: object, name: str) -> Any:  # Any: a record's field or a JSON value, of any type
-    return obj.get(name) if isinstance(obj, dict) else getattr(obj, name, None)
+# JSON as a run's manifest holds it (a recipe's target section): each value checked where it is read
+Json = Union[None, bool, int, float, str, list["Json"], dict[str, "Json"]]
+
+
+class _Slo(Protocol):
+    def bounds(self) -> dict[str, float]: ...
+
+
+class _Goodput(Protocol):
+    fraction: float | None
+
+    @property
+    def slo(self) -> _Slo | None: ...
+
+
+class _Summary(Protocol):
+    request_throughput: float | None
+    failed: int
+
+    @property
+    def goodput(self) -> _Goodput: ...
+
+
+class _Label(Protocol):
+    label: str
+
+
+class FleetLevel(Protocol):
+    """A bench load level's result as fleet sizing reads it (``bench.results.LevelResult``)."""
+
+    @property
+    def level(self) -> _Label: ...
+
+    @property
+    def summary(self) -> _Summary: ...
+
+
+class _Probe(Protocol):
+    request_throughput: float | None
+
+
+class _Capacity(Protocol):
+    @property
+    def at_max_load(self) -> _Probe | None: ...
+
+
+class _Machine(Protocol):
+    name: str | None
+    price_per: str | None
+    trial_price_per_hour: float | None
+
+
+class FleetTrial(Protocol):
+    """A tune trial as fleet sizing reads it (``tune.records.TrialRecord``)."""
+
+    id: str
+    label: str
+    serve: dict[str, object]
+
+    @property
+    def capacity(self) -> _Capacity | None: ...
+
+    @property
+    def machine(self) -> _Machine | None: ...
 
 
 class FleetTarget(Protocol):
@@ -109,7 +195,7 @@ class TargetFigures:
     price_per_hour: float | None = None
 
     @classmethod
-    def from_data(cls, section: object) -> TargetFigures | None:
+    def from_data(cls, section: Json) -> TargetFigures | None:
         if not isinstance(section, dict):
             return None
         return cls(_num(section.get("peak_rps")), _num(section.get("headroom")), _num(section.get("price_per_hour")))
@@ -141,26 +227,25 @@ def gpu_price(target: FleetTarget | None, gpu: GPU | Price | str | None) -> tupl
 
 
 def fleet_section(target: FleetTarget | None, max_load_rps: float | None, *, gpus_per_replica: int, basis: str,
-                  gpu: GPU | Price | str | None = None, unit: str = "GPU") -> dict:
-    """What the report, tune's report and plan say about the fleet: {"fleet": Fleet as data or None, "lines":
-    [sentences], "reason": why it is not sized, or None}. ``target``: the recipe's target section (its peak_rps,
+                  gpu: GPU | Price | str | None = None, unit: str = "GPU") -> FleetSection:
+    """What the report, tune's report and plan say about the fleet. ``target``: the recipe's target section (its peak_rps,
     headroom, price_per_hour; model or dict); ``max_load_rps``: one replica's max load under the SLO; ``basis``:
     where that load comes from ("measured by bench under the SLO", "planned, not measured: ..."); ``gpu``: the
     target GPU (for its price); ``unit``: what a replica is made of ("GPU", or "machine" on a CPU target)."""
     peak = target.peak_rps if target is not None else None
     if target is None or peak is None:
         why = "set target.peak_rps (requests/s at peak) to size the fleet: replicas and $ per month"
-        return {"fleet": None, "lines": [f"Fleet: not sized: {why}."], "reason": why}
+        return FleetSection(None, [f"Fleet: not sized: {why}."], why)
     if not max_load_rps or not (isinstance(max_load_rps, (int, float)) and math.isfinite(max_load_rps)) \
             or max_load_rps <= 0:
         why = f"no load met the SLO ({basis}): a replica's max load is unknown or zero"
-        return {"fleet": None, "lines": [f"Fleet for {peak:g} req/s at peak: not sized: {why}."], "reason": why}
+        return FleetSection(None, [f"Fleet for {peak:g} req/s at peak: not sized: {why}."], why)
     headroom = target.headroom
     price, price_src = gpu_price(target, gpu)
     try:
         f = size_fleet(peak, max_load_rps, DEFAULT_HEADROOM if headroom is None else headroom, gpus_per_replica, price)
     except UsageError as e:
-        return {"fleet": None, "lines": [f"Fleet for {peak:g} req/s at peak: not sized: {e.message}."], "reason": e.message}
+        return FleetSection(None, [f"Fleet for {peak:g} req/s at peak: not sized: {e.message}."], e.message)
     lines = [f"Fleet for {f.peak_rps:g} req/s at peak: {f.replicas} replica(s) x {f.gpus_per_replica} {unit} = {f.gpus} "
              f"{unit}(s) — ceil({f.peak_rps:g} / ({f.max_load_rps:.3g} req/s per replica x headroom {f.headroom:g})); "
              f"{f.utilization:.0%} of the fleet's max load used at peak.",
@@ -170,17 +255,17 @@ def fleet_section(target: FleetTarget | None, max_load_rps: float | None, *, gpu
                      f"at ${f.price_per_hour:,.2f} per {unit}-hour ({price_src}).")
     else:
         lines.append(f"Cost: no price known: set target.price_per_hour ($ per {unit}-hour).")
-    return {"fleet": {**f.to_dict(), "price_source": price_src, "basis": basis}, "lines": lines, "reason": None}
+    return FleetSection(replace(f, price_source=price_src, basis=basis), lines)
 
 
 GOODPUT_TARGET = 0.9  # a level meets the SLO when every request completed and this share met it (tune's default)
 
 
-def _num(v: object) -> float | None:
+def _num(v: Json) -> float | None:
     return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) else None
 
 
-def _priced(gpu: object) -> GPU | Price | str | None:
+def _priced(gpu: Json) -> GPU | Price | str | None:
     """A target's GPU as data (a manifest's, a trial recipe's): its key, or a custom spec's price."""
     if isinstance(gpu, dict):
         source = gpu.get("price_source")
@@ -188,26 +273,21 @@ def _priced(gpu: object) -> GPU | Price | str | None:
     return gpu if isinstance(gpu, str) else None
 
 
-def max_load_from_levels(levels: Iterable[object] | None, goodput_target: float = GOODPUT_TARGET) -> tuple[float | None, str]:
+def max_load_from_levels(levels: Iterable[FleetLevel] | None, goodput_target: float = GOODPUT_TARGET) -> tuple[float | None, str]:
     """A replica's max load measured by bench: the highest request throughput (completed requests/s) among its
     load levels that meet the SLO — every request completed and at least ``goodput_target`` of them within the
-    SLO (tune's rule, ``search.probe_ok``). ``levels``: bench's LevelResults (records or data). (load or None,
-    how it was measured)."""
+    SLO (tune's rule, ``search.probe_ok``). (load or None, how it was measured)."""
     best: tuple[float, str] | None = None
     slo_txt = None
     for lv in levels or ():
-        s = _get(lv, "summary")
-        good = _get(s, "goodput") if s is not None else None
-        rps, frac = _num(_get(s, "request_throughput")), _num(_get(good, "fraction"))
-        slo = _get(good, "slo")
+        s = lv.summary
+        rps, frac, slo = s.request_throughput, s.goodput.fraction, s.goodput.slo
         if slo is not None and slo_txt is None:
-            slo_txt = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {_get(slo, k):g} ms"
-                                for k in ("ttft_ms", "tpot_ms", "e2e_ms") if _num(_get(slo, k)) is not None)
-        if rps is None or frac is None or frac < goodput_target or _get(s, "failed"):
+            slo_txt = ", ".join(f"{k.removesuffix('_ms').upper()} ≤ {v:g} ms" for k, v in slo.bounds().items())
+        if rps is None or frac is None or frac < goodput_target or s.failed:
             continue
-        label = _get(_get(lv, "level"), "label") or "?"
         if best is None or rps > best[0]:
-            best = (rps, str(label))
+            best = (rps, lv.level.label or "?")
     rule = (f"every request completed and ≥ {goodput_target:.0%} met the SLO {slo_txt}" if slo_txt else
             "every request completed (no SLO set: every completed request counts)")
     if best is None:
@@ -215,7 +295,7 @@ def max_load_from_levels(levels: Iterable[object] | None, goodput_target: float 
     return best[0], f"measured by bench at level {best[1]}: the highest request throughput among the levels where {rule}"
 
 
-def run_fleet(recipe: dict | None, target: dict | None, levels: Iterable[object] | None) -> dict:
+def run_fleet(recipe: dict | None, target: dict | None, levels: Iterable[FleetLevel] | None) -> FleetSection:
     """``fleet_section`` for a run directory: the recipe's target section (manifest "recipe"), the resolution's
     target (manifest "target": GPUs per replica, the GPU) and bench's levels (the measured max load)."""
     recipe = recipe if isinstance(recipe, dict) else {}
@@ -231,38 +311,35 @@ def run_fleet(recipe: dict | None, target: dict | None, levels: Iterable[object]
                          basis=basis, gpu=gpu, unit=unit)
 
 
-def tune_fleet(trials: Iterable[T] | None, target_of: Callable[[T], object]) -> dict:
+def tune_fleet(trials: Iterable[T] | None, target_of: Callable[[T], dict[str, Json] | None]) -> FleetTable:
     """Fleet sizing per tune trial from its measured capacity (the request throughput at its largest load under
-    the SLO): {"rows": a table (header first) or None, "lines": [sentences]}. ``target_of(trial)``: the trial
-    recipe's target section as data (None when unknown)."""
+    the SLO). ``target_of(trial)``: the trial recipe's target section as data (None when unknown)."""
     rows = [["trial", "max load req/s (measured)", "GPUs per replica", "replicas", "GPUs", "$ per month"]]
     peak = None
     for t in trials or ():
         section = target_of(t)
         figures = TargetFigures.from_data(section)
-        if not isinstance(section, dict) or figures is None or figures.peak_rps is None:
+        if section is None or figures is None or figures.peak_rps is None:
             continue
         peak = figures.peak_rps
-        cap = _get(t, "capacity")
-        at = _get(cap, "at_max_load") if cap is not None else None
-        serve = _get(t, "serve") or {}
-        tp, pp = serve.get("tensor_parallel_size") or 1, serve.get("pipeline_parallel_size") or 1
+        at = t.capacity.at_max_load if t.capacity is not None else None
+        tp, pp = t.serve.get("tensor_parallel_size") or 1, t.serve.get("pipeline_parallel_size") or 1
         gpr = tp * pp if isinstance(tp, int) and isinstance(pp, int) else 1
         gpu, unit = _priced(section.get("gpu")), "GPU"
-        machine = _get(t, "machine")
-        price = _num(_get(machine, "trial_price_per_hour")) if machine is not None else None
-        if price is not None:  # a machine kind (tune.machines): its price, per GPU or per machine
-            per_machine = _get(machine, "price_per") == "machine"
+        machine = t.machine
+        price = _num(machine.trial_price_per_hour) if machine is not None else None
+        if machine is not None and price is not None:  # a machine kind (tune.machines): per GPU or per machine
+            per_machine = machine.price_per == "machine"
             unit = "machine" if per_machine else "GPU"
             gpr = 1 if per_machine else gpr
-            gpu = Price(price / gpr, f"tune.machines {_get(machine, 'name')!s:.60}")
-        res = fleet_section(figures, _num(_get(at, "request_throughput")) if at else None, gpus_per_replica=gpr,
+            gpu = Price(price / gpr, f"tune.machines {machine.name!s:.60}")
+        res = fleet_section(figures, _num(at.request_throughput) if at else None, gpus_per_replica=gpr,
                             basis="measured by tune's capacity search", gpu=gpu, unit=unit)
-        f = res["fleet"]
-        rows.append([str(_get(t, "label") or _get(t, "id")), f"{f['max_load_rps']:.3g}" if f else "–", str(gpr),
-                     str(f["replicas"]) if f else "–", str(f["gpus"]) if f else "–",
-                     f"${f['usd_per_month']:,.0f}" if f and f["usd_per_month"] is not None else "–"])
+        f = res.fleet
+        rows.append([t.label or t.id, f"{f.max_load_rps:.3g}" if f else "–", str(gpr),
+                     str(f.replicas) if f else "–", str(f.gpus) if f else "–",
+                     f"${f.usd_per_month:,.0f}" if f and f.usd_per_month is not None else "–"])
     if peak is None:
-        return {"rows": None, "lines": ["Fleet: not sized: set target.peak_rps (requests/s at peak) in the recipe."]}
-    return {"rows": rows, "lines": [f"Replicas and $ per month (730 h) for {peak:g} req/s at peak, per trial, from its "
-                                    "measured max load under the SLO x target.headroom; – : no load met the SLO."]}
+        return FleetTable(None, ["Fleet: not sized: set target.peak_rps (requests/s at peak) in the recipe."])
+    return FleetTable(rows, [f"Replicas and $ per month (730 h) for {peak:g} req/s at peak, per trial, from its "
+                             "measured max load under the SLO x target.headroom; – : no load met the SLO."])

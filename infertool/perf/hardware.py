@@ -240,13 +240,19 @@ def custom_gpu(name: str, memory_gib: float, bandwidth_tbs: float, bf16_tflops: 
 
 # Reference numbers for this project's CPU machines (docs/reference/profiling.md, Nov 2026, torch 2.13 CPU).
 # Noisy: `infertool profile` measures the machine at hand; these are only used when nothing was measured.
-CPU_REFERENCE = {
-    "name": "2-core AVX-512 CPU (reference, not measured here)",
-    "bandwidth_bytes_s": 15e9,
-    "fp32_flops": 240e9,
-    "bf16_flops": 57e9,
-    "source": "docs/reference/profiling.md: measured on the project's CPU machines, Nov 2026",
-}
+@dataclass(frozen=True)
+class CpuPeaks:
+    """A CPU's peaks where this machine's are not measured yet."""
+
+    name: str
+    bandwidth_bytes_s: float
+    fp32_flops: float
+    bf16_flops: float
+    source: str
+
+
+CPU_REFERENCE = CpuPeaks("2-core AVX-512 CPU (reference, not measured here)", 15e9, 240e9, 57e9,
+                         "docs/reference/profiling.md: measured on the project's CPU machines, Nov 2026")
 
 
 # Driver names in other spellings -> table keys, most specific first ("NVIDIA H100 80GB HBM3" is the SXM part,

@@ -1,22 +1,11 @@
 """This host's facts, decided in one place: is there an NVIDIA GPU, which CPU features, how much memory.
 
-Every command asks here (never /proc or nvidia-smi itself), so they cannot disagree:
-
-- ``gpu_present()``: the hardware as it is (driver /proc entry, device node, or nvidia-smi; sandboxed GPU
-  hosts lack the /proc entry). Used where the real device matters (skipping gpu tests).
-- ``accelerator()``: what infertool runs on: ``cuda`` or ``cpu``; ``INFERTOOL_ACCELERATOR=cpu|cuda``
-  overrides the detection (to build the CUDA serve environment ahead of time, or to test both paths).
-- ``torch_device()``: the device an engine in a worker runs on (``accelerator()``, and torch sees a GPU);
-- ``usable_cores()``: the cores this process may run on (its CPU affinity: a container's or a taskset's share,
-  not the machine's count);
-- ``cpu_flags()``: the CPU's instruction-set flags; ``INFERTOOL_CPU_FLAGS`` (space-separated) replaces them,
-  to plan for another CPU or to test the AVX2-only and AVX-512+BF16 paths on either machine.
-- ``gpu_inventory()``: the GPUs nvidia-smi lists (names, GPU 0's memory), asked once per process; none when
-  ``accelerator()`` is cpu;
-- ``gpu_driver_version()``: the NVIDIA driver's version, where nvidia-smi says;
-- ``host_facts()``: all of it as one ``HostFacts`` (what ``infertool.resolve`` records and decides the target from).
-
-Workers ask here too (their environment inherits INFERTOOL_ACCELERATOR and INFERTOOL_CPU_FLAGS).
+Every command asks here (never /proc or nvidia-smi itself), so they cannot disagree; ``host_facts()`` is all of
+it as one ``HostFacts`` (what ``infertool.resolve`` records and decides the target from).
+``INFERTOOL_ACCELERATOR=cpu|cuda`` overrides the detection (to build the CUDA serve environment ahead of time, or
+to test both paths);
+``INFERTOOL_CPU_FLAGS`` (space-separated) replaces the CPU's flags, to plan for another CPU or to test the AVX2-only
+and AVX-512+BF16 paths on either machine. Workers ask here too (their environment inherits both).
 """
 
 from __future__ import annotations

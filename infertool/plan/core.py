@@ -6,19 +6,22 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from infertool.errors import UsageError
 from infertool.models.weights import WeightFacts, arch_from_info, estimated_weights, measured_weights
 from infertool.perf import roofline
 from infertool.perf.roofline import Arch
-from infertool.plan.facts import Capacity, KVCache, MoE, PlannedModel
+from infertool.plan.facts import (
+    Capacity, CpuMemory, GpuMemory, KVCache, MoE, ParallelLine, PlannedDevice, PlannedModel, Roofline, TensorParallel,
+)
 from infertool.plan.memory import MAX_MEMORY_GIB, cpu_memory, gpu_memory, kv_capacity, largest_batch
 from infertool.plan.speed import calibrate, decode_cost, fleet_sizing, roofline_rows, tp_advice
 from infertool.records import Record
 
 if TYPE_CHECKING:
     from infertool.capability import RunContext
+    from infertool.perf.fleet import FleetSection
     from infertool.recipe import ServeSection
     from infertool.resolve import Resolution
 
@@ -39,17 +42,23 @@ class PlanResult(Record):
     (and why not), the decode roofline bound and tensor-parallel advice."""
 
     model: PlannedModel = field(default_factory=PlannedModel)
-    device: dict = field(default_factory=dict)
+    device: PlannedDevice = field(default_factory=PlannedDevice)
     kv: KVCache = field(default_factory=KVCache)
-    memory: dict = field(default_factory=dict)
+    memory: GpuMemory | CpuMemory = field(default_factory=CpuMemory)
     capacity: Capacity = field(default_factory=Capacity)
     fits: bool = False
     reasons: list[str] = field(default_factory=list)
-    roofline: dict = field(default_factory=dict)
-    tensor_parallel: dict = field(default_factory=dict)
+    roofline: Roofline = field(default_factory=Roofline)
+    tensor_parallel: TensorParallel = field(default_factory=TensorParallel)
     notes: list[str] = field(default_factory=list)
-    # fleet sizing from the roofline's max load under the SLO (planned, not measured): perf.fleet.fleet_section
-    fleet: dict = field(default_factory=dict)
+    # fleet sizing from the roofline's max load under the SLO (planned, not measured); None: it does not fit
+    fleet: FleetSection | None = None
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        d = super().to_dict()
+        if self.fleet is None:
+            d["fleet"] = {}  # what `plan --json` always wrote for a plan that does not fit
+        return d
 
 
 def planned_model(res: Resolution) -> tuple[Arch, WeightFacts, list[str]]:
@@ -130,12 +139,12 @@ def plan(res: Resolution, options: PlanOptions | None = None) -> PlanResult:
         context = (min(max_model_len, bench.prompt.len + bench.output_len // 2) if bench is not None
                    else max(1, max_model_len // 2))
     roof = roofline_rows(arch, weights, mem, kv_tok, capacity, context, tp, options.batches, notes)
-    if roof.get("decode"):
+    if roof.decode:
         calibrate(res, roof, lambda b: decode_cost(arch, weights, mem, kv_tok, b, context, tp)[1],
                     largest_batch(mem, capacity, context), mem.mns)
     tp_adv = tp_advice(arch, weights, mem, capacity, context)
-    tp_adv.update(_parallel_lines(res, serve))
-    fleet = fleet_sizing(res, arch, weights, mem, kv_tok, capacity, tp, pp, context) if not reasons else {}
+    tp_adv.served, tp_adv.base = _parallel_lines(res, serve)
+    fleet = fleet_sizing(res, arch, weights, mem, kv_tok, capacity, tp, pp, context) if not reasons else None
     return PlanResult(_model_facts(res, arch, weights), mem.device, kv, mem.memory, capacity, not reasons, reasons, roof,
                       tp_adv, notes, fleet)
 
@@ -172,34 +181,30 @@ def fleet_replicas(res: Resolution) -> tuple[int | None, str]:
     if target is None or target.peak_rps is None:
         return None, "the default: set target.peak_rps to size the fleet, or give --replicas"
     try:
-        sized = (plan(res).fleet or {})
+        sized = plan(res).fleet
     except InfertoolError as e:
         return None, f"the fleet is not sized: {e.message}"
-    f = sized.get("fleet")
-    if not f:
-        return None, f"the fleet is not sized: {sized.get('reason') or 'no max load under the SLO'}"
-    return int(f["replicas"]), (
-        f"the fleet sizing for target.peak_rps {f['peak_rps']:g} req/s at {f['max_load_rps']:.3g} req/s per replica x "
-        f"headroom {f['headroom']:g}: planned from the "
-        + ("engine's step cost measured as served" if str(f.get("basis") or "").startswith("calibrated")
-           else "roofline") + ", not measured; --replicas overrides")
+    f = sized.fleet if sized is not None else None
+    if f is None:
+        return None, f"the fleet is not sized: {(sized and sized.reason) or 'no max load under the SLO'}"
+    return f.replicas, (
+        f"the fleet sizing for target.peak_rps {f.peak_rps:g} req/s at {f.max_load_rps:.3g} req/s per replica x "
+        f"headroom {f.headroom:g}: planned from the "
+        + ("engine's step cost measured as served" if f.basis.startswith("calibrated") else "roofline")
+        + ", not measured; --replicas overrides")
 
 
-def _parallel_lines(res: Resolution, serve: ServeSection) -> dict:
+def _parallel_lines(res: Resolution, serve: ServeSection) -> tuple[ParallelLine, ParallelLine | None]:
     """The GPUs each server of the recipe takes: the served model's (the serve section: what is deployed) and,
     when the eval serves the original beside it, the original's (eval.base_serve over the serve section), with why."""
-    served = {"model": res.served.label, "tensor_parallel_size": serve.tensor_parallel_size,
-              "pipeline_parallel_size": serve.pipeline_parallel_size, "why": "the serve section"}
-    out: dict = {"served": served, "base": None}
+    served = ParallelLine(res.served.label, serve.tensor_parallel_size, serve.pipeline_parallel_size, "the serve section")
     if res.served.role == "base" or res.recipe.eval is None or res.recipe.eval.engine != "vllm":
-        return out
+        return served, None
     base, _ = res.serve_for(res.base)
     own = res.recipe.eval.base_serve is not None and bool(res.recipe.eval.base_serve.overrides())
-    out["base"] = {"model": res.base.label, "tensor_parallel_size": base.tensor_parallel_size,
-                   "pipeline_parallel_size": base.pipeline_parallel_size,
-                   "why": "eval.base_serve: the original needs its own server settings" if own else
-                   "the serve section (the eval serves the original with it)"}
-    return out
+    return served, ParallelLine(res.base.label, base.tensor_parallel_size, base.pipeline_parallel_size,
+                                "eval.base_serve: the original needs its own server settings" if own else
+                                "the serve section (the eval serves the original with it)")
 
 
 def _model_facts(res: Resolution, arch: Arch, weights: WeightFacts) -> PlannedModel:

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from infertool.errors import UsageError
 from infertool.perf import hardware, roofline
 from infertool.perf.host import memory_total_bytes
-from infertool.plan.facts import Capacity, KVCache
+from infertool.plan.facts import Capacity, CpuMemory, GpuDevice, GpuMemory, KVCache, PlannedDevice
 
 if TYPE_CHECKING:
     from infertool.models.weights import WeightFacts
@@ -48,8 +48,8 @@ def activation_reserve(arch: Arch, max_batched_tokens: int, max_num_seqs: int, a
 class Memory:
     """The device and how its memory divides: what the KV cache gets, the scheduler limits, the peaks."""
 
-    device: dict
-    memory: dict
+    device: PlannedDevice
+    memory: GpuMemory | CpuMemory
     kv_mem: float  # bytes for the KV cache (per GPU)
     block: int
     mnbt: int  # max_num_batched_tokens
@@ -78,19 +78,11 @@ def gpu_memory(serve: ServeSection, arch: Arch, weights: WeightFacts, dev: hardw
     act = activation_reserve(arch, mnbt, mns)
     reserve = act + NON_TORCH_OVERHEAD + (0 if serve.enforce_eager else CUDA_GRAPH_RESERVE)
     kv_mem = budget - weights_gpu - reserve
-    device = {
-        "kind": "gpu", "name": dev.name if dev else f"{memory_gib:g} GiB GPU", "count": tp * pp,
-        "memory_gib": mem_bytes / GIB, "source": dev.source if dev else "--memory",
-        "peak_bf16_tflops": dev.bf16_tflops if dev else None,
-        "bandwidth_tbs": dev.bandwidth_tbs if dev else None,
-        "key": dev.key if dev else None, "custom": bool(dev and dev.custom),
-    }
-    memory = {
-        "per_gpu_budget_gib": budget / GIB, "gpu_memory_utilization": serve.gpu_memory_utilization,
-        "weights_per_gpu_gib": weights_gpu / GIB, "activation_reserve_gib": act / GIB,
-        "overhead_reserve_gib": (reserve - act) / GIB, "kv_cache_per_gpu_gib": max(0.0, kv_mem) / GIB,
-        "reserve_is_estimate": True,
-    }
+    device = GpuDevice("gpu", dev.name if dev else f"{memory_gib:g} GiB GPU", tp * pp, mem_bytes / GIB,
+                       dev.source if dev else "--memory", dev.bf16_tflops if dev else None,
+                       dev.bandwidth_tbs if dev else None, dev.key if dev else None, bool(dev and dev.custom))
+    memory = GpuMemory(budget / GIB, serve.gpu_memory_utilization, weights_gpu / GIB, act / GIB, (reserve - act) / GIB,
+                       max(0.0, kv_mem) / GIB)
     if kv_mem <= 0:
         reasons.append(
             f"weights ({weights_gpu / GIB:.1f} GiB per GPU) plus the reserve ({reserve / GIB:.1f} GiB) exceed "
@@ -111,10 +103,9 @@ def cpu_memory(serve: ServeSection, weights: WeightFacts, reasons: list[str], no
     kv_mem = whole(space * GIB, "serve.cpu.kv_cache_space_gib")
     host = memory_total_bytes()
     need = weights.total_bytes + kv_mem + CPU_HOST_OVERHEAD
-    device = {"kind": "cpu", "name": "this host's CPU (vLLM CPU backend)", "count": 1,
-              "memory_gib": host / GIB if host else None, "source": "host memory (MemTotal)"}
-    memory = {"kv_cache_space_gib": space, "weights_gib": weights.total_bytes / GIB,
-              "host_needed_gib": need / GIB, "host_total_gib": host / GIB if host else None}
+    device = PlannedDevice("cpu", "this host's CPU (vLLM CPU backend)", 1, host / GIB if host else None,
+                           "host memory (MemTotal)")
+    memory = CpuMemory(space, weights.total_bytes / GIB, need / GIB, host / GIB if host else None)
     if host and need > host:
         reasons.append(f"weights + KV cache + overhead need {need / GIB:.1f} GiB; this host has {host / GIB:.1f} GiB")
     if serve.tensor_parallel_size > 1:
@@ -152,12 +143,11 @@ def _cpu_peaks() -> tuple[float | None, float | None, str]:
     """Measured peaks of this machine when `infertool profile` cached them, else the reference numbers:
     (FLOP/s, bytes/s, where they come from)."""
     from infertool.profile.core import cached_peaks, peaks_cache_path
-    from infertool.records import as_float
 
     peaks = cached_peaks("cpu")
     if peaks is None or not peaks.bf16_flops or peaks.bandwidth_bytes_s is None:
         ref = hardware.CPU_REFERENCE
-        return as_float(ref["bf16_flops"]), as_float(ref["bandwidth_bytes_s"]), str(ref["source"])
+        return ref.bf16_flops, ref.bandwidth_bytes_s, ref.source
     cache = peaks_cache_path("cpu")
     if peaks.bf16_flops < 0.25 * peaks.fp32_flops:
         # no bf16 matrix instructions: torch's bf16 GEMM is a slow fallback, and vLLM's CPU kernels run

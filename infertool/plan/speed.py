@@ -7,6 +7,9 @@ from typing import TYPE_CHECKING
 
 from infertool.models.weights import decode_weight_bytes
 from infertool.perf import roofline
+from infertool.plan.facts import (
+    RooflineRow, PlannedKnee, PlannedCalibration, Roofline, SloBound, CalibratedStep, TensorParallel, TpLink, TpRow,
+)
 from infertool.plan.memory import Memory, largest_batch
 
 if TYPE_CHECKING:
@@ -14,6 +17,7 @@ if TYPE_CHECKING:
 
     from infertool.models.weights import WeightFacts
     from infertool.perf.calibration import Calibration
+    from infertool.perf.fleet import FleetSection
     from infertool.perf.roofline import Arch
     from infertool.plan.facts import Capacity
     from infertool.resolve import Resolution
@@ -22,59 +26,49 @@ TP_DEGREES = (1, 2, 4, 8)
 
 
 def roofline_rows(arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, capacity: Capacity, context: int, tp: int,
-              batches: list[int] | None, notes: list[str]) -> dict:
+              batches: list[int] | None, notes: list[str]) -> Roofline:
     """The decode step's roofline bound (with the all-reduce over the GPUs' link) at batch 1, the largest batch
     the KV cache allows and ``batches``; the batch where decode turns compute-bound."""
-    roof: dict = {"context": context, "peak_source": mem.peak_src}
     peak_flops, peak_bw = mem.peak_flops, mem.peak_bw
     if not (peak_flops and peak_bw):
-        roof["decode"] = []
         notes.append("no peak numbers for this device: give --gpu NAME for a roofline bound")
-        return roof
+        return Roofline(context, mem.peak_src)
     agg_flops, agg_bw = peak_flops * tp, peak_bw * tp
     rows = []
     for b in sorted({1, largest_batch(mem, capacity, context)} | {int(x) for x in (batches or []) if x and x > 0}):
         cost, t = decode_cost(arch, weights, mem, kv_tok, b, context, tp)
-        rows.append({"batch": b, "flops": cost.flops, "bytes": cost.bytes, "intensity": cost.intensity,
-                     "step_ms": t * 1e3, "tokens_per_s": b / t,
-                     "bound": "memory" if cost.intensity < agg_flops / agg_bw else "compute"})
+        rows.append(RooflineRow(b, cost.flops, cost.bytes, cost.intensity, t * 1e3, b / t,
+                              "memory" if cost.intensity < agg_flops / agg_bw else "compute"))
     cross = roofline.decode_crossover_batch(arch, decode_weight_bytes(arch, weights, 1), context, kv_tok, peak_flops / peak_bw)
-    roof.update({"peak_flops": agg_flops, "peak_bandwidth": agg_bw, "ridge": peak_flops / peak_bw,
-                 "decode": rows, "crossover_batch": cross})
-    return roof
+    return Roofline(context, mem.peak_src, agg_flops, agg_bw, peak_flops / peak_bw, rows, cross)
 
 
-def calibrate(res: Resolution, roof: dict, roofline_s: Callable[[int], float], largest: int, max_num_seqs: int) -> None:
+def calibrate(res: Resolution, roof: Roofline, roofline_s: Callable[[int], float], largest: int, max_num_seqs: int) -> None:
     """The roofline rows with the serving engine's measured step cost (``infertool.perf.calibration``: step =
     max(overhead(batch), roofline)) when a calibration of this host, model and serve settings is cached, and the
     knee: the largest concurrency whose predicted TPOT and TTFT meet bench.slo (where tune's capacity search
-    starts). ``roof["calibration"]`` is None when none is cached: `infertool profile --engine vllm` (or a tune)
+    starts). ``roof.calibration`` is None when none is cached: `infertool profile --engine vllm` (or a tune)
     measures it."""
     from infertool.perf import calibration as model
     from infertool.profile.calibration import for_resolution
 
     cal = for_resolution(res)
-    roof["calibration"] = None
     if cal is None:
         return
-    for r in roof["decode"]:
-        t = model.step_s(cal, r["batch"], r["step_ms"] / 1e3)
-        r.update({"calibrated_step_ms": t * 1e3,
-                  "calibrated_tokens_per_s": model.decode_tokens_per_s(cal, r["batch"], r["step_ms"] / 1e3, max_num_seqs),
-                  "overhead_bound": model.overhead_s(cal, r["batch"]) * 1e3 > r["step_ms"]})
-    roof["calibration"] = {"key": cal.key, "measured_at": cal.measured_at, "how": cal.how, "context": cal.context,
-                           "points": [{"batch": p.batch, "step_ms": p.seconds * 1e3} for p in cal.points],
-                           "prefill_ms_per_token": cal.prefill_per_token_s * 1e3,
-                           "prefill_fixed_ms": cal.prefill_fixed_s * 1e3}
+    for r in roof.decode:
+        r.calibrated_step_ms = model.step_s(cal, r.batch, r.step_ms / 1e3) * 1e3
+        r.calibrated_tokens_per_s = model.decode_tokens_per_s(cal, r.batch, r.step_ms / 1e3, max_num_seqs)
+        r.overhead_bound = model.overhead_s(cal, r.batch) * 1e3 > r.step_ms
+    roof.calibration = PlannedCalibration(cal.key, cal.measured_at, cal.how, cal.context,
+                                          [CalibratedStep(p.batch, p.seconds * 1e3) for p in cal.points],
+                                          cal.prefill_per_token_s * 1e3, cal.prefill_fixed_s * 1e3)
     bench = res.recipe.bench
-    slo = bench.slo if bench is not None else None
-    prompt_len = bench.prompt.len if bench is not None else roof["context"]
-    c = model.knee(cal, roofline_s, 1, max(1, largest), tpot_ms=slo.tpot_ms if slo else None,
-                   ttft_ms=slo.ttft_ms if slo else None, prompt_len=prompt_len)
+    slo = SloBound(bench.slo.tpot_ms, bench.slo.ttft_ms) if bench is not None and bench.slo else SloBound()
+    prompt_len = bench.prompt.len if bench is not None else roof.context
+    c = model.knee(cal, roofline_s, 1, max(1, largest), tpot_ms=slo.tpot_ms, ttft_ms=slo.ttft_ms, prompt_len=prompt_len)
     t = model.step_s(cal, c, roofline_s(c))
-    roof["knee"] = {"concurrency": c, "tpot_ms": t * 1e3, "ttft_ms": model.ttft_s(cal, prompt_len, c) * 1e3,
-                    "tokens_per_s": model.decode_tokens_per_s(cal, c, roofline_s(c), max_num_seqs),
-                    "slo": {"tpot_ms": slo.tpot_ms if slo else None, "ttft_ms": slo.ttft_ms if slo else None}}
+    roof.knee = PlannedKnee(c, t * 1e3, model.ttft_s(cal, prompt_len, c) * 1e3,
+                     model.decode_tokens_per_s(cal, c, roofline_s(c), max_num_seqs), slo)
 
 
 def decode_cost(arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, b: int, context: int,
@@ -154,26 +148,28 @@ def _calibrated_max_load(cal: Calibration, roofline_s: Callable[[int], float], l
 
 
 def fleet_sizing(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory, kv_tok: float, capacity: Capacity, tp: int, pp: int,
-           context: int) -> dict:
+           context: int) -> FleetSection:
     """Fleet sizing from the planned max load (``_max_load``), when the recipe sets target.peak_rps."""
-    from infertool.perf.fleet import fleet_section
+    from infertool.perf.fleet import FleetSection, fleet_section
 
     target = res.recipe.target
     if target is None or target.peak_rps is None:
         return fleet_section(target, None, gpus_per_replica=tp * pp, basis="planned")
     if not (mem.peak_flops and mem.peak_bw):
-        return {"fleet": None, "lines": ["Fleet: not sized: no peak numbers for this device (give --gpu NAME)."],
-                "reason": "no peak numbers for this device"}
+        return FleetSection(None, ["Fleet: not sized: no peak numbers for this device (give --gpu NAME)."],
+                            "no peak numbers for this device")
     load, basis = _max_load(res, arch, weights, mem, kv_tok, capacity, tp, context)
     dev = res.target.device if res.target.kind == "gpu" else None
-    return {**fleet_section(target, load, gpus_per_replica=tp * pp, basis=basis, gpu=dev), "max_load_rps": load}
+    sized = fleet_section(target, load, gpus_per_replica=tp * pp, basis=basis, gpu=dev)
+    sized.max_load_rps = load
+    return sized
 
 
-def tp_advice(arch: Arch, weights: WeightFacts, mem: Memory, capacity: Capacity, context: int) -> dict:
+def tp_advice(arch: Arch, weights: WeightFacts, mem: Memory, capacity: Capacity, context: int) -> TensorParallel:
     """Per tensor-parallel degree: the weight read against the all-reduce per decode step, and from which degree
     communication dominates (GPUs with a known link only)."""
     link, peak_bw = mem.link, mem.peak_bw
-    tp_adv: dict = {"link": None, "rows": [], "comm_dominates_from": None}
+    tp_adv = TensorParallel()
     if link is None or not peak_bw:
         return tp_adv
     b = largest_batch(mem, capacity, context)
@@ -183,10 +179,8 @@ def tp_advice(arch: Arch, weights: WeightFacts, mem: Memory, capacity: Capacity,
         w_time = decode_weight_bytes(arch, weights, b) / (deg * peak_bw)
         comm = roofline.allreduce_step_seconds(arch.hidden, arch.layers, b, 2, deg, link.bw_per_direction_gbs * 1e9,
                                                link.latency_us * 1e-6)
-        tp_adv["rows"].append({"tp": deg, "batch": b, "weight_read_ms": w_time * 1e3, "allreduce_ms": comm * 1e3,
-                               "comm_share": comm / (comm + w_time) if comm + w_time else 0.0})
-        if comm > w_time and tp_adv["comm_dominates_from"] is None:
-            tp_adv["comm_dominates_from"] = deg
-    tp_adv["link"] = {"name": link.name, "gb_s_per_direction": link.bw_per_direction_gbs, "latency_us": link.latency_us,
-                      "source": link.source}
+        tp_adv.rows.append(TpRow(deg, b, w_time * 1e3, comm * 1e3, comm / (comm + w_time) if comm + w_time else 0.0))
+        if comm > w_time and tp_adv.comm_dominates_from is None:
+            tp_adv.comm_dominates_from = deg
+    tp_adv.link = TpLink(link.name, link.bw_per_direction_gbs, link.latency_us, link.source)
     return tp_adv

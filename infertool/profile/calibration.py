@@ -120,7 +120,8 @@ def from_profile(res: Resolution, model, measured: ShapeTimings) -> Calibration 
 
     key, facts = key_of(res, model)
     try:
-        cal = _from_rows(key, measured, facts, "infertool profile --engine vllm")
+        cal = from_timings(key, measured.decode, measured.prefill, facts=facts, measured_at=_now(),
+                           how="infertool profile --engine vllm")
     except UsageError:
         return None
     save(cal)
@@ -151,12 +152,7 @@ def ensure_on_server(res: Resolution, url: str, served_name: str, *, batch: int,
     if have is not None:
         cal = have.with_points([StepPoint(r.batch, r.seconds_per_step, r.context) for r in rows.decode])
     else:
-        cal = _from_rows(key, rows, facts, "tune: on a trial's capacity server")
+        cal = from_timings(key, rows.decode, rows.prefill, facts=facts, measured_at=_now(),
+                           how="tune: on a trial's capacity server")
     save(cal)
     return cal
-
-
-def _from_rows(key: str, rows: ShapeTimings, facts: dict, how: str) -> Calibration:
-    """infertool.perf.calibration.from_timings of the timed rows (its rows are plain data)."""
-    return from_timings(key, [r.to_dict() for r in rows.decode], [r.to_dict() for r in rows.prefill], facts=facts,
-                        measured_at=_now(), how=how)

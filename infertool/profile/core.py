@@ -19,10 +19,10 @@ from infertool.perf import roofline
 import infertool.profile.analysis as analysis
 from infertool.profile.analysis import Datasheet, Peaks, Point
 from infertool.profile.grid import ShapeGrid
-from infertool.profile.measure import MachinePeaks, ShapeTimings
-from infertool.profile.nsys import NsysSummary
+from infertool.profile.measure import HfSpec, MachinePeaks, ShapeTimings
+from infertool.profile.nsys import NsysSummary, NvtxRange
 from infertool.profile.nvml import NvmlSummary
-from infertool.records import Record
+from infertool.records import Record, Sparse
 
 if TYPE_CHECKING:
     from infertool.perf.roofline import Arch
@@ -62,7 +62,7 @@ class ProfiledDevice(Record):
 
 
 @dataclass
-class ProfileResult(Record):
+class ProfileResult(Sparse):
     """What `infertool profile` found (profile.json): the model and device, the measured peaks, each timed shape
     against the roofline (``points``), the analytic costs, a verdict per phase, advice, NVML / Nsight figures."""
 
@@ -84,14 +84,7 @@ class ProfileResult(Record):
     # cached for plan and tune
     calibration: dict | None = None
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("calibration",)  # left out of profile.json when None (older layout)
-
-    def to_dict(self) -> dict:
-        d = super().to_dict()
-        for k in self.OPTIONAL:
-            if d.get(k) is None:
-                d.pop(k, None)
-        return d
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("calibration",)  # left out of profile.json when None (older layout)
 
 
 @dataclass
@@ -299,17 +292,13 @@ def _measure(plan: ProfilePlan, model: ModelRef, dtype: str, ctx: RunContext) ->
     if engine == "hf":
         from infertool.trust import announce_remote_code
 
-        spec = {"model": str(model.path), "dtype": dtype, "batch": grid.batch, "prompt_len": grid.prompt_len,
-                "decode_len": grid.decode_len, "context": grid.context, "repeats": grid.repeats, "nvml": True,
-                "trust_remote_code": announce_remote_code(plan.res.recipe.model.source,
-                                                          plan.res.recipe.model.trust_remote_code)}
-        if prefix:
-            from infertool.profile.nsys import profile_command
+        from infertool.profile.nsys import profile_command
 
-            measured = _run_hf({**spec, "cuda_profiler": True}, ctx.on_event,
-                               wrap=profile_command(nsys_bin, prefix, []))
-        else:
-            measured = _run_hf(spec, ctx.on_event)
+        spec = HfSpec(str(model.path), dtype, grid.batch, grid.prompt_len, grid.decode_len, grid.context, grid.repeats,
+                      trust_remote_code=announce_remote_code(plan.res.recipe.model.source,
+                                                             plan.res.recipe.model.trust_remote_code),
+                      cuda_profiler=bool(prefix))
+        measured = _run_hf(spec, ctx.on_event, wrap=profile_command(nsys_bin, prefix, []) if prefix else None)
     else:  # the vllm engine's launch passes trust_remote_code itself (infertool.serve.prepare)
         from infertool.profile.vllm_engine import vllm_timings
 
@@ -352,11 +341,11 @@ def _result(plan: ProfilePlan, model: ModelRef, facts: _Facts, prec: _Precision,
     )
 
 
-def _run_hf(spec: dict, on_event: EventCallback | None, wrap: list[str] | None = None) -> ShapeTimings:
+def _run_hf(spec: HfSpec, on_event: EventCallback | None, wrap: list[str] | None = None) -> ShapeTimings:
     """The worker task profile.hf, its answer read back as ShapeTimings (the one reader of it)."""
     from infertool.envs.runner import run_task
 
-    return ShapeTimings.from_dict(run_task("profile.hf", spec, on_event=on_event, wrap=wrap).result)
+    return ShapeTimings.from_dict(run_task("profile.hf", spec.to_dict(), on_event=on_event, wrap=wrap).result)
 
 
 def _log_dir(what: str) -> Path:
@@ -384,7 +373,7 @@ def _nsys_summary(nsys_bin: str, prefix: str, measured: ShapeTimings, on_event: 
     summary = collect(nsys_bin, report, prefix)
     if not summary.ranges and measured.captured_wall_ns:
         # the vllm engine has no NVTX ranges of ours: the measured wall between start_profile and stop_profile
-        summary.ranges = {"measured (vllm)": {"total_ns": measured.captured_wall_ns, "instances": 1}}
+        summary.ranges = {"measured (vllm)": NvtxRange(measured.captured_wall_ns, 1)}
         summary.kernel_busy_fraction = summary.kernel_time_ns / measured.captured_wall_ns
     return summary
 

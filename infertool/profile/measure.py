@@ -66,6 +66,33 @@ class ShapeTimings(Record):
     captured_wall_ns: float | None = None
 
 
+@dataclass
+class PeaksSpec(Record):
+    """The task profile.peaks' spec (the defaults: what `infertool profile` asks)."""
+
+    device: str = "auto"
+    repeats: int = 5
+    bandwidth_mb: int | None = None  # default 256 on a CPU, 2048 on a GPU
+    matmul_n: int | None = None  # the largest matmul timed: 2048 on a CPU, 8192 on a GPU
+
+
+@dataclass
+class HfSpec(Record):
+    """The task profile.hf's spec: the model and the shapes to time with transformers."""
+
+    model: str = ""
+    dtype: str | None = None  # default bfloat16
+    batch: list[int] = field(default_factory=list)
+    prompt_len: list[int] = field(default_factory=list)
+    decode_len: int = 16
+    context: int | None = None  # default the first prompt length
+    repeats: int = 3
+    seed: int = 0
+    nvml: bool = True
+    trust_remote_code: bool = False
+    cuda_profiler: bool = False  # under `nsys profile --capture-range=cudaProfilerApi`
+
+
 def _sync(torch, device: str) -> None:
     if device == "cuda":
         torch.cuda.synchronize()
@@ -87,10 +114,11 @@ def peaks_task(spec: dict, events) -> dict:
     """Measured peaks of this machine: read bandwidth, triad bandwidth, matmul FLOP/s (fp32, bf16)."""
     import torch
 
-    device = torch_device() if spec.get("device", "auto") != "cpu" else "cpu"
-    repeats = int(spec.get("repeats", 5))
-    mb = int(spec.get("bandwidth_mb", 256 if device == "cpu" else 2048))
-    n = int(spec.get("matmul_n", 2048 if device == "cpu" else 8192))
+    ps = PeaksSpec.from_dict(spec)
+    device = torch_device() if ps.device != "cpu" else "cpu"
+    repeats = ps.repeats
+    mb = ps.bandwidth_mb or (256 if device == "cpu" else 2048)
+    n = ps.matmul_n or (2048 if device == "cpu" else 8192)
     steps = 4
     events.progress("peaks", 0, steps, f"read bandwidth ({mb} MB, {device})")
     x = torch.ones(mb * 2**20 // 4, dtype=torch.float32, device=device)
@@ -135,32 +163,27 @@ def _nvtx(torch, on: bool, name: str) -> Iterator[None]:
 
 
 def hf_task(spec: dict, events) -> dict:
-    """Time prefill (batch 1, each prompt length) and decode steps (each batch, at a context) with transformers.
-
-    spec: {model, dtype, batch: [..], prompt_len: [..], decode_len, context, repeats, seed, nvml: bool}
-    """
+    """Time prefill (batch 1, each prompt length) and decode steps (each batch, at a context) with transformers
+    (``spec``: an HfSpec's data)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-
-    torch.manual_seed(int(spec.get("seed", 0)))
+    hs = HfSpec.from_dict(spec)
+    torch.manual_seed(hs.seed)
     device = torch_device()
-    dtype = getattr(torch, spec.get("dtype") or "bfloat16")
+    dtype = getattr(torch, hs.dtype or "bfloat16")
     events.progress("profile", 0, None, "loading the model")
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=dtype,
-                                                 trust_remote_code=bool(spec.get("trust_remote_code"))).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(hs.model, dtype=dtype,
+                                                 trust_remote_code=hs.trust_remote_code).to(device).eval()
     vocab = model.config.vocab_size
-    repeats = int(spec.get("repeats", 3))
-    batches = [int(b) for b in spec["batch"]]
-    prompts = [int(s) for s in spec["prompt_len"]]
-    decode_len = int(spec.get("decode_len", 16))
-    context = int(spec.get("context") or prompts[0])
+    repeats, batches, prompts, decode_len = hs.repeats, hs.batch, hs.prompt_len, hs.decode_len
+    context = hs.context or prompts[0]
     total = len(prompts) + len(batches)
     done = 0
-    sampler = NvmlSampler() if spec.get("nvml", True) else None
+    sampler = NvmlSampler() if hs.nvml else None
     if sampler is not None:
         sampler.start()
-    capture = bool(spec.get("cuda_profiler")) and device == "cuda"  # under `nsys profile --capture-range=cudaProfilerApi`
+    capture = hs.cuda_profiler and device == "cuda"
     prefill_rows, decode_rows = [], []
     try:
         with torch.inference_mode():

@@ -52,11 +52,19 @@ class PhaseKernels(Record):
 
 
 @dataclass
+class NvtxRange(Record):
+    """The wall time of one NVTX range name, summed over its instances."""
+
+    total_ns: float = 0.0
+    instances: int = 0
+
+
+@dataclass
 class NsysSummary(KernelShare):
     """What ``collect`` found (profile.json's ``nsys``): the kernel classes overall, the NVTX ranges, each phase's
     kernels, the report and its CSV tables, and the tables nsys could not give."""
 
-    ranges: dict[str, dict] = field(default_factory=dict)  # range name -> {total_ns, instances}
+    ranges: dict[str, NvtxRange] = field(default_factory=dict)  # by range name
     phases: dict[str, PhaseKernels] = field(default_factory=dict)
     report: str | None = None
     csv: dict[str, str] = field(default_factory=dict)
@@ -151,10 +159,10 @@ def _first(rec: dict, *keys: str):
     return None
 
 
-def parse_nvtx_sum(text: str) -> dict[str, dict]:
-    """`nsys stats -r nvtx_sum -f csv`: wall time per NVTX range name -> {total_ns, instances}. nsys writes
-    ranges of the default domain with a leading ':' in some versions: stripped."""
-    out: dict[str, dict] = {}
+def parse_nvtx_sum(text: str) -> dict[str, NvtxRange]:
+    """`nsys stats -r nvtx_sum -f csv`: wall time per NVTX range name. nsys writes ranges of the default domain
+    with a leading ':' in some versions: stripped."""
+    out: dict[str, NvtxRange] = {}
     for rec in _table(text, "Total Time (ns)", "Range"):
         try:
             total = float(rec["Total Time (ns)"])
@@ -162,9 +170,9 @@ def parse_nvtx_sum(text: str) -> dict[str, dict]:
         except (KeyError, ValueError, TypeError):
             continue
         name = (rec.get("Range") or "").lstrip(":")
-        row = out.setdefault(name, {"total_ns": 0.0, "instances": 0})
-        row["total_ns"] += total
-        row["instances"] += inst
+        row = out.setdefault(name, NvtxRange())
+        row.total_ns += total
+        row.instances += inst
     return out
 
 
@@ -189,16 +197,16 @@ def phase_of(range_name: str) -> str | None:
     return head if head in ("prefill", "decode") else None
 
 
-def summarise(kernels: list[KernelRow], ranges: dict[str, dict],
+def summarise(kernels: list[KernelRow], ranges: dict[str, NvtxRange],
               per_range: dict[str, list[KernelRow]] | None = None) -> NsysSummary:
     """Kernel classes and the kernel-busy fraction: GPU kernel time over the wall time of the NVTX ranges that
     cover the captured region. Per phase as well when nvtx_kern_sum was available."""
-    wall = sum(r["total_ns"] for r in ranges.values()) or None
+    wall = sum(r.total_ns for r in ranges.values()) or None
     b = kernel_breakdown(kernels, wall)
     phases: dict[str, PhaseKernels] = {}
     for phase in ("prefill", "decode") if per_range else ():
         rows = [k for name, ks in (per_range or {}).items() if phase_of(name) == phase for k in ks]
-        pwall = sum(r["total_ns"] for n, r in ranges.items() if phase_of(n) == phase) or None
+        pwall = sum(r.total_ns for n, r in ranges.items() if phase_of(n) == phase) or None
         if rows:
             p = kernel_breakdown(rows, pwall)
             phases[phase] = PhaseKernels(p.kernel_busy_fraction, p.class_share, p.kernel_time_ns, pwall)

@@ -69,6 +69,20 @@ class NvmlSummary(_Availability):
     gpm: GpmMetrics = field(default_factory=GpmMetrics)
 
 
+@dataclass
+class NvmlSample(Record):
+    """One reading of the sampler (None: NVML did not say)."""
+
+    t: float = 0.0
+    memory_used_bytes: float | None = None
+    power_w: float | None = None
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    throttle_reasons: int | None = None
+    time_busy_pct: float | None = None
+    memory_time_busy_pct: float | None = None
+
+
 def _load_nvml():
     import pynvml  # nvidia-ml-py
 
@@ -82,7 +96,7 @@ class NvmlSampler:
         self.interval_s = interval_s
         self.device_index = device_index
         self._nvml = nvml
-        self._samples: list[dict] = []
+        self._samples: list[NvmlSample] = []
         self._gpm: dict[str, float] = {}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -124,18 +138,15 @@ class NvmlSampler:
             self._samples.append(self.sample_once())
             self._stop.wait(self.interval_s)
 
-    def sample_once(self) -> dict:
+    def sample_once(self) -> NvmlSample:
         nv, h = self._nvml, self._handle
-        row: dict = {"t": time.monotonic()}
-        row["memory_used_bytes"] = _try(lambda: nv.nvmlDeviceGetMemoryInfo(h).used)
-        row["power_w"] = _try(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0)
-        row["sm_clock_mhz"] = _try(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM))
-        row["mem_clock_mhz"] = _try(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM))
-        row["throttle_reasons"] = _try(lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h))
         util = _try(lambda: nv.nvmlDeviceGetUtilizationRates(h))
-        row["time_busy_pct"] = getattr(util, "gpu", None)
-        row["memory_time_busy_pct"] = getattr(util, "memory", None)
-        return row
+        return NvmlSample(time.monotonic(), _try(lambda: nv.nvmlDeviceGetMemoryInfo(h).used),
+                          _try(lambda: nv.nvmlDeviceGetPowerUsage(h) / 1000.0),
+                          _try(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_SM)),
+                          _try(lambda: nv.nvmlDeviceGetClockInfo(h, nv.NVML_CLOCK_MEM)),
+                          _try(lambda: nv.nvmlDeviceGetCurrentClocksThrottleReasons(h)),
+                          util.gpu if util is not None else None, util.memory if util is not None else None)
 
     def stop(self) -> NvmlSummary:
         if not self.available:
@@ -170,18 +181,19 @@ class NvmlSampler:
             return GpmMetrics(reason=f"{type(e).__name__}: {e}")
 
 
-def summarise(samples: list[dict], gpm: GpmMetrics, name: str | None = None) -> NvmlSummary:
+def summarise(samples: list[NvmlSample], gpm: GpmMetrics, name: str | None = None) -> NvmlSummary:
     """Mean/max of each reading over the samples; throttle reasons OR-ed together."""
-    def stats(key: str) -> Reading | None:
-        vals = [s[key] for s in samples if s.get(key) is not None]
+    def stats(readings: list[float | None]) -> Reading | None:
+        vals = [v for v in readings if v is not None]
         return Reading(statistics.fmean(vals), max(vals), min(vals)) if vals else None
 
     reasons = 0
     for s in samples:
-        reasons |= int(s.get("throttle_reasons") or 0)
-    return NvmlSummary(True, None, name, len(samples), stats("memory_used_bytes"), stats("power_w"),
-                       stats("sm_clock_mhz"), stats("mem_clock_mhz"), decode_throttle(reasons), stats("time_busy_pct"),
-                       stats("memory_time_busy_pct"), gpm)
+        reasons |= int(s.throttle_reasons or 0)
+    return NvmlSummary(True, None, name, len(samples), stats([s.memory_used_bytes for s in samples]),
+                       stats([s.power_w for s in samples]), stats([s.sm_clock_mhz for s in samples]),
+                       stats([s.mem_clock_mhz for s in samples]), decode_throttle(reasons),
+                       stats([s.time_busy_pct for s in samples]), stats([s.memory_time_busy_pct for s in samples]), gpm)
 
 
 THROTTLE_BITS = {

@@ -20,6 +20,7 @@ import random
 import statistics
 import time
 from contextlib import ExitStack
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -128,7 +129,17 @@ GENERATED = "vllm:generation_tokens_total"
 POLL_S = 0.2  # how often the decode window watches the server's counters
 
 
-async def _counters(client, root: str, headers: dict) -> dict | None:
+@dataclass(frozen=True)
+class _Counters:
+    """The server's ITL histogram (sum, count) and its prompt / generated token counters (None: not reported)."""
+
+    sum: float
+    count: float
+    prompt: float | None
+    generated: float | None
+
+
+async def _counters(client, root: str, headers: dict) -> _Counters | None:
     """The server's ITL histogram (sum, count) and token counters from its /metrics, or None (no such metric, no
     answer: the caller times by difference instead)."""
     from infertool.bench.prometheus import parse_prometheus
@@ -141,16 +152,16 @@ async def _counters(client, root: str, headers: dict) -> dict | None:
     if r.status != 200:
         return None
     v = parse_prometheus(r.text())
-    if v.get(f"{ITL_METRIC}_sum") is None or v.get(f"{ITL_METRIC}_count") is None:
+    total, count = v.get(f"{ITL_METRIC}_sum"), v.get(f"{ITL_METRIC}_count")
+    if total is None or count is None:
         return None
-    return {"sum": v[f"{ITL_METRIC}_sum"], "count": v[f"{ITL_METRIC}_count"], "prompt": v.get(PROMPT_TOKENS),
-            "generated": v.get(GENERATED)}
+    return _Counters(total, count, v.get(PROMPT_TOKENS), v.get(GENERATED))
 
 
-def _mean_gap(a: dict | None, b: dict | None) -> float | None:
-    if a is None or b is None or b["count"] <= a["count"] or b["sum"] <= a["sum"]:
+def _mean_gap(a: _Counters | None, b: _Counters | None) -> float | None:
+    if a is None or b is None or b.count <= a.count or b.sum <= a.sum:
         return None
-    return (b["sum"] - a["sum"]) / (b["count"] - a["count"])
+    return (b.sum - a.sum) / (b.count - a.count)
 
 
 async def _itl_step(client, url: str, model: str, headers: dict, prompts: list[list[int]], steps: int) -> float | None:
@@ -171,11 +182,11 @@ async def _itl_step(client, url: str, model: str, headers: dict, prompts: list[l
             if wave.done():
                 break
             now = await _counters(client, root, headers)
-            if now is None or start["prompt"] is None or now["prompt"] is None or now["generated"] is None:
+            if now is None or start.prompt is None or now.prompt is None or now.generated is None:
                 continue
-            if first is None and now["prompt"] - start["prompt"] >= sum(len(p) for p in prompts):
+            if first is None and now.prompt - start.prompt >= sum(len(p) for p in prompts):
                 first = now
-            elif first is not None and now["generated"] - first["generated"] >= len(prompts) * steps // 2:
+            elif first is not None and now.generated - (first.generated or 0) >= len(prompts) * steps // 2:
                 last = now
                 break
         await wave

@@ -31,7 +31,7 @@ def bench_section(run: RunData, names: Names) -> Section | None:
     blocks += [P("note: " + note) for note in be.notes]
     from infertool.perf.fleet import run_fleet  # replicas and $/month for target.peak_rps from the measured max load
 
-    blocks += [P(line) for line in run_fleet(run.manifest.recipe, run.manifest.target, be.levels)["lines"]]
+    blocks += [P(line) for line in run_fleet(run.manifest.recipe, run.manifest.target, be.levels).lines]
     blocks.append(FigureBlock("latency_throughput"))
     blocks.append(FigureBlock("lengths"))
     return Section("bench", "Bench", blocks)

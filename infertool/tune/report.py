@@ -9,12 +9,13 @@ from __future__ import annotations
 import html
 import math
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from infertool.atomic import atomic_path, write_text
 from infertool.evaluate.result import Accept
 from infertool.evaluate.lossless import FLOOR_METHOD, rule_text
 from infertool.metricspec import objective as objective_metric
+from infertool.perf.fleet import FleetTable, Json
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.tune.records import (
     TrialDecode, LmEvalFigures, Screening, ScreenResult, ServeValue, TrialRecord, TuneDoc,
@@ -345,14 +346,14 @@ def _cost_lines(doc: TuneDoc) -> list[str]:
     return lines
 
 
-def _fleet(doc: TuneDoc) -> dict[str, Any]:  # Any: perf.fleet.tune_fleet's {rows, lines}, untyped there
+def _fleet(doc: TuneDoc) -> FleetTable:
     """Replicas and $/month per trial for the recipe's target.peak_rps (perf.fleet.tune_fleet), each trial's target
     read from its manifest's recipe."""
     from infertool.errors import UsageError
     from infertool.perf.fleet import tune_fleet
     from infertool.report import load_run
 
-    def target_of(t: TrialRecord) -> dict[str, object] | None:
+    def target_of(t: TrialRecord) -> dict[str, Json] | None:
         if t.dir is None:
             return None
         try:
@@ -374,7 +375,7 @@ def render_markdown(doc: TuneDoc | dict[str, object], plot: Path | None, tuned_t
     if len(lossless := lossless_rows(doc)) > 1:
         parts += ["## Speculation is lossless, checked", "", LOSSLESS_NOTE, "", md_table(lossless), ""]
     fleet = _fleet(doc)
-    parts += ["## Fleet", "", *fleet["lines"], ""] + ([md_table(fleet["rows"]), ""] if fleet["rows"] else [])
+    parts += ["## Fleet", "", *fleet.lines, ""] + ([md_table(fleet.rows), ""] if fleet.rows else [])
     if tuned_text:
         parts += ["## The winner's recipe", "", "```yaml", tuned_text.rstrip(), "```", ""]
     return "\n".join(parts)
@@ -399,7 +400,7 @@ def render_html(doc: TuneDoc | dict[str, object], plot: Path | None, tuned_text:
     if len(lossless := lossless_rows(doc)) > 1:
         body += ["<h2>Speculation is lossless, checked</h2>", f"<p>{inline(LOSSLESS_NOTE)}</p>", html_table(lossless)]
     fleet = _fleet(doc)
-    body += ["<h2>Fleet</h2>", *(f"<p>{inline(x)}</p>" for x in fleet["lines"])] + ([html_table(fleet["rows"])] if fleet["rows"] else [])
+    body += ["<h2>Fleet</h2>", *(f"<p>{inline(x)}</p>" for x in fleet.lines)] + ([html_table(fleet.rows)] if fleet.rows else [])
     if tuned_text:
         body += ["<h2>The winner's recipe</h2>", f"<pre>{html.escape(tuned_text)}</pre>"]
     return html_document(f"infertool tune {doc.recipe}", body)

@@ -396,23 +396,23 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     if p.capacity.kv_tokens and p.capacity.kv_tokens < per_request:
         reasons.append(f"the KV cache holds {p.capacity.kv_tokens:,} tokens, fewer than one request of the traffic "
                        f"({per_request:,})")
-    rows = p.roofline.get("decode") or []
-    knee = (p.roofline.get("knee") or {}).get("concurrency")
+    rows, roof = p.roofline.decode, p.roofline
+    knee = roof.knee.concurrency if roof.knee else None
     at = concurrency or knee  # calibrated: the predicted max load; else the largest batch the KV cache allows
-    row = next((x for x in rows if at and x["batch"] == at), rows[-1] if rows else None)
-    calibrated = bool(row and "calibrated_tokens_per_s" in row)
-    tps = (row["calibrated_tokens_per_s"] if calibrated else row["tokens_per_s"]) if row else None
-    bound = (("overhead" if row.get("overhead_bound") else row["bound"]) if calibrated else row["bound"]) if row else None
+    row = next((x for x in rows if at and x.batch == at), rows[-1] if rows else None)
+    calibrated = bool(row and row.calibrated_tokens_per_s is not None)
+    tps = (row.calibrated_tokens_per_s if calibrated else row.tokens_per_s) if row else None
+    bound = (("overhead" if row.overhead_bound else row.bound) if calibrated else row.bound) if row else None
     cost = bench.cost_per_hour
     return PredictionRecord(
         fits=not reasons, reasons=reasons, weight_bytes=p.model.weight_bytes, kv_tokens=p.capacity.kv_tokens,
         max_batch_by_kv=max(1, p.capacity.kv_tokens // max(1, per_request)) if p.capacity.kv_tokens else 0,
-        batch=row["batch"] if row else None, decode_tokens_per_s=tps, bound=bound,
-        peak_source=(p.roofline.get("peak_source") if not calibrated else
-                     f"{p.roofline.get('peak_source')}; engine step cost as served (calibration {p.roofline['calibration']['key']})"),
+        batch=row.batch if row else None, decode_tokens_per_s=tps, bound=bound,
+        peak_source=(roof.peak_source if not calibrated or roof.calibration is None else
+                     f"{roof.peak_source}; engine step cost as served (calibration {roof.calibration.key})"),
         cost_per_1m_output_tokens=(cost / (tps * 3600) * 1e6) if (cost is not None and tps) else None,
-        calibration=p.roofline["calibration"]["key"] if calibrated else None,
-        step_ms=(row["calibrated_step_ms"] if calibrated else row["step_ms"]) if row else None, knee=knee)
+        calibration=roof.calibration.key if calibrated and roof.calibration else None,
+        step_ms=(row.calibrated_step_ms if calibrated else row.step_ms) if row else None, knee=knee)
 
 
 def capacity_start(trial: Trial, res: Resolution, url: str, served_name: str, lo: int, hi: int, *,
