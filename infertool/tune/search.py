@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from infertool.bench.results import Latency, Summary
 from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
 from infertool.metricspec import objective as objective_metric
-from infertool.tune.records import CapacityResult, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision
+from infertool.tune.records import (
+    CapacityResult, JSONValue, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision,
+)
 
 if TYPE_CHECKING:
     from infertool.tune.space import Trial
@@ -35,9 +37,6 @@ class LoadSearch:
     def best(self) -> Probe | None:
         ok = [p for p in self.probes if p.ok and p.concurrency == self.max_load]
         return ok[-1] if ok else None
-
-    def to_dict(self) -> dict[str, object]:
-        return {"max_load": self.max_load, "stopped": self.stopped, "probes": [p.to_dict() for p in self.probes]}
 
 
 def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: int = 8,
@@ -104,12 +103,12 @@ def _bisect(run: Callable[[int], Probe], probes: list[Probe], good: int, bad: in
     return LoadSearch(good, probes, f"the SLO holds at {good} and not at {bad}")
 
 
-def short_summary(summary: Summary | dict[str, object]) -> ProbeSummary:
-    """What a probe keeps of a bench level's summary (a ``bench.results.Summary`` or its JSON data)."""
+def short_summary(summary: Summary) -> ProbeSummary:
+    """What a probe keeps of a bench level's summary."""
     return ProbeSummary.of(summary)
 
 
-def probe_ok(summary: Summary | dict[str, object], target: float) -> tuple[bool, float | None]:
+def probe_ok(summary: Summary | Mapping[str, JSONValue], target: float) -> tuple[bool, float | None]:
     """A level meets the SLO when every request completed and the share that met the SLO reaches the target
     (``summary``: a ``bench.results.Summary`` or its JSON data)."""
     s = Summary.from_dict(summary)
@@ -182,15 +181,14 @@ def slo_margin(summary: ProbeSummary, slo: dict[str, float], target: float) -> f
     return max(ratios) if ratios else None
 
 
-def judge_runs(runs: Sequence[ProbeSummary | dict[str, object]],
-               policy: RepeatPolicy) -> tuple[bool, bool, str, list[float] | None]:
+def judge_runs(runs: Sequence[ProbeSummary], policy: RepeatPolicy) -> tuple[bool, bool, str, list[float] | None]:
     """Whether the runs of one level meet the SLO (ok), whether that is decided, why, and the goodput fraction's
     Wilson interval over every request: decided when the interval lies on one side of the target, or a single
     run is far from the edge (its latency percentile within 1/(1+edge) of the bound and meeting, or beyond
     (1+edge) x the bound and missing), or a request failed (a failure is not noise)."""
     from infertool.evaluate.metrics import wilson
 
-    probes = [r if isinstance(r, ProbeSummary) else ProbeSummary.from_dict(r) for r in runs]
+    probes = list(runs)
     n = sum(r.requests or 0 for r in probes)
     met = sum(round((r.goodput.fraction or 0.0) * (r.requests or 0)) for r in probes)
     failed = sum(r.failed or 0 for r in probes)
@@ -215,11 +213,10 @@ def judge_runs(runs: Sequence[ProbeSummary | dict[str, object]],
     return ok, False, f"near the edge: undecided after {len(runs)} run(s)", ci
 
 
-def mean_summary(runs: Sequence[ProbeSummary | dict[str, object]],
-                 cost_per_hour: float | None = None) -> ProbeSummary:
+def mean_summary(runs: Sequence[ProbeSummary], cost_per_hour: float | None = None) -> ProbeSummary:
     """The runs' short summaries averaged (every number; counts summed), $/1M recomputed from the mean
     throughput so that it matches the throughput's interval."""
-    recs = [ProbeSummary.from_dict(r) for r in runs]
+    recs = list(runs)
     if len(recs) == 1:
         return ProbeSummary.from_dict(recs[0].to_dict())
     data = [r.to_dict() for r in recs]
@@ -231,9 +228,6 @@ def mean_summary(runs: Sequence[ProbeSummary | dict[str, object]],
     if tps and price:
         out.cost.per_1m_output_tokens = cost_from_throughput(price, tps)
     return out
-
-
-JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]
 
 
 def _mean_value(values: list[JSONValue]) -> JSONValue:
