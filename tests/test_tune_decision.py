@@ -332,9 +332,9 @@ def test_search_load_repeats_at_the_edge_and_stops_when_it_cannot_win(monkeypatc
     monkeypatch.setattr(space, "capacity_start", lambda *a, **k: None)  # no calibrated knee: start from the bottom
     monkeypatch.setattr(stages_mod, "resolution", lambda ctx: None)
     bench = BenchSection(requests=16, slo={"ttft_ms": 1000, "tpot_ms": 100}, cost_per_hour=0.5)
-    job = SimpleNamespace(tune=SimpleNamespace(bench=bench, exhaustive=False, best_cost=None,
+    job = SimpleNamespace(tune=SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=[],
                                                tune=SimpleNamespace(objective="cost", load=TuneLoadSearch())),
-                          trial=SimpleNamespace(label="t", price_per_hour=None))
+                          trial=SimpleNamespace(id="t", label="t", price_per_hour=None))
     ctx = SimpleNamespace(job=job, on_event=None, emit=lambda *a, **k: None)
     srv = SimpleNamespace(url="http://127.0.0.1:1/v1", model="m", api_key=None, to_dict=lambda: {})
     levels: list = []
@@ -368,8 +368,13 @@ def _sib(tid: str, ms: int, key: str = "k"):
     """A planned trial as the search's queue holds it (space.Trial's shape: id, candidate key, serve point)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(id=tid, label=tid, price_per_hour=None, machine=None, serve={"max_num_seqs": ms},
-                           candidate=SimpleNamespace(key=key))
+    from infertool.tune.records import max_num_seqs
+
+    class Sib(SimpleNamespace):
+        max_num_seqs = property(lambda self: max_num_seqs(self.serve))
+
+    return Sib(id=tid, label=tid, price_per_hour=None, machine=None, serve={"max_num_seqs": ms},
+               candidate=SimpleNamespace(key=key))
 
 
 def test_smaller_siblings_still_to_run_are_the_loads_to_bound():

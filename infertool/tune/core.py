@@ -184,7 +184,7 @@ def _cannot_win(ctx: Context, trial: space.Trial, rec: TrialRecord) -> bool:
         return False
     assert bound is not None  # floor comes from it
     rec.status = "skipped"
-    rec.reason = (f"cannot win: max_num_seqs {rec.serve.get('max_num_seqs')} serves no faster than {bound[1]} "
+    rec.reason = (f"cannot win: max_num_seqs {rec.max_num_seqs} serves no faster than {bound[1]} "
                   f"({bound[0]:,.4g} tok/s at most), at least ${floor:,.4g}/1M, above the best so far "
                   f"(${best:,.4g}/1M at its interval's top): capacity not measured")
     emit(ctx.on_event, f"{trial.label}: {rec.reason}")
@@ -214,9 +214,8 @@ def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
         best[g] = min(best.get(g, (score(t), t.id)), (score(t), t.id))
 
     def key(t: space.Trial) -> tuple[tuple[tuple[bool, float], str], str, bool, int, str]:
-        m = t.serve.get("max_num_seqs")
         g = search.sibling_key(t)
-        return (best[g], g, not t.prediction.fits, -(m if isinstance(m, int) else 0), t.id)
+        return (best[g], g, not t.prediction.fits, -(t.max_num_seqs or 0), t.id)
 
     return sorted(trials, key=key)
 

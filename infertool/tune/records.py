@@ -24,6 +24,12 @@ JSONValue: TypeAlias = "Union[None, bool, int, float, str, Sequence[JSONValue], 
 ServeValue = object
 
 
+def max_num_seqs(serve: Mapping[str, ServeValue]) -> int | None:
+    """A grid point's max_num_seqs, when it sets one (an int)."""
+    m = serve.get("max_num_seqs")
+    return m if isinstance(m, int) else None
+
+
 @dataclass
 class Round(Record):
     """One look of a sequential accuracy check (``stages.sequential``): the verdict and figures after ``items``
@@ -378,6 +384,11 @@ class TrialRecord(Sparse):
     @property
     def verdict(self) -> str | None:
         return self.accuracy.verdict if self.accuracy is not None else None
+
+    @property
+    def max_num_seqs(self) -> int | None:
+        """Its grid point's max_num_seqs (None: not on the grid); siblings differ in it only."""
+        return max_num_seqs(self.serve)
 
     @property
     def scored_as_served(self) -> bool:

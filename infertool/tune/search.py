@@ -254,10 +254,15 @@ def repeat_probe(measure_once: Callable[[int, int], ProbeSummary], c: int, polic
     (``judge_runs``) and it has ``runs_at_least`` runs, or ``policy.max_runs`` runs."""
     runs: list[ProbeSummary] = []
     while True:
-        runs.append(ProbeSummary.from_dict(measure_once(c, len(runs))))
-        ok, sure, why, ci = judge_runs(runs, policy)
+        runs.append(measure_once(c, len(runs)))
+        _, sure, _, _ = judge_runs(runs, policy)
         if len(runs) >= policy.max_runs or (sure and len(runs) >= runs_at_least):
-            break
+            return _pooled(c, runs, policy)
+
+
+def _pooled(c: int, runs: list[ProbeSummary], policy: RepeatPolicy) -> Probe:
+    """The probe at ``c`` from its runs: judged together, their mean, the throughput's interval across them."""
+    ok, sure, why, ci = judge_runs(runs, policy)
     summary = mean_summary(runs)
     _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
     return Probe(c, ok, summary.goodput.fraction, summary, runs=len(runs), decided=sure, why=why, goodput_ci=ci,
@@ -273,14 +278,10 @@ def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], ProbeSum
         return search
     runs = list(best.per_run or [best.summary])
     while len(runs) < min(policy.min_runs, policy.max_runs):
-        runs.append(ProbeSummary.from_dict(measure_once(best.concurrency, len(runs))))
-    ok, sure, why, ci = judge_runs(runs, policy)
-    summary = mean_summary(runs)
-    _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
-    again = Probe(best.concurrency, ok, summary.goodput.fraction, summary, runs=len(runs),
-                  decided=sure, why=why, goodput_ci=ci, throughput_ci=tci, per_run=runs)
+        runs.append(measure_once(best.concurrency, len(runs)))
+    again = _pooled(best.concurrency, runs, policy)
     probes = [again if p is best else p for p in search.probes]
-    if ok:
+    if again.ok:
         return LoadSearch(search.max_load, probes, search.stopped)
     # measured again, it misses: the next load below that surely meets is the answer
     below = [p.concurrency for p in probes if p.ok and p.concurrency < best.concurrency]
@@ -537,7 +538,7 @@ def cost_ratio(staged: StageSeconds | None, brute: StageSeconds | None) -> float
 def sibling_key(t: Trial | TrialRecord) -> str:
     """What a trial (``space.Trial`` or ``TrialRecord``) is apart from its max_num_seqs: its candidate, machine kind
     and other serve settings; trials with the same key are siblings."""
-    machine = getattr(t.machine, "name", None)  # a MachineKind (space.Trial) or its MachineInfo (TrialRecord)
+    machine = t.machine.name if t.machine is not None else None  # a TuneMachine (Trial) or its MachineInfo (TrialRecord)
     rest = {k: v for k, v in t.serve.items() if k != "max_num_seqs"}
     return json.dumps([t.candidate.key, machine, rest], sort_keys=True, default=str)
 
@@ -550,11 +551,11 @@ def siblings(a: Trial | TrialRecord, b: Trial | TrialRecord) -> bool:
 def smaller_siblings(trial: Trial | TrialRecord, pending: list[Trial]) -> list[int]:
     """The max_num_seqs of the trials still to run (``pending``) that are ``trial``'s siblings with a smaller
     max_num_seqs: the loads at which ``trial``'s server, once measured there, bounds them (``sibling_bound``)."""
-    m = trial.serve.get("max_num_seqs")
-    if not isinstance(m, int):
+    m = trial.max_num_seqs
+    if m is None:
         return []
-    out = {t.serve.get("max_num_seqs") for t in pending if t.id != trial.id and siblings(t, trial)}
-    return sorted(x for x in out if isinstance(x, int) and x < m)
+    out = {t.max_num_seqs for t in pending if t.id != trial.id and siblings(t, trial)}
+    return sorted(x for x in out if x is not None and x < m)
 
 
 def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) -> tuple[float, str] | None:
@@ -562,13 +563,13 @@ def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) ->
     a larger max_num_seqs): a server that batches at most m requests serves no faster than the sibling at a
     concurrency >= m (throughput grows with the batch); the sibling's figure there taken at its interval's top,
     else widened by ``edge``. None when no sibling proves a bound."""
-    m = rec.serve.get("max_num_seqs")
-    if not isinstance(m, int):
+    m = rec.max_num_seqs
+    if m is None:
         return None
     bounds = []
     for s in measured:
-        sm = s.serve.get("max_num_seqs")
-        if s.id == rec.id or not isinstance(sm, int) or sm <= m or not siblings(s, rec) or s.capacity is None:
+        sm = s.max_num_seqs
+        if s.id == rec.id or sm is None or sm <= m or not siblings(s, rec) or s.capacity is None:
             continue
         above = sorted((p for p in s.capacity.probes if (p.concurrency or 0) >= m
                         and OUTPUT_TOKEN_THROUGHPUT.of(p.summary)),

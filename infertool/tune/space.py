@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Iterator
 
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
-from infertool.tune.records import JSONValue, MachineInfo, PredictionRecord, Screening
+from infertool.tune.records import JSONValue, MachineInfo, PredictionRecord, Screening, max_num_seqs
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -107,6 +107,11 @@ class Trial:
 
             self.planned = _as_planned(resolve(self.recipe))
         return self.planned
+
+    @property
+    def max_num_seqs(self) -> int | None:
+        """Its grid point's max_num_seqs (None: not on the grid); siblings differ in it only."""
+        return max_num_seqs(self.serve)
 
     @property
     def own_screening(self) -> bool:

@@ -576,10 +576,8 @@ def _bound_probes(ctx: StageContext, result: search.LoadSearch, once: Callable[[
     tune, trial = ctx.job.tune, ctx.job.trial
     if tune.exhaustive or tune.tune.objective != "cost" or not result.max_load:
         return result
-    queue = list(getattr(tune, "queue", None) or [])  # none: a trial run alone (a Ray worker's)
-    ids = [t.id for t in queue]
-    me = getattr(trial, "id", None)
-    pending = queue[ids.index(me) + 1:] if me in ids else []
+    ids = [t.id for t in tune.queue]  # none: a trial run alone (a Ray worker's)
+    pending = tune.queue[ids.index(trial.id) + 1:] if trial.id in ids else []
     if not pending:
         return result
     have = {p.concurrency for p in result.probes}
@@ -599,7 +597,7 @@ def _cannot_win(ctx: StageContext, c: int, p: Probe, policy: search.RepeatPolicy
     """Raise ``search.StopSearch`` when the trial cannot win: no load below ``c`` serves faster than ``c`` did
     (throughput grows with load; its interval's top, else widened by the edge), and even that throughput costs
     more per 1M tokens than the top of the best interval so far (``Context.best_cost``)."""
-    best_hi = getattr(ctx.job.tune, "best_cost", None)
+    best_hi = ctx.job.tune.best_cost
     tps = OUTPUT_TOKEN_THROUGHPUT.of(p.summary)
     price = ctx.job.trial.price_per_hour
     if price is None:
