@@ -18,7 +18,8 @@ POLICY = RepeatPolicy(max_runs=3, min_runs=2, confidence=0.95, edge=0.25, target
 
 def run(frac: float, tpot_p90: float, tps: float = 100.0, n: int = 16, failed: int = 0) -> ProbeSummary:
     """A bench run's short summary: n requests, frac of them within the SLO, TPOT p90 (TTFT far below)."""
-    return ProbeSummary.from_dict({"requests": n, "completed": n - failed, "failed": failed, "output_token_throughput": tps,
+    return ProbeSummary.from_dict({"requests": n, "completed": n - failed, "failed": failed,
+                                   "output_token_throughput": tps,
             "goodput": {"fraction": frac, "requests_per_s": frac * 2}, "ttft_ms": {"p50": 100, "p90": 200},
             "tpot_ms": {"p50": tpot_p90 * 0.8, "p90": tpot_p90},
             "cost": {"cost_per_hour": 0.5, "per_1m_output_tokens": 0.5 / (tps * 3600) * 1e6}})

@@ -118,7 +118,8 @@ def _render(result: "TuneResult") -> None:
     _table(f"infertool tune: {len(result.trials)} trials in {result.seconds:,.0f} s", trial_rows(doc))
     _table("accuracy as served", accuracy_rows(doc))
     if result.winner:
-        err.print(f"[green]winner:[/] {escape(result.winner.label)}  ->  {escape(result.tuned_recipe or '')}", soft_wrap=True)
+        err.print(f"[green]winner:[/] {escape(result.winner.label)}  ->  {escape(result.tuned_recipe or '')}",
+                  soft_wrap=True)
     for n in result.notes:
         err.print(f"[yellow]note:[/] {escape(n)}", soft_wrap=True)
     pub = result.published  # the winner's checkpoint, and the command that serves it (checked by fingerprint)

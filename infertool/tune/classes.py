@@ -64,7 +64,8 @@ class ClassPlan:
     def to_dict(self) -> dict[str, JSONValue]:
         """The dry run's view of the class (--json)."""
         return {"name": self.name, "share": self.share, "requests": self.requests, "needed": self.needed,
-                "tuned": not self.too_few, "slo": self.slo.model_dump(exclude_none=True) if self.slo is not None else None}
+                "tuned": not self.too_few,
+                "slo": self.slo.model_dump(exclude_none=True) if self.slo is not None else None}
 
 
 def needed_requests(confidence: float, target: float, min_concurrency: int) -> int:
@@ -357,7 +358,8 @@ def routing(recipe: Recipe, plans: list[ClassPlan], results: dict[str, TuneResul
                         per_class=per_class, single=single, notes=notes)
 
 
-def load_tune(recipe: str, overrides: list[str], executor: str | None, per_class: bool) -> tuple[Recipe, list[ClassPlan] | None]:
+def load_tune(recipe: str, overrides: list[str], executor: str | None,
+              per_class: bool) -> tuple[Recipe, list[ClassPlan] | None]:
     """The recipe `infertool tune` runs (--executor is tune.executor: the recipe is validated with it, machine kinds
     need ray), and its classes when tuned per class (--per-class: every class of the traffic unless tune.classes
     lists them): unknown classes, too few requests, refused before anything runs."""
@@ -367,8 +369,8 @@ def load_tune(recipe: str, overrides: list[str], executor: str | None, per_class
         raise UsageError(f"--executor {executor!r}: local or ray")
     r = load_recipe(recipe, [*overrides, *([f"tune.executor={executor}"] if executor else [])])
     if r.tune is None:
-        raise UsageError(f"recipe {r.name!r} has no tune section",
-                         hint="add one (candidates, serve_grid, objective), e.g. `infertool recipes show quickstart-tune`")
+        raise UsageError(f"recipe {r.name!r} has no tune section", hint="add one (candidates, serve_grid, objective), "
+                         "e.g. `infertool recipes show quickstart-tune`")
     if per_class and not r.tune.classes:
         r = r.model_copy(update={"tune": r.tune.model_copy(update={"classes": True})})
     assert r.tune is not None  # checked above
@@ -378,7 +380,8 @@ def load_tune(recipe: str, overrides: list[str], executor: str | None, per_class
 def plan_line(classes: list[ClassPlan]) -> str:
     """The dry run's line under its table: each class's requests a probe and its share."""
     return ("per class (each searched with its own traffic and SLO; accuracy evidence shared): "
-            + "; ".join(f"{c.name}: {c.requests} requests a probe, share " + (f"{c.share:.1%}" if c.share is not None else "-")
+            + "; ".join(f"{c.name}: {c.requests} requests a probe, share "
+                        + (f"{c.share:.1%}" if c.share is not None else "-")
                         + ("" if not c.too_few else f" (left out: a probe needs {c.needed})") for c in classes))
 
 

@@ -509,7 +509,8 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
     rec = Published.from_dict(pub.publish_dir(checkpoint, dest, facts, writer, why))
     write_json(ctx.dir / pub.TUNE_PUBLISHED, rec.to_dict())
     ctx.published = rec
-    emit(ctx.on_event, f"the winner {record.label} published to {rec.path} (fingerprint {pub.short(rec.fingerprint or '')})")
+    emit(ctx.on_event, f"the winner {record.label} published to {rec.path} "
+         f"(fingerprint {pub.short(rec.fingerprint or '')})")
     return rec
 
 
@@ -547,7 +548,8 @@ class DryRun:
             return None
         planned_n, max_trials = sp.planned or 0, sp.max_trials or 0
         axes = " x ".join(f"{k} {n}" for k, n in sp.axes.items())
-        planned = (f"{planned_n:,} planned (a sample drawn with tune.seed)" if sp.sampled else f"all {planned_n:,} planned")
+        planned = (f"{planned_n:,} planned (a sample drawn with tune.seed)" if sp.sampled
+                   else f"all {planned_n:,} planned")
         pick = (f"the first {min(max_trials, planned_n):,} planned would run" if sp.sampler == "grid"
                 else f"Optuna's TPE picks {max_trials:,} over the whole space")
         return (f"search space: {sp.trials or 0:,} trials ({sp.candidates} candidates x {sp.serving_settings or 0:,} "

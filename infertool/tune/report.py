@@ -166,7 +166,8 @@ def plan_rows(shown: list[Trial]) -> list[list[str]]:
         rows.append([tr.id, tr.candidate.label, (", ".join(f"{k}={v}" for k, v in tr.serve.items()) or "recipe") + kind,
                      "yes" if p.fits else "no",
                      f"{p.decode_tokens_per_s:,.0f} at batch {p.batch}" if p.decode_tokens_per_s else "-",
-                     f"{p.cost_per_1m_output_tokens:,.3g}" if p.cost_per_1m_output_tokens else "-", "; ".join(p.reasons)])
+                     f"{p.cost_per_1m_output_tokens:,.3g}" if p.cost_per_1m_output_tokens else "-",
+                     "; ".join(p.reasons)])
     return rows
 
 

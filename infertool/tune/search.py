@@ -538,7 +538,7 @@ def cost_ratio(staged: StageSeconds | None, brute: StageSeconds | None) -> float
 def sibling_key(t: Trial | TrialRecord) -> str:
     """What a trial (``space.Trial`` or ``TrialRecord``) is apart from its max_num_seqs: its candidate, machine kind
     and other serve settings; trials with the same key are siblings."""
-    machine = t.machine.name if t.machine is not None else None  # a TuneMachine (Trial) or its MachineInfo (TrialRecord)
+    machine = t.machine.name if t.machine is not None else None  # a TuneMachine (Trial) or MachineInfo (a record)
     rest = {k: v for k, v in t.serve.items() if k != "max_num_seqs"}
     return json.dumps([t.candidate.key, machine, rest], sort_keys=True, default=str)
 

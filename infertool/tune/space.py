@@ -139,7 +139,8 @@ class Trial:
         return machine_price(self.machine, self.recipe) if self.machine is not None else None
 
     def to_dict(self) -> dict[str, JSONValue]:
-        d: dict[str, JSONValue] = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(), "serve": dict(self.serve),
+        d: dict[str, JSONValue] = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(),
+                                   "serve": dict(self.serve),
              "prediction": self.prediction.to_dict(), "screening": self.screening().to_dict()}
         if self.machine is not None:
             d["machine"] = machine_info(self.machine, self.recipe).to_dict()
@@ -348,8 +349,10 @@ def trial_recipe(recipe: Recipe, candidate: Candidate, point: dict[str, JSONValu
         return section.model_dump(mode="json") if section is not None else {}
 
     gpu = machine.gpu if machine is not None else None
-    data = {**recipe_to_dict(recipe), "tune": None, "quantize": dict(candidate.spec) if candidate.spec is not None else None,
-            "serve": {**dump(recipe.serve), **point, "model": None}, **({"target": {**dump(recipe.target), "gpu": gpu}} if gpu else {})}
+    data = {**recipe_to_dict(recipe), "tune": None,
+            "quantize": dict(candidate.spec) if candidate.spec is not None else None,
+            "serve": {**dump(recipe.serve), **point, "model": None},
+            **({"target": {**dump(recipe.target), "gpu": gpu}} if gpu else {})}
     try:
         trial = validate_recipe_data({k: v for k, v in data.items() if v is not None or k == "serve"},
                                      source=f"tune trial ({candidate.label}, {point})")
