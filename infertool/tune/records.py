@@ -371,10 +371,8 @@ class TrialRecord(Sparse):
     why_lost: str | None = None
     served_check: ServedCheck | None = None
     executor: Placement | None = None  # where it ran
-    # its machine kind (tune.machines): name, price_per_hour (per gpu | machine), gpus, trial_price_per_hour, ...
     machine: MachineInfo | None = None
     cost_per_1m_output_tokens: float | None = None  # at its machine's price (machine kinds only)
-    # its accuracy screening: its own (serve settings that change outputs: space.OUTPUT_SETTINGS) or shared
     screening: Screening | None = None
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("dir", "accuracy", "capacity", "reason", "decode", "error", "why_lost",
@@ -448,12 +446,8 @@ class TuneDoc(Sparse):
     trials: list[TrialRecord] = field(default_factory=list)
     tuned_recipe: str | None = None
     finished: str | None = None
-    # the search space: its size and axes, how many were planned, whether a sample, the sampler (core.Plan)
     space: SpaceInfo | None = None
-    # the decision: {winner, runner_up, margin, margin_ci, tie, tied, rule, why} (search.decide)
     decision: TuneDecision | None = None
-    # tune's own cost: stage-seconds by stage and in total (search.stage_seconds), brute force's when measured in
-    # the same directory, and the ratio
     cost: TuneCost | None = None
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
