@@ -105,6 +105,7 @@ def test_the_report_sizes_the_fleet_from_the_measured_max_load(tmp_path):
 
 
 def test_tune_report_sizes_the_fleet_per_trial(tmp_path):
+    from infertool.tune.records import TuneDoc
     from infertool.tune.report import render_html, render_markdown
 
     for tid in ("t1", "t2"):
@@ -113,11 +114,11 @@ def test_tune_report_sizes_the_fleet_per_trial(tmp_path):
     trials = [{"id": "t1", "label": "GPTQ tp2", "dir": str(tmp_path / "t1"), "serve": {"tensor_parallel_size": 2},
                "status": "done", "capacity": {"max_load": 16, "at_max_load": {"request_throughput": 2.5}}},
               {"id": "t2", "label": "AWQ", "dir": str(tmp_path / "t2"), "status": "done", "capacity": {"max_load": 0}}]
-    md = render_markdown({"recipe": "r", "trials": trials}, None, None)
+    md = render_markdown(TuneDoc.from_dict({"recipe": "r", "trials": trials}), None, None)
     # 20 / (2.5 x 0.8) = 10 replicas x 2 GPUs = 20 L4 at the table's $0.80: 20 x 0.8 x 730 = $11,680 per month
     assert "## Fleet" in md and "| GPTQ tp2 | 2.5 | 2 | 10 | 20 | $11,680 |" in md
     assert "| AWQ | – | 1 | – | – | – |" in md
-    html = render_html({"recipe": "r", "trials": trials}, None, None)
+    html = render_html(TuneDoc.from_dict({"recipe": "r", "trials": trials}), None, None)
     assert "<h2>Fleet</h2>" in html and "$11,680" in html
     assert tune_fleet([], lambda t: None).rows is None
 

@@ -273,6 +273,7 @@ def test_values_of_the_wrong_type_read_as_not_measured(tmp_path):
 def test_tune_report_reads_trials_by_attribute():
     """tune.md's table: the mean-KLD gate's interval and the cost at the largest load meeting the SLO, from the
     trial's records; a gate or a bench summary of the wrong shape reads as "-"."""
+    from infertool.tune.records import TuneDoc
     from infertool.tune.report import trial_rows
 
     kld = {"name": "max_mean_kld", "metric": "mean KLD", "threshold": 0.05, "estimate": 0.031, "lo": 0.028, "hi": 0.034,
@@ -283,7 +284,7 @@ def test_tune_report_reads_trials_by_attribute():
               {"id": "t2", "candidate": {"label": "AWQ 4-bit"}, "status": "done",
                "accuracy": {"verdict": "FAIL", "gates": [{**kld, "lo": None}], "mean_kld": 0.2},
                "capacity": {"max_load": 4, "at_max_load": {"cost": "cheap"}}}]
-    rows = trial_rows({"recipe": "r", "winner": "t1", "trials": trials})
+    rows = trial_rows(TuneDoc.from_dict({"recipe": "r", "winner": "t1", "trials": trials}))
     assert rows[1][:11] == ["t1", "GPTQ 4-bit", "max_num_seqs=8", "PASS", "0.031 [0.028, 0.034]", "24", "8", "-",
                             "1.25", "-", "done (winner)"]  # no throughput recorded: "-"
     assert rows[2][3:9] == ["FAIL", "0.2", "-", "4", "-", "-"]  # no interval: the mean KLD; a cost that is not a number

@@ -18,6 +18,7 @@ from infertool.errors import UsageError
 from infertool.stages import cached_stage
 from infertool.recipe import validate_recipe_data
 from infertool.tune import core, space
+from infertool.tune.records import TuneDoc
 from tests.fakes import layout_model
 
 
@@ -241,7 +242,7 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
     from infertool import publish
 
     pub = json.loads((d / publish.TUNE_PUBLISHED).read_text())  # the winner published with its card, checked
-    assert pub == res.published and pub["path"] == tuned["quantize"]["output"]
+    assert pub == res.published.to_dict() and pub["path"] == tuned["quantize"]["output"]
     assert pub["fingerprint"] == publish.fingerprint(pub["path"]) == publish.fingerprint(Path(res.winner.stages["quantize"].entry) / "model")
     assert json.loads((Path(pub["path"]) / publish.FACTS).read_text())["label"] == res.winner.label
     assert publish.served(str(d)).published == pub["path"]  # `infertool serve TUNE_DIR`
@@ -290,7 +291,7 @@ def test_interrupted_tune_resumes_with_finished_trials_reused(smol, tmp_path, mo
     from infertool.tune.run import run_tune
 
     r = validate_recipe_data(tune_recipe(smol, tmp_path, candidates=["none", {"group_size": 32}]))
-    ordered = core.plan_trials(r)
+    ordered = core.plan_search(r).trials
     loads = {(t.candidate.label, t.serve["max_num_seqs"]): (2, 5.0 + i) for i, t in enumerate(ordered)}
     stand = Stand(monkeypatch, verdicts={"GPTQ 4-bit g32 (gptqmodel)": "PASS"}, loads=loads, served={},
                   interrupt_at=ordered[2].id)
@@ -324,7 +325,7 @@ def test_report_escapes_what_a_recipe_can_say(smol, tmp_path, monkeypatch):
            "seconds": 1.0, "winner": None, "pareto": [], "exhaustive": False, "tuned_recipe": None,
            "trials": [{"id": "a", "label": "<b>", "candidate": {"label": "<img src=x>"}, "serve": {"k": "<i>"},
                        "status": "failed", "objective": math.inf, "why_lost": "<evil>"}]}
-    page = render_html(doc, None, None)
+    page = render_html(TuneDoc.from_dict(doc), None, None)
     assert "<script>x" not in page and "<img src=x>" not in page and "&lt;evil&gt;" in page
 
 

@@ -9,19 +9,20 @@ import json
 import pytest
 
 from infertool.tune import search
-from infertool.tune.records import CapacityResult, TrialRecord, TuneDecision, TuneDoc
+from infertool.tune.records import CapacityResult, ProbeSummary, TrialRecord, TuneDecision, TuneDoc
 from infertool.tune.search import Probe, RepeatPolicy
 
 SLO = {"ttft_ms": 1000.0, "tpot_ms": 100.0}
 POLICY = RepeatPolicy(max_runs=3, min_runs=2, confidence=0.95, edge=0.25, target=0.9, slo=SLO)
 
 
-def run(frac: float, tpot_p90: float, tps: float = 100.0, n: int = 16, failed: int = 0) -> dict:
+def run(frac: float, tpot_p90: float, tps: float = 100.0, n: int = 16, failed: int = 0) -> ProbeSummary:
     """A bench run's short summary: n requests, frac of them within the SLO, TPOT p90 (TTFT far below)."""
-    return {"requests": n, "completed": n - failed, "failed": failed, "output_token_throughput": tps,
+    return ProbeSummary.from_dict({"requests": n, "completed": n - failed, "failed": failed,
+                                   "output_token_throughput": tps,
             "goodput": {"fraction": frac, "requests_per_s": frac * 2}, "ttft_ms": {"p50": 100, "p90": 200},
             "tpot_ms": {"p50": tpot_p90 * 0.8, "p90": tpot_p90},
-            "cost": {"cost_per_hour": 0.5, "per_1m_output_tokens": 0.5 / (tps * 3600) * 1e6}}
+            "cost": {"cost_per_hour": 0.5, "per_1m_output_tokens": 0.5 / (tps * 3600) * 1e6}})
 
 
 def scripted(runs_by_c: dict[int, list[dict]], calls: list):
@@ -269,7 +270,8 @@ def test_a_trial_its_sibling_bounds_above_the_best_is_not_measured():
     big.capacity.probes = [Probe(4, True, 1.0, run(1.0, 60, tps=50), throughput_ci=[45.0, 55.0])]
     best = trial("best", [200.0, 201.0, 199.0], key="other")
     tune = SimpleNamespace(objective="cost", load=SimpleNamespace(edge=0.25))
-    ctx = SimpleNamespace(tune=tune, exhaustive=False, on_event=None, recipe=SimpleNamespace(bench=SimpleNamespace(cost_per_hour=0.5)))
+    ctx = SimpleNamespace(tune=tune, exhaustive=False, on_event=None, measured=[], best_cost=None,
+                          recipe=SimpleNamespace(bench=SimpleNamespace(cost_per_hour=0.5)))
     for r in (big, best):
         _note_measured(ctx, r)
     assert ctx.best_cost == pytest.approx(best.objective_ci[1]) and ctx.measured == [big, best]
@@ -321,7 +323,7 @@ def test_search_load_repeats_at_the_edge_and_stops_when_it_cannot_win(monkeypatc
         c = levels[0].value
         calls.append(c)
         frac, tpot, tps = script[c]
-        return [LevelResult(summary=Summary.from_dict(run(frac, tpot, tps=tps)))]
+        return [LevelResult(summary=Summary.from_dict(run(frac, tpot, tps=tps).to_dict()))]
 
     monkeypatch.setattr(sweep, "connect", lambda h, b: h)
     monkeypatch.setattr(sweep, "measure", measure)
@@ -331,9 +333,9 @@ def test_search_load_repeats_at_the_edge_and_stops_when_it_cannot_win(monkeypatc
     monkeypatch.setattr(space, "capacity_start", lambda *a, **k: None)  # no calibrated knee: start from the bottom
     monkeypatch.setattr(stages_mod, "resolution", lambda ctx: None)
     bench = BenchSection(requests=16, slo={"ttft_ms": 1000, "tpot_ms": 100}, cost_per_hour=0.5)
-    job = SimpleNamespace(tune=SimpleNamespace(bench=bench, exhaustive=False, best_cost=None,
+    job = SimpleNamespace(tune=SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=[],
                                                tune=SimpleNamespace(objective="cost", load=TuneLoadSearch())),
-                          trial=SimpleNamespace(label="t", price_per_hour=None))
+                          trial=SimpleNamespace(id="t", label="t", price_per_hour=None))
     ctx = SimpleNamespace(job=job, on_event=None, emit=lambda *a, **k: None)
     srv = SimpleNamespace(url="http://127.0.0.1:1/v1", model="m", api_key=None, to_dict=lambda: {})
     levels: list = []
@@ -367,8 +369,13 @@ def _sib(tid: str, ms: int, key: str = "k"):
     """A planned trial as the search's queue holds it (space.Trial's shape: id, candidate key, serve point)."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(id=tid, label=tid, price_per_hour=None, machine=None, serve={"max_num_seqs": ms},
-                           candidate=SimpleNamespace(key=key))
+    from infertool.tune.records import max_num_seqs
+
+    class Sib(SimpleNamespace):
+        max_num_seqs = property(lambda self: max_num_seqs(self.serve))
+
+    return Sib(id=tid, label=tid, price_per_hour=None, machine=None, serve={"max_num_seqs": ms},
+               candidate=SimpleNamespace(key=key))
 
 
 def test_smaller_siblings_still_to_run_are_the_loads_to_bound():
@@ -408,7 +415,7 @@ def test_search_load_probes_the_max_num_seqs_of_smaller_siblings_still_to_run(mo
     def measure(handle, bench, levels, **kw):
         calls.append(levels[0].value)
         frac, tpot, tps = script[levels[0].value]
-        return [LevelResult(summary=Summary.from_dict(run(frac, tpot, tps=tps)))]
+        return [LevelResult(summary=Summary.from_dict(run(frac, tpot, tps=tps).to_dict()))]
 
     monkeypatch.setattr(sweep, "connect", lambda h, b: h)
     monkeypatch.setattr(sweep, "measure", measure)

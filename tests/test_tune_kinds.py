@@ -298,8 +298,8 @@ def test_each_trial_runs_on_its_kind_and_the_cheaper_kind_wins(tmp_path, monkeyp
     by_kind = {t.machine.name: t for t in result.trials}
     for kind, nid in (("small", "n-small"), ("big", "n-big")):
         t = by_kind[kind]
-        assert t.status == "done" and t.executor["node_id"] == nid and t.executor["resources"][kind] == 1.0
-        assert t.executor["kind"] == "ray" and t.executor["address"] == "test"
+        assert t.status == "done" and t.executor.node_id == nid and t.executor.resources[kind] == 1.0
+        assert t.executor.kind == "ray" and t.executor.address == "test"
         price = {"small": 0.5, "big": 2.0}[kind]
         assert t.cost_per_1m_output_tokens == pytest.approx(price / (TOKENS_PER_S * 3600) * 1e6)
         assert t.objective == t.cost_per_1m_output_tokens

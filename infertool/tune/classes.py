@@ -28,7 +28,7 @@ from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, REQUEST_THROUGHPUT
 from infertool.tune import search
 from infertool.tune.context import EventCallback, emit
 from infertool.tune.space import tune_of
-from infertool.tune.records import BlendedCost, ClassRoute, RoutedDeployment, RoutingTable, TrialRecord
+from infertool.tune.records import BlendedCost, ClassRoute, JSONValue, RoutedDeployment, RoutingTable, TrialRecord
 
 TOLERANCE = 0.05  # one configuration within 5 % of every class's best (or tied with it) is one deployment
 ROUTING = "routing.json"
@@ -60,6 +60,12 @@ class ClassPlan:
         """Fewer requests in a probe's traffic than a probe needs: not measured (tune.classes: true leaves it out,
         to the default route; a class named in tune.classes is refused)."""
         return self.requests < self.needed
+
+    def to_dict(self) -> dict[str, JSONValue]:
+        """The dry run's view of the class (--json)."""
+        return {"name": self.name, "share": self.share, "requests": self.requests, "needed": self.needed,
+                "tuned": not self.too_few,
+                "slo": self.slo.model_dump(exclude_none=True) if self.slo is not None else None}
 
 
 def needed_requests(confidence: float, target: float, min_concurrency: int) -> int:
@@ -151,11 +157,29 @@ class PerClassResult:
     tuned: dict[str, str] = field(default_factory=dict)  # class -> tuned-<class>.yaml
     seconds: float = 0.0
 
-    def to_dict(self) -> dict[str, object]:
+    @property
+    def ok(self) -> bool:
+        """Some class is routed (a configuration passed)."""
+        return bool(self.routing.deployments)
+
+    def to_dict(self) -> dict[str, JSONValue]:
         return {"tune_dir": self.tune_dir, "routing": self.routing.to_dict(), "tuned": self.tuned,
                 "seconds": self.seconds,
                 "classes": {name: {"tune_dir": r.tune_dir, "winner": r.winner.id if r.winner else None,
                                    "tuned_recipe": r.tuned_recipe, "notes": r.notes} for name, r in self.results.items()}}
+
+
+def run(recipe: Recipe, plans: list[ClassPlan] | None, *, out_dir: str | Path | None, exhaustive: bool,
+        executor: str | None, on_event: EventCallback | None, on_trial: Callable[[TrialRecord], None] | None,
+        publish: str | None) -> TuneResult | PerClassResult:
+    """`infertool tune`: a tune per class of ``plans`` (``load_tune``'s), else one tune."""
+    from infertool.tune.run import run_tune
+
+    if plans:
+        return run_per_class(recipe, out_dir=out_dir, exhaustive=exhaustive, executor=executor, on_event=on_event,
+                             on_trial=on_trial, publish=publish, plans=plans)
+    return run_tune(recipe, out_dir=out_dir, exhaustive=exhaustive, executor=executor, on_event=on_event,
+                    on_trial=on_trial, publish=publish)
 
 
 def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
@@ -334,6 +358,52 @@ def routing(recipe: Recipe, plans: list[ClassPlan], results: dict[str, TuneResul
                         per_class=per_class, single=single, notes=notes)
 
 
+def load_tune(recipe: str, overrides: list[str], executor: str | None,
+              per_class: bool) -> tuple[Recipe, list[ClassPlan] | None]:
+    """The recipe `infertool tune` runs (--executor is tune.executor: the recipe is validated with it, machine kinds
+    need ray), and its classes when tuned per class (--per-class: every class of the traffic unless tune.classes
+    lists them): unknown classes, too few requests, refused before anything runs."""
+    from infertool.recipe import load_recipe
+
+    if executor is not None and executor not in ("local", "ray"):
+        raise UsageError(f"--executor {executor!r}: local or ray")
+    r = load_recipe(recipe, [*overrides, *([f"tune.executor={executor}"] if executor else [])])
+    if r.tune is None:
+        raise UsageError(f"recipe {r.name!r} has no tune section", hint="add one (candidates, serve_grid, objective), "
+                         "e.g. `infertool recipes show quickstart-tune`")
+    if per_class and not r.tune.classes:
+        r = r.model_copy(update={"tune": r.tune.model_copy(update={"classes": True})})
+    assert r.tune is not None  # checked above
+    return r, plan_classes(r) if r.tune.classes else None
+
+
+def plan_line(classes: list[ClassPlan]) -> str:
+    """The dry run's line under its table: each class's requests a probe and its share."""
+    return ("per class (each searched with its own traffic and SLO; accuracy evidence shared): "
+            + "; ".join(f"{c.name}: {c.requests} requests a probe, share "
+                        + (f"{c.share:.1%}" if c.share is not None else "-")
+                        + ("" if not c.too_few else f" (left out: a probe needs {c.needed})") for c in classes))
+
+
+def routing_rows(table: RoutingTable) -> list[list[str]]:
+    """The per-class answer's table: a row per class (its winner, the configuration it is routed to, load per
+    replica, peak, replicas, $/1M with intervals)."""
+    def num(v: float | int | None, fmt: str = "{:,.4g}") -> str:
+        return fmt.format(v) if v is not None else "-"
+
+    def ci(pair: list[float | None] | None) -> str:
+        return f" [{num(pair[0])}, {num(pair[1])}]" if pair and len(pair) == 2 else ""
+
+    rows = [["class", "share", "winner", "routed to", "max load / replica", "req/s / replica", "peak req/s",
+             "replicas", "$/1M out tok", "recipe"]]
+    for r in table.classes:
+        rows.append([r.name, num(r.share, "{:.1%}"), r.winner_label or "none passes", r.configuration or "-",
+                     num(r.max_load) + (f" [{r.max_load_ci[0]}, {r.max_load_ci[1]}]" if r.max_load_ci else ""),
+                     num(r.load_rps) + ci(r.load_rps_ci), num(r.peak_rps), num(r.replicas),
+                     num(r.cost_per_1m) + ci(r.cost_per_1m_ci), r.recipe or "-"])
+    return rows
+
+
 def summary_lines(table: RoutingTable) -> list[str]:
     """What the console says under the table: whether the classes got different winners, one deployment or one
     per configuration, and what a single configuration would have cost instead."""
@@ -397,10 +467,10 @@ def read_routing(tune_dir: Path) -> RoutingTable:
 class RoutedManifests:
     """`serve TUNE_DIR --emit k8s` of a per-class tune: the documents, the comment lines, the resolutions served."""
 
-    docs: list[dict[str, object]]  # the Kubernetes documents (serve.k8s's)
+    docs: list[dict[str, JSONValue]]  # the Kubernetes documents (serve.k8s's)
     comments: list[str]
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, JSONValue]:
         return {"emit": "k8s", "manifests": self.docs, "comments": self.comments}
 
     def yaml(self) -> str:
@@ -410,7 +480,7 @@ class RoutedManifests:
 
 
 def routed_manifests(tune_dir: Path, options: K8sOptions, overrides: list[str] | None = None,
-                     checks: Callable[[Resolution], object] | None = None) -> RoutedManifests:
+                     checks: Callable[[Resolution], None] | None = None) -> RoutedManifests:
     """A Deployment and a Service per configuration of routing.json (each its tuned recipe, its checkpoint checked
     by fingerprint; replicas: routing.json's unless --replicas), and an HTTPRoute sending each class's header value
     to its Service, every other request to the largest class's."""
@@ -418,7 +488,7 @@ def routed_manifests(tune_dir: Path, options: K8sOptions, overrides: list[str] |
     from infertool.serve.k8s import comment_text, header_lines, http_route, k8s_name, manifests, with_replicas
 
     table = read_routing(tune_dir)
-    docs: list[dict[str, object]] = []
+    docs: list[dict[str, JSONValue]] = []
     comments = [comment_text(f"Per-class deployments of tune {table.recipe!r} (routing.json): "
                              f"{len(table.deployments)} configuration(s) for {len(table.classes)} classes, routed on "
                              f"the request header {table.header} by an HTTPRoute on the Gateway {table.gateway} "
@@ -443,7 +513,7 @@ def routed_manifests(tune_dir: Path, options: K8sOptions, overrides: list[str] |
     largest = max((r for r in table.classes if r.configuration in service_of), key=lambda r: r.share or 0.0)
     assert largest.configuration is not None  # routed: in service_of
     route = http_route(f"{base}-classes", table.header, table.gateway, rules, service_of[largest.configuration],
-                       namespace=getattr(options, "namespace", None))
+                       namespace=options.namespace)
     comments.append(comment_text(f"HTTPRoute {base}-classes: {table.header}: "
                                  + ", ".join(f"{c} -> {s}" for c, s, _ in rules)
                                  + f"; any other request -> {service_of[largest.configuration][0]} (the largest "

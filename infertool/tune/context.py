@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from infertool.stages import Stage, StageContext, StageOutput, cached_stage, keys, select
-from infertool.summaries import StageSummary
+from infertool.summaries import Published, StageSummary
 from infertool.stages.builtin import QuantizeStageOptions
 from infertool.tune.records import TrialRecord, TrialStage
 
@@ -70,7 +70,7 @@ class Context:
         self.queue: list[Trial] = []  # the order trials run in here (executor; none on a Ray worker)
         self.best_cost: float | None = None  # the best $/1M so far at its interval's top (the cost objective)
         self.publish_to: str | None = None  # the winner's destination (run: tune --publish)
-        self.published: dict[str, object] | None = None  # the winner's publish record (publish.publish_dir), once published
+        self.published: Published | None = None  # the winner's publish record (publish.publish_dir), once published
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0

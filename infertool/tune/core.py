@@ -37,6 +37,8 @@ from infertool.models.info import reading_once
 from infertool.tune import search, space
 from infertool.tune.space import Trial  # (a field named space shadows the module in PlannedSpace)
 from infertool.stages import StageOutput
+from infertool.records import Record
+from infertool.summaries import Published
 from infertool.tune.context import Context, emit
 from infertool.tune.stages import trial_accuracy
 if TYPE_CHECKING:
@@ -44,19 +46,15 @@ if TYPE_CHECKING:
     from infertool.resolve import Resolution
 
 from infertool.tune.records import (
-    CapacityResult, DecodeCheck, PredictionRecord, ScreenResult, ServedCheck, TrialError, TrialRecord, TuneCost,
+    CapacityResult, DecodeCheck, JSONValue, PredictionRecord, ServedCheck, TrialError, TrialRecord, TuneCost,
     SpaceInfo, TuneDecision, TuneDoc,
 )
 
 
-def reference_accuracy() -> ScreenResult:
-    """The original model's accuracy: it is the reference."""
-    return ScreenResult(verdict="PASS", reason="the original model is the reference", reference=True, mean_kld=0.0,
-                        top1=1.0)
-
-
 @dataclass
-class TuneResult:
+class TuneResult(Record):
+    """What a tune found (the command's --json): the trials, the winner, tune.json's decision and cost, the report."""
+
     tune_dir: str
     winner: TrialRecord | None
     trials: list[TrialRecord]
@@ -65,16 +63,14 @@ class TuneResult:
     tuned_recipe: str | None
     report: dict[str, str] = field(default_factory=dict)  # the report's files: name -> path
     notes: list[str] = field(default_factory=list)
-    published: dict[str, object] | None = None  # the winner's checkpoint: {path, fingerprint} (None: the original won, or none)
+    published: Published | None = None  # the winner's checkpoint (None: the original won, or none)
     decision: TuneDecision | None = None  # tune.json's decision (search.decide)
     cost: TuneCost | None = None  # tune's own cost in stage-seconds (own_cost)
 
-    def to_dict(self) -> dict[str, object]:
-        return {"tune_dir": self.tune_dir, "winner": self.winner.to_dict() if self.winner else None,
-                "trials": [t.to_dict() for t in self.trials], "pareto": self.pareto, "seconds": self.seconds,
-                "tuned_recipe": self.tuned_recipe, "report": self.report, "notes": self.notes,
-                "published": self.published, "decision": self.decision.to_dict() if self.decision else None,
-                "cost": self.cost.to_dict() if self.cost else None}
+    @property
+    def ok(self) -> bool:
+        """A configuration won."""
+        return self.winner is not None
 
 
 def _now() -> str:
@@ -164,12 +160,12 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
 def _note_measured(ctx: Context, rec: TrialRecord) -> None:
     """Remember a measured trial (``ctx.measured``) and, for the cost objective, the best $/1M so far at its
     interval's top (``ctx.best_cost``: what a capacity search must be able to beat)."""
-    ctx.measured = [*getattr(ctx, "measured", []), rec]
+    ctx.measured = [*ctx.measured, rec]
     if ctx.tune.objective != "cost" or not search.eligible(rec):
         return
     ci = rec.objective_ci
     top = rec.objective * (1 + ctx.tune.load.edge) if not ci and rec.objective is not None else ci[1] if ci else None
-    best = getattr(ctx, "best_cost", None)  # a test's stand-in context may lack it
+    best = ctx.best_cost
     if top is not None and (best is None or top < best):
         ctx.best_cost = top
 
@@ -178,10 +174,10 @@ def _cannot_win(ctx: Context, trial: space.Trial, rec: TrialRecord) -> bool:
     """A trial whose throughput a measured sibling bounds (``search.sibling_bound``: the same settings with a
     larger max_num_seqs) so low that even that bound costs more per 1M tokens than the top of the best interval
     so far is not measured: it cannot win (recorded as skipped, with why)."""
-    best = getattr(ctx, "best_cost", None)
+    best = ctx.best_cost
     if best is None or ctx.tune.objective != "cost":
         return False
-    bound = search.sibling_bound(rec, getattr(ctx, "measured", []), ctx.tune.load.edge)
+    bound = search.sibling_bound(rec, ctx.measured, ctx.tune.load.edge)
     bench = ctx.recipe.bench
     price = trial.price_per_hour if trial.price_per_hour is not None else bench.cost_per_hour if bench else None
     floor = search.cost_from_throughput(price, bound[0]) if (bound and price) else None
@@ -189,7 +185,7 @@ def _cannot_win(ctx: Context, trial: space.Trial, rec: TrialRecord) -> bool:
         return False
     assert bound is not None  # floor comes from it
     rec.status = "skipped"
-    rec.reason = (f"cannot win: max_num_seqs {rec.serve.get('max_num_seqs')} serves no faster than {bound[1]} "
+    rec.reason = (f"cannot win: max_num_seqs {rec.max_num_seqs} serves no faster than {bound[1]} "
                   f"({bound[0]:,.4g} tok/s at most), at least ${floor:,.4g}/1M, above the best so far "
                   f"(${best:,.4g}/1M at its interval's top): capacity not measured")
     emit(ctx.on_event, f"{trial.label}: {rec.reason}")
@@ -219,9 +215,8 @@ def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
         best[g] = min(best.get(g, (score(t), t.id)), (score(t), t.id))
 
     def key(t: space.Trial) -> tuple[tuple[tuple[bool, float], str], str, bool, int, str]:
-        m = t.serve.get("max_num_seqs")
         g = search.sibling_key(t)
-        return (best[g], g, not t.prediction.fits, -(m if isinstance(m, int) else 0), t.id)
+        return (best[g], g, not t.prediction.fits, -(t.max_num_seqs or 0), t.id)
 
     return sorted(trials, key=key)
 
@@ -301,11 +296,6 @@ def plan_search(recipe: Recipe, *, exhaustive: bool = False) -> Plan:
     return Plan(sp, _order(planned, tune.objective))
 
 
-def plan_trials(recipe: Recipe) -> list[space.Trial]:
-    """The planned trials, most promising first (``plan_search(recipe).trials``)."""
-    return plan_search(recipe).trials
-
-
 # ----------------------------------------------------------------------------------------- the answer
 def served_check(ctx: Context, trial: space.Trial, cand: TrialRecord) -> bool:
     """The winner re-checked as served with its exact settings (a graph of registered stages: its
@@ -345,7 +335,7 @@ def reusable_screening(ctx: Context, trial: space.Trial, cand: TrialRecord) -> S
         return None
     screened = screen_recipe(ctx, trial)
 
-    def made_of(recipe: Recipe) -> list[object]:
+    def made_of(recipe: Recipe) -> list[JSONValue]:
         return [None if getattr(recipe, s) is None else getattr(recipe, s).model_dump(mode="json")
                 for s in SERVED]
 
@@ -373,7 +363,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
                   tuned_recipe=tuned, finished=_now(), space=plan.info() if plan is not None else None,
-                  extra={"published": getattr(ctx, "published", None)} if winner is not None else {},
+                  extra={"published": ctx.published.to_dict() if ctx.published else None} if winner is not None else {},
                   decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive, decision=decision))
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
     from infertool.tune.report import write_report
@@ -386,7 +376,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
         notes.append(f"the search space is {plan.space.describe()}: {len(records):,} run or planned by the sampler "
                      "are listed, the rest were not chosen")
     return TuneResult(str(ctx.dir), winner, records, front, round(seconds, 1), tuned, report, notes,
-                      getattr(ctx, "published", None), decision, doc.cost)
+                      ctx.published, decision, doc.cost)
 
 
 def _decide(ctx: Context, by_id: dict[str, Trial], records: list[TrialRecord]) -> tuple[TrialRecord | None, TuneDecision | None]:
@@ -456,7 +446,7 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
     q = record.stages.get("quantize")
     if q is not None and q.entry is not None:
         pub = publish_winner(ctx, trial, record, Path(q.entry) / "model")
-        data["quantize"]["output"] = pub["path"]
+        data["quantize"]["output"] = pub.path
     else:  # the original won: nothing is published, and an earlier tune's record of its winner no longer holds
         from infertool.atomic import remove_inside
         from infertool.publish import TUNE_PUBLISHED
@@ -493,7 +483,7 @@ def _forbidden(tune_dir: Path, res: Resolution) -> dict[str, Path | None]:
             "INFERTOOL_HOME's environments": pub.env_folders()}
 
 
-def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkpoint: Path) -> dict[str, object]:
+def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkpoint: Path) -> Published:
     """The winner's checkpoint published with its card (``infertool.publish``): to --publish, else the trial's
     quantize.output, else tuned.yaml's default output (out/<recipe>-tuned-<method>: not the recipe's own default,
     where `run` publishes what it evaluated); recorded as <tune dir>/published.json."""
@@ -503,14 +493,14 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
 
     spec = trial.candidate.spec or {}
     kind = str(spec.get("scheme") or spec["method"]).lower()  # a W8A8 winner of a gptq recipe is named w8a8
-    dest_text = getattr(ctx, "publish_to", None) or (trial.recipe.quantize.output if trial.recipe.quantize else None) or default_output(f"{ctx.recipe.name}-tuned", kind)
+    dest_text = ctx.publish_to or (trial.recipe.quantize.output if trial.recipe.quantize else None) or default_output(f"{ctx.recipe.name}-tuned", kind)
     dest = pub.check_dest(dest_text, _forbidden(ctx.dir, ctx.res))
     acc = record.served_check or record.accuracy
     facts = {"v": pub.FACTS_VERSION, "infertool": __version__, "published": _now(),
              "source_model": {"source": ctx.recipe.model.source, "label": ctx.recipe.model.source},
              "method": {k: v for k, v in spec.items() if v is not None and k != "output"}, "label": record.label,
-             "verdict": getattr(acc, "verdict", None), "reason": getattr(acc, "reason", None),
-             "gates": pub.gate_rows(getattr(record.accuracy, "gates", None) or []),
+             "verdict": acc.verdict if acc else None, "reason": acc.reason if acc else None,
+             "gates": pub.gate_rows((record.accuracy.gates if record.accuracy else None) or []),
              "recipe": ctx.recipe.name, "run_id": f"{ctx.dir.name}/{trial.id}", "run_dir": str(ctx.dir.absolute()),
              "inputs": ctx.inputs, "serve": trial.recipe.serve.model_dump(mode="json") if trial.recipe.serve else None,
              "commands": pub.serve_commands(str(ctx.dir.absolute()))}
@@ -523,10 +513,11 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
         writer = evidence_writer(resolve(trial.recipe, candidate_path=checkpoint), checkpoint, on_event=ctx.on_event,
                                  log_dir=ctx.dir / "logs", lmeval_why="tune keeps no per-document lm-eval results "
                                  "with its winner", strict=False)
-    rec = pub.publish_dir(checkpoint, dest, facts, writer, why)
-    write_json(ctx.dir / pub.TUNE_PUBLISHED, rec)
+    rec = Published.from_dict(pub.publish_dir(checkpoint, dest, facts, writer, why))
+    write_json(ctx.dir / pub.TUNE_PUBLISHED, rec.to_dict())
     ctx.published = rec
-    emit(ctx.on_event, f"the winner {record.label} published to {rec['path']} (fingerprint {pub.short(rec['fingerprint'])})")
+    emit(ctx.on_event, f"the winner {record.label} published to {rec.path} "
+         f"(fingerprint {pub.short(rec.fingerprint or '')})")
     return rec
 
 
@@ -548,7 +539,31 @@ class DryRun:
         """The planned trials the plan prunes (they cannot fit)."""
         return sum(not t.prediction.fits for t in self.plan.trials)
 
-    def to_dict(self) -> dict[str, object]:
+    @property
+    def title(self) -> str:
+        """The dry run's table title."""
+        n, planned = len(self.shown), self.space.planned or 0
+        if n < (self.space.trials or 0):
+            return f"the first {n:,} of {planned:,} planned trials, most promising first (roofline prediction)"
+        return f"{n} trials, most promising first (roofline prediction)"
+
+    def space_line(self) -> str | None:
+        """One line under a dry run's table that does not list the whole space: its size and axes, what was planned,
+        which sampler picks the trials to run (None: the table lists it all)."""
+        sp = self.space
+        if len(self.shown) >= (sp.trials or 0):
+            return None
+        planned_n, max_trials = sp.planned or 0, sp.max_trials or 0
+        axes = " x ".join(f"{k} {n}" for k, n in sp.axes.items())
+        planned = (f"{planned_n:,} planned (a sample drawn with tune.seed)" if sp.sampled
+                   else f"all {planned_n:,} planned")
+        pick = (f"the first {min(max_trials, planned_n):,} planned would run" if sp.sampler == "grid"
+                else f"Optuna's TPE picks {max_trials:,} over the whole space")
+        return (f"search space: {sp.trials or 0:,} trials ({sp.candidates} candidates x {sp.serving_settings or 0:,} "
+                f"serving settings{': ' + axes if axes else ''}); {planned}, {self.pruned_planned:,} of them pruned by "
+                f"the plan; {pick} (tune.max_trials {max_trials:,})")
+
+    def to_dict(self) -> dict[str, JSONValue]:
         sp = self.plan.space
         return {"trials": [t.to_dict() for t in self.shown],
                 "pruned": [t.id for t in self.shown if not t.prediction.fits],
@@ -557,10 +572,11 @@ class DryRun:
                 "space": {**self.space.to_dict(), "shown": len(self.shown), "pruned_planned": self.pruned_planned}}
 
 
-def dry_run(recipe: Recipe, res: Resolution, tune_dir: Path, publish: str | None) -> DryRun:
+def dry_run(recipe: Recipe, res: Resolution, out_dir: str | Path | None, publish: str | None) -> DryRun:
     """The search space's size and axes; its planned trials, their predictions and order, what would be pruned
     (the first DRY_RUN_SHOWN of them, most promising first; the rest counted): nothing runs. The winner's
     destination (``publish``) is refused as the real tune refuses it before any trial."""
+    tune_dir = Path(out_dir or space.tune_of(recipe).out_dir).expanduser() / recipe.name  # as run_tune puts it
     publish_destination(recipe, res, tune_dir, publish)
     plan = plan_search(recipe)
     return DryRun(plan, plan.trials[:DRY_RUN_SHOWN], plan.info())

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from infertool.atomic import remove_inside
 from infertool.errors import UsageError
 from infertool.tune.context import emit
-from infertool.tune.records import TrialError, TrialRecord
+from infertool.tune.records import JSONValue, Placement, TrialError, TrialRecord
 
 if TYPE_CHECKING:
     from infertool.recipe import TuneSection
@@ -165,7 +165,9 @@ def _ray(ctx: Context, trials: list[Trial], trial_fn: TrialFn) -> list[TrialReco
     except Exception as e:  # noqa: BLE001 - ConnectionError and friends: one clear message
         raise UsageError(f"cannot connect to a Ray cluster at {address!r}: {type(e).__name__}: {e}",
                          hint="start one (`ray start --head`) or set tune.ray.address / RAY_ADDRESS") from None
-    recipe_data, tune_dir, exhaustive = _recipe_payload(ctx), str(ctx.dir), ctx.exhaustive
+    from infertool.recipe import recipe_to_dict
+
+    recipe_data, tune_dir, exhaustive = recipe_to_dict(ctx.recipe), str(ctx.dir), ctx.exhaustive
     # a class of a per-class tune shares its tune directory's stage cache (infertool.tune.classes)
     shared = {"cache": str(ctx.cache)} if ctx.cache != ctx.dir / ".stages" else {}
 
@@ -173,7 +175,7 @@ def _ray(ctx: Context, trials: list[Trial], trial_fn: TrialFn) -> list[TrialReco
     def run_remote(trial_index: int, trial_id: str) -> TrialRecord:
         placed = note_placement(tune_dir, trial_id)  # first: the driver sees the trial has a node
         rec = trial_fn(recipe_data, tune_dir, exhaustive, trial_index, trial_id, **shared)
-        rec.executor = {**(rec.executor or {}), **placed}
+        rec.executor = placed
         return rec
 
     def options(t: Trial) -> RayOptions:
@@ -291,7 +293,7 @@ def unplaceable(t: Trial, opts: RayOptions, nodes: list[RayNode], totals: dict[s
             f"the cluster has {len(nodes)} live node(s)" + (f" with {offered[:400]} in all" if offered else ""))
 
 
-def note_placement(tune_dir: str, trial_id: str) -> dict[str, object]:
+def note_placement(tune_dir: str, trial_id: str) -> Placement:
     """In the trial's Ray worker, when it starts: the node it runs on and the resources Ray gave it, written as
     <tune dir>/trials/<id>/placed.json (how the driver knows it was placed) and returned for its record."""
     from pathlib import Path
@@ -301,13 +303,15 @@ def note_placement(tune_dir: str, trial_id: str) -> dict[str, object]:
     from infertool.atomic import write_json
 
     rc = ray.get_runtime_context()
-    placed: dict[str, object] = {"node_id": rc.get_node_id(), "resources": {k: float(v) for k, v in rc.get_assigned_resources().items()}}
-    write_json(Path(tune_dir) / "trials" / trial_id / PLACED, placed)
+    placed = Placement(node_id=rc.get_node_id(),
+                       resources={k: float(v) for k, v in rc.get_assigned_resources().items()})
+    write_json(Path(tune_dir) / "trials" / trial_id / PLACED, placed.to_dict())
     return placed
 
 
 def _record(ctx: Context, records: list[TrialRecord], rec: TrialRecord, address: str) -> None:
-    rec.executor = {"kind": "ray", "address": address, **(rec.executor or {})}
+    rec.executor = rec.executor or Placement()
+    rec.executor.kind, rec.executor.address = "ray", address
     if ctx.on_trial:
         ctx.on_trial(rec)
     records.append(rec)
@@ -355,7 +359,7 @@ def _ray_waves(ctx: Context, ray: Any, waves: Iterable[list[Trial]], running: di
             _record(ctx, records, rec, address)
 
 
-def _placement(ctx: Context, t: Trial) -> dict[str, object] | None:
+def _placement(ctx: Context, t: Trial) -> Placement | None:
     """What the trial's worker wrote of where it ran (``note_placement``; None: it never started)."""
     import json
 
@@ -363,7 +367,7 @@ def _placement(ctx: Context, t: Trial) -> dict[str, object] | None:
         placed = json.loads((ctx.dir / "trials" / t.id / PLACED).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    return placed if isinstance(placed, dict) else None
+    return Placement.from_dict(placed) if isinstance(placed, dict) else None
 
 
 def _unstick(ctx: Context, ray: Any, running: dict[RayRef, Trial], placed: set[RayRef],  # Any: the ray module
@@ -392,13 +396,7 @@ def _unstick(ctx: Context, ray: Any, running: dict[RayRef, Trial], placed: set[R
     progress[0] = time.monotonic()
 
 
-def _recipe_payload(ctx: Context) -> dict[str, object]:
-    from infertool.recipe import recipe_to_dict
-
-    return recipe_to_dict(ctx.recipe)
-
-
-def _remote_trial(recipe_data: dict[str, object], tune_dir: str, exhaustive: bool, trial_index: int, trial_id: str,
+def _remote_trial(recipe_data: dict[str, JSONValue], tune_dir: str, exhaustive: bool, trial_index: int, trial_id: str,
                   cache: str | None = None) -> TrialRecord:
     """Runs in a Ray worker: rebuild the context from the recipe and the one trial from its index in the search
     space (nothing else of the space is built), run it, return its record."""

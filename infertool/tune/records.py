@@ -6,18 +6,28 @@ Written as JSON by ``to_dict()`` (an objective that was not measured is null, ne
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
-from typing import ClassVar
+from dataclasses import dataclass, field
+from typing import ClassVar, Mapping, Sequence, TypeAlias, Union  # noqa: F401 (the JSONValue alias's names)
 
 from infertool.bench.results import Cost, Goodput, Latency
 from infertool.bench.results import Summary as BenchSummary
 from infertool.evaluate.lossless import Lossless
+from infertool.evaluate.result import LmEvalTask
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
 from infertool.summaries import StageSummary
 
+# JSON data as tune writes it (stage key parts, the dry run, evaluate's raws); not a record field's type: a record
+# keeps JSON values as read (``object``), never coerced to a member of this union
+JSONValue: TypeAlias = "Union[None, bool, int, float, str, Sequence[JSONValue], Mapping[str, JSONValue]]"
 # a serve setting's value as the recipe spells it: JSON, a scalar or (speculative) a mapping; kept as it is
 ServeValue = object
+
+
+def max_num_seqs(serve: Mapping[str, ServeValue]) -> int | None:
+    """A grid point's max_num_seqs, when it sets one (an int)."""
+    m = serve.get("max_num_seqs")
+    return m if isinstance(m, int) else None
 
 
 @dataclass
@@ -35,25 +45,10 @@ class Round(Record):
 
 
 @dataclass
-class LmEvalFigures(Record):
-    """One lm-eval task as served, as a trial's accuracy keeps it (``Judgement.lm_eval``: evaluate's phase block cut
-    to these names by ``stages.phase_figures``)."""
-
-    metric: str | None = None
-    base: float | None = None
-    candidate: float | None = None
-    recovery: float | None = None
-    recovery_ci: list[float | None] | None = None
-    lost: int | None = None
-    gained: int | None = None
-    mcnemar_p: float | None = None
-    n: int | None = None
-
-
-@dataclass
 class TrialDecode(Record):
-    """The decode path as served, as a trial's accuracy keeps it (``Judgement.decode``: evaluate's decode block cut to
-    these names by ``stages.phase_figures``)."""
+    """The decode path as served, as a trial's accuracy keeps it (``Judgement.decode``: evaluate's DecodeComparison cut
+    to these names by ``stages.phase_figures``); its own record because a count missing here is "not measured",
+    where DecodeComparison's counts default to 0."""
 
     n_prompts: int | None = None
     exact_match: float | None = None
@@ -68,11 +63,6 @@ class TrialDecode(Record):
     divergences: int | None = None
     near_tie_logprob: float | None = None
     steps: int | None = None
-
-
-def figure_names(kind: type[Record]) -> tuple[str, ...]:
-    """The names a figures record declares (what ``stages.phase_figures`` keeps of a phase block)."""
-    return tuple(f.name for f in fields(kind) if f.name != "extra")
 
 
 @dataclass
@@ -93,7 +83,7 @@ class Judgement(StageSummary):
     # scored, as served: a trial's accuracy holds for its configuration only when they are its own
     scored_with: dict[str, ServeValue] | None = None
     # the as-served phases (infertool.evaluate.phases), kept as evaluate's blocks cut to the figures' names: lm-eval
-    # per task (LmEvalFigures), the decode path (TrialDecode); read through those records (``lm_eval_figures``)
+    # per task (evaluate's LmEvalTask), the decode path (TrialDecode); read through those records
     lm_eval: dict[str, dict[str, object]] | None = None
     decode: dict[str, object] | None = None
     # a speculative configuration against the same one without speculation, per traffic class, with the noise
@@ -102,9 +92,9 @@ class Judgement(StageSummary):
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("scored_with", "lm_eval", "decode", "lossless")
 
-    def lm_eval_figures(self) -> dict[str, LmEvalFigures]:
+    def lm_eval_figures(self) -> dict[str, LmEvalTask]:
         """The lm-eval tasks' figures by task (a task that is not an object is left out)."""
-        return {task: LmEvalFigures.from_dict(b) for task, b in (self.lm_eval or {}).items() if isinstance(b, dict)}
+        return {task: LmEvalTask.from_dict(b) for task, b in (self.lm_eval or {}).items() if isinstance(b, dict)}
 
     def decode_figures(self) -> TrialDecode | None:
         """The decode path's figures (None: the phase did not run)."""
@@ -170,9 +160,9 @@ class ProbeSummary(Record):
     mean_output_tokens: float | None = None
 
     @classmethod
-    def of(cls, summary: BenchSummary | dict[str, object]) -> ProbeSummary:
-        """A bench level's summary (its record or JSON data) cut to a probe's figures (the others left out)."""
-        cut = cls.from_dict(BenchSummary.from_dict(summary).to_dict())
+    def of(cls, summary: BenchSummary) -> ProbeSummary:
+        """A bench level's summary cut to a probe's figures (the others left out)."""
+        cut = cls.from_dict(summary.to_dict())
         cut.extra = {}
         return cut
 
@@ -299,6 +289,19 @@ class MachineInfo(Sparse):
 
 
 @dataclass
+class Placement(Sparse):
+    """Where a trial ran (``TrialRecord.executor``): on Ray the cluster's address, the node and the resources Ray
+    gave it (``executor.note_placement``: the worker's placed.json)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("kind", "address", "node_id", "resources")
+
+    kind: str | None = None
+    address: str | None = None
+    node_id: str | None = None
+    resources: dict[str, float] | None = None
+
+
+@dataclass
 class TrialError(Record):
     """Why a trial failed (an ``InfertoolError``'s ``to_dict``: message, hint, ... kept in ``extra``)."""
 
@@ -367,11 +370,9 @@ class TrialRecord(Sparse):
     error: TrialError | None = None
     why_lost: str | None = None
     served_check: ServedCheck | None = None
-    executor: dict[str, object] | None = None  # where it ran: {kind, address} and, on Ray, the node id and the resources it got
-    # its machine kind (tune.machines): name, price_per_hour (per gpu | machine), gpus, trial_price_per_hour, ...
+    executor: Placement | None = None  # where it ran
     machine: MachineInfo | None = None
     cost_per_1m_output_tokens: float | None = None  # at its machine's price (machine kinds only)
-    # its accuracy screening: its own (serve settings that change outputs: space.OUTPUT_SETTINGS) or shared
     screening: Screening | None = None
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("dir", "accuracy", "capacity", "reason", "decode", "error", "why_lost",
@@ -381,6 +382,11 @@ class TrialRecord(Sparse):
     @property
     def verdict(self) -> str | None:
         return self.accuracy.verdict if self.accuracy is not None else None
+
+    @property
+    def max_num_seqs(self) -> int | None:
+        """Its grid point's max_num_seqs (None: not on the grid); siblings differ in it only."""
+        return max_num_seqs(self.serve)
 
     @property
     def scored_as_served(self) -> bool:
@@ -440,12 +446,8 @@ class TuneDoc(Sparse):
     trials: list[TrialRecord] = field(default_factory=list)
     tuned_recipe: str | None = None
     finished: str | None = None
-    # the search space: its size and axes, how many were planned, whether a sample, the sampler (core.Plan)
     space: SpaceInfo | None = None
-    # the decision: {winner, runner_up, margin, margin_ci, tie, tied, rule, why} (search.decide)
     decision: TuneDecision | None = None
-    # tune's own cost: stage-seconds by stage and in total (search.stage_seconds), brute force's when measured in
-    # the same directory, and the ratio
     cost: TuneCost | None = None
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:

@@ -12,15 +12,16 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from infertool.atomic import atomic_path, write_text
-from infertool.evaluate.result import Accept
+from infertool.evaluate.result import Accept, LmEvalTask
 from infertool.evaluate.lossless import FLOOR_METHOD, rule_text
 from infertool.metricspec import objective as objective_metric
 from infertool.perf.fleet import FleetTable, Json
 from infertool.report import html_document, html_table, img_tag, md_table
+from infertool.summaries import Published
 from infertool.tune.records import (
-    TrialDecode, LmEvalFigures, Screening, ScreenResult, ServeValue, TrialRecord, TuneDoc,
+    JSONValue, Screening, ScreenResult, ServeValue, TrialDecode, TrialRecord, TuneDoc,
 )
-from infertool.tune.space import OUTPUT_SETTINGS
+from infertool.tune.space import OUTPUT_SETTINGS, Trial
 
 
 def _f(v: float | int | str | None, digits: int = 3) -> str:
@@ -87,8 +88,7 @@ def _cost_ci(t: TrialRecord) -> list[float | None] | None:
     return t.capacity.cost_ci if t.machine is None else t.objective_ci
 
 
-def trial_rows(doc: TuneDoc | dict[str, object]) -> list[list[str]]:
-    doc = TuneDoc.from_dict(doc)
+def trial_rows(doc: TuneDoc) -> list[list[str]]:
     kinds = any(t.machine is not None for t in doc.trials)  # a machine kind column only when tune.machines
     rows = [["trial", "quantization", "serving", *(["machine kind"] if kinds else []), "accuracy",
              "mean KLD [interval]", "items", "max load [proven range]", "out tok/s [interval]",
@@ -107,7 +107,7 @@ def trial_rows(doc: TuneDoc | dict[str, object]) -> list[list[str]]:
     return rows
 
 
-def _settings(d: Mapping[str, object] | None) -> str:
+def _settings(d: Mapping[str, ServeValue] | None) -> str:
     """Serve settings as ``k=v`` (those set; None left out)."""
     return ", ".join(f"{k}={_v(v)}" for k, v in (d or {}).items() if v is not None) or "-"
 
@@ -127,7 +127,7 @@ def _ci_cell(value: float | int | None, ci: list[float | None] | None, digits: i
     return _f(value, digits)
 
 
-def lm_eval_cell(lm: dict[str, LmEvalFigures]) -> str:
+def lm_eval_cell(lm: dict[str, LmEvalTask]) -> str:
     """Per lm-eval task: recovery [interval], base -> candidate score, lost / gained documents."""
     return "; ".join(f"{task}: {_ci_cell(b.recovery, b.recovery_ci)} ({_f(b.base)} -> {_f(b.candidate)}; lost "
                      f"{_f(b.lost)}, gained {_f(b.gained)}, n {_f(b.n)})" for task, b in lm.items()) or "-"
@@ -155,6 +155,23 @@ def near_ties_cell(dec: TrialDecode) -> str:
     return f"{ties:,} of {total:,} divergence{'s' if total != 1 else ''} start{'s' if total == 1 else ''} at a near tie"
 
 
+def plan_rows(shown: list[Trial]) -> list[list[str]]:
+    """The dry run's table: each trial shown, its quantization, serving settings (and machine kind), whether it fits
+    and the roofline's bounds, most promising first."""
+    from infertool.tune.space import machine_info
+
+    rows = [["trial", "quantization", "serving", "fits", "decode tok/s bound", "$/1M bound", "why not"]]
+    for tr in shown:
+        p, m = tr.prediction, machine_info(tr.machine, tr.recipe) if tr.machine is not None else None
+        kind = f" @ {m.name} (${m.trial_price_per_hour:,.4g}/h)" if m is not None else ""
+        rows.append([tr.id, tr.candidate.label, (", ".join(f"{k}={v}" for k, v in tr.serve.items()) or "recipe") + kind,
+                     "yes" if p.fits else "no",
+                     f"{p.decode_tokens_per_s:,.0f} at batch {p.batch}" if p.decode_tokens_per_s else "-",
+                     f"{p.cost_per_1m_output_tokens:,.3g}" if p.cost_per_1m_output_tokens else "-",
+                     "; ".join(p.reasons)])
+    return rows
+
+
 def screened_text(screening: Screening | None) -> str:
     """A trial's accuracy screening in a few words (the dry run's column): its own, with the settings that change
     its outputs, or shared."""
@@ -165,12 +182,10 @@ def screened_text(screening: Screening | None) -> str:
     return "the reference" if (screening.shares or "").startswith("the reference") else "shared"
 
 
-def screening_line(trials: list[dict[str, object]]) -> str:
+def screening_line(trials: list[Trial]) -> str:
     """Under the dry run's table: which trials are screened as served on their own (serve settings that change
-    outputs), and that the others share their candidate's screening (the original at the recipe's: the reference).
-    ``trials``: the dry run's trials (``space.Trial.to_dict``)."""
-    recs = [TrialRecord.from_dict(t) for t in trials]
-    own = [(t.id, t.screening) for t in recs if t.screening is not None and t.screening.own]
+    outputs), and that the others share their candidate's screening (the original at the recipe's: the reference)."""
+    own = [(t.id, t.screening()) for t in trials if t.own_screening]
     if not own:
         return ("accuracy: every trial shares its candidate's screening (no serve setting that changes outputs "
                 "differs from the recipe's; the original is the reference)")
@@ -179,10 +194,9 @@ def screening_line(trials: list[dict[str, object]]) -> str:
             + "; the others share their candidate's screening (the original at the recipe's settings: the reference)")
 
 
-def accuracy_rows(doc: TuneDoc | dict[str, object]) -> list[list[str]]:
+def accuracy_rows(doc: TuneDoc) -> list[list[str]]:
     """Each trial's accuracy as served: its verdict, the serve settings whose outputs were scored (and whether the
     screening is its own or shared), the lm-eval tasks per task, the decode path; the served check's beside."""
-    doc = TuneDoc.from_dict(doc)
     rows = [["trial", "accuracy", "scored with", "screening", "lm-eval recovery [interval] per task",
              "decode exact match", "first divergence", "decode KLD [interval]", "near ties"]]
     for t in doc.trials:
@@ -198,11 +212,10 @@ def accuracy_rows(doc: TuneDoc | dict[str, object]) -> list[list[str]]:
     return rows
 
 
-def lossless_rows(doc: TuneDoc | dict[str, object]) -> list[list[str]]:
+def lossless_rows(doc: TuneDoc) -> list[list[str]]:
     """Each speculative configuration's lossless check (infertool.evaluate.lossless), per prompt set (a traffic
     class): the decision and why, its figures against the same configuration without speculation, the noise
     floor's beside them; only the header when no trial speculates."""
-    doc = TuneDoc.from_dict(doc)
     rows = [["trial", "prompts", "lossless", "answers changed (near ties apart)", "floor", "decode KLD [interval]",
              "floor KLD [interval]", "why"]]
     for t in doc.trials:
@@ -302,10 +315,10 @@ def _summary(doc: TuneDoc) -> list[str]:
                      + (f"; the served check reused its screening: {sc.reused}" if sc and sc.reused else "") + ".")
         if doc.tuned_recipe:
             lines.append(f"Ready recipe: `{doc.tuned_recipe}` (`infertool run` and `infertool serve --emit k8s` take it as it is).")
-        pub = doc.extra.get("published")
-        if isinstance(pub, dict) and isinstance(pub.get("path"), str):  # the winner's checkpoint, with its card
-            lines.append(f"Ship it: the winner's checkpoint is published at `{pub['path']}` (fingerprint "
-                         f"`{str(pub.get('fingerprint'))[:16]}`, MODEL_CARD.md beside it); `infertool serve "
+        pub = Published.from_dict(doc.extra.get("published"))
+        if pub.path is not None:  # the winner's checkpoint, with its card
+            lines.append(f"Ship it: the winner's checkpoint is published at `{pub.path}` (fingerprint "
+                         f"`{str(pub.fingerprint)[:16]}`, MODEL_CARD.md beside it); `infertool serve "
                          f"{doc.tuned_recipe and Path(doc.tuned_recipe).parent}` serves it, checked by that fingerprint.")
     else:
         lines.append("**No configuration passes the accuracy gates and meets the SLO** (see why each lost below).")
@@ -365,8 +378,7 @@ def _fleet(doc: TuneDoc) -> FleetTable:
     return tune_fleet(doc.trials, target_of)
 
 
-def render_markdown(doc: TuneDoc | dict[str, object], plot: Path | None, tuned_text: str | None) -> str:
-    doc = TuneDoc.from_dict(doc)
+def render_markdown(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
     parts = [f"# infertool tune: {doc.recipe}", ""] + _summary(doc) + [""]
     if plot:
         parts += [f"![pareto]({plot.name})", ""]
@@ -381,8 +393,7 @@ def render_markdown(doc: TuneDoc | dict[str, object], plot: Path | None, tuned_t
     return "\n".join(parts)
 
 
-def render_html(doc: TuneDoc | dict[str, object], plot: Path | None, tuned_text: str | None) -> str:
-    doc = TuneDoc.from_dict(doc)
+def render_html(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
 
     def inline(text: str) -> str:
         t = html.escape(text)
@@ -406,8 +417,7 @@ def render_html(doc: TuneDoc | dict[str, object], plot: Path | None, tuned_text:
     return html_document(f"infertool tune {doc.recipe}", body)
 
 
-def write_report(tune_dir: Path, doc: TuneDoc | dict[str, object], *, exhaustive: bool = False) -> dict[str, str]:
-    doc = TuneDoc.from_dict(doc)
+def write_report(tune_dir: Path, doc: TuneDoc, *, exhaustive: bool = False) -> dict[str, str]:
     suffix = "-exhaustive" if exhaustive else ""
     plot = plot_pareto(doc, tune_dir / f"pareto{suffix}.png")
     tuned = Path(doc.tuned_recipe).read_text(encoding="utf-8") if doc.tuned_recipe else None

@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from infertool.bench.results import Latency, Summary
 from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
 from infertool.metricspec import objective as objective_metric
-from infertool.tune.records import CapacityResult, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision
+from infertool.tune.records import (
+    CapacityResult, JSONValue, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision,
+)
 
 if TYPE_CHECKING:
     from infertool.tune.space import Trial
@@ -35,9 +37,6 @@ class LoadSearch:
     def best(self) -> Probe | None:
         ok = [p for p in self.probes if p.ok and p.concurrency == self.max_load]
         return ok[-1] if ok else None
-
-    def to_dict(self) -> dict[str, object]:
-        return {"max_load": self.max_load, "stopped": self.stopped, "probes": [p.to_dict() for p in self.probes]}
 
 
 def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: int = 8,
@@ -104,12 +103,12 @@ def _bisect(run: Callable[[int], Probe], probes: list[Probe], good: int, bad: in
     return LoadSearch(good, probes, f"the SLO holds at {good} and not at {bad}")
 
 
-def short_summary(summary: Summary | dict[str, object]) -> ProbeSummary:
-    """What a probe keeps of a bench level's summary (a ``bench.results.Summary`` or its JSON data)."""
+def short_summary(summary: Summary) -> ProbeSummary:
+    """What a probe keeps of a bench level's summary."""
     return ProbeSummary.of(summary)
 
 
-def probe_ok(summary: Summary | dict[str, object], target: float) -> tuple[bool, float | None]:
+def probe_ok(summary: Summary | Mapping[str, JSONValue], target: float) -> tuple[bool, float | None]:
     """A level meets the SLO when every request completed and the share that met the SLO reaches the target
     (``summary``: a ``bench.results.Summary`` or its JSON data)."""
     s = Summary.from_dict(summary)
@@ -182,15 +181,14 @@ def slo_margin(summary: ProbeSummary, slo: dict[str, float], target: float) -> f
     return max(ratios) if ratios else None
 
 
-def judge_runs(runs: Sequence[ProbeSummary | dict[str, object]],
-               policy: RepeatPolicy) -> tuple[bool, bool, str, list[float] | None]:
+def judge_runs(runs: Sequence[ProbeSummary], policy: RepeatPolicy) -> tuple[bool, bool, str, list[float] | None]:
     """Whether the runs of one level meet the SLO (ok), whether that is decided, why, and the goodput fraction's
     Wilson interval over every request: decided when the interval lies on one side of the target, or a single
     run is far from the edge (its latency percentile within 1/(1+edge) of the bound and meeting, or beyond
     (1+edge) x the bound and missing), or a request failed (a failure is not noise)."""
     from infertool.evaluate.metrics import wilson
 
-    probes = [r if isinstance(r, ProbeSummary) else ProbeSummary.from_dict(r) for r in runs]
+    probes = list(runs)
     n = sum(r.requests or 0 for r in probes)
     met = sum(round((r.goodput.fraction or 0.0) * (r.requests or 0)) for r in probes)
     failed = sum(r.failed or 0 for r in probes)
@@ -215,11 +213,10 @@ def judge_runs(runs: Sequence[ProbeSummary | dict[str, object]],
     return ok, False, f"near the edge: undecided after {len(runs)} run(s)", ci
 
 
-def mean_summary(runs: Sequence[ProbeSummary | dict[str, object]],
-                 cost_per_hour: float | None = None) -> ProbeSummary:
+def mean_summary(runs: Sequence[ProbeSummary], cost_per_hour: float | None = None) -> ProbeSummary:
     """The runs' short summaries averaged (every number; counts summed), $/1M recomputed from the mean
     throughput so that it matches the throughput's interval."""
-    recs = [ProbeSummary.from_dict(r) for r in runs]
+    recs = list(runs)
     if len(recs) == 1:
         return ProbeSummary.from_dict(recs[0].to_dict())
     data = [r.to_dict() for r in recs]
@@ -231,9 +228,6 @@ def mean_summary(runs: Sequence[ProbeSummary | dict[str, object]],
     if tps and price:
         out.cost.per_1m_output_tokens = cost_from_throughput(price, tps)
     return out
-
-
-JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]
 
 
 def _mean_value(values: list[JSONValue]) -> JSONValue:
@@ -260,10 +254,15 @@ def repeat_probe(measure_once: Callable[[int, int], ProbeSummary], c: int, polic
     (``judge_runs``) and it has ``runs_at_least`` runs, or ``policy.max_runs`` runs."""
     runs: list[ProbeSummary] = []
     while True:
-        runs.append(ProbeSummary.from_dict(measure_once(c, len(runs))))
-        ok, sure, why, ci = judge_runs(runs, policy)
+        runs.append(measure_once(c, len(runs)))
+        _, sure, _, _ = judge_runs(runs, policy)
         if len(runs) >= policy.max_runs or (sure and len(runs) >= runs_at_least):
-            break
+            return _pooled(c, runs, policy)
+
+
+def _pooled(c: int, runs: list[ProbeSummary], policy: RepeatPolicy) -> Probe:
+    """The probe at ``c`` from its runs: judged together, their mean, the throughput's interval across them."""
+    ok, sure, why, ci = judge_runs(runs, policy)
     summary = mean_summary(runs)
     _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
     return Probe(c, ok, summary.goodput.fraction, summary, runs=len(runs), decided=sure, why=why, goodput_ci=ci,
@@ -279,14 +278,10 @@ def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], ProbeSum
         return search
     runs = list(best.per_run or [best.summary])
     while len(runs) < min(policy.min_runs, policy.max_runs):
-        runs.append(ProbeSummary.from_dict(measure_once(best.concurrency, len(runs))))
-    ok, sure, why, ci = judge_runs(runs, policy)
-    summary = mean_summary(runs)
-    _, tci = mean_interval([OUTPUT_TOKEN_THROUGHPUT.of(r) for r in runs], policy.confidence, floor=0.0)
-    again = Probe(best.concurrency, ok, summary.goodput.fraction, summary, runs=len(runs),
-                  decided=sure, why=why, goodput_ci=ci, throughput_ci=tci, per_run=runs)
+        runs.append(measure_once(best.concurrency, len(runs)))
+    again = _pooled(best.concurrency, runs, policy)
     probes = [again if p is best else p for p in search.probes]
-    if ok:
+    if again.ok:
         return LoadSearch(search.max_load, probes, search.stopped)
     # measured again, it misses: the next load below that surely meets is the answer
     below = [p.concurrency for p in probes if p.ok and p.concurrency < best.concurrency]
@@ -543,7 +538,7 @@ def cost_ratio(staged: StageSeconds | None, brute: StageSeconds | None) -> float
 def sibling_key(t: Trial | TrialRecord) -> str:
     """What a trial (``space.Trial`` or ``TrialRecord``) is apart from its max_num_seqs: its candidate, machine kind
     and other serve settings; trials with the same key are siblings."""
-    machine = getattr(t.machine, "name", None)  # a MachineKind (space.Trial) or its MachineInfo (TrialRecord)
+    machine = t.machine.name if t.machine is not None else None  # a TuneMachine (Trial) or MachineInfo (a record)
     rest = {k: v for k, v in t.serve.items() if k != "max_num_seqs"}
     return json.dumps([t.candidate.key, machine, rest], sort_keys=True, default=str)
 
@@ -556,11 +551,11 @@ def siblings(a: Trial | TrialRecord, b: Trial | TrialRecord) -> bool:
 def smaller_siblings(trial: Trial | TrialRecord, pending: list[Trial]) -> list[int]:
     """The max_num_seqs of the trials still to run (``pending``) that are ``trial``'s siblings with a smaller
     max_num_seqs: the loads at which ``trial``'s server, once measured there, bounds them (``sibling_bound``)."""
-    m = trial.serve.get("max_num_seqs")
-    if not isinstance(m, int):
+    m = trial.max_num_seqs
+    if m is None:
         return []
-    out = {t.serve.get("max_num_seqs") for t in pending if t.id != trial.id and siblings(t, trial)}
-    return sorted(x for x in out if isinstance(x, int) and x < m)
+    out = {t.max_num_seqs for t in pending if t.id != trial.id and siblings(t, trial)}
+    return sorted(x for x in out if x is not None and x < m)
 
 
 def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) -> tuple[float, str] | None:
@@ -568,13 +563,13 @@ def sibling_bound(rec: TrialRecord, measured: list[TrialRecord], edge: float) ->
     a larger max_num_seqs): a server that batches at most m requests serves no faster than the sibling at a
     concurrency >= m (throughput grows with the batch); the sibling's figure there taken at its interval's top,
     else widened by ``edge``. None when no sibling proves a bound."""
-    m = rec.serve.get("max_num_seqs")
-    if not isinstance(m, int):
+    m = rec.max_num_seqs
+    if m is None:
         return None
     bounds = []
     for s in measured:
-        sm = s.serve.get("max_num_seqs")
-        if s.id == rec.id or not isinstance(sm, int) or sm <= m or not siblings(s, rec) or s.capacity is None:
+        sm = s.max_num_seqs
+        if s.id == rec.id or sm is None or sm <= m or not siblings(s, rec) or s.capacity is None:
             continue
         above = sorted((p for p in s.capacity.probes if (p.concurrency or 0) >= m
                         and OUTPUT_TOKEN_THROUGHPUT.of(p.summary)),

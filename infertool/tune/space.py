@@ -12,15 +12,18 @@ import json
 import math
 import random
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Callable, Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
-from infertool.tune.records import MachineInfo, PredictionRecord, Screening, ServeValue
+from infertool.tune.records import JSONValue, MachineInfo, PredictionRecord, Screening, max_num_seqs
 
 if TYPE_CHECKING:
+    from pydantic import BaseModel
+
     from infertool.recipe import Recipe, ServeSection, TuneMachine, TuneSection
     from infertool.resolve import Resolution
+    from infertool.stages.base import EventCallback
 
 
 @dataclass(frozen=True)
@@ -34,7 +37,7 @@ class Candidate:
     def original(self) -> bool:
         return self.spec is None
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, JSONValue]:
         return asdict(self)
 
 
@@ -58,7 +61,7 @@ OUTPUT_SETTINGS: dict[str, str] = {
 # and scheduling, not what one request computes at the screening's load).
 
 
-def scoring_point(recipe: Recipe, point: dict[str, ServeValue]) -> dict[str, ServeValue]:
+def scoring_point(recipe: Recipe, point: dict[str, JSONValue]) -> dict[str, JSONValue]:
     """The output-changing settings (``OUTPUT_SETTINGS``) of a grid point whose value differs from the recipe's own
     serve section: empty when the trial's outputs are those its candidate is screened with at the recipe's settings."""
     own = recipe.serve.model_dump(mode="json") if recipe.serve is not None else {}
@@ -66,7 +69,7 @@ def scoring_point(recipe: Recipe, point: dict[str, ServeValue]) -> dict[str, Ser
         from infertool.recipe import ServeSection
 
         own = ServeSection().model_dump(mode="json")
-    out: dict[str, ServeValue] = {}
+    out: dict[str, JSONValue] = {}
     for key, value in point.items():
         if key in OUTPUT_SETTINGS and json.dumps(value, sort_keys=True, default=str) != json.dumps(
                 own.get(key), sort_keys=True, default=str):
@@ -74,7 +77,7 @@ def scoring_point(recipe: Recipe, point: dict[str, ServeValue]) -> dict[str, Ser
     return out
 
 
-def scored_settings(serve: ServeSection) -> dict[str, ServeValue]:
+def scored_settings(serve: ServeSection) -> dict[str, JSONValue]:
     """The output-changing settings of a serve section as served (a ``ServeSection``): ``accuracy.scored_with``."""
     d = serve.model_dump(mode="json")
     return {key: d.get(key) for key in OUTPUT_SETTINGS}
@@ -84,14 +87,14 @@ def scored_settings(serve: ServeSection) -> dict[str, ServeValue]:
 class Trial:
     id: str
     candidate: Candidate
-    serve: dict[str, ServeValue]  # the grid point: serve field -> value
+    serve: dict[str, JSONValue]  # the grid point: serve field -> value
     recipe: Recipe  # the trial's full recipe (quantize = the candidate, serve = the grid point, no tune)
     prediction: PredictionRecord = field(default_factory=PredictionRecord)
     index: int = 0  # its place in the search space (``Space.trial``): how a Ray worker rebuilds it
     machine: TuneMachine | None = None  # its machine kind; None: no tune.machines
     # its output-changing settings that differ from the recipe's (``scoring_point``): non-empty, it is screened as
     # served with them (its own screening); empty, it shares its candidate's (the original: it is the reference)
-    scoring: dict[str, ServeValue] = field(default_factory=dict)
+    scoring: dict[str, JSONValue] = field(default_factory=dict)
     # its recipe resolved once, with the candidate it WILL make (``resolution``); never sent to a Ray worker (a
     # worker rebuilds the trial from ``index`` and resolves on its own host)
     planned: Resolution | None = field(default=None, repr=False, compare=False)
@@ -104,6 +107,11 @@ class Trial:
 
             self.planned = _as_planned(resolve(self.recipe))
         return self.planned
+
+    @property
+    def max_num_seqs(self) -> int | None:
+        """Its grid point's max_num_seqs (None: not on the grid); siblings differ in it only."""
+        return max_num_seqs(self.serve)
 
     @property
     def own_screening(self) -> bool:
@@ -130,8 +138,9 @@ class Trial:
         (bench.cost_per_hour prices it, as before)."""
         return machine_price(self.machine, self.recipe) if self.machine is not None else None
 
-    def to_dict(self) -> dict[str, object]:
-        d: dict[str, object] = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(), "serve": dict(self.serve),
+    def to_dict(self) -> dict[str, JSONValue]:
+        d: dict[str, JSONValue] = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(),
+                                   "serve": dict(self.serve),
              "prediction": self.prediction.to_dict(), "screening": self.screening().to_dict()}
         if self.machine is not None:
             d["machine"] = machine_info(self.machine, self.recipe).to_dict()
@@ -174,13 +183,14 @@ def candidates(recipe: Recipe) -> list[Candidate]:
     from pydantic import TypeAdapter
 
     base = recipe.quantize.model_dump(mode="json", exclude={"output"}) if recipe.quantize is not None else {}
+    method = recipe.quantize.method if recipe.quantize is not None else None
     out: list[Candidate] = []
     seen: dict[str, int] = {}
     for i, cand in enumerate(tune_of(recipe).candidates):
         if cand == "none":
             spec, label = None, "original"
         else:
-            merged = {**(base if cand.get("method", base.get("method")) == base.get("method") else {}), **cand}
+            merged = {**(base if cand.get("method", method) == method else {}), **cand}
             merged.pop("output", None)
             q = TypeAdapter(QuantizeSection).validate_python(merged)
             spec = q.model_dump(mode="json", exclude={"output"})
@@ -210,18 +220,18 @@ class Grid:
     """The serving grid as its axes (serve field -> values, the recipe's order): its points by index, in
     ``itertools.product`` order (the last axis fastest), never all at once."""
 
-    axes: tuple[tuple[str, tuple[ServeValue, ...]], ...]
+    axes: tuple[tuple[str, tuple[JSONValue, ...]], ...]
 
     @property
     def size(self) -> int:
         """The number of points: the product of the axis lengths (1 without an axis: the recipe's own settings)."""
         return math.prod(len(values) for _, values in self.axes)
 
-    def point(self, index: int) -> dict[str, ServeValue]:
+    def point(self, index: int) -> dict[str, JSONValue]:
         """The point at ``index`` (mixed radix over the axes), as ``list(self)[index]`` would give it."""
         if not 0 <= index < self.size:
             raise IndexError(f"grid point {index} of {self.size}")
-        picked: dict[str, ServeValue] = {}
+        picked: dict[str, JSONValue] = {}
         for key, values in reversed(self.axes):
             index, at = divmod(index, len(values))
             picked[key] = values[at]
@@ -234,7 +244,7 @@ class Grid:
             out = out * len(values) + positions[key]
         return out
 
-    def __iter__(self) -> Iterator[dict[str, ServeValue]]:
+    def __iter__(self) -> Iterator[dict[str, JSONValue]]:
         keys = [key for key, _ in self.axes]
         for values in itertools.product(*(values for _, values in self.axes)):
             yield dict(zip(keys, values))
@@ -285,9 +295,8 @@ class Space:
         c, p = divmod(rest, self.grid.size)
         cand, point = self.candidates[c], self.grid.point(p)
         machine = self.machines[m] if self.machines else None
-        ident = {"candidate": cand.key, "serve": point}
-        if machine is not None:
-            ident["machine"] = machine.name  # the same configuration on another kind is another trial
+        # the same configuration on another kind is another trial
+        ident = {"candidate": cand.key, "serve": point, **({"machine": machine.name} if machine is not None else {})}
         tid = digest(ident)[:12]
         return Trial(tid, cand, point, trial_recipe(self.recipe, cand, point, machine), index=index, machine=machine,
                      scoring=scoring_point(self.recipe, point))
@@ -329,32 +338,31 @@ def search_space(recipe: Recipe) -> Space:
     return Space(recipe, candidates(recipe), g, machines)
 
 
-def trial_recipe(recipe: Recipe, candidate: Candidate, point: dict[str, ServeValue],
+def trial_recipe(recipe: Recipe, candidate: Candidate, point: dict[str, JSONValue],
                  machine: TuneMachine | None = None) -> Recipe:
     """The recipe of one trial: the candidate as its quantize section, the grid point over its serve section,
     serve.model cleared (the trial serves its candidate), no tune section; on a machine kind, its GPU as
     target.gpu (what plan and the roofline read) and its price for the trial as bench.cost_per_hour."""
-    from infertool.recipe import recipe_to_dict, validate_recipe_data
+    from infertool.recipe import BenchSection, recipe_to_dict, validate_recipe_data
 
-    data = recipe_to_dict(recipe)
-    data.pop("tune", None)
-    data["quantize"] = dict(candidate.spec) if candidate.spec is not None else None
-    serve = dict(data.get("serve") or {})
-    serve.update(point)
-    serve["model"] = None
-    data["serve"] = serve
-    if machine is not None:
-        if machine.gpu:
-            data["target"] = {**(data.get("target") or {}), "gpu": machine.gpu}
-        gpus = (serve.get("tensor_parallel_size") or 1) * (serve.get("pipeline_parallel_size") or 1)
-        data["bench"] = {**(data.get("bench") or {}),
-                         "cost_per_hour": machine.price_per_hour * (gpus if machine.has_gpus else 1)}
+    def dump(section: BaseModel | None) -> dict[str, JSONValue]:
+        return section.model_dump(mode="json") if section is not None else {}
+
+    gpu = machine.gpu if machine is not None else None
+    data = {**recipe_to_dict(recipe), "tune": None,
+            "quantize": dict(candidate.spec) if candidate.spec is not None else None,
+            "serve": {**dump(recipe.serve), **point, "model": None},
+            **({"target": {**dump(recipe.target), "gpu": gpu}} if gpu else {})}
     try:
-        return validate_recipe_data({k: v for k, v in data.items() if v is not None or k in ("serve",)},
-                                    source=f"tune trial ({candidate.label}, {point})")
+        trial = validate_recipe_data({k: v for k, v in data.items() if v is not None or k == "serve"},
+                                     source=f"tune trial ({candidate.label}, {point})")
     except RecipeError as e:
         raise UsageError(f"the trial {candidate.label} with {point} is not a valid recipe: "
                          + "; ".join(f"{i.path}: {i.message}" for i in e.issues)) from None
+    if machine is None:  # on a machine kind: its price for the trial (its GPUs) is bench.cost_per_hour
+        return trial
+    bench = (trial.bench or BenchSection()).model_copy(update={"cost_per_hour": machine_price(machine, trial)})
+    return trial.model_copy(update={"bench": bench})
 
 
 def trials(recipe: Recipe) -> list[Trial]:
@@ -417,7 +425,7 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
 
 def capacity_start(trial: Trial, res: Resolution, url: str, served_name: str, lo: int, hi: int, *,
                    headers: dict[str, str] | None = None,
-                   on_event: Callable[[dict[str, object]], None] | None = None) -> int | None:
+                   on_event: EventCallback | None = None) -> int | None:
     """Where the trial's capacity search starts: the knee the calibrated model predicts (clipped to [lo, hi]).
     The calibration of this host, model and serve settings is measured on the trial's running server first when
     none is cached (or the cached one has no point at ``hi``): seconds, once per key and batch. None (start at ``lo``)

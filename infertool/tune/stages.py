@@ -23,8 +23,8 @@ from infertool.stages import Stage, StageContext, StageOutput
 from infertool.stages.builtin import resolution
 from infertool.tune import search
 from infertool.tune.records import (
-    CapacityResult, TrialDecode, Judgement, LmEvalFigures, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck, TrialRecord,
-    figure_names,
+    CapacityResult, JSONValue, Judgement, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck,
+    ServeValue, TrialDecode, TrialRecord,
 )
 
 if TYPE_CHECKING:
@@ -148,7 +148,7 @@ def run_phase(phase: Phase, served: Served, prior: Raw | None, events: _Events, 
     return run(served, prior, events, window=window) if takes else run(served, prior, events)
 
 
-def merge_raw(old: object, new: object) -> object:
+def merge_raw(old: JSONValue, new: JSONValue) -> JSONValue:
     """Two windows' raws of one phase joined (rounds are cumulative): dicts key by key, lists concatenated, any
     other value the newer one's. A phase with its own ``merge(old, new)`` is joined by that instead."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -184,11 +184,12 @@ def phase_blocks(phases: list[Phase], ref: Raw, cand: Raw, confidence: float) ->
     return compare_all(phases, done, "reference", "candidate", confidence)
 
 
-LM_EVAL_KEYS = figure_names(LmEvalFigures)
-DECODE_KEYS = figure_names(TrialDecode)
+# what a trial's accuracy keeps of evaluate's lm-eval task (LmEvalTask) and decode block (TrialDecode's names)
+LM_EVAL_KEYS = ("metric", "base", "candidate", "recovery", "recovery_ci", "lost", "gained", "mcnemar_p", "n")
+DECODE_KEYS = tuple(f.name for f in dataclasses.fields(TrialDecode) if f.name != "extra")
 
 
-def phase_figures(blocks: Pooled) -> dict[str, Raw | None]:
+def phase_figures(blocks: Pooled) -> tuple[Raw | None, Raw | None]:
     """What a trial's accuracy keeps of the phases' blocks: ``lm_eval`` per task {metric, base, candidate,
     recovery, recovery_ci, lost, gained, mcnemar_p, n}; ``decode`` {n_prompts, exact_match, first_divergence_median,
     kld, top1, near_ties, ...}; None where the phase did not run or gave nothing."""
@@ -196,7 +197,7 @@ def phase_figures(blocks: Pooled) -> dict[str, Raw | None]:
     dec = blocks.decode.to_dict() if blocks.decode else {}
     lm_out = {name: {k: t[k] for k in LM_EVAL_KEYS if k in t} for name, t in tasks.items()}
     dec_out = {k: dec[k] for k in DECODE_KEYS if k in dec}
-    return {"lm_eval": lm_out or None, "decode": dec_out or None}
+    return lm_out or None, dec_out or None
 
 
 def load_phases(entry: Path) -> Raw:
@@ -232,11 +233,11 @@ def judge(tune: Context, ref_raw: Raw, cand_raw: Raw, n: int, confidence: float,
     status, reason = verdict(gates)
     needed = [g.n_needed for g in gates if g.status == "INCONCLUSIVE" and g.n_needed]
     tok = pool.tokens  # the pooled scoring, eval's record
-    figures = phase_figures(blocks or Pooled())
+    lm_eval, decode = phase_figures(blocks or Pooled())
     return Judgement(verdict=status, reason=reason, items=n, confidence=confidence, gates=list(gates),
                      n_needed=max(needed) if needed else None, mean_kld=tok.mean_kld if tok is not None else None,
                      top1=tok.top1_agree if tok is not None else None, allow_inconclusive=Accept.from_dict(tune.accept).allow_inconclusive,
-                     lm_eval=figures["lm_eval"], decode=figures["decode"])
+                     lm_eval=lm_eval, decode=decode)
 
 
 def reference_raw(ctx: StageContext) -> Raw:
@@ -244,11 +245,11 @@ def reference_raw(ctx: StageContext) -> Raw:
     return data if isinstance(data, dict) else {}
 
 
-def served_settings(res: Resolution, model: ModelRef | None) -> dict[str, object]:
+def served_settings(res: Resolution, model: ModelRef | None) -> dict[str, ServeValue]:
     """The output-changing serve settings ``model`` is served with (space.OUTPUT_SETTINGS): ``scored_with``."""
     from infertool.tune.space import scored_settings
 
-    return scored_settings(res.serve_for(model)[0])
+    return dict(scored_settings(res.serve_for(model)[0]))
 
 
 SUITE = "suite"  # the source of every gate no phase feeds: the suite's prompt log-probabilities
@@ -481,7 +482,7 @@ def run_capacity(ctx: StageContext) -> CapacityResult:
 
 
 def capacity_result(result: search.LoadSearch, load: TuneLoadSearch, hi: int, levels: list[LevelResult], *,
-                    argv: list[str] | None = None, serve: dict[str, object] | None = None,
+                    argv: list[str] | None = None, serve: dict[str, ServeValue] | None = None,
                     price: float | None = None, confidence: float = 0.95) -> CapacityResult:
     """A load search as tune records it: the probes, the bracket they prove, the figures at the largest load
     meeting the SLO with their intervals (throughput from the repeated runs there; $/1M from it)."""
@@ -575,10 +576,8 @@ def _bound_probes(ctx: StageContext, result: search.LoadSearch, once: Callable[[
     tune, trial = ctx.job.tune, ctx.job.trial
     if tune.exhaustive or tune.tune.objective != "cost" or not result.max_load:
         return result
-    queue = list(getattr(tune, "queue", None) or [])  # none: a trial run alone (a Ray worker's)
-    ids = [t.id for t in queue]
-    me = getattr(trial, "id", None)
-    pending = queue[ids.index(me) + 1:] if me in ids else []
+    ids = [t.id for t in tune.queue]  # none: a trial run alone (a Ray worker's)
+    pending = tune.queue[ids.index(trial.id) + 1:] if trial.id in ids else []
     if not pending:
         return result
     have = {p.concurrency for p in result.probes}
@@ -598,7 +597,7 @@ def _cannot_win(ctx: StageContext, c: int, p: Probe, policy: search.RepeatPolicy
     """Raise ``search.StopSearch`` when the trial cannot win: no load below ``c`` serves faster than ``c`` did
     (throughput grows with load; its interval's top, else widened by the edge), and even that throughput costs
     more per 1M tokens than the top of the best interval so far (``Context.best_cost``)."""
-    best_hi = getattr(ctx.job.tune, "best_cost", None)
+    best_hi = ctx.job.tune.best_cost
     tps = OUTPUT_TOKEN_THROUGHPUT.of(p.summary)
     price = ctx.job.trial.price_per_hour
     if price is None:
@@ -622,18 +621,18 @@ def run_served(ctx: StageContext) -> ServedCheck:
 
 
 # ------------------------------------------------------------------------------------ key parts
-def _phase_parts(job: TrialJob) -> dict[str, object]:
+def _phase_parts(job: TrialJob) -> dict[str, JSONValue]:
     """The as-served phases' settings (eval.lm_eval, eval.decode): part of every accuracy stage's key."""
     ev = job.tune.eval
     specs = {name: getattr(ev, name, None) for name in ("lm_eval", "decode")}
     return {"phases": {k: v.model_dump(mode="json") for k, v in specs.items() if v is not None}}
 
 
-def _reference_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
+def _reference_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
     return {"items": job.tune.reference_items, "seq_len": job.tune.eval.seq_len, **_phase_parts(job)}
 
 
-def _lossless_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
+def _lossless_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
     """A speculative configuration's lossless check (its prompts: the traffic's classes, else the decode prompts;
     its rule): part of its accuracy stages' keys; nothing for any other configuration (their keys unchanged). The
     class replayed alone is not part of it: the check runs every class's prompts, so a per-class tune's classes
@@ -654,18 +653,18 @@ def _lossless_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
                                      "seed": b.seed}}}
 
 
-def _screen_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
+def _screen_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
     return {"rounds": job.tune.screen_rounds, "seq_len": job.tune.eval.seq_len, "accept": job.tune.accept,
             **_phase_parts(job), **_lossless_parts(recipe, job)}
 
 
-def _capacity_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
+def _capacity_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
     t = job.tune
     return {"trial": job.trial.id, "bench": t.bench.model_dump(mode="json"), "load": t.tune.load.model_dump(mode="json"),
             "exhaustive": t.exhaustive}
 
 
-def _served_parts(recipe: Recipe, job: TrialJob) -> dict[str, object]:
+def _served_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
     return {"trial": job.trial.id, "items": job.tune.served_items, "rounds": job.tune.served_rounds,
             "seq_len": job.tune.eval.seq_len,
             "accept": job.tune.accept, **_phase_parts(job), **_lossless_parts(recipe, job)}
