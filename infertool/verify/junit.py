@@ -78,7 +78,7 @@ def write_junit(path: Path, result: VerifyResult) -> None:
 
     eng = result.evidence.engine
     props = {"source": result.source.folder, "evidence": result.evidence.fingerprint,
-             "engine": result.engine.get("label"), "recorded_engine": f"{eng.get('package')}=={eng.get('version')}",
+             "engine": result.engine.label, "recorded_engine": f"{eng.package}=={eng.version}",
              "workers": result.workers}
     write_text(path, junit_xml(result.gates, verdict=result.verdict or "?", reason=result.reason,
                                allow_inconclusive=result.allow_inconclusive, seconds=result.timing.wall_s or 0.0,

@@ -27,6 +27,7 @@ from typing import Any, ClassVar
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
 from infertool.evaluate.decode import compare
+from infertool.evaluate.result import DecodeComparison
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
 from infertool.records import Record, Sparse
@@ -48,11 +49,35 @@ def _finite(x: object) -> float | None:
 
 
 @dataclass
+class PromptTask(Record):
+    """One task of ``PromptScore``: a perplexity task's tokens, KLD and top-1; another's agreement (same pick, same
+    output) over its items."""
+
+    type: str = ""
+    tokens: int | None = None
+    kld: float | None = None
+    top1: float | None = None
+    items: int | None = None
+    agreement: float | None = None
+    agreement_ci: list[float] | None = None
+    what: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        d = super().to_dict()
+        keys = PERPLEXITY_KEYS if self.type == "perplexity" else AGREEMENT_KEYS
+        return {k: v for k, v in d.items() if k in keys or k in self.extra}
+
+
+PERPLEXITY_KEYS = ("type", "tokens", "kld", "top1")
+AGREEMENT_KEYS = ("type", "items", "agreement", "agreement_ci", "what")
+
+
+@dataclass
 class PromptScore(Record):
     """verify.json's ``prompts``: the pooled top-k KLD and same top-1 over the perplexity tasks, each with its
     interval, and every task's figures (a perplexity task's KLD and top-1, another's agreement)."""
 
-    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # Any: a task's figures, by its type
+    tasks: dict[str, PromptTask] = field(default_factory=dict)
     kld: float | None = None
     kld_ci: list[float] | None = None
     top1: float | None = None
@@ -71,8 +96,7 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
     for name, t in tasks.items():
         if t["type"] == "perplexity":
             s = summarize_perplexity(t, confidence)
-            block.tasks[name] = {"type": "perplexity", "tokens": s.tokens, "kld": s.kld["mean"],
-                                 "top1": s.top1_agree}
+            block.tasks[name] = PromptTask("perplexity", s.tokens, s.kld["mean"], s.top1_agree)
         else:
             key = ("greedy_b", "greedy_c") if t["type"] == "multiple_choice" else ("out_b", "out_c")
             if t["type"] == "multiple_choice":
@@ -81,9 +105,9 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
             else:
                 same = sum(it[key[0]] == it[key[1]] for it in t["items"])
             n = len(t["items"])
-            block.tasks[name] = {"type": t["type"], "items": n, "agreement": same / n if n else None,
-                                 "agreement_ci": list(M.wilson(same, n, confidence)) if n else None,
-                                 "what": "same pick" if t["type"] == "multiple_choice" else "same output"}
+            agreement, ci = _agreement(same, n, confidence)
+            block.tasks[name] = PromptTask(t["type"], items=n, agreement=agreement, agreement_ci=ci,
+                                           what="same pick" if t["type"] == "multiple_choice" else "same output")
     if ppl:
         merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": f"top-{k}"}
         s = summarize_perplexity(merged, confidence)
@@ -95,18 +119,29 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
     return block
 
 
+@dataclass
+class VerifyDecode(DecodeComparison):
+    """verify.json's ``decode``: eval's decode comparison with the gate's share, the prompts that match or first
+    diverge at a near tie (set when there are prompts)."""
+
+    match_or_near_tie: float | None = None
+    match_or_near_tie_ci: list[float] | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = (*DecodeComparison.OMIT_NONE, "match_or_near_tie", "match_or_near_tie_ci")
+
+
 def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confidence: float,  # Any: decode raws
-                 near_tie_logprob: float) -> dict[str, Any]:  # Any: evaluate.decode.compare's block
+                 near_tie_logprob: float) -> VerifyDecode:
     """The decode block (``evaluate.decode.compare``, the evidence as the reference that ran first), with the
     gate's share: prompts that match or first diverge at a near tie."""
     dec = compare(evidence_raw, new_raw, confidence=confidence, first="reference",
                   near_tie_logprob=near_tie_logprob)
-    block = dec.to_dict()
+    block = VerifyDecode.from_dict(dec.to_dict())
     n = dec.n_prompts
     if n and dec.exact_match is not None:
         same = round(dec.exact_match * n) + dec.near_ties
-        block["match_or_near_tie"] = same / n
-        block["match_or_near_tie_ci"] = list(M.wilson(same, n, confidence))
+        block.match_or_near_tie = same / n
+        block.match_or_near_tie_ci = list(M.wilson(same, n, confidence))
     return block
 
 
@@ -151,6 +186,16 @@ class LmevalTask(Sparse):
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("why",)
 
 
+@dataclass
+class ChangedDoc(Record):
+    """An lm-eval document whose shared metrics differ: its values in the evidence and now."""
+
+    task: str = ""
+    doc_id: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)  # Any: lm-eval's metric values
+    now: dict[str, Any] = field(default_factory=dict)  # Any: lm-eval's metric values
+
+
 RESCORED_ONLY = ("agreement", "agreement_ci", "documents", "same", "only_evidence", "only_now", "other_metric",
                  "changed", "tasks", "changed_docs", "lm_eval")
 
@@ -170,7 +215,7 @@ class LmevalScore(Record):
     other_metric: int = 0
     changed: int = 0
     tasks: dict[str, LmevalTask] = field(default_factory=dict)
-    changed_docs: list[dict[str, Any]] = field(default_factory=list)  # Any: {task, doc_id, evidence, now}
+    changed_docs: list[ChangedDoc] = field(default_factory=list)
     lm_eval: dict[str, Any] = field(default_factory=dict)  # Any: lm-eval's version, {evidence, now}
     why: str | None = None
     evidence_documents: int | None = None
@@ -204,8 +249,8 @@ def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: floa
             if all(e[i][m] == n[i][m] for m in shared):
                 t.same += 1
             elif len(block.changed_docs) < MAX_CHANGED:
-                block.changed_docs.append({"task": name, "doc_id": i, "evidence": {m: e[i][m] for m in shared},
-                                           "now": {m: n[i][m] for m in shared}})
+                block.changed_docs.append(ChangedDoc(name, i, {m: e[i][m] for m in shared},
+                                                     {m: n[i][m] for m in shared}))
         t.changed = t.documents - t.same
         t.agreement, t.agreement_ci = _agreement(t.same, t.documents, confidence)
         if name not in now_tasks:
@@ -227,7 +272,7 @@ def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: floa
     return block
 
 
-def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None,  # Any: JSON values
+def _estimates(prompts: PromptScore | None, decode: VerifyDecode | None,
                lmeval: LmevalScore | None = None) -> dict[str, Estimate]:
     out: dict[str, Estimate] = {}
     if lmeval and lmeval.rescored and lmeval.agreement_ci:
@@ -236,18 +281,18 @@ def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None,  # An
     if prompts and prompts.kld_ci and prompts.top1_ci:
         out["max_prompt_kld"] = Estimate(prompts.kld, prompts.kld_ci[0], prompts.kld_ci[1], prompts.tokens)
         out["min_prompt_top1"] = Estimate(prompts.top1, prompts.top1_ci[0], prompts.top1_ci[1], prompts.tokens)
-    if decode and decode.get("match_or_near_tie_ci"):
-        lo, hi = decode["match_or_near_tie_ci"]
-        out["min_exact_match"] = Estimate(decode["match_or_near_tie"], lo, hi, int(decode["n_prompts"]))
-    if decode and decode.get("steps") and decode.get("kld_ci") and decode.get("top1_ci"):
-        n = int(decode["steps"])
-        out["max_decode_kld"] = Estimate(decode["kld"], decode["kld_ci"][0], decode["kld_ci"][1], n)
-        out["min_decode_top1"] = Estimate(decode["top1"], decode["top1_ci"][0], decode["top1_ci"][1], n)
+    if decode and decode.match_or_near_tie_ci:
+        lo, hi = decode.match_or_near_tie_ci
+        out["min_exact_match"] = Estimate(decode.match_or_near_tie, lo, hi, decode.n_prompts)
+    if decode and decode.steps and decode.kld_ci and decode.top1_ci:
+        n = decode.steps
+        out["max_decode_kld"] = Estimate(decode.kld, decode.kld_ci[0], decode.kld_ci[1], n)
+        out["min_decode_top1"] = Estimate(decode.top1, decode.top1_ci[0], decode.top1_ci[1], n)
     return out
 
 
 def gates(accept: dict[str, Any], prompts: PromptScore | None,  # Any: verify.accept as JSON
-          decode: dict[str, Any] | None, notes: dict[str, str],  # Any: evaluate.decode.compare's block
+          decode: VerifyDecode | None, notes: dict[str, str],
           lmeval: LmevalScore | None = None) -> list[Gate]:
     """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
     the blocks; ``notes``: why a gate's figure is not there (gate name -> why)."""
@@ -268,7 +313,7 @@ class Scored:
     """What ``score`` found: each block, the gates and the verdict, with why."""
 
     prompts: PromptScore | None
-    decode: dict[str, Any] | None  # Any: evaluate.decode.compare's block, with the near-tie share
+    decode: VerifyDecode | None
     lmeval: LmevalScore
     gates: list[Gate]
     verdict: str
@@ -286,7 +331,7 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     conf = float(accept.get("confidence", 0.95))
     notes: dict[str, str] = {}
     prompts: PromptScore | None = None
-    decode: dict[str, Any] | None = None  # Any: evaluate.decode.compare's block
+    decode: VerifyDecode | None = None
     if evidence_prompts is not None and new_prompts is not None:
         prompts = score_prompts(evidence_prompts, new_prompts, k, conf)
         if prompts.kld is None:
@@ -296,9 +341,9 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
         notes["max_prompt_kld"] = notes["min_prompt_top1"] = why
     if evidence_decode is not None and new_decode is not None:
         decode = score_decode(evidence_decode, new_decode, conf, near_tie_logprob)
-        if decode.get("skipped"):
+        if decode.skipped:
             notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = \
-                f"decode skipped: {decode['skipped']}"
+                f"decode skipped: {decode.skipped}"
     else:
         why = "the evidence has no decode path" + (f" ({missing['decode']})" if missing.get("decode") else "")
         notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = why
