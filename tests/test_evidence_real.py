@@ -32,8 +32,8 @@ def test_evidence_from_a_real_vllm_server(serve_python, tmp_path):
     ev = evidence.read(tmp_path / "evidence")
     assert ev.fingerprint == index["content_sha256"] and ev.index.model_fingerprint == fp and ev.index.k == 20
     packages = m.packages if (m := read_marker("serve")) else {}
-    assert ev.index.engine["env"] == "serve" and ev.index.engine["package"] in packages
-    assert ev.index.engine["version"] == packages[ev.index.engine["package"]]
+    assert ev.index.engine.env == "serve" and ev.index.engine.package in packages
+    assert ev.index.engine.version == packages[ev.index.engine.package]
     assert ev.index.serve["enforce_eager"] is True and ev.index.serve["max_model_len"] == 512
     (task,) = ev.tasks
     items = ev.prompts["tasks"][task["name"]]["items"]
