@@ -22,7 +22,7 @@ Before gathering, verify.evidence.max_items / decode_prompts / decode_tokens tri
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
@@ -222,7 +222,7 @@ def read_lmeval_answer(path: Path) -> WorkerAnswer | None:
 
 
 # ------------------------------------------------------------------------------------------ fit to the cap
-def _encode(doc: object) -> bytes:
+def _encode(doc: E.JsonDoc) -> bytes:
     return (dumps_json(doc, indent=None) + "\n").encode("utf-8")
 
 
@@ -268,7 +268,7 @@ class Fitted:
     missing: dict[str, str]
 
 
-def fit(docs: dict[str, object], budget: int) -> Fitted:
+def fit(docs: dict[str, E.JsonDoc], budget: int) -> Fitted:
     """The data files (name -> JSON document) encoded and cut to ``budget`` bytes in all (module docstring)."""
     trimmed: dict[str, str] = {}
     missing: dict[str, str] = {}
@@ -330,7 +330,7 @@ def fit(docs: dict[str, object], budget: int) -> Fitted:
 def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprint: str, weight_bytes: int,
             engine: E.EngineFacts, serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
             lmeval: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's document
-            workers: int | None = None) -> dict[str, Any]:  # Any: the index written, as JSON
+            workers: int | None = None) -> E.EvidenceIndex:
     """Gather the evidence from the served candidate ``client`` names and write the folder ``out`` whole; returns
     the index written (``evidence.json``). ``lmeval``: lmeval.json's document (``lmeval_doc``), else
     ``lmeval_why`` says why there is none."""
@@ -342,7 +342,7 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
     cap = cap_bytes(spec, weight_bytes)
     got = gather(client, tasks=q.tasks, decode_prompts=q.decode_prompts, decode=q.decode, k=q.k, events=events,
                  label="candidate", model_path=model_path, workers=workers or WORKERS)
-    docs: dict[str, object] = {}
+    docs: dict[str, E.JsonDoc] = {}
     missing: dict[str, str] = {}
     if got.prompts is not None:
         docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts
@@ -357,27 +357,24 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
         docs[E.LMEVAL] = lmeval
     else:
         missing["lmeval"] = lmeval_why or "the run's eval scored no lm-eval tasks"
-    index: dict[str, Any] = {"format": E.FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),  # Any: JSON values
-                   "k": q.k, "engine": engine.to_dict(), "serve": serve, "host": host_facts(),
-                   "model_fingerprint": model_fingerprint, "files": {}, "missing": {}, "trimmed": dict(q.trimmed),
-                   "caps": {"max_bytes": cap, "max_bytes_setting": int(spec.max_bytes),
-                            "max_fraction": float(spec.max_fraction), "weight_bytes": int(weight_bytes),
-                            "floor": FLOOR}}
-    budget = cap - len(_encode({**index, "content_sha256": "0" * 64, "missing": {**missing, "prompts": "x" * 80,
-                                                                                   "decode": "x" * 80, "lmeval": "x" * 80},
-                                "trimmed": {**index["trimmed"], "suite": "x" * 120, "decode": "x" * 60,
-                                            E.PROMPTS: "x" * 30, E.TASKS: "x" * 30, E.DECODE: "x" * 30,
-                                            E.LMEVAL: "x" * 30},
-                                "files": {n: {"sha256": "0" * 64, "bytes": 10**12} for n in E.FILES}}))
+    index = E.EvidenceIndex(
+        format=E.FORMAT, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), k=q.k, engine=engine,
+        serve=serve, host=host_facts(), model_fingerprint=model_fingerprint, trimmed=dict(q.trimmed),
+        caps=E.Caps(cap, int(spec.max_bytes), float(spec.max_fraction), int(weight_bytes), FLOOR))
+    largest = replace(  # the index at its largest: every file listed, every note there, at full length
+        index, content_sha256="0" * 64, files={n: E.FileEntry("0" * 64, 10**12) for n in E.FILES},
+        missing={**missing, "prompts": "x" * 80, "decode": "x" * 80, "lmeval": "x" * 80},
+        trimmed={**index.trimmed, "suite": "x" * 120, "decode": "x" * 60, **dict.fromkeys(E.FILES, "x" * 30)})
+    budget = cap - len(_encode(largest.to_dict()))
     if budget <= 0:
         raise UsageError(f"the evidence's cap of {cap:,} bytes leaves no room beside its index",
                          hint="raise verify.evidence.max_bytes / max_fraction")
     fitted = fit(docs, budget)
-    index["trimmed"].update(fitted.trimmed)
-    index["missing"] = {**missing, **fitted.missing}
-    index["files"] = {n: E.file_entry(b) for n, b in fitted.files.items()}
-    index["content_sha256"] = E.content_sha256(index)
-    data = _encode(index)
+    index.trimmed.update(fitted.trimmed)
+    index.missing = {**missing, **fitted.missing}
+    index.files = {n: E.file_entry(b) for n, b in fitted.files.items()}
+    index.content_sha256 = E.content_sha256(index.to_dict())
+    data = _encode(index.to_dict())
     total = len(data) + sum(len(b) for b in fitted.files.values())
     if total > cap:  # the budget above holds the index at its largest: this is a bug, never a folder over its cap
         raise UsageError(f"the evidence came to {total:,} bytes, over its cap of {cap:,}: not written")
@@ -409,7 +406,7 @@ def launch_plan(res: Resolution, checkpoint: str | Path, *, dry_run: bool = Fals
 def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path, *, fingerprint: str,
                        pool: ServerPool | None = None,
                        on_event: Callable[[dict[str, Any]], None] | None = None, log_dir: str | Path | None = None,  # Any: JSON values
-                       lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> dict[str, Any]:  # Any: JSON values
+                       lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> E.EvidenceIndex:
     """Serve ``checkpoint`` with ``res``'s effective serve settings (the launch eval makes for the candidate, so a
     run's pool shares its server) and ``capture`` into ``out``; returns the index. ``res``: the recipe's
     resolution with its candidate at ``checkpoint``."""
@@ -454,9 +451,9 @@ def writer(res: Resolution, checkpoint: str | Path, *, pool: ServerPool | None =
 
     def write(folder: Path, fp: str) -> EvidenceBlock:
         try:
-            return E.block_of(E.EvidenceIndex.from_dict(capture_checkpoint(
+            return E.block_of(capture_checkpoint(
                 res, checkpoint, folder, fingerprint=fp, pool=pool, on_event=on_event, log_dir=log_dir,
-                lmeval_answer=lmeval_answer, lmeval_why=lmeval_why)))
+                lmeval_answer=lmeval_answer, lmeval_why=lmeval_why))
         except InfertoolError as e:
             if strict:
                 e.hint = f"{e.hint}; or publish without evidence (--no-evidence)" if e.hint else \

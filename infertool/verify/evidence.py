@@ -43,6 +43,9 @@ MAX_INDEX_BYTES = 1024 * 1024
 HARD_CAP = 1024 * 1024 * 1024  # no evidence folder is read beyond this, whatever its index claims
 
 
+JsonDoc = dict[str, Any] | list[Any]  # Any: an evidence file's JSON values
+
+
 class EvidenceError(UsageError):
     """Evidence that is not read: changed after publishing, over its cap, not infertool's. Exit 2."""
 
@@ -131,7 +134,7 @@ class Evidence:
         return self.index.content_sha256
 
 
-def canonical(doc: object) -> bytes:
+def canonical(doc: JsonDoc) -> bytes:
     """The canonical JSON the content hash is taken over: sorted keys, no spaces, UTF-8."""
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
@@ -141,9 +144,9 @@ def content_sha256(index: dict[str, Any]) -> str:  # Any: JSON values
     return hashlib.sha256(canonical({k: v for k, v in index.items() if k != "content_sha256"})).hexdigest()
 
 
-def file_entry(data: bytes) -> dict[str, Any]:  # Any: JSON values
+def file_entry(data: bytes) -> FileEntry:
     """An index's entry for a data file's bytes."""
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    return FileEntry(hashlib.sha256(data).hexdigest(), len(data))
 
 
 def _refuse(folder: Path, name: str, why: str, hint: str | None = None) -> EvidenceError:
