@@ -77,7 +77,7 @@ def test_the_cap_is_never_exceeded_and_each_cut_is_recorded(standin, tmp_path):
     full = _capture(standin, tmp_path / "full")
     size = _on_disk(tmp_path / "full")
     # a cap between the decode path and the whole: fewer windows per task, the same for tasks.json and prompts.json
-    cap = size - full["files"][evidence.PROMPTS]["bytes"] // 3
+    cap = size - full.files[evidence.PROMPTS].bytes // 3
     index = _capture(standin, tmp_path / "cut", max_bytes=cap)
     ev = evidence.read(tmp_path / "cut")
     assert index.caps.max_bytes == cap and _on_disk(tmp_path / "cut") <= cap
