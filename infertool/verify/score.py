@@ -31,6 +31,7 @@ from infertool.evaluate.result import DecodeComparison
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
 from infertool.records import Record, Sparse
+from infertool.verify.evidence import JsonDoc
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
 RULES: dict[str, Rule] = {
@@ -41,10 +42,12 @@ RULES: dict[str, Rule] = {
     "min_prompt_top1": Rule("prompt same top-1", False, "tokens", "wilson"),
     "min_lmeval_agreement": Rule("lm-eval agreement", False, "documents", "wilson"),
 }
+BLOCK_OF = {"min_exact_match": "decode", "max_decode_kld": "decode", "min_decode_top1": "decode",
+            "max_prompt_kld": "prompts", "min_prompt_top1": "prompts", "min_lmeval_agreement": "lmeval"}
 MAX_CHANGED = 10  # changed lm-eval documents listed
 
 
-def _finite(x: object) -> float | None:
+def _finite(x: float | None) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
 
 
@@ -145,7 +148,7 @@ def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confiden
     return block
 
 
-def _lm_docs(rows: object) -> dict[str, dict[str, Any]]:  # Any: JSON values
+def _lm_docs(rows: JsonDoc | None) -> dict[str, dict[str, Any]]:  # Any: JSON values
     """One task's documents of lmeval.json's shape ([{"doc_id", "metrics": {name: value}}]) by doc_id; a row
     without them is left out (the evidence's shape is checked before: ``core.check_shapes``)."""
     out: dict[str, dict[str, Any]] = {}  # Any: JSON values
@@ -164,7 +167,7 @@ def _agreement(same: int, n: int, confidence: float) -> tuple[float | None, list
     return (same / n, list(M.wilson(same, n, confidence))) if n else (None, None)
 
 
-def _obj(value: object) -> dict[str, Any]:  # Any: JSON values
+def _obj(value: JsonDoc | None) -> dict[str, Any]:  # Any: JSON values
     return value if isinstance(value, dict) else {}
 
 
@@ -274,28 +277,25 @@ def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: floa
 
 def _estimates(prompts: PromptScore | None, decode: VerifyDecode | None,
                lmeval: LmevalScore | None = None) -> dict[str, Estimate]:
-    out: dict[str, Estimate] = {}
-    if lmeval and lmeval.rescored and lmeval.agreement_ci:
-        lo, hi = lmeval.agreement_ci
-        out["min_lmeval_agreement"] = Estimate(lmeval.agreement, lo, hi, lmeval.documents)
-    if prompts and prompts.kld_ci and prompts.top1_ci:
-        out["max_prompt_kld"] = Estimate(prompts.kld, prompts.kld_ci[0], prompts.kld_ci[1], prompts.tokens)
-        out["min_prompt_top1"] = Estimate(prompts.top1, prompts.top1_ci[0], prompts.top1_ci[1], prompts.tokens)
-    if decode and decode.match_or_near_tie_ci:
-        lo, hi = decode.match_or_near_tie_ci
-        out["min_exact_match"] = Estimate(decode.match_or_near_tie, lo, hi, decode.n_prompts)
-    if decode and decode.steps and decode.kld_ci and decode.top1_ci:
-        n = decode.steps
-        out["max_decode_kld"] = Estimate(decode.kld, decode.kld_ci[0], decode.kld_ci[1], n)
-        out["min_decode_top1"] = Estimate(decode.top1, decode.top1_ci[0], decode.top1_ci[1], n)
-    return out
+    """Each gate's estimate with its interval, where its block measured it."""
+    def est(value: float | None, ci: list[float] | list[float | None] | None, n: int) -> Estimate | None:
+        return Estimate(value, ci[0], ci[1], n) if ci and n else None
+
+    lm, p, d = lmeval or LmevalScore(), prompts or PromptScore(), decode or VerifyDecode()
+    found = {"min_lmeval_agreement": est(lm.agreement, lm.agreement_ci, lm.documents) if lm.rescored else None,
+             "max_prompt_kld": est(p.kld, p.kld_ci, p.tokens) if p.top1_ci else None,
+             "min_prompt_top1": est(p.top1, p.top1_ci, p.tokens) if p.kld_ci else None,
+             "min_exact_match": est(d.match_or_near_tie, d.match_or_near_tie_ci, d.n_prompts),
+             "max_decode_kld": est(d.kld, d.kld_ci, d.steps) if d.top1_ci else None,
+             "min_decode_top1": est(d.top1, d.top1_ci, d.steps) if d.kld_ci else None}
+    return {k: e for k, e in found.items() if e is not None}
 
 
 def gates(accept: dict[str, Any], prompts: PromptScore | None,  # Any: verify.accept as JSON
-          decode: VerifyDecode | None, notes: dict[str, str],
+          decode: VerifyDecode | None, notes: dict[str, str | None],
           lmeval: LmevalScore | None = None) -> list[Gate]:
     """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
-    the blocks; ``notes``: why a gate's figure is not there (gate name -> why)."""
+    the blocks; ``notes``: why a block's figures are not there (prompts, decode, lmeval -> why)."""
     conf = float(accept.get("confidence", 0.95))
     found = _estimates(prompts, decode, lmeval)
     out = []
@@ -303,9 +303,13 @@ def gates(accept: dict[str, Any], prompts: PromptScore | None,  # Any: verify.ac
         threshold = accept.get(name)
         if threshold is None:
             continue
-        note = "" if name in found else notes.get(name, "not in the evidence")
+        note = "" if name in found else notes.get(BLOCK_OF[name]) or "not in the evidence"
         out.append(judge(name, float(threshold), found.get(name), confidence=conf, note=note, rule=rule))
     return out
+
+
+def _said(why: str | None) -> str:
+    return f" ({why})" if why else ""
 
 
 @dataclass
@@ -329,24 +333,18 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     ``lmeval``: the evidence's lmeval.json; ``lmeval_now``: the re-run's documents (``verify.lmeval.rerun``),
     else ``lmeval_why`` says why there are none."""
     conf = float(accept.get("confidence", 0.95))
-    notes: dict[str, str] = {}
     prompts: PromptScore | None = None
     decode: VerifyDecode | None = None
     if evidence_prompts is not None and new_prompts is not None:
         prompts = score_prompts(evidence_prompts, new_prompts, k, conf)
-        if prompts.kld is None:
-            notes["max_prompt_kld"] = notes["min_prompt_top1"] = "the suite has no perplexity task"
+        prompts_why = "the suite has no perplexity task" if prompts.kld is None else None
     else:
-        why = "the evidence has no suite prompt log-probabilities" + (f" ({missing['prompts']})" if missing.get("prompts") else "")
-        notes["max_prompt_kld"] = notes["min_prompt_top1"] = why
+        prompts_why = "the evidence has no suite prompt log-probabilities" + _said(missing.get("prompts"))
     if evidence_decode is not None and new_decode is not None:
         decode = score_decode(evidence_decode, new_decode, conf, near_tie_logprob)
-        if decode.skipped:
-            notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = \
-                f"decode skipped: {decode.skipped}"
+        decode_why = f"decode skipped: {decode.skipped}" if decode.skipped else None
     else:
-        why = "the evidence has no decode path" + (f" ({missing['decode']})" if missing.get("decode") else "")
-        notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = why
+        decode_why = "the evidence has no decode path" + _said(missing.get("decode"))
     if lmeval is not None and lmeval_now is not None:
         lm = score_lmeval(lmeval, lmeval_now, conf)
     elif lmeval is not None:
@@ -355,8 +353,6 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     else:
         lm = LmevalScore(why=f"no lm-eval results in the evidence: "
                              f"{missing.get('lmeval') or 'the run scored no lm-eval task'}")
-    if lm.why:
-        notes["min_lmeval_agreement"] = lm.why
-    gs = gates(accept, prompts, decode, notes, lm)
+    gs = gates(accept, prompts, decode, {"prompts": prompts_why, "decode": decode_why, "lmeval": lm.why}, lm)
     v, reason = verdict(gs)
     return Scored(prompts, decode, lm, gs, v, reason)
