@@ -165,14 +165,11 @@ def run_facts(run_dir: Path, manifest: RunManifest) -> CardFacts:
     """What a run's card says: the source model, the method and its settings, the verdict and each gate, the
     run, its input fingerprints, the serve settings the candidate was scored with, the command that serves it."""
     from infertool import __version__
-    from infertool.summaries import EvalStageSummary
 
     recipe = manifest.recipe or {}
     q = recipe.get("quantize") or {}
-    ev = manifest.stages.get("eval")
-    summary = ev.summary_as(EvalStageSummary) if ev is not None and ev.summary is not None else None
+    summary = manifest.eval_summary
     resolved = manifest.resolved
-    serve = (manifest.resolution or {}).get("serve") or {}
     return CardFacts(
         v=FACTS_VERSION, infertool=__version__, published=_now(),
         source_model=SourceModel(as_str((recipe.get("model") or {}).get("source")), resolved.base.label),
@@ -181,7 +178,7 @@ def run_facts(run_dir: Path, manifest: RunManifest) -> CardFacts:
         reason=summary.reason if summary else None, suite=summary.suite if summary else None,
         engine=summary.engine if summary else None, gates=_rows(summary.gates if summary else []),
         recipe=manifest.recipe_name, run_id=run_dir.name, run_dir=str(run_dir.absolute()), inputs=manifest.inputs,
-        serve=serve.get("serve"), target=manifest.target, commands=serve_commands(str(run_dir.absolute())))
+        serve=resolved.serve.serve, target=manifest.target, commands=serve_commands(str(run_dir.absolute())))
 
 
 def claimed_facts(facts: CardFacts) -> CardFacts:

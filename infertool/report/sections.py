@@ -14,7 +14,7 @@ from infertool.evaluate.result import Pooled
 from infertool.report.bench import bench_section
 from infertool.report.page import (Block, Bold, Bullets, Code, FigureBlock, P, Section, Table, fmt, fmt_bytes,
                                    fmt_interval, fmt_money, fmt_pct, fmt_ratio)
-from infertool.summaries import EvalStageSummary, ServeSummary
+from infertool.summaries import ServeSummary
 
 
 def _traffic(s: BenchSettings | None) -> str:
@@ -128,9 +128,8 @@ def _ship_section(run_dir: Path, run: RunData) -> Section | None:
     if pub.path is None:
         sec.blocks.append(P("Nothing was published: ", str(pub.why or "the run did not say why"), "."))
         return sec
-    ev = run.manifest.stages.get("eval")  # results.json's verdict, else the manifest's record of the eval stage
-    verdict = (run.eval.verdict if run.eval is not None else None) or \
-        (ev.summary_as(EvalStageSummary).verdict if ev is not None and ev.summary is not None else None)
+    summary = run.manifest.eval_summary  # results.json's verdict, else the manifest's record of the eval stage
+    verdict = (run.eval.verdict if run.eval is not None else None) or (summary.verdict if summary else None)
     where = shlex.quote(str(run_dir.absolute()))
     sec.blocks.append(P("The checkpoint the eval scored is published at ", Code(pub.path), " (fingerprint ",
                         Code(str(pub.fingerprint)), ") with MODEL_CARD.md and infertool.json beside it; verdict ",

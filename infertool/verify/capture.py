@@ -348,11 +348,11 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
         docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts
     else:
         missing["prompts"] = "the suite has no tasks"
-    if got.decode is not None and not got.decode.get("skipped"):
+    skipped = E.DecodeRaw.from_dict(got.decode).skipped
+    if got.decode is not None and not skipped:
         docs[E.DECODE] = {"prompts_src": q.decode_prompts, "raw": got.decode}
     else:
-        why = (got.decode or {}).get("skipped") or "no decode prompts"
-        missing["decode"] = f"the decode path was not recorded: {why}"
+        missing["decode"] = f"the decode path was not recorded: {skipped or 'no decode prompts'}"
     if lmeval is not None:
         docs[E.LMEVAL] = lmeval
     else:

@@ -298,7 +298,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
             python = str(env_python(options.env))
         from infertool.evaluate.prepare import logprobs_args
 
-        k = max(int(ev.index.k or 0), int((ev.decode or {}).get("raw", {}).get("top_k") or 0))
+        k = max(ev.index.k or 0, E.DecodeRaw.from_dict((ev.decode or {}).get("raw")).top_k or 0)
         p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run,
                            extra_args=logprobs_args(k))  # as the evidence's launch had it
     return p
@@ -356,12 +356,11 @@ def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
 
 
 # ------------------------------------------------------------------------------------------------ run
-def _decode_spec(raw: dict[str, Any], near_tie: float) -> DecodeSpec:  # Any: JSON values
+def _decode_spec(raw: E.DecodeRaw, near_tie: float) -> DecodeSpec:
     from infertool.recipe import DecodeSpec, Recipe, VerifyAccept
 
-    chat = raw.get("chat")
-    return DecodeSpec(top_k=int(raw.get("top_k") or 20), max_tokens=int(raw.get("max_tokens") or 48),
-                      chat=bool(chat) if isinstance(chat, bool) else None, near_tie_logprob=near_tie)
+    return DecodeSpec(top_k=raw.top_k or 20, max_tokens=raw.max_tokens or 48, chat=raw.chat,
+                      near_tie_logprob=near_tie)
 
 
 def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | None]:  # Any: JSON values
@@ -373,7 +372,7 @@ def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | No
     if not isinstance(src, list) or not isinstance(raw, dict) or not isinstance(raw.get("prompts", []), list):
         raise E.EvidenceError(f"{where}: needs \"prompts_src\" (a list) and \"raw\" (an object with \"prompts\")",
                               hint="publish the checkpoint again")
-    if raw.get("skipped"):
+    if E.DecodeRaw.from_dict(raw).skipped:
         return None, raw
     import json
 
@@ -494,7 +493,8 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     out_dir = check_output_dir(ctx.out_dir or p.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts_src, raw_decode = _check_decode(ev)
-    spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
+    recorded = E.DecodeRaw.from_dict(raw_decode)
+    spec = _decode_spec(recorded, p.near_tie_logprob)
     timing = VerifyTiming()
     engine = ServedEngine()
     lm_now = LmevalNow()
@@ -503,7 +503,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         t = time.monotonic()
         with _evidence_shape(ev):
                 got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
-                         decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
+                         decode_prompts=prompts_src if raw_decode is not None and not recorded.skipped else None,
                          decode=spec, k=int(ev.index.k or 20), events=ctx, label="verify",
                          prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
         timing.gather_s = round(time.monotonic() - t, 2)
@@ -534,7 +534,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
             # the server could not start (this engine release, this host): a backend failure, exit 3 (a bisect's skip)
             raise BackendError(e.message, hint=e.hint, log_path=e.log_path) from None
     decode_now = gathered.decode
-    if raw_decode is not None and raw_decode.get("skipped"):
+    if raw_decode is not None and recorded.skipped:
         decode_now = None
     with _evidence_shape(ev):
         s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,
