@@ -196,7 +196,7 @@ def test_an_older_lmeval_json_takes_its_config_and_the_tasks_of_its_documents(en
     old = {"tasks": {"arc_easy": [{"doc_id": "0", "metrics": {"acc": 1.0}}]},
            "config": {"tasks": {"arc_easy": {"metric": "acc"}}, "limit": 7, "num_fewshot": None, "trust_code": True,
                       "lm_eval": "0.4.13", "include_path": None}}
-    assert recorded(old)["tasks"] == ["arc_easy"] and recorded(old)["limit"] == 7
+    assert recorded(old).tasks == ["arc_easy"] and recorded(old).to_dict()["limit"] == 7
     rr = plan_rerun(old)
     assert rr is not None and rr.spec is not None and rr.spec.limit == 7 and rr.spec.trust_code is False
 
@@ -222,7 +222,7 @@ def test_capture_records_what_a_rerun_needs(tmp_path, monkeypatch):
     d = _folder(tmp_path, code=False)
     monkeypatch.chdir(tmp_path)
     lm = LmEvalSpec(tasks=["my_qa"], include_path="tasks", limit=3, num_fewshot=1, trust_code=True)
-    rec = capture.rerun_record(lm)
+    rec = capture.rerun_record(lm).to_dict()
     assert rec["include_path"] == str(d) and rec["include_digest"] == folder_digest(d)
     assert rec["tasks"] == ["my_qa"] and rec["limit"] == 3 and rec["num_fewshot"] == 1 and "trust_code" not in rec
     assert rec["shipped_digest"] is None
@@ -231,10 +231,10 @@ def test_capture_records_what_a_rerun_needs(tmp_path, monkeypatch):
     answer.parent.mkdir()
     (answer.parent / "lm_eval-candidate.spec.json").write_text(json.dumps({"include_path": [str(d), "/x/shipped"]}))
     monkeypatch.chdir(answer.parent)
-    assert capture.rerun_record(lm, answer)["include_path"] == str(d)
+    assert capture.rerun_record(lm, answer).include_path == str(d)
     answer_read = WorkerAnswer(ok=True, tasks={"my_qa": {"metric": "exact_match", "docs": {"0": 1.0}}}, lm_eval="0.4.13")
     doc = capture.lmeval_doc(answer_read, {**lm.model_dump(mode="json"), "rerun": rec})
-    assert recorded(doc) == rec
+    assert recorded(doc).to_dict() == rec
 
 
 # ------------------------------------------------------------------------------------------ through the command

@@ -25,10 +25,11 @@ import math
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from infertool.atomic import atomic_dir, dumps_json, write_bytes
 from infertool.errors import UsageError
+from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
 from infertool.verify import evidence as E
 
@@ -163,7 +164,32 @@ RERUN_SETTINGS = ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_mul
                   "concurrent", "max_gen_toks", "timeout_s")  # eval.lm_eval's settings a re-run takes as recorded
 
 
-def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> dict[str, Any]:  # Any: JSON values
+@dataclass
+class RerunSettings(Sparse):
+    """lmeval.json's ``config.rerun`` (``rerun_record``): the tasks, their folder and its digest, the shipped tasks'
+    digest; lm-eval's settings (RERUN_SETTINGS) kept as written, in ``extra``; ``older``: taken from an lmeval.json
+    written before ``config.rerun`` was (``verify.lmeval.recorded``)."""
+
+    tasks: list[str] = field(default_factory=list)
+    include_path: str | None = None
+    include_digest: str | None = None
+    shipped_digest: str | None = None
+    older: bool | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("older",)
+
+
+@dataclass
+class LmevalConfig(Record):
+    """lmeval.json's ``config`` as verify reads it: the re-run's settings, lm-eval's version; an older file's
+    settings (the recipe's eval.lm_eval as dumped) kept in ``extra``."""
+
+    rerun: RerunSettings | None = None
+    include_path: str | None = None
+    lm_eval: str | None = None
+
+
+def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> RerunSettings:
     """lmeval.json's ``config.rerun``: what `infertool verify` needs to run the same lm-eval tasks again on the
     served checkpoint. ``lm``: the recipe's eval.lm_eval. ``tasks`` as the recipe names them (groups too), the
     task folder by its ABSOLUTE path (where the eval's worker read it: its spec beside ``answer``, else from the
@@ -184,10 +210,8 @@ def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> dict[str, Any]: 
             got = WorkerSpec.from_dict(doc).include_path
             if got and Path(got[0]).is_absolute():
                 include = got[0]  # the eval's worker read the folder here (relative paths: from ITS current folder)
-    out = {"tasks": list(lm.tasks), "include_path": include, "include_digest": _digest(include) if include else None,
-           "shipped_digest": shipped_digest(lm.tasks)}
-    out.update({k: getattr(lm, k) for k in RERUN_SETTINGS})
-    return out
+    return RerunSettings(list(lm.tasks), include, _digest(include) if include else None, shipped_digest(lm.tasks),
+                         extra={k: getattr(lm, k) for k in RERUN_SETTINGS})
 
 
 def _digest(folder: str) -> str | None:
@@ -425,7 +449,7 @@ def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path,
             lm = res.recipe.eval.lm_eval if res.recipe.eval is not None else None
             config = lm.model_dump(mode="json") if lm is not None else {}
             if lm is not None:
-                config["rerun"] = rerun_record(lm, lmeval_answer)
+                config["rerun"] = rerun_record(lm, lmeval_answer).to_dict()
             lmeval = lmeval_doc(answer, config)
         else:
             lmeval_why = f"the eval's lm-eval answer ({lmeval_answer}) is not there or did not succeed"
