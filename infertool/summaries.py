@@ -221,6 +221,41 @@ class Published(Sparse):
 
 
 @dataclass
+class Parallel(Record):
+    """A serve section's parallel sizes, as a recorded recipe holds them."""
+
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+
+
+@dataclass
+class RecordedEval(Record):
+    base_serve: Parallel | None = None
+
+
+@dataclass
+class RecordedTarget(Record):
+    gpu: str | dict[str, Any] | None = None  # Any: a custom GPU's spec
+
+
+@dataclass
+class RecordedModel(Record):
+    source: str | None = None
+
+
+@dataclass
+class RecordedRecipe(Record):
+    """manifest.json's ``recipe`` (the recipe validated, then dumped) as report and publish read it; the rest is
+    kept in ``extra``."""
+
+    model: RecordedModel = field(default_factory=RecordedModel)
+    quantize: dict[str, Any] | None = None  # Any: the quantize section's JSON values
+    serve: Parallel | None = None
+    target: RecordedTarget | None = None
+    eval: RecordedEval | None = None
+
+
+@dataclass
 class RunManifest(Sparse):
     """``manifest.json`` of a run directory."""
 

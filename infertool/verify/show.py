@@ -64,9 +64,7 @@ def render(result: VerifyResult) -> None:
         ("served by", str(result.engine.url or result.engine.label)), ("requests in flight", str(result.workers))]
     rows += [(f"--set serve.{k}", f"{c.recorded} -> {c.now}") for k, c in result.changed.items()]
     out.print(kv_table(rows, title="infertool verify"))
-    figs = Table(title="against the evidence")
-    for col in ("figure", "value", "interval", "n"):
-        figs.add_column(col)
+    figs = Table("figure", "value", "interval", "n", title="against the evidence")
     d, p = result.decode, result.prompts
     if d is not None and not d.skipped:
         steps = f"{d.steps} steps"
@@ -103,9 +101,8 @@ def render(result: VerifyResult) -> None:
     for div in (d.diverged if d is not None else [])[:5]:
         out.print(f"  diverged: {esc(div.id)} at token {esc(div.at)}" + (" (near tie)" if div.near_tie else ""),
                   soft_wrap=True)
-    gates = Table(title=f"gates (verify.accept, confidence {result.confidence:.0%})")
-    for col in ("gate", "metric", "threshold", "estimate", "interval", "status", "note"):
-        gates.add_column(col)
+    gates = Table("gate", "metric", "threshold", "estimate", "interval", "status", "note",
+                  title=f"gates (verify.accept, confidence {result.confidence:.0%})")
     for g in result.gates:
         gates.add_row(plain(g.name), plain(g.metric), fmt(g.threshold), fmt(g.estimate),
                       plain(f"[{fmt(g.lo)}, {fmt(g.hi)}]" if g.lo is not None else "-"),
