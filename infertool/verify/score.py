@@ -31,6 +31,7 @@ from infertool.evaluate.result import DecodeComparison
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
 from infertool.records import Record, Sparse
+from infertool.verify.capture import LmevalConfig
 from infertool.verify.evidence import JsonDoc
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
@@ -89,31 +90,31 @@ class PromptScore(Record):
     kld_kind: str = ""
 
 
+def _pick(logliks: list[float]) -> int:
+    """A choice task's pick: the choice of the highest log-likelihood."""
+    return max(range(len(logliks)), key=logliks.__getitem__)
+
+
 def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,  # Any: collect's raw output
                   confidence: float) -> PromptScore:
     """The prompt block: pooled KLD and top-1 over the perplexity tasks, agreement of the other tasks."""
-    tasks = combine(evidence_raw, new_raw, k)
     block = PromptScore(kld_kind=f"top-{k}")
-    ppl = [t for t in tasks.values() if t["type"] == "perplexity"]
-    z = M.z_for(confidence)
-    for name, t in tasks.items():
-        if t["type"] == "perplexity":
+    pooled: list[dict[str, Any]] = []  # Any: the perplexity tasks' items, pooled
+    for name, t in combine(evidence_raw, new_raw, k).items():
+        kind, items = t["type"], t["items"]
+        if kind == "perplexity":
             s = summarize_perplexity(t, confidence)
-            block.tasks[name] = PromptTask("perplexity", s.tokens, s.kld["mean"], s.top1_agree)
-        else:
-            key = ("greedy_b", "greedy_c") if t["type"] == "multiple_choice" else ("out_b", "out_c")
-            if t["type"] == "multiple_choice":
-                same = sum(max(range(len(it["ll_b"])), key=it["ll_b"].__getitem__)
-                           == max(range(len(it["ll_c"])), key=it["ll_c"].__getitem__) for it in t["items"])
-            else:
-                same = sum(it[key[0]] == it[key[1]] for it in t["items"])
-            n = len(t["items"])
-            agreement, ci = _agreement(same, n, confidence)
-            block.tasks[name] = PromptTask(t["type"], items=n, agreement=agreement, agreement_ci=ci,
-                                           what="same pick" if t["type"] == "multiple_choice" else "same output")
-    if ppl:
-        merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": f"top-{k}"}
-        s = summarize_perplexity(merged, confidence)
+            block.tasks[name] = PromptTask(kind, s.tokens, s.kld["mean"], s.top1_agree)
+            pooled += items
+            continue
+        choice = kind == "multiple_choice"
+        same = sum(_pick(it["ll_b"]) == _pick(it["ll_c"]) if choice else it["out_b"] == it["out_c"] for it in items)
+        agreement, ci = _agreement(same, len(items), confidence)
+        block.tasks[name] = PromptTask(kind, items=len(items), agreement=agreement, agreement_ci=ci,
+                                       what="same pick" if choice else "same output")
+    if pooled:
+        s = summarize_perplexity({"items": pooled, "kld_kind": f"top-{k}"}, confidence)
+        z = M.z_for(confidence)
         mean, se = _finite(s.kld["mean"]), _finite(s.kld["se"])
         if mean is not None and se is not None and s.tokens:
             block.kld, block.kld_ci = mean, [max(0.0, mean - z * se), mean + z * se]
@@ -236,8 +237,8 @@ def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: floa
     it agrees when every shared metric's value is identical. Documents only one side has (``only_evidence``,
     ``only_now``) and documents without a shared metric (``other_metric``) are counted, not compared."""
     ev_tasks, now_tasks = _obj(evidence.get("tasks")), _obj(now.get("tasks"))
-    block = LmevalScore(rescored=True, lm_eval={"evidence": _obj(evidence.get("config")).get("lm_eval"),
-                                                "now": _obj(now.get("config")).get("lm_eval")})
+    block = LmevalScore(rescored=True, lm_eval={"evidence": LmevalConfig.from_dict(evidence.get("config")).lm_eval,
+                                                "now": LmevalConfig.from_dict(now.get("config")).lm_eval})
     for name in sorted(set(ev_tasks) | set(now_tasks)):
         e, n = _lm_docs(ev_tasks.get(name)), _lm_docs(now_tasks.get(name))
         ids = sorted(set(e) & set(n), key=_doc_order)
