@@ -28,8 +28,8 @@ FACTS = "infertool.json"
 FINGERPRINT_VERSION = 1  # the "v" of the JSON a fingerprint is taken over
 MAX_DEPTH = 32  # folders inside a checkpoint folder, at most
 
-__all__ = ["CARD", "EVIDENCE", "FACTS", "MAX_DEPTH", "Shown", "beside", "check_room", "check_source", "checkpoint_files",
-           "fingerprint", "refusals", "said", "short"]
+__all__ = ["CARD", "EVIDENCE", "FACTS", "MAX_DEPTH", "Shown", "beside", "check_room", "check_source",
+           "checkpoint_files", "fingerprint", "refusals", "said", "short"]
 
 
 def said(value: Shown, limit: int = 200) -> str:

@@ -111,10 +111,11 @@ class VerifyPlan:
         """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
         idx = self.evidence.index
         return {"source": self.source.recorded().to_dict(),
-                "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created, "engine": idx.engine.to_dict(),
-                             "host": idx.host, "k": idx.k, "files": idx.files, "missing": idx.missing,
-                             "trimmed": idx.trimmed},
-                "serve": self.serve, "changed": {k: c.to_dict() for k, c in self.changed.items()}, "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
+                "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created,
+                             "engine": idx.engine.to_dict(), "host": idx.host, "k": idx.k, "files": idx.files,
+                             "missing": idx.missing, "trimmed": idx.trimmed},
+                "serve": self.serve, "changed": {k: c.to_dict() for k, c in self.changed.items()},
+                "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
                 "url": self.options.url, "out_dir": str(self.out_dir),
                 "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
                 "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None}

@@ -116,7 +116,8 @@ def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) 
             return _no("infertool's shipped lm-eval tasks (infertool_*) changed since the evidence was recorded (another "
                        "infertool version): their documents would not be the same questions",
                        "verify with the infertool version that published the checkpoint")
-    data = {k: v for k, v in cfg.to_dict().items() if k in LmEvalSpec.model_fields and k not in ("tokenizer", "trust_code")}
+    data = {k: v for k, v in cfg.to_dict().items()
+            if k in LmEvalSpec.model_fields and k not in ("tokenizer", "trust_code")}
     data["trust_code"] = bool(trust_task_code)
     try:
         spec = LmEvalSpec.model_validate(data)
