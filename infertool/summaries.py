@@ -154,6 +154,13 @@ class ResolvedModel(Record):
 
 
 @dataclass
+class ResolvedServe(Record):
+    """A resolution's ``serve``: the effective serve settings (``serve``), the rest kept aside."""
+
+    serve: dict[str, Any] | None = None  # Any: the serve settings' JSON values
+
+
+@dataclass
 class Resolved(Record):
     """A resolution as a file keeps it (``Resolution.to_dict``: the manifest's ``resolution``, quantize.json's):
     the models compared and served, and which one was served."""
@@ -162,6 +169,7 @@ class Resolved(Record):
     candidate: ResolvedModel = field(default_factory=ResolvedModel)  # all None: no candidate
     served: ResolvedModel = field(default_factory=ResolvedModel)
     served_origin: str | None = None  # candidate | original | serve.model
+    serve: ResolvedServe = field(default_factory=ResolvedServe)
 
 
 @dataclass
@@ -213,6 +221,41 @@ class Published(Sparse):
 
 
 @dataclass
+class Parallel(Record):
+    """A serve section's parallel sizes, as a recorded recipe holds them."""
+
+    tensor_parallel_size: int | None = None
+    pipeline_parallel_size: int | None = None
+
+
+@dataclass
+class RecordedEval(Record):
+    base_serve: Parallel | None = None
+
+
+@dataclass
+class RecordedTarget(Record):
+    gpu: str | dict[str, Any] | None = None  # Any: a custom GPU's spec
+
+
+@dataclass
+class RecordedModel(Record):
+    source: str | None = None
+
+
+@dataclass
+class RecordedRecipe(Record):
+    """manifest.json's ``recipe`` (the recipe validated, then dumped) as report and publish read it; the rest is
+    kept in ``extra``."""
+
+    model: RecordedModel = field(default_factory=RecordedModel)
+    quantize: dict[str, Any] | None = None  # Any: the quantize section's JSON values
+    serve: Parallel | None = None
+    target: RecordedTarget | None = None
+    eval: RecordedEval | None = None
+
+
+@dataclass
 class RunManifest(Sparse):
     """``manifest.json`` of a run directory."""
 
@@ -238,6 +281,12 @@ class RunManifest(Sparse):
     def resolved(self) -> Resolved:
         """``resolution`` by attribute (every label None: the run ended before it was written, or is older)."""
         return Resolved.from_dict(self.resolution)
+
+    @property
+    def eval_summary(self) -> EvalStageSummary | None:
+        """The eval stage's summary as the manifest records it (None: no eval stage, or none recorded)."""
+        ev = self.stages.get("eval")
+        return ev.summary_as(EvalStageSummary) if ev is not None and ev.summary is not None else None
 
     @property
     def target_kind(self) -> str | None:

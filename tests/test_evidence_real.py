@@ -30,10 +30,10 @@ def test_evidence_from_a_real_vllm_server(serve_python, tmp_path):
     fp = publish.fingerprint(ckpt)
     index = capture.capture_checkpoint(res, ckpt, tmp_path / "evidence", fingerprint=fp, log_dir=tmp_path)
     ev = evidence.read(tmp_path / "evidence")
-    assert ev.fingerprint == index["content_sha256"] and ev.index.model_fingerprint == fp and ev.index.k == 20
+    assert ev.fingerprint == index.content_sha256 and ev.index.model_fingerprint == fp and ev.index.k == 20
     packages = m.packages if (m := read_marker("serve")) else {}
-    assert ev.index.engine["env"] == "serve" and ev.index.engine["package"] in packages
-    assert ev.index.engine["version"] == packages[ev.index.engine["package"]]
+    assert ev.index.engine.env == "serve" and ev.index.engine.package in packages
+    assert ev.index.engine.version == packages[ev.index.engine.package]
     assert ev.index.serve["enforce_eager"] is True and ev.index.serve["max_model_len"] == 512
     (task,) = ev.tasks
     items = ev.prompts["tasks"][task["name"]]["items"]
@@ -44,8 +44,8 @@ def test_evidence_from_a_real_vllm_server(serve_python, tmp_path):
     raw = ev.decode["raw"]
     assert len(raw["prompts"]) == 4 and raw["top_k"] == 20
     assert all(len(p["tokens"]) >= 1 and len(p["top"]) == len(p["tokens"]) for p in raw["prompts"])
-    assert index["missing"] == {"lmeval": "the run's eval scored no lm-eval tasks"}
+    assert index.missing == {"lmeval": "the run's eval scored no lm-eval tasks"}
     total = sum(f.stat().st_size for f in (tmp_path / "evidence").iterdir())
-    assert total <= index["caps"]["max_bytes"]
-    print(f"evidence: {total} bytes, {index['caps']['max_bytes']} cap, engine {evidence.block_of(evidence.EvidenceIndex.from_dict(index)).engine}, "
-          f"trimmed {index['trimmed']}")
+    assert total <= index.caps.max_bytes
+    print(f"evidence: {total} bytes, {index.caps.max_bytes} cap, engine {evidence.block_of(index).engine}, "
+          f"trimmed {index.trimmed}")

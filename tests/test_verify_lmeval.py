@@ -44,7 +44,8 @@ def test_agreement_joins_by_task_and_doc_id_counting_the_rest_apart():
     assert b.rescored is True and (b.documents, b.same, b.changed) == (4, 3, 1)
     assert b.agreement == 0.75 and b.agreement_ci == list(M.wilson(3, 4, 0.95))
     assert (b.only_evidence, b.only_now, b.other_metric) == (1 + 2, 1, 2)
-    assert b.changed_docs == [{"task": "arc", "doc_id": "2", "evidence": {"acc": 1.0}, "now": {"acc": 0.0}}]
+    assert [d.to_dict() for d in b.changed_docs] == [{"task": "arc", "doc_id": "2", "evidence": {"acc": 1.0},
+                                                      "now": {"acc": 0.0}}]
     arc, gsm, gone = b.tasks["arc"], b.tasks["gsm"], b.tasks["gone"]
     assert arc.agreement == 0.75 and arc.only_evidence == 1 and arc.only_now == 1 and "why" not in arc.to_dict()
     assert gsm.documents == 0 and gsm.agreement is None and "another metric" in gsm.why
@@ -59,7 +60,7 @@ def test_identical_documents_agree_exactly_and_a_score_that_is_not_01_must_be_id
     assert same.agreement == 1.0 and same.changed == 0 and same.changed_docs == []
     moved = _doc({"t": {"0": {"acc": 1.0}, "1": {"word_perplexity": 12.500001}, "2": {"acc": 0.0}}})
     b = score_lmeval(ev, moved, 0.95)
-    assert b.same == 2 and b.changed_docs[0]["doc_id"] == "1"
+    assert b.same == 2 and b.changed_docs[0].doc_id == "1"
 
 
 def test_changed_documents_listed_at_most_ten_in_document_order():
@@ -67,7 +68,7 @@ def test_changed_documents_listed_at_most_ten_in_document_order():
     now = _doc({"t": _acc(*([0.0] * 30))})
     b = score_lmeval(ev, now, 0.95)
     assert b.changed == 30 and len(b.changed_docs) == MAX_CHANGED
-    assert [r["doc_id"] for r in b.changed_docs] == [str(i) for i in range(MAX_CHANGED)]
+    assert [r.doc_id for r in b.changed_docs] == [str(i) for i in range(MAX_CHANGED)]
 
 
 def test_nothing_in_common_is_no_figure_and_the_gate_says_why():
@@ -195,7 +196,7 @@ def test_an_older_lmeval_json_takes_its_config_and_the_tasks_of_its_documents(en
     old = {"tasks": {"arc_easy": [{"doc_id": "0", "metrics": {"acc": 1.0}}]},
            "config": {"tasks": {"arc_easy": {"metric": "acc"}}, "limit": 7, "num_fewshot": None, "trust_code": True,
                       "lm_eval": "0.4.13", "include_path": None}}
-    assert recorded(old)["tasks"] == ["arc_easy"] and recorded(old)["limit"] == 7
+    assert recorded(old).tasks == ["arc_easy"] and recorded(old).to_dict()["limit"] == 7
     rr = plan_rerun(old)
     assert rr is not None and rr.spec is not None and rr.spec.limit == 7 and rr.spec.trust_code is False
 
@@ -221,7 +222,7 @@ def test_capture_records_what_a_rerun_needs(tmp_path, monkeypatch):
     d = _folder(tmp_path, code=False)
     monkeypatch.chdir(tmp_path)
     lm = LmEvalSpec(tasks=["my_qa"], include_path="tasks", limit=3, num_fewshot=1, trust_code=True)
-    rec = capture.rerun_record(lm)
+    rec = capture.rerun_record(lm).to_dict()
     assert rec["include_path"] == str(d) and rec["include_digest"] == folder_digest(d)
     assert rec["tasks"] == ["my_qa"] and rec["limit"] == 3 and rec["num_fewshot"] == 1 and "trust_code" not in rec
     assert rec["shipped_digest"] is None
@@ -230,10 +231,10 @@ def test_capture_records_what_a_rerun_needs(tmp_path, monkeypatch):
     answer.parent.mkdir()
     (answer.parent / "lm_eval-candidate.spec.json").write_text(json.dumps({"include_path": [str(d), "/x/shipped"]}))
     monkeypatch.chdir(answer.parent)
-    assert capture.rerun_record(lm, answer)["include_path"] == str(d)
+    assert capture.rerun_record(lm, answer).include_path == str(d)
     answer_read = WorkerAnswer(ok=True, tasks={"my_qa": {"metric": "exact_match", "docs": {"0": 1.0}}}, lm_eval="0.4.13")
     doc = capture.lmeval_doc(answer_read, {**lm.model_dump(mode="json"), "rerun": rec})
-    assert recorded(doc) == rec
+    assert recorded(doc).to_dict() == rec
 
 
 # ------------------------------------------------------------------------------------------ through the command

@@ -54,19 +54,14 @@ def compare(
     for note in res.notes:
         err.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
     if res.recipe_changes:
-        t = Table(title="recipe changes")
-        for c in ("field", "A", "B"):
-            t.add_column(c)
+        t = Table("field", "A", "B", title="recipe changes")
         for ch in res.recipe_changes:
             t.add_row(escape(ch.field), escape(str(ch.a)), escape(str(ch.b)))
         out.print(t)
     t = Table(title=f"A = {escape(res.a)}\nB = {escape(res.b)}")
     for c in ("metric", "A", "B", "B/A"):
         t.add_column(c, justify="left" if c == "metric" else "right")
-    for r in res.rows:
-        if not (all_rows or r.changed):
-            continue
-        fa = f"{r.a:.4g}" if isinstance(r.a, float) else str(r.a)
-        fb = f"{r.b:.4g}" if isinstance(r.b, float) else str(r.b)
+    for r in [r for r in res.rows if all_rows or r.changed]:
+        fa, fb = (f"{v:.4g}" if isinstance(v, float) else str(v) for v in (r.a, r.b))
         t.add_row(escape(r.metric), escape(fa), escape(fb), f"{r.ratio:.3f}" if r.ratio is not None else "")
     out.print(t)

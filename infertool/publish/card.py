@@ -5,22 +5,23 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from typing import Any
 
-from infertool.publish.checkpoint import short
+from infertool.publish.checkpoint import Shown, short
 from infertool.publish.facts import CardFacts, serve_commands
 
 
 _MD_SPECIAL = str.maketrans({c: "\\" + c for c in "\\`*[]|#!~"} | {"<": "&lt;", ">": "&gt;", "&": "&amp;"})
 
 
-def _shown(value: object) -> str:
+def _shown(value: Shown) -> str:
     """A value on one line: every control or format character (a newline, ESC, a bidi override) as its escape."""
     from infertool.output import escaped
 
     return escaped(value)
 
 
-def cell(v: object) -> str:
+def cell(v: Shown) -> str:
     """A value in the card's Markdown text (a list item, a table cell): one line, its Markdown and HTML
     characters escaped (no tag, link, image, heading, code fence or table column can come of it)."""
     if isinstance(v, float):
@@ -28,7 +29,7 @@ def cell(v: object) -> str:
     return "-" if v is None else _shown(v).translate(_MD_SPECIAL)
 
 
-def code(v: object) -> str:
+def code(v: Shown) -> str:
     """A value as a Markdown code span (shown as it is: no markup inside one), on one line, its fence longer
     than any run of backticks in it."""
     text = _shown(v)
@@ -36,7 +37,7 @@ def code(v: object) -> str:
     return f"{ticks} {text} {ticks}" if "`" in text else f"`{text}`"
 
 
-def _claimed_card(f: CardFacts, claimed: dict[str, object]) -> str:
+def _claimed_card(f: CardFacts, claimed: dict[str, Any]) -> str:  # Any: a claimed card's words
     lines = [f"# Checkpoint {code(short(f.fingerprint))}", "",
              f"Published by infertool {cell(f.infertool)} on {cell(f.published)} from a folder whose "
              f"own card nothing vouches for: no run directory records its fingerprint.", "",

@@ -18,6 +18,8 @@ from typing import Any
 
 from infertool.atomic import file_kind
 from infertool.errors import UsageError
+
+Shown = str | float | Path | BaseException | list[Any] | dict[str, Any] | None  # a value shown (Any: JSON values)
 from infertool.inputs import size_text
 from infertool.verify.evidence import DIRNAME as EVIDENCE
 
@@ -26,11 +28,11 @@ FACTS = "infertool.json"
 FINGERPRINT_VERSION = 1  # the "v" of the JSON a fingerprint is taken over
 MAX_DEPTH = 32  # folders inside a checkpoint folder, at most
 
-__all__ = ["CARD", "EVIDENCE", "FACTS", "MAX_DEPTH", "beside", "check_room", "check_source", "checkpoint_files",
-           "fingerprint", "refusals", "said", "short"]
+__all__ = ["CARD", "EVIDENCE", "FACTS", "MAX_DEPTH", "Shown", "beside", "check_room", "check_source",
+           "checkpoint_files", "fingerprint", "refusals", "said", "short"]
 
 
-def said(value: object, limit: int = 200) -> str:
+def said(value: Shown, limit: int = 200) -> str:
     """A value from a file or a folder someone else made, for a message or a note (``output.quoted``)."""
     from infertool.output import quoted
 

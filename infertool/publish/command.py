@@ -60,7 +60,7 @@ class EvidencePlan(Sparse):
 
 
 @dataclass
-class PublishPlan:
+class PublishPlan(Record):
     """What `infertool publish` copies and where: the folder (checkpoint + card), the kind of destination, and
     for an object store or a hub the exact library calls."""
 
@@ -74,11 +74,6 @@ class PublishPlan:
     calls: list[str] = field(default_factory=list)
     dry_run: bool = False
     evidence: EvidencePlan = field(default_factory=EvidencePlan)
-
-    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
-        return {"src": self.src, "kind": self.kind, "folder": self.folder, "fingerprint": self.fingerprint,
-                "dest": self.dest, "scheme": self.scheme, "facts": self.facts.to_dict(), "calls": list(self.calls),
-                "dry_run": self.dry_run, "evidence": self.evidence.to_dict()}
 
 
 @dataclass

@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from infertool.atomic import name_refusal
 from infertool.errors import UsageError
 from infertool.publish.checkpoint import said
-from infertool.records import Record, as_str
-from infertool.summaries import Published
+from infertool.records import Record
+from infertool.summaries import Published, RecordedRecipe
 from infertool.summaries import EvidenceBlock
 
 if TYPE_CHECKING:
@@ -165,23 +165,19 @@ def run_facts(run_dir: Path, manifest: RunManifest) -> CardFacts:
     """What a run's card says: the source model, the method and its settings, the verdict and each gate, the
     run, its input fingerprints, the serve settings the candidate was scored with, the command that serves it."""
     from infertool import __version__
-    from infertool.summaries import EvalStageSummary
 
-    recipe = manifest.recipe or {}
-    q = recipe.get("quantize") or {}
-    ev = manifest.stages.get("eval")
-    summary = ev.summary_as(EvalStageSummary) if ev is not None and ev.summary is not None else None
+    recipe = RecordedRecipe.from_dict(manifest.recipe)
+    summary = manifest.eval_summary
     resolved = manifest.resolved
-    serve = (manifest.resolution or {}).get("serve") or {}
     return CardFacts(
         v=FACTS_VERSION, infertool=__version__, published=_now(),
-        source_model=SourceModel(as_str((recipe.get("model") or {}).get("source")), resolved.base.label),
-        method={k: v for k, v in q.items() if k not in ("output",) and v is not None},
+        source_model=SourceModel(recipe.model.source, resolved.base.label),
+        method={k: v for k, v in (recipe.quantize or {}).items() if k not in ("output",) and v is not None},
         label=resolved.candidate.label, verdict=summary.verdict if summary else None,
         reason=summary.reason if summary else None, suite=summary.suite if summary else None,
         engine=summary.engine if summary else None, gates=_rows(summary.gates if summary else []),
         recipe=manifest.recipe_name, run_id=run_dir.name, run_dir=str(run_dir.absolute()), inputs=manifest.inputs,
-        serve=serve.get("serve"), target=manifest.target, commands=serve_commands(str(run_dir.absolute())))
+        serve=resolved.serve.serve, target=manifest.target, commands=serve_commands(str(run_dir.absolute())))
 
 
 def claimed_facts(facts: CardFacts) -> CardFacts:

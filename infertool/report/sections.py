@@ -14,7 +14,7 @@ from infertool.evaluate.result import Pooled
 from infertool.report.bench import bench_section
 from infertool.report.page import (Block, Bold, Bullets, Code, FigureBlock, P, Section, Table, fmt, fmt_bytes,
                                    fmt_interval, fmt_money, fmt_pct, fmt_ratio)
-from infertool.summaries import EvalStageSummary, ServeSummary
+from infertool.summaries import RecordedRecipe, ServeSummary
 
 
 def _traffic(s: BenchSettings | None) -> str:
@@ -128,9 +128,8 @@ def _ship_section(run_dir: Path, run: RunData) -> Section | None:
     if pub.path is None:
         sec.blocks.append(P("Nothing was published: ", str(pub.why or "the run did not say why"), "."))
         return sec
-    ev = run.manifest.stages.get("eval")  # results.json's verdict, else the manifest's record of the eval stage
-    verdict = (run.eval.verdict if run.eval is not None else None) or \
-        (ev.summary_as(EvalStageSummary).verdict if ev is not None and ev.summary is not None else None)
+    summary = run.manifest.eval_summary  # results.json's verdict, else the manifest's record of the eval stage
+    verdict = (run.eval.verdict if run.eval is not None else None) or (summary.verdict if summary else None)
     where = shlex.quote(str(run_dir.absolute()))
     sec.blocks.append(P("The checkpoint the eval scored is published at ", Code(pub.path), " (fingerprint ",
                         Code(str(pub.fingerprint)), ") with MODEL_CARD.md and infertool.json beside it; verdict ",
@@ -159,15 +158,15 @@ def _run_section(run: RunData) -> Section:
 def parallel_setup(recipe: dict[str, Any] | None) -> list[str]:  # Any: the recipe's JSON values
     """The GPUs each server took, from the recipe the run recorded: the served model's (the serve section, what
     is deployed) and the eval's original when eval.base_serve gives it its own ([] on a CPU or an older run)."""
-    serve = (recipe or {}).get("serve") if isinstance(recipe, dict) else None
-    if not isinstance(recipe, dict) or not isinstance(serve, dict) or not (recipe.get("target") or {}).get("gpu"):
+    r = RecordedRecipe.from_dict(recipe)
+    if r.serve is None or r.target is None or not r.target.gpu:
         return []
-    tp, pp = serve.get("tensor_parallel_size", 1), serve.get("pipeline_parallel_size", 1)
+    tp, pp = r.serve.tensor_parallel_size or 1, r.serve.pipeline_parallel_size or 1
     lines = [f"served (and deployed) with tensor_parallel_size {tp} x pipeline_parallel_size {pp} (the serve section)"]
-    base = ((recipe.get("eval") or {}).get("base_serve") or {}) if isinstance(recipe.get("eval"), dict) else {}
-    if isinstance(base, dict) and any(v is not None for v in base.values()):
-        lines.append(f"the eval's original served with tensor_parallel_size {base.get('tensor_parallel_size') or tp} x "
-                     f"pipeline_parallel_size {base.get('pipeline_parallel_size') or pp} (eval.base_serve: it needs "
+    base = r.eval.base_serve if r.eval is not None else None
+    if base is not None and any(v is not None for v in base.to_dict().values()):
+        lines.append(f"the eval's original served with tensor_parallel_size {base.tensor_parallel_size or tp} x "
+                     f"pipeline_parallel_size {base.pipeline_parallel_size or pp} (eval.base_serve: it needs "
                      "more GPUs than the quantized model)")
     return lines
 

@@ -83,17 +83,10 @@ class BisectResult:
     tests_run: int = 0  # tests this call ran (the rest came from the state file)
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
-        return {
-            "verdict": self.verdict,
-            "message": self.message,
-            "versions": self.versions,
-            "first_bad": self.first_bad,
-            "last_good": self.last_good,
-            "candidates": self.candidates,
-            "skipped_ends": self.skipped_ends,
-            "tests_run": self.tests_run,
-            "tested": [{"version": v, **o.to_dict()} for v, o in self.tested],
-        }
+        return {"verdict": self.verdict, "message": self.message, "versions": self.versions,
+                "first_bad": self.first_bad, "last_good": self.last_good, "candidates": self.candidates,
+                "skipped_ends": self.skipped_ends, "tests_run": self.tests_run,
+                "tested": [{"version": v, **o.to_dict()} for v, o in self.tested]}
 
 
 # ------------------------------------------------------------------------------------------- versions

@@ -22,14 +22,14 @@ Before gathering, verify.evidence.max_items / decode_prompts / decode_tokens tri
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from infertool.atomic import atomic_dir, dumps_json, write_bytes
 from infertool.errors import UsageError
-from infertool.records import Sparse
+from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
 from infertool.verify import evidence as E
 
@@ -114,43 +114,24 @@ def questions(recipe: Recipe) -> Questions:
 
 
 # ------------------------------------------------------------------------------------------ facts
-@dataclass
-class EngineFacts(Sparse):
-    """The engine a server ran under (evidence.json's ``engine``, verify.json's with its label): the managed
-    environment whose python started it (its name, as `env list` shows it), its vLLM package and version and the
-    versions of what vLLM runs on; ``python`` when it is not a managed environment's."""
-
-    package: str | None = None
-    version: str | None = None
-    env: str | None = None
-    packages: dict[str, str] = field(default_factory=dict)
-    python: str | None = None
-
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("python",)
-
-    @property
-    def label(self) -> str | None:
-        return f"{self.package} {self.version}" if self.package else None
-
-
-def engine_facts(python: str | None) -> EngineFacts:
+def engine_facts(python: str | None) -> E.EngineFacts:
     """The engine the server ``python`` started ran under, as the environment's marker records it (``EngineFacts``)."""
     from infertool.envs.paths import envs_root
     from infertool.envs.state import read_marker
 
     if not python:
-        return EngineFacts()
+        return E.EngineFacts()
     env = Path(python).parent.parent
     try:
         managed = env.parent.resolve() == envs_root().resolve()
     except OSError:
         managed = False
     if not managed:
-        return EngineFacts(python=python)
+        return E.EngineFacts(python=python)
     marker = read_marker(env.name)
     packages = {str(k): v for k, v in marker.packages.items() if isinstance(v, str)} if marker is not None else {}
     package = next((n for n in SERVE_PACKAGES if n in packages), None)
-    return EngineFacts(package, packages.get(package) if package else None, env.name,
+    return E.EngineFacts(package, packages.get(package) if package else None, env.name,
                        {n: packages[n] for n in ENGINE_DEPS if n in packages})
 
 
@@ -183,7 +164,32 @@ RERUN_SETTINGS = ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_mul
                   "concurrent", "max_gen_toks", "timeout_s")  # eval.lm_eval's settings a re-run takes as recorded
 
 
-def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> dict[str, Any]:  # Any: JSON values
+@dataclass
+class RerunSettings(Sparse):
+    """lmeval.json's ``config.rerun`` (``rerun_record``): the tasks, their folder and its digest, the shipped tasks'
+    digest; lm-eval's settings (RERUN_SETTINGS) kept as written, in ``extra``; ``older``: taken from an lmeval.json
+    written before ``config.rerun`` was (``verify.lmeval.recorded``)."""
+
+    tasks: list[str] = field(default_factory=list)
+    include_path: str | None = None
+    include_digest: str | None = None
+    shipped_digest: str | None = None
+    older: bool | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("older",)
+
+
+@dataclass
+class LmevalConfig(Record):
+    """lmeval.json's ``config`` as verify reads it: the re-run's settings, lm-eval's version; an older file's
+    settings (the recipe's eval.lm_eval as dumped) kept in ``extra``."""
+
+    rerun: RerunSettings | None = None
+    include_path: str | None = None
+    lm_eval: str | None = None
+
+
+def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> RerunSettings:
     """lmeval.json's ``config.rerun``: what `infertool verify` needs to run the same lm-eval tasks again on the
     served checkpoint. ``lm``: the recipe's eval.lm_eval. ``tasks`` as the recipe names them (groups too), the
     task folder by its ABSOLUTE path (where the eval's worker read it: its spec beside ``answer``, else from the
@@ -204,10 +210,8 @@ def rerun_record(lm: LmEvalSpec, answer: Path | None = None) -> dict[str, Any]: 
             got = WorkerSpec.from_dict(doc).include_path
             if got and Path(got[0]).is_absolute():
                 include = got[0]  # the eval's worker read the folder here (relative paths: from ITS current folder)
-    out = {"tasks": list(lm.tasks), "include_path": include, "include_digest": _digest(include) if include else None,
-           "shipped_digest": shipped_digest(lm.tasks)}
-    out.update({k: getattr(lm, k) for k in RERUN_SETTINGS})
-    return out
+    return RerunSettings(list(lm.tasks), include, _digest(include) if include else None, shipped_digest(lm.tasks),
+                         extra={k: getattr(lm, k) for k in RERUN_SETTINGS})
 
 
 def _digest(folder: str) -> str | None:
@@ -242,7 +246,7 @@ def read_lmeval_answer(path: Path) -> WorkerAnswer | None:
 
 
 # ------------------------------------------------------------------------------------------ fit to the cap
-def _encode(doc: object) -> bytes:
+def _encode(doc: E.JsonDoc) -> bytes:
     return (dumps_json(doc, indent=None) + "\n").encode("utf-8")
 
 
@@ -288,7 +292,7 @@ class Fitted:
     missing: dict[str, str]
 
 
-def fit(docs: dict[str, object], budget: int) -> Fitted:
+def fit(docs: dict[str, E.JsonDoc], budget: int) -> Fitted:
     """The data files (name -> JSON document) encoded and cut to ``budget`` bytes in all (module docstring)."""
     trimmed: dict[str, str] = {}
     missing: dict[str, str] = {}
@@ -348,9 +352,9 @@ def fit(docs: dict[str, object], budget: int) -> Fitted:
 
 # ------------------------------------------------------------------------------------------ capture
 def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprint: str, weight_bytes: int,
-            engine: dict[str, Any], serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
+            engine: E.EngineFacts, serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
             lmeval: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's document
-            workers: int | None = None) -> dict[str, Any]:  # Any: the index written, as JSON
+            workers: int | None = None) -> E.EvidenceIndex:
     """Gather the evidence from the served candidate ``client`` names and write the folder ``out`` whole; returns
     the index written (``evidence.json``). ``lmeval``: lmeval.json's document (``lmeval_doc``), else
     ``lmeval_why`` says why there is none."""
@@ -362,42 +366,39 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
     cap = cap_bytes(spec, weight_bytes)
     got = gather(client, tasks=q.tasks, decode_prompts=q.decode_prompts, decode=q.decode, k=q.k, events=events,
                  label="candidate", model_path=model_path, workers=workers or WORKERS)
-    docs: dict[str, object] = {}
+    docs: dict[str, E.JsonDoc] = {}
     missing: dict[str, str] = {}
     if got.prompts is not None:
         docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts
     else:
         missing["prompts"] = "the suite has no tasks"
-    if got.decode is not None and not got.decode.get("skipped"):
+    skipped = E.DecodeRaw.from_dict(got.decode).skipped
+    if got.decode is not None and not skipped:
         docs[E.DECODE] = {"prompts_src": q.decode_prompts, "raw": got.decode}
     else:
-        why = (got.decode or {}).get("skipped") or "no decode prompts"
-        missing["decode"] = f"the decode path was not recorded: {why}"
+        missing["decode"] = f"the decode path was not recorded: {skipped or 'no decode prompts'}"
     if lmeval is not None:
         docs[E.LMEVAL] = lmeval
     else:
         missing["lmeval"] = lmeval_why or "the run's eval scored no lm-eval tasks"
-    index: dict[str, Any] = {"format": E.FORMAT, "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),  # Any: JSON values
-                   "k": q.k, "engine": engine, "serve": serve, "host": host_facts(),
-                   "model_fingerprint": model_fingerprint, "files": {}, "missing": {}, "trimmed": dict(q.trimmed),
-                   "caps": {"max_bytes": cap, "max_bytes_setting": int(spec.max_bytes),
-                            "max_fraction": float(spec.max_fraction), "weight_bytes": int(weight_bytes),
-                            "floor": FLOOR}}
-    budget = cap - len(_encode({**index, "content_sha256": "0" * 64, "missing": {**missing, "prompts": "x" * 80,
-                                                                                   "decode": "x" * 80, "lmeval": "x" * 80},
-                                "trimmed": {**index["trimmed"], "suite": "x" * 120, "decode": "x" * 60,
-                                            E.PROMPTS: "x" * 30, E.TASKS: "x" * 30, E.DECODE: "x" * 30,
-                                            E.LMEVAL: "x" * 30},
-                                "files": {n: {"sha256": "0" * 64, "bytes": 10**12} for n in E.FILES}}))
+    index = E.EvidenceIndex(
+        format=E.FORMAT, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), k=q.k, engine=engine,
+        serve=serve, host=host_facts(), model_fingerprint=model_fingerprint, trimmed=dict(q.trimmed),
+        caps=E.Caps(cap, int(spec.max_bytes), float(spec.max_fraction), int(weight_bytes), FLOOR))
+    largest = replace(  # the index at its largest: every file listed, every note there, at full length
+        index, content_sha256="0" * 64, files={n: E.FileEntry("0" * 64, 10**12) for n in E.FILES},
+        missing={**missing, "prompts": "x" * 80, "decode": "x" * 80, "lmeval": "x" * 80},
+        trimmed={**index.trimmed, "suite": "x" * 120, "decode": "x" * 60, **dict.fromkeys(E.FILES, "x" * 30)})
+    budget = cap - len(_encode(largest.to_dict()))
     if budget <= 0:
         raise UsageError(f"the evidence's cap of {cap:,} bytes leaves no room beside its index",
                          hint="raise verify.evidence.max_bytes / max_fraction")
     fitted = fit(docs, budget)
-    index["trimmed"].update(fitted.trimmed)
-    index["missing"] = {**missing, **fitted.missing}
-    index["files"] = {n: E.file_entry(b) for n, b in fitted.files.items()}
-    index["content_sha256"] = E.content_sha256(index)
-    data = _encode(index)
+    index.trimmed.update(fitted.trimmed)
+    index.missing = {**missing, **fitted.missing}
+    index.files = {n: E.file_entry(b) for n, b in fitted.files.items()}
+    index.content_sha256 = E.content_sha256(index.to_dict())
+    data = _encode(index.to_dict())
     total = len(data) + sum(len(b) for b in fitted.files.values())
     if total > cap:  # the budget above holds the index at its largest: this is a bug, never a folder over its cap
         raise UsageError(f"the evidence came to {total:,} bytes, over its cap of {cap:,}: not written")
@@ -429,7 +430,7 @@ def launch_plan(res: Resolution, checkpoint: str | Path, *, dry_run: bool = Fals
 def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path, *, fingerprint: str,
                        pool: ServerPool | None = None,
                        on_event: Callable[[dict[str, Any]], None] | None = None, log_dir: str | Path | None = None,  # Any: JSON values
-                       lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> dict[str, Any]:  # Any: JSON values
+                       lmeval_answer: Path | None = None, lmeval_why: str | None = None) -> E.EvidenceIndex:
     """Serve ``checkpoint`` with ``res``'s effective serve settings (the launch eval makes for the candidate, so a
     run's pool shares its server) and ``capture`` into ``out``; returns the index. ``res``: the recipe's
     resolution with its candidate at ``checkpoint``."""
@@ -448,14 +449,14 @@ def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path,
             lm = res.recipe.eval.lm_eval if res.recipe.eval is not None else None
             config = lm.model_dump(mode="json") if lm is not None else {}
             if lm is not None:
-                config["rerun"] = rerun_record(lm, lmeval_answer)
+                config["rerun"] = rerun_record(lm, lmeval_answer).to_dict()
             lmeval = lmeval_doc(answer, config)
         else:
             lmeval_why = f"the eval's lm-eval answer ({lmeval_answer}) is not there or did not succeed"
     log = Path(log_dir) / "vllm-evidence.log" if log_dir else default_log_path(None, "evidence")  # never beside the weights
     with served(plan, log, on_event=on_event, pool=pool) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
-        engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None).to_dict()
+        engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
         return capture(client, out, recipe=res.recipe, model_fingerprint=fingerprint,
                        weight_bytes=weight_bytes(checkpoint), engine=engine,
                        serve=settings.model_dump(mode="json"), events=events, model_path=str(checkpoint),
@@ -474,9 +475,9 @@ def writer(res: Resolution, checkpoint: str | Path, *, pool: ServerPool | None =
 
     def write(folder: Path, fp: str) -> EvidenceBlock:
         try:
-            return E.block_of(E.EvidenceIndex.from_dict(capture_checkpoint(
+            return E.block_of(capture_checkpoint(
                 res, checkpoint, folder, fingerprint=fp, pool=pool, on_event=on_event, log_dir=log_dir,
-                lmeval_answer=lmeval_answer, lmeval_why=lmeval_why)))
+                lmeval_answer=lmeval_answer, lmeval_why=lmeval_why))
         except InfertoolError as e:
             if strict:
                 e.hint = f"{e.hint}; or publish without evidence (--no-evidence)" if e.hint else \

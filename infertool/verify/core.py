@@ -28,7 +28,7 @@ from infertool.errors import UsageError
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
 from infertool.verify import evidence as E
-from infertool.verify.score import LmevalScore, PromptScore
+from infertool.verify.score import LmevalScore, PromptScore, VerifyDecode
 
 if TYPE_CHECKING:
     from infertool.evaluate.server_engine import Client
@@ -82,11 +82,19 @@ class VerifyOptions:
 
 
 @dataclass
+class Changed(Record):
+    """A serve setting --set changed: its value as the evidence records it, and now."""
+
+    recorded: Any = None  # Any: a serve setting's JSON value
+    now: Any = None  # Any: a serve setting's JSON value
+
+
+@dataclass
 class VerifyPlan:
     source: Source
     evidence: E.Evidence
     serve: dict[str, Any]  # Any: the serve settings it launches with (recorded + --set)
-    changed: dict[str, Any]  # Any: serve key -> {"recorded": ..., "now": ...} where --set changed it
+    changed: dict[str, Changed]  # serve key -> its value recorded and now, where --set changed it
     accept: VerifyAccept  # the gates (verify.accept, with --set)
     near_tie_logprob: float
     options: VerifyOptions
@@ -103,10 +111,11 @@ class VerifyPlan:
         """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
         idx = self.evidence.index
         return {"source": self.source.recorded().to_dict(),
-                "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created, "engine": idx.engine,
-                             "host": idx.host, "k": idx.k, "files": idx.files, "missing": idx.missing,
-                             "trimmed": idx.trimmed},
-                "serve": self.serve, "changed": self.changed, "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
+                "evidence": {"fingerprint": self.evidence.fingerprint, "created": idx.created,
+                             "engine": idx.engine.to_dict(), "host": idx.host, "k": idx.k, "files": idx.files,
+                             "missing": idx.missing, "trimmed": idx.trimmed},
+                "serve": self.serve, "changed": {k: c.to_dict() for k, c in self.changed.items()},
+                "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
                 "url": self.options.url, "out_dir": str(self.out_dir),
                 "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
                 "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None}
@@ -128,12 +137,27 @@ class EvidenceSeen(Record):
 
     fingerprint: str = ""
     created: str = ""
-    engine: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.engine
+    engine: E.EngineFacts = field(default_factory=E.EngineFacts)
     host: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.host
     k: int = 0
     missing: dict[str, str] = field(default_factory=dict)
     trimmed: dict[str, str] = field(default_factory=dict)
     serve: dict[str, Any] = field(default_factory=dict)  # Any: EvidenceIndex.serve
+
+
+@dataclass
+class ServedEngine(Record):
+    """verify.json's ``engine``: its label, the URL (--url), the facts of the environment that served it
+    (``capture.engine_facts``, written flat beside the label) and the server's argv."""
+
+    label: str | None = None
+    url: str | None = None
+    facts: E.EngineFacts | None = None
+    argv: list[str] | None = None
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        argv = {"argv": self.argv} if self.argv is not None else {}
+        return {"label": self.label, "url": self.url, **(self.facts.to_dict() if self.facts else {}), **argv}
 
 
 @dataclass
@@ -157,13 +181,13 @@ class VerifyResult(Record):
     reason: str = ""
     gates: list[Gate] = field(default_factory=list)
     prompts: PromptScore | None = None
-    decode: dict[str, Any] | None = None  # Any: evaluate.decode.compare's block + match_or_near_tie(_ci)
+    decode: VerifyDecode | None = None
     lmeval: LmevalScore = field(default_factory=LmevalScore)
     source: VerifiedSource = field(default_factory=VerifiedSource)
     evidence: EvidenceSeen = field(default_factory=EvidenceSeen)
-    engine: dict[str, Any] = field(default_factory=dict)  # Any: label, url; the environment's engine facts, argv
+    engine: ServedEngine = field(default_factory=ServedEngine)
     serve: dict[str, Any] = field(default_factory=dict)  # Any: the settings served with
-    changed: dict[str, dict[str, Any]] = field(default_factory=dict)  # Any: --set's key -> {recorded, now}
+    changed: dict[str, Changed] = field(default_factory=dict)
     workers: int = WORKERS
     confidence: float = 0.95
     allow_inconclusive: bool = False
@@ -174,9 +198,9 @@ class VerifyResult(Record):
 
     def figures(self) -> dict[str, float | None]:
         """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
-        d, p = self.decode or {}, self.prompts or PromptScore()
-        return {"exact_match": d.get("exact_match"), "match_or_near_tie": d.get("match_or_near_tie"),
-                "decode_kld": d.get("kld"), "decode_top1": d.get("top1"), "prompt_kld": p.kld,
+        d, p = self.decode or VerifyDecode(), self.prompts or PromptScore()
+        return {"exact_match": d.exact_match, "match_or_near_tie": d.match_or_near_tie,
+                "decode_kld": d.kld, "decode_top1": d.top1, "prompt_kld": p.kld,
                 "prompt_top1": p.top1, "lmeval_agreement": self.lmeval.agreement}
 
     def accepted(self, allow_inconclusive: bool = False) -> bool:
@@ -248,7 +272,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
     serve = recipe.serve.model_dump(mode="json")
     recorded = recipe_recorded(ev)
     keys = dict.fromkeys(key.split(".")[1] for key, _ in pairs if key.startswith("serve."))
-    changed = {k: {"recorded": recorded.get(k), "now": serve.get(k)} for k in keys if recorded.get(k) != serve.get(k)}
+    changed = {k: Changed(recorded.get(k), serve.get(k)) for k in keys if recorded.get(k) != serve.get(k)}
     accept = recipe.verify.accept
     out_dir = options.out_dir or Path("out") / "verify" / (
         f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
@@ -275,7 +299,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
             python = str(env_python(options.env))
         from infertool.evaluate.prepare import logprobs_args
 
-        k = max(int(ev.index.k or 0), int((ev.decode or {}).get("raw", {}).get("top_k") or 0))
+        k = max(ev.index.k or 0, E.DecodeRaw.from_dict((ev.decode or {}).get("raw")).top_k or 0)
         p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run,
                            extra_args=logprobs_args(k))  # as the evidence's launch had it
     return p
@@ -333,12 +357,11 @@ def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
 
 
 # ------------------------------------------------------------------------------------------------ run
-def _decode_spec(raw: dict[str, Any], near_tie: float) -> DecodeSpec:  # Any: JSON values
+def _decode_spec(raw: E.DecodeRaw, near_tie: float) -> DecodeSpec:
     from infertool.recipe import DecodeSpec, Recipe, VerifyAccept
 
-    chat = raw.get("chat")
-    return DecodeSpec(top_k=int(raw.get("top_k") or 20), max_tokens=int(raw.get("max_tokens") or 48),
-                      chat=bool(chat) if isinstance(chat, bool) else None, near_tie_logprob=near_tie)
+    return DecodeSpec(top_k=raw.top_k or 20, max_tokens=raw.max_tokens or 48, chat=raw.chat,
+                      near_tie_logprob=near_tie)
 
 
 def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | None]:  # Any: JSON values
@@ -350,7 +373,7 @@ def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | No
     if not isinstance(src, list) or not isinstance(raw, dict) or not isinstance(raw.get("prompts", []), list):
         raise E.EvidenceError(f"{where}: needs \"prompts_src\" (a list) and \"raw\" (an object with \"prompts\")",
                               hint="publish the checkpoint again")
-    if raw.get("skipped"):
+    if E.DecodeRaw.from_dict(raw).skipped:
         return None, raw
     import json
 
@@ -406,25 +429,21 @@ def _evidence_shape(ev: E.Evidence) -> Iterator[None]:
                               f"({type(e).__name__}: {str(e)[:200]})", hint="publish the checkpoint again") from None
 
 
-def served_engine(p: VerifyPlan, python: str | None) -> dict[str, object]:
+def served_engine(p: VerifyPlan, python: str | None) -> ServedEngine:
     """What serves the checkpoint: the managed environment whose ``python`` started it, its engine package and
     version and what vLLM runs on (``capture.engine_facts``: the shape the evidence records), or the URL; a note
     says whether the engine's version is the recorded one."""
     from infertool.verify.capture import engine_facts
 
-    out: dict[str, object] = {"label": p.options.engine, "url": p.options.url}
-    if python is not None:
-        facts = engine_facts(python)
-        out.update(facts.to_dict())
-        out["label"] = p.options.engine or facts.label or python
-        rec = p.evidence.index.engine
-        if rec.get("package") and facts.label:
-            was = f"{rec.get('package')} {rec.get('version')}"
-            p.notes.append(f"served by {facts.label}, as recorded" if was == facts.label else
-                           f"recorded under {was}, served by {facts.label}")
-    else:
-        out["label"] = p.options.engine or f"the server at {p.options.url}"
-    return out
+    if python is None:
+        return ServedEngine(p.options.engine or f"the server at {p.options.url}", p.options.url)
+    facts = engine_facts(python)
+    rec = p.evidence.index.engine
+    if rec.package and facts.label:
+        was = f"{rec.package} {rec.version}"
+        p.notes.append(f"served by {facts.label}, as recorded" if was == facts.label else
+                       f"recorded under {was}, served by {facts.label}")
+    return ServedEngine(p.options.engine or facts.label or python, p.options.url, facts)
 
 
 LMEVAL_DIR = "lm_eval"  # the re-run's spec, answer and log, under verify's --out
@@ -475,16 +494,17 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     out_dir = check_output_dir(ctx.out_dir or p.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts_src, raw_decode = _check_decode(ev)
-    spec = _decode_spec(raw_decode or {}, p.near_tie_logprob)
+    recorded = E.DecodeRaw.from_dict(raw_decode)
+    spec = _decode_spec(recorded, p.near_tie_logprob)
     timing = VerifyTiming()
-    engine: dict[str, object] = {}
+    engine = ServedEngine()
     lm_now = LmevalNow()
 
     def ask(client: Client) -> Gathered:
         t = time.monotonic()
         with _evidence_shape(ev):
                 got = gather(client, tasks=ev.tasks if ev.prompts is not None else None,
-                         decode_prompts=prompts_src if raw_decode is not None and not raw_decode.get("skipped") else None,
+                         decode_prompts=prompts_src if raw_decode is not None and not recorded.skipped else None,
                          decode=spec, k=int(ev.index.k or 20), events=ctx, label="verify",
                          prior_decode=raw_decode, workers=p.options.workers, model_path=str(p.source.folder))
         timing.gather_s = round(time.monotonic() - t, 2)
@@ -507,7 +527,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
                 started = True
                 timing.ready_s = round(srv.ready_s, 1)
                 engine = served_engine(p, srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
-                engine["argv"] = list(srv.plan.spec.argv)
+                engine.argv = list(srv.plan.spec.argv)
                 gathered = ask(Client(srv.url, srv.model, api_key=srv.api_key))
         except RuntimeFailure as e:
             if started:
@@ -515,7 +535,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
             # the server could not start (this engine release, this host): a backend failure, exit 3 (a bisect's skip)
             raise BackendError(e.message, hint=e.hint, log_path=e.log_path) from None
     decode_now = gathered.decode
-    if raw_decode is not None and raw_decode.get("skipped"):
+    if raw_decode is not None and recorded.skipped:
         decode_now = None
     with _evidence_shape(ev):
         s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,

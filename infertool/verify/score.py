@@ -27,9 +27,12 @@ from typing import Any, ClassVar
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
 from infertool.evaluate.decode import compare
+from infertool.evaluate.result import DecodeComparison
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
 from infertool.records import Record, Sparse
+from infertool.verify.capture import LmevalConfig
+from infertool.verify.evidence import JsonDoc
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
 RULES: dict[str, Rule] = {
@@ -40,11 +43,37 @@ RULES: dict[str, Rule] = {
     "min_prompt_top1": Rule("prompt same top-1", False, "tokens", "wilson"),
     "min_lmeval_agreement": Rule("lm-eval agreement", False, "documents", "wilson"),
 }
+BLOCK_OF = {"min_exact_match": "decode", "max_decode_kld": "decode", "min_decode_top1": "decode",
+            "max_prompt_kld": "prompts", "min_prompt_top1": "prompts", "min_lmeval_agreement": "lmeval"}
 MAX_CHANGED = 10  # changed lm-eval documents listed
 
 
-def _finite(x: object) -> float | None:
+def _finite(x: float | None) -> float | None:
     return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) else None
+
+
+@dataclass
+class PromptTask(Record):
+    """One task of ``PromptScore``: a perplexity task's tokens, KLD and top-1; another's agreement (same pick, same
+    output) over its items."""
+
+    type: str = ""
+    tokens: int | None = None
+    kld: float | None = None
+    top1: float | None = None
+    items: int | None = None
+    agreement: float | None = None
+    agreement_ci: list[float] | None = None
+    what: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        d = super().to_dict()
+        keys = PERPLEXITY_KEYS if self.type == "perplexity" else AGREEMENT_KEYS
+        return {k: v for k, v in d.items() if k in keys or k in self.extra}
+
+
+PERPLEXITY_KEYS = ("type", "tokens", "kld", "top1")
+AGREEMENT_KEYS = ("type", "items", "agreement", "agreement_ci", "what")
 
 
 @dataclass
@@ -52,7 +81,7 @@ class PromptScore(Record):
     """verify.json's ``prompts``: the pooled top-k KLD and same top-1 over the perplexity tasks, each with its
     interval, and every task's figures (a perplexity task's KLD and top-1, another's agreement)."""
 
-    tasks: dict[str, dict[str, Any]] = field(default_factory=dict)  # Any: a task's figures, by its type
+    tasks: dict[str, PromptTask] = field(default_factory=dict)
     kld: float | None = None
     kld_ci: list[float] | None = None
     top1: float | None = None
@@ -61,32 +90,31 @@ class PromptScore(Record):
     kld_kind: str = ""
 
 
+def _pick(logliks: list[float]) -> int:
+    """A choice task's pick: the choice of the highest log-likelihood."""
+    return max(range(len(logliks)), key=logliks.__getitem__)
+
+
 def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,  # Any: collect's raw output
                   confidence: float) -> PromptScore:
     """The prompt block: pooled KLD and top-1 over the perplexity tasks, agreement of the other tasks."""
-    tasks = combine(evidence_raw, new_raw, k)
     block = PromptScore(kld_kind=f"top-{k}")
-    ppl = [t for t in tasks.values() if t["type"] == "perplexity"]
-    z = M.z_for(confidence)
-    for name, t in tasks.items():
-        if t["type"] == "perplexity":
+    pooled: list[dict[str, Any]] = []  # Any: the perplexity tasks' items, pooled
+    for name, t in combine(evidence_raw, new_raw, k).items():
+        kind, items = t["type"], t["items"]
+        if kind == "perplexity":
             s = summarize_perplexity(t, confidence)
-            block.tasks[name] = {"type": "perplexity", "tokens": s.tokens, "kld": s.kld["mean"],
-                                 "top1": s.top1_agree}
-        else:
-            key = ("greedy_b", "greedy_c") if t["type"] == "multiple_choice" else ("out_b", "out_c")
-            if t["type"] == "multiple_choice":
-                same = sum(max(range(len(it["ll_b"])), key=it["ll_b"].__getitem__)
-                           == max(range(len(it["ll_c"])), key=it["ll_c"].__getitem__) for it in t["items"])
-            else:
-                same = sum(it[key[0]] == it[key[1]] for it in t["items"])
-            n = len(t["items"])
-            block.tasks[name] = {"type": t["type"], "items": n, "agreement": same / n if n else None,
-                                 "agreement_ci": list(M.wilson(same, n, confidence)) if n else None,
-                                 "what": "same pick" if t["type"] == "multiple_choice" else "same output"}
-    if ppl:
-        merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": f"top-{k}"}
-        s = summarize_perplexity(merged, confidence)
+            block.tasks[name] = PromptTask(kind, s.tokens, s.kld["mean"], s.top1_agree)
+            pooled += items
+            continue
+        choice = kind == "multiple_choice"
+        same = sum(_pick(it["ll_b"]) == _pick(it["ll_c"]) if choice else it["out_b"] == it["out_c"] for it in items)
+        agreement, ci = _agreement(same, len(items), confidence)
+        block.tasks[name] = PromptTask(kind, items=len(items), agreement=agreement, agreement_ci=ci,
+                                       what="same pick" if choice else "same output")
+    if pooled:
+        s = summarize_perplexity({"items": pooled, "kld_kind": f"top-{k}"}, confidence)
+        z = M.z_for(confidence)
         mean, se = _finite(s.kld["mean"]), _finite(s.kld["se"])
         if mean is not None and se is not None and s.tokens:
             block.kld, block.kld_ci = mean, [max(0.0, mean - z * se), mean + z * se]
@@ -95,22 +123,33 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
     return block
 
 
+@dataclass
+class VerifyDecode(DecodeComparison):
+    """verify.json's ``decode``: eval's decode comparison with the gate's share, the prompts that match or first
+    diverge at a near tie (set when there are prompts)."""
+
+    match_or_near_tie: float | None = None
+    match_or_near_tie_ci: list[float] | None = None
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = (*DecodeComparison.OMIT_NONE, "match_or_near_tie", "match_or_near_tie_ci")
+
+
 def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confidence: float,  # Any: decode raws
-                 near_tie_logprob: float) -> dict[str, Any]:  # Any: evaluate.decode.compare's block
+                 near_tie_logprob: float) -> VerifyDecode:
     """The decode block (``evaluate.decode.compare``, the evidence as the reference that ran first), with the
     gate's share: prompts that match or first diverge at a near tie."""
     dec = compare(evidence_raw, new_raw, confidence=confidence, first="reference",
                   near_tie_logprob=near_tie_logprob)
-    block = dec.to_dict()
+    block = VerifyDecode.from_dict(dec.to_dict())
     n = dec.n_prompts
     if n and dec.exact_match is not None:
         same = round(dec.exact_match * n) + dec.near_ties
-        block["match_or_near_tie"] = same / n
-        block["match_or_near_tie_ci"] = list(M.wilson(same, n, confidence))
+        block.match_or_near_tie = same / n
+        block.match_or_near_tie_ci = list(M.wilson(same, n, confidence))
     return block
 
 
-def _lm_docs(rows: object) -> dict[str, dict[str, Any]]:  # Any: JSON values
+def _lm_docs(rows: JsonDoc | None) -> dict[str, dict[str, Any]]:  # Any: JSON values
     """One task's documents of lmeval.json's shape ([{"doc_id", "metrics": {name: value}}]) by doc_id; a row
     without them is left out (the evidence's shape is checked before: ``core.check_shapes``)."""
     out: dict[str, dict[str, Any]] = {}  # Any: JSON values
@@ -129,7 +168,7 @@ def _agreement(same: int, n: int, confidence: float) -> tuple[float | None, list
     return (same / n, list(M.wilson(same, n, confidence))) if n else (None, None)
 
 
-def _obj(value: object) -> dict[str, Any]:  # Any: JSON values
+def _obj(value: JsonDoc | None) -> dict[str, Any]:  # Any: JSON values
     return value if isinstance(value, dict) else {}
 
 
@@ -151,6 +190,16 @@ class LmevalTask(Sparse):
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("why",)
 
 
+@dataclass
+class ChangedDoc(Record):
+    """An lm-eval document whose shared metrics differ: its values in the evidence and now."""
+
+    task: str = ""
+    doc_id: str = ""
+    evidence: dict[str, Any] = field(default_factory=dict)  # Any: lm-eval's metric values
+    now: dict[str, Any] = field(default_factory=dict)  # Any: lm-eval's metric values
+
+
 RESCORED_ONLY = ("agreement", "agreement_ci", "documents", "same", "only_evidence", "only_now", "other_metric",
                  "changed", "tasks", "changed_docs", "lm_eval")
 
@@ -170,7 +219,7 @@ class LmevalScore(Record):
     other_metric: int = 0
     changed: int = 0
     tasks: dict[str, LmevalTask] = field(default_factory=dict)
-    changed_docs: list[dict[str, Any]] = field(default_factory=list)  # Any: {task, doc_id, evidence, now}
+    changed_docs: list[ChangedDoc] = field(default_factory=list)
     lm_eval: dict[str, Any] = field(default_factory=dict)  # Any: lm-eval's version, {evidence, now}
     why: str | None = None
     evidence_documents: int | None = None
@@ -188,8 +237,8 @@ def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: floa
     it agrees when every shared metric's value is identical. Documents only one side has (``only_evidence``,
     ``only_now``) and documents without a shared metric (``other_metric``) are counted, not compared."""
     ev_tasks, now_tasks = _obj(evidence.get("tasks")), _obj(now.get("tasks"))
-    block = LmevalScore(rescored=True, lm_eval={"evidence": _obj(evidence.get("config")).get("lm_eval"),
-                                                "now": _obj(now.get("config")).get("lm_eval")})
+    block = LmevalScore(rescored=True, lm_eval={"evidence": LmevalConfig.from_dict(evidence.get("config")).lm_eval,
+                                                "now": LmevalConfig.from_dict(now.get("config")).lm_eval})
     for name in sorted(set(ev_tasks) | set(now_tasks)):
         e, n = _lm_docs(ev_tasks.get(name)), _lm_docs(now_tasks.get(name))
         ids = sorted(set(e) & set(n), key=_doc_order)
@@ -204,8 +253,8 @@ def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: floa
             if all(e[i][m] == n[i][m] for m in shared):
                 t.same += 1
             elif len(block.changed_docs) < MAX_CHANGED:
-                block.changed_docs.append({"task": name, "doc_id": i, "evidence": {m: e[i][m] for m in shared},
-                                           "now": {m: n[i][m] for m in shared}})
+                block.changed_docs.append(ChangedDoc(name, i, {m: e[i][m] for m in shared},
+                                                     {m: n[i][m] for m in shared}))
         t.changed = t.documents - t.same
         t.agreement, t.agreement_ci = _agreement(t.same, t.documents, confidence)
         if name not in now_tasks:
@@ -227,30 +276,27 @@ def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: floa
     return block
 
 
-def _estimates(prompts: PromptScore | None, decode: dict[str, Any] | None,  # Any: JSON values
+def _estimates(prompts: PromptScore | None, decode: VerifyDecode | None,
                lmeval: LmevalScore | None = None) -> dict[str, Estimate]:
-    out: dict[str, Estimate] = {}
-    if lmeval and lmeval.rescored and lmeval.agreement_ci:
-        lo, hi = lmeval.agreement_ci
-        out["min_lmeval_agreement"] = Estimate(lmeval.agreement, lo, hi, lmeval.documents)
-    if prompts and prompts.kld_ci and prompts.top1_ci:
-        out["max_prompt_kld"] = Estimate(prompts.kld, prompts.kld_ci[0], prompts.kld_ci[1], prompts.tokens)
-        out["min_prompt_top1"] = Estimate(prompts.top1, prompts.top1_ci[0], prompts.top1_ci[1], prompts.tokens)
-    if decode and decode.get("match_or_near_tie_ci"):
-        lo, hi = decode["match_or_near_tie_ci"]
-        out["min_exact_match"] = Estimate(decode["match_or_near_tie"], lo, hi, int(decode["n_prompts"]))
-    if decode and decode.get("steps") and decode.get("kld_ci") and decode.get("top1_ci"):
-        n = int(decode["steps"])
-        out["max_decode_kld"] = Estimate(decode["kld"], decode["kld_ci"][0], decode["kld_ci"][1], n)
-        out["min_decode_top1"] = Estimate(decode["top1"], decode["top1_ci"][0], decode["top1_ci"][1], n)
-    return out
+    """Each gate's estimate with its interval, where its block measured it."""
+    def est(value: float | None, ci: list[float] | list[float | None] | None, n: int) -> Estimate | None:
+        return Estimate(value, ci[0], ci[1], n) if ci and n else None
+
+    lm, p, d = lmeval or LmevalScore(), prompts or PromptScore(), decode or VerifyDecode()
+    found = {"min_lmeval_agreement": est(lm.agreement, lm.agreement_ci, lm.documents) if lm.rescored else None,
+             "max_prompt_kld": est(p.kld, p.kld_ci, p.tokens) if p.top1_ci else None,
+             "min_prompt_top1": est(p.top1, p.top1_ci, p.tokens) if p.kld_ci else None,
+             "min_exact_match": est(d.match_or_near_tie, d.match_or_near_tie_ci, d.n_prompts),
+             "max_decode_kld": est(d.kld, d.kld_ci, d.steps) if d.top1_ci else None,
+             "min_decode_top1": est(d.top1, d.top1_ci, d.steps) if d.kld_ci else None}
+    return {k: e for k, e in found.items() if e is not None}
 
 
 def gates(accept: dict[str, Any], prompts: PromptScore | None,  # Any: verify.accept as JSON
-          decode: dict[str, Any] | None, notes: dict[str, str],  # Any: evaluate.decode.compare's block
+          decode: VerifyDecode | None, notes: dict[str, str | None],
           lmeval: LmevalScore | None = None) -> list[Gate]:
     """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
-    the blocks; ``notes``: why a gate's figure is not there (gate name -> why)."""
+    the blocks; ``notes``: why a block's figures are not there (prompts, decode, lmeval -> why)."""
     conf = float(accept.get("confidence", 0.95))
     found = _estimates(prompts, decode, lmeval)
     out = []
@@ -258,9 +304,13 @@ def gates(accept: dict[str, Any], prompts: PromptScore | None,  # Any: verify.ac
         threshold = accept.get(name)
         if threshold is None:
             continue
-        note = "" if name in found else notes.get(name, "not in the evidence")
+        note = "" if name in found else notes.get(BLOCK_OF[name]) or "not in the evidence"
         out.append(judge(name, float(threshold), found.get(name), confidence=conf, note=note, rule=rule))
     return out
+
+
+def _said(why: str | None) -> str:
+    return f" ({why})" if why else ""
 
 
 @dataclass
@@ -268,7 +318,7 @@ class Scored:
     """What ``score`` found: each block, the gates and the verdict, with why."""
 
     prompts: PromptScore | None
-    decode: dict[str, Any] | None  # Any: evaluate.decode.compare's block, with the near-tie share
+    decode: VerifyDecode | None
     lmeval: LmevalScore
     gates: list[Gate]
     verdict: str
@@ -284,24 +334,18 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     ``lmeval``: the evidence's lmeval.json; ``lmeval_now``: the re-run's documents (``verify.lmeval.rerun``),
     else ``lmeval_why`` says why there are none."""
     conf = float(accept.get("confidence", 0.95))
-    notes: dict[str, str] = {}
     prompts: PromptScore | None = None
-    decode: dict[str, Any] | None = None  # Any: evaluate.decode.compare's block
+    decode: VerifyDecode | None = None
     if evidence_prompts is not None and new_prompts is not None:
         prompts = score_prompts(evidence_prompts, new_prompts, k, conf)
-        if prompts.kld is None:
-            notes["max_prompt_kld"] = notes["min_prompt_top1"] = "the suite has no perplexity task"
+        prompts_why = "the suite has no perplexity task" if prompts.kld is None else None
     else:
-        why = "the evidence has no suite prompt log-probabilities" + (f" ({missing['prompts']})" if missing.get("prompts") else "")
-        notes["max_prompt_kld"] = notes["min_prompt_top1"] = why
+        prompts_why = "the evidence has no suite prompt log-probabilities" + _said(missing.get("prompts"))
     if evidence_decode is not None and new_decode is not None:
         decode = score_decode(evidence_decode, new_decode, conf, near_tie_logprob)
-        if decode.get("skipped"):
-            notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = \
-                f"decode skipped: {decode['skipped']}"
+        decode_why = f"decode skipped: {decode.skipped}" if decode.skipped else None
     else:
-        why = "the evidence has no decode path" + (f" ({missing['decode']})" if missing.get("decode") else "")
-        notes["min_exact_match"] = notes["max_decode_kld"] = notes["min_decode_top1"] = why
+        decode_why = "the evidence has no decode path" + _said(missing.get("decode"))
     if lmeval is not None and lmeval_now is not None:
         lm = score_lmeval(lmeval, lmeval_now, conf)
     elif lmeval is not None:
@@ -310,8 +354,6 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     else:
         lm = LmevalScore(why=f"no lm-eval results in the evidence: "
                              f"{missing.get('lmeval') or 'the run scored no lm-eval task'}")
-    if lm.why:
-        notes["min_lmeval_agreement"] = lm.why
-    gs = gates(accept, prompts, decode, notes, lm)
+    gs = gates(accept, prompts, decode, {"prompts": prompts_why, "decode": decode_why, "lmeval": lm.why}, lm)
     v, reason = verdict(gs)
     return Scored(prompts, decode, lm, gs, v, reason)

@@ -1,0 +1,68 @@
+"""`infertool verify SRC` as one call: the flags checked, a dry run's plan, a verification or a bisect, shown or as
+JSON. Returns the exit code: 0 PASS (or no change), 1 FAIL or INCONCLUSIVE (a release fails a gate), 3 no release
+could be tested."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from infertool.capability import RunContext
+from infertool.errors import UsageError
+from infertool.output import StageProgress, print_json
+from infertool.verify import core, show
+
+
+def verify_cli(source: core.Source, opts: core.VerifyOptions, *, engine: str | None = None,
+               bisect: tuple[str, str] | None = None, junit: Path | None = None, as_json: bool = False) -> int:
+    """Verify ``source`` (``publish.served.verify_source``) as the command's flags say; the exit code."""
+    from infertool.verify.junit import write_junit
+
+    if opts.url is not None and (engine is not None or bisect is not None):
+        raise UsageError("--url scores a server already running; --engine and --bisect start their own",
+                         hint="give one or the other")
+    if engine is not None and bisect is not None:
+        raise UsageError("--bisect tries the releases of its package itself: it takes no --engine",
+                         hint="give one or the other")
+    if bisect is not None:
+        return _bisect(source, opts, bisect, as_json)
+    with StageProgress("verify") as progress:
+        if engine is not None:
+            opts = core.with_engine(opts, engine, on_line=lambda line: progress.on_event(
+                {"event": "log", "level": "info", "message": line}))
+    plan = core.plan(source, opts)
+    if opts.dry_run and as_json:
+        print_json(plan.to_dict())
+    elif opts.dry_run:
+        show.render_plan(plan)
+    if opts.dry_run:
+        return 0
+    with StageProgress("verify") as progress:
+        result = core.run(plan, RunContext(out_dir=opts.out_dir, on_event=progress.on_event, user="verify"))
+    if junit is not None:
+        write_junit(junit, result)
+    if as_json:
+        print_json(result)
+    else:
+        show.render(result)
+    return 0 if result.accepted(opts.allow_inconclusive) else 1
+
+
+def _bisect(source: core.Source, opts: core.VerifyOptions, spec: tuple[str, str], as_json: bool) -> int:
+    """--bisect PACKAGE LO..HI: every release tested with its figures; 0 no change, 1 a release fails a gate
+    (found, ambiguous, the first already fails), 3 no release could be tested."""
+    package, span = spec
+    where = opts.out_dir or Path("out") / "verify" / f"{source.folder.name}-bisect-{package}-{span}".replace("/", "_")
+    opts = replace(opts, out_dir=None, dry_run=False)
+    with StageProgress("verify --bisect") as progress:
+        def on_event(e: dict[str, Any]) -> None:  # Any: an event's JSON values
+            progress.on_event({"event": "log", "level": "info", "message": show.bisect_line(package, e)}
+                              if e.get("event") == "bisect" else e)
+
+        result = core.run_bisect(source, opts, package, span, out_dir=Path(where), on_event=on_event)
+    if as_json:
+        print_json({**result.to_dict(), "state": str(Path(where) / "bisect.json")})
+    else:
+        show.render_bisect(package, result)
+    return 3 if result.verdict == "untestable" else 0 if result.verdict == "no change" else 1

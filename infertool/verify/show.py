@@ -1,0 +1,144 @@
+"""`infertool verify` for people: a dry run's plan, a result's figures and gates, a bisect's releases."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from infertool.evaluate.verdict import fmt
+from infertool.output import esc, kv_table, out, plain, visible
+
+if TYPE_CHECKING:
+    from infertool.verify.bisect import BisectResult, Outcome
+    from infertool.verify.core import VerifyPlan, VerifyResult
+
+STYLES = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow"}
+
+
+def _lines(lines: list[str]) -> None:
+    for line in lines:
+        out.print(visible(line), markup=False, soft_wrap=True)
+
+
+def render_plan(plan: VerifyPlan) -> None:
+    """A dry run: the checkpoint and its evidence, what --set changed, the gates, the exact launch."""
+    idx = plan.evidence.index
+    lines = [f"verify {plan.source.folder} ({plan.source.kind})",
+             f"  evidence: {plan.evidence.fingerprint[:16]}, recorded {idx.created} under {idx.engine.package} "
+             f"{idx.engine.version}; files: {', '.join(idx.files)}"]
+    lines += [f"  --set serve.{k}: {c.recorded} -> {c.now}" for k, c in plan.changed.items()]
+    lines += [f"  gate {k}: {v}" for k, v in plan.accept.model_dump(mode="json").items()
+              if k.startswith(("min_", "max_")) and v is not None]
+    spec = plan.lmeval.spec if plan.lmeval is not None else None
+    if spec is not None:
+        lines.append(f"  lm-eval: runs {', '.join(spec.tasks)} again (num_fewshot {spec.num_fewshot}, limit "
+                     f"{spec.limit}, chat template {spec.apply_chat_template})")
+    lines += [f"  note: {n}" for n in plan.notes]
+    if plan.launch is not None:
+        lines += [f"  {i.level}: {i.field}: {i.message}" for i in plan.launch.issues]
+        lines.append("  " + plan.launch.spec.shell_line())
+    else:
+        lines.append(f"  the server at {plan.options.url}")
+    _lines(lines)
+
+
+def _ci(ci: list[float] | list[float | None] | None, pct: bool = False) -> str:
+    if ci is None or len(ci) != 2:
+        return "-"
+    lo, hi = ci
+    return f"[{lo:.2%}, {hi:.2%}]" if pct and lo is not None and hi is not None else f"[{fmt(lo)}, {fmt(hi)}]"
+
+
+def _v(x: float | None, pct: bool = False) -> str:
+    return "-" if x is None else f"{x:.2%}" if pct else fmt(float(x))
+
+
+def render(result: VerifyResult) -> None:
+    """A VerifyResult for people: what was served against which evidence, the figures, the gates, the verdict."""
+    from rich.table import Table
+
+    ev, eng = result.evidence, result.evidence.engine
+    rows: list[tuple[str, object]] = [
+        ("checkpoint", f"{result.source.folder} ({result.source.kind})"),
+        ("evidence", f"{(ev.fingerprint or '?')[:16]}, recorded {ev.created or '?'} under "
+                     f"{eng.package or '?'} {eng.version or '?'}"),
+        ("served by", str(result.engine.url or result.engine.label)), ("requests in flight", str(result.workers))]
+    rows += [(f"--set serve.{k}", f"{c.recorded} -> {c.now}") for k, c in result.changed.items()]
+    out.print(kv_table(rows, title="infertool verify"))
+    figs = Table("figure", "value", "interval", "n", title="against the evidence")
+    d, p = result.decode, result.prompts
+    if d is not None and not d.skipped:
+        steps = f"{d.steps} steps"
+        figs.add_row("decode exact match", _v(d.exact_match, True), _ci(d.exact_match_ci, True),
+                     f"{d.n_prompts} prompts")
+        figs.add_row("  or first diverging at a near tie", _v(d.match_or_near_tie, True),
+                     _ci(d.match_or_near_tie_ci, True), f"{d.near_ties} near ties, {d.divergences} other divergences")
+        figs.add_row("decode first divergence (median token)", _v(d.first_divergence_median),
+                     _ci(d.first_divergence_ci), f"of {d.max_tokens} tokens")
+        figs.add_row(f"decode KLD ({plain(d.kld_kind or 'top-k')})", _v(d.kld), _ci(d.kld_ci), steps)
+        figs.add_row("decode same top-1", _v(d.top1, True), _ci(d.top1_ci, True), steps)
+    if p is not None:
+        figs.add_row(f"prompt KLD ({plain(p.kld_kind or 'top-k')})", _v(p.kld), _ci(p.kld_ci), f"{p.tokens} tokens")
+        figs.add_row("prompt same top-1", _v(p.top1, True), _ci(p.top1_ci, True), f"{p.tokens} tokens")
+        for name, t in p.tasks.items():
+            if t.type != "perplexity":
+                figs.add_row(plain(f"{name}: {t.what}"), _v(t.agreement, True), _ci(t.agreement_ci, True),
+                             f"{t.items or 0} items")
+    lm = result.lmeval
+    if lm.rescored and lm.agreement is not None:
+        apart = ((lm.only_evidence, "only in the evidence"), (lm.only_now, "only now"),
+                 (lm.other_metric, "under another metric"))
+        figs.add_row("lm-eval agreement (same per-document result)", _v(lm.agreement, True), _ci(lm.agreement_ci, True),
+                     f"{lm.documents} documents, {lm.changed} changed" + "".join(f", {n} {w}" for n, w in apart if n))
+        for name, task in lm.tasks.items():
+            figs.add_row(plain(f"  {name}"), _v(task.agreement, True), _ci(task.agreement_ci, True),
+                         plain(f"{task.documents} documents" + (f": {task.why}" if task.why else "")))
+    else:
+        figs.add_row("lm-eval agreement", "-", "-", plain(lm.why or ""))
+    out.print(figs)
+    for row in lm.changed_docs[:10]:
+        out.print(plain(f"  lm-eval changed: {row.task} doc {row.doc_id}: {row.evidence} in the evidence, "
+                        f"{row.now} now"), soft_wrap=True)
+    for div in (d.diverged if d is not None else [])[:5]:
+        out.print(f"  diverged: {esc(div.id)} at token {esc(div.at)}" + (" (near tie)" if div.near_tie else ""),
+                  soft_wrap=True)
+    gates = Table("gate", "metric", "threshold", "estimate", "interval", "status", "note",
+                  title=f"gates (verify.accept, confidence {result.confidence:.0%})")
+    for g in result.gates:
+        gates.add_row(plain(g.name), plain(g.metric), fmt(g.threshold), fmt(g.estimate),
+                      plain(f"[{fmt(g.lo)}, {fmt(g.hi)}]" if g.lo is not None else "-"),
+                      f"[{STYLES.get(g.status, 'dim')}]{g.status}[/]", plain(g.note or ""))
+    out.print(gates)
+    tm = result.timing
+    ready = f"server ready in {tm.ready_s} s; " if tm.ready_s is not None else ""
+    out.print(f"[dim]{esc(ready)}scored in {esc(tm.gather_s)} s; {esc(result.out_dir)}[/]", soft_wrap=True)
+    for n in result.notes:
+        out.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
+    style = STYLES.get(result.verdict or "", "dim")
+    out.print(f"verdict: [{style}]{esc(result.verdict)}[/] — {esc(result.reason)}", soft_wrap=True)
+
+
+def _figures(o: Outcome) -> str:
+    return ", ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in o.figures.items())
+
+
+def _why(o: Outcome) -> str | None:
+    return (o.reason.splitlines() or [""])[0] if o.status == "skip" else None
+
+
+def bisect_line(package: str, event: dict[str, Any]) -> str:  # Any: a bisect event's JSON values
+    """A bisect event (``verify.bisect``: one release's outcome) as a progress line."""
+    from infertool.verify.bisect import Outcome
+
+    o = Outcome.from_dict(event)
+    figs, why = _figures(o), _why(o)
+    return (f"{package}=={event['version']}: {o.status}" + (" (cached)" if event["cached"] else "")
+            + (f" — {figs}" if figs else "") + (f" — {why}" if why is not None else ""))
+
+
+def render_bisect(package: str, result: BisectResult) -> None:
+    """Every release tested, with its figures, then the bisect's verdict."""
+    for version, o in result.tested:
+        figs, why = _figures(o), _why(o)
+        out.print(visible(f"{package}=={version}: {o.status} ({o.seconds:.0f} s)" + (f": {figs}" if figs else "")
+                          + (f": {why}" if why is not None else "")), markup=False, soft_wrap=True)
+    out.print(f"bisect: [bold]{esc(result.verdict)}[/] — {esc(result.message)}", soft_wrap=True)
