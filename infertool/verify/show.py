@@ -57,7 +57,7 @@ def render(result: VerifyResult) -> None:
     from rich.table import Table
 
     ev, eng = result.evidence, result.evidence.engine
-    rows: list[tuple[str, object]] = [
+    rows: list[tuple[str, str]] = [
         ("checkpoint", f"{result.source.folder} ({result.source.kind})"),
         ("evidence", f"{(ev.fingerprint or '?')[:16]}, recorded {ev.created or '?'} under "
                      f"{eng.package or '?'} {eng.version or '?'}"),
