@@ -165,17 +165,20 @@ def test_truncated_safetensors_detected(fake_model):
 
 
 def test_llmcompressor_plan():
-    p = llmc.plan(q(backend="llmcompressor"), has_cuda=False)
-    assert p["modifier"] == "GPTQModifier" and p["scheme"] == "W4A16" and p["runnable_here"]
-    assert p["weights"] == {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 64}
-    fp8 = llmc.plan(q(backend="llmcompressor", scheme="FP8_DYNAMIC"), has_cuda=False)
-    assert fp8["needs_gpu"] and not fp8["runnable_here"]
+    def cfg(d: dict) -> llmc.Cfg:
+        return (llmc.LLMCompressorAWQ if d["method"] == "awq" else llmc.LLMCompressorGPTQ).model_validate(d)
+
+    p = llmc.plan(cfg(q(backend="llmcompressor")), has_cuda=False)
+    assert p.modifier == "GPTQModifier" and p.scheme == "W4A16" and p.runnable_here
+    assert p.weights == {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 64}
+    fp8 = llmc.plan(cfg(q(backend="llmcompressor", scheme="FP8_DYNAMIC")), has_cuda=False)
+    assert fp8.needs_gpu and not fp8.runnable_here
     with pytest.raises(Exception, match="needs a GPU"):
         llmc.refuse_on_host(fp8, "gptq")
-    awq = llmc.plan({"method": "awq", "backend": "llmcompressor", "group_size": 64}, has_cuda=False)
+    awq = llmc.plan(cfg({"method": "awq", "backend": "llmcompressor", "group_size": 64}), has_cuda=False)
     with pytest.raises(Exception, match="pin_memory needs an accelerator"):
         llmc.refuse_on_host(awq, "awq")
-    assert llmc.plan({"method": "awq", "group_size": 64}, has_cuda=True)["runnable_here"]
+    assert llmc.plan(cfg({"method": "awq", "group_size": 64}), has_cuda=True).runnable_here
 
 
 # ---------------------------------------------------------------------------------------- calibration
@@ -222,7 +225,8 @@ def test_calibration_sources(tmp_path):
 
 # -------------------------------------------------------------------------------- backends / verify
 def test_gptqmodel_config_kwargs():
-    spec = gq.build_spec(q(desc_act=True, damp_percent=0.05), model=Path("/m"), out_dir=Path("/o"),
+    spec = gq.build_spec(gq.GPTQModelGPTQ.model_validate(q(desc_act=True, damp_percent=0.05)), model=Path("/m"),
+                         out_dir=Path("/o"),
                          offload_dir=Path("/x"), ignore_modules=["model.layers.0.mlp.down_proj"],
                          num_layers=2, base_dir=None)
     kw = gq.quantize_config_kwargs(spec)
@@ -230,8 +234,8 @@ def test_gptqmodel_config_kwargs():
     assert kw["damp_percent"] == 0.05 and kw["true_sequential"] is True
     (pattern,) = kw["dynamic"]
     assert pattern == r"-:^(?:model\.layers\.0\.mlp\.down_proj)$"
-    awq = gq.quantize_config_kwargs(gq.build_spec(
-        {"method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "format": "gemv", "calibration": {}},
+    awq = gq.quantize_config_kwargs(gq.build_spec(gq.GPTQModelAWQ.model_validate(
+        {"method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "format": "gemv", "calibration": {}}),
         model=Path("/m"), out_dir=Path("/o"), offload_dir=Path("/x"), ignore_modules=[], num_layers=2, base_dir=None))
     assert awq == {"bits": 4, "group_size": 32, "quant_method": "awq", "format": "gemv", "sym": False}
 

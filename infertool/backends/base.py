@@ -191,9 +191,34 @@ class QuantizeTaskResult(Record):
     layers: list[dict] = field(default_factory=list)  # the backend's per-module log (layer, module, loss, ...)
     quantize_config: dict | None = None
     versions: dict | None = None
-    compute_dtype: dict | None = None  # dtype, stored, why: where calibration ran in another dtype
+    compute_dtype: ComputeDtype | None = None
     model: str | None = None  # a load-time quantization (no task): the original's directory
     trust_remote_code: bool = False  # the spec's, said back by quantize.core
+
+
+@dataclass
+class ComputeDtype(Record):
+    """Where calibration ran in another dtype than the model's: in ``dtype``, saved in ``stored``, and why."""
+
+    dtype: str = ""
+    stored: str = ""
+    why: str = ""
+
+
+@dataclass
+class ReferenceSpec(Record):
+    """The original's greedy reference a worker computes: in which dtype (None: the model's)."""
+
+    dtype: str | None = None
+
+
+@dataclass
+class CompareSpec(Record):
+    """The spec of a backend's ``compare_task``: a saved checkpoint, greedy against the original's reference."""
+
+    model: str = ""
+    reference: GreedyReference = field(default_factory=GreedyReference)
+    trust_remote_code: bool = False
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from infertool import backends
 from infertool.atomic import remove_inside, replace_dir, replace_refusal
-from infertool.backends.base import QuantBackend, TaskInputs, QuantizeTaskResult
+from infertool.backends.base import CompareSpec, QuantBackend, QuantizeTaskResult, TaskInputs
 from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
 from infertool.errors import UsageError
@@ -395,13 +395,14 @@ def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path
         return QuantizeTaskResult(model=str(p.source))
     from infertool.envs.runner import run_task
 
-    spec = p.backend.task_spec(p.config, _task_inputs(p, work, log_dir))
+    inputs = _task_inputs(p, work, log_dir)
+    spec = p.backend.task_spec(p.config, inputs)
     ctx.emit(f"quantizing {p.source.name} with {p.backend.name} ({p.config.method}) in the {p.backend.env!r} environment")
     t = time.monotonic()
     task = run_task(p.task, spec, on_event=ctx.on_event, log_dir=log_dir)
     p.timings["quantize_task"] = time.monotonic() - t
     answer = QuantizeTaskResult.from_dict(task.result)
-    answer.trust_remote_code = bool(spec.get("trust_remote_code"))
+    answer.trust_remote_code = inputs.trust_remote_code
     p.timings["backend"] = answer.timings
     remove_inside(work / "offload", work, ignore_errors=True)
     return answer
@@ -428,9 +429,8 @@ def _load_check(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path, tas
         if reference is not None and verified.loaded and p.backend.compare_task:
             t = time.monotonic()
             ctx.emit(f"greedy comparison in {p.backend.name}'s kernels instead (vLLM cannot generate on this host)")
-            task = run_task(p.backend.compare_task, {"model": str(model_out), "reference": reference.to_dict(),
-                                                     "trust_remote_code": task_result.trust_remote_code},
-                            on_event=ctx.on_event, log_dir=log_dir)
+            spec = CompareSpec(str(model_out), reference, task_result.trust_remote_code).to_dict()
+            task = run_task(p.backend.compare_task, spec, on_event=ctx.on_event, log_dir=log_dir)
             task_result.local_agreement = QuantizeTaskResult.from_dict(task.result).local_agreement
             p.timings["compare"] = time.monotonic() - t
     return verified
