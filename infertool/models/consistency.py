@@ -76,8 +76,7 @@ def _headers(path: Path) -> dict[str, tuple[list[int], str]]:
     tensors: dict[str, tuple[list[int], str]] = {}
     for f in weight_files(path):
         for name, entry in read_safetensors_header(f).items():
-            if name != "__metadata__":
-                tensors[name] = (list(entry["shape"]), entry["dtype"])
+            tensors[name] = (list(entry.shape), entry.dtype)
     return tensors
 
 

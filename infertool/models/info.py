@@ -15,7 +15,7 @@ import stat
 import struct
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, BinaryIO, TypeGuard
+from typing import Any, BinaryIO, NamedTuple, TypeGuard
 
 from infertool.errors import UsageError
 
@@ -301,9 +301,19 @@ class ModelInfo:
         return d
 
 
-def read_safetensors_header(path: Path) -> dict:
-    """The JSON header of one .safetensors file (without loading any tensor), checked against the format:
-    a JSON object of name -> {dtype: str, shape: [ints >= 0], data_offsets: [begin, end]} (and __metadata__)."""
+class TensorEntry(NamedTuple):
+    """One tensor of a safetensors header: its dtype, shape and byte span in the file's data."""
+
+    dtype: str
+    shape: list[int]
+    begin: int
+    end: int
+
+
+def read_safetensors_header(path: Path) -> dict[str, TensorEntry]:
+    """The tensors of one .safetensors file's JSON header (without loading any tensor), checked against the format:
+    a JSON object of name -> {dtype: str, shape: [ints >= 0], data_offsets: [begin, end]} (and __metadata__, which
+    is left out)."""
     where = path.parent
     try:
         with open_regular(path) as f:
@@ -327,20 +337,23 @@ def read_safetensors_header(path: Path) -> dict:
         raise ModelError(where, f"{path.name} has a corrupt safetensors header: {str(e)[:200]}") from None
     if not isinstance(header, dict):
         raise ModelError(where, f"{path.name}: the safetensors header must be a JSON object, got {_json_type(header)}")
-    for name, entry in header.items():
+    tensors: dict[str, TensorEntry] = {}
+    for name, raw_entry in header.items():
         if name == "__metadata__":
             continue
-        problem = _entry_problem(entry) or _extent_problem(entry, size - 8 - n)
-        if problem:
+        entry = _entry(raw_entry)
+        problem = entry if isinstance(entry, str) else _extent_problem(entry, size - 8 - n)
+        if isinstance(entry, str) or problem:
             raise ModelError(where, f"{path.name}: tensor {_short(name)} in the safetensors header {problem}")
-    _check_overlaps(header, path)
-    return header
+        tensors[name] = entry
+    _check_overlaps(tensors, path)
+    return tensors
 
 
-def _extent_problem(entry: dict, data_bytes: int) -> str | None:
+def _extent_problem(entry: TensorEntry, data_bytes: int) -> str | None:
     """A well-formed entry whose dtype is unknown, whose bytes are not what its shape and dtype need, or whose
     data lies past the end of the file (the format's own checks; safetensors refuses such a file at load)."""
-    dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    dtype, shape, begin, end = entry
     if dtype not in _DTYPE_BITS:
         return f"has an unknown dtype {_short(dtype)} (safetensors knows {', '.join(_DTYPE_BITS)})"
     if end > data_bytes:
@@ -368,17 +381,17 @@ def _elements(shape: list[int]) -> int | None:
     return n
 
 
-def _check_overlaps(header: dict, path: Path) -> None:
+def _check_overlaps(tensors: dict[str, TensorEntry], path: Path) -> None:
     """Two tensors never share bytes (a crafted header could make one tensor's data another's)."""
-    spans = sorted((e["data_offsets"][0], e["data_offsets"][1], name) for name, e in header.items()
-                   if name != "__metadata__" and e["data_offsets"][1] > e["data_offsets"][0])
+    spans = sorted((e.begin, e.end, name) for name, e in tensors.items() if e.end > e.begin)
     for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
         if begin_b < end_a:
             raise ModelError(path.parent, f"{path.name}: tensors {_short(a)} and {_short(b)} in the safetensors header "
                              f"overlap (one begins at byte {begin_b:,}, before the other ends at {end_a:,})")
 
 
-def _entry_problem(entry: object) -> str | None:
+def _entry(entry: Any) -> TensorEntry | str:  # Any: a JSON value of the header
+    """The header's entry as a TensorEntry, or what is wrong with it."""
     if not isinstance(entry, dict):
         return f"must be an object (dtype, shape, data_offsets), got {_json_type(entry)}"
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
@@ -390,27 +403,21 @@ def _entry_problem(entry: object) -> str | None:
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]):
         return f"has data_offsets that are not [begin, end] with 0 <= begin <= end (got {_short(offsets)})"
-    return None
+    return TensorEntry(dtype, shape, offsets[0], offsets[1])
 
 
 def safetensors_stats(files: list[Path]) -> TensorStats:
     stats = TensorStats()
     for file in files:
         for name, entry in read_safetensors_header(file).items():
-            if name == "__metadata__":
-                continue
-            start, end = entry["data_offsets"]
-            nbytes = int(end) - int(start)
-            n = 1
-            for dim in entry["shape"]:
-                n *= int(dim)
+            nbytes = entry.end - entry.begin
             stats.tensors += 1
-            stats.parameters += n
+            stats.parameters += math.prod(entry.shape)
             stats.bytes += nbytes
-            stats.by_dtype[entry["dtype"]] = stats.by_dtype.get(entry["dtype"], 0) + nbytes
-            if entry["dtype"] in _FLOAT_WEIGHTS and len(entry["shape"]) == 2 and (
+            stats.by_dtype[entry.dtype] = stats.by_dtype.get(entry.dtype, 0) + nbytes
+            if entry.dtype in _FLOAT_WEIGHTS and len(entry.shape) == 2 and (
                     _ATTN_RE.search(name) or _EMBED_RE.search(name)):
-                stats.probes.setdefault(name, (file.name, list(entry["shape"])))
+                stats.probes.setdefault(name, (file.name, list(entry.shape)))
     return stats
 
 

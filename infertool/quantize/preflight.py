@@ -100,14 +100,10 @@ def check_safetensors_files(files: list[Path]) -> list[str]:
             with open_regular(file) as f:
                 header_len = int.from_bytes(f.read(8), "little")
             end = 0
-            for name, entry in header.items():
-                if name == "__metadata__":
-                    continue
-                start, stop = (int(x) for x in entry["data_offsets"])
-                n = math.prod(int(d) for d in entry["shape"])
-                width = DTYPE_BYTES.get(entry["dtype"])
-                if width is not None and stop - start != math.ceil(n * width):
-                    problems.append(f"{file.name}: tensor {name} has {stop - start} bytes for shape {entry['shape']} {entry['dtype']}")
+            for name, (dtype, shape, start, stop) in header.items():
+                width = DTYPE_BYTES.get(dtype)
+                if width is not None and stop - start != math.ceil(math.prod(shape) * width):
+                    problems.append(f"{file.name}: tensor {name} has {stop - start} bytes for shape {shape} {dtype}")
                     break
                 end = max(end, stop)
         except (KeyError, TypeError, ValueError, AttributeError, OSError) as e:
