@@ -476,18 +476,15 @@ def _manifest(p: QuantizePlan, task_result: QuantizeTaskResult, result: Quantize
         "timings_s": p.timings,
     }
     if b.task:
-        fields["environment"] = env_packages(b.env) if b.env else None  # None: it ran in-process
-        fields["backend_versions"] = task_result.versions
-        fields["quantize_config"] = task_result.quantize_config
-        fields["calibration"] = result.calibration
-        fields["layer_errors"] = {"summary": result.layer_errors, "layers": task_result.layers,
-                                  "metric": b.layer_error_metric or f"{b.name}'s per-module loss"}
-        fields["verify"] = result.verify
-        fields["local_agreement"] = task_result.local_agreement
-        if task_result.compute_dtype:
-            fields["compute_dtype"] = task_result.compute_dtype
-        if result.verify is not None:
-            fields["verify_environment"] = env_packages("serve")
-        fields["held_out"] = p.held_out
+        fields.update({
+            "environment": env_packages(b.env) if b.env else None,  # None: it ran in-process
+            "backend_versions": task_result.versions, "quantize_config": task_result.quantize_config,
+            "calibration": result.calibration,
+            "layer_errors": {"summary": result.layer_errors, "layers": task_result.layers,
+                             "metric": b.layer_error_metric or f"{b.name}'s per-module loss"},
+            "verify": result.verify, "local_agreement": task_result.local_agreement,
+            **({"compute_dtype": task_result.compute_dtype} if task_result.compute_dtype else {}),
+            **({"verify_environment": env_packages("serve")} if result.verify is not None else {}),
+            "held_out": p.held_out})
     fields.update(b.manifest(p.config, task_result))
     return build_manifest(**fields)
