@@ -202,25 +202,25 @@ def test_select_windows_overlap_fallback_and_too_short():
 
 
 def test_calibration_sources(tmp_path):
-    info = cal.check_source({"source": "builtin"})
+    info = cal.check_source(cal.CalibrationRequest("builtin"))
     assert info.kind == "builtin" and info.characters > 100_000 and info.python_version
-    assert cal.check_source({"source": "builtin"}).text_sha256 == info.text_sha256
+    assert cal.check_source(cal.CalibrationRequest("builtin")).text_sha256 == info.text_sha256
     txt = tmp_path / "c.txt"
     txt.write_text("hello world " * 100)
-    assert cal.check_source({"source": str(txt)}).kind == "txt"
+    assert cal.check_source(cal.CalibrationRequest(str(txt))).kind == "txt"
     jl = tmp_path / "c.jsonl"
     jl.write_text('{"text": "one"}\n\n{"text": "two"}\n')
-    assert cal.check_source({"source": str(jl)}).documents == 2
+    assert cal.check_source(cal.CalibrationRequest(str(jl))).documents == 2
     jl.write_text('{"text": "one"}\n{"body": "two"}\n')
     with pytest.raises(UsageError, match="line 2: expected an object with a string field 'text'"):
-        cal.check_source({"source": str(jl)})
+        cal.check_source(cal.CalibrationRequest(str(jl)))
     jl.write_text('{"text": "one"}\nnot json\n')
     with pytest.raises(UsageError, match="line 2: not valid JSON"):
-        cal.check_source({"source": str(jl)})
+        cal.check_source(cal.CalibrationRequest(str(jl)))
     with pytest.raises(UsageError, match=r"quantize.calibration.source: .*missing.txt: not found"):
-        cal.check_source({"source": str(tmp_path / "missing.txt")})
+        cal.check_source(cal.CalibrationRequest(str(tmp_path / "missing.txt")))
     (tmp_path / "rel.txt").write_text("text " * 50)
-    assert cal.check_source({"source": "rel.txt"}, base_dir=tmp_path).source == str(tmp_path / "rel.txt")
+    assert cal.check_source(cal.CalibrationRequest("rel.txt"), base_dir=tmp_path).source == str(tmp_path / "rel.txt")
 
 
 # -------------------------------------------------------------------------------- backends / verify

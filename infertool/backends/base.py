@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel, model_serializer
 
 from infertool.backends.greedy import Agreement, GreedyReference
+from infertool.data.calibration import CalibrationInfo
 from infertool.records import Record
 from infertool.schema import STRICT
 
@@ -187,7 +188,7 @@ class QuantizeTaskResult(Record):
     timings: dict[str, float] = field(default_factory=dict)
     local_agreement: Agreement | None = None
     reference: GreedyReference | None = None
-    calibration: dict | None = None  # infertool.data.calibration.CalibrationInfo's data
+    calibration: CalibrationInfo | None = None
     layers: list[dict] = field(default_factory=list)  # the backend's per-module log (layer, module, loss, ...)
     quantize_config: dict | None = None
     versions: dict | None = None

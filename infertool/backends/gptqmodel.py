@@ -263,7 +263,7 @@ def _quantize(spec: GPTQSpec, events) -> dict:
     from gptqmodel import GPTQModel, QuantizeConfig
     from transformers import AutoTokenizer
 
-    from infertool.data.calibration import build_windows
+    from infertool.data.calibration import CalibrationRequest, build_windows
 
     timings["import"] = time.monotonic() - t
 
@@ -271,7 +271,7 @@ def _quantize(spec: GPTQSpec, events) -> dict:
     events.progress("setup", 1, 3, "tokenizing calibration data")
     trust = spec.trust_remote_code  # model.trust_remote_code: the only way remote code runs
     tokenizer = AutoTokenizer.from_pretrained(spec.model, trust_remote_code=trust)
-    calibration, cal_info = build_windows(spec.calibration, tokenizer, events)
+    calibration, cal_info = build_windows(CalibrationRequest.from_dict(spec.calibration), tokenizer, events)
     timings["calibration"] = time.monotonic() - t
 
     t = time.monotonic()

@@ -227,14 +227,14 @@ def quantize_task(spec: dict, events) -> dict:  # pragma: no cover - needs the l
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from infertool.data.calibration import build_windows
+    from infertool.data.calibration import CalibrationRequest, build_windows
 
     timings["import"] = time.monotonic() - t
     t = time.monotonic()
     s = LLMCSpec.from_dict(spec)
     p, trust = s.plan, s.trust_remote_code  # model.trust_remote_code: the only way remote code runs
     tok = AutoTokenizer.from_pretrained(s.model, trust_remote_code=trust)
-    samples, cal_info = build_windows(s.calibration, tok, events)
+    samples, cal_info = build_windows(CalibrationRequest.from_dict(s.calibration), tok, events)
     ds = Dataset.from_dict({"input_ids": [s["input_ids"] for s in samples],
                             "attention_mask": [s["attention_mask"] for s in samples]})
     timings["calibration"] = time.monotonic() - t

@@ -105,6 +105,7 @@ _CONFIG_INTS = {
     "experts": (("num_local_experts", "num_experts", "n_routed_experts"), 1_048_576),
     "experts_per_tok": (("num_experts_per_tok", "moe_top_k"), 1_048_576),
     "moe_intermediate": (("moe_intermediate_size",), 16_777_216),
+    "nextn_layers": (("num_nextn_predict_layers",), 10_000),
 }
 
 
@@ -145,6 +146,7 @@ class ConfigNumbers:
     experts: int | None = None
     experts_per_tok: int | None = None
     moe_intermediate: int | None = None
+    nextn_layers: int | None = None  # multi-token-prediction layers after the decoder's
 
 
 @dataclass(frozen=True)

@@ -213,6 +213,7 @@ def convert_gguf_cached(
     """Convert a GGUF into the cache (or reuse it). Returns (directory, reused, key)."""
     from infertool.envs.paths import models_cache
     from infertool.envs.runner import run_task
+    from infertool.models.convert import ImportSpec
 
     if not gguf_path.is_file():
         raise UsageError(f"GGUF file not found: {gguf_path}")
@@ -229,7 +230,7 @@ def convert_gguf_cached(
     try:
         run = run_task(
             "model.import",
-            {"gguf_path": str(gguf_path.resolve()), "dest": str(tmp), "layers": layers, "dtype": dtype},
+            ImportSpec(str(gguf_path.resolve()), str(tmp), layers, dtype).to_dict(),
             on_event=on_event,
             log_dir=log_dir,
         )
