@@ -10,13 +10,13 @@ for a GPU. W8A8 (int8 weights and activations) calibrates on the CPU, and vLLM's
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from infertool.backends.base import (
-    ACTIVATION_SCHEMES, CPU_AVX2, CPU_AVX512, CPU_OTHER, SERVES, UNKNOWN, Check, InitChoice, InitFacts, ModelFacts,
-    QuantBackend, Serving, TaskInputs, check,
+    ACTIVATION_SCHEMES, CPU_AVX2, CPU_AVX512, CPU_OTHER, SERVES, UNKNOWN, Check, InitChoice, InitFacts, Layout,
+    ModelFacts, QuantBackend, Serving, TaskInputs, check,
 )
 from infertool.backends.methods import (
     AWQConfig, GPTQConfig, causal_lm_rule, gentler_options, group_size_rule, packing_rule,
@@ -41,6 +41,9 @@ class LLMCompressorGPTQ(GPTQConfig):
 
     backend: Annotated[Literal["llmcompressor"], backend_check(NAME, "gptq")] = NAME
     scheme: Literal["W4A16", "W8A16", "W8A8", "W8A8_FP8", "FP8_DYNAMIC"] | None = None
+
+    def layout(self) -> Layout:
+        return replace(super().layout(), scheme=self.scheme)
 
 
 class LLMCompressorAWQ(AWQConfig):

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Final, Literal
 
 from infertool.backends.base import (
-    CPU_AVX2, CPU_AVX512, CUDA, SERVES, UNKNOWN, Check, ModelFacts, QuantBackend, QuantizeConfig, ReferenceSpec,
+    CPU_AVX2, CPU_AVX512, CUDA, SERVES, UNKNOWN, Check, Layout, ModelFacts, QuantBackend, QuantizeConfig, ReferenceSpec,
     Serving, TaskInputs,
 )
 from infertool.backends.llmcompressor import oneshot_and_save
@@ -49,6 +49,9 @@ class RTNConfig(QuantizeConfig):
     scheme: Literal["FP8_DYNAMIC", "W8A8"] = "FP8_DYNAMIC"
     output: Text | None = None
     ignore: Ignore = []
+
+    def layout(self) -> Layout:
+        return Layout(scheme=self.scheme, ignore=tuple(self.ignore))
 
 
 class RTN(QuantBackend[RTNConfig]):

@@ -106,8 +106,8 @@ def text_sha256(docs: list[str]) -> str:
 def _builtin_part() -> dict:
     from infertool.data import corpus
 
-    d = corpus.describe("calibration")
-    return {"corpus": d["corpus"], "part": "calibration", "split": d["split"], **d["parts"]["calibration"]}
+    return {"corpus": f"builtin:{corpus.NAME}", "part": "calibration", "split": corpus.SPLIT_RULE,
+            **corpus.part("calibration").facts()}
 
 
 def check_source(spec: CalibrationRequest, base_dir: Path | None = None) -> CalibrationInfo:

@@ -336,7 +336,7 @@ def _task_inputs(p: QuantizePlan, work: Path, log_dir: Path, *, announce: bool =
     from infertool.trust import announce_remote_code
 
     recipe, q = p.res.recipe, p.config
-    ignore = list(getattr(q, "ignore", None) or [])
+    ignore = list(q.layout().ignore)
     ignore_modules = [lin.name for lin in linear_layers([p.source / f for f in p.info.weight_files])
                       if ignore and matches_ignore(lin.name, ignore)]
     compare_here = p.verify or p.kernel_compare

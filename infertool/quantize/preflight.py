@@ -156,7 +156,7 @@ def preflight(info: ModelInfo, q: QuantizeConfig, *, serve: dict | None, output:
         report.valid_group_sizes = m.valid_group_sizes
         report.checks += backend.rules(m, q)
         if backend.checkpoint and not m.quantized:
-            ignore = list(getattr(q, "ignore", None) or [])
+            ignore = list(q.layout().ignore)
             report.add("layers", False, "no linear layer to quantize" + (f" after ignore={ignore}" if ignore else ""))
         report.plan.update(backend.plan(q, has_cuda=m.has_cuda))
         _vllm_check(report, backend, q, target, host)
@@ -170,7 +170,7 @@ def preflight(info: ModelInfo, q: QuantizeConfig, *, serve: dict | None, output:
 def model_facts(info: ModelInfo, q: QuantizeConfig, *, has_cuda: bool, target=None, host=None) -> ModelFacts:
     """The model's linear layers (from the safetensors headers) and those ``q`` quantizes."""
     linears = linear_layers([Path(info.path) / f for f in info.weight_files])
-    ignore = list(getattr(q, "ignore", None) or [])
+    ignore = list(q.layout().ignore)
     quantized = [lin for lin in linears if not matches_ignore(lin.name, ignore)]
     return ModelFacts(info, linears, quantized, valid_group_sizes(quantized), has_cuda, target, host)
 
@@ -194,7 +194,7 @@ def _tensor_parallel(report: PreflightReport, m: ModelFacts, q: QuantizeConfig, 
     if kv and kv % tp and tp % kv:
         msgs.append(f"{kv} KV heads neither divide nor are divisible by tensor_parallel_size {tp}")
     if backend.checkpoint:
-        bits, group = backend.bits(q), getattr(q, "group_size", -1)
+        bits, group = backend.bits(q), q.layout().group_size
         pack = 32 // bits if bits and 32 % bits == 0 else 1
         row_bad = [lin for lin in m.quantized if lin.kind.split(".")[-1] in ROW_PARALLEL and (
             lin.in_features % tp or (group != -1 and (lin.in_features // tp) % group))]
