@@ -389,7 +389,7 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from infertool.models.info import load_config
+    from infertool.models.info import load_config, safetensors_stats
 
     target = getattr(torch, stored)
     for f in sorted(out_dir.glob("*.safetensors")):
@@ -404,21 +404,9 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
     index = out_dir / "model.safetensors.index.json"
     if index.is_file():  # total_size in the index counts bytes: recompute it from the files' headers
         data = json.loads(index.read_text())
-        total = 0
-        for f in sorted(out_dir.glob("*.safetensors")):
-            with safe_open(str(f), "pt") as src:
-                for k in src.keys():
-                    sl = src.get_slice(k)
-                    n = 1
-                    for d in sl.get_shape():
-                        n *= d
-                    total += n * _DTYPE_SIZES.get(sl.get_dtype(), 2)
-        data.setdefault("metadata", {})["total_size"] = total
+        data.setdefault("metadata", {})["total_size"] = safetensors_stats(sorted(out_dir.glob("*.safetensors"))).bytes
         write_json(index, data)
     write_json(out_dir / "config.json", load_config(out_dir).with_dtype(stored))
-
-
-_DTYPE_SIZES = {"F64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "I64": 8}
 
 
 def kernel_compare(quantized: str, tokenizer, reference: GreedyReference, events, *,

@@ -301,9 +301,27 @@ class ModelInfo:
         return int(kv_bytes_per_token(self.num_layers, self.num_key_value_heads, self.head_dim, 2))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["kv_bytes_per_token_bf16"] = self.kv_bytes_per_token_bf16
-        return d
+        return {**asdict(self), "kv_bytes_per_token_bf16": self.kv_bytes_per_token_bf16}
+
+    def rows(self) -> list[tuple[str, str | int | bool | None]]:
+        """`infertool model info`'s table."""
+        q, kv = self.quantization, self.kv_bytes_per_token_bf16
+        keys = ("quant_method", "bits", "group_size", "sym", "desc_act")
+        experts = [("experts (active per token)", f"{self.num_experts} ({self.num_experts_per_tok})")]
+        return [
+            ("path", self.path), ("architecture", ", ".join(self.architectures) or self.model_type),
+            ("layers", self.num_layers), ("hidden size", self.hidden_size),
+            ("intermediate size", self.intermediate_size), ("attention heads", self.num_attention_heads),
+            ("KV heads", self.num_key_value_heads), *(experts if self.num_experts else []), ("head dim", self.head_dim),
+            ("vocab", self.vocab_size), ("max positions", self.max_position_embeddings),
+            ("tie_word_embeddings", self.tie_word_embeddings), ("dtype", f"{self.dtype} (stored: {self.stored_dtype})"),
+            ("weights", f"{self.weight_bytes:,} bytes ({self.weight_bytes / 2**20:.1f} MiB) in {len(self.weight_files)} "
+                        f"file(s), {self.tensors} tensors"),
+            ("KV cache per token (bf16)", f"{kv:,} bytes" if kv else "unknown"),
+            ("quantization", "none" if not q else ", ".join(f"{k}={q[k]}" for k in keys if k in q) or str(q)),
+            ("tokenizer / chat template", f"{'yes' if self.has_tokenizer else 'no'} / "
+                                          f"{'yes' if self.has_chat_template else 'no'}"),
+        ]
 
 
 class TensorEntry(NamedTuple):
