@@ -39,7 +39,6 @@ if TYPE_CHECKING:
 CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA = "cpu-avx2", "cpu-avx512", "cpu", "cuda"
 # compressed-tensors presets that quantize activations too (the others are weight-only)
 ACTIVATION_SCHEMES = ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
-PLATFORMS = (CPU_AVX2, CPU_AVX512, CUDA)
 
 
 class TargetFacts(Protocol):
@@ -353,7 +352,7 @@ class QuantBackend(Generic[Q]):
         return None
 
     def serving(self, q: Q, platform: str | None) -> Serving:
-        """What vLLM does with this checkpoint on ``platform`` (see ``PLATFORMS``)."""
+        """What vLLM does with this checkpoint on ``platform`` (CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA)."""
         return UNKNOWN
 
     def memory_estimate(self, m: ModelFacts, q: Q) -> tuple[int, str] | None:

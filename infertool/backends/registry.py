@@ -93,16 +93,17 @@ def of(q: QuantizeConfig | dict) -> QuantBackend[Any]:  # Any: whichever config 
     """The backend of a validated quantize section (a QuantizeConfig), or of its dict (method, backend)."""
     if isinstance(q, QuantizeConfig):
         return type(q).impl
-    backend = q.get("backend")
-    b = default_for(q["method"])
-    return b if not b.in_recipe or backend is None else get(q["method"], backend)
+    method, backend = q["method"], q.get("backend")
+    b = default_for(method)
+    return b if not b.in_recipe or backend is None else get(method, backend)
 
 
 def worker_tasks() -> Iterator[tuple[str, WorkerTask]]:
     """Every backend's worker tasks (a source of the task registry, ``infertool.tasks``)."""
     for b in all_backends():
         for t in b.tasks:
-            yield t["name"], WorkerTask(**t)
+            task = WorkerTask(**t)
+            yield task.name, task
 
 
 # ----------------------------------------------------------------------------------------- the recipe schema
@@ -248,10 +249,10 @@ def weight_only_quantized(model: CheckpointFacts) -> bool:
         return False
     from infertool.models.info import load_config
 
-    q = load_config(model.path).quantization_config  # a malformed config.json: ModelError (exit 2)
+    config = load_config(model.path)  # a malformed config.json: ModelError (exit 2)
+    q, method = config.quantization_config, config.quant_method
     if q is None:
         return False
-    method = str(q.get("quant_method") or "").lower()
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto_gptq", "auto_awq", "bitsandbytes"):
         return True
     if method == "compressed-tensors":

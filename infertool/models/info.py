@@ -179,8 +179,13 @@ class ModelConfig:
         return {**self.full, **dict.fromkeys(keys, dtype)}
 
     @property
+    def declared_quantization(self) -> JsonValue:
+        """quantization_config as declared (the file's, else the language model's), whatever JSON value it is."""
+        return self.full.get("quantization_config") or self.lm.get("quantization_config")
+
+    @property
     def quantization_config(self) -> dict[str, Any] | None:  # Any: JSON values
-        q = self.full.get("quantization_config") or self.lm.get("quantization_config")
+        q = self.declared_quantization
         return q if isinstance(q, dict) else None
 
     @property
@@ -555,7 +560,7 @@ def model_info(path: str | Path) -> ModelInfo:
     if architectures is not None and (not isinstance(architectures, list)
                                       or not all(isinstance(a, str) for a in architectures)):
         raise ModelError(p, f"config.json: architectures must be a list of class names, got {_short(architectures)}")
-    quant = full.get("quantization_config") or cfg.get("quantization_config")  # not an object: refused below
+    quant = config.declared_quantization  # not an object: refused below
     if quant is None:
         for name in ("quantize_config.json", "quant_config.json"):
             qp = p / name
@@ -636,11 +641,13 @@ def position_limit(path: str | Path) -> PositionLimit:
     full, cfg = config.full, config.lm
     limit: int | None = None
     key: str | None = None
+    mml: int | float | None = None
     for k in _MAX_LEN_KEYS:
         v = cfg.get(k)
-        if _finite(v) and v >= 1 and (limit is None or v < limit):
-            limit, key = int(v), k
-    mml = cfg.get("model_max_length") if _finite(cfg.get("model_max_length")) and cfg["model_max_length"] >= 1 else None
+        if _finite(v) and v >= 1:
+            mml = v if k == "model_max_length" else mml
+            if limit is None or v < limit:
+                limit, key = int(v), k
     if mml:
         limit, key = int(mml), "model_max_length"
     if limit is None:
@@ -652,8 +659,8 @@ def position_limit(path: str | Path) -> PositionLimit:
         factor = 1.0
         for rtype, rp in ropes:
             if (isinstance(rtype, str) and rtype in VLLM_ROPE_TYPES and rtype not in _PRESCALED_ROPE
-                    and _finite(rp.get("factor")) and 0 < rp["factor"] <= 1024):
-                factor = rp["factor"]
+                    and _finite(f := rp.get("factor")) and 0 < f <= 1024):
+                factor = f
                 why_type = rtype
         if factor != 1.0:
             limit = int(limit * factor)
