@@ -272,7 +272,8 @@ def quantize_task(spec: dict, events) -> dict:  # pragma: no cover - needs the l
     from importlib.metadata import version
 
     return {"timings": timings, "calibration": cal_info.to_dict(), "layers": [],
-            "quantize_config": p.to_dict(), "versions": {d: version(d) for d in ("llmcompressor", "compressed-tensors", "torch", "transformers")}}
+            "quantize_config": p.to_dict(),
+            "versions": {d: version(d) for d in ("llmcompressor", "compressed-tensors", "torch", "transformers")}}
 
 
 def oneshot_and_save(model, tokenizer, out_dir: str, timings: dict, **oneshot_kwargs) -> None:  # pragma: no cover

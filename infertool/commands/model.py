@@ -35,8 +35,8 @@ def model_import(
     if as_json:
         print_json(r.to_dict())
         return
-    err.print(f"[green]✓[/] {esc(source)} -> {esc(r.dest)} ({r.info.num_layers} layers, {r.info.weight_bytes / 1e6:.1f} "
-              f"MB, {'reused cached conversion' if r.reused else 'converted'})")
+    err.print(f"[green]✓[/] {esc(source)} -> {esc(r.dest)} ({r.info.num_layers} layers, "
+              f"{r.info.weight_bytes / 1e6:.1f} MB, {'reused cached conversion' if r.reused else 'converted'})")
 
 
 @model_app.command("info", cls=InfertoolCommand)

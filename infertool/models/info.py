@@ -320,8 +320,8 @@ class ModelInfo:
             ("KV heads", self.num_key_value_heads), *(experts if self.num_experts else []), ("head dim", self.head_dim),
             ("vocab", self.vocab_size), ("max positions", self.max_position_embeddings),
             ("tie_word_embeddings", self.tie_word_embeddings), ("dtype", f"{self.dtype} (stored: {self.stored_dtype})"),
-            ("weights", f"{self.weight_bytes:,} bytes ({self.weight_bytes / 2**20:.1f} MiB) in {len(self.weight_files)} "
-                        f"file(s), {self.tensors} tensors"),
+            ("weights", f"{self.weight_bytes:,} bytes ({self.weight_bytes / 2**20:.1f} MiB) in "
+                        f"{len(self.weight_files)} file(s), {self.tensors} tensors"),
             ("KV cache per token (bf16)", f"{kv:,} bytes" if kv else "unknown"),
             ("quantization", "none" if not q else ", ".join(f"{k}={q[k]}" for k in keys if k in q) or str(q)),
             ("tokenizer / chat template", f"{'yes' if self.has_tokenizer else 'no'} / "
