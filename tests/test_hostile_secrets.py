@@ -297,11 +297,12 @@ def test_remote_code_is_said_once_and_passed_to_the_workers():
     assert announce_remote_code("/models/y", False, say=said.append) is False
     assert said == ["model.trust_remote_code is true: remote code from /models/x will run on this machine"]
     # the worker specs carry the flag (the caller sets it from the recipe); the workers pass it to every loader
-    spec = gptqmodel.build_spec({"method": "gptq"}, model=Path("/m"), out_dir=Path("/o"), offload_dir=Path("/f"),
+    spec = gptqmodel.build_spec(gptqmodel.GPTQModelGPTQ.model_validate({"method": "gptq"}), model=Path("/m"),
+                                out_dir=Path("/o"), offload_dir=Path("/f"),
                                 ignore_modules=[], num_layers=2, base_dir=None)
-    assert spec["trust_remote_code"] is False
-    assert llmcompressor.build_spec({"method": "w8a8"}, {}, model=Path("/m"), out_dir=Path("/o"), calibration={},
-                                    dtype="bfloat16")["trust_remote_code"] is False
+    assert spec.trust_remote_code is False
+    assert llmcompressor.build_spec("w8a8", llmcompressor.LLMCPlan(), model=Path("/m"), out_dir=Path("/o"),
+                                    calibration={}, dtype="bfloat16").trust_remote_code is False
     import ast
 
     pkg = Path(__file__).resolve().parents[1] / "infertool"

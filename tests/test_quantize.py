@@ -165,17 +165,20 @@ def test_truncated_safetensors_detected(fake_model):
 
 
 def test_llmcompressor_plan():
-    p = llmc.plan(q(backend="llmcompressor"), has_cuda=False)
-    assert p["modifier"] == "GPTQModifier" and p["scheme"] == "W4A16" and p["runnable_here"]
-    assert p["weights"] == {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 64}
-    fp8 = llmc.plan(q(backend="llmcompressor", scheme="FP8_DYNAMIC"), has_cuda=False)
-    assert fp8["needs_gpu"] and not fp8["runnable_here"]
+    def cfg(d: dict) -> llmc.Cfg:
+        return (llmc.LLMCompressorAWQ if d["method"] == "awq" else llmc.LLMCompressorGPTQ).model_validate(d)
+
+    p = llmc.plan(cfg(q(backend="llmcompressor")), has_cuda=False)
+    assert p.modifier == "GPTQModifier" and p.scheme == "W4A16" and p.runnable_here
+    assert p.weights == {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 64}
+    fp8 = llmc.plan(cfg(q(backend="llmcompressor", scheme="FP8_DYNAMIC")), has_cuda=False)
+    assert fp8.needs_gpu and not fp8.runnable_here
     with pytest.raises(Exception, match="needs a GPU"):
         llmc.refuse_on_host(fp8, "gptq")
-    awq = llmc.plan({"method": "awq", "backend": "llmcompressor", "group_size": 64}, has_cuda=False)
+    awq = llmc.plan(cfg({"method": "awq", "backend": "llmcompressor", "group_size": 64}), has_cuda=False)
     with pytest.raises(Exception, match="pin_memory needs an accelerator"):
         llmc.refuse_on_host(awq, "awq")
-    assert llmc.plan({"method": "awq", "group_size": 64}, has_cuda=True)["runnable_here"]
+    assert llmc.plan(cfg({"method": "awq", "group_size": 64}), has_cuda=True).runnable_here
 
 
 # ---------------------------------------------------------------------------------------- calibration
@@ -199,30 +202,31 @@ def test_select_windows_overlap_fallback_and_too_short():
 
 
 def test_calibration_sources(tmp_path):
-    info = cal.check_source({"source": "builtin"})
+    info = cal.check_source(cal.CalibrationRequest("builtin"))
     assert info.kind == "builtin" and info.characters > 100_000 and info.python_version
-    assert cal.check_source({"source": "builtin"}).text_sha256 == info.text_sha256
+    assert cal.check_source(cal.CalibrationRequest("builtin")).text_sha256 == info.text_sha256
     txt = tmp_path / "c.txt"
     txt.write_text("hello world " * 100)
-    assert cal.check_source({"source": str(txt)}).kind == "txt"
+    assert cal.check_source(cal.CalibrationRequest(str(txt))).kind == "txt"
     jl = tmp_path / "c.jsonl"
     jl.write_text('{"text": "one"}\n\n{"text": "two"}\n')
-    assert cal.check_source({"source": str(jl)}).documents == 2
+    assert cal.check_source(cal.CalibrationRequest(str(jl))).documents == 2
     jl.write_text('{"text": "one"}\n{"body": "two"}\n')
     with pytest.raises(UsageError, match="line 2: expected an object with a string field 'text'"):
-        cal.check_source({"source": str(jl)})
+        cal.check_source(cal.CalibrationRequest(str(jl)))
     jl.write_text('{"text": "one"}\nnot json\n')
     with pytest.raises(UsageError, match="line 2: not valid JSON"):
-        cal.check_source({"source": str(jl)})
+        cal.check_source(cal.CalibrationRequest(str(jl)))
     with pytest.raises(UsageError, match=r"quantize.calibration.source: .*missing.txt: not found"):
-        cal.check_source({"source": str(tmp_path / "missing.txt")})
+        cal.check_source(cal.CalibrationRequest(str(tmp_path / "missing.txt")))
     (tmp_path / "rel.txt").write_text("text " * 50)
-    assert cal.check_source({"source": "rel.txt"}, base_dir=tmp_path).source == str(tmp_path / "rel.txt")
+    assert cal.check_source(cal.CalibrationRequest("rel.txt"), base_dir=tmp_path).source == str(tmp_path / "rel.txt")
 
 
 # -------------------------------------------------------------------------------- backends / verify
 def test_gptqmodel_config_kwargs():
-    spec = gq.build_spec(q(desc_act=True, damp_percent=0.05), model=Path("/m"), out_dir=Path("/o"),
+    spec = gq.build_spec(gq.GPTQModelGPTQ.model_validate(q(desc_act=True, damp_percent=0.05)), model=Path("/m"),
+                         out_dir=Path("/o"),
                          offload_dir=Path("/x"), ignore_modules=["model.layers.0.mlp.down_proj"],
                          num_layers=2, base_dir=None)
     kw = gq.quantize_config_kwargs(spec)
@@ -230,8 +234,8 @@ def test_gptqmodel_config_kwargs():
     assert kw["damp_percent"] == 0.05 and kw["true_sequential"] is True
     (pattern,) = kw["dynamic"]
     assert pattern == r"-:^(?:model\.layers\.0\.mlp\.down_proj)$"
-    awq = gq.quantize_config_kwargs(gq.build_spec(
-        {"method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "format": "gemv", "calibration": {}},
+    awq = gq.quantize_config_kwargs(gq.build_spec(gq.GPTQModelAWQ.model_validate(
+        {"method": "awq", "bits": 4, "group_size": 32, "zero_point": True, "format": "gemv", "calibration": {}}),
         model=Path("/m"), out_dir=Path("/o"), offload_dir=Path("/x"), ignore_modules=[], num_layers=2, base_dir=None))
     assert awq == {"bits": 4, "group_size": 32, "quant_method": "awq", "format": "gemv", "sym": False}
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 from typing import Any, Literal
 
-from infertool.backends.base import Check, ModelFacts, QuantBackend, QuantizeConfig, Serving, TaskInputs, check
+from infertool.backends.base import Check, Layout, ModelFacts, QuantBackend, QuantizeConfig, Serving, TaskInputs, check
 from infertool.backends.registry import backend_field
 from infertool.schema import int_
 
@@ -20,6 +20,9 @@ class ToyConfig(QuantizeConfig):
     bits: Literal[4] = 4
     level: int_(1, 3) = 1
     output: str | None = None
+
+    def layout(self) -> Layout:
+        return Layout(bits=self.bits)
 
 
 class Toy(QuantBackend):

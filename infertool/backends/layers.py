@@ -37,8 +37,7 @@ def _weight_shapes(files: list[Path]) -> dict[str, list[int]]:
     shapes: dict[str, list[int]] = {}
     for file in files:
         for name, entry in read_safetensors_header(file).items():
-            if name != "__metadata__":
-                shapes[name] = [int(d) for d in entry["shape"]]
+            shapes[name] = list(entry.shape)
     return shapes
 
 

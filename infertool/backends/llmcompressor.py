@@ -10,18 +10,20 @@ for a GPU. W8A8 (int8 weights and activations) calibrates on the CPU, and vLLM's
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any, Final, Literal
 
 from infertool.backends.base import (
-    ACTIVATION_SCHEMES, CPU_AVX2, CPU_AVX512, CPU_OTHER, SERVES, UNKNOWN, Check, InitChoice, InitFacts, ModelFacts,
-    QuantBackend, Serving, TaskInputs, check,
+    ACTIVATION_SCHEMES, CPU_AVX2, CPU_AVX512, CPU_OTHER, SERVES, UNKNOWN, Check, InitChoice, InitFacts, Layout,
+    ModelFacts, QuantBackend, Serving, TaskInputs, check,
 )
 from infertool.backends.methods import (
     AWQConfig, GPTQConfig, causal_lm_rule, gentler_options, group_size_rule, packing_rule,
 )
 from infertool.backends.registry import backend_check
 from infertool.errors import BackendError, RuntimeFailure
+from infertool.records import Record
 
 NAME: Final = "llmcompressor"
 GPU_SCHEMES = ("W8A8_FP8", "FP8_DYNAMIC")
@@ -40,6 +42,9 @@ class LLMCompressorGPTQ(GPTQConfig):
     backend: Annotated[Literal["llmcompressor"], backend_check(NAME, "gptq")] = NAME
     scheme: Literal["W4A16", "W8A16", "W8A8", "W8A8_FP8", "FP8_DYNAMIC"] | None = None
 
+    def layout(self) -> Layout:
+        return replace(super().layout(), scheme=self.scheme)
+
 
 class LLMCompressorAWQ(AWQConfig):
     """AWQ with llm-compressor (quantize.backend: llmcompressor): compressed-tensors checkpoints (needs a GPU)."""
@@ -49,7 +54,7 @@ class LLMCompressorAWQ(AWQConfig):
 
 def effective_scheme(q: Cfg) -> str:
     """The preset llm-compressor runs: the recipe's scheme, else W<bits>A16 for GPTQ and W4A16_ASYM for AWQ."""
-    scheme = getattr(q, "scheme", None)
+    scheme = q.scheme if isinstance(q, LLMCompressorGPTQ) else None
     return scheme or (f"W{q.bits}A16" if q.method == "gptq" else "W4A16_ASYM")
 
 
@@ -75,22 +80,22 @@ class LLMCompressor(QuantBackend[Cfg]):
         out = [causal_lm_rule(m, "llm-compressor")]
         if m.quantized:
             out += group_size_rule(m, q) + packing_rule(m, q)
-        p = plan(q.model_dump(mode="json"), has_cuda=m.has_cuda)
-        if p["needs_gpu"] and not m.has_cuda:
+        p = plan(q, has_cuda=m.has_cuda)
+        if p.needs_gpu and not m.has_cuda:
             why = ("llm-compressor's AWQ modifier fails on CPU-only hosts (pin_memory needs an accelerator)"
-                   if q.method == "awq" else f"scheme {p['scheme']} needs a GPU (FP8/int8 activation kernels)")
+                   if q.method == "awq" else f"scheme {p.scheme} needs a GPU (FP8/int8 activation kernels)")
             out.append(check("host", False, f"{why}: planned here, run it on a GPU host"
                              + ("; or use backend: gptqmodel, whose AWQ runs on the CPU" if q.method == "awq" else ""),
                              level="warning"))
         return out
 
     def plan(self, q: Cfg, *, has_cuda: bool) -> dict:
-        p = plan(q.model_dump(mode="json"), has_cuda=has_cuda)
-        return {"llmcompressor_scheme": effective_scheme(q), "needs_gpu": p["needs_gpu"], "llmcompressor": p}
+        p = plan(q, has_cuda=has_cuda)
+        return {"llmcompressor_scheme": effective_scheme(q), "needs_gpu": p.needs_gpu, "llmcompressor": p.to_dict()}
 
     def refusal(self, q: Cfg, *, has_cuda: bool) -> Exception | None:
         try:
-            refuse_on_host(plan(q.model_dump(mode="json"), has_cuda=has_cuda), q.method)
+            refuse_on_host(plan(q, has_cuda=has_cuda), q.method)
         except BackendError as e:
             return e
         return None
@@ -137,25 +142,35 @@ class LLMCompressor(QuantBackend[Cfg]):
         return gentler_options(q, target_kind)
 
     def task_spec(self, q: Cfg, inputs: TaskInputs) -> dict:
-        qd = q.model_dump(mode="json")
-        spec = build_spec(qd, plan(qd, has_cuda=inputs.has_cuda), model=Path(inputs.model),
-                          out_dir=Path(inputs.out_dir), calibration=inputs.calibration or qd["calibration"],
-                          dtype=inputs.dtype)
-        spec["trust_remote_code"] = inputs.trust_remote_code
-        return spec
+        spec = build_spec(q.method, plan(q, has_cuda=inputs.has_cuda), model=Path(inputs.model),
+                          out_dir=Path(inputs.out_dir),
+                          calibration=inputs.calibration or q.calibration.model_dump(mode="json"), dtype=inputs.dtype)
+        spec.trust_remote_code = inputs.trust_remote_code
+        return spec.to_dict()
 
 
 BACKEND = LLMCompressor()
 
 
-def plan(q: dict, *, has_cuda: bool) -> dict:
-    """What llm-compressor would run for the quantize section ``q``: modifier, scheme or config group."""
-    method = q["method"]
-    bits = int(q.get("bits", 4))
-    group = int(q.get("group_size", 128))
-    scheme = q.get("scheme")
-    ignore = ["lm_head", *(q.get("ignore") or [])]
-    if method == "awq":
+@dataclass
+class LLMCPlan(Record):
+    """What llm-compressor would run: modifier, scheme or config group (the preflight's plan, the task's spec)."""
+
+    modifier: str = "GPTQModifier"
+    scheme: str | None = None
+    weights: dict[str, Any] | None = None  # Any: a compressed-tensors weights config group
+    ignore: list[str] = field(default_factory=list)
+    dampening_frac: float | None = None
+    format: str = "compressed-tensors"
+    needs_gpu: bool = False
+    runnable_here: bool = True
+
+
+def plan(q: Cfg, *, has_cuda: bool) -> LLMCPlan:
+    """What llm-compressor would run for the quantize section ``q``."""
+    scheme: str | None = q.scheme if isinstance(q, LLMCompressorGPTQ) else None
+    group = q.group_size
+    if q.method == "awq":
         modifier, scheme = "AWQModifier", scheme or "W4A16_ASYM"
     elif scheme in ("FP8_DYNAMIC",):
         modifier = "QuantizationModifier"  # no calibration data
@@ -163,27 +178,21 @@ def plan(q: dict, *, has_cuda: bool) -> dict:
         modifier = "GPTQModifier"
     weights = None
     if scheme is None or scheme in ("W4A16", "W8A16"):
-        scheme = scheme or f"W{bits}A16"
+        bits = int(scheme[1]) if scheme else q.bits
+        scheme = scheme or f"W{q.bits}A16"
         weights = {
-            "num_bits": int(scheme[1]), "type": "int", "symmetric": bool(q.get("sym", True)),
+            "num_bits": bits, "type": "int", "symmetric": q.sym if isinstance(q, LLMCompressorGPTQ) else True,
             "strategy": "group" if group != -1 else "channel",
             **({"group_size": group} if group != -1 else {}),
         }
-    needs_gpu = method == "awq" or scheme in GPU_SCHEMES
-    return {
-        "modifier": modifier,
-        "scheme": scheme,
-        "weights": weights,
-        "ignore": ignore,
-        "dampening_frac": q.get("damp_percent", 0.01) if modifier == "GPTQModifier" else None,
-        "format": "compressed-tensors",
-        "needs_gpu": needs_gpu,
-        "runnable_here": not needs_gpu or has_cuda,
-    }
+    needs_gpu = q.method == "awq" or scheme in GPU_SCHEMES
+    damp = q.damp_percent if isinstance(q, LLMCompressorGPTQ) and modifier == "GPTQModifier" else None
+    return LLMCPlan(modifier, scheme, weights, ["lm_head", *q.ignore], damp, needs_gpu=needs_gpu,
+                    runnable_here=not needs_gpu or has_cuda)
 
 
-def refuse_on_host(p: dict, method: str) -> None:
-    if p["runnable_here"]:
+def refuse_on_host(p: LLMCPlan, method: str) -> None:
+    if p.runnable_here:
         return
     if method == "awq":
         raise BackendError(
@@ -191,14 +200,26 @@ def refuse_on_host(p: dict, method: str) -> None:
             hint="use backend: gptqmodel for AWQ on the CPU (same awq checkpoint format), or run on a GPU host",
         )
     raise BackendError(
-        f"scheme {p['scheme']} needs a GPU; this host has none (the plan was validated: `infertool quantize --check`)",
+        f"scheme {p.scheme} needs a GPU; this host has none (the plan was validated: `infertool quantize --check`)",
         hint="run the same recipe on a CUDA host, or use scheme W4A16/W8A16 (weight-only) here",
     )
 
 
-def build_spec(q: dict, p: dict, *, model: Path, out_dir: Path, calibration: dict, dtype: str) -> dict:
-    return {"model": str(model), "out_dir": str(out_dir), "plan": p, "calibration": calibration,
-            "method": q["method"], "dtype": dtype, "trust_remote_code": False}
+@dataclass
+class LLMCSpec(Record):
+    """The spec of the task ``quantize.llmcompressor``: written by ``task_spec``, read back once by the worker."""
+
+    model: str = ""
+    out_dir: str = ""
+    plan: LLMCPlan = field(default_factory=LLMCPlan)
+    calibration: dict[str, Any] = field(default_factory=dict)  # Any: the calibration section's JSON values
+    method: str = "gptq"
+    dtype: str | None = None
+    trust_remote_code: bool = False
+
+
+def build_spec(method: str, p: LLMCPlan, *, model: Path, out_dir: Path, calibration: dict, dtype: str) -> LLMCSpec:
+    return LLMCSpec(str(model), str(out_dir), p, calibration, method, dtype)
 
 
 def quantize_task(spec: dict, events) -> dict:  # pragma: no cover - needs the llmcompressor env
@@ -209,49 +230,50 @@ def quantize_task(spec: dict, events) -> dict:  # pragma: no cover - needs the l
     from datasets import Dataset
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from infertool.data.calibration import build_windows
+    from infertool.data.calibration import CalibrationRequest, build_windows
 
     timings["import"] = time.monotonic() - t
     t = time.monotonic()
-    p = spec["plan"]
-    trust = bool(spec.get("trust_remote_code"))  # model.trust_remote_code: the only way remote code runs
-    tok = AutoTokenizer.from_pretrained(spec["model"], trust_remote_code=trust)
-    samples, cal_info = build_windows(spec["calibration"], tok, events)
+    s = LLMCSpec.from_dict(spec)
+    p, trust = s.plan, s.trust_remote_code  # model.trust_remote_code: the only way remote code runs
+    tok = AutoTokenizer.from_pretrained(s.model, trust_remote_code=trust)
+    samples, cal_info = build_windows(CalibrationRequest.from_dict(s.calibration), tok, events)
     ds = Dataset.from_dict({"input_ids": [s["input_ids"] for s in samples],
                             "attention_mask": [s["attention_mask"] for s in samples]})
     timings["calibration"] = time.monotonic() - t
     t = time.monotonic()
     events.progress("setup", 1, 3, "loading the model")
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype=getattr(torch, spec.get("dtype") or "bfloat16"),
+    model = AutoModelForCausalLM.from_pretrained(s.model, dtype=getattr(torch, s.dtype or "bfloat16"),
                                                  trust_remote_code=trust)
     timings["load"] = time.monotonic() - t
-    if p["modifier"] == "AWQModifier":
+    if p.modifier == "AWQModifier":
         from llmcompressor.modifiers.awq import AWQModifier
 
-        recipe = AWQModifier(targets=["Linear"], scheme=p["scheme"], ignore=p["ignore"])
-    elif p["weights"] is not None:
+        recipe = AWQModifier(targets=["Linear"], scheme=p.scheme, ignore=p.ignore)
+    elif p.weights is not None:
         from llmcompressor.modifiers.quantization import GPTQModifier
 
         recipe = GPTQModifier(
-            config_groups={"group_0": {"targets": ["Linear"], "weights": p["weights"]}},
-            ignore=p["ignore"], dampening_frac=p["dampening_frac"],
+            config_groups={"group_0": {"targets": ["Linear"], "weights": p.weights}},
+            ignore=p.ignore, dampening_frac=p.dampening_frac,
         )
-    elif p["modifier"] == "QuantizationModifier":
+    elif p.modifier == "QuantizationModifier":
         from llmcompressor.modifiers.quantization import QuantizationModifier
 
-        recipe = QuantizationModifier(targets="Linear", scheme=p["scheme"], ignore=p["ignore"])
+        recipe = QuantizationModifier(targets="Linear", scheme=p.scheme, ignore=p.ignore)
     else:
         from llmcompressor.modifiers.quantization import GPTQModifier
 
-        recipe = GPTQModifier(targets="Linear", scheme=p["scheme"], ignore=p["ignore"], dampening_frac=p["dampening_frac"])
+        recipe = GPTQModifier(targets="Linear", scheme=p.scheme, ignore=p.ignore, dampening_frac=p.dampening_frac)
     events.progress("setup", 2, 3, "calibrating and quantizing")
-    oneshot_and_save(model, tok, spec["out_dir"], timings, recipe=recipe, dataset=ds,
-                     max_seq_length=int(spec["calibration"]["seq_len"]), num_calibration_samples=len(samples))
+    oneshot_and_save(model, tok, s.out_dir, timings, recipe=recipe, dataset=ds,
+                     max_seq_length=cal_info.seq_len, num_calibration_samples=len(samples))
     events.progress("setup", 3, 3, "checkpoint written")
     from importlib.metadata import version
 
     return {"timings": timings, "calibration": cal_info.to_dict(), "layers": [],
-            "quantize_config": p, "versions": {d: version(d) for d in ("llmcompressor", "compressed-tensors", "torch", "transformers")}}
+            "quantize_config": p.to_dict(),
+            "versions": {d: version(d) for d in ("llmcompressor", "compressed-tensors", "torch", "transformers")}}
 
 
 def oneshot_and_save(model, tokenizer, out_dir: str, timings: dict, **oneshot_kwargs) -> None:  # pragma: no cover

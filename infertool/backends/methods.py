@@ -9,7 +9,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, field_validator
 
-from infertool.backends.base import Check, ModelFacts, QuantizeConfig, check
+from infertool.backends.base import Check, Layout, ModelFacts, QuantizeConfig, check
 from infertool.backends.layers import describe_layers
 from infertool.schema import MAX_TOKENS, STRICT, Damp, GroupSize, Name, NoControl, NotBool, Seed, Text
 
@@ -57,6 +57,9 @@ class GPTQConfig(QuantizeConfig):
     output: Text | None = None
     ignore: Ignore = []
 
+    def layout(self) -> Layout:
+        return Layout(self.bits, self.group_size, None, tuple(self.ignore), self.calibration)
+
 
 class AWQConfig(QuantizeConfig):
     """AWQ: 4-bit weights with activation-aware per-channel scales. Each backend that does AWQ subclasses it."""
@@ -70,6 +73,9 @@ class AWQConfig(QuantizeConfig):
     calibration: CalibrationSpec = Field(default_factory=CalibrationSpec)
     output: Text | None = None
     ignore: Ignore = []
+
+    def layout(self) -> Layout:
+        return Layout(self.bits, self.group_size, None, tuple(self.ignore), self.calibration)
 
 
 def group_size_rule(m: ModelFacts, q: GPTQConfig | AWQConfig) -> list[Check]:
@@ -118,7 +124,7 @@ def gentler_options(q: GPTQConfig | AWQConfig, target_kind: str, *, activation_o
     """For a 4-bit GPTQ / AWQ section: 8-bit, a smaller group, activation order (``activation_order``: the backend
     has it), the other 4-bit method, more calibration text; nothing for 8 bits (the gates' thresholds are then
     the question)."""
-    scheme = getattr(q, "scheme", None) or ""
+    scheme = q.layout().scheme or ""
     if scheme.startswith(("W8", "FP8")) or q.bits >= 8:
         return []
     if target_kind == "cpu":

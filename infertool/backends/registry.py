@@ -22,6 +22,7 @@ from infertool.registry import Registry, RegistryError
 from infertool.tasks import WorkerTask
 
 if TYPE_CHECKING:
+    from infertool.models.info import JsonValue
     from infertool.perf.host import HostFacts
 
 # Backends a recipe may still name, refused with what to use instead.
@@ -92,21 +93,17 @@ def of(q: QuantizeConfig | dict) -> QuantBackend[Any]:  # Any: whichever config 
     """The backend of a validated quantize section (a QuantizeConfig), or of its dict (method, backend)."""
     if isinstance(q, QuantizeConfig):
         return type(q).impl
-    backend = q.get("backend")
-    b = default_for(q["method"])
-    return b if not b.in_recipe or backend is None else get(q["method"], backend)
-
-
-def env_of(method: str, name: str | None = None) -> str | None:
-    """The managed environment a quantization runs in."""
-    return get(method, name).env
+    method, backend = q["method"], q.get("backend")
+    b = default_for(method)
+    return b if not b.in_recipe or backend is None else get(method, backend)
 
 
 def worker_tasks() -> Iterator[tuple[str, WorkerTask]]:
     """Every backend's worker tasks (a source of the task registry, ``infertool.tasks``)."""
     for b in all_backends():
         for t in b.tasks:
-            yield t["name"], WorkerTask(**t)
+            task = WorkerTask(**t)
+            yield task.name, task
 
 
 # ----------------------------------------------------------------------------------------- the recipe schema
@@ -120,7 +117,7 @@ def backend_check(name: str, method: str) -> BeforeValidator:
     """The validator of that field, for a schema that spells it ``Annotated[Literal["NAME"], backend_check(...)]``
     (a type checker reads the Literal; a call such as backend_field(...) in an annotation is no type to it)."""
 
-    def known(value: object) -> object:
+    def known(value: JsonValue) -> JsonValue:
         if value == name:
             return value
         if isinstance(value, str) and value in RETIRED:
@@ -135,7 +132,7 @@ def tag(method: str, backend: QuantBackend) -> str:
     return f"{method}:{backend.name}"
 
 
-def _pick(value: object) -> str | None:
+def _pick(value: JsonValue | QuantizeConfig) -> str | None:
     """The schema a quantize section is validated against: by method, then backend (absent: the method's
     default). A backend that does not do the method goes to the default's schema, whose ``backend`` field says
     so; None (no such method, or not a mapping) is reported by the recipe's loader."""
@@ -168,7 +165,7 @@ def section_tags() -> set[str]:
     return {tag(m, b) for b in all_backends() for m in b.methods}
 
 
-def method_error(value: object) -> tuple[str | None, str]:
+def method_error(value: JsonValue) -> tuple[str | None, str]:
     """(field, message) for a quantize section no backend schema was picked for (see ``_pick``)."""
     names = ", ".join(method_names())
     if not isinstance(value, dict):
@@ -184,7 +181,7 @@ def init_choice(model_type: str | None, architecture: str, target: TargetFacts, 
     that proposes one, given what the target's vLLM does with 4-bit GPTQ (the gptq default backend's serving)."""
     gptq = default_for("gptq")
     four = gptq.methods["gptq"].model_validate({"method": "gptq", "bits": 4})
-    facts = InitFacts(model_type, architecture, target.kind, getattr(host, "cpu_isa", "unknown"),
+    facts = InitFacts(model_type, architecture, target.kind, host.cpu_isa if host is not None else "unknown",
                       gptq.serving(four, platform(target, host)).verdict)
     for b in all_backends():
         choice = b.init_choice(facts)
@@ -252,10 +249,10 @@ def weight_only_quantized(model: CheckpointFacts) -> bool:
         return False
     from infertool.models.info import load_config
 
-    q = load_config(model.path).quantization_config  # a malformed config.json: ModelError (exit 2)
+    config = load_config(model.path)  # a malformed config.json: ModelError (exit 2)
+    q, method = config.quantization_config, config.quant_method
     if q is None:
         return False
-    method = str(q.get("quant_method") or "").lower()
     if method in ("gptq", "awq", "gptq_marlin", "awq_marlin", "auto_gptq", "auto_awq", "bitsandbytes"):
         return True
     if method == "compressed-tensors":

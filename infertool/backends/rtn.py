@@ -15,14 +15,17 @@ The declaration is light; ``quantize_task`` runs in the ``llmcompressor`` enviro
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 from typing import Annotated, Any, ClassVar, Final, Literal
 
 from infertool.backends.base import (
-    CPU_AVX2, CPU_AVX512, CUDA, SERVES, UNKNOWN, Check, ModelFacts, QuantBackend, QuantizeConfig, Serving, TaskInputs,
+    CPU_AVX2, CPU_AVX512, CUDA, SERVES, UNKNOWN, Check, Layout, ModelFacts, QuantBackend, QuantizeConfig, ReferenceSpec,
+    Serving, TaskInputs,
 )
 from infertool.backends.llmcompressor import oneshot_and_save
 from infertool.backends.methods import Ignore, causal_lm_rule
 from infertool.backends.registry import backend_check
+from infertool.records import Record
 from infertool.schema import Text
 
 NAME: Final = "llmcompressor"
@@ -46,6 +49,9 @@ class RTNConfig(QuantizeConfig):
     scheme: Literal["FP8_DYNAMIC", "W8A8"] = "FP8_DYNAMIC"
     output: Text | None = None
     ignore: Ignore = []
+
+    def layout(self) -> Layout:
+        return Layout(scheme=self.scheme, ignore=tuple(self.ignore))
 
 
 class RTN(QuantBackend[RTNConfig]):
@@ -86,12 +92,25 @@ class RTN(QuantBackend[RTNConfig]):
         return Serving(vllm_quantization="compressed-tensors") if platform == CUDA else UNKNOWN
 
     def task_spec(self, q: RTNConfig, inputs: TaskInputs) -> dict:
-        return {"model": inputs.model, "out_dir": inputs.out_dir, "scheme": q.scheme, "ignore": ["lm_head", *q.ignore],
-                "dtype": inputs.dtype, "trust_remote_code": inputs.trust_remote_code,
-                "reference": {"dtype": inputs.reference_dtype} if inputs.reference_dtype else None}
+        ref = ReferenceSpec(inputs.reference_dtype) if inputs.reference_dtype else None
+        return RTNSpec(inputs.model, inputs.out_dir, q.scheme, ["lm_head", *q.ignore], inputs.dtype,
+                       inputs.trust_remote_code, ref).to_dict()
 
 
 BACKEND = RTN()
+
+
+@dataclass
+class RTNSpec(Record):
+    """The spec of the task ``quantize.llmcompressor.rtn``: written by ``task_spec``, read back once by the worker."""
+
+    model: str = ""
+    out_dir: str = ""
+    scheme: str = "FP8_DYNAMIC"
+    ignore: list[str] = field(default_factory=list)
+    dtype: str | None = None
+    trust_remote_code: bool = False
+    reference: ReferenceSpec | None = None
 
 
 def quantize_task(spec: dict, events) -> dict:  # pragma: no cover - needs the llmcompressor env
@@ -110,25 +129,25 @@ def quantize_task(spec: dict, events) -> dict:  # pragma: no cover - needs the l
     timings["import"] = time.monotonic() - t
     t = time.monotonic()
     events.progress("setup", 1, 3, "loading the model")
-    trust = bool(spec.get("trust_remote_code"))  # model.trust_remote_code: the only way remote code runs
-    dtype = spec.get("dtype") or "bfloat16"
-    tok = AutoTokenizer.from_pretrained(spec["model"], trust_remote_code=trust)
-    model = AutoModelForCausalLM.from_pretrained(spec["model"], dtype="auto" if dtype == "auto" else getattr(torch, dtype),
+    s = RTNSpec.from_dict(spec)
+    trust = s.trust_remote_code  # model.trust_remote_code: the only way remote code runs
+    dtype = s.dtype or "bfloat16"
+    tok = AutoTokenizer.from_pretrained(s.model, trust_remote_code=trust)
+    model = AutoModelForCausalLM.from_pretrained(s.model, dtype="auto" if dtype == "auto" else getattr(torch, dtype),
                                                  trust_remote_code=trust)
     timings["load"] = time.monotonic() - t
-    events.progress("setup", 2, 3, f"rounding the weights to {spec['scheme']}")
-    modifier = QuantizationModifier(targets="Linear", scheme=spec["scheme"], ignore=spec["ignore"])
-    oneshot_and_save(model, tok, spec["out_dir"], timings, recipe=modifier)
+    events.progress("setup", 2, 3, f"rounding the weights to {s.scheme}")
+    modifier = QuantizationModifier(targets="Linear", scheme=s.scheme, ignore=s.ignore)
+    oneshot_and_save(model, tok, s.out_dir, timings, recipe=modifier)
     del model
     events.progress("setup", 3, 3, "checkpoint written")
     reference = None
-    if spec.get("reference"):
+    if s.reference is not None:
         t = time.monotonic()
-        reference = reference_greedy(spec["model"], tok, spec["reference"].get("dtype"), env="llmcompressor",
-                                     trust_remote_code=trust)
+        reference = reference_greedy(s.model, tok, s.reference.dtype, env="llmcompressor", trust_remote_code=trust)
         timings["reference"] = time.monotonic() - t
     return {"timings": timings, "reference": reference, "calibration": None, "layers": [],
-            "quantize_config": {"modifier": "QuantizationModifier", "scheme": spec["scheme"], "ignore": spec["ignore"],
+            "quantize_config": {"modifier": "QuantizationModifier", "scheme": s.scheme, "ignore": s.ignore,
                                 "format": "compressed-tensors"},
             "versions": {d: dist_version(d) for d in ("llmcompressor", "compressed-tensors", "torch", "transformers")}}
 

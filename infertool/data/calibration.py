@@ -13,17 +13,34 @@ import hashlib
 import random
 import struct
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from infertool.errors import UsageError
+from infertool.records import Record
 
 BUILTIN = "builtin"
 _HINT = "quantize.calibration.source is 'builtin', a .txt file, or a .jsonl file with one JSON object per line"
 
 
 @dataclass
-class CalibrationInfo:
+class CalibrationRequest(Record):
+    """The recipe's calibration section as the quantize worker and the preflight read it (the JSON of
+    ``backends.methods.CalibrationSpec``, its source made absolute)."""
+
+    source: str = BUILTIN
+    text_field: str = "text"
+    samples: int | None = None
+    seq_len: int | None = None
+    seed: int | None = None
+    allow_eval_overlap: bool = False
+    base_dir: str | None = None  # where a relative source is looked up
+
+
+@dataclass
+class CalibrationInfo(Record):
+    """What the calibration text was and which windows were cut from it (the manifest's ``calibration``)."""
+
     source: str
     kind: str  # builtin | txt | jsonl
     documents: int
@@ -37,9 +54,6 @@ class CalibrationInfo:
     seed: int | None = None
     overlapping: bool | None = None
     windows_sha256: str | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def _resolve(source: str, base_dir: Path | None) -> Path:
@@ -93,13 +107,13 @@ def text_sha256(docs: list[str]) -> str:
 def _builtin_part() -> dict:
     from infertool.data import corpus
 
-    d = corpus.describe("calibration")
-    return {"corpus": d["corpus"], "part": "calibration", "split": d["split"], **d["parts"]["calibration"]}
+    return {"corpus": f"builtin:{corpus.NAME}", "part": "calibration", "split": corpus.SPLIT_RULE,
+            **corpus.part("calibration").facts()}
 
 
-def check_source(spec: dict, base_dir: Path | None = None) -> CalibrationInfo:
+def check_source(spec: CalibrationRequest, base_dir: Path | None = None) -> CalibrationInfo:
     """Validate the calibration source before any model is loaded (light: reads the text only)."""
-    docs, kind, path = read_texts(spec.get("source", BUILTIN), spec.get("text_field", "text"), base_dir)
+    docs, kind, path = read_texts(spec.source, spec.text_field, base_dir)
     return CalibrationInfo(
         source=str(path) if path else BUILTIN,
         kind=kind,
@@ -108,9 +122,9 @@ def check_source(spec: dict, base_dir: Path | None = None) -> CalibrationInfo:
         text_sha256=text_sha256(docs),
         python_version=sys.version.split()[0] if kind == "builtin" else None,
         corpus_part=_builtin_part() if kind == "builtin" else None,
-        samples=spec.get("samples"),
-        seq_len=spec.get("seq_len"),
-        seed=spec.get("seed"),
+        samples=spec.samples,
+        seq_len=spec.seq_len,
+        seed=spec.seed,
     )
 
 
@@ -143,18 +157,18 @@ def windows_sha256(windows: list[list[int]]) -> str:
     return h.hexdigest()
 
 
-def build_windows(spec: dict, tokenizer, events=None) -> tuple[list[dict], CalibrationInfo]:
+def build_windows(spec: CalibrationRequest, tokenizer, events=None) -> tuple[list[dict], CalibrationInfo]:
     """Inside the stage: tokenize the calibration text, choose the windows, hash them.
 
     Returns GPTQModel-style samples (``{"input_ids": [...], "attention_mask": [...]}``) and the info
     recorded in the manifest.
     """
-    base = Path(spec["base_dir"]) if spec.get("base_dir") else None
+    base = Path(spec.base_dir) if spec.base_dir else None
     info = check_source(spec, base)
-    docs, _, _ = read_texts(spec.get("source", BUILTIN), spec.get("text_field", "text"), base)
+    docs, _, _ = read_texts(spec.source, spec.text_field, base)
     sep = "\n\n"
     ids = tokenizer(sep.join(docs), add_special_tokens=False)["input_ids"]
-    samples, seq_len, seed = int(spec["samples"]), int(spec["seq_len"]), int(spec.get("seed", 0))
+    samples, seq_len, seed = spec.samples or 0, spec.seq_len or 0, spec.seed or 0
     windows, overlapping = select_windows(ids, samples, seq_len, seed)
     if overlapping and events is not None:
         events.log(

@@ -24,6 +24,8 @@ PARTS = ("calibration", "eval")
 EVAL_SHARE = 0.30
 SEPARATOR = "\n\n"
 LICENCE = "pydoc_data.topics (PSF licence), Python's own documentation topics"
+SPLIT_RULE = (f"topics that copy longer ones dropped, topics sharing text grouped, groups balanced to {EVAL_SHARE:.0%} "
+              "of characters for eval; the parts share no word 13-gram")
 
 
 @dataclass(frozen=True)
@@ -42,6 +44,11 @@ class Part:
 
     def sha256(self) -> str:
         return docs_sha256(self.docs)
+
+    def facts(self) -> dict:
+        """What the manifests record of this part: its topics, first and last topic, size and hash."""
+        return {"topics": len(self.keys), "first": self.keys[0] if self.keys else None,
+                "last": self.keys[-1] if self.keys else None, "chars": self.chars, "sha256": self.sha256()}
 
 
 def docs_sha256(docs) -> str:
@@ -138,9 +145,6 @@ def describe(name: str | None = None) -> dict:
         "corpus": f"builtin:{NAME}",
         "licence": LICENCE,
         "python_version": sys.version.split()[0],
-        "split": (f"topics that copy longer ones dropped, topics sharing text grouped, groups balanced to "
-                  f"{EVAL_SHARE:.0%} of characters for eval; the parts share no word 13-gram"),
-        "parts": {p: {"topics": len(parts[p].keys), "first": parts[p].keys[0] if parts[p].keys else None,
-                      "last": parts[p].keys[-1] if parts[p].keys else None, "chars": parts[p].chars,
-                      "sha256": parts[p].sha256()} for p in chosen},
+        "split": SPLIT_RULE,
+        "parts": {p: parts[p].facts() for p in chosen},
     }

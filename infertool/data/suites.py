@@ -31,6 +31,7 @@ Pure Python (PyYAML only): the tokenizer-dependent work (cutting windows) happen
 from __future__ import annotations
 
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -63,26 +64,19 @@ class SuiteTask:
 
     def request(self, seq_len: int, max_items: int | None) -> dict:
         """What an engine needs to score this task (JSON-able)."""
-        d: dict[str, object] = {"name": self.name, "type": self.type}
+        head = {"name": self.name, "type": self.type}
+        items = self.items[:max_items] if max_items else self.items
         if self.type == "perplexity":
-            d["text"] = self.text
-            d["seq_len"] = self.seq_len or seq_len
             limit = [x for x in (self.max_windows, max_items) if x]
-            d["max_windows"] = min(limit) if limit else None
-        elif self.type == "multiple_choice":
-            items = self.items[:max_items] if max_items else self.items
-            d["items"] = [
-                {"id": it["id"], "context": it["question"], "continuations": [self.delimiter + str(c) for c in it["choices"]]}
-                for it in items
-            ]
-        else:
-            items = self.items[:max_items] if max_items else self.items
-            d["items"] = [{"id": it["id"], **({"messages": it["messages"]} if "messages" in it else {"prompt": it["prompt"]})}
-                          for it in items]
-            d["chat"] = self.chat
-            d["max_tokens"] = self.max_tokens
-            d["stop"] = list(self.stop)
-        return d
+            return {**head, "text": self.text, "seq_len": self.seq_len or seq_len,
+                    "max_windows": min(limit) if limit else None}
+        if self.type == "multiple_choice":
+            return {**head, "items": [{"id": it["id"], "context": it["question"],
+                                       "continuations": [self.delimiter + str(c) for c in it["choices"]]}
+                                      for it in items]}
+        return {**head, "items": [{"id": it["id"], **({"messages": it["messages"]} if "messages" in it
+                                                      else {"prompt": it["prompt"]})} for it in items],
+                "chat": self.chat, "max_tokens": self.max_tokens, "stop": list(self.stop)}
 
 
 @dataclass
@@ -295,11 +289,10 @@ def builtin_text(source: str) -> tuple[str, dict]:
     if source in BUILTIN_SOURCES:
         part = source.split(":")[2] if source.count(":") == 2 else None
         text = corpus.part(part).text if part else corpus.whole_text()
-        d = corpus.describe(part)
-        return text, {"corpus": source, "licence": d["licence"], "python_version": d["python_version"],
+        p = corpus.part(part) if part else None
+        return text, {"corpus": source, "licence": corpus.LICENCE, "python_version": sys.version.split()[0],
                       "part": part or "whole", "chars": len(text),
-                      **({"split": d["split"], "topics": d["parts"][part]["topics"],
-                          "sha256": d["parts"][part]["sha256"]} if part else {})}
+                      **({"split": corpus.SPLIT_RULE, "topics": len(p.keys), "sha256": p.sha256()} if p else {})}
     raise UsageError(f"unknown built-in source {source!r}", hint=f"known: {', '.join(BUILTIN_SOURCES)}")
 
 
@@ -390,10 +383,10 @@ def _check_items(task: SuiteTask, path: Path, lines: list[int] | None = None, ba
     for n, item in zip(lines, task.items):
         problems = _item_problems(task, item)
         if "id" in item:
-            item["id"] = str(item["id"])
-            if item["id"] in seen:
-                problems.append(f"duplicate id {item['id']!r} (line {seen[item['id']]} has it): ids must be unique and stable")
-            seen.setdefault(item["id"], n)
+            item["id"] = iid = str(item["id"])
+            if iid in seen:
+                problems.append(f"duplicate id {iid!r} (line {seen[iid]} has it): ids must be unique and stable")
+            seen.setdefault(iid, n)
         bad += [f"line {n}: {p}" for p in problems]
     if bad:
         bad.sort(key=lambda b: int(b.split(":", 1)[0].split()[1]))

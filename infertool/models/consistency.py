@@ -17,7 +17,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from infertool.models.info import load_config, read_safetensors_header, weight_files
+from infertool.models.info import ConfigNumbers, load_config, read_safetensors_header, weight_files
 
 # weights stored as their own shape (a packed int4 weight's stored shape is its container's)
 _UNPACKED = {"F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
@@ -29,45 +29,30 @@ _MLA_KEYS = ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim")
 MAX_FINDINGS = 20
 
 
-def _int(cfg: dict, *keys: str) -> int | None:
-    for k in keys:
-        v = cfg.get(k)
-        if isinstance(v, int) and not isinstance(v, bool) and v > 0:
-            return v
-    return None
-
-
 def _fmt(shape: list[int] | tuple[int, ...]) -> str:
     return "[" + ", ".join(str(d) for d in shape) + "]"
 
 
-def expected_shapes(cfg: dict) -> dict[str, list[tuple[int, ...]]]:
+def expected_shapes(n: ConfigNumbers, mla: bool) -> dict[str, list[tuple[int, ...]]]:
     """The shapes config.json implies for each tensor role of a decoder layer (key: the name after
     ``layers.N.``) and for the embedding / head (key: the whole name after the ``model.`` prefix, or lm_head):
-    each a list of accepted shapes (a q projection may carry an output gate: twice the rows)."""
-    h = _int(cfg, "hidden_size", "n_embd", "d_model")
-    heads = _int(cfg, "num_attention_heads", "n_head")
-    kv = _int(cfg, "num_key_value_heads") or heads
-    inter = _int(cfg, "intermediate_size", "n_inner")
-    vocab = _int(cfg, "vocab_size")
-    hd = _int(cfg, "head_dim") or (h // heads if h and heads and h % heads == 0 else None)
+    each a list of accepted shapes (a q projection may carry an output gate: twice the rows). ``mla``: multi-head
+    latent attention, whose q / kv projections have ranks of their own."""
+    h, heads, inter, vocab = n.hidden, n.heads, n.intermediate, n.vocab
+    kv = n.kv_heads or heads
+    hd = n.head_dim or (h // heads if h and heads and h % heads == 0 else None)
     out: dict[str, list[tuple[int, ...]]] = {}
     if h:
-        out["input_layernorm.weight"] = [(h,)]
-        out["post_attention_layernorm.weight"] = [(h,)]
+        out.update({"input_layernorm.weight": [(h,)], "post_attention_layernorm.weight": [(h,)]})
         if vocab:
-            out["embed_tokens.weight"] = [(vocab, h)]
-            out["lm_head.weight"] = [(vocab, h)]
-    if h and heads and hd and not any(k in cfg for k in _MLA_KEYS):
+            out.update({"embed_tokens.weight": [(vocab, h)], "lm_head.weight": [(vocab, h)]})
+    if h and heads and hd and not mla:
         q, k = heads * hd, (kv or heads) * hd
-        out["self_attn.q_proj.weight"] = [(q, h), (2 * q, h)]
-        out["self_attn.k_proj.weight"] = [(k, h)]
-        out["self_attn.v_proj.weight"] = [(k, h)]
-        out["self_attn.o_proj.weight"] = [(h, q)]
+        out.update({"self_attn.q_proj.weight": [(q, h), (2 * q, h)], "self_attn.k_proj.weight": [(k, h)],
+                    "self_attn.v_proj.weight": [(k, h)], "self_attn.o_proj.weight": [(h, q)]})
     if h and inter:
-        out["mlp.gate_proj.weight"] = [(inter, h)]
-        out["mlp.up_proj.weight"] = [(inter, h)]
-        out["mlp.down_proj.weight"] = [(h, inter)]
+        out.update({"mlp.gate_proj.weight": [(inter, h)], "mlp.up_proj.weight": [(inter, h)],
+                    "mlp.down_proj.weight": [(h, inter)]})
     return out
 
 
@@ -76,18 +61,17 @@ def _headers(path: Path) -> dict[str, tuple[list[int], str]]:
     tensors: dict[str, tuple[list[int], str]] = {}
     for f in weight_files(path):
         for name, entry in read_safetensors_header(f).items():
-            if name != "__metadata__":
-                tensors[name] = (list(entry["shape"]), entry["dtype"])
+            tensors[name] = (list(entry.shape), entry.dtype)
     return tensors
 
 
-def _layer_findings(cfg: dict, layers: dict[int, str]) -> list[str]:
+def _layer_findings(n: ConfigNumbers, layers: dict[int, str]) -> list[str]:
     """The decoder's layer count in config.json against the layer indices the weights hold."""
-    said = _int(cfg, "num_hidden_layers", "n_layer", "num_layers")
+    said = n.layers
     if said is None or not layers:
         return []
     held = sorted(layers)
-    extra = _int(cfg, "num_nextn_predict_layers") or 0  # multi-token-prediction layers after the decoder's
+    extra = n.nextn_layers or 0  # multi-token-prediction layers after the decoder's
     findings = []
     count = held[-1] + 1
     if not said <= count <= said + extra:
@@ -107,11 +91,12 @@ def config_vs_weights(model_dir: str | Path) -> list[str]:
     One finding per tensor role (its first tensor that disagrees), at most MAX_FINDINGS. A config.json or a header
     that cannot be read raises the model's own error (ModelError)."""
     path = Path(model_dir)
-    cfg = load_config(path).lm
+    config = load_config(path)
     tensors = _headers(path)
     if not tensors:
         return []
-    want = expected_shapes(cfg)
+    n = config.numbers()
+    want = expected_shapes(n, any(k in config.lm for k in _MLA_KEYS))
     layers: dict[int, str] = {}
     findings: list[str] = []
     seen_roles: set[str] = set()
@@ -122,7 +107,7 @@ def config_vs_weights(model_dir: str | Path) -> list[str]:
             return
         seen_roles.add(role)
         findings.append(f"{name} is {_fmt(shape)} in the weights, config.json implies {_fmt(accepted[0])}"
-                        + _because(role, cfg))
+                        + _because(role, n))
 
     for name in sorted(tensors, key=_natural):
         shape, dtype = tensors[name]
@@ -136,19 +121,18 @@ def config_vs_weights(model_dir: str | Path) -> list[str]:
             compare(name, "embed_tokens.weight", shape, dtype)
         elif name == "lm_head.weight" or name.endswith(".lm_head.weight"):
             compare(name, "lm_head.weight", shape, dtype)
-    return (_layer_findings(cfg, layers) + findings)[:MAX_FINDINGS]
+    return (_layer_findings(n, layers) + findings)[:MAX_FINDINGS]
 
 
-def _because(role: str, cfg: dict) -> str:
+def _because(role: str, n: ConfigNumbers) -> str:
     """The config.json fields the expected shape comes from."""
     if role.startswith("mlp."):
-        return f" (hidden_size {cfg.get('hidden_size')}, intermediate_size {cfg.get('intermediate_size')})"
+        return f" (hidden_size {n.hidden}, intermediate_size {n.intermediate})"
     if role.startswith("self_attn."):
-        return (f" (hidden_size {cfg.get('hidden_size')}, {cfg.get('num_attention_heads')} heads / "
-                f"{cfg.get('num_key_value_heads', cfg.get('num_attention_heads'))} KV heads)")
+        return f" (hidden_size {n.hidden}, {n.heads} heads / {n.kv_heads or n.heads} KV heads)"
     if role in ("embed_tokens.weight", "lm_head.weight"):
-        return f" (vocab_size {cfg.get('vocab_size')}, hidden_size {cfg.get('hidden_size')})"
-    return f" (hidden_size {cfg.get('hidden_size')})"
+        return f" (vocab_size {n.vocab}, hidden_size {n.hidden})"
+    return f" (hidden_size {n.hidden})"
 
 
 def _natural(name: str) -> tuple:

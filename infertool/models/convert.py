@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import json
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from infertool.atomic import write_json
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.perf.host import usable_cores
+from infertool.records import Record
 
 DTYPES = {"bfloat16": "bfloat16", "bf16": "bfloat16", "float16": "float16", "fp16": "float16", "float32": "float32", "fp32": "float32"}
 
@@ -50,15 +52,24 @@ def truncate_layers(model, n_layers: int) -> int:
     return total
 
 
+@dataclass
+class ImportSpec(Record):
+    """The spec of the task ``model.import``: a GGUF file into a new HF directory (``layers``: the first N only)."""
+
+    gguf_path: str = ""
+    dest: str = ""
+    layers: int | None = None
+    dtype: str | None = None
+
+
 def import_task(spec: dict, events) -> dict:
-    """spec: {gguf_path, dest, layers (int|None), dtype}. Writes the HF directory at dest (must not exist)."""
+    """Writes the HF directory of ``ImportSpec`` at its dest (which must not exist)."""
     t0 = time.monotonic()
-    gguf_path = Path(spec["gguf_path"])
-    dest = Path(spec["dest"])
-    layers = spec.get("layers")
-    dtype_name = DTYPES.get(spec.get("dtype") or "bfloat16", None)
+    s = ImportSpec.from_dict(spec)
+    gguf_path, dest, layers = Path(s.gguf_path), Path(s.dest), s.layers
+    dtype_name = DTYPES.get(s.dtype or "bfloat16", None)
     if dtype_name is None:
-        raise UsageError(f"unknown dtype {spec.get('dtype')!r}", hint="use bf16, fp16 or fp32")
+        raise UsageError(f"unknown dtype {s.dtype!r}", hint="use bf16, fp16 or fp32")
     if not gguf_path.is_file():
         raise UsageError(f"GGUF file not found: {gguf_path}")
     if dest.exists():
@@ -138,14 +149,23 @@ def dist_version(dist: str) -> str | None:
         return None
 
 
+@dataclass
+class GenerateSpec(Record):
+    """The spec of the task ``model.generate``: greedy completions of ``prompts`` (``chat``: in the chat template)."""
+
+    model: str = ""
+    prompts: list[str] = field(default_factory=list)
+    max_new_tokens: int = 16
+    chat: bool = False
+
+
 def generate_task(spec: dict, events) -> dict:
-    """spec: {model, prompts: [...], max_new_tokens, chat: bool}. Greedy; returns the completions."""
+    """Greedy completions of a ``GenerateSpec``."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = spec["model"]
-    prompts = list(spec.get("prompts") or [])
-    max_new = int(spec.get("max_new_tokens", 16))
+    s = GenerateSpec.from_dict(spec)
+    path, prompts, max_new = s.model, s.prompts, s.max_new_tokens
     tok = AutoTokenizer.from_pretrained(path)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     model.eval()
@@ -153,9 +173,9 @@ def generate_task(spec: dict, events) -> dict:
     for i, prompt in enumerate(prompts):
         events.progress("generate", i, len(prompts), "generating")
         text = prompt
-        if spec.get("chat"):
+        if s.chat:
             text = tok.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True)
-        ids = tok(text, return_tensors="pt", add_special_tokens=not spec.get("chat"))
+        ids = tok(text, return_tensors="pt", add_special_tokens=not s.chat)
         with torch.no_grad():
             out = model.generate(**ids, max_new_tokens=max_new, do_sample=False, pad_token_id=tok.eos_token_id)
         new = out[0, ids["input_ids"].shape[1]:]

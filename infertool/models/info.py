@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, BinaryIO, TypeGuard
+from typing import Any, BinaryIO, Mapping, NamedTuple, Sequence, TypeGuard, Union
 
 from infertool.errors import UsageError
 
@@ -25,6 +25,9 @@ MAX_CONFIG_BYTES = 16 * 1024 * 1024  # config.json, index and tokenizer configs:
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit on its JSON header
 _MODEL_HINT = "give a Hugging Face model directory as saved by transformers (config.json and *.safetensors)"
 
+
+# a value json.loads (or yaml.safe_load) gives: what config.json and a recipe's sections hold
+JsonValue = Union[None, bool, int, float, str, Sequence["JsonValue"], Mapping[str, "JsonValue"]]
 
 class ModelError(UsageError):
     """A model directory that cannot be used as it is: a malformed config.json or weights file (exit 2)."""
@@ -107,6 +110,7 @@ _CONFIG_INTS = {
     "experts": (("num_local_experts", "num_experts", "n_routed_experts"), 1_048_576),
     "experts_per_tok": (("num_experts_per_tok", "moe_top_k"), 1_048_576),
     "moe_intermediate": (("moe_intermediate_size",), 16_777_216),
+    "nextn_layers": (("num_nextn_predict_layers",), 10_000),
 }
 
 
@@ -127,7 +131,7 @@ def _config_int(cfg: dict, name: str, where: Path) -> int | None:
     return None
 
 
-def _short(value: object) -> str:
+def _short(value: JsonValue) -> str:
     text = json.dumps(value) if not isinstance(value, float) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -147,6 +151,7 @@ class ConfigNumbers:
     experts: int | None = None
     experts_per_tok: int | None = None
     moe_intermediate: int | None = None
+    nextn_layers: int | None = None  # multi-token-prediction layers after the decoder's
 
 
 @dataclass(frozen=True)
@@ -176,8 +181,13 @@ class ModelConfig:
         return {**self.full, **dict.fromkeys(keys, dtype)}
 
     @property
+    def declared_quantization(self) -> JsonValue:
+        """quantization_config as declared (the file's, else the language model's), whatever JSON value it is."""
+        return self.full.get("quantization_config") or self.lm.get("quantization_config")
+
+    @property
     def quantization_config(self) -> dict[str, Any] | None:  # Any: JSON values
-        q = self.full.get("quantization_config") or self.lm.get("quantization_config")
+        q = self.declared_quantization
         return q if isinstance(q, dict) else None
 
     @property
@@ -211,7 +221,7 @@ def load_config(path: str | Path) -> ModelConfig:
     return ModelConfig(p, full, cfg)
 
 
-def _json_type(value: object) -> str:
+def _json_type(value: JsonValue) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -298,9 +308,36 @@ class ModelInfo:
         return int(kv_bytes_per_token(self.num_layers, self.num_key_value_heads, self.head_dim, 2))
 
     def to_dict(self) -> dict:
-        d = asdict(self)
-        d["kv_bytes_per_token_bf16"] = self.kv_bytes_per_token_bf16
-        return d
+        return {**asdict(self), "kv_bytes_per_token_bf16": self.kv_bytes_per_token_bf16}
+
+    def rows(self) -> list[tuple[str, str | int | bool | None]]:
+        """`infertool model info`'s table."""
+        q, kv = self.quantization, self.kv_bytes_per_token_bf16
+        keys = ("quant_method", "bits", "group_size", "sym", "desc_act")
+        experts = [("experts (active per token)", f"{self.num_experts} ({self.num_experts_per_tok})")]
+        return [
+            ("path", self.path), ("architecture", ", ".join(self.architectures) or self.model_type),
+            ("layers", self.num_layers), ("hidden size", self.hidden_size),
+            ("intermediate size", self.intermediate_size), ("attention heads", self.num_attention_heads),
+            ("KV heads", self.num_key_value_heads), *(experts if self.num_experts else []), ("head dim", self.head_dim),
+            ("vocab", self.vocab_size), ("max positions", self.max_position_embeddings),
+            ("tie_word_embeddings", self.tie_word_embeddings), ("dtype", f"{self.dtype} (stored: {self.stored_dtype})"),
+            ("weights", f"{self.weight_bytes:,} bytes ({self.weight_bytes / 2**20:.1f} MiB) in "
+                        f"{len(self.weight_files)} file(s), {self.tensors} tensors"),
+            ("KV cache per token (bf16)", f"{kv:,} bytes" if kv else "unknown"),
+            ("quantization", "none" if not q else ", ".join(f"{k}={q[k]}" for k in keys if k in q) or str(q)),
+            ("tokenizer / chat template", f"{'yes' if self.has_tokenizer else 'no'} / "
+                                          f"{'yes' if self.has_chat_template else 'no'}"),
+        ]
+
+
+class TensorEntry(NamedTuple):
+    """One tensor of a safetensors header: its dtype, shape and byte span in the file's data."""
+
+    dtype: str
+    shape: list[int]
+    begin: int
+    end: int
 
 
 class _ReadOnce:
@@ -308,7 +345,7 @@ class _ReadOnce:
 
     def __init__(self) -> None:
         self.infos: dict[str, ModelInfo] = {}
-        self.headers: dict[str, dict] = {}
+        self.headers: dict[str, dict[str, TensorEntry]] = {}
 
 
 _once: _ReadOnce | None = None
@@ -327,7 +364,7 @@ def reading_once() -> Iterator[None]:
         _once = outer
 
 
-def read_safetensors_header(path: Path) -> dict:
+def read_safetensors_header(path: Path) -> dict[str, TensorEntry]:
     if _once is None:
         return _read_safetensors_header(path)
     if str(path) not in _once.headers:
@@ -335,9 +372,10 @@ def read_safetensors_header(path: Path) -> dict:
     return _once.headers[str(path)]
 
 
-def _read_safetensors_header(path: Path) -> dict:
-    """The JSON header of one .safetensors file (without loading any tensor), checked against the format:
-    a JSON object of name -> {dtype: str, shape: [ints >= 0], data_offsets: [begin, end]} (and __metadata__)."""
+def _read_safetensors_header(path: Path) -> dict[str, TensorEntry]:
+    """The tensors of one .safetensors file's JSON header (without loading any tensor), checked against the format:
+    a JSON object of name -> {dtype: str, shape: [ints >= 0], data_offsets: [begin, end]} (and __metadata__, which
+    is left out)."""
     where = path.parent
     try:
         with open_regular(path) as f:
@@ -361,20 +399,23 @@ def _read_safetensors_header(path: Path) -> dict:
         raise ModelError(where, f"{path.name} has a corrupt safetensors header: {str(e)[:200]}") from None
     if not isinstance(header, dict):
         raise ModelError(where, f"{path.name}: the safetensors header must be a JSON object, got {_json_type(header)}")
-    for name, entry in header.items():
+    tensors: dict[str, TensorEntry] = {}
+    for name, raw_entry in header.items():
         if name == "__metadata__":
             continue
-        problem = _entry_problem(entry) or _extent_problem(entry, size - 8 - n)
-        if problem:
+        entry = _entry(raw_entry)
+        problem = entry if isinstance(entry, str) else _extent_problem(entry, size - 8 - n)
+        if isinstance(entry, str) or problem:
             raise ModelError(where, f"{path.name}: tensor {_short(name)} in the safetensors header {problem}")
-    _check_overlaps(header, path)
-    return header
+        tensors[name] = entry
+    _check_overlaps(tensors, path)
+    return tensors
 
 
-def _extent_problem(entry: dict, data_bytes: int) -> str | None:
+def _extent_problem(entry: TensorEntry, data_bytes: int) -> str | None:
     """A well-formed entry whose dtype is unknown, whose bytes are not what its shape and dtype need, or whose
     data lies past the end of the file (the format's own checks; safetensors refuses such a file at load)."""
-    dtype, shape, (begin, end) = entry["dtype"], entry["shape"], entry["data_offsets"]
+    dtype, shape, begin, end = entry
     if dtype not in _DTYPE_BITS:
         return f"has an unknown dtype {_short(dtype)} (safetensors knows {', '.join(_DTYPE_BITS)})"
     if end > data_bytes:
@@ -402,17 +443,17 @@ def _elements(shape: list[int]) -> int | None:
     return n
 
 
-def _check_overlaps(header: dict, path: Path) -> None:
+def _check_overlaps(tensors: dict[str, TensorEntry], path: Path) -> None:
     """Two tensors never share bytes (a crafted header could make one tensor's data another's)."""
-    spans = sorted((e["data_offsets"][0], e["data_offsets"][1], name) for name, e in header.items()
-                   if name != "__metadata__" and e["data_offsets"][1] > e["data_offsets"][0])
+    spans = sorted((e.begin, e.end, name) for name, e in tensors.items() if e.end > e.begin)
     for (_, end_a, a), (begin_b, _, b) in zip(spans, spans[1:]):
         if begin_b < end_a:
             raise ModelError(path.parent, f"{path.name}: tensors {_short(a)} and {_short(b)} in the safetensors header "
                              f"overlap (one begins at byte {begin_b:,}, before the other ends at {end_a:,})")
 
 
-def _entry_problem(entry: object) -> str | None:
+def _entry(entry: Any) -> TensorEntry | str:  # Any: a JSON value of the header
+    """The header's entry as a TensorEntry, or what is wrong with it."""
     if not isinstance(entry, dict):
         return f"must be an object (dtype, shape, data_offsets), got {_json_type(entry)}"
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
@@ -424,27 +465,21 @@ def _entry_problem(entry: object) -> str | None:
             or not all(isinstance(o, int) and not isinstance(o, bool) for o in offsets)
             or not 0 <= offsets[0] <= offsets[1]):
         return f"has data_offsets that are not [begin, end] with 0 <= begin <= end (got {_short(offsets)})"
-    return None
+    return TensorEntry(dtype, shape, offsets[0], offsets[1])
 
 
 def safetensors_stats(files: list[Path]) -> TensorStats:
     stats = TensorStats()
     for file in files:
         for name, entry in read_safetensors_header(file).items():
-            if name == "__metadata__":
-                continue
-            start, end = entry["data_offsets"]
-            nbytes = int(end) - int(start)
-            n = 1
-            for dim in entry["shape"]:
-                n *= int(dim)
+            nbytes = entry.end - entry.begin
             stats.tensors += 1
-            stats.parameters += n
+            stats.parameters += math.prod(entry.shape)
             stats.bytes += nbytes
-            stats.by_dtype[entry["dtype"]] = stats.by_dtype.get(entry["dtype"], 0) + nbytes
-            if entry["dtype"] in _FLOAT_WEIGHTS and len(entry["shape"]) == 2 and (
+            stats.by_dtype[entry.dtype] = stats.by_dtype.get(entry.dtype, 0) + nbytes
+            if entry.dtype in _FLOAT_WEIGHTS and len(entry.shape) == 2 and (
                     _ATTN_RE.search(name) or _EMBED_RE.search(name)):
-                stats.probes.setdefault(name, (file.name, list(entry["shape"])))
+                stats.probes.setdefault(name, (file.name, list(entry.shape)))
     return stats
 
 
@@ -567,7 +602,7 @@ def _model_info(path: str | Path) -> ModelInfo:
     if architectures is not None and (not isinstance(architectures, list)
                                       or not all(isinstance(a, str) for a in architectures)):
         raise ModelError(p, f"config.json: architectures must be a list of class names, got {_short(architectures)}")
-    quant = full.get("quantization_config") or cfg.get("quantization_config")  # not an object: refused below
+    quant = config.declared_quantization  # not an object: refused below
     if quant is None:
         for name in ("quantize_config.json", "quant_config.json"):
             qp = p / name
@@ -648,11 +683,13 @@ def position_limit(path: str | Path) -> PositionLimit:
     full, cfg = config.full, config.lm
     limit: int | None = None
     key: str | None = None
+    mml: int | float | None = None
     for k in _MAX_LEN_KEYS:
         v = cfg.get(k)
-        if _finite(v) and v >= 1 and (limit is None or v < limit):
-            limit, key = int(v), k
-    mml = cfg.get("model_max_length") if _finite(cfg.get("model_max_length")) and cfg["model_max_length"] >= 1 else None
+        if _finite(v) and v >= 1:
+            mml = v if k == "model_max_length" else mml
+            if limit is None or v < limit:
+                limit, key = int(v), k
     if mml:
         limit, key = int(mml), "model_max_length"
     if limit is None:
@@ -664,8 +701,8 @@ def position_limit(path: str | Path) -> PositionLimit:
         factor = 1.0
         for rtype, rp in ropes:
             if (isinstance(rtype, str) and rtype in VLLM_ROPE_TYPES and rtype not in _PRESCALED_ROPE
-                    and _finite(rp.get("factor")) and 0 < rp["factor"] <= 1024):
-                factor = rp["factor"]
+                    and _finite(f := rp.get("factor")) and 0 < f <= 1024):
+                factor = f
                 why_type = rtype
         if factor != 1.0:
             limit = int(limit * factor)
@@ -673,7 +710,7 @@ def position_limit(path: str | Path) -> PositionLimit:
     return PositionLimit(limit, key, why, int(mml) if mml else None)
 
 
-def rope_entries(cfg: dict) -> list[tuple[object, dict]]:
+def rope_entries(cfg: dict) -> list[tuple[JsonValue, dict]]:
     """(rope type, its parameters) of each RoPE config.json declares (rope_parameters or rope_scaling: one, or one
     per layer type); the type is "default" when none is named, as vLLM reads it, and what the file holds otherwise."""
     ropes = cfg.get("rope_parameters") or cfg.get("rope_scaling")
@@ -682,7 +719,7 @@ def rope_entries(cfg: dict) -> list[tuple[object, dict]]:
     return [(rp.get("rope_type") or rp.get("type") or "default", rp) for rp in ropes if isinstance(rp, dict)]
 
 
-def _finite(value: object) -> TypeGuard[int | float]:  # a value read from JSON
+def _finite(value: JsonValue) -> TypeGuard[int | float]:
     """A JSON number that arithmetic can use (json.loads reads Infinity and NaN)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 

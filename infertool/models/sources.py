@@ -28,6 +28,8 @@ from typing import Callable
 from infertool.atomic import move_into_place, remove_inside, replace_dir, replace_refusal, write_json
 from infertool.data.fingerprint import content_sha256
 from infertool.errors import BackendError, InfertoolError, UsageError
+from infertool.models.info import ModelInfo, model_info
+from infertool.records import Record
 
 CONVERTER_VERSION = 1  # bump when the conversion's output changes, to invalidate the cache
 
@@ -213,6 +215,7 @@ def convert_gguf_cached(
     """Convert a GGUF into the cache (or reuse it). Returns (directory, reused, key)."""
     from infertool.envs.paths import models_cache
     from infertool.envs.runner import run_task
+    from infertool.models.convert import ImportSpec
 
     if not gguf_path.is_file():
         raise UsageError(f"GGUF file not found: {gguf_path}")
@@ -229,7 +232,7 @@ def convert_gguf_cached(
     try:
         run = run_task(
             "model.import",
-            {"gguf_path": str(gguf_path.resolve()), "dest": str(tmp), "layers": layers, "dtype": dtype},
+            ImportSpec(str(gguf_path.resolve()), str(tmp), layers, dtype).to_dict(),
             on_event=on_event,
             log_dir=log_dir,
         )
@@ -353,3 +356,31 @@ def copy_model_dir(src: Path, dest: Path, *, force: bool = False) -> Path:
     finally:
         remove_inside(tmp, dest.parent, ignore_errors=True)
     return dest
+
+
+@dataclass
+class Imported(Record):
+    """`infertool model import`'s answer (its --json): the copy, the cached conversion it came from, its facts."""
+
+    source: str
+    dest: str
+    cache: str
+    reused: bool
+    info: ModelInfo
+
+
+def import_model(source: str, dest: Path, *, layers: int | None, dtype: str, force: bool,
+                 on_event: Callable[[dict], None] | None = None) -> Imported:
+    """A GGUF (or the bundled model) converted once into the cache, then copied to ``dest``."""
+    if not _converted(source):
+        raise UsageError(f"{source!r} is neither bundled:NAME nor a .gguf file",
+                         hint="a Hugging Face directory needs no import: use it as model.source directly")
+    cached = locate(source, layers=layers, dtype=dtype, convert=True, on_event=on_event).require()
+    assert cached.path is not None  # require(): it is here
+    path = copy_model_dir(cached.path, dest, force=force)
+    return Imported(source, str(path), str(cached.path), cached.cached, model_info(path))
+
+
+def local_model_info(source: str) -> ModelInfo:
+    """``model_info`` of a model directory, or of a bundled model's / a GGUF's conversion (made once)."""
+    return model_info(str(locate(source, convert=True).require().path) if _converted(source) else source)

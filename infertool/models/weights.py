@@ -44,9 +44,7 @@ def measured_weights(path: Path, info) -> WeightFacts:
     embed = experts = 0
     for f in weight_files(path):
         for name, entry in read_safetensors_header(f).items():
-            if name == "__metadata__":
-                continue
-            n = entry["data_offsets"][1] - entry["data_offsets"][0]
+            n = entry.end - entry.begin
             if re.search(r"embed_tokens|\bwte\b|word_embeddings", name):
                 embed += n
             elif ".experts." in name:

@@ -26,9 +26,10 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from infertool import backends
 from infertool.atomic import remove_inside, replace_dir, replace_refusal
-from infertool.backends.base import QuantBackend, TaskInputs, QuantizeTaskResult
+from infertool.backends.base import CompareSpec, QuantBackend, QuantizeTaskResult, TaskInputs
 from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
+from infertool.data.calibration import CalibrationInfo, CalibrationRequest
 from infertool.errors import UsageError
 from infertool.quantize.manifest import LayerErrors, WeightSize
 from infertool.quantize.preflight import PreflightReport
@@ -38,7 +39,6 @@ from infertool.resolve import QUANTIZE_MANIFEST as MANIFEST_NAME, default_output
 from infertool.summaries import Resolved
 
 if TYPE_CHECKING:
-    from infertool.data.calibration import CalibrationInfo
     from infertool.models.info import ModelInfo
     from infertool.backends.base import QuantizeConfig
     from infertool.recipe import Recipe
@@ -70,7 +70,7 @@ class QuantizeResult(Record):
     preflight: PreflightReport | None = None
     size: dict | None = None  # WeightSize's data, kept as written (the report shows a malformed one as it is)
     timings: dict = field(default_factory=dict)
-    calibration: dict | None = None  # infertool.data.calibration.CalibrationInfo's data
+    calibration: CalibrationInfo | None = None
     layer_errors: LayerErrors | None = None
     verify: LoadCheck | None = None  # the vLLM load check (None: it did not run)
     load_check: dict | None = None  # the launches of the vLLM load check (with --check: what would run)
@@ -123,7 +123,7 @@ class QuantizePlan:
             ok=True, recipe=self.res.recipe.name, method=self.config.method, backend=b.name if b.in_recipe else None,
             source_model=str(self.source), output=None if self.options.check else str(self.output),
             checked_only=self.options.check, preflight=self.preflight, timings=self.timings,
-            calibration=self.calibration.to_dict() if self.calibration else None, warnings=list(self.warnings),
+            calibration=self.calibration, warnings=list(self.warnings),
             resolution=self.res.to_dict(), held_out=self.held_out,
             load_check=dict(self.load_check) if b.checkpoint else None)
 
@@ -165,11 +165,11 @@ def plan(res: Resolution, options: QuantizeOptions | None = None, *, on_event: E
         from infertool.data.calibration import check_source
 
         cal_spec = calibration.model_dump(mode="json")
-        cal_check = check_source(cal_spec, recipe_dir)
-        cal_spec["source"] = cal_check.source  # absolute path (or builtin) for the worker
+        cal_check = check_source(CalibrationRequest.from_dict(cal_spec), recipe_dir)
+        cal_spec = {**cal_spec, "source": cal_check.source}  # absolute path (or builtin) for the worker
     serve = recipe.serve.model_dump(mode="json") if recipe.serve is not None else None
     report = preflight(info, q, serve=serve, output=dest, has_cuda=has_cuda(), target=res.target, host=res.host)
-    held = _held_out(recipe, cal_spec, recipe_dir, report) if cal_spec is not None else None
+    held = _held_out(recipe, CalibrationRequest.from_dict(cal_spec), recipe_dir, report) if cal_spec else None
     _output_check(report, dest, options)
     timings["preflight"] = time.monotonic() - t
     if not report.ok:
@@ -218,7 +218,7 @@ def _output_check(report: PreflightReport, dest: Path, options: QuantizeOptions)
         report.add("output", True, f"{'replaces ' if dest.exists() else ''}{dest}")
 
 
-def _held_out(recipe: Recipe, cal: dict, recipe_dir: Path | None, report: PreflightReport) -> dict:
+def _held_out(recipe: Recipe, cal: CalibrationRequest, recipe_dir: Path | None, report: PreflightReport) -> dict:
     """Calibration and evaluation never share text: the calibration text against the eval suite the recipe
     scores with. Refused (a preflight error) at 1 % of the suite's word 13-grams unless
     calibration.allow_eval_overlap, which turns it into a warning recorded in the manifest."""
@@ -227,19 +227,19 @@ def _held_out(recipe: Recipe, cal: dict, recipe_dir: Path | None, report: Prefli
     from infertool.data.suites import load_suite
 
     suite_name = recipe.eval.suite if recipe.eval is not None else "builtin-corpus"
-    docs, kind, _ = read_texts(cal["source"], cal.get("text_field", "text"), recipe_dir)
+    docs, kind, _ = read_texts(cal.source, cal.text_field, recipe_dir)
     try:
         suite = load_suite(suite_name)
     except UsageError as e:
         report.add("held_out", True, f"eval suite {suite_name} not readable here ({e.message}): overlap not checked")
         return {"suite": suite_name, "checked": False}
     ov = overlap(docs, suite.texts())
-    d = {"suite": suite_name, "calibration": cal["source"], "checked": True, "overlap": ov.to_dict()}
+    d = {"suite": suite_name, "calibration": cal.source, "checked": True, "overlap": ov.to_dict()}
     if kind == "builtin":
         from infertool.data import corpus
 
         d["corpus"] = corpus.describe()
-    allowed = bool(cal.get("allow_eval_overlap"))
+    allowed = cal.allow_eval_overlap
     if ov.refused:
         report.add("held_out", allowed, f"the calibration text overlaps eval suite {suite_name}: {ov.describe()}; the "
                    "verdict would be measured on text the model was calibrated on"
@@ -336,7 +336,7 @@ def _task_inputs(p: QuantizePlan, work: Path, log_dir: Path, *, announce: bool =
     from infertool.trust import announce_remote_code
 
     recipe, q = p.res.recipe, p.config
-    ignore = list(getattr(q, "ignore", None) or [])
+    ignore = list(q.layout().ignore)
     ignore_modules = [lin.name for lin in linear_layers([p.source / f for f in p.info.weight_files])
                       if ignore and matches_ignore(lin.name, ignore)]
     compare_here = p.verify or p.kernel_compare
@@ -395,13 +395,14 @@ def _quantize_in_env(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path
         return QuantizeTaskResult(model=str(p.source))
     from infertool.envs.runner import run_task
 
-    spec = p.backend.task_spec(p.config, _task_inputs(p, work, log_dir))
+    inputs = _task_inputs(p, work, log_dir)
+    spec = p.backend.task_spec(p.config, inputs)
     ctx.emit(f"quantizing {p.source.name} with {p.backend.name} ({p.config.method}) in the {p.backend.env!r} environment")
     t = time.monotonic()
     task = run_task(p.task, spec, on_event=ctx.on_event, log_dir=log_dir)
     p.timings["quantize_task"] = time.monotonic() - t
     answer = QuantizeTaskResult.from_dict(task.result)
-    answer.trust_remote_code = bool(spec.get("trust_remote_code"))
+    answer.trust_remote_code = inputs.trust_remote_code
     p.timings["backend"] = answer.timings
     remove_inside(work / "offload", work, ignore_errors=True)
     return answer
@@ -428,9 +429,8 @@ def _load_check(p: QuantizePlan, ctx: RunContext, work: Path, log_dir: Path, tas
         if reference is not None and verified.loaded and p.backend.compare_task:
             t = time.monotonic()
             ctx.emit(f"greedy comparison in {p.backend.name}'s kernels instead (vLLM cannot generate on this host)")
-            task = run_task(p.backend.compare_task, {"model": str(model_out), "reference": reference.to_dict(),
-                                                     "trust_remote_code": task_result.trust_remote_code},
-                            on_event=ctx.on_event, log_dir=log_dir)
+            spec = CompareSpec(str(model_out), reference, task_result.trust_remote_code).to_dict()
+            task = run_task(p.backend.compare_task, spec, on_event=ctx.on_event, log_dir=log_dir)
             task_result.local_agreement = QuantizeTaskResult.from_dict(task.result).local_agreement
             p.timings["compare"] = time.monotonic() - t
     return verified
@@ -476,18 +476,15 @@ def _manifest(p: QuantizePlan, task_result: QuantizeTaskResult, result: Quantize
         "timings_s": p.timings,
     }
     if b.task:
-        fields["environment"] = env_packages(b.env) if b.env else None  # None: it ran in-process
-        fields["backend_versions"] = task_result.versions
-        fields["quantize_config"] = task_result.quantize_config
-        fields["calibration"] = result.calibration
-        fields["layer_errors"] = {"summary": result.layer_errors, "layers": task_result.layers,
-                                  "metric": b.layer_error_metric or f"{b.name}'s per-module loss"}
-        fields["verify"] = result.verify
-        fields["local_agreement"] = task_result.local_agreement
-        if task_result.compute_dtype:
-            fields["compute_dtype"] = task_result.compute_dtype
-        if result.verify is not None:
-            fields["verify_environment"] = env_packages("serve")
-        fields["held_out"] = p.held_out
+        fields.update({
+            "environment": env_packages(b.env) if b.env else None,  # None: it ran in-process
+            "backend_versions": task_result.versions, "quantize_config": task_result.quantize_config,
+            "calibration": result.calibration,
+            "layer_errors": {"summary": result.layer_errors, "layers": task_result.layers,
+                             "metric": b.layer_error_metric or f"{b.name}'s per-module loss"},
+            "verify": result.verify, "local_agreement": task_result.local_agreement,
+            **({"compute_dtype": task_result.compute_dtype} if task_result.compute_dtype else {}),
+            **({"verify_environment": env_packages("serve")} if result.verify is not None else {}),
+            "held_out": p.held_out})
     fields.update(b.manifest(p.config, task_result))
     return build_manifest(**fields)

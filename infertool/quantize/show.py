@@ -35,10 +35,10 @@ def _rows(result: QuantizeResult) -> list[tuple[str, str | Text | None]]:
     if s.weight_bytes_after is not None:
         rows.append(("weights", f"{_mib(s.weight_bytes_before)} -> {_mib(s.weight_bytes_after)} "
                                 f"({s.reduction_pct or 0:.1f} % smaller)"))
-    if result.calibration and result.calibration.get("windows_sha256"):
-        c = result.calibration
-        rows.append(("calibration", f"{c['samples']} x {c['seq_len']} tokens from {c['kind']} (seed {c['seed']}), "
-                                    f"sha256 {c['windows_sha256'][:16]}"))
+    c = result.calibration
+    if c is not None and c.windows_sha256:
+        rows.append(("calibration", f"{c.samples} x {c.seq_len} tokens from {c.kind} (seed {c.seed}), "
+                                    f"sha256 {c.windows_sha256[:16]}"))
     le = result.layer_errors
     if le is not None and le.mean_loss is not None:
         rows.append(("layer error", f"mean {le.mean_loss:.3g}, max {le.max_loss or 0:.3g} ({le.max_module}) over "

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 from infertool import net
 from infertool.backends.greedy import MAX_TOKENS, PROMPTS, Agreement, GreedyReference, token_agreement
 from infertool.errors import RuntimeFailure
-from infertool.records import Record
+from infertool.records import Sparse
 
 if TYPE_CHECKING:
     from infertool.resolve import Resolution
+    from infertool.serve.launches import LaunchPlan
 
 __all__ = ["LoadCheck", "greedy", "load_check", "plans", "vllm_engine", "vllm_reason"]
 
@@ -33,7 +34,7 @@ REQUEST_TIMEOUT_S = 300
 
 
 @dataclass
-class LoadCheck(Record):
+class LoadCheck(Sparse):
     """What ``load_check`` found (quantize.json's and the manifest's ``verify``): vLLM loaded the checkpoint,
     generated with it, and the greedy tokens' agreement with the original (an older file holds the agreement as a
     bare number), with the engines, samples and launches; or, loaded but not run here, why not."""
@@ -51,11 +52,8 @@ class LoadCheck(Record):
     timings: dict[str, float] = field(default_factory=dict)
     log: str | None = None
 
-    OPTIONAL: ClassVar[tuple[str, ...]] = ("agreement", "engines", "samples", "reason", "launch", "launches")
-
-    def to_dict(self) -> dict:
-        """As written: a check that generated has no reason and one that did not has no agreement."""
-        return {k: v for k, v in super().to_dict().items() if v is not None or k not in self.OPTIONAL}
+    # as written: a check that generated has no reason and one that did not has no agreement
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("agreement", "engines", "samples", "reason", "launch", "launches")
 
     @property
     def agreement_share(self) -> float | None:
@@ -120,15 +118,19 @@ def _token_id(token: str) -> int:
 
 
 def plans(res: Resolution, quantized_ref, *, dry_run: bool = False, original: bool = True) -> dict:
-    """The launches of the load check: the quantized checkpoint and (``original``: when no reference from the
-    quantizer's environment replaces it) the original, each with the recipe's effective serve settings (as
+    """The launches of the load check by name: the quantized checkpoint and (``original``: when no reference from
+    the quantizer's environment replaces it) the original, each with the recipe's effective serve settings (as
     `infertool serve` would launch them; the launcher picks each one's port when it starts it)."""
+    q, o = _launches(res, quantized_ref, dry_run=dry_run, original=original)
+    return {"quantized": q, **({"original": o} if o is not None else {})}
+
+
+def _launches(res: Resolution, quantized_ref, *, dry_run: bool = False,
+              original: bool = True) -> tuple[LaunchPlan, LaunchPlan | None]:
     from infertool.serve import prepare
 
-    p = {"quantized": prepare(res, model=quantized_ref, purpose="load check (quantized)", dry_run=dry_run)}
-    if original:
-        p["original"] = prepare(res, model=res.base, purpose="load check (original)", dry_run=dry_run)
-    return p
+    return (prepare(res, model=quantized_ref, purpose="load check (quantized)", dry_run=dry_run),
+            prepare(res, model=res.base, purpose="load check (original)", dry_run=dry_run) if original else None)
 
 
 def vllm_engine(plan) -> str:
@@ -165,14 +167,14 @@ def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Calla
         if on_event:
             on_event({"event": "progress", "task": "verify", "completed": done, "total": steps, "description": what})
 
-    p = plans(res, quantized_ref, original=reference is None)
-    engines = {"quantized": vllm_engine(p["quantized"]),
-               "original": reference.engine if reference is not None else vllm_engine(p["original"])}
+    quantized, original = _launches(res, quantized_ref, original=reference is None)
+    engines = {"quantized": vllm_engine(quantized),
+               "original": reference.engine if reference is not None else vllm_engine(original)}
     emit(0, "serving the quantized checkpoint in vLLM")
     t = time.monotonic()
     log_q = log_dir / "vllm-quantized.log"
     try:
-        with launch(p["quantized"], log_q, label="the load check (quantized)", pool=pool) as srv:
+        with launch(quantized, log_q, label="the load check (quantized)", pool=pool) as srv:
             log_q = Path(srv.log_path)  # through a pool: the run's server log
             timings["ready_quantized"] = time.monotonic() - t
             emit(1, "greedy generation (quantized)")
@@ -199,7 +201,7 @@ def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Calla
         emit(steps, "loaded; generation unavailable on this host")
         return LoadCheck(True, False, _quant_method(log_q), host=host, timings=timings, log=str(log_q),
                          reason=f"this vLLM build has no weight-only quantized GEMM kernel for this CPU ({reason})",
-                         launch=p["quantized"].to_dict())
+                         launch=quantized.to_dict())
     except RuntimeFailure as e:
         if "generation failed" in e.message:
             raise
@@ -207,11 +209,11 @@ def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Calla
                              hint=(e.hint or "") + "; `--no-verify` skips this check", log_path=e.log_path) from None
     if reference is not None:
         b_ids, b_text = reference.tokens, reference.texts or [""] * len(prompts)
-    else:
+    elif original is not None:  # planned whenever there is no reference
         emit(2, "serving the original in vLLM")
         t = time.monotonic()
         log_o = log_dir / "vllm-original.log"
-        with launch(p["original"], log_o, label="the load check (original)") as srv:
+        with launch(original, log_o, label="the load check (original)") as srv:
             timings["ready_original"] = time.monotonic() - t
             emit(3, "greedy generation (original)")
             t = time.monotonic()
@@ -224,7 +226,9 @@ def load_check(res: Resolution, quantized_ref, *, log_dir: Path, on_event: Calla
     emit(steps, "compared")
     return LoadCheck(True, True, _quant_method(log_q), Agreement.from_dict(token_agreement(b_ids, q_ids)), engines,
                      [{"prompt": pr, "original": b, "quantized": q} for pr, b, q in zip(prompts, b_text, q_text)],
-                     host=host, launches={k: v.to_dict() for k, v in p.items()}, timings=timings, log=str(log_q))
+                     host=host, launches={"quantized": quantized.to_dict(),
+                                          **({"original": original.to_dict()} if original is not None else {})},
+                     timings=timings, log=str(log_q))
 
 
 def _quant_method(log_path: Path) -> str | None:
