@@ -5,20 +5,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar, Union
+from typing import TypeVar
 
 from infertool.bench.results import BenchReport, BenchSettings
 from infertool.evaluate.result import EvalResult
 from infertool.profile.core import ProfileResult
 from infertool.quantize.core import QuantizeResult
-from infertool.records import Record
+from infertool.records import JSONValue, Record
 from infertool.summaries import ModelSummary, QuantizeSummary, RunManifest, ServeSummary, StageSummary
 
 S = TypeVar("S", bound=StageSummary)
 R = TypeVar("R", bound=Record)
 # JSON as a run's files hold it (a recipe section of the manifest, a stage's result): each value checked where read
-JsonValue = Union[None, bool, int, float, str, list["JsonValue"], dict[str, "JsonValue"]]
-Section = dict[str, JsonValue]
+Section = dict[str, JSONValue]
 
 # ------------------------------------------------------------------------------------------- the run
 @dataclass
