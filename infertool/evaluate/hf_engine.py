@@ -8,10 +8,14 @@ infertool.evaluate.metrics in the parent, the same code for every engine.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infertool.errors import RuntimeFailure, UsageError
+from infertool.evaluate.paired import (
+    ChoicePair, Choices, GeneratePair, Outputs, Paired, PerplexityPair, TaskTiming, Window, to_json,
+)
 from infertool.perf.host import usable_cores
 
 if TYPE_CHECKING:
@@ -63,7 +67,7 @@ def _log_softmax(model: Any, ids: Any, mask: Any = None) -> Any:  # Any: torch m
 
 
 def _perplexity(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: int, events: Events,  # Any: JSON values
-                timing: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
+                timing: TaskTiming) -> PerplexityPair:
     import torch
 
     ids = tok(task["text"], add_special_tokens=False)["input_ids"]
@@ -84,25 +88,20 @@ def _perplexity(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: int, ev
         t1 = time.monotonic()
         lpc = _log_softmax(mc, x)
         t2 = time.monotonic()
-        timing["base_s"] += t1 - t0
-        timing["cand_s"] += t2 - t1
-        timing["tokens"] += x.numel()
+        timing.base_s += t1 - t0
+        timing.cand_s += t2 - t1
+        timing.tokens += x.numel()
         for j, row in enumerate(rows):
             b = lpb[j, :-1]
             c = lpc[j, :-1]
             tgt = x[j, 1:].unsqueeze(-1)
             kld = (b.exp() * (b - c)).sum(-1).clamp_min(0.0)
-            items.append({
-                "id": f"w{start + j:04d}",
-                "n_bytes": len(tok.decode(row[1:]).encode("utf-8")),
-                "lp_b": b.gather(-1, tgt).squeeze(-1).tolist(),
-                "lp_c": c.gather(-1, tgt).squeeze(-1).tolist(),
-                "kld": kld.tolist(),
-                "same_top1": (b.argmax(-1) == c.argmax(-1)).int().tolist(),
-            })
+            items.append(Window(f"w{start + j:04d}", len(tok.decode(row[1:]).encode("utf-8")),
+                                b.gather(-1, tgt).squeeze(-1).tolist(), c.gather(-1, tgt).squeeze(-1).tolist(),
+                                kld.tolist(), (b.argmax(-1) == c.argmax(-1)).int().tolist()))
         del lpb, lpc
         events.progress(task["name"], len(items), n, f"{task['name']}: windows")
-    return {"type": "perplexity", "seq_len": L, "corpus_tokens": len(ids), "kld_kind": "full", "items": items}
+    return PerplexityPair(items, seq_len=L, corpus_tokens=len(ids))
 
 
 def _encode_pair(tok: Any, context: str, continuation: str) -> tuple[list[int], list[int]]:  # Any: JSON values
@@ -117,7 +116,7 @@ def _encode_pair(tok: Any, context: str, continuation: str) -> tuple[list[int], 
 
 
 def _multiple_choice(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: int, events: Events,  # Any: JSON values
-                     timing: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
+                     timing: TaskTiming) -> ChoicePair:
     import torch
 
     reqs = []  # (item index, choice index, ids, n_cont)
@@ -138,32 +137,27 @@ def _multiple_choice(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: in
         for key, model in (("b", mb), ("c", mc)):
             t0 = time.monotonic()
             lp = _log_softmax(model, x, mask)
-            timing["base_s" if key == "b" else "cand_s"] += time.monotonic() - t0
+            _add_seconds(timing, key, time.monotonic() - t0)
             for j, (i, k, seq, nc) in enumerate(chunk):
                 pos = torch.arange(len(seq) - nc - 1, len(seq) - 1)
                 tgt = torch.tensor(seq[len(seq) - nc:], dtype=torch.long)
                 sel = lp[j, pos]
                 lls[key][(i, k)] = float(sel.gather(-1, tgt.unsqueeze(-1)).sum())
                 greedy[key][(i, k)] = bool((sel.argmax(-1) == tgt).all())
-        timing["tokens"] += int(mask.sum())
+        timing.tokens += int(mask.sum())
         done += len(chunk)
         events.progress(task["name"], done, len(reqs), f"{task['name']}: choices")
     items = []
     for i, it in enumerate(task["items"]):
         ks = range(len(it["continuations"]))
-        items.append({
-            "id": it["id"],
-            "ll_b": [lls["b"][(i, k)] for k in ks],
-            "ll_c": [lls["c"][(i, k)] for k in ks],
-            "greedy_b": [greedy["b"][(i, k)] for k in ks],
-            "greedy_c": [greedy["c"][(i, k)] for k in ks],
-            "n_bytes": [len(c.encode("utf-8")) for c in it["continuations"]],
-        })
-    return {"type": "multiple_choice", "items": items}
+        ll = [[lls[m][(i, k)] for k in ks] for m in "bc"]
+        gr = [[greedy[m][(i, k)] for k in ks] for m in "bc"]
+        items.append(Choices(it["id"], ll[0], ll[1], [len(c.encode("utf-8")) for c in it["continuations"]], gr[0], gr[1]))
+    return ChoicePair(items)
 
 
 def _generate(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: int, events: Events,  # Any: JSON values
-              timing: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
+              timing: TaskTiming) -> GeneratePair:
     import torch
 
     prompts = []
@@ -190,9 +184,9 @@ def _generate(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: int, even
                 with torch.inference_mode():
                     gen = model.generate(**enc, max_new_tokens=int(task.get("max_tokens", 32)), do_sample=False,
                                          stop_strings=stop or None, tokenizer=tok, pad_token_id=tok.pad_token_id)
-                timing["base_s" if key == "b" else "cand_s"] += time.monotonic() - t0
+                _add_seconds(timing, key, time.monotonic() - t0)
                 new = gen[:, enc["input_ids"].shape[1]:]
-                timing["gen_tokens"] += int((new != tok.pad_token_id).sum())
+                timing.gen_tokens = (timing.gen_tokens or 0) + int((new != tok.pad_token_id).sum())
                 for j, row in enumerate(new):
                     text = tok.decode(row, skip_special_tokens=True)
                     for st in stop:
@@ -202,8 +196,14 @@ def _generate(task: dict[str, Any], tok: Any, mb: Any, mc: Any, batch: int, even
             events.progress(task["name"], min(s + batch, len(prompts)), len(prompts), f"{task['name']}: generate")
     finally:
         tok.padding_side = old_side
-    items = [{"id": it["id"], "out_b": outs["b"][i], "out_c": outs["c"][i]} for i, it in enumerate(task["items"])]
-    return {"type": "generate", "items": items}
+    return GeneratePair([Outputs(it["id"], str(b), str(c)) for it, b, c in zip(task["items"], outs["b"], outs["c"])])
+
+
+def _add_seconds(timing: TaskTiming, key: str, seconds: float) -> None:
+    if key == "b":
+        timing.base_s += seconds
+    else:
+        timing.cand_s += seconds
 
 
 def compare_task(spec: dict[str, Any], events: Events) -> dict[str, Any]:  # Any: JSON values
@@ -224,15 +224,15 @@ def compare_task(spec: dict[str, Any], events: Events) -> dict[str, Any]:  # Any
         raise UsageError(f"base and candidate have different vocabularies ({vb} vs {vc} tokens): they cannot be compared token by token",
                          hint="the candidate must be a quantized copy of the base model")
     batch = int(spec.get("batch_size", 8))
-    runners = {"perplexity": _perplexity, "multiple_choice": _multiple_choice, "generate": _generate}
+    runners: dict[str, Callable[..., Paired]] = {"perplexity": _perplexity, "multiple_choice": _multiple_choice, "generate": _generate}
     tasks = {}
     timings = {}
     for task in spec["tasks"]:
-        timing = {"base_s": 0.0, "cand_s": 0.0, "tokens": 0, "gen_tokens": 0}
+        timing = TaskTiming(gen_tokens=0)
         t0 = time.monotonic()
-        tasks[task["name"]] = runners[task["type"]](task, tok, mb, mc, batch, events, timing)
-        timing["wall_s"] = time.monotonic() - t0
-        timings[task["name"]] = timing
+        tasks[task["name"]] = to_json(runners[task["type"]](task, tok, mb, mc, batch, events, timing))
+        timing.wall_s = time.monotonic() - t0
+        timings[task["name"]] = timing.to_dict()
     versions = {"torch": torch.__version__, "transformers": transformers.__version__}
     try:
         import gptqmodel
@@ -240,5 +240,5 @@ def compare_task(spec: dict[str, Any], events: Events) -> dict[str, Any]:  # Any
         versions["gptqmodel"] = gptqmodel.__version__
     except Exception:  # noqa: BLE001
         pass
-    return {"engine": "hf", "tasks": tasks, "timing": timings, "models": {"base": info_b, "candidate": info_c},
-            "versions": versions, "threads": torch.get_num_threads()}
+    return {"engine": "hf", "tasks": tasks, "timing": timings, "base": info_b, "candidate": info_c,
+            "versions": versions}

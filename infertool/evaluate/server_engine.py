@@ -24,6 +24,9 @@ from infertool import net
 from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
 from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
 from infertool.evaluate.metrics import topk_kld
+from infertool.evaluate.paired import (
+    ChoicePair, Choices, EngineRun, GeneratePair, Outputs, Paired, PerplexityPair, TaskTiming, Window,
+)
 
 if TYPE_CHECKING:
     from infertool.evaluate.phases import Phase
@@ -319,45 +322,41 @@ def _loglik(lps: list[Any], cont: str) -> float:  # Any: JSON values
     return math.fsum(lps)
 
 
-def combine(raw_b: dict[str, Any], raw_c: dict[str, Any], k: int) -> dict[str, Any]:  # Any: JSON values
-    """Pair the two models' raw numbers into the format the hf engine returns (top-k KLD)."""
-    tasks = {}
+def combine(raw_b: dict[str, Any], raw_c: dict[str, Any], k: int) -> dict[str, Paired]:  # Any: collect's raw output
+    """Pair the two models' raw numbers (``collect``) task by task, item by item (top-k KLD)."""
+    tasks: dict[str, Paired] = {}
     for name, tb in raw_b["tasks"].items():
-        tc = raw_c["tasks"][name]
+        pairs = list(zip(tb["items"], raw_c["tasks"][name]["items"]))
         if tb["type"] == "perplexity":
-            items = []
-            for wb, wc in zip(tb["items"], tc["items"]):
-                if wb["tokens"] != wc["tokens"]:
-                    raise TokenizerMismatch(f"task {name!r} window {wb['id']}",
-                                            hint="base and candidate must share a tokenizer")
-                kld, cov, same = [], [], []
-                for topb, topc in zip(wb["top"], wc["top"]):
-                    d, m = topk_kld(topb, topc)
-                    kld.append(d)
-                    cov.append(m)
-                    same.append(int(bool(topb) and bool(topc) and max(topb, key=topb.get) == max(topc, key=topc.get)))
-                items.append({"id": wb["id"], "n_bytes": wb["n_bytes"], "lp_b": wb["lp"], "lp_c": wc["lp"],
-                              "kld": kld, "same_top1": same, "covered_b": cov})
-            tasks[name] = {"type": "perplexity", "seq_len": tb["seq_len"], "corpus_tokens": tb["corpus_tokens"],
-                           "kld_kind": f"top-{k}", "items": items}
+            tasks[name] = PerplexityPair([_window(name, wb, wc) for wb, wc in pairs], seq_len=tb["seq_len"],
+                                         corpus_tokens=tb["corpus_tokens"], kld_kind=f"top-{k}")
         elif tb["type"] == "multiple_choice":
-            tasks[name] = {"type": "multiple_choice", "items": [
-                {"id": ib["id"], "ll_b": ib["ll"], "ll_c": ic["ll"], "greedy_b": ib["greedy"], "greedy_c": ic["greedy"],
-                 "n_bytes": ib["n_bytes"]} for ib, ic in zip(tb["items"], tc["items"])]}
+            tasks[name] = ChoicePair([Choices(ib["id"], ib["ll"], ic["ll"], ib["n_bytes"], ib["greedy"], ic["greedy"])
+                                      for ib, ic in pairs])
         else:
-            tasks[name] = {"type": "generate", "items": [
-                {"id": ib["id"], "out_b": ib["out"], "out_c": ic["out"]} for ib, ic in zip(tb["items"], tc["items"])]}
+            tasks[name] = GeneratePair([Outputs(ib["id"], ib["out"], ic["out"]) for ib, ic in pairs])
     return tasks
 
 
-def _timing(raw_b: dict[str, Any], raw_c: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
+def _window(task: str, wb: dict[str, Any], wc: dict[str, Any]) -> Window:  # Any: collect's raw window
+    if wb["tokens"] != wc["tokens"]:
+        raise TokenizerMismatch(f"task {task!r} window {wb['id']}", hint="base and candidate must share a tokenizer")
+    kld, cov, same = [], [], []
+    for topb, topc in zip(wb["top"], wc["top"]):
+        d, m = topk_kld(topb, topc)
+        kld.append(d)
+        cov.append(m)
+        same.append(int(bool(topb) and bool(topc) and max(topb, key=topb.get) == max(topc, key=topc.get)))
+    return Window(wb["id"], wb["n_bytes"], wb["lp"], wc["lp"], kld, same, cov)
+
+
+def _timing(raw_b: dict[str, Any], raw_c: dict[str, Any]) -> dict[str, TaskTiming]:  # Any: collect's raw output
     sb, sc = raw_b["stats"], raw_c["stats"]
-    return {"all": {"base_s": sb["seconds"], "cand_s": sc["seconds"], "tokens": sb["tokens"],
-                    "wall_s": sb["seconds"] + sc["seconds"]}}
+    return {"all": TaskTiming(sb["seconds"], sc["seconds"], sb["tokens"], wall_s=sb["seconds"] + sc["seconds"])}
 
 
 def compare_openai(cb: Client, cc: Client, tasks: list[dict[str, Any]], *, k: int, workers: int, events: Events,  # Any: JSON values
-                   phases: list[Phase] | None = None, log_dir: Path | None = None) -> dict[str, Any]:  # Any: JSON values
+                   phases: list[Phase] | None = None, log_dir: Path | None = None) -> EngineRun:
     """Both models on already running OpenAI-compatible server(s): ``cb`` names the base, ``cc`` the candidate.
     ``phases`` (infertool.evaluate.phases): more work on each server, the base first."""
     from infertool.evaluate.phases import Served, run_all
@@ -369,9 +368,8 @@ def compare_openai(cb: Client, cc: Client, tasks: list[dict[str, Any]], *, k: in
     run_all(phases or [], Served("base", cb, None, log_dir), done, events)
     raw_c = collect(cc, tasks, k=k, workers=workers, events=events, label="candidate")
     run_all(phases or [], Served("candidate", cc, None, log_dir), done, events)
-    return {"engine": "openai", "tasks": combine(raw_b, raw_c, k), "timing": _timing(raw_b, raw_c), "phases": done,
-            "models": {"base": {"name": cb.model, "url": cb.base_url}, "candidate": {"name": cc.model, "url": cc.base_url}},
-            "topk": k}
+    return EngineRun("openai", combine(raw_b, raw_c, k), _timing(raw_b, raw_c), {"name": cb.model, "url": cb.base_url},
+                     {"name": cc.model, "url": cc.base_url}, done, k)
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,7 +378,7 @@ def compare_openai(cb: Client, cc: Client, tasks: list[dict[str, Any]], *, k: in
 
 
 def compare_vllm(plans: dict[str, LaunchPlan], tasks: list[dict[str, Any]], *, k: int, workers: int, events: Events,  # Any: JSON values
-                 log_dir: Path, pool: ServerPool | None = None, phases: list[Phase] | None = None) -> dict[str, Any]:  # Any: JSON values
+                 log_dir: Path, pool: ServerPool | None = None, phases: list[Phase] | None = None) -> EngineRun:
     """One vLLM server per model (``plans``: {"candidate": LaunchPlan, "base": LaunchPlan} from
     ``infertool.serve.prepare``: the recipe's effective serve settings for each), one after the other,
     each stopped before the next starts (``pool``: `run`'s shared servers, which the pool stops). The
@@ -420,7 +418,6 @@ def compare_vllm(plans: dict[str, LaunchPlan], tasks: list[dict[str, Any]], *, k
                 f"{e.message.splitlines()[0]}: this vLLM build has no weight-only quantized GEMM kernel for this CPU",
                 hint="use --engine hf (it loads GPTQ/AWQ checkpoints in transformers), or run the vllm engine on a "
                 "CUDA or AVX-512 host", log_path=e.log_path) from None
-    return {"engine": "vllm", "tasks": combine(raws["base"], raws["candidate"], k), "timing": _timing(raws["base"], raws["candidate"]),
-            "phases": done,
-            "models": {"base": {"path": plans["base"].model.path, "server": servers["base"]},
-                       "candidate": {"path": plans["candidate"].model.path, "server": servers["candidate"]}}, "topk": k}
+    models = {label: {"path": plans[label].model.path, "server": servers[label]} for label in ("base", "candidate")}
+    return EngineRun("vllm", combine(raws["base"], raws["candidate"], k), _timing(raws["base"], raws["candidate"]),
+                     models["base"], models["candidate"], done, k)

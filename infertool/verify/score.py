@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
+from infertool.evaluate.paired import ChoicePair, PerplexityPair
 from infertool.evaluate.decode import compare
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
@@ -66,26 +67,25 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
     """The prompt block: pooled KLD and top-1 over the perplexity tasks, agreement of the other tasks."""
     tasks = combine(evidence_raw, new_raw, k)
     block = PromptScore(kld_kind=f"top-{k}")
-    ppl = [t for t in tasks.values() if t["type"] == "perplexity"]
+    ppl = [t for t in tasks.values() if isinstance(t, PerplexityPair)]
     z = M.z_for(confidence)
     for name, t in tasks.items():
-        if t["type"] == "perplexity":
+        if isinstance(t, PerplexityPair):
             s = summarize_perplexity(t, confidence)
             block.tasks[name] = {"type": "perplexity", "tokens": s.tokens, "kld": s.kld["mean"],
                                  "top1": s.top1_agree}
         else:
-            key = ("greedy_b", "greedy_c") if t["type"] == "multiple_choice" else ("out_b", "out_c")
-            if t["type"] == "multiple_choice":
-                same = sum(max(range(len(it["ll_b"])), key=it["ll_b"].__getitem__)
-                           == max(range(len(it["ll_c"])), key=it["ll_c"].__getitem__) for it in t["items"])
+            if isinstance(t, ChoicePair):
+                same = sum(max(range(len(it.ll_b)), key=it.ll_b.__getitem__)
+                           == max(range(len(it.ll_c)), key=it.ll_c.__getitem__) for it in t.items)
             else:
-                same = sum(it[key[0]] == it[key[1]] for it in t["items"])
-            n = len(t["items"])
-            block.tasks[name] = {"type": t["type"], "items": n, "agreement": same / n if n else None,
+                same = sum(it.out_b == it.out_c for it in t.items)
+            n = len(t.items)
+            block.tasks[name] = {"type": t.type, "items": n, "agreement": same / n if n else None,
                                  "agreement_ci": list(M.wilson(same, n, confidence)) if n else None,
-                                 "what": "same pick" if t["type"] == "multiple_choice" else "same output"}
+                                 "what": "same pick" if t.type == "multiple_choice" else "same output"}
     if ppl:
-        merged = {"items": [it for t in ppl for it in t["items"]], "kld_kind": f"top-{k}"}
+        merged = PerplexityPair([w for t in ppl for w in t.items], kld_kind=f"top-{k}")
         s = summarize_perplexity(merged, confidence)
         mean, se = _finite(s.kld["mean"]), _finite(s.kld["se"])
         if mean is not None and se is not None and s.tokens:

@@ -1,0 +1,116 @@
+"""Both models' raw numbers on one suite, paired item by item: what an engine hands the summary
+(infertool.evaluate.core.summarize). The server engines pair two scorings (``server_engine.combine``); the hf
+engine pairs in its worker and sends them as JSON (``to_json``), read back once (``from_json``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, ClassVar
+
+from infertool.records import Sparse
+
+
+@dataclass(frozen=True)
+class Window:
+    """A perplexity window: per scored token, both log-probabilities, the KLD and whether the top-1 agree."""
+
+    id: str
+    n_bytes: int
+    lp_b: list[float]
+    lp_c: list[float]
+    kld: list[float]
+    same_top1: list[int]
+    covered_b: list[float] | None = None  # top-k engines: the base's probability mass the top-k cover
+
+
+@dataclass(frozen=True)
+class Choices:
+    """A multiple-choice item: per continuation, both log-likelihoods and whether each model's greedy path is it."""
+
+    id: str
+    ll_b: list[float]
+    ll_c: list[float]
+    n_bytes: list[int]
+    greedy_b: list[bool] = field(default_factory=list)
+    greedy_c: list[bool] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """A generation item: both models' greedy text."""
+
+    id: str
+    out_b: str
+    out_c: str
+
+
+@dataclass(frozen=True)
+class PerplexityPair:
+    type: ClassVar[str] = "perplexity"
+    items: list[Window]
+    seq_len: int | None = None
+    corpus_tokens: int | None = None
+    kld_kind: str = "full"  # "full" (hf: exact), "top-K" (a server's top-k: a lower bound)
+
+
+@dataclass(frozen=True)
+class ChoicePair:
+    type: ClassVar[str] = "multiple_choice"
+    items: list[Choices]
+
+
+@dataclass(frozen=True)
+class GeneratePair:
+    type: ClassVar[str] = "generate"
+    items: list[Outputs]
+
+
+Paired = PerplexityPair | ChoicePair | GeneratePair
+
+
+@dataclass
+class TaskTiming(Sparse):
+    """An engine's time on a task (the server engines: on ``all`` of them), as results.json's timing.per_task."""
+
+    OMIT_NONE = ("gen_tokens",)
+    base_s: float = 0.0
+    cand_s: float = 0.0
+    tokens: int = 0
+    gen_tokens: int | None = None  # the hf engine's generated tokens
+    wall_s: float = 0.0
+
+
+@dataclass
+class EngineRun:
+    """An engine's answer for both models: the paired tasks, the timing, what each model was (its path, server,
+    loader), the phases' raw numbers ({phase: {label: raw}}) and the top-k the KLD is computed from."""
+
+    engine: str
+    tasks: dict[str, Paired]
+    timing: dict[str, TaskTiming]
+    base: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
+    candidate: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
+    phases: dict[str, dict[str, Any]] = field(default_factory=dict)  # Any: JSON values
+    topk: int | None = None
+    versions: dict[str, str] = field(default_factory=dict)
+
+
+def to_json(task: Paired) -> dict[str, Any]:  # Any: JSON values
+    return {"type": task.type, **asdict(task)}
+
+
+def from_json(d: dict[str, Any]) -> Paired:  # Any: JSON values (the hf worker's answer)
+    """A paired task from its JSON (``to_json``)."""
+    body = {k: v for k, v in d.items() if k != "type"}
+    if d["type"] == "perplexity":
+        return PerplexityPair(**{**body, "items": [Window(**w) for w in body["items"]]})
+    if d["type"] == "multiple_choice":
+        return ChoicePair([Choices(**it) for it in body["items"]])
+    return GeneratePair([Outputs(**it) for it in body["items"]])
+
+
+def run_from_json(d: dict[str, Any]) -> EngineRun:  # Any: JSON values (the hf worker's answer)
+    """The hf engine's answer (``hf_engine.compare_task``), read once."""
+    return EngineRun(**{**d, "tasks": {name: from_json(t) for name, t in d["tasks"].items()},
+                        "timing": {name: TaskTiming.from_dict(t) for name, t in d["timing"].items()}})
