@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from infertool import net
@@ -78,8 +79,16 @@ def _prompt_len(r: dict[str, Any], prompt: str | list[int], tokens: list[Any]) -
     return len(tokens) - 1
 
 
-def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str) -> dict[str, Any]:  # Any: JSON values
-    """An echo + logprobs answer checked and cut to the prompt's tokens: {"tokens", "lp", "top", "offsets"}.
+@dataclass(frozen=True)
+class PromptLogprobs:
+    tokens: list[str]
+    lp: list[float | None]  # lp[0]: None (the first token has no context)
+    top: list[dict[str, float]]
+    offsets: list[int]  # each token's offset in the prompt's text (a text prompt)
+
+
+def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str) -> PromptLogprobs:  # Any: JSON values
+    """An echo + logprobs answer checked and cut to the prompt's tokens.
     ``lp[0]`` is None (the first token has no context); every other position has a log-probability and a
     non-empty top-k. No prompt log-probabilities at all: NoPromptLogprobs; anything else wrong: Malformed."""
     choices = r.get("choices")
@@ -109,7 +118,7 @@ def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str
     offsets = _list(offsets, "text_offset", n, int) if offsets is not None else []
     if any(net.count(o) is None for o in offsets):
         raise Malformed("logprobs.text_offset holds offsets that are not counts")
-    return {"tokens": tokens, "lp": out_lp, "top": out_top, "offsets": offsets}
+    return PromptLogprobs(tokens, out_lp, out_top, offsets)
 
 
 def pmap(fn: Callable[[T], R], items: Sequence[T], workers: int, progress: Callable[[int], None] | None = None,

@@ -23,7 +23,7 @@ from infertool.data.suites import Suite, SuiteTask, generation_correct, load_sui
 from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.paired import (
-    ChoicePair, EngineRun, GeneratePair, Paired, PerplexityPair, TaskTiming, run_from_json,
+    ChoicePair, EngineRun, GeneratePair, HfJob, Paired, ScoreTask, PerplexityPair, TaskTiming, run_from_json,
 )
 from infertool.evaluate.prepare import EvalPlan
 from infertool.evaluate.result import (
@@ -320,8 +320,9 @@ def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_
     if plan.engine == "hf":
         from infertool.envs.runner import run_task
 
-        run = run_task("eval.hf", {"base": plan.base, "candidate": plan.candidate, "tasks": requests,
-                                    "batch_size": plan.batch_size, "trust_remote_code": plan.trust_remote_code},
+        job = HfJob(plan.base, plan.candidate or "", [ScoreTask.from_dict(t) for t in requests], plan.batch_size,
+                    plan.trust_remote_code)
+        run = run_task("eval.hf", job.to_dict(),
                        on_event=ctx.on_event, log_dir=out_dir / "logs")
         return run_from_json(run.result)
     events = InProcessEvents(ctx.on_event or (lambda e: None))

@@ -226,7 +226,7 @@ def _echo_tops(client: Client, ids: list[int], k: int) -> list[dict[str, Any]]: 
         "model": client.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "echo": True, "logprobs": k,
         "return_tokens_as_token_ids": True})
     got = parse_prompt_logprobs(r, ids, f"the server at {client.base_url} (model {client.model!r})")
-    return [{str(_token_id(t, "top_logprobs")): v for t, v in top.items()} if top else {} for top in got["top"]]
+    return [{str(_token_id(t, "top_logprobs")): v for t, v in top.items()} if top else {} for top in got.top]
 
 
 def probe(client: Client, k: int) -> str | None:

@@ -8,7 +8,52 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
-from infertool.records import Sparse
+from infertool.records import Record, Sparse
+
+
+@dataclass
+class RequestItem(Record):
+    id: str = ""
+    context: str = ""  # multiple choice: the question, then each continuation
+    continuations: list[str] = field(default_factory=list)
+    prompt: str = ""  # generate: a prompt, or a chat item's conversation
+    messages: list[dict[str, Any]] | None = None  # Any: JSON values
+
+
+@dataclass
+class ScoreTask(Record):
+    """One task as an engine scores it: ``data.suites.SuiteTask.request``'s JSON, read once by each engine."""
+
+    name: str = ""
+    type: str = ""
+    text: str = ""  # perplexity: the corpus, cut in windows of seq_len tokens
+    seq_len: int = 0
+    max_windows: int | None = None
+    window_start: int = 0  # scoring in rounds (tune): windows [window_start, max_windows) of the same cut
+    items: list[RequestItem] = field(default_factory=list)
+    chat: bool = False
+    max_tokens: int = 32
+    stop: list[str] = field(default_factory=list)
+
+
+@dataclass
+class HfJob(Record):
+    """The hf engine's work (its worker's spec): both models, the tasks, the batch size."""
+
+    base: str = ""
+    candidate: str = ""
+    tasks: list[ScoreTask] = field(default_factory=list)
+    batch_size: int = 8
+    trust_remote_code: bool = False  # model.trust_remote_code: passed to every loader
+    threads: int | None = None
+
+
+def cut_at_stop(text: str, stop: list[str]) -> str:
+    """A generated text before the first stop string it holds."""
+    for st in stop:
+        if st and st in text:
+            text = text[:text.index(st)]
+    return text
 
 
 @dataclass(frozen=True)
