@@ -121,22 +121,20 @@ def estimates(pool: Pooled, confidence: float) -> dict[str, Estimate]:
     """Each gate's estimate and interval from the pooled metrics (a gate the suite does not measure: absent)."""
     z = M.z_for(confidence)
     out: dict[str, Estimate] = {}
-    tok, items = pool.tokens, pool.items
+    tok, items, lm, dec = pool.tokens, pool.items, pool.lm_eval, pool.decode
     if tok is not None:
         n, mean, se = tok.tokens, tok.kld["mean"], tok.kld["se"]
-        out["max_mean_kld"] = Estimate(mean, mean - z * se, mean + z * se, n)
-        out["min_top1"] = Estimate(tok.top1_agree, *_interval(tok.top1_agree_ci), n)
-        out["max_ppl_ratio"] = Estimate(tok.ppl_ratio, *_interval(tok.ppl_ratio_ci), n)
+        out |= {"max_mean_kld": Estimate(mean, mean - z * se, mean + z * se, n),
+                "min_top1": Estimate(tok.top1_agree, *_interval(tok.top1_agree_ci), n),
+                "max_ppl_ratio": Estimate(tok.ppl_ratio, *_interval(tok.ppl_ratio_ci), n)}
     if items is not None:
         lo, hi = _interval(items.net_change_ci)
-        out["max_acc_drop"] = Estimate(_neg(items.net_change), _neg(hi), _neg(lo), items.n)
-        out["max_flip_rate"] = Estimate(items.flip_rate, *_interval(items.flip_rate_ci), items.n)
-    lm = pool.lm_eval  # infertool.evaluate.phases: the lm-eval tasks' pooled recovery
-    if lm is not None and lm.n and lm.recovery_ci:
-        out["min_recovery"] = Estimate(lm.recovery, *_interval(lm.recovery_ci), lm.n)
-    dec = pool.decode  # the decode path as served: teacher-forced per-step KLD
-    if dec is not None and dec.steps and dec.kld_ci:
-        out["max_decode_kld"] = Estimate(dec.kld, *_interval(dec.kld_ci), dec.steps)
+        out |= {"max_acc_drop": Estimate(_neg(items.net_change), _neg(hi), _neg(lo), items.n),
+                "max_flip_rate": Estimate(items.flip_rate, *_interval(items.flip_rate_ci), items.n)}
+    if lm is not None and lm.n and lm.recovery_ci:  # the lm-eval tasks' pooled recovery
+        out |= {"min_recovery": Estimate(lm.recovery, *_interval(lm.recovery_ci), lm.n)}
+    if dec is not None and dec.steps and dec.kld_ci:  # the decode path as served: teacher-forced per-step KLD
+        out |= {"max_decode_kld": Estimate(dec.kld, *_interval(dec.kld_ci), dec.steps)}
     return out
 
 
@@ -146,7 +144,7 @@ def _neg(x: float | None) -> float | None:
 
 def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:  # Any: JSON values
     """One gate per threshold of eval.accept (infertool.evaluate.verdict.RULES), judged on the pooled metrics."""
-    conf = float(accept.get("confidence", 0.95))
+    conf = Accept.from_dict(accept).confidence
     found = estimates(pool, conf)
     tok = pool.tokens
     topk_note = ""
@@ -177,7 +175,7 @@ def summarize(suite: Suite, raw_tasks: dict[str, Paired], accept: dict[str, Any]
     """Per-task metrics, per-item records (for items.jsonl), pooled metrics and gates. ``phase_pool``: the
     blocks of the as-served phases (infertool.evaluate.phases.compare_all: ``lm_eval``, ``decode``), pooled
     and gated with the rest."""
-    conf = float(accept.get("confidence", 0.95))
+    conf = Accept.from_dict(accept).confidence
     tasks: dict[str, TaskResult] = {}
     records: list[dict[str, Any]] = []  # Any: JSON values
     correct_b: list[bool] = []
