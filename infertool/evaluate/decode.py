@@ -204,13 +204,22 @@ def _post(client: Client, path: str, body: dict[str, Any], *, control: bool = Fa
         return ans.status, None, e.reason
 
 
-def _tokenize(client: Client, prompt: dict[str, Any], chat: bool) -> list[int] | None:  # Any: JSON values
+@dataclass
+class Prompt(Record):
+    """A decode prompt: a text, or a chat item's conversation (``parse_prompts``' dicts, read by the phase)."""
+
+    id: str = ""
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+
+
+def _tokenize(client: Client, prompt: Prompt, chat: bool) -> list[int] | None:
     """The prompt's token ids as the server's tokenizer makes them (a chat prompt through its chat template);
     None when the server refuses (no /tokenize, or no chat template for ``messages``)."""
-    if "messages" in prompt and chat:
-        body = {"model": client.model, "messages": prompt["messages"], "add_generation_prompt": True}
+    if prompt.messages is not None and chat:
+        body = {"model": client.model, "messages": prompt.messages, "add_generation_prompt": True}
     else:
-        text = prompt.get("prompt") or as_plain_text(prompt["messages"])
+        text = prompt.prompt or as_plain_text(prompt.messages or [])
         body = {"model": client.model, "prompt": text, "add_special_tokens": True}
     status, obj, _ = _post(client, "/tokenize", body, control=True, root=True)
     toks = obj.get("tokens") if obj else None
@@ -281,7 +290,7 @@ def _echo_tops(client: Client, ids: list[int], k: int) -> list[dict[str, Any]]: 
 def probe(client: Client, k: int) -> str | None:
     """Why this server cannot run the decode phase (None: it can): it needs /tokenize and greedy generation with
     per-step top-k log-probabilities as token ids (vLLM). 401 / 403 and transport failures raise."""
-    ids = _tokenize(client, {"prompt": "The capital of France is"}, chat=False)
+    ids = _tokenize(client, Prompt(prompt="The capital of France is"), chat=False)
     if ids is None:
         return "the server has no /tokenize endpoint (vLLM's): the two models cannot be given the same token ids"
     status, obj, words = _post(client, "/completions", {
@@ -311,9 +320,8 @@ class DecodePhase:
     def __init__(self, spec: DecodeSpec, prompts: list[dict[str, Any]] | None = None, workers: int = WORKERS) -> None:  # Any: JSON values
         self.spec = spec
         self.workers = workers  # requests in flight (1: one at a time, the batch-1 noise floor of `verify`)
-        self.prompts = prompts if prompts is not None else load_prompts(str(spec.prompts))
-        if spec.n_prompts:
-            self.prompts = self.prompts[: spec.n_prompts]
+        given = prompts if prompts is not None else load_prompts(str(spec.prompts))
+        self.prompts = [Prompt.from_dict(p) for p in given[: spec.n_prompts or None]]
 
     def _chat(self, client: Client, prior: DecodeRaw | None) -> bool:
         """Chat prompts through the chat template: as the first model did; else spec.chat; else where the
@@ -322,7 +330,7 @@ class DecodePhase:
             return prior.chat
         if self.spec.chat is not None:
             return bool(self.spec.chat)
-        return _tokenize(client, {"messages": [{"role": "user", "content": "Hi"}]}, chat=True) is not None
+        return _tokenize(client, Prompt(messages=[{"role": "user", "content": "Hi"}]), chat=True) is not None
 
     def run(self, served: Served, prior: dict[str, Any] | None, events: Events,  # Any: JSON values
             window: tuple[int, int] | None = None) -> dict[str, Any]:  # Any: JSON values
@@ -338,11 +346,11 @@ class DecodePhase:
         chat = self._chat(client, before)
         where = f"the {served.label} model {client.model!r} at {client.base_url}"
 
-        def tokenize(p: dict[str, Any]) -> list[int]:  # Any: JSON values
+        def tokenize(p: Prompt) -> list[int]:
             ids = _tokenize(client, p, chat)
             if ids is None:
-                raise BackendError(f"{where} would not tokenize decode prompt {p['id']!r}"
-                                   + (" through its chat template" if chat and "messages" in p else ""),
+                raise BackendError(f"{where} would not tokenize decode prompt {p.id!r}"
+                                   + (" through its chat template" if chat and p.messages is not None else ""),
                                    hint="set eval.decode.chat: false for a model without a chat template")
             return ids
 
@@ -351,13 +359,13 @@ class DecodePhase:
         all_ids = pmap(tokenize, prompts, self.workers, what=f"decode prompts ({where})")
         prior_by = {p.id: p for p in before.prompts} if before is not None else {}
         for p, ids in zip(prompts, all_ids):
-            ref = prior_by.get(p["id"])
+            ref = prior_by.get(p.id)
             if ref is not None and ref.prompt_ids != ids:
-                raise TokenizerMismatch(f"decode prompt {p['id']!r}",
+                raise TokenizerMismatch(f"decode prompt {p.id!r}",
                                         hint="base and candidate must share a tokenizer (and chat template)")
         own = pmap(lambda ids: _generate(client, ids, n_max, k), all_ids, self.workers, prog("greedy"),
                     what=f"decode prompts ({where})")
-        out = [DecodePrompt(p["id"], ids, g.tokens, g.top, g.finish, g.text, [j == 0 for j in range(len(g.tokens))])
+        out = [DecodePrompt(p.id, ids, g.tokens, g.top, g.finish, g.text, [j == 0 for j in range(len(g.tokens))])
                for p, ids, g in zip(prompts, all_ids, own)]
         jobs = [(rec, prior_by[rec.id]) for rec in out if rec.id in prior_by]
         forced = pmap(lambda job: teacher_force(client, job[0], job[1].tokens, k), jobs, self.workers,
