@@ -9,13 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, TypeVar, Union
 
 from infertool import net
 from infertool.errors import BackendError
 
 T = TypeVar("T")
 R = TypeVar("R")
+JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]  # one value of an answer
 
 NO_PROMPT_LOGPROBS_HINT = (
     "log-likelihood tasks (perplexity, multiple_choice) need prompt log-probabilities: a server that "
@@ -40,7 +41,7 @@ class Malformed(BackendError):
 
 
 
-def _lp(v: object, where: str) -> float:
+def _lp(v: JSONValue, where: str) -> float:
     """A log-probability from a server, checked (see LP_CEIL, LP_FLOOR); a small positive rounding reads as 0."""
     x = net.number(v, lo=LP_FLOOR, hi=LP_CEIL)
     if x is None:
@@ -49,7 +50,7 @@ def _lp(v: object, where: str) -> float:
     return min(x, 0.0)
 
 
-def _list(v: object, name: str, n: int, kind: type | None = None) -> list[Any]:  # Any: JSON values
+def _list(v: JSONValue, name: str, n: int, kind: type | None = None) -> list[Any]:  # Any: JSON values
     if not isinstance(v, list) or len(v) < n:
         got = f"a list of {len(v)}" if isinstance(v, list) else f"a {type(v).__name__}"
         raise Malformed(f"logprobs.{name} is {got}, not a list of at least {n} (the prompt's tokens)")
@@ -58,7 +59,7 @@ def _list(v: object, name: str, n: int, kind: type | None = None) -> list[Any]: 
     return v[:n]
 
 
-def _top(v: object, i: int) -> dict[str, float]:
+def _top(v: JSONValue, i: int) -> dict[str, float]:
     if not isinstance(v, dict) or not v:
         raise Malformed(f"top_logprobs[{i}] is {net.quote(repr(v), n=40)}, not the top-k log-probabilities")
     return {str(t): _lp(x, f"top_logprobs[{i}][{net.quote(str(t), n=20)!r}]") for t, x in v.items()}
