@@ -16,7 +16,7 @@ from infertool.errors import BackendError
 
 T = TypeVar("T")
 R = TypeVar("R")
-JSONValue = Union[None, bool, int, float, str, list["JSONValue"], dict[str, "JSONValue"]]  # one value of an answer
+JSONValue = Union[None, bool, int, float, str, "list[JSONValue]", "dict[str, JSONValue]"]  # one value of an answer
 
 NO_PROMPT_LOGPROBS_HINT = (
     "log-likelihood tasks (perplexity, multiple_choice) need prompt log-probabilities: a server that "

@@ -103,7 +103,7 @@ class LineDict(dict[str, Any]):
 
 
 # what a task YAML holds (FunctionTag is a str; a LineDict a dict)
-YamlValue = Union[None, bool, int, float, str, list["YamlValue"], dict[str, "YamlValue"]]
+YamlValue = Union[None, bool, int, float, str, "list[YamlValue]", "dict[str, YamlValue]"]
 
 
 def _loader() -> Any:  # Any: a PyYAML loader class (PyYAML has no type information here)
