@@ -205,7 +205,7 @@ def _post(client: Client, path: str, body: dict[str, Any], *, control: bool = Fa
 
 
 @dataclass
-class Prompt(Record):
+class PromptInput(Record):
     """A decode prompt: a text, or a chat item's conversation (``parse_prompts``' dicts, read by the phase)."""
 
     id: str = ""
@@ -213,7 +213,7 @@ class Prompt(Record):
     messages: list[dict[str, str]] | None = None
 
 
-def _tokenize(client: Client, prompt: Prompt, chat: bool) -> list[int] | None:
+def _tokenize(client: Client, prompt: PromptInput, chat: bool) -> list[int] | None:
     """The prompt's token ids as the server's tokenizer makes them (a chat prompt through its chat template);
     None when the server refuses (no /tokenize, or no chat template for ``messages``)."""
     if prompt.messages is not None and chat:
@@ -290,7 +290,7 @@ def _echo_tops(client: Client, ids: list[int], k: int) -> list[dict[str, Any]]: 
 def probe(client: Client, k: int) -> str | None:
     """Why this server cannot run the decode phase (None: it can): it needs /tokenize and greedy generation with
     per-step top-k log-probabilities as token ids (vLLM). 401 / 403 and transport failures raise."""
-    ids = _tokenize(client, Prompt(prompt="The capital of France is"), chat=False)
+    ids = _tokenize(client, PromptInput(prompt="The capital of France is"), chat=False)
     if ids is None:
         return "the server has no /tokenize endpoint (vLLM's): the two models cannot be given the same token ids"
     status, obj, words = _post(client, "/completions", {
@@ -321,7 +321,7 @@ class DecodePhase:
         self.spec = spec
         self.workers = workers  # requests in flight (1: one at a time, the batch-1 noise floor of `verify`)
         given = prompts if prompts is not None else load_prompts(str(spec.prompts))
-        self.prompts = [Prompt.from_dict(p) for p in given[: spec.n_prompts or None]]
+        self.prompts = [PromptInput.from_dict(p) for p in given[: spec.n_prompts or None]]
 
     def _chat(self, client: Client, prior: DecodeRaw | None) -> bool:
         """Chat prompts through the chat template: as the first model did; else spec.chat; else where the
@@ -330,7 +330,7 @@ class DecodePhase:
             return prior.chat
         if self.spec.chat is not None:
             return bool(self.spec.chat)
-        return _tokenize(client, Prompt(messages=[{"role": "user", "content": "Hi"}]), chat=True) is not None
+        return _tokenize(client, PromptInput(messages=[{"role": "user", "content": "Hi"}]), chat=True) is not None
 
     def run(self, served: Served, prior: dict[str, Any] | None, events: Events,  # Any: JSON values
             window: tuple[int, int] | None = None) -> dict[str, Any]:  # Any: JSON values
@@ -346,7 +346,7 @@ class DecodePhase:
         chat = self._chat(client, before)
         where = f"the {served.label} model {client.model!r} at {client.base_url}"
 
-        def tokenize(p: Prompt) -> list[int]:
+        def tokenize(p: PromptInput) -> list[int]:
             ids = _tokenize(client, p, chat)
             if ids is None:
                 raise BackendError(f"{where} would not tokenize decode prompt {p.id!r}"

@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from infertool.errors import RuntimeFailure, UsageError
 from infertool.evaluate.paired import (
-    ChoicePair, Choices, GeneratePair, HfJob, Outputs, Paired, PerplexityPair, ScoreTask, TaskTiming, Window, cut_at_stop,
-    to_json,
+    ChoicePair, GeneratePair, HfJob, Paired, PairedChoices, PairedOutputs, PairedWindow, PerplexityPair, ScoreTask,
+    TaskTiming, cut_at_stop, to_json,
 )
 from infertool.perf.host import usable_cores
 
@@ -95,7 +95,7 @@ def _perplexity(task: ScoreTask, tok: Any, mb: Any, mc: Any, batch: int, events:
             c = lpc[j, :-1]
             tgt = x[j, 1:].unsqueeze(-1)
             kld = (b.exp() * (b - c)).sum(-1).clamp_min(0.0)
-            items.append(Window(f"w{start + j:04d}", len(tok.decode(row[1:]).encode("utf-8")),
+            items.append(PairedWindow(f"w{start + j:04d}", len(tok.decode(row[1:]).encode("utf-8")),
                                 b.gather(-1, tgt).squeeze(-1).tolist(), c.gather(-1, tgt).squeeze(-1).tolist(),
                                 kld.tolist(), (b.argmax(-1) == c.argmax(-1)).int().tolist()))
         del lpb, lpc
@@ -151,7 +151,8 @@ def _multiple_choice(task: ScoreTask, tok: Any, mb: Any, mc: Any, batch: int, ev
         ks = range(len(it.continuations))
         ll = [[lls[m][(i, k)] for k in ks] for m in (0, 1)]
         gr = [[greedy[m][(i, k)] for k in ks] for m in (0, 1)]
-        items.append(Choices(it.id, ll[0], ll[1], [len(c.encode("utf-8")) for c in it.continuations], gr[0], gr[1]))
+        n_bytes = [len(c.encode("utf-8")) for c in it.continuations]
+        items.append(PairedChoices(it.id, ll[0], ll[1], n_bytes, gr[0], gr[1]))
     return ChoicePair(items)
 
 
@@ -191,7 +192,7 @@ def _generate(task: ScoreTask, tok: Any, mb: Any, mc: Any, batch: int, events: E
             events.progress(task.name, min(s + batch, len(prompts)), len(prompts), f"{task.name}: generate")
     finally:
         tok.padding_side = old_side
-    return GeneratePair([Outputs(it.id, b, c) for it, b, c in zip(task.items, *outs)])
+    return GeneratePair([PairedOutputs(it.id, b, c) for it, b, c in zip(task.items, *outs)])
 
 
 def _add_seconds(timing: TaskTiming, model: int, seconds: float) -> None:

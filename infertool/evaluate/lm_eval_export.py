@@ -238,7 +238,8 @@ def shipped_files() -> dict[str, str]:
             doc_to_target="{{target}}", target_delimiter="",
             generation_kwargs={"until": ["\n"], "max_gen_toks": 16, "do_sample": False, "temperature": 0.0},
             filter_list=[{"name": "strip", "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}],
-            metric_list=[_EXACT]), "infertool's synthetic generation (the synthetic-gen suite's items): greedy, exact match"),
+            metric_list=[_EXACT]),
+            "infertool's synthetic generation (the synthetic-gen suite's items): greedy, exact match"),
         "infertool_gsm_style.train.jsonl": _jsonl([{**s, "id": f"shot-{k}"} for k, s in enumerate(shots)]),
         "infertool_gsm_style.jsonl": _jsonl([_gsm_problem(rng, i) for i in range(40)]),
         "infertool_gsm_style.yaml": _task_yaml(_json_task(

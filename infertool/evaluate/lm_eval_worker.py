@@ -104,7 +104,8 @@ def _model(spec: WorkerSpec, chat: bool) -> tuple[str, dict[str, Any]]:  # Any: 
         return "local-chat-completions", {**args, "base_url": f"{base}/chat/completions", "tokenizer_backend": "none",
                                           "tokenized_requests": False}
     # no tokenizer given: lm-eval's own choice ("auto": the server's tokenizer endpoints when it has them)
-    tok = {"tokenizer_backend": "huggingface", "tokenizer": spec.tokenizer} if spec.tokenizer else {"tokenizer_backend": "auto"}
+    tok = ({"tokenizer_backend": "huggingface", "tokenizer": spec.tokenizer} if spec.tokenizer
+           else {"tokenizer_backend": "auto"})
     return "local-completions", {**args, "base_url": f"{base}/completions", **tok}
 
 

@@ -57,7 +57,7 @@ def cut_at_stop(text: str, stop: list[str]) -> str:
 
 
 @dataclass(frozen=True)
-class Window:
+class PairedWindow:
     """A perplexity window: per scored token, both log-probabilities, the KLD and whether the top-1 agree."""
 
     id: str
@@ -70,7 +70,7 @@ class Window:
 
 
 @dataclass(frozen=True)
-class Choices:
+class PairedChoices:
     """A multiple-choice item: per continuation, both log-likelihoods and whether each model's greedy path is it."""
 
     id: str
@@ -82,7 +82,7 @@ class Choices:
 
 
 @dataclass(frozen=True)
-class Outputs:
+class PairedOutputs:
     """A generation item: both models' greedy text."""
 
     id: str
@@ -93,7 +93,7 @@ class Outputs:
 @dataclass(frozen=True)
 class PerplexityPair:
     type: ClassVar[str] = "perplexity"
-    items: list[Window]
+    items: list[PairedWindow]
     seq_len: int | None = None
     corpus_tokens: int | None = None
     kld_kind: str = "full"  # "full" (hf: exact), "top-K" (a server's top-k: a lower bound)
@@ -102,13 +102,13 @@ class PerplexityPair:
 @dataclass(frozen=True)
 class ChoicePair:
     type: ClassVar[str] = "multiple_choice"
-    items: list[Choices]
+    items: list[PairedChoices]
 
 
 @dataclass(frozen=True)
 class GeneratePair:
     type: ClassVar[str] = "generate"
-    items: list[Outputs]
+    items: list[PairedOutputs]
 
 
 Paired = PerplexityPair | ChoicePair | GeneratePair
@@ -149,10 +149,10 @@ def from_json(d: dict[str, Any]) -> Paired:  # Any: JSON values (the hf worker's
     """A paired task from its JSON (``to_json``)."""
     body = {k: v for k, v in d.items() if k != "type"}
     if d["type"] == "perplexity":
-        return PerplexityPair(**{**body, "items": [Window(**w) for w in body["items"]]})
+        return PerplexityPair(**{**body, "items": [PairedWindow(**w) for w in body["items"]]})
     if d["type"] == "multiple_choice":
-        return ChoicePair([Choices(**it) for it in body["items"]])
-    return GeneratePair([Outputs(**it) for it in body["items"]])
+        return ChoicePair([PairedChoices(**it) for it in body["items"]])
+    return GeneratePair([PairedOutputs(**it) for it in body["items"]])
 
 
 def run_from_json(d: dict[str, Any]) -> EngineRun:  # Any: JSON values (the hf worker's answer)

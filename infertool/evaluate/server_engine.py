@@ -27,8 +27,8 @@ from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, Us
 from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, PromptLogprobs, parse_prompt_logprobs, pmap
 from infertool.evaluate.metrics import topk_kld
 from infertool.evaluate.paired import (
-    ChoicePair, Choices, EngineRun, GeneratePair, Outputs, Paired, PerplexityPair, RequestItem, ScoreTask, TaskTiming,
-    Window, cut_at_stop,
+    ChoicePair, EngineRun, GeneratePair, Paired, PairedChoices, PairedOutputs, PairedWindow, PerplexityPair,
+    RequestItem, ScoreTask, TaskTiming, cut_at_stop,
 )
 
 if TYPE_CHECKING:
@@ -248,7 +248,8 @@ def collect(client: Client, tasks: list[dict[str, Any]], *, k: int, workers: int
             out[task.name] = _choices(client, task, workers, prog, what, stats)
         else:
             def gen(it: RequestItem) -> str:
-                text = client.generate(it.messages or it.prompt, max_tokens=task.max_tokens, stop=task.stop, chat=task.chat)
+                text = client.generate(it.messages or it.prompt, max_tokens=task.max_tokens, stop=task.stop,
+                                       chat=task.chat)
                 return cut_at_stop(text, task.stop)
 
             outs = pmap(gen, task.items, workers, lambda d: prog(d, len(task.items), "generate"), what=f"items {what}")
@@ -338,14 +339,14 @@ def combine(raw_b: dict[str, Any], raw_c: dict[str, Any], k: int) -> dict[str, P
             tasks[name] = PerplexityPair([_window(name, wb, wc) for wb, wc in pairs], seq_len=tb["seq_len"],
                                          corpus_tokens=tb["corpus_tokens"], kld_kind=f"top-{k}")
         elif tb["type"] == "multiple_choice":
-            tasks[name] = ChoicePair([Choices(ib["id"], ib["ll"], ic["ll"], ib["n_bytes"], ib["greedy"], ic["greedy"])
-                                      for ib, ic in pairs])
+            tasks[name] = ChoicePair([PairedChoices(ib["id"], ib["ll"], ic["ll"], ib["n_bytes"], ib["greedy"],
+                                                    ic["greedy"]) for ib, ic in pairs])
         else:
-            tasks[name] = GeneratePair([Outputs(ib["id"], ib["out"], ic["out"]) for ib, ic in pairs])
+            tasks[name] = GeneratePair([PairedOutputs(ib["id"], ib["out"], ic["out"]) for ib, ic in pairs])
     return tasks
 
 
-def _window(task: str, wb: dict[str, Any], wc: dict[str, Any]) -> Window:  # Any: collect's raw window
+def _window(task: str, wb: dict[str, Any], wc: dict[str, Any]) -> PairedWindow:  # Any: collect's raw window
     if wb["tokens"] != wc["tokens"]:
         raise TokenizerMismatch(f"task {task!r} window {wb['id']}", hint="base and candidate must share a tokenizer")
     kld, cov, same = [], [], []
@@ -354,7 +355,7 @@ def _window(task: str, wb: dict[str, Any], wc: dict[str, Any]) -> Window:  # Any
         kld.append(d)
         cov.append(m)
         same.append(int(bool(topb) and bool(topc) and max(topb, key=topb.get) == max(topc, key=topc.get)))
-    return Window(wb["id"], wb["n_bytes"], wb["lp"], wc["lp"], kld, same, cov)
+    return PairedWindow(wb["id"], wb["n_bytes"], wb["lp"], wc["lp"], kld, same, cov)
 
 
 def _timing(raw_b: dict[str, Any], raw_c: dict[str, Any]) -> dict[str, TaskTiming]:  # Any: collect's raw output
