@@ -208,7 +208,7 @@ def _timing(wall: float, per_task: dict[str, TaskTiming]) -> Timing:
     tokens = sum(t.tokens for t in scored)
     base_s = sum(t.base_s for t in scored)
     cand_s = sum(t.cand_s for t in scored)
-    return Timing(wall, jsonable(per_task), tokens, base_s, cand_s, tokens / base_s if base_s else None,
+    return Timing(wall, per_task, tokens, base_s, cand_s, tokens / base_s if base_s else None,
                   tokens / cand_s if cand_s else None)
 
 

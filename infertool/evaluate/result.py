@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from infertool.evaluate.metrics import PairedAccuracy
+from infertool.evaluate.paired import TaskTiming
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
 
@@ -308,7 +309,7 @@ class EvalSettings(Record):
 @dataclass
 class Timing(Record):
     wall_s: float | None = None
-    per_task: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
+    per_task: dict[str, TaskTiming] = field(default_factory=dict)  # an engine's time per task (servers: "all")
     scored_tokens_per_model: int = 0
     base_s: float = 0.0
     cand_s: float = 0.0
