@@ -27,7 +27,7 @@ from infertool.evaluate.paired import (
 )
 from infertool.evaluate.prepare import EvalPlan
 from infertool.evaluate.result import (
-    Accept, ChoiceResult, EvalModel, EvalResult, EvalSettings, GenerateResult, Pooled, PerplexityMetrics,
+    Accept, ChoiceResult, EvalFiles, EvalModel, EvalResult, EvalSettings, GenerateResult, Pooled, PerplexityMetrics,
     PerplexityResult, SuiteInfo, TaskResult, Timing,
 )
 from infertool.evaluate.verdict import Estimate, Gate, judge, thresholds, verdict
@@ -340,15 +340,13 @@ def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_
 
 
 def _write_details(out_dir: Path, records: list[dict[str, Any]], tok: PerplexityMetrics | None,  # Any: JSON values
-                   engine: str) -> dict[str, str]:
+                   engine: str) -> EvalFiles:
     """items.jsonl (one line per scored item) and the KLD histogram; the paths, results.json's among them."""
-    files = {"results": str(out_dir / RESULTS_FILE), "items": str(out_dir / ITEMS_FILE)}
     write_text(out_dir / ITEMS_FILE, "".join(dumps_json(r, indent=None) + "\n" for r in records))  # never a bare NaN
-    if tok is not None:
-        files["kld_histogram"] = str(write_kld_histogram_svg(
-            tok.kld_histogram, out_dir / HIST_FILE,
-            f"KLD(base || candidate) per token, {tok.kld_kind}, {tok.tokens:,} tokens, {engine} engine"))
-    return files
+    hist = str(write_kld_histogram_svg(
+        tok.kld_histogram, out_dir / HIST_FILE,
+        f"KLD(base || candidate) per token, {tok.kld_kind}, {tok.tokens:,} tokens, {engine} engine")) if tok is not None else None
+    return EvalFiles(str(out_dir / RESULTS_FILE), str(out_dir / ITEMS_FILE), hist)
 
 
 def _notes(plan: EvalPlan, raw: EngineRun, tasks: dict[str, TaskResult]) -> list[str]:
