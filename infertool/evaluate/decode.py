@@ -36,7 +36,7 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from infertool import inputs, net
@@ -75,18 +75,9 @@ class Forced(Record):
 
 
 @dataclass
-class Generation(Record):
-    """A greedy completion: its token ids, each step's top-k, the finish reason and the text (``parse_generation``)."""
-
-    tokens: list[int] = field(default_factory=list)
-    top: list[dict[str, float]] = field(default_factory=list)
-    finish: str | None = None
-    text: str | None = None
-
-
-@dataclass
 class DecodePrompt(Sparse):
-    """One prompt's greedy continuation on one model (and, for the model served second, its ``forced`` top-k)."""
+    """One prompt's greedy continuation on one model: its token ids, each step's top-k, the finish reason and the
+    text (``parse_generation``), and for the model served second its ``forced`` top-k."""
 
     OMIT_NONE = ("forced",)
     id: str = ""
@@ -251,7 +242,7 @@ def _top(v: Any, where: str) -> dict[str, float]:  # Any: a JSON value
     return out
 
 
-def parse_generation(r: dict[str, Any], where: str) -> Generation:  # Any: JSON values
+def parse_generation(r: dict[str, Any], where: str) -> DecodePrompt:  # Any: JSON values
     """A greedy completion's generated token ids, each step's top-k and the finish reason; no per-step
     log-probabilities with token ids at all: Malformed with "no per-step" in its message."""
     choices = r.get("choices")
@@ -266,11 +257,11 @@ def parse_generation(r: dict[str, Any], where: str) -> Generation:  # Any: JSON 
     ids = [_token_id(t, f"{where}: logprobs.tokens[{i}]") for i, t in enumerate(toks)]
     top = [_top(t, f"{where}: top_logprobs[{i}]") for i, t in enumerate(tops)]
     finish, text = choice.get("finish_reason"), choice.get("text")
-    return Generation(ids, top, finish if isinstance(finish, str) else None,
-                      net.quote(text, n=MAX_TEXT_CHARS) if isinstance(text, str) else None)
+    return DecodePrompt(tokens=ids, top=top, finish=finish if isinstance(finish, str) else None,
+                        text=net.quote(text, n=MAX_TEXT_CHARS) if isinstance(text, str) else None)
 
 
-def _generate(client: Client, ids: list[int], max_tokens: int, k: int) -> Generation:
+def _generate(client: Client, ids: list[int], max_tokens: int, k: int) -> DecodePrompt:
     """Greedy continuation of a token-id prompt with the top-k of every step (vLLM's token-id form)."""
     r = client._request(client.base_url + "/completions", {
         "model": client.model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "logprobs": k,
@@ -365,7 +356,7 @@ class DecodePhase:
                                         hint="base and candidate must share a tokenizer (and chat template)")
         own = pmap(lambda ids: _generate(client, ids, n_max, k), all_ids, self.workers, prog("greedy"),
                     what=f"decode prompts ({where})")
-        out = [DecodePrompt(p.id, ids, g.tokens, g.top, g.finish, g.text, [j == 0 for j in range(len(g.tokens))])
+        out = [replace(g, id=p.id, prompt_ids=ids, prefill=[j == 0 for j in range(len(g.tokens))])
                for p, ids, g in zip(prompts, all_ids, own)]
         jobs = [(rec, prior_by[rec.id]) for rec in out if rec.id in prior_by]
         forced = pmap(lambda job: teacher_force(client, job[0], job[1].tokens, k), jobs, self.workers,
@@ -389,7 +380,7 @@ def teacher_force(client: Client, own: DecodePrompt, ref_tokens: list[int], k: i
     top: list[dict[str, float] | None] = [None] * n
     prefill = [True] * n
 
-    def take(start: int, got: Generation | DecodePrompt) -> int:
+    def take(start: int, got: DecodePrompt) -> int:
         for j, (tok, t) in enumerate(zip(got.tokens, got.top)):
             if start + j >= n:
                 return n
