@@ -41,7 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from infertool import inputs, net
 from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
-from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
+from infertool.errors import BackendError, TokenizerMismatch, UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.answers import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
 from infertool.evaluate.result import DecodeComparison, Diverged
