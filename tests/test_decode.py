@@ -242,26 +242,28 @@ def _greedy(ctx: list[int]) -> int:
 def test_teacher_forcing_restarts_after_each_divergence_on_the_decode_path(standin):
     client = Client(standin, "a", timeout_s=30, stage_s=60)
     prompt = _ids("Hello")
-    own = {"prompt_ids": prompt, **D._generate(client, prompt, 8, 4)}
+    gen = D._generate(client, prompt, 8, 4)
+    own = D.DecodePrompt(prompt_ids=prompt, tokens=gen.tokens, top=gen.top)
     ref: list[int] = []  # the first model's continuation: this model's greedy but for positions 2 and 5
     for j in range(8):
         g = _greedy(prompt + ref)
         ref.append(g if j not in (2, 5) else 10 + (g - 10 + 1) % 40)
     got = D.teacher_force(client, own, ref, 4)
-    assert got["requests"] == 2 and got["echoed"] == 0
-    assert got["prefill"] == [True, False, False, True, False, False, True, False]
+    assert got.requests == 2 and got.echoed == 0
+    assert got.prefill == [True, False, False, True, False, False, True, False]
     for j in range(8):  # every position: this model's distribution at the first model's context
-        assert got["top"][j] == {str(t): v for t, v in _dist(prompt + ref[:j]).items()}
+        assert got.top[j] == {str(t): v for t, v in _dist(prompt + ref[:j]).items()}
     # the bound: past MAX_FORCED_REQUESTS the rest comes from one echo request (prefill positions)
-    own = {"prompt_ids": prompt, **D._generate(client, prompt, 12, 4)}
+    gen = D._generate(client, prompt, 12, 4)
+    own = D.DecodePrompt(prompt_ids=prompt, tokens=gen.tokens, top=gen.top)
     ref2: list[int] = []
     for j in range(12):  # diverges at every position
         ref2.append(10 + (_greedy(prompt + ref2) - 10 + 1) % 40)
     got2 = D.teacher_force(client, own, ref2, 4)
-    assert got2["requests"] == D.MAX_FORCED_REQUESTS == 8 and got2["echoed"] == 12 - 1 - 8
-    assert all(got2["prefill"])
+    assert got2.requests == D.MAX_FORCED_REQUESTS == 8 and got2.echoed == 12 - 1 - 8
+    assert all(got2.prefill)
     for j in range(12):  # (an echoed position's top-k also holds the prompt's token there, as vLLM's does)
-        assert {str(t): v for t, v in _dist(prompt + ref2[:j]).items()}.items() <= got2["top"][j].items()
+        assert {str(t): v for t, v in _dist(prompt + ref2[:j]).items()}.items() <= got2.top[j].items()
 
 
 def test_a_server_without_decode_features_is_skipped_with_the_reason(tmp_path):

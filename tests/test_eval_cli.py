@@ -388,7 +388,7 @@ def test_run_returns_what_results_json_holds(stub_server, tmp_path):
     assert gate.status == "FAIL" and gate.lo > 1.05 and gate.unit == "tokens"
     assert result.pooled.tokens.tokens == 126 and result.pooled.items is None and "items" not in saved["pooled"]
     assert result.base.label == "a" and result.base.extra["url"].endswith("/v1") and result.confidence == 0.95
-    assert result.files["results"] == str(tmp_path / "run" / "results.json") and result.run_dir == str(tmp_path / "run")
+    assert result.files.results == str(tmp_path / "run" / "results.json") and result.run_dir == str(tmp_path / "run")
     summary = result.summary().to_dict()
     assert summary["verdict"] == "FAIL" and summary["suite"] == "builtin-corpus" and summary["engine"] == "openai"
     assert [g["name"] for g in summary["gates"]] == [g.name for g in result.gates]

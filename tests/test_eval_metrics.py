@@ -8,6 +8,7 @@ import pytest
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize
+from infertool.evaluate.paired import from_json
 from infertool.data.suites import Suite, SuiteTask
 from infertool.evaluate.verdict import PRESETS, Estimate, judge, thresholds, verdict
 
@@ -185,7 +186,7 @@ def test_self_check_summary_is_kld_zero_full_agreement_and_passes():
             {"id": f"q{i}", "ll_b": [-1.0, -2.0], "ll_c": [-1.0, -2.0], "n_bytes": [2, 2]} for i in range(30)]},
         "gen": {"type": "generate", "items": [{"id": f"g{i}", "out_b": f" {i}", "out_c": f" {i}"} for i in range(30)]},
     }
-    tasks, records, pool, gates = summarize(suite, raw, {"preset": "standard"})
+    tasks, records, pool, gates = summarize(suite, {n: from_json(t) for n, t in raw.items()}, {"preset": "standard"})
     t = tasks["corpus"]
     assert t.kld["mean"] == 0.0 and t.kld["max"] == 0.0
     assert t.top1_agree == 1.0 and t.ppl_ratio == 1.0 and t.ln_ppl_ratio_se == 0.0
@@ -210,7 +211,7 @@ def test_small_accuracy_suite_is_inconclusive_with_the_n_that_decides():
         cc = i >= 6 if i < 10 else True
         items.append({"id": f"q{i}", "ll_b": [-1.0, -2.0] if cb else [-2.0, -1.0],
                       "ll_c": [-1.0, -2.0] if cc else [-2.0, -1.0], "n_bytes": [1, 1]})
-    tasks, _, pool, gates = summarize(suite, {"mc": {"type": "multiple_choice", "items": items}},
+    tasks, _, pool, gates = summarize(suite, {"mc": from_json({"type": "multiple_choice", "items": items})},
                                       {"preset": None, "max_acc_drop": 0.05})
     acc = tasks["mc"].acc
     assert (acc.b, acc.c) == (6, 4) and acc.net_change == pytest.approx(-0.02)

@@ -263,13 +263,14 @@ def test_nan_log_probabilities_never_pass_a_gate():
     Now topk_kld gives no figure, and a gate on it is INCONCLUSIVE with the reason."""
     from infertool.evaluate import metrics as M
     from infertool.evaluate.core import make_gates, summarize_perplexity
+    from infertool.evaluate.paired import PairedWindow, PerplexityPair
     from infertool.evaluate.result import Pooled
 
     kld, cov = M.topk_kld({"a": math.nan, "b": math.nan}, {"a": math.nan})
     assert math.isnan(kld) and math.isnan(cov)
     item = {"lp_b": [-1.0, -2.0], "lp_c": [-1.0, -2.0], "kld": [kld, 0.0], "same_top1": [1, 1], "n_bytes": 4,
             "covered_b": [cov, 1.0]}
-    tok = summarize_perplexity({"items": [item], "kld_kind": "top-20"}, 0.95)
+    tok = summarize_perplexity(PerplexityPair([PairedWindow("w0", **item)], kld_kind="top-20"), 0.95)
     gates = {g.name: g for g in make_gates(Pooled(tokens=tok), {"preset": "lenient"})}
     assert gates["max_mean_kld"].status == "INCONCLUSIVE" and "nan" in gates["max_mean_kld"].note
     assert "covers" not in gates["max_mean_kld"].note
@@ -278,10 +279,11 @@ def test_nan_log_probabilities_never_pass_a_gate():
 def test_extreme_log_probabilities_give_an_infinite_ratio_that_fails_not_a_crash():
     from infertool.evaluate import metrics as M
     from infertool.evaluate.core import make_gates, summarize_perplexity
+    from infertool.evaluate.paired import PairedWindow, PerplexityPair
     from infertool.evaluate.result import Pooled
 
     item = {"lp_b": [-0.1] * 4, "lp_c": [-9999.0] * 4, "kld": [0.0] * 4, "same_top1": [1] * 4, "n_bytes": 4}
-    tok = summarize_perplexity({"items": [item]}, 0.95)
+    tok = summarize_perplexity(PerplexityPair([PairedWindow("w0", **item)]), 0.95)
     assert tok.ppl_cand == math.inf and tok.ppl_ratio == math.inf
     assert M.exp(1e6) == math.inf and math.isnan(M.exp(math.nan)) and M.exp(0.0) == 1.0
     gates = {g.name: g for g in make_gates(Pooled(tokens=tok), {"preset": "lenient"})}

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from infertool.evaluate import lossless as L
+from infertool.evaluate.result import DecodeComparison
 from infertool.evaluate.phases import Served
 from infertool.evaluate.server_engine import Client
 from infertool.recipe import DecodeSpec
@@ -134,8 +135,8 @@ def test_a_server_that_refuses_leaves_it_not_measured_with_why(url):
     assert "maximum context length" in r.reason and r.to_dict()["figures"]["skipped"]
 
 
-def F(**kw) -> L.DecodeFigures:
-    return L.DecodeFigures.from_dict({"n_prompts": 20, **kw})
+def F(**kw) -> DecodeComparison:
+    return DecodeComparison.from_dict({"n_prompts": 20, **kw})
 
 
 def test_the_rule_by_hand():

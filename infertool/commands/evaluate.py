@@ -1,20 +1,8 @@
-"""`infertool eval`: the quantized model against its original, with a verdict CI can trust.
+"""`infertool eval`: the quantized model against its original, with a verdict CI can trust (exit 0 PASS, 1 FAIL,
+1 INCONCLUSIVE unless --allow-inconclusive). ``eval RECIPE`` is the group's default action (``run``)."""
 
-    infertool eval RECIPE [--suite NAME|PATH] [--base MODEL] [--candidate MODEL] [--engine hf|vllm|openai] [--url URL] [--json]
-    infertool eval suites [--show SUITE]
-    infertool eval export-lm-eval SUITE DIR
-
-``eval RECIPE`` is the group's default action (the subcommand ``run``). Exit codes: 0 PASS, 1 FAIL,
-1 INCONCLUSIVE unless --allow-inconclusive (or eval.accept.allow_inconclusive) makes it 0.
-"""
-
-
-import dataclasses
-import inspect
-import typing
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
@@ -22,9 +10,6 @@ from infertool.commands._common import (
     JSON_OPT, SET_OPT, DefaultCommandGroup, InfertoolCommand, dry_run_opt, examples, force_opt, handle_errors, out_opt,
     recipe_arg, recipe_checks, refuse_overwrite,
 )
-
-if TYPE_CHECKING:
-    from infertool.recipe import Recipe
 
 EXAMPLES = examples(
     ("infertool eval quickstart", "the quantize output against model.source"),
@@ -52,51 +37,26 @@ def register(app: typer.Typer) -> None:
     app.add_typer(eval_app, name="eval")
 
 
-@dataclass
-class RunFlags:
-    """`infertool eval run`'s command line: one field per flag (Typer reads them as the command's parameters)."""
-
-    recipe: Annotated[str, recipe_arg()]
-    suite: Annotated[Optional[str], typer.Option("--suite", metavar="SUITE", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite.")] = None
-    base: Annotated[Optional[str], typer.Option("--base", metavar="MODEL", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source.")] = None
-    candidate: Annotated[Optional[str], typer.Option("--candidate", metavar="MODEL", help="The quantized model directory (a served name with --engine openai). Default: quantize.output.")] = None
-    engine: Annotated[Optional[str], typer.Option("--engine", metavar="hf|vllm|openai", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url).")] = None
-    url: Annotated[Optional[str], typer.Option("--url", metavar="URL", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1.")] = None
-    candidate_url: Annotated[Optional[str], typer.Option("--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url.")] = None
-    out_dir: Annotated[Optional[Path], out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP.")] = None
-    force: Annotated[bool, force_opt("Replace earlier results in the --out directory.")] = False
-    max_items: Annotated[Optional[int], typer.Option("--max-items", min=1, max=1_000_000, metavar="N", help="Score at most N items (windows for perplexity) per task.")] = None
-    preset: Annotated[Optional[str], typer.Option("--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply).")] = None
-    allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")] = False
-    dry_run: Annotated[bool, dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing.")] = False
-    overrides: Annotated[Optional[List[str]], SET_OPT] = None
-    as_json: Annotated[bool, JSON_OPT] = False
-
-    def options(self, recipe: "Recipe"):
-        """The eval options these flags ask for (``recipe``: the loaded recipe, whose engine decides whether
-        --base / --candidate are model directories or served model names)."""
-        from infertool.evaluate import EvalOptions
-        from infertool.evaluate.prepare import engine_of
-
-        opts = EvalOptions(suite=self.suite, engine=self.engine, url=self.url, candidate_url=self.candidate_url,
-                           max_items=self.max_items, preset=self.preset, out_dir=self.out_dir,
-                           allow_inconclusive=self.allow_inconclusive, dry_run=self.dry_run, key_urls=self.key_urls())
-        if engine_of(recipe, opts) == "openai":
-            return replace(opts, base_name=self.base, candidate_name=self.candidate)
-        return replace(opts, base=self.base, candidate=self.candidate)
-
-    def key_urls(self) -> tuple[str, ...]:
-        """The URLs given here (--url, --candidate-url, --set eval.url=...): the only ones an API key may go to
-        (never one from the recipe file alone)."""
-        sets = [s.split("=", 1)[1].strip().strip("'\"") for s in (self.overrides or []) if s.startswith("eval.url=")]
-        return tuple(u for u in (self.url, self.candidate_url, *sets) if u)
-
-
 @eval_app.command("run", cls=InfertoolCommand, epilog=EXAMPLES)
 @handle_errors
-def eval_run(**values: object) -> None:
+def eval_run(
+    recipe: Annotated[str, recipe_arg()],
+    suite: Annotated[Optional[str], typer.Option("--suite", metavar="SUITE", help="A built-in suite name (see `infertool eval suites`) or a suite YAML path. Default: eval.suite.")] = None,
+    base: Annotated[Optional[str], typer.Option("--base", metavar="MODEL", help="The original model (directory, .gguf, bundled:NAME; a served name with --engine openai). Default: model.source.")] = None,
+    candidate: Annotated[Optional[str], typer.Option("--candidate", metavar="MODEL", help="The quantized model directory (a served name with --engine openai). Default: quantize.output.")] = None,
+    engine: Annotated[Optional[str], typer.Option("--engine", metavar="hf|vllm|openai", help="hf (in-process, exact KLD) | vllm (infertool starts the servers) | openai (a running server at --url).")] = None,
+    url: Annotated[Optional[str], typer.Option("--url", metavar="URL", help="Base URL of an OpenAI-compatible server (engine openai), e.g. http://127.0.0.1:8000/v1.")] = None,
+    candidate_url: Annotated[Optional[str], typer.Option("--candidate-url", metavar="URL", help="A second server for the candidate (engine openai); default: --url.")] = None,
+    out_dir: Annotated[Optional[Path], out_opt("Run directory for results.json, items.jsonl and the KLD histogram. Default: out/eval/SUITE-TIMESTAMP.")] = None,
+    force: Annotated[bool, force_opt("Replace earlier results in the --out directory.")] = False,
+    max_items: Annotated[Optional[int], typer.Option("--max-items", min=1, max=1_000_000, metavar="N", help="Score at most N items (windows for perplexity) per task.")] = None,
+    preset: Annotated[Optional[str], typer.Option("--preset", metavar="strict|standard|lenient", help="Acceptance preset (explicit eval.accept gates still apply).")] = None,
+    allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")] = False,
+    dry_run: Annotated[bool, dry_run_opt("Show what would be compared and, for the vllm engine, the exact server launches; run nothing.")] = False,
+    overrides: Annotated[Optional[List[str]], SET_OPT] = None,
+    as_json: Annotated[bool, JSON_OPT] = False,
+) -> None:
     """Score candidate against base on a suite and print the verdict (exit 0 PASS, 1 FAIL or INCONCLUSIVE)."""
-    flags = RunFlags(**values)  # type: ignore[arg-type]  # what Typer parsed: one value per RunFlags field
     from infertool import evaluate
     from infertool.capability import RunContext
     from infertool.evaluate import render
@@ -105,29 +65,23 @@ def eval_run(**values: object) -> None:
     from infertool.recipe import load_recipe
     from infertool.resolve import resolve
 
-    if flags.out_dir is not None and not flags.dry_run:
-        refuse_overwrite([flags.out_dir / RESULTS_FILE], flags.force)
-    r = load_recipe(flags.recipe, flags.overrides)
-    opts = flags.options(r)
+    if out_dir is not None and not dry_run:
+        refuse_overwrite([out_dir / RESULTS_FILE], force)
+    r = load_recipe(recipe, overrides)
+    opts = evaluate.EvalOptions(suite=suite, engine=engine, url=url, candidate_url=candidate_url, base=base,
+                                candidate=candidate, max_items=max_items, preset=preset, out_dir=out_dir,
+                                allow_inconclusive=allow_inconclusive, dry_run=dry_run).given(r, overrides)
     res = resolve(r, evaluate.overrides(r, opts))
-    checks = recipe_checks(res, "eval") if flags.dry_run else None
+    checks = recipe_checks(res, "eval") if dry_run else None
     plan = evaluate.plan(res, opts)
     if checks is not None:
-        render.dry_run(plan, checks, flags.as_json)
+        render.dry_run(plan, checks, as_json)
         return
     with StageProgress("eval") as progress:
-        result = evaluate.run(plan, RunContext(out_dir=flags.out_dir, on_event=progress.on_event, user="eval"))
-    render.result(result, flags.as_json)
+        result = evaluate.run(plan, RunContext(out_dir=out_dir, on_event=progress.on_event, user="eval"))
+    render.result(result, as_json)
     if not result.accepted(plan.allow_inconclusive):
         raise typer.Exit(1)
-
-
-# Typer reads eval run's flags from this signature: one keyword parameter per RunFlags field.
-eval_run.__annotations__ = typing.get_type_hints(RunFlags, include_extras=True)  # Annotated[T, typer.Option(...)] kept
-eval_run.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # read by inspect.signature
-    [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, annotation=eval_run.__annotations__[f.name],
-                       default=inspect.Parameter.empty if f.default is dataclasses.MISSING else f.default)
-     for f in dataclasses.fields(RunFlags)])
 
 
 @eval_app.command("suites", cls=InfertoolCommand)
@@ -139,10 +93,7 @@ def eval_suites(
     """List the built-in eval suites, or print one (--show). docs/evals.md shows how to write your own."""
     from infertool.evaluate import render
 
-    if show is None:
-        render.suites(as_json)
-    else:
-        render.suite(show, as_json)
+    render.suites(as_json) if show is None else render.suite(show, as_json)
 
 
 @eval_app.command("export-lm-eval", cls=InfertoolCommand)

@@ -8,13 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar, Union
 
 from infertool import net
 from infertool.errors import BackendError
 
 T = TypeVar("T")
 R = TypeVar("R")
+JSONValue = Union[None, bool, int, float, str, "list[JSONValue]", "dict[str, JSONValue]"]  # one value of an answer
 
 NO_PROMPT_LOGPROBS_HINT = (
     "log-likelihood tasks (perplexity, multiple_choice) need prompt log-probabilities: a server that "
@@ -39,7 +41,7 @@ class Malformed(BackendError):
 
 
 
-def _lp(v: object, where: str) -> float:
+def _lp(v: JSONValue, where: str) -> float:
     """A log-probability from a server, checked (see LP_CEIL, LP_FLOOR); a small positive rounding reads as 0."""
     x = net.number(v, lo=LP_FLOOR, hi=LP_CEIL)
     if x is None:
@@ -48,7 +50,7 @@ def _lp(v: object, where: str) -> float:
     return min(x, 0.0)
 
 
-def _list(v: object, name: str, n: int, kind: type | None = None) -> list[Any]:  # Any: JSON values
+def _list(v: JSONValue, name: str, n: int, kind: type | None = None) -> list[Any]:  # Any: JSON values
     if not isinstance(v, list) or len(v) < n:
         got = f"a list of {len(v)}" if isinstance(v, list) else f"a {type(v).__name__}"
         raise Malformed(f"logprobs.{name} is {got}, not a list of at least {n} (the prompt's tokens)")
@@ -57,7 +59,7 @@ def _list(v: object, name: str, n: int, kind: type | None = None) -> list[Any]: 
     return v[:n]
 
 
-def _top(v: object, i: int) -> dict[str, float]:
+def _top(v: JSONValue, i: int) -> dict[str, float]:
     if not isinstance(v, dict) or not v:
         raise Malformed(f"top_logprobs[{i}] is {net.quote(repr(v), n=40)}, not the top-k log-probabilities")
     return {str(t): _lp(x, f"top_logprobs[{i}][{net.quote(str(t), n=20)!r}]") for t, x in v.items()}
@@ -78,8 +80,16 @@ def _prompt_len(r: dict[str, Any], prompt: str | list[int], tokens: list[Any]) -
     return len(tokens) - 1
 
 
-def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str) -> dict[str, Any]:  # Any: JSON values
-    """An echo + logprobs answer checked and cut to the prompt's tokens: {"tokens", "lp", "top", "offsets"}.
+@dataclass(frozen=True)
+class PromptLogprobs:
+    tokens: list[str]
+    lp: list[float | None]  # lp[0]: None (the first token has no context)
+    top: list[dict[str, float]]
+    offsets: list[int]  # each token's offset in the prompt's text (a text prompt)
+
+
+def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str) -> PromptLogprobs:  # Any: JSON values
+    """An echo + logprobs answer checked and cut to the prompt's tokens.
     ``lp[0]`` is None (the first token has no context); every other position has a log-probability and a
     non-empty top-k. No prompt log-probabilities at all: NoPromptLogprobs; anything else wrong: Malformed."""
     choices = r.get("choices")
@@ -109,7 +119,7 @@ def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str
     offsets = _list(offsets, "text_offset", n, int) if offsets is not None else []
     if any(net.count(o) is None for o in offsets):
         raise Malformed("logprobs.text_offset holds offsets that are not counts")
-    return {"tokens": tokens, "lp": out_lp, "top": out_top, "offsets": offsets}
+    return PromptLogprobs(tokens, out_lp, out_top, offsets)
 
 
 def pmap(fn: Callable[[T], R], items: Sequence[T], workers: int, progress: Callable[[int], None] | None = None,

@@ -22,9 +22,12 @@ from infertool.capability import RunContext
 from infertool.data.suites import Suite, SuiteTask, generation_correct, load_suite
 from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
+from infertool.evaluate.paired import (
+    ChoicePair, EngineRun, GeneratePair, HfJob, Paired, ScoreTask, PerplexityPair, TaskTiming, run_from_json,
+)
 from infertool.evaluate.prepare import EvalPlan
 from infertool.evaluate.result import (
-    Accept, ChoiceResult, EvalModel, EvalResult, EvalSettings, GenerateResult, Pooled, PerplexityMetrics,
+    Accept, ChoiceResult, EvalFiles, EvalModel, EvalResult, EvalSettings, GenerateResult, Pooled, PerplexityMetrics,
     PerplexityResult, SuiteInfo, TaskResult, Timing,
 )
 from infertool.evaluate.verdict import Estimate, Gate, judge, thresholds, verdict
@@ -42,70 +45,71 @@ def _argmax(xs: list[float]) -> int:
     return max(range(len(xs)), key=lambda i: xs[i])
 
 
-def summarize_perplexity(task: dict[str, Any], confidence: float) -> PerplexityMetrics:  # Any: JSON values
-    """Token-level metrics of a task's perplexity windows (``task``: the engine's raw, or windows pooled)."""
-    items = task["items"]
-    lp_b = [v for it in items for v in it["lp_b"]]
-    lp_c = [v for it in items for v in it["lp_c"]]
-    kld = [v for it in items for v in it["kld"]]
-    same = [v for it in items for v in it["same_top1"]]
-    n_bytes = sum(it["n_bytes"] for it in items)
+def summarize_perplexity(task: PerplexityPair, confidence: float) -> PerplexityMetrics:
+    """Token-level metrics of a task's perplexity windows (or of every task's windows, pooled)."""
+    ws = task.items
+    lp_b = [v for w in ws for v in w.lp_b]
+    lp_c = [v for w in ws for v in w.lp_c]
+    kld = [v for w in ws for v in w.kld]
+    k = sum(v for w in ws for v in w.same_top1)
+    n_bytes = sum(w.n_bytes for w in ws)
     n = len(lp_b)
     z = M.z_for(confidence)
     ln_r, ln_se = M.ln_ppl_ratio(lp_b, lp_c)
-    k = sum(same)
     dp = [math.exp(c) - math.exp(b) for b, c in zip(lp_b, lp_c)]
-    covered = any("covered_b" in it for it in items)
+    covered = any(w.covered_b is not None for w in ws)
     return PerplexityMetrics(
-        windows=len(items), seq_len=task.get("seq_len"), tokens=n, bytes=n_bytes,
+        windows=len(ws), seq_len=task.seq_len, tokens=n, bytes=n_bytes,
         ppl_base=M.perplexity(lp_b), ppl_cand=M.perplexity(lp_c),
         bpb_base=M.bits_per_byte(lp_b, n_bytes), bpb_cand=M.bits_per_byte(lp_c, n_bytes),
         ln_ppl_ratio=ln_r, ln_ppl_ratio_se=ln_se, ppl_ratio=M.exp(ln_r),
         ppl_ratio_ci=[M.exp(ln_r - z * ln_se), M.exp(ln_r + z * ln_se)],
-        kld_kind=task.get("kld_kind", "full"), kld=M.distribution(kld),
+        kld_kind=task.kld_kind, kld=M.distribution(kld),
         top1_agree=k / n if n else float("nan"), top1_agree_se=M.proportion_se(k, n),
         top1_agree_ci=list(M.wilson(k, n, confidence)), delta_p=M.distribution(dp), kld_histogram=M.log_histogram(kld),
-        topk_covered_mass=M.distribution([v for it in items for v in it.get("covered_b", [])], qs=(1, 5, 50))
+        topk_covered_mass=M.distribution([v for w in ws for v in w.covered_b or []], qs=(1, 5, 50))
         if covered else None)
 
 
-def summarize_multiple_choice(task: dict[str, Any], answers: dict[str, int], confidence: float,  # Any: JSON values
-                              ) -> tuple[ChoiceResult, list[dict[str, Any]]]:  # Any: JSON values
+Correct = tuple[list[bool], list[bool]]  # per item: the base's and the candidate's answer right
+
+
+def summarize_multiple_choice(task: ChoicePair, answers: dict[str, int], confidence: float,
+                              ) -> tuple[ChoiceResult, list[dict[str, Any]], Correct]:  # Any: JSON values
     recs = []
-    for it in task["items"]:
-        ans = answers[it["id"]]
-        norm_b = [ll / max(1, nb) for ll, nb in zip(it["ll_b"], it["n_bytes"])]
-        norm_c = [ll / max(1, nb) for ll, nb in zip(it["ll_c"], it["n_bytes"])]
-        pb, pc = _argmax(it["ll_b"]), _argmax(it["ll_c"])
-        recs.append({"id": it["id"], "answer": ans, "pick_b": pb, "pick_c": pc,
-                     "pick_norm_b": _argmax(norm_b), "pick_norm_c": _argmax(norm_c),
-                     "correct_b": pb == ans, "correct_c": pc == ans,
-                     "correct_norm_b": _argmax(norm_b) == ans, "correct_norm_c": _argmax(norm_c) == ans,
-                     "ll_b": it["ll_b"], "ll_c": it["ll_c"]})
-    same = sum(r["pick_b"] == r["pick_c"] for r in recs)
-    n = len(recs)
+    right: list[tuple[bool, bool, bool, bool, bool]] = []  # correct b, c, normalised b, c; the same pick
+    for it in task.items:
+        ans = answers[it.id]
+        pb, pc = _argmax(it.ll_b), _argmax(it.ll_c)
+        nb = _argmax([ll / max(1, n) for ll, n in zip(it.ll_b, it.n_bytes)])
+        nc = _argmax([ll / max(1, n) for ll, n in zip(it.ll_c, it.n_bytes)])
+        right.append((pb == ans, pc == ans, nb == ans, nc == ans, pb == pc))
+        recs.append({"id": it.id, "answer": ans, "pick_b": pb, "pick_c": pc, "pick_norm_b": nb, "pick_norm_c": nc,
+                     "correct_b": pb == ans, "correct_c": pc == ans, "correct_norm_b": nb == ans,
+                     "correct_norm_c": nc == ans, "ll_b": it.ll_b, "ll_c": it.ll_c})
+    cb, cc, cnb, cnc, picks = (list(x) for x in zip(*right)) if right else ([], [], [], [], [])
+    same, n = sum(picks), len(recs)
     return ChoiceResult(
-        items=n,
-        acc=M.paired_accuracy([r["correct_b"] for r in recs], [r["correct_c"] for r in recs], confidence),
-        acc_norm=M.paired_accuracy([r["correct_norm_b"] for r in recs], [r["correct_norm_c"] for r in recs], confidence),
-        same_pick=same / n if n else float("nan"), same_pick_ci=list(M.wilson(same, n, confidence))), recs
+        items=n, acc=M.paired_accuracy(cb, cc, confidence), acc_norm=M.paired_accuracy(cnb, cnc, confidence),
+        same_pick=same / n if n else float("nan"), same_pick_ci=list(M.wilson(same, n, confidence))), recs, (cb, cc)
 
 
-def summarize_generate(task: dict[str, Any], targets: dict[str, str], match: str, confidence: float,  # Any: JSON values
-                       ) -> tuple[GenerateResult, list[dict[str, Any]]]:  # Any: JSON values
+def summarize_generate(task: GeneratePair, targets: dict[str, str], match: str, confidence: float,
+                       ) -> tuple[GenerateResult, list[dict[str, Any]], Correct]:  # Any: JSON values
     recs = []
-    for it in task["items"]:
-        t = targets[it["id"]]
-        recs.append({"id": it["id"], "target": t, "out_b": it["out_b"], "out_c": it["out_c"],
-                     "correct_b": generation_correct(it["out_b"], t, match),
-                     "correct_c": generation_correct(it["out_c"], t, match),
-                     "same_output": it["out_b"] == it["out_c"]})
+    cb, cc = [], []
+    for it in task.items:
+        t = targets[it.id]
+        cb.append(generation_correct(it.out_b, t, match))
+        cc.append(generation_correct(it.out_c, t, match))
+        recs.append({"id": it.id, "target": t, "out_b": it.out_b, "out_c": it.out_c, "correct_b": cb[-1],
+                     "correct_c": cc[-1], "same_output": it.out_b == it.out_c})
     n = len(recs)
-    same = sum(r["same_output"] for r in recs)
+    same = sum(it.out_b == it.out_c for it in task.items)
     return GenerateResult(
-        items=n, match=match,
-        acc=M.paired_accuracy([r["correct_b"] for r in recs], [r["correct_c"] for r in recs], confidence),
-        output_agreement=same / n if n else float("nan"), output_agreement_ci=list(M.wilson(same, n, confidence))), recs
+        items=n, match=match, acc=M.paired_accuracy(cb, cc, confidence),
+        output_agreement=same / n if n else float("nan"), output_agreement_ci=list(M.wilson(same, n, confidence))
+    ), recs, (cb, cc)
 
 
 def _interval(ci: Sequence[float | None] | None) -> tuple[float | None, float | None]:
@@ -117,22 +121,20 @@ def estimates(pool: Pooled, confidence: float) -> dict[str, Estimate]:
     """Each gate's estimate and interval from the pooled metrics (a gate the suite does not measure: absent)."""
     z = M.z_for(confidence)
     out: dict[str, Estimate] = {}
-    tok, items = pool.tokens, pool.items
+    tok, items, lm, dec = pool.tokens, pool.items, pool.lm_eval, pool.decode
     if tok is not None:
         n, mean, se = tok.tokens, tok.kld["mean"], tok.kld["se"]
-        out["max_mean_kld"] = Estimate(mean, mean - z * se, mean + z * se, n)
-        out["min_top1"] = Estimate(tok.top1_agree, *_interval(tok.top1_agree_ci), n)
-        out["max_ppl_ratio"] = Estimate(tok.ppl_ratio, *_interval(tok.ppl_ratio_ci), n)
+        out |= {"max_mean_kld": Estimate(mean, mean - z * se, mean + z * se, n),
+                "min_top1": Estimate(tok.top1_agree, *_interval(tok.top1_agree_ci), n),
+                "max_ppl_ratio": Estimate(tok.ppl_ratio, *_interval(tok.ppl_ratio_ci), n)}
     if items is not None:
         lo, hi = _interval(items.net_change_ci)
-        out["max_acc_drop"] = Estimate(_neg(items.net_change), _neg(hi), _neg(lo), items.n)
-        out["max_flip_rate"] = Estimate(items.flip_rate, *_interval(items.flip_rate_ci), items.n)
-    lm = pool.lm_eval  # infertool.evaluate.phases: the lm-eval tasks' pooled recovery
-    if lm is not None and lm.n and lm.recovery_ci:
-        out["min_recovery"] = Estimate(lm.recovery, *_interval(lm.recovery_ci), lm.n)
-    dec = pool.decode  # the decode path as served: teacher-forced per-step KLD
-    if dec is not None and dec.steps and dec.kld_ci:
-        out["max_decode_kld"] = Estimate(dec.kld, *_interval(dec.kld_ci), dec.steps)
+        out |= {"max_acc_drop": Estimate(_neg(items.net_change), _neg(hi), _neg(lo), items.n),
+                "max_flip_rate": Estimate(items.flip_rate, *_interval(items.flip_rate_ci), items.n)}
+    if lm is not None and lm.n and lm.recovery_ci:  # the lm-eval tasks' pooled recovery
+        out |= {"min_recovery": Estimate(lm.recovery, *_interval(lm.recovery_ci), lm.n)}
+    if dec is not None and dec.steps and dec.kld_ci:  # the decode path as served: teacher-forced per-step KLD
+        out |= {"max_decode_kld": Estimate(dec.kld, *_interval(dec.kld_ci), dec.steps)}
     return out
 
 
@@ -142,7 +144,7 @@ def _neg(x: float | None) -> float | None:
 
 def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:  # Any: JSON values
     """One gate per threshold of eval.accept (infertool.evaluate.verdict.RULES), judged on the pooled metrics."""
-    conf = float(accept.get("confidence", 0.95))
+    conf = Accept.from_dict(accept).confidence
     found = estimates(pool, conf)
     tok = pool.tokens
     topk_note = ""
@@ -154,61 +156,59 @@ def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:  # Any: JSON
             for g, val in thresholds(accept).items()]
 
 
-def _perplexity_task(task: SuiteTask, raw: dict[str, Any], conf: float) -> tuple[PerplexityResult, list[dict[str, Any]]]:  # Any: JSON values
+def _perplexity_task(task: SuiteTask, raw: PerplexityPair, conf: float,
+                     ) -> tuple[PerplexityResult, list[dict[str, Any]], Correct]:  # Any: JSON values
     """A perplexity task's metrics, with its corpus, and one record per window (items.jsonl)."""
     s = summarize_perplexity(raw, conf)
     result = PerplexityResult(**{f.name: getattr(s, f.name) for f in fields(s)}, corpus=task.meta,
-                              corpus_tokens=raw.get("corpus_tokens"))
-    recs = []
-    for it in raw["items"]:
-        n = len(it["lp_b"])
-        recs.append({"id": it["id"], "tokens": n,
-                     "nll_b": -math.fsum(it["lp_b"]) / n, "nll_c": -math.fsum(it["lp_c"]) / n,
-                     "kld_mean": math.fsum(it["kld"]) / n, "top1_agree": sum(it["same_top1"]) / n})
-    return result, recs
+                              corpus_tokens=raw.corpus_tokens)
+    recs: list[dict[str, Any]] = []  # Any: JSON values
+    for w in raw.items:
+        n = len(w.lp_b)
+        recs.append({"id": w.id, "tokens": n, "nll_b": -math.fsum(w.lp_b) / n, "nll_c": -math.fsum(w.lp_c) / n,
+                     "kld_mean": math.fsum(w.kld) / n, "top1_agree": sum(w.same_top1) / n})
+    return result, recs, ([], [])
 
 
-def summarize(suite: Suite, raw_tasks: dict[str, Any], accept: dict[str, Any], phase_pool: Pooled | None = None,  # Any: JSON values
+def summarize(suite: Suite, raw_tasks: dict[str, Paired], accept: dict[str, Any], phase_pool: Pooled | None = None,  # Any: JSON values
               ) -> tuple[dict[str, TaskResult], list[dict[str, Any]], Pooled, list[Gate]]:  # Any: JSON values
     """Per-task metrics, per-item records (for items.jsonl), pooled metrics and gates. ``phase_pool``: the
     blocks of the as-served phases (infertool.evaluate.phases.compare_all: ``lm_eval``, ``decode``), pooled
     and gated with the rest."""
-    conf = float(accept.get("confidence", 0.95))
+    conf = Accept.from_dict(accept).confidence
     tasks: dict[str, TaskResult] = {}
     records: list[dict[str, Any]] = []  # Any: JSON values
     correct_b: list[bool] = []
     correct_c: list[bool] = []
+    windows: list[PerplexityPair] = []
     for task in suite.tasks:
         raw = raw_tasks[task.name]
         s: TaskResult
-        if task.type == "perplexity":
-            s, recs = _perplexity_task(task, raw, conf)
-        elif task.type == "multiple_choice":
-            s, recs = summarize_multiple_choice(raw, {it["id"]: it["answer"] for it in task.items}, conf)
+        if isinstance(raw, PerplexityPair):
+            s, recs, (cb, cc) = _perplexity_task(task, raw, conf)
+            windows.append(raw)
+        elif isinstance(raw, ChoicePair):
+            s, recs, (cb, cc) = summarize_multiple_choice(raw, {it["id"]: it["answer"] for it in task.items}, conf)
         else:
-            s, recs = summarize_generate(raw, {it["id"]: it["target"] for it in task.items}, task.match, conf)
+            s, recs, (cb, cc) = summarize_generate(raw, {it["id"]: it["target"] for it in task.items}, task.match, conf)
         tasks[task.name] = s
-        for r in recs:
-            records.append({"task": task.name, **r})
-            if "correct_b" in r:
-                correct_b.append(r["correct_b"])
-                correct_c.append(r["correct_c"])
-    windows = [it for t in suite.tasks if t.type == "perplexity" for it in raw_tasks[t.name]["items"]]
-    first = next((raw_tasks[t.name] for t in suite.tasks if t.type == "perplexity"), None)
+        records += [{"task": task.name, **r} for r in recs]
+        correct_b += cb
+        correct_c += cc
     pool = Pooled(
-        tokens=summarize_perplexity({"items": windows, "kld_kind": first.get("kld_kind", "full")}, conf)
-        if first is not None else None,
+        tokens=summarize_perplexity(PerplexityPair([w for t in windows for w in t.items], kld_kind=windows[0].kld_kind),
+                                    conf) if windows else None,
         items=M.paired_accuracy(correct_b, correct_c, conf) if correct_b else None,
         lm_eval=phase_pool.lm_eval if phase_pool else None, decode=phase_pool.decode if phase_pool else None)
     return tasks, records, pool, make_gates(pool, accept)
 
 
-def _timing(wall: float, per_task: dict[str, Any]) -> Timing:  # Any: JSON values (the engine's timing per task)
-    scored = [t for t in per_task.values() if t.get("tokens")]  # log-likelihood work; generation has its own pace
-    tokens = sum(t["tokens"] for t in scored)
-    base_s = sum(t.get("base_s", 0.0) for t in scored)
-    cand_s = sum(t.get("cand_s", 0.0) for t in scored)
-    return Timing(wall, jsonable(per_task), tokens, base_s, cand_s, tokens / base_s if base_s else None,
+def _timing(wall: float, per_task: dict[str, TaskTiming]) -> Timing:
+    scored = [t for t in per_task.values() if t.tokens]  # log-likelihood work; generation has its own pace
+    tokens = sum(t.tokens for t in scored)
+    base_s = sum(t.base_s for t in scored)
+    cand_s = sum(t.cand_s for t in scored)
+    return Timing(wall, per_task, tokens, base_s, cand_s, tokens / base_s if base_s else None,
                   tokens / cand_s if cand_s else None)
 
 
@@ -269,25 +269,24 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     wall = time.monotonic() - t0
     from infertool.evaluate.phases import compare_all
 
-    phase_pool = compare_all(phases, raw.get("phases") or {}, "base", "candidate", float(plan.accept.get("confidence", 0.95)))
-    tasks, records, pool, gates = summarize(suite, raw["tasks"], plan.accept, phase_pool)
+    accept = Accept.from_dict(plan.accept)
+    phase_pool = compare_all(phases, raw.phases, "base", "candidate", accept.confidence)
+    tasks, records, pool, gates = summarize(suite, raw.tasks, plan.accept, phase_pool)
     status, reason = verdict(gates)
     files = _write_details(out_dir, records, pool.tokens, plan.engine)
-    models = raw.get("models") or {}
     result = EvalResult(
         ok=status == "PASS", verdict=status, reason=reason,
         suite=SuiteInfo(suite.name, str(suite.path), suite.description), engine=plan.engine,
-        base=EvalModel(plan.base, plan.base_source, plan.base_label, extra=jsonable(models.get("base") or {})),
+        base=EvalModel(plan.base, plan.base_source, plan.base_label, extra=jsonable(raw.base)),
         candidate=EvalModel(plan.candidate, None, plan.candidate_label,
-                            extra=jsonable(models.get("candidate") or {})),
+                            extra=jsonable(raw.candidate)),
         held_out=plan.held_out,
-        settings=EvalSettings(plan.seq_len, plan.batch_size, plan.max_items, raw.get("topk"),
-                              Accept.from_dict(plan.accept), thresholds(plan.accept)),
+        settings=EvalSettings(plan.seq_len, plan.batch_size, plan.max_items, raw.topk, accept, thresholds(plan.accept)),
         gates=[Gate.from_dict(jsonable(g)) for g in gates],  # as results.json reads back: a NaN is "not measured"
         pooled=Pooled.from_dict(jsonable(pool)),
         tasks={name: TaskResult.from_dict(jsonable(t)) for name, t in tasks.items()},
-        timing=_timing(wall, raw.get("timing", {})),
-        versions={"python": sys.version.split()[0], **(raw.get("versions") or {})},
+        timing=_timing(wall, raw.timing),
+        versions={"python": sys.version.split()[0], **raw.versions},
         notes=_notes(plan, raw, tasks), run_dir=str(out_dir), files=files,
     )
     write_json(out_dir / RESULTS_FILE, result)
@@ -312,17 +311,18 @@ def phases_for(ev: EvalSection | None, engine: str) -> list[Phase]:
 
 
 def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_dir: Path,  # Any: JSON values
-           phases: list[Phase] | None = None) -> dict[str, Any]:  # Any: JSON values
+           phases: list[Phase] | None = None) -> EngineRun:
     """The engine's raw numbers for both models (infertool.evaluate.hf_engine / server_engine)."""
     from infertool.envs.runner import InProcessEvents
 
     if plan.engine == "hf":
         from infertool.envs.runner import run_task
 
-        run = run_task("eval.hf", {"base": plan.base, "candidate": plan.candidate, "tasks": requests,
-                                    "batch_size": plan.batch_size, "trust_remote_code": plan.trust_remote_code},
+        job = HfJob(plan.base, plan.candidate or "", [ScoreTask.from_dict(t) for t in requests], plan.batch_size,
+                    plan.trust_remote_code)
+        run = run_task("eval.hf", job.to_dict(),
                        on_event=ctx.on_event, log_dir=out_dir / "logs")
-        return {**run.result, "where": run.where}
+        return run_from_json(run.result)
     events = InProcessEvents(ctx.on_event or (lambda e: None))
     if plan.engine == "vllm":
         from infertool.evaluate.server_engine import compare_vllm
@@ -340,21 +340,19 @@ def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_
 
 
 def _write_details(out_dir: Path, records: list[dict[str, Any]], tok: PerplexityMetrics | None,  # Any: JSON values
-                   engine: str) -> dict[str, str]:
+                   engine: str) -> EvalFiles:
     """items.jsonl (one line per scored item) and the KLD histogram; the paths, results.json's among them."""
-    files = {"results": str(out_dir / RESULTS_FILE), "items": str(out_dir / ITEMS_FILE)}
     write_text(out_dir / ITEMS_FILE, "".join(dumps_json(r, indent=None) + "\n" for r in records))  # never a bare NaN
-    if tok is not None:
-        files["kld_histogram"] = str(write_kld_histogram_svg(
-            tok.kld_histogram, out_dir / HIST_FILE,
-            f"KLD(base || candidate) per token, {tok.kld_kind}, {tok.tokens:,} tokens, {engine} engine"))
-    return files
+    hist = str(write_kld_histogram_svg(
+        tok.kld_histogram, out_dir / HIST_FILE,
+        f"KLD(base || candidate) per token, {tok.kld_kind}, {tok.tokens:,} tokens, {engine} engine")) if tok is not None else None
+    return EvalFiles(str(out_dir / RESULTS_FILE), str(out_dir / ITEMS_FILE), hist)
 
 
-def _notes(plan: EvalPlan, raw: dict[str, Any], tasks: dict[str, TaskResult]) -> list[str]:  # Any: JSON values
+def _notes(plan: EvalPlan, raw: EngineRun, tasks: dict[str, TaskResult]) -> list[str]:
     notes = []
-    if raw.get("topk"):
-        notes.append(f"{plan.engine} engine: KL divergence is computed from the top-{raw['topk']} log-probabilities a "
+    if raw.topk:
+        notes.append(f"{plan.engine} engine: KL divergence is computed from the top-{raw.topk} log-probabilities a "
                      "server returns (a lower bound of the full KLD); topk_covered_mass says how much probability it covers")
     held = plan.held_out
     if held is not None and held.failed:

@@ -36,14 +36,16 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from infertool import inputs, net
 from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
-from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
+from infertool.errors import BackendError, TokenizerMismatch, UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.answers import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
 from infertool.evaluate.result import DecodeComparison, Diverged
+from infertool.records import Record, Sparse
 
 if TYPE_CHECKING:
     from infertool.evaluate.phases import Served
@@ -60,6 +62,44 @@ WORKERS = 8  # requests in flight per server (vLLM batches them)
 _TOKEN_ID = re.compile(r"^token_id:(\d{1,10})$")
 _PROMPTS_HINT = ("a decode prompt file is JSONL: one object a line with an \"id\" and either \"prompt\" (text) or "
                  "\"messages\" ([{\"role\": \"user\", \"content\": ...}]); see docs/evals.md")
+
+
+@dataclass
+class Forced(Record):
+    """The second model's top-k at every position of the first one's continuation (``teacher_force``)."""
+
+    top: list[dict[str, float] | None] = field(default_factory=list)
+    prefill: list[bool] = field(default_factory=list)  # position j's value came from a prefill
+    requests: int = 0
+    echoed: int = 0
+
+
+@dataclass
+class DecodePrompt(Sparse):
+    """One prompt's greedy continuation on one model: its token ids, each step's top-k, the finish reason and the
+    text (``parse_generation``), and for the model served second its ``forced`` top-k."""
+
+    OMIT_NONE = ("forced",)
+    id: str = ""
+    prompt_ids: list[int] = field(default_factory=list)
+    tokens: list[int] = field(default_factory=list)
+    top: list[dict[str, float]] = field(default_factory=list)
+    finish: str | None = None
+    text: str | None = None
+    prefill: list[bool] = field(default_factory=list)
+    forced: Forced | None = None
+
+
+@dataclass
+class DecodeRaw(Sparse):
+    """One model's raw numbers of the decode phase (``DecodePhase.run``'s JSON, read back by ``compare``)."""
+
+    OMIT_NONE = ("skipped", "chat", "top_k", "max_tokens")
+    skipped: str | None = None  # why the server could not run the phase
+    chat: bool | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    prompts: list[DecodePrompt] = field(default_factory=list)
 
 
 # --------------------------------------------------------------------------------------------
@@ -155,13 +195,22 @@ def _post(client: Client, path: str, body: dict[str, Any], *, control: bool = Fa
         return ans.status, None, e.reason
 
 
-def _tokenize(client: Client, prompt: dict[str, Any], chat: bool) -> list[int] | None:  # Any: JSON values
+@dataclass
+class PromptInput(Record):
+    """A decode prompt: a text, or a chat item's conversation (``parse_prompts``' dicts, read by the phase)."""
+
+    id: str = ""
+    prompt: str | None = None
+    messages: list[dict[str, str]] | None = None
+
+
+def _tokenize(client: Client, prompt: PromptInput, chat: bool) -> list[int] | None:
     """The prompt's token ids as the server's tokenizer makes them (a chat prompt through its chat template);
     None when the server refuses (no /tokenize, or no chat template for ``messages``)."""
-    if "messages" in prompt and chat:
-        body = {"model": client.model, "messages": prompt["messages"], "add_generation_prompt": True}
+    if prompt.messages is not None and chat:
+        body = {"model": client.model, "messages": prompt.messages, "add_generation_prompt": True}
     else:
-        text = prompt.get("prompt") or as_plain_text(prompt["messages"])
+        text = prompt.prompt or as_plain_text(prompt.messages or [])
         body = {"model": client.model, "prompt": text, "add_special_tokens": True}
     status, obj, _ = _post(client, "/tokenize", body, control=True, root=True)
     toks = obj.get("tokens") if obj else None
@@ -193,7 +242,7 @@ def _top(v: Any, where: str) -> dict[str, float]:  # Any: a JSON value
     return out
 
 
-def parse_generation(r: dict[str, Any], where: str) -> dict[str, Any]:  # Any: JSON values
+def parse_generation(r: dict[str, Any], where: str) -> DecodePrompt:  # Any: JSON values
     """A greedy completion's generated token ids, each step's top-k and the finish reason; no per-step
     log-probabilities with token ids at all: Malformed with "no per-step" in its message."""
     choices = r.get("choices")
@@ -208,11 +257,11 @@ def parse_generation(r: dict[str, Any], where: str) -> dict[str, Any]:  # Any: J
     ids = [_token_id(t, f"{where}: logprobs.tokens[{i}]") for i, t in enumerate(toks)]
     top = [_top(t, f"{where}: top_logprobs[{i}]") for i, t in enumerate(tops)]
     finish, text = choice.get("finish_reason"), choice.get("text")
-    return {"tokens": ids, "top": top, "finish": finish if isinstance(finish, str) else None,
-            "text": net.quote(text, n=MAX_TEXT_CHARS) if isinstance(text, str) else None}
+    return DecodePrompt(tokens=ids, top=top, finish=finish if isinstance(finish, str) else None,
+                        text=net.quote(text, n=MAX_TEXT_CHARS) if isinstance(text, str) else None)
 
 
-def _generate(client: Client, ids: list[int], max_tokens: int, k: int) -> dict[str, Any]:  # Any: JSON values
+def _generate(client: Client, ids: list[int], max_tokens: int, k: int) -> DecodePrompt:
     """Greedy continuation of a token-id prompt with the top-k of every step (vLLM's token-id form)."""
     r = client._request(client.base_url + "/completions", {
         "model": client.model, "prompt": ids, "max_tokens": max_tokens, "temperature": 0.0, "logprobs": k,
@@ -226,13 +275,13 @@ def _echo_tops(client: Client, ids: list[int], k: int) -> list[dict[str, Any]]: 
         "model": client.model, "prompt": ids, "max_tokens": 1, "temperature": 0.0, "echo": True, "logprobs": k,
         "return_tokens_as_token_ids": True})
     got = parse_prompt_logprobs(r, ids, f"the server at {client.base_url} (model {client.model!r})")
-    return [{str(_token_id(t, "top_logprobs")): v for t, v in top.items()} if top else {} for top in got["top"]]
+    return [{str(_token_id(t, "top_logprobs")): v for t, v in top.items()} if top else {} for top in got.top]
 
 
 def probe(client: Client, k: int) -> str | None:
     """Why this server cannot run the decode phase (None: it can): it needs /tokenize and greedy generation with
     per-step top-k log-probabilities as token ids (vLLM). 401 / 403 and transport failures raise."""
-    ids = _tokenize(client, {"prompt": "The capital of France is"}, chat=False)
+    ids = _tokenize(client, PromptInput(prompt="The capital of France is"), chat=False)
     if ids is None:
         return "the server has no /tokenize endpoint (vLLM's): the two models cannot be given the same token ids"
     status, obj, words = _post(client, "/completions", {
@@ -262,18 +311,17 @@ class DecodePhase:
     def __init__(self, spec: DecodeSpec, prompts: list[dict[str, Any]] | None = None, workers: int = WORKERS) -> None:  # Any: JSON values
         self.spec = spec
         self.workers = workers  # requests in flight (1: one at a time, the batch-1 noise floor of `verify`)
-        self.prompts = prompts if prompts is not None else load_prompts(str(spec.prompts))
-        if spec.n_prompts:
-            self.prompts = self.prompts[: spec.n_prompts]
+        given = prompts if prompts is not None else load_prompts(str(spec.prompts))
+        self.prompts = [PromptInput.from_dict(p) for p in given[: spec.n_prompts or None]]
 
-    def _chat(self, client: Client, prior: dict[str, Any] | None) -> bool:  # Any: JSON values
+    def _chat(self, client: Client, prior: DecodeRaw | None) -> bool:
         """Chat prompts through the chat template: as the first model did; else spec.chat; else where the
         server tokenizes ``messages`` (the model has a chat template)."""
-        if prior is not None and "chat" in prior:
-            return bool(prior["chat"])
+        if prior is not None and prior.chat is not None:
+            return prior.chat
         if self.spec.chat is not None:
             return bool(self.spec.chat)
-        return _tokenize(client, {"messages": [{"role": "user", "content": "Hi"}]}, chat=True) is not None
+        return _tokenize(client, PromptInput(messages=[{"role": "user", "content": "Hi"}]), chat=True) is not None
 
     def run(self, served: Served, prior: dict[str, Any] | None, events: Events,  # Any: JSON values
             window: tuple[int, int] | None = None) -> dict[str, Any]:  # Any: JSON values
@@ -284,38 +332,38 @@ class DecodePhase:
         why = probe(client, k)
         if why is not None:
             events.log(f"decode: skipped on the {served.label} model: {why}", "warning")
-            return {"skipped": why, "prompts": []}
-        chat = self._chat(client, prior)
+            return DecodeRaw(skipped=why).to_dict()
+        before = DecodeRaw.from_dict(prior) if prior is not None else None
+        chat = self._chat(client, before)
         where = f"the {served.label} model {client.model!r} at {client.base_url}"
 
-        def tokenize(p: dict[str, Any]) -> list[int]:  # Any: JSON values
+        def tokenize(p: PromptInput) -> list[int]:
             ids = _tokenize(client, p, chat)
             if ids is None:
-                raise BackendError(f"{where} would not tokenize decode prompt {p['id']!r}"
-                                   + (" through its chat template" if chat and "messages" in p else ""),
+                raise BackendError(f"{where} would not tokenize decode prompt {p.id!r}"
+                                   + (" through its chat template" if chat and p.messages is not None else ""),
                                    hint="set eval.decode.chat: false for a model without a chat template")
             return ids
 
         prog = lambda what: (lambda d, n=len(prompts): events.progress(f"decode:{served.label}", d, n,  # noqa: E731
                                                                       f"{served.label} decode: {what}"))
         all_ids = pmap(tokenize, prompts, self.workers, what=f"decode prompts ({where})")
-        prior_by = {p["id"]: p for p in (prior or {}).get("prompts", [])}
+        prior_by = {p.id: p for p in before.prompts} if before is not None else {}
         for p, ids in zip(prompts, all_ids):
-            ref = prior_by.get(p["id"])
-            if ref is not None and ref["prompt_ids"] != ids:
-                raise TokenizerMismatch(f"decode prompt {p['id']!r}",
+            ref = prior_by.get(p.id)
+            if ref is not None and ref.prompt_ids != ids:
+                raise TokenizerMismatch(f"decode prompt {p.id!r}",
                                         hint="base and candidate must share a tokenizer (and chat template)")
         own = pmap(lambda ids: _generate(client, ids, n_max, k), all_ids, self.workers, prog("greedy"),
                     what=f"decode prompts ({where})")
-        out = [{"id": p["id"], "prompt_ids": ids, **g, "prefill": [j == 0 for j in range(len(g["tokens"]))]}
+        out = [replace(g, id=p.id, prompt_ids=ids, prefill=[j == 0 for j in range(len(g.tokens))])
                for p, ids, g in zip(prompts, all_ids, own)]
-        if prior is not None:
-            jobs = [(rec, prior_by[rec["id"]]) for rec in out if rec["id"] in prior_by]
-            forced = pmap(lambda job: teacher_force(client, job[0], job[1]["tokens"], k), jobs, self.workers,
-                           prog("teacher-forced"), what=f"decode prompts ({where})")
-            for (rec, _), f in zip(jobs, forced):
-                rec["forced"] = f
-        return {"chat": chat, "top_k": k, "max_tokens": n_max, "prompts": out}
+        jobs = [(rec, prior_by[rec.id]) for rec in out if rec.id in prior_by]
+        forced = pmap(lambda job: teacher_force(client, job[0], job[1].tokens, k), jobs, self.workers,
+                      prog("teacher-forced"), what=f"decode prompts ({where})")
+        for (rec, _), f in zip(jobs, forced):
+            rec.forced = f
+        return DecodeRaw(None, chat, k, n_max, out).to_dict()
 
     def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
                 first: str) -> DecodeComparison:
@@ -323,39 +371,39 @@ class DecodePhase:
                        near_tie_logprob=float(self.spec.near_tie_logprob))
 
 
-def teacher_force(client: Client, own: dict[str, Any], ref_tokens: list[int], k: int) -> dict[str, Any]:  # Any: JSON values
+def teacher_force(client: Client, own: DecodePrompt, ref_tokens: list[int], k: int) -> Forced:
     """This model's top-k at every position of ``ref_tokens`` (the first model's greedy continuation of the
     same prompt), on its decode path: its own greedy run up to its first divergence, then a new request from
     prompt + ref[:d+1] after each divergence d (at most MAX_FORCED_REQUESTS), the rest by one echo request.
     ``prefill[j]``: position j's value came from a prefill (a request's first position, or the echo)."""
     n = len(ref_tokens)
-    top: list[dict[str, Any] | None] = [None] * n  # Any: JSON values
+    top: list[dict[str, float] | None] = [None] * n
     prefill = [True] * n
 
-    def take(start: int, got: dict[str, Any]) -> int:  # Any: JSON values
-        for j, (tok, t) in enumerate(zip(got["tokens"], got["top"])):
+    def take(start: int, got: DecodePrompt) -> int:
+        for j, (tok, t) in enumerate(zip(got.tokens, got.top)):
             if start + j >= n:
                 return n
             top[start + j], prefill[start + j] = t, j == 0
             if tok != ref_tokens[start + j]:
                 return start + j + 1
-        return start + len(got["tokens"])
+        return start + len(got.tokens)
 
     pos, requests = take(0, own), 0
     while pos < n and requests < MAX_FORCED_REQUESTS:
         requests += 1
-        new = take(pos, _generate(client, own["prompt_ids"] + ref_tokens[:pos], n - pos, k))
+        new = take(pos, _generate(client, own.prompt_ids + ref_tokens[:pos], n - pos, k))
         if new == pos:  # an empty answer: no progress
             break
         pos = new
     echoed = 0
     if pos < n:
-        tops = _echo_tops(client, own["prompt_ids"] + ref_tokens, k)
-        base = len(own["prompt_ids"])
+        tops = _echo_tops(client, own.prompt_ids + ref_tokens, k)
+        base = len(own.prompt_ids)
         for j in range(pos, n):
             top[j], prefill[j] = tops[base + j], True
         echoed = n - pos
-    return {"top": top, "prefill": prefill, "requests": requests, "echoed": echoed}
+    return Forced(top, prefill, requests, echoed)
 
 
 # --------------------------------------------------------------------------------------------
@@ -401,10 +449,10 @@ def median_ci(xs: list[float], z: float) -> tuple[float | None, float | None, fl
     return med, s[lo - 1], s[hi - 1]
 
 
-def _first_and_second(raw_ref: dict[str, Any], raw_cand: dict[str, Any], first: str) -> bool:  # Any: JSON values
+def _first_and_second(raw_ref: DecodeRaw, raw_cand: DecodeRaw, first: str) -> bool:
     """Whether the candidate ran first: the second model's prompts carry ``forced``; else the label says."""
-    forced_ref = any("forced" in p for p in raw_ref.get("prompts", []))
-    forced_cand = any("forced" in p for p in raw_cand.get("prompts", []))
+    forced_ref = any(p.forced is not None for p in raw_ref.prompts)
+    forced_cand = any(p.forced is not None for p in raw_cand.prompts)
     if forced_ref != forced_cand:
         return forced_ref
     return first == "candidate"
@@ -415,28 +463,27 @@ def compare(raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: fl
     """The decode block (results.json ``pooled.decode``) of the candidate against the reference, joined by
     prompt id over the candidate's prompts (ids only the reference has are ignored)."""
     z = M.z_for(confidence)
-    skipped = raw_ref.get("skipped") or raw_cand.get("skipped")
-    top_k = raw_ref.get("top_k")
-    block = DecodeComparison(near_tie_logprob=near_tie_logprob, chat=raw_ref.get("chat"),
-                             max_tokens=raw_ref.get("max_tokens"), kld_kind=f"top-{top_k}" if top_k else None,
-                             first=first)
+    ref, cand = DecodeRaw.from_dict(raw_ref), DecodeRaw.from_dict(raw_cand)
+    skipped = ref.skipped or cand.skipped
+    block = DecodeComparison(near_tie_logprob=near_tie_logprob, chat=ref.chat, max_tokens=ref.max_tokens,
+                             kld_kind=f"top-{ref.top_k}" if ref.top_k else None, first=first)
     if skipped:
         block.skipped = skipped
         return block
-    cand_first = _first_and_second(raw_ref, raw_cand, first)
-    ref_by = {p["id"]: p for p in raw_ref.get("prompts", [])}
-    n_max = int(raw_ref.get("max_tokens") or 0)
+    cand_first = _first_and_second(ref, cand, first)
+    ref_by = {p.id: p for p in ref.prompts}
+    n_max = ref.max_tokens or 0
     em = 0
     positions: list[float] = []
     kl_s: list[float] = []
     t1_s: list[float] = []
     cnt: list[int] = []
     cov: list[float] = []
-    for pc in raw_cand.get("prompts", []):
-        pr = ref_by.get(pc["id"])
+    for pc in cand.prompts:
+        pr = ref_by.get(pc.id)
         if pr is None:
             continue
-        a, b = pr["tokens"], pc["tokens"]
+        a, b = pr.tokens, pc.tokens
         d = next((j for j, (x, y) in enumerate(zip(a, b)) if x != y), None)
         if d is None and len(a) != len(b):
             d = min(len(a), len(b))
@@ -445,26 +492,25 @@ def compare(raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: fl
             positions.append(float(max(n_max, len(a))))
         else:
             positions.append(float(d))
-            gap = top2_gap(pr["top"][d]) if d < len(pr["top"]) else None
+            gap = top2_gap(pr.top[d]) if d < len(pr.top) else None
             tie = gap is not None and gap < near_tie_logprob
             if tie:
                 block.near_ties += 1
             else:
                 block.divergences += 1
             if len(block.diverged) < SHOWN_DIVERGED:
-                block.diverged.append(Diverged(pc["id"], d, tie, None if gap is None else round(gap, 6),
-                                               pr.get("text"), pc.get("text")))
+                block.diverged.append(Diverged(pc.id, d, tie, None if gap is None else round(gap, 6), pr.text, pc.text))
         first_rec, second_rec = (pc, pr) if cand_first else (pr, pc)
-        forced = second_rec.get("forced")
+        forced = second_rec.forced
         if forced is None:
             continue
         s_kl = s_t1 = 0.0
         c = 0
-        for j, t_first in enumerate(first_rec["top"]):
-            t_second = forced["top"][j] if j < len(forced["top"]) else None
+        for j, t_first in enumerate(first_rec.top):
+            t_second = forced.top[j] if j < len(forced.top) else None
             if not t_first or not t_second:
                 continue
-            if first_rec["prefill"][j] or forced["prefill"][j]:
+            if first_rec.prefill[j] or forced.prefill[j]:
                 block.prefill_steps += 1
                 continue
             t_ref, t_cand = (t_second, t_first) if cand_first else (t_first, t_second)

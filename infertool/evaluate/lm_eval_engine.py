@@ -26,7 +26,7 @@ import json
 import math
 import os
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -338,11 +338,29 @@ def _key(doc_id: str) -> tuple[int, int, str]:
     return (0, int(doc_id), "") if str(doc_id).lstrip("-").isdigit() else (1, 0, str(doc_id))
 
 
-def join_task(ref: dict[str, Any], cand: dict[str, Any]) -> tuple[list[str], list[float], list[float]]:  # Any: JSON values
+@dataclass
+class TaskScores(Record):
+    """One lm-eval task on one model: its metric and each document's score (the worker's block, ``shown`` aside)."""
+
+    metric: str = "?"
+    higher_is_better: bool = True
+    docs: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class LmEvalRaw(Record):
+    """The lm-eval phase's raw numbers of one model (``LmEvalPhase.run``: ``read_answer``)."""
+
+    tasks: dict[str, TaskScores] = field(default_factory=dict)
+    lm_eval: str | None = None  # lm-eval's version
+    answer: str = ""  # the worker's answer file
+
+
+def join_task(ref: TaskScores, cand: TaskScores) -> tuple[list[str], list[float], list[float]]:
     """The documents both models scored, in doc order, and their scores (oriented: higher is better)."""
-    sign = 1.0 if ref.get("higher_is_better", True) else -1.0
-    ids = sorted(set(ref.get("docs", {})) & set(cand.get("docs", {})), key=_key)
-    return ids, [sign * float(ref["docs"][i]) for i in ids], [sign * float(cand["docs"][i]) for i in ids]
+    sign = 1.0 if ref.higher_is_better else -1.0
+    ids = sorted(set(ref.docs) & set(cand.docs), key=_key)
+    return ids, [sign * ref.docs[i] for i in ids], [sign * cand.docs[i] for i in ids]
 
 
 def task_block(ids: list[str], b: list[float], c: list[float], metric: str, confidence: float,
@@ -382,13 +400,14 @@ def compare_raw(raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence
     tasks: dict[str, LmEvalTask] = {}
     all_b: list[float] = []
     all_c: list[float] = []
-    for name in sorted(set(raw_ref.get("tasks", {})) & set(raw_cand.get("tasks", {}))):
-        r, c = raw_ref["tasks"][name], raw_cand["tasks"][name]
-        ids, sb, sc = join_task(r, c)
+    ref, cand = LmEvalRaw.from_dict(raw_ref), LmEvalRaw.from_dict(raw_cand)
+    for name in sorted(set(ref.tasks) & set(cand.tasks)):
+        r = ref.tasks[name]
+        ids, sb, sc = join_task(r, cand.tasks[name])
         if not ids:
             continue
-        hib = bool(r.get("higher_is_better", True))
-        tasks[name] = task_block(ids, sb, sc, r.get("metric", "?"), confidence, hib)
+        hib = r.higher_is_better
+        tasks[name] = task_block(ids, sb, sc, r.metric, confidence, hib)
         if hib:
             all_b += sb
             all_c += sc

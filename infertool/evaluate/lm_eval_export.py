@@ -203,11 +203,11 @@ def _task_yaml(cfg: dict[str, Any], note: str) -> str:  # Any: JSON / YAML value
             "do not edit by hand.\n" + yaml.safe_dump(cfg, sort_keys=False, allow_unicode=True))
 
 
-def _json_task(name: str, data: str, **more: Any) -> dict[str, Any]:  # Any: JSON / YAML values
+def _json_task(name: str, data: str, train: str | None = None, **more: Any) -> dict[str, Any]:  # Any: YAML values
     """A ``dataset_path: json`` task over a data file beside it (a relative name: infertool's engine writes a copy
-    with the absolute path; lm_eval run by hand resolves it from the current folder)."""
-    return {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": {"test": data}},
-            "test_split": "test", **more}
+    with the absolute path; lm_eval run by hand resolves it from the current folder); ``train``: its few-shot file."""
+    files = {"test": data, **({"train": train} if train else {})}
+    return {"task": name, "dataset_path": "json", "dataset_kwargs": {"data_files": files}, "test_split": "test", **more}
 
 
 _EXACT = {"metric": "exact_match", "aggregation": "mean", "higher_is_better": True, "ignore_case": False,
@@ -220,49 +220,48 @@ def shipped_files() -> dict[str, str]:
     after ``####``, taken by a regex filter) and a chat task (short questions, a number taken by a regex)."""
     import random
 
-    files: dict[str, str] = {}
-    mc = load_suite("synthetic-mc")
-    files["infertool_mc.jsonl"] = _jsonl([it for t in mc.tasks for it in t.items])
-    files["infertool_mc.yaml"] = _task_yaml(_json_task(
-        "infertool_mc", "infertool_mc.jsonl", output_type="multiple_choice", doc_to_text="{{question}}",
-        doc_to_choice="{{choices}}", doc_to_target="answer", target_delimiter=mc.tasks[0].delimiter,
-        metric_list=[{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
-                     {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]),
-        "infertool's synthetic multiple choice (the synthetic-mc suite's items), scored by log-likelihood")
-    gen = load_suite("synthetic-gen")
-    files["infertool_gen.jsonl"] = _jsonl([it for t in gen.tasks for it in t.items])
-    files["infertool_gen.yaml"] = _task_yaml(_json_task(
-        "infertool_gen", "infertool_gen.jsonl", output_type="generate_until", doc_to_text="{{prompt}}",
-        doc_to_target="{{target}}", target_delimiter="",
-        generation_kwargs={"until": ["\n"], "max_gen_toks": 16, "do_sample": False, "temperature": 0.0},
-        filter_list=[{"name": "strip", "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}],
-        metric_list=[_EXACT]), "infertool's synthetic generation (the synthetic-gen suite's items): greedy, exact match")
+    mc, gen = load_suite("synthetic-mc"), load_suite("synthetic-gen")
     rng = random.Random(SHIPPED_SEED)
     shots = [_gsm_problem(rng, i) for i in range(3)]
-    files["infertool_gsm_style.train.jsonl"] = _jsonl([{**s, "id": f"shot-{k}"} for k, s in enumerate(shots)])
-    files["infertool_gsm_style.jsonl"] = _jsonl([_gsm_problem(rng, i) for i in range(40)])
-    cfg = _json_task("infertool_gsm_style", "infertool_gsm_style.jsonl", output_type="generate_until",
-                     doc_to_text="Question: {{question}}\nAnswer:", doc_to_target="{{answer}}", target_delimiter=" ",
-                     fewshot_split="train", num_fewshot=3, fewshot_config={"sampler": "first_n"},
-                     generation_kwargs={"until": ["Question:", "\n\n"], "max_gen_toks": 96, "do_sample": False,
-                                        "temperature": 0.0},
-                     filter_list=[{"name": "strict-match", "filter": [{"function": "regex", "regex_pattern": _GSM_REGEX},
-                                                                       {"function": "take_first"}]}],
-                     metric_list=[{**_EXACT, "ignore_case": True, "regexes_to_ignore": [",", "\\$", "(?s).*#### ", "\\.$"]}])
-    cfg["dataset_kwargs"]["data_files"]["train"] = "infertool_gsm_style.train.jsonl"
-    files["infertool_gsm_style.yaml"] = _task_yaml(
-        cfg, "GSM8K-style word problems infertool wrote (seeded): the answer follows ####, taken by a regex filter")
-    rng = random.Random(SHIPPED_SEED + 1)
-    files["infertool_chat.jsonl"] = _jsonl([_chat_question(rng, i) for i in range(30)])
-    files["infertool_chat.yaml"] = _task_yaml(_json_task(
-        "infertool_chat", "infertool_chat.jsonl", output_type="generate_until", doc_to_text="{{question}}",
-        doc_to_target="{{target}}", target_delimiter="",
-        generation_kwargs={"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False, "temperature": 0.0},
-        filter_list=[{"name": "number", "filter": [{"function": "regex", "regex_pattern": "(-?[0-9]+)"},
-                                                   {"function": "take_first"}]}],
-        metric_list=[_EXACT]), "short questions with a one-number answer, for chat models: run with "
-        "apply_chat_template (the model's chat template; eval.lm_eval.apply_chat_template: true)")
-    return files
+    chat_rng = random.Random(SHIPPED_SEED + 1)
+    return {
+        "infertool_mc.jsonl": _jsonl([it for t in mc.tasks for it in t.items]),
+        "infertool_mc.yaml": _task_yaml(_json_task(
+            "infertool_mc", "infertool_mc.jsonl", output_type="multiple_choice", doc_to_text="{{question}}",
+            doc_to_choice="{{choices}}", doc_to_target="answer", target_delimiter=mc.tasks[0].delimiter,
+            metric_list=[{"metric": "acc", "aggregation": "mean", "higher_is_better": True},
+                         {"metric": "acc_norm", "aggregation": "mean", "higher_is_better": True}]),
+            "infertool's synthetic multiple choice (the synthetic-mc suite's items), scored by log-likelihood"),
+        "infertool_gen.jsonl": _jsonl([it for t in gen.tasks for it in t.items]),
+        "infertool_gen.yaml": _task_yaml(_json_task(
+            "infertool_gen", "infertool_gen.jsonl", output_type="generate_until", doc_to_text="{{prompt}}",
+            doc_to_target="{{target}}", target_delimiter="",
+            generation_kwargs={"until": ["\n"], "max_gen_toks": 16, "do_sample": False, "temperature": 0.0},
+            filter_list=[{"name": "strip", "filter": [{"function": "remove_whitespace"}, {"function": "take_first"}]}],
+            metric_list=[_EXACT]),
+            "infertool's synthetic generation (the synthetic-gen suite's items): greedy, exact match"),
+        "infertool_gsm_style.train.jsonl": _jsonl([{**s, "id": f"shot-{k}"} for k, s in enumerate(shots)]),
+        "infertool_gsm_style.jsonl": _jsonl([_gsm_problem(rng, i) for i in range(40)]),
+        "infertool_gsm_style.yaml": _task_yaml(_json_task(
+            "infertool_gsm_style", "infertool_gsm_style.jsonl", train="infertool_gsm_style.train.jsonl",
+            output_type="generate_until", doc_to_text="Question: {{question}}\nAnswer:", doc_to_target="{{answer}}",
+            target_delimiter=" ", fewshot_split="train", num_fewshot=3, fewshot_config={"sampler": "first_n"},
+            generation_kwargs={"until": ["Question:", "\n\n"], "max_gen_toks": 96, "do_sample": False,
+                               "temperature": 0.0},
+            filter_list=[{"name": "strict-match", "filter": [{"function": "regex", "regex_pattern": _GSM_REGEX},
+                                                              {"function": "take_first"}]}],
+            metric_list=[{**_EXACT, "ignore_case": True, "regexes_to_ignore": [",", "\\$", "(?s).*#### ", "\\.$"]}]),
+            "GSM8K-style word problems infertool wrote (seeded): the answer follows ####, taken by a regex filter"),
+        "infertool_chat.jsonl": _jsonl([_chat_question(chat_rng, i) for i in range(30)]),
+        "infertool_chat.yaml": _task_yaml(_json_task(
+            "infertool_chat", "infertool_chat.jsonl", output_type="generate_until", doc_to_text="{{question}}",
+            doc_to_target="{{target}}", target_delimiter="",
+            generation_kwargs={"until": ["\n\n"], "max_gen_toks": 24, "do_sample": False, "temperature": 0.0},
+            filter_list=[{"name": "number", "filter": [{"function": "regex", "regex_pattern": "(-?[0-9]+)"},
+                                                       {"function": "take_first"}]}],
+            metric_list=[_EXACT]), "short questions with a one-number answer, for chat models: run with "
+            "apply_chat_template (the model's chat template; eval.lm_eval.apply_chat_template: true)"),
+    }
 
 
 def shipped_dir() -> Path:

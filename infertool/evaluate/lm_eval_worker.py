@@ -98,18 +98,15 @@ def _model(spec: WorkerSpec, chat: bool) -> tuple[str, dict[str, Any]]:  # Any: 
     """lm-eval's model name and arguments for the served endpoint."""
     base = spec.base_url.rstrip("/")
     args: dict[str, Any] = {"model": spec.model, "num_concurrent": spec.concurrent, "max_retries": 2,  # Any: as above
-                            "timeout": spec.request_timeout_s, "seed": 1234}
-    if spec.max_gen_toks:
-        args["max_gen_toks"] = spec.max_gen_toks
+                            "timeout": spec.request_timeout_s, "seed": 1234,
+                            **({"max_gen_toks": spec.max_gen_toks} if spec.max_gen_toks else {})}
     if chat:
         return "local-chat-completions", {**args, "base_url": f"{base}/chat/completions", "tokenizer_backend": "none",
                                           "tokenized_requests": False}
-    args["base_url"] = f"{base}/completions"
-    if spec.tokenizer:
-        args.update({"tokenizer_backend": "huggingface", "tokenizer": spec.tokenizer})
-    else:  # lm-eval's own choice: the server's tokenizer endpoints when it has them
-        args["tokenizer_backend"] = "auto"
-    return "local-completions", args
+    # no tokenizer given: lm-eval's own choice ("auto": the server's tokenizer endpoints when it has them)
+    tok = ({"tokenizer_backend": "huggingface", "tokenizer": spec.tokenizer} if spec.tokenizer
+           else {"tokenizer_backend": "auto"})
+    return "local-completions", {**args, "base_url": f"{base}/completions", **tok}
 
 
 def _docs(samples: list[dict[str, Any]], metric: str) -> tuple[dict[str, Any], dict[str, Any]]:  # Any: JSON values

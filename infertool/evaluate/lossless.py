@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 from infertool.evaluate.result import DecodeComparison, Diverged
 from infertool.records import Record
@@ -53,34 +53,9 @@ def rule_text(near_tie_logprob: float) -> str:
             "decide nothing")
 
 
-@dataclass
-class DecodeFigures(Record):
-    """What a lossless check keeps of one decode comparison (``decode.compare``'s block)."""
-
-    n_prompts: int = 0
-    exact_match: float | None = None
-    exact_match_ci: list[float] | None = None
-    first_divergence_median: float | None = None
-    first_divergence_ci: list[float] | None = None
-    kld: float | None = None
-    kld_ci: list[float] | None = None
-    top1: float | None = None
-    divergences: int = 0  # answers that diverge at a step that is not a near tie
-    near_ties: int = 0  # answers that diverge where the reference's top two tokens were nearly tied
-    steps: int = 0
-    skipped: str | None = None
-
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("skipped",)
-
-    @classmethod
-    def of(cls, b: DecodeComparison) -> DecodeFigures:
-        return cls(b.n_prompts, b.exact_match, b.exact_match_ci, b.first_divergence_median, b.first_divergence_ci, b.kld,
-                   b.kld_ci, b.top1, b.divergences, b.near_ties, b.steps, b.skipped)
-
-    @property
-    def changed(self) -> int:
-        """Answers that differ at all (divergences and near ties)."""
-        return self.divergences + self.near_ties
+# What a lossless check's JSON keeps of each decode comparison (``Lossless.figures`` / ``floor``), in this order
+FIGURES = ("n_prompts", "exact_match", "exact_match_ci", "first_divergence_median", "first_divergence_ci", "kld",
+           "kld_ci", "top1", "divergences", "near_ties", "steps", "skipped")
 
 
 @dataclass
@@ -93,13 +68,19 @@ class Lossless(Record):
     reason: str | None = None
     speculative: str | None = None  # the speculative config, in words ("ngram k=3")
     prompts: str | None = None  # whose prompts: "class short", "the decode prompts"
-    figures: DecodeFigures = field(default_factory=DecodeFigures)
-    floor: DecodeFigures = field(default_factory=DecodeFigures)
+    figures: DecodeComparison = field(default_factory=DecodeComparison)  # decode.compare's block
+    floor: DecodeComparison = field(default_factory=DecodeComparison)
     floor_method: str = FLOOR_METHOD
     kld_tolerance: float = KLD_TOLERANCE
     near_tie_logprob: float | None = None
     rule: str | None = None
     diverged: list[Diverged] = field(default_factory=list)  # the first diverging answers, both texts (decode.compare)
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        d = super().to_dict()
+        for arm in ("figures", "floor"):
+            d[arm] = {k: d[arm][k] for k in FIGURES if k in d[arm]}
+        return d
 
 
 def speculative_words(spec: SpeculativeSpec | dict[str, Any] | None) -> str:  # Any: JSON values
@@ -109,7 +90,7 @@ def speculative_words(spec: SpeculativeSpec | dict[str, Any] | None) -> str:  # 
     return words + (f" (draft {data['model']})" if data.get("model") else "")
 
 
-def decide(figures: DecodeFigures, floor: DecodeFigures, *, speculative: str, prompts: str,
+def decide(figures: DecodeComparison, floor: DecodeComparison, *, speculative: str, prompts: str,
            near_tie_logprob: float) -> Lossless:
     """The rule (module docstring) on a comparison and its floor; the reason names the counts, e.g. "speculative
     ngram k=3 changed 4 of 20 answers beyond the noise floor (0 of 20)"."""
@@ -189,13 +170,13 @@ class LosslessCheck:
 
         tie = float(self.phase.spec.near_tie_logprob)
         if self.failed or self.plain is None or self.spec_raw is None or self.again is None:
-            return decide(DecodeFigures(skipped=self.failed or "a server was not run"), DecodeFigures(),
+            return decide(DecodeComparison(skipped=self.failed or "a server was not run"), DecodeComparison(),
                           speculative=self.speculative, prompts=self.label, near_tie_logprob=tie)
         block = compare(self.plain, self.spec_raw, confidence=self.confidence,
                         first="candidate" if self.spec_first else "reference", near_tie_logprob=tie)
         floor = compare(_own(self.plain), self.again, confidence=self.confidence, first="reference",
                         near_tie_logprob=tie)
-        out = decide(DecodeFigures.of(block), DecodeFigures.of(floor), speculative=self.speculative,
+        out = decide(block, floor, speculative=self.speculative,
                      prompts=self.label, near_tie_logprob=tie)
         out.diverged = block.diverged[:10]
         return out

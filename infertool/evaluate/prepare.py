@@ -17,7 +17,7 @@ converts a bundled/GGUF base into the cache (once) and checks the candidate is t
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -69,6 +69,16 @@ class EvalOptions:
     allow_inconclusive: bool = False
     dry_run: bool = False
     key_urls: tuple[str, ...] = ()
+
+    def given(self, recipe: Recipe, sets: list[str] | None = None) -> EvalOptions:
+        """These options as a command line gives them: ``base`` / ``candidate`` are served model names for the openai
+        engine; the URLs given (url, candidate_url, ``--set eval.url=...`` in ``sets``) are the only ones an API key
+        may go to (never one from the recipe file alone)."""
+        given = [s.split("=", 1)[1].strip().strip("'\"") for s in sets or [] if s.startswith("eval.url=")]
+        opts = replace(self, key_urls=tuple(u for u in (self.url, self.candidate_url, *given) if u))
+        if engine_of(recipe, opts) == "openai":
+            return replace(opts, base=None, candidate=None, base_name=self.base, candidate_name=self.candidate)
+        return opts
 
 
 @dataclass

@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from infertool.evaluate.metrics import PairedAccuracy
+from infertool.evaluate.paired import TaskTiming
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
 
-__all__ = ["Accept", "ChoiceResult", "DecodeComparison", "Diverged", "EvalModel", "EvalResult", "EvalSettings",
-           "EvalSummary", "GenerateResult", "Gate", "HeldOut", "LmEvalComparison", "LmEvalTask", "PairedAccuracy",
-           "PerplexityMetrics", "PerplexityResult", "Pooled", "SuiteInfo", "TaskCode", "TaskResult", "Timing"]
+__all__ = ["Accept", "ChoiceResult", "DecodeComparison", "Diverged", "EvalFiles", "EvalModel", "EvalResult",
+           "EvalSettings", "EvalSummary", "GenerateResult", "Gate", "HeldOut", "LmEvalComparison", "LmEvalTask",
+           "PairedAccuracy", "PerplexityMetrics", "PerplexityResult", "Pooled", "SuiteInfo", "TaskCode", "TaskResult",
+           "Timing"]
 
 
 @dataclass
@@ -308,7 +310,7 @@ class EvalSettings(Record):
 @dataclass
 class Timing(Record):
     wall_s: float | None = None
-    per_task: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
+    per_task: dict[str, TaskTiming] = field(default_factory=dict)  # an engine's time per task (servers: "all")
     scored_tokens_per_model: int = 0
     base_s: float = 0.0
     cand_s: float = 0.0
@@ -317,6 +319,17 @@ class Timing(Record):
 
 
 # ------------------------------------------------------------------------------------------- the result
+@dataclass
+class EvalFiles(Sparse):
+    """Where an eval's files are (paths)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("kld_histogram",)
+
+    results: str = ""
+    items: str = ""
+    kld_histogram: str | None = None  # only when perplexity was scored
+
+
 @dataclass
 class EvalSummary(Record):
     """What a run's manifest keeps of an eval (its stage summary)."""
@@ -349,7 +362,7 @@ class EvalResult(Record):
     versions: dict[str, Any] = field(default_factory=dict)  # Any: JSON values
     notes: list[str] = field(default_factory=list)
     run_dir: str = ""
-    files: dict[str, str] = field(default_factory=dict)  # results, items, kld_histogram: paths
+    files: EvalFiles = field(default_factory=EvalFiles)
 
     @property
     def confidence(self) -> float:
@@ -362,7 +375,7 @@ class EvalResult(Record):
     @property
     def kld_histogram_file(self) -> str | None:
         """The KLD histogram the eval drew (an SVG beside results.json), when it drew one."""
-        return self.files.get("kld_histogram")
+        return self.files.kld_histogram
 
     def gate(self, name: str) -> Gate | None:
         return next((g for g in self.gates if g.name == name), None)

@@ -17,13 +17,19 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from infertool import net
 from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
-from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
+from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, PromptLogprobs, parse_prompt_logprobs, pmap
 from infertool.evaluate.metrics import topk_kld
+from infertool.evaluate.paired import (
+    ChoicePair, EngineRun, GeneratePair, Paired, PairedChoices, PairedOutputs, PairedWindow, PerplexityPair,
+    RequestItem, ScoreTask, TaskTiming, cut_at_stop,
+)
 
 if TYPE_CHECKING:
     from infertool.evaluate.phases import Phase
@@ -184,7 +190,7 @@ class Client:
                                + net.quote(repr(toks[:8]), n=80), hint=_NET_HINTS["malformed"])
         return toks
 
-    def prompt_logprobs(self, prompt: str | list[int], k: int) -> dict[str, Any]:  # Any: JSON values
+    def prompt_logprobs(self, prompt: str | list[int], k: int) -> PromptLogprobs:
         """Echoed prompt tokens with their log-probabilities and top-k alternatives (generated token dropped),
         checked (``parse_prompt_logprobs``)."""
         r = self._request(self.base_url + "/completions", {
@@ -229,85 +235,90 @@ def collect(client: Client, tasks: list[dict[str, Any]], *, k: int, workers: int
             label: str) -> dict[str, Any]:  # Any: JSON values
     """Score every task with ONE model (the one ``client`` names): raw per-token / per-item numbers."""
     out: dict[str, dict[str, Any]] = {}  # Any: JSON values
-    stats = {"tokens": 0, "gen_tokens": 0, "seconds": 0.0}
+    stats = _Stats()
     t0 = time.monotonic()
     client.start_stage()  # one deadline for this model's whole scoring
     where = f"{label} model {client.model!r} at {client.base_url}"
-    for task in tasks:
-        name = task["name"]
-        prog = lambda n, total, what, name=name: events.progress(f"{label}:{name}", n, total, f"{label} {name}: {what}")  # noqa: E731
-        if task["type"] == "perplexity":
-            ids = client.tokenize(task["text"])
-            if ids is None:
-                raise BackendError(f"the server at {client.base_url} has no /tokenize endpoint: perplexity windows of "
-                                   f"{task['seq_len']} tokens cannot be cut the same way for both models",
-                                   hint="use a vLLM server (it has /tokenize), or the hf engine")
-            L = int(task["seq_len"])
-            n = len(ids) // L
-            if task.get("max_windows"):
-                n = min(n, int(task["max_windows"]))
-            if n < 1:
-                raise UsageError(f"task {name!r}: fewer than one window of {L} tokens", hint="lower eval.seq_len")
-            start = int(task.get("window_start") or 0)  # scoring in rounds: windows [start, n) of the same cut
-            windows = [ids[i * L:(i + 1) * L] for i in range(start, n)]
-            res = pmap(lambda w: client.prompt_logprobs(w, k), windows, workers,
-                        lambda d: prog(d, len(windows), "windows"), what=f"windows of task {name!r} ({where})")
-            items = []
-            for i, r in enumerate(res):
-                items.append({"id": f"w{start + i:04d}", "lp": r["lp"][1:], "top": r["top"][1:], "tokens": r["tokens"],
-                              "n_bytes": len("".join(r["tokens"][1:]).encode("utf-8"))})
-                stats["tokens"] += len(windows[i])
-            out[name] = {"type": "perplexity", "seq_len": L, "corpus_tokens": len(ids), "items": items}
-        elif task["type"] == "multiple_choice":
-            reqs = [(i, j, it["context"], c) for i, it in enumerate(task["items"]) for j, c in enumerate(it["continuations"])]
-            use_ids = client.tokenize("probe") is not None
-
-            def score(req: tuple[int, int, str, str]) -> tuple[float, bool, int]:
-                _, _, ctx, cont = req
-                if use_ids:
-                    n_sp = len(ctx) - len(ctx.rstrip())
-                    if n_sp:
-                        ctx, cont = ctx[:-n_sp], ctx[-n_sp:] + cont
-                    ci, ki = client.tokenize(ctx) or [], client.tokenize(cont) or []
-                    r = client.prompt_logprobs(ci + ki, 1)
-                    nc = len(ki)
-                    sel = r["lp"][len(r["lp"]) - nc:]
-                    greedy = all(max(t, key=t.get) == tok if t else False
-                                 for t, tok in zip(r["top"][-nc:], r["tokens"][-nc:]))
-                    return _loglik(sel, cont), greedy, len(ci) + nc
-                r = client.prompt_logprobs(ctx + cont, 1)
-                idx = [i for i, off in enumerate(r["offsets"]) if off >= len(ctx)]
-                if not idx:
-                    raise RuntimeFailure(f"cannot locate the continuation {cont!r} in the server's tokens")
-                greedy = all(r["top"][i] and max(r["top"][i], key=r["top"][i].get) == r["tokens"][i] for i in idx)
-                return _loglik([r["lp"][i] for i in idx], cont), greedy, len(r["tokens"])
-
-            scored = pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"),
-                          what=f"choices of task {name!r} ({where})")
-            by_item: dict[int, dict[str, Any]] = {}  # Any: JSON values
-            for (i, j, _, cont), (ll, greedy, ntok) in zip(reqs, scored):
-                d = by_item.setdefault(i, {"ll": [], "greedy": [], "n_bytes": []})
-                d["ll"].append(ll)
-                d["greedy"].append(greedy)
-                d["n_bytes"].append(len(cont.encode("utf-8")))
-                stats["tokens"] += ntok
-            out[name] = {"type": "multiple_choice",
-                         "items": [{"id": it["id"], **by_item[i]} for i, it in enumerate(task["items"])]}
+    for task in map(ScoreTask.from_dict, tasks):
+        prog = lambda n, total, what, name=task.name: events.progress(f"{label}:{name}", n, total, f"{label} {name}: {what}")  # noqa: E731
+        what = f"of task {task.name!r} ({where})"
+        if task.type == "perplexity":
+            out[task.name] = _windows(client, task, k, workers, prog, what, stats)
+        elif task.type == "multiple_choice":
+            out[task.name] = _choices(client, task, workers, prog, what, stats)
         else:
-            stop = list(task.get("stop") or [])
+            def gen(it: RequestItem) -> str:
+                text = client.generate(it.messages or it.prompt, max_tokens=task.max_tokens, stop=task.stop,
+                                       chat=task.chat)
+                return cut_at_stop(text, task.stop)
 
-            def gen(it: dict[str, Any]) -> str:  # Any: JSON values
-                text = client.generate(it.get("messages") or it["prompt"], max_tokens=int(task.get("max_tokens", 32)), stop=stop, chat=bool(task.get("chat")))
-                for st in stop:
-                    if st and st in text:
-                        text = text[:text.index(st)]
-                return text
+            outs = pmap(gen, task.items, workers, lambda d: prog(d, len(task.items), "generate"), what=f"items {what}")
+            out[task.name] = {"type": "generate", "items": [{"id": it.id, "out": o} for it, o in zip(task.items, outs)]}
+    return {"tasks": out, "stats": {"tokens": stats.tokens, "gen_tokens": 0, "seconds": time.monotonic() - t0}}
 
-            outs = pmap(gen, task["items"], workers, lambda d: prog(d, len(task["items"]), "generate"),
-                         what=f"items of task {name!r} ({where})")
-            out[name] = {"type": "generate", "items": [{"id": it["id"], "out": o} for it, o in zip(task["items"], outs)]}
-    stats["seconds"] = time.monotonic() - t0
-    return {"tasks": out, "stats": stats}
+
+@dataclass
+class _Stats:
+    tokens: int = 0
+
+
+Progress = Callable[[int, int, str], None]
+
+
+def _windows(client: Client, task: ScoreTask, k: int, workers: int, prog: Progress, what: str,
+             stats: _Stats) -> dict[str, Any]:  # Any: JSON values
+    """A perplexity task's windows of seq_len tokens, cut from the server's own token ids."""
+    ids = client.tokenize(task.text)
+    if ids is None:
+        raise BackendError(f"the server at {client.base_url} has no /tokenize endpoint: perplexity windows of "
+                           f"{task.seq_len} tokens cannot be cut the same way for both models",
+                           hint="use a vLLM server (it has /tokenize), or the hf engine")
+    L = task.seq_len
+    n = min(len(ids) // L, task.max_windows or len(ids))
+    if n < 1:
+        raise UsageError(f"task {task.name!r}: fewer than one window of {L} tokens", hint="lower eval.seq_len")
+    windows = [ids[i * L:(i + 1) * L] for i in range(task.window_start, n)]
+    res = pmap(lambda w: client.prompt_logprobs(w, k), windows, workers,
+               lambda d: prog(d, len(windows), "windows"), what=f"windows {what}")
+    stats.tokens += sum(map(len, windows))
+    items = [{"id": f"w{task.window_start + i:04d}", "lp": r.lp[1:], "top": r.top[1:], "tokens": r.tokens,
+              "n_bytes": len("".join(r.tokens[1:]).encode("utf-8"))} for i, r in enumerate(res)]
+    return {"type": "perplexity", "seq_len": L, "corpus_tokens": len(ids), "items": items}
+
+
+def _choices(client: Client, task: ScoreTask, workers: int, prog: Progress, what: str,
+             stats: _Stats) -> dict[str, Any]:  # Any: JSON values
+    """A multiple-choice task: each continuation's log-likelihood after its context, and whether it is greedy."""
+    reqs = [(i, it.context, c) for i, it in enumerate(task.items) for c in it.continuations]
+    use_ids = client.tokenize("probe") is not None
+
+    def score(req: tuple[int, str, str]) -> tuple[float, bool, int]:
+        _, ctx, cont = req
+        if use_ids:
+            n_sp = len(ctx) - len(ctx.rstrip())
+            if n_sp:
+                ctx, cont = ctx[:-n_sp], ctx[-n_sp:] + cont
+            ci, ki = client.tokenize(ctx) or [], client.tokenize(cont) or []
+            r = client.prompt_logprobs(ci + ki, 1)
+            idx = list(range(len(r.lp) - len(ki), len(r.lp)))
+        else:
+            r = client.prompt_logprobs(ctx + cont, 1)
+            idx = [i for i, off in enumerate(r.offsets) if off >= len(ctx)]
+            if not idx:
+                raise RuntimeFailure(f"cannot locate the continuation {cont!r} in the server's tokens")
+        greedy = all(r.top[i] and max(r.top[i], key=r.top[i].__getitem__) == r.tokens[i] for i in idx)
+        return _loglik([r.lp[i] for i in idx], cont), greedy, len(r.tokens)
+
+    scored = pmap(score, reqs, workers, lambda d: prog(d, len(reqs), "choices"), what=f"choices {what}")
+    stats.tokens += sum(ntok for _, _, ntok in scored)
+    lls: list[list[float]] = [[] for _ in task.items]
+    greedy: list[list[bool]] = [[] for _ in task.items]
+    for (i, _, _), (ll, g, _) in zip(reqs, scored):
+        lls[i].append(ll)
+        greedy[i].append(g)
+    return {"type": "multiple_choice", "items": [
+        {"id": it.id, "ll": lls[i], "greedy": greedy[i], "n_bytes": [len(c.encode("utf-8")) for c in it.continuations]}
+        for i, it in enumerate(task.items)]}
 
 
 def _loglik(lps: list[Any], cont: str) -> float:  # Any: JSON values
@@ -319,45 +330,41 @@ def _loglik(lps: list[Any], cont: str) -> float:  # Any: JSON values
     return math.fsum(lps)
 
 
-def combine(raw_b: dict[str, Any], raw_c: dict[str, Any], k: int) -> dict[str, Any]:  # Any: JSON values
-    """Pair the two models' raw numbers into the format the hf engine returns (top-k KLD)."""
-    tasks = {}
+def combine(raw_b: dict[str, Any], raw_c: dict[str, Any], k: int) -> dict[str, Paired]:  # Any: collect's raw output
+    """Pair the two models' raw numbers (``collect``) task by task, item by item (top-k KLD)."""
+    tasks: dict[str, Paired] = {}
     for name, tb in raw_b["tasks"].items():
-        tc = raw_c["tasks"][name]
+        pairs = list(zip(tb["items"], raw_c["tasks"][name]["items"]))
         if tb["type"] == "perplexity":
-            items = []
-            for wb, wc in zip(tb["items"], tc["items"]):
-                if wb["tokens"] != wc["tokens"]:
-                    raise TokenizerMismatch(f"task {name!r} window {wb['id']}",
-                                            hint="base and candidate must share a tokenizer")
-                kld, cov, same = [], [], []
-                for topb, topc in zip(wb["top"], wc["top"]):
-                    d, m = topk_kld(topb, topc)
-                    kld.append(d)
-                    cov.append(m)
-                    same.append(int(bool(topb) and bool(topc) and max(topb, key=topb.get) == max(topc, key=topc.get)))
-                items.append({"id": wb["id"], "n_bytes": wb["n_bytes"], "lp_b": wb["lp"], "lp_c": wc["lp"],
-                              "kld": kld, "same_top1": same, "covered_b": cov})
-            tasks[name] = {"type": "perplexity", "seq_len": tb["seq_len"], "corpus_tokens": tb["corpus_tokens"],
-                           "kld_kind": f"top-{k}", "items": items}
+            tasks[name] = PerplexityPair([_window(name, wb, wc) for wb, wc in pairs], seq_len=tb["seq_len"],
+                                         corpus_tokens=tb["corpus_tokens"], kld_kind=f"top-{k}")
         elif tb["type"] == "multiple_choice":
-            tasks[name] = {"type": "multiple_choice", "items": [
-                {"id": ib["id"], "ll_b": ib["ll"], "ll_c": ic["ll"], "greedy_b": ib["greedy"], "greedy_c": ic["greedy"],
-                 "n_bytes": ib["n_bytes"]} for ib, ic in zip(tb["items"], tc["items"])]}
+            tasks[name] = ChoicePair([PairedChoices(ib["id"], ib["ll"], ic["ll"], ib["n_bytes"], ib["greedy"],
+                                                    ic["greedy"]) for ib, ic in pairs])
         else:
-            tasks[name] = {"type": "generate", "items": [
-                {"id": ib["id"], "out_b": ib["out"], "out_c": ic["out"]} for ib, ic in zip(tb["items"], tc["items"])]}
+            tasks[name] = GeneratePair([PairedOutputs(ib["id"], ib["out"], ic["out"]) for ib, ic in pairs])
     return tasks
 
 
-def _timing(raw_b: dict[str, Any], raw_c: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
+def _window(task: str, wb: dict[str, Any], wc: dict[str, Any]) -> PairedWindow:  # Any: collect's raw window
+    if wb["tokens"] != wc["tokens"]:
+        raise TokenizerMismatch(f"task {task!r} window {wb['id']}", hint="base and candidate must share a tokenizer")
+    kld, cov, same = [], [], []
+    for topb, topc in zip(wb["top"], wc["top"]):
+        d, m = topk_kld(topb, topc)
+        kld.append(d)
+        cov.append(m)
+        same.append(int(bool(topb) and bool(topc) and max(topb, key=topb.get) == max(topc, key=topc.get)))
+    return PairedWindow(wb["id"], wb["n_bytes"], wb["lp"], wc["lp"], kld, same, cov)
+
+
+def _timing(raw_b: dict[str, Any], raw_c: dict[str, Any]) -> dict[str, TaskTiming]:  # Any: collect's raw output
     sb, sc = raw_b["stats"], raw_c["stats"]
-    return {"all": {"base_s": sb["seconds"], "cand_s": sc["seconds"], "tokens": sb["tokens"],
-                    "wall_s": sb["seconds"] + sc["seconds"]}}
+    return {"all": TaskTiming(sb["seconds"], sc["seconds"], sb["tokens"], wall_s=sb["seconds"] + sc["seconds"])}
 
 
 def compare_openai(cb: Client, cc: Client, tasks: list[dict[str, Any]], *, k: int, workers: int, events: Events,  # Any: JSON values
-                   phases: list[Phase] | None = None, log_dir: Path | None = None) -> dict[str, Any]:  # Any: JSON values
+                   phases: list[Phase] | None = None, log_dir: Path | None = None) -> EngineRun:
     """Both models on already running OpenAI-compatible server(s): ``cb`` names the base, ``cc`` the candidate.
     ``phases`` (infertool.evaluate.phases): more work on each server, the base first."""
     from infertool.evaluate.phases import Served, run_all
@@ -369,9 +376,8 @@ def compare_openai(cb: Client, cc: Client, tasks: list[dict[str, Any]], *, k: in
     run_all(phases or [], Served("base", cb, None, log_dir), done, events)
     raw_c = collect(cc, tasks, k=k, workers=workers, events=events, label="candidate")
     run_all(phases or [], Served("candidate", cc, None, log_dir), done, events)
-    return {"engine": "openai", "tasks": combine(raw_b, raw_c, k), "timing": _timing(raw_b, raw_c), "phases": done,
-            "models": {"base": {"name": cb.model, "url": cb.base_url}, "candidate": {"name": cc.model, "url": cc.base_url}},
-            "topk": k}
+    return EngineRun("openai", combine(raw_b, raw_c, k), _timing(raw_b, raw_c), {"name": cb.model, "url": cb.base_url},
+                     {"name": cc.model, "url": cc.base_url}, done, k)
 
 
 # --------------------------------------------------------------------------------------------
@@ -380,7 +386,7 @@ def compare_openai(cb: Client, cc: Client, tasks: list[dict[str, Any]], *, k: in
 
 
 def compare_vllm(plans: dict[str, LaunchPlan], tasks: list[dict[str, Any]], *, k: int, workers: int, events: Events,  # Any: JSON values
-                 log_dir: Path, pool: ServerPool | None = None, phases: list[Phase] | None = None) -> dict[str, Any]:  # Any: JSON values
+                 log_dir: Path, pool: ServerPool | None = None, phases: list[Phase] | None = None) -> EngineRun:
     """One vLLM server per model (``plans``: {"candidate": LaunchPlan, "base": LaunchPlan} from
     ``infertool.serve.prepare``: the recipe's effective serve settings for each), one after the other,
     each stopped before the next starts (``pool``: `run`'s shared servers, which the pool stops). The
@@ -420,7 +426,6 @@ def compare_vllm(plans: dict[str, LaunchPlan], tasks: list[dict[str, Any]], *, k
                 f"{e.message.splitlines()[0]}: this vLLM build has no weight-only quantized GEMM kernel for this CPU",
                 hint="use --engine hf (it loads GPTQ/AWQ checkpoints in transformers), or run the vllm engine on a "
                 "CUDA or AVX-512 host", log_path=e.log_path) from None
-    return {"engine": "vllm", "tasks": combine(raws["base"], raws["candidate"], k), "timing": _timing(raws["base"], raws["candidate"]),
-            "phases": done,
-            "models": {"base": {"path": plans["base"].model.path, "server": servers["base"]},
-                       "candidate": {"path": plans["candidate"].model.path, "server": servers["candidate"]}}, "topk": k}
+    models = {label: {"path": plans[label].model.path, "server": servers[label]} for label in ("base", "candidate")}
+    return EngineRun("vllm", combine(raws["base"], raws["candidate"], k), _timing(raws["base"], raws["candidate"]),
+                     models["base"], models["candidate"], done, k)

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from infertool.atomic import atomic_dir, dumps_json, write_bytes
 from infertool.errors import UsageError
+from infertool.evaluate.decode import DecodeRaw
 from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
 from infertool.verify import evidence as E
@@ -372,7 +373,7 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
         docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts
     else:
         missing["prompts"] = "the suite has no tasks"
-    skipped = E.DecodeRaw.from_dict(got.decode).skipped
+    skipped = DecodeRaw.from_dict(got.decode).skipped
     if got.decode is not None and not skipped:
         docs[E.DECODE] = {"prompts_src": q.decode_prompts, "raw": got.decode}
     else:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
 from infertool.capability import RunContext
 from infertool.errors import UsageError
+from infertool.evaluate.decode import DecodeRaw
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
 from infertool.verify import evidence as E
@@ -299,7 +300,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
             python = str(env_python(options.env))
         from infertool.evaluate.prepare import logprobs_args
 
-        k = max(ev.index.k or 0, E.DecodeRaw.from_dict((ev.decode or {}).get("raw")).top_k or 0)
+        k = max(ev.index.k or 0, DecodeRaw.from_dict((ev.decode or {}).get("raw")).top_k or 0)
         p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run,
                            extra_args=logprobs_args(k))  # as the evidence's launch had it
     return p
@@ -357,7 +358,7 @@ def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
 
 
 # ------------------------------------------------------------------------------------------------ run
-def _decode_spec(raw: E.DecodeRaw, near_tie: float) -> DecodeSpec:
+def _decode_spec(raw: DecodeRaw, near_tie: float) -> DecodeSpec:
     from infertool.recipe import DecodeSpec, Recipe, VerifyAccept
 
     return DecodeSpec(top_k=raw.top_k or 20, max_tokens=raw.max_tokens or 48, chat=raw.chat,
@@ -373,7 +374,7 @@ def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | No
     if not isinstance(src, list) or not isinstance(raw, dict) or not isinstance(raw.get("prompts", []), list):
         raise E.EvidenceError(f"{where}: needs \"prompts_src\" (a list) and \"raw\" (an object with \"prompts\")",
                               hint="publish the checkpoint again")
-    if E.DecodeRaw.from_dict(raw).skipped:
+    if DecodeRaw.from_dict(raw).skipped:
         return None, raw
     import json
 
@@ -494,7 +495,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     out_dir = check_output_dir(ctx.out_dir or p.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     prompts_src, raw_decode = _check_decode(ev)
-    recorded = E.DecodeRaw.from_dict(raw_decode)
+    recorded = DecodeRaw.from_dict(raw_decode)
     spec = _decode_spec(recorded, p.near_tie_logprob)
     timing = VerifyTiming()
     engine = ServedEngine()

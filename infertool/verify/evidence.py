@@ -89,17 +89,6 @@ class EngineFacts(Sparse):
 
 
 @dataclass
-class DecodeRaw(Record):
-    """decode.json's ``raw`` (``DecodePhase.run``'s answer) as verify reads it: why it was skipped, the top-k and
-    the tokens asked, whether chat prompts went through the chat template; the prompts kept aside, for eval."""
-
-    skipped: str | None = None
-    top_k: int | None = None
-    max_tokens: int | None = None
-    chat: bool | None = None
-
-
-@dataclass
 class EvidenceIndex(Record):
     """evidence.json: its one writer is ``capture.capture``, its one reader ``read_index``."""
 

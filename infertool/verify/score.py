@@ -26,6 +26,7 @@ from typing import Any, ClassVar
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
+from infertool.evaluate.paired import ChoicePair, PerplexityPair
 from infertool.evaluate.decode import compare
 from infertool.evaluate.result import DecodeComparison
 from infertool.evaluate.server_engine import combine
@@ -99,21 +100,22 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
                   confidence: float) -> PromptScore:
     """The prompt block: pooled KLD and top-1 over the perplexity tasks, agreement of the other tasks."""
     block = PromptScore(kld_kind=f"top-{k}")
-    pooled: list[dict[str, Any]] = []  # Any: the perplexity tasks' items, pooled
-    for name, t in combine(evidence_raw, new_raw, k).items():
-        kind, items = t["type"], t["items"]
-        if kind == "perplexity":
+    tasks = combine(evidence_raw, new_raw, k)
+    ppl = [t for t in tasks.values() if isinstance(t, PerplexityPair)]
+    for name, t in tasks.items():
+        if isinstance(t, PerplexityPair):
             s = summarize_perplexity(t, confidence)
-            block.tasks[name] = PromptTask(kind, s.tokens, s.kld["mean"], s.top1_agree)
-            pooled += items
+            block.tasks[name] = PromptTask(t.type, s.tokens, s.kld["mean"], s.top1_agree)
             continue
-        choice = kind == "multiple_choice"
-        same = sum(_pick(it["ll_b"]) == _pick(it["ll_c"]) if choice else it["out_b"] == it["out_c"] for it in items)
-        agreement, ci = _agreement(same, len(items), confidence)
-        block.tasks[name] = PromptTask(kind, items=len(items), agreement=agreement, agreement_ci=ci,
-                                       what="same pick" if choice else "same output")
-    if pooled:
-        s = summarize_perplexity({"items": pooled, "kld_kind": f"top-{k}"}, confidence)
+        if isinstance(t, ChoicePair):
+            same = sum(_pick(it.ll_b) == _pick(it.ll_c) for it in t.items)
+        else:
+            same = sum(it.out_b == it.out_c for it in t.items)
+        agreement, ci = _agreement(same, len(t.items), confidence)
+        block.tasks[name] = PromptTask(t.type, items=len(t.items), agreement=agreement, agreement_ci=ci,
+                                       what="same pick" if isinstance(t, ChoicePair) else "same output")
+    if ppl:
+        s = summarize_perplexity(PerplexityPair([w for t in ppl for w in t.items], kld_kind=f"top-{k}"), confidence)
         z = M.z_for(confidence)
         mean, se = _finite(s.kld["mean"]), _finite(s.kld["se"])
         if mean is not None and se is not None and s.tokens:
