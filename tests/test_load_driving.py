@@ -10,12 +10,13 @@ import json
 import math
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from infertool.bench.client import Endpoint, Pool
-from infertool.bench.loadgen import run_level_processes, unit_fn
+from infertool.bench.loadgen import Job, run_level_processes, unit_fn
 from infertool.bench.metrics import RequestResult, summarize, t_quantile
 from infertool.bench.results import Latency, LevelResult, Summary
 from infertool.bench.sweep import KneeSearch, find_knee, level_work, repeat_runs, sweep_levels
@@ -70,20 +71,19 @@ def _bench(**over) -> BenchSection:
     return BenchSection.model_validate(doc)
 
 
-def _job(bench: BenchSection, url: str, level: Level) -> dict:
+def _job(bench: BenchSection, url: str, level: Level) -> Job:
     target = Endpoint(url + "/v1", "m", bench.endpoint, None, bench.ignore_eos)
-    return {"target": target, "level": level, "bench": bench, "chars_per_token": 4.0, "deadline_s": DEADLINE_S,
-            "seed": 7, **level_work(bench, level, 4.0)}
+    return Job(target, level, bench, 4.0, DEADLINE_S, 7, level_work(bench, level, 4.0))
 
 
-def _drive(job: dict) -> list[RequestResult]:
+def _drive(job: Job) -> list[RequestResult]:
     """A level sent from this process, as sweep._in_process sends it (without the /metrics sampler)."""
     async def go():
-        pool = Pool(job["target"].base_url)
+        pool = Pool(job.target.base_url)
         try:
             one = unit_fn(job, pool, time.monotonic(), lambda: None)
-            results, _ = await run_level(one, job["n"], job["level"], deadline_s=job["deadline_s"],
-                                         seed=job["seed"], offsets=job.get("offsets"))
+            results, _ = await run_level(one, job.work.n, job.level, deadline_s=job.deadline_s,
+                                         seed=job.seed, offsets=job.work.offsets)
             return results
         finally:
             await pool.close()
@@ -187,14 +187,14 @@ def test_a_trace_is_replayed_in_order_at_its_timestamps_over_the_speedup(tmp_pat
     level = sweep_levels(bench)[-1]
     assert level.kind == "trace" and level.label == "trace x2"
     job = _job(bench, "", level)
-    assert job["offsets"] == pytest.approx([0.0, 0.1, 0.2]) and job["n"] == 3
+    assert job.work.offsets == pytest.approx([0.0, 0.1, 0.2]) and job.work.n == 3
     with HostileServer({"/v1/completions": echo_stream()}) as srv:
-        results = _drive({**job, "target": Endpoint(srv.url + "/v1", "m", "completions")})
+        results = _drive(replace(job, target=Endpoint(srv.url + "/v1", "m", "completions")))
         bodies = _bodies(srv)
     # each line's own prompt and output length (the server's arrival order is the network's, not the client's)
     assert sorted((b["prompt"], b["max_tokens"]) for b in bodies) == [("first", 3), ("second", 5), ("third", 7)]
     starts = [r.start for r in sorted(results, key=lambda r: r.start)]  # none before its line's offset
-    assert all(s >= off - 1e-6 for s, off in zip(starts, job["offsets"]))
+    assert all(s >= off - 1e-6 for s, off in zip(starts, job.work.offsets))
 
 
 def test_a_malformed_trace_is_a_usage_error(tmp_path):

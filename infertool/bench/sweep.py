@@ -24,8 +24,7 @@ runs x (SCRAPE_DEADLINE_S + max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + R
 The traffic's shapes (``bench.prompt.multi_turn``: each unit a conversation replayed as a session; ``bench.trace``:
 one level at a trace's timestamps; ``bench.arrival``: Poisson or gamma rates) are the level's ``job``
 (``loadgen.unit_fn`` sends its units, here or in each load-generator process). ``bench.repeats``: a level is run
-again until its figures' intervals are narrow enough (``repeat_runs``; ``measure_repeated`` for one level, what
-tune's capacity probes near the SLO edge call). ``bench.rate_sweep``: rates grow until the server stops
+again until its figures' intervals are narrow enough (``repeat_runs``). ``bench.rate_sweep``: rates grow until the server stops
 following them, then the knee is bracketed (``find_knee``, ``KneeSearch``).
 """
 
@@ -42,6 +41,7 @@ from infertool.bench.client import Endpoint, Refused, list_models, send, tokeniz
 from infertool.bench.metrics import (
     RequestResult, mean_interval, percentile, proportion_interval, rate_following, summarize,
 )
+from infertool.bench.loadgen import Job, LoopStats, Work
 from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 
 EventCallback = Callable[[JsonObject], None]
 # the levels' work (``level_work``) by (the class replayed, level kind, unit, chars per token): kept across arms
-Works = dict[tuple[str | None, str, str | None, float], JsonObject]
+Works = dict[tuple[str | None, str, str | None, float], Work]
 WARMUP_TIMEOUT_S = 60.0  # the warm-up request's deadline (at most bench.max_duration_s)
 CONNECT_BUDGET_S = 20.0  # connect: the model list and /tokenize together
 PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of a level)
@@ -109,26 +109,22 @@ def load_trace_work(bench: BenchSection, chars_per_token: float) -> tuple[list[P
     return prompts, [(e.t_s - first) / bench.trace_speedup for e in entries]
 
 
-def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> JsonObject:
-    """What a level sends beyond the bench's prompt stream, for its job: ``conversations`` (sessions),
-    ``prompts`` and ``offsets`` (a trace), and ``n`` (its units). With bench.classes.replay, only that class's
-    units of the level's traffic (a trace's keep their gaps, from the class's first)."""
+def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> Work:
+    """What a level sends beyond the bench's prompt stream: a trace's prompts and offsets, sessions'
+    conversations. With bench.classes.replay, only that class's units of the level's traffic."""
     if bench.classes.replay is not None:
         work, units = replay_units(bench, "trace" if level.kind == "trace" else "source", chars_per_token)
-        out = {k: [v[u] for u in units] for k, v in work.items()}
-        if "offsets" in out:  # the class's first request leaves at once, the others at their gaps from it
-            out["offsets"] = [t - out["offsets"][0] for t in out["offsets"]]
-        return {**out, "n": len(units)}
+        return work.only(units)
     if level.kind == "trace":
         prompts, offsets = load_trace_work(bench, chars_per_token)
-        return {"prompts": prompts, "offsets": offsets, "n": len(prompts)}
+        return Work(len(prompts), prompts=prompts, offsets=offsets)
     if level.unit == "session":
         convs = load_conversations(bench, bench.requests)
-        return {"conversations": convs, "n": len(convs)}
-    return {"n": bench.requests}
+        return Work(len(convs), conversations=convs)
+    return Work(bench.requests)
 
 
-def replay_units(bench: BenchSection, which: str, chars_per_token: float) -> tuple[JsonObject, list[int]]:
+def replay_units(bench: BenchSection, which: str, chars_per_token: float) -> tuple[Work, list[int]]:
     """The traffic's work (``classed_traffic``) and the units of the class bench.classes.replay names; UsageError
     (before any server starts) when the class has no request in it, naming the classes it has."""
     replay = bench.classes.replay
@@ -154,9 +150,9 @@ def _rule(bench: BenchSection) -> ClassRule:
     return ClassRule(prefix_chars=bench.classes.prefix_chars, long_chars=bench.classes.long_chars)
 
 
-def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> tuple[JsonObject, list[Request]]:
+def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> tuple[Work, list[Request]]:
     """The whole traffic of the trace (``which`` "trace") or of the prompt source ("source"), as its level's
-    work per unit (``prompts`` and ``offsets``, or ``conversations``: lists indexed by unit) and its requests for
+    work and its requests for
     infertool.bench.classes (a session's turns: its system prompt and user turns so far, without the replies)."""
     if which == "trace":
         from infertool.bench.datasets import load_trace
@@ -164,7 +160,7 @@ def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> 
         assert bench.trace is not None  # a trace level: the recipe names its trace
         entries = sorted(load_trace(bench.trace), key=lambda e: e.t_s)
         prompts, offsets = load_trace_work(bench, chars_per_token)
-        return ({"prompts": prompts, "offsets": offsets},
+        return (Work(len(prompts), prompts=prompts, offsets=offsets),
                 [Request(p.text, p.output_len, i, 1, e.cls) for i, (p, e) in enumerate(zip(prompts, entries))])
     if bench.prompt.multi_turn is not None:
         convs = load_conversations(bench, bench.requests)
@@ -173,14 +169,14 @@ def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> 
             for k in range(len(c.turns)):
                 text = "\n\n".join(([c.system] if c.system else []) + c.turns[:k + 1])
                 reqs.append(Request(text, c.output_lens[k] if k < len(c.output_lens) else None, u, len(c.turns), c.cls))
-        return {"conversations": convs}, reqs
+        return Work(len(convs), conversations=convs), reqs
     given: list[str | None] = []
     if bench.prompt.source.lower().endswith(".jsonl"):
         from infertool.bench.prompts import read_jsonl_classed
 
         given = [c for _, _, c in read_jsonl_classed(bench.prompt.source, bench.prompt.field)]
     prompts = build_prompts(bench, bench.requests, chars_per_token)
-    return ({"prompts": prompts},
+    return (Work(len(prompts), prompts=prompts),
             [Request(p.text, p.output_len, i, 1, given[i % len(given)] if given else None) for i, p in enumerate(prompts)])
 
 
@@ -378,16 +374,6 @@ def measure(handle: ServerHandle, bench: BenchSection, levels: list[Level], *, a
                                       warmup=warmup, cache_salt=cache_salt, works=works))
 
 
-def measure_repeated(handle: ServerHandle, bench: BenchSection, level: Level, *, arm: str, repeats: RepeatSpec | None = None, seed_salt: int = 0,
-                     on_event: EventCallback | None = None) -> LevelResult:
-    """One level measured with repeats (``repeats``: a RepeatSpec, default bench.repeats): run again until its
-    throughput's and goodput's intervals are within the asked width, or max_runs; the result carries the
-    intervals (``LevelResult.repeats``). What tune's capacity probes near the SLO edge call."""
-    if repeats is not None:
-        bench = bench.model_copy(update={"repeats": repeats})
-    return measure(handle, bench, [level], arm=arm, seed_salt=seed_salt, on_event=on_event)[0]
-
-
 async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list[Level], *, arm: str, seed_salt: int = 0,
                          on_event: EventCallback | None = None, warmup: bool = False,
                          cache_salt: str | None = None, works: Works | None = None) -> list[LevelResult]:
@@ -418,7 +404,7 @@ async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list
                     if works is not None:
                         works[key] = work
 
-                async def once(run: int, idx: int = idx, level: Level = level, work: JsonObject = work,
+                async def once(run: int, idx: int = idx, level: Level = level, work: Work = work,
                                ) -> tuple[LevelResult, list[RequestResult], float]:
                     sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
                     salted = target if cache_salt is None else replace(target, cache_salt=f"{cache_salt}-{idx}-{run}")
@@ -436,20 +422,19 @@ REPEAT_SEED = 7907  # a repeat's seeds: the level's, salted by this times the ru
 
 
 async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerHandle, bench: BenchSection, level: Level, idx: int, *,
-                 arm: str, work: JsonObject, seed_salt: int,
+                 arm: str, work: Work, seed_salt: int,
                  on_event: EventCallback | None) -> tuple[LevelResult, list[RequestResult], float]:
     """One run of a level: sent from this process or split over several load-generator processes
     (``infertool.bench.loadgen``), then summarised. Returns (the level, its requests, its wall seconds)."""
     from infertool.bench.loadgen import choose_processes, health, run_level_processes
 
     seed_bench = bench.model_copy(update={"seed": bench.seed * 1000 + idx + seed_salt})
-    n = work["n"]
+    n = work.n
     progress = _Progress(on_event, f"{arm}:{level.label}", f"{arm}: {level.label}", n)
     progress.send(0)
     processes = choose_processes(getattr(bench, "client_processes", "auto"), level)
     await sampler.baseline()  # the counters before the first request (a short level's deltas)
-    job = {"target": target, "level": level, "bench": seed_bench, "chars_per_token": handle.chars_per_token,
-           "deadline_s": bench.max_duration_s, "seed": bench.seed + idx + seed_salt, **work}
+    job = Job(target, level, seed_bench, handle.chars_per_token, bench.max_duration_s, bench.seed + idx + seed_salt, work)
     if processes > 1:
         results, duration, stats = await run_level_processes(job, processes, progress, sampler.start)
     else:
@@ -471,8 +456,8 @@ async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerH
     ), results, duration
 
 
-async def _in_process(pool: Pool, sampler: Sampler, job: JsonObject,
-                      progress: _Progress) -> tuple[list[RequestResult], float, list[JsonObject]]:
+async def _in_process(pool: Pool, sampler: Sampler, job: Job,
+                      progress: _Progress) -> tuple[list[RequestResult], float, list[LoopStats]]:
     """The level sent from this process's event loop, watched by ``loadgen.Monitor``."""
     from infertool.bench.loadgen import Monitor, unit_fn
 
@@ -488,8 +473,8 @@ async def _in_process(pool: Pool, sampler: Sampler, job: JsonObject,
     one = unit_fn(job, pool, t0, counted)
     monitor = Monitor().start()
     try:
-        results, duration = await run_level(one, job["n"], job["level"], deadline_s=job["deadline_s"],
-                                            seed=job["seed"], t0=t0, offsets=job.get("offsets"))
+        results, duration = await run_level(one, job.work.n, job.level, deadline_s=job.deadline_s,
+                                            seed=job.seed, t0=t0, offsets=job.work.offsets)
     finally:
         stats = [monitor.stop()]
     return results, duration, stats
