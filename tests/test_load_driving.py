@@ -170,8 +170,8 @@ def test_the_per_turn_summary_counts_each_turn():
     rs = [RequestResult(ok=True, ttft=0.01 * (t + 1), e2e=0.1, prompt_tokens=10 * (t + 1), output_tokens=4,
                         session=s, turn=t) for s in range(2) for t in range(2)]
     turns = summarize(rs, 1.0).turns
-    assert [(t["turn"], t["requests"], t["mean_prompt_tokens"]) for t in turns] == [(0, 2, 10.0), (1, 2, 20.0)]
-    assert turns[1]["ttft_p50_ms"] == pytest.approx(20.0)
+    assert [(t.turn, t.requests, t.mean_prompt_tokens) for t in turns] == [(0, 2, 10.0), (1, 2, 20.0)]
+    assert turns[1].ttft_p50_ms == pytest.approx(20.0)
     assert summarize([RequestResult(ok=True)], 1.0).turns is None  # single-turn traffic: no such block
 
 

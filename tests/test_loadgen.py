@@ -76,11 +76,11 @@ def test_client_bound_when_the_load_generator_is_starved(monkeypatch):
     assert client["reason"] and ("bench.client_processes" in client["hint"] or "spare cores" in client["hint"])
     assert any("CLIENT-BOUND" in n for n in rep["notes"])
 
-    from infertool.commands.bench import render
+    from infertool.bench.console import render
     from infertool.output import out
 
     with out.capture() as cap:
-        render(rep)
+        render(bench.BenchReport.from_dict(rep))
     assert "BOUND" in cap.get()
 
 

@@ -45,7 +45,7 @@ from infertool.bench.loadgen import Job, LoopStats, Work
 from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import (JsonObject, SLO, Interval, Knee, KneeLevel, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
+from infertool.bench.results import (JsonObject, SLO, Follow, Interval, Knee, KneeLevel, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
                                      Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
@@ -445,8 +445,7 @@ async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerH
     follow = None  # whether the completions followed the offered rate: a rate sweep's evidence, a trace's
     if level.kind == "trace" or (level.kind == "rate" and bench.rate_sweep is not None):
         offered, achieved = rate_following(results)
-        follow = {"offered_rps": offered, "achieved_rps": achieved,
-                  "ratio": (achieved / offered) if offered and achieved is not None else None}
+        follow = Follow(offered, achieved, (achieved / offered) if offered and achieved is not None else None)
     return LevelResult(
         arm=arm, level=LevelSpec.from_dict(level.to_dict()), summary=summary,
         client=health(stats, processes, summary.itl_ms.p50), server_metrics=timeline.summary(),
@@ -502,9 +501,8 @@ async def repeat_runs(once: RunOnce, spec: RepeatSpec, pooled: Callable[[list[Re
     first = runs[0][0]
     clients = [lv.client for lv, _, _ in runs if lv.client is not None]
     follows = [lv.follow for lv, _, _ in runs if lv.follow]
-    follow = None
-    if follows:
-        follow = {k: _mean([f.get(k) for f in follows]) for k in ("offered_rps", "achieved_rps", "ratio")}
+    follow = Follow(_mean([f.offered_rps for f in follows]), _mean([f.achieved_rps for f in follows]),
+                    _mean([f.ratio for f in follows])) if follows else None
     return replace(first, summary=pooled([r for _, rs, _ in runs for r in rs], sum(d for _, _, d in runs)),
                    client=max(clients, key=lambda c: (c.client_bound, c.cpu_fraction or 0.0), default=first.client),
                    repeats=rep, follow=follow)
@@ -641,8 +639,8 @@ def find_knee(handle: ServerHandle, bench: BenchSection, *, arm: str, on_event: 
         e2e_s = (levels[-1].summary.e2e_ms.p50 or 0.0) / 1000.0 if levels else 0.0
         lv = measure_one(rate_level(bench, round(rate, 4)), len(levels), sweep_requests(bench.requests, rate, e2e_s))
         levels.append(lv)
-        f = lv.follow or {}
-        search.record(rate, f.get("offered_rps"), f.get("achieved_rps"), lv.summary.goodput.fraction)
+        f = lv.follow or Follow()
+        search.record(rate, f.offered_rps, f.achieved_rps, lv.summary.goodput.fraction)
     return levels, search.knee()
 
 

@@ -38,8 +38,8 @@ if TYPE_CHECKING:
     from infertool.bench.datasets import Conversation
 
 # unit index -> its result (one request) or results (a multi-turn session)
-SendFn = Callable[[int], Coroutine[Any, Any, "RequestResult | list[RequestResult]"]]
-Sent = asyncio.Task["RequestResult | list[RequestResult]"]  # a unit sent: its result, or a session's
+SendFn = Callable[[int], Coroutine[Any, Any, RequestResult | list[RequestResult]]]
+Sent = asyncio.Task[RequestResult | list[RequestResult]]  # a unit sent: its result, or a session's
 
 
 @dataclass(frozen=True)

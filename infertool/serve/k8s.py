@@ -67,10 +67,10 @@ def is_secret_env(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
-def comment_text(text: object, limit: int | None = _COMMENT_MAX) -> str:
+def comment_text(text: str, limit: int | None = _COMMENT_MAX) -> str:
     """``text`` as (part of) the body of one YAML comment line: every line break, control, format or other
     non-printable character becomes a space, runs of spaces one, and at most ``limit`` characters."""
-    clean = "".join(ch if ch.isprintable() and unicodedata.category(ch) != "Cf" else " " for ch in str(text))
+    clean = "".join(ch if ch.isprintable() and unicodedata.category(ch) != "Cf" else " " for ch in text)
     clean = " ".join(clean.split())
     return clean if limit is None or len(clean) <= limit else clean[:limit - 3] + "..."
 
@@ -157,7 +157,7 @@ def k8s_options(*, image: str | None = None, namespace: str | None = None, pvc: 
         raise UsageError("--model-from and --pvc both say where the model comes from: give one")
     for what, value in (("--pvc", pvc), ("--secret", secret), ("--namespace", namespace)):
         if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", value):
-            raise UsageError(f"{what} {comment_text(value, 100)!r}: a Kubernetes name (lower-case letters, digits, '-')")
+            raise UsageError(f"{what} {comment_text(str(value), 100)!r}: a Kubernetes name (lower-case letters, digits, '-')")
     return K8sOptions(image=image, namespace=namespace, pvc=pvc, secret=secret, replicas=replicas,
                       replicas_basis="--replicas" if given else None, max_replicas=max_replicas, autoscaler=autoscaler,
                       node_selector=tuple(_selector(s) for s in node_selector),
@@ -185,7 +185,7 @@ def _selector(item) -> tuple[str, str]:
     """A "KEY=VALUE" node label (or a pair), checked as Kubernetes checks a label."""
     key, sep, value = item.partition("=") if isinstance(item, str) else (item[0], "=", item[1])
     if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
-        raise UsageError(f"--node-selector {comment_text(item, 100)!r}: KEY=VALUE, a node label",
+        raise UsageError(f"--node-selector {comment_text(str(item), 100)!r}: KEY=VALUE, a node label",
                          hint=f"e.g. --node-selector {GPU_PRODUCT_KEY}=NVIDIA-H100-80GB-HBM3")
     return key, value
 
@@ -198,7 +198,7 @@ def _toleration(item) -> dict:
     key, eq, value = rest.partition("=")
     if (not _LABEL_KEY.fullmatch(key) or (eq and not _LABEL_VALUE.fullmatch(value))
             or (effect and effect not in _EFFECTS)):
-        raise UsageError(f"--toleration {comment_text(item, 100)!r}: KEY[=VALUE][:EFFECT], EFFECT one of {', '.join(_EFFECTS)}",
+        raise UsageError(f"--toleration {comment_text(str(item), 100)!r}: KEY[=VALUE][:EFFECT], EFFECT one of {', '.join(_EFFECTS)}",
                          hint="e.g. --toleration dedicated=inference:NoSchedule")
     tol = {"key": key, "operator": "Equal", "value": value} if eq else {"key": key, "operator": "Exists"}
     return {**tol, "effect": effect} if effect else tol

@@ -102,7 +102,7 @@ def diagnose(log_text: str) -> tuple[str | None, str | None]:
     return None, None
 
 
-def terminate_group(pgid: int, grace_s: float = 20.0, poll: Callable[[], object] | None = None) -> bool:
+def terminate_group(pgid: int, grace_s: float = 20.0, poll: Callable[[], int | None] | None = None) -> bool:
     """SIGTERM the group (vLLM shuts its engine down), wait up to ``grace_s``, then SIGKILL; True when no
     member is left."""
     return stop_group(pgid, grace_s, poll=poll, signals=(signal.SIGTERM, signal.SIGKILL), later_wait_s=10.0)
