@@ -224,7 +224,7 @@ def test_gamma_gaps_have_the_rate_s_mean_and_the_burstiness_s_shape():
     bench = BenchSection.model_validate({"rate": [4], "arrival": "gamma", "burstiness": 0.5})
     level = sweep_levels(bench)[-1]
     assert level.label == "rate 4/s gamma k=0.5"
-    assert level.to_dict()["burstiness"] == 0.5
+    assert level.spec().burstiness == 0.5
     plain = sweep_levels(BenchSection.model_validate({"rate": [4]}))[-1]
     assert "arrival" not in plain.to_dict()  # Poisson levels keep bench.json's layout
     assert _gaps(iter_poisson(4.0, 3), 10) != _gaps(iter_gamma(4.0, 0.5, 3), 10)
@@ -273,7 +273,7 @@ def test_find_knee_drives_levels_through_its_measure_function():
     def measure_one(level: Level, step: int, requests: int) -> LevelResult:
         seen.append((level.kind, level.value, step, requests))
         offered, achieved = _saturating(5.0)(level.value)
-        return LevelResult(level=level.to_dict(), summary=Summary(requests=8, completed=8, e2e_ms=Latency(p50=3000.0)),
+        return LevelResult(level=level.spec(), summary=Summary(requests=8, completed=8, e2e_ms=Latency(p50=3000.0)),
                            follow={"offered_rps": offered, "achieved_rps": achieved})
 
     levels, knee = find_knee(None, bench, arm="t", measure_one=measure_one)

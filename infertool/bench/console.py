@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Iterable, Sequence
 
-from infertool.bench.perclass_tables import ClassTable, class_tables, lossless_line, traffic_table
+from infertool.bench.perclass_tables import ClassTable, _f, class_tables, lossless_line, traffic_table
 from infertool.bench.results import (BenchReport, Experiment, Interval, JsonObject, Knee, LevelResult, TrafficSettings,
                                      describe_traffic)
 from infertool.metricspec import GOODPUT, GOODPUT_FRACTION, METRICS
@@ -33,10 +33,6 @@ def print_plan(plan: BenchPlan, as_json: bool, checks: list[JsonObject]) -> None
         _print_table(traffic_table(plan.classes), left=2, dim_notes=True)
     for note in plan.notes:  # what the bench will leave out or expect (a class too small to measure, ...)
         out.print(f"note: {note}", markup=False, soft_wrap=True)
-
-
-def _f(v: float | int | None, fmt: str = "{:.1f}") -> str:
-    return "-" if v is None else fmt.format(v)
 
 
 def _pct(v: float | None, fmt: str = "{:.0f}") -> str:

@@ -125,7 +125,7 @@ class BenchPlan:
         return spec, lossless_sets(self.bench, spec)
 
     def to_dict(self) -> JsonObject:
-        return {"url": self.url, "levels": [lv.to_dict() for lv in self.levels], "experiments": self.experiments,
+        return {"url": self.url, "levels": [lv.spec().to_dict() for lv in self.levels], "experiments": self.experiments,
                 "notes": self.notes, "launches": {k: p.to_dict() for k, p in self.launches().items()},
                 **({"nothing_to_compare": self.nothing_to_compare} if self.nothing_to_compare else {}),
                 **({"classes": self.classes.to_dict()} if self.classes is not None else {})}

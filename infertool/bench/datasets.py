@@ -216,8 +216,8 @@ def load_sharegpt(path: str | Path) -> list[list[JsonObject]]:
     that have at least two turns, in file order (what vLLM bench keeps before it shuffles); a file cut inside its
     list gives its complete conversations."""
     data, _ = _read_json_list(Path(path))
-    return [e["conversations"] for e in data
-            if isinstance(e, dict) and isinstance(e.get("conversations"), list) and len(e["conversations"]) >= 2]
+    convs = (e.get("conversations") if isinstance(e, dict) else None for e in data)
+    return [c for c in convs if isinstance(c, list) and len(c) >= 2]
 
 
 def _turn_text(turn: object) -> str:
@@ -554,10 +554,10 @@ def row_class(row: object, where: str, hint: str) -> str | None:
 
     if not isinstance(row, dict) or "class" not in row:
         return None
-    problem = class_name_problem(row["class"])
-    if problem:
+    name = row["class"]
+    if problem := class_name_problem(name):
         raise UsageError(f"{where}: `class`: {problem}", hint=hint)
-    return str(row["class"])
+    return str(name)
 
 
 def needs_tokenizer(bench: BenchSection) -> bool:

@@ -45,7 +45,7 @@ from infertool.bench.loadgen import Job, LoopStats, Work
 from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import (JsonObject, SLO, Follow, Interval, Knee, KneeLevel, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
+from infertool.bench.results import (JsonObject, SLO, Follow, Interval, Knee, KneeLevel, LevelResult, Repeats, Summary, TrafficClasses,
                                      Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
@@ -447,7 +447,7 @@ async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerH
         offered, achieved = rate_following(results)
         follow = Follow(offered, achieved, (achieved / offered) if offered and achieved is not None else None)
     return LevelResult(
-        arm=arm, level=LevelSpec.from_dict(level.to_dict()), summary=summary,
+        arm=arm, level=level.spec(), summary=summary,
         client=health(stats, processes, summary.itl_ms.p50), server_metrics=timeline.summary(),
         timeline=timeline_windows(results, timeline, duration,
                                   n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
