@@ -226,7 +226,7 @@ def test_gamma_gaps_have_the_rate_s_mean_and_the_burstiness_s_shape():
     assert level.label == "rate 4/s gamma k=0.5"
     assert level.spec().burstiness == 0.5
     plain = sweep_levels(BenchSection.model_validate({"rate": [4]}))[-1]
-    assert "arrival" not in plain.to_dict()  # Poisson levels keep bench.json's layout
+    assert "arrival" not in plain.spec().to_dict()  # Poisson levels keep bench.json's layout
     assert _gaps(iter_poisson(4.0, 3), 10) != _gaps(iter_gamma(4.0, 0.5, 3), 10)
 
 

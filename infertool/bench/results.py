@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar
 
 from infertool.evaluate.lossless import Lossless
 from infertool.metricspec import MetricSpec, ab_metrics
-from infertool.records import Record, Sparse, as_int, as_str
+from infertool.records import Record, Sparse
 
 # a JSON object as bench sends, reads or keeps it at an edge: a request body, a server's reply, a launch's record,
 # the work a load-generator process is handed (its values: whatever JSON holds)
@@ -572,7 +572,7 @@ def traffic_differences(a: BenchReport, b: BenchReport, recipe_a: JsonObject | N
         if key == "prompt" and isinstance(va, dict) and isinstance(vb, dict):  # where the tokenizer lies is no traffic
             va, vb = ({k: v for k, v in d.items() if k != "tokenizer"} for d in (va, vb))
         if (ba or bb) and va != vb:
-            diffs.append(f"bench.{key}: {_short(va)} vs {_short(vb)}")
+            diffs.append(f"bench.{key}: {_short(str(va))} vs {_short(str(vb))}")
     sa, sb = a.settings, b.settings
     for name, va, vb in (("prompt source", sa.prompt_source, sb.prompt_source),
                          ("prompt tokens", sa.prompt_tokens, sb.prompt_tokens),
@@ -581,7 +581,7 @@ def traffic_differences(a: BenchReport, b: BenchReport, recipe_a: JsonObject | N
                          ("shared prefix ratio", sa.shared_prefix_ratio, sb.shared_prefix_ratio),
                          ("ignore_eos", sa.ignore_eos, sb.ignore_eos)):
         if va is not None and vb is not None and va != vb and not any(d.startswith("bench.") for d in diffs):
-            diffs.append(f"{name}: {_short(va)} vs {_short(vb)}")
+            diffs.append(f"{name}: {_short(str(va))} vs {_short(str(vb))}")
     la, lb = [lv.level.label for lv in a.levels], [lv.level.label for lv in b.levels]
     if la != lb and not set(la) & set(lb):
         diffs.append(f"load levels: {', '.join(la) or '-'} vs {', '.join(lb) or '-'}")
@@ -598,8 +598,7 @@ def _mean_over(levels: list[LevelResult], get: Callable[[Summary], float | None]
     return sum(v * c for v, c in vals) / n if n else None
 
 
-def _short(v: object) -> str:
-    text = str(v)
+def _short(text: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
