@@ -99,7 +99,8 @@ def _level_tables(levels: list[LevelResult]) -> None:
         frac = GOODPUT_FRACTION.of(m)
         thr.add_row(label, *(spec.cell(spec.of(m)) + ("" if spec is not GOODPUT or frac is None else f" ({frac:.0%})")
                              for spec in thr_m),
-                    _pct(sm.kv_cache_usage_max, "{:.2f}"), f"{_f(sm.running_max, '{:.0f}')}/{_f(sm.waiting_max, '{:.0f}')}",
+                    _pct(sm.kv_cache_usage_max, "{:.2f}"),
+                    f"{_f(sm.running_max, '{:.0f}')}/{_f(sm.waiting_max, '{:.0f}')}",
                     _f(sm.preemptions, "{:.0f}"), _pct(sm.prefix_cache_hit_rate))
     out.print(lat)
     out.print(thr)
@@ -182,7 +183,8 @@ def _lengths_table(levels: list[LevelResult]) -> None:
     if not any(lv.summary.lengths is not None for lv in levels):
         return
     spec = any(lv.server_metrics.spec_decode_acceptance_rate is not None for lv in levels)
-    t = _table("token lengths sent (server's usage): p50 / p90 / p99 / max" + (", and speculative decoding" if spec else ""),
+    t = _table("token lengths sent (server's usage): p50 / p90 / p99 / max"
+               + (", and speculative decoding" if spec else ""),
                ("level", "input", "output") + (("spec accept %", "mean accepted len") if spec else ()))
     for lv in levels:
         d, sm = lv.summary.lengths, lv.server_metrics

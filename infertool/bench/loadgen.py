@@ -256,9 +256,9 @@ async def _child(conn: Connection, job: Job) -> None:
 async def run_level_processes(job: Job, processes: int, on_progress: Callable[[int], None],
                               on_start: Callable[[float], None] | None = None,
                               ) -> tuple[list[RequestResult], float, list[LoopStats]]:
-    """The level split over ``processes`` spawned load generators. ``on_start(t0)`` when they all start sending. Returns (merged
-    results, wall seconds, each process's monitor figures). Bounded: the processes' start by READY_TIMEOUT_S,
-    their results by ``deadline_s`` + RESULTS_GRACE_S (a RuntimeFailure past either)."""
+    """The level split over ``processes`` spawned load generators. ``on_start(t0)`` when they all start sending.
+    Returns (merged results, wall seconds, each process's monitor figures). Bounded: the processes' start by
+    READY_TIMEOUT_S, their results by ``deadline_s`` + RESULTS_GRACE_S (a RuntimeFailure past either)."""
     import multiprocessing as mp
 
     from infertool.errors import RuntimeFailure

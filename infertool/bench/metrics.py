@@ -19,7 +19,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from infertool.bench.results import Cost, Goodput, JsonObject, Latency, LengthDistribution, Lengths, SLO, Summary, TurnFigures
+from infertool.bench.results import (Cost, Goodput, JsonObject, Latency, LengthDistribution, Lengths, SLO, Summary,
+                                     TurnFigures)
 
 PERCENTILES = (50, 90, 99)  # the fields of results.Latency besides the mean
 

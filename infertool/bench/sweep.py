@@ -24,8 +24,8 @@ runs x (SCRAPE_DEADLINE_S + max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + R
 The traffic's shapes (``bench.prompt.multi_turn``: each unit a conversation replayed as a session; ``bench.trace``:
 one level at a trace's timestamps; ``bench.arrival``: Poisson or gamma rates) are the level's ``job``
 (``loadgen.unit_fn`` sends its units, here or in each load-generator process). ``bench.repeats``: a level is run
-again until its figures' intervals are narrow enough (``repeat_runs``). ``bench.rate_sweep``: rates grow until the server stops
-following them, then the knee is bracketed (``find_knee``, ``KneeSearch``).
+again until its figures' intervals are narrow enough (``repeat_runs``). ``bench.rate_sweep``: rates grow until the
+server stops following them, then the knee is bracketed (``find_knee``, ``KneeSearch``).
 """
 
 from __future__ import annotations
@@ -45,14 +45,14 @@ from infertool.bench.loadgen import Job, LoopStats, Work
 from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import (JsonObject, SLO, Follow, Interval, Knee, KneeLevel, LevelResult, Repeats, Summary, TrafficClasses,
-                                     Window)
+from infertool.bench.results import (JsonObject, SLO, Follow, Interval, Knee, KneeLevel, LevelResult, Repeats, Summary,
+                                     TrafficClasses, Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
 
 if TYPE_CHECKING:
     from infertool.bench.client import Pool
-    from infertool.bench.datasets import Conversation
+    from infertool.bench.datasets import Conversation, TraceEntry
     from infertool.recipe import BenchSection, DecodeSpec, RateSweepSpec, RepeatSpec
 
 EventCallback = Callable[[JsonObject], None]
@@ -92,9 +92,9 @@ def load_conversations(bench: BenchSection, n: int) -> list[Conversation]:
     return list(conversations(bench, n))
 
 
-def load_trace_work(bench: BenchSection, chars_per_token: float) -> tuple[list[Prompt], list[float]]:
-    """A trace level's prompts and send offsets (the trace's timestamps from its first, / trace_speedup):
-    infertool.bench.datasets.load_trace."""
+def trace_work(bench: BenchSection, chars_per_token: float) -> tuple[Work, list[TraceEntry]]:
+    """A trace level's work, its prompts and send offsets (the trace's timestamps from its first, / trace_speedup),
+    and the trace's entries in time order (infertool.bench.datasets.load_trace)."""
     from infertool.bench.datasets import load_trace
 
     assert bench.trace is not None  # a trace level: the recipe names its trace
@@ -106,7 +106,8 @@ def load_trace_work(bench: BenchSection, chars_per_token: float) -> tuple[list[P
     for e in entries:
         text = e.prompt if isinstance(e.prompt, str) else "hello " * max(1, int(int(e.prompt) * chars_per_token / 6))
         prompts.append(Prompt(text, int(e.output_len or bench.output_len)))
-    return prompts, [(e.t_s - first) / bench.trace_speedup for e in entries]
+    offsets = [(e.t_s - first) / bench.trace_speedup for e in entries]
+    return Work(len(prompts), prompts=prompts, offsets=offsets), entries
 
 
 def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> Work:
@@ -116,8 +117,7 @@ def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> Wor
         work, units = replay_units(bench, "trace" if level.kind == "trace" else "source", chars_per_token)
         return work.only(units)
     if level.kind == "trace":
-        prompts, offsets = load_trace_work(bench, chars_per_token)
-        return Work(len(prompts), prompts=prompts, offsets=offsets)
+        return trace_work(bench, chars_per_token)[0]
     if level.unit == "session":
         convs = load_conversations(bench, bench.requests)
         return Work(len(convs), conversations=convs)
@@ -155,13 +155,9 @@ def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> 
     work and its requests for
     infertool.bench.classes (a session's turns: its system prompt and user turns so far, without the replies)."""
     if which == "trace":
-        from infertool.bench.datasets import load_trace
-
-        assert bench.trace is not None  # a trace level: the recipe names its trace
-        entries = sorted(load_trace(bench.trace), key=lambda e: e.t_s)
-        prompts, offsets = load_trace_work(bench, chars_per_token)
-        return (Work(len(prompts), prompts=prompts, offsets=offsets),
-                [Request(p.text, p.output_len, i, 1, e.cls) for i, (p, e) in enumerate(zip(prompts, entries))])
+        work, entries = trace_work(bench, chars_per_token)
+        prompts = work.prompts or []
+        return work, [Request(p.text, p.output_len, i, 1, e.cls) for i, (p, e) in enumerate(zip(prompts, entries))]
     if bench.prompt.multi_turn is not None:
         convs = load_conversations(bench, bench.requests)
         reqs = []
@@ -434,7 +430,8 @@ async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerH
     progress.send(0)
     processes = choose_processes(getattr(bench, "client_processes", "auto"), level)
     await sampler.baseline()  # the counters before the first request (a short level's deltas)
-    job = Job(target, level, seed_bench, handle.chars_per_token, bench.max_duration_s, bench.seed + idx + seed_salt, work)
+    job = Job(target, level, seed_bench, handle.chars_per_token, bench.max_duration_s, bench.seed + idx + seed_salt,
+              work)
     if processes > 1:
         results, duration, stats = await run_level_processes(job, processes, progress, sampler.start)
     else:

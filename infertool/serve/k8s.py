@@ -157,7 +157,7 @@ def k8s_options(*, image: str | None = None, namespace: str | None = None, pvc: 
         raise UsageError("--model-from and --pvc both say where the model comes from: give one")
     for what, value in (("--pvc", pvc), ("--secret", secret), ("--namespace", namespace)):
         if value is not None and not re.fullmatch(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?", value):
-            raise UsageError(f"{what} {comment_text(str(value), 100)!r}: a Kubernetes name (lower-case letters, digits, '-')")
+            raise UsageError(f"{what} {comment_text(value, 100)!r}: a Kubernetes name (lower-case letters, digits, '-')")
     return K8sOptions(image=image, namespace=namespace, pvc=pvc, secret=secret, replicas=replicas,
                       replicas_basis="--replicas" if given else None, max_replicas=max_replicas, autoscaler=autoscaler,
                       node_selector=tuple(_selector(s) for s in node_selector),
