@@ -114,11 +114,11 @@ def test_bench_json_keeps_its_layout(tmp_path):
 
 def test_the_recorded_bench_renders_and_plots(tmp_path):
     from infertool.bench.plot import plot_latency_throughput
-    from infertool.commands.bench import render
+    from infertool.bench.console import render
     from infertool.output import out
 
     with out.capture() as cap:
-        render(_old("bench.json"))
+        render(BenchReport.from_dict(_old("bench.json")))
     text = cap.get()
     assert "concurrency 4" in text and "rate 20/s" in text and "experiment batching" in text and "0.78x" in text
     png = plot_latency_throughput(BenchReport.from_dict(_old("bench.json")), tmp_path / "p.png")

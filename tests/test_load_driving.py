@@ -10,12 +10,13 @@ import json
 import math
 import statistics
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from infertool.bench.client import Endpoint, Pool
-from infertool.bench.loadgen import run_level_processes, unit_fn
+from infertool.bench.loadgen import Job, run_level_processes, unit_fn
 from infertool.bench.metrics import RequestResult, summarize, t_quantile
 from infertool.bench.results import Latency, LevelResult, Summary
 from infertool.bench.sweep import KneeSearch, find_knee, level_work, repeat_runs, sweep_levels
@@ -70,20 +71,19 @@ def _bench(**over) -> BenchSection:
     return BenchSection.model_validate(doc)
 
 
-def _job(bench: BenchSection, url: str, level: Level) -> dict:
+def _job(bench: BenchSection, url: str, level: Level) -> Job:
     target = Endpoint(url + "/v1", "m", bench.endpoint, None, bench.ignore_eos)
-    return {"target": target, "level": level, "bench": bench, "chars_per_token": 4.0, "deadline_s": DEADLINE_S,
-            "seed": 7, **level_work(bench, level, 4.0)}
+    return Job(target, level, bench, 4.0, DEADLINE_S, 7, level_work(bench, level, 4.0))
 
 
-def _drive(job: dict) -> list[RequestResult]:
+def _drive(job: Job) -> list[RequestResult]:
     """A level sent from this process, as sweep._in_process sends it (without the /metrics sampler)."""
     async def go():
-        pool = Pool(job["target"].base_url)
+        pool = Pool(job.target.base_url)
         try:
             one = unit_fn(job, pool, time.monotonic(), lambda: None)
-            results, _ = await run_level(one, job["n"], job["level"], deadline_s=job["deadline_s"],
-                                         seed=job["seed"], offsets=job.get("offsets"))
+            results, _ = await run_level(one, job.work.n, job.level, deadline_s=job.deadline_s,
+                                         seed=job.seed, offsets=job.work.offsets)
             return results
         finally:
             await pool.close()
@@ -170,8 +170,8 @@ def test_the_per_turn_summary_counts_each_turn():
     rs = [RequestResult(ok=True, ttft=0.01 * (t + 1), e2e=0.1, prompt_tokens=10 * (t + 1), output_tokens=4,
                         session=s, turn=t) for s in range(2) for t in range(2)]
     turns = summarize(rs, 1.0).turns
-    assert [(t["turn"], t["requests"], t["mean_prompt_tokens"]) for t in turns] == [(0, 2, 10.0), (1, 2, 20.0)]
-    assert turns[1]["ttft_p50_ms"] == pytest.approx(20.0)
+    assert [(t.turn, t.requests, t.mean_prompt_tokens) for t in turns] == [(0, 2, 10.0), (1, 2, 20.0)]
+    assert turns[1].ttft_p50_ms == pytest.approx(20.0)
     assert summarize([RequestResult(ok=True)], 1.0).turns is None  # single-turn traffic: no such block
 
 
@@ -187,14 +187,14 @@ def test_a_trace_is_replayed_in_order_at_its_timestamps_over_the_speedup(tmp_pat
     level = sweep_levels(bench)[-1]
     assert level.kind == "trace" and level.label == "trace x2"
     job = _job(bench, "", level)
-    assert job["offsets"] == pytest.approx([0.0, 0.1, 0.2]) and job["n"] == 3
+    assert job.work.offsets == pytest.approx([0.0, 0.1, 0.2]) and job.work.n == 3
     with HostileServer({"/v1/completions": echo_stream()}) as srv:
-        results = _drive({**job, "target": Endpoint(srv.url + "/v1", "m", "completions")})
+        results = _drive(replace(job, target=Endpoint(srv.url + "/v1", "m", "completions")))
         bodies = _bodies(srv)
     # each line's own prompt and output length (the server's arrival order is the network's, not the client's)
     assert sorted((b["prompt"], b["max_tokens"]) for b in bodies) == [("first", 3), ("second", 5), ("third", 7)]
     starts = [r.start for r in sorted(results, key=lambda r: r.start)]  # none before its line's offset
-    assert all(s >= off - 1e-6 for s, off in zip(starts, job["offsets"]))
+    assert all(s >= off - 1e-6 for s, off in zip(starts, job.work.offsets))
 
 
 def test_a_malformed_trace_is_a_usage_error(tmp_path):
@@ -224,9 +224,9 @@ def test_gamma_gaps_have_the_rate_s_mean_and_the_burstiness_s_shape():
     bench = BenchSection.model_validate({"rate": [4], "arrival": "gamma", "burstiness": 0.5})
     level = sweep_levels(bench)[-1]
     assert level.label == "rate 4/s gamma k=0.5"
-    assert level.to_dict()["burstiness"] == 0.5
+    assert level.spec().burstiness == 0.5
     plain = sweep_levels(BenchSection.model_validate({"rate": [4]}))[-1]
-    assert "arrival" not in plain.to_dict()  # Poisson levels keep bench.json's layout
+    assert "arrival" not in plain.spec().to_dict()  # Poisson levels keep bench.json's layout
     assert _gaps(iter_poisson(4.0, 3), 10) != _gaps(iter_gamma(4.0, 0.5, 3), 10)
 
 
@@ -273,7 +273,7 @@ def test_find_knee_drives_levels_through_its_measure_function():
     def measure_one(level: Level, step: int, requests: int) -> LevelResult:
         seen.append((level.kind, level.value, step, requests))
         offered, achieved = _saturating(5.0)(level.value)
-        return LevelResult(level=level.to_dict(), summary=Summary(requests=8, completed=8, e2e_ms=Latency(p50=3000.0)),
+        return LevelResult(level=level.spec(), summary=Summary(requests=8, completed=8, e2e_ms=Latency(p50=3000.0)),
                            follow={"offered_rps": offered, "achieved_rps": achieved})
 
     levels, knee = find_knee(None, bench, arm="t", measure_one=measure_one)

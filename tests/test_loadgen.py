@@ -76,24 +76,24 @@ def test_client_bound_when_the_load_generator_is_starved(monkeypatch):
     assert client["reason"] and ("bench.client_processes" in client["hint"] or "spare cores" in client["hint"])
     assert any("CLIENT-BOUND" in n for n in rep["notes"])
 
-    from infertool.commands.bench import render
+    from infertool.bench.console import render
     from infertool.output import out
 
     with out.capture() as cap:
-        render(rep)
+        render(bench.BenchReport.from_dict(rep))
     assert "BOUND" in cap.get()
 
 
 def test_an_idle_client_is_not_bound():
-    stats = [{"cpu_s": 0.1, "wall_s": 2.0, "lags_s": [0.0001] * 50}]
+    stats = [loadgen.LoopStats(0.1, 2.0, [0.0001] * 50)]
     h = loadgen.health(stats, 1)
     assert h.client_bound is False and h.hint is None and h.lag_ms["p50"] == pytest.approx(0.1)
-    busy = loadgen.health([{"cpu_s": 1.95, "wall_s": 2.0, "lags_s": [0.0001] * 50}], 1)
+    busy = loadgen.health([loadgen.LoopStats(1.95, 2.0, [0.0001] * 50)], 1)
     assert busy.client_bound and "busy" in busy.reason
-    laggy = loadgen.health([{"cpu_s": 0.5, "wall_s": 2.0, "lags_s": [0.004] * 50}], 2)
+    laggy = loadgen.health([loadgen.LoopStats(0.5, 2.0, [0.004] * 50)], 2)
     assert laggy.client_bound and "event loop" in laggy.reason
     # the same 4 ms lag beside a slow server's 50 ms tokens blurs nothing
-    assert not loadgen.health([{"cpu_s": 0.5, "wall_s": 2.0, "lags_s": [0.004] * 50}], 2, itl_p50_ms=50).client_bound
+    assert not loadgen.health([loadgen.LoopStats(0.5, 2.0, [0.004] * 50)], 2, itl_p50_ms=50).client_bound
 
 
 def test_parts_cover_every_request_once_and_split_the_concurrency():

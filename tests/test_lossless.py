@@ -288,9 +288,9 @@ def test_bench_speculative_experiment_has_a_lossless_block_per_class(url, tmp_pa
     bad = [x for x in exp.lossless if x.lossless is False]
     assert bad and all("speculative ngram k=3 changed" in x.reason for x in bad)
     assert exp.to_dict()["lossless"][0]["floor_method"] == L.FLOOR_METHOD
-    from infertool.commands.bench import _experiment_table
+    from infertool.bench.console import experiment_table
 
-    _experiment_table(type(exp).from_dict(exp.to_dict()))
+    experiment_table(type(exp).from_dict(exp.to_dict()))
     shown = capsys.readouterr().out
     assert "lossless (class support):" in shown and "noise floor" in shown
 

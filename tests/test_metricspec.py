@@ -29,7 +29,7 @@ def test_every_metric_is_declared_once_with_its_reading() -> None:
 
 
 def test_ttft_p90_is_in_bench_tables_ab_figures_and_the_report(capsys: pytest.CaptureFixture[str]) -> None:
-    from infertool.commands.bench import render
+    from infertool.bench.console import render
     from infertool.report.bench import bench_rows as _bench_rows
 
     report = BenchReport(model="m", levels=[_level(42.0)])

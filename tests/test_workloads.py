@@ -383,7 +383,7 @@ def _lengths_level(report: dict, hit: float | None, accept: float | None) -> Non
 
 def test_the_cli_tables_show_lengths_and_spec_decode():
     from infertool.bench.results import BenchReport
-    from infertool.commands.bench import render
+    from infertool.bench.console import render
     from infertool.output import out
     from tests.report_fixture import _bench_report, _level
 

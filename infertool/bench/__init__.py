@@ -21,20 +21,17 @@ if TYPE_CHECKING:
 __all__ = ["BenchOptions", "BenchPlan", "BenchReport", "plan", "run"]
 
 
+_LAZY = {"BenchOptions": "infertool.bench.core", "BenchPlan": "infertool.bench.core",
+         "BenchReport": "infertool.bench.results"}
+
+
 def __getattr__(name: str) -> type:  # the lazily imported record and option classes
-    if name == "BenchOptions":
-        from infertool.bench.core import BenchOptions
+    if name not in _LAZY:
+        raise AttributeError(name)
+    import importlib
 
-        return BenchOptions
-    if name == "BenchPlan":
-        from infertool.bench.core import BenchPlan
-
-        return BenchPlan
-    if name == "BenchReport":
-        from infertool.bench.results import BenchReport
-
-        return BenchReport
-    raise AttributeError(name)
+    cls: type = getattr(importlib.import_module(_LAZY[name]), name)
+    return cls
 
 
 def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:

@@ -196,11 +196,10 @@ class _Exchange:
     """One request's response: HTTP framing (content-length, chunked or until close), then SSE events."""
 
     __slots__ = ("fut", "endpoint", "state", "buf", "status", "keep_alive", "need", "sse", "cr", "rx", "last_rx",
-                 "err_body", "ttft_at", "times", "usage", "error", "done_marker", "started", "body_seen", "max_chunks",
-                 "texts")
+                 "err_body", "times", "usage", "error", "done_marker", "max_chunks", "texts")
 
     def __init__(self, fut: asyncio.Future[float], endpoint: str, started: float, max_chunks: int = 10**9) -> None:
-        self.fut, self.endpoint, self.started = fut, endpoint, started
+        self.fut, self.endpoint = fut, endpoint
         self.max_chunks = max_chunks  # text chunks beyond this: a bad response (it asked for fewer tokens)
         self.state = _HEAD
         self.buf = b""
@@ -216,7 +215,6 @@ class _Exchange:
         self.usage = None
         self.error: str | None = None
         self.done_marker = False
-        self.body_seen = False
         self.texts: list[str] | None = None  # the reply's text pieces, when the caller keeps them (multi-turn)
 
     # ---- framing

@@ -29,7 +29,8 @@ from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
 from infertool.bench.perclass import DEFAULT_SPECULATIVE, PerClassArm, arms as per_class_arms, measure_classes
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
-from infertool.bench.results import (JsonObject, FIGURES, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
+from infertool.bench.results import (JsonObject, FIGURES, ArrivalSettings, PromptSettings, RateSweepSettings,
+                                     RepeatSettings, SessionSettings, TraceSettings, TrafficSettings, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
                                      TrafficClasses, server_figures)
 from infertool.bench.sweep import (
     ServerHandle, client_notes, connect, find_knee, check_replay, measure, require_success, slo_of, sweep_levels,
@@ -124,7 +125,7 @@ class BenchPlan:
         return spec, lossless_sets(self.bench, spec)
 
     def to_dict(self) -> JsonObject:
-        return {"url": self.url, "levels": [lv.to_dict() for lv in self.levels], "experiments": self.experiments,
+        return {"url": self.url, "levels": [lv.spec().to_dict() for lv in self.levels], "experiments": self.experiments,
                 "notes": self.notes, "launches": {k: p.to_dict() for k, p in self.launches().items()},
                 **({"nothing_to_compare": self.nothing_to_compare} if self.nothing_to_compare else {}),
                 **({"classes": self.classes.to_dict()} if self.classes is not None else {})}
@@ -519,7 +520,7 @@ def _arm_serve(serve: ServeSection, experiment: str, on: bool) -> ServeSection:
 def _settings(bench: BenchSection, cpt: float) -> BenchSettings:
     return BenchSettings(
         requests_per_level=bench.requests, max_duration_s=bench.max_duration_s,
-        prompt={"source": bench.prompt.source, "len_tokens": bench.prompt.len},
+        prompt=PromptSettings(bench.prompt.source, bench.prompt.len),
         output_len=bench.output_len, output_len_spread=bench.output_len_spread,
         shared_prefix_ratio=bench.shared_prefix_ratio, ignore_eos=bench.ignore_eos, slo=slo_of(bench),
         cost_per_hour=bench.cost_per_hour, chars_per_token=cpt, seed=bench.seed,
@@ -527,21 +528,30 @@ def _settings(bench: BenchSection, cpt: float) -> BenchSettings:
     )
 
 
-def _traffic(bench: BenchSection) -> JsonObject | None:
+def _traffic(bench: BenchSection) -> TrafficSettings | None:
     """How the levels were driven beyond the defaults: gamma arrivals, multi-turn sessions, a trace, a rate
     sweep, repeats (None: none of these, the settings as before)."""
-    t: JsonObject = {}
-    if bench.arrival != "poisson":
-        t["arrival"] = {"kind": bench.arrival, "burstiness": bench.burstiness}
-    if bench.prompt.multi_turn is not None:
-        t["multi_turn"] = bench.prompt.multi_turn.model_dump()
-    if bench.trace is not None:
-        t["trace"] = {"path": bench.trace, "speedup": bench.trace_speedup}
-    if bench.rate_sweep is not None:
-        t["rate_sweep"] = bench.rate_sweep.model_dump()
-    if bench.repeats.max_runs > 1:
-        t["repeats"] = bench.repeats.model_dump()
-    return t or None
+    t = TrafficSettings(
+        arrival=ArrivalSettings(bench.arrival, bench.burstiness) if bench.arrival != "poisson" else None,
+        multi_turn=SessionSettings(**bench.prompt.multi_turn.model_dump()) if bench.prompt.multi_turn else None,
+        trace=TraceSettings(bench.trace, bench.trace_speedup) if bench.trace is not None else None,
+        rate_sweep=RateSweepSettings(**bench.rate_sweep.model_dump()) if bench.rate_sweep is not None else None,
+        repeats=RepeatSettings(**bench.repeats.model_dump()) if bench.repeats.max_runs > 1 else None)
+    return t if t.to_dict() else None
+
+
+def with_class(recipe: Recipe, name: str | None) -> Recipe:
+    """The recipe with bench.classes.replay set to ``name`` (bench --class; checked as the recipe field is)."""
+    if name is None:
+        return recipe
+    from infertool.recipe import BenchSection
+    from infertool.schema import class_name_problem
+
+    if problem := class_name_problem(name):
+        raise UsageError(f"--class: {problem}", hint="name a class of the traffic (bench --dry-run lists them)")
+    bench = recipe.bench or BenchSection()
+    bench = bench.model_copy(update={"classes": bench.classes.model_copy(update={"replay": name})})
+    return recipe.model_copy(update={"bench": bench})
 
 
 def bench_section(recipe: Recipe) -> BenchSection:

@@ -216,8 +216,8 @@ def load_sharegpt(path: str | Path) -> list[list[JsonObject]]:
     that have at least two turns, in file order (what vLLM bench keeps before it shuffles); a file cut inside its
     list gives its complete conversations."""
     data, _ = _read_json_list(Path(path))
-    return [e["conversations"] for e in data
-            if isinstance(e, dict) and isinstance(e.get("conversations"), list) and len(e["conversations"]) >= 2]
+    convs = (e.get("conversations") if isinstance(e, dict) else None for e in data)
+    return [c for c in convs if isinstance(c, list) and len(c) >= 2]
 
 
 def _turn_text(turn: object) -> str:
@@ -234,6 +234,14 @@ class Sampled:
     output_len: int
 
 
+@dataclass(frozen=True)
+class _Sample:
+    """A cached ShareGPT sample: its requests, and whether the file had no more valid ones."""
+
+    items: list[Sampled]
+    exhausted: bool
+
+
 def sample_sharegpt(path: str | Path, n: int, seed: int, counter: TokenCounter,
                     max_prompt_len: int = MAX_PROMPT_LEN) -> list[Sampled]:
     """``n`` requests as vLLM bench samples them (``ShareGPTDataset``): the conversations shuffled with
@@ -247,10 +255,10 @@ def sample_sharegpt(path: str | Path, n: int, seed: int, counter: TokenCounter,
                                      "filters": [MIN_LEN, max_prompt_len, MAX_TOTAL_LEN], "tokenizer": counter.sha,
                                      "v": 1}, indent=None).encode()).hexdigest()[:24]
     cached = _read_cache(key)
-    if cached is None or (len(cached["items"]) < n and not cached["exhausted"]):
+    if cached is None or (len(cached.items) < n and not cached.exhausted):
         cached = _sample_fresh(p, max(n, CACHE_MIN_SAMPLE), seed, counter, max_prompt_len)
         _write_cache(key, cached)
-    items = [Sampled(*row) for row in cached["items"][:n]]
+    items = cached.items[:n]
     if not items:
         raise UsageError(f"no conversation of {p.name} passes vLLM bench's length filters "
                          f"({MIN_LEN} <= prompt <= {max_prompt_len}, output >= {MIN_LEN}, total <= {MAX_TOTAL_LEN})")
@@ -260,11 +268,11 @@ def sample_sharegpt(path: str | Path, n: int, seed: int, counter: TokenCounter,
     return items
 
 
-def _sample_fresh(path: Path, n: int, seed: int, counter: TokenCounter, max_prompt_len: int) -> JsonObject:
+def _sample_fresh(path: Path, n: int, seed: int, counter: TokenCounter, max_prompt_len: int) -> _Sample:
     convs = load_sharegpt(path)
     order = list(range(len(convs)))
     random.Random(seed).shuffle(order)  # the permutation random.seed(seed); random.shuffle(data) makes
-    items: list[list[Any]] = []  # Any: the sampled rows' JSON values
+    items: list[Sampled] = []
     batch = 256
     for start in range(0, len(order), batch):
         chunk = [convs[i] for i in order[start:start + batch]]
@@ -273,10 +281,10 @@ def _sample_fresh(path: Path, n: int, seed: int, counter: TokenCounter, max_prom
         o_lens = counter.count_many([_turn_text(c[1]) for c in chunk])
         for text, pl, ol in zip(prompts, p_lens, o_lens):
             if is_valid(pl, ol, max_prompt_len):
-                items.append([text, pl, ol])
+                items.append(Sampled(text, pl, ol))
                 if len(items) >= n:
-                    return {"items": items, "exhausted": False}
-    return {"items": items, "exhausted": True}
+                    return _Sample(items, False)
+    return _Sample(items, True)
 
 
 def _cache_dir() -> Path:
@@ -289,30 +297,32 @@ def _cache_path(key: str) -> Path:
     return _cache_dir() / f"sharegpt-{key}.json"
 
 
-_MEMO: dict[str, JsonObject] = {}
+_MEMO: dict[str, _Sample] = {}
 
 
-def _read_cache(key: str) -> JsonObject | None:
+def _read_cache(key: str) -> _Sample | None:
     if key in _MEMO:
         return _MEMO[key]
     try:
         data = json.loads(_cache_path(key).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    ok = (isinstance(data, dict) and isinstance(data.get("items"), list) and isinstance(data.get("exhausted"), bool)
-          and all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], int)
-                  and isinstance(r[2], int) for r in data["items"]))
-    if ok:
-        _MEMO[key] = data
-    return data if ok else None
+    rows, exhausted = (data.get("items"), data.get("exhausted")) if isinstance(data, dict) else (None, None)
+    if not (isinstance(rows, list) and isinstance(exhausted, bool)
+            and all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], int)
+                    and isinstance(r[2], int) for r in rows)):
+        return None
+    _MEMO[key] = _Sample([Sampled(*r) for r in rows], exhausted)
+    return _MEMO[key]
 
 
-def _write_cache(key: str, data: JsonObject) -> None:
-    _MEMO[key] = data
+def _write_cache(key: str, sample: _Sample) -> None:
+    _MEMO[key] = sample
     try:
         path = _cache_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, data, indent=None)
+        write_json(path, {"items": [[s.prompt, s.prompt_len, s.output_len] for s in sample.items],
+                          "exhausted": sample.exhausted}, indent=None)
     except OSError:  # a cache that cannot be written only costs the next run the sampling again
         pass
 
@@ -544,10 +554,10 @@ def row_class(row: object, where: str, hint: str) -> str | None:
 
     if not isinstance(row, dict) or "class" not in row:
         return None
-    problem = class_name_problem(row["class"])
-    if problem:
+    name = row["class"]
+    if problem := class_name_problem(name):
         raise UsageError(f"{where}: `class`: {problem}", hint=hint)
-    return str(row["class"])
+    return str(name)
 
 
 def needs_tokenizer(bench: BenchSection) -> bool:

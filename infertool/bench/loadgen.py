@@ -28,6 +28,7 @@ import asyncio
 import math
 import threading
 import time
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Callable
 
 from infertool.bench.metrics import RequestResult, percentile
@@ -37,8 +38,11 @@ from infertool.perf.host import usable_cores
 if TYPE_CHECKING:
     from multiprocessing.connection import Connection
 
-    from infertool.bench.client import Pool
+    from infertool.bench.client import Endpoint, Pool
+    from infertool.bench.datasets import Conversation
+    from infertool.bench.prompts import Prompt
     from infertool.bench.traffic import Level, SendFn
+    from infertool.recipe import BenchSection
 
 CPU_BOUND = 0.9  # of one core
 LAG_BOUND_MS = 1.0  # median wait of a ready callback
@@ -47,6 +51,49 @@ STREAMS_PER_PROCESS = 64
 RATE_PER_PROCESS = 250.0
 READY_TIMEOUT_S = 120.0  # a spawned load generator imports infertool and says it is ready within this
 RESULTS_GRACE_S = 30.0  # past the level's deadline, for the processes' results to arrive
+
+
+@dataclass(frozen=True)
+class Work:
+    """What a level sends beyond the bench's prompt stream: ``n`` units; a trace's ``prompts`` and send ``offsets``
+    or multi-turn ``conversations`` (lists indexed by unit); none of them: drawn from the bench's prompt source."""
+
+    n: int
+    prompts: list[Prompt] | None = None
+    offsets: list[float] | None = None
+    conversations: list[Conversation] | None = None
+
+    def only(self, units: list[int]) -> Work:
+        """The work of ``units`` alone (bench.classes.replay): a trace's first one leaves at once, the others at
+        their gaps from it."""
+        offsets = None if self.offsets is None else [self.offsets[u] for u in units]
+        return Work(len(units), None if self.prompts is None else [self.prompts[u] for u in units],
+                    offsets and [t - offsets[0] for t in offsets],
+                    None if self.conversations is None else [self.conversations[u] for u in units])
+
+
+@dataclass(frozen=True)
+class Job:
+    """A level as a load generator sends it (in this process or pickled to each spawned one): ``bench`` is the
+    level's seeded section; ``part``: (k, P), this process's share."""
+
+    target: Endpoint
+    level: Level
+    bench: BenchSection
+    chars_per_token: float
+    deadline_s: float
+    seed: int
+    work: Work
+    part: tuple[int, int] = (0, 1)
+
+
+@dataclass(frozen=True)
+class LoopStats:
+    """One load-generator process's CPU seconds, wall seconds and event-loop lags over a level."""
+
+    cpu_s: float
+    wall_s: float
+    lags_s: list[float]
 
 
 class Monitor:
@@ -76,22 +123,22 @@ class Monitor:
         self._thread.start()
         return self
 
-    def stop(self) -> JsonObject:
+    def stop(self) -> LoopStats:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(1.0)
         wall = max(time.perf_counter() - self._wall0, 1e-9)
         cpu = time.process_time() - self._cpu0
-        return {"cpu_s": cpu, "wall_s": wall, "lags_s": list(self.lags)}
+        return LoopStats(cpu, wall, list(self.lags))
 
 
-def health(stats: list[JsonObject], processes: int, itl_p50_ms: float | None = None) -> ClientHealth:
+def health(stats: list[LoopStats], processes: int, itl_p50_ms: float | None = None) -> ClientHealth:
     """The client's figures over its processes (the worst process counts) and whether it was the limit: a
     median lag over LAG_BOUND_MS, or over a tenth of the measured ITL when that is longer (a slow server's
     50 ms tokens are not blurred by a 2 ms lag)."""
-    cpu = max((s["cpu_s"] / s["wall_s"] for s in stats), default=0.0)
-    lags_ms = [v * 1000.0 for s in stats for v in s["lags_s"]]
-    worst_p50 = max((percentile([v * 1000.0 for v in s["lags_s"]], 50) or 0.0 for s in stats), default=0.0)
+    cpu = max((s.cpu_s / s.wall_s for s in stats), default=0.0)
+    lags_ms = [v * 1000.0 for s in stats for v in s.lags_s]
+    worst_p50 = max((percentile([v * 1000.0 for v in s.lags_s], 50) or 0.0 for s in stats), default=0.0)
     reasons = []
     if cpu >= CPU_BOUND:
         reasons.append(f"a load-generator process was busy {cpu:.0%} of the time")
@@ -105,7 +152,7 @@ def health(stats: list[JsonObject], processes: int, itl_p50_ms: float | None = N
                 + (f"set bench.client_processes to {min(cores, processes * 2)} (this machine has {cores} usable "
                    "cores) or " if processes < cores else "")
                 + "run the bench from a machine with spare cores, or lower the concurrency")
-    return ClientHealth(processes=processes, cpu_fraction=cpu, cpu_s=sum(s["cpu_s"] for s in stats),
+    return ClientHealth(processes=processes, cpu_fraction=cpu, cpu_s=sum(s.cpu_s for s in stats),
                         lag_ms={"p50": percentile(lags_ms, 50), "p99": percentile(lags_ms, 99),
                                 "max": max(lags_ms) if lags_ms else None},
                         client_bound=bound, reason="; ".join(reasons) or None, hint=hint)
@@ -127,7 +174,7 @@ def choose_processes(setting: int | str, level: Level) -> int:
 
 
 # ------------------------------------------------------------------------------------------ several processes
-def _child_main(conn: Connection, job: JsonObject) -> None:
+def _child_main(conn: Connection, job: Job) -> None:
     """One load-generator process: its part of the level, then (results, monitor figures) to the parent."""
     try:
         asyncio.run(_child(conn, job))
@@ -138,51 +185,50 @@ def _child_main(conn: Connection, job: JsonObject) -> None:
             pass
 
 
-def unit_fn(job: JsonObject, pool: Pool, t0: float, on_done: Callable[[], None]) -> SendFn:
-    """The coroutine function that sends unit ``i`` of a level (one request, or with ``job["conversations"]`` a
-    multi-turn session), the same in this process and in each load-generator process. ``job``: target, bench
-    (the level's seeded section), n, chars_per_token, deadline_s, seed; ``prompts`` (a trace's, by index) or
-    ``conversations`` when the level's work is given rather than drawn from the bench's prompt source."""
+def unit_fn(job: Job, pool: Pool, t0: float, on_done: Callable[[], None]) -> SendFn:
+    """The coroutine function that sends unit ``i`` of a level (one request, or with the work's conversations a
+    multi-turn session), the same in this process and in each load-generator process."""
     from infertool.bench.client import send
     from infertool.bench.prompts import PromptStream, iter_prompts
     from infertool.bench.traffic import run_session
 
-    target, bench = job["target"], job["bench"]
-    deadline = time.perf_counter() + (t0 + job["deadline_s"] - time.monotonic())
-    convs = job.get("conversations")
+    target, bench = job.target, job.bench
+    deadline = time.perf_counter() + (t0 + job.deadline_s - time.monotonic())
+    convs = job.work.conversations
     if convs is not None:
         spec = bench.prompt.multi_turn
+        assert spec is not None  # conversations: a multi-turn bench's sessions
 
         async def turn(history: str | list[JsonObject], out_len: int) -> RequestResult:
-            return await send(pool, target, history, out_len, t0, timeout_s=job["deadline_s"], deadline=deadline,
+            return await send(pool, target, history, out_len, t0, timeout_s=job.deadline_s, deadline=deadline,
                               keep_text=True)
 
         async def session(i: int) -> list[RequestResult]:
             got = await run_session(turn, convs[i], i, endpoint=target.endpoint, max_turns=spec.max_turns,
-                                    think_time_s=spec.think_time_s, spread=spec.think_time_spread, seed=job["seed"],
+                                    think_time_s=spec.think_time_s, spread=spec.think_time_spread, seed=job.seed,
                                     default_output_len=bench.output_len, t0=t0)
             on_done()
             return got
 
         return session
-    given: Any = job.get("prompts")  # Any: the job's prompts (JSON) or None
-    stream = None if given is not None else PromptStream(iter_prompts(bench, job["n"], job["chars_per_token"]))
+    given = job.work.prompts  # a trace's, by index; else the bench's prompt stream
+    prompt: Callable[[int], Prompt] = (given.__getitem__ if given is not None
+                                       else PromptStream(iter_prompts(bench, job.work.n, job.chars_per_token)).get)
 
     async def one(i: int) -> RequestResult:
-        p = given[i] if stream is None else stream.get(i)  # one of them
-        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=job["deadline_s"], deadline=deadline)
+        p = prompt(i)
+        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=job.deadline_s, deadline=deadline)
         on_done()
         return r
 
     return one
 
 
-async def _child(conn: Connection, job: JsonObject) -> None:
+async def _child(conn: Connection, job: Job) -> None:
     from infertool.bench.client import Pool
     from infertool.bench.traffic import run_level
 
-    target, level, part = job["target"], job["level"], job["part"]
-    pool = Pool(target.base_url)
+    pool = Pool(job.target.base_url)
     conn.send(("ready",))
     t0 = conn.recv()  # the parent's start: one clock for every process
     done = 0
@@ -199,21 +245,20 @@ async def _child(conn: Connection, job: JsonObject) -> None:
     one = unit_fn(job, pool, t0, counted)
     monitor = Monitor().start()
     try:
-        results, _ = await run_level(one, job["n"], level, deadline_s=job["deadline_s"], seed=job["seed"],
-                                     part=part, t0=t0, offsets=job.get("offsets"))
+        results, _ = await run_level(one, job.work.n, job.level, deadline_s=job.deadline_s, seed=job.seed,
+                                     part=job.part, t0=t0, offsets=job.work.offsets)
     finally:
         stats = monitor.stop()
         await pool.close()
     conn.send(("done", results, stats, done))
 
 
-async def run_level_processes(job: JsonObject, processes: int, on_progress: Callable[[int], None],
+async def run_level_processes(job: Job, processes: int, on_progress: Callable[[int], None],
                               on_start: Callable[[float], None] | None = None,
-                              ) -> tuple[list[RequestResult], float, list[JsonObject]]:
-    """The level split over ``processes`` spawned load generators. ``job``: target, level, n, bench,
-    chars_per_token, deadline_s, seed. ``on_start(t0)`` when they all start sending. Returns (merged
-    results, wall seconds, each process's monitor figures). Bounded: the processes' start by READY_TIMEOUT_S,
-    their results by ``deadline_s`` + RESULTS_GRACE_S (a RuntimeFailure past either)."""
+                              ) -> tuple[list[RequestResult], float, list[LoopStats]]:
+    """The level split over ``processes`` spawned load generators. ``on_start(t0)`` when they all start sending.
+    Returns (merged results, wall seconds, each process's monitor figures). Bounded: the processes' start by
+    READY_TIMEOUT_S, their results by ``deadline_s`` + RESULTS_GRACE_S (a RuntimeFailure past either)."""
     import multiprocessing as mp
 
     from infertool.errors import RuntimeFailure
@@ -224,7 +269,7 @@ async def run_level_processes(job: JsonObject, processes: int, on_progress: Call
     procs, conns = [], []
     for k in range(processes):
         parent, child = ctx.Pipe()
-        p = ctx.Process(target=_child_main, args=(child, {**job, "part": (k, processes)}), daemon=True,
+        p = ctx.Process(target=_child_main, args=(child, replace(job, part=(k, processes))), daemon=True,
                         name=f"infertool-loadgen-{k}")
         p.start()
         child.close()
@@ -255,10 +300,10 @@ async def run_level_processes(job: JsonObject, processes: int, on_progress: Call
         if on_start is not None:
             on_start(t0)
         results: list[RequestResult] = []
-        stats: list[JsonObject] = []
+        stats: list[LoopStats] = []
         progress = [0] * processes
         finished: set[int] = set()
-        results_by = time.monotonic() + job["deadline_s"] + RESULTS_GRACE_S
+        results_by = time.monotonic() + job.deadline_s + RESULTS_GRACE_S
         while len(finished) < processes:
             k, msg = await _next(inbox, results_by - time.monotonic(), "send its results")
             if msg[0] == "eof" and k in finished:

@@ -19,7 +19,8 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any, Iterable, Sequence
 
-from infertool.bench.results import Cost, Goodput, JsonObject, Latency, LengthDistribution, Lengths, SLO, Summary
+from infertool.bench.results import (Cost, Goodput, JsonObject, Latency, LengthDistribution, Lengths, SLO, Summary,
+                                     TurnFigures)
 
 PERCENTILES = (50, 90, 99)  # the fields of results.Latency besides the mean
 
@@ -161,7 +162,7 @@ def length_distribution(done: Sequence[RequestResult]) -> LengthDistribution:
                               output=length_stats([r.output_tokens for r in done]))
 
 
-def by_turn(results: Sequence[RequestResult]) -> list[JsonObject] | None:
+def by_turn(results: Sequence[RequestResult]) -> list[TurnFigures] | None:
     """Multi-turn levels: per turn index, the requests, completed ones, mean prompt tokens and the TTFT / E2E
     medians (ms): later turns carry the history, which prefix caching can reuse. None for single-turn traffic."""
     turns: dict[int, list[RequestResult]] = {}
@@ -174,10 +175,9 @@ def by_turn(results: Sequence[RequestResult]) -> list[JsonObject] | None:
     for t in sorted(turns):
         done = [r for r in turns[t] if r.ok]
         ptoks = [r.prompt_tokens for r in done if r.prompt_tokens is not None]
-        rows.append({"turn": t, "requests": len(turns[t]), "completed": len(done),
-                     "mean_prompt_tokens": (sum(ptoks) / len(ptoks)) if ptoks else None,
-                     "ttft_p50_ms": distribution_ms([r.ttft for r in done if r.ttft is not None]).p50,
-                     "e2e_p50_ms": distribution_ms([r.e2e for r in done if r.e2e is not None]).p50})
+        rows.append(TurnFigures(t, len(turns[t]), len(done), (sum(ptoks) / len(ptoks)) if ptoks else None,
+                                distribution_ms([r.ttft for r in done if r.ttft is not None]).p50,
+                                distribution_ms([r.e2e for r in done if r.e2e is not None]).p50))
     return rows
 
 

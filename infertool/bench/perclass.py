@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from infertool.bench.results import (JsonObject, CacheLevel, CachingBudget, ClassMeasure, Crossover, Interval, LevelResult,
+from infertool.bench.results import (JsonObject, OffOn, CacheLevel, CachingBudget, ClassMeasure, Crossover, Interval, LevelResult,
                                      PerClass, SpecLevel, SpecVariant)
 from infertool.metricspec import GOODPUT, OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS, TTFT_P50_MS, TTFT_P90_MS
 
@@ -236,12 +236,12 @@ def _pair(off: LevelResult, on: LevelResult, slo_set: bool) -> JsonObject:
     name, a = _figure(off, slo_set)
     _, b = _figure(on, slo_set)
     ratio = paired_ratio(a, b)
-    two = lambda spec: {"off": spec.of(off.summary), "on": spec.of(on.summary)}  # noqa: E731
+    two = lambda spec: OffOn(spec.of(off.summary), spec.of(on.summary))  # noqa: E731
     value = off.level.value
     return {"level": off.level.label, "kind": off.level.kind, "load": float(value) if value is not None else None,
             "figure": name, "off": a, "on": b, "ratio": ratio, "verdict": verdict(ratio), "tpot_p50_ms": two(TPOT_P50_MS),
             "ttft_p50_ms": two(TTFT_P50_MS), "ttft_p90_ms": two(TTFT_P90_MS),
-            "failed": {"off": off.summary.failed, "on": on.summary.failed}}
+            "failed": OffOn(off.summary.failed, on.summary.failed)}
 
 
 def crossover(levels: list[SpecLevel] | list[CacheLevel]) -> Crossover:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from infertool.bench.results import Interval, JsonObject, PerClass, TrafficClasses, _Paired
+from infertool.bench.results import Interval, OffOn, PerClass, TrafficClasses, _Paired
 from infertool.evaluate.lossless import Lossless
 
 __all__ = ["ClassTable", "class_tables", "lossless_line", "ratio_cell", "traffic_table"]
@@ -42,8 +42,8 @@ def lossless_line(r: Lossless) -> str:
             f"{_f(fl.exact_match, '{:.2f}')}), decode KLD {_f(f.kld, '{:.3g}')} (floor {_f(fl.kld, '{:.3g}')})")
 
 
-def _off_on(pair: JsonObject, fmt: str = "{:.0f}") -> str:
-    return f"{_f(pair.get('off'), fmt)} -> {_f(pair.get('on'), fmt)}"
+def _off_on(pair: OffOn, fmt: str = "{:.0f}") -> str:
+    return f"{_f(pair.off, fmt)} -> {_f(pair.on, fmt)}"
 
 
 def _load_cell(lv: _Paired) -> str:
@@ -93,8 +93,8 @@ def class_tables(pc: PerClass) -> list[ClassTable]:
             rows = [["load", "hit % off -> on", "TTFT p50 ms", "TTFT p90 ms", "throughput off -> on", "ratio",
                      "verdict"]]
             for cl in b.levels:
-                hits = {"off": None if cl.hit_rate_off is None else cl.hit_rate_off * 100,
-                        "on": None if cl.hit_rate is None else cl.hit_rate * 100}
+                hits = OffOn(None if cl.hit_rate_off is None else cl.hit_rate_off * 100,
+                             None if cl.hit_rate is None else cl.hit_rate * 100)
                 fmt = "{:.3f}" if cl.figure == "goodput" else "{:.1f}"
                 rows.append([_load_cell(cl), _off_on(hits), _off_on(cl.ttft_p50_ms), _off_on(cl.ttft_p90_ms),
                              f"{_f(cl.off.value, fmt)} -> {_f(cl.on.value, fmt)}", ratio_cell(cl.ratio), cl.verdict])

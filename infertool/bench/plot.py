@@ -85,11 +85,11 @@ def _figure(row: ABRow, key: str, arm: str) -> float | None:
 def plot_title(report: BenchReport | JsonObject) -> str:
     """'latency vs throughput: <label>', with the original on a second line when it was measured too."""
     report = BenchReport.from_dict(report)
-    label = report.label or (report.served or {}).get("label") or report.model or ""
+    label = report.label or report.served_model.label or report.model or ""
     original = report.original
     if not original:
         return f"latency vs throughput: {label}"
-    orig = original.label or (original.served or {}).get("label") or "the original"
+    orig = original.label or original.served_model.label or "the original"
     return f"latency vs throughput\ncandidate: {label}\noriginal: {orig}"
 
 

@@ -20,7 +20,7 @@ from typing import Any, Callable, ClassVar
 
 from infertool.evaluate.lossless import Lossless
 from infertool.metricspec import MetricSpec, ab_metrics
-from infertool.records import Record, Sparse, as_int, as_str
+from infertool.records import Record, Sparse
 
 # a JSON object as bench sends, reads or keeps it at an edge: a request body, a server's reply, a launch's record,
 # the work a load-generator process is handed (its values: whatever JSON holds)
@@ -100,6 +100,19 @@ class LengthDistribution(Record):
 
 
 @dataclass
+class TurnFigures(Record):
+    """One turn index of a multi-turn level: its requests, the completed ones, their mean prompt tokens and the
+    TTFT / E2E medians (later turns carry the history)."""
+
+    turn: int = 0
+    requests: int = 0
+    completed: int = 0
+    mean_prompt_tokens: float | None = None
+    ttft_p50_ms: float | None = None
+    e2e_p50_ms: float | None = None
+
+
+@dataclass
 class Summary(Sparse):
     """Every figure of one load level (``infertool.bench.metrics.summarize`` computes it)."""
 
@@ -124,8 +137,7 @@ class Summary(Sparse):
     e2e_ms: Latency = field(default_factory=Latency)  # request start to its last byte
     goodput: Goodput = field(default_factory=Goodput)
     cost: Cost = field(default_factory=Cost)
-    # multi-turn traffic: per turn index {turn, requests, completed, mean_prompt_tokens, ttft_p50_ms, e2e_p50_ms}
-    turns: list[JsonObject] | None = None
+    turns: list[TurnFigures] | None = None  # multi-turn traffic: per turn index
     lengths: LengthDistribution | None = None  # the token lengths sent (None: an older file)
 
 
@@ -229,6 +241,16 @@ class Repeats(Record):
 
 
 @dataclass
+class Follow(Record):
+    """Whether an open-loop level's completions followed the offered rate, as realised (req/s; ratio achieved /
+    offered): a rate sweep's evidence, a trace's."""
+
+    offered_rps: float | None = None
+    achieved_rps: float | None = None
+    ratio: float | None = None
+
+
+@dataclass
 class LevelResult(Sparse):
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("repeats", "follow")
 
@@ -239,7 +261,7 @@ class LevelResult(Sparse):
     server_metrics: ServerMetrics = field(default_factory=ServerMetrics)
     timeline: list[Window] = field(default_factory=list)
     repeats: Repeats | None = None  # bench.repeats.max_runs > 1: the runs and the intervals
-    follow: JsonObject | None = None  # open-loop levels: {offered_rps, achieved_rps, ratio} as realised
+    follow: Follow | None = None  # open-loop levels
 
     @property
     def client_bound(self) -> bool:
@@ -348,6 +370,64 @@ class ServedModel(Record):
 
 
 @dataclass
+class PromptSettings(Record):
+    """Where the prompts came from (builtin, synthetic, a file) and about how long each is, in tokens."""
+
+    source: str | None = None
+    len_tokens: int | None = None
+
+
+@dataclass
+class ArrivalSettings(Record):
+    kind: str | None = None  # gamma
+    burstiness: float | None = None
+
+
+@dataclass
+class SessionSettings(Record):
+    """bench.prompt.multi_turn as the levels were driven."""
+
+    max_turns: int | None = None
+    think_time_s: float | None = None
+    think_time_spread: float | None = None
+
+
+@dataclass
+class TraceSettings(Record):
+    path: str | None = None
+    speedup: float | None = None
+
+
+@dataclass
+class RateSweepSettings(Record):
+    start: float | None = None
+    factor: float | None = None
+    max_levels: int | None = None
+    goodput_target: float | None = None
+
+
+@dataclass
+class RepeatSettings(Record):
+    max_runs: int | None = None
+    min_runs: int | None = None
+    rel_width: float | None = None
+    confidence: float | None = None
+
+
+@dataclass
+class TrafficSettings(Sparse):
+    """How the levels were driven beyond the defaults (each block only where the recipe asked for it)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("arrival", "multi_turn", "trace", "rate_sweep", "repeats")
+
+    arrival: ArrivalSettings | None = None
+    multi_turn: SessionSettings | None = None
+    trace: TraceSettings | None = None
+    rate_sweep: RateSweepSettings | None = None
+    repeats: RepeatSettings | None = None
+
+
+@dataclass
 class BenchSettings(Sparse):
     """The traffic every level was sent with (from the recipe's bench section)."""
 
@@ -355,7 +435,7 @@ class BenchSettings(Sparse):
 
     requests_per_level: int | None = None
     max_duration_s: float | None = None
-    prompt: JsonObject = field(default_factory=dict)  # source, len_tokens
+    prompt: PromptSettings = field(default_factory=PromptSettings)
     output_len: int | None = None
     output_len_spread: float | None = None
     shared_prefix_ratio: float | None = None
@@ -365,17 +445,15 @@ class BenchSettings(Sparse):
     chars_per_token: float | None = None
     seed: int | None = None
     client_processes: int | str | None = None
-    traffic: JsonObject | None = None  # arrivals, multi-turn, trace, repeats: how the levels were driven (None: defaults)
+    traffic: TrafficSettings | None = None  # None: the defaults
 
     @property
     def prompt_source(self) -> str | None:
-        """Where the prompts came from (builtin, synthetic, a file)."""
-        return as_str(self.prompt.get("source"))
+        return self.prompt.source
 
     @property
     def prompt_tokens(self) -> int | None:
-        """About how long each prompt is, in tokens."""
-        return as_int(self.prompt.get("len_tokens"))
+        return self.prompt.len_tokens
 
 
 @dataclass
@@ -494,7 +572,7 @@ def traffic_differences(a: BenchReport, b: BenchReport, recipe_a: JsonObject | N
         if key == "prompt" and isinstance(va, dict) and isinstance(vb, dict):  # where the tokenizer lies is no traffic
             va, vb = ({k: v for k, v in d.items() if k != "tokenizer"} for d in (va, vb))
         if (ba or bb) and va != vb:
-            diffs.append(f"bench.{key}: {_short(va)} vs {_short(vb)}")
+            diffs.append(f"bench.{key}: {_short(str(va))} vs {_short(str(vb))}")
     sa, sb = a.settings, b.settings
     for name, va, vb in (("prompt source", sa.prompt_source, sb.prompt_source),
                          ("prompt tokens", sa.prompt_tokens, sb.prompt_tokens),
@@ -503,7 +581,7 @@ def traffic_differences(a: BenchReport, b: BenchReport, recipe_a: JsonObject | N
                          ("shared prefix ratio", sa.shared_prefix_ratio, sb.shared_prefix_ratio),
                          ("ignore_eos", sa.ignore_eos, sb.ignore_eos)):
         if va is not None and vb is not None and va != vb and not any(d.startswith("bench.") for d in diffs):
-            diffs.append(f"{name}: {_short(va)} vs {_short(vb)}")
+            diffs.append(f"{name}: {_short(str(va))} vs {_short(str(vb))}")
     la, lb = [lv.level.label for lv in a.levels], [lv.level.label for lv in b.levels]
     if la != lb and not set(la) & set(lb):
         diffs.append(f"load levels: {', '.join(la) or '-'} vs {', '.join(lb) or '-'}")
@@ -520,12 +598,19 @@ def _mean_over(levels: list[LevelResult], get: Callable[[Summary], float | None]
     return sum(v * c for v, c in vals) / n if n else None
 
 
-def _short(v: object) -> str:
-    text = str(v)
+def _short(text: str) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
 # ------------------------------------------------------------------------------------------ per class
+@dataclass
+class OffOn(Record):
+    """A figure of a level with the feature off and on."""
+
+    off: float | None = None
+    on: float | None = None
+
+
 @dataclass
 class _Paired(Record):
     """One load level of a class, a feature off against on (the same class, load and seeds): the throughput
@@ -541,10 +626,10 @@ class _Paired(Record):
     on: Interval = field(default_factory=Interval)
     ratio: Interval = field(default_factory=Interval)
     verdict: str = ""  # pays (ratio interval above 1) | tie (it holds 1) | loses (below 1) | not measured
-    tpot_p50_ms: JsonObject = field(default_factory=dict)  # {"off": ms, "on": ms}
-    ttft_p50_ms: JsonObject = field(default_factory=dict)
-    ttft_p90_ms: JsonObject = field(default_factory=dict)
-    failed: JsonObject = field(default_factory=dict)  # {"off": n, "on": n}
+    tpot_p50_ms: OffOn = field(default_factory=OffOn)  # ms
+    ttft_p50_ms: OffOn = field(default_factory=OffOn)
+    ttft_p90_ms: OffOn = field(default_factory=OffOn)
+    failed: OffOn = field(default_factory=OffOn)  # requests
 
 
 @dataclass

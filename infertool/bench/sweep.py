@@ -24,9 +24,8 @@ runs x (SCRAPE_DEADLINE_S + max_duration_s + STOP_BOUND_S [+ READY_TIMEOUT_S + R
 The traffic's shapes (``bench.prompt.multi_turn``: each unit a conversation replayed as a session; ``bench.trace``:
 one level at a trace's timestamps; ``bench.arrival``: Poisson or gamma rates) are the level's ``job``
 (``loadgen.unit_fn`` sends its units, here or in each load-generator process). ``bench.repeats``: a level is run
-again until its figures' intervals are narrow enough (``repeat_runs``; ``measure_repeated`` for one level, what
-tune's capacity probes near the SLO edge call). ``bench.rate_sweep``: rates grow until the server stops
-following them, then the knee is bracketed (``find_knee``, ``KneeSearch``).
+again until its figures' intervals are narrow enough (``repeat_runs``). ``bench.rate_sweep``: rates grow until the
+server stops following them, then the knee is bracketed (``find_knee``, ``KneeSearch``).
 """
 
 from __future__ import annotations
@@ -42,22 +41,23 @@ from infertool.bench.client import Endpoint, Refused, list_models, send, tokeniz
 from infertool.bench.metrics import (
     RequestResult, mean_interval, percentile, proportion_interval, rate_following, summarize,
 )
+from infertool.bench.loadgen import Job, LoopStats, Work
 from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import (JsonObject, SLO, Interval, Knee, KneeLevel, LevelResult, LevelSpec, Repeats, Summary, TrafficClasses,
-                                     Window)
+from infertool.bench.results import (JsonObject, SLO, Follow, Interval, Knee, KneeLevel, LevelResult, Repeats, Summary,
+                                     TrafficClasses, Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
 
 if TYPE_CHECKING:
     from infertool.bench.client import Pool
-    from infertool.bench.datasets import Conversation
+    from infertool.bench.datasets import Conversation, TraceEntry
     from infertool.recipe import BenchSection, DecodeSpec, RateSweepSpec, RepeatSpec
 
 EventCallback = Callable[[JsonObject], None]
 # the levels' work (``level_work``) by (the class replayed, level kind, unit, chars per token): kept across arms
-Works = dict[tuple[str | None, str, str | None, float], JsonObject]
+Works = dict[tuple[str | None, str, str | None, float], Work]
 WARMUP_TIMEOUT_S = 60.0  # the warm-up request's deadline (at most bench.max_duration_s)
 CONNECT_BUDGET_S = 20.0  # connect: the model list and /tokenize together
 PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of a level)
@@ -92,9 +92,9 @@ def load_conversations(bench: BenchSection, n: int) -> list[Conversation]:
     return list(conversations(bench, n))
 
 
-def load_trace_work(bench: BenchSection, chars_per_token: float) -> tuple[list[Prompt], list[float]]:
-    """A trace level's prompts and send offsets (the trace's timestamps from its first, / trace_speedup):
-    infertool.bench.datasets.load_trace."""
+def trace_work(bench: BenchSection, chars_per_token: float) -> tuple[Work, list[TraceEntry]]:
+    """A trace level's work, its prompts and send offsets (the trace's timestamps from its first, / trace_speedup),
+    and the trace's entries in time order (infertool.bench.datasets.load_trace)."""
     from infertool.bench.datasets import load_trace
 
     assert bench.trace is not None  # a trace level: the recipe names its trace
@@ -106,29 +106,25 @@ def load_trace_work(bench: BenchSection, chars_per_token: float) -> tuple[list[P
     for e in entries:
         text = e.prompt if isinstance(e.prompt, str) else "hello " * max(1, int(int(e.prompt) * chars_per_token / 6))
         prompts.append(Prompt(text, int(e.output_len or bench.output_len)))
-    return prompts, [(e.t_s - first) / bench.trace_speedup for e in entries]
+    offsets = [(e.t_s - first) / bench.trace_speedup for e in entries]
+    return Work(len(prompts), prompts=prompts, offsets=offsets), entries
 
 
-def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> JsonObject:
-    """What a level sends beyond the bench's prompt stream, for its job: ``conversations`` (sessions),
-    ``prompts`` and ``offsets`` (a trace), and ``n`` (its units). With bench.classes.replay, only that class's
-    units of the level's traffic (a trace's keep their gaps, from the class's first)."""
+def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> Work:
+    """What a level sends beyond the bench's prompt stream: a trace's prompts and offsets, sessions'
+    conversations. With bench.classes.replay, only that class's units of the level's traffic."""
     if bench.classes.replay is not None:
         work, units = replay_units(bench, "trace" if level.kind == "trace" else "source", chars_per_token)
-        out = {k: [v[u] for u in units] for k, v in work.items()}
-        if "offsets" in out:  # the class's first request leaves at once, the others at their gaps from it
-            out["offsets"] = [t - out["offsets"][0] for t in out["offsets"]]
-        return {**out, "n": len(units)}
+        return work.only(units)
     if level.kind == "trace":
-        prompts, offsets = load_trace_work(bench, chars_per_token)
-        return {"prompts": prompts, "offsets": offsets, "n": len(prompts)}
+        return trace_work(bench, chars_per_token)[0]
     if level.unit == "session":
         convs = load_conversations(bench, bench.requests)
-        return {"conversations": convs, "n": len(convs)}
-    return {"n": bench.requests}
+        return Work(len(convs), conversations=convs)
+    return Work(bench.requests)
 
 
-def replay_units(bench: BenchSection, which: str, chars_per_token: float) -> tuple[JsonObject, list[int]]:
+def replay_units(bench: BenchSection, which: str, chars_per_token: float) -> tuple[Work, list[int]]:
     """The traffic's work (``classed_traffic``) and the units of the class bench.classes.replay names; UsageError
     (before any server starts) when the class has no request in it, naming the classes it has."""
     replay = bench.classes.replay
@@ -154,18 +150,14 @@ def _rule(bench: BenchSection) -> ClassRule:
     return ClassRule(prefix_chars=bench.classes.prefix_chars, long_chars=bench.classes.long_chars)
 
 
-def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> tuple[JsonObject, list[Request]]:
+def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> tuple[Work, list[Request]]:
     """The whole traffic of the trace (``which`` "trace") or of the prompt source ("source"), as its level's
-    work per unit (``prompts`` and ``offsets``, or ``conversations``: lists indexed by unit) and its requests for
+    work and its requests for
     infertool.bench.classes (a session's turns: its system prompt and user turns so far, without the replies)."""
     if which == "trace":
-        from infertool.bench.datasets import load_trace
-
-        assert bench.trace is not None  # a trace level: the recipe names its trace
-        entries = sorted(load_trace(bench.trace), key=lambda e: e.t_s)
-        prompts, offsets = load_trace_work(bench, chars_per_token)
-        return ({"prompts": prompts, "offsets": offsets},
-                [Request(p.text, p.output_len, i, 1, e.cls) for i, (p, e) in enumerate(zip(prompts, entries))])
+        work, entries = trace_work(bench, chars_per_token)
+        prompts = work.prompts or []
+        return work, [Request(p.text, p.output_len, i, 1, e.cls) for i, (p, e) in enumerate(zip(prompts, entries))]
     if bench.prompt.multi_turn is not None:
         convs = load_conversations(bench, bench.requests)
         reqs = []
@@ -173,14 +165,14 @@ def classed_traffic(bench: BenchSection, which: str, chars_per_token: float) -> 
             for k in range(len(c.turns)):
                 text = "\n\n".join(([c.system] if c.system else []) + c.turns[:k + 1])
                 reqs.append(Request(text, c.output_lens[k] if k < len(c.output_lens) else None, u, len(c.turns), c.cls))
-        return {"conversations": convs}, reqs
+        return Work(len(convs), conversations=convs), reqs
     given: list[str | None] = []
     if bench.prompt.source.lower().endswith(".jsonl"):
         from infertool.bench.prompts import read_jsonl_classed
 
         given = [c for _, _, c in read_jsonl_classed(bench.prompt.source, bench.prompt.field)]
     prompts = build_prompts(bench, bench.requests, chars_per_token)
-    return ({"prompts": prompts},
+    return (Work(len(prompts), prompts=prompts),
             [Request(p.text, p.output_len, i, 1, given[i % len(given)] if given else None) for i, p in enumerate(prompts)])
 
 
@@ -378,16 +370,6 @@ def measure(handle: ServerHandle, bench: BenchSection, levels: list[Level], *, a
                                       warmup=warmup, cache_salt=cache_salt, works=works))
 
 
-def measure_repeated(handle: ServerHandle, bench: BenchSection, level: Level, *, arm: str, repeats: RepeatSpec | None = None, seed_salt: int = 0,
-                     on_event: EventCallback | None = None) -> LevelResult:
-    """One level measured with repeats (``repeats``: a RepeatSpec, default bench.repeats): run again until its
-    throughput's and goodput's intervals are within the asked width, or max_runs; the result carries the
-    intervals (``LevelResult.repeats``). What tune's capacity probes near the SLO edge call."""
-    if repeats is not None:
-        bench = bench.model_copy(update={"repeats": repeats})
-    return measure(handle, bench, [level], arm=arm, seed_salt=seed_salt, on_event=on_event)[0]
-
-
 async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list[Level], *, arm: str, seed_salt: int = 0,
                          on_event: EventCallback | None = None, warmup: bool = False,
                          cache_salt: str | None = None, works: Works | None = None) -> list[LevelResult]:
@@ -418,7 +400,7 @@ async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list
                     if works is not None:
                         works[key] = work
 
-                async def once(run: int, idx: int = idx, level: Level = level, work: JsonObject = work,
+                async def once(run: int, idx: int = idx, level: Level = level, work: Work = work,
                                ) -> tuple[LevelResult, list[RequestResult], float]:
                     sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
                     salted = target if cache_salt is None else replace(target, cache_salt=f"{cache_salt}-{idx}-{run}")
@@ -436,20 +418,20 @@ REPEAT_SEED = 7907  # a repeat's seeds: the level's, salted by this times the ru
 
 
 async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerHandle, bench: BenchSection, level: Level, idx: int, *,
-                 arm: str, work: JsonObject, seed_salt: int,
+                 arm: str, work: Work, seed_salt: int,
                  on_event: EventCallback | None) -> tuple[LevelResult, list[RequestResult], float]:
     """One run of a level: sent from this process or split over several load-generator processes
     (``infertool.bench.loadgen``), then summarised. Returns (the level, its requests, its wall seconds)."""
     from infertool.bench.loadgen import choose_processes, health, run_level_processes
 
     seed_bench = bench.model_copy(update={"seed": bench.seed * 1000 + idx + seed_salt})
-    n = work["n"]
+    n = work.n
     progress = _Progress(on_event, f"{arm}:{level.label}", f"{arm}: {level.label}", n)
     progress.send(0)
     processes = choose_processes(getattr(bench, "client_processes", "auto"), level)
     await sampler.baseline()  # the counters before the first request (a short level's deltas)
-    job = {"target": target, "level": level, "bench": seed_bench, "chars_per_token": handle.chars_per_token,
-           "deadline_s": bench.max_duration_s, "seed": bench.seed + idx + seed_salt, **work}
+    job = Job(target, level, seed_bench, handle.chars_per_token, bench.max_duration_s, bench.seed + idx + seed_salt,
+              work)
     if processes > 1:
         results, duration, stats = await run_level_processes(job, processes, progress, sampler.start)
     else:
@@ -460,10 +442,9 @@ async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerH
     follow = None  # whether the completions followed the offered rate: a rate sweep's evidence, a trace's
     if level.kind == "trace" or (level.kind == "rate" and bench.rate_sweep is not None):
         offered, achieved = rate_following(results)
-        follow = {"offered_rps": offered, "achieved_rps": achieved,
-                  "ratio": (achieved / offered) if offered and achieved is not None else None}
+        follow = Follow(offered, achieved, (achieved / offered) if offered and achieved is not None else None)
     return LevelResult(
-        arm=arm, level=LevelSpec.from_dict(level.to_dict()), summary=summary,
+        arm=arm, level=level.spec(), summary=summary,
         client=health(stats, processes, summary.itl_ms.p50), server_metrics=timeline.summary(),
         timeline=timeline_windows(results, timeline, duration,
                                   n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
@@ -471,8 +452,8 @@ async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerH
     ), results, duration
 
 
-async def _in_process(pool: Pool, sampler: Sampler, job: JsonObject,
-                      progress: _Progress) -> tuple[list[RequestResult], float, list[JsonObject]]:
+async def _in_process(pool: Pool, sampler: Sampler, job: Job,
+                      progress: _Progress) -> tuple[list[RequestResult], float, list[LoopStats]]:
     """The level sent from this process's event loop, watched by ``loadgen.Monitor``."""
     from infertool.bench.loadgen import Monitor, unit_fn
 
@@ -488,8 +469,8 @@ async def _in_process(pool: Pool, sampler: Sampler, job: JsonObject,
     one = unit_fn(job, pool, t0, counted)
     monitor = Monitor().start()
     try:
-        results, duration = await run_level(one, job["n"], job["level"], deadline_s=job["deadline_s"],
-                                            seed=job["seed"], t0=t0, offsets=job.get("offsets"))
+        results, duration = await run_level(one, job.work.n, job.level, deadline_s=job.deadline_s,
+                                            seed=job.seed, t0=t0, offsets=job.work.offsets)
     finally:
         stats = [monitor.stop()]
     return results, duration, stats
@@ -517,9 +498,8 @@ async def repeat_runs(once: RunOnce, spec: RepeatSpec, pooled: Callable[[list[Re
     first = runs[0][0]
     clients = [lv.client for lv, _, _ in runs if lv.client is not None]
     follows = [lv.follow for lv, _, _ in runs if lv.follow]
-    follow = None
-    if follows:
-        follow = {k: _mean([f.get(k) for f in follows]) for k in ("offered_rps", "achieved_rps", "ratio")}
+    follow = Follow(_mean([f.offered_rps for f in follows]), _mean([f.achieved_rps for f in follows]),
+                    _mean([f.ratio for f in follows])) if follows else None
     return replace(first, summary=pooled([r for _, rs, _ in runs for r in rs], sum(d for _, _, d in runs)),
                    client=max(clients, key=lambda c: (c.client_bound, c.cpu_fraction or 0.0), default=first.client),
                    repeats=rep, follow=follow)
@@ -656,8 +636,8 @@ def find_knee(handle: ServerHandle, bench: BenchSection, *, arm: str, on_event: 
         e2e_s = (levels[-1].summary.e2e_ms.p50 or 0.0) / 1000.0 if levels else 0.0
         lv = measure_one(rate_level(bench, round(rate, 4)), len(levels), sweep_requests(bench.requests, rate, e2e_s))
         levels.append(lv)
-        f = lv.follow or {}
-        search.record(rate, f.get("offered_rps"), f.get("achieved_rps"), lv.summary.goodput.fraction)
+        f = lv.follow or Follow()
+        search.record(rate, f.offered_rps, f.achieved_rps, lv.summary.goodput.fraction)
     return levels, search.knee()
 
 

@@ -32,14 +32,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Awaitable, Callable, Coroutine, Iterable, Iterator, Sequence
 
 from infertool.bench.metrics import RequestResult
-from infertool.bench.results import JsonObject
+from infertool.bench.results import JsonObject, LevelSpec
 
 if TYPE_CHECKING:
     from infertool.bench.datasets import Conversation
 
 # unit index -> its result (one request) or results (a multi-turn session)
-SendFn = Callable[[int], Coroutine[Any, Any, "RequestResult | list[RequestResult]"]]
-Sent = asyncio.Task["RequestResult | list[RequestResult]"]  # a unit sent: its result, or a session's
+SendFn = Callable[[int], Coroutine[Any, Any, RequestResult | list[RequestResult]]]
+Sent = asyncio.Task[RequestResult | list[RequestResult]]  # a unit sent: its result, or a session's
 
 
 @dataclass(frozen=True)
@@ -63,13 +63,11 @@ class Level:
                     "trace": f"trace x{v}"}[self.kind]
         return text + (" sessions" if self.unit == "session" else "")
 
-    def to_dict(self) -> JsonObject:
-        d = {"kind": self.kind, "value": self.value, "interval_s": self.interval_s, "label": self.label}
-        if self.kind == "rate" and self.arrival != "poisson":
-            d.update(arrival=self.arrival, burstiness=self.burstiness)
-        if self.unit is not None:
-            d["unit"] = self.unit
-        return d
+    def spec(self) -> LevelSpec:
+        """The level as its results record it (arrivals only for a gamma rate)."""
+        gamma = self.kind == "rate" and self.arrival != "poisson"
+        return LevelSpec(self.kind, self.value, self.interval_s, self.label, self.arrival if gamma else None,
+                         self.burstiness if gamma else None, self.unit)
 
 
 def iter_poisson(rate: float, seed: int = 0) -> Iterator[float]:

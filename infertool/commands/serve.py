@@ -2,17 +2,17 @@
 OpenAI-compatible server from the recipe, and the servers started with --detach."""
 
 
+import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, List, Optional
+from typing import Annotated, List, Optional
 
 import typer
 
 from infertool.commands._common import (
     JSON_OPT, SET_OPT, DefaultCommandGroup, InfertoolCommand, complete_recipe, dry_run_opt, examples, handle_errors,
-    recipe_arg, usage_error,
+    recipe_arg, recipe_checks, usage_error,
 )
-if TYPE_CHECKING:
-    from infertool.serve.launcher import ServerStatus
+from infertool.output import print_json
 
 EXAMPLES = examples(
     ("infertool serve quickstart", "the quantized model, the recipe's settings; Ctrl-C stops"),
@@ -74,41 +74,46 @@ def serve_run(
     --detach leaves it running."""
     from infertool import serve
     from infertool.publish import served
+    from infertool.serve import console
 
     serve.lifecycle.check_timeout(timeout)  # before the recipe: exit 2 for nan, inf, -1, 0, 1e400
-    k8s = _k8s_options(emit, replicas=replicas, max_replicas=max_replicas, autoscaler=autoscaler, pvc=pvc,
-                       node_selector=node_selector, tolerations=toleration, model_from=model_from,
-                       prometheus_url=prometheus_url, gpus_per_node=gpus_per_node)
+    k8s = console.k8s_flags(emit, replicas=replicas, max_replicas=max_replicas, autoscaler=autoscaler, pvc=pvc,
+                            node_selector=node_selector, tolerations=toleration, model_from=model_from,
+                            prometheus_url=prometheus_url, gpus_per_node=gpus_per_node)
     options = serve.ServeOptions(dry_run=dry_run, detach=detach, pid_file=pid_file, timeout_s=timeout, log=log,
                                  force=force, emit=emit, k8s=k8s)
+    sets = list(overrides or []) + ([] if port is None else [f"serve.port={port}"])  # --port means serve.port
     # a per-class tune directory (tune.classes.ROUTING, named here: importing tune would slow every serve start)
     if (Path(recipe).expanduser() / "routing.json").is_file():
         if emit is None:
             raise usage_error(f"{recipe} is a per-class tune: a configuration per traffic class (routing.json)",
                               hint=f"serve one class's: infertool serve {Path(recipe) / 'tuned-<class>.yaml'}; or all "
                                    f"of them, routed: infertool serve {recipe} --emit k8s")
-        _emit_routed(Path(recipe).expanduser(), k8s, _with_port(overrides, port), as_json)
-        return
-    res = served(recipe, _with_port(overrides, port)).res  # RUN_DIR | TUNE_DIR | RECIPE, its artifact checked
-    if emit is not None or dry_run:  # the check registry: the same findings as validate, plan and every dry run
-        from infertool.commands._common import recipe_checks
+        from infertool.tune.classes import routed_manifests
 
+        assert k8s is not None  # --emit k8s
+        emitted = routed_manifests(Path(recipe).expanduser(), k8s, sets, checks=lambda res: recipe_checks(res, "emit"))
+        if as_json:
+            print_json(emitted.to_dict())
+        else:
+            sys.stdout.write(emitted.yaml())
+        return
+    res = served(recipe, sets).res  # RUN_DIR | TUNE_DIR | RECIPE, its artifact checked
+    if emit is not None or dry_run:  # the check registry: the same findings as validate, plan and every dry run
         recipe_checks(res, "emit" if emit is not None else "serve")
     if emit is not None:  # the replicas: --replicas, else the fleet sizing for target.peak_rps
         from infertool.plan import fleet_replicas
         from infertool.serve.k8s import with_replicas
 
         options.k8s = with_replicas(k8s, *fleet_replicas(res))
+        console.print_emit(serve.plan(res, options), as_json)
+        return
     plan = serve.plan(res, options)
-    if emit is not None:
-        _emit_k8s(plan, as_json)
-        return
-    _render_plan(plan, as_json)
-    if dry_run:
-        if plan.errors:
-            raise typer.Exit(2)
-        return
-    serve.run(plan, serve_context(as_json))
+    console.print_plan(plan, as_json)
+    if dry_run and plan.errors:
+        raise typer.Exit(2)
+    if not dry_run:
+        serve.run(plan, console.context(plan, as_json))
 
 
 @serve_app.command("stop", cls=InfertoolCommand)
@@ -123,7 +128,9 @@ def serve_stop(
 ) -> None:
     """Stop a server started with --detach: the one on RECIPE's serve.port, on --port, or in --pid-file;
     without any of them, the only detached server (--all: every one)."""
-    _manage("stop", recipe, overrides, port, pid_file, all_, as_json)
+    from infertool.serve.console import manage
+
+    manage("stop", recipe, overrides, port, pid_file, all_, as_json)
 
 
 @serve_app.command("status", cls=InfertoolCommand)
@@ -137,176 +144,6 @@ def serve_status(
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """The servers started with --detach: URL, state, pid, model, log."""
-    _manage("status", recipe, overrides, port, pid_file, all_, as_json)
+    from infertool.serve.console import manage
 
-
-def _with_port(overrides, port: int | None) -> list[str]:
-    """--port means serve.port, the same on every serve sub-command."""
-    sets = list(overrides or [])
-    if port is not None:
-        sets.append(f"serve.port={port}")
-    return sets
-
-
-def _k8s_options(emit: str | None, **given):
-    """The --emit k8s options, checked (infertool.serve.k8s.k8s_options: exit 2 with the form expected); None
-    without --emit. An option given without --emit k8s is a usage error, not silently ignored."""
-    from infertool.serve.k8s import k8s_options
-
-    chosen = {k: v for k, v in given.items() if v not in (None, [])}
-    if emit is None:
-        if chosen:
-            flags = ", ".join("--" + k.replace("_", "-").replace("tolerations", "toleration") for k in chosen)
-            raise usage_error(f"{flags}: options of --emit k8s", hint="infertool serve RECIPE --emit k8s " + flags.split(",")[0] + " ...")
-        return None
-    return k8s_options(**chosen)
-
-
-def _emit_routed(tune_dir: Path, k8s, overrides: list[str], as_json: bool) -> None:
-    """A per-class tune directory (routing.json): a Deployment and Service per configuration, and the HTTPRoute
-    that routes each class to its own (``infertool.tune.classes.routed_manifests``), each recipe checked as
-    --emit k8s checks one."""
-    import sys
-
-    from infertool.commands._common import recipe_checks
-    from infertool.output import print_json
-    from infertool.tune.classes import routed_manifests
-
-    emitted = routed_manifests(tune_dir, k8s, overrides, checks=lambda res: recipe_checks(res, "emit"))
-    if as_json:
-        print_json(emitted.to_dict())
-        return
-    sys.stdout.write(emitted.yaml())
-
-
-def _emit_k8s(plan, as_json: bool = False) -> None:
-    """Kubernetes manifests on stdout (comments say what to create first); starts nothing, writes no file.
-    With --json: one JSON object (``manifests``: the documents as a list, ``comments``: the header lines),
-    never YAML."""
-    import sys
-
-    from infertool.output import err, print_json
-
-    for note in plan.res.notes:
-        err.print(f"note: {note}", markup=False, soft_wrap=True)
-    if as_json:
-        print_json(plan.to_dict())
-        return
-    sys.stdout.write(plan.k8s_yaml())
-
-
-def _render_plan(serve_plan, as_json: bool) -> None:
-    """The launch (model, notes, lint, KV cache; with --dry-run the environment and the command) on stdout for a
-    dry run, else on stderr before the server starts."""
-    from rich.markup import escape
-
-    from infertool.output import err, out, print_json
-
-    plan, dry_run = serve_plan.launch, serve_plan.options.dry_run
-    notes = list(serve_plan.res.notes)
-    if as_json and dry_run:
-        print_json(serve_plan.to_dict())
-        return
-    console = out if dry_run else err
-    console.print(f"model: {plan.model.label} ({plan.model.path})", markup=False, soft_wrap=True)
-    for note in notes:
-        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    for issue in plan.issues:
-        style = {"error": "bold red", "warning": "yellow"}.get(issue.level, "dim")
-        console.print(f"[{style}]{issue.level}:[/] {escape(issue.field)}: {escape(issue.message)}", soft_wrap=True)
-        if issue.hint:
-            console.print(f"  [dim]hint: {escape(issue.hint)}[/]", soft_wrap=True)
-    for note in plan.spec.notes + plan.notes:
-        console.print(f"[yellow]note:[/] {escape(note)}", soft_wrap=True)
-    if plan.kv:
-        kv, conc = plan.kv, plan.kv.max_concurrency_at_max_len
-        tail = (f"; max_model_len {kv.max_model_len:,} -> {conc:.1f} full-length requests"
-                if kv.max_model_len and conc is not None else "")
-        console.print(f"[dim]KV cache: {kv.capacity_tokens:,} tokens in {kv.kv_cache_space_gib:g} GiB "
-                      f"({kv.kv_bytes_per_token:,.0f} B/token){tail}[/]", soft_wrap=True)
-    if dry_run:
-        out.print("[bold]environment[/] (set on top of yours):")
-        for k, v in sorted(plan.spec.display_env().items()):
-            out.print(f"  {k}={v}", soft_wrap=True, markup=False)
-        out.print("[bold]command[/]:")
-        out.print(plan.spec.shell_line(), soft_wrap=True, markup=False)
-
-
-def serve_context(as_json: bool):
-    """The RunContext of a command's server: its progress lines on stderr; once it answers, the result as JSON
-    (--json) or one line saying where it is and how it stops."""
-    from infertool.capability import RunContext
-    from infertool.output import err, esc, print_json
-
-    def on_event(ev: dict) -> None:
-        if ev.get("event") == "log":
-            err.print(ev["message"], soft_wrap=True, markup=False)
-            return
-        if ev.get("event") != "ready":
-            return
-        r = ev["result"]
-        if as_json:
-            print_json(r.to_dict() if ev.get("detached") else {k: v for k, v in r.to_dict().items() if k != "pid_file"})
-        elif ev.get("detached"):
-            port = r.launch.get("port")
-            err.print(f"[green]ready[/] in {r.ready_s:.0f} s at [bold]{esc(r.url)}[/] (pid {r.pid}); "
-                      f"`infertool serve stop --port {port}` stops it", soft_wrap=True)
-        else:
-            err.print(f"[green]ready[/] in {r.ready_s:.0f} s at [bold]{esc(r.url)}[/]; Ctrl-C stops it", soft_wrap=True)
-
-    return RunContext(on_event=on_event, user="serve")
-
-
-def _manage(action: str, recipe: str | None, overrides, port: int | None, pid_file: Path | None,
-            all_: bool, as_json: bool) -> None:
-    from infertool import serve
-    from infertool.output import err, esc, print_json
-
-    chosen = [what for what, v in (("RECIPE", recipe), ("--port", port), ("--pid-file", pid_file)) if v is not None]
-    if len(chosen) > 1 or (all_ and chosen):
-        raise usage_error(f"{' and '.join(chosen + (['--all'] if all_ else []))} each choose servers: give one",
-                          hint=f"infertool serve {action} [RECIPE | --port PORT | --pid-file FILE | --all]")
-    if overrides and recipe is None:
-        raise usage_error("--set changes a RECIPE: give the recipe too", hint=f"infertool serve {action} RECIPE --set serve.port=N")
-    if recipe is not None:
-        from infertool.recipe import load_recipe
-        from infertool.resolve import resolve
-
-        port = resolve(load_recipe(recipe, overrides or [])).serve.port
-    files = serve.lifecycle.detached_files(port=port, pid_file=pid_file)
-    if action == "status":
-        listing = pid_file is None and port is None
-        _render_status(serve.lifecycle.status(files, named=pid_file is not None, listing=listing), as_json)
-        return
-    stopped = serve.lifecycle.stop(files, every=all_)
-    if as_json:
-        print_json({"stopped": [s.to_dict() for s in stopped]})
-        return
-    for s in stopped:
-        what = "stopped" if s.was_alive else "was not running; removed its pid file"
-        err.print(f"[green]✓[/] {esc(s.record.url)} (pid {s.record.pid}) {what}", soft_wrap=True)
-
-
-def _render_status(rows: "list[ServerStatus]", as_json: bool) -> None:
-    from rich.table import Table
-
-    from infertool.output import err, out, plain, print_json
-
-    if as_json:
-        print_json({"servers": [r.to_dict() for r in rows]})
-        return
-    if not rows:
-        err.print("no detached servers")
-        return
-    table = Table(title="detached servers")
-    for col in ("url", "state", "pid", "model", "log"):
-        table.add_column(col)
-    for r in rows:
-        rec = r.record
-        if r.error or rec is None:
-            cells: tuple[object, ...] = (r.pid_file, r.error, None, None, None)
-        else:
-            state = r.state + (f" ({r.probe})" if r.alive and r.probe else "")
-            cells = (rec.url, state, rec.pid, rec.served_model_name or rec.model, rec.log)
-        table.add_row(*(plain("-" if v is None else str(v)) for v in cells))
-    out.print(table)
+    manage("status", recipe, overrides, port, pid_file, all_, as_json)

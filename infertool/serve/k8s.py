@@ -67,10 +67,10 @@ def is_secret_env(name: str) -> bool:
     return bool(_SECRET_NAME.search(name))
 
 
-def comment_text(text: object, limit: int | None = _COMMENT_MAX) -> str:
+def comment_text(text: str, limit: int | None = _COMMENT_MAX) -> str:
     """``text`` as (part of) the body of one YAML comment line: every line break, control, format or other
     non-printable character becomes a space, runs of spaces one, and at most ``limit`` characters."""
-    clean = "".join(ch if ch.isprintable() and unicodedata.category(ch) != "Cf" else " " for ch in str(text))
+    clean = "".join(ch if ch.isprintable() and unicodedata.category(ch) != "Cf" else " " for ch in text)
     clean = " ".join(clean.split())
     return clean if limit is None or len(clean) <= limit else clean[:limit - 3] + "..."
 
@@ -185,7 +185,7 @@ def _selector(item) -> tuple[str, str]:
     """A "KEY=VALUE" node label (or a pair), checked as Kubernetes checks a label."""
     key, sep, value = item.partition("=") if isinstance(item, str) else (item[0], "=", item[1])
     if not sep or not _LABEL_KEY.fullmatch(key) or not _LABEL_VALUE.fullmatch(value):
-        raise UsageError(f"--node-selector {comment_text(item, 100)!r}: KEY=VALUE, a node label",
+        raise UsageError(f"--node-selector {comment_text(str(item), 100)!r}: KEY=VALUE, a node label",
                          hint=f"e.g. --node-selector {GPU_PRODUCT_KEY}=NVIDIA-H100-80GB-HBM3")
     return key, value
 
@@ -198,7 +198,7 @@ def _toleration(item) -> dict:
     key, eq, value = rest.partition("=")
     if (not _LABEL_KEY.fullmatch(key) or (eq and not _LABEL_VALUE.fullmatch(value))
             or (effect and effect not in _EFFECTS)):
-        raise UsageError(f"--toleration {comment_text(item, 100)!r}: KEY[=VALUE][:EFFECT], EFFECT one of {', '.join(_EFFECTS)}",
+        raise UsageError(f"--toleration {comment_text(str(item), 100)!r}: KEY[=VALUE][:EFFECT], EFFECT one of {', '.join(_EFFECTS)}",
                          hint="e.g. --toleration dedicated=inference:NoSchedule")
     tol = {"key": key, "operator": "Equal", "value": value} if eq else {"key": key, "operator": "Exists"}
     return {**tol, "effect": effect} if effect else tol

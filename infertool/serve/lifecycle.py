@@ -19,6 +19,7 @@ import signal
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import TYPE_CHECKING, Any, Iterator
 
 from infertool.capability import RunContext
@@ -198,7 +199,7 @@ def _check(plan: ServePlan) -> None:
 def _sigterm_interrupts() -> Iterator[None]:
     """SIGTERM means what Ctrl-C means while the server runs: the same clean stop of its process group."""
 
-    def on_term(signum: int, frame: object) -> None:
+    def on_term(signum: int, frame: FrameType | None) -> None:
         raise KeyboardInterrupt
 
     previous = signal.signal(signal.SIGTERM, on_term)
