@@ -680,7 +680,9 @@ def quickstart_like(tmp_path, monkeypatch):
         index = {"format": 1, "created": "2026-12-03T00:00:00+00:00", "k": 4, "engine": {}, "serve": {}, "host": {},
                  "model_fingerprint": model_fingerprint, "files": {}, "missing": {}, "trimmed": {}, "caps": {}}
         seen.append(("evidence", True))
-        return seal_evidence(Path(out), {"decode.json": {"prompts": []}}, index)
+        from infertool.verify.evidence import EvidenceIndex
+
+        return EvidenceIndex.from_dict(seal_evidence(Path(out), {"decode.json": {"prompts": []}}, index))
 
     funcs = {n: (lambda ctx, n=n: {"stage": n}) for n in RUN_STAGES}
     funcs.update(quantize=quantize, eval=lambda ctx: {"verdict": "PASS", "gates": GATES, "engine": "hf"},
