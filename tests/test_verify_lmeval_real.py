@@ -43,7 +43,7 @@ def test_verify_reruns_the_evidences_lm_eval_tasks_and_every_document_agrees(tin
     res = resolve(recipe, Overrides(candidate=str(ckpt)))  # as `eval --candidate` resolves it
     index = capture.capture_checkpoint(res, ckpt, ckpt / "evidence", fingerprint=publish.fingerprint(ckpt),
                                        log_dir=tmp_path, lmeval_answer=tmp_path / "ev" / "logs" / "lm_eval-candidate.json")
-    assert "lmeval.json" in index["files"], index["missing"]
+    assert "lmeval.json" in index.files, index.missing
     r = run_cli("verify", str(ckpt), "--out", str(tmp_path / "v"), "--json", "--allow-inconclusive", timeout=1500)
     assert r.returncode == 0, r.stderr[-3000:]
     doc = json.loads(r.stdout)
