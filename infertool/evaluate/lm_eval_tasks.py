@@ -31,9 +31,10 @@ import re
 from dataclasses import dataclass, field
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Union
+from typing import TYPE_CHECKING, Any
 
 from infertool.errors import UsageError
+from infertool.records import JSONValue
 
 if TYPE_CHECKING:
     from infertool.recipe import LmEvalSpec
@@ -102,8 +103,6 @@ class LineDict(dict[str, Any]):
     lines: dict[str, Any]  # Any: YAML values
 
 
-# what a task YAML holds (FunctionTag is a str; a LineDict a dict)
-YamlValue = Union[None, bool, int, float, str, "list[YamlValue]", "dict[str, YamlValue]"]
 
 
 def _loader() -> Any:  # Any: a PyYAML loader class (PyYAML has no type information here)
@@ -132,7 +131,7 @@ def _loader() -> Any:  # Any: a PyYAML loader class (PyYAML has no type informat
     return TaskLoader
 
 
-def read_task_yaml(path: Path, shown: str) -> tuple[YamlValue, str | None]:
+def read_task_yaml(path: Path, shown: str) -> tuple[JSONValue, str | None]:
     """A task YAML as data (``!function`` kept as ``FunctionTag``), or the error naming the file and line."""
     import yaml
 
@@ -163,11 +162,11 @@ def read_task_yaml(path: Path, shown: str) -> tuple[YamlValue, str | None]:
         return None, f"{shown}: nested too deep to be a task YAML"
 
 
-def _line(node: YamlValue, key: str) -> int | None:
+def _line(node: JSONValue, key: str) -> int | None:
     return node.lines.get(key) if isinstance(node, LineDict) else None
 
 
-def _walk(obj: YamlValue, key: str, line: int | None, seen: set[int]) -> Iterator[tuple[str, int | None, YamlValue]]:
+def _walk(obj: JSONValue, key: str, line: int | None, seen: set[int]) -> Iterator[tuple[str, int | None, JSONValue]]:
     """(key path, line, value) of every value under ``obj``: each container once (an alias is not walked twice,
     a recursive one ends)."""
     if isinstance(obj, (dict, list)):
@@ -259,7 +258,7 @@ class _Scanner:
                                                               and all(isinstance(t, str) for t in tag))):
             self.scan.errors.append(f"{shown}:{_line(data, 'tag')}: tag: must be a name or a list of names")
 
-    def include(self, name: YamlValue, here: Path, shown: str, line: int | None) -> dict[str, Any] | None:  # Any: YAML values
+    def include(self, name: JSONValue, here: Path, shown: str, line: int | None) -> dict[str, Any] | None:  # Any: YAML values
         if not isinstance(name, str) or not name:
             self.scan.errors.append(f"{shown}:{line}: include: must be a file name, not {name!r}")
             return None

@@ -17,17 +17,16 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any, BinaryIO, Mapping, NamedTuple, Sequence, TypeGuard, Union
+from typing import Any, BinaryIO, NamedTuple, TypeGuard
 
 from infertool.errors import UsageError
+from infertool.records import JSONView
 
 MAX_CONFIG_BYTES = 16 * 1024 * 1024  # config.json, index and tokenizer configs: real ones are < 1 MiB
 MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit on its JSON header
 _MODEL_HINT = "give a Hugging Face model directory as saved by transformers (config.json and *.safetensors)"
 
 
-# a value json.loads (or yaml.safe_load) gives: what config.json and a recipe's sections hold
-JsonValue = Union[None, bool, int, float, str, Sequence["JsonValue"], Mapping[str, "JsonValue"]]
 
 class ModelError(UsageError):
     """A model directory that cannot be used as it is: a malformed config.json or weights file (exit 2)."""
@@ -131,7 +130,7 @@ def _config_int(cfg: dict, name: str, where: Path) -> int | None:
     return None
 
 
-def _short(value: JsonValue) -> str:
+def _short(value: JSONView) -> str:
     text = json.dumps(value) if not isinstance(value, float) else repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -181,7 +180,7 @@ class ModelConfig:
         return {**self.full, **dict.fromkeys(keys, dtype)}
 
     @property
-    def declared_quantization(self) -> JsonValue:
+    def declared_quantization(self) -> JSONView:
         """quantization_config as declared (the file's, else the language model's), whatever JSON value it is."""
         return self.full.get("quantization_config") or self.lm.get("quantization_config")
 
@@ -221,7 +220,7 @@ def load_config(path: str | Path) -> ModelConfig:
     return ModelConfig(p, full, cfg)
 
 
-def _json_type(value: JsonValue) -> str:
+def _json_type(value: JSONView) -> str:
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -710,7 +709,7 @@ def position_limit(path: str | Path) -> PositionLimit:
     return PositionLimit(limit, key, why, int(mml) if mml else None)
 
 
-def rope_entries(cfg: dict) -> list[tuple[JsonValue, dict]]:
+def rope_entries(cfg: dict) -> list[tuple[JSONView, dict]]:
     """(rope type, its parameters) of each RoPE config.json declares (rope_parameters or rope_scaling: one, or one
     per layer type); the type is "default" when none is named, as vLLM reads it, and what the file holds otherwise."""
     ropes = cfg.get("rope_parameters") or cfg.get("rope_scaling")
@@ -719,7 +718,7 @@ def rope_entries(cfg: dict) -> list[tuple[JsonValue, dict]]:
     return [(rp.get("rope_type") or rp.get("type") or "default", rp) for rp in ropes if isinstance(rp, dict)]
 
 
-def _finite(value: JsonValue) -> TypeGuard[int | float]:
+def _finite(value: JSONView) -> TypeGuard[int | float]:
     """A JSON number that arithmetic can use (json.loads reads Infinity and NaN)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
 

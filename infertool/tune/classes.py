@@ -28,7 +28,8 @@ from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, REQUEST_THROUGHPUT
 from infertool.tune import search
 from infertool.tune.context import EventCallback, emit
 from infertool.tune.space import tune_of
-from infertool.tune.records import BlendedCost, ClassRoute, JSONValue, RoutedDeployment, RoutingTable, TrialRecord
+from infertool.records import JSONView
+from infertool.tune.records import BlendedCost, ClassRoute, RoutedDeployment, RoutingTable, TrialRecord
 
 TOLERANCE = 0.05  # one configuration within 5 % of every class's best (or tied with it) is one deployment
 ROUTING = "routing.json"
@@ -61,7 +62,7 @@ class ClassPlan:
         to the default route; a class named in tune.classes is refused)."""
         return self.requests < self.needed
 
-    def to_dict(self) -> dict[str, JSONValue]:
+    def to_dict(self) -> dict[str, JSONView]:
         """The dry run's view of the class (--json)."""
         return {"name": self.name, "share": self.share, "requests": self.requests, "needed": self.needed,
                 "tuned": not self.too_few,
@@ -162,7 +163,7 @@ class PerClassResult:
         """Some class is routed (a configuration passed)."""
         return bool(self.routing.deployments)
 
-    def to_dict(self) -> dict[str, JSONValue]:
+    def to_dict(self) -> dict[str, JSONView]:
         return {"tune_dir": self.tune_dir, "routing": self.routing.to_dict(), "tuned": self.tuned,
                 "seconds": self.seconds,
                 "classes": {name: {"tune_dir": r.tune_dir, "winner": r.winner.id if r.winner else None,
@@ -467,10 +468,10 @@ def read_routing(tune_dir: Path) -> RoutingTable:
 class RoutedManifests:
     """`serve TUNE_DIR --emit k8s` of a per-class tune: the documents, the comment lines, the resolutions served."""
 
-    docs: list[dict[str, JSONValue]]  # the Kubernetes documents (serve.k8s's)
+    docs: list[dict[str, JSONView]]  # the Kubernetes documents (serve.k8s's)
     comments: list[str]
 
-    def to_dict(self) -> dict[str, JSONValue]:
+    def to_dict(self) -> dict[str, JSONView]:
         return {"emit": "k8s", "manifests": self.docs, "comments": self.comments}
 
     def yaml(self) -> str:
@@ -488,7 +489,7 @@ def routed_manifests(tune_dir: Path, options: K8sOptions, overrides: list[str] |
     from infertool.serve.k8s import comment_text, header_lines, http_route, k8s_name, manifests, with_replicas
 
     table = read_routing(tune_dir)
-    docs: list[dict[str, JSONValue]] = []
+    docs: list[dict[str, JSONView]] = []
     comments = [comment_text(f"Per-class deployments of tune {table.recipe!r} (routing.json): "
                              f"{len(table.deployments)} configuration(s) for {len(table.classes)} classes, routed on "
                              f"the request header {table.header} by an HTTPRoute on the Gateway {table.gateway} "

@@ -37,7 +37,7 @@ from infertool.models.info import reading_once
 from infertool.tune import search, space
 from infertool.tune.space import Trial  # (a field named space shadows the module in PlannedSpace)
 from infertool.stages import StageOutput
-from infertool.records import Record
+from infertool.records import JSONView, Record
 from infertool.summaries import Published
 from infertool.tune.context import Context, emit
 from infertool.tune.stages import trial_accuracy
@@ -46,7 +46,7 @@ if TYPE_CHECKING:
     from infertool.resolve import Resolution
 
 from infertool.tune.records import (
-    CapacityResult, DecodeCheck, JSONValue, PredictionRecord, ServedCheck, TrialError, TrialRecord, TuneCost,
+    CapacityResult, DecodeCheck, PredictionRecord, ServedCheck, TrialError, TrialRecord, TuneCost,
     SpaceInfo, TuneDecision, TuneDoc,
 )
 
@@ -335,7 +335,7 @@ def reusable_screening(ctx: Context, trial: space.Trial, cand: TrialRecord) -> S
         return None
     screened = screen_recipe(ctx, trial)
 
-    def made_of(recipe: Recipe) -> list[JSONValue]:
+    def made_of(recipe: Recipe) -> list[JSONView]:
         return [None if getattr(recipe, s) is None else getattr(recipe, s).model_dump(mode="json")
                 for s in SERVED]
 
@@ -563,7 +563,7 @@ class DryRun:
                 f"serving settings{': ' + axes if axes else ''}); {planned}, {self.pruned_planned:,} of them pruned by "
                 f"the plan; {pick} (tune.max_trials {max_trials:,})")
 
-    def to_dict(self) -> dict[str, JSONValue]:
+    def to_dict(self) -> dict[str, JSONView]:
         sp = self.plan.space
         return {"trials": [t.to_dict() for t in self.shown],
                 "pruned": [t.id for t in self.shown if not t.prediction.fits],

@@ -28,7 +28,8 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from infertool.atomic import remove_inside
 from infertool.errors import UsageError
 from infertool.tune.context import emit
-from infertool.tune.records import JSONValue, Placement, TrialError, TrialRecord
+from infertool.records import JSONView
+from infertool.tune.records import Placement, TrialError, TrialRecord
 
 if TYPE_CHECKING:
     from infertool.recipe import TuneSection
@@ -396,7 +397,7 @@ def _unstick(ctx: Context, ray: Any, running: dict[RayRef, Trial], placed: set[R
     progress[0] = time.monotonic()
 
 
-def _remote_trial(recipe_data: dict[str, JSONValue], tune_dir: str, exhaustive: bool, trial_index: int, trial_id: str,
+def _remote_trial(recipe_data: dict[str, JSONView], tune_dir: str, exhaustive: bool, trial_index: int, trial_id: str,
                   cache: str | None = None) -> TrialRecord:
     """Runs in a Ray worker: rebuild the context from the recipe and the one trial from its index in the search
     space (nothing else of the space is built), run it, return its record."""

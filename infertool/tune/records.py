@@ -7,19 +7,16 @@ Written as JSON by ``to_dict()`` (an objective that was not measured is null, ne
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Mapping, Sequence, TypeAlias, Union  # noqa: F401 (the JSONValue alias's names)
+from typing import ClassVar, Mapping
 
 from infertool.bench.results import Cost, Goodput, Latency
 from infertool.bench.results import Summary as BenchSummary
 from infertool.evaluate.lossless import Lossless
 from infertool.evaluate.result import LmEvalTask
 from infertool.evaluate.verdict import Gate
-from infertool.records import Record, Sparse
+from infertool.records import JSONView, Record, Sparse
 from infertool.summaries import StageSummary
 
-# JSON data as tune writes it (stage key parts, the dry run, evaluate's raws); not a record field's type: a record
-# keeps JSON values as read (``object``), never coerced to a member of this union
-JSONValue: TypeAlias = "Union[None, bool, int, float, str, Sequence[JSONValue], Mapping[str, JSONValue]]"
 # a serve setting's value as the recipe spells it: JSON, a scalar or (speculative) a mapping; kept as it is
 ServeValue = object
 

@@ -18,8 +18,9 @@ from infertool.metricspec import objective as objective_metric
 from infertool.perf.fleet import FleetTable, Json
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.summaries import Published
+from infertool.records import JSONView
 from infertool.tune.records import (
-    JSONValue, Screening, ScreenResult, ServeValue, TrialDecode, TrialRecord, TuneDoc,
+    Screening, ScreenResult, ServeValue, TrialDecode, TrialRecord, TuneDoc,
 )
 from infertool.tune.space import OUTPUT_SETTINGS, Trial
 

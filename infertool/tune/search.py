@@ -19,8 +19,9 @@ from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 from infertool.bench.results import Latency, Summary
 from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGHPUT
 from infertool.metricspec import objective as objective_metric
+from infertool.records import JSONView
 from infertool.tune.records import (
-    CapacityResult, JSONValue, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision,
+    CapacityResult, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision,
 )
 
 if TYPE_CHECKING:
@@ -108,7 +109,7 @@ def short_summary(summary: Summary) -> ProbeSummary:
     return ProbeSummary.of(summary)
 
 
-def probe_ok(summary: Summary | Mapping[str, JSONValue], target: float) -> tuple[bool, float | None]:
+def probe_ok(summary: Summary | Mapping[str, JSONView], target: float) -> tuple[bool, float | None]:
     """A level meets the SLO when every request completed and the share that met the SLO reaches the target
     (``summary``: a ``bench.results.Summary`` or its JSON data)."""
     s = Summary.from_dict(summary)
@@ -230,7 +231,7 @@ def mean_summary(runs: Sequence[ProbeSummary], cost_per_hour: float | None = Non
     return out
 
 
-def _mean_value(values: list[JSONValue]) -> JSONValue:
+def _mean_value(values: list[JSONView]) -> JSONView:
     """The mean of one figure over runs (a record's JSON: numbers averaged, records field by field, anything
     else the first that is set)."""
     nums = [v for v in values if isinstance(v, (int, float)) and not isinstance(v, bool)]

@@ -16,7 +16,8 @@ from typing import TYPE_CHECKING, Iterator
 
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
-from infertool.tune.records import JSONValue, MachineInfo, PredictionRecord, Screening, max_num_seqs
+from infertool.records import JSONView
+from infertool.tune.records import MachineInfo, PredictionRecord, Screening, max_num_seqs
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
@@ -37,7 +38,7 @@ class Candidate:
     def original(self) -> bool:
         return self.spec is None
 
-    def to_dict(self) -> dict[str, JSONValue]:
+    def to_dict(self) -> dict[str, JSONView]:
         return asdict(self)
 
 
@@ -61,7 +62,7 @@ OUTPUT_SETTINGS: dict[str, str] = {
 # and scheduling, not what one request computes at the screening's load).
 
 
-def scoring_point(recipe: Recipe, point: dict[str, JSONValue]) -> dict[str, JSONValue]:
+def scoring_point(recipe: Recipe, point: dict[str, JSONView]) -> dict[str, JSONView]:
     """The output-changing settings (``OUTPUT_SETTINGS``) of a grid point whose value differs from the recipe's own
     serve section: empty when the trial's outputs are those its candidate is screened with at the recipe's settings."""
     own = recipe.serve.model_dump(mode="json") if recipe.serve is not None else {}
@@ -69,7 +70,7 @@ def scoring_point(recipe: Recipe, point: dict[str, JSONValue]) -> dict[str, JSON
         from infertool.recipe import ServeSection
 
         own = ServeSection().model_dump(mode="json")
-    out: dict[str, JSONValue] = {}
+    out: dict[str, JSONView] = {}
     for key, value in point.items():
         if key in OUTPUT_SETTINGS and json.dumps(value, sort_keys=True, default=str) != json.dumps(
                 own.get(key), sort_keys=True, default=str):
@@ -77,7 +78,7 @@ def scoring_point(recipe: Recipe, point: dict[str, JSONValue]) -> dict[str, JSON
     return out
 
 
-def scored_settings(serve: ServeSection) -> dict[str, JSONValue]:
+def scored_settings(serve: ServeSection) -> dict[str, JSONView]:
     """The output-changing settings of a serve section as served (a ``ServeSection``): ``accuracy.scored_with``."""
     d = serve.model_dump(mode="json")
     return {key: d.get(key) for key in OUTPUT_SETTINGS}
@@ -87,14 +88,14 @@ def scored_settings(serve: ServeSection) -> dict[str, JSONValue]:
 class Trial:
     id: str
     candidate: Candidate
-    serve: dict[str, JSONValue]  # the grid point: serve field -> value
+    serve: dict[str, JSONView]  # the grid point: serve field -> value
     recipe: Recipe  # the trial's full recipe (quantize = the candidate, serve = the grid point, no tune)
     prediction: PredictionRecord = field(default_factory=PredictionRecord)
     index: int = 0  # its place in the search space (``Space.trial``): how a Ray worker rebuilds it
     machine: TuneMachine | None = None  # its machine kind; None: no tune.machines
     # its output-changing settings that differ from the recipe's (``scoring_point``): non-empty, it is screened as
     # served with them (its own screening); empty, it shares its candidate's (the original: it is the reference)
-    scoring: dict[str, JSONValue] = field(default_factory=dict)
+    scoring: dict[str, JSONView] = field(default_factory=dict)
     # its recipe resolved once, with the candidate it WILL make (``resolution``); never sent to a Ray worker (a
     # worker rebuilds the trial from ``index`` and resolves on its own host)
     planned: Resolution | None = field(default=None, repr=False, compare=False)
@@ -138,8 +139,8 @@ class Trial:
         (bench.cost_per_hour prices it, as before)."""
         return machine_price(self.machine, self.recipe) if self.machine is not None else None
 
-    def to_dict(self) -> dict[str, JSONValue]:
-        d: dict[str, JSONValue] = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(),
+    def to_dict(self) -> dict[str, JSONView]:
+        d: dict[str, JSONView] = {"id": self.id, "label": self.label, "candidate": self.candidate.to_dict(),
                                    "serve": dict(self.serve),
              "prediction": self.prediction.to_dict(), "screening": self.screening().to_dict()}
         if self.machine is not None:
@@ -220,18 +221,18 @@ class Grid:
     """The serving grid as its axes (serve field -> values, the recipe's order): its points by index, in
     ``itertools.product`` order (the last axis fastest), never all at once."""
 
-    axes: tuple[tuple[str, tuple[JSONValue, ...]], ...]
+    axes: tuple[tuple[str, tuple[JSONView, ...]], ...]
 
     @property
     def size(self) -> int:
         """The number of points: the product of the axis lengths (1 without an axis: the recipe's own settings)."""
         return math.prod(len(values) for _, values in self.axes)
 
-    def point(self, index: int) -> dict[str, JSONValue]:
+    def point(self, index: int) -> dict[str, JSONView]:
         """The point at ``index`` (mixed radix over the axes), as ``list(self)[index]`` would give it."""
         if not 0 <= index < self.size:
             raise IndexError(f"grid point {index} of {self.size}")
-        picked: dict[str, JSONValue] = {}
+        picked: dict[str, JSONView] = {}
         for key, values in reversed(self.axes):
             index, at = divmod(index, len(values))
             picked[key] = values[at]
@@ -244,7 +245,7 @@ class Grid:
             out = out * len(values) + positions[key]
         return out
 
-    def __iter__(self) -> Iterator[dict[str, JSONValue]]:
+    def __iter__(self) -> Iterator[dict[str, JSONView]]:
         keys = [key for key, _ in self.axes]
         for values in itertools.product(*(values for _, values in self.axes)):
             yield dict(zip(keys, values))
@@ -338,14 +339,14 @@ def search_space(recipe: Recipe) -> Space:
     return Space(recipe, candidates(recipe), g, machines)
 
 
-def trial_recipe(recipe: Recipe, candidate: Candidate, point: dict[str, JSONValue],
+def trial_recipe(recipe: Recipe, candidate: Candidate, point: dict[str, JSONView],
                  machine: TuneMachine | None = None) -> Recipe:
     """The recipe of one trial: the candidate as its quantize section, the grid point over its serve section,
     serve.model cleared (the trial serves its candidate), no tune section; on a machine kind, its GPU as
     target.gpu (what plan and the roofline read) and its price for the trial as bench.cost_per_hour."""
     from infertool.recipe import BenchSection, recipe_to_dict, validate_recipe_data
 
-    def dump(section: BaseModel | None) -> dict[str, JSONValue]:
+    def dump(section: BaseModel | None) -> dict[str, JSONView]:
         return section.model_dump(mode="json") if section is not None else {}
 
     gpu = machine.gpu if machine is not None else None

@@ -22,8 +22,9 @@ from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT
 from infertool.stages import Stage, StageContext, StageOutput
 from infertool.stages.builtin import resolution
 from infertool.tune import search
+from infertool.records import JSONView
 from infertool.tune.records import (
-    CapacityResult, JSONValue, Judgement, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck,
+    CapacityResult, Judgement, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck,
     ServeValue, TrialDecode, TrialRecord,
 )
 
@@ -148,7 +149,7 @@ def run_phase(phase: Phase, served: Served, prior: Raw | None, events: _Events, 
     return run(served, prior, events, window=window) if takes else run(served, prior, events)
 
 
-def merge_raw(old: JSONValue, new: JSONValue) -> JSONValue:
+def merge_raw(old: JSONView, new: JSONView) -> JSONView:
     """Two windows' raws of one phase joined (rounds are cumulative): dicts key by key, lists concatenated, any
     other value the newer one's. A phase with its own ``merge(old, new)`` is joined by that instead."""
     if isinstance(old, dict) and isinstance(new, dict):
@@ -621,18 +622,18 @@ def run_served(ctx: StageContext) -> ServedCheck:
 
 
 # ------------------------------------------------------------------------------------ key parts
-def _phase_parts(job: TrialJob) -> dict[str, JSONValue]:
+def _phase_parts(job: TrialJob) -> dict[str, JSONView]:
     """The as-served phases' settings (eval.lm_eval, eval.decode): part of every accuracy stage's key."""
     ev = job.tune.eval
     specs = {name: getattr(ev, name, None) for name in ("lm_eval", "decode")}
     return {"phases": {k: v.model_dump(mode="json") for k, v in specs.items() if v is not None}}
 
 
-def _reference_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
+def _reference_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONView]:
     return {"items": job.tune.reference_items, "seq_len": job.tune.eval.seq_len, **_phase_parts(job)}
 
 
-def _lossless_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
+def _lossless_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONView]:
     """A speculative configuration's lossless check (its prompts: the traffic's classes, else the decode prompts;
     its rule): part of its accuracy stages' keys; nothing for any other configuration (their keys unchanged). The
     class replayed alone is not part of it: the check runs every class's prompts, so a per-class tune's classes
@@ -653,18 +654,18 @@ def _lossless_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
                                      "seed": b.seed}}}
 
 
-def _screen_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
+def _screen_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONView]:
     return {"rounds": job.tune.screen_rounds, "seq_len": job.tune.eval.seq_len, "accept": job.tune.accept,
             **_phase_parts(job), **_lossless_parts(recipe, job)}
 
 
-def _capacity_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
+def _capacity_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONView]:
     t = job.tune
     return {"trial": job.trial.id, "bench": t.bench.model_dump(mode="json"), "load": t.tune.load.model_dump(mode="json"),
             "exhaustive": t.exhaustive}
 
 
-def _served_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONValue]:
+def _served_parts(recipe: Recipe, job: TrialJob) -> dict[str, JSONView]:
     return {"trial": job.trial.id, "items": job.tune.served_items, "rounds": job.tune.served_rounds,
             "seq_len": job.tune.eval.seq_len,
             "accept": job.tune.accept, **_phase_parts(job), **_lossless_parts(recipe, job)}
