@@ -370,16 +370,21 @@ def test_pool_keeps_what_the_device_holds(tmp_path):
     sa, sb = cpu.get(a), cpu.get(b)
     cpu.get(a)  # a is used last: b is the least recently used
     free[0] = 0
-    cpu.get(c)  # no room: both idle servers stop, oldest first
+    lc = cpu.get(c)  # no room: both idle servers stop, oldest first
     assert _gone(sa) and _gone(sb) and len(cpu.running()) == 1
     assert [r["stopped"].split(":")[0] for r in cpu.records[:2]] == ["test starts another server"] * 2
     assert cpu.records[1]["stopped"] and "GiB available" in cpu.records[1]["stopped"]
     sc = cpu.running()
     free[0] = 1 << 40
-    measured = cpu.get(a, alone=True)  # a measurement (bench, profile): nothing else runs beside it
-    assert cpu.running() == [measured.key] and sc != cpu.running()
-    assert cpu.records[-2]["stopped"] == "test measures another server alone"
+    measured = cpu.get(a, alone=True)  # a measurement (tune's capacity): nothing else runs beside it
+    assert cpu.running() == sc + [measured.key]  # the other is kept, paused while this one is measured
+    assert cpu.records[-2]["paused_for"] == ["test measures another server alone"] and not cpu.records[-2]["stopped"]
     from conftest import wait_for
+
+    wait_for(lambda: _stopped(lc), 30, "the other server to be paused")
+    assert not _stopped(measured)
+    cpu.release(lc, "test is done with it")
+    assert cpu.running() == [measured.key] and _gone(lc)
 
     cpu.before_device_stage("quantize", 1 << 30)  # memory allows: the idle server stays, paused
     assert cpu.running() == [measured.key]

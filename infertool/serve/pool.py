@@ -21,8 +21,10 @@ What the pool keeps running (``make_room``):
   core, yet one just started slowed an hf eval beside it by 11 % (68.0 s alone, 75.6 s beside it); paused,
   none measurable (interleaved on 2 cores: 67.9 s alone, 68.8 paused, 66.7 alone). The run records the CPU
   time they took during profile (``cpu_seconds``);
-- a measurement of a server (``alone=True``: each bench arm, profile's vllm engine) runs with no other
-  server beside it.
+- a measurement of a server (``alone=True``: tune's capacity search) runs with no other server working
+  beside it: on a GPU the others stop (one server at a time); on a CPU the others are paused (SIGSTOP, as
+  beside an in-process stage: none measurable) and continued when a stage next asks for a server, so a tune
+  that measures six settings and scores their answers starts each once while memory holds them.
 
 A server can outlive the directory it was started from: quantize's load check serves the checkpoint from the
 stage's temporary directory, which is renamed into place afterwards (the same files, the same bytes). ``moved``
@@ -37,9 +39,11 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
+
+from infertool.records import Record
 
 if TYPE_CHECKING:
     from contextlib import AbstractContextManager
@@ -89,6 +93,24 @@ def need_bytes(spec) -> int:
 
 
 @dataclass
+class ServerStart(Record):
+    """One server a pool started (its ``records`` entry, as a run's manifest and tune.json list it): the launch key,
+    which stage started it and for what, who used it, how long it took to answer, its log, why it stopped."""
+
+    key: str | None = None
+    started_by: str | None = None
+    purpose: str | None = None  # the label of the use that started it (what it was started for)
+    used_by: list[str] = field(default_factory=list)
+    model: str | None = None
+    model_path: str | None = None
+    start_s: float | None = None  # seconds until it answered (None: it did not start)
+    log: str | None = None
+    url: str | None = None
+    stopped: str | None = None
+    paused_for: list[str] = field(default_factory=list)
+
+
+@dataclass
 class _Held:
     key: str
     launched: Launched
@@ -128,7 +150,7 @@ class ServerPool:
         self.resume()
         key = launch_key(plan.spec)
         user = self.user or plan.purpose
-        if alone:
+        if alone and self.gpu:
             for other in [k for k in self._held if k != key]:
                 self._stop(other, f"{user} measures another server alone")
         held = self._held.get(key)
@@ -142,13 +164,16 @@ class ServerPool:
             self._use(user, key, True, held.launched, label)
             self._say(on_event, f"{label or plan.purpose}: the server {held.record['started_by']} started is shared "
                       f"({held.launched.url}, log: {held.launched.log_path})")
+            if alone:
+                self.pause(f"{user} measures another server alone", keep=key)
             return replace(held.launched, reused=True)
         self.make_room(need_bytes(plan.spec), f"{user} starts another server")
         n = len(self.records) + 1
         log = self.log_dir / f"server-{n}-{_slug(user)}.log"
         cm = launch(plan, log, on_event=on_event or self.on_event, label=label)
         record = {"key": key, "started_by": user, "used_by": [user], "model": plan.model.label,
-                  "model_path": plan.spec.model, "start_s": None, "log": str(log), "url": None, "stopped": None}
+                  "model_path": plan.spec.model, "start_s": None, "log": str(log), "url": None, "stopped": None,
+                  "purpose": label or plan.purpose}
         self.records.append(record)  # a start that fails is a start too
         try:
             launched = cm.__enter__()
@@ -159,6 +184,8 @@ class ServerPool:
         record.update(start_s=round(launched.ready_s, 1), url=launched.url)
         self._held[key] = _Held(key, launched, cm, record, time.monotonic())
         self._use(user, key, False, launched, label)
+        if alone:
+            self.pause(f"{user} measures another server alone", keep=key)
         return launched
 
     def moved(self, old: str | Path, new: str | Path) -> list[str]:
@@ -207,6 +234,10 @@ class ServerPool:
     def running(self) -> list[str]:
         return list(self._held)
 
+    def starts(self, since: int = 0) -> list[ServerStart]:
+        """The servers started so far (from the ``since``-th start on), as records."""
+        return [ServerStart.from_dict(r) for r in self.records[since:]]
+
     # ------------------------------------------------------------------ capacity
     def make_room(self, need: int, why: str) -> None:
         """Stop idle servers until ``need`` bytes fit (CPU), or all of them (GPU: one server at a time)."""
@@ -232,9 +263,10 @@ class ServerPool:
         self.make_room(need, f"{stage} runs in-process")
         self.pause(stage)
 
-    def pause(self, why: str) -> None:
-        """Freeze every running server (SIGSTOP) until ``resume``; recorded as ``paused_for`` in its record."""
-        held = [h for h in self._held.values() if h.launched.pid]
+    def pause(self, why: str, keep: str | None = None) -> None:
+        """Freeze every running server but ``keep``'s (SIGSTOP) until ``resume``; recorded as ``paused_for`` in its
+        record."""
+        held = [h for h in self._held.values() if h.launched.pid and h.key != keep]
         if not held:
             return
         if self._paused is None:

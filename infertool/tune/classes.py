@@ -138,7 +138,7 @@ def plan_classes(recipe: Recipe) -> list[ClassPlan]:
 
 def class_recipe(recipe: Recipe, plan: ClassPlan) -> Recipe:
     """The recipe one class's tune runs: its traffic alone (bench.classes.replay), its SLO, named
-    <recipe>-<class> (so its published winner does not replace another class's)."""
+    <recipe>-<class> (so its published winner does not replace another class's), served under the recipe's name."""
     assert recipe.bench is not None and recipe.tune is not None  # plan_classes refused a recipe without them
     bench = recipe.bench.model_copy(update={"classes": recipe.bench.classes.model_copy(update={"replay": plan.name}),
                                             "slo": plan.slo})
@@ -146,8 +146,14 @@ def class_recipe(recipe: Recipe, plan: ClassPlan) -> Recipe:
     quantize = recipe.quantize
     if quantize is not None and quantize.output:  # each class's winner published apart
         quantize = quantize.model_copy(update={"output": f"{quantize.output}-{plan.name}"})
+    # every class serves a configuration under the same name (the recipe's unless serve names one): one server per
+    # configuration for all classes in the tune, and one model name for clients behind the class routing
+    from infertool.recipe import ServeSection
+
+    given = recipe.serve or ServeSection()
+    serve = given.model_copy(update={"served_model_name": given.served_model_name or recipe.name})
     return recipe.model_copy(update={"name": f"{recipe.name}-{plan.name}", "bench": bench, "tune": tune,
-                                     "quantize": quantize})
+                                     "quantize": quantize, "serve": serve})
 
 
 @dataclass
@@ -203,20 +209,32 @@ def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhausti
     tune_dir = Path(out_dir or tune_of(recipe).out_dir).expanduser() / recipe.name
     suffix = "-exhaustive" if exhaustive else ""
     results, tuned = {}, {}
-    for i, p in enumerate(plans):
-        emit(on_event, f"class {p.name} ({i + 1} of {len(plans)}): {p.requests} requests of a probe's traffic, share "
-             + (f"{p.share:.1%}" if p.share is not None else "-"))
-        results[p.name] = res = run_tune(
-            class_recipe(recipe, p), exhaustive=exhaustive, executor=executor, on_event=on_event, on_trial=on_trial,
-            publish=str(Path(publish) / p.name) if publish else None, tune_dir=tune_dir / CLASSES_DIR / p.name,
-            cache=tune_dir / ".stages", checked=i > 0)
-        if res.tuned_recipe:
-            from infertool.report import read_inside
+    recipes = [(class_recipe(recipe, p), tune_dir / CLASSES_DIR / p.name) for p in plans]
+    pool = None
+    if (executor or tune_of(recipe).executor) == "local":  # one server per configuration for every class
+        from infertool.resolve import resolve
+        from infertool.tune.run import tune_pool
 
-            text = read_inside(Path(res.tuned_recipe).parent, Path(res.tuned_recipe).name, 16 * 1024 * 1024)
-            tuned[p.name] = str(tune_dir / f"tuned{suffix}-{p.name}.yaml")
-            write_text(Path(tuned[p.name]), text.decode("utf-8"))
+        pool = tune_pool(tune_dir, resolve(recipe), on_event)
+    try:
+        for i, p in enumerate(plans):
+            emit(on_event, f"class {p.name} ({i + 1} of {len(plans)}): {p.requests} requests of a probe's traffic, "
+                 "share " + (f"{p.share:.1%}" if p.share is not None else "-"))
+            results[p.name] = res = run_tune(
+                recipes[i][0], exhaustive=exhaustive, executor=executor, on_event=on_event, on_trial=on_trial,
+                publish=str(Path(publish) / p.name) if publish else None, tune_dir=recipes[i][1],
+                cache=tune_dir / ".stages", checked=i > 0, pool=pool, peers=tuple(recipes[i + 1:]))
+            if res.tuned_recipe:
+                from infertool.report import read_inside
+
+                text = read_inside(Path(res.tuned_recipe).parent, Path(res.tuned_recipe).name, 16 * 1024 * 1024)
+                tuned[p.name] = str(tune_dir / f"tuned{suffix}-{p.name}.yaml")
+                write_text(Path(tuned[p.name]), text.decode("utf-8"))
+    finally:
+        if pool is not None:
+            pool.close()
     table = routing(recipe, plans, results, {k: Path(v).name for k, v in tuned.items()})
+    table.servers = pool.starts() if pool is not None else None
     table.notes += [f"class {p.name} not tuned: {p.requests} requests in a probe's traffic, a probe needs {p.needed} "
                     "(raise tune.load.requests); its requests take the default route" for p in few]
     write_json(tune_dir / f"routing{suffix}.json", table.to_dict())

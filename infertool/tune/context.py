@@ -5,7 +5,7 @@ the key its declarations give (``infertool.stages.stage_key``), exactly as `run`
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
@@ -18,7 +18,8 @@ from infertool.tune.records import TrialRecord, TrialStage
 if TYPE_CHECKING:
     from infertool.recipe import Recipe
     from infertool.resolve import Resolution
-    from infertool.tune.space import Candidate, Trial
+    from infertool.serve.pool import ServerPool
+    from infertool.tune.space import Candidate, Space, Trial
 
 EventCallback = Callable[[dict[str, object]], None]
 # tune's quantization skips the vLLM load check: screening serves the candidate anyway (a declared option of
@@ -36,8 +37,11 @@ class Context:
 
     def __init__(self, recipe: Recipe, tune_dir: Path, *, exhaustive: bool, on_event: EventCallback | None,
                  on_trial: Callable[[TrialRecord], None] | None, cache: Path | None = None,
-                 res: Resolution | None = None):
-        """``res``: the recipe's one resolution (``run_tune`` resolves it once; None: resolved here)."""
+                 res: Resolution | None = None, pool: ServerPool | None = None, peers: tuple[tuple[Recipe, Path], ...] = ()):
+        """``res``: the recipe's one resolution (``run_tune`` resolves it once; None: resolved here). ``pool``: the
+        tune's servers (one start per distinct launch, shared by every stage and class; None: each stage starts and
+        stops its own, as on a Ray worker). ``peers``: the other classes' recipes and tune directories of a per-class tune (their
+        capacity is measured while a trial's server is up: ``core.run_trial``)."""
         from infertool.data.suites import load_suite
         from infertool.recipe import EvalSection
         from infertool.resolve import resolve
@@ -71,6 +75,9 @@ class Context:
         self.best_cost: float | None = None  # the best $/1M so far at its interval's top (the cost objective)
         self.publish_to: str | None = None  # the winner's destination (run: tune --publish)
         self.published: Published | None = None  # the winner's publish record (publish.publish_dir), once published
+        self.pool = pool
+        self.first_start = len(pool.records) if pool is not None else 0  # the pool's starts before this tune
+        self.peer_recipes = peers
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -84,6 +91,19 @@ class Context:
         from infertool.resolve import resolve
 
         return resolve(self.reference_recipe)
+
+    @cached_property
+    def peers(self) -> list[Context]:
+        """The other classes' contexts of a per-class tune (the same cache and servers; their own traffic and SLO)."""
+        return [Context(r, d, exhaustive=self.exhaustive, on_event=self.on_event, on_trial=None, cache=self.cache,
+                        pool=self.pool) for r, d in self.peer_recipes]
+
+    @cached_property
+    def space(self) -> Space:
+        """The search space (built when another class asks for the twin of its trial: ``core.peer_capacity``)."""
+        from infertool.tune import space
+
+        return space.search_space(self.recipe)
 
     # ----------------------------------------------------------------------------- what stages read
     def candidate_recipe(self, candidate: Candidate) -> Recipe:
@@ -124,25 +144,58 @@ class Context:
         job = TrialJob(self, trial)
         chosen = select(trial.recipe, wanted, "tune", asked_only=not force)
         ks = keys(trial.recipe, chosen, self.inputs, self.host, job=job, options=OPTIONS)
+        job.keys = ks
         for st in chosen:
             if "tune" not in st.graphs or st.name in outputs:
                 continue  # a dependency outside the graph (model) enters the keys only
+            user = pool_user(st.name, trial)
 
-            def body(work: Path, st: Stage = st) -> StageSummary:
+            def body(work: Path, st: Stage = st, user: str = user) -> StageSummary:
+                if self.pool is not None:
+                    self.pool.user = user
                 ctx = StageContext(st.recipe_for(trial.recipe, job), None, work, dict(outputs), self.on_event,
-                                   options=OPTIONS.get(st.name), job=job)
-                return st.summarize(st.run(ctx))
+                                   self.pool, options=OPTIONS.get(st.name), job=job)
+                summary = st.summarize(st.run(ctx))
+                if self.pool is not None:
+                    summary.servers = self.pool.uses_by(user) or None
+                return summary
 
-            done = cached_stage(self.cache, st.name, ks[st.name], body, summary_type=st.summary)
+            def started(st: Stage = st) -> None:  # an in-process stage (quantize): the GPU, or room and quiet
+                if self.pool is not None and st.uses_device(trial.recipe):
+                    self.pool.before_device_stage(st.name, self.device_need())
+
+            done = cached_stage(self.cache, st.name, ks[st.name], body, summary_type=st.summary, on_start=started)
             outputs[st.name] = StageOutput(done.entry, done.summary, ks[st.name])
             if rec is not None and st.name not in rec.stages:
                 rec.stages[st.name] = TrialStage(str(done.entry), done.status, done.seconds)
         return outputs
 
 
+    def device_need(self) -> int:
+        """What an in-process stage (quantize) needs on a CPU beside the idle servers, with margin: three times the
+        source model's weights (base and candidate side by side, float32 compute) and 2 GiB of runtime."""
+        from infertool.serve.pool import GIB, weight_bytes
+
+        base = self.res.base
+        return 3 * (weight_bytes(base.path) if base.exists and base.path else 0) + 2 * GIB
+
+
+def pool_user(stage: str, trial: Trial) -> str:
+    """Who asks the tune's pool for a server (its records' started_by / used_by): the stage and what it serves."""
+    if stage == "reference":
+        return "reference (the original)"
+    if stage == "screen":
+        return f"screen {trial.screen_label}"
+    bench = trial.recipe.bench
+    cls = bench.classes.replay if bench is not None and stage == "capacity" else None  # a per-class tune's class
+    return f"{stage} {trial.label}" + (f" (class {cls})" if cls else "")
+
+
 @dataclass
 class TrialJob:
-    """What a tune stage reads besides its recipe (``StageContext.job``): the tune's settings and the trial."""
+    """What a tune stage reads besides its recipe (``StageContext.job``): the tune's settings, the trial and its
+    stages' keys (``keys``: set by ``Context.run_stages``; the capacity search's probe journal is kept by its key)."""
 
     tune: Context
     trial: Trial
+    keys: dict[str, str] = field(default_factory=dict)

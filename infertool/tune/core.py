@@ -132,6 +132,7 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
         if not ctx.exhaustive and _cannot_win(ctx, trial, rec):
             return rec
         ctx.run_stages(trial, ["capacity"], outputs, rec)
+        peer_capacity(ctx, trial)
         cap = outputs["capacity"].summary
         assert isinstance(cap, CapacityResult)  # the capacity stage's record
         rec.capacity, rec.objective = cap, search.objective_value(ctx.tune.objective, cap, trial.price_per_hour)
@@ -155,6 +156,23 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
         if ctx.on_trial:
             ctx.on_trial(rec)
     return rec
+
+
+def peer_capacity(ctx: Context, trial: space.Trial) -> None:
+    """A per-class tune: the other classes' capacity of this trial measured now, on the server just measured
+    (``Context.peers``; their stages cached, so each class's own tune reuses them instead of starting the same
+    configuration again). A failure is left to that class's own tune, which records it."""
+    if ctx.pool is None:
+        return
+    for peer in ctx.peers:
+        twin = predicted(peer.space.trial(trial.index))  # the same configuration, the class's own traffic and SLO
+        if twin.id != trial.id or not twin.prediction.fits:
+            continue
+        try:
+            peer.run_stages(twin, ["capacity"], {})
+        except InfertoolError as e:
+            emit(ctx.on_event, f"{peer.recipe.name}: capacity of {trial.label} not measured beside "
+                 f"{ctx.recipe.name}'s: {e.message.splitlines()[0]} (its own tune tries again)", "warning")
 
 
 def _note_measured(ctx: Context, rec: TrialRecord) -> None:
@@ -364,7 +382,8 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
                   tuned_recipe=tuned, finished=_now(), space=plan.info() if plan is not None else None,
                   extra={"published": ctx.published.to_dict() if ctx.published else None} if winner is not None else {},
-                  decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive, decision=decision))
+                  decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive, decision=decision),
+                  servers=ctx.pool.starts(ctx.first_start) if ctx.pool is not None else None)
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
     from infertool.tune.report import write_report
 
@@ -510,7 +529,10 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
         from infertool.resolve import resolve
         from infertool.verify.capture import writer as evidence_writer
 
-        writer = evidence_writer(resolve(trial.recipe, candidate_path=checkpoint), checkpoint, on_event=ctx.on_event,
+        if ctx.pool is not None:
+            ctx.pool.user = f"evidence {record.label}"
+        writer = evidence_writer(resolve(trial.recipe, candidate_path=checkpoint), checkpoint, pool=ctx.pool,
+                                 on_event=ctx.on_event,
                                  log_dir=ctx.dir / "logs", lmeval_why="tune keeps no per-document lm-eval results "
                                  "with its winner", strict=False)
     rec = Published.from_dict(pub.publish_dir(checkpoint, dest, facts, writer, why))

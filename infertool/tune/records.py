@@ -15,6 +15,7 @@ from infertool.evaluate.lossless import Lossless
 from infertool.evaluate.result import LmEvalTask
 from infertool.evaluate.verdict import Gate
 from infertool.records import JSONView, Record, Sparse
+from infertool.serve.pool import ServerStart
 from infertool.summaries import StageSummary
 
 # a serve setting's value as the recipe spells it: JSON, a scalar or (speculative) a mapping; kept as it is
@@ -446,6 +447,9 @@ class TuneDoc(Sparse):
     space: SpaceInfo | None = None
     decision: TuneDecision | None = None
     cost: TuneCost | None = None
+    # the vLLM servers this invocation started (a resumed tune: the ones it started again), each with why
+    servers: list[ServerStart] | None = None
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers",)
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None
@@ -524,3 +528,5 @@ class RoutingTable(Sparse):
     per_class: BlendedCost | None = None  # each class on its own winner
     single: BlendedCost | None = None  # the cheapest configuration that passes for every class, for all of them
     notes: list[str] = field(default_factory=list)
+    servers: list[ServerStart] | None = None  # the vLLM servers the whole per-class tune started, each with why
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers",)

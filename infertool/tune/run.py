@@ -15,14 +15,19 @@ from infertool.tune.records import TrialRecord
 
 if TYPE_CHECKING:
     from infertool.recipe import Recipe
+    from infertool.resolve import Resolution
+    from infertool.serve.pool import ServerPool
 
 
 def run_tune(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
              on_event: EventCallback | None = None, on_trial: Callable[[TrialRecord], None] | None = None,
              publish: str | None = None, tune_dir: Path | None = None, cache: Path | None = None,
-             checked: bool = False) -> TuneResult:
+             checked: bool = False, pool: ServerPool | None = None,
+             peers: tuple[tuple[Recipe, Path], ...] = ()) -> TuneResult:
     """One tune (``tune_dir``: where, default <out_dir>/<recipe name>; ``cache``: a shared stage cache, default
-    its own; ``checked``: the environments and lm-eval's preflight already checked, by a per-class tune)."""
+    its own; ``checked``: the environments and lm-eval's preflight already checked, by a per-class tune; ``pool``:
+    the servers shared with the other classes' tunes, default its own (local executor); ``peers``: the other
+    classes, measured while a trial's server is up)."""
     if recipe.tune is None:
         raise UsageError(f"recipe {recipe.name!r} has no tune section",
                          hint="add one (candidates, serve_grid, objective): `infertool recipes show quickstart-tune`")
@@ -35,17 +40,36 @@ def run_tune(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: b
 
     res = resolve(recipe)  # the recipe's one resolution: the context and every check read it
     publish_to = publish_destination(recipe, res, tune_dir, publish)  # the winner's DEST, refused before any trial
-    ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial, cache=cache, res=res)
-    ctx.publish_to = publish_to
     executor = executor or recipe.tune.executor
-    if executor == "local" and not checked:
-        _require_envs(plan.trials)  # before the first quantization, not after an hour of trials
-        from infertool.evaluate.phases import preflight_all
-        from infertool.tune.stages import tune_phases
+    own = pool is None and executor == "local"  # on Ray each trial's stages start their own servers
+    if own:
+        pool = tune_pool(tune_dir, res, on_event)
+    try:
+        ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial, cache=cache,
+                      res=res, pool=pool, peers=peers)
+        ctx.publish_to = publish_to
+        if executor == "local" and not checked:
+            _require_envs(plan.trials)  # before the first quantization, not after an hour of trials
+            from infertool.evaluate.phases import preflight_all
+            from infertool.tune.stages import tune_phases
 
-        preflight_all(tune_phases(ctx), ctx.dir / "preflight")  # lm-eval's tasks and data, likewise
-    records = execute(ctx, plan, executor)
-    return finish(ctx, plan.known(), records, time.monotonic() - t0, plan)
+            preflight_all(tune_phases(ctx), ctx.dir / "preflight")  # lm-eval's tasks and data, likewise
+        records = execute(ctx, plan, executor)
+        return finish(ctx, plan.known(), records, time.monotonic() - t0, plan)
+    finally:
+        if own and pool is not None:
+            pool.close()
+
+
+def tune_pool(tune_dir: Path, res: Resolution, on_event: EventCallback | None) -> ServerPool:
+    """The tune's servers (``infertool.serve.pool``): one start per distinct launch, kept while memory holds them
+    (a GPU: one at a time), logged under <tune dir>/servers/<start time>/ (a resumed tune keeps the first's logs)."""
+    from datetime import datetime, timezone
+
+    from infertool.serve.pool import ServerPool
+
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%dT%H%M%S")
+    return ServerPool(tune_dir / "servers" / stamp, gpu=res.host.accelerator == "cuda", on_event=on_event)
 
 
 def _require_envs(trials: list[space.Trial]) -> None:

@@ -119,6 +119,12 @@ class Trial:
         """Whether its accuracy is scored with its own serve settings, not shared with its candidate's screening."""
         return bool(self.scoring)
 
+    @property
+    def screen_label(self) -> str:
+        """What its screening scores: the candidate, with its output-changing serve settings when it has any."""
+        point = ", ".join(f"{k}={v}" for k, v in self.scoring.items())
+        return self.candidate.label + (f" with {point}" if point else "")
+
     def screening(self) -> Screening:
         """What the dry run and the trial's record say of its accuracy screening: shared or its own, and with what."""
         if self.scoring:

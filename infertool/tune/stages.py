@@ -45,7 +45,10 @@ T = TypeVar("T")
 # name) are evaluate's JSON: tune stores and joins them, evaluate reads them
 Raw = dict[str, Any]  # Any: evaluate's JSON values (a task request, a raw scoring)
 
-TOPK = 20  # log-probabilities per position from the server: the top-k KLD of the vllm engine
+# log-probabilities per position from the server: the top-k KLD of the vllm engine. vLLM's own max_logprobs is 20,
+# so tune's servers take no flag for it: a scoring server, a capacity server and the winner's evidence server of
+# the same settings are one launch (one start in the tune's pool)
+TOPK = 20
 
 
 # ------------------------------------------------------------------------------------- scoring
@@ -116,10 +119,9 @@ def launch_scored(res: Resolution, model: ModelRef | None, ctx: StageContext, pu
     from infertool.serve import launch, prepare
 
     tune = ctx.job.tune
-    plan = prepare(res, model=model, serve=serve, purpose=purpose,
-                   extra_args=("--max-logprobs", str(TOPK)))  # the launcher picks the port
+    plan = prepare(res, model=model, serve=serve, purpose=purpose)  # the launcher picks the port
     events = _Events(ctx.on_event)
-    with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=purpose) as srv:
+    with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=purpose, pool=ctx.servers) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
         (ctx.work / "logs").mkdir(exist_ok=True)  # where a phase writes its files (lm-eval's samples)
         scorer = Scorer(client, events, tune.eval.batch_size, label, srv.plan, model.path if model else None,
@@ -427,15 +429,9 @@ def lossless_verdict(ctx: StageContext, res: Resolution, checks: LosslessChecks,
 def run_screen(ctx: StageContext) -> ScreenResult:
     """Accuracy as served, in rounds: stop as soon as EVERY gate is decided (unless exhaustive). Served with the
     recipe's serve settings and the trial's output-changing ones (its own screening when it has any)."""
-    name = screen_label(ctx.job.trial)
+    name = ctx.job.trial.screen_label
     return _run_rounds(ctx, ScreenResult, ctx.job.tune.screen_rounds, f"screen {name}", f"tune: screen {name}",
                        "candidate", keep_raw=True)
-
-
-def screen_label(trial: Trial) -> str:
-    """What a screening scores: the candidate, with the trial's output-changing serve settings when it has any."""
-    point = ", ".join(f"{k}={v}" for k, v in trial.scoring.items())
-    return trial.candidate.label + (f" with {point}" if point else "")
 
 
 def screen_wanted(trial: Trial) -> bool:
@@ -474,8 +470,10 @@ def run_capacity(ctx: StageContext) -> CapacityResult:
         hi = max(load.min_concurrency, min(hi, kv_cap))
     plan = prepare(res, purpose=f"tune: capacity {trial.label}")  # the launcher picks the port
     levels: list[LevelResult] = []
-    with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=f"capacity {trial.label}") as srv:
-        result = _search_load(ctx, res, srv, hi, levels)
+    with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=f"capacity {trial.label}",
+                pool=ctx.servers, alone=True) as srv:
+        journal = ProbeJournal(tune.cache / "probes" / f"capacity-{ctx.job.keys.get('capacity', trial.id)}")
+        result = _search_load(ctx, res, srv, hi, levels, journal)
         argv = srv.plan.spec.argv
     write_json(ctx.work / "levels.json", levels, indent=None)
     return capacity_result(result, load, hi, levels, argv=argv, serve=res.settings(res.served),
@@ -512,7 +510,8 @@ def repeat_policy(tune: Context) -> search.RepeatPolicy:
                                slo=SLO.from_dict(slo).bounds())
 
 
-def _search_load(ctx: StageContext, res: Resolution, srv: Launched, hi: int, levels: list[LevelResult]) -> search.LoadSearch:
+def _search_load(ctx: StageContext, res: Resolution, srv: Launched, hi: int, levels: list[LevelResult],
+                 journal: ProbeJournal | None = None) -> search.LoadSearch:
     """Probe the server at concurrencies (every one when exhaustive, else doubling then bisection), a probe near
     the SLO edge repeated until decided; each level measured (``LevelResult``) goes into ``levels``. Not
     exhaustive, a search ends early when a missed load proves the trial cannot beat the best objective so far."""
@@ -527,10 +526,16 @@ def _search_load(ctx: StageContext, res: Resolution, srv: Launched, hi: int, lev
     policy = repeat_policy(tune)
 
     def once(c: int, run: int) -> ProbeSummary:
-        bench = tune.bench.model_copy(update={"requests": max(requests_n, 2 * c)})
-        (level,) = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}" + (f"-r{run + 1}" if run else ""),
-                           on_event=ctx.on_event, warmup=warm[0], seed_salt=run)
-        warm[0] = False
+        level = journal.read(c, run) if journal is not None else None
+        if level is not None:  # measured before an interruption: the same probe of the same stage key
+            ctx.emit(f"capacity {trial.label}: concurrency {c} run {run + 1}: measured before, reused")
+        else:
+            bench = tune.bench.model_copy(update={"requests": max(requests_n, 2 * c)})
+            (level,) = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}" + (f"-r{run + 1}" if run else ""),
+                               on_event=ctx.on_event, warmup=warm[0], seed_salt=run)
+            warm[0] = False
+            if journal is not None:
+                journal.write(c, run, level)
         levels.append(level)
         return search.short_summary(level.summary)
 
@@ -565,6 +570,27 @@ def _search_load(ctx: StageContext, res: Resolution, srv: Launched, hi: int, lev
             ctx.emit(f"capacity {trial.label}: {stop.reason}")
             return result
     return _bound_probes(ctx, search.confirm_best(result, once, policy), once, policy)
+
+
+@dataclasses.dataclass
+class ProbeJournal:
+    """Each probe of a capacity search as it is measured (<stage cache>/probes/capacity-<stage key>/c<C>-r<run>.json,
+    a bench level): a search interrupted (Ctrl-C, a crash) and resumed reuses every probe it finished, since the
+    same key means the same server settings, traffic and search."""
+
+    dir: Path
+
+    def read(self, c: int, run: int) -> LevelResult | None:
+        from infertool.bench.results import LevelResult
+
+        try:
+            level = LevelResult.from_dict(json.loads((self.dir / f"c{c}-r{run}.json").read_text(encoding="utf-8")))
+        except (OSError, ValueError):
+            return None
+        return level if level.summary.requests else None  # a file that is not a probe's: measured again
+
+    def write(self, c: int, run: int, level: LevelResult) -> None:
+        write_json(self.dir / f"c{c}-r{run}.json", level.to_dict(), indent=None)
 
 
 def _bound_probes(ctx: StageContext, result: search.LoadSearch, once: Callable[[int, int], ProbeSummary],

@@ -1,0 +1,276 @@
+"""Issue 44 item 1: a tune starts vLLM once per distinct serve configuration (the tune's ``ServerPool``), every stage
+that needs that configuration (reference, screening, its lossless check, capacity per class, the served check) uses
+it while it is up; a per-class tune starts no more servers than a plain one; a resumed tune none; tune.json and
+routing.json list every start with why.
+
+vLLM itself is replaced below the one launcher (``infertool.serve.launcher.Server``: no process, each start counted);
+everything above it is infertool's own: the stage bodies' launches (``stages.launch_scored`` as the accuracy stages
+call it, the real ``run_capacity`` with its load search stood in), ``prepare``, the launch keys and the pool."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from infertool.recipe import validate_recipe_data
+from tests.test_tune import Stand, smol, tune_recipe  # noqa: F401 - smol: the fixture
+from tests.test_tune_classes import classed_recipe
+
+W8 = "W8A8 (llmcompressor)"
+ORIGINAL_SEARCH = __import__("infertool.tune.stages", fromlist=["_search_load"])._search_load
+
+
+class FakeVllm:
+    """``serve.launcher.Server`` without a process: ``starts`` holds each start's command line."""
+
+    starts: list[list[str]] = []
+
+    def __init__(self, spec, log_path, *, detached: bool = False):
+        self.spec, self.log_path, self.pid = spec, Path(log_path), None
+
+    def start(self) -> None:
+        if self.spec.port is None:
+            self.spec = self.spec.at_port(40000 + len(FakeVllm.starts))
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.log_path.write_text(f"# fake infertool serve: {' '.join(self.spec.argv)}\n")
+        FakeVllm.starts.append(list(self.spec.argv))
+
+    def wait_ready(self, timeout_s=None, on_tick=None):
+        from infertool.serve.launcher import ReadyInfo
+
+        return ReadyInfo(f"http://127.0.0.1:{self.spec.port}/v1", 0.5, ["stub"])
+
+    def alive(self) -> bool:
+        return True
+
+    def stop(self) -> None:
+        pass
+
+
+class ServedStand(Stand):
+    """The accuracy stages launch exactly as their bodies do (``launch_scored`` on the stage's resolution; a
+    speculative screening's lossless check on the same settings without ``speculative``) and score nothing; the
+    capacity stage is the real one with its load search stood in."""
+
+    def __init__(self, monkeypatch, smol_dir: Path, **kw):
+        super().__init__(monkeypatch, **kw)
+        from infertool import stages
+        from infertool.tune import stages as tune_stages
+
+        self.smol = smol_dir
+        monkeypatch.setitem(stages.REGISTRY.by_name, "capacity", replace(stages.get("capacity"), run=tune_stages.run_capacity))
+        monkeypatch.setattr(tune_stages, "_search_load", self.search)
+        monkeypatch.setattr("infertool.serve.launcher.Server", FakeVllm)
+        monkeypatch.setattr("infertool.serve.launches.require_server_env", lambda plan: None)
+        monkeypatch.setattr("infertool.serve.pool.ServerPool.pause", lambda self, why, keep=None: None)
+        FakeVllm.starts = []
+
+    def quantize(self, ctx):
+        out = super().quantize(ctx)
+        shutil.copy(self.smol / "config.json", ctx.work / "model" / "config.json")  # a servable stand-in checkpoint
+        return out
+
+    def _served(self, ctx, label: str, figure):
+        from infertool.stages.builtin import resolution
+        from infertool.tune.stages import launch_scored
+
+        res = resolution(ctx)
+        model = res.base if label == "reference" else res.served
+        out = launch_scored(res, model, ctx, f"tune: {label}", lambda sc: figure, label)
+        if label != "reference" and res.serve_section.speculative is not None:  # the lossless check's plain server
+            plain = res.serve_section.model_copy(update={"speculative": None})
+            launch_scored(res, res.served, ctx, f"tune: {label} without speculation", lambda sc: None, "plain",
+                          serve=plain)
+        return out
+
+    def reference(self, ctx):
+        return self._served(ctx, "reference", super().reference(ctx))
+
+    def screen(self, ctx):
+        if "quantize" not in ctx.upstream:  # the original's own screening (its speculative settings change outputs)
+            self.calls.append("screen:original")
+            return self._served(ctx, "screen", {"verdict": "PASS", "reason": "stand-in", "items": 2, "mean_kld": 0.0,
+                                                "rounds": [{"items": 2}], "stopped_early": True})
+        return self._served(ctx, "screen", super().screen(ctx))
+
+    def served_check(self, ctx):
+        return self._served(ctx, "served", super().served_check(ctx))
+
+    def search(self, ctx, res, srv, hi, levels, journal=None):
+        from infertool.tune import search
+        from infertool.tune.records import Probe, ProbeSummary
+
+        trial, cls = ctx.job.trial, ctx.job.tune.bench.classes.replay
+        self.calls.append(f"capacity:{cls}:{trial.id}")
+        load, cost = self.loads[(trial.candidate.label, "ngram k=2" if trial.serve.get("speculative") else "none")]
+        at = ProbeSummary.from_dict({"cost": {"per_1m_output_tokens": cost}, "tpot_ms": {"p50": 50.0},
+                                     "goodput": {"requests_per_s": 1.0}, "output_token_throughput": 100.0 / cost})
+        return search.LoadSearch(load, [Probe(concurrency=load, ok=True, goodput_fraction=1.0, summary=at)], "stand-in")
+
+
+def _keys(tune_json: dict) -> list[str]:
+    return [s["key"] for s in tune_json["servers"]]
+
+
+def _recipe(smol, tmp_path, classes, grid=None):
+    data = classed_recipe(smol, tmp_path, classes=classes)
+    data["tune"]["serve_grid"] = grid or {"max_num_seqs": [4]}
+    return validate_recipe_data(data)
+
+
+LOADS = {("original", "none"): (4, 8.0), (W8, "none"): (4, 4.0)}
+
+
+def test_a_plain_tune_starts_each_serve_configuration_once(smol, tmp_path, monkeypatch):
+    from infertool.tune.run import run_tune
+
+    stand = ServedStand(monkeypatch, smol, verdicts={W8: "PASS"}, loads=LOADS, served={})
+    result = run_tune(_recipe(smol, tmp_path, classes=None))
+    doc = json.loads((Path(result.tune_dir) / "tune.json").read_text())
+    keys = _keys(doc)
+    # the reference (the original, the recipe's settings), W8A8's screening (the recipe's settings), and each
+    # trial's exact settings (max_num_seqs 4) for capacity and the served check: four configurations, four starts
+    assert len(keys) == len(set(keys)) == len(FakeVllm.starts) == 4
+    purposes = [s["purpose"] for s in doc["servers"]]
+    assert purposes[0] == "tune: reference" and any(p.startswith("capacity ") for p in purposes)
+    # the winner's served check found its capacity server up: shared, not started again
+    served = [s for s in doc["servers"] if any(u.startswith("served ") for u in s["used_by"])]
+    assert len(served) == 1 and served[0]["started_by"].startswith("capacity ")
+    assert stand.calls.count("served:" + result.winner.id) == 1
+    # each start says who started it, for what, how long it took to answer and why it stopped (tune.json is
+    # written before the tune's end stops them: "the run ended" is the pool's word when it closes)
+    assert all(s["start_s"] == 0.5 and s["log"] and s["started_by"] for s in doc["servers"])
+    # resumed: every stage is reused; the one start is the winner's evidence, captured again as it is published
+    # again (publishing is not a stage)
+    FakeVllm.starts.clear()
+    stand.calls.clear()
+    again = run_tune(_recipe(smol, tmp_path, classes=None))
+    resumed = json.loads((Path(again.tune_dir) / "tune.json").read_text())["servers"]
+    assert [s["started_by"] for s in resumed] == [f"evidence {again.winner.label}"] and len(FakeVllm.starts) == 1
+    assert stand.calls == []
+
+
+def test_a_per_class_tune_starts_no_more_servers_than_a_plain_one(smol, tmp_path, monkeypatch):
+    from infertool.tune.classes import run_per_class
+    from infertool.tune.run import run_tune
+
+    stand = ServedStand(monkeypatch, smol, verdicts={W8: "PASS"}, loads=LOADS, served={})
+    (tmp_path / "plain").mkdir()
+    run_tune(_recipe(smol, tmp_path / "plain", classes=None))
+    plain = len(FakeVllm.starts)
+    FakeVllm.starts.clear()
+    stand.calls.clear()
+    per = run_per_class(_recipe(smol, tmp_path, classes=True))
+    routing = json.loads((Path(per.tune_dir) / "routing.json").read_text())
+    keys = _keys(routing)
+    assert len(FakeVllm.starts) == len(keys) == len(set(keys)) == plain == 4
+    # every class's capacity was measured, the second class's on the server the first class's measurement started
+    caps = [c for c in stand.calls if c.startswith("capacity:")]
+    assert sorted(c.split(":")[1] for c in caps) == ["chat", "chat", "rag", "rag"]
+    cap_servers = [s for s in routing["servers"] if s["started_by"].startswith("capacity ")]
+    assert len(cap_servers) == 2 and all(s["started_by"].endswith("(class chat)") for s in cap_servers)
+    assert all(any(u.endswith("(class rag)") for u in s["used_by"]) for s in cap_servers)
+    # each class's tune.json lists the starts made while it ran: the second class made none
+    starts = {name: json.loads((Path(per.tune_dir) / "classes" / name / "tune.json").read_text())["servers"]
+              for name in ("chat", "rag")}
+    assert len(starts["chat"]) == 4 and starts["rag"] == []
+
+
+def test_a_speculative_grid_starts_one_server_per_setting(smol, tmp_path, monkeypatch):
+    """The issue's case: the recipe's own settings are a grid point. The screening of a speculative setting serves
+    exactly that trial's settings, its lossless check the same without speculation (the plain trial's, or the
+    reference for the original), the reference the original's plain trial: one start per trial, nothing else."""
+    from infertool.tune.run import run_tune
+
+    grid = {"max_num_seqs": [4], "speculative": [None, {"method": "ngram", "num_speculative_tokens": 2}]}
+    loads = {**LOADS, ("original", "ngram k=2"): (4, 7.0), (W8, "ngram k=2"): (4, 3.0)}
+    data = classed_recipe(smol, tmp_path, classes=None)
+    data["tune"]["serve_grid"] = grid
+    data["serve"]["max_num_seqs"] = 4  # the recipe serves a grid point
+    stand = ServedStand(monkeypatch, smol, verdicts={W8: "PASS"}, loads=loads, served={})
+    result = run_tune(validate_recipe_data(data))
+    doc = json.loads((Path(result.tune_dir) / "tune.json").read_text())
+    keys = _keys(doc)
+    assert len(keys) == len(set(keys)) == len(FakeVllm.starts) == len(result.trials) == 4
+    assert sum("--speculative-config" in a for a in FakeVllm.starts) == 2
+    # each speculative screening used two servers, both started by another stage or its own: its settings (then the
+    # trial's capacity) and the same without speculation for its lossless check (the reference for the original,
+    # W8A8's plain screening)
+    spec_screens = {u for s in doc["servers"] for u in s["used_by"] if u.startswith("screen ") and "speculative" in u}
+    assert len(spec_screens) == 2
+    for user in spec_screens:
+        assert sum(user in s["used_by"] for s in doc["servers"]) == 2
+    assert sum(c.startswith("capacity") for c in stand.calls) == 4
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_a_measurement_alone_pauses_the_others_on_a_cpu_and_stops_them_on_a_gpu(tmp_path, gpu):
+    from infertool.serve.pool import ServerPool
+    from tests.test_pipeline import _gone, _stopped, stub_plan
+
+    a, b = stub_plan(tmp_path, "a"), stub_plan(tmp_path, "b")
+    pool = ServerPool(tmp_path / "servers", gpu=gpu, memory=lambda: 1 << 40)
+    try:
+        sa = pool.get(a, label="screen")
+        sb = pool.get(b, label="capacity", alone=True)
+        from tests.conftest import wait_for
+
+        if gpu:
+            assert _gone(sa) and pool.running() == [sb.key]
+        else:  # kept, frozen while b is measured; running again when a stage next asks for a server
+            assert pool.running() == [sa.key, sb.key]
+            wait_for(lambda: _stopped(sa), 30, "the other server to be paused")
+            assert not _stopped(sb) and pool.records[0]["paused_for"] == ["test measures another server alone"]
+            again = pool.get(a, label="served")
+            assert again.reused and again.pid == sa.pid
+            wait_for(lambda: not _stopped(sa), 30, "the paused server to run again")
+            assert len(pool.records) == 2
+    finally:
+        pool.close()
+
+
+def test_a_resumed_capacity_search_reuses_every_probe_it_finished(smol, tmp_path, monkeypatch):
+    """Interrupted in its third probe, the capacity search's first two probes are kept (the probe journal, by the
+    stage's key); resumed with the same --out, they are read back, not measured again."""
+    from infertool.bench.results import LevelResult
+    from infertool.tune import stages as tune_stages
+    from infertool.tune.run import run_tune
+
+    data = classed_recipe(smol, tmp_path, classes=None)
+    data["tune"]["candidates"] = ["none"]
+    data["tune"]["serve_grid"] = {"max_num_seqs": [8]}
+    data["tune"]["load"] = {"repeats": {"max_runs": 1, "min_runs": 1}}
+    r = validate_recipe_data(data)
+    ServedStand(monkeypatch, smol, verdicts={}, loads={}, served={})
+    monkeypatch.setattr(tune_stages, "_search_load", ORIGINAL_SEARCH)
+    monkeypatch.setattr("infertool.tune.space.capacity_start", lambda *a, **kw: None)
+    monkeypatch.setattr("infertool.bench.sweep.connect", lambda handle, bench: handle)
+    measured: list[int] = []
+    stop_at = [3]
+
+    def measure(handle, bench, levels, **kw):
+        (level,) = levels
+        if len(measured) + 1 == stop_at[0]:
+            raise KeyboardInterrupt
+        measured.append(level.value)
+        good = 1.0 if level.value <= 4 else 0.5  # the SLO holds up to 4 concurrent requests
+        return [LevelResult.from_dict({"arm": f"c{level.value}", "summary": {
+            "requests": 20, "completed": 20, "output_token_throughput": 10.0 * level.value,
+            "goodput": {"fraction": good}, "ttft_ms": {"p50": 100.0}}})]
+
+    monkeypatch.setattr("infertool.bench.sweep.measure", measure)
+    with pytest.raises(KeyboardInterrupt):
+        run_tune(r)
+    first = list(measured)
+    assert len(first) == 2
+    journal = list((Path(r.tune.out_dir) / r.name / ".stages" / "probes").glob("capacity-*/c*-r0.json"))
+    assert sorted(p.name for p in journal) == sorted(f"c{c}-r0.json" for c in first)
+    measured.clear()
+    stop_at[0] = 0
+    result = run_tune(r)
+    assert not set(first) & set(measured)  # the finished probes were read back
+    assert measured and result.trials[0].capacity.max_load == 4  # the search went on from where it stopped
