@@ -498,6 +498,9 @@ def test_every_setting_at_its_ceiling_is_ranked_by_throughput_there_and_says_so(
     assert d.tie and d.winner == "b" and d.tied == ["a", "b"]
     assert "ceiling (max_num_seqs 4, the KV cache at 4)" in d.why and "a tie: the objective intervals" in d.why
     assert "every eligible setting reached its ceiling" in search.why_lost(a, b, "cost", d)
+    only = search.decide([fast], "cost")
+    assert only.why == ("the only configuration that passes the accuracy gates and meets the SLO, at its ceiling "
+                        "(max_num_seqs 4)")
 
 
 def test_a_setting_below_its_ceiling_is_ranked_as_before():

@@ -535,6 +535,9 @@ def decide(ranked: list[TrialRecord], objective: str) -> TuneDecision | None:
                    tied=[t.id for t in tied] if tie else [], rule=TIE_RULE if tie else None)
     if runner is None:
         out.why = "the only configuration that passes the accuracy gates and meets the SLO"
+        cap = winner.capacity
+        if cap is not None and cap.at_ceiling and cap.ceiling is not None:
+            out.why += f", at its ceiling ({ceiling_name(cap.ceiling)})"
         return out
     assert runner.objective is not None and winner.objective is not None  # ranked trials have an objective
     out.margin = margin = runner.objective - winner.objective
