@@ -462,3 +462,155 @@ def test_siblings_run_together_the_largest_max_num_seqs_first():
 
     trials = [t("a4", "a", 4, 1.0), t("b8", "b", 8, 1.5), t("a8", "a", 8, 2.0), t("b4", "b", 4, 1.2)]
     assert [x.id for x in _order(trials, "cost")] == ["a8", "a4", "b8", "b4"]
+
+
+# ------------------------------------------------------------------------------- every setting at its ceiling
+def at_ceiling(rec: TrialRecord, load: int = 4, by: str = "max_num_seqs", kv: int | None = None) -> TrialRecord:
+    """The trial's search reached its ceiling (its max load, 4 in ``trial``) set by ``by``; its throughput and
+    interval at it from the runs there, as capacity_result records them."""
+    from infertool.tune.records import LoadCeiling
+
+    cap = rec.capacity
+    cap.ceiling = LoadCeiling(load=load, by=by, max_num_seqs=rec.max_num_seqs, kv_batch=kv, reached=True)
+    probe = cap.probes[-1]
+    runs = probe.per_run or [probe.summary]
+    cap.throughput, cap.throughput_ci = search.mean_interval([r.output_token_throughput for r in runs], 0.95, 0.0)
+    return rec
+
+
+def test_every_setting_at_its_ceiling_is_ranked_by_throughput_there_and_says_so():
+    """All at the ceiling (the issue's run: every setting met the SLO at max_num_seqs): the load cannot rank them;
+    the decision ranks by the output tok/s each serves at its ceiling (as $/1M for cost), with the runs' intervals:
+    apart, the faster wins; overlapping, a tie broken by the rule."""
+    fast = at_ceiling(trial("fast", [200.0, 201.0, 199.0], ms=4))
+    slow = at_ceiling(trial("slow", [100.0, 101.0, 99.0], ms=4, weight=10))
+    assert fast.capacity.at_ceiling and search.all_at_ceiling([fast, slow])
+    d = search.decide(search.rank([slow, fast]), "cost")
+    assert d.winner == "fast" and not d.tie
+    assert d.why.startswith("every eligible setting reached its ceiling (max_num_seqs 4): the load search cannot "
+                            "tell them apart, so they are ranked by output tok/s at it, with its interval, priced")
+    assert d.why.endswith("the intervals do not overlap: ahead by " + f"{d.margin:,.4g} $")
+    # the throughput intervals at the ceiling overlap: a tie, broken by the rule (fewer weight bytes)
+    a = at_ceiling(trial("a", [105.0, 115.0, 110.0], ms=4, weight=200))
+    b = at_ceiling(trial("b", [100.0, 108.0, 104.0], ms=4, weight=100), by="kv_cache", kv=4)
+    assert a.capacity.throughput_ci[0] <= b.capacity.throughput_ci[1]
+    d = search.decide(search.rank([a, b]), "cost")
+    assert d.tie and d.winner == "b" and d.tied == ["a", "b"]
+    assert "ceiling (max_num_seqs 4, the KV cache at 4)" in d.why and "a tie: the objective intervals" in d.why
+    assert "every eligible setting reached its ceiling" in search.why_lost(a, b, "cost", d)
+    only = search.decide([fast], "cost")
+    assert only.why == ("the only configuration that passes the accuracy gates and meets the SLO, at its ceiling "
+                        "(max_num_seqs 4)")
+
+
+def test_a_setting_below_its_ceiling_is_ranked_as_before():
+    fast = at_ceiling(trial("fast", [200.0, 201.0, 199.0], ms=4))
+    below = trial("below", [100.0, 101.0, 99.0], ms=8)  # max load 4 under max_num_seqs 8: the SLO bound it
+    below.capacity.ceiling = search.load_ceiling(None, 8, None, 1)
+    assert not below.capacity.at_ceiling and not search.all_at_ceiling([fast, below])
+    d = search.decide(search.rank([fast, below]), "cost")
+    assert d.winner == "fast" and "ceiling" not in d.why and d.why.startswith("the intervals do not overlap")
+    old = trial("old", [100.0, 101.0, 99.0])  # an old tune.json: no ceiling recorded, never "at" it
+    assert not old.capacity.at_ceiling and not search.all_at_ceiling([fast, old])
+
+
+@pytest.mark.parametrize("objective,words", [
+    ("cost", "output tok/s at it, with its interval, priced: $/1M is the price per hour over the output tokens"),
+    ("goodput", "goodput req/s at it, with its interval (the requests/s meeting the SLO there)"),
+    ("tpot", "TPOT p50 ms at it, with its interval (the objective: latency at the ceiling's load)"),
+])
+def test_what_ranks_settings_at_their_ceilings_per_objective(objective, words):
+    """Each objective measured at the ceiling: for cost and goodput that is the throughput there; a latency
+    objective stays the latency asked for, and says when the ceilings differ (a lower one is less load)."""
+    a = at_ceiling(trial("a", [200.0, 201.0, 199.0], ms=4))
+    b = at_ceiling(trial("b", [100.0, 101.0, 99.0], ms=8), load=8)
+    text = search.at_ceiling_text([a, b], objective)
+    assert words in text and "(max_num_seqs 4, max_num_seqs 8)" in text
+    assert ("their ceilings differ" in text) == (objective == "tpot")
+
+
+def test_the_ceiling_in_tune_json_and_the_report_and_an_old_tune_json_still_reads():
+    from infertool.tune.report import load_rows, render_markdown, trial_rows
+
+    a = at_ceiling(trial("a", [200.0, 201.0, 199.0], ms=4), kv=212)
+    a.capacity.max_load_ci = [4, 4]
+    a.capacity.stopped = search.ceiling_stopped(a.capacity.ceiling)
+    b = trial("b", [100.0, 101.0, 99.0], ms=8)
+    b.capacity.ceiling = search.load_ceiling(None, 8, 40, 1)
+    b.capacity.ceiling.reached = False
+    d = search.decide(search.rank([a, b]), "cost")
+    doc = TuneDoc(recipe="r", objective="cost", winner=d.winner, trials=[a, b], decision=d)
+    data = json.loads(json.dumps(doc.to_dict()))
+    assert data["trials"][0]["capacity"]["ceiling"] == {"load": 4, "by": "max_num_seqs", "max_num_seqs": 4,
+                                                        "kv_batch": 212, "reached": True}
+    back = TuneDoc.from_dict(data)
+    assert back.trial("a").capacity.ceiling == a.capacity.ceiling and back.trial("a").capacity.at_ceiling
+    rows = trial_rows(back)
+    assert "4 (at its ceiling: max_num_seqs 4)" in rows[1] and "4" in rows[2]
+    loads = load_rows(back)
+    assert loads[1][:5] == ["a", "4 (at its ceiling: max_num_seqs 4)", "4", "max_num_seqs 4 binds (the KV cache "
+                            "holds 212 requests of the traffic)", "yes"]
+    assert loads[2][2:5] == ["8", "max_num_seqs 8 binds (the KV cache holds 40 requests of the traffic)", "no"]
+    md = render_markdown(back, None, None)
+    assert "## Load search" in md and "reached the engine's ceiling: max_num_seqs 4 binds" in md
+    assert "at concurrency 4 (its ceiling: max_num_seqs 4)" in md
+    # tune.json from before the ceiling was recorded: it reads, nothing is at a ceiling, the report says "-"
+    for t in data["trials"]:
+        del t["capacity"]["ceiling"]
+    old = TuneDoc.from_dict(data)
+    assert all(t.capacity.ceiling is None and not t.capacity.at_ceiling for t in old.trials)
+    assert "ceiling" not in old.trials[0].capacity.to_dict()  # an old file's capacity keeps its layout
+    assert [r[2:5] for r in load_rows(old)[1:]] == [["-", "-", "-"], ["-", "-", "-"]]
+    assert "at its ceiling" not in render_markdown(old, None, None)
+
+
+def test_search_load_stops_at_the_ceiling_and_confirms_only_for_the_interval(monkeypatch):
+    """stages._search_load up to the ceiling run_capacity computes (search.load_ceiling) on a scripted server where
+    every load meets the SLO: no load above the ceiling is probed; the probe there is measured once more only for
+    its interval (never when its repeats already gave one); capacity_result says which bound binds."""
+    from types import SimpleNamespace
+
+    import infertool.bench.sweep as sweep
+    from infertool.bench.results import LevelResult, Summary
+    from infertool.recipe import BenchSection, TuneLoadSearch
+    from infertool.tune import space
+    from infertool.tune import stages as stages_mod
+    from infertool.tune.stages import _search_load, capacity_result
+
+    tpot = {c: 40.0 for c in range(1, 65)}  # far below the SLO everywhere
+    calls: list[int] = []
+
+    def measure(handle, bench, levels, **kw):
+        c = levels[0].value
+        calls.append(c)
+        return [LevelResult(summary=Summary.from_dict(run(1.0, tpot[c], tps=10.0 * c).to_dict()))]
+
+    monkeypatch.setattr(sweep, "connect", lambda h, b: h)
+    monkeypatch.setattr(sweep, "measure", measure)
+    monkeypatch.setattr(space, "capacity_start", lambda *a, **k: None)
+    monkeypatch.setattr(stages_mod, "resolution", lambda ctx: None)
+    load = TuneLoadSearch()
+    bench = BenchSection(requests=16, slo={"ttft_ms": 1000, "tpot_ms": 100}, cost_per_hour=0.5)
+    tune = SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=[],
+                           tune=SimpleNamespace(objective="cost", load=load))
+    ctx = SimpleNamespace(job=SimpleNamespace(tune=tune, trial=SimpleNamespace(id="t", label="t", price_per_hour=None)),
+                          on_event=None, emit=lambda *a, **k: None)
+    srv = SimpleNamespace(url="http://127.0.0.1:1/v1", model="m", api_key=None, to_dict=lambda: {})
+
+    def capacity(ceiling):
+        levels: list = []
+        res = _search_load(ctx, None, srv, ceiling.load, levels)
+        return capacity_result(res, load, ceiling.load, levels, ceiling=ceiling)
+
+    cap = capacity(search.load_ceiling(None, 8, 212, 1))
+    assert calls == [1, 2, 4, 8, 8] and cap.at_ceiling and cap.runs == 5  # the second run at 8: its interval
+    assert cap.throughput == pytest.approx(80.0) and cap.throughput_ci is not None
+    assert cap.stopped.startswith("reached the engine's ceiling: max_num_seqs 8 binds")
+    calls.clear()
+    cap = capacity(search.load_ceiling(None, 8, 6, 1))  # the KV cache holds 6 requests of the traffic
+    assert calls == [1, 2, 4, 6, 6] and max(calls) == 6 and cap.ceiling.by == "kv_cache" and cap.at_ceiling
+    assert "the KV cache binds at 6" in cap.stopped and "the engine cannot batch more" in cap.stopped
+    tpot[6] = 95.0  # near the edge at the ceiling: repeated until decided, so it has its interval already
+    calls.clear()
+    cap = capacity(search.load_ceiling(None, 8, 6, 1))
+    assert calls == [1, 2, 4, 6, 6, 6] and cap.at_ceiling  # three runs (48 of 48 decide it), none more to confirm

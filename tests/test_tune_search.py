@@ -105,3 +105,71 @@ def test_objective_values():
 def test_pareto_front():
     pts = [("orig", 0.0, 10.0), ("w8", 0.01, 6.0), ("w4", 0.12, 4.0), ("w4-bad", 0.2, 5.0), ("w8-slow", 0.01, 8.0)]
     assert search.pareto_front(pts) == ["orig", "w8", "w4"]
+
+
+# ------------------------------------------------------------------------------- the ceiling of a load search
+@pytest.mark.parametrize("max_concurrency,max_num_seqs,kv_batch,lo,expected", [
+    (None, 64, 212, 1, (64, "max_num_seqs")),                 # the engine's max_num_seqs; the KV cache holds more
+    (None, 64, 40, 1, (40, "kv_cache")),                      # the KV cache holds fewer: it binds
+    (None, 64, 64, 1, (64, "max_num_seqs")),                  # equal: the engine's setting binds first
+    (None, None, None, 1, (search.DEFAULT_TOP, "default")),   # neither set: the search's default top
+    (None, None, 0, 1, (search.DEFAULT_TOP, "default")),      # 0: the plan did not know the KV cache
+    (None, None, 16, 1, (16, "kv_cache")),
+    (32, 64, 212, 1, (32, "tune.load.max_concurrency")),      # the user's cap, below the engine's
+    (64, 64, None, 1, (64, "max_num_seqs")),                  # the cap is the engine's own setting
+    (128, 64, 100, 1, (100, "kv_cache")),                     # a cap above the KV cache's batch
+    (None, 64, 3, 4, (4, "kv_cache")),                        # never below the search's floor
+])
+def test_load_ceiling_names_the_bound_that_binds(max_concurrency, max_num_seqs, kv_batch, lo, expected):
+    c = search.load_ceiling(max_concurrency, max_num_seqs, kv_batch, lo)
+    assert (c.load, c.by) == expected
+    assert c.max_num_seqs == max_num_seqs and c.kv_batch == (kv_batch or None)
+    assert c.engine == (c.by in ("max_num_seqs", "kv_cache"))
+
+
+def test_find_max_load_never_probes_above_its_ceiling():
+    """A load that holds everywhere: the search ends at hi, says it reached the top, and never probes above it,
+    whether it doubles up from lo (hi not a power of two) or starts at a predicted knee above hi."""
+    for start in (None, 10, 500):
+        calls: list[int] = []
+        res = find_max_load(edge_at(1000, calls), 1, 40, max_probes=10, start=start)
+        assert res.max_load == 40 and res.at_top and max(calls) == 40 == calls[-1]
+        assert "largest load tried (40)" in res.stopped
+    calls = []
+    res = find_max_load(edge_at(20, calls), 1, 40, max_probes=10)  # an edge below the ceiling: not at the top
+    assert res.max_load == 20 and not res.at_top and max(calls) <= 40
+
+
+def test_a_search_at_its_ceiling_says_which_bound_binds():
+    """capacity_result: a search whose largest load meeting the SLO is its ceiling records the ceiling as reached,
+    and its `stopped` names the bound (the engine's max_num_seqs, or its KV cache: it could not batch more);
+    one that stops below records it as not reached, with the search's own words."""
+    from infertool.recipe import TuneLoadSearch
+    from infertool.tune.stages import capacity_result
+
+    load = TuneLoadSearch()
+
+    def searched(ceiling, edge):
+        res = find_max_load(edge_at(edge, []), 1, ceiling.load, max_probes=10)
+        return capacity_result(res, load, ceiling.load, [], ceiling=ceiling)
+
+    mns = searched(search.load_ceiling(None, 64, 212, 1), 1000)
+    assert mns.max_load == 64 and mns.at_ceiling and mns.ceiling.reached is True
+    assert mns.stopped.startswith("reached the engine's ceiling: max_num_seqs 64 binds (the KV cache holds 212 "
+                                  "requests of the traffic)")
+    assert "no load above it is probed" in mns.stopped and max(p.concurrency for p in mns.probes) == 64
+    kv = searched(search.load_ceiling(None, 64, 40, 1), 1000)
+    assert kv.max_load == 40 and kv.ceiling.by == "kv_cache" and kv.at_ceiling
+    assert "reached the engine's ceiling: the KV cache binds at 40" in kv.stopped
+    assert "fewer than max_num_seqs 64: the engine cannot batch more" in kv.stopped
+    top = searched(search.load_ceiling(None, None, None, 1), 1000)
+    assert top.at_ceiling and top.stopped.startswith("reached the top of the search: the search's default top load 64")
+    below = searched(search.load_ceiling(None, 64, 212, 1), 20)
+    assert below.max_load == 20 and not below.at_ceiling and below.ceiling.reached is False
+    assert below.stopped == "the SLO holds at 20 and not at 21"
+    exhaustive = capacity_result(search.LoadSearch(8, [Probe(c, True, 1.0) for c in range(1, 9)],
+                                                   "every concurrency from 1 to 8 measured"),
+                                 load, 8, [], ceiling=search.load_ceiling(None, 8, None, 1))
+    assert exhaustive.stopped == ("reached the engine's ceiling: max_num_seqs 8 binds; the SLO holds at 8, and no load "
+                                  "above it is probed (more load would only queue); every concurrency from 1 to 8 "
+                                  "measured")

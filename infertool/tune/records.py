@@ -184,6 +184,30 @@ class Probe(Record):
     bound_for: int | None = None
 
 
+CEILING_BY = ("max_num_seqs", "kv_cache", "tune.load.max_concurrency", "default")  # LoadCeiling.by's values
+ENGINE_CEILINGS = ("max_num_seqs", "kv_cache")  # the bounds that are the engine's own: it batches no more
+
+
+@dataclass
+class LoadCeiling(Sparse):
+    """The top of a capacity search's range and what sets it (``search.load_ceiling``): ``by`` names the bound
+    that binds: the engine's max_num_seqs, its KV cache (the requests of the traffic it holds at once, the
+    plan's figure), tune.load.max_concurrency, or the search's default top (serve.max_num_seqs unset)."""
+
+    load: int | None = None  # the largest concurrency the search may probe
+    by: str | None = None  # one of CEILING_BY
+    max_num_seqs: int | None = None  # the trial's serve.max_num_seqs (None: not set, vLLM's own default)
+    kv_batch: int | None = None  # requests of the traffic the KV cache holds at once (the plan's; None: unknown)
+    reached: bool | None = None  # the largest load meeting the SLO is this ceiling (the search went no higher)
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("max_num_seqs", "kv_batch", "reached")
+
+    @property
+    def engine(self) -> bool:
+        """Whether the bound is the engine's own (max_num_seqs, the KV cache): more load would only queue."""
+        return self.by in ENGINE_CEILINGS
+
+
 @dataclass
 class CapacityResult(StageSummary):
     """The largest concurrency at which the trial's server meets the SLO, and the measurement there."""
@@ -203,6 +227,15 @@ class CapacityResult(StageSummary):
     throughput_ci: list[float] | None = None  # its t interval across runs (None: one run)
     cost_ci: list[float | None] | None = None  # $/1M at max_load from the throughput's interval
     runs: int | None = None  # bench runs the search made (repeats included)
+    ceiling: LoadCeiling | None = None  # the top of the search's range, what sets it, whether it was reached
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("ceiling",)
+
+    @property
+    def at_ceiling(self) -> bool:
+        """Whether the largest load meeting the SLO is the search's ceiling (a load was found, none above probed)."""
+        c = self.ceiling
+        return c is not None and c.load is not None and bool(self.max_load) and self.max_load == c.load
 
 
 @dataclass

@@ -19,6 +19,7 @@ from infertool.perf.fleet import FleetTable, Json
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.summaries import Published
 from infertool.records import JSONView
+from infertool.tune import search
 from infertool.tune.records import (
     Screening, ScreenResult, ServeValue, TrialDecode, TrialRecord, TuneDoc,
 )
@@ -72,14 +73,46 @@ def _ci(v: float | None, ci: Sequence[float | None] | None, digits: int = 3) -> 
 
 
 def _max_load(t: TrialRecord) -> str:
-    """The largest load meeting the SLO and the range the probes prove it in."""
+    """The largest load meeting the SLO and the range the probes prove it in; "at its ceiling" and the bound that
+    binds when the search reached its ceiling (nothing above it probed)."""
     cap = t.capacity
     if cap is None:
         return "-"
     ci = cap.max_load_ci
     if ci and cap.max_load is not None and list(ci) != [cap.max_load, cap.max_load]:
-        return f"{_f(cap.max_load)} [{ci[0]}, {ci[1]}]"
-    return _f(cap.max_load)
+        text = f"{_f(cap.max_load)} [{ci[0]}, {ci[1]}]"
+    else:
+        text = _f(cap.max_load)
+    if cap.at_ceiling and cap.ceiling is not None:
+        text += f" (at its ceiling: {search.ceiling_name(cap.ceiling)})"
+    return text
+
+
+def load_rows(doc: TuneDoc) -> list[list[str]]:
+    """Each measured trial's load search: the largest load meeting the SLO, its ceiling (the top of the search's
+    range), the bound that sets it, whether the search reached it, the probes and bench runs, why it stopped;
+    only the header when no trial has a capacity search."""
+    rows = [["trial", "max load [proven range]", "ceiling", "set by", "reached", "probes (bench runs)",
+             "why the search stopped"]]
+    for t in doc.trials:
+        cap = t.capacity
+        if cap is None:
+            continue
+        c = cap.ceiling
+        reached = "-" if c is None else "yes" if cap.at_ceiling else "no"
+        rows.append([t.id, _max_load(t), _f(c.load) if c is not None else "-",
+                     search.ceiling_bound(c) if c is not None else "-", reached,
+                     f"{len(cap.probes)} ({_f(cap.runs)})", cap.stopped or "-"])
+    return rows
+
+
+LOAD_NOTE = ("Each trial's load search doubles, then bisects, over concurrency up to its ceiling: the engine's "
+             "max_num_seqs, or fewer when its KV cache holds fewer requests of the traffic at once (the plan's "
+             "figure); tune.load.max_concurrency sets it instead, and without either it is " + str(search.DEFAULT_TOP)
+             + ". More load than the engine's ceiling only queues, so a search that meets the SLO there stops. When "
+             "every eligible setting reached its ceiling, the load cannot rank them: the decision ranks them by the "
+             "objective at the ceiling, with the interval of the runs there: for cost, the output tok/s each serves "
+             "at it, priced as $/1M; for goodput, the requests/s meeting the SLO there.")
 
 
 def _cost_ci(t: TrialRecord) -> list[float | None] | None:
@@ -309,8 +342,11 @@ def _summary(doc: TuneDoc) -> list[str]:
         if oci and spec.higher_is_better:
             oci = [None if oci[1] is None else -oci[1], None if oci[0] is None else -oci[0]]
         interval = f" [{_f(oci[0], 4)}, {_f(oci[1], 4) if oci[1] is not None else '-'}]" if oci and oci[0] is not None else ""
+        cap = win.capacity
+        ceiling = (f" (its ceiling: {search.ceiling_name(cap.ceiling)})"
+                   if cap is not None and cap.at_ceiling and cap.ceiling is not None else "")
         lines.append(f"**Winner: {win.label}** — {name}: {obj:,.4g}{interval} {unit} at concurrency "
-                     f"{win.capacity.max_load if win.capacity else None}; accuracy {win.verdict}"
+                     f"{cap.max_load if cap else None}{ceiling}; accuracy {win.verdict}"
                      + (f"; re-checked as served with its exact settings: {sc.verdict} (mean KLD "
                         f"{_f(sc.mean_kld)})" if sc else "")
                      + (f"; the served check reused its screening: {sc.reused}" if sc and sc.reused else "") + ".")
@@ -384,6 +420,8 @@ def render_markdown(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> 
     if plot:
         parts += [f"![pareto]({plot.name})", ""]
     parts += ["## Every trial", "", md_table(trial_rows(doc)), ""]
+    if len(loads := load_rows(doc)) > 1:
+        parts += ["## Load search", "", LOAD_NOTE, "", md_table(loads), ""]
     parts += ["## Accuracy as served", "", ACCURACY_NOTE, "", md_table(accuracy_rows(doc)), ""]
     if len(lossless := lossless_rows(doc)) > 1:
         parts += ["## Speculation is lossless, checked", "", LOSSLESS_NOTE, "", md_table(lossless), ""]
@@ -408,6 +446,8 @@ def render_html(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
     if plot:
         body.append(f'<div class="fig">{img_tag(plot)}</div>')
     body += ["<h2>Every trial</h2>", html_table(trial_rows(doc))]
+    if len(loads := load_rows(doc)) > 1:
+        body += ["<h2>Load search</h2>", f"<p>{inline(LOAD_NOTE)}</p>", html_table(loads)]
     body += ["<h2>Accuracy as served</h2>", f"<p>{inline(ACCURACY_NOTE)}</p>", html_table(accuracy_rows(doc))]
     if len(lossless := lossless_rows(doc)) > 1:
         body += ["<h2>Speculation is lossless, checked</h2>", f"<p>{inline(LOSSLESS_NOTE)}</p>", html_table(lossless)]

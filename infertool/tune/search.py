@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from infertool.metricspec import COST_PER_1M_OUTPUT_TOKENS, OUTPUT_TOKEN_THROUGH
 from infertool.metricspec import objective as objective_metric
 from infertool.records import JSONView
 from infertool.tune.records import (
-    CapacityResult, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision,
+    CapacityResult, LoadCeiling, Probe, ProbeSummary, StageSeconds, TrialRecord, TuneDecision,
 )
 
 if TYPE_CHECKING:
@@ -34,6 +35,7 @@ class LoadSearch:
     max_load: int  # 0: not even the smallest load meets the SLO
     probes: list[Probe]
     stopped: str  # why the search ended
+    at_top: bool = False  # it ended because the SLO holds at the top of its range (``hi``): nothing above is probed
 
     def best(self) -> Probe | None:
         ok = [p for p in self.probes if p.ok and p.concurrency == self.max_load]
@@ -82,7 +84,7 @@ def find_max_load(probe: Callable[[int], Probe], lo: int, hi: int, max_probes: i
         if len(probes) >= max_probes:
             return LoadSearch(good, probes, f"probe budget ({max_probes}) spent while doubling")
         if c >= hi:
-            return LoadSearch(good, probes, f"the SLO holds up to the largest load tried ({hi})")
+            return LoadSearch(good, probes, f"the SLO holds up to the largest load tried ({hi})", at_top=True)
         c = min(hi, c * 2)
         if run(c).ok:
             good = c
@@ -102,6 +104,55 @@ def _bisect(run: Callable[[int], Probe], probes: list[Probe], good: int, bad: in
         else:
             bad = mid
     return LoadSearch(good, probes, f"the SLO holds at {good} and not at {bad}")
+
+
+# ------------------------------------------------------------------------------------------- the ceiling
+DEFAULT_TOP = 64  # the search's top load when neither tune.load.max_concurrency nor serve.max_num_seqs sets one
+
+
+def load_ceiling(max_concurrency: int | None, max_num_seqs: int | None, kv_batch: int | None, lo: int) -> LoadCeiling:
+    """The top of a trial's load search and the bound that sets it: tune.load.max_concurrency, else the trial's
+    max_num_seqs, else ``DEFAULT_TOP``; lowered to the requests of the traffic its KV cache holds at once
+    (``kv_batch``, the plan's figure) when that is fewer, never below ``lo``. Where max_concurrency and
+    max_num_seqs are equal, the engine's max_num_seqs is named; where the KV cache holds exactly the top, the KV
+    cache is (unless max_num_seqs is the top: the engine's setting binds first)."""
+    if max_concurrency:
+        top, by = max_concurrency, "max_num_seqs" if max_concurrency == max_num_seqs else "tune.load.max_concurrency"
+    elif max_num_seqs:
+        top, by = max_num_seqs, "max_num_seqs"
+    else:
+        top, by = DEFAULT_TOP, "default"
+    kv = kv_batch or None  # 0: the plan did not know the KV cache
+    if kv is not None and (kv < top or (kv == top and by != "max_num_seqs")):
+        top, by = kv, "kv_cache"
+    return LoadCeiling(load=max(lo, top), by=by, max_num_seqs=max_num_seqs, kv_batch=kv)
+
+
+def ceiling_bound(c: LoadCeiling) -> str:
+    """The bound that sets a search's ceiling, in words: "max_num_seqs 64 binds (the KV cache holds 212 requests of
+    the traffic)", "the KV cache binds at 40: ...", ..."""
+    kv = f"the KV cache holds {c.kv_batch:,} requests of the traffic" if c.kv_batch else None
+    m = f"max_num_seqs {c.max_num_seqs}" if c.max_num_seqs else None
+    if c.by == "max_num_seqs":
+        return f"max_num_seqs {c.max_num_seqs or c.load} binds" + (f" ({kv})" if kv else "")
+    if c.by == "kv_cache":
+        below = f", below tune.load.min_concurrency {c.load}" if c.kv_batch and c.load and c.kv_batch < c.load else ""
+        return (f"the KV cache binds at {c.kv_batch}: it holds {c.kv_batch} requests of the traffic at once (the "
+                f"plan's figure){below}" + (f", fewer than {m}" if m else "")
+                + ": the engine cannot batch more")
+    if c.by == "tune.load.max_concurrency":
+        return (f"tune.load.max_concurrency {c.load} caps the search"
+                + (f" (the engine batches up to {m}" + (f"; {kv})" if kv else ")") if m else f" ({kv})" if kv else ""))
+    return (f"the search's default top load {c.load} caps it (serve.max_num_seqs is not set: the engine batches up "
+            f"to vLLM's own default" + (f", {kv}" if kv else "") + "; tune.load.max_concurrency searches higher)")
+
+
+def ceiling_stopped(c: LoadCeiling) -> str:
+    """Why a search that meets the SLO at its ceiling stopped there (``LoadSearch.stopped``)."""
+    if c.engine:
+        return (f"reached the engine's ceiling: {ceiling_bound(c)}; the SLO holds at {c.load}, and no load above it "
+                "is probed (more load would only queue)")
+    return f"reached the top of the search: {ceiling_bound(c)}; the SLO holds at {c.load}"
 
 
 def short_summary(summary: Summary) -> ProbeSummary:
@@ -283,7 +334,7 @@ def confirm_best(search: LoadSearch, measure_once: Callable[[int, int], ProbeSum
     again = _pooled(best.concurrency, runs, policy)
     probes = [again if p is best else p for p in search.probes]
     if again.ok:
-        return LoadSearch(search.max_load, probes, search.stopped)
+        return dataclasses.replace(search, probes=probes)
     # measured again, it misses: the next load below that surely meets is the answer
     below = [p.concurrency for p in probes if p.ok and p.concurrency < best.concurrency]
     return LoadSearch(max(below) if below else 0, probes,
@@ -484,6 +535,9 @@ def decide(ranked: list[TrialRecord], objective: str) -> TuneDecision | None:
                    tied=[t.id for t in tied] if tie else [], rule=TIE_RULE if tie else None)
     if runner is None:
         out.why = "the only configuration that passes the accuracy gates and meets the SLO"
+        cap = winner.capacity
+        if cap is not None and cap.at_ceiling and cap.ceiling is not None:
+            out.why += f", at its ceiling ({ceiling_name(cap.ceiling)})"
         return out
     assert runner.objective is not None and winner.objective is not None  # ranked trials have an objective
     out.margin = margin = runner.objective - winner.objective
@@ -498,7 +552,47 @@ def decide(ranked: list[TrialRecord], objective: str) -> TuneDecision | None:
         out.why = f"no interval (a single run at max load): ahead by {abs(margin):,.4g} {unit} on one measurement"
     else:
         out.why = f"the intervals do not overlap: ahead by {margin:,.4g} {unit}"
+    if all_at_ceiling(ranked):
+        out.why = f"{at_ceiling_text(ranked, objective)}; {out.why}"
     return out
+
+
+def all_at_ceiling(trials: Sequence[TrialRecord]) -> bool:
+    """Whether every trial's largest load meeting the SLO is its search's ceiling (``CapacityResult.at_ceiling``):
+    the load search cannot tell them apart, what each serves at its ceiling does."""
+    return bool(trials) and all(t.capacity is not None and t.capacity.at_ceiling for t in trials)
+
+
+def ceiling_basis(objective: str) -> str:
+    """What a decision among trials at their ceilings ranks by, per objective: the objective measured at each
+    trial's ceiling, which for cost and goodput is its throughput there ($/1M: the price over the output tokens
+    an hour serves; goodput: the requests/s meeting the SLO), for a latency objective its latency there."""
+    spec = objective_metric(objective)
+    if spec is COST_PER_1M_OUTPUT_TOKENS:
+        return ("output tok/s at it, with its interval, priced: $/1M is the price per hour over the output tokens "
+                "an hour at the ceiling serves")
+    if spec.higher_is_better:
+        return f"{spec.label} at it, with its interval (the requests/s meeting the SLO there)"
+    return f"{spec.label} at it, with its interval (the objective: latency at the ceiling's load)"
+
+
+def at_ceiling_text(trials: Sequence[TrialRecord], objective: str) -> str:
+    """The decision's words when every trial reached its ceiling: which ceiling(s), and what ranks them."""
+    ceilings = [t.capacity.ceiling for t in trials if t.capacity is not None and t.capacity.ceiling is not None]
+    words = (f"every eligible setting reached its ceiling ({', '.join(sorted({ceiling_name(c) for c in ceilings}))})"
+             f": the load search cannot tell them apart, so they are ranked by {ceiling_basis(objective)}")
+    spec = objective_metric(objective)
+    if len({c.load for c in ceilings}) > 1 and not spec.higher_is_better and spec is not COST_PER_1M_OUTPUT_TOKENS:
+        words += "; their ceilings differ: a lower ceiling's latency is measured at less load"
+    return words
+
+
+def ceiling_name(c: LoadCeiling) -> str:
+    """A ceiling in a few words: "max_num_seqs 64", "the KV cache at 40", "tune.load.max_concurrency 32", "the
+    default top load 64"."""
+    what = {"max_num_seqs": "max_num_seqs", "kv_cache": "the KV cache at",
+            "tune.load.max_concurrency": "tune.load.max_concurrency"}.get(c.by or "", "the default top load")
+    return f"{what} {c.load}"
 
 
 def _tie_reason(w: TrialRecord, r: TrialRecord) -> str:

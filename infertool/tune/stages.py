@@ -24,7 +24,7 @@ from infertool.stages.builtin import resolution
 from infertool.tune import search
 from infertool.records import JSONView
 from infertool.tune.records import (
-    CapacityResult, Judgement, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck,
+    CapacityResult, Judgement, LoadCeiling, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck,
     ServeValue, TrialDecode, TrialRecord,
 )
 
@@ -464,10 +464,10 @@ def run_capacity(ctx: StageContext) -> CapacityResult:
     tune, trial = ctx.job.tune, ctx.job.trial
     res = resolution(ctx)
     load = tune.tune.load
-    hi = load.max_concurrency or (trial.recipe.serve.max_num_seqs if trial.recipe.serve else None) or 64
-    kv_cap = trial.prediction.max_batch_by_kv
-    if kv_cap:
-        hi = max(load.min_concurrency, min(hi, kv_cap))
+    # the top of the search: the engine's ceiling (max_num_seqs, the KV cache) or the search's cap, named
+    ceiling = search.load_ceiling(load.max_concurrency, trial.recipe.serve.max_num_seqs if trial.recipe.serve else None,
+                                  trial.prediction.max_batch_by_kv, load.min_concurrency)
+    hi = ceiling.load or load.min_concurrency
     plan = prepare(res, purpose=f"tune: capacity {trial.label}")  # the launcher picks the port
     levels: list[LevelResult] = []
     with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=f"capacity {trial.label}",
@@ -476,15 +476,27 @@ def run_capacity(ctx: StageContext) -> CapacityResult:
         result = _search_load(ctx, res, srv, hi, levels, journal)
         argv = srv.plan.spec.argv
     write_json(ctx.work / "levels.json", levels, indent=None)
-    return capacity_result(result, load, hi, levels, argv=argv, serve=res.settings(res.served),
-                           price=trial.price_per_hour, confidence=load.repeats.confidence)
+    cap = capacity_result(result, load, hi, levels, argv=argv, serve=res.settings(res.served),
+                          price=trial.price_per_hour, confidence=load.repeats.confidence, ceiling=ceiling)
+    if cap.at_ceiling:
+        ctx.emit(f"capacity {trial.label}: {cap.stopped}")
+    return cap
 
 
 def capacity_result(result: search.LoadSearch, load: TuneLoadSearch, hi: int, levels: list[LevelResult], *,
                     argv: list[str] | None = None, serve: dict[str, ServeValue] | None = None,
-                    price: float | None = None, confidence: float = 0.95) -> CapacityResult:
+                    price: float | None = None, confidence: float = 0.95,
+                    ceiling: LoadCeiling | None = None) -> CapacityResult:
     """A load search as tune records it: the probes, the bracket they prove, the figures at the largest load
-    meeting the SLO with their intervals (throughput from the repeated runs there; $/1M from it)."""
+    meeting the SLO with their intervals (throughput from the repeated runs there; $/1M from it), and its
+    ``ceiling`` (``search.load_ceiling``) with whether the search reached it: then ``stopped`` says which bound
+    binds (the engine's max_num_seqs or KV cache, or the search's own cap)."""
+    stopped = result.stopped
+    if ceiling is not None:
+        reached = bool(result.max_load) and result.max_load == ceiling.load
+        ceiling = dataclasses.replace(ceiling, reached=reached)
+        if reached:  # the search's own words kept where they say more (every load measured, a stop)
+            stopped = search.ceiling_stopped(ceiling) + ("" if result.at_top else f"; {result.stopped}")
     best = result.best()
     bracket = search.max_load_bracket(result.probes, load.min_concurrency, hi)
     tput = OUTPUT_TOKEN_THROUGHPUT.of(best.summary) if best else None
@@ -494,11 +506,11 @@ def capacity_result(result: search.LoadSearch, load: TuneLoadSearch, hi: int, le
         if p:
             cost_ci = [search.cost_from_throughput(p, best.throughput_ci[1]),
                        search.cost_from_throughput(p, best.throughput_ci[0])]
-    return CapacityResult(max_load=result.max_load, stopped=result.stopped, probes=list(result.probes),
+    return CapacityResult(max_load=result.max_load, stopped=stopped, probes=list(result.probes),
                           at_max_load=best.summary if best else None, range=[load.min_concurrency, hi],
                           argv=argv, serve=serve, edge=bracket.edge, max_load_ci=bracket.max_load_ci,
                           throughput=tput, throughput_ci=best.throughput_ci if best else None, cost_ci=cost_ci,
-                          runs=len(levels))
+                          runs=len(levels), ceiling=ceiling)
 
 
 def repeat_policy(tune: Context) -> search.RepeatPolicy:
@@ -617,7 +629,7 @@ def _bound_probes(ctx: StageContext, result: search.LoadSearch, once: Callable[[
         ctx.emit(f"capacity {trial.label}: concurrency {m}: {OUTPUT_TOKEN_THROUGHPUT.of(p.summary) or 0:,.4g} "
                  f"tok/s (one run: the bound of its max_num_seqs={m} sibling)")
         extra.append(p)
-    return search.LoadSearch(result.max_load, [*result.probes, *extra], result.stopped) if extra else result
+    return dataclasses.replace(result, probes=[*result.probes, *extra]) if extra else result
 
 
 def _cannot_win(ctx: StageContext, c: int, p: Probe, policy: search.RepeatPolicy) -> None:
