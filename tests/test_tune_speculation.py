@@ -184,3 +184,49 @@ def test_an_old_tune_json_without_the_figures_still_reads():
     from infertool.tune.report import render_markdown
 
     assert "Speculation, measured" not in render_markdown(doc, None, None)
+
+
+class ClassSpecStand(SpecStand):
+    """Per class: the same goodput, the drafts accepted as the class repeats its input (``ACCEPTED``)."""
+
+    ACCEPTED = {"listcopy": [0.9, 0.8], "story": [0.2, 0.1]}
+
+    def capacity(self, ctx):
+        cls = ctx.job.tune.bench.classes.replay
+        trial = ctx.job.trial
+        self.calls.append(f"capacity:{cls}:{trial.id}")
+        spec = trial.serve.get("speculative") is not None
+        levels = [level(c, run, g, (self.ACCEPTED[cls], 100.0) if spec else None)
+                  for c, runs in (ON if spec else OFF).items() for run, g in enumerate(runs)]
+        write_json(ctx.work / "levels.json", levels, indent=None)
+        at = {"cost": {"per_1m_output_tokens": 5.0 if spec else 4.0}, "tpot_ms": {"p50": 40.0},
+              "goodput": {"requests_per_s": 2.0}}
+        return {"max_load": 2 if spec else 4, "at_max_load": at, "probes": [], "stopped": "stand-in"}
+
+
+def test_a_per_class_tune_says_each_classs_acceptance_and_crossover(smol, tmp_path, monkeypatch):
+    from infertool.tune.classes import run_per_class, summary_lines
+    from infertool.tune.records import RoutingTable
+    from tests.test_tune_classes import classed_recipe
+
+    data = classed_recipe(smol, tmp_path, names=("listcopy", "story"))
+    data["tune"].update(candidates=[{"backend": "llmcompressor", "scheme": "W8A8", "bits": 8}],
+                        serve_grid={"max_num_seqs": [8], "speculative": [None, NGRAM]})
+    r = validate_recipe_data(data)
+    spec_id = next(t.id for t in space.trials(r) if t.serve["speculative"] is not None)
+    ClassSpecStand(monkeypatch)
+    per = run_per_class(r)
+    d = Path(per.tune_dir)
+    table = RoutingTable.from_dict(json.loads((d / "routing.json").read_text()))
+    for route in table.classes:
+        (s,) = route.speculation
+        assert s.trial == spec_id and s.acceptance_per_pos == pytest.approx(ClassSpecStand.ACCEPTED[route.name])
+        assert s.crossover.found and (s.crossover.above, s.crossover.below) == (2, 4)
+        assert s.levels is None  # routing.json keeps the figures; the levels are in the class's tune.json
+        own = TuneDoc.from_dict(json.loads((d / "classes" / route.name / "tune.json").read_text()))
+        assert [lv.load for lv in own.trial(spec_id).speculation.levels] == [1, 2, 4, 8]
+        assert "Speculation, measured" in (d / "classes" / route.name / "tune.md").read_text()
+    lines = summary_lines(table)
+    assert any(line.startswith(f"class listcopy, ngram k=2 lookup 2-4 (trial {spec_id}): accepted by draft position "
+                               "0.90 / 0.80") and "between concurrency 2 (pays) and 4 (loses)" in line for line in lines)
+    assert any(line.startswith("class story, ngram k=2") and "0.20 / 0.10" in line for line in lines)

@@ -253,13 +253,17 @@ def routed_recipe(text: str, recipe: Recipe, plan: ClassPlan, route: ClassRoute,
     slo = plan.slo.model_dump(mode="json", exclude_defaults=True) if plan.slo is not None else None
     data["name"] = f"{name}-tuned"
     data["description"] = (f"tuned by `infertool tune {recipe.name}` per class: class {plan.name} is routed to "
-                           f"{route.label} ({route.configuration}), class {route.winner_of}'s winner")
+                           f"{route.label} ({route.configuration}), class {route.winner_of}'s winner"
+                           + (f" (${route.cost_per_1m:,.4g}/1M output tokens on this class)"
+                              if route.cost_per_1m is not None else ""))
     data["run"] = {"out_dir": str((class_dir / "runs").absolute())}
     for section in ("bench", "tune"):
         sec = data.get(section)
-        if isinstance(sec, dict):
-            sec.pop("slo", None)
-            sec.update({"slo": slo} if slo is not None else {})
+        if isinstance(sec, dict) and (slo is not None or "slo" in sec):
+            if slo is None:
+                del sec["slo"]
+            else:
+                sec["slo"] = slo
     bench = data.get("bench")
     if isinstance(bench, dict):
         bench["classes"] = {**(bench.get("classes") or {}), "replay": plan.name}
