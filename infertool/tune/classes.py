@@ -10,7 +10,8 @@ the bench section: the class and its SLO) runs per class.
 Then ``routing``: each class's winner, its load per replica and the replicas its peak needs (share x
 target.peak_rps); whether one configuration serves every class within ``TOLERANCE`` of its best (then one
 deployment); and the share-weighted $/1M of the per-class answer against the best single configuration. Written as
-routing.json (``records.RoutingTable``) and tuned-<class>.yaml beside it. ``routed_manifests`` is what
+routing.json (``records.RoutingTable``) and, per routed class, its own tuned-<class>.yaml beside it (the
+configuration it is routed to, with its SLO and traffic: ``write_class_recipes``). ``routed_manifests`` is what
 `serve TUNE_DIR --emit k8s` emits from it: a Deployment and a Service per configuration and a Gateway API HTTPRoute
 that routes on the class header.
 """
@@ -222,7 +223,7 @@ def write_class_recipes(recipe: Recipe, plans: list[ClassPlan], results: dict[st
                         tune_dir: Path) -> dict[str, str]:
     """Each routed class's own recipe (``ClassRoute.recipe``, tuned-<class>.yaml): its tune's tuned recipe where
     it is routed to its own winner; else the recipe of the class whose winner its configuration is, made this
-    class's (``routed_recipe``). Returns class -> path."""
+    class's (``routed_recipe``). A route whose recipe could not be made names none. Returns class -> path."""
     from infertool.atomic import write_text
     from infertool.report import read_inside
 
@@ -231,6 +232,7 @@ def write_class_recipes(recipe: Recipe, plans: list[ClassPlan], results: dict[st
     for route in table.classes:
         src = results[route.winner_of].tuned_recipe if route.winner_of in results else None
         if route.recipe is None or route.configuration is None or src is None:
+            route.recipe = None  # no file: routing.json names none
             continue
         text = read_inside(Path(src).parent, Path(src).name, 16 * 1024 * 1024).decode("utf-8")
         if route.winner_of != route.name:
@@ -269,7 +271,7 @@ def routed_recipe(text: str, recipe: Recipe, plan: ClassPlan, route: ClassRoute,
         bench["classes"] = {**(bench.get("classes") or {}), "replay": plan.name}
         if route.max_load:
             bench["concurrency"] = sorted({1, int(route.max_load)})  # `run` benchmarks at this class's load
-    validate_recipe_data(data, source=f"tuned-{plan.name}.yaml")
+    validate_recipe_data(data, source=route.recipe or f"tuned-{plan.name}.yaml")
     head = (f"# Tuned by infertool from recipe {recipe.name!r}, class {plan.name}: routed to configuration "
             f"{route.configuration}, the winner of class {route.winner_of},\n# with this class's SLO and traffic.\n"
             "# `infertool run` and `infertool serve --emit k8s` take this file as it is.\n")
