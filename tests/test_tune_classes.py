@@ -243,3 +243,58 @@ def test_a_tampered_routing_table_is_refused(smol, tmp_path, monkeypatch):
         (d / "routing.json").write_text(json.dumps({**good, **bad}))
         with pytest.raises(UsageError):
             read_routing(d)
+
+
+def test_a_class_routed_to_another_classs_configuration_gets_its_own_recipe(smol, tmp_path, monkeypatch):
+    """One deployment: rag (its own winner the original) is routed to chat's winner, W8A8. routing.json names
+    tuned-rag.yaml for rag: W8A8 and chat's published checkpoint, with rag's SLO, traffic and load; the
+    Deployment's recipe stays the configuration's own (chat's); `serve TUNE_DIR --emit k8s` takes it."""
+    from infertool.tune.classes import read_routing, routing_rows, run_per_class
+    from infertool.tune.records import RoutingTable
+
+    r = validate_recipe_data(classed_recipe(smol, tmp_path, classes=["chat", {"name": "rag", "slo": {"ttft_ms": 3000}}]))
+    ids = {t.candidate.label: t.id for t in space.trials(r)}
+    _stand(monkeypatch, {("chat", "original"): (4, 4.1, 2.0), ("chat", W8): (4, 4.0, 2.0),
+                         ("rag", "original"): (4, 5.0, 1.0), ("rag", W8): (3, 5.2, 1.0)})
+    per = run_per_class(r)
+    d = Path(per.tune_dir)
+    table = RoutingTable.from_dict(json.loads((d / "routing.json").read_text()))
+    by = {c.name: c for c in table.classes}
+    assert table.one_deployment and by["rag"].winner == ids["original"] and by["rag"].configuration == ids[W8]
+    assert (by["chat"].recipe, by["chat"].winner_of) == ("tuned-chat.yaml", "chat")
+    assert (by["rag"].recipe, by["rag"].winner_of) == ("tuned-rag.yaml", "chat")
+    assert table.deployments[0].recipe == "tuned-chat.yaml" and per.tuned["rag"] == str(d / "tuned-rag.yaml")
+    chat = validate_recipe_data(yaml.safe_load((d / "tuned-chat.yaml").read_text()))
+    rag = validate_recipe_data(yaml.safe_load((d / "tuned-rag.yaml").read_text()))
+    # the configuration routed to, its checkpoint as published for chat's winner ...
+    assert rag.quantize.scheme == "W8A8" and rag.quantize.output == chat.quantize.output
+    assert rag.serve.max_num_seqs == chat.serve.max_num_seqs == 4
+    # ... with rag's own SLO, traffic and load under that SLO, its runs in its own tune directory
+    assert rag.name == "t-rag-tuned" and rag.bench.classes.replay == "rag" and chat.bench.classes.replay == "chat"
+    assert rag.bench.slo.ttft_ms == 3000 and chat.bench.slo.ttft_ms == 1000 and rag.bench.concurrency == [1, 3]
+    assert rag.run.out_dir == str((d / "classes" / "rag" / "runs").absolute())
+    assert "routed to configuration" in (d / "tuned-rag.yaml").read_text().splitlines()[0]
+    assert any(f"{ids[W8]} (chat's winner)" in row[3] for row in routing_rows(table) if row[0] == "rag")
+    # read_routing's and routed_manifests' rules hold: one Deployment, serving chat's recipe, both classes routed
+    assert read_routing(d).deployments[0].classes == ["chat", "rag"]
+    out = CliRunner().invoke(app, ["serve", per.tune_dir, "--emit", "k8s", "--json"])
+    assert out.exit_code == 0, out.output
+    docs = json.loads(out.stdout)["manifests"]
+    assert [x["kind"] for x in docs] == ["Deployment", "Service", "HTTPRoute"]
+    one = CliRunner().invoke(app, ["serve", str(d / "tuned-rag.yaml"), "--emit", "k8s", "--json"])
+    assert one.exit_code == 0, one.output
+
+
+def test_an_old_routing_table_without_the_new_fields_still_reads(tmp_path):
+    from infertool.tune.classes import read_routing, summary_lines
+
+    d = tmp_path / "tuned"
+    d.mkdir()
+    (d / "routing.json").write_text(json.dumps({
+        "recipe": "t", "header": "x-infertool-class", "gateway": "gw",
+        "classes": [{"name": "chat", "configuration": "abc123", "recipe": "tuned-chat.yaml"}],
+        "deployments": [{"configuration": "abc123", "recipe": "tuned-chat.yaml", "classes": ["chat"]}]}))
+    table = read_routing(d)
+    assert table.classes[0].winner_of is None and table.classes[0].speculation is None
+    assert "winner_of" not in table.classes[0].to_dict() and "speculation" not in table.classes[0].to_dict()
+    assert not any("crossover" in line for line in summary_lines(table))

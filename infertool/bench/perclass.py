@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from infertool.recipe import BenchSection, ServeSection, SpeculativeSpec
 
 __all__ = ["BASELINE", "CACHE_OFF", "DEFAULT_SPECULATIVE", "PerClassArm", "apply_lossless", "arms", "caching", "crossover",
-           "measure_classes", "paired_ratio", "speculation", "verdict"]
+           "measure_classes", "paired_ratio", "spec_variant", "speculation", "verdict"]
 
 # vLLM's n-gram proposer with k = 3 and a 2..4-token lookup: the setting tried when the recipe names none
 DEFAULT_SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
@@ -284,19 +284,27 @@ def speculation(plan_arms: list[PerClassArm], by_arm: dict[str, list[LevelResult
             continue
         spec = arm.serve.speculative
         assert spec is not None, "a speculative arm has its setting"
-        rows = []
-        reported = False
-        for off, on in zip(by_arm.get(base.label, []), by_arm.get(arm.label, [])):
-            sm = on.server_metrics
-            reported = reported or sm.spec_decode_drafts is not None
-            rows.append(SpecLevel(**_pair(off, on, slo_set), acceptance_per_pos=sm.spec_decode_acceptance_per_pos,
-                                  acceptance_rate=sm.spec_decode_acceptance_rate,
-                                  mean_accepted_len=sm.spec_decode_mean_accepted_len, drafts=sm.spec_decode_drafts))
-        note = None if reported or not rows else ("the server reported no spec-decode counters on /metrics: acceptance "
-                                                  "not reported")
-        out.append(SpecVariant(label=arm.label, config=speculative_config(spec), levels=rows, crossover=crossover(rows),
-                               note=note))
+        pairs = list(zip(by_arm.get(base.label, []), by_arm.get(arm.label, [])))
+        out.append(spec_variant(arm.label, speculative_config(spec), pairs, slo_set))
     return out
+
+
+def spec_variant(label: str, config: JsonObject, pairs: list[tuple[LevelResult, LevelResult]],
+                 slo_set: bool) -> SpecVariant:
+    """One speculative setting against speculation off over paired levels ((off, on): the same traffic, load and
+    seeds), each with the "on" side's spec-decode counters, and the crossover (also tune's, per trial: its capacity
+    probes against its sibling's without speculation)."""
+    rows = []
+    reported = False
+    for off, on in pairs:
+        sm = on.server_metrics
+        reported = reported or sm.spec_decode_drafts is not None
+        rows.append(SpecLevel(**_pair(off, on, slo_set), acceptance_per_pos=sm.spec_decode_acceptance_per_pos,
+                              acceptance_rate=sm.spec_decode_acceptance_rate,
+                              mean_accepted_len=sm.spec_decode_mean_accepted_len, drafts=sm.spec_decode_drafts))
+    note = None if reported or not rows else ("the server reported no spec-decode counters on /metrics: acceptance "
+                                              "not reported")
+    return SpecVariant(label=label, config=config, levels=rows, crossover=crossover(rows), note=note)
 
 
 def caching(plan_arms: list[PerClassArm], by_arm: dict[str, list[LevelResult]], slo_set: bool) -> list[CachingBudget]:

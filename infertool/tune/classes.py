@@ -10,7 +10,8 @@ the bench section: the class and its SLO) runs per class.
 Then ``routing``: each class's winner, its load per replica and the replicas its peak needs (share x
 target.peak_rps); whether one configuration serves every class within ``TOLERANCE`` of its best (then one
 deployment); and the share-weighted $/1M of the per-class answer against the best single configuration. Written as
-routing.json (``records.RoutingTable``) and tuned-<class>.yaml beside it. ``routed_manifests`` is what
+routing.json (``records.RoutingTable``) and, per routed class, its own tuned-<class>.yaml beside it (the
+configuration it is routed to, with its SLO and traffic: ``write_class_recipes``). ``routed_manifests`` is what
 `serve TUNE_DIR --emit k8s` emits from it: a Deployment and a Service per configuration and a Gateway API HTTPRoute
 that routes on the class header.
 """
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
@@ -196,7 +197,7 @@ def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhausti
     ``plans``: ``plan_classes(recipe)`` when the caller already made it (the traffic read and classified once)."""
     import time
 
-    from infertool.atomic import write_json, write_text
+    from infertool.atomic import write_json
     from infertool.tune.run import run_tune
 
     t0 = time.monotonic()
@@ -208,7 +209,7 @@ def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhausti
              "its requests take the default route", "warning")
     tune_dir = Path(out_dir or tune_of(recipe).out_dir).expanduser() / recipe.name
     suffix = "-exhaustive" if exhaustive else ""
-    results, tuned = {}, {}
+    results = {}
     recipes = [(class_recipe(recipe, p), tune_dir / CLASSES_DIR / p.name) for p in plans]
     pool = None
     if (executor or tune_of(recipe).executor) == "local":  # one server per configuration for every class
@@ -220,25 +221,79 @@ def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhausti
         for i, p in enumerate(plans):
             emit(on_event, f"class {p.name} ({i + 1} of {len(plans)}): {p.requests} requests of a probe's traffic, "
                  "share " + (f"{p.share:.1%}" if p.share is not None else "-"))
-            results[p.name] = res = run_tune(
+            results[p.name] = run_tune(
                 recipes[i][0], exhaustive=exhaustive, executor=executor, on_event=on_event, on_trial=on_trial,
                 publish=str(Path(publish) / p.name) if publish else None, tune_dir=recipes[i][1],
                 cache=tune_dir / ".stages", checked=i > 0, pool=pool, peers=tuple(recipes[i + 1:]))
-            if res.tuned_recipe:
-                from infertool.report import read_inside
-
-                text = read_inside(Path(res.tuned_recipe).parent, Path(res.tuned_recipe).name, 16 * 1024 * 1024)
-                tuned[p.name] = str(tune_dir / f"tuned{suffix}-{p.name}.yaml")
-                write_text(Path(tuned[p.name]), text.decode("utf-8"))
     finally:
         if pool is not None:
             pool.close()
-    table = routing(recipe, plans, results, {k: Path(v).name for k, v in tuned.items()})
+    table = routing(recipe, plans, results, {p.name: f"tuned{suffix}-{p.name}.yaml" for p in plans})
+    tuned = write_class_recipes(recipe, plans, results, table, tune_dir)  # each routed class's own
     table.servers = pool.starts() if pool is not None else None
     table.notes += [f"class {p.name} not tuned: {p.requests} requests in a probe's traffic, a probe needs {p.needed} "
                     "(raise tune.load.requests); its requests take the default route" for p in few]
     write_json(tune_dir / f"routing{suffix}.json", table.to_dict())
     return PerClassResult(str(tune_dir), table, results, tuned, round(time.monotonic() - t0, 1))
+
+
+def write_class_recipes(recipe: Recipe, plans: list[ClassPlan], results: dict[str, TuneResult], table: RoutingTable,
+                        tune_dir: Path) -> dict[str, str]:
+    """Each routed class's own recipe (``ClassRoute.recipe``, tuned-<class>.yaml): its tune's tuned recipe where
+    it is routed to its own winner; else the recipe of the class whose winner its configuration is, made this
+    class's (``routed_recipe``). A route whose recipe could not be made names none. Returns class -> path."""
+    from infertool.atomic import write_text
+    from infertool.report import read_inside
+
+    by_name = {p.name: p for p in plans}
+    out = {}
+    for route in table.classes:
+        src = results[route.winner_of].tuned_recipe if route.winner_of in results else None
+        if route.recipe is None or route.configuration is None or src is None:
+            route.recipe = None  # no file: routing.json names none
+            continue
+        text = read_inside(Path(src).parent, Path(src).name, 16 * 1024 * 1024).decode("utf-8")
+        if route.winner_of != route.name:
+            text = routed_recipe(text, recipe, by_name[route.name], route, Path(results[route.name].tune_dir))
+        out[route.name] = str(tune_dir / route.recipe)
+        write_text(Path(out[route.name]), text)
+    return out
+
+
+def routed_recipe(text: str, recipe: Recipe, plan: ClassPlan, route: ClassRoute, class_dir: Path) -> str:
+    """Another class's tuned recipe (``text``: its winner, the configuration ``route`` sends this class to, its
+    published checkpoint) as this class's: named for it, its bench traffic (bench.classes.replay) and SLO, its load
+    under that SLO, its runs in its own tune directory; validated as every command takes it."""
+    import yaml
+
+    from infertool.recipe import validate_recipe_data
+
+    data = yaml.safe_load(text)
+    name = class_recipe(recipe, plan).name
+    slo = plan.slo.model_dump(mode="json", exclude_defaults=True) if plan.slo is not None else None
+    data["name"] = f"{name}-tuned"
+    data["description"] = (f"tuned by `infertool tune {recipe.name}` per class: class {plan.name} is routed to "
+                           f"{route.label} ({route.configuration}), class {route.winner_of}'s winner"
+                           + (f" (${route.cost_per_1m:,.4g}/1M output tokens on this class)"
+                              if route.cost_per_1m is not None else ""))
+    data["run"] = {"out_dir": str((class_dir / "runs").absolute())}
+    for section in ("bench", "tune"):
+        sec = data.get(section)
+        if isinstance(sec, dict) and (slo is not None or "slo" in sec):
+            if slo is None:
+                del sec["slo"]
+            else:
+                sec["slo"] = slo
+    bench = data.get("bench")
+    if isinstance(bench, dict):
+        bench["classes"] = {**(bench.get("classes") or {}), "replay": plan.name}
+        if route.max_load:
+            bench["concurrency"] = sorted({1, int(route.max_load)})  # `run` benchmarks at this class's load
+    validate_recipe_data(data, source=route.recipe or f"tuned-{plan.name}.yaml")
+    head = (f"# Tuned by infertool from recipe {recipe.name!r}, class {plan.name}: routed to configuration "
+            f"{route.configuration}, the winner of class {route.winner_of},\n# with this class's SLO and traffic.\n"
+            "# `infertool run` and `infertool serve --emit k8s` take this file as it is.\n")
+    return head + yaml.safe_dump(data, sort_keys=False, allow_unicode=True)
 
 
 # ----------------------------------------------------------------------------------------- the routing table
@@ -306,8 +361,10 @@ def _replicas(peak: float | None, rps: float | None) -> int | None:
 
 
 def routing(recipe: Recipe, plans: list[ClassPlan], results: dict[str, TuneResult], tuned: dict[str, str]) -> RoutingTable:
-    """The routing table from each class's tune (``results``: class -> core.TuneResult; ``tuned``: class ->
-    its tuned-<class>.yaml's name)."""
+    """The routing table from each class's tune (``results``: class -> core.TuneResult; ``tuned``: class -> the
+    name its own tuned-<class>.yaml takes: the configuration it is routed to, with its SLO and traffic,
+    ``write_class_recipes``); a Deployment's recipe is the file of the class whose winner its configuration is;
+    each class's speculative trials with their acceptance and crossover (their levels left in its tune.json)."""
     tune = tune_of(recipe)
     objective = tune.objective
     peak_all = recipe.target.peak_rps if recipe.target is not None else None
@@ -342,7 +399,7 @@ def routing(recipe: Recipe, plans: list[ClassPlan], results: dict[str, TuneResul
     if one is not None and differ:
         notes.append(f"one configuration, {one}, serves every class within {TOLERANCE:.0%} of its best (a tie counts): "
                      "one deployment")
-    home = {w.id: name for name, w in winners.items() if w is not None}  # a configuration's tuned recipe
+    home = {w.id: name for name, w in winners.items() if w is not None}  # a configuration's class (its recipe's)
     routes = []
     for p in plans:
         w = winners[p.name]
@@ -355,13 +412,16 @@ def routing(recipe: Recipe, plans: list[ClassPlan], results: dict[str, TuneResul
         if rec is not None and cfg is not None:
             rps, rps_ci = load_rps(rec)
             cost, ci = class_cost(rec, objective)
-            route.configuration, route.label, route.recipe = cfg, rec.label, tuned.get(home.get(cfg, ""))
+            route.configuration, route.label, route.recipe = cfg, rec.label, tuned.get(p.name)
+            route.winner_of = p.name if w is not None and w.id == cfg else home.get(cfg)
             route.max_load = rec.capacity.max_load if rec.capacity else None
             route.max_load_ci = rec.capacity.max_load_ci if rec.capacity else None
             route.load_rps, route.load_rps_ci, route.cost_per_1m, route.cost_per_1m_ci = rps, rps_ci, cost, ci
             route.replicas = _replicas(peak, rps)
             if peak is None:
                 route.note = "replicas not sized: set target.peak_rps"
+        route.speculation = [replace(t.speculation, levels=None) for t in results[p.name].trials
+                             if t.speculation is not None] or None
         routes.append(route)
     deployments = []
     for cfg in dict.fromkeys(r.configuration for r in routes if r.configuration):
@@ -369,7 +429,8 @@ def routing(recipe: Recipe, plans: list[ClassPlan], results: dict[str, TuneResul
         need = [r.peak_rps / r.load_rps if (r.peak_rps is not None and r.load_rps) else None for r in mine]
         replicas = (max(1, min(MAX_REPLICAS, math.ceil(sum(n for n in need if n is not None) - 1e-9)))
                     if need and all(n is not None for n in need) else None)
-        deployments.append(RoutedDeployment(cfg, mine[0].label or "", mine[0].recipe or "", [r.name for r in mine],
+        own = next((r for r in mine if r.winner_of == r.name), mine[0])  # the configuration's own recipe
+        deployments.append(RoutedDeployment(cfg, mine[0].label or "", own.recipe or "", [r.name for r in mine],
                                             replicas))
     return RoutingTable(recipe=recipe.name, objective=objective, header=tune.routing.header,
                         gateway=tune.routing.gateway, peak_rps=peak_all, tolerance=TOLERANCE, winners_differ=differ,
@@ -416,7 +477,8 @@ def routing_rows(table: RoutingTable) -> list[list[str]]:
     rows = [["class", "share", "winner", "routed to", "max load / replica", "req/s / replica", "peak req/s",
              "replicas", "$/1M out tok", "recipe"]]
     for r in table.classes:
-        rows.append([r.name, num(r.share, "{:.1%}"), r.winner_label or "none passes", r.configuration or "-",
+        routed = (r.configuration or "-") + (f" ({r.winner_of}'s winner)" if r.winner_of not in (None, r.name) else "")
+        rows.append([r.name, num(r.share, "{:.1%}"), r.winner_label or "none passes", routed,
                      num(r.max_load) + (f" [{r.max_load_ci[0]}, {r.max_load_ci[1]}]" if r.max_load_ci else ""),
                      num(r.load_rps) + ci(r.load_rps_ci), num(r.peak_rps), num(r.replicas),
                      num(r.cost_per_1m) + ci(r.cost_per_1m_ci), r.recipe or "-"])
@@ -449,7 +511,19 @@ def summary_lines(table: RoutingTable) -> list[str]:
                          "tied with) every class's best; only class winners are re-checked as served")
     else:
         lines.append("no single configuration passes for every class")
-    return lines + list(table.notes)
+    return lines + speculation_lines(table) + list(table.notes)
+
+
+def speculation_lines(table: RoutingTable) -> list[str]:
+    """Per class and speculative setting: the acceptance per draft position (mean accepted length) and the
+    crossover load against the same settings without speculation, or "not measured" and why."""
+    lines = []
+    for r in table.classes:
+        for s in r.speculation or []:
+            why = "; ".join(s.notes)
+            lines.append(f"class {r.name}, {s.setting} (trial {s.trial}): accepted by draft position "
+                         f"{s.acceptance_text}; crossover: {s.crossover_text}" + (f" ({why})" if why else ""))
+    return lines
 
 
 # ----------------------------------------------------------------------------------------- serve --emit k8s

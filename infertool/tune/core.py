@@ -34,7 +34,7 @@ from infertool.errors import EnvNotReady, InfertoolError, UsageError
 from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS
 from infertool.metricspec import objective as objective_metric
 from infertool.models.info import reading_once
-from infertool.tune import search, space
+from infertool.tune import search, space, speculation
 from infertool.tune.space import Trial  # (a field named space shadows the module in PlannedSpace)
 from infertool.stages import StageOutput
 from infertool.records import JSONView, Record
@@ -376,6 +376,8 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     pts = [(r.id, float((r.accuracy.mean_kld if r.accuracy else None) or 0.0), r.objective) for r in records
            if r.status == "done" and r.objective is not None]
     front = search.pareto_front(pts)
+    speculation.fill(records, slo_set=ctx.slo is not None and bool(ctx.slo.model_dump(exclude_none=True)),
+                     confidence=ctx.tune.load.repeats.confidence)  # each speculative trial's acceptance and crossover
     tuned = str(write_tuned_recipe(ctx, by_id[winner.id], winner)) if winner is not None else None
     doc = TuneDoc(recipe=ctx.recipe.name, objective=ctx.tune.objective, exhaustive=ctx.exhaustive,
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import ClassVar, Mapping
 
-from infertool.bench.results import Cost, Goodput, Latency
+from infertool.bench.results import Cost, Crossover, Goodput, Latency, SpecLevel
 from infertool.bench.results import Summary as BenchSummary
 from infertool.evaluate.lossless import Lossless
 from infertool.evaluate.result import LmEvalTask
@@ -377,6 +377,50 @@ class TuneCost(Record):
 
 
 @dataclass
+class SpecFigures(Sparse):
+    """What a speculative trial's drafts did, as its capacity probes measured them (``infertool.tune.speculation``):
+    vLLM's spec-decode counters pooled over its probes (weighted by drafts): the acceptance rate of each draft
+    position, the acceptance rate and the mean accepted length; and against its sibling without speculation (the
+    same candidate and serve settings, speculative none) at the concurrencies both probed: each load's figure off
+    and on with their ratio and verdict (bench's ``SpecLevel``), and the crossover (bench's ``Crossover``: the
+    concurrency above which speculation no longer pays). A figure that is None is not measured; ``notes`` say
+    why."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("trial", "sibling", "sibling_label", "acceptance_per_pos",
+                                            "acceptance_rate", "mean_accepted_len", "drafts", "levels", "crossover")
+
+    setting: str = ""  # the speculative setting in words: "ngram k=2 lookup 2-4"
+    config: dict[str, ServeValue] = field(default_factory=dict)  # vLLM's --speculative-config
+    trial: str | None = None  # the speculative trial (routing.json's per-class lists)
+    sibling: str | None = None  # the trial without speculation it is compared with
+    sibling_label: str | None = None
+    acceptance_per_pos: list[float] | None = None  # accepted at draft position i / drafts, over the probes
+    acceptance_rate: float | None = None  # accepted / draft tokens
+    mean_accepted_len: float | None = None  # 1 + accepted / drafts: the tokens one target step makes
+    drafts: float | None = None  # the drafts the pooled figures count
+    probes: int = 0  # the bench levels (probe runs) whose counters are pooled
+    levels: list[SpecLevel] | None = None  # each concurrency both probed, off (the sibling) against on
+    crossover: Crossover | None = None  # None: not measured (``notes``)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def acceptance_text(self) -> str:
+        """The acceptance per draft position in a few words ("0.71 / 0.52 (mean accepted length 2.23)")."""
+        if not self.acceptance_per_pos:
+            return "not measured"
+        text = " / ".join(f"{r:.2f}" for r in self.acceptance_per_pos)
+        return text + (f" (mean accepted length {self.mean_accepted_len:.2f})" if self.mean_accepted_len else "")
+
+    @property
+    def crossover_text(self) -> str:
+        """The crossover in words: where speculation stops paying, or "not measured" with why."""
+        c = self.crossover
+        if c is None:
+            return "not measured"
+        return c.stopped + (f" (about {c.estimate:.3g})" if c.estimate is not None else "")
+
+
+@dataclass
 class TrialRecord(Sparse):
     """One trial (a candidate x a serving setting): its status (pending | pruned | done | failed | interrupted |
     skipped), the stages it used, its accuracy, capacity and objective (lower is better; None: not measured),
@@ -405,10 +449,12 @@ class TrialRecord(Sparse):
     machine: MachineInfo | None = None
     cost_per_1m_output_tokens: float | None = None  # at its machine's price (machine kinds only)
     screening: Screening | None = None
+    # a speculative trial: its acceptance per draft position and crossover load (``tune.speculation``)
+    speculation: SpecFigures | None = None
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("dir", "accuracy", "capacity", "reason", "decode", "error", "why_lost",
                                             "served_check", "executor", "machine", "cost_per_1m_output_tokens",
-                                            "screening", "objective_ci")
+                                            "screening", "objective_ci", "speculation")
 
     @property
     def verdict(self) -> str | None:
@@ -492,11 +538,12 @@ class TuneDoc(Sparse):
 @dataclass
 class ClassRoute(Sparse):
     """One traffic class of a per-class tune (routing.json's ``classes``): its share and SLO, its own winner,
-    the configuration it is routed to (its winner, or the one configuration that serves every class), that
+    the configuration it is routed to (its winner, or the one configuration that serves every class) and its own
+    recipe of it (tuned-<class>.yaml: that configuration with the class's SLO and traffic), that
     configuration's largest load under the class's SLO per replica (concurrency, and requests/s) with its
     interval, the class's peak (share x target.peak_rps), the replicas that peak needs, and $/1M output tokens."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("note",)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("note", "winner_of", "speculation")
 
     name: str = ""
     share: float | None = None  # of target.peak_rps (default: of the traffic's requests)
@@ -506,7 +553,8 @@ class ClassRoute(Sparse):
     winner_label: str | None = None
     configuration: str | None = None  # the trial it is routed to
     label: str | None = None
-    recipe: str | None = None  # its recipe: tuned-<class>.yaml, in the tune directory
+    recipe: str | None = None  # its own recipe: tuned-<class>.yaml, in the tune directory (its SLO, its traffic)
+    winner_of: str | None = None  # the class whose own winner the configuration is (its recipe: the deployment's)
     max_load: int | None = None  # concurrency per replica under the class's SLO
     max_load_ci: list[int] | None = None
     load_rps: float | None = None  # requests/s per replica at that load
@@ -516,12 +564,16 @@ class ClassRoute(Sparse):
     cost_per_1m: float | None = None  # $ per 1M output tokens of the routed configuration on this class
     cost_per_1m_ci: list[float | None] | None = None
     note: str | None = None
+    # each speculative trial on this class's traffic: acceptance per draft position and crossover load (their
+    # levels: classes/<class>/tune.json)
+    speculation: list[SpecFigures] | None = None
 
 
 @dataclass
 class RoutedDeployment(Sparse):
-    """One Deployment of a per-class tune (routing.json's ``deployments``): a configuration, its recipe, the
-    classes routed to it and the replicas their peaks need (ceil of the sum of peak / load per replica)."""
+    """One Deployment of a per-class tune (routing.json's ``deployments``): a configuration, its recipe (the
+    tuned-<class>.yaml of the class whose winner it is), the classes routed to it and the replicas their peaks
+    need (ceil of the sum of peak / load per replica)."""
 
     configuration: str = ""
     label: str = ""

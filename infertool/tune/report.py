@@ -263,6 +263,36 @@ def lossless_rows(doc: TuneDoc) -> list[list[str]]:
     return rows
 
 
+def speculation_rows(doc: TuneDoc) -> list[list[str]]:
+    """Each speculative trial's drafts as measured (``records.SpecFigures``): the acceptance rate of each draft
+    position over its probes, the mean accepted length, its figure against its sibling without speculation at each
+    concurrency both probed (ratio on / off [interval], verdict) and the crossover, or "not measured" and why; only
+    the header when no trial speculates."""
+    from infertool.bench.perclass_tables import ratio_cell
+
+    rows = [["trial", "speculation", "against", "accepted by draft position", "acceptance", "mean accepted length",
+             "on / off at each concurrency", "crossover", "notes"]]
+    for t in doc.trials:
+        s = t.speculation
+        if s is None:
+            continue
+        loads = "; ".join(f"{lv.load:g}: {ratio_cell(lv.ratio)} {lv.verdict}" for lv in s.levels or []
+                          if lv.load is not None)
+        rows.append([t.id, s.setting or "-", f"{s.sibling} (no speculation)" if s.sibling else "-",
+                     " / ".join(f"{r:.2f}" for r in s.acceptance_per_pos) if s.acceptance_per_pos else "not measured",
+                     f"{s.acceptance_rate:.0%}" if s.acceptance_rate is not None else "-",
+                     _f(s.mean_accepted_len), loads or "-", s.crossover_text, "; ".join(s.notes) or "-"])
+    return rows
+
+
+SPECULATION_NOTE = ("vLLM's spec-decode counters over each speculative trial's capacity probes (drafts weighted): "
+                    "the acceptance rate of each draft position and the mean accepted length (1 + accepted tokens / "
+                    "drafts). Against the same candidate and settings without speculation, at each concurrency both "
+                    "probed: goodput under the SLO (else output tok/s) on / off with its interval over the runs; it "
+                    "pays where the interval is above 1. The crossover: the concurrency above which speculation no "
+                    "longer pays.")
+
+
 LOSSLESS_NOTE = ("A speculative configuration is served beside the same configuration without speculation, on each "
                  "traffic class's own prompts (else the decode prompts). The noise floor: " + FLOOR_METHOD + ". The "
                  "rule: " + rule_text(0.15).replace("0.15 nats", "eval.decode.near_tie_logprob") + ".")
@@ -425,6 +455,8 @@ def render_markdown(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> 
     parts += ["## Accuracy as served", "", ACCURACY_NOTE, "", md_table(accuracy_rows(doc)), ""]
     if len(lossless := lossless_rows(doc)) > 1:
         parts += ["## Speculation is lossless, checked", "", LOSSLESS_NOTE, "", md_table(lossless), ""]
+    if len(spec := speculation_rows(doc)) > 1:
+        parts += ["## Speculation, measured", "", SPECULATION_NOTE, "", md_table(spec), ""]
     fleet = _fleet(doc)
     parts += ["## Fleet", "", *fleet.lines, ""] + ([md_table(fleet.rows), ""] if fleet.rows else [])
     if tuned_text:
@@ -451,6 +483,8 @@ def render_html(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
     body += ["<h2>Accuracy as served</h2>", f"<p>{inline(ACCURACY_NOTE)}</p>", html_table(accuracy_rows(doc))]
     if len(lossless := lossless_rows(doc)) > 1:
         body += ["<h2>Speculation is lossless, checked</h2>", f"<p>{inline(LOSSLESS_NOTE)}</p>", html_table(lossless)]
+    if len(spec := speculation_rows(doc)) > 1:
+        body += ["<h2>Speculation, measured</h2>", f"<p>{inline(SPECULATION_NOTE)}</p>", html_table(spec)]
     fleet = _fleet(doc)
     body += ["<h2>Fleet</h2>", *(f"<p>{inline(x)}</p>" for x in fleet.lines)] + ([html_table(fleet.rows)] if fleet.rows else [])
     if tuned_text:
