@@ -172,18 +172,19 @@ def plan_starts(recipe: Recipe, trials: Sequence[Trial], *, classes: Sequence[st
     if any(screen_wanted(t) for t in run):
         ref = recipe.model_copy(update={"quantize": None, "tune": None})
         servers.use(original, "original", ref, "reference", "the reference every screening is scored against")
-    screened = set()
+    screened: set[tuple[str, str]] = set()  # one screening per candidate and output-changing settings
     for t in run:
-        if not screen_wanted(t):
+        which = (t.candidate.key, json.dumps(t.scoring, sort_keys=True, default=str))  # as stages.screen_recipe keys it
+        if not screen_wanted(t) or which in screened:
             continue
-        sr = space.trial_recipe(recipe, t.candidate, t.scoring if t.own_screening else {})
+        screened.add(which)
         label = screen_label(t)
+        sr = space.trial_recipe(recipe, t.candidate, t.scoring if t.own_screening else {})
         servers.use(t.candidate.key, t.candidate.label, sr, f"screen {label}", f"the screening of {label}")
-        if sr.serve is not None and sr.serve.speculative is not None and label not in screened:
+        if sr.serve is not None and sr.serve.speculative is not None:
             servers.use(t.candidate.key, t.candidate.label, without_speculation(sr),
                         f"lossless check of {label} (without speculation)",
                         f"the lossless check of {label}: the same settings without speculation")
-        screened.add(label)
     for t in run:
         for c in [f" ({name})" for name in classes] or [""]:
             what = f"capacity {t.id}{c}"
@@ -260,10 +261,11 @@ def duration(seconds: float) -> str:
 
 def estimate(plan: StartPlan, recipe: Recipe, trials: Sequence[Trial], *, times: Sequence[StartTime], host: str,
              model: str, accelerator: str, calibration: Callable[[str], Calibration | None],
-             class_requests: Sequence[int] = ()) -> WallEstimate:
+             class_requests: Sequence[int] = (), cached: int | None = None) -> WallEstimate:
     """The planned tune's wall time as a range: ``plan.starts`` x a start's seconds (``start_range``) plus each
     capacity search's probes by the calibrated model (``calibration``: a key's cached calibration; a trial whose
-    prediction has none is not estimated and leaves the range without a top), per class when ``class_requests``."""
+    prediction has none is not estimated and leaves the range without a top), per class when ``class_requests``.
+    ``cached``: the calibrations this host holds (of any model and settings), said when none is the tune's."""
     lo1, hi1, start_basis, measured = start_range(times, host, model, accelerator)
     bench, tune = recipe.bench, recipe.tune
     assert bench is not None and tune is not None  # a tune recipe has both
@@ -285,7 +287,9 @@ def estimate(plan: StartPlan, recipe: Recipe, trials: Sequence[Trial], *, times:
     probe_basis = (f"{len(calibrated)} capacity search(es) by this host's calibration of the engine's step cost: "
                    f"{tune.load.repeats.min_runs} to {tune.load.max_probes} x {tune.load.repeats.max_runs} runs of "
                    f"{rq}, {bench.prompt.len} prompt + {bench.output_len} output tokens each"
-                   if calibrated else "no capacity search has a calibration of this host")
+                   if calibrated else "no capacity search has a calibration of this host"
+                   + (f": the {cached} cached here are of other models or serve settings" if cached else
+                      ": none is cached here" if cached == 0 else ""))
     assumes = [f"{plan.starts} start(s) x {start_basis}"]
     assumes.append(f"capacity probes {duration(p_lo)} to {duration(p_hi)} ({probe_basis})" if calibrated
                    else f"capacity probes not estimated ({probe_basis})")
@@ -308,8 +312,12 @@ def estimate(plan: StartPlan, recipe: Recipe, trials: Sequence[Trial], *, times:
 def host_estimate(plan: StartPlan, recipe: Recipe, trials: Sequence[Trial], *, model: str, accelerator: str,
                   class_requests: Sequence[int] = ()) -> WallEstimate:
     """``estimate`` with this host's records: the launcher's measured starts and the cached calibrations."""
-    from infertool.profile.calibration import load
+    from infertool.profile.calibration import cache_dir, load
     from infertool.serve.start_times import host_label, read
 
+    try:
+        cached: int | None = sum(1 for _ in cache_dir().glob("*.json"))
+    except OSError:
+        cached = None
     return estimate(plan, recipe, trials, times=read().starts, host=host_label(), model=model, accelerator=accelerator,
-                    calibration=load, class_requests=class_requests)
+                    calibration=load, class_requests=class_requests, cached=cached)
