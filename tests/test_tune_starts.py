@@ -19,7 +19,6 @@ from infertool.perf.calibration import Calibration, StepPoint
 from infertool.recipe import validate_recipe_data
 from infertool.serve import start_times
 from infertool.tune import core, starts
-from infertool.tune.stages import screen_label
 from tests.test_tune import smol, tune_recipe  # noqa: F401 - smol: the fixture
 from tests.test_tune_classes import classed_recipe
 
@@ -71,7 +70,9 @@ def test_a_speculative_screenings_lossless_server_is_another_trials(smol, tmp_pa
     by = {(t.candidate.label, t.serve["speculative"] is not None): t for t in trials}
     assert plan.starts == 4
     ref = _server_of(plan, "reference")
-    spec_label, w8_label = screen_label(by[("original", True)]), screen_label(by[("W8A8 (llmcompressor)", True)])
+    spec_label, w8_label = starts.screen_text(by[("original", True)]), starts.screen_text(by[("W8A8 (llmcompressor)", True)])
+    ngram = '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":4,"prompt_lookup_min":2}'
+    assert spec_label == f"original with speculative={ngram}"  # unset fields left out
     assert ref.used_by == ["reference", f"lossless check of {spec_label} (without speculation)",
                            f"capacity {by[('original', False)].id}"]
     spec = _server_of(plan, f"screen {spec_label}")
@@ -174,7 +175,9 @@ def test_start_times_keep_the_latest_vllm_starts_only(tmp_path, monkeypatch):
         start_times.note("m", "/p", 10.0 + i, file=f, host="h")
     assert [s.ready_s for s in start_times.read(f).starts] == [12.0, 13.0, 14.0]
     monkeypatch.setattr(start_times, "path", lambda: f)
-    start_times.note_launch(["python", "fake_server.py", "--port", "1"], "m", "/p", 1.0)  # a stand-in: not vLLM
+    for stand_in in (["python", "fake_server.py", "--port", "1"],
+                     ["python", "-c", "serve()", "vllm.entrypoints.openai.api_server"]):  # not vLLM
+        start_times.note_launch(stand_in, "m", "/p", 1.0)
     assert len(start_times.read(f).starts) == 3
     start_times.note_launch(["python", "-m", "vllm.entrypoints.openai.api_server", "--enforce-eager"], "m", "/p", 2.0)
     last = start_times.read(f).starts[-1]

@@ -92,8 +92,9 @@ def note(model: str, model_path: str | None, ready_s: float, *, eager: bool | No
 
 
 def note_launch(argv: list[str], model: str, model_path: str | None, ready_s: float) -> None:
-    """Keep a start of the launcher's: only a vLLM API server's (a stand-in server of a test is not vLLM)."""
+    """Keep a start of the launcher's: only a vLLM API server's, ``python -m <vLLM's API server>`` as
+    ``serve.command.build_launch`` writes it (a test's stand-in server, run another way, is not kept)."""
     from infertool.serve.command import API_SERVER_MODULE
 
-    if API_SERVER_MODULE in argv:
+    if argv[1:3] == ["-m", API_SERVER_MODULE]:
         note(model, model_path, ready_s, eager="--enforce-eager" in argv)

@@ -28,10 +28,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from infertool.data.fingerprint import digest
-from infertool.records import JSONValue, Record
+from infertool.records import JSONValue, JSONView, Record
 
 if TYPE_CHECKING:
     from infertool.perf.calibration import Calibration
@@ -115,9 +116,19 @@ class StartPlan(Record):
         return out
 
 
-def settings_text(settings: dict[str, JSONValue]) -> str:
-    return ", ".join(f"{k}={v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v, separators=(',', ':'))}"
-                     for k, v in settings.items())
+def settings_text(settings: Mapping[str, JSONView]) -> str:
+    """Serve settings in a few words: ``key=value``, a section as compact JSON without its unset fields."""
+    def value(v: JSONView) -> str:
+        if isinstance(v, Mapping):
+            return json.dumps({k: x for k, x in v.items() if x is not None}, separators=(",", ":"))
+        return str(v) if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(list(v), separators=(",", ":"))
+
+    return ", ".join(f"{k}={value(v)}" for k, v in settings.items())
+
+
+def screen_text(trial: Trial) -> str:
+    """What a trial's screening serves: its candidate, with its output-changing settings when it has any."""
+    return trial.candidate.label + (f" with {settings_text(trial.scoring)}" if trial.scoring else "")
 
 
 def _serve(recipe: Recipe) -> dict[str, JSONValue]:
@@ -164,7 +175,7 @@ def plan_starts(recipe: Recipe, trials: Sequence[Trial], *, classes: Sequence[st
     out): one per distinct serve configuration, with the stages that use each (``classes``: a per-class tune's
     classes, each probed on every capacity server)."""
     from infertool.tune import space
-    from infertool.tune.stages import screen_label, screen_wanted
+    from infertool.tune.stages import screen_wanted
 
     run = [t for t in trials if t.prediction.fits]
     servers = _Servers(recipe)
@@ -178,7 +189,7 @@ def plan_starts(recipe: Recipe, trials: Sequence[Trial], *, classes: Sequence[st
         if not screen_wanted(t) or which in screened:
             continue
         screened.add(which)
-        label = screen_label(t)
+        label = screen_text(t)
         sr = space.trial_recipe(recipe, t.candidate, t.scoring if t.own_screening else {})
         servers.use(t.candidate.key, t.candidate.label, sr, f"screen {label}", f"the screening of {label}")
         if sr.serve is not None and sr.serve.speculative is not None:
