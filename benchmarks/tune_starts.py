@@ -25,11 +25,14 @@ benchmarks/server_starts.py counts a run's); its wall time is measured around th
 ratios against the goals (per-class / plain wall time <= 1.5, per-class / brute force <= 0.5) and whether each
 class's winner is the same per-class and by brute force.
 
-    python benchmarks/tune_starts.py [--per-class-requests 40] [--k 2] [--prefix-caching] [--max-concurrency 4]
-                                     [--rounds 4 8] [--keep DIR] [--json]
+    python benchmarks/tune_starts.py [--per-class-requests 30] [--k 2] [--prefix-caching] [--max-concurrency 4]
+                                     [--max-probes 3] [--rounds 4 8] [--only plain ...] [--keep DIR] [--json]
 
-It starts vLLM many times: minutes per start on a CPU. With the defaults (2 settings, 40 requests per class, loads
-up to 4) about 30-50 minutes on a 2-core CPU with the bundled SmolLM2-135M.
+Before each variant runs, its `tune --dry-run --json` gives the planned starts (and the estimate), printed beside
+the measured ones. It starts vLLM many times (80-85 s each on a 2-core CPU, issue 44). The defaults are sized to
+stay under an hour there: 2 settings (speculation off / n-gram k=2), 30 requests per class of at most ~100 output
+tokens, loads up to 4 in at most 3 probes; the three variants make about 10 starts between them once each
+configuration is started once per tune. Not yet run: its time is an estimate, not a measurement.
 """
 
 from __future__ import annotations
@@ -64,7 +67,7 @@ def listcopy_chats(n: int, seed: int) -> list[dict]:
     rng = random.Random(seed)
     out = []
     for i in range(n):
-        items = [f"{rng.choice(WORDS)}-{rng.randint(10, 999)}" for _ in range(rng.randint(8, 16))]
+        items = [f"{rng.choice(WORDS)}-{rng.randint(10, 999)}" for _ in range(rng.randint(6, 10))]
         listed = "\n".join(items)
         out.append({"id": f"listcopy-{i}", "class": "listcopy", "messages": [
             {"role": "user", "content": f"Copy this list exactly, one item per line, and nothing else:\n{listed}"},
@@ -132,6 +135,7 @@ class Variant:
     recipes: list[dict]
     out: Path
     classes: list[str] = field(default_factory=list)  # brute force: the class each recipe replays
+    planned: int | None = None  # the starts its dry runs plan (set when it runs)
 
 
 def variants(base: dict, classes: list[str], work: Path) -> list[Variant]:
@@ -184,12 +188,26 @@ def tune_docs(folder: Path) -> list[tuple[Path, object]]:
     return out
 
 
+def routing_docs(folder: Path) -> list[object]:
+    """Every routing.json under ``folder`` (a per-class tune's), read as its record."""
+    from infertool.tune.records import RoutingTable
+
+    out = []
+    for p in sorted(folder.rglob("routing.json")):
+        try:
+            out.append(RoutingTable.from_dict(json.loads(p.read_text(encoding="utf-8"))))
+        except (OSError, ValueError):
+            continue
+    return out
+
+
 def starts(folder: Path) -> tuple[int, str]:
-    """A tune directory's vLLM starts and where the count comes from: tune.json's ``servers`` (each start once,
-    a server the classes share counted once: by its log), else the server logs' header lines."""
+    """A tune directory's vLLM starts and where the count comes from: tune.json's (or routing.json's) ``servers``
+    (each start once, a server the classes share counted once: by its log and key), else the server logs' header
+    lines."""
     seen: set[tuple[str, str]] = set()
     recorded = False
-    for _, doc in tune_docs(folder):
+    for doc in [d for _, d in tune_docs(folder)] + routing_docs(folder):
         servers = _servers(doc)
         if servers is None:
             continue
@@ -224,10 +242,12 @@ class Outcome:
     wall_s: float
     winners: dict[str, str | None]
     exit_codes: list[int] = field(default_factory=list)
+    planned: int | None = None  # the starts `tune --dry-run` planned for it
 
     def to_dict(self) -> dict:
-        return {"name": self.name, "starts": self.starts, "starts_from": self.starts_from,
-                "wall_s": round(self.wall_s, 1), "winners": self.winners, "exit_codes": self.exit_codes}
+        return {"name": self.name, "starts": self.starts, "planned_starts": self.planned,
+                "starts_from": self.starts_from, "wall_s": round(self.wall_s, 1), "winners": self.winners,
+                "exit_codes": self.exit_codes}
 
 
 def outcome(v: Variant, wall_s: float, classes: list[str], exit_codes: list[int]) -> Outcome:
@@ -239,7 +259,7 @@ def outcome(v: Variant, wall_s: float, classes: list[str], exit_codes: list[int]
             wins[c] = winners(v.out / r["name"], [c])[c]
     else:
         wins = winners(v.out, classes)
-    return Outcome(v.name, n, source, wall_s, wins, exit_codes)
+    return Outcome(v.name, n, source, wall_s, wins, exit_codes, v.planned)
 
 
 def compare(results: list[Outcome], classes: list[str]) -> dict:
@@ -265,10 +285,11 @@ def compare(results: list[Outcome], classes: list[str]) -> dict:
 
 def table(results: list[Outcome], summary: dict) -> str:
     """The printed answer: a row per variant, the ratios and the winners."""
-    rows = [f"{'tune':12s} {'vLLM starts':>11s} {'wall s':>9s}  starts from         winners"]
+    rows = [f"{'tune':12s} {'vLLM starts':>11s} {'planned':>7s} {'wall s':>9s}  starts from         winners"]
     for o in results:
         wins = ", ".join(f"{c}: {w or 'none'}" for c, w in o.winners.items())
-        rows.append(f"{o.name:12s} {o.starts:>11d} {o.wall_s:>9.0f}  {o.starts_from:18s} {wins}")
+        planned = "-" if o.planned is None else str(o.planned)
+        rows.append(f"{o.name:12s} {o.starts:>11d} {planned:>7s} {o.wall_s:>9.0f}  {o.starts_from:18s} {wins}")
     for key, label in (("per_class_over_plain", "per-class / plain"), ("per_class_over_brute", "per-class / brute")):
         r = summary[key]
         met = "not measured" if r["met"] is None else ("met" if r["met"] else "MISSED")
@@ -283,15 +304,36 @@ def table(results: list[Outcome], summary: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------- running it
+def planned_starts(dry: dict) -> int | None:
+    """The vLLM starts a `tune --dry-run --json` plans (None: a dry run without a start plan)."""
+    plan = dry.get("starts")
+    return plan.get("starts") if isinstance(plan, dict) and isinstance(plan.get("starts"), int) else None
+
+
+def dry_run(path: Path, out: Path) -> int | None:
+    """The planned starts of one recipe (its `tune --dry-run --json`); None when the dry run fails."""
+    p = subprocess.run([sys.executable, "-m", "infertool", "tune", str(path), "--out", str(out), "--dry-run",
+                        "--json"], capture_output=True, text=True, timeout=600, cwd=ROOT)
+    try:
+        return planned_starts(json.loads(p.stdout)) if p.returncode == 0 else None
+    except ValueError:
+        return None
+
+
 def run_variant(v: Variant, work: Path, timeout_s: float) -> tuple[float, list[int]]:
     """Each of the variant's recipes tuned into its --out, one after the other; the wall time of them all."""
     import yaml
 
     codes = []
-    t0 = time.monotonic()
+    paths = []
     for r in v.recipes:
         path = work / f"{r['name']}-{v.name.replace(' ', '-')}.yaml"
         path.write_text(yaml.safe_dump(r, sort_keys=False), encoding="utf-8")
+        paths.append(path)
+    plans = [dry_run(path, v.out) for path in paths]
+    v.planned = sum(n for n in plans if n is not None) if all(n is not None for n in plans) else None
+    t0 = time.monotonic()
+    for path in paths:
         print(f"{v.name}: infertool tune {path} --out {v.out}", file=sys.stderr, flush=True)
         p = subprocess.run([sys.executable, "-m", "infertool", "tune", str(path), "--out", str(v.out), "--json"],
                            capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)
@@ -306,13 +348,15 @@ def run_variant(v: Variant, work: Path, timeout_s: float) -> tuple[float, list[i
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--model", default="bundled:smollm2-135m")
-    ap.add_argument("--per-class-requests", type=int, default=40, help="requests of each class (a probe sends all)")
+    ap.add_argument("--per-class-requests", type=int, default=30,
+                    help="requests of each class (a probe sends them all; a class needs 29 at goodput 0.9, 0.95)")
     ap.add_argument("--k", type=int, nargs="*", default=[2], help="n-gram num_speculative_tokens, each a setting")
     ap.add_argument("--prefix-caching", action="store_true", help="cross the grid with prefix caching on / off")
     ap.add_argument("--max-concurrency", type=int, default=4, help="the load search's top (and serve.max_num_seqs)")
-    ap.add_argument("--max-probes", type=int, default=4)
+    ap.add_argument("--max-probes", type=int, default=3, help="tune.load.max_probes")
     ap.add_argument("--rounds", type=int, nargs="+", default=[4, 8], help="accuracy screening rounds")
-    ap.add_argument("--max-wall-s", type=float, default=3600, help="each tune's tune.max_wall_s")
+    ap.add_argument("--max-wall-s", type=float, default=1800,
+                    help="each tune's tune.max_wall_s (no trial starts after it)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--only", nargs="+", choices=["per-class", "plain", "brute force"], help="run these variants")
     ap.add_argument("--keep", help="the work folder (traffic, recipes, tune directories, logs); default: a temp one")

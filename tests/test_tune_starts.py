@@ -66,11 +66,13 @@ def test_a_speculative_screenings_lossless_server_is_another_trials(smol, tmp_pa
     """speculation off / n-gram on, for the original and W8A8: each speculative screening's lossless check serves
     the same settings without speculation, which is the reference (the original) or W8A8's own screening and
     capacity server: 4 starts, none of them for a lossless check alone."""
-    _, trials, plan = _plan(tune_recipe(smol, tmp_path, candidates=["none", W8], serve_grid={"speculative": [None, NGRAM]}))
+    data = tune_recipe(smol, tmp_path, candidates=["none", W8], serve_grid={"speculative": [None, NGRAM]})
+    _, trials, plan = _plan(data)
     by = {(t.candidate.label, t.serve["speculative"] is not None): t for t in trials}
     assert plan.starts == 4
     ref = _server_of(plan, "reference")
-    spec_label, w8_label = starts.screen_text(by[("original", True)]), starts.screen_text(by[("W8A8 (llmcompressor)", True)])
+    spec_label = starts.screen_text(by[("original", True)])
+    w8_label = starts.screen_text(by[("W8A8 (llmcompressor)", True)])
     ngram = '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":4,"prompt_lookup_min":2}'
     assert spec_label == f"original with speculative={ngram}"  # unset fields left out
     assert ref.used_by == ["reference", f"lossless check of {spec_label} (without speculation)",
@@ -241,6 +243,9 @@ def test_the_benchmark_counts_starts_and_computes_ratios_and_agreement(bench, tm
         own = {"key": f"k-{c}", "log": f"/l/{c}.log", "started_by": f"capacity ({c})", "used_by": []}
         (d / "tune.json").write_text(json.dumps({"recipe": "r", "winner": win, "servers": [shared, own]}))
     assert bench.starts(tmp_path / "per") == (3, "tune.json servers")
+    (tmp_path / "per" / bench.NAME / "routing.json").write_text(json.dumps({"recipe": "r", "servers": [
+        shared, {"key": "k-mix", "log": "/l/mix.log", "started_by": "capacity (mix)", "used_by": []}]}))
+    assert bench.starts(tmp_path / "per") == (4, "tune.json servers")
     assert bench.winners(tmp_path / "per", ["listcopy", "story"]) == {"listcopy": "aaa", "story": "bbb"}
     # plain: no servers in tune.json: the logs' header lines (a log started twice counts twice)
     d = tmp_path / "plain" / bench.NAME
@@ -267,3 +272,4 @@ def test_the_benchmark_counts_starts_and_computes_ratios_and_agreement(bench, tm
     out = bench.table(res, s)
     assert "per-class / brute: wall 0.60 (goal <= 0.5: MISSED)" in out and "winners agree" in out and "no;" in out
     assert json.loads(json.dumps([o.to_dict() for o in res]))[0]["starts"] == 3
+    assert bench.planned_starts({"starts": {"starts": 6, "servers": []}}) == 6 and bench.planned_starts({}) is None

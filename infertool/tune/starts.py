@@ -121,7 +121,9 @@ def settings_text(settings: Mapping[str, JSONView]) -> str:
     def value(v: JSONView) -> str:
         if isinstance(v, Mapping):
             return json.dumps({k: x for k, x in v.items() if x is not None}, separators=(",", ":"))
-        return str(v) if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(list(v), separators=(",", ":"))
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            return str(v)
+        return json.dumps(list(v), separators=(",", ":"))
 
     return ", ".join(f"{k}={value(v)}" for k, v in settings.items())
 
