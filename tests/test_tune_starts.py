@@ -128,7 +128,8 @@ def test_the_json_carries_the_plan_and_the_estimate_states_its_basis(smol, tmp_p
     assert set(got["servers"][0]) >= {"key", "model", "settings", "used_by", "why"}
     est = got["estimate"]
     assert est["start_measured"] is False and "(not measured on this host)" in est["start_basis"]
-    lo, hi = starts.DEFAULT_START_S["cpu"]
+    res = resolve(validate_recipe_data(data))
+    lo, hi = starts.DEFAULT_START_S[res.host.accelerator]  # a GPU host's default differs
     assert est["start_s"] == [lo, hi] and est["low_s"] == 9 * lo and est["high_s"] is None
     assert len(est["uncalibrated"]) == 6 and est["calibrated"] == [] and est["probes_s"] == []
     assert any("without a calibration" in n and "infertool profile" in n for n in est["not_counted"])
@@ -137,7 +138,7 @@ def test_the_json_carries_the_plan_and_the_estimate_states_its_basis(smol, tmp_p
     assert "vLLM starts planned: at most 9" in flat and "estimated wall time: at least" in flat
     assert "(not measured on this host)" in flat and "capacity probes not estimated" in flat
 
-    model = resolve(validate_recipe_data(data)).base.label
+    model = res.base.label
     for s in (60.0, 40.0, 50.0):
         assert start_times.note(model, None, s, host=start_times.host_label()) is not None
     start_times.note(model, None, 999.0, host="cpu: another host, 64 cores")  # not this host's
