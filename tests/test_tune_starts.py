@@ -187,6 +187,16 @@ def test_start_times_keep_the_latest_vllm_starts_only(tmp_path, monkeypatch):
     assert last.ready_s == 2.0 and last.eager is True and last.host == start_times.host_label()
     f.write_text("{not json")
     assert start_times.read(f).starts == []
+    from infertool.errors import UsageError
+
+    def no_facts():
+        raise UsageError("no host facts")
+
+    monkeypatch.setattr(start_times, "host_label", no_facts)
+    assert start_times.note("m", None, 3.0, file=f) is None  # never the launch's failure
+    monkeypatch.setattr(start_times, "path", lambda: tmp_path / "file" / "under" / "a-file")
+    (tmp_path / "file").write_text("x")
+    assert start_times.note("m", None, 3.0, host="h") is None  # unwritable: said by None, not raised
     f.write_text(json.dumps({"v": 1, "starts": [{"model": "m", "host": "h", "ready_s": -1}, "x"]}))
     assert start_times.read(f).starts == []  # nonsense kept out
 

@@ -76,17 +76,18 @@ def note(model: str, model_path: str | None, ready_s: float, *, eager: bool | No
          file: Path | None = None, host: str | None = None) -> StartTime | None:
     """Keep one start (the last ``KEEP``); None when it could not be written (never raised)."""
     from infertool.atomic import write_json
+    from infertool.errors import InfertoolError
 
-    rec = StartTime(model=model, path=model_path, host=host if host is not None else host_label(),
-                    ready_s=round(float(ready_s), 1), at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                    eager=eager)
-    p = file or path()
     try:
+        rec = StartTime(model=model, path=model_path, host=host if host is not None else host_label(),
+                        ready_s=round(float(ready_s), 1), at=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                        eager=eager)
+        p = file or path()
         have = read(p)
         have.starts = [*have.starts, rec][-KEEP:]
         p.parent.mkdir(parents=True, exist_ok=True)
         write_json(p, have.to_dict())
-    except OSError:
+    except (OSError, ValueError, InfertoolError):  # the host's facts or the file: never the launch's failure
         return None
     return rec
 
