@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from infertool.tune.records import TrialRecord
 
 EXAMPLES = examples(
-    ("infertool tune quickstart-tune --dry-run", "the trials, their predictions, what the plan prunes"),
+    ("infertool tune quickstart-tune --dry-run", "the trials, their predictions, what the plan prunes, the vLLM starts"),
     ("infertool tune quickstart-tune", "-> tune/quickstart-tune/{tune.md,tune.html,tuned.yaml}"),
     ("infertool tune quickstart-tune --exhaustive", "brute force, to check the staged search"),
     ("infertool tune llama3.1-8b-tune-h100 --executor ray", "trials on an existing Ray cluster"),
@@ -35,7 +35,7 @@ def tune(
                                   "directory again resumes.")] = None,
     executor: Annotated[Optional[str], typer.Option("--executor", metavar="local|ray", help="local (one trial after another) | ray (an existing Ray cluster). Default: tune.executor.")] = None,
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="Brute force: no pruning, no early stopping, every load level of every trial (to check the staged search).")] = False,
-    dry_run: Annotated[bool, dry_run_opt("Show the trials, their roofline predictions and order, and what the plan prunes; run nothing.")] = False,
+    dry_run: Annotated[bool, dry_run_opt("Show the trials, their roofline predictions and order, what the plan prunes, the vLLM starts and an estimate of the wall time; run nothing.")] = False,
     publish: Annotated[Optional[str], typer.Option("--publish", metavar="DEST", help="Publish the winner's checkpoint here (default: quantize.output, else out/<recipe>-<method>).")] = None,
     per_class: Annotated[bool, typer.Option("--per-class", help="Tune each traffic class apart (tune.classes: true unless it lists them): tuned-<class>.yaml and routing.json.")] = False,
     overrides: Annotated[Optional[List[str]], SET_OPT] = None,
@@ -59,13 +59,14 @@ def tune(
     if dry_run:
         res = resolve(r)  # the base recipe, resolved once
         checks = recipe_checks(res, "tune")  # as validate and every dry run check it
-        plan = plan_only(r, res, out, publish)
+        plan = plan_only(r, res, out, publish, [(c.name, c.requests) for c in classes or [] if not c.too_few])
         if as_json:
             print_json({"dry_run": True, **plan.to_dict(), **({"classes": [c.to_dict() for c in classes]} if classes
                                                                else {}), "checks": checks.to_list()})
             return
         _table(plan.title, plan_rows(plan.shown))
-        for line in (screening_line(plan.shown), plan.space_line(), plan_line(classes) if classes else None):
+        for line in (screening_line(plan.shown), plan.space_line(), plan_line(classes) if classes else None,
+                     *(plan.starts.lines() if plan.starts is not None else [])):
             if line:
                 stdout.print(line, markup=False, soft_wrap=True)
         return

@@ -180,6 +180,9 @@ def launch(plan: LaunchPlan, log_path: str | Path | None = None, *, timeout_s: f
         ready = server.wait_ready(timeout_s)
         if on_event:
             on_event({"event": "log", "level": "info", "message": f"{what}: server ready in {ready.seconds:.0f} s"})
+        from infertool.serve.start_times import note_launch  # what `tune --dry-run` prices a start at
+
+        note_launch(server.spec.argv, plan.model.label, server.spec.model, ready.seconds)
         name = ready.models[0] if ready.models else server.spec.served_model_name
         started = replace(plan, spec=server.spec)  # the port it listens on
         yield Launched(ready.url, name, server_key(server.spec), ready.seconds, log, started, server.pid,

@@ -27,7 +27,7 @@ import itertools
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Sequence
 
 from infertool.atomic import write_json, write_text
 from infertool.errors import EnvNotReady, InfertoolError, UsageError
@@ -44,6 +44,7 @@ from infertool.tune.stages import trial_accuracy
 if TYPE_CHECKING:
     from infertool.recipe import Recipe
     from infertool.resolve import Resolution
+    from infertool.tune.starts import StartPlan
 
 from infertool.tune.records import (
     CapacityResult, DecodeCheck, PredictionRecord, ServedCheck, TrialError, TrialRecord, TuneCost,
@@ -557,6 +558,7 @@ class DryRun:
     plan: Plan
     shown: list[Trial]
     space: SpaceInfo  # the plan's space
+    starts: StartPlan | None = None  # the planned vLLM starts and the wall-time estimate (``tune.starts``)
 
     @property
     def pruned_planned(self) -> int:
@@ -593,14 +595,29 @@ class DryRun:
                 "pruned": [t.id for t in self.shown if not t.prediction.fits],
                 "candidates": [c.to_dict() for c in sp.candidates],
                 "grid": list(itertools.islice(sp.grid, DRY_RUN_SHOWN)),
-                "space": {**self.space.to_dict(), "shown": len(self.shown), "pruned_planned": self.pruned_planned}}
+                "space": {**self.space.to_dict(), "shown": len(self.shown), "pruned_planned": self.pruned_planned},
+                **({"starts": self.starts.to_dict()} if self.starts is not None else {})}
 
 
-def dry_run(recipe: Recipe, res: Resolution, out_dir: str | Path | None, publish: str | None) -> DryRun:
+def dry_run(recipe: Recipe, res: Resolution, out_dir: str | Path | None, publish: str | None,
+            classes: Sequence[tuple[str, int]] = ()) -> DryRun:
     """The search space's size and axes; its planned trials, their predictions and order, what would be pruned
-    (the first DRY_RUN_SHOWN of them, most promising first; the rest counted): nothing runs. The winner's
-    destination (``publish``) is refused as the real tune refuses it before any trial."""
+    (the first DRY_RUN_SHOWN of them, most promising first; the rest counted); the vLLM starts of the trials that
+    would run and an estimate of the wall time (``tune.starts``; ``classes``: a per-class tune's, each with its
+    requests a probe): nothing runs. The winner's destination (``publish``) is refused as the real tune refuses it
+    before any trial."""
+    from infertool.tune import starts
+
     tune_dir = Path(out_dir or space.tune_of(recipe).out_dir).expanduser() / recipe.name  # as run_tune puts it
     publish_destination(recipe, res, tune_dir, publish)
     plan = plan_search(recipe)
-    return DryRun(plan, plan.trials[:DRY_RUN_SHOWN], plan.info())
+    tune = space.tune_of(recipe)
+    would_run = plan.trials[:tune.max_trials]  # the grid's first max_trials (TPE's picks: these stand in for them)
+    names = [name for name, _ in classes]
+    sp = starts.plan_starts(recipe, would_run, classes=names, served_check=tune.accuracy.served_check)
+    if plan.sampler() == "tpe":
+        sp.notes.append(f"Optuna's TPE picks the {tune.max_trials:,} trials to run: the first {tune.max_trials:,} "
+                        "planned stand in for them")
+    sp.estimate = starts.host_estimate(sp, recipe, would_run, model=res.base.label, accelerator=res.host.accelerator,
+                                       class_requests=[n for _, n in classes])
+    return DryRun(plan, plan.trials[:DRY_RUN_SHOWN], plan.info(), sp)
