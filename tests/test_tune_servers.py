@@ -66,6 +66,7 @@ class ServedStand(Stand):
         monkeypatch.setattr(tune_stages, "_search_load", self.search)
         monkeypatch.setattr("infertool.serve.launcher.Server", FakeVllm)
         monkeypatch.setattr("infertool.serve.launches.require_server_env", lambda plan: None)
+        monkeypatch.setattr("infertool.serve.start_times.note_launch", lambda *a, **kw: None)  # not this host's times
         monkeypatch.setattr("infertool.serve.pool.ServerPool.pause", lambda self, why, keep=None: None)
         FakeVllm.starts = []
 
