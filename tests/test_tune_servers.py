@@ -275,3 +275,16 @@ def test_a_resumed_capacity_search_reuses_every_probe_it_finished(smol, tmp_path
     result = run_tune(r)
     assert not set(first) & set(measured)  # the finished probes were read back
     assert measured and result.trials[0].capacity.max_load == 4  # the search went on from where it stopped
+
+
+def test_the_report_says_how_many_starts_and_why(smol, tmp_path, monkeypatch):
+    from infertool.tune.run import run_tune
+
+    ServedStand(monkeypatch, smol, verdicts={W8: "PASS"}, loads=LOADS, served={})
+    result = run_tune(_recipe(smol, tmp_path, classes=None))
+    md = (Path(result.tune_dir) / "tune.md").read_text()
+    html_text = (Path(result.tune_dir) / "tune.html").read_text()
+    assert "vLLM started 4 time(s) in this invocation" in md and "## vLLM starts: 4" in md
+    assert "| 1 | reference (the original) | tune: reference |" in md
+    assert "served W8A8 (llmcompressor) | max_num_seqs=4; evidence" in md.replace("\\|", "|")
+    assert "<h2>vLLM starts: 4</h2>" in html_text

@@ -304,6 +304,24 @@ ACCURACY_NOTE = ("Serve settings that can change outputs (" + ", ".join(OUTPUT_S
                  "share their candidate's screening. \"scored with\" names the settings whose outputs were scored.")
 
 
+SERVERS_NOTE = ("Every vLLM server this tune started, and why: one per distinct serve configuration (the command line "
+                "without its port), shared by every stage that serves it while it is up (the reference, screenings, "
+                "lossless checks, capacity per class, the served check, the winner's evidence); a capacity search "
+                "measures its server with the others paused (CPU) or stopped (GPU). A resumed tune lists only the "
+                "servers it started again.")
+
+
+def server_rows(doc: TuneDoc) -> list[list[str]]:
+    """The vLLM starts of the tune (tune.json's ``servers``): who started each, for what, its time to ready, who
+    else used it and why it stopped."""
+    rows = [["#", "started by", "for", "ready (s)", "also used by", "stopped"]]
+    for i, s in enumerate(doc.servers or [], 1):
+        rows.append([str(i), s.started_by or "-", s.purpose or "-", _f(s.start_s),
+                     "; ".join(u for u in s.used_by if u != s.started_by) or "-",
+                     s.stopped or ("when the tune ended" if s.start_s is not None else "did not start")])
+    return rows
+
+
 def plot_pareto(doc: TuneDoc, path: Path) -> Path | None:
     """Accuracy loss (mean KLD vs the reference) against cost per 1M output tokens; the front joined, the
     winner starred."""
@@ -359,6 +377,9 @@ def _summary(doc: TuneDoc) -> list[str]:
              f"{len(doc.trials)} trials in {doc.seconds:,.0f} s ("
              + ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) + ")"
              + (" — exhaustive: no pruning, no early stopping, every load level" if doc.exhaustive else "") + "."]
+    if doc.servers is not None:
+        lines.append(f"vLLM started {len(doc.servers)} time(s) in this invocation, once per serve configuration "
+                     "it served (the vLLM starts below say who started each and who shared it).")
     sp = doc.space
     size, planned = (sp.trials, sp.planned) if sp is not None else (None, None)
     if sp is not None and sp.sampled is True and size is not None and planned is not None:  # tune.json may be old
@@ -457,6 +478,8 @@ def render_markdown(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> 
         parts += ["## Speculation is lossless, checked", "", LOSSLESS_NOTE, "", md_table(lossless), ""]
     if len(spec := speculation_rows(doc)) > 1:
         parts += ["## Speculation, measured", "", SPECULATION_NOTE, "", md_table(spec), ""]
+    if doc.servers is not None:
+        parts += [f"## vLLM starts: {len(doc.servers)}", "", SERVERS_NOTE, "", md_table(server_rows(doc)), ""]
     fleet = _fleet(doc)
     parts += ["## Fleet", "", *fleet.lines, ""] + ([md_table(fleet.rows), ""] if fleet.rows else [])
     if tuned_text:
@@ -485,6 +508,8 @@ def render_html(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
         body += ["<h2>Speculation is lossless, checked</h2>", f"<p>{inline(LOSSLESS_NOTE)}</p>", html_table(lossless)]
     if len(spec := speculation_rows(doc)) > 1:
         body += ["<h2>Speculation, measured</h2>", f"<p>{inline(SPECULATION_NOTE)}</p>", html_table(spec)]
+    if doc.servers is not None:
+        body += [f"<h2>vLLM starts: {len(doc.servers)}</h2>", f"<p>{inline(SERVERS_NOTE)}</p>", html_table(server_rows(doc))]
     fleet = _fleet(doc)
     body += ["<h2>Fleet</h2>", *(f"<p>{inline(x)}</p>" for x in fleet.lines)] + ([html_table(fleet.rows)] if fleet.rows else [])
     if tuned_text:
