@@ -14,10 +14,11 @@ into its own --out:
 
 - per-class: `tune.classes: true` (one tune directory, its classes sharing its servers and stage cache);
 - plain: the same recipe without classes (the mix's SLO);
-- brute force: per class, a plain tune of the same grid with `bench.classes.replay: <class>` (each class's traffic
-  alone) in its own directory: every setting x every class probed on its own servers, nothing shared between the
-  classes. (Not `--exhaustive`: that sweeps every load level without pruning, which measures the staged search,
-  not the sharing of servers between classes.)
+- brute force: every setting x every class probed alone: per class and grid point, a plain tune of that one
+  setting with `bench.classes.replay: <class>` (each class's traffic alone) in its own directory, with its own
+  servers and stage cache: nothing shared between settings or classes; a class's winner is its cheapest. (Not
+  `--exhaustive`: that sweeps every load level without pruning, which measures the staged search, not the sharing
+  of servers.)
 
 Each tune's vLLM starts are read from its tune.json files (`servers`: one entry per start) where they carry them,
 else counted as the `# <time> infertool serve:` header lines of the server logs under its directory (as
@@ -38,6 +39,7 @@ configuration is started once per tune. Not yet run: its time is an estimate, no
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import random
 import subprocess
@@ -139,17 +141,23 @@ class Variant:
 
 
 def variants(base: dict, classes: list[str], work: Path) -> list[Variant]:
-    """per-class (tune.classes: true), plain (no classes), brute force (a plain tune per class replaying it alone)."""
+    """per-class (tune.classes: true), plain (no classes), brute force (every setting x every class probed alone: a
+    plain tune of one grid point replaying one class, each with its own servers and stage cache)."""
     per_class = json.loads(json.dumps(base))
     per_class["tune"]["classes"] = True
-    brute = []
+    brute, tags = [], []
+    axes = sorted(base["tune"]["serve_grid"].items())
+    points = [dict(zip([k for k, _ in axes], vs)) for vs in itertools.product(*[v for _, v in axes])]
     for c in classes:
-        r = json.loads(json.dumps(base))
-        r["name"] = f"{NAME}-{c}"
-        r["bench"]["classes"] = {"replay": c}
-        brute.append(r)
+        for i, point in enumerate(points):
+            r = json.loads(json.dumps(base))
+            r["name"] = f"{NAME}-{c}-s{i + 1}"
+            r["bench"]["classes"] = {"replay": c}
+            r["tune"]["serve_grid"] = {k: [v] for k, v in point.items()}
+            brute.append(r)
+            tags.append(c)
     return [Variant("per-class", [per_class], work / "per-class"), Variant("plain", [base], work / "plain"),
-            Variant("brute force", brute, work / "brute", classes=list(classes))]
+            Variant("brute force", brute, work / "brute", classes=tags)]
 
 
 # ---------------------------------------------------------------------------------------------- what a tune did
@@ -232,6 +240,15 @@ def winners(folder: Path, classes: list[str]) -> dict[str, str | None]:
     return {c: win for c in classes}
 
 
+def winner_cost(folder: Path) -> tuple[str | None, float | None]:
+    """A plain tune's winner and its objective (the cost objective: $/1M, lower is better)."""
+    for _, doc in tune_docs(folder):
+        win = getattr(doc, "winner", None)
+        trial = doc.trial(win) if win is not None else None
+        return win, (trial.objective if trial is not None else None)
+    return None, None
+
+
 @dataclass
 class Outcome:
     """One variant measured: its vLLM starts (and their source), its wall time, its winners per class."""
@@ -253,10 +270,13 @@ class Outcome:
 def outcome(v: Variant, wall_s: float, classes: list[str], exit_codes: list[int]) -> Outcome:
     """What a variant's --out holds after it ran (brute force: one tune directory per class under it)."""
     n, source = starts(v.out)
-    if v.classes:  # brute force: each class's own tune directory, its winner that class's
-        wins = {}
+    if v.classes:  # brute force: a tune directory per setting and class; the class's winner: its cheapest
+        best: dict[str, tuple[float, str | None]] = {}
         for r, c in zip(v.recipes, v.classes):
-            wins[c] = winners(v.out / r["name"], [c])[c]
+            win, cost = winner_cost(v.out / r["name"])
+            if win is not None and cost is not None and (c not in best or cost < best[c][0]):
+                best[c] = (cost, win)
+        wins = {c: best[c][1] if c in best else None for c in dict.fromkeys(v.classes)}
     else:
         wins = winners(v.out, classes)
     return Outcome(v.name, n, source, wall_s, wins, exit_codes, v.planned)

@@ -232,10 +232,15 @@ def test_the_benchmarks_variants_are_the_same_grid_three_ways(bench, tmp_path):
     validate_recipe_data(base)
     per, plain, brute = bench.variants(base, ["listcopy", "story"], tmp_path)
     assert per.recipes[0]["tune"]["classes"] is True and "classes" not in plain.recipes[0]["tune"]
-    assert [r["bench"]["classes"]["replay"] for r in brute.recipes] == ["listcopy", "story"]
-    assert len({per.out, plain.out, brute.out}) == 3 and len({r["name"] for r in brute.recipes}) == 2
-    for r in [*per.recipes, *plain.recipes, *brute.recipes]:
+    # brute force: every setting x every class alone, each its own tune of one grid point replaying one class
+    assert [r["bench"]["classes"]["replay"] for r in brute.recipes] == ["listcopy"] * 2 + ["story"] * 2
+    assert brute.classes == ["listcopy"] * 2 + ["story"] * 2
+    assert len({per.out, plain.out, brute.out}) == 3 and len({r["name"] for r in brute.recipes}) == 4
+    assert [r["tune"]["serve_grid"]["speculative"] for r in brute.recipes[:2]] == [
+        [s] for s in base["tune"]["serve_grid"]["speculative"]]
+    for r in [*per.recipes, *plain.recipes]:
         assert r["tune"]["serve_grid"] == base["tune"]["serve_grid"] and validate_recipe_data(r)
+    assert all(validate_recipe_data(r) for r in brute.recipes)
     assert base["tune"]["serve_grid"]["speculative"][0] is None and len(base["tune"]["serve_grid"]["speculative"]) == 2
 
 
@@ -284,3 +289,19 @@ def test_the_benchmark_counts_starts_and_computes_ratios_and_agreement(bench, tm
     assert "per-class / brute: wall 0.60 (goal <= 0.5: MISSED)" in out and "winners agree" in out and "no;" in out
     assert json.loads(json.dumps([o.to_dict() for o in res]))[0]["starts"] == 3
     assert bench.planned_starts({"starts": {"starts": 6, "servers": []}}) == 6 and bench.planned_starts({}) is None
+
+
+def test_brute_force_takes_each_class_s_cheapest_setting(bench, tmp_path):
+    """Brute force tunes each setting x class alone: a class's winner is the cheapest of its settings' winners."""
+    args = bench.parse([])
+    base = bench.base_recipe(args, tmp_path / "t.jsonl", 80)
+    v = bench.variants(base, ["listcopy", "story"], tmp_path)[2]
+    costs = {"listcopy": [("aaa", 4.0), ("bbb", 3.0)], "story": [("aaa", 2.0), (None, None)]}
+    for r, c in zip(v.recipes, v.classes):
+        win, cost = costs[c].pop(0)
+        d = v.out / r["name"]
+        d.mkdir(parents=True)
+        trials = [{"id": win, "objective": cost, "status": "done"}] if win else []
+        (d / "tune.json").write_text(json.dumps({"recipe": r["name"], "winner": win, "trials": trials}))
+    o = bench.outcome(v, 10.0, ["listcopy", "story"], [0, 0, 0, 0])
+    assert o.winners == {"listcopy": "bbb", "story": "aaa"}

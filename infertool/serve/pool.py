@@ -289,8 +289,8 @@ class ServerPool:
         for key in list(self._held):
             self._stop(key, why)
 
-    def close(self) -> None:
-        self.stop_all("the run ended")
+    def close(self, why: str = "the run ended") -> None:
+        self.stop_all(why)
 
     def __enter__(self) -> "ServerPool":
         return self

@@ -227,7 +227,7 @@ def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhausti
                 cache=tune_dir / ".stages", checked=i > 0, pool=pool, peers=tuple(recipes[i + 1:]))
     finally:
         if pool is not None:
-            pool.close()
+            pool.close("the tune ended")
     table = routing(recipe, plans, results, {p.name: f"tuned{suffix}-{p.name}.yaml" for p in plans})
     tuned = write_class_recipes(recipe, plans, results, table, tune_dir)  # each routed class's own
     table.servers = pool.starts() if pool is not None else None

@@ -58,7 +58,7 @@ def run_tune(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: b
         return finish(ctx, plan.known(), records, time.monotonic() - t0, plan)
     finally:
         if own and pool is not None:
-            pool.close()
+            pool.close("the tune ended")
 
 
 def tune_pool(tune_dir: Path, res: Resolution, on_event: EventCallback | None) -> ServerPool:
