@@ -16,7 +16,8 @@ into its own --out:
 - plain: the same recipe without classes (the mix's SLO);
 - brute force: every setting x every class probed alone: per class and grid point, a plain tune of that one
   setting with `bench.classes.replay: <class>` (each class's traffic alone) in its own directory, with its own
-  servers and stage cache: nothing shared between settings or classes; a class's winner is its cheapest. (Not
+  servers and stage cache: nothing shared between settings or classes; a class's winner is tune's own decision
+  over its settings' winners (overlapping intervals are a tie, broken by tune's rule). (Not
   `--exhaustive`: that sweeps every load level without pruning, which measures the staged search, not the sharing
   of servers.)
 
@@ -240,13 +241,12 @@ def winners(folder: Path, classes: list[str]) -> dict[str, str | None]:
     return {c: win for c in classes}
 
 
-def winner_cost(folder: Path) -> tuple[str | None, float | None]:
-    """A plain tune's winner and its objective (the cost objective: $/1M, lower is better)."""
+def winner_record(folder: Path) -> list:
+    """A plain tune's winning trial (its TrialRecord: objective, interval, settings), none when nothing won."""
     for _, doc in tune_docs(folder):
-        win = getattr(doc, "winner", None)
-        trial = doc.trial(win) if win is not None else None
-        return win, (trial.objective if trial is not None else None)
-    return None, None
+        trial = doc.trial(getattr(doc, "winner", None))
+        return [trial] if trial is not None else []
+    return []
 
 
 @dataclass
@@ -270,13 +270,16 @@ class Outcome:
 def outcome(v: Variant, wall_s: float, classes: list[str], exit_codes: list[int]) -> Outcome:
     """What a variant's --out holds after it ran (brute force: one tune directory per class under it)."""
     n, source = starts(v.out)
-    if v.classes:  # brute force: a tune directory per setting and class; the class's winner: its cheapest
-        best: dict[str, tuple[float, str | None]] = {}
+    if v.classes:  # brute force: a tune directory per setting and class; the class's winner: tune's own decision
+        from infertool.tune import search  # over each setting's winner (overlapping intervals: its tie rule)
+
+        best: dict[str, list] = {}
         for r, c in zip(v.recipes, v.classes):
-            win, cost = winner_cost(v.out / r["name"])
-            if win is not None and cost is not None and (c not in best or cost < best[c][0]):
-                best[c] = (cost, win)
-        wins = {c: best[c][1] if c in best else None for c in dict.fromkeys(v.classes)}
+            best.setdefault(c, []).extend(winner_record(v.out / r["name"]))
+        wins = {}
+        for c, recs in best.items():
+            decision = search.decide(search.rank(recs), "cost") if recs else None
+            wins[c] = decision.winner if decision is not None else None
     else:
         wins = winners(v.out, classes)
     return Outcome(v.name, n, source, wall_s, wins, exit_codes, v.planned)
