@@ -71,8 +71,8 @@ def test_a_speculative_screenings_lossless_server_is_another_trials(smol, tmp_pa
     by = {(t.candidate.label, t.serve["speculative"] is not None): t for t in trials}
     assert plan.starts == 4
     ref = _server_of(plan, "reference")
-    spec_label = starts.screen_text(by[("original", True)])
-    w8_label = starts.screen_text(by[("W8A8 (llmcompressor)", True)])
+    spec_label = by[("original", True)].screen_label
+    w8_label = by[("W8A8 (llmcompressor)", True)].screen_label
     ngram = '{"method":"ngram","num_speculative_tokens":2,"prompt_lookup_max":4,"prompt_lookup_min":2}'
     assert spec_label == f"original with speculative={ngram}"  # unset fields left out
     assert ref.used_by == ["reference", f"lossless check of {spec_label} (without speculation)",

@@ -201,11 +201,12 @@ class _Runner:
 
 
 def _device_need(upstream: dict[str, StageOutput]) -> int:
-    """What an in-process stage needs on a CPU, with margin: three times the model's weights (base and
-    candidate side by side, a 16-bit checkpoint computed in float32) and 2 GiB of runtime."""
+    """What an in-process stage needs on a CPU (``serve.pool.in_process_need`` of the model's weights)."""
+    from infertool.serve.pool import in_process_need
+
     model = upstream.get("model")
     weights = model.summary.weight_bytes if model is not None and isinstance(model.summary, ModelSummary) else None
-    return 3 * int(weights or 0) + 2 * 1024**3
+    return in_process_need(int(weights or 0))
 
 
 def server_pool(run_dir: Path, gpu: bool, on_event: EventCallback | None):

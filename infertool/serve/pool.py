@@ -78,6 +78,13 @@ def weight_bytes(model_dir: str | Path) -> int:
     return sum(p.stat().st_size for p in d.iterdir() if p.is_file() and p.name.endswith(WEIGHT_SUFFIXES))
 
 
+def in_process_need(weights: int) -> int:
+    """What an in-process stage (quantize, hf eval, hf profile) needs on a CPU beside idle servers, with margin:
+    three times the model's weights (base and candidate side by side, a 16-bit checkpoint computed in float32) and
+    2 GiB of runtime."""
+    return 3 * weights + 2 * GIB
+
+
 def need_bytes(spec) -> int:
     """What one CPU server of ``spec`` needs, with margin: twice the weights on disk (a 16-bit checkpoint
     served in float32 doubles), its KV cache space and the runtime."""

@@ -172,12 +172,11 @@ class Context:
 
 
     def device_need(self) -> int:
-        """What an in-process stage (quantize) needs on a CPU beside the idle servers, with margin: three times the
-        source model's weights (base and candidate side by side, float32 compute) and 2 GiB of runtime."""
-        from infertool.serve.pool import GIB, weight_bytes
+        """What an in-process stage (quantize) needs on a CPU: ``serve.pool.in_process_need`` of the source's weights."""
+        from infertool.serve.pool import in_process_need, weight_bytes
 
         base = self.res.base
-        return 3 * (weight_bytes(base.path) if base.exists and base.path else 0) + 2 * GIB
+        return in_process_need(weight_bytes(base.path) if base.exists and base.path else 0)
 
 
 def pool_user(stage: str, trial: Trial) -> str:

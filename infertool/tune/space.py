@@ -12,7 +12,7 @@ import json
 import math
 import random
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING, Iterator, Mapping
 
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
@@ -26,6 +26,18 @@ if TYPE_CHECKING:
     from infertool.resolve import Resolution
     from infertool.stages.base import EventCallback
 
+
+
+def settings_text(settings: Mapping[str, JSONView]) -> str:
+    """Serve settings in a few words: ``key=value``, a section as compact JSON without its unset fields."""
+    def value(v: JSONView) -> str:
+        if isinstance(v, Mapping):
+            return json.dumps({k: x for k, x in v.items() if x is not None}, separators=(",", ":"))
+        if isinstance(v, (str, int, float, bool)) or v is None:
+            return str(v)
+        return json.dumps(list(v), separators=(",", ":"))
+
+    return ", ".join(f"{k}={value(v)}" for k, v in settings.items())
 
 @dataclass(frozen=True)
 class Candidate:
@@ -122,8 +134,7 @@ class Trial:
     @property
     def screen_label(self) -> str:
         """What its screening scores: the candidate, with its output-changing serve settings when it has any."""
-        point = ", ".join(f"{k}={v}" for k, v in self.scoring.items())
-        return self.candidate.label + (f" with {point}" if point else "")
+        return self.candidate.label + (f" with {settings_text(self.scoring)}" if self.scoring else "")
 
     def screening(self) -> Screening:
         """What the dry run and the trial's record say of its accuracy screening: shared or its own, and with what."""

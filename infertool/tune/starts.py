@@ -28,11 +28,11 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from collections.abc import Mapping
 from typing import TYPE_CHECKING, Callable, Sequence
 
 from infertool.data.fingerprint import digest
 from infertool.records import JSONValue, JSONView, Record
+from infertool.tune.space import settings_text
 
 if TYPE_CHECKING:
     from infertool.perf.calibration import Calibration
@@ -116,23 +116,6 @@ class StartPlan(Record):
         return out
 
 
-def settings_text(settings: Mapping[str, JSONView]) -> str:
-    """Serve settings in a few words: ``key=value``, a section as compact JSON without its unset fields."""
-    def value(v: JSONView) -> str:
-        if isinstance(v, Mapping):
-            return json.dumps({k: x for k, x in v.items() if x is not None}, separators=(",", ":"))
-        if isinstance(v, (str, int, float, bool)) or v is None:
-            return str(v)
-        return json.dumps(list(v), separators=(",", ":"))
-
-    return ", ".join(f"{k}={value(v)}" for k, v in settings.items())
-
-
-def screen_text(trial: Trial) -> str:
-    """What a trial's screening serves: its candidate, with its output-changing settings when it has any."""
-    return trial.candidate.label + (f" with {settings_text(trial.scoring)}" if trial.scoring else "")
-
-
 def _serve(recipe: Recipe) -> dict[str, JSONValue]:
     from infertool.recipe import ServeSection
 
@@ -191,7 +174,7 @@ def plan_starts(recipe: Recipe, trials: Sequence[Trial], *, classes: Sequence[st
         if not screen_wanted(t) or which in screened:
             continue
         screened.add(which)
-        label = screen_text(t)
+        label = t.screen_label
         sr = space.trial_recipe(recipe, t.candidate, t.scoring if t.own_screening else {})
         servers.use(t.candidate.key, t.candidate.label, sr, f"screen {label}", f"the screening of {label}")
         if sr.serve is not None and sr.serve.speculative is not None:
