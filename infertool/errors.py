@@ -6,6 +6,8 @@ Exit codes (documented in the README):
     2  bad usage or bad recipe
     3  environment / backend error (a managed env is missing or broken, a worker failed)
     4  runtime failure (anything else that went wrong while doing the work)
+    5  internal error (a bug in infertool: its traceback is saved to a file)
+    6  signature refused (a published folder unsigned, its signature invalid or by another key, where one is required)
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ EXIT_VERDICT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_BACKEND = 3
 EXIT_RUNTIME = 4
+EXIT_INTERNAL = 5
+EXIT_SIGNATURE = 6
 
 
 class InfertoolError(Exception):
@@ -85,6 +89,14 @@ class Interrupted(InfertoolError):
 
 class InternalError(InfertoolError):
     """A bug: an exception no InfertoolError stands for (its traceback is kept in a file, ``log_path``)."""
+
+    exit_code = EXIT_INTERNAL
+
+
+class SignatureError(InfertoolError):
+    """A published folder's signature was required and is missing, invalid, or by a key not trusted."""
+
+    exit_code = EXIT_SIGNATURE
 
 
 class BackendError(InfertoolError):

@@ -75,7 +75,7 @@ def test_an_error_message_with_markup_prints_literally(capsys, monkeypatch):
 
 
 def test_internal_error_text_with_markup_is_one_line(monkeypatch):
-    """A bug whose message holds markup still ends in the one-line internal error (exit 4), not a traceback."""
+    """A bug whose message holds markup still ends in the one-line internal error (exit 5), not a traceback."""
     import infertool.commands.recipes as recipes
 
     def boom(*a, **k):
@@ -84,7 +84,7 @@ def test_internal_error_text_with_markup_is_one_line(monkeypatch):
     monkeypatch.setattr("infertool.recipe.load_recipe", boom)
     monkeypatch.delenv("INFERTOOL_DEBUG", raising=False)
     r = CliRunner().invoke(app, ["validate", "quickstart"])
-    assert r.exit_code == 4 and isinstance(r.exception, SystemExit), r.output
+    assert r.exit_code == 5 and isinstance(r.exception, SystemExit), r.output
     assert f"RuntimeError: closing tag {MARKUP}" in r.output.replace("\n", "")
     assert recipes  # imported for the patch target's module
 
