@@ -208,6 +208,16 @@ class EvidenceBlock(Record):
 
 
 @dataclass
+class Signature(Record):
+    """infertool.json's, the manifest's and published.json's ``signature``: the signature file beside the model
+    (model-signing's ``model.sig``) and the signing key's fingerprint (sha256 of its public key's PEM); never
+    the key."""
+
+    file: str = "model.sig"
+    key_fingerprint: str = ""
+
+
+@dataclass
 class Published(Sparse):
     """The manifest's ``published``: where the run published the checkpoint its eval scored (``path``), its
     ``fingerprint`` and infertool.json's ``evidence`` block; or ``why`` it published none."""
@@ -216,8 +226,9 @@ class Published(Sparse):
     fingerprint: str | None = None
     evidence: EvidenceBlock | None = None
     why: str | None = None
+    signature: Signature | None = None
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("path", "fingerprint", "evidence", "why")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("path", "fingerprint", "evidence", "why", "signature")
 
 
 @dataclass

@@ -2,7 +2,7 @@
 model card, copied to a folder, or uploaded to S3 (boto3) or a Hugging Face model repository (huggingface_hub)."""
 
 
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Optional
 
 import typer
 
@@ -13,6 +13,7 @@ if TYPE_CHECKING:
 
 EXAMPLES = examples(
     ("infertool publish out/runs/quickstart-<time> /models/smollm2-w4", "a real copy, with MODEL_CARD.md"),
+    ("infertool publish out/runs/quickstart-<time> /models/smollm2-w4 --sign-key keys/private.pem", "signed (model.sig)"),
     ("infertool publish out/quickstart-gptq s3://bucket/models/smollm2-w4 --dry-run", "the boto3 calls it would make"),
     ("infertool publish out/quickstart-gptq hf://my-org/smollm2-w4 --dry-run", "the huggingface_hub call"),
 )
@@ -28,6 +29,7 @@ def publish(
     dry_run: Annotated[bool, dry_run_opt("Check SRC and DEST and print what would be copied (the exact library calls for s3:// and hf://).")] = False,
     force: Annotated[bool, typer.Option("--force", help="Replace a DEST folder infertool did not publish, or one changed since (never a folder without config.json, the home folder or SRC).")] = False,
     no_evidence: Annotated[bool, typer.Option("--no-evidence", help="Publish without evidence/ (the candidate's outputs as served, which `infertool verify` re-checks; writing it serves the checkpoint once).")] = False,
+    sign_key: Annotated[Optional[str], typer.Option("--sign-key", metavar="PRIVATE.pem", help="Sign every file of DEST with this EC private key (model-signing's model.sig beside the model; `infertool keys new` makes one). Only its public fingerprint is recorded.")] = None,
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Copy the checkpoint SRC evaluated, checked by content fingerprint, with its model card and its evidence (the
@@ -35,7 +37,8 @@ def publish(
     from infertool import publish as pub
     from infertool.output import StageProgress, print_json
 
-    plan = pub.plan(src, pub.PublishOptions(dest=dest, dry_run=dry_run, force=force, evidence=not no_evidence))
+    plan = pub.plan(src, pub.PublishOptions(dest=dest, dry_run=dry_run, force=force, evidence=not no_evidence,
+                                             sign_key=sign_key))
     if dry_run:
         result = pub.run(plan)
     else:
@@ -64,6 +67,8 @@ def _render(result: "PublishResult") -> None:
                  f"would copy the source's evidence ({ev.copies}), checked" if ev.copies is not None else
                  f"uploads its evidence ({ev.uploads}) with the weights" if ev.uploads is not None else
                  f"no evidence: {ev.missing}"]
+        if p.signature is not None:
+            lines.append(f"would sign every file of {p.dest} ({p.signature.file}, key {short(p.signature.key_fingerprint)})")
         for line in lines:
             out.print(visible(line), markup=False, soft_wrap=True)
         return
@@ -78,3 +83,7 @@ def _render(result: "PublishResult") -> None:
                   f"engine {esc(block.engine)}; re-check: infertool verify {esc(shlex.quote(where))}", soft_wrap=True)
     elif block is not None:
         err.print(f"no evidence: {esc(block.missing)}", soft_wrap=True)
+    sig = pub.signature if pub is not None else None
+    if sig is not None:
+        err.print(f"signed: {esc(sig.file)} by key {esc(short(sig.key_fingerprint))}; check: infertool verify "
+                  f"{esc(shlex.quote(where))} --key PUBLIC.pem", soft_wrap=True)

@@ -68,6 +68,7 @@ def serve_run(
     pvc: Annotated[Optional[str], typer.Option("--pvc", metavar="NAME", help="--emit k8s: the PVC holding the model (default <name>-models).")] = None,
     prometheus_url: Annotated[Optional[str], typer.Option("--prometheus-url", metavar="URL", help="--emit k8s --autoscaler keda: the Prometheus KEDA queries.")] = None,
     gpus_per_node: Annotated[Optional[int], typer.Option("--gpus-per-node", metavar="N", help="--emit k8s: GPUs per node (default 8); more per replica: a multi-node LeaderWorkerSet.")] = None,
+    keys: Annotated[Optional[List[str]], typer.Option("--key", metavar="PUBLIC.pem", help="Serve (or --emit) only a folder whose model.sig is a valid signature by this EC public key (repeatable); else exit 6, nothing started.")] = None,
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Launch vLLM's OpenAI-compatible server from the recipe's serve section; Ctrl-C (or SIGTERM) stops it,
@@ -89,6 +90,9 @@ def serve_run(
             raise usage_error(f"{recipe} is a per-class tune: a configuration per traffic class (routing.json)",
                               hint=f"serve one class's: infertool serve {Path(recipe) / 'tuned-<class>.yaml'}; or all "
                                    f"of them, routed: infertool serve {recipe} --emit k8s")
+        if keys:
+            raise usage_error("--key checks one served folder; a per-class tune's routed manifests are not checked "
+                              "by it yet", hint="check each class's folder: infertool verify FOLDER --key PUBLIC.pem")
         from infertool.tune.classes import routed_manifests
 
         assert k8s is not None  # --emit k8s
@@ -98,7 +102,7 @@ def serve_run(
         else:
             sys.stdout.write(emitted.yaml())
         return
-    res = served(recipe, sets).res  # RUN_DIR | TUNE_DIR | RECIPE, its artifact checked
+    res = served(recipe, sets, keys).res  # RUN_DIR | TUNE_DIR | RECIPE, its artifact and signature checked
     if emit is not None or dry_run:  # the check registry: the same findings as validate, plan and every dry run
         recipe_checks(res, "emit" if emit is not None else "serve")
     if emit is not None:  # the replicas: --replicas, else the fleet sizing for target.peak_rps

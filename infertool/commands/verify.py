@@ -1,6 +1,7 @@
 """`infertool verify SRC`: serve a published checkpoint with the settings its evidence records (or others) and
 score it against that evidence, without the original model. Exit 0 PASS, 1 FAIL or INCONCLUSIVE (0 with
---allow-inconclusive), 2 usage (bad evidence, bad source), 3 the server could not start."""
+--allow-inconclusive), 2 usage (bad evidence, bad source), 3 the server could not start, 6 the signature refused
+(--key)."""
 
 
 from pathlib import Path
@@ -15,6 +16,7 @@ from infertool.commands._common import (
 EXAMPLES = examples(
     ("infertool verify /models/smollm2-w4", "a published folder, served as its evidence records"),
     ("infertool verify out/runs/quickstart-<time> --junit verify.xml", "the checkpoint a run published; JUnit for CI"),
+    ("infertool verify /models/smollm2-w4 --key keys/public.pem", "refused (exit 6) unless signed by that key"),
     ("infertool verify /models/smollm2-w4 --set serve.enforce_eager=false", "another serve setting"),
     ("infertool verify /models/smollm2-w4 --url http://127.0.0.1:8000/v1", "a server already running it"),
     ("infertool verify /models/smollm2-w4 --workers 1 --json", "one request at a time (the batch-1 floor)"),
@@ -41,6 +43,7 @@ def verify(
     junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write the gates as JUnit XML (one testcase per gate).")] = None,
     allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")] = False,
     trust_task_code: Annotated[bool, typer.Option("--trust-task-code", help="Let the code of the evidence's lm-eval task folder run when lm-eval is run again (it runs with your rights).")] = False,
+    keys: Annotated[Optional[List[str]], typer.Option("--key", metavar="PUBLIC.pem", help="Refuse the folder (exit 6) unless its model.sig is a valid signature by this EC public key (repeatable: any of them), checked before anything else is read.")] = None,
     force: Annotated[bool, force_opt("Replace verify.json in --out and the --junit file.")] = False,
     dry_run: Annotated[bool, dry_run_opt("Check the evidence and show the settings, the gates and the exact vLLM command; start nothing.")] = False,
     as_json: Annotated[bool, JSON_OPT] = False,
@@ -55,7 +58,8 @@ def verify(
     if not dry_run and bisect is None:
         refuse_overwrite([out_dir / RESULT_FILE if out_dir is not None else None, junit], force)
     opts = VerifyOptions(overrides=list(overrides or []), url=url, model_name=model, workers=workers, out_dir=out_dir,
-                         allow_inconclusive=allow_inconclusive, dry_run=dry_run, trust_task_code=trust_task_code)
+                         allow_inconclusive=allow_inconclusive, dry_run=dry_run, trust_task_code=trust_task_code,
+                         keys=list(keys or []))
     code = verify_cli(verify_source(src), opts, engine=engine, bisect=bisect, junit=junit, as_json=as_json)
     if code:
         raise typer.Exit(code)

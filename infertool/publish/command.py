@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 from infertool.errors import BackendError, UsageError
 from infertool.publish.checkpoint import (EVIDENCE, FACTS, beside, check_room, check_source, checkpoint_files,
                                           fingerprint, said)
-from infertool.summaries import Published
+from infertool.summaries import Published, Signature
 from infertool.publish.facts import (CardFacts, claimed_facts, published_record, read_facts, recorded_path,
                                      run_facts, tune_record, vouched)
 from infertool.publish.folder import EvidenceWriter, check_dest, env_folders, publish_dir
@@ -32,6 +32,7 @@ class PublishOptions:
     dry_run: bool = False
     force: bool = False  # replace a DEST folder infertool did not publish (still never one replace_refusal keeps)
     evidence: bool = True  # write DEST/evidence/ (--no-evidence: False)
+    sign_key: str | None = None  # --sign-key: the EC private key file that signs DEST (model.sig)
 
 
 @dataclass
@@ -74,6 +75,13 @@ class PublishPlan(Record):
     calls: list[str] = field(default_factory=list)
     dry_run: bool = False
     evidence: EvidencePlan = field(default_factory=EvidencePlan)
+    signature: Signature | None = None  # the signature DEST will carry (its key's fingerprint; never the key)
+    sign_key: str | None = field(default=None, repr=False)  # the private key file: used, never written out
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        d = super().to_dict()
+        d.pop("sign_key", None)
+        return d
 
 
 @dataclass
@@ -171,7 +179,28 @@ def plan(src: str, options: PublishOptions) -> PublishPlan:
         check_room(folder, Path(dest))
     calls = _remote_calls(folder, scheme, options.dest) if scheme != "dir" else []
     evidence = _evidence_plan(src, kind, folder, scheme, options)
-    return PublishPlan(str(src), kind, str(folder), fp, dest, scheme, facts, calls, options.dry_run, evidence)
+    signature = _signature_plan(options.sign_key, scheme, [folder, Path(dest)])
+    return PublishPlan(str(src), kind, str(folder), fp, dest, scheme, facts, calls, options.dry_run, evidence,
+                       signature, options.sign_key)
+
+
+def _signature_plan(key: str | None, scheme: str, inside: list[Path]) -> Signature | None:
+    """--sign-key checked: an EC private key (``signing.signature_of``), outside what is published (never
+    copied into it), for a folder (an upload ships a folder signed when it was published)."""
+    if key is None:
+        return None
+    from infertool.signing import signature_of
+
+    if scheme != "dir":
+        raise UsageError("--sign-key signs a folder as it is published; an upload ships what a folder holds",
+                         hint="publish to a folder with --sign-key, then upload that folder")
+    real = Path(key).expanduser().resolve()
+    for d in inside:
+        r = d.expanduser().resolve()
+        if r == real or r in real.parents:
+            raise UsageError(f"--sign-key {said(key)} is inside {r}: a private key never goes into what is published",
+                             hint="keep the key in a folder of its own (`infertool keys new ~/.infertool-keys`)")
+    return signature_of(key)
 
 
 def source_recipe(src: str, kind: str) -> Recipe:
@@ -252,7 +281,8 @@ def run(p: PublishPlan, on_event: EventCallback | None = None) -> PublishResult:
     if p.dry_run:
         return PublishResult(p)
     if p.scheme == "dir":
-        published = publish_dir(p.folder, Path(p.dest), p.facts, evidence_writer(p, on_event), p.evidence.missing)
+        published = publish_dir(p.folder, Path(p.dest), p.facts, evidence_writer(p, on_event), p.evidence.missing,
+                                p.sign_key)
         return PublishResult(p, published=Published.from_dict(published))
     folder = Path(p.folder)
     if not (folder / FACTS).is_file():  # a run's stage entry has no card: the card travels with the weights

@@ -22,7 +22,7 @@ from infertool.atomic import name_refusal
 from infertool.errors import UsageError
 from infertool.publish.checkpoint import said
 from infertool.records import Record
-from infertool.summaries import Published, RecordedRecipe
+from infertool.summaries import Published, RecordedRecipe, Signature
 from infertool.summaries import EvidenceBlock
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class GateRow(Record):
 RUN_SHAPE = ("v", "infertool", "published", "source_model", "method", "label", "verdict", "reason", "suite",
              "engine", "gates", "recipe", "run_id", "run_dir", "inputs", "serve", "target", "commands")
 CLAIMED_SHAPE = ("v", "infertool", "published", "verdict", "claimed")  # a card nothing vouches for
-COPY_KEYS = ("fingerprint", "path", "evidence")  # what the copy adds
+COPY_KEYS = ("fingerprint", "path", "evidence", "signature")  # what the copy adds
 
 
 @dataclass
@@ -87,6 +87,7 @@ class CardFacts(Record):
     fingerprint: str | None = None
     path: str | None = None
     evidence: EvidenceBlock | None = None
+    signature: Signature | None = None  # the signature publish makes beside the card (file, key fingerprint)
     shape: tuple[str, ...] = field(default=RUN_SHAPE, compare=False, repr=False)  # the keys written, in order
     # Any: the CLAIMED keys and the path as the file holds them, of any type (a claim quotes them, a refusal too)
     as_written: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)  # Any: JSON values
@@ -108,9 +109,9 @@ class CardFacts(Record):
         out.update({k: v for k, v in d.items() if k in self.extra or (k in COPY_KEYS and v is not None)})
         return out
 
-    def copied(self, fp: str, path: str, evidence: EvidenceBlock) -> CardFacts:
-        """These facts of the copy at ``path``: its fingerprint, path and evidence, last."""
-        return dataclasses.replace(self, fingerprint=fp, path=path, evidence=evidence,
+    def copied(self, fp: str, path: str, evidence: EvidenceBlock, signature: Signature | None = None) -> CardFacts:
+        """These facts of the copy at ``path``: its fingerprint, path, evidence and signature, last."""
+        return dataclasses.replace(self, fingerprint=fp, path=path, evidence=evidence, signature=signature,
                                    shape=tuple(k for k in self.shape if k not in COPY_KEYS))
 
 

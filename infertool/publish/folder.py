@@ -128,20 +128,29 @@ def write_card(folder: Path, facts: CardFacts) -> None:
 
 def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any],  # Any: infertool.json's facts
                 evidence: EvidenceWriter | None = None,
-                no_evidence: str | None = None) -> dict[str, Any]:  # Any: the Published record as JSON
+                no_evidence: str | None = None,
+                sign_key: str | Path | None = None) -> dict[str, Any]:  # Any: the Published record as JSON
     """Copy the checkpoint ``src`` to ``dest`` whole (a temporary folder beside it, then a rename), with the card
     and ``infertool.json``; the copy's fingerprint must be the source's. ``evidence`` writes ``evidence/`` (inside
     the temporary folder: the published folder appears with it, or not at all) and returns infertool.json's
-    ``evidence`` block; without it, ``no_evidence`` says why there is none. Returns the ``Published`` record as
-    the manifest and published.json keep it: {path, fingerprint, evidence}."""
+    ``evidence`` block; without it, ``no_evidence`` says why there is none. ``sign_key`` (an EC private key file):
+    the last step inside the temporary folder signs every file of it (``model.sig``, ``infertool.signing``).
+    Returns the ``Published`` record as the manifest and published.json keep it: {path, fingerprint, evidence,
+    signature}."""
+    from infertool.signing import remove_signature, sign_folder, signature_of
+
     src = Path(src)
     card = facts if isinstance(facts, CardFacts) else CardFacts.read(facts)
     check_source(src)
+    sig = signature_of(sign_key) if sign_key else None  # the key refused before a byte is copied
     fp = fingerprint(src)
     if (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp:
+        remove_signature(dest)  # the folder changes below: no stale signature is left over it
         ev = _evidence(evidence, dest / EVIDENCE, fp, no_evidence)  # already there (a re-run that reused quantize):
-        write_card(dest, card.copied(fp, str(dest), ev))  # the card says this run, the weights are not copied again
-        return Published(str(dest), fp, ev).to_dict()
+        write_card(dest, card.copied(fp, str(dest), ev, sig))  # the card says this run, the weights are not copied again
+        if sign_key:
+            sign_folder(dest, sign_key)
+        return Published(str(dest), fp, ev, signature=sig).to_dict()
     try:
         check_room(src, dest)
         with atomic_dir(dest) as tmp:
@@ -154,10 +163,12 @@ def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any], 
                 raise UsageError(f"the copy of {src} differs from it (fingerprint {short(copied)} vs {short(fp)}): "
                                  "it changed while being copied", hint="publish again")
             ev = _evidence(evidence, tmp / EVIDENCE, fp, no_evidence)
-            write_card(tmp, card.copied(fp, str(dest), ev))
+            write_card(tmp, card.copied(fp, str(dest), ev, sig))
+            if sign_key:  # the very last step: every file above is signed
+                sign_folder(tmp, sign_key)
     except OSError as e:
         raise UsageError(f"cannot publish to {dest}: {e.strerror or e}", hint="a writable folder with room for the weights") from None
-    return Published(str(dest), fp, ev).to_dict()
+    return Published(str(dest), fp, ev, signature=sig).to_dict()
 
 
 def run_destination(recipe: Recipe, publish: str | None) -> Path | None:
@@ -180,8 +191,9 @@ def forbidden_for_run(cache: Path, run_dir: Path | None, res: Resolution) -> dic
 
 def publish_run(run_dir: Path, manifest: RunManifest, checkpoint: Path, dest: Path,
                 forbidden: Mapping[str, str | Path | None], evidence: EvidenceWriter | None = None,
-                no_evidence: str | None = None) -> dict[str, Any]:  # Any: the Published record as JSON
-    """Publish a run's evaluated checkpoint to ``dest`` with its card (and its evidence: ``publish_dir``); the
-    manifest's ``published`` record."""
+                no_evidence: str | None = None,
+                sign_key: str | Path | None = None) -> dict[str, Any]:  # Any: the Published record as JSON
+    """Publish a run's evaluated checkpoint to ``dest`` with its card (and its evidence and signature:
+    ``publish_dir``); the manifest's ``published`` record."""
     check_dest(dest, forbidden)
-    return publish_dir(checkpoint, dest, run_facts(run_dir, manifest), evidence, no_evidence)
+    return publish_dir(checkpoint, dest, run_facts(run_dir, manifest), evidence, no_evidence, sign_key)

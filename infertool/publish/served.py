@@ -79,10 +79,44 @@ def _served_run(p: Path, overrides: list[str]) -> ServeTarget:
     return ServeTarget(res, "run", path, fp)
 
 
-def served(arg: str, overrides: list[str] | None = None) -> ServeTarget:
+def served(arg: str, overrides: list[str] | None = None, keys: list[str] | None = None) -> ServeTarget:
     """What ``infertool serve ARG`` means: a run directory (its recipe with its published checkpoint as the
     served model), a tune directory (its tuned.yaml, whose quantize.output is the winner's published copy), or a
-    recipe (a quantize.output holding ``infertool.json`` is checked the same way)."""
+    recipe (a quantize.output holding ``infertool.json`` is checked the same way); its signature checked
+    (``check_signature``: trusted ``keys`` or the recipe's ``verify.signing``) before anything is served."""
+    target = _served(arg, overrides)
+    check_signature(target, keys or [])
+    return target
+
+
+def check_signature(target: ServeTarget, keys: list[str]) -> None:
+    """With trusted keys (--key, ``verify.signing.trusted_keys``) or ``verify.signing.required``: the served
+    folder must carry a valid signature by one of them (a SignatureError, exit 6, naming the files that differ;
+    a model that is no local folder has nothing signed). Without: a note says who signed it, not checked."""
+    from infertool.errors import SignatureError
+    from infertool.signing import check_folder, require_keys, require_valid, trusted_keys
+
+    recipe = target.res.recipe
+    spec = recipe.verify.signing if recipe.verify is not None else None
+    trusted = trusted_keys(keys, spec.trusted_keys if spec is not None else None)
+    cand = target.res.candidate
+    local = cand.path if cand is not None and cand.path and Path(cand.path).is_dir() else None
+    folder = target.published or local
+    if not trusted and not (spec is not None and spec.required):
+        if folder is not None:
+            target.res.notes.append(f"signature: {check_folder(folder).message}")
+        return
+    require_keys(trusted, "serving it (--key, verify.signing.required)")
+    if folder is None:
+        raise SignatureError(f"a valid signature is required, and {recipe.name} serves no local published folder "
+                             "(nothing signed to check)", hint="serve a run directory, a tune directory, or a "
+                             "recipe whose quantize.output is a folder published with --sign-key")
+    check = check_folder(folder, trusted)
+    require_valid(check, folder)
+    target.res.notes.insert(0, f"signature: {check.message} ({folder})")
+
+
+def _served(arg: str, overrides: list[str] | None = None) -> ServeTarget:
     from infertool.recipe import load_recipe
     from infertool.resolve import resolve
 
@@ -94,7 +128,7 @@ def served(arg: str, overrides: list[str] | None = None) -> ServeTarget:
         tuned = p / "tuned.yaml"
         if not tuned.is_file():
             raise UsageError(f"{p} has no tuned.yaml: the tune found no winner", hint="see its tune.md")
-        out = served(str(tuned), overrides)
+        out = _served(str(tuned), overrides)
         out.kind = "tune"
         return out
     res = resolve(load_recipe(arg, overrides))
@@ -129,7 +163,7 @@ def verify_source(src: str) -> VerifySource:
     if not str(src).strip() or not p.is_dir():
         raise UsageError(f"{said(src)} is not a folder", hint="give a published folder, a run directory or a tune directory")
     if (p / "manifest.json").is_file() or (p / "tune.json").is_file():
-        target = served(str(p))
+        target = _served(str(p))  # its signature: verify's plan checks it first
         if not target.published or not target.fingerprint:
             raise UsageError(f"{said(src)}: its {target.kind} published no checkpoint",
                              hint="give the published folder itself")

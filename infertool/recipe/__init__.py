@@ -20,7 +20,7 @@ from infertool.recipe.load import (
     MAX_RECIPE_BYTES, load_recipe, load_recipe_data, recipe_to_dict, validate_recipe_data,
 )
 from infertool.recipe.parse import Override, apply_overrides, parse_overrides
-from infertool.recipe.root import EvidenceSpec, Recipe, VerifyAccept, VerifySection
+from infertool.recipe.root import EvidenceSpec, Recipe, SigningSpec, VerifyAccept, VerifySection
 from infertool.recipe.sections import (
     QUANTIZE_METHODS, AcceptSpec, DecodeSpec, EvalSection, LmEvalSpec, ProfileSection, QuantizeSection, TargetSection,
 )
@@ -35,7 +35,7 @@ __all__ = [
     "AWQConfig", "AcceptSpec", "BNBConfig", "BenchSection", "DecodeSpec", "EvalSection", "EvidenceSpec", "GPTQConfig",
     "LmEvalSpec", "Override", "PerClassSpec", "ProfileSection", "PromptSpec", "QuantizeSection", "RateSweepSpec",
     "Recipe", "RepeatSpec", "SLOSpec", "ServeGrid", "ServeSection", "SpeculativeSpec", "TargetSection",
-    "TuneLoadSearch", "TuneMachine", "TuneRouting", "TuneSection", "VerifyAccept", "VerifySection",
+    "SigningSpec", "TuneLoadSearch", "TuneMachine", "TuneRouting", "TuneSection", "VerifyAccept", "VerifySection",
     "apply_overrides", "load_recipe", "load_recipe_data", "parse_overrides", "ray_accelerator_type", "recipe_to_dict",
     "validate_recipe_data",
 ]

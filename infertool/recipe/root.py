@@ -62,13 +62,28 @@ class VerifyAccept(BaseModel):
     allow_inconclusive: bool = False  # INCONCLUSIVE exits 1, like FAIL, unless true (then 0), as in eval
 
 
+class SigningSpec(BaseModel):
+    """Whose signature a published folder must carry (model-signing's ``model.sig``): `verify` checks it against
+    ``trusted_keys`` (EC public keys in PEM, paths as given) before it reads anything else, and with ``required``
+    `serve` and `serve --emit k8s` refuse (exit 6) a folder not validly signed by one of them. `--key PUB` adds a
+    key on the command line."""
+
+    model_config = STRICT
+
+    required: bool = False
+    trusted_keys: Annotated[list[Annotated[str, Field(min_length=1, max_length=MAX_PATH), NoControl]],
+                            Field(max_length=MAX_LIST)] = Field(default_factory=list)
+
+
 class VerifySection(BaseModel):
-    """`infertool verify`: the evidence `publish` writes, and the gates a re-check is judged by."""
+    """`infertool verify`: the evidence `publish` writes, the gates a re-check is judged by, and the signature a
+    published folder must carry."""
 
     model_config = STRICT
 
     evidence: EvidenceSpec = Field(default_factory=EvidenceSpec)
     accept: VerifyAccept = Field(default_factory=VerifyAccept)
+    signing: SigningSpec = Field(default_factory=SigningSpec)
 
 
 # --------------------------------------------------------------------------------------------

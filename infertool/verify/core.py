@@ -28,6 +28,7 @@ from infertool.errors import UsageError
 from infertool.evaluate.decode import DecodeRaw
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
+from infertool.signing.check import SignatureCheck
 from infertool.verify import evidence as E
 from infertool.verify.score import LmevalScore, PromptScore, VerifyDecode
 
@@ -80,6 +81,7 @@ class VerifyOptions:
     allow_inconclusive: bool = False
     dry_run: bool = False  # plan only: the launch is described, nothing needs to exist
     trust_task_code: bool = False  # --trust-task-code: the lm-eval task folder's code may run (verify.lmeval)
+    keys: list[str] = field(default_factory=list)  # --key: trusted public keys the folder's signature must be by
 
 
 @dataclass
@@ -103,6 +105,7 @@ class VerifyPlan:
     launch: LaunchPlan | None = None  # None with --url
     notes: list[str] = field(default_factory=list)
     lmeval: LmevalRerun | None = None  # the lm-eval re-run (None: the evidence has no lmeval.json)
+    signature: SignatureCheck = field(default_factory=SignatureCheck)  # checked first (``check_signature``)
 
     @property
     def allow_inconclusive(self) -> bool:
@@ -119,7 +122,8 @@ class VerifyPlan:
                 "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
                 "url": self.options.url, "out_dir": str(self.out_dir),
                 "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
-                "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None}
+                "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None,
+                "signature": self.signature.to_dict()}
 
 
 @dataclass
@@ -196,6 +200,7 @@ class VerifyResult(Record):
     out_dir: str = ""
     created: str = ""
     notes: list[str] = field(default_factory=list)
+    signature: SignatureCheck | None = None  # the folder's signature as checked before anything else
 
     def figures(self) -> dict[str, float | None]:
         """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
@@ -243,11 +248,31 @@ def _recipe_data(source: Source, ev: E.Evidence,
     return apply_overrides(data, pairs), pairs
 
 
+def check_signature(source: Source, options: VerifyOptions) -> SignatureCheck:
+    """The folder's signature (``infertool.signing``), before anything in it is read: with trusted keys (--key,
+    the source recipe's ``verify.signing.trusted_keys``) or ``verify.signing.required``, anything but a valid
+    signature by one of them is a SignatureError (exit 6) naming the files that differ; without, a note
+    (unsigned, or signed by a key fingerprint, not checked)."""
+    from infertool.signing import check_folder, require_keys, require_valid, trusted_keys
+
+    rec = source.recipe
+    spec = rec.verify.signing if rec is not None and rec.verify is not None else None
+    keys = trusted_keys(options.keys, spec.trusted_keys if spec is not None else None)
+    if spec is not None and spec.required:
+        require_keys(keys, f"{source.given or source.folder}'s recipe (verify.signing.required)")
+    check = check_folder(source.folder, keys)
+    if keys:
+        require_valid(check, source.folder)
+    return check
+
+
 def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
-    """Read and check the evidence (exit 2 naming the file), the serve settings (recorded + --set) and, unless
-    ``options.url`` names a running server, the launch."""
+    """Check the folder's signature first (``check_signature``: exit 6), then read and check the evidence (exit 2
+    naming the file), the serve settings (recorded + --set) and, unless ``options.url`` names a running server,
+    the launch."""
     from infertool.recipe import DecodeSpec, validate_recipe_data
 
+    signature = check_signature(source, options)
     folder = source.folder
     if not (folder / "config.json").is_file():
         raise UsageError(f"{folder} holds no checkpoint (no config.json)",
@@ -278,7 +303,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
     out_dir = options.out_dir or Path("out") / "verify" / (
         f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
     p = VerifyPlan(source, ev, serve, changed, accept, float(DecodeSpec().near_tie_logprob), options, out_dir,
-                   notes=list(source.notes))
+                   notes=[*source.notes, f"signature: {signature.message}"], signature=signature)
     if ev.index.missing:
         p.notes += [f"the evidence has no {k}: {v}" for k, v in ev.index.missing.items()]
     if ev.index.trimmed:
@@ -555,7 +580,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         engine=engine, serve=p.serve, changed=p.changed, workers=p.options.workers,
         confidence=p.accept.confidence, allow_inconclusive=p.allow_inconclusive,
         timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        notes=list(p.notes))
+        notes=list(p.notes), signature=p.signature)
     write_json(out_dir / RESULT_FILE, result.to_dict())
     return result
 

@@ -62,6 +62,8 @@ def render(result: VerifyResult) -> None:
         ("evidence", f"{(ev.fingerprint or '?')[:16]}, recorded {ev.created or '?'} under "
                      f"{eng.package or '?'} {eng.version or '?'}"),
         ("served by", str(result.engine.url or result.engine.label)), ("requests in flight", str(result.workers))]
+    if result.signature is not None:
+        rows.insert(1, ("signature", result.signature.message or result.signature.status))
     rows += [(f"--set serve.{k}", f"{c.recorded} -> {c.now}") for k, c in result.changed.items()]
     out.print(kv_table(rows, title="infertool verify"))
     figs = Table("figure", "value", "interval", "n", title="against the evidence")
