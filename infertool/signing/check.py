@@ -106,6 +106,8 @@ def sign_folder(folder: str | Path, key: str | Path) -> Signature:
     written whole (beside the folder first, then renamed in). The key goes nowhere else."""
     from model_signing import signing
 
+    from infertool.atomic import move_into_place, remove_inside
+
     root = Path(folder)
     fp = key_fingerprint(private_key(key))  # refused here, clearly, before model-signing reads it
     fd, name = tempfile.mkstemp(prefix=f".{root.name}.", suffix=".sig", dir=root.parent)
@@ -119,9 +121,9 @@ def sign_folder(folder: str | Path, key: str | Path) -> Signature:
         except Exception as e:  # noqa: BLE001 - model-signing's own errors (a link in the folder, ...): said
             raise RuntimeFailure(f"cannot sign {root}: {type(e).__name__}: {str(e)[:300]}",
                                  hint="a published folder holds regular files only") from None
-        os.replace(name, root / SIGNATURE_FILE)
+        move_into_place(name, root / SIGNATURE_FILE)
     finally:
-        Path(name).unlink(missing_ok=True)
+        remove_inside(name, root.parent, ignore_errors=True)
     return Signature(SIGNATURE_FILE, fp)
 
 
@@ -132,7 +134,9 @@ def signature_of(key: str | Path) -> Signature:
 
 def remove_signature(folder: str | Path) -> None:
     """A stale model.sig gone (the folder is about to change)."""
-    (Path(folder) / SIGNATURE_FILE).unlink(missing_ok=True)
+    from infertool.atomic import remove_inside
+
+    remove_inside(Path(folder) / SIGNATURE_FILE, folder)
 
 
 def _statement(bundle: _Bundle) -> _Statement | None:

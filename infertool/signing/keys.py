@@ -102,23 +102,26 @@ def key_fingerprint(key: EllipticCurvePublicKey | EllipticCurvePrivateKey) -> st
     """sha256 of the public key's PEM (SubjectPublicKeyInfo), 64 hex digits: the ``hint`` model-signing writes
     into a bundle's verification material."""
     from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
 
-    pub = key.public_key() if hasattr(key, "private_numbers") else key
-    pem = pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)  # type: ignore[union-attr]
+    pub = key.public_key() if isinstance(key, ec.EllipticCurvePrivateKey) else key
+    pem = pub.public_bytes(serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo)
     return hashlib.sha256(pem).hexdigest()
 
 
-def _write_new(target: Path, data: bytes, mode: int) -> None:
-    """``data`` written whole to ``target`` (temp + rename), with ``mode`` from the start."""
+def _write_new(target: Path, data: bytes, mode: int, replace: bool) -> None:
+    """``data`` written whole to ``target`` (temp + rename: ``atomic.move_into_place``), with ``mode`` from the
+    start (a private key is never readable by others, not for a moment); ``replace`` False: never over a file."""
+    from infertool.atomic import move_into_place, remove_inside
+
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     try:
         os.fchmod(fd, mode)
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(name, target)
-    except BaseException:
-        Path(name).unlink(missing_ok=True)
-        raise
+        move_into_place(name, target, replace=replace)
+    finally:
+        remove_inside(name, target.parent, ignore_errors=True)
 
 
 def new_key_pair(folder: str | Path, force: bool = False) -> KeyPair:
@@ -139,9 +142,12 @@ def new_key_pair(folder: str | Path, force: bool = False) -> KeyPair:
         d.mkdir(parents=True, exist_ok=True)
         key = ec.generate_private_key(ec.SECP256R1())
         _write_new(d / PRIVATE, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
-                                                  serialization.NoEncryption()), 0o600)
+                                                  serialization.NoEncryption()), 0o600, force)
         _write_new(d / PUBLIC, key.public_key().public_bytes(
-            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo), 0o644)
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo), 0o644, force)
+    except FileExistsError as e:  # appeared meanwhile
+        raise UsageError(f"{e.filename or d} is already there: a key pair is not replaced",
+                         hint="name another folder, or --force to replace it") from None
     except OSError as e:
         raise UsageError(f"cannot write a key pair in {d}: {e.strerror or e}", hint="a folder you may write") from None
     return KeyPair(str(d / PRIVATE), str(d / PUBLIC), key_fingerprint(key))
