@@ -222,3 +222,23 @@ def test_serve_with_a_key_refuses_an_unsigned_or_changed_checkpoint(setup, keys,
     (pub / "MODEL_CARD.md").write_text("changed")
     r = run_cli("serve", run_dir, "--emit", "k8s", "--key", keys["ours"].public_key)
     assert r.returncode == EXIT_SIGNATURE and "changed: MODEL_CARD.md" in r.stderr and "apiVersion" not in r.stdout
+
+
+def test_run_signs_what_it_publishes_and_refuses_a_bad_key_before_any_work(setup, keys, tmp_path):  # noqa: F811
+    tmp, recipe = setup
+    bad = tmp_path / "pub-as-private.pem"
+    bad.write_bytes(Path(keys["ours"].public_key).read_bytes())
+    r = run_cli("run", str(recipe), "--out", "runs", "--publish", "shipped", "--no-evidence", "--sign-key", str(bad))
+    assert r.returncode == EXIT_USAGE and "a public key" in r.stderr and not Path("runs").exists()
+    doc = json.loads(run_cli("run", str(recipe), "--out", "runs", "--publish", "shipped", "--no-evidence",
+                             "--sign-key", keys["ours"].private_key, "--json").stdout)
+    assert doc["published"]["signature"]["key_fingerprint"] == keys["ours"].fingerprint
+    assert signing.check_folder(tmp / "shipped", [keys["ours"].public_key]).valid
+    again = json.loads(run_cli("run", str(recipe), "--out", "runs", "--publish", "shipped", "--no-evidence",
+                               "--json").stdout)  # the weights are there already: the card is rewritten, unsigned
+    assert "signature" not in again["published"] and not (tmp / "shipped" / "model.sig").exists()
+    r = run_cli("verify", str(tmp / "shipped"), "--dry-run", "--key", keys["ours"].public_key)
+    assert r.returncode == EXIT_SIGNATURE and "unsigned" in r.stderr
+    run_cli("run", str(recipe), "--out", "runs", "--publish", "shipped", "--no-evidence", "--sign-key",
+            keys["theirs"].private_key)  # over the same weights again, signed: the new card is signed too
+    assert signing.check_folder(tmp / "shipped", [keys["theirs"].public_key]).valid

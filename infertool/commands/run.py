@@ -40,6 +40,7 @@ def run(
     dry_run: Annotated[bool, dry_run_opt("Show the stages, which would be reused, what is served and the server launches; run nothing.")] = False,
     publish: Annotated[Optional[str], typer.Option("--publish", metavar="DEST", help="Publish the checkpoint the eval scored here (default: quantize.output, else out/<recipe>-<method>).")] = None,
     no_evidence: Annotated[bool, typer.Option("--no-evidence", help="Publish without evidence/ (the candidate's outputs as served, which `infertool verify` re-checks).")] = False,
+    sign_key: Annotated[Optional[str], typer.Option("--sign-key", metavar="PRIVATE.pem", help="Sign the published folder with this EC private key (model.sig; `infertool keys new`).")] = None,
     overrides: Annotated[Optional[List[str]], SET_OPT] = None,
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
@@ -122,7 +123,7 @@ def run(
 
     with StageProgress("run") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run_pipeline(r, stages=chosen, force=again, out_dir=out, on_event=progress.on_event, on_stage=on_stage,
-                              publish=publish, evidence=not no_evidence)
+                              publish=publish, evidence=not no_evidence, sign_key=sign_key)
     outcome = run_outcome(result)
     if as_json:
         print_json({"ok": result.ok, "run_dir": result.run_dir, "exit_code": result.exit_code,

@@ -90,10 +90,10 @@ def cannot_run(res: Resolution) -> str | None:
 
 def publish_checkpoint(g: RunGraph, run_dir: Path, manifest: RunManifest, res: Resolution,
                        upstream: dict[str, StageOutput], dest: Path | None, evidence: RunEvidence,
-                       evidence_asked: bool) -> Published:
+                       evidence_asked: bool, sign_key: str | None = None) -> Published:
     """The run's evaluated checkpoint published with its card (a FAIL verdict too: the card says so) and its
     evidence (``RunEvidence``; ``evidence_asked`` False: --no-evidence); the manifest's ``published`` record either
-    way. ``res``: the run's resolution, with its candidate."""
+    way. ``res``: the run's resolution, with its candidate; ``sign_key``: signs the published folder (--sign-key)."""
     from infertool import publish as pub
 
     if dest is None or "quantize" not in upstream or "eval" not in upstream:
@@ -104,4 +104,5 @@ def publish_checkpoint(g: RunGraph, run_dir: Path, manifest: RunManifest, res: R
     why = "published with --no-evidence" if not evidence_asked else "verify.evidence.enabled is false in the recipe"
     return Published.from_dict(pub.publish_run(run_dir, manifest, checkpoint, dest,
                                                pub.forbidden_for_run(g.cache, run_dir, g.res),
-                                               evidence.writer(res, upstream) if evidence.wanted else None, why))
+                                               evidence.writer(res, upstream) if evidence.wanted else None, why,
+                                               sign_key))

@@ -54,17 +54,22 @@ def _new_run_dir(root: Path, name: str) -> Path:
 def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list[str] | None = None,
                  out_dir: str | Path | None = None, on_event: EventCallback | None = None,
                  on_stage: StageCallback | None = None, publish: str | None = None, evidence: bool = True,
-                 res: Resolution | None = None) -> RunResult:
+                 res: Resolution | None = None, sign_key: str | None = None) -> RunResult:
     """Run the selected stages; reuse completed ones by key; publish the checkpoint the eval scored (to
     --publish, else quantize.output, else out/<recipe>-<method>), with its evidence while the run's servers
-    still run (``evidence`` False: --no-evidence). ``res``: the recipe's resolution, when the command made it (the
-    run resolves its recipe once). Returns the run directory and manifest."""
+    still run (``evidence`` False: --no-evidence), signed with ``sign_key`` (--sign-key: an EC private key file,
+    checked before any work). ``res``: the recipe's resolution, when the command made it (the run resolves its
+    recipe once). Returns the run directory and manifest."""
     from infertool import __version__
     from infertool.data.fingerprint import digest
     from infertool.recipe import recipe_to_dict
 
     g = run_graph(recipe, stages=stages, out_dir=out_dir, force=force, res=res)
     dest = publish_destination(g, publish)  # refused before any work
+    if sign_key:
+        from infertool.signing import signature_of
+
+        signature_of(sign_key)  # a key that cannot sign: refused before any work too
     g.cache.mkdir(parents=True, exist_ok=True)
     run_dir = _new_run_dir(g.root, recipe.name)
     rd = recipe_to_dict(recipe)
@@ -80,7 +85,8 @@ def run_pipeline(recipe: Recipe, *, stages: list[str] | None = None, force: list
     runner = _Runner(g, run_dir, manifest, pool, on_event, on_stage, ev)
     try:
         exit_code = runner.run()
-        manifest.published = publish_checkpoint(g, run_dir, manifest, runner.res, runner.upstream, dest, ev, evidence)
+        manifest.published = publish_checkpoint(g, run_dir, manifest, runner.res, runner.upstream, dest, ev, evidence,
+                                                sign_key)
     finally:
         pool.close()  # the end of the run, a failure or Ctrl-C: no server outlives it
         ev.discard()
