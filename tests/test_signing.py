@@ -155,6 +155,9 @@ def test_a_forged_bundle_is_invalid(published, keys):  # noqa: F811
     (published / "model.sig").write_text(json.dumps(bundle))
     r = _verify(published, "--key", keys["ours"].public_key)
     assert r.returncode == EXIT_SIGNATURE and "model.sig" in json.loads(r.stdout)["message"]
+    (published / "model.sig").write_text("not a bundle")
+    r = _verify(published, "--key", keys["ours"].public_key)
+    assert r.returncode == EXIT_SIGNATURE and "not a model-signing bundle" in json.loads(r.stdout)["message"]
 
 
 def test_bad_keys_are_usage_errors(tmp_path, published, keys):  # noqa: F811

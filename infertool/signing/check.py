@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 SIGNATURE_FILE = "model.sig"
 STATUSES = ("unsigned", "signed-unchecked", "valid", "invalid", "other-key")
 MAX_NAMED = 20  # files named in a message
+MAX_BUNDLE = 64 * 1024 * 1024  # a model.sig larger than this is not read (a manifest line per file: far below)
 
 
 def short(fp: str | None) -> str:
@@ -171,7 +172,8 @@ def check_folder(folder: str | Path, keys: Iterable[str | Path] = ()) -> Signatu
         what = "a link" if sig.is_symlink() else "not a file" if sig.exists() else "no model.sig"
         return SignatureCheck("unsigned", None, [], f"unsigned ({what})", n)
     try:
-        bundle = _Bundle.from_dict(json.loads(sig.read_bytes()))
+        big = sig.stat().st_size > MAX_BUNDLE
+        bundle = _Bundle() if big else _Bundle.from_dict(json.loads(sig.read_bytes()))
     except (ValueError, OSError):
         bundle = _Bundle()
     fp = bundle.verificationMaterial.publicKey.hint or None
