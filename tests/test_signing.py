@@ -197,8 +197,13 @@ def test_publish_with_an_rsa_key_or_a_key_inside_the_source_exits_2(shipped, tmp
     assert r.returncode == EXIT_USAGE and "never goes into what is published" in r.stderr
 
 
-def test_republishing_without_a_key_leaves_no_stale_signature(shipped, tmp_path):
+def test_republishing_without_a_key_leaves_no_stale_signature(shipped, tmp_path, keys):
     folder, _ = shipped
+    dry = run_cli("publish", str(folder), str(tmp_path / "copy"), "--sign-key", keys["ours"].private_key, "--dry-run",
+                  "--json")
+    plan = json.loads(dry.stdout)
+    assert plan["signature"]["key_fingerprint"] == keys["ours"].fingerprint and "sign_key" not in plan
+    assert not (tmp_path / "copy").exists()
     r = run_cli("publish", str(folder), str(tmp_path / "copy"), "--json")
     assert r.returncode == 0, r.stderr
     assert not (tmp_path / "copy" / "model.sig").exists() and "signature" not in json.loads(r.stdout)["published"]
