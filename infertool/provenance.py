@@ -38,7 +38,8 @@ EVIDENCE = "evidence/evidence.json"  # the byproduct naming the evidence index
 __all__ = ["BUILD_TYPE", "FILENAME", "PREDICATE_TYPE", "STATEMENT_TYPE", "BuildDefinition", "BuildMetadata",
            "Builder", "Calibration", "EnvAnnotations", "ExternalParameters", "GateResult", "InternalParameters",
            "Predicate", "ProvenanceError", "ProvenanceSummary", "RecipeParam", "ResourceDescriptor", "RunDetails",
-           "SourceModelParam", "Statement", "VerdictAnnotations", "read_provenance", "summary", "write_provenance"]
+           "SourceModelParam", "Statement", "VerdictAnnotations", "read_provenance", "summary", "summary_of",
+           "write_provenance"]
 
 
 class ProvenanceError(UsageError):
@@ -313,3 +314,13 @@ def summary(st: Statement) -> ProvenanceSummary:
         verdict=va.verdict, gates={g.name: g.status for g in va.gates}, infertool=internal.infertool,
         commit=internal.commit, invocation=st.predicate.runDetails.metadata.invocationId, subjects=len(st.subject),
         absent=absent)
+
+
+def summary_of(folder: Path) -> tuple[ProvenanceSummary | None, str | None]:
+    """A folder's provenance in a few facts (None: it carries none), and a note when it carries one that is not
+    read (the reason, naming the file): verify goes on without it."""
+    try:
+        st = read_provenance(folder)
+    except ProvenanceError as e:
+        return None, f"the provenance is not read: {e.message}"
+    return (summary(st) if st is not None else None), None

@@ -27,6 +27,7 @@ from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.evaluate.decode import DecodeRaw
 from infertool.evaluate.verdict import Gate
+from infertool.provenance import ProvenanceSummary
 from infertool.records import Record, Sparse
 from infertool.verify import evidence as E
 from infertool.verify.score import LmevalScore, PromptScore, VerifyDecode
@@ -103,6 +104,7 @@ class VerifyPlan:
     launch: LaunchPlan | None = None  # None with --url
     notes: list[str] = field(default_factory=list)
     lmeval: LmevalRerun | None = None  # the lm-eval re-run (None: the evidence has no lmeval.json)
+    provenance: ProvenanceSummary | None = None  # the folder's provenance.intoto.json, in short (None: none)
 
     @property
     def allow_inconclusive(self) -> bool:
@@ -119,7 +121,8 @@ class VerifyPlan:
                 "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
                 "url": self.options.url, "out_dir": str(self.out_dir),
                 "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
-                "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None}
+                "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None,
+                "provenance": self.provenance.to_dict() if self.provenance is not None else None}
 
 
 @dataclass
@@ -196,6 +199,7 @@ class VerifyResult(Record):
     out_dir: str = ""
     created: str = ""
     notes: list[str] = field(default_factory=list)
+    provenance: ProvenanceSummary | None = None  # the folder's provenance.intoto.json, in short (None: none)
 
     def figures(self) -> dict[str, float | None]:
         """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
@@ -279,6 +283,10 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
         f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
     p = VerifyPlan(source, ev, serve, changed, accept, float(DecodeSpec().near_tie_logprob), options, out_dir,
                    notes=list(source.notes))
+    from infertool.provenance import summary_of
+
+    p.provenance, unread = summary_of(folder)
+    p.notes += [unread] if unread else []
     if ev.index.missing:
         p.notes += [f"the evidence has no {k}: {v}" for k, v in ev.index.missing.items()]
     if ev.index.trimmed:
@@ -555,7 +563,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         engine=engine, serve=p.serve, changed=p.changed, workers=p.options.workers,
         confidence=p.accept.confidence, allow_inconclusive=p.allow_inconclusive,
         timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        notes=list(p.notes))
+        notes=list(p.notes), provenance=p.provenance)
     write_json(out_dir / RESULT_FILE, result.to_dict())
     return result
 

@@ -25,6 +25,8 @@ def render_plan(plan: VerifyPlan) -> None:
     lines = [f"verify {plan.source.folder} ({plan.source.kind})",
              f"  evidence: {plan.evidence.fingerprint[:16]}, recorded {idx.created} under {idx.engine.package} "
              f"{idx.engine.version}; files: {', '.join(idx.files)}"]
+    lines += ["  " + line for line in plan.provenance.lines()] if plan.provenance is not None else \
+        ["  provenance: none (the folder carries no provenance.intoto.json)"]
     lines += [f"  --set serve.{k}: {c.recorded} -> {c.now}" for k, c in plan.changed.items()]
     lines += [f"  gate {k}: {v}" for k, v in plan.accept.model_dump(mode="json").items()
               if k.startswith(("min_", "max_")) and v is not None]
@@ -63,6 +65,9 @@ def render(result: VerifyResult) -> None:
                      f"{eng.package or '?'} {eng.version or '?'}"),
         ("served by", str(result.engine.url or result.engine.label)), ("requests in flight", str(result.workers))]
     rows += [(f"--set serve.{k}", f"{c.recorded} -> {c.now}") for k, c in result.changed.items()]
+    prov = result.provenance.lines() if result.provenance is not None else \
+        ["provenance: none (the folder carries no provenance.intoto.json)"]
+    rows += [("provenance", " ".join(prov).removeprefix("provenance: "))]
     out.print(kv_table(rows, title="infertool verify"))
     figs = Table("figure", "value", "interval", "n", title="against the evidence")
     d, p = result.decode, result.prompts
