@@ -36,7 +36,7 @@ VERDICT = "verdict"  # the byproduct holding the verdict and its gates
 EVIDENCE = "evidence/evidence.json"  # the byproduct naming the evidence index
 
 __all__ = ["BUILD_TYPE", "FILENAME", "PREDICATE_TYPE", "STATEMENT_TYPE", "BuildDefinition", "BuildMetadata",
-           "Builder", "Calibration", "EnvAnnotations", "ExternalParameters", "GateResult", "InternalParameters",
+           "Builder", "CalibrationParam", "EnvAnnotations", "ExternalParameters", "GateResult", "InternalParameters",
            "Predicate", "ProvenanceError", "ProvenanceSummary", "RecipeParam", "ResourceDescriptor", "RunDetails",
            "SourceModelParam", "Statement", "VerdictAnnotations", "read_provenance", "summary", "summary_of",
            "write_provenance"]
@@ -86,7 +86,7 @@ class SourceModelParam(Sparse):
 
 
 @dataclass
-class Calibration(Sparse):
+class CalibrationParam(Sparse):
     """The calibration data quantize read: a file (its path) or infertool's builtin set, and its sha256."""
 
     source: str | None = None
@@ -100,7 +100,7 @@ class Calibration(Sparse):
 class ExternalParameters(Record):
     recipe: RecipeParam = field(default_factory=RecipeParam)
     sourceModel: SourceModelParam = field(default_factory=SourceModelParam)
-    calibration: Calibration = field(default_factory=Calibration)
+    calibration: CalibrationParam = field(default_factory=CalibrationParam)
     method: dict[str, Any] | None = None  # Any: the recipe's quantize settings, as JSON
 
 
@@ -229,7 +229,7 @@ def read_provenance(folder: Path) -> Statement | None:
     v1 statement with an SLSA v1 predicate, or a build type of a newer infertool."""
     path = folder / FILENAME
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     except FileNotFoundError:
         return None
     except OSError as e:
@@ -302,15 +302,14 @@ def summary(st: Statement) -> ProvenanceSummary:
     va = VerdictAnnotations.from_dict(verdict.annotations if verdict is not None else None)
     engine = next((d for d in build.resolvedDependencies if EnvAnnotations.from_dict(d.annotations).kind == "engine"),
                   None)
+    engine_absent = EnvAnnotations.from_dict(engine.annotations).absent if engine is not None else "none"
     absent = [what for what, why in (("recipe", ext.recipe.absent), ("source model", ext.sourceModel.absent),
                                      ("calibration", ext.calibration.absent), ("verdict", va.absent),
-                                     ("commit", internal.commitAbsent),
-                                     ("engine", EnvAnnotations.from_dict(engine.annotations).absent if engine else "none"))
-              if why]
+                                     ("commit", internal.commitAbsent), ("engine", engine_absent)) if why]
     return ProvenanceSummary(
         recipe=ext.recipe.name, recipe_sha256=ext.recipe.sha256, source_model=ext.sourceModel.source,
         source_fingerprint=ext.sourceModel.fingerprint, calibration_sha256=ext.calibration.sha256,
-        engine=engine.name if engine is not None and not EnvAnnotations.from_dict(engine.annotations).absent else None,
+        engine=engine.name if engine is not None and not engine_absent else None,
         verdict=va.verdict, gates={g.name: g.status for g in va.gates}, infertool=internal.infertool,
         commit=internal.commit, invocation=st.predicate.runDetails.metadata.invocationId, subjects=len(st.subject),
         absent=absent)

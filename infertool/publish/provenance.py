@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from infertool.errors import UsageError
 from infertool.provenance import (BUILD_TYPE, EVIDENCE, VERDICT, BuildDefinition, BuildMetadata, Builder,
-                                  Calibration, EnvAnnotations, ExternalParameters, GateResult, InternalParameters,
+                                  CalibrationParam, EnvAnnotations, ExternalParameters, GateResult, InternalParameters,
                                   Predicate, RecipeParam, ResourceDescriptor, RunDetails, SourceModelParam, Statement,
                                   VerdictAnnotations, read_provenance, write_provenance)
 from infertool.records import Record
@@ -69,7 +69,7 @@ class BuildFacts(Record):
     kind: str = ""  # run | tune | published
     recipe: RecipeParam = field(default_factory=RecipeParam)
     source_model: SourceModelParam = field(default_factory=SourceModelParam)
-    calibration: Calibration = field(default_factory=Calibration)
+    calibration: CalibrationParam = field(default_factory=CalibrationParam)
     method: dict[str, Any] | None = None  # Any: the quantize settings, as JSON
     envs: list[ResourceDescriptor] = field(default_factory=list)
     metadata: BuildMetadata = field(default_factory=BuildMetadata)
@@ -80,7 +80,7 @@ class BuildFacts(Record):
     def unknown(cls, why: str) -> BuildFacts:
         """Facts of a build nothing records: each one absent, with ``why``."""
         return cls(recipe=RecipeParam(absent=why), source_model=SourceModelParam(absent=why),
-                   calibration=Calibration(absent=why), envs=[_absent_envs(why)],
+                   calibration=CalibrationParam(absent=why), envs=[_absent_envs(why)],
                    metadata=BuildMetadata(absent={"invocationId": why}), verdict=VerdictAnnotations(absent=why))
 
 
@@ -139,8 +139,9 @@ def _verdict(verdict: str | None, reason: str | None, suite: str | None, engine:
 
     if verdict is None:
         return VerdictAnnotations(absent=why)
-    return VerdictAnnotations(verdict, reason, suite, engine, [
-        GateResult(g.name, g.metric, g.status, g.estimate, g.lo, g.hi, g.threshold) for g in map(Gate.from_dict, gates or [])])
+    rows = [GateResult(g.name, g.metric, g.status, g.estimate, g.lo, g.hi, g.threshold)
+            for g in map(Gate.from_dict, gates or [])]
+    return VerdictAnnotations(verdict, reason, suite, engine, rows)
 
 
 def _source_model(source: str | None, label: str | None, model: InputModel) -> SourceModelParam:
@@ -152,12 +153,12 @@ def _source_model(source: str | None, label: str | None, model: InputModel) -> S
                             else "the run recorded no fingerprint of it")
 
 
-def _calibration(cal: InputFile | None, method: dict[str, Any] | None) -> Calibration:  # Any: quantize settings
+def _calibration(cal: InputFile | None, method: dict[str, Any] | None) -> CalibrationParam:  # Any: quantize settings
     if cal is not None and cal.sha256:
-        return Calibration(cal.file or f"builtin:{cal.builtin or 'calibration'}", cal.sha256)
+        return CalibrationParam(cal.file or f"builtin:{cal.builtin or 'calibration'}", cal.sha256)
     if method is None:
-        return Calibration(absent="the build quantized nothing")
-    return Calibration(absent="the method reads no calibration data" if cal is None else
+        return CalibrationParam(absent="the build quantized nothing")
+    return CalibrationParam(absent="the method reads no calibration data" if cal is None else
                        "the run recorded no sha256 of its calibration data")
 
 
@@ -176,7 +177,8 @@ def run_facts(run_dir: Path, manifest: RunManifest) -> BuildFacts:
         calibration=_calibration(inputs.calibration, method), method=method,
         envs=_envs(manifest.environments),
         metadata=BuildMetadata(run_dir.name, manifest.started, manifest.finished or _now()),
-        verdict=_verdict(summary.verdict, summary.reason, summary.suite, summary.engine, summary.gates, "")
+        verdict=_verdict(summary.verdict, summary.reason, summary.suite, summary.engine, summary.gates,
+                         "the run's eval recorded no verdict")
         if summary is not None else VerdictAnnotations(absent="the run recorded no eval"))
 
 
