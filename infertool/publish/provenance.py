@@ -257,9 +257,9 @@ def commit() -> InternalParameters:
 def _engine(evidence: EvidenceBlock) -> ResourceDescriptor:
     """The engine release the evidence was captured on (package and version, its purl)."""
     if not evidence.fingerprint or not evidence.engine:
-        why = evidence.why_missing if not evidence.fingerprint else "the evidence does not name its engine"
-        return ResourceDescriptor(name="engine", annotations=EnvAnnotations(
-            kind="engine", absent=f"no evidence was captured: {why}").to_dict())
+        why = f"no evidence: {evidence.why_missing}" if not evidence.fingerprint else \
+            "the evidence does not name its engine (its server's python was no managed environment's)"
+        return ResourceDescriptor(name="engine", annotations=EnvAnnotations(kind="engine", absent=why).to_dict())
     package, _, version = evidence.engine.partition(" ")
     return ResourceDescriptor(name=f"{package}=={version}" if version else package,
                               uri=f"pkg:pypi/{package}@{version}" if version else f"pkg:pypi/{package}",
@@ -270,8 +270,9 @@ def _byproducts(folder: Path, facts: BuildFacts, evidence: EvidenceBlock) -> lis
     out = [ResourceDescriptor(name=VERDICT, annotations=facts.verdict.to_dict())]
     index = folder / EVIDENCE
     if evidence.fingerprint and index.is_file() and not index.is_symlink():
+        engine = {"engine": evidence.engine} if evidence.engine else {}
         out.append(ResourceDescriptor(name=EVIDENCE, digest={"sha256": _sha256(index)},
-                                      annotations={"contentSha256": evidence.fingerprint, "engine": evidence.engine}))
+                                      annotations={"contentSha256": evidence.fingerprint, **engine}))
     return out
 
 
