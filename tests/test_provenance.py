@@ -76,6 +76,12 @@ def test_run_publish_writes_a_statement_of_what_shipped(setup, monkeypatch):
     assert publish.ownership_refusal(folder) is None
     s3 = run_cli("publish", str(folder), "s3://bucket/m", "--dry-run")
     assert f"upload_file('{folder / FILENAME}', 'bucket', 'm/{FILENAME}')" in s3.stdout, s3.stdout
+    # a second run reusing quantize: the weights stay in place, the statement names the new run
+    inode = (folder / "model.safetensors").stat().st_ino
+    doc2, _, st2, _ = _published(tmp, recipe)
+    assert (folder / "model.safetensors").stat().st_ino == inode and doc2["run_dir"] != doc["run_dir"]
+    assert st2["predicate"]["runDetails"]["metadata"]["invocationId"] == Path(doc2["run_dir"]).name
+    assert st2["subject"] == st["subject"]
 
 
 def test_the_engine_is_the_one_the_evidence_was_captured_on(setup, served, monkeypatch):
@@ -206,3 +212,16 @@ def test_verify_shows_the_provenance_and_records_it(setup, gathered, servers):
     none = json.loads(cli_in_process("verify", str(folder), "--url", servers[0], "--out", str(tmp / "x"),
                                      "--json").stdout)
     assert none["provenance"] is None
+
+
+def test_the_records_module_is_a_leaf_verify_reads_without_publish():
+    """infertool/provenance.py imports only leaves (records, errors, atomic), so verify reads a statement without
+    importing publish; publish builds it (publish.provenance)."""
+    import ast
+
+    root = Path(__file__).resolve().parents[1] / "infertool"
+    tree = ast.parse((root / "provenance.py").read_text())
+    used = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("infertool")}
+    assert used == {"infertool.records", "infertool.errors", "infertool.atomic"}, used
+    verify_src = "".join(p.read_text() for p in (root / "verify").glob("*.py"))
+    assert "infertool.provenance" in verify_src and "infertool.publish" not in verify_src
