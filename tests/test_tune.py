@@ -245,6 +245,11 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
     assert pub == res.published.to_dict() and pub["path"] == tuned["quantize"]["output"]
     assert pub["fingerprint"] == publish.fingerprint(pub["path"]) == publish.fingerprint(Path(res.winner.stages["quantize"].entry) / "model")
     assert json.loads((Path(pub["path"]) / publish.FACTS).read_text())["label"] == res.winner.label
+    from infertool.provenance import read_provenance, summary  # the winner's provenance: the trial's recipe, id
+
+    prov = summary(read_provenance(Path(pub["path"])))
+    assert prov.recipe == "t" and len(prov.recipe_sha256) == 64 and prov.invocation == f"{d.name}/{res.winner.id}"
+    assert prov.verdict == "PASS" and prov.subjects >= 1
     assert publish.served(str(d)).published == pub["path"]  # `infertool serve TUNE_DIR`
     assert f"published at `{pub['path']}`" in (d / "tune.md").read_text()
     for tid in trials.values():

@@ -1,5 +1,5 @@
 """A checkpoint folder as publish copies it: its entries (no link followed, no hidden file, not the card, its
-facts or the evidence folder), what it refuses, and its content fingerprint.
+facts, its provenance or the evidence folder), what it refuses, and its content fingerprint.
 
 ``fingerprint(dir)``: the same for the stage-cache entry and every copy of it (no modification time, no file of
 the card, no hidden file enters it): every small file hashed whole, each weight file by its size, its safetensors
@@ -21,6 +21,7 @@ from infertool.errors import UsageError
 
 Shown = str | float | Path | BaseException | list[Any] | dict[str, Any] | None  # a value shown (Any: JSON values)
 from infertool.inputs import size_text
+from infertool.provenance import FILENAME as PROVENANCE
 from infertool.verify.evidence import DIRNAME as EVIDENCE
 
 CARD = "MODEL_CARD.md"
@@ -29,7 +30,7 @@ SIGNATURE = "model.sig"  # model-signing's signature beside the model (infertool
 FINGERPRINT_VERSION = 1  # the "v" of the JSON a fingerprint is taken over
 MAX_DEPTH = 32  # folders inside a checkpoint folder, at most
 
-__all__ = ["CARD", "EVIDENCE", "FACTS", "MAX_DEPTH", "Shown", "beside", "check_room", "check_source",
+__all__ = ["CARD", "EVIDENCE", "FACTS", "MAX_DEPTH", "PROVENANCE", "Shown", "beside", "check_room", "check_source",
            "checkpoint_files", "fingerprint", "refusals", "said", "short"]
 
 
@@ -47,7 +48,8 @@ def short(fp: str | None) -> str:
 def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
     """Every entry of the checkpoint under ``root`` but its folders, as (relative path, ``lstat``), sorted: links
     are not followed (a link is an entry, never what it names), no hidden part, not the card, its facts or the
-    signature at the top, nor the evidence folder there (``EVIDENCE``). A folder nested deeper than MAX_DEPTH: a UsageError."""
+    provenance or the signature at the top, nor the evidence folder there (``EVIDENCE``). A folder nested deeper
+    than MAX_DEPTH: a UsageError."""
     out: list[tuple[str, os.stat_result]] = []
     stack: list[tuple[Path, tuple[str, ...]]] = [(root, ())]
     while stack:
@@ -57,7 +59,8 @@ def _entries(root: Path) -> list[tuple[str, os.stat_result]]:
         try:
             with os.scandir(folder) as it:
                 for e in it:
-                    if e.name.startswith(".") or (not rel and e.name in (CARD, FACTS, EVIDENCE, SIGNATURE)):
+                    if e.name.startswith(".") or (not rel and e.name in (CARD, FACTS, PROVENANCE, EVIDENCE,
+                                                                          SIGNATURE)):
                         continue
                     st = e.stat(follow_symlinks=False)
                     if stat.S_ISDIR(st.st_mode):
@@ -146,9 +149,10 @@ def check_room(folder: Path, dest: Path) -> None:
 
 
 def beside(folder: Path) -> list[Path]:
-    """What a published folder holds beside the checkpoint and uploads with it: the card, its facts, its signature
-    and the evidence folder's regular files (never a link)."""
-    out = [folder / n for n in (FACTS, CARD, SIGNATURE) if (folder / n).is_file() and not (folder / n).is_symlink()]
+    """What a published folder holds beside the checkpoint and uploads with it: the card, its facts, the
+    provenance, its signature and the evidence folder's regular files (never a link)."""
+    out = [folder / n for n in (FACTS, CARD, PROVENANCE, SIGNATURE)
+           if (folder / n).is_file() and not (folder / n).is_symlink()]
     ev = folder / EVIDENCE
     if ev.is_dir() and not ev.is_symlink():
         out += sorted(f for f in ev.iterdir() if f.is_file() and not f.is_symlink())

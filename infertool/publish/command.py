@@ -16,6 +16,8 @@ from infertool.summaries import Published, Signature
 from infertool.publish.facts import (CardFacts, claimed_facts, published_record, read_facts, recorded_path,
                                      run_facts, tune_record, vouched)
 from infertool.publish.folder import EvidenceWriter, check_dest, env_folders, publish_dir
+from infertool.publish.provenance import BuildFacts, carried
+from infertool.publish.provenance import run_facts as run_build
 from infertool.publish.served import check_fingerprint, recipe_of_run
 from infertool.records import Record, Sparse
 
@@ -75,6 +77,7 @@ class PublishPlan(Record):
     calls: list[str] = field(default_factory=list)
     dry_run: bool = False
     evidence: EvidencePlan = field(default_factory=EvidencePlan)
+    build: BuildFacts = field(default_factory=BuildFacts)  # provenance.intoto.json's facts (publish.provenance)
     signature: Signature | None = None  # the signature DEST will carry (its key's fingerprint; never the key)
     sign_key: str | None = field(default=None, repr=False)  # the private key file: used, never written out
 
@@ -101,17 +104,19 @@ class PublishResult:
         return out
 
 
-def _source(src: str) -> tuple[str, Path, str, CardFacts]:
-    """SRC of `infertool publish`: (kind, checkpoint folder, fingerprint, facts) for a run directory, a tune
-    directory or a published folder; the checkpoint verified against its record; the facts infertool's own (a
-    card nothing vouches for: ``claimed_facts``)."""
+def _source(src: str) -> tuple[str, Path, str, CardFacts, BuildFacts]:
+    """SRC of `infertool publish`: (kind, checkpoint folder, fingerprint, facts, build facts) for a run directory,
+    a tune directory or a published folder; the checkpoint verified against its record; the facts infertool's own
+    (a card nothing vouches for: ``claimed_facts``); the build facts a run's manifest's, or the provenance the
+    folder carries (a tune's winner, a published folder), as it is."""
     p = Path(src).expanduser()
     if (p / "tune.json").is_file():
         folder, fp = tune_record(p)
         check_fingerprint(folder, fp, f"tune {p.name}",
                           f"infertool tune again, or infertool publish {shlex.quote(str(folder))} DEST")
         facts = read_facts(folder / FACTS)
-        return "tune", folder, fp, (vouched(facts, fp) if facts.fingerprint == fp else None) or claimed_facts(facts)
+        return ("tune", folder, fp, (vouched(facts, fp) if facts.fingerprint == fp else None) or claimed_facts(facts),
+                carried(folder, "tune"))
     if (p / "manifest.json").is_file():
         from infertool.report import load_run
 
@@ -122,14 +127,14 @@ def _source(src: str) -> tuple[str, Path, str, CardFacts]:
         path = recorded_path(run_dir, pub.path) if pub.path else None
         for where in (path, run_dir / "quantize" / "model"):
             if where is not None and (where / "config.json").is_file() and fingerprint(where) == pub.fingerprint:
-                return "run", where, pub.fingerprint, run_facts(run_dir, manifest)
+                return "run", where, pub.fingerprint, run_facts(run_dir, manifest), run_build(run_dir, manifest)
         raise UsageError(f"neither {said(path)} nor the run's quantize entry holds the checkpoint run {run_dir.name} "
                          f"evaluated (fingerprint {pub.fingerprint})", hint="run it again: `infertool run` publishes it")
     if (p / FACTS).is_file():
         facts = read_facts(p / FACTS)
         fp = str(facts.fingerprint)
         check_fingerprint(p, fp, f"the card in {p}", "infertool publish RUN_DIR " + shlex.quote(str(p)))
-        return "published", p, fp, vouched(facts, fp) or claimed_facts(facts)
+        return "published", p, fp, vouched(facts, fp) or claimed_facts(facts), carried(p)
     raise UsageError(f"{said(src)} is not a run directory, a tune directory or a published folder",
                      hint=f"give runs/<recipe>-<time>, a tune directory, or a folder with {FACTS}")
 
@@ -165,7 +170,7 @@ def _scheme(dest: str) -> str:
 
 def plan(src: str, options: PublishOptions) -> PublishPlan:
     """What `infertool publish SRC DEST` does (every refusal here, before a byte is copied)."""
-    kind, folder, fp, facts = _source(src)
+    kind, folder, fp, facts, build = _source(src)
     scheme = _scheme(options.dest)
     check_source(folder)  # links and special files: refused before a copy, and never listed for an upload
     dest = options.dest
@@ -181,7 +186,7 @@ def plan(src: str, options: PublishOptions) -> PublishPlan:
     evidence = _evidence_plan(src, kind, folder, scheme, options)
     signature = _signature_plan(options.sign_key, scheme, [folder, Path(dest)])
     return PublishPlan(str(src), kind, str(folder), fp, dest, scheme, facts, calls, options.dry_run, evidence,
-                       signature, options.sign_key)
+                       build, signature, options.sign_key)
 
 
 def _signature_plan(key: str | None, scheme: str, inside: list[Path]) -> Signature | None:
@@ -282,7 +287,7 @@ def run(p: PublishPlan, on_event: EventCallback | None = None) -> PublishResult:
         return PublishResult(p)
     if p.scheme == "dir":
         published = publish_dir(p.folder, Path(p.dest), p.facts, evidence_writer(p, on_event), p.evidence.missing,
-                                p.sign_key)
+                                p.build, p.sign_key)
         return PublishResult(p, published=Published.from_dict(published))
     folder = Path(p.folder)
     if not (folder / FACTS).is_file():  # a run's stage entry has no card: the card travels with the weights

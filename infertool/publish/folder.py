@@ -1,7 +1,8 @@
 """The published folder: where it may go (``check_dest``: never inside the stage cache, a run, the source or the
 environments; an existing folder replaced only when infertool published it), and the copy (``publish_dir``):
 through a temporary folder beside DEST and a rename, with ``MODEL_CARD.md`` and ``infertool.json`` (``write_card``,
-the one writer of both) and the evidence folder; never a link into the cache."""
+the one writer of both), the evidence folder and ``provenance.intoto.json`` (``publish.provenance``); never a link
+into the cache."""
 
 from __future__ import annotations
 
@@ -16,6 +17,9 @@ from infertool.publish.checkpoint import (CARD, EVIDENCE, FACTS, check_room, che
                                           fingerprint, said, short)
 from infertool.summaries import Published
 from infertool.publish.facts import CardFacts, read_facts, run_facts
+from infertool.publish.provenance import BuildFacts
+from infertool.publish.provenance import run_facts as run_build
+from infertool.publish.provenance import write as write_provenance
 from infertool.summaries import EvidenceBlock
 
 if TYPE_CHECKING:
@@ -129,18 +133,21 @@ def write_card(folder: Path, facts: CardFacts) -> None:
 def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any],  # Any: infertool.json's facts
                 evidence: EvidenceWriter | None = None,
                 no_evidence: str | None = None,
+                build: BuildFacts | None = None,
                 sign_key: str | Path | None = None) -> dict[str, Any]:  # Any: the Published record as JSON
     """Copy the checkpoint ``src`` to ``dest`` whole (a temporary folder beside it, then a rename), with the card
     and ``infertool.json``; the copy's fingerprint must be the source's. ``evidence`` writes ``evidence/`` (inside
     the temporary folder: the published folder appears with it, or not at all) and returns infertool.json's
-    ``evidence`` block; without it, ``no_evidence`` says why there is none. ``sign_key`` (an EC private key file):
-    the last step inside the temporary folder signs every file of it (``model.sig``, ``infertool.signing``).
-    Returns the ``Published`` record as the manifest and published.json keep it: {path, fingerprint, evidence,
-    signature}."""
+    ``evidence`` block; without it, ``no_evidence`` says why there is none. ``build``: how the checkpoint was
+    built, written as ``provenance.intoto.json`` after the card (``publish.provenance``; None: nothing known).
+    ``sign_key`` (an EC private key file): the last step inside the temporary folder signs every file of it
+    (``model.sig``, ``infertool.signing``), the provenance included. Returns the ``Published`` record as the
+    manifest and published.json keep it: {path, fingerprint, evidence, signature}."""
     from infertool.signing import remove_signature, sign_folder, signature_of
 
     src = Path(src)
     card = facts if isinstance(facts, CardFacts) else CardFacts.read(facts)
+    built = build if build is not None else BuildFacts.unknown("the publisher gave no build facts")
     check_source(src)
     sig = signature_of(sign_key) if sign_key else None  # the key refused before a byte is copied
     fp = fingerprint(src)
@@ -148,6 +155,7 @@ def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any], 
         remove_signature(dest)  # the folder changes below: no stale signature is left over it
         ev = _evidence(evidence, dest / EVIDENCE, fp, no_evidence)  # already there (a re-run that reused quantize):
         write_card(dest, card.copied(fp, str(dest), ev, sig))  # the card says this run, the weights are not copied again
+        write_provenance(dest, built, ev)
         if sign_key:
             sign_folder(dest, sign_key)
         return Published(str(dest), fp, ev, signature=sig).to_dict()
@@ -164,6 +172,7 @@ def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any], 
                                  "it changed while being copied", hint="publish again")
             ev = _evidence(evidence, tmp / EVIDENCE, fp, no_evidence)
             write_card(tmp, card.copied(fp, str(dest), ev, sig))
+            write_provenance(tmp, built, ev)
             if sign_key:  # the very last step: every file above is signed
                 sign_folder(tmp, sign_key)
     except OSError as e:
@@ -196,4 +205,5 @@ def publish_run(run_dir: Path, manifest: RunManifest, checkpoint: Path, dest: Pa
     """Publish a run's evaluated checkpoint to ``dest`` with its card (and its evidence and signature:
     ``publish_dir``); the manifest's ``published`` record."""
     check_dest(dest, forbidden)
-    return publish_dir(checkpoint, dest, run_facts(run_dir, manifest), evidence, no_evidence, sign_key)
+    return publish_dir(checkpoint, dest, run_facts(run_dir, manifest), evidence, no_evidence,
+                       run_build(run_dir, manifest), sign_key)

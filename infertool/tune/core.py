@@ -538,7 +538,13 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
                                  on_event=ctx.on_event,
                                  log_dir=ctx.dir / "logs", lmeval_why="tune keeps no per-document lm-eval results "
                                  "with its winner", strict=False)
-    rec = Published.from_dict(pub.publish_dir(checkpoint, dest, facts, writer, why))
+    from infertool.publish.provenance import tune_facts
+    from infertool.recipe import recipe_to_dict
+
+    build = tune_facts(ctx.recipe.name, ctx.recipe.model.source, ctx.recipe.model.source, recipe_to_dict(trial.recipe),
+                       f"{ctx.dir.name}/{trial.id}", ctx.inputs, acc.verdict if acc else None,
+                       acc.reason if acc else None, record.accuracy.gates if record.accuracy else None)
+    rec = Published.from_dict(pub.publish_dir(checkpoint, dest, facts, writer, why, build))
     write_json(ctx.dir / pub.TUNE_PUBLISHED, rec.to_dict())
     ctx.published = rec
     emit(ctx.on_event, f"the winner {record.label} published to {rec.path} "

@@ -27,6 +27,7 @@ from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.evaluate.decode import DecodeRaw
 from infertool.evaluate.verdict import Gate
+from infertool.provenance import ProvenanceSummary
 from infertool.records import Record, Sparse
 from infertool.signing.check import SignatureCheck
 from infertool.verify import evidence as E
@@ -106,6 +107,7 @@ class VerifyPlan:
     notes: list[str] = field(default_factory=list)
     lmeval: LmevalRerun | None = None  # the lm-eval re-run (None: the evidence has no lmeval.json)
     signature: SignatureCheck = field(default_factory=SignatureCheck)  # checked first (``check_signature``)
+    provenance: ProvenanceSummary | None = None  # the folder's provenance.intoto.json, in short (None: none)
 
     @property
     def allow_inconclusive(self) -> bool:
@@ -123,7 +125,8 @@ class VerifyPlan:
                 "url": self.options.url, "out_dir": str(self.out_dir),
                 "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
                 "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None,
-                "signature": self.signature.to_dict()}
+                "signature": self.signature.to_dict(),
+                "provenance": self.provenance.to_dict() if self.provenance is not None else None}
 
 
 @dataclass
@@ -201,6 +204,7 @@ class VerifyResult(Record):
     created: str = ""
     notes: list[str] = field(default_factory=list)
     signature: SignatureCheck | None = None  # the folder's signature as checked before anything else
+    provenance: ProvenanceSummary | None = None  # the folder's provenance.intoto.json, in short (None: none)
 
     def figures(self) -> dict[str, float | None]:
         """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
@@ -304,6 +308,10 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
         f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
     p = VerifyPlan(source, ev, serve, changed, accept, float(DecodeSpec().near_tie_logprob), options, out_dir,
                    notes=[*source.notes, f"signature: {signature.message}"], signature=signature)
+    from infertool.provenance import summary_of
+
+    p.provenance, unread = summary_of(folder)
+    p.notes += [unread] if unread else []
     if ev.index.missing:
         p.notes += [f"the evidence has no {k}: {v}" for k, v in ev.index.missing.items()]
     if ev.index.trimmed:
@@ -580,7 +588,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         engine=engine, serve=p.serve, changed=p.changed, workers=p.options.workers,
         confidence=p.accept.confidence, allow_inconclusive=p.allow_inconclusive,
         timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        notes=list(p.notes), signature=p.signature)
+        notes=list(p.notes), signature=p.signature, provenance=p.provenance)
     write_json(out_dir / RESULT_FILE, result.to_dict())
     return result
 

@@ -12,6 +12,7 @@ if TYPE_CHECKING:
     from infertool.verify.core import VerifyPlan, VerifyResult
 
 STYLES = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow"}
+NO_PROVENANCE = "none (the folder carries no provenance.intoto.json)"
 
 
 def _lines(lines: list[str]) -> None:
@@ -25,6 +26,8 @@ def render_plan(plan: VerifyPlan) -> None:
     lines = [f"verify {plan.source.folder} ({plan.source.kind})",
              f"  evidence: {plan.evidence.fingerprint[:16]}, recorded {idx.created} under {idx.engine.package} "
              f"{idx.engine.version}; files: {', '.join(idx.files)}"]
+    prov = plan.provenance.lines() if plan.provenance is not None else (NO_PROVENANCE, "")
+    lines += [f"  provenance: {prov[0]}"] + ([f"    {prov[1]}"] if prov[1] else [])
     lines += [f"  --set serve.{k}: {c.recorded} -> {c.now}" for k, c in plan.changed.items()]
     lines += [f"  gate {k}: {v}" for k, v in plan.accept.model_dump(mode="json").items()
               if k.startswith(("min_", "max_")) and v is not None]
@@ -65,6 +68,8 @@ def render(result: VerifyResult) -> None:
     if result.signature is not None:
         rows.insert(1, ("signature", result.signature.message or result.signature.status))
     rows += [(f"--set serve.{k}", f"{c.recorded} -> {c.now}") for k, c in result.changed.items()]
+    prov = result.provenance.lines() if result.provenance is not None else (NO_PROVENANCE, "")
+    rows += [("provenance", prov[0])] + ([("", prov[1])] if prov[1] else [])
     out.print(kv_table(rows, title="infertool verify"))
     figs = Table("figure", "value", "interval", "n", title="against the evidence")
     d, p = result.decode, result.prompts
