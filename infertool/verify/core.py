@@ -339,8 +339,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
     refuse_inside(folder, out_dir, "--out", default=options.out_dir is None)
     p = VerifyPlan(source, ev, serve, changed, accept, float(DecodeSpec().near_tie_logprob), options, out_dir,
                    notes=list(source.notes), not_taken=not_taken)
-    p.notes += [f"recorded, not taken: serve.{k}={said_value(v)} (name it with --set serve.{k}=... to serve with it)"
-                for k, v in not_taken.items() if k not in keys]
+    p.notes += [not_taken_note(k, v) for k, v in not_taken.items() if k not in keys]
     if ev.index.missing:
         p.notes += [f"the evidence has no {k}: {v}" for k, v in ev.index.missing.items()]
     if ev.index.trimmed:
@@ -368,13 +367,18 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
     return p
 
 
-def said_value(v: Any, n: int = 200) -> str:  # Any: a serve setting's JSON value
-    """A recorded setting for a note: its JSON, cut to ``n`` characters (``output.quoted``)."""
+def not_taken_note(key: str, value: Any, n: int = 200) -> str:  # Any: a serve setting's JSON value
+    """The note that says a recorded serve setting was not served with: its JSON (ASCII: nothing a terminal acts
+    on), cut to ``n`` characters, and how the verifier names it."""
     import json
 
-    from infertool.output import quoted
+    from infertool.recipe import ServeSection
 
-    return quoted(json.dumps(v, ensure_ascii=False, default=str), n)
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    text = text if len(text) <= n else text[: n - 3] + "..."
+    how = f"--set serve.{key}=... serves with it" if key in ServeSection.model_fields else \
+        "not a serve setting of infertool's"
+    return f"recorded, not taken: serve.{key}={text} ({how})"
 
 
 def check_checkpoint(source: Source, ev: E.Evidence) -> None:
