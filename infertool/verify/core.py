@@ -109,7 +109,7 @@ class VerifyPlan:
     launch: LaunchPlan | None = None  # None with --url
     notes: list[str] = field(default_factory=list)
     lmeval: LmevalRerun | None = None  # the lm-eval re-run (None: the evidence has no lmeval.json)
-    not_taken: dict[str, Any] = field(default_factory=dict)  # Any: recorded serve settings not launched with (UNTRUSTED)
+    not_taken: dict[str, Any] = field(default_factory=dict)  # Any: recorded serve settings not served with
 
     @property
     def allow_inconclusive(self) -> bool:
@@ -249,7 +249,7 @@ def split_serve(ev: E.Evidence) -> tuple[dict[str, Any], dict[str, Any]]:  # Any
     for k, v in ev.index.serve.items():
         if k in NOT_TAKEN:
             continue
-        draft = k == "speculative" and isinstance(v, dict) and v.get("model") is not None
+        draft = k == "speculative" and isinstance(v, dict) and "model" in v  # a draft model's path: not taken
         if k in ServeSection.model_fields and k not in UNTRUSTED and not draft:
             taken[k] = v
         elif not (v is None or v == [] or v == {} or v == ""):
@@ -329,10 +329,12 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
                                   + (" with --set" if pairs else ""))
     assert recipe.serve is not None and recipe.verify is not None  # both given above
     serve = recipe.serve.model_dump(mode="json")
-    _, not_taken = split_serve(ev)
-    recorded = {**recipe_recorded(ev), **not_taken}
+    _, untrusted = split_serve(ev)
+    recorded = {**recipe_recorded(ev), **untrusted}
     keys = dict.fromkeys(key.split(".")[1] for key, _ in pairs if key.startswith("serve."))
     changed = {k: Changed(recorded.get(k), serve.get(k)) for k in keys if recorded.get(k) != serve.get(k)}
+    # recorded settings served otherwise (one named alike by --set or the run's recipe is served with)
+    not_taken = {k: v for k, v in untrusted.items() if serve.get(k) != v}
     accept = recipe.verify.accept
     out_dir = options.out_dir or Path("out") / "verify" / (
         f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")

@@ -268,7 +268,7 @@ BESIDE = (DIRNAME, "MODEL_CARD.md", "infertool.json")  # top-level entries of a 
 def _sha256_file(path: Path) -> str:
     """The sha256 of every byte of a regular file, opened without following a link (a link, a folder, a fifo:
     OSError)."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise OSError(0, "not a regular file")
