@@ -276,3 +276,29 @@ def test_weight_digests_are_every_checkpoint_file_in_full(tmp_path):
     assert E.weight_digests(root) == {"config.json": hashlib.sha256(b"{}").hexdigest(),
                                       "sub/a.bin": hashlib.sha256(b"a" * 1000).hexdigest()}
 
+
+
+def test_a_runs_own_recipe_names_what_may_load_code_for_its_checkpoint(tmp_path, gathered):  # noqa: F811
+    """`verify RUN_DIR`: the run's recipe is the verifier's own; its allow_code / env / extra_args are served with,
+    the evidence's are not; its api_key_env is not taken either (only --set picks the key)."""
+    from infertool.recipe import validate_recipe_data
+    from infertool.verify import core
+
+    folder = _hostile(tmp_path, gathered, tmp_path / "marker")
+    recipe = validate_recipe_data({"name": "r", "model": {"source": str(folder)},
+                                   "serve": {"allow_code": ["PYTHONPATH"], "env": {"PYTHONPATH": "/opt/mine"},
+                                             "api_key_env": "MY_RUN_KEY"}})
+    p = core.plan(core.Source(folder, kind="run", recipe=recipe),
+                  core.VerifyOptions(python=str(_python_that_runs(tmp_path)), dry_run=True, out_dir=tmp_path / "v"))
+    assert p.launch.spec.env["PYTHONPATH"] == "/opt/mine" and p.serve["api_key_env"] is None
+    assert p.not_taken["env"] == {"PYTHONPATH": str(folder)} and p.not_taken["api_key_env"] == "AWS_SECRET_ACCESS_KEY"
+    assert "--middleware" not in p.launch.spec.argv and "extra_args" in p.not_taken
+
+
+def test_url_hider_blanks_user_and_password():
+    from infertool.verify.core import shown_url, url_hider
+
+    url = f"https://someone:{PASSWORD}@example.org:8443/v1"
+    assert shown_url(url) == "https://***@example.org:8443/v1" and shown_url("http://h:1/v1") == "http://h:1/v1"
+    said = url_hider(url)(f"lm-eval: cannot reach {url}/completions (user someone:{PASSWORD}@; {PASSWORD})")
+    assert PASSWORD not in said and "https://***@example.org:8443/v1/completions" in said

@@ -525,28 +525,31 @@ def _evidence_shape(ev: E.Evidence) -> Iterator[None]:
                               f"({type(e).__name__}: {str(e)[:200]})", hint="publish the checkpoint again") from None
 
 
-@contextmanager
-def _url_hidden(url: str) -> Iterator[None]:
-    """An error while talking to ``url`` says it with its user and password blanked (``shown_url``)."""
-    from infertool.errors import InfertoolError
-
+def url_hider(url: str | None) -> Callable[[str], str]:
+    """What blanks the user and password of ``url`` (--url) in a text: a message, a reason lm-eval gave."""
     shown = shown_url(url)
-    if shown == url:
-        yield
-        return
+    if not url or shown == url:
+        return lambda text: text
     secret = url.split("//", 1)[-1].split("@", 1)[0]
     password = secret.split(":", 1)[1] if ":" in secret else ""
 
-    def hide(text: str | None) -> str | None:
-        if not text:
-            return text
+    def hide(text: str) -> str:
         text = text.replace(url, shown or "").replace(secret + "@", "***@")
         return text.replace(password, "***") if len(password) >= 4 else text
 
+    return hide
+
+
+@contextmanager
+def _url_hidden(url: str) -> Iterator[None]:
+    """An error while talking to ``url`` says it with its user and password blanked (``url_hider``)."""
+    from infertool.errors import InfertoolError
+
+    hide = url_hider(url)
     try:
         yield
     except InfertoolError as e:
-        e.message, e.hint = hide(e.message) or "", hide(e.hint)
+        e.message, e.hint = hide(e.message or ""), hide(e.hint) if e.hint else e.hint
         e.args = (e.message,)
         raise
 
@@ -615,8 +618,9 @@ def rerun_lmeval(p: VerifyPlan, client: Client, out_dir: Path, ctx: RunContext, 
         into.doc = rerun(rr, client, model_path=str(p.source.folder), log_dir=out_dir / LMEVAL_DIR,
                             events=ctx)
     except InfertoolError as e:
-        into.why = f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}" + (
-            f" ({e.hint})" if e.hint else "")
+        into.why = url_hider(p.options.url)(  # lm-eval's own words may repeat the URL it was given
+            f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}"
+            + (f" ({e.hint})" if e.hint else ""))
         ctx.emit(f"lm-eval re-run: {into.why}", "warning")
     timing.lmeval_s = round(time.monotonic() - t, 2)
 
