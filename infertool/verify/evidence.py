@@ -262,7 +262,9 @@ def read(folder: str | Path) -> Evidence:
 
 
 # ------------------------------------------------------------------------------------------ the weights
-BESIDE = (DIRNAME, "MODEL_CARD.md", "infertool.json")  # top-level entries of a folder that are not its checkpoint
+# top-level entries of a published folder that are not its checkpoint: evidence/, the card and its facts, and what
+# publish writes after the evidence (the provenance statement, the signature): never in ``weights``
+BESIDE = (DIRNAME, "MODEL_CARD.md", "infertool.json", "provenance.intoto.json", "model.sig")
 
 
 def _sha256_file(path: Path) -> str:
