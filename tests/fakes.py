@@ -312,10 +312,13 @@ class FakeOpenAI:
 def seal_evidence(ev: Path, docs: dict, index: dict) -> dict:
     """An evidence folder as infertool.verify.evidence's format says (its real writer is publish's): each document
     written as JSON, its sha256 and bytes in ``index["files"]``, then the index's content hash and the index. Returns
-    the index."""
+    the index. An index of the current format without ``weights`` gets those of the folder ``ev`` is in (every
+    checkpoint file's sha256, as capture records them)."""
     from infertool.verify import evidence as E
 
     ev.mkdir(parents=True, exist_ok=True)
+    if index.get("format") == E.FORMAT and "weights" not in index:
+        index["weights"] = E.weight_digests(ev.parent)
     for name, doc in docs.items():
         data = json.dumps(doc).encode()
         (ev / name).write_bytes(data)

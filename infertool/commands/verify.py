@@ -39,7 +39,7 @@ def verify(
     url: Annotated[Optional[str], typer.Option("--url", metavar="URL", help="Score a server already running the checkpoint (its OpenAI base URL) instead of starting one.")] = None,
     model: Annotated[Optional[str], typer.Option("--model", metavar="NAME", help="The served model's name at --url (default: the one it lists).")] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, max=256, metavar="N", help="Requests in flight: 1 scores one at a time (batch 1), 8 lets vLLM batch them (the default).")] = 8,
-    out_dir: Annotated[Optional[Path], out_opt("Folder for verify.json and the server's log. Default: out/verify/NAME-TIME.")] = None,
+    out_dir: Annotated[Optional[Path], out_opt("Folder for verify.json and the server's log, outside the folder verified. Default: out/verify/NAME-TIME under the current folder.")] = None,
     junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write the gates as JUnit XML (one testcase per gate).")] = None,
     allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")] = False,
     trust_task_code: Annotated[bool, typer.Option("--trust-task-code", help="Let the code of the evidence's lm-eval task folder run when lm-eval is run again (it runs with your rights).")] = False,

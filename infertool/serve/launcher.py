@@ -50,6 +50,23 @@ PORT_TAKEN = re.compile(r"address already in use|Errno 98", re.I)
 HOST_KERNEL_MISSING = re.compile(r"cpu_gemm_wna16|int4_scaled_mm_cpu|_OpNamespace '_C' object has no attribute")
 
 
+def _log_fd(path: Path) -> int:
+    """The server's log opened to append, never through a link (one there may name any file of the user's) and
+    only as a regular file: else a UsageError before anything starts."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        link = os.path.islink(path)
+        raise UsageError(f"cannot write the server's log {path}: " + (
+            "it is a symbolic link (a log is never written through one)" if link else str(exc.strerror or exc)),
+            hint="remove it, or write the log elsewhere") from None
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise UsageError(f"cannot write the server's log {path}: not a regular file", hint="remove it, or write "
+                         "the log elsewhere")
+    return fd
+
+
 class HostCannotRun(RuntimeFailure):
     """vLLM on this host loads the checkpoint but cannot run it (a kernel its build lacks here)."""
 
@@ -191,8 +208,8 @@ class Server:
             self.spec = self.spec.at_port(pick_port(self.spec.host))
             self.port_attempts += 1
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self._log_from = self.log_path.stat().st_size if self.log_path.exists() else 0
-        with open(self.log_path, "a", encoding="utf-8") as log:
+        with open(_log_fd(self.log_path), "a", encoding="utf-8") as log:
+            self._log_from = os.fstat(log.fileno()).st_size
             stamp = datetime.now(timezone.utc).isoformat(timespec="seconds")
             log.write(f"# {stamp} infertool serve: {self.spec.shell_line()}\n")
             log.flush()

@@ -355,10 +355,11 @@ def fit(docs: dict[str, E.JsonDoc], budget: int) -> Fitted:
 def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprint: str, weight_bytes: int,
             engine: E.EngineFacts, serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
             lmeval: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's document
-            workers: int | None = None) -> E.EvidenceIndex:
+            workers: int | None = None, weights: dict[str, str] | None = None) -> E.EvidenceIndex:
     """Gather the evidence from the served candidate ``client`` names and write the folder ``out`` whole; returns
     the index written (``evidence.json``). ``lmeval``: lmeval.json's document (``lmeval_doc``), else
-    ``lmeval_why`` says why there is none."""
+    ``lmeval_why`` says why there is none. ``weights``: the full sha256 of every checkpoint file
+    (``evidence.weight_digests``; None: those of ``model_path``)."""
     from infertool.verify.gather import WORKERS, gather
 
     out = Path(out)
@@ -385,6 +386,7 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
     index = E.EvidenceIndex(
         format=E.FORMAT, created=datetime.now(timezone.utc).isoformat(timespec="seconds"), k=q.k, engine=engine,
         serve=serve, host=host_facts(), model_fingerprint=model_fingerprint, trimmed=dict(q.trimmed),
+        weights=weights if weights is not None else E.weight_digests(model_path) if model_path else {},
         caps=E.Caps(cap, int(spec.max_bytes), float(spec.max_fraction), int(weight_bytes), FLOOR))
     largest = replace(  # the index at its largest: every file listed, every note there, at full length
         index, content_sha256="0" * 64, files={n: E.FileEntry("0" * 64, 10**12) for n in E.FILES},
@@ -455,13 +457,14 @@ def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path,
         else:
             lmeval_why = f"the eval's lm-eval answer ({lmeval_answer}) is not there or did not succeed"
     log = Path(log_dir) / "vllm-evidence.log" if log_dir else default_log_path(None, "evidence")  # never beside the weights
+    weights = E.weight_digests(checkpoint)  # every byte of what is served (and published), before serving it
     with served(plan, log, on_event=on_event, pool=pool) as srv:
         client = Client(srv.url, srv.model, api_key=srv.api_key)
         engine = engine_facts(srv.plan.spec.argv[0] if srv.plan.spec.argv else None)
         return capture(client, out, recipe=res.recipe, model_fingerprint=fingerprint,
                        weight_bytes=weight_bytes(checkpoint), engine=engine,
                        serve=settings.model_dump(mode="json"), events=events, model_path=str(checkpoint),
-                       lmeval=lmeval, lmeval_why=lmeval_why)
+                       lmeval=lmeval, lmeval_why=lmeval_why, weights=weights)
 
 
 # ------------------------------------------------------------------------------------------ for publish

@@ -25,6 +25,7 @@ def verify_cli(source: core.Source, opts: core.VerifyOptions, *, engine: str | N
     if engine is not None and bisect is not None:
         raise UsageError("--bisect tries the releases of its package itself: it takes no --engine",
                          hint="give one or the other")
+    core.refuse_inside(source.folder, junit, "--junit")  # not even with --force: nothing is written in the folder
     if bisect is not None:
         return _bisect(source, opts, bisect, as_json)
     with StageProgress("verify") as progress:

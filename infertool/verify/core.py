@@ -48,6 +48,12 @@ WORKERS = 8  # requests in flight by default (as eval.batch_size's default)
 # recorded serve settings verify does not take: the model is the folder; its server listens on 127.0.0.1 at a free
 # port (where the original listened is a deployment's choice, not what it computes; --set serve.host still sets it)
 NOT_TAKEN = ("model", "host", "port")
+# recorded serve settings that may load code, pick a secret or name files outside the folder: the evidence is
+# untrusted input (whoever could write the folder wrote it), so these are shown and compared, never launched with.
+# The verifier names its own (--set serve.allow_code=[...], --set serve.env.X=Y); a run's recipe names them for
+# the run or tune directory verified (api_key_env: only --set). A key ServeSection does not know is not taken either.
+UNTRUSTED = ("allow_code", "env", "extra_args", "api_key_env")
+FROM_RUN_RECIPE = ("allow_code", "env", "extra_args")
 TASK_TYPES = ("perplexity", "multiple_choice", "generate")
 _SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError)
 
@@ -108,10 +114,16 @@ class VerifyPlan:
     lmeval: LmevalRerun | None = None  # the lm-eval re-run (None: the evidence has no lmeval.json)
     signature: SignatureCheck = field(default_factory=SignatureCheck)  # checked first (``check_signature``)
     provenance: ProvenanceSummary | None = None  # the folder's provenance.intoto.json, in short (None: none)
+    not_taken: dict[str, Any] = field(default_factory=dict)  # Any: recorded serve settings not served with
 
     @property
     def allow_inconclusive(self) -> bool:
         return self.options.allow_inconclusive or self.accept.allow_inconclusive
+
+    @property
+    def url_shown(self) -> str | None:
+        """--url as it is shown and saved: a user and password in it blanked."""
+        return shown_url(self.options.url)
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
@@ -121,8 +133,9 @@ class VerifyPlan:
                              "engine": idx.engine.to_dict(), "host": idx.host, "k": idx.k, "files": idx.files,
                              "missing": idx.missing, "trimmed": idx.trimmed},
                 "serve": self.serve, "changed": {k: c.to_dict() for k, c in self.changed.items()},
+                "not_taken": self.not_taken,
                 "accept": self.accept.model_dump(mode="json"), "workers": self.options.workers,
-                "url": self.options.url, "out_dir": str(self.out_dir),
+                "url": self.url_shown, "out_dir": str(self.out_dir),
                 "launch": self.launch.to_dict() if self.launch is not None else None, "notes": list(self.notes),
                 "lmeval": self.lmeval.to_dict() if self.lmeval is not None else None,
                 "signature": self.signature.to_dict(),
@@ -196,6 +209,7 @@ class VerifyResult(Record):
     engine: ServedEngine = field(default_factory=ServedEngine)
     serve: dict[str, Any] = field(default_factory=dict)  # Any: the settings served with
     changed: dict[str, Changed] = field(default_factory=dict)
+    not_taken: dict[str, Any] = field(default_factory=dict)  # Any: recorded serve settings not served with
     workers: int = WORKERS
     confidence: float = 0.95
     allow_inconclusive: bool = False
@@ -234,6 +248,24 @@ def read_evidence(folder: Path) -> E.Evidence:
     return E.read(ev_dir)
 
 
+def split_serve(ev: E.Evidence) -> tuple[dict[str, Any], dict[str, Any]]:  # Any: serve settings as JSON
+    """The evidence's serve settings as (taken, not taken): taken the ones ServeSection knows that neither load code
+    nor pick a secret (UNTRUSTED) nor name a file outside the folder (a speculative draft model); not taken the
+    others that are set (an empty list or mapping, a null: left out), NOT_TAKEN aside."""
+    from infertool.recipe import ServeSection
+
+    taken, not_taken = {}, {}
+    for k, v in ev.index.serve.items():
+        if k in NOT_TAKEN:
+            continue
+        draft = k == "speculative" and isinstance(v, dict) and "model" in v  # a draft model's path: not taken
+        if k in ServeSection.model_fields and k not in UNTRUSTED and not draft:
+            taken[k] = v
+        elif not (v is None or v == [] or v == {} or v == ""):
+            not_taken[k] = v
+    return taken, not_taken
+
+
 def _recipe_data(source: Source, ev: E.Evidence,
                  overrides: list[str]) -> tuple[dict[str, Any], list[Override]]:  # Any: a recipe as JSON
     from infertool.recipe import apply_overrides, parse_overrides
@@ -243,8 +275,11 @@ def _recipe_data(source: Source, ev: E.Evidence,
     if bad:
         raise UsageError(f"verify's --set takes serve.X=Y and verify.accept.X=Y, not {', '.join(bad[:5])}",
                          hint="the rest of the recipe is what the evidence records")
-    recorded = {k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN}
+    recorded, _ = split_serve(ev)
     rec = source.recipe
+    if rec is not None and rec.serve is not None:  # the run's own recipe names what may load code for its checkpoint
+        own = rec.serve.model_dump(mode="json")
+        recorded.update({k: own[k] for k in FROM_RUN_RECIPE if own.get(k)})
     accept = rec.verify.accept.model_dump(mode="json") if rec is not None and rec.verify is not None else {}
     data = {"name": "verify", "model": {"source": str(source.folder),
                                         "trust_remote_code": rec is not None and rec.model.trust_remote_code},
@@ -268,6 +303,30 @@ def check_signature(source: Source, options: VerifyOptions) -> SignatureCheck:
     if keys:
         require_valid(check, source.folder)
     return check
+def shown_url(url: str | None) -> str | None:
+    """A URL as it may be shown, saved or written into a report: a user and password in it blanked."""
+    import re
+
+    return re.sub(r"^([A-Za-z][A-Za-z0-9+.-]*://)[^/?#]*@", r"\1***@", url) if url else url
+
+
+def refuse_inside(folder: Path, path: Path | None, flag: str, default: bool = False) -> None:
+    """Nothing is written inside the folder verified (it would change what was published, even its evidence):
+    ``path`` (``flag``'s, or its default when ``default``) resolved with its links against the folder's; a
+    UsageError when it is the folder or under it."""
+    if path is None:
+        return
+    real = folder.expanduser().resolve()
+    try:
+        where = Path(path).expanduser().resolve()
+    except (OSError, RuntimeError) as e:  # a loop of links
+        raise UsageError(f"{flag} {str(path)[:200]!r}: cannot be resolved ({e})", hint=f"give another {flag}") from None
+    if where == real or real in where.parents:
+        said = f"the default {flag} ({path}, from the current folder)" if default else f"{flag} {str(path)[:200]!r}"
+        raise UsageError(f"{said} is inside the folder verified ({real}): verify writes nothing there (it would "
+                         "change what was published)",
+                         hint=f"give {flag} a path outside it" + (" (or run verify from another folder)" if default
+                                                                  else ""))
 
 
 def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
@@ -282,10 +341,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
         raise UsageError(f"{folder} holds no checkpoint (no config.json)",
                          hint="give a published folder, a run directory or a tune directory")
     ev = read_evidence(folder)
-    if source.fingerprint and ev.index.model_fingerprint and source.fingerprint != ev.index.model_fingerprint:
-        raise UsageError(f"{folder / E.DIRNAME / E.INDEX} was recorded for other weights: fingerprint "
-                         f"{ev.index.model_fingerprint[:16]} there, {source.fingerprint[:16]} in {folder}",
-                         hint="publish the checkpoint again to record its own evidence")
+    check_checkpoint(source, ev)
     if ev.prompts is None and ev.decode is None:
         raise UsageError(f"{folder / E.DIRNAME} holds neither suite prompt log-probabilities nor a decode path: "
                          "nothing to re-score" + (f" ({'; '.join(f'{k}: {v}' for k, v in ev.index.missing.items())})"
@@ -300,14 +356,19 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
                                   + (" with --set" if pairs else ""))
     assert recipe.serve is not None and recipe.verify is not None  # both given above
     serve = recipe.serve.model_dump(mode="json")
-    recorded = recipe_recorded(ev)
+    _, untrusted = split_serve(ev)
+    recorded = {**recipe_recorded(ev), **untrusted}
     keys = dict.fromkeys(key.split(".")[1] for key, _ in pairs if key.startswith("serve."))
     changed = {k: Changed(recorded.get(k), serve.get(k)) for k in keys if recorded.get(k) != serve.get(k)}
+    # recorded settings served otherwise (one named alike by --set or the run's recipe is served with)
+    not_taken = {k: v for k, v in untrusted.items() if serve.get(k) != v}
     accept = recipe.verify.accept
     out_dir = options.out_dir or Path("out") / "verify" / (
         f"{folder.name}-{datetime.now(timezone.utc).strftime('%Y%m%dT%H%M%S')}")
+    refuse_inside(folder, out_dir, "--out", default=options.out_dir is None)
     p = VerifyPlan(source, ev, serve, changed, accept, float(DecodeSpec().near_tie_logprob), options, out_dir,
-                   notes=[*source.notes, f"signature: {signature.message}"], signature=signature)
+                   notes=[*source.notes, f"signature: {signature.message}"], signature=signature, not_taken=not_taken)
+    p.notes += [not_taken_note(k, v) for k, v in not_taken.items() if k not in keys]
     from infertool.provenance import summary_of
 
     p.provenance, unread = summary_of(folder)
@@ -337,6 +398,37 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
         p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run,
                            extra_args=logprobs_args(k))  # as the evidence's launch had it
     return p
+
+
+def not_taken_note(key: str, value: Any, n: int = 200) -> str:  # Any: a serve setting's JSON value
+    """The note that says a recorded serve setting was not served with: its JSON (ASCII: nothing a terminal acts
+    on), cut to ``n`` characters, and how the verifier names it."""
+    import json
+
+    from infertool.recipe import ServeSection
+
+    text = json.dumps(value, ensure_ascii=True, default=str)
+    text = text if len(text) <= n else text[: n - 3] + "..."
+    how = f"--set serve.{key}=... serves with it" if key in ServeSection.model_fields else \
+        "not a serve setting of infertool's"
+    return f"recorded, not taken: serve.{key}={text} ({how})"
+
+
+def check_checkpoint(source: Source, ev: E.Evidence) -> None:
+    """The weights are the ones the evidence was recorded for, before anything else is read or served: every
+    byte of every recorded checkpoint file (``evidence.check_weights``: the file that differs named), then the
+    fingerprint (a file added or removed). Evidence without either cannot be verified: refused (exit 2)."""
+    index = source.folder / E.DIRNAME / E.INDEX
+    E.check_weights(source.folder, ev.index, index)
+    if source.fingerprint != ev.index.model_fingerprint:  # None: not taken (a caller's Source): the files are listed
+        extra = sorted(set(E.weight_names(source.folder)) - set(ev.index.weights))
+        if source.fingerprint is None and not extra:
+            return
+        raise UsageError(f"{index} was recorded for other files: fingerprint {ev.index.model_fingerprint[:16]} there, "
+                         f"{(source.fingerprint or '?')[:16]} in {source.folder}" +
+                         (f"; not recorded: {', '.join(repr(x[:100]) for x in extra[:5])}" if extra else
+                          " (a file was added, removed or changed beside the recorded ones)"),
+                         hint="remove what was added, or publish the checkpoint again to record its own evidence")
 
 
 def check_shapes(ev: E.Evidence) -> None:
@@ -378,14 +470,14 @@ def check_shapes(ev: E.Evidence) -> None:
 
 
 def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
-    """The recorded serve settings as ServeSection fills them (for what --set changed); {} if they do not validate."""
+    """The recorded serve settings taken (``split_serve``) as ServeSection fills them (for what --set changed); {}
+    if they do not validate."""
     from pydantic import ValidationError
 
     from infertool.recipe import ServeSection
 
     try:
-        return ServeSection.model_validate({k: v for k, v in ev.index.serve.items() if k not in NOT_TAKEN}
-                                           ).model_dump(mode="json")
+        return ServeSection.model_validate(split_serve(ev)[0]).model_dump(mode="json")
     except (ValidationError, AttributeError):
         return {}
 
@@ -421,7 +513,8 @@ def _check_decode(ev: E.Evidence) -> tuple[list[Any] | None, dict[str, Any] | No
 
 
 def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict[str, Any]) -> Client:  # Any: JSON values
-    """A client of the running server at ``url`` (the user gave it: the key of serve.api_key_env may go there)."""
+    """A client of the running server at ``url`` (the user gave it: the key of serve.api_key_env may go there;
+    that variable is the verifier's choice, --set serve.api_key_env=NAME: the evidence's is never taken)."""
     import os
 
     from infertool.errors import BackendError
@@ -438,7 +531,7 @@ def _client_at(url: str, options: VerifyOptions, ev: E.Evidence, serve: dict[str
         elif len(names) == 1:
             client.model = names[0]
         else:
-            raise BackendError(f"the server at {client.base_url} lists {len(names)} models: which one is the "
+            raise BackendError(f"the server at {shown_url(client.base_url)} lists {len(names)} models: which one is the "
                                "checkpoint?", hint="name it with --model NAME")
     client.check_served()
     return client
@@ -463,6 +556,52 @@ def _evidence_shape(ev: E.Evidence) -> Iterator[None]:
                               f"({type(e).__name__}: {str(e)[:200]})", hint="publish the checkpoint again") from None
 
 
+def url_hider(url: str | None) -> Callable[[str], str]:
+    """What blanks the user and password of ``url`` (--url) in a text: a message, a reason lm-eval gave."""
+    shown = shown_url(url)
+    if not url or shown == url:
+        return lambda text: text
+    secret = url.split("//", 1)[-1].split("@", 1)[0]
+    password = secret.split(":", 1)[1] if ":" in secret else ""
+
+    def hide(text: str) -> str:
+        text = text.replace(url, shown or "").replace(secret + "@", "***@")
+        return text.replace(password, "***") if len(password) >= 4 else text
+
+    return hide
+
+
+@contextmanager
+def _url_hidden(url: str) -> Iterator[None]:
+    """An error while talking to ``url`` says it with its user and password blanked (``url_hider``)."""
+    from infertool.errors import InfertoolError
+
+    hide = url_hider(url)
+    try:
+        yield
+    except InfertoolError as e:
+        e.message, e.hint = hide(e.message or ""), hide(e.hint) if e.hint else e.hint
+        e.args = (e.message,)
+        raise
+
+
+def _own_log(path: Path) -> None:
+    """The server's log is written only as a regular file of --out: a link there (which may point at any file
+    of the user's) or anything else is refused before the server starts, never written through."""
+    import os
+    import stat
+
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISREG(st.st_mode):
+        from infertool.atomic import file_kind
+
+        raise UsageError(f"{path} is {file_kind(st.st_mode)}: verify writes the server's log there only as a "
+                         "regular file (a link is never written through)", hint="remove it, or give another --out")
+
+
 def served_engine(p: VerifyPlan, python: str | None) -> ServedEngine:
     """What serves the checkpoint: the managed environment whose ``python`` started it, its engine package and
     version and what vLLM runs on (``capture.engine_facts``: the shape the evidence records), or the URL; a note
@@ -470,14 +609,14 @@ def served_engine(p: VerifyPlan, python: str | None) -> ServedEngine:
     from infertool.verify.capture import engine_facts
 
     if python is None:
-        return ServedEngine(p.options.engine or f"the server at {p.options.url}", p.options.url)
+        return ServedEngine(p.options.engine or f"the server at {p.url_shown}", p.url_shown)
     facts = engine_facts(python)
     rec = p.evidence.index.engine
     if rec.package and facts.label:
         was = f"{rec.package} {rec.version}"
         p.notes.append(f"served by {facts.label}, as recorded" if was == facts.label else
                        f"recorded under {was}, served by {facts.label}")
-    return ServedEngine(p.options.engine or facts.label or python, p.options.url, facts)
+    return ServedEngine(p.options.engine or facts.label or python, p.url_shown, facts)
 
 
 LMEVAL_DIR = "lm_eval"  # the re-run's spec, answer and log, under verify's --out
@@ -510,8 +649,9 @@ def rerun_lmeval(p: VerifyPlan, client: Client, out_dir: Path, ctx: RunContext, 
         into.doc = rerun(rr, client, model_path=str(p.source.folder), log_dir=out_dir / LMEVAL_DIR,
                             events=ctx)
     except InfertoolError as e:
-        into.why = f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}" + (
-            f" ({e.hint})" if e.hint else "")
+        into.why = url_hider(p.options.url)(  # lm-eval's own words may repeat the URL it was given
+            f"lm-eval stopped: {e.message.splitlines()[0][:400] if e.message else type(e).__name__}"
+            + (f" ({e.hint})" if e.hint else ""))
         ctx.emit(f"lm-eval re-run: {into.why}", "warning")
     timing.lmeval_s = round(time.monotonic() - t, 2)
 
@@ -548,7 +688,8 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     if p.options.url is not None or p.launch is None:
         assert p.options.url is not None  # plan makes a launch unless --url names a server
         engine = served_engine(p, None)
-        gathered = ask(_client_at(p.options.url, p.options, ev, p.serve))
+        with _url_hidden(p.options.url):
+            gathered = ask(_client_at(p.options.url, p.options, ev, p.serve))
     else:
         from infertool.evaluate.server_engine import Client
         from infertool.serve import launch
@@ -556,6 +697,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         from infertool.errors import BackendError, RuntimeFailure
 
         started = False
+        _own_log(out_dir / SERVER_LOG)
         try:
             with launch(p.launch, out_dir / SERVER_LOG, label="the checkpoint (verify)", on_event=ctx.on_event) as srv:
                 started = True
@@ -585,7 +727,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         source=p.source.recorded(),
         evidence=EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing, idx.trimmed,
                               idx.serve),
-        engine=engine, serve=p.serve, changed=p.changed, workers=p.options.workers,
+        engine=engine, serve=p.serve, changed=p.changed, not_taken=p.not_taken, workers=p.options.workers,
         confidence=p.accept.confidence, allow_inconclusive=p.allow_inconclusive,
         timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         notes=list(p.notes), signature=p.signature, provenance=p.provenance)
@@ -631,6 +773,7 @@ def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, 
     from infertool.verify.bisect import Outcome, bisect, parse_range, versions_between
 
     lo, hi = parse_range(package, span)
+    refuse_inside(source.folder, out_dir, "--out")
     first = plan(source, replace(options, dry_run=True))  # the evidence and the settings checked before any install
     versions = versions_between(package, lo, hi)
     ctx = RunContext(on_event=on_event)

@@ -8,10 +8,15 @@ setting or machine without the original model:
     prompts.json    ``collect``'s raw output for the candidate: top-k prompt log-probabilities per item
     decode.json     {"prompts_src": the decode prompts, "raw": ``DecodePhase.run``'s greedy tokens + per-step top-k}
     lmeval.json     (when the run scored lm-eval tasks on the served candidate) its per-document results
-    evidence.json   the index: engine, serve settings, host, each file's sha256 and size, ``content_sha256``
+    evidence.json   the index: engine, serve settings, host, each file's sha256 and size, ``weights`` (the
+                    full sha256 of every checkpoint file, format 2), ``content_sha256``
 
 ``content_sha256`` is the sha256 of the index's canonical JSON without that key; it covers every file through
 their recorded sha256, and it is the evidence's fingerprint in infertool.json and MODEL_CARD.md.
+
+``weights`` is what `verify` checks the checkpoint against before anything else (``check_weights``: every byte
+of every recorded file, the one that differs named); ``model_fingerprint`` (sampled) is the quick check beside it.
+Format 1 recorded no ``weights``: it is still read (a copy carries it over), never verified.
 
 Reading refuses, naming the file: an index whose hash does not match, a file changed after publishing, a folder
 or file over the recorded cap (before it is read), links, anything not a regular file inside the folder.
@@ -31,7 +36,8 @@ from infertool.errors import UsageError
 from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
 
-FORMAT = 1
+FORMAT = 2  # 2: ``weights``, the full sha256 of every checkpoint file
+READS = (1, 2)  # the formats read (1: copied as it is, refused by verify: it records no full digest of the weights)
 DIRNAME = "evidence"
 INDEX = "evidence.json"
 TASKS = "tasks.json"
@@ -99,6 +105,7 @@ class EvidenceIndex(Record):
     serve: dict[str, Any] = field(default_factory=dict)  # Any: the effective serve settings as launched
     host: dict[str, Any] = field(default_factory=dict)  # Any: accelerator, cpu_model, cpu_flags, gpu_model, ...
     model_fingerprint: str = ""
+    weights: dict[str, str] = field(default_factory=dict)  # each checkpoint file (relative path) -> its full sha256
     files: dict[str, FileEntry] = field(default_factory=dict)  # the data files by name
     missing: dict[str, str] = field(default_factory=dict)  # what is not there -> why
     trimmed: dict[str, str] = field(default_factory=dict)  # what was cut to fit the cap -> how
@@ -203,9 +210,10 @@ def read_index(folder: Path) -> EvidenceIndex:
     if not isinstance(doc, dict):
         raise _refuse(folder, INDEX, "not an evidence index (a JSON object)")
     index = EvidenceIndex.from_dict(doc)
-    if index.format != FORMAT:
+    if index.format not in READS:
         newer = ", newer than this infertool" if index.format is not None and index.format > FORMAT else ""
-        raise _refuse(folder, INDEX, f"evidence format {index.format!r}{newer}; this infertool reads format {FORMAT}",
+        raise _refuse(folder, INDEX, f"evidence format {index.format!r}{newer}; this infertool reads formats "
+                      f"{', '.join(map(str, READS))}",
                       hint="verify it with the infertool version that published it, or publish it again")
     if content_sha256(doc) != index.content_sha256:  # over the file's own keys, as its writer took it
         raise _refuse(folder, INDEX, "was changed after publishing: its content hash does not match "
@@ -251,3 +259,71 @@ def read(folder: str | Path) -> Evidence:
         if value is not None and not isinstance(value, dict):
             raise _refuse(folder, name, "not a JSON object")
     return ev
+
+
+# ------------------------------------------------------------------------------------------ the weights
+# top-level entries of a published folder that are not its checkpoint: evidence/, the card and its facts, and what
+# publish writes after the evidence (the provenance statement, the signature): never in ``weights``
+BESIDE = (DIRNAME, "MODEL_CARD.md", "infertool.json", "provenance.intoto.json", "model.sig")
+
+
+def _sha256_file(path: Path) -> str:
+    """The sha256 of every byte of a regular file, opened without following a link (a link, a folder, a fifo:
+    OSError)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+            raise OSError(0, "not a regular file")
+        h = hashlib.sha256()
+        while block := f.read(8 * 1024 * 1024):
+            h.update(block)
+        return h.hexdigest()
+
+
+def weight_names(root: str | Path) -> list[str]:
+    """The regular files of the checkpoint folder ``root`` by relative path, sorted: no hidden part, not the card,
+    its facts or evidence/ at the top (what publish copies); links are not followed (publish refuses them)."""
+    root = Path(root)
+    out: list[str] = []
+    for dirpath, dirs, names in os.walk(root):
+        rel = Path(dirpath).relative_to(root)
+        dirs[:] = [d for d in dirs if not d.startswith(".") and not (rel == Path(".") and d in BESIDE)]
+        out += [(rel / n).as_posix() for n in names if not n.startswith(".") and not (rel == Path(".") and n in BESIDE)
+                and stat.S_ISREG(os.lstat(Path(dirpath) / n).st_mode)]
+    return sorted(out)
+
+
+def weight_digests(root: str | Path) -> dict[str, str]:
+    """``weights`` of the index: the full sha256 of every checkpoint file of ``root`` (``weight_names``)."""
+    return {rel: _sha256_file(Path(root) / rel) for rel in weight_names(root)}
+
+
+def check_weights(root: Path, index: EvidenceIndex, where: Path) -> None:
+    """Every checkpoint file ``index.weights`` records, read whole and compared: an EvidenceError naming the first
+    one that differs, is missing or is not a regular file. An index that records none (format 1, or emptied) or no
+    model fingerprint cannot be verified: refused. ``where``: the index, for the message."""
+    hint = "publish the checkpoint again from its run (infertool publish RUN_DIR DEST --force): this infertool " \
+           "records the full sha256 of every checkpoint file"
+    if not index.model_fingerprint or not index.weights:
+        what = "no model fingerprint" if not index.model_fingerprint else (
+            f"no full digest of the weights (evidence format {index.format})")
+        raise EvidenceError(f"{where} records {what}: the checkpoint cannot be checked against it, so it is not "
+                            "verified", hint=hint)
+    real = root.resolve()
+    for rel, want in sorted(index.weights.items()):
+        parts = Path(rel).parts
+        path = root / rel
+        if not rel or Path(rel).is_absolute() or ".." in parts or not (real / rel).resolve().is_relative_to(real):
+            raise EvidenceError(f"{where} records a weights file outside the folder: {rel[:200]!r}", hint=hint)
+        try:
+            got = _sha256_file(path)
+        except FileNotFoundError:
+            raise EvidenceError(f"{path}: missing, but the evidence records it: the checkpoint changed after "
+                                "publishing", hint=hint) from None
+        except OSError as e:
+            raise EvidenceError(f"{path}: cannot be checked ({e.strerror or e}; a link is never followed)",
+                                hint=hint) from None
+        if got != want:
+            raise EvidenceError(f"{path}: changed after publishing: its sha256 {got[:16]} differs from the recorded "
+                                f"{str(want)[:16]}", hint="get the folder again from where it was published, or "
+                                "publish it again")

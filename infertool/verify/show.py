@@ -40,7 +40,7 @@ def render_plan(plan: VerifyPlan) -> None:
         lines += [f"  {i.level}: {i.field}: {i.message}" for i in plan.launch.issues]
         lines.append("  " + plan.launch.spec.shell_line())
     else:
-        lines.append(f"  the server at {plan.options.url}")
+        lines.append(f"  the server at {plan.url_shown}")
     _lines(lines)
 
 
