@@ -10,7 +10,7 @@ sandbox returns an undefined that raises only when printed), and each refusal is
 ``*`` that would build a huge number or sequence are refused too. It is used in two places:
 
 - infertool's screen (evaluate/lm_eval_tasks.py, ``check``): each template is parsed and rendered once with
-  stand-in values (``Probe``) before any model work;
+  stand-in values (``StandIn``) before any model work;
 - the lm-eval worker (``sandbox_lm_eval``): lm-eval's own ``env`` is replaced by a ``TaskSandbox`` with the same
   options, filters, tests and globals before any task loads, so every document's rendering is sandboxed. A
   lm-eval that does not render through that ``env`` is refused (``SandboxUnavailable``), never run unsandboxed.
@@ -22,6 +22,7 @@ imports it inside the functions that need it (jinja2 stays out of ``infertool --
 from __future__ import annotations
 
 import re
+from types import FunctionType
 from typing import Any
 
 from jinja2 import BaseLoader, ChainableUndefined, Environment, StrictUndefined, nodes
@@ -63,7 +64,7 @@ class TaskSandbox(ImmutableSandboxedEnvironment):
 
     def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - as Jinja's
         if not __self.is_safe_callable(__obj):
-            raise __self.refuse(f"{type(__obj).__name__} {getattr(__obj, '__name__', '')!s} is not safely callable")
+            raise __self.refuse(f"{__obj!r:.80} is not safely callable")
         return super().call(__context, __obj, *args, **kwargs)
 
     def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:  # Any: template values
@@ -81,9 +82,9 @@ def _is_int(x: Any) -> bool:  # Any: a template value
     return isinstance(x, int) and not isinstance(x, bool)
 
 
-class Probe(ChainableUndefined):
+class StandIn(ChainableUndefined):
     """A stand-in for a document's value in the screen (the documents are not read there): every attribute, item,
-    call and arithmetic gives a ``Probe`` back, comparisons are false, numbers are 0 and a loop over it runs once,
+    call and arithmetic gives a ``StandIn`` back, comparisons are false, numbers are 0 and a loop over it runs once,
     so that rendering goes on to the template's next expression; an item whose name starts with ``__`` is refused
     as the sandbox refuses the attribute. (Its operators are set below: jinja2's types of Undefined allow only
     errors there.)"""
@@ -94,11 +95,11 @@ class Probe(ChainableUndefined):
         yield self
 
 
-def _same(self: Probe, *_args: Any) -> Probe:  # Any: the other operand
+def _same(self: StandIn, *_args: Any) -> StandIn:  # Any: the other operand
     return self
 
 
-def _item(self: Probe, name: Any) -> Probe:  # Any: an item's key
+def _item(self: StandIn, name: Any) -> StandIn:  # Any: an item's key
     if isinstance(name, str) and name.startswith("__"):
         raise SecurityError(f"access to item {name!r} is unsafe")
     return self
@@ -111,14 +112,14 @@ _PROBE_OPS: dict[str, Any] = {  # Any: the methods
     **dict.fromkeys(("__lt__", "__le__", "__gt__", "__ge__"), lambda self, other: False),
     "__int__": lambda self: 0, "__float__": lambda self: 0.0, "__complex__": lambda self: 0j, "__getitem__": _item}
 for _name, _op in _PROBE_OPS.items():
-    setattr(Probe, _name, _op)
+    setattr(StandIn, _name, _op)
 
 
 def screen_env() -> TaskSandbox:
-    """The sandbox infertool's screen renders with: lm-eval's options (``StrictUndefined`` replaced by ``Probe``,
+    """The sandbox infertool's screen renders with: lm-eval's options (``StrictUndefined`` replaced by ``StandIn``,
     since no document is given) and its ``regex_replace`` filter."""
-    env = TaskSandbox(loader=BaseLoader(), undefined=Probe, keep_trailing_newline=True)
-    env.filters["regex_replace"] = regex_replace
+    env = TaskSandbox(loader=BaseLoader(), undefined=StandIn, keep_trailing_newline=True)
+    env.filters.update(regex_replace=regex_replace)
     return env
 
 
@@ -145,16 +146,16 @@ def sandbox_lm_eval() -> TaskSandbox:
     renders otherwise."""
     import lm_eval.utils as utils
 
-    old = getattr(utils, "env", None)
-    apply = getattr(utils, "apply_template", None)
-    code = getattr(apply, "__code__", None)
-    if not isinstance(old, Environment) or code is None or "env" not in code.co_names \
-            or getattr(apply, "__globals__", None) is not vars(utils):
+    try:
+        old, apply = utils.env, utils.apply_template
+    except AttributeError:
+        old = apply = None
+    if not isinstance(old, Environment) or not isinstance(apply, FunctionType) or "env" not in apply.__code__.co_names \
+            or apply.__globals__ is not vars(utils):
         raise SandboxUnavailable("this lm-eval does not render task templates with lm_eval.utils.env (as 0.4.13 "
                                  "does), so infertool cannot sandbox them")
-    options = {k: getattr(old, k) for k in OPTIONS}
-    if options["undefined"] is None:
-        options["undefined"] = StrictUndefined
+    options = {k: v for k, v in vars(old).items() if k in OPTIONS}
+    options.update(undefined=old.undefined or StrictUndefined)
     env = TaskSandbox(extensions=list(old.extensions), **options)
     pairs: list[tuple[dict[str, Any], dict[str, Any]]] = [  # Any: filters, tests, globals
         (env.filters, old.filters), (env.tests, old.tests), (env.globals, old.globals)]
@@ -195,7 +196,7 @@ class _Alarm:
             signal.setitimer(signal.ITIMER_REAL, self.seconds, 0.05)
         return self
 
-    def __exit__(self, *_exc: object) -> None:
+    def __exit__(self, *_exc: Any) -> None:  # Any: the exception, if any (left to propagate)
         import signal
 
         if not self.usable:
