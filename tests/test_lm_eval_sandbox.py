@@ -173,6 +173,29 @@ def test_a_template_that_would_hang_or_mutate_is_refused_within_bounds(work, tem
     assert rc == 2 and words in out, out
 
 
+@pytest.mark.parametrize("template", [
+    "{{ '{0.__class__}'.format(question) }}",              # str.format reaching an attribute
+    "{{ ('{0.__cla'~'ss__}')|attr('format')(1) }}",        # the same through |attr (jinja2 < 3.1.6)
+    "{{ '{x.__class__}'.format_map(dict(x=1)) }}",
+    "{% set k = ['_', '_']|join %}{{ question[k ~ 'class' ~ k] }}",  # an item of a document, named at render
+])
+def test_format_strings_and_document_items_reach_no_attribute(template):
+    from infertool.evaluate.lm_eval_sandbox import check, screen_env
+
+    refused, syntax = check(screen_env(), template, 2.0)
+    assert syntax is None and refused is not None and "'__class__'" in refused and "unsafe" in refused
+
+
+def test_the_worker_refuses_a_jinja2_with_known_sandbox_escapes(monkeypatch):
+    import jinja2
+
+    from infertool.evaluate.lm_eval_sandbox import SandboxUnavailable, sandbox_lm_eval
+
+    monkeypatch.setattr(jinja2, "__version__", "3.1.5")
+    with pytest.raises(SandboxUnavailable, match="jinja2 3.1.5 has known sandbox escapes"):
+        sandbox_lm_eval()
+
+
 def test_a_template_key_that_is_not_jinja_is_an_error_whatever_the_trust(work):
     p = task_with(work, "doc_to_text", "Question: {{ question")
     rc, out = cli(work, "validate", recipe(work), "--set", "eval.lm_eval.trust_code=true")
@@ -190,6 +213,9 @@ def test_the_worker_answer_of_a_refused_template_is_a_usage_error():
                       "of a 'function' object is unsafe"}, [], "/tmp/log", [])
     assert isinstance(e, UsageError) and e.exit_code == 2
     assert "task 'evil_task'" in e.message and "'__globals__'" in e.message and "trust_code" in (e.hint or "")
+    e = answer_error({"ok": False, "kind": "no_sandbox", "message": "jinja2 3.1.5 has known sandbox escapes"}, [],
+                     "/tmp/log", [])
+    assert e.exit_code == 3 and "lm-eval not run: jinja2 3.1.5" in e.message and "env setup lmeval" in (e.hint or "")
 
 
 def test_the_worker_is_sandboxed_unless_the_recipe_trusts_the_tasks(tmp_path):

@@ -297,10 +297,14 @@ def answer_error(ans: WorkerAnswer | dict[str, Any], include: list[str], log_pat
             "~/.cache/huggingface/datasets: load it once where the hub can be reached and copy the cache), or "
             "write a `dataset_path: json` task over your files in eval.lm_eval.include_path (docs/lm-eval.md)")
     if ans.kind == "sandbox":
-        return UsageError(f"eval.lm_eval: {f'task {task!r}: ' if task else ''}{msg} (the template was stopped there)",
+        return UsageError(f"eval.lm_eval: {f'task {task!r}: ' if task else ''}{msg}",
                           hint="remove the template's reach into Python's internals, or set eval.lm_eval.trust_code: "
                           "true (verify: --trust-task-code) only if you trust the tasks (their templates then run "
                           "with your rights)", log_path=log_path)
+    if ans.kind == "no_sandbox":
+        return BackendError(f"lm-eval not run: {msg}", hint="set up the lmeval environment again (`infertool env "
+                            "setup lmeval`), or set eval.lm_eval.trust_code: true only if you trust the tasks",
+                            log_path=log_path)
     return BackendError(f"lm-eval failed: {msg}", hint="see the log", log_path=log_path)
 
 

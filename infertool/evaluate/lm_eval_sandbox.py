@@ -29,6 +29,7 @@ from jinja2 import BaseLoader, ChainableUndefined, Environment, StrictUndefined,
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+SAFE_JINJA = (3, 1, 6)  # the first jinja2 without a known sandbox escape (str.format via |attr, CVE-2025-27516)
 MAX_BUILT = 1_000_000  # items of a sequence, or bits of an integer, that ``*`` and ``**`` may build
 # the options of a jinja2.Environment that change how a template renders, copied from lm-eval's
 OPTIONS = ("block_start_string", "block_end_string", "variable_start_string", "variable_end_string",
@@ -143,7 +144,13 @@ def sandbox_lm_eval() -> TaskSandbox:
     """Before any task loads, in the lm-eval worker: lm-eval's module-level ``lm_eval.utils.env`` (the one
     ``apply_template`` renders every task template with) replaced by a ``TaskSandbox`` with its options, filters,
     tests and globals (the sandbox's own safe ``range`` kept). Raises ``SandboxUnavailable`` when this lm-eval
-    renders otherwise."""
+    renders otherwise, or its jinja2 is older than ``SAFE_JINJA``."""
+    import jinja2
+
+    got = tuple(int(x) for x in re.findall(r"\d+", jinja2.__version__)[:3])
+    if got < SAFE_JINJA:
+        raise SandboxUnavailable(f"jinja2 {jinja2.__version__} has known sandbox escapes (fixed in "
+                                 f"{'.'.join(map(str, SAFE_JINJA))})")
     import lm_eval.utils as utils
 
     try:

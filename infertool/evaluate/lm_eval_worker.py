@@ -7,7 +7,7 @@ infertool.evaluate.lm_eval_sandbox (jinja2 only).
 Unless the spec's ``trust_code`` (the recipe's eval.lm_eval.trust_code, verify's ``--trust-task-code``), lm-eval's
 template environment is replaced by Jinja's sandbox before any task loads (``lm_eval_sandbox.sandbox_lm_eval``):
 a template that reaches Python's internals, for any document, fails with the answer's kind ``sandbox`` (the
-task and what was refused) and never runs; a lm-eval that cannot be sandboxed is refused the same way.
+task and what was refused) and never runs; a lm-eval that cannot be sandboxed is refused (kind ``no_sandbox``).
 
 It resolves the tasks (an unknown name or data that is not on the machine is reported as such, naming the
 task), runs ``lm_eval.simple_evaluate`` against the served endpoint with ``log_samples`` (loglikelihood tasks
@@ -99,7 +99,7 @@ def _refused(sandbox: TaskSandbox | None, task: str | None) -> dict[str, Any] | 
     if sandbox is None or not sandbox.refused:
         return None
     return {"ok": False, "kind": "sandbox", "task": task,
-            "message": f"a task template was refused by Jinja's sandbox: {sandbox.refused[0][:600]}"}
+            "message": f"a task template was refused by Jinja's sandbox and stopped there: {sandbox.refused[0][:600]}"}
 
 
 def _metric(task: Any) -> tuple[str, bool]:  # Any: an lm-eval Task
@@ -195,7 +195,7 @@ def main(spec_path: str) -> int:
             try:
                 sandbox = sandbox_lm_eval()  # before any task loads (a task may render at load)
             except SandboxUnavailable as e:
-                _write(out, {"ok": False, "kind": "sandbox", "message": str(e)})
+                _write(out, {"ok": False, "kind": "no_sandbox", "message": str(e)})
                 return 0
         tm = TaskManager(include_path=spec.include_path or None)
         leaves: dict[str, Any] = {}  # Any: JSON values
