@@ -206,8 +206,8 @@ def main(spec_path: str) -> int:
                 return 0
             leaves.update(got)
         if spec.check:  # the preflight: the tasks are known and their data loads here; nothing is scored
-            _write(out, {"ok": True, "check": True, "tasks": sorted(leaves),
-                         "lm_eval": getattr(lm_eval, "__version__", "")})
+            _write(out, _refused(sandbox, None) or {"ok": True, "check": True, "tasks": sorted(leaves),
+                                                    "lm_eval": getattr(lm_eval, "__version__", "")})
             return 0
         chat = spec.apply_chat_template
         gen = {n: t for n, t in leaves.items() if chat and t.get_config("output_type") == "generate_until"}
