@@ -12,8 +12,9 @@ A recipe is often written by someone else, so two rules hold for everything that
   allow it. ``key_for`` is the one place this is decided.
 - **Remote code runs only when the recipe says ``model.trust_remote_code: true``**; then every engine that
   loads the model gets it, and ``announce_remote_code`` says so once on the screen. The same holds for the code
-  of an lm-eval task folder (``!function``, ``class:``, includes and data outside it): only with
-  ``eval.lm_eval.trust_code: true`` (infertool.evaluate.lm_eval_tasks), said by ``announce_task_code``.
+  of an lm-eval task folder (``!function``, ``class:``, includes and data outside it, a template Jinja's
+  sandbox refuses): only with ``eval.lm_eval.trust_code: true`` (infertool.evaluate.lm_eval_tasks), said by
+  ``announce_task_code``; without it lm-eval's templates are rendered in that sandbox (lm_eval_sandbox.py).
 """
 
 from __future__ import annotations

@@ -175,7 +175,7 @@ def _phase_with_fake_worker(monkeypatch, tmp_path, body: str, timeout_s: int = 6
     monkeypatch.setattr("infertool.envs.state.require_env", lambda *a, **k: Path(sys.executable))
     spec = SimpleNamespace(tasks=["gsm8k"], include_path=None, num_fewshot=None, limit=2, apply_chat_template=False,
                            fewshot_as_multiturn=False, system_instruction=None, concurrent=1, max_gen_toks=None,
-                           timeout_s=timeout_s)
+                           timeout_s=timeout_s, trust_code=False)
     served = SimpleNamespace(label="base", model_path=None, log_dir=tmp_path / "logs",
                              client=SimpleNamespace(base_url="http://127.0.0.1:9/v1", model="m", api_key="k-123"))
     events = SimpleNamespace(log=lambda *a, **k: None)

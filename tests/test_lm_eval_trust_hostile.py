@@ -99,8 +99,10 @@ CODE = [  # (what the task YAML adds, the words of the refusal)
     ("custom_dataset: !function os.system\n", "imports the installed Python module 'os'"),
     ("metric_list:\n  - metric: bleu\n    hf_evaluate: true\n", "is loaded by Hugging Face evaluate"),
     ("metric_list:\n  - metric: ./my_metric\n", "'./my_metric' is loaded by Hugging Face evaluate"),
-    ("doc_to_choice: \"{{ ''.__class__.__mro__ }}\"\n", "reaches Python's internals"),
-    ("doc_to_choice: \"{{ cycler|attr('x') }}\"\n", "reaches Python's internals"),
+    ("doc_to_choice: \"{{ ''.__class__.__mro__ }}\"\n",
+     "is refused by Jinja's sandbox (access to '__class__', '__mro__' is unsafe)"),
+    ("doc_to_choice: \"{{ cycler|attr('__init__') }}\"\n",
+     "is refused by Jinja's sandbox (access to attribute '__init__' of a 'type' object is unsafe)"),
 ]
 
 

@@ -117,7 +117,8 @@ class LmEvalPhase:
         spec_path = log_dir / "lm_eval-check.spec.json"
         from infertool.atomic import write_json
 
-        write_json(spec_path, TaskCheck(tasks=list(self.spec.tasks), include_path=include, out=str(out)).to_dict())
+        write_json(spec_path, TaskCheck(tasks=list(self.spec.tasks), include_path=include, out=str(out),
+                                          trust_code=bool(self.spec.trust_code)).to_dict())
         cwd = Path(include[0]) if self.spec.include_path else log_dir
         run_worker([str(python), str(WORKER), str(spec_path)], log_dir / "lm_eval-check.log", cwd=cwd,
                    timeout_s=min(float(self.spec.timeout_s), PREFLIGHT_TIMEOUT_S), api_key=None)
@@ -204,7 +205,7 @@ def worker_spec(spec: LmEvalSpec, served: Served, include: list[str], window: tu
                       window=list(window) if window else None, apply_chat_template=spec.apply_chat_template,
                       fewshot_as_multiturn=spec.fewshot_as_multiturn, system_instruction=spec.system_instruction,
                       concurrent=spec.concurrent, max_gen_toks=spec.max_gen_toks, request_timeout_s=REQUEST_TIMEOUT_S,
-                      out=out)
+                      out=out, trust_code=bool(spec.trust_code))
 
 
 def worker_env(api_key: str | None) -> dict[str, str]:
@@ -295,6 +296,15 @@ def answer_error(ans: WorkerAnswer | dict[str, Any], include: list[str], log_pat
             hint="put the dataset in the Hugging Face datasets cache (HF_DATASETS_CACHE, default "
             "~/.cache/huggingface/datasets: load it once where the hub can be reached and copy the cache), or "
             "write a `dataset_path: json` task over your files in eval.lm_eval.include_path (docs/lm-eval.md)")
+    if ans.kind == "sandbox":
+        return UsageError(f"eval.lm_eval: {f'task {task!r}: ' if task else ''}{msg}",
+                          hint="remove the template's reach into Python's internals, or set eval.lm_eval.trust_code: "
+                          "true (verify: --trust-task-code) only if you trust the tasks (their templates then run "
+                          "with your rights)", log_path=log_path)
+    if ans.kind == "no_sandbox":
+        return BackendError(f"lm-eval not run: {msg}", hint="set up the lmeval environment again (`infertool env "
+                            "setup lmeval`), or set eval.lm_eval.trust_code: true only if you trust the tasks",
+                            log_path=log_path)
     return BackendError(f"lm-eval failed: {msg}", hint="see the log", log_path=log_path)
 
 

@@ -14,8 +14,11 @@ include path, following links, and for the tasks it loads:
   ``data_files: /etc/passwd`` makes prompts of a local file;
 - a metric it does not know, or one marked ``hf_evaluate: true``, goes to Hugging Face ``evaluate.load``, which
   runs a metric script (a path names a local one);
-- templates are rendered by Jinja without a sandbox: an expression that reaches Python's internals
-  (``__class__``, ``attr``, ...) runs code.
+- templates (``doc_to_text``, ``doc_to_choice``, ``description``, ...) are rendered by Jinja without a sandbox:
+  an expression that reaches Python's internals (``__class__``, ``__globals__``, ...) runs code. Each string
+  that holds ``{{`` or ``{%`` is parsed and rendered here in Jinja's sandbox (evaluate/lm_eval_sandbox.py, with
+  stand-in values for the documents): one the sandbox refuses is a ``Ref``, a template key that is not valid
+  Jinja an error. Without trust the lm-eval worker renders in the same sandbox, document by document.
 
 ``scan(include_path)`` lists each of these (``Ref``: the file, the line, the key, what it does) and what cannot be
 read (malformed YAML with its line, a fifo named ``*.yaml``, a task name that is not a string). ``problems(spec)``
@@ -37,6 +40,7 @@ from infertool.errors import UsageError
 from infertool.records import JSONValue
 
 if TYPE_CHECKING:
+    from infertool.evaluate.lm_eval_sandbox import TaskSandbox
     from infertool.recipe import LmEvalSpec
 
 MAX_TASK_YAML = 1024 * 1024  # a task YAML bigger than this is refused unread
@@ -48,10 +52,11 @@ BUILDERS = frozenset({"json", "csv", "text", "parquet", "arrow", "pandas", "webd
                       "imagefolder", "audiofolder", "videofolder", "pdffolder", "niftifolder", "eval", "lance"})
 READ_BUILDERS = frozenset({"json", "text", "csv"})  # builders of text files: their data is read by inputs.py first
 REMOTE_SCHEMES = ("hf", "http", "https")  # offline here: read from the Hugging Face cache, never a local file
-# an expression in a template that reaches Python's internals (Jinja renders lm-eval's templates unsandboxed)
-JINJA_EXPR = re.compile(r"\{\{.*?\}\}|\{%.*?%\}", re.S)
-JINJA_CODE = re.compile(r"__|\\[xuUN0-7]|\b(attr|mro|globals|builtins|subclasses|import|lipsum|cycler|joiner|"
-                        r"namespace|self|popen|eval|exec|getattr|os|sys|subprocess|config|request)\b")
+# the keys lm-eval 0.4.13 renders as Jinja templates (api/task.py; also under fewshot_config): one of these
+# that is not valid Jinja is an error; any other string with a template in it is screened the same way
+TEMPLATE_KEYS = frozenset({"doc_to_text", "doc_to_target", "doc_to_choice", "doc_to_image", "doc_to_audio",
+                           "gen_prefix", "description", "doc_to_decontamination_query"})
+RENDER_S = 2.0  # the screen's render of one template (stand-in values: a loop this long is not a prompt)
 METRIC_NAME = re.compile(r"^[A-Za-z0-9_\-]+$")
 
 
@@ -206,6 +211,7 @@ class _Scanner:
         self.real = os.path.realpath(root)
         self.scan = Scan(self.real)
         self.done: set[str] = set()
+        self.env: TaskSandbox | None = None  # the screen's sandbox, made at the first template
 
     def show(self, path: Path) -> str:
         real = os.path.realpath(path)
@@ -230,10 +236,7 @@ class _Scanner:
             if isinstance(value, FunctionTag):
                 self.scan.refs.append(Ref(shown, value.line or line, key, _function(value, here, self.real)))
             elif isinstance(value, str) and ("{{" in value or "{%" in value):
-                bad = next((m.group(0) for m in JINJA_EXPR.finditer(value) if JINJA_CODE.search(m.group(0))), None)
-                if bad is not None:
-                    self.scan.refs.append(Ref(shown, line, key, f"the template {bad[:80]!r} reaches Python's "
-                                              "internals (lm-eval renders templates without a sandbox)"))
+                self.template(value, shown, line, key)
         merged: dict[str, Any] = {}  # Any: YAML values
         inc = data.get("include")
         for name in (inc if isinstance(inc, list) else [inc] if inc is not None else []):
@@ -244,6 +247,20 @@ class _Scanner:
         self.data(merged, data, shown)
         self.metrics(data, shown)
         return merged
+
+    def template(self, value: str, shown: str, line: int | None, key: str) -> None:
+        """A template rendered in Jinja's sandbox (``lm_eval_sandbox.check``): refused, a ``Ref``; a template key
+        that is not valid Jinja, an error."""
+        from infertool.evaluate import lm_eval_sandbox
+
+        if self.env is None:
+            self.env = lm_eval_sandbox.screen_env()
+        refused, syntax = lm_eval_sandbox.check(self.env, value, RENDER_S)
+        if refused is not None:
+            self.scan.refs.append(Ref(shown, line, key, f"the template {value[:80]!r} is refused by Jinja's "
+                                      f"sandbox ({refused}), and lm-eval would render it without one"))
+        elif syntax is not None and re.sub(r"\[\d+\]", "", key).rpartition(".")[2] in TEMPLATE_KEYS:
+            self.scan.errors.append(f"{shown}:{line}: {key}: not a valid Jinja template: {syntax}")
 
     def names(self, data: dict[str, Any], shown: str) -> None:  # Any: YAML values
         """task / group / tag are names: another type makes lm-eval's sort of every task fail for all tasks."""

@@ -1,7 +1,13 @@
 """The lm-eval side of infertool.evaluate.lm_eval_engine: a script run by the ``lmeval`` environment's Python
 (``python lm_eval_worker.py SPEC.json``; infertool is installed there as in every managed environment), so it
 imports lm-evaluation-harness, the standard library and infertool's leaves infertool.records (the spec,
-``WorkerSpec``, which the parent writes and this reads) and infertool.atomic only (its answer is written whole).
+``WorkerSpec``, which the parent writes and this reads), infertool.atomic (its answer is written whole) and
+infertool.evaluate.lm_eval_sandbox (jinja2 only).
+
+Unless the spec's ``trust_code`` (the recipe's eval.lm_eval.trust_code, verify's ``--trust-task-code``), lm-eval's
+template environment is replaced by Jinja's sandbox before any task loads (``lm_eval_sandbox.sandbox_lm_eval``):
+a template that reaches Python's internals, for any document, fails with the answer's kind ``sandbox`` (the
+task and what was refused) and never runs; a lm-eval that cannot be sandboxed is refused (kind ``no_sandbox``).
 
 It resolves the tasks (an unknown name or data that is not on the machine is reported as such, naming the
 task), runs ``lm_eval.simple_evaluate`` against the served endpoint with ``log_samples`` (loglikelihood tasks
@@ -17,12 +23,15 @@ import os
 import sys
 import traceback
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if __name__ == "__main__":  # run as a script: its own folder (infertool/evaluate) must not shadow other modules
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != os.path.dirname(os.path.abspath(__file__))]
 
 from infertool.records import Record, Sparse  # noqa: E402 - after the path is cleaned
+
+if TYPE_CHECKING:
+    from infertool.evaluate.lm_eval_sandbox import TaskSandbox
 
 PREFERRED = ("acc", "exact_match")  # the task's metric: these first, else the task's first metric
 
@@ -48,6 +57,7 @@ class WorkerSpec(Sparse):
     max_gen_toks: int | None = None
     request_timeout_s: int | None = None
     out: str = ""
+    trust_code: bool = False  # lm-eval renders templates its own way (unsandboxed): the user trusts the tasks
     check: bool | None = None  # only in the task check's spec
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("check",)
@@ -62,6 +72,7 @@ class TaskCheck(Record):
     tasks: list[str] = field(default_factory=list)
     include_path: list[str] = field(default_factory=list)
     out: str = ""
+    trust_code: bool = False
 
 
 def _write(path: str, obj: dict[str, Any]) -> None:  # Any: JSON values
@@ -70,17 +81,25 @@ def _write(path: str, obj: dict[str, Any]) -> None:  # Any: JSON values
     write_json(path, obj, indent=None)
 
 
-def _load(tm: Any, name: str) -> Any:  # Any: lm-eval's TaskManager and Task
+def _load(tm: Any, name: str, sandbox: TaskSandbox | None) -> Any:  # Any: lm-eval's TaskManager and Task
     """The leaf tasks of one name (a task or a group): {task name: Task}; an error answer (dict) when lm-eval
-    does not know the name or its data cannot be loaded here."""
+    does not know the name, its data cannot be loaded here, or a template was refused by the sandbox."""
     if name not in set(tm.all_tasks):
         return {"ok": False, "kind": "unknown_task", "task": name,
                 "message": f"lm-eval knows no task or group {name!r}"}
     try:
         return dict(tm.load([name])["tasks"])
     except Exception as e:  # noqa: BLE001 - a dataset error of any kind: the data is not here
-        return {"ok": False, "kind": "missing_data", "task": name,
-                "message": f"{type(e).__name__}: {str(e)[:600]}"}
+        return _refused(sandbox, name) or {"ok": False, "kind": "missing_data", "task": name,
+                                           "message": f"{type(e).__name__}: {str(e)[:600]}"}
+
+
+def _refused(sandbox: TaskSandbox | None, task: str | None) -> dict[str, Any] | None:  # Any: JSON values
+    """The answer when the sandbox refused a template (whatever lm-eval made of the SecurityError), else None."""
+    if sandbox is None or not sandbox.refused:
+        return None
+    return {"ok": False, "kind": "sandbox", "task": task,
+            "message": f"a task template was refused by Jinja's sandbox and stopped there: {sandbox.refused[0][:600]}"}
 
 
 def _metric(task: Any) -> tuple[str, bool]:  # Any: an lm-eval Task
@@ -165,21 +184,30 @@ def main(spec_path: str) -> int:
     with open(spec_path, encoding="utf-8") as f:
         spec = WorkerSpec.from_dict(json.load(f))
     out = spec.out
+    sandbox: TaskSandbox | None = None  # lm-eval's templates are rendered in it (spec.trust_code false)
     try:
         import lm_eval
         from lm_eval.tasks import TaskManager
 
+        if not spec.trust_code:
+            from infertool.evaluate.lm_eval_sandbox import SandboxUnavailable, sandbox_lm_eval
+
+            try:
+                sandbox = sandbox_lm_eval()  # before any task loads (a task may render at load)
+            except SandboxUnavailable as e:
+                _write(out, {"ok": False, "kind": "no_sandbox", "message": str(e)})
+                return 0
         tm = TaskManager(include_path=spec.include_path or None)
         leaves: dict[str, Any] = {}  # Any: JSON values
         for name in spec.tasks:
-            got = _load(tm, name)
+            got = _load(tm, name, sandbox)
             if got.get("ok") is False:
                 _write(out, got)
                 return 0
             leaves.update(got)
         if spec.check:  # the preflight: the tasks are known and their data loads here; nothing is scored
-            _write(out, {"ok": True, "check": True, "tasks": sorted(leaves),
-                         "lm_eval": getattr(lm_eval, "__version__", "")})
+            _write(out, _refused(sandbox, None) or {"ok": True, "check": True, "tasks": sorted(leaves),
+                                                    "lm_eval": getattr(lm_eval, "__version__", "")})
             return 0
         chat = spec.apply_chat_template
         gen = {n: t for n, t in leaves.items() if chat and t.get_config("output_type") == "generate_until"}
@@ -189,10 +217,12 @@ def main(spec_path: str) -> int:
             result.update(_evaluate(spec, rest, chat=False))
         if gen:
             result.update(_evaluate(spec, gen, chat=True))
-        _write(out, {"ok": True, "tasks": result, "lm_eval": getattr(lm_eval, "__version__", "")})
+        _write(out, _refused(sandbox, None) or {"ok": True, "tasks": result,
+                                                "lm_eval": getattr(lm_eval, "__version__", "")})
     except Exception as e:  # noqa: BLE001 - every failure becomes one answer the parent turns into an error
         traceback.print_exc()
-        _write(out, {"ok": False, "kind": "error", "message": f"{type(e).__name__}: {str(e)[:1500]}"})
+        _write(out, _refused(sandbox, None) or {"ok": False, "kind": "error",
+                                                "message": f"{type(e).__name__}: {str(e)[:1500]}"})
     return 0
 
 

@@ -142,7 +142,8 @@ class LmEvalSpec(BaseModel):
     max_gen_toks: Tokens | None = None  # generative tasks: overrides the task's own
     timeout_s: Seconds = 3600  # per model
     # code of the include path's tasks (`!function`, `class:`, an include or data outside the folder) runs only
-    # when true: infertool.evaluate.lm_eval_tasks reads the YAML without running it; docs/lm-eval.md
+    # when true: infertool.evaluate.lm_eval_tasks reads the YAML without running it; false: their templates are
+    # rendered in Jinja's sandbox, in that screen and in lm-eval (evaluate/lm_eval_sandbox.py); docs/lm-eval.md
     trust_code: bool = False
 
 

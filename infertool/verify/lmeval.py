@@ -11,7 +11,9 @@ what its ``config`` holds (the recipe's eval.lm_eval as dumped, the task names o
 
 Trust: a task folder's code (``!function``, an include or data outside it, ...) runs only with
 ``--trust-task-code``: the trust recorded by the run that published is not taken, since a published folder may
-come from someone else. A folder whose static scan (``evaluate.lm_eval_tasks.scan``) finds nothing runs without it.
+come from someone else. A folder whose static scan (``evaluate.lm_eval_tasks.scan``) finds nothing runs without it,
+and then lm-eval renders its templates in Jinja's sandbox (``evaluate.lm_eval_sandbox``), as eval's without
+``trust_code``: the spec's ``trust_code`` is the flag, never the evidence's.
 """
 
 from __future__ import annotations
