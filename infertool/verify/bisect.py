@@ -232,6 +232,14 @@ def _load_state(state_path: Path, key: str, on_event: EventCallback) -> dict[str
         return {}
 
 
+def saved_state(state_path: Path, key: str) -> tuple[dict[str, Outcome], str | None]:
+    """What a bisect under ``key`` finds in ``state_path`` before it starts: the outcomes it would reuse, and why
+    the file would be replaced instead (another bisect's, unreadable; None: it would not). Reads only."""
+    said: list[str] = []
+    done = _load_state(state_path, key, lambda e: said.append(str(e.get("message", ""))))
+    return done, (said[0] if said else None)
+
+
 def _save_state(state_path: Path, key: str, versions: list[str], done: dict[str, Outcome]) -> None:
     write_json(state_path, BisectState(STATE_FORMAT, key, versions, done).to_dict())
 

@@ -540,7 +540,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         decode_now = None
     with _evidence_shape(ev):
         s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,
-                  evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
+                  evidence_decode=raw_decode, new_decode=decode_now,
                   k=int(ev.index.k or 20), accept=p.accept.model_dump(mode="json"), near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
                   missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why)
     if p.lmeval is not None:
@@ -585,21 +585,63 @@ def bisect_key(source: Source, ev: E.Evidence, options: VerifyOptions, package: 
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
+BISECT_STATE = "bisect.json"
+
+
+@dataclass
+class BisectPlan:
+    """`verify --bisect --dry-run`: what a bisect would test, found without the package index or an install:
+    the package and its range's ends, the state file and the outcomes it would reuse (or why it would be
+    replaced, which needs --force), and the verification each release would run (``plan``)."""
+
+    package: str
+    lo: str
+    hi: str
+    state: Path
+    reuses: dict[str, str]  # version -> pass | fail | skip, from a state file of this bisect
+    replaces: str | None  # why the state file there is not this bisect's (replaced only with --force)
+    plan: VerifyPlan
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        return {"bisect": {"package": self.package, "lo": self.lo, "hi": self.hi, "state": str(self.state),
+                           "releases": f"the final releases of {self.package} from {self.lo} to {self.hi} on the "
+                           "package index (not asked in a dry run)", "reuses": self.reuses,
+                           "replaces": self.replaces}, **self.plan.to_dict()}
+
+
+def plan_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path) -> BisectPlan:
+    """``verify --bisect ... --dry-run``: the range and the evidence checked, the state file read; the package
+    index is not asked and nothing is installed (the releases are known only when the index is)."""
+    from dataclasses import replace
+
+    from infertool.verify.bisect import parse_range, saved_state
+
+    lo, hi = parse_range(package, span)
+    first = plan(source, replace(options, dry_run=True, engine=f"{package}=={lo}..{hi}"))
+    done, why = saved_state(out_dir / BISECT_STATE, bisect_key(source, first.evidence, options, package))
+    return BisectPlan(package, lo, hi, out_dir / BISECT_STATE, {v: o.status for v, o in done.items()}, why, first)
+
+
 def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path,
-               on_event: Callable[[dict[str, Any]], None] | None = None) -> BisectResult:  # Any: JSON values
+               on_event: Callable[[dict[str, Any]], None] | None = None,  # Any: JSON values
+               force: bool = False) -> BisectResult:
     """``verify --bisect PACKAGE LO..HI``: each release between the ends (the package index's) verified under its
     own environment (``with_engine``), searched as `git bisect` does (``verify.bisect``). A release that cannot
     install or serve the checkpoint is a skip with its reason; a tokenizer that cuts otherwise is a fail; an
     INCONCLUSIVE verdict fails unless inconclusive is allowed. Each outcome is saved in ``out_dir/bisect.json``
-    as it is known, so a run stopped midway resumes there. Returns ``verify.bisect.BisectResult``."""
+    as it is known, so a run stopped midway resumes there; a state file of another bisect (or not one) is
+    replaced only with ``force`` (a UsageError before the package index is asked). Returns
+    ``verify.bisect.BisectResult``."""
     from dataclasses import replace
 
     from infertool.errors import TokenizerMismatch
-    from infertool.verify.bisect import Outcome, bisect, parse_range, versions_between
+    from infertool.verify.bisect import Outcome, bisect, versions_between
 
-    lo, hi = parse_range(package, span)
-    first = plan(source, replace(options, dry_run=True))  # the evidence and the settings checked before any install
-    versions = versions_between(package, lo, hi)
+    bp = plan_bisect(source, options, package, span, out_dir=out_dir)  # checked before any index or install
+    if bp.replaces is not None and not force:
+        raise UsageError(f"{bp.state} is there and is not this bisect's ({bp.replaces}); not replacing it",
+                         hint="pass --force to replace it, or give another --out")
+    versions = versions_between(package, bp.lo, bp.hi)
     ctx = RunContext(on_event=on_event)
 
     def test(version: str) -> Outcome:
@@ -615,5 +657,5 @@ def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, 
         figures["verdict"] = result.verdict
         return Outcome(status, result.reason, figures, round(time.monotonic() - t0, 1))
 
-    return bisect(versions, test, state_path=out_dir / "bisect.json", on_event=on_event,
-                  key=bisect_key(source, first.evidence, options, package))
+    return bisect(versions, test, state_path=bp.state, on_event=on_event,
+                  key=bisect_key(source, bp.plan.evidence, options, package))
