@@ -15,6 +15,7 @@ import pytest
 
 from conftest import cli_in_process
 from infertool.verify import evidence as E
+from tests.test_tune import smol  # noqa: F401  (a fixture: a stand-in model folder)
 from tests.test_verify import (  # noqa: F401  (fixtures: the stand-in servers, the gathered evidence, engine releases)
     engines, gathered, published, published_folder, servers,
 )
@@ -145,3 +146,59 @@ def test_an_evidence_without_its_decode_part_cannot_pass_on_the_other_gates(tmp_
     # the verifier may go without decode, by naming its gates off
     r = cli_in_process("verify", str(folder), "--url", servers[0], "--out", str(tmp_path / "w"), "--json", *DECODE_OFF)
     assert r.returncode == 0 and json.loads(r.stdout)["verdict"] == "PASS", r.stdout + r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ --emit k8s routing
+@pytest.fixture
+def per_class_dir(smol, tmp_path, monkeypatch):
+    """A per-class tune directory of two classes on two configurations (tests/test_tune_classes.py's stand-in
+    stages): its routing.json as tune wrote it."""
+    from infertool.recipe import validate_recipe_data
+    from infertool.tune.classes import run_per_class
+    from tests.test_tune_classes import W8, _stand, classed_recipe
+
+    monkeypatch.chdir(tmp_path)
+    r = validate_recipe_data(classed_recipe(smol, tmp_path))
+    _stand(monkeypatch, {("chat", "original"): (4, 8.0, 2.0), ("chat", W8): (8, 4.0, 4.0),
+                         ("rag", "original"): (2, 3.0, 1.5), ("rag", W8): (2, 6.0, 1.0)})
+    return Path(run_per_class(r).tune_dir)
+
+
+def _emit(d: Path):
+    return cli_in_process("serve", str(d), "--emit", "k8s", "--json")
+
+
+def test_emit_k8s_refuses_a_routing_json_tune_would_not_write(per_class_dir):
+    d = per_class_dir
+    good = json.loads((d / "routing.json").read_text())
+    r = _emit(d)
+    assert r.returncode == 0 and [x["kind"] for x in json.loads(r.stdout)["manifests"]][-1] == "HTTPRoute", r.stderr
+    cls = {c["name"]: c for c in good["classes"]}
+    chat, rag = cls["chat"], cls["rag"]
+
+    def tampered(**change) -> str:
+        (d / "routing.json").write_text(json.dumps({**good, **change}))
+        r = _emit(d)
+        assert r.returncode == 2 and "Traceback" not in r.stderr, r.stdout + r.stderr
+        return json.loads(r.stdout)["message"]
+
+    renamed = [{**chat, "name": "chat\r\nx-evil: 1"}, rag]
+    assert "is no class name" in tampered(classes=renamed)
+    assert "is no class name" in tampered(classes=[{**chat, "name": "c" * 65}, rag])
+    assert "an empty class name" in tampered(classes=[{**chat, "name": ""}, rag])
+    assert "class name" in tampered(classes=[{**chat, "name": 7}, rag])  # not text: read as no name
+    assert "listed twice" in tampered(classes=[chat, rag, chat])
+    many = [{**chat, "name": f"c{i}", "configuration": "f" * 12} for i in range(16)]
+    assert "refused rather than split" in tampered(classes=many)
+    assert "share is not a fraction" in tampered(classes=[{**chat, "share": 7.5}, rag])
+    # no class routed to a deployment: today's max() of an empty list
+    unrouted = [{**c, "configuration": None} for c in good["classes"]]
+    assert "the classes routed to it are none" in tampered(classes=unrouted)
+    assert "routes no class" in tampered(deployments=[])
+    # two configurations whose Deployment and Service would have one DNS-1035 name
+    dep = good["deployments"]
+    twin = [dep[0], {**dep[1], "configuration": dep[0]["configuration"][:12] + "0" * 8}]
+    routed = [{**c, "configuration": next(t["configuration"] for t in twin if c["name"] in t["classes"])}
+              for c in good["classes"]]
+    assert "would both be the Deployment and Service" in tampered(classes=routed, deployments=twin)
+    assert "is deployed twice" in tampered(deployments=[dep[0], dep[0]])
