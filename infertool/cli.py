@@ -79,9 +79,13 @@ class RootGroup(TyperGroup):
 
     def _report(self, e: ClickException) -> None:
         if self._json_errors and not isinstance(e, _click_exceptions.NoArgsIsHelpError):
+            from infertool.errors import OutputClosed
             from infertool.output import print_json
 
-            print_json(usage_error_doc(e))
+            try:
+                print_json(usage_error_doc(e))
+            except OutputClosed:  # stdout is gone: the usage error still goes to stderr, exit 2
+                pass
 
 
 app = typer.Typer(
@@ -183,7 +187,15 @@ register_all(app)
 
 
 def main() -> None:
-    app(prog_name="infertool")
+    from infertool.errors import OutputClosed
+
+    try:
+        app(prog_name="infertool")
+    except OutputClosed as e:  # outside a command's own handler: a root option's or a usage error's JSON
+        from infertool.output import render_error
+
+        render_error(e)
+        raise SystemExit(e.exit_code) from None
 
 
 if __name__ == "__main__":

