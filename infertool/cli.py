@@ -21,7 +21,8 @@ except ImportError:  # pragma: no cover - older typer on the public click
 ClickException = _click_exceptions.ClickException
 
 EXIT_CODES = ("Exit codes: 0 ok, 1 verdict failed (eval FAIL/INCONCLUSIVE, plan does not fit, tune found no "
-              "winner), 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure, 130 interrupted. "
+              "winner), 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure (a full disk, a closed "
+              "stdout too), 5 internal error (a bug), 6 signature refused, 130 interrupted. "
               "Docs: README.md")
 
 

@@ -310,7 +310,8 @@ def test_documented_exit_codes_match_errors_module():
 
     text = (ROOT / "docs" / "cli.md").read_text(encoding="utf-8")
     table = dict(re.findall(r"^\s*\|\s*(\d+)\s*\|\s*(.+?)\s*\|\s*$", text, flags=re.M))
-    assert set(table) == {"0", "1", "2", "3", "4", "130"}
+    assert set(table) == {"0", "1", "2", "3", "4", "5", "6", "130"}
+    assert "internal" in table[str(errors.EXIT_INTERNAL)] and "signature" in table[str(errors.EXIT_SIGNATURE)]
     assert "usage" in table[str(errors.EXIT_USAGE)] and "environment" in table[str(errors.EXIT_BACKEND)]
     assert "runtime" in table[str(errors.EXIT_RUNTIME)] and "verdict" in table[str(errors.EXIT_VERDICT_FAILED)]
     assert "tune" in table["1"]
