@@ -80,6 +80,9 @@ def test_bisect_writes_junit_one_testcase_per_release_and_honours_force(publishe
     assert "no wheel for this platform" in cases["0.32.0"].find("skipped").get("message")
     props = {p.get("name"): p.get("value") for p in suite.find("properties")}
     assert props["verdict"] == "found" and props["first_bad"] == "0.31.0" and props["last_good"] == "0.30.0"
+    # a dry run now says what the state holds, each release it would reuse
+    r = cli_in_process(*args, "--dry-run", "--json")
+    assert json.loads(r.stdout)["bisect"]["reuses"] == {"0.30.0": "pass", "0.31.0": "fail", "0.32.0": "skip"}
     # the JUnit file is not replaced without --force (before any work: nothing is tested again)
     before = junit.read_bytes()
     r = cli_in_process(*args, "--json")
