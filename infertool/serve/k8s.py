@@ -629,13 +629,20 @@ def render(docs: list[dict], res: Resolution, options: K8sOptions | None = None)
 
 # ------------------------------------------------------------------------------------------------ routing
 GATEWAY_API = "gateway.networking.k8s.io/v1"
+MAX_ROUTE_RULES = 16  # Gateway API: an HTTPRoute's spec.rules holds at most 16
 
 
 def http_route(name: str, header: str, gateway: str, rules: list[tuple[str, str, int]], default: tuple[str, int],
                namespace: str | None = None) -> dict:
     """A Gateway API HTTPRoute attached to the Gateway ``gateway``: a request whose header ``header`` is exactly a
     class's name goes to that class's Service (``rules``: (class, Service, port)), any other to ``default``
-    (Service, port). The names and values enter as YAML values only (``dump_docs`` quotes them)."""
+    (Service, port). The names and values enter as YAML values only (``dump_docs`` quotes them). More rules than
+    an HTTPRoute holds (MAX_ROUTE_RULES, the default's included): a UsageError, never a manifest the API refuses."""
+    if len(rules) + 1 > MAX_ROUTE_RULES:
+        from infertool.errors import UsageError
+
+        raise UsageError(f"HTTPRoute {name}: {len(rules)} classes and the default are {len(rules) + 1} rules; an "
+                         f"HTTPRoute holds at most {MAX_ROUTE_RULES}", hint="route at most 15 classes")
     meta = {"name": k8s_name(name), "labels": {"app.kubernetes.io/managed-by": "infertool"},
             **({"namespace": namespace} if namespace else {})}
     spec_rules: list[dict] = [{"matches": [{"headers": [{"type": "Exact", "name": header, "value": value}]}],

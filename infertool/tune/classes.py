@@ -553,7 +553,44 @@ def read_routing(tune_dir: Path) -> RoutingTable:
         if bad:
             raise UsageError(f"{tune_dir / ROUTING}: a deployment that is not one tune wrote ({d.configuration!r})",
                              hint="run `infertool tune --per-class` again")
+    problem = routes_problem(table)
+    if problem:
+        raise UsageError(f"{tune_dir / ROUTING}: {problem}", hint="run `infertool tune --per-class` again")
     return table
+
+
+def routes_problem(table: RoutingTable) -> str | None:
+    """Why routing.json's classes are not what tune writes (None: they are): each class a class name (a valid
+    header value, 64 characters at most) once, its share a fraction; at most MAX_TUNE_CLASSES of them (a Gateway
+    API HTTPRoute holds 16 rules: one per class and the default; more are refused, not split); each deployment's
+    configuration once, its classes exactly those routed to it; and at least one class routed to a deployment."""
+    from infertool.recipe.tune import MAX_TUNE_CLASSES
+    from infertool.schema import class_name_problem
+
+    names = [c.name for c in table.classes]
+    bad = next((p for p in map(class_name_problem, names) if p), None)
+    if bad:
+        return bad
+    if len(set(names)) != len(names):
+        return f"class {next(n for n in names if names.count(n) > 1)!r} is listed twice"
+    if len(names) > MAX_TUNE_CLASSES:
+        return (f"{len(names)} classes; tune routes at most {MAX_TUNE_CLASSES} (an HTTPRoute holds 16 rules: one "
+                "per class and the default), so this is refused rather than split over several HTTPRoutes")
+    odd = next((c.name for c in table.classes if c.share is not None
+                and not (isinstance(c.share, (int, float)) and 0.0 <= c.share <= 1.0)), None)
+    if odd is not None:
+        return f"class {odd!r}: its share is not a fraction from 0 to 1"
+    configs = [d.configuration for d in table.deployments]
+    if len(set(configs)) != len(configs):
+        return f"configuration {next(c for c in configs if configs.count(c) > 1)!r} is deployed twice"
+    for d in table.deployments:
+        routed = sorted(c.name for c in table.classes if c.configuration == d.configuration)
+        if sorted(d.classes) != routed:
+            return (f"deployment {d.configuration!r} serves {', '.join(d.classes)} but the classes routed to it are "
+                    f"{', '.join(routed) or 'none'}")
+    if not any(c.configuration in configs for c in table.classes):
+        return "no class is routed to a deployment"
+    return None
 
 
 @dataclass
@@ -588,8 +625,15 @@ def routed_manifests(tune_dir: Path, options: K8sOptions, overrides: list[str] |
                              "(install the Gateway API CRDs and a Gateway first).", None)]
     service_of: dict[str, tuple[str, int]] = {}
     base = k8s_name(table.recipe)[:37].strip("-") or "infertool"  # + "-" + a 12-character trial id: 50 at most
+    named: dict[str, str] = {}
     for d in table.deployments:
         name = f"{base}-{d.configuration[:12]}"
+        if k8s_name(name) in named:  # the Deployment's and Service's DNS-1035 name
+            raise UsageError(f"{tune_dir / ROUTING}: configurations {named[k8s_name(name)]} and {d.configuration} "
+                             f"would both be the Deployment and Service {k8s_name(name)!r}",
+                             hint="two configurations must differ in their first 12 characters: run "
+                             "`infertool tune --per-class` again")
+        named[k8s_name(name)] = d.configuration
         res = served(str(tune_dir / d.recipe), [*(overrides or []), f"name={name}"]).res
         if checks is not None:
             checks(res)
@@ -604,7 +648,7 @@ def routed_manifests(tune_dir: Path, options: K8sOptions, overrides: list[str] |
     rules = [(r.name, *service_of[r.configuration]) for r in table.classes
              if r.configuration is not None and r.configuration in service_of]
     largest = max((r for r in table.classes if r.configuration in service_of), key=lambda r: r.share or 0.0)
-    assert largest.configuration is not None  # routed: in service_of
+    assert largest.configuration is not None  # read_routing: at least one class is routed to a deployment
     route = http_route(f"{base}-classes", table.header, table.gateway, rules, service_of[largest.configuration],
                        namespace=options.namespace)
     comments.append(comment_text(f"HTTPRoute {base}-classes: {table.header}: "

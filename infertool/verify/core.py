@@ -467,6 +467,44 @@ def check_shapes(ev: E.Evidence) -> None:
             raise bad(E.LMEVAL, "its tasks are not lists of documents, each with a doc_id and its metrics")
         if ev.lmeval.get("config") is not None and not isinstance(ev.lmeval.get("config"), dict):
             raise bad(E.LMEVAL, "its config is not an object")
+    settings_problem = check_settings(ev)
+    if settings_problem is not None:
+        raise bad(*settings_problem)
+
+
+MAX_K = 20  # log-probabilities per position: eval's and decode's top_k at most (vLLM's max_logprobs default)
+MAX_WINDOWS = 1_000_000
+
+
+def check_settings(ev: E.Evidence) -> tuple[str, str] | None:
+    """(file, why) where a number the evidence records is out of the range the recipe allows for it (a
+    ``seq_len`` of 0 divided by, a ``top_k`` of 1e9 asked of a server, a ``k`` beyond vLLM's log-probabilities):
+    the recipe's own bounds (eval.seq_len, eval.decode); None when every one is in range."""
+    from pydantic import ValidationError
+
+    from infertool.evaluate.paired import ScoreTask
+    from infertool.recipe import DecodeSpec
+    from infertool.recipe.root import PydanticError
+    from infertool.schema import MAX_TOKENS
+
+    k = ev.index.k
+    if not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_K:
+        return E.INDEX, f"k (log-probabilities per position) is {str(k)[:40]}, not 1 to {MAX_K}"
+    for t in map(ScoreTask.from_dict, ev.tasks if ev.prompts is not None and ev.tasks else []):
+        if t.type == "perplexity" and not (8 <= t.seq_len <= MAX_TOKENS and 0 <= t.window_start
+                                           and (t.max_windows is None or 1 <= t.max_windows <= MAX_WINDOWS)):
+            return E.TASKS, (f"task {t.name[:64]!r}: seq_len {t.seq_len}, max_windows {t.max_windows}, window_start "
+                             f"{t.window_start}: seq_len is 8 to {MAX_TOKENS:,} tokens, max_windows 1 to "
+                             f"{MAX_WINDOWS:,}")
+        if t.type == "generate" and not 1 <= t.max_tokens <= 4096:
+            return E.TASKS, f"task {t.name[:64]!r}: max_tokens {t.max_tokens}, not 1 to 4096"
+    raw = DecodeRaw.from_dict(ev.decode.get("raw") if ev.decode is not None else None)
+    try:
+        _decode_spec(raw, DecodeSpec().near_tie_logprob)
+    except ValidationError as e:
+        first = PydanticError.of(e.errors(include_url=False)[0])
+        return E.DECODE, f"raw.{'.'.join(map(str, first.loc))}: {first.message} (eval.decode's bound)"
+    return None
 
 
 def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
@@ -715,7 +753,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         decode_now = None
     with _evidence_shape(ev):
         s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,
-                  evidence_decode=raw_decode if decode_now is not None else None, new_decode=decode_now,
+                  evidence_decode=raw_decode, new_decode=decode_now,
                   k=int(ev.index.k or 20), accept=p.accept.model_dump(mode="json"), near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
                   missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why)
     if p.lmeval is not None:
@@ -760,22 +798,64 @@ def bisect_key(source: Source, ev: E.Evidence, options: VerifyOptions, package: 
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
+BISECT_STATE = "bisect.json"
+
+
+@dataclass
+class BisectPlan:
+    """`verify --bisect --dry-run`: what a bisect would test, found without the package index or an install:
+    the package and its range's ends, the state file and the outcomes it would reuse (or why it would be
+    replaced, which needs --force), and the verification each release would run (``plan``)."""
+
+    package: str
+    lo: str
+    hi: str
+    state: Path
+    reuses: dict[str, str]  # version -> pass | fail | skip, from a state file of this bisect
+    replaces: str | None  # why the state file there is not this bisect's (replaced only with --force)
+    plan: VerifyPlan
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        return {"bisect": {"package": self.package, "lo": self.lo, "hi": self.hi, "state": str(self.state),
+                           "releases": f"the final releases of {self.package} from {self.lo} to {self.hi} on the "
+                           "package index (not asked in a dry run)", "reuses": self.reuses,
+                           "replaces": self.replaces}, **self.plan.to_dict()}
+
+
+def plan_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path) -> BisectPlan:
+    """``verify --bisect ... --dry-run``: the range and the evidence checked, the state file read; the package
+    index is not asked and nothing is installed (the releases are known only when the index is)."""
+    from dataclasses import replace
+
+    from infertool.verify.bisect import parse_range, saved_state
+
+    lo, hi = parse_range(package, span)
+    first = plan(source, replace(options, dry_run=True, engine=f"{package}=={lo}..{hi}"))
+    done, why = saved_state(out_dir / BISECT_STATE, bisect_key(source, first.evidence, options, package))
+    return BisectPlan(package, lo, hi, out_dir / BISECT_STATE, {v: o.status for v, o in done.items()}, why, first)
+
+
 def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path,
-               on_event: Callable[[dict[str, Any]], None] | None = None) -> BisectResult:  # Any: JSON values
+               on_event: Callable[[dict[str, Any]], None] | None = None,  # Any: JSON values
+               force: bool = False) -> BisectResult:
     """``verify --bisect PACKAGE LO..HI``: each release between the ends (the package index's) verified under its
     own environment (``with_engine``), searched as `git bisect` does (``verify.bisect``). A release that cannot
     install or serve the checkpoint is a skip with its reason; a tokenizer that cuts otherwise is a fail; an
     INCONCLUSIVE verdict fails unless inconclusive is allowed. Each outcome is saved in ``out_dir/bisect.json``
-    as it is known, so a run stopped midway resumes there. Returns ``verify.bisect.BisectResult``."""
+    as it is known, so a run stopped midway resumes there; a state file of another bisect (or not one) is
+    replaced only with ``force`` (a UsageError before the package index is asked). Returns
+    ``verify.bisect.BisectResult``."""
     from dataclasses import replace
 
     from infertool.errors import TokenizerMismatch
-    from infertool.verify.bisect import Outcome, bisect, parse_range, versions_between
+    from infertool.verify.bisect import Outcome, bisect, versions_between
 
-    lo, hi = parse_range(package, span)
     refuse_inside(source.folder, out_dir, "--out")
-    first = plan(source, replace(options, dry_run=True))  # the evidence and the settings checked before any install
-    versions = versions_between(package, lo, hi)
+    bp = plan_bisect(source, options, package, span, out_dir=out_dir)  # checked before any index or install
+    if bp.replaces is not None and not force:
+        raise UsageError(f"{bp.state} is there and is not this bisect's ({bp.replaces}); not replacing it",
+                         hint="pass --force to replace it, or give another --out")
+    versions = versions_between(package, bp.lo, bp.hi)
     ctx = RunContext(on_event=on_event)
 
     def test(version: str) -> Outcome:
@@ -791,5 +871,5 @@ def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, 
         figures["verdict"] = result.verdict
         return Outcome(status, result.reason, figures, round(time.monotonic() - t0, 1))
 
-    return bisect(versions, test, state_path=out_dir / "bisect.json", on_event=on_event,
-                  key=bisect_key(source, first.evidence, options, package))
+    return bisect(versions, test, state_path=bp.state, on_event=on_event,
+                  key=bisect_key(source, bp.plan.evidence, options, package))

@@ -27,7 +27,7 @@ from typing import Any, ClassVar
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
 from infertool.evaluate.paired import ChoicePair, PerplexityPair
-from infertool.evaluate.decode import compare
+from infertool.evaluate.decode import DecodeRaw, compare
 from infertool.evaluate.result import DecodeComparison
 from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
@@ -346,6 +346,8 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     if evidence_decode is not None and new_decode is not None:
         decode = score_decode(evidence_decode, new_decode, conf, near_tie_logprob)
         decode_why = f"decode skipped: {decode.skipped}" if decode.skipped else None
+    elif evidence_decode is not None and DecodeRaw.from_dict(evidence_decode).skipped:
+        decode_why = f"the evidence's decode part is skipped: {DecodeRaw.from_dict(evidence_decode).skipped}"
     else:
         decode_why = "the evidence has no decode path" + _said(missing.get("decode"))
     if lmeval is not None and lmeval_now is not None:
@@ -356,6 +358,29 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     else:
         lm = LmevalScore(why=f"no lm-eval results in the evidence: "
                              f"{missing.get('lmeval') or 'the run scored no lm-eval task'}")
+    if decode is not None and not decode_why and not decode.n_prompts:
+        decode_why = "the evidence's decode part holds no prompt"
     gs = gates(accept, prompts, decode, {"prompts": prompts_why, "decode": decode_why, "lmeval": lm.why}, lm)
-    v, reason = verdict(gs)
+    v, reason = decode_required(gs, decode_why)
     return Scored(prompts, decode, lm, gs, v, reason)
+
+
+def decode_required(gs: list[Gate], decode_why: str | None) -> tuple[str, str]:
+    """The verdict of ``gs`` (``evaluate.verdict.verdict``), where a decode gate that is set but not measured (the
+    evidence's decode part is missing, empty or skipped: ``decode_why``) holds the verdict at INCONCLUSIVE: the
+    other gates alone cannot PASS. Decode is the one check of what the served model generates, and an evidence
+    without it is what a publisher who wanted a change unseen would ship. INCONCLUSIVE, not FAIL: nothing measured
+    says the checkpoint differs; it exits 1 like FAIL unless inconclusive is allowed, and a verifier who means to
+    go without decode turns its gates off by name (``--set verify.accept.min_exact_match=null`` ...). Such a gate
+    is marked INCONCLUSIVE with the reason (JUnit lists it as a failure)."""
+    held = [g for g in gs if BLOCK_OF.get(g.name) == "decode" and g.status == "n/a"]
+    v, reason = verdict([g for g in gs if g not in held])
+    if not held or v == "FAIL":
+        return v, reason
+    why = (f"the decode part is not measured ({decode_why or 'the evidence has no decode path'}): the other gates "
+           "cannot PASS alone")
+    for g in held:
+        g.status, g.note = "INCONCLUSIVE", why
+    if v == "PASS":
+        return "INCONCLUSIVE", why
+    return "INCONCLUSIVE", why + ("; " + reason if any(g.measured for g in gs if g not in held) else "")

@@ -9,7 +9,9 @@ from infertool.output import esc, kv_table, out, plain, visible
 
 if TYPE_CHECKING:
     from infertool.verify.bisect import BisectResult, Outcome
-    from infertool.verify.core import VerifyPlan, VerifyResult
+    from pathlib import Path
+
+    from infertool.verify.core import BisectPlan, VerifyPlan, VerifyResult
 
 STYLES = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow"}
 NO_PROVENANCE = "none (the folder carries no provenance.intoto.json)"
@@ -149,3 +151,18 @@ def render_bisect(package: str, result: BisectResult) -> None:
         out.print(visible(f"{package}=={version}: {o.status} ({o.seconds:.0f} s)" + (f": {figs}" if figs else "")
                           + (f": {why}" if why is not None else "")), markup=False, soft_wrap=True)
     out.print(f"bisect: [bold]{esc(result.verdict)}[/] — {esc(result.message)}", soft_wrap=True)
+
+
+def render_bisect_plan(bp: BisectPlan, junit: Path | None = None) -> None:
+    """`verify --bisect --dry-run`: the range, the state file (reused or replaced), then each release's plan."""
+    lines = [f"bisect {bp.package} {bp.lo}..{bp.hi}: the final releases between them on the package index (not "
+             "asked in a dry run; nothing is installed)", f"  state: {bp.state}"]
+    if bp.replaces is not None:
+        lines.append(f"  the state there is not this bisect's ({bp.replaces}): replaced only with --force")
+    elif bp.reuses:
+        lines.append("  reuses: " + ", ".join(f"{v} {s}" for v, s in bp.reuses.items()))
+    if junit is not None:
+        lines.append(f"  junit: {junit} (one testcase per release tested)")
+    lines.append("  each release is verified as:")
+    _lines(lines)
+    render_plan(bp.plan)
