@@ -256,8 +256,13 @@ def test_staged_search_prunes_stops_early_and_rechecks_the_winner(smol, tmp_path
         assert (d / "trials" / tid / "manifest.json").is_file()
     # the same command again: every stage reused, nothing runs, the same answer
     stand.calls.clear()
-    res2 = run_tune(validate_recipe_data(tune_recipe(smol, tmp_path)))
+    from infertool.signing import check_folder, new_key_pair
+
+    keys = new_key_pair(tmp_path / "keys")  # tune --sign-key: the winner's folder, published again, is signed
+    res2 = run_tune(validate_recipe_data(tune_recipe(smol, tmp_path)), sign_key=keys.private_key)
     assert stand.calls == [] and res2.winner.id == res.winner.id
+    assert check_folder(Path(pub["path"]), [keys.public_key]).status == "valid"
+    assert res2.published is not None and res2.published.signature is not None
     # a later tune in the same directory that the original wins: nothing published, the earlier record gone
     res3 = run_tune(validate_recipe_data(tune_recipe(smol, tmp_path, candidates=["none"])))
     assert Path(res3.tune_dir) == d and res3.winner.candidate.spec is None and not res3.published

@@ -37,6 +37,7 @@ def tune(
     exhaustive: Annotated[bool, typer.Option("--exhaustive", help="Brute force: no pruning, no early stopping, every load level of every trial (to check the staged search).")] = False,
     dry_run: Annotated[bool, dry_run_opt("Show the trials, their roofline predictions and order, what the plan prunes, the vLLM starts and an estimate of the wall time; run nothing.")] = False,
     publish: Annotated[Optional[str], typer.Option("--publish", metavar="DEST", help="Publish the winner's checkpoint here (default: quantize.output, else out/<recipe>-<method>).")] = None,
+    sign_key: Annotated[Optional[str], typer.Option("--sign-key", metavar="PRIVATE.pem", help="Sign the winner's published folder with this EC private key (model.sig; the key is never copied into it).")] = None,
     per_class: Annotated[bool, typer.Option("--per-class", help="Tune each traffic class apart (tune.classes: true unless it lists them): tuned-<class>.yaml and routing.json.")] = False,
     overrides: Annotated[Optional[List[str]], SET_OPT] = None,
     as_json: Annotated[bool, JSON_OPT] = False,
@@ -77,7 +78,7 @@ def tune(
 
     with StageProgress("tune") as progress:  # with --json too: the result on stdout, progress on stderr
         result = run(r, classes, out_dir=out, exhaustive=exhaustive, executor=executor, on_event=progress.on_event,
-                     on_trial=on_trial, publish=publish)
+                     on_trial=on_trial, publish=publish, sign_key=sign_key)
     if as_json:
         print_json({"ok": result.ok, **result.to_dict()})
     elif isinstance(result, PerClassResult):

@@ -179,20 +179,20 @@ class PerClassResult:
 
 def run(recipe: Recipe, plans: list[ClassPlan] | None, *, out_dir: str | Path | None, exhaustive: bool,
         executor: str | None, on_event: EventCallback | None, on_trial: Callable[[TrialRecord], None] | None,
-        publish: str | None) -> TuneResult | PerClassResult:
+        publish: str | None, sign_key: str | None = None) -> TuneResult | PerClassResult:
     """`infertool tune`: a tune per class of ``plans`` (``load_tune``'s), else one tune."""
     from infertool.tune.run import run_tune
 
     if plans:
         return run_per_class(recipe, out_dir=out_dir, exhaustive=exhaustive, executor=executor, on_event=on_event,
-                             on_trial=on_trial, publish=publish, plans=plans)
+                             on_trial=on_trial, publish=publish, plans=plans, sign_key=sign_key)
     return run_tune(recipe, out_dir=out_dir, exhaustive=exhaustive, executor=executor, on_event=on_event,
-                    on_trial=on_trial, publish=publish)
+                    on_trial=on_trial, publish=publish, sign_key=sign_key)
 
 
 def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
                   on_event: EventCallback | None = None, on_trial: Callable[[TrialRecord], None] | None = None, publish: str | None = None,
-                  plans: list[ClassPlan] | None = None) -> PerClassResult:
+                  plans: list[ClassPlan] | None = None, sign_key: str | None = None) -> PerClassResult:
     """Each class's tune (``run.run_tune``) over the shared stage cache, then tuned-<class>.yaml and routing.json.
     ``plans``: ``plan_classes(recipe)`` when the caller already made it (the traffic read and classified once)."""
     import time
@@ -224,7 +224,7 @@ def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhausti
             results[p.name] = run_tune(
                 recipes[i][0], exhaustive=exhaustive, executor=executor, on_event=on_event, on_trial=on_trial,
                 publish=str(Path(publish) / p.name) if publish else None, tune_dir=recipes[i][1],
-                cache=tune_dir / ".stages", checked=i > 0, pool=pool, peers=tuple(recipes[i + 1:]))
+                cache=tune_dir / ".stages", checked=i > 0, pool=pool, peers=tuple(recipes[i + 1:]), sign_key=sign_key)
     finally:
         if pool is not None:
             pool.close("the tune ended")

@@ -74,6 +74,7 @@ class Context:
         self.queue: list[Trial] = []  # the order trials run in here (executor; none on a Ray worker)
         self.best_cost: float | None = None  # the best $/1M so far at its interval's top (the cost objective)
         self.publish_to: str | None = None  # the winner's destination (run: tune --publish)
+        self.sign_key: str | None = None  # the private key the winner's folder is signed with (tune --sign-key)
         self.published: Published | None = None  # the winner's publish record (publish.publish_dir), once published
         self.pool = pool
         self.first_start = len(pool.records) if pool is not None else 0  # the pool's starts before this tune

@@ -544,7 +544,7 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
     build = tune_facts(ctx.recipe.name, ctx.recipe.model.source, ctx.recipe.model.source, recipe_to_dict(trial.recipe),
                        f"{ctx.dir.name}/{trial.id}", ctx.inputs, acc.verdict if acc else None,
                        acc.reason if acc else None, record.accuracy.gates if record.accuracy else None)
-    rec = Published.from_dict(pub.publish_dir(checkpoint, dest, facts, writer, why, build))
+    rec = Published.from_dict(pub.publish_dir(checkpoint, dest, facts, writer, why, build, ctx.sign_key))
     write_json(ctx.dir / pub.TUNE_PUBLISHED, rec.to_dict())
     ctx.published = rec
     emit(ctx.on_event, f"the winner {record.label} published to {rec.path} "

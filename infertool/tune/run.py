@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 def run_tune(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: bool = False, executor: str | None = None,
              on_event: EventCallback | None = None, on_trial: Callable[[TrialRecord], None] | None = None,
              publish: str | None = None, tune_dir: Path | None = None, cache: Path | None = None,
+             sign_key: str | None = None,
              checked: bool = False, pool: ServerPool | None = None,
              peers: tuple[tuple[Recipe, Path], ...] = ()) -> TuneResult:
     """One tune (``tune_dir``: where, default <out_dir>/<recipe name>; ``cache``: a shared stage cache, default
@@ -40,6 +41,10 @@ def run_tune(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: b
 
     res = resolve(recipe)  # the recipe's one resolution: the context and every check read it
     publish_to = publish_destination(recipe, res, tune_dir, publish)  # the winner's DEST, refused before any trial
+    if sign_key:  # the key refused (not EC, unreadable) before any trial
+        from infertool.signing import signature_of
+
+        signature_of(sign_key)
     executor = executor or recipe.tune.executor
     own = pool is None and executor == "local"  # on Ray each trial's stages start their own servers
     if own:
@@ -48,6 +53,7 @@ def run_tune(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: b
         ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial, cache=cache,
                       res=res, pool=pool, peers=peers)
         ctx.publish_to = publish_to
+        ctx.sign_key = sign_key
         if executor == "local" and not checked:
             _require_envs(plan.trials)  # before the first quantization, not after an hour of trials
             from infertool.evaluate.phases import preflight_all
