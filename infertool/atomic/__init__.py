@@ -43,10 +43,10 @@ from infertool.atomic.faults import fault
 from infertool.atomic.paths import (NAME_MAX_BYTES, PATH_MAX_BYTES, SYSTEM_FOLDERS, OutputPathError, check_output_dir,
                                     check_output_file, file_kind, name_refusal, replace_refusal)
 
-__all__ = ["NAME_MAX_BYTES", "PATH_MAX_BYTES", "SYSTEM_FOLDERS", "OutputPathError", "UnsafeRemoval", "atomic_dir",
-           "check_output_dir", "check_output_file", "copy_file", "fault", "file_kind", "FolderBusy", "FolderHold", "hold_dir", "atomic_path", "dumps_json",
-           "jsonable", "move_into_place", "name_refusal", "remove_inside", "replace_dir", "replace_refusal",
-           "write_bytes", "write_json", "write_text"]
+__all__ = ["NAME_MAX_BYTES", "PATH_MAX_BYTES", "SYSTEM_FOLDERS", "FolderBusy", "FolderHold", "OutputPathError",
+           "UnsafeRemoval", "atomic_dir", "atomic_path", "check_output_dir", "check_output_file", "copy_file",
+           "dumps_json", "fault", "file_kind", "hold_dir", "jsonable", "move_into_place", "name_refusal",
+           "remove_inside", "replace_dir", "replace_refusal", "sweep", "write_bytes", "write_json", "write_text"]
 
 
 def _file_mode(target: Path) -> int:
@@ -181,10 +181,10 @@ def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
     """A temporary directory beside ``target`` to build it in; renamed to ``target`` when the block ends without
     an exception (an existing one replaced, unless ``replace=False``: then FileExistsError), removed otherwise.
     The temporary directory is locked (flock) while it is built: one a killed process left beside ``target`` is
-    unlocked, and the next ``atomic_dir`` of ``target`` removes it (``_sweep``)."""
+    unlocked, and the next ``atomic_dir`` of ``target`` removes it (``sweep``)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
-    _sweep(target)
+    sweep(target)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir()
     held = os.open(tmp, os.O_RDONLY)
@@ -246,11 +246,16 @@ def hold_dir(folder: str | Path) -> FolderHold | None:
     return None if held is not None and held.fd >= 0 else FolderHold(folder)
 
 
-def _sweep(target: Path) -> None:
+def sweep(target: str | Path) -> None:
     """Remove what an interrupted ``atomic_dir`` of ``target`` left beside it: its unlocked temporary (or moved
     aside) directories. One another process is building is locked, and kept."""
+    target = Path(target)
     left = re.compile(re.escape(f".{target.name}.") + r"[0-9a-f]{8}\.(tmp|old)")
-    for name in os.listdir(target.parent):
+    try:
+        names = os.listdir(target.parent)
+    except OSError:  # no folder yet: nothing left there
+        return
+    for name in names:
         if not left.fullmatch(name):
             continue
         try:

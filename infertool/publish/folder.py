@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 from infertool.atomic import (OutputPathError, atomic_dir, copy_file, name_refusal, remove_inside, replace_refusal,
-                              write_json, write_text)
+                              sweep, write_json, write_text)
 from infertool.errors import UsageError
 from infertool.publish.card import model_card
 from infertool.publish.checkpoint import (CARD, EVIDENCE, FACTS, check_room, check_source, checkpoint_files,
@@ -138,6 +138,7 @@ def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any], 
     card = facts if isinstance(facts, CardFacts) else CardFacts.read(facts)
     check_source(src)
     fp = fingerprint(src)
+    sweep(dest)  # what an interrupted publish to DEST left beside it (its temporary folder, unlocked)
     if (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp:
         ev = _evidence(evidence, dest / EVIDENCE, fp, no_evidence)  # already there (a re-run that reused quantize):
         write_card(dest, card.copied(fp, str(dest), ev))  # the card says this run, the weights are not copied again
