@@ -83,29 +83,41 @@ def published_state(dest: Path, fps: dict[str, str]) -> str:
 
 
 class Gate:
-    """A stand-in server's brake and counter: every request is counted (``seen`` waits, bounded, for the n-th)
-    and, while the gate is shut, held until it opens (bounded too)."""
+    """A stand-in server's brake and counter: every request is counted (``seen`` waits, bounded, for the n-th);
+    from the ``hold_from``-th on (``hold``), each is held until ``release`` (at most 120 s)."""
 
     def __init__(self) -> None:
         self.count = 0
+        self.hold_from = 0  # 0: none held
         self._cond = threading.Condition()
         self._open = threading.Event()
-        self._open.set()
 
     def request(self) -> None:
         with self._cond:
             self.count += 1
+            n = self.count
             self._cond.notify_all()
-        self._open.wait(timeout=120)
+        if self.hold_from and n >= self.hold_from:
+            self._open.wait(timeout=120)
 
-    def seen(self, n: int, timeout_s: float = 120) -> bool:
+    def seen(self, n: int, proc: subprocess.Popen, timeout_s: float = 120) -> bool:
+        """Whether the n-th request came within timeout_s, ``proc`` (the client) still running."""
+        import time
+
+        end = time.monotonic() + timeout_s
         with self._cond:
-            return self._cond.wait_for(lambda: self.count >= n, timeout=timeout_s)
+            while time.monotonic() < end and proc.poll() is None:
+                if self._cond.wait_for(lambda: self.count >= n, timeout=1.0):
+                    return True
+        return False
 
-    def shut(self) -> None:
+    def hold(self, from_request: int) -> None:
+        """Count from zero, and hold the ``from_request``-th request and every one after it."""
         self._open.clear()
+        self.count, self.hold_from = 0, from_request
 
-    def open(self) -> None:
+    def release(self) -> None:
+        self.hold_from = 0
         self._open.set()
 
 

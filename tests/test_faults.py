@@ -36,7 +36,7 @@ def counted():
     srv = ThreadingHTTPServer(("127.0.0.1", 0), Counted)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    GATE.open()
+    GATE.release()
     srv.shutdown()
     srv.server_close()
 
@@ -101,3 +101,72 @@ def test_a_temporary_folder_another_publish_is_building_is_kept(two):
         assert r.returncode == 0, r.stderr
         assert building.is_dir() and (building / "config.json").is_file()
     assert json.loads((dest / "config.json").read_text()) == {}  # ours, renamed in last
+
+
+# ------------------------------------------------------------------------------------------------ verify
+@pytest.fixture
+def folder(tmp_path, gathered):  # noqa: F811
+    home = tmp_path / "home"
+    home.mkdir()
+    fp = make_published(tmp_path / "A", gathered, 1)
+    return tmp_path, home, tmp_path / "A", fp
+
+
+def _whole(verify_json) -> dict:
+    doc = json.loads(verify_json.read_text())  # whole: it parses, and says what a verify.json says
+    assert doc["verdict"] in ("PASS", "FAIL", "INCONCLUSIVE") and doc["gates"], doc
+    return doc
+
+
+# The points of `infertool verify A --url URL --out OUT --junit J` (91 requests to the server): server:N the N-th
+# request asked and not yet answered (the test kills the process); write:1 verify.json whole in its temporary;
+# write:2 verify.json in place, the JUnit file whole in its temporary.
+VERIFY_POINTS = ["server:1", "server:45", "server:91", "write:1", "write:2"]
+
+
+@pytest.mark.parametrize("point", VERIFY_POINTS)
+def test_verify_killed_leaves_verify_json_absent_or_whole(folder, counted, point):
+    """`infertool verify` killed at ``point`` while a verify.json of an earlier verify is in --out: that one is
+    still there byte for byte (or, killed after its rename, the new one, whole); the published folder is
+    unchanged; the next verify into the same --out is not refused (a killed process holds no lock) and
+    writes a whole verify.json."""
+    from infertool.publish import fingerprint
+
+    tmp, home, pub, fp = folder
+    out = tmp / "out"
+    r = cli_in_process("verify", str(pub), "--url", counted, "--out", str(out))
+    assert r.returncode == 0, r.stdout + r.stderr
+    before = (out / "verify.json").read_bytes()
+    argv = ["verify", str(pub), "--url", counted, "--out", str(out), "--junit", str(tmp / "j.xml"), "--force"]
+    kind, n = point.split(":")
+    if kind == "server":
+        GATE.hold(int(n))
+        from tests.faults import child_env
+
+        proc = subprocess.Popen([sys.executable, "-m", "infertool", *argv], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True, env=child_env(home), cwd=tmp)
+        try:
+            assert GATE.seen(int(n), proc), (f"the server never saw request {n}", proc.poll(),
+                                             proc.poll() is not None and proc.communicate(timeout=60)[1][-2000:])
+            proc.kill()
+            assert proc.wait(timeout=60) == -9
+        finally:
+            GATE.release()
+    else:
+        r = infertool(home, *argv, fault=point)
+        assert killed(r), r.stderr[-2000:]
+    if point == "write:2":
+        assert _whole(out / "verify.json")["verdict"] == "PASS" and not (tmp / "j.xml").exists()
+    else:
+        assert (out / "verify.json").read_bytes() == before
+    assert fingerprint(pub) == fp
+    r = cli_in_process(*argv)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert _whole(out / "verify.json")["verdict"] == "PASS" and (tmp / "j.xml").is_file()
+
+
+def test_verify_killed_before_its_rename_writes_no_verify_json(folder, counted):
+    """Killed with verify.json whole in its temporary, into a new --out: no verify.json at all (never a part)."""
+    tmp, home, pub, fp = folder
+    r = infertool(home, "verify", str(pub), "--url", counted, "--out", str(tmp / "new"), fault="write:1")
+    assert killed(r) and not (tmp / "new" / "verify.json").exists(), r.stderr[-2000:]
