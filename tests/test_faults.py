@@ -170,3 +170,141 @@ def test_verify_killed_before_its_rename_writes_no_verify_json(folder, counted):
     tmp, home, pub, fp = folder
     r = infertool(home, "verify", str(pub), "--url", counted, "--out", str(tmp / "new"), fault="write:1")
     assert killed(r) and not (tmp / "new" / "verify.json").exists(), r.stderr[-2000:]
+
+
+# ------------------------------------------------------------------------------------------------ bisect
+FIRST_BAD = "0.26.0"  # over VERSIONS: tested 0.20.0, 0.28.0, 0.24.0, 0.26.0, 0.25.1 (found 0.26.0)
+# bisect-outcome:N the N-th outcome known, not yet saved; write:N bisect.json whole in its temporary at the N-th save
+BISECT_POINTS = ["bisect-outcome:1", "bisect-outcome:3", "bisect-outcome:5", "write:2", "write:4"]
+
+
+def _resume(state, calls: list[str], seen: list[dict]):
+    from infertool.verify.bisect import Outcome, bisect, version_key
+
+    def test(v: str) -> Outcome:
+        calls.append(v)
+        return Outcome("fail" if version_key(v) >= version_key(FIRST_BAD) else "pass", seconds=1.0)
+    return bisect(VERSIONS, test, state_path=state, key="faults", on_event=seen.append)
+
+
+@pytest.mark.parametrize("point", BISECT_POINTS)
+def test_bisect_killed_resumes_with_complete_results_only(tmp_path, point):
+    """A bisect killed at ``point``: bisect.json is absent or whole, and holds exactly the outcomes the bisect
+    reported as saved before the kill; one known but not saved (bisect-outcome:N) is not in it. The resumed
+    bisect says what it reuses, tests no saved version again, tests the unsaved one, and finds the change."""
+    from infertool.verify.bisect import BisectState
+
+    state = tmp_path / "b" / "bisect.json"
+    proc = bisect_child(tmp_path / "home", state, FIRST_BAD, fault=point)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == -9 and "INFERTOOL_FAULT: killed at" in err, (proc.returncode, err[-2000:])
+    reported = [e["version"] for e in events(out) if e["event"] == "bisect" and not e["cached"]]
+    tested = [e["version"] for e in events(out) if e["event"] == "testing"]
+    saved = BisectState.from_dict(json.loads(state.read_text())).outcomes if state.exists() else {}
+    kind, n = point.split(":")
+    if kind == "bisect-outcome":
+        assert sorted(saved) == sorted(reported) == sorted(tested[:int(n) - 1])  # the N-th: known, not saved
+    else:  # write:N: the N-th save whole in its temporary, not renamed: the state of the save before it
+        assert sorted(saved) == sorted(tested[:int(n) - 1]) and reported == tested[:int(n) - 1]
+    calls: list[str] = []
+    seen: list[dict] = []
+    r = _resume(state, calls, seen)
+    assert r.verdict == "found" and r.first_bad == FIRST_BAD and r.tests_run == len(calls)
+    assert not set(calls) & set(saved) and tested[len(saved)] in calls  # the unsaved one tested again
+    said = [e["message"] for e in seen if e.get("event") == "log"]
+    if saved:
+        assert any(f"resuming from {state}: {len(saved)} complete result" in m for m in said), said
+    assert {e["version"] for e in seen if e.get("event") == "bisect" and e["cached"]} == set(saved)
+
+
+def test_bisect_interrupted_by_ctrl_c_resumes(tmp_path):
+    """Ctrl-C (SIGINT) while the third release is being tested: the bisect stops (its two results saved, the
+    third not: it never finished); resumed, it reuses the two, says so, and tests the third again."""
+    from infertool.verify.bisect import BisectState
+
+    state = tmp_path / "b" / "bisect.json"
+    proc = bisect_child(tmp_path / "home", state, FIRST_BAD, pause_at="0.24.0", preexec_fn=default_sigint)
+    lines = Lines(proc, proc.stdout)
+    lines.until('"version": "0.24.0"', timeout_s=120)  # the test of 0.24.0 has begun (and waits)
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(timeout=60) != 0
+    assert "KeyboardInterrupt" in proc.stderr.read()
+    saved = BisectState.from_dict(json.loads(state.read_text())).outcomes
+    assert sorted(saved) == ["0.20.0", "0.28.0"] and saved["0.28.0"].status == "fail"
+    calls: list[str] = []
+    seen: list[dict] = []
+    r = _resume(state, calls, seen)
+    assert r.first_bad == FIRST_BAD and calls[0] == "0.24.0" and not {"0.20.0", "0.28.0"} & set(calls)
+    assert any("2 complete results reused (0.20.0, 0.28.0)" in e.get("message", "") for e in seen)
+
+
+def test_two_bisects_into_one_folder_the_second_is_refused(tmp_path):
+    """A second bisect writing the same state folder while the first runs is refused (exit 2's UsageError, naming
+    the folder), and the first's state is untouched by it."""
+    from infertool.errors import UsageError
+
+    state = tmp_path / "b" / "bisect.json"
+    proc = bisect_child(tmp_path / "home", state, FIRST_BAD, pause_at="0.24.0", preexec_fn=default_sigint)
+    lines = Lines(proc, proc.stdout)
+    try:
+        lines.until('"version": "0.24.0"', timeout_s=120)
+        before = state.read_bytes()
+        with pytest.raises(UsageError) as e:
+            _resume(state, [], [])
+        assert e.value.exit_code == 2 and str(state.parent) in e.value.message and "another" in e.value.message
+        assert state.read_bytes() == before
+    finally:
+        proc.kill()
+        proc.wait(timeout=60)
+
+
+# ------------------------------------------------------------------------------------------------ at once
+def _start_verify(home, tmp, pub, url, out):
+    from tests.faults import child_env
+
+    return subprocess.Popen([sys.executable, "-m", "infertool", "verify", str(pub), "--url", url, "--out", str(out),
+                             "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=child_env(home), cwd=tmp)
+
+
+def test_two_verifies_of_one_folder_into_two_outs_both_pass(folder, counted):
+    """Two verifies of one published folder at once (both mid-gathering: each has a request held by the server
+    before either goes on), each into its own --out: both PASS, each verify.json whole and its own, and the
+    folder is unchanged (they only read it)."""
+    from infertool.publish import fingerprint
+    from infertool.verify import evidence as E
+
+    tmp, home, pub, fp = folder
+    GATE.hold(1)
+    procs = [_start_verify(home, tmp, pub, counted, tmp / f"out{i}") for i in (1, 2)]
+    try:
+        assert GATE.seen(2, procs[0]) and procs[1].poll() is None
+    finally:
+        GATE.release()
+    for i, proc in enumerate(procs, 1):
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err[-2000:]
+        doc = _whole(tmp / f"out{i}" / "verify.json")
+        assert doc["verdict"] == "PASS" and doc["out_dir"] == str(tmp / f"out{i}") == json.loads(out)["out_dir"]
+    assert fingerprint(pub) == fp and E.read(pub / E.DIRNAME).index.model_fingerprint == fp
+
+
+def test_a_second_verify_into_the_same_out_is_refused_while_the_first_runs(folder, counted):
+    """Two verifies into one --out at once: the second is refused (exit 2, naming the folder and the other
+    verify) before it writes anything; the first, held mid-gathering meanwhile, then finishes and its verify.json
+    is whole."""
+    tmp, home, pub, fp = folder
+    out = tmp / "out"
+    GATE.hold(1)
+    first = _start_verify(home, tmp, pub, counted, out)
+    try:
+        assert GATE.seen(1, first)  # the first holds --out, its request held by the server
+        r = infertool(home, "verify", str(pub), "--url", counted, "--out", str(out))
+        assert r.returncode == 2 and "another infertool verify is writing into" in r.stderr, r.stderr[-2000:]
+        assert str(out) in " ".join(r.stderr.split()) and "Traceback" not in r.stderr
+        assert not (out / "verify.json").exists()
+    finally:
+        GATE.release()
+    stdout, err = first.communicate(timeout=300)
+    assert first.returncode == 0, err[-2000:]
+    assert _whole(out / "verify.json")["verdict"] == "PASS"
