@@ -308,3 +308,89 @@ def test_a_second_verify_into_the_same_out_is_refused_while_the_first_runs(folde
     stdout, err = first.communicate(timeout=300)
     assert first.returncode == 0, err[-2000:]
     assert _whole(out / "verify.json")["verdict"] == "PASS"
+
+
+# ------------------------------------------------------------------------------------------------ a full disk
+def _no_space_said(r, path) -> None:
+    """The error a full disk gives: the path, "No space left on device", a hint; no traceback, not exit 5."""
+    text = " ".join(r.stderr.split())
+    assert r.returncode in (2, 4) and "Traceback" not in r.stderr, (r.returncode, r.stderr[-2000:])
+    assert str(path) in text and "no space left" in text.lower() and "hint" in text.lower(), text[-2000:]
+
+
+@pytest.mark.parametrize("point", ["copy:3:enospc", "copy:6:enospc", "write:1:enospc", "write:2:enospc"])
+def test_publish_on_a_full_disk_says_so_and_leaves_the_previous_folder(two, point):
+    """The disk fills while publish copies the evidence (copy:3, the first of its files; copy:6, its index) or
+    writes the card (write:1 infertool.json, write:2 MODEL_CARD.md): exit 2 naming DEST and "No space left on
+    device" with a hint; a new DEST is not there, a previous one is still whole, no temporary folder is left."""
+    tmp, home, fps = two
+    r = infertool(home, "publish", str(tmp / "A"), str(tmp / "NEW"), fault=point)
+    _no_space_said(r, tmp / "NEW")
+    assert published_state(tmp / "NEW", fps) == "absent" and leftovers(tmp / "NEW") == []
+    dest = tmp / "DEST"
+    assert cli_in_process("publish", str(tmp / "B"), str(dest)).returncode == 0
+    r = infertool(home, "publish", str(tmp / "A"), str(dest), fault=point)
+    _no_space_said(r, dest)
+    assert published_state(dest, fps) == "B" and leftovers(dest) == []
+
+
+def test_verify_on_a_full_disk_says_so_and_writes_no_verify_json(folder, counted):
+    """The disk fills as verify writes verify.json: exit 4 naming the file and "No space left on device", a
+    hint; no verify.json and no temporary file of it in --out."""
+    tmp, home, pub, fp = folder
+    out = tmp / "out"
+    r = infertool(home, "verify", str(pub), "--url", counted, "--out", str(out), fault="write:1:enospc")
+    _no_space_said(r, out / "verify.json")
+    assert r.returncode == 4 and sorted(p.name for p in out.iterdir()) == []
+
+
+@pytest.fixture
+def tmpfs(tmp_path):
+    """mount(size) -> a fresh tmpfs of that many KiB (root only: skipped, said why, where mounting fails)."""
+    mounted = []
+
+    def mount(kib: int):
+        where = tmp_path / f"tmpfs{len(mounted)}"
+        where.mkdir()
+        r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={kib}k", "tmpfs", str(where)], capture_output=True,
+                           text=True, timeout=30)
+        if r.returncode != 0:
+            pytest.skip(f"a small tmpfs cannot be mounted here ({r.stderr.strip()[:200] or r.returncode}): the "
+                        "in-process ENOSPC variants cover the same writes")
+        mounted.append(where)
+        return where
+
+    yield mount
+    for where in mounted:
+        subprocess.run(["umount", "-l", str(where)], capture_output=True, timeout=30)
+
+
+def test_publish_onto_a_real_full_tmpfs(tmp_path, gathered, tmpfs):  # noqa: F811
+    """A real full disk: a tmpfs with room for the weights (publish checks that first) but not for the 2 MB of
+    evidence beside them. The copy of the evidence meets ENOSPC: exit 2 naming DEST and "No space left on
+    device", nothing at DEST, the temporary folder removed, the tmpfs empty again."""
+    home = tmp_path / "home"
+    home.mkdir()
+    make_published(tmp_path / "BIG", {**gathered, "lmeval.json": {"pad": "x" * 2_000_000}}, 3)
+    disk = tmpfs(1088)  # 1 MiB (publish's margin) + 64 KiB: the weights fit, the evidence does not
+    r = infertool(home, "publish", str(tmp_path / "BIG"), str(disk / "DEST"))
+    _no_space_said(r, disk / "DEST")
+    assert r.returncode == 2 and list(disk.iterdir()) == []
+
+
+def test_verify_onto_a_real_full_tmpfs(folder, counted, tmpfs):
+    """A real full disk under --out (a tmpfs filled to its last byte): exit 4 naming verify.json and "No space
+    left on device", no verify.json, no temporary file."""
+    tmp, home, pub, fp = folder
+    disk = tmpfs(256)
+    with open(disk / "filler", "wb") as f:
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    out = disk / "out"
+    r = infertool(home, "verify", str(pub), "--url", counted, "--out", str(out))
+    _no_space_said(r, out / "verify.json")
+    assert r.returncode == 4 and (not out.exists() or list(out.iterdir()) == [])
