@@ -242,7 +242,8 @@ def hold_dir(folder: str | Path) -> FolderHold | None:
     """Hold ``folder`` (there) for this process while it writes into it: FolderBusy when another process holds
     it. None when this process holds it already (a process does not refuse itself)."""
     folder = Path(folder)
-    held = FolderHold._held.get(str(folder.resolve()))
+    key = str(folder.resolve())
+    held = FolderHold._held[key] if key in FolderHold._held else None
     return None if held is not None and held.fd >= 0 else FolderHold(folder)
 
 

@@ -10,18 +10,20 @@ from __future__ import annotations
 import errno
 import os
 import signal
+from collections import Counter
 
-_FAULT = os.environ.get("INFERTOOL_FAULT", "").split(":")  # POINT[:N[:enospc]]: a test's fault, read once
-_FAULTS_MET: dict[str, int] = {}
+_FAULT = os.getenv("INFERTOOL_FAULT", "").split(":")  # POINT[:N[:enospc]]: a test's fault, read once
+_FAULTS_MET: Counter[str] = Counter()
 
 
-def fault(point: str, path: object = None) -> None:
+def fault(point: str, path: str | os.PathLike[str] | None = None) -> None:
     """A test's fault at ``point`` (write, copy, swap, swapped, or a name a caller gives): nothing unless
     ``INFERTOOL_FAULT`` names it; at its N-th meeting (default 1) the process kills itself (SIGKILL, said on
     stderr first) or, with ``:enospc``, raises OSError(ENOSPC) for ``path`` as a full disk would."""
     if _FAULT[0] != point:
         return
-    n = _FAULTS_MET[point] = _FAULTS_MET.get(point, 0) + 1
+    _FAULTS_MET[point] += 1
+    n = _FAULTS_MET[point]
     if str(n) != (_FAULT[1] if len(_FAULT) > 1 and _FAULT[1] else "1"):
         return
     if _FAULT[2:] == ["enospc"]:
