@@ -43,10 +43,10 @@ def leftovers(dest: Path) -> list[str]:
     return sorted(p.name for p in dest.parent.iterdir() if p.name.startswith(f".{dest.name}."))
 
 
-def make_published(folder: Path, docs: dict, weight_byte: int) -> str:
+def make_published(folder: Path, docs: dict, weight_byte: int, created: str = "2026-12-03T00:00:00+00:00") -> str:
     """A published folder as `infertool publish` leaves one: config.json, a weights file (4,096 bytes of
-    ``weight_byte``), its evidence (``docs``, sealed for these weights) and its card (infertool.json, MODEL_CARD.md).
-    Returns its fingerprint."""
+    ``weight_byte``), its evidence (``docs``, sealed for these weights at ``created``: another time, another
+    evidence fingerprint) and its card (infertool.json, MODEL_CARD.md). Returns its fingerprint."""
     from infertool.publish import fingerprint
     from infertool.publish.facts import CardFacts
     from infertool.publish.folder import write_card
@@ -56,7 +56,7 @@ def make_published(folder: Path, docs: dict, weight_byte: int) -> str:
     folder.mkdir(parents=True)
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "architectures": ["LlamaForCausalLM"]}))
     (folder / "model.safetensors").write_bytes(bytes([weight_byte]) * 4096)
-    write_evidence(folder, docs)
+    write_evidence(folder, docs, {"created": created})
     fp = fingerprint(folder)
     block = E.block_of(E.read(folder / E.DIRNAME).index)
     write_card(folder, CardFacts(verdict="PASS", fingerprint=fp, path=str(folder), evidence=block))

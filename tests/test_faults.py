@@ -88,6 +88,30 @@ def test_publish_killed_leaves_the_previous_folder_or_the_new_one_whole(two, poi
         assert published_state(fresh, fps) == "A" and leftovers(fresh) == []
 
 
+@pytest.mark.parametrize("point", ["swap:1", "write:1", "write:2", "swap:2", "swapped:1"])
+def test_publish_of_the_same_weights_killed_leaves_a_consistent_folder(two, gathered, point):  # noqa: F811
+    """`infertool publish A2 DEST` where DEST holds A (the same weights; A2's evidence was captured at another
+    time) killed at ``point``: the weights are not copied again, and DEST is still one folder, its card naming
+    the evidence beside it (A's, or A2's once swapped), never A2's evidence under A's card."""
+    from infertool.publish import FACTS
+    from infertool.verify import evidence as E
+
+    tmp, home, fps = two
+    make_published(tmp / "A2", gathered, 1, created="2026-12-05T00:00:00+00:00")
+    dest = tmp / "DEST"
+    assert cli_in_process("publish", str(tmp / "A"), str(dest)).returncode == 0
+    evs = {n: E.read(tmp / n / E.DIRNAME).fingerprint for n in ("A", "A2")}
+    assert evs["A"] != evs["A2"]
+    r = infertool(home, "publish", str(tmp / "A2"), str(dest), fault=point)
+    assert killed(r), r.stderr[-2000:]
+    assert published_state(dest, fps) == "A"  # its card and its evidence agree
+    now = json.loads((dest / FACTS).read_text())["evidence"]["fingerprint"]
+    assert now == (evs["A2"] if point == "swapped:1" else evs["A"])
+    assert cli_in_process("publish", str(tmp / "A2"), str(dest)).returncode == 0
+    assert published_state(dest, fps) == "A" and leftovers(dest) == []
+    assert json.loads((dest / FACTS).read_text())["evidence"]["fingerprint"] == evs["A2"]
+
+
 def test_a_temporary_folder_another_publish_is_building_is_kept(two):
     """The sweep removes only what a dead process left: a temporary folder still locked by a live one (here this
     test's own atomic_dir, mid-build) survives another publish of the same DEST beside it."""

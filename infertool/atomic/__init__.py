@@ -45,7 +45,7 @@ from infertool.atomic.paths import (NAME_MAX_BYTES, PATH_MAX_BYTES, SYSTEM_FOLDE
 
 __all__ = ["NAME_MAX_BYTES", "PATH_MAX_BYTES", "SYSTEM_FOLDERS", "FolderBusy", "FolderHold", "OutputPathError",
            "UnsafeRemoval", "atomic_dir", "atomic_path", "check_output_dir", "check_output_file", "copy_file",
-           "dumps_json", "fault", "file_kind", "hold_dir", "jsonable", "move_into_place", "name_refusal",
+           "dumps_json", "fault", "file_kind", "hold_dir", "jsonable", "link_file", "move_into_place", "name_refusal",
            "remove_inside", "replace_dir", "replace_refusal", "sweep", "write_bytes", "write_json", "write_text"]
 
 
@@ -299,6 +299,15 @@ def copy_file(src: str | Path, dest: str | Path, chunk: int = 8 * 1024 * 1024) -
         return copied
     finally:
         os.close(fd)
+
+
+def link_file(src: str | Path, dest: str | Path) -> None:
+    """``dest`` (new, in a folder ``atomic_dir`` builds) as another name of the regular file ``src`` in the same
+    file system (a hard link: no byte copied; a folder rebuilt around the files it holds), else a copy."""
+    try:
+        os.link(src, dest, follow_symlinks=False)
+    except OSError:
+        copy_file(src, dest)
 
 
 def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:

@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from infertool.atomic import (OutputPathError, atomic_dir, copy_file, name_refusal, remove_inside, replace_refusal,
-                              sweep, write_json, write_text)
+from infertool.atomic import (OutputPathError, atomic_dir, copy_file, link_file, name_refusal, remove_inside,
+                              replace_refusal, write_json, write_text)
 from infertool.errors import UsageError
 from infertool.publish.card import model_card
 from infertool.publish.checkpoint import (CARD, EVIDENCE, FACTS, check_room, check_source, checkpoint_files,
@@ -138,18 +138,16 @@ def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any], 
     card = facts if isinstance(facts, CardFacts) else CardFacts.read(facts)
     check_source(src)
     fp = fingerprint(src)
-    sweep(dest)  # what an interrupted publish to DEST left beside it (its temporary folder, unlocked)
-    if (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp:
-        ev = _evidence(evidence, dest / EVIDENCE, fp, no_evidence)  # already there (a re-run that reused quantize):
-        write_card(dest, card.copied(fp, str(dest), ev))  # the card says this run, the weights are not copied again
-        return Published(str(dest), fp, ev).to_dict()
+    # already there (a re-run that reused quantize): the weights are linked, not copied again, and the card says this run
+    there = (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp
     try:
-        check_room(src, dest)
+        if not there:
+            check_room(src, dest)
         with atomic_dir(dest) as tmp:
-            for f in checkpoint_files(src):  # a copy of what the fingerprint covers, holes kept: never a link into the cache
-                target = tmp / f.relative_to(src)
+            for f in checkpoint_files(dest if there else src):  # holes kept: never a link into the cache
+                target = tmp / f.relative_to(dest if there else src)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                copy_file(f, target)
+                (link_file if there else copy_file)(f, target)
             copied = fingerprint(tmp)
             if copied != fp:
                 raise UsageError(f"the copy of {src} differs from it (fingerprint {short(copied)} vs {short(fp)}): "
