@@ -31,9 +31,14 @@ class Counted(StandIn):
         super().do_POST()
 
 
+class Server(ThreadingHTTPServer):
+    request_queue_size = 256  # two verifies' parallel requests at once, none refused at the listen queue
+    daemon_threads = True
+
+
 @pytest.fixture(scope="module")
 def counted():
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Counted)
+    srv = Server(("127.0.0.1", 0), Counted)
     threading.Thread(target=srv.serve_forever, daemon=True).start()
     yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
     GATE.release()
@@ -152,8 +157,8 @@ VERIFY_POINTS = ["server:1", "server:45", "server:91", "write:1", "write:2"]
 def test_verify_killed_leaves_verify_json_absent_or_whole(folder, counted, point):
     """`infertool verify` killed at ``point`` while a verify.json of an earlier verify is in --out: that one is
     still there byte for byte (or, killed after its rename, the new one, whole); the published folder is
-    unchanged; the next verify into the same --out is not refused (a killed process holds no lock) and
-    writes a whole verify.json."""
+    unchanged; the next verify into the same --out is not refused (a killed process holds no lock), writes a
+    whole verify.json, and removes the temporary file the killed one left."""
     from infertool.publish import fingerprint
 
     tmp, home, pub, fp = folder
@@ -187,6 +192,7 @@ def test_verify_killed_leaves_verify_json_absent_or_whole(folder, counted, point
     r = cli_in_process(*argv)
     assert r.returncode == 0, r.stdout + r.stderr
     assert _whole(out / "verify.json")["verdict"] == "PASS" and (tmp / "j.xml").is_file()
+    assert [p.name for p in out.iterdir() if p.name.startswith(".")] == []  # the killed one's temporary swept
 
 
 def test_verify_killed_before_its_rename_writes_no_verify_json(folder, counted):

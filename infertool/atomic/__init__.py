@@ -63,13 +63,15 @@ def _file_mode(target: Path) -> int:
 def atomic_path(target: str | Path, *, suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary path in the target's folder to write to (by any library); renamed over ``target`` when the
     block ends without an exception, removed otherwise. ``suffix`` keeps a writer that picks its format by
-    the file's extension happy (``.png``)."""
+    the file's extension happy (``.png``). The temporary is locked (flock) until then: one a killed process
+    left is removed by the next write of ``target`` (``sweep``)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    sweep(target, suffix)
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
-    os.close(fd)
     tmp = Path(name)
     try:
+        _flock(fd)
         yield tmp
         fault("write", target)  # the temporary file whole, the target not yet replaced
         os.chmod(tmp, _file_mode(target))
@@ -77,6 +79,8 @@ def atomic_path(target: str | Path, *, suffix: str = ".tmp") -> Iterator[Path]:
     except BaseException:
         remove_inside(tmp, target.parent)
         raise
+    finally:
+        os.close(fd)
 
 
 def write_bytes(target: str | Path, data: bytes) -> Path:
@@ -247,11 +251,12 @@ def hold_dir(folder: str | Path) -> FolderHold | None:
     return None if held is not None and held.fd >= 0 else FolderHold(folder)
 
 
-def sweep(target: str | Path) -> None:
-    """Remove what an interrupted ``atomic_dir`` of ``target`` left beside it: its unlocked temporary (or moved
-    aside) directories. One another process is building is locked, and kept."""
+def sweep(target: str | Path, suffix: str = ".tmp") -> None:
+    """Remove what an interrupted write of ``target`` left beside it: the temporary files (``atomic_path``, of
+    ``suffix``) and folders (``atomic_dir``, and one moved aside) no process holds. One a live process is
+    writing is locked, and kept."""
     target = Path(target)
-    left = re.compile(re.escape(f".{target.name}.") + r"[0-9a-f]{8}\.(tmp|old)")
+    left = re.compile(re.escape(f".{target.name}.") + r"[a-z0-9_]{8}(\.tmp|\.old|" + re.escape(suffix) + ")")
     try:
         names = os.listdir(target.parent)
     except OSError:  # no folder yet: nothing left there
@@ -260,7 +265,7 @@ def sweep(target: str | Path) -> None:
         if not left.fullmatch(name):
             continue
         try:
-            fd = os.open(target.parent / name, os.O_RDONLY | os.O_NOFOLLOW)
+            fd = os.open(target.parent / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
         except OSError:
             continue
         try:
