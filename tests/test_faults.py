@@ -73,12 +73,8 @@ def test_publish_killed_leaves_the_previous_folder_or_the_new_one_whole(two, poi
     dest = tmp / "DEST"
     assert infertool(home, "publish", str(tmp / "B"), str(dest)).returncode == 0
     r = infertool(home, "publish", str(tmp / "A"), str(dest), fault=point)
-    if point == "swapped:1":
-        assert killed(r), (r.returncode, r.stderr[-2000:])
-        assert published_state(dest, fps) == "A"
-    else:
-        assert killed(r), (r.returncode, r.stderr[-2000:])
-        assert published_state(dest, fps) == "B"  # the previous folder, whole
+    assert killed(r), (r.returncode, r.stderr[-2000:])
+    assert published_state(dest, fps) == ("A" if point == "swapped:1" else "B")  # the new folder or the previous one, whole
     fresh = tmp / "NEW"
     if point != "swapped:1":  # a new DEST (no previous one: no swap to a previous folder to interrupt)
         r = infertool(home, "publish", str(tmp / "A"), str(fresh), fault=point)
