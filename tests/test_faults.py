@@ -450,3 +450,44 @@ def test_verify_bisect_killed_resumes_with_complete_results_only(folder, n, monk
     assert r.returncode == 1 and doc["first_bad"] == "0.31.0" and doc["tests_run"] == 4 - (n - 1), r.stdout + r.stderr
     reused = ", ".join(v for v in MODES if v in saved)
     assert f"{n - 1} complete result{'s' if n > 2 else ''} reused ({reused})" in " ".join(r.stderr.split()), r.stderr
+
+
+# ------------------------------------------------------------------------------------------------ the mechanisms
+def test_a_live_writers_temporary_file_is_kept_and_a_dead_ones_removed(tmp_path):
+    """atomic_path's temporary is locked while it is written: another process writing the same target leaves
+    it alone (and the last rename wins, whole); a temporary no process holds (a killed writer's) is removed by
+    the next write of that target, and nothing else beside it is."""
+    from infertool.atomic import atomic_path, write_json
+
+    target = tmp_path / "x.json"
+    stale = tmp_path / ".x.json.abcd1234.tmp"  # as a killed writer leaves it: no process holds it
+    stale.write_text("{half")
+    other = tmp_path / ".y.json.abcd1234.tmp"  # another target's: not this write's business
+    other.write_text("{")
+    with atomic_path(target) as tmp:
+        tmp.write_text('{"mine": 1}')
+        assert not stale.exists() and other.exists()
+        code = f"from infertool.atomic import write_json; write_json({str(target)!r}, {{'theirs': 1}})"
+        from tests.faults import child_env
+
+        r = subprocess.run([sys.executable, "-c", code], env=child_env(tmp_path), capture_output=True, text=True,
+                           timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert tmp.read_text() == '{"mine": 1}' and json.loads(target.read_text()) == {"theirs": 1}
+    assert json.loads(target.read_text()) == {"mine": 1} and other.exists()
+    write_json(target, {"again": 1})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".y.json.abcd1234.tmp", "x.json"]
+
+
+def test_replace_dir_without_an_exchange_still_replaces(tmp_path, monkeypatch):
+    """Where the file system cannot swap two folders in one step, replace_dir moves the old one aside, renames
+    the new one in and removes the old: the same result, with a moment where the target is missing."""
+    from infertool import atomic
+
+    dest = tmp_path / "d"
+    dest.mkdir()
+    (dest / "old").write_text("old")
+    monkeypatch.setattr(atomic, "_exchange", lambda a, b: False)
+    with atomic.atomic_dir(dest) as tmp:
+        (tmp / "new").write_text("new")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d"] and [p.name for p in dest.iterdir()] == ["new"]

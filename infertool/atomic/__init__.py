@@ -256,13 +256,14 @@ def sweep(target: str | Path, suffix: str = ".tmp") -> None:
     ``suffix``) and folders (``atomic_dir``, and one moved aside) no process holds. One a live process is
     writing is locked, and kept."""
     target = Path(target)
-    left = re.compile(re.escape(f".{target.name}.") + r"[a-z0-9_]{8}(\.tmp|\.old|" + re.escape(suffix) + ")")
+    prefix = f".{target.name}."
+    left = re.compile(re.escape(prefix) + r"[a-z0-9_]{8}(\.tmp|\.old|" + re.escape(suffix) + ")")
     try:
         names = os.listdir(target.parent)
     except OSError:  # no folder yet: nothing left there
         return
     for name in names:
-        if not left.fullmatch(name):
+        if not (name.startswith(prefix) and left.fullmatch(name)):
             continue
         try:
             fd = os.open(target.parent / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
