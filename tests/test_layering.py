@@ -233,7 +233,7 @@ def test_every_file_write_goes_through_atomic():
     atomic_path / atomic_dir / replace_dir / move_into_place), and JSON is written by its one writer."""
     bad = []
     for name, tree in _modules().items():
-        if name == "infertool.atomic":
+        if _unit(name) == "atomic":
             continue
         for node in ast.walk(tree):
             if isinstance(node, ast.Call):
@@ -278,7 +278,7 @@ def test_deletion_rule_catches_planted_examples() -> None:
 def test_every_deletion_goes_through_remove_inside() -> None:
     """Nothing outside a folder the caller owns is ever deleted: every deletion is atomic.remove_inside(target,
     inside), so no module but infertool.atomic removes a file or a folder itself."""
-    bad = [d for name, tree in _modules().items() if name != "infertool.atomic" for d in _deletions(name, tree)]
+    bad = [d for name, tree in _modules().items() if _unit(name) != "atomic" for d in _deletions(name, tree)]
     assert not bad, "deletions outside infertool.atomic (use atomic.remove_inside):\n" + "\n".join(bad)
 
 

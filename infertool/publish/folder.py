@@ -9,8 +9,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
-from infertool.atomic import (OutputPathError, atomic_dir, copy_file, name_refusal, remove_inside, replace_refusal,
-                              write_json, write_text)
+from infertool.atomic import (OutputPathError, atomic_dir, copy_file, link_file, name_refusal, remove_inside,
+                              replace_refusal, write_json, write_text)
 from infertool.errors import UsageError
 from infertool.publish.card import model_card
 from infertool.publish.checkpoint import (CARD, EVIDENCE, FACTS, check_room, check_source, checkpoint_files,
@@ -143,7 +143,7 @@ def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any], 
     ``sign_key`` (an EC private key file): the last step inside the temporary folder signs every file of it
     (``model.sig``, ``infertool.signing``), the provenance included. Returns the ``Published`` record as the
     manifest and published.json keep it: {path, fingerprint, evidence, signature}."""
-    from infertool.signing import remove_signature, sign_folder, signature_of
+    from infertool.signing import sign_folder, signature_of
 
     src = Path(src)
     card = facts if isinstance(facts, CardFacts) else CardFacts.read(facts)
@@ -151,21 +151,16 @@ def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any], 
     check_source(src)
     sig = signature_of(sign_key) if sign_key else None  # the key refused before a byte is copied
     fp = fingerprint(src)
-    if (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp:
-        remove_signature(dest)  # the folder changes below: no stale signature is left over it
-        ev = _evidence(evidence, dest / EVIDENCE, fp, no_evidence)  # already there (a re-run that reused quantize):
-        write_card(dest, card.copied(fp, str(dest), ev, sig))  # the card says this run, the weights are not copied again
-        write_provenance(dest, built, ev)
-        if sign_key:
-            sign_folder(dest, sign_key)
-        return Published(str(dest), fp, ev, signature=sig).to_dict()
+    # already there (a re-run that reused quantize): the weights are linked, not copied again, and the card says this run
+    there = (dest / "config.json").is_file() and not dest.is_symlink() and fingerprint(dest) == fp
     try:
-        check_room(src, dest)
+        if not there:
+            check_room(src, dest)
         with atomic_dir(dest) as tmp:
-            for f in checkpoint_files(src):  # a copy of what the fingerprint covers, holes kept: never a link into the cache
-                target = tmp / f.relative_to(src)
+            for f in checkpoint_files(dest if there else src):  # holes kept: never a link into the cache
+                target = tmp / f.relative_to(dest if there else src)
                 target.parent.mkdir(parents=True, exist_ok=True)
-                copy_file(f, target)
+                (link_file if there else copy_file)(f, target)
             copied = fingerprint(tmp)
             if copied != fp:
                 raise UsageError(f"the copy of {src} differs from it (fingerprint {short(copied)} vs {short(fp)}): "
@@ -176,6 +171,13 @@ def publish_dir(src: str | Path, dest: Path, facts: CardFacts | dict[str, Any], 
             if sign_key:  # the very last step: every file above is signed
                 sign_folder(tmp, sign_key)
     except OSError as e:
+        import errno
+
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # a full disk: the work failed (exit 4), as everywhere else
+            from infertool.errors import RuntimeFailure
+
+            raise RuntimeFailure(f"cannot publish to {dest}: {e.strerror or e}",
+                                 hint="free space there, or publish to a folder with room for the weights") from None
         raise UsageError(f"cannot publish to {dest}: {e.strerror or e}", hint="a writable folder with room for the weights") from None
     return Published(str(dest), fp, ev, signature=sig).to_dict()
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from infertool import inputs
-from infertool.atomic import write_json
+from infertool.atomic import fault, write_json
 from infertool.envs.specs import VERSION, check_release, known_packages
 from infertool.errors import EXIT_BACKEND, BackendError, InfertoolError, UsageError
 from infertool.records import Record
@@ -259,7 +259,16 @@ def bisect(versions: list[str], test: Callable[[str], Outcome], *, state_path: s
         raise UsageError("--bisect: no version to test")
     emit: EventCallback = on_event or (lambda ev: None)
     state_file = Path(state_path)
-    done = _load_state(state_file, key, emit)
+    state_file.parent.mkdir(parents=True, exist_ok=True)
+    from infertool.verify.hold import hold_out
+
+    held = hold_out(state_file.parent, "verify --bisect")  # one bisect writes this state at a time, until it returns
+    done = {v: o for v, o in _load_state(state_file, key, emit).items() if v in versions}
+    if done:
+        emit({"event": "log", "level": "info", "message": (
+            f"resuming from {state_file}: {len(done)} complete result{'s' if len(done) != 1 else ''} reused "
+            f"({', '.join(v for v in versions if v in done)}); a version stopped before its result was saved is "
+            "tested again")})
     ran = 0
 
     def outcome(i: int) -> Outcome:
@@ -280,6 +289,7 @@ def bisect(versions: list[str], test: Callable[[str], Outcome], *, state_path: s
             raise TypeError(f"the bisect test returned {type(got).__name__}, not an Outcome")
         if not got.seconds:
             got.seconds = round(time.monotonic() - t0, 1)
+        fault("bisect-outcome", v)  # known, not yet saved: a resumed bisect tests it again
         done[v] = got
         ran += 1
         _save_state(state_file, key, versions, done)

@@ -698,6 +698,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     """Serve (or reach ``--url``), gather, score, write verify.json into ``p.out_dir``; never prints."""
     from infertool.atomic import check_output_dir, write_json
     from infertool.verify.gather import Gathered, gather
+    from infertool.verify.hold import hold_out
     from infertool.verify.score import score
 
     ctx = ctx or RunContext()
@@ -705,6 +706,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     ev = p.evidence
     out_dir = check_output_dir(ctx.out_dir or p.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    held = hold_out(out_dir, "verify")  # a second verify into this folder at once is refused, not interleaved
     prompts_src, raw_decode = _check_decode(ev)
     recorded = DecodeRaw.from_dict(raw_decode)
     spec = _decode_spec(recorded, p.near_tie_logprob)
@@ -769,7 +771,16 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         confidence=p.accept.confidence, allow_inconclusive=p.allow_inconclusive,
         timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
         notes=list(p.notes), signature=p.signature, provenance=p.provenance)
-    write_json(out_dir / RESULT_FILE, result.to_dict())
+    try:
+        write_json(out_dir / RESULT_FILE, result.to_dict())
+    except OSError as e:  # a full disk, a folder made read-only meanwhile: said, never a half-written verify.json
+        from infertool.errors import RuntimeFailure
+
+        raise RuntimeFailure(f"cannot write {out_dir / RESULT_FILE}: {e.strerror or e}",
+                             hint="free space there (or give another --out) and verify again") from None
+    finally:
+        if held is not None:
+            held.release()
     return result
 
 

@@ -5,16 +5,16 @@ renamed over it. A leaf (standard library only).
   library writes to (a plot, a safetensors file), renamed when the block ends without an exception;
 - ``write_json`` is the one JSON writer (and ``dumps_json`` the one serializer, used for stdout too): a float
   that is not finite becomes null, so no file holds the non-JSON ``NaN`` / ``Infinity``;
-- ``atomic_dir``: a directory built in a temporary sibling and renamed into place when complete;
-  ``replace_dir`` / ``move_into_place``: the renames themselves;
+- ``atomic_dir``: a directory built in a temporary sibling and renamed into place when complete (one an
+  interrupted process left there is removed by the next); ``replace_dir`` / ``move_into_place``: the renames
+  themselves (an existing folder swapped in one step where Linux can: never missing);
 - ``remove_inside``: every deletion; nothing outside the folder a caller owns (INFERTOOL_HOME, or a path the
   user named) is ever removed;
 - ``copy_file``: a regular file copied into a folder being built (``atomic_dir``), its holes kept as holes;
-- ``name_refusal``: why a path a user named cannot be a file name (a control character, a component over 255
-  bytes), checked before any work rather than met as ENAMETOOLONG;
-- ``check_output_file``: a file path a user named for a command to write (``--out FILE``, DEST), checked before
-  any work: never empty, never a directory, a link, a device or a fifo (a rename over one replaces it: as root,
-  ``--out /dev/null --force`` would put a regular file where /dev/null was), never under /proc, /sys or /dev.
+- ``name_refusal``, ``check_output_file``, ``check_output_dir``, ``replace_refusal`` (``atomic.paths``): the
+  paths a user names to write, checked before any work;
+- ``fault`` (``atomic.faults``): the test-only fault hook (``INFERTOOL_FAULT``, docs/development.md "Faults"):
+  one string comparison when unset.
 
 A reader never sees half a file or half a directory, and an interrupted write leaves the old one (or nothing)
 in place. tests/test_layering.py fails on an ``os.replace``, and on a deletion (``shutil.rmtree``, ``os.remove``,
@@ -29,16 +29,24 @@ import errno
 import json
 import math
 import os
+import re
 import shutil
 import stat
 import tempfile
 import uuid
+import weakref
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-__all__ = ["OutputPathError", "UnsafeRemoval", "atomic_dir", "check_output_dir", "check_output_file", "copy_file", "file_kind", "atomic_path", "dumps_json", "jsonable", "move_into_place", "name_refusal",
-           "remove_inside", "replace_dir", "write_bytes", "write_json", "write_text"]
+from infertool.atomic.faults import fault
+from infertool.atomic.paths import (NAME_MAX_BYTES, PATH_MAX_BYTES, SYSTEM_FOLDERS, OutputPathError, check_output_dir,
+                                    check_output_file, file_kind, name_refusal, replace_refusal)
+
+__all__ = ["NAME_MAX_BYTES", "PATH_MAX_BYTES", "SYSTEM_FOLDERS", "FolderBusy", "FolderHold", "OutputPathError",
+           "UnsafeRemoval", "atomic_dir", "atomic_path", "check_output_dir", "check_output_file", "copy_file",
+           "dumps_json", "fault", "file_kind", "hold_dir", "jsonable", "link_file", "move_into_place", "name_refusal",
+           "remove_inside", "replace_dir", "replace_refusal", "sweep", "write_bytes", "write_json", "write_text"]
 
 
 def _file_mode(target: Path) -> int:
@@ -55,19 +63,24 @@ def _file_mode(target: Path) -> int:
 def atomic_path(target: str | Path, *, suffix: str = ".tmp") -> Iterator[Path]:
     """A temporary path in the target's folder to write to (by any library); renamed over ``target`` when the
     block ends without an exception, removed otherwise. ``suffix`` keeps a writer that picks its format by
-    the file's extension happy (``.png``)."""
+    the file's extension happy (``.png``). The temporary is locked (flock) until then: one a killed process
+    left is removed by the next write of ``target`` (``sweep``)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    sweep(target, suffix)
     fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=suffix, dir=target.parent)
-    os.close(fd)
     tmp = Path(name)
     try:
+        _flock(fd)
         yield tmp
+        fault("write", target)  # the temporary file whole, the target not yet replaced
         os.chmod(tmp, _file_mode(target))
         os.replace(tmp, target)
     except BaseException:
         remove_inside(tmp, target.parent)
         raise
+    finally:
+        os.close(fd)
 
 
 def write_bytes(target: str | Path, data: bytes) -> Path:
@@ -133,35 +146,134 @@ def move_into_place(src: str | Path, dest: str | Path, *, replace: bool = True) 
 
 def replace_dir(tmp: str | Path, dest: str | Path) -> None:
     """Rename the complete directory ``tmp`` to ``dest``; an existing ``dest`` (a directory, a file or a link) is
-    moved aside first and then removed (inside ``dest``'s folder only; a link is unlinked, never followed)."""
+    swapped with ``tmp`` in one step where the file system can (Linux's RENAME_EXCHANGE: ``dest`` is never
+    missing), else moved aside first; then removed (inside ``dest``'s folder only; a link is unlinked)."""
     tmp, dest = Path(tmp), Path(dest)
+    fault("swap", dest)
     if not (dest.exists() or dest.is_symlink()):
         os.replace(tmp, dest)
         return
-    old = dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
-    os.replace(dest, old)
-    os.replace(tmp, dest)
+    old = tmp if _exchange(tmp, dest) else dest.parent / f".{dest.name}.{uuid.uuid4().hex[:8]}.old"
+    if old != tmp:
+        os.replace(dest, old)
+        os.replace(tmp, dest)
+    fault("swapped", dest)
     try:
         remove_inside(old, dest.parent)
     except OSError:
         pass
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two entries of one file system in one step (renameat2 RENAME_EXCHANGE); False where it cannot."""
+    import ctypes
+
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):  # not Linux's C library
+        return False
+    if fn(-100, os.fsencode(a), -100, os.fsencode(b), 2) == 0:  # AT_FDCWD, RENAME_EXCHANGE
+        return True
+    code = ctypes.get_errno()
+    if code in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):  # a file system without it: two renames instead
+        return False
+    raise OSError(code, os.strerror(code), str(a), None, str(b))
+
+
 @contextmanager
 def atomic_dir(target: str | Path, *, replace: bool = True) -> Iterator[Path]:
     """A temporary directory beside ``target`` to build it in; renamed to ``target`` when the block ends without
-    an exception (an existing one replaced, unless ``replace=False``: then FileExistsError), removed otherwise."""
+    an exception (an existing one replaced, unless ``replace=False``: then FileExistsError), removed otherwise.
+    The temporary directory is locked (flock) while it is built: one a killed process left beside ``target`` is
+    unlocked, and the next ``atomic_dir`` of ``target`` removes it (``sweep``)."""
     target = Path(target)
     target.parent.mkdir(parents=True, exist_ok=True)
+    sweep(target)
     tmp = target.parent / f".{target.name}.{uuid.uuid4().hex[:8]}.tmp"
     tmp.mkdir()
+    held = os.open(tmp, os.O_RDONLY)
     try:
+        _flock(held)
         yield tmp
         if target.exists() and not replace:
             raise FileExistsError(f"{target} already exists")
         replace_dir(tmp, target)
     finally:
         remove_inside(tmp, target.parent, ignore_errors=True)
+        os.close(held)
+
+
+def _flock(fd: int) -> bool:
+    """An exclusive lock on ``fd`` (held until it is closed, or its process ends) if no one holds one."""
+    import fcntl
+
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except BlockingIOError:
+        return False
+
+
+class FolderBusy(OSError):
+    """Another process holds the folder (``hold_dir``)."""
+
+
+class FolderHold:
+    """An exclusive hold on a folder (flock on its descriptor), ended by ``release``, by garbage collection, or
+    by the end of the process, a killed one too: a hold is never left behind."""
+
+    _held: weakref.WeakValueDictionary[str, FolderHold] = weakref.WeakValueDictionary()
+
+    def __init__(self, folder: Path) -> None:
+        self.key = str(folder.resolve())
+        self.fd = os.open(folder, os.O_RDONLY)
+        if not _flock(self.fd):
+            os.close(self.fd)
+            self.fd = -1
+            raise FolderBusy(errno.EBUSY, "another process is writing into it", str(folder))
+        FolderHold._held[self.key] = self
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __del__(self) -> None:
+        self.release()
+
+
+def hold_dir(folder: str | Path) -> FolderHold | None:
+    """Hold ``folder`` (there) for this process while it writes into it: FolderBusy when another process holds
+    it. None when this process holds it already (a process does not refuse itself)."""
+    folder = Path(folder)
+    key = str(folder.resolve())
+    held = FolderHold._held[key] if key in FolderHold._held else None
+    return None if held is not None and held.fd >= 0 else FolderHold(folder)
+
+
+def sweep(target: str | Path, suffix: str = ".tmp") -> None:
+    """Remove what an interrupted write of ``target`` left beside it: the temporary files (``atomic_path``, of
+    ``suffix``) and folders (``atomic_dir``, and one moved aside) no process holds. One a live process is
+    writing is locked, and kept."""
+    target = Path(target)
+    prefix = f".{target.name}."
+    left = re.compile(re.escape(prefix) + r"[a-z0-9_]{8}(\.tmp|\.old|" + re.escape(suffix) + ")")
+    try:
+        names = os.listdir(target.parent)
+    except OSError:  # no folder yet: nothing left there
+        return
+    for name in names:
+        if not (name.startswith(prefix) and left.fullmatch(name)):
+            continue
+        try:
+            fd = os.open(target.parent / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        except OSError:
+            continue
+        try:
+            if _flock(fd):
+                remove_inside(target.parent / name, target.parent, ignore_errors=True)
+        finally:
+            os.close(fd)
 
 
 def copy_file(src: str | Path, dest: str | Path, chunk: int = 8 * 1024 * 1024) -> int:
@@ -184,6 +296,7 @@ def copy_file(src: str | Path, dest: str | Path, chunk: int = 8 * 1024 * 1024) -
                     if not block:  # the file shrank while being copied: the fingerprint check after the copy says so
                         break
                     os.pwrite(out, block, pos)
+                    fault("copy", dest)  # a file partly copied
                     pos += len(block)
                     copied += len(block)
             os.ftruncate(out, size)  # the holes (a trailing one too): no blocks
@@ -192,6 +305,15 @@ def copy_file(src: str | Path, dest: str | Path, chunk: int = 8 * 1024 * 1024) -
         return copied
     finally:
         os.close(fd)
+
+
+def link_file(src: str | Path, dest: str | Path) -> None:
+    """``dest`` (new, in a folder ``atomic_dir`` builds) as another name of the regular file ``src`` in the same
+    file system (a hard link: no byte copied; a folder rebuilt around the files it holds), else a copy."""
+    try:
+        os.link(src, dest, follow_symlinks=False)
+    except OSError:
+        copy_file(src, dest)
 
 
 def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
@@ -213,28 +335,6 @@ def _data_extents(fd: int, size: int) -> Iterator[tuple[int, int]]:
         end = os.lseek(fd, start, os.SEEK_HOLE)
         yield start, min(end, size)
         pos = end
-
-
-NAME_MAX_BYTES = 255  # one component of a path (Linux, macOS)
-PATH_MAX_BYTES = 4095
-
-
-def name_refusal(text: str) -> str | None:
-    """Why ``text`` cannot name a file or folder to write (None: it can): a control or format character (a
-    newline, ESC, a bidi override), a component over 255 bytes, or a path over 4095 bytes."""
-    import unicodedata
-
-    bad = next((ch for ch in text if unicodedata.category(ch) in ("Cc", "Cf", "Cs")), None)
-    if bad is not None:
-        return f"its name holds the control character {ascii(bad)[1:-1]}: name it in printable characters"
-    raw = os.fsencode(text)
-    if len(raw) > PATH_MAX_BYTES:
-        return f"the path is {len(raw):,} bytes long, over the {PATH_MAX_BYTES:,} a path may have"
-    long = next((part for part in raw.split(b"/") if len(part) > NAME_MAX_BYTES), None)
-    if long is not None:
-        return (f"a part of it is {len(long):,} bytes long ({os.fsdecode(long[:24])!r}...), over the {NAME_MAX_BYTES} "
-                "a file name may have")
-    return None
 
 
 class UnsafeRemoval(ValueError):
@@ -267,105 +367,3 @@ def remove_inside(target: str | Path, inside: str | Path, *, ignore_errors: bool
         return False
     shutil.rmtree(real, ignore_errors=ignore_errors)  # does not follow symlinks inside the tree
     return True
-
-
-class OutputPathError(ValueError):
-    """A path a user named to write to that is refused before any work: the message, and a hint."""
-
-    def __init__(self, message: str, hint: str | None = None):
-        super().__init__(message)
-        self.hint = hint
-
-
-SYSTEM_FOLDERS = ("/proc", "/sys", "/dev")
-
-
-def file_kind(mode: int) -> str:
-    """What an ``os.stat`` mode is, for people: "a directory", "a fifo", ..."""
-    for test, name in ((stat.S_ISREG, "a regular file"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"),
-                       (stat.S_ISFIFO, "a fifo"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device")):
-        if test(mode):
-            return name
-    return "not a regular file"
-
-
-def replace_refusal(dest: str | Path, marker: str = "config.json") -> str | None:
-    """Why ``--force`` may not replace the existing ``dest`` (None: it may): only an empty folder or one that holds
-    ``marker`` (a model folder) is replaced; never a link, a file, the current folder or one above it, the home
-    folder or the root. A typo in a destination, or a recipe's output path, must not cost a folder that never
-    held what infertool writes there."""
-    dest = Path(dest).expanduser()
-    if dest.is_symlink() or not dest.is_dir():
-        return f"{dest} is {'a symbolic link' if dest.is_symlink() else 'not a folder'}: --force replaces a folder infertool wrote"
-    real = dest.resolve()
-    cwd, home = Path.cwd().resolve(), Path.home().resolve()
-    if real == Path(real.anchor) or real == home or real == cwd or real in cwd.parents:
-        return (f"--force would replace {dest} ({real}): the current folder, one above it, the home folder or the "
-                "root")
-    if any(real.iterdir()) and not (real / marker).is_file():
-        return f"{dest} is not empty and holds no {marker}: --force replaces a model folder, not this"
-    return None
-
-
-def check_output_file(path: str | Path, *, create_parents: bool = False) -> Path:
-    """``path`` as the file a command may write (whole, by a rename over it): refused (OutputPathError) when it is
-    empty, an existing directory, link, fifo, socket or device, under a system folder (/proc, /sys, /dev), or in a
-    folder that does not exist (``create_parents``: the command creates it; its nearest existing folder is checked).
-    Whether an existing regular file may be replaced (--force) is the caller's rule."""
-    text = str(path)
-    if not text.strip():
-        raise OutputPathError("an empty path: nothing to write to", hint="name the file to write, e.g. ./recipe.yaml")
-    p = Path(text).expanduser()
-    try:
-        st = os.lstat(p)
-    except (FileNotFoundError, NotADirectoryError):  # its folder is checked below
-        st = None
-    except OSError as e:
-        raise OutputPathError(f"cannot write {text!r}: {e.strerror or e}") from None
-    if st is not None and not stat.S_ISREG(st.st_mode):
-        what = file_kind(st.st_mode)
-        hint = ("give a file path, or a folder ending in '/' where a command copies into one" if stat.S_ISDIR(st.st_mode)
-                else "infertool writes a new file and renames it over the old one, which would replace this "
-                     f"{what.split(' ', 1)[1]}, not write into it; give a regular file's path")
-        raise OutputPathError(f"cannot write {text!r}: it is {what}", hint=hint)
-    _check_folder(text, p.parent, create_parents)
-    return p
-
-
-def _check_folder(text: str, parent: Path, create_parents: bool) -> None:
-    """The folder an output goes into: there (or, ``create_parents``, its nearest existing folder), a folder, and
-    not under a system folder."""
-    while create_parents and not os.path.lexists(parent) and parent != parent.parent:
-        parent = parent.parent
-    try:
-        real_parent = parent.resolve(strict=True)
-    except (OSError, RuntimeError):
-        raise OutputPathError(f"cannot write {text!r}: folder {str(parent)!r} does not exist",
-                              hint="create the folder first") from None
-    if not real_parent.is_dir():
-        raise OutputPathError(f"cannot write {text!r}: {str(parent)!r} is not a folder")
-    if any(real_parent == Path(s) or Path(s) in real_parent.parents for s in SYSTEM_FOLDERS):
-        raise OutputPathError(f"cannot write {text!r}: it is under {real_parent}, a system folder, not a place for files",
-                              hint="name a file in a folder of yours (to see the text, use - where the command offers it)")
-
-
-def check_output_dir(path: str | Path) -> Path:
-    """``path`` as a folder a command writes files into (created with its parents when missing): refused
-    (OutputPathError) when it is empty, exists and is not a folder (a link to a folder is one), or is under a system
-    folder (/proc, /sys, /dev), or when its nearest existing parent is not a folder."""
-    text = str(path)
-    if not text.strip():
-        raise OutputPathError("an empty path: no folder to write into", hint="name the folder, e.g. ./out")
-    p = Path(text).expanduser()
-    try:
-        st = os.stat(p)
-    except (FileNotFoundError, NotADirectoryError):
-        st = None
-    except OSError as e:
-        raise OutputPathError(f"cannot write into {text!r}: {e.strerror or e}") from None
-    if st is not None and not stat.S_ISDIR(st.st_mode):
-        raise OutputPathError(f"cannot write into {text!r}: it is {file_kind(st.st_mode)}, not a folder",
-                              hint="give a folder (created when missing)")
-    _check_folder(text, p / "_", True)
-    return p
