@@ -7,6 +7,7 @@ requests), never from a sleep. The stand-in server (tests/test_verify.py) answer
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -359,6 +360,27 @@ def test_publish_on_a_full_disk_says_so_and_leaves_the_previous_folder(two, poin
     r = infertool(home, "publish", str(tmp / "A"), str(dest), fault=point)
     _no_space_said(r, dest)
     assert published_state(dest, fps) == "B" and leftovers(dest) == []
+
+
+@pytest.mark.parametrize("point", ["sign:1", "sign:1:enospc"])
+def test_publish_stopped_while_signing_leaves_no_signed_folder(two, point):
+    """publish --sign-key killed (or out of space) with the signature whole beside the temporary folder, not yet in
+    it: no DEST (so no folder that verifies), and the next signed publish sweeps what was left (the temporary
+    folder and the signature beside it) and gives a folder whose signature is valid."""
+    from infertool.signing import check_folder, new_key_pair
+
+    tmp, home, fps = two
+    keys = new_key_pair(tmp / "keys")
+    dest = tmp / "NEW"
+    r = infertool(home, "publish", str(tmp / "A"), str(dest), "--sign-key", keys.private_key, fault=point)
+    if point.endswith("enospc"):
+        _no_space_said(r, dest)
+    else:
+        assert killed(r), r.stderr[-2000:]
+    assert published_state(dest, fps) == "absent"
+    assert cli_in_process("publish", str(tmp / "A"), str(dest), "--sign-key", keys.private_key).returncode == 0
+    assert published_state(dest, fps) == "A" and check_folder(dest, [keys.public_key]).status == "valid"
+    assert [n for n in os.listdir(tmp) if n.startswith(".")] == []  # no temporary folder or signature left
 
 
 def test_verify_on_a_full_disk_says_so_and_writes_no_verify_json(folder, counted):

@@ -107,10 +107,11 @@ def sign_folder(folder: str | Path, key: str | Path) -> Signature:
     written whole (beside the folder first, then renamed in). The key goes nowhere else."""
     from model_signing import signing
 
-    from infertool.atomic import move_into_place, remove_inside
+    from infertool.atomic import fault, move_into_place, remove_inside
 
     root = Path(folder)
     fp = key_fingerprint(private_key(key))  # refused here, clearly, before model-signing reads it
+    _sweep_signatures(root.parent)
     fd, name = tempfile.mkstemp(prefix=f".{root.name}.", suffix=".sig", dir=root.parent)
     os.close(fd)
     try:
@@ -122,10 +123,31 @@ def sign_folder(folder: str | Path, key: str | Path) -> Signature:
         except Exception as e:  # noqa: BLE001 - model-signing's own errors (a link in the folder, ...): said
             raise RuntimeFailure(f"cannot sign {root}: {type(e).__name__}: {str(e)[:300]}",
                                  hint="a published folder holds regular files only") from None
+        fault("sign", name)  # a test's fault: the signature whole beside the folder, not yet moved into it
         move_into_place(name, root / SIGNATURE_FILE)
     finally:
         remove_inside(name, root.parent, ignore_errors=True)
     return Signature(SIGNATURE_FILE, fp)
+
+
+def _sweep_signatures(parent: Path) -> None:
+    """Remove the temporary signatures a killed publish left beside the temporary folder it was signing
+    (``..<DEST>.<8>.tmp.<8>.sig``): those whose folder is gone (``atomic.sweep`` removed it: no live process held
+    it). One a live publish is writing has its folder still there, and is kept."""
+    import re
+
+    left = re.compile(r"(\.[^/]+\.tmp)\.[a-z0-9_]{8}\.sig")
+    try:
+        names = os.listdir(parent)
+    except OSError:
+        return
+    for name in names:
+        m = left.fullmatch(name)
+        if m and not os.path.lexists(parent / m.group(1)):
+            try:
+                os.unlink(parent / name)
+            except OSError:
+                pass
 
 
 def signature_of(key: str | Path) -> Signature:
