@@ -63,7 +63,7 @@ class TaskSandbox(ImmutableSandboxedEnvironment):
     def unsafe_undefined(self, obj: Any, attribute: str) -> Any:  # Any: whatever the template reached
         raise self.refuse(f"access to attribute {attribute!r} of a {type(obj).__name__!r} object is unsafe")
 
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 - as Jinja's
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # Any: Jinja's own signature  # noqa: N805
         if not __self.is_safe_callable(__obj):
             raise __self.refuse(f"{__obj!r:.80} is not safely callable")
         return super().call(__context, __obj, *args, **kwargs)

@@ -182,8 +182,8 @@ def run_facts(run_dir: Path, manifest: RunManifest) -> BuildFacts:
         if summary is not None else VerdictAnnotations(absent="the run recorded no eval"))
 
 
-def tune_facts(name: str, source: str | None, label: str | None, recipe_data: dict[str, Any], run_id: str,
-               inputs: dict[str, Any] | None, verdict: str | None, reason: str | None,
+def tune_facts(name: str, source: str | None, label: str | None, recipe_data: dict[str, Any], run_id: str,  # Any: JSON
+               inputs: dict[str, Any] | None, verdict: str | None, reason: str | None,  # Any: JSON values
                gates: list[Any] | None) -> BuildFacts:  # Any: JSON values; Gate records
     """A tune's winner's build facts: the trial's recipe, the tune's input fingerprints, the environments set up
     here (the tune's own), the trial's id, its accuracy verdict."""

@@ -136,6 +136,8 @@ def _sweep_signatures(parent: Path) -> None:
     it). One a live publish is writing has its folder still there, and is kept."""
     import re
 
+    from infertool.atomic import remove_inside
+
     left = re.compile(r"(\.[^/]+\.tmp)\.[a-z0-9_]{8}\.sig")
     try:
         names = os.listdir(parent)
@@ -144,10 +146,7 @@ def _sweep_signatures(parent: Path) -> None:
     for name in names:
         m = left.fullmatch(name)
         if m and not os.path.lexists(parent / m.group(1)):
-            try:
-                os.unlink(parent / name)
-            except OSError:
-                pass
+            remove_inside(parent / name, parent, ignore_errors=True)
 
 
 def signature_of(key: str | Path) -> Signature:
