@@ -67,6 +67,7 @@ def test_publish_signs_every_file_and_records_only_the_public_fingerprint(shippe
     assert facts["signature"]["key_fingerprint"] == keys["ours"].fingerprint
     check = signing.check_folder(folder, [keys["ours"].public_key])
     assert check.status == "valid", check
+    assert (folder / "model.sig").stat().st_mode & 0o777 == 0o644  # readable by whoever checks it, like the rest
     statement = signing.check._statement(signing.check._Bundle.from_dict(json.loads((folder / "model.sig").read_text())))
     signed = {r.name for r in statement.predicate.resources}
     on_disk = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()} - {"model.sig"}

@@ -123,6 +123,7 @@ def sign_folder(folder: str | Path, key: str | Path) -> Signature:
         except Exception as e:  # noqa: BLE001 - model-signing's own errors (a link in the folder, ...): said
             raise RuntimeFailure(f"cannot sign {root}: {type(e).__name__}: {str(e)[:300]}",
                                  hint="a published folder holds regular files only") from None
+        os.chmod(name, 0o644)  # published like the files it signs (mkstemp made it 0600): anyone may check it
         fault("sign", name)  # a test's fault: the signature whole beside the folder, not yet moved into it
         move_into_place(name, root / SIGNATURE_FILE)
     finally:
