@@ -251,3 +251,42 @@ def test_run_signs_what_it_publishes_and_refuses_a_bad_key_before_any_work(setup
     run_cli("run", str(recipe), "--out", "runs", "--publish", "shipped", "--no-evidence", "--sign-key",
             keys["theirs"].private_key)  # over the same weights again, signed: the new card is signed too
     assert signing.check_folder(tmp / "shipped", [keys["theirs"].public_key]).valid
+
+
+def test_serve_a_published_folder_with_its_cards_settings_none_that_loads_code(shipped, keys, setup, monkeypatch):  # noqa: F811
+    """`infertool serve FOLDER`: a published folder (perhaps someone else's) served with the serve settings its card
+    records, none that loads code or picks a secret (shown as "recorded, not taken"); --key refuses (exit 6) one
+    not signed by that key, before anything is launched or emitted; the weights are checked against the card."""
+    monkeypatch.setattr("infertool.serve.start_times.note_launch", lambda *a, **k: None)
+    tmp, _ = setup
+    folder, _ = shipped
+    r = run_cli("serve", str(folder), "--dry-run", "--json", "--key", keys["ours"].public_key)
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["argv"][doc["argv"].index("--model") + 1] == str(folder)
+    assert any(n.startswith("signature: signature valid") for n in doc["resolution"]["notes"]), doc["resolution"]
+    r = run_cli("serve", str(folder), "--emit", "k8s", "--key", keys["ours"].public_key)
+    assert r.returncode == 0 and "apiVersion" in r.stdout, r.stderr
+    for args in (("--dry-run",), ("--emit", "k8s")):
+        r = run_cli("serve", str(folder), *args, "--key", keys["theirs"].public_key)
+        assert r.returncode == EXIT_SIGNATURE and "not by a trusted key" in r.stderr and "apiVersion" not in r.stdout
+    # an unsigned copy whose card records settings that load code: shown, never launched with
+    plain = tmp / "plain"
+    assert run_cli("publish", str(folder), str(plain)).returncode == 0
+    facts = json.loads((plain / "infertool.json").read_text())
+    facts["serve"] = {**(facts.get("serve") or {}), "allow_code": ["PYTHONPATH", "--middleware"],
+                      "env": {"PYTHONPATH": str(plain)}, "extra_args": ["--middleware", "sitecustomize.evil"],
+                      "api_key_env": "AWS_SECRET_ACCESS_KEY", "max_num_seqs": 3}
+    (plain / "infertool.json").write_text(json.dumps(facts))
+    r = run_cli("serve", str(plain), "--dry-run", "--json")
+    assert r.returncode == 0, r.stderr
+    doc = json.loads(r.stdout)
+    argv = " ".join(doc["argv"])
+    assert "--middleware" not in argv and "PYTHONPATH" not in doc["env"] and doc["api_key_env"] != "AWS_SECRET_ACCESS_KEY"
+    assert "--max-num-seqs 3" in argv  # a setting that loads nothing is taken
+    notes = " ".join(doc["resolution"]["notes"])
+    assert all(f"recorded, not taken: serve.{k}=" in notes for k in ("allow_code", "env", "extra_args", "api_key_env"))
+    assert "signature: unsigned" in notes
+    (plain / "model.safetensors").write_bytes(b"other weights")  # the weights checked against the card
+    r = run_cli("serve", str(plain), "--dry-run")
+    assert r.returncode == EXIT_USAGE and "another checkpoint" in r.stderr, r.stderr

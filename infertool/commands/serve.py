@@ -49,7 +49,7 @@ def register(app: typer.Typer) -> None:
 @handle_errors
 def serve_run(
     recipe: Annotated[str, recipe_arg("Recipe file or built-in recipe name; or a run or tune directory: the checkpoint it "
-                             "evaluated and published, checked by content fingerprint.")],
+                             "evaluated and published, checked by content fingerprint; or a published folder.")],
     overrides: Annotated[Optional[List[str]], SET_OPT] = None,
     port: Annotated[Optional[int], typer.Option("--port", metavar="PORT", min=1, max=65535, help="Listen on this port (overrides serve.port).")] = None,
     dry_run: Annotated[bool, dry_run_opt("Print the exact command and environment; start nothing.")] = False,
@@ -102,7 +102,7 @@ def serve_run(
         else:
             sys.stdout.write(emitted.yaml())
         return
-    res = served(recipe, sets, keys).res  # RUN_DIR | TUNE_DIR | RECIPE, its artifact and signature checked
+    res = served(recipe, sets, keys).res  # RUN_DIR | TUNE_DIR | FOLDER | RECIPE, its artifact and signature checked
     if emit is not None or dry_run:  # the check registry: the same findings as validate, plan and every dry run
         recipe_checks(res, "emit" if emit is not None else "serve")
     if emit is not None:  # the replicas: --replicas, else the fleet sizing for target.peak_rps

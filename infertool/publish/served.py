@@ -1,5 +1,6 @@
-"""What ``infertool serve RUN_DIR | TUNE_DIR | RECIPE`` serves (``served``): a run's published checkpoint, a
-tune's winner or a recipe's quantize.output, each checked by fingerprint against the record that vouches for it."""
+"""What ``infertool serve RUN_DIR | TUNE_DIR | FOLDER | RECIPE`` serves (``served``): a run's published checkpoint,
+a tune's winner, a published folder or a recipe's quantize.output, each checked by fingerprint against the record
+that vouches for it."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class ServeTarget:
     """What ``infertool serve ARG`` serves: the resolution, what ARG was, and the checked artifact."""
 
     res: Resolution
-    kind: str  # run | tune | recipe
+    kind: str  # run | tune | published | recipe
     published: str | None = None
     fingerprint: str | None = None
     notes: list[str] = field(default_factory=list)
@@ -79,9 +80,40 @@ def _served_run(p: Path, overrides: list[str]) -> ServeTarget:
     return ServeTarget(res, "run", path, fp)
 
 
+def _served_folder(p: Path, overrides: list[str]) -> ServeTarget:
+    """A published folder (``infertool.json`` beside the weights), perhaps someone else's: its weights checked
+    against the fingerprint its card records, served with the serve settings the card records that load no code,
+    pick no secret and name no file elsewhere (``verify.core.untrusted_serve``, as verify takes them from its
+    evidence); the others are shown, not taken: ``--set serve.X=Y`` gives them, the server's user's choice."""
+    import re
+
+    from infertool.recipe import apply_overrides, parse_overrides, validate_recipe_data
+    from infertool.resolve import resolve
+    from infertool.verify.core import not_taken_note, untrusted_serve
+
+    facts = read_facts(p / FACTS)
+    fp = check_fingerprint(p, str(facts.fingerprint), f"its {FACTS}",
+                           f"infertool publish RUN_DIR {shlex.quote(str(p))} --force")
+    taken, not_taken = untrusted_serve(dict(facts.serve or {}))
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "-", p.name).strip("-.")[:64] or "published"
+    data: dict[str, Any] = {"name": name, "model": {"source": str(p)}, "serve": taken}  # Any: a recipe as JSON
+    pairs = parse_overrides(overrides)
+    recipe = validate_recipe_data(apply_overrides(data, pairs) if pairs else data,
+                                  source=f"{p / FACTS}'s serve settings" + (" with --set" if pairs else ""))
+    res = resolve(recipe)
+    own = vouched(facts, fp)
+    said_verdict = own.verdict if own is not None else f"{said(facts.as_written.get('verdict'), 40)} (claimed)"
+    res.notes.insert(0, f"serves {p}: a published folder, verdict {said_verdict or '?'} (fingerprint {short(fp)}, "
+                        "checked), with the serve settings its card records")
+    keys = {k for k, _ in pairs}
+    res.notes += [not_taken_note(k, v) for k, v in not_taken.items() if f"serve.{k}" not in keys]
+    return ServeTarget(res, "published", str(p), fp)
+
+
 def served(arg: str, overrides: list[str] | None = None, keys: list[str] | None = None) -> ServeTarget:
     """What ``infertool serve ARG`` means: a run directory (its recipe with its published checkpoint as the
-    served model), a tune directory (its tuned.yaml, whose quantize.output is the winner's published copy), or a
+    served model), a tune directory (its tuned.yaml, whose quantize.output is the winner's published copy), a
+    published folder (``_served_folder``: its card's serve settings, none that loads code), or a
     recipe (a quantize.output holding ``infertool.json`` is checked the same way); its signature checked
     (``check_signature``: trusted ``keys`` or the recipe's ``verify.signing``) before anything is served."""
     target = _served(arg, overrides)
@@ -124,6 +156,8 @@ def _served(arg: str, overrides: list[str] | None = None) -> ServeTarget:
     p = Path(arg).expanduser()
     if p.is_dir() and (p / "manifest.json").exists() and not (p / "tune.json").exists():
         return _served_run(p, overrides)
+    if p.is_dir() and (p / FACTS).is_file() and (p / "config.json").is_file():
+        return _served_folder(p, overrides)
     if p.is_dir() and (p / "tune.json").exists():
         tuned = p / "tuned.yaml"
         if not tuned.is_file():

@@ -249,13 +249,19 @@ def read_evidence(folder: Path) -> E.Evidence:
 
 
 def split_serve(ev: E.Evidence) -> tuple[dict[str, Any], dict[str, Any]]:  # Any: serve settings as JSON
-    """The evidence's serve settings as (taken, not taken): taken the ones ServeSection knows that neither load code
-    nor pick a secret (UNTRUSTED) nor name a file outside the folder (a speculative draft model); not taken the
-    others that are set (an empty list or mapping, a null: left out), NOT_TAKEN aside."""
+    """The evidence's serve settings as (taken, not taken): ``untrusted_serve`` of what its index records."""
+    return untrusted_serve(ev.index.serve)
+
+
+def untrusted_serve(recorded: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:  # Any: serve settings as JSON
+    """Serve settings a published folder records (its evidence, its card), as (taken, not taken): taken the ones
+    ServeSection knows that neither load code nor pick a secret (UNTRUSTED) nor name a file outside the folder (a
+    speculative draft model); not taken the others that are set (an empty list or mapping, a null: left out),
+    NOT_TAKEN aside."""
     from infertool.recipe import ServeSection
 
     taken, not_taken = {}, {}
-    for k, v in ev.index.serve.items():
+    for k, v in recorded.items():
         if k in NOT_TAKEN:
             continue
         draft = k == "speculative" and isinstance(v, dict) and "model" in v  # a draft model's path: not taken
