@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -112,6 +113,31 @@ def test_publish_of_the_same_weights_killed_leaves_a_consistent_folder(two, gath
     assert cli_in_process("publish", str(tmp / "A2"), str(dest)).returncode == 0
     assert published_state(dest, fps) == "A" and leftovers(dest) == []
     assert json.loads((dest / FACTS).read_text())["evidence"]["fingerprint"] == evs["A2"]
+
+
+# Every point a signed `infertool publish A NEW` meets (A: a published folder with 4 evidence files): the files
+# copied (copy:1-6), the card and the provenance written (write:1-3), the signature beside the folder (sign:1),
+# the evidence folder and the whole folder complete (swap:1-2); a seed picks 4 (INFERTOOL_FAULT_SEED to replay).
+SIGNED_PUBLISH_POINTS = [*(f"copy:{n}" for n in range(1, 7)), "write:1", "write:2", "write:3", "sign:1", "swap:1",
+                         "swap:2"]
+SEED = int(os.environ.get("INFERTOOL_FAULT_SEED", "43"))
+
+
+@pytest.mark.parametrize("point", random.Random(SEED).sample(SIGNED_PUBLISH_POINTS, 4))
+def test_a_signed_publish_killed_at_a_random_point_leaves_no_folder_that_verifies(two, point):
+    """kill -9 at a point a seeded draw picked (the seed in the test's id and INFERTOOL_FAULT_SEED): no NEW, so no
+    folder whose signature verifies; the next signed publish sweeps what was left and gives one that does."""
+    from infertool.signing import check_folder, new_key_pair
+
+    tmp, home, fps = two
+    keys = new_key_pair(tmp / "keys")
+    dest = tmp / "NEW"
+    r = infertool(home, "publish", str(tmp / "A"), str(dest), "--sign-key", keys.private_key, fault=point)
+    assert killed(r), (SEED, point, r.returncode, r.stderr[-2000:])
+    assert published_state(dest, fps) == "absent", (SEED, point)
+    assert cli_in_process("publish", str(tmp / "A"), str(dest), "--sign-key", keys.private_key).returncode == 0
+    assert check_folder(dest, [keys.public_key]).status == "valid" and leftovers(dest) == []
+    assert [n for n in os.listdir(tmp) if n.startswith(".")] == [], (SEED, point)
 
 
 def test_a_temporary_folder_another_publish_is_building_is_kept(two):
