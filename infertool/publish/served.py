@@ -102,9 +102,9 @@ def _served_folder(p: Path, overrides: list[str]) -> ServeTarget:
                                   source=f"{p / FACTS}'s serve settings" + (" with --set" if pairs else ""))
     res = resolve(recipe)
     own = vouched(facts, fp)
-    said_verdict = own.verdict if own is not None else f"{said(facts.as_written.get('verdict'), 40)} (claimed)"
-    res.notes.insert(0, f"serves {p}: a published folder, verdict {said_verdict or '?'} (fingerprint {short(fp)}, "
-                        "checked), with the serve settings its card records")
+    verdict = f"verdict {own.verdict or '?'}" if own is not None else "a verdict no run directory vouches for"
+    res.notes.insert(0, f"serves {p}: a published folder, {verdict} (fingerprint {short(fp)}, checked), with the "
+                        "serve settings its card records")
     keys = {k for k, _ in pairs}
     res.notes += [not_taken_note(k, v) for k, v in not_taken.items() if f"serve.{k}" not in keys]
     return ServeTarget(res, "published", str(p), fp)

@@ -213,7 +213,9 @@ def _distance(a: str, b: str) -> float:
 
 
 # ------------------------------------------------------------------------------------------- the state
-def _load_state(state_path: Path, key: str, on_event: EventCallback) -> dict[str, Outcome]:
+def _load_state(state_path: Path, key: str, warn: Callable[[str], None]) -> dict[str, Outcome]:
+    """The outcomes saved under ``key`` in ``state_path``; another bisect's or an unreadable file: none, and
+    ``warn`` says why."""
     if not state_path.is_file():
         return {}
     try:
@@ -224,13 +226,11 @@ def _load_state(state_path: Path, key: str, on_event: EventCallback) -> dict[str
         if state.format != STATE_FORMAT:
             raise ValueError("not a bisect state of this infertool")
         if state.key != key:
-            on_event({"event": "log", "level": "warning",
-                      "message": f"{state_path}: saved for another bisect; its results are not reused"})
+            warn(f"{state_path}: saved for another bisect; its results are not reused")
             return {}
         return state.outcomes
     except (InfertoolError, ValueError, TypeError) as e:
-        on_event({"event": "log", "level": "warning",
-                  "message": f"{state_path}: unreadable ({getattr(e, 'message', e)}); starting over"})
+        warn(f"{state_path}: unreadable ({getattr(e, 'message', e)}); starting over")
         return {}
 
 
@@ -238,7 +238,7 @@ def saved_state(state_path: Path, key: str) -> tuple[dict[str, Outcome], str | N
     """What a bisect under ``key`` finds in ``state_path`` before it starts: the outcomes it would reuse, and why
     the file would be replaced instead (another bisect's, unreadable; None: it would not). Reads only."""
     said: list[str] = []
-    done = _load_state(state_path, key, lambda e: said.append(str(e.get("message", ""))))
+    done = _load_state(state_path, key, said.append)
     return done, (said[0] if said else None)
 
 
@@ -263,7 +263,8 @@ def bisect(versions: list[str], test: Callable[[str], Outcome], *, state_path: s
     from infertool.verify.hold import hold_out
 
     held = hold_out(state_file.parent, "verify --bisect")  # one bisect writes this state at a time, until it returns
-    done = {v: o for v, o in _load_state(state_file, key, emit).items() if v in versions}
+    done = {v: o for v, o in _load_state(state_file, key, lambda m: emit({"event": "log", "level": "warning",
+                                                                          "message": m})).items() if v in versions}
     if done:
         emit({"event": "log", "level": "info", "message": (
             f"resuming from {state_file}: {len(done)} complete result{'s' if len(done) != 1 else ''} reused "

@@ -504,7 +504,7 @@ def check_settings(ev: E.Evidence) -> tuple[str, str] | None:
                              f"{MAX_WINDOWS:,}")
         if t.type == "generate" and not 1 <= t.max_tokens <= 4096:
             return E.TASKS, f"task {t.name[:64]!r}: max_tokens {t.max_tokens}, not 1 to 4096"
-    raw = DecodeRaw.from_dict(ev.decode.get("raw") if ev.decode is not None else None)
+    raw = DecodeRaw.from_dict(_check_decode(ev)[1])
     try:
         _decode_spec(raw, DecodeSpec().near_tie_logprob)
     except ValidationError as e:
