@@ -11,9 +11,9 @@ renamed over it. A leaf (standard library only).
 - ``remove_inside``: every deletion; nothing outside the folder a caller owns (INFERTOOL_HOME, or a path the
   user named) is ever removed;
 - ``copy_file``: a regular file copied into a folder being built (``atomic_dir``), its holes kept as holes;
-- ``name_refusal``, ``check_output_file``, ``check_output_dir``, ``replace_refusal`` (``atomic.paths``): the
+- ``name_refusal``, ``check_output_file``, ``check_output_dir``, ``replace_refusal`` (``infertool.outpaths``): the
   paths a user names to write, checked before any work;
-- ``fault`` (``atomic.faults``): the test-only fault hook (``INFERTOOL_FAULT``, docs/development.md "Faults"):
+- ``fault`` (``infertool.faults``): the test-only fault hook (``INFERTOOL_FAULT``, docs/development.md "Faults"):
   one string comparison when unset.
 
 A reader never sees half a file or half a directory, and an interrupted write leaves the old one (or nothing)
@@ -39,8 +39,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator
 
-from infertool.atomic.faults import fault
-from infertool.atomic.paths import (NAME_MAX_BYTES, PATH_MAX_BYTES, SYSTEM_FOLDERS, OutputPathError, check_output_dir,
+from infertool.faults import fault
+from infertool.outpaths import (NAME_MAX_BYTES, PATH_MAX_BYTES, SYSTEM_FOLDERS, OutputPathError, check_output_dir,
                                     check_output_file, file_kind, name_refusal, replace_refusal)
 
 __all__ = ["NAME_MAX_BYTES", "PATH_MAX_BYTES", "SYSTEM_FOLDERS", "FolderBusy", "FolderHold", "OutputPathError",

@@ -1,5 +1,5 @@
 """Helpers of tests/test_faults.py: `infertool` run as a real subprocess with a fault set (``INFERTOOL_FAULT``,
-infertool.atomic.faults), published folders to interrupt, and a child that runs a bisect with a stand-in test
+infertool.faults), published folders to interrupt, and a child that runs a bisect with a stand-in test
 (``python -m tests.faults bisect STATE FIRST_BAD [PAUSE_AT]``): the search and its state file are the real ones,
 only the per-release verification (which needs an engine) is a function of the version."""
 
