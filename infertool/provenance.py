@@ -36,7 +36,7 @@ VERDICT = "verdict"  # the byproduct holding the verdict and its gates
 EVIDENCE = "evidence/evidence.json"  # the byproduct naming the evidence index
 
 __all__ = ["BUILD_TYPE", "FILENAME", "PREDICATE_TYPE", "STATEMENT_TYPE", "BuildDefinition", "BuildMetadata",
-           "Builder", "CalibrationParam", "EnvAnnotations", "ExternalParameters", "GateResult", "InternalParameters",
+           "Builder", "CalibrationParam", "EnvAnnotations", "ExternalParameters", "GateRow", "InternalParameters",
            "Predicate", "ProvenanceError", "ProvenanceSummary", "RecipeParam", "ResourceDescriptor", "RunDetails",
            "SourceModelParam", "Statement", "VerdictAnnotations", "read_provenance", "summary", "summary_of",
            "write_provenance"]
@@ -173,18 +173,17 @@ class Statement(Record):
 
 
 @dataclass
-class GateResult(Sparse):
-    """A gate of the verdict, as the run's eval judged it."""
+class GateRow(Record):
+    """A gate of the verdict as a published folder records it: in its card (``infertool.json``) and in the
+    provenance statement's verdict."""
 
     name: str = ""
     metric: str = ""
-    status: str = ""
     estimate: float | None = None
     lo: float | None = None
     hi: float | None = None
     threshold: float | None = None
-
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("estimate", "lo", "hi", "threshold")
+    status: str = ""
 
 
 @dataclass
@@ -195,7 +194,7 @@ class VerdictAnnotations(Sparse):
     reason: str | None = None
     suite: str | None = None
     engine: str | None = None
-    gates: list[GateResult] = field(default_factory=list)
+    gates: list[GateRow] = field(default_factory=list)
     absent: str | None = None
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("verdict", "reason", "suite", "engine", "absent")

@@ -24,6 +24,7 @@ from infertool.publish.checkpoint import said
 from infertool.records import Record
 from infertool.summaries import Published, RecordedRecipe, Signature
 from infertool.summaries import EvidenceBlock
+from infertool.provenance import GateRow
 
 if TYPE_CHECKING:
     from infertool.summaries import RunManifest
@@ -38,19 +39,6 @@ CLAIMED = ("label", "recipe", "verdict", "reason", "run_id", "run_dir", "publish
 class SourceModel(Record):
     source: str | None = None
     label: str | None = None
-
-
-@dataclass
-class GateRow(Record):
-    """A gate as the card shows it."""
-
-    name: str = ""
-    metric: str = ""
-    estimate: float | None = None
-    lo: float | None = None
-    hi: float | None = None
-    threshold: float | None = None
-    status: str = ""
 
 
 # the keys of a run's infertool.json, in its order (the checkpoint's fingerprint, path and evidence follow)

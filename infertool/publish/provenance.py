@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from infertool.errors import UsageError
 from infertool.provenance import (BUILD_TYPE, EVIDENCE, VERDICT, BuildDefinition, BuildMetadata, Builder,
-                                  CalibrationParam, EnvAnnotations, ExternalParameters, GateResult, InternalParameters,
+                                  CalibrationParam, EnvAnnotations, ExternalParameters, GateRow, InternalParameters,
                                   Predicate, RecipeParam, ResourceDescriptor, RunDetails, SourceModelParam, Statement,
                                   VerdictAnnotations, read_provenance, write_provenance)
 from infertool.records import Record
@@ -139,7 +139,7 @@ def _verdict(verdict: str | None, reason: str | None, suite: str | None, engine:
 
     if verdict is None:
         return VerdictAnnotations(absent=why)
-    rows = [GateResult(g.name, g.metric, g.status, g.estimate, g.lo, g.hi, g.threshold)
+    rows = [GateRow(g.name, g.metric, g.estimate, g.lo, g.hi, g.threshold, g.status)
             for g in map(Gate.from_dict, gates or [])]
     return VerdictAnnotations(verdict, reason, suite, engine, rows)
 
