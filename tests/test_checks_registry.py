@@ -42,6 +42,7 @@ CASES = {
     "tensor_parallel": (["serve.tensor_parallel_size=3"], "error"),  # 3 does not divide 4 heads
     "pipeline_parallel": (["serve.pipeline_parallel_size=3"], "error"),  # 3 stages over 2 layers
     "kv_fit": (["serve.max_model_len=16384", "serve.cpu.kv_cache_space_gib=0.01"], "error"),  # 10 MiB: < 11k tokens
+    "kv_cache_dtype": (["serve.kv_cache_dtype=fp8"], "error"),  # the fixture's CPU is AVX2 only: no FP8 KV cache
     "reserved_cpus": (["serve.cpu.reserved_cpus=1024"], "error"),  # every core of this host kept from vLLM
     "code_loading": (["serve.allow_code=[--middleware]", "serve.extra_args=[--middleware=plug.mw]"], "warn"),
     "engine_settings": (["serve.swap_space=4"], "warn"),  # V1 has no swap space
@@ -122,9 +123,11 @@ def _placed(recipe: Path, sets: list[str]) -> list[str]:
 
 @pytest.fixture
 def home(tmp_path, monkeypatch) -> Path:
-    """An empty INFERTOOL_HOME (no serve environment), this host's CPU as the target (on a GPU host too)."""
+    """An empty INFERTOOL_HOME (no serve environment), this host's CPU as the target (on a GPU host too), an AVX2
+    CPU without AVX-512 or AMX (on any host: the kv_cache_dtype case fires)."""
     monkeypatch.setenv("INFERTOOL_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("INFERTOOL_ACCELERATOR", "cpu")
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", "avx2 fma")
     return tmp_path / "home"
 
 

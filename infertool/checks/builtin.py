@@ -88,6 +88,16 @@ def kv_fit(ctx: CheckContext) -> list[Finding]:
                     "or add GPUs (`infertool plan RECIPE` shows the memory)")]
 
 
+def kv_cache_dtype(ctx: CheckContext) -> list[Finding]:
+    """An FP8 KV cache the CPU engine refuses here (no AVX-512 / AMX, a head size not a multiple of 32): the
+    lint's rule (serve/lint.py)."""
+    from infertool.serve.lint import lint_kv_cache_dtype
+
+    if ctx.res.target.kind != "cpu":
+        raise Skip("the target is a GPU: `infertool plan` says what its attention backends take")
+    return _lint("kv_cache_dtype", lint_kv_cache_dtype(_serve(ctx).kv_cache_dtype, _served_info(ctx).head_dim))
+
+
 def reserved_cpus(ctx: CheckContext) -> list[Finding]:
     from infertool.serve.lint import lint_reserved_cpus
 
@@ -297,6 +307,8 @@ BUILTIN = (  # in the order they run (and report): listed in the one check regis
     RecipeCheck("pipeline_parallel", pipeline_parallel, "serve.pipeline_parallel_size at most the layers",
                 reads=("serve", "model")),
     RecipeCheck("kv_fit", kv_fit, "the KV cache holds one request at max_model_len", reads=("serve", "target", "model")),
+    RecipeCheck("kv_cache_dtype", kv_cache_dtype, "an FP8 KV cache the CPU engine can store here",
+                reads=("serve", "target", "model")),
     RecipeCheck("reserved_cpus", reserved_cpus, "serve.cpu.reserved_cpus leaves vLLM a core",
                 reads=("serve", "target")),
     RecipeCheck("code_loading", code_loading, "what serve.allow_code lets load code (warning)", reads=SERVE),

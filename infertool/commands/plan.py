@@ -80,6 +80,7 @@ def _render(p: "PlanResult") -> None:
          f"(max_num_seqs {cap.max_num_seqs})"),
     ]
     out.print(kv_table(rows, title="plan"))
+    _render_kv_dtypes(p)
     roof = p.roofline
     if roof.decode:
         t = Table(title=plain(f"decode roofline bound at context {roof.context:,} (peaks: {roof.peak_source}; ridge {roof.ridge or 0:.0f} FLOP/B)"))
@@ -116,6 +117,34 @@ def _render(p: "PlanResult") -> None:
     else:
         for reason in p.reasons:
             err.print(f"[bold red]✗ does not fit:[/] {esc(reason)}", soft_wrap=True)
+
+
+def _render_kv_dtypes(p: "PlanResult") -> None:
+    """The KV cache at auto and in FP8 side by side (plan's ``kv_dtypes``), and where the engine refuses one."""
+    from rich.table import Table
+
+    from infertool.output import esc, out, plain
+
+    ch = p.kv_dtypes
+    if not ch.rows:
+        return
+    t = Table(title=plain(f"KV cache dtype: capacity and concurrency at {ch.seq_len:,} tokens a sequence "
+                          f"({ch.seq_len_from}); computed, not measured"))
+    for c in ("kv_cache_dtype", "bytes/token", "KV tokens", "concurrency", f"at once (max_num_seqs {p.capacity.max_num_seqs})",
+              "engine here"):
+        t.add_column(c, justify="left" if c in ("kv_cache_dtype", "engine here") else "right")
+    for r in ch.rows:
+        t.add_row(esc(r.dtype + (" (serve)" if r.configured else "")), f"{r.bytes_per_token:,.0f}", f"{r.kv_tokens:,}",
+                  f"{r.concurrency:,.1f}", f"{r.sequences:,}", "refused (below)" if r.refused else "runs")
+    out.print(t)
+    for r in ch.rows:
+        if r.refused:
+            out.print(plain(f"{r.dtype} refused here: {r.refused}"), soft_wrap=True)
+    if ch.gain:
+        out.print(plain(f"FP8 holds {ch.gain:.2f}x the tokens of auto; it changes answers: tune screens it as served"),
+                  soft_wrap=True)
+    for n in ch.notes:
+        out.print(plain(f"note: {n}"), soft_wrap=True)
 
 
 def _render_calibration(roof: "Roofline") -> None:

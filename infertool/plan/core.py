@@ -13,15 +13,17 @@ from infertool.models.weights import WeightFacts, arch_from_info, estimated_weig
 from infertool.perf import roofline
 from infertool.perf.roofline import Arch
 from infertool.plan.facts import (
-    Capacity, CpuMemory, GpuMemory, KVCache, MoE, ParallelLine, PlannedDevice, PlannedModel, Roofline, TensorParallel,
+    Capacity, CpuMemory, GpuMemory, KVCache, KVDtypes, MoE, ParallelLine, PlannedDevice, PlannedModel, Roofline, TensorParallel,
 )
-from infertool.plan.memory import MAX_MEMORY_GIB, cpu_memory, gpu_memory, kv_capacity, largest_batch
+from infertool.plan.memory import MAX_MEMORY_GIB, cpu_memory, gpu_memory, kv_capacity, kv_dtypes, largest_batch
 from infertool.plan.speed import calibrate, decode_cost, fleet_sizing, roofline_rows, tp_advice
 from infertool.records import Record
 
 if TYPE_CHECKING:
     from infertool.capability import RunContext
     from infertool.perf.fleet import FleetSection
+    from infertool.perf.hardware import GPU
+    from infertool.plan.memory import Memory
     from infertool.recipe import ServeSection
     from infertool.resolve import Resolution
 
@@ -53,6 +55,7 @@ class PlanResult(Record):
     notes: list[str] = field(default_factory=list)
     # fleet sizing from the roofline's max load under the SLO (planned, not measured); None: it does not fit
     fleet: FleetSection | None = None
+    kv_dtypes: KVDtypes = field(default_factory=KVDtypes)  # the KV cache at auto and in FP8, side by side
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = super().to_dict()
@@ -133,6 +136,7 @@ def plan(res: Resolution, options: PlanOptions | None = None) -> PlanResult:
     mem = (gpu_memory(serve, arch, weights, dev, memory_gib, reasons) if on_gpu
            else cpu_memory(serve, weights, reasons, notes))
     kv, capacity = kv_capacity(serve, mem, kv_tok, kv_tok_gpu, model_dtype, max_model_len, reasons)
+    choice = _kv_dtypes(res, serve, arch, mem, model_dtype, max_model_len, kv_heads_per_gpu, on_gpu, dev, reasons)
     context = options.context
     if context is None:
         bench = res.recipe.bench
@@ -146,7 +150,47 @@ def plan(res: Resolution, options: PlanOptions | None = None) -> PlanResult:
     tp_adv.served, tp_adv.base = _parallel_lines(res, serve)
     fleet = fleet_sizing(res, arch, weights, mem, kv_tok, capacity, tp, pp, context) if not reasons else None
     return PlanResult(_model_facts(res, arch, weights), mem.device, kv, mem.memory, capacity, not reasons, reasons, roof,
-                      tp_adv, notes, fleet)
+                      tp_adv, notes, fleet, choice)
+
+
+def _kv_dtypes(res: Resolution, serve: ServeSection, arch: Arch, mem: Memory, model_dtype: str | None,
+               max_model_len: int, kv_heads_per_gpu: int, on_gpu: bool, dev: GPU | None, reasons: list[str]) -> KVDtypes:
+    """The KV cache at auto and in FP8 side by side at the recipe's sequence length (bench's prompt + output, else
+    max_model_len), and where the engine refuses FP8: on a CPU target the lint's rule (serve/lint.py: AVX-512 / AMX,
+    head size; the configured dtype refused is a reason it does not fit), on a GPU what vLLM 0.32's attention
+    backends take (notes)."""
+    from infertool.serve.lint import lint_kv_cache_dtype
+
+    bench = res.recipe.bench
+    seq_len, seq_from = ((min(max_model_len, bench.prompt.len + bench.output_len), "bench.prompt.len + bench.output_len")
+                         if bench is not None else (max_model_len, "max_model_len"))
+
+    def refusals(dtype: str) -> list[str]:
+        if on_gpu:
+            return []
+        return [i.message for i in lint_kv_cache_dtype(dtype, arch.head_dim) if i.level == "error"]
+
+    pp = serve.pipeline_parallel_size
+    choice = kv_dtypes(serve, mem, lambda b: roofline.kv_bytes_per_token(math.ceil(arch.layers / pp), kv_heads_per_gpu,
+                                                                      arch.head_dim, b),
+                       model_dtype, seq_len, seq_from, refusals)
+    reasons.extend(r.refused for r in choice.rows if r.configured and r.refused)
+    if on_gpu:
+        choice.notes = _gpu_fp8_notes(dev, choice.rows[-1].dtype)
+    return choice
+
+
+def _gpu_fp8_notes(dev: GPU | None, fp8: str) -> list[str]:
+    """What vLLM 0.32's CUDA attention backends take of an FP8 KV cache on the target GPU (their sources:
+    FlashAttention: SM90 / SM100 and e4m3 only; Triton: SM89+; FlashInfer: SM80+)."""
+    notes = []
+    if dev is not None and dev.generation == "ampere":
+        notes.append(f"{dev.name} (Ampere, SM80) has no native FP8: vLLM 0.32 stores an FP8 KV cache there only with "
+                     "the FlashInfer attention backend (FlashAttention takes it on SM90 / SM100, Triton from SM89)")
+    if fp8 == "fp8_e5m2":
+        notes.append("fp8_e5m2: vLLM's FlashAttention backend takes only fp8 (e4m3); vLLM serves e5m2 with FlashInfer "
+                     "or Triton")
+    return notes
 
 
 def run(plan: PlanResult, ctx: RunContext | None = None) -> PlanResult:

@@ -45,6 +45,34 @@ class KVCache(Record):
 
 
 @dataclass
+class KVDtypeRow(Sparse):
+    """The KV cache at one dtype, on the same KV memory: bytes per token, capacity, the sequences of the plan's
+    sequence length it holds; ``refused``: why vLLM would refuse it on this target (None: it runs)."""
+
+    OMIT_NONE = ("refused",)
+    dtype: str = ""  # "auto (bfloat16)", "fp8", ...
+    bytes_per_token: float = 0.0  # per GPU (the whole model's on one GPU or on the CPU)
+    kv_tokens: int = 0
+    concurrency: float = 0.0  # kv_tokens / seq_len
+    sequences: int = 0  # whole sequences of seq_len at once: min(max_num_seqs, kv_tokens // seq_len)
+    configured: bool = False  # serve.kv_cache_dtype
+    refused: str | None = None
+
+
+@dataclass
+class KVDtypes(Record):
+    """serve.kv_cache_dtype as a decision: the KV cache at the model's dtype and in FP8, side by side, at the
+    recipe's sequence length (bench's prompt + output, else max_model_len). Computed by vLLM's block arithmetic
+    on the plan's KV memory, not measured."""
+
+    seq_len: int = 0
+    seq_len_from: str = ""  # "bench.prompt.len + bench.output_len" | "max_model_len"
+    rows: list[KVDtypeRow] = field(default_factory=list)
+    gain: float | None = None  # fp8's tokens / auto's tokens
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
 class Capacity(Record):
     """vLLM's block arithmetic: the KV cache's blocks and tokens, and the sequences they hold."""
 

