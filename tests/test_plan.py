@@ -209,5 +209,5 @@ def test_kv_capacity_matches_vllm_startup_report(tiny_model, serve_python, tmp_p
         if found is not None or "address already in use" not in log.read_text().lower():
             break
     assert found is not None, log.read_text()[-3000:]
-    assert found[0] == p.capacity.kv_tokens
+    assert found[0] == p.capacity.kv_tokens == p.kv_dtypes.rows[0].kv_tokens  # the auto row of plan's side by side
     assert found[1] == pytest.approx(p.capacity.max_concurrency_at_max_model_len, abs=0.01)

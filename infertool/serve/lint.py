@@ -102,7 +102,7 @@ def lint_code_loading(serve) -> list[LintIssue]:
 
 FP8_KV_DTYPES = ("fp8", "fp8_e4m3", "fp8_e5m2")
 # what vLLM's CPU attention asks torch.cpu before it stores an FP8 KV cache (_is_avx512_supported: avx512f,
-# _is_amx_tile_supported: amx_tile), as /proc/cpuinfo names them
+# _is_amx_tile_supported: amx_tile), as perf.host.cpu_flags names them
 CPU_FP8_KV_FLAGS = ("avx512f", "amx_tile")
 CPU_FP8_KV_HEAD_MULTIPLE = 32
 

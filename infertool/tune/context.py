@@ -66,7 +66,10 @@ class Context:
         self.res = res if res is not None else resolve(recipe)
         self.host = self.res.host.to_dict()
         self.inputs = self.res.inputs()
-        self.reference_recipe = recipe.model_copy(update={"quantize": None, "tune": None})
+        # the original as the recipe serves it, its KV cache at the model's precision (space.reference_recipe)
+        from infertool.tune.space import reference_recipe
+
+        self.reference_recipe = reference_recipe(recipe)
         self._candidates: dict[str, Recipe] = {}  # by candidate key: its trial recipe
         # by (candidate key, output-changing settings): what a screening serves (stages.screen_recipe)
         self.scored_recipes: dict[tuple[str, str], Recipe] = {}

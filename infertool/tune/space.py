@@ -74,18 +74,37 @@ OUTPUT_SETTINGS: dict[str, str] = {
 # and scheduling, not what one request computes at the screening's load).
 
 
-def scoring_point(recipe: Recipe, point: dict[str, JSONView]) -> dict[str, JSONView]:
-    """The output-changing settings (``OUTPUT_SETTINGS``) of a grid point whose value differs from the recipe's own
-    serve section: empty when the trial's outputs are those its candidate is screened with at the recipe's settings."""
+# The reference (the original every screening and the served check are scored against) is served with the recipe's
+# serve settings and these over them: an FP8 KV cache is a lossy setting, never part of what a trial is compared
+# with, so a trial served with one (the recipe's own or a grid point's) is screened as served against the original
+# at the model's own KV precision.
+REFERENCE_SERVE: dict[str, JSONView] = {"kv_cache_dtype": "auto"}
+
+
+def reference_recipe(recipe: Recipe) -> Recipe:
+    """What the reference serves: the original (no quantize, no tune) at the recipe's serve settings with
+    ``REFERENCE_SERVE`` over them."""
+    serve = recipe.serve.model_copy(update=REFERENCE_SERVE) if recipe.serve is not None else None
+    return recipe.model_copy(update={"quantize": None, "tune": None, "serve": serve})
+
+
+def scoring_point(recipe: Recipe, point: dict[str, JSONView], original: bool = False) -> dict[str, JSONView]:
+    """The output-changing settings (``OUTPUT_SETTINGS``) of a grid point whose value differs from what the trial's
+    shared screening is served with: a quantized candidate's is the recipe's own serve section; the original's is
+    the reference itself (``original``), whose ``REFERENCE_SERVE`` settings are compared as the trial serves them
+    (its grid point's value, else the recipe's). Empty: the trial shares its candidate's screening (the original:
+    it is the reference)."""
     own = recipe.serve.model_dump(mode="json") if recipe.serve is not None else {}
     if not own:
         from infertool.recipe import ServeSection
 
         own = ServeSection().model_dump(mode="json")
+    shared = {**own, **REFERENCE_SERVE} if original else own
     out: dict[str, JSONView] = {}
-    for key, value in point.items():
-        if key in OUTPUT_SETTINGS and json.dumps(value, sort_keys=True, default=str) != json.dumps(
-                own.get(key), sort_keys=True, default=str):
+    for key in [*point, *(REFERENCE_SERVE if original else ())]:
+        value = point[key] if key in point else own.get(key)
+        if key in OUTPUT_SETTINGS and key not in out and json.dumps(value, sort_keys=True, default=str) != json.dumps(
+                shared.get(key), sort_keys=True, default=str):
             out[key] = value
     return out
 
@@ -317,7 +336,7 @@ class Space:
         ident = {"candidate": cand.key, "serve": point, **({"machine": machine.name} if machine is not None else {})}
         tid = digest(ident)[:12]
         return Trial(tid, cand, point, trial_recipe(self.recipe, cand, point, machine), index=index, machine=machine,
-                     scoring=scoring_point(self.recipe, point))
+                     scoring=scoring_point(self.recipe, point, cand.original))
 
     def index(self, candidate: int, positions: dict[str, int], machine: int = 0) -> int:
         """The index of candidate ``candidate`` at the grid point of ``positions`` (field -> value position) on

@@ -339,7 +339,8 @@ def sequential(ctx: StageContext, sc: Scorer, rounds: list[int], look_conf: floa
 
 # ------------------------------------------------------------------------------------ the stages
 def run_reference(ctx: StageContext) -> ReferenceSummary:
-    """The original model served with the recipe's serve settings, scored once on the largest round (the suite,
+    """The original model served with the recipe's serve settings (its KV cache at the model's precision:
+    ``space.reference_recipe``), scored once on the largest round (the suite,
     and the as-served phases on the same window, saved as phases.json): the reference every candidate (and the
     winner as served) is compared with."""
     res = resolution(ctx)

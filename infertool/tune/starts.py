@@ -5,7 +5,7 @@ line without the port; every tune server gets the same extra arguments), and eve
 configuration uses it while it is up. The distinct configurations of a tune, from its planned trials (pruned ones
 excluded):
 
-- the reference: the original with the recipe's serve settings (none when no trial is screened against it);
+- the reference: the original with the recipe's serve settings, its KV cache at the model's precision (none when no trial is screened against it);
 - each candidate's screening server: the candidate with the recipe's serve settings, and a trial's own
   output-changing settings over them (``stages.screen_recipe``);
 - each speculative screening's lossless-check server: the same settings without ``speculative`` (often the
@@ -166,7 +166,7 @@ def plan_starts(recipe: Recipe, trials: Sequence[Trial], *, classes: Sequence[st
     servers = _Servers(recipe)
     original = digest(None)  # the original's candidate key (space.candidates: a digest of its spec)
     if any(screen_wanted(t) for t in run):
-        ref = recipe.model_copy(update={"quantize": None, "tune": None})
+        ref = space.reference_recipe(recipe)
         servers.use(original, "original", ref, "reference", "the reference every screening is scored against")
     screened: set[tuple[str, str]] = set()  # one screening per candidate and output-changing settings
     for t in run:
