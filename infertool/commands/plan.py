@@ -131,8 +131,8 @@ def _render_kv_dtypes(p: "PlanResult") -> None:
     t = Table(title=plain(f"KV cache dtype: capacity and concurrency at {ch.seq_len:,} tokens a sequence "
                           f"({ch.seq_len_from}); computed, not measured"))
     for c in ("kv_cache_dtype", "bytes/token", "KV tokens", "concurrency", f"at once (max_num_seqs {p.capacity.max_num_seqs})",
-              "engine here"):
-        t.add_column(c, justify="left" if c in ("kv_cache_dtype", "engine here") else "right")
+              "on the target"):
+        t.add_column(c, justify="left" if c in ("kv_cache_dtype", "on the target") else "right")
     for r in ch.rows:
         t.add_row(esc(r.dtype + (" (serve)" if r.configured else "")), f"{r.bytes_per_token:,.0f}", f"{r.kv_tokens:,}",
                   f"{r.concurrency:,.1f}", f"{r.sequences:,}", "refused (below)" if r.refused else "runs")
