@@ -301,3 +301,14 @@ def test_eval_as_served_with_an_fp8_kv_cache(tiny_model, serve_python, tmp_path)
     logs = [p.read_text(errors="replace") for p in (tmp_path / "eval").rglob("*.log")]
     # vLLM's cache config says what it stores (vllm/config/cache.py): the candidate in fp8, the original at auto
     assert sum("Using fp8 data type to store kv cache" in text for text in logs) == 1, logs
+
+
+def test_a_kv_cache_too_small_offers_fp8_only_where_the_engine_stores_it(tmp_path, monkeypatch):
+    data = _recipe(_model(tmp_path), max_model_len=8192)
+    data["serve"]["cpu"] = {"kv_cache_space_gib": 0.01}  # 10 MiB: 3,328 float32 tokens, fewer than 8,192
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", AVX2)
+    [why] = _plan(data).reasons
+    assert "vLLM would refuse to start" in why and "fp8" not in why
+    monkeypatch.setenv("INFERTOOL_CPU_FLAGS", AVX512)
+    [why] = _plan(data).reasons
+    assert "use kv_cache_dtype fp8" in why

@@ -135,8 +135,9 @@ def plan(res: Resolution, options: PlanOptions | None = None) -> PlanResult:
                          hint="set target.gpu in the recipe, or pass --gpu NAME or --memory GiB")
     mem = (gpu_memory(serve, arch, weights, dev, memory_gib, reasons) if on_gpu
            else cpu_memory(serve, weights, reasons, notes))
-    kv, capacity = kv_capacity(serve, mem, kv_tok, kv_tok_gpu, model_dtype, max_model_len, reasons)
     choice = _kv_dtypes(res, serve, arch, mem, model_dtype, max_model_len, kv_heads_per_gpu, on_gpu, dev, reasons)
+    kv, capacity = kv_capacity(serve, mem, kv_tok, kv_tok_gpu, model_dtype, max_model_len, reasons,
+                               fp8_refused=bool(choice.rows[-1].refused))
     context = options.context
     if context is None:
         bench = res.recipe.bench

@@ -117,8 +117,9 @@ def cpu_memory(serve: ServeSection, weights: WeightFacts, reasons: list[str], no
 
 
 def kv_capacity(serve: ServeSection, mem: Memory, kv_tok: float, kv_tok_gpu: float, model_dtype: str | None, max_model_len: int,
-                 reasons: list[str]) -> tuple[KVCache, Capacity]:
-    """vLLM's block arithmetic: blocks = KV memory // (block size x KV bytes per token); (kv, capacity)."""
+                 reasons: list[str], fp8_refused: bool = False) -> tuple[KVCache, Capacity]:
+    """vLLM's block arithmetic: blocks = KV memory // (block size x KV bytes per token); (kv, capacity).
+    ``fp8_refused``: the engine refuses an FP8 KV cache on the target (not offered as a remedy)."""
     kv_mem, block = mem.kv_mem, mem.block
     blocks = whole(max(0, kv_mem) // (block * kv_tok_gpu), "the KV cache size") if kv_mem > 0 else 0
     tokens = blocks * block
@@ -126,7 +127,8 @@ def kv_capacity(serve: ServeSection, mem: Memory, kv_tok: float, kv_tok_gpu: flo
     if tokens < max_model_len and not reasons:
         reasons.append(
             f"the KV cache holds {tokens:,} tokens, less than max_model_len {max_model_len:,}: vLLM would refuse to "
-            "start (lower max_model_len, raise the KV space / gpu_memory_utilization, use kv_cache_dtype fp8, or add GPUs)"
+            "start (lower max_model_len, raise the KV space / gpu_memory_utilization, "
+            + ("" if fp8_refused or serve.kv_cache_dtype.startswith("fp8") else "use kv_cache_dtype fp8, ") + "or add GPUs)"
         )
     elif tokens < max_model_len:
         reasons.append(f"the KV cache would hold {tokens:,} tokens, less than max_model_len {max_model_len:,}")
