@@ -26,6 +26,7 @@ from infertool import net
 from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
 from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, PromptLogprobs, parse_prompt_logprobs, pmap
 from infertool.evaluate.metrics import topk_kld
+from infertool.evaluate.structured import ChatAnswer, answer_from_reply
 from infertool.evaluate.paired import (
     ChoicePair, EngineRun, GeneratePair, Paired, PairedChoices, PairedOutputs, PairedWindow, PerplexityPair,
     RequestItem, ScoreTask, TaskTiming, cut_at_stop,
@@ -216,6 +217,22 @@ class Client:
         if not isinstance(text, str):
             raise Malformed(f"the completion's text is not a string ({type(text).__name__})")
         return text
+
+    def chat_answer(self, messages: list[dict[str, Any]], *, max_tokens: int,  # Any: JSON values
+                    response_format: dict[str, Any] | None = None, tools: list[dict[str, Any]] | None = None,  # Any: JSON values
+                    tool_choice: str | dict[str, Any] | None = None) -> ChatAnswer:  # Any: JSON values
+        """One structured item through /v1/chat/completions, greedy (temperature 0): its messages, with the
+        json task's ``response_format`` or the tool_call task's ``tools`` / ``tool_choice``; the first choice
+        as an Answer (text, tool calls with their raw arguments, finish reason)."""
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,  # Any: JSON values
+                                "temperature": 0.0}
+        if response_format is not None:
+            body["response_format"] = response_format
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+        return answer_from_reply(self._request(self.base_url + "/chat/completions", body))
 
 
 def _first(r: dict[str, Any], inner: str | None, key: str) -> Any:  # Any: a JSON value
