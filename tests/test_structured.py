@@ -326,3 +326,35 @@ def test_auto_tool_choice_needs_both_flags(tmp_path):
     assert "tool_choice auto" in found["serve.enable_auto_tool_choice"]
     ok = SimpleNamespace(enable_auto_tool_choice=True, tool_call_parser="hermes", structured_outputs_backend="xgrammar")
     assert served_needs(s.tasks, "vllm", ok) == []
+
+
+# ------------------------------------------------------------------------------------------ real vLLM (slow)
+@pytest.mark.slow
+def test_builtin_suite_through_real_vllm_flags_the_string_arguments(tiny_model, serve_python, tmp_path):
+    """The served-formats suite through `infertool eval --engine vllm` on the 2-layer model (base and candidate the
+    same folder), with the recipe's tool flags: the JSON answers judged, and the tool calls FAIL the gate."""
+    recipe = tmp_path / "r.yaml"
+    base = yaml.safe_load((ROOT / "recipes" / "smollm2-served-formats-cpu.yaml").read_text())
+    recipe.write_text(yaml.safe_dump({
+        "name": "fmtreal", "model": {"source": str(tiny_model)},
+        "eval": {**base["eval"], "batch_size": 2}, "serve": {**base["serve"], "max_model_len": 1024}}))
+    out = tmp_path / "ev"
+    r = run_cli("eval", str(recipe), "--engine", "vllm", "--candidate", str(tiny_model), "--max-items", "4",
+                "--out", str(out), "--json", timeout=1500)
+    assert r.returncode == 1, r.stderr[-3000:]
+    doc = json.loads((out / "results.json").read_text())
+    assert doc["verdict"] == "FAIL" and doc["engine"] == "vllm"
+    tools, extract = doc["tasks"]["tools"], doc["tasks"]["extract"]
+    assert tools["type"] == "tool_call" and tools["items"] == 4 and extract["type"] == "json" and extract["items"] == 4
+    for side in ("base", "candidate"):
+        assert set(tools[side]) >= {"n", "right", "parses", "parses_ci", "valid", "valid_ci", "matches", "failures"}
+    gates = {g["name"]: g for g in doc["gates"]}
+    assert gates["min_tool_call_valid"]["status"] == "FAIL" and gates["min_tool_call_valid"]["n"] == 4
+    assert gates["min_json_valid"]["n"] == 4 and doc["pooled"]["items"]["n"] == 8
+    recs = [json.loads(x) for x in (out / "items.jsonl").read_text().splitlines()]
+    calls = [x for x in recs if x["task"] == "tools"]
+    assert len(calls) == 4 and all(not x["check_c"]["ok"] for x in calls)
+    assert any(x["check_c"]["reason"].startswith("arguments are a JSON string, not an object") for x in calls), \
+        [x["check_c"]["reason"] for x in calls]
+    argv = doc["candidate"]["server"]["argv"]
+    assert "--enable-auto-tool-choice" in argv and argv[argv.index("--tool-call-parser") + 1] == "hermes"
