@@ -130,6 +130,8 @@ def test_builtin_served_formats_suite_loads_and_requests_what_vllm_takes():
     tools = s.tasks[1].request(512, None)
     assert tools["items"][0]["tool_choice"] == "required" and len(tools["items"][0]["tools"]) == 3
     assert any("Paris" in t for t in s.texts())  # the held-out check sees the items' text
+    s.tasks[0].mode = "prompt"  # no constraint: the model's own JSON
+    assert "response_format" not in s.tasks[0].request(512, 1)["items"][0]
 
 
 def test_every_bad_item_listed_with_its_line(tmp_path):

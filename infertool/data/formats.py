@@ -77,7 +77,7 @@ def served_needs(tasks: Sequence[TaskFields], engine: str, serve: Any) -> list[t
     if engine not in ("vllm", "openai"):
         return [("eval.engine", f"task {t.name!r} ({t.type}) is scored as served: use eval.engine vllm or openai",
                  "the structured outputs and tool calls of a server are what such a task checks") for t in kinds]
-    choices = {str(it.get("tool_choice", t.tool_choice)) for t in kinds if t.type == "tool_call" for it in t.items}
+    choices = {item_choice(t, it) for t in kinds if t.type == "tool_call" for it in t.items}
     choices |= {t.tool_choice for t in kinds if t.type == "tool_call" and not t.items}
     names = ", ".join(t.name for t in kinds if t.type == "tool_call")
     out = []
@@ -316,14 +316,13 @@ def _tool_item(task: TaskFields, item: dict[str, Any]) -> list[str]:  # Any: a J
         return []  # the task's tools are wrong: said once, at the task
     names = tool_names(tools)
     out = []
-    choice = item.get("tool_choice", task.tool_choice)
+    choice = item["tool_choice"] if "tool_choice" in item else task.tool_choice
     if not isinstance(choice, str) or (choice not in CHOICES and choice not in names):
         out.append(f"tool_choice {json.dumps(choice)} is neither auto, required nor one of the tools ({', '.join(names)})")
     exp = item["expected"]
-    if not isinstance(exp, dict) or not isinstance(exp.get("name"), str) or not (
-            exp.get("arguments") is None or isinstance(exp.get("arguments"), dict)):
-        return [*out, "expected must be {name: a tool's name, arguments?: an object}"]
     want = ExpectedCall.from_dict(exp)
+    if not isinstance(exp, dict) or not want.name or want.extra or ("arguments" in exp and want.arguments is None):
+        return [*out, "expected must be {name: a tool's name, arguments?: an object}"]
     fn = names.get(want.name)
     if fn is None:
         return [*out, f"expected tool {want.name!r} is not one of the tools ({', '.join(names)})"]
@@ -341,7 +340,12 @@ def item_schema(task: TaskFields, item: dict[str, Any]) -> Any:  # Any: a JSONL 
 
 
 def item_tools(task: TaskFields, item: dict[str, Any]) -> tuple[list[Any], str]:  # Any: a JSONL item, OpenAI tools
-    return (item["tools"] if "tools" in item else task.tools), str(item.get("tool_choice", task.tool_choice))
+    return (item["tools"] if "tools" in item else task.tools), item_choice(task, item)
+
+
+def item_choice(task: TaskFields, item: dict[str, Any]) -> str:  # Any: a JSONL item
+    """The item's tool_choice, else its task's."""
+    return str(item["tool_choice"] if "tool_choice" in item else task.tool_choice)
 
 
 def item_messages(item: dict[str, Any]) -> list[dict[str, Any]]:  # Any: a JSONL item
