@@ -33,7 +33,7 @@ PERSON = {"type": "object", "properties": {"name": {"type": "string"}, "age": {"
 # and the named tool alike: the arguments a JSON string, not the object get_weather's parameters describe
 RECORDED_STRING_ARGS = {"choices": [{"index": 0, "message": {"role": "assistant", "content": "", "tool_calls": [
     {"id": "chatcmpl-tool-1", "type": "function", "function": {"name": "get_weather", "arguments": "\"Paris\""}}]},
-    "finish_reason": "stop"}]}
+    "finish_reason": "tool_calls"}]}
 # the same model under response_format json_schema {city: string, population: integer}: digits until max_tokens
 RECORDED_TRUNCATED = {"choices": [{"index": 0, "message": {"role": "assistant", "content":
                       '{"city": "Paris", "population": 1111111111111111111111111111111111'}, "finish_reason": "length"}]}
@@ -64,6 +64,10 @@ def test_tool_call_checks_in_order_first_failure_named():
     assert "tool_choice" in named.reason and "get_weather" in named.reason
     wrong = check_tool_call(_call("convert_currency", '{"amount": 1, "from": "EUR", "to": "USD"}'), TOOLS, exp)
     assert not wrong.ok and wrong.reason == "called 'convert_currency', expected 'get_weather'" and not wrong.valid
+    from infertool.evaluate.served_formats import failure_kind
+
+    assert failure_kind(wrong.reason) == "called another function"
+    assert failure_kind('arguments are a JSON string, not an object: "Paris"') == "arguments are a JSON string, not an object"
     broken = check_tool_call(_call("get_weather", '{"city": "Par'), TOOLS, exp)
     assert not broken.parses and broken.reason.startswith("arguments are not JSON")
     invalid = check_tool_call(_call("get_weather", '{"town": "Paris"}'), TOOLS, exp)
