@@ -26,9 +26,11 @@ from infertool import net
 from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
 from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, PromptLogprobs, parse_prompt_logprobs, pmap
 from infertool.evaluate.metrics import topk_kld
+from infertool.data.formats import FORMAT_TYPES
+from infertool.evaluate.structured import ChatAnswer, answer_from_reply
 from infertool.evaluate.paired import (
-    ChoicePair, EngineRun, GeneratePair, Paired, PairedChoices, PairedOutputs, PairedWindow, PerplexityPair,
-    RequestItem, ScoreTask, TaskTiming, cut_at_stop,
+    ChoicePair, EngineRun, GeneratePair, Paired, PairedAnswers, PairedChoices, PairedOutputs, PairedWindow,
+    PerplexityPair, RequestItem, ScoreTask, StructuredPair, TaskTiming, cut_at_stop,
 )
 
 if TYPE_CHECKING:
@@ -217,6 +219,22 @@ class Client:
             raise Malformed(f"the completion's text is not a string ({type(text).__name__})")
         return text
 
+    def chat_answer(self, messages: list[dict[str, Any]], *, max_tokens: int,  # Any: JSON values
+                    response_format: dict[str, Any] | None = None, tools: list[dict[str, Any]] | None = None,  # Any: JSON values
+                    tool_choice: str | dict[str, Any] | None = None) -> ChatAnswer:  # Any: JSON values
+        """One structured item through /v1/chat/completions, greedy (temperature 0): its messages, with the
+        json task's ``response_format`` or the tool_call task's ``tools`` / ``tool_choice``; the first choice
+        as an Answer (text, tool calls with their raw arguments, finish reason)."""
+        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,  # Any: JSON values
+                                "temperature": 0.0}
+        if response_format is not None:
+            body["response_format"] = response_format
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
+        return answer_from_reply(self._request(self.base_url + "/chat/completions", body))
+
 
 def _first(r: dict[str, Any], inner: str | None, key: str) -> Any:  # Any: a JSON value
     """choices[0][inner][key] of an answer (None where absent); a choice of the wrong type is Malformed."""
@@ -246,6 +264,8 @@ def collect(client: Client, tasks: list[dict[str, Any]], *, k: int, workers: int
             out[task.name] = _windows(client, task, k, workers, prog, what, stats)
         elif task.type == "multiple_choice":
             out[task.name] = _choices(client, task, workers, prog, what, stats)
+        elif task.type in FORMAT_TYPES:
+            out[task.name] = _answers(client, task, workers, prog, what)
         else:
             def gen(it: RequestItem) -> str:
                 text = client.generate(it.messages or it.prompt, max_tokens=task.max_tokens, stop=task.stop,
@@ -255,6 +275,16 @@ def collect(client: Client, tasks: list[dict[str, Any]], *, k: int, workers: int
             outs = pmap(gen, task.items, workers, lambda d: prog(d, len(task.items), "generate"), what=f"items {what}")
             out[task.name] = {"type": "generate", "items": [{"id": it.id, "out": o} for it, o in zip(task.items, outs)]}
     return {"tasks": out, "stats": {"tokens": stats.tokens, "gen_tokens": 0, "seconds": time.monotonic() - t0}}
+
+
+def _answers(client: Client, task: ScoreTask, workers: int, prog: Progress, what: str) -> dict[str, Any]:  # Any: JSON values
+    """A json / tool_call task: each item's chat answer as served, kept whole (text, tool calls, finish reason)."""
+    def ask(it: RequestItem) -> ChatAnswer:
+        return client.chat_answer(it.messages or [{"role": "user", "content": it.prompt}], max_tokens=task.max_tokens,
+                                  response_format=it.response_format, tools=it.tools, tool_choice=it.tool_choice)
+
+    answers = pmap(ask, task.items, workers, lambda d: prog(d, len(task.items), "answers"), what=f"items {what}")
+    return {"type": task.type, "items": [{"id": it.id, "answer": a.to_dict()} for it, a in zip(task.items, answers)]}
 
 
 @dataclass
@@ -338,6 +368,9 @@ def combine(raw_b: dict[str, Any], raw_c: dict[str, Any], k: int) -> dict[str, P
         if tb["type"] == "perplexity":
             tasks[name] = PerplexityPair([_window(name, wb, wc) for wb, wc in pairs], seq_len=tb["seq_len"],
                                          corpus_tokens=tb["corpus_tokens"], kld_kind=f"top-{k}")
+        elif tb["type"] in FORMAT_TYPES:
+            tasks[name] = StructuredPair(tb["type"], [PairedAnswers(ib["id"], ChatAnswer.from_dict(ib["answer"]),
+                                                                    ChatAnswer.from_dict(ic["answer"])) for ib, ic in pairs])
         elif tb["type"] == "multiple_choice":
             tasks[name] = ChoicePair([PairedChoices(ib["id"], ib["ll"], ic["ll"], ib["n_bytes"], ib["greedy"],
                                                     ic["greedy"]) for ib, ic in pairs])
