@@ -286,6 +286,25 @@ def lm_eval_code(ctx: CheckContext) -> list[Finding]:
     return [Finding("lm_eval_code", p.level, p.field, p.message, p.hint) for p in problems(lm)]
 
 
+def suite_tools(ctx: CheckContext) -> list[Finding]:
+    """A suite's json / tool_call tasks against the engine and the serve flags they need, before any server
+    starts (data/formats.py ``served_needs``: what vLLM 0.32 refuses without them)."""
+    from infertool.data.formats import served_needs
+    from infertool.data.suites import load_suite
+    from infertool.errors import UsageError
+
+    ev = ctx.res.recipe.eval
+    if ev is None:
+        raise Skip("the recipe has no eval section")
+    try:
+        suite = load_suite(ev.suite)
+    except UsageError:
+        raise Skip("the suite does not load (input_files says why)") from None
+    if ev.engine == "openai":
+        raise Skip("eval.engine openai: the server at eval.url is started by someone else")
+    return [Finding("suite_tools", "error", f, m, h) for f, m, h in served_needs(suite.tasks, ev.engine, _serve(ctx))]
+
+
 LAUNCHING = frozenset({"run", "serve", "eval", "bench", "tune", "quantize", "launch"})
 SERVE = ("serve",)
 
@@ -313,6 +332,8 @@ BUILTIN = (  # in the order they run (and report): listed in the one check regis
                 reads=("model", "base")),
     RecipeCheck("lm_eval_code", lm_eval_code, "code of eval.lm_eval's task folder only with trust_code",
                 reads=("eval",), needs=("eval",)),
+    RecipeCheck("suite_tools", suite_tools, "json / tool_call tasks: a served engine and the tool-calling flags",
+                reads=("eval", "serve"), needs=("eval",)),
     RecipeCheck("input_files", input_files, "every input file: a regular UTF-8 file, bounded, its fields",
                 reads=("bench", "eval", "quantize")),
     RecipeCheck("serve_env", serve_env, "the serve environment a launch needs (warning in a dry run)",

@@ -35,9 +35,12 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from infertool.data.formats import (
+    FORMAT_TYPES, TASK_FIELDS, item_problems, item_texts, messages_problem, prepare_task, request_items,
+)
 from infertool.errors import UsageError
 
-TASK_TYPES = ("perplexity", "multiple_choice", "generate")
+TASK_TYPES = ("perplexity", "multiple_choice", "generate", "json", "tool_call")
 MATCH_KINDS = ("exact", "contains", "regex")
 # the held-out eval part of the built-in corpus (disjoint from what `calibration: builtin` calibrates on),
 # the calibration part, and the whole corpus
@@ -61,6 +64,11 @@ class SuiteTask:
     delimiter: str = " "
     data_path: str | None = None
     meta: dict = field(default_factory=dict)
+    # json / tool_call (infertool.data.formats): the task's schema and mode; its tools and tool_choice
+    schema: dict | None = None
+    mode: str = "response_format"
+    tools: list[dict] = field(default_factory=list)
+    tool_choice: str = "auto"
 
     def request(self, seq_len: int, max_items: int | None) -> dict:
         """What an engine needs to score this task (JSON-able)."""
@@ -74,6 +82,8 @@ class SuiteTask:
             return {**head, "items": [{"id": it["id"], "context": it["question"],
                                        "continuations": [self.delimiter + str(c) for c in it["choices"]]}
                                       for it in items]}
+        if self.type in FORMAT_TYPES:
+            return {**head, "items": request_items(self, items), "max_tokens": self.max_tokens}
         return {**head, "items": [{"id": it["id"], **({"messages": it["messages"]} if "messages" in it
                                                       else {"prompt": it["prompt"]})} for it in items],
                 "chat": self.chat, "max_tokens": self.max_tokens, "stop": list(self.stop)}
@@ -95,6 +105,8 @@ class Suite:
                 out.append(t.text or "")
             elif t.type == "multiple_choice":
                 out += [f"{it['question']} " + " ".join(str(c) for c in it["choices"]) for it in t.items]
+            elif t.type in FORMAT_TYPES:
+                out += [item_texts(it) for it in t.items]
             else:
                 out += [" ".join([*(m["content"] for m in it.get("messages") or []), it.get("prompt", ""), str(it["target"])])
                         for it in t.items]
@@ -329,19 +341,10 @@ def _read_jsonl(path: Path, suite_path: Path) -> tuple[list[dict], list[int], li
     return items, lines, [bad[n] for n in sorted(bad)]
 
 
-def _messages_problem(msgs) -> str | None:
-    """Why a chat item's ``messages`` is not a conversation ending with the user's turn (None: it is)."""
-    if not isinstance(msgs, list) or not msgs or not all(
-            isinstance(m, dict) and m.get("role") in ("system", "user", "assistant")
-            and isinstance(m.get("content"), str) for m in msgs):
-        return "messages must be a non-empty list of {\"role\": system|user|assistant, \"content\": text}"
-    if msgs[-1]["role"] != "user":
-        return "the last message must be the user's (the model answers it)"
-    return None
-
-
 def _item_problems(task: SuiteTask, item: dict) -> list[str]:
-    """What is wrong with one item of a multiple_choice or generate task (empty: nothing)."""
+    """What is wrong with one item of a multiple_choice, generate, json or tool_call task (empty: nothing)."""
+    if task.type in FORMAT_TYPES:
+        return item_problems(task, item)
     if task.type == "multiple_choice":
         need: tuple[str, ...] = ("id", "question", "choices", "answer")
     else:
@@ -361,7 +364,7 @@ def _item_problems(task: SuiteTask, item: dict) -> list[str]:
     if "messages" in item:
         if "prompt" in item:
             out.append("give prompt or messages, not both")
-        why = _messages_problem(item["messages"])
+        why = messages_problem(item["messages"])
         if why:
             out.append(why)
         if not task.chat:
@@ -416,7 +419,8 @@ def load_suite(name_or_path: str | Path) -> Suite:
     if unknown:
         raise _bad(path, f"unknown suite field(s): {', '.join(sorted(unknown))}")
     tasks = []
-    allowed = {"name", "type", "data", "source", "seq_len", "max_windows", "match", "chat", "max_tokens", "stop", "delimiter"}
+    allowed = {"name", "type", "data", "source", "seq_len", "max_windows", "match", "chat", "max_tokens", "stop", "delimiter",
+               *TASK_FIELDS}
     for i, t in enumerate(data["tasks"]):
         if not isinstance(t, dict):
             raise _bad(path, f"tasks[{i}]: expected a mapping")
@@ -458,6 +462,10 @@ def load_suite(name_or_path: str | Path) -> Suite:
         else:
             if not task.data_path:
                 raise _bad(path, f"tasks[{i}]: a {ttype} task needs data: FILE.jsonl")
+            found = prepare_task(task, t, path, i) if ttype in FORMAT_TYPES else [f"tasks[{i}].{k}: not a field of a "
+                                                                                  f"{ttype} task" for k in TASK_FIELDS if k in t]
+            if found:
+                raise _bad(path, f"{len(found)} problem(s):\n  " + "\n  ".join(found))
             task.items, lines, bad = _read_jsonl(path.parent / task.data_path, path)
             _check_items(task, path.parent / task.data_path, lines, bad)
         tasks.append(task)

@@ -23,13 +23,15 @@ from infertool.data.suites import Suite, SuiteTask, generation_correct, load_sui
 from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
 from infertool.evaluate.paired import (
-    ChoicePair, EngineRun, GeneratePair, HfJob, Paired, ScoreTask, PerplexityPair, TaskTiming, run_from_json,
+    ChoicePair, EngineRun, GeneratePair, HfJob, Paired, ScoreTask, PerplexityPair, StructuredPair, TaskTiming,
+    run_from_json,
 )
 from infertool.evaluate.prepare import EvalPlan
 from infertool.evaluate.result import (
     Accept, ChoiceResult, EvalFiles, EvalModel, EvalResult, EvalSettings, GenerateResult, Pooled, PerplexityMetrics,
     PerplexityResult, SuiteInfo, TaskResult, Timing,
 )
+from infertool.evaluate.served_formats import FormatTask, gate_note, summarize_structured, valid_share
 from infertool.evaluate.verdict import Estimate, Gate, judge, thresholds, verdict
 
 if TYPE_CHECKING:
@@ -135,6 +137,9 @@ def estimates(pool: Pooled, confidence: float) -> dict[str, Estimate]:
         out |= {"min_recovery": Estimate(lm.recovery, *_interval(lm.recovery_ci), lm.n)}
     if dec is not None and dec.steps and dec.kld_ci:  # the decode path as served: teacher-forced per-step KLD
         out |= {"max_decode_kld": Estimate(dec.kld, *_interval(dec.kld_ci), dec.steps)}
+    for gate, share in (("min_json_valid", pool.json_valid), ("min_tool_call_valid", pool.tool_call_valid)):
+        if share is not None and share.n:  # json / tool_call tasks: the candidate's valid answers
+            out[gate] = Estimate(share.share, *_interval(share.ci), share.n)
     return out
 
 
@@ -152,8 +157,9 @@ def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:  # Any: JSON
         cov = (tok.topk_covered_mass or {}).get("mean")
         topk_note = (f"{tok.kld_kind} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)"
                      if isinstance(cov, float) and math.isfinite(cov) and cov else "")
-    return [judge(g, val, found.get(g), confidence=conf, note=topk_note if g == "max_mean_kld" else "")
-            for g, val in thresholds(accept).items()]
+    notes = {"max_mean_kld": topk_note, "min_json_valid": gate_note(pool.json_valid),
+             "min_tool_call_valid": gate_note(pool.tool_call_valid)}
+    return [judge(g, val, found.get(g), confidence=conf, note=notes.get(g, "")) for g, val in thresholds(accept).items()]
 
 
 def _perplexity_task(task: SuiteTask, raw: PerplexityPair, conf: float,
@@ -181,10 +187,15 @@ def summarize(suite: Suite, raw_tasks: dict[str, Paired], accept: dict[str, Any]
     correct_b: list[bool] = []
     correct_c: list[bool] = []
     windows: list[PerplexityPair] = []
+    formats: dict[str, list[FormatTask]] = {"json": [], "tool_call": []}
     for task in suite.tasks:
         raw = raw_tasks[task.name]
         s: TaskResult
-        if isinstance(raw, PerplexityPair):
+        if isinstance(raw, StructuredPair):
+            done = summarize_structured(task, raw, conf)
+            formats[task.type].append(done)
+            s, recs, (cb, cc) = done.result, done.records, (done.ok_b, done.ok_c)
+        elif isinstance(raw, PerplexityPair):
             s, recs, (cb, cc) = _perplexity_task(task, raw, conf)
             windows.append(raw)
         elif isinstance(raw, ChoicePair):
@@ -199,7 +210,8 @@ def summarize(suite: Suite, raw_tasks: dict[str, Paired], accept: dict[str, Any]
         tokens=summarize_perplexity(PerplexityPair([w for t in windows for w in t.items], kld_kind=windows[0].kld_kind),
                                     conf) if windows else None,
         items=M.paired_accuracy(correct_b, correct_c, conf) if correct_b else None,
-        lm_eval=phase_pool.lm_eval if phase_pool else None, decode=phase_pool.decode if phase_pool else None)
+        lm_eval=phase_pool.lm_eval if phase_pool else None, decode=phase_pool.decode if phase_pool else None,
+        json_valid=valid_share(formats["json"], conf), tool_call_valid=valid_share(formats["tool_call"], conf))
     return tasks, records, pool, make_gates(pool, accept)
 
 

@@ -203,12 +203,16 @@ def _add_seconds(timing: TaskTiming, model: int, seconds: float) -> None:
 
 
 def compare_task(spec: dict[str, Any], events: Events) -> dict[str, Any]:  # Any: JSON values
-    """Stage ``eval.hf``: score every task of the suite with base and candidate on the same tokens."""
+    """Stage ``eval.hf``: score every task of the suite with base and candidate on the same tokens (a json /
+    tool_call task is refused before anything loads: it is scored as served)."""
+    from infertool.data.formats import served_only
+
+    job = HfJob.from_dict(spec)
+    served_only([(t.name, t.type) for t in job.tasks], "hf")
     import torch
     import transformers
     from transformers import AutoTokenizer
 
-    job = HfJob.from_dict(spec)
     torch.set_num_threads(max(1, job.threads or usable_cores()))
     events.log(f"loading base {job.base}")
     trust = job.trust_remote_code

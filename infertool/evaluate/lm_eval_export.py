@@ -131,6 +131,8 @@ def _rows(task: SuiteTask) -> list[dict[str, Any]]:  # Any: JSON / YAML values
             pairs = zip(corpus.part(name).keys, corpus.part(name).docs) if name else corpus.topics()
             return [{"id": k, "text": t} for k, t in pairs]
         return [{"id": str(i), "text": p} for i, p in enumerate((task.text or "").split("\n\n"))]
+    if task.type in ("json", "tool_call"):
+        raise _NoForm(f"a {task.type} task checks a server's structured answers, which lm-eval does not score")
     if task.type == "generate" and getattr(task, "match", "exact") != "exact":
         raise _NoForm(f"matched by {task.match}, which the exported exact-match metric would not reproduce")
     chats = [it for it in task.items if "messages" in it]

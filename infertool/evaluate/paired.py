@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, ClassVar
 
+from infertool.evaluate.structured import ChatAnswer
 from infertool.records import Record, Sparse
 
 
@@ -18,6 +19,10 @@ class RequestItem(Record):
     continuations: list[str] = field(default_factory=list)
     prompt: str = ""  # generate: a prompt, or a chat item's conversation
     messages: list[dict[str, Any]] | None = None  # Any: JSON values
+    # json / tool_call (infertool.data.formats.request_items): the request fields of a structured item
+    response_format: dict[str, Any] | None = None  # Any: JSON values
+    tools: list[dict[str, Any]] | None = None  # Any: JSON values (OpenAI's tool format)
+    tool_choice: str | dict[str, Any] | None = None  # Any: JSON values
 
 
 @dataclass
@@ -111,7 +116,25 @@ class GeneratePair:
     items: list[PairedOutputs]
 
 
-Paired = PerplexityPair | ChoicePair | GeneratePair
+@dataclass(frozen=True)
+class PairedAnswers:
+    """A json / tool_call item: both models' chat answers as served (the raw Answers)."""
+
+    id: str
+    answer_b: ChatAnswer
+    answer_c: ChatAnswer
+
+
+@dataclass(frozen=True)
+class StructuredPair:
+    """A json or tool_call task (``kind``): both models' answers, item by item (server engines only)."""
+
+    type: ClassVar[str] = "structured"
+    kind: str
+    items: list[PairedAnswers]
+
+
+Paired = PerplexityPair | ChoicePair | GeneratePair | StructuredPair
 
 
 @dataclass
@@ -152,6 +175,9 @@ def from_json(d: dict[str, Any]) -> Paired:  # Any: JSON values (the hf worker's
         return PerplexityPair(**{**body, "items": [PairedWindow(**w) for w in body["items"]]})
     if d["type"] == "multiple_choice":
         return ChoicePair([PairedChoices(**it) for it in body["items"]])
+    if d["type"] == StructuredPair.type:
+        return StructuredPair(body["kind"], [PairedAnswers(it["id"], ChatAnswer.from_dict(it["answer_b"]),
+                                                           ChatAnswer.from_dict(it["answer_c"])) for it in body["items"]])
     return GeneratePair([PairedOutputs(**it) for it in body["items"]])
 
 

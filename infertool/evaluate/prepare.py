@@ -142,10 +142,12 @@ class EvalPlan:
 # ------------------------------------------------------------------------------------------- the plan
 def make_plan(res: Resolution, options: EvalOptions) -> EvalPlan:
     """The eval of ``res`` (infertool.resolve.Resolution) as ``options`` ask: see the module docstring."""
+    from infertool.data.formats import served_only
     from infertool.data.suites import load_suite
 
     ev = eval_section(res.recipe, options)
-    load_suite(ev.suite)  # an unknown suite fails here, a dry run too ("did you mean ...")
+    suite = load_suite(ev.suite)  # an unknown suite fails here, a dry run too ("did you mean ...")
+    served_only([(t.name, t.type) for t in suite.tasks], ev.engine)  # json / tool_call: not the hf engine
     if ev.engine != "hf" and ev.decode.enabled:  # the decode prompts, read and checked before any server
         from infertool.evaluate.decode import load_prompts
 

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from infertool.evaluate.lm_eval_export import LmEvalExport
     from infertool.evaluate.prepare import EvalPlan
     from infertool.evaluate.result import (
-        ChoiceResult, DecodeComparison, EvalResult, GenerateResult, LmEvalComparison, PerplexityMetrics, TaskResult,
+        ChoiceResult, DecodeComparison, EvalResult, GenerateResult, LmEvalComparison, PerplexityMetrics,
+        StructuredResult, TaskResult,
     )
 
 class Findings(Protocol):
@@ -102,10 +103,12 @@ def _pair(ci: list[float | None], spec: str) -> str:
 
 
 def task_table(name: str, t: TaskResult) -> Table:
-    from infertool.evaluate.result import ChoiceResult, GenerateResult, PerplexityMetrics
+    from infertool.evaluate.result import ChoiceResult, GenerateResult, PerplexityMetrics, StructuredResult
 
     if isinstance(t, PerplexityMetrics):
         return perplexity_table(name, t)
+    if isinstance(t, StructuredResult):
+        return structured_table(name, t)
     if isinstance(t, (ChoiceResult, GenerateResult)):
         return accuracy_table(name, t)
     return Table(title=plain(f"{name}: a task of type {t.type!r} this version does not know"))
@@ -155,6 +158,27 @@ def accuracy_table(name: str, t: ChoiceResult | GenerateResult) -> Table:
     return tab
 
 
+def structured_table(name: str, t: StructuredResult) -> Table:
+    """A json / tool_call task as served: each model's parses / valid / matches rates [interval], the items it
+    got right, its commonest failure; the paired accuracy of the items right."""
+    how = f"mode {t.mode}" if t.type == "json" else f"tool_choice {t.mode}"
+    tab = Table(title=plain(f"{name}: {t.items} items ({t.type}, {how})"))
+    for col in ("check", "base", "candidate"):
+        tab.add_column(col, justify="left" if col == "check" else "right")
+    rows = (("parses", "parses", "parses_ci"), ("valid", "valid", "valid_ci"), ("matches", "matches", "matches_ci"))
+    for label, key, ci in rows:
+        vals = [f"{_pct(getattr(m, key), '.1%')} {_pair(getattr(m, ci), '.1%')}" if getattr(m, key) is not None
+                else "-" for m in (t.base, t.candidate)]
+        tab.add_row(label, *vals)
+    tab.add_row("right (every check)", f"{t.base.right} of {t.base.n}", f"{t.candidate.right} of {t.candidate.n}")
+    top = [next(iter(m.failures.items()), None) for m in (t.base, t.candidate)]
+    tab.add_row("commonest failure", *(plain(f"{k} ({n})") if k else "-" for k, n in (x or ("", 0) for x in top)))
+    if t.acc is not None:
+        a = t.acc
+        tab.add_row("paired: b / c / McNemar p", "", plain(f"{a.b} / {a.c} / " + ("-" if a.mcnemar_p is None else f"{a.mcnemar_p:.3g}")))
+    return tab
+
+
 def lm_eval_table(block: LmEvalComparison) -> Table:
     """results.json's ``pooled.lm_eval``: per task base, candidate, recovery [interval], lost / gained, McNemar p."""
     note = task_code_note(block)
@@ -195,6 +219,8 @@ def suites(as_json: bool) -> None:
 
 
 def _task_view(t: SuiteTask) -> dict[str, Any]:  # Any: JSON values
+    from infertool.data.formats import tool_names
+
     d: dict[str, Any] = {"name": t.name, "type": t.type, "items": len(t.items) if t.type != "perplexity" else None,  # Any: JSON values
                          "data": t.data_path, "source": t.source}
     if t.type == "perplexity":
@@ -203,6 +229,10 @@ def _task_view(t: SuiteTask) -> dict[str, Any]:  # Any: JSON values
         d["first_items"] = t.items[:SHOW_ITEMS]
         if t.type == "generate":
             d.update(match=t.match, chat=t.chat, max_tokens=t.max_tokens, stop=t.stop)
+        elif t.type == "json":
+            d.update(mode=t.mode, max_tokens=t.max_tokens, schema=t.schema)
+        elif t.type == "tool_call":
+            d.update(tool_choice=t.tool_choice, max_tokens=t.max_tokens, tools=[fn.name for fn in tool_names(t.tools).values()])
     return d
 
 

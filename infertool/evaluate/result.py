@@ -23,9 +23,9 @@ from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
 
 __all__ = ["Accept", "ChoiceResult", "DecodeComparison", "Diverged", "EvalFiles", "EvalModel", "EvalResult",
-           "EvalSettings", "EvalSummary", "GenerateResult", "Gate", "HeldOut", "LmEvalComparison", "LmEvalTask",
-           "PairedAccuracy", "PerplexityMetrics", "PerplexityResult", "Pooled", "SuiteInfo", "TaskCode", "TaskResult",
-           "Timing"]
+           "EvalSettings", "EvalSummary", "FormatRates", "GenerateResult", "Gate", "HeldOut", "LmEvalComparison",
+           "LmEvalTask", "PairedAccuracy", "PerplexityMetrics", "PerplexityResult", "Pooled", "StructuredResult",
+           "SuiteInfo", "TaskCode", "TaskResult", "Timing", "ValidShare"]
 
 
 @dataclass
@@ -112,8 +112,42 @@ class GenerateResult(TaskResult):
     output_agreement_ci: list[float | None] = field(default_factory=list)
 
 
+@dataclass
+class FormatRates(Record):
+    """One model's answers on a json / tool_call task: how many parse, are valid (json: against the schema; a
+    tool call: the right function with an OBJECT of arguments valid against its parameters), match the
+    reference / expected arguments (of the items that give one), each with its Wilson interval; ``right``:
+    items every check passed; ``failures``: the first failing check's kind, counted (most first)."""
+
+    n: int = 0
+    right: int = 0
+    parses: float | None = None
+    parses_ci: list[float | None] = field(default_factory=list)
+    valid: float | None = None
+    valid_ci: list[float | None] = field(default_factory=list)
+    valid_n: int = 0  # items whose answer is valid
+    matches: float | None = None
+    matches_ci: list[float | None] = field(default_factory=list)
+    matches_of: int = 0  # items with a reference / expected arguments
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class StructuredResult(TaskResult):
+    """A json or tool_call task as served: each model's rates, and the paired accuracy of ``ok`` (every check
+    passed) that joins the pooled items."""
+
+    type: str = "json"
+    items: int = 0
+    mode: str | None = None  # json: response_format | prompt; tool_call: the task's tool_choice
+    base: FormatRates = field(default_factory=FormatRates)
+    candidate: FormatRates = field(default_factory=FormatRates)
+    acc: PairedAccuracy | None = None
+
+
 _TASK_TYPES: dict[Any, type[TaskResult]] = {"perplexity": PerplexityResult, "multiple_choice": ChoiceResult,  # Any: a JSON key: the type field read back
-                                            "generate": GenerateResult}
+                                            "generate": GenerateResult, "json": StructuredResult,
+                                            "tool_call": StructuredResult}
 
 
 # ------------------------------------------------------------------------------------------- as-served phases
@@ -213,16 +247,33 @@ class DecodeComparison(Sparse):
 
 
 @dataclass
+class ValidShare(Record):
+    """The candidate's share of valid answers over every task of one kind (json or tool_call), with its Wilson
+    interval (the gates min_json_valid / min_tool_call_valid), the base's beside it, and the candidate's
+    failures by kind (most first)."""
+
+    n: int = 0
+    valid: int = 0
+    share: float | None = None
+    ci: list[float | None] = field(default_factory=list)
+    base_valid: int = 0
+    failures: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
 class Pooled(Sparse):
     """Metrics pooled over the suite: tokens over every perplexity task, paired accuracy over every item."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("tokens", "items", "lm_eval", "decode")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("tokens", "items", "lm_eval", "decode", "json_valid", "tool_call_valid")
 
     tokens: PerplexityMetrics | None = None
     items: PairedAccuracy | None = None
     # the as-served phases (infertool.evaluate.phases): lm-eval tasks joined per document, the decode path
     lm_eval: LmEvalComparison | None = None
     decode: DecodeComparison | None = None
+    # json / tool_call tasks: the candidate's valid answers
+    json_valid: ValidShare | None = None
+    tool_call_valid: ValidShare | None = None
 
 
 # ------------------------------------------------------------------------------------------- context
@@ -293,6 +344,8 @@ class Accept(Record):
     max_ppl_ratio: float | None = None
     max_acc_drop: float | None = None
     max_flip_rate: float | None = None
+    min_json_valid: float | None = None
+    min_tool_call_valid: float | None = None
     confidence: float = 0.95
     allow_inconclusive: bool = False
 

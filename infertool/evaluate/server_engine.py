@@ -26,10 +26,11 @@ from infertool import net
 from infertool.errors import BackendError, RuntimeFailure, TokenizerMismatch, UsageError
 from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, PromptLogprobs, parse_prompt_logprobs, pmap
 from infertool.evaluate.metrics import topk_kld
+from infertool.data.formats import FORMAT_TYPES
 from infertool.evaluate.structured import ChatAnswer, answer_from_reply
 from infertool.evaluate.paired import (
-    ChoicePair, EngineRun, GeneratePair, Paired, PairedChoices, PairedOutputs, PairedWindow, PerplexityPair,
-    RequestItem, ScoreTask, TaskTiming, cut_at_stop,
+    ChoicePair, EngineRun, GeneratePair, Paired, PairedAnswers, PairedChoices, PairedOutputs, PairedWindow,
+    PerplexityPair, RequestItem, ScoreTask, StructuredPair, TaskTiming, cut_at_stop,
 )
 
 if TYPE_CHECKING:
@@ -263,6 +264,8 @@ def collect(client: Client, tasks: list[dict[str, Any]], *, k: int, workers: int
             out[task.name] = _windows(client, task, k, workers, prog, what, stats)
         elif task.type == "multiple_choice":
             out[task.name] = _choices(client, task, workers, prog, what, stats)
+        elif task.type in FORMAT_TYPES:
+            out[task.name] = _answers(client, task, workers, prog, what)
         else:
             def gen(it: RequestItem) -> str:
                 text = client.generate(it.messages or it.prompt, max_tokens=task.max_tokens, stop=task.stop,
@@ -272,6 +275,16 @@ def collect(client: Client, tasks: list[dict[str, Any]], *, k: int, workers: int
             outs = pmap(gen, task.items, workers, lambda d: prog(d, len(task.items), "generate"), what=f"items {what}")
             out[task.name] = {"type": "generate", "items": [{"id": it.id, "out": o} for it, o in zip(task.items, outs)]}
     return {"tasks": out, "stats": {"tokens": stats.tokens, "gen_tokens": 0, "seconds": time.monotonic() - t0}}
+
+
+def _answers(client: Client, task: ScoreTask, workers: int, prog: Progress, what: str) -> dict[str, Any]:  # Any: JSON values
+    """A json / tool_call task: each item's chat answer as served, kept whole (text, tool calls, finish reason)."""
+    def ask(it: RequestItem) -> ChatAnswer:
+        return client.chat_answer(it.messages or [{"role": "user", "content": it.prompt}], max_tokens=task.max_tokens,
+                                  response_format=it.response_format, tools=it.tools, tool_choice=it.tool_choice)
+
+    answers = pmap(ask, task.items, workers, lambda d: prog(d, len(task.items), "answers"), what=f"items {what}")
+    return {"type": task.type, "items": [{"id": it.id, "answer": a.to_dict()} for it, a in zip(task.items, answers)]}
 
 
 @dataclass
@@ -355,6 +368,9 @@ def combine(raw_b: dict[str, Any], raw_c: dict[str, Any], k: int) -> dict[str, P
         if tb["type"] == "perplexity":
             tasks[name] = PerplexityPair([_window(name, wb, wc) for wb, wc in pairs], seq_len=tb["seq_len"],
                                          corpus_tokens=tb["corpus_tokens"], kld_kind=f"top-{k}")
+        elif tb["type"] in FORMAT_TYPES:
+            tasks[name] = StructuredPair(tb["type"], [PairedAnswers(ib["id"], ChatAnswer.from_dict(ib["answer"]),
+                                                                    ChatAnswer.from_dict(ic["answer"])) for ib, ic in pairs])
         elif tb["type"] == "multiple_choice":
             tasks[name] = ChoicePair([PairedChoices(ib["id"], ib["ll"], ic["ll"], ib["n_bytes"], ib["greedy"],
                                                     ic["greedy"]) for ib, ic in pairs])

@@ -16,10 +16,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from infertool.data.formats import ExpectedCall, tool_names, validation_error
 from infertool.records import Record
 
 SHOWN = 80  # characters of an answer quoted in a reason
-TOOL_NAME = r"^[A-Za-z0-9_-]{1,64}$"  # what OpenAI's API accepts as a function name
 
 
 @dataclass
@@ -57,31 +57,6 @@ class ItemCheck(Record):
 
 Answer = ChatAnswer  # the names the suite kinds' readers use (verify, evidence)
 Check = ItemCheck
-
-
-@dataclass
-class FunctionDef(Record):
-    """A tool's function as OpenAI's format writes it: its name and its parameters' JSON schema."""
-
-    name: str = ""
-    description: str | None = None
-    parameters: dict[str, Any] | None = None  # Any: a JSON schema
-
-
-@dataclass
-class ToolDef(Record):
-    """One entry of an OpenAI ``tools`` list: ``{"type": "function", "function": {...}}``."""
-
-    type: str = ""
-    function: FunctionDef | None = None
-
-
-@dataclass
-class ExpectedCall(Record):
-    """A tool_call item's expected call: the function's name, and its arguments where the item gives them."""
-
-    name: str = ""
-    arguments: dict[str, Any] | None = None  # Any: JSON values
 
 
 @dataclass
@@ -132,41 +107,6 @@ def quote(text: str | None, n: int = SHOWN) -> str:
     """A text shown in a reason: one line, at most ``n`` characters."""
     s = (text or "").replace("\n", " ")
     return s if len(s) <= n else s[: n - 3] + "..."
-
-
-def schema_validator(schema: Any) -> Any:  # Any: a JSON schema in; a jsonschema validator out
-    """The validator of the draft the schema's ``$schema`` names (Draft 2020-12 when it names none)."""
-    import jsonschema
-
-    default = jsonschema.Draft202012Validator
-    cls = jsonschema.validators.validator_for(schema, default=default) if isinstance(schema, dict) else default
-    return cls(schema)
-
-
-def schema_problem(schema: Any) -> str | None:  # Any: a JSON value from a suite
-    """Why ``schema`` is not a JSON schema (its draft's meta-schema says), or None."""
-    import jsonschema
-
-    if not isinstance(schema, (dict, bool)):
-        return f"a schema must be a mapping, not {type(schema).__name__}"
-    cls = (jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
-           if isinstance(schema, dict) else jsonschema.Draft202012Validator)
-    try:
-        cls.check_schema(schema)
-    except jsonschema.SchemaError as e:
-        where = "/".join(str(p) for p in e.absolute_path) or "(top)"
-        return f"not a valid JSON schema at {where}: {e.message}"
-    return None
-
-
-def validation_error(value: Any, schema: Any) -> str | None:  # Any: JSON values
-    """The first error of ``value`` against ``schema`` (its path and message, in words), or None."""
-    errors = sorted(schema_validator(schema).iter_errors(value), key=lambda e: (len(e.absolute_path), e.message))
-    if not errors:
-        return None
-    e = errors[0]
-    where = "/".join(str(p) for p in e.absolute_path)
-    return (f"at {where}: " if where else "") + quote(e.message, 160)
 
 
 def same(a: Any, b: Any) -> bool:  # Any: JSON values
@@ -235,15 +175,6 @@ def check_json(answer: ChatAnswer, schema: Any, reference: Any = None) -> ItemCh
     return ItemCheck(True, "", True, True, matches)
 
 
-def tool_named(tools: list[Any], name: str) -> FunctionDef | None:  # Any: OpenAI tool definitions (JSON)
-    """The function of the tool called ``name`` (None: no such tool)."""
-    for t in tools:
-        fn = ToolDef.from_dict(t).function
-        if fn is not None and fn.name == name:
-            return fn
-    return None
-
-
 def check_tool_call(answer: ChatAnswer, tools: list[Any], expected: Any, tool_choice: Any = "auto") -> ItemCheck:  # Any: JSON values (OpenAI's tool format)
     """A tool_call item: a call made, the expected function, arguments that parse to a JSON OBJECT valid against
     that tool's ``parameters``, equal to the expected arguments where given (``expected``: {name, arguments?}).
@@ -269,7 +200,7 @@ def check_tool_call(answer: ChatAnswer, tools: list[Any], expected: Any, tool_ch
         kind = "a JSON string" if isinstance(args, str) else f"a JSON {type(args).__name__}"
         return ItemCheck(False, f"arguments are {kind}, not an object: {quote(call.arguments)}", True, False,
                      matches, calls=n)
-    fn = tool_named(tools, call.name)
+    fn = tool_names(tools).get(call.name)
     if fn is None:
         return ItemCheck(False, f"called {call.name!r}, which is not one of the tools offered", True, False, matches,
                      calls=n)

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
-from infertool.evaluate.paired import ChoicePair, PerplexityPair
+from infertool.evaluate.paired import ChoicePair, PerplexityPair, StructuredPair
 from infertool.evaluate.decode import DecodeRaw, compare
 from infertool.evaluate.result import DecodeComparison
 from infertool.evaluate.server_engine import combine
@@ -119,6 +119,8 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
             s = summarize_perplexity(t, confidence)
             block.tasks[name] = PromptTask(t.type, s.tokens, s.kld["mean"], s.top1_agree)
             continue
+        if isinstance(t, StructuredPair):
+            continue  # json / tool_call tasks: not compared by agreement here
         if isinstance(t, ChoicePair):
             same = sum(_pick(it.ll_b) == _pick(it.ll_c) for it in t.items)
         else:
