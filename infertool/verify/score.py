@@ -36,7 +36,7 @@ from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
 from infertool.records import Record, Sparse
 from infertool.verify.capture import LmevalConfig
 from infertool.verify.evidence import JsonDoc
-from infertool.verify.answers import STRUCTURED, AnsweredRaw, AnswersScore, score_answers
+from infertool.verify.answers import AnswersScore, score_answers
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
 RULES: dict[str, Rule] = {
@@ -97,12 +97,6 @@ class PromptScore(Record):
     kld_kind: str = ""
 
 
-def _unstructured(raw: dict[str, Any]) -> dict[str, Any]:  # Any: collect's raw output
-    """collect's raw output without its json and tool_call tasks (``verify.answers`` scores those)."""
-    skip = {n for n, t in AnsweredRaw.from_dict(raw).tasks.items() if t.type in STRUCTURED}
-    return {**raw, "tasks": {n: t for n, t in _obj(raw.get("tasks")).items() if n not in skip}}
-
-
 def _pick(logliks: list[float]) -> int:
     """A choice task's pick: the choice of the highest log-likelihood."""
     return max(range(len(logliks)), key=logliks.__getitem__)
@@ -112,7 +106,7 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
                   confidence: float) -> PromptScore:
     """The prompt block: pooled KLD and top-1 over the perplexity tasks, agreement of the other tasks."""
     block = PromptScore(kld_kind=f"top-{k}")
-    tasks = combine(_unstructured(evidence_raw), _unstructured(new_raw), k)
+    tasks = combine(evidence_raw, new_raw, k)
     ppl = [t for t in tasks.values() if isinstance(t, PerplexityPair)]
     for name, t in tasks.items():
         if isinstance(t, PerplexityPair):
@@ -120,7 +114,7 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
             block.tasks[name] = PromptTask(t.type, s.tokens, s.kld["mean"], s.top1_agree)
             continue
         if isinstance(t, StructuredPair):
-            continue  # json / tool_call tasks: not compared by agreement here
+            continue  # json / tool_call tasks: verify.answers compares them
         if isinstance(t, ChoicePair):
             same = sum(_pick(it.ll_b) == _pick(it.ll_c) for it in t.items)
         else:
@@ -388,8 +382,8 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     gs = gates(accept, prompts, decode, {"prompts": prompts_why, "decode": decode_why, "lmeval": lm.why,
                                          "answers": answers_why}, lm, answers)
     v, reason = decode_required(gs, decode_why)
-    said = [f"{g.name}: {g.note}" for g in gs if g.status == "FAIL" and BLOCK_OF.get(g.name) == "answers" and g.note]
-    return Scored(prompts, decode, lm, gs, v, "; ".join([reason, *said]), answers)
+    said = [g.note for g in gs if g.status == "FAIL" and BLOCK_OF.get(g.name) == "answers" and g.note]
+    return Scored(prompts, decode, lm, gs, v, reason + (f" ({'; '.join(said)})" if said else ""), answers)
 
 
 def decode_required(gs: list[Gate], decode_why: str | None) -> tuple[str, str]:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 STYLES = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow"}
 NO_PROVENANCE = "none (the folder carries no provenance.intoto.json)"
+SHOWN_ROWS = 3  # json / tool-call items printed whose answer changed (verify.json lists up to answers.MAX_LISTED)
 
 
 def _lines(lines: list[str]) -> None:
@@ -107,10 +108,14 @@ def render(result: VerifyResult) -> None:
         figs.add_row("lm-eval agreement", "-", "-", plain(lm.why or ""))
     _answers(figs, result)
     out.print(figs)
-    for fr in (result.answers.rows if result.answers is not None else []):
+    listed = result.answers.rows if result.answers is not None else []
+    for fr in listed[:SHOWN_ROWS]:
         what = "changed" if fr.changed else "validity moved"
         out.print(plain(f"  {what}: {fr.task} {fr.id}: {fr.recorded} in the evidence, {fr.now} now"
                         + (f" ({fr.why_now})" if fr.why_now else "")), soft_wrap=True)
+    if result.answers is not None and result.answers.changed > SHOWN_ROWS:
+        out.print(plain(f"  ... {len(listed) - SHOWN_ROWS} more listed in verify.json's answers.rows "
+                        f"({result.answers.changed} changed in all)"), soft_wrap=True)
     for row in lm.changed_docs[:10]:
         out.print(plain(f"  lm-eval changed: {row.task} doc {row.doc_id}: {row.evidence} in the evidence, "
                         f"{row.now} now"), soft_wrap=True)
