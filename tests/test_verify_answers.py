@@ -20,7 +20,7 @@ from infertool.verify import evidence as E
 from tests.test_verify import (  # noqa: F401  (gathered, servers: fixtures)
     N_PROMPTS, TEXT, StandIn, _Events, _fake_python, _serve, gathered, published_folder, servers)
 
-N_ITEMS = 12  # per task: 12 unchanged items clear max_answers_changed's 0.25 (Wilson's upper end 0.2425)
+N_ITEMS = 12  # per task
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
           "required": ["city", "population"], "additionalProperties": False}
 TOOLS = [{"type": "function", "function": {
@@ -122,7 +122,7 @@ def test_unchanged_answers_pass(tmp_path, recorded, answering):
     assert a["tasks"]["tools"] == {"type": "tool_call", "items": N_ITEMS, "changed": 0, "valid_recorded": N_ITEMS,
                                    "valid_now": N_ITEMS, "ok_recorded": N_ITEMS, "ok_now": N_ITEMS}
     gates = {g["name"]: g for g in doc["gates"]}
-    assert gates["max_answers_changed"]["status"] == "PASS" and gates["max_answers_changed"]["hi"] < 0.25
+    assert gates["max_answers_changed"]["status"] == "PASS" and gates["max_answers_changed"]["hi"] < 0.5
     assert gates["max_valid_drop"]["status"] == "PASS"
     # the prompt figures are those of the perplexity task alone (the answers are not generate outputs)
     assert set(doc["prompts"]["tasks"]) == {"corpus"} and doc["prompts"]["kld"] == 0.0
@@ -145,10 +145,11 @@ def test_tool_arguments_now_json_strings_fail_naming_the_reason(tmp_path, record
     assert row["now"] == 'get_weather("Paris")' and row["why_now"].startswith(why) and "why_recorded" not in row
     gates = {g["name"]: g for g in doc["gates"]}
     assert gates["max_valid_drop"]["status"] == "FAIL" and gates["max_valid_drop"]["estimate"] == 0.5
-    assert why in gates["max_valid_drop"]["note"] and gates["max_answers_changed"]["status"] == "FAIL"
-    assert why in doc["reason"] and "max_valid_drop" in doc["reason"]
-    # the decode path and the prompt log-probabilities did not move: only these two gates fail
-    assert {g["name"] for g in doc["gates"] if g["status"] == "FAIL"} == {"max_answers_changed", "max_valid_drop"}
+    assert why in gates["max_valid_drop"]["note"] and why in doc["reason"] and "max_valid_drop" in doc["reason"]
+    # half the answers changed: Wilson's interval [0.31, 0.69] straddles the default 0.5
+    assert gates["max_answers_changed"]["status"] == "INCONCLUSIVE" and gates["max_answers_changed"]["estimate"] == 0.5
+    # the decode path and the prompt log-probabilities did not move: the validity gate alone fails
+    assert {g["name"] for g in doc["gates"] if g["status"] == "FAIL"} == {"max_valid_drop"}
     case = ET.parse(junit).getroot().find("testsuite/testcase[@name='max_valid_drop']")
     assert case.find("failure") is not None
     saved = json.loads((tmp_path / "v" / "verify.json").read_text())
@@ -260,3 +261,18 @@ def test_capture_records_the_served_formats_answers_with_their_checks_and_trims_
     doc = json.loads(r.stdout)
     assert r.returncode == 0 and doc["verdict"] == "PASS", r.stdout[-3000:]
     assert doc["answers"]["items"] == 16 and doc["answers"]["changed"] == 0
+
+
+def test_an_answer_changed_is_a_value_changed_not_its_layout():
+    from infertool.evaluate.structured import Answer, ToolCall
+    from infertool.verify.answers import same_answer
+
+    a = Answer('{\n  "name": "Julia",\n  "age": 41\n}', [], "stop")
+    assert same_answer(a, Answer('{"name": "Julia", "age": 41}', [], "stop"))
+    assert not same_answer(a, Answer('{"name": "Julia", "age": 25}', [], "stop"))
+    assert not same_answer(a, Answer('{"name": "Julia", "age": 41}', [], "length"))
+    call = Answer("", [ToolCall("get_weather", '{"city": "Paris"}')], "tool_calls")
+    assert same_answer(call, Answer("", [ToolCall("get_weather", '{ "city":"Paris" }')], "tool_calls"))
+    assert not same_answer(call, Answer("", [ToolCall("get_weather", '"Paris"')], "tool_calls"))  # a string
+    assert not same_answer(call, Answer("", [ToolCall("set_reminder", '{"city": "Paris"}')], "tool_calls"))
+    assert not same_answer(call, Answer("", [], "tool_calls"))

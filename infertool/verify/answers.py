@@ -4,7 +4,7 @@ against the same items asked again now, item by item.
 Each answer is judged now by the suite's own checks (``evaluate.structured.check_json`` / ``check_tool_call``:
 parses, valid against the schema or the tool's parameters, equal to the reference or the expected call), the
 recorded one by the same checks, and the two answers are compared (text, each call's name and raw arguments,
-finish reason). Two figures feed verify's gates: the share of items whose answer changed (Wilson interval), and
+finish reason; a JSON text or arguments compared as the values they hold). Two figures feed verify's gates: the share of items whose answer changed (Wilson interval), and
 the validity drop (items valid in the evidence and not now, less the reverse, over the items: eval's paired
 accuracy, a normal interval). An engine release that sends tool-call arguments as a JSON string where the
 evidence holds objects drops validity on every such item: the gate FAILs and its note says why, in the check's
@@ -13,12 +13,13 @@ words.
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from infertool.evaluate import metrics as M
-from infertool.evaluate.structured import Answer, Check, check_json, check_tool_call, quote
+from infertool.evaluate.structured import Answer, Check, check_json, check_tool_call, quote, same
 from infertool.records import Record, Sparse
 
 if TYPE_CHECKING:
@@ -106,11 +107,23 @@ def check(task: AskedTask, item: AskedItem, answer: Answer) -> Check:
     return check_tool_call(answer, item.tools, item.expected, item.tool_choice)
 
 
+def same_text(a: str | None, b: str | None) -> bool:
+    """Two texts alike: equal, or both JSON of equal values (``structured.same``: the layout of a JSON answer is
+    not what a program reads; a string is never an object)."""
+    if a == b:
+        return True
+    if a is None or b is None:
+        return False
+    try:
+        return same(json.loads(a), json.loads(b))
+    except (ValueError, RecursionError):
+        return False
+
+
 def same_answer(a: Answer, b: Answer) -> bool:
-    """Two answers alike: the text, each call's name and raw arguments (a string is not an object), the finish
-    reason."""
-    return (a.text == b.text and a.finish_reason == b.finish_reason
-            and [(c.name, c.arguments) for c in a.tool_calls] == [(c.name, c.arguments) for c in b.tool_calls])
+    """Two answers alike: the text, each call's name and arguments (``same_text``), the finish reason."""
+    return (same_text(a.text, b.text) and a.finish_reason == b.finish_reason and len(a.tool_calls) == len(b.tool_calls)
+            and all(x.name == y.name and same_text(x.arguments, y.arguments) for x, y in zip(a.tool_calls, b.tool_calls)))
 
 
 def shown(a: Answer) -> str:
@@ -235,8 +248,8 @@ def score_answers(tasks: list[Any] | None, evidence_raw: dict[str, Any] | None, 
     pa = M.paired_accuracy(valid_rec, valid_now, confidence)
     block.lost, block.gained = pa.b, pa.c
     lo, hi = pa.net_change_ci
-    block.valid_drop = -pa.net_change if pa.net_change is not None else None
-    block.valid_drop_ci = [-hi, -lo] if lo is not None and hi is not None else None
+    block.valid_drop = 0.0 - pa.net_change if pa.net_change is not None else None  # 0.0 -: never -0.0
+    block.valid_drop_ci = [0.0 - hi, 0.0 - lo] if lo is not None and hi is not None else None
     if lost_why:
         (why, count), = lost_why.most_common(1)
         block.lost_why = f"{block.lost} of {block.valid_recorded} items valid in the evidence are not now" + (
