@@ -17,6 +17,7 @@ import pytest
 
 from conftest import cli_in_process
 from infertool.verify import evidence as E
+from tests.test_publish import setup  # noqa: F401  (a fixture: a recipe, stand-in stages, a fresh home)
 from tests.test_verify import (  # noqa: F401  (gathered, servers: fixtures)
     N_PROMPTS, TEXT, StandIn, _Events, _fake_python, _serve, gathered, published_folder, servers)
 
@@ -276,3 +277,36 @@ def test_an_answer_changed_is_a_value_changed_not_its_layout():
     assert not same_answer(call, Answer("", [ToolCall("get_weather", '"Paris"')], "tool_calls"))  # a string
     assert not same_answer(call, Answer("", [ToolCall("set_reminder", '{"city": "Paris"}')], "tool_calls"))
     assert not same_answer(call, Answer("", [], "tool_calls"))
+
+
+def test_the_verifiers_own_adapters_are_served_by_set(tmp_path, gathered):  # noqa: F811
+    from infertool.verify import core
+
+    serve = {"served_model_name": "ckpt", "dtype": "bfloat16", "enforce_eager": True,
+             "lora": {"adapters": {"ad1": str(tmp_path / "elsewhere")}}}
+    folder = published_folder(tmp_path, gathered, {"serve": serve})
+    mine = tmp_path / "my-adapter"
+    plan = core.plan(core.Source(folder), core.VerifyOptions(
+        python=str(_fake_python(tmp_path)), dry_run=True, out_dir=tmp_path / "v",
+        overrides=[f"serve.lora.adapters.mine={mine}", "serve.lora.max_lora_rank=8"]))
+    argv = plan.launch.spec.argv
+    assert argv[argv.index("--lora-modules") + 1] == f"mine={mine}" and "--enable-lora" in argv
+    assert str(tmp_path / "elsewhere") not in " ".join(argv) and argv[argv.index("--max-lora-rank") + 1] == "8"
+    assert plan.changed["lora"].recorded == serve["lora"] and plan.changed["lora"].now["adapters"] == {"mine": str(mine)}
+
+
+def test_the_evidence_records_the_dtype_vllm_ran_in_not_auto(setup):  # noqa: F811
+    """An "auto" the launch leaves to vLLM is recorded as the dtype vLLM takes (the checkpoint's declared one):
+    verify resolves "auto" for the published folder, and on a CPU without bf16 instructions a folder that is not
+    quantized comes out float32 (measured: 6 of 24 answers changed, bf16 recorded, float32 verified)."""
+    from infertool.recipe import load_recipe
+    from infertool.resolve import resolve
+    from infertool.verify import capture
+    from tests.test_publish import write_checkpoint
+
+    tmp, recipe = setup
+    ckpt = write_checkpoint(tmp / "ckpt")
+    res = resolve(load_recipe(str(recipe), []), candidate_path=ckpt)
+    plan = capture.launch_plan(res, ckpt, dry_run=True)
+    assert res.serve_for(plan.model)[0].dtype == "auto" and "--dtype" not in plan.spec.argv
+    assert capture.launched_settings(res, plan).dtype == "bfloat16"

