@@ -52,6 +52,7 @@ CASES = {
     "vllm_support": (["quantize.sym=false"], "warn"),  # vLLM's GPTQ kernels load symmetric checkpoints only
     "config_vs_weights": ([], "error"),  # models.consistency monkeypatched: it finds a problem
     "lm_eval_code": (["eval.lm_eval={tasks: [t], include_path: TASKS}"], "error"),  # a !function, no trust_code
+    "suite_tools": (["eval.suite=served-formats"], "error"),  # json / tool_call tasks on the hf engine
     "input_files": (["bench.trace=/dev/null"], "error"),  # a device, not a trace: refused before it is opened
     "serve_env": ([], "warn"),  # an empty INFERTOOL_HOME: no serve environment (a dry run only warns)
 }

@@ -22,14 +22,25 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from infertool.records import Record
 
-if TYPE_CHECKING:
-    from infertool.data.suites import SuiteTask
+
+class TaskFields(Protocol):
+    """What these functions read and set of a suite's task (``infertool.data.suites.SuiteTask``)."""
+
+    name: str
+    type: str
+    items: list[dict[str, Any]]  # Any: JSONL items
+    max_tokens: int
+    schema: dict[str, Any] | None  # Any: a JSON schema
+    mode: str
+    tools: list[dict[str, Any]]  # Any: OpenAI tool definitions
+    tool_choice: str
 
 FORMAT_TYPES = ("json", "tool_call")
 JSON_MODES = ("response_format", "prompt")
@@ -52,10 +63,10 @@ def served_only(tasks: list[tuple[str, str]], engine: str) -> None:
                                  "checks (docs/structured-outputs.md); --engine vllm starts the servers itself")
 
 
-STRUCTURED_BACKENDS = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")  # vLLM 0.32's choices
+OUTPUT_ENGINES = ("auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer")  # vLLM 0.32's choices
 
 
-def served_needs(tasks: list[SuiteTask], engine: str, serve: Any) -> list[tuple[str, str, str]]:  # Any: the recipe's ServeSection
+def served_needs(tasks: Sequence[TaskFields], engine: str, serve: Any) -> list[tuple[str, str, str]]:  # Any: the recipe's ServeSection
     """(field, problem, hint) for each serve flag a json / tool_call task needs and the recipe lacks, as vLLM 0.32
     decides (vllm/renderers/online_renderer.py): tool_choice auto needs --enable-auto-tool-choice AND
     --tool-call-parser; required or a named tool needs --tool-call-parser; the structured-output backend must be
@@ -66,7 +77,7 @@ def served_needs(tasks: list[SuiteTask], engine: str, serve: Any) -> list[tuple[
     if engine not in ("vllm", "openai"):
         return [("eval.engine", f"task {t.name!r} ({t.type}) is scored as served: use eval.engine vllm or openai",
                  "the structured outputs and tool calls of a server are what such a task checks") for t in kinds]
-    choices = {str(it.get("tool_choice", t.tool_choice)) for t in kinds if t.type == "tool_call" for it in t.items}
+    choices = {item_choice(t, it) for t in kinds if t.type == "tool_call" for it in t.items}
     choices |= {t.tool_choice for t in kinds if t.type == "tool_call" and not t.items}
     names = ", ".join(t.name for t in kinds if t.type == "tool_call")
     out = []
@@ -79,10 +90,10 @@ def served_needs(tasks: list[SuiteTask], engine: str, serve: Any) -> list[tuple[
                     f"refuses tool_choice {', '.join(sorted(choices))} without --tool-call-parser",
                     "set serve.tool_call_parser to the model's format (hermes, llama3_json, mistral, ...)"))
     backend = serve.structured_outputs_backend
-    if backend and backend not in STRUCTURED_BACKENDS and any(t.type == "json" and t.mode == "response_format"
+    if backend and backend not in OUTPUT_ENGINES and any(t.type == "json" and t.mode == "response_format"
                                                               for t in kinds):
         out.append(("serve.structured_outputs_backend", f"{backend!r} is not a structured-output backend of vLLM",
-                    f"one of {', '.join(STRUCTURED_BACKENDS)} (or leave it unset: auto)"))
+                    f"one of {', '.join(OUTPUT_ENGINES)} (or leave it unset: auto)"))
     return out
 
 
@@ -111,10 +122,11 @@ def schema_problem(schema: Any) -> str | None:  # Any: a JSON value from a suite
 
 def validation_error(value: Any, schema: Any) -> str | None:  # Any: JSON values
     """The first error of ``value`` against ``schema`` (its path and message, in words), or None."""
-    errors = sorted(schema_validator(schema).iter_errors(value), key=lambda e: (len(e.absolute_path), e.message))
-    if not errors:
+    from jsonschema.exceptions import best_match
+
+    e = best_match(schema_validator(schema).iter_errors(value))  # jsonschema's choice of the most telling error
+    if e is None:
         return None
-    e = errors[0]
     where = "/".join(str(p) for p in e.absolute_path)
     msg = e.message if len(e.message) <= 160 else e.message[:157] + "..."
     return (f"at {where}: " if where else "") + msg
@@ -202,7 +214,7 @@ def _read_side_file(path: Path, what: str) -> tuple[Any, str | None]:  # Any: th
         return None, f"{what} {path} is not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {str(e)[:200]}"
 
 
-def prepare_task(task: SuiteTask, spec: dict[str, Any], suite_path: Path, i: int) -> list[str]:  # Any: the suite's YAML
+def prepare_task(task: TaskFields, spec: dict[str, Any], suite_path: Path, i: int) -> list[str]:  # Any: the suite's YAML
     """A json / tool_call task's own fields read into ``task`` (files beside the suite read), and every problem
     with them, each named by its field (empty: none)."""
     at = f"tasks[{i}]"
@@ -258,7 +270,7 @@ def messages_problem(msgs) -> str | None:
     return None
 
 
-def item_problems(task: SuiteTask, item: dict[str, Any]) -> list[str]:  # Any: a JSONL item
+def item_problems(task: TaskFields, item: dict[str, Any]) -> list[str]:  # Any: a JSONL item
     """What is wrong with one item of a json or tool_call task (empty: nothing)."""
     out: list[str] = []
     need = "expected" if task.type == "tool_call" else None
@@ -277,7 +289,7 @@ def item_problems(task: SuiteTask, item: dict[str, Any]) -> list[str]:  # Any: a
     return out + (_json_item(task, item) if task.type == "json" else _tool_item(task, item))
 
 
-def _json_item(task: SuiteTask, item: dict[str, Any]) -> list[str]:  # Any: a JSONL item
+def _json_item(task: TaskFields, item: dict[str, Any]) -> list[str]:  # Any: a JSONL item
     schema = task.schema
     if "schema" in item:
         why = schema_problem(item["schema"])
@@ -293,7 +305,7 @@ def _json_item(task: SuiteTask, item: dict[str, Any]) -> list[str]:  # Any: a JS
     return []
 
 
-def _tool_item(task: SuiteTask, item: dict[str, Any]) -> list[str]:  # Any: a JSONL item
+def _tool_item(task: TaskFields, item: dict[str, Any]) -> list[str]:  # Any: a JSONL item
     tools = task.tools
     if "tools" in item:
         found = tool_problems(item["tools"], "tools")
@@ -304,14 +316,13 @@ def _tool_item(task: SuiteTask, item: dict[str, Any]) -> list[str]:  # Any: a JS
         return []  # the task's tools are wrong: said once, at the task
     names = tool_names(tools)
     out = []
-    choice = item.get("tool_choice", task.tool_choice)
+    choice = item["tool_choice"] if "tool_choice" in item else task.tool_choice
     if not isinstance(choice, str) or (choice not in CHOICES and choice not in names):
         out.append(f"tool_choice {json.dumps(choice)} is neither auto, required nor one of the tools ({', '.join(names)})")
     exp = item["expected"]
-    if not isinstance(exp, dict) or not isinstance(exp.get("name"), str) or not (
-            exp.get("arguments") is None or isinstance(exp.get("arguments"), dict)):
-        return [*out, "expected must be {name: a tool's name, arguments?: an object}"]
     want = ExpectedCall.from_dict(exp)
+    if not isinstance(exp, dict) or not want.name or want.extra or ("arguments" in exp and want.arguments is None):
+        return [*out, "expected must be {name: a tool's name, arguments?: an object}"]
     fn = names.get(want.name)
     if fn is None:
         return [*out, f"expected tool {want.name!r} is not one of the tools ({', '.join(names)})"]
@@ -324,19 +335,24 @@ def _tool_item(task: SuiteTask, item: dict[str, Any]) -> list[str]:  # Any: a JS
     return out
 
 
-def item_schema(task: SuiteTask, item: dict[str, Any]) -> Any:  # Any: a JSONL item; a JSON schema out
+def item_schema(task: TaskFields, item: dict[str, Any]) -> Any:  # Any: a JSONL item; a JSON schema out
     return item["schema"] if "schema" in item else task.schema
 
 
-def item_tools(task: SuiteTask, item: dict[str, Any]) -> tuple[list[Any], str]:  # Any: a JSONL item, OpenAI tools
-    return (item["tools"] if "tools" in item else task.tools), str(item.get("tool_choice", task.tool_choice))
+def item_tools(task: TaskFields, item: dict[str, Any]) -> tuple[list[Any], str]:  # Any: a JSONL item, OpenAI tools
+    return (item["tools"] if "tools" in item else task.tools), item_choice(task, item)
+
+
+def item_choice(task: TaskFields, item: dict[str, Any]) -> str:  # Any: a JSONL item
+    """The item's tool_choice, else its task's."""
+    return str(item["tool_choice"] if "tool_choice" in item else task.tool_choice)
 
 
 def item_messages(item: dict[str, Any]) -> list[dict[str, Any]]:  # Any: a JSONL item
     return item["messages"] if "messages" in item else [{"role": "user", "content": str(item["prompt"])}]
 
 
-def request_items(task: SuiteTask, items: list[dict[str, Any]]) -> list[dict[str, Any]]:  # Any: JSON values
+def request_items(task: TaskFields, items: list[dict[str, Any]]) -> list[dict[str, Any]]:  # Any: JSON values
     """What an engine sends per item: its messages and the json task's response_format (mode response_format),
     or the tool_call task's tools and tool_choice (OpenAI's request fields)."""
     out = []

@@ -363,7 +363,7 @@ def _write_details(out_dir: Path, records: list[dict[str, Any]], tok: Perplexity
 
 def _notes(plan: EvalPlan, raw: EngineRun, tasks: dict[str, TaskResult]) -> list[str]:
     notes = []
-    if raw.topk:
+    if raw.topk and any(t.type == "perplexity" for t in tasks.values()):
         notes.append(f"{plan.engine} engine: KL divergence is computed from the top-{raw.topk} log-probabilities a "
                      "server returns (a lower bound of the full KLD); topk_covered_mass says how much probability it covers")
     held = plan.held_out

@@ -24,7 +24,10 @@ GATE_OF = {"json": "min_json_valid", "tool_call": "min_tool_call_valid"}
 
 def failure_kind(reason: str) -> str:
     """A failing check's kind: its reason before the quoted answer (``arguments are a JSON string, not an
-    object: "Paris"`` -> ``arguments are a JSON string, not an object``)."""
+    object: "Paris"`` -> ``arguments are a JSON string, not an object``; ``called 'a', expected 'b'`` -> ``called
+    another function``)."""
+    if reason.startswith("called "):
+        return "called another function" if ", expected " in reason else "called a function not offered"
     return reason.split(":", 1)[0].strip()
 
 

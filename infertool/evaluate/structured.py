@@ -197,7 +197,8 @@ def check_tool_call(answer: ChatAnswer, tools: list[Any], expected: Any, tool_ch
     if want_name is not None and call.name != want_name:
         return ItemCheck(False, f"called {call.name!r}, expected {want_name!r}", True, False, matches, calls=n)
     if not isinstance(args, dict):
-        kind = "a JSON string" if isinstance(args, str) else f"a JSON {type(args).__name__}"
+        kind = "a JSON " + ("string" if isinstance(args, str) else "array" if isinstance(args, list) else "boolean"
+                            if isinstance(args, bool) else "null" if args is None else "number")
         return ItemCheck(False, f"arguments are {kind}, not an object: {quote(call.arguments)}", True, False,
                      matches, calls=n)
     fn = tool_names(tools).get(call.name)
