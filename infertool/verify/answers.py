@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from infertool.evaluate import metrics as M
+from infertool.evaluate.served_formats import failure_kind
 from infertool.evaluate.structured import Answer, Check, check_json, check_tool_call, quote, same
 from infertool.records import Record, Sparse
 
@@ -228,7 +229,7 @@ def score_answers(tasks: list[Any] | None, evidence_raw: dict[str, Any] | None, 
             valid_rec.append(ca.valid)
             valid_now.append(cb.valid)
             if ca.valid and not cb.valid:
-                lost_why[_kind(cb.reason)] += 1
+                lost_why[failure_kind(cb.reason)] += 1
             if (moved or ca.valid != cb.valid) and len(block.rows) < MAX_LISTED:
                 block.rows.append(AnswerChange(task.name, item_id, moved, ca.valid, cb.valid, shown(a), shown(b),
                                             ca.reason or None, cb.reason or None))
@@ -255,9 +256,3 @@ def score_answers(tasks: list[Any] | None, evidence_raw: dict[str, Any] | None, 
         block.lost_why = f"{block.lost} of {block.valid_recorded} items valid in the evidence are not now" + (
             f"; {count} of them: {why}" if count < block.lost else f": {why}")
     return block
-
-
-def _kind(reason: str) -> str:
-    """A check's reason without the answer quoted after its last colon (the kind of failure, to count alike)."""
-    head, sep, _ = reason.partition(": ")
-    return head if sep and head else reason
