@@ -185,6 +185,15 @@ def test_a_tampered_answer_is_refused_naming_the_file(tmp_path, recorded, answer
     assert not (tmp_path / "v").exists()
 
 
+def test_an_answers_task_asking_too_many_tokens_is_refused_naming_the_file(tmp_path, recorded, answering):
+    tasks = json.loads(json.dumps(recorded[E.TASKS]))
+    tasks[2]["max_tokens"] = 10**9
+    folder = published_folder(tmp_path, {**recorded, E.TASKS: tasks})
+    r = _verify(folder, answering[0], tmp_path / "v", "--json")
+    assert r.returncode == 2 and "evidence/tasks.json: task 'tools': max_tokens 1000000000, not 1 to 4096" in \
+        json.loads(r.stdout)["message"]
+
+
 def test_kv_cache_dtype_set_is_served_and_said_against_the_recorded(tmp_path, gathered):  # noqa: F811
     from infertool.verify import core
 

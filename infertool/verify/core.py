@@ -508,7 +508,7 @@ def check_settings(ev: E.Evidence) -> tuple[str, str] | None:
             return E.TASKS, (f"task {t.name[:64]!r}: seq_len {t.seq_len}, max_windows {t.max_windows}, window_start "
                              f"{t.window_start}: seq_len is 8 to {MAX_TOKENS:,} tokens, max_windows 1 to "
                              f"{MAX_WINDOWS:,}")
-        if t.type == "generate" and not 1 <= t.max_tokens <= 4096:
+        if t.type in ("generate", "json", "tool_call") and not 1 <= t.max_tokens <= 4096:
             return E.TASKS, f"task {t.name[:64]!r}: max_tokens {t.max_tokens}, not 1 to 4096"
     raw = DecodeRaw.from_dict(_check_decode(ev)[1])
     try:
