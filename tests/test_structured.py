@@ -336,31 +336,35 @@ def test_auto_tool_choice_needs_both_flags(tmp_path):
 
 # ------------------------------------------------------------------------------------------ real vLLM (slow)
 @pytest.mark.slow
-def test_builtin_suite_through_real_vllm_flags_the_string_arguments(tiny_model, serve_python, tmp_path):
-    """The served-formats suite through `infertool eval --engine vllm` on the 2-layer model (base and candidate the
-    same folder), with the recipe's tool flags: the JSON answers judged, and the tool calls FAIL the gate."""
+def test_builtin_suite_through_real_vllm_flags_the_string_arguments(full_model, serve_python, tmp_path):
+    """The served-formats suite through `infertool eval --engine vllm` on the bundled model (base and candidate
+    the same folder: the 2-layer truncation answers no parsable call at all), with the recipe's tool flags: the
+    JSON answers judged, and the tool calls FAIL the gate, vLLM 0.32's string arguments among the reasons."""
     recipe = tmp_path / "r.yaml"
     base = yaml.safe_load((ROOT / "recipes" / "smollm2-served-formats-cpu.yaml").read_text())
     recipe.write_text(yaml.safe_dump({
-        "name": "fmtreal", "model": {"source": str(tiny_model)},
-        "eval": {**base["eval"], "batch_size": 2}, "serve": {**base["serve"], "max_model_len": 1024}}))
+        "name": "fmtreal", "model": {"source": str(full_model)},
+        "eval": base["eval"], "serve": {**base["serve"], "max_model_len": 1024}}))
     out = tmp_path / "ev"
-    r = run_cli("eval", str(recipe), "--engine", "vllm", "--candidate", str(tiny_model), "--max-items", "4",
-                "--out", str(out), "--json", timeout=1500)
+    r = run_cli("eval", str(recipe), "--engine", "vllm", "--candidate", str(full_model), "--out", str(out), "--json",
+                timeout=2400)
     assert r.returncode == 1, r.stderr[-3000:]
     doc = json.loads((out / "results.json").read_text())
     assert doc["verdict"] == "FAIL" and doc["engine"] == "vllm"
     tools, extract = doc["tasks"]["tools"], doc["tasks"]["extract"]
-    assert tools["type"] == "tool_call" and tools["items"] == 4 and extract["type"] == "json" and extract["items"] == 4
+    assert tools["type"] == "tool_call" and tools["items"] == 12 and extract["type"] == "json" and extract["items"] == 12
     for side in ("base", "candidate"):
         assert set(tools[side]) >= {"n", "right", "parses", "parses_ci", "valid", "valid_ci", "matches", "failures"}
+        assert extract[side]["parses"] == 1.0  # response_format json_schema: the engine's structured output holds
+    assert tools["base"] == tools["candidate"]  # the same model, greedy: the same answers
     gates = {g["name"]: g for g in doc["gates"]}
-    assert gates["min_tool_call_valid"]["status"] == "FAIL" and gates["min_tool_call_valid"]["n"] == 4
-    assert gates["min_json_valid"]["n"] == 4 and doc["pooled"]["items"]["n"] == 8
+    assert gates["min_tool_call_valid"]["status"] == "FAIL" and gates["min_tool_call_valid"]["n"] == 12
+    assert gates["min_json_valid"]["n"] == 12 and doc["pooled"]["items"]["n"] == 24
     recs = [json.loads(x) for x in (out / "items.jsonl").read_text().splitlines()]
     calls = [x for x in recs if x["task"] == "tools"]
-    assert len(calls) == 4 and all(not x["check_c"]["ok"] for x in calls)
-    assert any(x["check_c"]["reason"].startswith("arguments are a JSON string, not an object") for x in calls), \
-        [x["check_c"]["reason"] for x in calls]
+    assert len(calls) == 12 and all(not x["check_c"]["ok"] for x in calls)
+    strings = [x for x in calls if x["check_c"]["reason"].startswith("arguments are a JSON string, not an object")]
+    assert strings, [x["check_c"]["reason"] for x in calls]
+    assert all(json.loads(x["answer_c"]["tool_calls"][0]["arguments"]).__class__ is str for x in strings)
     argv = doc["candidate"]["server"]["argv"]
     assert "--enable-auto-tool-choice" in argv and argv[argv.index("--tool-call-parser") + 1] == "hermes"
