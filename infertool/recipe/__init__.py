@@ -24,7 +24,7 @@ from infertool.recipe.root import EvidenceSpec, Recipe, SigningSpec, VerifyAccep
 from infertool.recipe.sections import (
     QUANTIZE_METHODS, AcceptSpec, DecodeSpec, EvalSection, LmEvalSpec, ProfileSection, QuantizeSection, TargetSection,
 )
-from infertool.recipe.serve import ServeSection, SpeculativeSpec
+from infertool.recipe.serve import LoraSpec, ServeSection, SpeculativeSpec
 from infertool.recipe.tune import (
     MAX_TUNE_CLASSES, ServeGrid, TuneLoadSearch, TuneMachine, TuneRouting, TuneSection, ray_accelerator_type,
 )
@@ -34,7 +34,7 @@ __all__ = [
     "MAX_LISTED_ISSUES", "MAX_RECIPE_BYTES", "MAX_REQUESTS", "MAX_TUNE_CLASSES", "QUANTIZE_METHODS",
     "AWQConfig", "AcceptSpec", "BNBConfig", "BenchSection", "DecodeSpec", "EvalSection", "EvidenceSpec", "GPTQConfig",
     "LmEvalSpec", "Override", "PerClassSpec", "ProfileSection", "PromptSpec", "QuantizeSection", "RateSweepSpec",
-    "Recipe", "RepeatSpec", "SLOSpec", "ServeGrid", "ServeSection", "SpeculativeSpec", "TargetSection",
+    "LoraSpec", "Recipe", "RepeatSpec", "SLOSpec", "ServeGrid", "ServeSection", "SpeculativeSpec", "TargetSection",
     "SigningSpec", "TuneLoadSearch", "TuneMachine", "TuneRouting", "TuneSection", "VerifyAccept", "VerifySection",
     "apply_overrides", "load_recipe", "load_recipe_data", "parse_overrides", "ray_accelerator_type", "recipe_to_dict",
     "validate_recipe_data",

@@ -58,6 +58,11 @@ class VerifyAccept(BaseModel):
     max_prompt_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = 0.01  # prompt logprobs, per token
     min_prompt_top1: Fraction | None = 0.97
     min_lmeval_agreement: Fraction | None = 0.95  # lm-eval: share of documents with the same result
+    # the suite's json / tool_call items: share whose answer changed (Wilson; 4 unchanged items clear 0.5 at 95 %;
+    # a dtype changed bf16 -> float32 changed 6 of 24, docs/verify.md), and validity drop (valid in the evidence,
+    # not now, less the reverse, over the items; normal interval)
+    max_answers_changed: Fraction | None = 0.5
+    max_valid_drop: Fraction | None = 0.05
     confidence: Annotated[float, NotBool, Field(ge=0.5, le=0.999)] = 0.95
     allow_inconclusive: bool = False  # INCONCLUSIVE exits 1, like FAIL, unless true (then 0), as in eval
 

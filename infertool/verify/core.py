@@ -31,6 +31,7 @@ from infertool.provenance import ProvenanceSummary
 from infertool.records import Record, Sparse
 from infertool.signing.check import SignatureCheck
 from infertool.verify import evidence as E
+from infertool.verify.answers import AnswersScore
 from infertool.verify.score import LmevalScore, PromptScore, VerifyDecode
 
 if TYPE_CHECKING:
@@ -52,9 +53,11 @@ NOT_TAKEN = ("model", "host", "port")
 # untrusted input (whoever could write the folder wrote it), so these are shown and compared, never launched with.
 # The verifier names its own (--set serve.allow_code=[...], --set serve.env.X=Y); a run's recipe names them for
 # the run or tune directory verified (api_key_env: only --set). A key ServeSection does not know is not taken either.
-UNTRUSTED = ("allow_code", "env", "extra_args", "api_key_env")
-FROM_RUN_RECIPE = ("allow_code", "env", "extra_args")
-TASK_TYPES = ("perplexity", "multiple_choice", "generate")
+# LoRA adapters (serve.lora) are folders of weights the recorded paths name: the verifier's own, never the evidence's
+# (--set serve.lora.adapters.NAME=PATH, or the run's recipe).
+UNTRUSTED = ("allow_code", "env", "extra_args", "api_key_env", "lora")
+FROM_RUN_RECIPE = ("allow_code", "env", "extra_args", "lora")
+TASK_TYPES = ("perplexity", "multiple_choice", "generate", "json", "tool_call")
 _SHAPE_ERRORS = (KeyError, TypeError, ValueError, IndexError, AttributeError)
 
 
@@ -204,6 +207,7 @@ class VerifyResult(Record):
     prompts: PromptScore | None = None
     decode: VerifyDecode | None = None
     lmeval: LmevalScore = field(default_factory=LmevalScore)
+    answers: AnswersScore | None = None  # the suite's json / tool_call answers (None: the suite has none)
     source: VerifiedSource = field(default_factory=VerifiedSource)
     evidence: EvidenceSeen = field(default_factory=EvidenceSeen)
     engine: ServedEngine = field(default_factory=ServedEngine)
@@ -225,7 +229,9 @@ class VerifyResult(Record):
         d, p = self.decode or VerifyDecode(), self.prompts or PromptScore()
         return {"exact_match": d.exact_match, "match_or_near_tie": d.match_or_near_tie,
                 "decode_kld": d.kld, "decode_top1": d.top1, "prompt_kld": p.kld,
-                "prompt_top1": p.top1, "lmeval_agreement": self.lmeval.agreement}
+                "prompt_top1": p.top1, "lmeval_agreement": self.lmeval.agreement,
+                "answers_changed": self.answers.changed_share if self.answers is not None else None,
+                "valid_drop": self.answers.valid_drop if self.answers is not None else None}
 
     def accepted(self, allow_inconclusive: bool = False) -> bool:
         """PASS, or INCONCLUSIVE when allowed (here or by verify.accept.allow_inconclusive): exit 0."""
@@ -502,7 +508,7 @@ def check_settings(ev: E.Evidence) -> tuple[str, str] | None:
             return E.TASKS, (f"task {t.name[:64]!r}: seq_len {t.seq_len}, max_windows {t.max_windows}, window_start "
                              f"{t.window_start}: seq_len is 8 to {MAX_TOKENS:,} tokens, max_windows 1 to "
                              f"{MAX_WINDOWS:,}")
-        if t.type == "generate" and not 1 <= t.max_tokens <= 4096:
+        if t.type in ("generate", "json", "tool_call") and not 1 <= t.max_tokens <= 4096:
             return E.TASKS, f"task {t.name[:64]!r}: max_tokens {t.max_tokens}, not 1 to 4096"
     raw = DecodeRaw.from_dict(_check_decode(ev)[1])
     try:
@@ -763,13 +769,15 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
         s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,
                   evidence_decode=raw_decode, new_decode=decode_now,
                   k=int(ev.index.k or 20), accept=p.accept.model_dump(mode="json"), near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
-                  missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why)
+                  missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why,
+                  tasks=ev.tasks if ev.prompts is not None else None)
     if p.lmeval is not None:
         s.lmeval.rerun = p.lmeval.to_dict()  # what was (or would have been) run again
     timing.wall_s = round(time.monotonic() - t0, 2)
     idx = ev.index
     result = VerifyResult(
         verdict=s.verdict, reason=s.reason, gates=s.gates, prompts=s.prompts, decode=s.decode, lmeval=s.lmeval,
+        answers=s.answers,
         source=p.source.recorded(),
         evidence=EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing, idx.trimmed,
                               idx.serve),

@@ -5,7 +5,9 @@ collectors eval uses, so that `infertool verify` can re-score the checkpoint und
 setting or machine without the original model:
 
     tasks.json      the scored suite as scored (the task list ``evaluate.server_engine.collect`` takes)
-    prompts.json    ``collect``'s raw output for the candidate: top-k prompt log-probabilities per item
+    prompts.json    ``collect``'s raw output for the candidate: top-k prompt log-probabilities per item; for
+                    the suite's json and tool_call tasks (format 3) each item's chat answer as served (its text,
+                    its tool calls with their arguments as the raw string sent, its finish reason)
     decode.json     {"prompts_src": the decode prompts, "raw": ``DecodePhase.run``'s greedy tokens + per-step top-k}
     lmeval.json     (when the run scored lm-eval tasks on the served candidate) its per-document results
     evidence.json   the index: engine, serve settings, host, each file's sha256 and size, ``weights`` (the
@@ -36,8 +38,8 @@ from infertool.errors import UsageError
 from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
 
-FORMAT = 2  # 2: ``weights``, the full sha256 of every checkpoint file
-READS = (1, 2)  # the formats read (1: copied as it is, refused by verify: it records no full digest of the weights)
+FORMAT = 3  # 2: ``weights``, the full sha256 of every checkpoint file; 3: the suite's json / tool_call answers
+READS = (1, 2, 3)  # the formats read (1: copied as it is, refused by verify: it records no full digest of the weights)
 DIRNAME = "evidence"
 INDEX = "evidence.json"
 TASKS = "tasks.json"

@@ -16,6 +16,8 @@ with its interval, and a PASS / FAIL / INCONCLUSIVE gate per ``verify.accept`` t
   scored with the same metric whose values are identical (Wilson interval), pooled and per task, with up to
   MAX_CHANGED changed documents listed; documents only one side has, or scored under another metric, are
   counted apart, never in the share. Not re-run: n/a with the reason, never a figure made up.
+- answers: the suite's json and tool_call items, recorded against asked now (``verify.answers``): the share whose
+  answer changed and the validity drop, each a gate; a failing one says why in the check's words.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
 from infertool.records import Record, Sparse
 from infertool.verify.capture import LmevalConfig
 from infertool.verify.evidence import JsonDoc
+from infertool.verify.answers import AnswersScore, score_answers
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
 RULES: dict[str, Rule] = {
@@ -43,9 +46,12 @@ RULES: dict[str, Rule] = {
     "max_prompt_kld": Rule("prompt KLD", True, "tokens"),
     "min_prompt_top1": Rule("prompt same top-1", False, "tokens", "wilson"),
     "min_lmeval_agreement": Rule("lm-eval agreement", False, "documents", "wilson"),
+    "max_answers_changed": Rule("json / tool-call answers changed", True, "items", "wilson"),
+    "max_valid_drop": Rule("json / tool-call validity drop", True, "items"),
 }
 BLOCK_OF = {"min_exact_match": "decode", "max_decode_kld": "decode", "min_decode_top1": "decode",
-            "max_prompt_kld": "prompts", "min_prompt_top1": "prompts", "min_lmeval_agreement": "lmeval"}
+            "max_prompt_kld": "prompts", "min_prompt_top1": "prompts", "min_lmeval_agreement": "lmeval",
+            "max_answers_changed": "answers", "max_valid_drop": "answers"}
 MAX_CHANGED = 10  # changed lm-eval documents listed
 
 
@@ -108,7 +114,7 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
             block.tasks[name] = PromptTask(t.type, s.tokens, s.kld["mean"], s.top1_agree)
             continue
         if isinstance(t, StructuredPair):
-            continue  # json / tool_call tasks: not compared by agreement here
+            continue  # json / tool_call tasks: verify.answers compares them
         if isinstance(t, ChoicePair):
             same = sum(_pick(it.ll_b) == _pick(it.ll_c) for it in t.items)
         else:
@@ -281,34 +287,39 @@ def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: floa
 
 
 def _estimates(prompts: PromptScore | None, decode: VerifyDecode | None,
-               lmeval: LmevalScore | None = None) -> dict[str, Estimate]:
+               lmeval: LmevalScore | None = None, answers: AnswersScore | None = None) -> dict[str, Estimate]:
     """Each gate's estimate with its interval, where its block measured it."""
     def est(value: float | None, ci: list[float] | list[float | None] | None, n: int) -> Estimate | None:
         return Estimate(value, ci[0], ci[1], n) if ci and n else None
 
-    lm, p, d = lmeval or LmevalScore(), prompts or PromptScore(), decode or VerifyDecode()
+    lm, p, d, f = lmeval or LmevalScore(), prompts or PromptScore(), decode or VerifyDecode(), answers or AnswersScore()
     found = {"min_lmeval_agreement": est(lm.agreement, lm.agreement_ci, lm.documents) if lm.rescored else None,
              "max_prompt_kld": est(p.kld, p.kld_ci, p.tokens) if p.top1_ci else None,
              "min_prompt_top1": est(p.top1, p.top1_ci, p.tokens) if p.kld_ci else None,
              "min_exact_match": est(d.match_or_near_tie, d.match_or_near_tie_ci, d.n_prompts),
              "max_decode_kld": est(d.kld, d.kld_ci, d.steps) if d.top1_ci else None,
-             "min_decode_top1": est(d.top1, d.top1_ci, d.steps) if d.kld_ci else None}
+             "min_decode_top1": est(d.top1, d.top1_ci, d.steps) if d.kld_ci else None,
+             "max_answers_changed": est(f.changed_share, f.changed_ci, f.items),
+             "max_valid_drop": est(f.valid_drop, f.valid_drop_ci, f.items)}
     return {k: e for k, e in found.items() if e is not None}
 
 
 def gates(accept: dict[str, Any], prompts: PromptScore | None,  # Any: verify.accept as JSON
           decode: VerifyDecode | None, notes: dict[str, str | None],
-          lmeval: LmevalScore | None = None) -> list[Gate]:
+          lmeval: LmevalScore | None = None, answers: AnswersScore | None = None) -> list[Gate]:
     """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
-    the blocks; ``notes``: why a block's figures are not there (prompts, decode, lmeval -> why)."""
+    the blocks; ``notes``: why a block's figures are not there (prompts, decode, lmeval, answers -> why). A
+    validity drop's gate notes why the items lost it (the checks' words)."""
     conf = float(accept.get("confidence", 0.95))
-    found = _estimates(prompts, decode, lmeval)
+    found = _estimates(prompts, decode, lmeval, answers)
     out = []
     for name, rule in RULES.items():
         threshold = accept.get(name)
         if threshold is None:
             continue
         note = "" if name in found else notes.get(BLOCK_OF[name]) or "not in the evidence"
+        if name == "max_valid_drop" and name in found and answers is not None:
+            note = answers.lost_why or ""
         out.append(judge(name, float(threshold), found.get(name), confidence=conf, note=note, rule=rule))
     return out
 
@@ -327,16 +338,19 @@ class Scored:
     gates: list[Gate]
     verdict: str
     reason: str
+    answers: AnswersScore | None = None
 
 
 def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any] | None,  # Any: collect's raws
           evidence_decode: dict[str, Any] | None, new_decode: dict[str, Any] | None,  # Any: DecodePhase's raws
           k: int, accept: dict[str, Any], near_tie_logprob: float,  # Any: verify.accept as JSON
           lmeval: dict[str, Any] | None, missing: dict[str, str],  # Any: lmeval.json's document
-          lmeval_now: dict[str, Any] | None = None, lmeval_why: str | None = None) -> Scored:  # Any: lmeval.json's
+          lmeval_now: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's
+          tasks: list[Any] | None = None) -> Scored:  # Any: tasks.json's entries
     """Every block, the gates and the verdict (``Scored``).
     ``lmeval``: the evidence's lmeval.json; ``lmeval_now``: the re-run's documents (``verify.lmeval.rerun``),
-    else ``lmeval_why`` says why there are none."""
+    else ``lmeval_why`` says why there are none. ``tasks``: the evidence's task list (its json and tool_call
+    items' schemas, tools and expected calls)."""
     conf = float(accept.get("confidence", 0.95))
     prompts: PromptScore | None = None
     decode: VerifyDecode | None = None
@@ -362,9 +376,14 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
                              f"{missing.get('lmeval') or 'the run scored no lm-eval task'}")
     if decode is not None and not decode_why and not decode.n_prompts:
         decode_why = "the evidence's decode part holds no prompt"
-    gs = gates(accept, prompts, decode, {"prompts": prompts_why, "decode": decode_why, "lmeval": lm.why}, lm)
+    answers = score_answers(tasks, evidence_prompts, new_prompts, conf)
+    answers_why = (answers.why if answers is not None else
+                   "the evidence's suite has no json or tool_call task" + _said(missing.get("prompts")))
+    gs = gates(accept, prompts, decode, {"prompts": prompts_why, "decode": decode_why, "lmeval": lm.why,
+                                         "answers": answers_why}, lm, answers)
     v, reason = decode_required(gs, decode_why)
-    return Scored(prompts, decode, lm, gs, v, reason)
+    said = [g.note for g in gs if g.status == "FAIL" and BLOCK_OF.get(g.name) == "answers" and g.note]
+    return Scored(prompts, decode, lm, gs, v, reason + (f" ({'; '.join(said)})" if said else ""), answers)
 
 
 def decode_required(gs: list[Gate], decode_why: str | None) -> tuple[str, str]:

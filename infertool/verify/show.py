@@ -8,6 +8,8 @@ from infertool.evaluate.verdict import fmt
 from infertool.output import esc, kv_table, out, plain, visible
 
 if TYPE_CHECKING:
+    from rich.table import Table
+
     from infertool.verify.bisect import BisectResult, Outcome
     from pathlib import Path
 
@@ -15,6 +17,7 @@ if TYPE_CHECKING:
 
 STYLES = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow"}
 NO_PROVENANCE = "none (the folder carries no provenance.intoto.json)"
+SHOWN_ROWS = 3  # json / tool-call items printed whose answer changed (verify.json lists up to answers.MAX_LISTED)
 
 
 def _lines(lines: list[str]) -> None:
@@ -30,7 +33,7 @@ def render_plan(plan: VerifyPlan) -> None:
              f"{idx.engine.version}; files: {', '.join(idx.files)}"]
     prov = plan.provenance.lines() if plan.provenance is not None else (NO_PROVENANCE, "")
     lines += [f"  provenance: {prov[0]}"] + ([f"    {prov[1]}"] if prov[1] else [])
-    lines += [f"  --set serve.{k}: {c.recorded} -> {c.now}" for k, c in plan.changed.items()]
+    lines += [f"  --set serve.{k}: recorded {c.recorded}, now {c.now}" for k, c in plan.changed.items()]
     lines += [f"  gate {k}: {v}" for k, v in plan.accept.model_dump(mode="json").items()
               if k.startswith(("min_", "max_")) and v is not None]
     spec = plan.lmeval.spec if plan.lmeval is not None else None
@@ -69,7 +72,7 @@ def render(result: VerifyResult) -> None:
         ("served by", str(result.engine.url or result.engine.label)), ("requests in flight", str(result.workers))]
     if result.signature is not None:
         rows.insert(1, ("signature", result.signature.message or result.signature.status))
-    rows += [(f"--set serve.{k}", f"{c.recorded} -> {c.now}") for k, c in result.changed.items()]
+    rows += [(f"--set serve.{k}", f"recorded {c.recorded}, now {c.now}") for k, c in result.changed.items()]
     prov = result.provenance.lines() if result.provenance is not None else (NO_PROVENANCE, "")
     rows += [("provenance", prov[0])] + ([("", prov[1])] if prov[1] else [])
     out.print(kv_table(rows, title="infertool verify"))
@@ -103,7 +106,16 @@ def render(result: VerifyResult) -> None:
                          plain(f"{task.documents} documents" + (f": {task.why}" if task.why else "")))
     else:
         figs.add_row("lm-eval agreement", "-", "-", plain(lm.why or ""))
+    _answers(figs, result)
     out.print(figs)
+    listed = result.answers.rows if result.answers is not None else []
+    for fr in listed[:SHOWN_ROWS]:
+        what = "changed" if fr.changed else "validity moved"
+        out.print(plain(f"  {what}: {fr.task} {fr.id}: {fr.recorded} in the evidence, {fr.now} now"
+                        + (f" ({fr.why_now})" if fr.why_now else "")), soft_wrap=True)
+    if result.answers is not None and result.answers.changed > SHOWN_ROWS:
+        out.print(plain(f"  ... {len(listed) - SHOWN_ROWS} more listed in verify.json's answers.rows "
+                        f"({result.answers.changed} changed in all)"), soft_wrap=True)
     for row in lm.changed_docs[:10]:
         out.print(plain(f"  lm-eval changed: {row.task} doc {row.doc_id}: {row.evidence} in the evidence, "
                         f"{row.now} now"), soft_wrap=True)
@@ -124,6 +136,23 @@ def render(result: VerifyResult) -> None:
         out.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
     style = STYLES.get(result.verdict or "", "dim")
     out.print(f"verdict: [{style}]{esc(result.verdict)}[/] — {esc(result.reason)}", soft_wrap=True)
+
+
+def _answers(figs: Table, result: VerifyResult) -> None:
+    """The json / tool-call rows of the figures: answers changed, validity in the evidence and now, per task."""
+    f = result.answers
+    if f is None:
+        return
+    if not f.items:
+        figs.add_row("json / tool-call answers", "-", "-", plain(f.why or ""))
+        return
+    figs.add_row("json / tool-call answers changed", _v(f.changed_share, True), _ci(f.changed_ci, True),
+                 f"{f.changed} of {f.items} items")
+    figs.add_row("json / tool-call validity drop", _v(f.valid_drop, True), _ci(f.valid_drop_ci, True),
+                 f"valid {f.valid_recorded} in the evidence, {f.valid_now} now ({f.lost} lost, {f.gained} gained)")
+    for name, t in f.tasks.items():
+        figs.add_row(plain(f"  {name} ({t.type}): valid now"), _v(t.valid_now / t.items if t.items else None, True),
+                     "-", plain(f"{t.valid_recorded} of {t.items} in the evidence; {t.changed} changed"))
 
 
 def _figures(o: Outcome) -> str:
