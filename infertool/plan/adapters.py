@@ -40,6 +40,7 @@ class AdapterPlan(Record):
     slot_bytes: int = 0  # one slot at max_lora_rank over every LoRA-capable projection of every layer
     slots_bytes: int = 0  # max_loras slots: what the engine reserves beside the weights (estimate)
     host_cache_bytes: int = 0  # max_cpu_loras adapters kept in host memory (the largest adapter each)
+    dtype_bytes: int = 2  # the served dtype's (vLLM's LoRA buffers take the model's dtype)
     estimate: str = ""
 
     @property
@@ -79,5 +80,5 @@ def plan_adapters(lora: LoraSpec | None, arch: Arch, dtype_bytes: int, info: Mod
     cpu = lora.max_cpu_loras or lora.max_loras
     largest = max((a.bytes or 0 for a in sizes), default=0)
     return AdapterPlan(sizes, lora.max_lora_rank, lora.max_loras, cpu, one, one * lora.max_loras, cpu * largest,
-                       "an estimate from the model's shape: vLLM preallocates lora_A/lora_B for every projection of "
+                       dtype_bytes, "an estimate from the model's shape: vLLM preallocates lora_A/lora_B for every projection of "
                        "every layer; lm_head/embedding LoRA buffers not counted")

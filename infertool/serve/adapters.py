@@ -34,7 +34,7 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 _TENSOR_RE = re.compile(r"^base_model\.model\.(?:model\.)?layers\.(\d{1,6})\.(self_attn|mlp)\.([A-Za-z0-9_]+)"
                         r"\.lora_([AB])(?:\.[A-Za-z0-9_]+)?\.weight$")
 _DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1}
-MAX_LISTED = 20  # problems listed per adapter (a wrong base can mismatch hundreds of tensors)
+MAX_LISTED = 6  # problems listed per adapter (a wrong base can mismatch hundreds of tensors)
 
 
 class PeftConfig(BaseModel):
@@ -177,7 +177,8 @@ def read_adapter(name: str, folder: str | Path, info: ModelInfo | None, max_rank
         problems.append(f"{WEIGHTS_FILE} holds no tensors")
     problems += mismatches[:MAX_LISTED]
     if len(mismatches) > MAX_LISTED:
-        problems.append(f"... and {len(mismatches) - MAX_LISTED} more tensors that do not fit")
+        problems.append(f"... and {len(mismatches) - MAX_LISTED} more tensors that do not fit "
+                        f"({len(mismatches)} of {facts.tensors})")
     if tensor_ranks and facts.rank and tensor_ranks != {facts.rank}:
         problems.append(f"{CONFIG_FILE} says r {facts.rank}, the tensors have rank {sorted(tensor_ranks)}")
     facts.rank = max([facts.rank, *tensor_ranks])
