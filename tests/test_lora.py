@@ -125,12 +125,12 @@ def test_preflight_adapter_of_another_base_names_each_tensor_and_both_shapes(tmp
     assert ("tensor base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight: shape [8, 96], the model's "
             "q_proj needs [8, 64]") in msg
     assert "v_proj.lora_B.weight: shape [48, 8], the model's v_proj needs [32, 8]" in msg
-    assert "... and 6 more tensors that do not fit (12 of 12)" in msg
+    assert "... and 2 more tensors that do not fit (8 of 12)" in msg and "4 of 12 tensors are for layer 2" in msg
     deeper = _model(tmp_path, layers=3)  # the same shapes, one more layer
     make_adapter(deeper, tmp_path / "deeper", rank=8)
     msg = _preflight_error(tmp_path, {"deeper": str(tmp_path / "deeper")}, tmp_path / "model-2-64")
-    assert "layers.2.self_attn.q_proj.lora_A.weight: layer 2, but the model has 2 layers (0-1)" in msg
-    assert "layers.1." not in msg and msg.startswith("4 problem(s)")
+    assert "4 of 12 tensors are for layer 2, but the model has 2 layers (0-1)" in msg
+    assert "layers.1." not in msg and msg.startswith("1 problem(s)")
 
 
 def test_preflight_lists_every_problem_of_every_adapter(tmp_path):

@@ -140,6 +140,7 @@ def read_adapter(name: str, folder: str | Path, info: ModelInfo | None, max_rank
     seen_layers: set[int] = set()
     dtypes: set[str] = set()
     mismatches: list[str] = []
+    beyond: list[int] = []  # the layer of each tensor past the model's last layer
     for tname, entry in header.items():
         facts.tensors += 1
         facts.bytes += entry.end - entry.begin
@@ -163,8 +164,7 @@ def read_adapter(name: str, folder: str | Path, info: ModelInfo | None, max_rank
             continue
         tensor_ranks.add(entry.shape[0] if ab == "A" else entry.shape[1])
         if layers is not None and layer >= layers:
-            mismatches.append(f"tensor {tname}: layer {layer}, but the model has {layers} layers (0-{layers - 1}): "
-                              "the adapter was made for another base")
+            beyond.append(layer)
             continue
         if module in shapes:
             fan_in, fan_out = shapes[module]
@@ -173,6 +173,10 @@ def read_adapter(name: str, folder: str | Path, info: ModelInfo | None, max_rank
             if list(entry.shape) != want:
                 mismatches.append(f"tensor {tname}: shape {list(entry.shape)}, the model's {module} needs {want} "
                                   f"({module} is {fan_in} -> {fan_out}): the adapter was made for another base")
+    if beyond and layers is not None:
+        which = f"layer {beyond[0]}" if min(beyond) == max(beyond) else f"layers {min(beyond)}-{max(beyond)}"
+        problems.append(f"{len(beyond)} of {facts.tensors} tensors are for {which}, but the "
+                        f"model has {layers} layers (0-{layers - 1}): the adapter was made for another base")
     if facts.tensors == 0:
         problems.append(f"{WEIGHTS_FILE} holds no tensors")
     problems += mismatches[:MAX_LISTED]
