@@ -293,3 +293,28 @@ def test_adapters_phase_pairs_each_adapter_and_finds_the_worst(tmp_path):
     assert est.value == pytest.approx(want) and est.n == 2
     rows = adapter_rows(block)
     assert rows[1][0] == "drift (worst)" and rows[0][6] == "50% of 2"
+
+
+def test_cpu_refuses_lora_on_a_w8a8_checkpoint_before_any_server(tmp_path):
+    """vLLM 0.32's CPU backend fails at engine start with LoRA on a compressed-tensors int8 model (measured):
+    the launch says so first; on a GPU target it is not refused."""
+    import json
+
+    from infertool.recipe import LoraSpec
+    from infertool.serve.adapters import cpu_int8, lora_issues
+    from infertool.serve.lora_maker import make_adapter
+
+    model = _model(tmp_path)
+    make_adapter(model, tmp_path / "a")
+    cfg = json.loads((model / "config.json").read_text())
+    lora = LoraSpec(adapters={"a": str(tmp_path / "a")})
+    assert not cpu_int8(_info(model)) and lora_issues(lora, _info(model), "m", raise_=False, cpu=True) == []
+    cfg["quantization_config"] = {"quant_method": "compressed-tensors", "format": "int-quantized"}
+    (model / "config.json").write_text(json.dumps(cfg))
+    info = _info(model)
+    with pytest.raises(UsageError, match="CPU backend cannot serve LoRA adapters on a W8A8") as e:
+        lora_issues(lora, info, "m", raise_=True, cpu=True)
+    assert e.value.exit_code == 2
+    [issue] = lora_issues(lora, info, "m", raise_=False, cpu=True)
+    assert issue.level == "error" and issue.field == "serve.lora"
+    assert lora_issues(lora, info, "m", raise_=False, cpu=False) == []

@@ -217,10 +217,41 @@ def preflight(lora: LoraSpec, info: ModelInfo | None, *, what: str = "the served
     return facts
 
 
-def lora_issues(lora: LoraSpec, info: ModelInfo | None, what: str, *, raise_: bool) -> list[LintIssue]:
-    """The preflight as a launch's lint issues (a dry run shows them), or, with ``raise_``, its UsageError."""
+class QuantConfig(BaseModel):
+    """config.json's quantization_config: what tells a compressed-tensors int8 checkpoint (W8A8) apart."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    quant_method: Any = None  # Any: JSON value
+    format: Any = None  # Any: JSON value
+
+
+CPU_INT8_LORA = ("vLLM 0.32's CPU backend cannot serve LoRA adapters on a W8A8 (compressed-tensors int-quantized) "
+                 "checkpoint: its int8 kernel drops the layer weights vLLM's LoRA layers read (measured: the engine "
+                 "fails at start with \"AttributeError: 'NoneType' object has no attribute 'device'\" in "
+                 "vllm/lora/layers/utils.py _get_lora_device)")
+
+
+def cpu_int8(info: ModelInfo | None) -> bool:
+    """The model is a compressed-tensors int8 (W8A8) checkpoint: vLLM's CPU backend serves no LoRA on it."""
+    q = info.quantization if info is not None else None
+    if not isinstance(q, dict):
+        return False
+    qc = QuantConfig.model_validate(q)
+    return qc.quant_method == "compressed-tensors" and qc.format == "int-quantized"
+
+
+def lora_issues(lora: LoraSpec, info: ModelInfo | None, what: str, *, raise_: bool, cpu: bool = False) -> list[LintIssue]:
+    """The preflight as a launch's lint issues (a dry run shows them), or, with ``raise_``, its UsageError.
+    ``cpu``: vLLM's CPU backend (which serves no LoRA on a W8A8 checkpoint)."""
     from infertool.serve.lint import LintIssue
 
+    hint = ("evaluate the adapters on a GPU host (`infertool eval --dry-run` shows the launches), or serve "
+            "the original model with the adapters")
+    if cpu and cpu_int8(info):
+        if raise_:
+            raise UsageError(f"serve.lora: {what}: {CPU_INT8_LORA}", hint=hint)
+        return [LintIssue("error", "serve.lora", f"{what}: {CPU_INT8_LORA}", hint)]
     try:
         preflight(lora, info, what=what)
     except UsageError as e:
