@@ -130,7 +130,16 @@ def adapters_phase(resolution: Any, suite: Suite, requests: list[dict[str, Any]]
     lora = resolution.serve_section.lora if resolution is not None else None
     if lora is None:
         return []
-    return [AdaptersPhase(list(lora.adapters), requests, suite, summarize, k=k, workers=workers)]
+    return [AdaptersPhase(list(lora.adapters), requests, suite, summarize, k=k, workers=lora_workers(resolution, workers))]
+
+
+def lora_workers(resolution: Any, workers: int) -> int:  # Any: Resolution
+    """Requests in flight per server: 1 with serve.lora on vLLM's CPU backend. Measured with vLLM 0.32 there: with
+    --enable-lora, prompt log-probability requests batched together (plain model or adapter alike) kill the engine
+    ("einsum(): subscript b has size 4 ... 511" in punica_cpu add_lora_logits); one at a time they are answered."""
+    if resolution is not None and resolution.serve_section.lora is not None and resolution.target.kind == "cpu":
+        return 1
+    return workers
 
 
 

@@ -337,7 +337,10 @@ def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_
 
         if not plan.launches:
             raise UsageError("the vllm engine needs launch plans for both models (infertool.serve.prepare)")
-        return compare_vllm(plan.launches, requests, k=plan.topk, workers=plan.batch_size, events=events,
+        from infertool.evaluate.adapters import lora_workers  # serve.lora on vLLM's CPU backend: one at a time
+
+        return compare_vllm(plan.launches, requests, k=plan.topk, workers=lora_workers(plan.resolution, plan.batch_size),
+                            events=events,
                             log_dir=out_dir / "logs", pool=ctx.servers, phases=phases)
     from infertool.evaluate.server_engine import Client, compare_openai
 
