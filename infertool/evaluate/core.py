@@ -140,6 +140,9 @@ def estimates(pool: Pooled, confidence: float) -> dict[str, Estimate]:
     for gate, share in (("min_json_valid", pool.json_valid), ("min_tool_call_valid", pool.tool_call_valid)):
         if share is not None and share.n:  # json / tool_call tasks: the candidate's valid answers
             out[gate] = Estimate(share.share, *_interval(share.ci), share.n)
+    worst = pool.adapters.worst_block if pool.adapters is not None else None
+    if worst is not None and worst.kld_ci:  # serve.lora: the worst adapter's top-k KLD, quantized vs original
+        out |= {"max_adapter_kld": Estimate(worst.kld, *_interval(worst.kld_ci), worst.tokens)}
     return out
 
 
@@ -211,7 +214,8 @@ def summarize(suite: Suite, raw_tasks: dict[str, Paired], accept: dict[str, Any]
                                     conf) if windows else None,
         items=M.paired_accuracy(correct_b, correct_c, conf) if correct_b else None,
         lm_eval=phase_pool.lm_eval if phase_pool else None, decode=phase_pool.decode if phase_pool else None,
-        json_valid=valid_share(formats["json"], conf), tool_call_valid=valid_share(formats["tool_call"], conf))
+        json_valid=valid_share(formats["json"], conf), tool_call_valid=valid_share(formats["tool_call"], conf),
+        adapters=phase_pool.adapters if phase_pool else None)
     return tasks, records, pool, make_gates(pool, accept)
 
 
@@ -274,6 +278,10 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     phases = phases_for(plan.eval_section, plan.engine)
+    if plan.engine == "vllm":  # serve.lora: each adapter on both servers (infertool.evaluate.adapters)
+        from infertool.evaluate.adapters import adapters_phase
+
+        phases += adapters_phase(plan.resolution, suite, requests, summarize, k=plan.topk, workers=plan.batch_size)
     from infertool.evaluate.phases import preflight_all
 
     preflight_all(phases, out_dir / "logs")  # lm-eval's tasks and data, before any server starts
@@ -341,7 +349,10 @@ def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_
 
         if not plan.launches:
             raise UsageError("the vllm engine needs launch plans for both models (infertool.serve.prepare)")
-        return compare_vllm(plan.launches, requests, k=plan.topk, workers=plan.batch_size, events=events,
+        from infertool.evaluate.adapters import lora_workers  # serve.lora on vLLM's CPU backend: one at a time
+
+        return compare_vllm(plan.launches, requests, k=plan.topk, workers=lora_workers(plan.resolution, plan.batch_size),
+                            events=events,
                             log_dir=out_dir / "logs", pool=ctx.servers, phases=phases)
     from infertool.evaluate.server_engine import Client, compare_openai
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from infertool.evaluate.adapter_result import AdaptersComparison
 from infertool.evaluate.metrics import PairedAccuracy
 from infertool.evaluate.paired import TaskTiming
 from infertool.evaluate.verdict import Gate
@@ -264,7 +265,7 @@ class ValidShare(Record):
 class Pooled(Sparse):
     """Metrics pooled over the suite: tokens over every perplexity task, paired accuracy over every item."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("tokens", "items", "lm_eval", "decode", "json_valid", "tool_call_valid")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("tokens", "items", "lm_eval", "decode", "json_valid", "tool_call_valid", "adapters")
 
     tokens: PerplexityMetrics | None = None
     items: PairedAccuracy | None = None
@@ -274,6 +275,7 @@ class Pooled(Sparse):
     # json / tool_call tasks: the candidate's valid answers
     json_valid: ValidShare | None = None
     tool_call_valid: ValidShare | None = None
+    adapters: AdaptersComparison | None = None  # serve.lora: each adapter on both servers (evaluate.adapters)
 
 
 # ------------------------------------------------------------------------------------------- context

@@ -24,11 +24,14 @@ from infertool.records import Record
 # near-lossless 8-bit one (q8_0: 0.0014, 97.7 %, 1.0004). Small models lose more at 4 bits.
 PRESETS: dict[str, dict[str, float]] = {
     "strict": {"max_mean_kld": 0.01, "min_top1": 0.95, "max_ppl_ratio": 1.01, "max_acc_drop": 0.01, "max_flip_rate": 0.05,
-               "min_recovery": 0.99, "max_decode_kld": 0.01, "min_json_valid": 0.99, "min_tool_call_valid": 0.99},
+               "min_recovery": 0.99, "max_decode_kld": 0.01, "min_json_valid": 0.99, "min_tool_call_valid": 0.99,
+               "max_adapter_kld": 0.01},
     "standard": {"max_mean_kld": 0.05, "min_top1": 0.90, "max_ppl_ratio": 1.05, "max_acc_drop": 0.02, "max_flip_rate": 0.10,
-                 "min_recovery": 0.98, "max_decode_kld": 0.05, "min_json_valid": 0.95, "min_tool_call_valid": 0.95},
+                 "min_recovery": 0.98, "max_decode_kld": 0.05, "min_json_valid": 0.95, "min_tool_call_valid": 0.95,
+                 "max_adapter_kld": 0.05},
     "lenient": {"max_mean_kld": 0.15, "min_top1": 0.80, "max_ppl_ratio": 1.15, "max_acc_drop": 0.05, "max_flip_rate": 0.20,
-                "min_recovery": 0.95, "max_decode_kld": 0.15, "min_json_valid": 0.90, "min_tool_call_valid": 0.90},
+                "min_recovery": 0.95, "max_decode_kld": 0.15, "min_json_valid": 0.90, "min_tool_call_valid": 0.90,
+                "max_adapter_kld": 0.15},
 }
 
 
@@ -90,6 +93,8 @@ RULES: dict[str, Rule] = {
     # schema; a tool call: the right function with an object of arguments valid against its parameters)
     "min_json_valid": Rule("JSON valid", False, "items", "wilson"),
     "min_tool_call_valid": Rule("tool call valid", False, "items", "wilson"),
+    # serve.lora: the worst adapter's mean top-k KLD, candidate+adapter against original+adapter (evaluate.adapters)
+    "max_adapter_kld": Rule("worst adapter KLD", True, "tokens"),
 }
 
 

@@ -96,6 +96,7 @@ class AcceptSpec(BaseModel):
     # json / tool_call suite tasks: the lower bound of the candidate's share of valid answers
     min_json_valid: Fraction | None = None
     min_tool_call_valid: Fraction | None = None
+    max_adapter_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = None  # serve.lora: the worst adapter
     confidence: Annotated[float, NotBool, Field(ge=0.5, le=0.999)] = 0.95
     # INCONCLUSIVE exits 1 (CI must not ship what it could not verify) unless this is true.
     allow_inconclusive: bool = False
