@@ -138,18 +138,20 @@ def test_bench_sends_the_mix_and_reports_each_adapter(tmp_path):
     assert "must swap adapters in and out of its 1 slot(s)" in text
 
 
-def test_bench_json_output_carries_the_adapters(tmp_path):
+def test_bench_json_output_carries_the_adapters_over_repeated_runs(tmp_path):
     recipe = _recipe(tmp_path, {"adapters": {"mix": {"base": 1, "ad1": 1}, "order": "grouped", "run_length": 5},
-                                "requests": 10}, LORA)
+                                "requests": 10, "repeats": {"min_runs": 2, "max_runs": 2}}, LORA)
     with FakeOpenAI(itl_ms=1.0, models=("base", "ad1", "ad2")) as srv:
         r = run_cli("bench", str(recipe), "--url", srv.url, "--json", env={"INFERTOOL_HOME": str(tmp_path / "home")},
                     timeout=300)
         sent = srv.stats()["models"][2:]
     assert r.returncode == 0, r.stderr
-    assert sent == ["base"] * 5 + ["ad1"] * 5
-    pa = json.loads(r.stdout)["levels"][0]["adapters"]
-    assert [a["summary"]["requests"] for a in pa["adapters"]] == [5, 5]
-    assert pa["switching"]["switched"] == 1 and pa["switching"]["repeated"] == 8 and "slots" not in pa
+    assert sent == (["base"] * 5 + ["ad1"] * 5) * 2  # each run the same sequence
+    level = json.loads(r.stdout)["levels"][0]
+    pa = level["adapters"]
+    assert level["repeats"]["runs"] == 2 and [a["summary"]["requests"] for a in pa["adapters"]] == [10, 10]
+    # one change of adapter per run; the runs are not paired across (each starts at its own 0)
+    assert pa["switching"]["switched"] == 2 and pa["switching"]["repeated"] == 16 and "slots" not in pa
 
 
 def test_a_bad_mix_is_refused_with_every_problem_listed(tmp_path):
