@@ -253,4 +253,4 @@ def test_gates_from_pooled_metrics_by_hand():
     assert status == "INCONCLUSIVE" and "800" in why
     only_items = make_gates(Pooled(items=pool.items), {"preset": "standard"})
     assert {g.name for g in only_items if g.status == "n/a"} == {"max_mean_kld", "min_top1", "max_ppl_ratio",
-                                                                  "min_recovery", "max_decode_kld"}
+                                                                  "min_recovery", "max_decode_kld", "max_adapter_kld"}

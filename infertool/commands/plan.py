@@ -109,6 +109,8 @@ def _render(p: "PlanResult") -> None:
                             f"{line.pipeline_parallel_size} ({line.model}; {line.why})"), soft_wrap=True)
     for text in p.fleet.lines if p.fleet else []:  # replicas and $/month for target.peak_rps (perf.fleet)
         out.print(esc(text), soft_wrap=True)
+    for text in p.adapters.lines if p.adapters else []:  # serve.lora (plan.adapters)
+        out.print(esc(text), soft_wrap=True)
     for n in p.notes:
         err.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
     if p.fits:

@@ -125,3 +125,17 @@ def model_identity(path: str | Path) -> dict:
 def identity_digest(identity: dict) -> str:
     """One short string for an identity (what stage keys and manifests compare)."""
     return identity.get("sha256") or digest(identity)
+
+
+def adapter_fingerprints(adapters: dict[str, str]) -> dict[str, dict[str, str | None]]:
+    """Each LoRA adapter folder (serve.lora: name -> folder) by content: its absolute path and the SHA-256 of its
+    adapter_config.json and adapter_model.safetensors (bounded for huge files), so a changed adapter is never a
+    cached answer (the launch key and the recipe's inputs hold these)."""
+    from infertool.inputs import fingerprint
+
+    out: dict[str, dict[str, str | None]] = {}
+    for name, folder in adapters.items():
+        path = Path(folder).expanduser().resolve()
+        out[name] = {"path": str(path), **{f: fingerprint(path / f) for f in ("adapter_config.json",
+                                                                                 "adapter_model.safetensors")}}
+    return out

@@ -135,6 +135,9 @@ def estimates(pool: Pooled, confidence: float) -> dict[str, Estimate]:
         out |= {"min_recovery": Estimate(lm.recovery, *_interval(lm.recovery_ci), lm.n)}
     if dec is not None and dec.steps and dec.kld_ci:  # the decode path as served: teacher-forced per-step KLD
         out |= {"max_decode_kld": Estimate(dec.kld, *_interval(dec.kld_ci), dec.steps)}
+    worst = pool.adapters.worst_block if pool.adapters is not None else None
+    if worst is not None and worst.kld_ci:  # serve.lora: the worst adapter's top-k KLD, quantized vs original
+        out |= {"max_adapter_kld": Estimate(worst.kld, *_interval(worst.kld_ci), worst.tokens)}
     return out
 
 
@@ -199,7 +202,8 @@ def summarize(suite: Suite, raw_tasks: dict[str, Paired], accept: dict[str, Any]
         tokens=summarize_perplexity(PerplexityPair([w for t in windows for w in t.items], kld_kind=windows[0].kld_kind),
                                     conf) if windows else None,
         items=M.paired_accuracy(correct_b, correct_c, conf) if correct_b else None,
-        lm_eval=phase_pool.lm_eval if phase_pool else None, decode=phase_pool.decode if phase_pool else None)
+        lm_eval=phase_pool.lm_eval if phase_pool else None, decode=phase_pool.decode if phase_pool else None,
+        adapters=phase_pool.adapters if phase_pool else None)
     return tasks, records, pool, make_gates(pool, accept)
 
 
@@ -262,6 +266,10 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     out_dir.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     phases = phases_for(plan.eval_section, plan.engine)
+    if plan.engine == "vllm":  # serve.lora: each adapter on both servers (infertool.evaluate.adapters)
+        from infertool.evaluate.adapters import adapters_phase
+
+        phases += adapters_phase(plan.resolution, suite, requests, summarize, k=plan.topk, workers=plan.batch_size)
     from infertool.evaluate.phases import preflight_all
 
     preflight_all(phases, out_dir / "logs")  # lm-eval's tasks and data, before any server starts

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from infertool.evaluate.adapter_result import AdaptersComparison
 from infertool.evaluate.result import DecodeComparison, LmEvalComparison, Pooled
 
 if TYPE_CHECKING:
@@ -48,7 +49,7 @@ class Phase(Protocol):
     def run(self, served: Served, prior: dict[str, Any] | None, events: Events) -> dict[str, Any]: ...  # Any: JSON values
 
     def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
-                first: str) -> LmEvalComparison | DecodeComparison: ...
+                first: str) -> LmEvalComparison | DecodeComparison | AdaptersComparison: ...
 
 
 def preflight_all(phases: list[Phase], log_dir: Path) -> None:
@@ -82,4 +83,6 @@ def compare_all(phases: list[Phase], done: dict[str, dict[str, Any]], ref: str, 
                 out.lm_eval = LmEvalComparison.from_dict(block)
             elif ph.name == "decode":
                 out.decode = DecodeComparison.from_dict(block)
+            elif ph.name == "adapters":
+                out.adapters = AdaptersComparison.from_dict(block)
     return out

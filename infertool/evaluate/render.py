@@ -67,6 +67,10 @@ def result(res: EvalResult, as_json: bool = False) -> None:
         out.print(lm_eval_table(res.pooled.lm_eval))
     if res.pooled.decode:
         out.print(decode_table(res.pooled.decode))
+    if res.pooled.adapters:  # serve.lora (infertool.evaluate.adapters)
+        from infertool.evaluate.adapters import adapters_table
+
+        out.print(adapters_table(res.pooled.adapters))
     out.print(gates_table(res))
     tm = res.timing
     speed = ""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from infertool.evaluate.adapter_result import AdaptersComparison
 from infertool.evaluate.metrics import PairedAccuracy
 from infertool.evaluate.paired import TaskTiming
 from infertool.evaluate.verdict import Gate
@@ -216,13 +217,14 @@ class DecodeComparison(Sparse):
 class Pooled(Sparse):
     """Metrics pooled over the suite: tokens over every perplexity task, paired accuracy over every item."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("tokens", "items", "lm_eval", "decode")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("tokens", "items", "lm_eval", "decode", "adapters")
 
     tokens: PerplexityMetrics | None = None
     items: PairedAccuracy | None = None
     # the as-served phases (infertool.evaluate.phases): lm-eval tasks joined per document, the decode path
     lm_eval: LmEvalComparison | None = None
     decode: DecodeComparison | None = None
+    adapters: AdaptersComparison | None = None  # serve.lora: each adapter on both servers (evaluate.adapters)
 
 
 # ------------------------------------------------------------------------------------------- context

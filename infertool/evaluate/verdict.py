@@ -24,11 +24,11 @@ from infertool.records import Record
 # near-lossless 8-bit one (q8_0: 0.0014, 97.7 %, 1.0004). Small models lose more at 4 bits.
 PRESETS: dict[str, dict[str, float]] = {
     "strict": {"max_mean_kld": 0.01, "min_top1": 0.95, "max_ppl_ratio": 1.01, "max_acc_drop": 0.01, "max_flip_rate": 0.05,
-               "min_recovery": 0.99, "max_decode_kld": 0.01},
+               "min_recovery": 0.99, "max_decode_kld": 0.01, "max_adapter_kld": 0.01},
     "standard": {"max_mean_kld": 0.05, "min_top1": 0.90, "max_ppl_ratio": 1.05, "max_acc_drop": 0.02, "max_flip_rate": 0.10,
-                 "min_recovery": 0.98, "max_decode_kld": 0.05},
+                 "min_recovery": 0.98, "max_decode_kld": 0.05, "max_adapter_kld": 0.05},
     "lenient": {"max_mean_kld": 0.15, "min_top1": 0.80, "max_ppl_ratio": 1.15, "max_acc_drop": 0.05, "max_flip_rate": 0.20,
-                "min_recovery": 0.95, "max_decode_kld": 0.15},
+                "min_recovery": 0.95, "max_decode_kld": 0.15, "max_adapter_kld": 0.15},
 }
 
 
@@ -86,6 +86,8 @@ RULES: dict[str, Rule] = {
     "min_recovery": Rule("lm-eval recovery", False, "documents", "log"),
     # the decode path as served: mean per-step top-k KLD, teacher-forced on the same tokens
     "max_decode_kld": Rule("decode KLD", True, "decode steps"),
+    # serve.lora: the worst adapter's mean top-k KLD, candidate+adapter against original+adapter (evaluate.adapters)
+    "max_adapter_kld": Rule("worst adapter KLD", True, "tokens"),
 }
 
 

@@ -15,6 +15,7 @@ from infertool.perf.roofline import Arch
 from infertool.plan.facts import (
     Capacity, CpuMemory, GpuMemory, KVCache, MoE, ParallelLine, PlannedDevice, PlannedModel, Roofline, TensorParallel,
 )
+from infertool.plan.adapters import AdapterPlan, plan_adapters
 from infertool.plan.memory import MAX_MEMORY_GIB, cpu_memory, gpu_memory, kv_capacity, largest_batch
 from infertool.plan.speed import calibrate, decode_cost, fleet_sizing, roofline_rows, tp_advice
 from infertool.records import Record
@@ -53,6 +54,7 @@ class PlanResult(Record):
     notes: list[str] = field(default_factory=list)
     # fleet sizing from the roofline's max load under the SLO (planned, not measured); None: it does not fit
     fleet: FleetSection | None = None
+    adapters: AdapterPlan | None = None  # serve.lora: adapter bytes, the LoRA slots' reservation (plan.adapters)
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = super().to_dict()
@@ -146,7 +148,7 @@ def plan(res: Resolution, options: PlanOptions | None = None) -> PlanResult:
     tp_adv.served, tp_adv.base = _parallel_lines(res, serve)
     fleet = fleet_sizing(res, arch, weights, mem, kv_tok, capacity, tp, pp, context) if not reasons else None
     return PlanResult(_model_facts(res, arch, weights), mem.device, kv, mem.memory, capacity, not reasons, reasons, roof,
-                      tp_adv, notes, fleet)
+                      tp_adv, notes, fleet, plan_adapters(serve.lora, arch, roofline.DTYPE_BYTES.get(model_dtype or "", 2)))
 
 
 def run(plan: PlanResult, ctx: RunContext | None = None) -> PlanResult:

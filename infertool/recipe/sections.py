@@ -93,6 +93,7 @@ class AcceptSpec(BaseModel):
     # the decode path as served (eval.decode): mean KLD of the candidate's per-step top-k distribution on
     # the reference's tokens (teacher-forced)
     max_decode_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = None
+    max_adapter_kld: Annotated[float, NotBool, Field(ge=0, le=100)] | None = None  # serve.lora: the worst adapter
     confidence: Annotated[float, NotBool, Field(ge=0.5, le=0.999)] = 0.95
     # INCONCLUSIVE exits 1 (CI must not ship what it could not verify) unless this is true.
     allow_inconclusive: bool = False

@@ -175,6 +175,11 @@ def input_fingerprints(res: Resolution) -> dict:
         out["model"] = {"identity": identity_digest(model_identity(res.base.dir if res.base.exists else src))}
     if res.served.role == "served":
         out["served_model"] = {"identity": identity_digest(model_identity(res.served.dir))}
+    lora = recipe.serve.lora if recipe.serve is not None else None
+    if lora is not None:  # the adapters by content: a changed adapter is never answered from a cache
+        from infertool.data.fingerprint import adapter_fingerprints
+
+        out["adapters"] = adapter_fingerprints(lora.adapters)
     cal = getattr(recipe.quantize, "calibration", None)  # None: quantized when loaded, or data-free
     if cal is not None:
         if cal.source == "builtin":

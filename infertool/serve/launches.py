@@ -118,6 +118,10 @@ def prepare(res: Resolution, *, model=None, serve=None, purpose: str = "serve", 
 
         issues.insert(0, LintIssue("error", "quantize.method", BNB_UNSERVABLE,
                                    "quantize with gptq/awq (4-bit) or llm-compressor W8A8 (8-bit), or serve.model: original"))
+    if settings.lora is not None:  # the adapters fit this model and the rank: before any server starts
+        from infertool.serve.adapters import lora_issues
+
+        issues += lora_issues(settings.lora, info, model.label, raise_=not dry_run)
     notes = [w for w in why if not w.startswith("serve.dtype")]
     if not model.exists and model.note:
         notes.append(model.note)

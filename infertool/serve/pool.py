@@ -59,7 +59,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".gguf")
 
 def launch_key(spec) -> str:
     """What makes two launches the same server: the command line (python, model path, every setting)
-    without the port, the variables infertool sets, and whether an API key is required. ``spec``: a
+    without the port, the variables infertool sets, whether an API key is required, and the LoRA adapters' files. ``spec``: a
     LaunchSpec or its ``to_dict()`` (a dry run's launch)."""
     from infertool.data.fingerprint import digest
 
@@ -67,7 +67,13 @@ def launch_key(spec) -> str:
     argv = list(d["argv"])
     if "--port" in argv and argv.index("--port") + 1 < len(argv):
         argv[argv.index("--port") + 1] = "*"
-    return digest({"argv": argv, "env": d["env"], "api_key_env": d["api_key_env"], "has_api_key": d["api_key_set"]})
+    key = {"argv": argv, "env": d["env"], "api_key_env": d["api_key_env"], "has_api_key": d["api_key_set"]}
+    if "--lora-modules" in argv:  # serve.lora's adapters by content: a changed adapter is another server
+        from infertool.data.fingerprint import adapter_fingerprints
+        from infertool.serve.adapters import argv_adapters
+
+        key["adapters"] = adapter_fingerprints(argv_adapters(argv))
+    return digest(key)
 
 
 def weight_bytes(model_dir: str | Path) -> int:
