@@ -5,9 +5,6 @@ name's figures from the one run with the request counts the mix asked for, and t
 from __future__ import annotations
 
 import json
-import random
-import struct
-from pathlib import Path
 
 import pytest
 import yaml
@@ -15,6 +12,7 @@ import yaml
 from conftest import run_cli
 from infertool.bench.adapters import assign
 from infertool.recipe.bench import AdapterMixSpec
+from infertool.serve.lora_maker import make_adapter
 
 pytestmark = pytest.mark.slow
 
@@ -22,34 +20,9 @@ MIX = {"base": 1, "ad1": 1, "ad2": 1}
 REQUESTS = 12
 
 
-def _adapter(model: Path, out: Path, seed: int, scale: float = 0.05, rank: int = 8) -> Path:
-    """A PEFT LoRA folder for the 2-layer SmolLM2 (hidden 576, 3 KV heads of 64): seeded Gaussian lora_A / lora_B
-    on q_proj and v_proj of each layer, F32, written by hand (no torch)."""
-    cfg = json.loads((model / "config.json").read_text())
-    hidden, layers = cfg["hidden_size"], cfg["num_hidden_layers"]
-    kv = cfg["num_key_value_heads"] * hidden // cfg["num_attention_heads"]
-    rng = random.Random(seed)
-    header, data, offset = {}, b"", 0
-    for layer in range(layers):
-        for module, fan_out in (("q_proj", hidden), ("v_proj", kv)):
-            for ab, shape in (("A", [rank, hidden]), ("B", [fan_out, rank])):
-                n = shape[0] * shape[1]
-                header[f"base_model.model.model.layers.{layer}.self_attn.{module}.lora_{ab}.weight"] = {
-                    "dtype": "F32", "shape": shape, "data_offsets": [offset, offset + 4 * n]}
-                data += struct.pack(f"<{n}f", *(rng.gauss(0.0, scale) for _ in range(n)))
-                offset += 4 * n
-    head = json.dumps(header).encode()
-    head += b" " * (-len(head) % 8)
-    out.mkdir(parents=True)
-    (out / "adapter_model.safetensors").write_bytes(struct.pack("<Q", len(head)) + head + data)
-    (out / "adapter_config.json").write_text(json.dumps({
-        "peft_type": "LORA", "r": rank, "lora_alpha": 2 * rank, "target_modules": ["q_proj", "v_proj"],
-        "lora_dropout": 0.0, "bias": "none", "task_type": "CAUSAL_LM", "base_model_name_or_path": str(model.resolve())}))
-    return out
-
-
 def test_bench_mixes_two_real_adapters_and_reports_each(tiny_model, serve_python, tmp_path):
-    ads = {name: str(_adapter(tiny_model, tmp_path / name, seed)) for seed, name in enumerate(("ad1", "ad2"))}
+    ads = {name: str(make_adapter(tiny_model, tmp_path / name, rank=8, seed=seed))
+           for seed, name in enumerate(("ad1", "ad2"))}
     recipe = tmp_path / "lora-bench.yaml"
     recipe.write_text(yaml.safe_dump({
         "name": "lora-bench", "model": {"source": str(tiny_model)},
