@@ -183,3 +183,30 @@ def test_a_server_that_lacks_an_adapter_of_the_mix_is_refused_before_any_request
         asked = srv.stats()["models"]
     assert r.returncode == 2, r.stderr
     assert "does not serve 'ad2'" in r.stderr and "it serves: base, ad1" in r.stderr and asked == []
+
+
+def test_every_turn_of_a_session_asks_for_its_sessions_adapter_across_processes():
+    """Multi-turn sessions split over two load-generator processes: each session's turns all send its unit's
+    name as "model" and carry it (the mix's sequence by unit), and the history is the session's own."""
+    import asyncio
+
+    from infertool.bench.loadgen import run_level_processes
+    from infertool.bench.sweep import sweep_levels
+    from tests.hostile import HostileServer
+    from tests.test_load_driving import _bench, _bodies, _job, echo_stream
+
+    bench = _bench(requests=4, concurrency=[4], client_processes=2,
+                   adapters={"mix": {"base": 1, "ad1": 1}, "order": "round_robin"})
+    level = sweep_levels(bench)[0]
+    with HostileServer({"/v1/chat/completions": echo_stream()}) as srv:
+        results, _, _ = asyncio.run(run_level_processes(_job(bench, srv.url, level), 2, lambda n: None))
+        bodies = _bodies(srv)
+    names = ["base", "ad1", "base", "ad1"]  # round robin over 4 sessions
+    assert len(results) == 8 and all(r.ok for r in results)
+    assert sorted((r.session, r.turn, r.adapter) for r in results) == [(s, t, names[s]) for s in range(4) for t in range(2)]
+    models = {b["messages"][1]["content"]: b["model"] for b in bodies if len(b["messages"]) > 2}  # the second turns
+    assert sorted(models.values()) == ["ad1", "ad1", "m", "m"]  # base asks for the served model's own name
+    for b in bodies:
+        first_user = [m for m in b["messages"] if m["role"] == "user"][0]["content"]
+        same = [o["model"] for o in bodies if [m for m in o["messages"] if m["role"] == "user"][0]["content"] == first_user]
+        assert len(set(same)) == 1  # both turns of a conversation ask for one model
