@@ -109,7 +109,7 @@ def _sse(obj: str | bytes) -> bytes:
     return _http_chunk(b"data: " + data + b"\n\n")
 
 
-def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
+def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str, models: tuple[str, ...] = ("m",)) -> None:
     """The server process: binds a free port, sends it through ``conn``, serves until killed."""
     import asyncio
     import json as _json
@@ -123,6 +123,7 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
     running: list = []  # [protocol, tokens left, arrival time, endpoint]
     served = [0]
     prompts: list[str] = []  # the prompts received (for checks that every request was sent once)
+    asked: list[str] = []  # each completion's "model", in arrival order (bench.adapters' mix)
     gaps: list[float] = []  # every stream's time between two token writes
 
     def simple(status: str, body: bytes, ctype: str = "application/json") -> bytes:
@@ -161,7 +162,8 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
         def handle(self, method: str, path: str, body: bytes) -> None:
             now = _time.perf_counter()
             if path.endswith("/models"):
-                self.t.write(simple("200 OK", b'{"object":"list","data":[{"id":"m","object":"model"}]}'))
+                listed = [{"id": m, "object": "model"} for m in models]
+                self.t.write(simple("200 OK", _json.dumps({"object": "list", "data": listed}).encode()))
             elif path.endswith("/tokenize"):
                 prompt = _json.loads(body).get("prompt", "")
                 self.t.write(simple("200 OK", _json.dumps({"count": max(1, len(prompt) // 4)}).encode()))
@@ -176,10 +178,10 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
                          "itl_mean_ms": (sum(g) / len(g) * 1000) if g else 0.0,
                          "tick_ms": (tk[len(tk) // 2] * 1000) if tk else 0.0,
                          "ttft_ms": (tt[len(tt) // 2] * 1000) if tt else None, "requests": served[0],
-                         "ticks": len(ticks), "prompts": prompts[:100_000]}
+                         "ticks": len(ticks), "prompts": prompts[:100_000], "models": asked[:100_000]}
                 self.t.write(simple("200 OK", _json.dumps(stats).encode()))
             elif path.endswith("/stats/reset"):
-                ticks.clear(), ttfts.clear(), prompts.clear(), gaps.clear()
+                ticks.clear(), ttfts.clear(), prompts.clear(), gaps.clear(), asked.clear()
                 served[0] = 0
                 self.t.write(simple("200 OK", b"{}"))
             elif method == "POST" and path.endswith("completions"):
@@ -192,6 +194,7 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
                 n = int(req.get("max_tokens") or 16)
                 prompt = req.get("prompt") or str(req.get("messages"))
                 prompts.append(prompt)
+                asked.append(str(req.get("model")))
                 ptoks = max(1, len(prompt) // 4)
                 first = head_ok + (_sse(_CHAT_FIRST) if endpoint == "chat" else b"")
                 if behaviour == "trickle":  # a chunk a second, for ever (until the client gives up)
@@ -266,11 +269,14 @@ def _fake_server_main(conn, itl_ms: float, behaviour: str, host: str) -> None:
 class FakeOpenAI:
     """``with FakeOpenAI(itl_ms=2) as srv: srv.url`` -> http://127.0.0.1:PORT/v1; ``srv.stats()``: what the
     server really did. ``behaviour``: one of FAKE_BEHAVIOURS (fail: HTTP 500 to every completion; trickle: one
-    token a second; bad_usage: ``completion_tokens`` is not a number; inf_metrics: /metrics says 1e999)."""
+    token a second; bad_usage: ``completion_tokens`` is not a number; inf_metrics: /metrics says 1e999).
+    ``models``: what /v1/models lists (a LoRA server: the base, then its adapters); ``stats()["models"]``: each
+    completion's "model"."""
 
-    def __init__(self, itl_ms: float = 2.0, behaviour: str = "ok", host: str = "127.0.0.1"):
+    def __init__(self, itl_ms: float = 2.0, behaviour: str = "ok", host: str = "127.0.0.1",
+                 models: tuple[str, ...] = ("m",)):
         assert behaviour in FAKE_BEHAVIOURS, behaviour
-        self.itl_ms, self.behaviour, self.host = itl_ms, behaviour, host
+        self.itl_ms, self.behaviour, self.host, self.models = itl_ms, behaviour, host, models
         self.proc = None
         self.url = ""
 
@@ -279,7 +285,7 @@ class FakeOpenAI:
 
         ctx = mp.get_context("spawn")
         parent, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_fake_server_main, args=(child, self.itl_ms, self.behaviour, self.host),
+        self.proc = ctx.Process(target=_fake_server_main, args=(child, self.itl_ms, self.behaviour, self.host, self.models),
                                 daemon=True)
         self.proc.start()
         for _ in range(1200):  # until it sends its port or dies (bounded: 120 s)

@@ -60,6 +60,7 @@ def render(report: BenchReport) -> None:
     if s.traffic:
         err.print(f"traffic: {esc(_traffic_words(s.traffic))}", soft_wrap=True)
     _level_tables(report.levels)
+    _adapters_tables(report.levels)
     _repeats_table(report.levels)
     _turns_table(report.levels)
     _lengths_table(report.levels)
@@ -106,6 +107,44 @@ def _level_tables(levels: list[LevelResult]) -> None:
     out.print(thr)
 
 
+def _q(i: Interval) -> str:
+    """A percentile in ms with its interval: "41 [38, 45]"; an open bound (too few requests) is "?"."""
+    if i.value is None:
+        return "-"
+    if i.lo is None and i.hi is None:
+        return f"{i.value:.0f}"
+    lo, hi = ("?" if v is None else f"{v:.0f}" for v in (i.lo, i.hi))
+    return f"{i.value:.0f} [{lo}, {hi}]"
+
+
+def _adapters_tables(levels: list[LevelResult]) -> None:
+    """bench.adapters: per level, each name's latencies (p50 [interval], p99), throughput and goodput, then the
+    cost of switching (the slots note, where max_loras is below the adapters in the mix, is the plan's: once)."""
+    for lv in levels:
+        pa = lv.adapters
+        if pa is None:
+            continue
+        conf = f"{pa.confidence or 0.95:.0%}"
+        t = _table(f"per adapter: {lv.level.label} (order {pa.order}; p50 [{conf} interval] ms)",
+                   ("adapter", "model", "share", "ok/err", "TTFT p50", "TTFT p99", "TPOT p50", "E2E p50", "req/s",
+                    "out tok/s", "goodput req/s"), left=("adapter", "model"))
+        for a in pa.adapters:
+            m = a.summary
+            gp = a.goodput_fraction
+            t.add_row(plain(a.name), plain(a.model), _pct(a.share) + "%", f"{m.completed}/{m.failed}", _q(a.ttft_ms.p50),
+                      _f(a.ttft_ms.p99.value, "{:.0f}"), _q(a.tpot_ms.p50), _q(a.e2e_ms.p50),
+                      _f(m.request_throughput, "{:.3f}"), _f(m.output_token_throughput, "{:.1f}"),
+                      _f(m.goodput.requests_per_s, "{:.3f}") + (f" ({gp.value:.0%})" if gp.value is not None else ""))
+        out.print(t)
+        sw = pa.switching
+        d = sw.difference_ms
+        diff = "-" if d.value is None else f"{d.value:+.1f} ms" + (
+            f" [{d.lo:+.1f}, {d.hi:+.1f}]" if d.lo is not None and d.hi is not None else "")
+        err.print(f"switching ({lv.level.label}, start order): {sw.switched} requests changed adapter, {sw.repeated} "
+                  f"repeated it; TTFT mean {_f(sw.ttft_switched_ms.mean)} vs {_f(sw.ttft_repeated_ms.mean)} ms, "
+                  f"difference {diff} ({conf}): {sw.verdict}", markup=False, soft_wrap=True)
+
+
 def _traffic_words(t: TrafficSettings) -> str:
     """The settings' traffic block in words: arrivals, sessions, trace, rate sweep, repeats."""
     parts = []
@@ -121,6 +160,10 @@ def _traffic_words(t: TrafficSettings) -> str:
     if r := t.repeats:
         parts.append(f"repeats {r.min_runs}..{r.max_runs} runs until +-{r.rel_width or 0:.0%} "
                      f"at {r.confidence or 0:.0%}")
+    if mix := t.adapters:
+        shares = ", ".join(f"{name} {share:.0%}" for name, share in mix.mix.items())
+        parts.append(f"adapters {shares}, order {mix.order}"
+                     + (f" (runs of {mix.run_length})" if mix.order == "grouped" else ""))
     return "; ".join(parts)
 
 

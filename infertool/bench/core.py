@@ -29,7 +29,7 @@ from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
 from infertool.bench.perclass import DEFAULT_SPECULATIVE, PerClassArm, arms as per_class_arms, measure_classes
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
-from infertool.bench.results import (JsonObject, FIGURES, ArrivalSettings, PromptSettings, RateSweepSettings,
+from infertool.bench.results import (JsonObject, FIGURES, AdapterMixSettings, ArrivalSettings, PromptSettings, RateSweepSettings,
                                      RepeatSettings, SessionSettings, TraceSettings, TrafficSettings, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
                                      TrafficClasses, server_figures)
 from infertool.bench.sweep import (
@@ -155,6 +155,10 @@ def plan(res: Resolution, options: BenchOptions | None = None) -> BenchPlan:
         notes.append("prefix_caching experiment with bench.shared_prefix_ratio 0: prompts share no prefix, "
                      "so little difference is expected (set e.g. --set bench.shared_prefix_ratio=0.5, or "
                      "bench.prompt.source=shared_prefix)")
+    if bench.adapters is not None:
+        from infertool.bench.adapters import slots_note
+
+        notes += [n for n in [slots_note(bench.adapters, _max_loras(serve))] if n]
     if "batching" in experiments and bench.output_len_spread == 0 and bench.ignore_eos:
         notes.append("batching experiment with equal output lengths: static batches lose little; "
                      "set bench.output_len_spread (e.g. 0.8) to see requests wait for the longest")
@@ -306,7 +310,7 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
         from infertool.trust import key_for
 
         key = key_for(plan.url, plan.res.serve_section.api_key_env, user_urls=[plan.url])  # the user named it
-        handle = ServerHandle(plan.url, plan.options.model or "", key)
+        handle = ServerHandle(plan.url, plan.options.model or "", key, max_loras=_max_loras(plan.res.serve_section))
         main, static, knee = _sweep(plan, handle, ctx)
     else:
         assert plan.sweep is not None, "a plan without --url has the sweep's server"
@@ -490,11 +494,16 @@ class _Launched:
             raise UsageError("; ".join(f"{e.field}: {e.message}" for e in errors), hint=errors[0].hint)
         self._cm = launch(plan, on_event=self.ctx.on_event, label=arm.label, pool=self.ctx.servers, alone=True)
         srv = self._cm.__enter__()
-        return ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict())
+        return ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict(), max_loras=_max_loras(arm.serve))
 
     def __exit__(self, *exc: Any) -> None:  # Any: the exception triple, passed on
         if self._cm is not None:
             self._cm.__exit__(*exc)
+
+
+def _max_loras(serve: ServeSection) -> int | None:
+    """serve.lora.max_loras: the adapters vLLM holds at once (None: the server serves no adapters)."""
+    return serve.lora.max_loras if serve.lora is not None else None
 
 
 def _arm_labels(experiment: str) -> tuple[str, str]:
@@ -536,7 +545,8 @@ def _traffic(bench: BenchSection) -> TrafficSettings | None:
         multi_turn=SessionSettings(**bench.prompt.multi_turn.model_dump()) if bench.prompt.multi_turn else None,
         trace=TraceSettings(bench.trace, bench.trace_speedup) if bench.trace is not None else None,
         rate_sweep=RateSweepSettings(**bench.rate_sweep.model_dump()) if bench.rate_sweep is not None else None,
-        repeats=RepeatSettings(**bench.repeats.model_dump()) if bench.repeats.max_runs > 1 else None)
+        repeats=RepeatSettings(**bench.repeats.model_dump()) if bench.repeats.max_runs > 1 else None,
+        adapters=AdapterMixSettings(a.shares(), a.order, a.run_length) if (a := bench.adapters) is not None else None)
     return t if t.to_dict() else None
 
 

@@ -56,12 +56,15 @@ RESULTS_GRACE_S = 30.0  # past the level's deadline, for the processes' results 
 @dataclass(frozen=True)
 class Work:
     """What a level sends beyond the bench's prompt stream: ``n`` units; a trace's ``prompts`` and send ``offsets``
-    or multi-turn ``conversations`` (lists indexed by unit); none of them: drawn from the bench's prompt source."""
+    or multi-turn ``conversations`` (lists indexed by unit); none of them: drawn from the bench's prompt source.
+    ``adapters``: bench.adapters' name of each unit (``infertool.bench.adapters.assign``; a session's turns all
+    ask for its unit's), None: every request asks for the served model."""
 
     n: int
     prompts: list[Prompt] | None = None
     offsets: list[float] | None = None
     conversations: list[Conversation] | None = None
+    adapters: list[str] | None = None
 
     def only(self, units: list[int]) -> Work:
         """The work of ``units`` alone (bench.classes.replay): a trace's first one leaves at once, the others at
@@ -69,7 +72,8 @@ class Work:
         offsets = None if self.offsets is None else [self.offsets[u] for u in units]
         return Work(len(units), None if self.prompts is None else [self.prompts[u] for u in units],
                     offsets and [t - offsets[0] for t in offsets],
-                    None if self.conversations is None else [self.conversations[u] for u in units])
+                    None if self.conversations is None else [self.conversations[u] for u in units],
+                    None if self.adapters is None else [self.adapters[u] for u in units])
 
 
 @dataclass(frozen=True)
@@ -188,22 +192,33 @@ def _child_main(conn: Connection, job: Job) -> None:
 def unit_fn(job: Job, pool: Pool, t0: float, on_done: Callable[[], None]) -> SendFn:
     """The coroutine function that sends unit ``i`` of a level (one request, or with the work's conversations a
     multi-turn session), the same in this process and in each load-generator process."""
+    from infertool.bench.adapters import endpoints
     from infertool.bench.client import send
     from infertool.bench.prompts import PromptStream, iter_prompts
     from infertool.bench.traffic import run_session
 
     target, bench = job.target, job.bench
     deadline = time.perf_counter() + (t0 + job.deadline_s - time.monotonic())
+    names = job.work.adapters  # bench.adapters: unit i asks for names[i]'s model and is tagged with it
+    targets = {} if names is None else endpoints(target, names)
+
+    def tagged(r: RequestResult, i: int) -> RequestResult:
+        if names is not None:
+            r.adapter = names[i]
+        return r
+
     convs = job.work.conversations
     if convs is not None:
         spec = bench.prompt.multi_turn
         assert spec is not None  # conversations: a multi-turn bench's sessions
 
-        async def turn(history: str | list[JsonObject], out_len: int) -> RequestResult:
-            return await send(pool, target, history, out_len, t0, timeout_s=job.deadline_s, deadline=deadline,
-                              keep_text=True)
-
         async def session(i: int) -> list[RequestResult]:
+            to = target if names is None else targets[names[i]]
+
+            async def turn(history: str | list[JsonObject], out_len: int) -> RequestResult:
+                return tagged(await send(pool, to, history, out_len, t0, timeout_s=job.deadline_s, deadline=deadline,
+                                         keep_text=True), i)
+
             got = await run_session(turn, convs[i], i, endpoint=target.endpoint, max_turns=spec.max_turns,
                                     think_time_s=spec.think_time_s, spread=spec.think_time_spread, seed=job.seed,
                                     default_output_len=bench.output_len, t0=t0)
@@ -217,9 +232,10 @@ def unit_fn(job: Job, pool: Pool, t0: float, on_done: Callable[[], None]) -> Sen
 
     async def one(i: int) -> RequestResult:
         p = prompt(i)
-        r = await send(pool, target, p.text, p.output_len, t0, timeout_s=job.deadline_s, deadline=deadline)
+        r = await send(pool, target if names is None else targets[names[i]], p.text, p.output_len, t0,
+                       timeout_s=job.deadline_s, deadline=deadline)
         on_done()
-        return r
+        return tagged(r, i)
 
     return one
 

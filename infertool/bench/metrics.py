@@ -41,6 +41,7 @@ class RequestResult:
     turn: int | None = None  # multi-turn: the turn's index in its session (0 first)
     think_s: float | None = None  # multi-turn: the think time waited after the previous turn's end
     text: str | None = None  # the reply's text, when the caller asked for it (multi-turn history)
+    adapter: str | None = None  # bench.adapters: the mix's name this request asked for (base or an adapter)
 
     @property
     def tpot(self) -> float | None:

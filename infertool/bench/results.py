@@ -30,7 +30,8 @@ __all__ = ["ABRow", "BenchReport", "BenchSettings", "ClientHealth", "Cost", "Exp
            "Goodput", "Interval", "Knee", "Latency", "LengthDistribution", "Lengths", "LevelResult",
            "LevelSpec", "Repeats", "SLO", "SERVER_FIGURES", "ServedModel", "ServerMetrics", "Summary",
            "TrafficClass", "TrafficClasses", "Window", "server_figures",
-           "CacheLevel", "CachingBudget", "ClassMeasure", "Crossover", "PerClass", "SpecLevel", "SpecVariant"]
+           "CacheLevel", "CachingBudget", "ClassMeasure", "Crossover", "PerClass", "SpecLevel", "SpecVariant",
+           "AdapterFigures", "PerAdapter", "Quantiles", "SwitchCost"]
 
 
 # ------------------------------------------------------------------------------------------ one level
@@ -250,9 +251,69 @@ class Follow(Record):
     ratio: float | None = None
 
 
+# ------------------------------------------------------------------------------------------ adapters
+@dataclass
+class Quantiles(Record):
+    """A latency's percentiles over one group of requests (ms), each with its distribution-free interval from
+    order statistics (``infertool.bench.adapters.quantile_interval``; no bounds where too few requests give none)."""
+
+    n: int = 0
+    mean: float | None = None
+    p50: Interval = field(default_factory=Interval)
+    p90: Interval = field(default_factory=Interval)
+    p99: Interval = field(default_factory=Interval)
+
+
+@dataclass
+class AdapterFigures(Record):
+    """One name of bench.adapters.mix at one level: the share asked and the model name its requests sent, the
+    level's figures over its own requests (``summary``: TTFT / TPOT / E2E, throughput and goodput over the level's
+    wall time) and their intervals (latency percentiles; the goodput fraction: Wilson)."""
+
+    name: str = ""
+    model: str = ""  # what its requests put in "model"
+    share: float | None = None  # of the mix, normalised
+    summary: Summary = field(default_factory=Summary)
+    ttft_ms: Quantiles = field(default_factory=Quantiles)
+    tpot_ms: Quantiles = field(default_factory=Quantiles)
+    e2e_ms: Quantiles = field(default_factory=Quantiles)
+    goodput_fraction: Interval = field(default_factory=Interval)
+
+
+@dataclass
+class SwitchCost(Record):
+    """What switching adapters costs at one level: the completed requests in start order whose adapter differs
+    from the previous request's (``switched``) against those that repeat it (``repeated``), their TTFT (ms), and
+    the difference of the means (switched - repeated) with its Welch interval; ``verdict``: "costs" (the interval
+    above 0), "no cost measured" (it holds 0), "faster" (below 0) or "not measured" (fewer than 2 of either)."""
+
+    switched: int = 0
+    repeated: int = 0
+    ttft_switched_ms: Quantiles = field(default_factory=Quantiles)
+    ttft_repeated_ms: Quantiles = field(default_factory=Quantiles)
+    difference_ms: Interval = field(default_factory=Interval)
+    verdict: str = "not measured"
+
+
+@dataclass
+class PerAdapter(Sparse):
+    """bench.adapters at one level: each name's figures (in the mix's order), the switching cost, and, where
+    serve.lora.max_loras is below the adapters in the mix, the note that vLLM swaps adapters in and out of its
+    slots (the switching cost measures it)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("slots",)
+
+    order: str = ""
+    confidence: float | None = None
+    adapters: list[AdapterFigures] = field(default_factory=list)
+    switching: SwitchCost = field(default_factory=SwitchCost)
+    max_loras: int | None = None
+    slots: str | None = None
+
+
 @dataclass
 class LevelResult(Sparse):
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("repeats", "follow")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("repeats", "follow", "adapters")
 
     arm: str = ""
     level: LevelSpec = field(default_factory=LevelSpec)
@@ -262,6 +323,7 @@ class LevelResult(Sparse):
     timeline: list[Window] = field(default_factory=list)
     repeats: Repeats | None = None  # bench.repeats.max_runs > 1: the runs and the intervals
     follow: Follow | None = None  # open-loop levels
+    adapters: PerAdapter | None = None  # bench.adapters: each adapter's figures and the cost of switching
 
     @property
     def client_bound(self) -> bool:
@@ -418,13 +480,23 @@ class RepeatSettings(Record):
 class TrafficSettings(Sparse):
     """How the levels were driven beyond the defaults (each block only where the recipe asked for it)."""
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("arrival", "multi_turn", "trace", "rate_sweep", "repeats")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("arrival", "multi_turn", "trace", "rate_sweep", "repeats", "adapters")
 
     arrival: ArrivalSettings | None = None
     multi_turn: SessionSettings | None = None
     trace: TraceSettings | None = None
     rate_sweep: RateSweepSettings | None = None
     repeats: RepeatSettings | None = None
+    adapters: AdapterMixSettings | None = None
+
+
+@dataclass
+class AdapterMixSettings(Record):
+    """bench.adapters as sent: the shares (normalised), the order and the run length of grouped order."""
+
+    mix: dict[str, float] = field(default_factory=dict)
+    order: str | None = None
+    run_length: int | None = None
 
 
 @dataclass
@@ -545,7 +617,7 @@ class TrafficClasses(Sparse):
 # the recipe's bench fields that shape the traffic (two runs that differ in one are not the same traffic)
 TRAFFIC_FIELDS: tuple[str, ...] = (
     "endpoint", "prompt", "output_len", "output_len_spread", "shared_prefix_ratio", "ignore_eos", "arrival",
-    "burstiness", "trace", "trace_speedup",
+    "burstiness", "trace", "trace_speedup", "adapters",
 )
 LENGTH_TOLERANCE = 0.05  # measured mean lengths further apart than this (relative) are different traffic
 

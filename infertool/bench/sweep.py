@@ -45,8 +45,8 @@ from infertool.bench.loadgen import Job, LoopStats, Work
 from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import (JsonObject, SLO, Follow, Interval, Knee, KneeLevel, LevelResult, Repeats, Summary,
-                                     TrafficClasses, Window)
+from infertool.bench.results import (JsonObject, SLO, Follow, Interval, Knee, KneeLevel, LevelResult, PerAdapter,
+                                     Repeats, Summary, TrafficClasses, Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
 
@@ -115,13 +115,23 @@ def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> Wor
     conversations. With bench.classes.replay, only that class's units of the level's traffic."""
     if bench.classes.replay is not None:
         work, units = replay_units(bench, "trace" if level.kind == "trace" else "source", chars_per_token)
-        return work.only(units)
+        return with_adapters(work, bench).only(units)
     if level.kind == "trace":
-        return trace_work(bench, chars_per_token)[0]
+        return with_adapters(trace_work(bench, chars_per_token)[0], bench)
     if level.unit == "session":
         convs = load_conversations(bench, bench.requests)
-        return Work(len(convs), conversations=convs)
-    return Work(bench.requests)
+        return with_adapters(Work(len(convs), conversations=convs), bench)
+    return with_adapters(Work(bench.requests), bench)
+
+
+def with_adapters(work: Work, bench: BenchSection) -> Work:
+    """The work with bench.adapters' name for each unit (``adapters.assign``, from the bench's seed: the same
+    sequence on every level of as many units and on every arm); the work as it is without bench.adapters."""
+    if bench.adapters is None:
+        return work
+    from infertool.bench.adapters import assign
+
+    return replace(work, adapters=assign(bench.adapters, work.n, bench.seed))
 
 
 def replay_units(bench: BenchSection, which: str, chars_per_token: float) -> tuple[Work, list[int]]:
@@ -265,6 +275,7 @@ class ServerHandle:
     launched: JsonObject | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     notes: list[str] = field(default_factory=list)  # what connect noticed (a fallback, ids that are no names)
+    max_loras: int | None = None  # serve.lora.max_loras of the server (None: no LoRA settings known)
 
 
 async def _connect(client: Any, url: str,  # Any: an infertool.net.async_client
@@ -302,6 +313,16 @@ async def _connect(client: Any, url: str,  # Any: an infertool.net.async_client
     elif names and model not in names:
         shown = ", ".join(net.quote(n, secrets, 80) for n in names[:10]) + (", ..." if len(names) > 10 else "")
         raise UsageError(f"the server at {url} does not serve {model!r} (it serves: {shown})")
+    if bench.adapters is not None:  # every name of the mix must be served, or its requests all fail
+        from infertool.bench.adapters import served_name
+
+        missing = [n for n in bench.adapters.mix if served_name(n, model) not in names]
+        if missing:
+            shown = ", ".join(net.quote(n, secrets, 80) for n in names[:10]) + (", ..." if len(names) > 10 else "")
+            raise UsageError(f"bench.adapters.mix: the server at {url} does not serve {', '.join(map(repr, missing))} "
+                             f"(it serves: {shown})",
+                             hint="serve them (serve.lora.adapters: the recipe's server loads them), or remove them "
+                             "from bench.adapters.mix")
     # calibrate on prompts like the ones that will be sent (same source, same kind of windows)
     sample = _calibration_text(bench)
     tokens, why = await tokenize(client, url.removesuffix("/v1"), model, sample, headers, deadline=deadline)
@@ -389,9 +410,12 @@ async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list
     slo, cost = slo_of(bench), bench.cost_per_hour
     async with net.async_client() as client:  # /metrics scrapes
         try:
-            if warmup:
-                await send(pool, target, "Hello", 4, time.monotonic(),
-                           timeout_s=min(WARMUP_TIMEOUT_S, bench.max_duration_s))
+            if warmup:  # with bench.adapters each name once: an adapter's first load is not what a level measures
+                from infertool.bench.adapters import endpoints
+
+                for warm in endpoints(target, list(bench.adapters.mix) if bench.adapters else ["base"]).values():
+                    await send(pool, warm, "Hello", 4, time.monotonic(),
+                               timeout_s=min(WARMUP_TIMEOUT_S, bench.max_duration_s))
             for idx, level in enumerate(levels):
                 key = (bench.classes.replay, level.kind, level.unit, handle.chars_per_token)
                 work = works.get(key) if works is not None else None
@@ -408,7 +432,8 @@ async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list
                                         seed_salt=seed_salt + REPEAT_SEED * run, on_event=on_event)
 
                 out.append(await repeat_runs(once, bench.repeats,
-                                             lambda rs, d: summarize(rs, d, slo=slo, cost_per_hour=cost)))
+                                             lambda rs, d: summarize(rs, d, slo=slo, cost_per_hour=cost),
+                                             lambda runs, d: adapter_figures(runs, d, bench, handle)))
         finally:
             await pool.close()
     return out
@@ -448,8 +473,21 @@ async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerH
         client=health(stats, processes, summary.itl_ms.p50), server_metrics=timeline.summary(),
         timeline=timeline_windows(results, timeline, duration,
                                   n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
-        follow=follow,
+        follow=follow, adapters=adapter_figures([results], duration, bench, handle),
     ), results, duration
+
+
+def adapter_figures(runs: list[list[RequestResult]], duration: float, bench: BenchSection,
+                    handle: ServerHandle) -> PerAdapter | None:
+    """bench.adapters: each name's figures and the switching cost of a level's requests (each run's; pooled:
+    ``adapters.per_adapter``, at bench.repeats.confidence); None without bench.adapters."""
+    if bench.adapters is None:
+        return None
+    from infertool.bench.adapters import per_adapter
+
+    return per_adapter(runs, duration, bench.adapters, handle.model, slo=slo_of(bench),
+                       cost_per_hour=bench.cost_per_hour, confidence=bench.repeats.confidence,
+                       max_loras=handle.max_loras)
 
 
 async def _in_process(pool: Pool, sampler: Sampler, job: Job,
@@ -480,12 +518,15 @@ async def _in_process(pool: Pool, sampler: Sampler, job: Job,
 RunOnce = Callable[[int], Awaitable[tuple[LevelResult, list[RequestResult], float]]]
 
 
-async def repeat_runs(once: RunOnce, spec: RepeatSpec, pooled: Callable[[list[RequestResult], float], Summary]) -> LevelResult:
+async def repeat_runs(once: RunOnce, spec: RepeatSpec, pooled: Callable[[list[RequestResult], float], Summary],
+                      pooled_adapters: Callable[[list[list[RequestResult]], float], PerAdapter | None] | None = None,
+                      ) -> LevelResult:
     """A level run by ``once(run index)`` until ``spec`` (a RepeatSpec) is satisfied: at least min_runs, then
     until the throughput's and the goodput's intervals are within rel_width (``repeat_figures``), at most
     max_runs. One run (max_runs 1): that run's level as it is. More: the runs' requests pooled into one summary
-    (``pooled(requests, seconds)``: latency percentiles and goodput over every request), the worst client
-    health, the intervals in ``repeats``."""
+    (``pooled(requests, seconds)``: latency percentiles and goodput over every request; ``pooled_adapters(each
+    run's requests, seconds)``: the per-adapter figures the same way), the worst client health, the intervals in
+    ``repeats``."""
     runs: list[tuple[LevelResult, list[RequestResult], float]] = []
     while True:
         runs.append(await once(len(runs)))
@@ -500,9 +541,12 @@ async def repeat_runs(once: RunOnce, spec: RepeatSpec, pooled: Callable[[list[Re
     follows = [lv.follow for lv, _, _ in runs if lv.follow]
     follow = Follow(_mean([f.offered_rps for f in follows]), _mean([f.achieved_rps for f in follows]),
                     _mean([f.ratio for f in follows])) if follows else None
-    return replace(first, summary=pooled([r for _, rs, _ in runs for r in rs], sum(d for _, _, d in runs)),
+    every, seconds = [r for _, rs, _ in runs for r in rs], sum(d for _, _, d in runs)
+    return replace(first, summary=pooled(every, seconds),
                    client=max(clients, key=lambda c: (c.client_bound, c.cpu_fraction or 0.0), default=first.client),
-                   repeats=rep, follow=follow)
+                   repeats=rep, follow=follow,
+                   adapters=pooled_adapters([rs for _, rs, _ in runs], seconds) if pooled_adapters is not None
+                   else first.adapters)
 
 
 def _mean(values: list[float | int | None]) -> float | None:

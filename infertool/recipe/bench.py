@@ -130,6 +130,49 @@ class PerClassSpec(BaseModel):
     min_requests: Annotated[int, NotBool, Field(ge=2, le=100_000)] = 10
 
 
+BASE_ADAPTER = "base"  # a mix's name for the base model (the served model itself, no adapter)
+
+
+class AdapterMixSpec(BaseModel):
+    """Traffic that mixes LoRA adapters (infertool.bench.adapters): each request's "model" is one name of ``mix``
+    (``base``, or the served model's name: the base model; else an adapter of serve.lora), drawn in proportion to
+    its share (the shares are normalised; each must be positive). ``order``: random (a seeded shuffle), round_robin
+    (the names interleaved as evenly as the shares allow) or grouped (runs of ``run_length`` requests of one name):
+    grouped against random shows what switching adapters costs. The names are checked against serve.lora when the
+    recipe loads (``mix_problems``)."""
+
+    model_config = STRICT
+
+    mix: Annotated[dict[Name, Annotated[float, NotBool, Field(allow_inf_nan=False)]], Field(min_length=1, max_length=64)]
+    order: Literal["random", "round_robin", "grouped"] = "random"
+    run_length: Annotated[int, NotBool, Field(ge=1, le=MAX_REQUESTS)] = 8  # grouped: requests in a run of one name
+
+    def shares(self) -> dict[str, float]:
+        """The mix's shares normalised to sum to 1 (in the mix's order); {} when they cannot be (not positive)."""
+        total = sum(self.mix.values())
+        if total <= 0 or any(v <= 0 for v in self.mix.values()):
+            return {}
+        return {name: v / total for name, v in self.mix.items()}
+
+
+def mix_problems(spec: AdapterMixSpec, adapters: list[str], served_name: str | None) -> list[str]:
+    """Every problem of a mix, given serve.lora's adapter names and serve.served_model_name: a share that is not
+    positive, a name that is neither the base (``base`` or ``served_name``) nor an adapter of serve.lora (listed
+    with the known names), an adapter called ``base`` (that name is the base model's)."""
+    problems = [f"{name}: share {v:g} is not positive (a name in the mix is sent a positive share of the requests; "
+                "remove it to send it none)" for name, v in spec.mix.items() if v <= 0]
+    known = {BASE_ADAPTER, *([served_name] if served_name else []), *adapters}
+    unknown = [name for name in spec.mix if name not in known]
+    if unknown:
+        listed = ", ".join([BASE_ADAPTER + " (the base model)"] + [a for a in adapters if a != BASE_ADAPTER])
+        problems.append(f"{', '.join(repr(n) for n in unknown)}: not served: the known names are {listed}"
+                        + ("" if adapters else " (serve.lora lists no adapters)"))
+    if BASE_ADAPTER in adapters:
+        problems.append(f"serve.lora names an adapter {BASE_ADAPTER!r}: in bench.adapters.mix that name is the base "
+                        "model's; rename the adapter")
+    return problems
+
+
 class SLOSpec(BaseModel):
     model_config = STRICT
 
@@ -162,6 +205,7 @@ class BenchSection(BaseModel):
     slo: SLOSpec | None = None
     classes: ClassesSpec = Field(default_factory=ClassesSpec)
     per_class: PerClassSpec | None = None  # speculation and prefix caching measured per traffic class
+    adapters: AdapterMixSpec | None = None  # traffic that mixes LoRA adapters (serve.lora): per-adapter figures
     cost_per_hour: Annotated[float, NotBool, Field(ge=0, le=1e6)] | None = None
     seed: Seed = 0
     experiments: list[Literal["batching", "prefix_caching", "speculative"]] = []

@@ -9,7 +9,7 @@ from pydantic import BaseModel, Field, TypeAdapter, ValidationError, field_valid
 from pydantic_core import ErrorDetails
 
 from infertool import backends
-from infertool.recipe.bench import BenchSection, bench_request_tokens
+from infertool.recipe.bench import BenchSection, bench_request_tokens, mix_problems
 from infertool.recipe.sections import (
     NAME_RE, EvalSection, ModelSection, ProfileSection, QuantizeSection, TargetSection,
 )
@@ -225,6 +225,20 @@ class Recipe(BaseModel):
             if value is not None and longest > value:
                 raise field_error(f"tune.serve_grid.max_model_len[{i}]", f"max_model_len {value:,} is shorter than the "
                                    f"{longest:,} tokens a bench request needs ({what})")
+        return self
+
+    @model_validator(mode="after")
+    def _check_adapter_mix(self) -> Recipe:
+        """bench.adapters.mix names the base and serve.lora's adapters only, each with a positive share (every
+        problem in one error)."""
+        spec = self.bench.adapters if self.bench is not None else None
+        if spec is not None:
+            serve = self.serve
+            lora = serve.lora if serve is not None else None
+            problems = mix_problems(spec, list(lora.adapters) if lora is not None else [],
+                                    serve.served_model_name if serve is not None else None)
+            if problems:
+                raise field_error("bench.adapters.mix", "; ".join(problems))
         return self
 
     @model_validator(mode="after")
