@@ -17,7 +17,7 @@ from conftest import run_cli
 from infertool.data import suites
 from infertool.errors import UsageError
 from infertool.evaluate.result import Pooled, ValidShare
-from infertool.evaluate.structured import Answer, Check, ToolCall, answer_from_reply, check_json, check_tool_call
+from infertool.evaluate.structured import ChatAnswer, ItemCheck, ToolCall, answer_from_reply, check_json, check_tool_call
 from tests.fakes import JSONHandler
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,8 +39,8 @@ RECORDED_TRUNCATED = {"choices": [{"index": 0, "message": {"role": "assistant", 
                       '{"city": "Paris", "population": 1111111111111111111111111111111111'}, "finish_reason": "length"}]}
 
 
-def _call(name: str, arguments: str) -> Answer:
-    return Answer(None, [ToolCall(name, arguments)], "tool_calls")
+def _call(name: str, arguments: str) -> ChatAnswer:
+    return ChatAnswer(None, [ToolCall(name, arguments)], "tool_calls")
 
 
 # ------------------------------------------------------------------------------------------ pure checks
@@ -57,10 +57,10 @@ def test_recorded_vllm_string_arguments_fail_with_that_reason():
 def test_tool_call_checks_in_order_first_failure_named():
     exp = {"name": "get_weather", "arguments": {"city": "Paris"}}
     ok = check_tool_call(_call("get_weather", '{"city": "Paris"}'), TOOLS, exp, "required")
-    assert ok == Check(True, "", True, True, True, calls=1)
-    text = check_tool_call(Answer("It is sunny in Paris.", [], "stop"), TOOLS, exp, "auto")
+    assert ok == ItemCheck(True, "", True, True, True, calls=1)
+    text = check_tool_call(ChatAnswer("It is sunny in Paris.", [], "stop"), TOOLS, exp, "auto")
     assert not text.ok and text.reason == "no tool call; answered text: 'It is sunny in Paris.'" and text.calls == 0
-    named = check_tool_call(Answer("x", [], "stop"), TOOLS, exp, {"type": "function", "function": {"name": "get_weather"}})
+    named = check_tool_call(ChatAnswer("x", [], "stop"), TOOLS, exp, {"type": "function", "function": {"name": "get_weather"}})
     assert "tool_choice" in named.reason and "get_weather" in named.reason
     wrong = check_tool_call(_call("convert_currency", '{"amount": 1, "from": "EUR", "to": "USD"}'), TOOLS, exp)
     assert not wrong.ok and wrong.reason == "called 'convert_currency', expected 'get_weather'" and not wrong.valid
@@ -77,7 +77,7 @@ def test_tool_call_checks_in_order_first_failure_named():
     lst = check_tool_call(_call("get_weather", '["Paris"]'), TOOLS, exp)
     assert lst.reason == 'arguments are a JSON array, not an object: ["Paris"]'
     # more than one call: judged on the first, the count kept; no expected arguments: matches is None
-    two = Answer(None, [ToolCall("get_weather", '{"city": "Oslo"}'), ToolCall("get_weather", '"x"')], "tool_calls")
+    two = ChatAnswer(None, [ToolCall("get_weather", '{"city": "Oslo"}'), ToolCall("get_weather", '"x"')], "tool_calls")
     c = check_tool_call(two, TOOLS, {"name": "get_weather"})
     assert c.ok and c.calls == 2 and c.matches is None
     # numbers by value: 100 == 100.0
@@ -89,30 +89,30 @@ def test_tool_call_checks_in_order_first_failure_named():
 def test_json_checks_truncated_invalid_reference():
     trunc = check_json(answer_from_reply(RECORDED_TRUNCATED), PERSON, None)
     assert not trunc.ok and not trunc.parses and trunc.reason.startswith("truncated at max_tokens (finish_reason length)")
-    frac = check_json(Answer('{"name": "Ann", "age": 34.5}', [], "stop"), PERSON, {"name": "Ann"})
+    frac = check_json(ChatAnswer('{"name": "Ann", "age": 34.5}', [], "stop"), PERSON, {"name": "Ann"})
     assert not frac.ok and frac.reason == "not valid against the schema: at age: 34.5 is not of type 'integer'"
     assert frac.matches is True  # the reference's fields are there: matching is apart from validity
-    whole = check_json(Answer('{"name": "Ann", "age": 34.0}', [], "stop"), PERSON, {"name": "Ann", "age": 34})
+    whole = check_json(ChatAnswer('{"name": "Ann", "age": 34.0}', [], "stop"), PERSON, {"name": "Ann", "age": 34})
     assert whole.ok  # 34.0 is an integer to JSON Schema, and equal to 34 by value
-    good = check_json(Answer('{"name": "Ann", "age": 34}', [], "stop"), PERSON, {"name": "Ann", "age": 34})
-    assert good == Check(True, "", True, True, True)
-    diff = check_json(Answer('{"name": "Bob", "age": 34}', [], "stop"), PERSON, {"name": "Ann"})
+    good = check_json(ChatAnswer('{"name": "Ann", "age": 34}', [], "stop"), PERSON, {"name": "Ann", "age": 34})
+    assert good == ItemCheck(True, "", True, True, True)
+    diff = check_json(ChatAnswer('{"name": "Bob", "age": 34}', [], "stop"), PERSON, {"name": "Ann"})
     assert diff.valid and diff.matches is False and diff.reason == 'does not match the reference: name: "Bob" != "Ann"'
-    extra = check_json(Answer('{"name": "Ann", "age": 34, "x": 1}', [], "stop"), PERSON, None)
+    extra = check_json(ChatAnswer('{"name": "Ann", "age": 34, "x": 1}', [], "stop"), PERSON, None)
     assert not extra.valid and "Additional properties" in extra.reason and extra.matches is None
-    prose = check_json(Answer("Ann is 34.", [], "stop"), PERSON, None)
+    prose = check_json(ChatAnswer("Ann is 34.", [], "stop"), PERSON, None)
     assert not prose.parses and prose.reason.startswith("not valid JSON")
     # the validator the schema's $schema names: draft-04's boolean exclusiveMinimum
     d4 = {"$schema": "http://json-schema.org/draft-04/schema#", "type": "number", "minimum": 0, "exclusiveMinimum": True}
-    assert not check_json(Answer("0", [], "stop"), d4).valid and check_json(Answer("1", [], "stop"), d4).ok
+    assert not check_json(ChatAnswer("0", [], "stop"), d4).valid and check_json(ChatAnswer("1", [], "stop"), d4).ok
 
 
 def test_answer_from_reply_keeps_what_the_server_sent():
     obj = answer_from_reply({"choices": [{"message": {"content": None, "tool_calls": [
         {"type": "function", "function": {"name": "f", "arguments": {"a": 1}}}]}, "finish_reason": "tool_calls"}]})
     assert obj.tool_calls == [ToolCall("f", '{"a": 1}')] and obj.text is None and obj.finish_reason == "tool_calls"
-    assert answer_from_reply({"choices": []}) == Answer(None, [], None)
-    assert Answer.from_dict(obj.to_dict()) == obj
+    assert answer_from_reply({"choices": []}) == ChatAnswer(None, [], None)
+    assert ChatAnswer.from_dict(obj.to_dict()) == obj
 
 
 # ------------------------------------------------------------------------------------------ suite loading

@@ -262,18 +262,18 @@ def test_capture_records_the_served_formats_answers_with_their_checks_and_trims_
 
 
 def test_an_answer_changed_is_a_value_changed_not_its_layout():
-    from infertool.evaluate.structured import Answer, ToolCall
+    from infertool.evaluate.structured import ChatAnswer, ToolCall
     from infertool.verify.answers import same_answer
 
-    a = Answer('{\n  "name": "Julia",\n  "age": 41\n}', [], "stop")
-    assert same_answer(a, Answer('{"name": "Julia", "age": 41}', [], "stop"))
-    assert not same_answer(a, Answer('{"name": "Julia", "age": 25}', [], "stop"))
-    assert not same_answer(a, Answer('{"name": "Julia", "age": 41}', [], "length"))
-    call = Answer("", [ToolCall("get_weather", '{"city": "Paris"}')], "tool_calls")
-    assert same_answer(call, Answer("", [ToolCall("get_weather", '{ "city":"Paris" }')], "tool_calls"))
-    assert not same_answer(call, Answer("", [ToolCall("get_weather", '"Paris"')], "tool_calls"))  # a string
-    assert not same_answer(call, Answer("", [ToolCall("set_reminder", '{"city": "Paris"}')], "tool_calls"))
-    assert not same_answer(call, Answer("", [], "tool_calls"))
+    a = ChatAnswer('{\n  "name": "Julia",\n  "age": 41\n}', [], "stop")
+    assert same_answer(a, ChatAnswer('{"name": "Julia", "age": 41}', [], "stop"))
+    assert not same_answer(a, ChatAnswer('{"name": "Julia", "age": 25}', [], "stop"))
+    assert not same_answer(a, ChatAnswer('{"name": "Julia", "age": 41}', [], "length"))
+    call = ChatAnswer("", [ToolCall("get_weather", '{"city": "Paris"}')], "tool_calls")
+    assert same_answer(call, ChatAnswer("", [ToolCall("get_weather", '{ "city":"Paris" }')], "tool_calls"))
+    assert not same_answer(call, ChatAnswer("", [ToolCall("get_weather", '"Paris"')], "tool_calls"))  # a string
+    assert not same_answer(call, ChatAnswer("", [ToolCall("set_reminder", '{"city": "Paris"}')], "tool_calls"))
+    assert not same_answer(call, ChatAnswer("", [], "tool_calls"))
 
 
 def test_the_verifiers_own_adapters_are_served_by_set(tmp_path, gathered):  # noqa: F811

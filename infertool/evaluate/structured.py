@@ -55,10 +55,6 @@ class ItemCheck(Record):
     calls: int | None = None  # tool_call items: how many calls the answer made (judged on the first)
 
 
-Answer = ChatAnswer  # the names the suite kinds' readers use (verify, evidence)
-Check = ItemCheck
-
-
 @dataclass
 class _WireFunction(Record):
     name: str = ""

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.served_formats import failure_kind
-from infertool.evaluate.structured import Answer, Check, check_json, check_tool_call, quote, same
+from infertool.evaluate.structured import ChatAnswer, ItemCheck, check_json, check_tool_call, quote, same
 from infertool.records import Record, Sparse
 
 if TYPE_CHECKING:
@@ -84,7 +84,7 @@ class AnsweredItem(Record):
     """One item of collect's raw output for a json or tool_call task: its id and the chat answer as served."""
 
     id: str = ""
-    answer: Answer = field(default_factory=Answer)
+    answer: ChatAnswer = field(default_factory=ChatAnswer)
 
 
 @dataclass
@@ -100,7 +100,7 @@ class AnsweredRaw(Record):
     tasks: dict[str, AnsweredTask] = field(default_factory=dict)
 
 
-def check(task: AskedTask, item: AskedItem, answer: Answer) -> Check:
+def check(task: AskedTask, item: AskedItem, answer: ChatAnswer) -> ItemCheck:
     """The suite's check of ``answer`` to ``item`` (a json item against its schema and reference, a tool_call
     item against its tools and expected call)."""
     if task.type == "json":
@@ -121,13 +121,13 @@ def same_text(a: str | None, b: str | None) -> bool:
         return False
 
 
-def same_answer(a: Answer, b: Answer) -> bool:
+def same_answer(a: ChatAnswer, b: ChatAnswer) -> bool:
     """Two answers alike: the text, each call's name and arguments (``same_text``), the finish reason."""
     return (same_text(a.text, b.text) and a.finish_reason == b.finish_reason and len(a.tool_calls) == len(b.tool_calls)
             and all(x.name == y.name and same_text(x.arguments, y.arguments) for x, y in zip(a.tool_calls, b.tool_calls)))
 
 
-def shown(a: Answer) -> str:
+def shown(a: ChatAnswer) -> str:
     """An answer in one line: its first call (name and raw arguments) or its text."""
     if a.tool_calls:
         c = a.tool_calls[0]
