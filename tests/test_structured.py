@@ -283,6 +283,7 @@ def test_openai_engine_scores_both_kinds_and_the_string_arguments_fail(chat_url,
 
 def test_gates_need_the_kind_and_name_the_commonest_failure():
     from infertool.evaluate.core import make_gates
+    from infertool.evaluate.served_formats import failure_kind, gate_note
     from infertool.evaluate.verdict import PRESETS
 
     assert [PRESETS[p]["min_tool_call_valid"] for p in ("strict", "standard", "lenient")] == [0.99, 0.95, 0.90]
@@ -293,6 +294,15 @@ def test_gates_need_the_kind_and_name_the_commonest_failure():
     assert g.status == "PASS" and g.note == "1 of 200: no tool call; answered text"
     g = {x.name: x for x in make_gates(Pooled(tool_call_valid=share), {"preset": "strict"})}["min_tool_call_valid"]
     assert g.status == "INCONCLUSIVE" and g.n_needed and g.n_needed > 200
+    # the demo's W8A8 candidate (docs/structured-outputs.md): every kind named, the string arguments among them
+    demo = ValidShare(n=12, valid=0, share=0.0, ci=[0.0, 0.2425], failures={
+        "called another function": 5, "arguments are a JSON string, not an object": 5,
+        failure_kind('no tool call (tool_choice "required"); answered text: \'x\''): 2})
+    g = {x.name: x for x in make_gates(Pooled(tool_call_valid=demo), {"preset": "standard"})}["min_tool_call_valid"]
+    assert g.status == "FAIL" and g.note == ('5 of 12: called another function; 5 of 12: arguments are a JSON string, '
+                                             'not an object; 2 of 12: no tool call (tool_choice "required")')
+    four = ValidShare(n=4, valid=0, share=0.0, ci=[0.0, 0.49], failures={"a": 1, "b": 1, "c": 1, "d": 1})
+    assert gate_note(four) == "1 of 4: a; 1 of 4: b; 1 of 4: c; and 1 other failure kind(s)"
 
 
 # ------------------------------------------------------------------------------------------ engine and recipe

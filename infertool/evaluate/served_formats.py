@@ -28,7 +28,7 @@ def failure_kind(reason: str) -> str:
     another function``)."""
     if reason.startswith("called "):
         return "called another function" if ", expected " in reason else "called a function not offered"
-    return reason.split(":", 1)[0].strip()
+    return reason.split(":", 1)[0].split(";", 1)[0].strip()
 
 
 def _rates(checks: list[ItemCheck], confidence: float) -> FormatRates:
@@ -100,11 +100,15 @@ def valid_share(done: list[FormatTask], confidence: float) -> ValidShare | None:
                       base_valid=sum(c.valid for t in done for c in t.checks_b), failures=dict(fails.most_common()))
 
 
+NOTE_KINDS = 3  # failure kinds a gate's note names
+
+
 def gate_note(share: ValidShare | None) -> str:
-    """The commonest failure of the candidate's invalid answers, counted: "20 of 20: arguments are a JSON
-    string, not an object"."""
+    """The candidate's invalid answers by failure kind, commonest first, counted (the first NOTE_KINDS, then how
+    many kinds more): "20 of 20: arguments are a JSON string, not an object"."""
     if share is None or not share.failures:
         return ""
-    kind, count = next(iter(share.failures.items()))
-    more = len(share.failures) - 1
-    return f"{count} of {share.n}: {kind}" + (f" (and {more} other failure kind(s))" if more else "")
+    kinds = list(share.failures.items())
+    shown = "; ".join(f"{count} of {share.n}: {kind}" for kind, count in kinds[:NOTE_KINDS])
+    more = len(kinds) - NOTE_KINDS
+    return shown + (f"; and {more} other failure kind(s)" if more > 0 else "")
