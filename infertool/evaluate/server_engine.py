@@ -225,14 +225,10 @@ class Client:
         """One structured item through /v1/chat/completions, greedy (temperature 0): its messages, with the
         json task's ``response_format`` or the tool_call task's ``tools`` / ``tool_choice``; the first choice
         as an Answer (text, tool calls with their raw arguments, finish reason)."""
-        body: dict[str, Any] = {"model": self.model, "messages": messages, "max_tokens": max_tokens,  # Any: JSON values
-                                "temperature": 0.0}
-        if response_format is not None:
-            body["response_format"] = response_format
-        if tools:
-            body["tools"] = tools
-            if tool_choice is not None:
-                body["tool_choice"] = tool_choice
+        optional = {"response_format": response_format, "tools": tools or None,
+                    "tool_choice": tool_choice if tools else None}
+        body = {"model": self.model, "messages": messages, "max_tokens": max_tokens, "temperature": 0.0,
+                **{k: v for k, v in optional.items() if v is not None}}
         return answer_from_reply(self._request(self.base_url + "/chat/completions", body))
 
 
