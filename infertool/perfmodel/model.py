@@ -169,7 +169,7 @@ class PerfModel:
         return Setup(q.model, q.weights, q.gpu, q.gpus, float(c), q.input_len, q.output_len, q.engine,
                      pk.fp8_weight_only), pk
 
-    def _extra(self, s: Setup, reach: _Reach) -> tuple[float, list[str]]:
+    def extrapolation(self, s: Setup, reach: _Reach) -> tuple[float, list[str]]:
         """Extrapolation variance (log units) and why the interval is wide."""
         extra, why = 0.0, []
         kind = "CPU" if s.gpu == "cpu" else s.gpu
@@ -197,7 +197,7 @@ class PerfModel:
         s, pk = self._setup(q, concurrency)
         x = tuple(fit.features(s, self.index))
         pr = prior_times(q.arch, pk, q.gpus, q.weights, q.input_len, q.output_len, s.concurrency)  # type: ignore[arg-type]
-        extra, why = self._extra(s, self.reach(s.gpu))
+        extra, why = self.extrapolation(s, self.reach(s.gpu))
         if q.model not in KNOWN_ARCHS:
             why.append(f"model {q.model!r} is not a known architecture: no model offset")
         out = {}
