@@ -152,6 +152,8 @@ def _fields(cls: type, data: Mapping[str, object], where: str, prefix: str) -> d
             out[f.name] = sub(**_fields(sub, value, where, name + "."))
         elif f.name == "format":
             out[f.name] = value
+        elif f.name == "where" and value == "":
+            out[f.name] = value
         else:
             out[f.name] = _text(value, where, name)
     return out
