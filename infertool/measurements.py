@@ -85,7 +85,7 @@ class AddReport:
     found: dict[str, int] = field(default_factory=dict)  # directory -> points it holds
     files: tuple[str, ...] = ()
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         return {"folder": self.folder, "added": self.added, "found": self.found, "files": list(self.files)}
 
 
@@ -98,7 +98,8 @@ def _json(path: Path) -> Any:  # Any: JSON read from a file, of any shape (a rec
         raise UsageError(f"{path}: not valid JSON ({e})", hint="give a run, bench or tune directory") from None
 
 
-def weights_format(quantize: object, dtype: str | None, cpu_bf16: bool = True) -> str:
+def weights_format(quantize: dict[str, Any] | None, dtype: str | None,  # Any: the section's JSON values
+                   cpu_bf16: bool = True) -> str:
     """The store's weight format of a recipe's quantize section (None: unquantized, then the dtype)."""
     if isinstance(quantize, dict):
         q = RecipeQuant.from_dict(quantize)
@@ -150,12 +151,13 @@ class Machine:
     cpu_bf16: bool = True
 
 
-def machine_of(host: object, tp: int | None, packages: dict | None) -> Machine:
+def machine_of(host: dict[str, Any] | None, tp: int | None,  # Any: the recorded facts' JSON values
+               packages: dict | None) -> Machine:
     """The GPU kind (or "cpu" with this host's measured peaks) from recorded host facts (perf.host.HostFacts)."""
     from infertool.perf.hardware import CPU_REFERENCE, match_device_name
     from infertool.perf.host import HostFacts
 
-    data: dict[str, Any] = host if isinstance(host, dict) else {}  # Any: the recorded facts' JSON values
+    data = host or {}
     values: dict[str, Any] = {f.name: data.get(f.name) for f in fields(HostFacts)}  # Any: as recorded
     hf = HostFacts(**values)
     version = (packages or {}).get("vllm")

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from infertool.errors import UsageError
-from infertool.perfmodel.cv import CvReport, HeldOut, cross_validate
+from infertool.perfmodel.cv import CvReport, HeldOutFigure, cross_validate
 from infertool.perfmodel.model import MaxConcurrency, Narrowing, PerfInterval, Prediction, Query, load_model
-from infertool.perfmodel.points import WEIGHTS
+from infertool.perfmodel.points import WEIGHTS, PerfPoint
 from infertool.perfmodel.store import open_store
 
 
@@ -21,7 +22,7 @@ class PredictReport:
     narrowing: Narrowing | None
     store_points: int
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         p = self.prediction
         q = p.query
         figs = {k: _iv(v) for k, v in (("ttft_ms", p.ttft_ms), ("tpot_ms", p.tpot_ms), ("output_tps", p.output_tps),
@@ -35,7 +36,7 @@ class PredictReport:
                                                                    "text": self.narrowing.text()}}
 
 
-def _iv(v: PerfInterval | None) -> dict[str, object] | None:
+def _iv(v: PerfInterval | None) -> dict[str, Any] | None:  # Any: JSON values
     return None if v is None else {**v.__dict__, "text": v.text()}
 
 
@@ -89,12 +90,12 @@ class PointsReport:
     folders: tuple[str, ...]
     rows: tuple[PointRow, ...]
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         return {"folders": list(self.folders), "points": [r.__dict__ for r in self.rows]}
 
 
-def _workload(p: object) -> str:
-    w = p.workload  # type: ignore[attr-defined]
+def _workload(p: PerfPoint) -> str:
+    w = p.workload
     load = (f"c={w.concurrency}" if w.concurrency is not None else
             f"{w.rate_rps:g} req/s" if w.rate_rps is not None else f"offline {w.num_prompts}")
     return f"{w.input_len}/{w.output_len} {load}"
@@ -106,7 +107,7 @@ def list_points(store_dir: str | None = None, progress: Callable[[str], None] | 
 
     store = open_store(store_dir)
     cv = cross_validate(store.points, progress)
-    first: dict[str, HeldOut] = {}
+    first: dict[str, HeldOutFigure] = {}
     for h in cv.held_out:
         first.setdefault(h.point, h)
     rows = []

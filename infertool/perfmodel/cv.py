@@ -8,6 +8,7 @@ import math
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from infertool.perfmodel.fit import METRICS
 from infertool.perfmodel.model import Z80, Z95, PerfModel, fit_points
@@ -16,7 +17,7 @@ from infertool.perfmodel.points import PerfPoint
 
 
 @dataclass(frozen=True)
-class HeldOut:
+class HeldOutFigure:
     """One point's metric predicted with its own source withheld."""
 
     point: str
@@ -58,18 +59,18 @@ class CvRow:
 @dataclass(frozen=True)
 class CvReport:
     rows: tuple[CvRow, ...]
-    held_out: tuple[HeldOut, ...] = field(default=(), repr=False)
+    held_out: tuple[HeldOutFigure, ...] = field(default=(), repr=False)
     sources: int = 0
     points: int = 0
     skipped: int = 0  # points the model cannot use (unknown model or GPU kind)
 
-    def to_dict(self) -> dict[str, object]:
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         return {"sources": self.sources, "points": self.points, "skipped": self.skipped,
                 "nominal": {"coverage80": 80.0, "coverage95": 95.0},
                 "metrics": [r.__dict__ for r in self.rows]}
 
 
-def held_out_predictions(model: PerfModel, points: Sequence[PerfPoint]) -> list[HeldOut]:
+def held_out_predictions(model: PerfModel, points: Sequence[PerfPoint]) -> list[HeldOutFigure]:
     """``points`` (of one withheld source) predicted by ``model``, each measured metric."""
     out = []
     for p in points:
@@ -82,7 +83,7 @@ def held_out_predictions(model: PerfModel, points: Sequence[PerfPoint]) -> list[
             extra, _ = model.extrapolation(pp.setup, model.reach(pp.setup.gpu))
             s = math.sqrt(var + extra)
             med = getattr(pp.prior, m) * math.exp(mu)
-            out.append(HeldOut(p.id, p.source, m, value, med, med * math.exp(-Z80 * s), med * math.exp(Z80 * s),
+            out.append(HeldOutFigure(p.id, p.source, m, value, med, med * math.exp(-Z80 * s), med * math.exp(Z80 * s),
                                med * math.exp(-Z95 * s), med * math.exp(Z95 * s)))
     return out
 
@@ -97,7 +98,7 @@ def _prepare(model: PerfModel, p: PerfPoint) -> list:
 def cross_validate(points: Sequence[PerfPoint], progress: Callable[[str], None] | None = None) -> CvReport:
     """Leave-one-source-out: each source predicted by the model fitted on all the others."""
     sources = sorted({p.source for p in points})
-    held: list[HeldOut] = []
+    held: list[HeldOutFigure] = []
     for i, src in enumerate(sources, 1):
         if progress:
             progress(f"cross-validation: source {i}/{len(sources)} withheld ({src})")
@@ -114,7 +115,7 @@ def _usable(p: PerfPoint) -> bool:
     return not isinstance(prepare(p, {n: i for i, (n, _) in enumerate(columns())}), str)
 
 
-def summarise(held: Sequence[HeldOut]) -> list[CvRow]:
+def summarise(held: Sequence[HeldOutFigure]) -> list[CvRow]:
     rows = []
     for m in METRICS:
         hs = [h for h in held if h.metric == m]

@@ -33,8 +33,10 @@ def numpy_module() -> Any:  # Any: the numpy module
     import os
     import sys
 
-    if "numpy" in sys.modules:
-        return sys.modules["numpy"]
+    if "numpy" in sys.modules:  # already imported (its threads already set)
+        import numpy as loaded
+
+        return loaded
     names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     saved = {k: os.environ.get(k) for k in names}
     os.environ.update({k: "1" for k in names})
@@ -80,18 +82,16 @@ class Setup:
 
 
 def features(s: Setup, index: dict[str, int]) -> list[float]:
-    x = [0.0] * len(index)
-    x[index["1"]] = 1.0
-    for name in (f"gpu:{s.gpu}", f"weights:{s.weights}", f"model:{s.model}"):
-        if name in index:
-            x[index[name]] = 1.0
-    x[index["log_concurrency"]] = math.log(max(1.0, s.concurrency)) - math.log(8)
-    x[index["log_input"]] = math.log(s.input_len) - math.log(512)
-    x[index["log_output"]] = math.log(s.output_len) - math.log(256)
-    x[index["log_gpus"]] = math.log(s.gpus)
-    x[index["fp8_weight_only"]] = 1.0 if s.fp8_weight_only else 0.0
     minor = engine_minor(s.engine)
-    x[index["engine"]] = 0.0 if minor is None or s.gpu == "cpu" else max(-1.0, min(2.0, (minor - 10) / 10))
+    values = {"1": 1.0, f"gpu:{s.gpu}": 1.0, f"weights:{s.weights}": 1.0, f"model:{s.model}": 1.0,
+              "log_concurrency": math.log(max(1.0, s.concurrency)) - math.log(8),
+              "log_input": math.log(s.input_len) - math.log(512), "log_output": math.log(s.output_len) - math.log(256),
+              "log_gpus": math.log(s.gpus), "fp8_weight_only": 1.0 if s.fp8_weight_only else 0.0,
+              "engine": 0.0 if minor is None or s.gpu == "cpu" else max(-1.0, min(2.0, (minor - 10) / 10))}
+    x = [0.0] * len(index)
+    for name, v in values.items():
+        if name in index:
+            x[index[name]] = v
     return x
 
 

@@ -69,22 +69,22 @@ def derived(pp: Prepared, ttft_hat: Callable[[Prepared], float] | None) -> dict[
     p, out = pp.point, pp.point.workload.output_len
     got = measured(p)
     ttft, tpot, e2e, tps = (got.get(k) for k in METRICS)
-    wt = {k: 1.0 for k in got}
+    w_tpot = w_e2e = w_tps = 1.0
     closed = p.workload.concurrency is not None
     c = pp.setup.concurrency
     if e2e is None:
         if ttft is not None and tpot is not None:
-            e2e, wt["e2e_s"] = (ttft + (out - 1) * tpot) / 1e3, 1.0
+            e2e = (ttft + (out - 1) * tpot) / 1e3
         elif closed and tps is not None:
-            e2e, wt["e2e_s"] = c * out / tps, DERIVED_WEIGHT
+            e2e, w_e2e = c * out / tps, DERIVED_WEIGHT
     if tps is None and closed and e2e is not None:
-        tps, wt["output_tps"] = c * out / e2e, wt["e2e_s"]
+        tps, w_tps = c * out / e2e, w_e2e
     if tpot is None and e2e is not None and out > 1:
         first = ttft if ttft is not None else (ttft_hat(pp) if ttft_hat else None)
         if first is not None:
             tpot = max(e2e * 1e3 - first, 0.25 * e2e * 1e3) / (out - 1)
-            wt["tpot_ms"] = wt["e2e_s"] if ttft is not None else min(wt["e2e_s"], DERIVED_WEIGHT)
-    return {k: (v, wt[k]) for k, v in zip(METRICS, (ttft, tpot, e2e, tps)) if v is not None}
+            w_tpot = w_e2e if ttft is not None else min(w_e2e, DERIVED_WEIGHT)
+    return {k: (v, w) for k, v, w in zip(METRICS, (ttft, tpot, e2e, tps), (1.0, w_tpot, w_e2e, w_tps)) if v is not None}
 
 
 def observations(prepared: Sequence[Prepared], metric: str,
