@@ -79,6 +79,9 @@ def test_ids_are_unique_and_every_source_is_described():
     ids = Counter(p["id"] for p in points)
     assert [i for i, n in ids.items() if n > 1] == []
     for key, s in sources.items():
+        # the store's reader takes these text fields only
+        assert set(s) <= {"url", "title", "publisher", "date", "how", "notes"}, key
+        assert all(isinstance(v, str) and len(v) <= 4000 for v in s.values()), key
         assert s["url"].startswith("https://"), key
         assert all(isinstance(s.get(f), str) and s[f] for f in ("title", "publisher", "date", "how")), key
     used = {p["source"] for p in points}
