@@ -47,8 +47,10 @@ def prepare(p: PerfPoint, index: dict[str, int]) -> Prepared | str:
             c = max(1.0, min(float(OFFLINE_BATCH), w.rate_rps * e2e))
     else:
         c = float(min(w.num_prompts or OFFLINE_BATCH, OFFLINE_BATCH))
-    setup = Setup(p.model, p.weights, p.gpu, p.gpus, c, w.input_len, w.output_len, p.engine, pk.fp8_weight_only)
-    pr = prior_times(arch, pk, p.gpus, p.weights, w.input_len, w.output_len, c)
+    kind = "closed" if w.concurrency is not None else ("rate" if w.rate_rps is not None else "offline")
+    setup = Setup(p.model, p.weights, p.gpu, p.gpus, c, w.input_len, w.output_len, p.engine, pk.fp8_weight_only, kind)
+    offline = (w.num_prompts or OFFLINE_BATCH) if kind == "offline" else None
+    pr = prior_times(arch, pk, p.gpus, p.weights, w.input_len, w.output_len, c, offline)
     return Prepared(p, setup, pr, tuple(features(setup, index)))
 
 
@@ -72,7 +74,7 @@ def derived(pp: Prepared, ttft_hat: Callable[[Prepared], float] | None) -> dict[
     w_tpot = w_e2e = w_tps = 1.0
     closed = p.workload.concurrency is not None
     c = pp.setup.concurrency
-    if e2e is None:
+    if e2e is None and closed:  # an offline or open-loop request's latency includes its wait: not derived
         if ttft is not None and tpot is not None:
             e2e = (ttft + (out - 1) * tpot) / 1e3
         elif closed and tps is not None:
