@@ -113,7 +113,7 @@ def _render_points(r: "PointsReport") -> None:
 
     t = Table(title=plain(f"{len(r.rows)} points ({', '.join(r.folders)})"))
     for col in ("id", "source", "gpu", "model", "weights", "workload", "metric", "measured", "predicted (80 %)", "in"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")
     for row in r.rows:
         pred = (f"{row.predicted:.4g} ({row.lo80:.3g}-{row.hi80:.3g})"
                 if row.predicted is not None and row.lo80 is not None and row.hi80 is not None else row.note)
