@@ -21,8 +21,8 @@ from infertool.tune.records import TuneDoc
 from tests.test_perfmodel import synthetic_points
 
 runner = CliRunner()
-PREDICT = ["perf", "predict", "--model", "llama-3.1-8b", "--gpu", "L4", "--weights", "bf16", "--input", "512",
-           "--output", "256", "--concurrency", "8"]
+PREDICT = ["perf", "predict", "--model", "llama-3.1-8b", "--gpu", "L4", "--weights", "bf16", "--input-len", "512",
+           "--output-len", "256", "--concurrency", "8"]
 
 
 def _level(c: int, ttft: float, tpot: float) -> LevelResult:

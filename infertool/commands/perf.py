@@ -16,7 +16,7 @@ perf_app = typer.Typer(help="Predict TTFT, TPOT, tok/s and $ per 1M tokens with 
                        no_args_is_help=True)
 
 EXAMPLES = examples(
-    ("infertool perf predict --model llama-3.1-8b --gpu H100-SXM --weights fp8 --input 1024 --output 256 "
+    ("infertool perf predict --model llama-3.1-8b --gpu H100-SXM --weights fp8 --input-len 1024 --output-len 256 "
      "--concurrency 32 --slo-tpot 50", "intervals, the max concurrency under the SLO, the measurement that narrows"),
     ("infertool perf points", "what the store holds, each point predicted with its source withheld"),
     ("infertool perf add out/runs/quickstart-<time>", "your own measurements into the store"),
@@ -42,10 +42,10 @@ def predict(
     model: Annotated[str, typer.Option("--model", metavar="KEY", help="A known architecture (infertool/models/known.py), e.g. llama-3.1-8b.")],
     gpu: Annotated[str, typer.Option("--gpu", metavar="KIND", help="A GPU kind of the table (H100-SXM, L4, ...) or cpu.")],
     weights: Annotated[str, typer.Option("--weights", metavar="FMT", help="bf16 | fp16 | fp8 | w8a8-int8 | w4a16 | w8a16 | fp32.")] = "bf16",
-    gpus: Annotated[int, typer.Option("--gpus", min=1, max=64, help="Tensor-parallel degree.")] = 1,
-    input_len: Annotated[int, typer.Option("--input", min=1, max=2_000_000, metavar="TOKENS", help="Prompt tokens per request.")] = 512,
-    output_len: Annotated[int, typer.Option("--output", min=1, max=1_000_000, metavar="TOKENS", help="Output tokens per request.")] = 256,
-    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=100_000, help="Closed-loop clients.")] = 1,
+    gpus: Annotated[int, typer.Option("--gpus", min=1, max=64, metavar="N", help="Tensor-parallel degree.")] = 1,
+    input_len: Annotated[int, typer.Option("--input-len", min=1, max=2_000_000, metavar="TOKENS", help="Prompt tokens per request.")] = 512,
+    output_len: Annotated[int, typer.Option("--output-len", min=1, max=1_000_000, metavar="TOKENS", help="Output tokens per request.")] = 256,
+    concurrency: Annotated[int, typer.Option("--concurrency", min=1, max=100_000, metavar="N", help="Closed-loop clients.")] = 1,
     engine: Annotated[Optional[str], typer.Option("--engine", metavar="vllm==X.Y.Z", help="The vLLM release (default: the store's).")] = None,
     price: Annotated[Optional[float], typer.Option("--price", min=0, max=10_000, metavar="USD", help="$ per GPU-hour (default: the GPU table's assumed price).")] = None,
     slo_tpot: Annotated[Optional[float], typer.Option("--slo-tpot", min=0.001, max=1e6, metavar="MS", help="TPOT bound for the max concurrency.")] = None,
