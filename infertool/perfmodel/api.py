@@ -106,7 +106,7 @@ def list_points(store_dir: str | None = None, progress: Callable[[str], None] | 
     from infertool.perfmodel.obs import measured
 
     store = open_store(store_dir)
-    cv = cross_validate(store.points, progress)
+    cv = cross_validate(store.points, progress, store.groups())
     first: dict[str, HeldOutFigure] = {}
     for h in cv.held_out:
         first.setdefault(h.point, h)
@@ -126,4 +126,5 @@ def list_points(store_dir: str | None = None, progress: Callable[[str], None] | 
 
 
 def cross_validation(store_dir: str | None = None, progress: Callable[[str], None] | None = None) -> CvReport:
-    return cross_validate(open_store(store_dir).points, progress)
+    store = open_store(store_dir)
+    return cross_validate(store.points, progress, store.groups())

@@ -146,6 +146,7 @@ class PerfModel:
     index: dict[str, int]
     prepared: list[Prepared]
     skipped: dict[str, str] = field(default_factory=dict)  # point id -> why it is not used
+    groups: dict[str, str] = field(default_factory=dict)  # source -> publisher
 
     def reach(self, gpu: str) -> _Reach:
         r = _Reach()
@@ -256,9 +257,10 @@ class PerfModel:
                 for (got, _s, _w, x), qq in zip(base, queries):
                     for m in ("ttft_ms", "tpot_ms", "output_tps"):
                         post = self.posteriors[m]
-                        cx = post.cov @ np.asarray(x)
-                        cn = post.cov @ xn
-                        drop = float(cx @ xn) ** 2 / (float(xn @ cn) + post.noise_var())
+                        cx = post.cov @ post.vec(x)
+                        vn = post.vec(xn)
+                        cn = post.cov @ vn
+                        drop = float(cx @ vn) ** 2 / (float(vn @ cn) + post.noise_var())
                         before = math.sinh(Z80 * math.sqrt(got[m][1]))
                         after = math.sinh(Z80 * math.sqrt(max(got[m][1] - drop, 0.0)))
                         if after > worst[0]:
@@ -272,8 +274,11 @@ def _k(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else (f"{n / 1000:g}k" if n >= 1000 else str(n))
 
 
-def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float]] | None = None) -> PerfModel:
-    """The model fitted on ``points`` (PerfPoint); ``fixed``: per metric (tau, source sd, sigma) to skip the grid."""
+def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float, float, float]] | None = None,
+               groups: dict[str, str] | None = None) -> PerfModel:
+    """The model fitted on ``points`` (PerfPoint); ``groups``: each source's publisher (sources of one publisher
+    share an offset; a source not named is its own); ``fixed``: per metric (tau, model sd, group sd, source sd,
+    sigma) to skip the grid."""
     cols = fit.columns()
     index = {name: i for i, (name, _) in enumerate(cols)}
     sd = [s for _, s in cols]
@@ -285,20 +290,22 @@ def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float]] | 
         else:
             prepared.append(pp)
     fx = fixed or {}
+    models = [name.startswith("model:") for name, _ in cols]
     first = METRICS[0]  # TTFT first: a latency without it leans on the fitted TTFT
-    ttft_post = fit.fit_metric(first, observations(prepared, first), len(cols), sd, fx.get(first))
+    ttft_post = fit.fit_metric(first, observations(prepared, first, None, groups), len(cols), sd, fx.get(first), models)
     posts = {first: ttft_post}
 
     def ttft_hat(pp: Prepared) -> float:
         return pp.prior.ttft_ms * math.exp(ttft_post.predict(pp.x)[0])
 
     for m in METRICS[1:]:
-        posts[m] = fit.fit_metric(m, observations(prepared, m, ttft_hat), len(cols), sd, fx.get(m))
-    return PerfModel(posts, index, prepared, skipped)
+        posts[m] = fit.fit_metric(m, observations(prepared, m, ttft_hat, groups), len(cols), sd, fx.get(m), models)
+    return PerfModel(posts, index, prepared, skipped, groups or {})
 
 
 def load_model(store: Store | None = None) -> PerfModel:
     """The model fitted from the store (None: the published points plus the user's)."""
     from infertool.perfmodel.store import open_store
 
-    return fit_points((store or open_store()).points)
+    s = store or open_store()
+    return fit_points(s.points, groups=s.groups())
