@@ -18,7 +18,7 @@ from infertool.perf.roofline import Arch
 from infertool.perfmodel import fit
 from infertool.perfmodel.fit import METRICS, Posterior, Setup
 from infertool.perfmodel.obs import Prepared, observations, prepare
-from infertool.perfmodel.prior import SetupPeaks, peaks, prior_times
+from infertool.perfmodel.prior import SetupPeaks, kv_batch, peaks, prior_times
 
 if TYPE_CHECKING:
     from infertool.perf.hardware import CpuPeaks
@@ -225,7 +225,11 @@ class PerfModel:
     def max_concurrency(self, q: Query, *, tpot_ms: float | None, ttft_ms: float | None,
                         limit: int = 1024) -> MaxConcurrency:
         """The highest concurrency (1..limit) whose predicted TPOT and TTFT meet the SLO: at the median, at the 80 %
-        intervals' high ends (lo80) and low ends (hi80). 0: not even one client meets it."""
+        intervals' high ends (lo80) and low ends (hi80). 0: not even one client meets it. At most what the KV cache
+        batches (clients beyond it only wait)."""
+        _, pk = self._setup(q)
+        batches = kv_batch(q.arch, pk, q.weights, q.input_len, q.output_len)
+        limit = max(1, min(limit, int(batches))) if math.isfinite(batches) else limit
         slo = " and ".join(t for t in ((f"TPOT ≤ {tpot_ms:g} ms" if tpot_ms else ""),
                                        (f"TTFT ≤ {ttft_ms:g} ms" if ttft_ms else "")) if t) or "no SLO"
         ladder = sorted({1, 2, 3, 4, 6} | {int(2 ** (k / 2)) for k in range(5, 2 * int(math.log2(limit)) + 1)})
