@@ -166,6 +166,19 @@ def plan(res: Resolution, options: PlanOptions | None = None) -> PlanResult:
                       plan_adapters(serve.lora, arch, roofline.DTYPE_BYTES.get(model_dtype or "", 2)), predicted)
 
 
+def predicted_for_recipe(recipe: dict[str, Any]) -> PlannedSpeed | None:  # Any: the recipe's JSON values
+    """The performance model's prediction for a recipe as a run directory recorded it (the report's bench section),
+    on this host's plan of its target; None where it no longer validates or cannot be planned here."""
+    from infertool.errors import InfertoolError
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
+
+    try:
+        return plan(resolve(validate_recipe_data(recipe, source="the run's recipe")), PlanOptions(predict=True)).predicted
+    except (InfertoolError, ValueError, OSError):
+        return None
+
+
 def _predicted(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory, model_dtype: str | None,
                tp: int, largest: int, options: PlanOptions) -> PlannedSpeed:
     """The performance model's prediction (``plan.predicted``); a store that cannot be read says why instead."""

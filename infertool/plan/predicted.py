@@ -159,13 +159,14 @@ def planned_speed(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory
     from infertool.models.known import match_known
     from infertool.perf.hardware import CpuPeaks
     from infertool.perfmodel.model import Query, load_model
+    from infertool.plan.facts import GpuDevice
 
     bench = res.recipe.bench
     input_len, output_len = (bench.prompt.len, bench.output_len) if bench is not None else (512, 256)
     levels = sorted(set(bench.concurrency))[:MAX_LEVELS] if bench is not None else [1, 8, 32]
     key = next((k for k in (match_known(n) for n in (res.served.source, res.base.source) if n) if k), None)
     dev = mem.device
-    gpu = (getattr(dev, "key", None) or "") if dev.kind == "gpu" else "cpu"
+    gpu = (dev.key or "") if isinstance(dev, GpuDevice) else "" if dev.kind == "gpu" else "cpu"
     hardware = (CpuPeaks(dev.name or "this CPU", mem.peak_bw or 0.0, mem.peak_flops or 0.0, mem.peak_flops or 0.0,
                          mem.peak_src or "") if gpu == "cpu" else None)
     price = bench.cost_per_hour / gpus if bench is not None and bench.cost_per_hour else None

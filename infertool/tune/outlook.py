@@ -24,9 +24,10 @@ if TYPE_CHECKING:
     from infertool.tune.records import KindPrediction, TrialRecord, TuneDoc
     from infertool.tune.space import Trial
 
-# the objective's figure and whether lower wins (tune.objective -> KindPrediction's field)
+# the objective's figure and whether lower wins (tune.objective -> KindPrediction's field; the rest: throughput)
+THROUGHPUT = ("output_tps", False)
 FIGURES = {"cost": ("usd_per_mtok", True), "ttft_p90": ("ttft_ms", True), "tpot": ("tpot_ms", True),
-           "goodput": ("output_tps", False)}
+           "goodput": THROUGHPUT}
 WORDS = {"usd_per_mtok": "$ per 1M output tokens", "ttft_ms": "TTFT", "tpot_ms": "TPOT",
          "output_tps": "output tokens/s"}
 
@@ -35,9 +36,9 @@ def figure_of(pred: KindPrediction | None, objective: str) -> SpeedFigure | None
     """The objective's predicted figure (with its intervals) of a trial; None: not predicted."""
     if pred is None:
         return None
-    name, _ = FIGURES.get(objective, FIGURES["goodput"])
-    value = getattr(pred, name)
-    return value if value is not None else None
+    name, _ = FIGURES.get(objective, THROUGHPUT)
+    return {"usd_per_mtok": pred.usd_per_mtok, "ttft_ms": pred.ttft_ms, "tpot_ms": pred.tpot_ms,
+            "output_tps": pred.output_tps}.get(name)
 
 
 def gpu_kinds(trials: list[Trial]) -> bool:
@@ -66,8 +67,8 @@ def weigh(trials: list[Trial], objective: str, pm: PerfModel | None, note: str |
     if not gpu_kinds(trials):
         return None
     if pm is None:
-        return KindsOutlook(metric=FIGURES.get(objective, FIGURES["goodput"])[0], note=note)
-    name, lower = FIGURES.get(objective, FIGURES["goodput"])
+        return KindsOutlook(metric=FIGURES.get(objective, THROUGHPUT)[0], note=note)
+    name, lower = FIGURES.get(objective, THROUGHPUT)
     out = KindsOutlook(metric=name, note=note)
     groups: dict[str, list[Trial]] = {}
     for t in trials:
@@ -113,7 +114,7 @@ def _beaten(t: Trial, twins: list[Trial], objective: str, lower: bool) -> str | 
             continue
         worst_case = theirs.hi95 if lower else theirs.lo95
         if (best_case > worst_case) if lower else (best_case < worst_case):
-            what = WORDS[FIGURES.get(objective, FIGURES["goodput"])[0]]
+            what = WORDS[FIGURES.get(objective, THROUGHPUT)[0]]
             pred = t.prediction.model
             at = f" at concurrency {pred.concurrency}" if pred is not None else ""
             return (f"cannot win: predicted {what} on {t.machine.name} ({t.machine.gpu}){at} {mine.text}: its best "
