@@ -105,7 +105,7 @@ def test_init_prints_the_prediction_for_the_gpu_it_fits_to(tmp_path, monkeypatch
     assert p["gpu"] == "H100-SXM" and p["model"] == "llama-3.1-8b" and p["levels"]
     assert ordered(p["levels"][0]["ttft_ms"])
     r = cli_in_process("init", str(model), "--gpu", "H100-SXM", "--out", str(tmp_path / "r2.yaml"))
-    assert "predicted (llama-3.1-8b" in r.stderr and "H100-SXM" in r.stderr
+    assert "predicted on H100-SXM (" in r.stderr and "80 %:" in r.stderr
 
 
 def test_the_run_report_puts_each_measured_level_beside_the_models_interval(tmp_path, monkeypatch):

@@ -109,6 +109,16 @@ class PlannedSpeed(Sparse):
     def where(self) -> str:
         return f"{self.gpus} x {self.gpu}" if self.gpus > 1 else self.gpu
 
+    def short_lines(self) -> list[str]:
+        """The prediction where the replica is best used, the SLO's max concurrency and why it is wide (init)."""
+        if self.none or self.at_slo is None:
+            return self.lines()[:1]
+        m = self.max_concurrency
+        slo = f"; highest concurrency meeting {m.slo}: {m.value} (80 %: {m.lo80}-{m.hi80})" if m is not None else ""
+        return [f"predicted on {self.where} ({self.weights}, input {self.input_len} / output {self.output_len}, "
+                f"performance model, {self.support} store points there) at concurrency {self.at_slo.concurrency}: "
+                f"{self.at_slo.text}{slo}"] + (["  wide because: " + "; ".join(self.wide)] if self.wide else [])
+
     def lines(self) -> list[str]:
         """The prediction in a few lines (plan, init and the report print them)."""
         head = (f"predicted ({self.model}, {self.weights}, {self.where}, input {self.input_len} / output "
@@ -123,7 +133,8 @@ class PlannedSpeed(Sparse):
             out.append(f"  highest concurrency meeting {m.slo}: {m.value} (80 %: {m.lo80}-{m.hi80})")
         if at is not None:
             out.append(f"  at concurrency {at.concurrency} (" + ("the SLO's, within" if m is not None else "the largest")
-                       + f" max_num_seqs and the KV cache): {at.text}")
+                       + " max_num_seqs and the KV cache): "
+                       + ("the row above" if any(lv.concurrency == at.concurrency for lv in self.levels) else at.text))
         if self.wide:
             out.append("  wide because: " + "; ".join(self.wide))
         return out

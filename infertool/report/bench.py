@@ -126,7 +126,8 @@ def predicted_blocks(run: RunData) -> list[Block]:
     if len(rows) == 1:
         return []
     head = f"predicted vs measured ({speed.model}, {speed.weights}, {speed.where}): {PREDICTED_NOTE}"
-    return [P(head), Table(rows)] + ([P("wide because: " + "; ".join(speed.wide))] if speed.wide else [])
+    blocks: list[Block] = [P(head), Table(rows)]
+    return blocks + ([P("wide because: " + "; ".join(speed.wide))] if speed.wide else [])
 
 
 def _against(measured: float | None, fig: SpeedFigure) -> str:

@@ -457,6 +457,13 @@ def decision_notes(doc: TuneDoc) -> list[str]:
     d = doc.decision
     if d is not None and d.runner_up:
         notes.append(f"decision: {d.winner} over {d.runner_up}: {d.why}")
+    kinds = doc.kinds
+    if kinds is not None:
+        out = [k.name for k in kinds.kinds if not k.in_play]
+        notes.append((f"machine kinds pruned by the performance model (they cannot win): {', '.join(out)}; " if out
+                       else "no machine kind could be ruled out by the performance model; ")
+                      + (f"what would narrow the choice most: {kinds.narrowing}" if kinds.narrowing else
+                         "no narrowing measurement"))
     cost = doc.cost
     if cost is not None and cost.ratio is not None and cost.staged is not None and cost.brute_force is not None:
         notes.append(f"tune's own cost: the staged search used {cost.staged.total:,.0f} stage-seconds, brute force "
@@ -608,6 +615,18 @@ class DryRun:
         return (f"search space: {sp.trials or 0:,} trials ({sp.candidates} candidates x {sp.serving_settings or 0:,} "
                 f"serving settings{': ' + axes if axes else ''}); {planned}, {self.pruned_planned:,} of them pruned by "
                 f"the plan; {pick} (tune.max_trials {max_trials:,})")
+
+    def kinds_line(self) -> str | None:
+        """The machine kinds the performance model weighed (a kind with a GPU): each kind's best interval, which
+        are pruned, and the measurement that would narrow the choice most (None: no such kind)."""
+        k = self.plan.kinds
+        if k is None:
+            return None
+        kinds = "; ".join(f"{x.name} ({x.gpu or 'no GPU'}): " + (x.best.text if x.best else "no prediction")
+                          + ("" if x.in_play else ", pruned: cannot win") for x in k.kinds)
+        return (f"machine kinds, predicted {outlook.WORDS.get(k.metric, k.metric)} (performance model): {kinds}"
+                + (f"; what would narrow the choice most: {k.narrowing}" if k.narrowing else "")
+                + (f"; {k.note}" if k.note else ""))
 
     def to_dict(self) -> dict[str, JSONView]:
         sp = self.plan.space

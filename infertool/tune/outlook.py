@@ -117,9 +117,9 @@ def _beaten(t: Trial, twins: list[Trial], objective: str, lower: bool) -> str | 
             what = WORDS[FIGURES.get(objective, THROUGHPUT)[0]]
             pred = t.prediction.model
             at = f" at concurrency {pred.concurrency}" if pred is not None else ""
-            return (f"cannot win: predicted {what} on {t.machine.name} ({t.machine.gpu}){at} {mine.text}: its best "
+            return (f"cannot win: predicted {what} on {t.machine.name} ({t.machine.gpu}){at}: {mine.text}; its best "
                     f"case {best_case:.4g} is worse than the worst case {worst_case:.4g} of the same configuration on "
-                    f"{u.machine.name} ({u.machine.gpu}) {theirs.text} (the performance model's 95 % intervals): "
+                    f"{u.machine.name} ({u.machine.gpu}): {theirs.text} (the performance model's 95 % intervals): "
                     "not rented")
     return None
 
