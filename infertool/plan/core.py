@@ -42,6 +42,7 @@ class PlanOptions:
     predict: bool = False  # the performance model's prediction with intervals (``PlanResult.predicted``)
     perf_model: PerfModel | None = None  # a fitted performance model to predict with (None: fitted from the store)
     slo: tuple[float | None, float | None] | None = None  # (TPOT, TTFT) ms to predict the max concurrency for (tune's)
+    predict_at: list[int] | None = None  # the concurrencies to predict at (None: bench's; []: only the SLO's)
 
 
 @dataclass
@@ -186,7 +187,8 @@ def _predicted(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory, m
     from infertool.plan.predicted import planned_speed
 
     try:
-        return planned_speed(res, arch, weights, mem, model_dtype, tp, largest, options.perf_model, options.slo)
+        return planned_speed(res, arch, weights, mem, model_dtype, tp, largest, options.perf_model, options.slo,
+                             options.predict_at)
     except InfertoolError as e:
         return PlannedSpeed(gpu=mem.device.name, gpus=tp, none=f"the performance model: {e.message}")
 

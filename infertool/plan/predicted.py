@@ -162,11 +162,12 @@ def weights_format(res: Resolution, weights: WeightFacts, model_dtype: str | Non
 
 def planned_speed(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory, model_dtype: str | None,
                   gpus: int, largest: int, model: PerfModel | None = None,
-                  slo: tuple[float | None, float | None] | None = None) -> PlannedSpeed:
+                  slo: tuple[float | None, float | None] | None = None,
+                  at: list[int] | None = None) -> PlannedSpeed:
     """The model's prediction for what the resolution serves on the plan's device (``mem``: a GPU of the table, or
     this CPU with its peaks) at the recipe's workload; ``largest``: the most sequences max_num_seqs and the KV cache
     allow at once. ``model``: a fitted model to reuse (tune predicts many trials); ``slo``: (TPOT, TTFT) ms, default
-    the recipe's (``slo_of``)."""
+    the recipe's (``slo_of``); ``at``: the concurrencies to predict at (None: bench's; []: only the SLO's)."""
     from infertool.models.known import match_known
     from infertool.perf.hardware import CpuPeaks
     from infertool.perfmodel.model import Query, load_model
@@ -174,7 +175,8 @@ def planned_speed(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory
 
     bench = res.recipe.bench
     input_len, output_len = (bench.prompt.len, bench.output_len) if bench is not None else (512, 256)
-    levels = sorted(set(bench.concurrency))[:MAX_LEVELS] if bench is not None else [1, 8, 32]
+    levels = (sorted(set(at))[:MAX_LEVELS] if at is not None else
+              sorted(set(bench.concurrency))[:MAX_LEVELS] if bench is not None else [1, 8, 32])
     key = next((k for k in (match_known(n) for n in (res.served.source, res.base.source) if n) if k), None)
     dev = mem.device
     gpu = (dev.key or "") if isinstance(dev, GpuDevice) else "" if dev.kind == "gpu" else "cpu"
@@ -183,7 +185,8 @@ def planned_speed(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory
     price = bench.cost_per_hour / gpus if bench is not None and bench.cost_per_hour else None
     fmt = weights_format(res, weights, model_dtype)
     base = Query(model=key or res.served.label, arch=arch, weights=fmt, gpu=gpu, gpus=gpus, input_len=input_len,
-                 output_len=output_len, concurrency=levels[0], price_per_hour=price, hardware=hardware)
+                 output_len=output_len, concurrency=levels[0] if levels else 1, price_per_hour=price,
+                 hardware=hardware)
     speed = PlannedSpeed(key or res.served.label, fmt, gpu or dev.name, gpus, input_len, output_len, price)
     if not gpu:
         speed.none = "a GPU not in infertool's table (--memory): the model predicts for the table's GPU kinds"

@@ -442,7 +442,7 @@ def predict(trial: Trial, concurrency: int | None = None, perf_model: PerfModel 
     on_gpu_kind = perf_model is not None and trial.machine is not None and bool(trial.machine.gpu)
     p = planning.plan(res, planning.PlanOptions(context=bench.prompt.len + bench.output_len // 2,
                                                 batches=[concurrency] if concurrency else None,
-                                                predict=on_gpu_kind, perf_model=perf_model, slo=slo))
+                                                predict=on_gpu_kind, perf_model=perf_model, slo=slo, predict_at=[]))
     reasons = list(p.reasons)
     if p.capacity.kv_tokens and p.capacity.kv_tokens < per_request:
         reasons.append(f"the KV cache holds {p.capacity.kv_tokens:,} tokens, fewer than one request of the traffic "
