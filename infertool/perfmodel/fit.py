@@ -21,10 +21,10 @@ if TYPE_CHECKING:
 
 METRICS = ("ttft_ms", "tpot_ms", "e2e_s", "output_tps")
 TAU_GRID = (0.5, 1.0, 2.0)
-SOURCE_GRID = (0.0, 0.1, 0.2, 0.35, 0.6)
+SOURCE_GRID = (0.02, 0.1, 0.2, 0.35, 0.6)
 SIGMA_GRID = (0.03, 0.05, 0.08, 0.12, 0.18, 0.27, 0.4, 0.6, 0.9)
 # prior standard deviations (log units) of each feature group, before tau
-SD_INTERCEPT, SD_GPU, SD_WEIGHTS, SD_MODEL, SD_SLOPE, SD_FP8WO, SD_ENGINE = 2.0, 0.5, 0.4, 0.3, 0.3, 0.5, 0.3
+SD_INTERCEPT, SD_GPU, SD_WEIGHTS, SD_MODEL, SD_SLOPE, SD_FP8WO, SD_ENGINE, SD_LOAD = 2.0, 0.5, 0.4, 0.3, 0.3, 0.5, 0.3, 1.0
 
 
 def numpy_module() -> Any:  # Any: the numpy module
@@ -33,8 +33,10 @@ def numpy_module() -> Any:  # Any: the numpy module
     import os
     import sys
 
-    if "numpy" in sys.modules:
-        return sys.modules["numpy"]
+    if "numpy" in sys.modules:  # already imported (its threads already set)
+        import numpy as loaded
+
+        return loaded
     names = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
     saved = {k: os.environ.get(k) for k in names}
     os.environ.update({k: "1" for k in names})
@@ -60,7 +62,7 @@ def columns() -> list[tuple[str, float]]:
     cols += [(f"weights:{w}", SD_WEIGHTS) for w in WEIGHTS]
     cols += [(f"model:{m}", SD_MODEL) for m in KNOWN_ARCHS]
     cols += [("log_concurrency", SD_SLOPE), ("log_input", SD_SLOPE), ("log_output", SD_SLOPE), ("log_gpus", SD_SLOPE),
-             ("fp8_weight_only", SD_FP8WO), ("engine", SD_ENGINE)]
+             ("fp8_weight_only", SD_FP8WO), ("engine", SD_ENGINE), ("load:rate", SD_LOAD), ("load:offline", SD_LOAD)]
     return cols
 
 
@@ -77,21 +79,20 @@ class Setup:
     output_len: int
     engine: str | None
     fp8_weight_only: bool
+    load: str = "closed"  # closed (concurrency) | rate (open loop) | offline (all prompts at once)
 
 
 def features(s: Setup, index: dict[str, int]) -> list[float]:
-    x = [0.0] * len(index)
-    x[index["1"]] = 1.0
-    for name in (f"gpu:{s.gpu}", f"weights:{s.weights}", f"model:{s.model}"):
-        if name in index:
-            x[index[name]] = 1.0
-    x[index["log_concurrency"]] = math.log(max(1.0, s.concurrency)) - math.log(8)
-    x[index["log_input"]] = math.log(s.input_len) - math.log(512)
-    x[index["log_output"]] = math.log(s.output_len) - math.log(256)
-    x[index["log_gpus"]] = math.log(s.gpus)
-    x[index["fp8_weight_only"]] = 1.0 if s.fp8_weight_only else 0.0
     minor = engine_minor(s.engine)
-    x[index["engine"]] = 0.0 if minor is None or s.gpu == "cpu" else max(-1.0, min(2.0, (minor - 10) / 10))
+    values = {"1": 1.0, f"gpu:{s.gpu}": 1.0, f"load:{s.load}": 1.0, f"weights:{s.weights}": 1.0, f"model:{s.model}": 1.0,
+              "log_concurrency": math.log(max(1.0, s.concurrency)) - math.log(8),
+              "log_input": math.log(s.input_len) - math.log(512), "log_output": math.log(s.output_len) - math.log(256),
+              "log_gpus": math.log(s.gpus), "fp8_weight_only": 1.0 if s.fp8_weight_only else 0.0,
+              "engine": 0.0 if minor is None or s.gpu == "cpu" else max(-1.0, min(2.0, (minor - 10) / 10))}
+    x = [0.0] * len(index)
+    for name, v in values.items():
+        if name in index:
+            x[index[name]] = v
     return x
 
 
@@ -138,16 +139,38 @@ class Posterior:
         return self.sigma2 + self.source_var
 
 
-def _log_ml(X: Any, y: Any, w: Any, prior_var: Any, src: Any, s2: float, sigma2: float) -> float:  # Any: arrays
+@dataclass(frozen=True)
+class _Sums:
+    """The data's sufficient statistics with unit noise: Z = [X, one column per source], weights w."""
+
+    ztz: Any  # Any: numpy array, Z^T W Z
+    zty: Any  # Any: numpy array, Z^T W y
+    yty: float
+    logdet_w: float  # sum of log w
+    n: int
+    p: int  # features (the rest of Z's columns are sources)
+
+
+def _solve(sums: _Sums, prior_var: Any, s2: float, sigma2: float) -> tuple[Any, Any, float]:  # Any: arrays
+    """Posterior precision's inverse and mean over [w, source offsets], and the log marginal likelihood (Woodbury:
+    every matrix is features + sources wide, not points wide)."""
     np = numpy_module()
 
-    K = (X * prior_var) @ X.T + s2 * src + np.diag(sigma2 / w)
+    k = sums.ztz.shape[0] - sums.p
+    d = np.concatenate([prior_var, np.full(k, s2)])
+    prec = np.diag(1.0 / d) + sums.ztz / sigma2
     try:
-        L = np.linalg.cholesky(K)
+        L = np.linalg.cholesky(prec)
     except np.linalg.LinAlgError:
-        return -math.inf
-    a = np.linalg.solve(L, y)
-    return float(-0.5 * a @ a - np.log(np.diag(L)).sum() - 0.5 * len(y) * math.log(2 * math.pi))
+        return None, None, -math.inf
+    b = sums.zty / sigma2
+    a = np.linalg.solve(L, b)
+    quad = sums.yty / sigma2 - float(a @ a)
+    logdet = (sums.n * math.log(sigma2) - sums.logdet_w) + float(np.log(d).sum()) + 2 * float(np.log(np.diag(L)).sum())
+    lml = -0.5 * (quad + logdet + sums.n * math.log(2 * math.pi))
+    Li = np.linalg.inv(L)
+    cov = Li.T @ Li
+    return cov, cov @ b, lml
 
 
 def fit_metric(metric: str, obs: Sequence[Obs], n_features: int, prior_sd: Sequence[float],
@@ -159,22 +182,22 @@ def fit_metric(metric: str, obs: Sequence[Obs], n_features: int, prior_sd: Seque
     sd = np.asarray(prior_sd, dtype=float)
     if not obs:
         return Posterior(metric, np.zeros(n_features), np.diag(sd**2), 0.3**2, 0.35**2, 1.0, 0, 0)
-    X = np.asarray([o.x for o in obs], dtype=float)
+    names = sorted({o.source for o in obs})
+    col = {s: i for i, s in enumerate(names)}
+    Z = np.zeros((len(obs), n_features + len(names)))
+    Z[:, :n_features] = np.asarray([o.x for o in obs], dtype=float)
+    for i, o in enumerate(obs):
+        Z[i, n_features + col[o.source]] = 1.0
     y = np.asarray([o.y for o in obs], dtype=float)
     w = np.asarray([o.weight for o in obs], dtype=float)
-    names = sorted({o.source for o in obs})
-    S = np.asarray([[1.0 if o.source == s else 0.0 for s in names] for o in obs])
-    src = S @ S.T
+    sums = _Sums((Z * w[:, None]).T @ Z, Z.T @ (w * y), float(y @ (w * y)), float(np.log(w).sum()), len(obs),
+                 n_features)
     if fixed is None:
-        best = max(((_log_ml(X, y, w, (tau * sd) ** 2, src, s**2, sig**2), tau, s, sig)
+        best = max(((_solve(sums, (tau * sd) ** 2, s**2, sig**2)[2], tau, s, sig)
                     for tau in TAU_GRID for s in SOURCE_GRID for sig in SIGMA_GRID), key=lambda t: t[0])
         _, tau, s, sig = best
     else:
         tau, s, sig = fixed
-    # the source offsets integrated out: the noise covariance of the observations is s^2 src + sigma^2 / w
-    R = s**2 * src + np.diag(sig**2 / w)
-    Ri = np.linalg.inv(R)
-    prec = np.diag(1.0 / (tau * sd) ** 2) + X.T @ Ri @ X
-    cov = np.linalg.inv(prec)
-    mean = cov @ X.T @ Ri @ y
-    return Posterior(metric, mean, cov, sig**2, s**2, tau, len(obs), len(names))
+    cov, mean, _ = _solve(sums, (tau * sd) ** 2, s**2, sig**2)
+    return Posterior(metric, mean[:n_features], cov[:n_features, :n_features], sig**2, s**2, tau, len(obs),
+                     len(names))

@@ -18,7 +18,7 @@ from infertool.perf.roofline import Arch
 from infertool.perfmodel import fit
 from infertool.perfmodel.fit import METRICS, Posterior, Setup
 from infertool.perfmodel.obs import Prepared, observations, prepare
-from infertool.perfmodel.prior import peaks, prior_times
+from infertool.perfmodel.prior import SetupPeaks, peaks, prior_times
 
 if TYPE_CHECKING:
     from infertool.perf.hardware import CpuPeaks
@@ -156,7 +156,7 @@ class PerfModel:
                 r.highest = max(r.highest, pp.setup.concurrency)
         return r
 
-    def _setup(self, q: Query, concurrency: int | None = None) -> tuple[Setup, object]:
+    def _setup(self, q: Query, concurrency: int | None = None) -> tuple[Setup, SetupPeaks]:
         hw = q.hardware
         pk = peaks(q.gpu, q.gpus, q.weights, hw.bandwidth_bytes_s / 1e9 if hw else None,
                    hw.bf16_flops / 1e12 if hw else None)
@@ -169,7 +169,7 @@ class PerfModel:
         return Setup(q.model, q.weights, q.gpu, q.gpus, float(c), q.input_len, q.output_len, q.engine,
                      pk.fp8_weight_only), pk
 
-    def _extra(self, s: Setup, reach: _Reach) -> tuple[float, list[str]]:
+    def extrapolation(self, s: Setup, reach: _Reach) -> tuple[float, list[str]]:
         """Extrapolation variance (log units) and why the interval is wide."""
         extra, why = 0.0, []
         kind = "CPU" if s.gpu == "cpu" else s.gpu
@@ -196,8 +196,8 @@ class PerfModel:
 
         s, pk = self._setup(q, concurrency)
         x = tuple(fit.features(s, self.index))
-        pr = prior_times(q.arch, pk, q.gpus, q.weights, q.input_len, q.output_len, s.concurrency)  # type: ignore[arg-type]
-        extra, why = self._extra(s, self.reach(s.gpu))
+        pr = prior_times(q.arch, pk, q.gpus, q.weights, q.input_len, q.output_len, s.concurrency)
+        extra, why = self.extrapolation(s, self.reach(s.gpu))
         if q.model not in KNOWN_ARCHS:
             why.append(f"model {q.model!r} is not a known architecture: no model offset")
         out = {}
@@ -210,8 +210,7 @@ class PerfModel:
         from infertool.perf.hardware import GPUS
 
         got, s, why, _ = self._log_pred(q)
-        ttft, tpot = lognormal(*got["ttft_ms"], "ms"), lognormal(*got["tpot_ms"], "ms")
-        tps = lognormal(*got["output_tps"], "tok/s")
+        ttft, tpot, e2e, tps = (lognormal(*got[m], unit) for m, unit in zip(METRICS, ("ms", "ms", "s", "tok/s")))
         price = q.price_per_hour
         if price is None and q.gpu in GPUS:
             price = GPUS[q.gpu].price_per_hour
@@ -220,7 +219,7 @@ class PerfModel:
             per = price * q.gpus / 3600 * 1e6
             usd = PerfInterval(per / tps.value, per / tps.hi80, per / tps.lo80, per / tps.hi95, per / tps.lo95, "$/1M")
         return Prediction(q, ttft, tpot, tps, usd, tuple(why), self.reach(s.gpu).points,
-                          lognormal(*got["e2e_s"], "s"))
+                          e2e)
 
     def max_concurrency(self, q: Query, *, tpot_ms: float | None, ttft_ms: float | None,
                         limit: int = 1024) -> MaxConcurrency:
@@ -229,16 +228,16 @@ class PerfModel:
         slo = " and ".join(t for t in ((f"TPOT ≤ {tpot_ms:g} ms" if tpot_ms else ""),
                                        (f"TTFT ≤ {ttft_ms:g} ms" if ttft_ms else "")) if t) or "no SLO"
         ladder = sorted({1, 2, 3, 4, 6} | {int(2 ** (k / 2)) for k in range(5, 2 * int(math.log2(limit)) + 1)})
-        best = {"value": 0, "lo80": 0, "hi80": 0}
-        for z_name, z in (("value", 0.0), ("lo80", Z80), ("hi80", -Z80)):
+        best = [0, 0, 0]  # at the median, at the 80 % interval's high end, at its low end
+        for k, z in enumerate((0.0, Z80, -Z80)):
             for c in (c for c in ladder if c <= limit):
                 got, *_ = self._log_pred(q, c)
                 ok = all(lim is None or got[m][0] * math.exp(z * math.sqrt(got[m][1])) <= lim
                          for m, lim in (("tpot_ms", tpot_ms), ("ttft_ms", ttft_ms)))
                 if not ok:
                     break
-                best[z_name] = c
-        return MaxConcurrency(best["value"], best["lo80"], best["hi80"], slo)
+                best[k] = c
+        return MaxConcurrency(best[0], best[1], best[2], slo)
 
     def narrowing(self, queries: Sequence[Query]) -> Narrowing | None:
         """The one measurement (a GPU kind of the queries x concurrency 1/8/32/128 at the query's lengths) whose
@@ -286,8 +285,9 @@ def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float]] | 
         else:
             prepared.append(pp)
     fx = fixed or {}
-    posts = {"ttft_ms": fit.fit_metric("ttft_ms", observations(prepared, "ttft_ms"), len(cols), sd, fx.get("ttft_ms"))}
-    ttft_post = posts["ttft_ms"]
+    first = METRICS[0]  # TTFT first: a latency without it leans on the fitted TTFT
+    ttft_post = fit.fit_metric(first, observations(prepared, first), len(cols), sd, fx.get(first))
+    posts = {first: ttft_post}
 
     def ttft_hat(pp: Prepared) -> float:
         return pp.prior.ttft_ms * math.exp(ttft_post.predict(pp.x)[0])
