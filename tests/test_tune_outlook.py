@@ -91,3 +91,22 @@ def test_the_dry_run_lists_the_pruned_kind_with_its_reason(tmp_path):
     assert pruned[0]["prediction"]["cannot_win"].startswith("cannot win")
     assert doc["kinds"]["narrowing"].startswith("bench on ")
     assert space.search_space(validate_recipe_data(quickstart([L4, H100]))).kinds == 2
+
+
+def test_a_kind_measured_cheaper_rules_out_a_kind_still_in_play_before_it_is_rented(tmp_path, monkeypatch):
+    """No GPU kind can be ruled out at plan time against a CPU kind (the model does not predict it), but once the
+    CPU kind is measured, the L4 kind's predicted best case is above that measured cost: it is never submitted."""
+    from tests.test_tune_kinds import SMALL
+
+    fake = FakeRay([node("n-small", CPU=1.0, small=1.0), *GPU_NODES])
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    dear_l4 = {**L4, "price_per_hour": 200.0}
+    ctx, plan, events = two_kind_tune(tmp_path, [SMALL, dear_l4], max_concurrent_trials=1)
+    assert all(k.in_play for k in plan.kinds.kinds)  # nothing pruned before anything runs
+    assert [t.machine.name for t in plan.trials] == ["small", "l4"]  # the roofline's order: small first
+    records = {r.machine.name: r for r in executor.execute(ctx, plan, "ray", trial_fn=fake_trial)}
+    assert records["small"].status == "done"
+    why = records["l4"].reason
+    assert records["l4"].status == "pruned" and why.startswith("cannot win: predicted $ per 1M output tokens on l4")
+    assert f"what trial {records['small'].id} on small was measured to cost" in why
+    assert [r.opts.get("resources") for r in fake.submitted] == [{"small": 1.0}]  # the L4 node never asked for

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from infertool.atomic import remove_inside
 from infertool.errors import UsageError
 from infertool.tune.context import emit
+from infertool.tune.outlook import outmeasured
 from infertool.records import JSONView
 from infertool.tune.records import Placement, TrialError, TrialRecord
 
@@ -343,6 +344,13 @@ def _ray_waves(ctx: Context, ray: Any, waves: Iterable[list[Trial]], running: di
                     pending = []
                     break
                 t = pending.pop(0)
+                why = None if ctx.exhaustive else outmeasured(t, records, ctx.tune.objective, ctx.tune.load.edge)
+                if why is not None:  # a kind whose interval can no longer win against what was measured: not rented
+                    from infertool.tune.core import trial_record
+
+                    emit(ctx.on_event, f"{t.label}: {why}")
+                    _record(ctx, records, trial_record(t, status="pruned", reason=why), address)
+                    continue
                 emit(ctx.on_event, f"ray: trial {t.label}")
                 remove_inside(ctx.dir / "trials" / t.id / PLACED, ctx.dir)  # an older run's
                 running[run_remote.options(**options(t)).remote(t.index, t.id)] = t

@@ -124,6 +124,28 @@ def _beaten(t: Trial, twins: list[Trial], objective: str, lower: bool) -> str | 
     return None
 
 
+def outmeasured(t: Trial, measured: list[TrialRecord], objective: str, edge: float) -> str | None:
+    """Why a trial not yet run cannot win against what is measured already (the cost objective): its predicted
+    best case ($ per 1M, the 95 % end in its favour) is above an eligible measured trial's cost at its interval's
+    top (or x (1 + tune.load.edge) without one). None: it can still win, or it has no prediction."""
+    from infertool.tune import search
+
+    fig = figure_of(t.prediction.model, objective)
+    if objective != "cost" or fig is None or t.machine is None:
+        return None
+    for r in measured:
+        if r.objective is None or not search.eligible(r):
+            continue
+        ci = r.objective_ci
+        top = ci[1] if ci and ci[1] is not None else r.objective * (1 + edge)
+        if fig.lo95 > top:
+            kind = f" on {r.machine.name}" if r.machine is not None and r.machine.name else ""
+            return (f"cannot win: predicted $ per 1M output tokens on {t.machine.name} ({t.machine.gpu}): {fig.text}; "
+                    f"its best case {fig.lo95:.4g} is above {top:.4g}, what trial {r.id}{kind} was measured to cost at "
+                    "its interval's top: not rented")
+    return None
+
+
 def _narrow(out: KindsOutlook, trials: list[Trial], pm: PerfModel) -> None:
     """The single measurement that would narrow the choice among the kinds still in play most, over each kind's
     best trial (``PerfModel.narrowing``)."""
