@@ -457,7 +457,7 @@ def test_siblings_run_together_the_largest_max_num_seqs_first():
 
     def t(tid, key, ms, cost):
         x = _sib(tid, ms, key)
-        x.prediction = SimpleNamespace(fits=True, decode_tokens_per_s=1.0, cost_per_1m_output_tokens=cost)
+        x.prediction = SimpleNamespace(fits=True, runs=True, decode_tokens_per_s=1.0, cost_per_1m_output_tokens=cost)
         return x
 
     trials = [t("a4", "a", 4, 1.0), t("b8", "b", 8, 1.5), t("a8", "a", 8, 2.0), t("b4", "b", 4, 1.2)]

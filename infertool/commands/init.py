@@ -95,6 +95,8 @@ def _render(r: "InitResult") -> None:
     err.print(f"plan: {dev.count} x {escape(dev.name)}: {weights}; KV cache {cap.kv_tokens:,} tokens "
               f"({cap.max_concurrency_at_max_model_len:.1f} x max_model_len {cap.max_model_len:,}); "
               f"max_num_seqs {cap.max_num_seqs}", soft_wrap=True)
+    for line in p.predicted.short_lines() if p.predicted else []:  # the performance model, with intervals
+        err.print(escape(line), soft_wrap=True)
     if r.original_plan is not None:
         o = r.original_plan
         base = (r.recipe.get("eval") or {}).get("base_serve")

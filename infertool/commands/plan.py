@@ -21,7 +21,7 @@ def register(app: typer.Typer) -> None:
 EXAMPLES = examples(
     ("infertool plan quickstart", "this host: weights, KV cache, concurrency, roofline"),
     ("infertool plan llama3.3-70b-w4a16-tp4", "the recipe's target GPUs, from any machine"),
-    ("infertool plan quickstart --gpu L4", "the same recipe on another GPU"),
+    ("infertool plan quickstart --gpu L4", "the same recipe on another GPU, predicted with intervals"),
     ("infertool plan quickstart --set serve.max_model_len=8192", "what a longer context costs"),
     ("infertool plan quickstart --json", "exit 1 when it does not fit"),
 )
@@ -45,7 +45,7 @@ def plan(
 
     res = resolve(load_recipe(recipe, overrides or []), Overrides(gpu=gpu))
     checks = recipe_checks(res, "plan")  # the check registry: exit 2 on an error, as validate and the dry runs
-    result = planning.plan(res, planning.PlanOptions(memory_gib=memory, context=context))
+    result = planning.plan(res, planning.PlanOptions(memory_gib=memory, context=context, predict=True))
     if as_json:
         print_json({**result.to_dict(), "resolution": res.to_dict(), "checks": checks.to_list()})
     else:
@@ -108,6 +108,8 @@ def _render(p: "PlanResult") -> None:
         if line:
             out.print(plain(f"{role}: tensor_parallel_size {line.tensor_parallel_size} x pipeline_parallel_size "
                             f"{line.pipeline_parallel_size} ({line.model}; {line.why})"), soft_wrap=True)
+    for text in p.predicted.lines() if p.predicted else []:  # the performance model, with intervals (plan.predicted)
+        out.print(esc(text), soft_wrap=True)
     for text in p.fleet.lines if p.fleet else []:  # replicas and $/month for target.peak_rps (perf.fleet)
         out.print(esc(text), soft_wrap=True)
     for text in p.adapters.lines if p.adapters else []:  # serve.lora (plan.adapters)

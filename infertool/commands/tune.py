@@ -66,7 +66,8 @@ def tune(
                                                                else {}), "checks": checks.to_list()})
             return
         _table(plan.title, plan_rows(plan.shown))
-        for line in (screening_line(plan.shown), plan.space_line(), plan_line(classes) if classes else None,
+        for line in (screening_line(plan.shown), plan.space_line(), plan.kinds_line(),
+                     plan_line(classes) if classes else None,
                      *(plan.starts.lines() if plan.starts is not None else [])):
             if line:
                 stdout.print(line, markup=False, soft_wrap=True)

@@ -165,7 +165,7 @@ def init_recipe(model: str, *, gpu: str | None = None, cpu: bool = False, out: s
     try:
         write_text(tmp, text)
         written = _validated(tmp, model, options.sets)  # it parses and validates, as every command reads it
-        plan = planning.plan(resolve(written))
+        plan = planning.plan(resolve(written), planning.PlanOptions(predict=True))  # with the model's intervals
         original = None
         if written.eval is not None and written.eval.engine == "vllm" and written.quantize is not None:
             original = planning.plan(resolve(load_recipe(str(tmp), ["serve.model=original"])))

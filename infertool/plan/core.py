@@ -16,6 +16,7 @@ from infertool.plan.facts import (
     Capacity, CpuMemory, GpuMemory, KVCache, KVDtypes, MoE, ParallelLine, PlannedDevice, PlannedModel, Roofline, TensorParallel,
 )
 from infertool.plan.adapters import AdapterPlan, plan_adapters
+from infertool.plan.predicted import PlannedSpeed
 from infertool.plan.memory import MAX_MEMORY_GIB, cpu_memory, gpu_memory, kv_capacity, kv_dtypes, largest_batch
 from infertool.plan.speed import calibrate, decode_cost, fleet_sizing, roofline_rows, tp_advice
 from infertool.records import Record
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
     from infertool.capability import RunContext
     from infertool.perf.fleet import FleetSection
     from infertool.perf.hardware import GPU
+    from infertool.perfmodel.model import PerfModel
     from infertool.plan.memory import Memory
     from infertool.recipe import ServeSection
     from infertool.resolve import Resolution
@@ -37,6 +39,10 @@ class PlanOptions:
     memory_gib: float | None = None  # plan for a GPU with this much memory (GiB)
     context: int | None = None  # the context of the decode roofline (default: from bench, else max_model_len / 2)
     batches: list[int] | None = None  # decode batches of the roofline rows besides 1 and the largest the KV allows
+    predict: bool = False  # the performance model's prediction with intervals (``PlanResult.predicted``)
+    perf_model: PerfModel | None = None  # a fitted performance model to predict with (None: fitted from the store)
+    slo: tuple[float | None, float | None] | None = None  # (TPOT, TTFT) ms to predict the max concurrency for (tune's)
+    predict_at: list[int] | None = None  # the concurrencies to predict at (None: bench's; []: only the SLO's)
 
 
 @dataclass
@@ -58,6 +64,8 @@ class PlanResult(Record):
     fleet: FleetSection | None = None
     kv_dtypes: KVDtypes = field(default_factory=KVDtypes)  # the KV cache at auto and in FP8, side by side
     adapters: AdapterPlan | None = None  # serve.lora: adapter bytes, the LoRA slots' reservation (plan.adapters)
+    # the performance model's TTFT / TPOT / output tok/s / $ per 1M with intervals (PlanOptions.predict; plan.predicted)
+    predicted: PlannedSpeed | None = None
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = super().to_dict()
@@ -152,9 +160,37 @@ def plan(res: Resolution, options: PlanOptions | None = None) -> PlanResult:
     tp_adv = tp_advice(arch, weights, mem, capacity, context)
     tp_adv.served, tp_adv.base = _parallel_lines(res, serve)
     fleet = fleet_sizing(res, arch, weights, mem, kv_tok, capacity, tp, pp, context) if not reasons else None
+    predicted = (_predicted(res, arch, weights, mem, model_dtype, tp, largest_batch(mem, capacity, context), options)
+                 if options.predict else None)
     return PlanResult(_model_facts(res, arch, weights), mem.device, kv, mem.memory, capacity, not reasons, reasons, roof,
                       tp_adv, notes, fleet, choice,
-                      plan_adapters(serve.lora, arch, roofline.DTYPE_BYTES.get(model_dtype or "", 2)))
+                      plan_adapters(serve.lora, arch, roofline.DTYPE_BYTES.get(model_dtype or "", 2)), predicted)
+
+
+def predicted_for_recipe(recipe: dict[str, Any]) -> PlannedSpeed | None:  # Any: the recipe's JSON values
+    """The performance model's prediction for a recipe as a run directory recorded it (the report's bench section),
+    on this host's plan of its target; None where it no longer validates or cannot be planned here."""
+    from infertool.errors import InfertoolError
+    from infertool.recipe import validate_recipe_data
+    from infertool.resolve import resolve
+
+    try:
+        return plan(resolve(validate_recipe_data(recipe, source="the run's recipe")), PlanOptions(predict=True)).predicted
+    except (InfertoolError, ValueError, OSError):
+        return None
+
+
+def _predicted(res: Resolution, arch: Arch, weights: WeightFacts, mem: Memory, model_dtype: str | None,
+               tp: int, largest: int, options: PlanOptions) -> PlannedSpeed:
+    """The performance model's prediction (``plan.predicted``); a store that cannot be read says why instead."""
+    from infertool.errors import InfertoolError
+    from infertool.plan.predicted import planned_speed
+
+    try:
+        return planned_speed(res, arch, weights, mem, model_dtype, tp, largest, options.perf_model, options.slo,
+                             options.predict_at)
+    except InfertoolError as e:
+        return PlannedSpeed(gpu=mem.device.name, gpus=tp, none=f"the performance model: {e.message}")
 
 
 def _kv_dtypes(res: Resolution, serve: ServeSection, arch: Arch, mem: Memory, model_dtype: str | None,

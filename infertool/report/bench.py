@@ -3,10 +3,15 @@ repeats), the token lengths sent, the knee, the traffic's classes, the fleet it 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from infertool.bench.results import BenchReport, Interval
 from infertool.decision import Names, RunData
 from infertool.metricspec import METRICS
 from infertool.report.page import Block, Bold, Code, FigureBlock, P, Section, Table, fmt, fmt_pct
+
+if TYPE_CHECKING:
+    from infertool.plan.predicted import SpeedFigure
 
 
 def bench_section(run: RunData, names: Names) -> Section | None:
@@ -27,6 +32,7 @@ def bench_section(run: RunData, names: Names) -> Section | None:
             k = arm.knee
             blocks.append(P(f"rate sweep knee: the server follows {k.rate:g} req/s, not {k.first_bad:g} ({k.criterion})"
                             if k.found else f"rate sweep: no knee bracketed: {k.stopped} ({k.criterion})"))
+    blocks += predicted_blocks(run)
     blocks += class_blocks(be)
     blocks += [P("note: " + note) for note in be.notes]
     from infertool.perf.fleet import run_fleet  # replicas and $/month for target.peak_rps from the measured max load
@@ -84,3 +90,49 @@ def _ci_cell(interval: Interval | None, value: float | None) -> str:
     if interval is None or interval.lo is None or interval.hi is None:
         return fmt(value)
     return f"{fmt(interval.value)} [{fmt(interval.lo)}, {fmt(interval.hi)}]"
+
+
+PREDICTED_NOTE = ("the performance model's prediction for this recipe on this host's plan of its target (`infertool "
+                  "plan`; a CPU: its measured peaks), beside what was measured at each concurrency (TTFT / TPOT "
+                  "p50 against the model's mean): ✓ inside the 80 % interval, ✗ outside")
+
+
+def predicted_blocks(run: RunData) -> list[Block]:
+    """Predicted vs measured at each measured concurrency of the served arm: the model's interval beside the
+    measurement, marking whether it fell inside (``plan.predicted_for_recipe``); a line when the model has no
+    confident number for this hardware; nothing when the recipe cannot be planned here."""
+    from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS, TTFT_P50_MS
+    from infertool.plan.core import predicted_for_recipe
+
+    be = run.bench
+    recipe = run.manifest.recipe
+    if be is None or not recipe:
+        return []
+    speed = predicted_for_recipe(recipe)
+    if speed is None:
+        return []
+    if speed.none:
+        return [P(speed.lines()[0])]
+    rows = [["concurrency", "TTFT ms measured / predicted", "TPOT ms measured / predicted",
+             "out tok/s measured / predicted"]]
+    for lv in be.levels:
+        c = lv.level.value
+        at = speed.at(int(c)) if lv.level.kind == "concurrency" and isinstance(c, (int, float)) else None
+        if at is None:
+            continue
+        cells = [_against(spec.of(lv.summary), fig) for spec, fig in
+                 ((TTFT_P50_MS, at.ttft_ms), (TPOT_P50_MS, at.tpot_ms), (OUTPUT_TOKEN_THROUGHPUT, at.output_tps))]
+        rows.append([lv.level.label, *cells])
+    if len(rows) == 1:
+        return []
+    head = f"predicted vs measured ({speed.model}, {speed.weights}, {speed.where}): {PREDICTED_NOTE}"
+    blocks: list[Block] = [P(head), Table(rows)]
+    return blocks + ([P("wide because: " + "; ".join(speed.wide))] if speed.wide else [])
+
+
+def _against(measured: float | None, fig: SpeedFigure) -> str:
+    """"41 / 38 (80 %: 30-48) ✓": the measurement, the prediction and its interval, and whether it fell inside."""
+    pred = f"{fmt(fig.value)} (80 %: {fmt(fig.lo80)}-{fmt(fig.hi80)})"
+    if measured is None:
+        return f"- / {pred}"
+    return f"{fmt(measured)} / {pred} " + ("✓" if fig.holds(measured) else "✗")

@@ -34,7 +34,7 @@ from infertool.errors import EnvNotReady, InfertoolError, UsageError
 from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS
 from infertool.metricspec import objective as objective_metric
 from infertool.models.info import reading_once
-from infertool.tune import search, space, speculation
+from infertool.tune import outlook, search, space, speculation
 from infertool.tune.space import Trial  # (a field named space shadows the module in PlannedSpace)
 from infertool.stages import StageOutput
 from infertool.records import JSONView, Record
@@ -42,12 +42,13 @@ from infertool.summaries import Published
 from infertool.tune.context import Context, emit
 from infertool.tune.stages import trial_accuracy
 if TYPE_CHECKING:
+    from infertool.perfmodel.model import PerfModel
     from infertool.recipe import Recipe
     from infertool.resolve import Resolution
     from infertool.tune.starts import StartPlan
 
 from infertool.tune.records import (
-    CapacityResult, DecodeCheck, PredictionRecord, ServedCheck, TrialError, TrialRecord, TuneCost,
+    CapacityResult, DecodeCheck, KindsOutlook, PredictionRecord, ServedCheck, TrialError, TrialRecord, TuneCost,
     SpaceInfo, TuneDecision, TuneDoc,
 )
 
@@ -121,8 +122,8 @@ def run_trial(ctx: Context, trial: space.Trial) -> TrialRecord:
     tdir = ctx.dir / "trials" / trial.id
     rec = trial_record(trial, tdir, started=_now())
     try:
-        if not trial.prediction.fits and not ctx.exhaustive:
-            rec.status = "pruned"
+        if not trial.prediction.runs and not ctx.exhaustive:
+            rec.status, rec.reason = "pruned", trial.prediction.cannot_win  # the model's reason; a misfit's: reasons
             return rec
         outputs: dict[str, StageOutput] = {}
         # quantized and screened as served (the original: the reference, unless its settings change outputs)
@@ -226,7 +227,7 @@ def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
         p = t.prediction
         tps = p.decode_tokens_per_s or 0
         cost = p.cost_per_1m_output_tokens
-        return (not p.fits, cost if (objective == "cost" and cost is not None) else (-tps if tps else float("inf")))
+        return (not p.runs, cost if (objective == "cost" and cost is not None) else (-tps if tps else float("inf")))
 
     best: dict[str, tuple[tuple[bool, float], str]] = {}
     for t in trials:
@@ -235,15 +236,17 @@ def _order(trials: list[space.Trial], objective: str) -> list[space.Trial]:
 
     def key(t: space.Trial) -> tuple[tuple[tuple[bool, float], str], str, bool, int, str]:
         g = search.sibling_key(t)
-        return (best[g], g, not t.prediction.fits, -(t.max_num_seqs or 0), t.id)
+        return (best[g], g, not t.prediction.runs, -(t.max_num_seqs or 0), t.id)
 
     return sorted(trials, key=key)
 
 
-def predicted(trial: space.Trial) -> space.Trial:
-    """The trial with the plan's prediction (a plan that cannot be made: it does not fit, with the reason)."""
+def predicted(trial: space.Trial, perf_model: PerfModel | None = None,
+              slo: tuple[float | None, float | None] | None = None) -> space.Trial:
+    """The trial with the plan's prediction (a plan that cannot be made: it does not fit, with the reason);
+    ``perf_model``: on a machine kind with a GPU, the performance model's interval too (at tune's ``slo``)."""
     try:
-        trial.prediction = space.predict(trial)
+        trial.prediction = space.predict(trial, perf_model=perf_model, slo=slo)
     except InfertoolError as e:
         trial.prediction = PredictionRecord(fits=False, reasons=[e.message])
     return trial
@@ -258,6 +261,7 @@ class Plan:
     space: space.Space
     trials: list[Trial]
     built: dict[int, Trial] = field(default_factory=dict)
+    kinds: KindsOutlook | None = None  # machine kinds with a GPU weighed by the performance model (tune.outlook)
 
     def __post_init__(self) -> None:
         self.built.update((t.index, t) for t in self.trials)
@@ -310,9 +314,13 @@ def plan_search(recipe: Recipe, *, exhaustive: bool = False) -> Plan:
         raise UsageError(f"--exhaustive runs every trial, and this search space is {sp.describe()}",
                          hint=f"brute force checks the staged search on a space of at most {space.PLAN_SAMPLE:,} "
                               "trials: shorten tune.serve_grid or tune.candidates")
+    pm, note = outlook.model_for(sp.machines)
+    slo = tune.slo or (recipe.bench.slo if recipe.bench is not None else None)
+    slo_ms = (slo.tpot_ms, slo.ttft_ms) if slo is not None else None
     with reading_once():  # the same checkpoints for every trial: their headers read once
-        planned = [predicted(sp.trial(i)) for i in sp.sample(k, tune.seed)]
-    return Plan(sp, _order(planned, tune.objective))
+        planned = [predicted(sp.trial(i), pm, slo_ms) for i in sp.sample(k, tune.seed)]
+    kinds = outlook.weigh(planned, tune.objective, pm, note)  # a kind that cannot win: its trials pruned
+    return Plan(sp, _order(planned, tune.objective), kinds=kinds)
 
 
 # ----------------------------------------------------------------------------------------- the answer
@@ -371,7 +379,13 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
     """Rank, re-check the winner as served, write tune.json (with the search space ``plan`` says), tuned.yaml and
     the report."""
     by_id = {t.id: t for t in trials}
+    for r in records:  # a Ray worker predicts without the model: the plan's prediction is the one tune.json keeps
+        if r.prediction.model is None and r.id in by_id:
+            r.prediction.model, r.prediction.cannot_win = by_id[r.id].prediction.model, by_id[r.id].prediction.cannot_win
     winner, decision = _decide(ctx, by_id, records)
+    kinds = plan.kinds if plan is not None else None
+    if decision is not None and kinds is not None:
+        decision.narrowing = kinds.narrowing
     for r in records:
         r.why_lost = search.why_lost(r, winner, ctx.tune.objective, decision)
     pts = [(r.id, float((r.accuracy.mean_kld if r.accuracy else None) or 0.0), r.objective) for r in records
@@ -386,7 +400,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                   tuned_recipe=tuned, finished=_now(), space=plan.info() if plan is not None else None,
                   extra={"published": ctx.published.to_dict() if ctx.published else None} if winner is not None else {},
                   decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive, decision=decision),
-                  servers=ctx.pool.starts(ctx.first_start) if ctx.pool is not None else None)
+                  servers=ctx.pool.starts(ctx.first_start) if ctx.pool is not None else None, kinds=kinds)
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
     from infertool.tune.report import write_report
 
@@ -443,6 +457,13 @@ def decision_notes(doc: TuneDoc) -> list[str]:
     d = doc.decision
     if d is not None and d.runner_up:
         notes.append(f"decision: {d.winner} over {d.runner_up}: {d.why}")
+    kinds = doc.kinds
+    if kinds is not None:
+        out = [k.name for k in kinds.kinds if not k.in_play]
+        notes.append((f"machine kinds pruned by the performance model (they cannot win): {', '.join(out)}; " if out
+                       else "no machine kind could be ruled out by the performance model; ")
+                      + (f"what would narrow the choice most: {kinds.narrowing}" if kinds.narrowing else
+                         "no narrowing measurement"))
     cost = doc.cost
     if cost is not None and cost.ratio is not None and cost.staged is not None and cost.brute_force is not None:
         notes.append(f"tune's own cost: the staged search used {cost.staged.total:,.0f} stage-seconds, brute force "
@@ -569,7 +590,7 @@ class DryRun:
     @property
     def pruned_planned(self) -> int:
         """The planned trials the plan prunes (they cannot fit)."""
-        return sum(not t.prediction.fits for t in self.plan.trials)
+        return sum(not t.prediction.runs for t in self.plan.trials)
 
     @property
     def title(self) -> str:
@@ -595,10 +616,23 @@ class DryRun:
                 f"serving settings{': ' + axes if axes else ''}); {planned}, {self.pruned_planned:,} of them pruned by "
                 f"the plan; {pick} (tune.max_trials {max_trials:,})")
 
+    def kinds_line(self) -> str | None:
+        """The machine kinds the performance model weighed (a kind with a GPU): each kind's best interval, which
+        are pruned, and the measurement that would narrow the choice most (None: no such kind)."""
+        k = self.plan.kinds
+        if k is None:
+            return None
+        kinds = "; ".join(f"{x.name} ({x.gpu or 'no GPU'}): " + (x.best.text if x.best else "no prediction")
+                          + ("" if x.in_play else ", pruned: cannot win") for x in k.kinds)
+        return (f"machine kinds, predicted {outlook.WORDS.get(k.metric, k.metric)} (performance model): {kinds}"
+                + (f"; what would narrow the choice most: {k.narrowing}" if k.narrowing else "")
+                + (f"; {k.note}" if k.note else ""))
+
     def to_dict(self) -> dict[str, JSONView]:
         sp = self.plan.space
         return {"trials": [t.to_dict() for t in self.shown],
-                "pruned": [t.id for t in self.shown if not t.prediction.fits],
+                "pruned": [t.id for t in self.shown if not t.prediction.runs],
+                **({"kinds": self.plan.kinds.to_dict()} if self.plan.kinds is not None else {}),
                 "candidates": [c.to_dict() for c in sp.candidates],
                 "grid": list(itertools.islice(sp.grid, DRY_RUN_SHOWN)),
                 "space": {**self.space.to_dict(), "shown": len(self.shown), "pruned_planned": self.pruned_planned},

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 from infertool.atomic import remove_inside
 from infertool.errors import UsageError
 from infertool.tune.context import emit
+from infertool.tune.outlook import outmeasured
 from infertool.records import JSONView
 from infertool.tune.records import Placement, TrialError, TrialRecord
 
@@ -70,11 +71,18 @@ def execute(ctx: Context, plan: Plan, executor: str, trial_fn: TrialFn | None = 
     Ray; the reference first, once, when a trial screens a candidate (its entry is then reused by every trial's
     graph). The planned trials not chosen are recorded as skipped. ``trial_fn``: what a Ray worker runs for a
     trial (default ``_remote_trial``: its stages; a test's seam)."""
-    from infertool.tune.core import run_trial
+    from infertool.tune.core import run_trial, trial_record
 
     chosen = _select(ctx, plan)
+    # a trial the performance model rules out (its kind cannot win: tune.outlook) is pruned here, never sent to a
+    # node of its kind (a Ray worker predicts without the model): recorded with the model's reason
+    outpriced = [] if ctx.exhaustive else [t for t in plan.trials if t.prediction.fits and t.prediction.cannot_win]
+    chosen = [t for t in chosen if t not in outpriced]
+    pruned = [trial_record(t, status="pruned", reason=t.prediction.cannot_win) for t in outpriced]
+    for t in outpriced:
+        emit(ctx.on_event, f"{t.label}: {t.prediction.cannot_win}")
     # the planned trials not chosen, recorded as skipped: not those of a sampled space (its size is said instead)
-    skipped = [] if plan.sampled else _skipped(plan.trials, chosen, SAMPLER_SKIP)
+    skipped = pruned + ([] if plan.sampled else _skipped(plan.trials, chosen + outpriced, SAMPLER_SKIP))
     first = next((t for t in chosen if _screens(t) and (t.prediction.fits or ctx.exhaustive)), None)
     if first is not None and (_needs_reference(chosen) or ctx.exhaustive):
         ctx.run_stages(first, ["reference"], {})
@@ -139,7 +147,7 @@ def _tpe(ctx: Context, plan: Plan) -> list[Trial]:
         ot = study.ask(dists)
         t = plan.trial(sp.index(ot.params["candidate"], {k: ot.params[k] for k, _ in sp.grid.axes},
                                 ot.params.get("machine", 0)))
-        if not t.prediction.fits:
+        if not t.prediction.runs:
             study.tell(ot, state=optuna.trial.TrialState.PRUNED)
             continue
         cost = t.prediction.cost_per_1m_output_tokens
@@ -336,6 +344,13 @@ def _ray_waves(ctx: Context, ray: Any, waves: Iterable[list[Trial]], running: di
                     pending = []
                     break
                 t = pending.pop(0)
+                why = None if ctx.exhaustive else outmeasured(t, records, ctx.tune.objective, ctx.tune.load.edge)
+                if why is not None:  # a kind whose interval can no longer win against what was measured: not rented
+                    from infertool.tune.core import trial_record
+
+                    emit(ctx.on_event, f"{t.label}: {why}")
+                    _record(ctx, records, trial_record(t, status="pruned", reason=why), address)
+                    continue
                 emit(ctx.on_event, f"ray: trial {t.label}")
                 remove_inside(ctx.dir / "trials" / t.id / PLACED, ctx.dir)  # an older run's
                 running[run_remote.options(**options(t)).remote(t.index, t.id)] = t

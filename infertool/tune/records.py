@@ -14,6 +14,7 @@ from infertool.bench.results import Summary as BenchSummary
 from infertool.evaluate.lossless import Lossless
 from infertool.evaluate.result import LmEvalTask
 from infertool.evaluate.verdict import Gate
+from infertool.plan.predicted import SpeedFigure
 from infertool.records import JSONView, Record, Sparse
 from infertool.serve.pool import ServerStart
 from infertool.summaries import StageSummary
@@ -271,6 +272,7 @@ class CandidateRecord(Sparse):
 class PredictionRecord(Sparse):
     """What the plan predicts of a trial before anything is measured (``infertool.tune.space.predict``)."""
 
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("model", "cannot_win")
     fits: bool = True
     reasons: list[str] = field(default_factory=list)
     weight_bytes: int | None = None
@@ -285,6 +287,64 @@ class PredictionRecord(Sparse):
     calibration: str | None = None  # the calibration's key
     step_ms: float | None = None  # the predicted decode step at ``batch``
     knee: int | None = None  # the predicted max load under the SLO: where the capacity search starts
+    # on a machine kind with a GPU: the performance model's interval for the objective (``tune.outlook``), and why
+    # the trial cannot win against the same configuration on another kind (then it is pruned, never rented)
+    model: KindPrediction | None = None
+    cannot_win: str | None = None
+
+    @property
+    def runs(self) -> bool:
+        """Whether the plan lets it run: it fits and the model does not rule it out."""
+        return self.fits and not self.cannot_win
+
+
+@dataclass
+class KindPrediction(Sparse):
+    """The performance model's prediction of a trial on its machine kind's GPU (``tune.outlook``), at the
+    concurrency where its replica is best used (the SLO's max concurrency within max_num_seqs and the KV cache):
+    TTFT / TPOT / output tok/s and $ per 1M output tokens with their intervals, and why the intervals are wide."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("usd_per_mtok", "price_per_hour")
+    model: str = ""  # the performance model's query: model, weights format, GPU kind, TP degree, lengths, price
+    weights: str = ""
+    gpu: str = ""
+    gpus: int = 1
+    input_len: int = 0
+    output_len: int = 0
+    price_per_hour: float | None = None  # $ per GPU-hour
+    concurrency: int = 1
+    ttft_ms: SpeedFigure = field(default_factory=SpeedFigure)
+    tpot_ms: SpeedFigure = field(default_factory=SpeedFigure)
+    output_tps: SpeedFigure = field(default_factory=SpeedFigure)
+    usd_per_mtok: SpeedFigure | None = None
+    wide: list[str] = field(default_factory=list)
+
+
+@dataclass
+class KindLine(Sparse):
+    """One machine kind as the model sees it before anything runs: its best trial's interval, in play or pruned."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("best", "trial", "why")
+    name: str = ""
+    gpu: str | None = None
+    best: SpeedFigure | None = None  # the objective's interval of its best trial (None: no prediction)
+    trial: str | None = None
+    in_play: bool = True
+    why: str | None = None  # pruned: why (its trials' reasons name both intervals)
+
+
+@dataclass
+class KindsOutlook(Sparse):
+    """tune.json's ``kinds``: the machine kinds with a GPU weighed by the performance model before any trial runs
+    (``tune.outlook``): each kind's interval, which are pruned, and the single measurement that would narrow the
+    choice among the kinds still in play most (``PerfModel.narrowing``)."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("narrowing", "narrowing_detail", "note")
+    metric: str = ""
+    kinds: list[KindLine] = field(default_factory=list)
+    narrowing: str | None = None  # "bench on H100-SXM at concurrency 32: interval ±30 % -> ±8 %"
+    narrowing_detail: dict[str, object] | None = None  # the Narrowing's fields (gpu, concurrency, metric, before, after)
+    note: str | None = None  # why there is no outlook (a store that cannot be read)
 
 
 @dataclass
@@ -344,6 +404,7 @@ class TuneDecision(Sparse):
     """tune.json's decision (``search.decide``): the winner, the runner-up and the margin between them with its
     interval, whether the objective intervals tie (and which), the tie rule and why, in words."""
 
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("narrowing",)
     winner: str | None = None
     runner_up: str | None = None
     margin: float | None = None  # the runner-up's objective minus the winner's (lower is better: positive = ahead)
@@ -352,6 +413,8 @@ class TuneDecision(Sparse):
     tied: list[str] = field(default_factory=list)
     rule: str | None = None
     why: str | None = None
+    # machine kinds: the single measurement that would narrow the choice most (the performance model's)
+    narrowing: str | None = None
 
 
 @dataclass
@@ -528,7 +591,8 @@ class TuneDoc(Sparse):
     cost: TuneCost | None = None
     # the vLLM servers this invocation started (a resumed tune: the ones it started again), each with why
     servers: list[ServerStart] | None = None
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers",)
+    kinds: KindsOutlook | None = None  # machine kinds with a GPU weighed by the performance model (tune.outlook)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers", "kinds")
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None

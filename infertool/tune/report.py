@@ -19,7 +19,7 @@ from infertool.perf.fleet import FleetTable, Json
 from infertool.report import html_document, html_table, img_tag, md_table
 from infertool.summaries import Published
 from infertool.records import JSONView
-from infertool.tune import search
+from infertool.tune import outlook, search
 from infertool.tune.records import (
     Screening, ScreenResult, ServeValue, TrialDecode, TrialRecord, TuneDoc,
 )
@@ -202,7 +202,7 @@ def plan_rows(shown: list[Trial]) -> list[list[str]]:
                      "yes" if p.fits else "no",
                      f"{p.decode_tokens_per_s:,.0f} at batch {p.batch}" if p.decode_tokens_per_s else "-",
                      f"{p.cost_per_1m_output_tokens:,.3g}" if p.cost_per_1m_output_tokens else "-",
-                     "; ".join(p.reasons)])
+                     "; ".join([*p.reasons, *([p.cannot_win] if p.cannot_win else [])])])
     return rows
 
 
@@ -420,13 +420,15 @@ def _decision_lines(doc: TuneDoc) -> list[str]:
         return []
     unit = objective_metric(doc.objective).unit
     if not d.runner_up:
-        return [f"Decision: {d.winner}, {d.why or 'the only eligible configuration'}."]
+        return [f"Decision: {d.winner}, {d.why or 'the only eligible configuration'}."] + (
+            [f"What would narrow the choice of machine kind most: {d.narrowing}."] if d.narrowing else [])
     ci = d.margin_ci or [None, None]
     margin = f"margin {_f(d.margin, 4)} {unit}" + (f" [{_f(ci[0], 4)}, {_f(ci[1], 4) if ci[1] is not None else '-'}]"
                                                    if ci[0] is not None else "")
     head = "**Decision: a TIE**" if d.tie else "**Decision: no tie**"
     line = f"{head} — {d.winner} over the runner-up {d.runner_up} ({margin}): {d.why}."
-    return [line] + ([f"Tie rule: {d.rule}."] if d.tie and d.rule else [])
+    return ([line] + ([f"Tie rule: {d.rule}."] if d.tie and d.rule else [])
+            + ([f"What would narrow the choice of machine kind most: {d.narrowing}."] if d.narrowing else []))
 
 
 def _cost_lines(doc: TuneDoc) -> list[str]:
@@ -471,6 +473,11 @@ def render_markdown(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> 
     if plot:
         parts += [f"![pareto]({plot.name})", ""]
     parts += ["## Every trial", "", md_table(trial_rows(doc)), ""]
+    if doc.kinds is not None:  # machine kinds with a GPU, weighed by the performance model (tune.outlook)
+        parts += ["## Machine kinds, predicted", "", outlook.KINDS_NOTE, "", md_table(outlook.kind_rows(doc)), "",
+                  *outlook.kind_lines(doc), ""]
+    if len(pvm := outlook.predicted_rows(doc)) > 1:
+        parts += ["## Predicted vs measured", "", outlook.PREDICTED_NOTE, "", md_table(pvm), ""]
     if len(loads := load_rows(doc)) > 1:
         parts += ["## Load search", "", LOAD_NOTE, "", md_table(loads), ""]
     parts += ["## Accuracy as served", "", ACCURACY_NOTE, "", md_table(accuracy_rows(doc)), ""]
@@ -501,6 +508,11 @@ def render_html(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
     if plot:
         body.append(f'<div class="fig">{img_tag(plot)}</div>')
     body += ["<h2>Every trial</h2>", html_table(trial_rows(doc))]
+    if doc.kinds is not None:
+        body += ["<h2>Machine kinds, predicted</h2>", f"<p>{inline(outlook.KINDS_NOTE)}</p>",
+                 html_table(outlook.kind_rows(doc)), *(f"<p>{inline(x)}</p>" for x in outlook.kind_lines(doc))]
+    if len(pvm := outlook.predicted_rows(doc)) > 1:
+        body += ["<h2>Predicted vs measured</h2>", f"<p>{inline(outlook.PREDICTED_NOTE)}</p>", html_table(pvm)]
     if len(loads := load_rows(doc)) > 1:
         body += ["<h2>Load search</h2>", f"<p>{inline(LOAD_NOTE)}</p>", html_table(loads)]
     body += ["<h2>Accuracy as served</h2>", f"<p>{inline(ACCURACY_NOTE)}</p>", html_table(accuracy_rows(doc))]

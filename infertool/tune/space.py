@@ -17,11 +17,13 @@ from typing import TYPE_CHECKING, Iterator, Mapping
 from infertool.data.fingerprint import digest
 from infertool.errors import RecipeError, UsageError
 from infertool.records import JSONView
-from infertool.tune.records import MachineInfo, PredictionRecord, Screening, max_num_seqs
+from infertool.tune.records import KindPrediction, MachineInfo, PredictionRecord, Screening, max_num_seqs
 
 if TYPE_CHECKING:
     from pydantic import BaseModel
 
+    from infertool.perfmodel.model import PerfModel
+    from infertool.plan.predicted import PlannedSpeed
     from infertool.recipe import Recipe, ServeSection, TuneMachine, TuneSection
     from infertool.resolve import Resolution
     from infertool.stages.base import EventCallback
@@ -423,11 +425,13 @@ def _as_planned(res: Resolution) -> Resolution:
     return dataclasses.replace(res, candidate=cand, served=served)
 
 
-def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
+def predict(trial: Trial, concurrency: int | None = None, perf_model: PerfModel | None = None,
+            slo: tuple[float | None, float | None] | None = None) -> PredictionRecord:
     """What `infertool plan` says of the trial before anything is measured: does it fit (memory, KV capacity
     for the traffic, position limits), and the roofline bound for decode tokens/s at ``concurrency``
     (default: the largest batch its KV cache allows, capped by max_num_seqs) and the $ per 1M output tokens
-    that bound would cost."""
+    that bound would cost. ``perf_model``: on a machine kind with a GPU, the performance model's prediction
+    with intervals too (``model``: ``tune.outlook`` weighs the kinds with it), at ``slo`` (TPOT, TTFT ms: tune's)."""
     from infertool import plan as planning
 
     r = trial.recipe
@@ -435,8 +439,10 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
     bench = r.bench
     assert bench is not None  # a tune recipe has one
     per_request = bench.prompt.len + bench.output_len
+    on_gpu_kind = perf_model is not None and trial.machine is not None and bool(trial.machine.gpu)
     p = planning.plan(res, planning.PlanOptions(context=bench.prompt.len + bench.output_len // 2,
-                                                batches=[concurrency] if concurrency else None))
+                                                batches=[concurrency] if concurrency else None,
+                                                predict=on_gpu_kind, perf_model=perf_model, slo=slo, predict_at=[]))
     reasons = list(p.reasons)
     if p.capacity.kv_tokens and p.capacity.kv_tokens < per_request:
         reasons.append(f"the KV cache holds {p.capacity.kv_tokens:,} tokens, fewer than one request of the traffic "
@@ -457,7 +463,21 @@ def predict(trial: Trial, concurrency: int | None = None) -> PredictionRecord:
                      f"{roof.peak_source}; engine step cost as served (calibration {roof.calibration.key})"),
         cost_per_1m_output_tokens=(cost / (tps * 3600) * 1e6) if (cost is not None and tps) else None,
         calibration=roof.calibration.key if calibrated and roof.calibration else None,
-        step_ms=(row.calibrated_step_ms if calibrated else row.step_ms) if row else None, knee=knee)
+        step_ms=(row.calibrated_step_ms if calibrated else row.step_ms) if row else None, knee=knee,
+        model=kind_prediction(p.predicted) if p.predicted is not None else None)
+
+
+def kind_prediction(speed: PlannedSpeed) -> KindPrediction | None:
+    """The performance model's prediction at the trial's operating point (``PlannedSpeed.at_slo``), as tune.json
+    keeps it; None where the model has no number (no points for the hardware)."""
+    at = speed.at_slo
+    if at is None or speed.none:
+        return None
+    return KindPrediction(model=speed.model, weights=speed.weights, gpu=speed.gpu, gpus=speed.gpus,
+                          input_len=speed.input_len, output_len=speed.output_len, price_per_hour=speed.price_per_hour,
+                          concurrency=at.concurrency, ttft_ms=at.ttft_ms,
+                          tpot_ms=at.tpot_ms, output_tps=at.output_tps,
+                          usd_per_mtok=at.usd_per_mtok, wide=list(speed.wide))
 
 
 def capacity_start(trial: Trial, res: Resolution, url: str, served_name: str, lo: int, hi: int, *,

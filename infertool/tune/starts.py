@@ -162,7 +162,7 @@ def plan_starts(recipe: Recipe, trials: Sequence[Trial], *, classes: Sequence[st
     from infertool.tune import space
     from infertool.tune.stages import screen_wanted
 
-    run = [t for t in trials if t.prediction.fits]
+    run = [t for t in trials if t.prediction.runs]
     servers = _Servers(recipe)
     original = digest(None)  # the original's candidate key (space.candidates: a digest of its spec)
     if any(screen_wanted(t) for t in run):
@@ -266,7 +266,7 @@ def estimate(plan: StartPlan, recipe: Recipe, trials: Sequence[Trial], *, times:
     bench, tune = recipe.bench, recipe.tune
     assert bench is not None and tune is not None  # a tune recipe has both
     per_probe = tune.load.requests or bench.requests
-    run = [t for t in trials if t.prediction.fits]
+    run = [t for t in trials if t.prediction.runs]
     calibrated, missing, p_lo, p_hi = [], [], 0.0, 0.0
     for t in run:
         cal = calibration(t.prediction.calibration) if t.prediction.calibration else None
