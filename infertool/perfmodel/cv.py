@@ -107,7 +107,7 @@ def cross_validate(points: Sequence[PerfPoint], progress: Callable[[str], None] 
             progress(f"cross-validation: source {i}/{len(sources)} withheld ({src})")
         model = fit_points([p for p in points if p.source != src], groups=groups)
         held += held_out_predictions(model, [p for p in points if p.source == src])
-    skipped = len(fit_points([]).skipped) if not points else sum(1 for p in points if not _usable(p))
+    skipped = sum(1 for p in points if not _usable(p))
     return CvReport(tuple(summarise(held)), tuple(held), len(sources), len(points), skipped)
 
 

@@ -5,6 +5,9 @@ Per metric, log(measured / roofline prior) is a Bayesian linear regression on th
 model, log concurrency / input / output / GPUs, FP8 without FP8 units, engine release) with one random offset per
 source (``fit.py``). A prediction is the prior x exp(posterior mean); its interval is log-normal with the posterior
 predictive variance, which stays wide where the store is thin, plus explicit extrapolation terms (``wide``).
+
+(Issue 42's design names the interval record ``Interval`` and the point ``Point``: here ``PerfInterval`` and
+``points.PerfPoint``, since bench.results has an Interval and profile.analysis a Point: one class per name.)
 """
 
 from __future__ import annotations
