@@ -79,7 +79,7 @@ def held_out_predictions(model: PerfModel, points: Sequence[PerfPoint]) -> list[
             continue
         for m, value in measured(p).items():
             post = model.posteriors[m]
-            mu, var = post.predict(pp.x, model.groups.get(p.source))
+            mu, var = post.predict(pp.x, model.groups.get(p.source), pp.setup.load != "closed")
             extra, _ = model.extrapolation(pp.setup, model.reach(pp.setup.gpu))
             s = math.sqrt(var + extra)
             med = getattr(pp.prior, m) * math.exp(mu)

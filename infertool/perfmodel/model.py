@@ -281,11 +281,11 @@ def _k(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else (f"{n / 1000:g}k" if n >= 1000 else str(n))
 
 
-def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float, float, float]] | None = None,
+def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float, float, float, float]] | None = None,
                groups: dict[str, str] | None = None) -> PerfModel:
     """The model fitted on ``points`` (PerfPoint); ``groups``: each source's publisher (sources of one publisher
     share an offset; a source not named is its own); ``fixed``: per metric (tau, model sd, group sd, source sd,
-    sigma) to skip the grid."""
+    sigma, loose) to skip the grid."""
     cols = fit.columns()
     index = {name: i for i, (name, _) in enumerate(cols)}
     sd = [s for _, s in cols]
