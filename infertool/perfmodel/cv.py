@@ -79,7 +79,7 @@ def held_out_predictions(model: PerfModel, points: Sequence[PerfPoint]) -> list[
             continue
         for m, value in measured(p).items():
             post = model.posteriors[m]
-            mu, var = post.predict(pp.x, model.groups.get(p.source))
+            mu, var = post.predict(pp.x, model.groups.get(p.source), pp.setup.load != "closed")
             extra, _ = model.extrapolation(pp.setup, model.reach(pp.setup.gpu))
             s = math.sqrt(var + extra)
             med = getattr(pp.prior, m) * math.exp(mu)
@@ -107,7 +107,7 @@ def cross_validate(points: Sequence[PerfPoint], progress: Callable[[str], None] 
             progress(f"cross-validation: source {i}/{len(sources)} withheld ({src})")
         model = fit_points([p for p in points if p.source != src], groups=groups)
         held += held_out_predictions(model, [p for p in points if p.source == src])
-    skipped = len(fit_points([]).skipped) if not points else sum(1 for p in points if not _usable(p))
+    skipped = sum(1 for p in points if not _usable(p))
     return CvReport(tuple(summarise(held)), tuple(held), len(sources), len(points), skipped)
 
 

@@ -110,6 +110,7 @@ class Obs:
     weight: float
     direct: bool
     group: str = ""  # the source's publisher (sources of one publisher share an offset)
+    loose: bool = False  # an offline or open-loop run: its queueing makes it noisier (LOOSE_GRID)
 
 
 @dataclass
@@ -127,6 +128,7 @@ class Posterior:
     sources: int
     groups: tuple[str, ...] = ()
     group_var: float = 0.0
+    loose: float = 1.0  # an offline or open-loop measurement's noise sd, in multiples of sigma
 
     def vec(self, x: Sequence[float], group: str | None = None) -> Any:  # Any: numpy array
         np = numpy_module()
@@ -137,12 +139,13 @@ class Posterior:
             v[len(x) + self.groups.index(group)] = 1.0
         return v
 
-    def predict(self, x: Sequence[float], group: str | None = None) -> tuple[float, float]:
+    def predict(self, x: Sequence[float], group: str | None = None, loose: bool = False) -> tuple[float, float]:
         """(mean of the log ratio, variance of a new measurement from a new source) at x; of a publisher the fit
-        knows (``group``), or of a new one."""
+        knows (``group``), or of a new one; ``loose``: an offline or open-loop measurement."""
         v = self.vec(x, group)
         known = group in self.groups
-        return float(v @ self.mean), float(v @ self.cov @ v) + self.sigma2 + self.source_var + (
+        noise = self.sigma2 * (self.loose**2 if loose else 1.0)
+        return float(v @ self.mean), float(v @ self.cov @ v) + noise + self.source_var + (
             0.0 if known else self.group_var)
 
     def noise_var(self) -> float:
@@ -188,7 +191,8 @@ def _solve(sums: _Sums, prior_var: Any, g2: float, s2: float, sigma2: float,  # 
     return cov, cov @ b, lml
 
 
-GRIDS = (TAU_GRID, MODEL_GRID, GROUP_GRID, SOURCE_GRID, SIGMA_GRID)
+LOOSE_GRID = (1.0, 2.0, 4.0)  # an offline or open-loop observation's noise sd, in multiples of sigma
+GRIDS = (TAU_GRID, MODEL_GRID, GROUP_GRID, SOURCE_GRID, SIGMA_GRID, LOOSE_GRID)
 
 
 def _maximise(lml: Callable[[tuple[float, ...]], float], rounds: int = 4) -> tuple[float, ...]:
@@ -212,11 +216,11 @@ def _maximise(lml: Callable[[tuple[float, ...]], float], rounds: int = 4) -> tup
 
 
 def fit_metric(metric: str, obs: Sequence[Obs], n_features: int, prior_sd: Sequence[float],
-               fixed: tuple[float, float, float, float, float] | None = None,
+               fixed: tuple[float, float, float, float, float, float] | None = None,
                model_cols: Sequence[bool] = ()) -> Posterior:
     """The posterior of one metric's weights from its observations (none: the prior). ``model_cols``: the model
     offsets' columns (their prior sd is a hyperparameter of its own). ``fixed``: (tau, model sd, group sd, source
-    sd, sigma) instead of the marginal likelihood's choice."""
+    sd, sigma, loose) instead of the marginal likelihood's choice."""
     np = numpy_module()
 
     sd = np.asarray(prior_sd, dtype=float)
@@ -237,14 +241,22 @@ def fit_metric(metric: str, obs: Sequence[Obs], n_features: int, prior_sd: Seque
         Z[i, gcol[o.group]] = 1.0
         Z[i, scol[o.source]] = 1.0
     y = np.asarray([o.y for o in obs], dtype=float)
-    w = np.asarray([o.weight for o in obs], dtype=float)
-    sums = _Sums((Z * w[:, None]).T @ Z, Z.T @ (w * y), float(y @ (w * y)), float(np.log(w).sum()), len(obs),
-                 n_features, len(groups))
+    w0 = np.asarray([o.weight for o in obs], dtype=float)
+    loose = np.asarray([o.loose for o in obs], dtype=bool)
+    by_loose: dict[float, _Sums] = {}
+
+    def sums_for(r: float) -> _Sums:
+        if r not in by_loose:
+            w = np.where(loose, w0 / r**2, w0)
+            by_loose[r] = _Sums((Z * w[:, None]).T @ Z, Z.T @ (w * y), float(y @ (w * y)), float(np.log(w).sum()),
+                                len(obs), n_features, len(groups))
+        return by_loose[r]
+
     if fixed is None:
-        tau, msd, g, s, sig = _maximise(lambda h: _solve(sums, prior_var(h[0], h[1]), h[2] ** 2, h[3] ** 2, h[4] ** 2,
-                                                         full=False)[2])
+        tau, msd, g, s, sig, r = _maximise(lambda h: _solve(sums_for(h[5]), prior_var(h[0], h[1]), h[2] ** 2,
+                                                            h[3] ** 2, h[4] ** 2, full=False)[2])
     else:
-        tau, msd, g, s, sig = fixed
-    cov, mean, _ = _solve(sums, prior_var(tau, msd), g**2, s**2, sig**2)
+        tau, msd, g, s, sig, r = fixed
+    cov, mean, _ = _solve(sums_for(r), prior_var(tau, msd), g**2, s**2, sig**2)
     m = n_features + len(groups)
-    return Posterior(metric, mean[:m], cov[:m, :m], sig**2, s**2, tau, len(obs), len(names), groups, g**2)
+    return Posterior(metric, mean[:m], cov[:m, :m], sig**2, s**2, tau, len(obs), len(names), groups, g**2, r)

@@ -5,6 +5,9 @@ Per metric, log(measured / roofline prior) is a Bayesian linear regression on th
 model, log concurrency / input / output / GPUs, FP8 without FP8 units, engine release) with one random offset per
 source (``fit.py``). A prediction is the prior x exp(posterior mean); its interval is log-normal with the posterior
 predictive variance, which stays wide where the store is thin, plus explicit extrapolation terms (``wide``).
+
+(Issue 42's design names the interval record ``Interval`` and the point ``Point``: here ``PerfInterval`` and
+``points.PerfPoint``, since bench.results has an Interval and profile.analysis a Point: one class per name.)
 """
 
 from __future__ import annotations
@@ -278,11 +281,11 @@ def _k(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else (f"{n / 1000:g}k" if n >= 1000 else str(n))
 
 
-def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float, float, float]] | None = None,
+def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float, float, float, float]] | None = None,
                groups: dict[str, str] | None = None) -> PerfModel:
     """The model fitted on ``points`` (PerfPoint); ``groups``: each source's publisher (sources of one publisher
     share an offset; a source not named is its own); ``fixed``: per metric (tau, model sd, group sd, source sd,
-    sigma) to skip the grid."""
+    sigma, loose) to skip the grid."""
     cols = fit.columns()
     index = {name: i for i, (name, _) in enumerate(cols)}
     sd = [s for _, s in cols]

@@ -101,5 +101,6 @@ def observations(prepared: Sequence[Prepared], metric: str, ttft_hat: Callable[[
         if got is None or not (prior > 0 and got[0] > 0):
             continue
         obs.append(Obs(pp.point.id, pp.point.source, pp.x, math.log(got[0] / prior), got[1],
-                       metric in measured(pp.point), groups.get(pp.point.source, pp.point.source)))
+                       metric in measured(pp.point), groups.get(pp.point.source, pp.point.source),
+                       pp.setup.load != "closed"))
     return obs
