@@ -31,7 +31,7 @@ def main() -> int:
     ap.add_argument("--sources", action="store_true", help="each withheld source's figures too")
     args = ap.parse_args()
     store = open_store(args.store)
-    report = cross_validate(store.points)
+    report = cross_validate(store.points, groups=store.groups())
     if args.json:
         print(json.dumps(report.to_dict(), indent=2))
         return 0

@@ -182,7 +182,7 @@ def _safe(name: str) -> str:
 
 
 def bench_points(report: Any, tag: str, model: str, weights: str, m: Machine,  # Any: a BenchReport
-                 date: str | None) -> list[PerfPoint]:
+                 date: str | None, prefix: str = "") -> list[PerfPoint]:
     """A bench report's concurrency and rate levels as points (levels that completed no request are skipped)."""
     out = []
     s = report.settings
@@ -202,7 +202,7 @@ def bench_points(report: Any, tag: str, model: str, weights: str, m: Machine,  #
         if not met.present():
             continue
         arm = f"{_safe(lv.arm)}-" if lv.arm else ""
-        out.append(PerfPoint(f"user:{tag}:{arm}{_safe(lv.level.label or str(i))}", f"user:{tag}", model, weights,
+        out.append(PerfPoint(f"user:{tag}:{prefix}{arm}{_safe(lv.level.label or str(i))}", f"user:{tag}", model, weights,
                              m.gpu, wl, met, gpus=m.gpus, where=f"bench level {lv.level.label or i}", engine=m.engine,
                              date=date, hardware=m.hardware))
     return out
@@ -231,7 +231,12 @@ def run_dir_points(d: Path) -> list[PerfPoint]:
         raise UsageError(f"{d}: the served model is not a known architecture", hint=_KNOWN_HINT)
     quant = recipe.quantize if served.served_origin == "candidate" else None
     weights = weights_format(quant, recipe.model.dtype, m.cpu_bf16)
-    return bench_points(report, _safe(d.name), model, weights, m, _date(man.finished or man.started))
+    date = _date(man.finished or man.started)
+    pts = bench_points(report, _safe(d.name), model, weights, m, date)
+    if report.original is not None:  # the original model, measured the same way beside the candidate
+        pts += bench_points(report.original, _safe(d.name), model, weights_format(None, recipe.model.dtype, m.cpu_bf16),
+                            m, date, "original-")
+    return pts
 
 
 _KNOWN_HINT = "perf add knows the models of infertool/models/known.py (by name, or by config.json's shape)"

@@ -208,3 +208,20 @@ def test_duplicate_ids_and_non_json_are_refused() -> None:
         parse_points(_text(LINE, LINE), "p.jsonl")
     with pytest.raises(Exception, match=r"p.jsonl:1.*not valid JSON"):
         parse_points("{nope\n", "p.jsonl")
+
+
+def test_sources_of_one_publisher_share_an_offset(tmp_path) -> None:
+    """Store.groups: sources.json's publisher per source, the user's points one publisher; a withheld source of a
+    publisher the fit knows is predicted with that offset (a narrower interval than a new publisher's)."""
+    pts = synthetic_points()
+    write_points(tmp_path / "p.jsonl", pts)
+    (tmp_path / "sources.json").write_text(json.dumps({f"synthetic-{i}": {"publisher": "lab A" if i < 4 else "lab B"}
+                                                       for i in range(8)}))
+    store = open_store(tmp_path)
+    groups = store.groups()
+    assert groups["synthetic-0"] == "lab A" and groups["synthetic-7"] == "lab B"
+    model = fit_points([p for p in pts if p.source != "synthetic-0"], groups=groups)
+    x = fit.features(prepare(pts[0], model.index).setup, model.index)  # type: ignore[union-attr]
+    post = model.posteriors["tpot_ms"]
+    assert post.groups == ("lab A", "lab B")
+    assert post.predict(x, "lab A")[1] <= post.predict(x, None)[1]

@@ -79,6 +79,20 @@ def test_a_run_dir_becomes_points_with_its_setup(tmp_path) -> None:
     assert p.date == "2026-12-07"
 
 
+def test_a_quantized_run_with_its_original_gives_both_formats(tmp_path) -> None:
+    d = make_run_dir(tmp_path)
+    man = json.loads((d / "manifest.json").read_text())
+    man["recipe"]["quantize"] = {"method": "gptq", "bits": 4, "group_size": 128}
+    man["resolution"]["served_origin"] = "candidate"
+    write_json(d / "manifest.json", man)
+    bench = BenchReport.from_dict(json.loads((d / "bench" / "bench.json").read_text()))
+    bench.original = BenchReport(levels=[_level(1, 100.0, 60.0)])
+    write_json(d / "bench" / "bench.json", bench.to_dict())
+    pts = points_of(d)
+    assert [(p.weights, p.workload.concurrency) for p in pts] == [("w4a16", 1), ("w4a16", 8), ("bf16", 1)]
+    assert len({p.id for p in pts}) == 3
+
+
 def test_a_tune_dir_becomes_points_per_capacity_probe(tmp_path) -> None:
     pts = points_of(make_tune_dir(tmp_path))
     assert [(p.gpu, p.weights, p.model, p.workload.concurrency, p.workload.input_len) for p in pts] == [

@@ -45,7 +45,7 @@ def make_query(model: str, gpu: str, *, gpus: int = 1, weights: str = "bf16", in
                price: float | None = None) -> Query:
     """A query from a command's flags: the model a KNOWN_ARCHS key, the GPU a table name or "cpu"."""
     from infertool.models.known import KNOWN_ARCHS, match_known
-    from infertool.perf.hardware import CPU_REFERENCE, find_gpu
+    from infertool.perf.hardware import find_gpu
 
     key = model if model in KNOWN_ARCHS else match_known(model)
     if key is None:
@@ -53,14 +53,31 @@ def make_query(model: str, gpu: str, *, gpus: int = 1, weights: str = "bf16", in
     if weights not in WEIGHTS:
         raise UsageError(f"unknown weight format {weights!r}", hint=f"one of: {', '.join(WEIGHTS)}")
     kind = "cpu" if gpu.lower() == "cpu" else find_gpu(gpu).key
-    return Query(key, KNOWN_ARCHS[key][0], weights, kind, gpus, input_len, output_len, concurrency, engine, price,
-                 CPU_REFERENCE if kind == "cpu" else None)
+    return Query(key, KNOWN_ARCHS[key][0], weights, kind, gpus, input_len, output_len, concurrency, engine, price)
+
+
+def with_cpu_peaks(q: Query, points: Sequence[PerfPoint]) -> Query:
+    """A CPU query without peaks takes those of the store's latest CPU point (`perf add` records the host's
+    measured peaks), so its prior is computed as the points' were; else the reference CPU's."""
+    import dataclasses
+
+    from infertool.perf.hardware import CPU_REFERENCE, CpuPeaks
+
+    if q.gpu != "cpu" or q.hardware is not None:
+        return q
+    hw = next((p.hardware for p in reversed(points) if p.gpu == "cpu" and p.hardware is not None), None)
+    if hw is None:
+        return dataclasses.replace(q, hardware=CPU_REFERENCE)
+    peaks = CpuPeaks(hw.name, hw.bandwidth_gbs * 1e9, hw.bf16_tflops * 1e12, hw.bf16_tflops * 1e12,
+                     "the store's latest CPU point (perf add)")
+    return dataclasses.replace(q, hardware=peaks)
 
 
 def predict(q: Query, *, slo_tpot_ms: float | None = None, slo_ttft_ms: float | None = None,
             store_dir: str | None = None) -> PredictReport:
     store = open_store(store_dir)
     model = load_model(store)
+    q = with_cpu_peaks(q, store.points)
     mc = model.max_concurrency(q, tpot_ms=slo_tpot_ms, ttft_ms=slo_ttft_ms) if slo_tpot_ms or slo_ttft_ms else None
     return PredictReport(model.predict(q), mc, model.narrowing([q]), len(store.points))
 
@@ -106,7 +123,7 @@ def list_points(store_dir: str | None = None, progress: Callable[[str], None] | 
     from infertool.perfmodel.obs import measured
 
     store = open_store(store_dir)
-    cv = cross_validate(store.points, progress)
+    cv = cross_validate(store.points, progress, store.groups())
     first: dict[str, HeldOutFigure] = {}
     for h in cv.held_out:
         first.setdefault(h.point, h)
@@ -126,4 +143,5 @@ def list_points(store_dir: str | None = None, progress: Callable[[str], None] | 
 
 
 def cross_validation(store_dir: str | None = None, progress: Callable[[str], None] | None = None) -> CvReport:
-    return cross_validate(open_store(store_dir).points, progress)
+    store = open_store(store_dir)
+    return cross_validate(store.points, progress, store.groups())

@@ -79,7 +79,7 @@ def held_out_predictions(model: PerfModel, points: Sequence[PerfPoint]) -> list[
             continue
         for m, value in measured(p).items():
             post = model.posteriors[m]
-            mu, var = post.predict(pp.x)
+            mu, var = post.predict(pp.x, model.groups.get(p.source), pp.setup.load != "closed")
             extra, _ = model.extrapolation(pp.setup, model.reach(pp.setup.gpu))
             s = math.sqrt(var + extra)
             med = getattr(pp.prior, m) * math.exp(mu)
@@ -95,16 +95,19 @@ def _prepare(model: PerfModel, p: PerfPoint) -> list:
     return [] if isinstance(pp, str) else [pp]
 
 
-def cross_validate(points: Sequence[PerfPoint], progress: Callable[[str], None] | None = None) -> CvReport:
-    """Leave-one-source-out: each source predicted by the model fitted on all the others."""
+def cross_validate(points: Sequence[PerfPoint], progress: Callable[[str], None] | None = None,
+                   groups: dict[str, str] | None = None) -> CvReport:
+    """Leave-one-source-out: each source predicted by the model fitted on all the others (``groups``: each
+    source's publisher: a withheld source whose publisher has other sources in the fit is predicted with that
+    publisher's offset)."""
     sources = sorted({p.source for p in points})
     held: list[HeldOutFigure] = []
     for i, src in enumerate(sources, 1):
         if progress:
             progress(f"cross-validation: source {i}/{len(sources)} withheld ({src})")
-        model = fit_points([p for p in points if p.source != src])
+        model = fit_points([p for p in points if p.source != src], groups=groups)
         held += held_out_predictions(model, [p for p in points if p.source == src])
-    skipped = len(fit_points([]).skipped) if not points else sum(1 for p in points if not _usable(p))
+    skipped = sum(1 for p in points if not _usable(p))
     return CvReport(tuple(summarise(held)), tuple(held), len(sources), len(points), skipped)
 
 

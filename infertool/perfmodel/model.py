@@ -5,6 +5,9 @@ Per metric, log(measured / roofline prior) is a Bayesian linear regression on th
 model, log concurrency / input / output / GPUs, FP8 without FP8 units, engine release) with one random offset per
 source (``fit.py``). A prediction is the prior x exp(posterior mean); its interval is log-normal with the posterior
 predictive variance, which stays wide where the store is thin, plus explicit extrapolation terms (``wide``).
+
+(Issue 42's design names the interval record ``Interval`` and the point ``Point``: here ``PerfInterval`` and
+``points.PerfPoint``, since bench.results has an Interval and profile.analysis a Point: one class per name.)
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from infertool.perf.roofline import Arch
 from infertool.perfmodel import fit
 from infertool.perfmodel.fit import METRICS, Posterior, Setup
 from infertool.perfmodel.obs import Prepared, observations, prepare
-from infertool.perfmodel.prior import SetupPeaks, peaks, prior_times
+from infertool.perfmodel.prior import SetupPeaks, kv_batch, peaks, prior_times
 
 if TYPE_CHECKING:
     from infertool.perf.hardware import CpuPeaks
@@ -146,6 +149,7 @@ class PerfModel:
     index: dict[str, int]
     prepared: list[Prepared]
     skipped: dict[str, str] = field(default_factory=dict)  # point id -> why it is not used
+    groups: dict[str, str] = field(default_factory=dict)  # source -> publisher
 
     def reach(self, gpu: str) -> _Reach:
         r = _Reach()
@@ -224,7 +228,11 @@ class PerfModel:
     def max_concurrency(self, q: Query, *, tpot_ms: float | None, ttft_ms: float | None,
                         limit: int = 1024) -> MaxConcurrency:
         """The highest concurrency (1..limit) whose predicted TPOT and TTFT meet the SLO: at the median, at the 80 %
-        intervals' high ends (lo80) and low ends (hi80). 0: not even one client meets it."""
+        intervals' high ends (lo80) and low ends (hi80). 0: not even one client meets it. At most what the KV cache
+        batches (clients beyond it only wait)."""
+        _, pk = self._setup(q)
+        batches = kv_batch(q.arch, pk, q.weights, q.input_len, q.output_len)
+        limit = max(1, min(limit, int(batches))) if math.isfinite(batches) else limit
         slo = " and ".join(t for t in ((f"TPOT ≤ {tpot_ms:g} ms" if tpot_ms else ""),
                                        (f"TTFT ≤ {ttft_ms:g} ms" if ttft_ms else "")) if t) or "no SLO"
         ladder = sorted({1, 2, 3, 4, 6} | {int(2 ** (k / 2)) for k in range(5, 2 * int(math.log2(limit)) + 1)})
@@ -256,9 +264,10 @@ class PerfModel:
                 for (got, _s, _w, x), qq in zip(base, queries):
                     for m in ("ttft_ms", "tpot_ms", "output_tps"):
                         post = self.posteriors[m]
-                        cx = post.cov @ np.asarray(x)
-                        cn = post.cov @ xn
-                        drop = float(cx @ xn) ** 2 / (float(xn @ cn) + post.noise_var())
+                        cx = post.cov @ post.vec(x)
+                        vn = post.vec(xn)
+                        cn = post.cov @ vn
+                        drop = float(cx @ vn) ** 2 / (float(vn @ cn) + post.noise_var())
                         before = math.sinh(Z80 * math.sqrt(got[m][1]))
                         after = math.sinh(Z80 * math.sqrt(max(got[m][1] - drop, 0.0)))
                         if after > worst[0]:
@@ -272,8 +281,11 @@ def _k(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else (f"{n / 1000:g}k" if n >= 1000 else str(n))
 
 
-def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float]] | None = None) -> PerfModel:
-    """The model fitted on ``points`` (PerfPoint); ``fixed``: per metric (tau, source sd, sigma) to skip the grid."""
+def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float, float, float, float]] | None = None,
+               groups: dict[str, str] | None = None) -> PerfModel:
+    """The model fitted on ``points`` (PerfPoint); ``groups``: each source's publisher (sources of one publisher
+    share an offset; a source not named is its own); ``fixed``: per metric (tau, model sd, group sd, source sd,
+    sigma, loose) to skip the grid."""
     cols = fit.columns()
     index = {name: i for i, (name, _) in enumerate(cols)}
     sd = [s for _, s in cols]
@@ -285,20 +297,22 @@ def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float]] | 
         else:
             prepared.append(pp)
     fx = fixed or {}
+    models = [name.startswith("model:") for name, _ in cols]
     first = METRICS[0]  # TTFT first: a latency without it leans on the fitted TTFT
-    ttft_post = fit.fit_metric(first, observations(prepared, first), len(cols), sd, fx.get(first))
+    ttft_post = fit.fit_metric(first, observations(prepared, first, None, groups), len(cols), sd, fx.get(first), models)
     posts = {first: ttft_post}
 
     def ttft_hat(pp: Prepared) -> float:
         return pp.prior.ttft_ms * math.exp(ttft_post.predict(pp.x)[0])
 
     for m in METRICS[1:]:
-        posts[m] = fit.fit_metric(m, observations(prepared, m, ttft_hat), len(cols), sd, fx.get(m))
-    return PerfModel(posts, index, prepared, skipped)
+        posts[m] = fit.fit_metric(m, observations(prepared, m, ttft_hat, groups), len(cols), sd, fx.get(m), models)
+    return PerfModel(posts, index, prepared, skipped, groups or {})
 
 
 def load_model(store: Store | None = None) -> PerfModel:
     """The model fitted from the store (None: the published points plus the user's)."""
     from infertool.perfmodel.store import open_store
 
-    return fit_points((store or open_store()).points)
+    s = store or open_store()
+    return fit_points(s.points, groups=s.groups())

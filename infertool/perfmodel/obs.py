@@ -89,9 +89,11 @@ def derived(pp: Prepared, ttft_hat: Callable[[Prepared], float] | None) -> dict[
     return {k: (v, w) for k, v, w in zip(METRICS, (ttft, tpot, e2e, tps), (1.0, w_tpot, w_e2e, w_tps)) if v is not None}
 
 
-def observations(prepared: Sequence[Prepared], metric: str,
-                 ttft_hat: Callable[[Prepared], float] | None = None) -> list[Obs]:
-    """The observations of one metric: log(value / prior) at each point's features."""
+def observations(prepared: Sequence[Prepared], metric: str, ttft_hat: Callable[[Prepared], float] | None = None,
+                 groups: dict[str, str] | None = None) -> list[Obs]:
+    """The observations of one metric: log(value / prior) at each point's features; ``groups``: each source's
+    publisher (a source not named is its own)."""
+    groups = groups or {}
     obs = []
     for pp in prepared:
         got = derived(pp, ttft_hat).get(metric)
@@ -99,5 +101,6 @@ def observations(prepared: Sequence[Prepared], metric: str,
         if got is None or not (prior > 0 and got[0] > 0):
             continue
         obs.append(Obs(pp.point.id, pp.point.source, pp.x, math.log(got[0] / prior), got[1],
-                       metric in measured(pp.point)))
+                       metric in measured(pp.point), groups.get(pp.point.source, pp.point.source),
+                       pp.setup.load != "closed"))
     return obs
