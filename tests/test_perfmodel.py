@@ -225,3 +225,15 @@ def test_sources_of_one_publisher_share_an_offset(tmp_path) -> None:
     post = model.posteriors["tpot_ms"]
     assert post.groups == ("lab A", "lab B")
     assert post.predict(x, "lab A")[1] <= post.predict(x, None)[1]
+
+
+def test_offline_runs_are_their_own_load_kind_and_noisier(synthetic_model) -> None:
+    """An offline run (all prompts at once) is a load kind of its own, and its measurements' noise is the loose
+    multiple of a closed-loop one's (never less)."""
+    p = PerfPoint("off-1", "s", "llama-3.1-8b", "bf16", "H100-SXM", PointWorkload(512, 256, num_prompts=1000),
+                  PointMetrics(output_tps=5000.0))
+    pp = prepare(p, synthetic_model.index)
+    assert not isinstance(pp, str) and pp.setup.load == "offline" and pp.setup.concurrency == 256
+    post = synthetic_model.posteriors["tpot_ms"]
+    assert post.loose >= 1.0
+    assert post.predict(pp.x, None, True)[1] >= post.predict(pp.x, None, False)[1]
