@@ -19,6 +19,7 @@ from infertool.summaries import (
 )
 
 if TYPE_CHECKING:
+    from infertool.quantize.core import CalibrationHeldOut
     from infertool.recipe import Recipe
     from infertool.resolve import Resolution
 
@@ -89,12 +90,12 @@ def short_verify(v: dict | None) -> dict | None:
     return {k: v[k] for k in ("loaded", "generated", "agreement", "reason", "vllm_quantization", "host") if k in v}
 
 
-def short_held_out(h: dict | None) -> dict | None:
-    if not h:
-        return h
-    ov = h.get("overlap") or {}
-    return {"suite": h.get("suite"), "calibration": h.get("calibration"), "shared_ngrams": ov.get("shared_ngrams"),
-            "share": ov.get("share")}
+def short_held_out(h: CalibrationHeldOut | None) -> dict | None:
+    if h is None:
+        return None
+    ov = h.overlap
+    return {"suite": h.suite, "calibration": h.calibration, "shared_ngrams": ov.shared_ngrams if ov else None,
+            "share": ov.share if ov else None}
 
 
 # ------------------------------------------------------------------------------------------- eval
