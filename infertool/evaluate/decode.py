@@ -40,6 +40,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from infertool import inputs, net
+from infertool.data.formats import messages_problem
 from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
 from infertool.errors import BackendError, TokenizerMismatch, UsageError
 from infertool.evaluate import metrics as M
@@ -130,10 +131,7 @@ def _check_prompt(obj: Any, n: int) -> tuple[dict[str, Any] | None, str | None]:
             return None, f"line {n}: \"prompt\" must be a non-empty string"
         return {"id": str(pid), "prompt": obj["prompt"]}, None
     msgs = obj["messages"]
-    ok = isinstance(msgs, list) and msgs and all(
-        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
-        and set(m) <= {"role", "content"} for m in msgs)
-    if not ok or msgs[-1]["role"] != "user":
+    if messages_problem(msgs) or not all(set(m) <= {"role", "content"} for m in msgs):
         return None, (f"line {n}: \"messages\" must be a non-empty list of {{\"role\": system|user|assistant, "
                       "\"content\": text}, the last one the user's")
     return {"id": str(pid), "messages": [dict(m) for m in msgs]}, None
