@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infertool.data.formats import (
-    FORMAT_TYPES, TASK_FIELDS, item_problems, item_texts, messages_problem, prepare_task, request_items,
+    FORMAT_TYPES, SIDE_FIELDS, TASK_FIELDS, item_problems, item_texts, messages_problem, prepare_task, request_items,
 )
 from infertool.errors import UsageError
 
@@ -430,7 +430,7 @@ def load_suite(name_or_path: str | Path) -> Suite:
         extra = set(t) - allowed
         if extra:
             raise _bad(path, f"tasks[{i}]: unknown field(s): {', '.join(sorted(extra))}")
-        given = {"data_path" if k == "data" else k: v for k, v in t.items() if k not in TASK_FIELDS}
+        given = {"data_path" if k == "data" else k: v for k, v in t.items() if k not in SIDE_FIELDS}
         task = SuiteTask(**{"name": None, "type": None, **given})  # the fields it leaves out: SuiteTask's defaults
         if task.type not in TASK_TYPES:
             raise _bad(path, f"tasks[{i}].type must be one of {', '.join(TASK_TYPES)}; got {task.type!r}")
