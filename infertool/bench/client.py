@@ -78,13 +78,12 @@ def request_body(target: Endpoint, prompt: "str | list[JsonObject]", max_tokens:
     return body
 
 
-def _chunk_token(chunk: JsonObject, endpoint: str) -> str | None:
-    """The text of the token a parsed chunk carries, None for none. A chunk with an empty text can still carry a
-    token: an empty string mid-stream (no finish_reason; for chat, not the role header) is returned as "". vLLM
-    sends one for a token whose text is empty (a special token the detokenizer skips, like SmolLM2's
+def _chunk_token(choices: Any, endpoint: str) -> str | None:  # Any: a parsed JSON value
+    """The text of the token a parsed chunk's ``choices`` carry, None for none. A chunk with an empty text can still
+    carry a token: an empty string mid-stream (no finish_reason; for chat, not the role header) is returned as "".
+    vLLM sends one for a token whose text is empty (a special token the detokenizer skips, like SmolLM2's
     ``<|im_end|>`` ending a completion, or the first bytes of a multi-byte character) and vLLM's bench times it
     as a token: so the first token's time (TTFT) is the first such chunk."""
-    choices = chunk.get("choices")
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
         return None
     c = choices[0]
@@ -410,12 +409,13 @@ class _Exchange:
             return
         if not isinstance(chunk, dict):
             return
-        if "error" in chunk and not chunk.get("choices"):
+        choices = chunk.get("choices")
+        if "error" in chunk and not choices:
             self.error = f"stream error: {net.quote(_dumps(chunk['error']), n=160)}"
             return
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        if (piece := _chunk_token(chunk, self.endpoint)) is not None:
+        if usage := chunk.get("usage"):
+            self.usage = usage
+        if (piece := _chunk_token(choices, self.endpoint)) is not None:
             if piece and self.texts is not None:
                 self.texts.append(piece)
             self._text(now)
