@@ -170,9 +170,9 @@ def tool_problems(tools: Any, where: str) -> list[str]:  # Any: a suite's tools 
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(raw_fn, dict):
             out.append(f"{at}: a tool is {{type: function, function: {{name, parameters}}}}")
             continue
-        fn = FunctionDef.from_dict(raw_fn)
-        if not isinstance(raw_fn.get("name"), str) or not TOOL_NAME.match(fn.name):
-            out.append(f"{at}: the function's name must match {TOOL_NAME.pattern}; got {json.dumps(raw_fn.get('name'))}")
+        fn, name = FunctionDef.from_dict(raw_fn), raw_fn.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.match(fn.name):
+            out.append(f"{at}: the function's name must match {TOOL_NAME.pattern}; got {json.dumps(name)}")
         elif fn.name in seen:
             out.append(f"{at}: a second tool named {fn.name!r}: tool names must be unique")
         seen.add(fn.name)
