@@ -144,6 +144,7 @@ def _smoke(srv) -> str:
     """One greedy completion from a ready server (a failure says why, with the server log's last lines), under
     infertool.net's policy: no redirect, one deadline for the whole request, a bounded body."""
     from infertool import net
+    from infertool.evaluate.answers import CompletionChoice, Malformed
     from infertool.serve.launcher import log_tail
 
     try:
@@ -158,10 +159,11 @@ def _smoke(srv) -> str:
                              hint="the server log says why; a quantized checkpoint may need kernels this host lacks",
                              log_path=str(srv.log_path))
     try:
-        choices = ans.json_object().get("choices")
-        text = choices[0]["text"] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        text = CompletionChoice.of(ans.json_object()).text
     except net.NetError as e:
         raise RuntimeFailure(f"the server's completion is not usable: {e.reason}", log_path=str(srv.log_path)) from None
+    except Malformed:  # no choices[0] object
+        text = None
     if not isinstance(text, str):
         raise RuntimeFailure(f"the server answered the completion without a text: {ans.detail()}",
                              log_path=str(srv.log_path))
