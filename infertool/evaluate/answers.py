@@ -85,11 +85,16 @@ class CompletionChoice:
         choice = choices[0] if isinstance(choices, list) and choices else None
         if not isinstance(choice, dict):
             raise Malformed(f"{where}the answer has no choices[0] object")
-        lp, usage = choice.get("logprobs"), r.get("usage")
+        usage = r.get("usage")
+        return cls.read(choice, usage.get("prompt_tokens") if isinstance(usage, dict) else None)
+
+    @classmethod
+    def read(cls, choice: dict[str, Any], prompt_tokens: JSONValue = None) -> CompletionChoice:  # Any: JSON values
+        """One choice object of an answer (of several prompts: each of its choices)."""
+        lp = choice.get("logprobs")
         lists = (lp.get("tokens"), lp.get("token_logprobs"), lp.get("top_logprobs"), lp.get("text_offset")) \
             if isinstance(lp, dict) else (None,) * 4
-        return cls(choice.get("text"), choice.get("finish_reason"), *lists,
-                   usage.get("prompt_tokens") if isinstance(usage, dict) else None,
+        return cls(choice.get("text"), choice.get("finish_reason"), *lists, prompt_tokens,
                    None if lp is None or isinstance(lp, dict) else type(lp).__name__)
 
 
