@@ -30,11 +30,11 @@ from infertool.backends.base import CompareSpec, QuantBackend, QuantizeTaskResul
 from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
 from infertool.data.calibration import CalibrationInfo, CalibrationRequest
+from infertool.data.overlap import Overlap
 from infertool.errors import UsageError
 from infertool.quantize.manifest import LayerErrors, WeightSize
 from infertool.quantize.preflight import PreflightReport
 from infertool.quantize.verify import LoadCheck
-from infertool.data.overlap import Overlap
 from infertool.records import Record, Sparse
 from infertool.resolve import QUANTIZE_MANIFEST as MANIFEST_NAME, default_output
 from infertool.summaries import Resolved
