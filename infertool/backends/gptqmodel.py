@@ -220,6 +220,7 @@ def layer_errors(quant_log: list[dict]) -> list[dict]:
     rows = []
     for entry in quant_log or []:
         layer: Any = entry.get("layer")  # Any: GPTQModel's log value (an int, or anything)
+        samples: Any = entry.get("samples")  # Any: GPTQModel's log value (a count, or anything)
         try:
             layer = int(layer)
         except (TypeError, ValueError):
@@ -230,7 +231,7 @@ def layer_errors(quant_log: list[dict]) -> list[dict]:
             "process": entry.get("process"),
             "features_in_out": entry.get("feat: in, out"),
             "loss": _float(entry.get("loss")),
-            "samples": int(entry["samples"]) if str(entry.get("samples", "")).isdigit() else entry.get("samples"),
+            "samples": int(samples) if str(samples).isdigit() else samples,
             "damp": _float(entry.get("damp")),
             "seconds": _float(entry.get("time")),
         })

@@ -78,34 +78,25 @@ def request_body(target: Endpoint, prompt: "str | list[JsonObject]", max_tokens:
     return body
 
 
-def _chunk_text(chunk: JsonObject, endpoint: str) -> str:
-    choices = chunk.get("choices")
+def _chunk_token(choices: Any, endpoint: str) -> str | None:  # Any: a parsed JSON value
+    """The text of the token a parsed chunk's ``choices`` carry, None for none. A chunk with an empty text can still
+    carry a token: an empty string mid-stream (no finish_reason; for chat, not the role header) is returned as "".
+    vLLM sends one for a token whose text is empty (a special token the detokenizer skips, like SmolLM2's
+    ``<|im_end|>`` ending a completion, or the first bytes of a multi-byte character) and vLLM's bench times it
+    as a token: so the first token's time (TTFT) is the first such chunk."""
     if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return ""
+        return None
     c = choices[0]
     if endpoint == "chat":
         delta = c.get("delta") or {}
         if not isinstance(delta, dict):
-            return ""
-        return str(delta.get("content") or "") + str(delta.get("reasoning_content") or "")
-    return str(c.get("text") or "")
-
-
-def _textless_token(chunk: JsonObject, endpoint: str) -> bool:
-    """Whether a chunk with an empty text still carries a token: an empty string mid-stream (no finish_reason;
-    for chat, not the role header). vLLM sends one for a token whose text is empty (a special token the
-    detokenizer skips, like SmolLM2's ``<|im_end|>`` ending a completion, or the first bytes of a multi-byte
-    character) and vLLM's bench times it as a token: so the first token's time (TTFT) is the first such chunk."""
-    choices = chunk.get("choices")
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        return False
-    c = choices[0]
-    if c.get("finish_reason") is not None:
-        return False
-    if endpoint != "chat":
-        return c.get("text") == ""
-    delta = c.get("delta")
-    return isinstance(delta, dict) and "role" not in delta and "" in (delta.get("content"), delta.get("reasoning_content"))
+            return None
+        parts = (delta.get("content"), delta.get("reasoning_content"))
+        text, empty = str(parts[0] or "") + str(parts[1] or ""), "role" not in delta and "" in parts
+    else:
+        raw = c.get("text")
+        text, empty = str(raw or ""), raw == ""
+    return text if text else ("" if empty and c.get("finish_reason") is None else None)
 
 
 # ------------------------------------------------------------------------------------------ the wire
@@ -211,7 +202,7 @@ class _Exchange:
         self.rx = 0  # bytes received
         self.last_rx = started
         self.err_body = b""
-        self.times: list[float] = []  # arrival of every chunk that carried a token (text, or _textless_token)
+        self.times: list[float] = []  # arrival of every chunk that carried a token (text, or a textless one: _chunk_token)
         self.usage = None
         self.error: str | None = None
         self.done_marker = False
@@ -418,20 +409,19 @@ class _Exchange:
             return
         if not isinstance(chunk, dict):
             return
-        if "error" in chunk and not chunk.get("choices"):
+        choices = chunk.get("choices")
+        if "error" in chunk and not choices:
             self.error = f"stream error: {net.quote(_dumps(chunk['error']), n=160)}"
             return
-        if chunk.get("usage"):
-            self.usage = chunk["usage"]
-        if piece := _chunk_text(chunk, self.endpoint):
-            if self.texts is not None:
+        if usage := chunk.get("usage"):
+            self.usage = usage
+        if (piece := _chunk_token(choices, self.endpoint)) is not None:
+            if piece and self.texts is not None:
                 self.texts.append(piece)
-            self._text(now)
-        elif _textless_token(chunk, self.endpoint):
             self._text(now)
 
     def _text(self, now: float) -> None:
-        """A chunk that carried a token arrived at ``now`` (``_textless_token`` says which carry one without
+        """A chunk that carried a token arrived at ``now`` (``_chunk_token`` says which carry one without
         text); more than ``max_chunks`` of them is a bad response."""
         self.times.append(now)
         if len(self.times) > self.max_chunks:

@@ -47,6 +47,7 @@ JSON_MODES = ("response_format", "prompt")
 CHOICES = ("auto", "required")
 TOOL_NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # what OpenAI's API accepts as a function name
 TASK_FIELDS = ("schema", "schema_file", "mode", "tools", "tools_file", "tool_choice")
+SIDE_FIELDS = ("schema", "schema_file", "tools", "tools_file")  # read here (a file beside the suite, or checked)
 JSON_MAX_TOKENS = 256
 
 
@@ -169,9 +170,9 @@ def tool_problems(tools: Any, where: str) -> list[str]:  # Any: a suite's tools 
         if not isinstance(t, dict) or t.get("type") != "function" or not isinstance(raw_fn, dict):
             out.append(f"{at}: a tool is {{type: function, function: {{name, parameters}}}}")
             continue
-        fn = FunctionDef.from_dict(raw_fn)
-        if not isinstance(raw_fn.get("name"), str) or not TOOL_NAME.match(fn.name):
-            out.append(f"{at}: the function's name must match {TOOL_NAME.pattern}; got {json.dumps(raw_fn.get('name'))}")
+        fn, name = FunctionDef.from_dict(raw_fn), raw_fn.get("name")
+        if not isinstance(name, str) or not TOOL_NAME.match(fn.name):
+            out.append(f"{at}: the function's name must match {TOOL_NAME.pattern}; got {json.dumps(name)}")
         elif fn.name in seen:
             out.append(f"{at}: a second tool named {fn.name!r}: tool names must be unique")
         seen.add(fn.name)
@@ -222,9 +223,9 @@ def prepare_task(task: TaskFields, spec: dict[str, Any], suite_path: Path, i: in
     extra = [k for k in TASK_FIELDS if k in spec and k not in (("schema", "schema_file", "mode") if task.type == "json"
                                                              else ("tools", "tools_file", "tool_choice"))]
     problems += [f"{at}.{k}: not a field of a {task.type} task" for k in extra]
+    task.max_tokens = task.max_tokens if "max_tokens" in spec else JSON_MAX_TOKENS
     if task.type == "json":
-        task.max_tokens = int(spec.get("max_tokens", JSON_MAX_TOKENS))
-        task.mode = str(spec.get("mode", "response_format"))
+        task.mode = str(task.mode)
         if task.mode not in JSON_MODES:
             problems.append(f"{at}.mode must be one of {', '.join(JSON_MODES)}; got {task.mode!r}")
         schema, problems = _side(spec, "schema", suite_path, at, problems)
@@ -233,7 +234,6 @@ def prepare_task(task: TaskFields, spec: dict[str, Any], suite_path: Path, i: in
             problems += [f"{at}.schema: {why}"] if why else []
             task.schema = schema if not why else None
         return problems
-    task.max_tokens = int(spec.get("max_tokens", JSON_MAX_TOKENS))
     tools, problems = _side(spec, "tools", suite_path, at, problems)
     if tools is None:
         problems.append(f"{at}: a tool_call task needs tools: [...] or tools_file: FILE")
@@ -241,7 +241,7 @@ def prepare_task(task: TaskFields, spec: dict[str, Any], suite_path: Path, i: in
         found = tool_problems(tools, f"{at}.tools")
         problems += found
         task.tools = tools if not found else []
-    task.tool_choice = str(spec.get("tool_choice", "auto"))
+    task.tool_choice = str(task.tool_choice)
     if task.tool_choice not in CHOICES and task.tools and task.tool_choice not in tool_names(task.tools):
         problems.append(f"{at}.tool_choice {task.tool_choice!r} is neither auto, required nor one of the tools "
                         f"({', '.join(tool_names(task.tools))})")

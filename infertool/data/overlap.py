@@ -10,7 +10,9 @@ runs of letters and digits, so whitespace and punctuation changes do not hide a 
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+
+from infertool.records import Record
 
 NGRAM = 13
 REFUSE_SHARE = 0.01  # refuse when 1 % or more of the eval 13-grams occur in the calibration text
@@ -24,11 +26,13 @@ def grams(text: str, n: int = NGRAM) -> set[int]:
 
 
 @dataclass
-class Overlap:
-    eval_ngrams: int
-    shared_ngrams: int
-    eval_texts: int
-    texts_with_overlap: int
+class Overlap(Record):
+    """What the calibration text shares with the eval suite (``overlap``); in a file with its share and verdict."""
+
+    eval_ngrams: int = 0
+    shared_ngrams: int = 0
+    eval_texts: int = 0
+    texts_with_overlap: int = 0
     ngram: int = NGRAM
     examples: list[str] = field(default_factory=list)  # a few eval texts that overlap (trimmed)
 
@@ -46,7 +50,7 @@ class Overlap:
                 f"{self.eval_texts} eval texts share at least one")
 
     def to_dict(self) -> dict:
-        return {**asdict(self), "share": self.share, "refused": self.refused}
+        return {**super().to_dict(), "share": self.share, "refused": self.refused}
 
 
 def overlap(calibration_docs: list[str], eval_texts: list[str], n: int = NGRAM) -> Overlap:

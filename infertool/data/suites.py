@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from infertool.data.formats import (
-    FORMAT_TYPES, TASK_FIELDS, item_problems, item_texts, messages_problem, prepare_task, request_items,
+    FORMAT_TYPES, SIDE_FIELDS, TASK_FIELDS, item_problems, item_texts, messages_problem, prepare_task, request_items,
 )
 from infertool.errors import UsageError
 
@@ -50,6 +50,9 @@ _SUITE_HINT = "`infertool eval suites` lists the built-in suites; a path to a su
 
 @dataclass
 class SuiteTask:
+    """A suite's task: its YAML mapping read into these fields (``load_suite``; ``data`` is ``data_path``),
+    with what the task's files hold."""
+
     name: str
     type: str
     items: list[dict] = field(default_factory=list)  # multiple_choice / generate
@@ -427,25 +430,14 @@ def load_suite(name_or_path: str | Path) -> Suite:
         extra = set(t) - allowed
         if extra:
             raise _bad(path, f"tasks[{i}]: unknown field(s): {', '.join(sorted(extra))}")
-        ttype = t.get("type")
-        if ttype not in TASK_TYPES:
-            raise _bad(path, f"tasks[{i}].type must be one of {', '.join(TASK_TYPES)}; got {ttype!r}")
-        match = t.get("match", "exact")
-        if match not in MATCH_KINDS:
-            raise _bad(path, f"tasks[{i}].match must be one of {', '.join(MATCH_KINDS)}; got {match!r}")
-        task = SuiteTask(
-            name=str(t.get("name") or f"task{i}"),
-            type=ttype,
-            source=t.get("source"),
-            seq_len=t.get("seq_len"),
-            max_windows=t.get("max_windows"),
-            match=match,
-            chat=bool(t.get("chat", False)),
-            max_tokens=int(t.get("max_tokens", 32)),
-            stop=list(t.get("stop", ["\n"])),
-            delimiter=str(t.get("delimiter", " ")),
-            data_path=t.get("data"),
-        )
+        given = {"data_path" if k == "data" else k: v for k, v in t.items() if k not in SIDE_FIELDS}
+        task = SuiteTask(**{"name": None, "type": None, **given})  # the fields it leaves out: SuiteTask's defaults
+        if task.type not in TASK_TYPES:
+            raise _bad(path, f"tasks[{i}].type must be one of {', '.join(TASK_TYPES)}; got {task.type!r}")
+        if task.match not in MATCH_KINDS:
+            raise _bad(path, f"tasks[{i}].match must be one of {', '.join(MATCH_KINDS)}; got {task.match!r}")
+        task.name, task.chat, task.max_tokens = str(task.name or f"task{i}"), bool(task.chat), int(task.max_tokens)
+        task.stop, task.delimiter, ttype = list(task.stop), str(task.delimiter), task.type
         if ttype == "perplexity":
             if task.source:
                 task.text, task.meta = builtin_text(task.source)

@@ -65,16 +65,48 @@ def _top(v: JSONValue, i: int) -> dict[str, float]:
     return {str(t): _lp(x, f"top_logprobs[{i}][{net.quote(str(t), n=20)!r}]") for t, x in v.items()}
 
 
-def _prompt_len(r: dict[str, Any], prompt: str | list[int], tokens: list[Any]) -> int:  # Any: JSON values
+@dataclass(frozen=True)
+class CompletionChoice:
+    """choices[0] of a /completions answer as sent (None where absent), and usage.prompt_tokens; ``logprobs``: the
+    type name of a logprobs value that is neither an object nor null (its lists are None then)."""
+
+    text: JSONValue
+    finish: JSONValue
+    tokens: JSONValue
+    token_logprobs: JSONValue
+    top_logprobs: JSONValue
+    text_offset: JSONValue
+    prompt_tokens: JSONValue
+    logprobs: str | None
+
+    @classmethod
+    def of(cls, r: dict[str, Any], where: str = "") -> CompletionChoice:  # Any: JSON values
+        choices = r.get("choices")
+        choice = choices[0] if isinstance(choices, list) and choices else None
+        if not isinstance(choice, dict):
+            raise Malformed(f"{where}the answer has no choices[0] object")
+        usage = r.get("usage")
+        return cls.read(choice, usage.get("prompt_tokens") if isinstance(usage, dict) else None)
+
+    @classmethod
+    def read(cls, choice: dict[str, Any], prompt_tokens: JSONValue = None) -> CompletionChoice:  # Any: JSON values
+        """One choice object of an answer (of several prompts: each of its choices)."""
+        lp = choice.get("logprobs")
+        lists = (lp.get("tokens"), lp.get("token_logprobs"), lp.get("top_logprobs"), lp.get("text_offset")) \
+            if isinstance(lp, dict) else (None,) * 4
+        return cls(choice.get("text"), choice.get("finish_reason"), *lists, prompt_tokens,
+                   None if lp is None or isinstance(lp, dict) else type(lp).__name__)
+
+
+def _prompt_len(c: CompletionChoice, prompt: str | list[int], tokens: list[Any]) -> int:  # Any: JSON values
     """How many of the echoed tokens are the prompt's: the ids sent, else usage.prompt_tokens (a count within
     the answer's tokens), else all but the generated one."""
     if isinstance(prompt, list):
         return len(prompt)
-    usage = r.get("usage")
-    if isinstance(usage, dict) and usage.get("prompt_tokens") is not None:
-        n = net.count(usage["prompt_tokens"], hi=len(tokens))
+    if c.prompt_tokens is not None:
+        n = net.count(c.prompt_tokens, hi=len(tokens))
         if n is None:
-            raise Malformed(f"usage.prompt_tokens {net.quote(repr(usage['prompt_tokens']), n=40)} is not a count "
+            raise Malformed(f"usage.prompt_tokens {net.quote(repr(c.prompt_tokens), n=40)} is not a count "
                             f"of the answer's {len(tokens)} tokens")
         return n
     return len(tokens) - 1
@@ -92,34 +124,27 @@ def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str
     """An echo + logprobs answer checked and cut to the prompt's tokens.
     ``lp[0]`` is None (the first token has no context); every other position has a log-probability and a
     non-empty top-k. No prompt log-probabilities at all: NoPromptLogprobs; anything else wrong: Malformed."""
-    choices = r.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    if not isinstance(choice, dict):
-        raise Malformed("the answer has no choices[0] object")
-    lp = choice.get("logprobs")
-    if lp is not None and not isinstance(lp, dict):
-        raise Malformed(f"choices[0].logprobs is a {type(lp).__name__}, not an object")
-    lp = lp or {}
-    tokens, token_lps = lp.get("tokens"), lp.get("token_logprobs")
+    c = CompletionChoice.of(r)
+    if c.logprobs is not None:
+        raise Malformed(f"choices[0].logprobs is a {c.logprobs}, not an object")
+    tokens, token_lps = c.tokens, c.token_logprobs
     for name, v in (("tokens", tokens), ("token_logprobs", token_lps)):
         if v is not None and not isinstance(v, list):
             raise Malformed(f"logprobs.{name} is a {type(v).__name__}, not a list")
-    n = _prompt_len(r, prompt, tokens) if tokens else 0
-    if not tokens or not token_lps or not any(v is not None for v in token_lps[1:n]):
+    n = _prompt_len(c, prompt, tokens) if isinstance(tokens, list) and tokens else 0
+    if not tokens or not isinstance(token_lps, list) or not token_lps or not any(v is not None for v in token_lps[1:n]):
         raise NoPromptLogprobs(
             f"{where} returned no prompt log-probabilities (echo + logprobs): refusing to score log-likelihood "
             "tasks, which would come out at chance", hint=NO_PROMPT_LOGPROBS_HINT)
-    tokens = _list(tokens, "tokens", n, str)
+    names: list[str] = _list(tokens, "tokens", n, str)
     lps = _list(token_lps, "token_logprobs", n)
     out_lp = [None if i == 0 and v is None else _lp(v, f"token_logprobs[{i}]") for i, v in enumerate(lps)]
-    top = lp.get("top_logprobs")
-    top = _list(top, "top_logprobs", n) if top is not None else [None] * n
+    top = _list(c.top_logprobs, "top_logprobs", n) if c.top_logprobs is not None else [None] * n
     out_top = [_top(t, i) if (i or t) else {} for i, t in enumerate(top)]
-    offsets = lp.get("text_offset")
-    offsets = _list(offsets, "text_offset", n, int) if offsets is not None else []
+    offsets = _list(c.text_offset, "text_offset", n, int) if c.text_offset is not None else []
     if any(net.count(o) is None for o in offsets):
         raise Malformed("logprobs.text_offset holds offsets that are not counts")
-    return PromptLogprobs(tokens, out_lp, out_top, offsets)
+    return PromptLogprobs(names, out_lp, out_top, offsets)
 
 
 def pmap(fn: Callable[[T], R], items: Sequence[T], workers: int, progress: Callable[[int], None] | None = None,

@@ -40,10 +40,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from infertool import inputs, net
+from infertool.data.formats import messages_problem
 from infertool.data.suites import DECODE_PROMPTS_BUILTIN as BUILTIN  # eval.decode.prompts: infertool's own set
 from infertool.errors import BackendError, TokenizerMismatch, UsageError
 from infertool.evaluate import metrics as M
-from infertool.evaluate.answers import LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, Malformed, parse_prompt_logprobs, pmap
+from infertool.evaluate.answers import (LP_CEIL, LP_FLOOR, MAX_TOKEN_ID, CompletionChoice, Malformed, parse_prompt_logprobs,
+                                        pmap)
 from infertool.evaluate.result import DecodeComparison, Diverged
 from infertool.records import Record, Sparse
 
@@ -129,10 +131,7 @@ def _check_prompt(obj: Any, n: int) -> tuple[dict[str, Any] | None, str | None]:
             return None, f"line {n}: \"prompt\" must be a non-empty string"
         return {"id": str(pid), "prompt": obj["prompt"]}, None
     msgs = obj["messages"]
-    ok = isinstance(msgs, list) and msgs and all(
-        isinstance(m, dict) and m.get("role") in ("system", "user", "assistant") and isinstance(m.get("content"), str)
-        and set(m) <= {"role", "content"} for m in msgs)
-    if not ok or msgs[-1]["role"] != "user":
+    if messages_problem(msgs) or not all(set(m) <= {"role", "content"} for m in msgs):
         return None, (f"line {n}: \"messages\" must be a non-empty list of {{\"role\": system|user|assistant, "
                       "\"content\": text}, the last one the user's")
     return {"id": str(pid), "messages": [dict(m) for m in msgs]}, None
@@ -245,18 +244,13 @@ def _top(v: Any, where: str) -> dict[str, float]:  # Any: a JSON value
 def parse_generation(r: dict[str, Any], where: str) -> DecodePrompt:  # Any: JSON values
     """A greedy completion's generated token ids, each step's top-k and the finish reason; no per-step
     log-probabilities with token ids at all: Malformed with "no per-step" in its message."""
-    choices = r.get("choices")
-    choice = choices[0] if isinstance(choices, list) and choices else None
-    if not isinstance(choice, dict):
-        raise Malformed(f"{where}: the answer has no choices[0] object")
-    lp = choice.get("logprobs")
-    toks = lp.get("tokens") if isinstance(lp, dict) else None
-    tops = lp.get("top_logprobs") if isinstance(lp, dict) else None
+    c = CompletionChoice.of(r, f"{where}: ")
+    toks, tops = c.tokens, c.top_logprobs
     if not isinstance(toks, list) or not isinstance(tops, list) or len(tops) != len(toks):
         raise Malformed(f"{where}: no per-step log-probabilities (logprobs.tokens / top_logprobs)")
     ids = [_token_id(t, f"{where}: logprobs.tokens[{i}]") for i, t in enumerate(toks)]
     top = [_top(t, f"{where}: top_logprobs[{i}]") for i, t in enumerate(tops)]
-    finish, text = choice.get("finish_reason"), choice.get("text")
+    finish, text = c.finish, c.text
     return DecodePrompt(tokens=ids, top=top, finish=finish if isinstance(finish, str) else None,
                         text=net.quote(text, n=MAX_TEXT_CHARS) if isinstance(text, str) else None)
 

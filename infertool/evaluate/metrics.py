@@ -118,7 +118,7 @@ def distribution(xs: Sequence[float], qs: Sequence[float] = (1, 5, 10, 50, 90, 9
     for q in qs:
         key = f"p{q:g}"
         out[key] = percentile(s, q)
-    out["median"] = out.get("p50", percentile(s, 50))
+    out["median"] = percentile(s, 50)
     return out
 
 

@@ -173,7 +173,7 @@ def make_plan(res: Resolution, options: EvalOptions) -> EvalPlan:
         announce_remote_code(res.recipe.model.source, trust)
     return EvalPlan(ev.engine, base=base_ref.path or base_ref.source, candidate=cand_ref.dir,
                     base_label=base_ref.label, candidate_label=cand_ref.label, base_source=base_ref.source,
-                    base_ref=base_ref, candidate_ref=cand_ref, launches=launches, held_out=HeldOut.from_dict(held) if held else None,
+                    base_ref=base_ref, candidate_ref=cand_ref, launches=launches, held_out=held,
                     trust_remote_code=trust, notes=list(res.notes), resolution=res, **common)
 
 
@@ -278,10 +278,10 @@ def vllm_launches(res: Resolution, seq_len: int, *, dry_run: bool = False, topk:
             for role, model in (("candidate", res.candidate), ("base", res.base))}
 
 
-def held_out_check(res: Resolution, suite_name: str) -> dict[str, Any] | None:  # Any: JSON values
+def held_out_check(res: Resolution, suite_name: str) -> HeldOut | None:
     """Does the candidate's calibration text overlap the suite? From the candidate's quantize manifest (what it
     was really calibrated on), else from the recipe's calibration section."""
-    from infertool.data.calibration import read_texts
+    from infertool.data.calibration import CalibrationInfo, read_texts
     from infertool.data.overlap import overlap
     from infertool.data.suites import load_suite
     from infertool.resolve import candidate_manifest
@@ -289,16 +289,15 @@ def held_out_check(res: Resolution, suite_name: str) -> dict[str, Any] | None:  
     q = res.recipe.quantize
     if res.candidate is None or res.candidate.load_quantization or (calib := getattr(q, "calibration", None)) is None:
         return None  # quantized when loaded, or without calibration data: no text to hold out
-    cal = ((candidate_manifest(res.candidate) or {}).get("calibration") or {})
-    source = cal.get("source") or calib.source
+    cal = CalibrationInfo.from_dict((candidate_manifest(res.candidate) or {}).get("calibration"))
+    source = cal.source or calib.source
     field = calib.text_field
     try:
         docs, kind, _ = read_texts(source, field)
     except UsageError:
-        return {"calibration": source, "checked": False, "why": "the calibration text is not readable here"}
-    ov = overlap(docs, load_suite(suite_name).texts())
-    return {"calibration": source, "kind": kind, "checked": True, "overlap": ov.to_dict(),
-            "corpus_part": cal.get("corpus_part")}
+        return HeldOut(calibration=source, why="the calibration text is not readable here")
+    # corpus_part: the manifest's is an object, which HeldOut.corpus_part (a string) never held: results.json has null
+    return HeldOut(calibration=source, checked=True, kind=kind, overlap=overlap(docs, load_suite(suite_name).texts()))
 
 
 def api_key(recipe: Recipe, url: str | None, options: EvalOptions) -> str | None:

@@ -17,6 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+from infertool.data.overlap import Overlap
 from infertool.evaluate.adapter_result import AdaptersComparison
 from infertool.evaluate.metrics import PairedAccuracy
 from infertool.evaluate.paired import TaskTiming
@@ -306,19 +307,17 @@ class HeldOut(Record):
     calibration: str | None = None
     checked: bool = False
     kind: str | None = None
-    overlap: dict[str, Any] | None = None  # Any: JSON values; eval_ngrams, shared_ngrams, share, texts_with_overlap, examples, refused
+    overlap: Overlap | None = None
     corpus_part: str | None = None
     why: str | None = None
 
     @property
     def shared_ngrams(self) -> int:
-        n = (self.overlap or {}).get("shared_ngrams")
-        return n if isinstance(n, int) and not isinstance(n, bool) else 0
+        return self.overlap.shared_ngrams if self.overlap else 0
 
     @property
     def share(self) -> float | None:
-        s = (self.overlap or {}).get("share")
-        return float(s) if isinstance(s, (int, float)) and not isinstance(s, bool) else None
+        return self.overlap.share if self.overlap else None
 
     @property
     def failed(self) -> bool:
@@ -327,8 +326,8 @@ class HeldOut(Record):
 
     def short(self, suite: str | None = None) -> dict[str, Any]:  # Any: JSON values
         """The few facts a run's manifest keeps."""
-        return {"suite": suite, "calibration": self.calibration, "shared_ngrams": (self.overlap or {}).get("shared_ngrams"),
-                "share": self.share}
+        return {"suite": suite, "calibration": self.calibration,
+                "shared_ngrams": self.overlap.shared_ngrams if self.overlap else None, "share": self.share}
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = super().to_dict()

@@ -56,8 +56,9 @@ def key_facts(res: Resolution, model=None) -> dict:
     serve, _ = res.serve_for(model)
     data = serve.model_dump(mode="json")
     settings = {k: data.get(k) for k in STEP_SETTINGS}
-    cpu = data.get("cpu") or {}
-    settings["cpu"] = {k: cpu.get(k) for k in ("omp_threads_bind", "reserved_cpus")} if h.accelerator == "cpu" else None
+    cpu = serve.cpu
+    settings["cpu"] = {"omp_threads_bind": cpu.omp_threads_bind if cpu else None,
+                       "reserved_cpus": cpu.reserved_cpus if cpu else None} if h.accelerator == "cpu" else None
     return {"host": host, "model": ident, "serve": settings}
 
 

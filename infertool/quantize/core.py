@@ -22,7 +22,7 @@ import uuid
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from infertool import backends
 from infertool.atomic import remove_inside, replace_dir, replace_refusal
@@ -30,11 +30,12 @@ from infertool.backends.base import CompareSpec, QuantBackend, QuantizeTaskResul
 from infertool.backends.greedy import Agreement
 from infertool.capability import RunContext
 from infertool.data.calibration import CalibrationInfo, CalibrationRequest
+from infertool.data.overlap import Overlap
 from infertool.errors import UsageError
 from infertool.quantize.manifest import LayerErrors, WeightSize
 from infertool.quantize.preflight import PreflightReport
 from infertool.quantize.verify import LoadCheck
-from infertool.records import Record
+from infertool.records import Record, Sparse
 from infertool.resolve import QUANTIZE_MANIFEST as MANIFEST_NAME, default_output
 from infertool.summaries import Resolved
 
@@ -59,6 +60,20 @@ class QuantizeOptions:
 
 
 @dataclass
+class CalibrationHeldOut(Sparse):
+    """The calibration text against the eval suite the recipe scores with (``_held_out``: quantize.json's held_out);
+    ``checked`` False: the suite was not readable here."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("calibration", "overlap", "corpus")
+
+    suite: str | None = None
+    calibration: str | None = None
+    checked: bool = False
+    overlap: Overlap | None = None
+    corpus: dict | None = None  # the built-in corpus's facts (infertool.data.corpus.describe)
+
+
+@dataclass
 class QuantizeResult(Record):
     ok: bool = True
     recipe: str = ""
@@ -75,7 +90,7 @@ class QuantizeResult(Record):
     verify: LoadCheck | None = None  # the vLLM load check (None: it did not run)
     load_check: dict | None = None  # the launches of the vLLM load check (with --check: what would run)
     resolution: dict | None = None  # what the recipe means (infertool.resolve): served model, target, settings
-    held_out: dict | None = None  # the calibration text against the eval suite (infertool.data.overlap)
+    held_out: CalibrationHeldOut | None = None  # the calibration text against the eval suite
     local_agreement: Agreement | None = None  # greedy agreement measured in the backend's env (no vLLM needed)
     manifest_path: str | None = None
     log_dir: str | None = None
@@ -105,7 +120,7 @@ class QuantizePlan:
     preflight: PreflightReport
     calibration: CalibrationInfo | None = None  # of the calibration text (None: the method needs none)
     calibration_spec: dict | None = None  # the calibration section with the source made absolute
-    held_out: dict | None = None
+    held_out: CalibrationHeldOut | None = None
     verify: bool = False  # the vLLM load check runs
     kernel_compare: bool = False  # the greedy comparison runs in the backend's kernels instead (no vLLM here)
     load_check: dict = field(default_factory=dict)  # name -> the load check's launch (dry run)
@@ -131,7 +146,8 @@ class QuantizePlan:
         return {"backend": self.backend.name, "method": self.config.method, "source": str(self.source),
                 "output": str(self.output), "verify": self.verify, "kernel_compare": self.kernel_compare,
                 "task": self.task, "env": self.backend.env, "spec": self.spec, "load_check": self.load_check,
-                "preflight": self.preflight.to_dict(), "held_out": self.held_out, "warnings": self.warnings,
+                "preflight": self.preflight.to_dict(), "held_out": self.held_out.to_dict() if self.held_out else None,
+                "warnings": self.warnings,
                 "notes": self.notes, "resolution": self.res.to_dict()}
 
 
@@ -218,7 +234,8 @@ def _output_check(report: PreflightReport, dest: Path, options: QuantizeOptions)
         report.add("output", True, f"{'replaces ' if dest.exists() else ''}{dest}")
 
 
-def _held_out(recipe: Recipe, cal: CalibrationRequest, recipe_dir: Path | None, report: PreflightReport) -> dict:
+def _held_out(recipe: Recipe, cal: CalibrationRequest, recipe_dir: Path | None,
+              report: PreflightReport) -> CalibrationHeldOut:
     """Calibration and evaluation never share text: the calibration text against the eval suite the recipe
     scores with. Refused (a preflight error) at 1 % of the suite's word 13-grams unless
     calibration.allow_eval_overlap, which turns it into a warning recorded in the manifest."""
@@ -232,13 +249,13 @@ def _held_out(recipe: Recipe, cal: CalibrationRequest, recipe_dir: Path | None, 
         suite = load_suite(suite_name)
     except UsageError as e:
         report.add("held_out", True, f"eval suite {suite_name} not readable here ({e.message}): overlap not checked")
-        return {"suite": suite_name, "checked": False}
+        return CalibrationHeldOut(suite_name)
     ov = overlap(docs, suite.texts())
-    d = {"suite": suite_name, "calibration": cal.source, "checked": True, "overlap": ov.to_dict()}
+    d = CalibrationHeldOut(suite_name, cal.source, True, ov)
     if kind == "builtin":
         from infertool.data import corpus
 
-        d["corpus"] = corpus.describe()
+        d.corpus = corpus.describe()
     allowed = cal.allow_eval_overlap
     if ov.refused:
         report.add("held_out", allowed, f"the calibration text overlaps eval suite {suite_name}: {ov.describe()}; the "

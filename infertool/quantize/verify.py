@@ -98,14 +98,13 @@ def greedy(srv, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], l
     choices = sorted(choices, key=lambda c: net.count(c.get("index")) or 0)
     if len(choices) != len(prompts):
         raise NoCompletion(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts")
+    from infertool.evaluate.answers import CompletionChoice
+
     ids, texts = [], []
-    for choice in choices:
-        lp = choice.get("logprobs")
-        toks = lp.get("tokens") if isinstance(lp, dict) else None
-        toks = toks if isinstance(toks, list) else []
+    for c in map(CompletionChoice.read, choices):
+        toks = c.tokens if isinstance(c.tokens, list) else []
         ids.append([_token_id(t) for t in toks if isinstance(t, str) and t.startswith("token_id:")])
-        text = choice.get("text")
-        texts.append(text if isinstance(text, str) else "")
+        texts.append(c.text if isinstance(c.text, str) else "")
     return ids, texts
 
 

@@ -84,9 +84,10 @@ def context(plan: ServePlan, as_json: bool) -> RunContext:
     port = plan.launch.spec.port if plan.launch is not None else None
 
     def on_event(ev: dict[str, Any]) -> None:  # Any: RunContext's event values
-        if ev.get("event") == "log":
+        kind = ev.get("event")
+        if kind == "log":
             err.print(ev["message"], soft_wrap=True, markup=False)
-        if ev.get("event") != "ready":
+        if kind != "ready":
             return
         r: lifecycle.ServeResult = ev["result"]
         if as_json:

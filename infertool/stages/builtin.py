@@ -19,6 +19,7 @@ from infertool.summaries import (
 )
 
 if TYPE_CHECKING:
+    from infertool.quantize.core import CalibrationHeldOut
     from infertool.recipe import Recipe
     from infertool.resolve import Resolution
 
@@ -89,12 +90,12 @@ def short_verify(v: dict | None) -> dict | None:
     return {k: v[k] for k in ("loaded", "generated", "agreement", "reason", "vllm_quantization", "host") if k in v}
 
 
-def short_held_out(h: dict | None) -> dict | None:
-    if not h:
-        return h
-    ov = h.get("overlap") or {}
-    return {"suite": h.get("suite"), "calibration": h.get("calibration"), "shared_ngrams": ov.get("shared_ngrams"),
-            "share": ov.get("share")}
+def short_held_out(h: CalibrationHeldOut | None) -> dict | None:
+    if h is None:
+        return None
+    ov = h.overlap
+    return {"suite": h.suite, "calibration": h.calibration, "shared_ngrams": ov.shared_ngrams if ov else None,
+            "share": ov.share if ov else None}
 
 
 # ------------------------------------------------------------------------------------------- eval
@@ -143,6 +144,7 @@ def _smoke(srv) -> str:
     """One greedy completion from a ready server (a failure says why, with the server log's last lines), under
     infertool.net's policy: no redirect, one deadline for the whole request, a bounded body."""
     from infertool import net
+    from infertool.evaluate.answers import CompletionChoice, Malformed
     from infertool.serve.launcher import log_tail
 
     try:
@@ -157,10 +159,11 @@ def _smoke(srv) -> str:
                              hint="the server log says why; a quantized checkpoint may need kernels this host lacks",
                              log_path=str(srv.log_path))
     try:
-        choices = ans.json_object().get("choices")
-        text = choices[0]["text"] if isinstance(choices, list) and choices and isinstance(choices[0], dict) else None
+        text = CompletionChoice.of(ans.json_object()).text
     except net.NetError as e:
         raise RuntimeFailure(f"the server's completion is not usable: {e.reason}", log_path=str(srv.log_path)) from None
+    except Malformed:  # no choices[0] object
+        text = None
     if not isinstance(text, str):
         raise RuntimeFailure(f"the server answered the completion without a text: {ans.detail()}",
                              log_path=str(srv.log_path))
