@@ -94,9 +94,7 @@ def bench_resolution(source: core.Source, ev: E.Evidence, options: core.VerifyOp
 
     data, _ = core._recipe_data(source, ev, options.overrides)
     bench = {k: v for k, v in rec.workload.bench.items() if k not in BENCH_DROPPED}
-    bench["experiments"] = []
-    data["bench"] = bench
-    data["verify"] = {}
+    data = {**data, "bench": {**bench, "experiments": []}, "verify": {}}
     recipe = validate_recipe_data(data, source=f"{source.folder / E.DIRNAME / S.FILENAME}'s workload")
     b = recipe.bench
     if b is not None and (b.prompt.source not in BUILTIN_SOURCES or b.trace is not None or b.prompt.tokenizer):
@@ -192,10 +190,10 @@ def measure(p: PerfPlan, url: str, model: str, ctx: RunContext) -> list[S.SpeedL
         same = [next((x for x in r if (x.concurrency, x.rate_rps) == (first.concurrency, first.rate_rps)), None)
                 for r in runs]
         got = [x for x in same if x is not None]
-        figs = {m: S.figure_of([x.figure(m).mean for x in got], got[0].figure(m).p50, got[0].figure(m).p90)
-                for m in S.METRICS}
+        ttft, tpot, tps = (S.figure_of([x.figure(m).mean for x in got], got[0].figure(m).p50, got[0].figure(m).p90)
+                           for m in S.METRICS)
         out.append(S.SpeedLevel(first.concurrency, first.rate_rps, first.requests, sum(x.completed for x in got),
-                                figs["ttft_ms"], figs["tpot_ms"], figs["output_tps"]))
+                                ttft, tpot, tps))
     return out
 
 

@@ -76,7 +76,8 @@ class SpeedLevel(Record):
         return f"concurrency {self.concurrency}" if self.concurrency is not None else f"rate {self.rate_rps} req/s"
 
     def figure(self, metric: str) -> SpeedFigure:
-        return {"ttft_ms": self.ttft_ms, "tpot_ms": self.tpot_ms, "output_tps": self.output_tps}[metric]
+        fig: SpeedFigure = getattr(self, metric)
+        return fig
 
 
 @dataclass
@@ -143,10 +144,10 @@ def hardware_now() -> SpeedHardware:
     """This host as speed.json records it (``capture.host_facts``, its CPU flags summarised)."""
     from infertool.verify.capture import host_facts
 
-    h = host_facts()
-    flags = set(h.get("cpu_flags") or [])
-    return SpeedHardware(h.get("accelerator"), h.get("cpu_model"), [f for f in KEY_CPU_FLAGS if f in flags],
-                         os.cpu_count(), h.get("gpu_model"), int(h.get("gpu_count") or 0), h.get("driver"))
+    h = SpeedHardware.from_dict(host_facts())  # its flags: all of them, summarised below
+    flags = set(h.cpu_flags)
+    return SpeedHardware(h.accelerator, h.cpu_model, [f for f in KEY_CPU_FLAGS if f in flags], os.cpu_count(),
+                         h.gpu_model, h.gpu_count, h.driver)
 
 
 def figure_of(values: list[float | None], p50: float | None = None, p90: float | None = None) -> SpeedFigure:
