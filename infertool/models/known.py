@@ -16,11 +16,19 @@ KNOWN_ARCHS: dict[str, tuple[Arch, str]] = {
     "llama-2-7b": (Arch(32, 4096, 32, 32, 128, 11008, 32000), "meta-llama/Llama-2-7b-hf config.json"),
     "qwen2.5-7b": (Arch(28, 3584, 28, 4, 128, 18944, 152064), "Qwen/Qwen2.5-7B-Instruct config.json"),
     "mistral-7b": (Arch(32, 4096, 32, 8, 128, 14336, 32768), "mistralai/Mistral-7B-Instruct-v0.3 config.json"),
+    "deepseek-r1-distill-llama-70b": (Arch(80, 8192, 64, 8, 128, 28672, 128256), "neuralmagic/DeepSeek-R1-Distill-Llama-70B-quantized.w4a16 config.json (the base model's shape)"),
+    "deepseek-r1-distill-llama-8b": (Arch(32, 4096, 32, 8, 128, 14336, 128256), "deepseek-ai/DeepSeek-R1-Distill-Llama-8B config.json (as fine-tunes of it copy it)"),
+    "deepseek-r1-distill-qwen-32b": (Arch(64, 5120, 40, 8, 128, 27648, 152064), "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B config.json (as fine-tunes of it copy it)"),
+    "deepseek-r1-distill-qwen-14b": (Arch(48, 5120, 40, 8, 128, 13824, 152064), "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B config.json (as quantized copies of it copy it)"),
+    "deepseek-r1-distill-qwen-7b": (Arch(28, 3584, 28, 4, 128, 18944, 152064), "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (as fine-tunes of it copy it)"),
     "mixtral-8x7b": (Arch(32, 4096, 32, 8, 128, 14336, 32000, num_experts=8, experts_per_tok=2), "mistralai/Mixtral-8x7B-Instruct-v0.1 config.json"),
 }
 
 MAX_POSITIONS = {"smollm2-135m": 8192, "llama-3.1-8b": 131072, "llama-3.3-70b": 131072, "llama-3.1-70b": 131072,
-                 "llama-2-70b": 4096, "llama-2-7b": 4096, "qwen2.5-7b": 32768, "mistral-7b": 32768, "mixtral-8x7b": 32768}
+                 "llama-2-70b": 4096, "llama-2-7b": 4096, "qwen2.5-7b": 32768, "mistral-7b": 32768, "mixtral-8x7b": 32768,
+                 "deepseek-r1-distill-llama-70b": 131072, "deepseek-r1-distill-llama-8b": 131072,
+                 "deepseek-r1-distill-qwen-32b": 131072, "deepseek-r1-distill-qwen-14b": 131072,
+                 "deepseek-r1-distill-qwen-7b": 131072}
 
 
 def _norm(text: str) -> str:

@@ -96,6 +96,10 @@ GPUS: dict[str, GPU] = {g.key: g for g in (
     _gpu("A10G", "NVIDIA A10G 24GB", 70, None, 140, 23028, 0.600, "pcie4", "ampere", "NVIDIA-A10G", 1.01,
          "AWS EC2 G5 (A10G, 2021) / Baseten 'A10 vs A10G' (2023): NVIDIA publishes no A10G datasheet; 70 TFLOPS "
          "fp16/bf16 tensor dense, int8 = 2x bf16 (Ampere ratio)"),
+    _gpu("RTX-A6000", "NVIDIA RTX A6000 48GB", 154.8, None, 309.7, 49140, 0.768, "pcie4", "ampere", "NVIDIA-RTX-A6000",
+         0.80, "NVIDIA RTX A6000 datasheet (2020): 48 GB GDDR6, 768 GB/s, tensor 309.7 TFLOPS with sparsity = 154.8 "
+         "dense fp16/bf16, int8 309.7 TOPS dense (Microway 'In-Depth Comparison of NVIDIA Ampere GPU Accelerators'); "
+         "49140 MiB as nvidia-smi reports it; NVLink bridge pairs (112.5 GB/s) only"),
     _gpu("L4", "NVIDIA L4 24GB", 121, 242, 242, 23034, 0.300, "pcie4", "ada", "NVIDIA-L4", 0.80,
          "NVIDIA L4 Tensor Core GPU datasheet (2023), dense"),
     _gpu("L40", "NVIDIA L40 48GB", 181, 362, 362, 46068, 0.864, "pcie4", "ada", "NVIDIA-L40", 1.50,
@@ -154,6 +158,7 @@ _ALIASES = {
     "a100sxm480gb": "A100-80GB-SXM", "a100sxm440gb": "A100-40GB-SXM", "a10080gbsxm4": "A100-80GB-SXM",
     "a10040gbsxm4": "A100-40GB-SXM", "a100pcie40gb": "A100-40GB-PCIe", "a100pcie80gb": "A100-80GB-PCIe",
     "a10g24gb": "A10G", "l424gb": "L4", "l40s48gb": "L40S", "l4048gb": "L40",
+    "a6000": "RTX-A6000", "rtxa600048gb": "RTX-A6000", "quadrortxa6000": "RTX-A6000",
     "b200180gb": "B200", "rtx4090": "RTX4090", "4090": "RTX4090", "geforcertx4090": "RTX4090",
     "instinctmi300x": "MI300X", "mi300x192gb": "MI300X",
 }
@@ -263,7 +268,7 @@ _DEVICE_NAME_RULES = (
     (r"h100.*nvl", "H100-NVL"), (r"h100.*pcie", "H100-PCIe"), (r"h100.*(hbm3|sxm)", "H100-SXM"),
     (r"a100.*(pcie.*80|80.*pcie)", "A100-80GB-PCIe"), (r"a100.*(pcie.*40|40.*pcie)", "A100-40GB-PCIe"),
     (r"a100.*(sxm.*80|80.*sxm)", "A100-80GB-SXM"), (r"a100.*(sxm.*40|40.*sxm)", "A100-40GB-SXM"),
-    (r"l40s", "L40S"), (r"\bl40\b", "L40"), (r"\bl4\b", "L4"), (r"\ba10g\b", "A10G"), (r"\bb200\b", "B200"),
+    (r"rtx\s*a6000|\ba6000\b", "RTX-A6000"), (r"l40s", "L40S"), (r"\bl40\b", "L40"), (r"\bl4\b", "L4"), (r"\ba10g\b", "A10G"), (r"\bb200\b", "B200"),
     (r"rtx\s*4090|\b4090\b", "RTX4090"), (r"mi300x", "MI300X"),
 )
 
