@@ -143,9 +143,10 @@ def predictor(folder: Path, hardware: S.SpeedHardware, rec: S.SpeedRecord) -> Ca
 
     def predict(level: S.SpeedLevel, metric: str) -> Predicted | None:
         try:
-            q = Query(model=folder.name, arch=arch, weights=weights_of(info.quantization), gpu=gpu.name if gpu else "cpu",
+            q = Query(model=folder.name, arch=arch, weights=weights_of(info.quantization), gpu=gpu.key if gpu else "cpu",
                       gpus=max(1, hardware.gpu_count), input_len=w.input_len or 512, output_len=w.output_len or 256,
-                      concurrency=level.concurrency or 1, engine=rec.engine.label)
+                      concurrency=level.concurrency or 1,
+                      engine=f"{rec.engine.package}=={rec.engine.version}" if rec.engine.package else None)
             iv = getattr(model.predict(q), metric)
             return Predicted(iv.value, iv.lo95, iv.hi95, iv.text())
         except Exception:  # noqa: BLE001 - a query the model refuses: no prediction for it
