@@ -99,12 +99,11 @@ def judge(level: str, metric: str, recorded: SpeedFigure, now: SpeedFigure, *, c
     limit = max(band, math.log1p(floor))
     if d > limit:
         out.status = "FAIL"
-        out.note = (f"{out.slowdown:+.1%}: slower beyond the noise (band {out.band:.1%} at {confidence:.0%}, "
-                    f"floor {floor:.0%})")
+        out.note = f"slower beyond the noise (band {out.band:.1%} at {confidence:.0%}, floor {floor:.0%})"
     else:
         out.status = "PASS"
-        out.note = (f"{out.slowdown:+.1%}: faster beyond the noise" if -d > limit else
-                    f"{out.slowdown:+.1%}: within the noise (band {out.band:.1%} at {confidence:.0%}, floor {floor:.0%})")
+        out.note = ("faster beyond the noise" if -d > limit else
+                    f"within the noise (band {out.band:.1%} at {confidence:.0%}, floor {floor:.0%})")
     return out
 
 
@@ -182,7 +181,7 @@ def verdict(metrics: list[PerfMetric], hardware_note: str | None) -> tuple[str, 
         worst = max(fails, key=lambda m: m.slowdown or 0)
         return "FAIL", (f"speed regression: {len(fails)} of {len(metrics)} figures slower beyond the noise; worst "
                         f"{worst.metric} at {worst.level}: {worst.recorded:.4g} -> {worst.now:.4g} {worst.unit} "
-                        f"({worst.slowdown:+.0%})")
+                        f"({1 + (worst.slowdown or 0):.2f}x the time per unit of work)")
     judged = [m for m in metrics if m.status != "n/a"]
     if not judged:
         return "INCONCLUSIVE", "no figure could be judged" + (f" ({hardware_note})" if hardware_note else "")

@@ -202,6 +202,15 @@ def render_bisect_plan(bp: BisectPlan, junit: Path | None = None) -> None:
     render_plan(bp.plan)
 
 
+def change_text(slowdown: float | None) -> str:
+    """A relative slowdown as people read it: "+12.0% slower", "2.81x slower", "9.3% faster"."""
+    if slowdown is None:
+        return "-"
+    if slowdown >= 1:
+        return f"{1 + slowdown:.2f}x slower"
+    return f"{slowdown:+.1%} slower" if slowdown >= 0 else f"{-slowdown:.1%} faster"
+
+
 def render_perf_plan(plan: PerfPlan) -> None:
     """verify --perf --dry-run: the recorded speed, the hardware, what is run again."""
     rec, w = plan.speed, plan.speed.workload
@@ -229,18 +238,21 @@ def render_perf(result: VerifyResult) -> None:
     if pc.hardware_note:
         rows.append(("hardware", f"OTHER: {pc.hardware_note}; compared with the performance model's prediction"))
     out.print(kv_table(rows, title="infertool verify --perf"))
-    t = Table("level", "metric", "recorded", "now (per repeat)", "change", "noise band", "status", "note",
+    t = Table("level", "metric", "recorded", "now (per repeat)", "change",
+              "prediction (95 %)" if pc.hardware_note else "noise band", "status",
               title=f"speed (a regression: slower beyond the noise band at {pc.confidence:.0%} and the "
                     f"{pc.floor:.0%} floor)")
     for m in pc.metrics:
         runs = ", ".join(fmt(v) for v in m.now_per_run)
         t.add_row(plain(m.level), plain(f"{m.metric} ({m.unit})"), fmt(m.recorded),
                   plain(f"{fmt(m.now)} ({runs})" if runs else "-"),
-                  "-" if m.slowdown is None else f"{m.slowdown:+.1%} slower" if m.slowdown >= 0
-                  else f"{-m.slowdown:.1%} faster",
+                  change_text(m.slowdown),
                   "-" if m.band is None else f"{m.band:.1%}" if not m.predicted else plain(m.predicted),
-                  f"[{STYLES.get(m.status, 'dim')}]{m.status}[/]", plain(m.note))
+                  f"[{STYLES.get(m.status, 'dim')}]{m.status}[/]")
     out.print(t)
+    for m in pc.metrics:
+        if m.status not in ("PASS", "FAIL") or pc.hardware_note:
+            out.print(plain(f"  {m.metric} at {m.level}: {m.note}"), soft_wrap=True)
     tm = result.timing
     ready = f"server ready in {tm.ready_s} s; " if tm.ready_s is not None else ""
     out.print(f"[dim]{esc(ready)}measured in {esc(tm.gather_s)} s; {esc(result.out_dir)}[/]", soft_wrap=True)
