@@ -263,8 +263,10 @@ def evidence_writer(p: PublishPlan, on_event: EventCallback | None = None) -> Ev
 
     if p.scheme != "dir":
         return None
+    from infertool.publish.speed import copied_speed, run_speed, with_speed
+
     if p.evidence.copies is not None:
-        return copier(Path(p.evidence.copies))
+        return copied_speed(copier(Path(p.evidence.copies)), Path(p.evidence.copies))
     if p.evidence.capture is None:
         return None
     recipe = source_recipe(p.src, p.kind)
@@ -275,9 +277,12 @@ def evidence_writer(p: PublishPlan, on_event: EventCallback | None = None) -> Ev
         _, manifest = load_run(Path(p.src).expanduser())
         rec = manifest.stages.get("eval")
         answer, why = lmeval_source(recipe, Path(rec.dir) if rec is not None and rec.dir else None)
+        speed, _ = run_speed(Path(p.src).expanduser(), manifest)
     else:
         answer, why = None, "tune keeps no per-document lm-eval results with its winner"
-    return writer(res, p.folder, on_event=on_event, lmeval_answer=answer, lmeval_why=why, strict=True)
+        speed = None
+    return with_speed(writer(res, p.folder, on_event=on_event, lmeval_answer=answer, lmeval_why=why, strict=True),
+                      speed)
 
 
 def run(p: PublishPlan, on_event: EventCallback | None = None) -> PublishResult:

@@ -205,7 +205,11 @@ def publish_run(run_dir: Path, manifest: RunManifest, checkpoint: Path, dest: Pa
                 no_evidence: str | None = None,
                 sign_key: str | Path | None = None) -> dict[str, Any]:  # Any: the Published record as JSON
     """Publish a run's evaluated checkpoint to ``dest`` with its card (and its evidence and signature:
-    ``publish_dir``); the manifest's ``published`` record."""
+    ``publish_dir``); the manifest's ``published`` record. The run's bench figures go with the evidence
+    (``publish.speed``: ``evidence/speed.json``)."""
+    from infertool.publish.speed import run_speed, with_speed
+
     check_dest(dest, forbidden)
-    return publish_dir(checkpoint, dest, run_facts(run_dir, manifest), evidence, no_evidence,
+    speed, _ = run_speed(run_dir, manifest)
+    return publish_dir(checkpoint, dest, run_facts(run_dir, manifest), with_speed(evidence, speed), no_evidence,
                        run_build(run_dir, manifest), sign_key)

@@ -30,12 +30,21 @@ def verify_cli(source: core.Source, opts: core.VerifyOptions, *, engine: str | N
         raise UsageError("--bisect tries the releases of its package itself: it takes no --engine",
                          hint="give one or the other")
     core.refuse_inside(source.folder, junit, "--junit")  # not even with --force: nothing is written in the folder
+    if opts.perf_repeats is not None:
+        from infertool.verify.perf import check_repeats
+
+        check_repeats(opts.perf_repeats)
+        if opts.url is not None:
+            raise UsageError("--perf measures a server it starts itself (the recorded settings): it takes no --url",
+                             hint="leave --url out")
     if bisect is not None:
         return _bisect(source, opts, bisect, as_json, junit=junit, force=force)
     with StageProgress("verify") as progress:
         if engine is not None:
             opts = core.with_engine(opts, engine, on_line=lambda line: progress.on_event(
                 {"event": "log", "level": "info", "message": line}))
+    if opts.perf_repeats is not None:
+        return _perf(source, opts, junit, as_json)
     plan = core.plan(source, opts)
     if opts.dry_run and as_json:
         print_json(plan.to_dict())
@@ -45,6 +54,30 @@ def verify_cli(source: core.Source, opts: core.VerifyOptions, *, engine: str | N
         return 0
     with StageProgress("verify") as progress:
         result = core.run(plan, RunContext(out_dir=opts.out_dir, on_event=progress.on_event, user="verify"))
+    if junit is not None:
+        write_junit(junit, result)
+    if as_json:
+        print_json(result)
+    else:
+        show.render(result)
+    return 0 if result.accepted(opts.allow_inconclusive) else 1
+
+
+def _perf(source: core.Source, opts: core.VerifyOptions, junit: Path | None, as_json: bool) -> int:
+    """--perf: the recorded bench run again and judged on speed (``verify.perf``); shown like a verification."""
+    from infertool.verify import perf
+    from infertool.verify.junit import write_junit
+
+    plan = perf.plan(source, opts, opts.perf_repeats or perf.REPEATS)
+    if opts.dry_run:
+        if as_json:
+            print_json(plan.to_dict())
+        else:
+            show.render_plan(plan.verify)
+            show.render_perf_plan(plan)
+        return 0
+    with StageProgress("verify --perf") as progress:
+        result = perf.run(plan, RunContext(out_dir=opts.out_dir, on_event=progress.on_event, user="verify"))
     if junit is not None:
         write_junit(junit, result)
     if as_json:
@@ -98,7 +131,13 @@ def _bisect(source: core.Source, opts: core.VerifyOptions, spec: tuple[str, str]
             progress.on_event({"event": "log", "level": "info", "message": show.bisect_line(package, e)}
                               if e.get("event") == "bisect" else e)
 
-        result = core.run_bisect(source, opts, package, span, out_dir=Path(where), on_event=on_event, force=force)
+        verifier = core.verify_once
+        if opts.perf_repeats is not None:
+            from infertool.verify.perf import verify_perf
+
+            verifier = verify_perf
+        result = core.run_bisect(source, opts, package, span, out_dir=Path(where), on_event=on_event, force=force,
+                                 verifier=verifier)
     if junit is not None:
         write_bisect_junit(junit, package, result)
     if as_json:

@@ -32,6 +32,7 @@ from infertool.records import Record, Sparse
 from infertool.signing.check import SignatureCheck
 from infertool.verify import evidence as E
 from infertool.verify.answers import AnswersScore
+from infertool.verify.perf_rule import PerfCheck
 from infertool.verify.score import LmevalScore, PromptScore, VerifyDecode
 
 if TYPE_CHECKING:
@@ -92,6 +93,7 @@ class VerifyOptions:
     dry_run: bool = False  # plan only: the launch is described, nothing needs to exist
     trust_task_code: bool = False  # --trust-task-code: the lm-eval task folder's code may run (verify.lmeval)
     keys: list[str] = field(default_factory=list)  # --key: trusted public keys the folder's signature must be by
+    perf_repeats: int | None = None  # --perf: the recorded bench run this many times, judged on speed (verify.perf)
 
 
 @dataclass
@@ -223,9 +225,12 @@ class VerifyResult(Record):
     notes: list[str] = field(default_factory=list)
     signature: SignatureCheck | None = None  # the folder's signature as checked before anything else
     provenance: ProvenanceSummary | None = None  # the folder's provenance.intoto.json, in short (None: none)
+    perf: PerfCheck | None = None  # verify --perf: the speed re-measured and judged (then the gates are its figures)
 
     def figures(self) -> dict[str, float | None]:
         """The headline figures, one per gate's metric (a bisect's row): None where not measured."""
+        if self.perf is not None:
+            return self.perf.figures()
         d, p = self.decode or VerifyDecode(), self.prompts or PromptScore()
         return {"exact_match": d.exact_match, "match_or_near_tie": d.match_or_near_tie,
                 "decode_kld": d.kld, "decode_top1": d.top1, "prompt_kld": p.kld,
@@ -819,7 +824,8 @@ def bisect_key(source: Source, ev: E.Evidence, options: VerifyOptions, package: 
 
     doc = {"evidence": ev.fingerprint, "folder": str(source.folder), "package": package,
            "overrides": list(options.overrides), "workers": options.workers,
-           "allow_inconclusive": options.allow_inconclusive}
+           "allow_inconclusive": options.allow_inconclusive,
+           **({"perf_repeats": options.perf_repeats} if options.perf_repeats is not None else {})}
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -860,15 +866,24 @@ def plan_bisect(source: Source, options: VerifyOptions, package: str, span: str,
     return BisectPlan(package, lo, hi, out_dir / BISECT_STATE, {v: o.status for v, o in done.items()}, why, first)
 
 
+Verifier = Callable[[Source, VerifyOptions, RunContext], VerifyResult]  # one release's verification
+
+
+def verify_once(source: Source, options: VerifyOptions, ctx: RunContext) -> VerifyResult:
+    """The answers' verification of ``source`` (``plan`` then ``run``): a bisect's test by default."""
+    return run(plan(source, options), ctx)
+
+
 def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path,
                on_event: Callable[[dict[str, Any]], None] | None = None,  # Any: JSON values
-               force: bool = False) -> BisectResult:
+               force: bool = False, verifier: Verifier = verify_once) -> BisectResult:
     """``verify --bisect PACKAGE LO..HI``: each release between the ends (the package index's) verified under its
     own environment (``with_engine``), searched as `git bisect` does (``verify.bisect``). A release that cannot
     install or serve the checkpoint is a skip with its reason; a tokenizer that cuts otherwise is a fail; an
     INCONCLUSIVE verdict fails unless inconclusive is allowed. Each outcome is saved in ``out_dir/bisect.json``
     as it is known, so a run stopped midway resumes there; a state file of another bisect (or not one) is
-    replaced only with ``force`` (a UsageError before the package index is asked). Returns
+    replaced only with ``force`` (a UsageError before the package index is asked). ``verifier``: each release's
+    test (``verify_once``: the answers; verify --perf passes its speed check). Returns
     ``verify.bisect.BisectResult``."""
     from dataclasses import replace
 
@@ -888,7 +903,7 @@ def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, 
         opts = with_engine(replace(options, out_dir=out_dir / version), f"{package}=={version}",
                            on_line=lambda line: ctx.emit(f"{package}=={version}: {line}"))
         try:
-            result = run(plan(source, opts), ctx)
+            result = verifier(source, opts, ctx)
         except TokenizerMismatch as e:  # a finding about this release, not a failure of the bisect
             return Outcome("fail", e.message, {}, round(time.monotonic() - t0, 1))
         status = "pass" if result.accepted(options.allow_inconclusive) else "fail"

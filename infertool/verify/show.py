@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from infertool.verify.core import BisectPlan, VerifyPlan, VerifyResult
+    from infertool.verify.perf import PerfPlan
 
 STYLES = {"PASS": "green", "FAIL": "bold red", "INCONCLUSIVE": "yellow"}
 NO_PROVENANCE = "none (the folder carries no provenance.intoto.json)"
@@ -63,6 +64,10 @@ def _v(x: float | None, pct: bool = False) -> str:
 def render(result: VerifyResult) -> None:
     """A VerifyResult for people: what was served against which evidence, the figures, the gates, the verdict."""
     from rich.table import Table
+
+    if result.perf is not None:
+        render_perf(result)
+        return
 
     ev, eng = result.evidence, result.evidence.engine
     rows: list[tuple[str, str]] = [
@@ -195,3 +200,63 @@ def render_bisect_plan(bp: BisectPlan, junit: Path | None = None) -> None:
     lines.append("  each release is verified as:")
     _lines(lines)
     render_plan(bp.plan)
+
+
+def change_text(slowdown: float | None) -> str:
+    """A relative slowdown as people read it: "+12.0% slower", "2.81x slower", "9.3% faster"."""
+    if slowdown is None:
+        return "-"
+    if slowdown >= 1:
+        return f"{1 + slowdown:.2f}x slower"
+    return f"{slowdown:+.1%} slower" if slowdown >= 0 else f"{-slowdown:.1%} faster"
+
+
+def render_perf_plan(plan: PerfPlan) -> None:
+    """verify --perf --dry-run: the recorded speed, the hardware, what is run again."""
+    rec, w = plan.speed, plan.speed.workload
+    lines = [f"  speed: recorded {rec.created} under {rec.engine.label or '?'} on {rec.hardware.kind}",
+             f"  workload: {w.requests} requests per level, prompt {w.prompt_source} {w.input_len} tokens, output "
+             f"{w.output_len} tokens, concurrency {w.concurrency or '-'}, seed {w.seed}; run {plan.repeats} times",
+             f"  this host: {plan.hardware.kind}" + (f" ({plan.hardware_note})" if plan.hardware_note else
+                                                     " (the recorded kind)")]
+    _lines(lines)
+
+
+def render_perf(result: VerifyResult) -> None:
+    """verify --perf's result: the recorded figures and now, per level and metric, the noise band, the verdict."""
+    from rich.table import Table
+
+    pc = result.perf
+    assert pc is not None
+    rows = [("checkpoint", f"{result.source.folder} ({result.source.kind})"),
+            ("recorded", f"under {pc.recorded_engine or '?'} on {pc.recorded_hardware.kind}"),
+            ("served by", f"{result.engine.label} on {pc.hardware.kind}")]
+    rows += [(f"--set serve.{k}", f"recorded {c.recorded}, now {c.now}") for k, c in result.changed.items()]
+    w = pc.workload
+    rows.append(("workload", f"{w.requests} requests per level, prompt {w.prompt_source} {w.input_len} tokens, "
+                             f"output {w.output_len}; {pc.repeats} repeats"))
+    if pc.hardware_note:
+        rows.append(("hardware", f"OTHER: {pc.hardware_note}; compared with the performance model's prediction"))
+    out.print(kv_table(rows, title="infertool verify --perf"))
+    t = Table("level", "metric", "recorded", "now (per repeat)", "change",
+              "prediction (95 %)" if pc.hardware_note else "noise band", "status",
+              title=f"speed (a regression: slower beyond the noise band at {pc.confidence:.0%} and the "
+                    f"{pc.floor:.0%} floor)")
+    for m in pc.metrics:
+        runs = ", ".join(fmt(v) for v in m.now_per_run)
+        t.add_row(plain(m.level), plain(f"{m.metric} ({m.unit})"), fmt(m.recorded),
+                  plain(f"{fmt(m.now)} ({runs})" if runs else "-"),
+                  change_text(m.slowdown),
+                  "-" if m.band is None else f"{m.band:.1%}" if not m.predicted else plain(m.predicted),
+                  f"[{STYLES.get(m.status, 'dim')}]{m.status}[/]")
+    out.print(t)
+    for m in pc.metrics:
+        if m.status not in ("PASS", "FAIL") or pc.hardware_note:
+            out.print(plain(f"  {m.metric} at {m.level}: {m.note}"), soft_wrap=True)
+    tm = result.timing
+    ready = f"server ready in {tm.ready_s} s; " if tm.ready_s is not None else ""
+    out.print(f"[dim]{esc(ready)}measured in {esc(tm.gather_s)} s; {esc(result.out_dir)}[/]", soft_wrap=True)
+    for n in result.notes:
+        out.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
+    style = STYLES.get(result.verdict or "", "dim")
+    out.print(f"verdict: [{style}]{esc(result.verdict)}[/] — {esc(result.reason)}", soft_wrap=True)
