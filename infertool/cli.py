@@ -56,7 +56,7 @@ class RootGroup(TyperGroup):
 
     _json_errors = False
     # `infertool --help` lists the commands in the workflow's order, groups among them
-    ORDER = ("validate", "recipes", "model", "profile", "plan", "quantize", "eval", "serve", "bench", "run", "tune",
+    ORDER = ("validate", "recipes", "model", "profile", "plan", "perf", "quantize", "eval", "serve", "bench", "run", "tune",
              "report", "compare", "env", "init", "publish", "verify", "keys")
 
     def list_commands(self, ctx) -> list[str]:

@@ -20,15 +20,20 @@ KNOWN_ARCHS: dict[str, tuple[Arch, str]] = {
     "deepseek-r1-distill-llama-8b": (Arch(32, 4096, 32, 8, 128, 14336, 128256), "deepseek-ai/DeepSeek-R1-Distill-Llama-8B config.json (as fine-tunes of it copy it)"),
     "deepseek-r1-distill-qwen-32b": (Arch(64, 5120, 40, 8, 128, 27648, 152064), "deepseek-ai/DeepSeek-R1-Distill-Qwen-32B config.json (as fine-tunes of it copy it)"),
     "deepseek-r1-distill-qwen-14b": (Arch(48, 5120, 40, 8, 128, 13824, 152064), "deepseek-ai/DeepSeek-R1-Distill-Qwen-14B config.json (as quantized copies of it copy it)"),
-    "deepseek-r1-distill-qwen-7b": (Arch(28, 3584, 28, 4, 128, 18944, 152064), "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B config.json (as fine-tunes of it copy it)"),
+    "qwen3-8b": (Arch(36, 4096, 32, 8, 128, 12288, 151936), "Qwen/Qwen3-8B config.json (as copies of it show it)"),
+    "qwen3-14b": (Arch(40, 5120, 40, 8, 128, 17408, 151936), "Qwen/Qwen3-14B config.json values (as quoted by model registries)"),
+    "qwen3-32b": (Arch(64, 5120, 64, 8, 128, 25600, 151936), "Qwen/Qwen3-32B config.json values (as quoted by model registries)"),
+    "qwen2.5-0.5b": (Arch(24, 896, 14, 2, 64, 4864, 151936, tie_word_embeddings=True), "Qwen/Qwen2.5-0.5B-Instruct config.json (as copies of it show it)"),
+    "qwen3-0.6b": (Arch(28, 1024, 16, 8, 128, 3072, 151936, tie_word_embeddings=True), "Qwen/Qwen3-0.6B config.json shape (as fine-tunes of it copy it)"),
     "mixtral-8x7b": (Arch(32, 4096, 32, 8, 128, 14336, 32000, num_experts=8, experts_per_tok=2), "mistralai/Mixtral-8x7B-Instruct-v0.1 config.json"),
 }
 
 MAX_POSITIONS = {"smollm2-135m": 8192, "llama-3.1-8b": 131072, "llama-3.3-70b": 131072, "llama-3.1-70b": 131072,
                  "llama-2-70b": 4096, "llama-2-7b": 4096, "qwen2.5-7b": 32768, "mistral-7b": 32768, "mixtral-8x7b": 32768,
                  "deepseek-r1-distill-llama-70b": 131072, "deepseek-r1-distill-llama-8b": 131072,
-                 "deepseek-r1-distill-qwen-32b": 131072, "deepseek-r1-distill-qwen-14b": 131072,
-                 "deepseek-r1-distill-qwen-7b": 131072}
+                 "deepseek-r1-distill-qwen-32b": 131072, "deepseek-r1-distill-qwen-14b": 131072, "qwen3-8b": 40960,
+                 "qwen3-14b": 40960, "qwen3-32b": 40960, "qwen2.5-0.5b": 32768,
+                 "qwen3-0.6b": 40960}
 
 
 def _norm(text: str) -> str:

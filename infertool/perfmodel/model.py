@@ -5,6 +5,9 @@ Per metric, log(measured / roofline prior) is a Bayesian linear regression on th
 model, log concurrency / input / output / GPUs, FP8 without FP8 units, engine release) with one random offset per
 source (``fit.py``). A prediction is the prior x exp(posterior mean); its interval is log-normal with the posterior
 predictive variance, which stays wide where the store is thin, plus explicit extrapolation terms (``wide``).
+
+(Issue 42's design names the interval record ``Interval`` and the point ``Point``: here ``PerfInterval`` and
+``points.PerfPoint``, since bench.results has an Interval and profile.analysis a Point: one class per name.)
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from infertool.perf.roofline import Arch
 from infertool.perfmodel import fit
 from infertool.perfmodel.fit import METRICS, Posterior, Setup
 from infertool.perfmodel.obs import Prepared, observations, prepare
-from infertool.perfmodel.prior import peaks, prior_times
+from infertool.perfmodel.prior import SetupPeaks, kv_batch, peaks, prior_times
 
 if TYPE_CHECKING:
     from infertool.perf.hardware import CpuPeaks
@@ -146,6 +149,7 @@ class PerfModel:
     index: dict[str, int]
     prepared: list[Prepared]
     skipped: dict[str, str] = field(default_factory=dict)  # point id -> why it is not used
+    groups: dict[str, str] = field(default_factory=dict)  # source -> publisher
 
     def reach(self, gpu: str) -> _Reach:
         r = _Reach()
@@ -156,7 +160,7 @@ class PerfModel:
                 r.highest = max(r.highest, pp.setup.concurrency)
         return r
 
-    def _setup(self, q: Query, concurrency: int | None = None) -> tuple[Setup, object]:
+    def _setup(self, q: Query, concurrency: int | None = None) -> tuple[Setup, SetupPeaks]:
         hw = q.hardware
         pk = peaks(q.gpu, q.gpus, q.weights, hw.bandwidth_bytes_s / 1e9 if hw else None,
                    hw.bf16_flops / 1e12 if hw else None)
@@ -169,7 +173,7 @@ class PerfModel:
         return Setup(q.model, q.weights, q.gpu, q.gpus, float(c), q.input_len, q.output_len, q.engine,
                      pk.fp8_weight_only), pk
 
-    def _extra(self, s: Setup, reach: _Reach) -> tuple[float, list[str]]:
+    def extrapolation(self, s: Setup, reach: _Reach) -> tuple[float, list[str]]:
         """Extrapolation variance (log units) and why the interval is wide."""
         extra, why = 0.0, []
         kind = "CPU" if s.gpu == "cpu" else s.gpu
@@ -196,8 +200,8 @@ class PerfModel:
 
         s, pk = self._setup(q, concurrency)
         x = tuple(fit.features(s, self.index))
-        pr = prior_times(q.arch, pk, q.gpus, q.weights, q.input_len, q.output_len, s.concurrency)  # type: ignore[arg-type]
-        extra, why = self._extra(s, self.reach(s.gpu))
+        pr = prior_times(q.arch, pk, q.gpus, q.weights, q.input_len, q.output_len, s.concurrency)
+        extra, why = self.extrapolation(s, self.reach(s.gpu))
         if q.model not in KNOWN_ARCHS:
             why.append(f"model {q.model!r} is not a known architecture: no model offset")
         out = {}
@@ -210,8 +214,7 @@ class PerfModel:
         from infertool.perf.hardware import GPUS
 
         got, s, why, _ = self._log_pred(q)
-        ttft, tpot = lognormal(*got["ttft_ms"], "ms"), lognormal(*got["tpot_ms"], "ms")
-        tps = lognormal(*got["output_tps"], "tok/s")
+        ttft, tpot, e2e, tps = (lognormal(*got[m], unit) for m, unit in zip(METRICS, ("ms", "ms", "s", "tok/s")))
         price = q.price_per_hour
         if price is None and q.gpu in GPUS:
             price = GPUS[q.gpu].price_per_hour
@@ -220,25 +223,29 @@ class PerfModel:
             per = price * q.gpus / 3600 * 1e6
             usd = PerfInterval(per / tps.value, per / tps.hi80, per / tps.lo80, per / tps.hi95, per / tps.lo95, "$/1M")
         return Prediction(q, ttft, tpot, tps, usd, tuple(why), self.reach(s.gpu).points,
-                          lognormal(*got["e2e_s"], "s"))
+                          e2e)
 
     def max_concurrency(self, q: Query, *, tpot_ms: float | None, ttft_ms: float | None,
                         limit: int = 1024) -> MaxConcurrency:
         """The highest concurrency (1..limit) whose predicted TPOT and TTFT meet the SLO: at the median, at the 80 %
-        intervals' high ends (lo80) and low ends (hi80). 0: not even one client meets it."""
+        intervals' high ends (lo80) and low ends (hi80). 0: not even one client meets it. At most what the KV cache
+        batches (clients beyond it only wait)."""
+        _, pk = self._setup(q)
+        batches = kv_batch(q.arch, pk, q.weights, q.input_len, q.output_len)
+        limit = max(1, min(limit, int(batches))) if math.isfinite(batches) else limit
         slo = " and ".join(t for t in ((f"TPOT ≤ {tpot_ms:g} ms" if tpot_ms else ""),
                                        (f"TTFT ≤ {ttft_ms:g} ms" if ttft_ms else "")) if t) or "no SLO"
         ladder = sorted({1, 2, 3, 4, 6} | {int(2 ** (k / 2)) for k in range(5, 2 * int(math.log2(limit)) + 1)})
-        best = {"value": 0, "lo80": 0, "hi80": 0}
-        for z_name, z in (("value", 0.0), ("lo80", Z80), ("hi80", -Z80)):
+        best = [0, 0, 0]  # at the median, at the 80 % interval's high end, at its low end
+        for k, z in enumerate((0.0, Z80, -Z80)):
             for c in (c for c in ladder if c <= limit):
                 got, *_ = self._log_pred(q, c)
                 ok = all(lim is None or got[m][0] * math.exp(z * math.sqrt(got[m][1])) <= lim
                          for m, lim in (("tpot_ms", tpot_ms), ("ttft_ms", ttft_ms)))
                 if not ok:
                     break
-                best[z_name] = c
-        return MaxConcurrency(best["value"], best["lo80"], best["hi80"], slo)
+                best[k] = c
+        return MaxConcurrency(best[0], best[1], best[2], slo)
 
     def narrowing(self, queries: Sequence[Query]) -> Narrowing | None:
         """The one measurement (a GPU kind of the queries x concurrency 1/8/32/128 at the query's lengths) whose
@@ -257,9 +264,10 @@ class PerfModel:
                 for (got, _s, _w, x), qq in zip(base, queries):
                     for m in ("ttft_ms", "tpot_ms", "output_tps"):
                         post = self.posteriors[m]
-                        cx = post.cov @ np.asarray(x)
-                        cn = post.cov @ xn
-                        drop = float(cx @ xn) ** 2 / (float(xn @ cn) + post.noise_var())
+                        cx = post.cov @ post.vec(x)
+                        vn = post.vec(xn)
+                        cn = post.cov @ vn
+                        drop = float(cx @ vn) ** 2 / (float(vn @ cn) + post.noise_var())
                         before = math.sinh(Z80 * math.sqrt(got[m][1]))
                         after = math.sinh(Z80 * math.sqrt(max(got[m][1] - drop, 0.0)))
                         if after > worst[0]:
@@ -273,8 +281,11 @@ def _k(n: int) -> str:
     return f"{n // 1024}k" if n >= 1024 and n % 1024 == 0 else (f"{n / 1000:g}k" if n >= 1000 else str(n))
 
 
-def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float]] | None = None) -> PerfModel:
-    """The model fitted on ``points`` (PerfPoint); ``fixed``: per metric (tau, source sd, sigma) to skip the grid."""
+def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float, float, float, float]] | None = None,
+               groups: dict[str, str] | None = None) -> PerfModel:
+    """The model fitted on ``points`` (PerfPoint); ``groups``: each source's publisher (sources of one publisher
+    share an offset; a source not named is its own); ``fixed``: per metric (tau, model sd, group sd, source sd,
+    sigma, loose) to skip the grid."""
     cols = fit.columns()
     index = {name: i for i, (name, _) in enumerate(cols)}
     sd = [s for _, s in cols]
@@ -286,19 +297,22 @@ def fit_points(points: Sequence, fixed: dict[str, tuple[float, float, float]] | 
         else:
             prepared.append(pp)
     fx = fixed or {}
-    posts = {"ttft_ms": fit.fit_metric("ttft_ms", observations(prepared, "ttft_ms"), len(cols), sd, fx.get("ttft_ms"))}
-    ttft_post = posts["ttft_ms"]
+    models = [name.startswith("model:") for name, _ in cols]
+    first = METRICS[0]  # TTFT first: a latency without it leans on the fitted TTFT
+    ttft_post = fit.fit_metric(first, observations(prepared, first, None, groups), len(cols), sd, fx.get(first), models)
+    posts = {first: ttft_post}
 
     def ttft_hat(pp: Prepared) -> float:
         return pp.prior.ttft_ms * math.exp(ttft_post.predict(pp.x)[0])
 
     for m in METRICS[1:]:
-        posts[m] = fit.fit_metric(m, observations(prepared, m, ttft_hat), len(cols), sd, fx.get(m))
-    return PerfModel(posts, index, prepared, skipped)
+        posts[m] = fit.fit_metric(m, observations(prepared, m, ttft_hat, groups), len(cols), sd, fx.get(m), models)
+    return PerfModel(posts, index, prepared, skipped, groups or {})
 
 
 def load_model(store: Store | None = None) -> PerfModel:
     """The model fitted from the store (None: the published points plus the user's)."""
     from infertool.perfmodel.store import open_store
 
-    return fit_points((store or open_store()).points)
+    s = store or open_store()
+    return fit_points(s.points, groups=s.groups())

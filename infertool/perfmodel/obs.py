@@ -47,8 +47,10 @@ def prepare(p: PerfPoint, index: dict[str, int]) -> Prepared | str:
             c = max(1.0, min(float(OFFLINE_BATCH), w.rate_rps * e2e))
     else:
         c = float(min(w.num_prompts or OFFLINE_BATCH, OFFLINE_BATCH))
-    setup = Setup(p.model, p.weights, p.gpu, p.gpus, c, w.input_len, w.output_len, p.engine, pk.fp8_weight_only)
-    pr = prior_times(arch, pk, p.gpus, p.weights, w.input_len, w.output_len, c)
+    kind = "closed" if w.concurrency is not None else ("rate" if w.rate_rps is not None else "offline")
+    setup = Setup(p.model, p.weights, p.gpu, p.gpus, c, w.input_len, w.output_len, p.engine, pk.fp8_weight_only, kind)
+    offline = (w.num_prompts or OFFLINE_BATCH) if kind == "offline" else None
+    pr = prior_times(arch, pk, p.gpus, p.weights, w.input_len, w.output_len, c, offline)
     return Prepared(p, setup, pr, tuple(features(setup, index)))
 
 
@@ -69,27 +71,29 @@ def derived(pp: Prepared, ttft_hat: Callable[[Prepared], float] | None) -> dict[
     p, out = pp.point, pp.point.workload.output_len
     got = measured(p)
     ttft, tpot, e2e, tps = (got.get(k) for k in METRICS)
-    wt = {k: 1.0 for k in got}
+    w_tpot = w_e2e = w_tps = 1.0
     closed = p.workload.concurrency is not None
     c = pp.setup.concurrency
-    if e2e is None:
+    if e2e is None and closed:  # an offline or open-loop request's latency includes its wait: not derived
         if ttft is not None and tpot is not None:
-            e2e, wt["e2e_s"] = (ttft + (out - 1) * tpot) / 1e3, 1.0
+            e2e = (ttft + (out - 1) * tpot) / 1e3
         elif closed and tps is not None:
-            e2e, wt["e2e_s"] = c * out / tps, DERIVED_WEIGHT
+            e2e, w_e2e = c * out / tps, DERIVED_WEIGHT
     if tps is None and closed and e2e is not None:
-        tps, wt["output_tps"] = c * out / e2e, wt["e2e_s"]
+        tps, w_tps = c * out / e2e, w_e2e
     if tpot is None and e2e is not None and out > 1:
         first = ttft if ttft is not None else (ttft_hat(pp) if ttft_hat else None)
         if first is not None:
             tpot = max(e2e * 1e3 - first, 0.25 * e2e * 1e3) / (out - 1)
-            wt["tpot_ms"] = wt["e2e_s"] if ttft is not None else min(wt["e2e_s"], DERIVED_WEIGHT)
-    return {k: (v, wt[k]) for k, v in zip(METRICS, (ttft, tpot, e2e, tps)) if v is not None}
+            w_tpot = w_e2e if ttft is not None else min(w_e2e, DERIVED_WEIGHT)
+    return {k: (v, w) for k, v, w in zip(METRICS, (ttft, tpot, e2e, tps), (1.0, w_tpot, w_e2e, w_tps)) if v is not None}
 
 
-def observations(prepared: Sequence[Prepared], metric: str,
-                 ttft_hat: Callable[[Prepared], float] | None = None) -> list[Obs]:
-    """The observations of one metric: log(value / prior) at each point's features."""
+def observations(prepared: Sequence[Prepared], metric: str, ttft_hat: Callable[[Prepared], float] | None = None,
+                 groups: dict[str, str] | None = None) -> list[Obs]:
+    """The observations of one metric: log(value / prior) at each point's features; ``groups``: each source's
+    publisher (a source not named is its own)."""
+    groups = groups or {}
     obs = []
     for pp in prepared:
         got = derived(pp, ttft_hat).get(metric)
@@ -97,5 +101,6 @@ def observations(prepared: Sequence[Prepared], metric: str,
         if got is None or not (prior > 0 and got[0] > 0):
             continue
         obs.append(Obs(pp.point.id, pp.point.source, pp.x, math.log(got[0] / prior), got[1],
-                       metric in measured(pp.point)))
+                       metric in measured(pp.point), groups.get(pp.point.source, pp.point.source),
+                       pp.setup.load != "closed"))
     return obs

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from infertool.errors import UsageError
+from infertool.records import JSONView
 
 FORMAT = 1
 WEIGHTS = ("bf16", "fp16", "fp8", "w8a8-int8", "w4a16", "w8a16", "fp32")
@@ -96,8 +97,8 @@ class PerfPoint:
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         d = dataclasses.asdict(self)
-        d["metrics"] = self.metrics.present()
-        return {"format": self.format, **{k: v for k, v in d.items() if k != "format"}}
+        return {"format": self.format, **{k: v for k, v in d.items() if k not in ("format", "metrics")},
+                "metrics": self.metrics.present()}
 
 
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:+@/-]{0,199}$")
@@ -108,7 +109,7 @@ def _bad(where: str, field: str, why: str) -> PointFileError:
                           hint="fix that line (docs/performance-model.md describes a point), or remove it")
 
 
-def _number(value: object, where: str, field: str, integer: bool) -> float | int:
+def _number(value: JSONView, where: str, field: str, integer: bool) -> float | int:
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
         raise _bad(where, field, f"{value!r} is not a number")
     if integer and not float(value).is_integer():
@@ -119,7 +120,7 @@ def _number(value: object, where: str, field: str, integer: bool) -> float | int
     return int(value) if integer else float(value)
 
 
-def _text(value: object, where: str, field: str, limit: int = 2000) -> str:
+def _text(value: JSONView, where: str, field: str, limit: int = 2000) -> str:
     if not isinstance(value, str) or not value.strip() or len(value) > limit:
         raise _bad(where, field, f"{str(value)[:60]!r} is not a text of 1..{limit} characters")
     return value
@@ -130,7 +131,7 @@ _OPTIONAL = {"concurrency", "rate_rps", "num_prompts", "engine", "date", "hardwa
              "ttft_ms", "tpot_ms", "itl_ms", "e2e_s", "output_tps", "total_tps", "requests_per_s", "format"}
 
 
-def _fields(cls: type, data: Mapping[str, object], where: str, prefix: str) -> dict[str, Any]:  # Any: field values
+def _fields(cls: type, data: Mapping[str, JSONView], where: str, prefix: str) -> dict[str, Any]:  # Any: field values
     """``cls``'s fields read from ``data`` (unknown keys refused), each checked by its kind; nested records recurse."""
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
@@ -152,12 +153,14 @@ def _fields(cls: type, data: Mapping[str, object], where: str, prefix: str) -> d
             out[f.name] = sub(**_fields(sub, value, where, name + "."))
         elif f.name == "format":
             out[f.name] = value
+        elif f.name == "where" and value == "":
+            out[f.name] = value
         else:
             out[f.name] = _text(value, where, name)
     return out
 
 
-def parse_point(doc: object, where: str) -> PerfPoint:
+def parse_point(doc: JSONView, where: str) -> PerfPoint:
     """One point from a parsed line; PointFileError names ``where`` (file:line) and the field."""
     if not isinstance(doc, Mapping):
         raise _bad(where, "line", "not a JSON object")

@@ -42,6 +42,12 @@ class Store:
     def by_id(self) -> dict[str, PerfPoint]:
         return {p.id: p for p in self.points}
 
+    def groups(self) -> dict[str, str]:
+        """Each source's publisher (sources.json; the user's own points are one publisher, "user")."""
+        out = {k: s.publisher or k for k, s in self.sources.items()}
+        out.update({p.source: "user" for p in self.points if p.source.startswith("user:")})
+        return out
+
 
 def user_points_dir() -> Path:
     from infertool.envs.paths import home
