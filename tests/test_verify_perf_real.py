@@ -28,7 +28,7 @@ def test_perf_recorded_speed_passes_and_a_slower_setting_is_a_regression(tiny_mo
     data = {"name": "perf", "model": {"source": str(tiny_model)},
             "eval": {"suite": "builtin-corpus", "engine": "vllm", "max_items": 2,
                      "decode": {"n_prompts": 2, "max_tokens": 4}},
-            "serve": {"enforce_eager": True, "max_model_len": 512, "max_num_seqs": 8, "cpu": {"kv_cache_space_gib": 1}},
+            "serve": {"enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 8, "cpu": {"kv_cache_space_gib": 1}},
             "bench": {"concurrency": [4], "requests": 12, "prompt": {"source": "builtin", "len": 64},
                       "output_len": 32, "ignore_eos": True},
             "verify": {"evidence": {"top_k": 4}}}

@@ -10,15 +10,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 from infertool.records import Record
 from infertool.summaries import EvidenceBlock
 
 if TYPE_CHECKING:
-    from infertool.publish.folder import EvidenceWriter
     from infertool.summaries import RunManifest
     from infertool.verify.speed import SpeedHardware, SpeedRecord
+
+
+EvidenceWriter = Callable[[Path, str], EvidenceBlock]  # as publish.folder's: (the evidence folder, the fingerprint)
 
 
 @dataclass

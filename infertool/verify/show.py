@@ -238,20 +238,22 @@ def render_perf(result: VerifyResult) -> None:
     if pc.hardware_note:
         rows.append(("hardware", f"OTHER: {pc.hardware_note}; compared with the performance model's prediction"))
     out.print(kv_table(rows, title="infertool verify --perf"))
-    t = Table("level", "metric", "recorded", "now (per repeat)", "change",
-              "prediction (95 %)" if pc.hardware_note else "noise band", "status",
-              title=f"speed (a regression: slower beyond the noise band at {pc.confidence:.0%} and the "
-                    f"{pc.floor:.0%} floor)")
+    other = bool(pc.hardware_note)
+    t = Table("level", "metric", "recorded", "now (per repeat)", "vs prediction" if other else "change",
+              "prediction" if other else "noise band", "status",
+              title="speed on other hardware (against the prediction for this host: never a regression)" if other
+              else f"speed (a regression: slower beyond the noise band at {pc.confidence:.0%} and the "
+                   f"{pc.floor:.0%} floor)")
     for m in pc.metrics:
         runs = ", ".join(fmt(v) for v in m.now_per_run)
         t.add_row(plain(m.level), plain(f"{m.metric} ({m.unit})"), fmt(m.recorded),
                   plain(f"{fmt(m.now)} ({runs})" if runs else "-"),
                   change_text(m.slowdown),
-                  "-" if m.band is None else f"{m.band:.1%}" if not m.predicted else plain(m.predicted),
+                  plain(m.predicted) if m.predicted else "-" if m.band is None else f"{m.band:.1%}",
                   f"[{STYLES.get(m.status, 'dim')}]{m.status}[/]")
     out.print(t)
     for m in pc.metrics:
-        if m.status not in ("PASS", "FAIL") or pc.hardware_note:
+        if m.status not in ("PASS", "FAIL"):
             out.print(plain(f"  {m.metric} at {m.level}: {m.note}"), soft_wrap=True)
     tm = result.timing
     ready = f"server ready in {tm.ready_s} s; " if tm.ready_s is not None else ""
