@@ -23,7 +23,7 @@ MAX_LEVELS = 6  # bench concurrency levels predicted (the first ones listed)
 
 
 @dataclass
-class SpeedFigure(Record):
+class PredictedFigure(Record):
     """One predicted figure with its intervals (``perfmodel.model.PerfInterval`` as the plan writes it)."""
 
     value: float = 0.0
@@ -35,7 +35,7 @@ class SpeedFigure(Record):
     text: str = ""  # "41 ms (80 %: 33-52, 95 %: 29-60)"
 
     @classmethod
-    def of(cls, iv: PerfInterval) -> SpeedFigure:
+    def of(cls, iv: PerfInterval) -> PredictedFigure:
         return cls(iv.value, iv.lo80, iv.hi80, iv.lo95, iv.hi95, iv.unit, iv.text())
 
     def holds(self, measured: float, level: int = 80) -> bool:
@@ -45,15 +45,15 @@ class SpeedFigure(Record):
 
 
 @dataclass
-class SpeedLevel(Sparse):
+class PredictedLevel(Sparse):
     """The prediction at one concurrency (closed-loop clients)."""
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("usd_per_mtok",)
     concurrency: int = 1
-    ttft_ms: SpeedFigure = field(default_factory=SpeedFigure)
-    tpot_ms: SpeedFigure = field(default_factory=SpeedFigure)
-    output_tps: SpeedFigure = field(default_factory=SpeedFigure)
-    usd_per_mtok: SpeedFigure | None = None
+    ttft_ms: PredictedFigure = field(default_factory=PredictedFigure)
+    tpot_ms: PredictedFigure = field(default_factory=PredictedFigure)
+    output_tps: PredictedFigure = field(default_factory=PredictedFigure)
+    usd_per_mtok: PredictedFigure | None = None
 
     @property
     def text(self) -> str:
@@ -84,16 +84,16 @@ class PlannedSpeed(Sparse):
     input_len: int = 0
     output_len: int = 0
     price_per_hour: float | None = None  # $ per GPU-hour asked for (None: the GPU table's assumed price)
-    levels: list[SpeedLevel] = field(default_factory=list)
+    levels: list[PredictedLevel] = field(default_factory=list)
     max_concurrency: SloConcurrency | None = None
     # the prediction where one replica is best used: the SLO's max concurrency (no SLO: the largest batch), capped
     # by max_num_seqs and the KV cache (tune compares machine kinds there)
-    at_slo: SpeedLevel | None = None
+    at_slo: PredictedLevel | None = None
     wide: list[str] = field(default_factory=list)
     support: int = 0  # store points on this GPU kind
     none: str | None = None
 
-    def at(self, concurrency: int) -> SpeedLevel | None:
+    def at(self, concurrency: int) -> PredictedLevel | None:
         return next((lv for lv in self.levels if lv.concurrency == concurrency), None)
 
     def query(self, arch: Arch, concurrency: int | None = None) -> Query:
@@ -202,9 +202,9 @@ def slo_of(res: Resolution) -> tuple[float | None, float | None]:
     return (slo.tpot_ms, slo.ttft_ms) if slo is not None else (None, None)
 
 
-def _level(p: Prediction, c: int) -> SpeedLevel:
-    return SpeedLevel(c, SpeedFigure.of(p.ttft_ms), SpeedFigure.of(p.tpot_ms), SpeedFigure.of(p.output_tps),
-                      SpeedFigure.of(p.usd_per_mtok) if p.usd_per_mtok is not None else None)
+def _level(p: Prediction, c: int) -> PredictedLevel:
+    return PredictedLevel(c, PredictedFigure.of(p.ttft_ms), PredictedFigure.of(p.tpot_ms), PredictedFigure.of(p.output_tps),
+                      PredictedFigure.of(p.usd_per_mtok) if p.usd_per_mtok is not None else None)
 
 
 def predict_levels(pm: PerfModel, base: Query, levels: list[int], speed: PlannedSpeed,

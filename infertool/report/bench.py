@@ -11,7 +11,7 @@ from infertool.metricspec import METRICS
 from infertool.report.page import Block, Bold, Code, FigureBlock, P, Section, Table, fmt, fmt_pct
 
 if TYPE_CHECKING:
-    from infertool.plan.predicted import SpeedFigure
+    from infertool.plan.predicted import PredictedFigure
 
 
 def bench_section(run: RunData, names: Names) -> Section | None:
@@ -130,7 +130,7 @@ def predicted_blocks(run: RunData) -> list[Block]:
     return blocks + ([P("wide because: " + "; ".join(speed.wide))] if speed.wide else [])
 
 
-def _against(measured: float | None, fig: SpeedFigure) -> str:
+def _against(measured: float | None, fig: PredictedFigure) -> str:
     """"41 / 38 (80 %: 30-48) ✓": the measurement, the prediction and its interval, and whether it fell inside."""
     pred = f"{fmt(fig.value)} (80 %: {fmt(fig.lo80)}-{fmt(fig.hi80)})"
     if measured is None:

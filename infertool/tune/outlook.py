@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     from infertool.perfmodel.model import PerfModel
-    from infertool.plan.predicted import SpeedFigure
+    from infertool.plan.predicted import PredictedFigure
     from infertool.recipe import TuneMachine
     from infertool.tune.records import KindPrediction, TrialRecord, TuneDoc
     from infertool.tune.space import Trial
@@ -32,7 +32,7 @@ WORDS = {"usd_per_mtok": "$ per 1M output tokens", "ttft_ms": "TTFT", "tpot_ms":
          "output_tps": "output tokens/s"}
 
 
-def figure_of(pred: KindPrediction | None, objective: str) -> SpeedFigure | None:
+def figure_of(pred: KindPrediction | None, objective: str) -> PredictedFigure | None:
     """The objective's predicted figure (with its intervals) of a trial; None: not predicted."""
     if pred is None:
         return None

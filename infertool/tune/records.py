@@ -14,7 +14,7 @@ from infertool.bench.results import Summary as BenchSummary
 from infertool.evaluate.lossless import Lossless
 from infertool.evaluate.result import LmEvalTask
 from infertool.evaluate.verdict import Gate
-from infertool.plan.predicted import SpeedFigure
+from infertool.plan.predicted import PredictedFigure
 from infertool.records import JSONView, Record, Sparse
 from infertool.serve.pool import ServerStart
 from infertool.summaries import StageSummary
@@ -313,10 +313,10 @@ class KindPrediction(Sparse):
     output_len: int = 0
     price_per_hour: float | None = None  # $ per GPU-hour
     concurrency: int = 1
-    ttft_ms: SpeedFigure = field(default_factory=SpeedFigure)
-    tpot_ms: SpeedFigure = field(default_factory=SpeedFigure)
-    output_tps: SpeedFigure = field(default_factory=SpeedFigure)
-    usd_per_mtok: SpeedFigure | None = None
+    ttft_ms: PredictedFigure = field(default_factory=PredictedFigure)
+    tpot_ms: PredictedFigure = field(default_factory=PredictedFigure)
+    output_tps: PredictedFigure = field(default_factory=PredictedFigure)
+    usd_per_mtok: PredictedFigure | None = None
     wide: list[str] = field(default_factory=list)
 
 
@@ -327,7 +327,7 @@ class KindLine(Sparse):
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("best", "trial", "why")
     name: str = ""
     gpu: str | None = None
-    best: SpeedFigure | None = None  # the objective's interval of its best trial (None: no prediction)
+    best: PredictedFigure | None = None  # the objective's interval of its best trial (None: no prediction)
     trial: str | None = None
     in_play: bool = True
     why: str | None = None  # pruned: why (its trials' reasons name both intervals)
