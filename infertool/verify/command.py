@@ -19,8 +19,6 @@ def verify_cli(source: core.Source, opts: core.VerifyOptions, *, engine: str | N
                force: bool = False) -> int:
     """Verify ``source`` (``publish.served.verify_source``) as the command's flags say; the exit code. ``force``:
     a bisect may replace a state file that is not its own (the command checks the other outputs)."""
-    from infertool.verify.junit import write_junit
-
     if opts.url is not None:
         check_url(opts.url)
     if opts.url is not None and (engine is not None or bisect is not None):
@@ -54,19 +52,12 @@ def verify_cli(source: core.Source, opts: core.VerifyOptions, *, engine: str | N
         return 0
     with StageProgress("verify") as progress:
         result = core.run(plan, RunContext(out_dir=opts.out_dir, on_event=progress.on_event, user="verify"))
-    if junit is not None:
-        write_junit(junit, result)
-    if as_json:
-        print_json(result)
-    else:
-        show.render(result)
-    return 0 if result.accepted(opts.allow_inconclusive) else 1
+    return _shown(result, opts, junit, as_json)
 
 
 def _perf(source: core.Source, opts: core.VerifyOptions, junit: Path | None, as_json: bool) -> int:
     """--perf: the recorded bench run again and judged on speed (``verify.perf``); shown like a verification."""
     from infertool.verify import perf
-    from infertool.verify.junit import write_junit
 
     plan = perf.plan(source, opts, opts.perf_repeats or perf.REPEATS)
     if opts.dry_run:
@@ -78,6 +69,13 @@ def _perf(source: core.Source, opts: core.VerifyOptions, junit: Path | None, as_
         return 0
     with StageProgress("verify --perf") as progress:
         result = perf.run(plan, RunContext(out_dir=opts.out_dir, on_event=progress.on_event, user="verify"))
+    return _shown(result, opts, junit, as_json)
+
+
+def _shown(result: core.VerifyResult, opts: core.VerifyOptions, junit: Path | None, as_json: bool) -> int:
+    """A verification's result written as JUnit (--junit), printed (JSON or tables); its exit code."""
+    from infertool.verify.junit import write_junit
+
     if junit is not None:
         write_junit(junit, result)
     if as_json:

@@ -134,9 +134,15 @@ def render(result: VerifyResult) -> None:
                       plain(f"[{fmt(g.lo)}, {fmt(g.hi)}]" if g.lo is not None else "-"),
                       f"[{STYLES.get(g.status, 'dim')}]{g.status}[/]", plain(g.note or ""))
     out.print(gates)
+    _footer(result, "scored")
+
+
+def _footer(result: VerifyResult, did: str) -> None:
+    """The last lines of a verification: the server's start and the time it was scored (or measured) in, the notes,
+    the verdict."""
     tm = result.timing
     ready = f"server ready in {tm.ready_s} s; " if tm.ready_s is not None else ""
-    out.print(f"[dim]{esc(ready)}scored in {esc(tm.gather_s)} s; {esc(result.out_dir)}[/]", soft_wrap=True)
+    out.print(f"[dim]{esc(ready)}{did} in {esc(tm.gather_s)} s; {esc(result.out_dir)}[/]", soft_wrap=True)
     for n in result.notes:
         out.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
     style = STYLES.get(result.verdict or "", "dim")
@@ -255,10 +261,4 @@ def render_perf(result: VerifyResult) -> None:
     for m in pc.metrics:
         if m.status not in ("PASS", "FAIL"):
             out.print(plain(f"  {m.metric} at {m.level}: {m.note}"), soft_wrap=True)
-    tm = result.timing
-    ready = f"server ready in {tm.ready_s} s; " if tm.ready_s is not None else ""
-    out.print(f"[dim]{esc(ready)}measured in {esc(tm.gather_s)} s; {esc(result.out_dir)}[/]", soft_wrap=True)
-    for n in result.notes:
-        out.print(f"[dim]note: {esc(n)}[/]", soft_wrap=True)
-    style = STYLES.get(result.verdict or "", "dim")
-    out.print(f"verdict: [{style}]{esc(result.verdict)}[/] — {esc(result.reason)}", soft_wrap=True)
+    _footer(result, "measured")
