@@ -200,3 +200,19 @@ def test_init_store_copies_the_published_files(tmp_path) -> None:
     assert any(f.endswith("points.jsonl") for f in files) and any(f.endswith("sources.json") for f in files)
     again = runner.invoke(app, ["perf", "init-store", str(tmp_path / "mine")])
     assert again.exit_code == 2 and "already there" in again.output
+
+
+def test_the_docs_cross_validation_table_is_the_one_perf_cv_prints(monkeypatch) -> None:
+    """docs/performance-model.md's table is the command's output on the published points, row for row: a change
+    to the model or the points that moves a figure fails here until the docs are re-run."""
+    import re
+    from pathlib import Path
+
+    monkeypatch.delenv("INFERTOOL_PERF_STORE", raising=False)
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "performance-model.md").read_text(encoding="utf-8")
+    cell = r"\s*│\s*"
+    rows = re.findall(r"│ (\w+)" + cell + r"(\d+)" + cell + r"(\d+)" + (cell + r"([\d.]+) %") * 4 + r"\s*│", doc)
+    d = json.loads(runner.invoke(app, ["perf", "cv", "--json"]).stdout)
+    printed = [(m["metric"], str(m["points"]), str(m["sources"]), f"{m['mdape']:.1f}", f"{m['coverage80']:.1f}",
+                f"{m['coverage95']:.1f}", f"{m['width80']:.1f}") for m in d["metrics"] if m["points"]]
+    assert printed and rows == printed
