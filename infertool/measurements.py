@@ -23,6 +23,7 @@ from infertool.perfmodel.points import (
     PerfPoint, PointHardware, PointMetrics, PointWorkload, read_points, write_points,
 )
 from infertool.records import Record
+from infertool.summaries import Parallel
 
 MAX_JSON = 64 * 1024 * 1024
 
@@ -55,17 +56,12 @@ class MeasuredModel(Record):
 
 
 @dataclass
-class MeasuredServe(Record):
-    tensor_parallel_size: int | None = None
-
-
-@dataclass
 class MeasuredRecipe(Record):
     """What a recorded recipe (a run manifest's, a tune trial's) says of the measured setup (the rest in ``extra``)."""
 
     model: MeasuredModel = field(default_factory=MeasuredModel)
     quantize: dict[str, Any] | None = None  # Any: the quantize section's JSON values
-    serve: MeasuredServe | None = None
+    serve: Parallel | None = None  # its tensor-parallel size
     bench: MeasuredBench | None = None
 
 
