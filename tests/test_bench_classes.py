@@ -146,3 +146,58 @@ def test_bench_replays_one_class_alone_against_a_server(tmp_path, monkeypatch):
     assert doc["levels"][0]["summary"]["requests"] == 2
     assert sorted(p for p in sent if p != "Hello") == ["urgent 0", "urgent 1"]  # "Hello": the warm-up
     assert doc["classes"]["replayed"] == "vip" and len(doc["classes"]["classes"]) == 3
+
+
+# ------------------------------------------------------------------------------------------ the mix, tagged by class
+def test_class_figures_cut_each_class_from_the_mix_by_littles_law():
+    """Each class's requests of a concurrency level under its own SLO; its rates over Little's law's seconds (the
+    sum of its latencies / the concurrency), so a class whose requests are long is not credited the others' pace."""
+    from infertool.bench.metrics import RequestResult
+    from infertool.bench.results import SLO, LevelResult
+    from infertool.bench.sweep import class_figures
+    from infertool.bench.traffic import Level
+
+    fast = [RequestResult(True, ttft=0.1, e2e=1.0, output_tokens=10, cls="short") for _ in range(6)]
+    slow = [RequestResult(True, ttft=2.0, e2e=4.0, output_tokens=40, cls="long") for _ in range(2)]
+    got = class_figures(fast + slow, 3.0, Level("concurrency", 2), {"short": SLO(ttft_ms=500), "long": SLO(ttft_ms=500)},
+                        1.0)
+    short, long_ = got
+    assert (short.name, short.requests, short.share, short.seconds) == ("short", 6, 0.75, 3.0)  # 6 x 1 s / 2
+    assert short.summary.output_token_throughput == 20.0 and short.summary.goodput.fraction == 1.0
+    assert (long_.requests, long_.seconds) == (2, 4.0)  # 2 x 4 s / 2
+    assert long_.summary.output_token_throughput == 20.0 and long_.summary.goodput.fraction == 0.0  # TTFT 2 s > 0.5
+    # another kind of level: the class's share of the level's seconds
+    (r,) = class_figures(slow, 8.0, Level("rate", 1.0), {"long": None}, None)
+    assert r.seconds == 8.0 and r.summary.output_token_throughput == 10.0
+    assert class_figures(fast, 3.0, Level("concurrency", 2), None, None) is None
+    level = LevelResult(arm="mix c2", classes=got)
+    cut = level.class_level("long")
+    assert cut is not None and cut.within == "mix" and cut.summary.requests == 2 and level.class_level("none") is None
+    assert LevelResult.from_dict(level.to_dict()).classes == got  # kept in a probe journal and read back
+
+
+def test_a_mixed_level_tags_every_request_with_its_class_against_a_server(tmp_path, monkeypatch):
+    """The whole traffic sent once (``measure(by_class=)``): every request tagged with its line's class, each
+    class's figures under its own SLO beside the mix's."""
+    from hostile import HostileServer
+    from tests.test_hostile_bench import routes
+
+    from infertool.bench.results import SLO
+    from infertool.bench.sweep import ServerHandle, level_work, measure
+    from infertool.bench.traffic import Level
+    from infertool.recipe import BenchSection
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"line {i}", "class": "a" if i % 3 else "b"}) + "\n"
+                               for i in range(6)))
+    bench = BenchSection.model_validate({"requests": 12, "output_len": 4, "max_duration_s": 20, "client_processes": 1,
+                                         "scrape_interval_s": 0.1, "prompt": {"source": str(prompts)}})
+    work = level_work(bench, Level("concurrency", 2), 4.0, tagged=True)
+    assert work.classes == ["b", "a", "a"] * 4 and work.only([1, 3]).classes == ["a", "b"]
+    with HostileServer(routes()) as srv:
+        (level,) = measure(ServerHandle(srv.url + "/v1", "m", None), bench, [Level("concurrency", 2)], arm="mix",
+                           by_class={"a": SLO(ttft_ms=60_000), "b": None})
+    assert level.summary.requests == 12 and [c.name for c in level.classes] == ["a", "b"]
+    a, b = level.classes
+    assert (a.requests, b.requests) == (8, 4) and a.summary.completed == 8 and b.summary.completed == 4
+    assert a.summary.goodput.fraction == 1.0 and a.seconds is not None and a.seconds > 0

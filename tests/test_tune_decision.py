@@ -333,7 +333,7 @@ def test_search_load_repeats_at_the_edge_and_stops_when_it_cannot_win(monkeypatc
     monkeypatch.setattr(space, "capacity_start", lambda *a, **k: None)  # no calibrated knee: start from the bottom
     monkeypatch.setattr(stages_mod, "resolution", lambda ctx: None)
     bench = BenchSection(requests=16, slo={"ttft_ms": 1000, "tpot_ms": 100}, cost_per_hour=0.5)
-    job = SimpleNamespace(tune=SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=[],
+    job = SimpleNamespace(tune=SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=[], mix=None,
                                                tune=SimpleNamespace(objective="cost", load=TuneLoadSearch())),
                           trial=SimpleNamespace(id="t", label="t", price_per_hour=None))
     ctx = SimpleNamespace(job=job, on_event=None, emit=lambda *a, **k: None)
@@ -425,7 +425,7 @@ def test_search_load_probes_the_max_num_seqs_of_smaller_siblings_still_to_run(mo
     me = _sib("ms8", 8)
     queue = [_sib("ms2", 2), me, _sib("ms4", 4), _sib("ms3", 3), _sib("other3", 3, key="other")]
     bench = BenchSection(requests=16, slo={"ttft_ms": 1000, "tpot_ms": 100}, cost_per_hour=0.5)
-    tune = SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=queue,
+    tune = SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=queue, mix=None,
                            tune=SimpleNamespace(objective="cost", load=TuneLoadSearch()))
     ctx = SimpleNamespace(job=SimpleNamespace(tune=tune, trial=me), on_event=None, emit=lambda *a, **k: None)
     srv = SimpleNamespace(url="http://127.0.0.1:1/v1", model="m", api_key=None, to_dict=lambda: {})
@@ -591,7 +591,7 @@ def test_search_load_stops_at_the_ceiling_and_confirms_only_for_the_interval(mon
     monkeypatch.setattr(stages_mod, "resolution", lambda ctx: None)
     load = TuneLoadSearch()
     bench = BenchSection(requests=16, slo={"ttft_ms": 1000, "tpot_ms": 100}, cost_per_hour=0.5)
-    tune = SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=[],
+    tune = SimpleNamespace(bench=bench, exhaustive=False, best_cost=None, queue=[], mix=None,
                            tune=SimpleNamespace(objective="cost", load=load))
     ctx = SimpleNamespace(job=SimpleNamespace(tune=tune, trial=SimpleNamespace(id="t", label="t", price_per_hour=None)),
                           on_event=None, emit=lambda *a, **k: None)

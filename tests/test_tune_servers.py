@@ -22,6 +22,7 @@ from tests.test_tune_classes import classed_recipe
 
 W8 = "W8A8 (llmcompressor)"
 ORIGINAL_SEARCH = __import__("infertool.tune.stages", fromlist=["_search_load"])._search_load
+ORIGINAL_ALONE = __import__("infertool.tune.stages", fromlist=["Probes"]).Probes.alone
 
 
 class FakeVllm:
@@ -64,6 +65,7 @@ class ServedStand(Stand):
         self.smol = smol_dir
         monkeypatch.setitem(stages.REGISTRY.by_name, "capacity", replace(stages.get("capacity"), run=tune_stages.run_capacity))
         monkeypatch.setattr(tune_stages, "_search_load", self.search)
+        monkeypatch.setattr(tune_stages.Probes, "alone", lambda probes, c, why: self.alone(c))
         monkeypatch.setattr("infertool.serve.launcher.Server", FakeVllm)
         monkeypatch.setattr("infertool.serve.launches.require_server_env", lambda plan: None)
         monkeypatch.setattr("infertool.serve.start_times.note_launch", lambda *a, **kw: None)  # not this host's times
@@ -100,6 +102,12 @@ class ServedStand(Stand):
 
     def served_check(self, ctx):
         return self._served(ctx, "served", super().served_check(ctx))
+
+    def alone(self, c: int):
+        from infertool.bench.results import LevelResult
+
+        self.calls.append(f"alone:{c}")
+        return LevelResult()
 
     def search(self, ctx, res, srv, hi, levels, journal=None):
         from infertool.tune import search
@@ -288,3 +296,61 @@ def test_the_report_says_how_many_starts_and_why(smol, tmp_path, monkeypatch):
     assert "| 1 | reference (the original) | tune: reference |" in md
     assert "served W8A8 (llmcompressor) | max_num_seqs=4; evidence" in md.replace("\\|", "|")
     assert "<h2>vLLM starts: 4</h2>" in html_text
+
+
+def test_a_per_class_tune_sends_the_mix_once_per_load_and_cuts_each_class_from_it(smol, tmp_path, monkeypatch):
+    """Issue 44, item 2: each load of a configuration is one probe of the whole traffic, its requests tagged by
+    class; every class's search reads its own requests from it under its own SLO (the second class measures only
+    where the first class's search did not reach); a speculative setting's class sends its traffic alone once, for
+    the acceptance per draft position the server counts for the mix. The report says which."""
+    from infertool.bench.metrics import RequestResult, summarize
+    from infertool.bench.results import LevelResult
+    from infertool.bench.sweep import class_figures
+    from infertool.tune import stages as tune_stages
+    from infertool.tune.classes import run_per_class
+
+    data = classed_recipe(smol, tmp_path, classes=["chat", {"name": "rag", "slo": {"ttft_ms": 3000}}], requests=120)
+    data["tune"]["candidates"] = ["none"]
+    data["tune"]["serve_grid"] = {"max_num_seqs": [8], "speculative": [None, {"method": "ngram",
+                                                                              "num_speculative_tokens": 2}]}
+    data["tune"]["load"] = {"repeats": {"max_runs": 1, "min_runs": 1}, "max_probes": 8}
+    ServedStand(monkeypatch, smol, verdicts={}, loads={}, served={})
+    monkeypatch.setattr(tune_stages, "_search_load", ORIGINAL_SEARCH)
+    monkeypatch.setattr(tune_stages.Probes, "alone", ORIGINAL_ALONE)
+    monkeypatch.setattr("infertool.tune.space.capacity_start", lambda *a, **kw: None)
+    monkeypatch.setattr("infertool.bench.sweep.connect", lambda handle, bench: handle)
+    mixes: list[tuple[str, int]] = []
+    alone: list[tuple[str, int]] = []
+
+    def measure(handle, bench, levels, by_class=None, **kw):
+        (level,) = levels
+        c = int(level.value)
+        if by_class is None:  # a class alone: only the acceptance probe of a speculative setting
+            alone.append((bench.classes.replay, c))
+            return [LevelResult.from_dict({"arm": kw["arm"], "summary": {"requests": 10, "completed": 10}})]
+        assert bench.classes.replay is None and sorted(by_class) == ["chat", "rag"]
+        mixes.append((handle.url, c))
+        # chat's first token takes 0.3 s per request in flight (its SLO, 1 s, holds up to 3); rag's 2 s at any load
+        rs = [RequestResult(True, ttft=0.3 * c if i % 4 else 2.0, e2e=1.0, output_tokens=8,
+                            cls="chat" if i % 4 else "rag") for i in range(bench.requests)]
+        return [LevelResult(arm=kw["arm"], level=level.spec(), summary=summarize(rs, 5.0),
+                            classes=class_figures(rs, 5.0, level, by_class, 1.0))]
+
+    monkeypatch.setattr("infertool.bench.sweep.measure", measure)
+    per = run_per_class(validate_recipe_data(data))
+    caps = {name: {t.label: t.capacity for t in r.trials} for name, r in per.results.items()}
+    for name, want in (("chat", 3), ("rag", 8)):  # each class's largest load under its own SLO
+        assert {c.max_load for c in caps[name].values()} == {want}, (name, caps[name])
+    # one probe of the mix per configuration and load: rag's search measured only above chat's (4..8 missed by chat)
+    assert len(mixes) == len(set(mixes))
+    for cap in caps["rag"].values():
+        assert cap.mix is not None and cap.mix.classes == ["chat", "rag"] and cap.mix.reused
+        assert not set(cap.mix.reused) & set(cap.mix.measured)
+    for cap in caps["chat"].values():
+        assert cap.mix is not None and cap.mix.measured and not cap.mix.reused
+    # the speculative setting's classes each sent their traffic alone once, at their largest load
+    assert sorted(alone) == [("chat", 3), ("rag", 8)]
+    spec = [c for label, c in caps["rag"].items() if "ngram" in label]
+    assert spec and spec[0].mix.alone == 8 and "acceptance" in spec[0].mix.alone_why
+    md = (Path(per.results["rag"].tune_dir) / "tune.md").read_text()
+    assert "traffic sent" in md and "the mix of chat, rag: measured at" in md and "alone at 8" in md

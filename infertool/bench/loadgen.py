@@ -65,6 +65,7 @@ class Work:
     offsets: list[float] | None = None
     conversations: list[Conversation] | None = None
     adapters: list[str] | None = None
+    classes: list[str] | None = None  # each unit's traffic class (a level that tags its requests by class)
 
     def only(self, units: list[int]) -> Work:
         """The work of ``units`` alone (bench.classes.replay): a trace's first one leaves at once, the others at
@@ -73,7 +74,8 @@ class Work:
         return Work(len(units), None if self.prompts is None else [self.prompts[u] for u in units],
                     offsets and [t - offsets[0] for t in offsets],
                     None if self.conversations is None else [self.conversations[u] for u in units],
-                    None if self.adapters is None else [self.adapters[u] for u in units])
+                    None if self.adapters is None else [self.adapters[u] for u in units],
+                    None if self.classes is None else [self.classes[u] for u in units])
 
 
 @dataclass(frozen=True)
@@ -202,9 +204,13 @@ def unit_fn(job: Job, pool: Pool, t0: float, on_done: Callable[[], None]) -> Sen
     names = job.work.adapters  # bench.adapters: unit i asks for names[i]'s model and is tagged with it
     targets = {} if names is None else endpoints(target, names)
 
+    classes = job.work.classes  # a classed level: unit i's requests are tagged with its class
+
     def tagged(r: RequestResult, i: int) -> RequestResult:
         if names is not None:
             r.adapter = names[i]
+        if classes is not None:
+            r.cls = classes[i]
         return r
 
     convs = job.work.conversations

@@ -42,6 +42,7 @@ class RequestResult:
     think_s: float | None = None  # multi-turn: the think time waited after the previous turn's end
     text: str | None = None  # the reply's text, when the caller asked for it (multi-turn history)
     adapter: str | None = None  # bench.adapters: the mix's name this request asked for (base or an adapter)
+    cls: str | None = None  # a level that tags its traffic by class (``sweep.measure(by_class=)``): its class
 
     @property
     def tpot(self) -> float | None:

@@ -312,8 +312,23 @@ class PerAdapter(Sparse):
 
 
 @dataclass
+class ClassInMix(Record):
+    """One traffic class's requests within a level that sent the mixed traffic tagged by class
+    (``sweep.measure(by_class=)``): their figures under the class's own SLO. At a concurrency level its rates are
+    over ``seconds`` = the sum of its requests' latencies / the concurrency (Little's law: what that many of its
+    requests in flight deliver at the latencies they had in the mix); at other levels over the level's seconds
+    (its share of the mix's rate)."""
+
+    name: str = ""
+    requests: int = 0
+    share: float | None = None  # its requests / the level's
+    seconds: float | None = None
+    summary: Summary = field(default_factory=Summary)
+
+
+@dataclass
 class LevelResult(Sparse):
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("repeats", "follow", "adapters")
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("repeats", "follow", "adapters", "classes", "within")
 
     arm: str = ""
     level: LevelSpec = field(default_factory=LevelSpec)
@@ -324,10 +339,22 @@ class LevelResult(Sparse):
     repeats: Repeats | None = None  # bench.repeats.max_runs > 1: the runs and the intervals
     follow: Follow | None = None  # open-loop levels
     adapters: PerAdapter | None = None  # bench.adapters: each adapter's figures and the cost of switching
+    classes: list[ClassInMix] | None = None  # a level of the mixed traffic tagged by class: each class's figures
+    within: str | None = None  # "mix": one class's requests cut from such a level (``class_level``)
 
     @property
     def client_bound(self) -> bool:
         return self.client is not None and self.client.client_bound
+
+    def class_level(self, name: str) -> LevelResult | None:
+        """Class ``name``'s requests within this level of the mixed traffic, as a level of their own (``within``
+        "mix"): its figures (``ClassInMix``), the level's load and client; no server counters (the server counts
+        the mix, not one class's requests). None: the level kept no figures for that class."""
+        got = next((c for c in self.classes or [] if c.name == name), None)
+        if got is None:
+            return None
+        return LevelResult(arm=f"{self.arm} ({name})", level=self.level, summary=got.summary, client=self.client,
+                           timeline=[], within="mix")
 
 
 # ------------------------------------------------------------------------------------------ A/B tables

@@ -34,7 +34,7 @@ import asyncio
 import math
 import time
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any, Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Awaitable, Callable, Mapping, Sequence
 
 from infertool import net
 from infertool.bench.client import Endpoint, Refused, list_models, send, tokenize
@@ -45,8 +45,8 @@ from infertool.bench.loadgen import Job, LoopStats, Work
 from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import (JsonObject, SLO, Follow, Interval, Knee, KneeLevel, LevelResult, PerAdapter,
-                                     Repeats, Summary, TrafficClasses, Window)
+from infertool.bench.results import (JsonObject, SLO, ClassInMix, Follow, Interval, Knee, KneeLevel, LevelResult,
+                                     PerAdapter, Repeats, Summary, TrafficClasses, Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
 
@@ -56,8 +56,9 @@ if TYPE_CHECKING:
     from infertool.recipe import BenchSection, DecodeSpec, RateSweepSpec, RepeatSpec
 
 EventCallback = Callable[[JsonObject], None]
-# the levels' work (``level_work``) by (the class replayed, level kind, unit, chars per token): kept across arms
-Works = dict[tuple[str | None, str, str | None, float], Work]
+# the levels' work (``level_work``) by (the class replayed, level kind, unit, chars per token, tagged by class): kept
+# across arms
+Works = dict[tuple[str | None, str, str | None, float, bool], Work]
 WARMUP_TIMEOUT_S = 60.0  # the warm-up request's deadline (at most bench.max_duration_s)
 CONNECT_BUDGET_S = 20.0  # connect: the model list and /tokenize together
 PROGRESS_EVERY_S = 0.2  # progress events at most this often (and at the end of a level)
@@ -110,12 +111,18 @@ def trace_work(bench: BenchSection, chars_per_token: float) -> tuple[Work, list[
     return Work(len(prompts), prompts=prompts, offsets=offsets), entries
 
 
-def level_work(bench: BenchSection, level: Level, chars_per_token: float) -> Work:
+def level_work(bench: BenchSection, level: Level, chars_per_token: float, tagged: bool = False) -> Work:
     """What a level sends beyond the bench's prompt stream: a trace's prompts and offsets, sessions'
-    conversations. With bench.classes.replay, only that class's units of the level's traffic."""
+    conversations. With bench.classes.replay, only that class's units of the level's traffic; ``tagged``: the
+    whole traffic, each unit with its class (``Work.classes``: its requests are tagged with it)."""
+    which = "trace" if level.kind == "trace" else "source"
     if bench.classes.replay is not None:
-        work, units = replay_units(bench, "trace" if level.kind == "trace" else "source", chars_per_token)
+        work, units = replay_units(bench, which, chars_per_token)
         return with_adapters(work, bench).only(units)
+    if tagged:
+        work, requests = classed_traffic(bench, which, chars_per_token)
+        of_unit = {r.unit: name for r, name in zip(requests, derive(requests, _rule(bench)))}
+        return replace(with_adapters(work, bench), classes=[of_unit.get(u, "") for u in range(work.n)])
     if level.kind == "trace":
         return with_adapters(trace_work(bench, chars_per_token)[0], bench)
     if level.unit == "session":
@@ -384,24 +391,27 @@ class _Progress:
 
 def measure(handle: ServerHandle, bench: BenchSection, levels: list[Level], *, arm: str, seed_salt: int = 0,
             on_event: EventCallback | None = None, warmup: bool = False,
-            cache_salt: str | None = None, works: Works | None = None) -> list[LevelResult]:
+            cache_salt: str | None = None, works: Works | None = None,
+            by_class: Mapping[str, SLO | None] | None = None) -> list[LevelResult]:
     """``measure_levels`` run to completion: the levels of one server, measured (what the bench's sweep, its
     experiment arms and tune's capacity probes call, after ``connect``)."""
     return asyncio.run(measure_levels(handle, bench, levels, arm=arm, seed_salt=seed_salt, on_event=on_event,
-                                      warmup=warmup, cache_salt=cache_salt, works=works))
+                                      warmup=warmup, cache_salt=cache_salt, works=works, by_class=by_class))
 
 
 async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list[Level], *, arm: str, seed_salt: int = 0,
                          on_event: EventCallback | None = None, warmup: bool = False,
-                         cache_salt: str | None = None, works: Works | None = None) -> list[LevelResult]:
+                         cache_salt: str | None = None, works: Works | None = None,
+                         by_class: Mapping[str, SLO | None] | None = None) -> list[LevelResult]:
     """Each load level against the server: the summary (latencies, throughput, goodput under bench.slo,
     cost), the client's health and the server's own metrics over time; each level repeated as bench.repeats
     asks. ``arm`` names it in progress events; ``seed_salt`` gives an arm its own texts of the same lengths.
     ``cache_salt``: each run of each level sends vLLM's prefix-cache salt ``{cache_salt}-{level}-{run}``, so it
     starts from a cold cache (levels that replay the same prompts do not hit the previous one's blocks).
     ``works``: the levels' work (``level_work``) kept across calls on the same traffic (bench.per_class measures
-    each class on each arm: the traffic read and classified once a class and level kind). Bounded as the module
-    says."""
+    each class on each arm: the traffic read and classified once a class and level kind). ``by_class`` (class ->
+    its SLO): the whole traffic sent with each request tagged by class, and each level's ``classes`` the figures of
+    these classes' requests (``class_figures``). Bounded as the module says."""
     from infertool.bench.client import Pool
 
     target = Endpoint(handle.url, handle.model, bench.endpoint, handle.api_key, bench.ignore_eos)
@@ -417,10 +427,10 @@ async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list
                     await send(pool, warm, "Hello", 4, time.monotonic(),
                                timeout_s=min(WARMUP_TIMEOUT_S, bench.max_duration_s))
             for idx, level in enumerate(levels):
-                key = (bench.classes.replay, level.kind, level.unit, handle.chars_per_token)
+                key = (bench.classes.replay, level.kind, level.unit, handle.chars_per_token, by_class is not None)
                 work = works.get(key) if works is not None else None
                 if work is None:
-                    work = level_work(bench, level, handle.chars_per_token)
+                    work = level_work(bench, level, handle.chars_per_token, tagged=by_class is not None)
                     if works is not None:
                         works[key] = work
 
@@ -429,11 +439,15 @@ async def measure_levels(handle: ServerHandle, bench: BenchSection, levels: list
                     sampler = Sampler(client, handle.url.removesuffix("/v1") + "/metrics", bench.scrape_interval_s)
                     salted = target if cache_salt is None else replace(target, cache_salt=f"{cache_salt}-{idx}-{run}")
                     return await _level(pool, sampler, salted, handle, bench, level, idx, arm=arm, work=work,
-                                        seed_salt=seed_salt + REPEAT_SEED * run, on_event=on_event)
+                                        seed_salt=seed_salt + REPEAT_SEED * run, on_event=on_event,
+                                        classes=by_class)
+
+                def pooled_classes(rs: list[RequestResult], d: float, level: Level = level) -> list[ClassInMix] | None:
+                    return class_figures(rs, d, level, by_class, cost)
 
                 out.append(await repeat_runs(once, bench.repeats,
                                              lambda rs, d: summarize(rs, d, slo=slo, cost_per_hour=cost),
-                                             lambda runs, d: adapter_figures(runs, d, bench, handle)))
+                                             lambda runs, d: adapter_figures(runs, d, bench, handle), pooled_classes))
         finally:
             await pool.close()
     return out
@@ -443,8 +457,8 @@ REPEAT_SEED = 7907  # a repeat's seeds: the level's, salted by this times the ru
 
 
 async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerHandle, bench: BenchSection, level: Level, idx: int, *,
-                 arm: str, work: Work, seed_salt: int,
-                 on_event: EventCallback | None) -> tuple[LevelResult, list[RequestResult], float]:
+                 arm: str, work: Work, seed_salt: int, on_event: EventCallback | None,
+                 classes: Mapping[str, SLO | None] | None = None) -> tuple[LevelResult, list[RequestResult], float]:
     """One run of a level: sent from this process or split over several load-generator processes
     (``infertool.bench.loadgen``), then summarised. Returns (the level, its requests, its wall seconds)."""
     from infertool.bench.loadgen import choose_processes, health, run_level_processes
@@ -474,7 +488,27 @@ async def _level(pool: Pool, sampler: Sampler, target: Endpoint, handle: ServerH
         timeline=timeline_windows(results, timeline, duration,
                                   n=max(1, min(8, int(duration / (2 * bench.scrape_interval_s))))),
         follow=follow, adapters=adapter_figures([results], duration, bench, handle),
+        classes=class_figures(results, duration, level, classes, bench.cost_per_hour),
     ), results, duration
+
+
+def class_figures(results: Sequence[RequestResult], duration: float, level: Level,
+                  slos: Mapping[str, SLO | None] | None, cost_per_hour: float | None) -> list[ClassInMix] | None:
+    """Each class of ``slos`` (class -> its SLO) among a level's tagged requests (``RequestResult.cls``): its
+    figures under its own SLO (``ClassInMix``: at a concurrency level over Little's law's seconds, the sum of its
+    latencies / the concurrency; else over the level's). None without ``slos``."""
+    if slos is None:
+        return None
+    total = len(results) or 1
+    out = []
+    for name, slo in slos.items():
+        mine = [r for r in results if r.cls == name]
+        busy = sum(r.e2e for r in mine if r.e2e is not None)
+        closed = level.kind == "concurrency" and level.unit != "session" and busy > 0
+        seconds = busy / float(level.value) if closed else duration
+        out.append(ClassInMix(name=name, requests=len(mine), share=len(mine) / total, seconds=seconds,
+                              summary=summarize(mine, seconds, slo=slo, cost_per_hour=cost_per_hour)))
+    return out
 
 
 def adapter_figures(runs: list[list[RequestResult]], duration: float, bench: BenchSection,
@@ -520,6 +554,7 @@ RunOnce = Callable[[int], Awaitable[tuple[LevelResult, list[RequestResult], floa
 
 async def repeat_runs(once: RunOnce, spec: RepeatSpec, pooled: Callable[[list[RequestResult], float], Summary],
                       pooled_adapters: Callable[[list[list[RequestResult]], float], PerAdapter | None] | None = None,
+                      pooled_classes: Callable[[list[RequestResult], float], list[ClassInMix] | None] | None = None,
                       ) -> LevelResult:
     """A level run by ``once(run index)`` until ``spec`` (a RepeatSpec) is satisfied: at least min_runs, then
     until the throughput's and the goodput's intervals are within rel_width (``repeat_figures``), at most
@@ -546,7 +581,8 @@ async def repeat_runs(once: RunOnce, spec: RepeatSpec, pooled: Callable[[list[Re
                    client=max(clients, key=lambda c: (c.client_bound, c.cpu_fraction or 0.0), default=first.client),
                    repeats=rep, follow=follow,
                    adapters=pooled_adapters([rs for _, rs, _ in runs], seconds) if pooled_adapters is not None
-                   else first.adapters)
+                   else first.adapters,
+                   classes=pooled_classes(every, seconds) if pooled_classes is not None else first.classes)
 
 
 def _mean(values: list[float | int | None]) -> float | None:

@@ -211,12 +211,15 @@ def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhausti
     suffix = "-exhaustive" if exhaustive else ""
     results = {}
     recipes = [(class_recipe(recipe, p), tune_dir / CLASSES_DIR / p.name) for p in plans]
-    pool = None
+    pool, mix = None, None
     if (executor or tune_of(recipe).executor) == "local":  # one server per configuration for every class
         from infertool.resolve import resolve
+        from infertool.tune.context import MixedTraffic
         from infertool.tune.run import tune_pool
 
         pool = tune_pool(tune_dir, resolve(recipe), on_event)
+        assert recipe.bench is not None  # plan_classes refused a recipe without one
+        mix = MixedTraffic(recipe.bench, {p.name: p.slo for p in plans})  # one probe of it answers every class
     try:
         for i, p in enumerate(plans):
             emit(on_event, f"class {p.name} ({i + 1} of {len(plans)}): {p.requests} requests of a probe's traffic, "
@@ -224,7 +227,8 @@ def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhausti
             results[p.name] = run_tune(
                 recipes[i][0], exhaustive=exhaustive, executor=executor, on_event=on_event, on_trial=on_trial,
                 publish=str(Path(publish) / p.name) if publish else None, tune_dir=recipes[i][1],
-                cache=tune_dir / ".stages", checked=i > 0, pool=pool, peers=tuple(recipes[i + 1:]), sign_key=sign_key)
+                cache=tune_dir / ".stages", checked=i > 0, pool=pool, peers=tuple(recipes[i + 1:]), sign_key=sign_key,
+                mix=mix)
     finally:
         if pool is not None:
             pool.close("the tune ended")

@@ -16,7 +16,7 @@ from infertool.stages.builtin import QuantizeStageOptions
 from infertool.tune.records import TrialRecord, TrialStage
 
 if TYPE_CHECKING:
-    from infertool.recipe import Recipe
+    from infertool.recipe import BenchSection, Recipe, SLOSpec
     from infertool.resolve import Resolution
     from infertool.serve.pool import ServerPool
     from infertool.tune.space import Candidate, Space, Trial
@@ -32,16 +32,29 @@ def emit(on_event: EventCallback | None, message: str, level: str = "info") -> N
         on_event({"event": "log", "level": level, "message": message})
 
 
+@dataclass(frozen=True)
+class MixedTraffic:
+    """A per-class tune's whole traffic (``classes.run_per_class`` with the local executor): every class's capacity
+    probe of a trial is a probe of this traffic with its requests tagged by class, measured once per load and run
+    and kept for every class (``stages._search_load``). ``slos``: each tuned class's SLO (None: the class has
+    none)."""
+
+    bench: BenchSection
+    slos: dict[str, SLOSpec | None]
+
+
 class Context:
     """What every piece of one tune shares: the recipe, where things go, the clock, the callbacks."""
 
     def __init__(self, recipe: Recipe, tune_dir: Path, *, exhaustive: bool, on_event: EventCallback | None,
                  on_trial: Callable[[TrialRecord], None] | None, cache: Path | None = None,
-                 res: Resolution | None = None, pool: ServerPool | None = None, peers: tuple[tuple[Recipe, Path], ...] = ()):
+                 res: Resolution | None = None, pool: ServerPool | None = None, peers: tuple[tuple[Recipe, Path], ...] = (),
+                 mix: MixedTraffic | None = None):
         """``res``: the recipe's one resolution (``run_tune`` resolves it once; None: resolved here). ``pool``: the
         tune's servers (one start per distinct launch, shared by every stage and class; None: each stage starts and
         stops its own, as on a Ray worker). ``peers``: the other classes' recipes and tune directories of a per-class tune (their
-        capacity is measured while a trial's server is up: ``core.run_trial``)."""
+        capacity is measured while a trial's server is up: ``core.run_trial``). ``mix``: the whole traffic every
+        class's probes send (a per-class tune on local servers)."""
         from infertool.data.suites import load_suite
         from infertool.recipe import EvalSection
         from infertool.resolve import resolve
@@ -82,6 +95,7 @@ class Context:
         self.pool = pool
         self.first_start = len(pool.records) if pool is not None else 0  # the pool's starts before this tune
         self.peer_recipes = peers
+        self.mix = mix
 
     def elapsed(self) -> float:
         return time.monotonic() - self.t0
@@ -100,7 +114,7 @@ class Context:
     def peers(self) -> list[Context]:
         """The other classes' contexts of a per-class tune (the same cache and servers; their own traffic and SLO)."""
         return [Context(r, d, exhaustive=self.exhaustive, on_event=self.on_event, on_trial=None, cache=self.cache,
-                        pool=self.pool) for r, d in self.peer_recipes]
+                        pool=self.pool, mix=self.mix) for r, d in self.peer_recipes]
 
     @cached_property
     def space(self) -> Space:

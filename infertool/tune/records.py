@@ -210,6 +210,21 @@ class LoadCeiling(Sparse):
 
 
 @dataclass
+class MixUse(Sparse):
+    """Where a per-class tune's capacity of one class came from (``stages._search_load``): each probe one of the
+    whole traffic, its requests tagged by class, this class's requests cut from it (``LevelResult.class_level``);
+    a probe of the class's traffic alone only where the mix cannot answer."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("alone", "alone_why")
+
+    classes: list[str] = field(default_factory=list)  # the classes each probe of the mix was cut for
+    reused: list[int] = field(default_factory=list)  # loads whose probe of the mix was measured before (another class's search, or before a resume)
+    measured: list[int] = field(default_factory=list)  # loads measured for this class's search (the mix, where no earlier search had reached)
+    alone: int | None = None  # the load of this class's own probe (its traffic alone), when it has one
+    alone_why: str | None = None  # what the mix cannot answer there
+
+
+@dataclass
 class CapacityResult(StageSummary):
     """The largest concurrency at which the trial's server meets the SLO, and the measurement there."""
 
@@ -229,8 +244,9 @@ class CapacityResult(StageSummary):
     cost_ci: list[float | None] | None = None  # $/1M at max_load from the throughput's interval
     runs: int | None = None  # bench runs the search made (repeats included)
     ceiling: LoadCeiling | None = None  # the top of the search's range, what sets it, whether it was reached
+    mix: MixUse | None = None  # a per-class tune: the probes were the mixed traffic's, this class's cut from them
 
-    OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("ceiling",)
+    OMIT_NONE: ClassVar[tuple[str, ...]] = StageSummary.OMIT_NONE + ("ceiling", "mix")
 
     @property
     def at_ceiling(self) -> bool:

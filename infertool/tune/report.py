@@ -21,7 +21,7 @@ from infertool.summaries import Published
 from infertool.records import JSONView
 from infertool.tune import outlook, search
 from infertool.tune.records import (
-    Screening, ScreenResult, ServeValue, TrialDecode, TrialRecord, TuneDoc,
+    MixUse, Screening, ScreenResult, ServeValue, TrialDecode, TrialRecord, TuneDoc,
 )
 from infertool.tune.space import OUTPUT_SETTINGS, Trial
 
@@ -92,8 +92,9 @@ def load_rows(doc: TuneDoc) -> list[list[str]]:
     """Each measured trial's load search: the largest load meeting the SLO, its ceiling (the top of the search's
     range), the bound that sets it, whether the search reached it, the probes and bench runs, why it stopped;
     only the header when no trial has a capacity search."""
+    mixed = any(t.capacity is not None and t.capacity.mix is not None for t in doc.trials)
     rows = [["trial", "max load [proven range]", "ceiling", "set by", "reached", "probes (bench runs)",
-             "why the search stopped"]]
+             *(["traffic sent"] if mixed else []), "why the search stopped"]]
     for t in doc.trials:
         cap = t.capacity
         if cap is None:
@@ -102,8 +103,31 @@ def load_rows(doc: TuneDoc) -> list[list[str]]:
         reached = "-" if c is None else "yes" if cap.at_ceiling else "no"
         rows.append([t.id, _max_load(t), _f(c.load) if c is not None else "-",
                      search.ceiling_bound(c) if c is not None else "-", reached,
-                     f"{len(cap.probes)} ({_f(cap.runs)})", cap.stopped or "-"])
+                     f"{len(cap.probes)} ({_f(cap.runs)})", *([_traffic(cap.mix)] if mixed else []),
+                     cap.stopped or "-"])
     return rows
+
+
+def _traffic(mix: MixUse | None) -> str:
+    """Where a class's probes came from in a per-class tune: the mix's probes measured for its search, those read
+    (measured before for another class), its own probe of its traffic alone and why."""
+    if mix is None:
+        return "its own traffic"
+    def loads(xs: list[int]) -> str:
+        return ", ".join(map(str, xs)) or "none"
+
+    text = f"the mix of {', '.join(mix.classes)}: measured at {loads(mix.measured)}, read at {loads(mix.reused)}"
+    if mix.alone is not None:
+        text += f"; alone at {mix.alone} ({mix.alone_why})"
+    return text
+
+
+MIX_NOTE = ("In a per-class tune every class's probe of a configuration is one probe of the whole traffic, its "
+            "requests tagged by class: each class's latency and goodput are its own requests' under its own SLO, and "
+            "its throughput at a load is Little's law over them (the load x its tokens per request / its latency per "
+            "request). A probe made for one class's search is read by the next. A class sends its traffic alone only "
+            "where the mix cannot answer: a speculative setting's acceptance per draft position, which the server "
+            "counts for the whole mix.")
 
 
 LOAD_NOTE = ("Each trial's load search doubles, then bisects, over concurrency up to its ceiling: the engine's "
@@ -479,7 +503,8 @@ def render_markdown(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> 
     if len(pvm := outlook.predicted_rows(doc)) > 1:
         parts += ["## Predicted vs measured", "", outlook.PREDICTED_NOTE, "", md_table(pvm), ""]
     if len(loads := load_rows(doc)) > 1:
-        parts += ["## Load search", "", LOAD_NOTE, "", md_table(loads), ""]
+        parts += ["## Load search", "", LOAD_NOTE, "", *([MIX_NOTE, ""] if len(loads[0]) > 7 else []),
+                  md_table(loads), ""]
     parts += ["## Accuracy as served", "", ACCURACY_NOTE, "", md_table(accuracy_rows(doc)), ""]
     if len(lossless := lossless_rows(doc)) > 1:
         parts += ["## Speculation is lossless, checked", "", LOSSLESS_NOTE, "", md_table(lossless), ""]
@@ -514,7 +539,8 @@ def render_html(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
     if len(pvm := outlook.predicted_rows(doc)) > 1:
         body += ["<h2>Predicted vs measured</h2>", f"<p>{inline(outlook.PREDICTED_NOTE)}</p>", html_table(pvm)]
     if len(loads := load_rows(doc)) > 1:
-        body += ["<h2>Load search</h2>", f"<p>{inline(LOAD_NOTE)}</p>", html_table(loads)]
+        body += ["<h2>Load search</h2>", f"<p>{inline(LOAD_NOTE)}</p>",
+                 *([f"<p>{inline(MIX_NOTE)}</p>"] if len(loads[0]) > 7 else []), html_table(loads)]
     body += ["<h2>Accuracy as served</h2>", f"<p>{inline(ACCURACY_NOTE)}</p>", html_table(accuracy_rows(doc))]
     if len(lossless := lossless_rows(doc)) > 1:
         body += ["<h2>Speculation is lossless, checked</h2>", f"<p>{inline(LOSSLESS_NOTE)}</p>", html_table(lossless)]

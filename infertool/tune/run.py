@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Callable
 
 from infertool.errors import UsageError
 from infertool.tune import space
-from infertool.tune.context import Context, EventCallback, emit
+from infertool.tune.context import Context, EventCallback, MixedTraffic, emit
 from infertool.tune.core import TuneResult, finish, plan_search, publish_destination
 from infertool.tune.executor import execute
 from infertool.tune.records import TrialRecord
@@ -24,11 +24,11 @@ def run_tune(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: b
              publish: str | None = None, tune_dir: Path | None = None, cache: Path | None = None,
              sign_key: str | None = None,
              checked: bool = False, pool: ServerPool | None = None,
-             peers: tuple[tuple[Recipe, Path], ...] = ()) -> TuneResult:
+             peers: tuple[tuple[Recipe, Path], ...] = (), mix: MixedTraffic | None = None) -> TuneResult:
     """One tune (``tune_dir``: where, default <out_dir>/<recipe name>; ``cache``: a shared stage cache, default
     its own; ``checked``: the environments and lm-eval's preflight already checked, by a per-class tune; ``pool``:
     the servers shared with the other classes' tunes, default its own (local executor); ``peers``: the other
-    classes, measured while a trial's server is up)."""
+    classes, measured while a trial's server is up; ``mix``: the whole traffic their probes send)."""
     if recipe.tune is None:
         raise UsageError(f"recipe {recipe.name!r} has no tune section",
                          hint="add one (candidates, serve_grid, objective): `infertool recipes show quickstart-tune`")
@@ -51,7 +51,7 @@ def run_tune(recipe: Recipe, *, out_dir: str | Path | None = None, exhaustive: b
         pool = tune_pool(tune_dir, res, on_event)
     try:
         ctx = Context(recipe, tune_dir, exhaustive=exhaustive, on_event=on_event, on_trial=on_trial, cache=cache,
-                      res=res, pool=pool, peers=peers)
+                      res=res, pool=pool, peers=peers, mix=mix)
         ctx.publish_to = publish_to
         ctx.sign_key = sign_key
         if executor == "local" and not checked:

@@ -3,7 +3,8 @@
 A trial whose serve settings speculate (``speculative``) is measured by its capacity probes, whose bench levels
 (levels.json in its capacity stage's entry) carry vLLM's spec-decode counters (bench's ``ServerMetrics``). From
 them, pooled over every probe run (weighted by drafts): the acceptance rate of each draft position, the acceptance
-rate and the mean accepted length. Against its sibling without speculation (the same candidate and serve settings,
+rate and the mean accepted length (a per-class tune's: from the class's own probe of its traffic alone, since the
+server counts the whole mix). Against its sibling without speculation (the same candidate and serve settings,
 speculative none: ``sibling``), at the concurrencies both probed, each load's runs pooled: bench.per_class's
 pairing and crossover (``bench.perclass.spec_variant``: the figure that decides is goodput under the SLO, else
 output tok/s, with its interval over the runs), so the concurrency above which speculation no longer pays is said
@@ -22,7 +23,8 @@ from infertool.bench.results import Interval, LevelResult, Repeats, ServerMetric
 from infertool.metricspec import GOODPUT, OUTPUT_TOKEN_THROUGHPUT
 from infertool.tune.records import ServeValue, SpecFigures, TrialRecord
 
-__all__ = ["by_concurrency", "capacity_levels", "figures", "fill", "pooled_counters", "sibling", "speculative"]
+__all__ = ["by_concurrency", "capacity_levels", "figures", "fill", "pooled_counters", "searched", "sibling",
+           "speculative"]
 
 LEVELS = "levels.json"  # the capacity stage's bench levels, in its entry
 Levels = Callable[[TrialRecord], list[LevelResult] | str]  # a trial's capacity levels, or why there are none
@@ -102,6 +104,13 @@ def pooled_counters(levels: list[LevelResult]) -> ServerMetrics:
         spec_decode_drafts=sum(counted) if counted else None, spec_decode_acceptance_per_pos=per_pos)
 
 
+def searched(levels: list[LevelResult]) -> list[LevelResult]:
+    """The levels a load search judged: a per-class tune's cut from the mixed traffic when it has them (its probe
+    of the class alone, for the acceptance, is apart), else every level."""
+    mixed = [lv for lv in levels if lv.within == "mix"]
+    return mixed or levels
+
+
 def _concurrency(lv: LevelResult) -> int | None:
     v = lv.level.value
     return int(v) if lv.level.kind == "concurrency" and isinstance(v, (int, float)) and v == int(v) else None
@@ -169,7 +178,7 @@ def figures(rec: TrialRecord, records: list[TrialRecord], *, slo_set: bool, conf
     if isinstance(mine, str):
         out.notes.append(f"acceptance and crossover not measured: {mine}")
         return out
-    sm = pooled_counters(mine)
+    sm = pooled_counters([lv for lv in mine if lv.within is None])  # a class cut from the mix has no counters
     out.probes = len(mine)
     out.acceptance_per_pos, out.acceptance_rate = sm.spec_decode_acceptance_per_pos, sm.spec_decode_acceptance_rate
     out.mean_accepted_len, out.drafts = sm.spec_decode_mean_accepted_len, sm.spec_decode_drafts
@@ -186,7 +195,7 @@ def figures(rec: TrialRecord, records: list[TrialRecord], *, slo_set: bool, conf
     if isinstance(theirs, str):
         out.notes.append(f"crossover not measured: {theirs}")
         return out
-    on, off = by_concurrency(mine, confidence), by_concurrency(theirs, confidence)
+    on, off = by_concurrency(searched(mine), confidence), by_concurrency(searched(theirs), confidence)
     common = sorted(set(on) & set(off))
     if not common:
         out.notes.append(f"crossover not measured: no concurrency probed by both (this trial: "

@@ -10,6 +10,8 @@ Each body reads its recipe (``ctx.recipe``: the stage's view of the trial's), th
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
@@ -24,16 +26,17 @@ from infertool.stages.builtin import resolution
 from infertool.tune import search
 from infertool.records import JSONView
 from infertool.tune.records import (
-    CapacityResult, Judgement, LoadCeiling, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult, ServedCheck,
-    ServeValue, TrialDecode, TrialRecord,
+    CapacityResult, Judgement, LoadCeiling, MixUse, Probe, ProbeSummary, ReferenceSummary, Round, ScreenResult,
+    ServedCheck, ServeValue, TrialDecode, TrialRecord,
 )
 
 if TYPE_CHECKING:
     from infertool.bench.results import LevelResult
+    from infertool.bench.sweep import ServerHandle
     from infertool.evaluate.lossless import LosslessChecks
     from infertool.evaluate.phases import Phase, Served
     from infertool.evaluate.server_engine import Client
-    from infertool.recipe import Recipe, ServeSection, TuneLoadSearch
+    from infertool.recipe import BenchSection, Recipe, ServeSection, TuneLoadSearch
     from infertool.resolve import ModelRef, Resolution
     from infertool.serve.launches import Launched, LaunchPlan
     from infertool.tune.context import Context, EventCallback, TrialJob
@@ -474,11 +477,17 @@ def run_capacity(ctx: StageContext) -> CapacityResult:
     with launch(plan, ctx.work / "vllm.log", on_event=ctx.on_event, label=f"capacity {trial.label}",
                 pool=ctx.servers, alone=True) as srv:
         journal = ProbeJournal(tune.cache / "probes" / f"capacity-{ctx.job.keys.get('capacity', trial.id)}")
-        result = _search_load(ctx, res, srv, hi, levels, journal)
+        probes = Probes(ctx, srv, journal)
+        result = _search_load(ctx, res, srv, hi, levels, probes)
+        if probes.mix is not None and trial.recipe.serve is not None and trial.recipe.serve.speculative is not None:
+            c = result.max_load or load.min_concurrency  # what the drafts did for this class: its traffic alone
+            levels.append(probes.alone(c, "the acceptance per draft position is the server's count, one for every "
+                                          "request in the mix: only this class's traffic alone gives its own"))
         argv = srv.plan.spec.argv
     write_json(ctx.work / "levels.json", levels, indent=None)
     cap = capacity_result(result, load, hi, levels, argv=argv, serve=res.settings(res.served),
                           price=trial.price_per_hour, confidence=load.repeats.confidence, ceiling=ceiling)
+    cap.mix = probes.use
     if cap.at_ceiling:
         ctx.emit(f"capacity {trial.label}: {cap.stopped}")
     return cap
@@ -523,32 +532,100 @@ def repeat_policy(tune: Context) -> search.RepeatPolicy:
                                slo=SLO.from_dict(slo).bounds())
 
 
-def _search_load(ctx: StageContext, res: Resolution, srv: Launched, hi: int, levels: list[LevelResult],
-                 journal: ProbeJournal | None = None) -> search.LoadSearch:
-    """Probe the server at concurrencies (every one when exhaustive, else doubling then bisection), a probe near
-    the SLO edge repeated until decided; each level measured (``LevelResult``) goes into ``levels``. Not
-    exhaustive, a search ends early when a missed load proves the trial cannot beat the best objective so far."""
-    from infertool.bench.sweep import ServerHandle, connect, measure
-    from infertool.bench.traffic import Level
+class Probes:
+    """A capacity stage's bench runs on its server: a run of the stage's traffic at a load (``once``), kept in its
+    journal. In a per-class tune on local servers (``Context.mix``) a run is instead the whole traffic's, its
+    requests tagged by class, kept in the trial's mix journal for every class, this class's requests cut from it
+    (``MixUse`` says which loads were measured for this class and which were read); ``alone``: one run of the
+    class's traffic alone, for what the mix cannot answer."""
 
+    def __init__(self, ctx: StageContext, srv: Launched, journal: ProbeJournal | None) -> None:
+        from infertool.bench.results import SLO
+
+        tune = ctx.job.tune
+        self.ctx, self.srv, self.journal, self.warm = ctx, srv, journal, True
+        self.requests = tune.tune.load.requests or tune.bench.requests
+        name, mix = tune.bench.classes.replay, tune.mix
+        self.mix = mix if mix is not None and name is not None and name in mix.slos else None
+        self.name = name or ""
+        self.use = MixUse(classes=sorted(mix.slos)) if self.mix is not None else None
+        self.slos = {} if mix is None else {
+            n: SLO(s.ttft_ms, s.tpot_ms, s.e2e_ms) if s is not None else None for n, s in mix.slos.items()}
+        if self.mix is not None:  # the trial's whole traffic: the same server settings, traffic and search
+            key = json.dumps([ctx.job.trial.id, self.mix.bench.model_dump(mode="json"),
+                              tune.tune.load.model_dump(mode="json")], sort_keys=True, default=str)
+            self.mixed = ProbeJournal(tune.cache / "probes" / f"mix-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+
+    @functools.cached_property
+    def handle(self) -> ServerHandle:
+        """The server, connected on the first run (its model name, the checkpoint's characters per token)."""
+        from infertool.bench.sweep import ServerHandle, connect
+
+        srv = self.srv
+        return connect(ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict()), self.ctx.job.tune.bench)
+
+    def _measure(self, bench: BenchSection, c: int, run: int, arm: str, tagged: bool = False) -> LevelResult:
+        from infertool.bench.sweep import measure
+        from infertool.bench.traffic import Level
+
+        bench = bench.model_copy(update={"requests": max(self.requests, 2 * c)})
+        (level,) = measure(self.handle, bench, [Level("concurrency", c)], arm=arm + (f"-r{run + 1}" if run else ""),
+                           on_event=self.ctx.on_event, warmup=self.warm, seed_salt=run,
+                           by_class=self.slos if tagged else None)
+        self.warm = False
+        return level
+
+    def once(self, c: int, run: int) -> LevelResult:
+        """The level of one run at concurrency ``c`` (read back when a run of the same key was measured)."""
+        label = self.ctx.job.trial.label
+        if self.mix is not None and self.use is not None:
+            whole = self.mixed.read(c, run)
+            if whole is None:
+                whole = self._measure(self.mix.bench, c, run, f"mix c{c}", tagged=True)
+                self.mixed.write(c, run, whole)
+                self.use.measured = sorted({*self.use.measured, c})
+            else:
+                self.use.reused = sorted({*self.use.reused, c})
+                self.ctx.emit(f"capacity {label} (class {self.name}): concurrency {c} run {run + 1}: the mixed "
+                              "traffic's probe, measured before, read")
+            mine = whole.class_level(self.name)
+            if mine is not None and mine.summary.requests:
+                return mine
+        level = self.journal.read(c, run) if self.journal is not None else None
+        if level is not None:  # measured before an interruption: the same probe of the same stage key
+            self.ctx.emit(f"capacity {label}: concurrency {c} run {run + 1}: measured before, reused")
+            return level
+        level = self._measure(self.ctx.job.tune.bench, c, run, f"c{c}")
+        if self.journal is not None:
+            self.journal.write(c, run, level)
+        return level
+
+    def alone(self, c: int, why: str) -> LevelResult:
+        """One run of the class's traffic alone at ``c`` (``MixUse.alone``, ``why``), kept in the stage's journal
+        apart from the search's runs."""
+        level = self.journal.read(c, -1) if self.journal is not None else None
+        if level is None:
+            level = self._measure(self.ctx.job.tune.bench, c, 0, f"alone c{c}")
+            if self.journal is not None:
+                self.journal.write(c, -1, level)
+        if self.use is not None:
+            self.use.alone, self.use.alone_why = c, why
+        return level
+
+
+def _search_load(ctx: StageContext, res: Resolution, srv: Launched, hi: int, levels: list[LevelResult],
+                 probes: Probes | None = None) -> search.LoadSearch:
+    """Probe the server at concurrencies (every one when exhaustive, else doubling then bisection), a probe near
+    the SLO edge repeated until decided; each level measured (``LevelResult``, by ``probes``: default the
+    stage's traffic, unjournaled) goes into ``levels``. Not exhaustive, a search ends early when a missed load
+    proves the trial cannot beat the best objective so far."""
     tune, trial = ctx.job.tune, ctx.job.trial
+    probes = probes if probes is not None else Probes(ctx, srv, None)
     load = tune.tune.load
-    requests_n = load.requests or tune.bench.requests
-    handle = connect(ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict()), tune.bench)  # the checkpoint too
-    warm = [True]
     policy = repeat_policy(tune)
 
     def once(c: int, run: int) -> ProbeSummary:
-        level = journal.read(c, run) if journal is not None else None
-        if level is not None:  # measured before an interruption: the same probe of the same stage key
-            ctx.emit(f"capacity {trial.label}: concurrency {c} run {run + 1}: measured before, reused")
-        else:
-            bench = tune.bench.model_copy(update={"requests": max(requests_n, 2 * c)})
-            (level,) = measure(handle, bench, [Level("concurrency", c)], arm=f"c{c}" + (f"-r{run + 1}" if run else ""),
-                               on_event=ctx.on_event, warmup=warm[0], seed_salt=run)
-            warm[0] = False
-            if journal is not None:
-                journal.write(c, run, level)
+        level = probes.once(c, run)
         levels.append(level)
         return search.short_summary(level.summary)
 
@@ -570,9 +647,9 @@ def _search_load(ctx: StageContext, res: Resolution, srv: Launched, hi: int, lev
     start = capacity_start(trial, res, srv.url, srv.model, load.min_concurrency, hi, on_event=ctx.on_event,
                            headers={"Authorization": f"Bearer {srv.api_key}"} if srv.api_key else None)
     if tune.exhaustive:
-        probes = [tracked(c) for c in range(load.min_concurrency, hi + 1)]
-        good = [p.concurrency for p in probes if p.ok]
-        result = search.LoadSearch(max(good) if good else 0, probes,
+        every = [tracked(c) for c in range(load.min_concurrency, hi + 1)]
+        good = [p.concurrency for p in every if p.ok]
+        result = search.LoadSearch(max(good) if good else 0, every,
                                    f"every concurrency from {load.min_concurrency} to {hi} measured")
     else:
         try:
