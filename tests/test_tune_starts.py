@@ -171,6 +171,36 @@ def test_a_calibration_bounds_the_probes(smol, tmp_path):
     assert est.high_s is None and est.uncalibrated == [trials[1].id] and "at least" in est.text
 
 
+def test_a_per_class_estimate_counts_one_search_of_the_mix_and_each_class_alone_once_per_speculative_setting(
+        smol, tmp_path):
+    """A per-class tune on local servers sends the whole traffic once per probe (every class read from it): one
+    search a trial, not one a class; a speculative trial adds one run of each class alone at its top load. On Ray
+    each class replays its own traffic: a search a class."""
+    data = tune_recipe(smol, tmp_path)
+    data["tune"]["serve_grid"] = {"max_num_seqs": [4], "speculative": [None, {"method": "ngram",
+                                                                              "num_speculative_tokens": 2}]}
+    r, trials, plan = _plan(data)
+    cal = Calibration("k", [StepPoint(1, 0.02), StepPoint(4, 0.05)], prefill_per_token_s=0.001, prefill_fixed_s=0.05)
+    for t in trials:
+        t.prediction.calibration = "k"
+    run = [t for t in trials if t.prediction.runs]
+    est = starts.estimate(plan, r, trials, times=[], host="h", model="m", accelerator="cpu",
+                          calibration=lambda key: cal, class_requests=[3, 1])
+    n = r.bench.requests
+    searches = [starts.probe_range(t, cal, n, r) for t in run]
+    alone = sum(starts.run_seconds(cal, starts.load_top(t, r), k, r.bench.prompt.len, r.bench.output_len,
+                                   t.max_num_seqs) for t in run if t.recipe.serve.speculative is not None for k in (3, 1))
+    assert alone > 0 and est.probes_s == [round(sum(a for a, _ in searches) + alone, 1),
+                                          round(sum(b for _, b in searches) + alone, 1)]
+    assert "the whole traffic's" in est.probe_basis
+    ray = r.model_copy(update={"tune": r.tune.model_copy(update={"executor": "ray"})})
+    est = starts.estimate(plan, ray, trials, times=[], host="h", model="m", accelerator="cpu",
+                          calibration=lambda key: cal, class_requests=[3, 1])
+    per_class = [starts.probe_range(t, cal, k, ray) for t in run for k in (3, 1)]
+    assert est.probes_s == [round(sum(a for a, _ in per_class), 1), round(sum(b for _, b in per_class), 1)]
+    assert "each class's requests a probe (3, 1)" in est.probe_basis
+
+
 def test_start_times_keep_the_latest_vllm_starts_only(tmp_path, monkeypatch):
     f = tmp_path / "starts.json"
     monkeypatch.setattr(start_times, "KEEP", 3)

@@ -238,12 +238,22 @@ def probe_range(trial: Trial, cal: Calibration, requests: int, recipe: Recipe) -
     assert bench is not None  # a tune recipe has one
     load = recipe.tune.load if recipe.tune is not None else TuneLoadSearch()
     seqs = trial.max_num_seqs or (trial.recipe.serve.max_num_seqs if trial.recipe.serve else None)
+    ends = [run_seconds(cal, c, requests, bench.prompt.len, bench.output_len, seqs)
+            for c in (load.min_concurrency, load_top(trial, recipe))]
+    return load.repeats.min_runs * min(ends), load.max_probes * load.repeats.max_runs * max(ends)
+
+
+def load_top(trial: Trial, recipe: Recipe) -> int:
+    """The top of a trial's load search: tune.load.max_concurrency, else its max_num_seqs, else 64; no more than
+    its KV cache holds."""
+    from infertool.recipe import TuneLoadSearch
+
+    load = recipe.tune.load if recipe.tune is not None else TuneLoadSearch()
+    seqs = trial.max_num_seqs or (trial.recipe.serve.max_num_seqs if trial.recipe.serve else None)
     hi = load.max_concurrency or seqs or 64
     if trial.prediction.max_batch_by_kv:
         hi = max(load.min_concurrency, min(hi, trial.prediction.max_batch_by_kv))
-    ends = [run_seconds(cal, c, requests, bench.prompt.len, bench.output_len, seqs)
-            for c in (load.min_concurrency, hi)]
-    return load.repeats.min_runs * min(ends), load.max_probes * load.repeats.max_runs * max(ends)
+    return hi
 
 
 def duration(seconds: float) -> str:
@@ -267,6 +277,7 @@ def estimate(plan: StartPlan, recipe: Recipe, trials: Sequence[Trial], *, times:
     assert bench is not None and tune is not None  # a tune recipe has both
     per_probe = tune.load.requests or bench.requests
     run = [t for t in trials if t.prediction.runs]
+    mixed = bool(class_requests) and tune.executor == "local"  # each probe the whole traffic, every class read from it
     calibrated, missing, p_lo, p_hi = [], [], 0.0, 0.0
     for t in run:
         cal = calibration(t.prediction.calibration) if t.prediction.calibration else None
@@ -274,12 +285,17 @@ def estimate(plan: StartPlan, recipe: Recipe, trials: Sequence[Trial], *, times:
             missing.append(t.id)
             continue
         calibrated.append(t.id)
-        for n in class_requests or [per_probe]:
+        for n in [per_probe] if mixed or not class_requests else class_requests:
             lo, hi = probe_range(t, cal, n, recipe)
             p_lo, p_hi = p_lo + lo, p_hi + hi
+        if mixed and t.recipe.serve is not None and t.recipe.serve.speculative is not None:  # each class alone once
+            alone = sum(run_seconds(cal, load_top(t, recipe), n, bench.prompt.len, bench.output_len, t.max_num_seqs)
+                        for n in class_requests)
+            p_lo, p_hi = p_lo + alone, p_hi + alone
     starts_lo, starts_hi = plan.starts * lo1, plan.starts * hi1
-    rq = ("each class's requests a probe (" + ", ".join(map(str, class_requests)) + ")" if class_requests
-          else f"{per_probe} requests a probe")
+    rq = (f"the whole traffic's {per_probe} requests a probe, every class read from it, and each class's alone "
+          "once per speculative setting" if mixed else "each class's requests a probe ("
+          + ", ".join(map(str, class_requests)) + ")" if class_requests else f"{per_probe} requests a probe")
     probe_basis = (f"{len(calibrated)} capacity search(es) by this host's calibration of the engine's step cost: "
                    f"{tune.load.repeats.min_runs} to {tune.load.max_probes} x {tune.load.repeats.max_runs} runs of "
                    f"{rq}, {bench.prompt.len} prompt + {bench.output_len} output tokens each"
