@@ -257,8 +257,7 @@ class InitFacts:
 
 @dataclass(frozen=True)
 class QuantProposal:
-    """The quantize section `infertool init` proposes (a backend's choice, or a --method preset), its fields in the
-    recipe's order; None: left out of the recipe."""
+    """The quantize section `infertool init` proposes (a backend's choice or a --method preset); None: left out."""
 
     method: str
     backend: str | None = None

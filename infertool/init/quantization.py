@@ -55,12 +55,17 @@ def propose_quantization(method: str, info: ModelInfo, target: InitTarget, traff
                   decide: Choices) -> tuple[QuantProposal, str, str, bool]:
     """The quantize section of ``method`` with its group size and calibration where it has them (the preflight's
     rules): (section, name tag, label, activations quantized)."""
+    from infertool import backends
     from infertool.quantize.preflight import PreflightFailed
 
     calibration = {"source": "builtin", "samples": traffic.samples, "seq_len": traffic.seq_len, "seed": 0}
     given = METHODS.get(method)
-    if given is None:
-        q = _choose_quantization(info, target, decide)
+    if given is None:  # the quantization the target's vLLM serves: the backends propose it, with their reasons
+        arch_name = (info.architectures or [info.model_type or "?"])[0]
+        choice = backends.init_choice(info.model_type, arch_name, target.resolve_target(), target.host)
+        for f, v, why, lvl in choice.decisions:
+            decide(f, v, why, lvl)
+        q = choice.quantize
         if method != "default" and q.scheme == "W8A8":  # --method gptq / w4a16 where the backends would not propose 4-bit
             q = QuantProposal("gptq", bits=4)
             decide("quantize.method", "gptq", f"--method {method}: 4-bit GPTQ as asked, although the target's vLLM "
@@ -89,18 +94,6 @@ def propose_quantization(method: str, info: ModelInfo, target: InitTarget, traff
     label = ("W8A8 int8 (llm-compressor)" if w8a8 else f"{q.method.upper()} {bits}-bit" + (f" {group}" if group else "")
              + (f" ({q.backend})" if q.backend else ""))
     return q, tag, label, w8a8
-
-
-def _choose_quantization(info: ModelInfo, target: InitTarget, decide: Choices) -> QuantProposal:
-    """The quantization the target's vLLM serves (method, backend, scheme, bits: the backends propose it, with
-    their reasons)."""
-    from infertool import backends
-
-    arch_name = (info.architectures or [info.model_type or "?"])[0]
-    choice = backends.init_choice(info.model_type, arch_name, target.resolve_target(), target.host)
-    for f, v, why, lvl in choice.decisions:
-        decide(f, v, why, lvl)
-    return choice.quantize
 
 
 def preflighter(info: ModelInfo, target: InitTarget) -> Preflight:
