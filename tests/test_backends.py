@@ -37,7 +37,7 @@ def test_one_registry_line_per_backend_and_the_default_decided_once():
     assert backends.get("gptq", "llmcompressor").env == "llmcompressor"
     # the recipe's default backend is the registry's: a section without `backend` gets the method's default
     assert section(method="gptq").backend == "gptqmodel" and backends.of(section(method="awq")).name == "gptqmodel"
-    assert backends.of(section(method="gptq", backend="llmcompressor")).name == "llmcompressor"
+    assert backends.of({"method": "gptq", "backend": "llmcompressor"}).name == "llmcompressor"
     assert backends.of(section(method="bnb")).name == "bitsandbytes" and not backends.get("bnb").in_recipe
 
 

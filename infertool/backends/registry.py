@@ -89,9 +89,13 @@ def get(method: str, name: str | None = None) -> QuantBackend:
     raise UsageError(f"no backend {name!r} does method {method!r}", hint=f"backends for {method}: {known}")
 
 
-def of(q: QuantizeConfig) -> QuantBackend[Any]:  # Any: whichever config type it does
-    """The backend of a validated quantize section."""
-    return type(q).impl
+def of(q: QuantizeConfig | dict) -> QuantBackend[Any]:  # Any: whichever config type it does
+    """The backend of a validated quantize section (a QuantizeConfig), or of its dict (method, backend)."""
+    if isinstance(q, QuantizeConfig):
+        return type(q).impl
+    method, backend = q["method"], q.get("backend")
+    b = default_for(method)
+    return b if not b.in_recipe or backend is None else get(method, backend)
 
 
 def worker_tasks() -> Iterator[tuple[str, WorkerTask]]:
