@@ -25,8 +25,7 @@ class Preflight(Protocol):
 # --method NAME -> the quantize section it means (None: the backends' own 4-bit choice, init_choice), only what
 # the backends here produce (llm-compressor's W8A8 int8 preset; round-to-nearest FP8_DYNAMIC, backends/rtn.py)
 METHODS: dict[str, QuantProposal | None] = {
-    "gptq": None,
-    "w4a16": None,
+    "gptq": None, "w4a16": None,
     "awq": QuantProposal("awq", bits=4),
     "w8a8": QuantProposal("gptq", "llmcompressor", "W8A8", 8),
     "fp8": QuantProposal("rtn", scheme="FP8_DYNAMIC"),

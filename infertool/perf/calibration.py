@@ -63,15 +63,12 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: object) -> "Calibration | None":
-        """A calibration read back (the file's one reader: its fields validated by pydantic), or None when ``data``
-        is not one this version can use (another format, a missing, malformed or non-finite figure): the caller
-        measures again instead of trusting it."""
+        """A calibration read back (its fields validated by pydantic), or None when ``data`` is not one this version
+        can use (no or another format, a missing, malformed or non-finite figure): the caller measures again."""
         from pydantic import TypeAdapter, ValidationError
 
-        if not isinstance(data, dict) or "format" not in data:  # a file without its format is none of ours
-            return None
         try:
-            return TypeAdapter(cls).validate_python(data).usable()
+            return TypeAdapter(cls).validate_python(data).usable() if isinstance(data, dict) and "format" in data else None
         except ValidationError:
             return None
 
