@@ -255,11 +255,26 @@ class InitFacts:
         return not (self.target_kind == "cpu" and (self.cpu_isa != "avx512" or (self.four_bit or ("",))[0] == "error"))
 
 
+@dataclass(frozen=True)
+class QuantProposal:
+    """The quantize section `infertool init` proposes (a backend's choice or a --method preset); None: left out."""
+
+    method: str
+    backend: str | None = None
+    scheme: str | None = None
+    bits: int | None = None
+    group_size: int | None = None
+    calibration: dict[str, Any] | None = None  # Any: the calibration section's values (source, samples, ...)
+
+    def section(self) -> dict[str, Any]:  # Any: the recipe's values
+        return {k: v for k, v in vars(self).items() if v is not None}
+
+
 @dataclass
 class InitChoice:
-    """A backend's proposal for `infertool init`: the quantize fields, and each decision with its reason."""
+    """A backend's proposal for `infertool init`: the quantize section, and each decision with its reason."""
 
-    section: dict
+    quantize: QuantProposal
     decisions: list[tuple[str, Any, str, str]]  # Any: a recipe value. (recipe path, value, why, level "info" | "warning"), in order
 
 

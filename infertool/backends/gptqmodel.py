@@ -17,7 +17,7 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 from infertool.atomic import atomic_path, write_json
 from infertool.backends.base import (
     CPU_AVX2, CPU_AVX512, CPU_OTHER, CUDA, SERVES, UNKNOWN, Check, CompareSpec, ComputeDtype, InitChoice, InitFacts,
-    ModelFacts, QuantBackend, ReferenceSpec, Serving, TaskInputs, check,
+    ModelFacts, QuantBackend, QuantProposal, ReferenceSpec, Serving, TaskInputs, check,
 )
 from infertool.backends.greedy import GreedyReference, generate_greedy, reference_greedy
 from infertool.backends.methods import AWQConfig, GPTQConfig, gentler_options, group_size_rule, packing_rule
@@ -121,7 +121,7 @@ class GPTQModel(QuantBackend[Cfg]):
         if not f.four_bit_serves or not self.supports(f.model_type):
             return None
         kernels = "GPUs (Marlin kernels)" if f.target_kind == "gpu" else "AVX-512 CPUs (cpu_gemm_wna16)"
-        return InitChoice({"method": "gptq", "backend": NAME, "bits": 4}, [
+        return InitChoice(QuantProposal("gptq", NAME, bits=4), [
             ("quantize.method", "gptq", f"GPTQ: weight-only 4-bit calibrated on text, the format vLLM serves on {kernels}",
              "info"),
             ("quantize.backend", NAME, f"GPTQModel 7.7 has a definition for model_type {f.model_type!r} "

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Final, Literal
 
 from infertool.backends.base import (
     ACTIVATION_SCHEMES, CPU_AVX2, CPU_AVX512, CPU_OTHER, SERVES, UNKNOWN, Check, InitChoice, InitFacts, Layout,
-    ModelFacts, QuantBackend, Serving, TaskInputs, check,
+    ModelFacts, QuantBackend, QuantProposal, Serving, TaskInputs, check,
 )
 from infertool.backends.methods import (
     AWQConfig, GPTQConfig, causal_lm_rule, gentler_options, group_size_rule, packing_rule,
@@ -116,7 +116,7 @@ class LLMCompressor(QuantBackend[Cfg]):
         from infertool.backends.gptqmodel import CPU_FOUR_BIT, FOUR_BIT_WHY
 
         if f.four_bit_serves:
-            return InitChoice({"method": "gptq", "backend": NAME, "scheme": "W4A16", "bits": 4}, [
+            return InitChoice(QuantProposal("gptq", NAME, "W4A16", 4), [
                 ("quantize.method", "gptq", "GPTQ: weight-only 4-bit calibrated on text", "info"),
                 ("quantize.backend", NAME, f"GPTQModel 7.7 has no definition for model_type {f.model_type!r} "
                  f"({f.architecture}); llm-compressor quantizes the Linear layers of any transformers causal LM",
@@ -127,7 +127,7 @@ class LLMCompressor(QuantBackend[Cfg]):
         isa = {"avx2": "AVX2 only"}.get(f.cpu_isa, "no AVX-512 seen (its vector ISA is unknown)")
         reason = (f.four_bit[1].split(": this host")[0] if f.four_bit else "vLLM's CPU build runs 4-bit checkpoints "
                   "only with its AVX-512 int4 GEMM (cpu_gemm_wna16)")
-        return InitChoice({"method": "gptq", "backend": NAME, "scheme": "W8A8", "bits": 8}, [
+        return InitChoice(QuantProposal("gptq", NAME, "W8A8", 8), [
             ("quantize.method", "gptq", "GPTQ calibrates the int8 weights (llm-compressor's GPTQModifier)", "info"),
             ("quantize.backend", NAME, "W8A8 int8 is an llm-compressor scheme (compressed-tensors checkpoint); it runs "
              "in the llmcompressor environment (`infertool env setup llmcompressor`)", "info"),

@@ -23,10 +23,9 @@ from infertool.perf import host as hostfacts
 
 @dataclass
 class _Option:
-    """One quantization init considered: its section, label, the recipe's shape with it and the serve fit."""
+    """One quantization init considered: its label, the recipe's shape with it (its section) and the serve fit."""
 
     method: str
-    q: dict
     label: str
     activations: bool  # activations quantized too (W8A8, FP8): vLLM runs it, transformers cannot
     shape: RecipeShape
@@ -112,7 +111,7 @@ def _option(method: str, m: LocatedModel, target: InitTarget, traffic: Traffic, 
         fit = fit_served(shape, preflight, pins.tensor_parallel_size)
     else:
         fit = fit_cpu(shape, engine == "vllm")
-    return _Option(method, q, label, activations, shape, fit, decide)
+    return _Option(method, label, activations, shape, fit, decide)
 
 
 def _choose_method(tried: list[_Option], target: InitTarget, decide: Choices) -> _Option:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from infertool.backends.base import QuantProposal
 from infertool.init.base import API_KEY_ENV, EVAL_MIN_LEN, SUITE, Choice, InitTarget, Traffic, levels
 from infertool.init.model import LocatedModel
 
@@ -32,7 +33,7 @@ class RecipeShape:
     name: str
     m: LocatedModel
     target: InitTarget
-    q: dict
+    q: QuantProposal
     engine: str
     traffic: Traffic
     prompt_len: int
@@ -64,7 +65,7 @@ class RecipeShape:
                              "model": {"source": self.m.source, "dtype": self.m.dtype}}
         if gpu:
             r["target"] = {"gpu": self.target.device.key}
-        r["quantize"] = dict(self.q)
+        r["quantize"] = self.q.section()
         ev: dict[str, object] = {"suite": SUITE, "engine": self.engine, "accept": {"preset": "standard"}}
         r["eval"] = ev
         base = base if base is not None else self.base

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Protocol
 
 from infertool.errors import UsageError
@@ -63,22 +63,22 @@ class Calibration:
 
     @classmethod
     def from_dict(cls, data: object) -> "Calibration | None":
-        """A calibration read back, or None when ``data`` is not one this version can use (another format, a
-        missing or non-finite figure): the caller measures again instead of trusting it."""
-        if not isinstance(data, dict) or data.get("format") != FORMAT or not isinstance(data.get("key"), str):
-            return None
+        """A calibration read back (its fields validated by pydantic), or None when ``data`` is not one this version
+        can use (no or another format, a missing, malformed or non-finite figure): the caller measures again."""
+        from pydantic import TypeAdapter, ValidationError
+
         try:
-            pts = [StepPoint(int(p["batch"]), float(p["seconds"]), int(p.get("context") or 0))
-                   for p in data.get("points") or []][:MAX_POINTS]
-            per_tok, fixed = float(data["prefill_per_token_s"]), float(data.get("prefill_fixed_s") or 0.0)
-        except (TypeError, ValueError, KeyError):
+            return TypeAdapter(cls).validate_python(data).usable() if isinstance(data, dict) and "format" in data else None
+        except ValidationError:
             return None
-        if not pts or not all(_time_ok(p.seconds) and p.batch >= 1 for p in pts) or not (_time_ok(per_tok, zero=True)
-                                                                                       and _time_ok(fixed, zero=True)):
+
+    def usable(self) -> "Calibration | None":
+        """This calibration with its batches in order, or None when this version cannot use it (see from_dict)."""
+        pts = sorted(self.points[:MAX_POINTS], key=lambda p: p.batch)
+        if self.format != FORMAT or not pts or not all(_time_ok(p.seconds) and p.batch >= 1 for p in pts) or not (
+                _time_ok(self.prefill_per_token_s, zero=True) and _time_ok(self.prefill_fixed_s, zero=True)):
             return None
-        return cls(data["key"], sorted(pts, key=lambda p: p.batch), per_tok, fixed, int(data.get("context") or 0),
-                   facts if isinstance(facts := data.get("facts"), dict) else {}, data.get("measured_at"),
-                   str(data.get("how") or ""))
+        return replace(self, points=pts)
 
     @property
     def largest_batch(self) -> int:
@@ -136,10 +136,7 @@ def from_timings(key: str, decode: Iterable[DecodeTiming], prefill: Iterable[Pre
         fixed = max(0.0, pre[0][1] - per_tok * pre[0][0])
     else:
         per_tok, fixed = pre[-1][1] / max(1, pre[-1][0]), 0.0
-    cal = Calibration.from_dict({"format": FORMAT, "key": key, "points": [asdict(p) for p in pts],
-                                 "prefill_per_token_s": per_tok, "prefill_fixed_s": fixed,
-                                 "context": max(p.context for p in pts), "facts": facts or {}, "measured_at": measured_at,
-                                 "how": how})
+    cal = Calibration(key, pts, per_tok, fixed, max(p.context for p in pts), facts or {}, measured_at, how).usable()
     if cal is None:
         raise UsageError("the measured step times are not usable (not finite, or not positive)")
     return cal
