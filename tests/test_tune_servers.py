@@ -318,7 +318,12 @@ def test_a_per_class_tune_sends_the_mix_once_per_load_and_cuts_each_class_from_i
     monkeypatch.setattr(tune_stages, "_search_load", ORIGINAL_SEARCH)
     monkeypatch.setattr(tune_stages.Probes, "alone", ORIGINAL_ALONE)
     monkeypatch.setattr("infertool.tune.space.capacity_start", lambda *a, **kw: None)
-    monkeypatch.setattr("infertool.bench.sweep.connect", lambda handle, bench: handle)
+
+    def connect(handle, bench):  # as bench's does: the server's tokenizer resolved into the (shared) prompt section
+        bench.prompt.tokenizer = "resolved"
+        return handle
+
+    monkeypatch.setattr("infertool.bench.sweep.connect", connect)
     mixes: list[tuple[str, int]] = []
     alone: list[tuple[str, int]] = []
 

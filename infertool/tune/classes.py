@@ -18,6 +18,8 @@ that routes on the class header.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 import re
 from dataclasses import dataclass, field, replace
@@ -219,7 +221,10 @@ def run_per_class(recipe: Recipe, *, out_dir: str | Path | None = None, exhausti
 
         pool = tune_pool(tune_dir, resolve(recipe), on_event)
         assert recipe.bench is not None  # plan_classes refused a recipe without one
-        mix = MixedTraffic(recipe.bench, {p.name: p.slo for p in plans})  # one probe of it answers every class
+        key = json.dumps([recipe.bench.model_dump(mode="json"), tune_of(recipe).load.model_dump(mode="json")],
+                         sort_keys=True)
+        mix = MixedTraffic(recipe.bench, {p.name: p.slo for p in plans},  # one probe of it answers every class
+                           hashlib.sha256(key.encode()).hexdigest()[:16])
     try:
         for i, p in enumerate(plans):
             emit(on_event, f"class {p.name} ({i + 1} of {len(plans)}): {p.requests} requests of a probe's traffic, "

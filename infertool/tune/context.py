@@ -37,10 +37,12 @@ class MixedTraffic:
     """A per-class tune's whole traffic (``classes.run_per_class`` with the local executor): every class's capacity
     probe of a trial is a probe of this traffic with its requests tagged by class, measured once per load and run
     and kept for every class (``stages._search_load``). ``slos``: each tuned class's SLO (None: the class has
-    none)."""
+    none); ``key``: the traffic and the load search, fixed before anything runs (bench resolves a tokenizer into
+    its section as it connects), so every class's probe of a trial finds the same journal."""
 
     bench: BenchSection
     slos: dict[str, SLOSpec | None]
+    key: str
 
 
 class Context:

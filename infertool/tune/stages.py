@@ -552,9 +552,8 @@ class Probes:
         self.slos = {} if mix is None else {
             n: SLO(s.ttft_ms, s.tpot_ms, s.e2e_ms) if s is not None else None for n, s in mix.slos.items()}
         if self.mix is not None:  # the trial's whole traffic: the same server settings, traffic and search
-            key = json.dumps([ctx.job.trial.id, self.mix.bench.model_dump(mode="json"),
-                              tune.tune.load.model_dump(mode="json")], sort_keys=True, default=str)
-            self.mixed = ProbeJournal(tune.cache / "probes" / f"mix-{hashlib.sha256(key.encode()).hexdigest()[:16]}")
+            key = hashlib.sha256(f"{ctx.job.trial.id} {self.mix.key}".encode()).hexdigest()[:16]
+            self.mixed = ProbeJournal(tune.cache / "probes" / f"mix-{key}")
 
     @functools.cached_property
     def handle(self) -> ServerHandle:
