@@ -359,3 +359,7 @@ def test_a_per_class_tune_sends_the_mix_once_per_load_and_cuts_each_class_from_i
     assert spec and spec[0].mix.alone == 8 and "acceptance" in spec[0].mix.alone_why
     md = (Path(per.results["rag"].tune_dir) / "tune.md").read_text()
     assert "traffic sent" in md and "the mix of chat, rag: measured at" in md and "alone at 8" in md
+    notes = json.loads((Path(per.tune_dir) / "routing.json").read_text())["notes"]
+    rag = next(n for n in notes if n.startswith("class rag: its figures are its own requests"))
+    assert "2 load(s) measured for its searches, 6 read from probes already sent" in rag
+    assert "its traffic alone once for each of 1 speculative setting(s)" in rag

@@ -441,10 +441,25 @@ def routing(recipe: Recipe, plans: list[ClassPlan], results: dict[str, TuneResul
         own = next((r for r in mine if r.winner_of == r.name), mine[0])  # the configuration's own recipe
         deployments.append(RoutedDeployment(cfg, mine[0].label or "", own.recipe or "", [r.name for r in mine],
                                             replicas))
+    notes += [line for p in plans if (line := traffic_note(p.name, results[p.name].trials))]
     return RoutingTable(recipe=recipe.name, objective=objective, header=tune.routing.header,
                         gateway=tune.routing.gateway, peak_rps=peak_all, tolerance=TOLERANCE, winners_differ=differ,
                         one_deployment=len(deployments) == 1, classes=routes, deployments=deployments,
                         per_class=per_class, single=single, notes=notes)
+
+
+def traffic_note(name: str, trials: list[TrialRecord]) -> str | None:
+    """What a class's load searches sent (``CapacityResult.mix``): the probes of the whole traffic measured for
+    them, those read from another class's, its probes alone; None: it replayed its traffic alone (Ray)."""
+    mixes = [t.capacity.mix for t in trials if t.capacity is not None and t.capacity.mix is not None]
+    if not mixes:
+        return None
+    alone = sum(m.alone is not None for m in mixes)
+    return (f"class {name}: its figures are its own requests in probes of the whole traffic: "
+            f"{sum(len(m.measured) for m in mixes)} load(s) measured for its searches, "
+            f"{sum(len(m.reused) for m in mixes)} read from probes already sent"
+            + (f"; its traffic alone once for each of {alone} speculative setting(s) (the acceptance per draft "
+               "position)" if alone else ""))
 
 
 def load_tune(recipe: str, overrides: list[str], executor: str | None,
