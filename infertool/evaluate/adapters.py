@@ -94,17 +94,11 @@ def block_of(name: str, pool: Any, confidence: float) -> AdapterBlock:  # Any: c
     tok = pool.tokens
     if tok is not None and tok.tokens:
         z = M.z_for(confidence)
-        mean, se = kld_mean_se(tok)
+        mean, se = tok.kld.mean_se()
         block.tokens, block.kld_kind, block.kld = tok.tokens, tok.kld_kind, mean
         block.kld_ci = [mean - z * se, mean + z * se]
         block.top1, block.top1_ci = tok.top1_agree, list(tok.top1_agree_ci)
     return block
-
-
-def kld_mean_se(tok: Any) -> tuple[float, float]:  # Any: result.PerplexityMetrics
-    """The mean per-token KLD and its standard error from a PerplexityMetrics' distribution."""
-    mean, se = (tok.kld[key] for key in ("mean", "se"))
-    return mean, se
 
 
 def effect_of(pool: Any, paired: dict[str, Paired]) -> AdapterEffect:  # Any: core's Pooled
@@ -119,7 +113,7 @@ def effect_of(pool: Any, paired: dict[str, Paired]) -> AdapterEffect:  # Any: co
             changed += sum(it.ll_b.index(max(it.ll_b)) != it.ll_c.index(max(it.ll_c)) for it in task.items)
             n += len(task.items)
     tok = pool.tokens
-    return AdapterEffect(kld=kld_mean_se(tok)[0] if tok is not None and tok.tokens else None,
+    return AdapterEffect(kld=tok.kld.mean_se()[0] if tok is not None and tok.tokens else None,
                          top1=tok.top1_agree if tok is not None and tok.tokens else None,
                          changed=changed / n if n else None, items=n)
 

@@ -125,7 +125,7 @@ def estimates(pool: Pooled, confidence: float) -> dict[str, Estimate]:
     out: dict[str, Estimate] = {}
     tok, items, lm, dec = pool.tokens, pool.items, pool.lm_eval, pool.decode
     if tok is not None:
-        n, mean, se = tok.tokens, tok.kld["mean"], tok.kld["se"]
+        n, (mean, se) = tok.tokens, tok.kld.mean_se()
         out |= {"max_mean_kld": Estimate(mean, mean - z * se, mean + z * se, n),
                 "min_top1": Estimate(tok.top1_agree, *_interval(tok.top1_agree_ci), n),
                 "max_ppl_ratio": Estimate(tok.ppl_ratio, *_interval(tok.ppl_ratio_ci), n)}
@@ -157,7 +157,7 @@ def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:  # Any: JSON
     tok = pool.tokens
     topk_note = ""
     if tok is not None and tok.kld_kind != "full":
-        cov = (tok.topk_covered_mass or {}).get("mean")
+        cov = tok.topk_covered_mass.mean if tok.topk_covered_mass is not None else None
         topk_note = (f"{tok.kld_kind} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)"
                      if isinstance(cov, float) and math.isfinite(cov) and cov else "")
     notes = {"max_mean_kld": topk_note, "min_json_valid": gate_note(pool.json_valid),
