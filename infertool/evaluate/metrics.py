@@ -10,9 +10,9 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
-from infertool.records import Record, Sparse
+from infertool.records import Record
 
 LN2 = math.log(2.0)
 _EXP_MAX = 709.0  # math.exp overflows above ~709.78
@@ -104,12 +104,9 @@ def percentile(sorted_xs: Sequence[float], q: float) -> float:
 
 
 @dataclass
-class Distribution(Sparse):
+class Distribution(Record):
     """A sample's size, mean, SE, RMS, range and percentiles (``distribution``; a percentile not asked for is None).
     Its JSON keeps the keys it had as a dict: the unset ones left out, ``p99_9`` spelled ``p99.9``."""
-
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("n", "mean", "se", "rms", "min", "max", "p1", "p5", "p10", "p50", "p90",
-                                            "p95", "p99", "p99_9", "median")
 
     n: int | None = None
     mean: float | None = None
@@ -132,7 +129,7 @@ class Distribution(Sparse):
         return (math.nan if self.mean is None else self.mean), (math.nan if self.se is None else self.se)
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
-        return {("p99.9" if k == "p99_9" else k): v for k, v in super().to_dict().items()}
+        return {("p99.9" if k == "p99_9" else k): v for k, v in super().to_dict().items() if v is not None}
 
     @classmethod
     def from_dict(cls, data: Any) -> Distribution:  # Any: JSON read back (see Record.from_dict)

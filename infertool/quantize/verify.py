@@ -101,8 +101,8 @@ def greedy(srv, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], l
     from infertool.evaluate.answers import CompletionChoice
 
     ids, texts = [], []
-    for c in map(CompletionChoice.read, choices):
-        toks = c.tokens if isinstance(c.tokens, list) else []
+    for c in map(CompletionChoice.from_dict, choices):
+        toks = c.lists.tokens if isinstance(c.lists.tokens, list) else []
         ids.append([_token_id(t) for t in toks if isinstance(t, str) and t.startswith("token_id:")])
         texts.append(c.text if isinstance(c.text, str) else "")
     return ids, texts
