@@ -80,8 +80,9 @@ class CompletionChoice(Record):
     """One choice of a /completions answer as sent (None where absent), its ``logprobs`` read as ``lists``;
     ``prompt_tokens``: the answer's usage.prompt_tokens (``of``)."""
 
-    text: Any = None  # Any: JSON values as sent (these three)
+    text: Any = None  # Any: JSON values as sent (these four)
     finish_reason: Any = None  # Any: as sent
+    index: Any = None  # Any: as sent (of several prompts: which one)
     logprobs: Any = None  # Any: as sent (an object, null, or another type)
     prompt_tokens: Any = field(default=None, init=False)  # Any: as sent
 

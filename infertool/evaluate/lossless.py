@@ -28,7 +28,7 @@ its servers' lifetimes: ``LosslessCheck.run_plain`` on the server without specul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
@@ -83,11 +83,10 @@ class Lossless(Record):
         return d
 
 
-def speculative_words(spec: SpeculativeSpec | dict[str, Any] | None) -> str:  # Any: JSON values
-    """A speculative config in words: "ngram k=3" (a SpeculativeSpec or its dict)."""
-    data = dict(spec or {}) if spec is None or isinstance(spec, dict) else spec.model_dump(exclude_none=True)
-    words = f"{data.get('method')} k={data.get('num_speculative_tokens')}"
-    return words + (f" (draft {data['model']})" if data.get("model") else "")
+def speculative_words(spec: SpeculativeSpec | None) -> str:
+    """A speculative config in words: "ngram k=3"."""
+    method, k, model = (spec.method, spec.num_speculative_tokens, spec.model) if spec else (None, None, None)
+    return f"{method} k={k}" + (f" (draft {model})" if model else "")
 
 
 def decide(figures: DecodeComparison, floor: DecodeComparison, *, speculative: str, prompts: str,
@@ -245,7 +244,10 @@ class VariantChecks:
 
 def _own(raw: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     """A raw without its teacher-forced values: what a second pass is forced on (its own greedy tokens)."""
-    return {**raw, "prompts": [{k: v for k, v in p.items() if k != "forced"} for p in raw.get("prompts", [])]}
+    from infertool.evaluate.decode import DecodeRaw
+
+    own = DecodeRaw.from_dict(raw)
+    return replace(own, prompts=[replace(p, forced=None) for p in own.prompts]).to_dict()
 
 
 def all_lossless(results: list[Lossless]) -> Lossless | None:
