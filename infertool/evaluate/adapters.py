@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from infertool.evaluate import metrics as M
 from infertool.evaluate.adapter_result import AdapterBlock, AdapterEffect, AdaptersComparison
 from infertool.evaluate.paired import ChoicePair, GeneratePair, Paired
+from infertool.evaluate.server_engine import Client, collect, combine
 from infertool.records import Record
 
 if TYPE_CHECKING:
@@ -51,8 +53,6 @@ class AdaptersPhase:
         self.workers = workers
 
     def run(self, served: Served, prior: dict[str, Any] | None, events: Events) -> dict[str, Any]:  # Any: JSON values
-        from infertool.evaluate.server_engine import Client, collect
-
         base = served.client
         raw = AdaptersRaw()
         for name in self.names:
@@ -66,8 +66,6 @@ class AdaptersPhase:
 
     def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
                 first: str) -> AdaptersComparison:
-        from infertool.evaluate.server_engine import combine
-
         ref, cand = AdaptersRaw.from_dict(raw_ref), AdaptersRaw.from_dict(raw_cand)
         accept = {"confidence": confidence}
         blocks = []
@@ -88,8 +86,6 @@ class AdaptersPhase:
 
 def block_of(name: str, pool: Any, confidence: float) -> AdapterBlock:  # Any: core's Pooled
     """One adapter's block from the suite's pooled summary of reference+adapter against candidate+adapter."""
-    from infertool.evaluate import metrics as M
-
     block = AdapterBlock(name=name, items=pool.items)
     tok = pool.tokens
     if tok is not None and tok.tokens:

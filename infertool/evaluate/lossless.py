@@ -32,6 +32,8 @@ from dataclasses import dataclass, field, replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from infertool.errors import InfertoolError
+from infertool.evaluate.decode import DecodePhase, DecodeRaw, compare
 from infertool.evaluate.result import DecodeComparison, Diverged
 from infertool.records import Record
 
@@ -127,8 +129,6 @@ class LosslessCheck:
 
     def __init__(self, spec: DecodeSpec, prompts: list[dict[str, Any]], *, speculative: str, label: str,  # Any: JSON values
                  confidence: float = 0.95) -> None:
-        from infertool.evaluate.decode import DecodePhase
-
         self.phase = DecodePhase(spec, prompts)
         self.speculative, self.label, self.confidence = speculative, label, confidence
         self.plain: dict[str, Any] | None = None  # Any: JSON values
@@ -157,16 +157,12 @@ class LosslessCheck:
     def _guarded(self, work: Callable[[], None], which: str) -> None:
         """A pass whose server fails a request (an error status, a malformed answer, a prompt longer than the
         server takes) leaves the check "not measured" with why, never a verdict; the other server still runs."""
-        from infertool.errors import InfertoolError
-
         try:
             work()
         except InfertoolError as e:
             self.failed = self.failed or f"{which}: {e.message.splitlines()[0]}"
 
     def result(self) -> Lossless:
-        from infertool.evaluate.decode import compare
-
         tie = float(self.phase.spec.near_tie_logprob)
         if self.failed or self.plain is None or self.spec_raw is None or self.again is None:
             return decide(DecodeComparison(skipped=self.failed or "a server was not run"), DecodeComparison(),
@@ -244,8 +240,6 @@ class VariantChecks:
 
 def _own(raw: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     """A raw without its teacher-forced values: what a second pass is forced on (its own greedy tokens)."""
-    from infertool.evaluate.decode import DecodeRaw
-
     own = DecodeRaw.from_dict(raw)
     return replace(own, prompts=[replace(p, forced=None) for p in own.prompts]).to_dict()
 

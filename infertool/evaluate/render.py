@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rich.table import Table
 
 from infertool.evaluate.blocks import LM_EVAL_HEADER, decode_rows, lm_eval_rows, task_code_note
+from infertool.evaluate.result import (ChoiceResult, DecodeComparison, EvalResult, GenerateResult, LmEvalComparison,
+                                       PerplexityMetrics, StructuredResult, TaskResult)
 from infertool.evaluate.verdict import fmt
 from infertool.output import err, esc, kv_table, out, plain, print_json, visible
 
@@ -18,10 +20,6 @@ if TYPE_CHECKING:
     from infertool.data.suites import SuiteTask
     from infertool.evaluate.lm_eval_export import LmEvalExport
     from infertool.evaluate.prepare import EvalPlan
-    from infertool.evaluate.result import (
-        ChoiceResult, DecodeComparison, EvalResult, GenerateResult, LmEvalComparison, PerplexityMetrics,
-        StructuredResult, TaskResult,
-    )
 
 class Findings(Protocol):
     """The recipe checks' findings (infertool.checks' Checks: a command ran them, evaluate does not import them)."""
@@ -107,8 +105,6 @@ def _pair(ci: list[float | None], spec: str) -> str:
 
 
 def task_table(name: str, t: TaskResult) -> Table:
-    from infertool.evaluate.result import ChoiceResult, GenerateResult, PerplexityMetrics, StructuredResult
-
     if isinstance(t, PerplexityMetrics):
         return perplexity_table(name, t)
     if isinstance(t, StructuredResult):
@@ -140,8 +136,6 @@ def perplexity_table(name: str, t: PerplexityMetrics) -> Table:
 
 def accuracy_table(name: str, t: ChoiceResult | GenerateResult) -> Table:
     """A multiple-choice or generation task: paired accuracy of base and candidate on the same items."""
-    from infertool.evaluate.result import ChoiceResult
-
     match = "" if isinstance(t, ChoiceResult) else t.match
     tab = Table(title=plain(f"{name}: {t.items} items ({t.type}{', ' + match if match else ''})"))
     for col in ("metric", "base", "candidate", "b", "c", "flip rate", "net change [95%]", "McNemar p"):
