@@ -106,7 +106,7 @@ def percentile(sorted_xs: Sequence[float], q: float) -> float:
 @dataclass
 class Distribution(Record):
     """A sample's size, mean, SE, RMS, range and percentiles (``distribution``; a percentile not asked for is None).
-    Its JSON keeps the keys it had as a dict: the unset ones left out, ``p99_9`` spelled ``p99.9``."""
+    Its JSON keeps the keys it had as a dict: ``p99_9`` spelled ``p99.9``, a None left out unless read (``keys``)."""
 
     n: int | None = None
     mean: float | None = None
@@ -123,23 +123,26 @@ class Distribution(Record):
     p99: float | None = None
     p99_9: float | None = None
     median: float | None = None
+    keys: list[str] = field(default_factory=list, repr=False, compare=False)  # those its JSON held (null or not)
 
     def mean_se(self) -> tuple[float, float]:
         """The mean and its standard error (nan where not measured)."""
         return (math.nan if self.mean is None else self.mean), (math.nan if self.se is None else self.se)
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
-        return {("p99.9" if k == "p99_9" else k): v for k, v in super().to_dict().items() if v is not None}
+        held = {k: v for k, v in super().to_dict().items() if k != "keys" and (v is not None or k in self.keys)}
+        return {("p99.9" if k == "p99_9" else k): v for k, v in held.items()}
 
     @classmethod
     def from_dict(cls, data: Any) -> Distribution:  # Any: JSON read back (see Record.from_dict)
         if isinstance(data, dict):
             data = {("p99_9" if k == "p99.9" else k): v for k, v in data.items()}
+            data["keys"] = list(data)
         return super().from_dict(data)
 
 
 def distribution(xs: Sequence[float], qs: Sequence[float] = (1, 5, 10, 50, 90, 95, 99, 99.9)) -> Distribution:
-    """mean, SE, RMS, min, max and the percentiles ``qs`` (of those the record has: ``p99_9`` the 99.9th) of a sample."""
+    """mean, SE, RMS, min, max and the percentiles ``qs`` (those the record has: ``p99_9`` the 99.9th) of a sample."""
     s = sorted(xs)
     m, se = mean_se(xs)
     p = {q: percentile(s, q) for q in qs}
