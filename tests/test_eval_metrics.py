@@ -118,12 +118,12 @@ def test_paired_accuracy_hand_computed():
 
 def test_distribution_percentiles():
     d = M.distribution([4.0, 1.0, 3.0, 2.0])
-    assert d["median"] == pytest.approx(2.5)
-    assert d["p90"] == pytest.approx(3.7)
-    assert d["max"] == 4.0 and d["min"] == 1.0
-    assert d["mean"] == pytest.approx(2.5)
-    assert d["rms"] == pytest.approx(math.sqrt(7.5))
-    assert d["se"] == pytest.approx(math.sqrt((2.25 + 2.25 + 0.25 + 0.25) / 3 / 4))
+    assert d.median == pytest.approx(2.5)
+    assert d.p90 == pytest.approx(3.7)
+    assert d.max == 4.0 and d.min == 1.0
+    assert d.mean == pytest.approx(2.5)
+    assert d.rms == pytest.approx(math.sqrt(7.5))
+    assert d.se == pytest.approx(math.sqrt((2.25 + 2.25 + 0.25 + 0.25) / 3 / 4))
 
 
 def test_log_histogram_counts_everything():
@@ -188,7 +188,7 @@ def test_self_check_summary_is_kld_zero_full_agreement_and_passes():
     }
     tasks, records, pool, gates = summarize(suite, {n: from_json(t) for n, t in raw.items()}, {"preset": "standard"})
     t = tasks["corpus"]
-    assert t.kld["mean"] == 0.0 and t.kld["max"] == 0.0
+    assert t.kld.mean == 0.0 and t.kld.max == 0.0
     assert t.top1_agree == 1.0 and t.ppl_ratio == 1.0 and t.ln_ppl_ratio_se == 0.0
     assert tasks["mc"].acc.flip_rate == 0.0 and tasks["mc"].same_pick == 1.0
     assert tasks["gen"].output_agreement == 1.0 and tasks["gen"].acc.acc_base == 1.0

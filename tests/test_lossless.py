@@ -15,6 +15,7 @@ from infertool.evaluate import lossless as L
 from infertool.evaluate.result import DecodeComparison
 from infertool.evaluate.phases import Served
 from infertool.evaluate.server_engine import Client
+from infertool.recipe import SpeculativeSpec
 from infertool.recipe import DecodeSpec
 from tests.fakes import JSONHandler
 
@@ -154,7 +155,7 @@ def test_the_rule_by_hand():
     r = d(F(skipped="the server has no /tokenize endpoint"), F())
     assert r.lossless is None and "not measured (the server has no /tokenize endpoint)" in r.reason
     assert L.all_lossless([r, d(F(divergences=1), F())]).lossless is False
-    assert L.speculative_words({"method": "ngram", "num_speculative_tokens": 3}) == "ngram k=3"
+    assert L.speculative_words(SpeculativeSpec(method="ngram", num_speculative_tokens=3)) == "ngram k=3"
 
 
 # ------------------------------------------------------------------------------------------ in tune

@@ -13,8 +13,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Callable
 
+from infertool.evaluate import metrics as M
 from infertool.evaluate.adapter_result import AdapterBlock, AdapterEffect, AdaptersComparison
 from infertool.evaluate.paired import ChoicePair, GeneratePair, Paired
+from infertool.evaluate.server_engine import Client, collect, combine
 from infertool.records import Record
 
 if TYPE_CHECKING:
@@ -51,8 +53,6 @@ class AdaptersPhase:
         self.workers = workers
 
     def run(self, served: Served, prior: dict[str, Any] | None, events: Events) -> dict[str, Any]:  # Any: JSON values
-        from infertool.evaluate.server_engine import Client, collect
-
         base = served.client
         raw = AdaptersRaw()
         for name in self.names:
@@ -66,8 +66,6 @@ class AdaptersPhase:
 
     def compare(self, raw_ref: dict[str, Any], raw_cand: dict[str, Any], *, confidence: float,  # Any: JSON values
                 first: str) -> AdaptersComparison:
-        from infertool.evaluate.server_engine import combine
-
         ref, cand = AdaptersRaw.from_dict(raw_ref), AdaptersRaw.from_dict(raw_cand)
         accept = {"confidence": confidence}
         blocks = []
@@ -88,23 +86,15 @@ class AdaptersPhase:
 
 def block_of(name: str, pool: Any, confidence: float) -> AdapterBlock:  # Any: core's Pooled
     """One adapter's block from the suite's pooled summary of reference+adapter against candidate+adapter."""
-    from infertool.evaluate import metrics as M
-
     block = AdapterBlock(name=name, items=pool.items)
     tok = pool.tokens
     if tok is not None and tok.tokens:
         z = M.z_for(confidence)
-        mean, se = kld_mean_se(tok)
+        mean, se = tok.kld.mean_se()
         block.tokens, block.kld_kind, block.kld = tok.tokens, tok.kld_kind, mean
         block.kld_ci = [mean - z * se, mean + z * se]
         block.top1, block.top1_ci = tok.top1_agree, list(tok.top1_agree_ci)
     return block
-
-
-def kld_mean_se(tok: Any) -> tuple[float, float]:  # Any: result.PerplexityMetrics
-    """The mean per-token KLD and its standard error from a PerplexityMetrics' distribution."""
-    mean, se = (tok.kld[key] for key in ("mean", "se"))
-    return mean, se
 
 
 def effect_of(pool: Any, paired: dict[str, Paired]) -> AdapterEffect:  # Any: core's Pooled
@@ -119,7 +109,7 @@ def effect_of(pool: Any, paired: dict[str, Paired]) -> AdapterEffect:  # Any: co
             changed += sum(it.ll_b.index(max(it.ll_b)) != it.ll_c.index(max(it.ll_c)) for it in task.items)
             n += len(task.items)
     tok = pool.tokens
-    return AdapterEffect(kld=kld_mean_se(tok)[0] if tok is not None and tok.tokens else None,
+    return AdapterEffect(kld=tok.kld.mean_se()[0] if tok is not None and tok.tokens else None,
                          top1=tok.top1_agree if tok is not None and tok.tokens else None,
                          changed=changed / n if n else None, items=n)
 

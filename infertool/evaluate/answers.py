@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from infertool import net
 from infertool.errors import BackendError
-from infertool.records import JSONValue
+from infertool.records import JSONValue, Record
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -65,37 +65,53 @@ def _top(v: JSONValue, i: int) -> dict[str, float]:
     return {str(t): _lp(x, f"top_logprobs[{i}][{net.quote(str(t), n=20)!r}]") for t, x in v.items()}
 
 
-@dataclass(frozen=True)
-class CompletionChoice:
-    """choices[0] of a /completions answer as sent (None where absent), and usage.prompt_tokens; ``logprobs``: the
-    type name of a logprobs value that is neither an object nor null (its lists are None then)."""
+@dataclass
+class Logprobs(Record):
+    """A choice's ``logprobs`` object as sent (a field absent, or logprobs not an object: None)."""
 
-    text: JSONValue
-    finish: JSONValue
-    tokens: JSONValue
-    token_logprobs: JSONValue
-    top_logprobs: JSONValue
-    text_offset: JSONValue
-    prompt_tokens: JSONValue
-    logprobs: str | None
+    tokens: Any = None  # Any: JSON values as sent (these four): the readers check them
+    token_logprobs: Any = None  # Any: as sent
+    top_logprobs: Any = None  # Any: as sent
+    text_offset: Any = None  # Any: as sent
+
+
+@dataclass
+class CompletionChoice(Record):
+    """One choice of a /completions answer as sent (None where absent), its ``logprobs`` read as ``lists``;
+    ``prompt_tokens``: the answer's usage.prompt_tokens (``of``)."""
+
+    text: Any = None  # Any: JSON values as sent (these four)
+    finish_reason: Any = None  # Any: as sent
+    index: Any = None  # Any: as sent (of several prompts: which one)
+    logprobs: Any = None  # Any: as sent (an object, null, or another type)
+    prompt_tokens: Any = field(default=None, init=False)  # Any: as sent
+
+    @property
+    def lists(self) -> Logprobs:
+        return Logprobs.from_dict(self.logprobs)
 
     @classmethod
     def of(cls, r: dict[str, Any], where: str = "") -> CompletionChoice:  # Any: JSON values
-        choices = r.get("choices")
-        choice = choices[0] if isinstance(choices, list) and choices else None
-        if not isinstance(choice, dict):
+        """choices[0] of an answer, with its usage.prompt_tokens."""
+        ans = CompletionAnswer.from_dict(r)
+        if not ans.choices or not isinstance(ans.choices[0], dict):
             raise Malformed(f"{where}the answer has no choices[0] object")
-        usage = r.get("usage")
-        return cls.read(choice, usage.get("prompt_tokens") if isinstance(usage, dict) else None)
+        c = cls.from_dict(ans.choices[0])
+        c.prompt_tokens = ans.usage.prompt_tokens
+        return c
 
-    @classmethod
-    def read(cls, choice: dict[str, Any], prompt_tokens: JSONValue = None) -> CompletionChoice:  # Any: JSON values
-        """One choice object of an answer (of several prompts: each of its choices)."""
-        lp = choice.get("logprobs")
-        lists = (lp.get("tokens"), lp.get("token_logprobs"), lp.get("top_logprobs"), lp.get("text_offset")) \
-            if isinstance(lp, dict) else (None,) * 4
-        return cls(choice.get("text"), choice.get("finish_reason"), *lists, prompt_tokens,
-                   None if lp is None or isinstance(lp, dict) else type(lp).__name__)
+
+@dataclass
+class CompletionUsage(Record):
+    prompt_tokens: Any = None  # Any: as sent
+
+
+@dataclass
+class CompletionAnswer(Record):
+    """A /completions answer as sent: its choices (each an object or not) and usage."""
+
+    choices: list[Any] = field(default_factory=list)  # Any: JSON values as sent
+    usage: CompletionUsage = field(default_factory=CompletionUsage)
 
 
 def _prompt_len(c: CompletionChoice, prompt: str | list[int], tokens: list[Any]) -> int:  # Any: JSON values
@@ -125,9 +141,10 @@ def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str
     ``lp[0]`` is None (the first token has no context); every other position has a log-probability and a
     non-empty top-k. No prompt log-probabilities at all: NoPromptLogprobs; anything else wrong: Malformed."""
     c = CompletionChoice.of(r)
-    if c.logprobs is not None:
-        raise Malformed(f"choices[0].logprobs is a {c.logprobs}, not an object")
-    tokens, token_lps = c.tokens, c.token_logprobs
+    if c.logprobs is not None and not isinstance(c.logprobs, dict):
+        raise Malformed(f"choices[0].logprobs is a {type(c.logprobs).__name__}, not an object")
+    lp = c.lists
+    tokens, token_lps = lp.tokens, lp.token_logprobs
     for name, v in (("tokens", tokens), ("token_logprobs", token_lps)):
         if v is not None and not isinstance(v, list):
             raise Malformed(f"logprobs.{name} is a {type(v).__name__}, not a list")
@@ -139,9 +156,9 @@ def parse_prompt_logprobs(r: dict[str, Any], prompt: str | list[int], where: str
     names: list[str] = _list(tokens, "tokens", n, str)
     lps = _list(token_lps, "token_logprobs", n)
     out_lp = [None if i == 0 and v is None else _lp(v, f"token_logprobs[{i}]") for i, v in enumerate(lps)]
-    top = _list(c.top_logprobs, "top_logprobs", n) if c.top_logprobs is not None else [None] * n
+    top = _list(lp.top_logprobs, "top_logprobs", n) if lp.top_logprobs is not None else [None] * n
     out_top = [_top(t, i) if (i or t) else {} for i, t in enumerate(top)]
-    offsets = _list(c.text_offset, "text_offset", n, int) if c.text_offset is not None else []
+    offsets = _list(lp.text_offset, "text_offset", n, int) if lp.text_offset is not None else []
     if any(net.count(o) is None for o in offsets):
         raise Malformed("logprobs.text_offset holds offsets that are not counts")
     return PromptLogprobs(names, out_lp, out_top, offsets)

@@ -22,6 +22,9 @@ from infertool.capability import RunContext
 from infertool.data.suites import Suite, SuiteTask, generation_correct, load_suite
 from infertool.errors import UsageError
 from infertool.evaluate import metrics as M
+from infertool.evaluate.adapters import adapters_phase, lora_workers
+from infertool.evaluate.decode import DecodePhase
+from infertool.evaluate.lm_eval_engine import LmEvalPhase
 from infertool.evaluate.paired import (
     ChoicePair, EngineRun, GeneratePair, HfJob, Paired, ScoreTask, PerplexityPair, StructuredPair, TaskTiming,
     run_from_json,
@@ -31,11 +34,12 @@ from infertool.evaluate.result import (
     Accept, ChoiceResult, EvalFiles, EvalModel, EvalResult, EvalSettings, GenerateResult, Pooled, PerplexityMetrics,
     PerplexityResult, SuiteInfo, TaskResult, Timing,
 )
+from infertool.evaluate.phases import Phase, compare_all, preflight_all
 from infertool.evaluate.served_formats import FormatTask, gate_note, summarize_structured, valid_share
+from infertool.evaluate.server_engine import Client, compare_openai, compare_vllm
 from infertool.evaluate.verdict import Estimate, Gate, judge, thresholds, verdict
 
 if TYPE_CHECKING:
-    from infertool.evaluate.phases import Phase
     from infertool.recipe import EvalSection
 
 RESULTS_FILE = "results.json"
@@ -125,7 +129,7 @@ def estimates(pool: Pooled, confidence: float) -> dict[str, Estimate]:
     out: dict[str, Estimate] = {}
     tok, items, lm, dec = pool.tokens, pool.items, pool.lm_eval, pool.decode
     if tok is not None:
-        n, mean, se = tok.tokens, tok.kld["mean"], tok.kld["se"]
+        n, (mean, se) = tok.tokens, tok.kld.mean_se()
         out |= {"max_mean_kld": Estimate(mean, mean - z * se, mean + z * se, n),
                 "min_top1": Estimate(tok.top1_agree, *_interval(tok.top1_agree_ci), n),
                 "max_ppl_ratio": Estimate(tok.ppl_ratio, *_interval(tok.ppl_ratio_ci), n)}
@@ -157,7 +161,7 @@ def make_gates(pool: Pooled, accept: dict[str, Any]) -> list[Gate]:  # Any: JSON
     tok = pool.tokens
     topk_note = ""
     if tok is not None and tok.kld_kind != "full":
-        cov = (tok.topk_covered_mass or {}).get("mean")
+        cov = tok.topk_covered_mass.mean if tok.topk_covered_mass is not None else None
         topk_note = (f"{tok.kld_kind} KLD: a lower bound (base top-k covers {cov:.1%} of the mass on average)"
                      if isinstance(cov, float) and math.isfinite(cov) and cov else "")
     notes = {"max_mean_kld": topk_note, "min_json_valid": gate_note(pool.json_valid),
@@ -279,16 +283,10 @@ def run_plan(plan: EvalPlan, ctx: RunContext) -> EvalResult:
     t0 = time.monotonic()
     phases = phases_for(plan.eval_section, plan.engine)
     if plan.engine == "vllm":  # serve.lora: each adapter on both servers (infertool.evaluate.adapters)
-        from infertool.evaluate.adapters import adapters_phase
-
         phases += adapters_phase(plan.resolution, suite, requests, summarize, k=plan.topk, workers=plan.batch_size)
-    from infertool.evaluate.phases import preflight_all
-
     preflight_all(phases, out_dir / "logs")  # lm-eval's tasks and data, before any server starts
     raw = _score(plan, requests, ctx, out_dir, phases)
     wall = time.monotonic() - t0
-    from infertool.evaluate.phases import compare_all
-
     accept = Accept.from_dict(plan.accept)
     phase_pool = compare_all(phases, raw.phases, "base", "candidate", accept.confidence)
     tasks, records, pool, gates = summarize(suite, raw.tasks, plan.accept, phase_pool)
@@ -320,12 +318,8 @@ def phases_for(ev: EvalSection | None, engine: str) -> list[Phase]:
         return []
     out: list[Phase] = []
     if ev.lm_eval is not None:
-        from infertool.evaluate.lm_eval_engine import LmEvalPhase
-
         out.append(LmEvalPhase(ev.lm_eval))
     if ev.decode is not None and ev.decode.enabled:
-        from infertool.evaluate.decode import DecodePhase
-
         out.append(DecodePhase(ev.decode))
     return out
 
@@ -345,17 +339,11 @@ def _score(plan: EvalPlan, requests: list[dict[str, Any]], ctx: RunContext, out_
         return run_from_json(run.result)
     events = InProcessEvents(ctx.on_event or (lambda e: None))
     if plan.engine == "vllm":
-        from infertool.evaluate.server_engine import compare_vllm
-
         if not plan.launches:
             raise UsageError("the vllm engine needs launch plans for both models (infertool.serve.prepare)")
-        from infertool.evaluate.adapters import lora_workers  # serve.lora on vLLM's CPU backend: one at a time
-
         return compare_vllm(plan.launches, requests, k=plan.topk, workers=lora_workers(plan.resolution, plan.batch_size),
                             events=events,
                             log_dir=out_dir / "logs", pool=ctx.servers, phases=phases)
-    from infertool.evaluate.server_engine import Client, compare_openai
-
     base = Client(plan.url or "", plan.base, api_key=plan.api_key)
     cand = Client(plan.candidate_url or plan.url or "", plan.candidate, api_key=plan.api_key)
     return compare_openai(base, cand, requests, k=plan.topk, workers=plan.batch_size, events=events, phases=phases,

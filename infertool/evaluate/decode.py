@@ -245,12 +245,12 @@ def parse_generation(r: dict[str, Any], where: str) -> DecodePrompt:  # Any: JSO
     """A greedy completion's generated token ids, each step's top-k and the finish reason; no per-step
     log-probabilities with token ids at all: Malformed with "no per-step" in its message."""
     c = CompletionChoice.of(r, f"{where}: ")
-    toks, tops = c.tokens, c.top_logprobs
+    toks, tops = c.lists.tokens, c.lists.top_logprobs
     if not isinstance(toks, list) or not isinstance(tops, list) or len(tops) != len(toks):
         raise Malformed(f"{where}: no per-step log-probabilities (logprobs.tokens / top_logprobs)")
     ids = [_token_id(t, f"{where}: logprobs.tokens[{i}]") for i, t in enumerate(toks)]
     top = [_top(t, f"{where}: top_logprobs[{i}]") for i, t in enumerate(tops)]
-    finish, text = c.finish, c.text
+    finish, text = c.finish_reason, c.text
     return DecodePrompt(tokens=ids, top=top, finish=finish if isinstance(finish, str) else None,
                         text=net.quote(text, n=MAX_TEXT_CHARS) if isinstance(text, str) else None)
 

@@ -30,8 +30,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
+
+from infertool import net
+from infertool.atomic import write_json, write_text
 from infertool.errors import BackendError, UsageError
+from infertool.evaluate.lm_eval_export import SHIPPED_PREFIX, shipped_dir
 from infertool.evaluate.lm_eval_worker import TaskCheck, WorkerSpec
+from infertool.evaluate.metrics import mcnemar_exact, t_for
 from infertool.evaluate.result import LmEvalComparison, LmEvalTask, TaskCode
 from infertool.records import Record
 
@@ -79,8 +85,6 @@ class LmEvalPhase:
         tag = f"lm_eval-{served.label}" + (f"-{window[0]}-{window[1]}" if window else "")
         include = include_paths(self.spec, log_dir)
         spec = worker_spec(self.spec, served, include, window, out=str(log_dir / f"{tag}.json"))
-        from infertool.atomic import write_json
-
         spec_path = log_dir / f"{tag}.spec.json"
         write_json(spec_path, spec.to_dict())
         events.log(f"lm-eval: {', '.join(self.spec.tasks)} on the {served.label} model "
@@ -115,8 +119,6 @@ class LmEvalPhase:
         include = include_paths(self.spec, log_dir)
         out = log_dir / "lm_eval-check.json"
         spec_path = log_dir / "lm_eval-check.spec.json"
-        from infertool.atomic import write_json
-
         write_json(spec_path, TaskCheck(tasks=list(self.spec.tasks), include_path=include, out=str(out),
                                           trust_code=bool(self.spec.trust_code)).to_dict())
         cwd = Path(include[0]) if self.spec.include_path else log_dir
@@ -165,8 +167,6 @@ def include_paths(spec: LmEvalSpec, log_dir: Path) -> list[str]:
             raise UsageError(f"eval.lm_eval.include_path {spec.include_path!r} is not a folder",
                              hint="give the folder of your lm-eval task YAMLs (relative: from the current folder)")
         out.append(str(p))
-    from infertool.evaluate.lm_eval_export import SHIPPED_PREFIX
-
     if any(t.startswith(SHIPPED_PREFIX) for t in spec.tasks):
         out.append(str(materialize_shipped(log_dir / "lm_eval_tasks")))
     return out
@@ -174,11 +174,6 @@ def include_paths(spec: LmEvalSpec, log_dir: Path) -> list[str]:
 
 def materialize_shipped(dest: Path) -> Path:
     """The shipped task YAMLs written into ``dest`` with absolute data-file paths (the data stays where it ships)."""
-    import yaml
-
-    from infertool.atomic import write_text
-    from infertool.evaluate.lm_eval_export import shipped_dir
-
     src = shipped_dir()
     dest.mkdir(parents=True, exist_ok=True)
     for y in sorted(src.glob("*.yaml")):
@@ -247,10 +242,6 @@ def _tail(log_path: Path, n: int = 12) -> str:
 def read_answer(out: Path, log_path: Path, include: list[str], secrets: list[str | None],
                 ) -> dict[str, Any]:  # Any: JSON values
     """The worker's answer as the phase's raw numbers, or the error it reported (unknown task, missing data)."""
-    import json
-
-    from infertool import net
-
     try:
         ans = WorkerAnswer.from_dict(json.loads(out.read_text(encoding="utf-8")))
     except (OSError, ValueError):
@@ -280,8 +271,6 @@ class WorkerAnswer(Record):
 def answer_error(ans: WorkerAnswer | dict[str, Any], include: list[str], log_path: str,  # Any: JSON values
                  secrets: list[str | None]) -> Exception:
     """The error of a worker's answer: an unknown task and data not on the machine are the user's to fix."""
-    from infertool import net
-
     ans = WorkerAnswer.from_dict(ans)
     task, msg = ans.task, net.quote(ans.message, secrets, 600)
     where = f" (include path: {', '.join(include)})" if include else ""
@@ -319,8 +308,6 @@ def paired_recovery(base: list[float], cand: list[float], confidence: float,
     the per-document scores, so the pairing (the same documents) narrows it. Identical scores give exactly
     [1, 1]. With a zero mean (no log): recovery 1 + mean(c - b)/mean(b), the interval from the paired
     difference's standard error; a base that scores 0 has no recovery (None)."""
-    from infertool.evaluate.metrics import t_for
-
     n = len(base)
     if n == 0 or len(cand) != n:
         return None, None
@@ -379,8 +366,6 @@ def task_block(ids: list[str], b: list[float], c: list[float], metric: str, conf
     oriented scores (higher is better: a lower-is-better metric's negated, as ``join_task`` gives them). Recovery
     of a lower-is-better metric (a perplexity) is mean(base) / mean(candidate) on the metric's own values, so
     below 1 is worse either way; its interval the inverse of the other ratio's."""
-    from infertool.evaluate.metrics import mcnemar_exact
-
     lost = [i for i, x, y in zip(ids, b, c) if y < x]
     gained = [i for i, x, y in zip(ids, b, c) if y > x]
     n = len(ids)

@@ -28,10 +28,12 @@ its servers' lifetimes: ``LosslessCheck.run_plain`` on the server without specul
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from infertool.errors import InfertoolError
+from infertool.evaluate.decode import DecodePhase, DecodeRaw, compare
 from infertool.evaluate.result import DecodeComparison, Diverged
 from infertool.records import Record
 
@@ -83,11 +85,10 @@ class Lossless(Record):
         return d
 
 
-def speculative_words(spec: SpeculativeSpec | dict[str, Any] | None) -> str:  # Any: JSON values
-    """A speculative config in words: "ngram k=3" (a SpeculativeSpec or its dict)."""
-    data = dict(spec or {}) if spec is None or isinstance(spec, dict) else spec.model_dump(exclude_none=True)
-    words = f"{data.get('method')} k={data.get('num_speculative_tokens')}"
-    return words + (f" (draft {data['model']})" if data.get("model") else "")
+def speculative_words(spec: SpeculativeSpec | None) -> str:
+    """A speculative config in words: "ngram k=3"."""
+    method, k, model = (spec.method, spec.num_speculative_tokens, spec.model) if spec else (None, None, None)
+    return f"{method} k={k}" + (f" (draft {model})" if model else "")
 
 
 def decide(figures: DecodeComparison, floor: DecodeComparison, *, speculative: str, prompts: str,
@@ -128,8 +129,6 @@ class LosslessCheck:
 
     def __init__(self, spec: DecodeSpec, prompts: list[dict[str, Any]], *, speculative: str, label: str,  # Any: JSON values
                  confidence: float = 0.95) -> None:
-        from infertool.evaluate.decode import DecodePhase
-
         self.phase = DecodePhase(spec, prompts)
         self.speculative, self.label, self.confidence = speculative, label, confidence
         self.plain: dict[str, Any] | None = None  # Any: JSON values
@@ -158,16 +157,12 @@ class LosslessCheck:
     def _guarded(self, work: Callable[[], None], which: str) -> None:
         """A pass whose server fails a request (an error status, a malformed answer, a prompt longer than the
         server takes) leaves the check "not measured" with why, never a verdict; the other server still runs."""
-        from infertool.errors import InfertoolError
-
         try:
             work()
         except InfertoolError as e:
             self.failed = self.failed or f"{which}: {e.message.splitlines()[0]}"
 
     def result(self) -> Lossless:
-        from infertool.evaluate.decode import compare
-
         tie = float(self.phase.spec.near_tie_logprob)
         if self.failed or self.plain is None or self.spec_raw is None or self.again is None:
             return decide(DecodeComparison(skipped=self.failed or "a server was not run"), DecodeComparison(),
@@ -245,7 +240,8 @@ class VariantChecks:
 
 def _own(raw: dict[str, Any]) -> dict[str, Any]:  # Any: JSON values
     """A raw without its teacher-forced values: what a second pass is forced on (its own greedy tokens)."""
-    return {**raw, "prompts": [{k: v for k, v in p.items() if k != "forced"} for p in raw.get("prompts", [])]}
+    own = DecodeRaw.from_dict(raw)
+    return replace(own, prompts=[replace(p, forced=None) for p in own.prompts]).to_dict()
 
 
 def all_lossless(results: list[Lossless]) -> Lossless | None:

@@ -103,23 +103,53 @@ def percentile(sorted_xs: Sequence[float], q: float) -> float:
     return float(sorted_xs[i] + (sorted_xs[i + 1] - sorted_xs[i]) * frac)
 
 
-def distribution(xs: Sequence[float], qs: Sequence[float] = (1, 5, 10, 50, 90, 95, 99, 99.9)) -> dict[str, Any]:  # Any: JSON values
-    """mean, SE, RMS, min, max and percentiles (keys like 'p99.9') of a sample."""
+@dataclass
+class Distribution(Record):
+    """A sample's size, mean, SE, RMS, range and percentiles (``distribution``; a percentile not asked for is None).
+    Its JSON keeps the keys it had as a dict: ``p99_9`` spelled ``p99.9``, a None left out unless read (``keys``)."""
+
+    n: int | None = None
+    mean: float | None = None
+    se: float | None = None
+    rms: float | None = None
+    min: float | None = None
+    max: float | None = None
+    p1: float | None = None
+    p5: float | None = None
+    p10: float | None = None
+    p50: float | None = None
+    p90: float | None = None
+    p95: float | None = None
+    p99: float | None = None
+    p99_9: float | None = None
+    median: float | None = None
+    keys: list[str] = field(default_factory=list, repr=False, compare=False)  # those its JSON held (null or not)
+
+    def mean_se(self) -> tuple[float, float]:
+        """The mean and its standard error (nan where not measured)."""
+        return (math.nan if self.mean is None else self.mean), (math.nan if self.se is None else self.se)
+
+    def to_dict(self) -> dict[str, Any]:  # Any: JSON values
+        held = {k: v for k, v in super().to_dict().items() if k != "keys" and (v is not None or k in self.keys)}
+        return {("p99.9" if k == "p99_9" else k): v for k, v in held.items()}
+
+    @classmethod
+    def from_dict(cls, data: Any) -> Distribution:  # Any: JSON read back (see Record.from_dict)
+        if isinstance(data, dict):
+            data = {("p99_9" if k == "p99.9" else k): v for k, v in data.items()}
+            data["keys"] = list(data)
+        return super().from_dict(data)
+
+
+def distribution(xs: Sequence[float], qs: Sequence[float] = (1, 5, 10, 50, 90, 95, 99, 99.9)) -> Distribution:
+    """mean, SE, RMS, min, max and the percentiles ``qs`` (those the record has: ``p99_9`` the 99.9th) of a sample."""
     s = sorted(xs)
     m, se = mean_se(xs)
-    out = {
-        "n": len(s),
-        "mean": m,
-        "se": se,
-        "rms": math.sqrt(math.fsum(x * x for x in s) / len(s)) if s else float("nan"),
-        "min": s[0] if s else float("nan"),
-        "max": s[-1] if s else float("nan"),
-    }
-    for q in qs:
-        key = f"p{q:g}"
-        out[key] = percentile(s, q)
-    out["median"] = percentile(s, 50)
-    return out
+    p = {q: percentile(s, q) for q in qs}
+    return Distribution(n=len(s), mean=m, se=se, rms=math.sqrt(math.fsum(x * x for x in s) / len(s)) if s else math.nan,
+                        min=s[0] if s else math.nan, max=s[-1] if s else math.nan, p1=p.get(1), p5=p.get(5),
+                        p10=p.get(10), p50=p.get(50), p90=p.get(90), p95=p.get(95), p99=p.get(99), p99_9=p.get(99.9),
+                        median=percentile(s, 50))
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Protocol
 from rich.table import Table
 
 from infertool.evaluate.blocks import LM_EVAL_HEADER, decode_rows, lm_eval_rows, task_code_note
+from infertool.evaluate.result import (ChoiceResult, DecodeComparison, EvalResult, GenerateResult, LmEvalComparison,
+                                       PerplexityMetrics, StructuredResult, TaskResult)
 from infertool.evaluate.verdict import fmt
 from infertool.output import err, esc, kv_table, out, plain, print_json, visible
 
@@ -18,10 +20,6 @@ if TYPE_CHECKING:
     from infertool.data.suites import SuiteTask
     from infertool.evaluate.lm_eval_export import LmEvalExport
     from infertool.evaluate.prepare import EvalPlan
-    from infertool.evaluate.result import (
-        ChoiceResult, DecodeComparison, EvalResult, GenerateResult, LmEvalComparison, PerplexityMetrics,
-        StructuredResult, TaskResult,
-    )
 
 class Findings(Protocol):
     """The recipe checks' findings (infertool.checks' Checks: a command ran them, evaluate does not import them)."""
@@ -107,8 +105,6 @@ def _pair(ci: list[float | None], spec: str) -> str:
 
 
 def task_table(name: str, t: TaskResult) -> Table:
-    from infertool.evaluate.result import ChoiceResult, GenerateResult, PerplexityMetrics, StructuredResult
-
     if isinstance(t, PerplexityMetrics):
         return perplexity_table(name, t)
     if isinstance(t, StructuredResult):
@@ -127,22 +123,19 @@ def perplexity_table(name: str, t: PerplexityMetrics) -> Table:
     tab.add_row("perplexity", fmt(t.ppl_base), fmt(t.ppl_cand), f"ratio {fmt(t.ppl_ratio)} [{fmt(ci[0])}, {fmt(ci[1])}]")
     tab.add_row("bits per byte", fmt(t.bpb_base), fmt(t.bpb_cand), "")
     tab.add_row("ln(PPL ratio)", "", "", f"{fmt(t.ln_ppl_ratio)} ± {fmt(t.ln_ppl_ratio_se)} (paired SE)")
-    tab.add_row("KLD mean ± SE", "", "", f"{fmt(k.get('mean'))} ± {fmt(k.get('se'))}")
-    tab.add_row("KLD median / p90 / p99", "", "", f"{fmt(k.get('median'))} / {fmt(k.get('p90'))} / {fmt(k.get('p99'))}")
-    tab.add_row("KLD p99.9 / max", "", "", f"{fmt(k.get('p99.9'))} / {fmt(k.get('max'))}")
+    tab.add_row("KLD mean ± SE", "", "", f"{fmt(k.mean)} ± {fmt(k.se)}")
+    tab.add_row("KLD median / p90 / p99", "", "", f"{fmt(k.median)} / {fmt(k.p90)} / {fmt(k.p99)}")
+    tab.add_row("KLD p99.9 / max", "", "", f"{fmt(k.p99_9)} / {fmt(k.max)}")
     tab.add_row("same top-1", "", "", f"{_pct(t.top1_agree)} ± {_pct(t.top1_agree_se)}")
-    tab.add_row("Δp mean / RMS", "", "", f"{_pct(dp.get('mean'), '+.3%')} / {_pct(dp.get('rms'), '.3%')}")
-    tab.add_row("Δp p1 / p99", "", "", f"{_pct(dp.get('p1'), '+.3%')} / {_pct(dp.get('p99'), '+.3%')}")
-    if t.topk_covered_mass:
-        cov = t.topk_covered_mass
-        tab.add_row("top-k covered mass", "", "", f"mean {_pct(cov.get('mean'))}, p1 {_pct(cov.get('p1'))}")
+    tab.add_row("Δp mean / RMS", "", "", f"{_pct(dp.mean, '+.3%')} / {_pct(dp.rms, '.3%')}")
+    tab.add_row("Δp p1 / p99", "", "", f"{_pct(dp.p1, '+.3%')} / {_pct(dp.p99, '+.3%')}")
+    if (cov := t.topk_covered_mass) is not None:
+        tab.add_row("top-k covered mass", "", "", f"mean {_pct(cov.mean)}, p1 {_pct(cov.p1)}")
     return tab
 
 
 def accuracy_table(name: str, t: ChoiceResult | GenerateResult) -> Table:
     """A multiple-choice or generation task: paired accuracy of base and candidate on the same items."""
-    from infertool.evaluate.result import ChoiceResult
-
     match = "" if isinstance(t, ChoiceResult) else t.match
     tab = Table(title=plain(f"{name}: {t.items} items ({t.type}{', ' + match if match else ''})"))
     for col in ("metric", "base", "candidate", "b", "c", "flip rate", "net change [95%]", "McNemar p"):

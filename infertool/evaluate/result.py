@@ -8,8 +8,8 @@ tasks (``topk_covered_mass`` for the server engines, ``pooled.items`` when a sui
 are left out of the JSON when empty (``records.Sparse.OMIT_NONE``) rather than written as null.
 
 Per-task results are one record per task type (``PerplexityResult``, ``ChoiceResult``, ``GenerateResult``),
-chosen by the ``type`` a task carries. Distributions (``kld``, ``delta_p``: mean, se, p1 ... p99.9) stay
-dicts: their percentile keys are not names.
+chosen by the ``type`` a task carries. Distributions (``kld``, ``delta_p``: mean, se, p1 ... p99.9) are
+``metrics.Distribution`` records.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from typing import Any, ClassVar
 
 from infertool.data.overlap import Overlap
 from infertool.evaluate.adapter_result import AdaptersComparison
-from infertool.evaluate.metrics import PairedAccuracy
+from infertool.evaluate.metrics import Distribution, PairedAccuracy
 from infertool.evaluate.paired import TaskTiming
 from infertool.evaluate.verdict import Gate
 from infertool.records import Record, Sparse
@@ -65,18 +65,17 @@ class PerplexityMetrics(TaskResult):
     ppl_ratio: float | None = None
     ppl_ratio_ci: list[float | None] = field(default_factory=list)
     kld_kind: str = "full"  # "full" (hf engine) or "top-K" (a server's top-K log-probabilities: a lower bound)
-    kld: dict[str, Any] = field(default_factory=dict)  # Any: JSON values; distribution: n, mean, se, rms, min, max, p1 ... p99.9, median
+    kld: Distribution = field(default_factory=Distribution)
     top1_agree: float | None = None
     top1_agree_se: float | None = None
     top1_agree_ci: list[float | None] = field(default_factory=list)
-    delta_p: dict[str, Any] = field(default_factory=dict)  # Any: JSON values; distribution of p_candidate - p_base of the scored token
+    delta_p: Distribution = field(default_factory=Distribution)  # p_candidate - p_base of the scored token
     kld_histogram: dict[str, Any] = field(default_factory=dict)  # Any: JSON values; edges, counts, under, over
-    topk_covered_mass: dict[str, Any] | None = None  # Any: JSON values; server engines: how much of the base's probability the top-K covers
+    topk_covered_mass: Distribution | None = None  # server engines: how much of the base's probability the top-K covers
 
     @property
     def mean_kld(self) -> float | None:
-        v = self.kld.get("mean")
-        return v if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+        return self.kld.mean
 
 
 @dataclass

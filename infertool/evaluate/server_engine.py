@@ -28,13 +28,13 @@ from infertool.evaluate.answers import MAX_TOKEN_ID, Malformed, PromptLogprobs, 
 from infertool.evaluate.metrics import topk_kld
 from infertool.data.formats import FORMAT_TYPES
 from infertool.evaluate.structured import ChatAnswer, answer_from_reply
+from infertool.evaluate.phases import Phase, Served, run_all
 from infertool.evaluate.paired import (
     ChoicePair, EngineRun, GeneratePair, Paired, PairedAnswers, PairedChoices, PairedOutputs, PairedWindow,
     PerplexityPair, RequestItem, ScoreTask, StructuredPair, TaskTiming, cut_at_stop,
 )
 
 if TYPE_CHECKING:
-    from infertool.evaluate.phases import Phase
     from infertool.serve.launches import LaunchPlan
     from infertool.serve.pool import ServerPool
     from infertool.tasks import Events
@@ -396,8 +396,6 @@ def compare_openai(cb: Client, cc: Client, tasks: list[dict[str, Any]], *, k: in
                    phases: list[Phase] | None = None, log_dir: Path | None = None) -> EngineRun:
     """Both models on already running OpenAI-compatible server(s): ``cb`` names the base, ``cc`` the candidate.
     ``phases`` (infertool.evaluate.phases): more work on each server, the base first."""
-    from infertool.evaluate.phases import Served, run_all
-
     for client in dict.fromkeys((cb, cc)):
         client.check_served()
     done: dict[str, Any] = {}  # Any: JSON values
@@ -422,7 +420,6 @@ def compare_vllm(plans: dict[str, LaunchPlan], tasks: list[dict[str, Any]], *, k
     candidate first: a quantized checkpoint this host's vLLM cannot run fails before any work on the base.
     ``phases`` (infertool.evaluate.phases): more work on each server while it is up (lm-eval tasks, the decode
     path), the candidate's first."""
-    from infertool.evaluate.phases import Served, run_all
     from infertool.serve import launch
     from infertool.serve.launcher import HOST_KERNEL_MISSING, HostCannotRun, full_log
 

@@ -95,14 +95,13 @@ def greedy(srv, prompts: list[str], max_tokens: int) -> tuple[list[list[int]], l
     choices = r.get("choices")
     if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
         raise NoCompletion("vLLM answered no list of completions")
-    choices = sorted(choices, key=lambda c: net.count(c.get("index")) or 0)
     if len(choices) != len(prompts):
         raise NoCompletion(f"vLLM answered {len(choices)} completions for {len(prompts)} prompts")
     from infertool.evaluate.answers import CompletionChoice
 
     ids, texts = [], []
-    for c in map(CompletionChoice.read, choices):
-        toks = c.tokens if isinstance(c.tokens, list) else []
+    for c in sorted(map(CompletionChoice.from_dict, choices), key=lambda c: net.count(c.index) or 0):
+        toks = c.lists.tokens if isinstance(c.lists.tokens, list) else []
         ids.append([_token_id(t) for t in toks if isinstance(t, str) and t.startswith("token_id:")])
         texts.append(c.text if isinstance(c.text, str) else "")
     return ids, texts

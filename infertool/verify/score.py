@@ -111,7 +111,7 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
     for name, t in tasks.items():
         if isinstance(t, PerplexityPair):
             s = summarize_perplexity(t, confidence)
-            block.tasks[name] = PromptTask(t.type, s.tokens, s.kld["mean"], s.top1_agree)
+            block.tasks[name] = PromptTask(t.type, s.tokens, s.kld.mean, s.top1_agree)
             continue
         if isinstance(t, StructuredPair):
             continue  # json / tool_call tasks: verify.answers compares them
@@ -125,7 +125,7 @@ def score_prompts(evidence_raw: dict[str, Any], new_raw: dict[str, Any], k: int,
     if ppl:
         s = summarize_perplexity(PerplexityPair([w for t in ppl for w in t.items], kld_kind=f"top-{k}"), confidence)
         z = M.z_for(confidence)
-        mean, se = _finite(s.kld["mean"]), _finite(s.kld["se"])
+        mean, se = _finite(s.kld.mean), _finite(s.kld.se)
         if mean is not None and se is not None and s.tokens:
             block.kld, block.kld_ci = mean, [max(0.0, mean - z * se), mean + z * se]
             block.top1, block.top1_ci = s.top1_agree, s.top1_agree_ci
