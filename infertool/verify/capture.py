@@ -149,19 +149,19 @@ def host_facts() -> dict[str, Any]:  # Any: JSON values
             "gpu_count": len(gpus.names), "driver": host.gpu_driver_version() if gpus.names else None}
 
 
-def lmeval_doc(answer: WorkerAnswer, config: dict[str, Any] | None = None) -> dict[str, Any]:  # Any: JSON values
+def lmeval_doc(answer: WorkerAnswer, config: dict[str, Any] | None = None) -> E.LmevalDoc:  # Any: JSON values
     """lmeval.json from the lm-eval worker's answer for the candidate (its ``tasks``: {task: {"metric", "docs":
     {doc_id: score}, ...}}): per task, each document's result, and lm-eval's settings with each task's metric."""
-    tasks: dict[str, Any] = {}  # Any: JSON values
+    tasks: dict[str, list[E.LmevalRow]] = {}
     meta: dict[str, Any] = {}  # Any: JSON values
     for name, block in (answer.tasks or {}).items():
         if not isinstance(block, dict) or not isinstance(block.get("docs"), dict):
             continue
         metric = str(block.get("metric") or "score")
-        tasks[str(name)] = [{"doc_id": d, "metrics": {metric: v}} for d, v in block["docs"].items()]
+        tasks[str(name)] = [E.LmevalRow(d, {metric: v}) for d, v in block["docs"].items()]
         meta[str(name)] = {"metric": metric, "higher_is_better": bool(block.get("higher_is_better", True)),
                            "n_docs": block.get("n_docs"), "output_type": block.get("output_type")}
-    return {"tasks": tasks, "config": {**(config or {}), "lm_eval": answer.lm_eval, "tasks": meta}}
+    return E.LmevalDoc(tasks, {**(config or {}), "lm_eval": answer.lm_eval, "tasks": meta})
 
 
 RERUN_SETTINGS = ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_multiturn", "system_instruction",
@@ -357,7 +357,7 @@ def fit(docs: dict[str, E.JsonDoc], budget: int) -> Fitted:
 # ------------------------------------------------------------------------------------------ capture
 def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprint: str, weight_bytes: int,
             engine: E.EngineFacts, serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
-            lmeval: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's document
+            lmeval: E.LmevalDoc | None = None, lmeval_why: str | None = None,
             workers: int | None = None, weights: dict[str, str] | None = None) -> E.EvidenceIndex:
     """Gather the evidence from the served candidate ``client`` names and write the folder ``out`` whole; returns
     the index written (``evidence.json``). ``lmeval``: lmeval.json's document (``lmeval_doc``), else
@@ -383,7 +383,7 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
     else:
         missing["decode"] = f"the decode path was not recorded: {skipped or 'no decode prompts'}"
     if lmeval is not None:
-        docs[E.LMEVAL] = lmeval
+        docs[E.LMEVAL] = lmeval.to_dict()
     else:
         missing["lmeval"] = lmeval_why or "the run's eval scored no lm-eval tasks"
     index = E.EvidenceIndex(

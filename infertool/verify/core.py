@@ -396,7 +396,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
         p.notes += [f"the evidence's {k} was trimmed: {v}" for k, v in ev.index.trimmed.items()]
     from infertool.verify.lmeval import plan_rerun
 
-    p.lmeval = plan_rerun(ev.lmeval, trust_task_code=options.trust_task_code)
+    p.lmeval = plan_rerun(ev.lmeval_doc, trust_task_code=options.trust_task_code)
     if p.lmeval is not None:
         p.notes += p.lmeval.notes if p.lmeval.spec is not None else [f"lm-eval is not re-run: {p.lmeval.why}"]
     if options.url is None:
@@ -681,7 +681,7 @@ LMEVAL_DIR = "lm_eval"  # the re-run's spec, answer and log, under verify's --ou
 class LmevalNow:
     """The lm-eval re-run's documents (lmeval.json's shape), or why there are none."""
 
-    doc: dict[str, Any] | None = None  # Any: lmeval.json's shape
+    doc: E.LmevalDoc | None = None
     why: str | None = None
 
 
@@ -773,7 +773,7 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     with _evidence_shape(ev):
         s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,
                   evidence_decode=raw_decode, new_decode=decode_now,
-                  k=int(ev.index.k or 20), accept=p.accept.model_dump(mode="json"), near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
+                  k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval_doc,
                   missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why,
                   tasks=ev.tasks if ev.prompts is not None else None)
     if p.lmeval is not None:

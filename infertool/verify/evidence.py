@@ -31,6 +31,7 @@ import json
 import os
 import stat
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -128,6 +129,23 @@ def block_of(index: EvidenceIndex) -> EvidenceBlock:
 
 
 @dataclass
+class LmevalRow(Record):
+    """One document of a task in lmeval.json: lm-eval's doc_id and its metrics' values."""
+
+    doc_id: str | int | bool | None = None  # bool: taken as ``core.check_shapes`` takes it (an int)
+    metrics: dict[str, Any] | None = None  # Any: lm-eval's values, compared as they are
+
+
+@dataclass
+class LmevalDoc(Record):
+    """lmeval.json (``capture.lmeval_doc`` builds it, for the evidence and for verify's re-run): each task's
+    documents; ``config``: lm-eval's settings as written (``capture.LmevalConfig`` reads them)."""
+
+    tasks: dict[str, list[LmevalRow]] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)  # Any: the recipe's eval.lm_eval as dumped, and more
+
+
+@dataclass
 class Evidence:
     """An evidence folder read and checked: its index and the parsed data files (None: not there)."""
 
@@ -141,6 +159,11 @@ class Evidence:
     @property
     def fingerprint(self) -> str:
         return self.index.content_sha256
+
+    @cached_property
+    def lmeval_doc(self) -> LmevalDoc | None:
+        """lmeval.json as its record, read once (its outline checked before: ``core.check_shapes``)."""
+        return LmevalDoc.from_dict(self.lmeval) if self.lmeval is not None else None
 
 
 def canonical(doc: JsonDoc) -> bytes:
