@@ -98,8 +98,8 @@ def test_the_cap_is_never_exceeded_and_each_cut_is_recorded(standin, tmp_path):
 
 
 def test_fit_trims_decode_then_drops_files_in_order():
-    dec = {"prompts_src": [{"id": str(i)} for i in range(10)],
-           "raw": {"top_k": 4, "prompts": [{"id": str(i), "tokens": list(range(50))} for i in range(10)]}}
+    dec = capture.DecodeDoc.from_dict({"prompts_src": [{"id": str(i)} for i in range(10)], "raw": {
+        "top_k": 4, "prompts": [{"id": str(i), "tokens": list(range(50))} for i in range(10)]}})
     lm = {"tasks": {"t": [{"doc_id": "0", "metrics": {"acc": 1.0}}]}, "config": {}}
     full = capture.fit({evidence.DECODE: dec, evidence.LMEVAL: lm}, 10**6)
     assert full.trimmed == {} and full.missing == {}

@@ -250,7 +250,7 @@ def read_lmeval_answer(path: Path) -> WorkerAnswer | None:
 
 
 # ------------------------------------------------------------------------------------------ fit to the cap
-def _encode(doc: E.JsonDoc) -> bytes:
+def _encode(doc: E.JsonDoc | Record) -> bytes:
     return (dumps_json(doc, indent=None) + "\n").encode("utf-8")
 
 
@@ -279,9 +279,16 @@ def _cut_tasks(tasks: list[dict[str, Any]], prompts: dict[str, Any],  # Any: JSO
     return out_tasks, {**prompts, "tasks": out_raw}
 
 
-def _cut_decode(doc: dict[str, Any], n: int) -> dict[str, Any]:  # Any: JSON values
-    raw = doc.get("raw") or {}
-    return {"prompts_src": list(doc.get("prompts_src") or [])[:n], "raw": {**raw, "prompts": list(raw.get("prompts") or [])[:n]}}
+@dataclass
+class DecodeDoc(Record):
+    """decode.json as ``capture`` writes it: the decode prompts asked and the candidate's answer (``DecodePhase``)."""
+
+    prompts_src: list[dict[str, Any]] = field(default_factory=list)  # Any: decode prompts, as JSON
+    raw: DecodeRaw = field(default_factory=DecodeRaw)
+
+
+def _cut_decode(doc: DecodeDoc, n: int) -> DecodeDoc:
+    return DecodeDoc(doc.prompts_src[:n], replace(doc.raw, prompts=doc.raw.prompts[:n]))
 
 
 def _items(prompts: dict[str, Any]) -> int:  # Any: JSON values
@@ -296,7 +303,7 @@ class Fitted:
     missing: dict[str, str]
 
 
-def fit(docs: dict[str, E.JsonDoc], budget: int) -> Fitted:
+def fit(docs: dict[str, E.JsonDoc | Record], budget: int) -> Fitted:
     """The data files (name -> JSON document) encoded and cut to ``budget`` bytes in all (module docstring)."""
     trimmed: dict[str, str] = {}
     missing: dict[str, str] = {}
@@ -337,8 +344,8 @@ def fit(docs: dict[str, E.JsonDoc], budget: int) -> Fitted:
         trimmed["suite"] = (f"at most {_items(prompts)} of {n_before} scored items per task (the same share of each "
                             "task) to fit the cap")
     drop((E.PROMPTS, E.TASKS))  # the suite's text alone may be over the cap: the decode path is kept first
-    if size() > budget and isinstance(decode, dict) and len(decode.get("prompts_src") or []) > 1:
-        full_d, n_before = decode, len(decode.get("prompts_src") or [])
+    if size() > budget and isinstance(decode, DecodeDoc) and len(decode.prompts_src) > 1:
+        full_d, n_before = decode, len(decode.prompts_src)
         lo_n, hi_n = 1, n_before  # the most prompts that fit
         while lo_n < hi_n:
             mid_n = (lo_n + hi_n + 1) // 2
@@ -371,19 +378,19 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
     cap = cap_bytes(spec, weight_bytes)
     got = gather(client, tasks=q.tasks, decode_prompts=q.decode_prompts, decode=q.decode, k=q.k, events=events,
                  label="candidate", model_path=model_path, workers=workers or WORKERS)
-    docs: dict[str, E.JsonDoc] = {}
+    docs: dict[str, E.JsonDoc | Record] = {}
     missing: dict[str, str] = {}
     if got.prompts is not None:
         docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts
     else:
         missing["prompts"] = "the suite has no tasks"
-    skipped = DecodeRaw.from_dict(got.decode).skipped
-    if got.decode is not None and not skipped:
-        docs[E.DECODE] = {"prompts_src": q.decode_prompts, "raw": got.decode}
+    raw = DecodeRaw.from_dict(got.decode)
+    if got.decode is not None and not raw.skipped:
+        docs[E.DECODE] = DecodeDoc(q.decode_prompts, raw)
     else:
-        missing["decode"] = f"the decode path was not recorded: {skipped or 'no decode prompts'}"
+        missing["decode"] = f"the decode path was not recorded: {raw.skipped or 'no decode prompts'}"
     if lmeval is not None:
-        docs[E.LMEVAL] = lmeval.to_dict()
+        docs[E.LMEVAL] = lmeval
     else:
         missing["lmeval"] = lmeval_why or "the run's eval scored no lm-eval tasks"
     index = E.EvidenceIndex(
