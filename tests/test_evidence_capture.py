@@ -119,7 +119,7 @@ def test_lmeval_documents_from_the_workers_answer(tmp_path):
                                                                      "shown": {}}}}
     f = tmp_path / "lm_eval-candidate.json"
     f.write_text(json.dumps(answer))
-    doc = capture.lmeval_doc(capture.read_lmeval_answer(f), {"limit": 3}).to_dict()
+    doc = capture.lmeval_doc(capture.read_lmeval_answer(f), {"limit": 3}).model_dump(mode="json")
     assert doc["tasks"] == {"arc_easy": [{"doc_id": "0", "metrics": {"acc": 1.0}}, {"doc_id": "2", "metrics": {"acc": 0.0}}]}
     assert doc["config"]["limit"] == 3 and doc["config"]["tasks"]["arc_easy"]["metric"] == "acc"
     f.write_text(json.dumps({"ok": False}))

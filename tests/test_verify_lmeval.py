@@ -26,7 +26,7 @@ def _doc(tasks: dict[str, dict[str, dict]], rerun: dict | None = None, version: 
     config: dict = {"lm_eval": version}
     if rerun is not None:
         config["rerun"] = rerun
-    return E.LmevalDoc.from_dict({"tasks": {t: [{"doc_id": d, "metrics": m} for d, m in docs.items()]
+    return E.LmevalDoc.model_validate({"tasks": {t: [{"doc_id": d, "metrics": m} for d, m in docs.items()]
                                             for t, docs in tasks.items()}, "config": config})
 
 
@@ -199,7 +199,7 @@ def test_recorded_settings_that_do_not_validate_are_said(env_ready):
 
 
 def test_an_older_lmeval_json_takes_its_config_and_the_tasks_of_its_documents(env_ready):
-    old = E.LmevalDoc.from_dict({"tasks": {"arc_easy": [{"doc_id": "0", "metrics": {"acc": 1.0}}]},
+    old = E.LmevalDoc.model_validate({"tasks": {"arc_easy": [{"doc_id": "0", "metrics": {"acc": 1.0}}]},
                                  "config": {"tasks": {"arc_easy": {"metric": "acc"}}, "limit": 7, "num_fewshot": None,
                                             "trust_code": True, "lm_eval": "0.4.13", "include_path": None}})
     assert recorded(old).tasks == ["arc_easy"] and recorded(old).to_dict()["limit"] == 7
@@ -250,7 +250,7 @@ def with_lmeval(tmp_path, gathered):
     from tests.test_verify import published_folder
 
     lm = _doc({"infertool_mc": _acc(*([1.0, 0.0] * 10))}, _rerun(None, tasks=["infertool_mc"]))
-    return published_folder(tmp_path, {**gathered, E.LMEVAL: lm.to_dict()}, {"missing": {}}), lm
+    return published_folder(tmp_path, {**gathered, E.LMEVAL: lm.model_dump(mode="json")}, {"missing": {}}), lm
 
 
 def test_verify_reruns_lmeval_on_the_served_checkpoint_and_gates_it(with_lmeval, servers, tmp_path, env_ready,

@@ -158,10 +158,10 @@ def lmeval_doc(answer: WorkerAnswer, config: dict[str, Any] | None = None) -> E.
         if not isinstance(block, dict) or not isinstance(block.get("docs"), dict):
             continue
         metric = str(block.get("metric") or "score")
-        tasks[str(name)] = [E.LmevalRow(d, {metric: v}) for d, v in block["docs"].items()]
+        tasks[str(name)] = [E.LmevalRow(doc_id=d, metrics={metric: v}) for d, v in block["docs"].items()]
         meta[str(name)] = {"metric": metric, "higher_is_better": bool(block.get("higher_is_better", True)),
                            "n_docs": block.get("n_docs"), "output_type": block.get("output_type")}
-    return E.LmevalDoc(tasks, {**(config or {}), "lm_eval": answer.lm_eval, "tasks": meta})
+    return E.LmevalDoc(tasks=tasks, config={**(config or {}), "lm_eval": answer.lm_eval, "tasks": meta})
 
 
 RERUN_SETTINGS = ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_multiturn", "system_instruction",
@@ -250,7 +250,7 @@ def read_lmeval_answer(path: Path) -> WorkerAnswer | None:
 
 
 # ------------------------------------------------------------------------------------------ fit to the cap
-def _encode(doc: E.JsonDoc | Record) -> bytes:
+def _encode(doc: E.JsonDoc | Record | E.LmevalDoc) -> bytes:
     return (dumps_json(doc, indent=None) + "\n").encode("utf-8")
 
 
@@ -303,7 +303,7 @@ class Fitted:
     missing: dict[str, str]
 
 
-def fit(docs: dict[str, E.JsonDoc | Record], budget: int) -> Fitted:
+def fit(docs: dict[str, E.JsonDoc | Record | E.LmevalDoc], budget: int) -> Fitted:
     """The data files (name -> JSON document) encoded and cut to ``budget`` bytes in all (module docstring)."""
     trimmed: dict[str, str] = {}
     missing: dict[str, str] = {}
@@ -378,7 +378,7 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
     cap = cap_bytes(spec, weight_bytes)
     got = gather(client, tasks=q.tasks, decode_prompts=q.decode_prompts, decode=q.decode, k=q.k, events=events,
                  label="candidate", model_path=model_path, workers=workers or WORKERS)
-    docs: dict[str, E.JsonDoc | Record] = {}
+    docs: dict[str, E.JsonDoc | Record | E.LmevalDoc] = {}
     missing: dict[str, str] = {}
     if got.prompts is not None:
         docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts

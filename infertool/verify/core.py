@@ -452,6 +452,10 @@ def check_shapes(ev: E.Evidence) -> None:
     """The data files hold what infertool writes, in outline (a crafted file with a matching hash is refused
     here, naming it, not met as a KeyError later): the task list and the prompts per task agree, the decode
     raw's prompts carry their tokens and top-k."""
+    from pydantic import ValidationError
+
+    from infertool.recipe.root import PydanticError
+
     def bad(name: str, why: str) -> E.EvidenceError:
         return E.EvidenceError(f"{ev.folder / name}: {why}", hint="publish the checkpoint again")
 
@@ -475,15 +479,12 @@ def check_shapes(ev: E.Evidence) -> None:
             if not (isinstance(p, dict) and isinstance(p.get("id"), str) and all(
                     isinstance(p.get(k), list) for k in ("prompt_ids", "tokens", "top", "prefill"))):
                 raise bad(E.DECODE, "a prompt of its raw lacks id, prompt_ids, tokens, top or prefill")
-    if ev.lmeval is not None:
-        tasks = ev.lmeval.get("tasks")
-        if not isinstance(tasks, dict) or not all(
-                isinstance(rows, list) and all(isinstance(r, dict) and isinstance(r.get("doc_id"), (str, int))
-                                               and isinstance(r.get("metrics"), dict) for r in rows)
-                for rows in tasks.values()):
-            raise bad(E.LMEVAL, "its tasks are not lists of documents, each with a doc_id and its metrics")
-        if ev.lmeval.get("config") is not None and not isinstance(ev.lmeval.get("config"), dict):
-            raise bad(E.LMEVAL, "its config is not an object")
+    try:
+        ev.lmeval_doc  # lmeval.json validated (evidence.LmevalDoc), once: its readers take it as it is
+    except ValidationError as e:
+        at = {PydanticError.of(x).loc[0] for x in e.errors(include_url=False)}
+        raise bad(E.LMEVAL, "its config is not an object" if at == {"config"} else
+                  "its tasks are not lists of documents, each with a doc_id and its metrics") from None
     settings_problem = check_settings(ev)
     if settings_problem is not None:
         raise bad(*settings_problem)

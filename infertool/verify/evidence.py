@@ -35,6 +35,8 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+
 from infertool.errors import UsageError
 from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
@@ -128,21 +130,22 @@ def block_of(index: EvidenceIndex) -> EvidenceBlock:
                          trimmed=sorted(index.trimmed))
 
 
-@dataclass
-class LmevalRow(Record):
-    """One document of a task in lmeval.json: lm-eval's doc_id and its metrics' values."""
+class LmevalRow(BaseModel):
+    """One document of a task in lmeval.json: lm-eval's doc_id and its metrics' values (strict: the evidence is
+    refused, naming the file, when one is not this: ``core.check_shapes``)."""
 
-    doc_id: str | int | bool | None = None  # bool: taken as ``core.check_shapes`` takes it (an int)
-    metrics: dict[str, Any] | None = None  # Any: lm-eval's values, compared as they are
+    model_config = ConfigDict(extra="allow")
+    doc_id: StrictStr | StrictInt | StrictBool
+    metrics: dict[str, Any]  # Any: lm-eval's values, compared as they are
 
 
-@dataclass
-class LmevalDoc(Record):
+class LmevalDoc(BaseModel):
     """lmeval.json (``capture.lmeval_doc`` builds it, for the evidence and for verify's re-run): each task's
     documents; ``config``: lm-eval's settings as written (``capture.LmevalConfig`` reads them)."""
 
-    tasks: dict[str, list[LmevalRow]] = field(default_factory=dict)
-    config: dict[str, Any] = field(default_factory=dict)  # Any: the recipe's eval.lm_eval as dumped, and more
+    model_config = ConfigDict(extra="allow")
+    tasks: dict[str, list[LmevalRow]]
+    config: dict[str, Any] | None = None  # Any: the recipe's eval.lm_eval as dumped, and more
 
 
 @dataclass
@@ -162,8 +165,8 @@ class Evidence:
 
     @cached_property
     def lmeval_doc(self) -> LmevalDoc | None:
-        """lmeval.json as its record, read once (its outline checked before: ``core.check_shapes``)."""
-        return LmevalDoc.from_dict(self.lmeval) if self.lmeval is not None else None
+        """lmeval.json, validated once (a ValidationError: ``core.check_shapes`` refuses it, naming the file)."""
+        return LmevalDoc.model_validate(self.lmeval) if self.lmeval is not None else None
 
 
 def canonical(doc: JsonDoc) -> bytes:

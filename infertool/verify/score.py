@@ -163,9 +163,8 @@ def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confiden
 
 
 def _lm_docs(rows: list[LmevalRow] | None) -> dict[str, dict[str, Any]]:  # Any: JSON values
-    """One task's documents of lmeval.json by doc_id; a row without its doc_id or metrics is left out (the
-    evidence's shape is checked before: ``core.check_shapes``)."""
-    return {str(r.doc_id): dict(r.metrics) for r in rows or [] if r.metrics is not None and r.doc_id is not None}
+    """One task's documents of lmeval.json by doc_id."""
+    return {str(r.doc_id): dict(r.metrics) for r in rows or []}
 
 
 def _doc_order(doc_id: str) -> tuple[int, int, str]:
