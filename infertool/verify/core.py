@@ -410,8 +410,9 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
 
             python = str(env_python(options.env))
         from infertool.evaluate.prepare import logprobs_args
+        from infertool.verify.capture import DecodeDoc
 
-        k = max(ev.index.k or 0, DecodeRaw.from_dict((ev.decode or {}).get("raw")).top_k or 0)
+        k = max(ev.index.k or 0, DecodeDoc.from_dict(ev.decode).raw.top_k or 0)
         p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run,
                            extra_args=logprobs_args(k))  # as the evidence's launch had it
     return p
