@@ -286,9 +286,8 @@ class DecodeDoc(Record):
     prompts_src: list[dict[str, Any]] = field(default_factory=list)  # Any: decode prompts, as JSON
     raw: DecodeRaw = field(default_factory=DecodeRaw)
 
-
-def _cut_decode(doc: DecodeDoc, n: int) -> DecodeDoc:
-    return DecodeDoc(doc.prompts_src[:n], replace(doc.raw, prompts=doc.raw.prompts[:n]))
+    def first(self, n: int) -> DecodeDoc:
+        return DecodeDoc(self.prompts_src[:n], replace(self.raw, prompts=self.raw.prompts[:n]))
 
 
 def _items(prompts: dict[str, Any]) -> int:  # Any: JSON values
@@ -349,12 +348,12 @@ def fit(docs: dict[str, E.JsonDoc | Record | E.LmevalDoc], budget: int) -> Fitte
         lo_n, hi_n = 1, n_before  # the most prompts that fit
         while lo_n < hi_n:
             mid_n = (lo_n + hi_n + 1) // 2
-            decode = _cut_decode(full_d, mid_n)
+            decode = full_d.first(mid_n)
             if size() <= budget:
                 lo_n = mid_n
             else:
                 hi_n = mid_n - 1
-        decode = _cut_decode(full_d, lo_n)
+        decode = full_d.first(lo_n)
         trimmed["decode"] = f"{lo_n} of {n_before} decode prompts to fit the cap"
     drop((E.DECODE,))
     drop((E.LMEVAL,))

@@ -23,6 +23,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
 
+from pydantic import ValidationError
+
 from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.evaluate.decode import DecodeRaw
@@ -129,6 +131,19 @@ class VerifyPlan:
     def url_shown(self) -> str | None:
         """--url as it is shown and saved: a user and password in it blanked."""
         return shown_url(self.options.url)
+
+    def result(self, engine: ServedEngine, timing: VerifyTiming, out_dir: Path,
+               **found: Any) -> VerifyResult:  # Any: VerifyResult's other fields, each of its own type
+        """verify.json of this plan: what it ``found`` (the verdict, the gates, the figures), what was served how,
+        against which evidence."""
+        ev, idx = self.evidence, self.evidence.index
+        return VerifyResult(
+            source=self.source.recorded(), engine=engine, serve=self.serve, changed=self.changed,
+            evidence=EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing, idx.trimmed,
+                                  idx.serve), not_taken=self.not_taken, workers=self.options.workers,
+            allow_inconclusive=self.allow_inconclusive, timing=timing, out_dir=str(out_dir), notes=list(self.notes),
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"), signature=self.signature,
+            provenance=self.provenance, **found)
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
@@ -453,8 +468,6 @@ def check_shapes(ev: E.Evidence) -> None:
     """The data files hold what infertool writes, in outline (a crafted file with a matching hash is refused
     here, naming it, not met as a KeyError later): the task list and the prompts per task agree, the decode
     raw's prompts carry their tokens and top-k."""
-    from pydantic import ValidationError
-
     from infertool.recipe.root import PydanticError
 
     def bad(name: str, why: str) -> E.EvidenceError:
@@ -499,8 +512,6 @@ def check_settings(ev: E.Evidence) -> tuple[str, str] | None:
     """(file, why) where a number the evidence records is out of the range the recipe allows for it (a
     ``seq_len`` of 0 divided by, a ``top_k`` of 1e9 asked of a server, a ``k`` beyond vLLM's log-probabilities):
     the recipe's own bounds (eval.seq_len, eval.decode); None when every one is in range."""
-    from pydantic import ValidationError
-
     from infertool.evaluate.paired import ScoreTask
     from infertool.recipe import DecodeSpec
     from infertool.recipe.root import PydanticError
@@ -529,8 +540,6 @@ def check_settings(ev: E.Evidence) -> tuple[str, str] | None:
 def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
     """The recorded serve settings taken (``split_serve``) as ServeSection fills them (for what --set changed); {}
     if they do not validate."""
-    from pydantic import ValidationError
-
     from infertool.recipe import ServeSection
 
     try:
@@ -781,17 +790,8 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     if p.lmeval is not None:
         s.lmeval.rerun = p.lmeval.to_dict()  # what was (or would have been) run again
     timing.wall_s = round(time.monotonic() - t0, 2)
-    idx = ev.index
-    result = VerifyResult(
-        verdict=s.verdict, reason=s.reason, gates=s.gates, prompts=s.prompts, decode=s.decode, lmeval=s.lmeval,
-        answers=s.answers,
-        source=p.source.recorded(),
-        evidence=EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing, idx.trimmed,
-                              idx.serve),
-        engine=engine, serve=p.serve, changed=p.changed, not_taken=p.not_taken, workers=p.options.workers,
-        confidence=p.accept.confidence, allow_inconclusive=p.allow_inconclusive,
-        timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        notes=list(p.notes), signature=p.signature, provenance=p.provenance)
+    result = p.result(engine, timing, out_dir, verdict=s.verdict, reason=s.reason, gates=s.gates, prompts=s.prompts,
+                      decode=s.decode, lmeval=s.lmeval, answers=s.answers, confidence=p.accept.confidence)
     try:
         write_json(out_dir / RESULT_FILE, result.to_dict())
     except OSError as e:  # a full disk, a folder made read-only meanwhile: said, never a half-written verify.json

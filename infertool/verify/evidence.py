@@ -38,6 +38,7 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
 
 from infertool.errors import UsageError
+from infertool.inputs import parse_json, stream_sha256
 from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
 
@@ -131,8 +132,7 @@ def block_of(index: EvidenceIndex) -> EvidenceBlock:
 
 
 class LmevalRow(BaseModel):
-    """One document of a task in lmeval.json: lm-eval's doc_id and its metrics' values (strict: the evidence is
-    refused, naming the file, when one is not this: ``core.check_shapes``)."""
+    """One document of a task in lmeval.json: lm-eval's doc_id and its metrics' values."""
 
     model_config = ConfigDict(extra="allow")
     doc_id: StrictStr | StrictInt | StrictBool
@@ -140,8 +140,7 @@ class LmevalRow(BaseModel):
 
 
 class LmevalDoc(BaseModel):
-    """lmeval.json (``capture.lmeval_doc`` builds it, for the evidence and for verify's re-run): each task's
-    documents; ``config``: lm-eval's settings as written (``capture.LmevalConfig`` reads them)."""
+    """lmeval.json, strict (``capture.lmeval_doc`` builds it; ``core.check_shapes`` refuses one that is not this)."""
 
     model_config = ConfigDict(extra="allow")
     tasks: dict[str, list[LmevalRow]]
@@ -164,8 +163,7 @@ class Evidence:
         return self.index.content_sha256
 
     @cached_property
-    def lmeval_doc(self) -> LmevalDoc | None:
-        """lmeval.json, validated once (a ValidationError: ``core.check_shapes`` refuses it, naming the file)."""
+    def lmeval_doc(self) -> LmevalDoc | None:  # validated once: ``core.check_shapes`` refuses one that is not
         return LmevalDoc.model_validate(self.lmeval) if self.lmeval is not None else None
 
 
@@ -224,8 +222,6 @@ def _read(folder: Path, name: str, limit: int) -> bytes:
 
 def _parse(folder: Path, name: str, data: bytes) -> Any:  # Any: JSON of the file's shape, checked by its reader
     """The JSON of an evidence file: bounded in depth, no NaN (``inputs.parse_json``)."""
-    from infertool.inputs import parse_json
-
     try:
         return parse_json(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
@@ -302,10 +298,7 @@ def _sha256_file(path: Path) -> str:
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise OSError(0, "not a regular file")
-        h = hashlib.sha256()
-        while block := f.read(8 * 1024 * 1024):
-            h.update(block)
-        return h.hexdigest()
+        return stream_sha256(f)
 
 
 def weight_names(root: str | Path) -> list[str]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from infertool.errors import InfertoolError, UsageError
 
 if TYPE_CHECKING:
@@ -75,13 +77,10 @@ def plan_rerun(lmeval: LmevalDoc | None, *, trust_task_code: bool = False) -> Lm
     """Whether the evidence's lm-eval tasks can run again here (None: the evidence has none): the recorded
     settings valid, the task folder on this machine and unchanged, its code trusted or none, the ``lmeval``
     environment ready. Every "cannot" is said, with its hint; nothing raises."""
-    from pydantic import ValidationError
-
     from infertool.evaluate.server_engine import Client
     from infertool.recipe import LmEvalSpec
     from infertool.tasks import Events
     from infertool.verify.capture import RerunSettings
-    from infertool.verify.evidence import LmevalDoc
 
     if lmeval is None:
         return None

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -253,16 +252,9 @@ def run(p: PerfPlan, ctx: RunContext | None = None) -> core.VerifyResult:
         check = PerfCheck(p.repeats, CONFIDENCE, MIN_SLOWDOWN, p.speed.engine.label, p.speed.hardware, p.hardware,
                           p.hardware_note, p.speed.workload, metrics, levels, timing.gather_s)
         timing.wall_s = round(time.monotonic() - t0, 2)
-        ev, idx = vp.evidence, vp.evidence.index
         gates: list[Gate] = [m.gate() for m in metrics]
-        result = core.VerifyResult(
-            verdict=v, reason=reason, gates=gates, source=vp.source.recorded(),
-            evidence=core.EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing,
-                                       idx.trimmed, idx.serve),
-            engine=engine, serve=vp.serve, changed=vp.changed, not_taken=vp.not_taken, workers=vp.options.workers,
-            confidence=CONFIDENCE, allow_inconclusive=vp.allow_inconclusive, timing=timing, out_dir=str(out_dir),
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"), notes=list(vp.notes),
-            signature=vp.signature, provenance=vp.provenance, perf=check)
+        result = vp.result(engine, timing, out_dir, verdict=v, reason=reason, gates=gates, confidence=CONFIDENCE,
+                           perf=check)
         write_json(out_dir / core.RESULT_FILE, result.to_dict())
         return result
     finally:
