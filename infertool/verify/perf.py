@@ -12,7 +12,7 @@ hardware the figures are compared with the performance model's prediction for th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -174,8 +174,6 @@ def weights_of(quantization: dict[str, Any] | None) -> str:  # Any: config.json'
 def measure(p: PerfPlan, url: str, model: str, ctx: RunContext) -> list[S.SpeedLevel]:
     """The recorded workload run ``p.repeats`` times against the server at ``url``; each level's figures over the
     repeats (per run: the level's mean)."""
-    from dataclasses import replace
-
     from infertool.bench import core as bench_core
 
     runs: list[list[S.SpeedLevel]] = []
