@@ -98,8 +98,8 @@ def test_the_cap_is_never_exceeded_and_each_cut_is_recorded(standin, tmp_path):
 
 
 def test_fit_trims_decode_then_drops_files_in_order():
-    dec = {"prompts_src": [{"id": str(i)} for i in range(10)],
-           "raw": {"top_k": 4, "prompts": [{"id": str(i), "tokens": list(range(50))} for i in range(10)]}}
+    dec = capture.DecodeDoc.from_dict({"prompts_src": [{"id": str(i)} for i in range(10)], "raw": {
+        "top_k": 4, "prompts": [{"id": str(i), "tokens": list(range(50))} for i in range(10)]}})
     lm = {"tasks": {"t": [{"doc_id": "0", "metrics": {"acc": 1.0}}]}, "config": {}}
     full = capture.fit({evidence.DECODE: dec, evidence.LMEVAL: lm}, 10**6)
     assert full.trimmed == {} and full.missing == {}
@@ -119,7 +119,7 @@ def test_lmeval_documents_from_the_workers_answer(tmp_path):
                                                                      "shown": {}}}}
     f = tmp_path / "lm_eval-candidate.json"
     f.write_text(json.dumps(answer))
-    doc = capture.lmeval_doc(capture.read_lmeval_answer(f), {"limit": 3})
+    doc = capture.lmeval_doc(capture.read_lmeval_answer(f), {"limit": 3}).model_dump(mode="json")
     assert doc["tasks"] == {"arc_easy": [{"doc_id": "0", "metrics": {"acc": 1.0}}, {"doc_id": "2", "metrics": {"acc": 0.0}}]}
     assert doc["config"]["limit"] == 3 and doc["config"]["tasks"]["arc_easy"]["metric"] == "acc"
     f.write_text(json.dumps({"ok": False}))

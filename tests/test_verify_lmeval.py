@@ -16,17 +16,23 @@ from infertool.errors import EnvNotReady
 from infertool.evaluate import metrics as M
 from infertool.verify import evidence as E
 from infertool.verify.lmeval import TRUST_FLAG, plan_rerun, recorded
-from infertool.verify.score import MAX_CHANGED, score, score_lmeval
+from infertool.recipe import VerifyAccept
+from infertool.verify.score import MAX_CHANGED, RULES, score, score_lmeval
 from tests.test_verify import gathered, servers  # noqa: F401  (fixtures: the stand-in server, its evidence)
 
 
-def _doc(tasks: dict[str, dict[str, dict]], rerun: dict | None = None, version: str = "0.4.13") -> dict:
-    """lmeval.json's shape from {task: {doc_id: {metric: value}}}."""
+def _doc(tasks: dict[str, dict[str, dict]], rerun: dict | None = None, version: str = "0.4.13") -> E.LmevalDoc:
+    """lmeval.json's record from {task: {doc_id: {metric: value}}}."""
     config: dict = {"lm_eval": version}
     if rerun is not None:
         config["rerun"] = rerun
-    return {"tasks": {t: [{"doc_id": d, "metrics": m} for d, m in docs.items()] for t, docs in tasks.items()},
-            "config": config}
+    return E.LmevalDoc.model_validate({"tasks": {t: [{"doc_id": d, "metrics": m} for d, m in docs.items()]
+                                            for t, docs in tasks.items()}, "config": config})
+
+
+def _accept(**gates: float) -> VerifyAccept:
+    """verify.accept with only ``gates`` set."""
+    return VerifyAccept(**{**dict.fromkeys(RULES), **gates})
 
 
 def _acc(*values: float, metric: str = "acc", start: int = 0) -> dict[str, dict]:
@@ -77,7 +83,7 @@ def test_nothing_in_common_is_no_figure_and_the_gate_says_why():
     b = score_lmeval(ev, now, 0.95)
     assert b.agreement is None and b.agreement_ci is None and b.why
     s = score(evidence_prompts=None, new_prompts=None, evidence_decode=None, new_decode=None, k=4,
-              accept={"min_lmeval_agreement": 0.95}, near_tie_logprob=0.15, lmeval=ev, missing={}, lmeval_now=now)
+              accept=_accept(min_lmeval_agreement=0.95), near_tie_logprob=0.15, lmeval=ev, missing={}, lmeval_now=now)
     (g,) = s.gates
     assert g.status == "n/a" and g.estimate is None and "no document both runs scored" in g.note
 
@@ -88,7 +94,7 @@ def test_the_gate_reads_the_wilson_interval(flipped, status):
     ev = _doc({"t": _acc(*([1.0] * n))})
     now = _doc({"t": _acc(*([0.0] * flipped + [1.0] * (n - flipped)))})
     s = score(evidence_prompts=None, new_prompts=None, evidence_decode=None, new_decode=None, k=4,
-              accept={"min_lmeval_agreement": 0.95}, near_tie_logprob=0.15, lmeval=ev, missing={}, lmeval_now=now)
+              accept=_accept(min_lmeval_agreement=0.95), near_tie_logprob=0.15, lmeval=ev, missing={}, lmeval_now=now)
     (g,) = s.gates
     assert g.status == status and g.n == n and g.estimate == (n - flipped) / n
 
@@ -96,7 +102,7 @@ def test_the_gate_reads_the_wilson_interval(flipped, status):
 def test_not_rerun_is_na_with_the_reason_never_a_figure():
     ev = _doc({"t": _acc(1.0, 0.0)})
     s = score(evidence_prompts=None, new_prompts=None, evidence_decode=None, new_decode=None, k=4,
-              accept={"min_lmeval_agreement": 0.95}, near_tie_logprob=0.15, lmeval=ev, missing={},
+              accept=_accept(min_lmeval_agreement=0.95), near_tie_logprob=0.15, lmeval=ev, missing={},
               lmeval_why="the task folder /x is not on this machine any more")
     (g,) = s.gates
     assert g.status == "n/a" and "not on this machine" in g.note and s.lmeval.rescored is False
@@ -193,9 +199,9 @@ def test_recorded_settings_that_do_not_validate_are_said(env_ready):
 
 
 def test_an_older_lmeval_json_takes_its_config_and_the_tasks_of_its_documents(env_ready):
-    old = {"tasks": {"arc_easy": [{"doc_id": "0", "metrics": {"acc": 1.0}}]},
-           "config": {"tasks": {"arc_easy": {"metric": "acc"}}, "limit": 7, "num_fewshot": None, "trust_code": True,
-                      "lm_eval": "0.4.13", "include_path": None}}
+    old = E.LmevalDoc.model_validate({"tasks": {"arc_easy": [{"doc_id": "0", "metrics": {"acc": 1.0}}]},
+                                 "config": {"tasks": {"arc_easy": {"metric": "acc"}}, "limit": 7, "num_fewshot": None,
+                                            "trust_code": True, "lm_eval": "0.4.13", "include_path": None}})
     assert recorded(old).tasks == ["arc_easy"] and recorded(old).to_dict()["limit"] == 7
     rr = plan_rerun(old)
     assert rr is not None and rr.spec is not None and rr.spec.limit == 7 and rr.spec.trust_code is False
@@ -244,7 +250,7 @@ def with_lmeval(tmp_path, gathered):
     from tests.test_verify import published_folder
 
     lm = _doc({"infertool_mc": _acc(*([1.0, 0.0] * 10))}, _rerun(None, tasks=["infertool_mc"]))
-    return published_folder(tmp_path, {**gathered, E.LMEVAL: lm}, {"missing": {}}), lm
+    return published_folder(tmp_path, {**gathered, E.LMEVAL: lm.model_dump(mode="json")}, {"missing": {}}), lm
 
 
 def test_verify_reruns_lmeval_on_the_served_checkpoint_and_gates_it(with_lmeval, servers, tmp_path, env_ready,

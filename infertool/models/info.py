@@ -27,7 +27,6 @@ MAX_HEADER_BYTES = 100 * 1024 * 1024  # the safetensors format's own limit on it
 _MODEL_HINT = "give a Hugging Face model directory as saved by transformers (config.json and *.safetensors)"
 
 
-
 class ModelError(UsageError):
     """A model directory that cannot be used as it is: a malformed config.json or weights file (exit 2)."""
 

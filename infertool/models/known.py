@@ -32,8 +32,7 @@ MAX_POSITIONS = {"smollm2-135m": 8192, "llama-3.1-8b": 131072, "llama-3.3-70b": 
                  "llama-2-70b": 4096, "llama-2-7b": 4096, "qwen2.5-7b": 32768, "mistral-7b": 32768, "mixtral-8x7b": 32768,
                  "deepseek-r1-distill-llama-70b": 131072, "deepseek-r1-distill-llama-8b": 131072,
                  "deepseek-r1-distill-qwen-32b": 131072, "deepseek-r1-distill-qwen-14b": 131072, "qwen3-8b": 40960,
-                 "qwen3-14b": 40960, "qwen3-32b": 40960, "qwen2.5-0.5b": 32768,
-                 "qwen3-0.6b": 40960}
+                 "qwen3-14b": 40960, "qwen3-32b": 40960, "qwen2.5-0.5b": 32768, "qwen3-0.6b": 40960}
 
 
 def _norm(text: str) -> str:

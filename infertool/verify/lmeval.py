@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from pydantic import ValidationError
+
 from infertool.errors import InfertoolError, UsageError
 
 if TYPE_CHECKING:
@@ -29,6 +31,7 @@ if TYPE_CHECKING:
     from infertool.recipe import LmEvalSpec
     from infertool.tasks import Events
     from infertool.verify.capture import RerunSettings
+    from infertool.verify.evidence import LmevalDoc
 
 TRUST_FLAG = "--trust-task-code"
 ENV = "lmeval"
@@ -58,25 +61,22 @@ def _no(why: str, hint: str | None = None) -> LmevalRerun:
     return LmevalRerun(None, why, hint)
 
 
-def recorded(lmeval: dict[str, Any]) -> RerunSettings:  # Any: JSON values
+def recorded(lmeval: LmevalDoc) -> RerunSettings:
     """The settings lmeval.json records for a re-run: ``config.rerun``, else (an older file) its ``config`` as the
     recipe's eval.lm_eval, with the tasks of its documents."""
     from infertool.verify.capture import RERUN_SETTINGS, LmevalConfig, RerunSettings  # noqa: F811 - at run time
 
-    cfg = LmevalConfig.from_dict(lmeval.get("config"))
+    cfg = LmevalConfig.from_dict(lmeval.config)
     if cfg.rerun is not None:
         return cfg.rerun
-    docs = lmeval.get("tasks")
-    return RerunSettings(list(docs) if isinstance(docs, dict) else [], cfg.include_path, older=True,
+    return RerunSettings(list(lmeval.tasks), cfg.include_path, older=True,
                          extra={k: v for k, v in cfg.extra.items() if k in RERUN_SETTINGS})
 
 
-def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) -> LmevalRerun | None:  # Any: JSON values
+def plan_rerun(lmeval: LmevalDoc | None, *, trust_task_code: bool = False) -> LmevalRerun | None:
     """Whether the evidence's lm-eval tasks can run again here (None: the evidence has none): the recorded
     settings valid, the task folder on this machine and unchanged, its code trusted or none, the ``lmeval``
     environment ready. Every "cannot" is said, with its hint; nothing raises."""
-    from pydantic import ValidationError
-
     from infertool.evaluate.server_engine import Client
     from infertool.recipe import LmEvalSpec
     from infertool.tasks import Events
@@ -160,15 +160,15 @@ def plan_rerun(lmeval: dict[str, Any] | None, *, trust_task_code: bool = False) 
 
 
 def rerun(rr: LmevalRerun, client: Client, *, model_path: str | None, log_dir: Path,
-          events: Events) -> dict[str, Any]:  # Any: lmeval.json's document
+          events: Events) -> LmevalDoc:
     """The tasks of ``rr`` run on the server ``client`` names (eval's lm-eval phase, its worker in the ``lmeval``
     environment; its files under ``log_dir``), as lmeval.json's shape (``capture.lmeval_doc``). Raises what the
     phase raises (an InfertoolError: data not here, a timeout, a failed worker)."""
-    from infertool.evaluate.lm_eval_engine import LmEvalPhase, WorkerAnswer
+    from infertool.evaluate.lm_eval_engine import LmEvalPhase, LmEvalRaw, WorkerAnswer
     from infertool.evaluate.phases import Served
     from infertool.verify.capture import lmeval_doc
 
     assert rr.spec is not None  # plan_rerun made it
     phase = LmEvalPhase(rr.spec)
     raw = phase.run(Served("verify", client, model_path=model_path, log_dir=log_dir), None, events)
-    return lmeval_doc(WorkerAnswer.from_dict(raw), {"answer": raw.get("answer")})  # the answer's tasks and version
+    return lmeval_doc(WorkerAnswer.from_dict(raw), {"answer": LmEvalRaw.from_dict(raw).answer})  # its tasks, version

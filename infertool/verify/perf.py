@@ -12,8 +12,7 @@ hardware the figures are compared with the performance model's prediction for th
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
@@ -175,8 +174,6 @@ def weights_of(quantization: dict[str, Any] | None) -> str:  # Any: config.json'
 def measure(p: PerfPlan, url: str, model: str, ctx: RunContext) -> list[S.SpeedLevel]:
     """The recorded workload run ``p.repeats`` times against the server at ``url``; each level's figures over the
     repeats (per run: the level's mean)."""
-    from dataclasses import replace
-
     from infertool.bench import core as bench_core
 
     runs: list[list[S.SpeedLevel]] = []
@@ -253,16 +250,9 @@ def run(p: PerfPlan, ctx: RunContext | None = None) -> core.VerifyResult:
         check = PerfCheck(p.repeats, CONFIDENCE, MIN_SLOWDOWN, p.speed.engine.label, p.speed.hardware, p.hardware,
                           p.hardware_note, p.speed.workload, metrics, levels, timing.gather_s)
         timing.wall_s = round(time.monotonic() - t0, 2)
-        ev, idx = vp.evidence, vp.evidence.index
         gates: list[Gate] = [m.gate() for m in metrics]
-        result = core.VerifyResult(
-            verdict=v, reason=reason, gates=gates, source=vp.source.recorded(),
-            evidence=core.EvidenceSeen(ev.fingerprint, idx.created, idx.engine, idx.host, idx.k, idx.missing,
-                                       idx.trimmed, idx.serve),
-            engine=engine, serve=vp.serve, changed=vp.changed, not_taken=vp.not_taken, workers=vp.options.workers,
-            confidence=CONFIDENCE, allow_inconclusive=vp.allow_inconclusive, timing=timing, out_dir=str(out_dir),
-            created=datetime.now(timezone.utc).isoformat(timespec="seconds"), notes=list(vp.notes),
-            signature=vp.signature, provenance=vp.provenance, perf=check)
+        result = vp.result(engine, timing, out_dir, verdict=v, reason=reason, gates=gates, confidence=CONFIDENCE,
+                           perf=check)
         write_json(out_dir / core.RESULT_FILE, result.to_dict())
         return result
     finally:

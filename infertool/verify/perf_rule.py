@@ -192,8 +192,3 @@ def verdict(metrics: list[PerfMetric], hardware_note: str | None) -> tuple[str, 
     where = f"other hardware ({hardware_note}): within the model's prediction" if hardware_note else \
         "no regression beyond the noise"
     return "PASS", f"{where} ({len(judged)} figures)"
-
-
-def same_hardware(recorded: SpeedHardware, now: SpeedHardware) -> str | None:
-    """Why this host is not the recorded kind of hardware (None: it is)."""
-    return recorded.differs(now)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from infertool.evaluate import metrics as M
 from infertool.evaluate.core import summarize_perplexity
@@ -35,8 +35,11 @@ from infertool.evaluate.server_engine import combine
 from infertool.evaluate.verdict import Estimate, Gate, Rule, judge, verdict
 from infertool.records import Record, Sparse
 from infertool.verify.capture import LmevalConfig
-from infertool.verify.evidence import JsonDoc
+from infertool.verify.evidence import LmevalDoc, LmevalRow
 from infertool.verify.answers import AnswersScore, score_answers
+
+if TYPE_CHECKING:
+    from infertool.recipe import VerifyAccept
 
 # verify.accept's gates: the figure each reads, which side is good, its unit and interval shape
 RULES: dict[str, Rule] = {
@@ -159,14 +162,9 @@ def score_decode(evidence_raw: dict[str, Any], new_raw: dict[str, Any], confiden
     return block
 
 
-def _lm_docs(rows: JsonDoc | None) -> dict[str, dict[str, Any]]:  # Any: JSON values
-    """One task's documents of lmeval.json's shape ([{"doc_id", "metrics": {name: value}}]) by doc_id; a row
-    without them is left out (the evidence's shape is checked before: ``core.check_shapes``)."""
-    out: dict[str, dict[str, Any]] = {}  # Any: JSON values
-    for row in rows if isinstance(rows, list) else []:
-        if isinstance(row, dict) and isinstance(row.get("metrics"), dict) and row.get("doc_id") is not None:
-            out[str(row["doc_id"])] = {str(k): v for k, v in row["metrics"].items()}
-    return out
+def _lm_docs(rows: list[LmevalRow] | None) -> dict[str, dict[str, Any]]:  # Any: JSON values
+    """One task's documents of lmeval.json by doc_id."""
+    return {str(r.doc_id): dict(r.metrics) for r in rows or []}
 
 
 def _doc_order(doc_id: str) -> tuple[int, int, str]:
@@ -176,10 +174,6 @@ def _doc_order(doc_id: str) -> tuple[int, int, str]:
 
 def _agreement(same: int, n: int, confidence: float) -> tuple[float | None, list[float] | None]:
     return (same / n, list(M.wilson(same, n, confidence))) if n else (None, None)
-
-
-def _obj(value: JsonDoc | None) -> dict[str, Any]:  # Any: JSON values
-    return value if isinstance(value, dict) else {}
 
 
 @dataclass
@@ -241,14 +235,14 @@ class LmevalScore(Record):
         return {k: v for k, v in d.items() if k not in drop and (self.rescored or k not in RESCORED_ONLY)}
 
 
-def score_lmeval(evidence: dict[str, Any], now: dict[str, Any], confidence: float) -> LmevalScore:  # Any: JSON values
+def score_lmeval(evidence: LmevalDoc, now: LmevalDoc, confidence: float) -> LmevalScore:
     """The evidence's lm-eval documents against the re-run's (both lmeval.json's shape), joined by (task, doc_id).
     A document both scored counts when the two share a metric name (acc, exact_match: what lm-eval recorded);
     it agrees when every shared metric's value is identical. Documents only one side has (``only_evidence``,
     ``only_now``) and documents without a shared metric (``other_metric``) are counted, not compared."""
-    ev_tasks, now_tasks = _obj(evidence.get("tasks")), _obj(now.get("tasks"))
-    block = LmevalScore(rescored=True, lm_eval={"evidence": LmevalConfig.from_dict(evidence.get("config")).lm_eval,
-                                                "now": LmevalConfig.from_dict(now.get("config")).lm_eval})
+    ev_tasks, now_tasks = evidence.tasks, now.tasks
+    block = LmevalScore(rescored=True, lm_eval={"evidence": LmevalConfig.from_dict(evidence.config).lm_eval,
+                                                "now": LmevalConfig.from_dict(now.config).lm_eval})
     for name in sorted(set(ev_tasks) | set(now_tasks)):
         e, n = _lm_docs(ev_tasks.get(name)), _lm_docs(now_tasks.get(name))
         ids = sorted(set(e) & set(n), key=_doc_order)
@@ -304,23 +298,22 @@ def _estimates(prompts: PromptScore | None, decode: VerifyDecode | None,
     return {k: e for k, e in found.items() if e is not None}
 
 
-def gates(accept: dict[str, Any], prompts: PromptScore | None,  # Any: verify.accept as JSON
+def gates(accept: VerifyAccept, prompts: PromptScore | None,
           decode: VerifyDecode | None, notes: dict[str, str | None],
           lmeval: LmevalScore | None = None, answers: AnswersScore | None = None) -> list[Gate]:
-    """One gate per threshold set in ``accept`` (verify.accept as a dict; a null threshold: no gate), judged on
+    """One gate per threshold set in ``accept`` (verify.accept; a null threshold: no gate), judged on
     the blocks; ``notes``: why a block's figures are not there (prompts, decode, lmeval, answers -> why). A
     validity drop's gate notes why the items lost it (the checks' words)."""
-    conf = float(accept.get("confidence", 0.95))
     found = _estimates(prompts, decode, lmeval, answers)
     out = []
     for name, rule in RULES.items():
-        threshold = accept.get(name)
+        threshold = getattr(accept, name)  # RULES names verify.accept's gates
         if threshold is None:
             continue
         note = "" if name in found else notes.get(BLOCK_OF[name]) or "not in the evidence"
         if name == "max_valid_drop" and name in found and answers is not None:
             note = answers.lost_why or ""
-        out.append(judge(name, float(threshold), found.get(name), confidence=conf, note=note, rule=rule))
+        out.append(judge(name, float(threshold), found.get(name), confidence=accept.confidence, note=note, rule=rule))
     return out
 
 
@@ -343,15 +336,14 @@ class Scored:
 
 def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any] | None,  # Any: collect's raws
           evidence_decode: dict[str, Any] | None, new_decode: dict[str, Any] | None,  # Any: DecodePhase's raws
-          k: int, accept: dict[str, Any], near_tie_logprob: float,  # Any: verify.accept as JSON
-          lmeval: dict[str, Any] | None, missing: dict[str, str],  # Any: lmeval.json's document
-          lmeval_now: dict[str, Any] | None = None, lmeval_why: str | None = None,  # Any: lmeval.json's
+          k: int, accept: VerifyAccept, near_tie_logprob: float, lmeval: LmevalDoc | None, missing: dict[str, str],
+          lmeval_now: LmevalDoc | None = None, lmeval_why: str | None = None,
           tasks: list[Any] | None = None) -> Scored:  # Any: tasks.json's entries
     """Every block, the gates and the verdict (``Scored``).
     ``lmeval``: the evidence's lmeval.json; ``lmeval_now``: the re-run's documents (``verify.lmeval.rerun``),
     else ``lmeval_why`` says why there are none. ``tasks``: the evidence's task list (its json and tool_call
     items' schemas, tools and expected calls)."""
-    conf = float(accept.get("confidence", 0.95))
+    conf = accept.confidence
     prompts: PromptScore | None = None
     decode: VerifyDecode | None = None
     if evidence_prompts is not None and new_prompts is not None:
@@ -369,8 +361,8 @@ def score(*, evidence_prompts: dict[str, Any] | None, new_prompts: dict[str, Any
     if lmeval is not None and lmeval_now is not None:
         lm = score_lmeval(lmeval, lmeval_now, conf)
     elif lmeval is not None:
-        lm = LmevalScore(why=f"not re-run: {lmeval_why or 'verify did not run lm-eval again'}", evidence_documents=sum(
-            len(v) for v in _obj(lmeval.get("tasks")).values() if isinstance(v, list)))
+        lm = LmevalScore(why=f"not re-run: {lmeval_why or 'verify did not run lm-eval again'}",
+                         evidence_documents=sum(map(len, lmeval.tasks.values())))
     else:
         lm = LmevalScore(why=f"no lm-eval results in the evidence: "
                              f"{missing.get('lmeval') or 'the run scored no lm-eval task'}")
