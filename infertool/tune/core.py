@@ -398,7 +398,7 @@ def finish(ctx: Context, trials: list[space.Trial], records: list[TrialRecord], 
                   slo=ctx.slo.model_dump() if ctx.slo else None, accept=ctx.accept, host=ctx.host,
                   seconds=round(seconds, 1), winner=winner.id if winner else None, pareto=front, trials=records,
                   tuned_recipe=tuned, finished=_now(), space=plan.info() if plan is not None else None,
-                  extra={"published": ctx.published.to_dict() if ctx.published else None} if winner is not None else {},
+                  published=ctx.published if winner is not None else None,
                   decision=decision, cost=own_cost(ctx.dir, records, exhaustive=ctx.exhaustive, decision=decision),
                   servers=ctx.pool.starts(ctx.first_start) if ctx.pool is not None else None, kinds=kinds)
     write_json(ctx.dir / ("tune-exhaustive.json" if ctx.exhaustive else "tune.json"), doc.to_dict())
@@ -484,7 +484,7 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
                            f"({objective_metric(ctx.tune.objective).objective_text}: {record.objective:,.4g})")
     data["run"] = {"out_dir": str((ctx.dir / "runs").absolute())}
     load = record.capacity.max_load if record.capacity is not None else None
-    if load and isinstance(data.get("bench"), dict):
+    if load and trial.recipe.bench is not None:  # a bench section: the dump holds it (a dict, defaults left out)
         data["bench"]["concurrency"] = sorted({1, int(load)})  # `run` benchmarks at the load the tune found
     q = record.stages.get("quantize")
     if q is not None and q.entry is not None:
@@ -495,9 +495,7 @@ def write_tuned_recipe(ctx: Context, trial: space.Trial, record: TrialRecord) ->
         from infertool.publish import TUNE_PUBLISHED
 
         remove_inside(ctx.dir / TUNE_PUBLISHED, ctx.dir)
-    data = {k: v for k, v in data.items() if v is not None}
-    if isinstance(data.get("serve"), dict):
-        data["serve"].pop("model", None)  # it serves its quantize section's output (or the original)
+    data = {k: v for k, v in data.items() if v is not None}  # no serve.model: a trial serves its candidate
     validate_recipe_data(data, source="tuned.yaml")  # it must be a recipe every command takes
     path = ctx.dir / ("tuned-exhaustive.yaml" if ctx.exhaustive else "tuned.yaml")
     head = (f"# Tuned by infertool from recipe {ctx.recipe.name!r}: the cheapest configuration that passed the "
@@ -534,9 +532,10 @@ def publish_winner(ctx: Context, trial: space.Trial, record: TrialRecord, checkp
     from infertool import publish as pub
     from infertool.resolve import default_output
 
-    spec = trial.candidate.spec or {}
-    kind = str(spec.get("scheme") or spec["method"]).lower()  # a W8A8 winner of a gptq recipe is named w8a8
-    dest_text = ctx.publish_to or (trial.recipe.quantize.output if trial.recipe.quantize else None) or default_output(f"{ctx.recipe.name}-tuned", kind)
+    spec, q = trial.candidate.spec or {}, trial.recipe.quantize  # the candidate's section, as data and typed
+    assert q is not None, "a published winner is a quantized candidate"
+    kind = str(q.layout().scheme or q.method).lower()  # a W8A8 winner of a gptq recipe is named w8a8
+    dest_text = ctx.publish_to or q.output or default_output(f"{ctx.recipe.name}-tuned", kind)
     dest = pub.check_dest(dest_text, _forbidden(ctx.dir, ctx.res))
     acc = record.served_check or record.accuracy
     facts = {"v": pub.FACTS_VERSION, "infertool": __version__, "published": _now(),

@@ -17,7 +17,7 @@ from infertool.evaluate.verdict import Gate
 from infertool.plan.predicted import PredictedFigure
 from infertool.records import JSONView, Record, Sparse
 from infertool.serve.pool import ServerStart
-from infertool.summaries import StageSummary
+from infertool.summaries import Published, StageSummary
 
 # a serve setting's value as the recipe spells it: JSON, a scalar or (speculative) a mapping; kept as it is
 ServeValue = object
@@ -608,7 +608,8 @@ class TuneDoc(Sparse):
     # the vLLM servers this invocation started (a resumed tune: the ones it started again), each with why
     servers: list[ServerStart] | None = None
     kinds: KindsOutlook | None = None  # machine kinds with a GPU weighed by the performance model (tune.outlook)
-    OMIT_NONE: ClassVar[tuple[str, ...]] = ("servers", "kinds")
+    published: Published | None = None  # the winner's checkpoint with its card (None: the original won, or none)
+    OMIT_NONE, TRAILING = ("servers", "kinds", "published"), ("published",)
 
     def trial(self, trial_id: str | None) -> TrialRecord | None:
         return next((t for t in self.trials if t.id == trial_id), None) if trial_id else None

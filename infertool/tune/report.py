@@ -427,7 +427,7 @@ def _summary(doc: TuneDoc) -> list[str]:
                      + (f"; the served check reused its screening: {sc.reused}" if sc and sc.reused else "") + ".")
         if doc.tuned_recipe:
             lines.append(f"Ready recipe: `{doc.tuned_recipe}` (`infertool run` and `infertool serve --emit k8s` take it as it is).")
-        pub = Published.from_dict(doc.extra.get("published"))
+        pub = doc.published or Published()
         if pub.path is not None:  # the winner's checkpoint, with its card
             lines.append(f"Ship it: the winner's checkpoint is published at `{pub.path}` (fingerprint "
                          f"`{str(pub.fingerprint)[:16]}`, MODEL_CARD.md beside it); `infertool serve "
