@@ -18,7 +18,7 @@ import pytest
 from hostile import HostileServer, json_answer, status_answer
 from infertool.bench.perclass import arms, crossover, paired_ratio, verdict
 from infertool.bench.prometheus import Sample, Timeline, parse_positions, parse_prometheus, pick
-from infertool.bench.results import Interval, SpecLevel
+from infertool.bench.results import Interval, LaunchedServer, SpecLevel
 from infertool.bench.sweep import ServerHandle
 from infertool.recipe import BenchSection, ServeSection
 from tests.conftest import cli_in_process
@@ -203,7 +203,8 @@ class StandInLaunch:
     def __enter__(self) -> ServerHandle:
         self.srv = _stand_in(self.arm.serve, StandInLaunch.spec_counters)
         StandInLaunch.launched.append((self.arm.label, self.arm.serve))
-        return ServerHandle(self.srv.url + "/v1", "m", None, {"label": self.arm.label, "url": self.srv.url + "/v1"})
+        return ServerHandle(self.srv.url + "/v1", "m", None,
+                            LaunchedServer.from_dict({"label": self.arm.label, "url": self.srv.url + "/v1"}))
 
     def __exit__(self, *exc) -> None:
         StandInLaunch.salts[self.arm.label] = [json.loads(r.body).get("cache_salt") for r in self.srv.requests

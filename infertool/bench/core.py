@@ -29,7 +29,7 @@ from infertool.bench.client import normalise_url
 from infertool.bench.metrics import ratio
 from infertool.bench.perclass import DEFAULT_SPECULATIVE, PerClassArm, arms as per_class_arms, measure_classes
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN
-from infertool.bench.results import (JsonObject, FIGURES, AdapterMixSettings, ArrivalSettings, PromptSettings, RateSweepSettings,
+from infertool.bench.results import (JsonObject, FIGURES, LaunchedServer, AdapterMixSettings, ArrivalSettings, PromptSettings, RateSweepSettings,
                                      RepeatSettings, SessionSettings, TraceSettings, TrafficSettings, ABRow, BenchReport, BenchSettings, Experiment, Figure, Knee, LevelResult,
                                      TrafficClasses, server_figures)
 from infertool.bench.sweep import (
@@ -304,7 +304,7 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
     ``with_original`` is measured by ``run``, as a plan of its own)."""
     t_start = time.monotonic()
     notes = list(plan.notes)
-    servers: list[JsonObject] = []
+    servers: list[LaunchedServer] = []
     checks = lossless_checks(plan) if plan.url is None else None
     if plan.url is not None:
         from infertool.trust import key_for
@@ -346,7 +346,7 @@ def sweep_report(plan: BenchPlan, ctx: RunContext) -> BenchReport:
         servers += launched_pc
     return BenchReport(
         classes=classes, per_class=per_class,
-        url=plan.url or (servers[0]["url"] if servers else None), model=handle.model, endpoint=plan.bench.endpoint,
+        url=plan.url or (servers[0].url if servers else None), model=handle.model, endpoint=plan.bench.endpoint,
         settings=_settings(plan.bench, handle.chars_per_token), levels=main, experiments=tables, servers=servers,
         notes=notes, seconds=time.monotonic() - t_start,
         label=None if plan.url is not None or plan.sweep is None else (plan.sweep.model or plan.res.served).label, knee=knee)
@@ -372,7 +372,7 @@ def _sweep(plan: BenchPlan, handle: ServerHandle,
 
 
 def _experiment(plan: BenchPlan, arm: Arm, main: list[LevelResult], ctx: RunContext,
-                checks: LosslessChecks | None = None) -> tuple[Experiment, list[LevelResult], JsonObject | None]:
+                checks: LosslessChecks | None = None) -> tuple[Experiment, list[LevelResult], LaunchedServer | None]:
     """The experiment's other arm on its own server, against the sweep: (its table, its levels, its launch);
     ``checks``: the speculative experiment's lossless check, run on this arm's server too, in the table."""
     with _Launched(plan.res, arm, ctx) as handle:
@@ -494,7 +494,8 @@ class _Launched:
             raise UsageError("; ".join(f"{e.field}: {e.message}" for e in errors), hint=errors[0].hint)
         self._cm = launch(plan, on_event=self.ctx.on_event, label=arm.label, pool=self.ctx.servers, alone=True)
         srv = self._cm.__enter__()
-        return ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict(), max_loras=_max_loras(arm.serve))
+        return ServerHandle(srv.url, srv.model, srv.api_key, LaunchedServer.from_dict(srv.to_dict()),
+                            max_loras=_max_loras(arm.serve))
 
     def __exit__(self, *exc: Any) -> None:  # Any: the exception triple, passed on
         if self._cm is not None:

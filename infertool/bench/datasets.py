@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from infertool.atomic import dumps_json, write_json, write_text
 from infertool.errors import UsageError
-from infertool.bench.results import JsonObject
+from infertool.bench.results import JsonObject, LaunchedServer
 
 if TYPE_CHECKING:
     from infertool.recipe import BenchSection
@@ -567,13 +567,13 @@ def needs_tokenizer(bench: BenchSection) -> bool:
     return src == "sharegpt" or src.lower().endswith(".jsonl")
 
 
-def resolve_tokenizer(bench: BenchSection, model: str | None, launched: JsonObject | None) -> str | None:
+def resolve_tokenizer(bench: BenchSection, model: str | None, launched: LaunchedServer | None) -> str | None:
     """Fill bench.prompt.tokenizer (in place) with the served model's tokenizer.json when the traffic needs one
     and none is set: the checkpoint infertool launched, or the server's model name when it is a local folder
     (vLLM names a model by its path). Returns a note when it is needed and not found."""
     if not needs_tokenizer(bench) or bench.prompt.tokenizer:
         return None
-    found = find_tokenizer((launched or {}).get("model"), model)
+    found = find_tokenizer(launched.model if launched is not None else None, model)
     if found is not None:
         bench.prompt.tokenizer = str(found)
         return None

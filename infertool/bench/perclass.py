@@ -23,7 +23,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable
 
-from infertool.bench.results import (JsonObject, OffOn, CacheLevel, CachingBudget, ClassMeasure, Crossover, Interval, LevelResult,
+from infertool.bench.results import (JsonObject, LaunchedServer, OffOn, CacheLevel, CachingBudget, ClassMeasure, Crossover, Interval, LevelResult,
                                      PerClass, SpecLevel, SpecVariant)
 from infertool.metricspec import GOODPUT, OUTPUT_TOKEN_THROUGHPUT, TPOT_P50_MS, TTFT_P50_MS, TTFT_P90_MS
 
@@ -114,7 +114,7 @@ Launch = Callable[[PerClassArm], AbstractContextManager["ServerHandle"]]
 
 def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[PerClassArm], names: dict[str, int],
                     launch: Launch, *, key_var: str | None = None, on_event: EventCallback | None = None,
-                    on_server: Callable[[PerClassArm, ServerHandle], None] | None = None) -> tuple[PerClass, list[JsonObject]]:
+                    on_server: Callable[[PerClassArm, ServerHandle], None] | None = None) -> tuple[PerClass, list[LaunchedServer]]:
     """Every arm's server (``launch``), one after the other; on each, every class of ``names`` (class -> its
     requests) with at least min_requests requests replayed alone at ``levels``, then ``on_server(arm, handle)``
     while it is still up (the lossless check's passes); then each class's speculation and caching blocks.
@@ -129,7 +129,7 @@ def measure_classes(bench: BenchSection, levels: list[Level], plan_arms: list[Pe
         if name not in measured:
             notes.append(too_few(name, count, pc.min_requests))
     runs: dict[str, dict[str, list[LevelResult]]] = {n: {} for n in measured}
-    servers: list[JsonObject] = []
+    servers: list[LaunchedServer] = []
     works: Works = {}  # each class's work at each level kind, made once for every arm (sweep.measure_levels)
     if measured:
         for arm in plan_arms:

@@ -556,6 +556,17 @@ class BenchSettings(Sparse):
 
 
 @dataclass
+class LaunchedServer(Sparse):
+    """A server bench launched (``serve.launches.Launched.to_dict``: its launch, ready seconds and log, the rest kept
+    as written): its command line, URL and model, as bench.json's ``servers`` and ``ServerHandle.launched`` hold it."""
+
+    OMIT_NONE: ClassVar[tuple[str, ...]] = ("argv", "url", "model")
+    argv: list[str] | None = None
+    url: str | None = None
+    model: str | None = None
+
+
+@dataclass
 class BenchReport(Sparse):
     """One bench: the sweep's levels, the A/B experiments, the servers it launched. In a run directory's
     bench.json also the served model (``served``), the original's sweep (``original``) and the comparison of
@@ -571,7 +582,7 @@ class BenchReport(Sparse):
     settings: BenchSettings = field(default_factory=BenchSettings)
     levels: list[LevelResult] = field(default_factory=list)
     experiments: list[Experiment] = field(default_factory=list)
-    servers: list[JsonObject] = field(default_factory=list)  # each launch (LaunchPlan.to_dict + ready seconds, log)
+    servers: list[LaunchedServer] = field(default_factory=list)  # each launch
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     client_bound: bool = False  # some level was limited by the load generator (derived from the levels)
@@ -588,6 +599,7 @@ class BenchReport(Sparse):
         self.settings = BenchSettings.from_dict(self.settings)
         self.levels = [LevelResult.from_dict(lv) for lv in self.levels]
         self.experiments = [Experiment.from_dict(e) for e in self.experiments]
+        self.servers = [LaunchedServer.from_dict(s) for s in self.servers]
         self.client_bound = any(lv.client_bound for lv in self.levels)
 
     @property
@@ -598,8 +610,8 @@ class BenchReport(Sparse):
     def served_dtype(self) -> str | None:
         """The --dtype vLLM was started with for this report's (first) server; "auto" when none was passed, None
         when no launch is recorded."""
-        argv = self.servers[0].get("argv") if self.servers and isinstance(self.servers[0], dict) else None
-        if not isinstance(argv, list):
+        argv = self.servers[0].argv if self.servers else None
+        if argv is None:
             return None
         return str(argv[argv.index("--dtype") + 1]) if "--dtype" in argv[:-1] else "auto"
 

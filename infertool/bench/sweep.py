@@ -45,7 +45,7 @@ from infertool.bench.loadgen import Job, LoopStats, Work
 from infertool.bench.classes import MAX_CLASSED, ClassRule, Request, decode_prompts, derive, select, summarise
 from infertool.bench.prometheus import Sampler, Timeline
 from infertool.bench.prompts import DEFAULT_CHARS_PER_TOKEN, Prompt, build_prompts, chars_per_token
-from infertool.bench.results import (JsonObject, SLO, ClassInMix, Follow, Interval, Knee, KneeLevel, LevelResult,
+from infertool.bench.results import (JsonObject, SLO, LaunchedServer, ClassInMix, Follow, Interval, Knee, KneeLevel, LevelResult,
                                      PerAdapter, Repeats, Summary, TrafficClasses, Window)
 from infertool.bench.traffic import Level, run_level
 from infertool.errors import RuntimeFailure, UsageError
@@ -279,7 +279,7 @@ class ServerHandle:
     url: str  # .../v1
     model: str
     api_key: str | None
-    launched: JsonObject | None = None  # what we launched (LaunchPlan.to_dict + ready seconds), None for --url
+    launched: LaunchedServer | None = None  # what we launched, None for --url
     chars_per_token: float = DEFAULT_CHARS_PER_TOKEN
     notes: list[str] = field(default_factory=list)  # what connect noticed (a fallback, ids that are no names)
     max_loras: int | None = None  # serve.lora.max_loras of the server (None: no LoRA settings known)

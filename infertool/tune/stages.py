@@ -558,10 +558,12 @@ class Probes:
     @functools.cached_property
     def handle(self) -> ServerHandle:
         """The server, connected on the first run (its model name, the checkpoint's characters per token)."""
+        from infertool.bench.results import LaunchedServer
         from infertool.bench.sweep import ServerHandle, connect
 
         srv = self.srv
-        return connect(ServerHandle(srv.url, srv.model, srv.api_key, srv.to_dict()), self.ctx.job.tune.bench)
+        return connect(ServerHandle(srv.url, srv.model, srv.api_key, LaunchedServer.from_dict(srv.to_dict())),
+                       self.ctx.job.tune.bench)
 
     def _measure(self, bench: BenchSection, c: int, run: int, arm: str, tagged: bool = False) -> LevelResult:
         from infertool.bench.sweep import measure
