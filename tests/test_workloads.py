@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from infertool.bench import datasets as ds
+from infertool.bench.results import LaunchedServer
 from infertool.errors import UsageError
 
 
@@ -155,7 +156,7 @@ def test_sharegpt_prompts_through_iter_prompts(tmp_path, word_tokenizer, monkeyp
     assert "bench.prompt.tokenizer" in err.value.hint
     # resolve_tokenizer fills it from the launched checkpoint
     bare = BenchSection(prompt={"source": "sharegpt"})
-    assert ds.resolve_tokenizer(bare, "served-name", {"model": str(word_tokenizer.parent)}) is None
+    assert ds.resolve_tokenizer(bare, "served-name", LaunchedServer(model=str(word_tokenizer.parent))) is None
     assert bare.prompt.tokenizer == str(word_tokenizer)
 
 

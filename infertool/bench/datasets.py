@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from infertool.atomic import dumps_json, write_json, write_text
 from infertool.errors import UsageError
+from infertool.records import Record
 from infertool.bench.results import JsonObject, LaunchedServer
 
 if TYPE_CHECKING:
@@ -242,6 +243,14 @@ class _Sample:
     exhausted: bool
 
 
+@dataclass
+class SampleFile(Record):
+    """A ShareGPT sample's cache file (``_write_cache``): each request [prompt, prompt_len, output_len], checked when read."""
+
+    items: list[Any] | None = None  # Any: JSON rows
+    exhausted: bool | None = None
+
+
 def sample_sharegpt(path: str | Path, n: int, seed: int, counter: TokenCounter,
                     max_prompt_len: int = MAX_PROMPT_LEN) -> list[Sampled]:
     """``n`` requests as vLLM bench samples them (``ShareGPTDataset``): the conversations shuffled with
@@ -307,8 +316,8 @@ def _read_cache(key: str) -> _Sample | None:
         data = json.loads(_cache_path(key).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    rows, exhausted = (data.get("items"), data.get("exhausted")) if isinstance(data, dict) else (None, None)
-    if not (isinstance(rows, list) and isinstance(exhausted, bool)
+    rows, exhausted = (f := SampleFile.from_dict(data)).items, f.exhausted
+    if not (rows is not None and exhausted is not None
             and all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], int)
                     and isinstance(r[2], int) for r in rows)):
         return None
@@ -321,8 +330,8 @@ def _write_cache(key: str, sample: _Sample) -> None:
     try:
         path = _cache_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, {"items": [[s.prompt, s.prompt_len, s.output_len] for s in sample.items],
-                          "exhausted": sample.exhausted}, indent=None)
+        write_json(path, SampleFile([[s.prompt, s.prompt_len, s.output_len] for s in sample.items],
+                                    sample.exhausted).to_dict(), indent=None)
     except OSError:  # a cache that cannot be written only costs the next run the sampling again
         pass
 

@@ -557,8 +557,7 @@ class BenchSettings(Sparse):
 
 @dataclass
 class LaunchedServer(Sparse):
-    """A server bench launched (``serve.launches.Launched.to_dict``: its launch, ready seconds and log, the rest kept
-    as written): its command line, URL and model, as bench.json's ``servers`` and ``ServerHandle.launched`` hold it."""
+    """A server bench launched (``Launched.to_dict``, the rest kept as written), in bench.json and ServerHandle."""
 
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("argv", "url", "model")
     argv: list[str] | None = None
@@ -595,11 +594,7 @@ class BenchReport(Sparse):
     per_class: PerClass | None = None  # bench.per_class: speculation and prefix caching per class
 
     def __post_init__(self) -> None:
-        # records from dicts too (a caller's or an older file's levels), and the derived flag
-        self.settings = BenchSettings.from_dict(self.settings)
-        self.levels = [LevelResult.from_dict(lv) for lv in self.levels]
-        self.experiments = [Experiment.from_dict(e) for e in self.experiments]
-        self.servers = [LaunchedServer.from_dict(s) for s in self.servers]
+        super().__post_init__()  # records from dicts too (a caller's or an older file's levels), then the derived flag
         self.client_bound = any(lv.client_bound for lv in self.levels)
 
     @property

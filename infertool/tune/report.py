@@ -492,28 +492,36 @@ def _fleet(doc: TuneDoc) -> FleetTable:
     return tune_fleet(doc.trials, target_of)
 
 
+# a section after the trials, as both renderings show it: title, paragraphs (lines) before, table (None: none), after
+Section = tuple[str, list[list[str]], list[list[str]] | None, list[list[str]]]
+
+
+def _sections(doc: TuneDoc) -> list[Section]:
+    out: list[Section] = []
+    if doc.kinds is not None:  # machine kinds with a GPU, weighed by the performance model (tune.outlook)
+        out.append(("Machine kinds, predicted", [[outlook.KINDS_NOTE]], outlook.kind_rows(doc), [outlook.kind_lines(doc)]))
+    if len(pvm := outlook.predicted_rows(doc)) > 1:
+        out.append(("Predicted vs measured", [[outlook.PREDICTED_NOTE]], pvm, []))
+    if len(loads := load_rows(doc)) > 1:
+        out.append(("Load search", [[LOAD_NOTE], *([[MIX_NOTE]] if len(loads[0]) > 7 else [])], loads, []))
+    out.append(("Accuracy as served", [[ACCURACY_NOTE]], accuracy_rows(doc), []))
+    if len(lossless := lossless_rows(doc)) > 1:
+        out.append(("Speculation is lossless, checked", [[LOSSLESS_NOTE]], lossless, []))
+    if len(spec := speculation_rows(doc)) > 1:
+        out.append(("Speculation, measured", [[SPECULATION_NOTE]], spec, []))
+    if doc.servers is not None:
+        out.append((f"vLLM starts: {len(doc.servers)}", [[SERVERS_NOTE]], server_rows(doc), []))
+    fleet = _fleet(doc)
+    return out + [("Fleet", [fleet.lines], fleet.rows or None, [])]
+
+
 def render_markdown(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
     parts = [f"# infertool tune: {doc.recipe}", ""] + _summary(doc) + [""]
     if plot:
         parts += [f"![pareto]({plot.name})", ""]
     parts += ["## Every trial", "", md_table(trial_rows(doc)), ""]
-    if doc.kinds is not None:  # machine kinds with a GPU, weighed by the performance model (tune.outlook)
-        parts += ["## Machine kinds, predicted", "", outlook.KINDS_NOTE, "", md_table(outlook.kind_rows(doc)), "",
-                  *outlook.kind_lines(doc), ""]
-    if len(pvm := outlook.predicted_rows(doc)) > 1:
-        parts += ["## Predicted vs measured", "", outlook.PREDICTED_NOTE, "", md_table(pvm), ""]
-    if len(loads := load_rows(doc)) > 1:
-        parts += ["## Load search", "", LOAD_NOTE, "", *([MIX_NOTE, ""] if len(loads[0]) > 7 else []),
-                  md_table(loads), ""]
-    parts += ["## Accuracy as served", "", ACCURACY_NOTE, "", md_table(accuracy_rows(doc)), ""]
-    if len(lossless := lossless_rows(doc)) > 1:
-        parts += ["## Speculation is lossless, checked", "", LOSSLESS_NOTE, "", md_table(lossless), ""]
-    if len(spec := speculation_rows(doc)) > 1:
-        parts += ["## Speculation, measured", "", SPECULATION_NOTE, "", md_table(spec), ""]
-    if doc.servers is not None:
-        parts += [f"## vLLM starts: {len(doc.servers)}", "", SERVERS_NOTE, "", md_table(server_rows(doc)), ""]
-    fleet = _fleet(doc)
-    parts += ["## Fleet", "", *fleet.lines, ""] + ([md_table(fleet.rows), ""] if fleet.rows else [])
+    for title, before, rows, after in _sections(doc):  # a paragraph's lines, then a blank line
+        parts += [f"## {title}", "", *("\n".join([*g, ""]) for g in before + ([] if rows is None else [[md_table(rows)]]) + after)]
     if tuned_text:
         parts += ["## The winner's recipe", "", "```yaml", tuned_text.rstrip(), "```", ""]
     return "\n".join(parts)
@@ -533,23 +541,9 @@ def render_html(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
     if plot:
         body.append(f'<div class="fig">{img_tag(plot)}</div>')
     body += ["<h2>Every trial</h2>", html_table(trial_rows(doc))]
-    if doc.kinds is not None:
-        body += ["<h2>Machine kinds, predicted</h2>", f"<p>{inline(outlook.KINDS_NOTE)}</p>",
-                 html_table(outlook.kind_rows(doc)), *(f"<p>{inline(x)}</p>" for x in outlook.kind_lines(doc))]
-    if len(pvm := outlook.predicted_rows(doc)) > 1:
-        body += ["<h2>Predicted vs measured</h2>", f"<p>{inline(outlook.PREDICTED_NOTE)}</p>", html_table(pvm)]
-    if len(loads := load_rows(doc)) > 1:
-        body += ["<h2>Load search</h2>", f"<p>{inline(LOAD_NOTE)}</p>",
-                 *([f"<p>{inline(MIX_NOTE)}</p>"] if len(loads[0]) > 7 else []), html_table(loads)]
-    body += ["<h2>Accuracy as served</h2>", f"<p>{inline(ACCURACY_NOTE)}</p>", html_table(accuracy_rows(doc))]
-    if len(lossless := lossless_rows(doc)) > 1:
-        body += ["<h2>Speculation is lossless, checked</h2>", f"<p>{inline(LOSSLESS_NOTE)}</p>", html_table(lossless)]
-    if len(spec := speculation_rows(doc)) > 1:
-        body += ["<h2>Speculation, measured</h2>", f"<p>{inline(SPECULATION_NOTE)}</p>", html_table(spec)]
-    if doc.servers is not None:
-        body += [f"<h2>vLLM starts: {len(doc.servers)}</h2>", f"<p>{inline(SERVERS_NOTE)}</p>", html_table(server_rows(doc))]
-    fleet = _fleet(doc)
-    body += ["<h2>Fleet</h2>", *(f"<p>{inline(x)}</p>" for x in fleet.lines)] + ([html_table(fleet.rows)] if fleet.rows else [])
+    for title, before, rows, after in _sections(doc):
+        body += [f"<h2>{title}</h2>", *(f"<p>{inline(x)}</p>" for g in before for x in g),
+                 *([] if rows is None else [html_table(rows)]), *(f"<p>{inline(x)}</p>" for g in after for x in g)]
     if tuned_text:
         body += ["<h2>The winner's recipe</h2>", f"<pre>{html.escape(tuned_text)}</pre>"]
     return html_document(f"infertool tune {doc.recipe}", body)
