@@ -20,7 +20,7 @@ import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator, NamedTuple
 
 from infertool.atomic import dumps_json, write_json, write_text
 from infertool.errors import UsageError
@@ -226,29 +226,21 @@ def _turn_text(turn: object) -> str:
     return v if isinstance(v, str) else ""
 
 
-@dataclass(frozen=True)
-class Sampled:
-    """One sampled request: the prompt, its length and the output length to ask for (tokens)."""
+class Sampled(NamedTuple):
+    """One sampled request: the prompt, its length and the output length to ask for (tokens); a row of the cache."""
 
     prompt: str
     prompt_len: int
     output_len: int
 
 
-@dataclass(frozen=True)
-class _Sample:
-    """A cached ShareGPT sample: its requests, and whether the file had no more valid ones."""
+@dataclass
+class _Sample(Record):
+    """A cached ShareGPT sample, as its cache file holds it (``_write_cache``; ``_read_cache`` checks each row): its
+    requests, and whether the file had no more valid ones."""
 
     items: list[Sampled]
     exhausted: bool
-
-
-@dataclass
-class SampleFile(Record):
-    """A ShareGPT sample's cache file (``_write_cache``): each request [prompt, prompt_len, output_len], checked when read."""
-
-    items: list[Any] | None = None  # Any: JSON rows
-    exhausted: bool | None = None
 
 
 def sample_sharegpt(path: str | Path, n: int, seed: int, counter: TokenCounter,
@@ -316,8 +308,8 @@ def _read_cache(key: str) -> _Sample | None:
         data = json.loads(_cache_path(key).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
-    rows, exhausted = (f := SampleFile.from_dict(data)).items, f.exhausted
-    if not (rows is not None and exhausted is not None
+    rows, exhausted = (f := _Sample.from_dict(data)).items, f.exhausted
+    if not (isinstance(rows, list) and isinstance(exhausted, bool)
             and all(isinstance(r, list) and len(r) == 3 and isinstance(r[0], str) and isinstance(r[1], int)
                     and isinstance(r[2], int) for r in rows)):
         return None
@@ -330,8 +322,7 @@ def _write_cache(key: str, sample: _Sample) -> None:
     try:
         path = _cache_path(key)
         path.parent.mkdir(parents=True, exist_ok=True)
-        write_json(path, SampleFile([[s.prompt, s.prompt_len, s.output_len] for s in sample.items],
-                                    sample.exhausted).to_dict(), indent=None)
+        write_json(path, sample.to_dict(), indent=None)  # each request a row: [prompt, prompt_len, output_len]
     except OSError:  # a cache that cannot be written only costs the next run the sampling again
         pass
 

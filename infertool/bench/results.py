@@ -558,7 +558,6 @@ class BenchSettings(Sparse):
 @dataclass
 class LaunchedServer(Sparse):
     """A server bench launched (``Launched.to_dict``, the rest kept as written), in bench.json and ServerHandle."""
-
     OMIT_NONE: ClassVar[tuple[str, ...]] = ("argv", "url", "model")
     argv: list[str] | None = None
     url: str | None = None

@@ -497,7 +497,7 @@ Section = tuple[str, list[list[str]], list[list[str]] | None, list[list[str]]]
 
 
 def _sections(doc: TuneDoc) -> list[Section]:
-    out: list[Section] = []
+    out: list[Section] = [("Every trial", [], trial_rows(doc), [])]
     if doc.kinds is not None:  # machine kinds with a GPU, weighed by the performance model (tune.outlook)
         out.append(("Machine kinds, predicted", [[outlook.KINDS_NOTE]], outlook.kind_rows(doc), [outlook.kind_lines(doc)]))
     if len(pvm := outlook.predicted_rows(doc)) > 1:
@@ -519,7 +519,6 @@ def render_markdown(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> 
     parts = [f"# infertool tune: {doc.recipe}", ""] + _summary(doc) + [""]
     if plot:
         parts += [f"![pareto]({plot.name})", ""]
-    parts += ["## Every trial", "", md_table(trial_rows(doc)), ""]
     for title, before, rows, after in _sections(doc):  # a paragraph's lines, then a blank line
         parts += [f"## {title}", "", *("\n".join([*g, ""]) for g in before + ([] if rows is None else [[md_table(rows)]]) + after)]
     if tuned_text:
@@ -540,7 +539,6 @@ def render_html(doc: TuneDoc, plot: Path | None, tuned_text: str | None) -> str:
     body = [f"<h1>infertool tune: {html.escape(doc.recipe)}</h1>"] + [f"<p>{inline(p)}</p>" for p in _summary(doc)]
     if plot:
         body.append(f'<div class="fig">{img_tag(plot)}</div>')
-    body += ["<h2>Every trial</h2>", html_table(trial_rows(doc))]
     for title, before, rows, after in _sections(doc):
         body += [f"<h2>{title}</h2>", *(f"<p>{inline(x)}</p>" for g in before for x in g),
                  *([] if rows is None else [html_table(rows)]), *(f"<p>{inline(x)}</p>" for g in after for x in g)]

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, TypeVar
 
 from infertool.atomic import write_json
-from infertool.bench.results import SLO
+from infertool.bench.results import SLO, LaunchedServer
 from infertool.evaluate.result import Accept, Pooled
 from infertool.evaluate.verdict import Gate
 from infertool.metricspec import OUTPUT_TOKEN_THROUGHPUT
@@ -558,7 +558,6 @@ class Probes:
     @functools.cached_property
     def handle(self) -> ServerHandle:
         """The server, connected on the first run (its model name, the checkpoint's characters per token)."""
-        from infertool.bench.results import LaunchedServer
         from infertool.bench.sweep import ServerHandle, connect
 
         srv = self.srv
