@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from infertool import net
 from infertool.bench.metrics import RequestResult
 from infertool.bench.results import JsonObject
+from infertool.serve.launcher import listed_ids
 
 if TYPE_CHECKING:
     import ssl
@@ -651,13 +652,11 @@ async def list_models(client: Any, base_url: str, headers: dict[str, str], *,  #
                            max_bytes=net.MAX_SMALL_BYTES, client=client)
     if not ans.ok:
         raise Refused(url, ans.status, ans.detail())
-    data = ans.json_object().get("data")
-    if not isinstance(data, list):
-        raise net.NetError("malformed", url, f"answered a model list whose `data` is "
-                           f"{'missing' if data is None else 'a ' + type(data).__name__}, not a list", ans.status)
+    ids, odd = listed_ids(ans.json_object())
+    if odd is not None:
+        raise net.NetError("malformed", url, f"answered a model list whose `data` is {odd}, not a list", ans.status)
     names, skipped = [], []
-    for m in data:
-        mid = m.get("id") if isinstance(m, dict) else None
+    for mid in ids:
         if isinstance(mid, str) and mid.strip() and len(mid) <= MAX_MODEL_NAME and mid.isprintable():
             names.append(mid)
         else:

@@ -494,8 +494,7 @@ class _Launched:
             raise UsageError("; ".join(f"{e.field}: {e.message}" for e in errors), hint=errors[0].hint)
         self._cm = launch(plan, on_event=self.ctx.on_event, label=arm.label, pool=self.ctx.servers, alone=True)
         srv = self._cm.__enter__()
-        return ServerHandle(srv.url, srv.model, srv.api_key, LaunchedServer.from_dict(srv.to_dict()),
-                            max_loras=_max_loras(arm.serve))
+        return ServerHandle(srv.url, srv.model, srv.api_key, LaunchedServer.from_dict(srv.to_dict()), max_loras=_max_loras(arm.serve))
 
     def __exit__(self, *exc: Any) -> None:  # Any: the exception triple, passed on
         if self._cm is not None:

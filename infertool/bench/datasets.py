@@ -236,8 +236,7 @@ class Sampled(NamedTuple):
 
 @dataclass
 class _Sample(Record):
-    """A cached ShareGPT sample, as its cache file holds it (``_write_cache``; ``_read_cache`` checks each row): its
-    requests, and whether the file had no more valid ones."""
+    """A cached ShareGPT sample as its file holds it (rows checked by ``_read_cache``); exhausted: no more valid ones."""
 
     items: list[Sampled]
     exhausted: bool

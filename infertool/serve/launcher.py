@@ -164,13 +164,17 @@ def probe_models(url: str, api_key: str | None = None, timeout: float = PROBE_DE
         return ModelsProbe(answer.status, None, exc.reason)
 
 
-def model_ids(body: dict | None) -> list[str]:
-    """The model ids a /v1/models answer lists (strings only: a server's other values are skipped)."""
+def listed_ids(body: dict | None) -> tuple[list[object], str | None]:
+    """The one reader of a /v1/models answer: each entry's ``id`` (None: no object), and what ``data`` is if no list."""
     data = (body or {}).get("data")
     if not isinstance(data, list):
-        return []
-    ids = (m.get("id") for m in data[:1000] if isinstance(m, dict))
-    return [i[:MAX_NAME] for i in ids if isinstance(i, str)]
+        return [], "missing" if data is None else "a " + type(data).__name__
+    return [m.get("id") if isinstance(m, dict) else None for m in data], None
+
+
+def model_ids(body: dict | None) -> list[str]:
+    """The model ids a /v1/models answer lists (strings only: a server's other values are skipped)."""
+    return [i[:MAX_NAME] for i in listed_ids(body)[0][:1000] if isinstance(i, str)]
 
 
 def pick_port(host: str) -> int:

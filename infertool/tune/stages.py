@@ -561,8 +561,7 @@ class Probes:
         from infertool.bench.sweep import ServerHandle, connect
 
         srv = self.srv
-        return connect(ServerHandle(srv.url, srv.model, srv.api_key, LaunchedServer.from_dict(srv.to_dict())),
-                       self.ctx.job.tune.bench)
+        return connect(ServerHandle(srv.url, srv.model, srv.api_key, LaunchedServer.from_dict(srv.to_dict())), self.ctx.job.tune.bench)
 
     def _measure(self, bench: BenchSection, c: int, run: int, arm: str, tagged: bool = False) -> LevelResult:
         from infertool.bench.sweep import measure
