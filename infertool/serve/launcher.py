@@ -164,7 +164,7 @@ def probe_models(url: str, api_key: str | None = None, timeout: float = PROBE_DE
         return ModelsProbe(answer.status, None, exc.reason)
 
 
-def listed_ids(body: dict | None) -> tuple[list[object], str | None]:
+def listed_ids(body: dict | None) -> tuple[list[Any], str | None]:  # Any: the ids, a server's JSON values
     """The one reader of a /v1/models answer: each entry's ``id`` (None: no object), and what ``data`` is if no list."""
     data = (body or {}).get("data")
     if not isinstance(data, list):
