@@ -116,10 +116,10 @@ def base_recipe(args: argparse.Namespace, traffic: Path, requests: int) -> dict:
     """The tune every variant runs: the bundled model, the two-class traffic (every request a probe), the grid."""
     return {
         "name": NAME,
-        "model": {"source": args.model, "dtype": "bfloat16"},
+        "model": {"source": args.model, "dtype": args.dtype},
         "eval": {"suite": "builtin-corpus", "seq_len": 256, "accept": {"preset": "standard"}},
-        "serve": {"max_model_len": 2048, "enforce_eager": True, "dtype": "auto", "max_num_seqs": args.max_concurrency,
-                  "cpu": {"kv_cache_space_gib": 1}},
+        "serve": {"max_model_len": 2048, "enforce_eager": True, "max_num_seqs": args.max_concurrency,
+                  "dtype": "auto" if args.dtype == "bfloat16" else args.dtype, "cpu": {"kv_cache_space_gib": 1}},
         "bench": {"endpoint": "chat", "requests": requests, "prompt": {"source": str(traffic)},
                   "slo": {"ttft_ms": 3000, "tpot_ms": 250}, "cost_per_hour": 0.5},
         "tune": {"candidates": ["none"], "serve_grid": grid(args.k, args.prefix_caching),
@@ -371,6 +371,9 @@ def run_variant(v: Variant, work: Path, timeout_s: float) -> tuple[float, list[i
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--model", default="bundled:smollm2-135m")
+    ap.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float32"],
+                    help="the model's dtype (float32: speculation's verification and plain decoding agree to the last "
+                         "bit more often, so its lossless check passes as it should; bf16 near ties may flip)")
     ap.add_argument("--per-class-requests", type=int, default=30,
                     help="requests of each class (a probe sends them all; a class needs 29 at goodput 0.9, 0.95)")
     ap.add_argument("--k", type=int, nargs="*", default=[2], help="n-gram num_speculative_tokens, each a setting")
