@@ -28,13 +28,15 @@ ratios against the goals (per-class / plain wall time <= 1.5, per-class / brute 
 class's winner is the same per-class and by brute force.
 
     python benchmarks/tune_starts.py [--per-class-requests 30] [--k 2] [--prefix-caching] [--max-concurrency 4]
-                                     [--max-probes 3] [--rounds 4 8] [--only plain ...] [--keep DIR] [--json]
+                                     [--max-probes 3] [--rounds 4 8] [--dtype bfloat16|float32] [--only plain ...]
+                                     [--keep DIR] [--json]
 
 Before each variant runs, its `tune --dry-run --json` gives the planned starts (and the estimate), printed beside
 the measured ones. It starts vLLM many times (80-85 s each on a 2-core CPU, issue 44). The defaults are sized to
 stay under an hour there: 2 settings (speculation off / n-gram k=2), 30 requests per class of at most ~100 output
-tokens, loads up to 4 in at most 3 probes; the three variants make about 10 starts between them once each
-configuration is started once per tune. Not yet run: its time is an estimate, not a measurement.
+tokens, loads up to 4 in at most 3 probes: the three variants make 10 starts between them and took 18 to 37 minutes
+on a 2-core AVX2 CPU (docs/commands/tune.md has the figures). With bfloat16 the speculative setting's lossless check
+may fail (a near tie flipped), and then no variant probes it: --dtype float32 measures the case where it passes.
 """
 
 from __future__ import annotations
