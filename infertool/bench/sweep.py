@@ -53,7 +53,7 @@ from infertool.errors import RuntimeFailure, UsageError
 if TYPE_CHECKING:
     from infertool.bench.client import Pool
     from infertool.bench.datasets import Conversation, TraceEntry
-    from infertool.recipe import BenchSection, DecodeSpec, RateSweepSpec, RepeatSpec
+    from infertool.recipe import BenchSection, DecodeSpec, RateSweepSpec, RepeatSpec, SLOSpec
 
 EventCallback = Callable[[JsonObject], None]
 # the levels' work (``level_work``) by (the class replayed, level kind, unit, chars per token, tagged by class): kept
@@ -237,9 +237,12 @@ def _calibration_text(bench: BenchSection) -> str:
 
 
 def slo_of(bench: BenchSection) -> SLO | None:
-    if bench.slo is None:
-        return None
-    return SLO(bench.slo.ttft_ms, bench.slo.tpot_ms, bench.slo.e2e_ms)
+    return slo_from(bench.slo)
+
+
+def slo_from(spec: SLOSpec | None) -> SLO | None:
+    """A recipe's SLO (bench.slo, a class's) as the bench's results judge it; None without one."""
+    return None if spec is None else SLO(spec.ttft_ms, spec.tpot_ms, spec.e2e_ms)
 
 
 def timeline_windows(results: list[RequestResult], timeline: Timeline, duration: float, n: int = 8) -> list[Window]:

@@ -540,7 +540,7 @@ class Probes:
     class's traffic alone, for what the mix cannot answer."""
 
     def __init__(self, ctx: StageContext, srv: Launched, journal: ProbeJournal | None) -> None:
-        from infertool.bench.results import SLO
+        from infertool.bench.sweep import slo_from
 
         tune = ctx.job.tune
         self.ctx, self.srv, self.journal, self.warm = ctx, srv, journal, True
@@ -549,8 +549,7 @@ class Probes:
         self.mix = mix if mix is not None and name is not None and name in mix.slos else None
         self.name = name or ""
         self.use = MixUse(classes=sorted(mix.slos)) if self.mix is not None else None
-        self.slos = {} if mix is None else {
-            n: SLO(s.ttft_ms, s.tpot_ms, s.e2e_ms) if s is not None else None for n, s in mix.slos.items()}
+        self.slos = {} if mix is None else {n: slo_from(s) for n, s in mix.slos.items()}
         if self.mix is not None:  # the trial's whole traffic: the same server settings, traffic and search
             key = hashlib.sha256(f"{ctx.job.trial.id} {self.mix.key}".encode()).hexdigest()[:16]
             self.mixed = ProbeJournal(tune.cache / "probes" / f"mix-{key}")
